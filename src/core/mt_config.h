@@ -1,0 +1,101 @@
+/*
+ * mt_config.h — every configuration key, declared once.
+ *
+ * Keys are SPEC.md section 1 (model) plus the training keys of section 5.
+ * They come from defaults, then a JSON config file (--config F), then
+ * `--set key=value` overrides, in that order. The table in config.c is the
+ * single source of truth for names, types, defaults, ranges and help text;
+ * `meshtrain --help` and the receipt are generated from it.
+ *
+ * 0 for a derived key means "derive it" (head_dim = D/H, mlp_hidden =
+ * ceil(8D/3) rounded up to 64, expert_hidden = F/4, total_steps = the run's
+ * steps); mt_config_resolve() fills them in and checks every shape rule.
+ */
+#ifndef MT_CONFIG_H
+#define MT_CONFIG_H
+
+#include <stdint.h>
+#include "mt_core.h"
+
+#define MT_MAX_LAYERS 256
+
+struct mt_config {
+    /* ---- model (SPEC.md section 1) ---- */
+    int   vocab_size;            /* V; 0 = from the tokenizer / data dir          */
+    int   n_layer;               /* L                                              */
+    int   d_model;               /* D                                              */
+    int   n_head;                /* H                                              */
+    int   n_kv_head;             /* K                                              */
+    int   head_dim;              /* hd; 0 = D / H                                  */
+    int   mlp_hidden;            /* F; 0 = ceil(8D/3) rounded up to 64             */
+    int   seq_len;               /* T                                              */
+    char  pattern[MT_MAX_LAYERS + 1]; /* "A"/"E" per layer; "" = "A" x L           */
+    int   n_experts;
+    int   top_k;
+    int   expert_hidden;         /* 0 = F / 4                                      */
+    int   shared_expert_hidden;  /* 0 = no shared expert                           */
+    float aux_loss_coef;
+    float z_loss_coef;
+    float rope_theta;
+    float norm_eps;
+    float logit_softcap;         /* 0 = off                                        */
+
+    /* ---- training ---- */
+    int   batch_size;            /* global sequences per step                      */
+    int   microbatches;          /* gradient-accumulation steps per step           */
+    char  optimizer[16];         /* "muon" (default) | "adamw" (every param AdamW) */
+    float lr;                    /* AdamW lr                                       */
+    float muon_lr;
+    float muon_momentum;
+    float adam_beta1, adam_beta2, adam_eps;
+    float weight_decay;
+    float grad_clip;             /* 0 = off                                        */
+    int   warmup_steps;
+    int   total_steps;           /* 0 = the run's --steps                          */
+    float min_lr_frac;
+    char  lr_schedule[16];       /* "cosine" | "linear" | "constant"               */
+    uint64_t seed;
+    int   eval_every;            /* 0 = never                                      */
+    int   eval_batches;          /* validation batches per evaluation              */
+    int   save_every;            /* 0 = only at the end                            */
+    char  backend[16];           /* "cpu" | "cuda"                                 */
+    char  recompute[16];         /* "none" | "block"                               */
+    int   sequence_parallel;     /* bool, default 1 (used when tp > 1)             */
+    int   reshard_after_forward; /* bool, default 1 (ZeRO-3)                       */
+    int   threads;               /* 0 = OMP_NUM_THREADS or all cores               */
+};
+
+/* Fill every key with its default. Never fails. */
+void mt_config_defaults(struct mt_config *cfg);
+
+/* Apply a JSON object (file contents). Unknown key, wrong type or value out of
+ * range -> MT_ERR_INVALID_ARG with a message naming the key. */
+enum mt_status mt_config_apply_json(struct mt_ctx *ctx, struct mt_config *cfg, const char *json_text);
+enum mt_status mt_config_load_file(struct mt_ctx *ctx, struct mt_config *cfg, const char *path);
+
+/* Apply one "key=value" override. Same errors as above. */
+enum mt_status mt_config_set(struct mt_ctx *ctx, struct mt_config *cfg, const char *key_eq_value);
+
+/* Fill derived keys (head_dim, mlp_hidden, expert_hidden, pattern) and check
+ * every single-rank shape rule: H % K == 0, head_dim even, D,H,K,L,T > 0,
+ * pattern of length L over {A,E}, top_k in [1, n_experts] when any E block,
+ * vocab_size in [2, 65536], ... -> MT_ERR_CONFIG naming the rule and numbers.
+ * `run_steps` fills total_steps when it is 0. */
+enum mt_status mt_config_resolve(struct mt_ctx *ctx, struct mt_config *cfg, int run_steps);
+
+/* Serialise every key as a JSON object string (caller frees with free()).
+ * Used by the receipt and the checkpoint manifest. */
+char *mt_config_to_json(const struct mt_config *cfg);
+
+/* Two configs describe the same model (every model key equal) — for resume. */
+int mt_config_same_model(const struct mt_config *a, const struct mt_config *b, char *why, size_t why_len);
+
+/* Print every key with type, default and help (for --help). */
+void mt_config_print_help(void *file /* FILE* */);
+
+static inline int mt_config_is_moe_layer(const struct mt_config *cfg, int l)
+{
+    return cfg->pattern[l] == 'E';
+}
+
+#endif /* MT_CONFIG_H */

@@ -1,0 +1,124 @@
+/*
+ * mt_core.h — status codes, the context handle, allocation and checks.
+ *
+ * Every library function that can fail returns `enum mt_status` and, on
+ * failure, leaves a one-line message on the context (SQLite's
+ * sqlite3_errmsg, NCCL's ncclGetLastError). Only tools/ decide how the
+ * process exits. There are no mutable globals: everything hangs off a
+ * `struct mt_ctx` that the caller owns.
+ *
+ * Example:
+ *     struct mt_ctx ctx;
+ *     mt_ctx_init(&ctx);
+ *     float *w = mt_alloc(&ctx, 1024 * sizeof(float), MT_BUCKET_PARAMS);
+ *     if (!w) fprintf(stderr, "%s\n", mt_ctx_last_error(&ctx));
+ *     mt_free(&ctx, w);
+ *     mt_ctx_free(&ctx);
+ *
+ * Allocation: all host memory goes through mt_alloc/mt_free. Each block is
+ * tagged with a memory bucket so the receipt can compare the plan per bucket
+ * with what was really used; `fail_after` lets tests fail the Nth allocation.
+ */
+#ifndef MT_CORE_H
+#define MT_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum mt_status {
+    MT_OK = 0,
+    MT_ERR_INVALID_ARG,   /* bad argument / config value (user error)        */
+    MT_ERR_CONFIG,        /* config violates a shape or mesh rule            */
+    MT_ERR_IO,            /* file missing, unreadable, unwritable            */
+    MT_ERR_FORMAT,        /* file present but malformed (magic, checksum...) */
+    MT_ERR_OOM,           /* allocation failed                               */
+    MT_ERR_UNSUPPORTED,   /* op or feature not available on this backend     */
+    MT_ERR_COMM,          /* collective / peer failure                       */
+    MT_ERR_NUMERIC,       /* non-finite loss or gradient                     */
+    MT_ERR_RUNTIME,       /* anything else that went wrong at run time       */
+};
+
+/* "ok", "invalid argument", ... Never NULL. */
+const char *mt_status_str(enum mt_status st);
+
+/* Exit code policy for tools/: 2 for bad input (INVALID_ARG, CONFIG, IO on
+ * inputs, FORMAT), 1 for runtime failures. */
+int mt_status_exit_code(enum mt_status st);
+
+/* Memory buckets of SPEC.md section 4. */
+enum mt_bucket {
+    MT_BUCKET_PARAMS = 0,
+    MT_BUCKET_GRADS,
+    MT_BUCKET_OPTIM,
+    MT_BUCKET_ACTS,
+    MT_BUCKET_COMM,
+    MT_BUCKET_WORKSPACE,
+    MT_BUCKET_OTHER,
+    MT_BUCKET_COUNT
+};
+const char *mt_bucket_name(enum mt_bucket b); /* "params", "grads", "optim", "acts", "comm", "workspace", "other" */
+
+struct mt_ctx {
+    enum mt_status last_status;
+    char           errmsg[512];
+    /* memory accounting, bytes, per bucket (host allocations via mt_alloc) */
+    size_t bytes_live[MT_BUCKET_COUNT];
+    size_t bytes_peak[MT_BUCKET_COUNT];
+    size_t bytes_live_total, bytes_peak_total;
+    /* test hook: if > 0, the fail_after-th next allocation fails (1 = next) */
+    long fail_after;
+    long n_allocs;
+    int  rank;        /* for messages; 0 on one rank */
+};
+
+void mt_ctx_init(struct mt_ctx *ctx);
+void mt_ctx_free(struct mt_ctx *ctx);   /* no-op on NULL */
+
+/* Record an error (printf-style one-line message) and return `st`, so that
+ * callers can write `return mt_ctx_error(ctx, MT_ERR_IO, "cannot open %s", p);` */
+enum mt_status mt_ctx_error(struct mt_ctx *ctx, enum mt_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+const char *mt_ctx_last_error(const struct mt_ctx *ctx);
+void        mt_ctx_clear_error(struct mt_ctx *ctx);
+
+/* 64-byte aligned, zero-filled host allocation tagged with a bucket. Returns
+ * NULL and sets MT_ERR_OOM on the context on failure. bytes == 0 returns a
+ * valid unique pointer. Caller frees with mt_free; mt_free(ctx, NULL) no-op. */
+void *mt_alloc(struct mt_ctx *ctx, size_t bytes, enum mt_bucket bucket);
+void  mt_free(struct mt_ctx *ctx, void *p);
+
+/* Peak resident set size of this process in bytes (from /proc), 0 if unknown. */
+size_t mt_peak_rss_bytes(void);
+/* Monotonic wall clock in seconds. */
+double mt_time_sec(void);
+
+/* Propagate a failing status upward (NCCL's NCCLCHECK). */
+#define MT_CHECK(call)                                   \
+    do {                                                 \
+        enum mt_status mt_rc_ = (call);                  \
+        if (mt_rc_ != MT_OK) return mt_rc_;              \
+    } while (0)
+
+#define MT_CHECK_GOTO(call, rc, label)                   \
+    do {                                                 \
+        (rc) = (call);                                   \
+        if ((rc) != MT_OK) goto label;                   \
+    } while (0)
+
+/* Internal invariants only ("cannot happen"); never for user input. */
+#ifdef NDEBUG
+#define MT_ASSERT(cond) ((void)0)
+#else
+#include <stdio.h>
+#include <stdlib.h>
+#define MT_ASSERT(cond)                                                        \
+    do {                                                                       \
+        if (!(cond)) {                                                         \
+            fprintf(stderr, "%s:%d: internal invariant failed: %s\n", __FILE__, \
+                    __LINE__, #cond);                                          \
+            abort();                                                           \
+        }                                                                      \
+    } while (0)
+#endif
+
+#endif /* MT_CORE_H */

@@ -1,0 +1,70 @@
+/*
+ * mt_param.h — a model parameter: its global shape and the slice this rank owns.
+ *
+ * Every parameter knows its global shape and the box of it this rank holds,
+ * even when the box is the whole tensor (one rank). A box is a per-dimension
+ * [off, off+len) range; the local buffer is that box, row-major:
+ *
+ *     local[i][j] == global[off[0] + i][off[1] + j]     (shape (len[0], len[1]))
+ *
+ * 1-D parameters use dim 0 only (len[1] = shape[1] = 1, off[1] = 0).
+ * TP row split (Wq/Wk/Wv/Wg/Wu): box on dim 0; column split (Wo/Wd): box on
+ * dim 1. Whole experts per rank under EP: the box is the full tensor, and a
+ * rank simply does not hold the other experts' parameters.
+ *
+ * `data` and `grad` are backend memory (host memory for the cpu backend).
+ * Gradient rule: `grad` ACCUMULATES (+=) over microbatches; the trainer zeroes
+ * it once per step.
+ */
+#ifndef MT_PARAM_H
+#define MT_PARAM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum mt_optim_kind { MT_OPTIM_ADAMW = 0, MT_OPTIM_MUON = 1 };
+
+enum mt_init_kind {
+    MT_INIT_NORMAL = 0, /* normal(0, init_std) from mt_rng_normal(seed, stream(name), global index) */
+    MT_INIT_ONES   = 1, /* gains */
+    MT_INIT_ZEROS  = 2,
+};
+
+/* How the `model` (TP) axis splits this parameter. On one rank: NONE. */
+enum mt_split { MT_SPLIT_NONE = 0, MT_SPLIT_ROWS = 1, MT_SPLIT_COLS = 2 };
+
+/* What the parameter is, for reduction-group and optimizer decisions. */
+enum mt_param_role {
+    MT_ROLE_EMBED = 0,   /* wte                                   */
+    MT_ROLE_HEAD,        /* lm_head                               */
+    MT_ROLE_GAIN,        /* rmsnorm / qk-norm gains (1-D)         */
+    MT_ROLE_DENSE,       /* dense block matrices (attn, mlp, shared expert) */
+    MT_ROLE_ROUTER,      /* MoE router                            */
+    MT_ROLE_EXPERT,      /* routed expert matrices                */
+};
+
+struct mt_param {
+    char    name[128];     /* Hugging Face name, e.g. "model.layers.0.self_attn.q_proj.weight" */
+    int     ndim;          /* 1 or 2 */
+    int64_t shape[2];      /* global shape; shape[1] == 1 when ndim == 1 */
+    int64_t off[2];        /* owned box offset (global coordinates) */
+    int64_t len[2];        /* owned box extent; local shape */
+    size_t  numel;         /* len[0] * len[1] */
+    float  *data;          /* (len[0], len[1]) local slice, backend memory */
+    float  *grad;          /* same shape; accumulates (+=) */
+    enum mt_optim_kind optim;
+    enum mt_init_kind  init;
+    float   init_std;      /* for MT_INIT_NORMAL */
+    int     decay;         /* 1: weight decay applies (2-D parameters only) */
+    enum mt_param_role role;
+    enum mt_split      split;
+    int     layer;         /* block index, -1 for wte / final norm / head */
+    int     expert;        /* expert index for MT_ROLE_EXPERT, else -1 */
+};
+
+static inline size_t mt_param_global_numel(const struct mt_param *p)
+{
+    return (size_t)p->shape[0] * (size_t)p->shape[1];
+}
+
+#endif /* MT_PARAM_H */

@@ -1,0 +1,116 @@
+/*
+ * mt_model.h — the decoder-only model family of SPEC.md section 1.
+ *
+ * A model owns its parameters (data + grad), its saved activations for one
+ * microbatch, and scratch buffers, all allocated once at create time through
+ * the ops table (backend memory). It calls kernels only through `ops` and,
+ * later, collectives only through mt_comm.h.
+ *
+ * Typical step on one rank (grad accumulation over microbatches):
+ *
+ *     mt_model_zero_grad(m);
+ *     for (mb = 0; mb < microbatches; mb++) {
+ *         mt_model_forward(ctx, m, idx, targets, &norm, &parts);   // saves activations
+ *         mt_model_backward(ctx, m);                                // grads +=
+ *     }
+ *
+ * Loss normalisation (SPEC.md: over the WHOLE global batch): the caller
+ * passes global counts in `norm`; each microbatch returns its contribution
+ * already divided by them, so summing parts over microbatches (and, later,
+ * ranks) gives the global loss, and the gradients sum the same way.
+ *   lm  = sum over valid targets of CE / norm->n_targets
+ *   aux = sum over MoE layers, over this microbatch's sequences s of
+ *         aux_coef * E * sum_e f[s,e] P[s,e]  / norm->n_sequences
+ *   z   = sum over MoE layers, over this microbatch's tokens of
+ *         z_coef * lse(router logits)^2 / norm->n_tokens
+ */
+#ifndef MT_MODEL_H
+#define MT_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "../core/mt_core.h"
+#include "../core/mt_config.h"
+#include "../core/mt_param.h"
+#include "../ops/mt_ops.h"
+
+struct mt_model;  /* opaque; model_impl.h */
+
+struct mt_loss_norm {
+    double n_targets;    /* global count of targets != -1 in the step's global batch */
+    double n_sequences;  /* global sequences in the step                            */
+    double n_tokens;     /* global tokens (n_sequences * T)                          */
+};
+
+struct mt_loss_parts {
+    double lm, aux, z;   /* this microbatch's share, already normalised (see above) */
+};
+
+/* Build the model for microbatches of B sequences of cfg->seq_len tokens.
+ * cfg must be resolved (mt_config_resolve). Registers every parameter with
+ * its HF name, shape, optimizer kind (per cfg->optimizer), init and role;
+ * allocates params, grads, activations and scratch through ops->buf_alloc.
+ * Parameters are NOT initialised: call mt_model_init_params or load them.
+ * On failure returns an error and *out stays NULL. Free with mt_model_destroy. */
+enum mt_status mt_model_create(struct mt_ctx *ctx, const struct mt_ops_i *ops,
+                               const struct mt_config *cfg, int B, struct mt_model **out);
+void mt_model_destroy(struct mt_ctx *ctx, struct mt_model *m);  /* no-op on NULL */
+
+/* Parameters in a fixed order: wte, then per layer l in order
+ *   input_layernorm, q_proj, k_proj, v_proj, o_proj, q_norm, k_norm,
+ *   post_attention_layernorm, then either mlp.{gate,up,down}_proj (A) or
+ *   mlp.gate (router), mlp.experts.{e}.{gate,up,down}_proj for e in order,
+ *   [mlp.shared_expert.{gate,up,down}_proj] (E),
+ * then model.norm, lm_head. Pointer valid until destroy. */
+struct mt_param *mt_model_params(struct mt_model *m, int *n_params);
+
+/* Counter-based init (mt_rng.h): normal(0, 0.02) for matrices, output
+ * projections (o_proj, down_proj, expert and shared down_proj) scaled by
+ * 1/sqrt(2L), gains 1. Each rank fills only its box; values depend only on
+ * (seed, name, global index). */
+enum mt_status mt_model_init_params(struct mt_ctx *ctx, struct mt_model *m, uint64_t seed);
+
+/* Forward one microbatch. idx, targets: host int32 (B, T); targets may be
+ * NULL (no loss; logits only). Token ids must be < vocab_size (checked:
+ * MT_ERR_INVALID_ARG naming the position). Saves what backward needs. */
+enum mt_status mt_model_forward(struct mt_ctx *ctx, struct mt_model *m,
+                                const int32_t *idx, const int32_t *targets,
+                                const struct mt_loss_norm *norm, struct mt_loss_parts *out);
+
+/* Backward of the last forward (which must have had targets): parameter
+ * grads ACCUMULATE (+=). */
+enum mt_status mt_model_backward(struct mt_ctx *ctx, struct mt_model *m);
+
+void mt_model_zero_grad(struct mt_model *m);
+
+/* Logits (B, T, V) of the last forward, backend memory; raw (before softcap).
+ * Valid until the next forward/backward. */
+const float *mt_model_logits(const struct mt_model *m);
+
+/* Parameter counts: total, and active per token (MoE: top_k experts + shared). */
+void mt_model_param_counts(const struct mt_config *cfg, size_t *total, size_t *active);
+
+/* Matmul parameters per token for the MFU convention
+ * (6 * matmul params + 12 * L * T * H * hd FLOPs per token; MoE: active experts only). */
+double mt_model_flops_per_token(const struct mt_config *cfg);
+
+/* Memory plan: pure size function, same numbers mt_model_create allocates
+ * (bytes per bucket: params, grads, acts, workspace). No side effects. */
+void mt_model_plan_bytes(const struct mt_config *cfg, int B, size_t bytes[MT_BUCKET_COUNT]);
+
+/* ---- inference with a KV cache (sampling) ---- */
+struct mt_kv_cache;
+/* Cache for one sequence of at most t_max tokens (t_max <= cfg->seq_len is not
+ * required; RoPE tables are sized for t_max). Model must have been created
+ * with B >= 1. Free with mt_model_kv_destroy. */
+enum mt_status mt_model_kv_create(struct mt_ctx *ctx, struct mt_model *m, int t_max,
+                                  struct mt_kv_cache **out);
+void mt_model_kv_destroy(struct mt_ctx *ctx, struct mt_model *m, struct mt_kv_cache *c);
+/* Feed n new tokens (n >= 1; prefill when n > 1) at positions cache_len..,
+ * append their K/V to the cache, write the raw logits (V) of the LAST token to
+ * logits_host (softcap applied if configured). Error if the cache would overflow. */
+enum mt_status mt_model_kv_step(struct mt_ctx *ctx, struct mt_model *m, struct mt_kv_cache *c,
+                                const int32_t *tokens, int n, float *logits_host);
+int mt_model_kv_len(const struct mt_kv_cache *c);
+
+#endif /* MT_MODEL_H */

@@ -1,0 +1,195 @@
+/*
+ * mt_ops.h — the kernel interface: one table of function pointers per backend.
+ *
+ * Model and optimizer code call kernels only through a `const struct
+ * mt_ops_i *` (ggml's ggml_backend_i). The cpu backend fills it with OpenBLAS
+ * + OpenMP kernels (src/ops/cpu/), the cuda backend with CUDA kernels
+ * (src/ops/cuda/). A NULL entry means "unsupported on this backend": callers
+ * check with mt_ops_supports() and report it, never fall back silently.
+ *
+ * Conventions (all kernels):
+ * - Buffers are backend memory (device pointers on cuda). float32, row-major.
+ * - Shape comments use the glossary of docs/glossary.md:
+ *     B batch (sequences), T sequence length, N = B*T rows, C/D model dim,
+ *     V vocab, H query heads, K kv heads, hd head dim, F hidden,
+ *     E experts, k top_k, M = N*k routed rows.
+ * - Outputs first, then inputs, then weights, then dimensions (llm.c).
+ * - Gradient rule: each backward says per output whether it OVERWRITES (=)
+ *   or ACCUMULATES (+=). Parameter gradients always accumulate.
+ * - Kernels do not fail on valid shapes: they return void. Shape checks
+ *   happen once in the model (internal invariants).
+ * - Deterministic: same inputs and thread count -> same bits (static
+ *   scheduling, fixed reduction orders; no atomics on float).
+ */
+#ifndef MT_OPS_H
+#define MT_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "../core/mt_core.h"
+
+struct mt_ops_i {
+    const char *name;  /* "cpu", "cuda" */
+
+    /* ---- memory ---- */
+    /* Zero-filled backend buffer tagged with a bucket (accounted on ctx). NULL + MT_ERR_OOM on failure. */
+    void *(*buf_alloc)(struct mt_ctx *ctx, size_t bytes, enum mt_bucket bucket);
+    void  (*buf_free)(struct mt_ctx *ctx, void *p);
+    void  (*copy_to_host)(void *dst_host, const void *src, size_t bytes);
+    void  (*copy_from_host)(void *dst, const void *src_host, size_t bytes);
+    void  (*copy)(void *dst, const void *src, size_t bytes);      /* backend to backend */
+    void  (*sync)(void);                                            /* wait for queued work */
+
+    /* ---- elementwise / reductions ---- */
+    void   (*fill)(float *x, float value, size_t n);
+    /* y = a*x + b*y  (x may be NULL: y = b*y) */
+    void   (*axpby)(float *y, const float *x, float a, float b, size_t n);
+    /* sum of squares accumulated in double; result returned on the host */
+    double (*sumsq)(const float *x, size_t n);
+    /* 1 if every element is finite */
+    int    (*all_finite)(const float *x, size_t n);
+
+    /* ---- GEMM ----
+     * C (M,N) = alpha * op(A) op(B) + beta * C, row-major;
+     * op(A) is (M,K): A is (M,K) with lda >= K, or (K,M) if transA with lda >= M.
+     * op(B) is (K,N): B is (K,N) with ldb >= N, or (N,K) if transB with ldb >= K.
+     * Linear layer y = x W^T with W (O,I): gemm(0,1, N,O,I, 1, x,I, W,I, 0, y,O). */
+    void (*gemm)(int transA, int transB, int M, int N, int K, float alpha,
+                 const float *A, int lda, const float *B, int ldb,
+                 float beta, float *C, int ldc);
+
+    /* ---- embedding ---- */
+    /* out (N,C) = wte[idx[n]] ; idx (N) int32 in [0,V) */
+    void (*embed_forward)(float *out, const int32_t *idx, const float *wte, int N, int C);
+    /* dwte (V,C) += ; rows scattered in a fixed order (deterministic) */
+    void (*embed_backward)(float *dwte, const float *dout, const int32_t *idx, int N, int C, int V);
+
+    /* ---- RMSNorm: out = x / sqrt(mean(x^2) + eps) * w ----
+     * rows N of width C; rstd (N) saved for backward.
+     * backward: with xhat = x*rstd,
+     *   dw   += sum_n dout*xhat                                     (+=)
+     *   dx    = rstd * (dout*w - xhat * mean_c(dout*w*xhat))      (= or += per accumulate)
+     * QK-norm is this op with rows N*H (or N*K) and C = hd, w shared by heads. */
+    void (*rmsnorm_forward)(float *out, float *rstd, const float *inp, const float *weight,
+                            int N, int C, float eps);
+    void (*rmsnorm_backward)(float *dinp, float *dweight, const float *dout, const float *inp,
+                             const float *weight, const float *rstd, int N, int C, int accumulate);
+
+    /* ---- RoPE, rotate-half, in place allowed (out == inp) ----
+     * x viewed as (N, nh, hd); row n has position pos0 + n % T.
+     * cos_tab/sin_tab (Tmax, hd/2): cos(p * inv_freq[i]), inv_freq[i] = theta^(-2i/hd).
+     *   out_i        = x_i cos - x_{i+hd/2} sin
+     *   out_{i+hd/2} = x_{i+hd/2} cos + x_i sin
+     * backward is the inverse rotation (dinp = R^T dout), in place allowed, (=). */
+    void (*rope_forward)(float *out, const float *inp, const float *cos_tab, const float *sin_tab,
+                         int N, int T, int pos0, int nh, int hd);
+    void (*rope_backward)(float *dinp, const float *dout, const float *cos_tab, const float *sin_tab,
+                          int N, int T, int pos0, int nh, int hd);
+
+    /* ---- causal attention, GQA, flash style (no T x T matrix kept) ----
+     * q (B,Tq,H,hd), k,v (B,Tk,K,hd), out (B,Tq,H,hd), lse (B,H,Tq).
+     * Query i of a sequence sits at position q_pos0 + i and reads keys j <= q_pos0 + i
+     * (training: Tq == Tk, q_pos0 = 0; decoding with a KV cache: Tq = 1, q_pos0 = Tk-1).
+     * Query head h reads kv head h / (H/K). scale = 1/sqrt(hd).
+     * lse[b,h,i] = log sum_j exp(scale * q.k_j) (natural log), saved for backward.
+     * backward (Tq == Tk, q_pos0 = 0): recomputes P from q,k,lse;
+     *   D_i = sum_d dout_i * out_i;  dS = P * (dout v^T - D);
+     *   dq = scale dS k; dk = scale dS^T q (summed over the heads sharing a kv head); dv = P^T dout
+     *   dq, dk, dv all OVERWRITE (=). */
+    void (*attention_forward)(float *out, float *lse, const float *q, const float *k, const float *v,
+                              int B, int Tq, int Tk, int q_pos0, int H, int K, int hd);
+    void (*attention_backward)(float *dq, float *dk, float *dv, const float *dout,
+                               const float *q, const float *k, const float *v,
+                               const float *out, const float *lse,
+                               int B, int T, int H, int K, int hd);
+
+    /* ---- SwiGLU: out = silu(g) * u, rows N of width F ----
+     * backward: dg = dout * u * silu'(g), du = dout * silu(g)   (both =)
+     * silu(x) = x*sigmoid(x), silu'(x) = s + x*s*(1-s) */
+    void (*swiglu_forward)(float *out, const float *gate, const float *up, size_t n);
+    void (*swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate,
+                            const float *up, size_t n);
+
+    /* ---- fused (optional softcap) softmax cross-entropy ----
+     * logits (N,V) raw z = h Wlm^T. With c = softcap > 0: s = c*tanh(z/c), else s = z.
+     * forward: losses[n] = lse(s_n) - s_n[target]  (0 where target == -1);
+     *          lse_out (N) saved for backward. targets in [0,V) or -1.
+     * backward: dlogits[n,:] = dscale * (softmax(s_n) - onehot(target)) * ds/dz
+     *           (0 for rows with target -1); ds/dz = 1 - tanh^2(z/c) with softcap.
+     *           OVERWRITES; may alias logits (in place) to save V*N memory. */
+    void (*xent_forward)(float *losses, float *lse_out, const float *logits, const int32_t *targets,
+                         int N, int V, float softcap);
+    void (*xent_backward)(float *dlogits, const float *logits, const float *lse,
+                          const int32_t *targets, float dscale, int N, int V, float softcap);
+
+    /* ---- MoE router (fp32) ----
+     * logits (N,E) -> probs = softmax(logits) (N,E), lse (N) = logsumexp(logits),
+     * topk_idx (N,k): k rounds of argmax over probs, first maximum wins, chosen
+     * entries excluded from later rounds; gates (N,k) = p[topk] / sum_j p[topk_j].
+     * backward: dlogits (N,E) OVERWRITTEN from
+     *   dgates (N,k)  through the renormalisation: dp_i(j) += dg_j/S - sum_m dg_m g_m / S,
+     *   dprobs (N,E)  extra gradient w.r.t. probs (aux loss), may be NULL,
+     *   dlse (N)      gradient w.r.t. lse (z-loss), may be NULL,
+     *   then softmax backward: dlogit_e = p_e (dp_e - sum_e' p_e' dp_e') + dlse * p_e. */
+    void (*router_forward)(float *probs, float *lse, int32_t *topk_idx, float *gates,
+                           const float *logits, int N, int E, int k);
+    void (*router_backward)(float *dlogits, const float *dgates, const float *dprobs,
+                            const float *dlse, const float *probs, const int32_t *topk_idx,
+                            const float *gates, int N, int E, int k);
+
+    /* ---- MoE permute / combine (dropless, race-free, deterministic) ----
+     * Routed slot (n, j) lives at row pos[n*k + j] of the expert-sorted buffer
+     * (M = N*k rows), src_row[m] = the token n of row m.
+     * permute:          xp[m] = h[src_row[m]]                       (=)
+     * permute_backward: dh[n] += sum_j dxp[pos[n*k+j]]  (j order)   (+=)
+     * combine:          out[n] += sum_j gates[n,j] * y[pos[n*k+j]]  (+=)
+     * combine_backward: dy[pos[n*k+j]] = gates[n,j] * dout[n]       (=)
+     *                   dgates[n,j]   = dot(dout[n], y[pos[n*k+j]]) (=) */
+    void (*moe_permute)(float *xp, const float *h, const int32_t *src_row, int M, int C);
+    void (*moe_permute_backward)(float *dh, const float *dxp, const int32_t *pos, int N, int k, int C);
+    void (*moe_combine)(float *out, const float *y, const int32_t *pos, const float *gates,
+                        int N, int k, int C);
+    void (*moe_combine_backward)(float *dy, float *dgates, const float *dout, const float *y,
+                                 const int32_t *pos, const float *gates, int N, int k, int C);
+
+    /* ---- optimizers ----
+     * AdamW (PyTorch): m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+     *   p *= 1 - lr*wd;  p -= lr * (m / bc1) / (sqrt(v / bc2) + eps)
+     *   with bc1 = 1 - b1^t, bc2 = 1 - b2^t (t from 1). */
+    void (*adamw_update)(float *p, const float *g, float *m, float *v, size_t n,
+                         float lr, float b1, float b2, float eps, float wd, float bc1, float bc2);
+    /* Muon momentum: m = mu*m + g; d = g + mu*m (Nesterov direction), d may alias g. */
+    void (*muon_momentum)(float *d, float *m, const float *g, float mu, size_t n);
+    /* out (cols, rows) = transpose of in (rows, cols) */
+    void (*transpose)(float *out, const float *in, int rows, int cols);
+};
+
+/* Backends. mt_ops_cpu() never fails. mt_ops_cuda() returns NULL when the
+ * build has no CUDA (MT_WITH_CUDA off) or no device is present; `why` then
+ * says which. */
+const struct mt_ops_i *mt_ops_cpu(void);
+const struct mt_ops_i *mt_ops_cuda(char *why, size_t why_len);
+
+/* Information about the cpu backend's BLAS for the receipt: library, the
+ * core type in use (e.g. "SkylakeX"), threads, and how it was chosen. */
+struct mt_ops_cpu_info {
+    char blas[64];          /* "OpenBLAS 0.3.21 (openmp)" */
+    char coretype[32];      /* openblas_get_corename() */
+    char coretype_source[96]; /* "OPENBLAS_CORETYPE set by meshtrain (avx512 cpu)" / "user env" / "auto" */
+    int  threads;
+};
+void mt_ops_cpu_info(struct mt_ops_cpu_info *info);
+void mt_ops_cpu_set_threads(int n);
+
+/* Call first thing in main(): OpenBLAS picks its kernels when it is loaded,
+ * and Debian's build does not recognise recent AVX-512 cores (it falls back
+ * to AVX2 kernels at half speed). If OPENBLAS_CORETYPE is unset and the CPU
+ * has AVX-512, this sets it (and MT_CORETYPE_SOURCE) and re-execs the binary
+ * so OpenBLAS loads with the right kernels. Returns when nothing needed to be
+ * done or the re-exec failed. */
+void mt_ops_cpu_pin_coretype(int argc, char **argv);
+
+/* Offset of entry `field` in the table is not NULL. */
+#define mt_ops_supports(ops, field) ((ops)->field != NULL)
+
+#endif /* MT_OPS_H */
