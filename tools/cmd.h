@@ -1,0 +1,17 @@
+/*
+ * cmd.h — subcommands of the meshtrain binary. Each returns the process exit
+ * code: 0 ok, 2 bad input or config (after printing one line to stderr), 1
+ * runtime failure. Only tools/ decide how the process exits.
+ */
+#ifndef MT_TOOLS_CMD_H
+#define MT_TOOLS_CMD_H
+
+int mt_cmd_train(int argc, char **argv);      /* cmd_train.c     */
+int mt_cmd_export(int argc, char **argv);     /* cmd_export.c    */
+int mt_cmd_import(int argc, char **argv);     /* cmd_export.c    */
+int mt_cmd_plan(int argc, char **argv);       /* cmd_plan.c      */
+int mt_cmd_sample(int argc, char **argv);     /* cmd_sample.c    */
+int mt_cmd_tokenizer(int argc, char **argv);  /* cmd_tokenizer.c */
+int mt_cmd_prepare(int argc, char **argv);    /* cmd_prepare.c   */
+
+#endif

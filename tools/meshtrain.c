@@ -1,0 +1,45 @@
+/*
+ * meshtrain — one binary, subcommands (SPEC.md section 5).
+ */
+#include <stdio.h>
+#include <string.h>
+#include "cmd.h"
+#include "ops/mt_ops.h"
+
+struct subcommand {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *help;
+};
+
+static const struct subcommand subcommands[] = {
+    {"train",     mt_cmd_train,     "train a model (single rank or under mpirun)"},
+    {"export",    mt_cmd_export,    "checkpoint -> Hugging Face safetensors + config.json"},
+    {"import",    mt_cmd_import,    "Hugging Face safetensors + config.json -> checkpoint"},
+    {"plan",      mt_cmd_plan,      "check a mesh and print the memory plan"},
+    {"sample",    mt_cmd_sample,    "generate text from a checkpoint"},
+    {"tokenizer", mt_cmd_tokenizer, "train / encode / decode the byte-level BPE tokenizer"},
+    {"prepare",   mt_cmd_prepare,   "text files -> llm.c token shards"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: meshtrain <command> [options]   (meshtrain <command> --help for its options)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
+        fprintf(f, "  %-10s %s\n", subcommands[i].name, subcommands[i].help);
+    fprintf(f, "\nexit codes: 0 ok, 2 bad input or config, 1 runtime failure\n");
+}
+
+int main(int argc, char **argv)
+{
+    mt_ops_cpu_pin_coretype(argc, argv);
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
+        if (!strcmp(argv[1], subcommands[i].name))
+            return subcommands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "meshtrain: unknown command '%s' (see meshtrain --help)\n", argv[1]);
+    return 2;
+}
