@@ -1,0 +1,152 @@
+/*
+ * core.c — status strings, the context's error slot, accounted allocation.
+ *
+ * Invariant: every live block from mt_alloc carries a 64-byte header holding
+ * its size and bucket, so mt_free can keep ctx->bytes_live exact and the
+ * receipt's "measured" memory per bucket is the sum of what is live.
+ */
+#define _GNU_SOURCE
+#include "mt_core.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+const char *mt_status_str(enum mt_status st)
+{
+    switch (st) {
+    case MT_OK:               return "ok";
+    case MT_ERR_INVALID_ARG:  return "invalid argument";
+    case MT_ERR_CONFIG:       return "config error";
+    case MT_ERR_IO:           return "i/o error";
+    case MT_ERR_FORMAT:       return "bad file format";
+    case MT_ERR_OOM:          return "out of memory";
+    case MT_ERR_UNSUPPORTED:  return "unsupported";
+    case MT_ERR_COMM:         return "communication error";
+    case MT_ERR_NUMERIC:      return "non-finite value";
+    case MT_ERR_RUNTIME:      return "runtime error";
+    }
+    return "unknown status";
+}
+
+int mt_status_exit_code(enum mt_status st)
+{
+    switch (st) {
+    case MT_OK:              return 0;
+    case MT_ERR_INVALID_ARG:
+    case MT_ERR_CONFIG:
+    case MT_ERR_IO:
+    case MT_ERR_FORMAT:      return 2;
+    default:                 return 1;
+    }
+}
+
+const char *mt_bucket_name(enum mt_bucket b)
+{
+    static const char *names[MT_BUCKET_COUNT] = {
+        "params", "grads", "optim", "acts", "comm", "workspace", "other"};
+    return (b >= 0 && b < MT_BUCKET_COUNT) ? names[b] : "other";
+}
+
+void mt_ctx_init(struct mt_ctx *ctx)
+{
+    memset(ctx, 0, sizeof *ctx);
+}
+
+void mt_ctx_free(struct mt_ctx *ctx)
+{
+    (void)ctx; /* nothing owned today; kept for the init/free pair */
+}
+
+enum mt_status mt_ctx_error(struct mt_ctx *ctx, enum mt_status st, const char *fmt, ...)
+{
+    if (!ctx) return st;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx->errmsg, sizeof ctx->errmsg, fmt, ap);
+    va_end(ap);
+    ctx->last_status = st;
+    return st;
+}
+
+const char *mt_ctx_last_error(const struct mt_ctx *ctx)
+{
+    if (!ctx || ctx->last_status == MT_OK) return "no error";
+    return ctx->errmsg[0] ? ctx->errmsg : mt_status_str(ctx->last_status);
+}
+
+void mt_ctx_clear_error(struct mt_ctx *ctx)
+{
+    ctx->last_status = MT_OK;
+    ctx->errmsg[0] = 0;
+}
+
+/* Header placed before each block: 64 bytes keep the user pointer aligned. */
+struct block_header {
+    size_t bytes;
+    int    bucket;
+    char   pad[64 - sizeof(size_t) - sizeof(int)];
+};
+
+void *mt_alloc(struct mt_ctx *ctx, size_t bytes, enum mt_bucket bucket)
+{
+    if (bucket < 0 || bucket >= MT_BUCKET_COUNT) bucket = MT_BUCKET_OTHER;
+    if (ctx) {
+        ctx->n_allocs++;
+        if (ctx->fail_after > 0 && --ctx->fail_after == 0) {
+            mt_ctx_error(ctx, MT_ERR_OOM, "out of memory allocating %zu bytes for %s (injected failure)",
+                         bytes, mt_bucket_name(bucket));
+            return NULL;
+        }
+    }
+    void *raw = NULL;
+    size_t total = bytes + sizeof(struct block_header);
+    if (total < bytes || posix_memalign(&raw, 64, total) != 0) {
+        if (ctx) mt_ctx_error(ctx, MT_ERR_OOM, "out of memory allocating %zu bytes for %s", bytes,
+                              mt_bucket_name(bucket));
+        return NULL;
+    }
+    memset(raw, 0, total);
+    struct block_header *h = raw;
+    h->bytes = bytes;
+    h->bucket = (int)bucket;
+    if (ctx) {
+        ctx->bytes_live[bucket] += bytes;
+        if (ctx->bytes_live[bucket] > ctx->bytes_peak[bucket]) ctx->bytes_peak[bucket] = ctx->bytes_live[bucket];
+        ctx->bytes_live_total += bytes;
+        if (ctx->bytes_live_total > ctx->bytes_peak_total) ctx->bytes_peak_total = ctx->bytes_live_total;
+    }
+    return h + 1;
+}
+
+void mt_free(struct mt_ctx *ctx, void *p)
+{
+    if (!p) return;
+    struct block_header *h = (struct block_header *)p - 1;
+    if (ctx) {
+        ctx->bytes_live[h->bucket] -= h->bytes;
+        ctx->bytes_live_total -= h->bytes;
+    }
+    free(h);
+}
+
+size_t mt_peak_rss_bytes(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    size_t kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %zu kB", &kb) == 1) break;
+    fclose(f);
+    return kb * 1024;
+}
+
+double mt_time_sec(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
