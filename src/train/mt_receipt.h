@@ -1,0 +1,57 @@
+/*
+ * mt_receipt.h — receipt.json: what actually ran (SPEC.md section 4).
+ *
+ * A number with no receipt does not count. The trainer fills this struct as
+ * the run goes; mt_receipt_write serialises it (tmp + rename).
+ */
+#ifndef MT_RECEIPT_H
+#define MT_RECEIPT_H
+
+#include <stddef.h>
+#include "../core/mt_core.h"
+#include "../core/mt_config.h"
+
+struct mt_receipt {
+    const char *command_line;
+    /* backend */
+    char backend_requested[16], backend_actual[16];
+    char runtime_mode[16];          /* "fp32" */
+    char fallback_reason[256];      /* "" = null */
+    char blas[64], coretype[32], coretype_source[96];
+    int  threads;
+    /* mesh */
+    int  pp, dp, ep, tp, world, zero_stage;
+    const struct mt_config *cfg;
+    /* geometry */
+    int  micro_batch_seqs;
+    /* parameters */
+    size_t params_total, params_active;
+    double flops_per_token;
+    /* memory: plan vs measured per bucket, and RSS */
+    size_t plan_bytes[MT_BUCKET_COUNT];
+    size_t measured_peak_bytes[MT_BUCKET_COUNT];
+    size_t peak_rss_bytes;
+    /* timing */
+    int    steps_run, warmup_excluded;
+    double compute_s, comm_s, idle_s, total_s;
+    double tokens_per_s, model_flops_per_s, mfu;
+    double peak_flops;
+    char   peak_flops_source[160];
+    /* losses, one per step run (arrays owned by the trainer) */
+    int     n_steps;
+    const int    *step_index;
+    const double *losses, *lm_losses, *aux_losses, *z_losses, *grad_norms, *lrs, *step_times;
+    int     n_evals;
+    const int    *eval_steps;
+    const double *eval_losses;
+    /* checks */
+    char replica_hash_check[128];
+    int  start_step;
+    char resumed_from[4096];
+    char data_path[4096];
+    size_t data_tokens;
+};
+
+enum mt_status mt_receipt_write(struct mt_ctx *ctx, const char *path, const struct mt_receipt *r);
+
+#endif /* MT_RECEIPT_H */

@@ -1,0 +1,42 @@
+/*
+ * mt_trainer.h — the training loop: data -> model -> optimizer -> checkpoint
+ * -> receipt, for one rank today, shaped for the mesh (every reduction of a
+ * loss, count or norm goes through one place, reduce_over_batch()).
+ *
+ * Order of work, so that bad input loses nothing: resolve config, open data,
+ * read and verify the resume checkpoint, create model + optimizer (all before
+ * any output is written); only then create OUT and train.
+ */
+#ifndef MT_TRAINER_H
+#define MT_TRAINER_H
+
+#include "../core/mt_core.h"
+#include "../core/mt_config.h"
+
+struct mt_train_opts {
+    const char *data_path;     /* --data: shard file, dir or glob (required)          */
+    const char *val_path;      /* --val-data: default: the "val" split of a data dir   */
+    const char *out_dir;       /* --out (required)                                    */
+    const char *resume;        /* --resume: checkpoint dir or a previous OUT           */
+    int         steps;         /* --steps: the step to reach (0: initial ckpt only)    */
+    const char *mesh;          /* --mesh, NULL = one rank                             */
+    int         zero_stage;    /* --zero                                              */
+    double      peak_flops;    /* --peak-flops, 0 = measure the GEMM roof at startup  */
+    const char *command_line;  /* for the receipt                                     */
+    int         quiet;
+};
+
+struct mt_train_result {
+    int    steps_run;
+    double final_loss;
+    double tokens_per_s;
+    double mfu;
+};
+
+/* cfg: loaded (defaults + file + --set) but not yet resolved; resolved here
+ * (vocab_size may come from DATA_DIR/meta.json). Returns MT_OK or an error
+ * with a one-line message on ctx. */
+enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const struct mt_train_opts *opts,
+                            struct mt_train_result *res);
+
+#endif /* MT_TRAINER_H */

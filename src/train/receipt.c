@@ -1,0 +1,145 @@
+/*
+ * receipt.c — serialise struct mt_receipt to receipt.json with cJSON.
+ * Written to PATH.tmp then renamed, so a reader never sees half a receipt.
+ */
+#define _GNU_SOURCE
+#include "mt_receipt.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static cJSON *num_array(const double *v, int n)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(v ? v[i] : 0.0));
+    return a;
+}
+
+static cJSON *bucket_object(const size_t bytes[MT_BUCKET_COUNT])
+{
+    cJSON *o = cJSON_CreateObject();
+    size_t total = 0;
+    for (int b = 0; b < MT_BUCKET_COUNT; b++) {
+        cJSON_AddNumberToObject(o, mt_bucket_name((enum mt_bucket)b), (double)bytes[b]);
+        total += bytes[b];
+    }
+    cJSON_AddNumberToObject(o, "total", (double)total);
+    return o;
+}
+
+enum mt_status mt_receipt_write(struct mt_ctx *ctx, const char *path, const struct mt_receipt *r)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "meshtrain_receipt_version", "1");
+    cJSON_AddStringToObject(root, "command", r->command_line ? r->command_line : "");
+
+    cJSON *be = cJSON_AddObjectToObject(root, "backend");
+    cJSON_AddStringToObject(be, "requested", r->backend_requested);
+    cJSON_AddStringToObject(be, "actual", r->backend_actual);
+    cJSON_AddStringToObject(be, "runtime_mode", r->runtime_mode);
+    if (r->fallback_reason[0]) cJSON_AddStringToObject(be, "fallback_reason", r->fallback_reason);
+    else cJSON_AddNullToObject(be, "fallback_reason");
+    cJSON_AddStringToObject(be, "blas", r->blas);
+    cJSON_AddStringToObject(be, "blas_coretype", r->coretype);
+    cJSON_AddStringToObject(be, "blas_coretype_source", r->coretype_source);
+    cJSON_AddNumberToObject(be, "threads_per_rank", r->threads);
+
+    cJSON *mesh = cJSON_AddObjectToObject(root, "mesh");
+    cJSON_AddNumberToObject(mesh, "world", r->world);
+    cJSON_AddNumberToObject(mesh, "pp", r->pp);
+    cJSON_AddNumberToObject(mesh, "dp", r->dp);
+    cJSON_AddNumberToObject(mesh, "ep", r->ep);
+    cJSON_AddNumberToObject(mesh, "tp", r->tp);
+    cJSON *groups = cJSON_AddObjectToObject(mesh, "group_sizes");
+    cJSON_AddNumberToObject(groups, "model", r->tp);
+    cJSON_AddNumberToObject(groups, "expert", r->ep);
+    cJSON_AddNumberToObject(groups, "data", r->dp);
+    cJSON_AddNumberToObject(groups, "data_x_expert", r->dp * r->ep);
+    cJSON_AddNumberToObject(groups, "pipe", r->pp);
+    cJSON_AddNumberToObject(root, "zero_stage", r->zero_stage);
+
+    if (r->cfg) {
+        char *cj = mt_config_to_json(r->cfg);
+        cJSON *c = cj ? cJSON_Parse(cj) : NULL;
+        free(cj);
+        cJSON_AddItemToObject(root, "config", c ? c : cJSON_CreateNull());
+        cJSON *g = cJSON_AddObjectToObject(root, "batch");
+        cJSON_AddNumberToObject(g, "seq_len", r->cfg->seq_len);
+        cJSON_AddNumberToObject(g, "global_batch_seqs", r->cfg->batch_size);
+        cJSON_AddNumberToObject(g, "microbatches", r->cfg->microbatches);
+        cJSON_AddNumberToObject(g, "micro_batch_seqs_per_rank", r->micro_batch_seqs);
+        cJSON_AddNumberToObject(g, "tokens_per_step", (double)r->cfg->batch_size * r->cfg->seq_len);
+    }
+    cJSON *data = cJSON_AddObjectToObject(root, "data");
+    cJSON_AddStringToObject(data, "path", r->data_path);
+    cJSON_AddNumberToObject(data, "tokens", (double)r->data_tokens);
+
+    cJSON *pc = cJSON_AddObjectToObject(root, "parameters");
+    cJSON_AddNumberToObject(pc, "total", (double)r->params_total);
+    cJSON_AddNumberToObject(pc, "active_per_token", (double)r->params_active);
+
+    cJSON *mem = cJSON_AddObjectToObject(root, "memory");
+    cJSON_AddItemToObject(mem, "plan_bytes", bucket_object(r->plan_bytes));
+    cJSON_AddItemToObject(mem, "measured_peak_bytes", bucket_object(r->measured_peak_bytes));
+    cJSON_AddNumberToObject(mem, "peak_rss_bytes", (double)r->peak_rss_bytes);
+    cJSON_AddStringToObject(mem, "measured_how",
+                            "per-bucket peak of live bytes allocated through mt_alloc; RSS from /proc VmHWM");
+
+    cJSON *t = cJSON_AddObjectToObject(root, "timing");
+    cJSON_AddNumberToObject(t, "start_step", r->start_step);
+    cJSON_AddNumberToObject(t, "steps_run", r->steps_run);
+    cJSON_AddNumberToObject(t, "warmup_steps_excluded", r->warmup_excluded);
+    cJSON_AddNumberToObject(t, "total_s", r->total_s);
+    cJSON *split = cJSON_AddObjectToObject(t, "step_time_split_s");
+    cJSON_AddNumberToObject(split, "compute", r->compute_s);
+    cJSON_AddNumberToObject(split, "communication", r->comm_s);
+    cJSON_AddNumberToObject(split, "idle", r->idle_s);
+    cJSON_AddNumberToObject(t, "tokens_per_s", r->tokens_per_s);
+    cJSON_AddNumberToObject(t, "flops_per_token", r->flops_per_token);
+    cJSON_AddStringToObject(t, "flops_convention",
+                            "6 x matmul parameters active per token (incl. lm_head, excl. embedding lookup) "
+                            "+ 12 x L x T x H x head_dim");
+    cJSON_AddNumberToObject(t, "model_flops_per_s", r->model_flops_per_s);
+    cJSON_AddNumberToObject(t, "mfu", r->mfu);
+    cJSON_AddNumberToObject(t, "peak_flops", r->peak_flops);
+    cJSON_AddStringToObject(t, "peak_flops_source", r->peak_flops_source);
+    cJSON_AddItemToObject(t, "step_times_s", num_array(r->step_times, r->n_steps));
+
+    cJSON *steps = cJSON_CreateArray();
+    for (int i = 0; i < r->n_steps; i++) cJSON_AddItemToArray(steps, cJSON_CreateNumber(r->step_index[i]));
+    cJSON_AddItemToObject(root, "steps", steps);
+    cJSON_AddItemToObject(root, "losses", num_array(r->losses, r->n_steps));
+    cJSON_AddItemToObject(root, "lm_losses", num_array(r->lm_losses, r->n_steps));
+    cJSON_AddItemToObject(root, "aux_losses", num_array(r->aux_losses, r->n_steps));
+    cJSON_AddItemToObject(root, "z_losses", num_array(r->z_losses, r->n_steps));
+    cJSON_AddItemToObject(root, "grad_norms", num_array(r->grad_norms, r->n_steps));
+    cJSON_AddItemToObject(root, "lr_factors", num_array(r->lrs, r->n_steps));
+    cJSON *ev = cJSON_AddArrayToObject(root, "val_losses");
+    for (int i = 0; i < r->n_evals; i++) {
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddNumberToObject(e, "step", r->eval_steps[i]);
+        cJSON_AddNumberToObject(e, "loss", r->eval_losses[i]);
+        cJSON_AddItemToArray(ev, e);
+    }
+    cJSON_AddStringToObject(root, "replica_hash_check", r->replica_hash_check);
+    if (r->resumed_from[0]) cJSON_AddStringToObject(root, "resumed_from", r->resumed_from);
+    else cJSON_AddNullToObject(root, "resumed_from");
+
+    char *text = cJSON_Print(root);
+    cJSON_Delete(root);
+    if (!text) return mt_ctx_error(ctx, MT_ERR_OOM, "out of memory serialising the receipt");
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        free(text);
+        return mt_ctx_error(ctx, MT_ERR_IO, "cannot write %s", tmp);
+    }
+    int ok = fputs(text, f) >= 0 && fputc('\n', f) != EOF;
+    ok = (fclose(f) == 0) && ok;
+    free(text);
+    if (!ok || rename(tmp, path) != 0) return mt_ctx_error(ctx, MT_ERR_IO, "cannot write %s", path);
+    return MT_OK;
+}

@@ -1,0 +1,112 @@
+/*
+ * cmd_train.c — `meshtrain train`: parse flags, build the config
+ * (defaults <- --config FILE <- --set key=value), run, map status to exit code.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cmd.h"
+#include "core/mt_config.h"
+#include "core/mt_core.h"
+#include "train/mt_trainer.h"
+
+static void train_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: meshtrain train --data PATH --out DIR [options]\n\n"
+            "options:\n"
+            "  --config FILE        JSON config (keys below)                      default: none\n"
+            "  --set KEY=VALUE      override one config key (repeatable)\n"
+            "  --data PATH          token shards: a file, a directory or a glob   (required)\n"
+            "  --val-data PATH      validation shards      default: the *val* files of a --data dir\n"
+            "  --out DIR            receipt.json and ckpt/ go here               (required)\n"
+            "  --steps N            the step to reach (0: write the initial checkpoint only)  default: 10\n"
+            "  --resume DIR         continue from a checkpoint dir (or a previous --out)\n"
+            "  --mesh SPEC          pp=1,dp=1,ep=1,tp=1 (single rank in this build)  default: all 1\n"
+            "  --zero Z             ZeRO stage 0..3                               default: 0\n"
+            "  --peak-flops F       peak FLOP/s for MFU    default: measure the sgemm roof at startup\n"
+            "  --quiet              no progress output\n\n"
+            "config keys (--config / --set):\n");
+    mt_config_print_help(f);
+    fprintf(f, "\nexit codes: 0 ok, 2 bad input or config, 1 runtime failure\n");
+}
+
+int mt_cmd_train(int argc, char **argv)
+{
+    struct mt_ctx ctx;
+    mt_ctx_init(&ctx);
+    struct mt_config cfg;
+    mt_config_defaults(&cfg);
+    struct mt_train_opts opts;
+    memset(&opts, 0, sizeof opts);
+    opts.steps = 10;
+
+    char cmdline[4096] = "meshtrain";
+    for (int i = 0; i < argc; i++) {
+        size_t len = strlen(cmdline);
+        snprintf(cmdline + len, sizeof cmdline - len, " %s", argv[i]);
+    }
+    opts.command_line = cmdline;
+
+    /* --config first, whatever its position, so --set always overrides it */
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--config")) {
+            if (i + 1 >= argc) { fprintf(stderr, "meshtrain train: --config needs a file\n"); return 2; }
+            if (mt_config_load_file(&ctx, &cfg, argv[i + 1]) != MT_OK) {
+                fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(&ctx));
+                return 2;
+            }
+        }
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { train_usage(stdout); return 0; }
+        if (!strcmp(a, "--quiet")) { opts.quiet = 1; continue; }
+        if (!v) { fprintf(stderr, "meshtrain train: %s needs a value (see --help)\n", a); return 2; }
+        char *end = NULL;
+        if (!strcmp(a, "--config")) { /* done above */ }
+        else if (!strcmp(a, "--set")) {
+            if (mt_config_set(&ctx, &cfg, v) != MT_OK) {
+                fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(&ctx));
+                return 2;
+            }
+        }
+        else if (!strcmp(a, "--data")) opts.data_path = v;
+        else if (!strcmp(a, "--val-data")) opts.val_path = v;
+        else if (!strcmp(a, "--out")) opts.out_dir = v;
+        else if (!strcmp(a, "--resume")) opts.resume = v;
+        else if (!strcmp(a, "--mesh")) opts.mesh = v;
+        else if (!strcmp(a, "--steps") || !strcmp(a, "--zero")) {
+            long n = strtol(v, &end, 10);
+            if (!*v || *end || n < 0 || n > 100000000) {
+                fprintf(stderr, "meshtrain train: %s expects a non-negative integer (got '%s')\n", a, v);
+                return 2;
+            }
+            if (!strcmp(a, "--steps")) opts.steps = (int)n;
+            else opts.zero_stage = (int)n;
+        }
+        else if (!strcmp(a, "--peak-flops")) {
+            opts.peak_flops = strtod(v, &end);
+            if (!*v || *end || opts.peak_flops <= 0) {
+                fprintf(stderr, "meshtrain train: --peak-flops expects a positive number (got '%s')\n", v);
+                return 2;
+            }
+        }
+        else { fprintf(stderr, "meshtrain train: unknown option '%s' (see --help)\n", a); return 2; }
+        i++;
+    }
+
+    struct mt_train_result res;
+    enum mt_status rc = mt_train_run(&ctx, &cfg, &opts, &res);
+    if (rc != MT_OK) {
+        fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(&ctx));
+        return mt_status_exit_code(rc);
+    }
+    if (!opts.quiet)
+        printf("done: %d steps, final loss %.6f, %.0f tok/s, MFU %.1f%%, receipt %s/receipt.json\n", res.steps_run,
+               res.final_loss, res.tokens_per_s, 100.0 * res.mfu, opts.out_dir);
+    mt_ctx_free(&ctx);
+    return 0;
+}
