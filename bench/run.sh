@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Issue-2 benchmark: configs (a) dense, (b) MoE, (c) GPT-2-small shape, each
+# with a receipt, plus the OpenBLAS sgemm roof measured in the same run.
+# Usage: bench/run.sh [BUILD_DIR] [STEPS]   -> bench/out/summary.json
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:-build}; STEPS=${2:-6}
+OUT=bench/out; mkdir -p "$OUT"
+MT="$BUILD/meshtrain"
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+[ -f "$OUT/data8k.bin" ]  || python3 tests/make_shard.py "$OUT/data8k.bin"  400000 8192 random
+[ -f "$OUT/data50k.bin" ] || python3 tests/make_shard.py "$OUT/data50k.bin" 400000 50304 random
+# the roof: the same ops table and thread count the trainer uses (measured by the trainer at startup)
+for c in a_dense b_moe c_gpt2small; do
+  data="$OUT/data8k.bin"; [ $c = c_gpt2small ] && data="$OUT/data50k.bin"
+  echo "== $c"
+  "$MT" train --config bench/configs/$c.json --data "$data" --out "$OUT/$c" --steps "$STEPS" --set warmup_steps=1
+done
+python3 - "$OUT" <<'PY'
+import json, sys
+out = sys.argv[1]; rows = {}
+for c in ("a_dense", "b_moe", "c_gpt2small"):
+    r = json.load(open(f"{out}/{c}/receipt.json"))
+    t = r["timing"]
+    rows[c] = {"tokens_per_s": t["tokens_per_s"], "model_flops_per_s": t["model_flops_per_s"],
+               "peak_flops": t["peak_flops"], "mfu": t["mfu"], "peak_source": t["peak_flops_source"],
+               "coretype": r["backend"]["blas_coretype"], "loss_first": r["losses"][0], "loss_last": r["losses"][-1],
+               "peak_rss_bytes": r["memory"]["peak_rss_bytes"], "plan_total_bytes": r["memory"]["plan_bytes"]["total"]}
+json.dump(rows, open(f"{out}/summary.json", "w"), indent=2)
+for c, v in rows.items():
+    print(f"{c:12s} {v['tokens_per_s']:9.0f} tok/s  {v['model_flops_per_s']/1e9:7.1f} GFLOP/s  "
+          f"roof {v['peak_flops']/1e9:6.1f}  ratio {v['mfu']:.3f}  ({v['coretype']})")
+PY
