@@ -52,4 +52,56 @@ enum mt_status mt_comm_alltoallv(struct mt_ctx *ctx, struct mt_comm *c,
                                  enum mt_dtype dt);
 enum mt_status mt_comm_barrier(struct mt_ctx *ctx, struct mt_comm *c);
 
+/* ---- additions (dist module): world, non-blocking collectives, batched P2P, process init ---- */
+
+/* The world group: a duplicate of MPI_COMM_WORLD (errors returned, not fatal)
+ * when MPI is built in and initialised (mt_dist_init under mpirun), otherwise
+ * a self group. Free with mt_comm_destroy. */
+enum mt_status mt_comm_create_world(struct mt_ctx *ctx, struct mt_comm **out);
+
+/* A pending non-blocking collective. Buffers must stay untouched until
+ * mt_comm_wait returns. The ctx passed to the i* call must outlive the req. */
+struct mt_comm_req;
+
+/* Non-blocking forms of allreduce / reduce_scatter / allgather: same
+ * arguments and aliasing rules as the blocking calls, plus *req, which
+ * receives a request to pass to mt_comm_wait exactly once. On error *req is
+ * NULL and nothing is pending. Counts above INT_MAX are refused (MPI ints). */
+enum mt_status mt_comm_iallreduce(struct mt_ctx *ctx, struct mt_comm *c, void *buf, size_t count,
+                                  enum mt_dtype dt, enum mt_redop op, struct mt_comm_req **req);
+enum mt_status mt_comm_ireduce_scatter(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                       size_t count, enum mt_dtype dt, struct mt_comm_req **req);
+enum mt_status mt_comm_iallgather(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                  size_t count, enum mt_dtype dt, struct mt_comm_req **req);
+/* Complete the operation and free req. req == NULL is a no-op returning MT_OK. */
+enum mt_status mt_comm_wait(struct mt_ctx *ctx, struct mt_comm_req *req);
+
+/* Batched point-to-point (pipeline sends): every op is posted at once
+ * (MPI_Isend / MPI_Irecv) and completed by one wait-all, so the order of
+ * ops in the batch cannot deadlock. `peer` is a rank of c. On a self group
+ * peer must be 0 and each recv is matched with the first unmatched send of
+ * the same tag (a copy). */
+enum mt_p2p_kind { MT_P2P_SEND = 0, MT_P2P_RECV };
+struct mt_p2p_op {
+    enum mt_p2p_kind kind;
+    int              peer;
+    void            *buf;    /* const for sends */
+    size_t           count;  /* elements        */
+    enum mt_dtype    dt;
+    int              tag;    /* >= 0            */
+};
+enum mt_status mt_comm_sendrecv_batch(struct mt_ctx *ctx, struct mt_comm *c, int n_ops,
+                                      const struct mt_p2p_op *ops);
+
+/* Process init (tools/ only). Under mpirun (OMPI_COMM_WORLD_SIZE or PMI_SIZE
+ * set) and built with MPI: MPI_Init_thread(FUNNELED) — only the main thread
+ * calls MPI; otherwise one rank (world=1, rank=0). Also raises malloc's mmap
+ * and trim thresholds so large collective temporaries are not mmap'ed and
+ * page-faulted on every call. Built without MPI but launched by mpirun with
+ * more than one rank: MT_ERR_UNSUPPORTED (N copies of a one-rank run would
+ * silently duplicate work). MPI_Init failure: MT_ERR_COMM. */
+enum mt_status mt_dist_init(int *argc, char ***argv, int *world, int *rank);
+void mt_dist_finalize(void);     /* MPI_Finalize if MPI was initialised; else nothing */
+void mt_dist_abort(int code);    /* MPI_Abort on world, or exit(code): tools/ only    */
+
 #endif /* MT_COMM_H */

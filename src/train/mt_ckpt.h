@@ -13,6 +13,9 @@
  * reads exactly the slices it owns (resharding on load). The directory is
  * written as DIR.tmp and renamed: a crash mid-save leaves the last good
  * checkpoint intact.
+ *
+ * `ops` may be NULL in save/load: parameter and state data are then host
+ * memory (used by import/export, which run without a backend).
  */
 #ifndef MT_CKPT_H
 #define MT_CKPT_H
@@ -46,6 +49,23 @@ enum mt_status mt_ckpt_read_meta(struct mt_ctx *ctx, const char *dir, struct mt_
  * mismatch -> MT_ERR_FORMAT naming the tensor / file. */
 enum mt_status mt_ckpt_load(struct mt_ctx *ctx, const struct mt_ops_i *ops, const char *dir,
                             struct mt_param *params, int n_params, struct mt_optim *o);
+
+/* One tensor of a checkpoint manifest (for export and tools that read a
+ * checkpoint without building a model). */
+struct mt_ckpt_tensor {
+    char    name[160];
+    char    file[32];     /* "params.bin" | "optim.bin"                   */
+    int64_t offset;       /* bytes into file, 64-byte aligned             */
+    int     ndim;         /* 1 or 2                                       */
+    int64_t shape[2];     /* global shape; shape[1] == 1 when ndim == 1   */
+};
+
+/* The manifest's tensors stored in `file` ("params.bin", "optim.bin"; NULL =
+ * every tensor), in manifest order, after verifying that file's checksum
+ * (every listed file when `file` is NULL). *out is allocated with mt_alloc
+ * (caller frees with mt_free). Errors as mt_ckpt_load. */
+enum mt_status mt_ckpt_read_tensors(struct mt_ctx *ctx, const char *dir, const char *file,
+                                    struct mt_ckpt_tensor **out, int *n);
 
 /* Latest complete checkpoint under OUT/ckpt (by step), or the dir itself if
  * it holds a manifest.json. Writes the path into `path`. MT_ERR_IO if none. */

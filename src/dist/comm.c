@@ -1,0 +1,384 @@
+/*
+ * comm.c — the public collectives (argument checks, then dispatch through
+ * the communicator's table) and the single-rank "self" implementation.
+ *
+ * Invariant: a public call never reaches an implementation with a NULL
+ * comm, a bad dtype, or a NULL buffer for a non-zero count; an
+ * implementation only has to do its job. On a group of one rank every
+ * collective is the identity: allreduce and barrier do nothing, reduce-
+ * scatter / allgather / alltoallv copy (memmove: in place is allowed), bcast
+ * from root 0 does nothing.
+ */
+#include "comm_impl.h"
+
+#include <string.h>
+
+size_t mt_dtype_size(enum mt_dtype dt)
+{
+    switch (dt) {
+    case MT_DTYPE_F32: return 4;
+    case MT_DTYPE_F64: return 8;
+    case MT_DTYPE_I32: return 4;
+    case MT_DTYPE_I64: return 8;
+    case MT_DTYPE_U8:  return 1;
+    }
+    return 0;
+}
+
+int mt_comm_size(const struct mt_comm *c) { return c ? c->size : 0; }
+int mt_comm_rank(const struct mt_comm *c) { return c ? c->rank : -1; }
+
+/* ------------------------------------------------------------------ */
+/* argument checks shared by every public call                         */
+/* ------------------------------------------------------------------ */
+
+static enum mt_status check_comm(struct mt_ctx *ctx, const struct mt_comm *c, const char *op)
+{
+    if (!c) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s: NULL communicator", op);
+    return MT_OK;
+}
+
+static enum mt_status check_buf(struct mt_ctx *ctx, const void *p, size_t count, enum mt_dtype dt,
+                                const char *op, const char *what)
+{
+    if (mt_dtype_size(dt) == 0)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s: unknown dtype %d", op, (int)dt);
+    if (!p && count > 0) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s: NULL %s with count %zu", op, what, count);
+    return MT_OK;
+}
+
+static enum mt_status unsupported(struct mt_ctx *ctx, const struct mt_comm *c, const char *op)
+{
+    return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "%s is not supported by the '%s' communicator", op,
+                        c->iface->name);
+}
+
+/* ------------------------------------------------------------------ */
+/* public dispatch                                                     */
+/* ------------------------------------------------------------------ */
+
+enum mt_status mt_comm_allreduce(struct mt_ctx *ctx, struct mt_comm *c, void *buf, size_t count,
+                                 enum mt_dtype dt, enum mt_redop op)
+{
+    MT_CHECK(check_comm(ctx, c, "allreduce"));
+    MT_CHECK(check_buf(ctx, buf, count, dt, "allreduce", "buffer"));
+    if (op != MT_REDOP_SUM && op != MT_REDOP_MAX && op != MT_REDOP_MIN)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "allreduce: unknown reduction %d", (int)op);
+    if (!c->iface->allreduce) return unsupported(ctx, c, "allreduce");
+    return c->iface->allreduce(ctx, c, buf, count, dt, op);
+}
+
+enum mt_status mt_comm_reduce_scatter(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                      size_t count, enum mt_dtype dt)
+{
+    MT_CHECK(check_comm(ctx, c, "reduce_scatter"));
+    MT_CHECK(check_buf(ctx, recv, count, dt, "reduce_scatter", "recv"));
+    MT_CHECK(check_buf(ctx, send, count, dt, "reduce_scatter", "send"));
+    if (!c->iface->reduce_scatter) return unsupported(ctx, c, "reduce_scatter");
+    return c->iface->reduce_scatter(ctx, c, recv, send, count, dt);
+}
+
+enum mt_status mt_comm_allgather(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                 size_t count, enum mt_dtype dt)
+{
+    MT_CHECK(check_comm(ctx, c, "allgather"));
+    MT_CHECK(check_buf(ctx, recv, count, dt, "allgather", "recv"));
+    MT_CHECK(check_buf(ctx, send, count, dt, "allgather", "send"));
+    if (!c->iface->allgather) return unsupported(ctx, c, "allgather");
+    return c->iface->allgather(ctx, c, recv, send, count, dt);
+}
+
+enum mt_status mt_comm_bcast(struct mt_ctx *ctx, struct mt_comm *c, void *buf, size_t count,
+                             enum mt_dtype dt, int root)
+{
+    MT_CHECK(check_comm(ctx, c, "bcast"));
+    MT_CHECK(check_buf(ctx, buf, count, dt, "bcast", "buffer"));
+    if (root < 0 || root >= c->size)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "bcast: root %d outside the group of %d ranks", root, c->size);
+    if (!c->iface->bcast) return unsupported(ctx, c, "bcast");
+    return c->iface->bcast(ctx, c, buf, count, dt, root);
+}
+
+enum mt_status mt_comm_alltoallv(struct mt_ctx *ctx, struct mt_comm *c,
+                                 const void *send, const size_t *send_counts, const size_t *send_displs,
+                                 void *recv, const size_t *recv_counts, const size_t *recv_displs,
+                                 enum mt_dtype dt)
+{
+    MT_CHECK(check_comm(ctx, c, "alltoallv"));
+    if (!send_counts || !send_displs || !recv_counts || !recv_displs)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "alltoallv: NULL count or displacement array");
+    if (mt_dtype_size(dt) == 0) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "alltoallv: unknown dtype %d", (int)dt);
+    if (!c->iface->alltoallv) return unsupported(ctx, c, "alltoallv");
+    return c->iface->alltoallv(ctx, c, send, send_counts, send_displs, recv, recv_counts, recv_displs, dt);
+}
+
+enum mt_status mt_comm_barrier(struct mt_ctx *ctx, struct mt_comm *c)
+{
+    MT_CHECK(check_comm(ctx, c, "barrier"));
+    if (!c->iface->barrier) return unsupported(ctx, c, "barrier");
+    return c->iface->barrier(ctx, c);
+}
+
+enum mt_status mt_comm_iallreduce(struct mt_ctx *ctx, struct mt_comm *c, void *buf, size_t count,
+                                  enum mt_dtype dt, enum mt_redop op, struct mt_comm_req **req)
+{
+    if (!req) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "iallreduce: NULL request pointer");
+    *req = NULL;
+    MT_CHECK(check_comm(ctx, c, "iallreduce"));
+    MT_CHECK(check_buf(ctx, buf, count, dt, "iallreduce", "buffer"));
+    if (op != MT_REDOP_SUM && op != MT_REDOP_MAX && op != MT_REDOP_MIN)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "iallreduce: unknown reduction %d", (int)op);
+    if (!c->iface->iallreduce) return unsupported(ctx, c, "iallreduce");
+    return c->iface->iallreduce(ctx, c, buf, count, dt, op, req);
+}
+
+enum mt_status mt_comm_ireduce_scatter(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                       size_t count, enum mt_dtype dt, struct mt_comm_req **req)
+{
+    if (!req) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "ireduce_scatter: NULL request pointer");
+    *req = NULL;
+    MT_CHECK(check_comm(ctx, c, "ireduce_scatter"));
+    MT_CHECK(check_buf(ctx, recv, count, dt, "ireduce_scatter", "recv"));
+    MT_CHECK(check_buf(ctx, send, count, dt, "ireduce_scatter", "send"));
+    if (!c->iface->ireduce_scatter) return unsupported(ctx, c, "ireduce_scatter");
+    return c->iface->ireduce_scatter(ctx, c, recv, send, count, dt, req);
+}
+
+enum mt_status mt_comm_iallgather(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                  size_t count, enum mt_dtype dt, struct mt_comm_req **req)
+{
+    if (!req) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "iallgather: NULL request pointer");
+    *req = NULL;
+    MT_CHECK(check_comm(ctx, c, "iallgather"));
+    MT_CHECK(check_buf(ctx, recv, count, dt, "iallgather", "recv"));
+    MT_CHECK(check_buf(ctx, send, count, dt, "iallgather", "send"));
+    if (!c->iface->iallgather) return unsupported(ctx, c, "iallgather");
+    return c->iface->iallgather(ctx, c, recv, send, count, dt, req);
+}
+
+enum mt_status mt_comm_wait(struct mt_ctx *ctx, struct mt_comm_req *req)
+{
+    if (!req) return MT_OK;
+    MT_ASSERT(req->comm && req->comm->iface->wait);
+    return req->comm->iface->wait(ctx, req);
+}
+
+enum mt_status mt_comm_sendrecv_batch(struct mt_ctx *ctx, struct mt_comm *c, int n_ops,
+                                      const struct mt_p2p_op *ops)
+{
+    MT_CHECK(check_comm(ctx, c, "sendrecv_batch"));
+    if (n_ops < 0 || (n_ops > 0 && !ops))
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "sendrecv_batch: bad op list (n_ops=%d)", n_ops);
+    for (int i = 0; i < n_ops; i++) {
+        const struct mt_p2p_op *o = &ops[i];
+        if (o->kind != MT_P2P_SEND && o->kind != MT_P2P_RECV)
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "sendrecv_batch: op %d has unknown kind %d", i, (int)o->kind);
+        if (o->peer < 0 || o->peer >= c->size)
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "sendrecv_batch: op %d peer %d outside the group of %d ranks",
+                                i, o->peer, c->size);
+        if (o->tag < 0) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "sendrecv_batch: op %d has negative tag %d", i, o->tag);
+        MT_CHECK(check_buf(ctx, o->buf, o->count, o->dt, "sendrecv_batch", "op buffer"));
+    }
+    if (n_ops == 0) return MT_OK;
+    if (!c->iface->sendrecv_batch) return unsupported(ctx, c, "sendrecv_batch");
+    return c->iface->sendrecv_batch(ctx, c, n_ops, ops);
+}
+
+enum mt_status mt_comm_split(struct mt_ctx *ctx, struct mt_comm *parent, int colour, int key,
+                             struct mt_comm **out)
+{
+    if (!out) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "split: NULL output");
+    *out = NULL;
+    MT_CHECK(check_comm(ctx, parent, "split"));
+    if (colour < 0 && colour != MT_COMM_UNDEFINED)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "split: negative colour %d", colour);
+    if (!parent->iface->split) return unsupported(ctx, parent, "split");
+    return parent->iface->split(ctx, parent, colour, key, out);
+}
+
+void mt_comm_destroy(struct mt_comm *c)
+{
+    if (!c) return;
+    c->iface->destroy(c);
+}
+
+enum mt_status mt_comm_create_world(struct mt_ctx *ctx, struct mt_comm **out)
+{
+    if (!out) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "create_world: NULL output");
+    *out = NULL;
+    int world = 1, rank = 0;
+    mt_comm_world_info(&world, &rank);
+    if (world > 1) return mt_comm_mpi_create_world(ctx, out);
+    return mt_comm_create_self(ctx, out);
+}
+
+/* ------------------------------------------------------------------ */
+/* the self implementation: one rank                                   */
+/* ------------------------------------------------------------------ */
+
+static enum mt_status self_allreduce(struct mt_ctx *ctx, struct mt_comm *c, void *buf, size_t count,
+                                     enum mt_dtype dt, enum mt_redop op)
+{
+    return MT_OK; /* the reduction of one value is that value */
+}
+
+static enum mt_status self_reduce_scatter(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                          size_t count, enum mt_dtype dt)
+{
+    if (recv != send) memmove(recv, send, count * mt_dtype_size(dt));
+    return MT_OK;
+}
+
+static enum mt_status self_allgather(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                     size_t count, enum mt_dtype dt)
+{
+    if (recv != send) memmove(recv, send, count * mt_dtype_size(dt));
+    return MT_OK;
+}
+
+static enum mt_status self_bcast(struct mt_ctx *ctx, struct mt_comm *c, void *buf, size_t count,
+                                 enum mt_dtype dt, int root)
+{
+    return MT_OK; /* root == 0 was checked */
+}
+
+static enum mt_status self_alltoallv(struct mt_ctx *ctx, struct mt_comm *c,
+                                     const void *send, const size_t *send_counts, const size_t *send_displs,
+                                     void *recv, const size_t *recv_counts, const size_t *recv_displs,
+                                     enum mt_dtype dt)
+{
+    if (send_counts[0] != recv_counts[0])
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "alltoallv: sends %zu elements to itself but expects %zu",
+                            send_counts[0], recv_counts[0]);
+    if (send_counts[0] == 0) return MT_OK;
+    if (!send || !recv) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "alltoallv: NULL buffer with count %zu", send_counts[0]);
+    size_t es = mt_dtype_size(dt);
+    memmove((char *)recv + recv_displs[0] * es, (const char *)send + send_displs[0] * es, send_counts[0] * es);
+    return MT_OK;
+}
+
+static enum mt_status self_barrier(struct mt_ctx *ctx, struct mt_comm *c)
+{
+    return MT_OK;
+}
+
+enum mt_status mt_comm_req_done(struct mt_ctx *ctx, struct mt_comm *c, struct mt_comm_req **req)
+{
+    struct mt_comm_req *r = mt_alloc(ctx, sizeof *r, MT_BUCKET_COMM);
+    if (!r) return MT_ERR_OOM;
+    r->comm = c;
+    r->ctx = ctx;
+#ifdef MT_WITH_MPI
+    r->mpi = MPI_REQUEST_NULL;
+#endif
+    *req = r;
+    return MT_OK;
+}
+
+static enum mt_status self_iallreduce(struct mt_ctx *ctx, struct mt_comm *c, void *buf, size_t count,
+                                      enum mt_dtype dt, enum mt_redop op, struct mt_comm_req **req)
+{
+    return mt_comm_req_done(ctx, c, req);
+}
+
+static enum mt_status self_ireduce_scatter(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                           size_t count, enum mt_dtype dt, struct mt_comm_req **req)
+{
+    MT_CHECK(self_reduce_scatter(ctx, c, recv, send, count, dt));
+    return mt_comm_req_done(ctx, c, req);
+}
+
+static enum mt_status self_iallgather(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                      size_t count, enum mt_dtype dt, struct mt_comm_req **req)
+{
+    MT_CHECK(self_allgather(ctx, c, recv, send, count, dt));
+    return mt_comm_req_done(ctx, c, req);
+}
+
+static enum mt_status self_wait(struct mt_ctx *ctx, struct mt_comm_req *req)
+{
+    mt_free(req->ctx, req);
+    return MT_OK;
+}
+
+/* Each recv takes the first not-yet-used send with the same tag; the sizes
+ * must agree (as MPI would require of a matching pair). O(n_ops^2), and
+ * batches are a handful of ops. */
+static enum mt_status self_sendrecv_batch(struct mt_ctx *ctx, struct mt_comm *c, int n_ops,
+                                          const struct mt_p2p_op *ops)
+{
+    unsigned char used_small[64];
+    unsigned char *used = used_small;
+    if (n_ops > (int)sizeof used_small) {
+        used = mt_alloc(ctx, (size_t)n_ops, MT_BUCKET_COMM);
+        if (!used) return MT_ERR_OOM;
+    } else {
+        memset(used_small, 0, sizeof used_small);
+    }
+    enum mt_status rc = MT_OK;
+    for (int i = 0; i < n_ops && rc == MT_OK; i++) {
+        if (ops[i].kind != MT_P2P_RECV) continue;
+        int j = 0;
+        while (j < n_ops && (used[j] || ops[j].kind != MT_P2P_SEND || ops[j].tag != ops[i].tag)) j++;
+        if (j == n_ops) {
+            rc = mt_ctx_error(ctx, MT_ERR_COMM, "sendrecv_batch: recv op %d (tag %d) has no matching send on a self group",
+                              i, ops[i].tag);
+            break;
+        }
+        size_t sb = ops[j].count * mt_dtype_size(ops[j].dt), rb = ops[i].count * mt_dtype_size(ops[i].dt);
+        if (sb != rb) {
+            rc = mt_ctx_error(ctx, MT_ERR_COMM, "sendrecv_batch: tag %d sends %zu bytes but receives %zu", ops[i].tag, sb, rb);
+            break;
+        }
+        used[j] = 1;
+        if (rb) memmove(ops[i].buf, ops[j].buf, rb);
+    }
+    if (used != used_small) mt_free(ctx, used);
+    return rc;
+}
+
+static enum mt_status self_split(struct mt_ctx *ctx, struct mt_comm *parent, int colour, int key,
+                                 struct mt_comm **out)
+{
+    if (colour == MT_COMM_UNDEFINED) return MT_OK;
+    return mt_comm_create_self(ctx, out);
+}
+
+static void self_destroy(struct mt_comm *c)
+{
+    mt_free(c->ctx, c);
+}
+
+const struct mt_comm_i mt_comm_self_iface = {
+    /* .name            = */ "self",
+    /* .allreduce       = */ self_allreduce,
+    /* .reduce_scatter  = */ self_reduce_scatter,
+    /* .allgather       = */ self_allgather,
+    /* .bcast           = */ self_bcast,
+    /* .alltoallv       = */ self_alltoallv,
+    /* .barrier         = */ self_barrier,
+    /* .iallreduce      = */ self_iallreduce,
+    /* .ireduce_scatter = */ self_ireduce_scatter,
+    /* .iallgather      = */ self_iallgather,
+    /* .wait            = */ self_wait,
+    /* .sendrecv_batch  = */ self_sendrecv_batch,
+    /* .split           = */ self_split,
+    /* .destroy         = */ self_destroy,
+};
+
+enum mt_status mt_comm_create_self(struct mt_ctx *ctx, struct mt_comm **out)
+{
+    if (!out) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "create_self: NULL output");
+    *out = NULL;
+    struct mt_comm *c = mt_alloc(ctx, sizeof *c, MT_BUCKET_COMM);
+    if (!c) return MT_ERR_OOM;
+    c->iface = &mt_comm_self_iface;
+    c->size = 1;
+    c->rank = 0;
+    c->ctx = ctx;
+#ifdef MT_WITH_MPI
+    c->mpi = MPI_COMM_NULL;
+#endif
+    *out = c;
+    return MT_OK;
+}

@@ -1,0 +1,99 @@
+/*
+ * comm_impl.h — internals of struct mt_comm (private to src/dist).
+ *
+ * A communicator is a size, a rank and an implementation table of function
+ * pointers (ggml's ggml_backend_i): the public functions in comm.c check
+ * their arguments once and dispatch through `iface`. Implementations:
+ *   comm.c      "self": one rank, every collective a copy or a no-op;
+ *   comm_mpi.c  "mpi":  MPI, compiled when MT_WITH_MPI.
+ * A NULL entry means "unsupported": the public call returns
+ * MT_ERR_UNSUPPORTED naming the op and the implementation.
+ *
+ * Ownership: a comm remembers the ctx it was created with and frees itself
+ * through it, so that ctx must outlive the comm.
+ */
+#ifndef MT_COMM_IMPL_H
+#define MT_COMM_IMPL_H
+
+#include "mt_comm.h"
+
+#ifdef MT_WITH_MPI
+#include <mpi.h>
+#endif
+
+/* Colour for mt_comm_split meaning "this rank joins no new group". */
+#define MT_COMM_UNDEFINED (-1)
+
+struct mt_comm_i {
+    const char *name; /* "self", "mpi" */
+    enum mt_status (*allreduce)(struct mt_ctx *ctx, struct mt_comm *c, void *buf, size_t count,
+                                enum mt_dtype dt, enum mt_redop op);
+    enum mt_status (*reduce_scatter)(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                     size_t count, enum mt_dtype dt);
+    enum mt_status (*allgather)(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                size_t count, enum mt_dtype dt);
+    enum mt_status (*bcast)(struct mt_ctx *ctx, struct mt_comm *c, void *buf, size_t count,
+                            enum mt_dtype dt, int root);
+    enum mt_status (*alltoallv)(struct mt_ctx *ctx, struct mt_comm *c,
+                                const void *send, const size_t *send_counts, const size_t *send_displs,
+                                void *recv, const size_t *recv_counts, const size_t *recv_displs,
+                                enum mt_dtype dt);
+    enum mt_status (*barrier)(struct mt_ctx *ctx, struct mt_comm *c);
+    /* non-blocking: fill *req (allocated by the implementation) */
+    enum mt_status (*iallreduce)(struct mt_ctx *ctx, struct mt_comm *c, void *buf, size_t count,
+                                 enum mt_dtype dt, enum mt_redop op, struct mt_comm_req **req);
+    enum mt_status (*ireduce_scatter)(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                      size_t count, enum mt_dtype dt, struct mt_comm_req **req);
+    enum mt_status (*iallgather)(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                 size_t count, enum mt_dtype dt, struct mt_comm_req **req);
+    /* complete and free req (never NULL here) */
+    enum mt_status (*wait)(struct mt_ctx *ctx, struct mt_comm_req *req);
+    enum mt_status (*sendrecv_batch)(struct mt_ctx *ctx, struct mt_comm *c, int n_ops,
+                                     const struct mt_p2p_op *ops);
+    /* New group of the parent's ranks passing the same colour, ordered by
+     * key (MPI_Comm_split). Collective over the parent. colour ==
+     * MT_COMM_UNDEFINED: take part, get *out = NULL. */
+    enum mt_status (*split)(struct mt_ctx *ctx, struct mt_comm *parent, int colour, int key,
+                            struct mt_comm **out);
+    /* release implementation state and the struct itself */
+    void (*destroy)(struct mt_comm *c);
+};
+
+struct mt_comm {
+    const struct mt_comm_i *iface;
+    int                     size;
+    int                     rank;
+    struct mt_ctx          *ctx;   /* allocator owner; must outlive the comm */
+#ifdef MT_WITH_MPI
+    MPI_Comm                mpi;   /* MPI_COMM_NULL for the self implementation */
+#endif
+};
+
+/* A pending request. `comm` dispatches the wait; implementations keep their
+ * state after the header (MPI: the MPI_Request). */
+struct mt_comm_req {
+    struct mt_comm *comm;
+    struct mt_ctx  *ctx;           /* allocator owner */
+#ifdef MT_WITH_MPI
+    MPI_Request     mpi;
+#endif
+};
+
+/* Implemented in comm.c: the self table, for use by other implementations. */
+extern const struct mt_comm_i mt_comm_self_iface;
+
+/* comm.c: allocate a completed request (for implementations with nothing pending). */
+enum mt_status mt_comm_req_done(struct mt_ctx *ctx, struct mt_comm *c, struct mt_comm_req **req);
+
+/* Dispatch split through the table (comm.c). */
+enum mt_status mt_comm_split(struct mt_ctx *ctx, struct mt_comm *parent, int colour, int key,
+                             struct mt_comm **out);
+
+/* comm_mpi.c: the MPI world duplicate, or MT_ERR_UNSUPPORTED when MPI is not
+ * built in or not initialised (the caller falls back to self). */
+enum mt_status mt_comm_mpi_create_world(struct mt_ctx *ctx, struct mt_comm **out);
+/* comm_mpi.c: world size and rank of this process without any collective
+ * (1 and 0 when MPI is absent or not initialised). */
+void mt_comm_world_info(int *world, int *rank);
+
+#endif /* MT_COMM_IMPL_H */

@@ -1,0 +1,427 @@
+/*
+ * comm_mpi.c — the MPI implementation of the collectives, and process init.
+ *
+ * Compiled always; the MPI code exists only under MT_WITH_MPI. Without it,
+ * mt_dist_init reports one rank and the world is a self group.
+ *
+ * Invariants:
+ *  - every communicator created here has MPI_ERRORS_RETURN, so an MPI
+ *    failure comes back as a return code (not an abort) and is converted to
+ *    an mt_status + MPI_Error_string message at ONE boundary, MPI_CHECK;
+ *  - MPI counts are int: a count above INT_MAX is an MT_ERR_UNSUPPORTED
+ *    error, except for allreduce and bcast, which are cut into chunks;
+ *  - comm->rank / comm->size are cached at creation and equal MPI's.
+ */
+#define _GNU_SOURCE
+#include "comm_impl.h"
+
+#include <limits.h>
+#include <malloc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Tunables (written down here, at the point of use): malloc thresholds so
+ * MPI's large temporaries are reused from the heap instead of mmap'ed and
+ * page-faulted on every collective. We ask for a 1 GiB mmap threshold; a
+ * glibc that refuses it (some cap it at HEAP_MAX_SIZE/2 = 32 MiB) gets the cap. */
+#define MT_MALLOC_MMAP_THRESHOLD      ((int)(1 << 30))
+#define MT_MALLOC_MMAP_THRESHOLD_CAP  ((int)(32 << 20))
+#define MT_MALLOC_TRIM_THRESHOLD      ((int)(3 << 29))   /* 1.5 GiB */
+
+static void tune_malloc(void)
+{
+    if (!mallopt(M_MMAP_THRESHOLD, MT_MALLOC_MMAP_THRESHOLD))
+        mallopt(M_MMAP_THRESHOLD, MT_MALLOC_MMAP_THRESHOLD_CAP);
+    mallopt(M_TRIM_THRESHOLD, MT_MALLOC_TRIM_THRESHOLD);
+}
+
+/* Launched by a process manager that expects MPI_Init? */
+static int launched_under_mpi(void)
+{
+    return getenv("OMPI_COMM_WORLD_SIZE") != NULL || getenv("PMI_SIZE") != NULL;
+}
+
+#ifndef MT_WITH_MPI
+
+enum mt_status mt_comm_mpi_create_world(struct mt_ctx *ctx, struct mt_comm **out)
+{
+    *out = NULL;
+    return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "MPI communicator requested but meshtrain was built without MPI");
+}
+
+void mt_comm_world_info(int *world, int *rank)
+{
+    *world = 1;
+    *rank = 0;
+}
+
+enum mt_status mt_dist_init(int *argc, char ***argv, int *world, int *rank)
+{
+    tune_malloc();
+    if (world) *world = 1;
+    if (rank) *rank = 0;
+    if (launched_under_mpi() && getenv("OMPI_COMM_WORLD_RANK") && strcmp(getenv("OMPI_COMM_WORLD_SIZE"), "1") != 0)
+        return MT_ERR_UNSUPPORTED; /* N copies of a single-rank run would silently duplicate work */
+    return MT_OK;
+}
+
+void mt_dist_finalize(void) {}
+
+void mt_dist_abort(int code)
+{
+    exit(code);
+}
+
+#else /* MT_WITH_MPI */
+
+/* The one conversion boundary: MPI error code -> mt_status + message. */
+static enum mt_status mpi_error(struct mt_ctx *ctx, int code, const char *call, const char *file, int line)
+{
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(code, msg, &len) != MPI_SUCCESS) snprintf(msg, sizeof msg, "MPI error %d", code);
+    return mt_ctx_error(ctx, MT_ERR_COMM, "%s failed: %s (%s:%d)", call, msg, file, line);
+}
+
+#define MPI_CHECK(ctx, call)                                                  \
+    do {                                                                      \
+        int mpi_rc_ = (call);                                                 \
+        if (mpi_rc_ != MPI_SUCCESS) return mpi_error((ctx), mpi_rc_, #call, __FILE__, __LINE__); \
+    } while (0)
+
+static MPI_Datatype mpi_dtype(enum mt_dtype dt)
+{
+    switch (dt) {
+    case MT_DTYPE_F32: return MPI_FLOAT;
+    case MT_DTYPE_F64: return MPI_DOUBLE;
+    case MT_DTYPE_I32: return MPI_INT32_T;
+    case MT_DTYPE_I64: return MPI_INT64_T;
+    case MT_DTYPE_U8:  return MPI_UINT8_T;
+    }
+    return MPI_DATATYPE_NULL;
+}
+
+static MPI_Op mpi_op(enum mt_redop op)
+{
+    switch (op) {
+    case MT_REDOP_SUM: return MPI_SUM;
+    case MT_REDOP_MAX: return MPI_MAX;
+    case MT_REDOP_MIN: return MPI_MIN;
+    }
+    return MPI_OP_NULL;
+}
+
+static enum mt_status check_int_count(struct mt_ctx *ctx, size_t count, const char *op)
+{
+    if (count > (size_t)INT_MAX)
+        return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "%s: count %zu exceeds INT_MAX (MPI int counts); split the buffer",
+                            op, count);
+    return MT_OK;
+}
+
+static int mpi_is_up(void)
+{
+    int init = 0, fin = 0;
+    MPI_Initialized(&init);
+    MPI_Finalized(&fin);
+    return init && !fin;
+}
+
+void mt_comm_world_info(int *world, int *rank)
+{
+    *world = 1;
+    *rank = 0;
+    if (!mpi_is_up()) return;
+    MPI_Comm_size(MPI_COMM_WORLD, world);
+    MPI_Comm_rank(MPI_COMM_WORLD, rank);
+}
+
+/* ---- blocking collectives ---------------------------------------- */
+
+/* In place; chunks of at most INT_MAX elements (element-wise ops commute
+ * with cutting the buffer). */
+static enum mt_status mpi_allreduce(struct mt_ctx *ctx, struct mt_comm *c, void *buf, size_t count,
+                                    enum mt_dtype dt, enum mt_redop op)
+{
+    size_t es = mt_dtype_size(dt);
+    for (size_t off = 0; off < count;) {
+        size_t n = count - off < (size_t)INT_MAX ? count - off : (size_t)INT_MAX;
+        MPI_CHECK(ctx, MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * es, (int)n, mpi_dtype(dt), mpi_op(op), c->mpi));
+        off += n;
+    }
+    return MT_OK;
+}
+
+static enum mt_status mpi_reduce_scatter(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                         size_t count, enum mt_dtype dt)
+{
+    MT_CHECK(check_int_count(ctx, count, "reduce_scatter"));
+    MPI_CHECK(ctx, MPI_Reduce_scatter_block(send, recv, (int)count, mpi_dtype(dt), MPI_SUM, c->mpi));
+    return MT_OK;
+}
+
+static int allgather_in_place(const struct mt_comm *c, const void *recv, const void *send, size_t count,
+                              enum mt_dtype dt)
+{
+    return send == (const char *)recv + (size_t)c->rank * count * mt_dtype_size(dt);
+}
+
+static enum mt_status mpi_allgather(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                    size_t count, enum mt_dtype dt)
+{
+    MT_CHECK(check_int_count(ctx, count, "allgather"));
+    if (allgather_in_place(c, recv, send, count, dt))
+        MPI_CHECK(ctx, MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, (int)count, mpi_dtype(dt), c->mpi));
+    else
+        MPI_CHECK(ctx, MPI_Allgather(send, (int)count, mpi_dtype(dt), recv, (int)count, mpi_dtype(dt), c->mpi));
+    return MT_OK;
+}
+
+static enum mt_status mpi_bcast(struct mt_ctx *ctx, struct mt_comm *c, void *buf, size_t count,
+                                enum mt_dtype dt, int root)
+{
+    size_t es = mt_dtype_size(dt);
+    for (size_t off = 0; off < count;) {
+        size_t n = count - off < (size_t)INT_MAX ? count - off : (size_t)INT_MAX;
+        MPI_CHECK(ctx, MPI_Bcast((char *)buf + off * es, (int)n, mpi_dtype(dt), root, c->mpi));
+        off += n;
+    }
+    return MT_OK;
+}
+
+/* size_t counts/displacements -> the int arrays MPI wants (one allocation of
+ * 4 * size ints). */
+static enum mt_status mpi_alltoallv(struct mt_ctx *ctx, struct mt_comm *c,
+                                    const void *send, const size_t *send_counts, const size_t *send_displs,
+                                    void *recv, const size_t *recv_counts, const size_t *recv_displs,
+                                    enum mt_dtype dt)
+{
+    int n = c->size;
+    int *v = mt_alloc(ctx, 4 * (size_t)n * sizeof(int), MT_BUCKET_COMM);
+    if (!v) return MT_ERR_OOM;
+    int *sc = v, *sd = v + n, *rc_ = v + 2 * n, *rd = v + 3 * n;
+    const size_t *src[4] = {send_counts, send_displs, recv_counts, recv_displs};
+    const char *what[4] = {"send count", "send displacement", "recv count", "recv displacement"};
+    for (int a = 0; a < 4; a++) {
+        for (int i = 0; i < n; i++) {
+            if (src[a][i] > (size_t)INT_MAX) {
+                enum mt_status st = mt_ctx_error(ctx, MT_ERR_UNSUPPORTED,
+                                                 "alltoallv: %s %zu for rank %d exceeds INT_MAX (MPI int counts)",
+                                                 what[a], src[a][i], i);
+                mt_free(ctx, v);
+                return st;
+            }
+            v[a * n + i] = (int)src[a][i];
+        }
+    }
+    int mrc = MPI_Alltoallv(send, sc, sd, mpi_dtype(dt), recv, rc_, rd, mpi_dtype(dt), c->mpi);
+    mt_free(ctx, v);
+    MPI_CHECK(ctx, mrc);
+    return MT_OK;
+}
+
+static enum mt_status mpi_barrier(struct mt_ctx *ctx, struct mt_comm *c)
+{
+    MPI_CHECK(ctx, MPI_Barrier(c->mpi));
+    return MT_OK;
+}
+
+/* ---- non-blocking ------------------------------------------------- */
+
+static enum mt_status req_new(struct mt_ctx *ctx, struct mt_comm *c, struct mt_comm_req **out)
+{
+    return mt_comm_req_done(ctx, c, out); /* MPI_REQUEST_NULL until the post fills it */
+}
+
+/* Post `call` into (*req)->mpi; on failure free the request and convert. */
+#define MPI_POST(ctx, req, call)                                              \
+    do {                                                                      \
+        int mpi_rc_ = (call);                                                 \
+        if (mpi_rc_ != MPI_SUCCESS) {                                         \
+            mt_free((req)->ctx, (req));                                       \
+            (req) = NULL;                                                     \
+            return mpi_error((ctx), mpi_rc_, #call, __FILE__, __LINE__);      \
+        }                                                                     \
+    } while (0)
+
+static enum mt_status mpi_iallreduce(struct mt_ctx *ctx, struct mt_comm *c, void *buf, size_t count,
+                                     enum mt_dtype dt, enum mt_redop op, struct mt_comm_req **req)
+{
+    MT_CHECK(check_int_count(ctx, count, "iallreduce"));
+    struct mt_comm_req *r;
+    MT_CHECK(req_new(ctx, c, &r));
+    MPI_POST(ctx, r, MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, mpi_dtype(dt), mpi_op(op), c->mpi, &r->mpi));
+    *req = r;
+    return MT_OK;
+}
+
+static enum mt_status mpi_ireduce_scatter(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                          size_t count, enum mt_dtype dt, struct mt_comm_req **req)
+{
+    MT_CHECK(check_int_count(ctx, count, "ireduce_scatter"));
+    struct mt_comm_req *r;
+    MT_CHECK(req_new(ctx, c, &r));
+    MPI_POST(ctx, r, MPI_Ireduce_scatter_block(send, recv, (int)count, mpi_dtype(dt), MPI_SUM, c->mpi, &r->mpi));
+    *req = r;
+    return MT_OK;
+}
+
+static enum mt_status mpi_iallgather(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                     size_t count, enum mt_dtype dt, struct mt_comm_req **req)
+{
+    MT_CHECK(check_int_count(ctx, count, "iallgather"));
+    struct mt_comm_req *r;
+    MT_CHECK(req_new(ctx, c, &r));
+    if (allgather_in_place(c, recv, send, count, dt))
+        MPI_POST(ctx, r, MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, (int)count, mpi_dtype(dt), c->mpi, &r->mpi));
+    else
+        MPI_POST(ctx, r, MPI_Iallgather(send, (int)count, mpi_dtype(dt), recv, (int)count, mpi_dtype(dt), c->mpi, &r->mpi));
+    *req = r;
+    return MT_OK;
+}
+
+static enum mt_status mpi_wait(struct mt_ctx *ctx, struct mt_comm_req *req)
+{
+    int mrc = MPI_SUCCESS;
+    if (req->mpi != MPI_REQUEST_NULL) mrc = MPI_Wait(&req->mpi, MPI_STATUS_IGNORE);
+    mt_free(req->ctx, req);
+    MPI_CHECK(ctx, mrc);
+    return MT_OK;
+}
+
+/* All ops posted, then one MPI_Waitall: a batch {send to next, recv from
+ * prev} on a ring cannot deadlock whatever the order of ops. */
+static enum mt_status mpi_sendrecv_batch(struct mt_ctx *ctx, struct mt_comm *c, int n_ops,
+                                         const struct mt_p2p_op *ops)
+{
+    for (int i = 0; i < n_ops; i++) MT_CHECK(check_int_count(ctx, ops[i].count, "sendrecv_batch"));
+    MPI_Request *rq = mt_alloc(ctx, (size_t)n_ops * sizeof *rq, MT_BUCKET_COMM);
+    if (!rq) return MT_ERR_OOM;
+    int mrc = MPI_SUCCESS, posted = 0;
+    for (int i = 0; i < n_ops && mrc == MPI_SUCCESS; i++, posted++) {
+        const struct mt_p2p_op *o = &ops[i];
+        if (o->kind == MT_P2P_SEND)
+            mrc = MPI_Isend(o->buf, (int)o->count, mpi_dtype(o->dt), o->peer, o->tag, c->mpi, &rq[i]);
+        else
+            mrc = MPI_Irecv(o->buf, (int)o->count, mpi_dtype(o->dt), o->peer, o->tag, c->mpi, &rq[i]);
+    }
+    if (mrc != MPI_SUCCESS) posted--; /* the failed post left no request */
+    /* complete whatever was posted even on failure: never leave requests
+     * referring to the caller's buffers behind */
+    int wrc = posted > 0 ? MPI_Waitall(posted, rq, MPI_STATUSES_IGNORE) : MPI_SUCCESS;
+    mt_free(ctx, rq);
+    MPI_CHECK(ctx, mrc);
+    MPI_CHECK(ctx, wrc);
+    return MT_OK;
+}
+
+/* ---- creation ----------------------------------------------------- */
+
+static enum mt_status mpi_wrap(struct mt_ctx *ctx, MPI_Comm mc, struct mt_comm **out);
+
+static enum mt_status mpi_split(struct mt_ctx *ctx, struct mt_comm *parent, int colour, int key,
+                                struct mt_comm **out)
+{
+    MPI_Comm nc = MPI_COMM_NULL;
+    MPI_CHECK(ctx, MPI_Comm_split(parent->mpi, colour == MT_COMM_UNDEFINED ? MPI_UNDEFINED : colour, key, &nc));
+    if (nc == MPI_COMM_NULL) return MT_OK;
+    return mpi_wrap(ctx, nc, out);
+}
+
+static void mpi_destroy(struct mt_comm *c)
+{
+    if (c->mpi != MPI_COMM_NULL && mpi_is_up()) MPI_Comm_free(&c->mpi);
+    mt_free(c->ctx, c);
+}
+
+static const struct mt_comm_i mpi_iface = {
+    /* .name            = */ "mpi",
+    /* .allreduce       = */ mpi_allreduce,
+    /* .reduce_scatter  = */ mpi_reduce_scatter,
+    /* .allgather       = */ mpi_allgather,
+    /* .bcast           = */ mpi_bcast,
+    /* .alltoallv       = */ mpi_alltoallv,
+    /* .barrier         = */ mpi_barrier,
+    /* .iallreduce      = */ mpi_iallreduce,
+    /* .ireduce_scatter = */ mpi_ireduce_scatter,
+    /* .iallgather      = */ mpi_iallgather,
+    /* .wait            = */ mpi_wait,
+    /* .sendrecv_batch  = */ mpi_sendrecv_batch,
+    /* .split           = */ mpi_split,
+    /* .destroy         = */ mpi_destroy,
+};
+
+/* Takes ownership of mc (freed on failure too). Sets MPI_ERRORS_RETURN. */
+static enum mt_status mpi_wrap(struct mt_ctx *ctx, MPI_Comm mc, struct mt_comm **out)
+{
+    int rc = MPI_Comm_set_errhandler(mc, MPI_ERRORS_RETURN);
+    int size = 0, rank = 0;
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(mc, &size);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(mc, &rank);
+    if (rc != MPI_SUCCESS) {
+        MPI_Comm_free(&mc);
+        return mpi_error(ctx, rc, "MPI_Comm_set_errhandler/size/rank", __FILE__, __LINE__);
+    }
+    struct mt_comm *c = mt_alloc(ctx, sizeof *c, MT_BUCKET_COMM);
+    if (!c) {
+        MPI_Comm_free(&mc);
+        return MT_ERR_OOM;
+    }
+    c->iface = &mpi_iface;
+    c->size = size;
+    c->rank = rank;
+    c->ctx = ctx;
+    c->mpi = mc;
+    *out = c;
+    return MT_OK;
+}
+
+enum mt_status mt_comm_mpi_create_world(struct mt_ctx *ctx, struct mt_comm **out)
+{
+    *out = NULL;
+    if (!mpi_is_up())
+        return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "MPI world requested but MPI is not initialised (mt_dist_init)");
+    /* the world handle itself must return errors too: MPI_Comm_dup is the
+     * first call that could fail here */
+    MPI_CHECK(ctx, MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+    MPI_Comm dup = MPI_COMM_NULL;
+    MPI_CHECK(ctx, MPI_Comm_dup(MPI_COMM_WORLD, &dup));
+    return mpi_wrap(ctx, dup, out);
+}
+
+/* ---- process init ------------------------------------------------- */
+
+enum mt_status mt_dist_init(int *argc, char ***argv, int *world, int *rank)
+{
+    tune_malloc();
+    if (world) *world = 1;
+    if (rank) *rank = 0;
+    if (!launched_under_mpi() && !mpi_is_up()) return MT_OK;
+    int init = 0;
+    MPI_Initialized(&init);
+    if (!init) {
+        int provided = 0;
+        if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) return MT_ERR_COMM;
+        /* provided < FUNNELED still works: OpenMP threads never call MPI */
+    }
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    int w = 1, r = 0;
+    mt_comm_world_info(&w, &r);
+    if (world) *world = w;
+    if (rank) *rank = r;
+    return MT_OK;
+}
+
+void mt_dist_finalize(void)
+{
+    if (mpi_is_up()) MPI_Finalize();
+}
+
+void mt_dist_abort(int code)
+{
+    if (mpi_is_up()) MPI_Abort(MPI_COMM_WORLD, code);
+    exit(code);
+}
+
+#endif /* MT_WITH_MPI */

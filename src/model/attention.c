@@ -1,0 +1,73 @@
+/*
+ * attention.c — the attention half of a block, forward and backward.
+ *
+ * Math (per token row, N = B*T rows; QD = H*hd, KD = K*hd):
+ *     h   = rmsnorm(x_in) * g_attn
+ *     q'  = h Wq^T (N,QD);  k' = h Wk^T, v = h Wv^T (N,KD)
+ *     q   = rope(rmsnorm_hd(q') * g_q);  k = rope(rmsnorm_hd(k') * g_k)
+ *           (QK-norm over each head's hd values, one [hd] gain shared by heads)
+ *     att = causal_softmax(q k^T / sqrt(hd)) v      query head j reads kv head j/(H/K)
+ *     x_mid = x_in + att Wo^T
+ * Backward (chain rule, in reverse):
+ *     term 1: dWo += dx^T att;  datt = dx Wo
+ *     term 2: dq, dk, dv from the flash-style kernel (recomputes P from lse)
+ *     term 3: RoPE is a rotation: dq_n = R^T dq; QK-norm backward -> dq', dk'
+ *     term 4: dWq += dq'^T h, dWk += dk'^T h, dWv += dv^T h;  dh = dq' Wq + dk' Wk + dv Wv
+ *     term 5: dx += rmsnorm_backward(dh)  (residual: the identity path is already in dx)
+ *
+ * Gradient rule: parameter grads +=; dx (residual) +=; every other buffer (datt,
+ * dq, dk, dk2, dv, dh) is scratch and OVERWRITTEN.
+ */
+#include "model_impl.h"
+
+void attention_forward(struct mt_model *m, struct mt_layer *ly, int B, int T, int pos0,
+                       const float *cos_tab, const float *sin_tab, float *kcache, float *vcache)
+{
+    const struct mt_ops_i *ops = m->ops;
+    const int N = B * T, D = m->D, H = m->H, K = m->K, hd = m->hd, QD = m->QD, KD = m->KD;
+    const float eps = m->cfg.norm_eps;
+
+    ops->rmsnorm_forward(ly->h_attn, ly->rstd_attn, ly->x_in, ly->ln1->data, N, D, eps);
+    linear_forward(ops, ly->q_raw, ly->h_attn, ly->wq->data, N, D, QD, 0.0f);
+    linear_forward(ops, ly->k_raw, ly->h_attn, ly->wk->data, N, D, KD, 0.0f);
+    linear_forward(ops, ly->v, ly->h_attn, ly->wv->data, N, D, KD, 0.0f);
+    ops->rmsnorm_forward(ly->q, ly->rstd_q, ly->q_raw, ly->qn->data, N * H, hd, eps);
+    ops->rmsnorm_forward(ly->k, ly->rstd_k, ly->k_raw, ly->kn->data, N * K, hd, eps);
+    ops->rope_forward(ly->q, ly->q, cos_tab, sin_tab, N, T, pos0, H, hd);
+    ops->rope_forward(ly->k, ly->k, cos_tab, sin_tab, N, T, pos0, K, hd);
+    if (kcache) {
+        /* inference, B == 1: append the new K/V rows, attend over the whole cache */
+        MT_ASSERT(B == 1);
+        ops->copy(kcache + (size_t)pos0 * KD, ly->k, (size_t)T * KD * sizeof(float));
+        ops->copy(vcache + (size_t)pos0 * KD, ly->v, (size_t)T * KD * sizeof(float));
+        ops->attention_forward(ly->att, ly->lse, ly->q, kcache, vcache, 1, T, pos0 + T, pos0, H, K, hd);
+    } else {
+        ops->attention_forward(ly->att, ly->lse, ly->q, ly->k, ly->v, B, T, T, 0, H, K, hd);
+    }
+    ops->copy(ly->x_mid, ly->x_in, (size_t)N * D * sizeof(float));
+    linear_forward(ops, ly->x_mid, ly->att, ly->wo->data, N, QD, D, 1.0f);
+}
+
+void attention_backward(struct mt_model *m, struct mt_layer *ly)
+{
+    const struct mt_ops_i *ops = m->ops;
+    const int B = m->B, T = m->T, N = m->N, D = m->D, H = m->H, K = m->K, hd = m->hd;
+    const int QD = m->QD, KD = m->KD;
+
+    /* term 1: o_proj */
+    linear_backward(ops, m->datt, 0.0f, ly->wo->grad, m->dx, ly->att, ly->wo->data, N, QD, D);
+    /* term 2: attention core (dq, dk, dv overwritten) */
+    ops->attention_backward(m->dq, m->dk, m->dv, m->datt, ly->q, ly->k, ly->v, ly->att, ly->lse,
+                            B, T, H, K, hd);
+    /* term 3: RoPE (in place), then QK-norm; datt is free now and takes dq' */
+    ops->rope_backward(m->dq, m->dq, m->rope_cos, m->rope_sin, N, T, 0, H, hd);
+    ops->rope_backward(m->dk, m->dk, m->rope_cos, m->rope_sin, N, T, 0, K, hd);
+    ops->rmsnorm_backward(m->datt, ly->qn->grad, m->dq, ly->q_raw, ly->qn->data, ly->rstd_q, N * H, hd, 0);
+    ops->rmsnorm_backward(m->dk2, ly->kn->grad, m->dk, ly->k_raw, ly->kn->data, ly->rstd_k, N * K, hd, 0);
+    /* term 4: projections */
+    linear_backward(ops, m->dh, 0.0f, ly->wq->grad, m->datt, ly->h_attn, ly->wq->data, N, D, QD);
+    linear_backward(ops, m->dh, 1.0f, ly->wk->grad, m->dk2, ly->h_attn, ly->wk->data, N, D, KD);
+    linear_backward(ops, m->dh, 1.0f, ly->wv->grad, m->dv, ly->h_attn, ly->wv->data, N, D, KD);
+    /* term 5: input rmsnorm, accumulated into the residual gradient */
+    ops->rmsnorm_backward(m->dx, ly->ln1->grad, m->dh, ly->x_in, ly->ln1->data, ly->rstd_attn, N, D, 1);
+}

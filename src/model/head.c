@@ -1,0 +1,39 @@
+/*
+ * head.c — final rmsnorm, lm_head, optional softcap and cross-entropy.
+ *
+ * Math, N rows:
+ *     hf = rmsnorm(x_final) * g_final;  z = hf Wlm^T (N,V)
+ *     s  = c tanh(z/c) if softcap c > 0 else z
+ *     loss_n = lse(s_n) - s_n[target_n]   (0 where target == -1)
+ *     lm = sum_n loss_n / n_targets(global)     (the model divides; sum kept in double)
+ * Backward (dscale = 1/n_targets):
+ *     term 1: dz = dscale (softmax(s) - onehot) ds/dz   (kernel, in place over z)
+ *     term 2: dWlm += dz^T hf;  dhf = dz Wlm
+ *     term 3: dx = rmsnorm_backward(dhf)
+ *
+ * Gradient rule: dWlm, dg_final +=; dlogits (in place) and dx OVERWRITTEN
+ * (dx starts the residual-stream gradient of the backward pass).
+ */
+#include "model_impl.h"
+
+double head_forward(struct mt_model *m, int n, int with_loss)
+{
+    const struct mt_ops_i *ops = m->ops;
+    ops->rmsnorm_forward(m->h_final, m->rstd_final, m->x_final, m->norm_f->data, n, m->D, m->cfg.norm_eps);
+    linear_forward(ops, m->logits, m->h_final, m->lm_head->data, n, m->D, m->V, 0.0f);
+    if (!with_loss) return 0.0;
+    ops->xent_forward(m->losses, m->xlse, m->logits, m->targets, n, m->V, m->cfg.logit_softcap);
+    ops->copy_to_host(m->h_losses, m->losses, (size_t)n * sizeof(float));
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += (double)m->h_losses[i];
+    return sum;
+}
+
+void head_backward(struct mt_model *m, float dscale)
+{
+    const struct mt_ops_i *ops = m->ops;
+    const int N = m->N, D = m->D, V = m->V;
+    ops->xent_backward(m->logits, m->logits, m->xlse, m->targets, dscale, N, V, m->cfg.logit_softcap);
+    linear_backward(ops, m->dh, 0.0f, m->lm_head->grad, m->logits, m->h_final, m->lm_head->data, N, D, V);
+    ops->rmsnorm_backward(m->dx, m->norm_f->grad, m->dh, m->x_final, m->norm_f->data, m->rstd_final, N, D, 0);
+}

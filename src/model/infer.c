@@ -1,0 +1,111 @@
+/*
+ * infer.c — incremental decoding with a KV cache (sampling).
+ *
+ * The cache holds, per layer, the post-QK-norm, post-RoPE keys and the values
+ * of every position fed so far: k, v (t_max, K, hd) for one sequence (B = 1).
+ * A step feeds n new tokens at positions len..len+n-1: each block runs the
+ * training forward code on those rows, with RoPE offset pos0 = len, appends
+ * the new k, v rows to the cache and attends with Tq = n, Tk = len + n,
+ * q_pos0 = len (causal inside the new chunk too). Long prefills are cut into
+ * chunks of at most the model's N = B*T rows (the activation buffers).
+ *
+ * Invariant: after a step, rows [0, len) of every layer's cache equal the k, v
+ * the full forward computes for those positions. A step clobbers the model's
+ * saved activations (a later backward needs a fresh forward).
+ */
+#include "model_impl.h"
+
+#include <math.h>
+
+struct mt_kv_cache {
+    int    t_max, len;
+    float *cos_tab, *sin_tab;  /* (t_max, hd/2) */
+    float **k, **v;            /* L pointers to (t_max, K, hd) */
+    void  *arena;              /* backend arena holding all of the above buffers */
+    size_t arena_bytes;
+};
+
+enum mt_status mt_model_kv_create(struct mt_ctx *ctx, struct mt_model *m, int t_max,
+                                  struct mt_kv_cache **out)
+{
+    *out = NULL;
+    if (t_max < 1) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "kv cache: t_max=%d must be >= 1", t_max);
+    struct mt_kv_cache *c = mt_alloc(ctx, sizeof *c, MT_BUCKET_OTHER);
+    if (!c) return MT_ERR_OOM;
+    c->t_max = t_max;
+    c->k = mt_alloc(ctx, (size_t)m->L * sizeof(float *), MT_BUCKET_OTHER);
+    c->v = mt_alloc(ctx, (size_t)m->L * sizeof(float *), MT_BUCKET_OTHER);
+    size_t tab = (size_t)t_max * (size_t)(m->hd / 2), kv = (size_t)t_max * (size_t)m->KD;
+    c->arena_bytes = (2 * tab + 2 * (size_t)m->L * kv) * sizeof(float);
+    c->arena = (c->k && c->v) ? m->ops->buf_alloc(ctx, c->arena_bytes, MT_BUCKET_ACTS) : NULL;
+    if (!c->arena) {
+        mt_model_kv_destroy(ctx, m, c);
+        return MT_ERR_OOM;
+    }
+    float *p = c->arena;
+    c->cos_tab = p; p += tab;
+    c->sin_tab = p; p += tab;
+    for (int l = 0; l < m->L; l++) {
+        c->k[l] = p; p += kv;
+        c->v[l] = p; p += kv;
+    }
+    enum mt_status rc = model_rope_build(ctx, m, c->cos_tab, c->sin_tab, t_max);
+    if (rc != MT_OK) {
+        mt_model_kv_destroy(ctx, m, c);
+        return rc;
+    }
+    *out = c;
+    return MT_OK;
+}
+
+void mt_model_kv_destroy(struct mt_ctx *ctx, struct mt_model *m, struct mt_kv_cache *c)
+{
+    if (!c) return;
+    if (c->arena) m->ops->buf_free(ctx, c->arena);
+    mt_free(ctx, c->k);
+    mt_free(ctx, c->v);
+    mt_free(ctx, c);
+}
+
+int mt_model_kv_len(const struct mt_kv_cache *c) { return c ? c->len : 0; }
+
+enum mt_status mt_model_kv_step(struct mt_ctx *ctx, struct mt_model *m, struct mt_kv_cache *c,
+                                const int32_t *tokens, int n, float *logits_host)
+{
+    const struct mt_ops_i *ops = m->ops;
+    const int D = m->D, V = m->V;
+    if (n < 1) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "kv step: n=%d must be >= 1", n);
+    if (c->len + n > c->t_max)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "kv step: cache overflow (%d + %d > t_max %d)",
+                            c->len, n, c->t_max);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "kv step: token %d at position %d not in [0, %d)",
+                                (int)tokens[i], i, V);
+    m->have_fwd = 0;
+    int last = 0;
+    for (int done = 0; done < n;) {
+        int cn = n - done < m->N ? n - done : m->N;
+        ops->copy_from_host(m->idx, tokens + done, (size_t)cn * sizeof(int32_t));
+        ops->embed_forward(m->layers[0].x_in, m->idx, m->wte->data, cn, D);
+        for (int l = 0; l < m->L; l++) {
+            struct mt_layer *ly = &m->layers[l];
+            float *x_out = l + 1 < m->L ? m->layers[l + 1].x_in : m->x_final;
+            attention_forward(m, ly, 1, cn, c->len, c->cos_tab, c->sin_tab, c->k[l], c->v[l]);
+            double aux = 0, z = 0;
+            MT_CHECK(model_ffn_forward(ctx, m, ly, x_out, 1, cn, 0, &aux, &z));
+        }
+        c->len += cn;
+        done += cn;
+        last = cn - 1;
+    }
+    /* head on the last row only */
+    ops->rmsnorm_forward(m->h_final, m->rstd_final, m->x_final + (size_t)last * D, m->norm_f->data, 1, D,
+                         m->cfg.norm_eps);
+    linear_forward(ops, m->logits, m->h_final, m->lm_head->data, 1, D, V, 0.0f);
+    ops->copy_to_host(logits_host, m->logits, (size_t)V * sizeof(float));
+    float cap = m->cfg.logit_softcap;
+    if (cap > 0)
+        for (int i = 0; i < V; i++) logits_host[i] = (float)(cap * tanh((double)logits_host[i] / cap));
+    return MT_OK;
+}

@@ -1,0 +1,646 @@
+/*
+ * model.c — the model object: parameter registry, memory plan and carving,
+ * counter-based init, and the forward/backward orchestration over blocks.
+ *
+ * Invariant: every buffer the model touches is carved by model_layout() out of
+ * one arena per bucket, allocated once in mt_model_create; mt_model_plan_bytes
+ * runs the very same carving with NULL bases, so the plan equals what create
+ * allocates, byte for byte. Nothing is allocated in forward/backward.
+ *
+ * Block (SPEC.md section 1), for the residual stream x (N, D):
+ *     x_mid = x + attn(rmsnorm(x) * g_attn)                 attention.c
+ *     x_out = x_mid + ffn(rmsnorm(x_mid) * g_mlp)           mlp.c (A) / moe.c (E)
+ * Backward walks the blocks in reverse with one residual gradient buffer dx:
+ * each branch's backward ACCUMULATES into dx (residual rule), parameter grads
+ * ACCUMULATE (+=), other activation gradients OVERWRITE (=).
+ */
+#include "model_impl.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../core/mt_rng.h"
+
+/* ------------------------------------------------------------------ */
+/* shapes                                                              */
+/* ------------------------------------------------------------------ */
+
+static int layer_is_moe(const struct mt_config *cfg, int l)
+{
+    return l < (int)strlen(cfg->pattern) && cfg->pattern[l] == 'E';
+}
+
+/* Fill the dimension fields of m from cfg (no allocation). */
+static void model_dims(struct mt_model *m, const struct mt_config *cfg, int B)
+{
+    m->cfg = *cfg;
+    m->B = B;
+    m->T = cfg->seq_len;
+    m->N = B * cfg->seq_len;
+    m->V = cfg->vocab_size;
+    m->L = cfg->n_layer;
+    m->D = cfg->d_model;
+    m->H = cfg->n_head;
+    m->K = cfg->n_kv_head;
+    m->hd = cfg->head_dim > 0 ? cfg->head_dim : (cfg->n_head > 0 ? cfg->d_model / cfg->n_head : 0);
+    m->F = cfg->mlp_hidden;
+    m->E = cfg->n_experts;
+    m->top_k = cfg->top_k;
+    m->Fe = cfg->expert_hidden;
+    m->Fs = cfg->shared_expert_hidden;
+    m->QD = m->H * m->hd;
+    m->KD = m->K * m->hd;
+    m->any_moe = 0;
+    m->any_dense = 0;
+    for (int l = 0; l < m->L && l < MT_MAX_LAYERS; l++) {
+        if (layer_is_moe(cfg, l)) m->any_moe = 1;
+        else m->any_dense = 1;
+    }
+    m->M = m->any_moe ? m->N * m->top_k : 0;
+}
+
+static enum mt_status check_dims(struct mt_ctx *ctx, const struct mt_model *m)
+{
+    if (m->B < 1) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model: B=%d must be >= 1", m->B);
+    if (m->V < 2 || m->V > 65536)
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: vocab_size=%d not in [2, 65536]", m->V);
+    if (m->L < 1 || m->L > MT_MAX_LAYERS)
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: n_layer=%d not in [1, %d]", m->L, MT_MAX_LAYERS);
+    if (m->D < 1 || m->H < 1 || m->K < 1 || m->T < 1 || m->hd < 2)
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: need D, H, K, T >= 1 and head_dim >= 2 (D=%d H=%d K=%d T=%d hd=%d)",
+                            m->D, m->H, m->K, m->T, m->hd);
+    if (m->H % m->K != 0)
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: n_head %% n_kv_head != 0 (H=%d K=%d)", m->H, m->K);
+    if (m->hd % 2 != 0)
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: head_dim=%d must be even (RoPE)", m->hd);
+    if (m->any_dense && m->F < 1)
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: mlp_hidden=%d must be >= 1 (config not resolved?)", m->F);
+    if (m->any_moe) {
+        if (m->E < 1 || m->top_k < 1 || m->top_k > m->E)
+            return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: need 1 <= top_k <= n_experts (top_k=%d E=%d)", m->top_k, m->E);
+        if (m->Fe < 1)
+            return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: expert_hidden=%d must be >= 1", m->Fe);
+        if (m->Fs < 0)
+            return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: shared_expert_hidden=%d < 0", m->Fs);
+    }
+    for (int l = 0; l < m->L; l++) {
+        char c = l < (int)strlen(m->cfg.pattern) ? m->cfg.pattern[l] : 'A';
+        if (c != 'A' && c != 'E')
+            return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: pattern letter %d is '%c', want A or E", l, c);
+    }
+    return MT_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* parameter registry                                                  */
+/* ------------------------------------------------------------------ */
+
+typedef void (*param_visit_fn)(void *user, const struct mt_param *p);
+
+static void visit_param(param_visit_fn fn, void *user, const struct mt_config *cfg, const char *name,
+                        int ndim, int64_t rows, int64_t cols, enum mt_init_kind init, float std,
+                        enum mt_param_role role, enum mt_split split, int layer, int expert)
+{
+    struct mt_param p;
+    memset(&p, 0, sizeof p);
+    snprintf(p.name, sizeof p.name, "%s", name);
+    p.ndim = ndim;
+    p.shape[0] = rows;
+    p.shape[1] = ndim == 2 ? cols : 1;
+    p.len[0] = p.shape[0];
+    p.len[1] = p.shape[1];
+    p.numel = (size_t)p.len[0] * (size_t)p.len[1];
+    p.init = init;
+    p.init_std = std;
+    p.role = role;
+    p.split = split;
+    p.layer = layer;
+    p.expert = expert;
+    p.decay = ndim == 2;
+    /* nanochat split: Muon for every 2-D matrix inside the blocks except the router */
+    int muon = ndim == 2 && strncmp(name, "model.layers.", 13) == 0 && role != MT_ROLE_ROUTER;
+    p.optim = (muon && strcmp(cfg->optimizer, "adamw") != 0) ? MT_OPTIM_MUON : MT_OPTIM_ADAMW;
+    fn(user, &p);
+}
+
+/* "model.layers.<l>.<suffix>" into buf; returns buf. */
+static const char *lname(char *buf, size_t len, int l, const char *suffix)
+{
+    snprintf(buf, len, "model.layers.%d.%s", l, suffix);
+    return buf;
+}
+
+/* Every parameter in the order mt_model.h states. */
+static void build_params(const struct mt_model *m, param_visit_fn fn, void *user)
+{
+    const struct mt_config *cfg = &m->cfg;
+    const float std = 0.02f;
+    const float std_out = (float)(0.02 / sqrt(2.0 * m->L));
+    char n[128];
+    visit_param(fn, user, cfg, "model.embed_tokens.weight", 2, m->V, m->D, MT_INIT_NORMAL, std,
+                MT_ROLE_EMBED, MT_SPLIT_NONE, -1, -1);
+    for (int l = 0; l < m->L; l++) {
+        visit_param(fn, user, cfg, lname(n, sizeof n, l, "input_layernorm.weight"), 1, m->D, 1, MT_INIT_ONES, 0, MT_ROLE_GAIN, MT_SPLIT_NONE, l, -1);
+        visit_param(fn, user, cfg, lname(n, sizeof n, l, "self_attn.q_proj.weight"), 2, m->QD, m->D, MT_INIT_NORMAL, std, MT_ROLE_DENSE, MT_SPLIT_ROWS, l, -1);
+        visit_param(fn, user, cfg, lname(n, sizeof n, l, "self_attn.k_proj.weight"), 2, m->KD, m->D, MT_INIT_NORMAL, std, MT_ROLE_DENSE, MT_SPLIT_ROWS, l, -1);
+        visit_param(fn, user, cfg, lname(n, sizeof n, l, "self_attn.v_proj.weight"), 2, m->KD, m->D, MT_INIT_NORMAL, std, MT_ROLE_DENSE, MT_SPLIT_ROWS, l, -1);
+        visit_param(fn, user, cfg, lname(n, sizeof n, l, "self_attn.o_proj.weight"), 2, m->D, m->QD, MT_INIT_NORMAL, std_out, MT_ROLE_DENSE, MT_SPLIT_COLS, l, -1);
+        visit_param(fn, user, cfg, lname(n, sizeof n, l, "self_attn.q_norm.weight"), 1, m->hd, 1, MT_INIT_ONES, 0, MT_ROLE_GAIN, MT_SPLIT_NONE, l, -1);
+        visit_param(fn, user, cfg, lname(n, sizeof n, l, "self_attn.k_norm.weight"), 1, m->hd, 1, MT_INIT_ONES, 0, MT_ROLE_GAIN, MT_SPLIT_NONE, l, -1);
+        visit_param(fn, user, cfg, lname(n, sizeof n, l, "post_attention_layernorm.weight"), 1, m->D, 1, MT_INIT_ONES, 0, MT_ROLE_GAIN, MT_SPLIT_NONE, l, -1);
+        if (!layer_is_moe(cfg, l)) {
+            visit_param(fn, user, cfg, lname(n, sizeof n, l, "mlp.gate_proj.weight"), 2, m->F, m->D, MT_INIT_NORMAL, std, MT_ROLE_DENSE, MT_SPLIT_ROWS, l, -1);
+            visit_param(fn, user, cfg, lname(n, sizeof n, l, "mlp.up_proj.weight"), 2, m->F, m->D, MT_INIT_NORMAL, std, MT_ROLE_DENSE, MT_SPLIT_ROWS, l, -1);
+            visit_param(fn, user, cfg, lname(n, sizeof n, l, "mlp.down_proj.weight"), 2, m->D, m->F, MT_INIT_NORMAL, std_out, MT_ROLE_DENSE, MT_SPLIT_COLS, l, -1);
+            continue;
+        }
+        visit_param(fn, user, cfg, lname(n, sizeof n, l, "mlp.gate.weight"), 2, m->E, m->D, MT_INIT_NORMAL, std, MT_ROLE_ROUTER, MT_SPLIT_NONE, l, -1);
+        for (int e = 0; e < m->E; e++) {
+            char s[96];
+            snprintf(s, sizeof s, "mlp.experts.%d.gate_proj.weight", e);
+            visit_param(fn, user, cfg, lname(n, sizeof n, l, s), 2, m->Fe, m->D, MT_INIT_NORMAL, std, MT_ROLE_EXPERT, MT_SPLIT_NONE, l, e);
+            snprintf(s, sizeof s, "mlp.experts.%d.up_proj.weight", e);
+            visit_param(fn, user, cfg, lname(n, sizeof n, l, s), 2, m->Fe, m->D, MT_INIT_NORMAL, std, MT_ROLE_EXPERT, MT_SPLIT_NONE, l, e);
+            snprintf(s, sizeof s, "mlp.experts.%d.down_proj.weight", e);
+            visit_param(fn, user, cfg, lname(n, sizeof n, l, s), 2, m->D, m->Fe, MT_INIT_NORMAL, std_out, MT_ROLE_EXPERT, MT_SPLIT_NONE, l, e);
+        }
+        if (m->Fs > 0) {
+            /* experts (shared included) are not split by TP: SPEC.md section 2 */
+            visit_param(fn, user, cfg, lname(n, sizeof n, l, "mlp.shared_expert.gate_proj.weight"), 2, m->Fs, m->D, MT_INIT_NORMAL, std, MT_ROLE_DENSE, MT_SPLIT_NONE, l, -1);
+            visit_param(fn, user, cfg, lname(n, sizeof n, l, "mlp.shared_expert.up_proj.weight"), 2, m->Fs, m->D, MT_INIT_NORMAL, std, MT_ROLE_DENSE, MT_SPLIT_NONE, l, -1);
+            visit_param(fn, user, cfg, lname(n, sizeof n, l, "mlp.shared_expert.down_proj.weight"), 2, m->D, m->Fs, MT_INIT_NORMAL, std_out, MT_ROLE_DENSE, MT_SPLIT_NONE, l, -1);
+        }
+    }
+    visit_param(fn, user, cfg, "model.norm.weight", 1, m->D, 1, MT_INIT_ONES, 0, MT_ROLE_GAIN, MT_SPLIT_NONE, -1, -1);
+    visit_param(fn, user, cfg, "lm_head.weight", 2, m->V, m->D, MT_INIT_NORMAL, std, MT_ROLE_HEAD, MT_SPLIT_NONE, -1, -1);
+}
+
+struct param_sink { struct mt_param *arr; int n; size_t numel; };
+
+static void sink_param(void *user, const struct mt_param *p)
+{
+    struct param_sink *s = user;
+    if (s->arr) s->arr[s->n] = *p;
+    s->n++;
+    s->numel += p->numel;
+}
+
+/* ------------------------------------------------------------------ */
+/* memory plan and carving                                             */
+/* ------------------------------------------------------------------ */
+
+struct carver { char *base[MT_BUCKET_COUNT]; size_t off[MT_BUCKET_COUNT]; };
+
+static void *carve(struct carver *c, enum mt_bucket b, size_t bytes)
+{
+    size_t o = (c->off[b] + 63) & ~(size_t)63;
+    c->off[b] = o + bytes;
+    return c->base[b] ? c->base[b] + o : NULL;
+}
+static float *carve_f(struct carver *c, enum mt_bucket b, size_t n) { return carve(c, b, n * sizeof(float)); }
+static int32_t *carve_i(struct carver *c, enum mt_bucket b, size_t n) { return carve(c, b, n * sizeof(int32_t)); }
+
+/* Carve every buffer. With NULL bases only the offsets (sizes) advance;
+ * m->params / m->layers may be NULL then (param sizes come from the registry). */
+static void model_layout(struct mt_model *m, struct carver *c)
+{
+    const size_t N = (size_t)m->N, D = (size_t)m->D, QD = (size_t)m->QD, KD = (size_t)m->KD;
+    const size_t E = (size_t)m->E, k = (size_t)m->top_k, M = (size_t)m->M;
+    const enum mt_bucket A = MT_BUCKET_ACTS, W = MT_BUCKET_WORKSPACE, O = MT_BUCKET_OTHER;
+
+    /* parameters, then grads, in registry order (plan_bytes carves them
+     * itself from the registry, before calling this with params == NULL) */
+    if (m->params) {
+        for (int i = 0; i < m->n_params; i++) {
+            m->params[i].data = carve_f(c, MT_BUCKET_PARAMS, m->params[i].numel);
+            m->params[i].grad = carve_f(c, MT_BUCKET_GRADS, m->params[i].numel);
+        }
+    }
+
+    m->rope_cos = carve_f(c, W, (size_t)m->T * (size_t)(m->hd / 2));
+    m->rope_sin = carve_f(c, W, (size_t)m->T * (size_t)(m->hd / 2));
+
+    m->idx = carve_i(c, A, N);
+    m->targets = carve_i(c, A, N);
+    m->x_final = carve_f(c, A, N * D);
+    m->h_final = carve_f(c, A, N * D);
+    m->rstd_final = carve_f(c, A, N);
+    m->logits = carve_f(c, A, N * (size_t)m->V);
+    m->losses = carve_f(c, A, N);
+    m->xlse = carve_f(c, A, N);
+
+    for (int l = 0; l < m->L; l++) {
+        struct mt_layer dummy;
+        struct mt_layer *ly = m->layers ? &m->layers[l] : &dummy;
+        memset(&dummy, 0, sizeof dummy);
+        int moe = layer_is_moe(&m->cfg, l);
+        ly->x_in = carve_f(c, A, N * D);
+        ly->h_attn = carve_f(c, A, N * D);
+        ly->rstd_attn = carve_f(c, A, N);
+        ly->q_raw = carve_f(c, A, N * QD);
+        ly->k_raw = carve_f(c, A, N * KD);
+        ly->rstd_q = carve_f(c, A, N * (size_t)m->H);
+        ly->rstd_k = carve_f(c, A, N * (size_t)m->K);
+        ly->q = carve_f(c, A, N * QD);
+        ly->k = carve_f(c, A, N * KD);
+        ly->v = carve_f(c, A, N * KD);
+        ly->att = carve_f(c, A, N * QD);
+        ly->lse = carve_f(c, A, N * (size_t)m->H);
+        ly->x_mid = carve_f(c, A, N * D);
+        ly->h_mlp = carve_f(c, A, N * D);
+        ly->rstd_mlp = carve_f(c, A, N);
+        if (!moe) {
+            ly->mg = carve_f(c, A, N * (size_t)m->F);
+            ly->mu = carve_f(c, A, N * (size_t)m->F);
+            continue;
+        }
+        ly->probs = carve_f(c, A, N * E);
+        ly->rlse = carve_f(c, A, N);
+        ly->topk = carve_i(c, A, N * k);
+        ly->gates = carve_f(c, A, N * k);
+        ly->pos = carve_i(c, A, N * k);
+        ly->src_row = carve_i(c, A, M);
+        ly->eg = carve_f(c, A, M * (size_t)m->Fe);
+        ly->eu = carve_f(c, A, M * (size_t)m->Fe);
+        ly->ey = carve_f(c, A, M * D);
+        if (m->Fs > 0) {
+            ly->sgp = carve_f(c, A, N * (size_t)m->Fs);
+            ly->sup = carve_f(c, A, N * (size_t)m->Fs);
+        }
+        ly->e_off = carve(c, O, (E + 1) * sizeof(int));
+        ly->f_share = carve_f(c, O, (size_t)m->B * E);
+    }
+
+    /* activation-gradient scratch, shared by all layers */
+    size_t ff = 0;
+    if (m->any_dense && N * (size_t)m->F > ff) ff = N * (size_t)m->F;
+    if (m->any_moe && M * (size_t)m->Fe > ff) ff = M * (size_t)m->Fe;
+    if (m->any_moe && N * (size_t)m->Fs > ff) ff = N * (size_t)m->Fs;
+    m->dx = carve_f(c, W, N * D);
+    m->dh = carve_f(c, W, N * D);
+    m->datt = carve_f(c, W, N * QD);
+    m->dq = carve_f(c, W, N * QD);
+    m->dk = carve_f(c, W, N * KD);
+    m->dk2 = carve_f(c, W, N * KD);
+    m->dv = carve_f(c, W, N * KD);
+    m->s_act = carve_f(c, W, ff);
+    m->s_dact = carve_f(c, W, ff);
+    m->s_dg = carve_f(c, W, ff);
+    m->s_du = carve_f(c, W, ff);
+    if (m->any_moe) {
+        m->s_xp = carve_f(c, W, M * D);
+        m->s_dxp = carve_f(c, W, M * D);
+        m->s_dy = carve_f(c, W, M * D);
+        m->s_drl = carve_f(c, W, N * E);
+        m->s_dprobs = carve_f(c, W, N * E);
+        m->s_dgates = carve_f(c, W, N * k);
+        m->s_dlse = carve_f(c, W, N);
+        m->h_probs = carve_f(c, O, N * E);
+        m->h_dprobs = carve_f(c, O, N * E);
+        m->h_rlse = carve_f(c, O, N);
+        m->h_dlse = carve_f(c, O, N);
+        m->h_topk = carve_i(c, O, N * k);
+        m->h_pos = carve_i(c, O, N * k);
+        m->h_src = carve_i(c, O, M);
+        m->h_cnt = carve(c, O, E * sizeof(int));
+    }
+    m->h_losses = carve_f(c, O, N);
+}
+
+struct plan_visit { struct carver *c; };
+
+static void plan_param(void *user, const struct mt_param *p)
+{
+    struct plan_visit *pv = user;
+    carve_f(pv->c, MT_BUCKET_PARAMS, p->numel);
+    carve_f(pv->c, MT_BUCKET_GRADS, p->numel);
+}
+
+void mt_model_plan_bytes(const struct mt_config *cfg, int B, size_t bytes[MT_BUCKET_COUNT])
+{
+    struct mt_model m;
+    struct carver c;
+    memset(&m, 0, sizeof m);
+    memset(&c, 0, sizeof c);
+    model_dims(&m, cfg, B);
+    struct plan_visit pv = { &c };
+    build_params(&m, plan_param, &pv);   /* same carves as the params loop of model_layout */
+    model_layout(&m, &c);                /* params == NULL: the registry branch carves nothing */
+    struct param_sink s = { NULL, 0, 0 };
+    build_params(&m, sink_param, &s);
+    for (int b = 0; b < MT_BUCKET_COUNT; b++) bytes[b] = c.off[b];
+    /* host bookkeeping arrays allocated by create next to the OTHER arena */
+    bytes[MT_BUCKET_OTHER] += (size_t)s.n * sizeof(struct mt_param) + (size_t)m.L * sizeof(struct mt_layer)
+                              + sizeof(struct mt_model);
+}
+
+/* ------------------------------------------------------------------ */
+/* create / destroy                                                    */
+/* ------------------------------------------------------------------ */
+
+static void rope_tables(struct mt_ctx *ctx, const struct mt_ops_i *ops, float *cos_dev, float *sin_dev,
+                        int tmax, int hd, double theta, float *host /* (2, tmax, hd/2) */)
+{
+    int h2 = hd / 2;
+    (void)ctx;
+    for (int p = 0; p < tmax; p++) {
+        for (int i = 0; i < h2; i++) {
+            double inv_freq = pow(theta, -2.0 * i / (double)hd);
+            double a = (double)p * inv_freq;
+            host[(size_t)p * h2 + i] = (float)cos(a);
+            host[(size_t)tmax * h2 + (size_t)p * h2 + i] = (float)sin(a);
+        }
+    }
+    ops->copy_from_host(cos_dev, host, (size_t)tmax * h2 * sizeof(float));
+    ops->copy_from_host(sin_dev, host + (size_t)tmax * h2, (size_t)tmax * h2 * sizeof(float));
+}
+
+enum mt_status model_rope_build(struct mt_ctx *ctx, const struct mt_model *m, float *cos_dev, float *sin_dev, int tmax)
+{
+    float *host = mt_alloc(ctx, (size_t)2 * tmax * (m->hd / 2) * sizeof(float), MT_BUCKET_WORKSPACE);
+    if (!host) return MT_ERR_OOM;
+    double theta = m->cfg.rope_theta > 0 ? (double)m->cfg.rope_theta : 10000.0;
+    rope_tables(ctx, m->ops, cos_dev, sin_dev, tmax, m->hd, theta, host);
+    mt_free(ctx, host);
+    return MT_OK;
+}
+
+void mt_model_destroy(struct mt_ctx *ctx, struct mt_model *m)
+{
+    if (!m) return;
+    for (int b = 0; b < MT_BUCKET_COUNT; b++) {
+        if (!m->arena[b]) continue;
+        if (b == MT_BUCKET_OTHER) mt_free(ctx, m->arena[b]);
+        else m->ops->buf_free(ctx, m->arena[b]);
+    }
+    mt_free(ctx, m->params);
+    mt_free(ctx, m->layers);
+    mt_free(ctx, m);
+}
+
+static void bind_layer_params(struct mt_model *m)
+{
+    struct mt_param *p = m->params;
+    int i = 0;
+    m->wte = &p[i++];
+    for (int l = 0; l < m->L; l++) {
+        struct mt_layer *ly = &m->layers[l];
+        ly->moe = layer_is_moe(&m->cfg, l);
+        ly->ln1 = &p[i++];
+        ly->wq = &p[i++];
+        ly->wk = &p[i++];
+        ly->wv = &p[i++];
+        ly->wo = &p[i++];
+        ly->qn = &p[i++];
+        ly->kn = &p[i++];
+        ly->ln2 = &p[i++];
+        if (!ly->moe) {
+            ly->wg = &p[i++];
+            ly->wu = &p[i++];
+            ly->wd = &p[i++];
+            continue;
+        }
+        ly->router = &p[i++];
+        ly->experts = &p[i];
+        i += 3 * m->E;
+        if (m->Fs > 0) {
+            ly->sg = &p[i++];
+            ly->su = &p[i++];
+            ly->sd = &p[i++];
+        }
+    }
+    m->norm_f = &p[i++];
+    m->lm_head = &p[i++];
+    MT_ASSERT(i == m->n_params);
+}
+
+enum mt_status mt_model_create(struct mt_ctx *ctx, const struct mt_ops_i *ops,
+                               const struct mt_config *cfg, int B, struct mt_model **out)
+{
+    enum mt_status rc = MT_OK;
+    *out = NULL;
+    if (!ops || !cfg) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model: NULL ops or config");
+    struct mt_model *m = mt_alloc(ctx, sizeof *m, MT_BUCKET_OTHER);
+    if (!m) return MT_ERR_OOM;
+    model_dims(m, cfg, B);
+    m->ops = ops;
+    MT_CHECK_GOTO(check_dims(ctx, m), rc, fail);
+
+    struct param_sink s = { NULL, 0, 0 };
+    build_params(m, sink_param, &s);
+    m->n_params = s.n;
+    m->params = mt_alloc(ctx, (size_t)s.n * sizeof(struct mt_param), MT_BUCKET_OTHER);
+    m->layers = mt_alloc(ctx, (size_t)m->L * sizeof(struct mt_layer), MT_BUCKET_OTHER);
+    if (!m->params || !m->layers) { rc = MT_ERR_OOM; goto fail; }
+    s.arr = m->params;
+    s.n = 0;
+    build_params(m, sink_param, &s);
+    bind_layer_params(m);
+
+    /* pass 1: sizes; pass 2: carve from the arenas */
+    struct carver c;
+    memset(&c, 0, sizeof c);
+    model_layout(m, &c);
+    for (int b = 0; b < MT_BUCKET_COUNT; b++) {
+        if (c.off[b] == 0) continue;
+        m->arena_bytes[b] = c.off[b];
+        m->arena[b] = b == MT_BUCKET_OTHER ? mt_alloc(ctx, c.off[b], (enum mt_bucket)b)
+                                           : ops->buf_alloc(ctx, c.off[b], (enum mt_bucket)b);
+        if (!m->arena[b]) { rc = MT_ERR_OOM; goto fail; }
+    }
+    struct carver c2;
+    memset(&c2, 0, sizeof c2);
+    for (int b = 0; b < MT_BUCKET_COUNT; b++) c2.base[b] = m->arena[b];
+    model_layout(m, &c2);
+    for (int b = 0; b < MT_BUCKET_COUNT; b++) MT_ASSERT(c2.off[b] == c.off[b]);
+
+    MT_CHECK_GOTO(model_rope_build(ctx, m, m->rope_cos, m->rope_sin, m->T), rc, fail);
+    *out = m;
+    return MT_OK;
+fail:
+    mt_model_destroy(ctx, m);
+    return rc;
+}
+
+struct mt_param *mt_model_params(struct mt_model *m, int *n_params)
+{
+    if (n_params) *n_params = m->n_params;
+    return m->params;
+}
+
+const float *mt_model_logits(const struct mt_model *m) { return m->logits; }
+
+void mt_model_zero_grad(struct mt_model *m)
+{
+    if (m->arena[MT_BUCKET_GRADS])
+        m->ops->fill(m->arena[MT_BUCKET_GRADS], 0.0f, m->arena_bytes[MT_BUCKET_GRADS] / sizeof(float));
+}
+
+/* ------------------------------------------------------------------ */
+/* init                                                                */
+/* ------------------------------------------------------------------ */
+
+/* element (i, j) of the owned box has global index (off0+i)*shape1 + off1+j;
+ * value = init_std * normal(seed, xxh64(name), index), in double, rounded once. */
+void model_param_fill(const struct mt_param *p, uint64_t seed, float *out_host)
+{
+    uint64_t stream = mt_rng_stream(p->name);
+    for (int64_t i = 0; i < p->len[0]; i++) {
+        for (int64_t j = 0; j < p->len[1]; j++) {
+            size_t li = (size_t)i * (size_t)p->len[1] + (size_t)j;
+            uint64_t gi = (uint64_t)(p->off[0] + i) * (uint64_t)p->shape[1] + (uint64_t)(p->off[1] + j);
+            switch (p->init) {
+            case MT_INIT_NORMAL: out_host[li] = (float)((double)p->init_std * mt_rng_normal(seed, stream, gi)); break;
+            case MT_INIT_ONES:   out_host[li] = 1.0f; break;
+            default:             out_host[li] = 0.0f; break;
+            }
+        }
+    }
+}
+
+enum mt_status mt_model_init_params(struct mt_ctx *ctx, struct mt_model *m, uint64_t seed)
+{
+    size_t maxn = 1;
+    for (int i = 0; i < m->n_params; i++)
+        if (m->params[i].numel > maxn) maxn = m->params[i].numel;
+    float *host = mt_alloc(ctx, maxn * sizeof(float), MT_BUCKET_WORKSPACE);
+    if (!host) return MT_ERR_OOM;
+    for (int i = 0; i < m->n_params; i++) {
+        struct mt_param *p = &m->params[i];
+        model_param_fill(p, seed, host);
+        m->ops->copy_from_host(p->data, host, p->numel * sizeof(float));
+    }
+    mt_free(ctx, host);
+    return MT_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* counts                                                              */
+/* ------------------------------------------------------------------ */
+
+void mt_model_param_counts(const struct mt_config *cfg, size_t *total, size_t *active)
+{
+    struct mt_model m;
+    memset(&m, 0, sizeof m);
+    model_dims(&m, cfg, 1);
+    struct param_sink s = { NULL, 0, 0 };
+    build_params(&m, sink_param, &s);
+    size_t inactive = 0;
+    for (int l = 0; l < m.L; l++)
+        if (layer_is_moe(cfg, l))
+            inactive += (size_t)(m.E - m.top_k) * 3 * (size_t)m.D * (size_t)m.Fe;
+    if (total) *total = s.numel;
+    if (active) *active = s.numel - inactive;
+}
+
+/* 6 * (matmul params active per token, wte excluded: it is a lookup)
+ * + 12 * L * T * H * hd (attention scores and values, PaLM/nanochat convention). */
+double mt_model_flops_per_token(const struct mt_config *cfg)
+{
+    struct mt_model m;
+    memset(&m, 0, sizeof m);
+    model_dims(&m, cfg, 1);
+    double D = m.D, mm = (double)m.V * D; /* lm_head */
+    for (int l = 0; l < m.L; l++) {
+        mm += D * (2.0 * m.QD + 2.0 * m.KD);
+        if (layer_is_moe(cfg, l))
+            mm += (double)m.E * D + (double)m.top_k * 3.0 * D * m.Fe + 3.0 * D * m.Fs;
+        else
+            mm += 3.0 * D * m.F;
+    }
+    return 6.0 * mm + 12.0 * m.L * (double)m.T * m.H * m.hd;
+}
+
+/* ------------------------------------------------------------------ */
+/* forward / backward                                                  */
+/* ------------------------------------------------------------------ */
+
+enum mt_status model_ffn_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly, float *x_out,
+                                 int B, int T, int want_loss, double *aux, double *z)
+{
+    const struct mt_ops_i *ops = m->ops;
+    int n = B * T;
+    ops->rmsnorm_forward(ly->h_mlp, ly->rstd_mlp, ly->x_mid, ly->ln2->data, n, m->D, m->cfg.norm_eps);
+    ops->copy(x_out, ly->x_mid, (size_t)n * m->D * sizeof(float));
+    if (ly->moe) {
+        double a = 0, zz = 0;
+        MT_CHECK(moe_forward(ctx, m, ly, x_out, B, T, want_loss, &a, &zz));
+        *aux += a;
+        *z += zz;
+    } else {
+        mlp_forward(ops, x_out, 1, ly->mg, ly->mu, m->s_act, ly->h_mlp,
+                    ly->wg->data, ly->wu->data, ly->wd->data, n, m->D, m->F);
+    }
+    return MT_OK;
+}
+
+enum mt_status mt_model_forward(struct mt_ctx *ctx, struct mt_model *m,
+                                const int32_t *idx, const int32_t *targets,
+                                const struct mt_loss_norm *norm, struct mt_loss_parts *out)
+{
+    const struct mt_ops_i *ops = m->ops;
+    const int N = m->N;
+    m->have_fwd = 0;
+    if (out) memset(out, 0, sizeof *out);
+    if (!idx) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model forward: idx is NULL");
+    if (targets && !norm) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model forward: targets given without loss norm");
+    for (int i = 0; i < N; i++) {
+        if (idx[i] < 0 || idx[i] >= m->V)
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model forward: token %d at position %d not in [0, %d)",
+                                (int)idx[i], i, m->V);
+        if (targets && (targets[i] < -1 || targets[i] >= m->V))
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model forward: target %d at position %d not in [-1, %d)",
+                                (int)targets[i], i, m->V);
+    }
+    ops->copy_from_host(m->idx, idx, (size_t)N * sizeof(int32_t));
+    if (targets) ops->copy_from_host(m->targets, targets, (size_t)N * sizeof(int32_t));
+
+    ops->embed_forward(m->layers[0].x_in, m->idx, m->wte->data, N, m->D);
+    double aux = 0, z = 0;
+    for (int l = 0; l < m->L; l++) {
+        struct mt_layer *ly = &m->layers[l];
+        float *x_out = l + 1 < m->L ? m->layers[l + 1].x_in : m->x_final;
+        attention_forward(m, ly, m->B, m->T, 0, m->rope_cos, m->rope_sin, NULL, NULL);
+        MT_CHECK(model_ffn_forward(ctx, m, ly, x_out, m->B, m->T, targets != NULL, &aux, &z));
+    }
+    double lm = head_forward(m, N, targets != NULL);
+    if (targets) {
+        m->norm = *norm;
+        if (out) {
+            out->lm = norm->n_targets > 0 ? lm / norm->n_targets : 0.0;
+            out->aux = norm->n_sequences > 0 ? aux / norm->n_sequences : 0.0;
+            out->z = norm->n_tokens > 0 ? z / norm->n_tokens : 0.0;
+        }
+    }
+    m->have_fwd = 1;
+    m->have_targets = targets != NULL;
+    return MT_OK;
+}
+
+enum mt_status mt_model_backward(struct mt_ctx *ctx, struct mt_model *m)
+{
+    const struct mt_ops_i *ops = m->ops;
+    const int N = m->N, D = m->D;
+    if (!m->have_fwd || !m->have_targets)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG,
+                            "model backward: needs a preceding forward with targets (and at most one backward per forward)");
+    float dscale = m->norm.n_targets > 0 ? (float)(1.0 / m->norm.n_targets) : 0.0f;
+    head_backward(m, dscale);                       /* dx = d x_final */
+    for (int l = m->L - 1; l >= 0; l--) {
+        struct mt_layer *ly = &m->layers[l];
+        /* ffn branch: dx is d x_out = d x_mid (identity) + d branch */
+        if (ly->moe) {
+            moe_backward(m, ly, m->dh, m->dx, &m->norm);
+        } else {
+            mlp_backward(ops, m->dh, 0, ly->wg->grad, ly->wu->grad, ly->wd->grad,
+                         m->s_act, m->s_dact, m->s_dg, m->s_du, m->dx, ly->h_mlp, ly->mg, ly->mu,
+                         ly->wg->data, ly->wu->data, ly->wd->data, N, D, m->F);
+        }
+        ops->rmsnorm_backward(m->dx, ly->ln2->grad, m->dh, ly->x_mid, ly->ln2->data, ly->rstd_mlp, N, D, 1);
+        attention_backward(m, ly);                  /* dx: d x_mid -> d x_in */
+    }
+    ops->embed_backward(m->wte->grad, m->dx, m->idx, N, D, m->V);
+    m->have_fwd = 0;   /* logits now hold dlogits */
+    return MT_OK;
+}

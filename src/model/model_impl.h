@@ -1,0 +1,195 @@
+/*
+ * model_impl.h — internals of struct mt_model (private to src/model/ and tests).
+ *
+ * Memory layout (STYLE.md 10): one arena per lifetime bucket, allocated once
+ * in mt_model_create through ops->buf_alloc, with named views carved out of
+ * it by model_layout(). mt_model_plan_bytes runs the same carving with NULL
+ * bases, so the plan and the allocation can never disagree.
+ *
+ *   PARAMS     every parameter's data (its owned box)
+ *   GRADS      every parameter's grad (same boxes; ACCUMULATE +=)
+ *   ACTS       saved activations of one microbatch (B sequences of T tokens)
+ *   WORKSPACE  activation-gradient scratch reused by every layer, RoPE tables
+ *   OTHER      host staging (router probs, routing bookkeeping, losses), via mt_alloc
+ *
+ * Shape letters (docs/glossary.md): B T N=B*T D V H K hd F (dense hidden)
+ * E (experts) k (top_k) M=N*k (routed rows) Fe (expert hidden) Fs (shared
+ * expert hidden). QD = H*hd, KD = K*hd.
+ *
+ * Gradient rule for the whole model: parameter grads ACCUMULATE (+=) over
+ * backward calls; activation gradients OVERWRITE (=), except the residual
+ * stream gradient `dx`, into which each block ACCUMULATES its branch.
+ */
+#ifndef MT_MODEL_IMPL_H
+#define MT_MODEL_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "mt_model.h"
+
+/* One transformer block: its parameters and what its forward saves. */
+struct mt_layer {
+    int moe;                       /* 1 for an `E` block                          */
+    /* parameters (views into mt_model.params) */
+    struct mt_param *ln1;          /* input_layernorm (D)                         */
+    struct mt_param *wq, *wk, *wv; /* (QD, D), (KD, D), (KD, D)                   */
+    struct mt_param *wo;           /* (D, QD)                                     */
+    struct mt_param *qn, *kn;      /* q_norm, k_norm (hd), shared by heads        */
+    struct mt_param *ln2;          /* post_attention_layernorm (D)                */
+    struct mt_param *wg, *wu, *wd; /* dense MLP (F, D), (F, D), (D, F); A only    */
+    struct mt_param *router;       /* (E, D); E only                              */
+    struct mt_param *experts;      /* expert e: [3e] gate (Fe,D), [3e+1] up (Fe,D), [3e+2] down (D,Fe) */
+    struct mt_param *sg, *su, *sd; /* shared expert (Fs,D),(Fs,D),(D,Fs); NULL if Fs == 0 */
+
+    /* saved activations (ACTS) */
+    float *x_in;       /* (N, D)  residual stream entering the block               */
+    float *h_attn;     /* (N, D)  rmsnorm(x_in) * g_attn                            */
+    float *rstd_attn;  /* (N)                                                       */
+    float *q_raw;      /* (N, QD) h Wq^T, before QK-norm                            */
+    float *k_raw;      /* (N, KD) h Wk^T, before QK-norm                            */
+    float *rstd_q;     /* (N*H)   QK-norm rstd per (token, head)                    */
+    float *rstd_k;     /* (N*K)                                                     */
+    float *q;          /* (N, QD) after QK-norm and RoPE                            */
+    float *k;          /* (N, KD) after QK-norm and RoPE                            */
+    float *v;          /* (N, KD)                                                   */
+    float *att;        /* (N, QD) attention output, before o_proj                   */
+    float *lse;        /* (B, H, T) attention logsumexp (no T x T matrix is kept)   */
+    float *x_mid;      /* (N, D)  x_in + att Wo^T                                   */
+    float *h_mlp;      /* (N, D)  rmsnorm(x_mid) * g_mlp                            */
+    float *rstd_mlp;   /* (N)                                                       */
+    /* dense MLP (A) */
+    float *mg, *mu;    /* (N, F)  gate / up pre-activations                         */
+    /* MoE (E) */
+    float   *probs;    /* (N, E)  router softmax, fp32                              */
+    float   *rlse;     /* (N)     router logsumexp (z-loss)                         */
+    int32_t *topk;     /* (N, k)  chosen experts                                    */
+    float   *gates;    /* (N, k)  renormalised gate weights                         */
+    int32_t *pos;      /* (N*k)   slot (n,j) -> row of the expert-sorted buffer     */
+    int32_t *src_row;  /* (M)     row -> token                                      */
+    float   *eg, *eu;  /* (M, Fe) expert gate / up pre-activations (sorted rows)    */
+    float   *ey;       /* (M, D)  expert outputs before gating (sorted rows)        */
+    float   *sgp, *sup;/* (N, Fs) shared expert gate / up pre-activations           */
+    /* host (OTHER) */
+    int     *e_off;    /* (E+1)   row offset of each expert in the sorted buffer    */
+    float   *f_share;  /* (B, E)  f[s,e]: share of sequence s's T*k slots (no grad) */
+};
+
+struct mt_model {
+    struct mt_config       cfg;
+    const struct mt_ops_i *ops;
+    int B, T, N, M;          /* M = N * top_k when any E block, else 0            */
+    int V, L, D, H, K, hd, F, E, top_k, Fe, Fs, QD, KD;
+    int any_moe, any_dense;
+
+    int              n_params;
+    struct mt_param *params;   /* order of mt_model.h; mt_alloc (OTHER) */
+    struct mt_param *wte, *norm_f, *lm_head;
+    struct mt_layer *layers;   /* (L) mt_alloc (OTHER) */
+
+    /* WORKSPACE: constants */
+    float *rope_cos, *rope_sin;  /* (T, hd/2) cos(p * theta^(-2i/hd)) computed in double */
+
+    /* ACTS: model-level saved tensors */
+    int32_t *idx, *targets;      /* (N) backend copies of the inputs                 */
+    float   *x_final;            /* (N, D) residual stream after the last block      */
+    float   *h_final;            /* (N, D) rmsnorm(x_final) * g_final                */
+    float   *rstd_final;         /* (N)                                              */
+    float   *logits;             /* (N, V) raw logits; dlogits in place in backward  */
+    float   *losses, *xlse;      /* (N) per-row CE and logsumexp of (capped) logits  */
+
+    /* WORKSPACE: activation-gradient scratch, reused by every layer */
+    float *dx;                   /* (N, D) residual stream gradient                  */
+    float *dh;                   /* (N, D) gradient w.r.t. a normed input            */
+    float *datt;                 /* (N, QD) d att; then d q_raw                      */
+    float *dq;                   /* (N, QD)                                          */
+    float *dk, *dk2, *dv;        /* (N, KD)                                          */
+    float *s_act, *s_dact, *s_dg, *s_du; /* (max(N*F, M*Fe, N*Fs)) SwiGLU scratch    */
+    float *s_xp, *s_dxp, *s_dy;  /* (M, D) permuted inputs / their grads / d expert out */
+    float *s_drl, *s_dprobs;     /* (N, E) d router logits, d probs (aux)            */
+    float *s_dgates;             /* (N, k)                                           */
+    float *s_dlse;               /* (N)                                              */
+
+    /* OTHER: host staging */
+    float   *h_losses;           /* (N)      */
+    float   *h_probs, *h_dprobs; /* (N, E)   */
+    float   *h_rlse, *h_dlse;    /* (N)      */
+    int32_t *h_topk, *h_pos;     /* (N*k)    */
+    int32_t *h_src;              /* (M)      */
+    int     *h_cnt;              /* (E)      */
+
+    void  *arena[MT_BUCKET_COUNT];       /* backend arenas (PARAMS..WORKSPACE); OTHER is host */
+    size_t arena_bytes[MT_BUCKET_COUNT];
+
+    /* state of the last forward */
+    int                 have_fwd, have_targets;
+    struct mt_loss_norm norm;
+};
+
+/* ---- helpers shared by the layer files ---- */
+
+/* y (n, out) = x (n, in) W^T + beta * y, W (out, in). */
+static inline void linear_forward(const struct mt_ops_i *ops, float *y, const float *x,
+                                  const float *w, int n, int in, int out, float beta)
+{
+    if (n <= 0) return;
+    ops->gemm(0, 1, n, out, in, 1.0f, x, in, w, in, beta, y, out);
+}
+
+/* dW (out, in) += dy^T x;  dx (n, in) = dy W + beta_dx * dx  (dx NULL: skipped). */
+static inline void linear_backward(const struct mt_ops_i *ops, float *dx, float beta_dx, float *dw,
+                                   const float *dy, const float *x, const float *w,
+                                   int n, int in, int out)
+{
+    if (n <= 0) return;
+    ops->gemm(1, 0, out, in, n, 1.0f, dy, out, x, in, 1.0f, dw, in);
+    if (dx) ops->gemm(0, 0, n, in, out, 1.0f, dy, out, w, in, beta_dx, dx, in);
+}
+
+/* ---- layer files ---- */
+
+/* attention.c: x_mid = x_in + attn(rmsnorm(x_in)) Wo^T for N = B*T rows.
+ * Training: kcache == NULL, positions 0..T-1 per sequence. Inference
+ * (B == 1): k, v of the T new tokens are appended to kcache/vcache (t_max, K, hd)
+ * at row pos0 and the queries attend over rows [0, pos0+T). */
+void attention_forward(struct mt_model *m, struct mt_layer *ly, int B, int T, int pos0,
+                       const float *cos_tab, const float *sin_tab, float *kcache, float *vcache);
+/* Reads dx (N, D) = d x_mid; ACCUMULATES d x_in into dx; param grads +=. */
+void attention_backward(struct mt_model *m, struct mt_layer *ly);
+
+/* mlp.c: SwiGLU y = (silu(h Wg^T) * (h Wu^T)) Wd^T over n rows of width D, hidden F.
+ * out = y (accumulate 0) or out += y (accumulate 1); g, u (n, F) saved; act (n, F) scratch. */
+void mlp_forward(const struct mt_ops_i *ops, float *out, int accumulate, float *g, float *u, float *act,
+                 const float *h, const float *wg, const float *wu, const float *wd, int n, int D, int F);
+/* dh = (accumulate 0) or += (accumulate 1); dwg, dwu, dwd +=. Scratch act, dact, dg, du (n, F). */
+void mlp_backward(const struct mt_ops_i *ops, float *dh, int accumulate, float *dwg, float *dwu, float *dwd,
+                  float *act, float *dact, float *dg, float *du,
+                  const float *dout, const float *h, const float *g, const float *u,
+                  const float *wg, const float *wu, const float *wd, int n, int D, int F);
+
+/* moe.c: out (N, D) += moe(h) for N = B*T rows of B sequences. When want_loss,
+ * *aux_sum = sum_s aux_coef*E*sum_e f P and *z_sum = z_coef * sum_n lse^2
+ * (un-normalised; the model divides by the global counts). */
+enum mt_status moe_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly, float *out,
+                           int B, int T, int want_loss, double *aux_sum, double *z_sum);
+/* dh (N, D) = d h from dout (N, D) = d out, plus the aux/z loss gradients
+ * normalised by `norm`; param grads +=. */
+void moe_backward(struct mt_model *m, struct mt_layer *ly, float *dh, const float *dout,
+                  const struct mt_loss_norm *norm);
+
+/* head.c: h_final, logits (n rows); if targets: per-row CE; returns sum of CE (double). */
+double head_forward(struct mt_model *m, int n, int with_loss);
+/* dlogits in place, dWlm +=, dg_final +=, dx = d x_final (OVERWRITES). */
+void head_backward(struct mt_model *m, float dscale);
+
+/* model.c: value of every element of p's owned box, row-major (len0, len1),
+ * as a pure function of (seed, p->name, global index). out_host (numel). */
+void model_param_fill(const struct mt_param *p, uint64_t seed, float *out_host);
+
+/* model.c: cos/sin tables (tmax, hd/2) built in double, rounded to float once. */
+enum mt_status model_rope_build(struct mt_ctx *ctx, const struct mt_model *m, float *cos_dev, float *sin_dev, int tmax);
+
+/* model.c: x_out = x_mid + ffn(rmsnorm(x_mid) * g_mlp) for B*T rows (dense or MoE). */
+enum mt_status model_ffn_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly, float *x_out,
+                                 int B, int T, int want_loss, double *aux, double *z);
+
+#endif /* MT_MODEL_IMPL_H */

@@ -1,0 +1,163 @@
+/*
+ * moe.c — dropless mixture of experts (SPEC.md section 1, 1b), forward and backward.
+ *
+ * Math, N = B*T rows h (N,D), E experts, top_k = k, M = N*k routed slots:
+ *     r = h Wr^T (N,E);  p = softmax(r) in fp32;  lse_n = logsumexp(r_n)
+ *     top-k by k rounds of argmax (first maximum wins); gates g_nj = p_{n,i_j} / S_n,
+ *     S_n = sum_j p_{n,i_j}
+ *     out_n += sum_j g_nj expert_{i_j}(h_n)  [+ shared(h_n)]
+ *     aux  = sum_s aux_coef * E * sum_e f[s,e] P[s,e]         (normalised by n_sequences)
+ *            f[s,e] = #slots of sequence s routed to e / (T*k)  (a constant: no gradient)
+ *            P[s,e] = mean_t p[s,t,e]
+ *     z    = z_coef * sum_n lse_n^2                          (normalised by n_tokens)
+ * Dispatch: slots (n, j) are stably sorted by expert (host counting sort), so
+ * expert e owns the contiguous rows [e_off[e], e_off[e+1]) of the sorted
+ * buffer; pos[n*k+j] is the slot's row, src_row[m] its token. Every expert then
+ * runs as plain GEMMs on its row range (any expert may get all M rows).
+ * Backward:
+ *     term 1: combine: dy[pos] = g dout;  dg_nj = dout_n . y[pos]
+ *     term 2: per-expert SwiGLU backward on its rows -> dxp; dh = sum_j dxp[pos] (+ shared)
+ *     term 3: d aux / d p[s,t,e] = aux_coef*E*f[s,e] / T / n_sequences
+ *             d z / d lse_n     = 2 z_coef lse_n / n_tokens
+ *     term 4: router kernel: dr from dg (through the renormalisation: numerator and
+ *             denominator), dp (aux) and dlse (z); then dWr += dr^T h, dh += dr Wr
+ *
+ * Gradient rule: parameter grads +=; dh OVERWRITTEN (moe_backward); out
+ * ACCUMULATES in forward (it holds the residual). Scratch is overwritten.
+ */
+#include "model_impl.h"
+
+#include <string.h>
+
+/* Counting sort of the N*k slots by expert, stable in slot order. */
+static void route_slots(struct mt_model *m, struct mt_layer *ly, int n)
+{
+    const int E = m->E, k = m->top_k;
+    int *cnt = m->h_cnt;
+    memset(cnt, 0, (size_t)E * sizeof(int));
+    for (int i = 0; i < n * k; i++) {
+        int e = m->h_topk[i];
+        MT_ASSERT(e >= 0 && e < E);
+        cnt[e]++;
+    }
+    ly->e_off[0] = 0;
+    for (int e = 0; e < E; e++) {
+        ly->e_off[e + 1] = ly->e_off[e] + cnt[e];
+        cnt[e] = 0;
+    }
+    for (int i = 0; i < n * k; i++) {
+        int e = m->h_topk[i];
+        int r = ly->e_off[e] + cnt[e]++;
+        m->h_pos[i] = r;
+        m->h_src[r] = i / k;
+    }
+}
+
+enum mt_status moe_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly, float *out,
+                           int B, int T, int want_loss, double *aux_sum, double *z_sum)
+{
+    const struct mt_ops_i *ops = m->ops;
+    const int n = B * T, D = m->D, E = m->E, k = m->top_k, Fe = m->Fe;
+    const int M = n * k;
+    (void)ctx;
+
+    /* router: logits into the (free in forward) d-router-logits scratch */
+    linear_forward(ops, m->s_drl, ly->h_mlp, ly->router->data, n, D, E, 0.0f);
+    ops->router_forward(ly->probs, ly->rlse, ly->topk, ly->gates, m->s_drl, n, E, k);
+
+    ops->copy_to_host(m->h_topk, ly->topk, (size_t)M * sizeof(int32_t));
+    route_slots(m, ly, n);
+    ops->copy_from_host(ly->pos, m->h_pos, (size_t)M * sizeof(int32_t));
+    ops->copy_from_host(ly->src_row, m->h_src, (size_t)M * sizeof(int32_t));
+
+    ops->moe_permute(m->s_xp, ly->h_mlp, ly->src_row, M, D);
+    for (int e = 0; e < E; e++) {
+        int r0 = ly->e_off[e], c = ly->e_off[e + 1] - r0;
+        if (c == 0) continue;
+        const struct mt_param *w = &ly->experts[3 * e];
+        mlp_forward(ops, ly->ey + (size_t)r0 * D, 0, ly->eg + (size_t)r0 * Fe, ly->eu + (size_t)r0 * Fe,
+                    m->s_act, m->s_xp + (size_t)r0 * D, w[0].data, w[1].data, w[2].data, c, D, Fe);
+    }
+    ops->moe_combine(out, ly->ey, ly->pos, ly->gates, n, k, D);
+    if (m->Fs > 0)
+        mlp_forward(ops, out, 1, ly->sgp, ly->sup, m->s_act, ly->h_mlp,
+                    ly->sg->data, ly->su->data, ly->sd->data, n, D, m->Fs);
+
+    *aux_sum = 0.0;
+    *z_sum = 0.0;
+    if (!want_loss) return MT_OK;
+
+    /* aux: f from the routing (host), P from the probs (host, double sums) */
+    ops->copy_to_host(m->h_probs, ly->probs, (size_t)n * E * sizeof(float));
+    ops->copy_to_host(m->h_rlse, ly->rlse, (size_t)n * sizeof(float));
+    double aux = 0.0;
+    for (int s = 0; s < B; s++) {
+        float *f = ly->f_share + (size_t)s * E;
+        int *cnt = m->h_cnt;
+        memset(cnt, 0, (size_t)E * sizeof(int));
+        for (int i = s * T * k; i < (s + 1) * T * k; i++) cnt[m->h_topk[i]]++;
+        double acc = 0.0;
+        for (int e = 0; e < E; e++) {
+            f[e] = (float)((double)cnt[e] / ((double)T * k));
+            double P = 0.0;
+            for (int t = 0; t < T; t++) P += (double)m->h_probs[((size_t)s * T + t) * E + e];
+            P /= (double)T;
+            acc += (double)f[e] * P;
+        }
+        aux += (double)m->cfg.aux_loss_coef * E * acc;
+    }
+    double z = 0.0;
+    for (int i = 0; i < n; i++) z += (double)m->h_rlse[i] * (double)m->h_rlse[i];
+    *aux_sum = aux;
+    *z_sum = (double)m->cfg.z_loss_coef * z;
+    return MT_OK;
+}
+
+void moe_backward(struct mt_model *m, struct mt_layer *ly, float *dh, const float *dout,
+                  const struct mt_loss_norm *norm)
+{
+    const struct mt_ops_i *ops = m->ops;
+    const int B = m->B, T = m->T, n = m->N, D = m->D, E = m->E, k = m->top_k, Fe = m->Fe;
+    const int M = n * k;
+
+    /* term 1: combine */
+    ops->moe_combine_backward(m->s_dy, m->s_dgates, dout, ly->ey, ly->pos, ly->gates, n, k, D);
+    /* term 2: experts on their row ranges (inputs re-permuted, not saved) */
+    ops->moe_permute(m->s_xp, ly->h_mlp, ly->src_row, M, D);
+    for (int e = 0; e < E; e++) {
+        int r0 = ly->e_off[e], c = ly->e_off[e + 1] - r0;
+        if (c == 0) continue;
+        struct mt_param *w = &ly->experts[3 * e];
+        mlp_backward(ops, m->s_dxp + (size_t)r0 * D, 0, w[0].grad, w[1].grad, w[2].grad,
+                     m->s_act, m->s_dact, m->s_dg, m->s_du,
+                     m->s_dy + (size_t)r0 * D, m->s_xp + (size_t)r0 * D,
+                     ly->eg + (size_t)r0 * Fe, ly->eu + (size_t)r0 * Fe,
+                     w[0].data, w[1].data, w[2].data, c, D, Fe);
+    }
+    ops->fill(dh, 0.0f, (size_t)n * D);
+    ops->moe_permute_backward(dh, m->s_dxp, ly->pos, n, k, D);
+    if (m->Fs > 0)
+        mlp_backward(ops, dh, 1, ly->sg->grad, ly->su->grad, ly->sd->grad,
+                     m->s_act, m->s_dact, m->s_dg, m->s_du, dout, ly->h_mlp, ly->sgp, ly->sup,
+                     ly->sg->data, ly->su->data, ly->sd->data, n, D, m->Fs);
+
+    /* term 3: aux and z gradients, on the host */
+    double ns = norm->n_sequences > 0 ? norm->n_sequences : 1.0;
+    double nt = norm->n_tokens > 0 ? norm->n_tokens : 1.0;
+    for (int s = 0; s < B; s++) {
+        const float *f = ly->f_share + (size_t)s * E;
+        for (int t = 0; t < T; t++)
+            for (int e = 0; e < E; e++)
+                m->h_dprobs[((size_t)s * T + t) * E + e] =
+                    (float)((double)m->cfg.aux_loss_coef * E * (double)f[e] / (double)T / ns);
+    }
+    ops->copy_to_host(m->h_rlse, ly->rlse, (size_t)n * sizeof(float));
+    for (int i = 0; i < n; i++)
+        m->h_dlse[i] = (float)(2.0 * (double)m->cfg.z_loss_coef * (double)m->h_rlse[i] / nt);
+    ops->copy_from_host(m->s_dprobs, m->h_dprobs, (size_t)n * E * sizeof(float));
+    ops->copy_from_host(m->s_dlse, m->h_dlse, (size_t)n * sizeof(float));
+
+    /* term 4: router */
+    ops->router_backward(m->s_drl, m->s_dgates, m->s_dprobs, m->s_dlse, ly->probs, ly->topk, ly->gates, n, E, k);
+    linear_backward(ops, dh, 1.0f, ly->router->grad, m->s_drl, ly->h_mlp, ly->router->data, n, D, E);
+}

@@ -1,0 +1,159 @@
+/*
+ * cpu_impl.h — internal prototypes of the cpu backend (the .c files of src/ops/cpu) and
+ * the small vectorisable math helpers they share.
+ *
+ * Every mt_cpu_* function implements the mt_ops_i entry of the same name with
+ * exactly the contract written in mt_ops.h; ops_cpu.c puts them in the table.
+ * Parallelism: OpenMP static schedules over rows/blocks that each thread
+ * owns; reductions run in a fixed order, so results are bit-identical for a
+ * given thread count (most are also independent of it).
+ */
+#ifndef MT_CPU_IMPL_H
+#define MT_CPU_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- exp for the hot loops (Cephes expf polynomial, ~1 ulp on [-87, 88]) ----
+ * exp(x) = 2^n * p(r), n = round(x / ln2), r = x - n ln2 (two-part ln2).
+ * x < -87.33 -> 0 (also -inf), x > 88.72 -> +inf, NaN -> NaN.
+ * mt_cpu_exp8 is the AVX2/FMA form used by the hot loops (gcc will not
+ * vectorise the scalar form under the default -ftrapping-math, and glibc's
+ * vector expf needs -ffast-math); mt_cpu_expf is the scalar form for tails. */
+static inline float mt_cpu_expf(float x)
+{
+    float xc = x > 88.0f ? 88.0f : x;
+    xc = xc < -87.0f ? -87.0f : xc;
+    float fx = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  /* round to nearest */
+    float r  = xc - fx * 0.693359375f;
+    r        = r - fx * -2.12194440e-4f;
+    float p  = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    union { int32_t i; float f; } u;
+    u.i = ((int32_t)fx + 127) << 23;
+    float res = p * u.f;
+    res = x < -87.33654475f ? 0.0f : res;
+    res = x > 88.72283905f ? __builtin_inff() : res;
+    return res;
+}
+
+/* tanh(x) = 1 - 2 / (exp(2x) + 1); absolute error ~1e-7 (enough for softcap). */
+static inline float mt_cpu_tanhf(float x)
+{
+    return 1.0f - 2.0f / (mt_cpu_expf(2.0f * x) + 1.0f);
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define MT_CPU_HAVE_EXP8 1
+static inline __m256 mt_cpu_exp8(__m256 x)
+{
+    __m256 xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    __m256 fx = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), xc);
+    r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i n = _mm256_cvtps_epi32(fx);
+    __m256 pw = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23));
+    __m256 res = _mm256_mul_ps(p, pw);
+    res = _mm256_blendv_ps(res, _mm256_setzero_ps(),
+                           _mm256_cmp_ps(x, _mm256_set1_ps(-87.33654475f), _CMP_LT_OQ));
+    res = _mm256_blendv_ps(res, _mm256_set1_ps(__builtin_inff()),
+                           _mm256_cmp_ps(x, _mm256_set1_ps(88.72283905f), _CMP_GT_OQ));
+    return _mm256_blendv_ps(res, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+static inline __m256 mt_cpu_tanh8(__m256 x)
+{
+    __m256 one = _mm256_set1_ps(1.0f);
+    __m256 e = mt_cpu_exp8(_mm256_add_ps(x, x));
+    return _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
+}
+
+static inline float mt_cpu_hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
+/* ---- memory / elementwise (elementwise.c) ---- */
+void   mt_cpu_fill(float *x, float value, size_t n);
+void   mt_cpu_axpby(float *y, const float *x, float a, float b, size_t n);
+double mt_cpu_sumsq(const float *x, size_t n);
+int    mt_cpu_all_finite(const float *x, size_t n);
+void   mt_cpu_transpose(float *out, const float *in, int rows, int cols);
+
+/* ---- gemm.c ---- */
+void mt_cpu_gemm(int transA, int transB, int M, int N, int K, float alpha,
+                 const float *A, int lda, const float *B, int ldb,
+                 float beta, float *C, int ldc);
+
+/* ---- embed.c ---- */
+void mt_cpu_embed_forward(float *out, const int32_t *idx, const float *wte, int N, int C);
+void mt_cpu_embed_backward(float *dwte, const float *dout, const int32_t *idx, int N, int C, int V);
+
+/* ---- rmsnorm.c ---- */
+void mt_cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
+                            int N, int C, float eps);
+void mt_cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                             const float *weight, const float *rstd, int N, int C, int accumulate);
+
+/* ---- rope.c ---- */
+void mt_cpu_rope_forward(float *out, const float *inp, const float *cos_tab, const float *sin_tab,
+                         int N, int T, int pos0, int nh, int hd);
+void mt_cpu_rope_backward(float *dinp, const float *dout, const float *cos_tab, const float *sin_tab,
+                          int N, int T, int pos0, int nh, int hd);
+
+/* ---- attention.c ---- */
+void mt_cpu_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+                              int B, int Tq, int Tk, int q_pos0, int H, int K, int hd);
+void mt_cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout,
+                               const float *q, const float *k, const float *v,
+                               const float *out, const float *lse,
+                               int B, int T, int H, int K, int hd);
+
+/* ---- swiglu.c ---- */
+void mt_cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
+void mt_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                            const float *up, size_t n);
+
+/* ---- xent.c ---- */
+void mt_cpu_xent_forward(float *losses, float *lse_out, const float *logits, const int32_t *targets,
+                         int N, int V, float softcap);
+void mt_cpu_xent_backward(float *dlogits, const float *logits, const float *lse,
+                          const int32_t *targets, float dscale, int N, int V, float softcap);
+
+/* ---- moe.c ---- */
+void mt_cpu_router_forward(float *probs, float *lse, int32_t *topk_idx, float *gates,
+                           const float *logits, int N, int E, int k);
+void mt_cpu_router_backward(float *dlogits, const float *dgates, const float *dprobs,
+                            const float *dlse, const float *probs, const int32_t *topk_idx,
+                            const float *gates, int N, int E, int k);
+void mt_cpu_moe_permute(float *xp, const float *h, const int32_t *src_row, int M, int C);
+void mt_cpu_moe_permute_backward(float *dh, const float *dxp, const int32_t *pos, int N, int k, int C);
+void mt_cpu_moe_combine(float *out, const float *y, const int32_t *pos, const float *gates,
+                        int N, int k, int C);
+void mt_cpu_moe_combine_backward(float *dy, float *dgates, const float *dout, const float *y,
+                                 const int32_t *pos, const float *gates, int N, int k, int C);
+
+/* ---- optim_kernels.c ---- */
+void mt_cpu_adamw_update(float *p, const float *g, float *m, float *v, size_t n,
+                         float lr, float b1, float b2, float eps, float wd, float bc1, float bc2);
+void mt_cpu_muon_momentum(float *d, float *m, const float *g, float mu, size_t n);
+
+#endif /* MT_CPU_IMPL_H */

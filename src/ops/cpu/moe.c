@@ -1,0 +1,147 @@
+/*
+ * moe.c — MoE router (softmax + top-k + renormalised gates) and the
+ * dropless permute / combine between token order and expert-sorted order.
+ *
+ * Router, per row n (E experts, k chosen):
+ *   p = softmax(z), lse = log sum exp z;
+ *   top-k: k rounds of argmax over p, first maximum wins (strict >), chosen excluded;
+ *   S = sum_j p[idx_j], g_j = p[idx_j] / S.
+ * Router backward (dlogits =):
+ *   dp_e = dprobs_e (or 0);  dp[idx_j] += dg_j / S - sum_m dg_m g_m / S;
+ *   dz_e = p_e (dp_e - sum_e' p_e' dp_e') + dlse p_e.
+ * Permute/combine: pos (N*k) maps slot (n, j) to its row in the sorted
+ * buffer, src_row (M) maps a sorted row back to its token.
+ *
+ * Invariant: every loop is parallel over the index that owns its output
+ * rows (pos is a permutation), sums run in j order: race-free, deterministic.
+ */
+#include "cpu_impl.h"
+
+#include <math.h>
+#include <string.h>
+
+void mt_cpu_router_forward(float *probs, float *lse, int32_t *topk_idx, float *gates,
+                           const float *logits, int N, int E, int k)
+{
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *z = logits + (size_t)n * (size_t)E;
+        float       *p = probs + (size_t)n * (size_t)E;
+        int32_t     *ix = topk_idx + (size_t)n * (size_t)k;
+        float       *g = gates + (size_t)n * (size_t)k;
+        float mx = -INFINITY;
+        for (int e = 0; e < E; e++) mx = z[e] > mx ? z[e] : mx;
+        double sum = 0.0;
+        for (int e = 0; e < E; e++) {
+            float ex = expf(z[e] - mx);
+            p[e] = ex;
+            sum += ex;
+        }
+        float inv = (float)(1.0 / sum);
+        for (int e = 0; e < E; e++) p[e] *= inv;
+        lse[n] = mx + (float)log(sum);
+        float S = 0.0f;
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            float bv = 0.0f;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int m = 0; m < j; m++) taken |= (ix[m] == e);
+                if (taken) continue;
+                if (best < 0 || p[e] > bv) {
+                    best = e;
+                    bv = p[e];
+                }
+            }
+            ix[j] = best;
+            S += bv;
+        }
+        for (int j = 0; j < k; j++) g[j] = p[ix[j]] / S;
+    }
+}
+
+void mt_cpu_router_backward(float *dlogits, const float *dgates, const float *dprobs,
+                            const float *dlse, const float *probs, const int32_t *topk_idx,
+                            const float *gates, int N, int E, int k)
+{
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float   *p  = probs + (size_t)n * (size_t)E;
+        const int32_t *ix = topk_idx + (size_t)n * (size_t)k;
+        const float   *g  = gates + (size_t)n * (size_t)k;
+        const float   *dg = dgates ? dgates + (size_t)n * (size_t)k : NULL;
+        float         *dp = dlogits + (size_t)n * (size_t)E;  /* dp lives in the output row */
+        if (dprobs) memcpy(dp, dprobs + (size_t)n * (size_t)E, (size_t)E * sizeof(float));
+        else        memset(dp, 0, (size_t)E * sizeof(float));
+        if (dg) {
+            float S = 0.0f, dgg = 0.0f;
+            for (int j = 0; j < k; j++) {
+                S += p[ix[j]];
+                dgg += dg[j] * g[j];
+            }
+            for (int j = 0; j < k; j++) dp[ix[j]] += dg[j] / S - dgg / S;
+        }
+        float pdp = 0.0f;
+        for (int e = 0; e < E; e++) pdp += p[e] * dp[e];
+        float dl = dlse ? dlse[n] : 0.0f;
+        for (int e = 0; e < E; e++) dp[e] = p[e] * (dp[e] - pdp) + dl * p[e];
+    }
+}
+
+/* xp[m] = h[src_row[m]]   (=) */
+void mt_cpu_moe_permute(float *xp, const float *h, const int32_t *src_row, int M, int C)
+{
+    #pragma omp parallel for schedule(static)
+    for (int m = 0; m < M; m++)
+        memcpy(xp + (size_t)m * (size_t)C, h + (size_t)src_row[m] * (size_t)C, (size_t)C * sizeof(float));
+}
+
+/* dh[n] += sum_j dxp[pos[n*k+j]]   (+=, j order) */
+void mt_cpu_moe_permute_backward(float *dh, const float *dxp, const int32_t *pos, int N, int k, int C)
+{
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        float *d = dh + (size_t)n * (size_t)C;
+        for (int j = 0; j < k; j++) {
+            const float *s = dxp + (size_t)pos[(size_t)n * (size_t)k + (size_t)j] * (size_t)C;
+            for (int c = 0; c < C; c++) d[c] += s[c];
+        }
+    }
+}
+
+/* out[n] += sum_j gates[n,j] y[pos[n*k+j]]   (+=) */
+void mt_cpu_moe_combine(float *out, const float *y, const int32_t *pos, const float *gates,
+                        int N, int k, int C)
+{
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        float *o = out + (size_t)n * (size_t)C;
+        for (int j = 0; j < k; j++) {
+            size_t s = (size_t)n * (size_t)k + (size_t)j;
+            const float *yr = y + (size_t)pos[s] * (size_t)C;
+            float gj = gates[s];
+            for (int c = 0; c < C; c++) o[c] += gj * yr[c];
+        }
+    }
+}
+
+/* dy[pos[n*k+j]] = gates[n,j] dout[n];  dgates[n,j] = dout[n] . y[pos[n*k+j]]   (both =) */
+void mt_cpu_moe_combine_backward(float *dy, float *dgates, const float *dout, const float *y,
+                                 const int32_t *pos, const float *gates, int N, int k, int C)
+{
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *g = dout + (size_t)n * (size_t)C;
+        for (int j = 0; j < k; j++) {
+            size_t s = (size_t)n * (size_t)k + (size_t)j;
+            size_t r = (size_t)pos[s] * (size_t)C;
+            const float *yr = y + r;
+            float *dyr = dy + r;
+            float gj = gates[s], dot = 0.0f;
+            #pragma omp simd reduction(+:dot)
+            for (int c = 0; c < C; c++) dot += g[c] * yr[c];
+            for (int c = 0; c < C; c++) dyr[c] = gj * g[c];
+            dgates[s] = dot;
+        }
+    }
+}

@@ -1,0 +1,68 @@
+/*
+ * rmsnorm.c — RMSNorm forward/backward (also QK-norm: rows N*H, C = hd).
+ *
+ *   forward:  rstd = 1 / sqrt(mean_c(x^2) + eps),  out = x * rstd * w
+ *   backward: xhat = x * rstd
+ *     term 1  dw += sum_n dout * xhat                                   (+=)
+ *     term 2  dx  = rstd * (dout*w - xhat * mean_c(dout * w * xhat))   (= or +=)
+ *
+ * Invariant (determinism): dx rows are owned by one thread; dw is split in
+ * 16-column blocks, each summed over n = 0..N-1 in order by one thread.
+ */
+#include "cpu_impl.h"
+
+#include <math.h>
+
+void mt_cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
+                            int N, int C, float eps)
+{
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * (size_t)C;
+        float       *o = out + (size_t)n * (size_t)C;
+        float ss = 0.0f;
+        #pragma omp simd reduction(+:ss)
+        for (int c = 0; c < C; c++) ss += x[c] * x[c];
+        float r = 1.0f / sqrtf(ss / (float)C + eps);
+        rstd[n] = r;
+        for (int c = 0; c < C; c++) o[c] = x[c] * r * weight[c];
+    }
+}
+
+void mt_cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                             const float *weight, const float *rstd, int N, int C, int accumulate)
+{
+    enum { CB = 16 };
+    int ncb = (C + CB - 1) / CB;
+    #pragma omp parallel
+    {
+        #pragma omp for schedule(static) nowait
+        for (int n = 0; n < N; n++) {
+            const float *x  = inp + (size_t)n * (size_t)C;
+            const float *g  = dout + (size_t)n * (size_t)C;
+            float       *dx = dinp + (size_t)n * (size_t)C;
+            float r = rstd[n];
+            float dot = 0.0f;
+            #pragma omp simd reduction(+:dot)
+            for (int c = 0; c < C; c++) dot += g[c] * weight[c] * x[c];
+            float mean = dot * r / (float)C;   /* mean_c(dout*w*xhat) */
+            if (accumulate) {
+                for (int c = 0; c < C; c++) dx[c] += r * (g[c] * weight[c] - x[c] * r * mean);
+            } else {
+                for (int c = 0; c < C; c++) dx[c] = r * (g[c] * weight[c] - x[c] * r * mean);
+            }
+        }
+        #pragma omp for schedule(static)
+        for (int cb = 0; cb < ncb; cb++) {
+            int c0 = cb * CB, c1 = c0 + CB < C ? c0 + CB : C;
+            float acc[CB] = {0};
+            for (int n = 0; n < N; n++) {
+                const float *x = inp + (size_t)n * (size_t)C;
+                const float *g = dout + (size_t)n * (size_t)C;
+                float r = rstd[n];
+                for (int c = c0; c < c1; c++) acc[c - c0] += g[c] * x[c] * r;
+            }
+            for (int c = c0; c < c1; c++) dweight[c] += acc[c - c0];
+        }
+    }
+}

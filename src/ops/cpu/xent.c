@@ -1,0 +1,128 @@
+/*
+ * xent.c — fused (optionally softcapped) softmax cross-entropy.
+ *
+ *   s = c tanh(z / c) if c = softcap > 0, else s = z
+ *   forward:  lse_n = log sum_v exp(s_nv);  loss_n = lse_n - s_n[t_n]  (0 if t_n == -1)
+ *   backward: dz_nv = dscale (exp(s_nv - lse_n) - [v == t_n]) ds/dz,
+ *             ds/dz = 1 - tanh^2(z/c) with softcap, 1 without;  row = 0 if t_n == -1.  (=)
+ *
+ * Invariant: one thread per row; the backward reads z_v before writing
+ * dz_v (and saves z_t first), so dlogits == logits (in place) is safe.
+ * Row sums use a fixed 8-lane simd order: deterministic.
+ */
+#include "cpu_impl.h"
+
+#include <math.h>
+
+/* s_v = c tanh(z_v / c) (or z_v): one element, scalar tail form */
+static inline float capf(float z, float c, float ic)
+{
+    return c > 0.0f ? c * mt_cpu_tanhf(z * ic) : z;
+}
+
+/* log sum_v exp(s_v): max pass, then sum of exp(s - max) in 8 lanes + tail
+ * (fixed order: deterministic). */
+static float row_lse(const float *z, int V, float c)
+{
+    float ic = c > 0.0f ? 1.0f / c : 0.0f;
+    float mx = -INFINITY, sum = 0.0f;
+    int v = 0;
+#ifdef MT_CPU_HAVE_EXP8
+    __m256 vc = _mm256_set1_ps(c), vic = _mm256_set1_ps(ic);
+    __m256 vmx = _mm256_set1_ps(-INFINITY);
+    if (c > 0.0f) {
+        for (; v + 8 <= V; v += 8)
+            vmx = _mm256_max_ps(vmx, _mm256_mul_ps(vc, mt_cpu_tanh8(_mm256_mul_ps(_mm256_loadu_ps(z + v), vic))));
+    } else {
+        for (; v + 8 <= V; v += 8) vmx = _mm256_max_ps(vmx, _mm256_loadu_ps(z + v));
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, vmx);
+    for (int i = 0; i < 8; i++) mx = lanes[i] > mx ? lanes[i] : mx;
+#endif
+    for (int t = v; t < V; t++) {
+        float s = capf(z[t], c, ic);
+        mx = s > mx ? s : mx;
+    }
+    v = 0;
+#ifdef MT_CPU_HAVE_EXP8
+    __m256 vsum = _mm256_setzero_ps(), vm = _mm256_set1_ps(mx);
+    if (c > 0.0f) {
+        for (; v + 8 <= V; v += 8) {
+            __m256 s = _mm256_mul_ps(vc, mt_cpu_tanh8(_mm256_mul_ps(_mm256_loadu_ps(z + v), vic)));
+            vsum = _mm256_add_ps(vsum, mt_cpu_exp8(_mm256_sub_ps(s, vm)));
+        }
+    } else {
+        for (; v + 8 <= V; v += 8)
+            vsum = _mm256_add_ps(vsum, mt_cpu_exp8(_mm256_sub_ps(_mm256_loadu_ps(z + v), vm)));
+    }
+    sum = mt_cpu_hsum8(vsum);
+#endif
+    for (; v < V; v++) sum += mt_cpu_expf(capf(z[v], c, ic) - mx);
+    return mx + logf(sum);
+}
+
+void mt_cpu_xent_forward(float *losses, float *lse_out, const float *logits, const int32_t *targets,
+                         int N, int V, float softcap)
+{
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *z = logits + (size_t)n * (size_t)V;
+        float lse = row_lse(z, V, softcap);
+        lse_out[n] = lse;
+        int t = targets[n];
+        if (t < 0) {
+            losses[n] = 0.0f;
+        } else {
+            float st = softcap > 0.0f ? softcap * tanhf(z[t] / softcap) : z[t];
+            losses[n] = lse - st;
+        }
+    }
+}
+
+void mt_cpu_xent_backward(float *dlogits, const float *logits, const float *lse,
+                          const int32_t *targets, float dscale, int N, int V, float softcap)
+{
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *z  = logits + (size_t)n * (size_t)V;
+        float       *dz = dlogits + (size_t)n * (size_t)V;
+        int t = targets[n];
+        if (t < 0) {
+            for (int v = 0; v < V; v++) dz[v] = 0.0f;
+            continue;
+        }
+        float l = lse[n], zt = z[t];
+        float ic = softcap > 0.0f ? 1.0f / softcap : 0.0f;
+        int v = 0;
+#ifdef MT_CPU_HAVE_EXP8
+        __m256 vl = _mm256_set1_ps(l), vd = _mm256_set1_ps(dscale);
+        if (softcap > 0.0f) {
+            __m256 vc = _mm256_set1_ps(softcap), vic = _mm256_set1_ps(ic), one = _mm256_set1_ps(1.0f);
+            for (; v + 8 <= V; v += 8) {
+                __m256 th = mt_cpu_tanh8(_mm256_mul_ps(_mm256_loadu_ps(z + v), vic));
+                __m256 p  = mt_cpu_exp8(_mm256_fmsub_ps(vc, th, vl));
+                _mm256_storeu_ps(dz + v, _mm256_mul_ps(_mm256_mul_ps(vd, p), _mm256_fnmadd_ps(th, th, one)));
+            }
+        } else {
+            for (; v + 8 <= V; v += 8)
+                _mm256_storeu_ps(dz + v, _mm256_mul_ps(vd, mt_cpu_exp8(_mm256_sub_ps(_mm256_loadu_ps(z + v), vl))));
+        }
+#endif
+        for (; v < V; v++) {
+            if (softcap > 0.0f) {
+                float th = mt_cpu_tanhf(z[v] * ic);
+                dz[v] = dscale * mt_cpu_expf(softcap * th - l) * (1.0f - th * th);
+            } else {
+                dz[v] = dscale * mt_cpu_expf(z[v] - l);
+            }
+        }
+        /* target column: z_t was saved before the row was overwritten */
+        if (softcap > 0.0f) {
+            float th = tanhf(zt * ic);
+            dz[t] = dscale * (expf(softcap * th - l) - 1.0f) * (1.0f - th * th);
+        } else {
+            dz[t] = dscale * (expf(zt - l) - 1.0f);
+        }
+    }
+}

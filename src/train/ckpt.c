@@ -1,0 +1,765 @@
+/*
+ * ckpt.c — checkpoint directories: params.bin + optim.bin + manifest.json.
+ *
+ * Every tensor is stored as its FULL global tensor, fp32 row-major, at a
+ * 64-byte aligned offset of its file. A rank writes (pwrite) and reads
+ * (pread) only the box of each tensor it owns, so a checkpoint saved on one
+ * mesh loads on any other: resharding on load is "read the box you own".
+ *
+ * Invariant: a directory named DIR is always complete. Saving writes
+ * DIR.tmp (a stale one from a crash is removed first), fsyncs every file and
+ * the manifest LAST, then swaps DIR.tmp into DIR (atomic exchange where the
+ * kernel has renameat2(RENAME_EXCHANGE); else DIR is renamed to DIR.old
+ * first) and deletes the previous one. The manifest records each file's size
+ * and xxh64, and load refuses a file whose checksum differs.
+ *
+ * Layout of the files is the order of the params (and of the optimizer
+ * states) given to save. Today one process writes all of it; on a mesh the
+ * layout must come from the global tensor list (same order on every rank).
+ */
+#define _GNU_SOURCE
+#include "mt_ckpt.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#define CKPT_FORMAT   "meshtrain-checkpoint"
+#define CKPT_VERSION  1
+#define CKPT_ALIGN    64
+#define CKPT_MAX_FILES 4
+
+/* ------------------------------------------------------------------ */
+/* small file helpers                                                 */
+/* ------------------------------------------------------------------ */
+
+static int64_t align_up(int64_t x) { return (x + CKPT_ALIGN - 1) / CKPT_ALIGN * CKPT_ALIGN; }
+
+static int pwrite_all(int fd, const void *buf, size_t n, off_t off)
+{
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t w = pwrite(fd, p, n, off);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        p += w; n -= (size_t)w; off += w;
+    }
+    return 0;
+}
+
+static int pread_all(int fd, void *buf, size_t n, off_t off)
+{
+    char *p = buf;
+    while (n > 0) {
+        ssize_t r = pread(fd, p, n, off);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (r == 0) { errno = EIO; return -1; }   /* short file */
+        p += r; n -= (size_t)r; off += r;
+    }
+    return 0;
+}
+
+/*
+ * Box I/O. The global tensor (rows, cols) starts at byte `base` of fd; the box
+ * is rows [off0, off0+len0) x cols [off1, off1+len1), `buf` (len0, len1):
+ *   buf[i][j] <-> file float at base + ((off0+i)*cols + off1 + j) * 4
+ * Whole rows are one contiguous run; a column range is one run per row.
+ */
+static int box_io(int fd, int64_t base, const int64_t shape[2], const int64_t off[2], const int64_t len[2],
+                  float *buf, int write)
+{
+    size_t cols = (size_t)shape[1];
+    if (len[1] == shape[1]) {
+        size_t n = (size_t)len[0] * cols * sizeof(float);
+        off_t at = (off_t)(base + (int64_t)((size_t)off[0] * cols * sizeof(float)));
+        return write ? pwrite_all(fd, buf, n, at) : pread_all(fd, buf, n, at);
+    }
+    size_t rn = (size_t)len[1] * sizeof(float);
+    for (int64_t i = 0; i < len[0]; i++) {
+        off_t at = (off_t)(base + (int64_t)((((size_t)(off[0] + i)) * cols + (size_t)off[1]) * sizeof(float)));
+        float *row = buf + (size_t)i * (size_t)len[1];
+        if ((write ? pwrite_all(fd, row, rn, at) : pread_all(fd, row, rn, at)) != 0) return -1;
+    }
+    return 0;
+}
+
+static int rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb; (void)flag; (void)ftw;
+    return remove(path);
+}
+
+/* rm -rf; a missing path is fine. */
+static int rm_rf(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0) return errno == ENOENT ? 0 : -1;
+    return nftw(path, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* mkdir -p of `path` itself. */
+static int mkdir_p(const char *path)
+{
+    char tmp[PATH_MAX];
+    if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) { errno = ENAMETOOLONG; return -1; }
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
+    return 0;
+}
+
+static void parent_of(const char *path, char *out, size_t n)
+{
+    snprintf(out, n, "%s", path);
+    size_t l = strlen(out);
+    while (l > 1 && out[l - 1] == '/') out[--l] = 0;   /* trailing slashes */
+    char *s = strrchr(out, '/');
+    if (!s) snprintf(out, n, ".");
+    else if (s == out) out[1] = 0;
+    else *s = 0;
+}
+
+static void fsync_path(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) { fsync(fd); close(fd); }
+}
+
+/* xxh64 (seed 0) and size of a whole file. */
+static enum mt_status file_hash(struct mt_ctx *ctx, const char *path, uint64_t *hash, int64_t *size)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return mt_ctx_error(ctx, MT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    XXH64_state_t *st = XXH64_createState();
+    size_t cap = 1 << 20;
+    char *buf = mt_alloc(ctx, cap, MT_BUCKET_WORKSPACE);
+    if (!st || !buf) {
+        if (st) XXH64_freeState(st);
+        mt_free(ctx, buf);
+        close(fd);
+        return mt_ctx_error(ctx, MT_ERR_OOM, "out of memory hashing %s", path);
+    }
+    XXH64_reset(st, 0);
+    int64_t total = 0;
+    enum mt_status rc = MT_OK;
+    for (;;) {
+        ssize_t r = read(fd, buf, cap);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) { rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot read %s: %s", path, strerror(errno)); break; }
+        if (r == 0) break;
+        XXH64_update(st, buf, (size_t)r);
+        total += r;
+    }
+    *hash = XXH64_digest(st);
+    *size = total;
+    XXH64_freeState(st);
+    mt_free(ctx, buf);
+    close(fd);
+    return rc;
+}
+
+static enum mt_status read_text(struct mt_ctx *ctx, const char *path, char **out)
+{
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return mt_ctx_error(ctx, MT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    if (n < 0) { fclose(f); return mt_ctx_error(ctx, MT_ERR_IO, "cannot read %s", path); }
+    char *s = mt_alloc(ctx, (size_t)n + 1, MT_BUCKET_OTHER);
+    if (!s) { fclose(f); return MT_ERR_OOM; }
+    if (fread(s, 1, (size_t)n, f) != (size_t)n) {
+        fclose(f); mt_free(ctx, s);
+        return mt_ctx_error(ctx, MT_ERR_IO, "cannot read %s", path);
+    }
+    s[n] = 0;
+    fclose(f);
+    *out = s;
+    return MT_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* manifest                                                           */
+/* ------------------------------------------------------------------ */
+
+struct file_entry {
+    char     name[32];
+    int64_t  size;
+    uint64_t xxh64;
+};
+
+struct manifest {
+    cJSON                 *root;
+    struct mt_ckpt_tensor *t;      /* (n) */
+    int                    n;
+    struct file_entry      files[CKPT_MAX_FILES];
+    int                    n_files;
+    struct mt_ckpt_meta    meta;
+};
+
+static void manifest_free(struct mt_ctx *ctx, struct manifest *mf)
+{
+    cJSON_Delete(mf->root);
+    mt_free(ctx, mf->t);
+    memset(mf, 0, sizeof *mf);
+}
+
+static int json_int64(const cJSON *o, const char *key, int64_t *v)
+{
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsNumber(x)) return -1;
+    *v = (int64_t)x->valuedouble;
+    return 0;
+}
+
+static enum mt_status manifest_read(struct mt_ctx *ctx, const char *dir, struct manifest *mf)
+{
+    memset(mf, 0, sizeof *mf);
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    char *text;
+    enum mt_status rc = read_text(ctx, path, &text);
+    if (rc == MT_ERR_IO) return mt_ctx_error(ctx, MT_ERR_IO, "no checkpoint at %s (cannot read manifest.json)", dir);
+    if (rc != MT_OK) return rc;
+    mf->root = cJSON_Parse(text);
+    mt_free(ctx, text);
+    if (!mf->root) return mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: not valid JSON", path);
+
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(mf->root, "format");
+    int64_t ver = 0;
+    if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, CKPT_FORMAT) || json_int64(mf->root, "version", &ver)) {
+        rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: not a meshtrain checkpoint manifest", path);
+        goto fail;
+    }
+    if (ver != CKPT_VERSION) {
+        rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: checkpoint format version %lld, this build reads %d", path,
+                          (long long)ver, CKPT_VERSION);
+        goto fail;
+    }
+
+    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(mf->root, "meta");
+    int64_t step, pos, t;
+    const cJSON *seed = cJSON_GetObjectItemCaseSensitive(meta, "seed");
+    const cJSON *mesh = cJSON_GetObjectItemCaseSensitive(meta, "mesh");
+    if (!cJSON_IsObject(meta) || json_int64(meta, "step", &step) || json_int64(meta, "data_pos", &pos) ||
+        json_int64(meta, "adam_t", &t) || !cJSON_IsString(seed) || !cJSON_IsString(mesh)) {
+        rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: missing or malformed \"meta\"", path);
+        goto fail;
+    }
+    mf->meta.step = (int)step;
+    mf->meta.data_pos = pos;
+    mf->meta.adam_t = (long)t;
+    mf->meta.seed = strtoull(seed->valuestring, NULL, 10);
+    snprintf(mf->meta.mesh, sizeof mf->meta.mesh, "%s", mesh->valuestring);
+
+    const cJSON *files = cJSON_GetObjectItemCaseSensitive(mf->root, "files");
+    const cJSON *f;
+    if (!cJSON_IsObject(files)) { rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: missing \"files\"", path); goto fail; }
+    cJSON_ArrayForEach(f, files) {
+        const cJSON *h = cJSON_GetObjectItemCaseSensitive(f, "xxh64");
+        struct file_entry *fe = &mf->files[mf->n_files];
+        if (mf->n_files == CKPT_MAX_FILES || strlen(f->string) >= sizeof fe->name || !cJSON_IsString(h) ||
+            json_int64(f, "size", &fe->size)) {
+            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: malformed \"files\" entry %s", path, f->string);
+            goto fail;
+        }
+        snprintf(fe->name, sizeof fe->name, "%s", f->string);
+        fe->xxh64 = strtoull(h->valuestring, NULL, 16);
+        mf->n_files++;
+    }
+
+    const cJSON *tensors = cJSON_GetObjectItemCaseSensitive(mf->root, "tensors");
+    if (!cJSON_IsArray(tensors)) { rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: missing \"tensors\"", path); goto fail; }
+    int n = cJSON_GetArraySize(tensors);
+    mf->t = mt_alloc(ctx, (size_t)(n > 0 ? n : 1) * sizeof *mf->t, MT_BUCKET_OTHER);
+    if (!mf->t) { rc = MT_ERR_OOM; goto fail; }
+    const cJSON *e;
+    cJSON_ArrayForEach(e, tensors) {
+        struct mt_ckpt_tensor *ct = &mf->t[mf->n];
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(e, "name");
+        const cJSON *fl = cJSON_GetObjectItemCaseSensitive(e, "file");
+        const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
+        const cJSON *sh = cJSON_GetObjectItemCaseSensitive(e, "shape");
+        int nd = cJSON_GetArraySize(sh);
+        if (!cJSON_IsString(nm) || !cJSON_IsString(fl) || !cJSON_IsString(dt) || !cJSON_IsArray(sh) ||
+            json_int64(e, "offset", &ct->offset) || nd < 1 || nd > 2 || strlen(nm->valuestring) >= sizeof ct->name ||
+            strlen(fl->valuestring) >= sizeof ct->file) {
+            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: malformed tensor entry %d", path, mf->n);
+            goto fail;
+        }
+        if (strcmp(dt->valuestring, "F32")) {
+            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: tensor %s has dtype %s (only F32 is stored)", path,
+                              nm->valuestring, dt->valuestring);
+            goto fail;
+        }
+        snprintf(ct->name, sizeof ct->name, "%s", nm->valuestring);
+        snprintf(ct->file, sizeof ct->file, "%s", fl->valuestring);
+        ct->ndim = nd;
+        ct->shape[1] = 1;
+        for (int d = 0; d < nd; d++) {
+            const cJSON *x = cJSON_GetArrayItem(sh, d);
+            if (!cJSON_IsNumber(x) || x->valuedouble < 0) {
+                rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: tensor %s has a bad shape", path, ct->name);
+                goto fail;
+            }
+            ct->shape[d] = (int64_t)x->valuedouble;
+        }
+        /* the tensor must lie inside its (listed) file */
+        const struct file_entry *fe = NULL;
+        for (int k = 0; k < mf->n_files; k++)
+            if (!strcmp(mf->files[k].name, ct->file)) fe = &mf->files[k];
+        int64_t bytes = ct->shape[0] * ct->shape[1] * (int64_t)sizeof(float);
+        if (!fe || ct->offset < 0 || ct->offset + bytes > fe->size) {
+            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: tensor %s lies outside file %s", path, ct->name, ct->file);
+            goto fail;
+        }
+        mf->n++;
+    }
+    return MT_OK;
+fail:
+    manifest_free(ctx, mf);
+    return rc;
+}
+
+static const struct file_entry *manifest_file(const struct manifest *mf, const char *name)
+{
+    for (int k = 0; k < mf->n_files; k++)
+        if (!strcmp(mf->files[k].name, name)) return &mf->files[k];
+    return NULL;
+}
+
+/* Recompute a file's size and xxh64 and compare with the manifest. */
+static enum mt_status verify_file(struct mt_ctx *ctx, const char *dir, const struct manifest *mf, const char *name)
+{
+    const struct file_entry *fe = manifest_file(mf, name);
+    if (!fe) return mt_ctx_error(ctx, MT_ERR_FORMAT, "checkpoint %s: manifest lists no file %s", dir, name);
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    uint64_t h;
+    int64_t size;
+    enum mt_status rc = file_hash(ctx, path, &h, &size);
+    if (rc != MT_OK) return rc == MT_ERR_IO ? mt_ctx_error(ctx, MT_ERR_FORMAT, "checkpoint file %s is missing or unreadable", path) : rc;
+    if (size != fe->size)
+        return mt_ctx_error(ctx, MT_ERR_FORMAT, "checkpoint file %s has %lld bytes, manifest says %lld", path,
+                            (long long)size, (long long)fe->size);
+    if (h != fe->xxh64)
+        return mt_ctx_error(ctx, MT_ERR_FORMAT, "checkpoint file %s fails its checksum (xxh64 %016" PRIx64
+                            ", manifest %016" PRIx64 ")", path, h, fe->xxh64);
+    return MT_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* save                                                               */
+/* ------------------------------------------------------------------ */
+
+/* One tensor to write: name, global shape, owned box, backend data. */
+struct wtensor {
+    const char *name;
+    const struct mt_param *p;   /* shape and box */
+    const float *data;
+    int64_t offset;
+};
+
+static enum mt_status check_box(struct mt_ctx *ctx, const struct mt_param *p)
+{
+    if (p->ndim < 1 || p->ndim > 2 || p->shape[0] < 0 || p->shape[1] < 1 || (p->ndim == 1 && p->shape[1] != 1))
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "parameter %s has a bad shape", p->name);
+    for (int d = 0; d < 2; d++)
+        if (p->off[d] < 0 || p->len[d] < 0 || p->off[d] + p->len[d] > p->shape[d])
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "parameter %s: box outside its global shape", p->name);
+    if ((size_t)p->len[0] * (size_t)p->len[1] != p->numel)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "parameter %s: numel != box size", p->name);
+    return MT_OK;
+}
+
+/* Write every tensor's box into dir/fname; offsets laid out in order. */
+static enum mt_status write_bin(struct mt_ctx *ctx, const struct mt_ops_i *ops, const char *dir, const char *fname,
+                                struct wtensor *w, int n, float *stage)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", dir, fname);
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        w[i].offset = align_up(total);
+        total = w[i].offset + (int64_t)(mt_param_global_numel(w[i].p) * sizeof(float));
+    }
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return mt_ctx_error(ctx, MT_ERR_IO, "cannot create %s: %s", path, strerror(errno));
+    if (ftruncate(fd, (off_t)total) != 0) goto ioerr;
+    for (int i = 0; i < n; i++) {
+        const struct mt_param *p = w[i].p;
+        const float *host = w[i].data;
+        if (ops) {
+            ops->copy_to_host(stage, w[i].data, p->numel * sizeof(float));
+            host = stage;
+        }
+        if (box_io(fd, w[i].offset, p->shape, p->off, p->len, (float *)host, 1) != 0) goto ioerr;
+    }
+    if (fsync(fd) != 0) goto ioerr;
+    close(fd);
+    return MT_OK;
+ioerr:;
+    int e = errno;
+    close(fd);
+    return mt_ctx_error(ctx, MT_ERR_IO, "cannot write %s: %s", path, strerror(e));
+}
+
+static void add_tensors(cJSON *arr, const struct wtensor *w, int n, const char *fname)
+{
+    for (int i = 0; i < n; i++) {
+        cJSON *t = cJSON_CreateObject();
+        cJSON_AddStringToObject(t, "name", w[i].name);
+        cJSON_AddStringToObject(t, "file", fname);
+        cJSON_AddNumberToObject(t, "offset", (double)w[i].offset);
+        cJSON *sh = cJSON_AddArrayToObject(t, "shape");
+        for (int d = 0; d < w[i].p->ndim; d++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)w[i].p->shape[d]));
+        cJSON_AddStringToObject(t, "dtype", "F32");
+        cJSON_AddItemToArray(arr, t);
+    }
+}
+
+static enum mt_status add_file(struct mt_ctx *ctx, cJSON *files, const char *dir, const char *fname)
+{
+    char path[PATH_MAX], hex[32];
+    if (snprintf(path, sizeof path, "%s/%s", dir, fname) >= (int)sizeof path)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "path too long: %s", dir);
+    uint64_t h;
+    int64_t size;
+    MT_CHECK(file_hash(ctx, path, &h, &size));
+    snprintf(hex, sizeof hex, "%016" PRIx64, h);
+    cJSON *f = cJSON_AddObjectToObject(files, fname);
+    cJSON_AddNumberToObject(f, "size", (double)size);
+    cJSON_AddStringToObject(f, "xxh64", hex);
+    return MT_OK;
+}
+
+enum mt_status mt_ckpt_save(struct mt_ctx *ctx, const struct mt_ops_i *ops, const char *dir,
+                            const struct mt_config *cfg, const struct mt_ckpt_meta *meta,
+                            struct mt_param *params, int n_params, struct mt_optim *o)
+{
+    if (!dir || !*dir || !cfg || !meta || n_params < 0 || (n_params > 0 && !params))
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "mt_ckpt_save: missing argument");
+    char tmp[PATH_MAX], par[PATH_MAX], old[PATH_MAX];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", dir) >= (int)sizeof tmp || snprintf(old, sizeof old, "%s.old", dir) >= (int)sizeof old)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "checkpoint path too long: %s", dir);
+    parent_of(dir, par, sizeof par);
+
+    int n_states = o ? mt_optim_state_count(o) : 0;
+    enum mt_status rc = MT_OK;
+    struct wtensor *w = mt_alloc(ctx, (size_t)(n_params + n_states + 1) * sizeof *w, MT_BUCKET_OTHER);
+    struct mt_optim_state *st = mt_alloc(ctx, (size_t)(n_states + 1) * sizeof *st, MT_BUCKET_OTHER);
+    float *stage = NULL;
+    cJSON *root = NULL;
+    char *cfg_json = NULL, *text = NULL;
+    if (!w || !st) { rc = MT_ERR_OOM; goto done; }
+
+    size_t max_numel = 0;
+    for (int i = 0; i < n_params; i++) {
+        MT_CHECK_GOTO(check_box(ctx, &params[i]), rc, done);
+        w[i] = (struct wtensor){params[i].name, &params[i], params[i].data, 0};
+        if (params[i].numel > max_numel) max_numel = params[i].numel;
+    }
+    for (int i = 0; i < n_states; i++) {
+        mt_optim_state_get(o, i, &st[i]);
+        w[n_params + i] = (struct wtensor){st[i].name, st[i].param, st[i].data, 0};
+    }
+    if (ops) {
+        stage = mt_alloc(ctx, max_numel * sizeof(float), MT_BUCKET_WORKSPACE);
+        if (!stage) { rc = MT_ERR_OOM; goto done; }
+    }
+
+    /* DIR.tmp from scratch (a crash may have left one) */
+    if (mkdir_p(par) != 0) { rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot create %s: %s", par, strerror(errno)); goto done; }
+    if (rm_rf(tmp) != 0) { rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot remove stale %s: %s", tmp, strerror(errno)); goto done; }
+    if (mkdir(tmp, 0755) != 0) { rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot create %s: %s", tmp, strerror(errno)); goto done; }
+
+    MT_CHECK_GOTO(write_bin(ctx, ops, tmp, "params.bin", w, n_params, stage), rc, done);
+    if (n_states > 0) MT_CHECK_GOTO(write_bin(ctx, ops, tmp, "optim.bin", w + n_params, n_states, stage), rc, done);
+
+    /* manifest, last */
+    root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "format", CKPT_FORMAT);
+    cJSON_AddNumberToObject(root, "version", CKPT_VERSION);
+    cfg_json = mt_config_to_json(cfg);
+    cJSON *cj = cfg_json ? cJSON_Parse(cfg_json) : NULL;
+    if (!cj) { rc = mt_ctx_error(ctx, MT_ERR_RUNTIME, "checkpoint: config does not serialise to JSON"); goto done; }
+    cJSON_AddItemToObject(root, "config", cj);
+    cJSON *mj = cJSON_AddObjectToObject(root, "meta");
+    char seed[32];
+    snprintf(seed, sizeof seed, "%" PRIu64, meta->seed);
+    cJSON_AddNumberToObject(mj, "step", meta->step);
+    cJSON_AddNumberToObject(mj, "data_pos", (double)meta->data_pos);
+    cJSON_AddStringToObject(mj, "seed", seed);           /* string: a uint64 does not fit a double */
+    cJSON_AddNumberToObject(mj, "adam_t", (double)meta->adam_t);
+    cJSON_AddStringToObject(mj, "mesh", meta->mesh);
+    cJSON *tarr = cJSON_AddArrayToObject(root, "tensors");
+    add_tensors(tarr, w, n_params, "params.bin");
+    add_tensors(tarr, w + n_params, n_states, "optim.bin");
+    cJSON *files = cJSON_AddObjectToObject(root, "files");
+    MT_CHECK_GOTO(add_file(ctx, files, tmp, "params.bin"), rc, done);
+    if (n_states > 0) MT_CHECK_GOTO(add_file(ctx, files, tmp, "optim.bin"), rc, done);
+    text = cJSON_Print(root);
+    if (!text) { rc = mt_ctx_error(ctx, MT_ERR_OOM, "checkpoint: cannot print manifest"); goto done; }
+    {
+        char path[PATH_MAX];
+        int fd = snprintf(path, sizeof path, "%s/manifest.json", tmp) < (int)sizeof path ? open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644) : -1;
+        if (fd < 0 || pwrite_all(fd, text, strlen(text), 0) != 0 || fsync(fd) != 0) {
+            rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+            if (fd >= 0) close(fd);
+            goto done;
+        }
+        close(fd);
+    }
+    fsync_path(tmp);
+
+    /* swap DIR.tmp into DIR: a complete DIR exists at every instant where
+     * renameat2(RENAME_EXCHANGE) works; else DIR -> DIR.old, DIR.tmp -> DIR */
+    struct stat sb;
+    if (stat(dir, &sb) == 0) {
+        if (renameat2(AT_FDCWD, tmp, AT_FDCWD, dir, RENAME_EXCHANGE) == 0) {
+            rm_rf(tmp);   /* now holds the previous checkpoint */
+        } else {
+            rm_rf(old);
+            if (rename(dir, old) != 0 || rename(tmp, dir) != 0) {
+                rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot move %s into place: %s", tmp, strerror(errno));
+                goto done;
+            }
+            rm_rf(old);
+        }
+    } else if (rename(tmp, dir) != 0) {
+        rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot rename %s to %s: %s", tmp, dir, strerror(errno));
+        goto done;
+    }
+    fsync_path(par);
+done:
+    free(text);
+    free(cfg_json);
+    cJSON_Delete(root);
+    mt_free(ctx, stage);
+    mt_free(ctx, st);
+    mt_free(ctx, w);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* load                                                               */
+/* ------------------------------------------------------------------ */
+
+enum mt_status mt_ckpt_read_meta(struct mt_ctx *ctx, const char *dir, struct mt_config *cfg,
+                                 struct mt_ckpt_meta *meta)
+{
+    struct manifest mf;
+    MT_CHECK(manifest_read(ctx, dir, &mf));
+    enum mt_status rc = MT_OK;
+    if (meta) *meta = mf.meta;
+    if (cfg) {
+        const cJSON *cj = cJSON_GetObjectItemCaseSensitive(mf.root, "config");
+        char *s = cJSON_IsObject(cj) ? cJSON_PrintUnformatted(cj) : NULL;
+        if (!s) {
+            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s/manifest.json: missing \"config\"", dir);
+        } else {
+            mt_config_defaults(cfg);
+            rc = mt_config_apply_json(ctx, cfg, s);
+            if (rc != MT_OK)
+                rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s/manifest.json: bad config: %s", dir, mt_ctx_last_error(ctx));
+            free(s);
+        }
+    }
+    manifest_free(ctx, &mf);
+    return rc;
+}
+
+enum mt_status mt_ckpt_read_tensors(struct mt_ctx *ctx, const char *dir, const char *file,
+                                    struct mt_ckpt_tensor **out, int *n)
+{
+    *out = NULL;
+    *n = 0;
+    struct manifest mf;
+    MT_CHECK(manifest_read(ctx, dir, &mf));
+    enum mt_status rc = MT_OK;
+    for (int k = 0; k < mf.n_files && rc == MT_OK; k++)
+        if (!file || !strcmp(file, mf.files[k].name)) rc = verify_file(ctx, dir, &mf, mf.files[k].name);
+    if (rc == MT_OK && file && !manifest_file(&mf, file))
+        rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "checkpoint %s has no %s", dir, file);
+    if (rc == MT_OK) {
+        int m = 0;
+        for (int i = 0; i < mf.n; i++)
+            if (!file || !strcmp(mf.t[i].file, file)) mf.t[m++] = mf.t[i];
+        *out = mf.t;
+        *n = m;
+        mf.t = NULL;
+    }
+    manifest_free(ctx, &mf);
+    return rc;
+}
+
+static int cmp_tensor_name(const void *a, const void *b)
+{
+    return strcmp(((const struct mt_ckpt_tensor *)a)->name, ((const struct mt_ckpt_tensor *)b)->name);
+}
+
+/* Read the box `p` owns of tensor `name` (file `fname`) into backend `data`. */
+static enum mt_status load_one(struct mt_ctx *ctx, const struct mt_ops_i *ops, const char *dir,
+                               const struct manifest *mf, int fd, const char *fname, const char *name,
+                               const struct mt_param *p, float *data, float *stage)
+{
+    struct mt_ckpt_tensor key;
+    snprintf(key.name, sizeof key.name, "%s", name);
+    const struct mt_ckpt_tensor *t = bsearch(&key, mf->t, (size_t)mf->n, sizeof *mf->t, cmp_tensor_name);
+    if (!t || strcmp(t->file, fname))
+        return mt_ctx_error(ctx, MT_ERR_FORMAT, "checkpoint %s has no tensor %s (in %s)", dir, name, fname);
+    if (t->ndim != p->ndim || t->shape[0] != p->shape[0] || t->shape[1] != p->shape[1])
+        return mt_ctx_error(ctx, MT_ERR_FORMAT,
+                            "checkpoint %s: tensor %s has shape [%lld,%lld], the model expects [%lld,%lld]", dir,
+                            name, (long long)t->shape[0], (long long)t->shape[1], (long long)p->shape[0],
+                            (long long)p->shape[1]);
+    float *host = ops ? stage : data;
+    if (box_io(fd, t->offset, p->shape, p->off, p->len, host, 0) != 0)
+        return mt_ctx_error(ctx, MT_ERR_IO, "cannot read tensor %s from %s/%s: %s", name, dir, fname, strerror(errno));
+    if (ops) ops->copy_from_host(data, stage, p->numel * sizeof(float));
+    return MT_OK;
+}
+
+static int open_in(const char *dir, const char *fname)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", dir, fname);
+    return open(path, O_RDONLY);
+}
+
+enum mt_status mt_ckpt_load(struct mt_ctx *ctx, const struct mt_ops_i *ops, const char *dir,
+                            struct mt_param *params, int n_params, struct mt_optim *o)
+{
+    if (!dir || n_params < 0 || (n_params > 0 && !params))
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "mt_ckpt_load: missing argument");
+    struct manifest mf;
+    MT_CHECK(manifest_read(ctx, dir, &mf));
+    enum mt_status rc = MT_OK;
+    float *stage = NULL;
+    int fd = -1;
+    qsort(mf.t, (size_t)mf.n, sizeof *mf.t, cmp_tensor_name);
+    for (int i = 1; i < mf.n; i++)
+        if (!strcmp(mf.t[i - 1].name, mf.t[i].name)) {
+            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "checkpoint %s lists tensor %s twice", dir, mf.t[i].name);
+            goto done;
+        }
+
+    size_t max_numel = 0;
+    for (int i = 0; i < n_params; i++) {
+        MT_CHECK_GOTO(check_box(ctx, &params[i]), rc, done);
+        if (params[i].numel > max_numel) max_numel = params[i].numel;
+    }
+    if (ops) {
+        stage = mt_alloc(ctx, max_numel * sizeof(float), MT_BUCKET_WORKSPACE);
+        if (!stage) { rc = MT_ERR_OOM; goto done; }
+    }
+
+    MT_CHECK_GOTO(verify_file(ctx, dir, &mf, "params.bin"), rc, done);
+    fd = open_in(dir, "params.bin");
+    if (fd < 0) { rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot open %s/params.bin: %s", dir, strerror(errno)); goto done; }
+    for (int i = 0; i < n_params; i++)
+        MT_CHECK_GOTO(load_one(ctx, ops, dir, &mf, fd, "params.bin", params[i].name, &params[i], params[i].data, stage),
+                      rc, done);
+    close(fd);
+    fd = -1;
+
+    if (o) {
+        int n_opt = 0;
+        for (int i = 0; i < mf.n; i++) n_opt += !strcmp(mf.t[i].file, "optim.bin");
+        int ns = mt_optim_state_count(o);
+        if (n_opt == 0) {
+            /* e.g. an imported model: fresh optimizer state */
+            for (int i = 0; i < ns; i++) {
+                struct mt_optim_state s;
+                mt_optim_state_get(o, i, &s);
+                if (ops) ops->fill(s.data, 0.0f, s.param->numel);
+                else memset(s.data, 0, s.param->numel * sizeof(float));
+            }
+            mt_optim_set_t(o, 0);
+        } else {
+            MT_CHECK_GOTO(verify_file(ctx, dir, &mf, "optim.bin"), rc, done);
+            fd = open_in(dir, "optim.bin");
+            if (fd < 0) { rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot open %s/optim.bin: %s", dir, strerror(errno)); goto done; }
+            for (int i = 0; i < ns; i++) {
+                struct mt_optim_state s;
+                mt_optim_state_get(o, i, &s);
+                MT_CHECK_GOTO(load_one(ctx, ops, dir, &mf, fd, "optim.bin", s.name, s.param, s.data, stage), rc, done);
+            }
+            mt_optim_set_t(o, mf.meta.adam_t);
+        }
+    }
+done:
+    if (fd >= 0) close(fd);
+    mt_free(ctx, stage);
+    manifest_free(ctx, &mf);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* find                                                               */
+/* ------------------------------------------------------------------ */
+
+/* "step_NNNNNN" exactly (digits only: no .tmp / .old suffix); -1 otherwise. */
+static long step_of(const char *name)
+{
+    if (strncmp(name, "step_", 5) || !name[5]) return -1;
+    long v = 0;
+    for (const char *c = name + 5; *c; c++) {
+        if (*c < '0' || *c > '9' || v > 100000000L) return -1;
+        v = v * 10 + (*c - '0');
+    }
+    return v;
+}
+
+enum mt_status mt_ckpt_find(struct mt_ctx *ctx, const char *dir_or_out, char *path, size_t path_len)
+{
+    char p[PATH_MAX];
+    struct stat sb;
+    snprintf(p, sizeof p, "%s/manifest.json", dir_or_out);
+    if (stat(p, &sb) == 0) {
+        if (snprintf(path, path_len, "%s", dir_or_out) >= (int)path_len)
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "path too long: %s", dir_or_out);
+        return MT_OK;
+    }
+    char ck[PATH_MAX];
+    snprintf(ck, sizeof ck, "%s/ckpt", dir_or_out);
+    DIR *d = opendir(ck);
+    if (!d) return mt_ctx_error(ctx, MT_ERR_IO, "no checkpoint at %s (no manifest.json, no ckpt/ dir)", dir_or_out);
+    long best = -1;
+    char best_name[256] = "";
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        long s = step_of(e->d_name);
+        if (s < 0 || s <= best) continue;
+        if (snprintf(p, sizeof p, "%s/%s/manifest.json", ck, e->d_name) >= (int)sizeof p) continue;
+        if (stat(p, &sb) != 0) continue;
+        best = s;
+        snprintf(best_name, sizeof best_name, "%s", e->d_name);
+    }
+    closedir(d);
+    if (best < 0) return mt_ctx_error(ctx, MT_ERR_IO, "no complete checkpoint under %s", ck);
+    if (snprintf(path, path_len, "%s/%s", ck, best_name) >= (int)path_len)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "path too long under %s", ck);
+    return MT_OK;
+}

@@ -1,0 +1,834 @@
+/*
+ * export.c — safetensors writer/reader, Qwen3 config.json, checkpoint <-> HF.
+ *
+ * Invariant: tensors keep their Hugging Face names end to end (the model
+ * registers them under those names), so export is "copy params.bin slices
+ * into a safetensors data section" and import is the reverse, both checked
+ * against the list of tensors the config implies (expected_tensors()).
+ * Outputs are written under a temporary name and renamed into place.
+ */
+#define _GNU_SOURCE
+#include "mt_export.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../core/mt_param.h"
+#include "mt_ckpt.h"
+
+#define ST_MAX_HEADER (100u << 20)   /* same cap as the reference implementation */
+
+/* ------------------------------------------------------------------ */
+/* helpers                                                            */
+/* ------------------------------------------------------------------ */
+
+static void warnf(char *warn, size_t warn_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void warnf(char *warn, size_t warn_len, const char *fmt, ...)
+{
+    if (!warn || warn_len == 0) return;
+    size_t l = strnlen(warn, warn_len);
+    if (l + 1 >= warn_len) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(warn + l, warn_len - l, fmt, ap);
+    va_end(ap);
+    l = strnlen(warn, warn_len);
+    if (w >= 0 && l + 1 < warn_len) { warn[l] = '\n'; warn[l + 1] = 0; }
+}
+
+static int pwrite_all(int fd, const void *buf, size_t n, off_t off)
+{
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t w = pwrite(fd, p, n, off);
+        if (w < 0) { if (errno == EINTR) continue; return -1; }
+        p += w; n -= (size_t)w; off += w;
+    }
+    return 0;
+}
+
+static int pread_all(int fd, void *buf, size_t n, off_t off)
+{
+    char *p = buf;
+    while (n > 0) {
+        ssize_t r = pread(fd, p, n, off);
+        if (r < 0) { if (errno == EINTR) continue; return -1; }
+        if (r == 0) { errno = EIO; return -1; }
+        p += r; n -= (size_t)r; off += r;
+    }
+    return 0;
+}
+
+static int rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb; (void)flag; (void)ftw;
+    return remove(path);
+}
+
+static int rm_rf(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0) return errno == ENOENT ? 0 : -1;
+    return nftw(path, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static int dir_is_empty(const char *path)
+{
+    DIR *d = opendir(path);
+    if (!d) return 0;
+    struct dirent *e;
+    int empty = 1;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) { empty = 0; break; }
+    closedir(d);
+    return empty;
+}
+
+static int path_exists(const char *dir, const char *name)
+{
+    char p[PATH_MAX];
+    struct stat sb;
+    if (snprintf(p, sizeof p, "%s/%s", dir, name) >= (int)sizeof p) return 0;
+    return stat(p, &sb) == 0;
+}
+
+static enum mt_status read_text(struct mt_ctx *ctx, const char *path, char **out)
+{
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return mt_ctx_error(ctx, MT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = n >= 0 ? mt_alloc(ctx, (size_t)n + 1, MT_BUCKET_OTHER) : NULL;
+    if (!s || fread(s, 1, (size_t)n, f) != (size_t)n) {
+        fclose(f);
+        mt_free(ctx, s);
+        return mt_ctx_error(ctx, MT_ERR_IO, "cannot read %s", path);
+    }
+    s[n] = 0;
+    fclose(f);
+    *out = s;
+    return MT_OK;
+}
+
+/* A float as a JSON number printed with float precision (1e-06, not 9.99e-07). */
+static double fnum(float f)
+{
+    char b[32];
+    snprintf(b, sizeof b, "%.8g", (double)f);
+    return strtod(b, NULL);
+}
+
+/* ------------------------------------------------------------------ */
+/* safetensors writer                                                 */
+/* ------------------------------------------------------------------ */
+
+static int cmp_st_name(const void *a, const void *b)
+{
+    return strcmp(((const struct mt_st_tensor *)a)->name, ((const struct mt_st_tensor *)b)->name);
+}
+
+enum mt_status mt_safetensors_write(struct mt_ctx *ctx, const char *path, struct mt_st_tensor *t, int n)
+{
+    if (n < 0 || (n > 0 && !t)) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "safetensors: bad tensor list");
+    qsort(t, (size_t)n, sizeof *t, cmp_st_name);
+    for (int i = 0; i < n; i++) {
+        if (t[i].dtype != MT_ST_F32 || t[i].ndim < 0 || t[i].ndim > MT_ST_MAX_DIM || !t[i].name[0] ||
+            !strcmp(t[i].name, "__metadata__"))
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "safetensors: tensor %d (%s) is not an F32 tensor", i, t[i].name);
+        if (i > 0 && !strcmp(t[i - 1].name, t[i].name))
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "safetensors: tensor %s given twice", t[i].name);
+    }
+
+    /* header: __metadata__ first, then tensors in name order, offsets packed */
+    cJSON *h = cJSON_CreateObject();
+    cJSON *md = cJSON_AddObjectToObject(h, "__metadata__");
+    cJSON_AddStringToObject(md, "format", "pt");
+    int64_t pos = 0;
+    for (int i = 0; i < n; i++) {
+        cJSON *e = cJSON_AddObjectToObject(h, t[i].name);
+        cJSON_AddStringToObject(e, "dtype", "F32");
+        cJSON *sh = cJSON_AddArrayToObject(e, "shape");
+        for (int d = 0; d < t[i].ndim; d++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t[i].shape[d]));
+        int64_t nb = (int64_t)(mt_st_numel(&t[i]) * sizeof(float));
+        t[i].begin = pos;
+        t[i].end = pos + nb;
+        cJSON *off = cJSON_AddArrayToObject(e, "data_offsets");
+        cJSON_AddItemToArray(off, cJSON_CreateNumber((double)t[i].begin));
+        cJSON_AddItemToArray(off, cJSON_CreateNumber((double)t[i].end));
+        pos += nb;
+    }
+    char *js = cJSON_PrintUnformatted(h);
+    cJSON_Delete(h);
+    if (!js) return mt_ctx_error(ctx, MT_ERR_OOM, "safetensors: cannot print header");
+    size_t jl = strlen(js), hl = (jl + 7) / 8 * 8;
+    char *hdr = mt_alloc(ctx, 8 + hl, MT_BUCKET_OTHER);
+    if (!hdr) { free(js); return MT_ERR_OOM; }
+    uint64_t hl64 = hl;
+    for (int b = 0; b < 8; b++) hdr[b] = (char)((hl64 >> (8 * b)) & 0xff);   /* little endian */
+    memcpy(hdr + 8, js, jl);
+    memset(hdr + 8 + jl, ' ', hl - jl);
+    free(js);
+
+    enum mt_status rc = MT_OK;
+    size_t cap = 1 << 20;
+    char *buf = mt_alloc(ctx, cap, MT_BUCKET_WORKSPACE);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (!buf || fd < 0) {
+        rc = buf ? mt_ctx_error(ctx, MT_ERR_IO, "cannot create %s: %s", path, strerror(errno)) : MT_ERR_OOM;
+        goto done;
+    }
+    if (pwrite_all(fd, hdr, 8 + hl, 0) != 0) goto ioerr;
+    int64_t base = 8 + (int64_t)hl;
+    for (int i = 0; i < n; i++) {
+        size_t nb = (size_t)(t[i].end - t[i].begin);
+        if (t[i].data) {
+            if (pwrite_all(fd, t[i].data, nb, (off_t)(base + t[i].begin)) != 0) goto ioerr;
+            continue;
+        }
+        for (size_t done_b = 0; done_b < nb;) {
+            size_t c = nb - done_b < cap ? nb - done_b : cap;
+            if (pread_all(t[i].src_fd, buf, c, (off_t)(t[i].src_offset + (int64_t)done_b)) != 0) {
+                rc = mt_ctx_error(ctx, MT_ERR_IO, "safetensors: cannot read the source of %s: %s", t[i].name,
+                                  strerror(errno));
+                goto done;
+            }
+            if (pwrite_all(fd, buf, c, (off_t)(base + t[i].begin + (int64_t)done_b)) != 0) goto ioerr;
+            done_b += c;
+        }
+    }
+    if (fsync(fd) != 0) goto ioerr;
+    goto done;
+ioerr:
+    rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+done:
+    if (fd >= 0) close(fd);
+    mt_free(ctx, buf);
+    mt_free(ctx, hdr);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* safetensors reader                                                 */
+/* ------------------------------------------------------------------ */
+
+static int dtype_of(const char *s, enum mt_st_dtype *dt, size_t *esize)
+{
+    if (!strcmp(s, "F32"))  { *dt = MT_ST_F32;  *esize = 4; return 0; }
+    if (!strcmp(s, "BF16")) { *dt = MT_ST_BF16; *esize = 2; return 0; }
+    if (!strcmp(s, "F16"))  { *dt = MT_ST_F16;  *esize = 2; return 0; }
+    static const struct { const char *n; size_t s; } other[] = {
+        {"F64", 8}, {"I64", 8}, {"U64", 8}, {"I32", 4}, {"U32", 4}, {"I16", 2}, {"U16", 2},
+        {"I8", 1},  {"U8", 1},  {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
+    for (size_t i = 0; i < sizeof other / sizeof other[0]; i++)
+        if (!strcmp(s, other[i].n)) { *dt = MT_ST_OTHER; *esize = other[i].s; return 0; }
+    return -1;
+}
+
+void mt_safetensors_close(struct mt_ctx *ctx, struct mt_safetensors *st)
+{
+    if (!st) return;
+    if (st->fd >= 0) close(st->fd);
+    mt_free(ctx, st->t);
+    mt_free(ctx, st);
+}
+
+enum mt_status mt_safetensors_open(struct mt_ctx *ctx, const char *path, struct mt_safetensors **out)
+{
+    *out = NULL;
+    struct mt_safetensors *st = mt_alloc(ctx, sizeof *st, MT_BUCKET_OTHER);
+    if (!st) return MT_ERR_OOM;
+    st->fd = open(path, O_RDONLY);
+    if (st->fd < 0) {
+        mt_safetensors_close(ctx, st);
+        return mt_ctx_error(ctx, MT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    }
+    enum mt_status rc = MT_OK;
+    char *hdr = NULL;
+    cJSON *h = NULL;
+    struct stat sb;
+    unsigned char lenb[8];
+    fstat(st->fd, &sb);
+    st->file_size = sb.st_size;
+    if (st->file_size < 8 || pread_all(st->fd, lenb, 8, 0) != 0) {
+        rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: not a safetensors file (too short)", path);
+        goto done;
+    }
+    uint64_t hl = 0;
+    for (int b = 7; b >= 0; b--) hl = (hl << 8) | lenb[b];
+    if (hl == 0 || hl > ST_MAX_HEADER || (int64_t)(8 + hl) > st->file_size) {
+        rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: not a safetensors file (header length %llu)", path,
+                          (unsigned long long)hl);
+        goto done;
+    }
+    st->data_start = 8 + (int64_t)hl;
+    hdr = mt_alloc(ctx, hl + 1, MT_BUCKET_OTHER);
+    if (!hdr) { rc = MT_ERR_OOM; goto done; }
+    if (pread_all(st->fd, hdr, hl, 8) != 0) { rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot read %s", path); goto done; }
+    hdr[hl] = 0;
+    h = cJSON_Parse(hdr);
+    if (!cJSON_IsObject(h)) { rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: safetensors header is not a JSON object", path); goto done; }
+    int n = cJSON_GetArraySize(h);
+    st->t = mt_alloc(ctx, (size_t)(n > 0 ? n : 1) * sizeof *st->t, MT_BUCKET_OTHER);
+    if (!st->t) { rc = MT_ERR_OOM; goto done; }
+    const cJSON *e;
+    int64_t data_size = st->file_size - st->data_start;
+    cJSON_ArrayForEach(e, h) {
+        if (!strcmp(e->string, "__metadata__")) continue;
+        struct mt_st_tensor *t = &st->t[st->n];
+        const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
+        const cJSON *sh = cJSON_GetObjectItemCaseSensitive(e, "shape");
+        const cJSON *of = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
+        size_t esize = 0;
+        if (strlen(e->string) >= sizeof t->name || !cJSON_IsString(dt) || !cJSON_IsArray(sh) ||
+            cJSON_GetArraySize(sh) > MT_ST_MAX_DIM || !cJSON_IsArray(of) || cJSON_GetArraySize(of) != 2 ||
+            strlen(dt->valuestring) >= sizeof t->dtype_str || dtype_of(dt->valuestring, &t->dtype, &esize)) {
+            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: malformed header entry for tensor %s", path, e->string);
+            goto done;
+        }
+        snprintf(t->name, sizeof t->name, "%s", e->string);
+        snprintf(t->dtype_str, sizeof t->dtype_str, "%s", dt->valuestring);
+        t->ndim = cJSON_GetArraySize(sh);
+        for (int d = 0; d < t->ndim; d++) {
+            const cJSON *x = cJSON_GetArrayItem(sh, d);
+            if (!cJSON_IsNumber(x) || x->valuedouble < 0) {
+                rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: tensor %s has a bad shape", path, t->name);
+                goto done;
+            }
+            t->shape[d] = (int64_t)x->valuedouble;
+        }
+        const cJSON *b0 = cJSON_GetArrayItem(of, 0), *b1 = cJSON_GetArrayItem(of, 1);
+        if (!cJSON_IsNumber(b0) || !cJSON_IsNumber(b1)) {
+            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: tensor %s has bad data_offsets", path, t->name);
+            goto done;
+        }
+        t->begin = (int64_t)b0->valuedouble;
+        t->end = (int64_t)b1->valuedouble;
+        if (t->begin < 0 || t->end < t->begin || t->end > data_size ||
+            (size_t)(t->end - t->begin) != mt_st_numel(t) * esize) {
+            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: tensor %s: data_offsets [%lld,%lld] do not match %s %s shape"
+                              " or the file size", path, t->name, (long long)t->begin, (long long)t->end,
+                              t->dtype_str, t->ndim ? "its" : "scalar");
+            goto done;
+        }
+        t->src_fd = st->fd;
+        t->src_offset = st->data_start + t->begin;
+        st->n++;
+    }
+done:
+    cJSON_Delete(h);
+    mt_free(ctx, hdr);
+    if (rc != MT_OK) { mt_safetensors_close(ctx, st); return rc; }
+    *out = st;
+    return MT_OK;
+}
+
+const struct mt_st_tensor *mt_safetensors_find(const struct mt_safetensors *st, const char *name)
+{
+    for (int i = 0; i < st->n; i++)
+        if (!strcmp(st->t[i].name, name)) return &st->t[i];
+    return NULL;
+}
+
+/* bf16: the high 16 bits of an f32. */
+static float bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* IEEE half -> float, subnormals and inf/nan included. */
+static float f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
+    if (e == 0x1f) u = sign | 0x7f800000u | (m << 13);
+    else if (e != 0) u = sign | ((e + 112) << 23) | (m << 13);
+    else if (m == 0) u = sign;
+    else {
+        float f = ldexpf((float)m, -24);
+        memcpy(&u, &f, 4);
+        u |= sign;
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+enum mt_status mt_safetensors_read_f32(struct mt_ctx *ctx, const struct mt_safetensors *st,
+                                       const struct mt_st_tensor *t, float *dst)
+{
+    size_t n = mt_st_numel(t);
+    if (t->dtype == MT_ST_F32) {
+        if (pread_all(st->fd, dst, n * 4, (off_t)(st->data_start + t->begin)) != 0)
+            return mt_ctx_error(ctx, MT_ERR_IO, "cannot read tensor %s: %s", t->name, strerror(errno));
+        return MT_OK;
+    }
+    if (t->dtype != MT_ST_BF16 && t->dtype != MT_ST_F16)
+        return mt_ctx_error(ctx, MT_ERR_FORMAT, "tensor %s has dtype %s (F32, BF16 or F16 expected)", t->name,
+                            t->dtype_str);
+    /* 16-bit: read into the upper half of dst, convert front to back */
+    uint16_t *h = (uint16_t *)(dst + n) - n;
+    if (pread_all(st->fd, h, n * 2, (off_t)(st->data_start + t->begin)) != 0)
+        return mt_ctx_error(ctx, MT_ERR_IO, "cannot read tensor %s: %s", t->name, strerror(errno));
+    /* element i's source (byte 2n + 2i of dst) lies at or after its destination
+     * (byte 4i) and after every destination written before it */
+    for (size_t i = 0; i < n; i++) {
+        uint16_t v = h[i];
+        dst[i] = t->dtype == MT_ST_BF16 ? bf16_to_f32(v) : f16_to_f32(v);
+    }
+    return MT_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* the tensors a config implies (SPEC.md section 1 / 3 names)         */
+/* ------------------------------------------------------------------ */
+
+struct xtensor {
+    char    name[160];
+    int     ndim;
+    int64_t shape[2];
+};
+
+static void xt(struct xtensor *x, int *n, int ndim, int64_t r, int64_t c, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+static void xt(struct xtensor *x, int *n, int ndim, int64_t r, int64_t c, const char *fmt, ...)
+{
+    if (x) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(x[*n].name, sizeof x[*n].name, fmt, ap);
+        va_end(ap);
+        x[*n].ndim = ndim;
+        x[*n].shape[0] = r;
+        x[*n].shape[1] = ndim == 2 ? c : 1;
+    }
+    (*n)++;
+}
+
+/* Fill x (may be NULL to count) with every tensor of the model, model order;
+ * returns the count. cfg must be resolved. */
+static int expected_tensors(const struct mt_config *c, struct xtensor *x)
+{
+    int n = 0;
+    int64_t V = c->vocab_size, D = c->d_model, hd = c->head_dim, F = c->mlp_hidden;
+    int64_t qo = (int64_t)c->n_head * hd, kv = (int64_t)c->n_kv_head * hd;
+    xt(x, &n, 2, V, D, "model.embed_tokens.weight");
+    for (int l = 0; l < c->n_layer; l++) {
+        xt(x, &n, 1, D, 1, "model.layers.%d.input_layernorm.weight", l);
+        xt(x, &n, 2, qo, D, "model.layers.%d.self_attn.q_proj.weight", l);
+        xt(x, &n, 2, kv, D, "model.layers.%d.self_attn.k_proj.weight", l);
+        xt(x, &n, 2, kv, D, "model.layers.%d.self_attn.v_proj.weight", l);
+        xt(x, &n, 2, D, qo, "model.layers.%d.self_attn.o_proj.weight", l);
+        xt(x, &n, 1, hd, 1, "model.layers.%d.self_attn.q_norm.weight", l);
+        xt(x, &n, 1, hd, 1, "model.layers.%d.self_attn.k_norm.weight", l);
+        xt(x, &n, 1, D, 1, "model.layers.%d.post_attention_layernorm.weight", l);
+        if (!mt_config_is_moe_layer(c, l)) {
+            xt(x, &n, 2, F, D, "model.layers.%d.mlp.gate_proj.weight", l);
+            xt(x, &n, 2, F, D, "model.layers.%d.mlp.up_proj.weight", l);
+            xt(x, &n, 2, D, F, "model.layers.%d.mlp.down_proj.weight", l);
+            continue;
+        }
+        int64_t eh = c->expert_hidden, sh = c->shared_expert_hidden;
+        xt(x, &n, 2, c->n_experts, D, "model.layers.%d.mlp.gate.weight", l);
+        for (int e = 0; e < c->n_experts; e++) {
+            xt(x, &n, 2, eh, D, "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);
+            xt(x, &n, 2, eh, D, "model.layers.%d.mlp.experts.%d.up_proj.weight", l, e);
+            xt(x, &n, 2, D, eh, "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e);
+        }
+        if (sh > 0) {
+            xt(x, &n, 2, sh, D, "model.layers.%d.mlp.shared_expert.gate_proj.weight", l);
+            xt(x, &n, 2, sh, D, "model.layers.%d.mlp.shared_expert.up_proj.weight", l);
+            xt(x, &n, 2, D, sh, "model.layers.%d.mlp.shared_expert.down_proj.weight", l);
+        }
+    }
+    xt(x, &n, 1, D, 1, "model.norm.weight");
+    xt(x, &n, 2, V, D, "lm_head.weight");
+    return n;
+}
+
+static enum mt_status expected_alloc(struct mt_ctx *ctx, const struct mt_config *cfg, struct xtensor **x, int *n)
+{
+    *n = expected_tensors(cfg, NULL);
+    *x = mt_alloc(ctx, (size_t)*n * sizeof **x, MT_BUCKET_OTHER);
+    if (!*x) return MT_ERR_OOM;
+    expected_tensors(cfg, *x);
+    return MT_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* config.json                                                        */
+/* ------------------------------------------------------------------ */
+
+static int any_moe(const struct mt_config *c)
+{
+    for (int l = 0; l < c->n_layer; l++)
+        if (mt_config_is_moe_layer(c, l)) return 1;
+    return 0;
+}
+
+char *mt_export_hf_config(const struct mt_config *c, int bos_token_id, char *warn, size_t warn_len)
+{
+    int moe = any_moe(c);
+    cJSON *o = cJSON_CreateObject();
+    cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
+    cJSON_AddItemToArray(arch, cJSON_CreateString(moe ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM"));
+    cJSON_AddStringToObject(o, "model_type", moe ? "qwen3_moe" : "qwen3");
+    cJSON_AddNumberToObject(o, "vocab_size", c->vocab_size);
+    cJSON_AddNumberToObject(o, "hidden_size", c->d_model);
+    cJSON_AddNumberToObject(o, "intermediate_size", c->mlp_hidden);
+    cJSON_AddNumberToObject(o, "num_hidden_layers", c->n_layer);
+    cJSON_AddNumberToObject(o, "num_attention_heads", c->n_head);
+    cJSON_AddNumberToObject(o, "num_key_value_heads", c->n_kv_head);
+    cJSON_AddNumberToObject(o, "head_dim", c->head_dim);
+    cJSON_AddNumberToObject(o, "rms_norm_eps", fnum(c->norm_eps));
+    cJSON_AddNumberToObject(o, "rope_theta", fnum(c->rope_theta));
+    cJSON_AddNumberToObject(o, "max_position_embeddings", c->seq_len);
+    cJSON_AddBoolToObject(o, "tie_word_embeddings", 0);
+    cJSON_AddBoolToObject(o, "attention_bias", 0);
+    cJSON_AddNumberToObject(o, "attention_dropout", 0);
+    cJSON_AddStringToObject(o, "hidden_act", "silu");
+    cJSON_AddNumberToObject(o, "initializer_range", 0.02);
+    cJSON_AddBoolToObject(o, "use_cache", 1);
+    cJSON_AddBoolToObject(o, "use_sliding_window", 0);
+    cJSON_AddNullToObject(o, "rope_scaling");
+    cJSON_AddStringToObject(o, "torch_dtype", "float32");
+    if (bos_token_id >= 0) cJSON_AddNumberToObject(o, "bos_token_id", bos_token_id);
+    if (moe) {
+        cJSON_AddNumberToObject(o, "num_experts", c->n_experts);
+        cJSON_AddNumberToObject(o, "num_experts_per_tok", c->top_k);
+        cJSON_AddNumberToObject(o, "moe_intermediate_size", c->expert_hidden);
+        cJSON_AddBoolToObject(o, "norm_topk_prob", 1);
+        cJSON_AddNumberToObject(o, "decoder_sparse_step", 1);
+        cJSON *mlp_only = cJSON_AddArrayToObject(o, "mlp_only_layers");
+        for (int l = 0; l < c->n_layer; l++)
+            if (!mt_config_is_moe_layer(c, l)) cJSON_AddItemToArray(mlp_only, cJSON_CreateNumber(l));
+        cJSON_AddNumberToObject(o, "router_aux_loss_coef", fnum(c->aux_loss_coef));
+        cJSON_AddBoolToObject(o, "output_router_logits", 0);
+        if (c->shared_expert_hidden > 0) {
+            cJSON_AddNumberToObject(o, "meshtrain_shared_expert_hidden", c->shared_expert_hidden);
+            warnf(warn, warn_len, "shared expert (hidden %d): Qwen3-MoE has none; Hugging Face will not load "
+                  "mlp.shared_expert.* and its logits will differ", c->shared_expert_hidden);
+        }
+    }
+    if (c->logit_softcap != 0.0f)
+        warnf(warn, warn_len, "logit_softcap %g has no Qwen3 equivalent: Hugging Face logits will be uncapped",
+              (double)c->logit_softcap);
+    char *s = cJSON_Print(o);
+    cJSON_Delete(o);
+    return s;
+}
+
+static int get_int(const cJSON *o, const char *k, int *v, int required)
+{
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!x || cJSON_IsNull(x)) return required ? -1 : 0;
+    if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) || fabs(x->valuedouble) > 1e9) return -1;
+    *v = (int)x->valuedouble;
+    return 0;
+}
+
+static int get_float(const cJSON *o, const char *k, float *v)
+{
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!x || cJSON_IsNull(x)) return 0;
+    if (!cJSON_IsNumber(x)) return -1;
+    *v = (float)x->valuedouble;
+    return 0;
+}
+
+enum mt_status mt_export_hf_config_parse(struct mt_ctx *ctx, const char *json_text, struct mt_config *cfg,
+                                         int *tied, char *warn, size_t warn_len)
+{
+    cJSON *o = cJSON_Parse(json_text);
+    enum mt_status rc = MT_OK;
+    if (!cJSON_IsObject(o)) { cJSON_Delete(o); return mt_ctx_error(ctx, MT_ERR_FORMAT, "config.json: not a JSON object"); }
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(o, "model_type");
+    int moe;
+    if (cJSON_IsString(mt) && !strcmp(mt->valuestring, "qwen3")) moe = 0;
+    else if (cJSON_IsString(mt) && !strcmp(mt->valuestring, "qwen3_moe")) moe = 1;
+    else {
+        rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "config.json: model_type %s is not supported (qwen3 or qwen3_moe)",
+                          cJSON_IsString(mt) ? mt->valuestring : "(missing)");
+        goto done;
+    }
+    const char *bad = NULL;
+    if (get_int(o, "vocab_size", &cfg->vocab_size, 1)) bad = "vocab_size";
+    else if (get_int(o, "hidden_size", &cfg->d_model, 1)) bad = "hidden_size";
+    else if (get_int(o, "num_hidden_layers", &cfg->n_layer, 1)) bad = "num_hidden_layers";
+    else if (get_int(o, "num_attention_heads", &cfg->n_head, 1)) bad = "num_attention_heads";
+    else if (get_int(o, "intermediate_size", &cfg->mlp_hidden, 1)) bad = "intermediate_size";
+    if (bad) { rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "config.json: missing or bad %s", bad); goto done; }
+    cfg->n_kv_head = cfg->n_head;
+    cfg->head_dim = 0;
+    cfg->seq_len = cfg->seq_len > 0 ? cfg->seq_len : 256;
+    if (get_int(o, "num_key_value_heads", &cfg->n_kv_head, 0)) bad = "num_key_value_heads";
+    else if (get_int(o, "head_dim", &cfg->head_dim, 0)) bad = "head_dim";
+    else if (get_int(o, "max_position_embeddings", &cfg->seq_len, 0)) bad = "max_position_embeddings";
+    else if (get_float(o, "rms_norm_eps", &cfg->norm_eps)) bad = "rms_norm_eps";
+    else if (get_float(o, "rope_theta", &cfg->rope_theta)) bad = "rope_theta";
+    if (bad) { rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "config.json: bad %s", bad); goto done; }
+    if (cfg->n_layer < 1 || cfg->n_layer > MT_MAX_LAYERS) {
+        rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "config.json: num_hidden_layers %d outside [1, %d]", cfg->n_layer,
+                          MT_MAX_LAYERS);
+        goto done;
+    }
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, "attention_bias");
+    if (cJSON_IsTrue(x)) { rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "config.json: attention_bias true is not supported (no biases)"); goto done; }
+    x = cJSON_GetObjectItemCaseSensitive(o, "hidden_act");
+    if (x && (!cJSON_IsString(x) || strcmp(x->valuestring, "silu"))) {
+        rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "config.json: hidden_act must be silu");
+        goto done;
+    }
+    x = cJSON_GetObjectItemCaseSensitive(o, "rope_scaling");
+    if (x && !cJSON_IsNull(x)) warnf(warn, warn_len, "rope_scaling is ignored (plain RoPE)");
+    x = cJSON_GetObjectItemCaseSensitive(o, "use_sliding_window");
+    if (cJSON_IsTrue(x)) warnf(warn, warn_len, "use_sliding_window is ignored (full causal attention)");
+    x = cJSON_GetObjectItemCaseSensitive(o, "tie_word_embeddings");
+    *tied = cJSON_IsTrue(x);
+    cfg->logit_softcap = 0.0f;
+
+    /* layer pattern: HF Qwen3-MoE makes layer l sparse iff l is not in
+     * mlp_only_layers, num_experts > 0 and (l+1) % decoder_sparse_step == 0 */
+    memset(cfg->pattern, 0, sizeof cfg->pattern);
+    memset(cfg->pattern, 'A', (size_t)cfg->n_layer);
+    cfg->shared_expert_hidden = 0;
+    if (moe) {
+        int ne = 0, step = 1;
+        if (get_int(o, "num_experts", &ne, 1) || get_int(o, "num_experts_per_tok", &cfg->top_k, 1) ||
+            get_int(o, "moe_intermediate_size", &cfg->expert_hidden, 1) || get_int(o, "decoder_sparse_step", &step, 0) ||
+            get_int(o, "meshtrain_shared_expert_hidden", &cfg->shared_expert_hidden, 0) ||
+            get_float(o, "router_aux_loss_coef", &cfg->aux_loss_coef)) {
+            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "config.json: missing or bad MoE key (num_experts, "
+                              "num_experts_per_tok, moe_intermediate_size, decoder_sparse_step, router_aux_loss_coef)");
+            goto done;
+        }
+        x = cJSON_GetObjectItemCaseSensitive(o, "norm_topk_prob");
+        if (cJSON_IsFalse(x))
+            warnf(warn, warn_len, "norm_topk_prob false: meshtrain always renormalises the top-k gates");
+        if (ne > 0 && step >= 1) {
+            cfg->n_experts = ne;
+            for (int l = 0; l < cfg->n_layer; l++)
+                if ((l + 1) % step == 0) cfg->pattern[l] = 'E';
+            const cJSON *mo = cJSON_GetObjectItemCaseSensitive(o, "mlp_only_layers"), *it;
+            if (mo && !cJSON_IsArray(mo)) { rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "config.json: bad mlp_only_layers"); goto done; }
+            cJSON_ArrayForEach(it, mo) {
+                int l = cJSON_IsNumber(it) ? (int)it->valuedouble : -1;
+                if (l < 0 || l >= cfg->n_layer) { rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "config.json: bad mlp_only_layers entry"); goto done; }
+                cfg->pattern[l] = 'A';
+            }
+        }
+    }
+done:
+    cJSON_Delete(o);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* output directory protocol                                          */
+/* ------------------------------------------------------------------ */
+
+/* out exists: allowed to replace it? `marker` is the file a previous output has. */
+static enum mt_status check_out(struct mt_ctx *ctx, const char *out, const char *marker, int force)
+{
+    struct stat sb;
+    if (stat(out, &sb) != 0) return MT_OK;
+    if (!S_ISDIR(sb.st_mode))
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "output %s exists and is not a directory", out);
+    if (force || dir_is_empty(out) || path_exists(out, marker)) return MT_OK;
+    return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "output %s exists and holds no %s: refusing to overwrite it "
+                        "(use --force)", out, marker);
+}
+
+/* Move tmp into place as out, replacing a previous out. */
+static enum mt_status commit_dir(struct mt_ctx *ctx, const char *tmp, const char *out)
+{
+    char old[PATH_MAX];
+    struct stat sb;
+    if (snprintf(old, sizeof old, "%s.old", out) >= (int)sizeof old)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "path too long: %s", out);
+    if (stat(out, &sb) == 0) {
+        rm_rf(old);
+        if (rename(out, old) != 0) return mt_ctx_error(ctx, MT_ERR_IO, "cannot move %s aside: %s", out, strerror(errno));
+    }
+    if (rename(tmp, out) != 0) return mt_ctx_error(ctx, MT_ERR_IO, "cannot rename %s to %s: %s", tmp, out, strerror(errno));
+    rm_rf(old);
+    return MT_OK;
+}
+
+static enum mt_status write_text(struct mt_ctx *ctx, const char *path, const char *text)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f) return mt_ctx_error(ctx, MT_ERR_IO, "cannot create %s: %s", path, strerror(errno));
+    int ok = fputs(text, f) >= 0 && fputc('\n', f) != EOF;
+    ok = fflush(f) == 0 && ok && fsync(fileno(f)) == 0;
+    if (fclose(f) != 0) ok = 0;
+    return ok ? MT_OK : mt_ctx_error(ctx, MT_ERR_IO, "cannot write %s", path);
+}
+
+/* ------------------------------------------------------------------ */
+/* export                                                             */
+/* ------------------------------------------------------------------ */
+
+enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char *out_dir, int bos_token_id,
+                            int force, char *warn, size_t warn_len)
+{
+    struct mt_config cfg;
+    struct mt_ckpt_meta meta;
+    struct mt_ckpt_tensor *ct = NULL;
+    struct xtensor *x = NULL;
+    struct mt_st_tensor *st = NULL;
+    char *cfg_text = NULL;
+    int nct = 0, nx = 0, fd = -1;
+    char tmp[PATH_MAX], path[PATH_MAX + 64];
+    enum mt_status rc;
+
+    MT_CHECK(mt_ckpt_read_meta(ctx, ckpt_dir, &cfg, &meta));
+    if (cfg.head_dim == 0 || cfg.mlp_hidden == 0 || !cfg.pattern[0])
+        MT_CHECK(mt_config_resolve(ctx, &cfg, cfg.total_steps));
+    MT_CHECK(mt_ckpt_read_tensors(ctx, ckpt_dir, "params.bin", &ct, &nct));   /* checksum verified */
+    MT_CHECK_GOTO(expected_alloc(ctx, &cfg, &x, &nx), rc, done);
+    MT_CHECK_GOTO(check_out(ctx, out_dir, "model.safetensors", force), rc, done);
+
+    /* every tensor of the model, with its shape; nothing else */
+    st = mt_alloc(ctx, (size_t)nx * sizeof *st, MT_BUCKET_OTHER);
+    if (!st) { rc = MT_ERR_OOM; goto done; }
+    snprintf(path, sizeof path, "%s/params.bin", ckpt_dir);
+    fd = open(path, O_RDONLY);
+    if (fd < 0) { rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot open %s: %s", path, strerror(errno)); goto done; }
+    for (int i = 0; i < nx; i++) {
+        const struct mt_ckpt_tensor *t = NULL;
+        for (int k = 0; k < nct && !t; k++)
+            if (!strcmp(ct[k].name, x[i].name)) t = &ct[k];
+        if (!t) { rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "checkpoint %s has no tensor %s", ckpt_dir, x[i].name); goto done; }
+        if (t->ndim != x[i].ndim || t->shape[0] != x[i].shape[0] || t->shape[1] != x[i].shape[1]) {
+            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "checkpoint %s: tensor %s has shape [%lld,%lld], its config implies [%lld,%lld]",
+                              ckpt_dir, t->name, (long long)t->shape[0], (long long)t->shape[1],
+                              (long long)x[i].shape[0], (long long)x[i].shape[1]);
+            goto done;
+        }
+        snprintf(st[i].name, sizeof st[i].name, "%s", t->name);
+        st[i].ndim = t->ndim;
+        st[i].shape[0] = t->shape[0];
+        st[i].shape[1] = t->shape[1];
+        st[i].dtype = MT_ST_F32;
+        st[i].src_fd = fd;
+        st[i].src_offset = t->offset;
+    }
+    if (nct != nx) warnf(warn, warn_len, "checkpoint holds %d tensors, the model %d: extra ones not exported", nct, nx);
+
+    cfg_text = mt_export_hf_config(&cfg, bos_token_id, warn, warn_len);
+    if (!cfg_text) { rc = mt_ctx_error(ctx, MT_ERR_OOM, "cannot build config.json"); goto done; }
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", out_dir) >= (int)sizeof tmp) {
+        rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "path too long: %s", out_dir);
+        goto done;
+    }
+    if (rm_rf(tmp) != 0 || mkdir(tmp, 0755) != 0) {
+        rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+        goto done;
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+    MT_CHECK_GOTO(mt_safetensors_write(ctx, path, st, nx), rc, done);
+    snprintf(path, sizeof path, "%s/config.json", tmp);
+    MT_CHECK_GOTO(write_text(ctx, path, cfg_text), rc, done);
+    MT_CHECK_GOTO(commit_dir(ctx, tmp, out_dir), rc, done);
+done:
+    if (fd >= 0) close(fd);
+    free(cfg_text);
+    mt_free(ctx, st);
+    mt_free(ctx, x);
+    mt_free(ctx, ct);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* import                                                             */
+/* ------------------------------------------------------------------ */
+
+enum mt_status mt_import_hf(struct mt_ctx *ctx, const char *hf_dir, const char *out_dir, int seq_len, int force,
+                            char *warn, size_t warn_len)
+{
+    char path[PATH_MAX];
+    char *text = NULL;
+    struct mt_config cfg;
+    struct mt_safetensors *sf = NULL;
+    struct xtensor *x = NULL;
+    struct mt_param *ps = NULL;
+    int nx = 0, tied = 0;
+    enum mt_status rc;
+
+    if (snprintf(path, sizeof path, "%s/config.json", hf_dir) >= (int)sizeof path)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "path too long: %s", hf_dir);
+    MT_CHECK(read_text(ctx, path, &text));
+    mt_config_defaults(&cfg);
+    rc = mt_export_hf_config_parse(ctx, text, &cfg, &tied, warn, warn_len);
+    mt_free(ctx, text);
+    if (rc != MT_OK) return rc;
+    if (seq_len > 0) cfg.seq_len = seq_len;
+    MT_CHECK(mt_config_resolve(ctx, &cfg, 0));
+    MT_CHECK(check_out(ctx, out_dir, "manifest.json", force));
+
+    snprintf(path, sizeof path, "%s/model.safetensors", hf_dir);
+    if (access(path, F_OK) != 0 && path_exists(hf_dir, "model.safetensors.index.json"))
+        return mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: sharded safetensors (model.safetensors.index.json) are not "
+                            "supported; merge them into one model.safetensors", hf_dir);
+    MT_CHECK(mt_safetensors_open(ctx, path, &sf));
+    MT_CHECK_GOTO(expected_alloc(ctx, &cfg, &x, &nx), rc, done);
+    ps = mt_alloc(ctx, (size_t)nx * sizeof *ps, MT_BUCKET_OTHER);
+    if (!ps) { rc = MT_ERR_OOM; goto done; }
+    int used = 0;
+    for (int i = 0; i < nx; i++) {
+        struct mt_param *p = &ps[i];
+        snprintf(p->name, sizeof p->name, "%s", x[i].name);
+        p->ndim = x[i].ndim;
+        p->shape[0] = p->len[0] = x[i].shape[0];
+        p->shape[1] = p->len[1] = x[i].shape[1];
+        p->numel = (size_t)p->shape[0] * (size_t)p->shape[1];
+        p->layer = -1;
+        p->expert = -1;
+        const struct mt_st_tensor *t = mt_safetensors_find(sf, x[i].name);
+        if (!t && tied && !strcmp(x[i].name, "lm_head.weight"))
+            t = mt_safetensors_find(sf, "model.embed_tokens.weight");   /* tied head: untie by copying */
+        else if (t)
+            used++;
+        if (!t) { rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: no tensor %s", path, x[i].name); goto done; }
+        int ok = t->ndim == x[i].ndim && t->shape[0] == x[i].shape[0] && (t->ndim == 1 || t->shape[1] == x[i].shape[1]);
+        if (!ok) {
+            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: tensor %s has shape [%lld%s%lld] (%d-D), config.json implies [%lld,%lld]",
+                              path, t->name, (long long)t->shape[0], t->ndim > 1 ? "," : ",_", (long long)(t->ndim > 1 ? t->shape[1] : 0),
+                              t->ndim, (long long)x[i].shape[0], (long long)x[i].shape[1]);
+            goto done;
+        }
+        p->data = mt_alloc(ctx, p->numel * sizeof(float), MT_BUCKET_PARAMS);
+        if (!p->data) { rc = MT_ERR_OOM; goto done; }
+        MT_CHECK_GOTO(mt_safetensors_read_f32(ctx, sf, t, p->data), rc, done);
+    }
+    if (used < sf->n)
+        warnf(warn, warn_len, "%s holds %d tensors not used by the model (ignored)", path, sf->n - used);
+
+    struct mt_ckpt_meta meta;
+    memset(&meta, 0, sizeof meta);
+    meta.seed = cfg.seed;
+    snprintf(meta.mesh, sizeof meta.mesh, "pp=1,dp=1,ep=1,tp=1");
+    rc = mt_ckpt_save(ctx, NULL, out_dir, &cfg, &meta, ps, nx, NULL);
+done:
+    if (ps)
+        for (int i = 0; i < nx; i++) mt_free(ctx, ps[i].data);
+    mt_free(ctx, ps);
+    mt_free(ctx, x);
+    mt_safetensors_close(ctx, sf);
+    return rc;
+}

@@ -1,0 +1,271 @@
+/*
+ * test_init.c — counter-based init: any owned box equals the slice of the
+ * full tensor bit for bit; determinism per (seed, name, index); statistics
+ * (std 0.02, output projections 0.02/sqrt(2L), gains 1); the parameter
+ * registry (order, names, optimizer kinds, decay); plan == allocation.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/mt_core.h"
+#include "core/mt_config.h"
+#include "model/mt_model.h"
+#include "model/model_impl.h"
+#include "ops/mt_ops.h"
+
+static int g_fail = 0;
+#define EXPECT(cond, ...)                                                   \
+    do {                                                                    \
+        if (!(cond)) {                                                      \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);            \
+            fprintf(stderr, __VA_ARGS__);                                   \
+            fprintf(stderr, "\n");                                          \
+            g_fail = 1;                                                     \
+        }                                                                   \
+    } while (0)
+
+static void config(struct mt_config *cfg, struct mt_ctx *ctx, const char *pattern, const char *optimizer)
+{
+    mt_config_defaults(cfg);
+    cfg->vocab_size = 50;
+    cfg->n_layer = 2;
+    cfg->d_model = 64;
+    cfg->n_head = 4;
+    cfg->n_kv_head = 2;
+    cfg->mlp_hidden = 96;
+    cfg->seq_len = 4;
+    cfg->n_experts = 3;
+    cfg->top_k = 2;
+    cfg->expert_hidden = 16;
+    cfg->shared_expert_hidden = 8;
+    cfg->batch_size = 1;
+    cfg->microbatches = 1;
+    snprintf(cfg->pattern, sizeof cfg->pattern, "%s", pattern);
+    snprintf(cfg->optimizer, sizeof cfg->optimizer, "%s", optimizer);
+    if (mt_config_resolve(ctx, cfg, 1) != MT_OK) {
+        fprintf(stderr, "config: %s\n", mt_ctx_last_error(ctx));
+        exit(1);
+    }
+}
+
+static struct mt_param *find(struct mt_model *m, const char *name)
+{
+    int n;
+    struct mt_param *ps = mt_model_params(m, &n);
+    for (int i = 0; i < n; i++)
+        if (strcmp(ps[i].name, name) == 0) return &ps[i];
+    fprintf(stderr, "no param %s\n", name);
+    exit(1);
+}
+
+/* Materialising boxes of a tensor == slicing the full tensor, bit for bit. */
+static void test_slices(void)
+{
+    struct mt_param full;
+    memset(&full, 0, sizeof full);
+    snprintf(full.name, sizeof full.name, "model.layers.3.mlp.down_proj.weight");
+    full.ndim = 2;
+    full.shape[0] = full.len[0] = 37;
+    full.shape[1] = full.len[1] = 23;
+    full.numel = 37 * 23;
+    full.init = MT_INIT_NORMAL;
+    full.init_std = 0.02f;
+    float *ref = malloc(full.numel * sizeof(float));
+    model_param_fill(&full, 42, ref);
+    const int64_t boxes[][4] = { { 0, 0, 37, 23 }, { 5, 0, 10, 23 }, { 0, 7, 37, 9 }, { 11, 3, 1, 20 }, { 36, 22, 1, 1 } };
+    for (size_t b = 0; b < sizeof boxes / sizeof boxes[0]; b++) {
+        struct mt_param p = full;
+        p.off[0] = boxes[b][0];
+        p.off[1] = boxes[b][1];
+        p.len[0] = boxes[b][2];
+        p.len[1] = boxes[b][3];
+        p.numel = (size_t)(p.len[0] * p.len[1]);
+        float *s = malloc(p.numel * sizeof(float));
+        model_param_fill(&p, 42, s);
+        int same = 1;
+        for (int64_t i = 0; i < p.len[0]; i++)
+            for (int64_t j = 0; j < p.len[1]; j++)
+                same &= memcmp(&s[i * p.len[1] + j], &ref[(p.off[0] + i) * full.shape[1] + p.off[1] + j], 4) == 0;
+        EXPECT(same, "box %zu differs from the slice of the full tensor", b);
+        free(s);
+    }
+    free(ref);
+}
+
+/* Through the model: shrink a parameter's box, init, compare with the full init. */
+static void test_model_box(void)
+{
+    struct mt_ctx ctx;
+    mt_ctx_init(&ctx);
+    const struct mt_ops_i *ops = mt_ops_cpu();
+    struct mt_config cfg;
+    config(&cfg, &ctx, "AE", "muon");
+    struct mt_model *m = NULL;
+    MT_ASSERT(mt_model_create(&ctx, ops, &cfg, 1, &m) == MT_OK);
+    MT_ASSERT(mt_model_init_params(&ctx, m, 1234) == MT_OK);
+    struct mt_param *p = find(m, "model.layers.0.self_attn.o_proj.weight");
+    size_t n = p->numel;
+    float *full = malloc(n * sizeof(float)), *part = malloc(n * sizeof(float));
+    ops->copy_to_host(full, p->data, n * sizeof(float));
+    struct mt_param saved = *p;
+    p->off[1] = 16; p->len[1] = 32;        /* TP-style column split, second of 2 ranks */
+    p->off[0] = 8;  p->len[0] = 40;
+    p->numel = (size_t)(p->len[0] * p->len[1]);
+    MT_ASSERT(mt_model_init_params(&ctx, m, 1234) == MT_OK);
+    ops->copy_to_host(part, p->data, p->numel * sizeof(float));
+    int same = 1;
+    for (int64_t i = 0; i < p->len[0]; i++)
+        for (int64_t j = 0; j < p->len[1]; j++)
+            same &= memcmp(&part[i * p->len[1] + j], &full[(p->off[0] + i) * p->shape[1] + p->off[1] + j], 4) == 0;
+    EXPECT(same, "model init of a box differs from the slice of the full init");
+    *p = saved;
+    free(full);
+    free(part);
+    mt_model_destroy(&ctx, m);
+    mt_ctx_free(&ctx);
+}
+
+static void stats(struct mt_model *m, const char *name, double want_std)
+{
+    struct mt_param *p = find(m, name);
+    float *h = malloc(p->numel * sizeof(float));
+    m->ops->copy_to_host(h, p->data, p->numel * sizeof(float));
+    double s = 0, s2 = 0;
+    for (size_t i = 0; i < p->numel; i++) { s += h[i]; s2 += (double)h[i] * h[i]; }
+    double mean = s / p->numel, sd = sqrt(s2 / p->numel - mean * mean);
+    /* std of the sample std is ~ sd/sqrt(2n): 5% is > 4 sigma for n >= 4096 */
+    EXPECT(fabs(sd / want_std - 1) < 0.05, "%s: std %.5f, want %.5f", name, sd, want_std);
+    EXPECT(fabs(mean) < 5 * want_std / sqrt((double)p->numel), "%s: mean %.2e too far from 0", name, mean);
+    free(h);
+}
+
+static void test_determinism_and_stats(void)
+{
+    struct mt_ctx ctx;
+    mt_ctx_init(&ctx);
+    const struct mt_ops_i *ops = mt_ops_cpu();
+    struct mt_config cfg;
+    config(&cfg, &ctx, "AE", "muon");
+    struct mt_model *a = NULL, *b = NULL;
+    MT_ASSERT(mt_model_create(&ctx, ops, &cfg, 1, &a) == MT_OK);
+    MT_ASSERT(mt_model_create(&ctx, ops, &cfg, 1, &b) == MT_OK);
+    MT_ASSERT(mt_model_init_params(&ctx, a, 5) == MT_OK);
+    MT_ASSERT(mt_model_init_params(&ctx, b, 5) == MT_OK);
+    int n;
+    struct mt_param *pa = mt_model_params(a, &n), *pb = mt_model_params(b, &n);
+    int same = 1;
+    for (int i = 0; i < n; i++) same &= memcmp(pa[i].data, pb[i].data, pa[i].numel * sizeof(float)) == 0;
+    EXPECT(same, "same seed gave different parameters");
+    MT_ASSERT(mt_model_init_params(&ctx, b, 6) == MT_OK);
+    EXPECT(memcmp(pa[1 + 1].data, pb[1 + 1].data, pa[2].numel * sizeof(float)) != 0, "different seeds gave equal q_proj");
+    /* different names, same shape and seed: different values */
+    struct mt_param *q0 = find(a, "model.layers.0.self_attn.q_proj.weight");
+    struct mt_param *q1 = find(a, "model.layers.1.self_attn.q_proj.weight");
+    EXPECT(memcmp(q0->data, q1->data, q0->numel * sizeof(float)) != 0, "layers 0 and 1 q_proj are equal");
+    struct mt_param *e0 = find(a, "model.layers.1.mlp.experts.0.gate_proj.weight");
+    struct mt_param *e1 = find(a, "model.layers.1.mlp.experts.1.gate_proj.weight");
+    EXPECT(memcmp(e0->data, e1->data, e0->numel * sizeof(float)) != 0, "experts 0 and 1 are equal");
+
+    double out_std = 0.02 / sqrt(2.0 * cfg.n_layer);
+    stats(a, "model.embed_tokens.weight", 0.02);
+    stats(a, "model.layers.0.self_attn.q_proj.weight", 0.02);
+    stats(a, "model.layers.0.mlp.gate_proj.weight", 0.02);
+    stats(a, "model.layers.0.self_attn.o_proj.weight", out_std);
+    stats(a, "model.layers.1.self_attn.o_proj.weight", out_std);
+    stats(a, "model.layers.0.mlp.down_proj.weight", out_std);
+    /* gains are exactly 1 */
+    for (int i = 0; i < n; i++) {
+        if (pa[i].ndim != 1) continue;
+        float *h = malloc(pa[i].numel * sizeof(float));
+        ops->copy_to_host(h, pa[i].data, pa[i].numel * sizeof(float));
+        int ones = 1;
+        for (size_t e = 0; e < pa[i].numel; e++) ones &= h[e] == 1.0f;
+        EXPECT(ones, "gain %s is not all ones", pa[i].name);
+        free(h);
+    }
+    /* output projections of experts are scaled too (std over all experts' down_proj) */
+    EXPECT(find(a, "model.layers.1.mlp.experts.2.down_proj.weight")->init_std == (float)out_std, "expert down_proj std");
+    EXPECT(find(a, "model.layers.1.mlp.shared_expert.down_proj.weight")->init_std == (float)out_std, "shared down_proj std");
+    mt_model_destroy(&ctx, a);
+    mt_model_destroy(&ctx, b);
+    mt_ctx_free(&ctx);
+}
+
+/* Order, names, optimizer kinds, decay; plan == what create allocates. */
+static void test_registry(const char *optimizer)
+{
+    struct mt_ctx ctx;
+    mt_ctx_init(&ctx);
+    const struct mt_ops_i *ops = mt_ops_cpu();
+    struct mt_config cfg;
+    config(&cfg, &ctx, "AE", optimizer);
+    size_t plan[MT_BUCKET_COUNT];
+    mt_model_plan_bytes(&cfg, 2, plan);
+    struct mt_model *m = NULL;
+    MT_ASSERT(mt_model_create(&ctx, ops, &cfg, 2, &m) == MT_OK);
+    for (int b = 0; b < MT_BUCKET_COUNT; b++)
+        EXPECT(ctx.bytes_live[b] == plan[b], "bucket %s: allocated %zu, plan %zu", mt_bucket_name((enum mt_bucket)b),
+               ctx.bytes_live[b], plan[b]);
+    int n;
+    struct mt_param *ps = mt_model_params(m, &n);
+    int E = cfg.n_experts;
+    int want = 1 + (8 + 3) + (8 + 1 + 3 * E + 3) + 2;
+    EXPECT(n == want, "%d params, want %d", n, want);
+    const char *order[] = { "model.embed_tokens.weight", "model.layers.0.input_layernorm.weight",
+                            "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+                            "model.layers.0.self_attn.v_proj.weight", "model.layers.0.self_attn.o_proj.weight",
+                            "model.layers.0.self_attn.q_norm.weight", "model.layers.0.self_attn.k_norm.weight",
+                            "model.layers.0.post_attention_layernorm.weight", "model.layers.0.mlp.gate_proj.weight",
+                            "model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.down_proj.weight",
+                            "model.layers.1.input_layernorm.weight" };
+    for (int i = 0; i < (int)(sizeof order / sizeof order[0]); i++)
+        EXPECT(strcmp(ps[i].name, order[i]) == 0, "param %d is %s, want %s", i, ps[i].name, order[i]);
+    EXPECT(strcmp(ps[20].name, "model.layers.1.mlp.gate.weight") == 0, "router at 20: %s", ps[20].name);
+    EXPECT(strcmp(ps[21].name, "model.layers.1.mlp.experts.0.gate_proj.weight") == 0, "%s", ps[21].name);
+    EXPECT(strcmp(ps[21 + 3 * E].name, "model.layers.1.mlp.shared_expert.gate_proj.weight") == 0, "%s",
+           ps[21 + 3 * E].name);
+    EXPECT(strcmp(ps[n - 2].name, "model.norm.weight") == 0 && strcmp(ps[n - 1].name, "lm_head.weight") == 0,
+           "tail %s %s", ps[n - 2].name, ps[n - 1].name);
+    EXPECT(ps[6].shape[0] == cfg.head_dim && ps[6].ndim == 1, "q_norm shape");
+    int adamw_only = strcmp(optimizer, "adamw") == 0;
+    for (int i = 0; i < n; i++) {
+        const struct mt_param *p = &ps[i];
+        int muon = !adamw_only && p->ndim == 2 && strncmp(p->name, "model.layers.", 13) == 0 &&
+                   p->role != MT_ROLE_ROUTER;
+        EXPECT(p->optim == (muon ? MT_OPTIM_MUON : MT_OPTIM_ADAMW), "%s: optim %d", p->name, (int)p->optim);
+        EXPECT(p->decay == (p->ndim == 2), "%s: decay %d", p->name, p->decay);
+        EXPECT((p->role == MT_ROLE_GAIN) == (p->ndim == 1), "%s: role %d", p->name, (int)p->role);
+    }
+    EXPECT(ps[20].role == MT_ROLE_ROUTER && ps[20].optim == MT_OPTIM_ADAMW, "router role/optim");
+    mt_model_destroy(&ctx, m);
+    for (int b = 0; b < MT_BUCKET_COUNT; b++)
+        EXPECT(ctx.bytes_live[b] == 0, "bucket %s leaks %zu bytes", mt_bucket_name((enum mt_bucket)b), ctx.bytes_live[b]);
+    /* every allocation failure is reported and leaks nothing */
+    for (long k = 1; k < 12; k++) {
+        ctx.fail_after = k;
+        struct mt_model *f = NULL;
+        enum mt_status st = mt_model_create(&ctx, ops, &cfg, 2, &f);
+        ctx.fail_after = 0;
+        if (st == MT_OK) { mt_model_destroy(&ctx, f); break; }
+        EXPECT(st == MT_ERR_OOM && f == NULL, "fail_after=%ld: status %d", k, (int)st);
+        EXPECT(ctx.bytes_live_total == 0, "fail_after=%ld leaks %zu bytes", k, ctx.bytes_live_total);
+    }
+    mt_ctx_free(&ctx);
+}
+
+int main(void)
+{
+    test_slices();
+    test_model_box();
+    test_determinism_and_stats();
+    test_registry("muon");
+    test_registry("adamw");
+    if (g_fail) {
+        fprintf(stderr, "test_init: FAILED\n");
+        return 1;
+    }
+    printf("test_init: ok\n");
+    return 0;
+}

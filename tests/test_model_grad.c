@@ -1,0 +1,337 @@
+/*
+ * test_model_grad.c — whole-model gradient check against central finite
+ * differences, the accumulation rule, and microbatch-split equivalence.
+ *
+ * Configs: a tiny dense model (softcap 0 and 15) and a tiny MoE model
+ * (pattern "AE", E=4, top_k=2, shared expert, aux and z losses, targets
+ * containing -1). Parameters are re-drawn with a larger spread than the real
+ * init (matrices ~N(0, 0.25^2), gains 1 + N(0, 0.2^2)) so every gradient is
+ * far from zero and a wrong term shows.
+ *
+ * Tolerance. The loss is evaluated in fp32 (sums in double): each evaluation
+ * carries an absolute rounding noise of ~1e-6, so a central difference with
+ * step eps has noise ~1e-6/eps plus a truncation error O(eps^2 * f'''). A
+ * purely relative tolerance would fail on tiny elements for noise reasons
+ * only, so the test accepts
+ *     |g_ana - g_fd| <= rtol * max(|g_ana|, |g_fd|) + atol * gscale + 1e-5,
+ * with gscale the largest |analytic gradient| of that tensor: errors are
+ * judged relative to the tensor's gradient magnitude. A wrong term (sign,
+ * missing factor, missing branch) produces errors of the order of gscale.
+ *
+ * MoE: the top-k choice is piecewise constant in the parameters; when a
+ * perturbation changes the routing of any token (checked by comparing the
+ * chosen experts of every MoE layer to the unperturbed ones) the element is
+ * skipped and counted; the test fails if more than a quarter are skipped.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/mt_core.h"
+#include "core/mt_config.h"
+#include "core/mt_rng.h"
+#include "model/mt_model.h"
+#include "model/model_impl.h"
+#include "ops/mt_ops.h"
+
+static int g_fail = 0;
+#define EXPECT(cond, ...)                                                   \
+    do {                                                                    \
+        if (!(cond)) {                                                      \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);            \
+            fprintf(stderr, __VA_ARGS__);                                   \
+            fprintf(stderr, "\n");                                          \
+            g_fail = 1;                                                     \
+        }                                                                   \
+    } while (0)
+
+static void base_config(struct mt_config *cfg, struct mt_ctx *ctx, int moe, float softcap, int T)
+{
+    mt_config_defaults(cfg);
+    cfg->vocab_size = 37;
+    cfg->n_layer = 2;
+    cfg->d_model = 16;
+    cfg->n_head = 4;
+    cfg->n_kv_head = 2;
+    cfg->head_dim = 0;
+    cfg->mlp_hidden = 32;
+    cfg->seq_len = T;
+    cfg->logit_softcap = softcap;
+    cfg->batch_size = 2;
+    cfg->microbatches = 1;
+    if (moe) {
+        snprintf(cfg->pattern, sizeof cfg->pattern, "AE");
+        cfg->n_experts = 4;
+        cfg->top_k = 2;
+        cfg->expert_hidden = 8;
+        cfg->shared_expert_hidden = 8;
+        cfg->aux_loss_coef = 0.1f;
+        cfg->z_loss_coef = 0.01f;
+    } else {
+        cfg->pattern[0] = '\0';
+    }
+    if (mt_config_resolve(ctx, cfg, 1) != MT_OK) {
+        fprintf(stderr, "config resolve: %s\n", mt_ctx_last_error(ctx));
+        exit(1);
+    }
+}
+
+/* Larger-spread parameters (see the header comment), deterministic. */
+static void spread_params(struct mt_model *m, uint64_t seed)
+{
+    int np;
+    struct mt_param *ps = mt_model_params(m, &np);
+    const struct mt_ops_i *ops = m->ops;
+    for (int i = 0; i < np; i++) {
+        struct mt_param *p = &ps[i];
+        uint64_t st = mt_rng_stream(p->name);
+        float *h = malloc(p->numel * sizeof(float));
+        for (size_t e = 0; e < p->numel; e++) {
+            double z = mt_rng_normal(seed, st, e);
+            h[e] = p->ndim == 1 ? (float)(1.0 + 0.2 * z) : (float)(0.25 * z);
+        }
+        ops->copy_from_host(p->data, h, p->numel * sizeof(float));
+        free(h);
+    }
+}
+
+static void make_batch(int N, int V, uint64_t seed, int32_t *idx, int32_t *tgt, int with_ignore)
+{
+    for (int i = 0; i < N; i++) {
+        idx[i] = (int32_t)(mt_rng_splitmix64(seed + 2 * (uint64_t)i) % (uint64_t)V);
+        tgt[i] = (int32_t)(mt_rng_splitmix64(seed + 2 * (uint64_t)i + 1) % (uint64_t)V);
+        if (with_ignore && (i % 5 == 2)) tgt[i] = -1;
+    }
+}
+
+static struct mt_loss_norm batch_norm(const int32_t *tgt, int N, int B, int T)
+{
+    struct mt_loss_norm n = { 0, (double)B, (double)B * T };
+    for (int i = 0; i < N; i++) n.n_targets += tgt[i] != -1;
+    return n;
+}
+
+static double total_loss(struct mt_ctx *ctx, struct mt_model *m, const int32_t *idx, const int32_t *tgt,
+                         const struct mt_loss_norm *norm)
+{
+    struct mt_loss_parts parts;
+    if (mt_model_forward(ctx, m, idx, tgt, norm, &parts) != MT_OK) {
+        fprintf(stderr, "forward: %s\n", mt_ctx_last_error(ctx));
+        exit(1);
+    }
+    return parts.lm + parts.aux + parts.z;
+}
+
+/* Concatenated chosen experts of every MoE layer (host copy). */
+static void routing_snapshot(struct mt_model *m, int32_t *out)
+{
+    size_t o = 0;
+    for (int l = 0; l < m->L; l++) {
+        if (!m->layers[l].moe) continue;
+        m->ops->copy_to_host(out + o, m->layers[l].topk, (size_t)m->N * m->top_k * sizeof(int32_t));
+        o += (size_t)m->N * m->top_k;
+    }
+}
+
+static void gradcheck(const char *label, int moe, float softcap)
+{
+    struct mt_ctx ctx;
+    mt_ctx_init(&ctx);
+    const struct mt_ops_i *ops = mt_ops_cpu();
+    struct mt_config cfg;
+    const int B = 2, T = 6;
+    base_config(&cfg, &ctx, moe, softcap, T);
+    struct mt_model *m = NULL;
+    if (mt_model_create(&ctx, ops, &cfg, B, &m) != MT_OK) {
+        fprintf(stderr, "create: %s\n", mt_ctx_last_error(&ctx));
+        exit(1);
+    }
+    spread_params(m, 7);
+    const int N = B * T;
+    int32_t idx[64], tgt[64];
+    make_batch(N, cfg.vocab_size, 99, idx, tgt, 1);
+    struct mt_loss_norm norm = batch_norm(tgt, N, B, T);
+
+    mt_model_zero_grad(m);
+    total_loss(&ctx, m, idx, tgt, &norm);
+    EXPECT(mt_model_backward(&ctx, m) == MT_OK, "backward: %s", mt_ctx_last_error(&ctx));
+
+    size_t nroute = (size_t)m->L * N * m->top_k + 1;
+    int32_t *r0 = calloc(nroute, sizeof(int32_t)), *r1 = calloc(nroute, sizeof(int32_t));
+    total_loss(&ctx, m, idx, tgt, &norm);
+    routing_snapshot(m, r0);
+
+    int np;
+    struct mt_param *ps = mt_model_params(m, &np);
+    const float eps = 2e-3f;
+    const double rtol = 2e-2, atol = 5e-3;
+    int checked = 0, skipped = 0, bad = 0;
+    double worst = 0;
+    for (int i = 0; i < np; i++) {
+        struct mt_param *p = &ps[i];
+        float *ga = malloc(p->numel * sizeof(float));
+        ops->copy_to_host(ga, p->grad, p->numel * sizeof(float));
+        double gscale = 0;
+        for (size_t e = 0; e < p->numel; e++) gscale = fmax(gscale, fabs(ga[e]));
+        EXPECT(gscale > 0 || strstr(p->name, "experts"), "%s: %s has an all-zero gradient", label, p->name);
+        int ns = p->numel < 20 ? (int)p->numel : 20;
+        for (int s = 0; s < ns; s++) {
+            size_t e = p->numel <= 20 ? (size_t)s : (size_t)(mt_rng_splitmix64(1000 * (uint64_t)i + s) % p->numel);
+            float orig, v;
+            ops->copy_to_host(&orig, p->data + e, sizeof(float));
+            v = orig + eps;
+            ops->copy_from_host(p->data + e, &v, sizeof(float));
+            double lp = total_loss(&ctx, m, idx, tgt, &norm);
+            int flip = 0;
+            if (moe) { routing_snapshot(m, r1); flip |= memcmp(r0, r1, nroute * sizeof(int32_t)) != 0; }
+            v = orig - eps;
+            ops->copy_from_host(p->data + e, &v, sizeof(float));
+            double lm = total_loss(&ctx, m, idx, tgt, &norm);
+            if (moe) { routing_snapshot(m, r1); flip |= memcmp(r0, r1, nroute * sizeof(int32_t)) != 0; }
+            ops->copy_from_host(p->data + e, &orig, sizeof(float));
+            if (flip) { skipped++; continue; }
+            /* the actual step, as rounded in fp32 */
+            double h = ((double)(orig + eps) - (double)(orig - eps));
+            double fd = (lp - lm) / h;
+            double a = ga[e];
+            double err = fabs(a - fd);
+            double tol = rtol * fmax(fabs(a), fabs(fd)) + atol * gscale + 1e-5;
+            if (gscale > 0) worst = fmax(worst, err / gscale);
+            checked++;
+            if (err > tol) {
+                bad++;
+                if (bad <= 10)
+                    fprintf(stderr, "  %s %s[%zu]: analytic %.6g fd %.6g (gscale %.3g)\n", label, p->name, e, a,
+                            fd, gscale);
+            }
+        }
+        free(ga);
+    }
+    printf("%s: %d params, %d elements checked, %d skipped (routing flip), %d bad, worst err/gscale %.2e\n",
+           label, np, checked, skipped, bad, worst);
+    EXPECT(bad == 0, "%s: %d gradient elements out of tolerance", label, bad);
+    EXPECT(skipped * 4 <= checked + skipped, "%s: too many routing flips (%d)", label, skipped);
+    free(r0);
+    free(r1);
+    mt_model_destroy(&ctx, m);
+    mt_ctx_free(&ctx);
+}
+
+/* grads after two forward+backward passes == 2x grads after one. */
+static void accumulation(int moe)
+{
+    struct mt_ctx ctx;
+    mt_ctx_init(&ctx);
+    const struct mt_ops_i *ops = mt_ops_cpu();
+    struct mt_config cfg;
+    const int B = 2, T = 6, N = B * T;
+    base_config(&cfg, &ctx, moe, 15.0f, T);
+    struct mt_model *m = NULL;
+    MT_ASSERT(mt_model_create(&ctx, ops, &cfg, B, &m) == MT_OK);
+    spread_params(m, 3);
+    int32_t idx[64], tgt[64];
+    make_batch(N, cfg.vocab_size, 5, idx, tgt, 1);
+    struct mt_loss_norm norm = batch_norm(tgt, N, B, T);
+    int np;
+    struct mt_param *ps = mt_model_params(m, &np);
+    mt_model_zero_grad(m);
+    total_loss(&ctx, m, idx, tgt, &norm);
+    MT_ASSERT(mt_model_backward(&ctx, m) == MT_OK);
+    /* a second backward without a forward is refused (logits hold dlogits now) */
+    EXPECT(mt_model_backward(&ctx, m) != MT_OK, "second backward without forward accepted");
+    float **g1 = calloc((size_t)np, sizeof(float *));
+    for (int i = 0; i < np; i++) {
+        g1[i] = malloc(ps[i].numel * sizeof(float));
+        ops->copy_to_host(g1[i], ps[i].grad, ps[i].numel * sizeof(float));
+    }
+    total_loss(&ctx, m, idx, tgt, &norm);
+    MT_ASSERT(mt_model_backward(&ctx, m) == MT_OK);
+    double worst = 0;
+    for (int i = 0; i < np; i++) {
+        float *g2 = malloc(ps[i].numel * sizeof(float));
+        ops->copy_to_host(g2, ps[i].grad, ps[i].numel * sizeof(float));
+        for (size_t e = 0; e < ps[i].numel; e++)
+            worst = fmax(worst, fabs((double)g2[e] - 2.0 * g1[i][e]) / (1e-6 + fabs(2.0 * g1[i][e])));
+        free(g2);
+        free(g1[i]);
+    }
+    free(g1);
+    printf("accumulation (%s): max rel |g2 - 2 g1| = %.2e\n", moe ? "moe" : "dense", worst);
+    EXPECT(worst < 1e-6, "backward twice does not double the grads (%.3g)", worst);
+    /* zero_grad clears */
+    mt_model_zero_grad(m);
+    float g;
+    ops->copy_to_host(&g, ps[1].grad, sizeof g);
+    EXPECT(g == 0.0f, "zero_grad left %g", (double)g);
+    mt_model_destroy(&ctx, m);
+    mt_ctx_free(&ctx);
+}
+
+/* One microbatch of B=2 == two microbatches of B=1 with the same global norm. */
+static void microbatch_split(int moe)
+{
+    struct mt_ctx ctx;
+    mt_ctx_init(&ctx);
+    const struct mt_ops_i *ops = mt_ops_cpu();
+    struct mt_config cfg;
+    const int T = 6, N = 2 * T;
+    base_config(&cfg, &ctx, moe, 0.0f, T);
+    struct mt_model *m2 = NULL, *m1 = NULL;
+    MT_ASSERT(mt_model_create(&ctx, ops, &cfg, 2, &m2) == MT_OK);
+    MT_ASSERT(mt_model_create(&ctx, ops, &cfg, 1, &m1) == MT_OK);
+    spread_params(m2, 11);
+    spread_params(m1, 11);
+    int32_t idx[64], tgt[64];
+    make_batch(N, cfg.vocab_size, 77, idx, tgt, 1);
+    struct mt_loss_norm norm = batch_norm(tgt, N, 2, T);
+    struct mt_loss_parts p2, pa, pb;
+    mt_model_zero_grad(m2);
+    MT_ASSERT(mt_model_forward(&ctx, m2, idx, tgt, &norm, &p2) == MT_OK);
+    MT_ASSERT(mt_model_backward(&ctx, m2) == MT_OK);
+    mt_model_zero_grad(m1);
+    MT_ASSERT(mt_model_forward(&ctx, m1, idx, tgt, &norm, &pa) == MT_OK);
+    MT_ASSERT(mt_model_backward(&ctx, m1) == MT_OK);
+    MT_ASSERT(mt_model_forward(&ctx, m1, idx + T, tgt + T, &norm, &pb) == MT_OK);
+    MT_ASSERT(mt_model_backward(&ctx, m1) == MT_OK);
+    double l2 = p2.lm + p2.aux + p2.z, l1 = pa.lm + pa.aux + pa.z + pb.lm + pb.aux + pb.z;
+    EXPECT(fabs(l2 - l1) < 1e-6 * fmax(1, fabs(l2)), "split loss %.9g vs %.9g", l1, l2);
+    if (moe) EXPECT(p2.aux > 0 && p2.z > 0, "moe losses missing (aux %g z %g)", p2.aux, p2.z);
+    int np;
+    struct mt_param *a = mt_model_params(m2, &np);
+    struct mt_param *b = mt_model_params(m1, &np);
+    double worst = 0;
+    for (int i = 0; i < np; i++) {
+        float *ga = malloc(a[i].numel * sizeof(float)), *gb = malloc(a[i].numel * sizeof(float));
+        ops->copy_to_host(ga, a[i].grad, a[i].numel * sizeof(float));
+        ops->copy_to_host(gb, b[i].grad, b[i].numel * sizeof(float));
+        double sc = 0;
+        for (size_t e = 0; e < a[i].numel; e++) sc = fmax(sc, fabs(ga[e]));
+        for (size_t e = 0; e < a[i].numel; e++) worst = fmax(worst, fabs((double)ga[e] - gb[e]) / (sc + 1e-12));
+        free(ga);
+        free(gb);
+    }
+    printf("microbatch split (%s): loss %.9g vs %.9g, max grad diff / tensor scale %.2e\n", moe ? "moe" : "dense",
+           l2, l1, worst);
+    EXPECT(worst < 2e-6, "microbatch split grads differ (%.3g)", worst);
+    mt_model_destroy(&ctx, m2);
+    mt_model_destroy(&ctx, m1);
+    mt_ctx_free(&ctx);
+}
+
+int main(void)
+{
+    gradcheck("dense softcap=0", 0, 0.0f);
+    gradcheck("dense softcap=15", 0, 15.0f);
+    gradcheck("moe", 1, 0.0f);
+    accumulation(0);
+    accumulation(1);
+    microbatch_split(0);
+    microbatch_split(1);
+    if (g_fail) {
+        fprintf(stderr, "test_model_grad: FAILED\n");
+        return 1;
+    }
+    printf("test_model_grad: ok\n");
+    return 0;
+}

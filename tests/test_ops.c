@@ -1,0 +1,1554 @@
+/*
+ * test_ops.c — the table-driven op harness (after ggml's test-backend-ops).
+ *
+ * For every backend available (cpu always; cuda when built and present) and
+ * for every entry of `op_tests` below, each case:
+ *   1. computes a plain float64 reference written from the math in
+ *      src/ops/mt_ops.h (straight loops, no cleverness: attention builds the
+ *      full T x T matrix);
+ *   2. on the "ref" pass (no backend involved) checks the reference backward
+ *      against central finite differences of the reference forward
+ *      (eps 1e-6, tolerance 1e-6 relative to scale);
+ *   3. on each backend pass runs the kernel on the same float inputs and
+ *      checks forward (1e-5) and backward (1e-4) against the reference, the
+ *      (=) vs (+=) rule of every backward output (outputs that must be
+ *      overwritten are pre-filled with NaN, outputs that accumulate with
+ *      known values), the in-place variants the header allows, and
+ *      determinism (two calls, identical bits).
+ * The scalar loss of the backward checks is L = sum(out * W) with random W,
+ * so dout = W. Inputs come from a seeded generator reset per (op, backend),
+ * so every backend sees the same bits: a future cuda pass is thereby also a
+ * cuda-vs-cpu comparison through the shared fp64 reference.
+ *
+ * Error metric: max_i |got_i - ref_i| / max_i |ref_i|  ("relative to scale";
+ * bit/exact checks print the number of differing elements with tol 0).
+ * Output: one line per check: "backend op case max_err tol PASS|FAIL".
+ * Adding an op = adding one entry to `op_tests` (name + run function).
+ * A NULL table entry is a FAIL on cpu (the reference backend must be
+ * complete) and a SKIP elsewhere.
+ *
+ * Usage: test_ops [-o OP_SUBSTRING] [-b BACKEND]; exits 1 if any check fails.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/mt_core.h"
+#include "ops/mt_ops.h"
+
+#define TOL_FWD   1e-5  /* backend forward vs fp64 reference, relative to scale */
+#define TOL_BWD   1e-4  /* backend backward vs fp64 reference backward          */
+#define TOL_FD    1e-6  /* fp64 reference backward vs central differences       */
+#define FD_EPS    1e-6
+#define FD_PROBES 64    /* elements probed per tensor by finite differences    */
+#define MAX_BUFS  512
+
+struct harness {
+    const struct mt_ops_i *ops;  /* NULL on the reference (finite-difference) pass */
+    const char *bname;           /* "ref", "cpu", "cuda" */
+    struct mt_ctx ctx;
+    uint64_t rng;
+    int n_pass, n_fail, n_skip;
+    void *dbufs[MAX_BUFS];
+    int   n_dbufs;
+    void *hbufs[MAX_BUFS];
+    int   n_hbufs;
+};
+
+/* ------------------------------------------------------------------------ */
+/* random numbers, buffers                                                  */
+
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static uint64_t next_u64(struct harness *h) { return mix64(h->rng += 0x9E3779B97F4A7C15ull); }
+static double urand(struct harness *h) { return (double)(next_u64(h) >> 11) * 0x1.0p-53; }
+static int irand(struct harness *h, int n) { return (int)(next_u64(h) % (uint64_t)n); }
+
+static void *halloc(struct harness *h, size_t bytes)
+{
+    void *p = mt_alloc(&h->ctx, bytes, MT_BUCKET_OTHER);
+    if (!p || h->n_hbufs == MAX_BUFS) {
+        fprintf(stderr, "test_ops: host allocation failed\n");
+        exit(2);
+    }
+    h->hbufs[h->n_hbufs++] = p;
+    return p;
+}
+static float   *new_f(struct harness *h, size_t n) { return halloc(h, n * sizeof(float)); }
+static double  *new_d(struct harness *h, size_t n) { return halloc(h, n * sizeof(double)); }
+static int32_t *new_i(struct harness *h, size_t n) { return halloc(h, n * sizeof(int32_t)); }
+
+static float *rand_f(struct harness *h, size_t n, double lo, double hi)
+{
+    float *x = new_f(h, n);
+    for (size_t i = 0; i < n; i++) x[i] = (float)(lo + (hi - lo) * urand(h));
+    return x;
+}
+static float *nan_f(struct harness *h, size_t n)
+{
+    float *x = new_f(h, n);
+    for (size_t i = 0; i < n; i++) x[i] = NAN;
+    return x;
+}
+static double *to_d(struct harness *h, const float *x, size_t n)
+{
+    double *d = new_d(h, n);
+    for (size_t i = 0; i < n; i++) d[i] = x[i];
+    return d;
+}
+/* init + ref: the expected value of an accumulating (+=) output */
+static double *plus(struct harness *h, const float *init, const double *ref, size_t n)
+{
+    double *d = new_d(h, n);
+    for (size_t i = 0; i < n; i++) d[i] = (double)init[i] + ref[i];
+    return d;
+}
+
+static void *dalloc(struct harness *h, size_t bytes)
+{
+    void *p = h->ops->buf_alloc(&h->ctx, bytes ? bytes : 4, MT_BUCKET_OTHER);
+    if (!p || h->n_dbufs == MAX_BUFS) {
+        fprintf(stderr, "test_ops: %s buf_alloc(%zu) failed: %s\n", h->bname, bytes,
+                mt_ctx_last_error(&h->ctx));
+        exit(2);
+    }
+    h->dbufs[h->n_dbufs++] = p;
+    return p;
+}
+static float *up_f(struct harness *h, const float *x, size_t n)
+{
+    float *p = dalloc(h, n * sizeof(float));
+    if (n) h->ops->copy_from_host(p, x, n * sizeof(float));
+    return p;
+}
+static int32_t *up_i(struct harness *h, const int32_t *x, size_t n)
+{
+    int32_t *p = dalloc(h, n * sizeof(int32_t));
+    if (n) h->ops->copy_from_host(p, x, n * sizeof(int32_t));
+    return p;
+}
+static float *down_f(struct harness *h, const float *d, size_t n)
+{
+    float *x = new_f(h, n);
+    h->ops->sync();
+    if (n) h->ops->copy_to_host(x, d, n * sizeof(float));
+    return x;
+}
+static int32_t *down_i(struct harness *h, const int32_t *d, size_t n)
+{
+    int32_t *x = new_i(h, n);
+    h->ops->sync();
+    if (n) h->ops->copy_to_host(x, d, n * sizeof(int32_t));
+    return x;
+}
+
+static void reset(struct harness *h)
+{
+    for (int i = 0; i < h->n_dbufs; i++) h->ops->buf_free(&h->ctx, h->dbufs[i]);
+    for (int i = 0; i < h->n_hbufs; i++) mt_free(&h->ctx, h->hbufs[i]);
+    h->n_dbufs = h->n_hbufs = 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* errors and reporting                                                     */
+
+static double err_rel_d(const double *got, const double *ref, size_t n)
+{
+    double scale = 0, e = 0;
+    for (size_t i = 0; i < n; i++)
+        if (fabs(ref[i]) > scale) scale = fabs(ref[i]);
+    if (scale == 0) scale = 1;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs(got[i] - ref[i]);
+        if (!isfinite(d)) return INFINITY;
+        if (d > e) e = d;
+    }
+    return e / scale;
+}
+static double err_rel(struct harness *h, const float *got, const double *ref, size_t n)
+{
+    return err_rel_d(to_d(h, got, n), ref, n);
+}
+/* number of 4-byte elements whose bits differ */
+static double ndiff(const void *a, const void *b, size_t n)
+{
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++) c += memcmp((const char *)a + 4 * i, (const char *)b + 4 * i, 4) != 0;
+    return (double)c;
+}
+static double ndiff_i(const int32_t *a, const int32_t *b, size_t n) { return ndiff(a, b, n); }
+
+static int checkf(struct harness *h, const char *op, double err, double tol, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static int checkf(struct harness *h, const char *op, double err, double tol, const char *fmt, ...)
+{
+    char cs[192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cs, sizeof cs, fmt, ap);
+    va_end(ap);
+    int ok = err <= tol;  /* NaN fails */
+    printf("%-4s  %-20s %-56s %10.3e %8.1e  %s\n", h->bname, op, cs, err, tol, ok ? "PASS" : "FAIL");
+    if (ok) h->n_pass++;
+    else h->n_fail++;
+    return ok;
+}
+
+/* 1 if the backend has the entry; otherwise reports FAIL (cpu) or SKIP. */
+static int has(struct harness *h, const char *op, int present)
+{
+    if (present) return 1;
+    int must = strcmp(h->bname, "cpu") == 0;
+    printf("%-4s  %-20s %-56s %10s %8s  %s\n", h->bname, op, "(table entry is NULL)", "-", "-",
+           must ? "FAIL" : "SKIP");
+    if (must) h->n_fail++;
+    else h->n_skip++;
+    return 0;
+}
+
+/* Central differences of loss f w.r.t. x, compared with grad: max abs error
+ * over probed elements / max|grad|. Probes every element of small tensors,
+ * FD_PROBES pseudo-random ones of larger tensors. */
+typedef double (*loss_fn)(void *ud);
+static double fd_err(double *x, size_t n, const double *grad, loss_fn f, void *ud)
+{
+    double scale = 0, e = 0;
+    for (size_t i = 0; i < n; i++)
+        if (fabs(grad[i]) > scale) scale = fabs(grad[i]);
+    if (scale == 0) scale = 1;
+    size_t probes = n < FD_PROBES ? n : FD_PROBES;
+    for (size_t t = 0; t < probes; t++) {
+        size_t i = n <= FD_PROBES ? t : (size_t)(mix64(n * 131 + t) % n);
+        double x0 = x[i];
+        x[i] = x0 + FD_EPS;
+        double lp = f(ud);
+        x[i] = x0 - FD_EPS;
+        double lm = f(ud);
+        x[i] = x0;
+        double d = fabs((lp - lm) / (2 * FD_EPS) - grad[i]);
+        if (!isfinite(d)) e = INFINITY;
+        else if (d > e) e = d;
+    }
+    f(ud);  /* leave the forward's outputs at the unperturbed x again */
+    return e / scale;
+}
+static double wsum(const double *out, const double *w, size_t n)
+{
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += out[i] * w[i];
+    return s;
+}
+
+/* ------------------------------------------------------------------------ */
+/* gemm                                                                     */
+
+static void ref_gemm(int tA, int tB, int M, int N, int K, double alpha, const double *A, int lda,
+                     const double *B, int ldb, double beta, double *C, int ldc)
+{
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double s = 0;
+            for (int q = 0; q < K; q++) {
+                double a = tA ? A[(size_t)q * lda + i] : A[(size_t)i * lda + q];
+                double b = tB ? B[(size_t)j * ldb + q] : B[(size_t)q * ldb + j];
+                s += a * b;
+            }
+            double *c = &C[(size_t)i * ldc + j];
+            *c = alpha * s + (beta != 0 ? beta * *c : 0);
+        }
+}
+
+static void gemm_case(struct harness *h, int tA, int tB, int M, int N, int K, int pad, float alpha, float beta)
+{
+    const char *op = "gemm";
+    int lda = (tA ? M : K) + pad, ldb = (tB ? K : N) + pad, ldc = N + pad;
+    size_t na = (size_t)(tA ? K : M) * lda, nb = (size_t)(tB ? N : K) * ldb, nc = (size_t)M * ldc;
+    float *A = rand_f(h, na, -1, 1), *B = rand_f(h, nb, -1, 1);
+    float *C0 = beta == 0 ? nan_f(h, nc) : rand_f(h, nc, -1, 1);  /* beta 0: C is not read */
+    if (!h->ops || !has(h, op, h->ops->gemm != NULL)) return;
+    char cs[96];
+    snprintf(cs, sizeof cs, "tA=%d tB=%d M=%d N=%d K=%d ld+%d a=%g b=%g", tA, tB, M, N, K, pad, alpha, beta);
+
+    double *Cr = beta == 0 ? new_d(h, nc) : to_d(h, C0, nc);
+    ref_gemm(tA, tB, M, N, K, alpha, to_d(h, A, na), lda, to_d(h, B, nb), ldb, beta, Cr, ldc);
+    float *dA = up_f(h, A, na), *dB = up_f(h, B, nb), *dC = up_f(h, C0, nc);
+    h->ops->gemm(tA, tB, M, N, K, alpha, dA, lda, dB, ldb, beta, dC, ldc);
+    float *C = down_f(h, dC, nc);
+
+    float *got = new_f(h, (size_t)M * N);
+    double *ref = new_d(h, (size_t)M * N);
+    double pad_diff = 0;
+    for (int i = 0; i < M; i++) {
+        for (int j = 0; j < N; j++) {
+            got[(size_t)i * N + j] = C[(size_t)i * ldc + j];
+            ref[(size_t)i * N + j] = Cr[(size_t)i * ldc + j];
+        }
+        pad_diff += ndiff(&C[(size_t)i * ldc + N], &C0[(size_t)i * ldc + N], (size_t)pad);
+    }
+    checkf(h, op, err_rel(h, got, ref, (size_t)M * N), TOL_FWD, "%s", cs);
+    checkf(h, op, pad_diff, 0, "%s ldc pad kept", cs);
+    float *dC2 = up_f(h, C0, nc);
+    h->ops->gemm(tA, tB, M, N, K, alpha, dA, lda, dB, ldb, beta, dC2, ldc);
+    checkf(h, op, ndiff(C, down_f(h, dC2, nc), nc), 0, "%s determinism", cs);
+}
+
+static int run_gemm(struct harness *h)
+{
+    int f0 = h->n_fail;
+    for (int beta = 0; beta <= 1; beta++)
+        for (int tA = 0; tA <= 1; tA++)
+            for (int tB = 0; tB <= 1; tB++) gemm_case(h, tA, tB, 5, 7, 13, 3, 0.75f, (float)beta);
+    for (int tA = 0; tA <= 1; tA++)
+        for (int tB = 0; tB <= 1; tB++) gemm_case(h, tA, tB, 67, 45, 130, 5, 1.0f, 1.0f);
+    gemm_case(h, 0, 1, 1, 37, 13, 0, 1.0f, 0.0f);  /* one row (decode), tight ld */
+    return h->n_fail == f0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* fill, axpby, sumsq, all_finite, transpose                                */
+
+static int run_fill(struct harness *h)
+{
+    const char *op = "fill";
+    int f0 = h->n_fail;
+    if (!h->ops || !has(h, op, h->ops->fill != NULL)) return 1;
+    const size_t ns[] = {1, 13, 1000, 70001};  /* the last one takes the threaded path */
+    for (int c = 0; c < 4; c++) {
+        size_t n = ns[c];
+        float *x0 = rand_f(h, n + 1, -1, 1);
+        float *dx = up_f(h, x0, n + 1);
+        h->ops->fill(dx, 3.25f, n);
+        float *x = down_f(h, dx, n + 1);
+        double bad = 0;
+        for (size_t i = 0; i < n; i++) bad += x[i] != 3.25f;
+        checkf(h, op, bad, 0, "n=%zu value", n);
+        checkf(h, op, ndiff(&x[n], &x0[n], 1), 0, "n=%zu x[n] untouched", n);
+    }
+    return h->n_fail == f0;
+}
+
+static void axpby_case(struct harness *h, size_t n, int with_x, float a, float b)
+{
+    const char *op = "axpby";
+    float *x = rand_f(h, n, -2, 2), *y0 = rand_f(h, n, -2, 2);
+    if (!h->ops || !has(h, op, h->ops->axpby != NULL)) return;
+    double *ref = new_d(h, n);
+    for (size_t i = 0; i < n; i++) ref[i] = (with_x ? (double)a * x[i] : 0) + (double)b * y0[i];
+    float *dx = with_x ? up_f(h, x, n) : NULL, *dy = up_f(h, y0, n);
+    h->ops->axpby(dy, dx, a, b, n);
+    float *y = down_f(h, dy, n);
+    checkf(h, op, err_rel(h, y, ref, n), TOL_FWD, "n=%zu x=%s a=%g b=%g", n, with_x ? "yes" : "NULL", a, b);
+    float *dy2 = up_f(h, y0, n);
+    h->ops->axpby(dy2, dx, a, b, n);
+    checkf(h, op, ndiff(y, down_f(h, dy2, n), n), 0, "n=%zu x=%s determinism", n, with_x ? "yes" : "NULL");
+}
+
+static int run_axpby(struct harness *h)
+{
+    int f0 = h->n_fail;
+    axpby_case(h, 13, 1, 0.5f, -1.25f);
+    axpby_case(h, 1001, 1, -2.0f, 0.75f);
+    axpby_case(h, 13, 1, 1.0f, 0.0f);
+    axpby_case(h, 70001, 1, 0.25f, 0.5f);
+    axpby_case(h, 13, 0, 0.0f, 0.5f);
+    axpby_case(h, 1001, 0, 3.0f, -0.25f);  /* x NULL: a is ignored */
+    axpby_case(h, 13, 0, 1.0f, 0.0f);
+    return h->n_fail == f0;
+}
+
+static int run_sumsq(struct harness *h)
+{
+    const char *op = "sumsq";
+    int f0 = h->n_fail;
+    const size_t ns[] = {0, 1, 13, 65539};
+    for (int c = 0; c < 4; c++) {
+        size_t n = ns[c];
+        float *x = rand_f(h, n ? n : 1, -3, 3);
+        if (!h->ops || !has(h, op, h->ops->sumsq != NULL)) continue;
+        double ref = 0;
+        for (size_t i = 0; i < n; i++) ref += (double)x[i] * x[i];
+        float *dx = up_f(h, x, n ? n : 1);
+        double s1 = h->ops->sumsq(dx, n), s2 = h->ops->sumsq(dx, n);
+        checkf(h, op, fabs(s1 - ref) / (ref > 0 ? ref : 1), 1e-6, "n=%zu", n);
+        checkf(h, op, ndiff(&s1, &s2, 2) > 0, 0, "n=%zu determinism", n);
+    }
+    return h->n_fail == f0;
+}
+
+static int run_all_finite(struct harness *h)
+{
+    const char *op = "all_finite";
+    int f0 = h->n_fail;
+    if (!h->ops || !has(h, op, h->ops->all_finite != NULL)) return 1;
+    struct { const char *name; size_t n; long at; float val; int expect; } cs[] = {
+        {"n=13 finite", 13, -1, 0, 1},
+        {"n=1001 finite with FLT_MAX", 1001, 500, 3.4028235e38f, 1},
+        {"n=13 NaN first", 13, 0, NAN, 0},
+        {"n=13 NaN last", 13, 12, NAN, 0},
+        {"n=1001 NaN middle", 1001, 517, NAN, 0},
+        {"n=13 +inf", 13, 6, INFINITY, 0},
+        {"n=1001 -inf last", 1001, 1000, -INFINITY, 0},
+        {"n=70001 finite", 70001, -1, 0, 1},
+        {"n=70001 NaN near end", 70001, 69998, NAN, 0},
+        {"n=70001 +inf at start", 70001, 0, INFINITY, 0},
+        {"n=0", 0, -1, 0, 1},
+    };
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        size_t n = cs[c].n;
+        float *x = rand_f(h, n + 1, -1e3, 1e3);
+        if (cs[c].at >= 0) x[cs[c].at] = cs[c].val;
+        x[n] = NAN;  /* past the end: must not be read */
+        float *dx = up_f(h, x, n + 1);
+        int r = h->ops->all_finite(dx, n);
+        checkf(h, op, r != cs[c].expect, 0, "%s (want %d got %d)", cs[c].name, cs[c].expect, r);
+    }
+    return h->n_fail == f0;
+}
+
+static int run_transpose(struct harness *h)
+{
+    const char *op = "transpose";
+    int f0 = h->n_fail;
+    const int rc[][2] = {{5, 13}, {1, 7}, {13, 1}, {67, 130}};
+    for (int c = 0; c < 4; c++) {
+        int R = rc[c][0], Cc = rc[c][1];
+        size_t n = (size_t)R * Cc;
+        float *in = rand_f(h, n, -1, 1);
+        if (!h->ops || !has(h, op, h->ops->transpose != NULL)) continue;
+        float *din = up_f(h, in, n), *dout = up_f(h, nan_f(h, n), n);
+        h->ops->transpose(dout, din, R, Cc);
+        float *out = down_f(h, dout, n);
+        double bad = 0;
+        for (int i = 0; i < R; i++)
+            for (int j = 0; j < Cc; j++) bad += out[(size_t)j * R + i] != in[(size_t)i * Cc + j];
+        checkf(h, op, bad, 0, "rows=%d cols=%d", R, Cc);
+    }
+    return h->n_fail == f0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* embedding                                                                */
+
+struct embed_case {
+    int N, C, V;
+    const int32_t *idx;
+    double *wte, *W, *out;
+};
+static void ref_embed_fwd(double *out, const int32_t *idx, const double *wte, int N, int C)
+{
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) out[(size_t)n * C + c] = wte[(size_t)idx[n] * C + c];
+}
+/* dwte[idx[n]] += dout[n] */
+static void ref_embed_bwd(double *dwte, const double *dout, const int32_t *idx, int N, int C)
+{
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) dwte[(size_t)idx[n] * C + c] += dout[(size_t)n * C + c];
+}
+static double embed_loss(void *ud)
+{
+    struct embed_case *e = ud;
+    ref_embed_fwd(e->out, e->idx, e->wte, e->N, e->C);
+    return wsum(e->out, e->W, (size_t)e->N * e->C);
+}
+
+static void embed_case(struct harness *h, int N, int C, int V, int vrange)
+{
+    const char *op = "embed";
+    size_t nw = (size_t)V * C, no = (size_t)N * C;
+    int32_t *idx = new_i(h, N);
+    for (int n = 0; n < N; n++) idx[n] = irand(h, vrange);  /* vrange < V forces repeats */
+    idx[N - 1] = V - 1;
+    if (N > 2) idx[1] = idx[0];
+    float *wte = rand_f(h, nw, -1, 1), *W = rand_f(h, no, -1, 1), *dw0 = rand_f(h, nw, -1, 1);
+    char cs[64];
+    snprintf(cs, sizeof cs, "N=%d C=%d V=%d idx<%d", N, C, V, vrange);
+    struct embed_case e = {N, C, V, idx, to_d(h, wte, nw), to_d(h, W, no), new_d(h, no)};
+    ref_embed_fwd(e.out, idx, e.wte, N, C);
+    double *gw = new_d(h, nw);
+    ref_embed_bwd(gw, e.W, idx, N, C);
+    if (!h->ops) {
+        checkf(h, "embed_backward", fd_err(e.wte, nw, gw, embed_loss, &e), TOL_FD, "%s fd dwte", cs);
+        return;
+    }
+    int32_t *didx = up_i(h, idx, N);
+    float *dwte = up_f(h, wte, nw);
+    if (has(h, "embed_forward", h->ops->embed_forward != NULL)) {
+        float *dout = up_f(h, nan_f(h, no), no);
+        h->ops->embed_forward(dout, didx, dwte, N, C);
+        checkf(h, "embed_forward", err_rel(h, down_f(h, dout, no), e.out, no), 0, "%s exact", cs);
+    }
+    (void)op;
+    if (has(h, "embed_backward", h->ops->embed_backward != NULL)) {
+        float *dW = up_f(h, W, no), *ddw = up_f(h, dw0, nw), *ddw2 = up_f(h, dw0, nw);
+        h->ops->embed_backward(ddw, dW, didx, N, C, V);
+        float *got = down_f(h, ddw, nw);
+        checkf(h, "embed_backward", err_rel(h, got, plus(h, dw0, gw, nw), nw), TOL_BWD, "%s dwte (+=)", cs);
+        h->ops->embed_backward(ddw2, dW, didx, N, C, V);
+        checkf(h, "embed_backward", ndiff(got, down_f(h, ddw2, nw), nw), 0, "%s determinism", cs);
+    }
+}
+
+static int run_embed(struct harness *h)
+{
+    int f0 = h->n_fail;
+    embed_case(h, 10, 13, 37, 37);
+    embed_case(h, 10, 13, 37, 3);   /* heavy repeats */
+    embed_case(h, 128, 96, 501, 40);
+    return h->n_fail == f0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* rmsnorm                                                                  */
+
+struct rms_case {
+    int N, C;
+    double eps;
+    double *x, *w, *W, *out, *rstd;
+};
+/* out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps) */
+static void ref_rms_fwd(double *out, double *rstd, const double *x, const double *w, int N, int C, double eps)
+{
+    for (int n = 0; n < N; n++) {
+        const double *xr = x + (size_t)n * C;
+        double ss = 0;
+        for (int c = 0; c < C; c++) ss += xr[c] * xr[c];
+        double r = 1.0 / sqrt(ss / C + eps);
+        for (int c = 0; c < C; c++) out[(size_t)n * C + c] = xr[c] * r * w[c];
+        rstd[n] = r;
+    }
+}
+/* dx = rstd*(dout*w - xhat*mean_c(dout*w*xhat)) (=);  dw += sum_n dout*xhat */
+static void ref_rms_bwd(double *dx, double *dw, const double *dout, const double *x, const double *w,
+                        const double *rstd, int N, int C)
+{
+    for (int n = 0; n < N; n++) {
+        const double *xr = x + (size_t)n * C, *g = dout + (size_t)n * C;
+        double r = rstd[n], m = 0;
+        for (int c = 0; c < C; c++) m += g[c] * w[c] * xr[c] * r;
+        m /= C;
+        for (int c = 0; c < C; c++) {
+            double xhat = xr[c] * r;
+            dx[(size_t)n * C + c] = r * (g[c] * w[c] - xhat * m);
+            dw[c] += g[c] * xhat;
+        }
+    }
+}
+static double rms_loss(void *ud)
+{
+    struct rms_case *r = ud;
+    ref_rms_fwd(r->out, r->rstd, r->x, r->w, r->N, r->C, r->eps);
+    return wsum(r->out, r->W, (size_t)r->N * r->C);
+}
+
+static void rms_case(struct harness *h, int N, int C, float eps)
+{
+    size_t n = (size_t)N * C;
+    float *x = rand_f(h, n, -2, 2), *w = rand_f(h, C, 0.5, 1.5), *W = rand_f(h, n, -1, 1);
+    float *dx0 = rand_f(h, n, -1, 1), *dw0 = rand_f(h, C, -1, 1);
+    char cs[64];
+    snprintf(cs, sizeof cs, "N=%d C=%d eps=%g", N, C, eps);
+    struct rms_case r = {N, C, eps, to_d(h, x, n), to_d(h, w, C), to_d(h, W, n), new_d(h, n), new_d(h, N)};
+    ref_rms_fwd(r.out, r.rstd, r.x, r.w, N, C, eps);
+    double *gx = new_d(h, n), *gw = new_d(h, C);
+    ref_rms_bwd(gx, gw, r.W, r.x, r.w, r.rstd, N, C);
+    if (!h->ops) {
+        checkf(h, "rmsnorm_backward", fd_err(r.x, n, gx, rms_loss, &r), TOL_FD, "%s fd dx", cs);
+        checkf(h, "rmsnorm_backward", fd_err(r.w, C, gw, rms_loss, &r), TOL_FD, "%s fd dw", cs);
+        return;
+    }
+    if (!has(h, "rmsnorm_forward", h->ops->rmsnorm_forward != NULL)) return;
+    float *dxi = up_f(h, x, n), *dwi = up_f(h, w, C);
+    float *dout = up_f(h, nan_f(h, n), n), *drstd = up_f(h, nan_f(h, N), N);
+    h->ops->rmsnorm_forward(dout, drstd, dxi, dwi, N, C, eps);
+    float *out = down_f(h, dout, n), *rstd = down_f(h, drstd, N);
+    checkf(h, "rmsnorm_forward", err_rel(h, out, r.out, n), TOL_FWD, "%s out", cs);
+    checkf(h, "rmsnorm_forward", err_rel(h, rstd, r.rstd, N), TOL_FWD, "%s rstd", cs);
+    float *dout2 = up_f(h, nan_f(h, n), n), *drstd2 = up_f(h, nan_f(h, N), N);
+    h->ops->rmsnorm_forward(dout2, drstd2, dxi, dwi, N, C, eps);
+    checkf(h, "rmsnorm_forward", ndiff(out, down_f(h, dout2, n), n) + ndiff(rstd, down_f(h, drstd2, N), N), 0,
+           "%s determinism", cs);
+
+    if (!has(h, "rmsnorm_backward", h->ops->rmsnorm_backward != NULL)) return;
+    float *dW = up_f(h, W, n);
+    for (int acc = 0; acc <= 1; acc++) {
+        float *gx0 = acc ? dx0 : nan_f(h, n);
+        float *ddx = up_f(h, gx0, n), *ddw = up_f(h, dw0, C);
+        h->ops->rmsnorm_backward(ddx, ddw, dW, dxi, dwi, drstd, N, C, acc);
+        float *gotx = down_f(h, ddx, n), *gotw = down_f(h, ddw, C);
+        checkf(h, "rmsnorm_backward", err_rel(h, gotx, acc ? plus(h, dx0, gx, n) : gx, n), TOL_BWD,
+               "%s acc=%d dx (%s)", cs, acc, acc ? "+=" : "=");
+        checkf(h, "rmsnorm_backward", err_rel(h, gotw, plus(h, dw0, gw, C), C), TOL_BWD, "%s acc=%d dw (+=)", cs,
+               acc);
+        float *ddx2 = up_f(h, gx0, n), *ddw2 = up_f(h, dw0, C);
+        h->ops->rmsnorm_backward(ddx2, ddw2, dW, dxi, dwi, drstd, N, C, acc);
+        checkf(h, "rmsnorm_backward", ndiff(gotx, down_f(h, ddx2, n), n) + ndiff(gotw, down_f(h, ddw2, C), C), 0,
+               "%s acc=%d determinism", cs, acc);
+    }
+}
+
+static int run_rmsnorm(struct harness *h)
+{
+    int f0 = h->n_fail;
+    rms_case(h, 5, 13, 1e-6f);
+    rms_case(h, 12, 6, 1e-5f);   /* QK-norm shape: rows N*H, C = hd */
+    rms_case(h, 64, 256, 1e-6f);
+    return h->n_fail == f0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* rope                                                                     */
+
+struct rope_case {
+    int N, T, pos0, nh, hd;
+    const double *cs, *sn;  /* (Tmax, hd/2) */
+    double *x, *W, *out;
+};
+static void ref_rope_fwd(double *out, const double *x, const double *cs, const double *sn, int N, int T, int pos0,
+                         int nh, int hd)
+{
+    int half = hd / 2;
+    for (int n = 0; n < N; n++) {
+        int p = pos0 + n % T;
+        for (int a = 0; a < nh; a++) {
+            size_t b = ((size_t)n * nh + a) * hd;
+            for (int i = 0; i < half; i++) {
+                double c = cs[(size_t)p * half + i], s = sn[(size_t)p * half + i];
+                double x1 = x[b + i], x2 = x[b + i + half];
+                out[b + i] = x1 * c - x2 * s;
+                out[b + i + half] = x2 * c + x1 * s;
+            }
+        }
+    }
+}
+/* dinp = R^T dout */
+static void ref_rope_bwd(double *dx, const double *g, const double *cs, const double *sn, int N, int T, int pos0,
+                         int nh, int hd)
+{
+    int half = hd / 2;
+    for (int n = 0; n < N; n++) {
+        int p = pos0 + n % T;
+        for (int a = 0; a < nh; a++) {
+            size_t b = ((size_t)n * nh + a) * hd;
+            for (int i = 0; i < half; i++) {
+                double c = cs[(size_t)p * half + i], s = sn[(size_t)p * half + i];
+                double g1 = g[b + i], g2 = g[b + i + half];
+                dx[b + i] = g1 * c + g2 * s;
+                dx[b + i + half] = -g1 * s + g2 * c;
+            }
+        }
+    }
+}
+static double rope_loss(void *ud)
+{
+    struct rope_case *r = ud;
+    ref_rope_fwd(r->out, r->x, r->cs, r->sn, r->N, r->T, r->pos0, r->nh, r->hd);
+    return wsum(r->out, r->W, (size_t)r->N * r->nh * r->hd);
+}
+
+static void rope_case(struct harness *h, int B, int T, int pos0, int nh, int hd, double theta)
+{
+    int N = B * T, half = hd / 2, Tmax = pos0 + T;
+    size_t n = (size_t)N * nh * hd, nt = (size_t)Tmax * half;
+    float *cosf_ = new_f(h, nt), *sinf_ = new_f(h, nt);
+    for (int p = 0; p < Tmax; p++)
+        for (int i = 0; i < half; i++) {
+            double inv_freq = pow(theta, -2.0 * i / hd);
+            cosf_[(size_t)p * half + i] = (float)cos(p * inv_freq);
+            sinf_[(size_t)p * half + i] = (float)sin(p * inv_freq);
+        }
+    float *x = rand_f(h, n, -2, 2), *W = rand_f(h, n, -1, 1);
+    char cs[64];
+    snprintf(cs, sizeof cs, "B=%d T=%d pos0=%d nh=%d hd=%d", B, T, pos0, nh, hd);
+    struct rope_case r = {N, T, pos0, nh, hd, to_d(h, cosf_, nt), to_d(h, sinf_, nt), to_d(h, x, n), to_d(h, W, n),
+                          new_d(h, n)};
+    ref_rope_fwd(r.out, r.x, r.cs, r.sn, N, T, pos0, nh, hd);
+    double *gx = new_d(h, n);
+    ref_rope_bwd(gx, r.W, r.cs, r.sn, N, T, pos0, nh, hd);
+    if (!h->ops) {
+        checkf(h, "rope_backward", fd_err(r.x, n, gx, rope_loss, &r), TOL_FD, "%s fd dx", cs);
+        return;
+    }
+    float *dcos = up_f(h, cosf_, nt), *dsin = up_f(h, sinf_, nt);
+    if (has(h, "rope_forward", h->ops->rope_forward != NULL)) {
+        float *dx = up_f(h, x, n), *dout = up_f(h, nan_f(h, n), n), *dinpl = up_f(h, x, n);
+        h->ops->rope_forward(dout, dx, dcos, dsin, N, T, pos0, nh, hd);
+        float *out = down_f(h, dout, n);
+        checkf(h, "rope_forward", err_rel(h, out, r.out, n), TOL_FWD, "%s out", cs);
+        h->ops->rope_forward(dinpl, dinpl, dcos, dsin, N, T, pos0, nh, hd);
+        checkf(h, "rope_forward", ndiff(out, down_f(h, dinpl, n), n), 0, "%s in place == out of place", cs);
+        float *dout2 = up_f(h, nan_f(h, n), n);
+        h->ops->rope_forward(dout2, dx, dcos, dsin, N, T, pos0, nh, hd);
+        checkf(h, "rope_forward", ndiff(out, down_f(h, dout2, n), n), 0, "%s determinism", cs);
+    }
+    if (has(h, "rope_backward", h->ops->rope_backward != NULL)) {
+        float *dg = up_f(h, W, n), *ddx = up_f(h, nan_f(h, n), n), *dinpl = up_f(h, W, n);
+        h->ops->rope_backward(ddx, dg, dcos, dsin, N, T, pos0, nh, hd);
+        float *got = down_f(h, ddx, n);
+        checkf(h, "rope_backward", err_rel(h, got, gx, n), TOL_BWD, "%s dx (=)", cs);
+        h->ops->rope_backward(dinpl, dinpl, dcos, dsin, N, T, pos0, nh, hd);
+        checkf(h, "rope_backward", ndiff(got, down_f(h, dinpl, n), n), 0, "%s in place == out of place", cs);
+    }
+}
+
+static int run_rope(struct harness *h)
+{
+    int f0 = h->n_fail;
+    rope_case(h, 2, 5, 3, 3, 6, 10000.0);
+    rope_case(h, 1, 7, 0, 2, 8, 10000.0);
+    rope_case(h, 3, 4, 11, 1, 2, 500.0);
+    rope_case(h, 2, 32, 7, 4, 64, 10000.0);
+    return h->n_fail == f0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* attention                                                                */
+
+struct attn_case {
+    int B, T, H, K, hd;
+    double *q, *k, *v, *W, *out, *lse, *S;  /* S: scratch (T, T) */
+};
+static size_t qix(int b, int i, int h, int d, int Tq, int H, int hd)
+{
+    return (((size_t)b * Tq + i) * H + h) * hd + d;
+}
+/* Full causal softmax: S_ij = scale q_i.k_j for j <= q_pos0 + i, else -inf;
+ * lse_i = log sum_j exp(S_ij); out_i = sum_j exp(S_ij - lse_i) v_j. */
+static void ref_attn_fwd(double *out, double *lse, double *S, const double *q, const double *k, const double *v,
+                         int B, int Tq, int Tk, int q_pos0, int H, int K, int hd)
+{
+    double scale = 1.0 / sqrt((double)hd);
+    for (int b = 0; b < B; b++)
+        for (int hh = 0; hh < H; hh++) {
+            int kh = hh / (H / K);
+            for (int i = 0; i < Tq; i++) {
+                double m = -INFINITY, sum = 0;
+                for (int j = 0; j < Tk; j++) {
+                    double s = -INFINITY;
+                    if (j <= q_pos0 + i) {
+                        s = 0;
+                        for (int d = 0; d < hd; d++)
+                            s += q[qix(b, i, hh, d, Tq, H, hd)] * k[qix(b, j, kh, d, Tk, K, hd)];
+                        s *= scale;
+                    }
+                    S[(size_t)i * Tk + j] = s;
+                    if (s > m) m = s;
+                }
+                for (int j = 0; j < Tk; j++) sum += exp(S[(size_t)i * Tk + j] - m);
+                double l = m + log(sum);
+                lse[((size_t)b * H + hh) * Tq + i] = l;
+                for (int d = 0; d < hd; d++) {
+                    double o = 0;
+                    for (int j = 0; j < Tk; j++) o += exp(S[(size_t)i * Tk + j] - l) * v[qix(b, j, kh, d, Tk, K, hd)];
+                    out[qix(b, i, hh, d, Tq, H, hd)] = o;
+                }
+            }
+        }
+}
+/* Header's backward (Tq == Tk, q_pos0 = 0): D_i = dout_i.out_i,
+ * dS = P*(dout v^T - D), dq = scale dS k, dk = scale dS^T q, dv = P^T dout
+ * (dk, dv summed over the query heads sharing a kv head). */
+static void ref_attn_bwd(double *dq, double *dk, double *dv, const double *g, const double *q, const double *k,
+                         const double *v, const double *out, const double *lse, int B, int T, int H, int K, int hd)
+{
+    double scale = 1.0 / sqrt((double)hd);
+    memset(dk, 0, (size_t)B * T * K * hd * sizeof(double));
+    memset(dv, 0, (size_t)B * T * K * hd * sizeof(double));
+    for (int b = 0; b < B; b++)
+        for (int hh = 0; hh < H; hh++) {
+            int kh = hh / (H / K);
+            for (int i = 0; i < T; i++) {
+                double l = lse[((size_t)b * H + hh) * T + i], D = 0;
+                for (int d = 0; d < hd; d++) D += g[qix(b, i, hh, d, T, H, hd)] * out[qix(b, i, hh, d, T, H, hd)];
+                for (int d = 0; d < hd; d++) dq[qix(b, i, hh, d, T, H, hd)] = 0;
+                for (int j = 0; j <= i; j++) {
+                    double s = 0, dp = 0;
+                    for (int d = 0; d < hd; d++) {
+                        s += q[qix(b, i, hh, d, T, H, hd)] * k[qix(b, j, kh, d, T, K, hd)];
+                        dp += g[qix(b, i, hh, d, T, H, hd)] * v[qix(b, j, kh, d, T, K, hd)];
+                    }
+                    double P = exp(scale * s - l), dS = P * (dp - D);
+                    for (int d = 0; d < hd; d++) {
+                        dq[qix(b, i, hh, d, T, H, hd)] += scale * dS * k[qix(b, j, kh, d, T, K, hd)];
+                        dk[qix(b, j, kh, d, T, K, hd)] += scale * dS * q[qix(b, i, hh, d, T, H, hd)];
+                        dv[qix(b, j, kh, d, T, K, hd)] += P * g[qix(b, i, hh, d, T, H, hd)];
+                    }
+                }
+            }
+        }
+}
+static double attn_loss(void *ud)
+{
+    struct attn_case *a = ud;
+    ref_attn_fwd(a->out, a->lse, a->S, a->q, a->k, a->v, a->B, a->T, a->T, 0, a->H, a->K, a->hd);
+    return wsum(a->out, a->W, (size_t)a->B * a->T * a->H * a->hd);
+}
+
+/* rows [i0, i0+Tq) of (B,T,H,hd) / of lse (B,H,T) */
+static float *rows_f(struct harness *h, const float *x, int B, int T, int H, int hd, int i0, int Tq)
+{
+    float *r = new_f(h, (size_t)B * Tq * H * hd);
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < Tq; i++)
+            memcpy(&r[qix(b, i, 0, 0, Tq, H, hd)], &x[qix(b, i0 + i, 0, 0, T, H, hd)], (size_t)H * hd * sizeof(float));
+    return r;
+}
+static double *rows_d(struct harness *h, const double *x, int B, int T, int H, int hd, int i0, int Tq)
+{
+    double *r = new_d(h, (size_t)B * Tq * H * hd);
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < Tq; i++)
+            memcpy(&r[qix(b, i, 0, 0, Tq, H, hd)], &x[qix(b, i0 + i, 0, 0, T, H, hd)], (size_t)H * hd * sizeof(double));
+    return r;
+}
+static double *lse_rows_d(struct harness *h, const double *lse, int B, int T, int H, int i0, int Tq)
+{
+    double *r = new_d(h, (size_t)B * H * Tq);
+    for (int bh = 0; bh < B * H; bh++)
+        for (int i = 0; i < Tq; i++) r[(size_t)bh * Tq + i] = lse[(size_t)bh * T + i0 + i];
+    return r;
+}
+
+static void attn_case(struct harness *h, int B, int T, int H, int K, int hd)
+{
+    size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * K * hd, nl = (size_t)B * H * T;
+    float *q = rand_f(h, nq, -1.5, 1.5), *k = rand_f(h, nk, -1.5, 1.5), *v = rand_f(h, nk, -1, 1);
+    float *W = rand_f(h, nq, -1, 1);
+    char cs[64];
+    snprintf(cs, sizeof cs, "B=%d T=%d H=%d K=%d hd=%d", B, T, H, K, hd);
+    struct attn_case a = {B, T, H, K, hd, to_d(h, q, nq), to_d(h, k, nk), to_d(h, v, nk), to_d(h, W, nq),
+                          new_d(h, nq), new_d(h, nl), new_d(h, (size_t)T * T)};
+    ref_attn_fwd(a.out, a.lse, a.S, a.q, a.k, a.v, B, T, T, 0, H, K, hd);
+    double *gq = new_d(h, nq), *gk = new_d(h, nk), *gv = new_d(h, nk);
+    ref_attn_bwd(gq, gk, gv, a.W, a.q, a.k, a.v, a.out, a.lse, B, T, H, K, hd);
+    if (!h->ops) {
+        checkf(h, "attention_backward", fd_err(a.q, nq, gq, attn_loss, &a), TOL_FD, "%s fd dq", cs);
+        checkf(h, "attention_backward", fd_err(a.k, nk, gk, attn_loss, &a), TOL_FD, "%s fd dk", cs);
+        checkf(h, "attention_backward", fd_err(a.v, nk, gv, attn_loss, &a), TOL_FD, "%s fd dv", cs);
+        return;
+    }
+    const char *opf = "attention_forward", *opb = "attention_backward";
+    if (!has(h, opf, h->ops->attention_forward != NULL)) return;
+    float *dq = up_f(h, q, nq), *dk = up_f(h, k, nk), *dv = up_f(h, v, nk);
+    float *dout = up_f(h, nan_f(h, nq), nq), *dlse = up_f(h, nan_f(h, nl), nl);
+    h->ops->attention_forward(dout, dlse, dq, dk, dv, B, T, T, 0, H, K, hd);
+    float *out = down_f(h, dout, nq), *lse = down_f(h, dlse, nl);
+    checkf(h, opf, err_rel(h, out, a.out, nq), TOL_FWD, "%s train out", cs);
+    checkf(h, opf, err_rel(h, lse, a.lse, nl), TOL_FWD, "%s train lse", cs);
+    float *dout2 = up_f(h, nan_f(h, nq), nq), *dlse2 = up_f(h, nan_f(h, nl), nl);
+    h->ops->attention_forward(dout2, dlse2, dq, dk, dv, B, T, T, 0, H, K, hd);
+    checkf(h, opf, ndiff(out, down_f(h, dout2, nq), nq) + ndiff(lse, down_f(h, dlse2, nl), nl), 0,
+           "%s train determinism", cs);
+
+    /* decoding (Tq = 1, q_pos0 = T-1) and a chunk (Tq = 3, q_pos0 = T-3) against
+     * the rows of the full causal reference */
+    for (int c = 0; c < 2; c++) {
+        int Tq = c == 0 ? 1 : 3;
+        if (Tq > T) continue;
+        int p0 = T - Tq;
+        size_t nqq = (size_t)B * Tq * H * hd, nll = (size_t)B * H * Tq;
+        float *dqq = up_f(h, rows_f(h, q, B, T, H, hd, p0, Tq), nqq);
+        float *doo = up_f(h, nan_f(h, nqq), nqq), *dll = up_f(h, nan_f(h, nll), nll);
+        h->ops->attention_forward(doo, dll, dqq, dk, dv, B, Tq, T, p0, H, K, hd);
+        checkf(h, opf, err_rel(h, down_f(h, doo, nqq), rows_d(h, a.out, B, T, H, hd, p0, Tq), nqq), TOL_FWD,
+               "%s Tq=%d q_pos0=%d out", cs, Tq, p0);
+        checkf(h, opf, err_rel(h, down_f(h, dll, nll), lse_rows_d(h, a.lse, B, T, H, p0, Tq), nll), TOL_FWD,
+               "%s Tq=%d q_pos0=%d lse", cs, Tq, p0);
+    }
+
+    if (!has(h, opb, h->ops->attention_backward != NULL)) return;
+    float *dg = up_f(h, W, nq);
+    float *ddq = up_f(h, nan_f(h, nq), nq), *ddk = up_f(h, nan_f(h, nk), nk), *ddv = up_f(h, nan_f(h, nk), nk);
+    h->ops->attention_backward(ddq, ddk, ddv, dg, dq, dk, dv, dout, dlse, B, T, H, K, hd);
+    float *gotq = down_f(h, ddq, nq), *gotk = down_f(h, ddk, nk), *gotv = down_f(h, ddv, nk);
+    checkf(h, opb, err_rel(h, gotq, gq, nq), TOL_BWD, "%s dq (=)", cs);
+    checkf(h, opb, err_rel(h, gotk, gk, nk), TOL_BWD, "%s dk (=)", cs);
+    checkf(h, opb, err_rel(h, gotv, gv, nk), TOL_BWD, "%s dv (=)", cs);
+    /* overwrite with finite garbage too (a kernel that accumulates into NaN fails above anyway) */
+    float *g7 = rand_f(h, nq, 5, 9);
+    float *ddq2 = up_f(h, g7, nq), *ddk2 = up_f(h, g7, nk), *ddv2 = up_f(h, g7, nk);
+    h->ops->attention_backward(ddq2, ddk2, ddv2, dg, dq, dk, dv, dout, dlse, B, T, H, K, hd);
+    checkf(h, opb, ndiff(gotq, down_f(h, ddq2, nq), nq) + ndiff(gotk, down_f(h, ddk2, nk), nk) +
+                       ndiff(gotv, down_f(h, ddv2, nk), nk), 0,
+           "%s determinism (prefill ignored)", cs);
+}
+
+static int run_attention(struct harness *h)
+{
+    int f0 = h->n_fail;
+    attn_case(h, 2, 5, 4, 2, 6);   /* GQA H/K = 2 */
+    attn_case(h, 1, 7, 3, 3, 8);   /* H/K = 1 */
+    attn_case(h, 2, 6, 4, 1, 4);   /* MQA H/K = 4 */
+    attn_case(h, 1, 1, 2, 1, 6);   /* one token */
+    attn_case(h, 2, 64, 4, 2, 32); /* larger */
+    return h->n_fail == f0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* swiglu                                                                   */
+
+struct swiglu_case {
+    size_t n;
+    double *g, *u, *W, *out;
+};
+static double sigm(double x) { return 1.0 / (1.0 + exp(-x)); }
+static void ref_swiglu_fwd(double *out, const double *g, const double *u, size_t n)
+{
+    for (size_t i = 0; i < n; i++) out[i] = g[i] * sigm(g[i]) * u[i];
+}
+/* dg = dout*u*silu'(g), du = dout*silu(g); silu'(x) = s + x s (1-s) */
+static void ref_swiglu_bwd(double *dg, double *du, const double *dout, const double *g, const double *u, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        double s = sigm(g[i]);
+        dg[i] = dout[i] * u[i] * (s + g[i] * s * (1 - s));
+        du[i] = dout[i] * g[i] * s;
+    }
+}
+static double swiglu_loss(void *ud)
+{
+    struct swiglu_case *c = ud;
+    ref_swiglu_fwd(c->out, c->g, c->u, c->n);
+    return wsum(c->out, c->W, c->n);
+}
+
+static void swiglu_case(struct harness *h, size_t n)
+{
+    float *g = rand_f(h, n, -6, 6), *u = rand_f(h, n, -2, 2), *W = rand_f(h, n, -1, 1);
+    struct swiglu_case c = {n, to_d(h, g, n), to_d(h, u, n), to_d(h, W, n), new_d(h, n)};
+    ref_swiglu_fwd(c.out, c.g, c.u, n);
+    double *gg = new_d(h, n), *gu = new_d(h, n);
+    ref_swiglu_bwd(gg, gu, c.W, c.g, c.u, n);
+    if (!h->ops) {
+        checkf(h, "swiglu_backward", fd_err(c.g, n, gg, swiglu_loss, &c), TOL_FD, "n=%zu fd dgate", n);
+        checkf(h, "swiglu_backward", fd_err(c.u, n, gu, swiglu_loss, &c), TOL_FD, "n=%zu fd dup", n);
+        return;
+    }
+    float *dgt = up_f(h, g, n), *dup = up_f(h, u, n);
+    if (has(h, "swiglu_forward", h->ops->swiglu_forward != NULL)) {
+        float *dout = up_f(h, nan_f(h, n), n), *dout2 = up_f(h, nan_f(h, n), n);
+        h->ops->swiglu_forward(dout, dgt, dup, n);
+        float *out = down_f(h, dout, n);
+        checkf(h, "swiglu_forward", err_rel(h, out, c.out, n), TOL_FWD, "n=%zu out", n);
+        h->ops->swiglu_forward(dout2, dgt, dup, n);
+        checkf(h, "swiglu_forward", ndiff(out, down_f(h, dout2, n), n), 0, "n=%zu determinism", n);
+    }
+    if (has(h, "swiglu_backward", h->ops->swiglu_backward != NULL)) {
+        float *dW = up_f(h, W, n), *ddg = up_f(h, nan_f(h, n), n), *ddu = up_f(h, nan_f(h, n), n);
+        h->ops->swiglu_backward(ddg, ddu, dW, dgt, dup, n);
+        float *got_g = down_f(h, ddg, n), *got_u = down_f(h, ddu, n);
+        checkf(h, "swiglu_backward", err_rel(h, got_g, gg, n), TOL_BWD, "n=%zu dgate (=)", n);
+        checkf(h, "swiglu_backward", err_rel(h, got_u, gu, n), TOL_BWD, "n=%zu dup (=)", n);
+        float *ddg2 = up_f(h, nan_f(h, n), n), *ddu2 = up_f(h, nan_f(h, n), n);
+        h->ops->swiglu_backward(ddg2, ddu2, dW, dgt, dup, n);
+        checkf(h, "swiglu_backward", ndiff(got_g, down_f(h, ddg2, n), n) + ndiff(got_u, down_f(h, ddu2, n), n), 0,
+               "n=%zu determinism", n);
+    }
+}
+
+static int run_swiglu(struct harness *h)
+{
+    int f0 = h->n_fail;
+    swiglu_case(h, 13);
+    swiglu_case(h, 1);
+    swiglu_case(h, 4099);
+    swiglu_case(h, 20001);
+    return h->n_fail == f0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* cross-entropy                                                            */
+
+struct xent_case {
+    int N, V;
+    double cap, dscale;
+    const int32_t *t;
+    double *z, *loss, *lse;
+};
+/* s = cap*tanh(z/cap) (or z); lse_n = logsumexp(s_n); loss_n = lse_n - s_n[t] (0 if t == -1) */
+static void ref_xent_fwd(double *loss, double *lse, const double *z, const int32_t *t, int N, int V, double cap)
+{
+    for (int n = 0; n < N; n++) {
+        const double *zr = z + (size_t)n * V;
+        double m = -INFINITY, sum = 0, st = 0;
+        for (int i = 0; i < V; i++) {
+            double s = cap > 0 ? cap * tanh(zr[i] / cap) : zr[i];
+            if (s > m) m = s;
+        }
+        for (int i = 0; i < V; i++) {
+            double s = cap > 0 ? cap * tanh(zr[i] / cap) : zr[i];
+            sum += exp(s - m);
+            if (i == t[n]) st = s;
+        }
+        lse[n] = m + log(sum);
+        loss[n] = t[n] < 0 ? 0 : lse[n] - st;
+    }
+}
+/* dz = dscale * (softmax(s) - onehot(t)) * ds/dz, 0 for t == -1 */
+static void ref_xent_bwd(double *dz, const double *z, const double *lse, const int32_t *t, double dscale, int N,
+                         int V, double cap)
+{
+    for (int n = 0; n < N; n++)
+        for (int i = 0; i < V; i++) {
+            double zz = z[(size_t)n * V + i], th = cap > 0 ? tanh(zz / cap) : 0;
+            double s = cap > 0 ? cap * th : zz, dsdz = cap > 0 ? 1 - th * th : 1;
+            dz[(size_t)n * V + i] = t[n] < 0 ? 0 : dscale * (exp(s - lse[n]) - (i == t[n])) * dsdz;
+        }
+}
+static double xent_loss(void *ud)
+{
+    struct xent_case *x = ud;
+    ref_xent_fwd(x->loss, x->lse, x->z, x->t, x->N, x->V, x->cap);
+    double s = 0;
+    for (int n = 0; n < x->N; n++) s += x->loss[n];
+    return x->dscale * s;
+}
+
+static void xent_case(struct harness *h, int N, int V, float cap, double zr)
+{
+    size_t nz = (size_t)N * V;
+    float *z = rand_f(h, nz, -zr, zr);
+    int32_t *t = new_i(h, N);
+    int valid = 0;
+    for (int n = 0; n < N; n++) {
+        t[n] = (n % 5 == 1) ? -1 : irand(h, V);
+        valid += t[n] >= 0;
+    }
+    if (N > 2) t[N - 1] = V - 1;
+    float dscale = 1.0f / (float)valid;
+    char cs[64];
+    snprintf(cs, sizeof cs, "N=%d V=%d softcap=%g |z|<%g", N, V, cap, zr);
+    struct xent_case x = {N, V, cap, dscale, t, to_d(h, z, nz), new_d(h, N), new_d(h, N)};
+    ref_xent_fwd(x.loss, x.lse, x.z, t, N, V, cap);
+    double *gz = new_d(h, nz);
+    ref_xent_bwd(gz, x.z, x.lse, t, dscale, N, V, cap);
+    if (!h->ops) {
+        checkf(h, "xent_backward", fd_err(x.z, nz, gz, xent_loss, &x), TOL_FD, "%s fd dlogits", cs);
+        return;
+    }
+    if (!has(h, "xent_forward", h->ops->xent_forward != NULL)) return;
+    float *dz = up_f(h, z, nz);
+    int32_t *dt = up_i(h, t, N);
+    float *dloss = up_f(h, nan_f(h, N), N), *dlse = up_f(h, nan_f(h, N), N);
+    h->ops->xent_forward(dloss, dlse, dz, dt, N, V, cap);
+    float *loss = down_f(h, dloss, N), *lse = down_f(h, dlse, N);
+    checkf(h, "xent_forward", err_rel(h, loss, x.loss, N), TOL_FWD, "%s losses", cs);
+    /* lse on rows with a target (what backward reads), then on ignored rows */
+    float *lv = new_f(h, N), *li = new_f(h, N);
+    double *rv = new_d(h, N), *ri = new_d(h, N);
+    int nv = 0, ni = 0;
+    for (int n = 0; n < N; n++) {
+        if (t[n] >= 0) { lv[nv] = lse[n]; rv[nv++] = x.lse[n]; }
+        else { li[ni] = lse[n]; ri[ni++] = x.lse[n]; }
+    }
+    checkf(h, "xent_forward", err_rel(h, lv, rv, nv), TOL_FWD, "%s lse", cs);
+    checkf(h, "xent_forward", err_rel(h, li, ri, ni), TOL_FWD, "%s lse rows target=-1", cs);
+    float *dloss2 = up_f(h, nan_f(h, N), N), *dlse2 = up_f(h, nan_f(h, N), N);
+    h->ops->xent_forward(dloss2, dlse2, dz, dt, N, V, cap);
+    checkf(h, "xent_forward", ndiff(loss, down_f(h, dloss2, N), N) + ndiff(lse, down_f(h, dlse2, N), N), 0,
+           "%s determinism", cs);
+
+    if (!has(h, "xent_backward", h->ops->xent_backward != NULL)) return;
+    float *ddz = up_f(h, nan_f(h, nz), nz);
+    h->ops->xent_backward(ddz, dz, dlse, dt, dscale, N, V, cap);
+    float *got = down_f(h, ddz, nz);
+    checkf(h, "xent_backward", err_rel(h, got, gz, nz), TOL_BWD, "%s dlogits (=)", cs);
+    float *inpl = up_f(h, z, nz);
+    h->ops->xent_backward(inpl, inpl, dlse, dt, dscale, N, V, cap);
+    checkf(h, "xent_backward", ndiff(got, down_f(h, inpl, nz), nz), 0, "%s in place (dlogits == logits)", cs);
+}
+
+static int run_xent(struct harness *h)
+{
+    int f0 = h->n_fail;
+    xent_case(h, 6, 37, 0.0f, 4.0);
+    xent_case(h, 6, 37, 15.0f, 40.0);
+    xent_case(h, 7, 5, 15.0f, 3.0);
+    xent_case(h, 32, 1000, 0.0f, 8.0);
+    xent_case(h, 32, 1000, 15.0f, 40.0);
+    return h->n_fail == f0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* MoE router                                                               */
+
+struct router_case {
+    int N, E, k;
+    double *z, *probs, *lse, *gates;
+    int32_t *topk;
+    char *chosen;                  /* scratch (E) */
+    const double *Wg, *Wp, *Wl;    /* loss weights; Wp/Wl may be NULL */
+};
+/* probs = softmax(z), lse = logsumexp(z); topk: k rounds of argmax over probs,
+ * first maximum wins; gates = p[topk] / sum_j p[topk_j] */
+static void ref_router_fwd(struct router_case *r)
+{
+    int E = r->E, k = r->k;
+    for (int n = 0; n < r->N; n++) {
+        const double *z = r->z + (size_t)n * E;
+        double *p = r->probs + (size_t)n * E, m = -INFINITY, sum = 0, S = 0;
+        for (int e = 0; e < E; e++)
+            if (z[e] > m) m = z[e];
+        for (int e = 0; e < E; e++) sum += exp(z[e] - m);
+        r->lse[n] = m + log(sum);
+        for (int e = 0; e < E; e++) p[e] = exp(z[e] - r->lse[n]);
+        memset(r->chosen, 0, (size_t)E);
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++)
+                if (!r->chosen[e] && (best < 0 || p[e] > p[best])) best = e;
+            r->chosen[best] = 1;
+            r->topk[(size_t)n * k + j] = best;
+            S += p[best];
+        }
+        for (int j = 0; j < k; j++) r->gates[(size_t)n * k + j] = p[r->topk[(size_t)n * k + j]] / S;
+    }
+}
+/* dp = dprobs; dp[i_j] += dg_j/S - sum_m dg_m g_m / S;
+ * dz_e = p_e (dp_e - sum_e' p_e' dp_e') + dlse p_e   (=) */
+static void ref_router_bwd(double *dz, const double *dg, const double *dprobs, const double *dlse,
+                           const double *probs, const int32_t *topk, const double *gates, double *dp, int N, int E,
+                           int k)
+{
+    for (int n = 0; n < N; n++) {
+        const double *p = probs + (size_t)n * E;
+        double S = 0, gs = 0, dot = 0;
+        for (int e = 0; e < E; e++) dp[e] = dprobs ? dprobs[(size_t)n * E + e] : 0;
+        for (int j = 0; j < k; j++) {
+            S += p[topk[(size_t)n * k + j]];
+            gs += dg[(size_t)n * k + j] * gates[(size_t)n * k + j];
+        }
+        for (int j = 0; j < k; j++) dp[topk[(size_t)n * k + j]] += dg[(size_t)n * k + j] / S - gs / S;
+        for (int e = 0; e < E; e++) dot += p[e] * dp[e];
+        for (int e = 0; e < E; e++) dz[(size_t)n * E + e] = p[e] * (dp[e] - dot) + (dlse ? dlse[n] * p[e] : 0);
+    }
+}
+static double router_loss(void *ud)
+{
+    struct router_case *r = ud;
+    ref_router_fwd(r);
+    double L = wsum(r->gates, r->Wg, (size_t)r->N * r->k);
+    if (r->Wp) L += wsum(r->probs, r->Wp, (size_t)r->N * r->E);
+    if (r->Wl) L += wsum(r->lse, r->Wl, (size_t)r->N);
+    return L;
+}
+
+/* tie: explicit rows with exact ties (first maximum must win); otherwise
+ * well-separated logits (a shuffled ladder with gap `gap`), so a finite
+ * difference never changes the top-k choice. */
+static void router_case(struct harness *h, int N, int E, int k, int tie)
+{
+    size_t nz = (size_t)N * E, ng = (size_t)N * k;
+    float *z = new_f(h, nz);
+    if (tie) {
+        static const float rows[4][6] = {
+            {0.5f, 2, 1, 2, 2, -1}, {1, 1, 1, 1, 1, 1}, {3, 0, 3, 0, -2, 3}, {3, 1, 1, 0, 1, 2}};
+        for (size_t i = 0; i < nz; i++) z[i] = rows[(i / E) % 4][i % E];
+    } else {
+        int *perm = (int *)new_i(h, E);
+        double gap = E <= 8 ? 0.6 : 0.15;
+        for (int n = 0; n < N; n++) {
+            for (int e = 0; e < E; e++) perm[e] = e;
+            for (int e = E - 1; e > 0; e--) {
+                int j = irand(h, e + 1), tmp = perm[e];
+                perm[e] = perm[j];
+                perm[j] = tmp;
+            }
+            for (int e = 0; e < E; e++)
+                z[(size_t)n * E + e] = (float)(gap * (perm[e] - E / 2) + gap * 0.2 * (urand(h) - 0.5));
+        }
+    }
+    float *Wg = rand_f(h, ng, -1, 1), *Wp = rand_f(h, nz, -1, 1), *Wl = rand_f(h, N, -1, 1);
+    char cs[64];
+    snprintf(cs, sizeof cs, "N=%d E=%d k=%d%s", N, E, k, tie ? " ties" : "");
+    double *dWg = to_d(h, Wg, ng), *dWp = to_d(h, Wp, nz), *dWl = to_d(h, Wl, N);
+    struct router_case r = {N, E, k, to_d(h, z, nz), new_d(h, nz), new_d(h, N), new_d(h, ng), new_i(h, ng), halloc(h, E),
+                            dWg, NULL, NULL};
+    ref_router_fwd(&r);
+    double *dpscr = new_d(h, E);
+    if (!h->ops) {
+        if (tie) {  /* the reference itself must honour first-maximum-wins */
+            static const int32_t want[4][3] = {{1, 3, 4}, {0, 1, 2}, {0, 2, 5}, {0, 5, 1}};
+            double bad = 0;
+            for (int n = 0; n < N; n++)
+                for (int j = 0; j < k; j++) bad += r.topk[(size_t)n * k + j] != want[n % 4][j];
+            checkf(h, "router_forward", bad, 0, "%s reference topk", cs);
+            return;
+        }
+        for (int c = 0; c < 4; c++) {
+            r.Wp = (c & 1) ? dWp : NULL;
+            r.Wl = (c & 2) ? dWl : NULL;
+            double *gz = new_d(h, nz);
+            ref_router_bwd(gz, dWg, r.Wp, r.Wl, r.probs, r.topk, r.gates, dpscr, N, E, k);
+            checkf(h, "router_backward", fd_err(r.z, nz, gz, router_loss, &r), TOL_FD, "%s dprobs=%s dlse=%s fd", cs,
+                   r.Wp ? "yes" : "NULL", r.Wl ? "yes" : "NULL");
+        }
+        return;
+    }
+    if (!has(h, "router_forward", h->ops->router_forward != NULL)) return;
+    float *dz = up_f(h, z, nz), *dprobs = up_f(h, nan_f(h, nz), nz), *dlse = up_f(h, nan_f(h, N), N);
+    float *dgates = up_f(h, nan_f(h, ng), ng);
+    int32_t *dtopk = up_i(h, new_i(h, ng), ng);
+    h->ops->router_forward(dprobs, dlse, dtopk, dgates, dz, N, E, k);
+    float *probs = down_f(h, dprobs, nz), *lse = down_f(h, dlse, N), *gates = down_f(h, dgates, ng);
+    int32_t *topk = down_i(h, dtopk, ng);
+    checkf(h, "router_forward", err_rel(h, probs, r.probs, nz), TOL_FWD, "%s probs", cs);
+    checkf(h, "router_forward", err_rel(h, lse, r.lse, N), TOL_FWD, "%s lse", cs);
+    checkf(h, "router_forward", ndiff_i(topk, r.topk, ng), 0, "%s topk_idx", cs);
+    checkf(h, "router_forward", err_rel(h, gates, r.gates, ng), TOL_FWD, "%s gates", cs);
+    float *dprobs2 = up_f(h, nan_f(h, nz), nz), *dlse2 = up_f(h, nan_f(h, N), N), *dgates2 = up_f(h, nan_f(h, ng), ng);
+    int32_t *dtopk2 = up_i(h, new_i(h, ng), ng);
+    h->ops->router_forward(dprobs2, dlse2, dtopk2, dgates2, dz, N, E, k);
+    checkf(h, "router_forward",
+           ndiff(probs, down_f(h, dprobs2, nz), nz) + ndiff(lse, down_f(h, dlse2, N), N) +
+               ndiff(gates, down_f(h, dgates2, ng), ng) + ndiff_i(topk, down_i(h, dtopk2, ng), ng),
+           0, "%s determinism", cs);
+
+    if (!has(h, "router_backward", h->ops->router_backward != NULL)) return;
+    float *dWgd = up_f(h, Wg, ng), *dWpd = up_f(h, Wp, nz), *dWld = up_f(h, Wl, N);
+    for (int c = 0; c < 4; c++) {
+        int use_p = c & 1, use_l = c & 2;
+        double *gz = new_d(h, nz);
+        ref_router_bwd(gz, dWg, use_p ? dWp : NULL, use_l ? dWl : NULL, r.probs, r.topk, r.gates, dpscr, N, E, k);
+        float *ddz = up_f(h, nan_f(h, nz), nz), *ddz2 = up_f(h, nan_f(h, nz), nz);
+        h->ops->router_backward(ddz, dWgd, use_p ? dWpd : NULL, use_l ? dWld : NULL, dprobs, dtopk, dgates, N, E, k);
+        float *got = down_f(h, ddz, nz);
+        checkf(h, "router_backward", err_rel(h, got, gz, nz), TOL_BWD, "%s dprobs=%s dlse=%s dlogits (=)", cs,
+               use_p ? "yes" : "NULL", use_l ? "yes" : "NULL");
+        h->ops->router_backward(ddz2, dWgd, use_p ? dWpd : NULL, use_l ? dWld : NULL, dprobs, dtopk, dgates, N, E,
+                                k);
+        checkf(h, "router_backward", ndiff(got, down_f(h, ddz2, nz), nz), 0, "%s dprobs=%s dlse=%s determinism", cs,
+               use_p ? "yes" : "NULL", use_l ? "yes" : "NULL");
+    }
+}
+
+static int run_router(struct harness *h)
+{
+    int f0 = h->n_fail;
+    router_case(h, 6, 8, 2, 0);
+    router_case(h, 5, 5, 3, 0);
+    router_case(h, 7, 4, 1, 0);
+    router_case(h, 4, 6, 3, 1);   /* exact ties: first maximum wins, in every round */
+    router_case(h, 64, 64, 4, 0);
+    return h->n_fail == f0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* MoE permute / combine                                                    */
+
+struct moe_case {
+    int N, k, C;
+    const int32_t *pos, *src;
+    double *h, *y, *gates, *W, *xp, *out;
+};
+static void ref_permute(double *xp, const double *hh, const int32_t *src, int M, int C)
+{
+    for (int m = 0; m < M; m++)
+        for (int c = 0; c < C; c++) xp[(size_t)m * C + c] = hh[(size_t)src[m] * C + c];
+}
+/* dh[n] += sum_j dxp[pos[n*k+j]] */
+static void ref_permute_bwd(double *dh, const double *dxp, const int32_t *pos, int N, int k, int C)
+{
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < k; j++)
+            for (int c = 0; c < C; c++) dh[(size_t)n * C + c] += dxp[(size_t)pos[(size_t)n * k + j] * C + c];
+}
+/* out[n] += sum_j gates[n,j] y[pos[n*k+j]] */
+static void ref_combine(double *out, const double *y, const int32_t *pos, const double *g, int N, int k, int C)
+{
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < k; j++)
+            for (int c = 0; c < C; c++)
+                out[(size_t)n * C + c] += g[(size_t)n * k + j] * y[(size_t)pos[(size_t)n * k + j] * C + c];
+}
+/* dy[pos] = g dout[n] (=); dgates[n,j] = dout[n].y[pos] (=) */
+static void ref_combine_bwd(double *dy, double *dg, const double *dout, const double *y, const int32_t *pos,
+                            const double *g, int N, int k, int C)
+{
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < k; j++) {
+            size_t r = (size_t)pos[(size_t)n * k + j];
+            double s = 0;
+            for (int c = 0; c < C; c++) {
+                dy[r * C + c] = g[(size_t)n * k + j] * dout[(size_t)n * C + c];
+                s += dout[(size_t)n * C + c] * y[r * C + c];
+            }
+            dg[(size_t)n * k + j] = s;
+        }
+}
+static double permute_loss(void *ud)
+{
+    struct moe_case *m = ud;
+    ref_permute(m->xp, m->h, m->src, m->N * m->k, m->C);
+    return wsum(m->xp, m->W, (size_t)m->N * m->k * m->C);
+}
+static double combine_loss(void *ud)
+{
+    struct moe_case *m = ud;
+    memset(m->out, 0, (size_t)m->N * m->C * sizeof(double));
+    ref_combine(m->out, m->y, m->pos, m->gates, m->N, m->k, m->C);
+    return wsum(m->out, m->W, (size_t)m->N * m->C);
+}
+
+static void moe_case(struct harness *h, int N, int k, int E, int C)
+{
+    int M = N * k;
+    size_t nh = (size_t)N * C, nm = (size_t)M * C, ng = (size_t)M;
+    /* routing as the model does it: k distinct experts per token, then the
+     * slots sorted by expert, stable in slot order n*k+j */
+    int32_t *expert = new_i(h, M), *pos = new_i(h, M), *src = new_i(h, M);
+    int *perm = (int *)new_i(h, E);
+    for (int n = 0; n < N; n++) {
+        for (int e = 0; e < E; e++) perm[e] = e;
+        for (int j = 0; j < k; j++) {
+            int r = j + irand(h, E - j), tmp = perm[j];
+            perm[j] = perm[r];
+            perm[r] = tmp;
+            expert[(size_t)n * k + j] = perm[j];
+        }
+    }
+    int m = 0;
+    for (int e = 0; e < E; e++)
+        for (int s = 0; s < M; s++)
+            if (expert[s] == e) {
+                pos[s] = m;
+                src[m++] = s / k;
+            }
+    float *hh = rand_f(h, nh, -1, 1), *y = rand_f(h, nm, -1, 1), *g = rand_f(h, ng, 0.05, 1);
+    float *Wh = rand_f(h, nm, -1, 1), *Wo = rand_f(h, nh, -1, 1), *init_h = rand_f(h, nh, -1, 1);
+    char cs[64];
+    snprintf(cs, sizeof cs, "N=%d k=%d E=%d C=%d", N, k, E, C);
+    struct moe_case mc = {N, k, C, pos, src, to_d(h, hh, nh), to_d(h, y, nm), to_d(h, g, ng), to_d(h, Wh, nm),
+                          new_d(h, nm), new_d(h, nh)};
+    double *xp = new_d(h, nm), *gh = new_d(h, nh), *out = new_d(h, nh), *gy = new_d(h, nm), *gg = new_d(h, ng);
+    ref_permute(xp, mc.h, src, M, C);
+    ref_permute_bwd(gh, mc.W, pos, N, k, C);
+    ref_combine(out, mc.y, pos, mc.gates, N, k, C);
+    double *Wod = to_d(h, Wo, nh);
+    ref_combine_bwd(gy, gg, Wod, mc.y, pos, mc.gates, N, k, C);
+    if (!h->ops) {
+        checkf(h, "moe_permute_backward", fd_err(mc.h, nh, gh, permute_loss, &mc), TOL_FD, "%s fd dh", cs);
+        mc.W = Wod;
+        checkf(h, "moe_combine_backward", fd_err(mc.y, nm, gy, combine_loss, &mc), TOL_FD, "%s fd dy", cs);
+        checkf(h, "moe_combine_backward", fd_err(mc.gates, ng, gg, combine_loss, &mc), TOL_FD, "%s fd dgates", cs);
+        return;
+    }
+    int32_t *dpos = up_i(h, pos, M), *dsrc = up_i(h, src, M);
+    float *dhh = up_f(h, hh, nh), *dy = up_f(h, y, nm), *dg = up_f(h, g, ng);
+    if (has(h, "moe_permute", h->ops->moe_permute != NULL)) {
+        float *dxp = up_f(h, nan_f(h, nm), nm);
+        h->ops->moe_permute(dxp, dhh, dsrc, M, C);
+        checkf(h, "moe_permute", err_rel(h, down_f(h, dxp, nm), xp, nm), 0, "%s xp (=) exact", cs);
+    }
+    if (has(h, "moe_permute_backward", h->ops->moe_permute_backward != NULL)) {
+        float *dW = up_f(h, Wh, nm), *ddh = up_f(h, init_h, nh), *ddh2 = up_f(h, init_h, nh);
+        h->ops->moe_permute_backward(ddh, dW, dpos, N, k, C);
+        float *got = down_f(h, ddh, nh);
+        checkf(h, "moe_permute_backward", err_rel(h, got, plus(h, init_h, gh, nh), nh), TOL_BWD, "%s dh (+=)", cs);
+        h->ops->moe_permute_backward(ddh2, dW, dpos, N, k, C);
+        checkf(h, "moe_permute_backward", ndiff(got, down_f(h, ddh2, nh), nh), 0, "%s determinism", cs);
+    }
+    if (has(h, "moe_combine", h->ops->moe_combine != NULL)) {
+        float *dout = up_f(h, init_h, nh), *dout2 = up_f(h, init_h, nh);
+        h->ops->moe_combine(dout, dy, dpos, dg, N, k, C);
+        float *got = down_f(h, dout, nh);
+        checkf(h, "moe_combine", err_rel(h, got, plus(h, init_h, out, nh), nh), TOL_FWD, "%s out (+=)", cs);
+        h->ops->moe_combine(dout2, dy, dpos, dg, N, k, C);
+        checkf(h, "moe_combine", ndiff(got, down_f(h, dout2, nh), nh), 0, "%s determinism", cs);
+    }
+    if (has(h, "moe_combine_backward", h->ops->moe_combine_backward != NULL)) {
+        float *dWo = up_f(h, Wo, nh);
+        float *ddy = up_f(h, nan_f(h, nm), nm), *ddg = up_f(h, nan_f(h, ng), ng);
+        h->ops->moe_combine_backward(ddy, ddg, dWo, dy, dpos, dg, N, k, C);
+        float *goty = down_f(h, ddy, nm), *gotg = down_f(h, ddg, ng);
+        checkf(h, "moe_combine_backward", err_rel(h, goty, gy, nm), TOL_BWD, "%s dy (=)", cs);
+        checkf(h, "moe_combine_backward", err_rel(h, gotg, gg, ng), TOL_BWD, "%s dgates (=)", cs);
+        float *ddy2 = up_f(h, nan_f(h, nm), nm), *ddg2 = up_f(h, nan_f(h, ng), ng);
+        h->ops->moe_combine_backward(ddy2, ddg2, dWo, dy, dpos, dg, N, k, C);
+        checkf(h, "moe_combine_backward", ndiff(goty, down_f(h, ddy2, nm), nm) + ndiff(gotg, down_f(h, ddg2, ng), ng),
+               0, "%s determinism", cs);
+    }
+}
+
+static int run_moe(struct harness *h)
+{
+    int f0 = h->n_fail;
+    moe_case(h, 7, 2, 5, 13);
+    moe_case(h, 5, 3, 4, 6);
+    moe_case(h, 6, 1, 3, 8);
+    moe_case(h, 64, 4, 16, 96);
+    return h->n_fail == f0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* optimizers                                                               */
+
+/* PyTorch AdamW: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p *= 1 - lr wd;
+ * p -= lr (m/bc1) / (sqrt(v/bc2) + eps) */
+static void adamw_case(struct harness *h, size_t n, int t, int fresh, double gscale, float lr, float wd)
+{
+    const char *op = "adamw_update";
+    const float b1 = 0.9f, b2 = 0.95f, eps = 1e-8f;
+    float bc1 = (float)(1 - pow(b1, t)), bc2 = (float)(1 - pow(b2, t));
+    float *p = rand_f(h, n, -1, 1), *g = rand_f(h, n, -gscale, gscale);
+    float *m = fresh ? new_f(h, n) : rand_f(h, n, -0.1 * gscale, 0.1 * gscale);
+    float *v = fresh ? new_f(h, n) : rand_f(h, n, 0, 0.01 * gscale * gscale);
+    if (!h->ops || !has(h, op, h->ops->adamw_update != NULL)) return;
+    char cs[96];
+    snprintf(cs, sizeof cs, "n=%zu t=%d %s |g|<%g lr=%g wd=%g", n, t, fresh ? "m=v=0" : "m,v given", gscale, lr, wd);
+    double *rp = new_d(h, n), *rm = new_d(h, n), *rv = new_d(h, n);
+    for (size_t i = 0; i < n; i++) {
+        double gi = g[i];
+        rm[i] = (double)b1 * m[i] + (1 - (double)b1) * gi;
+        rv[i] = (double)b2 * v[i] + (1 - (double)b2) * gi * gi;
+        rp[i] = p[i] * (1 - (double)lr * wd);
+        rp[i] -= (double)lr * (rm[i] / bc1) / (sqrt(rv[i] / bc2) + eps);
+    }
+    float *dp = up_f(h, p, n), *dg = up_f(h, g, n), *dm = up_f(h, m, n), *dv = up_f(h, v, n);
+    h->ops->adamw_update(dp, dg, dm, dv, n, lr, b1, b2, eps, wd, bc1, bc2);
+    float *gp = down_f(h, dp, n), *gm = down_f(h, dm, n), *gv = down_f(h, dv, n);
+    checkf(h, op, err_rel(h, gp, rp, n), TOL_FWD, "%s p", cs);
+    checkf(h, op, err_rel(h, gm, rm, n), TOL_FWD, "%s m", cs);
+    checkf(h, op, err_rel(h, gv, rv, n), TOL_FWD, "%s v", cs);
+    /* the update itself, relative to its own scale (p's scale can hide it) */
+    double *rdel = new_d(h, n), *gdel = new_d(h, n);
+    for (size_t i = 0; i < n; i++) {
+        rdel[i] = rp[i] - p[i];
+        gdel[i] = (double)gp[i] - p[i];
+    }
+    /* loose: p's own float rounding (|p| < 1) is up to 6e-5 of an lr=1e-3 update */
+    checkf(h, op, err_rel_d(gdel, rdel, n), 1e-3, "%s p - p0", cs);
+    float *dp2 = up_f(h, p, n), *dm2 = up_f(h, m, n), *dv2 = up_f(h, v, n);
+    h->ops->adamw_update(dp2, dg, dm2, dv2, n, lr, b1, b2, eps, wd, bc1, bc2);
+    checkf(h, op, ndiff(gp, down_f(h, dp2, n), n) + ndiff(gm, down_f(h, dm2, n), n) + ndiff(gv, down_f(h, dv2, n), n),
+           0, "%s determinism", cs);
+}
+
+static int run_adamw(struct harness *h)
+{
+    int f0 = h->n_fail;
+    adamw_case(h, 13, 1, 1, 1.0, 1e-3f, 0.0f);
+    adamw_case(h, 1001, 7, 0, 1.0, 0.5f, 0.1f);
+    adamw_case(h, 13, 1, 1, 1e-8, 0.5f, 0.0f);   /* eps-dominated: eps outside the sqrt */
+    adamw_case(h, 1001, 3, 0, 1e-3, 0.05f, 0.0f);
+    adamw_case(h, 20001, 12, 0, 1.0, 0.01f, 0.1f);
+    return h->n_fail == f0;
+}
+
+/* m = mu m + g; d = g + mu m (new m); d may alias g */
+static void muon_case(struct harness *h, size_t n, int alias)
+{
+    const char *op = "muon_momentum";
+    const float mu = 0.95f;
+    float *g = rand_f(h, n, -1, 1), *m = rand_f(h, n, -1, 1);
+    if (!h->ops || !has(h, op, h->ops->muon_momentum != NULL)) return;
+    double *rm = new_d(h, n), *rd = new_d(h, n);
+    for (size_t i = 0; i < n; i++) {
+        rm[i] = (double)mu * m[i] + g[i];
+        rd[i] = g[i] + (double)mu * rm[i];
+    }
+    float *dg = up_f(h, g, n), *dm = up_f(h, m, n), *dd = alias ? dg : up_f(h, nan_f(h, n), n);
+    h->ops->muon_momentum(dd, dm, dg, mu, n);
+    float *gd = down_f(h, dd, n), *gm = down_f(h, dm, n);
+    checkf(h, op, err_rel(h, gm, rm, n), TOL_FWD, "n=%zu%s m", n, alias ? " d==g" : "");
+    checkf(h, op, err_rel(h, gd, rd, n), TOL_FWD, "n=%zu%s d", n, alias ? " d==g" : "");
+    float *dg2 = up_f(h, g, n), *dm2 = up_f(h, m, n), *dd2 = alias ? dg2 : up_f(h, nan_f(h, n), n);
+    h->ops->muon_momentum(dd2, dm2, dg2, mu, n);
+    checkf(h, op, ndiff(gd, down_f(h, dd2, n), n) + ndiff(gm, down_f(h, dm2, n), n), 0, "n=%zu%s determinism", n,
+           alias ? " d==g" : "");
+}
+
+static int run_muon(struct harness *h)
+{
+    int f0 = h->n_fail;
+    muon_case(h, 13, 0);
+    muon_case(h, 13, 1);
+    muon_case(h, 4099, 1);
+    muon_case(h, 20001, 0);
+    return h->n_fail == f0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* the table                                                                */
+
+struct op_test {
+    const char *name;
+    int (*run)(struct harness *h);  /* 1 if every case passed */
+};
+
+static const struct op_test op_tests[] = {
+    {"gemm", run_gemm},
+    {"fill", run_fill},
+    {"axpby", run_axpby},
+    {"sumsq", run_sumsq},
+    {"all_finite", run_all_finite},
+    {"transpose", run_transpose},
+    {"embed", run_embed},
+    {"rmsnorm", run_rmsnorm},
+    {"rope", run_rope},
+    {"attention", run_attention},
+    {"swiglu", run_swiglu},
+    {"xent", run_xent},
+    {"router", run_router},
+    {"moe", run_moe},
+    {"adamw_update", run_adamw},
+    {"muon_momentum", run_muon},
+};
+
+/* inputs depend only on the op's name: every backend sees the same bits */
+static uint64_t seed_of(const char *name)
+{
+    uint64_t x = 1469598103934665603ull;
+    for (; *name; name++) x = (x ^ (unsigned char)*name) * 1099511628211ull;
+    return mix64(x);
+}
+
+int main(int argc, char **argv)
+{
+    const char *op_filter = NULL, *backend_filter = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-o") && i + 1 < argc) op_filter = argv[++i];
+        else if (!strcmp(argv[i], "-b") && i + 1 < argc) backend_filter = argv[++i];
+        else {
+            fprintf(stderr, "usage: %s [-o OP_SUBSTRING] [-b ref|cpu|cuda]\n", argv[0]);
+            return 2;
+        }
+    }
+    /* backends: the fp64 self-check pass, then every available table */
+    char why[256] = "";
+    const struct mt_ops_i *backends[3] = {NULL, mt_ops_cpu(), mt_ops_cuda(why, sizeof why)};
+    const char *names[3] = {"ref", "cpu", "cuda"};
+    if (!backends[2] && (!backend_filter || !strcmp(backend_filter, "cuda")))
+        printf("cuda  (backend not available: %s)\n", why[0] ? why : "no reason given");
+
+    struct harness h;
+    memset(&h, 0, sizeof h);
+    mt_ctx_init(&h.ctx);
+    printf("%-4s  %-20s %-56s %10s %8s  %s\n", "bknd", "op", "case", "max_err", "tol", "result");
+    for (int b = 0; b < 3; b++) {
+        if (b > 0 && !backends[b]) continue;
+        if (backend_filter && strcmp(backend_filter, names[b])) continue;
+        h.ops = backends[b];
+        h.bname = names[b];
+        for (size_t t = 0; t < sizeof op_tests / sizeof op_tests[0]; t++) {
+            if (op_filter && !strstr(op_tests[t].name, op_filter)) continue;
+            h.rng = seed_of(op_tests[t].name);
+            op_tests[t].run(&h);
+            reset(&h);
+        }
+        if (h.ops) {
+            /* every buf_alloc/host buffer of the harness was freed: accounting is back to zero */
+            checkf(&h, "buf_alloc/buf_free", (double)h.ctx.bytes_live_total, 0, "accounting balanced after frees");
+        }
+    }
+    mt_ctx_free(&h.ctx);
+    printf("test_ops: %d passed, %d failed, %d skipped\n", h.n_pass, h.n_fail, h.n_skip);
+    return h.n_fail ? 1 : 0;
+}

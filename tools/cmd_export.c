@@ -1,0 +1,121 @@
+/*
+ * cmd_export.c — `meshtrain export` (checkpoint -> HF) and `meshtrain import`
+ * (HF -> checkpoint). Thin: parse flags, call mt_export_hf / mt_import_hf,
+ * print warnings and a one-line error, map the status to the exit code.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cmd.h"
+#include "core/mt_core.h"
+#include "train/mt_ckpt.h"
+#include "train/mt_export.h"
+
+static void export_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: meshtrain export --ckpt DIR --out DIR [--bos-id N] [--force]\n"
+            "  --ckpt DIR    checkpoint directory, or a run's OUT dir (its latest checkpoint)\n"
+            "  --out DIR     output: config.json + model.safetensors (Qwen3 / Qwen3-MoE, F32)\n"
+            "  --bos-id N    bos_token_id to write into config.json (default: omitted)\n"
+            "  --force       replace --out even if it is not a previous export\n");
+}
+
+static void import_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: meshtrain import --hf DIR --out DIR [--seq-len N] [--force]\n"
+            "  --hf DIR      Hugging Face dir with config.json + model.safetensors (F32, BF16 or F16)\n"
+            "  --out DIR     checkpoint directory to write (step 0, no optimizer state)\n"
+            "  --seq-len N   model seq_len (default: max_position_embeddings)\n"
+            "  --force       replace --out even if it is not a checkpoint\n");
+}
+
+static int parse_int(const char *s, int *v)
+{
+    char *end;
+    long x = strtol(s, &end, 10);
+    if (!*s || *end || x < -1 || x > 1000000000L) return -1;
+    *v = (int)x;
+    return 0;
+}
+
+static void print_warnings(const char *cmd, const char *warn)
+{
+    const char *p = warn;
+    while (*p) {
+        const char *nl = strchr(p, '\n');
+        int len = nl ? (int)(nl - p) : (int)strlen(p);
+        if (len > 0) fprintf(stderr, "meshtrain %s: warning: %.*s\n", cmd, len, p);
+        p += len + (nl ? 1 : 0);
+    }
+}
+
+int mt_cmd_export(int argc, char **argv)
+{
+    const char *ckpt = NULL, *out = NULL;
+    int bos = -1, force = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { export_usage(stdout); return 0; }
+        else if (!strcmp(a, "--force")) force = 1;
+        else if (!strcmp(a, "--ckpt") && i + 1 < argc) ckpt = argv[++i];
+        else if (!strcmp(a, "--out") && i + 1 < argc) out = argv[++i];
+        else if (!strcmp(a, "--bos-id") && i + 1 < argc) {
+            if (parse_int(argv[++i], &bos)) { fprintf(stderr, "meshtrain export: bad --bos-id %s\n", argv[i]); return 2; }
+        } else {
+            fprintf(stderr, "meshtrain export: unknown or incomplete option '%s' (see --help)\n", a);
+            return 2;
+        }
+    }
+    if (!ckpt || !out) {
+        fprintf(stderr, "meshtrain export: --ckpt and --out are required (see --help)\n");
+        return 2;
+    }
+    struct mt_ctx ctx;
+    mt_ctx_init(&ctx);
+    char dir[4096], warn[2048] = "";
+    enum mt_status rc = mt_ckpt_find(&ctx, ckpt, dir, sizeof dir);
+    if (rc == MT_OK) rc = mt_export_hf(&ctx, dir, out, bos, force, warn, sizeof warn);
+    print_warnings("export", warn);
+    if (rc != MT_OK) fprintf(stderr, "meshtrain export: %s\n", mt_ctx_last_error(&ctx));
+    else printf("exported %s -> %s (config.json, model.safetensors)\n", dir, out);
+    mt_ctx_free(&ctx);
+    return mt_status_exit_code(rc);
+}
+
+int mt_cmd_import(int argc, char **argv)
+{
+    const char *hf = NULL, *out = NULL;
+    int seq_len = 0, force = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { import_usage(stdout); return 0; }
+        else if (!strcmp(a, "--force")) force = 1;
+        else if (!strcmp(a, "--hf") && i + 1 < argc) hf = argv[++i];
+        else if (!strcmp(a, "--out") && i + 1 < argc) out = argv[++i];
+        else if (!strcmp(a, "--seq-len") && i + 1 < argc) {
+            if (parse_int(argv[++i], &seq_len) || seq_len < 1) {
+                fprintf(stderr, "meshtrain import: bad --seq-len %s\n", argv[i]);
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "meshtrain import: unknown or incomplete option '%s' (see --help)\n", a);
+            return 2;
+        }
+    }
+    if (!hf || !out) {
+        fprintf(stderr, "meshtrain import: --hf and --out are required (see --help)\n");
+        return 2;
+    }
+    struct mt_ctx ctx;
+    mt_ctx_init(&ctx);
+    char warn[2048] = "";
+    enum mt_status rc = mt_import_hf(&ctx, hf, out, seq_len, force, warn, sizeof warn);
+    print_warnings("import", warn);
+    if (rc != MT_OK) fprintf(stderr, "meshtrain import: %s\n", mt_ctx_last_error(&ctx));
+    else printf("imported %s -> checkpoint %s (step 0)\n", hf, out);
+    mt_ctx_free(&ctx);
+    return mt_status_exit_code(rc);
+}
