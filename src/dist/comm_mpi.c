@@ -36,12 +36,6 @@ static void tune_malloc(void)
     mallopt(M_TRIM_THRESHOLD, MT_MALLOC_TRIM_THRESHOLD);
 }
 
-/* Launched by a process manager that expects MPI_Init? */
-static int launched_under_mpi(void)
-{
-    return getenv("OMPI_COMM_WORLD_SIZE") != NULL || getenv("PMI_SIZE") != NULL;
-}
-
 #ifndef MT_WITH_MPI
 
 enum mt_status mt_comm_mpi_create_world(struct mt_ctx *ctx, struct mt_comm **out)
@@ -61,8 +55,9 @@ enum mt_status mt_dist_init(int *argc, char ***argv, int *world, int *rank)
     tune_malloc();
     if (world) *world = 1;
     if (rank) *rank = 0;
-    if (launched_under_mpi() && getenv("OMPI_COMM_WORLD_RANK") && strcmp(getenv("OMPI_COMM_WORLD_SIZE"), "1") != 0)
-        return MT_ERR_UNSUPPORTED; /* N copies of a single-rank run would silently duplicate work */
+    const char *n = getenv("OMPI_COMM_WORLD_SIZE");
+    if (!n) n = getenv("PMI_SIZE");
+    if (n && atoi(n) > 1) return MT_ERR_UNSUPPORTED; /* N copies of a one-rank run would duplicate work */
     return MT_OK;
 }
 
@@ -74,6 +69,12 @@ void mt_dist_abort(int code)
 }
 
 #else /* MT_WITH_MPI */
+
+/* Launched by a process manager that expects MPI_Init? */
+static int launched_under_mpi(void)
+{
+    return getenv("OMPI_COMM_WORLD_SIZE") != NULL || getenv("PMI_SIZE") != NULL;
+}
 
 /* The one conversion boundary: MPI error code -> mt_status + message. */
 static enum mt_status mpi_error(struct mt_ctx *ctx, int code, const char *call, const char *file, int line)

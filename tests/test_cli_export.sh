@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# test_cli_export.sh BUILD_DIR — `meshtrain import` / `meshtrain export` end to
+# end: a tiny Qwen3 model written by python (BF16 embed, F32 rest, tied head)
+# -> checkpoint -> safetensors; values compared in python; exit codes for
+# --help (0), missing args / missing or corrupt checkpoint (2).
+set -u
+B=${1:?build dir}
+BIN=$B/meshtrain
+T=$(mktemp -d /tmp/mt_cli_export_XXXXXX)
+trap 'rm -rf "$T"' EXIT
+fail=0
+check() { # check WANT_RC DESCRIPTION cmd...
+    local want=$1 what=$2; shift 2
+    "$@" >"$T/out.txt" 2>"$T/err.txt"; local rc=$?
+    if [ "$rc" != "$want" ]; then
+        echo "FAILED: $what: exit $rc, want $want"; cat "$T/err.txt"; fail=1
+    fi
+}
+[ -x "$BIN" ] || { echo "FAILED: no $BIN"; exit 1; }
+
+check 0 "export --help" "$BIN" export --help
+grep -q -- "--ckpt" "$T/out.txt" || { echo "FAILED: export --help lists no --ckpt"; fail=1; }
+check 0 "import --help" "$BIN" import --help
+check 2 "export without args" "$BIN" export
+check 2 "export of a missing checkpoint" "$BIN" export --ckpt "$T/nope" --out "$T/x"
+[ "$(wc -l <"$T/err.txt")" = 1 ] || { echo "FAILED: error is not one line"; cat "$T/err.txt"; fail=1; }
+check 2 "import of a missing dir" "$BIN" import --hf "$T/nope" --out "$T/x"
+
+python3 - "$T/hf" <<'EOF' || { echo "FAILED: python could not build the HF dir"; exit 1; }
+import json, os, struct, sys
+import numpy as np
+d = sys.argv[1]; os.makedirs(d)
+V, D, H, K, hd, F, L = 40, 16, 2, 1, 8, 32, 2
+cfg = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=V, hidden_size=D,
+           intermediate_size=F, num_hidden_layers=L, num_attention_heads=H, num_key_value_heads=K,
+           head_dim=hd, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=128,
+           tie_word_embeddings=True, attention_bias=False, hidden_act="silu", torch_dtype="bfloat16")
+json.dump(cfg, open(f"{d}/config.json", "w"))
+rng = np.random.default_rng(0)
+t = {"model.embed_tokens.weight": (V, D), "model.norm.weight": (D,)}
+for l in range(L):
+    p = f"model.layers.{l}."
+    t.update({p+"input_layernorm.weight": (D,), p+"post_attention_layernorm.weight": (D,),
+              p+"self_attn.q_proj.weight": (H*hd, D), p+"self_attn.k_proj.weight": (K*hd, D),
+              p+"self_attn.v_proj.weight": (K*hd, D), p+"self_attn.o_proj.weight": (D, H*hd),
+              p+"self_attn.q_norm.weight": (hd,), p+"self_attn.k_norm.weight": (hd,),
+              p+"mlp.gate_proj.weight": (F, D), p+"mlp.up_proj.weight": (F, D), p+"mlp.down_proj.weight": (D, F)})
+hdr, blobs, off = {}, [], 0
+for name, shape in sorted(t.items()):
+    a = rng.standard_normal(shape).astype(np.float32)
+    if name == "model.embed_tokens.weight":   # BF16: the upper halves of f32
+        raw = (a.view(np.uint32) >> 16).astype(np.uint16).tobytes(); dt = "BF16"
+        a = ((a.view(np.uint32) >> 16) << 16).view(np.float32)
+    else:
+        raw = a.tobytes(); dt = "F32"
+    hdr[name] = dict(dtype=dt, shape=list(shape), data_offsets=[off, off + len(raw)])
+    blobs.append(raw); off += len(raw)
+    np.save(f"{d}/../ref_{name}.npy", a)
+h = json.dumps(hdr).encode(); h += b" " * (-len(h) % 8)
+open(f"{d}/model.safetensors", "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+EOF
+
+check 0 "import" "$BIN" import --hf "$T/hf" --out "$T/run/ckpt/step_000000"
+check 0 "export (run dir: latest checkpoint)" "$BIN" export --ckpt "$T/run" --out "$T/hf2" --bos-id 1
+python3 - "$T" <<'EOF' || fail=1
+import json, struct, sys, glob, os
+import numpy as np
+T = sys.argv[1]
+b = open(f"{T}/hf2/model.safetensors", "rb").read()
+n = struct.unpack("<Q", b[:8])[0]; assert n % 8 == 0
+h = json.loads(b[8:8+n]); data = b[8+n:]
+assert h["__metadata__"]["format"] == "pt"
+names = [k for k in h if k != "__metadata__"]
+assert names == sorted(names), "not in name order"
+refs = {os.path.basename(p)[4:-4]: np.load(p) for p in glob.glob(f"{T}/ref_*.npy")}
+refs["lm_head.weight"] = refs["model.embed_tokens.weight"]          # tied -> untied copy
+assert set(names) == set(refs), set(names) ^ set(refs)
+for k in names:
+    e = h[k]; assert e["dtype"] == "F32"
+    a = np.frombuffer(data[e["data_offsets"][0]:e["data_offsets"][1]], dtype=np.float32).reshape(e["shape"])
+    assert np.array_equal(a, refs[k]), k
+c = json.load(open(f"{T}/hf2/config.json"))
+assert c["model_type"] == "qwen3" and c["architectures"] == ["Qwen3ForCausalLM"]
+assert c["tie_word_embeddings"] is False and c["bos_token_id"] == 1 and c["max_position_embeddings"] == 128
+assert c["head_dim"] == 8 and c["num_key_value_heads"] == 1 and c["intermediate_size"] == 32
+print("python: export matches the imported model")
+EOF
+
+check 0 "export again over a previous export" "$BIN" export --ckpt "$T/run" --out "$T/hf2"
+mkdir -p "$T/foreign" && echo x >"$T/foreign/notes.txt"
+check 2 "export over a foreign dir" "$BIN" export --ckpt "$T/run" --out "$T/foreign"
+check 0 "export over a foreign dir with --force" "$BIN" export --ckpt "$T/run" --out "$T/foreign" --force
+# corrupt params.bin -> exit 2, one line naming the file
+printf '\x55' | dd of="$T/run/ckpt/step_000000/params.bin" bs=1 seek=100 conv=notrunc status=none
+check 2 "export of a corrupt checkpoint" "$BIN" export --ckpt "$T/run" --out "$T/hf3"
+grep -q "params.bin" "$T/err.txt" || { echo "FAILED: corrupt-checkpoint message names no file"; cat "$T/err.txt"; fail=1; }
+
+[ $fail = 0 ] && echo "test_cli_export: ok"
+exit $fail

@@ -1,0 +1,374 @@
+/*
+ * cmd_prepare.c — `meshtrain prepare`: text files -> llm.c token shards.
+ *
+ *   meshtrain prepare [--input PATH...] --tokenizer FILE --out DIR
+ *                     [--shard-tokens N] [--val-frac F] [--max-bytes N]
+ *
+ * Each file is one document, written as <|bos|> + its tokens. Documents go to
+ * DIR/train_NNNNNN.bin, except a held-out set that goes to DIR/val_NNNNNN.bin:
+ * n_val = max(1, round(F * n_docs)) documents spread evenly over the list
+ * (document i is held out iff floor((i+1) n_val / n) > floor(i n_val / n));
+ * with a single document its last F of tokens are held out instead. Shards
+ * hold at most N tokens (a document may straddle two shards, as in llm.c).
+ * Also writes DIR/tokenizer.bin (a copy) and DIR/meta.json.
+ *
+ * Nothing is overwritten by a failed run: every input is checked before the
+ * first byte is written, shards are written under temporary names and
+ * renamed only once all of them exist; shards of an earlier run beyond the
+ * new count are then removed so the directory holds one consistent stream.
+ */
+#define _GNU_SOURCE
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "cmd.h"
+#include "tok/mt_tok.h"
+#include "train/mt_data.h"
+
+#define MAX_INPUTS 4096
+#define MAX_SHARDS 100000
+
+static int usage_error(const char *msg, const char *arg)
+{
+    fprintf(stderr, "meshtrain prepare: %s%s%s (see meshtrain prepare --help)\n", msg, arg ? " " : "", arg ? arg : "");
+    return 2;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: meshtrain prepare [--input PATH...] --tokenizer FILE --out DIR\n"
+            "                         [--shard-tokens N] [--val-frac F] [--max-bytes N]\n"
+            "Each file is a document (<|bos|> first); directories are recursed in sorted order;\n"
+            "binary files (NUL in the first 8 KiB) are skipped. No --input: the headers under\n"
+            "%s, capped at --max-bytes (default %llu). Defaults: --shard-tokens 100000000,\n"
+            "--val-frac 0.01. Writes DIR/train_000000.bin..., DIR/val_000000.bin,\n"
+            "DIR/tokenizer.bin and DIR/meta.json.\n",
+            MT_TOK_DEFAULT_CORPUS, (unsigned long long)MT_TOK_DEFAULT_MAX_BYTES);
+}
+
+static long long parse_size(const char *s)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || errno || v < 0) return -1;
+    double mul = 1;
+    if (*end == 'k' || *end == 'K') { mul = 1e3; end++; }
+    else if (*end == 'm' || *end == 'M') { mul = 1e6; end++; }
+    else if (*end == 'g' || *end == 'G') { mul = 1e9; end++; }
+    if (*end) return -1;
+    v *= mul;
+    if (v > 9e18) return -1;
+    return (long long)v;
+}
+
+static int mkdir_p(const char *path)
+{
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) return -1;
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
+    struct stat st;
+    return (stat(tmp, &st) == 0 && S_ISDIR(st.st_mode)) ? 0 : -1;
+}
+
+/* One output stream (train or val): a token buffer flushed into shards. */
+struct stream {
+    const char *name;       /* "train" | "val" */
+    uint16_t   *buf;        /* (shard_tokens) */
+    size_t      n;
+    int         n_shards;
+    uint64_t    tokens;
+    int         docs;
+};
+
+static void shard_path(char *out, size_t len, const char *dir, const char *name, int k, int tmp)
+{
+    if (tmp) snprintf(out, len, "%s/%s_%06d.bin.new.%ld", dir, name, k, (long)getpid());
+    else snprintf(out, len, "%s/%s_%06d.bin", dir, name, k);
+}
+
+static enum mt_status flush(struct mt_ctx *ctx, struct stream *s, const char *dir)
+{
+    if (s->n == 0) return MT_OK;
+    if (s->n_shards >= MAX_SHARDS)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "prepare: more than %d %s shards: raise --shard-tokens",
+                            MAX_SHARDS, s->name);
+    char path[4200];
+    shard_path(path, sizeof path, dir, s->name, s->n_shards, 1);
+    MT_CHECK(mt_data_write_shard(ctx, path, s->buf, s->n));
+    s->n_shards++;
+    s->n = 0;
+    return MT_OK;
+}
+
+static enum mt_status append(struct mt_ctx *ctx, struct stream *s, const uint32_t *ids, size_t n,
+                             size_t shard_tokens, const char *dir)
+{
+    for (size_t i = 0; i < n; i++) {
+        s->buf[s->n++] = (uint16_t)ids[i];
+        if (s->n == shard_tokens) MT_CHECK(flush(ctx, s, dir));
+    }
+    s->tokens += n;
+    return MT_OK;
+}
+
+/* Remove temporaries of this run (failure path). */
+static void remove_new(const char *dir, const struct stream *s)
+{
+    char path[4200];
+    for (int k = 0; k < s->n_shards; k++) {
+        shard_path(path, sizeof path, dir, s->name, k, 1);
+        unlink(path);
+    }
+}
+
+static enum mt_status commit(struct mt_ctx *ctx, const char *dir, const struct stream *s)
+{
+    char from[4200], to[4200];
+    for (int k = 0; k < s->n_shards; k++) {
+        shard_path(from, sizeof from, dir, s->name, k, 1);
+        shard_path(to, sizeof to, dir, s->name, k, 0);
+        if (rename(from, to) != 0) return mt_ctx_error(ctx, MT_ERR_IO, "cannot rename %s: %s", from, strerror(errno));
+    }
+    /* stale shards of an earlier run: NAME_NNNNNN.bin with NNNNNN >= n_shards */
+    DIR *d = opendir(dir);
+    if (!d) return MT_OK;
+    struct dirent *e;
+    size_t nl = strlen(s->name);
+    while ((e = readdir(d)) != NULL) {
+        const char *p = e->d_name;
+        if (strncmp(p, s->name, nl) || p[nl] != '_' || strlen(p) != nl + 11 || strcmp(p + nl + 7, ".bin")) continue;
+        int k = 0, ok = 1;
+        for (int c = 0; c < 6; c++) {
+            if (p[nl + 1 + c] < '0' || p[nl + 1 + c] > '9') ok = 0;
+            else k = k * 10 + (p[nl + 1 + c] - '0');
+        }
+        if (ok && k >= s->n_shards) {
+            snprintf(to, sizeof to, "%s/%s", dir, p);
+            unlink(to);
+        }
+    }
+    closedir(d);
+    return MT_OK;
+}
+
+static enum mt_status write_text(struct mt_ctx *ctx, const char *path, const char *text)
+{
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return mt_ctx_error(ctx, MT_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+    int bad = fputs(text, f) < 0;
+    bad |= fclose(f) != 0;
+    if (bad || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return mt_ctx_error(ctx, MT_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+    }
+    return MT_OK;
+}
+
+static void hex64(char *out, uint64_t v) { snprintf(out, 17, "%016llx", (unsigned long long)v); }
+
+int mt_cmd_prepare(int argc, char **argv)
+{
+    const char *inputs[MAX_INPUTS];
+    int n_inputs = 0;
+    const char *tok_path = NULL, *out = NULL;
+    long long shard_tokens = 100000000, max_bytes = -1;
+    double val_frac = 0.01;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--input")) {
+            if (i + 1 >= argc || !strncmp(argv[i + 1], "--", 2)) return usage_error("--input needs a path", NULL);
+            while (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) {
+                if (n_inputs == MAX_INPUTS) return usage_error("too many --input paths", NULL);
+                inputs[n_inputs++] = argv[++i];
+            }
+        } else if (!strcmp(a, "--tokenizer") && i + 1 < argc) {
+            tok_path = argv[++i];
+        } else if (!strcmp(a, "--out") && i + 1 < argc) {
+            out = argv[++i];
+        } else if (!strcmp(a, "--shard-tokens") && i + 1 < argc) {
+            shard_tokens = parse_size(argv[++i]);
+            if (shard_tokens < 1 || shard_tokens > 2147483647LL)
+                return usage_error("--shard-tokens must be in [1, 2147483647], got", argv[i]);
+        } else if (!strcmp(a, "--val-frac") && i + 1 < argc) {
+            char *end;
+            val_frac = strtod(argv[++i], &end);
+            if (*end || end == argv[i] || !(val_frac >= 0 && val_frac <= 0.5))
+                return usage_error("--val-frac must be in [0, 0.5], got", argv[i]);
+        } else if (!strcmp(a, "--max-bytes") && i + 1 < argc) {
+            max_bytes = parse_size(argv[++i]);
+            if (max_bytes < 0) return usage_error("bad --max-bytes", argv[i]);
+        } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        } else {
+            return usage_error("unknown or incomplete option", a);
+        }
+    }
+    if (!tok_path) return usage_error("--tokenizer FILE is required", NULL);
+    if (!out) return usage_error("--out DIR is required", NULL);
+    int default_corpus = n_inputs == 0;
+    if (default_corpus) {
+        inputs[n_inputs++] = MT_TOK_DEFAULT_CORPUS;
+        if (max_bytes < 0) max_bytes = (long long)MT_TOK_DEFAULT_MAX_BYTES;
+    }
+    if (max_bytes < 0) max_bytes = 0;
+
+    struct mt_ctx ctx;
+    mt_ctx_init(&ctx);
+    struct mt_tok *tok = NULL;
+    struct mt_tok_corpus *corpus = NULL;
+    struct mt_tok_ids ids = {0};
+    struct stream tr = {.name = "train"}, va = {.name = "val"};
+    char *json = NULL;
+    int wrote = 0;
+    enum mt_status rc;
+    double t0 = mt_time_sec(), last = t0;
+
+    /* every input is checked before anything is written */
+    MT_CHECK_GOTO(mt_tok_load(&ctx, tok_path, &tok), rc, done);
+    MT_CHECK_GOTO(mt_tok_corpus_gather(&ctx, inputs, n_inputs, (uint64_t)max_bytes, &corpus), rc, done);
+    if (mkdir_p(out) != 0) {
+        rc = mt_ctx_error(&ctx, MT_ERR_IO, "cannot create output directory %s: %s", out, strerror(errno));
+        goto done;
+    }
+    int n = corpus->n_files;
+    fprintf(stderr, "prepare: %d files, %llu bytes (%d binary skipped, %d empty%s) -> %s\n", n,
+            (unsigned long long)corpus->total_bytes, corpus->n_binary, corpus->n_empty,
+            corpus->truncated ? ", capped by --max-bytes" : "", out);
+    size_t cap = (size_t)shard_tokens;
+    /* buffers grow with the data, up to one shard */
+    if (corpus->total_bytes + (uint64_t)n + 16 < cap) cap = (size_t)(corpus->total_bytes + (uint64_t)n + 16);
+    tr.buf = mt_alloc(&ctx, cap * sizeof(uint16_t), MT_BUCKET_OTHER);
+    va.buf = mt_alloc(&ctx, cap * sizeof(uint16_t), MT_BUCKET_OTHER);
+    if (!tr.buf || !va.buf) { rc = MT_ERR_OOM; goto done; }
+    int n_val = 0;
+    if (val_frac > 0 && n >= 2) {
+        n_val = (int)lround(val_frac * n);
+        if (n_val < 1) n_val = 1;
+        if (n_val > n - 1) n_val = n - 1;
+    }
+    uint32_t bos = (uint32_t)mt_tok_bos_id(&*tok);
+    uint64_t done_bytes = 0;
+    wrote = 1;
+    for (int i = 0; i < n; i++) {
+        uint8_t *text;
+        size_t len;
+        MT_CHECK_GOTO(mt_tok_corpus_read(&ctx, corpus, i, &text, &len), rc, done);
+        ids.n = 0;
+        rc = mt_tok_encode(&ctx, tok, (const uint8_t *)"", 0, &ids);  /* no-op; keeps ids allocated */
+        if (rc == MT_OK) {
+            if (ids.cap == 0) {
+                ids.ids = mt_alloc(&ctx, 1024 * sizeof(uint32_t), MT_BUCKET_OTHER);
+                ids.cap = ids.ids ? 1024 : 0;
+                if (!ids.ids) rc = MT_ERR_OOM;
+            }
+        }
+        if (rc == MT_OK) {
+            ids.ids[ids.n++] = bos;
+            rc = mt_tok_encode(&ctx, tok, text, len, &ids);
+        }
+        mt_free(&ctx, text);
+        if (rc != MT_OK) goto done;
+        done_bytes += len;
+        if (n_val > 0 && (int)((int64_t)(i + 1) * n_val / n) > (int)((int64_t)i * n_val / n)) {
+            MT_CHECK_GOTO(append(&ctx, &va, ids.ids, ids.n, cap, out), rc, done);
+            va.docs++;
+        } else if (n == 1 && val_frac > 0 && ids.n >= 2) {
+            size_t nv = (size_t)llround(val_frac * (double)ids.n);
+            if (nv < 1) nv = 1;
+            MT_CHECK_GOTO(append(&ctx, &tr, ids.ids, ids.n - nv, cap, out), rc, done);
+            MT_CHECK_GOTO(append(&ctx, &va, ids.ids + ids.n - nv, nv, cap, out), rc, done);
+            tr.docs++;
+        } else {
+            MT_CHECK_GOTO(append(&ctx, &tr, ids.ids, ids.n, cap, out), rc, done);
+            tr.docs++;
+        }
+        double now = mt_time_sec();
+        if (now - last >= 2.0 || i == n - 1) {
+            last = now;
+            fprintf(stderr, "prepare: %d/%d files, %.1f/%.1f MB, %llu tokens, %.1f MB/s\n", i + 1, n,
+                    done_bytes / 1e6, corpus->total_bytes / 1e6, (unsigned long long)(tr.tokens + va.tokens),
+                    done_bytes / 1e6 / (now - t0 + 1e-9));
+        }
+    }
+    MT_CHECK_GOTO(flush(&ctx, &tr, out), rc, done);
+    MT_CHECK_GOTO(flush(&ctx, &va, out), rc, done);
+
+    /* meta.json (kept small: the trainer reads it whole) */
+    {
+        char h_in[17], h_tok[17];
+        hex64(h_in, mt_tok_corpus_hash(corpus));
+        hex64(h_tok, mt_tok_hash(tok));
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "format", "meshtrain-shards");
+        cJSON_AddNumberToObject(j, "version", 1);
+        cJSON_AddNumberToObject(j, "vocab_size", mt_tok_vocab_size(tok));
+        cJSON_AddNumberToObject(j, "bos_id", bos);
+        cJSON_AddStringToObject(j, "tokenizer", "tokenizer.bin");
+        cJSON_AddStringToObject(j, "tokenizer_xxh64", h_tok);
+        cJSON_AddBoolToObject(j, "default_corpus", default_corpus);
+        cJSON *in = cJSON_AddArrayToObject(j, "inputs");
+        for (int k = 0; k < n_inputs && k < 64; k++) cJSON_AddItemToArray(in, cJSON_CreateString(inputs[k]));
+        cJSON_AddNumberToObject(j, "max_bytes", (double)max_bytes);
+        cJSON_AddBoolToObject(j, "truncated", corpus->truncated);
+        cJSON_AddNumberToObject(j, "files", n);
+        cJSON_AddNumberToObject(j, "binary_files_skipped", corpus->n_binary);
+        cJSON_AddNumberToObject(j, "empty_files_skipped", corpus->n_empty);
+        cJSON_AddNumberToObject(j, "bytes", (double)done_bytes);
+        cJSON_AddStringToObject(j, "input_xxh64", h_in);
+        cJSON_AddStringToObject(j, "input_hash_covers", "for each file in order: path, NUL, uint64 LE byte count, bytes");
+        cJSON_AddStringToObject(j, "first_file", corpus->paths[0]);
+        cJSON_AddStringToObject(j, "last_file", corpus->paths[n - 1]);
+        cJSON_AddNumberToObject(j, "val_frac", val_frac);
+        cJSON_AddNumberToObject(j, "shard_tokens", (double)shard_tokens);
+        cJSON_AddNumberToObject(j, "train_docs", tr.docs);
+        cJSON_AddNumberToObject(j, "val_docs", va.docs);
+        cJSON_AddNumberToObject(j, "train_tokens", (double)tr.tokens);
+        cJSON_AddNumberToObject(j, "val_tokens", (double)va.tokens);
+        cJSON_AddNumberToObject(j, "train_shards", tr.n_shards);
+        cJSON_AddNumberToObject(j, "val_shards", va.n_shards);
+        json = cJSON_Print(j);
+        cJSON_Delete(j);
+        if (!json) { rc = mt_ctx_error(&ctx, MT_ERR_OOM, "out of memory writing meta.json"); goto done; }
+    }
+    MT_CHECK_GOTO(commit(&ctx, out, &tr), rc, done);
+    MT_CHECK_GOTO(commit(&ctx, out, &va), rc, done);
+    wrote = 0;
+    {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/tokenizer.bin", out);
+        MT_CHECK_GOTO(mt_tok_save(&ctx, tok, path), rc, done);
+        snprintf(path, sizeof path, "%s/meta.json", out);
+        MT_CHECK_GOTO(write_text(&ctx, path, json), rc, done);
+    }
+    fprintf(stderr, "prepare: %llu train tokens in %d shard(s), %llu val tokens in %d shard(s) (%d docs), %.1f s\n",
+            (unsigned long long)tr.tokens, tr.n_shards, (unsigned long long)va.tokens, va.n_shards, va.docs,
+            mt_time_sec() - t0);
+done:
+    if (wrote) { remove_new(out, &tr); remove_new(out, &va); }
+    if (rc != MT_OK) fprintf(stderr, "meshtrain prepare: %s\n", mt_ctx_last_error(&ctx));
+    free(json);
+    mt_tok_ids_free(&ctx, &ids);
+    mt_free(&ctx, tr.buf);
+    mt_free(&ctx, va.buf);
+    mt_tok_corpus_destroy(&ctx, corpus);
+    mt_tok_destroy(&ctx, tok);
+    mt_ctx_free(&ctx);
+    return rc == MT_OK ? 0 : mt_status_exit_code(rc);
+}
