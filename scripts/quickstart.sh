@@ -16,7 +16,8 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
 [ -f "$QS/tokenizer.bin" ] || $MT tokenizer train --vocab 4096 --out "$QS/tokenizer.bin"
 [ -f "$QS/data/meta.json" ] || $MT prepare --tokenizer "$QS/tokenizer.bin" --out "$QS/data"
 $MT train --config configs/quickstart.json --data "$QS/data" --out "$QS/run" --steps "$STEPS"
-python3 scripts/plot_loss.py "$QS/run/receipt.json" "$QS/run/loss.png" || echo "(plot skipped: matplotlib missing)"
+PY=python3; [ -x /usr/bin/python3 ] && PY=/usr/bin/python3
+$PY scripts/plot_loss.py "$QS/run/receipt.json" "$QS/run/loss.png" || echo "(plot skipped: matplotlib missing)"
 echo "--- sample ---"
 $MT sample --ckpt "$QS/run" --prompt "#include <stdio.h>
 int main(" --tokens 200 --temperature 0.8 --top-k 40 --seed 1

@@ -27,8 +27,7 @@ check 2 "export of a missing checkpoint" "$BIN" export --ckpt "$T/nope" --out "$
 check 2 "import of a missing dir" "$BIN" import --hf "$T/nope" --out "$T/x"
 
 python3 - "$T/hf" <<'EOF' || { echo "FAILED: python could not build the HF dir"; exit 1; }
-import json, os, struct, sys
-import numpy as np
+import json, os, random, struct, sys
 d = sys.argv[1]; os.makedirs(d)
 V, D, H, K, hd, F, L = 40, 16, 2, 1, 8, 32, 2
 cfg = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=V, hidden_size=D,
@@ -36,7 +35,7 @@ cfg = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=V,
            head_dim=hd, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=128,
            tie_word_embeddings=True, attention_bias=False, hidden_act="silu", torch_dtype="bfloat16")
 json.dump(cfg, open(f"{d}/config.json", "w"))
-rng = np.random.default_rng(0)
+random.seed(0)
 t = {"model.embed_tokens.weight": (V, D), "model.norm.weight": (D,)}
 for l in range(L):
     p = f"model.layers.{l}."
@@ -46,16 +45,21 @@ for l in range(L):
               p+"self_attn.q_norm.weight": (hd,), p+"self_attn.k_norm.weight": (hd,),
               p+"mlp.gate_proj.weight": (F, D), p+"mlp.up_proj.weight": (F, D), p+"mlp.down_proj.weight": (D, F)})
 hdr, blobs, off = {}, [], 0
+refs = {}
 for name, shape in sorted(t.items()):
-    a = rng.standard_normal(shape).astype(np.float32)
+    n = 1
+    for x in shape: n *= x
+    a = struct.unpack(f"<{n}f", struct.pack(f"<{n}f", *[random.gauss(0, 1) for _ in range(n)]))
     if name == "model.embed_tokens.weight":   # BF16: the upper halves of f32
-        raw = (a.view(np.uint32) >> 16).astype(np.uint16).tobytes(); dt = "BF16"
-        a = ((a.view(np.uint32) >> 16) << 16).view(np.float32)
+        u = [v >> 16 for v in struct.unpack(f"<{n}I", struct.pack(f"<{n}f", *a))]
+        raw = struct.pack(f"<{n}H", *u); dt = "BF16"
+        a = struct.unpack(f"<{n}f", struct.pack(f"<{n}I", *[v << 16 for v in u]))
     else:
-        raw = a.tobytes(); dt = "F32"
+        raw = struct.pack(f"<{n}f", *a); dt = "F32"
     hdr[name] = dict(dtype=dt, shape=list(shape), data_offsets=[off, off + len(raw)])
     blobs.append(raw); off += len(raw)
-    np.save(f"{d}/../ref_{name}.npy", a)
+    refs[name] = raw if dt == "F32" else struct.pack(f"<{n}f", *a)
+json.dump({k: v.hex() for k, v in refs.items()}, open(f"{d}/../refs.json", "w"))
 h = json.dumps(hdr).encode(); h += b" " * (-len(h) % 8)
 open(f"{d}/model.safetensors", "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 EOF
@@ -63,8 +67,7 @@ EOF
 check 0 "import" "$BIN" import --hf "$T/hf" --out "$T/run/ckpt/step_000000"
 check 0 "export (run dir: latest checkpoint)" "$BIN" export --ckpt "$T/run" --out "$T/hf2" --bos-id 1
 python3 - "$T" <<'EOF' || fail=1
-import json, struct, sys, glob, os
-import numpy as np
+import json, struct, sys
 T = sys.argv[1]
 b = open(f"{T}/hf2/model.safetensors", "rb").read()
 n = struct.unpack("<Q", b[:8])[0]; assert n % 8 == 0
@@ -72,13 +75,12 @@ h = json.loads(b[8:8+n]); data = b[8+n:]
 assert h["__metadata__"]["format"] == "pt"
 names = [k for k in h if k != "__metadata__"]
 assert names == sorted(names), "not in name order"
-refs = {os.path.basename(p)[4:-4]: np.load(p) for p in glob.glob(f"{T}/ref_*.npy")}
+refs = {k: bytes.fromhex(v) for k, v in json.load(open(f"{T}/refs.json")).items()}
 refs["lm_head.weight"] = refs["model.embed_tokens.weight"]          # tied -> untied copy
 assert set(names) == set(refs), set(names) ^ set(refs)
 for k in names:
     e = h[k]; assert e["dtype"] == "F32"
-    a = np.frombuffer(data[e["data_offsets"][0]:e["data_offsets"][1]], dtype=np.float32).reshape(e["shape"])
-    assert np.array_equal(a, refs[k]), k
+    assert data[e["data_offsets"][0]:e["data_offsets"][1]] == refs[k], k
 c = json.load(open(f"{T}/hf2/config.json"))
 assert c["model_type"] == "qwen3" and c["architectures"] == ["Qwen3ForCausalLM"]
 assert c["tie_word_embeddings"] is False and c["bos_token_id"] == 1 and c["max_position_embeddings"] == 128

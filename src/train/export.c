@@ -683,6 +683,11 @@ static enum mt_status write_text(struct mt_ctx *ctx, const char *path, const cha
 /* export                                                             */
 /* ------------------------------------------------------------------ */
 
+static int cmp_ckpt_name(const void *a, const void *b)
+{
+    return strcmp(((const struct mt_ckpt_tensor *)a)->name, ((const struct mt_ckpt_tensor *)b)->name);
+}
+
 enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char *out_dir, int bos_token_id,
                             int force, char *warn, size_t warn_len)
 {
@@ -709,10 +714,11 @@ enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char
     snprintf(path, sizeof path, "%s/params.bin", ckpt_dir);
     fd = open(path, O_RDONLY);
     if (fd < 0) { rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot open %s: %s", path, strerror(errno)); goto done; }
+    qsort(ct, (size_t)nct, sizeof *ct, cmp_ckpt_name);
     for (int i = 0; i < nx; i++) {
-        const struct mt_ckpt_tensor *t = NULL;
-        for (int k = 0; k < nct && !t; k++)
-            if (!strcmp(ct[k].name, x[i].name)) t = &ct[k];
+        struct mt_ckpt_tensor key;
+        memcpy(key.name, x[i].name, sizeof key.name);
+        const struct mt_ckpt_tensor *t = bsearch(&key, ct, (size_t)nct, sizeof *ct, cmp_ckpt_name);
         if (!t) { rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "checkpoint %s has no tensor %s", ckpt_dir, x[i].name); goto done; }
         if (t->ndim != x[i].ndim || t->shape[0] != x[i].shape[0] || t->shape[1] != x[i].shape[1]) {
             rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "checkpoint %s: tensor %s has shape [%lld,%lld], its config implies [%lld,%lld]",

@@ -33,7 +33,10 @@ double mt_optim_grad_sumsq(struct mt_optim *o);
 
 /* One update at step `step` (from 0): clip with grad_norm (if grad_clip > 0:
  * g *= min(1, clip/(norm+1e-6))), then AdamW and Muon per parameter kind.
- * Increments the AdamW step counter t (from 1). */
+ * Increments the AdamW step counter t (from 1). A non-finite grad_norm ->
+ * MT_ERR_NUMERIC before anything is touched. Clipping scales param->grad in
+ * place. The schedule's progress is clamped to [0, 1]: steps past
+ * total_steps keep the final factor. */
 enum mt_status mt_optim_step(struct mt_ctx *ctx, struct mt_optim *o, int step, double grad_norm);
 
 /* Checkpoint access to the state. */
@@ -48,7 +51,9 @@ long mt_optim_get_t(const struct mt_optim *o);
 void mt_optim_set_t(struct mt_optim *o, long t);
 
 /* Pure size function: bytes of optimizer state (bucket OPTIM) and NS
- * workspace (bucket WORKSPACE) for these params; same as create allocates. */
+ * workspace (bucket WORKSPACE) for these params; same as create allocates.
+ * bytes[] is overwritten (zeroed first); OTHER holds the small host
+ * bookkeeping create allocates with mt_alloc. */
 void mt_optim_plan_bytes(const struct mt_config *cfg, const struct mt_param *params, int n_params,
                          size_t bytes[MT_BUCKET_COUNT]);
 
