@@ -167,8 +167,9 @@ static enum mt_status commit(struct mt_ctx *ctx, const char *dir, const struct s
 
 static enum mt_status write_text(struct mt_ctx *ctx, const char *path, const char *text)
 {
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    char tmp[4300];
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= sizeof tmp)
+        return mt_ctx_error(ctx, MT_ERR_IO, "path too long: %s", path);
     FILE *f = fopen(tmp, "wb");
     if (!f) return mt_ctx_error(ctx, MT_ERR_IO, "cannot write %s: %s", path, strerror(errno));
     int bad = fputs(text, f) < 0;
