@@ -10,7 +10,7 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j"$(nproc)"
 MT=build/meshtrain
 QS=${QS_OUT:-quickstart}
-STEPS=${QS_STEPS:-300}
+STEPS=${QS_STEPS:-600}
 mkdir -p "$QS"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
 [ -f "$QS/tokenizer.bin" ] || $MT tokenizer train --vocab 4096 --out "$QS/tokenizer.bin"

@@ -87,9 +87,11 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* 1 if a file named `base` belongs to `split` (NULL = every file). */
+/* 1 if a file named `base` belongs to `split` (NULL = every file).
+ * `tokenizer.bin`, which `meshtrain prepare` puts beside the shards, is never a shard. */
 static int split_keeps(const char *split, const char *base)
 {
+    if (!strcmp(base, "tokenizer.bin")) return 0;
     if (!split) return 1;
     int is_val = strstr(base, "val") != NULL;
     if (!strcmp(split, "val")) return is_val;
