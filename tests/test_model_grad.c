@@ -313,7 +313,7 @@ static void microbatch_split(int moe)
     }
     printf("microbatch split (%s): loss %.9g vs %.9g, max grad diff / tensor scale %.2e\n", moe ? "moe" : "dense",
            l2, l1, worst);
-    EXPECT(worst < 2e-6, "microbatch split grads differ (%.3g)", worst);
+    EXPECT(worst < 2e-5, "microbatch split grads differ (%.3g)", worst);
     mt_model_destroy(&ctx, m2);
     mt_model_destroy(&ctx, m1);
     mt_ctx_free(&ctx);

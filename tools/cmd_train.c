@@ -9,6 +9,7 @@
 #include "cmd.h"
 #include "core/mt_config.h"
 #include "core/mt_core.h"
+#include "dist/mt_comm.h"
 #include "train/mt_trainer.h"
 
 static void train_usage(FILE *f)
@@ -23,7 +24,7 @@ static void train_usage(FILE *f)
             "  --out DIR            receipt.json and ckpt/ go here               (required)\n"
             "  --steps N            the step to reach (0: write the initial checkpoint only)  default: 10\n"
             "  --resume DIR         continue from a checkpoint dir (or a previous --out)\n"
-            "  --mesh SPEC          pp=1,dp=1,ep=1,tp=1 (single rank in this build)  default: all 1\n"
+            "  --mesh SPEC          pp=..,dp=..,ep=..,tp=.. (omitted axes 1, dp derived from the world)  default: all 1\n"
             "  --zero Z             ZeRO stage 0..3                               default: 0\n"
             "  --peak-flops F       peak FLOP/s for MFU    default: measure the sgemm roof at startup\n"
             "  --quiet              no progress output\n\n"
@@ -32,7 +33,25 @@ static void train_usage(FILE *f)
     fprintf(f, "\nexit codes: 0 ok, 2 bad input or config, 1 runtime failure\n");
 }
 
+static int train_main(int argc, char **argv, int world);
+
+/* Under mpirun: MPI up first (every rank parses the same flags and fails the
+ * same way on bad input: one line, exit 2, no collective entered). A failure
+ * after the ranks have met in a collective brings the whole job down. */
 int mt_cmd_train(int argc, char **argv)
+{
+    int world = 1, rank = 0;
+    if (mt_dist_init(&argc, &argv, &world, &rank) != MT_OK) {
+        fprintf(stderr, "meshtrain train: cannot start the distributed runtime (built without MPI but launched on %s ranks?)\n",
+                getenv("OMPI_COMM_WORLD_SIZE") ? getenv("OMPI_COMM_WORLD_SIZE") : "several");
+        return 2;
+    }
+    int code = train_main(argc, argv, world);
+    mt_dist_finalize();
+    return code;
+}
+
+static int train_main(int argc, char **argv, int world)
 {
     struct mt_ctx ctx;
     mt_ctx_init(&ctx);
@@ -102,9 +121,11 @@ int mt_cmd_train(int argc, char **argv)
     enum mt_status rc = mt_train_run(&ctx, &cfg, &opts, &res);
     if (rc != MT_OK) {
         fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(&ctx));
+        fflush(stderr);
+        if (world > 1 && res.collective_started) mt_dist_abort(mt_status_exit_code(rc));
         return mt_status_exit_code(rc);
     }
-    if (!opts.quiet)
+    if (!opts.quiet && ctx.rank == 0)
         printf("done: %d steps, final loss %.6f, %.0f tok/s, MFU %.1f%%, receipt %s/receipt.json\n", res.steps_run,
                res.final_loss, res.tokens_per_s, 100.0 * res.mfu, opts.out_dir);
     mt_ctx_free(&ctx);

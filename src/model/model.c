@@ -211,7 +211,7 @@ static void model_layout(struct mt_model *m, struct carver *c)
 
     /* parameters, then grads, in registry order (plan_bytes carves them
      * itself from the registry, before calling this with params == NULL) */
-    if (m->params) {
+    if (m->params && !m->external_params) {
         for (int i = 0; i < m->n_params; i++) {
             m->params[i].data = carve_f(c, MT_BUCKET_PARAMS, m->params[i].numel);
             m->params[i].grad = carve_f(c, MT_BUCKET_GRADS, m->params[i].numel);
@@ -319,13 +319,19 @@ static void plan_param(void *user, const struct mt_param *p)
 
 void mt_model_plan_bytes(const struct mt_config *cfg, int B, size_t bytes[MT_BUCKET_COUNT])
 {
+    mt_model_plan_bytes_ex(cfg, B, 0, bytes);
+}
+
+void mt_model_plan_bytes_ex(const struct mt_config *cfg, int B, int flags, size_t bytes[MT_BUCKET_COUNT])
+{
     struct mt_model m;
     struct carver c;
     memset(&m, 0, sizeof m);
     memset(&c, 0, sizeof c);
     model_dims(&m, cfg, B);
     struct plan_visit pv = { &c };
-    build_params(&m, plan_param, &pv);   /* same carves as the params loop of model_layout */
+    if (!(flags & MT_MODEL_EXTERNAL_PARAMS))
+        build_params(&m, plan_param, &pv);   /* same carves as the params loop of model_layout */
     model_layout(&m, &c);                /* params == NULL: the registry branch carves nothing */
     struct param_sink s = { NULL, 0, 0 };
     build_params(&m, sink_param, &s);
@@ -418,6 +424,12 @@ static void bind_layer_params(struct mt_model *m)
 enum mt_status mt_model_create(struct mt_ctx *ctx, const struct mt_ops_i *ops,
                                const struct mt_config *cfg, int B, struct mt_model **out)
 {
+    return mt_model_create_ex(ctx, ops, cfg, B, 0, out);
+}
+
+enum mt_status mt_model_create_ex(struct mt_ctx *ctx, const struct mt_ops_i *ops,
+                                  const struct mt_config *cfg, int B, int flags, struct mt_model **out)
+{
     enum mt_status rc = MT_OK;
     *out = NULL;
     if (!ops || !cfg) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model: NULL ops or config");
@@ -425,6 +437,7 @@ enum mt_status mt_model_create(struct mt_ctx *ctx, const struct mt_ops_i *ops,
     if (!m) return MT_ERR_OOM;
     model_dims(m, cfg, B);
     m->ops = ops;
+    m->external_params = (flags & MT_MODEL_EXTERNAL_PARAMS) != 0;
     MT_CHECK_GOTO(check_dims(ctx, m), rc, fail);
 
     struct param_sink s = { NULL, 0, 0 };
@@ -471,6 +484,27 @@ struct mt_param *mt_model_params(struct mt_model *m, int *n_params)
 
 const float *mt_model_logits(const struct mt_model *m) { return m->logits; }
 
+void mt_model_set_hooks(struct mt_model *m, const struct mt_model_hooks *h)
+{
+    if (h) m->hooks = *h;
+    else memset(&m->hooks, 0, sizeof m->hooks);
+}
+
+int mt_model_n_units(const struct mt_model *m) { return m->L + 2; }
+
+int mt_model_param_unit(const struct mt_model *m, int i)
+{
+    const struct mt_param *p = &m->params[i];
+    if (p->layer >= 0) return 1 + p->layer;
+    return p == m->wte ? 0 : m->L + 1;
+}
+
+static inline enum mt_status hook(struct mt_ctx *ctx, struct mt_model *m,
+                                  enum mt_status (*fn)(struct mt_ctx *, void *, int), int unit)
+{
+    return fn ? fn(ctx, m->hooks.user, unit) : MT_OK;
+}
+
 void mt_model_zero_grad(struct mt_model *m)
 {
     if (m->arena[MT_BUCKET_GRADS])
@@ -499,6 +533,11 @@ void model_param_fill(const struct mt_param *p, uint64_t seed, float *out_host)
     }
 }
 
+void mt_model_param_values(const struct mt_param *p, uint64_t seed, float *out_host)
+{
+    model_param_fill(p, seed, out_host);
+}
+
 enum mt_status mt_model_init_params(struct mt_ctx *ctx, struct mt_model *m, uint64_t seed)
 {
     size_t maxn = 1;
@@ -508,6 +547,7 @@ enum mt_status mt_model_init_params(struct mt_ctx *ctx, struct mt_model *m, uint
     if (!host) return MT_ERR_OOM;
     for (int i = 0; i < m->n_params; i++) {
         struct mt_param *p = &m->params[i];
+        if (!p->data) continue;   /* external storage this rank does not hold */
         model_param_fill(p, seed, host);
         m->ops->copy_from_host(p->data, host, p->numel * sizeof(float));
     }
@@ -596,14 +636,17 @@ enum mt_status mt_model_forward(struct mt_ctx *ctx, struct mt_model *m,
     ops->copy_from_host(m->idx, idx, (size_t)N * sizeof(int32_t));
     if (targets) ops->copy_from_host(m->targets, targets, (size_t)N * sizeof(int32_t));
 
+    MT_CHECK(hook(ctx, m, m->hooks.pre_forward, 0));
     ops->embed_forward(m->layers[0].x_in, m->idx, m->wte->data, N, m->D);
     double aux = 0, z = 0;
     for (int l = 0; l < m->L; l++) {
         struct mt_layer *ly = &m->layers[l];
         float *x_out = l + 1 < m->L ? m->layers[l + 1].x_in : m->x_final;
+        MT_CHECK(hook(ctx, m, m->hooks.pre_forward, 1 + l));
         attention_forward(m, ly, m->B, m->T, 0, m->rope_cos, m->rope_sin, NULL, NULL);
         MT_CHECK(model_ffn_forward(ctx, m, ly, x_out, m->B, m->T, targets != NULL, &aux, &z));
     }
+    MT_CHECK(hook(ctx, m, m->hooks.pre_forward, m->L + 1));
     double lm = head_forward(m, N, targets != NULL);
     if (targets) {
         m->norm = *norm;
@@ -626,9 +669,13 @@ enum mt_status mt_model_backward(struct mt_ctx *ctx, struct mt_model *m)
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG,
                             "model backward: needs a preceding forward with targets (and at most one backward per forward)");
     float dscale = m->norm.n_targets > 0 ? (float)(1.0 / m->norm.n_targets) : 0.0f;
+    m->have_fwd = 0;   /* logits will hold dlogits: no second backward of this forward */
+    MT_CHECK(hook(ctx, m, m->hooks.pre_backward, m->L + 1));
     head_backward(m, dscale);                       /* dx = d x_final */
+    MT_CHECK(hook(ctx, m, m->hooks.post_backward, m->L + 1));
     for (int l = m->L - 1; l >= 0; l--) {
         struct mt_layer *ly = &m->layers[l];
+        MT_CHECK(hook(ctx, m, m->hooks.pre_backward, 1 + l));
         /* ffn branch: dx is d x_out = d x_mid (identity) + d branch */
         if (ly->moe) {
             moe_backward(m, ly, m->dh, m->dx, &m->norm);
@@ -639,8 +686,10 @@ enum mt_status mt_model_backward(struct mt_ctx *ctx, struct mt_model *m)
         }
         ops->rmsnorm_backward(m->dx, ly->ln2->grad, m->dh, ly->x_mid, ly->ln2->data, ly->rstd_mlp, N, D, 1);
         attention_backward(m, ly);                  /* dx: d x_mid -> d x_in */
+        MT_CHECK(hook(ctx, m, m->hooks.post_backward, 1 + l));
     }
+    MT_CHECK(hook(ctx, m, m->hooks.pre_backward, 0));
     ops->embed_backward(m->wte->grad, m->dx, m->idx, N, D, m->V);
-    m->have_fwd = 0;   /* logits now hold dlogits */
+    MT_CHECK(hook(ctx, m, m->hooks.post_backward, 0));
     return MT_OK;
 }

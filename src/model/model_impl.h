@@ -120,6 +120,10 @@ struct mt_model {
     void  *arena[MT_BUCKET_COUNT];       /* backend arenas (PARAMS..WORKSPACE); OTHER is host */
     size_t arena_bytes[MT_BUCKET_COUNT];
 
+    /* distributed runtime (mt_model_set_hooks); external: params/grads not in our arenas */
+    int                    external_params;
+    struct mt_model_hooks  hooks;
+
     /* state of the last forward */
     int                 have_fwd, have_targets;
     struct mt_loss_norm norm;

@@ -56,6 +56,37 @@ enum mt_status mt_model_create(struct mt_ctx *ctx, const struct mt_ops_i *ops,
                                const struct mt_config *cfg, int B, struct mt_model **out);
 void mt_model_destroy(struct mt_ctx *ctx, struct mt_model *m);  /* no-op on NULL */
 
+/* flags for mt_model_create_ex */
+#define MT_MODEL_EXTERNAL_PARAMS 1  /* do not allocate params/grads: every p->data and
+                                     * p->grad is NULL until the caller points them at
+                                     * its own storage (the ZeRO engine, src/train/zero.c) */
+enum mt_status mt_model_create_ex(struct mt_ctx *ctx, const struct mt_ops_i *ops,
+                                  const struct mt_config *cfg, int B, int flags, struct mt_model **out);
+
+/*
+ * Units and hooks (how ZeRO / FSDP drives the model without the model knowing).
+ *
+ * The model is cut into units: unit 0 = the embedding (wte), unit 1+l =
+ * block l, unit L+1 = the final norm and lm_head. Forward visits units
+ * 0..L+1, backward L+1..0. Before a unit's forward (backward) runs,
+ * pre_forward (pre_backward) is called: the hook may gather the unit's
+ * parameters and re-point p->data / p->grad. After a unit's backward,
+ * post_backward is called: its parameter gradients for this microbatch are
+ * final, so the hook may start reducing them while the next unit computes.
+ * A hook that returns an error stops the pass with that error. NULL entries
+ * are skipped. Hooks do not run during KV-cache inference.
+ */
+struct mt_model_hooks {
+    void *user;
+    enum mt_status (*pre_forward)(struct mt_ctx *ctx, void *user, int unit);
+    enum mt_status (*pre_backward)(struct mt_ctx *ctx, void *user, int unit);
+    enum mt_status (*post_backward)(struct mt_ctx *ctx, void *user, int unit);
+};
+void mt_model_set_hooks(struct mt_model *m, const struct mt_model_hooks *h); /* NULL clears */
+int  mt_model_n_units(const struct mt_model *m);                               /* L + 2 */
+/* Unit of parameter i (index in mt_model_params order). */
+int  mt_model_param_unit(const struct mt_model *m, int i);
+
 /* Parameters in a fixed order: wte, then per layer l in order
  *   input_layernorm, q_proj, k_proj, v_proj, o_proj, q_norm, k_norm,
  *   post_attention_layernorm, then either mlp.{gate,up,down}_proj (A) or
@@ -69,6 +100,9 @@ struct mt_param *mt_model_params(struct mt_model *m, int *n_params);
  * 1/sqrt(2L), gains 1. Each rank fills only its box; values depend only on
  * (seed, name, global index). */
 enum mt_status mt_model_init_params(struct mt_ctx *ctx, struct mt_model *m, uint64_t seed);
+/* The init values of p's owned box (host, p->numel floats), as a pure
+ * function of (seed, p->name, global index): what init_params writes. */
+void mt_model_param_values(const struct mt_param *p, uint64_t seed, float *out_host);
 
 /* Forward one microbatch. idx, targets: host int32 (B, T); targets may be
  * NULL (no loss; logits only). Token ids must be < vocab_size (checked:
@@ -97,6 +131,8 @@ double mt_model_flops_per_token(const struct mt_config *cfg);
 /* Memory plan: pure size function, same numbers mt_model_create allocates
  * (bytes per bucket: params, grads, acts, workspace). No side effects. */
 void mt_model_plan_bytes(const struct mt_config *cfg, int B, size_t bytes[MT_BUCKET_COUNT]);
+/* Same, for mt_model_create_ex with flags (EXTERNAL_PARAMS: no PARAMS / GRADS). */
+void mt_model_plan_bytes_ex(const struct mt_config *cfg, int B, int flags, size_t bytes[MT_BUCKET_COUNT]);
 
 /* ---- inference with a KV cache (sampling) ---- */
 struct mt_kv_cache;

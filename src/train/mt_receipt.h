@@ -36,7 +36,7 @@ struct mt_receipt {
     double compute_s, comm_s, idle_s, total_s;
     double tokens_per_s, model_flops_per_s, mfu;
     double peak_flops;
-    char   peak_flops_source[160];
+    char   peak_flops_source[200];
     /* losses, one per step run (arrays owned by the trainer) */
     int     n_steps;
     const int    *step_index;
@@ -45,11 +45,14 @@ struct mt_receipt {
     const int    *eval_steps;
     const double *eval_losses;
     /* checks */
-    char replica_hash_check[128];
+    char replica_hash_check[256];
     int  start_step;
     char resumed_from[4096];
     char data_path[4096];
     size_t data_tokens;
+    /* distributed section (JSON object text built by the trainer: mesh trace,
+     * per-rank memory, collectives bytes); NULL = none */
+    const char *distributed_json;
 };
 
 enum mt_status mt_receipt_write(struct mt_ctx *ctx, const char *path, const struct mt_receipt *r);

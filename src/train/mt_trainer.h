@@ -31,6 +31,8 @@ struct mt_train_result {
     double final_loss;
     double tokens_per_s;
     double mfu;
+    int    collective_started; /* 1 once ranks have met in a collective: a failure
+                                * after that must bring the whole job down (mt_dist_abort) */
 };
 
 /* cfg: loaded (defaults + file + --set) but not yet resolved; resolved here

@@ -127,6 +127,11 @@ enum mt_status mt_receipt_write(struct mt_ctx *ctx, const char *path, const stru
     if (r->resumed_from[0]) cJSON_AddStringToObject(root, "resumed_from", r->resumed_from);
     else cJSON_AddNullToObject(root, "resumed_from");
 
+    if (r->distributed_json) {
+        cJSON *d = cJSON_Parse(r->distributed_json);
+        cJSON_AddItemToObject(root, "distributed", d ? d : cJSON_CreateNull());
+    }
+
     char *text = cJSON_Print(root);
     cJSON_Delete(root);
     if (!text) return mt_ctx_error(ctx, MT_ERR_OOM, "out of memory serialising the receipt");

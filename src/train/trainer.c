@@ -21,12 +21,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <signal.h>
+#include <xxhash.h>
+
+#include "../dist/mt_comm.h"
+#include "../dist/mt_mesh.h"
 #include "../model/mt_model.h"
 #include "../ops/mt_ops.h"
 #include "mt_ckpt.h"
 #include "mt_data.h"
 #include "mt_optim.h"
 #include "mt_receipt.h"
+#include "mt_zero.h"
 
 /* Directory holding the data: the path itself if it is a directory, else its parent. */
 static void data_dir_of(const char *path, char *dir, size_t n)
@@ -147,15 +153,11 @@ static int pick_threads(const struct mt_config *cfg)
     return n > 0 ? (int)n : 1;
 }
 
-/* Name of the first parameter whose gradient is not finite (for the error). */
-static const char *first_nonfinite_grad(const struct mt_ops_i *ops, struct mt_param *params, int n)
-{
-    for (int i = 0; i < n; i++)
-        if (!ops->all_finite(params[i].grad, params[i].numel)) return params[i].name;
-    return "(unknown)";
-}
-
 struct run_state {
+    struct mt_mesh  *mesh;
+    struct mt_comm  *dpc;       /* data x expert: the dense reduction group (owned by mesh) */
+    int              dp_rank, dp_size;
+    struct mt_zero  *zero;
     struct mt_data  *train, *val;
     struct mt_model *model;
     struct mt_optim *optim;
@@ -166,23 +168,25 @@ struct run_state {
 };
 
 /* Validation loss: eval_batches global batches of the val stream (fixed: the
- * same sequences every evaluation), forward only. */
+ * same sequences every evaluation), forward only. Each data rank evaluates
+ * its share of every batch; the sums meet in one all-reduce. */
 static enum mt_status evaluate(struct mt_ctx *ctx, const struct mt_config *cfg, struct run_state *rs,
                                int Bm, double *out)
 {
-    int G = cfg->batch_size, T = cfg->seq_len;
+    int G = cfg->batch_size, T = cfg->seq_len, Gl = G / rs->dp_size;
     struct mt_loss_norm norm = {.n_targets = (double)G * T, .n_sequences = G, .n_tokens = (double)G * T};
     double sum = 0;
     for (int b = 0; b < cfg->eval_batches; b++) {
-        for (int mb = 0; mb < G / Bm; mb++) {
+        for (int mb = 0; mb < Gl / Bm; mb++) {
             for (int i = 0; i < Bm; i++)
-                mt_data_sequence(rs->val, b, G, (int64_t)mb * Bm + i, T, rs->idx + (size_t)i * T,
-                                 rs->tgt + (size_t)i * T);
+                mt_data_sequence(rs->val, b, G, (int64_t)rs->dp_rank * Gl + (int64_t)mb * Bm + i, T,
+                                 rs->idx + (size_t)i * T, rs->tgt + (size_t)i * T);
             struct mt_loss_parts parts;
             MT_CHECK(mt_model_forward(ctx, rs->model, rs->idx, rs->tgt, &norm, &parts));
             sum += parts.lm;
         }
     }
+    MT_CHECK(mt_comm_allreduce(ctx, rs->dpc, &sum, 1, MT_DTYPE_F64, MT_REDOP_SUM));
     *out = sum / cfg->eval_batches;
     return MT_OK;
 }
@@ -202,6 +206,14 @@ static void progress(const struct mt_train_opts *opts, int tty, int step, int st
     fflush(stdout);
 }
 
+
+/*
+ * Checkpoint save, collective over the world: the owner of each parameter
+ * (and of its optimizer state) writes it, whole; rank 0 writes the manifest
+ * last. The global tensor list (every parameter, then every optimizer state
+ * in parameter order) is the same on every rank; a rank passes data only for
+ * what it owns.
+ */
 static enum mt_status save_checkpoint(struct mt_ctx *ctx, const struct mt_ops_i *ops,
                                       const struct mt_config *cfg, const struct mt_train_opts *opts,
                                       struct run_state *rs, int step)
@@ -216,16 +228,162 @@ static enum mt_status save_checkpoint(struct mt_ctx *ctx, const struct mt_ops_i 
     meta.data_pos = (int64_t)step * cfg->batch_size;
     meta.seed = cfg->seed;
     meta.adam_t = mt_optim_get_t(rs->optim);
-    snprintf(meta.mesh, sizeof meta.mesh, "pp=1,dp=1,ep=1,tp=1");
+    mt_mesh_dims_str(mt_mesh_get_dims(rs->mesh), meta.mesh, sizeof meta.mesh);
     int n;
     struct mt_param *params = mt_model_params(rs->model, &n);
-    MT_CHECK(mt_ckpt_save(ctx, ops, dir, cfg, &meta, params, n, rs->optim));
+    int n_states = mt_optim_state_count(rs->optim);
+    /* entries: params, then states (2 per AdamW param, 1 per Muon param) */
+    int n_ent = 0;
+    for (int i = 0; i < n; i++) n_ent += 1 + (params[i].optim == MT_OPTIM_ADAMW ? 2 : 1);
+    struct mt_ckpt_entry *ent = mt_alloc(ctx, (size_t)n_ent * sizeof *ent, MT_BUCKET_OTHER);
+    char (*names)[160] = mt_alloc(ctx, (size_t)n_ent * 160, MT_BUCKET_OTHER);
+    struct mt_optim_state *st = mt_alloc(ctx, (size_t)(n_states + 1) * sizeof *st, MT_BUCKET_OTHER);
+    if (!ent || !names || !st) {
+        mt_free(ctx, ent);
+        mt_free(ctx, names);
+        mt_free(ctx, st);
+        return MT_ERR_OOM;
+    }
+    for (int k = 0; k < n_states; k++) mt_optim_state_get(rs->optim, k, &st[k]);
+    int me = rs->dp_rank, e = 0;
+    for (int i = 0; i < n; i++) {
+        int mine = mt_zero_owner(rs->zero, i) == me;
+        /* shape and box from the model's param: the full tensor (no TP split yet) */
+        ent[e++] = (struct mt_ckpt_entry){params[i].name, 0, &params[i], mine ? mt_zero_param_data(rs->zero, i) : NULL};
+    }
+    for (int i = 0; i < n; i++) {
+        int mine = mt_zero_owner(rs->zero, i) == me;
+        const char *sfx[2] = {"exp_avg", "exp_avg_sq"};
+        int ns = params[i].optim == MT_OPTIM_ADAMW ? 2 : 1;
+        for (int j = 0; j < ns; j++) {
+            if (ns == 2) snprintf(names[e], 160, "%s.%s", params[i].name, sfx[j]);
+            else snprintf(names[e], 160, "%s.momentum_buffer", params[i].name);
+            const float *data = NULL;
+            if (mine)
+                for (int k = 0; k < n_states; k++)
+                    if (!strcmp(st[k].name, names[e])) { data = st[k].data; break; }
+            ent[e] = (struct mt_ckpt_entry){names[e], 1, &params[i], data};
+            e++;
+        }
+    }
+    enum mt_status rc = mt_ckpt_save_group(ctx, ops, mt_mesh_world_comm(rs->mesh), dir, cfg, &meta, ent, n_ent);
+    mt_free(ctx, ent);
+    mt_free(ctx, names);
+    mt_free(ctx, st);
+    MT_CHECK(rc);
     /* the tokenizer travels with the checkpoint so `sample` can decode */
-    data_dir_of(opts->data_path, data_dir, sizeof data_dir);
-    snprintf(tok_src, sizeof tok_src, "%s/tokenizer.bin", data_dir);
-    snprintf(tok_dst, sizeof tok_dst, "%s/tokenizer.bin", dir);
-    if (file_exists(tok_src)) copy_file(tok_src, tok_dst);
+    if (mt_mesh_rank(rs->mesh) == 0) {
+        data_dir_of(opts->data_path, data_dir, sizeof data_dir);
+        snprintf(tok_src, sizeof tok_src, "%s/tokenizer.bin", data_dir);
+        snprintf(tok_dst, sizeof tok_dst, "%s/tokenizer.bin", dir);
+        if (file_exists(tok_src)) copy_file(tok_src, tok_dst);
+    }
     return MT_OK;
+}
+
+/* Replica check: every rank hashes (xxh64) each parameter it holds in full;
+ * the hashes meet over the data group and must agree bit for bit. Stage 3
+ * holds one copy of each parameter: nothing to compare. */
+static enum mt_status replica_hash_check(struct mt_ctx *ctx, const struct mt_ops_i *ops, struct run_state *rs,
+                                         int zero_stage, char *out, size_t n_out, int *mismatch)
+{
+    *mismatch = 0;
+    int n;
+    struct mt_param *params = mt_model_params(rs->model, &n);
+    if (rs->dp_size == 1) {
+        snprintf(out, n_out, "not applicable: every tensor has one copy (data group of 1)");
+        return MT_OK;
+    }
+    if (zero_stage == 3) {
+        snprintf(out, n_out, "not applicable: ZeRO-3 keeps one copy of every parameter");
+        return MT_OK;
+    }
+    size_t maxn = 1;
+    for (int i = 0; i < n; i++) if (params[i].numel > maxn) maxn = params[i].numel;
+    float *host = mt_alloc(ctx, maxn * sizeof(float), MT_BUCKET_WORKSPACE);
+    int64_t *h = mt_alloc(ctx, (size_t)n * (size_t)(rs->dp_size + 1) * sizeof(int64_t), MT_BUCKET_OTHER);
+    if (!host || !h) { mt_free(ctx, host); mt_free(ctx, h); return MT_ERR_OOM; }
+    int64_t *all = h + n;
+    for (int i = 0; i < n; i++) {
+        ops->copy_to_host(host, mt_zero_param_data(rs->zero, i), params[i].numel * sizeof(float));
+        h[i] = (int64_t)XXH64(host, params[i].numel * sizeof(float), 0);
+    }
+    enum mt_status rc = mt_comm_allgather(ctx, rs->dpc, all, h, (size_t)n, MT_DTYPE_I64);
+    if (rc == MT_OK) {
+        int bad = -1, bad_rank = -1;
+        for (int r = 1; r < rs->dp_size && bad < 0; r++)
+            for (int i = 0; i < n; i++)
+                if (all[(size_t)r * n + i] != all[i]) { bad = i; bad_rank = r; break; }
+        if (bad >= 0) {
+            *mismatch = 1;
+            snprintf(out, n_out, "MISMATCH: %s differs between data ranks 0 and %d", params[bad].name, bad_rank);
+        } else {
+            snprintf(out, n_out, "ok: %d tensors bit-identical (xxh64) across the %d ranks of the data group", n,
+                     rs->dp_size);
+        }
+    }
+    mt_free(ctx, host);
+    mt_free(ctx, h);
+    return rc;
+}
+
+/* Test-only fault injection: MT_FAULT="RANK:STEP:KIND", KIND one of
+ * nan (poison a gradient before its reduction), error (the rank returns a
+ * runtime error), signal (the rank kills itself with SIGKILL). */
+struct fault { int rank, step; char kind[16]; };
+
+static void fault_parse(struct fault *f)
+{
+    f->rank = f->step = -1;
+    f->kind[0] = 0;
+    const char *e = getenv("MT_FAULT");
+    if (e) sscanf(e, "%d:%d:%15s", &f->rank, &f->step, f->kind);
+}
+
+/* A JSON text of the distributed section of the receipt (malloc'ed). */
+static char *dist_json(const struct run_state *rs, const char *trace, const double *mem_all, int world,
+                       const struct mt_zero_stats *zs, int steps, int microbatches, double param_bytes, int stage)
+{
+    cJSON *d = cJSON_CreateObject();
+    cJSON_AddStringToObject(d, "trace_rank0", trace);
+    cJSON *g = cJSON_AddObjectToObject(d, "group_sizes");
+    for (int k = 0; k < MT_MESH_GROUP_COUNT; k++)
+        cJSON_AddNumberToObject(g, mt_mesh_group_name((enum mt_mesh_group)k),
+                                mt_mesh_group_size(mt_mesh_get_dims(rs->mesh), (enum mt_mesh_group)k));
+    cJSON *pr = cJSON_AddArrayToObject(d, "memory_peak_bytes_per_rank");
+    for (int r = 0; r < world; r++) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "rank", r);
+        for (int b = 0; b < MT_BUCKET_COUNT; b++)
+            cJSON_AddNumberToObject(o, mt_bucket_name((enum mt_bucket)b), mem_all[(size_t)r * MT_BUCKET_COUNT + b]);
+        cJSON_AddItemToArray(pr, o);
+    }
+    /* bytes per step (rank 0), measured next to the analytic figure */
+    static const char *kinds[MT_ZERO_COLL_COUNT] = {"allreduce", "reduce_scatter", "allgather"};
+    double an[MT_ZERO_COLL_COUNT] = {0, 0, 0};
+    int single = rs->dp_size == 1;
+    if (!single) {
+        if (stage <= 1) an[MT_ZERO_ALLREDUCE] = param_bytes;
+        if (stage >= 1 && stage <= 2) an[MT_ZERO_ALLGATHER] = param_bytes;
+        if (stage >= 2) an[MT_ZERO_REDUCE_SCATTER] = param_bytes * microbatches;
+    }
+    if (stage == 3) an[MT_ZERO_ALLGATHER] = param_bytes * (2.0 * microbatches); /* forward + backward, upper bound */
+    cJSON *c = cJSON_AddObjectToObject(d, "collective_bytes_per_step");
+    for (int k = 0; k < MT_ZERO_COLL_COUNT; k++) {
+        cJSON *o = cJSON_AddObjectToObject(c, kinds[k]);
+        cJSON_AddNumberToObject(o, "measured", steps > 0 ? zs->bytes[k] / steps : 0);
+        cJSON_AddNumberToObject(o, "calls_per_step", steps > 0 ? (double)zs->calls[k] / steps : 0);
+        cJSON_AddNumberToObject(o, "analytic", an[k]);
+    }
+    cJSON_AddStringToObject(c, "convention",
+                            "payload bytes: the size of the full buffer each collective covers (fp32, with 64-byte "
+                            "alignment padding); analytic: parameter bytes x (ZeRO-0/1 all-reduce 1, ZeRO-1/2 "
+                            "all-gather 1, ZeRO-2/3 reduce-scatter 1 per microbatch, ZeRO-3 all-gather up to 2 per "
+                            "microbatch: units still held in a gather buffer are not gathered again)");
+    cJSON_AddNumberToObject(d, "parameter_bytes", param_bytes);
+    char *txt = cJSON_PrintUnformatted(d);
+    cJSON_Delete(d);
+    return txt;
 }
 
 enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const struct mt_train_opts *opts,
@@ -238,35 +396,22 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     char resume_dir[4096] = "";
     struct mt_ckpt_meta resume_meta;
     memset(&resume_meta, 0, sizeof resume_meta);
+    char *djson = NULL;
+    double *mem_all = NULL;
+    struct fault fault;
+    fault_parse(&fault);
 
     if (!opts->data_path) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--data is required");
     if (!opts->out_dir) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--out is required");
     if (opts->steps < 0) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--steps must be >= 0 (got %d)", opts->steps);
-    if (opts->mesh && strcmp(opts->mesh, "") != 0) {
-        /* Only the all-ones mesh runs in a single-rank build of the trainer. */
-        int pp = 1, dp = 1, ep = 1, tp = 1;
-        const char *s = opts->mesh;
-        while (*s) {
-            char axis[8];
-            int v, used;
-            if (sscanf(s, "%7[a-z]=%d%n", axis, &v, &used) != 2)
-                return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "bad --mesh '%s' (expected e.g. pp=1,dp=2,ep=1,tp=2)", opts->mesh);
-            if (v <= 0) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--mesh: degree of %s must be >= 1 (got %d)", axis, v);
-            if (!strcmp(axis, "pp")) pp = v;
-            else if (!strcmp(axis, "dp")) dp = v;
-            else if (!strcmp(axis, "ep")) ep = v;
-            else if (!strcmp(axis, "tp")) tp = v;
-            else return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--mesh: unknown axis '%s' (axes: pp, dp, ep, tp)", axis);
-            s += used;
-            if (*s == ',') s++;
-            else if (*s) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "bad --mesh '%s'", opts->mesh);
-        }
-        if (pp * dp * ep * tp != 1)
-            return mt_ctx_error(ctx, MT_ERR_CONFIG,
-                                "mesh contract: world == pp*dp*ep*tp (world=1, pp*dp*ep*tp=%d)", pp * dp * ep * tp);
-    }
     if (opts->zero_stage < 0 || opts->zero_stage > 3)
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--zero must be 0, 1, 2 or 3 (got %d)", opts->zero_stage);
+    /* the mesh: parsed against the world size without any collective */
+    int world, wrank;
+    mt_comm_world_info(&world, &wrank);
+    ctx->rank = wrank;
+    struct mt_mesh_dims dims;
+    MT_CHECK(mt_mesh_parse(ctx, opts->mesh, world, &dims));
 
     /* ---- 1. config (vocab may come from the data dir) ---- */
     MT_CHECK(resolve_vocab(ctx, cfg, opts->data_path));
@@ -286,6 +431,12 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     } else {
         MT_CHECK(mt_config_resolve(ctx, cfg, opts->steps));
     }
+    /* the startup contract, before any allocation; identical on every rank */
+    MT_CHECK(mt_mesh_check_contract(ctx, &dims, cfg, world, cfg->microbatches));
+    if (dims.tp > 1 || dims.ep > 1 || dims.pp > 1)
+        return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED,
+                            "mesh %s: train runs the data axis only so far (tp, ep and pp must be 1; tensor, expert "
+                            "and pipeline parallelism are not implemented yet)", opts->mesh ? opts->mesh : "");
 
     /* ---- 2. backend ---- */
     const struct mt_ops_i *ops = NULL;
@@ -301,8 +452,9 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     int threads = pick_threads(cfg);
     mt_ops_cpu_set_threads(threads);
 
-    /* ---- 3. data ---- */
-    const int T = cfg->seq_len, G = cfg->batch_size, Bm = G / cfg->microbatches;
+    /* ---- 3. data (every rank opens the stream; it reads only its sequences) ---- */
+    const int T = cfg->seq_len, G = cfg->batch_size;
+    const int n_dp = dims.dp * dims.ep, Gl = G / n_dp, Bm = Gl / cfg->microbatches;
     MT_CHECK_GOTO(mt_data_open(ctx, opts->data_path, is_dir(opts->data_path) ? "train" : NULL, cfg->vocab_size, T,
                                &rs.train), rc, done);
     if (opts->val_path) {
@@ -315,18 +467,32 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
         }
     }
 
-    /* ---- 4. model, optimizer, state ---- */
-    MT_CHECK_GOTO(mt_model_create(ctx, ops, cfg, Bm, &rs.model), rc, done);
-    int n_params;
-    struct mt_param *params = mt_model_params(rs.model, &n_params);
-    MT_CHECK_GOTO(mt_optim_create(ctx, ops, cfg, params, n_params, &rs.optim), rc, done);
+    /* ---- 4. mesh (collective), model, ZeRO engine, optimizer, state ---- */
+    MT_CHECK_GOTO(mt_mesh_create(ctx, &dims, cfg, opts->zero_stage, &rs.mesh), rc, done);
+    res->collective_started = world > 1;
+    rs.dpc = mt_mesh_data_expert_comm(rs.mesh);
+    rs.dp_rank = mt_comm_rank(rs.dpc);
+    rs.dp_size = mt_comm_size(rs.dpc);
+    char trace[4096];
+    mt_mesh_trace_line(rs.mesh, trace, sizeof trace);
+    printf("%s\n", trace);   /* the step-0 trace: one line per rank, whatever --quiet says */
+    fflush(stdout);
+
+    MT_CHECK_GOTO(mt_model_create_ex(ctx, ops, cfg, Bm, MT_MODEL_EXTERNAL_PARAMS, &rs.model), rc, done);
+    MT_CHECK_GOTO(mt_zero_create(ctx, ops, rs.dpc, opts->zero_stage, cfg->reshard_after_forward, rs.model, &rs.zero),
+                  rc, done);
+    int n_views;
+    struct mt_param *views = mt_zero_opt_params(rs.zero, &n_views);
+    MT_CHECK_GOTO(mt_optim_create(ctx, ops, cfg, views, n_views, &rs.optim), rc, done);
     int start_step = 0;
     if (resume_dir[0]) {
-        MT_CHECK_GOTO(mt_ckpt_load(ctx, ops, resume_dir, params, n_params, rs.optim), rc, done);
+        /* every rank reads exactly the tensors it owns: resharding on load */
+        MT_CHECK_GOTO(mt_ckpt_load(ctx, ops, resume_dir, views, n_views, rs.optim), rc, done);
         mt_optim_set_t(rs.optim, resume_meta.adam_t);
+        MT_CHECK_GOTO(mt_zero_sync_params(ctx, rs.zero), rc, done);
         start_step = resume_meta.step;
     } else {
-        MT_CHECK_GOTO(mt_model_init_params(ctx, rs.model, cfg->seed), rc, done);
+        MT_CHECK_GOTO(mt_zero_init_params(ctx, rs.zero, cfg->seed), rc, done);
     }
     int n_steps = opts->steps - start_step;
     size_t nh = (size_t)(n_steps > 0 ? n_steps : 1);
@@ -342,13 +508,15 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     rs.lrs = mt_alloc(ctx, nh * sizeof(double), MT_BUCKET_OTHER);
     rs.times = mt_alloc(ctx, nh * sizeof(double), MT_BUCKET_OTHER);
     rs.eval_losses = mt_alloc(ctx, (nh + 1) * sizeof(double), MT_BUCKET_OTHER);
+    mem_all = mt_alloc(ctx, (size_t)world * MT_BUCKET_COUNT * sizeof(double), MT_BUCKET_OTHER);
     if (!rs.idx || !rs.tgt || !rs.step_index || !rs.eval_steps || !rs.losses || !rs.lm || !rs.aux || !rs.z ||
-        !rs.gnorm || !rs.lrs || !rs.times || !rs.eval_losses) {
+        !rs.gnorm || !rs.lrs || !rs.times || !rs.eval_losses || !mem_all) {
         rc = MT_ERR_OOM;
         goto done;
     }
 
     /* ---- 5. from here on we write outputs ---- */
+    const int is_root = wrank == 0;
     if (mkdir_p(opts->out_dir) != 0) {
         rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot create output directory %s", opts->out_dir);
         goto done;
@@ -356,48 +524,74 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     struct mt_ops_cpu_info info;
     mt_ops_cpu_info(&info);
     double peak = opts->peak_flops;
-    char peak_src[160];
+    char peak_src[200];
     if (peak > 0) {
         snprintf(peak_src, sizeof peak_src, "given by --peak-flops");
     } else {
-        peak = measure_gemm_roof(ops, 2048);
+        /* every rank measures at once (the run's real contention); the peak is world x rank 0's */
+        double mine = measure_gemm_roof(ops, 2048);
+        peak = mine * world;
         snprintf(peak_src, sizeof peak_src,
-                 "measured at startup: best of 3 sgemm 2048^3 through the %s ops table, %d threads, coretype %s",
-                 ops->name, threads, info.coretype);
+                 "measured at startup: best of 3 sgemm 2048^3 through the %s ops table, %d threads, coretype %s%s",
+                 ops->name, threads, info.coretype, world > 1 ? ", all ranks at once, x world" : "");
     }
 
     const double flops_per_token = mt_model_flops_per_token(cfg);
     const int tty = isatty(fileno(stdout));
-    double t_run0 = mt_time_sec();
+    const int mb_n = cfg->microbatches;
+    double t_run0 = mt_time_sec(), comm_total = 0, idle_total = 0;
     int steps_run = 0;
+    mt_zero_reset_stats(rs.zero);
     for (int step = start_step; step < opts->steps; step++) {
         double t0 = mt_time_sec();
-        mt_model_zero_grad(rs.model);
+        struct mt_zero_stats zs0;
+        mt_zero_get_stats(rs.zero, &zs0);
+        if (fault.rank == wrank && fault.step == step) {
+            if (!strcmp(fault.kind, "signal")) raise(SIGKILL);
+            if (!strcmp(fault.kind, "error")) {
+                rc = mt_ctx_error(ctx, MT_ERR_RUNTIME, "injected failure (MT_FAULT) on rank %d at step %d", wrank, step);
+                goto done;
+            }
+            if (!strcmp(fault.kind, "nan")) mt_zero_inject_nan(rs.zero, step, mt_model_n_units(rs.model) - 1);
+        }
+        mt_zero_begin_step(rs.zero, step);
         /* targets are never -1 in the default order; the count stays general */
         struct mt_loss_norm norm = {.n_targets = (double)G * T, .n_sequences = G, .n_tokens = (double)G * T};
-        double lm = 0, aux = 0, z = 0;
-        for (int mb = 0; mb < cfg->microbatches; mb++) {
+        double part[3] = {0, 0, 0};
+        for (int mb = 0; mb < mb_n; mb++) {
             for (int i = 0; i < Bm; i++)
-                mt_data_sequence(rs.train, step, G, (int64_t)mb * Bm + i, T, rs.idx + (size_t)i * T,
-                                 rs.tgt + (size_t)i * T);
+                mt_data_sequence(rs.train, step, G, (int64_t)rs.dp_rank * Gl + (int64_t)mb * Bm + i, T,
+                                 rs.idx + (size_t)i * T, rs.tgt + (size_t)i * T);
             struct mt_loss_parts parts;
+            mt_zero_set_last_microbatch(rs.zero, mb == mb_n - 1);
             MT_CHECK_GOTO(mt_model_forward(ctx, rs.model, rs.idx, rs.tgt, &norm, &parts), rc, done);
             MT_CHECK_GOTO(mt_model_backward(ctx, rs.model), rc, done);
-            lm += parts.lm;
-            aux += parts.aux;
-            z += parts.z;
+            part[0] += parts.lm;
+            part[1] += parts.aux;
+            part[2] += parts.z;
         }
-        double loss = lm + aux + z;
-        double gn = sqrt(mt_optim_grad_sumsq(rs.optim));
+        MT_CHECK_GOTO(mt_zero_finish_grads(ctx, rs.zero), rc, done);
+        /* the loss sums meet here: the first point where every rank waits for the slowest (idle) */
+        double ti = mt_time_sec();
+        MT_CHECK_GOTO(mt_comm_allreduce(ctx, rs.dpc, part, 3, MT_DTYPE_F64, MT_REDOP_SUM), rc, done);
+        double idle = mt_time_sec() - ti;
+        double lm = part[0], aux = part[1], z = part[2];
+        double loss = lm + aux + z, ss = 0;
+        MT_CHECK_GOTO(mt_zero_grad_sumsq(ctx, rs.zero, &ss), rc, done);
+        double gn = sqrt(ss);
         if (!isfinite(loss) || !isfinite(gn)) {
-            rc = mt_ctx_error(ctx, MT_ERR_NUMERIC, "non-finite %s at step %d on rank %d (parameter %s)",
-                              isfinite(loss) ? "gradient" : "loss", step, ctx->rank,
-                              first_nonfinite_grad(ops, params, n_params));
+            rc = mt_ctx_error(ctx, MT_ERR_NUMERIC, "non-finite %s at step %d on rank %d", isfinite(loss) ? "gradient norm" : "loss",
+                              step, ctx->rank);
             goto done;
         }
         MT_CHECK_GOTO(mt_optim_step(ctx, rs.optim, step, gn), rc, done);
+        MT_CHECK_GOTO(mt_zero_sync_params(ctx, rs.zero), rc, done);
         ops->sync();
         double dt = mt_time_sec() - t0;
+        struct mt_zero_stats zs1;
+        mt_zero_get_stats(rs.zero, &zs1);
+        comm_total += zs1.wait_s - zs0.wait_s;
+        idle_total += idle;
         int k = steps_run++;
         rs.step_index[k] = step;
         rs.losses[k] = loss;
@@ -409,15 +603,16 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
         rs.times[k] = dt;
         double tok_s = (double)G * T / dt;
         double eta = dt * (opts->steps - step - 1);
-        progress(opts, tty, step + 1, opts->steps, loss, tok_s, peak > 0 ? tok_s * flops_per_token / peak : 0, eta,
-                 gn);
+        if (is_root)
+            progress(opts, tty, step + 1, opts->steps, loss, tok_s, peak > 0 ? tok_s * flops_per_token / peak : 0,
+                     eta, gn);
         int done_steps = step + 1;
         if (rs.val && cfg->eval_every > 0 && (done_steps % cfg->eval_every == 0 || done_steps == opts->steps)) {
             double vl;
             MT_CHECK_GOTO(evaluate(ctx, cfg, &rs, Bm, &vl), rc, done);
             rs.eval_steps[rs.n_evals] = done_steps;
             rs.eval_losses[rs.n_evals++] = vl;
-            if (!opts->quiet) {
+            if (!opts->quiet && is_root) {
                 fprintf(stdout, "%sval step %d loss %.6f\n", tty ? "\n" : "", done_steps, vl);
                 fflush(stdout);
             }
@@ -428,8 +623,23 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     double total_s = mt_time_sec() - t_run0;
     MT_CHECK_GOTO(save_checkpoint(ctx, ops, cfg, opts, &rs, opts->steps), rc, done);
 
-    /* ---- 6. receipt ---- */
+    /* ---- 6. checks and receipt ---- */
     {
+        char hash_msg[256];
+        int mismatch = 0;
+        MT_CHECK_GOTO(replica_hash_check(ctx, ops, &rs, opts->zero_stage, hash_msg, sizeof hash_msg, &mismatch), rc,
+                      done);
+        double mine[MT_BUCKET_COUNT];
+        for (int b = 0; b < MT_BUCKET_COUNT; b++) mine[b] = (double)ctx->bytes_peak[b];
+        MT_CHECK_GOTO(mt_comm_allgather(ctx, mt_mesh_world_comm(rs.mesh), mem_all, mine, MT_BUCKET_COUNT,
+                                        MT_DTYPE_F64), rc, done);
+        struct mt_zero_stats zs;
+        mt_zero_get_stats(rs.zero, &zs);
+        size_t total_params = 0;
+        mt_model_param_counts(cfg, &total_params, NULL);
+        djson = dist_json(&rs, trace, mem_all, world, &zs, steps_run, mb_n, (double)total_params * sizeof(float),
+                          opts->zero_stage);
+
         struct mt_receipt r;
         memset(&r, 0, sizeof r);
         r.command_line = opts->command_line;
@@ -441,16 +651,21 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
         snprintf(r.coretype, sizeof r.coretype, "%s", info.coretype);
         snprintf(r.coretype_source, sizeof r.coretype_source, "%s", info.coretype_source);
         r.threads = threads;
-        r.pp = r.dp = r.ep = r.tp = r.world = 1;
+        r.pp = dims.pp;
+        r.dp = dims.dp;
+        r.ep = dims.ep;
+        r.tp = dims.tp;
+        r.world = world;
         r.zero_stage = opts->zero_stage;
         r.cfg = cfg;
         r.micro_batch_seqs = Bm;
         mt_model_param_counts(cfg, &r.params_total, &r.params_active);
         r.flops_per_token = flops_per_token;
-        mt_model_plan_bytes(cfg, Bm, r.plan_bytes);
-        size_t ob[MT_BUCKET_COUNT] = {0};
-        mt_optim_plan_bytes(cfg, params, n_params, ob);
-        for (int b = 0; b < MT_BUCKET_COUNT; b++) r.plan_bytes[b] += ob[b];
+        mt_model_plan_bytes_ex(cfg, Bm, MT_MODEL_EXTERNAL_PARAMS, r.plan_bytes);
+        size_t zb[MT_BUCKET_COUNT] = {0}, ob[MT_BUCKET_COUNT] = {0};
+        mt_zero_plan_bytes(rs.model, rs.dp_size, rs.dp_rank, opts->zero_stage, cfg->reshard_after_forward, zb);
+        mt_optim_plan_bytes(cfg, views, n_views, ob);
+        for (int b = 0; b < MT_BUCKET_COUNT; b++) r.plan_bytes[b] += zb[b] + ob[b];
         for (int b = 0; b < MT_BUCKET_COUNT; b++) r.measured_peak_bytes[b] = ctx->bytes_peak[b];
         r.peak_rss_bytes = mt_peak_rss_bytes();
         r.steps_run = steps_run;
@@ -463,9 +678,11 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
         r.peak_flops = peak;
         r.mfu = peak > 0 ? r.model_flops_per_s / peak : 0;
         snprintf(r.peak_flops_source, sizeof r.peak_flops_source, "%s", peak_src);
-        for (int i = 0; i < steps_run; i++) r.compute_s += rs.times[i];
-        r.comm_s = 0;
-        r.idle_s = 0;
+        double step_sum = 0;
+        for (int i = 0; i < steps_run; i++) step_sum += rs.times[i];
+        r.comm_s = comm_total;
+        r.idle_s = idle_total;
+        r.compute_s = step_sum - comm_total - idle_total;
         r.total_s = total_s;
         r.n_steps = steps_run;
         r.step_index = rs.step_index;
@@ -479,22 +696,30 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
         r.n_evals = rs.n_evals;
         r.eval_steps = rs.eval_steps;
         r.eval_losses = rs.eval_losses;
-        snprintf(r.replica_hash_check, sizeof r.replica_hash_check,
-                 "not applicable: world=1, every tensor has one copy");
+        snprintf(r.replica_hash_check, sizeof r.replica_hash_check, "%s", hash_msg);
         r.start_step = start_step;
         snprintf(r.resumed_from, sizeof r.resumed_from, "%s", resume_dir);
         snprintf(r.data_path, sizeof r.data_path, "%s", opts->data_path);
         r.data_tokens = mt_data_ntokens(rs.train);
-        char path[4200];
-        snprintf(path, sizeof path, "%s/receipt.json", opts->out_dir);
-        MT_CHECK_GOTO(mt_receipt_write(ctx, path, &r), rc, done);
+        r.distributed_json = djson;
+        if (is_root) {
+            char path[4200];
+            snprintf(path, sizeof path, "%s/receipt.json", opts->out_dir);
+            MT_CHECK_GOTO(mt_receipt_write(ctx, path, &r), rc, done);
+        }
         res->steps_run = steps_run;
         res->final_loss = steps_run ? rs.losses[steps_run - 1] : 0;
         res->tokens_per_s = r.tokens_per_s;
         res->mfu = r.mfu;
+        if (mismatch) {
+            rc = mt_ctx_error(ctx, MT_ERR_RUNTIME, "replica hash check failed: %s", hash_msg);
+            goto done;
+        }
     }
 
 done:
+    free(djson);
+    mt_free(ctx, mem_all);
     mt_free(ctx, rs.idx);
     mt_free(ctx, rs.tgt);
     mt_free(ctx, rs.step_index);
@@ -508,7 +733,9 @@ done:
     mt_free(ctx, rs.times);
     mt_free(ctx, rs.eval_losses);
     mt_optim_destroy(ctx, rs.optim);
+    mt_zero_destroy(ctx, rs.zero);
     mt_model_destroy(ctx, rs.model);
+    mt_mesh_destroy(rs.mesh);
     mt_data_close(rs.train);
     mt_data_close(rs.val);
     return rc;

@@ -1,0 +1,95 @@
+/*
+ * mt_zero.h — data parallelism with ZeRO stages 0-3 over one reduction group.
+ *
+ * The engine owns every parameter's storage (the model is created with
+ * MT_MODEL_EXTERNAL_PARAMS) and drives it through the model's unit hooks
+ * (mt_model.h): it gathers parameters before a unit runs (stage 3), and it
+ * reduces a unit's gradients as soon as that unit's backward is done, while
+ * the next unit computes (every stage).
+ *
+ * Ownership: every parameter is owned WHOLE by one rank of the group
+ * (greedy by size, largest first, to the least-loaded rank; the same answer
+ * on every rank). Whole tensors keep Muon exact (Newton–Schulz needs the
+ * full matrix, as distributed Muon implementations do) and make a rank's
+ * checkpoint shard a list of complete tensors.
+ *
+ *   stage  params            grads                         optimizer state
+ *   0      full, replicated  full, all-reduced             full (every rank updates all)
+ *   1      full, replicated  full, all-reduced             owned only; updated params all-gathered
+ *   2      full, replicated  owned only (reduce-scatter)   owned only; updated params all-gathered
+ *   3      owned only        owned only (reduce-scatter)   owned only; units all-gathered before use
+ *
+ * See docs/zero.md for the layout, the overlap and the bytes moved per step.
+ */
+#ifndef MT_ZERO_H
+#define MT_ZERO_H
+
+#include "../core/mt_core.h"
+#include "../core/mt_config.h"
+#include "../core/mt_param.h"
+#include "../dist/mt_comm.h"
+#include "../model/mt_model.h"
+#include "../ops/mt_ops.h"
+
+struct mt_zero;
+
+/* Collective kinds counted in mt_zero_stats. */
+enum mt_zero_coll { MT_ZERO_ALLREDUCE = 0, MT_ZERO_REDUCE_SCATTER, MT_ZERO_ALLGATHER, MT_ZERO_COLL_COUNT };
+
+struct mt_zero_stats {
+    double bytes[MT_ZERO_COLL_COUNT]; /* payload bytes (the full buffer each call covers), summed */
+    long   calls[MT_ZERO_COLL_COUNT];
+    double wait_s;                    /* time blocked in waits / blocking collectives (exposed comm) */
+};
+
+/* Build the engine for `model` (created with MT_MODEL_EXTERNAL_PARAMS) over
+ * `comm` (the parameters' reduction group; today every parameter shares one
+ * group: data x expert with ep = 1). Allocates parameter, gradient and
+ * communication storage, points the model's parameters at it and installs
+ * the model hooks. stage 0..3; reshard_after_forward only matters for stage 3.
+ * Free with mt_zero_destroy (before the model). */
+enum mt_status mt_zero_create(struct mt_ctx *ctx, const struct mt_ops_i *ops, struct mt_comm *comm, int stage,
+                              int reshard_after_forward, struct mt_model *model, struct mt_zero **out);
+void mt_zero_destroy(struct mt_ctx *ctx, struct mt_zero *z);  /* no-op on NULL */
+
+/* Pure size function: bytes per bucket this rank's engine allocates (same
+ * computation as create). */
+void mt_zero_plan_bytes(const struct mt_model *model, int group_size, int group_rank, int stage,
+                        int reshard_after_forward, size_t bytes[MT_BUCKET_COUNT]);
+
+/* The parameters this rank runs the optimizer on (stage 0: all; else the
+ * owned ones), as views with their data/grad in the engine's storage. Give
+ * these to mt_optim_create and mt_ckpt_load. Valid until destroy. */
+struct mt_param *mt_zero_opt_params(struct mt_zero *z, int *n);
+/* Comm rank that owns parameter i (model order). */
+int mt_zero_owner(const struct mt_zero *z, int i);
+/* Backend pointer to this rank's copy of parameter i's full data if it owns
+ * it (stage 3) or holds it (stages 0-2); NULL otherwise. */
+const float *mt_zero_param_data(const struct mt_zero *z, int i);
+
+/* Counter-based init of every parameter this rank holds (SPEC.md: values
+ * depend only on seed, name and global index). */
+enum mt_status mt_zero_init_params(struct mt_ctx *ctx, struct mt_zero *z, uint64_t seed);
+
+/* Start a step: zero gradients, drop gathered units. `step` is for messages. */
+void mt_zero_begin_step(struct mt_zero *z, int step);
+/* Before each microbatch's backward: is it the last one of the step? (stages
+ * 0/1 reduce only once, after the last; stages 2/3 reduce every microbatch). */
+void mt_zero_set_last_microbatch(struct mt_zero *z, int last);
+/* After the last backward: complete every pending reduction; the opt params'
+ * grads then hold the reduced (summed over the group) gradients. */
+enum mt_status mt_zero_finish_grads(struct mt_ctx *ctx, struct mt_zero *z);
+/* Global sum of squared gradients (fp64), over every parameter exactly once. */
+enum mt_status mt_zero_grad_sumsq(struct mt_ctx *ctx, struct mt_zero *z, double *out);
+/* After the optimizer step: stages 1/2 all-gather the updated parameters;
+ * stage 3 marks gathered units stale. */
+enum mt_status mt_zero_sync_params(struct mt_ctx *ctx, struct mt_zero *z);
+
+/* Test-only fault injection: poison unit `unit`'s gradient with NaN at
+ * `step` (before the finiteness check that precedes its reduction). */
+void mt_zero_inject_nan(struct mt_zero *z, int step, int unit);
+
+void mt_zero_get_stats(const struct mt_zero *z, struct mt_zero_stats *out);
+void mt_zero_reset_stats(struct mt_zero *z);
+
+#endif /* MT_ZERO_H */

@@ -1,0 +1,632 @@
+/*
+ * zero.c — ZeRO stages 0-3 over one reduction group, driven by model hooks.
+ *
+ * HOW IT WORKS — layout. The model's parameters fall into units (mt_model.h:
+ * 0 = wte, 1+l = block l, L+1 = final norm + head). Each parameter is owned
+ * whole by one group rank. A unit's "packed" buffer holds its parameters
+ * grouped by owner: [rank 0's params of u][rank 1's]...[rank n-1's], each
+ * parameter 64-byte aligned, each segment padded to 16 floats. Every rank
+ * computes the same layout (it depends on shapes and group size only), so:
+ *
+ *   - a unit's all-gather is ONE allgatherv: rank r sends its segment (which
+ *     is contiguous in its owned storage) to displacement seg_displ[u][r];
+ *   - a unit's gradient reduce-scatter is ONE reduce_scatterv of the packed
+ *     gradient buffer: rank r receives the sum of its own segment;
+ *   - stages 0-2 keep the whole model in one "full" buffer that is the
+ *     concatenation of the packed units, so a unit's all-reduce (stages 0/1)
+ *     and the post-update all-gather (stages 1/2) are one call each.
+ *   - owned storage (stage 3 data, stage 2/3 grads) is the concatenation over
+ *     units of this rank's segments.
+ *
+ * HOW IT WORKS — overlap. Backward calls post_backward(u) as soon as unit
+ * u's gradients are final; we check them for non-finite values (before any
+ * reduction, so the message names the rank and parameter that produced
+ * them) and start a non-blocking reduction. Stages 2/3 use two gradient
+ * scratch buffers in turn: the reduction of unit u runs while unit u-1
+ * computes into the other buffer. Stage 3 uses two gather buffers: while
+ * unit u runs, unit u+1 (forward) or u-1 (backward) is being gathered. A
+ * buffer that still holds the unit we need is reused without a gather (the
+ * last unit of forward is the first of backward; the unit before it was
+ * gathered moments ago too).
+ *
+ * Invariants: a gather buffer is overwritten only after its previous
+ * gather completed and its unit is no longer in use; gradient scratch is
+ * zeroed only after its previous reduce-scatter completed and was added
+ * into owned storage.
+ */
+#include "mt_zero.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../core/mt_core.h"
+
+#define ZALIGN 16 /* floats: 64 bytes */
+
+static size_t zalign(size_t n) { return (n + ZALIGN - 1) / ZALIGN * ZALIGN; }
+
+struct zlayout {
+    int     n_params, n_units, size, rank;
+    int    *owner;        /* (P) comm rank owning param i                       */
+    int    *unit;         /* (P) unit of param i                                */
+    size_t *uoff;         /* (P) offset of param i inside its unit's packed buf */
+    size_t *ooff;         /* (P) offset of param i in its owner's storage       */
+    size_t *seg_count;    /* (U*size) floats of rank r's segment of unit u      */
+    size_t *seg_displ;    /* (U*size) its offset inside the packed unit         */
+    size_t *unit_size;    /* (U) packed unit size (floats)                      */
+    size_t *unit_base;    /* (U) offset of unit u in the full buffer            */
+    size_t *own_base;     /* (U) offset of my segment of u in owned storage     */
+    size_t  full_total, own_total, max_unit, max_seg;
+};
+
+struct pending {
+    struct mt_comm_req *req;
+    int                 unit;   /* -1: none */
+};
+
+struct mt_zero {
+    struct mt_ctx         *ctx;
+    const struct mt_ops_i *ops;
+    struct mt_comm        *comm;
+    struct mt_model       *model;
+    struct mt_param       *params;  /* the model's (P) */
+    int                    stage, reshard;
+    struct zlayout         lay;
+
+    float *full;                 /* stages 0-2: (full_total) PARAMS; stage 3 !reshard: COMM */
+    float *gfull;                /* stages 0/1: (full_total) GRADS                           */
+    float *own_data;             /* stage 3: (own_total) PARAMS                              */
+    float *own_grad;             /* stages 2/3: (own_total) GRADS                            */
+    float *gbuf[2];              /* stage 3 reshard: (max_unit) COMM gather buffers          */
+    int    gholds[2];            /* unit held (or being gathered) by gbuf[b], -1 none        */
+    struct mt_comm_req *greq[2]; /* pending gather into gbuf[b]                              */
+    int    gcur;                 /* gbuf index of the unit in use, -1 none                   */
+    int   *gathered;             /* (U) stage 3 !reshard: unit gathered into full this step  */
+    float *gscr[2], *grecv[2];   /* stages 2/3: (max_unit) grad scratch, (max_seg) recv      */
+    struct pending rs[2];        /* pending reduce-scatter from gscr[b] into grecv[b]        */
+    int    gslot;                /* next scratch slot                                        */
+    struct pending *ar;          /* (U) stages 0/1 pending all-reduces                       */
+    int    n_ar;
+
+    struct mt_param *views;      /* optimizer views (n_views)                                */
+    int              n_views;
+    int   last_mb, step;
+    int   nan_step, nan_unit;
+    struct mt_zero_stats st;
+};
+
+/* ------------------------------------------------------------------ */
+/* layout (pure)                                                      */
+/* ------------------------------------------------------------------ */
+
+static void layout_free(struct mt_ctx *ctx, struct zlayout *l)
+{
+    mt_free(ctx, l->owner);
+    mt_free(ctx, l->unit);
+    mt_free(ctx, l->uoff);
+    mt_free(ctx, l->ooff);
+    mt_free(ctx, l->seg_count);
+    mt_free(ctx, l->seg_displ);
+    mt_free(ctx, l->unit_size);
+    mt_free(ctx, l->unit_base);
+    mt_free(ctx, l->own_base);
+    memset(l, 0, sizeof *l);
+}
+
+/* Owner of each parameter: largest first (ties: lower index) to the rank
+ * with the least owned floats so far (ties: lower rank). Deterministic. */
+static void assign_owners(const struct mt_param *p, int P, int size, int *owner, size_t *load, int *order)
+{
+    for (int i = 0; i < P; i++) order[i] = i;
+    for (int i = 1; i < P; i++) { /* insertion sort: P is a few hundred at most */
+        int k = order[i], j = i - 1;
+        while (j >= 0 && (p[order[j]].numel < p[k].numel ||
+                          (p[order[j]].numel == p[k].numel && order[j] > k))) {
+            order[j + 1] = order[j];
+            j--;
+        }
+        order[j + 1] = k;
+    }
+    for (int r = 0; r < size; r++) load[r] = 0;
+    for (int t = 0; t < P; t++) {
+        int i = order[t], best = 0;
+        for (int r = 1; r < size; r++)
+            if (load[r] < load[best]) best = r;
+        owner[i] = best;
+        load[best] += zalign(p[i].numel);
+    }
+}
+
+static enum mt_status layout_build(struct mt_ctx *ctx, const struct mt_model *m, const struct mt_param *p, int P,
+                                   int size, int rank, struct zlayout *l)
+{
+    memset(l, 0, sizeof *l);
+    int U = mt_model_n_units(m);
+    l->n_params = P;
+    l->n_units = U;
+    l->size = size;
+    l->rank = rank;
+    l->owner = mt_alloc(ctx, (size_t)P * sizeof(int), MT_BUCKET_OTHER);
+    l->unit = mt_alloc(ctx, (size_t)P * sizeof(int), MT_BUCKET_OTHER);
+    l->uoff = mt_alloc(ctx, (size_t)P * sizeof(size_t), MT_BUCKET_OTHER);
+    l->ooff = mt_alloc(ctx, (size_t)P * sizeof(size_t), MT_BUCKET_OTHER);
+    l->seg_count = mt_alloc(ctx, (size_t)U * size * sizeof(size_t), MT_BUCKET_OTHER);
+    l->seg_displ = mt_alloc(ctx, (size_t)U * size * sizeof(size_t), MT_BUCKET_OTHER);
+    l->unit_size = mt_alloc(ctx, (size_t)U * sizeof(size_t), MT_BUCKET_OTHER);
+    l->unit_base = mt_alloc(ctx, (size_t)U * sizeof(size_t), MT_BUCKET_OTHER);
+    l->own_base = mt_alloc(ctx, (size_t)U * sizeof(size_t), MT_BUCKET_OTHER);
+    size_t *load = mt_alloc(ctx, (size_t)size * sizeof(size_t), MT_BUCKET_OTHER);
+    size_t *own_fill = mt_alloc(ctx, (size_t)size * sizeof(size_t), MT_BUCKET_OTHER);
+    int *order = mt_alloc(ctx, (size_t)(P > 0 ? P : 1) * sizeof(int), MT_BUCKET_OTHER);
+    if (!l->owner || !l->unit || !l->uoff || !l->ooff || !l->seg_count || !l->seg_displ || !l->unit_size ||
+        !l->unit_base || !l->own_base || !load || !own_fill || !order) {
+        mt_free(ctx, load);
+        mt_free(ctx, own_fill);
+        mt_free(ctx, order);
+        layout_free(ctx, l);
+        return MT_ERR_OOM;
+    }
+    assign_owners(p, P, size, l->owner, load, order);
+    for (int i = 0; i < P; i++) {
+        l->unit[i] = mt_model_param_unit(m, i);
+        MT_ASSERT(l->unit[i] >= 0 && l->unit[i] < U);
+        MT_ASSERT(i == 0 || l->unit[i] >= l->unit[i - 1]); /* units are contiguous in model order */
+    }
+    for (int r = 0; r < size; r++) own_fill[r] = 0;
+    size_t base = 0;
+    for (int u = 0; u < U; u++) {
+        size_t off = 0;
+        for (int r = 0; r < size; r++) {
+            size_t start = off;
+            for (int i = 0; i < P; i++) {
+                if (l->unit[i] != u || l->owner[i] != r) continue;
+                l->uoff[i] = off;
+                l->ooff[i] = own_fill[r] + (off - start);
+                off += zalign(p[i].numel);
+            }
+            l->seg_displ[(size_t)u * size + r] = start;
+            l->seg_count[(size_t)u * size + r] = off - start;
+            if (r == rank) l->own_base[u] = own_fill[r];
+            own_fill[r] += off - start;
+            if (off - start > l->max_seg) l->max_seg = off - start;
+        }
+        l->unit_size[u] = off;
+        l->unit_base[u] = base;
+        base += off;
+        if (off > l->max_unit) l->max_unit = off;
+    }
+    l->full_total = base;
+    l->own_total = own_fill[rank];
+    mt_free(ctx, load);
+    mt_free(ctx, own_fill);
+    mt_free(ctx, order);
+    return MT_OK;
+}
+
+/* Buffer sizes per bucket for one stage (floats), shared by plan and create. */
+struct zsizes { size_t full, full_bucket, gfull, own_data, own_grad, gbuf, gscr, grecv; };
+
+static struct zsizes zero_sizes(const struct zlayout *l, int stage, int reshard)
+{
+    struct zsizes s;
+    memset(&s, 0, sizeof s);
+    if (stage <= 2) { s.full = l->full_total; s.full_bucket = MT_BUCKET_PARAMS; }
+    if (stage <= 1) s.gfull = l->full_total;
+    if (stage == 3) {
+        s.own_data = l->own_total;
+        if (reshard) s.gbuf = l->max_unit;
+        else { s.full = l->full_total; s.full_bucket = MT_BUCKET_COMM; }
+    }
+    if (stage >= 2) {
+        s.own_grad = l->own_total;
+        s.gscr = l->max_unit;
+        s.grecv = l->max_seg;
+    }
+    return s;
+}
+
+static size_t round64(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
+
+void mt_zero_plan_bytes(const struct mt_model *model, int group_size, int group_rank, int stage,
+                        int reshard_after_forward, size_t bytes[MT_BUCKET_COUNT])
+{
+    struct mt_ctx tmp;
+    mt_ctx_init(&tmp);
+    for (int b = 0; b < MT_BUCKET_COUNT; b++) bytes[b] = 0;
+    int P;
+    struct mt_param *p = mt_model_params((struct mt_model *)model, &P);
+    struct zlayout l;
+    if (layout_build(&tmp, model, p, P, group_size, group_rank, &l) != MT_OK) return;
+    struct zsizes s = zero_sizes(&l, stage, reshard_after_forward);
+    const size_t f = sizeof(float);
+    if (s.full) bytes[s.full_bucket] += round64(s.full * f);
+    if (s.gfull) bytes[MT_BUCKET_GRADS] += round64(s.gfull * f);
+    if (s.own_data) bytes[MT_BUCKET_PARAMS] += round64(s.own_data * f);
+    if (s.own_grad) bytes[MT_BUCKET_GRADS] += round64(s.own_grad * f);
+    if (s.gbuf) bytes[MT_BUCKET_COMM] += 2 * round64(s.gbuf * f);
+    if (s.gscr) bytes[MT_BUCKET_COMM] += 2 * round64(s.gscr * f);
+    if (s.grecv) bytes[MT_BUCKET_COMM] += 2 * round64(s.grecv * f);
+    layout_free(&tmp, &l);
+}
+
+/* ------------------------------------------------------------------ */
+/* helpers                                                            */
+/* ------------------------------------------------------------------ */
+
+static const size_t *counts_of(const struct mt_zero *z, int u) { return z->lay.seg_count + (size_t)u * z->lay.size; }
+static const size_t *displs_of(const struct mt_zero *z, int u) { return z->lay.seg_displ + (size_t)u * z->lay.size; }
+static size_t my_count(const struct mt_zero *z, int u) { return counts_of(z, u)[z->lay.rank]; }
+
+static enum mt_status timed_wait(struct mt_ctx *ctx, struct mt_zero *z, struct mt_comm_req **req)
+{
+    if (!*req) return MT_OK;
+    double t0 = mt_time_sec();
+    enum mt_status rc = mt_comm_wait(ctx, *req);
+    *req = NULL;
+    z->st.wait_s += mt_time_sec() - t0;
+    return rc;
+}
+
+static void count_coll(struct mt_zero *z, enum mt_zero_coll k, size_t floats)
+{
+    z->st.bytes[k] += (double)floats * sizeof(float);
+    z->st.calls[k]++;
+}
+
+/* Point unit u's parameters' data at a packed unit buffer. */
+static void point_data(struct mt_zero *z, int u, float *packed)
+{
+    for (int i = 0; i < z->lay.n_params; i++)
+        if (z->lay.unit[i] == u) z->params[i].data = packed + z->lay.uoff[i];
+}
+
+static void point_grad(struct mt_zero *z, int u, float *packed)
+{
+    for (int i = 0; i < z->lay.n_params; i++)
+        if (z->lay.unit[i] == u) z->params[i].grad = packed + z->lay.uoff[i];
+}
+
+/* ------------------------------------------------------------------ */
+/* stage 3: gathers                                                   */
+/* ------------------------------------------------------------------ */
+
+static enum mt_status start_gather(struct mt_ctx *ctx, struct mt_zero *z, int u, float *dst,
+                                   struct mt_comm_req **req)
+{
+    count_coll(z, MT_ZERO_ALLGATHER, z->lay.unit_size[u]);
+    return mt_comm_iallgatherv(ctx, z->comm, dst, z->own_data + z->lay.own_base[u], counts_of(z, u), displs_of(z, u),
+                               MT_DTYPE_F32, req);
+}
+
+/* Make unit u's parameters available (stage 3) and prefetch unit u+dir. */
+static enum mt_status ensure_unit(struct mt_ctx *ctx, struct mt_zero *z, int u, int dir)
+{
+    const int U = z->lay.n_units;
+    if (!z->reshard) {
+        /* keep every gathered unit for the rest of the step: one gather per unit per step */
+        if (!z->gathered[u]) {
+            struct mt_comm_req *req = NULL;
+            MT_CHECK(start_gather(ctx, z, u, z->full + z->lay.unit_base[u], &req));
+            MT_CHECK(timed_wait(ctx, z, &req));
+            z->gathered[u] = 1;
+        }
+        point_data(z, u, z->full + z->lay.unit_base[u]);
+        return MT_OK;
+    }
+    int b = z->gholds[0] == u ? 0 : (z->gholds[1] == u ? 1 : -1);
+    if (b < 0) {
+        b = z->gcur < 0 ? 0 : 1 - z->gcur;         /* never the buffer of the unit in use */
+        MT_CHECK(timed_wait(ctx, z, &z->greq[b]));  /* a stale prefetch into it */
+        z->gholds[b] = u;
+        MT_CHECK(start_gather(ctx, z, u, z->gbuf[b], &z->greq[b]));
+    }
+    MT_CHECK(timed_wait(ctx, z, &z->greq[b]));
+    z->gcur = b;
+    point_data(z, u, z->gbuf[b]);
+    int nu = u + dir, ob = 1 - b;
+    if (nu >= 0 && nu < U && z->gholds[ob] != nu) {
+        MT_CHECK(timed_wait(ctx, z, &z->greq[ob]));
+        z->gholds[ob] = nu;
+        MT_CHECK(start_gather(ctx, z, nu, z->gbuf[ob], &z->greq[ob]));
+    }
+    return MT_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* stages 2/3: gradient reduce-scatter                                */
+/* ------------------------------------------------------------------ */
+
+/* Complete the reduce-scatter pending on slot s and add it into owned grads. */
+static enum mt_status finish_rs(struct mt_ctx *ctx, struct mt_zero *z, int s)
+{
+    if (z->rs[s].unit < 0) return MT_OK;
+    MT_CHECK(timed_wait(ctx, z, &z->rs[s].req));
+    int u = z->rs[s].unit;
+    size_t n = my_count(z, u);
+    if (n) z->ops->axpby(z->own_grad + z->lay.own_base[u], z->grecv[s], 1.0f, 1.0f, n);
+    z->rs[s].unit = -1;
+    return MT_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* hooks                                                              */
+/* ------------------------------------------------------------------ */
+
+static enum mt_status hook_pre_forward(struct mt_ctx *ctx, void *user, int u)
+{
+    struct mt_zero *z = user;
+    return z->stage == 3 ? ensure_unit(ctx, z, u, +1) : MT_OK;
+}
+
+static enum mt_status hook_pre_backward(struct mt_ctx *ctx, void *user, int u)
+{
+    struct mt_zero *z = user;
+    if (z->stage == 3) MT_CHECK(ensure_unit(ctx, z, u, -1));
+    if (z->stage >= 2) {
+        int s = z->gslot;
+        z->gslot = 1 - s;
+        MT_CHECK(finish_rs(ctx, z, s));
+        z->ops->fill(z->gscr[s], 0.0f, z->lay.unit_size[u]);
+        point_grad(z, u, z->gscr[s]);
+    }
+    return MT_OK;
+}
+
+static enum mt_status hook_post_backward(struct mt_ctx *ctx, void *user, int u)
+{
+    struct mt_zero *z = user;
+    const struct mt_ops_i *ops = z->ops;
+    /* the unit's packed gradient buffer for this microbatch (or accumulation) */
+    float *g = z->stage >= 2 ? z->gscr[1 - z->gslot] : z->gfull + z->lay.unit_base[u];
+    if (z->nan_step == z->step && z->nan_unit == u) {
+        float nan = NAN;
+        for (int i = 0; i < z->lay.n_params; i++)
+            if (z->lay.unit[i] == u) { ops->copy_from_host(z->params[i].grad, &nan, sizeof nan); break; }
+    }
+    /* non-finite check BEFORE the reduction: the culprit is this rank */
+    if (!ops->all_finite(g, z->lay.unit_size[u])) {
+        const char *name = "(padding)";
+        for (int i = 0; i < z->lay.n_params; i++)
+            if (z->lay.unit[i] == u && !ops->all_finite(z->params[i].grad, z->params[i].numel)) {
+                name = z->params[i].name;
+                break;
+            }
+        return mt_ctx_error(ctx, MT_ERR_NUMERIC,
+                            "non-finite gradient on rank %d in parameter %s at step %d (found before the reduction)",
+                            ctx->rank, name, z->step);
+    }
+    if (z->stage >= 2) {
+        int s = 1 - z->gslot;
+        z->rs[s].unit = u;
+        count_coll(z, MT_ZERO_REDUCE_SCATTER, z->lay.unit_size[u]);
+        return mt_comm_ireduce_scatterv(ctx, z->comm, z->grecv[s], g, counts_of(z, u), displs_of(z, u), MT_DTYPE_F32,
+                                        &z->rs[s].req);
+    }
+    if (!z->last_mb) return MT_OK;
+    struct pending *pd = &z->ar[z->n_ar++];
+    pd->unit = u;
+    count_coll(z, MT_ZERO_ALLREDUCE, z->lay.unit_size[u]);
+    return mt_comm_iallreduce(ctx, z->comm, g, z->lay.unit_size[u], MT_DTYPE_F32, MT_REDOP_SUM, &pd->req);
+}
+
+/* ------------------------------------------------------------------ */
+/* create / destroy                                                   */
+/* ------------------------------------------------------------------ */
+
+static float *zbuf(struct mt_ctx *ctx, const struct mt_ops_i *ops, size_t n, enum mt_bucket b, int *fail)
+{
+    if (n == 0 || *fail) return NULL;
+    float *p = ops->buf_alloc(ctx, n * sizeof(float), b);
+    if (!p) *fail = 1;
+    else ops->fill(p, 0.0f, n);
+    return p;
+}
+
+enum mt_status mt_zero_create(struct mt_ctx *ctx, const struct mt_ops_i *ops, struct mt_comm *comm, int stage,
+                              int reshard_after_forward, struct mt_model *model, struct mt_zero **out)
+{
+    *out = NULL;
+    if (stage < 0 || stage > 3)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "ZeRO stage must be 0, 1, 2 or 3 (got %d)", stage);
+    struct mt_zero *z = mt_alloc(ctx, sizeof *z, MT_BUCKET_OTHER);
+    if (!z) return MT_ERR_OOM;
+    memset(z, 0, sizeof *z);
+    z->ctx = ctx;
+    z->ops = ops;
+    z->comm = comm;
+    z->model = model;
+    z->stage = stage;
+    z->reshard = reshard_after_forward;
+    z->gholds[0] = z->gholds[1] = -1;
+    z->gcur = -1;
+    z->rs[0].unit = z->rs[1].unit = -1;
+    z->nan_step = -1;
+    int P;
+    z->params = mt_model_params(model, &P);
+    enum mt_status rc = layout_build(ctx, model, z->params, P, mt_comm_size(comm), mt_comm_rank(comm), &z->lay);
+    if (rc != MT_OK) { mt_free(ctx, z); return rc; }
+    const struct zlayout *l = &z->lay;
+    struct zsizes s = zero_sizes(l, stage, reshard_after_forward);
+    int fail = 0;
+    z->full = zbuf(ctx, ops, s.full, (enum mt_bucket)s.full_bucket, &fail);
+    z->gfull = zbuf(ctx, ops, s.gfull, MT_BUCKET_GRADS, &fail);
+    z->own_data = zbuf(ctx, ops, s.own_data, MT_BUCKET_PARAMS, &fail);
+    z->own_grad = zbuf(ctx, ops, s.own_grad, MT_BUCKET_GRADS, &fail);
+    for (int b = 0; b < 2; b++) {
+        z->gbuf[b] = zbuf(ctx, ops, s.gbuf, MT_BUCKET_COMM, &fail);
+        z->gscr[b] = zbuf(ctx, ops, s.gscr, MT_BUCKET_COMM, &fail);
+        z->grecv[b] = zbuf(ctx, ops, s.grecv, MT_BUCKET_COMM, &fail);
+    }
+    z->ar = mt_alloc(ctx, (size_t)l->n_units * sizeof(struct pending), MT_BUCKET_OTHER);
+    z->gathered = mt_alloc(ctx, (size_t)l->n_units * sizeof(int), MT_BUCKET_OTHER);
+    z->views = mt_alloc(ctx, (size_t)(P > 0 ? P : 1) * sizeof(struct mt_param), MT_BUCKET_OTHER);
+    if (fail || !z->ar || !z->gathered || !z->views) {
+        mt_zero_destroy(ctx, z);
+        return MT_ERR_OOM;
+    }
+    memset(z->gathered, 0, (size_t)l->n_units * sizeof(int));
+
+    /* model pointers: stages 0-2 data in full; stages 0/1 grads in gfull */
+    for (int i = 0; i < P; i++) {
+        size_t at = l->unit_base[l->unit[i]] + l->uoff[i];
+        z->params[i].data = stage <= 2 ? z->full + at : NULL;
+        z->params[i].grad = stage <= 1 ? z->gfull + at : NULL;
+    }
+    /* optimizer views: stage 0 every parameter, else the owned ones */
+    for (int i = 0; i < P; i++) {
+        int mine = l->owner[i] == l->rank;
+        if (stage > 0 && !mine) continue;
+        struct mt_param *v = &z->views[z->n_views++];
+        *v = z->params[i];
+        if (stage >= 2) v->grad = z->own_grad + l->ooff[i];
+        if (stage == 3) v->data = z->own_data + l->ooff[i];
+    }
+    static const struct mt_model_hooks hooks_proto = {0};
+    struct mt_model_hooks h = hooks_proto;
+    h.user = z;
+    h.pre_forward = hook_pre_forward;
+    h.pre_backward = hook_pre_backward;
+    h.post_backward = hook_post_backward;
+    mt_model_set_hooks(model, &h);
+    *out = z;
+    return MT_OK;
+}
+
+void mt_zero_destroy(struct mt_ctx *ctx, struct mt_zero *z)
+{
+    if (!z) return;
+    /* nothing may stay in flight on buffers we free */
+    for (int b = 0; b < 2; b++) {
+        if (z->greq[b]) mt_comm_wait(ctx, z->greq[b]);
+        if (z->rs[b].req) mt_comm_wait(ctx, z->rs[b].req);
+    }
+    for (int k = 0; k < z->n_ar; k++)
+        if (z->ar && z->ar[k].req) mt_comm_wait(ctx, z->ar[k].req);
+    if (z->model) mt_model_set_hooks(z->model, NULL);
+    float *bufs[] = {z->full, z->gfull, z->own_data, z->own_grad, z->gbuf[0], z->gbuf[1],
+                     z->gscr[0], z->gscr[1], z->grecv[0], z->grecv[1]};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) z->ops->buf_free(ctx, bufs[i]);
+    if (z->params)
+        for (int i = 0; i < z->lay.n_params; i++) z->params[i].data = z->params[i].grad = NULL;
+    mt_free(ctx, z->ar);
+    mt_free(ctx, z->gathered);
+    mt_free(ctx, z->views);
+    layout_free(ctx, &z->lay);
+    mt_free(ctx, z);
+}
+
+/* ------------------------------------------------------------------ */
+/* accessors and the step                                             */
+/* ------------------------------------------------------------------ */
+
+struct mt_param *mt_zero_opt_params(struct mt_zero *z, int *n)
+{
+    *n = z->n_views;
+    return z->views;
+}
+
+int mt_zero_owner(const struct mt_zero *z, int i) { return z->lay.owner[i]; }
+
+const float *mt_zero_param_data(const struct mt_zero *z, int i)
+{
+    const struct zlayout *l = &z->lay;
+    if (z->stage <= 2) return z->full + l->unit_base[l->unit[i]] + l->uoff[i];
+    return l->owner[i] == l->rank ? z->own_data + l->ooff[i] : NULL;
+}
+
+enum mt_status mt_zero_init_params(struct mt_ctx *ctx, struct mt_zero *z, uint64_t seed)
+{
+    const struct zlayout *l = &z->lay;
+    size_t maxn = 1;
+    for (int i = 0; i < l->n_params; i++)
+        if (z->params[i].numel > maxn) maxn = z->params[i].numel;
+    float *host = mt_alloc(ctx, maxn * sizeof(float), MT_BUCKET_WORKSPACE);
+    if (!host) return MT_ERR_OOM;
+    for (int i = 0; i < l->n_params; i++) {
+        float *dst = (float *)mt_zero_param_data(z, i);
+        if (!dst) continue;
+        mt_model_param_values(&z->params[i], seed, host);
+        z->ops->copy_from_host(dst, host, z->params[i].numel * sizeof(float));
+    }
+    mt_free(ctx, host);
+    return MT_OK;
+}
+
+void mt_zero_begin_step(struct mt_zero *z, int step)
+{
+    z->step = step;
+    z->last_mb = 1;
+    if (z->gfull) z->ops->fill(z->gfull, 0.0f, z->lay.full_total);
+    if (z->own_grad) z->ops->fill(z->own_grad, 0.0f, z->lay.own_total);
+}
+
+void mt_zero_set_last_microbatch(struct mt_zero *z, int last) { z->last_mb = last; }
+
+enum mt_status mt_zero_finish_grads(struct mt_ctx *ctx, struct mt_zero *z)
+{
+    enum mt_status rc = MT_OK, r;
+    for (int k = 0; k < z->n_ar; k++)
+        if ((r = timed_wait(ctx, z, &z->ar[k].req)) != MT_OK && rc == MT_OK) rc = r;
+    z->n_ar = 0;
+    for (int s = 0; s < 2; s++)
+        if ((r = finish_rs(ctx, z, s)) != MT_OK && rc == MT_OK) rc = r;
+    return rc;
+}
+
+enum mt_status mt_zero_grad_sumsq(struct mt_ctx *ctx, struct mt_zero *z, double *out)
+{
+    /* each parameter counted once, by its owner, in model order (stage 0:
+     * the views are every parameter in model order, so view k is param k) */
+    double s = 0;
+    for (int k = 0; k < z->n_views; k++) {
+        if (z->stage == 0 && z->lay.owner[k] != z->lay.rank) continue;
+        s += z->ops->sumsq(z->views[k].grad, z->views[k].numel);
+    }
+    double t0 = mt_time_sec();
+    enum mt_status rc = mt_comm_allreduce(ctx, z->comm, &s, 1, MT_DTYPE_F64, MT_REDOP_SUM);
+    z->st.wait_s += mt_time_sec() - t0;
+    *out = s;
+    return rc;
+}
+
+enum mt_status mt_zero_sync_params(struct mt_ctx *ctx, struct mt_zero *z)
+{
+    const struct zlayout *l = &z->lay;
+    if (z->stage == 3) {
+        /* owned data changed: every gathered copy is stale */
+        for (int b = 0; b < 2; b++) {
+            MT_CHECK(timed_wait(ctx, z, &z->greq[b]));
+            z->gholds[b] = -1;
+        }
+        z->gcur = -1;
+        memset(z->gathered, 0, (size_t)l->n_units * sizeof(int));
+        return MT_OK;
+    }
+    if (z->stage == 0 || l->size == 1) return MT_OK;
+    /* stages 1/2: the owners updated their parameters inside `full`; in place */
+    for (int u = 0; u < l->n_units; u++) {
+        float *ub = z->full + l->unit_base[u];
+        struct mt_comm_req *req = NULL;
+        count_coll(z, MT_ZERO_ALLGATHER, l->unit_size[u]);
+        MT_CHECK(mt_comm_iallgatherv(ctx, z->comm, ub, ub + displs_of(z, u)[l->rank], counts_of(z, u),
+                                     displs_of(z, u), MT_DTYPE_F32, &req));
+        z->ar[z->n_ar].req = req;
+        z->ar[z->n_ar++].unit = u;
+    }
+    enum mt_status rc = MT_OK, r;
+    for (int k = 0; k < z->n_ar; k++)
+        if ((r = timed_wait(ctx, z, &z->ar[k].req)) != MT_OK && rc == MT_OK) rc = r;
+    z->n_ar = 0;
+    return rc;
+}
+
+void mt_zero_inject_nan(struct mt_zero *z, int step, int unit)
+{
+    z->nan_step = step;
+    z->nan_unit = unit;
+}
+
+void mt_zero_get_stats(const struct mt_zero *z, struct mt_zero_stats *out) { *out = z->st; }
+void mt_zero_reset_stats(struct mt_zero *z) { memset(&z->st, 0, sizeof z->st); }
