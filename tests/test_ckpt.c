@@ -2,8 +2,11 @@
  * test_ckpt.c — checkpoint save/load: bit-exact round trip with optimizer
  * state and adam t, checksum and shape errors, stale DIR.tmp, find, box
  * (row / column / 2-D) reads and writes, load of a checkpoint without
- * optimizer state. Parameters are built by hand (no model). Exits non-zero
- * on failure.
+ * optimizer state. Parameters are built by hand (no model). The collective
+ * save (mt_ckpt_save_group) on a self group: same bytes as the wrapper,
+ * entries without data are zeros but listed, subset load (a rank loading
+ * only what it owns), bad input / failed write / failed allocation lose
+ * nothing and leave no DIR.tmp. Exits non-zero on failure.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -11,11 +14,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/mt_config.h"
 #include "core/mt_param.h"
+#include "dist/mt_comm.h"
 #include "ops/mt_ops.h"
 #include "train/mt_ckpt.h"
 #include "train/mt_optim.h"
@@ -39,7 +44,8 @@ static void expect_err(int line, struct mt_ctx *ctx, enum mt_status st, enum mt_
         n_fail++;
     }
 }
-#define EXPECT_ERR(st, want, needle) expect_err(__LINE__, &ctx, (st), (want), (needle))
+#define EXPECT_ERR_AT(c, st, want, needle) expect_err(__LINE__, (c), (st), (want), (needle))
+#define EXPECT_ERR(st, want, needle) EXPECT_ERR_AT(&ctx, (st), (want), (needle))
 
 #define NP 3
 
@@ -87,6 +93,198 @@ static void flip_byte(const char *path, long off)
     c ^= 0x10;
     if (pwrite(fd, &c, 1, off) != 1) n_fail++;
     close(fd);
+}
+
+/* Whole file into a fresh buffer (caller frees); NULL if unreadable. */
+static char *slurp(const char *path, long *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    *n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)*n + 1);
+    if (b && fread(b, 1, (size_t)*n, f) != (size_t)*n) { free(b); b = NULL; }
+    fclose(f);
+    return b;
+}
+
+/* dir1/name and dir2/name exist and hold the same bytes. */
+static int same_file(const char *dir1, const char *dir2, const char *name)
+{
+    char p1[700], p2[700];
+    snprintf(p1, sizeof p1, "%s/%s", dir1, name);
+    snprintf(p2, sizeof p2, "%s/%s", dir2, name);
+    long n1 = -1, n2 = -2;
+    char *b1 = slurp(p1, &n1), *b2 = slurp(p2, &n2);
+    int same = b1 && b2 && n1 == n2 && memcmp(b1, b2, (size_t)n1) == 0;
+    free(b1);
+    free(b2);
+    return same;
+}
+
+static int exists(const char *dir, const char *suffix)
+{
+    char p[700];
+    snprintf(p, sizeof p, "%s%s", dir, suffix);
+    return access(p, F_OK) == 0;
+}
+
+/*
+ * The collective save on a self group. `a`/`oa` hold the trained state
+ * (3 params, 5 states), `b` spare params of the same set.
+ */
+static void test_group(struct mt_ctx *ctx, const struct mt_ops_i *ops, const char *root, const struct mt_config *cfg,
+                       struct mt_param *a, struct mt_optim *oa)
+{
+    char dg[520], dw[520];
+    snprintf(dg, sizeof dg, "%s/group/step_000004", root);
+    snprintf(dw, sizeof dw, "%s/wrapper", root);
+    struct mt_ckpt_meta meta = {.step = 4, .data_pos = 77, .seed = cfg->seed, .adam_t = mt_optim_get_t(oa)};
+    snprintf(meta.mesh, sizeof meta.mesh, "pp=1,dp=2,ep=1,tp=1");
+    struct mt_comm *self = NULL;
+    EXPECT(mt_comm_create_self(ctx, &self) == MT_OK);
+
+    /* the global list: params to params.bin, then states to optim.bin */
+    enum { NS = 5, NE = NP + NS };
+    struct mt_optim_state st[NS];
+    struct mt_ckpt_entry e[NE];
+    EXPECT(mt_optim_state_count(oa) == NS);
+    for (int i = 0; i < NP; i++) e[i] = (struct mt_ckpt_entry){a[i].name, 0, &a[i], a[i].data};
+    for (int i = 0; i < NS; i++) {
+        mt_optim_state_get(oa, i, &st[i]);
+        e[NP + i] = (struct mt_ckpt_entry){st[i].name, 1, st[i].param, st[i].data};
+    }
+
+    /* ---- full list == the wrapper, byte for byte (manifest included) ---- */
+    EXPECT_ERR_AT(ctx, mt_ckpt_save(ctx, ops, dw, cfg, &meta, a, NP, oa), MT_OK, NULL);
+    EXPECT_ERR_AT(ctx, mt_ckpt_save_group(ctx, ops, self, dg, cfg, &meta, e, NE), MT_OK, NULL);
+    EXPECT(same_file(dg, dw, "manifest.json") && same_file(dg, dw, "params.bin") && same_file(dg, dw, "optim.bin"));
+
+    /* ---- this "rank" owns params 0 and 2 (and their states) only: the
+     *      gain and its states are written by nobody -> zeros, still listed ---- */
+    for (int i = 0; i < NE; i++)
+        if (e[i].p == &a[1]) e[i].data = NULL;
+    EXPECT_ERR_AT(ctx, mt_ckpt_save_group(ctx, ops, self, dg, cfg, &meta, e, NE), MT_OK, NULL);
+    EXPECT(!exists(dg, ".tmp"));
+    struct mt_ckpt_tensor *t = NULL;
+    int nt = 0;
+    EXPECT_ERR_AT(ctx, mt_ckpt_read_tensors(ctx, dg, NULL, &t, &nt), MT_OK, NULL);
+    EXPECT(nt == NE);
+    int64_t at[2] = {0, 0};   /* the layout, recomputed: list order per file, 64-byte aligned */
+    for (int i = 0; i < nt && i < NE; i++) {
+        int64_t off = (at[e[i].file] + 63) / 64 * 64;
+        at[e[i].file] = off + e[i].p->shape[0] * e[i].p->shape[1] * 4;
+        EXPECT(!strcmp(t[i].name, e[i].name));
+        EXPECT(!strcmp(t[i].file, e[i].file ? "optim.bin" : "params.bin"));
+        EXPECT(t[i].offset == off && t[i].ndim == e[i].p->ndim);
+        EXPECT(t[i].shape[0] == e[i].p->shape[0] && t[i].shape[1] == e[i].p->shape[1]);
+    }
+    mt_free(ctx, t);
+    {
+        struct mt_param g;   /* the unwritten gain reads back as zeros */
+        mkparam(ctx, &g, a[1].name, 1, 5, 1, MT_OPTIM_ADAMW);
+        for (size_t k = 0; k < g.numel; k++) g.data[k] = 7.0f;
+        struct mt_optim *og = NULL;
+        EXPECT(mt_optim_create(ctx, ops, cfg, &g, 1, &og) == MT_OK);
+        EXPECT_ERR_AT(ctx, mt_ckpt_load(ctx, ops, dg, &g, 1, og), MT_OK, NULL);
+        int zero = 1;
+        for (size_t k = 0; k < g.numel; k++) zero &= g.data[k] == 0.0f;
+        for (int i = 0; i < mt_optim_state_count(og); i++) {
+            struct mt_optim_state s;
+            mt_optim_state_get(og, i, &s);
+            for (size_t k = 0; k < s.param->numel; k++) zero &= s.data[k] == 0.0f;
+        }
+        EXPECT(zero && mt_optim_state_count(og) == 2);
+        mt_optim_destroy(ctx, og);
+        freeset(ctx, &g, 1);
+    }
+
+    /* ---- subset load: params 0 and 2, an optimizer holding only their states ---- */
+    struct mt_param c[2];
+    mkparam(ctx, &c[0], a[0].name, 2, 6, 5, MT_OPTIM_MUON);
+    mkparam(ctx, &c[1], a[2].name, 2, 4, 5, MT_OPTIM_ADAMW);
+    struct mt_optim *oc = NULL;
+    EXPECT(mt_optim_create(ctx, ops, cfg, c, 2, &oc) == MT_OK);
+    EXPECT(mt_optim_state_count(oc) == 3);   /* momentum_buffer, exp_avg, exp_avg_sq */
+    EXPECT_ERR_AT(ctx, mt_ckpt_load(ctx, ops, dg, c, 2, oc), MT_OK, NULL);
+    EXPECT(same_bits(c[0].data, a[0].data, a[0].numel) && same_bits(c[1].data, a[2].data, a[2].numel));
+    EXPECT(mt_optim_get_t(oc) == meta.adam_t);
+    int matched = 0;
+    for (int i = 0; i < mt_optim_state_count(oc); i++) {
+        struct mt_optim_state s;
+        mt_optim_state_get(oc, i, &s);
+        for (int j = 0; j < NS; j++)
+            if (!strcmp(s.name, st[j].name)) matched += same_bits(s.data, st[j].data, s.param->numel);
+    }
+    EXPECT(matched == 3);
+
+    /* ---- bad input loses nothing: refused before any disk work ---- */
+    char mpath[600];
+    snprintf(mpath, sizeof mpath, "%s/manifest.json", dg);
+    long n0 = 0, n1 = 0;
+    char *before = slurp(mpath, &n0);
+    struct mt_param outside = a[2];
+    outside.off[0] = 1;   /* rows 1..4 of a 4-row tensor */
+    struct mt_ckpt_entry keep;
+    keep = e[1]; e[1].name = e[0].name;                        /* duplicate name */
+    EXPECT_ERR_AT(ctx, mt_ckpt_save_group(ctx, ops, self, dg, cfg, &meta, e, NE), MT_ERR_INVALID_ARG, "listed twice");
+    e[1] = keep; e[1].file = 2;                                 /* no such file */
+    EXPECT_ERR_AT(ctx, mt_ckpt_save_group(ctx, ops, self, dg, cfg, &meta, e, NE), MT_ERR_INVALID_ARG, "file 2");
+    e[1] = keep; keep = e[2]; e[2].p = &outside;                /* box outside the shape */
+    EXPECT_ERR_AT(ctx, mt_ckpt_save_group(ctx, ops, self, dg, cfg, &meta, e, NE), MT_ERR_INVALID_ARG, "box outside");
+    e[2] = keep;
+    EXPECT_ERR_AT(ctx, mt_ckpt_save_group(ctx, ops, NULL, dg, cfg, &meta, e, NE), MT_ERR_INVALID_ARG, "communicator");
+    EXPECT_ERR_AT(ctx, mt_ckpt_save_group(ctx, ops, self, dg, cfg, &meta, e, -1), MT_ERR_INVALID_ARG, NULL);
+    EXPECT_ERR_AT(ctx, mt_ckpt_save_group(ctx, ops, self, dg, cfg, NULL, e, NE), MT_ERR_INVALID_ARG, NULL);
+    /* a write that fails after DIR.tmp exists (an unreadable source page):
+     * IO error, DIR.tmp removed, DIR untouched */
+    void *hole = mmap(NULL, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    EXPECT(hole != MAP_FAILED);
+    if (hole != MAP_FAILED) {
+        keep = e[2]; e[2].data = hole;
+        EXPECT_ERR_AT(ctx, mt_ckpt_save_group(ctx, NULL, self, dg, cfg, &meta, e, NE), MT_ERR_IO, "params.bin");
+        e[2] = keep;
+        munmap(hole, 4096);
+    }
+    EXPECT(!exists(dg, ".tmp"));
+    char *after = slurp(mpath, &n1);
+    EXPECT(before && after && n0 == n1 && !memcmp(before, after, (size_t)n0));
+    free(before);
+    free(after);
+    EXPECT_ERR_AT(ctx, mt_ckpt_load(ctx, ops, dg, c, 2, oc), MT_OK, NULL);
+    EXPECT(same_bits(c[0].data, a[0].data, a[0].numel) && same_bits(c[1].data, a[2].data, a[2].numel));
+
+    /* ---- no entry targets optim.bin: no optim.bin; no entries at all: empty params.bin ---- */
+    EXPECT_ERR_AT(ctx, mt_ckpt_save_group(ctx, ops, self, dg, cfg, &meta, e, NP), MT_OK, NULL);
+    EXPECT(exists(dg, "/params.bin") && !exists(dg, "/optim.bin"));
+    EXPECT_ERR_AT(ctx, mt_ckpt_save_group(ctx, ops, self, dg, cfg, &meta, NULL, 0), MT_OK, NULL);
+    EXPECT_ERR_AT(ctx, mt_ckpt_read_tensors(ctx, dg, NULL, &t, &nt), MT_OK, NULL);
+    EXPECT(nt == 0);
+    mt_free(ctx, t);
+
+    /* ---- injected allocation failures: OK or OOM, nothing leaks, DIR stays loadable ---- */
+    EXPECT_ERR_AT(ctx, mt_ckpt_save_group(ctx, ops, self, dg, cfg, &meta, e, NE), MT_OK, NULL);
+    size_t live = ctx->bytes_live_total;
+    for (long k = 1; k <= 8; k++) {
+        ctx->fail_after = k;
+        enum mt_status rc = mt_ckpt_save_group(ctx, ops, self, dg, cfg, &meta, e, NE);
+        ctx->fail_after = 0;
+        EXPECT(rc == MT_OK || rc == MT_ERR_OOM);
+        EXPECT(ctx->bytes_live_total == live);
+        EXPECT(!exists(dg, ".tmp"));
+        EXPECT_ERR_AT(ctx, mt_ckpt_load(ctx, ops, dg, c, 2, oc), MT_OK, NULL);
+        ctx->fail_after = k;
+        rc = mt_ckpt_save(ctx, ops, dw, cfg, &meta, a, NP, oa);
+        ctx->fail_after = 0;
+        EXPECT(rc == MT_OK || rc == MT_ERR_OOM);
+        EXPECT(ctx->bytes_live_total == live);
+    }
+    EXPECT(same_bits(c[0].data, a[0].data, a[0].numel) && same_bits(c[1].data, a[2].data, a[2].numel));
+
+    mt_optim_destroy(ctx, oc);
+    freeset(ctx, c, 2);
+    mt_comm_destroy(self);
 }
 
 int main(void)
@@ -262,6 +460,9 @@ int main(void)
         EXPECT(nt == NP && t && t[0].offset == 0 && t[1].offset % 64 == 0 && t[1].ndim == 1 && t[1].shape[0] == 5);
         mt_free(&ctx, t);
     }
+
+    /* ---- the collective save on a self group ---- */
+    test_group(&ctx, ops, root, &cfg, a, oa);
 
     /* ---- injected allocation failures: an error, nothing leaks ---- */
     {

@@ -2,8 +2,11 @@
  * test_comm.c — the single-rank ("self") collectives: every collective is
  * the identity on a group of one; argument errors come back as statuses;
  * dtype sizes; allocation failure in create is reported and leaks nothing.
+ * Variable-count forms (allgatherv / reduce_scatterv, blocking and not):
+ * the one block lands at / comes from displs[0], count 0 touches nothing,
+ * argument errors, and a NULL table entry is MT_ERR_UNSUPPORTED.
  */
-#include "dist/mt_comm.h"
+#include "dist/comm_impl.h" /* a table with NULL v-entries: MT_ERR_UNSUPPORTED */
 
 #include <stdio.h>
 #include <string.h>
@@ -92,6 +95,121 @@ int main(void)
     struct mt_comm_req *qbad = (struct mt_comm_req *)&ctx;
     EXPECT(mt_comm_iallreduce(&ctx, c, y, 3, (enum mt_dtype)99, MT_REDOP_SUM, &qbad) == MT_ERR_INVALID_ARG);
     EXPECT(qbad == NULL);
+
+    /* allgatherv: send (counts[0]) lands at recv + displs[0]; the rest untouched */
+    {
+        float vs[3] = {4, 5, 6}, vr[6] = {-1, -1, -1, -1, -1, -1};
+        size_t cnt = 3, dsp = 2;
+        EXPECT(mt_comm_allgatherv(&ctx, c, vr, vs, &cnt, &dsp, MT_DTYPE_F32) == MT_OK);
+        EXPECT(vr[0] == -1 && vr[1] == -1 && vr[2] == 4 && vr[3] == 5 && vr[4] == 6 && vr[5] == -1);
+        /* in place: send is recv + displs[0] */
+        double vd[4] = {-1, 7, 8, -1};
+        cnt = 2;
+        dsp = 1;
+        EXPECT(mt_comm_allgatherv(&ctx, c, vd, vd + 1, &cnt, &dsp, MT_DTYPE_F64) == MT_OK);
+        EXPECT(vd[0] == -1 && vd[1] == 7 && vd[2] == 8 && vd[3] == -1);
+        /* count 0: NULL buffers allowed, nothing touched, any displacement */
+        cnt = 0;
+        dsp = (size_t)-1;
+        EXPECT(mt_comm_allgatherv(&ctx, c, NULL, NULL, &cnt, &dsp, MT_DTYPE_F32) == MT_OK);
+        EXPECT(mt_comm_allgatherv(&ctx, c, vr, NULL, &cnt, &dsp, MT_DTYPE_F32) == MT_OK && vr[0] == -1 && vr[2] == 4);
+        /* argument errors */
+        cnt = 3;
+        dsp = 0;
+        EXPECT(mt_comm_allgatherv(&ctx, c, vr, vs, NULL, &dsp, MT_DTYPE_F32) == MT_ERR_INVALID_ARG);
+        EXPECT(strstr(mt_ctx_last_error(&ctx), "allgatherv: NULL count or displacement") != NULL);
+        EXPECT(mt_comm_allgatherv(&ctx, c, vr, vs, &cnt, NULL, MT_DTYPE_F32) == MT_ERR_INVALID_ARG);
+        EXPECT(mt_comm_allgatherv(&ctx, c, NULL, vs, &cnt, &dsp, MT_DTYPE_F32) == MT_ERR_INVALID_ARG);
+        EXPECT(mt_comm_allgatherv(&ctx, c, vr, NULL, &cnt, &dsp, MT_DTYPE_F32) == MT_ERR_INVALID_ARG);
+        EXPECT(mt_comm_allgatherv(&ctx, c, vr, vs, &cnt, &dsp, (enum mt_dtype)42) == MT_ERR_INVALID_ARG);
+        EXPECT(mt_comm_allgatherv(&ctx, NULL, vr, vs, &cnt, &dsp, MT_DTYPE_F32) == MT_ERR_INVALID_ARG);
+        dsp = (size_t)-2; /* displs + counts overflows */
+        EXPECT(mt_comm_allgatherv(&ctx, c, vr, vs, &cnt, &dsp, MT_DTYPE_F32) == MT_ERR_INVALID_ARG);
+        EXPECT(strstr(mt_ctx_last_error(&ctx), "overflows") != NULL);
+        cnt = (size_t)1 << 62; /* bytes overflow */
+        dsp = 0;
+        EXPECT(mt_comm_allgatherv(&ctx, c, vr, vs, &cnt, &dsp, MT_DTYPE_F32) == MT_ERR_INVALID_ARG);
+    }
+
+    /* reduce_scatterv: recv (counts[0]) = send[displs[0] ..] */
+    {
+        double vs[6] = {1, 2, 3, 4, 5, 6}, vr[4] = {-1, -1, -1, -1};
+        size_t cnt = 3, dsp = 2;
+        EXPECT(mt_comm_reduce_scatterv(&ctx, c, vr, vs, &cnt, &dsp, MT_DTYPE_F64) == MT_OK);
+        EXPECT(vr[0] == 3 && vr[1] == 4 && vr[2] == 5 && vr[3] == -1);
+        EXPECT(vs[0] == 1 && vs[5] == 6);
+        cnt = 0;
+        EXPECT(mt_comm_reduce_scatterv(&ctx, c, NULL, NULL, &cnt, &dsp, MT_DTYPE_F64) == MT_OK);
+        EXPECT(mt_comm_reduce_scatterv(&ctx, c, vr, vs, &cnt, &dsp, MT_DTYPE_F64) == MT_OK && vr[0] == 3);
+        /* recv must not alias send: in place, and a partial overlap */
+        cnt = 2;
+        dsp = 1;
+        EXPECT(mt_comm_reduce_scatterv(&ctx, c, vs + 1, vs, &cnt, &dsp, MT_DTYPE_F64) == MT_ERR_INVALID_ARG);
+        EXPECT(strstr(mt_ctx_last_error(&ctx), "must not alias") != NULL);
+        EXPECT(mt_comm_reduce_scatterv(&ctx, c, vs + 2, vs, &cnt, &dsp, MT_DTYPE_F64) == MT_ERR_INVALID_ARG);
+        /* but recv in a part of the buffer no block covers is fine */
+        EXPECT(mt_comm_reduce_scatterv(&ctx, c, vs + 3, vs, &cnt, &dsp, MT_DTYPE_F64) == MT_OK);
+        EXPECT(vs[3] == 2 && vs[4] == 3 && vs[1] == 2);
+        EXPECT(mt_comm_reduce_scatterv(&ctx, c, vr, NULL, &cnt, &dsp, MT_DTYPE_F64) == MT_ERR_INVALID_ARG);
+        EXPECT(mt_comm_reduce_scatterv(&ctx, c, NULL, vs, &cnt, &dsp, MT_DTYPE_F64) == MT_ERR_INVALID_ARG);
+        EXPECT(mt_comm_reduce_scatterv(&ctx, c, vr, vs, &cnt, NULL, MT_DTYPE_F64) == MT_ERR_INVALID_ARG);
+    }
+
+    /* non-blocking v-forms: counts/displs may die right after the call */
+    {
+        size_t live_v = ctx.bytes_live_total;
+        float gs[2] = {1, 2}, gr[4] = {0}, rs[5] = {9, 9, 3, 4, 9}, rr[2] = {0};
+        size_t gcnt = 2, gdsp = 1, rcnt = 2, rdsp = 2;
+        struct mt_comm_req *qa = NULL, *qb = NULL;
+        EXPECT(mt_comm_iallgatherv(&ctx, c, gr, gs, &gcnt, &gdsp, MT_DTYPE_F32, &qa) == MT_OK && qa);
+        EXPECT(mt_comm_ireduce_scatterv(&ctx, c, rr, rs, &rcnt, &rdsp, MT_DTYPE_F32, &qb) == MT_OK && qb);
+        gcnt = rcnt = 99;
+        gdsp = rdsp = 99;
+        EXPECT(mt_comm_wait(&ctx, qb) == MT_OK);
+        EXPECT(mt_comm_wait(&ctx, qa) == MT_OK);
+        EXPECT(gr[0] == 0 && gr[1] == 1 && gr[2] == 2 && gr[3] == 0);
+        EXPECT(rr[0] == 3 && rr[1] == 4);
+        EXPECT(ctx.bytes_live_total == live_v);
+        /* errors: *req NULL on return, nothing allocated */
+        struct mt_comm_req *qe = (struct mt_comm_req *)&ctx;
+        gcnt = 2;
+        gdsp = 1;
+        EXPECT(mt_comm_iallgatherv(&ctx, c, gr, gs, NULL, &gdsp, MT_DTYPE_F32, &qe) == MT_ERR_INVALID_ARG && qe == NULL);
+        EXPECT(mt_comm_iallgatherv(&ctx, c, gr, gs, &gcnt, &gdsp, MT_DTYPE_F32, NULL) == MT_ERR_INVALID_ARG);
+        qe = (struct mt_comm_req *)&ctx;
+        rcnt = 2;
+        rdsp = 0;
+        EXPECT(mt_comm_ireduce_scatterv(&ctx, c, rs + 1, rs, &rcnt, &rdsp, MT_DTYPE_F32, &qe) == MT_ERR_INVALID_ARG);
+        EXPECT(qe == NULL);
+        EXPECT(mt_comm_ireduce_scatterv(&ctx, c, rr, rs, &rcnt, &rdsp, MT_DTYPE_F32, NULL) == MT_ERR_INVALID_ARG);
+        /* allocation failure of the request: reported, *req NULL, nothing leaked */
+        ctx.fail_after = 1;
+        qe = (struct mt_comm_req *)&ctx;
+        EXPECT(mt_comm_ireduce_scatterv(&ctx, c, rr, rs, &rcnt, &rdsp, MT_DTYPE_F32, &qe) == MT_ERR_OOM && qe == NULL);
+        EXPECT(ctx.bytes_live_total == live_v);
+    }
+
+    /* a table without the v-entries: each call reports MT_ERR_UNSUPPORTED by name */
+    {
+        struct mt_comm_i t = mt_comm_self_iface;
+        t.name = "nov";
+        t.allgatherv = NULL;
+        t.reduce_scatterv = NULL;
+        t.iallgatherv = NULL;
+        t.ireduce_scatterv = NULL;
+        struct mt_comm fake = *c;
+        fake.iface = &t;
+        float ua[2] = {1, 2}, ub[2];
+        size_t cnt = 2, dsp = 0;
+        struct mt_comm_req *qu = (struct mt_comm_req *)&ctx;
+        EXPECT(mt_comm_allgatherv(&ctx, &fake, ub, ua, &cnt, &dsp, MT_DTYPE_F32) == MT_ERR_UNSUPPORTED);
+        EXPECT(strstr(mt_ctx_last_error(&ctx), "allgatherv is not supported by the 'nov'") != NULL);
+        EXPECT(mt_comm_reduce_scatterv(&ctx, &fake, ub, ua, &cnt, &dsp, MT_DTYPE_F32) == MT_ERR_UNSUPPORTED);
+        EXPECT(mt_comm_iallgatherv(&ctx, &fake, ub, ua, &cnt, &dsp, MT_DTYPE_F32, &qu) == MT_ERR_UNSUPPORTED && !qu);
+        qu = (struct mt_comm_req *)&ctx;
+        EXPECT(mt_comm_ireduce_scatterv(&ctx, &fake, ub, ua, &cnt, &dsp, MT_DTYPE_F32, &qu) == MT_ERR_UNSUPPORTED && !qu);
+        EXPECT(strstr(mt_ctx_last_error(&ctx), "ireduce_scatterv is not supported") != NULL);
+    }
 
     /* batched p2p on a self group: recv matched with the send of its tag */
     float p_a[2] = {1, 2}, p_b[3] = {3, 4, 5}, r_a[2] = {0}, r_b[3] = {0};

@@ -7,10 +7,12 @@
  * implementation only has to do its job. On a group of one rank every
  * collective is the identity: allreduce and barrier do nothing, reduce-
  * scatter / allgather / alltoallv copy (memmove: in place is allowed), bcast
- * from root 0 does nothing.
+ * from root 0 does nothing; allgatherv copies send to recv + displs[0] and
+ * reduce_scatterv copies send + displs[0] to recv (counts[0] elements each).
  */
 #include "comm_impl.h"
 
+#include <stdint.h>
 #include <string.h>
 
 size_t mt_dtype_size(enum mt_dtype dt)
@@ -44,6 +46,44 @@ static enum mt_status check_buf(struct mt_ctx *ctx, const void *p, size_t count,
     if (mt_dtype_size(dt) == 0)
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s: unknown dtype %d", op, (int)dt);
     if (!p && count > 0) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s: NULL %s with count %zu", op, what, count);
+    return MT_OK;
+}
+
+/* counts/displs of a v-collective: non-NULL, and *extent = max over ranks
+ * with a non-zero count of displs[r] + counts[r] (elements of the full
+ * buffer), whose byte size must fit a size_t. */
+static enum mt_status check_v(struct mt_ctx *ctx, const struct mt_comm *c, const size_t *counts,
+                              const size_t *displs, enum mt_dtype dt, const char *op, size_t *extent)
+{
+    *extent = 0;
+    if (mt_dtype_size(dt) == 0) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s: unknown dtype %d", op, (int)dt);
+    if (!counts || !displs) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s: NULL count or displacement array", op);
+    size_t es = mt_dtype_size(dt);
+    for (int r = 0; r < c->size; r++) {
+        if (counts[r] == 0) continue;
+        if (counts[r] > SIZE_MAX / es || displs[r] > SIZE_MAX / es - counts[r])
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s: rank %d block (displacement %zu, count %zu) overflows size_t bytes",
+                                op, r, displs[r], counts[r]);
+        if (displs[r] + counts[r] > *extent) *extent = displs[r] + counts[r];
+    }
+    return MT_OK;
+}
+
+/* reduce_scatterv: recv (counts[rank]) must not overlap a block of send that is read. */
+static enum mt_status check_no_alias(struct mt_ctx *ctx, const struct mt_comm *c, const void *recv, const void *send,
+                                     const size_t *counts, const size_t *displs, enum mt_dtype dt, const char *op)
+{
+    size_t es = mt_dtype_size(dt);
+    size_t n = counts[c->rank];
+    if (n == 0) return MT_OK;
+    uintptr_t r0 = (uintptr_t)recv, r1 = r0 + n * es;
+    for (int r = 0; r < c->size; r++) {
+        if (counts[r] == 0) continue;
+        uintptr_t s0 = (uintptr_t)send + displs[r] * es, s1 = s0 + counts[r] * es;
+        if (r0 < s1 && s0 < r1)
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s: recv overlaps rank %d's block of send (recv must not alias send)",
+                                op, r);
+    }
     return MT_OK;
 }
 
@@ -119,6 +159,31 @@ enum mt_status mt_comm_barrier(struct mt_ctx *ctx, struct mt_comm *c)
     return c->iface->barrier(ctx, c);
 }
 
+enum mt_status mt_comm_allgatherv(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                  const size_t *counts, const size_t *displs, enum mt_dtype dt)
+{
+    size_t extent;
+    MT_CHECK(check_comm(ctx, c, "allgatherv"));
+    MT_CHECK(check_v(ctx, c, counts, displs, dt, "allgatherv", &extent));
+    MT_CHECK(check_buf(ctx, recv, extent, dt, "allgatherv", "recv"));
+    MT_CHECK(check_buf(ctx, send, counts[c->rank], dt, "allgatherv", "send"));
+    if (!c->iface->allgatherv) return unsupported(ctx, c, "allgatherv");
+    return c->iface->allgatherv(ctx, c, recv, send, counts, displs, dt);
+}
+
+enum mt_status mt_comm_reduce_scatterv(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                       const size_t *counts, const size_t *displs, enum mt_dtype dt)
+{
+    size_t extent;
+    MT_CHECK(check_comm(ctx, c, "reduce_scatterv"));
+    MT_CHECK(check_v(ctx, c, counts, displs, dt, "reduce_scatterv", &extent));
+    MT_CHECK(check_buf(ctx, recv, counts[c->rank], dt, "reduce_scatterv", "recv"));
+    MT_CHECK(check_buf(ctx, send, extent, dt, "reduce_scatterv", "send"));
+    MT_CHECK(check_no_alias(ctx, c, recv, send, counts, displs, dt, "reduce_scatterv"));
+    if (!c->iface->reduce_scatterv) return unsupported(ctx, c, "reduce_scatterv");
+    return c->iface->reduce_scatterv(ctx, c, recv, send, counts, displs, dt);
+}
+
 enum mt_status mt_comm_iallreduce(struct mt_ctx *ctx, struct mt_comm *c, void *buf, size_t count,
                                   enum mt_dtype dt, enum mt_redop op, struct mt_comm_req **req)
 {
@@ -154,6 +219,37 @@ enum mt_status mt_comm_iallgather(struct mt_ctx *ctx, struct mt_comm *c, void *r
     MT_CHECK(check_buf(ctx, send, count, dt, "iallgather", "send"));
     if (!c->iface->iallgather) return unsupported(ctx, c, "iallgather");
     return c->iface->iallgather(ctx, c, recv, send, count, dt, req);
+}
+
+enum mt_status mt_comm_iallgatherv(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                   const size_t *counts, const size_t *displs, enum mt_dtype dt,
+                                   struct mt_comm_req **req)
+{
+    size_t extent;
+    if (!req) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "iallgatherv: NULL request pointer");
+    *req = NULL;
+    MT_CHECK(check_comm(ctx, c, "iallgatherv"));
+    MT_CHECK(check_v(ctx, c, counts, displs, dt, "iallgatherv", &extent));
+    MT_CHECK(check_buf(ctx, recv, extent, dt, "iallgatherv", "recv"));
+    MT_CHECK(check_buf(ctx, send, counts[c->rank], dt, "iallgatherv", "send"));
+    if (!c->iface->iallgatherv) return unsupported(ctx, c, "iallgatherv");
+    return c->iface->iallgatherv(ctx, c, recv, send, counts, displs, dt, req);
+}
+
+enum mt_status mt_comm_ireduce_scatterv(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                        const size_t *counts, const size_t *displs, enum mt_dtype dt,
+                                        struct mt_comm_req **req)
+{
+    size_t extent;
+    if (!req) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "ireduce_scatterv: NULL request pointer");
+    *req = NULL;
+    MT_CHECK(check_comm(ctx, c, "ireduce_scatterv"));
+    MT_CHECK(check_v(ctx, c, counts, displs, dt, "ireduce_scatterv", &extent));
+    MT_CHECK(check_buf(ctx, recv, counts[c->rank], dt, "ireduce_scatterv", "recv"));
+    MT_CHECK(check_buf(ctx, send, extent, dt, "ireduce_scatterv", "send"));
+    MT_CHECK(check_no_alias(ctx, c, recv, send, counts, displs, dt, "ireduce_scatterv"));
+    if (!c->iface->ireduce_scatterv) return unsupported(ctx, c, "ireduce_scatterv");
+    return c->iface->ireduce_scatterv(ctx, c, recv, send, counts, displs, dt, req);
 }
 
 enum mt_status mt_comm_wait(struct mt_ctx *ctx, struct mt_comm_req *req)
@@ -262,12 +358,31 @@ static enum mt_status self_barrier(struct mt_ctx *ctx, struct mt_comm *c)
     return MT_OK;
 }
 
+static enum mt_status self_allgatherv(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                      const size_t *counts, const size_t *displs, enum mt_dtype dt)
+{
+    if (counts[0] == 0) return MT_OK; /* recv may be NULL */
+    size_t es = mt_dtype_size(dt);
+    char *dst = (char *)recv + displs[0] * es;
+    if (dst != send) memmove(dst, send, counts[0] * es);
+    return MT_OK;
+}
+
+static enum mt_status self_reduce_scatterv(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                           const size_t *counts, const size_t *displs, enum mt_dtype dt)
+{
+    size_t es = mt_dtype_size(dt);
+    if (counts[0] > 0) memcpy(recv, (const char *)send + displs[0] * es, counts[0] * es); /* no alias: checked */
+    return MT_OK;
+}
+
 enum mt_status mt_comm_req_done(struct mt_ctx *ctx, struct mt_comm *c, struct mt_comm_req **req)
 {
     struct mt_comm_req *r = mt_alloc(ctx, sizeof *r, MT_BUCKET_COMM);
     if (!r) return MT_ERR_OOM;
     r->comm = c;
     r->ctx = ctx;
+    r->scratch = NULL;
 #ifdef MT_WITH_MPI
     r->mpi = MPI_REQUEST_NULL;
 #endif
@@ -295,8 +410,25 @@ static enum mt_status self_iallgather(struct mt_ctx *ctx, struct mt_comm *c, voi
     return mt_comm_req_done(ctx, c, req);
 }
 
+static enum mt_status self_iallgatherv(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                       const size_t *counts, const size_t *displs, enum mt_dtype dt,
+                                       struct mt_comm_req **req)
+{
+    MT_CHECK(self_allgatherv(ctx, c, recv, send, counts, displs, dt));
+    return mt_comm_req_done(ctx, c, req);
+}
+
+static enum mt_status self_ireduce_scatterv(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                            const size_t *counts, const size_t *displs, enum mt_dtype dt,
+                                            struct mt_comm_req **req)
+{
+    MT_CHECK(self_reduce_scatterv(ctx, c, recv, send, counts, displs, dt));
+    return mt_comm_req_done(ctx, c, req);
+}
+
 static enum mt_status self_wait(struct mt_ctx *ctx, struct mt_comm_req *req)
 {
+    mt_free(req->ctx, req->scratch);
     mt_free(req->ctx, req);
     return MT_OK;
 }
@@ -350,20 +482,24 @@ static void self_destroy(struct mt_comm *c)
 }
 
 const struct mt_comm_i mt_comm_self_iface = {
-    /* .name            = */ "self",
-    /* .allreduce       = */ self_allreduce,
-    /* .reduce_scatter  = */ self_reduce_scatter,
-    /* .allgather       = */ self_allgather,
-    /* .bcast           = */ self_bcast,
-    /* .alltoallv       = */ self_alltoallv,
-    /* .barrier         = */ self_barrier,
-    /* .iallreduce      = */ self_iallreduce,
-    /* .ireduce_scatter = */ self_ireduce_scatter,
-    /* .iallgather      = */ self_iallgather,
-    /* .wait            = */ self_wait,
-    /* .sendrecv_batch  = */ self_sendrecv_batch,
-    /* .split           = */ self_split,
-    /* .destroy         = */ self_destroy,
+    /* .name             = */ "self",
+    /* .allreduce        = */ self_allreduce,
+    /* .reduce_scatter   = */ self_reduce_scatter,
+    /* .allgather        = */ self_allgather,
+    /* .bcast            = */ self_bcast,
+    /* .alltoallv        = */ self_alltoallv,
+    /* .barrier          = */ self_barrier,
+    /* .allgatherv       = */ self_allgatherv,
+    /* .reduce_scatterv  = */ self_reduce_scatterv,
+    /* .iallreduce       = */ self_iallreduce,
+    /* .ireduce_scatter  = */ self_ireduce_scatter,
+    /* .iallgather       = */ self_iallgather,
+    /* .iallgatherv      = */ self_iallgatherv,
+    /* .ireduce_scatterv = */ self_ireduce_scatterv,
+    /* .wait             = */ self_wait,
+    /* .sendrecv_batch   = */ self_sendrecv_batch,
+    /* .split            = */ self_split,
+    /* .destroy          = */ self_destroy,
 };
 
 enum mt_status mt_comm_create_self(struct mt_ctx *ctx, struct mt_comm **out)

@@ -39,6 +39,11 @@ struct mt_comm_i {
                                 void *recv, const size_t *recv_counts, const size_t *recv_displs,
                                 enum mt_dtype dt);
     enum mt_status (*barrier)(struct mt_ctx *ctx, struct mt_comm *c);
+    /* variable counts (arrays already checked: non-NULL, extents fit size_t bytes) */
+    enum mt_status (*allgatherv)(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                 const size_t *counts, const size_t *displs, enum mt_dtype dt);
+    enum mt_status (*reduce_scatterv)(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                      const size_t *counts, const size_t *displs, enum mt_dtype dt);
     /* non-blocking: fill *req (allocated by the implementation) */
     enum mt_status (*iallreduce)(struct mt_ctx *ctx, struct mt_comm *c, void *buf, size_t count,
                                  enum mt_dtype dt, enum mt_redop op, struct mt_comm_req **req);
@@ -46,7 +51,15 @@ struct mt_comm_i {
                                       size_t count, enum mt_dtype dt, struct mt_comm_req **req);
     enum mt_status (*iallgather)(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
                                  size_t count, enum mt_dtype dt, struct mt_comm_req **req);
-    /* complete and free req (never NULL here) */
+    /* counts/displs belong to the caller only until return: copy what the
+     * pending operation needs into the request (req->scratch) */
+    enum mt_status (*iallgatherv)(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                  const size_t *counts, const size_t *displs, enum mt_dtype dt,
+                                  struct mt_comm_req **req);
+    enum mt_status (*ireduce_scatterv)(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                       const size_t *counts, const size_t *displs, enum mt_dtype dt,
+                                       struct mt_comm_req **req);
+    /* complete and free req (never NULL here), req->scratch included */
     enum mt_status (*wait)(struct mt_ctx *ctx, struct mt_comm_req *req);
     enum mt_status (*sendrecv_batch)(struct mt_ctx *ctx, struct mt_comm *c, int n_ops,
                                      const struct mt_p2p_op *ops);
@@ -70,10 +83,14 @@ struct mt_comm {
 };
 
 /* A pending request. `comm` dispatches the wait; implementations keep their
- * state after the header (MPI: the MPI_Request). */
+ * state after the header (MPI: the MPI_Request). `scratch` is one mt_alloc
+ * block (on req->ctx, bucket comm) that must live until the operation
+ * completes — MPI's int count/displacement arrays and a packed send buffer
+ * for the v-collectives — freed by wait; NULL when there is none. */
 struct mt_comm_req {
     struct mt_comm *comm;
     struct mt_ctx  *ctx;           /* allocator owner */
+    void           *scratch;       /* owned; freed by wait */
 #ifdef MT_WITH_MPI
     MPI_Request     mpi;
 #endif

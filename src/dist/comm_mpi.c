@@ -9,7 +9,12 @@
  *    failure comes back as a return code (not an abort) and is converted to
  *    an mt_status + MPI_Error_string message at ONE boundary, MPI_CHECK;
  *  - MPI counts are int: a count above INT_MAX is an MT_ERR_UNSUPPORTED
- *    error, except for allreduce and bcast, which are cut into chunks;
+ *    error, except for allreduce and bcast, which are cut into chunks; the
+ *    v-collectives refuse counts and displacements above INT_MAX (and, for
+ *    reduce_scatterv, a sum of counts above INT_MAX) the same way, on every
+ *    rank alike since the arrays are identical, before any rank posts;
+ *  - a pending request owns whatever MPI still reads (int count arrays, a
+ *    packed send buffer) in req->scratch, freed by wait;
  *  - comm->rank / comm->size are cached at creation and equal MPI's.
  */
 #define _GNU_SOURCE
@@ -228,6 +233,119 @@ static enum mt_status mpi_barrier(struct mt_ctx *ctx, struct mt_comm *c)
     return MT_OK;
 }
 
+/* ---- variable counts ---------------------------------------------- */
+
+static enum mt_status int_refused(struct mt_ctx *ctx, const char *op, const char *what, size_t v, int rank)
+{
+    return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "%s: %s %zu for rank %d exceeds INT_MAX (MPI int counts)", op, what,
+                        v, rank);
+}
+
+/* The int arrays MPI_(I)allgatherv reads: one mt_alloc of 2*size ints,
+ * counts then displacements (0 for a rank with count 0: never used). The
+ * caller frees *out (blocking) or hands it to the request (wait frees it). */
+static enum mt_status allgatherv_ints(struct mt_ctx *ctx, struct mt_comm *c, const size_t *counts,
+                                      const size_t *displs, const char *op, int **out)
+{
+    int n = c->size;
+    *out = NULL;
+    for (int r = 0; r < n; r++) {
+        if (counts[r] > (size_t)INT_MAX) return int_refused(ctx, op, "count", counts[r], r);
+        if (counts[r] > 0 && displs[r] > (size_t)INT_MAX) return int_refused(ctx, op, "displacement", displs[r], r);
+    }
+    int *v = mt_alloc(ctx, 2 * (size_t)n * sizeof(int), MT_BUCKET_COMM);
+    if (!v) return MT_ERR_OOM;
+    for (int r = 0; r < n; r++) {
+        v[r] = (int)counts[r];
+        v[n + r] = counts[r] > 0 ? (int)displs[r] : 0;
+    }
+    *out = v;
+    return MT_OK;
+}
+
+/* In place iff this rank's block already sits at its place in recv. */
+static int allgatherv_in_place(const struct mt_comm *c, const void *recv, const void *send, const size_t *counts,
+                               const size_t *displs, enum mt_dtype dt)
+{
+    return counts[c->rank] > 0 && send == (const char *)recv + displs[c->rank] * mt_dtype_size(dt);
+}
+
+static enum mt_status mpi_allgatherv(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                     const size_t *counts, const size_t *displs, enum mt_dtype dt)
+{
+    int *v;
+    MT_CHECK(allgatherv_ints(ctx, c, counts, displs, "allgatherv", &v));
+    int n = c->size, mrc;
+    if (allgatherv_in_place(c, recv, send, counts, displs, dt))
+        mrc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, v, v + n, mpi_dtype(dt), c->mpi);
+    else
+        mrc = MPI_Allgatherv(send, v[c->rank], mpi_dtype(dt), recv, v, v + n, mpi_dtype(dt), c->mpi);
+    mt_free(ctx, v);
+    MPI_CHECK(ctx, mrc);
+    return MT_OK;
+}
+
+/* What MPI_(I)reduce_scatter reads. It has no displacements: the send
+ * blocks must be consecutive in rank order. One mt_alloc in *scratch: the
+ * size int recv counts (*icounts), padded to 64 bytes, then — only when the
+ * non-empty blocks are not consecutive from the first one's displacement —
+ * the blocks packed in rank order (sum(counts) elements). *sendp is where
+ * MPI reads: into send, or the packed copy. The caller frees *scratch
+ * (blocking) or hands it to the request (wait frees it). */
+static enum mt_status reduce_scatterv_prep(struct mt_ctx *ctx, struct mt_comm *c, const void *send,
+                                           const size_t *counts, const size_t *displs, enum mt_dtype dt,
+                                           const char *op, void **scratch, int **icounts, const void **sendp)
+{
+    int n = c->size;
+    size_t es = mt_dtype_size(dt), total = 0, base = 0;
+    int consecutive = 1, first = 1;
+    *scratch = NULL;
+    for (int r = 0; r < n; r++) {
+        if (counts[r] > (size_t)INT_MAX) return int_refused(ctx, op, "count", counts[r], r);
+        if (counts[r] == 0) continue;
+        if (first) base = displs[r];
+        first = 0;
+        if (displs[r] != base + total) consecutive = 0;
+        total += counts[r];
+        if (total > (size_t)INT_MAX)
+            return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED,
+                                "%s: the counts of ranks 0..%d add up to %zu, above INT_MAX (MPI int counts)", op, r,
+                                total);
+    }
+    size_t head = ((size_t)n * sizeof(int) + 63) & ~(size_t)63;
+    char *mem = mt_alloc(ctx, head + (consecutive ? 0 : total * es), MT_BUCKET_COMM);
+    if (!mem) return MT_ERR_OOM;
+    int *ic = (int *)mem;
+    for (int r = 0; r < n; r++) ic[r] = (int)counts[r];
+    if (consecutive) {
+        *sendp = total > 0 ? (const char *)send + base * es : send;
+    } else {
+        char *p = mem + head;
+        for (int r = 0; r < n; r++) {
+            if (counts[r] == 0) continue;
+            memcpy(p, (const char *)send + displs[r] * es, counts[r] * es);
+            p += counts[r] * es;
+        }
+        *sendp = mem + head;
+    }
+    *scratch = mem;
+    *icounts = ic;
+    return MT_OK;
+}
+
+static enum mt_status mpi_reduce_scatterv(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                          const size_t *counts, const size_t *displs, enum mt_dtype dt)
+{
+    void *scratch;
+    int *ic;
+    const void *sp;
+    MT_CHECK(reduce_scatterv_prep(ctx, c, send, counts, displs, dt, "reduce_scatterv", &scratch, &ic, &sp));
+    int mrc = MPI_Reduce_scatter(sp, recv, ic, mpi_dtype(dt), MPI_SUM, c->mpi);
+    mt_free(ctx, scratch);
+    MPI_CHECK(ctx, mrc);
+    return MT_OK;
+}
+
 /* ---- non-blocking ------------------------------------------------- */
 
 static enum mt_status req_new(struct mt_ctx *ctx, struct mt_comm *c, struct mt_comm_req **out)
@@ -235,11 +353,13 @@ static enum mt_status req_new(struct mt_ctx *ctx, struct mt_comm *c, struct mt_c
     return mt_comm_req_done(ctx, c, out); /* MPI_REQUEST_NULL until the post fills it */
 }
 
-/* Post `call` into (*req)->mpi; on failure free the request and convert. */
+/* Post `call` into (req)->mpi; on failure free the request (and its
+ * scratch) and convert. */
 #define MPI_POST(ctx, req, call)                                              \
     do {                                                                      \
         int mpi_rc_ = (call);                                                 \
         if (mpi_rc_ != MPI_SUCCESS) {                                         \
+            mt_free((req)->ctx, (req)->scratch);                              \
             mt_free((req)->ctx, (req));                                       \
             (req) = NULL;                                                     \
             return mpi_error((ctx), mpi_rc_, #call, __FILE__, __LINE__);      \
@@ -282,10 +402,54 @@ static enum mt_status mpi_iallgather(struct mt_ctx *ctx, struct mt_comm *c, void
     return MT_OK;
 }
 
+/* The request owns the int arrays (and any packed send) until wait. */
+static enum mt_status mpi_iallgatherv(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                      const size_t *counts, const size_t *displs, enum mt_dtype dt,
+                                      struct mt_comm_req **req)
+{
+    int *v;
+    MT_CHECK(allgatherv_ints(ctx, c, counts, displs, "iallgatherv", &v));
+    struct mt_comm_req *r;
+    enum mt_status st = req_new(ctx, c, &r);
+    if (st != MT_OK) {
+        mt_free(ctx, v);
+        return st;
+    }
+    r->scratch = v;
+    int n = c->size;
+    if (allgatherv_in_place(c, recv, send, counts, displs, dt))
+        MPI_POST(ctx, r, MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, v, v + n, mpi_dtype(dt), c->mpi, &r->mpi));
+    else
+        MPI_POST(ctx, r, MPI_Iallgatherv(send, v[c->rank], mpi_dtype(dt), recv, v, v + n, mpi_dtype(dt), c->mpi, &r->mpi));
+    *req = r;
+    return MT_OK;
+}
+
+static enum mt_status mpi_ireduce_scatterv(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                           const size_t *counts, const size_t *displs, enum mt_dtype dt,
+                                           struct mt_comm_req **req)
+{
+    void *scratch;
+    int *ic;
+    const void *sp;
+    MT_CHECK(reduce_scatterv_prep(ctx, c, send, counts, displs, dt, "ireduce_scatterv", &scratch, &ic, &sp));
+    struct mt_comm_req *r;
+    enum mt_status st = req_new(ctx, c, &r);
+    if (st != MT_OK) {
+        mt_free(ctx, scratch);
+        return st;
+    }
+    r->scratch = scratch;
+    MPI_POST(ctx, r, MPI_Ireduce_scatter(sp, recv, ic, mpi_dtype(dt), MPI_SUM, c->mpi, &r->mpi));
+    *req = r;
+    return MT_OK;
+}
+
 static enum mt_status mpi_wait(struct mt_ctx *ctx, struct mt_comm_req *req)
 {
     int mrc = MPI_SUCCESS;
     if (req->mpi != MPI_REQUEST_NULL) mrc = MPI_Wait(&req->mpi, MPI_STATUS_IGNORE);
+    mt_free(req->ctx, req->scratch);
     mt_free(req->ctx, req);
     MPI_CHECK(ctx, mrc);
     return MT_OK;
@@ -337,20 +501,24 @@ static void mpi_destroy(struct mt_comm *c)
 }
 
 static const struct mt_comm_i mpi_iface = {
-    /* .name            = */ "mpi",
-    /* .allreduce       = */ mpi_allreduce,
-    /* .reduce_scatter  = */ mpi_reduce_scatter,
-    /* .allgather       = */ mpi_allgather,
-    /* .bcast           = */ mpi_bcast,
-    /* .alltoallv       = */ mpi_alltoallv,
-    /* .barrier         = */ mpi_barrier,
-    /* .iallreduce      = */ mpi_iallreduce,
-    /* .ireduce_scatter = */ mpi_ireduce_scatter,
-    /* .iallgather      = */ mpi_iallgather,
-    /* .wait            = */ mpi_wait,
-    /* .sendrecv_batch  = */ mpi_sendrecv_batch,
-    /* .split           = */ mpi_split,
-    /* .destroy         = */ mpi_destroy,
+    /* .name             = */ "mpi",
+    /* .allreduce        = */ mpi_allreduce,
+    /* .reduce_scatter   = */ mpi_reduce_scatter,
+    /* .allgather        = */ mpi_allgather,
+    /* .bcast            = */ mpi_bcast,
+    /* .alltoallv        = */ mpi_alltoallv,
+    /* .barrier          = */ mpi_barrier,
+    /* .allgatherv       = */ mpi_allgatherv,
+    /* .reduce_scatterv  = */ mpi_reduce_scatterv,
+    /* .iallreduce       = */ mpi_iallreduce,
+    /* .ireduce_scatter  = */ mpi_ireduce_scatter,
+    /* .iallgather       = */ mpi_iallgather,
+    /* .iallgatherv      = */ mpi_iallgatherv,
+    /* .ireduce_scatterv = */ mpi_ireduce_scatterv,
+    /* .wait             = */ mpi_wait,
+    /* .sendrecv_batch   = */ mpi_sendrecv_batch,
+    /* .split            = */ mpi_split,
+    /* .destroy          = */ mpi_destroy,
 };
 
 /* Takes ownership of mc (freed on failure too). Sets MPI_ERRORS_RETURN. */

@@ -52,6 +52,30 @@ enum mt_status mt_comm_alltoallv(struct mt_ctx *ctx, struct mt_comm *c,
                                  enum mt_dtype dt);
 enum mt_status mt_comm_barrier(struct mt_ctx *ctx, struct mt_comm *c);
 
+/* Variable-count collectives: rank r owns counts[r] elements (0 allowed: a
+ * rank may own nothing) at element offset displs[r] of the full buffer.
+ * counts/displs have one entry per rank, are in elements, and must be
+ * identical on every rank; the displacement of a rank with count 0 is never
+ * used. Blocks may come in any order and leave gaps (gaps are neither read
+ * nor written). On MPI every count, and the displacement of every rank
+ * with a non-zero count, must fit an int (for reduce_scatterv so must the
+ * sum of counts): larger values are refused with MT_ERR_UNSUPPORTED before
+ * any rank communicates.
+ *
+ * allgatherv: recv (max_r displs[r]+counts[r]) gets, at recv + displs[r],
+ * rank r's send (counts[r] elements). In place if send == (char *)recv +
+ * displs[rank]*dtsize (the local block is already where it belongs). */
+enum mt_status mt_comm_allgatherv(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                  const size_t *counts, const size_t *displs, enum mt_dtype dt);
+/* reduce_scatterv: recv (counts[rank]) = sum over the group of
+ * send[displs[rank] .. +counts[rank]]; send holds every rank's block (block
+ * r at displs[r], counts[r] elements). Sum only. recv must not overlap any
+ * block of send (MT_ERR_INVALID_ARG). On MPI, displacements that are not
+ * the consecutive prefix sums of counts cost a packing copy of the blocks
+ * (a temporary of sum(counts) elements, bucket comm). */
+enum mt_status mt_comm_reduce_scatterv(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                       const size_t *counts, const size_t *displs, enum mt_dtype dt);
+
 /* ---- additions (dist module): world, non-blocking collectives, batched P2P, process init ---- */
 
 /* The world group: a duplicate of MPI_COMM_WORLD (errors returned, not fatal)
@@ -73,6 +97,18 @@ enum mt_status mt_comm_ireduce_scatter(struct mt_ctx *ctx, struct mt_comm *c, vo
                                        size_t count, enum mt_dtype dt, struct mt_comm_req **req);
 enum mt_status mt_comm_iallgather(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
                                   size_t count, enum mt_dtype dt, struct mt_comm_req **req);
+/* Non-blocking allgatherv / reduce_scatterv: same arguments and rules as
+ * the blocking calls, plus *req as above. counts and displs are read (and
+ * copied if needed) during the call: the caller may free or reuse them as
+ * soon as it returns (the MPI implementation keeps its int copies, and any
+ * packed send, in the request until wait). send and recv stay busy until
+ * mt_comm_wait returns. */
+enum mt_status mt_comm_iallgatherv(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                   const size_t *counts, const size_t *displs, enum mt_dtype dt,
+                                   struct mt_comm_req **req);
+enum mt_status mt_comm_ireduce_scatterv(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
+                                        const size_t *counts, const size_t *displs, enum mt_dtype dt,
+                                        struct mt_comm_req **req);
 /* Complete the operation and free req. req == NULL is a no-op returning MT_OK. */
 enum mt_status mt_comm_wait(struct mt_ctx *ctx, struct mt_comm_req *req);
 
@@ -101,6 +137,10 @@ enum mt_status mt_comm_sendrecv_batch(struct mt_ctx *ctx, struct mt_comm *c, int
  * more than one rank: MT_ERR_UNSUPPORTED (N copies of a one-rank run would
  * silently duplicate work). MPI_Init failure: MT_ERR_COMM. */
 enum mt_status mt_dist_init(int *argc, char ***argv, int *world, int *rank);
+/* World size and rank of this process without any collective (1 and 0
+ * when MPI is absent or not initialised). Safe to call before a mesh exists:
+ * the startup contract is checked with it, identically on every rank. */
+void mt_comm_world_info(int *world, int *rank);
 void mt_dist_finalize(void);     /* MPI_Finalize if MPI was initialised; else nothing */
 void mt_dist_abort(int code);    /* MPI_Abort on world, or exit(code): tools/ only    */
 

@@ -13,12 +13,17 @@
  * first) and deletes the previous one. The manifest records each file's size
  * and xxh64, and load refuses a file whose checksum differs.
  *
- * Layout of the files is the order of the params (and of the optimizer
- * states) given to save. Today one process writes all of it; on a mesh the
- * layout must come from the global tensor list (same order on every rank).
+ * Layout of the files is the order of the global entry list given to save
+ * (params, then optimizer states, for mt_ckpt_save): every rank passes the
+ * same list, so every rank computes the same offsets. mt_ckpt_save_group is
+ * the collective save (rank 0 creates, every rank writes its boxes, rank 0
+ * commits; see HOW IT WORKS below); mt_ckpt_save is that save on a group of
+ * one. Load reads whichever tensors it is given, so a rank loads exactly the
+ * boxes (and optimizer states) it owns.
  */
 #define _GNU_SOURCE
 #include "mt_ckpt.h"
+#include "../dist/mt_comm.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -137,6 +142,13 @@ static void parent_of(const char *path, char *out, size_t n)
     if (!s) snprintf(out, n, ".");
     else if (s == out) out[1] = 0;
     else *s = 0;
+}
+
+/* dir/name into out; -1 (errno ENAMETOOLONG) if it does not fit. */
+static int join_path(char *out, size_t n, const char *dir, const char *name)
+{
+    if (snprintf(out, n, "%s/%s", dir, name) >= (int)n) { errno = ENAMETOOLONG; return -1; }
+    return 0;
 }
 
 static void fsync_path(const char *path)
@@ -373,70 +385,233 @@ static enum mt_status verify_file(struct mt_ctx *ctx, const char *dir, const str
 /* save                                                               */
 /* ------------------------------------------------------------------ */
 
-/* One tensor to write: name, global shape, owned box, backend data. */
-struct wtensor {
-    const char *name;
-    const struct mt_param *p;   /* shape and box */
-    const float *data;
-    int64_t offset;
-};
+/*
+ * HOW IT WORKS — the collective save (mt_ckpt_save_group).
+ *
+ * Every rank passes the same global list of entries (name, file, global
+ * shape, in the same order) and data for the boxes it holds. Offsets are a
+ * pure function of that list (entry order within each file, 64-byte
+ * aligned), so every rank computes the same layout without talking. The save
+ * runs in four phases, and after each one every rank takes part in exactly
+ * one agreement step: an allreduce (MAX) of "(failing rank + 1) * 16 +
+ * status", 0 when the rank is fine. All ranks therefore run the same
+ * sequence of collectives whatever happens locally, and a failure anywhere
+ * stops every rank at the same point; nobody is left waiting.
+ *
+ *   1 check   every rank: arguments, shapes, boxes, names, staging memory;
+ *             rank 0 also builds the manifest body (config, meta, tensors).
+ *             The same allreduce carries a hash of (dir, layout) and its
+ *             complement, so lists that differ across ranks are refused on
+ *             every rank. Nothing is on disk yet: bad input loses nothing.
+ *   2 create  rank 0: DIR.tmp from scratch; params.bin (and optim.bin when
+ *             an entry targets it) created at full size. Bytes nobody
+ *             writes read as zeros.
+ *   3 write   every rank: pwrite the boxes it holds data for, fsync.
+ *   4 commit  rank 0: hash the files, write manifest.json LAST, fsync, swap
+ *             DIR.tmp into DIR.
+ *
+ * On an agreed failure from phase 2 on, rank 0 removes DIR.tmp (every rank
+ * has left the phase, so nobody is still writing into it). DIR is only ever
+ * replaced by the swap of a complete directory.
+ */
 
-static enum mt_status check_box(struct mt_ctx *ctx, const struct mt_param *p)
+#define CKPT_N_BIN 2
+static const char *const bin_name[CKPT_N_BIN] = {"params.bin", "optim.bin"};
+
+/* The agreement code packs (rank + 1) and a status into one int64. */
+#define CKPT_STATUS_BITS 16
+_Static_assert(MT_ERR_RUNTIME < CKPT_STATUS_BITS, "mt_status must fit the agreement code");
+
+/* Global shape of tensor `name` is well-formed: ndim 1 or 2, shape[1] == 1 for 1-D. */
+static enum mt_status check_shape(struct mt_ctx *ctx, const char *name, const struct mt_param *p)
 {
     if (p->ndim < 1 || p->ndim > 2 || p->shape[0] < 0 || p->shape[1] < 1 || (p->ndim == 1 && p->shape[1] != 1))
-        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "parameter %s has a bad shape", p->name);
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "parameter %s has a bad shape", name);
+    return MT_OK;
+}
+
+/* ... and the box (off, len) lies inside it and matches numel. */
+static enum mt_status check_box(struct mt_ctx *ctx, const char *name, const struct mt_param *p)
+{
+    MT_CHECK(check_shape(ctx, name, p));
     for (int d = 0; d < 2; d++)
         if (p->off[d] < 0 || p->len[d] < 0 || p->off[d] + p->len[d] > p->shape[d])
-            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "parameter %s: box outside its global shape", p->name);
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "parameter %s: box outside its global shape", name);
     if ((size_t)p->len[0] * (size_t)p->len[1] != p->numel)
-        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "parameter %s: numel != box size", p->name);
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "parameter %s: numel != box size", name);
     return MT_OK;
 }
 
-/* Write every tensor's box into dir/fname; offsets laid out in order. */
-static enum mt_status write_bin(struct mt_ctx *ctx, const struct mt_ops_i *ops, const char *dir, const char *fname,
-                                struct wtensor *w, int n, float *stage)
+static int cmp_str_ptr(const void *a, const void *b)
 {
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/%s", dir, fname);
-    int64_t total = 0;
-    for (int i = 0; i < n; i++) {
-        w[i].offset = align_up(total);
-        total = w[i].offset + (int64_t)(mt_param_global_numel(w[i].p) * sizeof(float));
-    }
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) return mt_ctx_error(ctx, MT_ERR_IO, "cannot create %s: %s", path, strerror(errno));
-    if (ftruncate(fd, (off_t)total) != 0) goto ioerr;
-    for (int i = 0; i < n; i++) {
-        const struct mt_param *p = w[i].p;
-        const float *host = w[i].data;
-        if (ops) {
-            ops->copy_to_host(stage, w[i].data, p->numel * sizeof(float));
-            host = stage;
-        }
-        if (box_io(fd, w[i].offset, p->shape, p->off, p->len, (float *)host, 1) != 0) goto ioerr;
-    }
-    if (fsync(fd) != 0) goto ioerr;
-    close(fd);
-    return MT_OK;
-ioerr:;
-    int e = errno;
-    close(fd);
-    return mt_ctx_error(ctx, MT_ERR_IO, "cannot write %s: %s", path, strerror(e));
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-static void add_tensors(cJSON *arr, const struct wtensor *w, int n, const char *fname)
+/* Phase 1, every rank: the list is well-formed and names are unique (load
+ * refuses a manifest that lists a name twice). */
+static enum mt_status check_entries(struct mt_ctx *ctx, const struct mt_ckpt_entry *e, int n)
 {
+    for (int i = 0; i < n; i++) {
+        if (!e[i].name || !*e[i].name || !e[i].p)
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "checkpoint entry %d: missing name or parameter", i);
+        if (strlen(e[i].name) >= sizeof ((struct mt_ckpt_tensor *)0)->name)
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "checkpoint entry %d: name longer than %zu bytes: %.60s...",
+                                i, sizeof ((struct mt_ckpt_tensor *)0)->name - 1, e[i].name);
+        if (e[i].file < 0 || e[i].file >= CKPT_N_BIN)
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "checkpoint entry %s: file %d (0: params.bin, 1: optim.bin)",
+                                e[i].name, e[i].file);
+        MT_CHECK(e[i].data ? check_box(ctx, e[i].name, e[i].p) : check_shape(ctx, e[i].name, e[i].p));
+    }
+    const char **names = mt_alloc(ctx, (size_t)(n > 0 ? n : 1) * sizeof *names, MT_BUCKET_OTHER);
+    if (!names) return MT_ERR_OOM;
+    for (int i = 0; i < n; i++) names[i] = e[i].name;
+    qsort(names, (size_t)n, sizeof *names, cmp_str_ptr);
+    enum mt_status rc = MT_OK;
+    for (int i = 1; i < n && rc == MT_OK; i++)
+        if (!strcmp(names[i - 1], names[i]))
+            rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "checkpoint entry %s is listed twice", names[i]);
+    mt_free(ctx, names);
+    return rc;
+}
+
+/* xxh64 of (dir, layout): equal on every rank iff they agree on what to save. */
+static uint64_t layout_hash(const char *dir, const struct mt_ckpt_entry *e, int n)
+{
+    uint64_t h = XXH64(dir, strlen(dir) + 1, (uint64_t)n);
+    for (int i = 0; i < n; i++) {
+        int64_t v[4] = {e[i].file, e[i].p->ndim, e[i].p->shape[0], e[i].p->shape[1]};
+        h = XXH64(e[i].name, strlen(e[i].name) + 1, h);
+        h = XXH64(v, sizeof v, h);
+    }
+    return h;
+}
+
+/*
+ * Agreement step: every rank contributes its own status (`rc`), plus `extra`
+ * int64 values reduced with MAX alongside (NULL / 0 for none). Returns MT_OK
+ * on every rank iff every rank passed MT_OK. A failing rank returns its own
+ * status and keeps its own message; the others return that rank's status
+ * with a message naming it (the highest failing rank when several fail). A
+ * failed allreduce is returned as is.
+ */
+static enum mt_status agree(struct mt_ctx *ctx, struct mt_comm *comm, enum mt_status rc, const char *dir,
+                            const char *phase, int64_t *extra, int n_extra)
+{
+    int64_t v[3] = {0, 0, 0};
+    MT_ASSERT(n_extra >= 0 && n_extra <= 2);
+    if (rc != MT_OK) v[0] = ((int64_t)mt_comm_rank(comm) + 1) * CKPT_STATUS_BITS + (int64_t)rc;
+    for (int i = 0; i < n_extra; i++) v[1 + i] = extra[i];
+    char own[sizeof ctx->errmsg];
+    snprintf(own, sizeof own, "%s", ctx->errmsg);
+    enum mt_status crc = mt_comm_allreduce(ctx, comm, v, (size_t)(1 + n_extra), MT_DTYPE_I64, MT_REDOP_MAX);
+    for (int i = 0; i < n_extra; i++) extra[i] = v[1 + i];
+    if (rc != MT_OK) {
+        if (crc != MT_OK) mt_ctx_error(ctx, rc, "%s", own);   /* the first failure is the one to report */
+        return rc;
+    }
+    if (crc != MT_OK) return crc;
+    if (v[0] == 0) return MT_OK;
+    int who = (int)(v[0] / CKPT_STATUS_BITS) - 1;
+    enum mt_status st = (enum mt_status)(v[0] % CKPT_STATUS_BITS);
+    return mt_ctx_error(ctx, st, "checkpoint %s not saved: rank %d failed (%s) while %s; see that rank's error",
+                        dir, who, mt_status_str(st), phase);
+}
+
+/* Phase 1, rank 0: the manifest body (format, version, config, meta,
+ * tensors), so a config that does not serialise fails before any disk work.
+ * The "files" object is added in phase 4. */
+static enum mt_status manifest_build(struct mt_ctx *ctx, const struct mt_config *cfg, const struct mt_ckpt_meta *meta,
+                                     const struct mt_ckpt_entry *e, int n, const int64_t *offset, cJSON **out)
+{
+    *out = NULL;
+    cJSON *root = cJSON_CreateObject();
+    if (!root) return mt_ctx_error(ctx, MT_ERR_OOM, "checkpoint: out of memory building the manifest");
+    cJSON_AddStringToObject(root, "format", CKPT_FORMAT);
+    cJSON_AddNumberToObject(root, "version", CKPT_VERSION);
+    char *cfg_json = mt_config_to_json(cfg);
+    cJSON *cj = cfg_json ? cJSON_Parse(cfg_json) : NULL;
+    free(cfg_json);
+    if (!cj) {
+        cJSON_Delete(root);
+        return mt_ctx_error(ctx, MT_ERR_RUNTIME, "checkpoint: config does not serialise to JSON");
+    }
+    cJSON_AddItemToObject(root, "config", cj);
+    cJSON *mj = cJSON_AddObjectToObject(root, "meta");
+    char seed[32];
+    snprintf(seed, sizeof seed, "%" PRIu64, meta->seed);
+    cJSON_AddNumberToObject(mj, "step", meta->step);
+    cJSON_AddNumberToObject(mj, "data_pos", (double)meta->data_pos);
+    cJSON_AddStringToObject(mj, "seed", seed);           /* string: a uint64 does not fit a double */
+    cJSON_AddNumberToObject(mj, "adam_t", (double)meta->adam_t);
+    cJSON_AddStringToObject(mj, "mesh", meta->mesh);
+    cJSON *arr = cJSON_AddArrayToObject(root, "tensors");
     for (int i = 0; i < n; i++) {
         cJSON *t = cJSON_CreateObject();
-        cJSON_AddStringToObject(t, "name", w[i].name);
-        cJSON_AddStringToObject(t, "file", fname);
-        cJSON_AddNumberToObject(t, "offset", (double)w[i].offset);
+        cJSON_AddStringToObject(t, "name", e[i].name);
+        cJSON_AddStringToObject(t, "file", bin_name[e[i].file]);
+        cJSON_AddNumberToObject(t, "offset", (double)offset[i]);
         cJSON *sh = cJSON_AddArrayToObject(t, "shape");
-        for (int d = 0; d < w[i].p->ndim; d++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)w[i].p->shape[d]));
+        for (int d = 0; d < e[i].p->ndim; d++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)e[i].p->shape[d]));
         cJSON_AddStringToObject(t, "dtype", "F32");
         cJSON_AddItemToArray(arr, t);
     }
+    *out = root;
+    return MT_OK;
+}
+
+/* Phase 2, rank 0: DIR.tmp from scratch (a crash may have left one) and the
+ * files at their full size (sparse: unwritten bytes read as zeros). */
+static enum mt_status create_files(struct mt_ctx *ctx, const char *par, const char *tmp, const int64_t total[CKPT_N_BIN],
+                                   const int used[CKPT_N_BIN])
+{
+    if (mkdir_p(par) != 0) return mt_ctx_error(ctx, MT_ERR_IO, "cannot create %s: %s", par, strerror(errno));
+    if (rm_rf(tmp) != 0) return mt_ctx_error(ctx, MT_ERR_IO, "cannot remove stale %s: %s", tmp, strerror(errno));
+    if (mkdir(tmp, 0755) != 0) return mt_ctx_error(ctx, MT_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+    for (int k = 0; k < CKPT_N_BIN; k++) {
+        if (!used[k]) continue;
+        char path[PATH_MAX];
+        int fd = join_path(path, sizeof path, tmp, bin_name[k]) == 0 ? open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644) : -1;
+        if (fd < 0 || ftruncate(fd, (off_t)total[k]) != 0 || fsync(fd) != 0) {
+            int err = errno;
+            if (fd >= 0) close(fd);
+            return mt_ctx_error(ctx, MT_ERR_IO, "cannot create %s: %s", path, strerror(err));
+        }
+        close(fd);
+    }
+    return MT_OK;
+}
+
+/* Phase 3, every rank: pwrite the boxes this rank holds data for, fsync.
+ * A file this rank writes nothing to is not opened. */
+static enum mt_status write_boxes(struct mt_ctx *ctx, const struct mt_ops_i *ops, const char *tmp,
+                                  const struct mt_ckpt_entry *e, int n, const int64_t *offset, float *stage)
+{
+    for (int k = 0; k < CKPT_N_BIN; k++) {
+        int any = 0;
+        for (int i = 0; i < n && !any; i++) any = e[i].file == k && e[i].data;
+        if (!any) continue;
+        char path[PATH_MAX];
+        int fd = join_path(path, sizeof path, tmp, bin_name[k]) == 0 ? open(path, O_WRONLY) : -1;   /* sized by rank 0 */
+        if (fd < 0) return mt_ctx_error(ctx, MT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+        int bad = 0;
+        for (int i = 0; i < n && !bad; i++) {
+            if (e[i].file != k || !e[i].data) continue;
+            const struct mt_param *p = e[i].p;
+            const float *host = e[i].data;
+            if (ops) {
+                ops->copy_to_host(stage, e[i].data, p->numel * sizeof(float));
+                host = stage;
+            }
+            bad = box_io(fd, offset[i], p->shape, p->off, p->len, (float *)host, 1) != 0;
+        }
+        if (bad || fsync(fd) != 0) {
+            int err = errno;
+            close(fd);
+            return mt_ctx_error(ctx, MT_ERR_IO, "cannot write %s: %s", path, strerror(err));
+        }
+        close(fd);
+    }
+    return MT_OK;
 }
 
 static enum mt_status add_file(struct mt_ctx *ctx, cJSON *files, const char *dir, const char *fname)
@@ -454,111 +629,156 @@ static enum mt_status add_file(struct mt_ctx *ctx, cJSON *files, const char *dir
     return MT_OK;
 }
 
-enum mt_status mt_ckpt_save(struct mt_ctx *ctx, const struct mt_ops_i *ops, const char *dir,
-                            const struct mt_config *cfg, const struct mt_ckpt_meta *meta,
-                            struct mt_param *params, int n_params, struct mt_optim *o)
+/* Phase 4, rank 0: checksums, manifest.json LAST, then swap DIR.tmp into DIR:
+ * a complete DIR exists at every instant where renameat2(RENAME_EXCHANGE)
+ * works; else DIR -> DIR.old, DIR.tmp -> DIR (and back if the second fails). */
+static enum mt_status commit(struct mt_ctx *ctx, cJSON *root, const char *dir, const char *tmp, const char *old,
+                             const char *par, const int used[CKPT_N_BIN])
 {
-    if (!dir || !*dir || !cfg || !meta || n_params < 0 || (n_params > 0 && !params))
-        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "mt_ckpt_save: missing argument");
-    char tmp[PATH_MAX], par[PATH_MAX], old[PATH_MAX];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", dir) >= (int)sizeof tmp || snprintf(old, sizeof old, "%s.old", dir) >= (int)sizeof old)
-        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "checkpoint path too long: %s", dir);
-    parent_of(dir, par, sizeof par);
-
-    int n_states = o ? mt_optim_state_count(o) : 0;
-    enum mt_status rc = MT_OK;
-    struct wtensor *w = mt_alloc(ctx, (size_t)(n_params + n_states + 1) * sizeof *w, MT_BUCKET_OTHER);
-    struct mt_optim_state *st = mt_alloc(ctx, (size_t)(n_states + 1) * sizeof *st, MT_BUCKET_OTHER);
-    float *stage = NULL;
-    cJSON *root = NULL;
-    char *cfg_json = NULL, *text = NULL;
-    if (!w || !st) { rc = MT_ERR_OOM; goto done; }
-
-    size_t max_numel = 0;
-    for (int i = 0; i < n_params; i++) {
-        MT_CHECK_GOTO(check_box(ctx, &params[i]), rc, done);
-        w[i] = (struct wtensor){params[i].name, &params[i], params[i].data, 0};
-        if (params[i].numel > max_numel) max_numel = params[i].numel;
-    }
-    for (int i = 0; i < n_states; i++) {
-        mt_optim_state_get(o, i, &st[i]);
-        w[n_params + i] = (struct wtensor){st[i].name, st[i].param, st[i].data, 0};
-    }
-    if (ops) {
-        stage = mt_alloc(ctx, max_numel * sizeof(float), MT_BUCKET_WORKSPACE);
-        if (!stage) { rc = MT_ERR_OOM; goto done; }
-    }
-
-    /* DIR.tmp from scratch (a crash may have left one) */
-    if (mkdir_p(par) != 0) { rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot create %s: %s", par, strerror(errno)); goto done; }
-    if (rm_rf(tmp) != 0) { rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot remove stale %s: %s", tmp, strerror(errno)); goto done; }
-    if (mkdir(tmp, 0755) != 0) { rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot create %s: %s", tmp, strerror(errno)); goto done; }
-
-    MT_CHECK_GOTO(write_bin(ctx, ops, tmp, "params.bin", w, n_params, stage), rc, done);
-    if (n_states > 0) MT_CHECK_GOTO(write_bin(ctx, ops, tmp, "optim.bin", w + n_params, n_states, stage), rc, done);
-
-    /* manifest, last */
-    root = cJSON_CreateObject();
-    cJSON_AddStringToObject(root, "format", CKPT_FORMAT);
-    cJSON_AddNumberToObject(root, "version", CKPT_VERSION);
-    cfg_json = mt_config_to_json(cfg);
-    cJSON *cj = cfg_json ? cJSON_Parse(cfg_json) : NULL;
-    if (!cj) { rc = mt_ctx_error(ctx, MT_ERR_RUNTIME, "checkpoint: config does not serialise to JSON"); goto done; }
-    cJSON_AddItemToObject(root, "config", cj);
-    cJSON *mj = cJSON_AddObjectToObject(root, "meta");
-    char seed[32];
-    snprintf(seed, sizeof seed, "%" PRIu64, meta->seed);
-    cJSON_AddNumberToObject(mj, "step", meta->step);
-    cJSON_AddNumberToObject(mj, "data_pos", (double)meta->data_pos);
-    cJSON_AddStringToObject(mj, "seed", seed);           /* string: a uint64 does not fit a double */
-    cJSON_AddNumberToObject(mj, "adam_t", (double)meta->adam_t);
-    cJSON_AddStringToObject(mj, "mesh", meta->mesh);
-    cJSON *tarr = cJSON_AddArrayToObject(root, "tensors");
-    add_tensors(tarr, w, n_params, "params.bin");
-    add_tensors(tarr, w + n_params, n_states, "optim.bin");
     cJSON *files = cJSON_AddObjectToObject(root, "files");
-    MT_CHECK_GOTO(add_file(ctx, files, tmp, "params.bin"), rc, done);
-    if (n_states > 0) MT_CHECK_GOTO(add_file(ctx, files, tmp, "optim.bin"), rc, done);
-    text = cJSON_Print(root);
-    if (!text) { rc = mt_ctx_error(ctx, MT_ERR_OOM, "checkpoint: cannot print manifest"); goto done; }
-    {
-        char path[PATH_MAX];
-        int fd = snprintf(path, sizeof path, "%s/manifest.json", tmp) < (int)sizeof path ? open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644) : -1;
-        if (fd < 0 || pwrite_all(fd, text, strlen(text), 0) != 0 || fsync(fd) != 0) {
-            rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot write %s: %s", path, strerror(errno));
-            if (fd >= 0) close(fd);
-            goto done;
-        }
-        close(fd);
+    if (!files) return mt_ctx_error(ctx, MT_ERR_OOM, "checkpoint: out of memory building the manifest");
+    for (int k = 0; k < CKPT_N_BIN; k++)
+        if (used[k]) MT_CHECK(add_file(ctx, files, tmp, bin_name[k]));
+    char *text = cJSON_Print(root);
+    if (!text) return mt_ctx_error(ctx, MT_ERR_OOM, "checkpoint: cannot print manifest");
+    char path[PATH_MAX];
+    int fd = join_path(path, sizeof path, tmp, "manifest.json") == 0 ? open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644) : -1;
+    if (fd < 0 || pwrite_all(fd, text, strlen(text), 0) != 0 || fsync(fd) != 0) {
+        int err = errno;
+        if (fd >= 0) close(fd);
+        free(text);
+        return mt_ctx_error(ctx, MT_ERR_IO, "cannot write %s: %s", path, strerror(err));
     }
+    close(fd);
+    free(text);
     fsync_path(tmp);
 
-    /* swap DIR.tmp into DIR: a complete DIR exists at every instant where
-     * renameat2(RENAME_EXCHANGE) works; else DIR -> DIR.old, DIR.tmp -> DIR */
     struct stat sb;
     if (stat(dir, &sb) == 0) {
         if (renameat2(AT_FDCWD, tmp, AT_FDCWD, dir, RENAME_EXCHANGE) == 0) {
             rm_rf(tmp);   /* now holds the previous checkpoint */
         } else {
             rm_rf(old);
-            if (rename(dir, old) != 0 || rename(tmp, dir) != 0) {
-                rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot move %s into place: %s", tmp, strerror(errno));
-                goto done;
+            if (rename(dir, old) != 0)
+                return mt_ctx_error(ctx, MT_ERR_IO, "cannot move %s aside: %s", dir, strerror(errno));
+            if (rename(tmp, dir) != 0) {
+                int err = errno;
+                rename(old, dir);   /* put the previous checkpoint back */
+                return mt_ctx_error(ctx, MT_ERR_IO, "cannot move %s into place: %s", tmp, strerror(err));
             }
             rm_rf(old);
         }
     } else if (rename(tmp, dir) != 0) {
-        rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot rename %s to %s: %s", tmp, dir, strerror(errno));
-        goto done;
+        return mt_ctx_error(ctx, MT_ERR_IO, "cannot rename %s to %s: %s", tmp, dir, strerror(errno));
     }
     fsync_path(par);
+    return MT_OK;
+}
+
+enum mt_status mt_ckpt_save_group(struct mt_ctx *ctx, const struct mt_ops_i *ops, struct mt_comm *comm,
+                                  const char *dir, const struct mt_config *cfg, const struct mt_ckpt_meta *meta,
+                                  const struct mt_ckpt_entry *entries, int n_entries)
+{
+    /* no communicator: no way to tell the others; nothing is touched */
+    if (!comm) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "mt_ckpt_save_group: NULL communicator");
+    const int rank = mt_comm_rank(comm);
+    const char *where = dir && *dir ? dir : "(no dir)";
+    char tmp[PATH_MAX], par[PATH_MAX], old[PATH_MAX];
+    int64_t *offset = NULL;
+    int64_t total[CKPT_N_BIN] = {0, 0};
+    int used[CKPT_N_BIN] = {1, 0};   /* params.bin always exists (load verifies it) */
+    float *stage = NULL;
+    cJSON *root = NULL;
+    enum mt_status rc = MT_OK;
+
+    /* ---- phase 1: check (every rank), no disk ---- */
+    if (!dir || !*dir || !cfg || !meta || n_entries < 0 || (n_entries > 0 && !entries)) {
+        rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "mt_ckpt_save_group: missing argument");
+    } else if (snprintf(tmp, sizeof tmp, "%s.tmp", dir) >= (int)sizeof tmp - 32 ||
+               snprintf(old, sizeof old, "%s.old", dir) >= (int)sizeof old - 32) {
+        rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "checkpoint path too long: %s", dir);
+    } else {
+        parent_of(dir, par, sizeof par);
+        rc = check_entries(ctx, entries, n_entries);
+    }
+    if (rc == MT_OK) {
+        offset = mt_alloc(ctx, (size_t)(n_entries > 0 ? n_entries : 1) * sizeof *offset, MT_BUCKET_OTHER);
+        if (!offset) rc = MT_ERR_OOM;
+    }
+    if (rc == MT_OK) {
+        size_t max_numel = 0;
+        for (int i = 0; i < n_entries; i++) {
+            const struct mt_ckpt_entry *e = &entries[i];
+            offset[i] = align_up(total[e->file]);
+            total[e->file] = offset[i] + (int64_t)(mt_param_global_numel(e->p) * sizeof(float));
+            used[e->file] = 1;
+            if (e->data && e->p->numel > max_numel) max_numel = e->p->numel;
+        }
+        if (ops) {
+            stage = mt_alloc(ctx, max_numel * sizeof(float), MT_BUCKET_WORKSPACE);
+            if (!stage) rc = MT_ERR_OOM;
+        }
+    }
+    if (rc == MT_OK && rank == 0) rc = manifest_build(ctx, cfg, meta, entries, n_entries, offset, &root);
+    {
+        uint64_t h = rc == MT_OK ? layout_hash(dir, entries, n_entries) : 0;
+        int64_t hv[2] = {(int64_t)h, ~(int64_t)h};   /* max(h) == h and max(~h) == ~h on every rank iff all equal */
+        MT_CHECK_GOTO(agree(ctx, comm, rc, where, "checking its arguments", hv, 2), rc, done);
+        if (hv[0] != (int64_t)h || hv[1] != ~(int64_t)h) {
+            rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG,
+                              "checkpoint %s not saved: the ranks passed different directories or entry lists "
+                              "(names, files and global shapes must be the same, in the same order, on every rank)",
+                              where);
+            goto done;
+        }
+    }
+
+    /* ---- phase 2: rank 0 creates DIR.tmp and sizes the files ---- */
+    if (rank == 0) rc = create_files(ctx, par, tmp, total, used);
+    MT_CHECK_GOTO(agree(ctx, comm, rc, where, "creating the temporary directory", NULL, 0), rc, fail_tmp);
+
+    /* ---- phase 3: every rank writes its boxes ---- */
+    rc = write_boxes(ctx, ops, tmp, entries, n_entries, offset, stage);
+    MT_CHECK_GOTO(agree(ctx, comm, rc, where, "writing its tensors", NULL, 0), rc, fail_tmp);
+
+    /* ---- phase 4: rank 0 writes the manifest last and swaps ---- */
+    if (rank == 0) rc = commit(ctx, root, dir, tmp, old, par, used);
+    MT_CHECK_GOTO(agree(ctx, comm, rc, where, "writing the manifest", NULL, 0), rc, fail_tmp);
+    goto done;
+
+fail_tmp:
+    if (rank == 0) rm_rf(tmp);   /* never DIR: it is replaced only by a complete swap */
 done:
-    free(text);
-    free(cfg_json);
     cJSON_Delete(root);
     mt_free(ctx, stage);
+    mt_free(ctx, offset);
+    return rc;
+}
+
+enum mt_status mt_ckpt_save(struct mt_ctx *ctx, const struct mt_ops_i *ops, const char *dir,
+                            const struct mt_config *cfg, const struct mt_ckpt_meta *meta,
+                            struct mt_param *params, int n_params, struct mt_optim *o)
+{
+    if (!dir || !*dir || !cfg || !meta || n_params < 0 || (n_params > 0 && !params))
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "mt_ckpt_save: missing argument");
+    int n_states = o ? mt_optim_state_count(o) : 0;
+    enum mt_status rc = MT_OK;
+    struct mt_comm *self = NULL;
+    struct mt_ckpt_entry *e = mt_alloc(ctx, (size_t)(n_params + n_states + 1) * sizeof *e, MT_BUCKET_OTHER);
+    struct mt_optim_state *st = mt_alloc(ctx, (size_t)(n_states + 1) * sizeof *st, MT_BUCKET_OTHER);
+    if (!e || !st) { rc = MT_ERR_OOM; goto done; }
+    MT_CHECK_GOTO(mt_comm_create_self(ctx, &self), rc, done);
+    /* params first, into params.bin; then the optimizer states, into optim.bin */
+    for (int i = 0; i < n_params; i++) e[i] = (struct mt_ckpt_entry){params[i].name, 0, &params[i], params[i].data};
+    for (int i = 0; i < n_states; i++) {
+        mt_optim_state_get(o, i, &st[i]);
+        e[n_params + i] = (struct mt_ckpt_entry){st[i].name, 1, st[i].param, st[i].data};
+    }
+    rc = mt_ckpt_save_group(ctx, ops, self, dir, cfg, meta, e, n_params + n_states);
+done:
+    mt_comm_destroy(self);
     mt_free(ctx, st);
-    mt_free(ctx, w);
+    mt_free(ctx, e);
     return rc;
 }
 
@@ -667,7 +887,7 @@ enum mt_status mt_ckpt_load(struct mt_ctx *ctx, const struct mt_ops_i *ops, cons
 
     size_t max_numel = 0;
     for (int i = 0; i < n_params; i++) {
-        MT_CHECK_GOTO(check_box(ctx, &params[i]), rc, done);
+        MT_CHECK_GOTO(check_box(ctx, params[i].name, &params[i]), rc, done);
         if (params[i].numel > max_numel) max_numel = params[i].numel;
     }
     if (ops) {

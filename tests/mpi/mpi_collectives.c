@@ -2,7 +2,10 @@
  * mpi_collectives.c — run under mpirun (np=4) by tests/test_dist_mpi.sh.
  *
  *   mpi_collectives all       every collective on the world vs expected
- *                             values, non-blocking + wait, a batched P2P
+ *                             values (v-collectives: gaps, any block order,
+ *                             a rank owning nothing, packed and direct
+ *                             reduce_scatterv), non-blocking + wait (count
+ *                             arrays clobbered before wait), a batched P2P
  *                             ring, meshes dp=2,tp=2 / ep=2,tp=2 / pp=2,tp=2
  *                             (members, reuse, a collective per group) and
  *                             each rank's trace line;
@@ -33,6 +36,139 @@ static int n_fail = 0, g_rank = 0;
             n_fail++;                                                                     \
         }                                                                                 \
     } while (0)
+
+/* Variable-count collectives on the world (W == 4). Values are small
+ * integers in float/double, so every sum is exact. */
+static void test_world_v(struct mt_ctx *c_, struct mt_comm *w, int W, int R)
+{
+    struct mt_ctx ctx = *c_;
+    if (W != 4) return;
+    const float SENT = -7.0f;
+
+    /* allgatherv, out of place, F32: blocks out of rank order with gaps at
+     * 3 and 6; rank 1 owns nothing (NULL send) and its displacement points
+     * past the end. Rank r's element k is 10r + k + 1. */
+    {
+        const size_t cnt[4] = {2, 0, 3, 1}, dsp[4] = {4, 99, 0, 7};
+        float mine[3], all[9];
+        for (size_t k = 0; k < cnt[R]; k++) mine[k] = (float)(10 * R + (int)k + 1);
+        for (int j = 0; j < 9; j++) all[j] = SENT;
+        EXPECT_OK(mt_comm_allgatherv(&ctx, w, all, R == 1 ? NULL : mine, cnt, dsp, MT_DTYPE_F32));
+        const float want[9] = {21, 22, 23, SENT, 1, 2, SENT, 31, SENT};
+        for (int j = 0; j < 9; j++) EXPECT(all[j] == want[j]);
+    }
+
+    /* allgatherv in place, F64: rank r's block (r elements) at displs
+     * 6,3,1,0 — rank 0 owns nothing; each rank pre-fills only its own block. */
+    {
+        const size_t cnt[4] = {0, 1, 2, 3}, dsp[4] = {6, 0, 1, 3};
+        double all[7];
+        for (int j = 0; j < 7; j++) all[j] = -1;
+        for (size_t k = 0; k < cnt[R]; k++) all[dsp[R] + k] = 100 * R + (int)k;
+        EXPECT_OK(mt_comm_allgatherv(&ctx, w, all, all + dsp[R], cnt, dsp, MT_DTYPE_F64));
+        const double want[7] = {100, 200, 201, 300, 301, 302, -1};
+        for (int j = 0; j < 7; j++) EXPECT(all[j] == want[j]);
+    }
+
+    /* reduce_scatterv, consecutive displs (MPI reads send directly), F32;
+     * rank 2 owns nothing and passes NULL recv. send_r[j] = (r+1)(j+1), so
+     * recv[k] = 10 (displs[R] + k + 1). */
+    {
+        const size_t cnt[4] = {1, 3, 0, 2}, dsp[4] = {0, 1, 4, 4};
+        float send[6], recv[4];
+        for (int j = 0; j < 6; j++) send[j] = (float)((R + 1) * (j + 1));
+        for (int k = 0; k < 4; k++) recv[k] = SENT;
+        EXPECT_OK(mt_comm_reduce_scatterv(&ctx, w, R == 2 ? NULL : recv, send, cnt, dsp, MT_DTYPE_F32));
+        for (size_t k = 0; k < cnt[R]; k++) EXPECT(recv[k] == (float)(10 * (dsp[R] + k + 1)));
+        for (size_t k = cnt[R]; k < 4; k++) EXPECT(recv[k] == SENT);
+        for (int j = 0; j < 6; j++) EXPECT(send[j] == (float)((R + 1) * (j + 1))); /* send untouched */
+    }
+
+    /* reduce_scatterv, non-consecutive displs (packed), F64: blocks
+     * r1 [0,1) r3 [1,4) r0 [6,8), a gap at [4,6) holding junk that must not
+     * leak into any sum; rank 2 owns nothing (displacement irrelevant). */
+    {
+        const size_t cnt[4] = {2, 1, 0, 3}, dsp[4] = {6, 0, 3, 1};
+        double send[8], recv[4];
+        for (int j = 0; j < 8; j++) send[j] = (j == 4 || j == 5) ? 1e9 * (R + 1) : (R + 1) * (j + 1);
+        for (int k = 0; k < 4; k++) recv[k] = SENT;
+        EXPECT_OK(mt_comm_reduce_scatterv(&ctx, w, recv, send, cnt, dsp, MT_DTYPE_F64));
+        for (size_t k = 0; k < cnt[R]; k++) EXPECT(recv[k] == 10.0 * (double)(dsp[R] + k + 1));
+        for (size_t k = cnt[R]; k < 4; k++) EXPECT(recv[k] == SENT);
+    }
+
+    /* the same consecutive layout shifted by a base offset of 2 */
+    {
+        const size_t cnt[4] = {2, 2, 1, 0}, dsp[4] = {2, 4, 6, 0};
+        float send[7], recv[2] = {SENT, SENT};
+        for (int j = 0; j < 7; j++) send[j] = (float)((R + 1) * (j + 1));
+        EXPECT_OK(mt_comm_reduce_scatterv(&ctx, w, recv, send, cnt, dsp, MT_DTYPE_F32));
+        for (size_t k = 0; k < cnt[R]; k++) EXPECT(recv[k] == (float)(10 * (dsp[R] + k + 1)));
+        if (cnt[R] < 2) EXPECT(recv[1] == SENT);
+    }
+
+    /* non-blocking: an out-of-place iallgatherv, an in-place iallgatherv
+     * and a packed ireduce_scatterv in flight together; their count and
+     * displacement arrays are overwritten (and the scratch of the packed
+     * one held) before the waits. */
+    {
+        size_t live0 = ctx.bytes_live_total;
+        size_t gc[4] = {1, 2, 0, 3}, gd[4] = {5, 0, 9, 2};   /* recv 6: [r1 r1 r3 r3 r3 r0] */
+        size_t ic[4] = {2, 2, 2, 2}, id[4] = {0, 2, 4, 6};   /* in place, consecutive */
+        size_t rc_[4] = {3, 0, 1, 2}, rd[4] = {3, 0, 0, 1};  /* packed: r2 [0,1) r3 [1,3) r0 [3,6) */
+        float gmine[3], gall[6], iall[8], rsend[6], rrecv[3];
+        for (size_t k = 0; k < gc[R]; k++) gmine[k] = (float)(10 * R + (int)k);
+        for (int j = 0; j < 6; j++) gall[j] = SENT;
+        for (int j = 0; j < 8; j++) iall[j] = (j / 2 == R) ? (float)(R * 100 + j) : SENT;
+        for (int j = 0; j < 6; j++) rsend[j] = (float)((R + 1) * (j + 1));
+        for (int k = 0; k < 3; k++) rrecv[k] = SENT;
+        const size_t my_rc = rc_[R], my_rd = rd[R];
+        struct mt_comm_req *qa = NULL, *qb = NULL, *qc = NULL;
+        EXPECT_OK(mt_comm_iallgatherv(&ctx, w, gall, gmine, gc, gd, MT_DTYPE_F32, &qa));
+        EXPECT_OK(mt_comm_iallgatherv(&ctx, w, iall, iall + id[R], ic, id, MT_DTYPE_F32, &qb));
+        EXPECT_OK(mt_comm_ireduce_scatterv(&ctx, w, rrecv, rsend, rc_, rd, MT_DTYPE_F32, &qc));
+        EXPECT(ctx.bytes_live_total > live0); /* requests and their scratch held */
+        memset(gc, 0xff, sizeof gc);
+        memset(gd, 0xff, sizeof gd);
+        memset(ic, 0xff, sizeof ic);
+        memset(id, 0xff, sizeof id);
+        memset(rc_, 0xff, sizeof rc_);
+        memset(rd, 0xff, sizeof rd);
+        EXPECT_OK(mt_comm_wait(&ctx, qc));
+        EXPECT_OK(mt_comm_wait(&ctx, qa));
+        EXPECT_OK(mt_comm_wait(&ctx, qb));
+        EXPECT(ctx.bytes_live_total == live0);
+        const float gwant[6] = {10, 11, 30, 31, 32, 0};
+        for (int j = 0; j < 6; j++) EXPECT(gall[j] == gwant[j]);
+        for (int j = 0; j < 8; j++) EXPECT(iall[j] == (float)((j / 2) * 100 + j));
+        for (size_t k = 0; k < my_rc; k++) EXPECT(rrecv[k] == (float)(10 * (my_rd + k + 1)));
+        for (size_t k = my_rc; k < 3; k++) EXPECT(rrecv[k] == SENT);
+    }
+
+    /* refused before MPI on every rank alike (no memory touched, nobody hangs) */
+    {
+        /* send ranges here span GiB upward from x (never touched): recv y
+         * lives in static storage, below the stack, so it aliases none */
+        static float y[4];
+        float x[4] = {0};
+        size_t big[4] = {1, 1, (size_t)1 << 33, 1}, d4[4] = {0, 1, 2, 3};
+        EXPECT(mt_comm_allgatherv(&ctx, w, x, x + R, big, d4, MT_DTYPE_F32) == MT_ERR_UNSUPPORTED);
+        EXPECT(strstr(mt_ctx_last_error(&ctx), "count 8589934592 for rank 2 exceeds INT_MAX") != NULL);
+        size_t one[4] = {1, 1, 1, 1}, fard[4] = {0, 1, (size_t)1 << 32, 3};
+        EXPECT(mt_comm_allgatherv(&ctx, w, x, x, one, fard, MT_DTYPE_F32) == MT_ERR_UNSUPPORTED);
+        EXPECT(strstr(mt_ctx_last_error(&ctx), "displacement") != NULL);
+        struct mt_comm_req *q = NULL;
+        EXPECT(mt_comm_iallgatherv(&ctx, w, x, x, one, fard, MT_DTYPE_F32, &q) == MT_ERR_UNSUPPORTED && q == NULL);
+        /* each count fits an int but the sum does not */
+        size_t half[4] = {(size_t)INT32_MAX / 2 + 1, (size_t)INT32_MAX / 2 + 1, 0, 0}, hd[4] = {0, 0, 0, 0};
+        hd[1] = half[0];
+        EXPECT(mt_comm_reduce_scatterv(&ctx, w, R < 2 ? y : NULL, x, half, hd, MT_DTYPE_F32) == MT_ERR_UNSUPPORTED);
+        EXPECT(strstr(mt_ctx_last_error(&ctx), "above INT_MAX") != NULL);
+        EXPECT(mt_comm_ireduce_scatterv(&ctx, w, y, x, big, d4, MT_DTYPE_F32, &q) == MT_ERR_UNSUPPORTED && q == NULL);
+        EXPECT(ctx.bytes_live_total == c_->bytes_live_total);
+    }
+    *c_ = ctx;
+}
 
 static void test_world(struct mt_ctx *c_, int W, int R)
 {
@@ -138,6 +274,8 @@ static void test_world(struct mt_ctx *c_, int W, int R)
     for (int i = 0; i < 4; i++) EXPECT(ar[i] == (float)(i * W * (W - 1) / 2));
     for (int k = 0; k < 2; k++) EXPECT(rs_recv[k] == (float)(W * (W - 1) / 2 + W * (2 * R + k)));
     for (int r = 0; r < W; r++) EXPECT(ag[r] == r * r);
+
+    test_world_v(&ctx, w, W, R);
 
     /* batched p2p ring: recv posted before send; two tags each way */
     int next = (R + 1) % W, prev = (R + W - 1) % W;
