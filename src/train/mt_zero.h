@@ -89,6 +89,8 @@ enum mt_status mt_zero_sync_params(struct mt_ctx *ctx, struct mt_zero *z);
  * `step` (before the finiteness check that precedes its reduction). */
 void mt_zero_inject_nan(struct mt_zero *z, int step, int unit);
 
+/* MT_ZERO_OVERLAP as read at create (1: reductions and gathers overlap compute). */
+int  mt_zero_overlap(const struct mt_zero *z);
 void mt_zero_get_stats(const struct mt_zero *z, struct mt_zero_stats *out);
 void mt_zero_reset_stats(struct mt_zero *z);
 

@@ -342,7 +342,8 @@ static void fault_parse(struct fault *f)
 
 /* A JSON text of the distributed section of the receipt (malloc'ed). */
 static char *dist_json(const struct run_state *rs, const char *trace, const double *mem_all, int world,
-                       const struct mt_zero_stats *zs, int steps, int microbatches, double param_bytes, int stage)
+                       const struct mt_zero_stats *zs, int steps, int microbatches, double param_bytes, int stage,
+                       int reshard)
 {
     cJSON *d = cJSON_CreateObject();
     cJSON_AddStringToObject(d, "trace_rank0", trace);
@@ -367,7 +368,8 @@ static char *dist_json(const struct run_state *rs, const char *trace, const doub
         if (stage >= 1 && stage <= 2) an[MT_ZERO_ALLGATHER] = param_bytes;
         if (stage >= 2) an[MT_ZERO_REDUCE_SCATTER] = param_bytes * microbatches;
     }
-    if (stage == 3) an[MT_ZERO_ALLGATHER] = param_bytes * (2.0 * microbatches); /* forward + backward, upper bound */
+    if (stage == 3 && !single)   /* forward + backward per microbatch (an upper bound), or once per step */
+        an[MT_ZERO_ALLGATHER] = reshard ? param_bytes * (2.0 * microbatches) : param_bytes;
     cJSON *c = cJSON_AddObjectToObject(d, "collective_bytes_per_step");
     for (int k = 0; k < MT_ZERO_COLL_COUNT; k++) {
         cJSON *o = cJSON_AddObjectToObject(c, kinds[k]);
@@ -381,6 +383,9 @@ static char *dist_json(const struct run_state *rs, const char *trace, const doub
                             "all-gather 1, ZeRO-2/3 reduce-scatter 1 per microbatch, ZeRO-3 all-gather up to 2 per "
                             "microbatch: units still held in a gather buffer are not gathered again)");
     cJSON_AddNumberToObject(d, "parameter_bytes", param_bytes);
+    cJSON *tun = cJSON_AddObjectToObject(d, "tunables");
+    cJSON_AddNumberToObject(tun, "MT_ZERO_OVERLAP", mt_zero_overlap(rs->zero));
+    cJSON_AddNumberToObject(d, "exposed_comm_s_total", zs->wait_s);
     char *txt = cJSON_PrintUnformatted(d);
     cJSON_Delete(d);
     return txt;
@@ -638,7 +643,7 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
         size_t total_params = 0;
         mt_model_param_counts(cfg, &total_params, NULL);
         djson = dist_json(&rs, trace, mem_all, world, &zs, steps_run, mb_n, (double)total_params * sizeof(float),
-                          opts->zero_stage);
+                          opts->zero_stage, cfg->reshard_after_forward);
 
         struct mt_receipt r;
         memset(&r, 0, sizeof r);

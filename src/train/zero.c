@@ -38,6 +38,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../core/mt_core.h"
@@ -93,6 +94,7 @@ struct mt_zero {
     int              n_views;
     int   last_mb, step;
     int   nan_step, nan_unit;
+    int   overlap;               /* MT_ZERO_OVERLAP (default 1): 0 waits for every collective at once */
     struct mt_zero_stats st;
 };
 
@@ -325,7 +327,7 @@ static enum mt_status ensure_unit(struct mt_ctx *ctx, struct mt_zero *z, int u, 
     z->gcur = b;
     point_data(z, u, z->gbuf[b]);
     int nu = u + dir, ob = 1 - b;
-    if (nu >= 0 && nu < U && z->gholds[ob] != nu) {
+    if (z->overlap && nu >= 0 && nu < U && z->gholds[ob] != nu) {
         MT_CHECK(timed_wait(ctx, z, &z->greq[ob]));
         z->gholds[ob] = nu;
         MT_CHECK(start_gather(ctx, z, nu, z->gbuf[ob], &z->greq[ob]));
@@ -400,14 +402,16 @@ static enum mt_status hook_post_backward(struct mt_ctx *ctx, void *user, int u)
         int s = 1 - z->gslot;
         z->rs[s].unit = u;
         count_coll(z, MT_ZERO_REDUCE_SCATTER, z->lay.unit_size[u]);
-        return mt_comm_ireduce_scatterv(ctx, z->comm, z->grecv[s], g, counts_of(z, u), displs_of(z, u), MT_DTYPE_F32,
-                                        &z->rs[s].req);
+        MT_CHECK(mt_comm_ireduce_scatterv(ctx, z->comm, z->grecv[s], g, counts_of(z, u), displs_of(z, u),
+                                          MT_DTYPE_F32, &z->rs[s].req));
+        return z->overlap ? MT_OK : finish_rs(ctx, z, s);
     }
     if (!z->last_mb) return MT_OK;
     struct pending *pd = &z->ar[z->n_ar++];
     pd->unit = u;
     count_coll(z, MT_ZERO_ALLREDUCE, z->lay.unit_size[u]);
-    return mt_comm_iallreduce(ctx, z->comm, g, z->lay.unit_size[u], MT_DTYPE_F32, MT_REDOP_SUM, &pd->req);
+    MT_CHECK(mt_comm_iallreduce(ctx, z->comm, g, z->lay.unit_size[u], MT_DTYPE_F32, MT_REDOP_SUM, &pd->req));
+    return z->overlap ? MT_OK : timed_wait(ctx, z, &pd->req);
 }
 
 /* ------------------------------------------------------------------ */
@@ -442,6 +446,11 @@ enum mt_status mt_zero_create(struct mt_ctx *ctx, const struct mt_ops_i *ops, st
     z->gcur = -1;
     z->rs[0].unit = z->rs[1].unit = -1;
     z->nan_step = -1;
+    /* runtime tunable (written to the receipt): MT_ZERO_OVERLAP=0 completes every
+     * collective as soon as it is started and prefetches nothing, so a run
+     * measures what overlap hides */
+    const char *ov = getenv("MT_ZERO_OVERLAP");
+    z->overlap = ov && *ov ? atoi(ov) != 0 : 1;
     int P;
     z->params = mt_model_params(model, &P);
     enum mt_status rc = layout_build(ctx, model, z->params, P, mt_comm_size(comm), mt_comm_rank(comm), &z->lay);
@@ -629,4 +638,5 @@ void mt_zero_inject_nan(struct mt_zero *z, int step, int unit)
 }
 
 void mt_zero_get_stats(const struct mt_zero *z, struct mt_zero_stats *out) { *out = z->st; }
+int  mt_zero_overlap(const struct mt_zero *z) { return z->overlap; }
 void mt_zero_reset_stats(struct mt_zero *z) { memset(&z->st, 0, sizeof z->st); }
