@@ -60,6 +60,8 @@ struct mt_param {
     enum mt_split      split;
     int     layer;         /* block index, -1 for wte / final norm / head */
     int     expert;        /* expert index for MT_ROLE_EXPERT, else -1 */
+    int     reduce_model;  /* 1: under TP this rank's grad is a partial sum over the model
+                            * group (sequence-parallel rows, split heads): reduce it there too */
 };
 
 static inline size_t mt_param_global_numel(const struct mt_param *p)

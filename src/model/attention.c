@@ -17,17 +17,25 @@
  *
  * Gradient rule: parameter grads +=; dx (residual) +=; every other buffer (datt,
  * dq, dk, dk2, dv, dh) is scratch and OVERWRITTEN.
+ *
+ * Under TP (tp.c) this rank runs H/tp query and K/tp kv heads over all N rows:
+ * forward enters with an all-gather of the normed rows (SP) and leaves with a
+ * reduce-scatter (SP) or all-reduce (no SP) of the o_proj partial sums; the
+ * backward runs the conjugates. The residual rows are Nr (N/tp under SP).
  */
 #include "model_impl.h"
 
-void attention_forward(struct mt_model *m, struct mt_layer *ly, int B, int T, int pos0,
-                       const float *cos_tab, const float *sin_tab, float *kcache, float *vcache)
+enum mt_status attention_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly, int B, int T, int pos0,
+                                 const float *cos_tab, const float *sin_tab, float *kcache, float *vcache)
 {
     const struct mt_ops_i *ops = m->ops;
     const int N = B * T, D = m->D, H = m->H, K = m->K, hd = m->hd, QD = m->QD, KD = m->KD;
+    const int Nr = m->sp ? N / m->tp : N;     /* residual rows on this rank */
     const float eps = m->cfg.norm_eps;
 
-    ops->rmsnorm_forward(ly->h_attn, ly->rstd_attn, ly->x_in, ly->ln1->data, N, D, eps);
+    ops->rmsnorm_forward(ly->h_attn_n, ly->rstd_attn, ly->x_in, ly->ln1->data, Nr, D, eps);
+    if (m->sp) MT_CHECK(tp_gather_rows(ctx, m, ly->h_attn, ly->h_attn_n, Nr, D));   /* SP entry */
+    /* this rank's heads (H, K are local under TP) over all N rows */
     linear_forward(ops, ly->q_raw, ly->h_attn, ly->wq->data, N, D, QD, 0.0f);
     linear_forward(ops, ly->k_raw, ly->h_attn, ly->wk->data, N, D, KD, 0.0f);
     linear_forward(ops, ly->v, ly->h_attn, ly->wv->data, N, D, KD, 0.0f);
@@ -36,26 +44,38 @@ void attention_forward(struct mt_model *m, struct mt_layer *ly, int B, int T, in
     ops->rope_forward(ly->q, ly->q, cos_tab, sin_tab, N, T, pos0, H, hd);
     ops->rope_forward(ly->k, ly->k, cos_tab, sin_tab, N, T, pos0, K, hd);
     if (kcache) {
-        /* inference, B == 1: append the new K/V rows, attend over the whole cache */
-        MT_ASSERT(B == 1);
+        /* inference, B == 1, one rank: append the new K/V rows, attend over the whole cache */
+        MT_ASSERT(B == 1 && m->tp == 1);
         ops->copy(kcache + (size_t)pos0 * KD, ly->k, (size_t)T * KD * sizeof(float));
         ops->copy(vcache + (size_t)pos0 * KD, ly->v, (size_t)T * KD * sizeof(float));
         ops->attention_forward(ly->att, ly->lse, ly->q, kcache, vcache, 1, T, pos0 + T, pos0, H, K, hd);
     } else {
         ops->attention_forward(ly->att, ly->lse, ly->q, ly->k, ly->v, B, T, T, 0, H, K, hd);
     }
-    ops->copy(ly->x_mid, ly->x_in, (size_t)N * D * sizeof(float));
-    linear_forward(ops, ly->x_mid, ly->att, ly->wo->data, N, QD, D, 1.0f);
+    ops->copy(ly->x_mid, ly->x_in, (size_t)Nr * D * sizeof(float));
+    if (m->tp == 1) {
+        linear_forward(ops, ly->x_mid, ly->att, ly->wo->data, N, QD, D, 1.0f);
+        return MT_OK;
+    }
+    /* Wo holds this rank's columns: a partial sum over the model group (TP exit) */
+    linear_forward(ops, m->s_red, ly->att, ly->wo->data, N, QD, D, 0.0f);
+    return tp_exit_add(ctx, m, ly->x_mid, m->s_red, m->s_full);
 }
 
-void attention_backward(struct mt_model *m, struct mt_layer *ly)
+enum mt_status attention_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly)
 {
     const struct mt_ops_i *ops = m->ops;
-    const int B = m->B, T = m->T, N = m->N, D = m->D, H = m->H, K = m->K, hd = m->hd;
+    const int B = m->B, T = m->T, N = m->N, Nr = m->Nr, D = m->D, H = m->H, K = m->K, hd = m->hd;
     const int QD = m->QD, KD = m->KD;
 
+    /* the TP exit's conjugate: SP gathers the rows of d x_mid; without SP dx is already whole */
+    const float *dy = m->dx;
+    if (m->sp) {
+        MT_CHECK(tp_gather_rows(ctx, m, m->s_full, m->dx, Nr, D));
+        dy = m->s_full;
+    }
     /* term 1: o_proj */
-    linear_backward(ops, m->datt, 0.0f, ly->wo->grad, m->dx, ly->att, ly->wo->data, N, QD, D);
+    linear_backward(ops, m->datt, 0.0f, ly->wo->grad, dy, ly->att, ly->wo->data, N, QD, D);
     /* term 2: attention core (dq, dk, dv overwritten) */
     ops->attention_backward(m->dq, m->dk, m->dv, m->datt, ly->q, ly->k, ly->v, ly->att, ly->lse,
                             B, T, H, K, hd);
@@ -64,10 +84,19 @@ void attention_backward(struct mt_model *m, struct mt_layer *ly)
     ops->rope_backward(m->dk, m->dk, m->rope_cos, m->rope_sin, N, T, 0, K, hd);
     ops->rmsnorm_backward(m->datt, ly->qn->grad, m->dq, ly->q_raw, ly->qn->data, ly->rstd_q, N * H, hd, 0);
     ops->rmsnorm_backward(m->dk2, ly->kn->grad, m->dk, ly->k_raw, ly->kn->data, ly->rstd_k, N * K, hd, 0);
-    /* term 4: projections */
+    /* term 4: projections (under TP dh is this rank's partial sum over its heads) */
     linear_backward(ops, m->dh, 0.0f, ly->wq->grad, m->datt, ly->h_attn, ly->wq->data, N, D, QD);
     linear_backward(ops, m->dh, 1.0f, ly->wk->grad, m->dk2, ly->h_attn, ly->wk->data, N, D, KD);
     linear_backward(ops, m->dh, 1.0f, ly->wv->grad, m->dv, ly->h_attn, ly->wv->data, N, D, KD);
+    /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
+    const float *dhr = m->dh;
+    if (m->sp) {
+        MT_CHECK(tp_reduce_scatter_rows(ctx, m, m->s_red, m->dh, Nr, D));
+        dhr = m->s_red;
+    } else if (m->tp > 1) {
+        MT_CHECK(tp_allreduce(ctx, m, m->dh, (size_t)N * D));
+    }
     /* term 5: input rmsnorm, accumulated into the residual gradient */
-    ops->rmsnorm_backward(m->dx, ly->ln1->grad, m->dh, ly->x_in, ly->ln1->data, ly->rstd_attn, N, D, 1);
+    ops->rmsnorm_backward(m->dx, ly->ln1->grad, dhr, ly->x_in, ly->ln1->data, ly->rstd_attn, Nr, D, 1);
+    return MT_OK;
 }

@@ -22,7 +22,8 @@ double head_forward(struct mt_model *m, int n, int with_loss)
     ops->rmsnorm_forward(m->h_final, m->rstd_final, m->x_final, m->norm_f->data, n, m->D, m->cfg.norm_eps);
     linear_forward(ops, m->logits, m->h_final, m->lm_head->data, n, m->D, m->V, 0.0f);
     if (!with_loss) return 0.0;
-    ops->xent_forward(m->losses, m->xlse, m->logits, m->targets, n, m->V, m->cfg.logit_softcap);
+    ops->xent_forward(m->losses, m->xlse, m->logits, m->targets + (m->sp ? m->row0 : 0), n, m->V,
+                      m->cfg.logit_softcap);
     ops->copy_to_host(m->h_losses, m->losses, (size_t)n * sizeof(float));
     double sum = 0.0;
     for (int i = 0; i < n; i++) sum += (double)m->h_losses[i];
@@ -32,8 +33,9 @@ double head_forward(struct mt_model *m, int n, int with_loss)
 void head_backward(struct mt_model *m, float dscale)
 {
     const struct mt_ops_i *ops = m->ops;
-    const int N = m->N, D = m->D, V = m->V;
-    ops->xent_backward(m->logits, m->logits, m->xlse, m->targets, dscale, N, V, m->cfg.logit_softcap);
+    const int N = m->Nr, D = m->D, V = m->V;   /* this rank's rows (all N without SP) */
+    ops->xent_backward(m->logits, m->logits, m->xlse, m->targets + (m->sp ? m->row0 : 0), dscale, N, V,
+                       m->cfg.logit_softcap);
     linear_backward(ops, m->dh, 0.0f, m->lm_head->grad, m->logits, m->h_final, m->lm_head->data, N, D, V);
     ops->rmsnorm_backward(m->dx, m->norm_f->grad, m->dh, m->x_final, m->norm_f->data, m->rstd_final, N, D, 0);
 }

@@ -31,8 +31,15 @@ static int layer_is_moe(const struct mt_config *cfg, int l)
     return l < (int)strlen(cfg->pattern) && cfg->pattern[l] == 'E';
 }
 
-/* Fill the dimension fields of m from cfg (no allocation). */
+/* Fill the dimension fields of m from cfg (no allocation). par NULL = one rank. */
+static void model_dims_par(struct mt_model *m, const struct mt_config *cfg, int B, const struct mt_model_par *par);
+
 static void model_dims(struct mt_model *m, const struct mt_config *cfg, int B)
+{
+    model_dims_par(m, cfg, B, NULL);
+}
+
+static void model_dims_par(struct mt_model *m, const struct mt_config *cfg, int B, const struct mt_model_par *par)
 {
     m->cfg = *cfg;
     m->B = B;
@@ -57,7 +64,25 @@ static void model_dims(struct mt_model *m, const struct mt_config *cfg, int B)
         if (layer_is_moe(cfg, l)) m->any_moe = 1;
         else m->any_dense = 1;
     }
-    m->M = m->any_moe ? m->N * m->top_k : 0;
+    /* the model axis: local head / hidden counts, row shares */
+    m->tp = par && par->tp > 1 ? par->tp : 1;
+    m->tp_rank = m->tp > 1 ? par->tp_rank : 0;
+    m->sp = m->tp > 1 && par->sp;
+    m->tp_comm = m->tp > 1 ? par->tp_comm : NULL;
+    m->Hg = m->H;
+    m->Kg = m->K;
+    m->Fg = m->F;
+    if (m->tp > 1) {
+        m->H /= m->tp;
+        m->K /= m->tp;
+        m->F /= m->tp;
+        m->QD = m->H * m->hd;
+        m->KD = m->K * m->hd;
+    }
+    m->Nr = m->sp ? m->N / m->tp : m->N;
+    m->Nm = m->tp > 1 ? m->N / m->tp : m->N;
+    m->row0 = m->tp_rank * (m->N / m->tp);
+    m->M = m->any_moe ? m->Nm * m->top_k : 0;
 }
 
 static enum mt_status check_dims(struct mt_ctx *ctx, const struct mt_model *m)
@@ -98,10 +123,11 @@ static enum mt_status check_dims(struct mt_ctx *ctx, const struct mt_model *m)
 
 typedef void (*param_visit_fn)(void *user, const struct mt_param *p);
 
-static void visit_param(param_visit_fn fn, void *user, const struct mt_config *cfg, const char *name,
+static void visit_param(param_visit_fn fn, void *user, const struct mt_model *m, const char *name,
                         int ndim, int64_t rows, int64_t cols, enum mt_init_kind init, float std,
                         enum mt_param_role role, enum mt_split split, int layer, int expert)
 {
+    const struct mt_config *cfg = &m->cfg;
     struct mt_param p;
     memset(&p, 0, sizeof p);
     snprintf(p.name, sizeof p.name, "%s", name);
@@ -110,6 +136,20 @@ static void visit_param(param_visit_fn fn, void *user, const struct mt_config *c
     p.shape[1] = ndim == 2 ? cols : 1;
     p.len[0] = p.shape[0];
     p.len[1] = p.shape[1];
+    if (m->tp > 1 && split != MT_SPLIT_NONE) {
+        /* TP: whole heads / hidden units per rank (the contract guarantees divisibility) */
+        int d = split == MT_SPLIT_ROWS ? 0 : 1;
+        p.len[d] = p.shape[d] / m->tp;
+        p.off[d] = (int64_t)m->tp_rank * p.len[d];
+    }
+    /* partial over the model group: QK-norm gains (heads split), everything of
+     * an MoE block (SP region), and with SP the norms, embedding and head */
+    if (m->tp > 1) {
+        int qk = strstr(name, "q_norm") || strstr(name, "k_norm");
+        int moe_block = role == MT_ROLE_ROUTER || role == MT_ROLE_EXPERT || strstr(name, "shared_expert");
+        int sp_rows = m->sp && (role == MT_ROLE_GAIN || role == MT_ROLE_EMBED || role == MT_ROLE_HEAD);
+        p.reduce_model = qk || moe_block || sp_rows;
+    }
     p.numel = (size_t)p.len[0] * (size_t)p.len[1];
     p.init = init;
     p.init_std = std;
@@ -136,44 +176,45 @@ static void build_params(const struct mt_model *m, param_visit_fn fn, void *user
 {
     const struct mt_config *cfg = &m->cfg;
     const float std = 0.02f;
+    const int64_t QD = (int64_t)m->Hg * m->hd, KD = (int64_t)m->Kg * m->hd, F = m->Fg;  /* global shapes */
     const float std_out = (float)(0.02 / sqrt(2.0 * m->L));
     char n[128];
-    visit_param(fn, user, cfg, "model.embed_tokens.weight", 2, m->V, m->D, MT_INIT_NORMAL, std,
+    visit_param(fn, user, m, "model.embed_tokens.weight", 2, m->V, m->D, MT_INIT_NORMAL, std,
                 MT_ROLE_EMBED, MT_SPLIT_NONE, -1, -1);
     for (int l = 0; l < m->L; l++) {
-        visit_param(fn, user, cfg, lname(n, sizeof n, l, "input_layernorm.weight"), 1, m->D, 1, MT_INIT_ONES, 0, MT_ROLE_GAIN, MT_SPLIT_NONE, l, -1);
-        visit_param(fn, user, cfg, lname(n, sizeof n, l, "self_attn.q_proj.weight"), 2, m->QD, m->D, MT_INIT_NORMAL, std, MT_ROLE_DENSE, MT_SPLIT_ROWS, l, -1);
-        visit_param(fn, user, cfg, lname(n, sizeof n, l, "self_attn.k_proj.weight"), 2, m->KD, m->D, MT_INIT_NORMAL, std, MT_ROLE_DENSE, MT_SPLIT_ROWS, l, -1);
-        visit_param(fn, user, cfg, lname(n, sizeof n, l, "self_attn.v_proj.weight"), 2, m->KD, m->D, MT_INIT_NORMAL, std, MT_ROLE_DENSE, MT_SPLIT_ROWS, l, -1);
-        visit_param(fn, user, cfg, lname(n, sizeof n, l, "self_attn.o_proj.weight"), 2, m->D, m->QD, MT_INIT_NORMAL, std_out, MT_ROLE_DENSE, MT_SPLIT_COLS, l, -1);
-        visit_param(fn, user, cfg, lname(n, sizeof n, l, "self_attn.q_norm.weight"), 1, m->hd, 1, MT_INIT_ONES, 0, MT_ROLE_GAIN, MT_SPLIT_NONE, l, -1);
-        visit_param(fn, user, cfg, lname(n, sizeof n, l, "self_attn.k_norm.weight"), 1, m->hd, 1, MT_INIT_ONES, 0, MT_ROLE_GAIN, MT_SPLIT_NONE, l, -1);
-        visit_param(fn, user, cfg, lname(n, sizeof n, l, "post_attention_layernorm.weight"), 1, m->D, 1, MT_INIT_ONES, 0, MT_ROLE_GAIN, MT_SPLIT_NONE, l, -1);
+        visit_param(fn, user, m, lname(n, sizeof n, l, "input_layernorm.weight"), 1, m->D, 1, MT_INIT_ONES, 0, MT_ROLE_GAIN, MT_SPLIT_NONE, l, -1);
+        visit_param(fn, user, m, lname(n, sizeof n, l, "self_attn.q_proj.weight"), 2, QD, m->D, MT_INIT_NORMAL, std, MT_ROLE_DENSE, MT_SPLIT_ROWS, l, -1);
+        visit_param(fn, user, m, lname(n, sizeof n, l, "self_attn.k_proj.weight"), 2, KD, m->D, MT_INIT_NORMAL, std, MT_ROLE_DENSE, MT_SPLIT_ROWS, l, -1);
+        visit_param(fn, user, m, lname(n, sizeof n, l, "self_attn.v_proj.weight"), 2, KD, m->D, MT_INIT_NORMAL, std, MT_ROLE_DENSE, MT_SPLIT_ROWS, l, -1);
+        visit_param(fn, user, m, lname(n, sizeof n, l, "self_attn.o_proj.weight"), 2, m->D, QD, MT_INIT_NORMAL, std_out, MT_ROLE_DENSE, MT_SPLIT_COLS, l, -1);
+        visit_param(fn, user, m, lname(n, sizeof n, l, "self_attn.q_norm.weight"), 1, m->hd, 1, MT_INIT_ONES, 0, MT_ROLE_GAIN, MT_SPLIT_NONE, l, -1);
+        visit_param(fn, user, m, lname(n, sizeof n, l, "self_attn.k_norm.weight"), 1, m->hd, 1, MT_INIT_ONES, 0, MT_ROLE_GAIN, MT_SPLIT_NONE, l, -1);
+        visit_param(fn, user, m, lname(n, sizeof n, l, "post_attention_layernorm.weight"), 1, m->D, 1, MT_INIT_ONES, 0, MT_ROLE_GAIN, MT_SPLIT_NONE, l, -1);
         if (!layer_is_moe(cfg, l)) {
-            visit_param(fn, user, cfg, lname(n, sizeof n, l, "mlp.gate_proj.weight"), 2, m->F, m->D, MT_INIT_NORMAL, std, MT_ROLE_DENSE, MT_SPLIT_ROWS, l, -1);
-            visit_param(fn, user, cfg, lname(n, sizeof n, l, "mlp.up_proj.weight"), 2, m->F, m->D, MT_INIT_NORMAL, std, MT_ROLE_DENSE, MT_SPLIT_ROWS, l, -1);
-            visit_param(fn, user, cfg, lname(n, sizeof n, l, "mlp.down_proj.weight"), 2, m->D, m->F, MT_INIT_NORMAL, std_out, MT_ROLE_DENSE, MT_SPLIT_COLS, l, -1);
+            visit_param(fn, user, m, lname(n, sizeof n, l, "mlp.gate_proj.weight"), 2, F, m->D, MT_INIT_NORMAL, std, MT_ROLE_DENSE, MT_SPLIT_ROWS, l, -1);
+            visit_param(fn, user, m, lname(n, sizeof n, l, "mlp.up_proj.weight"), 2, F, m->D, MT_INIT_NORMAL, std, MT_ROLE_DENSE, MT_SPLIT_ROWS, l, -1);
+            visit_param(fn, user, m, lname(n, sizeof n, l, "mlp.down_proj.weight"), 2, m->D, F, MT_INIT_NORMAL, std_out, MT_ROLE_DENSE, MT_SPLIT_COLS, l, -1);
             continue;
         }
-        visit_param(fn, user, cfg, lname(n, sizeof n, l, "mlp.gate.weight"), 2, m->E, m->D, MT_INIT_NORMAL, std, MT_ROLE_ROUTER, MT_SPLIT_NONE, l, -1);
+        visit_param(fn, user, m, lname(n, sizeof n, l, "mlp.gate.weight"), 2, m->E, m->D, MT_INIT_NORMAL, std, MT_ROLE_ROUTER, MT_SPLIT_NONE, l, -1);
         for (int e = 0; e < m->E; e++) {
             char s[96];
             snprintf(s, sizeof s, "mlp.experts.%d.gate_proj.weight", e);
-            visit_param(fn, user, cfg, lname(n, sizeof n, l, s), 2, m->Fe, m->D, MT_INIT_NORMAL, std, MT_ROLE_EXPERT, MT_SPLIT_NONE, l, e);
+            visit_param(fn, user, m, lname(n, sizeof n, l, s), 2, m->Fe, m->D, MT_INIT_NORMAL, std, MT_ROLE_EXPERT, MT_SPLIT_NONE, l, e);
             snprintf(s, sizeof s, "mlp.experts.%d.up_proj.weight", e);
-            visit_param(fn, user, cfg, lname(n, sizeof n, l, s), 2, m->Fe, m->D, MT_INIT_NORMAL, std, MT_ROLE_EXPERT, MT_SPLIT_NONE, l, e);
+            visit_param(fn, user, m, lname(n, sizeof n, l, s), 2, m->Fe, m->D, MT_INIT_NORMAL, std, MT_ROLE_EXPERT, MT_SPLIT_NONE, l, e);
             snprintf(s, sizeof s, "mlp.experts.%d.down_proj.weight", e);
-            visit_param(fn, user, cfg, lname(n, sizeof n, l, s), 2, m->D, m->Fe, MT_INIT_NORMAL, std_out, MT_ROLE_EXPERT, MT_SPLIT_NONE, l, e);
+            visit_param(fn, user, m, lname(n, sizeof n, l, s), 2, m->D, m->Fe, MT_INIT_NORMAL, std_out, MT_ROLE_EXPERT, MT_SPLIT_NONE, l, e);
         }
         if (m->Fs > 0) {
             /* experts (shared included) are not split by TP: SPEC.md section 2 */
-            visit_param(fn, user, cfg, lname(n, sizeof n, l, "mlp.shared_expert.gate_proj.weight"), 2, m->Fs, m->D, MT_INIT_NORMAL, std, MT_ROLE_DENSE, MT_SPLIT_NONE, l, -1);
-            visit_param(fn, user, cfg, lname(n, sizeof n, l, "mlp.shared_expert.up_proj.weight"), 2, m->Fs, m->D, MT_INIT_NORMAL, std, MT_ROLE_DENSE, MT_SPLIT_NONE, l, -1);
-            visit_param(fn, user, cfg, lname(n, sizeof n, l, "mlp.shared_expert.down_proj.weight"), 2, m->D, m->Fs, MT_INIT_NORMAL, std_out, MT_ROLE_DENSE, MT_SPLIT_NONE, l, -1);
+            visit_param(fn, user, m, lname(n, sizeof n, l, "mlp.shared_expert.gate_proj.weight"), 2, m->Fs, m->D, MT_INIT_NORMAL, std, MT_ROLE_DENSE, MT_SPLIT_NONE, l, -1);
+            visit_param(fn, user, m, lname(n, sizeof n, l, "mlp.shared_expert.up_proj.weight"), 2, m->Fs, m->D, MT_INIT_NORMAL, std, MT_ROLE_DENSE, MT_SPLIT_NONE, l, -1);
+            visit_param(fn, user, m, lname(n, sizeof n, l, "mlp.shared_expert.down_proj.weight"), 2, m->D, m->Fs, MT_INIT_NORMAL, std_out, MT_ROLE_DENSE, MT_SPLIT_NONE, l, -1);
         }
     }
-    visit_param(fn, user, cfg, "model.norm.weight", 1, m->D, 1, MT_INIT_ONES, 0, MT_ROLE_GAIN, MT_SPLIT_NONE, -1, -1);
-    visit_param(fn, user, cfg, "lm_head.weight", 2, m->V, m->D, MT_INIT_NORMAL, std, MT_ROLE_HEAD, MT_SPLIT_NONE, -1, -1);
+    visit_param(fn, user, m, "model.norm.weight", 1, m->D, 1, MT_INIT_ONES, 0, MT_ROLE_GAIN, MT_SPLIT_NONE, -1, -1);
+    visit_param(fn, user, m, "lm_head.weight", 2, m->V, m->D, MT_INIT_NORMAL, std, MT_ROLE_HEAD, MT_SPLIT_NONE, -1, -1);
 }
 
 struct param_sink { struct mt_param *arr; int n; size_t numel; };
@@ -206,8 +247,10 @@ static int32_t *carve_i(struct carver *c, enum mt_bucket b, size_t n) { return c
 static void model_layout(struct mt_model *m, struct carver *c)
 {
     const size_t N = (size_t)m->N, D = (size_t)m->D, QD = (size_t)m->QD, KD = (size_t)m->KD;
+    const size_t Nr = (size_t)m->Nr, Nm = (size_t)m->Nm;
     const size_t E = (size_t)m->E, k = (size_t)m->top_k, M = (size_t)m->M;
     const enum mt_bucket A = MT_BUCKET_ACTS, W = MT_BUCKET_WORKSPACE, O = MT_BUCKET_OTHER;
+    const int tp = m->tp > 1;
 
     /* parameters, then grads, in registry order (plan_bytes carves them
      * itself from the registry, before calling this with params == NULL) */
@@ -223,21 +266,22 @@ static void model_layout(struct mt_model *m, struct carver *c)
 
     m->idx = carve_i(c, A, N);
     m->targets = carve_i(c, A, N);
-    m->x_final = carve_f(c, A, N * D);
-    m->h_final = carve_f(c, A, N * D);
-    m->rstd_final = carve_f(c, A, N);
-    m->logits = carve_f(c, A, N * (size_t)m->V);
-    m->losses = carve_f(c, A, N);
-    m->xlse = carve_f(c, A, N);
+    m->x_final = carve_f(c, A, Nr * D);
+    m->h_final = carve_f(c, A, Nr * D);
+    m->rstd_final = carve_f(c, A, Nr);
+    m->logits = carve_f(c, A, Nr * (size_t)m->V);
+    m->losses = carve_f(c, A, Nr);
+    m->xlse = carve_f(c, A, Nr);
 
     for (int l = 0; l < m->L; l++) {
         struct mt_layer dummy;
         struct mt_layer *ly = m->layers ? &m->layers[l] : &dummy;
         memset(&dummy, 0, sizeof dummy);
         int moe = layer_is_moe(&m->cfg, l);
-        ly->x_in = carve_f(c, A, N * D);
-        ly->h_attn = carve_f(c, A, N * D);
-        ly->rstd_attn = carve_f(c, A, N);
+        ly->x_in = carve_f(c, A, Nr * D);
+        ly->h_attn_n = carve_f(c, A, Nr * D);
+        ly->h_attn = m->sp ? carve_f(c, A, N * D) : ly->h_attn_n;   /* SP: the gathered copy is saved */
+        ly->rstd_attn = carve_f(c, A, Nr);
         ly->q_raw = carve_f(c, A, N * QD);
         ly->k_raw = carve_f(c, A, N * KD);
         ly->rstd_q = carve_f(c, A, N * (size_t)m->H);
@@ -247,26 +291,29 @@ static void model_layout(struct mt_model *m, struct carver *c)
         ly->v = carve_f(c, A, N * KD);
         ly->att = carve_f(c, A, N * QD);
         ly->lse = carve_f(c, A, N * (size_t)m->H);
-        ly->x_mid = carve_f(c, A, N * D);
-        ly->h_mlp = carve_f(c, A, N * D);
-        ly->rstd_mlp = carve_f(c, A, N);
+        ly->x_mid = carve_f(c, A, Nr * D);
+        ly->h_mlp_n = carve_f(c, A, Nr * D);
+        ly->rstd_mlp = carve_f(c, A, Nr);
         if (!moe) {
+            ly->h_mlp = m->sp ? carve_f(c, A, N * D) : ly->h_mlp_n;
             ly->mg = carve_f(c, A, N * (size_t)m->F);
             ly->mu = carve_f(c, A, N * (size_t)m->F);
             continue;
         }
-        ly->probs = carve_f(c, A, N * E);
-        ly->rlse = carve_f(c, A, N);
-        ly->topk = carve_i(c, A, N * k);
-        ly->gates = carve_f(c, A, N * k);
-        ly->pos = carve_i(c, A, N * k);
+        /* the experts see Nm rows: SP or one rank: all of h_mlp_n; TP without SP: our slice of it */
+        ly->h_mlp = (tp && !m->sp && ly->h_mlp_n) ? ly->h_mlp_n + (size_t)m->row0 * D : ly->h_mlp_n;
+        ly->probs = carve_f(c, A, Nm * E);
+        ly->rlse = carve_f(c, A, Nm);
+        ly->topk = carve_i(c, A, Nm * k);
+        ly->gates = carve_f(c, A, Nm * k);
+        ly->pos = carve_i(c, A, Nm * k);
         ly->src_row = carve_i(c, A, M);
         ly->eg = carve_f(c, A, M * (size_t)m->Fe);
         ly->eu = carve_f(c, A, M * (size_t)m->Fe);
         ly->ey = carve_f(c, A, M * D);
         if (m->Fs > 0) {
-            ly->sgp = carve_f(c, A, N * (size_t)m->Fs);
-            ly->sup = carve_f(c, A, N * (size_t)m->Fs);
+            ly->sgp = carve_f(c, A, Nm * (size_t)m->Fs);
+            ly->sup = carve_f(c, A, Nm * (size_t)m->Fs);
         }
         ly->e_off = carve(c, O, (E + 1) * sizeof(int));
         ly->f_share = carve_f(c, O, (size_t)m->B * E);
@@ -276,9 +323,13 @@ static void model_layout(struct mt_model *m, struct carver *c)
     size_t ff = 0;
     if (m->any_dense && N * (size_t)m->F > ff) ff = N * (size_t)m->F;
     if (m->any_moe && M * (size_t)m->Fe > ff) ff = M * (size_t)m->Fe;
-    if (m->any_moe && N * (size_t)m->Fs > ff) ff = N * (size_t)m->Fs;
-    m->dx = carve_f(c, W, N * D);
+    if (m->any_moe && Nm * (size_t)m->Fs > ff) ff = Nm * (size_t)m->Fs;
+    m->dx = carve_f(c, W, Nr * D);
     m->dh = carve_f(c, W, N * D);
+    if (tp) {
+        m->s_full = carve_f(c, W, N * D);
+        m->s_red = carve_f(c, W, N * D);
+    }
     m->datt = carve_f(c, W, N * QD);
     m->dq = carve_f(c, W, N * QD);
     m->dk = carve_f(c, W, N * KD);
@@ -292,20 +343,21 @@ static void model_layout(struct mt_model *m, struct carver *c)
         m->s_xp = carve_f(c, W, M * D);
         m->s_dxp = carve_f(c, W, M * D);
         m->s_dy = carve_f(c, W, M * D);
-        m->s_drl = carve_f(c, W, N * E);
-        m->s_dprobs = carve_f(c, W, N * E);
-        m->s_dgates = carve_f(c, W, N * k);
-        m->s_dlse = carve_f(c, W, N);
-        m->h_probs = carve_f(c, O, N * E);
-        m->h_dprobs = carve_f(c, O, N * E);
-        m->h_rlse = carve_f(c, O, N);
-        m->h_dlse = carve_f(c, O, N);
-        m->h_topk = carve_i(c, O, N * k);
-        m->h_pos = carve_i(c, O, N * k);
+        m->s_drl = carve_f(c, W, Nm * E);
+        m->s_dprobs = carve_f(c, W, Nm * E);
+        m->s_dgates = carve_f(c, W, Nm * k);
+        m->s_dlse = carve_f(c, W, Nm);
+        m->h_probs = carve_f(c, O, Nm * E);
+        m->h_dprobs = carve_f(c, O, Nm * E);
+        m->h_rlse = carve_f(c, O, Nm);
+        m->h_dlse = carve_f(c, O, Nm);
+        m->h_topk = carve_i(c, O, Nm * k);
+        m->h_pos = carve_i(c, O, Nm * k);
         m->h_src = carve_i(c, O, M);
         m->h_cnt = carve(c, O, E * sizeof(int));
+        m->h_seq = carve(c, O, (size_t)m->B * E * 2 * sizeof(double));
     }
-    m->h_losses = carve_f(c, O, N);
+    m->h_losses = carve_f(c, O, Nr);
 }
 
 struct plan_visit { struct carver *c; };
@@ -324,11 +376,17 @@ void mt_model_plan_bytes(const struct mt_config *cfg, int B, size_t bytes[MT_BUC
 
 void mt_model_plan_bytes_ex(const struct mt_config *cfg, int B, int flags, size_t bytes[MT_BUCKET_COUNT])
 {
+    mt_model_plan_bytes_par(cfg, B, flags, NULL, bytes);
+}
+
+void mt_model_plan_bytes_par(const struct mt_config *cfg, int B, int flags, const struct mt_model_par *par,
+                             size_t bytes[MT_BUCKET_COUNT])
+{
     struct mt_model m;
     struct carver c;
     memset(&m, 0, sizeof m);
     memset(&c, 0, sizeof c);
-    model_dims(&m, cfg, B);
+    model_dims_par(&m, cfg, B, par);
     struct plan_visit pv = { &c };
     if (!(flags & MT_MODEL_EXTERNAL_PARAMS))
         build_params(&m, plan_param, &pv);   /* same carves as the params loop of model_layout */
@@ -430,13 +488,22 @@ enum mt_status mt_model_create(struct mt_ctx *ctx, const struct mt_ops_i *ops,
 enum mt_status mt_model_create_ex(struct mt_ctx *ctx, const struct mt_ops_i *ops,
                                   const struct mt_config *cfg, int B, int flags, struct mt_model **out)
 {
+    return mt_model_create_par(ctx, ops, cfg, B, flags, NULL, out);
+}
+
+enum mt_status mt_model_create_par(struct mt_ctx *ctx, const struct mt_ops_i *ops, const struct mt_config *cfg,
+                                   int B, int flags, const struct mt_model_par *par, struct mt_model **out)
+{
     enum mt_status rc = MT_OK;
     *out = NULL;
     if (!ops || !cfg) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model: NULL ops or config");
     struct mt_model *m = mt_alloc(ctx, sizeof *m, MT_BUCKET_OTHER);
     if (!m) return MT_ERR_OOM;
-    model_dims(m, cfg, B);
+    model_dims_par(m, cfg, B, par);
     m->ops = ops;
+    if (m->tp > 1 && (!m->tp_comm || (m->N % m->tp) != 0))
+        MT_CHECK_GOTO(mt_ctx_error(ctx, MT_ERR_CONFIG, "model: tp=%d needs the model group and B*T %% tp == 0 (B*T=%d)",
+                                   m->tp, m->N), rc, fail);
     m->external_params = (flags & MT_MODEL_EXTERNAL_PARAMS) != 0;
     MT_CHECK_GOTO(check_dims(ctx, m), rc, fail);
 
@@ -600,17 +667,32 @@ enum mt_status model_ffn_forward(struct mt_ctx *ctx, struct mt_model *m, struct 
                                  int B, int T, int want_loss, double *aux, double *z)
 {
     const struct mt_ops_i *ops = m->ops;
-    int n = B * T;
-    ops->rmsnorm_forward(ly->h_mlp, ly->rstd_mlp, ly->x_mid, ly->ln2->data, n, m->D, m->cfg.norm_eps);
-    ops->copy(x_out, ly->x_mid, (size_t)n * m->D * sizeof(float));
+    const int n = B * T, D = m->D;
+    const int Nr = m->sp ? n / m->tp : n;
+    ops->rmsnorm_forward(ly->h_mlp_n, ly->rstd_mlp, ly->x_mid, ly->ln2->data, Nr, D, m->cfg.norm_eps);
+    ops->copy(x_out, ly->x_mid, (size_t)Nr * D * sizeof(float));
     if (ly->moe) {
         double a = 0, zz = 0;
-        MT_CHECK(moe_forward(ctx, m, ly, x_out, B, T, want_loss, &a, &zz));
+        if (m->tp > 1 && !m->sp) {
+            /* MoE in the SP region without SP: our Nm rows, then gather every rank's output */
+            ops->fill(m->s_red, 0.0f, (size_t)m->Nm * D);
+            MT_CHECK(moe_forward(ctx, m, ly, m->s_red, m->Nm, want_loss, &a, &zz));
+            MT_CHECK(tp_gather_rows(ctx, m, m->s_full, m->s_red, m->Nm, D));
+            ops->axpby(x_out, m->s_full, 1.0f, 1.0f, (size_t)n * D);
+        } else {
+            MT_CHECK(moe_forward(ctx, m, ly, x_out, m->tp > 1 ? m->Nm : n, want_loss, &a, &zz));
+        }
         *aux += a;
         *z += zz;
-    } else {
+    } else if (m->tp == 1) {
         mlp_forward(ops, x_out, 1, ly->mg, ly->mu, m->s_act, ly->h_mlp,
-                    ly->wg->data, ly->wu->data, ly->wd->data, n, m->D, m->F);
+                    ly->wg->data, ly->wu->data, ly->wd->data, n, D, m->F);
+    } else {
+        /* TP region: this rank's F/tp hidden units over all N rows */
+        if (m->sp) MT_CHECK(tp_gather_rows(ctx, m, ly->h_mlp, ly->h_mlp_n, Nr, D));
+        mlp_forward(ops, m->s_red, 0, ly->mg, ly->mu, m->s_act, ly->h_mlp,
+                    ly->wg->data, ly->wu->data, ly->wd->data, n, D, m->F);
+        MT_CHECK(tp_exit_add(ctx, m, x_out, m->s_red, m->s_full));
     }
     return MT_OK;
 }
@@ -636,18 +718,22 @@ enum mt_status mt_model_forward(struct mt_ctx *ctx, struct mt_model *m,
     ops->copy_from_host(m->idx, idx, (size_t)N * sizeof(int32_t));
     if (targets) ops->copy_from_host(m->targets, targets, (size_t)N * sizeof(int32_t));
 
+    /* under SP the embedding and the head see this rank's Nr rows only */
+    const int r0 = m->sp ? m->row0 : 0;
     MT_CHECK(hook(ctx, m, m->hooks.pre_forward, 0));
-    ops->embed_forward(m->layers[0].x_in, m->idx, m->wte->data, N, m->D);
+    ops->embed_forward(m->layers[0].x_in, m->idx + r0, m->wte->data, m->Nr, m->D);
     double aux = 0, z = 0;
     for (int l = 0; l < m->L; l++) {
         struct mt_layer *ly = &m->layers[l];
         float *x_out = l + 1 < m->L ? m->layers[l + 1].x_in : m->x_final;
         MT_CHECK(hook(ctx, m, m->hooks.pre_forward, 1 + l));
-        attention_forward(m, ly, m->B, m->T, 0, m->rope_cos, m->rope_sin, NULL, NULL);
+        MT_CHECK(attention_forward(ctx, m, ly, m->B, m->T, 0, m->rope_cos, m->rope_sin, NULL, NULL));
         MT_CHECK(model_ffn_forward(ctx, m, ly, x_out, m->B, m->T, targets != NULL, &aux, &z));
     }
     MT_CHECK(hook(ctx, m, m->hooks.pre_forward, m->L + 1));
-    double lm = head_forward(m, N, targets != NULL);
+    double lm = head_forward(m, m->Nr, targets != NULL);
+    /* TP without SP: every model rank computed the same whole-batch loss; count it once */
+    if (m->tp > 1 && !m->sp && m->tp_rank != 0) lm = 0.0;
     if (targets) {
         m->norm = *norm;
         if (out) {
@@ -677,19 +763,41 @@ enum mt_status mt_model_backward(struct mt_ctx *ctx, struct mt_model *m)
         struct mt_layer *ly = &m->layers[l];
         MT_CHECK(hook(ctx, m, m->hooks.pre_backward, 1 + l));
         /* ffn branch: dx is d x_out = d x_mid (identity) + d branch */
+        const float *dhr = m->dh;                   /* d h_mlp_n (Nr, D) */
         if (ly->moe) {
-            moe_backward(m, ly, m->dh, m->dx, &m->norm);
-        } else {
+            int tp_nosp = m->tp > 1 && !m->sp;      /* our Nm rows of a whole dx */
+            moe_backward(m, ly, m->dh, m->dx + (tp_nosp ? (size_t)m->row0 * D : 0), &m->norm);
+            if (tp_nosp) {
+                MT_CHECK(tp_gather_rows(ctx, m, m->s_full, m->dh, m->Nm, D));
+                dhr = m->s_full;
+            }
+        } else if (m->tp == 1) {
             mlp_backward(ops, m->dh, 0, ly->wg->grad, ly->wu->grad, ly->wd->grad,
                          m->s_act, m->s_dact, m->s_dg, m->s_du, m->dx, ly->h_mlp, ly->mg, ly->mu,
                          ly->wg->data, ly->wu->data, ly->wd->data, N, D, m->F);
+        } else {
+            /* TP region: conjugate of the exit (SP: gather d rows), then of the entry */
+            const float *dy = m->dx;
+            if (m->sp) {
+                MT_CHECK(tp_gather_rows(ctx, m, m->s_full, m->dx, m->Nr, D));
+                dy = m->s_full;
+            }
+            mlp_backward(ops, m->dh, 0, ly->wg->grad, ly->wu->grad, ly->wd->grad,
+                         m->s_act, m->s_dact, m->s_dg, m->s_du, dy, ly->h_mlp, ly->mg, ly->mu,
+                         ly->wg->data, ly->wu->data, ly->wd->data, N, D, m->F);
+            if (m->sp) {
+                MT_CHECK(tp_reduce_scatter_rows(ctx, m, m->s_red, m->dh, m->Nr, D));
+                dhr = m->s_red;
+            } else {
+                MT_CHECK(tp_allreduce(ctx, m, m->dh, (size_t)N * D));
+            }
         }
-        ops->rmsnorm_backward(m->dx, ly->ln2->grad, m->dh, ly->x_mid, ly->ln2->data, ly->rstd_mlp, N, D, 1);
-        attention_backward(m, ly);                  /* dx: d x_mid -> d x_in */
+        ops->rmsnorm_backward(m->dx, ly->ln2->grad, dhr, ly->x_mid, ly->ln2->data, ly->rstd_mlp, m->Nr, D, 1);
+        MT_CHECK(attention_backward(ctx, m, ly));   /* dx: d x_mid -> d x_in */
         MT_CHECK(hook(ctx, m, m->hooks.post_backward, 1 + l));
     }
     MT_CHECK(hook(ctx, m, m->hooks.pre_backward, 0));
-    ops->embed_backward(m->wte->grad, m->dx, m->idx, N, D, m->V);
+    ops->embed_backward(m->wte->grad, m->dx, m->idx + (m->sp ? m->row0 : 0), m->Nr, D, m->V);
     MT_CHECK(hook(ctx, m, m->hooks.post_backward, 0));
     return MT_OK;
 }

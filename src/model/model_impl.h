@@ -42,9 +42,10 @@ struct mt_layer {
     struct mt_param *sg, *su, *sd; /* shared expert (Fs,D),(Fs,D),(D,Fs); NULL if Fs == 0 */
 
     /* saved activations (ACTS) */
-    float *x_in;       /* (N, D)  residual stream entering the block               */
-    float *h_attn;     /* (N, D)  rmsnorm(x_in) * g_attn                            */
-    float *rstd_attn;  /* (N)                                                       */
+    float *x_in;       /* (Nr, D) residual stream entering the block               */
+    float *h_attn_n;   /* (Nr, D) rmsnorm(x_in) * g_attn (this rank's rows)         */
+    float *h_attn;     /* (N, D)  the same, gathered over TP (== h_attn_n without SP) */
+    float *rstd_attn;  /* (Nr)                                                      */
     float *q_raw;      /* (N, QD) h Wq^T, before QK-norm                            */
     float *k_raw;      /* (N, KD) h Wk^T, before QK-norm                            */
     float *rstd_q;     /* (N*H)   QK-norm rstd per (token, head)                    */
@@ -54,9 +55,11 @@ struct mt_layer {
     float *v;          /* (N, KD)                                                   */
     float *att;        /* (N, QD) attention output, before o_proj                   */
     float *lse;        /* (B, H, T) attention logsumexp (no T x T matrix is kept)   */
-    float *x_mid;      /* (N, D)  x_in + att Wo^T                                   */
-    float *h_mlp;      /* (N, D)  rmsnorm(x_mid) * g_mlp                            */
-    float *rstd_mlp;   /* (N)                                                       */
+    float *x_mid;      /* (Nr, D) x_in + att Wo^T                                   */
+    float *h_mlp_n;    /* (Nr, D) rmsnorm(x_mid) * g_mlp (this rank's rows)         */
+    float *h_mlp;      /* dense: (N, D) gathered over TP (== h_mlp_n without SP);
+                        * MoE: (Nm, D) the rows the experts see (a view of h_mlp_n) */
+    float *rstd_mlp;   /* (Nr)                                                      */
     /* dense MLP (A) */
     float *mg, *mu;    /* (N, F)  gate / up pre-activations                         */
     /* MoE (E) */
@@ -77,8 +80,14 @@ struct mt_layer {
 struct mt_model {
     struct mt_config       cfg;
     const struct mt_ops_i *ops;
-    int B, T, N, M;          /* M = N * top_k when any E block, else 0            */
-    int V, L, D, H, K, hd, F, E, top_k, Fe, Fs, QD, KD;
+    int B, T, N, M;          /* M = Nm * top_k when any E block, else 0           */
+    int V, L, D, H, K, hd, F, E, top_k, Fe, Fs, QD, KD;  /* H K F QD KD: LOCAL (/tp)  */
+    int Hg, Kg, Fg;          /* global head counts and dense hidden                */
+    /* TP / SP (mt_model.h): N = B*T rows in a TP region; Nr rows of the residual
+     * stream on this rank (N/tp with SP, else N); Nm rows an MoE block sees
+     * (N/tp when tp > 1, else N); row0 = first global row of this rank's share. */
+    int tp, tp_rank, sp, Nr, Nm, row0;
+    struct mt_comm *tp_comm;
     int any_moe, any_dense;
 
     int              n_params;
@@ -91,15 +100,17 @@ struct mt_model {
 
     /* ACTS: model-level saved tensors */
     int32_t *idx, *targets;      /* (N) backend copies of the inputs                 */
-    float   *x_final;            /* (N, D) residual stream after the last block      */
-    float   *h_final;            /* (N, D) rmsnorm(x_final) * g_final                */
-    float   *rstd_final;         /* (N)                                              */
-    float   *logits;             /* (N, V) raw logits; dlogits in place in backward  */
-    float   *losses, *xlse;      /* (N) per-row CE and logsumexp of (capped) logits  */
+    float   *x_final;            /* (Nr, D) residual stream after the last block     */
+    float   *h_final;            /* (Nr, D) rmsnorm(x_final) * g_final               */
+    float   *rstd_final;         /* (Nr)                                             */
+    float   *logits;             /* (Nr, V) raw logits; dlogits in place in backward */
+    float   *losses, *xlse;      /* (Nr) per-row CE and logsumexp of (capped) logits */
 
     /* WORKSPACE: activation-gradient scratch, reused by every layer */
-    float *dx;                   /* (N, D) residual stream gradient                  */
+    float *dx;                   /* (Nr, D) residual stream gradient                 */
     float *dh;                   /* (N, D) gradient w.r.t. a normed input            */
+    float *s_full;               /* (N, D) TP: gathered rows (tp > 1 only)           */
+    float *s_red;                /* (N, D) TP: partial sums / reduce-scatter output  */
     float *datt;                 /* (N, QD) d att; then d q_raw                      */
     float *dq;                   /* (N, QD)                                          */
     float *dk, *dk2, *dv;        /* (N, KD)                                          */
@@ -116,6 +127,7 @@ struct mt_model {
     int32_t *h_topk, *h_pos;     /* (N*k)    */
     int32_t *h_src;              /* (M)      */
     int     *h_cnt;              /* (E)      */
+    double  *h_seq;              /* (2, B, E) per-sequence routed-slot counts and prob sums (aux) */
 
     void  *arena[MT_BUCKET_COUNT];       /* backend arenas (PARAMS..WORKSPACE); OTHER is host */
     size_t arena_bytes[MT_BUCKET_COUNT];
@@ -149,16 +161,24 @@ static inline void linear_backward(const struct mt_ops_i *ops, float *dx, float 
     if (dx) ops->gemm(0, 0, n, in, out, 1.0f, dy, out, w, in, beta_dx, dx, in);
 }
 
+/* ---- tp.c: the model axis (no-ops are never called: callers check m->tp > 1) ---- */
+enum mt_status tp_gather_rows(struct mt_ctx *ctx, struct mt_model *m, float *out, const float *in, int rows, int width);
+enum mt_status tp_reduce_scatter_rows(struct mt_ctx *ctx, struct mt_model *m, float *out, const float *in, int rows,
+                                      int width);
+enum mt_status tp_allreduce(struct mt_ctx *ctx, struct mt_model *m, float *buf, size_t n);
+enum mt_status tp_allreduce_f64(struct mt_ctx *ctx, struct mt_model *m, double *buf, size_t n);
+enum mt_status tp_exit_add(struct mt_ctx *ctx, struct mt_model *m, float *x, float *part, float *tmp);
+
 /* ---- layer files ---- */
 
 /* attention.c: x_mid = x_in + attn(rmsnorm(x_in)) Wo^T for N = B*T rows.
  * Training: kcache == NULL, positions 0..T-1 per sequence. Inference
  * (B == 1): k, v of the T new tokens are appended to kcache/vcache (t_max, K, hd)
  * at row pos0 and the queries attend over rows [0, pos0+T). */
-void attention_forward(struct mt_model *m, struct mt_layer *ly, int B, int T, int pos0,
-                       const float *cos_tab, const float *sin_tab, float *kcache, float *vcache);
-/* Reads dx (N, D) = d x_mid; ACCUMULATES d x_in into dx; param grads +=. */
-void attention_backward(struct mt_model *m, struct mt_layer *ly);
+enum mt_status attention_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly, int B, int T, int pos0,
+                                 const float *cos_tab, const float *sin_tab, float *kcache, float *vcache);
+/* Reads dx (Nr, D) = d x_mid; ACCUMULATES d x_in into dx; param grads +=. */
+enum mt_status attention_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly);
 
 /* mlp.c: SwiGLU y = (silu(h Wg^T) * (h Wu^T)) Wd^T over n rows of width D, hidden F.
  * out = y (accumulate 0) or out += y (accumulate 1); g, u (n, F) saved; act (n, F) scratch. */
@@ -170,13 +190,16 @@ void mlp_backward(const struct mt_ops_i *ops, float *dh, int accumulate, float *
                   const float *dout, const float *h, const float *g, const float *u,
                   const float *wg, const float *wu, const float *wd, int n, int D, int F);
 
-/* moe.c: out (N, D) += moe(h) for N = B*T rows of B sequences. When want_loss,
- * *aux_sum = sum_s aux_coef*E*sum_e f P and *z_sum = z_coef * sum_n lse^2
+/* moe.c: out (n, D) += moe(h) for the n rows ly->h_mlp (global rows
+ * row0.. of the microbatch under TP, sequences of m->T rows). When want_loss,
+ * *aux_sum = sum_s aux_coef*E*sum_e f P (the whole microbatch's sequences,
+ * counted on model rank 0 only: per-sequence statistics are all-reduced over
+ * the model group) and *z_sum = z_coef * sum over the n rows of lse^2
  * (un-normalised; the model divides by the global counts). */
 enum mt_status moe_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly, float *out,
-                           int B, int T, int want_loss, double *aux_sum, double *z_sum);
-/* dh (N, D) = d h from dout (N, D) = d out, plus the aux/z loss gradients
- * normalised by `norm`; param grads +=. */
+                           int n, int want_loss, double *aux_sum, double *z_sum);
+/* dh (n, D) = d h from dout (n, D) = d out, plus the aux/z loss gradients
+ * normalised by `norm`; param grads +=. n = m->Nm rows (training). */
 void moe_backward(struct mt_model *m, struct mt_layer *ly, float *dh, const float *dout,
                   const struct mt_loss_norm *norm);
 

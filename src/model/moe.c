@@ -54,12 +54,11 @@ static void route_slots(struct mt_model *m, struct mt_layer *ly, int n)
 }
 
 enum mt_status moe_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly, float *out,
-                           int B, int T, int want_loss, double *aux_sum, double *z_sum)
+                           int n, int want_loss, double *aux_sum, double *z_sum)
 {
     const struct mt_ops_i *ops = m->ops;
-    const int n = B * T, D = m->D, E = m->E, k = m->top_k, Fe = m->Fe;
+    const int D = m->D, E = m->E, k = m->top_k, Fe = m->Fe;
     const int M = n * k;
-    (void)ctx;
 
     /* router: logits into the (free in forward) d-router-logits scratch */
     linear_forward(ops, m->s_drl, ly->h_mlp, ly->router->data, n, D, E, 0.0f);
@@ -87,25 +86,34 @@ enum mt_status moe_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_lay
     *z_sum = 0.0;
     if (!want_loss) return MT_OK;
 
-    /* aux: f from the routing (host), P from the probs (host, double sums) */
+    /* aux: per sequence of the microbatch, f from the routing and P from the
+     * probs (host, double sums). Under TP our n rows are the global rows
+     * row0.. (sequences of T rows may straddle ranks): the per-sequence sums
+     * meet in one all-reduce over the model group, and model rank 0 alone
+     * reports the aux loss (every rank needs f for the backward). */
     ops->copy_to_host(m->h_probs, ly->probs, (size_t)n * E * sizeof(float));
     ops->copy_to_host(m->h_rlse, ly->rlse, (size_t)n * sizeof(float));
+    const int B = m->B, T = m->T, g0 = m->tp > 1 ? m->row0 : 0;
+    double *cnt = m->h_seq, *psum = m->h_seq + (size_t)B * E;
+    memset(m->h_seq, 0, (size_t)2 * B * E * sizeof(double));
+    for (int i = 0; i < n; i++) {
+        int s = (g0 + i) / T;
+        MT_ASSERT(s < B);
+        for (int j = 0; j < k; j++) cnt[(size_t)s * E + m->h_topk[(size_t)i * k + j]] += 1.0;
+        for (int e = 0; e < E; e++) psum[(size_t)s * E + e] += (double)m->h_probs[(size_t)i * E + e];
+    }
+    if (m->tp > 1) MT_CHECK(tp_allreduce_f64(ctx, m, m->h_seq, (size_t)2 * B * E));
     double aux = 0.0;
     for (int s = 0; s < B; s++) {
         float *f = ly->f_share + (size_t)s * E;
-        int *cnt = m->h_cnt;
-        memset(cnt, 0, (size_t)E * sizeof(int));
-        for (int i = s * T * k; i < (s + 1) * T * k; i++) cnt[m->h_topk[i]]++;
         double acc = 0.0;
         for (int e = 0; e < E; e++) {
-            f[e] = (float)((double)cnt[e] / ((double)T * k));
-            double P = 0.0;
-            for (int t = 0; t < T; t++) P += (double)m->h_probs[((size_t)s * T + t) * E + e];
-            P /= (double)T;
-            acc += (double)f[e] * P;
+            f[e] = (float)(cnt[(size_t)s * E + e] / ((double)T * k));
+            acc += (double)f[e] * (psum[(size_t)s * E + e] / (double)T);
         }
         aux += (double)m->cfg.aux_loss_coef * E * acc;
     }
+    if (m->tp > 1 && m->tp_rank != 0) aux = 0.0;
     double z = 0.0;
     for (int i = 0; i < n; i++) z += (double)m->h_rlse[i] * (double)m->h_rlse[i];
     *aux_sum = aux;
@@ -117,8 +125,8 @@ void moe_backward(struct mt_model *m, struct mt_layer *ly, float *dh, const floa
                   const struct mt_loss_norm *norm)
 {
     const struct mt_ops_i *ops = m->ops;
-    const int B = m->B, T = m->T, n = m->N, D = m->D, E = m->E, k = m->top_k, Fe = m->Fe;
-    const int M = n * k;
+    const int T = m->T, n = m->Nm, D = m->D, E = m->E, k = m->top_k, Fe = m->Fe;
+    const int M = n * k, g0 = m->tp > 1 ? m->row0 : 0;
 
     /* term 1: combine */
     ops->moe_combine_backward(m->s_dy, m->s_dgates, dout, ly->ey, ly->pos, ly->gates, n, k, D);
@@ -144,12 +152,10 @@ void moe_backward(struct mt_model *m, struct mt_layer *ly, float *dh, const floa
     /* term 3: aux and z gradients, on the host */
     double ns = norm->n_sequences > 0 ? norm->n_sequences : 1.0;
     double nt = norm->n_tokens > 0 ? norm->n_tokens : 1.0;
-    for (int s = 0; s < B; s++) {
-        const float *f = ly->f_share + (size_t)s * E;
-        for (int t = 0; t < T; t++)
-            for (int e = 0; e < E; e++)
-                m->h_dprobs[((size_t)s * T + t) * E + e] =
-                    (float)((double)m->cfg.aux_loss_coef * E * (double)f[e] / (double)T / ns);
+    for (int i = 0; i < n; i++) {
+        const float *f = ly->f_share + (size_t)((g0 + i) / T) * E;
+        for (int e = 0; e < E; e++)
+            m->h_dprobs[(size_t)i * E + e] = (float)((double)m->cfg.aux_loss_coef * E * (double)f[e] / (double)T / ns);
     }
     ops->copy_to_host(m->h_rlse, ly->rlse, (size_t)n * sizeof(float));
     for (int i = 0; i < n; i++)

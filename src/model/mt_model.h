@@ -56,6 +56,31 @@ enum mt_status mt_model_create(struct mt_ctx *ctx, const struct mt_ops_i *ops,
                                const struct mt_config *cfg, int B, struct mt_model **out);
 void mt_model_destroy(struct mt_ctx *ctx, struct mt_model *m);  /* no-op on NULL */
 
+/*
+ * Tensor parallelism (the `model` axis, Megatron style) and sequence
+ * parallelism. With tp > 1 this rank holds H/tp query heads and K/tp kv
+ * heads (rows of Wq/Wk/Wv, columns of Wo) and F/tp of the dense hidden (rows
+ * of Wg/Wu, columns of Wd). With SP on, the residual stream, norms, the
+ * embedding, the head and the MoE blocks hold N/tp of the microbatch's N =
+ * B*T token rows (a contiguous block: rows [tp_rank*N/tp, ...)); a TP region
+ * starts with an all-gather and ends with a reduce-scatter. With SP off they
+ * hold all N rows (replicated) and a TP region ends with an all-reduce;
+ * MoE blocks still take their N/tp rows (SPEC.md: MoE under TP runs in the
+ * sequence-parallel region) and all-gather the result.
+ * Parameters whose gradient on this rank is a partial sum over the model
+ * group get p->reduce_model = 1 (see mt_param.h).
+ */
+struct mt_comm;
+struct mt_model_par {
+    int             tp, tp_rank;  /* model axis degree and this rank's coordinate (1, 0: no TP) */
+    int             sp;           /* sequence parallel (used when tp > 1)                         */
+    struct mt_comm *tp_comm;      /* the model group; NULL when tp == 1                           */
+};
+enum mt_status mt_model_create_par(struct mt_ctx *ctx, const struct mt_ops_i *ops, const struct mt_config *cfg,
+                                   int B, int flags, const struct mt_model_par *par, struct mt_model **out);
+void mt_model_plan_bytes_par(const struct mt_config *cfg, int B, int flags, const struct mt_model_par *par,
+                             size_t bytes[MT_BUCKET_COUNT]);
+
 /* flags for mt_model_create_ex */
 #define MT_MODEL_EXTERNAL_PARAMS 1  /* do not allocate params/grads: every p->data and
                                      * p->grad is NULL until the caller points them at

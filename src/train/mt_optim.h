@@ -24,6 +24,15 @@ enum mt_status mt_optim_create(struct mt_ctx *ctx, const struct mt_ops_i *ops, c
                                struct mt_param *params, int n_params, struct mt_optim **out);
 void mt_optim_destroy(struct mt_ctx *ctx, struct mt_optim *o);  /* no-op on NULL */
 
+/* TP: a Muon matrix split over the model axis (its box is a row or column
+ * block of the global matrix) is orthogonalised as the FULL matrix: the
+ * Nesterov direction is all-gathered over tp_comm (every model rank runs the
+ * same Newton–Schulz) and each rank applies its own block. Every rank of the
+ * group must step the same split parameters in the same order (they do: the
+ * views are in model order). Not owned; must outlive the optimizer. */
+struct mt_comm;
+void mt_optim_set_tp_comm(struct mt_optim *o, struct mt_comm *tp_comm);
+
 /* Schedule factor for step s (from 0), SPEC.md 1b; scales both lrs. */
 double mt_optim_lr_factor(const struct mt_config *cfg, int step);
 

@@ -42,27 +42,40 @@ struct mt_zero_stats {
     double wait_s;                    /* time blocked in waits / blocking collectives (exposed comm) */
 };
 
-/* Build the engine for `model` (created with MT_MODEL_EXTERNAL_PARAMS) over
- * `comm` (the parameters' reduction group; today every parameter shares one
- * group: data x expert with ep = 1). Allocates parameter, gradient and
- * communication storage, points the model's parameters at it and installs
- * the model hooks. stage 0..3; reshard_after_forward only matters for stage 3.
- * Free with mt_zero_destroy (before the model). */
+/* Build the engine for the parameters of `model` (created with
+ * MT_MODEL_EXTERNAL_PARAMS) that `select` marks (NULL: all), over `comm`,
+ * their reduction group. Parameters with different groups get one engine
+ * each (dense: data x expert; partial over the model axis: data x expert x
+ * model). Allocates parameter, gradient and communication storage and points
+ * the selected parameters at it. stage 0..3; reshard_after_forward only
+ * matters for stage 3. Install the hooks with mt_zero_install_hooks. Free
+ * with mt_zero_destroy (before the model). */
 enum mt_status mt_zero_create(struct mt_ctx *ctx, const struct mt_ops_i *ops, struct mt_comm *comm, int stage,
-                              int reshard_after_forward, struct mt_model *model, struct mt_zero **out);
+                              int reshard_after_forward, struct mt_model *model, const unsigned char *select,
+                              struct mt_zero **out);
+
+/* The engines driving one model: the model's hooks call each in turn. The
+ * set is the caller's and must outlive the model's passes. */
+#define MT_ZERO_MAX_ENGINES 4
+struct mt_zero_set {
+    struct mt_zero *z[MT_ZERO_MAX_ENGINES];
+    int             n;
+};
+void mt_zero_install_hooks(struct mt_model *model, struct mt_zero_set *set);
 void mt_zero_destroy(struct mt_ctx *ctx, struct mt_zero *z);  /* no-op on NULL */
 
 /* Pure size function: bytes per bucket this rank's engine allocates (same
  * computation as create). */
-void mt_zero_plan_bytes(const struct mt_model *model, int group_size, int group_rank, int stage,
-                        int reshard_after_forward, size_t bytes[MT_BUCKET_COUNT]);
+void mt_zero_plan_bytes(const struct mt_model *model, const unsigned char *select, int group_size, int group_rank,
+                        int stage, int reshard_after_forward, size_t bytes[MT_BUCKET_COUNT]);
 
 /* The parameters this rank runs the optimizer on (stage 0: all; else the
  * owned ones), as views with their data/grad in the engine's storage. Give
  * these to mt_optim_create and mt_ckpt_load. Valid until destroy. */
 struct mt_param *mt_zero_opt_params(struct mt_zero *z, int *n);
-/* Comm rank that owns parameter i (model order). */
+/* Comm rank that owns parameter i (model order); -1: not in this engine. */
 int mt_zero_owner(const struct mt_zero *z, int i);
+int mt_zero_group_rank(const struct mt_zero *z);  /* this rank's rank in the engine's group */
 /* Backend pointer to this rank's copy of parameter i's full data if it owns
  * it (stage 3) or holds it (stages 0-2); NULL otherwise. */
 const float *mt_zero_param_data(const struct mt_zero *z, int i);
@@ -79,8 +92,12 @@ void mt_zero_set_last_microbatch(struct mt_zero *z, int last);
 /* After the last backward: complete every pending reduction; the opt params'
  * grads then hold the reduced (summed over the group) gradients. */
 enum mt_status mt_zero_finish_grads(struct mt_ctx *ctx, struct mt_zero *z);
-/* Global sum of squared gradients (fp64), over every parameter exactly once. */
-enum mt_status mt_zero_grad_sumsq(struct mt_ctx *ctx, struct mt_zero *z, double *out);
+/* This rank's share of the squared-gradient sum (fp64, no reduction): the
+ * parameters it owns, each counted once in the group, skipping those with
+ * count[i] == 0 (count NULL: all). Summed over the world by the caller, it is
+ * the global norm^2 when count leaves out the copies the group does not see
+ * (a parameter replicated over the model axis but reduced over data only). */
+double mt_zero_grad_sumsq_local(const struct mt_zero *z, const unsigned char *count);
 /* After the optimizer step: stages 1/2 all-gather the updated parameters;
  * stage 3 marks gathered units stale. */
 enum mt_status mt_zero_sync_params(struct mt_ctx *ctx, struct mt_zero *z);

@@ -15,6 +15,8 @@
  */
 #include "mt_optim.h"
 
+#include "../dist/mt_comm.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -44,9 +46,20 @@ struct mt_optim {
     float *ws_y;   /* (s*l) next iterate                          */
     float *ws_a;   /* (s*s) A = X X^T                             */
     float *ws_b;   /* (s*s) B = b A + c A A                       */
+    float *ws_g;   /* (rows*cols) TP: gathered slices (split Muon params only) */
+    struct mt_comm *tp_comm; /* model group: a TP-split Muon matrix is gathered over it */
 };
 
+static int is_split(const struct mt_param *p) { return p->len[0] != p->shape[0] || p->len[1] != p->shape[1]; }
+
 /* Workspace extents over every Muon matrix: largest numel and largest s*s. */
+static int any_split_muon(const struct mt_param *params, int n_params)
+{
+    for (int i = 0; i < n_params; i++)
+        if (params[i].optim == MT_OPTIM_MUON && is_split(&params[i])) return 1;
+    return 0;
+}
+
 static void muon_ws_sizes(const struct mt_param *params, int n_params, size_t *max_numel, size_t *max_ss)
 {
     *max_numel = 0;
@@ -54,7 +67,7 @@ static void muon_ws_sizes(const struct mt_param *params, int n_params, size_t *m
     for (int i = 0; i < n_params; i++) {
         const struct mt_param *p = &params[i];
         if (p->optim != MT_OPTIM_MUON) continue;
-        size_t r = (size_t)p->len[0], c = (size_t)p->len[1];
+        size_t r = (size_t)p->shape[0], c = (size_t)p->shape[1];   /* Newton–Schulz runs on the FULL matrix */
         size_t s = r < c ? r : c;
         if (r * c > *max_numel) *max_numel = r * c;
         if (s * s > *max_ss) *max_ss = s * s;
@@ -75,7 +88,8 @@ void mt_optim_plan_bytes(const struct mt_config *cfg, const struct mt_param *par
     }
     size_t max_numel, max_ss;
     muon_ws_sizes(params, n_params, &max_numel, &max_ss);
-    if (max_numel > 0) bytes[MT_BUCKET_WORKSPACE] = (3 * max_numel + 2 * max_ss) * sizeof(float);
+    if (max_numel > 0)
+        bytes[MT_BUCKET_WORKSPACE] = ((3 + (size_t)any_split_muon(params, n_params)) * max_numel + 2 * max_ss) * sizeof(float);
     bytes[MT_BUCKET_OTHER] = sizeof(struct mt_optim) + (size_t)n_params * sizeof(struct pstate);
 }
 
@@ -101,10 +115,10 @@ enum mt_status mt_optim_create(struct mt_ctx *ctx, const struct mt_ops_i *ops, c
         if (p->optim != MT_OPTIM_MUON) continue;
         if (p->ndim != 2)
             return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "optimizer: Muon parameter %s is not 2-D", p->name);
-        if (p->len[0] != p->shape[0] || p->len[1] != p->shape[1])
+        if (is_split(p) && !(p->split == MT_SPLIT_ROWS ? p->len[1] == p->shape[1] : p->len[0] == p->shape[0]))
             return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED,
-                                "optimizer: Muon needs the full matrix of %s (box %lldx%lld of %lldx%lld)", p->name,
-                                (long long)p->len[0], (long long)p->len[1], (long long)p->shape[0],
+                                "optimizer: Muon parameter %s holds a box %lldx%lld of %lldx%lld that is not a TP split",
+                                p->name, (long long)p->len[0], (long long)p->len[1], (long long)p->shape[0],
                                 (long long)p->shape[1]);
         if (!ops->gemm || !ops->muon_momentum || !ops->transpose || !ops->copy)
             return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "backend %s lacks a Muon kernel (gemm/muon_momentum/transpose)",
@@ -139,6 +153,10 @@ enum mt_status mt_optim_create(struct mt_ctx *ctx, const struct mt_ops_i *ops, c
         o->ws_a = o->ws_y ? ws_alloc(ctx, ops, max_ss, MT_BUCKET_WORKSPACE) : NULL;
         o->ws_b = o->ws_a ? ws_alloc(ctx, ops, max_ss, MT_BUCKET_WORKSPACE) : NULL;
         if (!o->ws_b) { mt_optim_destroy(ctx, o); return MT_ERR_OOM; }
+        if (any_split_muon(params, n_params)) {
+            o->ws_g = ws_alloc(ctx, ops, max_numel, MT_BUCKET_WORKSPACE);
+            if (!o->ws_g) { mt_optim_destroy(ctx, o); return MT_ERR_OOM; }
+        }
     }
     *out = o;
     return MT_OK;
@@ -155,8 +173,8 @@ void mt_optim_destroy(struct mt_ctx *ctx, struct mt_optim *o)
         }
         mt_free(ctx, o->ps);
     }
-    float *ws[5] = {o->ws_d, o->ws_x, o->ws_y, o->ws_a, o->ws_b};
-    for (int i = 0; i < 5; i++)
+    float *ws[6] = {o->ws_d, o->ws_x, o->ws_y, o->ws_a, o->ws_b, o->ws_g};
+    for (int i = 0; i < 6; i++)
         if (ws[i]) ops->buf_free(ctx, ws[i]);
     mt_free(ctx, o);
 }
@@ -198,16 +216,39 @@ double mt_optim_grad_sumsq(struct mt_optim *o)
  *   5 x:  A = X X^T (s,s);  B = b A + c A A;  X = a X + B X
  *   X back to (R, C);  P = P (1 - lr wd) - lr sqrt(max(1, R/C)) X
  */
-static void muon_update(struct mt_optim *o, struct pstate *st, float lr, float wd)
+static enum mt_status muon_update(struct mt_ctx *ctx, struct mt_optim *o, struct pstate *st, float lr, float wd)
 {
     const struct mt_ops_i *ops = o->ops;
     struct mt_param *p = st->p;
-    int R = (int)p->len[0], C = (int)p->len[1];
-    size_t n = p->numel;
-    int tr = R > C;
-    int s = tr ? C : R, l = tr ? R : C;
+    const int R = (int)p->shape[0], C = (int)p->shape[1];   /* the FULL matrix */
+    const size_t n = (size_t)R * (size_t)C, nl = p->numel;
+    const int split = is_split(p);
+    const int tr = R > C;
+    const int s = tr ? C : R, l = tr ? R : C;
 
-    ops->muon_momentum(o->ws_d, st->m, p->grad, o->cfg.muon_momentum, n);
+    if (!split) {
+        ops->muon_momentum(o->ws_d, st->m, p->grad, o->cfg.muon_momentum, n);
+    } else {
+        /* TP: the momentum stays sharded (elementwise); the direction is
+         * gathered over the model group so that every model rank runs
+         * Newton–Schulz on the same full matrix and keeps its own slice */
+        if (!o->tp_comm || mt_comm_size(o->tp_comm) * nl != n)
+            return mt_ctx_error(ctx, MT_ERR_RUNTIME, "optimizer: %s is TP-split but no matching model group is set",
+                                p->name);
+        int tp = mt_comm_size(o->tp_comm);
+        ops->muon_momentum(o->ws_g, st->m, p->grad, o->cfg.muon_momentum, nl);
+        if (p->split == MT_SPLIT_ROWS) {
+            MT_CHECK(mt_comm_allgather(ctx, o->tp_comm, o->ws_d, o->ws_g, nl, MT_DTYPE_F32));
+        } else {
+            /* column blocks (R, C/tp) of rank r land at columns [r*C/tp, ...) of every row */
+            const int Cl = (int)p->len[1];
+            MT_CHECK(mt_comm_allgather(ctx, o->tp_comm, o->ws_y, o->ws_g, nl, MT_DTYPE_F32));
+            for (int r = 0; r < tp; r++)
+                for (int i = 0; i < R; i++)
+                    ops->copy(o->ws_d + (size_t)i * C + (size_t)r * Cl, o->ws_y + ((size_t)r * R + i) * Cl,
+                              (size_t)Cl * sizeof(float));
+        }
+    }
     float *x = o->ws_x, *y = o->ws_y, *a = o->ws_a, *b = o->ws_b;
     if (tr) ops->transpose(x, o->ws_d, R, C);
     else    ops->copy(x, o->ws_d, n * sizeof(float));
@@ -224,8 +265,22 @@ static void muon_update(struct mt_optim *o, struct pstate *st, float lr, float w
     float *upd = x;
     if (tr) { ops->transpose(o->ws_d, x, C, R); upd = o->ws_d; }
     double scale = sqrt(R > C ? (double)R / (double)C : 1.0);
-    ops->axpby(p->data, upd, (float)(-(double)lr * scale), 1.0f - lr * wd, n);
+    if (split) {
+        /* this rank's box of the full update */
+        if (p->split == MT_SPLIT_ROWS) {
+            upd += (size_t)p->off[0] * (size_t)C;
+        } else {
+            const int Cl = (int)p->len[1];
+            for (int i = 0; i < R; i++)
+                ops->copy(o->ws_g + (size_t)i * Cl, upd + (size_t)i * C + (size_t)p->off[1], (size_t)Cl * sizeof(float));
+            upd = o->ws_g;
+        }
+    }
+    ops->axpby(p->data, upd, (float)(-(double)lr * scale), 1.0f - lr * wd, nl);
+    return MT_OK;
 }
+
+void mt_optim_set_tp_comm(struct mt_optim *o, struct mt_comm *tp_comm) { o->tp_comm = tp_comm; }
 
 enum mt_status mt_optim_step(struct mt_ctx *ctx, struct mt_optim *o, int step, double grad_norm)
 {
@@ -253,7 +308,7 @@ enum mt_status mt_optim_step(struct mt_ctx *ctx, struct mt_optim *o, int step, d
         struct mt_param *p = st->p;
         float wd = p->decay ? cfg->weight_decay : 0.0f;
         if (p->optim == MT_OPTIM_MUON)
-            muon_update(o, st, muon_lr, wd);
+            MT_CHECK(muon_update(ctx, o, st, muon_lr, wd));
         else
             ops->adamw_update(p->data, p->grad, st->m, st->v, p->numel, lr, cfg->adam_beta1, cfg->adam_beta2,
                               cfg->adam_eps, wd, bc1, bc2);

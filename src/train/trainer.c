@@ -156,11 +156,19 @@ static int pick_threads(const struct mt_config *cfg)
 struct run_state {
     struct mt_mesh  *mesh;
     struct mt_comm  *dpc;       /* data x expert: the dense reduction group (owned by mesh) */
-    int              dp_rank, dp_size;
-    struct mt_zero  *zero;
+    struct mt_comm  *lossc;     /* data x expert x model: where loss shares and norms meet */
+    int              dp_rank, dp_size, tp, tp_rank;
+    /* one ZeRO engine + optimizer per reduction group: [0] data x expert,
+     * [1] data x expert x model (parameters partial over the model axis, tp > 1) */
+    struct mt_zero    *eng[2];
+    struct mt_optim   *opt[2];
+    int                n_eng;
+    struct mt_zero_set zset;
+    int               *eng_of;  /* (P) engine of parameter i                          */
+    unsigned char     *sel[2];  /* (P) selection masks                                */
+    unsigned char     *count;   /* (P) 0: a model-axis copy this rank does not count/write */
     struct mt_data  *train, *val;
     struct mt_model *model;
-    struct mt_optim *optim;
     int32_t *idx, *tgt;         /* (Bm, T) host */
     int     *step_index, *eval_steps;
     double  *losses, *lm, *aux, *z, *gnorm, *lrs, *times, *eval_losses;
@@ -186,7 +194,7 @@ static enum mt_status evaluate(struct mt_ctx *ctx, const struct mt_config *cfg, 
             sum += parts.lm;
         }
     }
-    MT_CHECK(mt_comm_allreduce(ctx, rs->dpc, &sum, 1, MT_DTYPE_F64, MT_REDOP_SUM));
+    MT_CHECK(mt_comm_allreduce(ctx, rs->lossc, &sum, 1, MT_DTYPE_F64, MT_REDOP_SUM));
     *out = sum / cfg->eval_batches;
     return MT_OK;
 }
@@ -227,11 +235,12 @@ static enum mt_status save_checkpoint(struct mt_ctx *ctx, const struct mt_ops_i 
     meta.step = step;
     meta.data_pos = (int64_t)step * cfg->batch_size;
     meta.seed = cfg->seed;
-    meta.adam_t = mt_optim_get_t(rs->optim);
+    meta.adam_t = mt_optim_get_t(rs->opt[0]);
     mt_mesh_dims_str(mt_mesh_get_dims(rs->mesh), meta.mesh, sizeof meta.mesh);
     int n;
     struct mt_param *params = mt_model_params(rs->model, &n);
-    int n_states = mt_optim_state_count(rs->optim);
+    int n_states = 0;
+    for (int k = 0; k < rs->n_eng; k++) n_states += mt_optim_state_count(rs->opt[k]);
     /* entries: params, then states (2 per AdamW param, 1 per Muon param) */
     int n_ent = 0;
     for (int i = 0; i < n; i++) n_ent += 1 + (params[i].optim == MT_OPTIM_ADAMW ? 2 : 1);
@@ -244,15 +253,21 @@ static enum mt_status save_checkpoint(struct mt_ctx *ctx, const struct mt_ops_i 
         mt_free(ctx, st);
         return MT_ERR_OOM;
     }
-    for (int k = 0; k < n_states; k++) mt_optim_state_get(rs->optim, k, &st[k]);
-    int me = rs->dp_rank, e = 0;
+    int ns_all = 0;
+    for (int k = 0; k < rs->n_eng; k++)
+        for (int j = 0; j < mt_optim_state_count(rs->opt[k]); j++) mt_optim_state_get(rs->opt[k], j, &st[ns_all++]);
+    /* the writer of a tensor: its owner in its engine's group, and for a
+     * parameter replicated over the model axis but reduced over data only,
+     * model rank 0 alone. Each rank writes its box (TP: its slice). */
+    int e = 0;
     for (int i = 0; i < n; i++) {
-        int mine = mt_zero_owner(rs->zero, i) == me;
-        /* shape and box from the model's param: the full tensor (no TP split yet) */
-        ent[e++] = (struct mt_ckpt_entry){params[i].name, 0, &params[i], mine ? mt_zero_param_data(rs->zero, i) : NULL};
+        struct mt_zero *z = rs->eng[rs->eng_of[i]];
+        int mine = rs->count[i] && mt_zero_owner(z, i) == mt_zero_group_rank(z);
+        ent[e++] = (struct mt_ckpt_entry){params[i].name, 0, &params[i], mine ? mt_zero_param_data(z, i) : NULL};
     }
     for (int i = 0; i < n; i++) {
-        int mine = mt_zero_owner(rs->zero, i) == me;
+        struct mt_zero *z = rs->eng[rs->eng_of[i]];
+        int mine = rs->count[i] && mt_zero_owner(z, i) == mt_zero_group_rank(z);
         const char *sfx[2] = {"exp_avg", "exp_avg_sq"};
         int ns = params[i].optim == MT_OPTIM_ADAMW ? 2 : 1;
         for (int j = 0; j < ns; j++) {
@@ -281,17 +296,21 @@ static enum mt_status save_checkpoint(struct mt_ctx *ctx, const struct mt_ops_i 
     return MT_OK;
 }
 
-/* Replica check: every rank hashes (xxh64) each parameter it holds in full;
- * the hashes meet over the data group and must agree bit for bit. Stage 3
- * holds one copy of each parameter: nothing to compare. */
+/* Replica check: every rank hashes (xxh64) each parameter it holds in full
+ * (its TP slice for a split one); the hashes meet over the world and every
+ * pair of ranks that hold the same slice must agree bit for bit: a split
+ * parameter across its data group, a replicated one across data and model.
+ * ZeRO-3 holds one copy of each parameter: nothing to compare. */
 static enum mt_status replica_hash_check(struct mt_ctx *ctx, const struct mt_ops_i *ops, struct run_state *rs,
                                          int zero_stage, char *out, size_t n_out, int *mismatch)
 {
     *mismatch = 0;
     int n;
     struct mt_param *params = mt_model_params(rs->model, &n);
-    if (rs->dp_size == 1) {
-        snprintf(out, n_out, "not applicable: every tensor has one copy (data group of 1)");
+    struct mt_comm *wc = mt_mesh_world_comm(rs->mesh);
+    int W = mt_comm_size(wc);
+    if (W == 1) {
+        snprintf(out, n_out, "not applicable: world=1, every tensor has one copy");
         return MT_OK;
     }
     if (zero_stage == 3) {
@@ -301,25 +320,35 @@ static enum mt_status replica_hash_check(struct mt_ctx *ctx, const struct mt_ops
     size_t maxn = 1;
     for (int i = 0; i < n; i++) if (params[i].numel > maxn) maxn = params[i].numel;
     float *host = mt_alloc(ctx, maxn * sizeof(float), MT_BUCKET_WORKSPACE);
-    int64_t *h = mt_alloc(ctx, (size_t)n * (size_t)(rs->dp_size + 1) * sizeof(int64_t), MT_BUCKET_OTHER);
+    int64_t *h = mt_alloc(ctx, (size_t)n * (size_t)(W + 1) * sizeof(int64_t), MT_BUCKET_OTHER);
     if (!host || !h) { mt_free(ctx, host); mt_free(ctx, h); return MT_ERR_OOM; }
     int64_t *all = h + n;
     for (int i = 0; i < n; i++) {
-        ops->copy_to_host(host, mt_zero_param_data(rs->zero, i), params[i].numel * sizeof(float));
+        ops->copy_to_host(host, mt_zero_param_data(rs->eng[rs->eng_of[i]], i), params[i].numel * sizeof(float));
         h[i] = (int64_t)XXH64(host, params[i].numel * sizeof(float), 0);
     }
-    enum mt_status rc = mt_comm_allgather(ctx, rs->dpc, all, h, (size_t)n, MT_DTYPE_I64);
+    enum mt_status rc = mt_comm_allgather(ctx, wc, all, h, (size_t)n, MT_DTYPE_I64);
     if (rc == MT_OK) {
-        int bad = -1, bad_rank = -1;
-        for (int r = 1; r < rs->dp_size && bad < 0; r++)
-            for (int i = 0; i < n; i++)
-                if (all[(size_t)r * n + i] != all[i]) { bad = i; bad_rank = r; break; }
+        const struct mt_mesh_dims *d = mt_mesh_get_dims(rs->mesh);
+        int bad = -1, bad_a = -1, bad_b = -1, pairs = 0;
+        for (int i = 0; i < n && bad < 0; i++) {
+            int split = params[i].numel != mt_param_global_numel(&params[i]);
+            for (int a = 0; a < W && bad < 0; a++)
+                for (int b = a + 1; b < W; b++) {
+                    struct mt_mesh_coord ca, cb;
+                    mt_mesh_coord_of(d, a, &ca);
+                    mt_mesh_coord_of(d, b, &cb);
+                    if (ca.pipe != cb.pipe || (split && ca.model != cb.model)) continue;
+                    pairs++;
+                    if (all[(size_t)a * n + i] != all[(size_t)b * n + i]) { bad = i; bad_a = a; bad_b = b; break; }
+                }
+        }
         if (bad >= 0) {
             *mismatch = 1;
-            snprintf(out, n_out, "MISMATCH: %s differs between data ranks 0 and %d", params[bad].name, bad_rank);
+            snprintf(out, n_out, "MISMATCH: %s differs between ranks %d and %d", params[bad].name, bad_a, bad_b);
         } else {
-            snprintf(out, n_out, "ok: %d tensors bit-identical (xxh64) across the %d ranks of the data group", n,
-                     rs->dp_size);
+            snprintf(out, n_out, "ok: %d tensors bit-identical (xxh64) on every rank that holds them (%d rank pairs)",
+                     n, pairs);
         }
     }
     mt_free(ctx, host);
@@ -384,7 +413,7 @@ static char *dist_json(const struct run_state *rs, const char *trace, const doub
                             "microbatch: units still held in a gather buffer are not gathered again)");
     cJSON_AddNumberToObject(d, "parameter_bytes", param_bytes);
     cJSON *tun = cJSON_AddObjectToObject(d, "tunables");
-    cJSON_AddNumberToObject(tun, "MT_ZERO_OVERLAP", mt_zero_overlap(rs->zero));
+    cJSON_AddNumberToObject(tun, "MT_ZERO_OVERLAP", mt_zero_overlap(rs->eng[0]));
     cJSON_AddNumberToObject(d, "exposed_comm_s_total", zs->wait_s);
     char *txt = cJSON_PrintUnformatted(d);
     cJSON_Delete(d);
@@ -438,9 +467,9 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     }
     /* the startup contract, before any allocation; identical on every rank */
     MT_CHECK(mt_mesh_check_contract(ctx, &dims, cfg, world, cfg->microbatches));
-    if (dims.tp > 1 || dims.ep > 1 || dims.pp > 1)
+    if (dims.ep > 1 || dims.pp > 1)
         return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED,
-                            "mesh %s: train runs the data axis only so far (tp, ep and pp must be 1; tensor, expert "
+                            "mesh %s: train runs the data and model axes so far (ep and pp must be 1; expert "
                             "and pipeline parallelism are not implemented yet)", opts->mesh ? opts->mesh : "");
 
     /* ---- 2. backend ---- */
@@ -476,28 +505,60 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     MT_CHECK_GOTO(mt_mesh_create(ctx, &dims, cfg, opts->zero_stage, &rs.mesh), rc, done);
     res->collective_started = world > 1;
     rs.dpc = mt_mesh_data_expert_comm(rs.mesh);
+    rs.lossc = mt_mesh_stage_comm(rs.mesh);
     rs.dp_rank = mt_comm_rank(rs.dpc);
     rs.dp_size = mt_comm_size(rs.dpc);
+    rs.tp = dims.tp;
+    rs.tp_rank = mt_mesh_get_coord(rs.mesh)->model;
     char trace[4096];
     mt_mesh_trace_line(rs.mesh, trace, sizeof trace);
     printf("%s\n", trace);   /* the step-0 trace: one line per rank, whatever --quiet says */
     fflush(stdout);
 
-    MT_CHECK_GOTO(mt_model_create_ex(ctx, ops, cfg, Bm, MT_MODEL_EXTERNAL_PARAMS, &rs.model), rc, done);
-    MT_CHECK_GOTO(mt_zero_create(ctx, ops, rs.dpc, opts->zero_stage, cfg->reshard_after_forward, rs.model, &rs.zero),
-                  rc, done);
-    int n_views;
-    struct mt_param *views = mt_zero_opt_params(rs.zero, &n_views);
-    MT_CHECK_GOTO(mt_optim_create(ctx, ops, cfg, views, n_views, &rs.optim), rc, done);
+    struct mt_model_par par = {.tp = dims.tp, .tp_rank = rs.tp_rank, .sp = mt_mesh_get_preds(rs.mesh)->sp_on,
+                               .tp_comm = dims.tp > 1 ? mt_mesh_model_comm(rs.mesh) : NULL};
+    MT_CHECK_GOTO(mt_model_create_par(ctx, ops, cfg, Bm, MT_MODEL_EXTERNAL_PARAMS, &par, &rs.model), rc, done);
+    int n_params;
+    struct mt_param *params = mt_model_params(rs.model, &n_params);
+    rs.eng_of = mt_alloc(ctx, (size_t)n_params * sizeof(int), MT_BUCKET_OTHER);
+    rs.sel[0] = mt_alloc(ctx, (size_t)n_params, MT_BUCKET_OTHER);
+    rs.sel[1] = mt_alloc(ctx, (size_t)n_params, MT_BUCKET_OTHER);
+    rs.count = mt_alloc(ctx, (size_t)n_params, MT_BUCKET_OTHER);
+    if (!rs.eng_of || !rs.sel[0] || !rs.sel[1] || !rs.count) { rc = MT_ERR_OOM; goto done; }
+    for (int i = 0; i < n_params; i++) {
+        int partial = dims.tp > 1 && params[i].reduce_model;
+        rs.eng_of[i] = partial;
+        rs.sel[0][i] = !partial;
+        rs.sel[1][i] = (unsigned char)partial;
+        /* replicated over the model axis yet reduced over data only: identical on
+         * every model rank, so counted (norm) and written (checkpoint) by model rank 0 */
+        rs.count[i] = !(dims.tp > 1 && !partial && params[i].split == MT_SPLIT_NONE && rs.tp_rank != 0);
+    }
+    rs.n_eng = dims.tp > 1 ? 2 : 1;
+    struct mt_comm *groups[2] = {rs.dpc, rs.lossc};
+    for (int k = 0; k < rs.n_eng; k++) {
+        MT_CHECK_GOTO(mt_zero_create(ctx, ops, groups[k], opts->zero_stage, cfg->reshard_after_forward, rs.model,
+                                     rs.sel[k], &rs.eng[k]), rc, done);
+        rs.zset.z[rs.zset.n++] = rs.eng[k];
+        int nv;
+        struct mt_param *v = mt_zero_opt_params(rs.eng[k], &nv);
+        MT_CHECK_GOTO(mt_optim_create(ctx, ops, cfg, v, nv, &rs.opt[k]), rc, done);
+        if (dims.tp > 1) mt_optim_set_tp_comm(rs.opt[k], mt_mesh_model_comm(rs.mesh));
+    }
+    mt_zero_install_hooks(rs.model, &rs.zset);
     int start_step = 0;
     if (resume_dir[0]) {
         /* every rank reads exactly the tensors it owns: resharding on load */
-        MT_CHECK_GOTO(mt_ckpt_load(ctx, ops, resume_dir, views, n_views, rs.optim), rc, done);
-        mt_optim_set_t(rs.optim, resume_meta.adam_t);
-        MT_CHECK_GOTO(mt_zero_sync_params(ctx, rs.zero), rc, done);
+        for (int k = 0; k < rs.n_eng; k++) {
+            int nv;
+            struct mt_param *v = mt_zero_opt_params(rs.eng[k], &nv);
+            MT_CHECK_GOTO(mt_ckpt_load(ctx, ops, resume_dir, v, nv, rs.opt[k]), rc, done);
+            mt_optim_set_t(rs.opt[k], resume_meta.adam_t);
+            MT_CHECK_GOTO(mt_zero_sync_params(ctx, rs.eng[k]), rc, done);
+        }
         start_step = resume_meta.step;
     } else {
-        MT_CHECK_GOTO(mt_zero_init_params(ctx, rs.zero, cfg->seed), rc, done);
+        for (int k = 0; k < rs.n_eng; k++) MT_CHECK_GOTO(mt_zero_init_params(ctx, rs.eng[k], cfg->seed), rc, done);
     }
     int n_steps = opts->steps - start_step;
     size_t nh = (size_t)(n_steps > 0 ? n_steps : 1);
@@ -546,20 +607,24 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     const int mb_n = cfg->microbatches;
     double t_run0 = mt_time_sec(), comm_total = 0, idle_total = 0;
     int steps_run = 0;
-    mt_zero_reset_stats(rs.zero);
+    for (int k = 0; k < rs.n_eng; k++) mt_zero_reset_stats(rs.eng[k]);
     for (int step = start_step; step < opts->steps; step++) {
         double t0 = mt_time_sec();
-        struct mt_zero_stats zs0;
-        mt_zero_get_stats(rs.zero, &zs0);
+        double wait0 = 0;
+        for (int k = 0; k < rs.n_eng; k++) {
+            struct mt_zero_stats zs0;
+            mt_zero_get_stats(rs.eng[k], &zs0);
+            wait0 += zs0.wait_s;
+        }
         if (fault.rank == wrank && fault.step == step) {
             if (!strcmp(fault.kind, "signal")) raise(SIGKILL);
             if (!strcmp(fault.kind, "error")) {
                 rc = mt_ctx_error(ctx, MT_ERR_RUNTIME, "injected failure (MT_FAULT) on rank %d at step %d", wrank, step);
                 goto done;
             }
-            if (!strcmp(fault.kind, "nan")) mt_zero_inject_nan(rs.zero, step, mt_model_n_units(rs.model) - 1);
+            if (!strcmp(fault.kind, "nan")) mt_zero_inject_nan(rs.eng[0], step, mt_model_n_units(rs.model) - 1);
         }
-        mt_zero_begin_step(rs.zero, step);
+        for (int k = 0; k < rs.n_eng; k++) mt_zero_begin_step(rs.eng[k], step);
         /* targets are never -1 in the default order; the count stays general */
         struct mt_loss_norm norm = {.n_targets = (double)G * T, .n_sequences = G, .n_tokens = (double)G * T};
         double part[3] = {0, 0, 0};
@@ -568,34 +633,41 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
                 mt_data_sequence(rs.train, step, G, (int64_t)rs.dp_rank * Gl + (int64_t)mb * Bm + i, T,
                                  rs.idx + (size_t)i * T, rs.tgt + (size_t)i * T);
             struct mt_loss_parts parts;
-            mt_zero_set_last_microbatch(rs.zero, mb == mb_n - 1);
+            for (int k = 0; k < rs.n_eng; k++) mt_zero_set_last_microbatch(rs.eng[k], mb == mb_n - 1);
             MT_CHECK_GOTO(mt_model_forward(ctx, rs.model, rs.idx, rs.tgt, &norm, &parts), rc, done);
             MT_CHECK_GOTO(mt_model_backward(ctx, rs.model), rc, done);
             part[0] += parts.lm;
             part[1] += parts.aux;
             part[2] += parts.z;
         }
-        MT_CHECK_GOTO(mt_zero_finish_grads(ctx, rs.zero), rc, done);
+        for (int k = 0; k < rs.n_eng; k++) MT_CHECK_GOTO(mt_zero_finish_grads(ctx, rs.eng[k]), rc, done);
         /* the loss sums meet here: the first point where every rank waits for the slowest (idle) */
         double ti = mt_time_sec();
-        MT_CHECK_GOTO(mt_comm_allreduce(ctx, rs.dpc, part, 3, MT_DTYPE_F64, MT_REDOP_SUM), rc, done);
+        MT_CHECK_GOTO(mt_comm_allreduce(ctx, rs.lossc, part, 3, MT_DTYPE_F64, MT_REDOP_SUM), rc, done);
         double idle = mt_time_sec() - ti;
         double lm = part[0], aux = part[1], z = part[2];
         double loss = lm + aux + z, ss = 0;
-        MT_CHECK_GOTO(mt_zero_grad_sumsq(ctx, rs.zero, &ss), rc, done);
+        for (int k = 0; k < rs.n_eng; k++) ss += mt_zero_grad_sumsq_local(rs.eng[k], rs.count);
+        MT_CHECK_GOTO(mt_comm_allreduce(ctx, rs.lossc, &ss, 1, MT_DTYPE_F64, MT_REDOP_SUM), rc, done);
         double gn = sqrt(ss);
         if (!isfinite(loss) || !isfinite(gn)) {
             rc = mt_ctx_error(ctx, MT_ERR_NUMERIC, "non-finite %s at step %d on rank %d", isfinite(loss) ? "gradient norm" : "loss",
                               step, ctx->rank);
             goto done;
         }
-        MT_CHECK_GOTO(mt_optim_step(ctx, rs.optim, step, gn), rc, done);
-        MT_CHECK_GOTO(mt_zero_sync_params(ctx, rs.zero), rc, done);
+        for (int k = 0; k < rs.n_eng; k++) {
+            MT_CHECK_GOTO(mt_optim_step(ctx, rs.opt[k], step, gn), rc, done);
+            MT_CHECK_GOTO(mt_zero_sync_params(ctx, rs.eng[k]), rc, done);
+        }
         ops->sync();
         double dt = mt_time_sec() - t0;
-        struct mt_zero_stats zs1;
-        mt_zero_get_stats(rs.zero, &zs1);
-        comm_total += zs1.wait_s - zs0.wait_s;
+        double wait1 = 0;
+        for (int k = 0; k < rs.n_eng; k++) {
+            struct mt_zero_stats zs1;
+            mt_zero_get_stats(rs.eng[k], &zs1);
+            wait1 += zs1.wait_s;
+        }
+        comm_total += wait1 - wait0;
         idle_total += idle;
         int k = steps_run++;
         rs.step_index[k] = step;
@@ -639,7 +711,16 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
         MT_CHECK_GOTO(mt_comm_allgather(ctx, mt_mesh_world_comm(rs.mesh), mem_all, mine, MT_BUCKET_COUNT,
                                         MT_DTYPE_F64), rc, done);
         struct mt_zero_stats zs;
-        mt_zero_get_stats(rs.zero, &zs);
+        memset(&zs, 0, sizeof zs);
+        for (int k = 0; k < rs.n_eng; k++) {
+            struct mt_zero_stats z1;
+            mt_zero_get_stats(rs.eng[k], &z1);
+            for (int c = 0; c < MT_ZERO_COLL_COUNT; c++) {
+                zs.bytes[c] += z1.bytes[c];
+                zs.calls[c] += z1.calls[c];
+            }
+            zs.wait_s += z1.wait_s;
+        }
         size_t total_params = 0;
         mt_model_param_counts(cfg, &total_params, NULL);
         djson = dist_json(&rs, trace, mem_all, world, &zs, steps_run, mb_n, (double)total_params * sizeof(float),
@@ -666,11 +747,16 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
         r.micro_batch_seqs = Bm;
         mt_model_param_counts(cfg, &r.params_total, &r.params_active);
         r.flops_per_token = flops_per_token;
-        mt_model_plan_bytes_ex(cfg, Bm, MT_MODEL_EXTERNAL_PARAMS, r.plan_bytes);
-        size_t zb[MT_BUCKET_COUNT] = {0}, ob[MT_BUCKET_COUNT] = {0};
-        mt_zero_plan_bytes(rs.model, rs.dp_size, rs.dp_rank, opts->zero_stage, cfg->reshard_after_forward, zb);
-        mt_optim_plan_bytes(cfg, views, n_views, ob);
-        for (int b = 0; b < MT_BUCKET_COUNT; b++) r.plan_bytes[b] += zb[b] + ob[b];
+        mt_model_plan_bytes_par(cfg, Bm, MT_MODEL_EXTERNAL_PARAMS, &par, r.plan_bytes);
+        for (int k = 0; k < rs.n_eng; k++) {
+            size_t zb[MT_BUCKET_COUNT] = {0}, ob[MT_BUCKET_COUNT] = {0};
+            mt_zero_plan_bytes(rs.model, rs.sel[k], mt_comm_size(groups[k]), mt_comm_rank(groups[k]), opts->zero_stage,
+                               cfg->reshard_after_forward, zb);
+            int nv;
+            struct mt_param *v = mt_zero_opt_params(rs.eng[k], &nv);
+            mt_optim_plan_bytes(cfg, v, nv, ob);
+            for (int b = 0; b < MT_BUCKET_COUNT; b++) r.plan_bytes[b] += zb[b] + ob[b];
+        }
         for (int b = 0; b < MT_BUCKET_COUNT; b++) r.measured_peak_bytes[b] = ctx->bytes_peak[b];
         r.peak_rss_bytes = mt_peak_rss_bytes();
         r.steps_run = steps_run;
@@ -737,8 +823,14 @@ done:
     mt_free(ctx, rs.lrs);
     mt_free(ctx, rs.times);
     mt_free(ctx, rs.eval_losses);
-    mt_optim_destroy(ctx, rs.optim);
-    mt_zero_destroy(ctx, rs.zero);
+    for (int k = 0; k < 2; k++) {
+        mt_optim_destroy(ctx, rs.opt[k]);
+        mt_zero_destroy(ctx, rs.eng[k]);
+    }
+    mt_free(ctx, rs.eng_of);
+    mt_free(ctx, rs.sel[0]);
+    mt_free(ctx, rs.sel[1]);
+    mt_free(ctx, rs.count);
     mt_model_destroy(ctx, rs.model);
     mt_mesh_destroy(rs.mesh);
     mt_data_close(rs.train);

@@ -91,6 +91,7 @@ struct mt_zero {
     int    n_ar;
 
     struct mt_param *views;      /* optimizer views (n_views)                                */
+    int             *view_param; /* (n_views) model index of each view                      */
     int              n_views;
     int   last_mb, step;
     int   nan_step, nan_unit;
@@ -118,9 +119,11 @@ static void layout_free(struct mt_ctx *ctx, struct zlayout *l)
 
 /* Owner of each parameter: largest first (ties: lower index) to the rank
  * with the least owned floats so far (ties: lower rank). Deterministic. */
-static void assign_owners(const struct mt_param *p, int P, int size, int *owner, size_t *load, int *order)
+static void assign_owners(const struct mt_param *p, int P, const unsigned char *select, int size, int *owner,
+                          size_t *load, int *order)
 {
     for (int i = 0; i < P; i++) order[i] = i;
+    for (int i = 0; i < P; i++) owner[i] = -1;   /* not in this engine */
     for (int i = 1; i < P; i++) { /* insertion sort: P is a few hundred at most */
         int k = order[i], j = i - 1;
         while (j >= 0 && (p[order[j]].numel < p[k].numel ||
@@ -133,6 +136,7 @@ static void assign_owners(const struct mt_param *p, int P, int size, int *owner,
     for (int r = 0; r < size; r++) load[r] = 0;
     for (int t = 0; t < P; t++) {
         int i = order[t], best = 0;
+        if (select && !select[i]) continue;
         for (int r = 1; r < size; r++)
             if (load[r] < load[best]) best = r;
         owner[i] = best;
@@ -141,7 +145,7 @@ static void assign_owners(const struct mt_param *p, int P, int size, int *owner,
 }
 
 static enum mt_status layout_build(struct mt_ctx *ctx, const struct mt_model *m, const struct mt_param *p, int P,
-                                   int size, int rank, struct zlayout *l)
+                                   const unsigned char *select, int size, int rank, struct zlayout *l)
 {
     memset(l, 0, sizeof *l);
     int U = mt_model_n_units(m);
@@ -169,7 +173,7 @@ static enum mt_status layout_build(struct mt_ctx *ctx, const struct mt_model *m,
         layout_free(ctx, l);
         return MT_ERR_OOM;
     }
-    assign_owners(p, P, size, l->owner, load, order);
+    assign_owners(p, P, select, size, l->owner, load, order);
     for (int i = 0; i < P; i++) {
         l->unit[i] = mt_model_param_unit(m, i);
         MT_ASSERT(l->unit[i] >= 0 && l->unit[i] < U);
@@ -230,8 +234,8 @@ static struct zsizes zero_sizes(const struct zlayout *l, int stage, int reshard)
 
 static size_t round64(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
 
-void mt_zero_plan_bytes(const struct mt_model *model, int group_size, int group_rank, int stage,
-                        int reshard_after_forward, size_t bytes[MT_BUCKET_COUNT])
+void mt_zero_plan_bytes(const struct mt_model *model, const unsigned char *select, int group_size, int group_rank,
+                        int stage, int reshard_after_forward, size_t bytes[MT_BUCKET_COUNT])
 {
     struct mt_ctx tmp;
     mt_ctx_init(&tmp);
@@ -239,7 +243,7 @@ void mt_zero_plan_bytes(const struct mt_model *model, int group_size, int group_
     int P;
     struct mt_param *p = mt_model_params((struct mt_model *)model, &P);
     struct zlayout l;
-    if (layout_build(&tmp, model, p, P, group_size, group_rank, &l) != MT_OK) return;
+    if (layout_build(&tmp, model, p, P, select, group_size, group_rank, &l) != MT_OK) return;
     struct zsizes s = zero_sizes(&l, stage, reshard_after_forward);
     const size_t f = sizeof(float);
     if (s.full) bytes[s.full_bucket] += round64(s.full * f);
@@ -280,13 +284,13 @@ static void count_coll(struct mt_zero *z, enum mt_zero_coll k, size_t floats)
 static void point_data(struct mt_zero *z, int u, float *packed)
 {
     for (int i = 0; i < z->lay.n_params; i++)
-        if (z->lay.unit[i] == u) z->params[i].data = packed + z->lay.uoff[i];
+        if (z->lay.unit[i] == u && z->lay.owner[i] >= 0) z->params[i].data = packed + z->lay.uoff[i];
 }
 
 static void point_grad(struct mt_zero *z, int u, float *packed)
 {
     for (int i = 0; i < z->lay.n_params; i++)
-        if (z->lay.unit[i] == u) z->params[i].grad = packed + z->lay.uoff[i];
+        if (z->lay.unit[i] == u && z->lay.owner[i] >= 0) z->params[i].grad = packed + z->lay.uoff[i];
 }
 
 /* ------------------------------------------------------------------ */
@@ -358,12 +362,14 @@ static enum mt_status finish_rs(struct mt_ctx *ctx, struct mt_zero *z, int s)
 static enum mt_status hook_pre_forward(struct mt_ctx *ctx, void *user, int u)
 {
     struct mt_zero *z = user;
+    if (z->lay.unit_size[u] == 0) return MT_OK;   /* no parameter of this engine in unit u */
     return z->stage == 3 ? ensure_unit(ctx, z, u, +1) : MT_OK;
 }
 
 static enum mt_status hook_pre_backward(struct mt_ctx *ctx, void *user, int u)
 {
     struct mt_zero *z = user;
+    if (z->lay.unit_size[u] == 0) return MT_OK;
     if (z->stage == 3) MT_CHECK(ensure_unit(ctx, z, u, -1));
     if (z->stage >= 2) {
         int s = z->gslot;
@@ -378,19 +384,24 @@ static enum mt_status hook_pre_backward(struct mt_ctx *ctx, void *user, int u)
 static enum mt_status hook_post_backward(struct mt_ctx *ctx, void *user, int u)
 {
     struct mt_zero *z = user;
+    if (z->lay.unit_size[u] == 0) return MT_OK;
     const struct mt_ops_i *ops = z->ops;
     /* the unit's packed gradient buffer for this microbatch (or accumulation) */
     float *g = z->stage >= 2 ? z->gscr[1 - z->gslot] : z->gfull + z->lay.unit_base[u];
     if (z->nan_step == z->step && z->nan_unit == u) {
         float nan = NAN;
         for (int i = 0; i < z->lay.n_params; i++)
-            if (z->lay.unit[i] == u) { ops->copy_from_host(z->params[i].grad, &nan, sizeof nan); break; }
+            if (z->lay.unit[i] == u && z->lay.owner[i] >= 0) {
+                ops->copy_from_host(z->params[i].grad, &nan, sizeof nan);
+                break;
+            }
     }
     /* non-finite check BEFORE the reduction: the culprit is this rank */
     if (!ops->all_finite(g, z->lay.unit_size[u])) {
         const char *name = "(padding)";
         for (int i = 0; i < z->lay.n_params; i++)
-            if (z->lay.unit[i] == u && !ops->all_finite(z->params[i].grad, z->params[i].numel)) {
+            if (z->lay.unit[i] == u && z->lay.owner[i] >= 0 &&
+                !ops->all_finite(z->params[i].grad, z->params[i].numel)) {
                 name = z->params[i].name;
                 break;
             }
@@ -428,7 +439,8 @@ static float *zbuf(struct mt_ctx *ctx, const struct mt_ops_i *ops, size_t n, enu
 }
 
 enum mt_status mt_zero_create(struct mt_ctx *ctx, const struct mt_ops_i *ops, struct mt_comm *comm, int stage,
-                              int reshard_after_forward, struct mt_model *model, struct mt_zero **out)
+                              int reshard_after_forward, struct mt_model *model, const unsigned char *select,
+                              struct mt_zero **out)
 {
     *out = NULL;
     if (stage < 0 || stage > 3)
@@ -453,7 +465,7 @@ enum mt_status mt_zero_create(struct mt_ctx *ctx, const struct mt_ops_i *ops, st
     z->overlap = ov && *ov ? atoi(ov) != 0 : 1;
     int P;
     z->params = mt_model_params(model, &P);
-    enum mt_status rc = layout_build(ctx, model, z->params, P, mt_comm_size(comm), mt_comm_rank(comm), &z->lay);
+    enum mt_status rc = layout_build(ctx, model, z->params, P, select, mt_comm_size(comm), mt_comm_rank(comm), &z->lay);
     if (rc != MT_OK) { mt_free(ctx, z); return rc; }
     const struct zlayout *l = &z->lay;
     struct zsizes s = zero_sizes(l, stage, reshard_after_forward);
@@ -470,7 +482,8 @@ enum mt_status mt_zero_create(struct mt_ctx *ctx, const struct mt_ops_i *ops, st
     z->ar = mt_alloc(ctx, (size_t)l->n_units * sizeof(struct pending), MT_BUCKET_OTHER);
     z->gathered = mt_alloc(ctx, (size_t)l->n_units * sizeof(int), MT_BUCKET_OTHER);
     z->views = mt_alloc(ctx, (size_t)(P > 0 ? P : 1) * sizeof(struct mt_param), MT_BUCKET_OTHER);
-    if (fail || !z->ar || !z->gathered || !z->views) {
+    z->view_param = mt_alloc(ctx, (size_t)(P > 0 ? P : 1) * sizeof(int), MT_BUCKET_OTHER);
+    if (fail || !z->ar || !z->gathered || !z->views || !z->view_param) {
         mt_zero_destroy(ctx, z);
         return MT_ERR_OOM;
     }
@@ -478,6 +491,7 @@ enum mt_status mt_zero_create(struct mt_ctx *ctx, const struct mt_ops_i *ops, st
 
     /* model pointers: stages 0-2 data in full; stages 0/1 grads in gfull */
     for (int i = 0; i < P; i++) {
+        if (l->owner[i] < 0) continue;   /* another engine's parameter */
         size_t at = l->unit_base[l->unit[i]] + l->uoff[i];
         z->params[i].data = stage <= 2 ? z->full + at : NULL;
         z->params[i].grad = stage <= 1 ? z->gfull + at : NULL;
@@ -485,19 +499,13 @@ enum mt_status mt_zero_create(struct mt_ctx *ctx, const struct mt_ops_i *ops, st
     /* optimizer views: stage 0 every parameter, else the owned ones */
     for (int i = 0; i < P; i++) {
         int mine = l->owner[i] == l->rank;
-        if (stage > 0 && !mine) continue;
+        if (l->owner[i] < 0 || (stage > 0 && !mine)) continue;
+        z->view_param[z->n_views] = i;
         struct mt_param *v = &z->views[z->n_views++];
         *v = z->params[i];
         if (stage >= 2) v->grad = z->own_grad + l->ooff[i];
         if (stage == 3) v->data = z->own_data + l->ooff[i];
     }
-    static const struct mt_model_hooks hooks_proto = {0};
-    struct mt_model_hooks h = hooks_proto;
-    h.user = z;
-    h.pre_forward = hook_pre_forward;
-    h.pre_backward = hook_pre_backward;
-    h.post_backward = hook_post_backward;
-    mt_model_set_hooks(model, &h);
     *out = z;
     return MT_OK;
 }
@@ -512,16 +520,17 @@ void mt_zero_destroy(struct mt_ctx *ctx, struct mt_zero *z)
     }
     for (int k = 0; k < z->n_ar; k++)
         if (z->ar && z->ar[k].req) mt_comm_wait(ctx, z->ar[k].req);
-    if (z->model) mt_model_set_hooks(z->model, NULL);
     float *bufs[] = {z->full, z->gfull, z->own_data, z->own_grad, z->gbuf[0], z->gbuf[1],
                      z->gscr[0], z->gscr[1], z->grecv[0], z->grecv[1]};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) z->ops->buf_free(ctx, bufs[i]);
     if (z->params)
-        for (int i = 0; i < z->lay.n_params; i++) z->params[i].data = z->params[i].grad = NULL;
+        for (int i = 0; i < z->lay.n_params; i++)
+            if (z->lay.owner && z->lay.owner[i] >= 0) z->params[i].data = z->params[i].grad = NULL;
     mt_free(ctx, z->ar);
     mt_free(ctx, z->gathered);
     mt_free(ctx, z->views);
+    mt_free(ctx, z->view_param);
     layout_free(ctx, &z->lay);
     mt_free(ctx, z);
 }
@@ -537,10 +546,12 @@ struct mt_param *mt_zero_opt_params(struct mt_zero *z, int *n)
 }
 
 int mt_zero_owner(const struct mt_zero *z, int i) { return z->lay.owner[i]; }
+int mt_zero_group_rank(const struct mt_zero *z) { return z->lay.rank; }
 
 const float *mt_zero_param_data(const struct mt_zero *z, int i)
 {
     const struct zlayout *l = &z->lay;
+    if (l->owner[i] < 0) return NULL;
     if (z->stage <= 2) return z->full + l->unit_base[l->unit[i]] + l->uoff[i];
     return l->owner[i] == l->rank ? z->own_data + l->ooff[i] : NULL;
 }
@@ -584,20 +595,16 @@ enum mt_status mt_zero_finish_grads(struct mt_ctx *ctx, struct mt_zero *z)
     return rc;
 }
 
-enum mt_status mt_zero_grad_sumsq(struct mt_ctx *ctx, struct mt_zero *z, double *out)
+double mt_zero_grad_sumsq_local(const struct mt_zero *z, const unsigned char *count)
 {
-    /* each parameter counted once, by its owner, in model order (stage 0:
-     * the views are every parameter in model order, so view k is param k) */
+    /* each parameter counted once in the group, by its owner, in model order */
     double s = 0;
     for (int k = 0; k < z->n_views; k++) {
-        if (z->stage == 0 && z->lay.owner[k] != z->lay.rank) continue;
+        int i = z->view_param[k];
+        if (z->lay.owner[i] != z->lay.rank || (count && !count[i])) continue;
         s += z->ops->sumsq(z->views[k].grad, z->views[k].numel);
     }
-    double t0 = mt_time_sec();
-    enum mt_status rc = mt_comm_allreduce(ctx, z->comm, &s, 1, MT_DTYPE_F64, MT_REDOP_SUM);
-    z->st.wait_s += mt_time_sec() - t0;
-    *out = s;
-    return rc;
+    return s;
 }
 
 enum mt_status mt_zero_sync_params(struct mt_ctx *ctx, struct mt_zero *z)
@@ -640,3 +647,39 @@ void mt_zero_inject_nan(struct mt_zero *z, int step, int unit)
 void mt_zero_get_stats(const struct mt_zero *z, struct mt_zero_stats *out) { *out = z->st; }
 int  mt_zero_overlap(const struct mt_zero *z) { return z->overlap; }
 void mt_zero_reset_stats(struct mt_zero *z) { memset(&z->st, 0, sizeof z->st); }
+
+/* ------------------------------------------------------------------ */
+/* several engines on one model                                       */
+/* ------------------------------------------------------------------ */
+
+static enum mt_status set_pre_forward(struct mt_ctx *ctx, void *user, int u)
+{
+    struct mt_zero_set *set = user;
+    for (int k = 0; k < set->n; k++) MT_CHECK(hook_pre_forward(ctx, set->z[k], u));
+    return MT_OK;
+}
+
+static enum mt_status set_pre_backward(struct mt_ctx *ctx, void *user, int u)
+{
+    struct mt_zero_set *set = user;
+    for (int k = 0; k < set->n; k++) MT_CHECK(hook_pre_backward(ctx, set->z[k], u));
+    return MT_OK;
+}
+
+static enum mt_status set_post_backward(struct mt_ctx *ctx, void *user, int u)
+{
+    struct mt_zero_set *set = user;
+    for (int k = 0; k < set->n; k++) MT_CHECK(hook_post_backward(ctx, set->z[k], u));
+    return MT_OK;
+}
+
+void mt_zero_install_hooks(struct mt_model *model, struct mt_zero_set *set)
+{
+    struct mt_model_hooks h;
+    memset(&h, 0, sizeof h);
+    h.user = set;
+    h.pre_forward = set_pre_forward;
+    h.pre_backward = set_pre_backward;
+    h.post_backward = set_post_backward;
+    mt_model_set_hooks(model, &h);
+}

@@ -1,0 +1,48 @@
+/*
+ * comm_nccl.h — creating the NCCL communicator (comm_nccl.c, MT_WITH_NCCL).
+ *
+ * An NCCL communicator is an ordinary `struct mt_comm` ("nccl" table):
+ * after creation it is used only through mt_comm.h, like the self and MPI
+ * ones, except that every buffer is DEVICE memory of the communicator's
+ * device. Its groups come from mt_comm_split (ncclCommSplit). See
+ * docs/mesh.md, section "NCCL", for the stream, completion and timeout
+ * rules.
+ *
+ * Example (one GPU per process, under mpirun):
+ *     struct mt_comm *host, *gpu;
+ *     MT_CHECK(mt_comm_create_world(ctx, &host));             // MPI (or self)
+ *     MT_CHECK(mt_comm_nccl_create_world(ctx, host, local_rank, &gpu));
+ *     MT_CHECK(mt_comm_allreduce(ctx, gpu, d_grads, n, MT_DTYPE_F32, MT_REDOP_SUM));
+ *     mt_comm_destroy(gpu);   // before host: NCCL's teardown may still use the network
+ *     mt_comm_destroy(host);
+ */
+#ifndef MT_COMM_NCCL_H
+#define MT_COMM_NCCL_H
+
+#include "mt_comm.h"
+
+#ifdef MT_WITH_NCCL
+
+/* The NCCL world: one NCCL rank per rank of `mpi_world`, same rank order,
+ * on CUDA device `device` (made current on the calling thread). Collective
+ * over mpi_world: rank 0 calls ncclGetUniqueId and broadcasts it with
+ * mt_comm_bcast (MT_DTYPE_U8), then every rank calls ncclCommInitRank.
+ * mpi_world must be a host group (MPI or self; NULL means a world of this
+ * process alone) and is only borrowed: the caller keeps and frees it. The
+ * new communicator owns a non-blocking CUDA stream and reads its wait
+ * timeout from MT_NCCL_TIMEOUT_S (seconds, default 600).
+ *
+ * Before ncclCommInitRank (which waits for every rank) the ranks agree, by
+ * an allreduce over mpi_world, that each prepared its device, stream and
+ * (rank 0) the id: a local failure is reported on every rank instead of
+ * leaving the others in NCCL's init. Errors: MT_ERR_INVALID_ARG (NULL out,
+ * negative device, mpi_world not a host group), MT_ERR_CONFIG (bad
+ * MT_NCCL_TIMEOUT_S), CUDA/NCCL failures as MT_ERR_COMM / MT_ERR_RUNTIME /
+ * MT_ERR_OOM with the vendor's message. On error *out is NULL. Free with
+ * mt_comm_destroy. */
+enum mt_status mt_comm_nccl_create_world(struct mt_ctx *ctx, struct mt_comm *mpi_world, int device,
+                                         struct mt_comm **out);
+
+#endif /* MT_WITH_NCCL */
+
+#endif /* MT_COMM_NCCL_H */

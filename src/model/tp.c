@@ -1,0 +1,55 @@
+/*
+ * tp.c — the model axis's collectives, as the layers use them.
+ *
+ * Rows are token rows of the microbatch (N = B*T). Under SP each rank holds a
+ * contiguous block of Nr = N/tp rows, block r on rank r, so entering a TP
+ * region is an all-gather in rank order and leaving it a reduce-scatter: no
+ * permutation is ever needed (a [B, T, D] layout sharded on its flattened
+ * rows; Megatron's [T, B, D] sharded on T is the same idea).
+ *
+ *   forward                          backward (the conjugates)
+ *   SP entry   all-gather rows       reduce-scatter rows
+ *   SP exit    reduce-scatter rows   all-gather rows
+ *   no SP exit all-reduce            (entry's conjugate) all-reduce
+ */
+#include "model_impl.h"
+
+#include "../dist/mt_comm.h"
+
+enum mt_status tp_gather_rows(struct mt_ctx *ctx, struct mt_model *m, float *out, const float *in, int rows, int width)
+{
+    return mt_comm_allgather(ctx, m->tp_comm, out, in, (size_t)rows * (size_t)width, MT_DTYPE_F32);
+}
+
+enum mt_status tp_reduce_scatter_rows(struct mt_ctx *ctx, struct mt_model *m, float *out, const float *in, int rows,
+                                      int width)
+{
+    return mt_comm_reduce_scatter(ctx, m->tp_comm, out, in, (size_t)rows * (size_t)width, MT_DTYPE_F32);
+}
+
+enum mt_status tp_allreduce(struct mt_ctx *ctx, struct mt_model *m, float *buf, size_t n)
+{
+    return mt_comm_allreduce(ctx, m->tp_comm, buf, n, MT_DTYPE_F32, MT_REDOP_SUM);
+}
+
+enum mt_status tp_allreduce_f64(struct mt_ctx *ctx, struct mt_model *m, double *buf, size_t n)
+{
+    return mt_comm_allreduce(ctx, m->tp_comm, buf, n, MT_DTYPE_F64, MT_REDOP_SUM);
+}
+
+/* Leave a TP region: `part` (N, D) holds this rank's partial sum of the
+ * region's output; add the full sum of this rank's residual rows into
+ * x (Nr, D). SP: reduce-scatter; no SP: all-reduce. `part` is clobbered;
+ * `tmp` (Nr, D) is scratch for the SP case. */
+enum mt_status tp_exit_add(struct mt_ctx *ctx, struct mt_model *m, float *x, float *part, float *tmp)
+{
+    const size_t D = (size_t)m->D;
+    if (m->sp) {
+        MT_CHECK(tp_reduce_scatter_rows(ctx, m, tmp, part, m->Nr, m->D));
+        m->ops->axpby(x, tmp, 1.0f, 1.0f, (size_t)m->Nr * D);
+    } else {
+        MT_CHECK(tp_allreduce(ctx, m, part, (size_t)m->N * D));
+        m->ops->axpby(x, part, 1.0f, 1.0f, (size_t)m->N * D);
+    }
+    return MT_OK;
+}

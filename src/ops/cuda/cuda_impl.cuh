@@ -1,0 +1,225 @@
+/*
+ * cuda_impl.cuh — internal header of the cuda backend (the .cu files of
+ * src/ops/cuda): the backend state, the one vendor-status boundary, launch
+ * helpers and the prototypes of every mt_cuda_* kernel entry.
+ *
+ * Every mt_cuda_* function implements the mt_ops_i entry of the same name
+ * with exactly the contract written in src/ops/mt_ops.h; ops_cuda.cu puts
+ * them in the table. They are extern "C" so the table (and a C caller) sees
+ * plain C entry points; templates and kernels stay inside the .cu files.
+ *
+ * Process state. The table's entries take no handle (sync(void), gemm(...)),
+ * so the backend keeps one state object, `mt_cuda_g`: the stream every op is
+ * queued on, the cuBLAS handle, fixed reduction scratch, a grow-only
+ * workspace and the sticky error. It is the one exception to "no mutable
+ * globals" (STYLE.md 7), forced by the table's signatures; it is written only
+ * by mt_ops_cuda() (init), mt_ops_cuda_shutdown() and the error boundary.
+ *
+ * Errors. Kernels return void (mt_ops.h). Every CUDA runtime / cuBLAS status
+ * goes through MT_CUDA_CHECK_GEN (ggml's CUDA_CHECK_GEN) which turns a
+ * failure into a *sticky* error: the first failure is kept (status and
+ * "file:line: call: reason"), later ones are counted. Nothing aborts. The
+ * error surfaces through mt_ops_cuda_status() (src/ops/cuda/mt_ops_cuda.h),
+ * once on stderr at the next sync(), and by poisoning the host-visible
+ * reductions: sumsq() returns NaN and all_finite() returns 0, so the
+ * trainer's existing non-finite-gradient check stops the run instead of
+ * training on garbage.
+ *
+ * Determinism: same inputs on the same GPU model -> same bits. No atomics on
+ * floats anywhere: every reduction has a fixed tree/loop order that depends
+ * only on the shapes (not on scheduling).
+ *
+ * Emulation: with MT_CUDA_EMU defined, these files compile as plain C++
+ * against tests/cuda/emu (a CPU emulator of the few CUDA features used:
+ * fibers for threads, __syncthreads, warp shuffles, a naive cuBLAS sgemm),
+ * so the kernels can be checked on a machine without a GPU. Kernel launches
+ * therefore go through MT_LAUNCH and dynamic shared memory through
+ * MT_DYN_SMEM; nothing else differs.
+ */
+#ifndef MT_CUDA_IMPL_CUH
+#define MT_CUDA_IMPL_CUH
+
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* the core headers are plain C without extern "C" guards; the system headers
+ * they pull in are included above, outside the C-linkage block */
+extern "C" {
+#include "../mt_ops.h"
+}
+#include "mt_ops_cuda.h"
+
+/* ---- backend state (ops_cuda.cu) ---- */
+#define MT_CUDA_RED_BLOCKS  1024   /* fixed partial count of sumsq: shape-only order */
+#define MT_CUDA_RED_THREADS 256
+
+struct mt_cuda_state {
+    int            ready;          /* 1 after a successful mt_ops_cuda()        */
+    int            device;         /* cudaGetDevice() at init                    */
+    cudaStream_t   stream;         /* every op is queued here, in call order     */
+    cublasHandle_t blas;
+    /* sticky error: first failure wins; see the file comment */
+    enum mt_status err;
+    long           n_errors;
+    int            err_reported;   /* printed once on stderr by sync()           */
+    char           errmsg[384];
+    /* fixed scratch for the host-visible reductions (allocated at init) */
+    double        *red_partial;    /* (MT_CUDA_RED_BLOCKS + 1) device doubles    */
+    int           *red_flag;       /* (1) device int for all_finite              */
+    /* grow-only workspace for kernels that need temporary device memory
+     * (attention's D rows, rmsnorm's dw partials, embed's sort keys). Not on
+     * a ctx bucket (the entries take no ctx); its size is in mt_ops_cuda_info. */
+    void          *ws;
+    size_t         ws_bytes;
+    struct mt_ops_cuda_info info;
+};
+extern struct mt_cuda_state mt_cuda_g;
+
+/* Record a failure (sticky, first one kept). Returns 0 for use in conditions. */
+int mt_cuda_record(enum mt_status st, const char *call, const char *reason, const char *file, int line);
+
+/* One boundary per vendor: CUDA runtime and cuBLAS statuses become a sticky
+ * mt_status here and nowhere else. Evaluates to 1 on success, 0 on failure. */
+template <typename S, typename F>
+static inline int mt_cuda_check_gen(S st, S success, F to_string, const char *call, const char *file, int line)
+{
+    if (st == success) return 1;
+    return mt_cuda_record(MT_ERR_RUNTIME, call, to_string(st), file, line);
+}
+#define MT_CUDA_CHECK_GEN(call, success, to_string) \
+    mt_cuda_check_gen((call), (success), (to_string), #call, __FILE__, __LINE__)
+#define MT_CUDA_OK(call)    MT_CUDA_CHECK_GEN(call, cudaSuccess, cudaGetErrorString)
+#define MT_CUBLAS_OK(call)  MT_CUDA_CHECK_GEN(call, CUBLAS_STATUS_SUCCESS, cublasGetStatusString)
+#define MT_CUDA_CHECK(call) ((void)MT_CUDA_OK(call))
+#define MT_CUBLAS_CHECK(call) ((void)MT_CUBLAS_OK(call))
+/* after every kernel launch: launch-configuration errors are reported here */
+#define MT_CUDA_KCHECK()    MT_CUDA_CHECK(cudaGetLastError())
+/* a precondition a kernel cannot honour (e.g. head dim too large) */
+#define MT_CUDA_UNSUPPORTED(what) \
+    ((void)mt_cuda_record(MT_ERR_UNSUPPORTED, __func__, (what), __FILE__, __LINE__))
+
+/* Grow-only workspace of at least `bytes` (NULL + sticky OOM on failure).
+ * Valid until the next call; ops use it only within their own call, all on
+ * the one stream, so one buffer serves every op. */
+void *mt_cuda_workspace(size_t bytes);
+
+/* ---- launches ---- */
+#ifdef MT_CUDA_EMU
+#define MT_LAUNCH(kern, grid, block, smem) mt_emu_launcher((kern), dim3(grid), dim3(block), (size_t)(smem))
+#define MT_DYN_SMEM(type, name) type *name = (type *)mt_emu_dyn_smem()
+#else
+#define MT_LAUNCH(kern, grid, block, smem) kern<<<(grid), (block), (smem), mt_cuda_g.stream>>>
+#define MT_DYN_SMEM(type, name) extern __shared__ __align__(16) type name[]
+#endif
+
+#define MT_WARP 32
+#define MT_FULL_MASK 0xffffffffu
+
+/* blocks for a grid-stride loop over n items (capped; loops cover the rest) */
+static inline unsigned mt_cuda_blocks(size_t n, unsigned threads)
+{
+    size_t b = (n + threads - 1) / threads;
+    if (b < 1) b = 1;
+    if (b > 65536) b = 65536;
+    return (unsigned)b;
+}
+
+/* butterfly reductions over a full warp: every lane gets the result, and the
+ * combination order depends only on lane numbers (deterministic). */
+static __device__ __forceinline__ float mt_warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(MT_FULL_MASK, v, o);
+    return v;
+}
+static __device__ __forceinline__ float mt_warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(MT_FULL_MASK, v, o));
+    return v;
+}
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- memory.cu ---- */
+void *mt_cuda_buf_alloc(struct mt_ctx *ctx, size_t bytes, enum mt_bucket bucket);
+void  mt_cuda_buf_free(struct mt_ctx *ctx, void *p);
+void  mt_cuda_copy_to_host(void *dst_host, const void *src, size_t bytes);
+void  mt_cuda_copy_from_host(void *dst, const void *src_host, size_t bytes);
+void  mt_cuda_copy(void *dst, const void *src, size_t bytes);
+void  mt_cuda_sync(void);
+
+/* ---- elementwise.cu ---- */
+void   mt_cuda_fill(float *x, float value, size_t n);
+void   mt_cuda_axpby(float *y, const float *x, float a, float b, size_t n);
+double mt_cuda_sumsq(const float *x, size_t n);
+int    mt_cuda_all_finite(const float *x, size_t n);
+
+/* ---- gemm.cu ---- */
+void mt_cuda_gemm(int transA, int transB, int M, int N, int K, float alpha,
+                  const float *A, int lda, const float *B, int ldb,
+                  float beta, float *C, int ldc);
+
+/* ---- embed.cu ---- */
+void mt_cuda_embed_forward(float *out, const int32_t *idx, const float *wte, int N, int C);
+void mt_cuda_embed_backward(float *dwte, const float *dout, const int32_t *idx, int N, int C, int V);
+
+/* ---- rmsnorm.cu ---- */
+void mt_cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
+                             int N, int C, float eps);
+void mt_cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                              const float *weight, const float *rstd, int N, int C, int accumulate);
+
+/* ---- rope.cu ---- */
+void mt_cuda_rope_forward(float *out, const float *inp, const float *cos_tab, const float *sin_tab,
+                          int N, int T, int pos0, int nh, int hd);
+void mt_cuda_rope_backward(float *dinp, const float *dout, const float *cos_tab, const float *sin_tab,
+                           int N, int T, int pos0, int nh, int hd);
+
+/* ---- attention.cu ---- */
+void mt_cuda_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+                               int B, int Tq, int Tk, int q_pos0, int H, int K, int hd);
+void mt_cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout,
+                                const float *q, const float *k, const float *v,
+                                const float *out, const float *lse,
+                                int B, int T, int H, int K, int hd);
+
+/* ---- swiglu.cu ---- */
+void mt_cuda_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
+void mt_cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                             const float *up, size_t n);
+
+/* ---- xent.cu ---- */
+void mt_cuda_xent_forward(float *losses, float *lse_out, const float *logits, const int32_t *targets,
+                          int N, int V, float softcap);
+void mt_cuda_xent_backward(float *dlogits, const float *logits, const float *lse,
+                           const int32_t *targets, float dscale, int N, int V, float softcap);
+
+/* ---- moe.cu ---- */
+void mt_cuda_router_forward(float *probs, float *lse, int32_t *topk_idx, float *gates,
+                            const float *logits, int N, int E, int k);
+void mt_cuda_router_backward(float *dlogits, const float *dgates, const float *dprobs,
+                             const float *dlse, const float *probs, const int32_t *topk_idx,
+                             const float *gates, int N, int E, int k);
+void mt_cuda_moe_permute(float *xp, const float *h, const int32_t *src_row, int M, int C);
+void mt_cuda_moe_permute_backward(float *dh, const float *dxp, const int32_t *pos, int N, int k, int C);
+void mt_cuda_moe_combine(float *out, const float *y, const int32_t *pos, const float *gates,
+                         int N, int k, int C);
+void mt_cuda_moe_combine_backward(float *dy, float *dgates, const float *dout, const float *y,
+                                  const int32_t *pos, const float *gates, int N, int k, int C);
+
+/* ---- optim_kernels.cu ---- */
+void mt_cuda_adamw_update(float *p, const float *g, float *m, float *v, size_t n,
+                          float lr, float b1, float b2, float eps, float wd, float bc1, float bc2);
+void mt_cuda_muon_momentum(float *d, float *m, const float *g, float mu, size_t n);
+void mt_cuda_transpose(float *out, const float *in, int rows, int cols);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MT_CUDA_IMPL_CUH */

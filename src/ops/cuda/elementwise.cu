@@ -1,0 +1,127 @@
+/*
+ * elementwise.cu — fill, axpby, sumsq, all_finite (cuda backend).
+ *
+ * sumsq is a fixed-order two-pass reduction in double: pass 1 gives block b
+ * (of MT_CUDA_RED_BLOCKS) the contiguous range [b*bs, (b+1)*bs); each of its
+ * threads sums a fixed strided subset in order, then a shared-memory tree
+ * combines the threads; pass 2 (one block) sums the partials the same way.
+ * The order depends only on n: same bits every call, no atomics.
+ * all_finite: every thread that sees a non-finite value stores 1 into a
+ * zeroed flag (all writers store the same value: deterministic).
+ */
+#include "cuda_impl.cuh"
+
+#include <math.h>
+
+#define THREADS 256
+
+static __global__ void fill_k(float *x, float value, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] = value;
+}
+
+/* mode 0: y = b*y;  1: y = a*x (y not read);  2: y = a*x + b*y */
+static __global__ void axpby_k(float *y, const float *x, float a, float b, size_t n, int mode)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        if (mode == 0)      y[i] = b * y[i];
+        else if (mode == 1) y[i] = a * x[i];
+        else                y[i] = a * x[i] + b * y[i];
+    }
+}
+
+/* shared-memory tree over MT_CUDA_RED_THREADS doubles; result in s[0] */
+static __device__ void block_tree_sum(double *s)
+{
+    for (int w = MT_CUDA_RED_THREADS / 2; w > 0; w >>= 1) {
+        __syncthreads();
+        if ((int)threadIdx.x < w) s[threadIdx.x] += s[threadIdx.x + w];
+    }
+    __syncthreads();
+}
+
+static __global__ void sumsq_pass1_k(double *partial, const float *x, size_t n, size_t bs)
+{
+    __shared__ double s[MT_CUDA_RED_THREADS];
+    size_t lo = blockIdx.x * bs, hi = lo + bs;
+    if (lo > n) lo = n;
+    if (hi > n) hi = n;
+    double acc = 0.0;
+    for (size_t i = lo + threadIdx.x; i < hi; i += MT_CUDA_RED_THREADS) acc += (double)x[i] * (double)x[i];
+    s[threadIdx.x] = acc;
+    block_tree_sum(s);
+    if (threadIdx.x == 0) partial[blockIdx.x] = s[0];
+}
+
+static __global__ void sumsq_pass2_k(double *partial, int nparts)
+{
+    __shared__ double s[MT_CUDA_RED_THREADS];
+    double acc = 0.0;
+    for (int i = threadIdx.x; i < nparts; i += MT_CUDA_RED_THREADS) acc += partial[i];
+    s[threadIdx.x] = acc;
+    block_tree_sum(s);
+    if (threadIdx.x == 0) partial[nparts] = s[0];
+}
+
+static __global__ void nonfinite_k(int *flag, const float *x, size_t n)
+{
+    const uint32_t *u = (const uint32_t *)x;
+    int bad = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        bad |= (u[i] & 0x7f800000u) == 0x7f800000u;
+    if (bad) *flag = 1;
+}
+
+extern "C" void mt_cuda_fill(float *x, float value, size_t n)
+{
+    if (!n) return;
+    if (value == 0.0f) {
+        MT_CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), mt_cuda_g.stream));
+        return;
+    }
+    MT_LAUNCH(fill_k, mt_cuda_blocks(n, THREADS), THREADS, 0)(x, value, n);
+    MT_CUDA_KCHECK();
+}
+
+/* y = a*x + b*y; x == NULL: y = b*y. b == 0 does not read y (BLAS rule). */
+extern "C" void mt_cuda_axpby(float *y, const float *x, float a, float b, size_t n)
+{
+    if (!n) return;
+    if (!x && b == 0.0f) {
+        MT_CUDA_CHECK(cudaMemsetAsync(y, 0, n * sizeof(float), mt_cuda_g.stream));
+        return;
+    }
+    int mode = !x ? 0 : (b == 0.0f ? 1 : 2);
+    MT_LAUNCH(axpby_k, mt_cuda_blocks(n, THREADS), THREADS, 0)(y, x, a, b, n, mode);
+    MT_CUDA_KCHECK();
+}
+
+extern "C" double mt_cuda_sumsq(const float *x, size_t n)
+{
+    if (mt_cuda_g.err != MT_OK) return NAN;
+    if (!n) return 0.0;
+    size_t bs = (n + MT_CUDA_RED_BLOCKS - 1) / MT_CUDA_RED_BLOCKS;
+    MT_LAUNCH(sumsq_pass1_k, MT_CUDA_RED_BLOCKS, MT_CUDA_RED_THREADS, 0)(mt_cuda_g.red_partial, x, n, bs);
+    MT_CUDA_KCHECK();
+    MT_LAUNCH(sumsq_pass2_k, 1, MT_CUDA_RED_THREADS, 0)(mt_cuda_g.red_partial, MT_CUDA_RED_BLOCKS);
+    MT_CUDA_KCHECK();
+    double r = NAN;
+    MT_CUDA_CHECK(cudaMemcpyAsync(&r, mt_cuda_g.red_partial + MT_CUDA_RED_BLOCKS, sizeof r,
+                                  cudaMemcpyDeviceToHost, mt_cuda_g.stream));
+    MT_CUDA_CHECK(cudaStreamSynchronize(mt_cuda_g.stream));
+    return mt_cuda_g.err != MT_OK ? NAN : r;
+}
+
+extern "C" int mt_cuda_all_finite(const float *x, size_t n)
+{
+    if (mt_cuda_g.err != MT_OK) return 0;
+    if (!n) return 1;
+    MT_CUDA_CHECK(cudaMemsetAsync(mt_cuda_g.red_flag, 0, sizeof(int), mt_cuda_g.stream));
+    MT_LAUNCH(nonfinite_k, mt_cuda_blocks(n, THREADS), THREADS, 0)(mt_cuda_g.red_flag, x, n);
+    MT_CUDA_KCHECK();
+    int bad = 1;
+    MT_CUDA_CHECK(cudaMemcpyAsync(&bad, mt_cuda_g.red_flag, sizeof bad, cudaMemcpyDeviceToHost, mt_cuda_g.stream));
+    MT_CUDA_CHECK(cudaStreamSynchronize(mt_cuda_g.stream));
+    return mt_cuda_g.err == MT_OK && bad == 0;
+}

@@ -1,0 +1,127 @@
+/*
+ * memory.cu — device buffers accounted on the ctx buckets, copies, sync.
+ *
+ * Accounting follows mt_alloc (src/core/core.c) exactly: n_allocs counts
+ * every request, `fail_after` fails the Nth one, bytes_live/peak per bucket
+ * and in total. core.c keeps its helpers private, so the same bookkeeping is
+ * repeated here (account()); the ctx fields are the contract.
+ *
+ * Invariant: every live buffer starts MT_CUDA_HDR bytes after the pointer
+ * cudaMalloc returned; those bytes (device memory) hold {bytes, bucket,
+ * magic}, so buf_free can undo the accounting without any host-side table.
+ * The header is 256 bytes, so user pointers keep cudaMalloc's 256-byte
+ * alignment.
+ */
+#include "cuda_impl.cuh"
+
+#include <stdio.h>
+#include <string.h>
+
+#define MT_CUDA_HDR   256
+#define MT_CUDA_MAGIC 0x6d74637564614246ull  /* "mtcudaBF" */
+
+struct buf_header {
+    uint64_t bytes;
+    uint64_t bucket;
+    uint64_t magic;
+};
+
+static void account(struct mt_ctx *ctx, size_t bytes, int bucket, int add)
+{
+    if (!ctx) return;
+    if (add) {
+        ctx->bytes_live[bucket] += bytes;
+        if (ctx->bytes_live[bucket] > ctx->bytes_peak[bucket]) ctx->bytes_peak[bucket] = ctx->bytes_live[bucket];
+        ctx->bytes_live_total += bytes;
+        if (ctx->bytes_live_total > ctx->bytes_peak_total) ctx->bytes_peak_total = ctx->bytes_live_total;
+    } else {
+        ctx->bytes_live[bucket] -= bytes;
+        ctx->bytes_live_total -= bytes;
+    }
+}
+
+/* Zero-filled device buffer; NULL + MT_ERR_OOM on the ctx on failure. */
+extern "C" void *mt_cuda_buf_alloc(struct mt_ctx *ctx, size_t bytes, enum mt_bucket bucket)
+{
+    if ((int)bucket < 0 || bucket >= MT_BUCKET_COUNT) bucket = MT_BUCKET_OTHER;
+    if (ctx) {
+        ctx->n_allocs++;
+        if (ctx->fail_after > 0 && --ctx->fail_after == 0) {
+            mt_ctx_error(ctx, MT_ERR_OOM, "out of device memory allocating %zu bytes for %s (injected failure)",
+                         bytes, mt_bucket_name(bucket));
+            return NULL;
+        }
+    }
+    size_t total = bytes + MT_CUDA_HDR;
+    char *base = NULL;
+    cudaError_t e = total < bytes ? cudaErrorMemoryAllocation : cudaMalloc((void **)&base, total);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();  /* allocation failures are not sticky in CUDA */
+        if (ctx) mt_ctx_error(ctx, MT_ERR_OOM, "out of device memory allocating %zu bytes for %s: %s", bytes,
+                              mt_bucket_name(bucket), cudaGetErrorString(e));
+        return NULL;
+    }
+    struct buf_header h = {(uint64_t)bytes, (uint64_t)bucket, MT_CUDA_MAGIC};
+    int ok = MT_CUDA_OK(cudaMemsetAsync(base + MT_CUDA_HDR, 0, bytes, mt_cuda_g.stream)) &&
+             MT_CUDA_OK(cudaMemcpyAsync(base, &h, sizeof h, cudaMemcpyHostToDevice, mt_cuda_g.stream)) &&
+             MT_CUDA_OK(cudaStreamSynchronize(mt_cuda_g.stream));  /* h lives on this stack frame */
+    if (!ok) {
+        cudaFree(base);
+        if (ctx) mt_ctx_error(ctx, MT_ERR_RUNTIME, "cuda buffer setup failed: %s", mt_cuda_g.errmsg);
+        return NULL;
+    }
+    account(ctx, bytes, (int)bucket, 1);
+    return base + MT_CUDA_HDR;
+}
+
+/* No-op on NULL. Waits for queued work (cudaFree does anyway). */
+extern "C" void mt_cuda_buf_free(struct mt_ctx *ctx, void *p)
+{
+    if (!p) return;
+    char *base = (char *)p - MT_CUDA_HDR;
+    struct buf_header h;
+    memset(&h, 0, sizeof h);
+    if (MT_CUDA_OK(cudaMemcpyAsync(&h, base, sizeof h, cudaMemcpyDeviceToHost, mt_cuda_g.stream)) &&
+        MT_CUDA_OK(cudaStreamSynchronize(mt_cuda_g.stream))) {
+        if (h.magic == MT_CUDA_MAGIC && h.bucket < MT_BUCKET_COUNT)
+            account(ctx, (size_t)h.bytes, (int)h.bucket, 0);
+        else
+            mt_cuda_record(MT_ERR_RUNTIME, "buf_free", "pointer was not returned by buf_alloc (bad header)",
+                           __FILE__, __LINE__);
+    }
+    MT_CUDA_CHECK(cudaFree(base));
+}
+
+/* Host copies are synchronous: the host buffer may be read or reused as
+ * soon as the call returns. */
+extern "C" void mt_cuda_copy_to_host(void *dst_host, const void *src, size_t bytes)
+{
+    if (!bytes) return;
+    MT_CUDA_CHECK(cudaMemcpyAsync(dst_host, src, bytes, cudaMemcpyDeviceToHost, mt_cuda_g.stream));
+    MT_CUDA_CHECK(cudaStreamSynchronize(mt_cuda_g.stream));
+}
+
+extern "C" void mt_cuda_copy_from_host(void *dst, const void *src_host, size_t bytes)
+{
+    if (!bytes) return;
+    MT_CUDA_CHECK(cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, mt_cuda_g.stream));
+    MT_CUDA_CHECK(cudaStreamSynchronize(mt_cuda_g.stream));
+}
+
+/* device to device, queued (ordered with the kernels around it) */
+extern "C" void mt_cuda_copy(void *dst, const void *src, size_t bytes)
+{
+    if (!bytes || dst == src) return;
+    MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, mt_cuda_g.stream));
+}
+
+/* Wait for every queued op; the first recorded error is printed once. */
+extern "C" void mt_cuda_sync(void)
+{
+    MT_CUDA_CHECK(cudaStreamSynchronize(mt_cuda_g.stream));
+    MT_CUDA_KCHECK();
+    if (mt_cuda_g.err != MT_OK && !mt_cuda_g.err_reported) {
+        mt_cuda_g.err_reported = 1;
+        fprintf(stderr, "meshtrain cuda backend error: %s\n", mt_cuda_g.errmsg);
+    }
+}
