@@ -39,7 +39,7 @@ COMMON="--peak-flops 1e11 --quiet --data $W/train.bin"
 run() { # run NP OUT ARGS... (stdout/stderr to OUT.log)
     local np=$1 out=$2; shift 2
     if [ "$np" = 1 ]; then "$MT" train "$@" $COMMON --out "$out" >"$out.log" 2>&1
-    else "${MPIRUN[@]}" -np "$np" "$MT" train "$@" $COMMON --out "$out" >"$out.log" 2>&1; fi
+    else "${MPIRUN[@]}" -np "$np" "$MT" train "$@" $COMMON --out "$out" >"$out.log" 2>&1 </dev/null; fi
 }
 
 # losses_close REF RUN TOL -> 0 if every loss within TOL relative

@@ -88,6 +88,7 @@ struct mt_model {
      * (N/tp when tp > 1, else N); row0 = first global row of this rank's share. */
     int tp, tp_rank, sp, Nr, Nm, row0;
     struct mt_comm *tp_comm;
+    struct mt_tp_stats tp_stats;
     int any_moe, any_dense;
 
     int              n_params;

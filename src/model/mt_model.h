@@ -81,6 +81,15 @@ enum mt_status mt_model_create_par(struct mt_ctx *ctx, const struct mt_ops_i *op
 void mt_model_plan_bytes_par(const struct mt_config *cfg, int B, int flags, const struct mt_model_par *par,
                              size_t bytes[MT_BUCKET_COUNT]);
 
+/* Model-axis collectives issued by the layers (cumulative since create). */
+enum mt_tp_coll { MT_TP_ALLGATHER = 0, MT_TP_REDUCE_SCATTER, MT_TP_ALLREDUCE, MT_TP_COLL_COUNT };
+struct mt_tp_stats {
+    double bytes[MT_TP_COLL_COUNT];  /* payload: the full (gathered / pre-scatter) buffer */
+    long   calls[MT_TP_COLL_COUNT];
+    double time_s;                   /* inside the calls (blocking: all of it is exposed) */
+};
+void mt_model_tp_stats(const struct mt_model *m, struct mt_tp_stats *out);
+
 /* flags for mt_model_create_ex */
 #define MT_MODEL_EXTERNAL_PARAMS 1  /* do not allocate params/grads: every p->data and
                                      * p->grad is NULL until the caller points them at

@@ -16,25 +16,45 @@
 
 #include "../dist/mt_comm.h"
 
+/* Accounting: payload bytes (the full buffer each call covers) and time spent
+ * in the call, which is exposed: TP collectives block the layer that needs them. */
+static enum mt_status account(struct mt_model *m, enum mt_tp_coll k, size_t bytes, double t0, enum mt_status rc)
+{
+    m->tp_stats.bytes[k] += (double)bytes;
+    m->tp_stats.calls[k]++;
+    m->tp_stats.time_s += mt_time_sec() - t0;
+    return rc;
+}
+
 enum mt_status tp_gather_rows(struct mt_ctx *ctx, struct mt_model *m, float *out, const float *in, int rows, int width)
 {
-    return mt_comm_allgather(ctx, m->tp_comm, out, in, (size_t)rows * (size_t)width, MT_DTYPE_F32);
+    double t0 = mt_time_sec();
+    size_t n = (size_t)rows * (size_t)width;
+    return account(m, MT_TP_ALLGATHER, n * (size_t)m->tp * sizeof(float), t0,
+                   mt_comm_allgather(ctx, m->tp_comm, out, in, n, MT_DTYPE_F32));
 }
 
 enum mt_status tp_reduce_scatter_rows(struct mt_ctx *ctx, struct mt_model *m, float *out, const float *in, int rows,
                                       int width)
 {
-    return mt_comm_reduce_scatter(ctx, m->tp_comm, out, in, (size_t)rows * (size_t)width, MT_DTYPE_F32);
+    double t0 = mt_time_sec();
+    size_t n = (size_t)rows * (size_t)width;
+    return account(m, MT_TP_REDUCE_SCATTER, n * (size_t)m->tp * sizeof(float), t0,
+                   mt_comm_reduce_scatter(ctx, m->tp_comm, out, in, n, MT_DTYPE_F32));
 }
 
 enum mt_status tp_allreduce(struct mt_ctx *ctx, struct mt_model *m, float *buf, size_t n)
 {
-    return mt_comm_allreduce(ctx, m->tp_comm, buf, n, MT_DTYPE_F32, MT_REDOP_SUM);
+    double t0 = mt_time_sec();
+    return account(m, MT_TP_ALLREDUCE, n * sizeof(float), t0,
+                   mt_comm_allreduce(ctx, m->tp_comm, buf, n, MT_DTYPE_F32, MT_REDOP_SUM));
 }
 
 enum mt_status tp_allreduce_f64(struct mt_ctx *ctx, struct mt_model *m, double *buf, size_t n)
 {
-    return mt_comm_allreduce(ctx, m->tp_comm, buf, n, MT_DTYPE_F64, MT_REDOP_SUM);
+    double t0 = mt_time_sec();
+    return account(m, MT_TP_ALLREDUCE, n * sizeof(double), t0,
+                   mt_comm_allreduce(ctx, m->tp_comm, buf, n, MT_DTYPE_F64, MT_REDOP_SUM));
 }
 
 /* Leave a TP region: `part` (N, D) holds this rank's partial sum of the
@@ -53,3 +73,5 @@ enum mt_status tp_exit_add(struct mt_ctx *ctx, struct mt_model *m, float *x, flo
     }
     return MT_OK;
 }
+
+void mt_model_tp_stats(const struct mt_model *m, struct mt_tp_stats *out) { *out = m->tp_stats; }

@@ -412,6 +412,21 @@ static char *dist_json(const struct run_state *rs, const char *trace, const doub
                             "all-gather 1, ZeRO-2/3 reduce-scatter 1 per microbatch, ZeRO-3 all-gather up to 2 per "
                             "microbatch: units still held in a gather buffer are not gathered again)");
     cJSON_AddNumberToObject(d, "parameter_bytes", param_bytes);
+    struct mt_tp_stats tps;
+    mt_model_tp_stats(rs->model, &tps);
+    cJSON *tpj = cJSON_AddObjectToObject(d, "tensor_parallel");
+    cJSON_AddNumberToObject(tpj, "tp", rs->tp);
+    static const char *tkinds[MT_TP_COLL_COUNT] = {"allgather", "reduce_scatter", "allreduce"};
+    cJSON *tb = cJSON_AddObjectToObject(tpj, "bytes_per_step");
+    cJSON *tc = cJSON_AddObjectToObject(tpj, "calls_per_step");
+    for (int k = 0; k < MT_TP_COLL_COUNT; k++) {
+        cJSON_AddNumberToObject(tb, tkinds[k], steps > 0 ? tps.bytes[k] / steps : 0);
+        cJSON_AddNumberToObject(tc, tkinds[k], steps > 0 ? (double)tps.calls[k] / steps : 0);
+    }
+    cJSON_AddNumberToObject(tpj, "comm_s_total", tps.time_s);
+    cJSON_AddStringToObject(tpj, "note", "model-axis collectives inside the layers (rank 0), blocking: all exposed; "
+                                         "counted in timing.step_time_split_s.communication; steps = steps run "
+                                         "(evaluation passes included)");
     cJSON *tun = cJSON_AddObjectToObject(d, "tunables");
     cJSON_AddNumberToObject(tun, "MT_ZERO_OVERLAP", mt_zero_overlap(rs->eng[0]));
     cJSON_AddNumberToObject(d, "exposed_comm_s_total", zs->wait_s);
@@ -605,12 +620,17 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     const double flops_per_token = mt_model_flops_per_token(cfg);
     const int tty = isatty(fileno(stdout));
     const int mb_n = cfg->microbatches;
-    double t_run0 = mt_time_sec(), comm_total = 0, idle_total = 0;
+    double t_run0 = mt_time_sec(), comm_total = 0, idle_total = 0, tp_time0 = 0;
     int steps_run = 0;
     for (int k = 0; k < rs.n_eng; k++) mt_zero_reset_stats(rs.eng[k]);
     for (int step = start_step; step < opts->steps; step++) {
         double t0 = mt_time_sec();
         double wait0 = 0;
+        {
+            struct mt_tp_stats tps0;
+            mt_model_tp_stats(rs.model, &tps0);
+            tp_time0 = tps0.time_s;
+        }
         for (int k = 0; k < rs.n_eng; k++) {
             struct mt_zero_stats zs0;
             mt_zero_get_stats(rs.eng[k], &zs0);
@@ -667,7 +687,9 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
             mt_zero_get_stats(rs.eng[k], &zs1);
             wait1 += zs1.wait_s;
         }
-        comm_total += wait1 - wait0;
+        struct mt_tp_stats tps1;
+        mt_model_tp_stats(rs.model, &tps1);
+        comm_total += wait1 - wait0 + (tps1.time_s - tp_time0);
         idle_total += idle;
         int k = steps_run++;
         rs.step_index[k] = step;
