@@ -18,6 +18,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../core/mt_rng.h"
@@ -79,6 +80,11 @@ static void model_dims_par(struct mt_model *m, const struct mt_config *cfg, int 
         m->QD = m->H * m->hd;
         m->KD = m->K * m->hd;
     }
+    m->ep = par && par->ep > 1 ? par->ep : 1;
+    m->ep_rank = m->ep > 1 ? par->ep_rank : 0;
+    m->ep_comm = m->ep > 1 ? par->ep_comm : NULL;
+    m->Ee = m->E / m->ep;
+    m->e0 = m->ep_rank * m->Ee;
     m->Nr = m->sp ? m->N / m->tp : m->N;
     m->Nm = m->tp > 1 ? m->N / m->tp : m->N;
     m->row0 = m->tp_rank * (m->N / m->tp);
@@ -197,7 +203,7 @@ static void build_params(const struct mt_model *m, param_visit_fn fn, void *user
             continue;
         }
         visit_param(fn, user, m, lname(n, sizeof n, l, "mlp.gate.weight"), 2, m->E, m->D, MT_INIT_NORMAL, std, MT_ROLE_ROUTER, MT_SPLIT_NONE, l, -1);
-        for (int e = 0; e < m->E; e++) {
+        for (int e = m->e0; e < m->e0 + m->Ee; e++) {   /* EP: this rank's experts only */
             char s[96];
             snprintf(s, sizeof s, "mlp.experts.%d.gate_proj.weight", e);
             visit_param(fn, user, m, lname(n, sizeof n, l, s), 2, m->Fe, m->D, MT_INIT_NORMAL, std, MT_ROLE_EXPERT, MT_SPLIT_NONE, l, e);
@@ -308,8 +314,10 @@ static void model_layout(struct mt_model *m, struct carver *c)
         ly->gates = carve_f(c, A, Nm * k);
         ly->pos = carve_i(c, A, Nm * k);
         ly->src_row = carve_i(c, A, M);
-        ly->eg = carve_f(c, A, M * (size_t)m->Fe);
-        ly->eu = carve_f(c, A, M * (size_t)m->Fe);
+        if (m->ep == 1) {
+            ly->eg = carve_f(c, A, M * (size_t)m->Fe);
+            ly->eu = carve_f(c, A, M * (size_t)m->Fe);
+        }
         ly->ey = carve_f(c, A, M * D);
         if (m->Fs > 0) {
             ly->sgp = carve_f(c, A, Nm * (size_t)m->Fs);
@@ -317,12 +325,20 @@ static void model_layout(struct mt_model *m, struct carver *c)
         }
         ly->e_off = carve(c, O, (E + 1) * sizeof(int));
         ly->f_share = carve_f(c, O, (size_t)m->B * E);
+        if (m->ep > 1) {
+            /* dropless: every rank of the expert group may send all its M slots here */
+            size_t cap = (size_t)m->ep * M;
+            ly->r_cnt = carve(c, O, (size_t)m->ep * (size_t)m->Ee * sizeof(int));
+            ly->rx = carve_f(c, A, cap * D);
+            ly->eg = carve_f(c, A, cap * (size_t)m->Fe);   /* expert activations live on the receiving side */
+            ly->eu = carve_f(c, A, cap * (size_t)m->Fe);
+        }
     }
 
     /* activation-gradient scratch, shared by all layers */
     size_t ff = 0;
     if (m->any_dense && N * (size_t)m->F > ff) ff = N * (size_t)m->F;
-    if (m->any_moe && M * (size_t)m->Fe > ff) ff = M * (size_t)m->Fe;
+    if (m->any_moe && (size_t)m->ep * M * (size_t)m->Fe > ff) ff = (size_t)m->ep * M * (size_t)m->Fe;
     if (m->any_moe && Nm * (size_t)m->Fs > ff) ff = Nm * (size_t)m->Fs;
     m->dx = carve_f(c, W, Nr * D);
     m->dh = carve_f(c, W, N * D);
@@ -343,6 +359,14 @@ static void model_layout(struct mt_model *m, struct carver *c)
         m->s_xp = carve_f(c, W, M * D);
         m->s_dxp = carve_f(c, W, M * D);
         m->s_dy = carve_f(c, W, M * D);
+        if (m->ep > 1) {
+            m->s_ry = carve_f(c, W, (size_t)m->ep * M * D);
+            m->s_rdy = carve_f(c, W, (size_t)m->ep * M * D);
+            m->s_rdx = carve_f(c, W, (size_t)m->ep * M * D);
+        }
+        m->moe_load = (double *)carve(c, O, (size_t)m->L * E * sizeof(double));
+        m->h_a2a = carve(c, O, 4 * (size_t)m->ep * sizeof(size_t));
+        m->h_ecnt = carve(c, O, 2 * E * sizeof(int64_t));
         m->s_drl = carve_f(c, W, Nm * E);
         m->s_dprobs = carve_f(c, W, Nm * E);
         m->s_dgates = carve_f(c, W, Nm * k);
@@ -467,7 +491,7 @@ static void bind_layer_params(struct mt_model *m)
         }
         ly->router = &p[i++];
         ly->experts = &p[i];
-        i += 3 * m->E;
+        i += 3 * m->Ee;
         if (m->Fs > 0) {
             ly->sg = &p[i++];
             ly->su = &p[i++];
@@ -501,10 +525,19 @@ enum mt_status mt_model_create_par(struct mt_ctx *ctx, const struct mt_ops_i *op
     if (!m) return MT_ERR_OOM;
     model_dims_par(m, cfg, B, par);
     m->ops = ops;
+    if (m->ep > MT_MAX_EP)
+        MT_CHECK_GOTO(mt_ctx_error(ctx, MT_ERR_CONFIG, "model: ep=%d above the supported %d", m->ep, MT_MAX_EP), rc, fail);
+    if (m->ep > 1 && (!m->ep_comm || m->E % m->ep != 0))
+        MT_CHECK_GOTO(mt_ctx_error(ctx, MT_ERR_CONFIG, "model: ep=%d needs the expert group and n_experts %% ep == 0 "
+                                   "(n_experts=%d)", m->ep, m->E), rc, fail);
     if (m->tp > 1 && (!m->tp_comm || (m->N % m->tp) != 0))
         MT_CHECK_GOTO(mt_ctx_error(ctx, MT_ERR_CONFIG, "model: tp=%d needs the model group and B*T %% tp == 0 (B*T=%d)",
                                    m->tp, m->N), rc, fail);
     m->external_params = (flags & MT_MODEL_EXTERNAL_PARAMS) != 0;
+    /* test-only: MT_TEST_FORCE_ROUTING=1 sends every token to experts 0..top_k-1
+     * (so that some expert ranks receive no token at all) */
+    const char *fr = getenv("MT_TEST_FORCE_ROUTING");
+    m->force_route = fr && atoi(fr) == 1;
     MT_CHECK_GOTO(check_dims(ctx, m), rc, fail);
 
     struct param_sink s = { NULL, 0, 0 };
@@ -550,6 +583,13 @@ struct mt_param *mt_model_params(struct mt_model *m, int *n_params)
 }
 
 const float *mt_model_logits(const struct mt_model *m) { return m->logits; }
+
+void mt_model_ep_stats(const struct mt_model *m, struct mt_ep_stats *out) { *out = m->ep_stats; }
+const double *mt_model_moe_load(const struct mt_model *m) { return m->moe_load; }
+void mt_model_moe_load_reset(struct mt_model *m)
+{
+    if (m->moe_load) memset(m->moe_load, 0, (size_t)m->L * (size_t)m->E * sizeof(double));
+}
 
 void mt_model_set_hooks(struct mt_model *m, const struct mt_model_hooks *h)
 {
@@ -625,6 +665,20 @@ enum mt_status mt_model_init_params(struct mt_ctx *ctx, struct mt_model *m, uint
 /* ------------------------------------------------------------------ */
 /* counts                                                              */
 /* ------------------------------------------------------------------ */
+
+int mt_model_registry(const struct mt_config *cfg, struct mt_param *out, int cap)
+{
+    struct mt_model m;
+    memset(&m, 0, sizeof m);
+    model_dims(&m, cfg, 1);
+    struct param_sink s = { NULL, 0, 0 };
+    build_params(&m, sink_param, &s);
+    if (!out || cap < s.n) return s.n;
+    s.arr = out;
+    s.n = 0;
+    build_params(&m, sink_param, &s);
+    return s.n;
+}
 
 void mt_model_param_counts(const struct mt_config *cfg, size_t *total, size_t *active)
 {
@@ -766,7 +820,7 @@ enum mt_status mt_model_backward(struct mt_ctx *ctx, struct mt_model *m)
         const float *dhr = m->dh;                   /* d h_mlp_n (Nr, D) */
         if (ly->moe) {
             int tp_nosp = m->tp > 1 && !m->sp;      /* our Nm rows of a whole dx */
-            moe_backward(m, ly, m->dh, m->dx + (tp_nosp ? (size_t)m->row0 * D : 0), &m->norm);
+            MT_CHECK(moe_backward(ctx, m, ly, m->dh, m->dx + (tp_nosp ? (size_t)m->row0 * D : 0), &m->norm));
             if (tp_nosp) {
                 MT_CHECK(tp_gather_rows(ctx, m, m->s_full, m->dh, m->Nm, D));
                 dhr = m->s_full;

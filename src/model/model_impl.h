@@ -27,6 +27,9 @@
 #include <stdint.h>
 #include "mt_model.h"
 
+/* Largest expert-parallel degree (stack arrays of all-to-all counts). */
+#define MT_MAX_EP 256
+
 /* One transformer block: its parameters and what its forward saves. */
 struct mt_layer {
     int moe;                       /* 1 for an `E` block                          */
@@ -38,7 +41,7 @@ struct mt_layer {
     struct mt_param *ln2;          /* post_attention_layernorm (D)                */
     struct mt_param *wg, *wu, *wd; /* dense MLP (F, D), (F, D), (D, F); A only    */
     struct mt_param *router;       /* (E, D); E only                              */
-    struct mt_param *experts;      /* expert e: [3e] gate (Fe,D), [3e+1] up (Fe,D), [3e+2] down (D,Fe) */
+    struct mt_param *experts;      /* local expert j (global e0+j): [3j] gate (Fe,D), [3j+1] up, [3j+2] down (D,Fe) */
     struct mt_param *sg, *su, *sd; /* shared expert (Fs,D),(Fs,D),(D,Fs); NULL if Fs == 0 */
 
     /* saved activations (ACTS) */
@@ -74,6 +77,10 @@ struct mt_layer {
     float   *sgp, *sup;/* (N, Fs) shared expert gate / up pre-activations           */
     /* host (OTHER) */
     int     *e_off;    /* (E+1)   row offset of each expert in the sorted buffer    */
+    /* EP (ep > 1): rows received for this rank's experts, kept for backward */
+    int     *r_cnt;    /* (ep*Ee) rows from source rank s for local expert j: [s*Ee+j] */
+    int      r_rows;   /* sum of r_cnt                                               */
+    float   *rx;       /* (ep*M, D) received expert inputs (capacity: dropless worst case) */
     float   *f_share;  /* (B, E)  f[s,e]: share of sequence s's T*k slots (no grad) */
 };
 
@@ -86,6 +93,13 @@ struct mt_model {
     /* TP / SP (mt_model.h): N = B*T rows in a TP region; Nr rows of the residual
      * stream on this rank (N/tp with SP, else N); Nm rows an MoE block sees
      * (N/tp when tp > 1, else N); row0 = first global row of this rank's share. */
+    int ep, ep_rank, Ee, e0; /* EP: experts per rank, first local expert            */
+    struct mt_comm *ep_comm;
+    struct mt_ep_stats ep_stats;
+    double *moe_load;        /* (L*E) routed slots per expert since the last reset  */
+    size_t *h_a2a;           /* (4*ep) host: all-to-all send/recv counts and displs */
+    int64_t *h_ecnt;         /* (2*E) host: per-expert slot counts sent / received  */
+    int     force_route;     /* test-only routing override (MT_TEST_FORCE_ROUTING)  */
     int tp, tp_rank, sp, Nr, Nm, row0;
     struct mt_comm *tp_comm;
     struct mt_tp_stats tp_stats;
@@ -117,6 +131,7 @@ struct mt_model {
     float *dk, *dk2, *dv;        /* (N, KD)                                          */
     float *s_act, *s_dact, *s_dg, *s_du; /* (max(N*F, M*Fe, N*Fs)) SwiGLU scratch    */
     float *s_xp, *s_dxp, *s_dy;  /* (M, D) permuted inputs / their grads / d expert out */
+    float *s_ry, *s_rdy, *s_rdx; /* (ep*M, D) EP: expert outputs / their grads / d inputs, received side */
     float *s_drl, *s_dprobs;     /* (N, E) d router logits, d probs (aux)            */
     float *s_dgates;             /* (N, k)                                           */
     float *s_dlse;               /* (N)                                              */
@@ -201,8 +216,8 @@ enum mt_status moe_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_lay
                            int n, int want_loss, double *aux_sum, double *z_sum);
 /* dh (n, D) = d h from dout (n, D) = d out, plus the aux/z loss gradients
  * normalised by `norm`; param grads +=. n = m->Nm rows (training). */
-void moe_backward(struct mt_model *m, struct mt_layer *ly, float *dh, const float *dout,
-                  const struct mt_loss_norm *norm);
+enum mt_status moe_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly, float *dh, const float *dout,
+                            const struct mt_loss_norm *norm);
 
 /* head.c: h_final, logits (n rows); if targets: per-row CE; returns sum of CE (double). */
 double head_forward(struct mt_model *m, int n, int with_loss);

@@ -27,6 +27,8 @@
  */
 #include "model_impl.h"
 
+#include "../dist/mt_comm.h"
+
 #include <string.h>
 
 /* Counting sort of the N*k slots by expert, stable in slot order. */
@@ -53,6 +55,59 @@ static void route_slots(struct mt_model *m, struct mt_layer *ly, int n)
     }
 }
 
+/*
+ * HOW IT WORKS — expert parallelism (ep > 1). This rank holds experts
+ * [e0, e0+Ee). After routing, its slots are sorted by GLOBAL expert, so the
+ * rows for rank r's experts are the contiguous range
+ * [e_off[r*Ee], e_off[(r+1)*Ee]). One all-to-all of per-expert counts tells
+ * each rank how many rows it receives from each source for each of its
+ * experts (dropless: counts change every step, and zero is a valid count: a
+ * rank with no tokens still joins every all-to-all, forward and backward).
+ * Received rows arrive grouped [source][local expert]; each (source, expert)
+ * chunk runs as plain GEMMs, and the outputs go back by the reverse
+ * all-to-all into the sorted slot order, where combine works as on one rank.
+ * Backward sends d(outputs) the same way and the input gradients back.
+ */
+
+/* counts / displacements in rows: send side from the sorted slots, receive side from r_cnt */
+static void ep_counts(const struct mt_model *m, const struct mt_layer *ly, size_t *scnt, size_t *sdis,
+                      size_t *rcnt, size_t *rdis)
+{
+    const int ep = m->ep, Ee = m->Ee;
+    size_t off = 0;
+    for (int r = 0; r < ep; r++) {
+        sdis[r] = (size_t)ly->e_off[r * Ee];
+        scnt[r] = (size_t)(ly->e_off[(r + 1) * Ee] - ly->e_off[r * Ee]);
+        size_t c = 0;
+        for (int j = 0; j < Ee; j++) c += (size_t)ly->r_cnt[r * Ee + j];
+        rcnt[r] = c;
+        rdis[r] = off;
+        off += c;
+    }
+}
+
+/* all-to-all of rows of `width` floats; (s*) describe what we send, (r*) what we get */
+static enum mt_status ep_a2a(struct mt_ctx *ctx, struct mt_model *m, float *recv, const float *send,
+                             const size_t *scnt, const size_t *sdis, const size_t *rcnt, const size_t *rdis, int width)
+{
+    const int ep = m->ep;
+    size_t *e = m->h_a2a; /* element counts: 4 arrays of ep */
+    double rows = 0;
+    for (int r = 0; r < ep; r++) {
+        e[r] = scnt[r] * (size_t)width;
+        e[ep + r] = sdis[r] * (size_t)width;
+        e[2 * ep + r] = rcnt[r] * (size_t)width;
+        e[3 * ep + r] = rdis[r] * (size_t)width;
+        if (r != m->ep_rank) rows += (double)scnt[r] + (double)rcnt[r];
+    }
+    double t0 = mt_time_sec();
+    enum mt_status rc = mt_comm_alltoallv(ctx, m->ep_comm, send, e, e + ep, recv, e + 2 * ep, e + 3 * ep, MT_DTYPE_F32);
+    m->ep_stats.a2a_s += mt_time_sec() - t0;
+    m->ep_stats.a2a_calls++;
+    m->ep_stats.dispatch_bytes += rows * width * sizeof(float);
+    return rc;
+}
+
 enum mt_status moe_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly, float *out,
                            int n, int want_loss, double *aux_sum, double *z_sum)
 {
@@ -65,17 +120,69 @@ enum mt_status moe_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_lay
     ops->router_forward(ly->probs, ly->rlse, ly->topk, ly->gates, m->s_drl, n, E, k);
 
     ops->copy_to_host(m->h_topk, ly->topk, (size_t)M * sizeof(int32_t));
+    if (m->force_route) {
+        /* test-only: every token to experts 0..k-1, gates renormalised over them */
+        ops->copy_to_host(m->h_probs, ly->probs, (size_t)n * E * sizeof(float));
+        float *hg = m->h_dprobs; /* free until backward */
+        for (int i = 0; i < n; i++) {
+            double sum = 0;
+            for (int j = 0; j < k; j++) sum += m->h_probs[(size_t)i * E + j];
+            for (int j = 0; j < k; j++) {
+                m->h_topk[(size_t)i * k + j] = j;
+                hg[(size_t)i * k + j] = (float)(m->h_probs[(size_t)i * E + j] / sum);
+            }
+        }
+        ops->copy_from_host(ly->topk, m->h_topk, (size_t)M * sizeof(int32_t));
+        ops->copy_from_host(ly->gates, hg, (size_t)M * sizeof(float));
+    }
     route_slots(m, ly, n);
     ops->copy_from_host(ly->pos, m->h_pos, (size_t)M * sizeof(int32_t));
     ops->copy_from_host(ly->src_row, m->h_src, (size_t)M * sizeof(int32_t));
+    if (m->moe_load) {
+        double *load = m->moe_load + (size_t)(ly - m->layers) * E;
+        for (int e = 0; e < E; e++) load[e] += ly->e_off[e + 1] - ly->e_off[e];
+    }
 
     ops->moe_permute(m->s_xp, ly->h_mlp, ly->src_row, M, D);
-    for (int e = 0; e < E; e++) {
-        int r0 = ly->e_off[e], c = ly->e_off[e + 1] - r0;
-        if (c == 0) continue;
-        const struct mt_param *w = &ly->experts[3 * e];
-        mlp_forward(ops, ly->ey + (size_t)r0 * D, 0, ly->eg + (size_t)r0 * Fe, ly->eu + (size_t)r0 * Fe,
-                    m->s_act, m->s_xp + (size_t)r0 * D, w[0].data, w[1].data, w[2].data, c, D, Fe);
+    if (m->ep == 1) {
+        for (int e = 0; e < E; e++) {
+            int r0 = ly->e_off[e], c = ly->e_off[e + 1] - r0;
+            if (c == 0) continue;
+            const struct mt_param *w = &ly->experts[3 * e];
+            mlp_forward(ops, ly->ey + (size_t)r0 * D, 0, ly->eg + (size_t)r0 * Fe, ly->eu + (size_t)r0 * Fe,
+                        m->s_act, m->s_xp + (size_t)r0 * D, w[0].data, w[1].data, w[2].data, c, D, Fe);
+        }
+    } else {
+        /* per-expert counts first (every rank, even with nothing to send) */
+        const int ep = m->ep, Ee = m->Ee;
+        int64_t *sc = m->h_ecnt, *rc = m->h_ecnt + E;
+        for (int e = 0; e < E; e++) sc[e] = ly->e_off[e + 1] - ly->e_off[e];
+        size_t *a = m->h_a2a;
+        for (int r = 0; r < ep; r++) { a[r] = (size_t)Ee; a[ep + r] = (size_t)r * Ee; }
+        double t0 = mt_time_sec();
+        enum mt_status st = mt_comm_alltoallv(ctx, m->ep_comm, sc, a, a + ep, rc, a, a + ep, MT_DTYPE_I64);
+        m->ep_stats.a2a_s += mt_time_sec() - t0;
+        MT_CHECK(st);
+        ly->r_rows = 0;
+        for (int i = 0; i < ep * Ee; i++) {
+            ly->r_cnt[i] = (int)rc[i];
+            ly->r_rows += (int)rc[i];
+        }
+        MT_ASSERT(ly->r_rows <= ep * M);
+        size_t scnt[MT_MAX_EP] = {0}, sdis[MT_MAX_EP] = {0}, rcnt[MT_MAX_EP] = {0}, rdis[MT_MAX_EP] = {0};
+        ep_counts(m, ly, scnt, sdis, rcnt, rdis);
+        MT_CHECK(ep_a2a(ctx, m, ly->rx, m->s_xp, scnt, sdis, rcnt, rdis, D));
+        size_t o = 0;
+        for (int src = 0; src < ep; src++)
+            for (int j = 0; j < Ee; j++) {
+                int c = ly->r_cnt[src * Ee + j];
+                const struct mt_param *w = &ly->experts[3 * j];
+                if (c > 0)
+                    mlp_forward(ops, m->s_ry + o * D, 0, ly->eg + o * Fe, ly->eu + o * Fe, m->s_act, ly->rx + o * D,
+                                w[0].data, w[1].data, w[2].data, c, D, Fe);
+                o += (size_t)c;
+            }
+        MT_CHECK(ep_a2a(ctx, m, ly->ey, m->s_ry, rcnt, rdis, scnt, sdis, D));   /* back to the sources */
     }
     ops->moe_combine(out, ly->ey, ly->pos, ly->gates, n, k, D);
     if (m->Fs > 0)
@@ -121,8 +228,8 @@ enum mt_status moe_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_lay
     return MT_OK;
 }
 
-void moe_backward(struct mt_model *m, struct mt_layer *ly, float *dh, const float *dout,
-                  const struct mt_loss_norm *norm)
+enum mt_status moe_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly, float *dh, const float *dout,
+                            const struct mt_loss_norm *norm)
 {
     const struct mt_ops_i *ops = m->ops;
     const int T = m->T, n = m->Nm, D = m->D, E = m->E, k = m->top_k, Fe = m->Fe;
@@ -131,16 +238,37 @@ void moe_backward(struct mt_model *m, struct mt_layer *ly, float *dh, const floa
     /* term 1: combine */
     ops->moe_combine_backward(m->s_dy, m->s_dgates, dout, ly->ey, ly->pos, ly->gates, n, k, D);
     /* term 2: experts on their row ranges (inputs re-permuted, not saved) */
-    ops->moe_permute(m->s_xp, ly->h_mlp, ly->src_row, M, D);
-    for (int e = 0; e < E; e++) {
-        int r0 = ly->e_off[e], c = ly->e_off[e + 1] - r0;
-        if (c == 0) continue;
-        struct mt_param *w = &ly->experts[3 * e];
-        mlp_backward(ops, m->s_dxp + (size_t)r0 * D, 0, w[0].grad, w[1].grad, w[2].grad,
-                     m->s_act, m->s_dact, m->s_dg, m->s_du,
-                     m->s_dy + (size_t)r0 * D, m->s_xp + (size_t)r0 * D,
-                     ly->eg + (size_t)r0 * Fe, ly->eu + (size_t)r0 * Fe,
-                     w[0].data, w[1].data, w[2].data, c, D, Fe);
+    if (m->ep == 1) {
+        ops->moe_permute(m->s_xp, ly->h_mlp, ly->src_row, M, D);
+        for (int e = 0; e < E; e++) {
+            int r0 = ly->e_off[e], c = ly->e_off[e + 1] - r0;
+            if (c == 0) continue;
+            struct mt_param *w = &ly->experts[3 * e];
+            mlp_backward(ops, m->s_dxp + (size_t)r0 * D, 0, w[0].grad, w[1].grad, w[2].grad,
+                         m->s_act, m->s_dact, m->s_dg, m->s_du,
+                         m->s_dy + (size_t)r0 * D, m->s_xp + (size_t)r0 * D,
+                         ly->eg + (size_t)r0 * Fe, ly->eu + (size_t)r0 * Fe,
+                         w[0].data, w[1].data, w[2].data, c, D, Fe);
+        }
+    } else {
+        const int ep = m->ep, Ee = m->Ee;
+        size_t scnt[MT_MAX_EP] = {0}, sdis[MT_MAX_EP] = {0}, rcnt[MT_MAX_EP] = {0}, rdis[MT_MAX_EP] = {0};
+        ep_counts(m, ly, scnt, sdis, rcnt, rdis);
+        enum mt_status st = ep_a2a(ctx, m, m->s_rdy, m->s_dy, scnt, sdis, rcnt, rdis, D);
+        if (st != MT_OK) return st;
+        size_t o = 0;
+        for (int src = 0; src < ep; src++)
+            for (int j = 0; j < Ee; j++) {
+                int c = ly->r_cnt[src * Ee + j];
+                struct mt_param *w = &ly->experts[3 * j];
+                if (c > 0)
+                    mlp_backward(ops, m->s_rdx + o * D, 0, w[0].grad, w[1].grad, w[2].grad,
+                                 m->s_act, m->s_dact, m->s_dg, m->s_du, m->s_rdy + o * D, ly->rx + o * D,
+                                 ly->eg + o * Fe, ly->eu + o * Fe, w[0].data, w[1].data, w[2].data, c, D, Fe);
+                o += (size_t)c;
+            }
+        st = ep_a2a(ctx, m, m->s_dxp, m->s_rdx, rcnt, rdis, scnt, sdis, D);
+        if (st != MT_OK) return st;
     }
     ops->fill(dh, 0.0f, (size_t)n * D);
     ops->moe_permute_backward(dh, m->s_dxp, ly->pos, n, k, D);
@@ -166,4 +294,5 @@ void moe_backward(struct mt_model *m, struct mt_layer *ly, float *dh, const floa
     /* term 4: router */
     ops->router_backward(m->s_drl, m->s_dgates, m->s_dprobs, m->s_dlse, ly->probs, ly->topk, ly->gates, n, E, k);
     linear_backward(ops, dh, 1.0f, ly->router->grad, m->s_drl, ly->h_mlp, ly->router->data, n, D, E);
+    return MT_OK;
 }

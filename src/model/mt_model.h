@@ -75,7 +75,21 @@ struct mt_model_par {
     int             tp, tp_rank;  /* model axis degree and this rank's coordinate (1, 0: no TP) */
     int             sp;           /* sequence parallel (used when tp > 1)                         */
     struct mt_comm *tp_comm;      /* the model group; NULL when tp == 1                           */
+    int             ep, ep_rank;  /* expert axis: this rank holds experts [ep_rank*E/ep, +E/ep)   */
+    struct mt_comm *ep_comm;      /* the expert group (token all-to-all); NULL when ep == 1       */
 };
+
+/* Expert-parallel dispatch statistics (cumulative since create, this rank). */
+struct mt_ep_stats {
+    double dispatch_bytes;   /* rows sent + received by the token all-to-alls, fwd + bwd (bytes) */
+    double a2a_s;            /* time in the all-to-alls (blocking: exposed)                       */
+    long   a2a_calls;
+};
+void mt_model_ep_stats(const struct mt_model *m, struct mt_ep_stats *out);
+/* Routed slots per expert (global index) counted on this rank since the last
+ * reset, per MoE layer: load[l*E + e] (layers without MoE stay 0). */
+const double *mt_model_moe_load(const struct mt_model *m);
+void mt_model_moe_load_reset(struct mt_model *m);
 enum mt_status mt_model_create_par(struct mt_ctx *ctx, const struct mt_ops_i *ops, const struct mt_config *cfg,
                                    int B, int flags, const struct mt_model_par *par, struct mt_model **out);
 void mt_model_plan_bytes_par(const struct mt_config *cfg, int B, int flags, const struct mt_model_par *par,
@@ -154,6 +168,10 @@ void mt_model_zero_grad(struct mt_model *m);
 /* Logits (B, T, V) of the last forward, backend memory; raw (before softcap).
  * Valid until the next forward/backward. */
 const float *mt_model_logits(const struct mt_model *m);
+
+/* The GLOBAL parameter list (one rank: every expert, full shapes) in model
+ * order, without data. Returns the count; fills out only if cap >= count. */
+int mt_model_registry(const struct mt_config *cfg, struct mt_param *out, int cap);
 
 /* Parameter counts: total, and active per token (MoE: top_k experts + shared). */
 void mt_model_param_counts(const struct mt_config *cfg, size_t *total, size_t *active);

@@ -159,13 +159,19 @@ struct run_state {
     struct mt_comm  *lossc;     /* data x expert x model: where loss shares and norms meet */
     int              dp_rank, dp_size, tp, tp_rank;
     /* one ZeRO engine + optimizer per reduction group: [0] data x expert,
-     * [1] data x expert x model (parameters partial over the model axis, tp > 1) */
-    struct mt_zero    *eng[2];
-    struct mt_optim   *opt[2];
+     * [1] data x expert x model (parameters partial over the model axis, tp > 1),
+     * [2] data (x model under TP): the experts of this rank (ep > 1) */
+    struct mt_zero    *eng[3];
+    struct mt_optim   *opt[3];
     int                n_eng;
     struct mt_zero_set zset;
     int               *eng_of;  /* (P) engine of parameter i                          */
-    unsigned char     *sel[2];  /* (P) selection masks                                */
+    unsigned char     *sel[3];  /* (P) selection masks                                */
+    int                ep;
+    const struct mt_config *cfg;
+    double            *imbalance; /* (steps) max/mean routed slots per expert, mean over MoE layers */
+    double            *load_total; /* (L*E) routed slots per expert over the run (world) */
+    double            *load_step;  /* (L*E) scratch                                      */
     unsigned char     *count;   /* (P) 0: a model-axis copy this rank does not count/write */
     struct mt_data  *train, *val;
     struct mt_model *model;
@@ -241,17 +247,31 @@ static enum mt_status save_checkpoint(struct mt_ctx *ctx, const struct mt_ops_i 
     struct mt_param *params = mt_model_params(rs->model, &n);
     int n_states = 0;
     for (int k = 0; k < rs->n_eng; k++) n_states += mt_optim_state_count(rs->opt[k]);
-    /* entries: params, then states (2 per AdamW param, 1 per Muon param) */
+    /* the entry list is GLOBAL (every rank passes the same names and shapes):
+     * under EP a rank holds only its experts, so the list comes from the registry */
+    int ng = mt_model_registry(cfg, NULL, 0);
+    struct mt_param *glob = mt_alloc(ctx, (size_t)ng * sizeof *glob, MT_BUCKET_OTHER);
+    int *local = mt_alloc(ctx, (size_t)ng * sizeof(int), MT_BUCKET_OTHER);
     int n_ent = 0;
-    for (int i = 0; i < n; i++) n_ent += 1 + (params[i].optim == MT_OPTIM_ADAMW ? 2 : 1);
-    struct mt_ckpt_entry *ent = mt_alloc(ctx, (size_t)n_ent * sizeof *ent, MT_BUCKET_OTHER);
-    char (*names)[160] = mt_alloc(ctx, (size_t)n_ent * 160, MT_BUCKET_OTHER);
+    if (glob) {
+        mt_model_registry(cfg, glob, ng);
+        for (int g = 0; g < ng; g++) n_ent += 1 + (glob[g].optim == MT_OPTIM_ADAMW ? 2 : 1);
+    }
+    struct mt_ckpt_entry *ent = mt_alloc(ctx, (size_t)(n_ent + 1) * sizeof *ent, MT_BUCKET_OTHER);
+    char (*names)[160] = mt_alloc(ctx, (size_t)(n_ent + 1) * 160, MT_BUCKET_OTHER);
     struct mt_optim_state *st = mt_alloc(ctx, (size_t)(n_states + 1) * sizeof *st, MT_BUCKET_OTHER);
-    if (!ent || !names || !st) {
+    if (!glob || !local || !ent || !names || !st) {
+        mt_free(ctx, glob);
+        mt_free(ctx, local);
         mt_free(ctx, ent);
         mt_free(ctx, names);
         mt_free(ctx, st);
         return MT_ERR_OOM;
+    }
+    /* both lists are in model order: match by name with one forward scan */
+    for (int g = 0, i = 0; g < ng; g++) {
+        local[g] = -1;
+        if (i < n && !strcmp(glob[g].name, params[i].name)) local[g] = i++;
     }
     int ns_all = 0;
     for (int k = 0; k < rs->n_eng; k++)
@@ -260,24 +280,27 @@ static enum mt_status save_checkpoint(struct mt_ctx *ctx, const struct mt_ops_i 
      * parameter replicated over the model axis but reduced over data only,
      * model rank 0 alone. Each rank writes its box (TP: its slice). */
     int e = 0;
-    for (int i = 0; i < n; i++) {
-        struct mt_zero *z = rs->eng[rs->eng_of[i]];
-        int mine = rs->count[i] && mt_zero_owner(z, i) == mt_zero_group_rank(z);
-        ent[e++] = (struct mt_ckpt_entry){params[i].name, 0, &params[i], mine ? mt_zero_param_data(z, i) : NULL};
+    for (int g = 0; g < ng; g++) {
+        int i = local[g];
+        struct mt_zero *z = i >= 0 ? rs->eng[rs->eng_of[i]] : NULL;
+        int mine = i >= 0 && rs->count[i] && mt_zero_owner(z, i) == mt_zero_group_rank(z);
+        ent[e++] = (struct mt_ckpt_entry){glob[g].name, 0, i >= 0 ? &params[i] : &glob[g],
+                                          mine ? mt_zero_param_data(z, i) : NULL};
     }
-    for (int i = 0; i < n; i++) {
-        struct mt_zero *z = rs->eng[rs->eng_of[i]];
-        int mine = rs->count[i] && mt_zero_owner(z, i) == mt_zero_group_rank(z);
+    for (int g = 0; g < ng; g++) {
+        int i = local[g];
+        struct mt_zero *z = i >= 0 ? rs->eng[rs->eng_of[i]] : NULL;
+        int mine = i >= 0 && rs->count[i] && mt_zero_owner(z, i) == mt_zero_group_rank(z);
         const char *sfx[2] = {"exp_avg", "exp_avg_sq"};
-        int ns = params[i].optim == MT_OPTIM_ADAMW ? 2 : 1;
+        int ns = glob[g].optim == MT_OPTIM_ADAMW ? 2 : 1;
         for (int j = 0; j < ns; j++) {
-            if (ns == 2) snprintf(names[e], 160, "%s.%s", params[i].name, sfx[j]);
-            else snprintf(names[e], 160, "%s.momentum_buffer", params[i].name);
+            if (ns == 2) snprintf(names[e], 160, "%s.%s", glob[g].name, sfx[j]);
+            else snprintf(names[e], 160, "%s.momentum_buffer", glob[g].name);
             const float *data = NULL;
             if (mine)
                 for (int k = 0; k < n_states; k++)
                     if (!strcmp(st[k].name, names[e])) { data = st[k].data; break; }
-            ent[e] = (struct mt_ckpt_entry){names[e], 1, &params[i], data};
+            ent[e] = (struct mt_ckpt_entry){names[e], 1, i >= 0 ? &params[i] : &glob[g], data};
             e++;
         }
     }
@@ -285,6 +308,8 @@ static enum mt_status save_checkpoint(struct mt_ctx *ctx, const struct mt_ops_i 
     mt_free(ctx, ent);
     mt_free(ctx, names);
     mt_free(ctx, st);
+    mt_free(ctx, glob);
+    mt_free(ctx, local);
     MT_CHECK(rc);
     /* the tokenizer travels with the checkpoint so `sample` can decode */
     if (mt_mesh_rank(rs->mesh) == 0) {
@@ -339,6 +364,7 @@ static enum mt_status replica_hash_check(struct mt_ctx *ctx, const struct mt_ops
                     mt_mesh_coord_of(d, a, &ca);
                     mt_mesh_coord_of(d, b, &cb);
                     if (ca.pipe != cb.pipe || (split && ca.model != cb.model)) continue;
+                    if (params[i].role == MT_ROLE_EXPERT && ca.expert != cb.expert) continue; /* other experts */
                     pairs++;
                     if (all[(size_t)a * n + i] != all[(size_t)b * n + i]) { bad = i; bad_a = a; bad_b = b; break; }
                 }
@@ -427,6 +453,39 @@ static char *dist_json(const struct run_state *rs, const char *trace, const doub
     cJSON_AddStringToObject(tpj, "note", "model-axis collectives inside the layers (rank 0), blocking: all exposed; "
                                          "counted in timing.step_time_split_s.communication; steps = steps run "
                                          "(evaluation passes included)");
+    if (rs->imbalance) {
+        const struct mt_config *cfg = rs->cfg;
+        cJSON *mo = cJSON_AddObjectToObject(d, "moe");
+        cJSON *hist = cJSON_AddArrayToObject(mo, "tokens_per_expert_total");
+        for (int l = 0; l < cfg->n_layer; l++) {
+            if (cfg->pattern[l] != 'E') continue;
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddNumberToObject(o, "layer", l);
+            cJSON *arr = cJSON_AddArrayToObject(o, "slots");
+            for (int e = 0; e < cfg->n_experts; e++)
+                cJSON_AddItemToArray(arr, cJSON_CreateNumber(rs->load_total[(size_t)l * cfg->n_experts + e]));
+            cJSON_AddItemToArray(hist, o);
+        }
+        cJSON *im = cJSON_AddArrayToObject(mo, "imbalance_max_over_mean_per_step");
+        double mean = 0;
+        for (int i = 0; i < steps; i++) {
+            cJSON_AddItemToArray(im, cJSON_CreateNumber(rs->imbalance[i]));
+            mean += rs->imbalance[i];
+        }
+        cJSON_AddNumberToObject(mo, "imbalance_mean", steps ? mean / steps : 0);
+        cJSON_AddStringToObject(mo, "imbalance_convention",
+                                "per step: routed slots of the busiest expert / mean over experts, whole world, "
+                                "averaged over MoE layers (1 = perfect balance)");
+        struct mt_ep_stats eps;
+        mt_model_ep_stats(rs->model, &eps);
+        cJSON *epj = cJSON_AddObjectToObject(mo, "expert_parallel");
+        cJSON_AddNumberToObject(epj, "ep", rs->ep);
+        cJSON_AddNumberToObject(epj, "dispatch_bytes_per_step", steps ? eps.dispatch_bytes / steps : 0);
+        cJSON_AddNumberToObject(epj, "all_to_all_s_total", eps.a2a_s);
+        cJSON_AddNumberToObject(epj, "all_to_all_calls_per_step", steps ? (double)eps.a2a_calls / steps : 0);
+        cJSON_AddStringToObject(epj, "note", "rank 0; rows sent to and received from other expert ranks, forward and "
+                                             "backward; blocking, so all of it is exposed");
+    }
     cJSON *tun = cJSON_AddObjectToObject(d, "tunables");
     cJSON_AddNumberToObject(tun, "MT_ZERO_OVERLAP", mt_zero_overlap(rs->eng[0]));
     cJSON_AddNumberToObject(d, "exposed_comm_s_total", zs->wait_s);
@@ -482,10 +541,9 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     }
     /* the startup contract, before any allocation; identical on every rank */
     MT_CHECK(mt_mesh_check_contract(ctx, &dims, cfg, world, cfg->microbatches));
-    if (dims.ep > 1 || dims.pp > 1)
+    if (dims.pp > 1)
         return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED,
-                            "mesh %s: train runs the data and model axes so far (ep and pp must be 1; expert "
-                            "and pipeline parallelism are not implemented yet)", opts->mesh ? opts->mesh : "");
+                            "mesh %s: pipeline parallelism (pp > 1) is not implemented yet", opts->mesh ? opts->mesh : "");
 
     /* ---- 2. backend ---- */
     const struct mt_ops_i *ops = NULL;
@@ -531,26 +589,35 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     fflush(stdout);
 
     struct mt_model_par par = {.tp = dims.tp, .tp_rank = rs.tp_rank, .sp = mt_mesh_get_preds(rs.mesh)->sp_on,
-                               .tp_comm = dims.tp > 1 ? mt_mesh_model_comm(rs.mesh) : NULL};
+                               .tp_comm = dims.tp > 1 ? mt_mesh_model_comm(rs.mesh) : NULL,
+                               .ep = dims.ep, .ep_rank = mt_mesh_get_coord(rs.mesh)->expert,
+                               .ep_comm = dims.ep > 1 ? mt_mesh_expert_comm(rs.mesh) : NULL};
+    rs.ep = dims.ep;
+    rs.cfg = cfg;
     MT_CHECK_GOTO(mt_model_create_par(ctx, ops, cfg, Bm, MT_MODEL_EXTERNAL_PARAMS, &par, &rs.model), rc, done);
     int n_params;
     struct mt_param *params = mt_model_params(rs.model, &n_params);
     rs.eng_of = mt_alloc(ctx, (size_t)n_params * sizeof(int), MT_BUCKET_OTHER);
     rs.sel[0] = mt_alloc(ctx, (size_t)n_params, MT_BUCKET_OTHER);
     rs.sel[1] = mt_alloc(ctx, (size_t)n_params, MT_BUCKET_OTHER);
+    rs.sel[2] = mt_alloc(ctx, (size_t)n_params, MT_BUCKET_OTHER);
     rs.count = mt_alloc(ctx, (size_t)n_params, MT_BUCKET_OTHER);
-    if (!rs.eng_of || !rs.sel[0] || !rs.sel[1] || !rs.count) { rc = MT_ERR_OOM; goto done; }
+    if (!rs.eng_of || !rs.sel[0] || !rs.sel[1] || !rs.sel[2] || !rs.count) { rc = MT_ERR_OOM; goto done; }
     for (int i = 0; i < n_params; i++) {
         int partial = dims.tp > 1 && params[i].reduce_model;
-        rs.eng_of[i] = partial;
-        rs.sel[0][i] = !partial;
-        rs.sel[1][i] = (unsigned char)partial;
+        int expert = dims.ep > 1 && params[i].role == MT_ROLE_EXPERT;
+        rs.eng_of[i] = expert ? 2 : partial;
+        rs.sel[0][i] = rs.eng_of[i] == 0;
+        rs.sel[1][i] = rs.eng_of[i] == 1;
+        rs.sel[2][i] = rs.eng_of[i] == 2;
         /* replicated over the model axis yet reduced over data only: identical on
          * every model rank, so counted (norm) and written (checkpoint) by model rank 0 */
         rs.count[i] = !(dims.tp > 1 && !partial && params[i].split == MT_SPLIT_NONE && rs.tp_rank != 0);
     }
-    rs.n_eng = dims.tp > 1 ? 2 : 1;
-    struct mt_comm *groups[2] = {rs.dpc, rs.lossc};
+    rs.n_eng = dims.ep > 1 ? 3 : (dims.tp > 1 ? 2 : 1);
+    /* experts (ep > 1) reduce over data, and over model too under TP (SP region) */
+    struct mt_comm *groups[3] = {rs.dpc, rs.lossc,
+                                 dims.tp > 1 ? mt_mesh_data_model_comm(rs.mesh) : mt_mesh_data_comm(rs.mesh)};
     for (int k = 0; k < rs.n_eng; k++) {
         MT_CHECK_GOTO(mt_zero_create(ctx, ops, groups[k], opts->zero_stage, cfg->reshard_after_forward, rs.model,
                                      rs.sel[k], &rs.eng[k]), rc, done);
@@ -590,6 +657,14 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     rs.times = mt_alloc(ctx, nh * sizeof(double), MT_BUCKET_OTHER);
     rs.eval_losses = mt_alloc(ctx, (nh + 1) * sizeof(double), MT_BUCKET_OTHER);
     mem_all = mt_alloc(ctx, (size_t)world * MT_BUCKET_COUNT * sizeof(double), MT_BUCKET_OTHER);
+    const int any_moe = strchr(cfg->pattern, 'E') != NULL, LE = cfg->n_layer * (cfg->n_experts > 0 ? cfg->n_experts : 1);
+    if (any_moe) {
+        rs.imbalance = mt_alloc(ctx, nh * sizeof(double), MT_BUCKET_OTHER);
+        rs.load_total = mt_alloc(ctx, (size_t)LE * sizeof(double), MT_BUCKET_OTHER);
+        rs.load_step = mt_alloc(ctx, (size_t)LE * sizeof(double), MT_BUCKET_OTHER);
+        if (!rs.imbalance || !rs.load_total || !rs.load_step) { rc = MT_ERR_OOM; goto done; }
+        memset(rs.load_total, 0, (size_t)LE * sizeof(double));
+    }
     if (!rs.idx || !rs.tgt || !rs.step_index || !rs.eval_steps || !rs.losses || !rs.lm || !rs.aux || !rs.z ||
         !rs.gnorm || !rs.lrs || !rs.times || !rs.eval_losses || !mem_all) {
         rc = MT_ERR_OOM;
@@ -620,7 +695,7 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     const double flops_per_token = mt_model_flops_per_token(cfg);
     const int tty = isatty(fileno(stdout));
     const int mb_n = cfg->microbatches;
-    double t_run0 = mt_time_sec(), comm_total = 0, idle_total = 0, tp_time0 = 0;
+    double t_run0 = mt_time_sec(), comm_total = 0, idle_total = 0, tp_time0 = 0, ep_time0 = 0;
     int steps_run = 0;
     for (int k = 0; k < rs.n_eng; k++) mt_zero_reset_stats(rs.eng[k]);
     for (int step = start_step; step < opts->steps; step++) {
@@ -630,6 +705,9 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
             struct mt_tp_stats tps0;
             mt_model_tp_stats(rs.model, &tps0);
             tp_time0 = tps0.time_s;
+            struct mt_ep_stats eps0;
+            mt_model_ep_stats(rs.model, &eps0);
+            ep_time0 = eps0.a2a_s;
         }
         for (int k = 0; k < rs.n_eng; k++) {
             struct mt_zero_stats zs0;
@@ -645,6 +723,7 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
             if (!strcmp(fault.kind, "nan")) mt_zero_inject_nan(rs.eng[0], step, mt_model_n_units(rs.model) - 1);
         }
         for (int k = 0; k < rs.n_eng; k++) mt_zero_begin_step(rs.eng[k], step);
+        mt_model_moe_load_reset(rs.model);
         /* targets are never -1 in the default order; the count stays general */
         struct mt_loss_norm norm = {.n_targets = (double)G * T, .n_sequences = G, .n_tokens = (double)G * T};
         double part[3] = {0, 0, 0};
@@ -661,6 +740,26 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
             part[2] += parts.z;
         }
         for (int k = 0; k < rs.n_eng; k++) MT_CHECK_GOTO(mt_zero_finish_grads(ctx, rs.eng[k]), rc, done);
+        if (any_moe) {
+            /* routed slots per expert, this step, over the whole world (load histogram) */
+            memcpy(rs.load_step, mt_model_moe_load(rs.model), (size_t)LE * sizeof(double));
+            MT_CHECK_GOTO(mt_comm_allreduce(ctx, mt_mesh_world_comm(rs.mesh), rs.load_step, (size_t)LE, MT_DTYPE_F64,
+                                            MT_REDOP_SUM), rc, done);
+            double imb = 0;
+            int nl = 0;
+            for (int l = 0; l < cfg->n_layer; l++) {
+                if (cfg->pattern[l] != 'E') continue;
+                double mx = 0, sum = 0;
+                for (int e = 0; e < cfg->n_experts; e++) {
+                    double v = rs.load_step[(size_t)l * cfg->n_experts + e];
+                    rs.load_total[(size_t)l * cfg->n_experts + e] += v;
+                    sum += v;
+                    if (v > mx) mx = v;
+                }
+                if (sum > 0) { imb += mx / (sum / cfg->n_experts); nl++; }
+            }
+            rs.imbalance[steps_run] = nl ? imb / nl : 0;
+        }
         /* the loss sums meet here: the first point where every rank waits for the slowest (idle) */
         double ti = mt_time_sec();
         MT_CHECK_GOTO(mt_comm_allreduce(ctx, rs.lossc, part, 3, MT_DTYPE_F64, MT_REDOP_SUM), rc, done);
@@ -689,7 +788,9 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
         }
         struct mt_tp_stats tps1;
         mt_model_tp_stats(rs.model, &tps1);
-        comm_total += wait1 - wait0 + (tps1.time_s - tp_time0);
+        struct mt_ep_stats eps1;
+        mt_model_ep_stats(rs.model, &eps1);
+        comm_total += wait1 - wait0 + (tps1.time_s - tp_time0) + (eps1.a2a_s - ep_time0);
         idle_total += idle;
         int k = steps_run++;
         rs.step_index[k] = step;
@@ -845,13 +946,17 @@ done:
     mt_free(ctx, rs.lrs);
     mt_free(ctx, rs.times);
     mt_free(ctx, rs.eval_losses);
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 3; k++) {
         mt_optim_destroy(ctx, rs.opt[k]);
         mt_zero_destroy(ctx, rs.eng[k]);
     }
     mt_free(ctx, rs.eng_of);
     mt_free(ctx, rs.sel[0]);
     mt_free(ctx, rs.sel[1]);
+    mt_free(ctx, rs.sel[2]);
+    mt_free(ctx, rs.imbalance);
+    mt_free(ctx, rs.load_total);
+    mt_free(ctx, rs.load_step);
     mt_free(ctx, rs.count);
     mt_model_destroy(ctx, rs.model);
     mt_mesh_destroy(rs.mesh);

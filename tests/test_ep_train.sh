@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# test_ep_train.sh BUILD_DIR — expert parallel MoE under mpirun (issue 6).
+#  1. equivalence with the single-rank losses (1e-5 relative, 20 steps): ep=2,
+#     ep=4, ep=2 x dp=2, ep=2 x tp=2, ep=2 x ZeRO-3; with and without a shared expert;
+#  2. the zero-token rank: forced routing (MT_TEST_FORCE_ROUTING=1) sends every
+#     token to experts 0,1, so on ep=4 ranks 2 and 3 receive nothing: the run
+#     matches the single-rank run with the same routing, and those experts'
+#     weights are exactly their initial values (zero gradients, no update);
+#  3. expert parameters hash the same across their data group after 50 steps;
+#  4. the receipt has the load histogram, the imbalance and the dispatch bytes;
+#     aux and z losses are logged apart from the LM loss;
+#  5. a checkpoint saved on ep=2 x dp=2 resumes on one rank;
+#  6. n_experts % ep != 0, top_k > n_experts: one line, exit 2, every rank.
+set -u
+BUILD=${1:?usage: test_ep_train.sh BUILD_DIR}
+MT="$BUILD/meshtrain"
+HERE=$(cd "$(dirname "$0")" && pwd)
+if ! command -v mpirun >/dev/null 2>&1; then echo "SKIP: no mpirun"; exit 0; fi
+if [ -f "$BUILD/CMakeCache.txt" ] && ! grep -q '^MT_WITH_MPI:BOOL=ON' "$BUILD/CMakeCache.txt"; then
+    echo "SKIP: built without MPI"; exit 0
+fi
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+export OMP_NUM_THREADS=1 OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1
+MPIRUN=(timeout 120 mpirun --oversubscribe --allow-run-as-root -x MT_TEST_FORCE_ROUTING)
+export MT_TEST_FORCE_ROUTING=0
+fails=0; passes=0
+ok()  { passes=$((passes+1)); echo "PASS $1"; }
+bad() { fails=$((fails+1)); echo "FAIL $1"; }
+
+python3 "$HERE/make_shard.py" "$W/train.bin" 20000 64 pattern
+BASE="--set vocab_size=64 --set n_layer=2 --set d_model=32 --set n_head=4 --set n_kv_head=2 --set seq_len=16 --set batch_size=8 --set lr=0.01 --set warmup_steps=2 --set total_steps=20 --set pattern=AE --set n_experts=4 --set top_k=2 --set expert_hidden=32 --set microbatches=2"
+SHARED="$BASE --set shared_expert_hidden=16"
+COMMON="--peak-flops 1e11 --quiet --data $W/train.bin"
+
+run() { # run NP OUT ARGS...
+    local np=$1 out=$2; shift 2
+    if [ "$np" = 1 ]; then "$MT" train "$@" $COMMON --out "$out" >"$out.log" 2>&1
+    else "${MPIRUN[@]}" -np "$np" "$MT" train "$@" $COMMON --out "$out" >"$out.log" 2>&1 </dev/null; fi
+}
+close() { # close REF RUN TOL [SKIP]
+    python3 - "$1/receipt.json" "$2/receipt.json" "$3" "${4:-0}" <<'PY'
+import json, sys
+a = json.load(open(sys.argv[1]))["losses"][int(sys.argv[4]):]; b = json.load(open(sys.argv[2]))["losses"]
+assert len(a) == len(b) and len(a) > 0, (len(a), len(b))
+w = max(abs(x - y) / abs(x) for x, y in zip(a, b)); print("   max rel diff %.3g over %d steps" % (w, len(a)))
+sys.exit(0 if w <= float(sys.argv[3]) else 1)
+PY
+}
+
+# ---- 1: equivalence ----
+for name in BASE SHARED; do
+    cfg=${!name}
+    run 1 "$W/${name}_ref" $cfg --steps 20 || { bad "$name reference"; cat "$W/${name}_ref.log"; continue; }
+    i=0
+    while read -r np mesh zero; do
+        i=$((i+1)); o="$W/${name}_$i"
+        if run "$np" "$o" $cfg --steps 20 --mesh "$mesh" --zero "$zero" && close "$W/${name}_ref" "$o" 1e-5; then
+            ok "$name --mesh $mesh zero=$zero equals the single-rank losses"
+        else bad "$name --mesh $mesh zero=$zero"; tail -5 "$o.log"; fi
+    done <<'LIST'
+2 ep=2 0
+4 ep=4 1
+4 dp=2,ep=2 2
+4 ep=2,tp=2 0
+2 ep=2 3
+LIST
+done
+
+# ---- 2: ranks that receive no token ----
+export MT_TEST_FORCE_ROUTING=1
+run 1 "$W/force_ref" $BASE --steps 6 && run 4 "$W/force" $BASE --steps 6 --mesh ep=4 && run 1 "$W/force_init" $BASE --steps 0 \
+    && close "$W/force_ref" "$W/force" 1e-5 && python3 - "$W/force_init/ckpt/step_000000" "$W/force/ckpt/step_000006" "$W/force/receipt.json" <<'PY' \
+    && ok "forced routing: ranks with zero tokens join every collective; their experts get zero gradients" \
+    || bad "forced routing / zero-token ranks"
+import json, sys
+def tensors(d):
+    m = json.load(open(d + "/manifest.json")); raw = open(d + "/params.bin", "rb").read()
+    out = {}
+    for t in m["tensors"]:
+        if t["file"] != "params.bin": continue
+        n = 1
+        for s in t["shape"]: n *= s
+        out[t["name"]] = raw[t["offset"]:t["offset"] + 4 * n]
+    return out
+a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
+for e in (2, 3):
+    for w in ("gate_proj", "up_proj", "down_proj"):
+        k = f"model.layers.1.mlp.experts.{e}.{w}.weight"; assert a[k] == b[k], k + " moved"
+for e in (0, 1):
+    k = f"model.layers.1.mlp.experts.{e}.gate_proj.weight"; assert a[k] != b[k], k + " did not train"
+r = json.load(open(sys.argv[3])); slots = r["distributed"]["moe"]["tokens_per_expert_total"][0]["slots"]
+assert slots[2] == 0 and slots[3] == 0 and slots[0] > 0, slots
+print("   slots per expert", slots)
+PY
+export MT_TEST_FORCE_ROUTING=0
+
+# ---- 3 + 4: hashes after 50 steps, receipt fields ----
+o="$W/hash"
+if run 4 "$o" $SHARED --set total_steps=50 --steps 50 --mesh dp=2,ep=2 --zero 1 && python3 - "$o/receipt.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1])); h = r["replica_hash_check"]; print("  ", h)
+assert len(r["losses"]) == 50 and h.startswith("ok: "), h
+mo = r["distributed"]["moe"]
+assert len(mo["tokens_per_expert_total"][0]["slots"]) == 4 and len(mo["imbalance_max_over_mean_per_step"]) == 50
+assert mo["imbalance_mean"] >= 1.0 and mo["expert_parallel"]["ep"] == 2 and mo["expert_parallel"]["dispatch_bytes_per_step"] > 0
+assert len(r["aux_losses"]) == 50 and len(r["z_losses"]) == 50 and r["aux_losses"][0] > 0 and r["z_losses"][0] > 0
+for i in range(50):
+    assert abs(r["losses"][i] - (r["lm_losses"][i] + r["aux_losses"][i] + r["z_losses"][i])) < 1e-9
+PY
+then ok "expert hashes agree across the data group after 50 steps; receipt has load, imbalance, dispatch, aux/z"
+else bad "hashes / receipt after 50 steps"; fi
+
+# ---- 5: resume on another mesh ----
+run 4 "$W/part" $SHARED --steps 10 --mesh dp=2,ep=2 --zero 3 && run 1 "$W/cont" $SHARED --steps 20 --resume "$W/part" \
+    && close "$W/SHARED_ref" "$W/cont" 1e-5 10 && ok "ep=2 x dp=2 ZeRO-3 checkpoint resumes on one rank" \
+    || bad "ep=2 x dp=2 checkpoint resumes on one rank"
+
+# ---- 6: bad input ----
+viol() { # viol NP MESH REGEX ARGS...
+    local np=$1 mesh=$2 expect=$3; shift 3
+    rm -rf "$W/bad"
+    "${MPIRUN[@]}" -np "$np" "$MT" train "$@" $COMMON --out "$W/bad" --steps 2 --mesh "$mesh" >/dev/null 2>"$W/bad.err" </dev/null
+    local rc=$? nl
+    nl=$(grep -cE "$expect" "$W/bad.err")
+    if [ $rc -eq 2 ] && [ "$nl" -eq "$np" ] && [ ! -e "$W/bad" ]; then ok "bad input: $expect (every rank, exit 2)"
+    else bad "bad input: $expect (rc=$rc, $nl lines)"; cat "$W/bad.err"; fi
+}
+viol 2 ep=2 'n_experts % ep != 0 \(n_experts=3, ep=2\)' $BASE --set n_experts=3
+viol 2 ep=2 'top_k.*n_experts' $BASE --set top_k=5
+
+echo "$passes passed, $fails failed"
+[ $fails -eq 0 ]
