@@ -26,6 +26,7 @@ static void train_usage(FILE *f)
             "  --resume DIR         continue from a checkpoint dir (or a previous --out)\n"
             "  --mesh SPEC          pp=..,dp=..,ep=..,tp=.. (omitted axes 1, dp derived from the world)  default: all 1\n"
             "  --zero Z             ZeRO stage 0..3                               default: 0\n"
+            "  --pp-layers N0,N1,.. layers per pipeline stage   default: balanced by cost (E blocks cost more)\n"
             "  --peak-flops F       peak FLOP/s for MFU    default: measure the sgemm roof at startup\n"
             "  --quiet              no progress output\n\n"
             "config keys (--config / --set):\n");
@@ -97,6 +98,7 @@ static int train_main(int argc, char **argv, int world)
         else if (!strcmp(a, "--out")) opts.out_dir = v;
         else if (!strcmp(a, "--resume")) opts.resume = v;
         else if (!strcmp(a, "--mesh")) opts.mesh = v;
+        else if (!strcmp(a, "--pp-layers")) opts.pp_layers = v;
         else if (!strcmp(a, "--steps") || !strcmp(a, "--zero")) {
             long n = strtol(v, &end, 10);
             if (!*v || *end || n < 0 || n > 100000000) {

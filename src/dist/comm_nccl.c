@@ -448,6 +448,24 @@ static enum mt_status post_exchange(struct mt_ctx *ctx, struct nccl_comm *nc, co
  * them per peer, in posting order). A count mismatch between two ranks
  * cannot be seen locally: NCCL then hangs or fails, and the wait turns that
  * into an error. */
+static enum mt_status post_alltoallv(struct mt_ctx *ctx, struct nccl_comm *nc,
+                                     const void *send, const size_t *send_counts, const size_t *send_displs,
+                                     void *recv, const size_t *recv_counts, const size_t *recv_displs,
+                                     enum mt_dtype dt)
+{
+    int me = nc->base.rank;
+    size_t es = mt_dtype_size(dt);
+    NCCL_CHECK(ctx, ncclGroupStart());
+    MT_CHECK(group_end(ctx, post_exchange(ctx, nc, send, send_counts, send_displs, recv, recv_counts, recv_displs, dt)));
+    if (send_counts[me] > 0) {
+        const char *own_src = (const char *)send + send_displs[me] * es;
+        char *own_dst = (char *)recv + recv_displs[me] * es;
+        if (own_src != own_dst)
+            CUDA_CHECK(ctx, cudaMemcpyAsync(own_dst, own_src, send_counts[me] * es, cudaMemcpyDeviceToDevice, nc->stream));
+    }
+    return MT_OK;
+}
+
 static enum mt_status nccl_alltoallv(struct mt_ctx *ctx, struct mt_comm *c,
                                      const void *send, const size_t *send_counts, const size_t *send_displs,
                                      void *recv, const size_t *recv_counts, const size_t *recv_displs,
@@ -455,7 +473,6 @@ static enum mt_status nccl_alltoallv(struct mt_ctx *ctx, struct mt_comm *c,
 {
     struct nccl_comm *nc = as_nccl(c);
     int me = nc->base.rank;
-    size_t es = mt_dtype_size(dt);
     if (send_counts[me] != recv_counts[me])
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "alltoallv: rank %d sends %zu elements to itself but expects %zu",
                             me, send_counts[me], recv_counts[me]);
@@ -463,14 +480,11 @@ static enum mt_status nccl_alltoallv(struct mt_ctx *ctx, struct mt_comm *c,
         if ((send_counts[p] > 0 && !send) || (recv_counts[p] > 0 && !recv))
             return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "alltoallv: NULL buffer with a non-zero count for rank %d", p);
     MT_CHECK(enter(ctx, nc, "alltoallv"));
-    if (send_counts[me] > 0) {
-        const char *own_src = (const char *)send + send_displs[me] * es;
-        char *own_dst = (char *)recv + recv_displs[me] * es;
-        if (own_src != own_dst)
-            CUDA_CHECK(ctx, cudaMemcpyAsync(own_dst, own_src, send_counts[me] * es, cudaMemcpyDeviceToDevice, nc->stream));
+    enum mt_status st = post_alltoallv(ctx, nc, send, send_counts, send_displs, recv, recv_counts, recv_displs, dt);
+    if (st != MT_OK) {
+        (void)await(NULL, nc, NULL, "alltoallv"); /* the exchange may be queued already: drain it */
+        return st;
     }
-    NCCL_CHECK(ctx, ncclGroupStart());
-    MT_CHECK(group_end(ctx, post_exchange(ctx, nc, send, send_counts, send_displs, recv, recv_counts, recv_displs, dt)));
     return await(ctx, nc, NULL, "alltoallv");
 }
 

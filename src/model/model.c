@@ -85,6 +85,11 @@ static void model_dims_par(struct mt_model *m, const struct mt_config *cfg, int 
     m->ep_comm = m->ep > 1 ? par->ep_comm : NULL;
     m->Ee = m->E / m->ep;
     m->e0 = m->ep_rank * m->Ee;
+    m->l0 = par && par->layer1 > par->layer0 ? par->layer0 : 0;
+    m->l1 = par && par->layer1 > par->layer0 ? par->layer1 : m->L;
+    m->first = m->l0 == 0;
+    m->last = m->l1 == m->L;
+    m->n_slots = par && par->n_slots > 1 ? par->n_slots : 1;
     m->Nr = m->sp ? m->N / m->tp : m->N;
     m->Nm = m->tp > 1 ? m->N / m->tp : m->N;
     m->row0 = m->tp_rank * (m->N / m->tp);
@@ -185,9 +190,10 @@ static void build_params(const struct mt_model *m, param_visit_fn fn, void *user
     const int64_t QD = (int64_t)m->Hg * m->hd, KD = (int64_t)m->Kg * m->hd, F = m->Fg;  /* global shapes */
     const float std_out = (float)(0.02 / sqrt(2.0 * m->L));
     char n[128];
-    visit_param(fn, user, m, "model.embed_tokens.weight", 2, m->V, m->D, MT_INIT_NORMAL, std,
-                MT_ROLE_EMBED, MT_SPLIT_NONE, -1, -1);
-    for (int l = 0; l < m->L; l++) {
+    if (m->first)
+        visit_param(fn, user, m, "model.embed_tokens.weight", 2, m->V, m->D, MT_INIT_NORMAL, std,
+                    MT_ROLE_EMBED, MT_SPLIT_NONE, -1, -1);
+    for (int l = m->l0; l < m->l1; l++) {
         visit_param(fn, user, m, lname(n, sizeof n, l, "input_layernorm.weight"), 1, m->D, 1, MT_INIT_ONES, 0, MT_ROLE_GAIN, MT_SPLIT_NONE, l, -1);
         visit_param(fn, user, m, lname(n, sizeof n, l, "self_attn.q_proj.weight"), 2, QD, m->D, MT_INIT_NORMAL, std, MT_ROLE_DENSE, MT_SPLIT_ROWS, l, -1);
         visit_param(fn, user, m, lname(n, sizeof n, l, "self_attn.k_proj.weight"), 2, KD, m->D, MT_INIT_NORMAL, std, MT_ROLE_DENSE, MT_SPLIT_ROWS, l, -1);
@@ -219,6 +225,7 @@ static void build_params(const struct mt_model *m, param_visit_fn fn, void *user
             visit_param(fn, user, m, lname(n, sizeof n, l, "mlp.shared_expert.down_proj.weight"), 2, m->D, m->Fs, MT_INIT_NORMAL, std_out, MT_ROLE_DENSE, MT_SPLIT_NONE, l, -1);
         }
     }
+    if (!m->last) return;
     visit_param(fn, user, m, "model.norm.weight", 1, m->D, 1, MT_INIT_ONES, 0, MT_ROLE_GAIN, MT_SPLIT_NONE, -1, -1);
     visit_param(fn, user, m, "lm_head.weight", 2, m->V, m->D, MT_INIT_NORMAL, std, MT_ROLE_HEAD, MT_SPLIT_NONE, -1, -1);
 }
@@ -252,6 +259,7 @@ static int32_t *carve_i(struct carver *c, enum mt_bucket b, size_t n) { return c
  * m->params / m->layers may be NULL then (param sizes come from the registry). */
 static void model_layout(struct mt_model *m, struct carver *c)
 {
+    /* m->slots[k].layers NULL (plan): carve into dummies, only the offsets matter */
     const size_t N = (size_t)m->N, D = (size_t)m->D, QD = (size_t)m->QD, KD = (size_t)m->KD;
     const size_t Nr = (size_t)m->Nr, Nm = (size_t)m->Nm;
     const size_t E = (size_t)m->E, k = (size_t)m->top_k, M = (size_t)m->M;
@@ -270,18 +278,22 @@ static void model_layout(struct mt_model *m, struct carver *c)
     m->rope_cos = carve_f(c, W, (size_t)m->T * (size_t)(m->hd / 2));
     m->rope_sin = carve_f(c, W, (size_t)m->T * (size_t)(m->hd / 2));
 
-    m->idx = carve_i(c, A, N);
-    m->targets = carve_i(c, A, N);
-    m->x_final = carve_f(c, A, Nr * D);
-    m->h_final = carve_f(c, A, Nr * D);
-    m->rstd_final = carve_f(c, A, Nr);
-    m->logits = carve_f(c, A, Nr * (size_t)m->V);
-    m->losses = carve_f(c, A, Nr);
-    m->xlse = carve_f(c, A, Nr);
+    for (int sl = 0; sl < m->n_slots; sl++) {
+    struct mt_slot dslot;
+    memset(&dslot, 0, sizeof dslot);
+    struct mt_slot *S = m->slots[sl].layers ? &m->slots[sl] : &dslot;
+    S->idx = carve_i(c, A, N);
+    S->targets = carve_i(c, A, N);
+    S->x_final = carve_f(c, A, Nr * D);
+    S->h_final = carve_f(c, A, Nr * D);
+    S->rstd_final = carve_f(c, A, Nr);
+    S->logits = m->last ? carve_f(c, A, Nr * (size_t)m->V) : NULL;
+    S->losses = carve_f(c, A, Nr);
+    S->xlse = carve_f(c, A, Nr);
 
-    for (int l = 0; l < m->L; l++) {
+    for (int l = m->l0; l < m->l1; l++) {
         struct mt_layer dummy;
-        struct mt_layer *ly = m->layers ? &m->layers[l] : &dummy;
+        struct mt_layer *ly = S->layers ? &S->layers[l] : &dummy;
         memset(&dummy, 0, sizeof dummy);
         int moe = layer_is_moe(&m->cfg, l);
         ly->x_in = carve_f(c, A, Nr * D);
@@ -333,6 +345,7 @@ static void model_layout(struct mt_model *m, struct carver *c)
             ly->eg = carve_f(c, A, cap * (size_t)m->Fe);   /* expert activations live on the receiving side */
             ly->eu = carve_f(c, A, cap * (size_t)m->Fe);
         }
+    }
     }
 
     /* activation-gradient scratch, shared by all layers */
@@ -419,8 +432,8 @@ void mt_model_plan_bytes_par(const struct mt_config *cfg, int B, int flags, cons
     build_params(&m, sink_param, &s);
     for (int b = 0; b < MT_BUCKET_COUNT; b++) bytes[b] = c.off[b];
     /* host bookkeeping arrays allocated by create next to the OTHER arena */
-    bytes[MT_BUCKET_OTHER] += (size_t)s.n * sizeof(struct mt_param) + (size_t)m.L * sizeof(struct mt_layer)
-                              + sizeof(struct mt_model);
+    bytes[MT_BUCKET_OTHER] += (size_t)s.n * sizeof(struct mt_param)
+                              + (size_t)m.n_slots * (size_t)m.L * sizeof(struct mt_layer) + sizeof(struct mt_model);
 }
 
 /* ------------------------------------------------------------------ */
@@ -463,17 +476,17 @@ void mt_model_destroy(struct mt_ctx *ctx, struct mt_model *m)
         else m->ops->buf_free(ctx, m->arena[b]);
     }
     mt_free(ctx, m->params);
-    mt_free(ctx, m->layers);
+    for (int k = 0; k < m->n_slots && k < MT_MAX_SLOTS; k++) mt_free(ctx, m->slots[k].layers);
     mt_free(ctx, m);
 }
 
-static void bind_layer_params(struct mt_model *m)
+static void bind_layer_params(struct mt_model *m, struct mt_layer *layers)
 {
     struct mt_param *p = m->params;
     int i = 0;
-    m->wte = &p[i++];
-    for (int l = 0; l < m->L; l++) {
-        struct mt_layer *ly = &m->layers[l];
+    m->wte = m->first ? &p[i++] : NULL;
+    for (int l = m->l0; l < m->l1; l++) {
+        struct mt_layer *ly = &layers[l];
         ly->moe = layer_is_moe(&m->cfg, l);
         ly->ln1 = &p[i++];
         ly->wq = &p[i++];
@@ -498,8 +511,8 @@ static void bind_layer_params(struct mt_model *m)
             ly->sd = &p[i++];
         }
     }
-    m->norm_f = &p[i++];
-    m->lm_head = &p[i++];
+    m->norm_f = m->last ? &p[i++] : NULL;
+    m->lm_head = m->last ? &p[i++] : NULL;
     MT_ASSERT(i == m->n_params);
 }
 
@@ -544,12 +557,21 @@ enum mt_status mt_model_create_par(struct mt_ctx *ctx, const struct mt_ops_i *op
     build_params(m, sink_param, &s);
     m->n_params = s.n;
     m->params = mt_alloc(ctx, (size_t)s.n * sizeof(struct mt_param), MT_BUCKET_OTHER);
-    m->layers = mt_alloc(ctx, (size_t)m->L * sizeof(struct mt_layer), MT_BUCKET_OTHER);
-    if (!m->params || !m->layers) { rc = MT_ERR_OOM; goto fail; }
+    if (m->n_slots > MT_MAX_SLOTS) {
+        rc = mt_ctx_error(ctx, MT_ERR_CONFIG, "model: %d activation slots above the supported %d", m->n_slots,
+                          MT_MAX_SLOTS);
+        goto fail;
+    }
+    if (!m->params) { rc = MT_ERR_OOM; goto fail; }
+    for (int k = 0; k < m->n_slots; k++) {
+        m->slots[k].layers = mt_alloc(ctx, (size_t)m->L * sizeof(struct mt_layer), MT_BUCKET_OTHER);
+        if (!m->slots[k].layers) { rc = MT_ERR_OOM; goto fail; }
+        memset(m->slots[k].layers, 0, (size_t)m->L * sizeof(struct mt_layer));
+    }
     s.arr = m->params;
     s.n = 0;
     build_params(m, sink_param, &s);
-    bind_layer_params(m);
+    for (int k = 0; k < m->n_slots; k++) bind_layer_params(m, m->slots[k].layers);
 
     /* pass 1: sizes; pass 2: carve from the arenas */
     struct carver c;
@@ -567,6 +589,8 @@ enum mt_status mt_model_create_par(struct mt_ctx *ctx, const struct mt_ops_i *op
     for (int b = 0; b < MT_BUCKET_COUNT; b++) c2.base[b] = m->arena[b];
     model_layout(m, &c2);
     for (int b = 0; b < MT_BUCKET_COUNT; b++) MT_ASSERT(c2.off[b] == c.off[b]);
+    m->cur_slot = -1;
+    mt_model_set_slot(m, 0);
 
     MT_CHECK_GOTO(model_rope_build(ctx, m, m->rope_cos, m->rope_sin, m->T), rc, fail);
     *out = m;
@@ -751,43 +775,90 @@ enum mt_status model_ffn_forward(struct mt_ctx *ctx, struct mt_model *m, struct 
     return MT_OK;
 }
 
+/* Save the current slot's fields and load slot k's (pipeline microbatches in flight). */
+void mt_model_set_slot(struct mt_model *m, int k)
+{
+    MT_ASSERT(k >= 0 && k < m->n_slots);
+    if (m->cur_slot == k) return;
+    if (m->cur_slot >= 0) {
+        struct mt_slot *c = &m->slots[m->cur_slot];
+        c->norm = m->norm;
+        c->have_fwd = m->have_fwd;
+        c->have_targets = m->have_targets;
+    }
+    const struct mt_slot *S = &m->slots[k];
+    m->idx = S->idx;
+    m->targets = S->targets;
+    m->x_final = S->x_final;
+    m->h_final = S->h_final;
+    m->rstd_final = S->rstd_final;
+    m->logits = S->logits;
+    m->losses = S->losses;
+    m->xlse = S->xlse;
+    m->layers = S->layers;
+    m->norm = S->norm;
+    m->have_fwd = S->have_fwd;
+    m->have_targets = S->have_targets;
+    m->cur_slot = k;
+}
+
+int mt_model_n_slots(const struct mt_model *m) { return m->n_slots; }
+int mt_model_stage_rows(const struct mt_model *m) { return m->Nr; }
+float *mt_model_stage_output(struct mt_model *m) { return m->x_final; }
+float *mt_model_stage_dinput(struct mt_model *m) { return m->dx; }
+
 enum mt_status mt_model_forward(struct mt_ctx *ctx, struct mt_model *m,
                                 const int32_t *idx, const int32_t *targets,
                                 const struct mt_loss_norm *norm, struct mt_loss_parts *out)
+{
+    return mt_model_forward_stage(ctx, m, idx, targets, NULL, norm, out);
+}
+
+enum mt_status mt_model_forward_stage(struct mt_ctx *ctx, struct mt_model *m, const int32_t *idx,
+                                      const int32_t *targets, const float *x_in, const struct mt_loss_norm *norm,
+                                      struct mt_loss_parts *out)
 {
     const struct mt_ops_i *ops = m->ops;
     const int N = m->N;
     m->have_fwd = 0;
     if (out) memset(out, 0, sizeof *out);
-    if (!idx) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model forward: idx is NULL");
+    if (m->first && !idx) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model forward: idx is NULL");
+    if (!m->first && !x_in) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model forward: stage input is NULL");
     if (targets && !norm) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model forward: targets given without loss norm");
     for (int i = 0; i < N; i++) {
-        if (idx[i] < 0 || idx[i] >= m->V)
+        if (idx && (idx[i] < 0 || idx[i] >= m->V))
             return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model forward: token %d at position %d not in [0, %d)",
                                 (int)idx[i], i, m->V);
         if (targets && (targets[i] < -1 || targets[i] >= m->V))
             return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model forward: target %d at position %d not in [-1, %d)",
                                 (int)targets[i], i, m->V);
     }
-    ops->copy_from_host(m->idx, idx, (size_t)N * sizeof(int32_t));
+    if (idx) ops->copy_from_host(m->idx, idx, (size_t)N * sizeof(int32_t));
     if (targets) ops->copy_from_host(m->targets, targets, (size_t)N * sizeof(int32_t));
 
     /* under SP the embedding and the head see this rank's Nr rows only */
     const int r0 = m->sp ? m->row0 : 0;
-    MT_CHECK(hook(ctx, m, m->hooks.pre_forward, 0));
-    ops->embed_forward(m->layers[0].x_in, m->idx + r0, m->wte->data, m->Nr, m->D);
+    if (m->first) {
+        MT_CHECK(hook(ctx, m, m->hooks.pre_forward, 0));
+        ops->embed_forward(m->layers[m->l0].x_in, m->idx + r0, m->wte->data, m->Nr, m->D);
+    } else {
+        ops->copy(m->layers[m->l0].x_in, x_in, (size_t)m->Nr * m->D * sizeof(float));
+    }
     double aux = 0, z = 0;
-    for (int l = 0; l < m->L; l++) {
+    for (int l = m->l0; l < m->l1; l++) {
         struct mt_layer *ly = &m->layers[l];
-        float *x_out = l + 1 < m->L ? m->layers[l + 1].x_in : m->x_final;
+        float *x_out = l + 1 < m->l1 ? m->layers[l + 1].x_in : m->x_final;
         MT_CHECK(hook(ctx, m, m->hooks.pre_forward, 1 + l));
         MT_CHECK(attention_forward(ctx, m, ly, m->B, m->T, 0, m->rope_cos, m->rope_sin, NULL, NULL));
         MT_CHECK(model_ffn_forward(ctx, m, ly, x_out, m->B, m->T, targets != NULL, &aux, &z));
     }
-    MT_CHECK(hook(ctx, m, m->hooks.pre_forward, m->L + 1));
-    double lm = head_forward(m, m->Nr, targets != NULL);
-    /* TP without SP: every model rank computed the same whole-batch loss; count it once */
-    if (m->tp > 1 && !m->sp && m->tp_rank != 0) lm = 0.0;
+    double lm = 0;
+    if (m->last) {
+        MT_CHECK(hook(ctx, m, m->hooks.pre_forward, m->L + 1));
+        lm = head_forward(m, m->Nr, targets != NULL);
+        /* TP without SP: every model rank computed the same whole-batch loss; count it once */
+        if (m->tp > 1 && !m->sp && m->tp_rank != 0) lm = 0.0;
+    }
     if (targets) {
         m->norm = *norm;
         if (out) {
@@ -803,17 +874,28 @@ enum mt_status mt_model_forward(struct mt_ctx *ctx, struct mt_model *m,
 
 enum mt_status mt_model_backward(struct mt_ctx *ctx, struct mt_model *m)
 {
+    return mt_model_backward_stage(ctx, m, NULL);
+}
+
+enum mt_status mt_model_backward_stage(struct mt_ctx *ctx, struct mt_model *m, const float *dy_out)
+{
     const struct mt_ops_i *ops = m->ops;
     const int N = m->N, D = m->D;
     if (!m->have_fwd || !m->have_targets)
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG,
                             "model backward: needs a preceding forward with targets (and at most one backward per forward)");
-    float dscale = m->norm.n_targets > 0 ? (float)(1.0 / m->norm.n_targets) : 0.0f;
+    if (!m->last && !dy_out)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model backward: a stage before the last needs d(output)");
     m->have_fwd = 0;   /* logits will hold dlogits: no second backward of this forward */
-    MT_CHECK(hook(ctx, m, m->hooks.pre_backward, m->L + 1));
-    head_backward(m, dscale);                       /* dx = d x_final */
-    MT_CHECK(hook(ctx, m, m->hooks.post_backward, m->L + 1));
-    for (int l = m->L - 1; l >= 0; l--) {
+    if (m->last) {
+        float dscale = m->norm.n_targets > 0 ? (float)(1.0 / m->norm.n_targets) : 0.0f;
+        MT_CHECK(hook(ctx, m, m->hooks.pre_backward, m->L + 1));
+        head_backward(m, dscale);                   /* dx = d x_final */
+        MT_CHECK(hook(ctx, m, m->hooks.post_backward, m->L + 1));
+    } else {
+        ops->copy(m->dx, dy_out, (size_t)m->Nr * D * sizeof(float));
+    }
+    for (int l = m->l1 - 1; l >= m->l0; l--) {
         struct mt_layer *ly = &m->layers[l];
         MT_CHECK(hook(ctx, m, m->hooks.pre_backward, 1 + l));
         /* ffn branch: dx is d x_out = d x_mid (identity) + d branch */
@@ -850,8 +932,84 @@ enum mt_status mt_model_backward(struct mt_ctx *ctx, struct mt_model *m)
         MT_CHECK(attention_backward(ctx, m, ly));   /* dx: d x_mid -> d x_in */
         MT_CHECK(hook(ctx, m, m->hooks.post_backward, 1 + l));
     }
-    MT_CHECK(hook(ctx, m, m->hooks.pre_backward, 0));
-    ops->embed_backward(m->wte->grad, m->dx, m->idx + (m->sp ? m->row0 : 0), m->Nr, D, m->V);
-    MT_CHECK(hook(ctx, m, m->hooks.post_backward, 0));
+    if (m->first) {
+        MT_CHECK(hook(ctx, m, m->hooks.pre_backward, 0));
+        ops->embed_backward(m->wte->grad, m->dx, m->idx + (m->sp ? m->row0 : 0), m->Nr, D, m->V);
+        MT_CHECK(hook(ctx, m, m->hooks.post_backward, 0));
+    }
+    return MT_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* pipeline split                                                      */
+/* ------------------------------------------------------------------ */
+
+/* FLOPs per token of one block (6 x matmul params active + attention), as
+ * mt_model_flops_per_token counts them. */
+static double block_flops(const struct mt_model *m, int l)
+{
+    double D = m->D, mm = D * (2.0 * m->QD + 2.0 * m->KD);
+    if (layer_is_moe(&m->cfg, l)) mm += (double)m->E * D + (double)m->top_k * 3.0 * D * m->Fe + 3.0 * D * m->Fs;
+    else mm += 3.0 * D * m->F;
+    return 6.0 * mm + 12.0 * (double)m->T * m->H * m->hd;
+}
+
+double mt_model_stage_flops(const struct mt_config *cfg, int layer0, int layer1)
+{
+    struct mt_model m;
+    memset(&m, 0, sizeof m);
+    model_dims(&m, cfg, 1);
+    double f = 0;
+    for (int l = layer0; l < layer1; l++) f += block_flops(&m, l);
+    if (layer1 == m.L) f += 6.0 * (double)m.V * m.D;   /* head */
+    return f;
+}
+
+/*
+ * Contiguous split minimising the largest stage cost: dynamic programming
+ * over (layers done, stages used), O(pp L^2), exact. Among equal splits the
+ * earliest cut wins (fewer layers on earlier stages, which keep more
+ * microbatches in flight under 1F1B).
+ */
+enum mt_status mt_model_pipeline_split(struct mt_ctx *ctx, const struct mt_config *cfg, int pp, int *first)
+{
+    struct mt_model m;
+    memset(&m, 0, sizeof m);
+    model_dims(&m, cfg, 1);
+    const int L = m.L;
+    if (pp < 1 || L < pp) return mt_ctx_error(ctx, MT_ERR_CONFIG, "mesh contract: n_layer >= pp (n_layer=%d, pp=%d)", L, pp);
+    const size_t W = (size_t)L + 1;
+    double *pre = mt_alloc(ctx, W * sizeof(double), MT_BUCKET_OTHER);
+    double *best = mt_alloc(ctx, (size_t)(pp + 1) * W * sizeof(double), MT_BUCKET_OTHER);
+    int *cut = mt_alloc(ctx, (size_t)(pp + 1) * W * sizeof(int), MT_BUCKET_OTHER);
+    if (!pre || !best || !cut) {
+        mt_free(ctx, pre);
+        mt_free(ctx, best);
+        mt_free(ctx, cut);
+        return MT_ERR_OOM;
+    }
+    pre[0] = 0;
+    for (int l = 0; l < L; l++) pre[l + 1] = pre[l] + block_flops(&m, l);
+    const double head = 6.0 * (double)m.V * m.D, INF = 1e300;
+    /* best[s][j]: the least max cost placing layers [0, j) on stages [0, s) */
+    for (size_t i = 0; i < (size_t)(pp + 1) * W; i++) { best[i] = INF; cut[i] = -1; }
+    best[0] = 0;
+    for (int s = 1; s <= pp; s++)
+        for (int j = s; j <= L - (pp - s); j++)
+            for (int i = s - 1; i < j; i++) {
+                double prev = best[(size_t)(s - 1) * W + i];
+                if (prev >= INF) continue;
+                double c = pre[j] - pre[i] + (s == pp ? head : 0.0);
+                double v = prev > c ? prev : c;
+                if (v < best[(size_t)s * W + j] * (1 - 1e-12)) { best[(size_t)s * W + j] = v; cut[(size_t)s * W + j] = i; }
+            }
+    first[pp] = L;
+    for (int s = pp, j = L; s >= 1; s--) {
+        first[s - 1] = cut[(size_t)s * W + j];
+        j = first[s - 1];
+    }
+    mt_free(ctx, pre);
+    mt_free(ctx, best);
+    mt_free(ctx, cut);
     return MT_OK;
 }

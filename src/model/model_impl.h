@@ -84,8 +84,22 @@ struct mt_layer {
     float   *f_share;  /* (B, E)  f[s,e]: share of sequence s's T*k slots (no grad) */
 };
 
+/* One microbatch's saved activations (pipeline slots); the model's "current"
+ * fields (idx ... xlse, layers, norm, have_*) are copied from the selected slot. */
+#define MT_MAX_SLOTS 64
+struct mt_slot {
+    int32_t *idx, *targets;
+    float   *x_final, *h_final, *rstd_final, *logits, *losses, *xlse;
+    struct mt_layer *layers;   /* (L), only [l0, l1) carved */
+    struct mt_loss_norm norm;
+    int have_fwd, have_targets;
+};
+
 struct mt_model {
     struct mt_config       cfg;
+    int l0, l1, first, last;   /* pipeline stage: layers [l0, l1); has wte / has the head */
+    int n_slots, cur_slot;
+    struct mt_slot slots[MT_MAX_SLOTS];
     const struct mt_ops_i *ops;
     int B, T, N, M;          /* M = Nm * top_k when any E block, else 0           */
     int V, L, D, H, K, hd, F, E, top_k, Fe, Fs, QD, KD;  /* H K F QD KD: LOCAL (/tp)  */

@@ -77,7 +77,38 @@ struct mt_model_par {
     struct mt_comm *tp_comm;      /* the model group; NULL when tp == 1                           */
     int             ep, ep_rank;  /* expert axis: this rank holds experts [ep_rank*E/ep, +E/ep)   */
     struct mt_comm *ep_comm;      /* the expert group (token all-to-all); NULL when ep == 1       */
+    /* pipeline stage: layers [layer0, layer1) (both 0: all); the first stage
+     * holds the embedding, the last the final norm and the head */
+    int             layer0, layer1;
+    int             n_slots;      /* activation sets for microbatches in flight (1F1B); 0 = 1     */
 };
+
+/*
+ * Pipeline stages. A stage model runs its layers on one microbatch:
+ *   first stage: tokens in;  other stages: x_in (Nr, D) from the previous stage;
+ *   last stage: the loss;    other stages: the output (Nr, D) for the next one.
+ * With n_slots > 1 the model keeps that many microbatches' activations:
+ * mt_model_set_slot(k) picks where the next forward saves (and the next
+ * backward reads) them.
+ */
+enum mt_status mt_model_forward_stage(struct mt_ctx *ctx, struct mt_model *m, const int32_t *idx,
+                                      const int32_t *targets, const float *x_in, const struct mt_loss_norm *norm,
+                                      struct mt_loss_parts *out);
+/* dy: gradient of this stage's output (Nr, D); NULL on the last stage. */
+enum mt_status mt_model_backward_stage(struct mt_ctx *ctx, struct mt_model *m, const float *dy);
+float *mt_model_stage_output(struct mt_model *m);   /* (Nr, D) after a forward (not last stage)  */
+float *mt_model_stage_dinput(struct mt_model *m);   /* (Nr, D) after a backward (not first stage) */
+int  mt_model_stage_rows(const struct mt_model *m); /* Nr: rows of the tensors stages exchange   */
+void mt_model_set_slot(struct mt_model *m, int k);
+int  mt_model_n_slots(const struct mt_model *m);
+/* Split L layers into pp contiguous stages minimising the largest stage cost
+ * (an E block costs its attention + router + top_k experts + shared expert,
+ * an A block attention + dense MLP; the head counts on the last stage, the
+ * embedding on the first). first[s] = first layer of stage s, first[pp] = L
+ * (first has pp+1 slots). MT_ERR_CONFIG when L < pp. */
+enum mt_status mt_model_pipeline_split(struct mt_ctx *ctx, const struct mt_config *cfg, int pp, int *first);
+/* FLOPs per token of stage s given the split (for the receipt). */
+double mt_model_stage_flops(const struct mt_config *cfg, int layer0, int layer1);
 
 /* Expert-parallel dispatch statistics (cumulative since create, this rank). */
 struct mt_ep_stats {

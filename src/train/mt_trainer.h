@@ -20,6 +20,7 @@ struct mt_train_opts {
     const char *resume;        /* --resume: checkpoint dir or a previous OUT           */
     int         steps;         /* --steps: the step to reach (0: initial ckpt only)    */
     const char *mesh;          /* --mesh, NULL = one rank                             */
+    const char *pp_layers;     /* --pp-layers "n0,n1,...": layers per stage (NULL: balanced) */
     int         zero_stage;    /* --zero                                              */
     double      peak_flops;    /* --peak-flops, 0 = measure the GEMM roof at startup  */
     const char *command_line;  /* for the receipt                                     */

@@ -156,7 +156,15 @@ static int pick_threads(const struct mt_config *cfg)
 struct run_state {
     struct mt_mesh  *mesh;
     struct mt_comm  *dpc;       /* data x expert: the dense reduction group (owned by mesh) */
-    struct mt_comm  *lossc;     /* data x expert x model: where loss shares and norms meet */
+    struct mt_comm  *lossc;     /* data x expert x model: the group of parameters partial over model */
+    struct mt_comm  *sumc;      /* the world: where loss shares and norm^2 shares meet         */
+    /* pipeline: this rank's stage, the layer cut, activation exchange buffers */
+    int              pp, stage, first_layer[MT_MAX_LAYERS + 1];
+    struct mt_comm  *pipec;
+    float           *act_in, *grad_in;   /* (Nr, D) from the previous / next stage          */
+    int              in_flight_max;      /* measured: microbatches with saved activations   */
+    double           pipe_busy_s, pipe_wall_s;
+    double           bubble_mean, *stage_bubble, *stage_in_flight, *stage_acts; /* (pp) for the receipt */
     int              dp_rank, dp_size, tp, tp_rank;
     /* one ZeRO engine + optimizer per reduction group: [0] data x expert,
      * [1] data x expert x model (parameters partial over the model axis, tp > 1),
@@ -181,6 +189,139 @@ struct run_state {
     int      n_evals;
 };
 
+/*
+ * HOW IT WORKS — the pipeline (pp > 1). Stage s holds layers
+ * [first_layer[s], first_layer[s+1]); the embedding lives on stage 0, the
+ * final norm and head on stage pp-1. Each stage reads the microbatch's tokens
+ * itself (the data order is a pure function of the step), so only
+ * activations (forward) and their gradients (backward) cross stages: Nr x D
+ * floats per microbatch and model rank, to the same model rank of the
+ * neighbour stage. 1F1B (Megatron's non-interleaved schedule) with M
+ * microbatches on stage s:
+ *
+ *     warm-up   w = min(pp-s-1, M) forwards
+ *     steady    M-w times: forward, then backward of the oldest in flight
+ *     cool-down the w remaining backwards
+ *
+ * so at most min(M, pp-s) microbatches have saved activations (one model
+ * slot each; measured). The sends and receives of one tick go out as ONE
+ * batched operation (mt_comm_sendrecv_batch: every Isend/Irecv posted, one
+ * wait-all), e.g. "send my output of F(i), receive the gradient for B(j)".
+ */
+enum { TAG_ACT = 1, TAG_GRAD = 2 };
+
+/* one tick's P2P: any of send/recv activations/gradients (NULL = none) */
+static enum mt_status pipe_tick(struct mt_ctx *ctx, struct run_state *rs, const float *send_act, float *recv_act,
+                                const float *send_grad, float *recv_grad)
+{
+    struct mt_p2p_op ops[4];
+    int n = 0;
+    size_t cnt = (size_t)mt_model_stage_rows(rs->model) * (size_t)rs->cfg->d_model;
+    if (send_act) ops[n++] = (struct mt_p2p_op){MT_P2P_SEND, rs->stage + 1, (void *)send_act, cnt, MT_DTYPE_F32, TAG_ACT};
+    if (recv_act) ops[n++] = (struct mt_p2p_op){MT_P2P_RECV, rs->stage - 1, recv_act, cnt, MT_DTYPE_F32, TAG_ACT};
+    if (send_grad) ops[n++] = (struct mt_p2p_op){MT_P2P_SEND, rs->stage - 1, (void *)send_grad, cnt, MT_DTYPE_F32, TAG_GRAD};
+    if (recv_grad) ops[n++] = (struct mt_p2p_op){MT_P2P_RECV, rs->stage + 1, recv_grad, cnt, MT_DTYPE_F32, TAG_GRAD};
+    if (n == 0) return MT_OK;
+    return mt_comm_sendrecv_batch(ctx, rs->pipec, n, ops);
+}
+
+/* forward of the microbatch whose tokens are in rs->idx / rs->tgt (one rank or a stage) */
+static enum mt_status stage_forward(struct mt_ctx *ctx, struct run_state *rs, const struct mt_loss_norm *norm,
+                                    struct mt_loss_parts *parts, int eval)
+{
+    if (rs->pp == 1) return mt_model_forward(ctx, rs->model, rs->idx, rs->tgt, norm, parts);
+    const int first = rs->stage == 0, last = rs->stage == rs->pp - 1;
+    if (eval) {
+        /* forward only, microbatch by microbatch: receive, run, send */
+        mt_model_set_slot(rs->model, 0);
+        if (!first) MT_CHECK(pipe_tick(ctx, rs, NULL, rs->act_in, NULL, NULL));
+        MT_CHECK(mt_model_forward_stage(ctx, rs->model, rs->idx, rs->tgt, first ? NULL : rs->act_in, norm, parts));
+        if (!last) MT_CHECK(pipe_tick(ctx, rs, mt_model_stage_output(rs->model), NULL, NULL, NULL));
+        return MT_OK;
+    }
+    return mt_model_forward_stage(ctx, rs->model, rs->idx, rs->tgt, first ? NULL : rs->act_in, norm, parts);
+}
+
+static void load_microbatch(struct run_state *rs, const struct mt_config *cfg, int step, int mb, int Gl, int Bm)
+{
+    const int T = cfg->seq_len, G = cfg->batch_size;
+    for (int i = 0; i < Bm; i++)
+        mt_data_sequence(rs->train, step, G, (int64_t)rs->dp_rank * Gl + (int64_t)mb * Bm + i, T,
+                         rs->idx + (size_t)i * T, rs->tgt + (size_t)i * T);
+}
+
+/* All microbatches of one step, forward and backward; part[3] += loss shares. */
+static enum mt_status run_microbatches(struct mt_ctx *ctx, struct run_state *rs, const struct mt_config *cfg, int step,
+                                       int Gl, int Bm, const struct mt_loss_norm *norm, double part[3])
+{
+    const int M = cfg->microbatches;
+    struct mt_loss_parts parts;
+    if (rs->pp == 1) {
+        for (int mb = 0; mb < M; mb++) {
+            load_microbatch(rs, cfg, step, mb, Gl, Bm);
+            for (int k = 0; k < rs->n_eng; k++) mt_zero_set_last_microbatch(rs->eng[k], mb == M - 1);
+            MT_CHECK(mt_model_forward(ctx, rs->model, rs->idx, rs->tgt, norm, &parts));
+            MT_CHECK(mt_model_backward(ctx, rs->model));
+            part[0] += parts.lm;
+            part[1] += parts.aux;
+            part[2] += parts.z;
+        }
+        rs->in_flight_max = 1;
+        return MT_OK;
+    }
+    const int pp = rs->pp, s = rs->stage, first = s == 0, last = s == pp - 1;
+    const int ns = mt_model_n_slots(rs->model);
+    const int warm = pp - s - 1 < M ? pp - s - 1 : M, rem = M - warm;
+    int in_flight = 0, fwd_next = 0, bwd_next = 0;
+    double t_wall = mt_time_sec(), busy = 0;
+#define FWD()                                                                          \
+    do {                                                                               \
+        int mb_ = fwd_next++;                                                          \
+        mt_model_set_slot(rs->model, mb_ % ns);                                        \
+        load_microbatch(rs, cfg, step, mb_, Gl, Bm);                                   \
+        double t_ = mt_time_sec();                                                     \
+        MT_CHECK(stage_forward(ctx, rs, norm, &parts, 0));                             \
+        busy += mt_time_sec() - t_;                                                    \
+        part[0] += parts.lm; part[1] += parts.aux; part[2] += parts.z;                 \
+        if (++in_flight > rs->in_flight_max) rs->in_flight_max = in_flight;            \
+    } while (0)
+#define BWD()                                                                          \
+    do {                                                                               \
+        int mb_ = bwd_next++;                                                          \
+        mt_model_set_slot(rs->model, mb_ % ns);                                        \
+        for (int k_ = 0; k_ < rs->n_eng; k_++) mt_zero_set_last_microbatch(rs->eng[k_], mb_ == M - 1); \
+        double t_ = mt_time_sec();                                                     \
+        MT_CHECK(mt_model_backward_stage(ctx, rs->model, last ? NULL : rs->grad_in));  \
+        busy += mt_time_sec() - t_;                                                    \
+        in_flight--;                                                                   \
+    } while (0)
+    float *nul = NULL;
+    for (int i = 0; i < warm; i++) {
+        if (!first) MT_CHECK(pipe_tick(ctx, rs, NULL, rs->act_in, NULL, NULL));
+        FWD();
+        if (!last) MT_CHECK(pipe_tick(ctx, rs, mt_model_stage_output(rs->model), NULL, NULL, NULL));
+    }
+    if (rem > 0 && !first) MT_CHECK(pipe_tick(ctx, rs, NULL, rs->act_in, NULL, NULL));
+    for (int i = 0; i < rem; i++) {
+        FWD();
+        /* send F's output and receive the gradient for the oldest microbatch: one batch */
+        if (!last) MT_CHECK(pipe_tick(ctx, rs, mt_model_stage_output(rs->model), nul, nul, rs->grad_in));
+        BWD();
+        if (!first)
+            MT_CHECK(pipe_tick(ctx, rs, nul, i == rem - 1 ? nul : rs->act_in, mt_model_stage_dinput(rs->model), nul));
+    }
+    for (int i = 0; i < warm; i++) {
+        if (!last) MT_CHECK(pipe_tick(ctx, rs, nul, nul, nul, rs->grad_in));
+        BWD();
+        if (!first) MT_CHECK(pipe_tick(ctx, rs, nul, nul, mt_model_stage_dinput(rs->model), nul));
+    }
+#undef FWD
+#undef BWD
+    rs->pipe_busy_s += busy;
+    rs->pipe_wall_s += mt_time_sec() - t_wall;
+    return MT_OK;
+}
+
 /* Validation loss: eval_batches global batches of the val stream (fixed: the
  * same sequences every evaluation), forward only. Each data rank evaluates
  * its share of every batch; the sums meet in one all-reduce. */
@@ -196,11 +337,11 @@ static enum mt_status evaluate(struct mt_ctx *ctx, const struct mt_config *cfg, 
                 mt_data_sequence(rs->val, b, G, (int64_t)rs->dp_rank * Gl + (int64_t)mb * Bm + i, T,
                                  rs->idx + (size_t)i * T, rs->tgt + (size_t)i * T);
             struct mt_loss_parts parts;
-            MT_CHECK(mt_model_forward(ctx, rs->model, rs->idx, rs->tgt, &norm, &parts));
+            MT_CHECK(stage_forward(ctx, rs, &norm, &parts, 1));
             sum += parts.lm;
         }
     }
-    MT_CHECK(mt_comm_allreduce(ctx, rs->lossc, &sum, 1, MT_DTYPE_F64, MT_REDOP_SUM));
+    MT_CHECK(mt_comm_allreduce(ctx, rs->sumc, &sum, 1, MT_DTYPE_F64, MT_REDOP_SUM));
     *out = sum / cfg->eval_batches;
     return MT_OK;
 }
@@ -342,41 +483,52 @@ static enum mt_status replica_hash_check(struct mt_ctx *ctx, const struct mt_ops
         snprintf(out, n_out, "not applicable: ZeRO-3 keeps one copy of every parameter");
         return MT_OK;
     }
+    /* hashes indexed by the GLOBAL registry: under PP / EP ranks hold different
+     * parameter lists; 0 marks "not held here" */
+    int ng = mt_model_registry(rs->cfg, NULL, 0);
     size_t maxn = 1;
     for (int i = 0; i < n; i++) if (params[i].numel > maxn) maxn = params[i].numel;
     float *host = mt_alloc(ctx, maxn * sizeof(float), MT_BUCKET_WORKSPACE);
-    int64_t *h = mt_alloc(ctx, (size_t)n * (size_t)(W + 1) * sizeof(int64_t), MT_BUCKET_OTHER);
-    if (!host || !h) { mt_free(ctx, host); mt_free(ctx, h); return MT_ERR_OOM; }
-    int64_t *all = h + n;
-    for (int i = 0; i < n; i++) {
-        ops->copy_to_host(host, mt_zero_param_data(rs->eng[rs->eng_of[i]], i), params[i].numel * sizeof(float));
-        h[i] = (int64_t)XXH64(host, params[i].numel * sizeof(float), 0);
+    int64_t *h = mt_alloc(ctx, (size_t)ng * (size_t)(W + 1) * sizeof(int64_t), MT_BUCKET_OTHER);
+    struct mt_param *glob = mt_alloc(ctx, (size_t)ng * sizeof *glob, MT_BUCKET_OTHER);
+    if (!host || !h || !glob) { mt_free(ctx, host); mt_free(ctx, h); mt_free(ctx, glob); return MT_ERR_OOM; }
+    mt_model_registry(rs->cfg, glob, ng);
+    int64_t *all = h + ng;
+    for (int g = 0, i = 0; g < ng; g++) {
+        h[g] = 0;
+        if (i < n && !strcmp(glob[g].name, params[i].name)) {
+            ops->copy_to_host(host, mt_zero_param_data(rs->eng[rs->eng_of[i]], i), params[i].numel * sizeof(float));
+            h[g] = (int64_t)(XXH64(host, params[i].numel * sizeof(float), 0) | 1);   /* never 0 */
+            i++;
+        }
     }
-    enum mt_status rc = mt_comm_allgather(ctx, wc, all, h, (size_t)n, MT_DTYPE_I64);
+    enum mt_status rc = mt_comm_allgather(ctx, wc, all, h, (size_t)ng, MT_DTYPE_I64);
     if (rc == MT_OK) {
         const struct mt_mesh_dims *d = mt_mesh_get_dims(rs->mesh);
         int bad = -1, bad_a = -1, bad_b = -1, pairs = 0;
-        for (int i = 0; i < n && bad < 0; i++) {
-            int split = params[i].numel != mt_param_global_numel(&params[i]);
+        for (int g = 0; g < ng && bad < 0; g++) {
+            /* a TP-split parameter: a slice per model rank, compared along data only */
+            int split = glob[g].split != MT_SPLIT_NONE && d->tp > 1;
             for (int a = 0; a < W && bad < 0; a++)
                 for (int b = a + 1; b < W; b++) {
+                    if (!all[(size_t)a * ng + g] || !all[(size_t)b * ng + g]) continue;
                     struct mt_mesh_coord ca, cb;
                     mt_mesh_coord_of(d, a, &ca);
                     mt_mesh_coord_of(d, b, &cb);
-                    if (ca.pipe != cb.pipe || (split && ca.model != cb.model)) continue;
-                    if (params[i].role == MT_ROLE_EXPERT && ca.expert != cb.expert) continue; /* other experts */
+                    if (split && ca.model != cb.model) continue;
                     pairs++;
-                    if (all[(size_t)a * n + i] != all[(size_t)b * n + i]) { bad = i; bad_a = a; bad_b = b; break; }
+                    if (all[(size_t)a * ng + g] != all[(size_t)b * ng + g]) { bad = g; bad_a = a; bad_b = b; break; }
                 }
         }
         if (bad >= 0) {
             *mismatch = 1;
-            snprintf(out, n_out, "MISMATCH: %s differs between ranks %d and %d", params[bad].name, bad_a, bad_b);
+            snprintf(out, n_out, "MISMATCH: %s differs between ranks %d and %d", glob[bad].name, bad_a, bad_b);
         } else {
             snprintf(out, n_out, "ok: %d tensors bit-identical (xxh64) on every rank that holds them (%d rank pairs)",
-                     n, pairs);
+                     ng, pairs);
         }
     }
+    mt_free(ctx, glob);
     mt_free(ctx, host);
     mt_free(ctx, h);
     return rc;
@@ -486,12 +638,74 @@ static char *dist_json(const struct run_state *rs, const char *trace, const doub
         cJSON_AddStringToObject(epj, "note", "rank 0; rows sent to and received from other expert ranks, forward and "
                                              "backward; blocking, so all of it is exposed");
     }
+    if (rs->pp > 1) {
+        cJSON *pj = cJSON_AddObjectToObject(d, "pipeline");
+        cJSON_AddNumberToObject(pj, "pp", rs->pp);
+        cJSON *st = cJSON_AddArrayToObject(pj, "stage_layers");
+        for (int k = 0; k < rs->pp; k++) {
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddNumberToObject(o, "stage", k);
+            cJSON_AddNumberToObject(o, "first_layer", rs->first_layer[k]);
+            cJSON_AddNumberToObject(o, "end_layer", rs->first_layer[k + 1]);
+            cJSON_AddNumberToObject(o, "flops_per_token", mt_model_stage_flops(rs->cfg, rs->first_layer[k], rs->first_layer[k + 1]));
+            cJSON_AddItemToArray(st, o);
+        }
+        const int M = rs->cfg->microbatches;
+        cJSON_AddNumberToObject(pj, "microbatches", M);
+        cJSON_AddNumberToObject(pj, "bubble_analytic", (double)(rs->pp - 1) / (double)(M + rs->pp - 1));
+        cJSON_AddNumberToObject(pj, "bubble_measured_mean_over_stages", rs->bubble_mean);
+        cJSON *bs = cJSON_AddArrayToObject(pj, "bubble_measured_per_stage");
+        cJSON *inf = cJSON_AddArrayToObject(pj, "max_microbatches_in_flight_per_stage");
+        cJSON *act = cJSON_AddArrayToObject(pj, "activation_peak_bytes_per_stage");
+        for (int k = 0; k < rs->pp; k++) {
+            cJSON_AddItemToArray(bs, cJSON_CreateNumber(rs->stage_bubble[k]));
+            cJSON_AddItemToArray(inf, cJSON_CreateNumber(rs->stage_in_flight[k]));
+            cJSON_AddItemToArray(act, cJSON_CreateNumber(rs->stage_acts[k]));
+        }
+        cJSON_AddStringToObject(pj, "bubble_convention",
+                                "1 - (time in this stage's forwards and backwards) / (wall time of the 1F1B "
+                                "schedule), per stage; analytic (pp-1)/(M+pp-1)");
+    }
     cJSON *tun = cJSON_AddObjectToObject(d, "tunables");
     cJSON_AddNumberToObject(tun, "MT_ZERO_OVERLAP", mt_zero_overlap(rs->eng[0]));
     cJSON_AddNumberToObject(d, "exposed_comm_s_total", zs->wait_s);
     char *txt = cJSON_PrintUnformatted(d);
     cJSON_Delete(d);
     return txt;
+}
+
+/* The layer cut of the pipeline: `spec` "n0,n1,..." layers per stage (pp
+ * numbers, each >= 1, summing to n_layer), or NULL: balanced by cost.
+ * first[s] = first layer of stage s, first[pp] = n_layer. */
+static enum mt_status pipeline_cut(struct mt_ctx *ctx, const struct mt_config *cfg, int pp, const char *spec,
+                                   int *first)
+{
+    if (!spec || !*spec) {
+        if (pp == 1) { first[0] = 0; first[1] = cfg->n_layer; return MT_OK; }
+        return mt_model_pipeline_split(ctx, cfg, pp, first);
+    }
+    int n = 0, sum = 0;
+    const char *p = spec;
+    first[0] = 0;
+    while (*p) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > MT_MAX_LAYERS || (*end && *end != ','))
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG,
+                                "--pp-layers '%s': expected pp positive layer counts separated by commas, e.g. 3,5",
+                                spec);
+        if (n >= pp)
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--pp-layers '%s' names more than pp=%d stages", spec, pp);
+        sum += (int)v;
+        first[++n] = sum;
+        p = *end ? end + 1 : end;
+    }
+    if (n != pp)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--pp-layers '%s' names %d stages, the mesh has pp=%d", spec, n, pp);
+    if (sum != cfg->n_layer)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--pp-layers '%s' covers %d layers, the model has n_layer=%d", spec,
+                            sum, cfg->n_layer);
+    return MT_OK;
 }
 
 enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const struct mt_train_opts *opts,
@@ -541,9 +755,8 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     }
     /* the startup contract, before any allocation; identical on every rank */
     MT_CHECK(mt_mesh_check_contract(ctx, &dims, cfg, world, cfg->microbatches));
-    if (dims.pp > 1)
-        return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED,
-                            "mesh %s: pipeline parallelism (pp > 1) is not implemented yet", opts->mesh ? opts->mesh : "");
+    /* the pipeline cut, by hand (--pp-layers) or balanced by cost; before any allocation */
+    MT_CHECK(pipeline_cut(ctx, cfg, dims.pp, opts->pp_layers, rs.first_layer));
 
     /* ---- 2. backend ---- */
     const struct mt_ops_i *ops = NULL;
@@ -579,6 +792,10 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     res->collective_started = world > 1;
     rs.dpc = mt_mesh_data_expert_comm(rs.mesh);
     rs.lossc = mt_mesh_stage_comm(rs.mesh);
+    rs.sumc = mt_mesh_world_comm(rs.mesh);
+    rs.pp = dims.pp;
+    rs.stage = mt_mesh_get_coord(rs.mesh)->pipe;
+    rs.pipec = mt_mesh_pipe_comm(rs.mesh);
     rs.dp_rank = mt_comm_rank(rs.dpc);
     rs.dp_size = mt_comm_size(rs.dpc);
     rs.tp = dims.tp;
@@ -591,12 +808,21 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     struct mt_model_par par = {.tp = dims.tp, .tp_rank = rs.tp_rank, .sp = mt_mesh_get_preds(rs.mesh)->sp_on,
                                .tp_comm = dims.tp > 1 ? mt_mesh_model_comm(rs.mesh) : NULL,
                                .ep = dims.ep, .ep_rank = mt_mesh_get_coord(rs.mesh)->expert,
-                               .ep_comm = dims.ep > 1 ? mt_mesh_expert_comm(rs.mesh) : NULL};
+                               .ep_comm = dims.ep > 1 ? mt_mesh_expert_comm(rs.mesh) : NULL,
+                               .layer0 = rs.first_layer[rs.stage], .layer1 = rs.first_layer[rs.stage + 1],
+                               .n_slots = dims.pp > 1 ? (dims.pp - rs.stage < cfg->microbatches ? dims.pp - rs.stage
+                                                                                                : cfg->microbatches) : 1};
     rs.ep = dims.ep;
     rs.cfg = cfg;
     MT_CHECK_GOTO(mt_model_create_par(ctx, ops, cfg, Bm, MT_MODEL_EXTERNAL_PARAMS, &par, &rs.model), rc, done);
     int n_params;
     struct mt_param *params = mt_model_params(rs.model, &n_params);
+    if (dims.pp > 1) {
+        size_t nb = (size_t)mt_model_stage_rows(rs.model) * (size_t)cfg->d_model * sizeof(float);
+        rs.act_in = ops->buf_alloc(ctx, nb, MT_BUCKET_COMM);
+        rs.grad_in = ops->buf_alloc(ctx, nb, MT_BUCKET_COMM);
+        if (!rs.act_in || !rs.grad_in) { rc = MT_ERR_OOM; goto done; }
+    }
     rs.eng_of = mt_alloc(ctx, (size_t)n_params * sizeof(int), MT_BUCKET_OTHER);
     rs.sel[0] = mt_alloc(ctx, (size_t)n_params, MT_BUCKET_OTHER);
     rs.sel[1] = mt_alloc(ctx, (size_t)n_params, MT_BUCKET_OTHER);
@@ -727,18 +953,7 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
         /* targets are never -1 in the default order; the count stays general */
         struct mt_loss_norm norm = {.n_targets = (double)G * T, .n_sequences = G, .n_tokens = (double)G * T};
         double part[3] = {0, 0, 0};
-        for (int mb = 0; mb < mb_n; mb++) {
-            for (int i = 0; i < Bm; i++)
-                mt_data_sequence(rs.train, step, G, (int64_t)rs.dp_rank * Gl + (int64_t)mb * Bm + i, T,
-                                 rs.idx + (size_t)i * T, rs.tgt + (size_t)i * T);
-            struct mt_loss_parts parts;
-            for (int k = 0; k < rs.n_eng; k++) mt_zero_set_last_microbatch(rs.eng[k], mb == mb_n - 1);
-            MT_CHECK_GOTO(mt_model_forward(ctx, rs.model, rs.idx, rs.tgt, &norm, &parts), rc, done);
-            MT_CHECK_GOTO(mt_model_backward(ctx, rs.model), rc, done);
-            part[0] += parts.lm;
-            part[1] += parts.aux;
-            part[2] += parts.z;
-        }
+        MT_CHECK_GOTO(run_microbatches(ctx, &rs, cfg, step, Gl, Bm, &norm, part), rc, done);
         for (int k = 0; k < rs.n_eng; k++) MT_CHECK_GOTO(mt_zero_finish_grads(ctx, rs.eng[k]), rc, done);
         if (any_moe) {
             /* routed slots per expert, this step, over the whole world (load histogram) */
@@ -762,12 +977,12 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
         }
         /* the loss sums meet here: the first point where every rank waits for the slowest (idle) */
         double ti = mt_time_sec();
-        MT_CHECK_GOTO(mt_comm_allreduce(ctx, rs.lossc, part, 3, MT_DTYPE_F64, MT_REDOP_SUM), rc, done);
+        MT_CHECK_GOTO(mt_comm_allreduce(ctx, rs.sumc, part, 3, MT_DTYPE_F64, MT_REDOP_SUM), rc, done);
         double idle = mt_time_sec() - ti;
         double lm = part[0], aux = part[1], z = part[2];
         double loss = lm + aux + z, ss = 0;
         for (int k = 0; k < rs.n_eng; k++) ss += mt_zero_grad_sumsq_local(rs.eng[k], rs.count);
-        MT_CHECK_GOTO(mt_comm_allreduce(ctx, rs.lossc, &ss, 1, MT_DTYPE_F64, MT_REDOP_SUM), rc, done);
+        MT_CHECK_GOTO(mt_comm_allreduce(ctx, rs.sumc, &ss, 1, MT_DTYPE_F64, MT_REDOP_SUM), rc, done);
         double gn = sqrt(ss);
         if (!isfinite(loss) || !isfinite(gn)) {
             rc = mt_ctx_error(ctx, MT_ERR_NUMERIC, "non-finite %s at step %d on rank %d", isfinite(loss) ? "gradient norm" : "loss",
@@ -833,6 +1048,28 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
         for (int b = 0; b < MT_BUCKET_COUNT; b++) mine[b] = (double)ctx->bytes_peak[b];
         MT_CHECK_GOTO(mt_comm_allgather(ctx, mt_mesh_world_comm(rs.mesh), mem_all, mine, MT_BUCKET_COUNT,
                                         MT_DTYPE_F64), rc, done);
+        if (rs.pp > 1) {
+            /* per stage: bubble, max in flight, activation peak (max over the stage's ranks) */
+            double *v = mt_alloc(ctx, (size_t)4 * world * sizeof(double), MT_BUCKET_OTHER);
+            rs.stage_bubble = mt_alloc(ctx, (size_t)3 * rs.pp * sizeof(double), MT_BUCKET_OTHER);
+            if (!v || !rs.stage_bubble) { mt_free(ctx, v); rc = MT_ERR_OOM; goto done; }
+            rs.stage_in_flight = rs.stage_bubble + rs.pp;
+            rs.stage_acts = rs.stage_bubble + 2 * rs.pp;
+            double mine4[4] = {(double)rs.stage, rs.pipe_wall_s > 0 ? 1.0 - rs.pipe_busy_s / rs.pipe_wall_s : 0,
+                               (double)rs.in_flight_max, (double)ctx->bytes_peak[MT_BUCKET_ACTS]};
+            enum mt_status r2 = mt_comm_allgather(ctx, mt_mesh_world_comm(rs.mesh), v, mine4, 4, MT_DTYPE_F64);
+            if (r2 != MT_OK) { mt_free(ctx, v); rc = r2; goto done; }
+            for (int k = 0; k < 3 * rs.pp; k++) rs.stage_bubble[k] = 0;
+            rs.bubble_mean = 0;
+            for (int r = 0; r < world; r++) {
+                int st = (int)v[4 * r];
+                if (v[4 * r + 1] > rs.stage_bubble[st]) rs.stage_bubble[st] = v[4 * r + 1];
+                if (v[4 * r + 2] > rs.stage_in_flight[st]) rs.stage_in_flight[st] = v[4 * r + 2];
+                if (v[4 * r + 3] > rs.stage_acts[st]) rs.stage_acts[st] = v[4 * r + 3];
+            }
+            for (int k = 0; k < rs.pp; k++) rs.bubble_mean += rs.stage_bubble[k] / rs.pp;
+            mt_free(ctx, v);
+        }
         struct mt_zero_stats zs;
         memset(&zs, 0, sizeof zs);
         for (int k = 0; k < rs.n_eng; k++) {
@@ -950,11 +1187,14 @@ done:
         mt_optim_destroy(ctx, rs.opt[k]);
         mt_zero_destroy(ctx, rs.eng[k]);
     }
+    if (rs.act_in) ops->buf_free(ctx, rs.act_in);
+    if (rs.grad_in) ops->buf_free(ctx, rs.grad_in);
     mt_free(ctx, rs.eng_of);
     mt_free(ctx, rs.sel[0]);
     mt_free(ctx, rs.sel[1]);
     mt_free(ctx, rs.sel[2]);
     mt_free(ctx, rs.imbalance);
+    mt_free(ctx, rs.stage_bubble);
     mt_free(ctx, rs.load_total);
     mt_free(ctx, rs.load_step);
     mt_free(ctx, rs.count);

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# test_nccl_build.sh BUILD_DIR — the NCCL collectives compile and link.
+# No GPU is needed and none is assumed: no collective runs. Configures a
+# separate tree BUILD_DIR/nccl-build with -DMT_WITH_NCCL=ON -DMT_WERROR=ON,
+# builds only meshtrain_lib, then checks that
+#   1. the archive defines mt_comm_nccl_create_world (the body was compiled);
+#   2. a program calling it links against the archive + libnccl + cudart
+#      (+ MPI when the tree has it): every NCCL/CUDA symbol resolves. Run on
+#      two inputs that are refused before any CUDA call (bad
+#      MT_NCCL_TIMEOUT_S, device -1) it returns the error — no abort, no
+#      leak — with or without a GPU;
+#   3. comm_nccl.c also compiles with -DMT_NCCL_SPLIT_BY_ID=1, the split path
+#      used before NCCL 2.18 (dead code on a newer NCCL otherwise).
+# Skips (exit 0, a SKIP line) when /usr/local/cuda/include/nccl.h is absent.
+set -u
+BUILD=${1:?usage: test_nccl_build.sh BUILD_DIR}
+SRC=$(cd "$(dirname "$0")/.." && pwd)
+CUDA=/usr/local/cuda
+
+if [ ! -f "$CUDA/include/nccl.h" ]; then
+    echo "SKIP: $CUDA/include/nccl.h not found (no NCCL headers)"; exit 0
+fi
+
+OUT="$BUILD/nccl-build"
+LOG="$OUT/test_nccl_build.log"
+mkdir -p "$OUT"
+fail() { echo "FAIL: $*"; [ -f "$LOG" ] && tail -n 40 "$LOG"; exit 1; }
+
+cmake -S "$SRC" -B "$OUT" -DMT_WITH_NCCL=ON -DMT_WERROR=ON -DCUDAToolkit_ROOT="$CUDA" \
+      -DCMAKE_EXPORT_COMPILE_COMMANDS=ON >"$LOG" 2>&1 || fail "configure with MT_WITH_NCCL=ON"
+cmake --build "$OUT" -j2 --target meshtrain_lib >>"$LOG" 2>&1 || fail "build meshtrain_lib with MT_WITH_NCCL=ON"
+
+# 1. the body was compiled
+LIB="$OUT/libmeshtrain_lib.a"
+[ -f "$LIB" ] || fail "$LIB not built"
+nm "$LIB" 2>/dev/null | grep -q ' T mt_comm_nccl_create_world$' \
+    || fail "libmeshtrain_lib.a does not define mt_comm_nccl_create_world (comm_nccl.c body not compiled?)"
+
+# 2. link: only the objects the program needs come out of the archive
+# (comm_nccl, comm, comm_mpi, core), so their libraries are all it takes.
+cache() { sed -n "s/^$1:[A-Z]*=//p" "$OUT/CMakeCache.txt" | head -n 1; }
+CC=$(cache CMAKE_C_COMPILER)
+NCCL_LIB=$(cache NCCL_LIBRARY)
+CUDART_LIB=$(cache CUDA_cudart_LIBRARY)
+[ -n "$CC" ] && [ -n "$NCCL_LIB" ] && [ -n "$CUDART_LIB" ] || fail "compiler/NCCL/cudart paths missing from CMakeCache"
+EXTRA=()
+if nm "$LIB" 2>/dev/null | grep -q ' U MPI_Init_thread$'; then
+    MPI_LIB=$(cache MPI_mpi_LIBRARY)
+    [ -n "$MPI_LIB" ] || fail "the archive uses MPI but MPI_mpi_LIBRARY is not in CMakeCache"
+    EXTRA+=("$MPI_LIB")
+fi
+cat >"$OUT/nccl_link_check.c" <<'END_OF_C'
+/* Without arguments: nothing (it exists to be linked). With "create DEV":
+ * create a one-rank NCCL world on device DEV, print the outcome and the
+ * comm bytes still live after destroy. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "dist/comm_nccl.h"
+int main(int argc, char **argv)
+{
+    if (argc < 3 || strcmp(argv[1], "create") != 0) return 0;
+    struct mt_ctx ctx;
+    struct mt_comm *c = NULL;
+    mt_ctx_init(&ctx);
+    enum mt_status st = mt_comm_nccl_create_world(&ctx, NULL, atoi(argv[2]), &c);
+    printf("create: %s: %s\n", mt_status_str(st), st == MT_OK ? "ok" : mt_ctx_last_error(&ctx));
+    if (st == MT_OK) st = mt_comm_barrier(&ctx, c);
+    mt_comm_destroy(c);
+    printf("comm bytes live: %zu\n", ctx.bytes_live[MT_BUCKET_COMM]);
+    mt_ctx_free(&ctx);
+    return 0;
+}
+END_OF_C
+"$CC" -std=c11 -Wall -Wextra -Werror -DMT_WITH_NCCL=1 -I"$SRC/src" "$OUT/nccl_link_check.c" "$LIB" \
+      "$NCCL_LIB" "$CUDART_LIB" "${EXTRA[@]}" -fopenmp -lm \
+      "-Wl,-rpath,$(dirname "$NCCL_LIB"):$(dirname "$CUDART_LIB")" -o "$OUT/nccl_link_check" >>"$LOG" 2>&1 \
+    || fail "link a program calling mt_comm_nccl_create_world against libnccl + cudart"
+
+R=$(MT_NCCL_TIMEOUT_S=abc "$OUT/nccl_link_check" create 0 2>&1)
+echo "$R" | grep -q '^create: config error: MT_NCCL_TIMEOUT_S=abc: expected a positive number of seconds$' \
+    || fail "bad MT_NCCL_TIMEOUT_S not returned as a config error: $R"
+echo "$R" | grep -q '^comm bytes live: 0$' || fail "bad MT_NCCL_TIMEOUT_S leaked comm memory: $R"
+R=$(env -u MT_NCCL_TIMEOUT_S "$OUT/nccl_link_check" create -1 2>&1)
+echo "$R" | grep -q '^create: invalid argument: nccl create_world: negative CUDA device -1$' \
+    || fail "device -1 not returned as an invalid argument: $R"
+echo "$R" | grep -q '^comm bytes live: 0$' || fail "device -1 leaked comm memory: $R"
+
+# 3. the pre-2.18 split path, syntax only, with the tree's exact flags
+if command -v python3 >/dev/null 2>&1; then
+    CMD=$(python3 - "$OUT/compile_commands.json" <<'END_OF_PY'
+import json, shlex, sys
+for e in json.load(open(sys.argv[1])):
+    if e["file"].endswith("src/dist/comm_nccl.c"):
+        args = shlex.split(e["command"])
+        if "-o" in args:
+            i = args.index("-o")
+            del args[i:i + 2]
+        print(shlex.join(args + ["-DMT_NCCL_SPLIT_BY_ID=1", "-fsyntax-only"]))
+        break
+END_OF_PY
+)
+    [ -n "$CMD" ] || fail "comm_nccl.c missing from compile_commands.json"
+    (cd "$OUT" && eval "$CMD") >>"$LOG" 2>&1 || fail "comm_nccl.c with -DMT_NCCL_SPLIT_BY_ID=1"
+else
+    echo "note: python3 not found: the MT_NCCL_SPLIT_BY_ID variant was not compiled"
+fi
+
+echo "test_nccl_build: ok (compiled and linked; no collective ran on a GPU)"
