@@ -1,0 +1,63 @@
+# cmake/cuda.cmake — the CUDA backend (src/ops/cuda), behind MT_WITH_CUDA.
+#
+# Included from CMakeLists.txt right after meshtrain_lib is defined. With
+# MT_WITH_CUDA=OFF (the default) it does nothing at all. With ON:
+#   - enable_language(CUDA) with /usr/local/cuda/bin/nvcc unless the caller
+#     chose a compiler, sm_90 only (H100/H200) unless CMAKE_CUDA_ARCHITECTURES
+#     is given, C++20 device/host code (-Wshadow stays C-only: in C++ it flags the
+#   core headers' C idiom of a function named like its struct), the shared CUDA runtime;
+#   - src/ops/cuda/*.cu join meshtrain_lib, which gets MT_WITH_CUDA=1 (PUBLIC)
+#     and links CUDA::cudart and CUDA::cublas (PUBLIC);
+#   - the project's C warning flags are kept for C only (nvcc does not take
+#     them); .cu files get -Wall -Wextra through the host compiler, and with
+#     MT_WERROR nvcc's and the host compiler's warnings become errors;
+#   - the op harness tests/cuda/cuda_ops_vs_cpu.c is built and registered with
+#     ctest (it prints "SKIP: no GPU" and exits 0 where no device is present).
+option(MT_WITH_CUDA "Build the CUDA backend" OFF)
+if(NOT MT_WITH_CUDA)
+  return()
+endif()
+
+if(NOT DEFINED CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+  set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+endif()
+if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+  set(CMAKE_CUDA_ARCHITECTURES 90)
+endif()
+set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
+enable_language(CUDA)
+find_package(CUDAToolkit REQUIRED)
+
+# The directory-wide C warning options (add_compile_options above) also land
+# on .cu files, where nvcc rejects them: restrict them to C.
+get_target_property(_mt_opts meshtrain_lib COMPILE_OPTIONS)
+if(_mt_opts)
+  set(_mt_c_opts "")
+  foreach(_o IN LISTS _mt_opts)
+    list(APPEND _mt_c_opts "$<$<COMPILE_LANGUAGE:C>:${_o}>")
+  endforeach()
+  set_property(TARGET meshtrain_lib PROPERTY COMPILE_OPTIONS ${_mt_c_opts})
+endif()
+
+# meshtrain_lib was created before CUDA was enabled: its CUDA properties
+# were not initialised from the CMAKE_CUDA_* variables, so set them here.
+set_target_properties(meshtrain_lib PROPERTIES
+  CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}"
+  CUDA_RUNTIME_LIBRARY Shared)
+
+file(GLOB MT_CUDA_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/ops/cuda/*.cu)
+target_sources(meshtrain_lib PRIVATE ${MT_CUDA_SOURCES})
+target_compile_definitions(meshtrain_lib PUBLIC MT_WITH_CUDA=1)
+target_link_libraries(meshtrain_lib PUBLIC CUDA::cudart CUDA::cublas)
+# C++20 by flag: CMake 3.25 knows no CUDA20 dialect flag for nvcc 13
+target_compile_options(meshtrain_lib PRIVATE
+  $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20 -Xcompiler=-Wall,-Wextra,-Wno-unused-parameter>)
+if(MT_WERROR)
+  target_compile_options(meshtrain_lib PRIVATE
+    $<$<COMPILE_LANGUAGE:CUDA>:--Werror=all-warnings -Xcompiler=-Werror>)
+endif()
+
+add_executable(cuda_ops_vs_cpu ${CMAKE_SOURCE_DIR}/tests/cuda/cuda_ops_vs_cpu.c)
+target_link_libraries(cuda_ops_vs_cpu PRIVATE meshtrain_lib)
+add_test(NAME cuda_ops_vs_cpu COMMAND cuda_ops_vs_cpu)
+set_tests_properties(cuda_ops_vs_cpu PROPERTIES ENVIRONMENT "OMP_NUM_THREADS=2" TIMEOUT 600)
