@@ -122,7 +122,7 @@ viol() { # viol NP MESH REGEX ARGS...
     rm -rf "$W/bad"
     "${MPIRUN[@]}" -np "$np" "$MT" train "$@" $COMMON --out "$W/bad" --steps 2 --mesh "$mesh" >/dev/null 2>"$W/bad.err" </dev/null
     local rc=$? nl
-    nl=$(grep -cE "$expect" "$W/bad.err")
+    nl=$(grep -cE -e "$expect" "$W/bad.err")
     if [ $rc -eq 2 ] && [ "$nl" -eq "$np" ] && [ ! -e "$W/bad" ]; then ok "bad input: $expect (every rank, exit 2)"
     else bad "bad input: $expect (rc=$rc, $nl lines)"; cat "$W/bad.err"; fi
 }
