@@ -63,6 +63,14 @@ static void ref_sequence(const uint16_t *all, size_t N, int64_t s, int G, int64_
     for (int k = 0; k < T; k++) inp[k] = all[o + (size_t)k], tgt[k] = all[o + (size_t)k + 1];
 }
 
+/* tokens all[o..o+T) as int32 (static buffer) */
+static const int32_t *rinp_of(const uint16_t *all, int o, int T)
+{
+    static int32_t b[64];
+    for (int k = 0; k < T; k++) b[k] = all[o + k];
+    return b;
+}
+
 static void test_stream(void)
 {
     struct mt_ctx ctx;
@@ -117,6 +125,47 @@ static void test_stream(void)
         EXPECT(inp[0] == all[o] && tgt[T - 1] == all[o + (size_t)T]);
     }
     mt_data_close(d);
+    /* shuffled order: each epoch reads each of the W = (N-1)/T windows once,
+     * the order depends on the seed, and it is a pure function of (step, i):
+     * a split of the batch over ranks reads the same sequences */
+    EXPECT(mt_data_open(&ctx, dir, "train", V, T, &d) == MT_OK);
+    mt_data_set_order(d, 1, 42);
+    {
+        enum { W = (N - 1) / 8 };
+        int seen[W] = {0}, firsts[2][W];
+        for (int e = 0; e < 2; e++) {
+            memset(seen, 0, sizeof seen);
+            for (int j = 0; j < W; j++) {
+                mt_data_sequence(d, e * W + j, 1, 0, T, inp, tgt);
+                int w = -1;
+                for (int c = 0; c < W; c++)
+                    if (!memcmp(inp, rinp_of(all, c * T, T), sizeof(int32_t) * (size_t)T)) w = c;
+                EXPECT(w >= 0);
+                if (w >= 0) seen[w]++;
+                firsts[e][j] = w;
+                EXPECT(tgt[T - 1] == (int32_t)all[w * T + T]);
+            }
+            for (int c = 0; c < W; c++) EXPECT(seen[c] == 1);
+        }
+        EXPECT(memcmp(firsts[0], firsts[1], sizeof firsts[0]) != 0);   /* a new order each epoch */
+        int inp2[64], tgt2[64];
+        mt_data_sequence(d, 3, 4, 2, T, inp, tgt);      /* step 3, G=4, sequence 2 ... */
+        mt_data_sequence(d, 0, 1, 14, T, inp2, tgt2);   /* ... is global sequence 14 */
+        EXPECT(!memcmp(inp, inp2, sizeof(int32_t) * (size_t)T));
+        mt_data_set_order(d, 1, 43);
+        mt_data_sequence(d, 0, 1, 0, T, inp2, tgt2);
+        int differs = memcmp(inp, inp2, sizeof(int32_t) * (size_t)T) != 0;
+        for (int j = 1; j < W && !differs; j++) {
+            mt_data_set_order(d, 1, 42);
+            mt_data_sequence(d, 0, 1, j, T, inp, tgt);
+            mt_data_set_order(d, 1, 43);
+            mt_data_sequence(d, 0, 1, j, T, inp2, tgt2);
+            differs = memcmp(inp, inp2, sizeof(int32_t) * (size_t)T) != 0;
+        }
+        EXPECT(differs);   /* the seed matters */
+    }
+    mt_data_close(d);
+
 
     /* split val, NULL = all, a single file, a glob */
     EXPECT(mt_data_open(&ctx, dir, "val", V, T, &d) == MT_OK);

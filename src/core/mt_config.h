@@ -54,6 +54,7 @@ struct mt_config {
     int   total_steps;           /* 0 = the run's --steps                          */
     float min_lr_frac;
     char  lr_schedule[16];       /* "cosine" | "linear" | "constant"               */
+    char  data_order[16];        /* "sequential" | "shuffled"                      */
     uint64_t seed;
     int   eval_every;            /* 0 = never                                      */
     int   eval_batches;          /* validation batches per evaluation              */

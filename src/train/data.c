@@ -53,6 +53,8 @@ struct mt_data {
     size_t       *starts;    /* (nfiles + 1) stream offset of file f  */
     size_t        ntok;
     int           max_token;
+    int           shuffled;      /* mt_data_set_order                     */
+    uint64_t      shuffle_seed;
 };
 
 /* ---- selecting files ---- */
@@ -300,12 +302,59 @@ static int file_of(const struct mt_data *d, size_t o)
  * in 128 bits so no step count can overflow. Tokens o..o+T are copied (T+1 of
  * them); o <= N - T - 2 so o + T <= N - 2 is in range.
  */
+void mt_data_set_order(struct mt_data *d, int shuffled, uint64_t seed)
+{
+    d->shuffled = shuffled;
+    d->shuffle_seed = seed;
+}
+
+static uint64_t mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/*
+ * Shuffled order: the stream is cut into W = (N-1)/T windows of T+1 tokens
+ * starting at multiples of T; global sequence j (= s*G + i) of epoch
+ * e = j / W reads window perm_e(j mod W). perm_e is a 4-round Feistel
+ * permutation on the next power of two >= W (keyed by seed and epoch),
+ * cycle-walked into [0, W): a bijection, so each epoch reads every window
+ * once. A pure function of (seed, j): the same on every mesh.
+ */
+static uint64_t window_perm(uint64_t x, uint64_t W, uint64_t seed, uint64_t epoch)
+{
+    int bits = 2;
+    while ((1ull << bits) < W) bits++;
+    int lo = bits / 2, hi = bits - lo;
+    uint64_t mlo = (1ull << lo) - 1, mhi = (1ull << hi) - 1;
+    do {
+        uint64_t L = x >> lo, R = x & mlo;   /* L: hi bits, R: lo bits */
+        for (int r = 0; r < 4; r++) {
+            /* alternate which half is mixed so both widths stay bijective */
+            if (r % 2 == 0) L = (L ^ mix64(seed ^ mix64(epoch * 4 + (uint64_t)r) ^ R)) & mhi;
+            else            R = (R ^ mix64(seed ^ mix64(epoch * 4 + (uint64_t)r) ^ L)) & mlo;
+        }
+        x = (L << lo) | R;
+    } while (x >= W);
+    return x;
+}
+
 void mt_data_sequence(const struct mt_data *d, int64_t step, int G, int64_t i, int T, int32_t *inp, int32_t *tgt)
 {
     MT_ASSERT(d && step >= 0 && G > 0 && i >= 0 && T >= 1 && d->ntok >= (size_t)T + 2);
-    unsigned __int128 M = (unsigned __int128)(d->ntok - (size_t)T - 1);
-    unsigned __int128 a = ((unsigned __int128)step * (unsigned)G + (unsigned __int128)i) % M;
-    size_t o = (size_t)((a * (unsigned)T) % M);
+    size_t o;
+    if (d->shuffled) {
+        uint64_t W = (uint64_t)((d->ntok - 1) / (size_t)T);
+        uint64_t j = (uint64_t)step * (uint64_t)G + (uint64_t)i;
+        o = (size_t)window_perm(j % W, W, d->shuffle_seed, j / W) * (size_t)T;
+    } else {
+        unsigned __int128 M = (unsigned __int128)(d->ntok - (size_t)T - 1);
+        unsigned __int128 a = ((unsigned __int128)step * (unsigned)G + (unsigned __int128)i) % M;
+        o = (size_t)((a * (unsigned)T) % M);
+    }
 
     int f = file_of(d, o);
     size_t in_file = o - d->starts[f];

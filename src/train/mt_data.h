@@ -38,6 +38,9 @@ int    mt_data_nfiles(const struct mt_data *d);
 int    mt_data_max_token(const struct mt_data *d);
 
 /* Global sequence i (0 <= i < G) of step s: inp, tgt (T) host int32. */
+/* Order of sequences: 0 = SPEC.md section 3 default; 1 = shuffled windows
+ * (data.c: a seeded per-epoch permutation, identical on every mesh). */
+void mt_data_set_order(struct mt_data *d, int shuffled, uint64_t seed);
 void mt_data_sequence(const struct mt_data *d, int64_t step, int G, int64_t i, int T,
                       int32_t *inp, int32_t *tgt);
 

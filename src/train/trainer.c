@@ -777,6 +777,7 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     const int n_dp = dims.dp * dims.ep, Gl = G / n_dp, Bm = Gl / cfg->microbatches;
     MT_CHECK_GOTO(mt_data_open(ctx, opts->data_path, is_dir(opts->data_path) ? "train" : NULL, cfg->vocab_size, T,
                                &rs.train), rc, done);
+    mt_data_set_order(rs.train, !strcmp(cfg->data_order, "shuffled"), cfg->seed ^ 0x5eedda7aull);
     if (opts->val_path) {
         MT_CHECK_GOTO(mt_data_open(ctx, opts->val_path, NULL, cfg->vocab_size, T, &rs.val), rc, done);
     } else if (is_dir(opts->data_path)) {
