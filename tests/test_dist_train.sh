@@ -17,42 +17,12 @@
 # Skips (exit 0) without mpirun or in a build without MPI.
 set -u
 BUILD=${1:?usage: test_dist_train.sh BUILD_DIR}
-MT="$BUILD/meshtrain"
-HERE=$(cd "$(dirname "$0")" && pwd)
-if ! command -v mpirun >/dev/null 2>&1; then echo "SKIP: no mpirun"; exit 0; fi
-if [ -f "$BUILD/CMakeCache.txt" ] && ! grep -q '^MT_WITH_MPI:BOOL=ON' "$BUILD/CMakeCache.txt"; then
-    echo "SKIP: built without MPI"; exit 0
-fi
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-export OMP_NUM_THREADS=1 OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1
-MPIRUN=(timeout 120 mpirun --oversubscribe --allow-run-as-root)
-fails=0; passes=0
-ok()  { passes=$((passes+1)); echo "PASS $1"; }
-bad() { fails=$((fails+1)); echo "FAIL $1"; }
+source "$(dirname "$0")/dist_lib.sh"
 
 python3 "$HERE/make_shard.py" "$W/train.bin" 20000 64 pattern
 DENSE="--set vocab_size=64 --set n_layer=2 --set d_model=32 --set n_head=4 --set n_kv_head=2 --set seq_len=16 --set batch_size=8 --set lr=0.01 --set warmup_steps=2 --set total_steps=20"
 MOE="$DENSE --set pattern=AE --set n_experts=4 --set top_k=2 --set expert_hidden=32 --set shared_expert_hidden=16 --set microbatches=2"
 COMMON="--peak-flops 1e11 --quiet --data $W/train.bin"
-
-run() { # run NP OUT ARGS... (stdout/stderr to OUT.log)
-    local np=$1 out=$2; shift 2
-    if [ "$np" = 1 ]; then "$MT" train "$@" $COMMON --out "$out" >"$out.log" 2>&1
-    else "${MPIRUN[@]}" -np "$np" "$MT" train "$@" $COMMON --out "$out" >"$out.log" 2>&1 </dev/null; fi
-}
-
-# losses_close REF RUN TOL -> 0 if every loss within TOL relative
-losses_close() {
-    python3 - "$1/receipt.json" "$2/receipt.json" "$3" <<'PY'
-import json, sys
-a = json.load(open(sys.argv[1]))["losses"]; b = json.load(open(sys.argv[2]))["losses"]; tol = float(sys.argv[3])
-assert len(a) == len(b) and len(a) > 0, (len(a), len(b))
-worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
-print("   max rel diff %.3g over %d steps" % (worst, len(a)))
-sys.exit(0 if worst <= tol else 1)
-PY
-}
 
 # ---- 1 + 2: equivalence ----
 for name in DENSE MOE; do
@@ -61,7 +31,7 @@ for name in DENSE MOE; do
     for np in 2 4; do
         for z in 0 1 2 3; do
             o="$W/${name}_np${np}_z$z"
-            if run "$np" "$o" $cfg --steps 20 --zero $z && losses_close "$W/${name}_ref" "$o" 1e-5; then
+            if run "$np" "$o" $cfg --steps 20 --zero $z && close "$W/${name}_ref" "$o" 1e-5; then
                 ok "$name np=$np zero=$z equals the single-rank losses"
             else
                 bad "$name np=$np zero=$z equals the single-rank losses"; tail -5 "$o.log"
@@ -154,5 +124,4 @@ fault 1:3:nan 'non-finite gradient on rank 1 in parameter model\.norm\.weight at
 fault 1:3:error 'injected failure \(MT_FAULT\) on rank 1 at step 3' "a rank's error brings the job down"
 fault 0:2:signal 'exited on signal 9|killed|Killed' "a killed rank brings the job down"
 
-echo "$passes passed, $fails failed"
-[ $fails -eq 0 ]
+finish

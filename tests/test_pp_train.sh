@@ -15,42 +15,13 @@
 #     --pp-layers: one line, exit 2, every rank, no hang.
 set -u
 BUILD=${1:?usage: test_pp_train.sh BUILD_DIR}
-MT="$BUILD/meshtrain"
-HERE=$(cd "$(dirname "$0")" && pwd)
-if ! command -v mpirun >/dev/null 2>&1; then echo "SKIP: no mpirun"; exit 0; fi
-if [ -f "$BUILD/CMakeCache.txt" ] && ! grep -q '^MT_WITH_MPI:BOOL=ON' "$BUILD/CMakeCache.txt"; then
-    echo "SKIP: built without MPI"; exit 0
-fi
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-export OMP_NUM_THREADS=1 OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1
-MPIRUN=(timeout 180 mpirun --oversubscribe --allow-run-as-root)
-fails=0; passes=0
-ok()  { passes=$((passes+1)); echo "PASS $1"; }
-bad() { fails=$((fails+1)); echo "FAIL $1"; }
+MPIRUN_TIMEOUT=180
+source "$(dirname "$0")/dist_lib.sh"
 
 python3 "$HERE/make_shard.py" "$W/train.bin" 20000 64 pattern
 DENSE="--set vocab_size=64 --set n_layer=4 --set d_model=32 --set n_head=4 --set n_kv_head=2 --set seq_len=16 --set batch_size=8 --set lr=0.01 --set warmup_steps=2 --set total_steps=20 --set microbatches=4"
 MOE="$DENSE --set pattern=AEAE --set n_experts=4 --set top_k=2 --set expert_hidden=32 --set shared_expert_hidden=16"
 COMMON="--peak-flops 1e11 --quiet --data $W/train.bin"
-
-run() { # run NP OUT ARGS...
-    local np=$1 out=$2; shift 2
-    if [ "$np" = 1 ]; then "$MT" train "$@" $COMMON --out "$out" >"$out.log" 2>&1
-    else "${MPIRUN[@]}" -np "$np" "$MT" train "$@" $COMMON --out "$out" >"$out.log" 2>&1 </dev/null; fi
-}
-close() { # close REF RUN TOL [SKIP]   TOL 0 = bit equality
-    python3 - "$1/receipt.json" "$2/receipt.json" "$3" "${4:-0}" <<'PY'
-import json, sys
-a = json.load(open(sys.argv[1]))["losses"][int(sys.argv[4]):]; b = json.load(open(sys.argv[2]))["losses"]
-tol = float(sys.argv[3])
-assert len(a) == len(b) and len(a) > 0, (len(a), len(b))
-if tol == 0:
-    print("   bit-identical" if a == b else "   NOT bit-identical"); sys.exit(0 if a == b else 1)
-w = max(abs(x - y) / abs(x) for x, y in zip(a, b)); print("   max rel diff %.3g over %d steps" % (w, len(a)))
-sys.exit(0 if w <= tol else 1)
-PY
-}
 
 # ---- 1: equivalence (bit-exact cases first, grad_clip=0) ----
 for name in DENSE MOE; do
@@ -97,15 +68,6 @@ run 2 "$W/part" $MOE --steps 10 --mesh pp=2 --zero 1 && run 1 "$W/cont" $MOE --s
     && close "$W/MOE_ref" "$W/cont" 1e-5 10 && ok "pp=2 checkpoint resumes on one rank" || bad "pp=2 checkpoint resumes on one rank"
 
 # ---- 4: bad input ----
-viol() { # viol NP MESH REGEX ARGS...
-    local np=$1 mesh=$2 expect=$3; shift 3
-    rm -rf "$W/bad"
-    "${MPIRUN[@]}" -np "$np" "$MT" train "$@" $COMMON --out "$W/bad" --steps 2 --mesh "$mesh" >/dev/null 2>"$W/bad.err" </dev/null
-    local rc=$? nl
-    nl=$(grep -cE -e "$expect" "$W/bad.err")
-    if [ $rc -eq 2 ] && [ "$nl" -eq "$np" ] && [ ! -e "$W/bad" ]; then ok "bad input: $expect (every rank, exit 2)"
-    else bad "bad input: $expect (rc=$rc, $nl lines)"; cat "$W/bad.err"; fi
-}
 viol 4 pp=4 'mesh contract: n_layer < pp \(n_layer=2, pp=4\)' $DENSE --set n_layer=2
 viol 4 pp=2,dp=2 'batch_size % \(dp\*ep\*microbatches\) != 0 \(batch_size=8, dp=2, ep=1, microbatches=8\)' $DENSE --set microbatches=8
 viol 2 pp=2 "--pp-layers '3,2' covers 5 layers, the model has n_layer=4" $DENSE --pp-layers 3,2
@@ -119,5 +81,4 @@ p = json.load(open(sys.argv[1]))["distributed"]["pipeline"]
 assert [(s["first_layer"], s["end_layer"]) for s in p["stage_layers"]] == [(0, 3), (3, 4)], p["stage_layers"]
 PY
 
-echo "$passes passed, $fails failed"
-[ $fails -eq 0 ]
+finish

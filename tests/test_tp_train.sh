@@ -11,40 +11,13 @@
 # Skips (exit 0) without mpirun or in a build without MPI.
 set -u
 BUILD=${1:?usage: test_tp_train.sh BUILD_DIR}
-MT="$BUILD/meshtrain"
-HERE=$(cd "$(dirname "$0")" && pwd)
-if ! command -v mpirun >/dev/null 2>&1; then echo "SKIP: no mpirun"; exit 0; fi
-if [ -f "$BUILD/CMakeCache.txt" ] && ! grep -q '^MT_WITH_MPI:BOOL=ON' "$BUILD/CMakeCache.txt"; then
-    echo "SKIP: built without MPI"; exit 0
-fi
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-export OMP_NUM_THREADS=1 OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1
-MPIRUN=(timeout 120 mpirun --oversubscribe --allow-run-as-root)
-fails=0; passes=0
-ok()  { passes=$((passes+1)); echo "PASS $1"; }
-bad() { fails=$((fails+1)); echo "FAIL $1"; }
+source "$(dirname "$0")/dist_lib.sh"
 
 python3 "$HERE/make_shard.py" "$W/train.bin" 20000 64 pattern
 # n_kv_head=4 so that tp=4 divides the kv heads; mlp_hidden 128 (divisible by 4)
 DENSE="--set vocab_size=64 --set n_layer=2 --set d_model=32 --set n_head=4 --set n_kv_head=4 --set seq_len=16 --set batch_size=8 --set lr=0.01 --set warmup_steps=2 --set total_steps=20"
 MOE="$DENSE --set pattern=AE --set n_experts=4 --set top_k=2 --set expert_hidden=32 --set shared_expert_hidden=16 --set microbatches=2"
 COMMON="--peak-flops 1e11 --quiet --data $W/train.bin"
-
-run() { # run NP OUT ARGS...
-    local np=$1 out=$2; shift 2
-    if [ "$np" = 1 ]; then "$MT" train "$@" $COMMON --out "$out" >"$out.log" 2>&1
-    else "${MPIRUN[@]}" -np "$np" "$MT" train "$@" $COMMON --out "$out" >"$out.log" 2>&1 </dev/null; fi
-}
-close() { # close REF RUN TOL [SKIP]
-    python3 - "$1/receipt.json" "$2/receipt.json" "$3" "${4:-0}" <<'PY'
-import json, sys
-a = json.load(open(sys.argv[1]))["losses"][int(sys.argv[4]):]; b = json.load(open(sys.argv[2]))["losses"]
-assert len(a) == len(b) and len(a) > 0, (len(a), len(b))
-w = max(abs(x - y) / abs(x) for x, y in zip(a, b)); print("   max rel diff %.3g over %d steps" % (w, len(a)))
-sys.exit(0 if w <= float(sys.argv[3]) else 1)
-PY
-}
 
 # ---- 1: equivalence ----
 for name in DENSE MOE; do
@@ -93,19 +66,9 @@ run 4 "$W/part" $MOE --steps 10 --mesh dp=2,tp=2 --zero 2 && run 1 "$W/cont" $MO
     || bad "tp=2 x dp=2 checkpoint resumes on one rank"
 
 # ---- 5: contract violations ----
-viol() { # viol NP MESH EXPECT ARGS...
-    local np=$1 mesh=$2 expect=$3; shift 3
-    rm -rf "$W/bad"
-    "${MPIRUN[@]}" -np "$np" "$MT" train "$@" $COMMON --out "$W/bad" --steps 2 --mesh "$mesh" >/dev/null 2>"$W/bad.err" </dev/null
-    local rc=$? nl
-    nl=$(grep -cF "$expect" "$W/bad.err")
-    if [ $rc -eq 2 ] && [ "$nl" -eq "$np" ] && [ ! -e "$W/bad" ]; then ok "contract: $expect (every rank, exit 2)"
-    else bad "contract: $expect (rc=$rc, $nl lines)"; cat "$W/bad.err"; fi
-}
-viol 2 tp=2 "mesh contract: n_head % tp != 0 (n_head=3, tp=2)" $DENSE --set n_head=3 --set n_kv_head=3 --set head_dim=8
-viol 4 tp=4 "mesh contract: n_kv_head % tp != 0 (n_kv_head=2, tp=4)" $DENSE --set n_kv_head=2
-viol 2 tp=2 "mesh contract: mlp_hidden % tp != 0 (mlp_hidden=129, tp=2)" $DENSE --set mlp_hidden=129
-viol 2 tp=2 "mesh contract: seq_len % tp != 0 with sequence parallel (seq_len=15, tp=2)" $DENSE --set seq_len=15
+viol 2 tp=2 'mesh contract: n_head % tp != 0 \(n_head=3, tp=2\)' $DENSE --set n_head=3 --set n_kv_head=3 --set head_dim=8
+viol 4 tp=4 'mesh contract: n_kv_head % tp != 0 \(n_kv_head=2, tp=4\)' $DENSE --set n_kv_head=2
+viol 2 tp=2 'mesh contract: mlp_hidden % tp != 0 \(mlp_hidden=129, tp=2\)' $DENSE --set mlp_hidden=129
+viol 2 tp=2 'mesh contract: seq_len % tp != 0 with sequence parallel \(seq_len=15, tp=2\)' $DENSE --set seq_len=15
 
-echo "$passes passed, $fails failed"
-[ $fails -eq 0 ]
+finish
