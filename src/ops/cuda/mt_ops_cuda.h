@@ -32,7 +32,7 @@ extern "C" {
 
 /* Device and library description for the receipt (filled at init). */
 struct mt_ops_cuda_info {
-    char   device[128];        /* cudaDeviceProp.name, e.g. "NVIDIA H100 80GB HBM3" */
+    char   device[256];        /* cudaDeviceProp.name, e.g. "NVIDIA H100 80GB HBM3" */
     int    ordinal;            /* device ordinal in use                           */
     int    cc_major, cc_minor; /* compute capability                               */
     int    sm_count;
@@ -48,6 +48,11 @@ enum mt_status mt_ops_cuda_status(char *msg, size_t msg_len);
 
 /* Fill `info`; MT_ERR_UNSUPPORTED if the backend was never initialised. */
 enum mt_status mt_ops_cuda_get_info(struct mt_ops_cuda_info *info);
+
+/* The cudaStream_t (as void *) every op of the table is queued on, in call
+ * order; NULL before init. Collectives (NCCL) that read or write buffers of
+ * this backend enqueue on it too, so no extra synchronisation is needed. */
+void *mt_ops_cuda_stream(void);
 
 /* Release the stream, cuBLAS handle and scratch. Buffers from buf_alloc
  * must be freed before. A later mt_ops_cuda() initialises again. */

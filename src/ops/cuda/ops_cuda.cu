@@ -14,8 +14,7 @@
 
 struct mt_cuda_state mt_cuda_g;
 
-extern "C" int mt_cuda_record(enum mt_status st, const char *call, const char *reason,
-                              const char *file, int line)
+int mt_cuda_record(enum mt_status st, const char *call, const char *reason, const char *file, int line)
 {
     mt_cuda_g.n_errors++;
     if (mt_cuda_g.err == MT_OK) {
@@ -27,7 +26,7 @@ extern "C" int mt_cuda_record(enum mt_status st, const char *call, const char *r
     return 0;
 }
 
-extern "C" void *mt_cuda_workspace(size_t bytes)
+void *mt_cuda_workspace(size_t bytes)
 {
     if (bytes <= mt_cuda_g.ws_bytes) return mt_cuda_g.ws;
     size_t want = bytes + bytes / 4;  /* grow by 25% more than asked: fewer regrowths */
@@ -180,6 +179,11 @@ extern "C" enum mt_status mt_ops_cuda_get_info(struct mt_ops_cuda_info *info)
     if (!mt_cuda_g.ready) return MT_ERR_UNSUPPORTED;
     *info = mt_cuda_g.info;
     return MT_OK;
+}
+
+extern "C" void *mt_ops_cuda_stream(void)
+{
+    return mt_cuda_g.ready ? (void *)mt_cuda_g.stream : NULL;
 }
 
 extern "C" void mt_ops_cuda_shutdown(void)

@@ -1,0 +1,81 @@
+/*
+ * optim_kernels.cu — elementwise optimizer updates (AdamW, Muon momentum)
+ * and the transpose Muon's Newton–Schulz uses for wide matrices.
+ *
+ *   AdamW (PyTorch): m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+ *                    p *= 1 - lr wd;  p -= lr (m/bc1) / (sqrt(v/bc2) + eps)
+ *   Muon:            m = mu m + g;  d = g + mu m  (Nesterov), d may alias g.
+ *   transpose:       out (cols, rows) = in (rows, cols)^T via 32x33 smem tiles.
+ *
+ * Invariant: one thread per element (transpose: per tile element), each
+ * element read before written: d == g is safe.
+ */
+#include "cuda_impl.cuh"
+
+#include <math.h>
+
+#define THREADS 256
+#define TB      32
+
+static __global__ void adamw_k(float *p, const float *g, float *m, float *v, size_t n,
+                               float lr, float b1, float b2, float eps, float decay, float bc1, float bc2)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float gi = g[i];
+        float mi = b1 * m[i] + (1.0f - b1) * gi;
+        float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = p[i] * decay - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+    }
+}
+
+static __global__ void muon_momentum_k(float *d, float *m, const float *g, float mu, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float gi = g[i];
+        float mi = mu * m[i] + gi;
+        m[i] = mi;
+        d[i] = gi + mu * mi;
+    }
+}
+
+/* block (32, 8): tile (32 x 32) of `in` starting at (r0, c0) = (blockIdx.y, blockIdx.x) * 32 */
+static __global__ void transpose_k(float *out, const float *in, int rows, int cols)
+{
+    __shared__ float tile[TB][TB + 1];
+    int c0 = blockIdx.x * TB, r0 = blockIdx.y * TB;
+    for (int dy = threadIdx.y; dy < TB; dy += blockDim.y) {
+        int r = r0 + dy, c = c0 + (int)threadIdx.x;
+        if (r < rows && c < cols) tile[dy][threadIdx.x] = in[(size_t)r * (size_t)cols + (size_t)c];
+    }
+    __syncthreads();
+    for (int dy = threadIdx.y; dy < TB; dy += blockDim.y) {
+        int c = c0 + dy, r = r0 + (int)threadIdx.x;  /* out row c, column r */
+        if (r < rows && c < cols) out[(size_t)c * (size_t)rows + (size_t)r] = tile[threadIdx.x][dy];
+    }
+}
+
+extern "C" void mt_cuda_adamw_update(float *p, const float *g, float *m, float *v, size_t n,
+                                     float lr, float b1, float b2, float eps, float wd, float bc1, float bc2)
+{
+    if (!n) return;
+    float decay = 1.0f - lr * wd;
+    MT_LAUNCH(adamw_k, mt_cuda_blocks(n, THREADS), THREADS, 0)(p, g, m, v, n, lr, b1, b2, eps, decay, bc1, bc2);
+    MT_CUDA_KCHECK();
+}
+
+extern "C" void mt_cuda_muon_momentum(float *d, float *m, const float *g, float mu, size_t n)
+{
+    if (!n) return;
+    MT_LAUNCH(muon_momentum_k, mt_cuda_blocks(n, THREADS), THREADS, 0)(d, m, g, mu, n);
+    MT_CUDA_KCHECK();
+}
+
+extern "C" void mt_cuda_transpose(float *out, const float *in, int rows, int cols)
+{
+    if (rows <= 0 || cols <= 0) return;
+    dim3 grid((unsigned)((cols + TB - 1) / TB), (unsigned)((rows + TB - 1) / TB));
+    MT_LAUNCH(transpose_k, grid, dim3(TB, 8), 0)(out, in, rows, cols);
+    MT_CUDA_KCHECK();
+}

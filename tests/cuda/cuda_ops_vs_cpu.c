@@ -1,0 +1,806 @@
+/*
+ * cuda_ops_vs_cpu.c — every entry of the cuda ops table against the cpu
+ * table (the reference), on the same random fp32 inputs.
+ *
+ * For each op and case: inputs come from a seeded generator; the op runs on
+ * the cpu backend (pass 0) and twice on the cuda backend (passes 1 and 2),
+ * each pass on freshly uploaded buffers. Checks, one line each:
+ *   - cuda vs cpu: max_i |cuda_i - cpu_i| / max_i |cpu_i| <= 1e-5 ("relative
+ *     to scale"; integer outputs must match exactly);
+ *   - determinism: pass 1 and pass 2 give identical bits;
+ *   - the (=) / (+=) rule: outputs that are overwritten are pre-filled with
+ *     NaN (a kernel that reads them fails the comparison), outputs that
+ *     accumulate are pre-filled with the same random values on both backends;
+ *   - the in-place variants mt_ops.h allows (rope, swiglu backward, xent
+ *     backward, muon's d == g);
+ *   - buf_alloc/buf_free accounting on the ctx buckets, zero fill, the
+ *     injected allocation failure, and that no CUDA error was recorded.
+ * Every entry the cpu table fills must be non-NULL in the cuda table.
+ *
+ * Exit status: 0 when every check passes, or with "SKIP: no GPU" when
+ * mt_ops_cuda() returns NULL (no device, or no driver); 1 on any failure.
+ * Usage: cuda_ops_vs_cpu [-o OP_SUBSTRING]
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/mt_core.h"
+#include "ops/mt_ops.h"
+#include "ops/cuda/mt_ops_cuda.h"
+
+#define TOL      1e-5
+#define MAX_BUFS 64
+
+struct be {
+    const struct mt_ops_i *ops;
+    const char            *name;
+    struct mt_ctx          ctx;
+    void                  *bufs[MAX_BUFS];
+    int                    nbufs;
+};
+
+static struct be   g_be[2];      /* 0 cpu, 1 cuda */
+static const char *g_filter;
+static int         g_pass, g_fail;
+static uint64_t    g_rng;
+
+/* ---- random numbers ---- */
+static uint64_t next_u64(void)
+{
+    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static double urand(void) { return (double)(next_u64() >> 11) * 0x1.0p-53; }
+static int    irand(int n) { return (int)(next_u64() % (uint64_t)n); }
+
+static void *xmalloc(size_t bytes)
+{
+    void *p = calloc(1, bytes ? bytes : 1);
+    if (!p) {
+        fprintf(stderr, "cuda_ops_vs_cpu: out of host memory\n");
+        exit(2);
+    }
+    return p;
+}
+static float *rnd(size_t n, double lo, double hi)
+{
+    float *x = xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = (float)(lo + (hi - lo) * urand());
+    return x;
+}
+static float *nans(size_t n)
+{
+    float *x = xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = NAN;
+    return x;
+}
+
+/* ---- backend buffers ---- */
+static void *dalloc(struct be *b, size_t bytes)
+{
+    void *p = b->ops->buf_alloc(&b->ctx, bytes ? bytes : 4, MT_BUCKET_ACTS);
+    if (!p || b->nbufs == MAX_BUFS) {
+        fprintf(stderr, "cuda_ops_vs_cpu: %s buf_alloc(%zu) failed: %s\n", b->name, bytes,
+                mt_ctx_last_error(&b->ctx));
+        exit(2);
+    }
+    b->bufs[b->nbufs++] = p;
+    return p;
+}
+static float *upf(struct be *b, const float *x, size_t n)
+{
+    float *p = dalloc(b, n * sizeof(float));
+    if (n) b->ops->copy_from_host(p, x, n * sizeof(float));
+    return p;
+}
+static int32_t *upi(struct be *b, const int32_t *x, size_t n)
+{
+    int32_t *p = dalloc(b, n * sizeof(int32_t));
+    if (n) b->ops->copy_from_host(p, x, n * sizeof(int32_t));
+    return p;
+}
+/* host copy of n floats of d (malloc'd; the caller frees) */
+static float *downf(struct be *b, const float *d, size_t n)
+{
+    float *x = xmalloc(n * sizeof(float));
+    b->ops->sync();
+    if (n) b->ops->copy_to_host(x, d, n * sizeof(float));
+    return x;
+}
+static int32_t *downi(struct be *b, const int32_t *d, size_t n)
+{
+    int32_t *x = xmalloc(n * sizeof(int32_t));
+    b->ops->sync();
+    if (n) b->ops->copy_to_host(x, d, n * sizeof(int32_t));
+    return x;
+}
+static void release(struct be *b)
+{
+    for (int i = 0; i < b->nbufs; i++) b->ops->buf_free(&b->ctx, b->bufs[i]);
+    b->nbufs = 0;
+}
+
+/* ---- reporting ---- */
+static void report(const char *op, const char *what, double err, double tol)
+{
+    int ok = err <= tol;  /* NaN fails */
+    printf("cuda  %-22s %-52s %10.3e %8.1e  %s\n", op, what, err, tol, ok ? "PASS" : "FAIL");
+    if (ok) g_pass++;
+    else g_fail++;
+}
+static double rel_err(const float *got, const float *ref, size_t n)
+{
+    double scale = 0.0, e = 0.0;
+    for (size_t i = 0; i < n; i++)
+        if (fabs((double)ref[i]) > scale) scale = fabs((double)ref[i]);
+    if (scale == 0.0) scale = 1.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - (double)ref[i]);
+        if (!isfinite(d)) return INFINITY;
+        if (d > e) e = d;
+    }
+    return e / scale;
+}
+static size_t ndiff(const void *a, const void *b, size_t n4)
+{
+    size_t c = 0;
+    for (size_t i = 0; i < n4; i++) c += memcmp((const char *)a + 4 * i, (const char *)b + 4 * i, 4) != 0;
+    return c;
+}
+/* compare the three passes of one float output: cuda vs cpu, cuda twice; frees them */
+static void check3(const char *op, const char *what, float *r[3], size_t n)
+{
+    char w[160];
+    report(op, what, rel_err(r[1], r[0], n), TOL);
+    snprintf(w, sizeof w, "%s: deterministic (differing elements)", what);
+    report(op, w, (double)ndiff(r[1], r[2], n), 0);
+    for (int p = 0; p < 3; p++) free(r[p]);
+}
+static void check3i(const char *op, const char *what, int32_t *r[3], size_t n)
+{
+    char w[160];
+    snprintf(w, sizeof w, "%s (differing elements)", what);
+    report(op, w, (double)ndiff(r[1], r[0], n), 0);
+    snprintf(w, sizeof w, "%s: deterministic (differing elements)", what);
+    report(op, w, (double)ndiff(r[1], r[2], n), 0);
+    for (int p = 0; p < 3; p++) free(r[p]);
+}
+static int selected(const char *op)
+{
+    return !g_filter || strstr(op, g_filter);
+}
+#define BE(pass) (&g_be[(pass) == 0 ? 0 : 1])
+
+/* ---- table completeness ---- */
+static void test_table(void)
+{
+    const struct mt_ops_i *c = g_be[0].ops, *g = g_be[1].ops;
+    struct { const char *name; int cpu, cuda; } e[] = {
+#define E(f) { #f, c->f != NULL, g->f != NULL }
+        E(buf_alloc), E(buf_free), E(copy_to_host), E(copy_from_host), E(copy), E(sync),
+        E(fill), E(axpby), E(sumsq), E(all_finite), E(gemm), E(embed_forward), E(embed_backward),
+        E(rmsnorm_forward), E(rmsnorm_backward), E(rope_forward), E(rope_backward),
+        E(attention_forward), E(attention_backward), E(swiglu_forward), E(swiglu_backward),
+        E(xent_forward), E(xent_backward), E(router_forward), E(router_backward),
+        E(moe_permute), E(moe_permute_backward), E(moe_combine), E(moe_combine_backward),
+        E(adamw_update), E(muon_momentum), E(transpose),
+#undef E
+    };
+    int missing = 0;
+    for (size_t i = 0; i < sizeof e / sizeof e[0]; i++)
+        if (e[i].cpu && !e[i].cuda) {
+            printf("cuda  table: %s is NULL\n", e[i].name);
+            missing++;
+        }
+    report("table", "entries the cpu table fills (missing)", missing, 0);
+}
+
+/* ---- memory ---- */
+static void test_memory(void)
+{
+    if (!selected("memory")) return;
+    struct be *b = &g_be[1];
+    struct mt_ctx *ctx = &b->ctx;
+    size_t n = 1000;
+    size_t live0 = ctx->bytes_live[MT_BUCKET_GRADS], total0 = ctx->bytes_live_total;
+    float *d = b->ops->buf_alloc(ctx, n * sizeof(float), MT_BUCKET_GRADS);
+    report("buf_alloc", "returns a buffer", d ? 0 : 1, 0);
+    if (!d) return;
+    report("buf_alloc", "bucket grads accounted (bytes off)",
+           fabs((double)(ctx->bytes_live[MT_BUCKET_GRADS] - live0) - (double)(n * sizeof(float))), 0);
+    float *h = downf(b, d, n), *zero = xmalloc(n * sizeof(float));
+    report("buf_alloc", "zero-filled (differing elements)", (double)ndiff(h, zero, n), 0);
+    free(h);
+    float *x = rnd(n, -1, 1);
+    float *d2 = b->ops->buf_alloc(ctx, n * sizeof(float), MT_BUCKET_ACTS);
+    b->ops->copy_from_host(d, x, n * sizeof(float));
+    b->ops->copy(d2, d, n * sizeof(float));
+    h = downf(b, d2, n);
+    report("copy", "host -> dev -> dev -> host round trip (differing)", (double)ndiff(h, x, n), 0);
+    free(h);
+    b->ops->buf_free(ctx, d2);
+    b->ops->buf_free(ctx, d);
+    b->ops->buf_free(ctx, NULL);
+    report("buf_free", "accounting back to start (bytes off)",
+           fabs((double)ctx->bytes_live_total - (double)total0) +
+               fabs((double)ctx->bytes_live[MT_BUCKET_GRADS] - (double)live0), 0);
+    void *z = b->ops->buf_alloc(ctx, 0, MT_BUCKET_OTHER);
+    report("buf_alloc", "0 bytes gives a valid pointer", z ? 0 : 1, 0);
+    b->ops->buf_free(ctx, z);
+    ctx->fail_after = 1;
+    void *f = b->ops->buf_alloc(ctx, 64, MT_BUCKET_OTHER);
+    report("buf_alloc", "injected failure: NULL + MT_ERR_OOM",
+           (f == NULL && ctx->last_status == MT_ERR_OOM) ? 0 : 1, 0);
+    if (f) b->ops->buf_free(ctx, f);
+    ctx->fail_after = 0;
+    mt_ctx_clear_error(ctx);
+    free(x);
+    free(zero);
+}
+
+/* ---- elementwise ---- */
+static void test_fill_axpby(void)
+{
+    if (!selected("fill") && !selected("axpby")) return;
+    const size_t n = 100003;
+    float *x = rnd(n, -2, 2), *y = rnd(n, -2, 2), *ny = nans(n);
+    float *r[3];
+    for (int c = 0; c < 2; c++) {
+        float v = c ? 1.5f : 0.0f;
+        for (int p = 0; p < 3; p++) {
+            struct be *b = BE(p);
+            float *d = upf(b, ny, n);
+            b->ops->fill(d, v, n);
+            r[p] = downf(b, d, n);
+            release(b);
+        }
+        check3("fill", c ? "value 1.5" : "value 0", r, n);
+    }
+    /* (x?, a, b, y prefill) */
+    struct { int hasx; float a, bb; int nan_y; const char *what; } cs[] = {
+        {1, 0.7f, -1.3f, 0, "y = a x + b y"},
+        {1, 0.7f, 0.0f, 1, "b = 0: y = a x, y not read (NaN prefill)"},
+        {0, 0.0f, 0.25f, 0, "x = NULL: y = b y"},
+        {0, 0.0f, 0.0f, 1, "x = NULL, b = 0: y = 0 (NaN prefill)"},
+    };
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        for (int p = 0; p < 3; p++) {
+            struct be *b = BE(p);
+            float *dy = upf(b, cs[c].nan_y ? ny : y, n);
+            float *dx = cs[c].hasx ? upf(b, x, n) : NULL;
+            b->ops->axpby(dy, dx, cs[c].a, cs[c].bb, n);
+            r[p] = downf(b, dy, n);
+            release(b);
+        }
+        check3("axpby", cs[c].what, r, n);
+    }
+    free(x);
+    free(y);
+    free(ny);
+}
+
+static void test_reductions(void)
+{
+    if (!selected("sumsq") && !selected("all_finite")) return;
+    size_t sizes[] = {1, 1000, 1234567};
+    for (size_t c = 0; c < 3; c++) {
+        size_t n = sizes[c];
+        float *x = rnd(n, -3, 3);
+        double s[3];
+        int f[3][3];
+        for (int p = 0; p < 3; p++) {
+            struct be *b = BE(p);
+            float *d = upf(b, x, n);
+            s[p] = b->ops->sumsq(d, n);
+            f[p][0] = b->ops->all_finite(d, n);
+            float bad = INFINITY;
+            b->ops->copy_from_host(d + n - 1, &bad, sizeof bad);        /* +inf at the end */
+            f[p][1] = b->ops->all_finite(d, n);
+            b->ops->copy_from_host(d + n - 1, &x[n - 1], sizeof(float));  /* restore the end */
+            bad = NAN;
+            b->ops->copy_from_host(d + n / 2, &bad, sizeof bad);        /* NaN in the middle */
+            f[p][2] = b->ops->all_finite(d, n);
+            release(b);
+        }
+        char w[96];
+        snprintf(w, sizeof w, "n = %zu (relative error)", n);
+        report("sumsq", w, fabs(s[1] - s[0]) / (fabs(s[0]) > 0 ? fabs(s[0]) : 1), TOL);
+        snprintf(w, sizeof w, "n = %zu: deterministic (bits differ)", n);
+        report("sumsq", w, memcmp(&s[1], &s[2], sizeof(double)) != 0, 0);
+        snprintf(w, sizeof w, "n = %zu: finite / +inf / NaN (mismatches)", n);
+        int mism = 0;
+        for (int k = 0; k < 3; k++) mism += (f[1][k] != f[0][k]) + (f[2][k] != f[0][k]);
+        mism += f[0][0] != 1 || f[0][1] != 0 || f[0][2] != 0;
+        report("all_finite", w, mism, 0);
+        free(x);
+    }
+    struct be *b = &g_be[1];
+    float *d = dalloc(b, 4);
+    report("sumsq", "n = 0 is 0", b->ops->sumsq(d, 0) != 0.0, 0);
+    report("all_finite", "n = 0 is 1", b->ops->all_finite(d, 0) != 1, 0);
+    release(b);
+}
+
+/* ---- gemm ---- */
+static void test_gemm(void)
+{
+    if (!selected("gemm")) return;
+    struct { int tA, tB, M, N, K, pad; float alpha, beta; } cs[] = {
+        {0, 0, 67, 45, 33, 3, 0.7f, 0.0f}, {0, 1, 67, 45, 33, 3, 1.0f, 0.5f},
+        {1, 0, 67, 45, 33, 0, 1.0f, 1.0f}, {1, 1, 67, 45, 33, 5, -0.3f, 0.0f},
+        {0, 1, 256, 384, 512, 0, 1.0f, 0.0f}, {0, 0, 31, 17, 0, 2, 1.0f, 0.5f},
+        {1, 0, 20, 30, 40, 1, 0.0f, 0.0f},
+    };
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        int M = cs[c].M, N = cs[c].N, K = cs[c].K, pad = cs[c].pad;
+        int ar = cs[c].tA ? K : M, ac = cs[c].tA ? M : K;  /* A stored (ar, ac) */
+        int br = cs[c].tB ? N : K, bc = cs[c].tB ? K : N;
+        int lda = ac + pad, ldb = bc + pad, ldc = N + pad;
+        size_t na = (size_t)(ar > 0 ? ar : 1) * (size_t)lda, nb = (size_t)(br > 0 ? br : 1) * (size_t)ldb;
+        size_t nc = (size_t)M * (size_t)ldc;
+        float *A = rnd(na, -1, 1), *B = rnd(nb, -1, 1);
+        float *C0 = cs[c].beta == 0.0f ? nans(nc) : rnd(nc, -1, 1);
+        if (cs[c].beta == 0.0f) /* padding columns of C are never written: keep them finite */
+            for (int i = 0; i < M; i++)
+                for (int j = N; j < ldc; j++) C0[(size_t)i * ldc + j] = 7.0f;
+        float *r[3];
+        for (int p = 0; p < 3; p++) {
+            struct be *b = BE(p);
+            float *dA = upf(b, A, na), *dB = upf(b, B, nb), *dC = upf(b, C0, nc);
+            b->ops->gemm(cs[c].tA, cs[c].tB, M, N, K, cs[c].alpha, dA, lda > 0 ? lda : 1, dB, ldb > 0 ? ldb : 1,
+                         cs[c].beta, dC, ldc);
+            r[p] = downf(b, dC, nc);
+            release(b);
+        }
+        char w[128];
+        snprintf(w, sizeof w, "tA=%d tB=%d M=%d N=%d K=%d pad=%d alpha=%g beta=%g", cs[c].tA, cs[c].tB, M, N, K,
+                 pad, cs[c].alpha, cs[c].beta);
+        check3("gemm", w, r, nc);
+        free(A);
+        free(B);
+        free(C0);
+    }
+}
+
+/* ---- embedding ---- */
+static void test_embed(void)
+{
+    if (!selected("embed")) return;
+    const int N = 300, C = 70, V = 50;
+    float *wte = rnd((size_t)V * C, -1, 1), *dout = rnd((size_t)N * C, -1, 1), *dw0 = rnd((size_t)V * C, -1, 1);
+    int32_t *idx = xmalloc(sizeof(int32_t) * N);
+    for (int n = 0; n < N; n++) idx[n] = n % 7 == 0 ? 3 : irand(V);  /* token 3 repeats a lot */
+    float *nout = nans((size_t)N * C);
+    float *rf[3], *rb[3];
+    for (int p = 0; p < 3; p++) {
+        struct be *b = BE(p);
+        float *dw = upf(b, wte, (size_t)V * C), *o = upf(b, nout, (size_t)N * C);
+        int32_t *di = upi(b, idx, N);
+        b->ops->embed_forward(o, di, dw, N, C);
+        rf[p] = downf(b, o, (size_t)N * C);
+        float *g = upf(b, dout, (size_t)N * C), *dwte = upf(b, dw0, (size_t)V * C);
+        b->ops->embed_backward(dwte, g, di, N, C, V);
+        rb[p] = downf(b, dwte, (size_t)V * C);
+        release(b);
+    }
+    check3("embed_forward", "N=300 C=70 V=50", rf, (size_t)N * C);
+    check3("embed_backward", "dwte += (repeated tokens)", rb, (size_t)V * C);
+    free(wte);
+    free(dout);
+    free(dw0);
+    free(idx);
+    free(nout);
+}
+
+/* ---- rmsnorm ---- */
+static void test_rmsnorm(void)
+{
+    if (!selected("rmsnorm")) return;
+    int shapes[][2] = {{37, 200}, {128, 64}, {5, 1000}};
+    for (int s = 0; s < 3; s++) {
+        int N = shapes[s][0], C = shapes[s][1];
+        size_t nx = (size_t)N * C;
+        float *x = rnd(nx, -2, 2), *w = rnd((size_t)C, 0.5, 1.5), *dout = rnd(nx, -1, 1);
+        float *dx0 = rnd(nx, -1, 1), *dw0 = rnd((size_t)C, -1, 1), *nx_ = nans(nx), *nN = nans((size_t)N);
+        float *ro[3] = {0}, *rr[3] = {0}, *rdx[3] = {0}, *rdxa[3] = {0}, *rdw[3] = {0};
+        for (int p = 0; p < 3; p++) {
+            struct be *b = BE(p);
+            float *dxin = upf(b, x, nx), *dw = upf(b, w, (size_t)C), *o = upf(b, nx_, nx), *rs = upf(b, nN, (size_t)N);
+            b->ops->rmsnorm_forward(o, rs, dxin, dw, N, C, 1e-5f);
+            ro[p] = downf(b, o, nx);
+            rr[p] = downf(b, rs, (size_t)N);
+            /* backward from the cpu's rstd so both backends see the same saved buffer */
+            float *rsc = upf(b, rr[0], (size_t)N);
+            float *g = upf(b, dout, nx), *ddx = upf(b, nx_, nx), *ddw = upf(b, dw0, (size_t)C);
+            b->ops->rmsnorm_backward(ddx, ddw, g, dxin, dw, rsc, N, C, 0);
+            rdx[p] = downf(b, ddx, nx);
+            float *ddx2 = upf(b, dx0, nx);
+            b->ops->rmsnorm_backward(ddx2, ddw, g, dxin, dw, rsc, N, C, 1);
+            rdxa[p] = downf(b, ddx2, nx);
+            rdw[p] = downf(b, ddw, (size_t)C);  /* dw0 + 2 * sum */
+            release(b);
+        }
+        char w1[96];
+        snprintf(w1, sizeof w1, "N=%d C=%d out", N, C);
+        check3("rmsnorm_forward", w1, ro, nx);
+        snprintf(w1, sizeof w1, "N=%d C=%d rstd", N, C);
+        check3("rmsnorm_forward", w1, rr, (size_t)N);
+        snprintf(w1, sizeof w1, "N=%d C=%d dx (=, NaN prefill)", N, C);
+        check3("rmsnorm_backward", w1, rdx, nx);
+        snprintf(w1, sizeof w1, "N=%d C=%d dx (accumulate=1: +=)", N, C);
+        check3("rmsnorm_backward", w1, rdxa, nx);
+        snprintf(w1, sizeof w1, "N=%d C=%d dw (+=, called twice)", N, C);
+        check3("rmsnorm_backward", w1, rdw, (size_t)C);
+        free(x); free(w); free(dout); free(dx0); free(dw0); free(nx_); free(nN);
+    }
+}
+
+/* ---- rope ---- */
+static void test_rope(void)
+{
+    if (!selected("rope")) return;
+    const int B = 2, T = 13, nh = 3, hd = 16, pos0 = 5, Tmax = 32, half = hd / 2;
+    const int N = B * T;
+    size_t n = (size_t)N * nh * hd;
+    float *cs = xmalloc(sizeof(float) * Tmax * half), *sn = xmalloc(sizeof(float) * Tmax * half);
+    for (int p = 0; p < Tmax; p++)
+        for (int i = 0; i < half; i++) {
+            double f = pow(10000.0, -2.0 * i / hd);
+            cs[p * half + i] = (float)cos(p * f);
+            sn[p * half + i] = (float)sin(p * f);
+        }
+    float *x = rnd(n, -1, 1), *nn = nans(n);
+    float *rf[3], *ri[3], *rb[3];
+    for (int p = 0; p < 3; p++) {
+        struct be *b = BE(p);
+        float *dc = upf(b, cs, (size_t)Tmax * half), *ds = upf(b, sn, (size_t)Tmax * half);
+        float *dx = upf(b, x, n), *o = upf(b, nn, n);
+        b->ops->rope_forward(o, dx, dc, ds, N, T, pos0, nh, hd);
+        rf[p] = downf(b, o, n);
+        b->ops->rope_forward(dx, dx, dc, ds, N, T, pos0, nh, hd);  /* in place */
+        ri[p] = downf(b, dx, n);
+        b->ops->rope_backward(dx, dx, dc, ds, N, T, pos0, nh, hd); /* in place, inverse */
+        rb[p] = downf(b, dx, n);
+        release(b);
+    }
+    check3("rope_forward", "pos0=5 out-of-place", rf, n);
+    check3("rope_forward", "pos0=5 in place", ri, n);
+    check3("rope_backward", "in place (R^T R x)", rb, n);
+    free(cs); free(sn); free(x); free(nn);
+}
+
+/* ---- attention ---- */
+static void test_attention(void)
+{
+    if (!selected("attention")) return;
+    struct { int B, Tq, Tk, q_pos0, H, K, hd, bwd; const char *what; } cs[] = {
+        {2, 70, 70, 0, 4, 2, 40, 1, "train B=2 T=70 H=4 K=2 hd=40"},
+        {1, 33, 33, 0, 2, 2, 64, 1, "train B=1 T=33 H=2 K=2 hd=64"},
+        {1, 40, 40, 0, 2, 1, 128, 1, "train B=1 T=40 H=2 K=1 hd=128"},
+        {1, 20, 20, 0, 1, 1, 200, 1, "train B=1 T=20 H=1 K=1 hd=200"},
+        {2, 1, 50, 49, 4, 2, 32, 0, "decode Tq=1 Tk=50 q_pos0=49"},
+        {1, 7, 45, 38, 4, 4, 48, 0, "prefill chunk Tq=7 Tk=45 q_pos0=38"},
+    };
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        int B = cs[c].B, Tq = cs[c].Tq, Tk = cs[c].Tk, H = cs[c].H, K = cs[c].K, hd = cs[c].hd;
+        size_t nq = (size_t)B * Tq * H * hd, nk = (size_t)B * Tk * K * hd, nl = (size_t)B * H * Tq;
+        float *q = rnd(nq, -1, 1), *k = rnd(nk, -1, 1), *v = rnd(nk, -1, 1), *dout = rnd(nq, -1, 1);
+        float *nQ = nans(nq), *nK = nans(nk), *nL = nans(nl);
+        float *ro[3] = {0}, *rl[3] = {0}, *rdq[3] = {0}, *rdk[3] = {0}, *rdv[3] = {0};
+        for (int p = 0; p < 3; p++) {
+            struct be *b = BE(p);
+            float *dq_ = upf(b, q, nq), *dk_ = upf(b, k, nk), *dv_ = upf(b, v, nk);
+            float *o = upf(b, nQ, nq), *l = upf(b, nL, nl);
+            b->ops->attention_forward(o, l, dq_, dk_, dv_, B, Tq, Tk, cs[c].q_pos0, H, K, hd);
+            ro[p] = downf(b, o, nq);
+            rl[p] = downf(b, l, nl);
+            if (cs[c].bwd) {
+                /* backward from the cpu's out/lse: both backends see the same saved buffers */
+                float *oc = upf(b, ro[0], nq), *lc = upf(b, rl[0], nl), *g = upf(b, dout, nq);
+                float *gq = upf(b, nQ, nq), *gk = upf(b, nK, nk), *gv = upf(b, nK, nk);
+                b->ops->attention_backward(gq, gk, gv, g, dq_, dk_, dv_, oc, lc, B, Tq, H, K, hd);
+                rdq[p] = downf(b, gq, nq);
+                rdk[p] = downf(b, gk, nk);
+                rdv[p] = downf(b, gv, nk);
+            }
+            release(b);
+        }
+        char w[128];
+        snprintf(w, sizeof w, "%s out", cs[c].what);
+        check3("attention_forward", w, ro, nq);
+        snprintf(w, sizeof w, "%s lse", cs[c].what);
+        check3("attention_forward", w, rl, nl);
+        if (cs[c].bwd) {
+            snprintf(w, sizeof w, "%s dq (=)", cs[c].what);
+            check3("attention_backward", w, rdq, nq);
+            snprintf(w, sizeof w, "%s dk (=)", cs[c].what);
+            check3("attention_backward", w, rdk, nk);
+            snprintf(w, sizeof w, "%s dv (=)", cs[c].what);
+            check3("attention_backward", w, rdv, nk);
+        }
+        free(q); free(k); free(v); free(dout); free(nQ); free(nK); free(nL);
+    }
+}
+
+/* ---- swiglu ---- */
+static void test_swiglu(void)
+{
+    if (!selected("swiglu")) return;
+    const size_t n = 10007;
+    float *g = rnd(n, -6, 6), *u = rnd(n, -2, 2), *dout = rnd(n, -1, 1), *nn = nans(n);
+    float *rf[3], *rg[3], *ru[3], *rgi[3], *rui[3];
+    for (int p = 0; p < 3; p++) {
+        struct be *b = BE(p);
+        float *dg = upf(b, g, n), *du = upf(b, u, n), *o = upf(b, nn, n), *dd = upf(b, dout, n);
+        b->ops->swiglu_forward(o, dg, du, n);
+        rf[p] = downf(b, o, n);
+        float *gg = upf(b, nn, n), *gu = upf(b, nn, n);
+        b->ops->swiglu_backward(gg, gu, dd, dg, du, n);
+        rg[p] = downf(b, gg, n);
+        ru[p] = downf(b, gu, n);
+        b->ops->swiglu_backward(dg, du, dd, dg, du, n);  /* in place: dgate = gate, dup = up */
+        rgi[p] = downf(b, dg, n);
+        rui[p] = downf(b, du, n);
+        release(b);
+    }
+    check3("swiglu_forward", "n=10007", rf, n);
+    check3("swiglu_backward", "dgate (=)", rg, n);
+    check3("swiglu_backward", "dup (=)", ru, n);
+    check3("swiglu_backward", "dgate in place", rgi, n);
+    check3("swiglu_backward", "dup in place", rui, n);
+    free(g); free(u); free(dout); free(nn);
+}
+
+/* ---- xent ---- */
+static void test_xent(void)
+{
+    if (!selected("xent")) return;
+    struct { int N, V; float cap; } cs[] = {{37, 1000, 0.0f}, {37, 1000, 15.0f}, {4, 50304, 0.0f}, {3, 50304, 30.0f}};
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        int N = cs[c].N, V = cs[c].V;
+        size_t nz = (size_t)N * V;
+        float *z = rnd(nz, -20, 20), *nz_ = nans(nz), *nN = nans((size_t)N);
+        int32_t *t = xmalloc(sizeof(int32_t) * N);
+        for (int n = 0; n < N; n++) t[n] = n % 5 == 3 ? -1 : irand(V);
+        float dscale = 1.0f / (float)N;
+        float *rl[3] = {0}, *rs[3] = {0}, *rd[3] = {0}, *ri[3] = {0};
+        for (int p = 0; p < 3; p++) {
+            struct be *b = BE(p);
+            float *dz = upf(b, z, nz), *loss = upf(b, nN, (size_t)N), *lse = upf(b, nN, (size_t)N);
+            int32_t *dt = upi(b, t, N);
+            b->ops->xent_forward(loss, lse, dz, dt, N, V, cs[c].cap);
+            rl[p] = downf(b, loss, (size_t)N);
+            rs[p] = downf(b, lse, (size_t)N);
+            float *lc = upf(b, rs[0], (size_t)N), *g = upf(b, nz_, nz);
+            b->ops->xent_backward(g, dz, lc, dt, dscale, N, V, cs[c].cap);
+            rd[p] = downf(b, g, nz);
+            b->ops->xent_backward(dz, dz, lc, dt, dscale, N, V, cs[c].cap);  /* in place */
+            ri[p] = downf(b, dz, nz);
+            release(b);
+        }
+        char w[96];
+        snprintf(w, sizeof w, "N=%d V=%d softcap=%g losses", N, V, cs[c].cap);
+        check3("xent_forward", w, rl, (size_t)N);
+        snprintf(w, sizeof w, "N=%d V=%d softcap=%g lse", N, V, cs[c].cap);
+        check3("xent_forward", w, rs, (size_t)N);
+        snprintf(w, sizeof w, "N=%d V=%d softcap=%g dlogits (=)", N, V, cs[c].cap);
+        check3("xent_backward", w, rd, nz);
+        snprintf(w, sizeof w, "N=%d V=%d softcap=%g in place", N, V, cs[c].cap);
+        check3("xent_backward", w, ri, nz);
+        free(z); free(nz_); free(nN); free(t);
+    }
+}
+
+/* ---- MoE router ---- */
+static void test_router(void)
+{
+    if (!selected("router")) return;
+    int shapes[][3] = {{70, 8, 2}, {33, 16, 4}, {10, 4, 1}};
+    for (int s = 0; s < 3; s++) {
+        int N = shapes[s][0], E = shapes[s][1], k = shapes[s][2];
+        size_t ne = (size_t)N * E, nk = (size_t)N * k;
+        /* well-separated logits (a permutation of a grid plus small noise): top-k has no near ties */
+        float *z = xmalloc(sizeof(float) * ne);
+        for (int n = 0; n < N; n++) {
+            for (int e = 0; e < E; e++) z[(size_t)n * E + e] = (float)e * 0.37f;
+            for (int e = E - 1; e > 0; e--) {
+                int j = irand(e + 1);
+                float tmp = z[(size_t)n * E + e];
+                z[(size_t)n * E + e] = z[(size_t)n * E + j];
+                z[(size_t)n * E + j] = tmp;
+            }
+            for (int e = 0; e < E; e++) z[(size_t)n * E + e] += (float)(0.01 * urand());
+        }
+        float *dg = rnd(nk, -1, 1), *dp = rnd(ne, -1, 1), *dl = rnd((size_t)N, -1, 1);
+        float *nE = nans(ne), *nN = nans((size_t)N), *nK = nans(nk);
+        int32_t *nI = xmalloc(sizeof(int32_t) * nk);
+        float *rp[3] = {0}, *rl[3] = {0}, *rg[3] = {0}, *rd1[3] = {0}, *rd2[3] = {0};
+        int32_t *ri[3] = {0};
+        for (int p = 0; p < 3; p++) {
+            struct be *b = BE(p);
+            float *dz = upf(b, z, ne), *pr = upf(b, nE, ne), *ls = upf(b, nN, (size_t)N), *gt = upf(b, nK, nk);
+            int32_t *ix = upi(b, nI, nk);
+            b->ops->router_forward(pr, ls, ix, gt, dz, N, E, k);
+            rp[p] = downf(b, pr, ne);
+            rl[p] = downf(b, ls, (size_t)N);
+            rg[p] = downf(b, gt, nk);
+            ri[p] = downi(b, ix, nk);
+            /* backward from the cpu's saved buffers */
+            float *pc = upf(b, rp[0], ne), *gc = upf(b, rg[0], nk);
+            int32_t *ic = upi(b, ri[0], nk);
+            float *ddg = upf(b, dg, nk), *ddp = upf(b, dp, ne), *ddl = upf(b, dl, (size_t)N);
+            float *out1 = upf(b, nE, ne), *out2 = upf(b, nE, ne);
+            b->ops->router_backward(out1, ddg, ddp, ddl, pc, ic, gc, N, E, k);
+            b->ops->router_backward(out2, ddg, NULL, NULL, pc, ic, gc, N, E, k);
+            rd1[p] = downf(b, out1, ne);
+            rd2[p] = downf(b, out2, ne);
+            release(b);
+        }
+        char w[96];
+        snprintf(w, sizeof w, "N=%d E=%d k=%d probs", N, E, k);
+        check3("router_forward", w, rp, ne);
+        snprintf(w, sizeof w, "N=%d E=%d k=%d lse", N, E, k);
+        check3("router_forward", w, rl, (size_t)N);
+        snprintf(w, sizeof w, "N=%d E=%d k=%d gates", N, E, k);
+        check3("router_forward", w, rg, nk);
+        snprintf(w, sizeof w, "N=%d E=%d k=%d topk_idx", N, E, k);
+        check3i("router_forward", w, ri, nk);
+        snprintf(w, sizeof w, "N=%d E=%d k=%d dgates+dprobs+dlse (=)", N, E, k);
+        check3("router_backward", w, rd1, ne);
+        snprintf(w, sizeof w, "N=%d E=%d k=%d dgates only (=)", N, E, k);
+        check3("router_backward", w, rd2, ne);
+        free(z); free(dg); free(dp); free(dl); free(nE); free(nN); free(nK); free(nI);
+    }
+}
+
+/* ---- MoE permute / combine ---- */
+static void test_moe(void)
+{
+    if (!selected("moe")) return;
+    const int N = 50, k = 2, C = 24, M = N * k;
+    int32_t *pos = xmalloc(sizeof(int32_t) * M), *src = xmalloc(sizeof(int32_t) * M);
+    for (int m = 0; m < M; m++) pos[m] = m;
+    for (int m = M - 1; m > 0; m--) {
+        int j = irand(m + 1), tmp = pos[m];
+        pos[m] = pos[j];
+        pos[j] = tmp;
+    }
+    for (int s = 0; s < M; s++) src[pos[s]] = s / k;
+    float *h = rnd((size_t)N * C, -1, 1), *dxp = rnd((size_t)M * C, -1, 1), *dh0 = rnd((size_t)N * C, -1, 1);
+    float *y = rnd((size_t)M * C, -1, 1), *gates = rnd((size_t)M, 0, 1), *out0 = rnd((size_t)N * C, -1, 1);
+    float *dout = rnd((size_t)N * C, -1, 1), *nM = nans((size_t)M * C), *nS = nans((size_t)M);
+    float *rp[3], *rpb[3], *rc[3], *rdy[3], *rdg[3];
+    for (int p = 0; p < 3; p++) {
+        struct be *b = BE(p);
+        int32_t *dpos = upi(b, pos, M), *dsrc = upi(b, src, M);
+        float *dh = upf(b, h, (size_t)N * C), *xp = upf(b, nM, (size_t)M * C);
+        b->ops->moe_permute(xp, dh, dsrc, M, C);
+        rp[p] = downf(b, xp, (size_t)M * C);
+        float *ddh = upf(b, dh0, (size_t)N * C), *ddxp = upf(b, dxp, (size_t)M * C);
+        b->ops->moe_permute_backward(ddh, ddxp, dpos, N, k, C);
+        rpb[p] = downf(b, ddh, (size_t)N * C);
+        float *dy_ = upf(b, y, (size_t)M * C), *dg_ = upf(b, gates, (size_t)M), *o = upf(b, out0, (size_t)N * C);
+        b->ops->moe_combine(o, dy_, dpos, dg_, N, k, C);
+        rc[p] = downf(b, o, (size_t)N * C);
+        float *gy = upf(b, nM, (size_t)M * C), *gg = upf(b, nS, (size_t)M), *dd = upf(b, dout, (size_t)N * C);
+        b->ops->moe_combine_backward(gy, gg, dd, dy_, dpos, dg_, N, k, C);
+        rdy[p] = downf(b, gy, (size_t)M * C);
+        rdg[p] = downf(b, gg, (size_t)M);
+        release(b);
+    }
+    check3("moe_permute", "xp = h[src_row] (=)", rp, (size_t)M * C);
+    check3("moe_permute_backward", "dh += (j order)", rpb, (size_t)N * C);
+    check3("moe_combine", "out += gates y", rc, (size_t)N * C);
+    check3("moe_combine_backward", "dy (=)", rdy, (size_t)M * C);
+    check3("moe_combine_backward", "dgates (=)", rdg, (size_t)M);
+    free(pos); free(src); free(h); free(dxp); free(dh0); free(y); free(gates); free(out0); free(dout);
+    free(nM); free(nS);
+}
+
+/* ---- optimizer kernels ---- */
+static void test_optim(void)
+{
+    if (!selected("adamw") && !selected("muon") && !selected("transpose")) return;
+    const size_t n = 10007;
+    float *p0 = rnd(n, -1, 1), *g = rnd(n, -1, 1), *m0 = rnd(n, -0.1, 0.1), *v0 = rnd(n, 0, 0.01), *nn = nans(n);
+    float *rp[3], *rm[3], *rv[3], *rd[3], *rmm[3], *ra[3];
+    for (int p = 0; p < 3; p++) {
+        struct be *b = BE(p);
+        float *dp = upf(b, p0, n), *dg = upf(b, g, n), *dm = upf(b, m0, n), *dv = upf(b, v0, n);
+        b->ops->adamw_update(dp, dg, dm, dv, n, 3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f - 0.9f * 0.9f * 0.9f,
+                             1.0f - 0.95f * 0.95f * 0.95f);
+        rp[p] = downf(b, dp, n);
+        rm[p] = downf(b, dm, n);
+        rv[p] = downf(b, dv, n);
+        float *dd = upf(b, nn, n), *mm = upf(b, m0, n);
+        b->ops->muon_momentum(dd, mm, dg, 0.95f, n);
+        rd[p] = downf(b, dd, n);
+        rmm[p] = downf(b, mm, n);
+        b->ops->muon_momentum(dg, mm, dg, 0.95f, n);  /* d aliases g */
+        ra[p] = downf(b, dg, n);
+        release(b);
+    }
+    check3("adamw_update", "p", rp, n);
+    check3("adamw_update", "m", rm, n);
+    check3("adamw_update", "v", rv, n);
+    check3("muon_momentum", "d (=)", rd, n);
+    check3("muon_momentum", "m", rmm, n);
+    check3("muon_momentum", "d aliases g", ra, n);
+    int shapes[][2] = {{70, 45}, {1, 33}, {64, 64}};
+    for (int s = 0; s < 3; s++) {
+        int R = shapes[s][0], Cc = shapes[s][1];
+        size_t nt = (size_t)R * Cc;
+        float *x = rnd(nt, -1, 1), *nt_ = nans(nt), *rt[3];
+        for (int p = 0; p < 3; p++) {
+            struct be *b = BE(p);
+            float *dx = upf(b, x, nt), *o = upf(b, nt_, nt);
+            b->ops->transpose(o, dx, R, Cc);
+            rt[p] = downf(b, o, nt);
+            release(b);
+        }
+        char w[64];
+        snprintf(w, sizeof w, "rows=%d cols=%d", R, Cc);
+        check3("transpose", w, rt, nt);
+        free(x);
+        free(nt_);
+    }
+    free(p0); free(g); free(m0); free(v0); free(nn);
+}
+
+int main(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-o") && i + 1 < argc) g_filter = argv[++i];
+        else {
+            fprintf(stderr, "usage: %s [-o OP_SUBSTRING]\n", argv[0]);
+            return 2;
+        }
+    }
+    char why[256] = "";
+    const struct mt_ops_i *cuda = mt_ops_cuda(why, sizeof why);
+    if (!cuda) {
+        printf("SKIP: no GPU (%s)\n", why[0] ? why : "mt_ops_cuda returned NULL");
+        return 0;
+    }
+    struct mt_ops_cuda_info info;
+    if (mt_ops_cuda_get_info(&info) == MT_OK)
+        printf("cuda device: %s (sm_%d%d, %d SMs, %.1f GiB), runtime %d, cuBLAS %d\n", info.device, info.cc_major,
+               info.cc_minor, info.sm_count, (double)info.mem_total / (1024.0 * 1024.0 * 1024.0),
+               info.runtime_version, info.cublas_version);
+    g_be[0].ops = mt_ops_cpu();
+    g_be[0].name = "cpu";
+    g_be[1].ops = cuda;
+    g_be[1].name = "cuda";
+    mt_ctx_init(&g_be[0].ctx);
+    mt_ctx_init(&g_be[1].ctx);
+
+    g_rng = 1;  test_table();
+    g_rng = 2;  test_memory();
+    g_rng = 3;  test_fill_axpby();
+    g_rng = 4;  test_reductions();
+    g_rng = 5;  test_gemm();
+    g_rng = 6;  test_embed();
+    g_rng = 7;  test_rmsnorm();
+    g_rng = 8;  test_rope();
+    g_rng = 9;  test_attention();
+    g_rng = 10; test_swiglu();
+    g_rng = 11; test_xent();
+    g_rng = 12; test_router();
+    g_rng = 13; test_moe();
+    g_rng = 14; test_optim();
+
+    char msg[512];
+    cuda->sync();
+    enum mt_status st = mt_ops_cuda_status(msg, sizeof msg);
+    report("status", st == MT_OK ? "no CUDA error recorded" : msg, st != MT_OK, 0);
+    report("accounting", "cuda ctx bytes live after all frees", (double)g_be[1].ctx.bytes_live_total, 0);
+    printf("cuda_ops_vs_cpu: %d checks, %d passed, %d failed\n", g_pass + g_fail, g_pass, g_fail);
+    mt_ctx_free(&g_be[0].ctx);
+    mt_ctx_free(&g_be[1].ctx);
+    return g_fail ? 1 : 0;
+}

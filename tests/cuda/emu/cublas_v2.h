@@ -1,0 +1,32 @@
+/*
+ * cublas_v2.h (emulation) — the cuBLAS calls src/ops/cuda uses, on the CPU:
+ * a naive column-major sgemm with cuBLAS's argument checks (so a wrong
+ * row-major -> column-major mapping shows up as a failed status or wrong
+ * numbers). See cuda_runtime.h in this directory.
+ */
+#ifndef MT_EMU_CUBLAS_V2_H
+#define MT_EMU_CUBLAS_V2_H
+
+#include "cuda_runtime.h"
+
+typedef struct mt_emu_cublas *cublasHandle_t;
+enum cublasStatus_t {
+    CUBLAS_STATUS_SUCCESS = 0,
+    CUBLAS_STATUS_NOT_INITIALIZED = 1,
+    CUBLAS_STATUS_ALLOC_FAILED = 3,
+    CUBLAS_STATUS_INVALID_VALUE = 7,
+};
+enum cublasOperation_t { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1, CUBLAS_OP_C = 2 };
+enum cublasMath_t { CUBLAS_DEFAULT_MATH = 0, CUBLAS_TENSOR_OP_MATH = 1, CUBLAS_PEDANTIC_MATH = 2 };
+
+const char    *cublasGetStatusString(cublasStatus_t s);
+cublasStatus_t cublasCreate(cublasHandle_t *h);
+cublasStatus_t cublasDestroy(cublasHandle_t h);
+cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s);
+cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t m);
+cublasStatus_t cublasGetVersion(cublasHandle_t h, int *v);
+cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                           const float *alpha, const float *A, int lda, const float *B, int ldb,
+                           const float *beta, float *C, int ldc);
+
+#endif /* MT_EMU_CUBLAS_V2_H */

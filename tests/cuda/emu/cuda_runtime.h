@@ -1,0 +1,130 @@
+/*
+ * cuda_runtime.h (emulation) — the subset of the CUDA runtime and device
+ * language that src/ops/cuda uses, implemented on the CPU so the kernels can
+ * be run and checked on a machine without a GPU (tests/test_cuda_build.sh).
+ *
+ * Used only with -DMT_CUDA_EMU -Itests/cuda/emu; the real build never sees
+ * it. Device memory is host memory; a kernel launch runs every block in
+ * order, each block's threads as cooperative fibers on one OS
+ * thread, switching only at __syncthreads and warp shuffles, so barrier and
+ * shuffle semantics are exact (a barrier that not every live thread reaches
+ * is reported as a deadlock and aborts). Launch checks follow the hardware:
+ * block <= 1024 threads, grid.y/z <= 65535, dynamic shared memory > 48 KiB
+ * only after cudaFuncSetAttribute(MaxDynamicSharedMemorySize) for that
+ * kernel, <= 227 KiB (sm_90). Fresh device and dynamic shared memory is
+ * filled with 0xff bytes (NaN floats) so reads of unwritten memory show.
+ */
+#ifndef MT_EMU_CUDA_RUNTIME_H
+#define MT_EMU_CUDA_RUNTIME_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <functional>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+#define __align__(n) alignas(n)
+
+struct dim3 {
+    unsigned x, y, z;
+    constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+extern dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+enum cudaError_t {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInvalidConfiguration = 9,
+    cudaErrorNoDevice = 100,
+    cudaErrorLaunchFailure = 719,
+};
+typedef struct mt_emu_stream *cudaStream_t;
+enum cudaMemcpyKind {
+    cudaMemcpyHostToHost = 0,
+    cudaMemcpyHostToDevice = 1,
+    cudaMemcpyDeviceToHost = 2,
+    cudaMemcpyDeviceToDevice = 3,
+    cudaMemcpyDefault = 4,
+};
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+#define cudaStreamNonBlocking 0x01
+
+struct cudaDeviceProp {
+    char   name[256];
+    int    major, minor, multiProcessorCount;
+    size_t totalGlobalMem;
+};
+
+const char *cudaGetErrorString(cudaError_t e);
+cudaError_t cudaGetLastError(void);
+cudaError_t cudaGetDeviceCount(int *n);
+cudaError_t cudaGetDevice(int *d);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d);
+cudaError_t cudaRuntimeGetVersion(int *v);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaMalloc(void **p, size_t bytes);
+cudaError_t cudaFree(void *p);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s);
+cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t s);
+cudaError_t mt_emu_func_set_attribute(const void *kern, cudaFuncAttribute attr, int value);
+template <typename F>
+static inline cudaError_t cudaFuncSetAttribute(F *kern, cudaFuncAttribute attr, int value)
+{
+    return mt_emu_func_set_attribute((const void *)kern, attr, value);
+}
+
+/* ---- device side ---- */
+void __syncthreads(void);
+/* all live lanes of the calling warp exchange `size` bytes: out = lane src's value */
+void mt_emu_warp_exchange(const void *mine, void *out, int src_lane, size_t size);
+int  mt_emu_lane(void);
+
+template <typename T>
+static inline T __shfl_sync(unsigned mask, T v, int src)
+{
+    (void)mask;
+    T r;
+    mt_emu_warp_exchange(&v, &r, src & 31, sizeof(T));
+    return r;
+}
+template <typename T>
+static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask)
+{
+    (void)mask;
+    T r;
+    mt_emu_warp_exchange(&v, &r, (mt_emu_lane() ^ lane_mask) & 31, sizeof(T));
+    return r;
+}
+
+/* ---- launches ---- */
+void *mt_emu_dyn_smem(void);
+void  mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std::function<void()> &body);
+
+template <typename... P>
+struct mt_emu_launch {
+    void (*kern)(P...);
+    dim3   grid, block;
+    size_t smem;
+    template <typename... A>
+    void operator()(A &&...args) const
+    {
+        std::function<void()> body = [&]() { kern(args...); };
+        mt_emu_run((const void *)kern, grid, block, smem, body);
+    }
+};
+template <typename... P>
+static inline mt_emu_launch<P...> mt_emu_launcher(void (*kern)(P...), dim3 grid, dim3 block, size_t smem)
+{
+    return mt_emu_launch<P...>{kern, grid, block, smem};
+}
+
+#endif /* MT_EMU_CUDA_RUNTIME_H */

@@ -1,0 +1,375 @@
+/*
+ * emu.cc — the CPU emulation behind tests/cuda/emu/cuda_runtime.h and
+ * cublas_v2.h (see there for what is emulated and what is checked).
+ *
+ * HOW IT WORKS: a launch runs the grid's blocks one after another. For a
+ * block, every thread is a fiber (own stack, x86-64 register switch); the
+ * scheduler sweeps the runnable fibers round-robin, each running until it
+ * blocks at a barrier or returns. __syncthreads waits for every live
+ * (not yet returned) thread of the block, a warp exchange for every live
+ * lane of the warp (CUDA's linear-thread-id warps). Shuffle values go
+ * through a per-warp double buffer indexed by the lane's exchange count, so
+ * a lane released from exchange n can never overwrite a value another lane
+ * has yet to read. No runnable fiber while some are blocked = deadlock
+ * (divergent barrier): reported and aborted, since this is test code.
+ */
+#include "cuda_runtime.h"
+#include "cublas_v2.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <map>
+#include <vector>
+
+dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+/* ---------------- runtime ---------------- */
+static cudaError_t g_last = cudaSuccess;
+static std::map<const void *, int> g_smem_optin;
+
+static cudaError_t fail(cudaError_t e)
+{
+    if (g_last == cudaSuccess) g_last = e;
+    return e;
+}
+
+const char *cudaGetErrorString(cudaError_t e)
+{
+    switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorLaunchFailure: return "unspecified launch failure";
+    }
+    return "unknown error";
+}
+cudaError_t cudaGetLastError(void)
+{
+    cudaError_t e = g_last;
+    g_last = cudaSuccess;
+    return e;
+}
+cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; }
+cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d)
+{
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "meshtrain CPU emulation of sm_90");
+    p->major = 9;
+    p->minor = 0;
+    p->multiProcessorCount = 1;
+    p->totalGlobalMem = (size_t)1 << 32;
+    return d == 0 ? cudaSuccess : fail(cudaErrorInvalidValue);
+}
+cudaError_t cudaRuntimeGetVersion(int *v) { *v = 13000; return cudaSuccess; }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
+{
+    (void)flags;
+    *s = (cudaStream_t)malloc(1);
+    return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) { free(s); return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t s) { (void)s; return cudaSuccess; }
+cudaError_t cudaMalloc(void **p, size_t bytes)
+{
+    void *q = NULL;
+    if (posix_memalign(&q, 256, bytes ? bytes : 1) != 0) return cudaErrorMemoryAllocation;
+    memset(q, 0xff, bytes);
+    *p = q;
+    return cudaSuccess;
+}
+cudaError_t cudaFree(void *p) { free(p); return cudaSuccess; }
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s)
+{
+    (void)kind;
+    (void)s;
+    if (bytes && (!dst || !src)) return fail(cudaErrorInvalidValue);
+    if (bytes) memmove(dst, src, bytes);
+    return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t s)
+{
+    (void)s;
+    if (bytes && !dst) return fail(cudaErrorInvalidValue);
+    if (bytes) memset(dst, value, bytes);
+    return cudaSuccess;
+}
+cudaError_t mt_emu_func_set_attribute(const void *kern, cudaFuncAttribute attr, int value)
+{
+    if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || value > 227 * 1024)
+        return fail(cudaErrorInvalidValue);
+    g_smem_optin[kern] = value;
+    return cudaSuccess;
+}
+
+/* ---------------- fibers ---------------- */
+/* A fiber switch saves the callee-saved registers, MXCSR and the x87
+ * control word on the current stack and swaps stack pointers (x86-64 SysV;
+ * no system call, unlike swapcontext, which matters at ~10^5 switches per
+ * launch). A fresh fiber's stack is laid out as if it had switched out just
+ * before entering fiber_entry. */
+#if !defined(__x86_64__)
+#error "the CUDA emulator's fiber switch is written for x86-64"
+#endif
+extern "C" void mt_emu_switch(void **save_sp, void *new_sp);
+asm(R"(
+    .text
+    .globl mt_emu_switch
+    .type mt_emu_switch, @function
+mt_emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size mt_emu_switch, .-mt_emu_switch
+)");
+
+enum { RUNNABLE, WAIT_BLOCK, WAIT_WARP, DONE };
+struct fiber {
+    void    *sp;
+    dim3     tid;
+    int      state, warp, lane;
+    unsigned nexch;  /* warp exchanges done: double-buffer phase */
+    void    *site;   /* call site of the barrier it waits at (divergence check) */
+};
+
+#define STACK_BYTES (64 * 1024)
+static void                        *g_sched_sp;
+static std::vector<fiber>           g_f;
+static std::vector<char>            g_stacks;
+static std::vector<int>             g_warp_live, g_warp_arrived;
+static std::vector<unsigned char>   g_slots;  /* [warp][phase 2][lane 32][8 bytes] */
+static std::vector<unsigned char>   g_dyn;
+static int                          g_cur, g_live, g_block_arrived;
+static const std::function<void()> *g_body;
+
+static void yield_to_sched(void)
+{
+    mt_emu_switch(&g_f[g_cur].sp, g_sched_sp);
+}
+
+static void release_block_if_ready(void)
+{
+    if (g_block_arrived > 0 && g_block_arrived == g_live) {
+        for (auto &f : g_f)
+            if (f.state == WAIT_BLOCK) f.state = RUNNABLE;
+        g_block_arrived = 0;
+    }
+}
+
+static void release_warp_if_ready(int w)
+{
+    if (g_warp_arrived[w] > 0 && g_warp_arrived[w] == g_warp_live[w]) {
+        for (auto &f : g_f)
+            if (f.warp == w && f.state == WAIT_WARP) f.state = RUNNABLE;
+        g_warp_arrived[w] = 0;
+    }
+}
+
+/* Every live thread of the group must wait at the same call site: a barrier
+ * or full-mask shuffle reached from different places (divergent code) is
+ * undefined on the GPU even where it happens to work. */
+static void check_sites(int warp, const char *what)
+{
+    void *site = NULL;
+    for (auto &f : g_f) {
+        if (f.state == DONE || (warp >= 0 && f.warp != warp)) continue;
+        if (!site) site = f.site;
+        if (f.site != site) {
+            fprintf(stderr, "cuda emu: divergent %s in block (%u,%u,%u): threads wait at different call sites\n",
+                    what, blockIdx.x, blockIdx.y, blockIdx.z);
+            abort();
+        }
+    }
+}
+
+__attribute__((noinline)) void __syncthreads(void)
+{
+    g_f[g_cur].site = __builtin_return_address(0);
+    if (g_block_arrived + 1 == g_live) check_sites(-1, "__syncthreads");
+    g_f[g_cur].state = WAIT_BLOCK;
+    g_block_arrived++;
+    release_block_if_ready();
+    yield_to_sched();
+}
+
+int mt_emu_lane(void) { return g_f[g_cur].lane; }
+
+__attribute__((noinline)) void mt_emu_warp_exchange(const void *mine, void *out, int src_lane, size_t size)
+{
+    fiber &f = g_f[g_cur];
+    f.site = __builtin_return_address(0);
+    int full = (int)(g_f.size() - (size_t)f.warp * 32 < 32 ? g_f.size() - (size_t)f.warp * 32 : 32);
+    if (g_warp_live[f.warp] != full) {
+        fprintf(stderr, "cuda emu: full-mask warp shuffle after some lanes of the warp returned\n");
+        abort();
+    }
+    if (g_warp_arrived[f.warp] + 1 == g_warp_live[f.warp]) check_sites(f.warp, "warp shuffle");
+    unsigned phase = f.nexch++ & 1u;
+    unsigned char *base = &g_slots[((size_t)f.warp * 2 + phase) * 32 * 8];
+    memcpy(base + (size_t)f.lane * 8, mine, size);
+    f.state = WAIT_WARP;
+    g_warp_arrived[f.warp]++;
+    release_warp_if_ready(f.warp);
+    yield_to_sched();
+    if (src_lane >= 32 || (size_t)f.warp * 32 + (size_t)src_lane >= g_f.size()) {
+        fprintf(stderr, "cuda emu: shuffle from lane %d outside the block\n", src_lane);
+        abort();
+    }
+    memcpy(out, base + (size_t)src_lane * 8, size);
+}
+
+void *mt_emu_dyn_smem(void) { return g_dyn.data(); }
+
+static void fiber_entry(void)
+{
+    (*g_body)();
+    fiber &f = g_f[g_cur];
+    f.state = DONE;
+    g_live--;
+    g_warp_live[f.warp]--;
+    release_block_if_ready();
+    release_warp_if_ready(f.warp);
+    yield_to_sched();  /* never resumed */
+    abort();
+}
+
+/* stack top T (16-aligned): [T-72] mxcsr, fcw | r15 r14 r13 r12 rbx rbp | [T-16] fiber_entry | [T-8] 0 */
+static void *fiber_stack_init(char *stack, size_t bytes)
+{
+    uintptr_t top = ((uintptr_t)(stack + bytes)) & ~(uintptr_t)15;
+    uint64_t *w = (uint64_t *)top;
+    w[-1] = 0;                            /* fake return address of fiber_entry */
+    w[-2] = (uint64_t)(uintptr_t)&fiber_entry;
+    for (int i = 3; i <= 8; i++) w[-i] = 0; /* rbp rbx r12 r13 r14 r15 */
+    uint32_t *ctl = (uint32_t *)&w[-9];
+    ctl[0] = 0x1f80;                      /* MXCSR default */
+    ctl[1] = 0x037f;                      /* x87 control word default */
+    return &w[-9];
+}
+
+void mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std::function<void()> &body)
+{
+    size_t nt = (size_t)block.x * block.y * block.z;
+    if (nt == 0 || nt > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535 ||
+        block.z > 64) {
+        fail(cudaErrorInvalidConfiguration);
+        return;
+    }
+    if (smem > 48 * 1024) {
+        auto it = g_smem_optin.find(kern);
+        if (it == g_smem_optin.end() || (size_t)it->second < smem) {
+            fprintf(stderr, "cuda emu: %zu bytes of dynamic shared memory without opt-in\n", smem);
+            fail(cudaErrorInvalidValue);
+            return;
+        }
+    }
+    int nw = (int)((nt + 31) / 32);
+    g_f.assign(nt, fiber());
+    if (g_stacks.size() < nt * STACK_BYTES) g_stacks.resize(nt * STACK_BYTES);
+    g_warp_live.assign(nw, 0);
+    g_warp_arrived.assign(nw, 0);
+    g_slots.assign((size_t)nw * 2 * 32 * 8, 0);
+    g_dyn.resize(smem ? smem : 16);
+    g_body = &body;
+    gridDim = grid;
+    blockDim = block;
+    for (unsigned bz = 0; bz < grid.z; bz++)
+        for (unsigned by = 0; by < grid.y; by++)
+            for (unsigned bx = 0; bx < grid.x; bx++) {
+                blockIdx = dim3(bx, by, bz);
+                if (smem) memset(g_dyn.data(), 0xff, g_dyn.size());
+                for (size_t t = 0; t < nt; t++) {
+                    fiber &f = g_f[t];
+                    f.tid = dim3((unsigned)(t % block.x), (unsigned)(t / block.x % block.y),
+                                 (unsigned)(t / ((size_t)block.x * block.y)));
+                    f.state = RUNNABLE;
+                    f.warp = (int)(t / 32);
+                    f.lane = (int)(t % 32);
+                    f.nexch = 0;
+                    f.sp = fiber_stack_init(&g_stacks[t * STACK_BYTES], STACK_BYTES);
+                }
+                for (int w = 0; w < nw; w++) {
+                    g_warp_live[w] = (int)(nt - (size_t)w * 32 < 32 ? nt - (size_t)w * 32 : 32);
+                    g_warp_arrived[w] = 0;
+                }
+                g_live = (int)nt;
+                g_block_arrived = 0;
+                for (;;) {
+                    int ran = 0;
+                    for (size_t t = 0; t < nt; t++) {
+                        if (g_f[t].state != RUNNABLE) continue;
+                        g_cur = (int)t;
+                        threadIdx = g_f[t].tid;
+                        mt_emu_switch(&g_sched_sp, g_f[t].sp);
+                        ran = 1;
+                    }
+                    if (g_live == 0) break;
+                    if (!ran) {
+                        fprintf(stderr, "cuda emu: deadlock in block (%u,%u,%u): %d live threads wait at a "
+                                        "barrier not all of them reach\n", bx, by, bz, g_live);
+                        abort();
+                    }
+                }
+            }
+}
+
+/* ---------------- cuBLAS ---------------- */
+const char *cublasGetStatusString(cublasStatus_t s)
+{
+    switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    }
+    return "CUBLAS_STATUS_UNKNOWN";
+}
+cublasStatus_t cublasCreate(cublasHandle_t *h) { *h = (cublasHandle_t)malloc(1); return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasDestroy(cublasHandle_t h) { free(h); return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) { (void)h; (void)s; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t m) { (void)h; (void)m; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasGetVersion(cublasHandle_t h, int *v) { (void)h; *v = 130000; return CUBLAS_STATUS_SUCCESS; }
+
+/* column-major: C (m,n) = alpha op(A) op(B) + beta C; op(A) (m,k), op(B) (k,n) */
+cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                           const float *alpha, const float *A, int lda, const float *B, int ldb,
+                           const float *beta, float *C, int ldc)
+{
+    if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+    int arows = ta == CUBLAS_OP_N ? m : k, brows = tb == CUBLAS_OP_N ? k : n;
+    if (m < 0 || n < 0 || k < 0 || lda < (arows > 1 ? arows : 1) || ldb < (brows > 1 ? brows : 1) ||
+        ldc < (m > 1 ? m : 1))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < m; i++) {
+            float acc = 0.0f;
+            for (int l = 0; l < k; l++) {
+                float a = ta == CUBLAS_OP_N ? A[(size_t)l * lda + i] : A[(size_t)i * lda + l];
+                float b = tb == CUBLAS_OP_N ? B[(size_t)j * ldb + l] : B[(size_t)l * ldb + j];
+                acc += a * b;
+            }
+            float *c = &C[(size_t)j * ldc + i];
+            *c = *beta == 0.0f ? *alpha * acc : *alpha * acc + *beta * *c;
+        }
+    return CUBLAS_STATUS_SUCCESS;
+}
