@@ -1,194 +1,831 @@
 /*
- * cmd_plan.c — `meshtrain plan`: check a config and a mesh against the
- * startup contract (SPEC.md section 2) and print every parameter's global
- * shape and the memory plan per bucket, without allocating the model.
+ * cmd_plan.c — `meshtrain plan`: the layout of every tensor, the exact
+ * memory of every rank and the predicted step time, before anything runs;
+ * auto-fit over every mesh, ZeRO stage, microbatch count and recompute
+ * choice; the largest seq_len / batch_size that fits; and a verifying run.
  *
- *   meshtrain plan --config F [--set k=v]... --world N [--mesh pp=1,dp=..,ep=..,tp=..]
+ *   meshtrain plan --config F [--set k=v]... --world N [--mesh pp=..,dp=..,ep=..,tp=..]
+ *                  [--zero Z] [--pp-layers N0,N1,..] [--steps S] [--json] [--profile P]
+ *   meshtrain plan --config F --world N --auto --mem-per-rank BYTES [--top K] [--verbose]
+ *   meshtrain plan ... --find-max seq_len|batch_size --mem-per-rank BYTES [--auto]
+ *   meshtrain plan ... --verify [--data PATH] [--verify-steps S]
  *
- * Mesh: omitted axes have size 1 (SPEC.md); with no --mesh at all the whole
- * world is data parallel (dp = N). Every contract violation is one line on
- * stderr and exit code 2.
- *
- * Memory plan: the numbers come from the pure size functions
- * mt_model_plan_bytes (for this rank's microbatch, batch_size /
- * (dp*ep*microbatches) sequences) and mt_optim_plan_bytes. They are the plan
- * of ONE rank holding the whole model: TP / EP / PP / ZeRO sharding of the
- * plan is not applied yet, and the output says so when world > 1.
- *
- * The parameter list is rebuilt here from the config in the order and with
- * the names of mt_model.h (there is no public allocation-free listing yet);
- * its total is checked against mt_model_param_counts, so a drift between the
- * two is caught (exit 1) instead of printing a wrong plan.
+ * The contract check is train's (mt_mesh_parse + mt_mesh_check_contract:
+ * same messages); the numbers come from src/train/plan.c, which uses the
+ * runtime's own size functions. Bad input is one line on stderr and exit 2.
  */
+#define _GNU_SOURCE
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "cmd.h"
 #include "core/mt_config.h"
 #include "core/mt_core.h"
-#include "core/mt_param.h"
+#include "dist/mt_mesh.h"
 #include "model/mt_model.h"
-#include "train/mt_optim.h"
+#include "train/mt_plan.h"
 
-struct mesh { int pp, dp, ep, tp; };
+extern char **environ;
 
 static void plan_usage(FILE *f)
 {
     fprintf(f,
-            "usage: meshtrain plan --config F [--set KEY=VALUE]... --world N [--mesh pp=1,dp=2,ep=1,tp=2]\n\n"
-            "  --config FILE     JSON config (see meshtrain train --help for the keys)\n"
-            "  --set KEY=VALUE   override one config key (repeatable)\n"
-            "  --world N         number of ranks                              default: 1\n"
-            "  --mesh SPEC       axis sizes; omitted axes are 1               default: dp=N\n\n"
-            "Checks the startup contract and prints every parameter's global shape and the\n"
-            "memory plan per bucket. exit codes: 0 ok, 2 bad input or config, 1 runtime failure\n");
+            "usage: meshtrain plan --config F [--set KEY=VALUE]... --world N [options]\n\n"
+            "  --config FILE        JSON config (meshtrain train --help lists the keys)\n"
+            "  --set KEY=VALUE      override one config key (repeatable); microbatches and recompute too\n"
+            "  --world N            number of ranks                                   default: 1\n"
+            "  --mesh SPEC          pp=..,dp=..,ep=..,tp=.. (omitted axes 1, dp derived)  default: dp=N\n"
+            "  --zero Z             ZeRO stage 0..3                                   default: 0\n"
+            "  --pp-layers N0,..    layers per pipeline stage          default: balanced by cost\n"
+            "  --steps S            steps of the run (the trainer keeps a few numbers per step)  default: 10\n"
+            "  --json               machine-readable output (stable: schema meshtrain.plan/1)\n"
+            "  --profile P          device profile: a JSON file or a name in bench/profiles/ (cpu-local,\n"
+            "                       h100-8x-nvlink-ib); 'none' = no cost section     default: cpu-local\n"
+            "  --auto               enumerate every mesh, ZeRO stage, microbatch count and recompute\n"
+            "                       choice that satisfies the contract; best by predicted step time\n"
+            "  --mem-per-rank SIZE  memory per rank: bytes, or with a unit: 80GiB, 80G (binary), 80GB (decimal)\n"
+            "  --top K              auto: how many of the best to print                default: 5\n"
+            "  --verbose            auto: list every rejected candidate with its reason\n"
+            "  --find-max WHAT      seq_len | batch_size: the largest value that fits --mem-per-rank\n"
+            "  --verify             run the chosen setup for a few steps and compare plan and measured\n"
+            "  --data PATH          --verify: token shards (default: a synthetic shard in a temp dir)\n"
+            "  --verify-steps S     --verify: steps to run                              default: 3\n\n"
+            "Without --auto: checks the startup contract (the same rules and messages as train), then prints\n"
+            "the mesh, every parameter (global shape, layout spec, local shape, holders, reduction group,\n"
+            "ZeRO owner), the memory of every rank by bucket, and the cost model's step time.\n"
+            "exit codes: 0 ok, 2 bad input or config (or nothing fits), 1 runtime failure\n");
 }
 
-/* strict positive int: all digits, no sign, no overflow */
+/* ------------------------------------------------------------------ */
+/* small helpers                                                       */
+/* ------------------------------------------------------------------ */
+
+static const char *human(double b, char *buf, size_t n)
+{
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    int i = 0;
+    while (b >= 1024 && i < 5) b /= 1024, i++;
+    snprintf(buf, n, i ? "%.2f %s" : "%.0f %s", b, u[i]);
+    return buf;
+}
+
+/* strict positive int */
 static int parse_pos_int(const char *s, int *out)
 {
     char *end = NULL;
     if (!s || *s < '0' || *s > '9') return -1;
+    errno = 0;
     long v = strtol(s, &end, 10);
-    if (*end != '\0' || v < 1 || v > 1 << 20) return -1;
+    if (*end != '\0' || errno || v < 1 || v > 1 << 30) return -1;
     *out = (int)v;
     return 0;
 }
 
-/* "pp=1,dp=2,ep=1,tp=2" -> mesh; -1 with a message in err on bad input. */
-static int parse_mesh(const char *spec, struct mesh *m, char *err, size_t errlen)
+/* "85899345920", "8e10", "80GiB", "80G" (binary), "80GB" (decimal), "1.5TiB". 0 ok. */
+static int parse_size(const char *s, double *out)
 {
-    *m = (struct mesh){1, 1, 1, 1};
-    int seen[4] = {0};
-    const char *names[4] = {"pp", "dp", "ep", "tp"};
-    int *slots[4] = {&m->pp, &m->dp, &m->ep, &m->tp};
-    char buf[256];
-    if (strlen(spec) >= sizeof buf) return snprintf(err, errlen, "--mesh '%s' is too long", spec), -1;
-    strcpy(buf, spec);
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        char *eq = strchr(tok, '=');
-        if (!eq) return snprintf(err, errlen, "--mesh: '%s' is not axis=size (axes pp, dp, ep, tp)", tok), -1;
-        *eq = '\0';
-        int a = -1;
-        for (int i = 0; i < 4; i++)
-            if (!strcmp(tok, names[i])) a = i;
-        if (a < 0) return snprintf(err, errlen, "--mesh: unknown axis '%s' (axes pp, dp, ep, tp)", tok), -1;
-        if (seen[a]) return snprintf(err, errlen, "--mesh: axis '%s' given twice", tok), -1;
-        if (parse_pos_int(eq + 1, slots[a]))
-            return snprintf(err, errlen, "--mesh: %s=%s is not a positive integer", tok, eq + 1), -1;
-        seen[a] = 1;
+    char *end = NULL;
+    if (!s || !*s || *s == '-' || *s == '+') return -1;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || errno || !isfinite(v) || v <= 0) return -1;
+    static const struct { const char *u; double m; } units[] = {
+        {"", 1}, {"B", 1}, {"K", 1024.0}, {"KiB", 1024.0}, {"KB", 1e3}, {"M", 1048576.0}, {"MiB", 1048576.0},
+        {"MB", 1e6}, {"G", 1073741824.0}, {"GiB", 1073741824.0}, {"GB", 1e9}, {"T", 1099511627776.0},
+        {"TiB", 1099511627776.0}, {"TB", 1e12}};
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (!strcmp(end, units[i].u)) {
+            *out = v * units[i].m;
+            return *out >= 1 ? 0 : -1;
+        }
+    return -1;
+}
+
+/* directory of this executable ("" if unknown) */
+static void exe_dir(char *buf, size_t n)
+{
+    ssize_t k = readlink("/proc/self/exe", buf, n - 1);
+    if (k <= 0) { buf[0] = 0; return; }
+    buf[k] = 0;
+    char *slash = strrchr(buf, '/');
+    if (slash) *slash = 0;
+}
+
+static int file_exists(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* --profile NAME|PATH -> a readable file path; 0 ok, -1 not found. */
+static int find_profile(const char *name, char *path, size_t n)
+{
+    if (strchr(name, '/') || strstr(name, ".json")) {
+        snprintf(path, n, "%s", name);
+        return file_exists(path) ? 0 : -1;
     }
+    char dir[2048];
+    exe_dir(dir, sizeof dir);
+    const char *tries[] = {"%s/../bench/profiles/%s.json", "%s/bench/profiles/%s.json"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, n, tries[i], i == 0 ? dir : ".", name);
+        if (file_exists(path)) return 0;
+    }
+    return -1;
+}
+
+static void mesh_str(const struct mt_mesh_dims *d, char *buf, size_t n)
+{
+    snprintf(buf, n, "pp=%d,dp=%d,ep=%d,tp=%d", d->pp, d->dp, d->ep, d->tp);
+}
+
+/* the largest bucket of a rank's plan */
+static int largest_bucket(const size_t *b)
+{
+    int k = 0;
+    for (int i = 1; i < MT_BUCKET_COUNT; i++)
+        if (b[i] > b[k]) k = i;
+    return k;
+}
+
+/* ------------------------------------------------------------------ */
+/* options                                                             */
+/* ------------------------------------------------------------------ */
+
+struct opts {
+    int         world, zero, zero_given, steps, json, autofit, top, verbose, verify, verify_steps;
+    const char *mesh, *pp_layers, *profile, *find_max, *data, *config;
+    double      mem;               /* 0: not given */
+    char      **sets;              /* the --set arguments, for --verify */
+    int         n_sets;
+};
+
+/* ------------------------------------------------------------------ */
+/* explicit plan                                                       */
+/* ------------------------------------------------------------------ */
+
+static void print_text(const struct mt_plan *p, const struct mt_plan_profile *prof, const struct mt_plan_cost *cost,
+                       const struct opts *o)
+{
+    const struct mt_config *cfg = mt_plan_config(p);
+    const struct mt_plan_setup *su = mt_plan_get_setup(p);
+    const struct mt_mesh_dims *d = &su->dims;
+    const int W = mt_plan_world(p);
+    char h[32], h2[32];
+    int n_moe = 0;
+    for (int l = 0; l < cfg->n_layer; l++) n_moe += mt_config_is_moe_layer(cfg, l);
+    printf("model: V=%d L=%d D=%d H=%d K=%d hd=%d F=%d T=%d pattern=%s", cfg->vocab_size, cfg->n_layer, cfg->d_model,
+           cfg->n_head, cfg->n_kv_head, cfg->head_dim, cfg->mlp_hidden, cfg->seq_len, cfg->pattern);
+    if (n_moe)
+        printf(" experts=%d top_k=%d expert_hidden=%d shared_expert_hidden=%d", cfg->n_experts, cfg->top_k,
+               cfg->expert_hidden, cfg->shared_expert_hidden);
+    printf("\nmesh: world=%d pp=%d dp=%d ep=%d tp=%d sequence_parallel=%s zero=%d reshard_after_forward=%s\n", W, d->pp,
+           d->dp, d->ep, d->tp, d->tp > 1 && cfg->sequence_parallel ? "on" : "off", su->zero_stage,
+           cfg->reshard_after_forward ? "true" : "false");
+    printf("groups:");
+    for (int g = 0; g < MT_MESH_GROUP_COUNT; g++)
+        printf(" %s=%d", mt_mesh_group_name((enum mt_mesh_group)g), mt_mesh_group_size(d, (enum mt_mesh_group)g));
+    printf("\npipeline:");
+    for (int s = 0; s < d->pp; s++)
+        printf(" stage %d layers [%d,%d) slots %d;", s, su->first_layer[s], su->first_layer[s + 1],
+               mt_plan_n_slots(cfg, d, s));
+    printf("\nbatch: %d sequences per step = dp*ep (%d) x microbatches (%d) x %d per microbatch, T=%d, recompute=%s\n",
+           cfg->batch_size, d->dp * d->ep, cfg->microbatches, mt_plan_micro(p), cfg->seq_len, cfg->recompute);
+    size_t total = 0, active = 0;
+    mt_model_param_counts(cfg, &total, &active);
+    printf("parameters: %zu total, %zu active per token, %.4g FLOPs per token (6N + attention)\n", total, active,
+           mt_model_flops_per_token(cfg));
+
+    printf("\n%-52s %-14s %-16s %-14s %-5s %-14s %-20s %-6s %-14s %s\n", "parameter", "global shape", "spec",
+           "local shape", "stage", "holders", "reduce group", "owner", "optimizer on", "optim");
+    int *ranks = malloc((size_t)W * sizeof(int));
+    char rs[160], rs2[160];
+    for (int i = 0; ranks && i < mt_plan_n_params(p); i++) {
+        const struct mt_plan_param *pp = mt_plan_param(p, i);
+        char gs[40], ls[40], spec[48], grp[40];
+        if (pp->g.ndim == 2) {
+            snprintf(gs, sizeof gs, "[%lld, %lld]", (long long)pp->g.shape[0], (long long)pp->g.shape[1]);
+            snprintf(ls, sizeof ls, "[%lld, %lld]", (long long)pp->local[0], (long long)pp->local[1]);
+        } else {
+            snprintf(gs, sizeof gs, "[%lld]", (long long)pp->g.shape[0]);
+            snprintf(ls, sizeof ls, "[%lld]", (long long)pp->local[0]);
+        }
+        mt_plan_param_spec(p, i, spec, sizeof spec);
+        snprintf(grp, sizeof grp, "%s(%d)", mt_mesh_group_name((enum mt_mesh_group)pp->group), pp->group_size);
+        int n = mt_plan_param_ranks(p, i, MT_PLAN_HOLDERS, ranks);
+        mt_plan_ranks_str(ranks, n, rs, sizeof rs);
+        n = mt_plan_param_ranks(p, i, MT_PLAN_OPTIMIZERS, ranks);
+        mt_plan_ranks_str(ranks, n, rs2, sizeof rs2);
+        printf("%-52s %-14s %-16s %-14s %-5d %-14s %-20s %-6d %-14s %s\n", pp->g.name, gs, spec, ls, pp->stage, rs, grp,
+               pp->owner, rs2, pp->g.optim == MT_OPTIM_MUON ? "muon" : "adamw");
+    }
+    printf("(spec: which mesh axis splits each dimension; @expert: held by one expert rank; holders: ranks\n"
+           " storing it between steps; owner: its rank in the reduce group (ZeRO: %s); optimizer on:\n"
+           " the ranks that update it)\n",
+           su->zero_stage == 0 ? "nothing sharded" : su->zero_stage == 1 ? "optimizer state sharded" :
+           su->zero_stage == 2 ? "optimizer state and gradients sharded" : "optimizer state, gradients and parameters sharded");
+
+    printf("\nmemory plan per rank (bytes; ranks with the same plan grouped):\n  %-14s", "ranks");
+    for (int b = 0; b < MT_BUCKET_COUNT; b++) printf(" %12s", mt_bucket_name((enum mt_bucket)b));
+    printf(" %12s\n", "total");
+    char *done = calloc((size_t)W, 1);
+    for (int r = 0; ranks && done && r < W; r++) {
+        if (done[r]) continue;
+        size_t a[MT_BUCKET_COUNT], b[MT_BUCKET_COUNT];
+        mt_plan_rank_bytes(p, r, a);
+        int n = 0;
+        for (int q = r; q < W; q++) {
+            if (done[q]) continue;
+            mt_plan_rank_bytes(p, q, b);
+            if (memcmp(a, b, sizeof a)) continue;
+            done[q] = 1;
+            ranks[n++] = q;
+        }
+        mt_plan_ranks_str(ranks, n, rs, sizeof rs);
+        printf("  %-14s", rs);
+        size_t t = 0;
+        for (int k = 0; k < MT_BUCKET_COUNT; k++) { printf(" %12zu", a[k]); t += a[k]; }
+        printf(" %12zu\n", t);
+    }
+    free(done);
+    free(ranks);
+    int mr;
+    size_t mt = mt_plan_max_total(p, &mr);
+    size_t mb[MT_BUCKET_COUNT];
+    mt_plan_rank_bytes(p, mr, mb);
+    int lb = largest_bucket(mb);
+    printf("largest: rank %d, %s (largest bucket: %s, %s)\n", mr, human((double)mt, h, sizeof h),
+           mt_bucket_name((enum mt_bucket)lb), human((double)mb[lb], h2, sizeof h2));
+    if (o->mem > 0)
+        printf("fits --mem-per-rank %s: %s\n", human(o->mem, h, sizeof h), (double)mt <= o->mem ? "yes" : "no");
+    if (cost) {
+        printf("\ncost model (profile %s: %.4g FLOP/s per rank x efficiency %.2f):\n", prof->name, cost->peak_per_rank,
+               prof->efficiency);
+        printf("  compute %.4g s, model-axis comm %.4g s, expert-axis comm %.4g s, pipe comm %.4g s,\n",
+               cost->compute_s, cost->tp_s, cost->ep_s, cost->pp_s);
+        printf("  data-axis comm %.4g s (exposed %.4g s), pipeline bubble %.4g s\n", cost->dp_s, cost->dp_exposed_s,
+               cost->bubble_s);
+        printf("  step %.4g s, %.4g tokens/s, MFU %.1f%%\n", cost->step_s, cost->tokens_per_s, 100 * cost->mfu);
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* verify: run train on the chosen setup                               */
+/* ------------------------------------------------------------------ */
+
+/* a synthetic token shard (llm.c format, uniform tokens) of n tokens < vocab */
+static int write_shard(const char *path, int vocab, long n)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    int32_t hdr[256] = {0};
+    hdr[0] = 20240520;
+    hdr[1] = 1;
+    hdr[2] = (int32_t)n;
+    fwrite(hdr, sizeof hdr, 1, f);
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (long i = 0; i < n; i++) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        uint16_t t = (uint16_t)(x % (uint64_t)vocab);
+        fwrite(&t, sizeof t, 1, f);
+    }
+    return fclose(f);
+}
+
+static int find_in_path(const char *prog, char *out, size_t n)
+{
+    if (strchr(prog, '/')) { snprintf(out, n, "%s", prog); return access(out, X_OK) == 0 ? 0 : -1; }
+    const char *path = getenv("PATH");
+    if (!path) return -1;
+    char buf[8192];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *save = NULL, *d = strtok_r(buf, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
+        snprintf(out, n, "%s/%s", d, prog);
+        if (access(out, X_OK) == 0) return 0;
+    }
+    return -1;
+}
+
+static int verify_run(const struct mt_plan *p, const struct mt_plan_profile *prof, const struct mt_plan_cost *cost,
+                      const struct opts *o)
+{
+    const struct mt_config *cfg = mt_plan_config(p);
+    const struct mt_plan_setup *su = mt_plan_get_setup(p);
+    const int W = mt_plan_world(p);
+    char exe[2048], tmpl[] = "/tmp/meshtrain-verify-XXXXXX";
+    ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (k <= 0) { fprintf(stderr, "meshtrain plan: --verify: cannot find the meshtrain binary\n"); return 1; }
+    exe[k] = 0;
+    char *dir = mkdtemp(tmpl);
+    if (!dir) { fprintf(stderr, "meshtrain plan: --verify: cannot create a temp dir\n"); return 1; }
+    char data[2200], out[2200];
+    if (o->data) snprintf(data, sizeof data, "%s", o->data);
+    else {
+        snprintf(data, sizeof data, "%s/train.bin", dir);
+        long n = (long)(o->verify_steps + 1) * cfg->batch_size * (cfg->seq_len + 1) + cfg->seq_len + 2;
+        if (n > 1L << 27) n = 1L << 27;
+        if (write_shard(data, cfg->vocab_size, n)) {
+            fprintf(stderr, "meshtrain plan: --verify: cannot write %s\n", data);
+            return 1;
+        }
+    }
+    snprintf(out, sizeof out, "%s/run", dir);
+    /* argv: [mpirun -np N ...] exe train --config F --set ... --mesh .. --zero Z --steps S --data D --out O */
+    char *argv[256];
+    int a = 0;
+    char mpirun[2048], np[16], mesh[96], zero[8], steps[16], mb[64], rc[64], omp[64], peak[64];
+    const char *mp = getenv("MT_MPIRUN") ? getenv("MT_MPIRUN") : "mpirun";
+    int have_mpirun = find_in_path(mp, mpirun, sizeof mpirun) == 0;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int threads = cores > W ? (int)(cores / W) : 1;
+    if (W > 1) {
+        argv[a++] = have_mpirun ? mpirun : (char *)mp;
+        argv[a++] = "-np";
+        snprintf(np, sizeof np, "%d", W);
+        argv[a++] = np;
+        if (cores < W) argv[a++] = "--oversubscribe";
+        if (geteuid() == 0) argv[a++] = "--allow-run-as-root";
+        snprintf(omp, sizeof omp, "OMP_NUM_THREADS=%d", threads);
+        argv[a++] = "-x";
+        argv[a++] = omp;
+    }
+    argv[a++] = exe;
+    argv[a++] = "train";
+    if (o->config) { argv[a++] = "--config"; argv[a++] = (char *)o->config; }
+    for (int i = 0; i < o->n_sets && a < 200; i++) { argv[a++] = "--set"; argv[a++] = o->sets[i]; }
+    snprintf(mb, sizeof mb, "microbatches=%d", cfg->microbatches);
+    snprintf(rc, sizeof rc, "recompute=%s", cfg->recompute);
+    argv[a++] = "--set"; argv[a++] = mb;
+    argv[a++] = "--set"; argv[a++] = rc;
+    mesh_str(&su->dims, mesh, sizeof mesh);
+    argv[a++] = "--mesh"; argv[a++] = mesh;
+    snprintf(zero, sizeof zero, "%d", su->zero_stage);
+    argv[a++] = "--zero"; argv[a++] = zero;
+    if (o->pp_layers) { argv[a++] = "--pp-layers"; argv[a++] = (char *)o->pp_layers; }
+    snprintf(steps, sizeof steps, "%d", o->verify_steps);
+    argv[a++] = "--steps"; argv[a++] = steps;
+    argv[a++] = "--data"; argv[a++] = data;
+    argv[a++] = "--out"; argv[a++] = out;
+    argv[a++] = "--quiet";
+    if (prof) {   /* MFU against the profile's peak: no startup roof measurement */
+        snprintf(peak, sizeof peak, "%.6g", cost->peak_per_rank * W);
+        argv[a++] = "--peak-flops"; argv[a++] = peak;
+    }
+    argv[a] = NULL;
+    char cmd[8192] = "";
+    for (int i = 0; i < a; i++) {
+        size_t l = strlen(cmd);
+        snprintf(cmd + l, sizeof cmd - l, "%s%s", i ? " " : "", argv[i]);
+    }
+    if (W > 1 && !have_mpirun) {
+        printf("\nverify: %s not found, so the run was not made. Run it yourself:\n  %s\n", mp, cmd);
+        printf("then compare %s/receipt.json: distributed.memory_plan.per_rank (plan vs measured_step_loop)\n", out);
+        return 0;
+    }
+    printf("\nverify: %s\n", cmd);
+    fflush(stdout);
+    pid_t pid;
+    int st = posix_spawn(&pid, argv[0], NULL, NULL, argv, environ);
+    if (st != 0) { fprintf(stderr, "meshtrain plan: --verify: cannot start %s: %s\n", argv[0], strerror(st)); return 1; }
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fprintf(stderr, "meshtrain plan: --verify: the training run failed (exit %d)\n",
+                WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        return 1;
+    }
+    char rpath[2300];
+    snprintf(rpath, sizeof rpath, "%s/receipt.json", out);
+    FILE *f = fopen(rpath, "rb");
+    if (!f) { fprintf(stderr, "meshtrain plan: --verify: no receipt at %s\n", rpath); return 1; }
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *txt = malloc((size_t)len + 1);
+    size_t got = txt ? fread(txt, 1, (size_t)len, f) : 0;
+    fclose(f);
+    if (!txt) return 1;
+    txt[got] = 0;
+    cJSON *r = cJSON_Parse(txt);
+    free(txt);
+    const cJSON *mp2 = r ? cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(r, "distributed"),
+                                                             "memory_plan") : NULL;
+    const cJSON *per = mp2 ? cJSON_GetObjectItemCaseSensitive(mp2, "per_rank") : NULL;
+    if (!cJSON_IsArray(per)) {
+        fprintf(stderr, "meshtrain plan: --verify: %s has no distributed.memory_plan\n", rpath);
+        cJSON_Delete(r);
+        return 1;
+    }
+    printf("verify: memory per rank, plan (this planner) vs measured (the run's step loop):\n");
+    printf("  %-6s %14s %14s %9s\n", "rank", "plan", "measured", "meas/plan");
+    double worst = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, per) {
+        int rk = cJSON_GetObjectItemCaseSensitive(e, "rank")->valueint;
+        double pl = (double)mt_plan_rank_total(p, rk);
+        double ms = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(e, "measured_step_loop"),
+                                                     "total")->valuedouble;
+        double rr = pl > 0 ? ms / pl : 0;
+        if (fabs(rr - 1) > worst) worst = fabs(rr - 1);
+        printf("  %-6d %14.0f %14.0f %9.4f\n", rk, pl, ms, rr);
+    }
+    printf("  worst deviation %.2f%%\n", 100 * worst);
+    const cJSON *tps = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(r, "timing"), "tokens_per_s");
+    if (cost && cJSON_IsNumber(tps) && tps->valuedouble > 0) {
+        double meas = (double)cfg->batch_size * cfg->seq_len / tps->valuedouble;
+        printf("verify: step time predicted %.4g s (profile %s), measured %.4g s (steady state), ratio %.2f\n",
+               cost->step_s, prof->name, meas, meas / cost->step_s);
+    }
+    printf("verify: receipt %s\n", rpath);
+    cJSON_Delete(r);
     return 0;
 }
 
-/* SPEC.md section 2 startup contract; 0 ok, else one line in err. */
-static int check_contract(const struct mt_config *c, int world, const struct mesh *m, char *err, size_t n)
+/* ------------------------------------------------------------------ */
+/* auto-fit and find-max                                               */
+/* ------------------------------------------------------------------ */
+
+struct cand {
+    struct mt_mesh_dims d;
+    int    zero, mb, rc;          /* zero / rc -1: any (a contract rule rejected the mesh) */
+    size_t mem;
+    int    mem_rank;
+    double step_s, tps, mfu;
+    char   reason[320];
+    struct mt_plan_cost cost;
+};
+
+struct cands { struct cand *v; int n, cap; };
+
+static struct cand *cand_push(struct cands *c)
 {
-    int H = c->n_head, K = c->n_kv_head, F = c->mlp_hidden, tp = m->tp;
-    long dpe = (long)m->dp * m->ep;
-    if ((long)m->pp * m->dp * m->ep * m->tp != world)
-        return snprintf(err, n, "world != pp*dp*ep*tp (world=%d, pp=%d, dp=%d, ep=%d, tp=%d)", world, m->pp, m->dp,
-                        m->ep, m->tp), -1;
-    if (H % tp) return snprintf(err, n, "n_head %% tp != 0 (n_head=%d, tp=%d)", H, tp), -1;
-    if (K % tp) return snprintf(err, n, "n_kv_head %% tp != 0 (n_kv_head=%d, tp=%d)", K, tp), -1;
-    if ((H + 2 * K) % tp)
-        return snprintf(err, n, "(n_head + 2*n_kv_head) %% tp != 0 (n_head=%d, n_kv_head=%d, tp=%d)", H, K, tp), -1;
-    if (F % tp) return snprintf(err, n, "mlp_hidden %% tp != 0 (mlp_hidden=%d, tp=%d)", F, tp), -1;
-    if (c->n_experts % m->ep)
-        return snprintf(err, n, "n_experts %% ep != 0 (n_experts=%d, ep=%d)", c->n_experts, m->ep), -1;
-    if (c->n_layer < m->pp) return snprintf(err, n, "n_layer < pp (n_layer=%d, pp=%d)", c->n_layer, m->pp), -1;
-    if (c->batch_size % (dpe * c->microbatches))
-        return snprintf(err, n,
-                        "batch_size %% (dp*ep*microbatches) != 0 (batch_size=%d, dp=%d, ep=%d, microbatches=%d)",
-                        c->batch_size, m->dp, m->ep, c->microbatches), -1;
-    if (tp > 1 && c->sequence_parallel && c->seq_len % tp)
-        return snprintf(err, n, "seq_len %% tp != 0 with sequence_parallel (seq_len=%d, tp=%d)", c->seq_len, tp), -1;
+    if (c->n == c->cap) {
+        int nc = c->cap ? 2 * c->cap : 256;
+        struct cand *nv = realloc(c->v, (size_t)nc * sizeof *nv);
+        if (!nv) return NULL;
+        c->v = nv, c->cap = nc;
+    }
+    struct cand *x = &c->v[c->n++];
+    memset(x, 0, sizeof *x);
+    return x;
+}
+
+static int cand_cmp(const void *a, const void *b)
+{
+    const struct cand *x = a, *y = b;
+    if (x->step_s != y->step_s) return x->step_s < y->step_s ? -1 : 1;
+    if (x->mem != y->mem) return x->mem < y->mem ? -1 : 1;
     return 0;
 }
 
-/* ---- the parameter list, mt_model.h order ---- */
-
-struct plist { struct mt_param *v; int n, cap; };
-
-static int add_param(struct plist *pl, const struct mt_config *cfg, const char *name, int ndim, int64_t rows,
-                     int64_t cols, enum mt_param_role role)
+static void cand_label(const struct cand *c, char *buf, size_t n)
 {
-    if (pl->n == pl->cap) {
-        int ncap = pl->cap ? pl->cap * 2 : 64;
-        struct mt_param *nv = realloc(pl->v, (size_t)ncap * sizeof *nv);
-        if (!nv) return -1;
-        pl->v = nv, pl->cap = ncap;
+    char m[96];
+    mesh_str(&c->d, m, sizeof m);
+    if (c->zero < 0) snprintf(buf, n, "%s microbatches=%d", m, c->mb);
+    else snprintf(buf, n, "%s zero=%d microbatches=%d recompute=%s", m, c->zero, c->mb, c->rc ? "block" : "none");
+}
+
+/* rule of a rejection: the text before the first " (" (numbers left out) */
+static void reason_rule(const char *r, char *buf, size_t n)
+{
+    const char *p = strstr(r, " (");
+    size_t l = p ? (size_t)(p - r) : strlen(r);
+    if (l >= n) l = n - 1;
+    memcpy(buf, r, l);
+    buf[l] = 0;
+}
+
+/* Enumerate (pp, dp, ep, tp) with product world, in that nesting order. */
+static int n_meshes(int world, struct mt_mesh_dims *out, int cap)
+{
+    int n = 0;
+    for (int pp = 1; pp <= world; pp++) {
+        if (world % pp) continue;
+        for (int tp = 1; tp <= world / pp; tp++) {
+            if ((world / pp) % tp) continue;
+            for (int ep = 1; ep <= world / pp / tp; ep++) {
+                if ((world / pp / tp) % ep) continue;
+                if (n < cap) out[n] = (struct mt_mesh_dims){pp, world / pp / tp / ep, ep, tp};
+                n++;
+            }
+        }
     }
-    struct mt_param *p = &pl->v[pl->n++];
-    memset(p, 0, sizeof *p);
-    snprintf(p->name, sizeof p->name, "%s", name);
-    p->ndim = ndim;
-    p->shape[0] = p->len[0] = rows;
-    p->shape[1] = p->len[1] = ndim == 2 ? cols : 1;
-    p->numel = (size_t)p->len[0] * (size_t)p->len[1];
-    p->role = role;
-    p->decay = ndim == 2;
-    /* nanochat split (SPEC.md 1b): Muon for 2-D matrices under model.layers. except the router */
-    int muon = ndim == 2 && !strncmp(name, "model.layers.", 13) && role != MT_ROLE_ROUTER;
-    p->optim = muon && strcmp(cfg->optimizer, "adamw") ? MT_OPTIM_MUON : MT_OPTIM_ADAMW;
-    return 0;
+    return n;
 }
 
-static int list_params(const struct mt_config *c, struct plist *pl)
+/* largest value in [1, hi] steps of `unit` for which fits(); monotone assumed. 0: none. */
+struct fm_ctx {
+    struct mt_ctx *ctx;
+    struct mt_plan *plan;
+    const struct mt_config *cfg;
+    struct mt_plan_choice base;
+    const struct mt_mesh_dims *d;
+    int world, what;   /* 0 seq_len, 1 batch_size */
+    double mem;
+    size_t need;       /* memory at the last probe that passed the contract */
+};
+
+static int fm_fits(struct fm_ctx *f, long v)
 {
-    int64_t D = c->d_model, V = c->vocab_size, QD = (int64_t)c->n_head * c->head_dim;
-    int64_t KD = (int64_t)c->n_kv_head * c->head_dim, hd = c->head_dim, F = c->mlp_hidden;
-    int64_t E = c->n_experts, Fe = c->expert_hidden, Fs = c->shared_expert_hidden;
-    char n[128];
-    int rc = add_param(pl, c, "model.embed_tokens.weight", 2, V, D, MT_ROLE_EMBED);
-    for (int l = 0; l < c->n_layer && !rc; l++) {
-#define P_(suffix) (snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix), n)
-        rc |= add_param(pl, c, P_("input_layernorm.weight"), 1, D, 1, MT_ROLE_GAIN);
-        rc |= add_param(pl, c, P_("self_attn.q_proj.weight"), 2, QD, D, MT_ROLE_DENSE);
-        rc |= add_param(pl, c, P_("self_attn.k_proj.weight"), 2, KD, D, MT_ROLE_DENSE);
-        rc |= add_param(pl, c, P_("self_attn.v_proj.weight"), 2, KD, D, MT_ROLE_DENSE);
-        rc |= add_param(pl, c, P_("self_attn.o_proj.weight"), 2, D, QD, MT_ROLE_DENSE);
-        rc |= add_param(pl, c, P_("self_attn.q_norm.weight"), 1, hd, 1, MT_ROLE_GAIN);
-        rc |= add_param(pl, c, P_("self_attn.k_norm.weight"), 1, hd, 1, MT_ROLE_GAIN);
-        rc |= add_param(pl, c, P_("post_attention_layernorm.weight"), 1, D, 1, MT_ROLE_GAIN);
-        if (!mt_config_is_moe_layer(c, l)) {
-            rc |= add_param(pl, c, P_("mlp.gate_proj.weight"), 2, F, D, MT_ROLE_DENSE);
-            rc |= add_param(pl, c, P_("mlp.up_proj.weight"), 2, F, D, MT_ROLE_DENSE);
-            rc |= add_param(pl, c, P_("mlp.down_proj.weight"), 2, D, F, MT_ROLE_DENSE);
-            continue;
-        }
-        rc |= add_param(pl, c, P_("mlp.gate.weight"), 2, E, D, MT_ROLE_ROUTER);
-        for (int e = 0; e < E && !rc; e++) {
-            char s[96];
-            snprintf(s, sizeof s, "mlp.experts.%d.gate_proj.weight", e);
-            rc |= add_param(pl, c, P_(s), 2, Fe, D, MT_ROLE_EXPERT);
-            snprintf(s, sizeof s, "mlp.experts.%d.up_proj.weight", e);
-            rc |= add_param(pl, c, P_(s), 2, Fe, D, MT_ROLE_EXPERT);
-            snprintf(s, sizeof s, "mlp.experts.%d.down_proj.weight", e);
-            rc |= add_param(pl, c, P_(s), 2, D, Fe, MT_ROLE_EXPERT);
-        }
-        if (Fs > 0) {
-            rc |= add_param(pl, c, P_("mlp.shared_expert.gate_proj.weight"), 2, Fs, D, MT_ROLE_DENSE);
-            rc |= add_param(pl, c, P_("mlp.shared_expert.up_proj.weight"), 2, Fs, D, MT_ROLE_DENSE);
-            rc |= add_param(pl, c, P_("mlp.shared_expert.down_proj.weight"), 2, D, Fs, MT_ROLE_DENSE);
-        }
-#undef P_
+    struct mt_config c = *f->cfg;
+    struct mt_plan_choice ch = f->base;
+    if (f->what == 0) ch.seq_len = c.seq_len = (int)v;
+    else ch.batch_size = c.batch_size = (int)v;
+    c.microbatches = ch.microbatches;
+    if (mt_mesh_check_contract(f->ctx, f->d, &c, f->world, ch.microbatches) != MT_OK) return 0;
+    if (mt_plan_reselect(f->ctx, f->plan, &ch) != MT_OK) return 0;
+    f->need = mt_plan_max_total(f->plan, NULL);
+    return (double)f->need <= f->mem;
+}
+
+static long find_max_value(struct fm_ctx *f, long unit, long hi_units)
+{
+    if (hi_units < 1 || !fm_fits(f, unit)) return 0;
+    long lo = 1, hi = hi_units;   /* lo fits */
+    while (lo < hi) {
+        long mid = lo + (hi - lo + 1) / 2;
+        if (fm_fits(f, mid * unit)) lo = mid;
+        else hi = mid - 1;
     }
-    if (!rc) rc |= add_param(pl, c, "model.norm.weight", 1, D, 1, MT_ROLE_GAIN);
-    if (!rc) rc |= add_param(pl, c, "lm_head.weight", 2, V, D, MT_ROLE_HEAD);
-    return rc;
+    return lo * unit;
 }
 
-static const char *human(size_t b, char *buf, size_t n)
+/* the unit and the upper bound (in units) of the searched value on mesh d */
+static void fm_range(const struct mt_config *cfg, const struct mt_mesh_dims *d, int what, int mb, long *unit, long *hi)
 {
-    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    double v = (double)b;
-    int i = 0;
-    while (v >= 1024 && i < 4) v /= 1024, i++;
-    snprintf(buf, n, i ? "%.2f %s" : "%.0f %s", v, u[i]);
-    return buf;
+    if (what == 0) {
+        *unit = d->tp > 1 && cfg->sequence_parallel ? d->tp : 1;
+        long bm = cfg->batch_size / ((long)d->dp * d->ep * mb);
+        long cap = bm > 0 ? 2147483647L / bm : 0;
+        if (cap > 1 << 24) cap = 1 << 24;   /* the seq_len key's range */
+        *hi = cap / *unit;
+    } else {
+        *unit = (long)d->dp * d->ep * mb;
+        long cap = 2147483647L / cfg->seq_len;   /* a microbatch of B*T < 2^31 tokens */
+        *hi = cap / ((long)d->dp * d->ep) ;
+        if (*hi > 2147483647L / *unit) *hi = 2147483647L / *unit;
+    }
 }
+
+static int run_auto(struct mt_ctx *ctx, struct mt_config *cfg, const struct opts *o, const struct mt_plan_profile *prof,
+                    struct mt_plan **chosen_out)
+{
+    const int W = o->world;
+    const int fm = o->find_max ? (strcmp(o->find_max, "seq_len") == 0 ? 0 : 1) : -1;
+    int nm = n_meshes(W, NULL, 0);
+    struct mt_mesh_dims *meshes = malloc((size_t)nm * sizeof *meshes);
+    struct cands ok = {0}, rej = {0};
+    if (!meshes) { fprintf(stderr, "meshtrain plan: out of memory\n"); return 1; }
+    n_meshes(W, meshes, nm);
+    long best_val = 0;
+    struct cand best_fm;
+    memset(&best_fm, 0, sizeof best_fm);
+    size_t smallest = 0;
+    struct cand smallest_c;
+    memset(&smallest_c, 0, sizeof smallest_c);
+    int n_cand = 0;
+    for (int mi = 0; mi < nm; mi++) {
+        const struct mt_mesh_dims *d = &meshes[mi];
+        /* microbatch counts: the divisors of the per-data-rank batch (find-max batch_size: the config's) */
+        long per = cfg->batch_size % ((long)d->dp * d->ep) == 0 ? cfg->batch_size / ((long)d->dp * d->ep) : 0;
+        int mbs[64], n_mb = 0;
+        if (fm == 1 || per == 0) mbs[n_mb++] = cfg->microbatches;
+        else
+            for (long m = 1; m <= per && n_mb < 64; m++)
+                if (per % m == 0) mbs[n_mb++] = (int)m;
+        struct mt_plan *plan = NULL;
+        for (int k = 0; k < n_mb; k++) {
+            struct mt_config c = *cfg;
+            c.microbatches = mbs[k];
+            n_cand++;
+            if (mt_mesh_check_contract(ctx, d, &c, W, mbs[k]) != MT_OK) {
+                struct cand *x = cand_push(&rej);
+                if (!x) goto oom;
+                x->d = *d; x->zero = x->rc = -1; x->mb = mbs[k];
+                snprintf(x->reason, sizeof x->reason, "%s", mt_ctx_last_error(ctx));
+                continue;
+            }
+            if (!plan) {
+                struct mt_plan_setup su;
+                memset(&su, 0, sizeof su);
+                su.dims = *d;
+                su.steps = o->steps;
+                if (mt_plan_pipeline_cut(ctx, &c, d->pp, NULL, su.first_layer) != MT_OK ||
+                    mt_plan_create(ctx, &c, &su, 0, &plan) != MT_OK) {
+                    if (ctx->last_status == MT_ERR_OOM) goto oom;
+                    struct cand *x = cand_push(&rej);
+                    if (!x) goto oom;
+                    x->d = *d; x->zero = x->rc = -1; x->mb = mbs[k];
+                    snprintf(x->reason, sizeof x->reason, "%s", mt_ctx_last_error(ctx));
+                    plan = NULL;
+                    continue;
+                }
+            }
+            for (int z = 0; z < 4; z++)
+                for (int rc = 0; rc < 2; rc++) {
+                    if (o->zero_given && z != o->zero) continue;
+                    struct mt_plan_choice ch = {z, mbs[k], rc, cfg->seq_len, cfg->batch_size};
+                    struct cand cc;
+                    memset(&cc, 0, sizeof cc);
+                    cc.d = *d; cc.zero = z; cc.mb = mbs[k]; cc.rc = rc;
+                    if (fm >= 0) {
+                        struct fm_ctx f = {ctx, plan, &c, ch, d, W, fm, o->mem, 0};
+                        long unit, hi;
+                        fm_range(&c, d, fm, mbs[k], &unit, &hi);
+                        long v = find_max_value(&f, unit, hi);
+                        if (v > best_val) { best_val = v; best_fm = cc; }
+                        continue;
+                    }
+                    if (mt_plan_reselect(ctx, plan, &ch) != MT_OK) {
+                        struct cand *x = cand_push(&rej);
+                        if (!x) goto oom;
+                        *x = cc;
+                        snprintf(x->reason, sizeof x->reason, "%s", mt_ctx_last_error(ctx));
+                        continue;
+                    }
+                    cc.mem = mt_plan_max_total(plan, &cc.mem_rank);
+                    if (!smallest || cc.mem < smallest) { smallest = cc.mem; smallest_c = cc; }
+                    if ((double)cc.mem > o->mem) {
+                        size_t b[MT_BUCKET_COUNT];
+                        mt_plan_rank_bytes(plan, cc.mem_rank, b);
+                        int lb = largest_bucket(b);
+                        char h1[32], h2[32], h3[32];
+                        struct cand *x = cand_push(&rej);
+                        if (!x) goto oom;
+                        *x = cc;
+                        snprintf(x->reason, sizeof x->reason,
+                                 "memory: over --mem-per-rank, largest bucket %s (rank %d needs %s > %s; %s %s)",
+                                 mt_bucket_name((enum mt_bucket)lb), cc.mem_rank, human((double)cc.mem, h1, sizeof h1),
+                                 human(o->mem, h2, sizeof h2), mt_bucket_name((enum mt_bucket)lb),
+                                 human((double)b[lb], h3, sizeof h3));
+                        continue;
+                    }
+                    mt_plan_cost(plan, prof, &cc.cost);
+                    cc.step_s = cc.cost.step_s;
+                    cc.tps = cc.cost.tokens_per_s;
+                    cc.mfu = cc.cost.mfu;
+                    struct cand *x = cand_push(&ok);
+                    if (!x) goto oom;
+                    *x = cc;
+                }
+        }
+        mt_plan_destroy(ctx, plan);
+    }
+    char h1[32], h2[32], lab[256];
+    if (fm >= 0) {
+        free(meshes);
+        free(ok.v);
+        free(rej.v);
+        if (best_val == 0) {
+            fprintf(stderr, "meshtrain plan: no layout of world=%d fits --mem-per-rank %s at any %s\n", W,
+                    human(o->mem, h1, sizeof h1), o->find_max);
+            return 2;
+        }
+        cand_label(&best_fm, lab, sizeof lab);
+        if (o->json) printf("{\"find_max\": \"%s\", \"value\": %ld, \"layout\": \"%s\"}\n", o->find_max, best_val, lab);
+        else printf("largest %s that fits %s per rank on %d ranks: %ld (%s)\n", o->find_max, human(o->mem, h1, sizeof h1),
+                    W, best_val, lab);
+        return 0;
+    }
+    if (ok.n == 0) {
+        free(meshes);
+        if (smallest) {
+            cand_label(&smallest_c, lab, sizeof lab);
+            fprintf(stderr, "meshtrain plan: --mem-per-rank %s is too small for any layout: the smallest need is %s per "
+                            "rank (%s)\n", human(o->mem, h1, sizeof h1), human((double)smallest, h2, sizeof h2), lab);
+        } else {
+            fprintf(stderr, "meshtrain plan: no mesh of world=%d satisfies the startup contract (e.g. %s)\n", W,
+                    rej.n ? rej.v[0].reason : "none");
+        }
+        free(ok.v);
+        free(rej.v);
+        return 2;
+    }
+    qsort(ok.v, (size_t)ok.n, sizeof *ok.v, cand_cmp);
+    if (o->json) {
+        cJSON *root = cJSON_CreateObject();
+        cJSON_AddStringToObject(root, "schema", "meshtrain.plan.auto/1");
+        cJSON_AddNumberToObject(root, "world", W);
+        cJSON_AddNumberToObject(root, "mem_per_rank", o->mem);
+        cJSON_AddStringToObject(root, "profile", prof->name);
+        cJSON_AddNumberToObject(root, "candidates", n_cand);
+        cJSON *fit = cJSON_AddArrayToObject(root, "fitting");
+        for (int i = 0; i < ok.n; i++) {
+            const struct cand *c = &ok.v[i];
+            cJSON *x = cJSON_CreateObject();
+            char m[96];
+            mesh_str(&c->d, m, sizeof m);
+            cJSON_AddStringToObject(x, "mesh", m);
+            cJSON_AddNumberToObject(x, "zero", c->zero);
+            cJSON_AddNumberToObject(x, "microbatches", c->mb);
+            cJSON_AddStringToObject(x, "recompute", c->rc ? "block" : "none");
+            cJSON_AddNumberToObject(x, "max_bytes_per_rank", (double)c->mem);
+            cJSON_AddNumberToObject(x, "step_s", c->step_s);
+            cJSON_AddNumberToObject(x, "tokens_per_s", c->tps);
+            cJSON_AddNumberToObject(x, "mfu", c->mfu);
+            cJSON_AddItemToArray(fit, x);
+        }
+        cJSON *rj = cJSON_AddArrayToObject(root, "rejected");
+        for (int i = 0; i < rej.n; i++) {
+            const struct cand *c = &rej.v[i];
+            cJSON *x = cJSON_CreateObject();
+            char m[96];
+            mesh_str(&c->d, m, sizeof m);
+            cJSON_AddStringToObject(x, "mesh", m);
+            if (c->zero >= 0) cJSON_AddNumberToObject(x, "zero", c->zero);
+            else cJSON_AddNullToObject(x, "zero");
+            cJSON_AddNumberToObject(x, "microbatches", c->mb);
+            if (c->rc >= 0) cJSON_AddStringToObject(x, "recompute", c->rc ? "block" : "none");
+            else cJSON_AddNullToObject(x, "recompute");
+            cJSON_AddStringToObject(x, "reason", c->reason);
+            cJSON_AddItemToArray(rj, x);
+        }
+        char *t = cJSON_Print(root);
+        if (t) printf("%s\n", t);
+        free(t);
+        cJSON_Delete(root);
+    } else {
+        printf("auto-fit: world=%d, mem-per-rank %s, profile %s: %d meshes x microbatch counts; %d layouts (x ZeRO "
+               "stage x recompute) fit, %d rejected (a contract rule rejects a mesh x microbatch count once)\n", W,
+               human(o->mem, h1, sizeof h1), prof->name, n_cand, ok.n, rej.n);
+        printf("\nbest by predicted step time:\n  %-3s %-26s %-4s %-4s %-9s %12s %10s %12s %6s  %s\n", "#", "mesh", "zero",
+               "mb", "recompute", "max/rank", "step s", "tokens/s", "MFU", "compute/tp/ep/pp/dp-exposed/bubble s");
+        for (int i = 0; i < ok.n && i < o->top; i++) {
+            const struct cand *c = &ok.v[i];
+            char m[96];
+            mesh_str(&c->d, m, sizeof m);
+            printf("  %-3d %-26s %-4d %-4d %-9s %12s %10.4g %12.4g %5.1f%%  %.3g/%.3g/%.3g/%.3g/%.3g/%.3g\n", i + 1, m,
+                   c->zero, c->mb, c->rc ? "block" : "none", human((double)c->mem, h1, sizeof h1), c->step_s, c->tps,
+                   100 * c->mfu, c->cost.compute_s, c->cost.tp_s, c->cost.ep_s, c->cost.pp_s, c->cost.dp_exposed_s,
+                   c->cost.bubble_s);
+        }
+        if (rej.n) {
+            printf("\nrejected, by rule or bucket (count, rule, one example):\n");
+            char *seen = calloc((size_t)rej.n, 1);
+            for (int i = 0; seen && i < rej.n; i++) {
+                if (seen[i]) continue;
+                char ri[320], rj2[320];
+                reason_rule(rej.v[i].reason, ri, sizeof ri);
+                int cnt = 0;
+                for (int j = i; j < rej.n; j++) {
+                    reason_rule(rej.v[j].reason, rj2, sizeof rj2);
+                    if (!strcmp(ri, rj2)) { seen[j] = 1; cnt++; }
+                }
+                cand_label(&rej.v[i], lab, sizeof lab);
+                printf("  %5d  %s\n         e.g. %s: %s\n", cnt, ri, lab, rej.v[i].reason);
+            }
+            free(seen);
+            if (o->verbose) {
+                printf("\nevery rejected candidate:\n");
+                for (int i = 0; i < rej.n; i++) {
+                    cand_label(&rej.v[i], lab, sizeof lab);
+                    printf("  %s: %s\n", lab, rej.v[i].reason);
+                }
+            }
+        }
+    }
+    /* the best one, planned in full (for --verify) */
+    int rcode = 0;
+    if (chosen_out) {
+        const struct cand *b = &ok.v[0];
+        struct mt_config c = *cfg;
+        c.microbatches = b->mb;
+        snprintf(c.recompute, sizeof c.recompute, "%s", b->rc ? "block" : "none");
+        struct mt_plan_setup su;
+        memset(&su, 0, sizeof su);
+        su.dims = b->d;
+        su.zero_stage = b->zero;
+        su.steps = o->steps;
+        if (mt_plan_pipeline_cut(ctx, &c, b->d.pp, NULL, su.first_layer) != MT_OK ||
+            mt_plan_create(ctx, &c, &su, 0, chosen_out) != MT_OK) {
+            fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(ctx));
+            rcode = 1;
+        }
+    }
+    free(meshes);
+    free(ok.v);
+    free(rej.v);
+    return rcode;
+oom:
+    fprintf(stderr, "meshtrain plan: out of memory\n");
+    free(meshes);
+    free(ok.v);
+    free(rej.v);
+    return 1;
+}
+
+/* ------------------------------------------------------------------ */
+/* main                                                                */
+/* ------------------------------------------------------------------ */
 
 int mt_cmd_plan(int argc, char **argv)
 {
@@ -196,112 +833,208 @@ int mt_cmd_plan(int argc, char **argv)
     mt_ctx_init(&ctx);
     struct mt_config cfg;
     mt_config_defaults(&cfg);
-    int world = 1, have_mesh = 0;
-    struct mesh mesh = {1, 1, 1, 1};
-    char err[512];
+    struct opts o;
+    memset(&o, 0, sizeof o);
+    o.world = 1;
+    o.steps = 10;
+    o.top = 5;
+    o.verify_steps = 3;
+    o.profile = NULL;
+    char *sets[256];
+    o.sets = sets;
 
     /* --config first, wherever it is, so that --set overrides it */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { plan_usage(stdout); return 0; }
         if (!strcmp(argv[i], "--config")) {
             if (i + 1 >= argc) { fprintf(stderr, "meshtrain plan: --config needs a file\n"); return 2; }
+            o.config = argv[i + 1];
             if (mt_config_load_file(&ctx, &cfg, argv[i + 1]) != MT_OK) {
                 fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(&ctx));
                 return 2;
             }
         }
     }
-    const char *mesh_spec = NULL;
+    static const char *flags0[] = {"--json", "--auto", "--verbose", "--verify"};
+    static const char *flags1[] = {"--config", "--set", "--world", "--mesh", "--zero", "--pp-layers", "--steps",
+                                   "--profile", "--mem-per-rank", "--top", "--find-max", "--data", "--verify-steps"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--config") || !strcmp(a, "--set") || !strcmp(a, "--world") || !strcmp(a, "--mesh")) {
-            if (!v) { fprintf(stderr, "meshtrain plan: %s needs a value (see --help)\n", a); return 2; }
-            i++;
-        } else if (!strcmp(a, "--auto") || !strcmp(a, "--mem-per-rank")) {
-            fprintf(stderr, "meshtrain plan: %s is not implemented yet\n", a);
-            return 2;
-        } else {
-            fprintf(stderr, "meshtrain plan: unknown option '%s' (see --help)\n", a);
-            return 2;
+        int is0 = 0, is1 = 0;
+        for (size_t k = 0; k < sizeof flags0 / sizeof flags0[0]; k++) is0 |= !strcmp(a, flags0[k]);
+        for (size_t k = 0; k < sizeof flags1 / sizeof flags1[0]; k++) is1 |= !strcmp(a, flags1[k]);
+        if (!is0 && !is1) { fprintf(stderr, "meshtrain plan: unknown option '%s' (see --help)\n", a); return 2; }
+        if (is0) {
+            if (!strcmp(a, "--json")) o.json = 1;
+            if (!strcmp(a, "--auto")) o.autofit = 1;
+            if (!strcmp(a, "--verbose")) o.verbose = 1;
+            if (!strcmp(a, "--verify")) o.verify = 1;
+            continue;
         }
-        if (!strcmp(a, "--set") && mt_config_set(&ctx, &cfg, v) != MT_OK) {
-            fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(&ctx));
-            return 2;
+        if (!v) { fprintf(stderr, "meshtrain plan: %s needs a value (see --help)\n", a); return 2; }
+        i++;
+        if (!strcmp(a, "--set")) {
+            if (mt_config_set(&ctx, &cfg, v) != MT_OK) {
+                fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(&ctx));
+                return 2;
+            }
+            if (o.n_sets < 120) sets[o.n_sets++] = (char *)v;
+        } else if (!strcmp(a, "--world") || !strcmp(a, "--steps") || !strcmp(a, "--top") ||
+                   !strcmp(a, "--verify-steps")) {
+            int n;
+            if (parse_pos_int(v, &n)) {
+                fprintf(stderr, "meshtrain plan: %s %s is not a positive integer\n", a, v);
+                return 2;
+            }
+            if (!strcmp(a, "--world")) o.world = n;
+            else if (!strcmp(a, "--steps")) o.steps = n;
+            else if (!strcmp(a, "--top")) o.top = n;
+            else o.verify_steps = n;
+        } else if (!strcmp(a, "--zero")) {
+            if (strlen(v) != 1 || v[0] < '0' || v[0] > '3') {
+                fprintf(stderr, "meshtrain plan: --zero must be 0, 1, 2 or 3 (got '%s')\n", v);
+                return 2;
+            }
+            o.zero = v[0] - '0';
+            o.zero_given = 1;
+        } else if (!strcmp(a, "--mem-per-rank")) {
+            if (parse_size(v, &o.mem)) {
+                fprintf(stderr, "meshtrain plan: --mem-per-rank '%s': expected a size such as 85899345920, 8e10, "
+                                "80GiB, 80G or 80GB\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--find-max")) {
+            if (strcmp(v, "seq_len") && strcmp(v, "batch_size")) {
+                fprintf(stderr, "meshtrain plan: --find-max '%s': expected seq_len or batch_size\n", v);
+                return 2;
+            }
+            o.find_max = v;
         }
-        if (!strcmp(a, "--world") && parse_pos_int(v, &world)) {
-            fprintf(stderr, "meshtrain plan: --world %s is not a positive integer\n", v);
-            return 2;
-        }
-        if (!strcmp(a, "--mesh")) mesh_spec = v, have_mesh = 1;
+        else if (!strcmp(a, "--mesh")) o.mesh = v;
+        else if (!strcmp(a, "--pp-layers")) o.pp_layers = v;
+        else if (!strcmp(a, "--profile")) o.profile = v;
+        else if (!strcmp(a, "--data")) o.data = v;
     }
-    if (have_mesh && parse_mesh(mesh_spec, &mesh, err, sizeof err)) {
-        fprintf(stderr, "meshtrain plan: %s\n", err);
+    if (o.world > MT_PLAN_MAX_WORLD) {
+        fprintf(stderr, "meshtrain plan: --world %d is above the planner's %d ranks\n", o.world, MT_PLAN_MAX_WORLD);
         return 2;
     }
-    if (!have_mesh) mesh.dp = world;
-
-    if (mt_config_resolve(&ctx, &cfg, 0) != MT_OK) {
+    if (o.autofit && (o.mesh || o.pp_layers)) {
+        fprintf(stderr, "meshtrain plan: --auto chooses the mesh itself: drop --mesh / --pp-layers\n");
+        return 2;
+    }
+    if (mt_config_resolve(&ctx, &cfg, o.steps) != MT_OK) {
         fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(&ctx));
         return 2;
     }
-    if (check_contract(&cfg, world, &mesh, err, sizeof err)) {
-        fprintf(stderr, "meshtrain plan: %s\n", err);
+    /* the device profile (cost model) */
+    struct mt_plan_profile prof;
+    int have_prof = 0;
+    const char *pname = o.profile ? o.profile : "cpu-local";
+    if (strcmp(pname, "none") != 0) {
+        char path[4096];
+        if (find_profile(pname, path, sizeof path) == 0) {
+            if (mt_plan_profile_load(&ctx, path, &prof) != MT_OK) {
+                fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(&ctx));
+                return 2;
+            }
+            have_prof = 1;
+        } else if (o.profile) {
+            fprintf(stderr, "meshtrain plan: --profile '%s': no such file (names are looked up in bench/profiles/)\n",
+                    o.profile);
+            return 2;
+        }
+    }
+    if ((o.autofit || o.find_max) && o.mem <= 0) {
+        if (have_prof && prof.memory_bytes > 0) o.mem = prof.memory_bytes;
+        else {
+            fprintf(stderr, "meshtrain plan: %s needs --mem-per-rank BYTES (or a profile with memory_bytes)\n",
+                    o.autofit ? "--auto" : "--find-max");
+            return 2;
+        }
+    }
+    if (o.autofit && !have_prof) {
+        fprintf(stderr, "meshtrain plan: --auto ranks layouts by predicted step time and needs a device profile "
+                        "(--profile)\n");
         return 2;
     }
 
-    struct plist pl = {0};
-    if (list_params(&cfg, &pl)) {
-        free(pl.v);
-        fprintf(stderr, "meshtrain plan: out of memory\n");
-        return 1;
-    }
-    size_t total = 0, active = 0, listed = 0;
-    mt_model_param_counts(&cfg, &total, &active);
-    for (int i = 0; i < pl.n; i++) listed += pl.v[i].numel;
-    if (listed != total) {
-        free(pl.v);
-        fprintf(stderr, "meshtrain plan: internal: listed %zu parameters but the model counts %zu\n", listed, total);
-        return 1;
+    struct mt_plan *plan = NULL;
+    int code = 0;
+    if (o.autofit) {
+        code = run_auto(&ctx, &cfg, &o, &prof, o.verify ? &plan : NULL);
+        if (code || !o.verify) { mt_plan_destroy(&ctx, plan); return code; }
+        struct mt_plan_cost cost;
+        mt_plan_cost(plan, &prof, &cost);
+        code = verify_run(plan, &prof, &cost, &o);
+        mt_plan_destroy(&ctx, plan);
+        return code;
     }
 
-    int n_moe = 0;
-    for (int l = 0; l < cfg.n_layer; l++) n_moe += mt_config_is_moe_layer(&cfg, l);
-    int B = cfg.batch_size / (mesh.dp * mesh.ep * cfg.microbatches);
-    printf("model: V=%d L=%d D=%d H=%d K=%d hd=%d F=%d T=%d pattern=%s", cfg.vocab_size, cfg.n_layer, cfg.d_model,
-           cfg.n_head, cfg.n_kv_head, cfg.head_dim, cfg.mlp_hidden, cfg.seq_len, cfg.pattern);
-    if (n_moe)
-        printf(" experts=%d top_k=%d expert_hidden=%d shared_expert_hidden=%d", cfg.n_experts, cfg.top_k,
-               cfg.expert_hidden, cfg.shared_expert_hidden);
-    printf("\nmesh: world=%d pp=%d dp=%d ep=%d tp=%d sequence_parallel=%s\n", world, mesh.pp, mesh.dp, mesh.ep,
-           mesh.tp, mesh.tp > 1 && cfg.sequence_parallel ? "on" : "off");
-    printf("batch: %d sequences per step = dp*ep (%d) x microbatches (%d) x %d per microbatch, T=%d\n",
-           cfg.batch_size, mesh.dp * mesh.ep, cfg.microbatches, B, cfg.seq_len);
-    printf("parameters: %zu total, %zu active per token, %.3g FLOPs per token (6N + attention)\n", total, active,
-           mt_model_flops_per_token(&cfg));
-
-    printf("\n%-56s %-14s %12s  %s\n", "parameter", "global shape", "numel", "optimizer");
-    for (int i = 0; i < pl.n; i++) {
-        const struct mt_param *p = &pl.v[i];
-        char shape[40];
-        if (p->ndim == 2) snprintf(shape, sizeof shape, "[%lld, %lld]", (long long)p->shape[0], (long long)p->shape[1]);
-        else snprintf(shape, sizeof shape, "[%lld]", (long long)p->shape[0]);
-        printf("%-56s %-14s %12zu  %s\n", p->name, shape, p->numel, p->optim == MT_OPTIM_MUON ? "muon" : "adamw");
+    /* an explicit mesh: train's parse and contract, same messages */
+    struct mt_mesh_dims dims;
+    if (mt_mesh_parse(&ctx, o.mesh, o.world, &dims) != MT_OK ||
+        mt_mesh_check_contract(&ctx, &dims, &cfg, o.world, cfg.microbatches) != MT_OK) {
+        fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(&ctx));
+        return 2;
     }
-
-    size_t mb[MT_BUCKET_COUNT], ob[MT_BUCKET_COUNT], sum = 0;
-    mt_model_plan_bytes(&cfg, B, mb);
-    mt_optim_plan_bytes(&cfg, pl.v, pl.n, ob);
-    printf("\nmemory plan per rank (microbatch of %d sequences)%s:\n", B,
-           world > 1 ? " — one rank holding the whole model: TP/EP/PP/ZeRO sharding not applied yet" : "");
-    for (int b = 0; b < MT_BUCKET_COUNT; b++) {
-        char h[32];
-        size_t v = mb[b] + ob[b];
-        sum += v;
-        printf("  %-10s %14zu  %s\n", mt_bucket_name((enum mt_bucket)b), v, human(v, h, sizeof h));
+    struct mt_plan_setup su;
+    memset(&su, 0, sizeof su);
+    su.dims = dims;
+    su.zero_stage = o.zero;
+    su.steps = o.steps;
+    if (mt_plan_pipeline_cut(&ctx, &cfg, dims.pp, o.pp_layers, su.first_layer) != MT_OK) {
+        fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(&ctx));
+        return 2;
     }
-    char h[32];
-    printf("  %-10s %14zu  %s\n", "total", sum, human(sum, h, sizeof h));
-    free(pl.v);
+    if (mt_plan_create(&ctx, &cfg, &su, o.find_max ? 0 : MT_PLAN_LAYOUT | MT_PLAN_VERIFY, &plan) != MT_OK) {
+        fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(&ctx));
+        return mt_status_exit_code(ctx.last_status);
+    }
+    char h1[32], h2[32];
+    if (o.find_max) {
+        int what = strcmp(o.find_max, "seq_len") == 0 ? 0 : 1;
+        struct mt_plan_choice base;
+        mt_plan_get_choice(plan, &base);
+        struct fm_ctx f = {&ctx, plan, &cfg, base, &dims, o.world, what, o.mem, 0};
+        long unit, hi;
+        fm_range(&cfg, &dims, what, cfg.microbatches, &unit, &hi);
+        long v = find_max_value(&f, unit, hi);
+        if (v == 0) {
+            (void)fm_fits(&f, unit);
+            fprintf(stderr, "meshtrain plan: --mem-per-rank %s is too small for this layout at any %s: the smallest "
+                            "need is %s per rank (%s=%ld)\n", human(o.mem, h1, sizeof h1), o.find_max,
+                    human((double)f.need, h2, sizeof h2), o.find_max, unit);
+            mt_plan_destroy(&ctx, plan);
+            return 2;
+        }
+        char m[96];
+        mesh_str(&dims, m, sizeof m);
+        if (o.json) printf("{\"find_max\": \"%s\", \"value\": %ld, \"layout\": \"%s zero=%d microbatches=%d recompute=%s\"}\n",
+                           o.find_max, v, m, o.zero, cfg.microbatches, cfg.recompute);
+        else printf("largest %s that fits %s per rank on %s zero=%d microbatches=%d recompute=%s: %ld\n", o.find_max,
+                    human(o.mem, h1, sizeof h1), m, o.zero, cfg.microbatches, cfg.recompute, v);
+        mt_plan_destroy(&ctx, plan);
+        return 0;
+    }
+    struct mt_plan_cost cost;
+    if (have_prof) mt_plan_cost(plan, &prof, &cost);
+    if (o.json) {
+        char *t = mt_plan_json(plan, have_prof ? &prof : NULL, have_prof ? &cost : NULL);
+        if (!t) { fprintf(stderr, "meshtrain plan: out of memory\n"); mt_plan_destroy(&ctx, plan); return 1; }
+        printf("%s\n", t);
+        free(t);
+    } else {
+        print_text(plan, have_prof ? &prof : NULL, have_prof ? &cost : NULL, &o);
+    }
+    size_t mx = mt_plan_max_total(plan, NULL);
+    if (o.mem > 0 && (double)mx > o.mem && !o.verify) {
+        fprintf(stderr, "meshtrain plan: does not fit: a rank needs %s, --mem-per-rank is %s\n",
+                human((double)mx, h1, sizeof h1), human(o.mem, h2, sizeof h2));
+        code = 2;
+    }
+    if (o.verify) code = verify_run(plan, have_prof ? &prof : NULL, have_prof ? &cost : NULL, &o);
+    mt_plan_destroy(&ctx, plan);
     mt_ctx_free(&ctx);
-    return 0;
+    return code;
 }

@@ -16,6 +16,7 @@
  */
 #include "model_impl.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,7 +46,8 @@ static void model_dims_par(struct mt_model *m, const struct mt_config *cfg, int 
     m->cfg = *cfg;
     m->B = B;
     m->T = cfg->seq_len;
-    m->N = B * cfg->seq_len;
+    long long n_rows = (long long)B * cfg->seq_len;
+    m->N = n_rows > 0 && n_rows <= INT_MAX ? (int)n_rows : 0;   /* 0: rejected by check_dims */
     m->V = cfg->vocab_size;
     m->L = cfg->n_layer;
     m->D = cfg->d_model;
@@ -94,11 +96,15 @@ static void model_dims_par(struct mt_model *m, const struct mt_config *cfg, int 
     m->Nm = m->tp > 1 ? m->N / m->tp : m->N;
     m->row0 = m->tp_rank * (m->N / m->tp);
     m->M = m->any_moe ? m->Nm * m->top_k : 0;
+    m->recompute = strcmp(cfg->recompute, "block") == 0;
 }
 
 static enum mt_status check_dims(struct mt_ctx *ctx, const struct mt_model *m)
 {
     if (m->B < 1) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model: B=%d must be >= 1", m->B);
+    if (m->N < 1)
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: a microbatch of B*T=%lld tokens is above 2^31-1 (B=%d, T=%d)",
+                            (long long)m->B * m->cfg.seq_len, m->B, m->cfg.seq_len);
     if (m->V < 2 || m->V > 65536)
         return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: vocab_size=%d not in [2, 65536]", m->V);
     if (m->L < 1 || m->L > MT_MAX_LAYERS)
@@ -240,6 +246,19 @@ static void sink_param(void *user, const struct mt_param *p)
     s->numel += p->numel;
 }
 
+/* Parameters build_params visits, counted without building them (names
+ * are the slow part): wte on the first stage; per layer 8 attention-side
+ * parameters, then 3 (A) or router + 3 per local expert + 3 shared (E);
+ * final norm and head on the last stage. create asserts it equals the
+ * registry's count. */
+static int model_n_params(const struct mt_model *m)
+{
+    int n = m->first ? 1 : 0;
+    for (int l = m->l0; l < m->l1; l++)
+        n += 8 + (layer_is_moe(&m->cfg, l) ? 1 + 3 * m->Ee + (m->Fs > 0 ? 3 : 0) : 3);
+    return n + (m->last ? 2 : 0);
+}
+
 /* ------------------------------------------------------------------ */
 /* memory plan and carving                                             */
 /* ------------------------------------------------------------------ */
@@ -255,8 +274,91 @@ static void *carve(struct carver *c, enum mt_bucket b, size_t bytes)
 static float *carve_f(struct carver *c, enum mt_bucket b, size_t n) { return carve(c, b, n * sizeof(float)); }
 static int32_t *carve_i(struct carver *c, enum mt_bucket b, size_t n) { return carve(c, b, n * sizeof(int32_t)); }
 
+/* Carve one block's saved internals (everything its backward reads except
+ * x_in) into ly. moe: the block is an `E` block. */
+static void carve_block(struct mt_model *m, struct carver *c, struct mt_layer *ly, int moe)
+{
+    const size_t N = (size_t)m->N, D = (size_t)m->D, QD = (size_t)m->QD, KD = (size_t)m->KD;
+    const size_t Nr = (size_t)m->Nr, Nm = (size_t)m->Nm;
+    const size_t E = (size_t)m->E, k = (size_t)m->top_k, M = (size_t)m->M;
+    const enum mt_bucket A = MT_BUCKET_ACTS, O = MT_BUCKET_OTHER;
+    const int tp = m->tp > 1;
+    ly->h_attn_n = carve_f(c, A, Nr * D);
+    ly->h_attn = m->sp ? carve_f(c, A, N * D) : ly->h_attn_n;   /* SP: the gathered copy is saved */
+    ly->rstd_attn = carve_f(c, A, Nr);
+    ly->q_raw = carve_f(c, A, N * QD);
+    ly->k_raw = carve_f(c, A, N * KD);
+    ly->rstd_q = carve_f(c, A, N * (size_t)m->H);
+    ly->rstd_k = carve_f(c, A, N * (size_t)m->K);
+    ly->q = carve_f(c, A, N * QD);
+    ly->k = carve_f(c, A, N * KD);
+    ly->v = carve_f(c, A, N * KD);
+    ly->att = carve_f(c, A, N * QD);
+    ly->lse = carve_f(c, A, N * (size_t)m->H);
+    ly->x_mid = carve_f(c, A, Nr * D);
+    ly->h_mlp_n = carve_f(c, A, Nr * D);
+    ly->rstd_mlp = carve_f(c, A, Nr);
+    if (!moe) {
+        ly->h_mlp = m->sp ? carve_f(c, A, N * D) : ly->h_mlp_n;
+        ly->mg = carve_f(c, A, N * (size_t)m->F);
+        ly->mu = carve_f(c, A, N * (size_t)m->F);
+        return;
+    }
+    /* the experts see Nm rows: SP or one rank: all of h_mlp_n; TP without SP: our slice of it */
+    ly->h_mlp = (tp && !m->sp && ly->h_mlp_n) ? ly->h_mlp_n + (size_t)m->row0 * D : ly->h_mlp_n;
+    ly->probs = carve_f(c, A, Nm * E);
+    ly->rlse = carve_f(c, A, Nm);
+    ly->topk = carve_i(c, A, Nm * k);
+    ly->gates = carve_f(c, A, Nm * k);
+    ly->pos = carve_i(c, A, Nm * k);
+    ly->src_row = carve_i(c, A, M);
+    if (m->ep == 1) {
+        ly->eg = carve_f(c, A, M * (size_t)m->Fe);
+        ly->eu = carve_f(c, A, M * (size_t)m->Fe);
+    }
+    ly->ey = carve_f(c, A, M * D);
+    if (m->Fs > 0) {
+        ly->sgp = carve_f(c, A, Nm * (size_t)m->Fs);
+        ly->sup = carve_f(c, A, Nm * (size_t)m->Fs);
+    }
+    ly->e_off = carve(c, O, (E + 1) * sizeof(int));
+    ly->f_share = carve_f(c, O, (size_t)m->B * E);
+    if (m->ep > 1) {
+        /* dropless: every rank of the expert group may send all its M slots here */
+        size_t cap = (size_t)m->ep * M;
+        ly->r_cnt = carve(c, O, (size_t)m->ep * (size_t)m->Ee * sizeof(int));
+        ly->rx = carve_f(c, A, cap * D);
+        ly->eg = carve_f(c, A, cap * (size_t)m->Fe);   /* expert activations live on the receiving side */
+        ly->eu = carve_f(c, A, cap * (size_t)m->Fe);
+    }
+}
+
+/* Recompute: layer ly uses the shared internals of blk, keeping its own
+ * identity (kind, parameters) and its saved input x_in. */
+static void share_block(struct mt_layer *ly, const struct mt_layer *blk)
+{
+    struct mt_layer keep = *ly;
+    *ly = *blk;
+    ly->moe = keep.moe;
+    ly->x_in = keep.x_in;
+    ly->ln1 = keep.ln1; ly->wq = keep.wq; ly->wk = keep.wk; ly->wv = keep.wv; ly->wo = keep.wo;
+    ly->qn = keep.qn; ly->kn = keep.kn; ly->ln2 = keep.ln2;
+    ly->wg = keep.wg; ly->wu = keep.wu; ly->wd = keep.wd;
+    ly->router = keep.router; ly->experts = keep.experts;
+    ly->sg = keep.sg; ly->su = keep.su; ly->sd = keep.sd;
+    ly->r_rows = 0;
+}
+
 /* Carve every buffer. With NULL bases only the offsets (sizes) advance;
- * m->params / m->layers may be NULL then (param sizes come from the registry). */
+ * m->params / m->layers may be NULL then (param sizes come from the registry).
+ *
+ * Activations per microbatch slot: idx, targets, x_final (the stage output)
+ * and, on the last stage, the head's h_final, rstd_final, logits, losses,
+ * xlse; per layer x_in and the block internals. With recompute=block a slot
+ * keeps only x_in per layer: every layer of every slot points its internals
+ * at ONE shared set (one dense-block set if the stage has A blocks, one MoE
+ * set if it has E blocks), which forward overwrites layer by layer and
+ * backward refills by re-running the block's forward (mt_model_backward_stage). */
 static void model_layout(struct mt_model *m, struct carver *c)
 {
     /* m->slots[k].layers NULL (plan): carve into dummies, only the offsets matter */
@@ -278,6 +380,16 @@ static void model_layout(struct mt_model *m, struct carver *c)
     m->rope_cos = carve_f(c, W, (size_t)m->T * (size_t)(m->hd / 2));
     m->rope_sin = carve_f(c, W, (size_t)m->T * (size_t)(m->hd / 2));
 
+    /* recompute: the shared internals, carved once */
+    struct mt_layer blk[2];   /* [0] dense block, [1] MoE block */
+    memset(blk, 0, sizeof blk);
+    if (m->recompute) {
+        int has[2] = {0, 0};
+        for (int l = m->l0; l < m->l1; l++) has[layer_is_moe(&m->cfg, l)] = 1;
+        for (int b = 0; b < 2; b++)
+            if (has[b]) carve_block(m, c, &blk[b], b);
+    }
+
     for (int sl = 0; sl < m->n_slots; sl++) {
     struct mt_slot dslot;
     memset(&dslot, 0, sizeof dslot);
@@ -285,11 +397,13 @@ static void model_layout(struct mt_model *m, struct carver *c)
     S->idx = carve_i(c, A, N);
     S->targets = carve_i(c, A, N);
     S->x_final = carve_f(c, A, Nr * D);
-    S->h_final = carve_f(c, A, Nr * D);
-    S->rstd_final = carve_f(c, A, Nr);
-    S->logits = m->last ? carve_f(c, A, Nr * (size_t)m->V) : NULL;
-    S->losses = carve_f(c, A, Nr);
-    S->xlse = carve_f(c, A, Nr);
+    if (m->last) {
+        S->h_final = carve_f(c, A, Nr * D);
+        S->rstd_final = carve_f(c, A, Nr);
+        S->logits = carve_f(c, A, Nr * (size_t)m->V);
+        S->losses = carve_f(c, A, Nr);
+        S->xlse = carve_f(c, A, Nr);
+    }
 
     for (int l = m->l0; l < m->l1; l++) {
         struct mt_layer dummy;
@@ -297,54 +411,8 @@ static void model_layout(struct mt_model *m, struct carver *c)
         memset(&dummy, 0, sizeof dummy);
         int moe = layer_is_moe(&m->cfg, l);
         ly->x_in = carve_f(c, A, Nr * D);
-        ly->h_attn_n = carve_f(c, A, Nr * D);
-        ly->h_attn = m->sp ? carve_f(c, A, N * D) : ly->h_attn_n;   /* SP: the gathered copy is saved */
-        ly->rstd_attn = carve_f(c, A, Nr);
-        ly->q_raw = carve_f(c, A, N * QD);
-        ly->k_raw = carve_f(c, A, N * KD);
-        ly->rstd_q = carve_f(c, A, N * (size_t)m->H);
-        ly->rstd_k = carve_f(c, A, N * (size_t)m->K);
-        ly->q = carve_f(c, A, N * QD);
-        ly->k = carve_f(c, A, N * KD);
-        ly->v = carve_f(c, A, N * KD);
-        ly->att = carve_f(c, A, N * QD);
-        ly->lse = carve_f(c, A, N * (size_t)m->H);
-        ly->x_mid = carve_f(c, A, Nr * D);
-        ly->h_mlp_n = carve_f(c, A, Nr * D);
-        ly->rstd_mlp = carve_f(c, A, Nr);
-        if (!moe) {
-            ly->h_mlp = m->sp ? carve_f(c, A, N * D) : ly->h_mlp_n;
-            ly->mg = carve_f(c, A, N * (size_t)m->F);
-            ly->mu = carve_f(c, A, N * (size_t)m->F);
-            continue;
-        }
-        /* the experts see Nm rows: SP or one rank: all of h_mlp_n; TP without SP: our slice of it */
-        ly->h_mlp = (tp && !m->sp && ly->h_mlp_n) ? ly->h_mlp_n + (size_t)m->row0 * D : ly->h_mlp_n;
-        ly->probs = carve_f(c, A, Nm * E);
-        ly->rlse = carve_f(c, A, Nm);
-        ly->topk = carve_i(c, A, Nm * k);
-        ly->gates = carve_f(c, A, Nm * k);
-        ly->pos = carve_i(c, A, Nm * k);
-        ly->src_row = carve_i(c, A, M);
-        if (m->ep == 1) {
-            ly->eg = carve_f(c, A, M * (size_t)m->Fe);
-            ly->eu = carve_f(c, A, M * (size_t)m->Fe);
-        }
-        ly->ey = carve_f(c, A, M * D);
-        if (m->Fs > 0) {
-            ly->sgp = carve_f(c, A, Nm * (size_t)m->Fs);
-            ly->sup = carve_f(c, A, Nm * (size_t)m->Fs);
-        }
-        ly->e_off = carve(c, O, (E + 1) * sizeof(int));
-        ly->f_share = carve_f(c, O, (size_t)m->B * E);
-        if (m->ep > 1) {
-            /* dropless: every rank of the expert group may send all its M slots here */
-            size_t cap = (size_t)m->ep * M;
-            ly->r_cnt = carve(c, O, (size_t)m->ep * (size_t)m->Ee * sizeof(int));
-            ly->rx = carve_f(c, A, cap * D);
-            ly->eg = carve_f(c, A, cap * (size_t)m->Fe);   /* expert activations live on the receiving side */
-            ly->eu = carve_f(c, A, cap * (size_t)m->Fe);
-        }
+        if (m->recompute) share_block(ly, &blk[moe]);
+        else carve_block(m, c, ly, moe);
     }
     }
 
@@ -428,17 +496,43 @@ void mt_model_plan_bytes_par(const struct mt_config *cfg, int B, int flags, cons
     if (!(flags & MT_MODEL_EXTERNAL_PARAMS))
         build_params(&m, plan_param, &pv);   /* same carves as the params loop of model_layout */
     model_layout(&m, &c);                /* params == NULL: the registry branch carves nothing */
-    struct param_sink s = { NULL, 0, 0 };
-    build_params(&m, sink_param, &s);
     for (int b = 0; b < MT_BUCKET_COUNT; b++) bytes[b] = c.off[b];
     /* host bookkeeping arrays allocated by create next to the OTHER arena */
-    bytes[MT_BUCKET_OTHER] += (size_t)s.n * sizeof(struct mt_param)
+    bytes[MT_BUCKET_OTHER] += (size_t)model_n_params(&m) * sizeof(struct mt_param)
                               + (size_t)m.n_slots * (size_t)m.L * sizeof(struct mt_layer) + sizeof(struct mt_model);
 }
 
 /* ------------------------------------------------------------------ */
 /* create / destroy                                                    */
 /* ------------------------------------------------------------------ */
+
+/* Every rule create enforces beyond the shapes (check_dims): degrees the
+ * model supports and divisibility. Communicators are required only when
+ * the model will run (not for a MT_MODEL_NO_ALLOC plan). */
+static enum mt_status check_par(struct mt_ctx *ctx, const struct mt_model *m)
+{
+    if (m->ep > MT_MAX_EP)
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: ep=%d above the supported %d", m->ep, MT_MAX_EP);
+    if (m->ep > 1 && ((!m->ep_comm && !m->no_alloc) || m->E % m->ep != 0))
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: ep=%d needs the expert group and n_experts %% ep == 0 "
+                            "(n_experts=%d)", m->ep, m->E);
+    if (m->tp > 1 && ((!m->tp_comm && !m->no_alloc) || (m->N % m->tp) != 0))
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: tp=%d needs the model group and B*T %% tp == 0 (B*T=%d)",
+                            m->tp, m->N);
+    if (m->n_slots > MT_MAX_SLOTS)
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: %d activation slots above the supported %d", m->n_slots,
+                            MT_MAX_SLOTS);
+    return check_dims(ctx, m);
+}
+
+enum mt_status mt_model_check_par(struct mt_ctx *ctx, const struct mt_config *cfg, int B, const struct mt_model_par *par)
+{
+    struct mt_model m;
+    memset(&m, 0, sizeof m);
+    model_dims_par(&m, cfg, B, par);
+    m.no_alloc = 1;
+    return check_par(ctx, &m);
+}
 
 static void rope_tables(struct mt_ctx *ctx, const struct mt_ops_i *ops, float *cos_dev, float *sin_dev,
                         int tmax, int hd, double theta, float *host /* (2, tmax, hd/2) */)
@@ -533,36 +627,35 @@ enum mt_status mt_model_create_par(struct mt_ctx *ctx, const struct mt_ops_i *op
 {
     enum mt_status rc = MT_OK;
     *out = NULL;
-    if (!ops || !cfg) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model: NULL ops or config");
+    if ((!ops && !(flags & MT_MODEL_NO_ALLOC)) || !cfg)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model: NULL ops or config");
     struct mt_model *m = mt_alloc(ctx, sizeof *m, MT_BUCKET_OTHER);
     if (!m) return MT_ERR_OOM;
     model_dims_par(m, cfg, B, par);
     m->ops = ops;
-    if (m->ep > MT_MAX_EP)
-        MT_CHECK_GOTO(mt_ctx_error(ctx, MT_ERR_CONFIG, "model: ep=%d above the supported %d", m->ep, MT_MAX_EP), rc, fail);
-    if (m->ep > 1 && (!m->ep_comm || m->E % m->ep != 0))
-        MT_CHECK_GOTO(mt_ctx_error(ctx, MT_ERR_CONFIG, "model: ep=%d needs the expert group and n_experts %% ep == 0 "
-                                   "(n_experts=%d)", m->ep, m->E), rc, fail);
-    if (m->tp > 1 && (!m->tp_comm || (m->N % m->tp) != 0))
-        MT_CHECK_GOTO(mt_ctx_error(ctx, MT_ERR_CONFIG, "model: tp=%d needs the model group and B*T %% tp == 0 (B*T=%d)",
-                                   m->tp, m->N), rc, fail);
-    m->external_params = (flags & MT_MODEL_EXTERNAL_PARAMS) != 0;
+    m->no_alloc = (flags & MT_MODEL_NO_ALLOC) != 0;
+    MT_CHECK_GOTO(check_par(ctx, m), rc, fail);
+    m->external_params = (flags & (MT_MODEL_EXTERNAL_PARAMS | MT_MODEL_NO_ALLOC)) != 0;
     /* test-only: MT_TEST_FORCE_ROUTING=1 sends every token to experts 0..top_k-1
      * (so that some expert ranks receive no token at all) */
     const char *fr = getenv("MT_TEST_FORCE_ROUTING");
     m->force_route = fr && atoi(fr) == 1;
-    MT_CHECK_GOTO(check_dims(ctx, m), rc, fail);
 
     struct param_sink s = { NULL, 0, 0 };
     build_params(m, sink_param, &s);
     m->n_params = s.n;
+    MT_ASSERT(s.n == model_n_params(m));   /* the count plan_bytes uses without building names */
     m->params = mt_alloc(ctx, (size_t)s.n * sizeof(struct mt_param), MT_BUCKET_OTHER);
-    if (m->n_slots > MT_MAX_SLOTS) {
-        rc = mt_ctx_error(ctx, MT_ERR_CONFIG, "model: %d activation slots above the supported %d", m->n_slots,
-                          MT_MAX_SLOTS);
-        goto fail;
-    }
     if (!m->params) { rc = MT_ERR_OOM; goto fail; }
+    if (m->no_alloc) {
+        /* planning: the registry with its boxes, nothing else (no arenas, no layers) */
+        s.arr = m->params;
+        s.n = 0;
+        build_params(m, sink_param, &s);
+        m->wte = m->first ? &m->params[0] : NULL;
+        *out = m;
+        return MT_OK;
+    }
     for (int k = 0; k < m->n_slots; k++) {
         m->slots[k].layers = mt_alloc(ctx, (size_t)m->L * sizeof(struct mt_layer), MT_BUCKET_OTHER);
         if (!m->slots[k].layers) { rc = MT_ERR_OOM; goto fail; }
@@ -872,6 +965,24 @@ enum mt_status mt_model_forward_stage(struct mt_ctx *ctx, struct mt_model *m, co
     return MT_OK;
 }
 
+/* recompute=block: re-run block l's forward from its saved input x_in into
+ * the shared internals, so that its backward finds exactly what a forward
+ * without recompute would have saved (same kernels, same inputs: the same
+ * bits on one rank). The block output goes to dh, free at this point (the
+ * real output, layer l+1's input, is not needed any more). The routing
+ * histogram is not counted twice: what the recompute added is taken back. */
+static enum mt_status block_recompute(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly, int l)
+{
+    double aux = 0, z = 0;
+    MT_CHECK(attention_forward(ctx, m, ly, m->B, m->T, 0, m->rope_cos, m->rope_sin, NULL, NULL));
+    MT_CHECK(model_ffn_forward(ctx, m, ly, m->dh, m->B, m->T, 1, &aux, &z));
+    if (ly->moe && m->moe_load) {
+        double *load = m->moe_load + (size_t)l * (size_t)m->E;
+        for (int e = 0; e < m->E; e++) load[e] -= ly->e_off[e + 1] - ly->e_off[e];
+    }
+    return MT_OK;
+}
+
 enum mt_status mt_model_backward(struct mt_ctx *ctx, struct mt_model *m)
 {
     return mt_model_backward_stage(ctx, m, NULL);
@@ -898,6 +1009,7 @@ enum mt_status mt_model_backward_stage(struct mt_ctx *ctx, struct mt_model *m, c
     for (int l = m->l1 - 1; l >= m->l0; l--) {
         struct mt_layer *ly = &m->layers[l];
         MT_CHECK(hook(ctx, m, m->hooks.pre_backward, 1 + l));
+        if (m->recompute) MT_CHECK(block_recompute(ctx, m, ly, l));
         /* ffn branch: dx is d x_out = d x_mid (identity) + d branch */
         const float *dhr = m->dh;                   /* d h_mlp_n (Nr, D) */
         if (ly->moe) {

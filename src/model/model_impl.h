@@ -118,6 +118,8 @@ struct mt_model {
     struct mt_comm *tp_comm;
     struct mt_tp_stats tp_stats;
     int any_moe, any_dense;
+    int recompute;           /* cfg recompute=block: slots keep x_in per layer only (model_layout) */
+    int no_alloc;            /* MT_MODEL_NO_ALLOC: registry only, no arenas (planning)              */
 
     int              n_params;
     struct mt_param *params;   /* order of mt_model.h; mt_alloc (OTHER) */

@@ -135,10 +135,24 @@ struct mt_tp_stats {
 };
 void mt_model_tp_stats(const struct mt_model *m, struct mt_tp_stats *out);
 
-/* flags for mt_model_create_ex */
+/* flags for mt_model_create_ex / _par */
 #define MT_MODEL_EXTERNAL_PARAMS 1  /* do not allocate params/grads: every p->data and
                                      * p->grad is NULL until the caller points them at
                                      * its own storage (the ZeRO engine, src/train/zero.c) */
+#define MT_MODEL_NO_ALLOC        2  /* planning only: build the parameter registry of this
+                                     * rank (names, global shapes, boxes, units) and run every
+                                     * check create runs, but allocate no arena, no layer and
+                                     * no RoPE table; ops may be NULL and the communicators
+                                     * in par are not needed. Only mt_model_params,
+                                     * mt_model_param_unit, mt_model_n_units,
+                                     * mt_model_stage_rows and destroy may be called. Small:
+                                     * the struct and the parameter table (OTHER bucket). */
+
+/* The checks mt_model_create_par runs (shapes, degrees, B*T range, slots),
+ * without creating anything: MT_OK or MT_ERR_CONFIG / INVALID_ARG with the
+ * message create would give. Run it before mt_model_plan_bytes_par, which
+ * assumes a valid configuration. */
+enum mt_status mt_model_check_par(struct mt_ctx *ctx, const struct mt_config *cfg, int B, const struct mt_model_par *par);
 enum mt_status mt_model_create_ex(struct mt_ctx *ctx, const struct mt_ops_i *ops,
                                   const struct mt_config *cfg, int B, int flags, struct mt_model **out);
 
@@ -212,7 +226,10 @@ void mt_model_param_counts(const struct mt_config *cfg, size_t *total, size_t *a
 double mt_model_flops_per_token(const struct mt_config *cfg);
 
 /* Memory plan: pure size function, same numbers mt_model_create allocates
- * (bytes per bucket: params, grads, acts, workspace). No side effects. */
+ * (bytes per bucket: params, grads, acts, workspace, other). No side effects.
+ * cfg->recompute == "block" plans (and create builds) the recompute layout:
+ * per microbatch slot only each block's input, plus one shared set of block
+ * internals that backward refills by re-running the block's forward. */
 void mt_model_plan_bytes(const struct mt_config *cfg, int B, size_t bytes[MT_BUCKET_COUNT]);
 /* Same, for mt_model_create_ex with flags (EXTERNAL_PARAMS: no PARAMS / GRADS). */
 void mt_model_plan_bytes_ex(const struct mt_config *cfg, int B, int flags, size_t bytes[MT_BUCKET_COUNT]);

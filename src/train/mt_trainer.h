@@ -42,4 +42,10 @@ struct mt_train_result {
 enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const struct mt_train_opts *opts,
                             struct mt_train_result *res);
 
+/* Bytes (bucket OTHER) of the trainer's own host arrays on a rank holding
+ * n_params parameters, with microbatches of Bm sequences, running n_steps
+ * steps in a world of `world` ranks: the same table mt_train_run allocates
+ * from (for the planner, src/train/plan.c). */
+size_t mt_train_host_bytes(const struct mt_config *cfg, int n_params, int Bm, int n_steps, int world);
+
 #endif /* MT_TRAINER_H */

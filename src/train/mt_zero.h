@@ -65,9 +65,28 @@ void mt_zero_install_hooks(struct mt_model *model, struct mt_zero_set *set);
 void mt_zero_destroy(struct mt_ctx *ctx, struct mt_zero *z);  /* no-op on NULL */
 
 /* Pure size function: bytes per bucket this rank's engine allocates (same
- * computation as create). */
+ * computation as create, which asserts that the two agree byte for byte:
+ * parameter, gradient and communication buffers, and the host bookkeeping
+ * in OTHER). model may be a MT_MODEL_NO_ALLOC model (only its registry is read). */
 void mt_zero_plan_bytes(const struct mt_model *model, const unsigned char *select, int group_size, int group_rank,
                         int stage, int reshard_after_forward, size_t bytes[MT_BUCKET_COUNT]);
+
+/* The same for every rank of the group at once, from ONE layout (ownership
+ * depends on shapes and group size only): bytes[r * MT_BUCKET_COUNT + b]
+ * for group rank r; stage -1 gives all four stages in a row,
+ * bytes[(z * group_size + r) * MT_BUCKET_COUNT + b] for stage z. If
+ * owner != NULL, owner[i] = the group rank that
+ * owns parameter i (model order; -1: not selected). O(P log P + P log size
+ * + units * size). MT_ERR_OOM (temporary layout arrays, on ctx) or
+ * MT_ERR_INVALID_ARG. */
+enum mt_status mt_zero_plan_all(struct mt_ctx *ctx, const struct mt_model *model, const unsigned char *select,
+                                int group_size, int stage, int reshard_after_forward, size_t *bytes, int *owner);
+
+/* Does group rank `group_rank` run the optimizer on a parameter owned by
+ * `owner` (-1: not in the engine)? Stage 0: every rank updates every
+ * parameter; stages 1-3: the owner alone. The rule create uses for
+ * mt_zero_opt_params. */
+int mt_zero_runs_optimizer(int owner, int group_rank, int stage);
 
 /* The parameters this rank runs the optimizer on (stage 0: all; else the
  * owned ones), as views with their data/grad in the engine's storage. Give

@@ -31,6 +31,7 @@
 #include "mt_ckpt.h"
 #include "mt_data.h"
 #include "mt_optim.h"
+#include "mt_plan.h"
 #include "mt_receipt.h"
 #include "mt_zero.h"
 
@@ -181,6 +182,7 @@ struct run_state {
     double            *load_total; /* (L*E) routed slots per expert over the run (world) */
     double            *load_step;  /* (L*E) scratch                                      */
     unsigned char     *count;   /* (P) 0: a model-axis copy this rank does not count/write */
+    double            *mem_all; /* (world * MT_BUCKET_COUNT) gathered peaks (receipt)  */
     struct mt_data  *train, *val;
     struct mt_model *model;
     int32_t *idx, *tgt;         /* (Bm, T) host */
@@ -550,8 +552,9 @@ static void fault_parse(struct fault *f)
 /* A JSON text of the distributed section of the receipt (malloc'ed). */
 static char *dist_json(const struct run_state *rs, const char *trace, const double *mem_all, int world,
                        const struct mt_zero_stats *zs, int steps, int microbatches, double param_bytes, int stage,
-                       int reshard)
+                       int reshard, const struct mt_plan *plan, const char *plan_err)
 {
+    const int NB = MT_BUCKET_COUNT + 1;   /* buckets + total, twice per rank: whole run, step loop */
     cJSON *d = cJSON_CreateObject();
     cJSON_AddStringToObject(d, "trace_rank0", trace);
     cJSON *g = cJSON_AddObjectToObject(d, "group_sizes");
@@ -563,9 +566,45 @@ static char *dist_json(const struct run_state *rs, const char *trace, const doub
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "rank", r);
         for (int b = 0; b < MT_BUCKET_COUNT; b++)
-            cJSON_AddNumberToObject(o, mt_bucket_name((enum mt_bucket)b), mem_all[(size_t)r * MT_BUCKET_COUNT + b]);
+            cJSON_AddNumberToObject(o, mt_bucket_name((enum mt_bucket)b), mem_all[(size_t)r * 2 * NB + b]);
         cJSON_AddItemToArray(pr, o);
     }
+    /* the planner's prediction of every rank next to what the rank measured */
+    cJSON *mp = cJSON_AddObjectToObject(d, "memory_plan");
+    cJSON_AddStringToObject(mp, "convention",
+                            "plan: mt_plan_rank_bytes (the planner of `meshtrain plan`, same size functions as the "
+                            "allocations) for the step loop; measured_step_loop: per-bucket peaks of live mt_alloc "
+                            "bytes from the first step to the last (evaluation included, checkpoint writes excluded), "
+                            "total = peak of the sum; measured_whole_run adds setup (parameter init staging) and the "
+                            "checkpoint writer's staging; not planned: the mesh's communicator objects (comm) and "
+                            "collective request handles, a few hundred bytes each");
+    if (!plan) cJSON_AddStringToObject(mp, "error", plan_err && plan_err[0] ? plan_err : "not computed");
+    cJSON *mpr = cJSON_AddArrayToObject(mp, "per_rank");
+    double worst = 0;
+    for (int r = 0; plan && r < world; r++) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "rank", r);
+        size_t pb[MT_BUCKET_COUNT];
+        mt_plan_rank_bytes(plan, r, pb);
+        const double *whole = mem_all + (size_t)r * 2 * NB, *loop = whole + NB;
+        cJSON *jp = cJSON_AddObjectToObject(o, "plan"), *jl = cJSON_AddObjectToObject(o, "measured_step_loop");
+        cJSON *jw = cJSON_AddObjectToObject(o, "measured_whole_run");
+        for (int b = 0; b < MT_BUCKET_COUNT; b++) {
+            const char *nm = mt_bucket_name((enum mt_bucket)b);
+            cJSON_AddNumberToObject(jp, nm, (double)pb[b]);
+            cJSON_AddNumberToObject(jl, nm, loop[b]);
+            cJSON_AddNumberToObject(jw, nm, whole[b]);
+        }
+        double tot = (double)mt_plan_rank_total(plan, r);
+        cJSON_AddNumberToObject(jp, "total", tot);
+        cJSON_AddNumberToObject(jl, "total", loop[MT_BUCKET_COUNT]);
+        cJSON_AddNumberToObject(jw, "total", whole[MT_BUCKET_COUNT]);
+        double ratio = tot > 0 ? loop[MT_BUCKET_COUNT] / tot : 0;
+        cJSON_AddNumberToObject(o, "measured_over_plan", ratio);
+        if (fabs(ratio - 1) > worst) worst = fabs(ratio - 1);
+        cJSON_AddItemToArray(mpr, o);
+    }
+    if (plan) cJSON_AddNumberToObject(mp, "worst_relative_deviation", worst);
     /* bytes per step (rank 0), measured next to the analytic figure */
     static const char *kinds[MT_ZERO_COLL_COUNT] = {"allreduce", "reduce_scatter", "allgather"};
     double an[MT_ZERO_COLL_COUNT] = {0, 0, 0};
@@ -674,38 +713,80 @@ static char *dist_json(const struct run_state *rs, const char *trace, const doub
     return txt;
 }
 
-/* The layer cut of the pipeline: `spec` "n0,n1,..." layers per stage (pp
- * numbers, each >= 1, summing to n_layer), or NULL: balanced by cost.
- * first[s] = first layer of stage s, first[pp] = n_layer. */
-static enum mt_status pipeline_cut(struct mt_ctx *ctx, const struct mt_config *cfg, int pp, const char *spec,
-                                   int *first)
+/*
+ * The trainer's own host arrays (bucket OTHER) live through the whole run.
+ * They are listed in ONE table, which both allocates them (alloc_host_arrays)
+ * and sizes them for the planner (mt_train_host_bytes), so the two agree.
+ */
+struct host_array { void **ptr; size_t bytes; };
+
+static int host_arrays(struct run_state *rs, const struct mt_config *cfg, int n_params, int Bm, int n_steps, int world,
+                       struct host_array *a)
 {
-    if (!spec || !*spec) {
-        if (pp == 1) { first[0] = 0; first[1] = cfg->n_layer; return MT_OK; }
-        return mt_model_pipeline_split(ctx, cfg, pp, first);
+    const size_t nh = (size_t)(n_steps > 0 ? n_steps : 1), P = (size_t)n_params, T = (size_t)cfg->seq_len;
+    const size_t LE = (size_t)cfg->n_layer * (size_t)(cfg->n_experts > 0 ? cfg->n_experts : 1);
+    int n = 0;
+    a[n++] = (struct host_array){(void **)&rs->eng_of, P * sizeof(int)};
+    for (int k = 0; k < 3; k++) a[n++] = (struct host_array){(void **)&rs->sel[k], P};
+    a[n++] = (struct host_array){(void **)&rs->count, P};
+    a[n++] = (struct host_array){(void **)&rs->idx, (size_t)Bm * T * sizeof(int32_t)};
+    a[n++] = (struct host_array){(void **)&rs->tgt, (size_t)Bm * T * sizeof(int32_t)};
+    a[n++] = (struct host_array){(void **)&rs->step_index, nh * sizeof(int)};
+    a[n++] = (struct host_array){(void **)&rs->eval_steps, (nh + 1) * sizeof(int)};
+    double **per_step[] = {&rs->losses, &rs->lm, &rs->aux, &rs->z, &rs->gnorm, &rs->lrs, &rs->times};
+    for (size_t k = 0; k < sizeof per_step / sizeof per_step[0]; k++)
+        a[n++] = (struct host_array){(void **)per_step[k], nh * sizeof(double)};
+    a[n++] = (struct host_array){(void **)&rs->eval_losses, (nh + 1) * sizeof(double)};
+    a[n++] = (struct host_array){(void **)&rs->mem_all, (size_t)world * 2 * (MT_BUCKET_COUNT + 1) * sizeof(double)};
+    if (strchr(cfg->pattern, 'E')) {
+        a[n++] = (struct host_array){(void **)&rs->imbalance, nh * sizeof(double)};
+        a[n++] = (struct host_array){(void **)&rs->load_total, LE * sizeof(double)};
+        a[n++] = (struct host_array){(void **)&rs->load_step, LE * sizeof(double)};
     }
-    int n = 0, sum = 0;
-    const char *p = spec;
-    first[0] = 0;
-    while (*p) {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v < 1 || v > MT_MAX_LAYERS || (*end && *end != ','))
-            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG,
-                                "--pp-layers '%s': expected pp positive layer counts separated by commas, e.g. 3,5",
-                                spec);
-        if (n >= pp)
-            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--pp-layers '%s' names more than pp=%d stages", spec, pp);
-        sum += (int)v;
-        first[++n] = sum;
-        p = *end ? end + 1 : end;
-    }
-    if (n != pp)
-        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--pp-layers '%s' names %d stages, the mesh has pp=%d", spec, n, pp);
-    if (sum != cfg->n_layer)
-        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--pp-layers '%s' covers %d layers, the model has n_layer=%d", spec,
-                            sum, cfg->n_layer);
+    return n;
+}
+#define MAX_HOST_ARRAYS 32
+
+static enum mt_status alloc_host_arrays(struct mt_ctx *ctx, struct run_state *rs, const struct mt_config *cfg,
+                                        int n_params, int Bm, int n_steps, int world)
+{
+    struct host_array a[MAX_HOST_ARRAYS];
+    memset(a, 0, sizeof a);
+    int n = host_arrays(rs, cfg, n_params, Bm, n_steps, world, a);
+    for (int i = 0; i < n; i++)
+        if (!(*a[i].ptr = mt_alloc(ctx, a[i].bytes, MT_BUCKET_OTHER))) return MT_ERR_OOM;
     return MT_OK;
+}
+
+size_t mt_train_host_bytes(const struct mt_config *cfg, int n_params, int Bm, int n_steps, int world)
+{
+    struct run_state dummy;
+    struct host_array a[MAX_HOST_ARRAYS];
+    memset(a, 0, sizeof a);
+    int n = host_arrays(&dummy, cfg, n_params, Bm, n_steps, world, a);
+    size_t b = 0;
+    for (int i = 0; i < n; i++) b += a[i].bytes;
+    return b;
+}
+
+/* Memory peaks by phase. ctx->bytes_peak only grows; the trainer folds it
+ * into an accumulator at phase boundaries and restarts it from the live
+ * bytes, so "train" holds the peak of the step loop alone (what the plan
+ * predicts) and "run" the peak of everything else (setup staging, the
+ * checkpoint writer, the receipt). */
+struct peaks { double b[MT_BUCKET_COUNT + 1]; };   /* + total */
+
+static void peak_fold(const struct mt_ctx *ctx, struct peaks *acc)
+{
+    for (int b = 0; b < MT_BUCKET_COUNT; b++)
+        if ((double)ctx->bytes_peak[b] > acc->b[b]) acc->b[b] = (double)ctx->bytes_peak[b];
+    if ((double)ctx->bytes_peak_total > acc->b[MT_BUCKET_COUNT]) acc->b[MT_BUCKET_COUNT] = (double)ctx->bytes_peak_total;
+}
+
+static void peak_restart(struct mt_ctx *ctx)
+{
+    for (int b = 0; b < MT_BUCKET_COUNT; b++) ctx->bytes_peak[b] = ctx->bytes_live[b];
+    ctx->bytes_peak_total = ctx->bytes_live_total;
 }
 
 enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const struct mt_train_opts *opts,
@@ -719,7 +800,6 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     struct mt_ckpt_meta resume_meta;
     memset(&resume_meta, 0, sizeof resume_meta);
     char *djson = NULL;
-    double *mem_all = NULL;
     struct fault fault;
     fault_parse(&fault);
 
@@ -756,7 +836,7 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     /* the startup contract, before any allocation; identical on every rank */
     MT_CHECK(mt_mesh_check_contract(ctx, &dims, cfg, world, cfg->microbatches));
     /* the pipeline cut, by hand (--pp-layers) or balanced by cost; before any allocation */
-    MT_CHECK(pipeline_cut(ctx, cfg, dims.pp, opts->pp_layers, rs.first_layer));
+    MT_CHECK(mt_plan_pipeline_cut(ctx, cfg, dims.pp, opts->pp_layers, rs.first_layer));
 
     /* ---- 2. backend ---- */
     const struct mt_ops_i *ops = NULL;
@@ -806,48 +886,44 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     printf("%s\n", trace);   /* the step-0 trace: one line per rank, whatever --quiet says */
     fflush(stdout);
 
-    struct mt_model_par par = {.tp = dims.tp, .tp_rank = rs.tp_rank, .sp = mt_mesh_get_preds(rs.mesh)->sp_on,
-                               .tp_comm = dims.tp > 1 ? mt_mesh_model_comm(rs.mesh) : NULL,
-                               .ep = dims.ep, .ep_rank = mt_mesh_get_coord(rs.mesh)->expert,
-                               .ep_comm = dims.ep > 1 ? mt_mesh_expert_comm(rs.mesh) : NULL,
-                               .layer0 = rs.first_layer[rs.stage], .layer1 = rs.first_layer[rs.stage + 1],
-                               .n_slots = dims.pp > 1 ? (dims.pp - rs.stage < cfg->microbatches ? dims.pp - rs.stage
-                                                                                                : cfg->microbatches) : 1};
+    struct mt_model_par par;
+    mt_plan_model_par(cfg, &dims, rs.first_layer, wrank, &par);
+    par.tp_comm = dims.tp > 1 ? mt_mesh_model_comm(rs.mesh) : NULL;
+    par.ep_comm = dims.ep > 1 ? mt_mesh_expert_comm(rs.mesh) : NULL;
+    MT_ASSERT(par.sp == mt_mesh_get_preds(rs.mesh)->sp_on && par.tp_rank == rs.tp_rank);
     rs.ep = dims.ep;
     rs.cfg = cfg;
     MT_CHECK_GOTO(mt_model_create_par(ctx, ops, cfg, Bm, MT_MODEL_EXTERNAL_PARAMS, &par, &rs.model), rc, done);
     int n_params;
     struct mt_param *params = mt_model_params(rs.model, &n_params);
     if (dims.pp > 1) {
-        size_t nb = (size_t)mt_model_stage_rows(rs.model) * (size_t)cfg->d_model * sizeof(float);
+        size_t nb = mt_plan_stage_io_bytes(rs.model, cfg, dims.pp);
         rs.act_in = ops->buf_alloc(ctx, nb, MT_BUCKET_COMM);
         rs.grad_in = ops->buf_alloc(ctx, nb, MT_BUCKET_COMM);
         if (!rs.act_in || !rs.grad_in) { rc = MT_ERR_OOM; goto done; }
     }
-    rs.eng_of = mt_alloc(ctx, (size_t)n_params * sizeof(int), MT_BUCKET_OTHER);
-    rs.sel[0] = mt_alloc(ctx, (size_t)n_params, MT_BUCKET_OTHER);
-    rs.sel[1] = mt_alloc(ctx, (size_t)n_params, MT_BUCKET_OTHER);
-    rs.sel[2] = mt_alloc(ctx, (size_t)n_params, MT_BUCKET_OTHER);
-    rs.count = mt_alloc(ctx, (size_t)n_params, MT_BUCKET_OTHER);
-    if (!rs.eng_of || !rs.sel[0] || !rs.sel[1] || !rs.sel[2] || !rs.count) { rc = MT_ERR_OOM; goto done; }
+    int start_step = resume_dir[0] ? resume_meta.step : 0;
+    int n_steps = opts->steps - start_step;
+    MT_CHECK_GOTO(alloc_host_arrays(ctx, &rs, cfg, n_params, Bm, n_steps, world), rc, done);
     for (int i = 0; i < n_params; i++) {
-        int partial = dims.tp > 1 && params[i].reduce_model;
-        int expert = dims.ep > 1 && params[i].role == MT_ROLE_EXPERT;
-        rs.eng_of[i] = expert ? 2 : partial;
-        rs.sel[0][i] = rs.eng_of[i] == 0;
-        rs.sel[1][i] = rs.eng_of[i] == 1;
-        rs.sel[2][i] = rs.eng_of[i] == 2;
+        rs.eng_of[i] = (int)mt_plan_param_engine(&params[i], &dims);
+        rs.sel[0][i] = rs.eng_of[i] == MT_PLAN_ENGINE_DENSE;
+        rs.sel[1][i] = rs.eng_of[i] == MT_PLAN_ENGINE_PARTIAL;
+        rs.sel[2][i] = rs.eng_of[i] == MT_PLAN_ENGINE_EXPERT;
         /* replicated over the model axis yet reduced over data only: identical on
          * every model rank, so counted (norm) and written (checkpoint) by model rank 0 */
-        rs.count[i] = !(dims.tp > 1 && !partial && params[i].split == MT_SPLIT_NONE && rs.tp_rank != 0);
+        rs.count[i] = !(dims.tp > 1 && rs.eng_of[i] == MT_PLAN_ENGINE_DENSE && params[i].split == MT_SPLIT_NONE &&
+                        rs.tp_rank != 0);
     }
-    rs.n_eng = dims.ep > 1 ? 3 : (dims.tp > 1 ? 2 : 1);
-    /* experts (ep > 1) reduce over data, and over model too under TP (SP region) */
-    struct mt_comm *groups[3] = {rs.dpc, rs.lossc,
-                                 dims.tp > 1 ? mt_mesh_data_model_comm(rs.mesh) : mt_mesh_data_comm(rs.mesh)};
+    rs.n_eng = mt_plan_n_engines(&dims);
+    /* dense: data x expert; partial over the model axis: data x expert x model;
+     * experts (ep > 1): data, and model too under TP (SP region) */
+    struct mt_comm *groups[3];
+    for (int k = 0; k < 3; k++) groups[k] = mt_mesh_comm(rs.mesh, mt_plan_engine_group(&dims, (enum mt_plan_engine)k));
     for (int k = 0; k < rs.n_eng; k++) {
         MT_CHECK_GOTO(mt_zero_create(ctx, ops, groups[k], opts->zero_stage, cfg->reshard_after_forward, rs.model,
                                      rs.sel[k], &rs.eng[k]), rc, done);
+        MT_ASSERT(mt_comm_rank(groups[k]) == mt_plan_group_rank(&dims, wrank, mt_plan_engine_group(&dims, (enum mt_plan_engine)k)));
         rs.zset.z[rs.zset.n++] = rs.eng[k];
         int nv;
         struct mt_param *v = mt_zero_opt_params(rs.eng[k], &nv);
@@ -855,7 +931,6 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
         if (dims.tp > 1) mt_optim_set_tp_comm(rs.opt[k], mt_mesh_model_comm(rs.mesh));
     }
     mt_zero_install_hooks(rs.model, &rs.zset);
-    int start_step = 0;
     if (resume_dir[0]) {
         /* every rank reads exactly the tensors it owns: resharding on load */
         for (int k = 0; k < rs.n_eng; k++) {
@@ -865,38 +940,10 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
             mt_optim_set_t(rs.opt[k], resume_meta.adam_t);
             MT_CHECK_GOTO(mt_zero_sync_params(ctx, rs.eng[k]), rc, done);
         }
-        start_step = resume_meta.step;
     } else {
         for (int k = 0; k < rs.n_eng; k++) MT_CHECK_GOTO(mt_zero_init_params(ctx, rs.eng[k], cfg->seed), rc, done);
     }
-    int n_steps = opts->steps - start_step;
-    size_t nh = (size_t)(n_steps > 0 ? n_steps : 1);
-    rs.idx = mt_alloc(ctx, (size_t)Bm * T * sizeof(int32_t), MT_BUCKET_OTHER);
-    rs.tgt = mt_alloc(ctx, (size_t)Bm * T * sizeof(int32_t), MT_BUCKET_OTHER);
-    rs.step_index = mt_alloc(ctx, nh * sizeof(int), MT_BUCKET_OTHER);
-    rs.eval_steps = mt_alloc(ctx, (nh + 1) * sizeof(int), MT_BUCKET_OTHER);
-    rs.losses = mt_alloc(ctx, nh * sizeof(double), MT_BUCKET_OTHER);
-    rs.lm = mt_alloc(ctx, nh * sizeof(double), MT_BUCKET_OTHER);
-    rs.aux = mt_alloc(ctx, nh * sizeof(double), MT_BUCKET_OTHER);
-    rs.z = mt_alloc(ctx, nh * sizeof(double), MT_BUCKET_OTHER);
-    rs.gnorm = mt_alloc(ctx, nh * sizeof(double), MT_BUCKET_OTHER);
-    rs.lrs = mt_alloc(ctx, nh * sizeof(double), MT_BUCKET_OTHER);
-    rs.times = mt_alloc(ctx, nh * sizeof(double), MT_BUCKET_OTHER);
-    rs.eval_losses = mt_alloc(ctx, (nh + 1) * sizeof(double), MT_BUCKET_OTHER);
-    mem_all = mt_alloc(ctx, (size_t)world * MT_BUCKET_COUNT * sizeof(double), MT_BUCKET_OTHER);
     const int any_moe = strchr(cfg->pattern, 'E') != NULL, LE = cfg->n_layer * (cfg->n_experts > 0 ? cfg->n_experts : 1);
-    if (any_moe) {
-        rs.imbalance = mt_alloc(ctx, nh * sizeof(double), MT_BUCKET_OTHER);
-        rs.load_total = mt_alloc(ctx, (size_t)LE * sizeof(double), MT_BUCKET_OTHER);
-        rs.load_step = mt_alloc(ctx, (size_t)LE * sizeof(double), MT_BUCKET_OTHER);
-        if (!rs.imbalance || !rs.load_total || !rs.load_step) { rc = MT_ERR_OOM; goto done; }
-        memset(rs.load_total, 0, (size_t)LE * sizeof(double));
-    }
-    if (!rs.idx || !rs.tgt || !rs.step_index || !rs.eval_steps || !rs.losses || !rs.lm || !rs.aux || !rs.z ||
-        !rs.gnorm || !rs.lrs || !rs.times || !rs.eval_losses || !mem_all) {
-        rc = MT_ERR_OOM;
-        goto done;
-    }
 
     /* ---- 5. from here on we write outputs ---- */
     const int is_root = wrank == 0;
@@ -925,6 +972,12 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     double t_run0 = mt_time_sec(), comm_total = 0, idle_total = 0, tp_time0 = 0, ep_time0 = 0;
     int steps_run = 0;
     for (int k = 0; k < rs.n_eng; k++) mt_zero_reset_stats(rs.eng[k]);
+    /* memory phases: setup until here, then the step loop (see struct peaks) */
+    struct peaks run_pk, train_pk;
+    memset(&run_pk, 0, sizeof run_pk);
+    memset(&train_pk, 0, sizeof train_pk);
+    peak_fold(ctx, &run_pk);
+    peak_restart(ctx);
     for (int step = start_step; step < opts->steps; step++) {
         double t0 = mt_time_sec();
         double wait0 = 0;
@@ -1034,9 +1087,16 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
             }
         }
         if (cfg->save_every > 0 && done_steps % cfg->save_every == 0 && done_steps != opts->steps)
+        {
+            peak_fold(ctx, &train_pk);   /* the checkpoint writer's staging is not the step's */
             MT_CHECK_GOTO(save_checkpoint(ctx, ops, cfg, opts, &rs, done_steps), rc, done);
+            peak_fold(ctx, &run_pk);
+            peak_restart(ctx);
+        }
     }
     double total_s = mt_time_sec() - t_run0;
+    peak_fold(ctx, &train_pk);
+    peak_restart(ctx);
     MT_CHECK_GOTO(save_checkpoint(ctx, ops, cfg, opts, &rs, opts->steps), rc, done);
 
     /* ---- 6. checks and receipt ---- */
@@ -1045,9 +1105,14 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
         int mismatch = 0;
         MT_CHECK_GOTO(replica_hash_check(ctx, ops, &rs, opts->zero_stage, hash_msg, sizeof hash_msg, &mismatch), rc,
                       done);
-        double mine[MT_BUCKET_COUNT];
-        for (int b = 0; b < MT_BUCKET_COUNT; b++) mine[b] = (double)ctx->bytes_peak[b];
-        MT_CHECK_GOTO(mt_comm_allgather(ctx, mt_mesh_world_comm(rs.mesh), mem_all, mine, MT_BUCKET_COUNT,
+        /* per rank: the whole run's peaks, then the step loop's (+ total each) */
+        peak_fold(ctx, &run_pk);
+        double mine[2 * (MT_BUCKET_COUNT + 1)];
+        for (int b = 0; b <= MT_BUCKET_COUNT; b++) {
+            mine[b] = run_pk.b[b] > train_pk.b[b] ? run_pk.b[b] : train_pk.b[b];
+            mine[MT_BUCKET_COUNT + 1 + b] = train_pk.b[b];
+        }
+        MT_CHECK_GOTO(mt_comm_allgather(ctx, mt_mesh_world_comm(rs.mesh), rs.mem_all, mine, 2 * (MT_BUCKET_COUNT + 1),
                                         MT_DTYPE_F64), rc, done);
         if (rs.pp > 1) {
             /* per stage: bubble, max in flight, activation peak (max over the stage's ranks) */
@@ -1057,7 +1122,7 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
             rs.stage_in_flight = rs.stage_bubble + rs.pp;
             rs.stage_acts = rs.stage_bubble + 2 * rs.pp;
             double mine4[4] = {(double)rs.stage, rs.pipe_wall_s > 0 ? 1.0 - rs.pipe_busy_s / rs.pipe_wall_s : 0,
-                               (double)rs.in_flight_max, (double)ctx->bytes_peak[MT_BUCKET_ACTS]};
+                               (double)rs.in_flight_max, train_pk.b[MT_BUCKET_ACTS]};
             enum mt_status r2 = mt_comm_allgather(ctx, mt_mesh_world_comm(rs.mesh), v, mine4, 4, MT_DTYPE_F64);
             if (r2 != MT_OK) { mt_free(ctx, v); rc = r2; goto done; }
             for (int k = 0; k < 3 * rs.pp; k++) rs.stage_bubble[k] = 0;
@@ -1084,8 +1149,24 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
         }
         size_t total_params = 0;
         mt_model_param_counts(cfg, &total_params, NULL);
-        djson = dist_json(&rs, trace, mem_all, world, &zs, steps_run, mb_n, (double)total_params * sizeof(float),
-                          opts->zero_stage, cfg->reshard_after_forward);
+        /* the plan of every rank, by the planner (`meshtrain plan`), on a private
+         * ctx so that it stays out of the accounting */
+        struct mt_ctx pctx;
+        mt_ctx_init(&pctx);
+        struct mt_plan *plan = NULL;
+        char plan_err[512] = "";
+        if (is_root) {
+            struct mt_plan_setup su;
+            memset(&su, 0, sizeof su);
+            su.dims = dims;
+            su.zero_stage = opts->zero_stage;
+            su.steps = n_steps;
+            memcpy(su.first_layer, rs.first_layer, sizeof su.first_layer);
+            if (mt_plan_create(&pctx, cfg, &su, 0, &plan) != MT_OK)
+                snprintf(plan_err, sizeof plan_err, "%s", mt_ctx_last_error(&pctx));
+        }
+        djson = dist_json(&rs, trace, rs.mem_all, world, &zs, steps_run, mb_n, (double)total_params * sizeof(float),
+                          opts->zero_stage, cfg->reshard_after_forward, plan, plan_err);
 
         struct mt_receipt r;
         memset(&r, 0, sizeof r);
@@ -1108,17 +1189,9 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
         r.micro_batch_seqs = Bm;
         mt_model_param_counts(cfg, &r.params_total, &r.params_active);
         r.flops_per_token = flops_per_token;
-        mt_model_plan_bytes_par(cfg, Bm, MT_MODEL_EXTERNAL_PARAMS, &par, r.plan_bytes);
-        for (int k = 0; k < rs.n_eng; k++) {
-            size_t zb[MT_BUCKET_COUNT] = {0}, ob[MT_BUCKET_COUNT] = {0};
-            mt_zero_plan_bytes(rs.model, rs.sel[k], mt_comm_size(groups[k]), mt_comm_rank(groups[k]), opts->zero_stage,
-                               cfg->reshard_after_forward, zb);
-            int nv;
-            struct mt_param *v = mt_zero_opt_params(rs.eng[k], &nv);
-            mt_optim_plan_bytes(cfg, v, nv, ob);
-            for (int b = 0; b < MT_BUCKET_COUNT; b++) r.plan_bytes[b] += zb[b] + ob[b];
-        }
-        for (int b = 0; b < MT_BUCKET_COUNT; b++) r.measured_peak_bytes[b] = ctx->bytes_peak[b];
+        if (plan) mt_plan_rank_bytes(plan, wrank, r.plan_bytes);
+        mt_plan_destroy(&pctx, plan);
+        for (int b = 0; b < MT_BUCKET_COUNT; b++) r.measured_peak_bytes[b] = (size_t)mine[b];
         r.peak_rss_bytes = mt_peak_rss_bytes();
         r.steps_run = steps_run;
         r.warmup_excluded = steps_run >= 4 ? 2 : (steps_run >= 2 ? 1 : 0);
@@ -1171,7 +1244,7 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
 
 done:
     free(djson);
-    mt_free(ctx, mem_all);
+    mt_free(ctx, rs.mem_all);
     mt_free(ctx, rs.idx);
     mt_free(ctx, rs.tgt);
     mt_free(ctx, rs.step_index);

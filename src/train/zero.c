@@ -58,6 +58,7 @@ struct zlayout {
     size_t *unit_size;    /* (U) packed unit size (floats)                      */
     size_t *unit_base;    /* (U) offset of unit u in the full buffer            */
     size_t *own_base;     /* (U) offset of my segment of u in owned storage     */
+    size_t *own_all;      /* (size) owned floats of every group rank            */
     size_t  full_total, own_total, max_unit, max_seg;
 };
 
@@ -114,34 +115,59 @@ static void layout_free(struct mt_ctx *ctx, struct zlayout *l)
     mt_free(ctx, l->unit_size);
     mt_free(ctx, l->unit_base);
     mt_free(ctx, l->own_base);
+    mt_free(ctx, l->own_all);
     memset(l, 0, sizeof *l);
 }
 
 /* Owner of each parameter: largest first (ties: lower index) to the rank
- * with the least owned floats so far (ties: lower rank). Deterministic. */
-static void assign_owners(const struct mt_param *p, int P, const unsigned char *select, int size, int *owner,
-                          size_t *load, int *order)
+ * with the least owned floats so far (ties: lower rank). Deterministic.
+ * O(P log P + P log size): a sort by (numel desc, index asc) and a binary
+ * min-heap of ranks keyed by (load, rank), whose root is exactly "the
+ * least-loaded rank, ties to the lower rank". */
+struct okey { size_t numel; int idx; };
+
+static int okey_cmp(const void *a, const void *b)
 {
-    for (int i = 0; i < P; i++) order[i] = i;
-    for (int i = 0; i < P; i++) owner[i] = -1;   /* not in this engine */
-    for (int i = 1; i < P; i++) { /* insertion sort: P is a few hundred at most */
-        int k = order[i], j = i - 1;
-        while (j >= 0 && (p[order[j]].numel < p[k].numel ||
-                          (p[order[j]].numel == p[k].numel && order[j] > k))) {
-            order[j + 1] = order[j];
-            j--;
-        }
-        order[j + 1] = k;
+    const struct okey *x = a, *y = b;
+    if (x->numel != y->numel) return x->numel > y->numel ? -1 : 1;
+    return (x->idx > y->idx) - (x->idx < y->idx);
+}
+
+static int heap_less(const size_t *load, const int *h, int a, int b)
+{
+    return load[h[a]] < load[h[b]] || (load[h[a]] == load[h[b]] && h[a] < h[b]);
+}
+
+static void assign_owners(const struct mt_param *p, int P, const unsigned char *select, int size, int *owner,
+                          size_t *load, int *heap, struct okey *order)
+{
+    int n = 0;
+    for (int i = 0; i < P; i++) {
+        owner[i] = -1;   /* not in this engine */
+        if (!select || select[i]) order[n++] = (struct okey){p[i].numel, i};
     }
-    for (int r = 0; r < size; r++) load[r] = 0;
-    for (int t = 0; t < P; t++) {
-        int i = order[t], best = 0;
-        if (select && !select[i]) continue;
-        for (int r = 1; r < size; r++)
-            if (load[r] < load[best]) best = r;
+    qsort(order, (size_t)n, sizeof *order, okey_cmp);
+    for (int r = 0; r < size; r++) { load[r] = 0; heap[r] = r; }   /* ascending ranks: a valid heap */
+    for (int t = 0; t < n; t++) {
+        int i = order[t].idx, best = heap[0];
         owner[i] = best;
         load[best] += zalign(p[i].numel);
+        for (int k = 0;;) {   /* the root grew: sift it down */
+            int c = 2 * k + 1;
+            if (c >= size) break;
+            if (c + 1 < size && heap_less(load, heap, c + 1, c)) c++;
+            if (!heap_less(load, heap, c, k)) break;
+            int tmp = heap[k]; heap[k] = heap[c]; heap[c] = tmp;
+            k = c;
+        }
     }
+}
+
+/* Host bytes (bucket OTHER) of the layout arrays layout_build keeps. */
+static size_t layout_other_bytes(int P, int U, int size)
+{
+    return (size_t)P * (2 * sizeof(int) + 2 * sizeof(size_t)) + (size_t)U * (size_t)size * 2 * sizeof(size_t) +
+           (size_t)U * 3 * sizeof(size_t) + (size_t)size * sizeof(size_t);
 }
 
 static enum mt_status layout_build(struct mt_ctx *ctx, const struct mt_model *m, const struct mt_param *p, int P,
@@ -162,77 +188,139 @@ static enum mt_status layout_build(struct mt_ctx *ctx, const struct mt_model *m,
     l->unit_size = mt_alloc(ctx, (size_t)U * sizeof(size_t), MT_BUCKET_OTHER);
     l->unit_base = mt_alloc(ctx, (size_t)U * sizeof(size_t), MT_BUCKET_OTHER);
     l->own_base = mt_alloc(ctx, (size_t)U * sizeof(size_t), MT_BUCKET_OTHER);
+    l->own_all = mt_alloc(ctx, (size_t)size * sizeof(size_t), MT_BUCKET_OTHER);
+    /* temporaries */
     size_t *load = mt_alloc(ctx, (size_t)size * sizeof(size_t), MT_BUCKET_OTHER);
-    size_t *own_fill = mt_alloc(ctx, (size_t)size * sizeof(size_t), MT_BUCKET_OTHER);
-    int *order = mt_alloc(ctx, (size_t)(P > 0 ? P : 1) * sizeof(int), MT_BUCKET_OTHER);
+    size_t *cursor = mt_alloc(ctx, (size_t)size * sizeof(size_t), MT_BUCKET_OTHER);
+    int *heap = mt_alloc(ctx, (size_t)size * sizeof(int), MT_BUCKET_OTHER);
+    struct okey *order = mt_alloc(ctx, (size_t)(P > 0 ? P : 1) * sizeof(struct okey), MT_BUCKET_OTHER);
     if (!l->owner || !l->unit || !l->uoff || !l->ooff || !l->seg_count || !l->seg_displ || !l->unit_size ||
-        !l->unit_base || !l->own_base || !load || !own_fill || !order) {
+        !l->unit_base || !l->own_base || !l->own_all || !load || !cursor || !heap || !order) {
         mt_free(ctx, load);
-        mt_free(ctx, own_fill);
+        mt_free(ctx, cursor);
+        mt_free(ctx, heap);
         mt_free(ctx, order);
         layout_free(ctx, l);
         return MT_ERR_OOM;
     }
-    assign_owners(p, P, select, size, l->owner, load, order);
+    assign_owners(p, P, select, size, l->owner, load, heap, order);
     for (int i = 0; i < P; i++) {
         l->unit[i] = mt_model_param_unit(m, i);
         MT_ASSERT(l->unit[i] >= 0 && l->unit[i] < U);
         MT_ASSERT(i == 0 || l->unit[i] >= l->unit[i - 1]); /* units are contiguous in model order */
     }
-    for (int r = 0; r < size; r++) own_fill[r] = 0;
+    /* per unit: segment sizes by owner, then offsets in (owner, index) order.
+     * O(P + U*size): the parameters of unit u are the index range [i0, i1). */
+    for (int r = 0; r < size; r++) l->own_all[r] = 0;
     size_t base = 0;
-    for (int u = 0; u < U; u++) {
+    for (int u = 0, i0 = 0; u < U; u++) {
+        int i1 = i0;
+        while (i1 < P && l->unit[i1] == u) i1++;
+        size_t *cnt = l->seg_count + (size_t)u * size, *dis = l->seg_displ + (size_t)u * size;
+        for (int r = 0; r < size; r++) cnt[r] = 0;
+        for (int i = i0; i < i1; i++)
+            if (l->owner[i] >= 0) cnt[l->owner[i]] += zalign(p[i].numel);
         size_t off = 0;
         for (int r = 0; r < size; r++) {
-            size_t start = off;
-            for (int i = 0; i < P; i++) {
-                if (l->unit[i] != u || l->owner[i] != r) continue;
-                l->uoff[i] = off;
-                l->ooff[i] = own_fill[r] + (off - start);
-                off += zalign(p[i].numel);
-            }
-            l->seg_displ[(size_t)u * size + r] = start;
-            l->seg_count[(size_t)u * size + r] = off - start;
-            if (r == rank) l->own_base[u] = own_fill[r];
-            own_fill[r] += off - start;
-            if (off - start > l->max_seg) l->max_seg = off - start;
+            dis[r] = off;
+            cursor[r] = off;
+            if (r == rank) l->own_base[u] = l->own_all[r];
+            off += cnt[r];
+            if (cnt[r] > l->max_seg) l->max_seg = cnt[r];
         }
+        for (int i = i0; i < i1; i++) {
+            int r = l->owner[i];
+            if (r < 0) continue;
+            l->uoff[i] = cursor[r];
+            l->ooff[i] = l->own_all[r] + (cursor[r] - dis[r]);
+            cursor[r] += zalign(p[i].numel);
+        }
+        for (int r = 0; r < size; r++) l->own_all[r] += cnt[r];
         l->unit_size[u] = off;
         l->unit_base[u] = base;
         base += off;
         if (off > l->max_unit) l->max_unit = off;
+        i0 = i1;
     }
     l->full_total = base;
-    l->own_total = own_fill[rank];
+    l->own_total = l->own_all[rank];
     mt_free(ctx, load);
-    mt_free(ctx, own_fill);
+    mt_free(ctx, cursor);
+    mt_free(ctx, heap);
     mt_free(ctx, order);
     return MT_OK;
 }
 
-/* Buffer sizes per bucket for one stage (floats), shared by plan and create. */
+/* Buffer sizes per bucket for one stage (floats), shared by plan and create;
+ * own = the floats this rank owns (l->own_all[rank]). */
 struct zsizes { size_t full, full_bucket, gfull, own_data, own_grad, gbuf, gscr, grecv; };
 
-static struct zsizes zero_sizes(const struct zlayout *l, int stage, int reshard)
+static struct zsizes zero_sizes(const struct zlayout *l, size_t own, int stage, int reshard)
 {
     struct zsizes s;
     memset(&s, 0, sizeof s);
     if (stage <= 2) { s.full = l->full_total; s.full_bucket = MT_BUCKET_PARAMS; }
     if (stage <= 1) s.gfull = l->full_total;
     if (stage == 3) {
-        s.own_data = l->own_total;
+        s.own_data = own;
         if (reshard) s.gbuf = l->max_unit;
         else { s.full = l->full_total; s.full_bucket = MT_BUCKET_COMM; }
     }
     if (stage >= 2) {
-        s.own_grad = l->own_total;
+        s.own_grad = own;
         s.gscr = l->max_unit;
         s.grecv = l->max_seg;
     }
     return s;
 }
 
-static size_t round64(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
+/* Host bookkeeping (OTHER) of one engine: the struct, the layout arrays,
+ * the pending-reduction and gathered tables, the optimizer views. */
+static size_t engine_other_bytes(int P, int U, int size)
+{
+    size_t p1 = (size_t)(P > 0 ? P : 1);
+    return sizeof(struct mt_zero) + layout_other_bytes(P, U, size) + (size_t)U * sizeof(struct pending) +
+           (size_t)U * sizeof(int) + p1 * sizeof(struct mt_param) + p1 * sizeof(int);
+}
+
+/* bytes[] += what create allocates for these sizes (zbuf allocates nothing for 0). */
+static void add_sizes(const struct zsizes *s, size_t bytes[MT_BUCKET_COUNT])
+{
+    const size_t f = sizeof(float);
+    bytes[s->full_bucket] += s->full * f;
+    bytes[MT_BUCKET_GRADS] += s->gfull * f + s->own_grad * f;
+    bytes[MT_BUCKET_PARAMS] += s->own_data * f;
+    bytes[MT_BUCKET_COMM] += 2 * (s->gbuf + s->gscr + s->grecv) * f;
+}
+
+int mt_zero_runs_optimizer(int owner, int group_rank, int stage)
+{
+    return owner >= 0 && (stage == 0 || owner == group_rank);
+}
+
+enum mt_status mt_zero_plan_all(struct mt_ctx *ctx, const struct mt_model *model, const unsigned char *select,
+                                int group_size, int stage, int reshard_after_forward, size_t *bytes, int *owner)
+{
+    if (group_size < 1 || stage < -1 || stage > 3)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "ZeRO plan: group size %d, stage %d", group_size, stage);
+    int P;
+    struct mt_param *p = mt_model_params((struct mt_model *)model, &P);
+    struct zlayout l;
+    MT_CHECK(layout_build(ctx, model, p, P, select, group_size, 0, &l));
+    size_t other = engine_other_bytes(P, l.n_units, group_size);
+    int s0 = stage < 0 ? 0 : stage, s1 = stage < 0 ? 3 : stage;
+    for (int st = s0; st <= s1; st++)
+        for (int r = 0; r < group_size; r++) {
+            size_t *b = bytes + ((size_t)(st - s0) * group_size + r) * MT_BUCKET_COUNT;
+            for (int k = 0; k < MT_BUCKET_COUNT; k++) b[k] = 0;
+            struct zsizes s = zero_sizes(&l, l.own_all[r], st, reshard_after_forward);
+            add_sizes(&s, b);
+            b[MT_BUCKET_OTHER] += other;
+        }
+    if (owner) memcpy(owner, l.owner, (size_t)P * sizeof(int));
+    layout_free(ctx, &l);
+    return MT_OK;
+}
 
 void mt_zero_plan_bytes(const struct mt_model *model, const unsigned char *select, int group_size, int group_rank,
                         int stage, int reshard_after_forward, size_t bytes[MT_BUCKET_COUNT])
@@ -244,15 +332,9 @@ void mt_zero_plan_bytes(const struct mt_model *model, const unsigned char *selec
     struct mt_param *p = mt_model_params((struct mt_model *)model, &P);
     struct zlayout l;
     if (layout_build(&tmp, model, p, P, select, group_size, group_rank, &l) != MT_OK) return;
-    struct zsizes s = zero_sizes(&l, stage, reshard_after_forward);
-    const size_t f = sizeof(float);
-    if (s.full) bytes[s.full_bucket] += round64(s.full * f);
-    if (s.gfull) bytes[MT_BUCKET_GRADS] += round64(s.gfull * f);
-    if (s.own_data) bytes[MT_BUCKET_PARAMS] += round64(s.own_data * f);
-    if (s.own_grad) bytes[MT_BUCKET_GRADS] += round64(s.own_grad * f);
-    if (s.gbuf) bytes[MT_BUCKET_COMM] += 2 * round64(s.gbuf * f);
-    if (s.gscr) bytes[MT_BUCKET_COMM] += 2 * round64(s.gscr * f);
-    if (s.grecv) bytes[MT_BUCKET_COMM] += 2 * round64(s.grecv * f);
+    struct zsizes s = zero_sizes(&l, l.own_total, stage, reshard_after_forward);
+    add_sizes(&s, bytes);
+    bytes[MT_BUCKET_OTHER] += engine_other_bytes(P, l.n_units, group_size);
     layout_free(&tmp, &l);
 }
 
@@ -445,6 +527,8 @@ enum mt_status mt_zero_create(struct mt_ctx *ctx, const struct mt_ops_i *ops, st
     *out = NULL;
     if (stage < 0 || stage > 3)
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "ZeRO stage must be 0, 1, 2 or 3 (got %d)", stage);
+    size_t live0[MT_BUCKET_COUNT];   /* the plan must be what create allocates: checked below */
+    for (int b = 0; b < MT_BUCKET_COUNT; b++) live0[b] = ctx->bytes_live[b];
     struct mt_zero *z = mt_alloc(ctx, sizeof *z, MT_BUCKET_OTHER);
     if (!z) return MT_ERR_OOM;
     memset(z, 0, sizeof *z);
@@ -468,7 +552,7 @@ enum mt_status mt_zero_create(struct mt_ctx *ctx, const struct mt_ops_i *ops, st
     enum mt_status rc = layout_build(ctx, model, z->params, P, select, mt_comm_size(comm), mt_comm_rank(comm), &z->lay);
     if (rc != MT_OK) { mt_free(ctx, z); return rc; }
     const struct zlayout *l = &z->lay;
-    struct zsizes s = zero_sizes(l, stage, reshard_after_forward);
+    struct zsizes s = zero_sizes(l, l->own_total, stage, reshard_after_forward);
     int fail = 0;
     z->full = zbuf(ctx, ops, s.full, (enum mt_bucket)s.full_bucket, &fail);
     z->gfull = zbuf(ctx, ops, s.gfull, MT_BUCKET_GRADS, &fail);
@@ -498,14 +582,22 @@ enum mt_status mt_zero_create(struct mt_ctx *ctx, const struct mt_ops_i *ops, st
     }
     /* optimizer views: stage 0 every parameter, else the owned ones */
     for (int i = 0; i < P; i++) {
-        int mine = l->owner[i] == l->rank;
-        if (l->owner[i] < 0 || (stage > 0 && !mine)) continue;
+        if (!mt_zero_runs_optimizer(l->owner[i], l->rank, stage)) continue;
         z->view_param[z->n_views] = i;
         struct mt_param *v = &z->views[z->n_views++];
         *v = z->params[i];
         if (stage >= 2) v->grad = z->own_grad + l->ooff[i];
         if (stage == 3) v->data = z->own_data + l->ooff[i];
     }
+#ifndef NDEBUG
+    {
+        size_t plan[MT_BUCKET_COUNT];
+        mt_zero_plan_bytes(model, select, l->size, l->rank, stage, reshard_after_forward, plan);
+        for (int b = 0; b < MT_BUCKET_COUNT; b++) MT_ASSERT(ctx->bytes_live[b] - live0[b] == plan[b]);
+    }
+#else
+    (void)live0;
+#endif
     *out = z;
     return MT_OK;
 }

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# measure_cpu.sh [BUILD_DIR] [OUT_JSON] — the device profile of THIS machine
+# for the planner's cost model (bench/profiles/cpu-local.json):
+#   peak_flops       sgemm roof of one rank alone (bench/sgemm_roof.c, 2048^3)
+#   node_peak_flops  two sgemm processes at once, summed (ranks share the node)
+#   links            bench/profiles/mpi_loopback.c on 2 ranks: latency and
+#                    bandwidth fitted over 4 KiB..4 MiB, large-message bandwidth
+#   efficiency       MFU of a single-rank run of bench/configs/a_dense.json
+#                    against peak_flops (the calibration run; 6 steps)
+# Prints the JSON; writes it to OUT_JSON when given. Needs mpicc/mpirun.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BUILD=${1:-build}; OUTJ=${2:-}
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+OB=/usr/lib/x86_64-linux-gnu/openblas-openmp
+gcc -O2 -fopenmp -I/usr/include/x86_64-linux-gnu/openblas-pthread bench/sgemm_roof.c -o "$T/roof" \
+    -L$OB -lopenblas -Wl,--disable-new-dtags,-rpath,$OB
+mpicc -O2 bench/profiles/mpi_loopback.c -o "$T/loop"
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+"$T/roof" "$(nproc)" 5 2048 > "$T/roof1.json"
+( OMP_NUM_THREADS=1 "$T/roof" 1 5 2048 > "$T/roofa.json" & OMP_NUM_THREADS=1 "$T/roof" 1 5 2048 > "$T/roofb.json"; wait )
+OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root -np 2 "$T/loop" > "$T/loop.json"
+OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root -np 4 "$T/loop" > "$T/loop4.json"
+python3 tests/make_shard.py "$T/data.bin" 400000 8192 random
+"$BUILD/meshtrain" train --config bench/configs/a_dense.json --data "$T/data.bin" --out "$T/cal" --steps 6 --quiet \
+    --peak-flops "$(python3 -c "import json;print(json.load(open('$T/roof1.json'))['sgemm_gflops']*1e9)")" >/dev/null
+python3 - "$T" "$OUTJ" <<'PY'
+import json, sys, os
+t, outj = sys.argv[1], sys.argv[2]
+roof = json.load(open(f"{t}/roof1.json")); a = json.load(open(f"{t}/roofa.json")); b = json.load(open(f"{t}/roofb.json"))
+loop = json.load(open(f"{t}/loop.json")); loop4 = json.load(open(f"{t}/loop4.json"))
+cal = json.load(open(f"{t}/cal/receipt.json"))
+g, ar = loop["allgather"], loop["allreduce"]
+mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "cpu")
+link = {"bandwidth_bytes_per_s": float("%.3g" % g["bandwidth_bytes_per_s"]), "latency_s": float("%.3g" % g["latency_s"]),
+        "large_bytes": g["large_bytes"], "large_bandwidth_bytes_per_s": float("%.3g" % g["large_bandwidth_bytes_per_s"]),
+        "large_reduce_bandwidth_bytes_per_s": float("%.3g" % ar["large_bandwidth_bytes_per_s"])}
+prof = {
+  "name": "cpu-local",
+  "description": f"this machine: {os.cpu_count()} x {cpu}, OpenBLAS {roof['corename']}, Open MPI over shared memory; ranks share the node's cores",
+  "peak_flops": float("%.3g" % (roof["sgemm_gflops"] * 1e9)),
+  "node_peak_flops": float("%.3g" % ((a["sgemm_gflops"] + b["sgemm_gflops"]) * 1e9)),
+  "efficiency": float("%.3g" % cal["timing"]["mfu"]),
+  "memory_bytes": mem,
+  "overlap": 0.0,
+  "ranks_per_node": 1024,
+  "cores_per_node": os.cpu_count(),
+  "oversubscribed_latency_s": float("%.3g" % loop4["allgather"]["latency_s"]),
+  "links": {"intra_node": link, "inter_node": link},
+  "sources": {
+    "peak_flops": f"bench/sgemm_roof.c {os.cpu_count()} threads, 2048^3: {roof['sgemm_gflops']} GFLOP/s",
+    "node_peak_flops": f"two 1-thread sgemm processes at once: {a['sgemm_gflops']} + {b['sgemm_gflops']} GFLOP/s",
+    "efficiency": f"MFU of bench/configs/a_dense.json, one rank, 6 steps (2 excluded): {cal['timing']['tokens_per_s']:.0f} tok/s",
+    "links": "bench/profiles/mpi_loopback.c, 2 ranks, OMPI_MCA_btl_vader_single_copy_mechanism=none: all-gather fit over 4 KiB..4 MiB; large: 64 MiB all-gather / all-reduce",
+    "oversubscribed_latency_s": "the same fit on 4 ranks (2 per core): the per-step latency when ranks outnumber cores",
+    "overlap": "0: Open MPI progresses a non-blocking collective only inside MPI calls, and a rank with one thread makes none while it computes"
+  }
+}
+txt = json.dumps(prof, indent=2)
+print(txt)
+if outj: open(outj, "w").write(txt + "\n")
+PY

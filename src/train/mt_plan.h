@@ -1,0 +1,213 @@
+/*
+ * mt_plan.h — the planner: every tensor's layout, the exact memory of every
+ * rank, and a cost model of the step, before anything runs.
+ *
+ * The plan comes from the SAME size functions the runtime allocates with:
+ * mt_model_create_par(MT_MODEL_NO_ALLOC) gives each rank's parameter
+ * registry (names, global shapes, TP boxes, experts, pipeline stage) without
+ * an arena; mt_model_plan_bytes_par the model's activations and workspace;
+ * mt_zero_plan_all the ZeRO engine buffers of every rank of a reduction
+ * group at once (and who owns what); mt_optim_plan_bytes the optimizer state
+ * of the parameters a rank updates (mt_zero_runs_optimizer); the trainer's
+ * own buffers come from mt_train_host_bytes and mt_plan_stage_io_bytes. No
+ * MPI, no large allocation: the plan of a 70B model on 1024 ranks takes
+ * seconds. The trainer writes mt_plan_rank_bytes of every rank into the
+ * receipt next to the measured peaks, so every run checks the plan.
+ *
+ * Example (tools/cmd_plan.c):
+ *     struct mt_plan_setup su = {.dims = d, .zero_stage = 1, .steps = 10};
+ *     MT_CHECK(mt_plan_pipeline_cut(ctx, &cfg, d.pp, NULL, su.first_layer));
+ *     struct mt_plan *p;
+ *     MT_CHECK(mt_plan_create(ctx, &cfg, &su, MT_PLAN_LAYOUT | MT_PLAN_VERIFY, &p));
+ *     size_t b[MT_BUCKET_COUNT];
+ *     mt_plan_rank_bytes(p, 3, b);                     // bytes per bucket of rank 3
+ *     mt_plan_destroy(ctx, p);
+ *
+ * HOW IT WORKS — classes of ranks. A rank's memory depends on its pipeline
+ * stage s (which layers, how many activation slots), its model and expert
+ * coordinates (which TP slice, which experts) and its rank in each ZeRO
+ * group (which parameters it owns). Slices and experts of one stage have
+ * the same shapes in the same order, so the model registry, the ZeRO
+ * layouts and the optimizer plans are computed once per stage, from the
+ * representative (model 0, expert 0), and each rank's total is assembled
+ * from its stage and its group ranks. MT_PLAN_VERIFY builds the registry of
+ * every (stage, model, expert) coordinate and checks that claim parameter
+ * by parameter (an internal error if it ever failed).
+ */
+#ifndef MT_PLAN_H
+#define MT_PLAN_H
+
+#include <stddef.h>
+#include "../core/mt_core.h"
+#include "../core/mt_config.h"
+#include "../core/mt_param.h"
+#include "../dist/mt_mesh.h"
+
+struct mt_model;
+struct mt_model_par;
+
+/* What to plan: the mesh, the ZeRO stage, the pipeline cut and the run
+ * length (the trainer keeps a few numbers per step). Batch geometry,
+ * microbatches, recompute and reshard_after_forward come from the config. */
+struct mt_plan_setup {
+    struct mt_mesh_dims dims;
+    int zero_stage;                       /* 0..3                                      */
+    int first_layer[MT_MAX_LAYERS + 1];   /* stage s = layers [first[s], first[s+1])   */
+    int steps;                            /* steps the run will take (<= 0: 1)          */
+};
+
+/* ---- rules shared with the trainer (src/train/trainer.c) ---------------- */
+
+/* ZeRO engines: one per reduction group (SPEC.md section 2). */
+enum mt_plan_engine {
+    MT_PLAN_ENGINE_DENSE = 0,   /* data x expert: dense parameters                            */
+    MT_PLAN_ENGINE_PARTIAL,     /* data x expert x model (tp > 1): partial sums over the model axis */
+    MT_PLAN_ENGINE_EXPERT,      /* data (x model under TP) (ep > 1): this rank's experts       */
+    MT_PLAN_ENGINE_COUNT
+};
+/* Engine of a parameter (as the model registered it) on this mesh. */
+enum mt_plan_engine mt_plan_param_engine(const struct mt_param *p, const struct mt_mesh_dims *d);
+/* Engines the trainer creates: 1, 2 (tp > 1) or 3 (ep > 1). */
+int mt_plan_n_engines(const struct mt_mesh_dims *d);
+/* The mesh group an engine reduces over. */
+enum mt_mesh_group mt_plan_engine_group(const struct mt_mesh_dims *d, enum mt_plan_engine e);
+/* A rank's index in its group of kind g (= its comm rank: groups are in world-rank order). */
+int mt_plan_group_rank(const struct mt_mesh_dims *d, int rank, enum mt_mesh_group g);
+/* Activation slots of a pipeline stage: min(microbatches, pp - stage) (1 without PP). */
+int mt_plan_n_slots(const struct mt_config *cfg, const struct mt_mesh_dims *d, int stage);
+/* The model's mt_model_par of a rank (communicators NULL). */
+void mt_plan_model_par(const struct mt_config *cfg, const struct mt_mesh_dims *d, const int *first_layer, int rank,
+                       struct mt_model_par *par);
+/* Sequences per microbatch: batch_size / (dp * ep * microbatches). */
+int mt_plan_micro_batch(const struct mt_config *cfg, const struct mt_mesh_dims *d);
+/* Bytes of ONE pipeline exchange buffer (the trainer's act_in and grad_in,
+ * bucket COMM): the stage's rows x d_model floats; 0 without PP. */
+size_t mt_plan_stage_io_bytes(const struct mt_model *m, const struct mt_config *cfg, int pp);
+/* The pipeline cut: spec "n0,n1,..." (layers per stage) or NULL/"": balanced
+ * by cost (mt_model_pipeline_split). first has pp+1 slots. MT_ERR_INVALID_ARG
+ * naming the problem for a bad spec. */
+enum mt_status mt_plan_pipeline_cut(struct mt_ctx *ctx, const struct mt_config *cfg, int pp, const char *spec,
+                                    int *first);
+
+/* ---- the plan ------------------------------------------------------------ */
+
+#define MT_PLAN_MAX_WORLD 65536   /* ranks the planner handles (per-rank tables) */
+#define MT_PLAN_LAYOUT 1   /* keep the per-parameter layout table (mt_plan_param)        */
+#define MT_PLAN_VERIFY 2   /* build every (stage, model, expert) registry and check the
+                            * class claim above (costs pp*tp*ep registry builds)         */
+
+struct mt_plan;
+
+/* Plan `meshtrain train` with this config (resolved; the startup contract
+ * already checked by the caller with mt_mesh_check_contract) and setup.
+ * MT_ERR_CONFIG with the model's own message for a shape the model refuses
+ * (e.g. B*T above 2^31); MT_ERR_OOM. Free with mt_plan_destroy. */
+enum mt_status mt_plan_create(struct mt_ctx *ctx, const struct mt_config *cfg, const struct mt_plan_setup *su,
+                              int flags, struct mt_plan **out);
+void mt_plan_destroy(struct mt_ctx *ctx, struct mt_plan *p);   /* no-op on NULL */
+
+/* Re-plan the same mesh for another choice of what the mesh does not fix
+ * (auto-fit, --find-max): the registries and ZeRO layouts are kept, only
+ * the batch-dependent bytes are recomputed (O(pp * L)). The startup
+ * contract for the new values is the caller's to check. MT_ERR_CONFIG (the
+ * model's own message) for a microbatch the model refuses (B*T >= 2^31). */
+struct mt_plan_choice {
+    int zero_stage, microbatches, recompute;   /* recompute: 0 none, 1 block */
+    int seq_len, batch_size;
+};
+enum mt_status mt_plan_reselect(struct mt_ctx *ctx, struct mt_plan *p, const struct mt_plan_choice *c);
+void mt_plan_get_choice(const struct mt_plan *p, struct mt_plan_choice *c);
+
+int mt_plan_world(const struct mt_plan *p);
+/* Bytes per bucket the trainer holds on `rank` while it trains: model,
+ * ZeRO engines, optimizers, pipeline buffers, its own arrays. */
+void mt_plan_rank_bytes(const struct mt_plan *p, int rank, size_t out[MT_BUCKET_COUNT]);
+size_t mt_plan_rank_total(const struct mt_plan *p, int rank);
+/* The largest total over all ranks, and (if rank != NULL) the lowest rank
+ * that has it. O(pp): per stage, the busiest group ranks are precomputed. */
+size_t mt_plan_max_total(const struct mt_plan *p, int *rank);
+/* Micro-batch sequences of the current choice. */
+int mt_plan_micro(const struct mt_plan *p);
+
+/* One parameter of the global model (registry order), as laid out. */
+struct mt_plan_param {
+    struct mt_param g;          /* the global registry entry: name, global shape, role, split, ... */
+    int64_t local[2];           /* the box a holder stores (TP slice or whole)                   */
+    int     stage;              /* pipeline stage holding it                                      */
+    int     expert_rank;        /* expert coordinate holding it (routed experts under EP), else -1 */
+    int     engine;             /* enum mt_plan_engine                                            */
+    int     group;              /* enum mt_mesh_group it is reduced (and ZeRO-sharded) over       */
+    int     group_size;
+    int     owner;              /* group rank owning it whole (ZeRO >= 1: optimizer state, >= 2 grads, 3 data) */
+    int     tp_split;           /* 1: each model rank holds a slice                               */
+    int     reduce_model;       /* partial over the model axis (reduced over it too)              */
+};
+int mt_plan_n_params(const struct mt_plan *p);                  /* 0 without MT_PLAN_LAYOUT */
+const struct mt_plan_param *mt_plan_param(const struct mt_plan *p, int i);
+
+/* Ranks of parameter i: MT_PLAN_HOLDERS store it (or their slice of it)
+ * between steps; MT_PLAN_OPTIMIZERS run its optimizer update. ranks needs
+ * world slots; returns the count. */
+enum mt_plan_ranks { MT_PLAN_HOLDERS = 0, MT_PLAN_OPTIMIZERS };
+int mt_plan_param_ranks(const struct mt_plan *p, int i, enum mt_plan_ranks what, int *ranks);
+/* "0-3,8,10-11" into buf (truncated with "..." if too long). */
+void mt_plan_ranks_str(const int *ranks, int n, char *buf, size_t len);
+/* Layout spec of parameter i: "[model, -]", "[-, model]", "[-, -]" (+ " @expert" for routed experts). */
+void mt_plan_param_spec(const struct mt_plan *p, int i, char *buf, size_t len);
+
+/* ---- cost model ---------------------------------------------------------- */
+
+/* A device profile (bench/profiles/ *.json): what one rank can compute and
+ * how fast ranks talk, inside a node and across nodes. Ranks are placed on
+ * nodes in world-rank order, ranks_per_node at a time (model fastest, so a
+ * TP group stays inside a node when tp <= ranks_per_node). */
+/* A link: latency + volume / bandwidth per collective step (bytes/s per
+ * rank and direction). Payloads above large_bytes (0: never) run at
+ * large_bandwidth (gathers, point-to-point) and large_reduce_bandwidth
+ * (all-reduce, reduce-scatter: the reduction runs on the host on CPUs). */
+struct mt_plan_link { double bandwidth, latency, large_bytes, large_bandwidth, large_reduce_bandwidth; };
+struct mt_plan_profile {
+    char   name[64];
+    double peak_flops;        /* one rank alone on a node (FLOP/s)                          */
+    double node_peak_flops;   /* a whole node: ranks on a node share it                     */
+    double efficiency;        /* fraction of peak the model's kernels reach end to end      */
+    double memory_bytes;      /* per rank (0: unknown)                                      */
+    double overlap;           /* fraction of overlappable collective time hidden by compute */
+    int    ranks_per_node;
+    int    cores_per_node;           /* CPU profiles: more ranks than cores on a node ...     */
+    double oversubscribed_latency;   /* ... make every collective step this slow (0: ignore) */
+    struct mt_plan_link intra, inter;
+};
+/* Load a profile JSON file. MT_ERR_IO / MT_ERR_FORMAT naming the file and key. */
+enum mt_status mt_plan_profile_load(struct mt_ctx *ctx, const char *path, struct mt_plan_profile *prof);
+
+/* Predicted step time, per rank on the slowest stage. Seconds per step. */
+struct mt_plan_cost {
+    double flops_per_step;     /* model FLOPs of the whole step (MFU convention, all ranks)     */
+    double rank_flops;         /* FLOPs the busiest rank runs (stage, recompute, Muon included) */
+    double peak_per_rank;      /* FLOP/s one rank has (profile, ranks sharing a node)           */
+    double compute_s;          /* busiest rank's compute: microbatches + optimizer              */
+    double tp_s, ep_s, pp_s;   /* model / expert / pipe axis collectives (blocking: exposed)    */
+    double dp_s;               /* ZeRO / data-parallel collectives, all of them                 */
+    double dp_exposed_s;       /* what overlap does not hide                                    */
+    double bubble_s;           /* pipeline fill and drain: (pp-1) x slowest microbatch          */
+    double step_s;             /* the prediction                                                */
+    double tokens_per_s, mfu;
+};
+void mt_plan_cost(const struct mt_plan *p, const struct mt_plan_profile *prof, struct mt_plan_cost *out);
+
+/* ---- output -------------------------------------------------------------- */
+
+/* The plan as JSON text (malloc'ed; free()): schema "meshtrain.plan/1" with
+ * the mesh, batch geometry, the layout table (if kept), every rank's memory
+ * per bucket, and the cost section if cost != NULL. Key order and number
+ * formats are fixed: the output is stable (tests/golden/). NULL on OOM. */
+char *mt_plan_json(const struct mt_plan *p, const struct mt_plan_profile *prof, const struct mt_plan_cost *cost);
+/* One rank's buckets as a JSON object text {"params": .., ..., "total": ..} into buf. */
+void mt_plan_bytes_json(const size_t *bytes, char *buf, size_t len);
+
+/* The config and setup a plan was made for. */
+const struct mt_config *mt_plan_config(const struct mt_plan *p);
+const struct mt_plan_setup *mt_plan_get_setup(const struct mt_plan *p);
+
+#endif /* MT_PLAN_H */

@@ -1,0 +1,1031 @@
+/*
+ * plan.c — the planner: per-rank memory from the runtime's own size
+ * functions, the layout of every parameter, and the step-time cost model.
+ *
+ * Invariant: no number here is a formula of its own. Bytes come from
+ * mt_model_plan_bytes_par (model), mt_zero_plan_all (ZeRO engines),
+ * mt_optim_plan_bytes (optimizer), mt_train_host_bytes and
+ * mt_plan_stage_io_bytes (trainer), over the registry that
+ * mt_model_create_par(MT_MODEL_NO_ALLOC) builds, and the rules that decide
+ * which engine, group and owner a parameter gets are the functions the
+ * trainer calls (mt_plan_param_engine, mt_plan_engine_group,
+ * mt_zero_runs_optimizer). The trainer puts this plan next to its measured
+ * peaks in every receipt (distributed.memory_plan).
+ *
+ * HOW IT WORKS — the plan in two steps. mt_plan_create builds, per pipeline
+ * stage, the registry of the representative rank (model 0, expert 0) and
+ * every ZeRO engine's plan for ALL four stages and every group rank (one
+ * layout per engine: ownership depends on shapes and group size only), with
+ * the optimizer bytes of each group rank added. Those do not depend on the
+ * batch. plan_select then fixes (ZeRO stage, microbatches, recompute):
+ * the model's activation and workspace bytes per stage, the trainer's
+ * buffers, and each rank's total = its stage's + its group ranks' engines.
+ * Auto-fit (tools/cmd_plan.c) calls plan_select many times per mesh.
+ */
+#include "mt_plan.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../model/mt_model.h"
+#include "mt_optim.h"
+#include "mt_trainer.h"
+#include "mt_zero.h"
+
+#define NB MT_BUCKET_COUNT
+#define NZ 4   /* ZeRO stages */
+
+/* ------------------------------------------------------------------ */
+/* rules shared with the trainer                                       */
+/* ------------------------------------------------------------------ */
+
+enum mt_plan_engine mt_plan_param_engine(const struct mt_param *p, const struct mt_mesh_dims *d)
+{
+    if (d->ep > 1 && p->role == MT_ROLE_EXPERT) return MT_PLAN_ENGINE_EXPERT;
+    if (d->tp > 1 && p->reduce_model) return MT_PLAN_ENGINE_PARTIAL;
+    return MT_PLAN_ENGINE_DENSE;
+}
+
+int mt_plan_n_engines(const struct mt_mesh_dims *d) { return d->ep > 1 ? 3 : (d->tp > 1 ? 2 : 1); }
+
+enum mt_mesh_group mt_plan_engine_group(const struct mt_mesh_dims *d, enum mt_plan_engine e)
+{
+    switch (e) {
+    case MT_PLAN_ENGINE_PARTIAL: return MT_MESH_GROUP_STAGE;
+    case MT_PLAN_ENGINE_EXPERT:  return d->tp > 1 ? MT_MESH_GROUP_DATA_MODEL : MT_MESH_GROUP_DATA;
+    default:                     return MT_MESH_GROUP_DATA_EXPERT;
+    }
+}
+
+int mt_plan_group_rank(const struct mt_mesh_dims *d, int rank, enum mt_mesh_group g)
+{
+    struct mt_mesh_coord c;
+    mt_mesh_coord_of(d, rank, &c);
+    switch (g) {
+    case MT_MESH_GROUP_WORLD:       return rank;
+    case MT_MESH_GROUP_MODEL:       return c.model;
+    case MT_MESH_GROUP_EXPERT:      return c.expert;
+    case MT_MESH_GROUP_DATA:        return c.data;
+    case MT_MESH_GROUP_DATA_EXPERT: return c.data * d->ep + c.expert;
+    case MT_MESH_GROUP_DATA_MODEL:  return c.data * d->tp + c.model;
+    case MT_MESH_GROUP_STAGE:       return (c.data * d->ep + c.expert) * d->tp + c.model;
+    case MT_MESH_GROUP_PIPE:        return c.pipe;
+    default:                        return 0;
+    }
+}
+
+int mt_plan_n_slots(const struct mt_config *cfg, const struct mt_mesh_dims *d, int stage)
+{
+    if (d->pp <= 1) return 1;
+    int left = d->pp - stage, mb = cfg->microbatches > 0 ? cfg->microbatches : 1;
+    return left < mb ? left : mb;
+}
+
+void mt_plan_model_par(const struct mt_config *cfg, const struct mt_mesh_dims *d, const int *first_layer, int rank,
+                       struct mt_model_par *par)
+{
+    struct mt_mesh_coord c;
+    mt_mesh_coord_of(d, rank, &c);
+    memset(par, 0, sizeof *par);
+    par->tp = d->tp;
+    par->tp_rank = c.model;
+    par->sp = d->tp > 1 && cfg->sequence_parallel;
+    par->ep = d->ep;
+    par->ep_rank = c.expert;
+    par->layer0 = first_layer[c.pipe];
+    par->layer1 = first_layer[c.pipe + 1];
+    par->n_slots = mt_plan_n_slots(cfg, d, c.pipe);
+}
+
+int mt_plan_micro_batch(const struct mt_config *cfg, const struct mt_mesh_dims *d)
+{
+    long long div = (long long)d->dp * d->ep * (cfg->microbatches > 0 ? cfg->microbatches : 1);
+    return div > 0 ? (int)(cfg->batch_size / div) : 0;
+}
+
+size_t mt_plan_stage_io_bytes(const struct mt_model *m, const struct mt_config *cfg, int pp)
+{
+    if (pp <= 1) return 0;
+    return (size_t)mt_model_stage_rows(m) * (size_t)cfg->d_model * sizeof(float);
+}
+
+enum mt_status mt_plan_pipeline_cut(struct mt_ctx *ctx, const struct mt_config *cfg, int pp, const char *spec,
+                                    int *first)
+{
+    if (!spec || !*spec) {
+        if (pp == 1) { first[0] = 0; first[1] = cfg->n_layer; return MT_OK; }
+        return mt_model_pipeline_split(ctx, cfg, pp, first);
+    }
+    int n = 0, sum = 0;
+    const char *p = spec;
+    first[0] = 0;
+    while (*p) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > MT_MAX_LAYERS || (*end && *end != ','))
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG,
+                                "--pp-layers '%s': expected pp positive layer counts separated by commas, e.g. 3,5",
+                                spec);
+        if (n >= pp)
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--pp-layers '%s' names more than pp=%d stages", spec, pp);
+        sum += (int)v;
+        first[++n] = sum;
+        p = *end ? end + 1 : end;
+    }
+    if (n != pp)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--pp-layers '%s' names %d stages, the mesh has pp=%d", spec, n, pp);
+    if (sum != cfg->n_layer)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--pp-layers '%s' covers %d layers, the model has n_layer=%d", spec,
+                            sum, cfg->n_layer);
+    return MT_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* the plan object                                                     */
+/* ------------------------------------------------------------------ */
+
+/* One ZeRO engine of one stage, for every ZeRO stage and group rank. */
+struct eng_plan {
+    int     used;         /* the trainer creates this engine                               */
+    int     group, size;  /* mesh group, its size                                          */
+    size_t *bytes;        /* (NZ * size * NB) engine buffers + optimizer, per stage, group rank */
+    int    *owner;        /* (P) group rank owning parameter i; -1 other engines            */
+    /* for the cost model */
+    double  param_bytes;  /* fp32 bytes of the engine's parameters on one rank              */
+    int     units;        /* units holding any of them (collective calls per sweep)         */
+    double *muon_flops;   /* (2 * size) Newton–Schulz FLOPs per update: [0] stage 0, [1] owners */
+    double *muon_gather;  /* (2 * size) TP: bytes of full matrices gathered for split Muon params */
+};
+
+struct stage_plan {
+    struct mt_model *model;    /* NO_ALLOC registry of the representative rank (model 0, expert 0) */
+    int              n_params;
+    int              rep_rank;
+    int             *engine;   /* (P) */
+    struct eng_plan  eng[MT_PLAN_ENGINE_COUNT];
+    size_t           model_bytes[NB];   /* selection-dependent: model + pipeline buffers + trainer arrays */
+    double           flops_block, flops_head;   /* FLOPs per token of the stage's blocks, of its head */
+};
+
+struct mt_plan {
+    struct mt_config     cfg;
+    struct mt_plan_setup su;
+    int                  world, Bm, zero;
+    struct stage_plan   *st;          /* (pp) */
+    size_t              *eng_rank;    /* (NZ * world * NB) every engine of a rank, summed, per ZeRO stage */
+    size_t              *stage_max;   /* (NZ * pp) largest engine total over a stage's ranks            */
+    int                 *stage_arg;   /* (NZ * pp) the lowest rank that has it                          */
+    struct mt_plan_param *params;     /* layout table (MT_PLAN_LAYOUT) */
+    int                  n_params;
+};
+
+int mt_plan_world(const struct mt_plan *p) { return p->world; }
+int mt_plan_micro(const struct mt_plan *p) { return p->Bm; }
+
+void mt_plan_rank_bytes(const struct mt_plan *p, int rank, size_t out[MT_BUCKET_COUNT])
+{
+    struct mt_mesh_coord c;
+    mt_mesh_coord_of(&p->su.dims, rank, &c);
+    const size_t *e = p->eng_rank + ((size_t)p->zero * p->world + rank) * NB;
+    for (int b = 0; b < NB; b++) out[b] = p->st[c.pipe].model_bytes[b] + e[b];
+}
+const struct mt_config *mt_plan_config(const struct mt_plan *p) { return &p->cfg; }
+const struct mt_plan_setup *mt_plan_get_setup(const struct mt_plan *p) { return &p->su; }
+int mt_plan_n_params(const struct mt_plan *p) { return p->n_params; }
+const struct mt_plan_param *mt_plan_param(const struct mt_plan *p, int i) { return &p->params[i]; }
+
+static size_t sum_nb(const size_t *b)
+{
+    size_t t = 0;
+    for (int k = 0; k < NB; k++) t += b[k];
+    return t;
+}
+
+size_t mt_plan_rank_total(const struct mt_plan *p, int rank)
+{
+    size_t b[NB];
+    mt_plan_rank_bytes(p, rank, b);
+    return sum_nb(b);
+}
+
+size_t mt_plan_max_total(const struct mt_plan *p, int *rank)
+{
+    size_t best = 0;
+    int arg = 0;
+    for (int s = 0; s < p->su.dims.pp; s++) {   /* stages are contiguous rank blocks, in order */
+        size_t t = sum_nb(p->st[s].model_bytes) + p->stage_max[(size_t)p->zero * p->su.dims.pp + s];
+        if (s == 0 || t > best) { best = t; arg = p->stage_arg[(size_t)p->zero * p->su.dims.pp + s]; }
+    }
+    if (rank) *rank = arg;
+    return best;
+}
+
+void mt_plan_get_choice(const struct mt_plan *p, struct mt_plan_choice *c)
+{
+    c->zero_stage = p->zero;
+    c->microbatches = p->cfg.microbatches;
+    c->recompute = strcmp(p->cfg.recompute, "block") == 0;
+    c->seq_len = p->cfg.seq_len;
+    c->batch_size = p->cfg.batch_size;
+}
+
+void mt_plan_destroy(struct mt_ctx *ctx, struct mt_plan *p)
+{
+    if (!p) return;
+    for (int s = 0; p->st && s < p->su.dims.pp; s++) {
+        struct stage_plan *sp = &p->st[s];
+        for (int k = 0; k < MT_PLAN_ENGINE_COUNT; k++) {
+            mt_free(ctx, sp->eng[k].bytes);
+            mt_free(ctx, sp->eng[k].owner);
+            mt_free(ctx, sp->eng[k].muon_flops);
+            mt_free(ctx, sp->eng[k].muon_gather);
+        }
+        mt_free(ctx, sp->engine);
+        mt_model_destroy(ctx, sp->model);
+    }
+    mt_free(ctx, p->st);
+    mt_free(ctx, p->eng_rank);
+    mt_free(ctx, p->stage_max);
+    mt_free(ctx, p->stage_arg);
+    mt_free(ctx, p->params);
+    mt_free(ctx, p);
+}
+
+/* Newton–Schulz FLOPs of one Muon update of a (rows x cols) matrix: 5
+ * iterations of A = X X^T, B = bA + cAA, X = aX + BX on the s x l iterate
+ * (s = min, l = max): 2 s^2 l + 2 s^3 + 2 s^2 l each. */
+static double muon_ns_flops(const struct mt_param *p)
+{
+    double r = (double)p->shape[0], c = (double)p->shape[1];
+    double s = r < c ? r : c, l = r < c ? c : r;
+    return 5.0 * (4.0 * s * s * l + 2.0 * s * s * s);
+}
+
+static int is_tp_split(const struct mt_param *p) { return p->len[0] != p->shape[0] || p->len[1] != p->shape[1]; }
+
+/* Engine k of stage sp: ZeRO buffers for all stages and group ranks, plus
+ * the optimizer of what each group rank updates. */
+static enum mt_status engine_build(struct mt_ctx *ctx, const struct mt_plan *p, struct stage_plan *sp, int k)
+{
+    struct eng_plan *e = &sp->eng[k];
+    const struct mt_mesh_dims *d = &p->su.dims;
+    int P;
+    struct mt_param *params = mt_model_params(sp->model, &P);
+    e->used = 1;
+    e->group = (int)mt_plan_engine_group(d, (enum mt_plan_engine)k);
+    e->size = mt_mesh_group_size(d, (enum mt_mesh_group)e->group);
+    const int G = e->size;
+    e->bytes = mt_alloc(ctx, (size_t)NZ * G * NB * sizeof(size_t), MT_BUCKET_OTHER);
+    e->owner = mt_alloc(ctx, (size_t)(P > 0 ? P : 1) * sizeof(int), MT_BUCKET_OTHER);
+    e->muon_flops = mt_alloc(ctx, (size_t)2 * G * sizeof(double), MT_BUCKET_OTHER);
+    e->muon_gather = mt_alloc(ctx, (size_t)2 * G * sizeof(double), MT_BUCKET_OTHER);
+    unsigned char *sel = mt_alloc(ctx, (size_t)(P > 0 ? P : 1), MT_BUCKET_OTHER);
+    struct mt_param *views = mt_alloc(ctx, (size_t)(P > 0 ? P : 1) * sizeof *views, MT_BUCKET_OTHER);
+    int *start = mt_alloc(ctx, (size_t)(G + 1) * sizeof(int), MT_BUCKET_OTHER);
+    enum mt_status rc = MT_OK;
+    if (!e->bytes || !e->owner || !e->muon_flops || !e->muon_gather || !sel || !views || !start) {
+        rc = MT_ERR_OOM;
+        goto done;
+    }
+    int n_sel = 0, last_unit = -1;
+    for (int i = 0; i < P; i++) {
+        sel[i] = sp->engine[i] == k;
+        if (!sel[i]) continue;
+        n_sel++;
+        e->param_bytes += (double)params[i].numel * sizeof(float);
+        int u = mt_model_param_unit(sp->model, i);
+        if (u != last_unit) { e->units++; last_unit = u; }
+    }
+    MT_CHECK_GOTO(mt_zero_plan_all(ctx, sp->model, sel, G, -1, p->cfg.reshard_after_forward, e->bytes, e->owner), rc,
+                  done);
+    /* stage 0: every rank updates every selected parameter */
+    size_t ob[NB];
+    int n = 0;
+    double mf = 0, mg = 0;
+    for (int i = 0; i < P; i++) {
+        if (!mt_zero_runs_optimizer(e->owner[i], 0, 0)) continue;
+        views[n++] = params[i];
+        if (params[i].optim == MT_OPTIM_MUON) {
+            mf += muon_ns_flops(&params[i]);
+            if (is_tp_split(&params[i])) mg += 2.0 * (double)mt_param_global_numel(&params[i]) * sizeof(float);
+        }
+    }
+    MT_ASSERT(n == n_sel);
+    mt_optim_plan_bytes(&p->cfg, views, n, ob);
+    for (int r = 0; r < G; r++) {
+        for (int b = 0; b < NB; b++) e->bytes[(size_t)r * NB + b] += ob[b];
+        e->muon_flops[r] = mf;
+        e->muon_gather[r] = mg;
+    }
+    /* stages 1-3: the owner alone; views grouped by owner (counting sort, model order kept) */
+    for (int r = 0; r <= G; r++) start[r] = 0;
+    for (int i = 0; i < P; i++)
+        if (e->owner[i] >= 0) start[e->owner[i] + 1]++;
+    for (int r = 0; r < G; r++) start[r + 1] += start[r];
+    for (int i = 0; i < P; i++) {
+        int r = e->owner[i];
+        if (r < 0 || !mt_zero_runs_optimizer(r, r, 1)) continue;
+        views[start[r]++] = params[i];
+    }
+    for (int r = G; r > 0; r--) start[r] = start[r - 1];
+    start[0] = 0;
+    for (int r = 0; r < G; r++) {
+        mt_optim_plan_bytes(&p->cfg, views + start[r], start[r + 1] - start[r], ob);
+        double f = 0, g = 0;
+        for (int j = start[r]; j < start[r + 1]; j++)
+            if (views[j].optim == MT_OPTIM_MUON) {
+                f += muon_ns_flops(&views[j]);
+                if (is_tp_split(&views[j])) g += 2.0 * (double)mt_param_global_numel(&views[j]) * sizeof(float);
+            }
+        e->muon_flops[G + r] = f;
+        e->muon_gather[G + r] = g;
+        for (int z = 1; z < NZ; z++)
+            for (int b = 0; b < NB; b++) e->bytes[((size_t)z * G + r) * NB + b] += ob[b];
+    }
+done:
+    mt_free(ctx, sel);
+    mt_free(ctx, views);
+    mt_free(ctx, start);
+    return rc;
+}
+
+/* Same parameters, shapes, boxes and roles, in the same order (names and
+ * box offsets aside)? The class claim of mt_plan.h. */
+static int same_registry(const struct mt_model *a, const struct mt_model *b, char *why, size_t n)
+{
+    int na, nb;
+    struct mt_param *pa = mt_model_params((struct mt_model *)a, &na), *pb = mt_model_params((struct mt_model *)b, &nb);
+    if (na != nb) return snprintf(why, n, "%d vs %d parameters", na, nb), 0;
+    for (int i = 0; i < na; i++) {
+        const struct mt_param *x = &pa[i], *y = &pb[i];
+        if (x->numel != y->numel || x->shape[0] != y->shape[0] || x->shape[1] != y->shape[1] ||
+            x->len[0] != y->len[0] || x->len[1] != y->len[1] || x->role != y->role || x->split != y->split ||
+            x->reduce_model != y->reduce_model || x->optim != y->optim ||
+            mt_model_param_unit(a, i) != mt_model_param_unit(b, i))
+            return snprintf(why, n, "parameter %d (%.120s vs %.120s) differs", i, x->name, y->name), 0;
+    }
+    return 1;
+}
+
+static enum mt_status verify_classes(struct mt_ctx *ctx, const struct mt_plan *p)
+{
+    const struct mt_mesh_dims *d = &p->su.dims;
+    for (int s = 0; s < d->pp; s++)
+        for (int e = 0; e < d->ep; e++)
+            for (int t = 0; t < d->tp; t++) {
+                if (e == 0 && t == 0) continue;
+                struct mt_mesh_coord c = {s, 0, e, t};
+                int rank = mt_mesh_rank_of(d, &c);
+                struct mt_model_par par;
+                mt_plan_model_par(&p->cfg, d, p->su.first_layer, rank, &par);
+                struct mt_model *m = NULL;
+                MT_CHECK(mt_model_create_par(ctx, NULL, &p->cfg, d->tp, MT_MODEL_NO_ALLOC, &par, &m));
+                char why[400];
+                int ok = same_registry(p->st[s].model, m, why, sizeof why);
+                mt_model_destroy(ctx, m);
+                if (!ok)
+                    return mt_ctx_error(ctx, MT_ERR_RUNTIME,
+                                        "plan: internal: rank %d's registry is not its stage's class: %s", rank, why);
+            }
+    return MT_OK;
+}
+
+/* Every rank's engines summed, for each ZeRO stage, and each stage's busiest rank. */
+static void engines_per_rank(struct mt_plan *p)
+{
+    const struct mt_mesh_dims *d = &p->su.dims;
+    const int n_eng = mt_plan_n_engines(d), W = p->world, pp = d->pp;
+    for (int z = 0; z < NZ; z++)
+        for (int s = 0; s < pp; s++) { p->stage_max[(size_t)z * pp + s] = 0; p->stage_arg[(size_t)z * pp + s] = -1; }
+    for (int r = 0; r < W; r++) {
+        struct mt_mesh_coord c;
+        mt_mesh_coord_of(d, r, &c);
+        const struct stage_plan *sp = &p->st[c.pipe];
+        for (int z = 0; z < NZ; z++) {
+            size_t *b = p->eng_rank + ((size_t)z * W + r) * NB;
+            for (int q = 0; q < NB; q++) b[q] = 0;
+            for (int k = 0; k < n_eng; k++) {
+                const struct eng_plan *e = &sp->eng[k];
+                int g = mt_plan_group_rank(d, r, (enum mt_mesh_group)e->group);
+                const size_t *eb = e->bytes + ((size_t)z * e->size + g) * NB;
+                for (int q = 0; q < NB; q++) b[q] += eb[q];
+            }
+            size_t t = sum_nb(b), *mx = &p->stage_max[(size_t)z * pp + c.pipe];
+            int *arg = &p->stage_arg[(size_t)z * pp + c.pipe];
+            if (*arg < 0 || t > *mx) { *mx = t; *arg = r; }
+        }
+    }
+}
+
+/* Fix the choice: per-stage model bytes (activations and workspace depend
+ * on the microbatch, its slots and recompute), the pipeline buffers and the
+ * trainer's arrays. Rank totals are assembled on demand from these and
+ * eng_rank. */
+static enum mt_status plan_select(struct mt_ctx *ctx, struct mt_plan *p, const struct mt_plan_choice *ch)
+{
+    const struct mt_mesh_dims *d = &p->su.dims;
+    if (ch->zero_stage < 0 || ch->zero_stage > 3)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--zero must be 0, 1, 2 or 3 (got %d)", ch->zero_stage);
+    p->zero = ch->zero_stage;
+    p->su.zero_stage = ch->zero_stage;
+    p->cfg.microbatches = ch->microbatches > 0 ? ch->microbatches : 1;
+    snprintf(p->cfg.recompute, sizeof p->cfg.recompute, "%s", ch->recompute ? "block" : "none");
+    p->cfg.seq_len = ch->seq_len;
+    p->cfg.batch_size = ch->batch_size;
+    p->Bm = mt_plan_micro_batch(&p->cfg, d);
+    for (int s = 0; s < d->pp; s++) {
+        struct stage_plan *sp = &p->st[s];
+        struct mt_model_par par;
+        mt_plan_model_par(&p->cfg, d, p->su.first_layer, sp->rep_rank, &par);
+        MT_CHECK(mt_model_check_par(ctx, &p->cfg, p->Bm, &par));
+        mt_model_plan_bytes_par(&p->cfg, p->Bm, MT_MODEL_EXTERNAL_PARAMS, &par, sp->model_bytes);
+        sp->model_bytes[MT_BUCKET_COMM] += 2 * mt_plan_stage_io_bytes(sp->model, &p->cfg, d->pp);   /* act_in, grad_in */
+        sp->model_bytes[MT_BUCKET_OTHER] +=
+            mt_train_host_bytes(&p->cfg, sp->n_params, p->Bm, p->su.steps > 0 ? p->su.steps : 1, p->world);
+    }
+    return MT_OK;
+}
+
+enum mt_status mt_plan_reselect(struct mt_ctx *ctx, struct mt_plan *p, const struct mt_plan_choice *c)
+{
+    return plan_select(ctx, p, c);
+}
+
+static enum mt_status layout_build(struct mt_ctx *ctx, struct mt_plan *p);
+
+enum mt_status mt_plan_create(struct mt_ctx *ctx, const struct mt_config *cfg, const struct mt_plan_setup *su,
+                              int flags, struct mt_plan **out)
+{
+    *out = NULL;
+    const struct mt_mesh_dims *d = &su->dims;
+    if (su->zero_stage < 0 || su->zero_stage > 3)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--zero must be 0, 1, 2 or 3 (got %d)", su->zero_stage);
+    long long world = mt_mesh_dims_world(d);
+    if (world < 1 || world > MT_PLAN_MAX_WORLD)
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "plan: world=%lld is outside [1, %d], the planner's range", world,
+                            MT_PLAN_MAX_WORLD);
+    struct mt_plan *p = mt_alloc(ctx, sizeof *p, MT_BUCKET_OTHER);
+    if (!p) return MT_ERR_OOM;
+    p->cfg = *cfg;
+    p->su = *su;
+    p->world = (int)world;
+    enum mt_status rc = MT_OK;
+    p->st = mt_alloc(ctx, (size_t)d->pp * sizeof *p->st, MT_BUCKET_OTHER);
+    p->eng_rank = mt_alloc(ctx, (size_t)NZ * p->world * NB * sizeof(size_t), MT_BUCKET_OTHER);
+    p->stage_max = mt_alloc(ctx, (size_t)NZ * d->pp * sizeof(size_t), MT_BUCKET_OTHER);
+    p->stage_arg = mt_alloc(ctx, (size_t)NZ * d->pp * sizeof(int), MT_BUCKET_OTHER);
+    if (!p->st || !p->eng_rank || !p->stage_max || !p->stage_arg) { rc = MT_ERR_OOM; goto fail; }
+    for (int s = 0; s < d->pp; s++) {
+        struct stage_plan *sp = &p->st[s];
+        struct mt_mesh_coord c = {s, 0, 0, 0};
+        sp->rep_rank = mt_mesh_rank_of(d, &c);
+        struct mt_model_par par;
+        mt_plan_model_par(cfg, d, su->first_layer, sp->rep_rank, &par);
+        /* the registry does not depend on the batch: B = tp keeps B*T divisible by tp */
+        MT_CHECK_GOTO(mt_model_create_par(ctx, NULL, cfg, d->tp, MT_MODEL_NO_ALLOC, &par, &sp->model), rc, fail);
+        struct mt_param *params = mt_model_params(sp->model, &sp->n_params);
+        sp->engine = mt_alloc(ctx, (size_t)(sp->n_params > 0 ? sp->n_params : 1) * sizeof(int), MT_BUCKET_OTHER);
+        if (!sp->engine) { rc = MT_ERR_OOM; goto fail; }
+        for (int i = 0; i < sp->n_params; i++) sp->engine[i] = (int)mt_plan_param_engine(&params[i], d);
+        for (int k = 0; k < mt_plan_n_engines(d); k++) MT_CHECK_GOTO(engine_build(ctx, p, sp, k), rc, fail);
+        const int L = cfg->n_layer;
+        sp->flops_head = par.layer1 == L ? mt_model_stage_flops(cfg, L, L) : 0.0;
+        sp->flops_block = mt_model_stage_flops(cfg, par.layer0, par.layer1) - sp->flops_head;
+    }
+    if (flags & MT_PLAN_VERIFY) MT_CHECK_GOTO(verify_classes(ctx, p), rc, fail);
+    engines_per_rank(p);
+    struct mt_plan_choice ch = {su->zero_stage, cfg->microbatches > 0 ? cfg->microbatches : 1,
+                                strcmp(cfg->recompute, "block") == 0, cfg->seq_len, cfg->batch_size};
+    MT_CHECK_GOTO(plan_select(ctx, p, &ch), rc, fail);
+    if (flags & MT_PLAN_LAYOUT) MT_CHECK_GOTO(layout_build(ctx, p), rc, fail);
+    *out = p;
+    return MT_OK;
+fail:
+    mt_plan_destroy(ctx, p);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* the layout table                                                    */
+/* ------------------------------------------------------------------ */
+
+static int stage_of_layer(const struct mt_plan *p, int layer, int role)
+{
+    const int pp = p->su.dims.pp;
+    if (layer < 0) return role == MT_ROLE_EMBED ? 0 : pp - 1;
+    for (int s = 0; s < pp; s++)
+        if (layer >= p->su.first_layer[s] && layer < p->su.first_layer[s + 1]) return s;
+    return pp - 1;
+}
+
+/* 0 gate_proj, 1 up_proj, 2 down_proj: an expert's matrix */
+static int expert_kind(const char *name)
+{
+    if (strstr(name, "gate_proj")) return 0;
+    if (strstr(name, "up_proj")) return 1;
+    return 2;
+}
+
+/* Index in the representative registry of global parameter g: the same name,
+ * or for a routed expert under EP the same position among the stage's local
+ * experts (expert j sits where expert j mod Ee sits on expert rank 0). */
+static int rep_index(const struct stage_plan *sp, const struct mt_param *g, int Ee, int ep, int *cursor)
+{
+    int P;
+    struct mt_param *ps = mt_model_params(sp->model, &P);
+    if (g->role != MT_ROLE_EXPERT || ep == 1)
+        for (int k = 0; k < P; k++) {   /* both lists are in model order: search from the last hit */
+            int i = (*cursor + k) % P;
+            if (ps[i].layer == g->layer && strcmp(ps[i].name, g->name) == 0) return *cursor = i;
+        }
+    if (g->role == MT_ROLE_EXPERT && ep > 1) {
+        int jl = g->expert % Ee, kind = expert_kind(g->name);
+        for (int i = 0; i < P; i++)
+            if (ps[i].role == MT_ROLE_EXPERT && ps[i].layer == g->layer && ps[i].expert == jl &&
+                expert_kind(ps[i].name) == kind)
+                return i;
+        return -1;
+    }
+    for (int i = 0; i < P; i++)
+        if (ps[i].layer == g->layer && strcmp(ps[i].name, g->name) == 0) return i;
+    return -1;
+}
+
+static enum mt_status layout_build(struct mt_ctx *ctx, struct mt_plan *p)
+{
+    const struct mt_mesh_dims *d = &p->su.dims;
+    int ng = mt_model_registry(&p->cfg, NULL, 0);
+    struct mt_param *glob = mt_alloc(ctx, (size_t)(ng > 0 ? ng : 1) * sizeof *glob, MT_BUCKET_OTHER);
+    p->params = mt_alloc(ctx, (size_t)(ng > 0 ? ng : 1) * sizeof *p->params, MT_BUCKET_OTHER);
+    if (!glob || !p->params) { mt_free(ctx, glob); return MT_ERR_OOM; }
+    mt_model_registry(&p->cfg, glob, ng);
+    const int Ee = p->cfg.n_experts / (d->ep > 0 ? d->ep : 1);
+    int cursor[MT_MAX_LAYERS + 1];   /* per stage: where the last name was found */
+    memset(cursor, 0, sizeof cursor);
+    for (int i = 0; i < ng; i++) {
+        struct mt_plan_param *pp = &p->params[i];
+        memset(pp, 0, sizeof *pp);
+        pp->g = glob[i];
+        pp->stage = stage_of_layer(p, glob[i].layer, glob[i].role);
+        const struct stage_plan *sp = &p->st[pp->stage];
+        int li = rep_index(sp, &glob[i], Ee > 0 ? Ee : 1, d->ep, &cursor[pp->stage]);
+        if (li < 0) {
+            mt_free(ctx, glob);
+            return mt_ctx_error(ctx, MT_ERR_RUNTIME, "plan: internal: %s not in stage %d's registry", glob[i].name,
+                                pp->stage);
+        }
+        const struct mt_param *lp = &mt_model_params(sp->model, NULL)[li];
+        pp->local[0] = lp->len[0];
+        pp->local[1] = lp->len[1];
+        pp->expert_rank = glob[i].role == MT_ROLE_EXPERT && d->ep > 1 ? glob[i].expert / Ee : -1;
+        pp->engine = sp->engine[li];
+        const struct eng_plan *e = &sp->eng[pp->engine];
+        pp->group = e->group;
+        pp->group_size = e->size;
+        pp->owner = e->owner[li];
+        pp->tp_split = is_tp_split(lp);
+        pp->reduce_model = lp->reduce_model && d->tp > 1;
+    }
+    p->n_params = ng;
+    mt_free(ctx, glob);
+    return MT_OK;
+}
+
+int mt_plan_param_ranks(const struct mt_plan *p, int i, enum mt_plan_ranks what, int *ranks)
+{
+    const struct mt_plan_param *pp = &p->params[i];
+    const struct mt_mesh_dims *d = &p->su.dims;
+    int n = 0;
+    for (int r = 0; r < p->world; r++) {
+        struct mt_mesh_coord c;
+        mt_mesh_coord_of(d, r, &c);
+        if (c.pipe != pp->stage || (pp->expert_rank >= 0 && c.expert != pp->expert_rank)) continue;
+        int g = mt_plan_group_rank(d, r, (enum mt_mesh_group)pp->group);
+        if (what == MT_PLAN_HOLDERS && p->zero == 3 && g != pp->owner) continue;
+        if (what == MT_PLAN_OPTIMIZERS && !mt_zero_runs_optimizer(pp->owner, g, p->zero)) continue;
+        ranks[n++] = r;
+    }
+    return n;
+}
+
+void mt_plan_ranks_str(const int *ranks, int n, char *buf, size_t len)
+{
+    size_t at = 0;
+    buf[0] = 0;
+    for (int i = 0; i < n;) {
+        int j = i;
+        while (j + 1 < n && ranks[j + 1] == ranks[j] + 1) j++;
+        char item[32];
+        if (j == i) snprintf(item, sizeof item, "%s%d", at ? "," : "", ranks[i]);
+        else snprintf(item, sizeof item, "%s%d-%d", at ? "," : "", ranks[i], ranks[j]);
+        size_t il = strlen(item);
+        if (at + il + 4 >= len) {
+            if (at + 4 < len) snprintf(buf + at, len - at, ",...");
+            return;
+        }
+        memcpy(buf + at, item, il + 1);
+        at += il;
+        i = j + 1;
+    }
+}
+
+void mt_plan_param_spec(const struct mt_plan *p, int i, char *buf, size_t len)
+{
+    const struct mt_plan_param *pp = &p->params[i];
+    const char *d0 = "-", *d1 = "-";
+    if (pp->tp_split && pp->g.split == MT_SPLIT_ROWS) d0 = "model";
+    if (pp->tp_split && pp->g.split == MT_SPLIT_COLS) d1 = "model";
+    if (pp->g.ndim == 1) snprintf(buf, len, "[%s]", d0);
+    else snprintf(buf, len, "[%s, %s]%s", d0, d1, pp->expert_rank >= 0 ? " @expert" : "");
+}
+
+/* ------------------------------------------------------------------ */
+/* cost model                                                          */
+/* ------------------------------------------------------------------ */
+
+static double num_or(const cJSON *o, const char *key, double def, int *missing)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (cJSON_IsNumber(v)) return v->valuedouble;
+    if (missing && !v) *missing = 1;
+    return def;
+}
+
+enum mt_status mt_plan_profile_load(struct mt_ctx *ctx, const char *path, struct mt_plan_profile *prof)
+{
+    memset(prof, 0, sizeof *prof);
+    FILE *f = fopen(path, "rb");
+    if (!f) return mt_ctx_error(ctx, MT_ERR_IO, "cannot open device profile '%s'", path);
+    char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    cJSON *j = cJSON_Parse(buf);
+    if (!j || !cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        return mt_ctx_error(ctx, MT_ERR_FORMAT, "device profile '%s' is not a JSON object", path);
+    }
+    int miss = 0;
+    const cJSON *nm = cJSON_GetObjectItemCaseSensitive(j, "name");
+    snprintf(prof->name, sizeof prof->name, "%s", cJSON_IsString(nm) ? nm->valuestring : "unnamed");
+    prof->peak_flops = num_or(j, "peak_flops", 0, &miss);
+    prof->node_peak_flops = num_or(j, "node_peak_flops", prof->peak_flops, NULL);
+    prof->efficiency = num_or(j, "efficiency", 0, &miss);
+    prof->memory_bytes = num_or(j, "memory_bytes", 0, NULL);
+    prof->overlap = num_or(j, "overlap", 0, NULL);
+    prof->ranks_per_node = (int)num_or(j, "ranks_per_node", 1, &miss);
+    prof->cores_per_node = (int)num_or(j, "cores_per_node", 0, NULL);
+    prof->oversubscribed_latency = num_or(j, "oversubscribed_latency_s", 0, NULL);
+    const cJSON *links = cJSON_GetObjectItemCaseSensitive(j, "links");
+    const cJSON *in = links ? cJSON_GetObjectItemCaseSensitive(links, "intra_node") : NULL;
+    const cJSON *ex = links ? cJSON_GetObjectItemCaseSensitive(links, "inter_node") : NULL;
+    if (!in || !ex) miss = 1;
+    const cJSON *lk[2] = {in, ex};
+    struct mt_plan_link *dst[2] = {&prof->intra, &prof->inter};
+    for (int k = 0; k < 2; k++) {
+        if (!lk[k]) continue;
+        dst[k]->bandwidth = num_or(lk[k], "bandwidth_bytes_per_s", 0, &miss);
+        dst[k]->latency = num_or(lk[k], "latency_s", 0, &miss);
+        dst[k]->large_bytes = num_or(lk[k], "large_bytes", 0, NULL);
+        dst[k]->large_bandwidth = num_or(lk[k], "large_bandwidth_bytes_per_s", dst[k]->bandwidth, NULL);
+        dst[k]->large_reduce_bandwidth = num_or(lk[k], "large_reduce_bandwidth_bytes_per_s", dst[k]->large_bandwidth, NULL);
+    }
+    cJSON_Delete(j);
+    if (miss || prof->peak_flops <= 0 || prof->efficiency <= 0 || prof->ranks_per_node < 1 ||
+        prof->intra.bandwidth <= 0 || prof->inter.bandwidth <= 0 || prof->overlap < 0 || prof->overlap > 1)
+        return mt_ctx_error(ctx, MT_ERR_FORMAT,
+                            "device profile '%s': needs peak_flops > 0, efficiency > 0, ranks_per_node >= 1, overlap in "
+                            "[0,1], links.intra_node and links.inter_node {bandwidth_bytes_per_s, latency_s}",
+                            path);
+    return MT_OK;
+}
+
+/* The link a group of kind g runs over: intra-node when all its members
+ * (those of rank 0's group; every group of a kind has the same shape) sit
+ * on one node, ranks being placed ranks_per_node at a time in world order. */
+static struct mt_plan_link group_link_raw(const struct mt_plan *p, const struct mt_plan_profile *prof,
+                                          enum mt_mesh_group g)
+{
+    const struct mt_mesh_dims *d = &p->su.dims;
+    int n = mt_mesh_group_size(d, g), node0 = -1, same = 1;
+    /* members of rank 0's group: every rank whose coordinates outside g are 0 */
+    for (int r = 0, seen = 0; r < p->world && seen < n; r++) {
+        struct mt_mesh_coord c;
+        mt_mesh_coord_of(d, r, &c);
+        int in = 1;
+        switch (g) {
+        case MT_MESH_GROUP_MODEL:       in = c.pipe == 0 && c.data == 0 && c.expert == 0; break;
+        case MT_MESH_GROUP_EXPERT:      in = c.pipe == 0 && c.data == 0 && c.model == 0; break;
+        case MT_MESH_GROUP_DATA:        in = c.pipe == 0 && c.expert == 0 && c.model == 0; break;
+        case MT_MESH_GROUP_DATA_EXPERT: in = c.pipe == 0 && c.model == 0; break;
+        case MT_MESH_GROUP_DATA_MODEL:  in = c.pipe == 0 && c.expert == 0; break;
+        case MT_MESH_GROUP_STAGE:       in = c.pipe == 0; break;
+        case MT_MESH_GROUP_PIPE:        in = c.data == 0 && c.expert == 0 && c.model == 0; break;
+        default: break;
+        }
+        if (!in) continue;
+        seen++;
+        int node = r / prof->ranks_per_node;
+        if (node0 < 0) node0 = node;
+        else if (node != node0) same = 0;
+    }
+    return same ? prof->intra : prof->inter;
+}
+
+static struct mt_plan_link group_link(const struct mt_plan *p, const struct mt_plan_profile *prof, enum mt_mesh_group g)
+{
+    struct mt_plan_link l = group_link_raw(p, prof, g);
+    int on_node = p->world < prof->ranks_per_node ? p->world : prof->ranks_per_node;
+    if (prof->cores_per_node > 0 && on_node > prof->cores_per_node && l.latency < prof->oversubscribed_latency)
+        l.latency = prof->oversubscribed_latency;
+    return l;
+}
+
+/* Ring collectives over n ranks, payload S bytes (the full buffer): n-1
+ * steps of latency, (n-1)/n S bytes through each rank's link (twice for an
+ * all-reduce); reductions of large payloads at the link's reduce bandwidth. */
+static double link_bw(struct mt_plan_link l, double S, int reduce)
+{
+    if (l.large_bytes > 0 && S > l.large_bytes) return reduce ? l.large_reduce_bandwidth : l.large_bandwidth;
+    return l.bandwidth;
+}
+static double t_gather(double S, int n, struct mt_plan_link l)
+{
+    return n <= 1 ? 0.0 : (double)(n - 1) / n * S / link_bw(l, S, 0) + (n - 1) * l.latency;
+}
+static double t_reduce_scatter(double S, int n, struct mt_plan_link l)
+{
+    return n <= 1 ? 0.0 : (double)(n - 1) / n * S / link_bw(l, S, 1) + (n - 1) * l.latency;
+}
+static double t_allreduce(double S, int n, struct mt_plan_link l)
+{
+    return n <= 1 ? 0.0 : 2.0 * (double)(n - 1) / n * S / link_bw(l, S, 1) + 2 * (n - 1) * l.latency;
+}
+
+void mt_plan_cost(const struct mt_plan *p, const struct mt_plan_profile *prof, struct mt_plan_cost *out)
+{
+    memset(out, 0, sizeof *out);
+    const struct mt_config *cfg = &p->cfg;
+    const struct mt_mesh_dims *d = &p->su.dims;
+    const int M = cfg->microbatches > 0 ? cfg->microbatches : 1, pp = d->pp, tp = d->tp, ep = d->ep;
+    const int rc = strcmp(cfg->recompute, "block") == 0, sp_on = tp > 1 && cfg->sequence_parallel;
+    const double T = cfg->seq_len, D = cfg->d_model, N = (double)p->Bm * T;   /* rows of one microbatch */
+    const double f = sizeof(float);
+    int on_node = p->world < prof->ranks_per_node ? p->world : prof->ranks_per_node;
+    double peak = prof->node_peak_flops / on_node;
+    if (peak > prof->peak_flops) peak = prof->peak_flops;
+    const double rate = peak * prof->efficiency;
+    out->peak_per_rank = peak;
+    out->flops_per_step = mt_model_flops_per_token(cfg) * cfg->batch_size * T;
+
+    const struct mt_plan_link lm = group_link(p, prof, MT_MESH_GROUP_MODEL);
+    const struct mt_plan_link le = group_link(p, prof, MT_MESH_GROUP_EXPERT);
+    const struct mt_plan_link lp = group_link(p, prof, MT_MESH_GROUP_PIPE);
+    double t_mb_max = 0, comp_mb_max = 0, opt_max = 0, dp_total = 0, dp_exposed = 0, rank_flops = 0;
+    double tp_mb_max = 0, ep_mb_max = 0, pp_mb_max = 0;
+    for (int s = 0; s < pp; s++) {
+        const struct stage_plan *st = &p->st[s];
+        int l0 = p->su.first_layer[s], l1 = p->su.first_layer[s + 1], n_moe = 0, n_dense = 0;
+        for (int l = l0; l < l1; l++) {
+            if (mt_config_is_moe_layer(cfg, l)) n_moe++;
+            else n_dense++;
+        }
+        /* compute: this rank's share of the microbatch (TP splits heads, hidden and the MoE rows) */
+        double fl = (st->flops_block * (1.0 + (rc ? 1.0 / 3.0 : 0.0)) + st->flops_head) * N / tp;
+        double comp = fl / rate;
+        /* model axis: per layer, forward (and recompute) + backward, payload N x D floats */
+        double S = N * D * f, tpc = 0;
+        if (tp > 1) {
+            /* a TP region: SP all-gather in + reduce-scatter out, or one all-reduce out without SP */
+            double region = sp_on ? t_gather(S, tp, lm) + t_reduce_scatter(S, tp, lm) : t_allreduce(S, tp, lm);
+            /* attention in every block, the dense FFN in A blocks; the MoE FFN sits in the SP
+             * region (no collective with SP, one all-gather of its output without) */
+            double fwd = (n_dense + n_moe) * region + n_dense * region + n_moe * (sp_on ? 0.0 : t_gather(S, tp, lm));
+            tpc = fwd * (2.0 + (rc ? 1.0 : 0.0));   /* backward runs the conjugates; recompute the forward again */
+        }
+        /* expert axis: per MoE layer a count exchange + dispatch + combine forward, two backward */
+        double epc = 0;
+        if (ep > 1 && n_moe) {
+            double Nm = tp > 1 ? N / tp : N, Sa = Nm * cfg->top_k * D * f;
+            double a2a = (double)(ep - 1) / ep * Sa / link_bw(le, Sa, 0) + (ep - 1) * le.latency;
+            double cnt = (ep - 1) * le.latency;
+            epc = n_moe * ((cnt + 2 * a2a) * (1.0 + (rc ? 1.0 : 0.0)) + 2 * a2a);
+        }
+        /* pipe axis: activation out, gradient back (Nr x D floats) */
+        double ppc = 0;
+        if (pp > 1) {
+            double Sr = (sp_on ? N / tp : N) * D * f;
+            ppc = 2 * (Sr / link_bw(lp, Sr, 0) + lp.latency);
+        }
+        double t_mb = comp + tpc + epc + ppc;
+        if (t_mb > t_mb_max) {
+            t_mb_max = t_mb;
+            comp_mb_max = comp;
+            tp_mb_max = tpc;
+            ep_mb_max = epc;
+            pp_mb_max = ppc;
+            rank_flops = fl * M;
+        }
+        /* data axes (ZeRO engines) and the optimizer, busiest group rank */
+        double dpt = 0, dpx = 0, opt = 0;
+        for (int k = 0; k < mt_plan_n_engines(d); k++) {
+            const struct eng_plan *e = &st->eng[k];
+            const struct mt_plan_link l = group_link(p, prof, (enum mt_mesh_group)e->group);
+            const int g = e->size, z = p->zero;
+            const double W = e->param_bytes, calls = e->units;
+            double ov_ar = 0, ov_mb = 0, nov = 0;
+            if (g > 1 && W > 0) {
+                /* one call per unit: the per-call latencies of a sweep */
+                double ag = t_gather(W, g, l) + calls * (g - 1) * l.latency;
+                double rs = t_reduce_scatter(W, g, l) + calls * (g - 1) * l.latency;
+                double ar = t_allreduce(W, g, l) + calls * 2 * (g - 1) * l.latency;
+                if (z <= 1) ov_ar += ar;                 /* during the last microbatch's backward */
+                if (z == 1 || z == 2) nov += ag;        /* after the optimizer step: nothing to hide behind */
+                if (z >= 2) ov_mb += M * rs;            /* reduce-scatter per microbatch, in its backward */
+                if (z == 3) ov_mb += cfg->reshard_after_forward ? 2.0 * M * ag : ag;   /* prefetched gathers */
+            }
+            double win_ar = comp * 2.0 / 3.0, win_mb = M * comp;
+            double ov = ov_ar + ov_mb;
+            double hidden = prof->overlap * ((ov_ar < win_ar ? ov_ar : win_ar) + (ov_mb < win_mb ? ov_mb : win_mb));
+            double last_unit = calls > 0 ? ov / calls : 0;   /* the last unit's reduction has nothing to hide behind */
+            double exposed = ov - hidden;
+            if (exposed < last_unit && ov > 0) exposed = last_unit;
+            dpt += ov + nov;
+            dpx += exposed + nov;
+            /* Newton–Schulz of the matrices the busiest group rank updates (+ TP gathers of split ones) */
+            double mf = 0, mg = 0;
+            for (int r = 0; r < g; r++) {
+                int idx = z == 0 ? r : g + r;
+                if (e->muon_flops[idx] > mf) mf = e->muon_flops[idx];
+                if (e->muon_gather[idx] > mg) mg = e->muon_gather[idx];
+            }
+            opt += mf / rate + (tp > 1 ? t_gather(mg, tp, lm) : 0.0);
+        }
+        if (dpx + opt > dp_exposed + opt_max) { dp_exposed = dpx; opt_max = opt; dp_total = dpt; }
+    }
+    out->rank_flops = rank_flops;
+    out->compute_s = M * comp_mb_max + opt_max;
+    out->tp_s = M * tp_mb_max;
+    out->ep_s = M * ep_mb_max;
+    out->pp_s = M * pp_mb_max;
+    out->dp_s = dp_total;
+    out->dp_exposed_s = dp_exposed;
+    out->bubble_s = (pp - 1) * t_mb_max;
+    out->step_s = (M + pp - 1) * t_mb_max + dp_exposed + opt_max;
+    out->tokens_per_s = out->step_s > 0 ? cfg->batch_size * T / out->step_s : 0;
+    out->mfu = out->step_s > 0 ? out->flops_per_step / (out->step_s * p->world * peak) : 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* JSON                                                                */
+/* ------------------------------------------------------------------ */
+
+static cJSON *bytes_obj(const size_t *b)
+{
+    cJSON *o = cJSON_CreateObject();
+    size_t t = 0;
+    for (int k = 0; k < NB; k++) {
+        cJSON_AddNumberToObject(o, mt_bucket_name((enum mt_bucket)k), (double)b[k]);
+        t += b[k];
+    }
+    cJSON_AddNumberToObject(o, "total", (double)t);
+    return o;
+}
+
+void mt_plan_bytes_json(const size_t *bytes, char *buf, size_t len)
+{
+    cJSON *o = bytes_obj(bytes);
+    char *t = cJSON_PrintUnformatted(o);
+    snprintf(buf, len, "%s", t ? t : "{}");
+    free(t);
+    cJSON_Delete(o);
+}
+
+static cJSON *shape_arr(int ndim, const int64_t *s)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < ndim; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((double)s[i]));
+    return a;
+}
+
+char *mt_plan_json(const struct mt_plan *p, const struct mt_plan_profile *prof, const struct mt_plan_cost *cost)
+{
+    const struct mt_config *cfg = &p->cfg;
+    const struct mt_mesh_dims *d = &p->su.dims;
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "schema", "meshtrain.plan/1");
+    char *cj = mt_config_to_json(cfg);
+    cJSON *cfgj = cj ? cJSON_Parse(cj) : NULL;
+    free(cj);
+    cJSON_AddItemToObject(root, "config", cfgj ? cfgj : cJSON_CreateNull());
+    cJSON *m = cJSON_AddObjectToObject(root, "mesh");
+    cJSON_AddNumberToObject(m, "world", p->world);
+    cJSON_AddNumberToObject(m, "pp", d->pp);
+    cJSON_AddNumberToObject(m, "dp", d->dp);
+    cJSON_AddNumberToObject(m, "ep", d->ep);
+    cJSON_AddNumberToObject(m, "tp", d->tp);
+    cJSON_AddBoolToObject(m, "sequence_parallel", d->tp > 1 && cfg->sequence_parallel);
+    cJSON_AddNumberToObject(m, "zero_stage", p->zero);
+    cJSON *gs = cJSON_AddObjectToObject(m, "group_sizes");
+    for (int g = 0; g < MT_MESH_GROUP_COUNT; g++)
+        cJSON_AddNumberToObject(gs, mt_mesh_group_name((enum mt_mesh_group)g), mt_mesh_group_size(d, (enum mt_mesh_group)g));
+    cJSON *stages = cJSON_AddArrayToObject(m, "pipeline_stages");
+    for (int s = 0; s < d->pp; s++) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "stage", s);
+        cJSON_AddNumberToObject(o, "first_layer", p->su.first_layer[s]);
+        cJSON_AddNumberToObject(o, "end_layer", p->su.first_layer[s + 1]);
+        cJSON_AddNumberToObject(o, "activation_slots", mt_plan_n_slots(cfg, d, s));
+        cJSON_AddItemToArray(stages, o);
+    }
+    cJSON *bt = cJSON_AddObjectToObject(root, "batch");
+    cJSON_AddNumberToObject(bt, "batch_size", cfg->batch_size);
+    cJSON_AddNumberToObject(bt, "microbatches", cfg->microbatches);
+    cJSON_AddNumberToObject(bt, "micro_batch_seqs", p->Bm);
+    cJSON_AddNumberToObject(bt, "seq_len", cfg->seq_len);
+    cJSON_AddStringToObject(bt, "recompute", cfg->recompute);
+    size_t total = 0, active = 0;
+    mt_model_param_counts(cfg, &total, &active);
+    cJSON *pc = cJSON_AddObjectToObject(root, "parameters");
+    cJSON_AddNumberToObject(pc, "total", (double)total);
+    cJSON_AddNumberToObject(pc, "active_per_token", (double)active);
+    if (p->n_params) {
+        cJSON *lay = cJSON_AddArrayToObject(root, "layout");
+        int *ranks = malloc((size_t)p->world * sizeof(int));
+        char *rs = malloc(4096);
+        for (int i = 0; ranks && rs && i < p->n_params; i++) {
+            const struct mt_plan_param *pp = &p->params[i];
+            cJSON *o = cJSON_CreateObject();
+            char spec[64];
+            mt_plan_param_spec(p, i, spec, sizeof spec);
+            cJSON_AddStringToObject(o, "name", pp->g.name);
+            cJSON_AddItemToObject(o, "global_shape", shape_arr(pp->g.ndim, pp->g.shape));
+            cJSON_AddStringToObject(o, "spec", spec);
+            cJSON_AddItemToObject(o, "local_shape", shape_arr(pp->g.ndim, pp->local));
+            cJSON_AddNumberToObject(o, "stage", pp->stage);
+            if (pp->expert_rank >= 0) cJSON_AddNumberToObject(o, "expert_rank", pp->expert_rank);
+            else cJSON_AddNullToObject(o, "expert_rank");
+            int n = mt_plan_param_ranks(p, i, MT_PLAN_HOLDERS, ranks);
+            mt_plan_ranks_str(ranks, n, rs, 4096);
+            cJSON_AddStringToObject(o, "holders", rs);
+            cJSON_AddNumberToObject(o, "n_holders", n);
+            cJSON_AddStringToObject(o, "reduce_group", mt_mesh_group_name((enum mt_mesh_group)pp->group));
+            cJSON_AddNumberToObject(o, "reduce_group_size", pp->group_size);
+            cJSON_AddBoolToObject(o, "partial_over_model", pp->reduce_model);
+            cJSON *z = cJSON_AddObjectToObject(o, "zero");
+            cJSON_AddStringToObject(z, "sharded", p->zero == 0 ? "none" : p->zero == 1 ? "optim" :
+                                                  p->zero == 2 ? "optim+grads" : "optim+grads+params");
+            cJSON_AddNumberToObject(z, "owner_group_rank", pp->owner);
+            n = mt_plan_param_ranks(p, i, MT_PLAN_OPTIMIZERS, ranks);
+            mt_plan_ranks_str(ranks, n, rs, 4096);
+            cJSON_AddStringToObject(z, "optimizer_ranks", rs);
+            cJSON_AddStringToObject(o, "optimizer", pp->g.optim == MT_OPTIM_MUON ? "muon" : "adamw");
+            cJSON_AddItemToArray(lay, o);
+        }
+        free(ranks);
+        free(rs);
+    }
+    cJSON *mem = cJSON_AddObjectToObject(root, "memory");
+    cJSON *per = cJSON_AddArrayToObject(mem, "per_rank");
+    for (int r = 0; r < p->world; r++) {
+        struct mt_mesh_coord c;
+        mt_mesh_coord_of(d, r, &c);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "rank", r);
+        char co[96];
+        snprintf(co, sizeof co, "pipe=%d,data=%d,expert=%d,model=%d", c.pipe, c.data, c.expert, c.model);
+        cJSON_AddStringToObject(o, "coord", co);
+        size_t b[NB];
+        mt_plan_rank_bytes(p, r, b);
+        cJSON_AddItemToObject(o, "bytes", bytes_obj(b));
+        cJSON_AddItemToArray(per, o);
+    }
+    int mx;
+    size_t mt = mt_plan_max_total(p, &mx);
+    cJSON_AddNumberToObject(mem, "max_rank", mx);
+    cJSON_AddNumberToObject(mem, "max_total", (double)mt);
+    if (cost && prof) {
+        cJSON *c = cJSON_AddObjectToObject(root, "cost");
+        cJSON_AddStringToObject(c, "profile", prof->name);
+        cJSON_AddNumberToObject(c, "peak_flops_per_rank", cost->peak_per_rank);
+        cJSON_AddNumberToObject(c, "efficiency", prof->efficiency);
+        cJSON_AddNumberToObject(c, "flops_per_step", cost->flops_per_step);
+        cJSON_AddNumberToObject(c, "busiest_rank_flops", cost->rank_flops);
+        cJSON_AddNumberToObject(c, "compute_s", cost->compute_s);
+        cJSON_AddNumberToObject(c, "tp_comm_s", cost->tp_s);
+        cJSON_AddNumberToObject(c, "ep_comm_s", cost->ep_s);
+        cJSON_AddNumberToObject(c, "pp_comm_s", cost->pp_s);
+        cJSON_AddNumberToObject(c, "dp_comm_s", cost->dp_s);
+        cJSON_AddNumberToObject(c, "dp_exposed_s", cost->dp_exposed_s);
+        cJSON_AddNumberToObject(c, "bubble_s", cost->bubble_s);
+        cJSON_AddNumberToObject(c, "step_s", cost->step_s);
+        cJSON_AddNumberToObject(c, "tokens_per_s", cost->tokens_per_s);
+        cJSON_AddNumberToObject(c, "mfu", cost->mfu);
+    }
+    char *txt = cJSON_Print(root);
+    cJSON_Delete(root);
+    return txt;
+}
