@@ -494,14 +494,21 @@ static void cand_label(const struct cand *c, char *buf, size_t n)
     else snprintf(buf, n, "%s zero=%d microbatches=%d recompute=%s", m, c->zero, c->mb, c->rc ? "block" : "none");
 }
 
-/* rule of a rejection: the text before the first " (" (numbers left out) */
+/* rule of a rejection: the text before its last " (" (the numbers), with
+ * a number right after '=' written N (ep=16 -> ep=N), so one rule is one group */
 static void reason_rule(const char *r, char *buf, size_t n)
 {
-    const char *p = strstr(r, " (");
-    size_t l = p ? (size_t)(p - r) : strlen(r);
-    if (l >= n) l = n - 1;
-    memcpy(buf, r, l);
-    buf[l] = 0;
+    const char *p = NULL;
+    for (const char *q = strstr(r, " ("); q; q = strstr(q + 1, " (")) p = q;
+    size_t l = p ? (size_t)(p - r) : strlen(r), o = 0;
+    for (size_t i = 0; i < l && o + 1 < n; i++) {
+        if (r[i] >= '0' && r[i] <= '9' && i > 0 && (r[i - 1] == '=' || (o > 0 && buf[o - 1] == 'N'))) {
+            if (buf[o - 1] != 'N') buf[o++] = 'N';
+        } else {
+            buf[o++] = r[i];
+        }
+    }
+    buf[o] = 0;
 }
 
 /* Enumerate (pp, dp, ep, tp) with product world, in that nesting order. */
@@ -593,8 +600,11 @@ static int run_auto(struct mt_ctx *ctx, struct mt_config *cfg, const struct opts
     struct cand smallest_c;
     memset(&smallest_c, 0, sizeof smallest_c);
     int n_cand = 0;
+    int any_moe = strchr(cfg->pattern, 'E') != NULL, skipped_ep = 0;
     for (int mi = 0; mi < nm; mi++) {
         const struct mt_mesh_dims *d = &meshes[mi];
+        /* without an E block the expert axis is data parallelism: the same layout as dp*ep */
+        if (!any_moe && d->ep > 1) { skipped_ep++; continue; }
         /* microbatch counts: the divisors of the per-data-rank batch (find-max batch_size: the config's) */
         long per = cfg->batch_size % ((long)d->dp * d->ep) == 0 ? cfg->batch_size / ((long)d->dp * d->ep) : 0;
         int mbs[64], n_mb = 0;
@@ -757,6 +767,9 @@ static int run_auto(struct mt_ctx *ctx, struct mt_config *cfg, const struct opts
         printf("auto-fit: world=%d, mem-per-rank %s, profile %s: %d meshes x microbatch counts; %d layouts (x ZeRO "
                "stage x recompute) fit, %d rejected (a contract rule rejects a mesh x microbatch count once)\n", W,
                human(o->mem, h1, sizeof h1), prof->name, n_cand, ok.n, rej.n);
+        if (skipped_ep)
+            printf("(%d meshes with ep > 1 not listed: the model has no E block, so the expert axis would be data "
+                   "parallelism, the same layout as dp*ep)\n", skipped_ep);
         printf("\nbest by predicted step time:\n  %-3s %-26s %-4s %-4s %-9s %12s %10s %12s %6s  %s\n", "#", "mesh", "zero",
                "mb", "recompute", "max/rank", "step s", "tokens/s", "MFU", "compute/tp/ep/pp/dp-exposed/bubble s");
         for (int i = 0; i < ok.n && i < o->top; i++) {

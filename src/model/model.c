@@ -511,9 +511,11 @@ void mt_model_plan_bytes_par(const struct mt_config *cfg, int B, int flags, cons
  * the model will run (not for a MT_MODEL_NO_ALLOC plan). */
 static enum mt_status check_par(struct mt_ctx *ctx, const struct mt_model *m)
 {
-    if (m->ep > MT_MAX_EP)
+    /* without an E block the expert axis is extra data parallelism (SPEC.md
+     * section 2): nothing of the model is split over it */
+    if (m->any_moe && m->ep > MT_MAX_EP)
         return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: ep=%d above the supported %d", m->ep, MT_MAX_EP);
-    if (m->ep > 1 && ((!m->ep_comm && !m->no_alloc) || m->E % m->ep != 0))
+    if (m->any_moe && m->ep > 1 && ((!m->ep_comm && !m->no_alloc) || m->E % m->ep != 0))
         return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: ep=%d needs the expert group and n_experts %% ep == 0 "
                             "(n_experts=%d)", m->ep, m->E);
     if (m->tp > 1 && ((!m->tp_comm && !m->no_alloc) || (m->N % m->tp) != 0))

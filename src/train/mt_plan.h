@@ -184,7 +184,8 @@ enum mt_status mt_plan_profile_load(struct mt_ctx *ctx, const char *path, struct
 /* Predicted step time, per rank on the slowest stage. Seconds per step. */
 struct mt_plan_cost {
     double flops_per_step;     /* model FLOPs of the whole step (MFU convention, all ranks)     */
-    double rank_flops;         /* FLOPs the busiest rank runs (stage, recompute, Muon included) */
+    double rank_flops;         /* model FLOPs the busiest rank runs (its stage, recompute)      */
+    double optimizer_flops;    /* Newton–Schulz FLOPs of the Muon updates it runs               */
     double peak_per_rank;      /* FLOP/s one rank has (profile, ranks sharing a node)           */
     double compute_s;          /* busiest rank's compute: microbatches + optimizer              */
     double tp_s, ep_s, pp_s;   /* model / expert / pipe axis collectives (blocking: exposed)    */

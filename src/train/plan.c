@@ -785,7 +785,7 @@ void mt_plan_cost(const struct mt_plan *p, const struct mt_plan_profile *prof, s
     const struct mt_plan_link le = group_link(p, prof, MT_MESH_GROUP_EXPERT);
     const struct mt_plan_link lp = group_link(p, prof, MT_MESH_GROUP_PIPE);
     double t_mb_max = 0, comp_mb_max = 0, opt_max = 0, dp_total = 0, dp_exposed = 0, rank_flops = 0;
-    double tp_mb_max = 0, ep_mb_max = 0, pp_mb_max = 0;
+    double tp_mb_max = 0, ep_mb_max = 0, pp_mb_max = 0, opt_flops = 0;
     for (int s = 0; s < pp; s++) {
         const struct stage_plan *st = &p->st[s];
         int l0 = p->su.first_layer[s], l1 = p->su.first_layer[s + 1], n_moe = 0, n_dense = 0;
@@ -830,7 +830,7 @@ void mt_plan_cost(const struct mt_plan *p, const struct mt_plan_profile *prof, s
             rank_flops = fl * M;
         }
         /* data axes (ZeRO engines) and the optimizer, busiest group rank */
-        double dpt = 0, dpx = 0, opt = 0;
+        double dpt = 0, dpx = 0, opt = 0, opt_fl = 0;
         for (int k = 0; k < mt_plan_n_engines(d); k++) {
             const struct eng_plan *e = &st->eng[k];
             const struct mt_plan_link l = group_link(p, prof, (enum mt_mesh_group)e->group);
@@ -863,10 +863,12 @@ void mt_plan_cost(const struct mt_plan *p, const struct mt_plan_profile *prof, s
                 if (e->muon_gather[idx] > mg) mg = e->muon_gather[idx];
             }
             opt += mf / rate + (tp > 1 ? t_gather(mg, tp, lm) : 0.0);
+            opt_fl += mf;
         }
-        if (dpx + opt > dp_exposed + opt_max) { dp_exposed = dpx; opt_max = opt; dp_total = dpt; }
+        if (s == 0 || dpx + opt > dp_exposed + opt_max) { dp_exposed = dpx; opt_max = opt; dp_total = dpt; opt_flops = opt_fl; }
     }
     out->rank_flops = rank_flops;
+    out->optimizer_flops = opt_flops;
     out->compute_s = M * comp_mb_max + opt_max;
     out->tp_s = M * tp_mb_max;
     out->ep_s = M * ep_mb_max;
@@ -1014,6 +1016,7 @@ char *mt_plan_json(const struct mt_plan *p, const struct mt_plan_profile *prof, 
         cJSON_AddNumberToObject(c, "efficiency", prof->efficiency);
         cJSON_AddNumberToObject(c, "flops_per_step", cost->flops_per_step);
         cJSON_AddNumberToObject(c, "busiest_rank_flops", cost->rank_flops);
+        cJSON_AddNumberToObject(c, "optimizer_flops", cost->optimizer_flops);
         cJSON_AddNumberToObject(c, "compute_s", cost->compute_s);
         cJSON_AddNumberToObject(c, "tp_comm_s", cost->tp_s);
         cJSON_AddNumberToObject(c, "ep_comm_s", cost->ep_s);
