@@ -7,7 +7,7 @@
 #     is given, C++20 device/host code (-Wshadow stays C-only: in C++ it flags the
 #   core headers' C idiom of a function named like its struct), the shared CUDA runtime;
 #   - src/ops/cuda/*.cu join meshtrain_lib, which gets MT_WITH_CUDA=1 (PUBLIC)
-#     and links CUDA::cudart and CUDA::cublas (PUBLIC);
+#     and links CUDA::cudart, CUDA::cublas and CUDA::cublasLt (PUBLIC);
 #   - the project's C warning flags are kept for C only (nvcc does not take
 #     them); .cu files get -Wall -Wextra through the host compiler, and with
 #     MT_WERROR nvcc's and the host compiler's warnings become errors;
@@ -48,7 +48,7 @@ set_target_properties(meshtrain_lib PROPERTIES
 file(GLOB MT_CUDA_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/ops/cuda/*.cu)
 target_sources(meshtrain_lib PRIVATE ${MT_CUDA_SOURCES})
 target_compile_definitions(meshtrain_lib PUBLIC MT_WITH_CUDA=1)
-target_link_libraries(meshtrain_lib PUBLIC CUDA::cudart CUDA::cublas)
+target_link_libraries(meshtrain_lib PUBLIC CUDA::cudart CUDA::cublas CUDA::cublasLt)
 # C++20 by flag: CMake 3.25 knows no CUDA20 dialect flag for nvcc 13
 target_compile_options(meshtrain_lib PRIVATE
   $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20 -Xcompiler=-Wall,-Wextra,-Wno-unused-parameter>)

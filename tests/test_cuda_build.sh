@@ -9,12 +9,22 @@
 #      prints "SKIP: no GPU" and exits 0 where no device is present;
 #   3. emulation (needs g++ on x86-64): compile src/ops/cuda/*.cu as C++
 #      against tests/cuda/emu (fibers for threads, exact __syncthreads and
-#      warp shuffles, naive cuBLAS) and run, on the CPU,
-#        a. cuda_ops_vs_cpu,
+#      warp shuffles, naive cuBLAS sgemm and cuBLASLt bf16 matmul) and run,
+#      on the CPU,
+#        a. cuda_ops_vs_cpu (fp32 ops to 1e-5, then gemm in bf16 mode to the
+#           derived bound), and again for gemm only with
+#           MT_CUDA_PRECISION=bf16 (precision chosen at creation) and
+#           MT_CUDA_BF16_SCRATCH_MB=1 (operand copies tiled), with the
+#           emulator's cuBLASLt finding no algorithm (MT_EMU_LT_NO_ALGO=1:
+#           the counted sgemm fallback), and with a bad MT_CUDA_PRECISION
+#           (refused with the reason, exit 1);
 #        b. tests/test_ops.c -b cuda (the project harness: fp64 references,
-#           = vs +=, in-place, determinism, accounting),
+#           = vs +=, in-place, determinism, accounting; fp32 mode),
 #        c. 3 steps of `meshtrain train` on a tiny dense config with
-#           backend=cpu and backend=cuda: losses equal to 1e-5 relative.
+#           backend=cpu and backend=cuda: losses equal to 1e-5 relative in
+#           fp32 mode, to 1e-3 relative with MT_CUDA_PRECISION=bf16 (an
+#           empirical bound, docs/cuda.md), `--backend cuda` = `--set
+#           backend=cuda`.
 # Prints SKIP and exits 0 when nvcc is absent. Exit 1 on any failure.
 set -u
 BUILD=${1:?usage: test_cuda_build.sh BUILD_DIR}
@@ -93,7 +103,10 @@ if ! g++ -fopenmp "$EMU"/cu/*.o "$EMU"/ref/*.o "$EMU/cuda_ops_vs_cpu.o" $LIBS -o
 fi
 export OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=1
 
-# a. the cuda-vs-cpu harness
+unset MT_CUDA_PRECISION MT_CUDA_BF16_SCRATCH_MB
+
+# a. the cuda-vs-cpu harness (fp32, then gemm in bf16); bf16 from the
+#    environment with tiled operand copies; a bad precision value
 "$EMU/cuda_ops_vs_cpu" >"$EMU/cuda_ops_vs_cpu.log" 2>&1
 rc=$?
 if [ $rc -eq 0 ] && grep -q ', 0 failed$' "$EMU/cuda_ops_vs_cpu.log"; then
@@ -101,6 +114,30 @@ if [ $rc -eq 0 ] && grep -q ', 0 failed$' "$EMU/cuda_ops_vs_cpu.log"; then
 else
     grep -E 'FAIL|emu' "$EMU/cuda_ops_vs_cpu.log" | head -40; tail -2 "$EMU/cuda_ops_vs_cpu.log"
     echo "FAIL: emulated cuda_ops_vs_cpu exited $rc"; fail=1
+fi
+MT_CUDA_PRECISION=bf16 MT_CUDA_BF16_SCRATCH_MB=1 "$EMU/cuda_ops_vs_cpu" -o gemm >"$EMU/cuda_ops_vs_cpu_bf16.log" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && grep -q ', 0 failed$' "$EMU/cuda_ops_vs_cpu_bf16.log" &&
+   grep -q '^cuda precision at creation: bf16 (MT_CUDA_PRECISION), bf16 operand scratch cap 1 MiB' "$EMU/cuda_ops_vs_cpu_bf16.log"; then
+    echo "PASS emulated cuda_ops_vs_cpu -o gemm, MT_CUDA_PRECISION=bf16 MT_CUDA_BF16_SCRATCH_MB=1 (tiled): $(tail -1 "$EMU/cuda_ops_vs_cpu_bf16.log")"
+else
+    grep -E 'FAIL|emu|precision' "$EMU/cuda_ops_vs_cpu_bf16.log" | head -40; tail -2 "$EMU/cuda_ops_vs_cpu_bf16.log"
+    echo "FAIL: emulated cuda_ops_vs_cpu with MT_CUDA_PRECISION=bf16 exited $rc"; fail=1
+fi
+# no cuBLASLt algorithm (emulator hook): every tile falls back to sgemm, counted;
+# the only failing checks are then the "bf16 ran" ones
+MT_EMU_LT_NO_ALGO=1 "$EMU/cuda_ops_vs_cpu" -o gemm >"$EMU/cuda_ops_vs_cpu_noalgo.log" 2>&1
+if ! grep FAIL "$EMU/cuda_ops_vs_cpu_noalgo.log" | grep -qv '(bf16 ran)' &&
+   grep -q '^cuda bf16: 0 cuBLASLt matmuls, [1-9][0-9]* sgemm fallbacks' "$EMU/cuda_ops_vs_cpu_noalgo.log"; then
+    echo "PASS no cuBLASLt algorithm: $(grep '^cuda bf16:' "$EMU/cuda_ops_vs_cpu_noalgo.log") (fp32 results, within the bound)"
+else
+    grep -E 'FAIL|^cuda bf16' "$EMU/cuda_ops_vs_cpu_noalgo.log" | head; echo "FAIL: cuBLASLt fallback"; fail=1
+fi
+out=$(MT_CUDA_PRECISION=half "$EMU/cuda_ops_vs_cpu" -o gemm 2>&1); rc=$?
+if [ $rc -eq 1 ] && [ "$out" = "FAIL: MT_CUDA_PRECISION=half: expected fp32 or bf16" ]; then
+    echo "PASS MT_CUDA_PRECISION=half refused: $out"
+else
+    echo "$out" | tail -3; echo "FAIL: MT_CUDA_PRECISION=half: exit $rc"; fail=1
 fi
 
 # b. the project's op harness on the cuda backend
@@ -124,24 +161,35 @@ else
     python3 "$SRC/tests/make_shard.py" "$EMU/train.bin" 4000 64 pattern >/dev/null
     TINY="--set vocab_size=64 --set n_layer=2 --set d_model=32 --set n_head=4 --set n_kv_head=2 --set seq_len=16 --set batch_size=4 --set lr=0.01 --set warmup_steps=2"
     ok=1
-    for be in cpu cuda; do
-        if ! OMP_NUM_THREADS=1 "$EMU/meshtrain" train $TINY --set backend=$be --peak-flops 1e11 --quiet \
-                --data "$EMU/train.bin" --out "$EMU/run_$be" --steps 3 >"$EMU/train_$be.log" 2>&1; then
-            tail -5 "$EMU/train_$be.log"; ok=0
+    # run NAME PRECISION BACKEND-FLAGS...
+    run() {
+        local name=$1 prec=$2; shift 2
+        if ! env MT_CUDA_PRECISION=$prec OMP_NUM_THREADS=1 "$EMU/meshtrain" train $TINY "$@" --peak-flops 1e11 --quiet \
+                --data "$EMU/train.bin" --out "$EMU/run_$name" --steps 3 >"$EMU/train_$name.log" 2>&1; then
+            tail -5 "$EMU/train_$name.log"; ok=0
         fi
-    done
-    if [ $ok -eq 1 ] && python3 - "$EMU/run_cpu/receipt.json" "$EMU/run_cuda/receipt.json" <<'PY'
+    }
+    run cpu fp32 --set backend=cpu
+    run cuda fp32 --set backend=cuda
+    run cuda_bf16 bf16 --backend cuda
+    cmp_losses() {  # cmp_losses REF RUN TOL
+        python3 - "$EMU/run_$1/receipt.json" "$EMU/run_$2/receipt.json" "$3" <<'PY'
 import json, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:3])
+tol = float(sys.argv[3])
 assert b["backend"]["actual"] == "cuda", b["backend"]
 la, lb = a["losses"], b["losses"]
 assert len(la) == len(lb) == 3, (la, lb)
 err = max(abs(x - y) / abs(x) for x, y in zip(la, lb))
-print("losses cpu %s cuda %s max rel diff %.2e" % (la, lb, err))
-assert err <= 1e-5, err
+print("losses cpu %s cuda %s max rel diff %.2e (tol %g)" % (la, lb, err, tol))
+assert err <= tol, err
 PY
-    then echo "PASS emulated train: 3 steps, backend=cuda losses equal backend=cpu to 1e-5"
+    }
+    if [ $ok -eq 1 ] && cmp_losses cpu cuda 1e-5; then echo "PASS emulated train: 3 steps, backend=cuda losses equal backend=cpu to 1e-5"
     else echo "FAIL: emulated train cpu vs cuda"; fail=1; fi
+    if [ $ok -eq 1 ] && cmp_losses cpu cuda_bf16 1e-3 && ! cmp_losses cpu cuda_bf16 1e-6 >/dev/null 2>&1; then
+        echo "PASS emulated train: 3 steps, --backend cuda with MT_CUDA_PRECISION=bf16 within 1e-3 of cpu (and not fp32-equal)"
+    else echo "FAIL: emulated train cpu vs cuda bf16"; fail=1; fi
 fi
 echo "emulation stage: $(( $(date +%s) - t1 ))s; total $(( $(date +%s) - t0 ))s"
 exit $fail

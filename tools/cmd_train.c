@@ -27,6 +27,8 @@ static void train_usage(FILE *f)
             "  --mesh SPEC          pp=..,dp=..,ep=..,tp=.. (omitted axes 1, dp derived from the world)  default: all 1\n"
             "  --zero Z             ZeRO stage 0..3                               default: 0\n"
             "  --pp-layers N0,N1,.. layers per pipeline stage   default: balanced by cost (E blocks cost more)\n"
+            "  --backend cpu|cuda   compute backend (= --set backend=...; cuda needs a CUDA build and a GPU,\n"
+            "                       GEMM precision from MT_CUDA_PRECISION=fp32|bf16)  default: cpu\n"
             "  --peak-flops F       peak FLOP/s for MFU    default: measure the sgemm roof at startup\n"
             "  --quiet              no progress output\n\n"
             "config keys (--config / --set):\n");
@@ -89,6 +91,19 @@ static int train_main(int argc, char **argv, int world)
         if (!strcmp(a, "--config")) { /* done above */ }
         else if (!strcmp(a, "--set")) {
             if (mt_config_set(&ctx, &cfg, v) != MT_OK) {
+                fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(&ctx));
+                return 2;
+            }
+        }
+        else if (!strcmp(a, "--backend")) {
+            /* the config key, set in command-line order like --set backend=... */
+            char kv[64];
+            if (strcmp(v, "cpu") && strcmp(v, "cuda")) {
+                fprintf(stderr, "meshtrain train: --backend expects cpu or cuda (got '%s')\n", v);
+                return 2;
+            }
+            snprintf(kv, sizeof kv, "backend=%s", v);
+            if (mt_config_set(&ctx, &cfg, kv) != MT_OK) {
                 fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(&ctx));
                 return 2;
             }

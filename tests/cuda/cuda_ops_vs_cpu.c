@@ -17,6 +17,19 @@
  *     injected allocation failure, and that no CUDA error was recorded.
  * Every entry the cpu table fills must be non-NULL in the cuda table.
  *
+ * All of the above runs in fp32 mode (mt_ops_cuda_set_precision(FP32),
+ * whatever MT_CUDA_PRECISION says). Then the bf16 section switches the table
+ * to bf16 and checks gemm — the only entry precision changes — element by
+ * element against the cpu fp32 result with the bound derived in
+ * docs/cuda.md ("bf16 mode"):
+ *     |gpu_ij - cpu_ij| <= |alpha| (BF16_C u S_ij + 2 K 2^-24 T_ij) + 2^-22 |beta c_ij|
+ *     u = 2^-8, S_ij = sqrt(sum_k (a_ik b_kj)^2), T_ij = sum_k |a_ik b_kj|,
+ * reported as max_ij err_ij / bound_ij (must be <= 1); that bf16 really
+ * ran (a large-K case must NOT meet the fp32 tolerance); determinism; the
+ * unaligned-C, transposed, padded, K = 0 / alpha = 0 cases; shapes whose
+ * operand copies exceed MT_CUDA_BF16_SCRATCH_MB when it is set small (tiles);
+ * and the precision query / setter.
+ *
  * Exit status: 0 when every check passes, or with "SKIP: no GPU" when
  * mt_ops_cuda() returns NULL (no device, or no driver); 1 on any failure.
  * Usage: cuda_ops_vs_cpu [-o OP_SUBSTRING]
@@ -33,6 +46,10 @@
 
 #define TOL      1e-5
 #define MAX_BUFS 64
+/* bf16 bound (docs/cuda.md): unit roundoff of bf16 and the constant on the
+ * random-sign (sqrt) term */
+#define BF16_U   0x1.0p-8
+#define BF16_C   6.0
 
 struct be {
     const struct mt_ops_i *ops;
@@ -365,6 +382,106 @@ static void test_gemm(void)
         free(B);
         free(C0);
     }
+}
+
+/* ---- gemm in bf16 mode ---- */
+/* element (r, c) of op(X) for X stored row-major with leading dimension ld */
+static double opel(const float *X, int trans, int ld, int r, int c)
+{
+    return trans ? (double)X[(size_t)c * ld + r] : (double)X[(size_t)r * ld + c];
+}
+
+static void test_gemm_bf16(void)
+{
+    if (!selected("gemm")) return;
+    /* coff: C passed at an offset of coff floats (an unaligned C pointer) */
+    struct { int tA, tB, M, N, K, pad, coff; float alpha, beta; } cs[] = {
+        {0, 0, 67, 45, 33, 3, 0, 0.7f, 0.0f},   {0, 1, 67, 45, 33, 3, 0, 1.0f, 0.5f},
+        {1, 0, 67, 45, 33, 0, 1, 1.0f, 1.0f},   {1, 1, 67, 45, 33, 5, 3, -0.3f, 0.0f},
+        {0, 1, 256, 384, 512, 0, 0, 1.0f, 0.0f}, {0, 0, 31, 17, 0, 2, 0, 1.0f, 0.5f},
+        {1, 0, 20, 30, 40, 1, 0, 0.0f, 0.0f},   {0, 1, 64, 96, 1000, 0, 1, 1.0f, 1.0f},
+        /* operand copies of ~2 MB: tiled when MT_CUDA_BF16_SCRATCH_MB=1 (rows, columns, both) */
+        {0, 1, 2000, 64, 512, 0, 0, 1.0f, 0.0f}, {1, 0, 64, 2000, 512, 0, 0, 1.0f, 1.0f},
+        {1, 1, 520, 520, 1000, 4, 1, 0.5f, 0.25f},
+    };
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        int M = cs[c].M, N = cs[c].N, K = cs[c].K, pad = cs[c].pad, co = cs[c].coff;
+        int ar = cs[c].tA ? K : M, ac = cs[c].tA ? M : K;
+        int br = cs[c].tB ? N : K, bc = cs[c].tB ? K : N;
+        int lda = ac + pad, ldb = bc + pad, ldc = N + pad;
+        size_t na = (size_t)(ar > 0 ? ar : 1) * (size_t)lda, nb = (size_t)(br > 0 ? br : 1) * (size_t)ldb;
+        size_t nc = (size_t)M * (size_t)ldc;
+        float *A = rnd(na, -1, 1), *B = rnd(nb, -1, 1);
+        float *C0 = cs[c].beta == 0.0f ? nans(nc + (size_t)co) : rnd(nc + (size_t)co, -1, 1);
+        if (cs[c].beta == 0.0f)
+            for (int i = 0; i < M; i++)
+                for (int j = N; j < ldc; j++) C0[(size_t)co + (size_t)i * ldc + j] = 7.0f;
+        float *r[3];
+        for (int p = 0; p < 3; p++) {
+            struct be *b = BE(p);
+            float *dA = upf(b, A, na), *dB = upf(b, B, nb), *dC = upf(b, C0, nc + (size_t)co);
+            b->ops->gemm(cs[c].tA, cs[c].tB, M, N, K, cs[c].alpha, dA, lda > 0 ? lda : 1, dB, ldb > 0 ? ldb : 1,
+                         cs[c].beta, dC + co, ldc);
+            r[p] = downf(b, dC + co, nc);
+            release(b);
+        }
+        /* err / bound, element by element */
+        double worst = 0.0, fp32_err = 0.0, scale = 0.0;
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < ldc; j++) {
+                size_t e = (size_t)i * ldc + j;
+                double S2 = 0.0, T = 0.0;
+                for (int k = 0; j < N && k < K; k++) {
+                    double t = opel(A, cs[c].tA, lda, i, k) * opel(B, cs[c].tB, ldb, k, j);
+                    S2 += t * t;
+                    T += fabs(t);
+                }
+                double cij = j < N && cs[c].beta != 0.0f ? (double)C0[(size_t)co + e] : 0.0;
+                double bound = fabs((double)cs[c].alpha) * (BF16_C * BF16_U * sqrt(S2) + 2.0 * K * 0x1.0p-24 * T) +
+                               0x1.0p-22 * fabs((double)cs[c].beta * cij) + 1e-30;
+                double d = fabs((double)r[1][e] - (double)r[0][e]);
+                if (!(d == d)) d = INFINITY;
+                if (d / bound > worst) worst = d / bound;
+                if (d > fp32_err) fp32_err = d;
+                if (fabs((double)r[0][e]) > scale) scale = fabs((double)r[0][e]);
+            }
+        char w[160];
+        snprintf(w, sizeof w, "bf16 tA=%d tB=%d M=%d N=%d K=%d pad=%d coff=%d alpha=%g beta=%g (err/bound)",
+                 cs[c].tA, cs[c].tB, M, N, K, pad, co, cs[c].alpha, cs[c].beta);
+        report("gemm", w, worst, 1.0);
+        snprintf(w, sizeof w, "bf16 tA=%d tB=%d M=%d N=%d K=%d: deterministic (differing elements)", cs[c].tA,
+                 cs[c].tB, M, N, K);
+        report("gemm", w, (double)ndiff(r[1], r[2], nc), 0);
+        if (K >= 512) {
+            /* the operands really were rounded: fp32's 1e-5 must NOT hold */
+            snprintf(w, sizeof w, "bf16 M=%d N=%d K=%d: rel. diff from fp32 %.1e > 1e-5 (bf16 ran)", M, N, K,
+                     fp32_err / (scale > 0 ? scale : 1));
+            report("gemm", w, fp32_err / (scale > 0 ? scale : 1) > TOL ? 0 : 1, 0);
+        }
+        for (int p = 0; p < 3; p++) free(r[p]);
+        free(A);
+        free(B);
+        free(C0);
+    }
+}
+
+static void test_precision_api(void)
+{
+    report("precision", "set(bf16) ok, get() == bf16",
+           (mt_ops_cuda_set_precision(MT_CUDA_PRECISION_BF16) != MT_OK) + (mt_ops_cuda_get_precision() != MT_CUDA_PRECISION_BF16), 0);
+    report("precision", "set(42) refused, precision unchanged",
+           (mt_ops_cuda_set_precision((enum mt_cuda_precision)42) != MT_ERR_INVALID_ARG) +
+               (mt_ops_cuda_get_precision() != MT_CUDA_PRECISION_BF16), 0);
+    enum mt_cuda_precision q = MT_CUDA_PRECISION_FP32;
+    report("precision", "parse bf16 / fp32 / BF16 / empty",
+           (mt_ops_cuda_precision_parse("bf16", &q) != MT_OK || q != MT_CUDA_PRECISION_BF16) +
+               (mt_ops_cuda_precision_parse("fp32", &q) != MT_OK || q != MT_CUDA_PRECISION_FP32) +
+               (mt_ops_cuda_precision_parse("BF16", &q) != MT_ERR_INVALID_ARG) +
+               (mt_ops_cuda_precision_parse("", &q) != MT_ERR_INVALID_ARG), 0);
+    struct mt_ops_cuda_info info;
+    mt_ops_cuda_get_info(&info);
+    report("precision", "info says bf16, set by caller",
+           strcmp(info.precision, "bf16") != 0 || strcmp(info.precision_source, "set by caller") != 0, 0);
 }
 
 /* ---- embedding ---- */
@@ -763,6 +880,10 @@ int main(int argc, char **argv)
     }
     char why[256] = "";
     const struct mt_ops_i *cuda = mt_ops_cuda(why, sizeof why);
+    if (!cuda && !strncmp(why, "MT_CUDA_", 8)) {  /* a bad tunable, not a missing GPU */
+        printf("FAIL: %s\n", why);
+        return 1;
+    }
     if (!cuda) {
         printf("SKIP: no GPU (%s)\n", why[0] ? why : "mt_ops_cuda returned NULL");
         return 0;
@@ -772,13 +893,21 @@ int main(int argc, char **argv)
         printf("cuda device: %s (sm_%d%d, %d SMs, %.1f GiB), runtime %d, cuBLAS %d\n", info.device, info.cc_major,
                info.cc_minor, info.sm_count, (double)info.mem_total / (1024.0 * 1024.0 * 1024.0),
                info.runtime_version, info.cublas_version);
+    /* the precision chosen at creation: MT_CUDA_PRECISION if set, else fp32 */
+    const char *envp = getenv(MT_CUDA_PRECISION_ENV);
+    printf("cuda precision at creation: %s (%s), bf16 operand scratch cap %zu MiB\n",
+           mt_ops_cuda_precision_name(mt_ops_cuda_get_precision()), info.precision_source, info.bf16_scratch_cap >> 20);
     g_be[0].ops = mt_ops_cpu();
     g_be[0].name = "cpu";
     g_be[1].ops = cuda;
     g_be[1].name = "cuda";
     mt_ctx_init(&g_be[0].ctx);
     mt_ctx_init(&g_be[1].ctx);
+    report("precision", "at creation = MT_CUDA_PRECISION (or fp32 when unset)",
+           strcmp(mt_ops_cuda_precision_name(mt_ops_cuda_get_precision()), envp && envp[0] ? envp : "fp32") != 0, 0);
 
+    /* ---- fp32 mode: every op to 1e-5 ---- */
+    mt_ops_cuda_set_precision(MT_CUDA_PRECISION_FP32);
     g_rng = 1;  test_table();
     g_rng = 2;  test_memory();
     g_rng = 3;  test_fill_axpby();
@@ -793,6 +922,15 @@ int main(int argc, char **argv)
     g_rng = 12; test_router();
     g_rng = 13; test_moe();
     g_rng = 14; test_optim();
+
+    /* ---- bf16 mode: gemm to the derived bound ---- */
+    g_rng = 15; test_precision_api();
+    g_rng = 16; test_gemm_bf16();
+    struct mt_ops_cuda_info after;
+    if (mt_ops_cuda_get_info(&after) == MT_OK)
+        printf("cuda bf16: %ld cuBLASLt matmuls, %ld sgemm fallbacks\n", after.gemm_bf16_calls,
+               after.gemm_bf16_fallbacks);
+    mt_ops_cuda_set_precision(MT_CUDA_PRECISION_FP32);
 
     char msg[512];
     cuda->sync();

@@ -10,7 +10,8 @@
  *
  * Process state. The table's entries take no handle (sync(void), gemm(...)),
  * so the backend keeps one state object, `mt_cuda_g`: the stream every op is
- * queued on, the cuBLAS handle, fixed reduction scratch, a grow-only
+ * queued on, the cuBLAS and cuBLASLt handles, the GEMM precision (fp32 or
+ * bf16) and the cached cuBLASLt plans, fixed reduction scratch, a grow-only
  * workspace and the sticky error. It is the one exception to "no mutable
  * globals" (STYLE.md 7), forced by the table's signatures; it is written only
  * by mt_ops_cuda() (init), mt_ops_cuda_shutdown() and the error boundary.
@@ -31,7 +32,8 @@
  *
  * Emulation: with MT_CUDA_EMU defined, these files compile as plain C++
  * against tests/cuda/emu (a CPU emulator of the few CUDA features used:
- * fibers for threads, __syncthreads, warp shuffles, a naive cuBLAS sgemm),
+ * fibers for threads, __syncthreads, warp shuffles, a naive cuBLAS sgemm and
+ * cuBLASLt bf16 matmul),
  * so the kernels can be checked on a machine without a GPU. Kernel launches
  * therefore go through MT_LAUNCH and dynamic shared memory through
  * MT_DYN_SMEM; nothing else differs.
@@ -40,7 +42,9 @@
 #define MT_CUDA_IMPL_CUH
 
 #include <cuda_runtime.h>
+#include <cuda_bf16.h>
 #include <cublas_v2.h>
+#include <cublasLt.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -55,13 +59,39 @@ extern "C" {
 
 /* ---- backend state (ops_cuda.cu) ---- */
 #define MT_CUDA_RED_BLOCKS  1024   /* fixed partial count of sumsq: shape-only order */
+#define MT_CUDA_LT_WS_BYTES ((size_t)32 << 20) /* cuBLASLt workspace: 32 MiB (NVIDIA's advice for Hopper) */
+/* runtime tunable: cap on the bf16 operand copies of one gemm call, in MiB */
+#define MT_CUDA_BF16_SCRATCH_ENV        "MT_CUDA_BF16_SCRATCH_MB"
+#define MT_CUDA_BF16_SCRATCH_DEFAULT_MB 256
 #define MT_CUDA_RED_THREADS 256
+
+/* One cached cuBLASLt bf16 matmul (gemm.cu): the descriptors and the
+ * algorithm the heuristic chose for one (transposes, sizes, leading
+ * dimensions, C alignment). Built on first use, reused after; evicted
+ * round-robin when the cache is full. */
+#define MT_CUDA_LT_PLANS 64
+struct mt_cuda_lt_plan {
+    int                     used;
+    int                     ta, tb, m, n, k, lda, ldb, ldc, align_c;  /* the key (row-major view) */
+    int                     ok;         /* 0: no algorithm: the tile falls back to sgemm */
+    cublasLtMatmulDesc_t    desc;
+    cublasLtMatrixLayout_t  la, lb, lc; /* cuBLASLt's A (= our B), B (= our A), C = D     */
+    cublasLtMatmulAlgo_t    algo;
+    size_t                  ws;         /* workspace the algorithm needs                  */
+};
 
 struct mt_cuda_state {
     int            ready;          /* 1 after a successful mt_ops_cuda()        */
     int            device;         /* cudaGetDevice() at init                    */
     cudaStream_t   stream;         /* every op is queued here, in call order     */
     cublasHandle_t blas;
+    /* bf16 mode (gemm.cu): precision, cuBLASLt handle, its workspace, plans */
+    enum mt_cuda_precision precision;
+    cublasLtHandle_t lt;
+    void          *lt_ws;          /* MT_CUDA_LT_WS_BYTES of device memory       */
+    size_t         bf16_cap;       /* operand scratch cap per gemm (bytes)       */
+    struct mt_cuda_lt_plan plans[MT_CUDA_LT_PLANS];
+    int            plan_next;      /* round-robin eviction cursor                */
     /* sticky error: first failure wins; see the file comment */
     enum mt_status err;
     long           n_errors;
@@ -94,6 +124,7 @@ static inline int mt_cuda_check_gen(S st, S success, F to_string, const char *ca
     mt_cuda_check_gen((call), (success), (to_string), #call, __FILE__, __LINE__)
 #define MT_CUDA_OK(call)    MT_CUDA_CHECK_GEN(call, cudaSuccess, cudaGetErrorString)
 #define MT_CUBLAS_OK(call)  MT_CUDA_CHECK_GEN(call, CUBLAS_STATUS_SUCCESS, cublasGetStatusString)
+#define MT_CUBLASLT_OK(call) MT_CUDA_CHECK_GEN(call, CUBLAS_STATUS_SUCCESS, cublasLtGetStatusString)
 #define MT_CUDA_CHECK(call) ((void)MT_CUDA_OK(call))
 #define MT_CUBLAS_CHECK(call) ((void)MT_CUBLAS_OK(call))
 /* after every kernel launch: launch-configuration errors are reported here */
@@ -160,6 +191,8 @@ double mt_cuda_sumsq(const float *x, size_t n);
 int    mt_cuda_all_finite(const float *x, size_t n);
 
 /* ---- gemm.cu ---- */
+/* release every cached cuBLASLt plan (shutdown) */
+void mt_cuda_lt_plans_release(void);
 void mt_cuda_gemm(int transA, int transB, int M, int N, int K, float alpha,
                   const float *A, int lda, const float *B, int ldb,
                   float beta, float *C, int ldc);

@@ -1,5 +1,6 @@
 /*
- * gemm.cu — C = alpha op(A) op(B) + beta C (row-major) through cublasSgemm.
+ * gemm.cu — C = alpha op(A) op(B) + beta C (row-major), fp32 through
+ * cublasSgemm or bf16 through cuBLASLt, as mt_cuda_g.precision says.
  *
  * Row-major onto column-major: a row-major (R, S) matrix with leading
  * dimension ld is, byte for byte, the column-major (S, R) matrix (its
@@ -10,11 +11,47 @@
  * of B is exactly what cuBLAS's opB applied to that view yields.
  *
  * fp32 mode: CUBLAS_DEFAULT_MATH (IEEE fp32, no TF32) is set at init.
- * Invariant: K == 0 or alpha == 0 never reaches cuBLAS (ld arguments may be
- * degenerate there); C is scaled by beta (beta == 0 writes zeros without
- * reading C, the BLAS rule), which is what the math says.
+ *
+ * bf16 mode (HOW IT WORKS):
+ *   the table's buffers are fp32 (mt_ops.h), so the entry rounds its
+ *   operands to bf16 (round to nearest even) into backend scratch, then
+ *   runs one cuBLASLt matmul per tile with A, B bf16, compute and scale
+ *   fp32, C = D fp32 (in place: beta C is read in fp32, the result written
+ *   in fp32 — gradient accumulation with beta = 1 never rounds to bf16):
+ *
+ *     pick tiles mc x nc of C so that the bf16 copies of op(A)[mc rows] and
+ *       op(B)[nc cols] fit MT_CUDA_BF16_SCRATCH_MB (one tile when they fit);
+ *     for each row tile: convert op(A) rows -> sa (bf16, ld padded to 8)
+ *       for each column tile: convert op(B) cols -> sb (once if nc == N)
+ *         plan = cache[(ta, tb, mm, nn, K, lds, ldc, align(C))] or build it
+ *                (descriptors + cublasLtMatmulAlgoGetHeuristic)
+ *         cublasLtMatmul(sb as Lt's A, sa as Lt's B, C tile)   # the mapping above
+ *
+ *   K is never split, so each element's dot product runs in one matmul and
+ *   tiling does not change the numbers. Why convert per call rather than
+ *   keep bf16 shadow copies of the weights: the table's entries cannot
+ *   tell a weight from an activation or know when the optimizer has
+ *   changed a buffer (no hook after an update), so a shadow would need
+ *   model and optimizer changes to stay valid; the conversion is one
+ *   memory-bound pass over the operands (6 bytes per element against
+ *   2·M·N·K flops), the same traffic a shadow refresh after every step
+ *   would cost for weights, and activations would need it anyway.
+ *   Scratch pointers are 256-byte aligned and the padded leading dimensions
+ *   multiples of 8 elements (16 bytes), what the tensor-core kernels want;
+ *   C keeps the caller's pointer and ldc, and its actual alignment is told
+ *   to the heuristic (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C/D_BYTES).
+ *   A tile the heuristic has no algorithm for runs through cublasSgemm on
+ *   the fp32 operands instead: a named fallback, counted in
+ *   mt_ops_cuda_info.gemm_bf16_fallbacks (never silent).
+ *
+ * Invariant (both modes): K == 0 or alpha == 0 never reaches cuBLAS (ld
+ * arguments may be degenerate there); C is scaled by beta (beta == 0 writes
+ * zeros without reading C, the BLAS rule), which is what the math says.
+ * The error bound of bf16 mode is derived in docs/cuda.md ("bf16 mode").
  */
 #include "cuda_impl.cuh"
+
+#include <string.h>
 
 static __global__ void scale_k(float *C, int M, int N, int ldc, float beta)
 {
@@ -23,6 +60,191 @@ static __global__ void scale_k(float *C, int M, int N, int ldc, float beta)
         size_t i = e / (size_t)N, j = e % (size_t)N;
         float *c = C + i * (size_t)ldc + j;
         *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
+/* dst (rows, cols; ldd) = bf16(src (rows, cols; lds)), round to nearest even */
+static __global__ void to_bf16_k(__nv_bfloat16 *dst, int ldd, const float *src, int lds, int rows, int cols)
+{
+    size_t total = (size_t)rows * (size_t)cols;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
+        size_t i = e / (size_t)cols, j = e % (size_t)cols;
+        dst[i * (size_t)ldd + j] = __float2bfloat16_rn(src[i * (size_t)lds + j]);
+    }
+}
+
+static inline int pad8(int x) { return (x + 7) & ~7; }
+static inline size_t up256(size_t b) { return (b + 255) & ~(size_t)255; }
+
+/* largest power of two (<= 256) dividing the address */
+static inline int align_of(const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    int al = 256;
+    while (al > 1 && (a & (uintptr_t)(al - 1))) al >>= 1;
+    return al;
+}
+
+static void sgemm(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                  int ldb, float beta, float *C, int ldc)
+{
+    MT_CUBLAS_CHECK(cublasSgemm(mt_cuda_g.blas, transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc));
+}
+
+/* ---- cuBLASLt plans ---- */
+
+static void plan_release(struct mt_cuda_lt_plan *p)
+{
+    if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+    if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
+    if (p->la) cublasLtMatrixLayoutDestroy(p->la);
+    if (p->desc) cublasLtMatmulDescDestroy(p->desc);
+    memset(p, 0, sizeof *p);
+}
+
+extern "C" void mt_cuda_lt_plans_release(void)
+{
+    for (int i = 0; i < MT_CUDA_LT_PLANS; i++) plan_release(&mt_cuda_g.plans[i]);
+    mt_cuda_g.plan_next = 0;
+}
+
+/* Descriptors and algorithm for one bf16 tile, in the column-major view:
+ * Lt's A = our op(B)^T source (sb, rows x cols as stored), Lt's B = our
+ * op(A)^T source (sa), D = C (nn x mm column-major = our mm x nn row-major).
+ * Returns 0 when a descriptor call failed (sticky error recorded). */
+static int plan_build(struct mt_cuda_lt_plan *p)
+{
+    const cublasOperation_t opa = p->tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = p->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const int32_t ta = (int32_t)opa, tb = (int32_t)opb;
+    /* column-major shapes of the stored scratch: (rows, cols, ld) */
+    const uint64_t a_rows = p->tb ? (uint64_t)p->k : (uint64_t)p->n, a_cols = p->tb ? (uint64_t)p->n : (uint64_t)p->k;
+    const uint64_t b_rows = p->ta ? (uint64_t)p->m : (uint64_t)p->k, b_cols = p->ta ? (uint64_t)p->k : (uint64_t)p->m;
+    if (!MT_CUBLASLT_OK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)) ||
+        !MT_CUBLASLT_OK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) ||
+        !MT_CUBLASLT_OK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)) ||
+        !MT_CUBLASLT_OK(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, a_rows, a_cols, p->ldb)) ||
+        !MT_CUBLASLT_OK(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, b_rows, b_cols, p->lda)) ||
+        !MT_CUBLASLT_OK(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, (uint64_t)p->n, (uint64_t)p->m, p->ldc)))
+        return 0;
+    cublasLtMatmulPreference_t pref = NULL;
+    const uint64_t max_ws = MT_CUDA_LT_WS_BYTES;
+    const uint32_t al_ab = 256, al_c = (uint32_t)p->align_c;
+    int ok = MT_CUBLASLT_OK(cublasLtMatmulPreferenceCreate(&pref)) &&
+             MT_CUBLASLT_OK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_ws,
+                                                                 sizeof max_ws)) &&
+             MT_CUBLASLT_OK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_ab,
+                                                                 sizeof al_ab)) &&
+             MT_CUBLASLT_OK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_ab,
+                                                                 sizeof al_ab)) &&
+             MT_CUBLASLT_OK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c,
+                                                                 sizeof al_c)) &&
+             MT_CUBLASLT_OK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
+                                                                 sizeof al_c));
+    if (ok) {
+        cublasLtMatmulHeuristicResult_t res;
+        int n_res = 0;
+        memset(&res, 0, sizeof res);
+        /* "no algorithm" is an answer, not an error: the tile falls back */
+        cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(mt_cuda_g.lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1,
+                                                           &res, &n_res);
+        if (st == CUBLAS_STATUS_SUCCESS && n_res > 0 && res.state == CUBLAS_STATUS_SUCCESS &&
+            res.workspaceSize <= MT_CUDA_LT_WS_BYTES) {
+            p->algo = res.algo;
+            p->ws = res.workspaceSize;
+            p->ok = 1;
+        } else if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) {
+            ok = MT_CUBLASLT_OK(st);
+        }
+    }
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    return ok;
+}
+
+static struct mt_cuda_lt_plan *plan_get(int ta, int tb, int m, int n, int k, int lda, int ldb, int ldc, int align_c)
+{
+    for (int i = 0; i < MT_CUDA_LT_PLANS; i++) {
+        struct mt_cuda_lt_plan *p = &mt_cuda_g.plans[i];
+        if (p->used && p->ta == ta && p->tb == tb && p->m == m && p->n == n && p->k == k && p->lda == lda &&
+            p->ldb == ldb && p->ldc == ldc && p->align_c == align_c)
+            return p;
+    }
+    struct mt_cuda_lt_plan *p = &mt_cuda_g.plans[mt_cuda_g.plan_next];
+    mt_cuda_g.plan_next = (mt_cuda_g.plan_next + 1) % MT_CUDA_LT_PLANS;
+    plan_release(p);
+    p->ta = ta; p->tb = tb; p->m = m; p->n = n; p->k = k;
+    p->lda = lda; p->ldb = ldb; p->ldc = ldc; p->align_c = align_c;
+    if (!plan_build(p)) {
+        plan_release(p);  /* error recorded; nothing cached */
+        return NULL;
+    }
+    p->used = 1;
+    return p;
+}
+
+/* ---- bf16 ---- */
+
+static void to_bf16(__nv_bfloat16 *dst, int ldd, const float *src, int lds, int rows, int cols)
+{
+    MT_LAUNCH(to_bf16_k, mt_cuda_blocks((size_t)rows * (size_t)cols, 256), 256, 0)(dst, ldd, src, lds, rows, cols);
+    MT_CUDA_KCHECK();
+}
+
+/* scratch bytes of op(A)'s rows [.., +mm) and op(B)'s columns [.., +nn) */
+static size_t bytes_a(int ta, int mm, int K) { return up256((size_t)(ta ? K : mm) * (size_t)pad8(ta ? mm : K) * 2); }
+static size_t bytes_b(int tb, int nn, int K) { return up256((size_t)(tb ? nn : K) * (size_t)pad8(tb ? K : nn) * 2); }
+
+/* the largest multiple of 8 (>= 8, <= total) whose copy fits `avail` bytes */
+static int fit_rows(size_t avail, size_t per_row, int total)
+{
+    size_t r = per_row ? avail / per_row : (size_t)total;
+    r &= ~(size_t)7;
+    if (r < 8) r = 8;
+    return r >= (size_t)total ? total : (int)r;
+}
+
+static void gemm_bf16(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                      int ldb, float beta, float *C, int ldc)
+{
+    const size_t cap = mt_cuda_g.bf16_cap;
+    const size_t per_a = (size_t)2 * (size_t)(ta ? K : pad8(K)), per_b = (size_t)2 * (size_t)(tb ? pad8(K) : K);
+    int mc = M, nc = N;
+    if (bytes_a(ta, M, K) + bytes_b(tb, N, K) > cap) {
+        if (bytes_b(tb, N, K) <= cap / 2)       mc = fit_rows(cap - bytes_b(tb, N, K), per_a, M);
+        else if (bytes_a(ta, M, K) <= cap / 2)  nc = fit_rows(cap - bytes_a(ta, M, K), per_b, N);
+        else { mc = fit_rows(cap / 2, per_a, M); nc = fit_rows(cap / 2, per_b, N); }
+    }
+    const size_t ba = bytes_a(ta, mc, K);
+    char *ws = (char *)mt_cuda_workspace(ba + bytes_b(tb, nc, K));
+    if (!ws) return;  /* sticky OOM recorded */
+    __nv_bfloat16 *sa = (__nv_bfloat16 *)ws, *sb = (__nv_bfloat16 *)(ws + ba);
+    for (int m0 = 0; m0 < M; m0 += mc) {
+        const int mm = M - m0 < mc ? M - m0 : mc;
+        /* op(A) rows m0..: stored rows (ta = 0) or stored columns (ta = 1) */
+        const int lda_s = ta ? pad8(mm) : pad8(K);
+        const float *a0 = ta ? A + m0 : A + (size_t)m0 * (size_t)lda;
+        if (ta) to_bf16(sa, lda_s, a0, lda, K, mm);
+        else    to_bf16(sa, lda_s, a0, lda, mm, K);
+        for (int n0 = 0; n0 < N; n0 += nc) {
+            const int nn = N - n0 < nc ? N - n0 : nc;
+            const int ldb_s = tb ? pad8(K) : pad8(nn);
+            const float *b0 = tb ? B + (size_t)n0 * (size_t)ldb : B + n0;
+            if (m0 == 0 || nc < N) {
+                if (tb) to_bf16(sb, ldb_s, b0, ldb, nn, K);
+                else    to_bf16(sb, ldb_s, b0, ldb, K, nn);
+            }
+            float *c0 = C + (size_t)m0 * (size_t)ldc + n0;
+            struct mt_cuda_lt_plan *p = plan_get(ta, tb, mm, nn, K, lda_s, ldb_s, ldc, align_of(c0));
+            if (!p) return;  /* descriptor failure recorded */
+            if (!p->ok) {
+                mt_cuda_g.info.gemm_bf16_fallbacks++;
+                sgemm(ta, tb, mm, nn, K, alpha, a0, lda, b0, ldb, beta, c0, ldc);
+                continue;
+            }
+            mt_cuda_g.info.gemm_bf16_calls++;
+            MT_CUBLASLT_OK(cublasLtMatmul(mt_cuda_g.lt, p->desc, &alpha, sb, p->la, sa, p->lb, &beta, c0, p->lc, c0,
+                                          p->lc, &p->algo, mt_cuda_g.lt_ws, p->ws, mt_cuda_g.stream));
+        }
     }
 }
 
@@ -37,6 +259,8 @@ extern "C" void mt_cuda_gemm(int transA, int transB, int M, int N, int K, float 
         MT_CUDA_KCHECK();
         return;
     }
-    MT_CUBLAS_CHECK(cublasSgemm(mt_cuda_g.blas, transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc));
+    if (mt_cuda_g.precision == MT_CUDA_PRECISION_BF16)
+        gemm_bf16(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    else
+        sgemm(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }

@@ -30,6 +30,24 @@
 extern "C" {
 #endif
 
+/* GEMM precision of the table (docs/cuda.md, "bf16 mode").
+ *   FP32: cublasSgemm in IEEE fp32 (no TF32): the checking mode, 1e-5 from cpu.
+ *   BF16: cuBLASLt with bf16 operands and fp32 accumulation and output. The
+ *         gemm entry rounds op(A) and op(B) to bf16 in backend scratch on every
+ *         call; C stays fp32 (so beta = 1 gradient accumulation stays fp32),
+ *         and every buffer of the table (weights, grads, optimizer state,
+ *         activations) stays fp32. Everything that goes through gemm is bf16,
+ *         Muon's Newton-Schulz included; no other op changes.
+ * Chosen when the table is created (first mt_ops_cuda()) from the runtime
+ * tunable MT_CUDA_PRECISION=fp32|bf16 (default fp32; another value makes
+ * mt_ops_cuda() return NULL with the reason), changeable afterwards with
+ * mt_ops_cuda_set_precision(). */
+enum mt_cuda_precision {
+    MT_CUDA_PRECISION_FP32 = 0,
+    MT_CUDA_PRECISION_BF16 = 1,
+};
+#define MT_CUDA_PRECISION_ENV "MT_CUDA_PRECISION"
+
 /* Device and library description for the receipt (filled at init). */
 struct mt_ops_cuda_info {
     char   device[256];        /* cudaDeviceProp.name, e.g. "NVIDIA H100 80GB HBM3" */
@@ -39,7 +57,16 @@ struct mt_ops_cuda_info {
     size_t mem_total;          /* bytes                                            */
     int    runtime_version;    /* cudaRuntimeGetVersion, e.g. 13000                */
     int    cublas_version;     /* cublasGetVersion, e.g. 130000                    */
-    size_t workspace_bytes;    /* backend-private scratch currently held           */
+    size_t cublaslt_version;   /* cublasLtGetVersion, e.g. 130000                  */
+    size_t workspace_bytes;    /* backend-private scratch currently held (the
+                                  grow-only workspace + cuBLASLt's workspace)     */
+    char   precision[8];       /* "fp32" or "bf16": the GEMM precision now in use */
+    char   precision_source[40]; /* "default", "MT_CUDA_PRECISION", "set by caller" */
+    size_t bf16_scratch_cap;   /* MT_CUDA_BF16_SCRATCH_MB in bytes: the bf16 copies
+                                  of one GEMM's operands are tiled to fit it      */
+    long   gemm_bf16_calls;    /* cuBLASLt bf16 matmuls run (tiles counted)       */
+    long   gemm_bf16_fallbacks;/* tiles cuBLASLt had no algorithm for, run by
+                                  cublasSgemm in fp32 instead (named, counted)    */
 };
 
 /* MT_OK while no CUDA/cuBLAS call has failed; otherwise the first failure's
@@ -53,6 +80,18 @@ enum mt_status mt_ops_cuda_get_info(struct mt_ops_cuda_info *info);
  * order; NULL before init. Collectives (NCCL) that read or write buffers of
  * this backend enqueue on it too, so no extra synchronisation is needed. */
 void *mt_ops_cuda_stream(void);
+
+/* Switch the GEMM precision of the table for every later gemm call (work
+ * already queued keeps its precision). MT_ERR_UNSUPPORTED before the table
+ * exists (call mt_ops_cuda() first: it reads MT_CUDA_PRECISION), MT_ERR_INVALID_ARG
+ * for a value outside the enum. */
+enum mt_status mt_ops_cuda_set_precision(enum mt_cuda_precision p);
+/* The precision now in use (FP32 before init). */
+enum mt_cuda_precision mt_ops_cuda_get_precision(void);
+/* "fp32" / "bf16" ("?" for a value outside the enum). */
+const char *mt_ops_cuda_precision_name(enum mt_cuda_precision p);
+/* Parse "fp32" / "bf16" (exact, lower case): MT_OK or MT_ERR_INVALID_ARG. */
+enum mt_status mt_ops_cuda_precision_parse(const char *s, enum mt_cuda_precision *out);
 
 /* Release the stream, cuBLAS handle and scratch. Buffers from buf_alloc
  * must be freed before. A later mt_ops_cuda() initialises again. */

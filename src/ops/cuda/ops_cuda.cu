@@ -1,7 +1,7 @@
 /*
  * ops_cuda.cu — the cuda backend's kernel table, its one-time initialisation
- * (device check, stream, cuBLAS handle, reduction scratch), the sticky error
- * and the workspace.
+ * (device check, stream, cuBLAS and cuBLASLt handles, the GEMM precision,
+ * reduction scratch), the sticky error and the workspace.
  *
  * Invariant: mt_ops_cuda() returns the table only when the state is fully
  * initialised (`ready`); every entry then queues work on mt_cuda_g.stream in
@@ -36,7 +36,7 @@ void *mt_cuda_workspace(size_t bytes)
         MT_CUDA_CHECK(cudaFree(mt_cuda_g.ws));
         mt_cuda_g.ws = NULL;
         mt_cuda_g.ws_bytes = 0;
-        mt_cuda_g.info.workspace_bytes = 0;
+        mt_cuda_g.info.workspace_bytes = MT_CUDA_LT_WS_BYTES;
     }
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, want);
@@ -49,7 +49,7 @@ void *mt_cuda_workspace(size_t bytes)
     }
     mt_cuda_g.ws = p;
     mt_cuda_g.ws_bytes = want;
-    mt_cuda_g.info.workspace_bytes = want;
+    mt_cuda_g.info.workspace_bytes = MT_CUDA_LT_WS_BYTES + want;
     return p;
 }
 
@@ -92,6 +92,9 @@ static const struct mt_ops_i cuda_ops = {
 /* Undo a partial init; the state returns to all-zero. */
 static void release_state(void)
 {
+    mt_cuda_lt_plans_release();
+    if (mt_cuda_g.lt) cublasLtDestroy(mt_cuda_g.lt);
+    if (mt_cuda_g.lt_ws) cudaFree(mt_cuda_g.lt_ws);
     if (mt_cuda_g.blas) cublasDestroy(mt_cuda_g.blas);
     if (mt_cuda_g.red_partial) cudaFree(mt_cuda_g.red_partial);
     if (mt_cuda_g.red_flag) cudaFree(mt_cuda_g.red_flag);
@@ -108,8 +111,67 @@ static int init_fail(char *why, size_t why_len, const char *step, const char *re
     return 0;
 }
 
+extern "C" const char *mt_ops_cuda_precision_name(enum mt_cuda_precision p)
+{
+    switch (p) {
+    case MT_CUDA_PRECISION_FP32: return "fp32";
+    case MT_CUDA_PRECISION_BF16: return "bf16";
+    }
+    return "?";
+}
+
+extern "C" enum mt_status mt_ops_cuda_precision_parse(const char *s, enum mt_cuda_precision *out)
+{
+    if (s && !strcmp(s, "fp32")) *out = MT_CUDA_PRECISION_FP32;
+    else if (s && !strcmp(s, "bf16")) *out = MT_CUDA_PRECISION_BF16;
+    else return MT_ERR_INVALID_ARG;
+    return MT_OK;
+}
+
+static void set_precision(enum mt_cuda_precision p, const char *source)
+{
+    mt_cuda_g.precision = p;
+    snprintf(mt_cuda_g.info.precision, sizeof mt_cuda_g.info.precision, "%s", mt_ops_cuda_precision_name(p));
+    snprintf(mt_cuda_g.info.precision_source, sizeof mt_cuda_g.info.precision_source, "%s", source);
+}
+
+/* The runtime tunables of the table, read once at creation (declared in
+ * mt_ops_cuda.h and cuda_impl.cuh): MT_CUDA_PRECISION=fp32|bf16 (default
+ * fp32) and MT_CUDA_BF16_SCRATCH_MB (positive integer, default 256). A bad
+ * value refuses the table with the reason, like a missing device. */
+static int read_tunables(char *why, size_t why_len, enum mt_cuda_precision *prec, const char **src, size_t *cap)
+{
+    const char *s = getenv(MT_CUDA_PRECISION_ENV);
+    *prec = MT_CUDA_PRECISION_FP32;
+    *src = "default";
+    if (s && s[0]) {
+        if (mt_ops_cuda_precision_parse(s, prec) != MT_OK) {
+            if (why && why_len) snprintf(why, why_len, "%s=%s: expected fp32 or bf16", MT_CUDA_PRECISION_ENV, s);
+            return 0;
+        }
+        *src = MT_CUDA_PRECISION_ENV;
+    }
+    *cap = (size_t)MT_CUDA_BF16_SCRATCH_DEFAULT_MB << 20;
+    s = getenv(MT_CUDA_BF16_SCRATCH_ENV);
+    if (s && s[0]) {
+        char *end = NULL;
+        long v = strtol(s, &end, 10);
+        if (*end || v < 1 || v > (1L << 20)) {
+            if (why && why_len)
+                snprintf(why, why_len, "%s=%s: expected a whole number of MiB in [1, 1048576]", MT_CUDA_BF16_SCRATCH_ENV, s);
+            return 0;
+        }
+        *cap = (size_t)v << 20;
+    }
+    return 1;
+}
+
 static int init_state(char *why, size_t why_len)
 {
+    enum mt_cuda_precision prec;
+    const char *prec_src;
+    size_t cap;
+    if (!read_tunables(why, why_len, &prec, &prec_src, &cap)) return 0;
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
@@ -151,6 +213,19 @@ static int init_state(char *why, size_t why_len)
     if ((e = cudaMalloc((void **)&mt_cuda_g.red_partial, (MT_CUDA_RED_BLOCKS + 1) * sizeof(double))) != cudaSuccess ||
         (e = cudaMalloc((void **)&mt_cuda_g.red_flag, sizeof(int))) != cudaSuccess)
         return init_fail(why, why_len, "cudaMalloc (reduction scratch)", cudaGetErrorString(e));
+    /* bf16 mode: cuBLASLt and its workspace exist whatever the precision, so
+     * that mt_ops_cuda_set_precision() can switch at any time */
+    if ((bs = cublasLtCreate(&mt_cuda_g.lt)) != CUBLAS_STATUS_SUCCESS) {
+        mt_cuda_g.lt = NULL;
+        return init_fail(why, why_len, "cublasLtCreate", cublasGetStatusString(bs));
+    }
+    if ((e = cudaMalloc(&mt_cuda_g.lt_ws, MT_CUDA_LT_WS_BYTES)) != cudaSuccess)
+        return init_fail(why, why_len, "cudaMalloc (cuBLASLt workspace)", cudaGetErrorString(e));
+    in->cublaslt_version = cublasLtGetVersion();
+    in->workspace_bytes = MT_CUDA_LT_WS_BYTES;
+    mt_cuda_g.bf16_cap = cap;
+    in->bf16_scratch_cap = cap;
+    set_precision(prec, prec_src);
     mt_cuda_g.ready = 1;
     return 1;
 }
@@ -179,6 +254,19 @@ extern "C" enum mt_status mt_ops_cuda_get_info(struct mt_ops_cuda_info *info)
     if (!mt_cuda_g.ready) return MT_ERR_UNSUPPORTED;
     *info = mt_cuda_g.info;
     return MT_OK;
+}
+
+extern "C" enum mt_status mt_ops_cuda_set_precision(enum mt_cuda_precision p)
+{
+    if (!mt_cuda_g.ready) return MT_ERR_UNSUPPORTED;
+    if (p != MT_CUDA_PRECISION_FP32 && p != MT_CUDA_PRECISION_BF16) return MT_ERR_INVALID_ARG;
+    set_precision(p, "set by caller");
+    return MT_OK;
+}
+
+extern "C" enum mt_cuda_precision mt_ops_cuda_get_precision(void)
+{
+    return mt_cuda_g.ready ? mt_cuda_g.precision : MT_CUDA_PRECISION_FP32;
 }
 
 extern "C" void *mt_ops_cuda_stream(void)

@@ -2,7 +2,7 @@
  * cublas_v2.h (emulation) — the cuBLAS calls src/ops/cuda uses, on the CPU:
  * a naive column-major sgemm with cuBLAS's argument checks (so a wrong
  * row-major -> column-major mapping shows up as a failed status or wrong
- * numbers). See cuda_runtime.h in this directory.
+ * numbers). cuBLASLt is in cublasLt.h. See cuda_runtime.h in this directory.
  */
 #ifndef MT_EMU_CUBLAS_V2_H
 #define MT_EMU_CUBLAS_V2_H
@@ -15,7 +15,12 @@ enum cublasStatus_t {
     CUBLAS_STATUS_NOT_INITIALIZED = 1,
     CUBLAS_STATUS_ALLOC_FAILED = 3,
     CUBLAS_STATUS_INVALID_VALUE = 7,
+    CUBLAS_STATUS_NOT_SUPPORTED = 15,
 };
+/* library_types.h / cublas_api.h values (the ones src/ops/cuda uses) */
+typedef enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16BF = 14 } cudaDataType_t;
+typedef cudaDataType_t cudaDataType;
+typedef enum { CUBLAS_COMPUTE_32F = 68 } cublasComputeType_t;
 enum cublasOperation_t { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1, CUBLAS_OP_C = 2 };
 enum cublasMath_t { CUBLAS_DEFAULT_MATH = 0, CUBLAS_TENSOR_OP_MATH = 1, CUBLAS_PEDANTIC_MATH = 2 };
 

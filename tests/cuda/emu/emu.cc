@@ -12,9 +12,14 @@
  * a lane released from exchange n can never overwrite a value another lane
  * has yet to read. No runnable fiber while some are blocked = deadlock
  * (divergent barrier): reported and aborted, since this is test code.
+ *
+ * cuBLAS and cuBLASLt are naive loops with the libraries' argument checks
+ * (see cublas_v2.h and cublasLt.h).
  */
 #include "cuda_runtime.h"
+#include "cuda_bf16.h"
 #include "cublas_v2.h"
+#include "cublasLt.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -341,6 +346,7 @@ const char *cublasGetStatusString(cublasStatus_t s)
     case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
     case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
     case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
     }
     return "CUBLAS_STATUS_UNKNOWN";
 }
@@ -370,6 +376,185 @@ cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperati
             }
             float *c = &C[(size_t)j * ldc + i];
             *c = *beta == 0.0f ? *alpha * acc : *alpha * acc + *beta * *c;
+        }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+/* ---------------- cuBLASLt ---------------- */
+struct mt_emu_lt { int magic; };
+struct mt_emu_lt_desc {
+    cublasComputeType_t compute;
+    cudaDataType_t      scale;
+    int32_t             ta, tb;  /* cublasOperation_t */
+};
+struct mt_emu_lt_layout {
+    cudaDataType_t type;
+    uint64_t       rows, cols;
+    int64_t        ld;
+};
+struct mt_emu_lt_pref {
+    uint64_t max_ws;
+    uint32_t align[4];           /* A, B, C, D; library default 256 */
+};
+/* what the emulated heuristic stores in cublasLtMatmulAlgo_t::data */
+enum { ALGO_MAGIC = 0, ALGO_WS = 1, ALGO_ALIGN = 2 /* 2..5 */ };
+#define LT_ALGO_MAGIC 0x4c54414c474f3031ull  /* "LTALGO01" */
+
+const char *cublasLtGetStatusString(cublasStatus_t s) { return cublasGetStatusString(s); }
+size_t cublasLtGetVersion(void) { return 130000; }
+cublasStatus_t cublasLtCreate(cublasLtHandle_t *h)
+{
+    *h = new mt_emu_lt{1};
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t h)
+{
+    delete h;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t compute, cudaDataType_t scale)
+{
+    *d = new mt_emu_lt_desc{compute, scale, (int32_t)CUBLAS_OP_N, (int32_t)CUBLAS_OP_N};
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d)
+{
+    delete d;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr,
+                                              const void *buf, size_t size)
+{
+    if (!d || !buf || size != sizeof(int32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+    int32_t v;
+    memcpy(&v, buf, sizeof v);
+    if (v != CUBLAS_OP_N && v != CUBLAS_OP_T) return CUBLAS_STATUS_INVALID_VALUE;
+    if (attr == CUBLASLT_MATMUL_DESC_TRANSA) d->ta = v;
+    else if (attr == CUBLASLT_MATMUL_DESC_TRANSB) d->tb = v;
+    else return CUBLAS_STATUS_INVALID_VALUE;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType_t type, uint64_t rows,
+                                          uint64_t cols, int64_t ld)
+{
+    /* the library refuses ld < rows for a column-major layout */
+    if (!l || ld < 1 || (uint64_t)ld < rows) return CUBLAS_STATUS_INVALID_VALUE;
+    *l = new mt_emu_lt_layout{type, rows, cols, ld};
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l)
+{
+    delete l;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p)
+{
+    *p = new mt_emu_lt_pref{0, {256, 256, 256, 256}};
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p)
+{
+    delete p;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
+                                                    cublasLtMatmulPreferenceAttributes_t attr, const void *buf,
+                                                    size_t size)
+{
+    if (!p || !buf) return CUBLAS_STATUS_INVALID_VALUE;
+    if (attr == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES) {
+        if (size != sizeof(uint64_t)) return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&p->max_ws, buf, size);
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    int i = attr - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES;
+    if (i < 0 || i > 3 || size != sizeof(uint32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy(&p->align[i], buf, size);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+/* the problem the descriptors describe: D (m, n) = op(A) (m, k) op(B) (k, n) */
+static cublasStatus_t lt_shape(const mt_emu_lt_desc *d, const mt_emu_lt_layout *a, const mt_emu_lt_layout *b,
+                               const mt_emu_lt_layout *c, const mt_emu_lt_layout *dd, uint64_t *m, uint64_t *n,
+                               uint64_t *k)
+{
+    if (!d || !a || !b || !c || !dd) return CUBLAS_STATUS_INVALID_VALUE;
+    if (d->compute != CUBLAS_COMPUTE_32F || d->scale != CUDA_R_32F || a->type != CUDA_R_16BF ||
+        b->type != CUDA_R_16BF || c->type != CUDA_R_32F || dd->type != CUDA_R_32F)
+        return CUBLAS_STATUS_NOT_SUPPORTED;  /* the emulator knows bf16 x bf16 -> fp32 only */
+    *m = dd->rows;
+    *n = dd->cols;
+    uint64_t am = d->ta == CUBLAS_OP_N ? a->rows : a->cols, ak = d->ta == CUBLAS_OP_N ? a->cols : a->rows;
+    uint64_t bk = d->tb == CUBLAS_OP_N ? b->rows : b->cols, bn = d->tb == CUBLAS_OP_N ? b->cols : b->rows;
+    if (am != *m || bn != *n || ak != bk || c->rows != dd->rows || c->cols != dd->cols || c->ld != dd->ld)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    *k = ak;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a,
+                                              cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
+                                              cublasLtMatrixLayout_t dd, cublasLtMatmulPreference_t p, int requested,
+                                              cublasLtMatmulHeuristicResult_t results[], int *returned)
+{
+    if (!h || !p || requested < 1 || !results || !returned) return CUBLAS_STATUS_INVALID_VALUE;
+    uint64_t m, n, k;
+    cublasStatus_t st = lt_shape(d, a, b, c, dd, &m, &n, &k);
+    *returned = 0;
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+    /* test hook: a library with no algorithm for anything (the caller's fallback) */
+    const char *none = getenv("MT_EMU_LT_NO_ALGO");
+    if (none && none[0] == '1') return CUBLAS_STATUS_NOT_SUPPORTED;
+    memset(&results[0], 0, sizeof results[0]);
+    /* an algorithm that asks for (up to) 1 MiB of workspace, so that a
+     * caller passing none, or less than it asked for, fails */
+    size_t ws = p->max_ws < ((size_t)1 << 20) ? (size_t)p->max_ws : ((size_t)1 << 20);
+    results[0].algo.data[ALGO_MAGIC] = LT_ALGO_MAGIC;
+    results[0].algo.data[ALGO_WS] = ws;
+    for (int i = 0; i < 4; i++) results[0].algo.data[ALGO_ALIGN + i] = p->align[i];
+    results[0].workspaceSize = ws;
+    results[0].state = CUBLAS_STATUS_SUCCESS;
+    results[0].wavesCount = 1.0f;
+    *returned = 1;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+static int aligned(const void *ptr, uint64_t al) { return al <= 1 || ((uintptr_t)ptr % al) == 0; }
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha, const void *A,
+                              cublasLtMatrixLayout_t a, const void *B, cublasLtMatrixLayout_t b, const void *beta,
+                              const void *C, cublasLtMatrixLayout_t c, void *D, cublasLtMatrixLayout_t dd,
+                              const cublasLtMatmulAlgo_t *algo, void *workspace, size_t workspace_bytes,
+                              cudaStream_t stream)
+{
+    (void)stream;
+    if (!h || !alpha || !beta || !A || !B || !D || !algo || algo->data[ALGO_MAGIC] != LT_ALGO_MAGIC)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    uint64_t m, n, k;
+    cublasStatus_t st = lt_shape(d, a, b, c, dd, &m, &n, &k);
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+    if (workspace_bytes < algo->data[ALGO_WS] || (algo->data[ALGO_WS] && !workspace)) return CUBLAS_STATUS_INVALID_VALUE;
+    const float al = *(const float *)alpha, be = *(const float *)beta;
+    if (be != 0.0f && !C) return CUBLAS_STATUS_INVALID_VALUE;
+    if (!aligned(A, algo->data[ALGO_ALIGN]) || !aligned(B, algo->data[ALGO_ALIGN + 1]) ||
+        (be != 0.0f && !aligned(C, algo->data[ALGO_ALIGN + 2])) || !aligned(D, algo->data[ALGO_ALIGN + 3])) {
+        fprintf(stderr, "cuda emu: cublasLtMatmul pointer less aligned than the algorithm's preference\n");
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    const __nv_bfloat16 *Ab = (const __nv_bfloat16 *)A, *Bb = (const __nv_bfloat16 *)B;
+    const float *Cf = (const float *)C;
+    float *Df = (float *)D;
+    for (uint64_t j = 0; j < n; j++)
+        for (uint64_t i = 0; i < m; i++) {
+            float acc = 0.0f;
+            for (uint64_t l = 0; l < k; l++) {
+                __nv_bfloat16 x = d->ta == CUBLAS_OP_N ? Ab[l * (uint64_t)a->ld + i] : Ab[i * (uint64_t)a->ld + l];
+                __nv_bfloat16 y = d->tb == CUBLAS_OP_N ? Bb[j * (uint64_t)b->ld + l] : Bb[l * (uint64_t)b->ld + j];
+                acc += __bfloat162float(x) * __bfloat162float(y);  /* exact product, fp32 sum */
+            }
+            float r = al * acc;
+            if (be != 0.0f) r += be * Cf[j * (uint64_t)c->ld + i];  /* beta = 0: C is not read */
+            Df[j * (uint64_t)dd->ld + i] = r;
         }
     return CUBLAS_STATUS_SUCCESS;
 }
