@@ -11,8 +11,9 @@
 #   - the project's C warning flags are kept for C only (nvcc does not take
 #     them); .cu files get -Wall -Wextra through the host compiler, and with
 #     MT_WERROR nvcc's and the host compiler's warnings become errors;
-#   - the op harness tests/cuda/cuda_ops_vs_cpu.c is built and registered with
-#     ctest (it prints "SKIP: no GPU" and exits 0 where no device is present).
+#   - the op harness tests/cuda/cuda_ops_vs_cpu.c and the device-mesh test
+#     tests/cuda/mesh_device.c are built and registered with ctest (each
+#     prints "SKIP: no GPU" and exits 0 where no device is present).
 option(MT_WITH_CUDA "Build the CUDA backend" OFF)
 if(NOT MT_WITH_CUDA)
   return()
@@ -61,3 +62,8 @@ add_executable(cuda_ops_vs_cpu ${CMAKE_SOURCE_DIR}/tests/cuda/cuda_ops_vs_cpu.c)
 target_link_libraries(cuda_ops_vs_cpu PRIVATE meshtrain_lib)
 add_test(NAME cuda_ops_vs_cpu COMMAND cuda_ops_vs_cpu)
 set_tests_properties(cuda_ops_vs_cpu PROPERTIES ENVIRONMENT "OMP_NUM_THREADS=2" TIMEOUT 600)
+
+add_executable(cuda_mesh_device ${CMAKE_SOURCE_DIR}/tests/cuda/mesh_device.c)
+target_link_libraries(cuda_mesh_device PRIVATE meshtrain_lib)
+add_test(NAME cuda_mesh_device COMMAND cuda_mesh_device)
+set_tests_properties(cuda_mesh_device PROPERTIES ENVIRONMENT "OMP_NUM_THREADS=2" TIMEOUT 120)

@@ -4,9 +4,10 @@
 #
 #   1. configure BUILD_DIR/cuda-build with -DMT_WITH_CUDA=ON -DMT_WITH_MPI=OFF
 #      (MT_WERROR as in BUILD_DIR) and build `meshtrain` and `cuda_ops_vs_cpu`
-#      (nvcc, sm_90 only);
-#   2. run cuda_ops_vs_cpu: every cuda op against the cpu table to 1e-5; it
-#      prints "SKIP: no GPU" and exits 0 where no device is present;
+#      and the tests cuda_ops_vs_cpu and cuda_mesh_device (nvcc, sm_90 only);
+#   2. run cuda_ops_vs_cpu (every cuda op against the cpu table to 1e-5, gemm
+#      in bf16 to the derived bound) and cuda_mesh_device; each prints
+#      "SKIP: no GPU" and exits 0 where no device is present;
 #   3. emulation (needs g++ on x86-64): compile src/ops/cuda/*.cu as C++
 #      against tests/cuda/emu (fibers for threads, exact __syncthreads and
 #      warp shuffles, naive cuBLAS sgemm and cuBLASLt bf16 matmul) and run,
@@ -24,7 +25,11 @@
 #           backend=cpu and backend=cuda: losses equal to 1e-5 relative in
 #           fp32 mode, to 1e-3 relative with MT_CUDA_PRECISION=bf16 (an
 #           empirical bound, docs/cuda.md), `--backend cuda` = `--set
-#           backend=cuda`.
+#           backend=cuda`;
+#        d. tests/cuda/mesh_device.c: a one-rank mesh with device
+#           communicators (mt_mesh_create_nccl: every group one self_dev
+#           comm copying through the backend's copy) runs every collective
+#           on emulated device memory; the host mesh is unchanged.
 # Prints SKIP and exits 0 when nvcc is absent. Exit 1 on any failure.
 set -u
 BUILD=${1:?usage: test_cuda_build.sh BUILD_DIR}
@@ -47,10 +52,10 @@ if ! cmake -S "$SRC" -B "$CB" -DMT_WITH_CUDA=ON -DMT_WITH_MPI=OFF -DMT_WERROR=$W
         -DCMAKE_CUDA_COMPILER="$NVCC" >"$CB/configure.log" 2>&1; then
     tail -30 "$CB/configure.log"; echo "FAIL: configure with MT_WITH_CUDA=ON"; exit 1
 fi
-if ! cmake --build "$CB" -j2 --target meshtrain cuda_ops_vs_cpu >"$CB/build.log" 2>&1; then
+if ! cmake --build "$CB" -j2 --target meshtrain cuda_ops_vs_cpu cuda_mesh_device >"$CB/build.log" 2>&1; then
     grep -E 'error|Error' "$CB/build.log" | head -40; echo "FAIL: build with MT_WITH_CUDA=ON"; exit 1
 fi
-echo "PASS build: meshtrain and cuda_ops_vs_cpu with MT_WITH_CUDA=ON (MT_WERROR=$WERROR) in $(( $(date +%s) - t0 ))s"
+echo "PASS build: meshtrain, cuda_ops_vs_cpu and cuda_mesh_device with MT_WITH_CUDA=ON (MT_WERROR=$WERROR) in $(( $(date +%s) - t0 ))s"
 
 # ---- 2. the harness on the real backend ----
 "$CB/cuda_ops_vs_cpu" >"$CB/cuda_ops_vs_cpu.log" 2>&1
@@ -63,6 +68,14 @@ elif [ $rc -eq 0 ]; then
 else
     grep FAIL "$CB/cuda_ops_vs_cpu.log" | head -40; tail -1 "$CB/cuda_ops_vs_cpu.log"
     echo "FAIL: cuda_ops_vs_cpu exited $rc"; fail=1
+fi
+
+"$CB/cuda_mesh_device" >"$CB/cuda_mesh_device.log" 2>&1
+rc=$?
+if [ $rc -eq 0 ]; then
+    echo "PASS cuda_mesh_device: $(tail -1 "$CB/cuda_mesh_device.log")"
+else
+    grep FAIL "$CB/cuda_mesh_device.log" | head -20; echo "FAIL: cuda_mesh_device exited $rc"; fail=1
 fi
 
 # ---- 3. emulation ----
@@ -190,6 +203,19 @@ PY
     if [ $ok -eq 1 ] && cmp_losses cpu cuda_bf16 1e-3 && ! cmp_losses cpu cuda_bf16 1e-6 >/dev/null 2>&1; then
         echo "PASS emulated train: 3 steps, --backend cuda with MT_CUDA_PRECISION=bf16 within 1e-3 of cpu (and not fp32-equal)"
     else echo "FAIL: emulated train cpu vs cuda bf16"; fail=1; fi
+fi
+
+# d. device communicators of a one-rank mesh, on emulated device memory
+if [ -f "$EMU/lib/src_dist_mesh.c.o" ] && compile "$SRC/tests/cuda/mesh_device.c" "$EMU/mesh_device.o" >"$EMU/mesh_device.log" 2>&1 &&
+   g++ -fopenmp "$EMU/mesh_device.o" "$EMU"/lib/src_*.o "$EMU"/cu/*.o -lopenblas -lcjson -lxxhash -lm \
+       -o "$EMU/mesh_device" >>"$EMU/mesh_device.log" 2>&1; then
+    if "$EMU/mesh_device" >>"$EMU/mesh_device.log" 2>&1 && grep -q ', 0 failed$' "$EMU/mesh_device.log"; then
+        echo "PASS emulated mesh_device: $(tail -1 "$EMU/mesh_device.log")"
+    else
+        grep -E 'FAIL|emu' "$EMU/mesh_device.log" | head -20; echo "FAIL: emulated mesh_device"; fail=1
+    fi
+else
+    tail -20 "$EMU/mesh_device.log"; echo "FAIL: emulated mesh_device build"; fail=1
 fi
 echo "emulation stage: $(( $(date +%s) - t1 ))s; total $(( $(date +%s) - t0 ))s"
 exit $fail

@@ -10,7 +10,15 @@
 #      MT_NCCL_TIMEOUT_S, device -1) it returns the error — no abort, no
 #      leak — with or without a GPU;
 #   3. comm_nccl.c also compiles with -DMT_NCCL_SPLIT_BY_ID=1, the split path
-#      used before NCCL 2.18 (dead code on a newer NCCL otherwise).
+#      used before NCCL 2.18 (dead code on a newer NCCL otherwise);
+#   4. the same program: mt_comm_nccl_set_input_stream refuses a host comm,
+#      and mt_mesh_create_nccl on a world of one builds its device comms as
+#      self_dev comms (no NCCL call, no GPU needed), moving data only
+#      through the copy it was given, and frees everything;
+#   5. under mpirun -np 2 (MPI in the archive): mt_mesh_create_nccl over two
+#      ranks returns the same answer on both — without a GPU the CUDA error
+#      (no rank left waiting in NCCL's init), with GPUs success — and leaks
+#      nothing.
 # Skips (exit 0, a SKIP line) when /usr/local/cuda/include/nccl.h is absent.
 set -u
 BUILD=${1:?usage: test_nccl_build.sh BUILD_DIR}
@@ -57,8 +65,59 @@ cat >"$OUT/nccl_link_check.c" <<'END_OF_C'
 #include <stdlib.h>
 #include <string.h>
 #include "dist/comm_nccl.h"
+#include "dist/mt_mesh.h"
+static long n_copies;
+static void host_copy(void *dst, const void *src, size_t bytes) { n_copies++; memcpy(dst, src, bytes); }
+static int mesh_check(void)
+{
+    struct mt_ctx ctx;
+    struct mt_comm *self = NULL;
+    mt_ctx_init(&ctx);
+    if (mt_comm_create_self(&ctx, &self) != MT_OK) return 1;
+    enum mt_status st = mt_comm_nccl_set_input_stream(&ctx, self, NULL);
+    printf("set_input_stream on self: %s: %s\n", mt_status_str(st), mt_ctx_last_error(&ctx));
+    mt_comm_destroy(self);
+    struct mt_mesh_dims d = {1, 1, 1, 1};
+    struct mt_mesh_nccl_opts o = {0, NULL, host_copy};
+    struct mt_mesh *m = NULL;
+    st = mt_mesh_create_nccl(&ctx, &d, NULL, 0, &o, &m);
+    printf("mesh_create_nccl: %s\n", mt_status_str(st));
+    if (st != MT_OK) return 1;
+    float a[4] = {1, 2, 3, 4}, b[4] = {0};
+    st = mt_comm_allgather(&ctx, mt_mesh_device_comm(m, MT_MESH_GROUP_DATA), b, a, 4, MT_DTYPE_F32);
+    printf("allgather: %s, copies %ld, b[3] %g, nccl %d\n", mt_status_str(st), n_copies, (double)b[3],
+           mt_comm_is_nccl(mt_mesh_device_comm(m, MT_MESH_GROUP_WORLD)));
+    char line[2048];
+    mt_mesh_trace_line(m, line, sizeof line);
+    printf("%s\n", line);
+    mt_mesh_destroy(m);
+    printf("comm bytes live: %zu\n", ctx.bytes_live[MT_BUCKET_COMM]);
+    mt_ctx_free(&ctx);
+    return 0;
+}
+/* under mpirun: a device mesh over every rank (dp = world) */
+static int mesh_world(int argc, char **argv)
+{
+    int world = 1, rank = 0;
+    if (mt_dist_init(&argc, &argv, &world, &rank) != MT_OK) return 1;
+    struct mt_ctx ctx;
+    mt_ctx_init(&ctx);
+    struct mt_mesh_dims d = {1, world, 1, 1};
+    struct mt_mesh_nccl_opts o = {0, NULL, host_copy};
+    struct mt_mesh *m = NULL;
+    enum mt_status st = mt_mesh_create_nccl(&ctx, &d, NULL, 0, &o, &m);
+    printf("rank %d of %d: mesh_create_nccl: %s: %s\n", rank, world, mt_status_str(st),
+           st == MT_OK ? "ok" : mt_ctx_last_error(&ctx));
+    mt_mesh_destroy(m);
+    printf("rank %d comm bytes live: %zu\n", rank, ctx.bytes_live[MT_BUCKET_COMM]);
+    mt_ctx_free(&ctx);
+    mt_dist_finalize();
+    return 0;
+}
 int main(int argc, char **argv)
 {
+    if (argc >= 2 && strcmp(argv[1], "mesh") == 0) return mesh_check();
+    if (argc >= 2 && strcmp(argv[1], "mesh-world") == 0) return mesh_world(argc, argv);
     if (argc < 3 || strcmp(argv[1], "create") != 0) return 0;
     struct mt_ctx ctx;
     struct mt_comm *c = NULL;
@@ -86,6 +145,28 @@ echo "$R" | grep -q '^create: invalid argument: nccl create_world: negative CUDA
     || fail "device -1 not returned as an invalid argument: $R"
 echo "$R" | grep -q '^comm bytes live: 0$' || fail "device -1 leaked comm memory: $R"
 
+# 4. device comms of a one-rank mesh: self_dev, no NCCL, no GPU
+R=$("$OUT/nccl_link_check" mesh 2>&1)
+echo "$R" | grep -q '^set_input_stream on self: invalid argument: nccl set_input_stream: self is not an NCCL communicator$' \
+    || fail "set_input_stream on a host comm not refused: $R"
+echo "$R" | grep -q '^allgather: ok, copies 1, b\[3\] 4, nccl 0$' || fail "one-rank device mesh allgather: $R"
+[ "$(echo "$R" | grep -o ' dev=self_dev}' | wc -l)" -eq 8 ] || fail "one-rank device mesh trace: $R"
+echo "$R" | grep -q '^comm bytes live: 0$' || fail "one-rank device mesh leaked comm memory: $R"
+
+# 5. under mpirun -np 2 (when the archive has MPI): a device mesh over both
+#    ranks. Both must return with the same outcome and free everything:
+#    without a GPU the CUDA error on every rank (the NCCL world's agreement
+#    step: nobody waits in ncclCommInitRank), with a GPU per rank success.
+if [ ${#EXTRA[@]} -gt 0 ] && command -v mpirun >/dev/null 2>&1; then
+    R=$(timeout 60 mpirun --oversubscribe --allow-run-as-root -np 2 "$OUT/nccl_link_check" mesh-world 2>&1); rc=$?
+    [ $rc -eq 0 ] || fail "mpirun -np 2 mesh-world exited $rc: $R"
+    n_all=$(echo "$R" | grep -c 'mesh_create_nccl: ')
+    n_ok=$(echo "$R" | grep -c 'mesh_create_nccl: ok: ok$')
+    [ "$n_all" -eq 2 ] && { [ "$n_ok" -eq 2 ] || [ "$n_ok" -eq 0 ]; } \
+        || fail "two-rank device mesh: both ranks must return, with the same outcome: $R"
+    [ "$(echo "$R" | grep -c 'comm bytes live: 0$')" -eq 2 ] || fail "two-rank device mesh leaked: $R"
+fi
+
 # 3. the pre-2.18 split path, syntax only, with the tree's exact flags
 if command -v python3 >/dev/null 2>&1; then
     CMD=$(python3 - "$OUT/compile_commands.json" <<'END_OF_PY'
@@ -106,4 +187,4 @@ else
     echo "note: python3 not found: the MT_NCCL_SPLIT_BY_ID variant was not compiled"
 fi
 
-echo "test_nccl_build: ok (compiled and linked; no collective ran on a GPU)"
+echo "test_nccl_build: ok (compiled and linked; one-rank device mesh ok; no collective ran on a GPU)"

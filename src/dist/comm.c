@@ -9,6 +9,10 @@
  * scatter / allgather / alltoallv copy (memmove: in place is allowed), bcast
  * from root 0 does nothing; allgatherv copies send to recv + displs[0] and
  * reduce_scatterv copies send + displs[0] to recv (counts[0] elements each).
+ * The "self_dev" table is the same code on backend memory: c->copy (the
+ * backend's copy) moves the data instead of memmove; the in-place cases
+ * (equal pointers) copy nothing in either, and partial overlaps are not a
+ * legal use of any collective.
  */
 #include "comm_impl.h"
 
@@ -312,6 +316,13 @@ enum mt_status mt_comm_create_world(struct mt_ctx *ctx, struct mt_comm **out)
 /* the self implementation: one rank                                   */
 /* ------------------------------------------------------------------ */
 
+/* Host memory: memmove; backend memory (self_dev): the backend's copy. */
+static void self_move(const struct mt_comm *c, void *dst, const void *src, size_t bytes)
+{
+    if (c->copy) c->copy(dst, src, bytes);
+    else memmove(dst, src, bytes);
+}
+
 static enum mt_status self_allreduce(struct mt_ctx *ctx, struct mt_comm *c, void *buf, size_t count,
                                      enum mt_dtype dt, enum mt_redop op)
 {
@@ -321,14 +332,14 @@ static enum mt_status self_allreduce(struct mt_ctx *ctx, struct mt_comm *c, void
 static enum mt_status self_reduce_scatter(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
                                           size_t count, enum mt_dtype dt)
 {
-    if (recv != send) memmove(recv, send, count * mt_dtype_size(dt));
+    if (recv != send && count) self_move(c, recv, send, count * mt_dtype_size(dt));
     return MT_OK;
 }
 
 static enum mt_status self_allgather(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
                                      size_t count, enum mt_dtype dt)
 {
-    if (recv != send) memmove(recv, send, count * mt_dtype_size(dt));
+    if (recv != send && count) self_move(c, recv, send, count * mt_dtype_size(dt));
     return MT_OK;
 }
 
@@ -349,7 +360,9 @@ static enum mt_status self_alltoallv(struct mt_ctx *ctx, struct mt_comm *c,
     if (send_counts[0] == 0) return MT_OK;
     if (!send || !recv) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "alltoallv: NULL buffer with count %zu", send_counts[0]);
     size_t es = mt_dtype_size(dt);
-    memmove((char *)recv + recv_displs[0] * es, (const char *)send + send_displs[0] * es, send_counts[0] * es);
+    char *dst = (char *)recv + recv_displs[0] * es;
+    const char *src = (const char *)send + send_displs[0] * es;
+    if (dst != src) self_move(c, dst, src, send_counts[0] * es);
     return MT_OK;
 }
 
@@ -364,7 +377,7 @@ static enum mt_status self_allgatherv(struct mt_ctx *ctx, struct mt_comm *c, voi
     if (counts[0] == 0) return MT_OK; /* recv may be NULL */
     size_t es = mt_dtype_size(dt);
     char *dst = (char *)recv + displs[0] * es;
-    if (dst != send) memmove(dst, send, counts[0] * es);
+    if (dst != send) self_move(c, dst, send, counts[0] * es);
     return MT_OK;
 }
 
@@ -372,7 +385,7 @@ static enum mt_status self_reduce_scatterv(struct mt_ctx *ctx, struct mt_comm *c
                                            const size_t *counts, const size_t *displs, enum mt_dtype dt)
 {
     size_t es = mt_dtype_size(dt);
-    if (counts[0] > 0) memcpy(recv, (const char *)send + displs[0] * es, counts[0] * es); /* no alias: checked */
+    if (counts[0] > 0) self_move(c, recv, (const char *)send + displs[0] * es, counts[0] * es); /* no alias: checked */
     return MT_OK;
 }
 
@@ -463,7 +476,7 @@ static enum mt_status self_sendrecv_batch(struct mt_ctx *ctx, struct mt_comm *c,
             break;
         }
         used[j] = 1;
-        if (rb) memmove(ops[i].buf, ops[j].buf, rb);
+        if (rb && ops[i].buf != ops[j].buf) self_move(c, ops[i].buf, ops[j].buf, rb);
     }
     if (used != used_small) mt_free(ctx, used);
     return rc;
@@ -473,6 +486,7 @@ static enum mt_status self_split(struct mt_ctx *ctx, struct mt_comm *parent, int
                                  struct mt_comm **out)
 {
     if (colour == MT_COMM_UNDEFINED) return MT_OK;
+    if (parent->copy) return mt_comm_create_self_dev(ctx, parent->copy, out);
     return mt_comm_create_self(ctx, out);
 }
 
@@ -516,5 +530,37 @@ enum mt_status mt_comm_create_self(struct mt_ctx *ctx, struct mt_comm **out)
     c->mpi = MPI_COMM_NULL;
 #endif
     *out = c;
+    return MT_OK;
+}
+
+const struct mt_comm_i mt_comm_self_dev_iface = {
+    /* .name             = */ "self_dev",
+    /* .allreduce        = */ self_allreduce,
+    /* .reduce_scatter   = */ self_reduce_scatter,
+    /* .allgather        = */ self_allgather,
+    /* .bcast            = */ self_bcast,
+    /* .alltoallv        = */ self_alltoallv,
+    /* .barrier          = */ self_barrier,
+    /* .allgatherv       = */ self_allgatherv,
+    /* .reduce_scatterv  = */ self_reduce_scatterv,
+    /* .iallreduce       = */ self_iallreduce,
+    /* .ireduce_scatter  = */ self_ireduce_scatter,
+    /* .iallgather       = */ self_iallgather,
+    /* .iallgatherv      = */ self_iallgatherv,
+    /* .ireduce_scatterv = */ self_ireduce_scatterv,
+    /* .wait             = */ self_wait,
+    /* .sendrecv_batch   = */ self_sendrecv_batch,
+    /* .split            = */ self_split,
+    /* .destroy          = */ self_destroy,
+};
+
+enum mt_status mt_comm_create_self_dev(struct mt_ctx *ctx, mt_comm_copy_fn copy, struct mt_comm **out)
+{
+    if (!out) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "create_self_dev: NULL output");
+    *out = NULL;
+    if (!copy) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "create_self_dev: NULL backend copy");
+    MT_CHECK(mt_comm_create_self(ctx, out));
+    (*out)->iface = &mt_comm_self_dev_iface;
+    (*out)->copy = copy;
     return MT_OK;
 }

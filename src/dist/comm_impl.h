@@ -4,8 +4,14 @@
  * A communicator is a size, a rank and an implementation table of function
  * pointers (ggml's ggml_backend_i): the public functions in comm.c check
  * their arguments once and dispatch through `iface`. Implementations:
- *   comm.c      "self": one rank, every collective a copy or a no-op;
- *   comm_mpi.c  "mpi":  MPI, compiled when MT_WITH_MPI.
+ *   comm.c      "self": one rank, every collective a copy or a no-op
+ *               (memmove on host memory);
+ *   comm.c      "self_dev": the same on backend (device) memory: every copy
+ *               goes through the backend's copy (ops->copy: for cuda a
+ *               cudaMemcpyAsync queued on the backend's stream), so the
+ *               result is ordered before the backend's later kernels;
+ *   comm_mpi.c  "mpi":  MPI, compiled when MT_WITH_MPI;
+ *   comm_nccl.c "nccl": NCCL on device memory, compiled when MT_WITH_NCCL.
  * A NULL entry means "unsupported": the public call returns
  * MT_ERR_UNSUPPORTED naming the op and the implementation.
  *
@@ -72,11 +78,16 @@ struct mt_comm_i {
     void (*destroy)(struct mt_comm *c);
 };
 
+/* A backend copy (the signature of mt_ops_i.copy): bytes from src to dst,
+ * both in the backend's memory; regions do not overlap. */
+typedef void (*mt_comm_copy_fn)(void *dst, const void *src, size_t bytes);
+
 struct mt_comm {
     const struct mt_comm_i *iface;
     int                     size;
     int                     rank;
     struct mt_ctx          *ctx;   /* allocator owner; must outlive the comm */
+    mt_comm_copy_fn         copy;  /* self_dev: how data moves; NULL elsewhere (host memmove) */
 #ifdef MT_WITH_MPI
     MPI_Comm                mpi;   /* MPI_COMM_NULL for the self implementation */
 #endif
@@ -98,6 +109,14 @@ struct mt_comm_req {
 
 /* Implemented in comm.c: the self table, for use by other implementations. */
 extern const struct mt_comm_i mt_comm_self_iface;
+/* comm.c: the one-rank group on backend memory ("self_dev", see above):
+ * every collective is the identity, its copies made by `copy` (required).
+ * Blocking calls return once the copy is issued: the result is ordered by
+ * the backend (its stream), not host-synchronous — exactly what the
+ * backend's next kernel or copy_to_host needs. Splits keep the copy. Never
+ * fails except OOM / NULL arguments. Free with mt_comm_destroy. */
+extern const struct mt_comm_i mt_comm_self_dev_iface;
+enum mt_status mt_comm_create_self_dev(struct mt_ctx *ctx, mt_comm_copy_fn copy, struct mt_comm **out);
 
 /* comm.c: allocate a completed request (for implementations with nothing pending). */
 enum mt_status mt_comm_req_done(struct mt_ctx *ctx, struct mt_comm *c, struct mt_comm_req **req);

@@ -13,7 +13,9 @@
  *    stream wait for an event recorded on the legacy default stream (the
  *    "input fence"), so work queued earlier on the default stream or on any
  *    blocking stream — the kernels that produced the send buffers — runs
- *    before the collective reads them;
+ *    before the collective reads them; and, when an input stream was given
+ *    (mt_comm_nccl_set_input_stream: the cuda backend's non-blocking stream,
+ *    which the legacy stream does not order), on an event recorded there too;
  *  - blocking calls return with the operation complete (host-synchronous,
  *    as with MPI); i* calls return once it is queued, with a cudaEvent
  *    recorded after it in the request, and mt_comm_wait waits for that event;
@@ -72,6 +74,7 @@ struct nccl_comm {
     ncclComm_t      nccl;       /* NULL once aborted                                          */
     cudaStream_t    stream;     /* non-blocking; every operation of this comm is queued here  */
     cudaEvent_t     fence;      /* input fence, recorded on the legacy default stream         */
+    cudaStream_t    input;      /* also fenced on (the producing backend's stream); NULL: none */
     int32_t        *word;       /* (1) device int: barrier payload, stand-in empty p2p buffer */
     int             device;     /* CUDA ordinal                                               */
     int             aborted;    /* 1 after ncclCommAbort                                      */
@@ -258,13 +261,19 @@ static enum mt_status await(struct mt_ctx *ctx, struct nccl_comm *nc, cudaEvent_
 }
 
 /* Start of every operation: refuse an aborted comm, bind the device, and
- * order the comm stream after the legacy default stream (input fence). */
+ * order the comm stream after the legacy default stream and the input
+ * stream (input fence). One event serves both: cudaStreamWaitEvent waits
+ * for the record that precedes it, so re-recording afterwards is safe. */
 static enum mt_status enter(struct mt_ctx *ctx, struct nccl_comm *nc, const char *op)
 {
     if (nc->aborted) return aborted_error(ctx, op);
     MT_CHECK(bind_device(ctx, nc));
     CUDA_CHECK(ctx, cudaEventRecord(nc->fence, cudaStreamLegacy));
     CUDA_CHECK(ctx, cudaStreamWaitEvent(nc->stream, nc->fence, 0));
+    if (nc->input) {
+        CUDA_CHECK(ctx, cudaEventRecord(nc->fence, nc->input));
+        CUDA_CHECK(ctx, cudaStreamWaitEvent(nc->stream, nc->fence, 0));
+    }
     return MT_OK;
 }
 
@@ -852,7 +861,9 @@ static enum mt_status nccl_split(struct mt_ctx *ctx, struct mt_comm *parent, int
     MT_CHECK(mt_comm_split(ctx, p->host, colour, key, &child_host)); /* collective over the parent */
     if (!child_host) return MT_OK;                                   /* colour UNDEFINED           */
     enum mt_status local = p->aborted ? aborted_error(ctx, "split") : MT_OK;
-    return create_from_host(ctx, child_host, p->device, p->timeout_s, local, child_host, out);
+    MT_CHECK(create_from_host(ctx, child_host, p->device, p->timeout_s, local, child_host, out));
+    as_nccl(*out)->input = p->input;  /* the child fences on the parent's input stream */
+    return MT_OK;
 }
 
 #else /* ncclCommSplit */
@@ -896,6 +907,7 @@ static enum mt_status nccl_split(struct mt_ctx *ctx, struct mt_comm *parent, int
     nc->nccl = child;
     nc->base.size = size;
     nc->base.rank = rank;
+    nc->input = p->input;  /* the child fences on the parent's input stream */
     *out = &nc->base;
     return MT_OK;
 }
@@ -962,6 +974,20 @@ enum mt_status mt_comm_nccl_create_world(struct mt_ctx *ctx, struct mt_comm *mpi
     enum mt_status st = create_from_host(ctx, host, device, timeout_s, local, keep, out);
     mt_comm_destroy(self);
     return st;
+}
+
+enum mt_status mt_comm_nccl_set_input_stream(struct mt_ctx *ctx, struct mt_comm *c, void *stream)
+{
+    if (!c || c->iface != &nccl_iface)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "nccl set_input_stream: %s is not an NCCL communicator",
+                            c ? c->iface->name : "NULL");
+    as_nccl(c)->input = (cudaStream_t)stream;
+    return MT_OK;
+}
+
+int mt_comm_is_nccl(const struct mt_comm *c)
+{
+    return c && c->iface == &nccl_iface;
 }
 
 #endif /* MT_WITH_NCCL */

@@ -43,6 +43,18 @@
 enum mt_status mt_comm_nccl_create_world(struct mt_ctx *ctx, struct mt_comm *mpi_world, int device,
                                          struct mt_comm **out);
 
+/* Also order every later operation of NCCL communicator c after the work
+ * queued on `stream` (a cudaStream_t, as void *) at the time of the call —
+ * the stream that produces the send buffers, e.g. the cuda backend's
+ * mt_ops_cuda_stream(), which is non-blocking and so not covered by the
+ * legacy-stream fence. NULL removes it. Communicators split from c later
+ * inherit it. Not thread-safe against operations on c. MT_ERR_INVALID_ARG
+ * if c is not an NCCL communicator. */
+enum mt_status mt_comm_nccl_set_input_stream(struct mt_ctx *ctx, struct mt_comm *c, void *stream);
+
+/* 1 if c is an NCCL communicator. */
+int mt_comm_is_nccl(const struct mt_comm *c);
+
 #endif /* MT_WITH_NCCL */
 
 #endif /* MT_COMM_NCCL_H */

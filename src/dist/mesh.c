@@ -34,9 +34,31 @@
  *
  *   Examples: tp=1 -> every model group is {r}: the self comm. pp=dp=ep=1
  *   -> model == world: reused. ep=1 -> data_expert == data: reused.
+ *
+ * HOW IT WORKS — device communicators (mt_mesh_create_nccl)
+ *
+ *   The host communicators above are built exactly as for a cpu run (they
+ *   carry host values: losses, norms, counts, hashes). Next to each
+ *   registry entry a GPU mesh keeps a device communicator for backend
+ *   buffers, built in the same walk and so reused in the same way:
+ *     world                 -> NCCL world (ncclCommInitRank; the unique id
+ *                              goes out over the host world, i.e. MPI), or,
+ *                              on a world of one, a self_dev comm;
+ *     kind with one member  -> the self_dev comm (created once): copies go
+ *                              through the backend's copy (cudaMemcpyAsync on
+ *                              its stream), never a host memmove;
+ *     reused kind           -> the entry's device comm;
+ *     otherwise             -> mt_comm_split(device world, same colour, key)
+ *                              = ncclCommSplit.
+ *   The device split is collective over the NCCL world, so, like the host
+ *   split, every rank calls it once per kind in the same order (passing
+ *   MT_COMM_UNDEFINED when reusing or alone). Every NCCL communicator fences
+ *   on the backend's stream (mt_comm_nccl_set_input_stream, inherited by
+ *   the splits), so a collective reads what the backend's kernels wrote.
  */
 #include "mt_mesh.h"
 #include "comm_impl.h"
+#include "comm_nccl.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -312,12 +334,14 @@ void mt_mesh_derive_preds(const struct mt_mesh_dims *d, const struct mt_mesh_coo
 struct registry_entry {
     int             n;        /* members                          */
     int            *members;  /* world ranks, ascending           */
-    struct mt_comm *comm;     /* owned by the entry               */
+    struct mt_comm *comm;     /* owned by the entry (host memory) */
+    struct mt_comm *dcomm;    /* owned; device mesh only, else NULL */
     int             first;    /* the group kind that created it   */
 };
 
 struct mt_mesh {
     struct mt_ctx        *ctx;
+    int                   has_dev;  /* built by mt_mesh_create_nccl */
     struct mt_mesh_dims   dims;
     struct mt_mesh_coord  coord;
     struct mt_mesh_preds  preds;
@@ -338,7 +362,10 @@ void mt_mesh_destroy(struct mt_mesh *mesh)
 {
     if (!mesh) return;
     struct mt_ctx *ctx = mesh->ctx;
-    /* reverse creation order: sub-communicators before the world */
+    /* device communicators first (NCCL's teardown may still use the
+     * network), then the host ones; reverse creation order: sub-groups
+     * before the world */
+    for (int i = mesh->n_entries - 1; i >= 0; i--) mt_comm_destroy(mesh->reg[i].dcomm);
     for (int i = mesh->n_entries - 1; i >= 0; i--) {
         mt_comm_destroy(mesh->reg[i].comm);
         mt_free(ctx, mesh->reg[i].members);
@@ -346,8 +373,28 @@ void mt_mesh_destroy(struct mt_mesh *mesh)
     mt_free(ctx, mesh);
 }
 
-enum mt_status mt_mesh_create(struct mt_ctx *ctx, const struct mt_mesh_dims *d, const struct mt_config *cfg,
-                              int zero_stage, struct mt_mesh **out)
+/* The device world: NCCL over the host world, or self_dev on one rank. */
+static enum mt_status device_world(struct mt_ctx *ctx, struct mt_comm *wc, const struct mt_mesh_nccl_opts *o,
+                                   struct mt_comm **out)
+{
+    *out = NULL;
+    if (mt_comm_size(wc) == 1) return mt_comm_create_self_dev(ctx, o->copy, out);
+#ifdef MT_WITH_NCCL
+    MT_CHECK(mt_comm_nccl_create_world(ctx, wc, o->device, out));
+    enum mt_status st = mt_comm_nccl_set_input_stream(ctx, *out, o->stream);
+    if (st != MT_OK) {
+        mt_comm_destroy(*out);
+        *out = NULL;
+    }
+    return st;
+#else
+    MT_ASSERT(0); /* refused before any collective in mesh_build */
+    return MT_ERR_UNSUPPORTED;
+#endif
+}
+
+static enum mt_status mesh_build(struct mt_ctx *ctx, const struct mt_mesh_dims *d, const struct mt_config *cfg,
+                                 int zero_stage, const struct mt_mesh_nccl_opts *dev, struct mt_mesh **out)
 {
     if (!out || !d) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "mesh_create: NULL argument");
     *out = NULL;
@@ -361,10 +408,18 @@ enum mt_status mt_mesh_create(struct mt_ctx *ctx, const struct mt_mesh_dims *d, 
     if (mt_mesh_dims_world(d) != world)
         return mt_ctx_error(ctx, MT_ERR_CONFIG, "mesh: pp*dp*ep*tp=%lld != world=%d (pp=%d, dp=%d, ep=%d, tp=%d)",
                             mt_mesh_dims_world(d), world, d->pp, d->dp, d->ep, d->tp);
+    if (dev && !dev->copy)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "mesh_create_nccl: NULL backend copy (pass the ops table's copy)");
+#ifndef MT_WITH_NCCL
+    if (dev && world > 1)
+        return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "mesh_create_nccl: %d ranks need NCCL, and this build has none "
+                            "(configure with -DMT_WITH_NCCL=ON)", world);
+#endif
 
     struct mt_mesh *m = mt_alloc(ctx, sizeof *m, MT_BUCKET_COMM);
     if (!m) return MT_ERR_OOM;
     m->ctx = ctx;
+    m->has_dev = dev != NULL;
     m->dims = *d;
     m->rank = rank;
     m->world = world;
@@ -373,15 +428,19 @@ enum mt_status mt_mesh_create(struct mt_ctx *ctx, const struct mt_mesh_dims *d, 
 
     enum mt_status rc = MT_OK;
     int *members = NULL;
-    struct mt_comm *wc = NULL, *nc = NULL;
+    struct mt_comm *wc = NULL, *nc = NULL, *dw = NULL, *dc = NULL;
     MT_CHECK_GOTO(mt_comm_create_world(ctx, &wc), rc, fail);
     members = mt_alloc(ctx, (size_t)world * sizeof(int), MT_BUCKET_COMM);
     if (!members) { mt_comm_destroy(wc); rc = MT_ERR_OOM; goto fail; }
     for (int r = 0; r < world; r++) members[r] = r;
-    m->reg[0] = (struct registry_entry){world, members, wc, MT_MESH_GROUP_WORLD};
+    m->reg[0] = (struct registry_entry){world, members, wc, NULL, MT_MESH_GROUP_WORLD};
     m->n_entries = 1;
     m->entry_of[MT_MESH_GROUP_WORLD] = 0;
     members = NULL;
+    if (dev) {
+        MT_CHECK_GOTO(device_world(ctx, wc, dev, &dw), rc, fail);
+        m->reg[0].dcomm = dw;
+    }
 
     for (int g = MT_MESH_GROUP_WORLD + 1; g < MT_MESH_GROUP_COUNT; g++) {
         int n = mt_mesh_group_size(d, (enum mt_mesh_group)g);
@@ -396,32 +455,65 @@ enum mt_status mt_mesh_create(struct mt_ctx *ctx, const struct mt_mesh_dims *d, 
                                           : group_colour(d, &m->coord, group_info[g].axes);
         /* collective over world on every rank, reused or not */
         MT_CHECK_GOTO(mt_comm_split(ctx, wc, colour, rank, &nc), rc, fail);
+        /* the device world too (NCCL: ncclCommSplit), in the same order */
+        if (dw) MT_CHECK_GOTO(mt_comm_split(ctx, dw, colour, rank, &dc), rc, fail);
         if (found >= 0) {
-            MT_ASSERT(nc == NULL);
+            MT_ASSERT(nc == NULL && dc == NULL);
             m->entry_of[g] = found;
             mt_free(ctx, members);
             members = NULL;
             continue;
         }
         if (n == 1) MT_CHECK_GOTO(mt_comm_create_self(ctx, &nc), rc, fail);
-        if (!nc || mt_comm_size(nc) != n || members[mt_comm_rank(nc)] != rank) {
-            rc = mt_ctx_error(ctx, MT_ERR_COMM, "mesh: %s group came out with %d ranks (rank %d), expected %d",
-                              group_info[g].name, mt_comm_size(nc), mt_comm_rank(nc), n);
+        if (n == 1 && dw) MT_CHECK_GOTO(mt_comm_create_self_dev(ctx, dev->copy, &dc), rc, fail);
+        if (!nc || mt_comm_size(nc) != n || members[mt_comm_rank(nc)] != rank ||
+            (dw && (!dc || mt_comm_size(dc) != n || mt_comm_rank(dc) != mt_comm_rank(nc)))) {
+            rc = mt_ctx_error(ctx, MT_ERR_COMM, "mesh: %s group came out with %d ranks (rank %d; device %d, rank %d), "
+                              "expected %d", group_info[g].name, mt_comm_size(nc), mt_comm_rank(nc), mt_comm_size(dc),
+                              mt_comm_rank(dc), n);
             goto fail;
         }
-        m->reg[m->n_entries] = (struct registry_entry){n, members, nc, g};
+        m->reg[m->n_entries] = (struct registry_entry){n, members, nc, dc, g};
         m->entry_of[g] = m->n_entries++;
         members = NULL;
         nc = NULL;
+        dc = NULL;
     }
     *out = m;
     return MT_OK;
 
 fail:
+    mt_comm_destroy(dc);
     mt_comm_destroy(nc);
     mt_free(ctx, members);
     mt_mesh_destroy(m);
     return rc;
+}
+
+enum mt_status mt_mesh_create(struct mt_ctx *ctx, const struct mt_mesh_dims *d, const struct mt_config *cfg,
+                              int zero_stage, struct mt_mesh **out)
+{
+    return mesh_build(ctx, d, cfg, zero_stage, NULL, out);
+}
+
+enum mt_status mt_mesh_create_nccl(struct mt_ctx *ctx, const struct mt_mesh_dims *d, const struct mt_config *cfg,
+                                   int zero_stage, const struct mt_mesh_nccl_opts *opts, struct mt_mesh **out)
+{
+    if (out) *out = NULL;
+    if (!opts) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "mesh_create_nccl: NULL options");
+    return mesh_build(ctx, d, cfg, zero_stage, opts, out);
+}
+
+struct mt_comm *mt_mesh_device_comm(const struct mt_mesh *mesh, enum mt_mesh_group g)
+{
+    if (!mesh || g < 0 || g >= MT_MESH_GROUP_COUNT) return NULL;
+    const struct registry_entry *e = &mesh->reg[mesh->entry_of[g]];
+    return e->dcomm ? e->dcomm : e->comm;
+}
+
+int mt_mesh_has_device_comms(const struct mt_mesh *mesh)
+{
+    return mesh && mesh->has_dev;
 }
 
 struct mt_comm *mt_mesh_comm(const struct mt_mesh *mesh, enum mt_mesh_group g)
@@ -481,7 +573,9 @@ size_t mt_mesh_trace_line(const struct mt_mesh *mesh, char *buf, size_t n)
             }
             sb_printf(&s, "%s%d", i ? "," : "", e->members[i]);
         }
-        sb_printf(&s, "] impl=%s reused=%s}", e->comm->iface->name, e->first == g ? "no" : group_info[e->first].name);
+        sb_printf(&s, "] impl=%s reused=%s", e->comm->iface->name, e->first == g ? "no" : group_info[e->first].name);
+        if (mesh->has_dev) sb_printf(&s, " dev=%s", e->dcomm->iface->name);
+        sb_printf(&s, "}");
     }
     const struct mt_mesh_preds *p = &mesh->preds;
     sb_printf(&s, " ep_active=%d tp_active=%d sp_on=%d dp_active=%d pp_active=%d pp_stage=%d grad_dp=%d zero_stage=%d",

@@ -3,8 +3,9 @@
  *
  * A `struct mt_comm` is one process group (a mesh axis, or a product of
  * axes). Model and trainer code call only these functions; the
- * implementation behind them is a single-rank one (always built), MPI
- * (MT_WITH_MPI) or NCCL (MT_WITH_CUDA). On a group of size 1 every
+ * implementation behind them is a single-rank one (always built; on host
+ * memory, or "self_dev" on backend memory), MPI (MT_WITH_MPI) or NCCL
+ * (MT_WITH_NCCL, device memory; comm_nccl.h). On a group of size 1 every
  * collective is a copy or a no-op, so the single-rank trainer runs the same
  * code path as the distributed one.
  *

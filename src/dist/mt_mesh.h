@@ -25,6 +25,9 @@
  *
  * A communicator whose member set equals one already built is reused, not
  * created again (every single-rank group shares one self communicator).
+ * These communicators work on host memory. A GPU run also asks for device
+ * communicators (mt_mesh_create_nccl / mt_mesh_device_comm, below): NCCL
+ * between ranks, the backend's copy within one.
  * Derived predicates come from the degrees only, never from whether some
  * communicator object exists.
  *
@@ -146,6 +149,48 @@ enum mt_status mt_mesh_create(struct mt_ctx *ctx, const struct mt_mesh_dims *d, 
                               int zero_stage, struct mt_mesh **out);
 void mt_mesh_destroy(struct mt_mesh *mesh); /* no-op on NULL; frees each distinct comm once */
 
+/* ---- GPU runs: device communicators next to the host ones ---------- */
+
+/* How a GPU rank builds its device communicators. */
+struct mt_mesh_nccl_opts {
+    int    device;   /* CUDA ordinal of this rank (NCCL binds it; unused on a world of one) */
+    void  *stream;   /* cudaStream_t (as void *) that produces the buffers the
+                        collectives read — the cuda backend's mt_ops_cuda_stream();
+                        every NCCL operation waits for the work queued there
+                        (NULL: the legacy default stream only)                   */
+    void (*copy)(void *dst, const void *src, size_t bytes);
+                     /* the backend's copy (ops->copy), required: the single-rank
+                        groups move backend buffers with it, never with memmove */
+};
+
+/* mt_mesh_create, plus one device communicator per group for collectives on
+ * backend (device) buffers; collective over the world. The host
+ * communicators (mt_mesh_comm) are built exactly as mt_mesh_create builds
+ * them and keep serving host values (losses, norms, counts, hashes). The
+ * device ones (mt_mesh_device_comm) follow the same groups and reuse:
+ *   world of one rank     -> every group is one "self_dev" comm: a self comm
+ *                            whose copies go through opts->copy (no NCCL, no
+ *                            MPI: a single-GPU run needs neither);
+ *   world of N > 1        -> an NCCL world over the MPI world (MPI broadcasts
+ *                            the unique id; mt_comm_nccl_create_world), NCCL
+ *                            splits for multi-rank groups, and the self_dev
+ *                            comm for single-rank groups; each NCCL comm
+ *                            fences on opts->stream.
+ * Errors (identical on every rank, before any collective):
+ * MT_ERR_INVALID_ARG for NULL opts or opts->copy; MT_ERR_UNSUPPORTED for a
+ * world > 1 in a build without MT_WITH_NCCL; then as mt_mesh_create, and
+ * NCCL/CUDA failures as mt_comm_nccl_create_world reports them. Free with
+ * mt_mesh_destroy (device comms are destroyed before the host ones). */
+enum mt_status mt_mesh_create_nccl(struct mt_ctx *ctx, const struct mt_mesh_dims *d, const struct mt_config *cfg,
+                                   int zero_stage, const struct mt_mesh_nccl_opts *opts, struct mt_mesh **out);
+
+/* The communicator for BACKEND buffers of group g: the device one on a mesh
+ * from mt_mesh_create_nccl, the host one (same as mt_mesh_comm) otherwise —
+ * on the cpu backend, backend buffers are host memory. Owned by the mesh. */
+struct mt_comm *mt_mesh_device_comm(const struct mt_mesh *mesh, enum mt_mesh_group g);
+/* 1 if the mesh came from mt_mesh_create_nccl. */
+int mt_mesh_has_device_comms(const struct mt_mesh *mesh);
+
 /* Accessors. The comm belongs to the mesh (do not destroy it). */
 struct mt_comm *mt_mesh_comm(const struct mt_mesh *mesh, enum mt_mesh_group g);
 int  mt_mesh_rank(const struct mt_mesh *mesh);   /* world rank */
@@ -171,8 +216,10 @@ static inline struct mt_comm *mt_mesh_pipe_comm(const struct mt_mesh *m)        
  *   model{size=2 members=[2,3] impl=mpi reused=no} expert{size=1 members=[3] impl=self reused=no}
  *   ... data_expert{size=2 members=[1,3] impl=mpi reused=data} ...
  *   ep_active=0 tp_active=1 sp_on=1 dp_active=1 pp_active=0 pp_stage=0 grad_dp=2 zero_stage=1
- * Member lists longer than 16 are abbreviated "[a,b,c,...,z]". Truncated to
- * n-1 characters; returns the length it wanted (snprintf). */
+ * Member lists longer than 16 are abbreviated "[a,b,c,...,z]". On a mesh
+ * with device communicators each group also says " dev=nccl" or
+ * " dev=self_dev" before its closing brace. Truncated to n-1 characters;
+ * returns the length it wanted (snprintf). */
 size_t mt_mesh_trace_line(const struct mt_mesh *mesh, char *buf, size_t n);
 
 #endif /* MT_MESH_H */
