@@ -82,7 +82,7 @@ static void model_dims_par(struct mt_model *m, const struct mt_config *cfg, int 
         m->QD = m->H * m->hd;
         m->KD = m->K * m->hd;
     }
-    m->ep = par && par->ep > 1 ? par->ep : 1;
+    m->ep = par && par->ep > 1 && m->any_moe ? par->ep : 1;   /* no MoE block: the expert axis is data */
     m->ep_rank = m->ep > 1 ? par->ep_rank : 0;
     m->ep_comm = m->ep > 1 ? par->ep_comm : NULL;
     m->Ee = m->E / m->ep;
