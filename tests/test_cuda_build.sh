@@ -29,7 +29,13 @@
 #        d. tests/cuda/mesh_device.c: a one-rank mesh with device
 #           communicators (mt_mesh_create_nccl: every group one self_dev
 #           comm copying through the backend's copy) runs every collective
-#           on emulated device memory; the host mesh is unchanged.
+#           on emulated device memory; the host mesh is unchanged; and the
+#           HOST self comm used on device buffers is caught by the
+#           emulator's device-memory guard (a crash on a GPU).
+#      Every emulated run has the device-memory guard on: device buffers
+#      are inaccessible to host code outside kernels, copies and cuBLAS
+#      calls (tests/cuda/emu/emu.cc), so a host dereference of a device
+#      pointer fails here as it would on a GPU.
 # Prints SKIP and exits 0 when nvcc is absent. Exit 1 on any failure.
 set -u
 BUILD=${1:?usage: test_cuda_build.sh BUILD_DIR}
@@ -182,9 +188,12 @@ else
             tail -5 "$EMU/train_$name.log"; ok=0
         fi
     }
+    # the two emulated runs side by side (one thread each: 2 cores)
     run cpu fp32 --set backend=cpu
-    run cuda fp32 --set backend=cuda
+    run cuda fp32 --set backend=cuda & pid_fp32=$!
     run cuda_bf16 bf16 --backend cuda
+    wait $pid_fp32
+    [ -f "$EMU/run_cuda/receipt.json" ] || ok=0
     cmp_losses() {  # cmp_losses REF RUN TOL
         python3 - "$EMU/run_$1/receipt.json" "$EMU/run_$2/receipt.json" "$3" <<'PY'
 import json, sys
@@ -213,6 +222,12 @@ if [ -f "$EMU/lib/src_dist_mesh.c.o" ] && compile "$SRC/tests/cuda/mesh_device.c
         echo "PASS emulated mesh_device: $(tail -1 "$EMU/mesh_device.log")"
     else
         grep -E 'FAIL|emu' "$EMU/mesh_device.log" | head -20; echo "FAIL: emulated mesh_device"; fail=1
+    fi
+    out=$("$EMU/mesh_device" --host-comm 2>&1); rc=$?
+    if [ $rc -ne 0 ] && echo "$out" | grep -q '^cuda emu: host access to DEVICE memory'; then
+        echo "PASS device-memory guard: the host self comm on device buffers faults (exit $rc)"
+    else
+        echo "$out" | tail -3; echo "FAIL: the device-memory guard did not catch a host memmove on device memory"; fail=1
     fi
 else
     tail -20 "$EMU/mesh_device.log"; echo "FAIL: emulated mesh_device build"; fail=1

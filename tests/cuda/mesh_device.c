@@ -13,6 +13,12 @@
  * of the device mesh, argument errors, and no leak under injected
  * allocation failures. Exit 0 when every check passes (or "SKIP: no GPU"),
  * 1 otherwise.
+ *
+ * `mesh_device --host-comm` instead runs one collective of the HOST mesh
+ * (the plain self comm: memmove) on device buffers — what a trainer that
+ * passes mt_mesh_comm() groups to device buffers does. On a GPU that is a
+ * segmentation fault; under the emulator's device-memory guard too (the
+ * test script expects the guard's message).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,7 +128,7 @@ static void test_collectives(struct mt_ctx *ctx, struct mt_comm *c)
 #undef EXPECT
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     char why[256] = "";
     g_ops = mt_ops_cuda(why, sizeof why);
@@ -134,6 +140,19 @@ int main(void)
     mt_ctx_init(&ctx);
     struct mt_mesh_dims d = {1, 1, 1, 1};
     char line[4096];
+
+    if (argc > 1 && !strcmp(argv[1], "--host-comm")) {
+        struct mt_mesh *hm = NULL;
+        float x[256] = {0};
+        if (mt_mesh_create(&ctx, &d, NULL, 0, &hm) != MT_OK) return 1;
+        float *dx = up(&ctx, x, 256), *dy = up(&ctx, x, 256);
+        printf("reduce_scatter through the host self comm on device buffers (expected to crash)\n");
+        fflush(stdout);
+        mt_comm_reduce_scatter(&ctx, mt_mesh_comm(hm, MT_MESH_GROUP_DATA), dy, dx, 256, MT_DTYPE_F32);
+        g_ops->sync();
+        printf("returned: the host self comm touched device memory without a fault\n");
+        return 0;
+    }
 
     /* the host mesh is what it always was */
     struct mt_mesh *hm = NULL;

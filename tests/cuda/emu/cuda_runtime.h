@@ -13,6 +13,10 @@
  * only after cudaFuncSetAttribute(MaxDynamicSharedMemorySize) for that
  * kernel, <= 227 KiB (sm_90). Fresh device and dynamic shared memory is
  * filled with 0xff bytes (NaN floats) so reads of unwritten memory show.
+ * Device memory is guarded: host code outside a kernel, a cudaMemcpy/
+ * cudaMemset or a cuBLAS(Lt) call that touches it faults, with a message
+ * naming the buffer and a backtrace (emu.cc; MT_EMU_GUARD=0 turns it off),
+ * and cudaMemcpyAsync checks its kind against where the pointers live.
  */
 #ifndef MT_EMU_CUDA_RUNTIME_H
 #define MT_EMU_CUDA_RUNTIME_H

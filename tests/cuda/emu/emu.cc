@@ -15,14 +15,32 @@
  *
  * cuBLAS and cuBLASLt are naive loops with the libraries' argument checks
  * (see cublas_v2.h and cublasLt.h).
+ *
+ * HOW IT WORKS — the device-memory guard: every cudaMalloc is its own
+ * mapping, kept PROT_NONE except while "the device" runs — a kernel launch,
+ * a cudaMemcpy/cudaMemset, a cuBLAS or cuBLASLt call (dev_scope). Host code
+ * that dereferences a device pointer (a memmove on a device buffer, a
+ * host read of a result without copy_to_host) therefore faults here as it
+ * would on a GPU, and the SIGSEGV handler names the buffer and prints the
+ * host backtrace. Inside a dev_scope the handler instead opens the buffer
+ * that faulted (mprotect read/write) and lets the access retry; the scope's
+ * end closes the buffers it opened — so the cost is a fault per buffer a
+ * kernel touches, not an mprotect of every buffer per launch.
+ * cudaMemcpyAsync also checks its kind against where the pointers live
+ * (HostToDevice from device memory is an error). MT_EMU_GUARD=0 turns the
+ * protection off (the kind checks stay).
  */
 #include "cuda_runtime.h"
 #include "cuda_bf16.h"
 #include "cublas_v2.h"
 #include "cublasLt.h"
 
+#include <execinfo.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <map>
 #include <vector>
 
@@ -31,6 +49,99 @@ dim3 threadIdx, blockIdx, blockDim, gridDim;
 /* ---------------- runtime ---------------- */
 static cudaError_t g_last = cudaSuccess;
 static std::map<const void *, int> g_smem_optin;
+
+/* ---- the device-memory guard (see the file comment) ---- */
+static std::map<uintptr_t, size_t> g_dev;  /* mapping base -> length (page multiple) */
+static int g_dev_depth;                    /* nesting of dev_scope                   */
+static int g_guard = -1;                   /* MT_EMU_GUARD, read once (default on)   */
+
+static int guard_on(void)
+{
+    if (g_guard < 0) {
+        const char *e = getenv("MT_EMU_GUARD");
+        g_guard = !(e && e[0] == '0');
+    }
+    return g_guard;
+}
+/* buffers opened (by a fault) during the current dev_scope; a fixed array,
+ * since it is filled from the signal handler */
+#define MAX_OPEN 65536
+static uintptr_t g_open[MAX_OPEN];
+static size_t    g_open_len[MAX_OPEN];
+static int       g_n_open;
+/* the device stops running: close what it opened */
+static void dev_close_all(void)
+{
+    for (int i = 0; i < g_n_open; i++)
+        if (mprotect((void *)g_open[i], g_open_len[i], PROT_NONE) != 0) {
+            perror("cuda emu: mprotect");
+            abort();
+        }
+    g_n_open = 0;
+}
+/* the device is running: device memory accessible (opened on first touch).
+ * The signal handler reads g_dev_depth and fills g_open: the compiler
+ * barriers keep the device's memory accesses inside the scope (without
+ * them an inlined memset may be moved across the increment). */
+static inline void compiler_barrier(void) { __asm__ __volatile__("" ::: "memory"); }
+struct dev_scope {
+    dev_scope() { g_dev_depth++; compiler_barrier(); }
+    ~dev_scope() { compiler_barrier(); if (--g_dev_depth == 0 && guard_on()) dev_close_all(); }
+    dev_scope(const dev_scope &) = delete;
+    dev_scope &operator=(const dev_scope &) = delete;
+};
+/* the device buffer holding [p, p + bytes), or end() */
+static std::map<uintptr_t, size_t>::iterator dev_find(const void *p, size_t bytes)
+{
+    uintptr_t a = (uintptr_t)p;
+    auto it = g_dev.upper_bound(a);
+    if (it == g_dev.begin()) return g_dev.end();
+    --it;
+    if (a >= it->first && a + bytes <= it->first + it->second) return it;
+    return g_dev.end();
+}
+static int is_dev(const void *p, size_t bytes) { return dev_find(p, bytes) != g_dev.end(); }
+static int overlaps_dev(const void *p, size_t bytes)
+{
+    uintptr_t a = (uintptr_t)p;
+    auto it = g_dev.upper_bound(a + (bytes ? bytes - 1 : 0));
+    if (it == g_dev.begin()) return 0;
+    --it;
+    return a < it->first + it->second && it->first < a + (bytes ? bytes : 1);
+}
+static void on_segv(int sig, siginfo_t *si, void *uc)
+{
+    (void)uc;
+    auto it = dev_find(si->si_addr, 1);
+    if (it != g_dev.end() && g_dev_depth > 0 && g_n_open < MAX_OPEN &&
+        mprotect((void *)it->first, it->second, PROT_READ | PROT_WRITE) == 0) {
+        g_open[g_n_open] = it->first;  /* the device touches it: open, retry */
+        g_open_len[g_n_open++] = it->second;
+        return;
+    }
+    if (it != g_dev.end())
+        fprintf(stderr, "cuda emu: host access to DEVICE memory at %p (device buffer [%p, +%zu)) outside any "
+                        "kernel, copy or cuBLAS call: on a GPU this is a crash. Host backtrace:\n",
+                si->si_addr, (void *)it->first, it->second);
+    else
+        fprintf(stderr, "cuda emu: segmentation fault at %p (not device memory)\n", si->si_addr);
+    void *bt[48];
+    int n = backtrace(bt, 48);
+    backtrace_symbols_fd(bt, n, 2);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+static void install_segv_handler(void)
+{
+    static int done;
+    if (done) return;
+    done = 1;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_segv;
+    sa.sa_flags = SA_SIGINFO;
+    sigaction(SIGSEGV, &sa, NULL);
+}
 
 static cudaError_t fail(cudaError_t e)
 {
@@ -77,28 +188,74 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) { free(s); return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) { (void)s; return cudaSuccess; }
+/* one mapping per buffer (page aligned, so cudaMalloc's 256-byte alignment
+ * holds), filled with 0xff (NaN) so reads of unwritten memory show */
 cudaError_t cudaMalloc(void **p, size_t bytes)
 {
-    void *q = NULL;
-    if (posix_memalign(&q, 256, bytes ? bytes : 1) != 0) return cudaErrorMemoryAllocation;
-    memset(q, 0xff, bytes);
+    install_segv_handler();
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), len = ((bytes ? bytes : 1) + page - 1) / page * page;
+    void *q = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (q == MAP_FAILED) return cudaErrorMemoryAllocation;
+    memset(q, 0xff, len);
+    if (guard_on() && mprotect(q, len, PROT_NONE) != 0) {
+        munmap(q, len);
+        return cudaErrorMemoryAllocation;
+    }
+    g_dev[(uintptr_t)q] = len;
     *p = q;
     return cudaSuccess;
 }
-cudaError_t cudaFree(void *p) { free(p); return cudaSuccess; }
+cudaError_t cudaFree(void *p)
+{
+    if (!p) return cudaSuccess;
+    auto it = g_dev.find((uintptr_t)p);
+    if (it == g_dev.end()) {
+        fprintf(stderr, "cuda emu: cudaFree(%p): not a pointer cudaMalloc returned\n", p);
+        return fail(cudaErrorInvalidValue);
+    }
+    for (int i = 0; i < g_n_open; i++)  /* freed inside a scope: forget it */
+        if (g_open[i] == it->first) {
+            g_n_open--;
+            g_open[i] = g_open[g_n_open];
+            g_open_len[i] = g_open_len[g_n_open];
+            i--;
+        }
+    munmap((void *)it->first, it->second);
+    g_dev.erase(it);
+    return cudaSuccess;
+}
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s)
 {
-    (void)kind;
     (void)s;
     if (bytes && (!dst || !src)) return fail(cudaErrorInvalidValue);
-    if (bytes) memmove(dst, src, bytes);
+    if (!bytes) return cudaSuccess;
+    /* the kind must say where the pointers live (cudaMemcpyDefault: anything) */
+    int sd = is_dev(src, bytes), dd = is_dev(dst, bytes);
+    int ok = kind == cudaMemcpyDefault ||
+             (kind == cudaMemcpyHostToDevice && !overlaps_dev(src, bytes) && dd) ||
+             (kind == cudaMemcpyDeviceToHost && sd && !overlaps_dev(dst, bytes)) ||
+             (kind == cudaMemcpyDeviceToDevice && sd && dd) ||
+             (kind == cudaMemcpyHostToHost && !overlaps_dev(src, bytes) && !overlaps_dev(dst, bytes));
+    if (!ok) {
+        fprintf(stderr, "cuda emu: cudaMemcpyAsync kind %d with src %s, dst %s (%zu bytes)\n", (int)kind,
+                sd ? "device" : "host", dd ? "device" : "host", bytes);
+        return fail(cudaErrorInvalidValue);
+    }
+    dev_scope on;
+    memmove(dst, src, bytes);
     return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t s)
 {
     (void)s;
     if (bytes && !dst) return fail(cudaErrorInvalidValue);
-    if (bytes) memset(dst, value, bytes);
+    if (!bytes) return cudaSuccess;
+    if (!is_dev(dst, bytes)) {
+        fprintf(stderr, "cuda emu: cudaMemsetAsync on host memory %p\n", dst);
+        return fail(cudaErrorInvalidValue);
+    }
+    dev_scope on;
+    memset(dst, value, bytes);
     return cudaSuccess;
 }
 cudaError_t mt_emu_func_set_attribute(const void *kern, cudaFuncAttribute attr, int value)
@@ -288,6 +445,7 @@ void mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std:
             return;
         }
     }
+    dev_scope on;
     int nw = (int)((nt + 31) / 32);
     g_f.assign(nt, fiber());
     if (g_stacks.size() < nt * STACK_BYTES) g_stacks.resize(nt * STACK_BYTES);
@@ -366,6 +524,7 @@ cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperati
     if (m < 0 || n < 0 || k < 0 || lda < (arows > 1 ? arows : 1) || ldb < (brows > 1 ? brows : 1) ||
         ldc < (m > 1 ? m : 1))
         return CUBLAS_STATUS_INVALID_VALUE;
+    dev_scope on;
     for (int j = 0; j < n; j++)
         for (int i = 0; i < m; i++) {
             float acc = 0.0f;
@@ -541,6 +700,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
         fprintf(stderr, "cuda emu: cublasLtMatmul pointer less aligned than the algorithm's preference\n");
         return CUBLAS_STATUS_INVALID_VALUE;
     }
+    dev_scope on;
     const __nv_bfloat16 *Ab = (const __nv_bfloat16 *)A, *Bb = (const __nv_bfloat16 *)B;
     const float *Cf = (const float *)C;
     float *Df = (float *)D;
