@@ -11,7 +11,8 @@
  *      a self communicator and the optimizer allocate exactly the plan, per
  *      bucket, minus the trainer's own arrays (mt_train_host_bytes);
  *   5. a NO_ALLOC model allocates only its struct and parameter table, and
- *      recompute=block plans fewer activation bytes than none.
+ *      recompute=block plans fewer activation bytes than none;
+ *   6. every allocation of mt_plan_create failing in turn: MT_ERR_OOM, no leak.
  * Exits non-zero on failure.
  */
 #include <stdio.h>
@@ -268,6 +269,32 @@ static void test_no_alloc_and_recompute(void)
     EXPECT(ctx.bytes_live_total == 0, "leak %zu", ctx.bytes_live_total);
 }
 
+/* 6: every allocation of mt_plan_create can fail: MT_ERR_OOM, nothing leaked */
+static void test_oom(void)
+{
+    struct mt_config cfg;
+    tiny_moe(&cfg);
+    struct mt_plan_setup su;
+    memset(&su, 0, sizeof su);
+    su.dims = (struct mt_mesh_dims){2, 1, 2, 2};
+    su.zero_stage = 2;
+    su.steps = 3;
+    struct mt_ctx ctx;
+    mt_ctx_init(&ctx);
+    MT_ASSERT(mt_plan_pipeline_cut(&ctx, &cfg, 2, NULL, su.first_layer) == MT_OK);
+    int ok_at = 0;
+    for (long k = 1; k < 100000 && !ok_at; k++) {
+        mt_ctx_init(&ctx);
+        ctx.fail_after = k;
+        struct mt_plan *p = NULL;
+        enum mt_status rc = mt_plan_create(&ctx, &cfg, &su, MT_PLAN_LAYOUT | MT_PLAN_VERIFY, &p);
+        if (rc == MT_OK) { ok_at = (int)k; mt_plan_destroy(&ctx, p); }
+        else EXPECT(rc == MT_ERR_OOM && p == NULL, "fail_after=%ld: rc %d", k, (int)rc);
+        EXPECT(ctx.bytes_live_total == 0, "fail_after=%ld: %zu bytes leaked", k, ctx.bytes_live_total);
+    }
+    EXPECT(ok_at > 10, "plan succeeded after %d allocations", ok_at);
+}
+
 int main(void)
 {
     test_group_ranks();
@@ -278,6 +305,7 @@ int main(void)
         test_one_rank_exact("block", z);
     }
     test_no_alloc_and_recompute();
+    test_oom();
     if (n_fail) {
         fprintf(stderr, "test_plan: %d check(s) failed\n", n_fail);
         return 1;
