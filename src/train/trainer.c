@@ -789,6 +789,24 @@ static void peak_restart(struct mt_ctx *ctx)
     ctx->bytes_peak_total = ctx->bytes_live_total;
 }
 
+/* Seconds spent blocked in communication so far (cumulative): ZeRO waits and
+ * blocking collectives, the model axis's collectives, the expert all-to-alls.
+ * The step's exposed communication is the difference across the step. */
+static double exposed_comm_s(const struct run_state *rs)
+{
+    double s = 0;
+    for (int k = 0; k < rs->n_eng; k++) {
+        struct mt_zero_stats zs;
+        mt_zero_get_stats(rs->eng[k], &zs);
+        s += zs.wait_s;
+    }
+    struct mt_tp_stats tps;
+    mt_model_tp_stats(rs->model, &tps);
+    struct mt_ep_stats eps;
+    mt_model_ep_stats(rs->model, &eps);
+    return s + tps.time_s + eps.a2a_s;
+}
+
 enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const struct mt_train_opts *opts,
                             struct mt_train_result *res)
 {
@@ -969,7 +987,7 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     const double flops_per_token = mt_model_flops_per_token(cfg);
     const int tty = isatty(fileno(stdout));
     const int mb_n = cfg->microbatches;
-    double t_run0 = mt_time_sec(), comm_total = 0, idle_total = 0, tp_time0 = 0, ep_time0 = 0;
+    double t_run0 = mt_time_sec(), comm_total = 0, idle_total = 0;
     int steps_run = 0;
     for (int k = 0; k < rs.n_eng; k++) mt_zero_reset_stats(rs.eng[k]);
     /* memory phases: setup until here, then the step loop (see struct peaks) */
@@ -980,20 +998,7 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     peak_restart(ctx);
     for (int step = start_step; step < opts->steps; step++) {
         double t0 = mt_time_sec();
-        double wait0 = 0;
-        {
-            struct mt_tp_stats tps0;
-            mt_model_tp_stats(rs.model, &tps0);
-            tp_time0 = tps0.time_s;
-            struct mt_ep_stats eps0;
-            mt_model_ep_stats(rs.model, &eps0);
-            ep_time0 = eps0.a2a_s;
-        }
-        for (int k = 0; k < rs.n_eng; k++) {
-            struct mt_zero_stats zs0;
-            mt_zero_get_stats(rs.eng[k], &zs0);
-            wait0 += zs0.wait_s;
-        }
+        const double comm0 = exposed_comm_s(&rs);
         if (fault.rank == wrank && fault.step == step) {
             if (!strcmp(fault.kind, "signal")) raise(SIGKILL);
             if (!strcmp(fault.kind, "error")) {
@@ -1049,17 +1054,7 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
         }
         ops->sync();
         double dt = mt_time_sec() - t0;
-        double wait1 = 0;
-        for (int k = 0; k < rs.n_eng; k++) {
-            struct mt_zero_stats zs1;
-            mt_zero_get_stats(rs.eng[k], &zs1);
-            wait1 += zs1.wait_s;
-        }
-        struct mt_tp_stats tps1;
-        mt_model_tp_stats(rs.model, &tps1);
-        struct mt_ep_stats eps1;
-        mt_model_ep_stats(rs.model, &eps1);
-        comm_total += wait1 - wait0 + (tps1.time_s - tp_time0) + (eps1.a2a_s - ep_time0);
+        comm_total += exposed_comm_s(&rs) - comm0;
         idle_total += idle;
         int k = steps_run++;
         rs.step_index[k] = step;
