@@ -436,7 +436,9 @@ int main(void)
         mt_free(&ctx, q.data);
     }
 
-    /* ---- checkpoint without optimizer state: params load, state zeroed, t = 0 ---- */
+    /* ---- checkpoint without optimizer state: at step > 0 refused (a resume
+     * would silently restart the optimizer); at step 0 (an import) params load,
+     * state zeroed, t = 0 ---- */
     {
         char dir3[520];
         snprintf(dir3, sizeof dir3, "%s/noopt", root);
@@ -444,6 +446,10 @@ int main(void)
         EXPECT_ERR(mt_ckpt_save(&ctx, NULL, dir3, &cfg, &meta, a, NP, NULL), MT_OK, NULL);   /* ops NULL: host */
         snprintf(path, sizeof path, "%s/optim.bin", dir3);
         EXPECT(access(path, F_OK) != 0);
+        EXPECT_ERR(mt_ckpt_load(&ctx, ops, dir3, b, NP, ob), MT_ERR_FORMAT, "no optimizer state");
+        EXPECT_ERR(mt_ckpt_load(&ctx, ops, dir3, b, NP, NULL), MT_OK, NULL);   /* params only: fine */
+        meta.step = 0;
+        EXPECT_ERR(mt_ckpt_save(&ctx, NULL, dir3, &cfg, &meta, a, NP, NULL), MT_OK, NULL);
         EXPECT_ERR(mt_ckpt_load(&ctx, ops, dir3, b, NP, ob), MT_OK, NULL);
         EXPECT(mt_optim_get_t(ob) == 0);
         for (int i = 0; i < mt_optim_state_count(ob); i++) {
