@@ -1364,7 +1364,7 @@ enum mt_status mt_ckpt_resolve(struct mt_ctx *ctx, const char *dir_or_out, char 
         rc = ckpt_check(ctx, cand, &m);
         if (rc == MT_ERR_OOM) { mt_free(ctx, steps); return rc; }
         if (rc != MT_OK) {
-            if (!have_latest && n_skipped++ == 0) {
+            if (!have_latest && found < 0 && n_skipped++ == 0) {
                 snprintf(why, sizeof why, "%s", mt_ctx_last_error(ctx));
                 notef(note, note_len, "newest checkpoint %s is damaged (%s)", cand, why);
             }
