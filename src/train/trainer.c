@@ -452,7 +452,9 @@ static enum mt_status save_checkpoint(struct mt_ctx *ctx, const struct mt_ops_i 
      * after the commit; never one it did not write, never the newest). A
      * failed deletion costs disk, not correctness: a warning, not an error. */
     if (cfg->keep_last > 0 && mt_mesh_rank(rs->mesh) == 0) {
-        if (!rs->saved) rs->saved = mt_alloc(ctx, ((size_t)cfg->keep_last + 1) * sizeof(int), MT_BUCKET_OTHER);
+        /* at most keep_last + 1 entries, and never more than one per step */
+        size_t cap = (size_t)(cfg->keep_last < opts->steps + 1 ? cfg->keep_last : opts->steps + 1) + 1;
+        if (!rs->saved) rs->saved = mt_alloc(ctx, cap * sizeof(int), MT_BUCKET_OTHER);
         if (!rs->saved) return MT_ERR_OOM;
         if (rs->n_saved == 0 || rs->saved[rs->n_saved - 1] != step) rs->saved[rs->n_saved++] = step;
         while (rs->n_saved > cfg->keep_last) {
