@@ -532,6 +532,7 @@ static void test_resolve(struct mt_ctx *ctx, const struct mt_ops_i *ops, const c
     EXPECT_ERR_AT(ctx, mt_ckpt_resolve(ctx, out, got, sizeof got, note, sizeof note), MT_OK, NULL);
     EXPECT(ends_with(got, "/ckpt/step_000003") && strstr(note, "falling back") && strstr(note, "step_000006") &&
            strstr(note, "optim.bin"));
+    EXPECT_ERR_AT(ctx, mt_ckpt_find(ctx, out, got, sizeof got), MT_ERR_FORMAT, "pass that checkpoint directory");
     snprintf(path, sizeof path, "%s/ckpt/step_000003/params.bin", out);
     flip_byte(path, 9);
     EXPECT_ERR_AT(ctx, mt_ckpt_resolve(ctx, out, got, sizeof got, note, sizeof note), MT_ERR_FORMAT, "no intact earlier");

@@ -1404,7 +1404,11 @@ enum mt_status mt_ckpt_resolve(struct mt_ctx *ctx, const char *dir_or_out, char 
 
 enum mt_status mt_ckpt_find(struct mt_ctx *ctx, const char *dir_or_out, char *path, size_t path_len)
 {
-    return mt_ckpt_resolve(ctx, dir_or_out, path, path_len, NULL, 0);
+    char note[2048];
+    MT_CHECK(mt_ckpt_resolve(ctx, dir_or_out, path, path_len, note, sizeof note));
+    /* a caller that cannot tell the user must not substitute a checkpoint */
+    if (note[0]) return mt_ctx_error(ctx, MT_ERR_FORMAT, "%s; pass that checkpoint directory to use it", note);
+    return MT_OK;
 }
 
 void mt_ckpt_run_id_new(char out[MT_CKPT_RUN_ID_LEN])

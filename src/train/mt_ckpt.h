@@ -165,7 +165,10 @@ enum mt_status mt_ckpt_read_tensors(struct mt_ctx *ctx, const char *dir, const c
 enum mt_status mt_ckpt_resolve(struct mt_ctx *ctx, const char *dir_or_out, char *path, size_t path_len, char *note,
                                size_t note_len);
 
-/* mt_ckpt_resolve without the note (kept for callers that only need the path). */
+/* mt_ckpt_resolve for callers that cannot show the note (export, sample):
+ * where resolve would fall back (or skip a damaged newest checkpoint), find
+ * refuses instead (MT_ERR_FORMAT, the note as message, suggesting to pass the
+ * fallback directory): a checkpoint is never substituted silently. */
 enum mt_status mt_ckpt_find(struct mt_ctx *ctx, const char *dir_or_out, char *path, size_t path_len);
 
 /* A fresh run id: 16 lowercase hex digits from the clock, pid and
