@@ -562,8 +562,10 @@ static enum mt_status verify_file(struct mt_ctx *ctx, const char *dir, const str
  *             DIR.tmp into DIR.
  *
  * On an agreed failure from phase 2 on, rank 0 removes DIR.tmp (every rank
- * has left the phase, so nobody is still writing into it). DIR is only ever
- * replaced by the swap of a complete directory.
+ * has left the phase, so nobody is still writing into it), and the ranks meet
+ * once more before returning, so that a rank whose caller aborts the job on
+ * error cannot kill rank 0 mid-removal. DIR is only ever replaced by the swap
+ * of a complete directory.
  */
 
 /* The agreement code packs (rank + 1) and a status into one int64. */
@@ -643,7 +645,7 @@ static uint64_t layout_hash(const char *dir, const struct mt_ckpt_entry *e, int 
  * failed allreduce is returned as is.
  */
 static enum mt_status agree(struct mt_ctx *ctx, struct mt_comm *comm, enum mt_status rc, const char *dir,
-                            const char *phase, int64_t *extra, int n_extra)
+                            const char *phase, int64_t *extra, int n_extra, int *comm_broken)
 {
     int64_t v[3] = {0, 0, 0};
     MT_ASSERT(n_extra >= 0 && n_extra <= 2);
@@ -652,6 +654,7 @@ static enum mt_status agree(struct mt_ctx *ctx, struct mt_comm *comm, enum mt_st
     char own[sizeof ctx->errmsg];
     snprintf(own, sizeof own, "%s", ctx->errmsg);
     enum mt_status crc = mt_comm_allreduce(ctx, comm, v, (size_t)(1 + n_extra), MT_DTYPE_I64, MT_REDOP_MAX);
+    *comm_broken = crc != MT_OK;
     for (int i = 0; i < n_extra; i++) extra[i] = v[1 + i];
     if (rc != MT_OK) {
         if (crc != MT_OK) mt_ctx_error(ctx, rc, "%s", own);   /* the first failure is the one to report */
@@ -939,6 +942,7 @@ enum mt_status mt_ckpt_save_group(struct mt_ctx *ctx, const struct mt_ops_i *ops
     float *stage = NULL;
     cJSON *root = NULL;
     enum mt_status rc = MT_OK;
+    int broken = 0;   /* the last agreement's allreduce failed: no further collective */
 
     /* ---- phase 1: check (every rank), no disk ---- */
     if (!dir || !*dir || !cfg || !meta || n_entries < 0 || (n_entries > 0 && !entries)) {
@@ -988,7 +992,7 @@ enum mt_status mt_ckpt_save_group(struct mt_ctx *ctx, const struct mt_ops_i *ops
     {
         uint64_t h = rc == MT_OK ? layout_hash(dir, entries, n_entries) : 0;
         int64_t hv[2] = {(int64_t)h, ~(int64_t)h};   /* max(h) == h and max(~h) == ~h on every rank iff all equal */
-        MT_CHECK_GOTO(agree(ctx, comm, rc, where, "checking its arguments", hv, 2), rc, done);
+        MT_CHECK_GOTO(agree(ctx, comm, rc, where, "checking its arguments", hv, 2, &broken), rc, done);
         if (hv[0] != (int64_t)h || hv[1] != ~(int64_t)h) {
             rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG,
                               "checkpoint %s not saved: the ranks passed different directories or entry lists "
@@ -1000,19 +1004,29 @@ enum mt_status mt_ckpt_save_group(struct mt_ctx *ctx, const struct mt_ops_i *ops
 
     /* ---- phase 2: rank 0 creates DIR.tmp and sizes the files ---- */
     if (rank == 0) rc = create_files(ctx, par, tmp, total, used);
-    MT_CHECK_GOTO(agree(ctx, comm, rc, where, "creating the temporary directory", NULL, 0), rc, fail_tmp);
+    MT_CHECK_GOTO(agree(ctx, comm, rc, where, "creating the temporary directory", NULL, 0, &broken), rc, fail_tmp);
 
     /* ---- phase 3: every rank writes its boxes ---- */
     rc = write_boxes(ctx, ops, where, tmp, entries, n_entries, offset, stage, rank, meta->step);
-    MT_CHECK_GOTO(agree(ctx, comm, rc, where, "writing its tensors", NULL, 0), rc, fail_tmp);
+    MT_CHECK_GOTO(agree(ctx, comm, rc, where, "writing its tensors", NULL, 0, &broken), rc, fail_tmp);
 
     /* ---- phase 4: rank 0 writes the manifest last and swaps ---- */
     if (rank == 0) rc = commit(ctx, root, dir, tmp, old, par, used, meta);
-    MT_CHECK_GOTO(agree(ctx, comm, rc, where, "writing the manifest", NULL, 0), rc, fail_tmp);
+    MT_CHECK_GOTO(agree(ctx, comm, rc, where, "writing the manifest", NULL, 0, &broken), rc, fail_tmp);
     goto done;
 
 fail_tmp:
     if (rank == 0) rm_rf(tmp);   /* never DIR: it is replaced only by a complete swap */
+    if (!broken) {
+        /* one more meeting, so that no rank returns (and maybe brings the job
+         * down, e.g. MPI_Abort) before rank 0 has removed DIR.tmp */
+        enum mt_status keep_st = ctx->last_status;
+        char keep[sizeof ctx->errmsg];
+        snprintf(keep, sizeof keep, "%s", ctx->errmsg);
+        int64_t z = 0;
+        if (mt_comm_allreduce(ctx, comm, &z, 1, MT_DTYPE_I64, MT_REDOP_MAX) != MT_OK) { /* the failure is already agreed */ }
+        mt_ctx_error(ctx, keep_st, "%s", keep);
+    }
 done:
     cJSON_Delete(root);
     mt_free(ctx, stage);
