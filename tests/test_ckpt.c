@@ -6,7 +6,17 @@
  * save (mt_ckpt_save_group) on a self group: same bytes as the wrapper,
  * entries without data are zeros but listed, subset load (a rank loading
  * only what it owns), bad input / failed write / failed allocation lose
- * nothing and leave no DIR.tmp. Exits non-zero on failure.
+ * nothing and leave no DIR.tmp; NaN/Inf in a parameter or optimizer state
+ * is refused (NUMERIC, naming tensor, rank, step), a file size limit is a
+ * runtime failure. The manifest: every field edit behind a VALID manifest
+ * checksum is refused naming the field (offsets +4/+64, step 2.7/-1, adam_t
+ * 0/1e30, data_pos, seed, sizes, unknown files, shapes, version 1), optim.bin
+ * dropped does not silently start a fresh optimizer, an edit without the
+ * checksum is caught by it, manifest.json as a directory; the tokenizer
+ * listed and verified. Resolve: latest over another run's higher step,
+ * same-run fallback with a note, never another run's, several runs without
+ * latest refused; remove only a run's own; the output lock. Exits non-zero
+ * on failure.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>

@@ -20,6 +20,13 @@
  * commits; see HOW IT WORKS below); mt_ckpt_save is that save on a group of
  * one. Load reads whichever tensors it is given, so a rank loads exactly the
  * boxes (and optimizer states) it owns.
+ *
+ * Nothing read back is trusted: the manifest carries its own xxh64 and every
+ * field is checked against the layout save would compute (manifest_read).
+ * Nothing non-finite is written (write_boxes). A checkpoint of a run updates
+ * its parent's `latest`, and mt_ckpt_resolve turns `--resume OUT` into a
+ * checkpoint of that run (falling back past damaged ones). The guarantees
+ * are listed in docs/checkpoint.md.
  */
 #define _GNU_SOURCE
 #include "mt_ckpt.h"
