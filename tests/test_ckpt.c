@@ -6,7 +6,17 @@
  * save (mt_ckpt_save_group) on a self group: same bytes as the wrapper,
  * entries without data are zeros but listed, subset load (a rank loading
  * only what it owns), bad input / failed write / failed allocation lose
- * nothing and leave no DIR.tmp. Exits non-zero on failure.
+ * nothing and leave no DIR.tmp; NaN/Inf in a parameter or optimizer state
+ * is refused (NUMERIC, naming tensor, rank, step), a file size limit is a
+ * runtime failure. The manifest: every field edit behind a VALID manifest
+ * checksum is refused naming the field (offsets +4/+64, step 2.7/-1, adam_t
+ * 0/1e30, data_pos, seed, sizes, unknown files, shapes, version 1), optim.bin
+ * dropped does not silently start a fresh optimizer, an edit without the
+ * checksum is caught by it, manifest.json as a directory; the tokenizer
+ * listed and verified. Resolve: latest over another run's higher step,
+ * same-run fallback with a note, never another run's, several runs without
+ * latest refused; remove only a run's own; the output lock. Exits non-zero
+ * on failure.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -14,9 +24,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <xxhash.h>
 
 #include "core/mt_config.h"
 #include "core/mt_param.h"
@@ -105,6 +120,7 @@ static char *slurp(const char *path, long *n)
     fseek(f, 0, SEEK_SET);
     char *b = malloc((size_t)*n + 1);
     if (b && fread(b, 1, (size_t)*n, f) != (size_t)*n) { free(b); b = NULL; }
+    if (b) b[*n] = 0;
     fclose(f);
     return b;
 }
@@ -237,15 +253,48 @@ static void test_group(struct mt_ctx *ctx, const struct mt_ops_i *ops, const cha
     EXPECT_ERR_AT(ctx, mt_ckpt_save_group(ctx, ops, NULL, dg, cfg, &meta, e, NE), MT_ERR_INVALID_ARG, "communicator");
     EXPECT_ERR_AT(ctx, mt_ckpt_save_group(ctx, ops, self, dg, cfg, &meta, e, -1), MT_ERR_INVALID_ARG, NULL);
     EXPECT_ERR_AT(ctx, mt_ckpt_save_group(ctx, ops, self, dg, cfg, NULL, e, NE), MT_ERR_INVALID_ARG, NULL);
-    /* a write that fails after DIR.tmp exists (an unreadable source page):
-     * IO error, DIR.tmp removed, DIR untouched */
-    void *hole = mmap(NULL, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    EXPECT(hole != MAP_FAILED);
-    if (hole != MAP_FAILED) {
-        keep = e[2]; e[2].data = hole;
-        EXPECT_ERR_AT(ctx, mt_ckpt_save_group(ctx, NULL, self, dg, cfg, &meta, e, NE), MT_ERR_IO, "params.bin");
+    /* meta out of range (what load would refuse is never written) */
+    {
+        struct mt_ckpt_meta bad = meta;
+        bad.step = -1;
+        EXPECT_ERR_AT(ctx, mt_ckpt_save_group(ctx, ops, self, dg, cfg, &bad, e, NE), MT_ERR_INVALID_ARG, "out of range");
+        bad = meta; bad.adam_t = 0;   /* step > 0 with optimizer state but t = 0 */
+        EXPECT_ERR_AT(ctx, mt_ckpt_save_group(ctx, ops, self, dg, cfg, &bad, e, NE), MT_ERR_INVALID_ARG, "out of range");
+        bad = meta; snprintf(bad.run_id, sizeof bad.run_id, "XYZ");
+        EXPECT_ERR_AT(ctx, mt_ckpt_save_group(ctx, ops, self, dg, cfg, &bad, e, NE), MT_ERR_INVALID_ARG, "run id");
+    }
+    /* a non-finite value in a parameter or an optimizer state fails after
+     * DIR.tmp exists: NUMERIC naming tensor, rank and step; DIR.tmp removed,
+     * DIR untouched. (Each "rank" checks only the boxes it writes.) */
+    {
+        float *poison = malloc(a[2].numel * sizeof(float));
+        memcpy(poison, a[2].data, a[2].numel * sizeof(float));
+        poison[a[2].numel - 1] = NAN;
+        keep = e[2]; e[2].data = poison;
+        EXPECT_ERR_AT(ctx, mt_ckpt_save_group(ctx, NULL, self, dg, cfg, &meta, e, NE), MT_ERR_NUMERIC,
+                      "tensor lm_head.weight holds a non-finite value (nan at element 19");
+        EXPECT(strstr(mt_ctx_last_error(ctx), "rank 0") && strstr(mt_ctx_last_error(ctx), "step 4"));
         e[2] = keep;
-        munmap(hole, 4096);
+        EXPECT(!exists(dg, ".tmp"));
+        poison[0] = INFINITY;
+        int last = NE - 1;
+        keep = e[last]; e[last].data = poison;   /* an optimizer state (same shape as lm_head) */
+        EXPECT_ERR_AT(ctx, mt_ckpt_save_group(ctx, ops, self, dg, cfg, &meta, e, NE), MT_ERR_NUMERIC, e[last].name);
+        e[last] = keep;
+        free(poison);
+    }
+    /* the disk refuses (file size limit: EFBIG, like a full disk): a runtime
+     * failure (exit 1), not bad input */
+    {
+        struct rlimit lim0, lim;
+        signal(SIGXFSZ, SIG_IGN);
+        if (getrlimit(RLIMIT_FSIZE, &lim0) == 0) {
+            lim = lim0;
+            lim.rlim_cur = 256;
+            EXPECT(setrlimit(RLIMIT_FSIZE, &lim) == 0);
+            EXPECT_ERR_AT(ctx, mt_ckpt_save_group(ctx, ops, self, dg, cfg, &meta, e, NE), MT_ERR_RUNTIME, "File too large");
+            EXPECT(setrlimit(RLIMIT_FSIZE, &lim0) == 0);
+        }
     }
     EXPECT(!exists(dg, ".tmp"));
     char *after = slurp(mpath, &n1);
@@ -285,6 +334,260 @@ static void test_group(struct mt_ctx *ctx, const struct mt_ops_i *ops, const cha
     mt_optim_destroy(ctx, oc);
     freeset(ctx, c, 2);
     mt_comm_destroy(self);
+}
+
+/* ------------------------------------------------------------------ */
+/* manifest validation, resolve (latest + fallback), remove, lock      */
+/* ------------------------------------------------------------------ */
+
+static void spit(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    if (!f || fputs(text, f) < 0) n_fail++;
+    if (f) fclose(f);
+}
+
+/* The manifest's own checksum, recomputed the documented way (xxh64 of the
+ * unformatted manifest without its manifest_xxh64 key): lets a test make a
+ * field edit that ONLY the field checks can catch. */
+static void restamp(cJSON *m)
+{
+    cJSON_DeleteItemFromObjectCaseSensitive(m, "manifest_xxh64");
+    char *t = cJSON_PrintUnformatted(m), hex[17];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)XXH64(t, strlen(t), 0));
+    free(t);
+    cJSON_AddStringToObject(m, "manifest_xxh64", hex);
+}
+
+enum edit {
+    ED_OFF0_64, ED_OFF1_4, ED_OFF1_64, ED_STEP_FRAC, ED_STEP_NEG, ED_ADAM_T0, ED_ADAM_T_HUGE, ED_DATA_POS_NEG,
+    ED_SEED, ED_SIZE, ED_UNKNOWN_FILE, ED_SHAPE_FRAC, ED_TENSOR_FILE, ED_VERSION1, ED_DROP_OPTIM, ED_N
+};
+
+/* Apply one edit to DIR/manifest.json (restamped unless `raw`). */
+static void edit_manifest(const char *dir, enum edit ed, int raw)
+{
+    char path[700];
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    long n = 0;
+    char *text = slurp(path, &n);
+    cJSON *m = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    if (!m) { n_fail++; return; }
+    cJSON *meta = cJSON_GetObjectItem(m, "meta"), *ts = cJSON_GetObjectItem(m, "tensors");
+    cJSON *files = cJSON_GetObjectItem(m, "files");
+    cJSON *t0 = cJSON_GetArrayItem(ts, 0), *t1 = cJSON_GetArrayItem(ts, 1);
+#define SETNUM(o, k, v) cJSON_SetNumberHelper(cJSON_GetObjectItem((o), (k)), (v))
+    switch (ed) {
+    case ED_OFF0_64:      SETNUM(t0, "offset", cJSON_GetObjectItem(t0, "offset")->valuedouble + 64); break;
+    case ED_OFF1_4:       SETNUM(t1, "offset", cJSON_GetObjectItem(t1, "offset")->valuedouble + 4); break;
+    case ED_OFF1_64:      SETNUM(t1, "offset", cJSON_GetObjectItem(t1, "offset")->valuedouble + 64); break;
+    case ED_STEP_FRAC:    SETNUM(meta, "step", 2.7); break;
+    case ED_STEP_NEG:     SETNUM(meta, "step", -1); break;
+    case ED_ADAM_T0:      SETNUM(meta, "adam_t", 0); break;
+    case ED_ADAM_T_HUGE:  SETNUM(meta, "adam_t", 1e30); break;
+    case ED_DATA_POS_NEG: SETNUM(meta, "data_pos", -5); break;
+    case ED_SEED:         cJSON_ReplaceItemInObject(meta, "seed", cJSON_CreateString("12x")); break;
+    case ED_SIZE: {
+        cJSON *pb = cJSON_GetObjectItem(files, "params.bin");
+        SETNUM(pb, "size", cJSON_GetObjectItem(pb, "size")->valuedouble + 64);
+        break;
+    }
+    case ED_UNKNOWN_FILE:
+        cJSON_AddItemToObject(files, "evil.bin", cJSON_Duplicate(cJSON_GetObjectItem(files, "params.bin"), 1));
+        break;
+    case ED_SHAPE_FRAC:   cJSON_SetNumberHelper(cJSON_GetArrayItem(cJSON_GetObjectItem(t0, "shape"), 0), 6.5); break;
+    case ED_TENSOR_FILE:  cJSON_ReplaceItemInObject(t0, "file", cJSON_CreateString("tokenizer.bin")); break;
+    case ED_VERSION1:     SETNUM(m, "version", 1); break;
+    case ED_DROP_OPTIM:   /* what "removing optim.bin from the manifest" means */
+        cJSON_DeleteItemFromObject(files, "optim.bin");
+        for (int i = cJSON_GetArraySize(ts) - 1; i >= 0; i--)
+            if (!strcmp(cJSON_GetObjectItem(cJSON_GetArrayItem(ts, i), "file")->valuestring, "optim.bin"))
+                cJSON_DeleteItemFromArray(ts, i);
+        break;
+    case ED_N: break;
+    }
+#undef SETNUM
+    if (!raw) restamp(m);
+    char *out = cJSON_Print(m);
+    spit(path, out);
+    free(out);
+    cJSON_Delete(m);
+}
+
+static void test_manifest(struct mt_ctx *ctx, const struct mt_ops_i *ops, const char *root, const struct mt_config *cfg,
+                          struct mt_param *a, struct mt_optim *oa)
+{
+    char d[600], path[700];
+    snprintf(d, sizeof d, "%s/mf/step_000003", root);
+    struct mt_ckpt_meta meta = {.step = 3, .data_pos = 12, .seed = 5, .adam_t = 3};
+    snprintf(meta.mesh, sizeof meta.mesh, "pp=1,dp=1,ep=1,tp=1");
+    EXPECT_ERR_AT(ctx, mt_ckpt_save(ctx, ops, d, cfg, &meta, a, NP, oa), MT_OK, NULL);
+    snprintf(path, sizeof path, "%s/manifest.json", d);
+    long n0 = 0;
+    char *orig = slurp(path, &n0);
+    if (!orig) { n_fail++; return; }
+    struct mt_config c2;
+    struct mt_ckpt_meta m2;
+    struct mt_param b[NP];
+    mkset(ctx, b);
+    struct mt_optim *ob = NULL;
+    EXPECT(mt_optim_create(ctx, ops, cfg, b, NP, &ob) == MT_OK);
+
+    /* every field edit, with a VALID manifest checksum, is refused naming the field */
+    static const char *const want[ED_N] = {
+        [ED_OFF0_64] = "layout puts it at 0", [ED_OFF1_4] = "offset", [ED_OFF1_64] = "offset",
+        [ED_STEP_FRAC] = "meta.step", [ED_STEP_NEG] = "meta.step", [ED_ADAM_T0] = "adam_t",
+        [ED_ADAM_T_HUGE] = "adam_t", [ED_DATA_POS_NEG] = "data_pos", [ED_SEED] = "seed",
+        [ED_SIZE] = "params.bin", [ED_UNKNOWN_FILE] = "evil.bin", [ED_SHAPE_FRAC] = "bad shape",
+        [ED_TENSOR_FILE] = "params.bin or optim.bin", [ED_VERSION1] = "version 1",
+    };
+    for (int ed = 0; ed < ED_N; ed++) {
+        if (ed == ED_DROP_OPTIM) continue;
+        edit_manifest(d, (enum edit)ed, 0);
+        EXPECT_ERR_AT(ctx, mt_ckpt_read_meta(ctx, d, &c2, &m2), MT_ERR_FORMAT, want[ed]);
+        EXPECT_ERR_AT(ctx, mt_ckpt_load(ctx, ops, d, b, NP, ob), MT_ERR_FORMAT, want[ed]);
+        spit(path, orig);
+    }
+    /* optim.bin dropped from the manifest (consistently): a valid manifest,
+     * but a step-3 checkpoint without optimizer state does not resume */
+    edit_manifest(d, ED_DROP_OPTIM, 0);
+    EXPECT_ERR_AT(ctx, mt_ckpt_read_meta(ctx, d, &c2, &m2), MT_OK, NULL);
+    EXPECT_ERR_AT(ctx, mt_ckpt_load(ctx, ops, d, b, NP, ob), MT_ERR_FORMAT, "no optimizer state");
+    spit(path, orig);
+    /* any edit without the checksum updated: the checksum catches it */
+    edit_manifest(d, ED_STEP_NEG, 1);
+    EXPECT_ERR_AT(ctx, mt_ckpt_read_meta(ctx, d, &c2, &m2), MT_ERR_FORMAT, "manifest checksum");
+    spit(path, orig);
+    EXPECT_ERR_AT(ctx, mt_ckpt_load(ctx, ops, d, b, NP, ob), MT_OK, NULL);   /* restored: fine again */
+    /* manifest.json a directory: a clear message, not a huge allocation */
+    EXPECT(unlink(path) == 0 && mkdir(path, 0755) == 0);
+    EXPECT_ERR_AT(ctx, mt_ckpt_read_meta(ctx, d, &c2, &m2), MT_ERR_FORMAT, "not a regular file");
+    rmdir(path);
+    spit(path, orig);
+    free(orig);
+
+    /* ---- the tokenizer: listed with its checksum, verified ---- */
+    char tok[600];
+    snprintf(tok, sizeof tok, "%s/tok.bin", root);
+    spit(tok, "a tokenizer of sorts");
+    meta.tokenizer = tok;
+    EXPECT_ERR_AT(ctx, mt_ckpt_save(ctx, ops, d, cfg, &meta, a, NP, oa), MT_OK, NULL);
+    struct mt_ckpt_tensor *t = NULL;
+    int nt = 0;
+    EXPECT_ERR_AT(ctx, mt_ckpt_read_tensors(ctx, d, NULL, &t, &nt), MT_OK, NULL);
+    mt_free(ctx, t);
+    snprintf(path, sizeof path, "%s/tokenizer.bin", d);
+    long nk = 0;
+    char *copied = slurp(path, &nk);
+    EXPECT(copied && nk == 20 && !memcmp(copied, "a tokenizer of sorts", 20));
+    free(copied);
+    spit(path, "");   /* the 0-byte tokenizer of the bug report */
+    EXPECT_ERR_AT(ctx, mt_ckpt_read_tensors(ctx, d, NULL, &t, &nt), MT_ERR_FORMAT, "tokenizer.bin");
+    mt_free(ctx, t);
+    snprintf(tok, sizeof tok, "%s/no-such-tokenizer", root);
+    EXPECT_ERR_AT(ctx, mt_ckpt_save(ctx, ops, d, cfg, &meta, a, NP, oa), MT_ERR_INVALID_ARG, "tokenizer");
+
+    mt_optim_destroy(ctx, ob);
+    freeset(ctx, b, NP);
+}
+
+static void save_step(struct mt_ctx *ctx, const struct mt_ops_i *ops, const char *out, const struct mt_config *cfg,
+                      struct mt_param *a, struct mt_optim *oa, int step, const char *run)
+{
+    char d[700];
+    snprintf(d, sizeof d, "%s/ckpt/step_%06d", out, step);
+    struct mt_ckpt_meta meta = {.step = step, .data_pos = step, .seed = 1, .adam_t = step};
+    snprintf(meta.mesh, sizeof meta.mesh, "pp=1,dp=1,ep=1,tp=1");
+    snprintf(meta.run_id, sizeof meta.run_id, "%s", run);
+    EXPECT_ERR_AT(ctx, mt_ckpt_save(ctx, ops, d, cfg, &meta, a, NP, oa), MT_OK, NULL);
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && !strcmp(s + a - b, suffix);
+}
+
+static void test_resolve(struct mt_ctx *ctx, const struct mt_ops_i *ops, const char *root, const struct mt_config *cfg,
+                         struct mt_param *a, struct mt_optim *oa)
+{
+    char out[600], got[800], note[1024], path[800];
+    snprintf(out, sizeof out, "%s/res", root);
+    char A[MT_CKPT_RUN_ID_LEN], B[MT_CKPT_RUN_ID_LEN];
+    mt_ckpt_run_id_new(A);
+    mt_ckpt_run_id_new(B);
+    EXPECT(strlen(A) == 16 && strspn(A, "0123456789abcdef") == 16 && strcmp(A, B));
+    /* an older run A reached step 8; a newer run B wrote 3 and 6 into the same OUT */
+    save_step(ctx, ops, out, cfg, a, oa, 2, A);
+    save_step(ctx, ops, out, cfg, a, oa, 4, A);
+    save_step(ctx, ops, out, cfg, a, oa, 8, A);
+    save_step(ctx, ops, out, cfg, a, oa, 3, B);
+    save_step(ctx, ops, out, cfg, a, oa, 6, B);
+    snprintf(path, sizeof path, "%s/ckpt/latest", out);
+    long n = 0;
+    char *lat = slurp(path, &n);
+    char want[64];
+    snprintf(want, sizeof want, "step_000006\n%s\n", B);
+    EXPECT(lat && !strcmp(lat, want));
+    free(lat);
+    snprintf(path, sizeof path, "%s/ckpt/latest.tmp", out);
+    EXPECT(access(path, F_OK) != 0);
+
+    EXPECT_ERR_AT(ctx, mt_ckpt_resolve(ctx, out, got, sizeof got, note, sizeof note), MT_OK, NULL);
+    EXPECT(ends_with(got, "/ckpt/step_000006") && !note[0]);   /* not A's step 8 */
+    /* the newest of B damaged: B's step 3, said in the note; never A's 8 or 4 */
+    snprintf(path, sizeof path, "%s/ckpt/step_000006/optim.bin", out);
+    flip_byte(path, 9);
+    EXPECT_ERR_AT(ctx, mt_ckpt_resolve(ctx, out, got, sizeof got, note, sizeof note), MT_OK, NULL);
+    EXPECT(ends_with(got, "/ckpt/step_000003") && strstr(note, "falling back") && strstr(note, "step_000006") &&
+           strstr(note, "optim.bin"));
+    EXPECT_ERR_AT(ctx, mt_ckpt_find(ctx, out, got, sizeof got), MT_ERR_FORMAT, "pass that checkpoint directory");
+    snprintf(path, sizeof path, "%s/ckpt/step_000003/params.bin", out);
+    flip_byte(path, 9);
+    EXPECT_ERR_AT(ctx, mt_ckpt_resolve(ctx, out, got, sizeof got, note, sizeof note), MT_ERR_FORMAT, "no intact earlier");
+    flip_byte(path, 9);
+    /* no latest (an older build's output): the newest intact step, unless the
+     * intact ones belong to several runs */
+    snprintf(path, sizeof path, "%s/ckpt/latest", out);
+    unlink(path);
+    EXPECT_ERR_AT(ctx, mt_ckpt_resolve(ctx, out, got, sizeof got, note, sizeof note), MT_ERR_INVALID_ARG, "several runs");
+    snprintf(path, sizeof path, "%s/ckpt/step_000003/params.bin", out);
+    flip_byte(path, 9);   /* B's remaining one damaged too: only A's are intact */
+    EXPECT_ERR_AT(ctx, mt_ckpt_resolve(ctx, out, got, sizeof got, note, sizeof note), MT_OK, NULL);
+    EXPECT(ends_with(got, "/ckpt/step_000008") && !note[0]);
+    /* the checkpoint dir itself */
+    snprintf(path, sizeof path, "%s/ckpt/step_000004", out);
+    EXPECT_ERR_AT(ctx, mt_ckpt_resolve(ctx, path, got, sizeof got, note, sizeof note), MT_OK, NULL);
+    EXPECT(!strcmp(got, path));
+    /* find == resolve */
+    EXPECT_ERR_AT(ctx, mt_ckpt_find(ctx, out, got, sizeof got), MT_OK, NULL);
+    EXPECT(ends_with(got, "/ckpt/step_000008"));
+    /* a malformed latest is refused, not ignored */
+    snprintf(path, sizeof path, "%s/ckpt/latest", out);
+    spit(path, "../../etc\nzz\n");
+    EXPECT_ERR_AT(ctx, mt_ckpt_resolve(ctx, out, got, sizeof got, note, sizeof note), MT_ERR_FORMAT, "malformed");
+    unlink(path);
+
+    /* remove: only a checkpoint of the given run */
+    snprintf(path, sizeof path, "%s/ckpt/step_000002", out);
+    EXPECT_ERR_AT(ctx, mt_ckpt_remove(ctx, path, B), MT_ERR_INVALID_ARG, "belongs to run");
+    EXPECT(access(path, F_OK) == 0);
+    EXPECT_ERR_AT(ctx, mt_ckpt_remove(ctx, path, ""), MT_ERR_INVALID_ARG, NULL);
+    EXPECT_ERR_AT(ctx, mt_ckpt_remove(ctx, path, A), MT_OK, NULL);
+    EXPECT(access(path, F_OK) != 0);
+
+    /* the output lock: a second holder is refused until the first lets go */
+    int f1 = -1, f2 = -1;
+    EXPECT_ERR_AT(ctx, mt_ckpt_lock(ctx, out, &f1), MT_OK, NULL);
+    EXPECT(f1 >= 0);
+    EXPECT_ERR_AT(ctx, mt_ckpt_lock(ctx, out, &f2), MT_ERR_INVALID_ARG, "in use");
+    EXPECT(f2 == -1);
+    mt_ckpt_unlock(f1);
+    EXPECT_ERR_AT(ctx, mt_ckpt_lock(ctx, out, &f2), MT_OK, NULL);
+    mt_ckpt_unlock(f2);
+    snprintf(path, sizeof path, "%s/ckpt/step_000004/params.bin/out", out);   /* under a file: bad input */
+    EXPECT_ERR_AT(ctx, mt_ckpt_lock(ctx, path, &f1), MT_ERR_IO, "cannot create output directory");
 }
 
 int main(void)
@@ -436,7 +739,9 @@ int main(void)
         mt_free(&ctx, q.data);
     }
 
-    /* ---- checkpoint without optimizer state: params load, state zeroed, t = 0 ---- */
+    /* ---- checkpoint without optimizer state: at step > 0 refused (a resume
+     * would silently restart the optimizer); at step 0 (an import) params load,
+     * state zeroed, t = 0 ---- */
     {
         char dir3[520];
         snprintf(dir3, sizeof dir3, "%s/noopt", root);
@@ -444,6 +749,10 @@ int main(void)
         EXPECT_ERR(mt_ckpt_save(&ctx, NULL, dir3, &cfg, &meta, a, NP, NULL), MT_OK, NULL);   /* ops NULL: host */
         snprintf(path, sizeof path, "%s/optim.bin", dir3);
         EXPECT(access(path, F_OK) != 0);
+        EXPECT_ERR(mt_ckpt_load(&ctx, ops, dir3, b, NP, ob), MT_ERR_FORMAT, "no optimizer state");
+        EXPECT_ERR(mt_ckpt_load(&ctx, ops, dir3, b, NP, NULL), MT_OK, NULL);   /* params only: fine */
+        meta.step = 0;
+        EXPECT_ERR(mt_ckpt_save(&ctx, NULL, dir3, &cfg, &meta, a, NP, NULL), MT_OK, NULL);
         EXPECT_ERR(mt_ckpt_load(&ctx, ops, dir3, b, NP, ob), MT_OK, NULL);
         EXPECT(mt_optim_get_t(ob) == 0);
         for (int i = 0; i < mt_optim_state_count(ob); i++) {
@@ -463,6 +772,9 @@ int main(void)
 
     /* ---- the collective save on a self group ---- */
     test_group(&ctx, ops, root, &cfg, a, oa);
+    /* ---- manifest validation, tokenizer; resolve, remove, lock ---- */
+    test_manifest(&ctx, ops, root, &cfg, a, oa);
+    test_resolve(&ctx, ops, root, &cfg, a, oa);
 
     /* ---- injected allocation failures: an error, nothing leaks ---- */
     {

@@ -91,6 +91,7 @@ static const struct key keys[] = {
     {"eval_every",   KT_INT,   OFF(eval_every),   0, "0",     0, IMAX, NULL, 0, "validation every N steps; 0 = never"},
     {"eval_batches", KT_INT,   OFF(eval_batches), 0, "4",     0, IMAX, NULL, 0, "validation batches per evaluation"},
     {"save_every",   KT_INT,   OFF(save_every),   0, "0",     0, IMAX, NULL, 0, "checkpoint every N steps; 0 = only at the end"},
+    {"keep_last",    KT_INT,   OFF(keep_last),    0, "0",     0, IMAX, NULL, 0, "keep this run's newest N checkpoints, delete the older ones it wrote; 0 = keep all"},
     {"backend",      KT_STRING, OFF(backend), SZ(backend), "cpu", 0, 0, "cpu|cuda", 0, "compute backend"},
     {"recompute",    KT_STRING, OFF(recompute), SZ(recompute), "none", 0, 0, "none|block", 0, "activation recomputation"},
     {"sequence_parallel", KT_BOOL, OFF(sequence_parallel), 0, "true", 0, 1, NULL, 0, "sequence parallelism when tp > 1"},

@@ -59,6 +59,7 @@ struct mt_config {
     int   eval_every;            /* 0 = never                                      */
     int   eval_batches;          /* validation batches per evaluation              */
     int   save_every;            /* 0 = only at the end                            */
+    int   keep_last;             /* newest checkpoints of this command kept; 0 all */
     char  backend[16];           /* "cpu" | "cuda"                                 */
     char  recompute[16];         /* "none" | "block"                               */
     int   sequence_parallel;     /* bool, default 1 (used when tp > 1)             */

@@ -20,6 +20,13 @@
  * commits; see HOW IT WORKS below); mt_ckpt_save is that save on a group of
  * one. Load reads whichever tensors it is given, so a rank loads exactly the
  * boxes (and optimizer states) it owns.
+ *
+ * Nothing read back is trusted: the manifest carries its own xxh64 and every
+ * field is checked against the layout save would compute (manifest_read).
+ * Nothing non-finite is written (write_boxes). A checkpoint of a run updates
+ * its parent's `latest`, and mt_ckpt_resolve turns `--resume OUT` into a
+ * checkpoint of that run (falling back past damaged ones). The guarantees
+ * are listed in docs/checkpoint.md.
  */
 #define _GNU_SOURCE
 #include "mt_ckpt.h"
@@ -32,16 +39,20 @@
 #include <ftw.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdarg.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #define CKPT_FORMAT   "meshtrain-checkpoint"
-#define CKPT_VERSION  1
+#define CKPT_VERSION  2   /* 2: manifest checksum, run id, tokenizer.bin listed */
 #define CKPT_ALIGN    64
 #define CKPT_MAX_FILES 4
 
@@ -190,23 +201,41 @@ static enum mt_status file_hash(struct mt_ctx *ctx, const char *path, uint64_t *
     return rc;
 }
 
+#define CKPT_MANIFEST_MAX (16 << 20)   /* a manifest is a few KB per hundred tensors */
+
+/* A whole regular file as a NUL-terminated string. A directory, a device or
+ * an absurd size is refused by name (MT_ERR_FORMAT) before any allocation;
+ * a missing file is MT_ERR_IO. */
 static enum mt_status read_text(struct mt_ctx *ctx, const char *path, char **out)
 {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return mt_ctx_error(ctx, MT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    if (n < 0) { fclose(f); return mt_ctx_error(ctx, MT_ERR_IO, "cannot read %s", path); }
-    char *s = mt_alloc(ctx, (size_t)n + 1, MT_BUCKET_OTHER);
-    if (!s) { fclose(f); return MT_ERR_OOM; }
-    if (fread(s, 1, (size_t)n, f) != (size_t)n) {
-        fclose(f); mt_free(ctx, s);
-        return mt_ctx_error(ctx, MT_ERR_IO, "cannot read %s", path);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return mt_ctx_error(ctx, MT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return mt_ctx_error(ctx, MT_ERR_FORMAT, "%s is not a regular file", path);
     }
+    if (sb.st_size > CKPT_MANIFEST_MAX) {
+        close(fd);
+        return mt_ctx_error(ctx, MT_ERR_FORMAT, "%s has %lld bytes (a manifest is at most %d)", path,
+                            (long long)sb.st_size, CKPT_MANIFEST_MAX);
+    }
+    size_t n = (size_t)sb.st_size;
+    char *s = mt_alloc(ctx, n + 1, MT_BUCKET_OTHER);
+    if (!s) { close(fd); return MT_ERR_OOM; }
+    if (pread_all(fd, s, n, 0) != 0) {
+        int err = errno;
+        close(fd);
+        mt_free(ctx, s);
+        return mt_ctx_error(ctx, MT_ERR_IO, "cannot read %s: %s", path, strerror(err));
+    }
+    close(fd);
     s[n] = 0;
-    fclose(f);
+    if (strlen(s) != n) {
+        mt_free(ctx, s);
+        return mt_ctx_error(ctx, MT_ERR_FORMAT, "%s holds a NUL byte", path);
+    }
     *out = s;
     return MT_OK;
 }
@@ -237,26 +266,83 @@ static void manifest_free(struct mt_ctx *ctx, struct manifest *mf)
     memset(mf, 0, sizeof *mf);
 }
 
+/* An integer-valued JSON number within +-2^53 (exact in a double): 2.7,
+ * 1e300, NaN-like overflow and strings are refused. */
 static int json_int64(const cJSON *o, const char *key, int64_t *v)
 {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
     if (!cJSON_IsNumber(x)) return -1;
-    *v = (int64_t)x->valuedouble;
+    double d = x->valuedouble;
+    if (!(d >= -9007199254740992.0 && d <= 9007199254740992.0) || d != floor(d)) return -1;
+    *v = (int64_t)d;
     return 0;
 }
 
+/* The files a checkpoint may list; tensors live in the first two. */
+#define CKPT_N_BIN 2
+static const char *const bin_name[CKPT_N_BIN] = {"params.bin", "optim.bin"};
+#define CKPT_TOKENIZER "tokenizer.bin"
+#define CKPT_MAX_STEP  100000000   /* the CLI's --steps bound */
+
+/*
+ * The manifest's own checksum: xxh64 (seed 0) of cJSON_PrintUnformatted of
+ * the manifest object WITHOUT its "manifest_xxh64" key, as 16 hex digits.
+ * cJSON prints a number it parsed back to the same text (it prints the
+ * shortest of %.15g/%.17g that round-trips), and keeps key order, so the
+ * reader recomputes exactly the writer's canonical text.
+ */
+static int manifest_digest(const cJSON *root_without_sum, char hex[17])
+{
+    char *t = cJSON_PrintUnformatted(root_without_sum);
+    if (!t) return -1;
+    snprintf(hex, 17, "%016" PRIx64, XXH64(t, strlen(t), 0));
+    free(t);
+    return 0;
+}
+
+static int is_hex16(const char *s)
+{
+    if (strlen(s) != 16) return 0;
+    for (int i = 0; i < 16; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return 0;
+    return 1;
+}
+
+/* A run id: "" or 16 lowercase hex digits. */
+static int is_run_id(const char *s) { return !*s || is_hex16(s); }
+
+/*
+ * Read and validate DIR/manifest.json: nothing in it is trusted.
+ *   - its own checksum (manifest_xxh64) matches its canonical text;
+ *   - format/version; meta: step in [0, 1e8], data_pos >= 0, seed a u64 in
+ *     decimal, mesh and run id well-formed, adam_t in [0, step] and >= 1 when
+ *     step > 0 and an optim.bin is listed (0 when step == 0);
+ *   - files: only params.bin (required), optim.bin, tokenizer.bin, each once,
+ *     with an integer size >= 0 and a 16-hex-digit xxh64;
+ *   - tensors: unique names, F32, ndim 1 or 2, integer dims (second dim 1
+ *     for 1-D), file params.bin or optim.bin, and OFFSETS EQUAL TO THE
+ *     LAYOUT save computes (in manifest order, 64-byte aligned); each bin
+ *     file's size equals the end of its last tensor, and optim.bin is listed
+ *     iff a tensor lives in it.
+ * MT_ERR_IO if the manifest cannot be opened, else MT_ERR_FORMAT naming the
+ * field.
+ */
 static enum mt_status manifest_read(struct mt_ctx *ctx, const char *dir, struct manifest *mf)
 {
     memset(mf, 0, sizeof *mf);
     char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    if (snprintf(path, sizeof path, "%s/manifest.json", dir) >= (int)sizeof path)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "path too long: %s", dir);
     char *text;
     enum mt_status rc = read_text(ctx, path, &text);
     if (rc == MT_ERR_IO) return mt_ctx_error(ctx, MT_ERR_IO, "no checkpoint at %s (cannot read manifest.json)", dir);
     if (rc != MT_OK) return rc;
     mf->root = cJSON_Parse(text);
     mt_free(ctx, text);
-    if (!mf->root) return mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: not valid JSON", path);
+    if (!cJSON_IsObject(mf->root)) {
+        rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: not valid JSON", path);
+        goto fail;
+    }
 
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(mf->root, "format");
     int64_t ver = 0;
@@ -265,25 +351,68 @@ static enum mt_status manifest_read(struct mt_ctx *ctx, const char *dir, struct 
         goto fail;
     }
     if (ver != CKPT_VERSION) {
-        rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: checkpoint format version %lld, this build reads %d", path,
-                          (long long)ver, CKPT_VERSION);
+        rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: checkpoint format version %lld, this build reads %d%s", path,
+                          (long long)ver, CKPT_VERSION, ver == 1 ? " (version 1 has no manifest checksum)" : "");
         goto fail;
+    }
+    {
+        cJSON *sum = cJSON_DetachItemFromObjectCaseSensitive(mf->root, "manifest_xxh64");
+        char hex[17];
+        int ok = cJSON_IsString(sum) && manifest_digest(mf->root, hex) == 0;
+        int same = ok && !strcmp(hex, sum->valuestring);
+        if (!cJSON_IsString(sum)) {
+            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: no manifest checksum (manifest_xxh64)", path);
+        } else if (!ok) {
+            rc = mt_ctx_error(ctx, MT_ERR_OOM, "%s: out of memory checking the manifest checksum", path);
+        } else if (!same) {
+            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s fails its manifest checksum (xxh64 %s, stored %.20s): edited or damaged",
+                              path, hex, sum->valuestring);
+        }
+        cJSON_Delete(sum);
+        if (rc != MT_OK) goto fail;
     }
 
     const cJSON *meta = cJSON_GetObjectItemCaseSensitive(mf->root, "meta");
     int64_t step, pos, t;
     const cJSON *seed = cJSON_GetObjectItemCaseSensitive(meta, "seed");
     const cJSON *mesh = cJSON_GetObjectItemCaseSensitive(meta, "mesh");
-    if (!cJSON_IsObject(meta) || json_int64(meta, "step", &step) || json_int64(meta, "data_pos", &pos) ||
-        json_int64(meta, "adam_t", &t) || !cJSON_IsString(seed) || !cJSON_IsString(mesh)) {
+    const cJSON *rid = cJSON_GetObjectItemCaseSensitive(meta, "run_id");
+    if (!cJSON_IsObject(meta) || !cJSON_IsString(seed) || !cJSON_IsString(mesh) || !cJSON_IsString(rid)) {
         rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: missing or malformed \"meta\"", path);
+        goto fail;
+    }
+    if (json_int64(meta, "step", &step) || step < 0 || step > CKPT_MAX_STEP) {
+        rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: meta.step must be an integer in [0, %d]", path, CKPT_MAX_STEP);
+        goto fail;
+    }
+    if (json_int64(meta, "data_pos", &pos) || pos < 0) {
+        rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: meta.data_pos must be a non-negative integer", path);
+        goto fail;
+    }
+    if (json_int64(meta, "adam_t", &t) || t < 0 || t > step) {
+        rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: meta.adam_t must be an integer in [0, step = %lld]", path, (long long)step);
+        goto fail;
+    }
+    {
+        const char *sv = seed->valuestring;
+        char *end = NULL;
+        errno = 0;
+        unsigned long long u = strtoull(sv, &end, 10);
+        if (!*sv || *sv < '0' || *sv > '9' || *end || errno) {
+            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: meta.seed must be a decimal u64 string", path);
+            goto fail;
+        }
+        mf->meta.seed = (uint64_t)u;
+    }
+    if (strlen(mesh->valuestring) >= sizeof mf->meta.mesh || !is_run_id(rid->valuestring)) {
+        rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: meta.mesh or meta.run_id is malformed", path);
         goto fail;
     }
     mf->meta.step = (int)step;
     mf->meta.data_pos = pos;
     mf->meta.adam_t = (long)t;
-    mf->meta.seed = strtoull(seed->valuestring, NULL, 10);
     snprintf(mf->meta.mesh, sizeof mf->meta.mesh, "%s", mesh->valuestring);
+    snprintf(mf->meta.run_id, sizeof mf->meta.run_id, "%s", rid->valuestring);
 
     const cJSON *files = cJSON_GetObjectItemCaseSensitive(mf->root, "files");
     const cJSON *f;
@@ -291,9 +420,11 @@ static enum mt_status manifest_read(struct mt_ctx *ctx, const char *dir, struct 
     cJSON_ArrayForEach(f, files) {
         const cJSON *h = cJSON_GetObjectItemCaseSensitive(f, "xxh64");
         struct file_entry *fe = &mf->files[mf->n_files];
-        if (mf->n_files == CKPT_MAX_FILES || strlen(f->string) >= sizeof fe->name || !cJSON_IsString(h) ||
-            json_int64(f, "size", &fe->size)) {
-            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: malformed \"files\" entry %s", path, f->string);
+        int known = !strcmp(f->string, bin_name[0]) || !strcmp(f->string, bin_name[1]) || !strcmp(f->string, CKPT_TOKENIZER);
+        for (int k = 0; k < mf->n_files && known; k++) known = strcmp(mf->files[k].name, f->string) != 0;
+        if (mf->n_files == CKPT_MAX_FILES || !known || !cJSON_IsString(h) || !is_hex16(h->valuestring) ||
+            json_int64(f, "size", &fe->size) || fe->size < 0) {
+            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: malformed, unknown or repeated \"files\" entry %s", path, f->string);
             goto fail;
         }
         snprintf(fe->name, sizeof fe->name, "%s", f->string);
@@ -306,6 +437,8 @@ static enum mt_status manifest_read(struct mt_ctx *ctx, const char *dir, struct 
     int n = cJSON_GetArraySize(tensors);
     mf->t = mt_alloc(ctx, (size_t)(n > 0 ? n : 1) * sizeof *mf->t, MT_BUCKET_OTHER);
     if (!mf->t) { rc = MT_ERR_OOM; goto fail; }
+    int64_t end_of[CKPT_N_BIN] = {0, 0};   /* the layout save computes: running end per file */
+    int     n_in[CKPT_N_BIN] = {0, 0};
     const cJSON *e;
     cJSON_ArrayForEach(e, tensors) {
         struct mt_ckpt_tensor *ct = &mf->t[mf->n];
@@ -314,9 +447,9 @@ static enum mt_status manifest_read(struct mt_ctx *ctx, const char *dir, struct 
         const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
         const cJSON *sh = cJSON_GetObjectItemCaseSensitive(e, "shape");
         int nd = cJSON_GetArraySize(sh);
-        if (!cJSON_IsString(nm) || !cJSON_IsString(fl) || !cJSON_IsString(dt) || !cJSON_IsArray(sh) ||
-            json_int64(e, "offset", &ct->offset) || nd < 1 || nd > 2 || strlen(nm->valuestring) >= sizeof ct->name ||
-            strlen(fl->valuestring) >= sizeof ct->file) {
+        if (!cJSON_IsString(nm) || !*nm->valuestring || !cJSON_IsString(fl) || !cJSON_IsString(dt) ||
+            !cJSON_IsArray(sh) || json_int64(e, "offset", &ct->offset) || nd < 1 || nd > 2 ||
+            strlen(nm->valuestring) >= sizeof ct->name || strlen(fl->valuestring) >= sizeof ct->file) {
             rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: malformed tensor entry %d", path, mf->n);
             goto fail;
         }
@@ -327,26 +460,51 @@ static enum mt_status manifest_read(struct mt_ctx *ctx, const char *dir, struct 
         }
         snprintf(ct->name, sizeof ct->name, "%s", nm->valuestring);
         snprintf(ct->file, sizeof ct->file, "%s", fl->valuestring);
+        int k = !strcmp(ct->file, bin_name[0]) ? 0 : !strcmp(ct->file, bin_name[1]) ? 1 : -1;
+        if (k < 0) {
+            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: tensor %s is in file %s (params.bin or optim.bin)", path, ct->name, ct->file);
+            goto fail;
+        }
         ct->ndim = nd;
         ct->shape[1] = 1;
         for (int d = 0; d < nd; d++) {
             const cJSON *x = cJSON_GetArrayItem(sh, d);
-            if (!cJSON_IsNumber(x) || x->valuedouble < 0) {
+            double v = cJSON_IsNumber(x) ? x->valuedouble : -1;
+            if (!(v >= (d == 1 ? 1 : 0) && v <= 2147483647.0) || v != floor(v)) {
                 rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: tensor %s has a bad shape", path, ct->name);
                 goto fail;
             }
-            ct->shape[d] = (int64_t)x->valuedouble;
+            ct->shape[d] = (int64_t)v;
         }
-        /* the tensor must lie inside its (listed) file */
-        const struct file_entry *fe = NULL;
-        for (int k = 0; k < mf->n_files; k++)
-            if (!strcmp(mf->files[k].name, ct->file)) fe = &mf->files[k];
+        /* < 2^31 x 2^31 x 4 bytes: no int64 overflow */
         int64_t bytes = ct->shape[0] * ct->shape[1] * (int64_t)sizeof(float);
-        if (!fe || ct->offset < 0 || ct->offset + bytes > fe->size) {
-            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: tensor %s lies outside file %s", path, ct->name, ct->file);
+        int64_t want = align_up(end_of[k]);
+        if (ct->offset != want) {
+            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: tensor %s has offset %lld in %s, the layout puts it at %lld", path,
+                              ct->name, (long long)ct->offset, ct->file, (long long)want);
             goto fail;
         }
+        end_of[k] = want + bytes;
+        n_in[k]++;
         mf->n++;
+    }
+    for (int k = 0; k < CKPT_N_BIN; k++) {
+        const struct file_entry *fe = NULL;
+        for (int j = 0; j < mf->n_files; j++)
+            if (!strcmp(mf->files[j].name, bin_name[k])) fe = &mf->files[j];
+        int need = k == 0 || n_in[k] > 0;   /* params.bin always exists; optim.bin iff it holds a tensor */
+        if (need != (fe != NULL) || (fe && fe->size != end_of[k])) {
+            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: file %s %s (its tensors end at byte %lld)", path, bin_name[k],
+                              !fe ? "is not listed" : need ? "has the wrong size" : "is listed but holds no tensor",
+                              (long long)end_of[k]);
+            goto fail;
+        }
+    }
+    /* step > 0 with optimizer state: the optimizer has stepped at least once */
+    if ((step == 0 && t != 0) || (step > 0 && n_in[1] > 0 && t < 1)) {
+        rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: meta.adam_t %lld does not fit step %lld", path, (long long)t,
+                          (long long)step);
+        goto fail;
     }
     return MT_OK;
 fail:
@@ -411,12 +569,11 @@ static enum mt_status verify_file(struct mt_ctx *ctx, const char *dir, const str
  *             DIR.tmp into DIR.
  *
  * On an agreed failure from phase 2 on, rank 0 removes DIR.tmp (every rank
- * has left the phase, so nobody is still writing into it). DIR is only ever
- * replaced by the swap of a complete directory.
+ * has left the phase, so nobody is still writing into it), and the ranks meet
+ * once more before returning, so that a rank whose caller aborts the job on
+ * error cannot kill rank 0 mid-removal. DIR is only ever replaced by the swap
+ * of a complete directory.
  */
-
-#define CKPT_N_BIN 2
-static const char *const bin_name[CKPT_N_BIN] = {"params.bin", "optim.bin"};
 
 /* The agreement code packs (rank + 1) and a status into one int64. */
 #define CKPT_STATUS_BITS 16
@@ -495,7 +652,7 @@ static uint64_t layout_hash(const char *dir, const struct mt_ckpt_entry *e, int 
  * failed allreduce is returned as is.
  */
 static enum mt_status agree(struct mt_ctx *ctx, struct mt_comm *comm, enum mt_status rc, const char *dir,
-                            const char *phase, int64_t *extra, int n_extra)
+                            const char *phase, int64_t *extra, int n_extra, int *comm_broken)
 {
     int64_t v[3] = {0, 0, 0};
     MT_ASSERT(n_extra >= 0 && n_extra <= 2);
@@ -504,6 +661,7 @@ static enum mt_status agree(struct mt_ctx *ctx, struct mt_comm *comm, enum mt_st
     char own[sizeof ctx->errmsg];
     snprintf(own, sizeof own, "%s", ctx->errmsg);
     enum mt_status crc = mt_comm_allreduce(ctx, comm, v, (size_t)(1 + n_extra), MT_DTYPE_I64, MT_REDOP_MAX);
+    *comm_broken = crc != MT_OK;
     for (int i = 0; i < n_extra; i++) extra[i] = v[1 + i];
     if (rc != MT_OK) {
         if (crc != MT_OK) mt_ctx_error(ctx, rc, "%s", own);   /* the first failure is the one to report */
@@ -544,6 +702,7 @@ static enum mt_status manifest_build(struct mt_ctx *ctx, const struct mt_config 
     cJSON_AddStringToObject(mj, "seed", seed);           /* string: a uint64 does not fit a double */
     cJSON_AddNumberToObject(mj, "adam_t", (double)meta->adam_t);
     cJSON_AddStringToObject(mj, "mesh", meta->mesh);
+    cJSON_AddStringToObject(mj, "run_id", meta->run_id);
     cJSON *arr = cJSON_AddArrayToObject(root, "tensors");
     for (int i = 0; i < n; i++) {
         cJSON *t = cJSON_CreateObject();
@@ -564,9 +723,9 @@ static enum mt_status manifest_build(struct mt_ctx *ctx, const struct mt_config 
 static enum mt_status create_files(struct mt_ctx *ctx, const char *par, const char *tmp, const int64_t total[CKPT_N_BIN],
                                    const int used[CKPT_N_BIN])
 {
-    if (mkdir_p(par) != 0) return mt_ctx_error(ctx, MT_ERR_IO, "cannot create %s: %s", par, strerror(errno));
-    if (rm_rf(tmp) != 0) return mt_ctx_error(ctx, MT_ERR_IO, "cannot remove stale %s: %s", tmp, strerror(errno));
-    if (mkdir(tmp, 0755) != 0) return mt_ctx_error(ctx, MT_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+    if (mkdir_p(par) != 0) return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot create %s: %s", par, strerror(errno));
+    if (rm_rf(tmp) != 0) return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot remove stale %s: %s", tmp, strerror(errno));
+    if (mkdir(tmp, 0755) != 0) return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot create %s: %s", tmp, strerror(errno));
     for (int k = 0; k < CKPT_N_BIN; k++) {
         if (!used[k]) continue;
         char path[PATH_MAX];
@@ -574,17 +733,29 @@ static enum mt_status create_files(struct mt_ctx *ctx, const char *par, const ch
         if (fd < 0 || ftruncate(fd, (off_t)total[k]) != 0 || fsync(fd) != 0) {
             int err = errno;
             if (fd >= 0) close(fd);
-            return mt_ctx_error(ctx, MT_ERR_IO, "cannot create %s: %s", path, strerror(err));
+            return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot create %s: %s", path, strerror(err));
         }
         close(fd);
     }
     return MT_OK;
 }
 
+/* The first non-finite float of x[0..n), or n. */
+static size_t first_non_finite(const float *x, size_t n)
+{
+    for (size_t k = 0; k < n; k++)
+        if (!isfinite(x[k])) return k;
+    return n;
+}
+
 /* Phase 3, every rank: pwrite the boxes this rank holds data for, fsync.
- * A file this rank writes nothing to is not opened. */
-static enum mt_status write_boxes(struct mt_ctx *ctx, const struct mt_ops_i *ops, const char *tmp,
-                                  const struct mt_ckpt_entry *e, int n, const int64_t *offset, float *stage)
+ * A file this rank writes nothing to is not opened. Every box is checked
+ * for NaN/Inf on the host copy before it is written: a poisoned checkpoint
+ * would be picked by the next resume (the step's own check only sees the
+ * NEXT step's gradients). */
+static enum mt_status write_boxes(struct mt_ctx *ctx, const struct mt_ops_i *ops, const char *dir, const char *tmp,
+                                  const struct mt_ckpt_entry *e, int n, const int64_t *offset, float *stage, int rank,
+                                  int step)
 {
     for (int k = 0; k < CKPT_N_BIN; k++) {
         int any = 0;
@@ -592,7 +763,7 @@ static enum mt_status write_boxes(struct mt_ctx *ctx, const struct mt_ops_i *ops
         if (!any) continue;
         char path[PATH_MAX];
         int fd = join_path(path, sizeof path, tmp, bin_name[k]) == 0 ? open(path, O_WRONLY) : -1;   /* sized by rank 0 */
-        if (fd < 0) return mt_ctx_error(ctx, MT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+        if (fd < 0) return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot open %s: %s", path, strerror(errno));
         int bad = 0;
         for (int i = 0; i < n && !bad; i++) {
             if (e[i].file != k || !e[i].data) continue;
@@ -602,12 +773,20 @@ static enum mt_status write_boxes(struct mt_ctx *ctx, const struct mt_ops_i *ops
                 ops->copy_to_host(stage, e[i].data, p->numel * sizeof(float));
                 host = stage;
             }
+            size_t at = first_non_finite(host, p->numel);
+            if (at < p->numel) {
+                close(fd);
+                return mt_ctx_error(ctx, MT_ERR_NUMERIC,
+                                    "checkpoint %s not saved: tensor %s holds a non-finite value (%g at element %zu of "
+                                    "this rank's box) on rank %d at step %d",
+                                    dir, e[i].name, (double)host[at], at, rank, step);
+            }
             bad = box_io(fd, offset[i], p->shape, p->off, p->len, (float *)host, 1) != 0;
         }
         if (bad || fsync(fd) != 0) {
             int err = errno;
             close(fd);
-            return mt_ctx_error(ctx, MT_ERR_IO, "cannot write %s: %s", path, strerror(err));
+            return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot write %s: %s", path, strerror(err));
         }
         close(fd);
     }
@@ -621,7 +800,9 @@ static enum mt_status add_file(struct mt_ctx *ctx, cJSON *files, const char *dir
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "path too long: %s", dir);
     uint64_t h;
     int64_t size;
-    MT_CHECK(file_hash(ctx, path, &h, &size));
+    enum mt_status rc = file_hash(ctx, path, &h, &size);
+    if (rc == MT_ERR_IO) return mt_ctx_error(ctx, MT_ERR_RUNTIME, "%s", mt_ctx_last_error(ctx));   /* we just wrote it */
+    MT_CHECK(rc);
     snprintf(hex, sizeof hex, "%016" PRIx64, h);
     cJSON *f = cJSON_AddObjectToObject(files, fname);
     cJSON_AddNumberToObject(f, "size", (double)size);
@@ -629,16 +810,81 @@ static enum mt_status add_file(struct mt_ctx *ctx, cJSON *files, const char *dir
     return MT_OK;
 }
 
-/* Phase 4, rank 0: checksums, manifest.json LAST, then swap DIR.tmp into DIR:
- * a complete DIR exists at every instant where renameat2(RENAME_EXCHANGE)
- * works; else DIR -> DIR.old, DIR.tmp -> DIR (and back if the second fails). */
+/* Copy `src` to `dst` and fsync it; every read and write checked (a short
+ * copy must never be committed). MT_ERR_RUNTIME on any failure. */
+static enum mt_status copy_checked(struct mt_ctx *ctx, const char *src, const char *dst)
+{
+    int in = open(src, O_RDONLY | O_CLOEXEC);
+    if (in < 0) return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot open %s: %s", src, strerror(errno));
+    int out = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (out < 0) {
+        int err = errno;
+        close(in);
+        return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot create %s: %s", dst, strerror(err));
+    }
+    char buf[1 << 16];
+    off_t at = 0;
+    enum mt_status rc = MT_OK;
+    for (;;) {
+        ssize_t r = read(in, buf, sizeof buf);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) { rc = mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot read %s: %s", src, strerror(errno)); break; }
+        if (r == 0) break;
+        if (pwrite_all(out, buf, (size_t)r, at) != 0) {
+            rc = mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot write %s: %s", dst, strerror(errno));
+            break;
+        }
+        at += r;
+    }
+    if (rc == MT_OK && fsync(out) != 0) rc = mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot write %s: %s", dst, strerror(errno));
+    if (close(out) != 0 && rc == MT_OK) rc = mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot write %s: %s", dst, strerror(errno));
+    close(in);
+    return rc;
+}
+
+/* Write `text` to dir/name atomically: dir/name.tmp, fsync, rename, fsync
+ * dir. The .tmp is removed on failure. MT_ERR_RUNTIME on failure. */
+static enum mt_status write_atomic(struct mt_ctx *ctx, const char *dir, const char *name, const char *text)
+{
+    char path[PATH_MAX], tmp[PATH_MAX + 8];
+    if (join_path(path, sizeof path, dir, name) != 0)
+        return mt_ctx_error(ctx, MT_ERR_RUNTIME, "path too long: %s/%s", dir, name);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0 || pwrite_all(fd, text, strlen(text), 0) != 0 || fsync(fd) != 0 || close(fd) != 0 || (fd = -1, 0) ||
+        rename(tmp, path) != 0) {
+        int err = errno;
+        if (fd >= 0) close(fd);
+        unlink(tmp);
+        return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot write %s: %s", path, strerror(err));
+    }
+    fsync_path(dir);
+    return MT_OK;
+}
+
+/* Phase 4, rank 0: tokenizer copy, checksums, manifest.json LAST (with its
+ * own checksum), then swap DIR.tmp into DIR: a complete DIR exists at every
+ * instant where renameat2(RENAME_EXCHANGE) works; else DIR -> DIR.old,
+ * DIR.tmp -> DIR (and back if the second fails). A checkpoint of a run then
+ * becomes the parent's `latest`. Every failure is MT_ERR_RUNTIME (the inputs
+ * were checked in phase 1; what fails now is the disk). */
 static enum mt_status commit(struct mt_ctx *ctx, cJSON *root, const char *dir, const char *tmp, const char *old,
-                             const char *par, const int used[CKPT_N_BIN])
+                             const char *par, const int used[CKPT_N_BIN], const struct mt_ckpt_meta *meta)
 {
     cJSON *files = cJSON_AddObjectToObject(root, "files");
     if (!files) return mt_ctx_error(ctx, MT_ERR_OOM, "checkpoint: out of memory building the manifest");
     for (int k = 0; k < CKPT_N_BIN; k++)
         if (used[k]) MT_CHECK(add_file(ctx, files, tmp, bin_name[k]));
+    if (meta->tokenizer) {
+        char dst[PATH_MAX];
+        if (join_path(dst, sizeof dst, tmp, CKPT_TOKENIZER) != 0)
+            return mt_ctx_error(ctx, MT_ERR_RUNTIME, "path too long: %s", tmp);
+        MT_CHECK(copy_checked(ctx, meta->tokenizer, dst));
+        MT_CHECK(add_file(ctx, files, tmp, CKPT_TOKENIZER));
+    }
+    char hex[17];
+    if (manifest_digest(root, hex) != 0) return mt_ctx_error(ctx, MT_ERR_OOM, "checkpoint: cannot print manifest");
+    cJSON_AddStringToObject(root, "manifest_xxh64", hex);
     char *text = cJSON_Print(root);
     if (!text) return mt_ctx_error(ctx, MT_ERR_OOM, "checkpoint: cannot print manifest");
     char path[PATH_MAX];
@@ -647,7 +893,7 @@ static enum mt_status commit(struct mt_ctx *ctx, cJSON *root, const char *dir, c
         int err = errno;
         if (fd >= 0) close(fd);
         free(text);
-        return mt_ctx_error(ctx, MT_ERR_IO, "cannot write %s: %s", path, strerror(err));
+        return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot write %s: %s", path, strerror(err));
     }
     close(fd);
     free(text);
@@ -660,18 +906,31 @@ static enum mt_status commit(struct mt_ctx *ctx, cJSON *root, const char *dir, c
         } else {
             rm_rf(old);
             if (rename(dir, old) != 0)
-                return mt_ctx_error(ctx, MT_ERR_IO, "cannot move %s aside: %s", dir, strerror(errno));
+                return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot move %s aside: %s", dir, strerror(errno));
             if (rename(tmp, dir) != 0) {
                 int err = errno;
                 rename(old, dir);   /* put the previous checkpoint back */
-                return mt_ctx_error(ctx, MT_ERR_IO, "cannot move %s into place: %s", tmp, strerror(err));
+                return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot move %s into place: %s", tmp, strerror(err));
             }
             rm_rf(old);
         }
     } else if (rename(tmp, dir) != 0) {
-        return mt_ctx_error(ctx, MT_ERR_IO, "cannot rename %s to %s: %s", tmp, dir, strerror(errno));
+        return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot rename %s to %s: %s", tmp, dir, strerror(errno));
     }
     fsync_path(par);
+    if (meta->run_id[0]) {
+        /* latest = "NAME\nRUN_ID\n", NAME the last path component of dir */
+        char name[PATH_MAX], line[PATH_MAX + 40];
+        snprintf(name, sizeof name, "%s", dir);
+        size_t l = strlen(name);
+        while (l > 1 && name[l - 1] == '/') name[--l] = 0;
+        const char *base = strrchr(name, '/') ? strrchr(name, '/') + 1 : name;
+        snprintf(line, sizeof line, "%s\n%s\n", base, meta->run_id);
+        enum mt_status rc = write_atomic(ctx, par, "latest", line);
+        if (rc != MT_OK)
+            return mt_ctx_error(ctx, rc, "checkpoint %s was committed but %s/latest was not updated: %s", dir, par,
+                                mt_ctx_last_error(ctx));
+    }
     return MT_OK;
 }
 
@@ -690,6 +949,7 @@ enum mt_status mt_ckpt_save_group(struct mt_ctx *ctx, const struct mt_ops_i *ops
     float *stage = NULL;
     cJSON *root = NULL;
     enum mt_status rc = MT_OK;
+    int broken = 0;   /* the last agreement's allreduce failed: no further collective */
 
     /* ---- phase 1: check (every rank), no disk ---- */
     if (!dir || !*dir || !cfg || !meta || n_entries < 0 || (n_entries > 0 && !entries)) {
@@ -719,11 +979,27 @@ enum mt_status mt_ckpt_save_group(struct mt_ctx *ctx, const struct mt_ops_i *ops
             if (!stage) rc = MT_ERR_OOM;
         }
     }
+    if (rc == MT_OK) {
+        /* what load would refuse is never written (manifest_read's rules) */
+        int bad_t = meta->adam_t < 0 || meta->adam_t > meta->step || (meta->step == 0 && meta->adam_t != 0) ||
+                    (meta->step > 0 && used[1] && meta->adam_t < 1);
+        if (meta->step < 0 || meta->step > CKPT_MAX_STEP || meta->data_pos < 0 || bad_t)
+            rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "checkpoint %s: meta out of range (step %d, data_pos %lld, adam_t %ld)",
+                              where, meta->step, (long long)meta->data_pos, meta->adam_t);
+        else if (memchr(meta->run_id, 0, sizeof meta->run_id) == NULL || !is_run_id(meta->run_id))
+            rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "checkpoint %s: malformed run id", where);
+    }
+    if (rc == MT_OK && rank == 0 && meta->tokenizer) {
+        struct stat sb;
+        if (stat(meta->tokenizer, &sb) != 0 || !S_ISREG(sb.st_mode))
+            rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "checkpoint %s: tokenizer %s is not a readable file", where,
+                              meta->tokenizer);
+    }
     if (rc == MT_OK && rank == 0) rc = manifest_build(ctx, cfg, meta, entries, n_entries, offset, &root);
     {
         uint64_t h = rc == MT_OK ? layout_hash(dir, entries, n_entries) : 0;
         int64_t hv[2] = {(int64_t)h, ~(int64_t)h};   /* max(h) == h and max(~h) == ~h on every rank iff all equal */
-        MT_CHECK_GOTO(agree(ctx, comm, rc, where, "checking its arguments", hv, 2), rc, done);
+        MT_CHECK_GOTO(agree(ctx, comm, rc, where, "checking its arguments", hv, 2, &broken), rc, done);
         if (hv[0] != (int64_t)h || hv[1] != ~(int64_t)h) {
             rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG,
                               "checkpoint %s not saved: the ranks passed different directories or entry lists "
@@ -735,19 +1011,29 @@ enum mt_status mt_ckpt_save_group(struct mt_ctx *ctx, const struct mt_ops_i *ops
 
     /* ---- phase 2: rank 0 creates DIR.tmp and sizes the files ---- */
     if (rank == 0) rc = create_files(ctx, par, tmp, total, used);
-    MT_CHECK_GOTO(agree(ctx, comm, rc, where, "creating the temporary directory", NULL, 0), rc, fail_tmp);
+    MT_CHECK_GOTO(agree(ctx, comm, rc, where, "creating the temporary directory", NULL, 0, &broken), rc, fail_tmp);
 
     /* ---- phase 3: every rank writes its boxes ---- */
-    rc = write_boxes(ctx, ops, tmp, entries, n_entries, offset, stage);
-    MT_CHECK_GOTO(agree(ctx, comm, rc, where, "writing its tensors", NULL, 0), rc, fail_tmp);
+    rc = write_boxes(ctx, ops, where, tmp, entries, n_entries, offset, stage, rank, meta->step);
+    MT_CHECK_GOTO(agree(ctx, comm, rc, where, "writing its tensors", NULL, 0, &broken), rc, fail_tmp);
 
     /* ---- phase 4: rank 0 writes the manifest last and swaps ---- */
-    if (rank == 0) rc = commit(ctx, root, dir, tmp, old, par, used);
-    MT_CHECK_GOTO(agree(ctx, comm, rc, where, "writing the manifest", NULL, 0), rc, fail_tmp);
+    if (rank == 0) rc = commit(ctx, root, dir, tmp, old, par, used, meta);
+    MT_CHECK_GOTO(agree(ctx, comm, rc, where, "writing the manifest", NULL, 0, &broken), rc, fail_tmp);
     goto done;
 
 fail_tmp:
     if (rank == 0) rm_rf(tmp);   /* never DIR: it is replaced only by a complete swap */
+    if (!broken) {
+        /* one more meeting, so that no rank returns (and maybe brings the job
+         * down, e.g. MPI_Abort) before rank 0 has removed DIR.tmp */
+        enum mt_status keep_st = ctx->last_status;
+        char keep[sizeof ctx->errmsg];
+        snprintf(keep, sizeof keep, "%s", ctx->errmsg);
+        int64_t z = 0;
+        if (mt_comm_allreduce(ctx, comm, &z, 1, MT_DTYPE_I64, MT_REDOP_MAX) != MT_OK) { /* the failure is already agreed */ }
+        mt_ctx_error(ctx, keep_st, "%s", keep);
+    }
 done:
     cJSON_Delete(root);
     mt_free(ctx, stage);
@@ -908,8 +1194,14 @@ enum mt_status mt_ckpt_load(struct mt_ctx *ctx, const struct mt_ops_i *ops, cons
         int n_opt = 0;
         for (int i = 0; i < mf.n; i++) n_opt += !strcmp(mf.t[i].file, "optim.bin");
         int ns = mt_optim_state_count(o);
-        if (n_opt == 0) {
-            /* e.g. an imported model: fresh optimizer state */
+        if (n_opt == 0 && mf.meta.step > 0) {
+            rc = mt_ctx_error(ctx, MT_ERR_FORMAT,
+                              "checkpoint %s (step %d) has no optimizer state (optim.bin): resuming would silently "
+                              "restart the optimizer (only a step-0 checkpoint, e.g. an import, starts a fresh one)",
+                              dir, mf.meta.step);
+            goto done;
+        } else if (n_opt == 0) {
+            /* an imported model (step 0): fresh optimizer state */
             for (int i = 0; i < ns; i++) {
                 struct mt_optim_state s;
                 mt_optim_state_get(o, i, &s);
@@ -952,34 +1244,261 @@ static long step_of(const char *name)
     return v;
 }
 
-enum mt_status mt_ckpt_find(struct mt_ctx *ctx, const char *dir_or_out, char *path, size_t path_len)
+/* Intact: the manifest validates and every file it lists matches its size
+ * and checksum. On success *meta is the manifest's meta. */
+static enum mt_status ckpt_check(struct mt_ctx *ctx, const char *dir, struct mt_ckpt_meta *meta)
 {
-    char p[PATH_MAX];
+    struct manifest mf;
+    MT_CHECK(manifest_read(ctx, dir, &mf));
+    enum mt_status rc = MT_OK;
+    for (int k = 0; k < mf.n_files && rc == MT_OK; k++) rc = verify_file(ctx, dir, &mf, mf.files[k].name);
+    if (rc == MT_OK && meta) *meta = mf.meta;
+    manifest_free(ctx, &mf);
+    return rc;
+}
+
+static int cmp_long_desc(const void *a, const void *b)
+{
+    long x = *(const long *)a, y = *(const long *)b;
+    return (x < y) - (x > y);
+}
+
+/* The step numbers of OUT/ckpt/step_N dirs, newest first (*out mt_alloc'ed). */
+static enum mt_status list_steps(struct mt_ctx *ctx, const char *ck, long **out, int *n)
+{
+    *out = NULL;
+    *n = 0;
+    DIR *d = opendir(ck);
+    if (!d) return MT_OK;
+    int cap = 16;
+    long *v = mt_alloc(ctx, (size_t)cap * sizeof *v, MT_BUCKET_OTHER);
+    struct dirent *e;
+    while (v && (e = readdir(d))) {
+        long s = step_of(e->d_name);
+        if (s < 0) continue;
+        if (*n == cap) {
+            long *w = mt_alloc(ctx, (size_t)cap * 2 * sizeof *w, MT_BUCKET_OTHER);
+            if (w) memcpy(w, v, (size_t)cap * sizeof *w);
+            mt_free(ctx, v);
+            v = w;
+            cap *= 2;
+            if (!v) break;
+        }
+        v[(*n)++] = s;
+    }
+    closedir(d);
+    if (!v) { *n = 0; return MT_ERR_OOM; }
+    qsort(v, (size_t)*n, sizeof *v, cmp_long_desc);
+    *out = v;
+    return MT_OK;
+}
+
+static void notef(char *note, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void notef(char *note, size_t n, const char *fmt, ...)
+{
+    if (!note || !n) return;
+    size_t l = strlen(note);
+    if (l + 1 >= n) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(note + l, n - l, fmt, ap);
+    va_end(ap);
+}
+
+/*
+ * HOW IT WORKS — which checkpoint a resume means (mt_ckpt_resolve).
+ *
+ * A training output OUT holds OUT/ckpt/step_N dirs, possibly of several runs
+ * (a new run into an old OUT), and OUT/ckpt/latest = "step_N\nRUN\n", which
+ * the commit of every checkpoint of a run rewrites atomically (rename) after
+ * the checkpoint itself is in place. So latest always names a committed
+ * checkpoint and the run that wrote it, and "the highest step" is never
+ * used while latest exists. If that checkpoint is damaged (bit rot, an
+ * edited manifest, a half-copied directory), the run's previous checkpoints
+ * are the only safe fallback: the newest one with the same run id, a lower
+ * step, and an intact manifest and files. Without latest (older builds,
+ * imports) the newest intact step_N is taken, unless the intact candidates
+ * carry different run ids (then nothing says which run was meant).
+ */
+enum mt_status mt_ckpt_resolve(struct mt_ctx *ctx, const char *dir_or_out, char *path, size_t path_len, char *note,
+                               size_t note_len)
+{
+    char p[PATH_MAX + 80], ck[PATH_MAX], cand[PATH_MAX + 80];
     struct stat sb;
-    snprintf(p, sizeof p, "%s/manifest.json", dir_or_out);
-    if (stat(p, &sb) == 0) {
+    if (note && note_len) note[0] = 0;
+    if (!dir_or_out || !path) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "mt_ckpt_resolve: missing argument");
+    if (snprintf(p, sizeof p, "%s/manifest.json", dir_or_out) >= (int)sizeof p - 64)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "path too long: %s", dir_or_out);
+    if (lstat(p, &sb) == 0) {   /* a checkpoint dir itself (even a damaged one: load says what is wrong) */
         if (snprintf(path, path_len, "%s", dir_or_out) >= (int)path_len)
             return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "path too long: %s", dir_or_out);
         return MT_OK;
     }
-    char ck[PATH_MAX];
     snprintf(ck, sizeof ck, "%s/ckpt", dir_or_out);
-    DIR *d = opendir(ck);
-    if (!d) return mt_ctx_error(ctx, MT_ERR_IO, "no checkpoint at %s (no manifest.json, no ckpt/ dir)", dir_or_out);
-    long best = -1;
-    char best_name[256] = "";
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        long s = step_of(e->d_name);
-        if (s < 0 || s <= best) continue;
-        if (snprintf(p, sizeof p, "%s/%s/manifest.json", ck, e->d_name) >= (int)sizeof p) continue;
-        if (stat(p, &sb) != 0) continue;
-        best = s;
-        snprintf(best_name, sizeof best_name, "%s", e->d_name);
+    if (stat(ck, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return mt_ctx_error(ctx, MT_ERR_IO, "no checkpoint at %s (no manifest.json, no ckpt/ dir)", dir_or_out);
+
+    /* latest: "NAME\nRUN\n" */
+    char run[MT_CKPT_RUN_ID_LEN] = "", why[512] = "";
+    long latest_step = -1;
+    int have_latest = 0;
+    snprintf(p, sizeof p, "%s/latest", ck);
+    char *text = NULL;
+    enum mt_status rc = read_text(ctx, p, &text);
+    if (rc == MT_OK) {
+        char name[64] = "", rid[64] = "";
+        int ok = sscanf(text, "%63s %63s", name, rid) == 2 && step_of(name) >= 0 && is_hex16(rid);
+        mt_free(ctx, text);
+        if (!ok) return mt_ctx_error(ctx, MT_ERR_FORMAT, "%s is malformed (want \"step_N\\nRUN_ID\\n\")", p);
+        have_latest = 1;
+        latest_step = step_of(name);
+        snprintf(run, sizeof run, "%s", rid);
+        snprintf(cand, sizeof cand, "%s/%s", ck, name);
+        struct mt_ckpt_meta m;
+        rc = ckpt_check(ctx, cand, &m);
+        if (rc == MT_OK && strcmp(m.run_id, run))
+            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s belongs to run %s, latest says run %s", cand,
+                              m.run_id[0] ? m.run_id : "(none)", run);
+        if (rc == MT_OK) {
+            if (snprintf(path, path_len, "%s", cand) >= (int)path_len)
+                return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "path too long: %s", cand);
+            return MT_OK;
+        }
+        if (rc == MT_ERR_OOM) return rc;
+        snprintf(why, sizeof why, "%s", mt_ctx_last_error(ctx));
+        notef(note, note_len, "latest checkpoint %s is damaged (%s)", cand, why);
+    } else if (rc != MT_ERR_IO) {
+        return rc;   /* latest is a directory, too big, ... */
     }
-    closedir(d);
-    if (best < 0) return mt_ctx_error(ctx, MT_ERR_IO, "no complete checkpoint under %s", ck);
-    if (snprintf(path, path_len, "%s/%s", ck, best_name) >= (int)path_len)
-        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "path too long under %s", ck);
+    mt_ctx_clear_error(ctx);
+
+    long *steps = NULL;
+    int ns = 0;
+    MT_CHECK(list_steps(ctx, ck, &steps, &ns));
+    char first_run[MT_CKPT_RUN_ID_LEN] = "";
+    int found = -1, n_skipped = 0, several = 0;
+    for (int i = 0; i < ns; i++) {
+        if (have_latest && steps[i] >= latest_step) continue;
+        snprintf(cand, sizeof cand, "%s/step_%06ld", ck, steps[i]);
+        if (step_of(strrchr(cand, '/') + 1) != steps[i]) continue;   /* step_7 vs step_000007: only the canonical name */
+        struct mt_ckpt_meta m;
+        rc = ckpt_check(ctx, cand, &m);
+        if (rc == MT_ERR_OOM) { mt_free(ctx, steps); return rc; }
+        if (rc != MT_OK) {
+            if (!have_latest && found < 0 && n_skipped++ == 0) {
+                snprintf(why, sizeof why, "%s", mt_ctx_last_error(ctx));
+                notef(note, note_len, "newest checkpoint %s is damaged (%s)", cand, why);
+            }
+            continue;
+        }
+        if (have_latest) {
+            if (strcmp(m.run_id, run)) continue;   /* another run's: never */
+            found = i;
+            break;
+        }
+        if (found < 0) { found = i; snprintf(first_run, sizeof first_run, "%s", m.run_id); }
+        else if (strcmp(first_run, m.run_id)) several = 1;
+    }
+    long fstep = found >= 0 ? steps[found] : -1;
+    mt_free(ctx, steps);
+    mt_ctx_clear_error(ctx);
+    if (several)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG,
+                            "%s holds checkpoints of several runs and no latest pointer: pass the checkpoint directory "
+                            "(e.g. %s/step_%06ld)", ck, ck, fstep);
+    if (found < 0) {
+        if (have_latest)
+            return mt_ctx_error(ctx, MT_ERR_FORMAT, "the latest checkpoint of run %s is damaged (%s) and the run has no "
+                                "intact earlier checkpoint under %s", run, why, ck);
+        if (n_skipped)
+            return mt_ctx_error(ctx, MT_ERR_FORMAT, "no intact checkpoint under %s (newest: %s)", ck, why);
+        return mt_ctx_error(ctx, MT_ERR_IO, "no complete checkpoint under %s", ck);
+    }
+    snprintf(cand, sizeof cand, "%s/step_%06ld", ck, fstep);
+    if (snprintf(path, path_len, "%s", cand) >= (int)path_len)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "path too long: %s", cand);
+    if (note && *note)
+        notef(note, note_len, "; falling back to %s, the %s intact checkpoint (step %ld)", cand,
+              have_latest ? "same run's previous" : "newest", fstep);
     return MT_OK;
+}
+
+enum mt_status mt_ckpt_find(struct mt_ctx *ctx, const char *dir_or_out, char *path, size_t path_len)
+{
+    char note[2048];
+    MT_CHECK(mt_ckpt_resolve(ctx, dir_or_out, path, path_len, note, sizeof note));
+    /* a caller that cannot tell the user must not substitute a checkpoint */
+    if (note[0]) return mt_ctx_error(ctx, MT_ERR_FORMAT, "%s; pass that checkpoint directory to use it", note);
+    return MT_OK;
+}
+
+void mt_ckpt_run_id_new(char out[MT_CKPT_RUN_ID_LEN])
+{
+    struct { uint64_t rnd; struct timespec ts; pid_t pid; } seed;
+    memset(&seed, 0, sizeof seed);
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        if (read(fd, &seed.rnd, sizeof seed.rnd) != (ssize_t)sizeof seed.rnd) seed.rnd = 0;
+        close(fd);
+    }
+    clock_gettime(CLOCK_REALTIME, &seed.ts);
+    seed.pid = getpid();
+    snprintf(out, MT_CKPT_RUN_ID_LEN, "%016" PRIx64, XXH64(&seed, sizeof seed, 0x6d657368ull));
+}
+
+enum mt_status mt_ckpt_remove(struct mt_ctx *ctx, const char *dir, const char *run_id)
+{
+    if (!dir || !run_id || !*run_id) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "mt_ckpt_remove: missing argument");
+    struct mt_ckpt_meta m;
+    MT_CHECK(mt_ckpt_read_meta(ctx, dir, NULL, &m));
+    if (strcmp(m.run_id, run_id))
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "not removing %s: it belongs to run %s, not %s", dir,
+                            m.run_id[0] ? m.run_id : "(none)", run_id);
+    if (rm_rf(dir) != 0) return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot remove %s: %s", dir, strerror(errno));
+    char par[PATH_MAX];
+    parent_of(dir, par, sizeof par);
+    fsync_path(par);
+    return MT_OK;
+}
+
+enum mt_status mt_ckpt_lock(struct mt_ctx *ctx, const char *out_dir, int *fd)
+{
+    *fd = -1;
+    char path[PATH_MAX];
+    if (!out_dir || !*out_dir || join_path(path, sizeof path, out_dir, ".lock") != 0)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "bad output directory");
+    if (mkdir_p(out_dir) != 0) {
+        int err = errno;
+        return mt_ctx_error(ctx, err == ENOSPC || err == EDQUOT || err == EIO ? MT_ERR_RUNTIME : MT_ERR_IO,
+                            "cannot create output directory %s: %s", out_dir, strerror(err));
+    }
+    int f = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (f < 0) {
+        int err = errno;
+        return mt_ctx_error(ctx, err == ENOSPC || err == EDQUOT || err == EIO ? MT_ERR_RUNTIME : MT_ERR_IO,
+                            "cannot create %s: %s", path, strerror(err));
+    }
+    if (flock(f, LOCK_EX | LOCK_NB) != 0) {
+        int err = errno;
+        char who[32] = "";
+        ssize_t r = pread(f, who, sizeof who - 1, 0);
+        who[r > 0 ? r : 0] = 0;
+        who[strcspn(who, "\n")] = 0;
+        close(f);
+        if (err == EWOULDBLOCK)
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG,
+                                "output directory %s is in use by another trainer (pid %s holds %s)", out_dir,
+                                *who ? who : "?", path);
+        return mt_ctx_error(ctx, MT_ERR_IO, "cannot lock %s: %s", path, strerror(err));
+    }
+    char pid[32];
+    snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(f, 0) != 0 || pwrite_all(f, pid, strlen(pid), 0) != 0) { /* informational only */ }
+    *fd = f;
+    return MT_OK;
+}
+
+void mt_ckpt_unlock(int fd)
+{
+    if (fd >= 0) close(fd);   /* closing the last descriptor releases the flock */
 }

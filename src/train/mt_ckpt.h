@@ -5,10 +5,17 @@
  *   params.bin      every parameter, full global tensor, fp32 row-major, at
  *                   the offset the manifest gives (64-byte aligned)
  *   optim.bin       every optimizer state tensor, same scheme
+ *   tokenizer.bin   (optional) the data's tokenizer, copied in before the
+ *                   commit and listed with its checksum
  *   manifest.json   format version, config, mesh it was saved from, step,
- *                   data position, rng state (seed), adam t, and per tensor:
- *                   name, file, offset, global shape, dtype "F32"; per file:
- *                   size and xxh64 checksum. Written LAST.
+ *                   data position, rng state (seed), adam t, run id, and per
+ *                   tensor: name, file, offset, global shape, dtype "F32";
+ *                   per file: size and xxh64 checksum; and "manifest_xxh64",
+ *                   the xxh64 of the manifest's own canonical text (every
+ *                   other key, printed unformatted). Written LAST.
+ * A checkpoint that belongs to a training run (non-empty run id) also
+ * updates DIR/../latest ("step_NNNNNN\nRUN_ID\n", written atomically after
+ * the commit); mt_ckpt_resolve follows it. See docs/checkpoint.md.
  * Each rank pwrite()s only its box of each tensor; a run on another mesh
  * reads exactly the slices it owns (resharding on load). The directory is
  * written as DIR.tmp and renamed: a crash mid-save leaves the last good
@@ -39,12 +46,18 @@
 #include "../ops/mt_ops.h"
 #include "mt_optim.h"
 
+#define MT_CKPT_RUN_ID_LEN 17   /* 16 lowercase hex digits + NUL */
+
 struct mt_ckpt_meta {
-    int      step;          /* steps completed                  */
-    int64_t  data_pos;      /* next global sequence index       */
+    int      step;          /* steps completed, 0 ..= 100000000                          */
+    int64_t  data_pos;      /* next global sequence index (= step * batch_size)          */
     uint64_t seed;
-    long     adam_t;
-    char     mesh[128];     /* "pp=1,dp=1,ep=1,tp=1"            */
+    long     adam_t;        /* optimizer steps taken: 0 at step 0, 1 ..= step after      */
+    char     mesh[128];     /* "pp=1,dp=1,ep=1,tp=1"                                     */
+    char     run_id[MT_CKPT_RUN_ID_LEN];   /* the training run (lineage: a resume keeps
+                                              it); "" = none (import): no `latest`   */
+    const char *tokenizer;  /* save only (rank 0): a file copied in as tokenizer.bin
+                               before the commit, NULL = none; NULL after a read     */
 };
 
 struct mt_comm;   /* the collectives interface, ../dist/mt_comm.h */
@@ -74,7 +87,11 @@ struct mt_ckpt_entry {
  * get one naming the failing rank (the highest one if several failed). No
  * rank is left waiting in a collective. Errors: MT_ERR_INVALID_ARG (bad or
  * duplicate entry, box outside its shape, lists or dirs that differ across
- * ranks: detected before anything is written, DIR untouched), MT_ERR_IO,
+ * ranks, a meta out of range: detected before anything is written, DIR
+ * untouched), MT_ERR_NUMERIC (a rank's data holds a NaN or Inf: the message
+ * names the tensor, the rank and meta->step; nothing is committed),
+ * MT_ERR_RUNTIME (a write, fsync, rename or the tokenizer copy failed: full
+ * disk, quota, file size limit... — a runtime failure, not bad input),
  * MT_ERR_OOM, MT_ERR_COMM. On any error DIR is untouched and DIR.tmp is
  * removed once the ranks have agreed to fail. comm == NULL is
  * MT_ERR_INVALID_ARG on that rank alone (no collective is possible).
@@ -91,15 +108,20 @@ enum mt_status mt_ckpt_save(struct mt_ctx *ctx, const struct mt_ops_i *ops, cons
                             struct mt_param *params, int n_params, struct mt_optim *o);
 
 /* Read only the manifest's config and meta (for resume/export/sample).
- * Errors: missing manifest (MT_ERR_IO), bad JSON or version (MT_ERR_FORMAT). */
+ * The manifest is validated in full first (its own checksum, every field:
+ * step, data_pos, adam_t ranges, seed, files, tensor offsets equal to the
+ * layout save computes, file sizes). Errors: missing manifest (MT_ERR_IO),
+ * anything else wrong with it (MT_ERR_FORMAT, naming the field). */
 enum mt_status mt_ckpt_read_meta(struct mt_ctx *ctx, const char *dir, struct mt_config *cfg,
                                  struct mt_ckpt_meta *meta);
 
 /* Load the boxes this rank owns into params (+ optimizer state if o != NULL).
  * `params` may be any subset of the checkpoint's parameters (a rank passes
  * only what it owns), and `o` may hold states for any subset: exactly those
- * are read, nothing else is touched. If the checkpoint has no optim.bin (an
- * import) o's states are zeroed and its t is 0; else t is the saved adam_t.
+ * are read, nothing else is touched. If the checkpoint has no optim.bin and
+ * its step is 0 (an import) o's states are zeroed and its t is 0; a step > 0
+ * without optim.bin is refused (MT_ERR_FORMAT: a resumed run would silently
+ * restart its optimizer). Else t is the saved adam_t.
  * Verifies file checksums and every tensor's shape against the params:
  * mismatch -> MT_ERR_FORMAT naming the tensor / file. */
 enum mt_status mt_ckpt_load(struct mt_ctx *ctx, const struct mt_ops_i *ops, const char *dir,
@@ -122,8 +144,50 @@ struct mt_ckpt_tensor {
 enum mt_status mt_ckpt_read_tensors(struct mt_ctx *ctx, const char *dir, const char *file,
                                     struct mt_ckpt_tensor **out, int *n);
 
-/* Latest complete checkpoint under OUT/ckpt (by step), or the dir itself if
- * it holds a manifest.json. Writes the path into `path`. MT_ERR_IO if none. */
+/*
+ * Which checkpoint directory `--resume DIR` (or `export --ckpt DIR`) means;
+ * every command that picks a checkpoint calls this.
+ *   - DIR holds a manifest.json: DIR itself (load validates it; no fallback:
+ *     the user named it).
+ *   - DIR/ckpt/latest exists (a training output): the checkpoint it names,
+ *     if intact (manifest valid, every listed file matches its checksum).
+ *     If not, the newest intact checkpoint of the SAME run (run id) with a
+ *     lower step; `note` then says which one was damaged and why, and which
+ *     one is used (the caller prints it). Another run's checkpoints are never
+ *     picked.
+ *   - no latest (outputs of older builds, imports): the newest intact
+ *     step_N under DIR/ckpt (damaged ones skipped, saying so in `note`);
+ *     refused if the intact candidates belong to more than one run.
+ * `note` (may be NULL) is "" when there is nothing to say. Errors: MT_ERR_IO
+ * (nothing there), MT_ERR_FORMAT (damaged, no intact fallback of the run),
+ * MT_ERR_INVALID_ARG (several runs and no latest; path too long).
+ */
+enum mt_status mt_ckpt_resolve(struct mt_ctx *ctx, const char *dir_or_out, char *path, size_t path_len, char *note,
+                               size_t note_len);
+
+/* mt_ckpt_resolve for callers that cannot show the note (export, sample):
+ * where resolve would fall back (or skip a damaged newest checkpoint), find
+ * refuses instead (MT_ERR_FORMAT, the note as message, suggesting to pass the
+ * fallback directory): a checkpoint is never substituted silently. */
 enum mt_status mt_ckpt_find(struct mt_ctx *ctx, const char *dir_or_out, char *path, size_t path_len);
+
+/* A fresh run id: 16 lowercase hex digits from the clock, pid and
+ * /dev/urandom (unique across runs for every practical purpose). */
+void mt_ckpt_run_id_new(char out[MT_CKPT_RUN_ID_LEN]);
+
+/* Delete checkpoint `dir` if (and only if) its manifest is readable and
+ * names `run_id` (non-empty): a pruner never deletes what its run did not
+ * write. MT_ERR_INVALID_ARG if it belongs to another run (or none), errors of
+ * mt_ckpt_read_meta, MT_ERR_RUNTIME if removal fails. */
+enum mt_status mt_ckpt_remove(struct mt_ctx *ctx, const char *dir, const char *run_id);
+
+/* The output directory's lock: creates `out_dir` (mkdir -p) and OUT/.lock,
+ * takes an exclusive non-blocking flock on it and writes this pid into it;
+ * *fd holds the lock until mt_ckpt_unlock (or process exit). Errors:
+ * MT_ERR_INVALID_ARG (held by another process: "in use", naming its pid),
+ * MT_ERR_IO (cannot create: bad path, permissions), MT_ERR_RUNTIME (no
+ * space). The .lock file is left in place (removing it would race). */
+enum mt_status mt_ckpt_lock(struct mt_ctx *ctx, const char *out_dir, int *fd);
+void mt_ckpt_unlock(int fd);   /* fd < 0: no-op */
 
 #endif /* MT_CKPT_H */

@@ -48,6 +48,7 @@ struct mt_receipt {
     char replica_hash_check[256];
     int  start_step;
     char resumed_from[4096];
+    char run_id[24];          /* the run's id (its checkpoints carry it); "" = none */
     char data_path[4096];
     size_t data_tokens;
     /* distributed section (JSON object text built by the trainer: mesh trace,

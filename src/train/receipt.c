@@ -6,7 +6,9 @@
 #include "mt_receipt.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <stdio.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -126,6 +128,8 @@ enum mt_status mt_receipt_write(struct mt_ctx *ctx, const char *path, const stru
     cJSON_AddStringToObject(root, "replica_hash_check", r->replica_hash_check);
     if (r->resumed_from[0]) cJSON_AddStringToObject(root, "resumed_from", r->resumed_from);
     else cJSON_AddNullToObject(root, "resumed_from");
+    if (r->run_id[0]) cJSON_AddStringToObject(root, "run_id", r->run_id);
+    else cJSON_AddNullToObject(root, "run_id");
 
     if (r->distributed_json) {
         cJSON *d = cJSON_Parse(r->distributed_json);
@@ -137,14 +141,22 @@ enum mt_status mt_receipt_write(struct mt_ctx *ctx, const char *path, const stru
     if (!text) return mt_ctx_error(ctx, MT_ERR_OOM, "out of memory serialising the receipt");
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    /* a failure here is the disk's (full, quota, a directory in the way), at
+     * the end of a run: a runtime failure (exit 1), and no .tmp is left */
     FILE *f = fopen(tmp, "w");
     if (!f) {
+        int err = errno;
         free(text);
-        return mt_ctx_error(ctx, MT_ERR_IO, "cannot write %s", tmp);
+        return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot write %s: %s", tmp, strerror(err));
     }
-    int ok = fputs(text, f) >= 0 && fputc('\n', f) != EOF;
+    int ok = fputs(text, f) >= 0 && fputc('\n', f) != EOF && fflush(f) == 0;
+    int err = errno;
     ok = (fclose(f) == 0) && ok;
+    if (ok && rename(tmp, path) != 0) { ok = 0; err = errno; }
     free(text);
-    if (!ok || rename(tmp, path) != 0) return mt_ctx_error(ctx, MT_ERR_IO, "cannot write %s", path);
+    if (!ok) {
+        unlink(tmp);
+        return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot write %s: %s", path, strerror(err));
+    }
     return MT_OK;
 }

@@ -100,20 +100,6 @@ static int mkdir_p(const char *path)
     return 0;
 }
 
-static void copy_file(const char *src, const char *dst)
-{
-    FILE *in = fopen(src, "rb");
-    if (!in) return;
-    FILE *out = fopen(dst, "wb");
-    if (out) {
-        char buf[1 << 16];
-        size_t n;
-        while ((n = fread(buf, 1, sizeof buf, in)) > 0) fwrite(buf, 1, n, out);
-        fclose(out);
-    }
-    fclose(in);
-}
-
 /* Peak FLOP/s that MFU is measured against: the best of a few square sgemms
  * through the same ops table the model uses (so it measures the kernels the
  * run really had). Uses a private ctx so its buffers stay out of the memory
@@ -189,6 +175,11 @@ struct run_state {
     int     *step_index, *eval_steps;
     double  *losses, *lm, *aux, *z, *gnorm, *lrs, *times, *eval_losses;
     int      n_evals;
+    /* checkpoints: the run id they carry (kept by a resume), and the steps this
+     * command committed, oldest first (rank 0; keep_last prunes from these only) */
+    char     run_id[MT_CKPT_RUN_ID_LEN];
+    int     *saved;             /* (keep_last + 1) */
+    int      n_saved;
 };
 
 /*
@@ -375,13 +366,16 @@ static enum mt_status save_checkpoint(struct mt_ctx *ctx, const struct mt_ops_i 
                                       const struct mt_config *cfg, const struct mt_train_opts *opts,
                                       struct run_state *rs, int step)
 {
-    char dir[4200], tok_src[2100], tok_dst[4300], data_dir[2048];
+    char dir[4200], tok_src[2100], data_dir[2048];
     snprintf(dir, sizeof dir, "%s/ckpt/step_%06d", opts->out_dir, step);
-    char parent[4200];
-    snprintf(parent, sizeof parent, "%s/ckpt", opts->out_dir);
-    if (mkdir_p(parent) != 0) return mt_ctx_error(ctx, MT_ERR_IO, "cannot create %s", parent);
     struct mt_ckpt_meta meta = {0};
     meta.step = step;
+    snprintf(meta.run_id, sizeof meta.run_id, "%s", rs->run_id);
+    /* the tokenizer travels with the checkpoint so `sample` can decode: copied
+     * in (checked) before the commit and listed with its checksum */
+    data_dir_of(opts->data_path, data_dir, sizeof data_dir);
+    snprintf(tok_src, sizeof tok_src, "%s/tokenizer.bin", data_dir);
+    if (file_exists(tok_src)) meta.tokenizer = tok_src;
     meta.data_pos = (int64_t)step * cfg->batch_size;
     meta.seed = cfg->seed;
     meta.adam_t = mt_optim_get_t(rs->opt[0]);
@@ -454,12 +448,25 @@ static enum mt_status save_checkpoint(struct mt_ctx *ctx, const struct mt_ops_i 
     mt_free(ctx, glob);
     mt_free(ctx, local);
     MT_CHECK(rc);
-    /* the tokenizer travels with the checkpoint so `sample` can decode */
-    if (mt_mesh_rank(rs->mesh) == 0) {
-        data_dir_of(opts->data_path, data_dir, sizeof data_dir);
-        snprintf(tok_src, sizeof tok_src, "%s/tokenizer.bin", data_dir);
-        snprintf(tok_dst, sizeof tok_dst, "%s/tokenizer.bin", dir);
-        if (file_exists(tok_src)) copy_file(tok_src, tok_dst);
+    /* keep_last: delete this command's oldest checkpoints beyond N (rank 0,
+     * after the commit; never one it did not write, never the newest). A
+     * failed deletion costs disk, not correctness: a warning, not an error. */
+    if (cfg->keep_last > 0 && mt_mesh_rank(rs->mesh) == 0) {
+        /* at most keep_last + 1 entries, and never more than one per step */
+        size_t cap = (size_t)(cfg->keep_last < opts->steps + 1 ? cfg->keep_last : opts->steps + 1) + 1;
+        if (!rs->saved) rs->saved = mt_alloc(ctx, cap * sizeof(int), MT_BUCKET_OTHER);
+        if (!rs->saved) return MT_ERR_OOM;
+        if (rs->n_saved == 0 || rs->saved[rs->n_saved - 1] != step) rs->saved[rs->n_saved++] = step;
+        while (rs->n_saved > cfg->keep_last) {
+            char old[4200];
+            snprintf(old, sizeof old, "%s/ckpt/step_%06d", opts->out_dir, rs->saved[0]);
+            struct mt_ctx tmp;
+            mt_ctx_init(&tmp);
+            if (mt_ckpt_remove(&tmp, old, rs->run_id) != MT_OK)
+                fprintf(stderr, "meshtrain train: warning: keep_last: %s\n", mt_ctx_last_error(&tmp));
+            mt_ctx_free(&tmp);
+            memmove(rs->saved, rs->saved + 1, (size_t)--rs->n_saved * sizeof(int));
+        }
     }
     return MT_OK;
 }
@@ -818,6 +825,7 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     struct mt_ckpt_meta resume_meta;
     memset(&resume_meta, 0, sizeof resume_meta);
     char *djson = NULL;
+    int out_lock = -1;   /* OUT/.lock, held by rank 0 from stage 5 to the end */
     struct fault fault;
     fault_parse(&fault);
 
@@ -836,7 +844,10 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     /* ---- 1. config (vocab may come from the data dir) ---- */
     MT_CHECK(resolve_vocab(ctx, cfg, opts->data_path));
     if (opts->resume) {
-        MT_CHECK(mt_ckpt_find(ctx, opts->resume, resume_dir, sizeof resume_dir));
+        /* latest of the run, or its previous intact checkpoint (said on stderr) */
+        char note[2048];
+        MT_CHECK(mt_ckpt_resolve(ctx, opts->resume, resume_dir, sizeof resume_dir, note, sizeof note));
+        if (note[0] && wrank == 0) fprintf(stderr, "meshtrain train: warning: %s\n", note);
         struct mt_config saved;
         mt_config_defaults(&saved);
         MT_CHECK(mt_ckpt_read_meta(ctx, resume_dir, &saved, &resume_meta));
@@ -848,6 +859,21 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
         char why[256];
         if (!mt_config_same_model(cfg, &saved, why, sizeof why))
             return mt_ctx_error(ctx, MT_ERR_CONFIG, "cannot resume from %s: incompatible config: %s", resume_dir, why);
+        /* the data order is a pure function of (step, batch_size, data_order,
+         * seed if shuffled): the saved data_pos is only where the resumed run
+         * continues if these are unchanged (see docs/checkpoint.md) */
+        int shuffled = !strcmp(cfg->data_order, "shuffled");
+        if (cfg->batch_size != saved.batch_size || strcmp(cfg->data_order, saved.data_order) ||
+            (shuffled && cfg->seed != saved.seed))
+            return mt_ctx_error(ctx, MT_ERR_CONFIG,
+                                "cannot resume from %s: the data position would move (batch_size %d -> %d, data_order "
+                                "%s -> %s%s): keep batch_size, data_order (and seed when shuffled) as saved",
+                                resume_dir, saved.batch_size, cfg->batch_size, saved.data_order, cfg->data_order,
+                                shuffled && cfg->seed != saved.seed ? ", seed changed" : "");
+        if (resume_meta.data_pos != (int64_t)resume_meta.step * saved.batch_size)
+            return mt_ctx_error(ctx, MT_ERR_FORMAT, "cannot resume from %s: data_pos %lld is not step %d x batch_size %d",
+                                resume_dir, (long long)resume_meta.data_pos, resume_meta.step, saved.batch_size);
+        snprintf(rs.run_id, sizeof rs.run_id, "%s", resume_meta.run_id);   /* the run continues */
     } else {
         MT_CHECK(mt_config_resolve(ctx, cfg, opts->steps));
     }
@@ -965,6 +991,22 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
 
     /* ---- 5. from here on we write outputs ---- */
     const int is_root = wrank == 0;
+    if (!rs.run_id[0]) mt_ckpt_run_id_new(rs.run_id);   /* a fresh run (or one resumed from an import) */
+    {
+        /* one trainer per --out: rank 0 holds OUT/.lock for the run; every rank
+         * learns the outcome (nothing was written before this point) */
+        int64_t v = 0;
+        if (is_root && mt_ckpt_lock(ctx, opts->out_dir, &out_lock) != MT_OK) v = ctx->last_status;
+        char own[sizeof ctx->errmsg];
+        snprintf(own, sizeof own, "%s", ctx->errmsg);
+        MT_CHECK_GOTO(mt_comm_allreduce(ctx, mt_mesh_world_comm(rs.mesh), &v, 1, MT_DTYPE_I64, MT_REDOP_MAX), rc, done);
+        if (v != 0) {
+            rc = is_root ? mt_ctx_error(ctx, (enum mt_status)v, "%s", own)
+                         : mt_ctx_error(ctx, (enum mt_status)v, "rank 0 could not take the output directory %s (see its error)",
+                                        opts->out_dir);
+            goto done;
+        }
+    }
     if (mkdir_p(opts->out_dir) != 0) {
         rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot create output directory %s", opts->out_dir);
         goto done;
@@ -1219,6 +1261,7 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
         snprintf(r.replica_hash_check, sizeof r.replica_hash_check, "%s", hash_msg);
         r.start_step = start_step;
         snprintf(r.resumed_from, sizeof r.resumed_from, "%s", resume_dir);
+        snprintf(r.run_id, sizeof r.run_id, "%s", rs.run_id);
         snprintf(r.data_path, sizeof r.data_path, "%s", opts->data_path);
         r.data_tokens = mt_data_ntokens(rs.train);
         r.distributed_json = djson;
@@ -1238,6 +1281,8 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     }
 
 done:
+    mt_ckpt_unlock(out_lock);
+    mt_free(ctx, rs.saved);
     free(djson);
     mt_free(ctx, rs.mem_all);
     mt_free(ctx, rs.idx);
