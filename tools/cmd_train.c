@@ -38,6 +38,17 @@ static void train_usage(FILE *f)
 
 static int train_main(int argc, char **argv, int world);
 
+/* The options that take a value: an unknown option is reported as unknown,
+ * not as "needs a value", even when it is the last argument. */
+static int train_option_takes_value(const char *a)
+{
+    static const char *const opts[] = {"--config", "--set",  "--backend", "--data",  "--val-data",  "--out",
+                                        "--resume", "--mesh", "--pp-layers", "--steps", "--zero", "--peak-flops"};
+    for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++)
+        if (!strcmp(a, opts[k])) return 1;
+    return 0;
+}
+
 /* Under mpirun: MPI up first (every rank parses the same flags and fails the
  * same way on bad input: one line, exit 2, no collective entered). A failure
  * after the ranks have met in a collective brings the whole job down. */
@@ -86,6 +97,7 @@ static int train_main(int argc, char **argv, int world)
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { train_usage(stdout); return 0; }
         if (!strcmp(a, "--quiet")) { opts.quiet = 1; continue; }
+        if (!train_option_takes_value(a)) { fprintf(stderr, "meshtrain train: unknown option '%s' (see --help)\n", a); return 2; }
         if (!v) { fprintf(stderr, "meshtrain train: %s needs a value (see --help)\n", a); return 2; }
         char *end = NULL;
         if (!strcmp(a, "--config")) { /* done above */ }
