@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cmd.h"
 #include "core/mt_config.h"
@@ -37,6 +38,13 @@ static void train_usage(FILE *f)
 }
 
 static int train_main(int argc, char **argv, int world);
+
+/* The collective watchdog fired (it printed why): this rank's main thread is
+ * stuck inside MPI, so no unwinding; exit 1 and mpirun ends the other ranks. */
+static void watchdog_expired(void)
+{
+    _exit(1);
+}
 
 /* The options that take a value: an unknown option is reported as unknown,
  * not as "needs a value", even when it is the last argument. */
@@ -147,7 +155,13 @@ static int train_main(int argc, char **argv, int world)
     }
 
     struct mt_train_result res;
+    /* from here on ranks meet in collectives: a stalled one ends the job */
+    if (world > 1 && mt_comm_watchdog_start(&ctx, cfg.comm_timeout_s, watchdog_expired) != MT_OK) {
+        fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(&ctx));
+        return 1;
+    }
     enum mt_status rc = mt_train_run(&ctx, &cfg, &opts, &res);
+    mt_comm_watchdog_stop();
     if (rc != MT_OK) {
         fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(&ctx));
         fflush(stderr);

@@ -96,6 +96,7 @@ static const struct key keys[] = {
     {"sequence_parallel", KT_BOOL, OFF(sequence_parallel), 0, "true", 0, 1, NULL, 0, "sequence parallelism when tp > 1"},
     {"reshard_after_forward", KT_BOOL, OFF(reshard_after_forward), 0, "true", 0, 1, NULL, 0, "ZeRO-3: free gathered params after forward"},
     {"threads",      KT_INT,   OFF(threads),      0, "0",     0, 65536, NULL, 0, "CPU threads; 0 = OMP_NUM_THREADS or all cores"},
+    {"comm_timeout_s", KT_FLOAT, OFF(comm_timeout_s), 0, "300", 0, FMAXV, NULL, 0, "a collective still waiting for a peer after this many seconds ends the job (watchdog, several ranks only); 0 = off"},
 };
 
 #define N_KEYS ((int)(sizeof keys / sizeof keys[0]))

@@ -143,6 +143,20 @@ enum mt_status mt_dist_init(int *argc, char ***argv, int *world, int *rank);
  * the startup contract is checked with it, identically on every rank. */
 void mt_comm_world_info(int *world, int *rank);
 void mt_dist_finalize(void);     /* MPI_Finalize if MPI was initialised; else nothing */
+
+/* ---- collective watchdog (watchdog.c; docs/parallel.md "Hangs") ----
+ * A blocking collective, a wait on a non-blocking one, a batched P2P or a
+ * split on a group of more than one rank that has not returned after
+ * timeout_s seconds (a peer stopped, dead or stuck) ends the job: a thread
+ * prints one line on stderr naming this rank, the collective, the group
+ * size and the step (mt_comm_watchdog_set_step), then calls on_expire, which
+ * must not return (tools/: _exit(1); the main thread is stuck inside MPI and
+ * cannot unwind). timeout_s <= 0: off (returns MT_OK, starts nothing).
+ * One watchdog per process; the thread never calls MPI. Start before the
+ * first collective, stop after the last (tools/ only). */
+enum mt_status mt_comm_watchdog_start(struct mt_ctx *ctx, double timeout_s, void (*on_expire)(void));
+void mt_comm_watchdog_stop(void);               /* no-op when not running          */
+void mt_comm_watchdog_set_step(int step);       /* for the message; -1 = setup     */
 void mt_dist_abort(int code);    /* MPI_Abort on world, or exit(code): tools/ only    */
 
 #endif /* MT_COMM_H */
