@@ -57,7 +57,8 @@ int mt_comm_wd_enter(const char *op, int group_size)
     if (!atomic_load_explicit(&wd_armed, memory_order_relaxed) || group_size <= 1) return 0;
     if (wd_depth++ > 0) return 1;
     atomic_store_explicit(&wd_group, group_size, memory_order_relaxed);
-    atomic_fetch_add_explicit(&wd_seq, 1, memory_order_relaxed);
+    /* one writer (the main thread): a load and a store, no locked read-modify-write */
+    atomic_store_explicit(&wd_seq, atomic_load_explicit(&wd_seq, memory_order_relaxed) + 1, memory_order_relaxed);
     atomic_store_explicit(&wd_op, op, memory_order_release);
     return 1;
 }

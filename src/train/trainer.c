@@ -897,7 +897,7 @@ static enum mt_status setup_agree(struct mt_ctx *ctx, struct mt_comm *comm, enum
     if (rc != MT_OK) return mt_ctx_error(ctx, rc, "%s", own);
     if (crc != MT_OK || v == INT64_MAX) return crc;
     enum mt_status st = (enum mt_status)(v % 256);
-    return mt_ctx_error(ctx, st, "rank %d failed during %s (%s, see its message); every rank stops", (int)(v / 256),
+    return mt_ctx_error(ctx, st, "rank %d failed during %s: %s (see that rank's message); every rank stops", (int)(v / 256),
                         phase, mt_status_str(st));
 }
 
