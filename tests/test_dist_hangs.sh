@@ -2,7 +2,8 @@
 # test_dist_hangs.sh BUILD_DIR — no hang when one rank fails or stalls
 # (issue 13 item 8), np=2 on the tiny dense config of test_dist_train.sh:
 #  1. setup agreement: one rank alone fails its input checks before the first
-#     collective — its --data missing, its --resume missing, its checkpoint
+#     collective — its --data missing, its --config file missing (refused by
+#     the CLI), its --resume missing, its checkpoint
 #     unreadable (after the mesh exists), an allocation failing (MT_FAULT
 #     RANK:0:oom) — and the job ends within 10 s with the right exit code (2
 #     bad input, 1 runtime), the failing rank's message, the other rank's line
@@ -61,6 +62,12 @@ job() {
 job MT_FAULT= -- "$W/wrap.sh" 1 "$W/train.bin" "$W/missing.bin" "$MT" train $DENSE $COMMON --out "$W/o1" --steps 4
 ends "--data missing on rank 1 only: exit 2 within 10 s" 10 2 "$W/o1" \
     'missing\.bin' 'rank 1 failed during setup'
+
+# a --config file missing on rank 1 only: refused by the CLI, before the trainer
+echo '{"seed": 7}' >"$W/cfg.json"
+job MT_FAULT= -- "$W/wrap.sh" 1 "$W/cfg.json" "$W/nocfg.json" "$MT" train --config "$W/cfg.json" $DENSE $COMMON --out "$W/o0" --steps 4
+ends "--config missing on rank 1 only: exit 2 within 10 s" 10 2 "$W/o0" \
+    'nocfg\.json' 'rank 1 failed during setup'
 
 job MT_FAULT= -- "$W/wrap.sh" 1 "$W/base" "$W/nockpt" "$MT" train $DENSE $COMMON --out "$W/o2" --steps 4 --resume "$W/base"
 ends "--resume missing on rank 1 only: exit 2 within 10 s" 10 2 "$W/o2" \

@@ -39,6 +39,21 @@ static void train_usage(FILE *f)
 
 static int train_main(int argc, char **argv, int world);
 
+/* This rank refused its arguments (message printed). Under mpirun the other
+ * ranks may have accepted theirs (a --config file missing on this node
+ * only): this call is the same collective as mt_train_run's first setup
+ * agreement on the world (mt_comm_agree), so they hear of it there, name this
+ * rank and exit 2 too, instead of waiting for it in their first collective. */
+static int refuse_args(int world)
+{
+    if (world > 1) {
+        struct mt_ctx scratch;
+        mt_ctx_init(&scratch);
+        mt_comm_agree(&scratch, NULL, MT_ERR_INVALID_ARG, "setup (flags, config, resume, data)");
+    }
+    return 2;
+}
+
 /* The collective watchdog fired (it printed why): this rank's main thread is
  * stuck inside MPI, so no unwinding; exit 1 and mpirun ends the other ranks. */
 static void watchdog_expired(void)
@@ -93,10 +108,10 @@ static int train_main(int argc, char **argv, int world)
     /* --config first, whatever its position, so --set always overrides it */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--config")) {
-            if (i + 1 >= argc) { fprintf(stderr, "meshtrain train: --config needs a file\n"); return 2; }
+            if (i + 1 >= argc) { fprintf(stderr, "meshtrain train: --config needs a file\n"); return refuse_args(world); }
             if (mt_config_load_file(&ctx, &cfg, argv[i + 1]) != MT_OK) {
                 fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(&ctx));
-                return 2;
+                return refuse_args(world);
             }
         }
     }
@@ -105,14 +120,14 @@ static int train_main(int argc, char **argv, int world)
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { train_usage(stdout); return 0; }
         if (!strcmp(a, "--quiet")) { opts.quiet = 1; continue; }
-        if (!train_option_takes_value(a)) { fprintf(stderr, "meshtrain train: unknown option '%s' (see --help)\n", a); return 2; }
-        if (!v) { fprintf(stderr, "meshtrain train: %s needs a value (see --help)\n", a); return 2; }
+        if (!train_option_takes_value(a)) { fprintf(stderr, "meshtrain train: unknown option '%s' (see --help)\n", a); return refuse_args(world); }
+        if (!v) { fprintf(stderr, "meshtrain train: %s needs a value (see --help)\n", a); return refuse_args(world); }
         char *end = NULL;
         if (!strcmp(a, "--config")) { /* done above */ }
         else if (!strcmp(a, "--set")) {
             if (mt_config_set(&ctx, &cfg, v) != MT_OK) {
                 fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(&ctx));
-                return 2;
+                return refuse_args(world);
             }
         }
         else if (!strcmp(a, "--backend")) {
@@ -120,12 +135,12 @@ static int train_main(int argc, char **argv, int world)
             char kv[64];
             if (strcmp(v, "cpu") && strcmp(v, "cuda")) {
                 fprintf(stderr, "meshtrain train: --backend expects cpu or cuda (got '%s')\n", v);
-                return 2;
+                return refuse_args(world);
             }
             snprintf(kv, sizeof kv, "backend=%s", v);
             if (mt_config_set(&ctx, &cfg, kv) != MT_OK) {
                 fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(&ctx));
-                return 2;
+                return refuse_args(world);
             }
         }
         else if (!strcmp(a, "--data")) opts.data_path = v;
@@ -138,7 +153,7 @@ static int train_main(int argc, char **argv, int world)
             long n = strtol(v, &end, 10);
             if (!*v || *end || n < 0 || n > 100000000) {
                 fprintf(stderr, "meshtrain train: %s expects a non-negative integer (got '%s')\n", a, v);
-                return 2;
+                return refuse_args(world);
             }
             if (!strcmp(a, "--steps")) opts.steps = (int)n;
             else opts.zero_stage = (int)n;
@@ -147,10 +162,10 @@ static int train_main(int argc, char **argv, int world)
             opts.peak_flops = strtod(v, &end);
             if (!*v || *end || opts.peak_flops <= 0) {
                 fprintf(stderr, "meshtrain train: --peak-flops expects a positive number (got '%s')\n", v);
-                return 2;
+                return refuse_args(world);
             }
         }
-        else { fprintf(stderr, "meshtrain train: unknown option '%s' (see --help)\n", a); return 2; }
+        else { fprintf(stderr, "meshtrain train: unknown option '%s' (see --help)\n", a); return refuse_args(world); }
         i++;
     }
 

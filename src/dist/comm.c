@@ -17,6 +17,7 @@
 #include "comm_impl.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 size_t mt_dtype_size(enum mt_dtype dt)
@@ -332,6 +333,29 @@ enum mt_status mt_comm_create_world(struct mt_ctx *ctx, struct mt_comm **out)
         return st;
     }
     return mt_comm_create_self(ctx, out);
+}
+
+/* MIN of v = failed ? rank * 256 + status : INT64_MAX: the lowest failing
+ * rank and its status (statuses are < 256), on every rank, in one
+ * all-reduce of one value. */
+enum mt_status mt_comm_agree(struct mt_ctx *ctx, struct mt_comm *comm, enum mt_status local, const char *phase)
+{
+    char own[sizeof ctx->errmsg];
+    snprintf(own, sizeof own, "%s", local != MT_OK ? mt_ctx_last_error(ctx) : "");
+    struct mt_comm *made = NULL;
+    enum mt_status crc = comm ? MT_OK : mt_comm_create_world(ctx, &made);
+    if (!comm) comm = made;
+    int64_t v = INT64_MAX;
+    if (crc == MT_OK) {
+        if (local != MT_OK) v = (int64_t)comm->rank * 256 + (int64_t)local;
+        crc = mt_comm_allreduce(ctx, comm, &v, 1, MT_DTYPE_I64, MT_REDOP_MIN);
+    }
+    mt_comm_destroy(made);
+    if (local != MT_OK) return mt_ctx_error(ctx, local, "%s", own); /* this rank's own failure comes first */
+    if (crc != MT_OK || v == INT64_MAX) return crc;
+    enum mt_status st = (enum mt_status)(v % 256);
+    return mt_ctx_error(ctx, st, "rank %d failed during %s: %s (see that rank's message); every rank stops",
+                        (int)(v / 256), phase, mt_status_str(st));
 }
 
 /* ------------------------------------------------------------------ */

@@ -811,7 +811,7 @@ static double exposed_comm_s(const struct run_state *rs)
 
 /* Setup steps 1-3 of one rank, with no collective: flags, mesh shape,
  * config (and the resume checkpoint's metadata), startup contract, pipeline
- * cut, backend, data. Its status goes to setup_agree: a rank that fails here
+ * cut, backend, data. Its status goes to mt_comm_agree: a rank that fails here
  * alone must not leave the others waiting in the first collective. Opened
  * streams are in rs (closed by the caller). */
 static enum mt_status setup_local(struct mt_ctx *ctx, struct mt_config *cfg, const struct mt_train_opts *opts,
@@ -877,30 +877,6 @@ static enum mt_status setup_local(struct mt_ctx *ctx, struct mt_config *cfg, con
     return MT_OK;
 }
 
-/* The setup agreement (issue 13): every rank passes its status from a phase
- * of setup that has no collective in it, before the next collective. An
- * all-reduce (MIN) of v = failed ? rank * 256 + status : INT64_MAX over comm
- * (NULL: a world group made for it) gives every rank the lowest failing
- * rank and its status. A failing rank keeps its own message; the others
- * return that rank's status (so every rank exits with the same code) with a
- * message naming it. Then every rank returns in order: nothing to abort. */
-static enum mt_status setup_agree(struct mt_ctx *ctx, struct mt_comm *comm, enum mt_status rc, const char *phase)
-{
-    char own[sizeof ctx->errmsg];
-    snprintf(own, sizeof own, "%s", rc != MT_OK ? mt_ctx_last_error(ctx) : "");
-    struct mt_comm *made = NULL;
-    enum mt_status crc = comm ? MT_OK : mt_comm_create_world(ctx, &made);
-    if (!comm) comm = made;
-    int64_t v = rc != MT_OK ? (int64_t)mt_comm_rank(comm) * 256 + (int64_t)rc : INT64_MAX;
-    if (crc == MT_OK) crc = mt_comm_allreduce(ctx, comm, &v, 1, MT_DTYPE_I64, MT_REDOP_MIN);
-    mt_comm_destroy(made);
-    if (rc != MT_OK) return mt_ctx_error(ctx, rc, "%s", own);
-    if (crc != MT_OK || v == INT64_MAX) return crc;
-    enum mt_status st = (enum mt_status)(v % 256);
-    return mt_ctx_error(ctx, st, "rank %d failed during %s: %s (see that rank's message); every rank stops", (int)(v / 256),
-                        phase, mt_status_str(st));
-}
-
 enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const struct mt_train_opts *opts,
                             struct mt_train_result *res)
 {
@@ -922,7 +898,7 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     struct mt_mesh_dims dims;
     const struct mt_ops_i *ops = NULL;
     rc = setup_local(ctx, cfg, opts, world, &dims, resume_dir, sizeof resume_dir, &resume_meta, &rs, &ops);
-    MT_CHECK_GOTO(setup_agree(ctx, NULL, rc, "setup (flags, config, resume, data)"), rc, done);
+    MT_CHECK_GOTO(mt_comm_agree(ctx, NULL, rc, "setup (flags, config, resume, data)"), rc, done);
     char fallback[256] = "";
     int threads = pick_threads(cfg);
     mt_ops_cpu_set_threads(threads);
@@ -1007,7 +983,7 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
 agree2:
     /* allocation and the checkpoint load are local too: agree before the
      * parameters are first exchanged; a failure ends every rank in order */
-    if ((rc = setup_agree(ctx, rs.sumc, rc, "setup (allocation, checkpoint load)")) != MT_OK) {
+    if ((rc = mt_comm_agree(ctx, rs.sumc, rc, "setup (allocation, checkpoint load)")) != MT_OK) {
         res->collective_started = 0;
         goto done;
     }
