@@ -984,7 +984,7 @@ agree2:
     /* allocation and the checkpoint load are local too: agree before the
      * parameters are first exchanged; a failure ends every rank in order */
     if ((rc = mt_comm_agree(ctx, rs.sumc, rc, "setup (allocation, checkpoint load)")) != MT_OK) {
-        res->collective_started = 0;
+        if (rc != MT_ERR_COMM) res->collective_started = 0; /* agreed: no abort (a broken comm still aborts) */
         goto done;
     }
     if (resume_dir[0])
