@@ -91,16 +91,18 @@ job MT_FAULT=1:5:stop -- "$MT" train $DENSE $COMMON --out "$W/o5" --steps 400 --
 ends "rank 1 stopped at step 5: watchdog ends the job (comm_timeout_s=3)" 15 1 - \
     'rank 0: collective [a-z_]+ .*at step 5 has not completed after 3 s'
 
-# an external SIGSTOP mid-run: the rank stops itself 2 s in (a fixed time, not a step)
+# an external SIGSTOP mid-run: rank 1 is stopped from outside 1 s after the
+# training loop began (--out exists: every rank creates it after setup)
 cat >"$W/stopper.sh" <<'SH'
 #!/usr/bin/env bash
-[ "${OMPI_COMM_WORLD_RANK:-0}" = 1 ] && ( sleep 2; kill -STOP $$ ) &
+out=$1; shift
+[ "${OMPI_COMM_WORLD_RANK:-0}" = 1 ] && ( while [ ! -d "$out" ]; do sleep 0.2; done; sleep 1; kill -STOP $$ ) &
 exec "$@"
 SH
 chmod +x "$W/stopper.sh"
-job MT_FAULT= -- "$W/stopper.sh" "$MT" train $DENSE $COMMON --out "$W/o6" --steps 100000 --set comm_timeout_s=2
-ends "kill -STOP of rank 1 mid-run: watchdog ends the job (comm_timeout_s=2)" 14 1 - \
-    'rank 0: collective [a-z_]+ .* has not completed after 2 s' 'comm_timeout_s'
+job MT_FAULT= -- "$W/stopper.sh" "$W/o6" "$MT" train $DENSE $COMMON --out "$W/o6" --steps 100000 --set comm_timeout_s=2
+ends "kill -STOP of rank 1 mid-run: watchdog ends the job (comm_timeout_s=2)" 16 1 - \
+    'rank 0: collective [a-z_]+ on a group of 2 ranks at step [0-9]+ has not completed after 2 s' 'comm_timeout_s'
 
 job MT_FAULT= -- "$MT" train $DENSE $COMMON --out "$W/o7" --steps 3 --set comm_timeout_s=0
 ends "comm_timeout_s=0 (watchdog off) trains" 30 0 - 'mesh rank=1'
