@@ -160,9 +160,10 @@ enum mt_status mt_comm_agree(struct mt_ctx *ctx, struct mt_comm *comm, enum mt_s
  * split on a group of more than one rank that has not returned after
  * timeout_s seconds (a peer stopped, dead or stuck) ends the job: a thread
  * prints one line on stderr naming this rank, the collective, the group
- * size and the step (mt_comm_watchdog_set_step), then calls on_expire, which
- * must not return (tools/: _exit(1); the main thread is stuck inside MPI and
- * cannot unwind). timeout_s <= 0: off (returns MT_OK, starts nothing).
+ * size and the step (mt_comm_watchdog_set_step), then calls on_expire on
+ * its own thread (tools/: _exit(1); the main thread is stuck inside MPI and
+ * cannot unwind; should on_expire return, the watchdog thread ends and
+ * watches no more). timeout_s <= 0: off (returns MT_OK, starts nothing).
  * One watchdog per process; the thread never calls MPI. Start before the
  * first collective, stop after the last (tools/ only). */
 enum mt_status mt_comm_watchdog_start(struct mt_ctx *ctx, double timeout_s, void (*on_expire)(void));
