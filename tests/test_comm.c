@@ -5,11 +5,16 @@
  * Variable-count forms (allgatherv / reduce_scatterv, blocking and not):
  * the one block lands at / comes from displs[0], count 0 touches nothing,
  * argument errors, and a NULL table entry is MT_ERR_UNSUPPORTED.
+ * The collective watchdog (in process: a collective marked in progress past
+ * the timeout fires once, never before it; completed ones never fire) and
+ * the agreement on one rank.
  */
 #include "dist/comm_impl.h" /* a table with NULL v-entries: MT_ERR_UNSUPPORTED */
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 static int n_fail = 0;
 #define EXPECT(cond)                                                              \
@@ -19,6 +24,70 @@ static int n_fail = 0;
             n_fail++;                                                             \
         }                                                                         \
     } while (0)
+
+/* ---- the collective watchdog and the agreement (issue 13) ---- */
+
+static atomic_int expired_count;
+static void on_expire(void) { atomic_fetch_add(&expired_count, 1); } /* returns: the thread ends */
+
+static void sleep_s(double s)
+{
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+static void test_watchdog_and_agree(void)
+{
+    struct mt_ctx ctx;
+    mt_ctx_init(&ctx);
+    /* off / bad arguments */
+    EXPECT(mt_comm_watchdog_start(&ctx, 0, on_expire) == MT_OK);     /* 0: off, starts nothing */
+    EXPECT(mt_comm_wd_enter("allreduce", 2) == 0);
+    EXPECT(mt_comm_watchdog_start(&ctx, 1, NULL) == MT_ERR_INVALID_ARG);
+    mt_comm_watchdog_stop();                                         /* not running: no-op */
+
+    /* collectives that complete never fire, however many, however long in all */
+    EXPECT(mt_comm_watchdog_start(&ctx, 0.3, on_expire) == MT_OK);
+    EXPECT(mt_comm_watchdog_start(&ctx, 0.3, on_expire) == MT_ERR_INVALID_ARG); /* one per process */
+    double t0 = mt_time_sec();
+    while (mt_time_sec() - t0 < 1.0) {
+        int e = mt_comm_wd_enter("allreduce", 2);
+        EXPECT(e == 1);
+        sleep_s(0.05); /* each one well under the timeout */
+        mt_comm_wd_leave(e);
+    }
+    EXPECT(mt_comm_wd_enter("allreduce", 1) == 0); /* a group of one never waits for anyone */
+    /* nothing in progress for longer than the timeout: no fire either */
+    sleep_s(0.6);
+    EXPECT(atomic_load(&expired_count) == 0);
+
+    /* one collective stuck past the timeout fires once, not before it */
+    mt_comm_watchdog_set_step(7);
+    t0 = mt_time_sec();
+    int e = mt_comm_wd_enter("ireduce_scatterv", 2);
+    int inner = mt_comm_wd_enter("allreduce", 2); /* nested: the outermost is reported */
+    while (atomic_load(&expired_count) == 0 && mt_time_sec() - t0 < 5) sleep_s(0.01);
+    double fired_after = mt_time_sec() - t0;
+    mt_comm_wd_leave(inner);
+    mt_comm_wd_leave(e);
+    EXPECT(atomic_load(&expired_count) == 1);
+    EXPECT(fired_after >= 0.3 && fired_after < 0.3 + 0.5);
+    mt_comm_watchdog_stop();
+    mt_comm_watchdog_set_step(-1);
+
+    /* agreement on one rank: the local status, its message kept */
+    struct mt_comm *self = NULL;
+    EXPECT(mt_comm_create_self(&ctx, &self) == MT_OK);
+    EXPECT(mt_comm_agree(&ctx, self, MT_OK, "setup") == MT_OK);
+    EXPECT(mt_comm_agree(&ctx, NULL, MT_OK, "setup") == MT_OK); /* a world group made for it */
+    mt_ctx_error(&ctx, MT_ERR_IO, "cannot open data path 'x'");
+    EXPECT(mt_comm_agree(&ctx, self, MT_ERR_IO, "setup") == MT_ERR_IO);
+    EXPECT(!strcmp(mt_ctx_last_error(&ctx), "cannot open data path 'x'"));
+    EXPECT(mt_comm_agree(&ctx, NULL, MT_ERR_IO, "setup") == MT_ERR_IO);
+    mt_comm_destroy(self);
+    EXPECT(ctx.bytes_live_total == 0);
+    mt_ctx_free(&ctx);
+}
 
 int main(void)
 {
@@ -248,6 +317,7 @@ int main(void)
     EXPECT(ctx.bytes_live_total == 0);
 
     mt_ctx_free(&ctx);
+    test_watchdog_and_agree();
     if (n_fail) {
         fprintf(stderr, "test_comm: %d failure(s)\n", n_fail);
         return 1;

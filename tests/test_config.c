@@ -301,11 +301,74 @@ static void test_same_model_and_help(void)
     mt_ctx_free(&ctx);
 }
 
+/* write `len` bytes of `text` to path */
+static void write_bytes(const char *path, const char *text, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f) { n_fail++; return; }
+    fwrite(text, 1, len, f);
+    fclose(f);
+}
+
+/* Issue 13 item 8 (messages): every config refusal is one line, names the
+ * file and the place, and a message may quote the previous one. */
+static void test_messages(void)
+{
+    struct mt_ctx ctx;
+    mt_ctx_init(&ctx);
+    struct mt_config c, before;
+    mt_config_defaults(&c);
+    before = c;
+
+    /* an error message built from the previous one (ckpt.c's "bad config: %s")
+     * must not overlap its own buffer: valgrind's "bad config: teger" */
+    mt_ctx_error(&ctx, MT_ERR_INVALID_ARG, "config key 'n_layer': 'x' is not an integer");
+    mt_ctx_error(&ctx, MT_ERR_FORMAT, "d/manifest.json: bad config: %s", mt_ctx_last_error(&ctx));
+    EXPECT(!strcmp(mt_ctx_last_error(&ctx), "d/manifest.json: bad config: config key 'n_layer': 'x' is not an integer"));
+    mt_ctx_error(&ctx, MT_ERR_FORMAT, "%s", mt_ctx_last_error(&ctx));
+    EXPECT(!strcmp(mt_ctx_last_error(&ctx), "d/manifest.json: bad config: config key 'n_layer': 'x' is not an integer"));
+
+    /* refused: duplicate keys, trailing text, a syntax error (one line, with the place) */
+    EXPECT_ERR(mt_config_apply_json(&ctx, &c, "{\"n_layer\": 2, \"n_layer\": 3}"), MT_ERR_INVALID_ARG,
+               "duplicate config key 'n_layer'");
+    EXPECT_ERR(mt_config_apply_json(&ctx, &c, "{\"n_layer\": 2}\n  garbage"), MT_ERR_INVALID_ARG,
+               "trailing text after the JSON object at line 2, column 3");
+    EXPECT_ERR(mt_config_apply_json(&ctx, &c, "{\"n_layer\": 2} {}"), MT_ERR_INVALID_ARG, "trailing text");
+    EXPECT(mt_config_apply_json(&ctx, &c, "{\"n_layer\": 2}\n \t\r\n") == MT_OK); /* trailing white space is fine */
+    c = before;
+    EXPECT_ERR(mt_config_apply_json(&ctx, &c, "{\n  \"n_layer\": 2,\n  \"n_head\" 4,\n  \"d_model\": 64\n}\n"),
+               MT_ERR_INVALID_ARG, "invalid JSON at line 3, column");
+    EXPECT(strchr(mt_ctx_last_error(&ctx), '\n') == NULL);
+    EXPECT(!memcmp(&c, &before, sizeof c));
+
+    char dir[] = "/tmp/mt_test_config_XXXXXX";
+    EXPECT(mkdtemp(dir) != NULL);
+    char path[256];
+    snprintf(path, sizeof path, "%s/m.json", dir);
+    static const char syntax[] = "{\n  \"n_layer\": 2,\n  \"n_head\": ,\n  \"d_model\": 64\n}\n";
+    write_bytes(path, syntax, sizeof syntax - 1);
+    EXPECT_ERR(mt_config_load_file(&ctx, &c, path), MT_ERR_INVALID_ARG, "m.json: config: invalid JSON at line 3, column");
+    EXPECT(strchr(mt_ctx_last_error(&ctx), '\n') == NULL);
+    /* text after a NUL byte: the parser would stop at the NUL and ignore it */
+    static const char nul[] = "{\"n_layer\": 2}\0{\"n_layer\": 3}";
+    write_bytes(path, nul, sizeof nul - 1);
+    EXPECT_ERR(mt_config_load_file(&ctx, &c, path), MT_ERR_INVALID_ARG, "NUL byte at offset 14");
+    EXPECT(strstr(mt_ctx_last_error(&ctx), "m.json") != NULL);
+    static const char dup[] = "{\"seed\": 1,\n \"lr\": 0.1,\n \"seed\": 2}";
+    write_bytes(path, dup, sizeof dup - 1);
+    EXPECT_ERR(mt_config_load_file(&ctx, &c, path), MT_ERR_INVALID_ARG, "duplicate config key 'seed'");
+    EXPECT(!memcmp(&c, &before, sizeof c));
+    unlink(path);
+    rmdir(dir);
+    mt_ctx_free(&ctx);
+}
+
 int main(void)
 {
     test_defaults();
     test_set();
     test_json();
+    test_messages();
     test_resolve_rules();
     test_same_model_and_help();
     if (n_fail) {

@@ -70,6 +70,11 @@ int mt_cmd_sample(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { sample_usage(stdout); return 0; }
+        if (strcmp(a, "--ckpt") && strcmp(a, "--prompt") && strcmp(a, "--tokenizer") && strcmp(a, "--tokens") &&
+            strcmp(a, "--top-k") && strcmp(a, "--temperature") && strcmp(a, "--seed")) {
+            fprintf(stderr, "meshtrain sample: unknown option '%s' (see --help)\n", a);
+            return 2;
+        }
         if (!v) { fprintf(stderr, "meshtrain sample: %s needs a value (see --help)\n", a); return 2; }
         char *end = NULL;
         if (!strcmp(a, "--ckpt")) ckpt = v;

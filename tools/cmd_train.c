@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cmd.h"
 #include "core/mt_config.h"
@@ -38,6 +39,39 @@ static void train_usage(FILE *f)
 }
 
 static int train_main(int argc, char **argv, int world);
+
+/* This rank refused its arguments (message printed). Under mpirun the other
+ * ranks may have accepted theirs (a --config file missing on this node
+ * only): this call is the same collective as mt_train_run's first setup
+ * agreement on the world (mt_comm_agree), so they hear of it there, name this
+ * rank and exit 2 too, instead of waiting for it in their first collective. */
+static int refuse_args(int world)
+{
+    if (world > 1) {
+        struct mt_ctx scratch;
+        mt_ctx_init(&scratch);
+        mt_comm_agree(&scratch, NULL, MT_ERR_INVALID_ARG, "setup (flags, config, resume, data)");
+    }
+    return 2;
+}
+
+/* The collective watchdog fired (it printed why): this rank's main thread is
+ * stuck inside MPI, so no unwinding; exit 1 and mpirun ends the other ranks. */
+static void watchdog_expired(void)
+{
+    _exit(1);
+}
+
+/* The options that take a value: an unknown option is reported as unknown,
+ * not as "needs a value", even when it is the last argument. */
+static int train_option_takes_value(const char *a)
+{
+    static const char *const opts[] = {"--config", "--set",  "--backend", "--data",  "--val-data",  "--out",
+                                        "--resume", "--mesh", "--pp-layers", "--steps", "--zero", "--peak-flops"};
+    for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++)
+        if (!strcmp(a, opts[k])) return 1;
+    return 0;
+}
 
 /* Under mpirun: MPI up first (every rank parses the same flags and fails the
  * same way on bad input: one line, exit 2, no collective entered). A failure
@@ -75,10 +109,10 @@ static int train_main(int argc, char **argv, int world)
     /* --config first, whatever its position, so --set always overrides it */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--config")) {
-            if (i + 1 >= argc) { fprintf(stderr, "meshtrain train: --config needs a file\n"); return 2; }
+            if (i + 1 >= argc) { fprintf(stderr, "meshtrain train: --config needs a file\n"); return refuse_args(world); }
             if (mt_config_load_file(&ctx, &cfg, argv[i + 1]) != MT_OK) {
                 fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(&ctx));
-                return 2;
+                return refuse_args(world);
             }
         }
     }
@@ -87,13 +121,14 @@ static int train_main(int argc, char **argv, int world)
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { train_usage(stdout); return 0; }
         if (!strcmp(a, "--quiet")) { opts.quiet = 1; continue; }
-        if (!v) { fprintf(stderr, "meshtrain train: %s needs a value (see --help)\n", a); return 2; }
+        if (!train_option_takes_value(a)) { fprintf(stderr, "meshtrain train: unknown option '%s' (see --help)\n", a); return refuse_args(world); }
+        if (!v) { fprintf(stderr, "meshtrain train: %s needs a value (see --help)\n", a); return refuse_args(world); }
         char *end = NULL;
         if (!strcmp(a, "--config")) { /* done above */ }
         else if (!strcmp(a, "--set")) {
             if (mt_config_set(&ctx, &cfg, v) != MT_OK) {
                 fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(&ctx));
-                return 2;
+                return refuse_args(world);
             }
         }
         else if (!strcmp(a, "--backend")) {
@@ -101,12 +136,12 @@ static int train_main(int argc, char **argv, int world)
             char kv[64];
             if (strcmp(v, "cpu") && strcmp(v, "cuda")) {
                 fprintf(stderr, "meshtrain train: --backend expects cpu or cuda (got '%s')\n", v);
-                return 2;
+                return refuse_args(world);
             }
             snprintf(kv, sizeof kv, "backend=%s", v);
             if (mt_config_set(&ctx, &cfg, kv) != MT_OK) {
                 fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(&ctx));
-                return 2;
+                return refuse_args(world);
             }
         }
         else if (!strcmp(a, "--data")) opts.data_path = v;
@@ -119,7 +154,7 @@ static int train_main(int argc, char **argv, int world)
             long n = strtol(v, &end, 10);
             if (!*v || *end || n < 0 || n > 100000000) {
                 fprintf(stderr, "meshtrain train: %s expects a non-negative integer (got '%s')\n", a, v);
-                return 2;
+                return refuse_args(world);
             }
             if (!strcmp(a, "--steps")) opts.steps = (int)n;
             else opts.zero_stage = (int)n;
@@ -128,15 +163,21 @@ static int train_main(int argc, char **argv, int world)
             opts.peak_flops = strtod(v, &end);
             if (!*v || *end || opts.peak_flops <= 0) {
                 fprintf(stderr, "meshtrain train: --peak-flops expects a positive number (got '%s')\n", v);
-                return 2;
+                return refuse_args(world);
             }
         }
-        else { fprintf(stderr, "meshtrain train: unknown option '%s' (see --help)\n", a); return 2; }
+        else { fprintf(stderr, "meshtrain train: unknown option '%s' (see --help)\n", a); return refuse_args(world); }
         i++;
     }
 
     struct mt_train_result res;
+    /* from here on ranks meet in collectives: a stalled one ends the job */
+    if (world > 1 && mt_comm_watchdog_start(&ctx, cfg.comm_timeout_s, watchdog_expired) != MT_OK) {
+        fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(&ctx));
+        return 1;
+    }
     enum mt_status rc = mt_train_run(&ctx, &cfg, &opts, &res);
+    mt_comm_watchdog_stop();
     if (rc != MT_OK) {
         fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(&ctx));
         fflush(stderr);

@@ -97,6 +97,7 @@ static const struct key keys[] = {
     {"sequence_parallel", KT_BOOL, OFF(sequence_parallel), 0, "true", 0, 1, NULL, 0, "sequence parallelism when tp > 1"},
     {"reshard_after_forward", KT_BOOL, OFF(reshard_after_forward), 0, "true", 0, 1, NULL, 0, "ZeRO-3: free gathered params after forward"},
     {"threads",      KT_INT,   OFF(threads),      0, "0",     0, 65536, NULL, 0, "CPU threads; 0 = OMP_NUM_THREADS or all cores"},
+    {"comm_timeout_s", KT_FLOAT, OFF(comm_timeout_s), 0, "300", 0, FMAXV, NULL, 0, "a collective still waiting for a peer after this many seconds ends the job (watchdog, several ranks only); 0 = off"},
 };
 
 #define N_KEYS ((int)(sizeof keys / sizeof keys[0]))
@@ -312,18 +313,45 @@ static enum mt_status set_json(struct mt_ctx *ctx, struct mt_config *cfg, const 
     return MT_ERR_RUNTIME;
 }
 
+/* A one-line refusal naming the place `at` in `text`: line and column (from
+ * 1) and a short excerpt with control characters shown as spaces. */
+static enum mt_status json_where(struct mt_ctx *ctx, const char *text, const char *at, const char *what)
+{
+    if (!at || at < text) at = text;
+    size_t off = (size_t)(at - text);
+    int line = 1, col = 1;
+    for (const char *p = text; p < at && *p; p++) {
+        if (*p == '\n') line++, col = 1;
+        else col++;
+    }
+    char near[24];
+    size_t n = 0;
+    for (const char *p = at; *p && n < sizeof near - 1; p++) near[n++] = (*p >= 0 && *p < ' ') ? ' ' : *p;
+    near[n] = '\0';
+    return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "config: %s at line %d, column %d (offset %zu) near '%s'", what,
+                        line, col, off, near);
+}
+
 /* All-or-nothing: the keys are applied to a copy, which replaces *cfg only if
  * every key was accepted. */
 enum mt_status mt_config_apply_json(struct mt_ctx *ctx, struct mt_config *cfg, const char *json_text)
 {
     if (!json_text) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "config: no JSON text");
-    cJSON *root = cJSON_Parse(json_text);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithOpts(json_text, &end, 0);
     if (!root) {
-        const char *at = cJSON_GetErrorPtr();
-        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "config: invalid JSON near '%.20s'", at ? at : "?");
+        const char *at = end ? end : cJSON_GetErrorPtr();
+        return json_where(ctx, json_text, at, "invalid JSON");
     }
     enum mt_status rc = MT_OK;
     struct mt_config tmp = *cfg;
+    /* one object and nothing after it but white space: cJSON stops at the
+     * end of the first value and would ignore the rest */
+    while (end && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')) end++;
+    if (end && *end) {
+        rc = json_where(ctx, json_text, end, "trailing text after the JSON object");
+        goto done;
+    }
     if (!cJSON_IsObject(root)) {
         rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "config: the top level must be a JSON object");
         goto done;
@@ -334,6 +362,12 @@ enum mt_status mt_config_apply_json(struct mt_ctx *ctx, struct mt_config *cfg, c
             rc = unknown_key(ctx, it->string, strlen(it->string));
             goto done;
         }
+        /* cJSON keeps every member; a repeated key would silently take the last value */
+        for (const cJSON *prev = root->child; prev != it; prev = prev->next)
+            if (!strcmp(prev->string, it->string)) {
+                rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "config: duplicate config key '%s'", it->string);
+                goto done;
+            }
         MT_CHECK_GOTO(set_json(ctx, &tmp, k, it), rc, done);
     }
     *cfg = tmp;
@@ -370,7 +404,11 @@ enum mt_status mt_config_load_file(struct mt_ctx *ctx, struct mt_config *cfg, co
         return mt_ctx_error(ctx, MT_ERR_IO, "cannot read config file '%s'", path);
     }
     buf[len] = '\0';
-    enum mt_status rc = mt_config_apply_json(ctx, cfg, buf);
+    /* the JSON text ends at the first NUL: refuse what a NUL would hide */
+    const char *nul = memchr(buf, '\0', len);
+    enum mt_status rc = nul ? mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "config: NUL byte at offset %zu (not a text file?)",
+                                           (size_t)(nul - buf))
+                            : mt_config_apply_json(ctx, cfg, buf);
     free(buf);
     if (rc != MT_OK) {
         /* prefix the file name, keeping the key-naming message */

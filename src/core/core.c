@@ -63,10 +63,15 @@ void mt_ctx_free(struct mt_ctx *ctx)
 enum mt_status mt_ctx_error(struct mt_ctx *ctx, enum mt_status st, const char *fmt, ...)
 {
     if (!ctx) return st;
+    /* format into a temporary: the arguments may quote the previous message
+     * (`"%s: bad config: %s", dir, mt_ctx_last_error(ctx)`), and vsnprintf
+     * into the buffer it reads from garbles it (overlapping copy) */
+    char msg[sizeof ctx->errmsg];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(ctx->errmsg, sizeof ctx->errmsg, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    memcpy(ctx->errmsg, msg, sizeof msg);
     ctx->last_status = st;
     return st;
 }

@@ -65,6 +65,7 @@ struct mt_config {
     int   sequence_parallel;     /* bool, default 1 (used when tp > 1)             */
     int   reshard_after_forward; /* bool, default 1 (ZeRO-3)                       */
     int   threads;               /* 0 = OMP_NUM_THREADS or all cores               */
+    float comm_timeout_s;        /* collective watchdog, seconds; 0 = off          */
 };
 
 /* Fill every key with its default. Never fails. */

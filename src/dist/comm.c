@@ -17,6 +17,7 @@
 #include "comm_impl.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 size_t mt_dtype_size(enum mt_dtype dt)
@@ -101,6 +102,23 @@ static enum mt_status unsupported(struct mt_ctx *ctx, const struct mt_comm *c, c
 /* public dispatch                                                     */
 /* ------------------------------------------------------------------ */
 
+/* Return `call` (an implementation's blocking operation) marked as the
+ * collective `op` in progress on c for the watchdog (watchdog.c). */
+#define GUARDED(c, op, call)                                   \
+    do {                                                       \
+        int wd_ = mt_comm_wd_enter((op), (c)->size);                 \
+        enum mt_status st_ = (call);                           \
+        mt_comm_wd_leave(wd_);                                 \
+        return st_;                                            \
+    } while (0)
+
+/* A posted request remembers its name for the watchdog's message. */
+static enum mt_status named(enum mt_status st, struct mt_comm_req **req, const char *op)
+{
+    if (st == MT_OK && *req) (*req)->op = op;
+    return st;
+}
+
 enum mt_status mt_comm_allreduce(struct mt_ctx *ctx, struct mt_comm *c, void *buf, size_t count,
                                  enum mt_dtype dt, enum mt_redop op)
 {
@@ -109,7 +127,7 @@ enum mt_status mt_comm_allreduce(struct mt_ctx *ctx, struct mt_comm *c, void *bu
     if (op != MT_REDOP_SUM && op != MT_REDOP_MAX && op != MT_REDOP_MIN)
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "allreduce: unknown reduction %d", (int)op);
     if (!c->iface->allreduce) return unsupported(ctx, c, "allreduce");
-    return c->iface->allreduce(ctx, c, buf, count, dt, op);
+    GUARDED(c, "allreduce", c->iface->allreduce(ctx, c, buf, count, dt, op));
 }
 
 enum mt_status mt_comm_reduce_scatter(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
@@ -119,7 +137,7 @@ enum mt_status mt_comm_reduce_scatter(struct mt_ctx *ctx, struct mt_comm *c, voi
     MT_CHECK(check_buf(ctx, recv, count, dt, "reduce_scatter", "recv"));
     MT_CHECK(check_buf(ctx, send, count, dt, "reduce_scatter", "send"));
     if (!c->iface->reduce_scatter) return unsupported(ctx, c, "reduce_scatter");
-    return c->iface->reduce_scatter(ctx, c, recv, send, count, dt);
+    GUARDED(c, "reduce_scatter", c->iface->reduce_scatter(ctx, c, recv, send, count, dt));
 }
 
 enum mt_status mt_comm_allgather(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
@@ -129,7 +147,7 @@ enum mt_status mt_comm_allgather(struct mt_ctx *ctx, struct mt_comm *c, void *re
     MT_CHECK(check_buf(ctx, recv, count, dt, "allgather", "recv"));
     MT_CHECK(check_buf(ctx, send, count, dt, "allgather", "send"));
     if (!c->iface->allgather) return unsupported(ctx, c, "allgather");
-    return c->iface->allgather(ctx, c, recv, send, count, dt);
+    GUARDED(c, "allgather", c->iface->allgather(ctx, c, recv, send, count, dt));
 }
 
 enum mt_status mt_comm_bcast(struct mt_ctx *ctx, struct mt_comm *c, void *buf, size_t count,
@@ -140,7 +158,7 @@ enum mt_status mt_comm_bcast(struct mt_ctx *ctx, struct mt_comm *c, void *buf, s
     if (root < 0 || root >= c->size)
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "bcast: root %d outside the group of %d ranks", root, c->size);
     if (!c->iface->bcast) return unsupported(ctx, c, "bcast");
-    return c->iface->bcast(ctx, c, buf, count, dt, root);
+    GUARDED(c, "bcast", c->iface->bcast(ctx, c, buf, count, dt, root));
 }
 
 enum mt_status mt_comm_alltoallv(struct mt_ctx *ctx, struct mt_comm *c,
@@ -153,14 +171,14 @@ enum mt_status mt_comm_alltoallv(struct mt_ctx *ctx, struct mt_comm *c,
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "alltoallv: NULL count or displacement array");
     if (mt_dtype_size(dt) == 0) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "alltoallv: unknown dtype %d", (int)dt);
     if (!c->iface->alltoallv) return unsupported(ctx, c, "alltoallv");
-    return c->iface->alltoallv(ctx, c, send, send_counts, send_displs, recv, recv_counts, recv_displs, dt);
+    GUARDED(c, "alltoallv", c->iface->alltoallv(ctx, c, send, send_counts, send_displs, recv, recv_counts, recv_displs, dt));
 }
 
 enum mt_status mt_comm_barrier(struct mt_ctx *ctx, struct mt_comm *c)
 {
     MT_CHECK(check_comm(ctx, c, "barrier"));
     if (!c->iface->barrier) return unsupported(ctx, c, "barrier");
-    return c->iface->barrier(ctx, c);
+    GUARDED(c, "barrier", c->iface->barrier(ctx, c));
 }
 
 enum mt_status mt_comm_allgatherv(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
@@ -172,7 +190,7 @@ enum mt_status mt_comm_allgatherv(struct mt_ctx *ctx, struct mt_comm *c, void *r
     MT_CHECK(check_buf(ctx, recv, extent, dt, "allgatherv", "recv"));
     MT_CHECK(check_buf(ctx, send, counts[c->rank], dt, "allgatherv", "send"));
     if (!c->iface->allgatherv) return unsupported(ctx, c, "allgatherv");
-    return c->iface->allgatherv(ctx, c, recv, send, counts, displs, dt);
+    GUARDED(c, "allgatherv", c->iface->allgatherv(ctx, c, recv, send, counts, displs, dt));
 }
 
 enum mt_status mt_comm_reduce_scatterv(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
@@ -185,7 +203,7 @@ enum mt_status mt_comm_reduce_scatterv(struct mt_ctx *ctx, struct mt_comm *c, vo
     MT_CHECK(check_buf(ctx, send, extent, dt, "reduce_scatterv", "send"));
     MT_CHECK(check_no_alias(ctx, c, recv, send, counts, displs, dt, "reduce_scatterv"));
     if (!c->iface->reduce_scatterv) return unsupported(ctx, c, "reduce_scatterv");
-    return c->iface->reduce_scatterv(ctx, c, recv, send, counts, displs, dt);
+    GUARDED(c, "reduce_scatterv", c->iface->reduce_scatterv(ctx, c, recv, send, counts, displs, dt));
 }
 
 enum mt_status mt_comm_iallreduce(struct mt_ctx *ctx, struct mt_comm *c, void *buf, size_t count,
@@ -198,7 +216,7 @@ enum mt_status mt_comm_iallreduce(struct mt_ctx *ctx, struct mt_comm *c, void *b
     if (op != MT_REDOP_SUM && op != MT_REDOP_MAX && op != MT_REDOP_MIN)
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "iallreduce: unknown reduction %d", (int)op);
     if (!c->iface->iallreduce) return unsupported(ctx, c, "iallreduce");
-    return c->iface->iallreduce(ctx, c, buf, count, dt, op, req);
+    return named(c->iface->iallreduce(ctx, c, buf, count, dt, op, req), req, "iallreduce");
 }
 
 enum mt_status mt_comm_ireduce_scatter(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
@@ -210,7 +228,7 @@ enum mt_status mt_comm_ireduce_scatter(struct mt_ctx *ctx, struct mt_comm *c, vo
     MT_CHECK(check_buf(ctx, recv, count, dt, "ireduce_scatter", "recv"));
     MT_CHECK(check_buf(ctx, send, count, dt, "ireduce_scatter", "send"));
     if (!c->iface->ireduce_scatter) return unsupported(ctx, c, "ireduce_scatter");
-    return c->iface->ireduce_scatter(ctx, c, recv, send, count, dt, req);
+    return named(c->iface->ireduce_scatter(ctx, c, recv, send, count, dt, req), req, "ireduce_scatter");
 }
 
 enum mt_status mt_comm_iallgather(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
@@ -222,7 +240,7 @@ enum mt_status mt_comm_iallgather(struct mt_ctx *ctx, struct mt_comm *c, void *r
     MT_CHECK(check_buf(ctx, recv, count, dt, "iallgather", "recv"));
     MT_CHECK(check_buf(ctx, send, count, dt, "iallgather", "send"));
     if (!c->iface->iallgather) return unsupported(ctx, c, "iallgather");
-    return c->iface->iallgather(ctx, c, recv, send, count, dt, req);
+    return named(c->iface->iallgather(ctx, c, recv, send, count, dt, req), req, "iallgather");
 }
 
 enum mt_status mt_comm_iallgatherv(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
@@ -237,7 +255,7 @@ enum mt_status mt_comm_iallgatherv(struct mt_ctx *ctx, struct mt_comm *c, void *
     MT_CHECK(check_buf(ctx, recv, extent, dt, "iallgatherv", "recv"));
     MT_CHECK(check_buf(ctx, send, counts[c->rank], dt, "iallgatherv", "send"));
     if (!c->iface->iallgatherv) return unsupported(ctx, c, "iallgatherv");
-    return c->iface->iallgatherv(ctx, c, recv, send, counts, displs, dt, req);
+    return named(c->iface->iallgatherv(ctx, c, recv, send, counts, displs, dt, req), req, "iallgatherv");
 }
 
 enum mt_status mt_comm_ireduce_scatterv(struct mt_ctx *ctx, struct mt_comm *c, void *recv, const void *send,
@@ -253,14 +271,14 @@ enum mt_status mt_comm_ireduce_scatterv(struct mt_ctx *ctx, struct mt_comm *c, v
     MT_CHECK(check_buf(ctx, send, extent, dt, "ireduce_scatterv", "send"));
     MT_CHECK(check_no_alias(ctx, c, recv, send, counts, displs, dt, "ireduce_scatterv"));
     if (!c->iface->ireduce_scatterv) return unsupported(ctx, c, "ireduce_scatterv");
-    return c->iface->ireduce_scatterv(ctx, c, recv, send, counts, displs, dt, req);
+    return named(c->iface->ireduce_scatterv(ctx, c, recv, send, counts, displs, dt, req), req, "ireduce_scatterv");
 }
 
 enum mt_status mt_comm_wait(struct mt_ctx *ctx, struct mt_comm_req *req)
 {
     if (!req) return MT_OK;
     MT_ASSERT(req->comm && req->comm->iface->wait);
-    return req->comm->iface->wait(ctx, req);
+    GUARDED(req->comm, req->op ? req->op : "wait", req->comm->iface->wait(ctx, req));
 }
 
 enum mt_status mt_comm_sendrecv_batch(struct mt_ctx *ctx, struct mt_comm *c, int n_ops,
@@ -281,7 +299,7 @@ enum mt_status mt_comm_sendrecv_batch(struct mt_ctx *ctx, struct mt_comm *c, int
     }
     if (n_ops == 0) return MT_OK;
     if (!c->iface->sendrecv_batch) return unsupported(ctx, c, "sendrecv_batch");
-    return c->iface->sendrecv_batch(ctx, c, n_ops, ops);
+    GUARDED(c, "sendrecv_batch", c->iface->sendrecv_batch(ctx, c, n_ops, ops));
 }
 
 enum mt_status mt_comm_split(struct mt_ctx *ctx, struct mt_comm *parent, int colour, int key,
@@ -293,7 +311,7 @@ enum mt_status mt_comm_split(struct mt_ctx *ctx, struct mt_comm *parent, int col
     if (colour < 0 && colour != MT_COMM_UNDEFINED)
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "split: negative colour %d", colour);
     if (!parent->iface->split) return unsupported(ctx, parent, "split");
-    return parent->iface->split(ctx, parent, colour, key, out);
+    GUARDED(parent, "split", parent->iface->split(ctx, parent, colour, key, out));
 }
 
 void mt_comm_destroy(struct mt_comm *c)
@@ -308,8 +326,36 @@ enum mt_status mt_comm_create_world(struct mt_ctx *ctx, struct mt_comm **out)
     *out = NULL;
     int world = 1, rank = 0;
     mt_comm_world_info(&world, &rank);
-    if (world > 1) return mt_comm_mpi_create_world(ctx, out);
+    if (world > 1) {
+        int wd = mt_comm_wd_enter("create_world", world); /* MPI_Comm_dup: collective */
+        enum mt_status st = mt_comm_mpi_create_world(ctx, out);
+        mt_comm_wd_leave(wd);
+        return st;
+    }
     return mt_comm_create_self(ctx, out);
+}
+
+/* MIN of v = failed ? rank * 256 + status : INT64_MAX: the lowest failing
+ * rank and its status (statuses are < 256), on every rank, in one
+ * all-reduce of one value. */
+enum mt_status mt_comm_agree(struct mt_ctx *ctx, struct mt_comm *comm, enum mt_status local, const char *phase)
+{
+    char own[sizeof ctx->errmsg];
+    snprintf(own, sizeof own, "%s", local != MT_OK ? mt_ctx_last_error(ctx) : "");
+    struct mt_comm *made = NULL;
+    enum mt_status crc = comm ? MT_OK : mt_comm_create_world(ctx, &made);
+    if (!comm) comm = made;
+    int64_t v = INT64_MAX;
+    if (crc == MT_OK) {
+        if (local != MT_OK) v = (int64_t)comm->rank * 256 + (int64_t)local;
+        crc = mt_comm_allreduce(ctx, comm, &v, 1, MT_DTYPE_I64, MT_REDOP_MIN);
+    }
+    mt_comm_destroy(made);
+    if (local != MT_OK) return mt_ctx_error(ctx, local, "%s", own); /* this rank's own failure comes first */
+    if (crc != MT_OK || v == INT64_MAX) return crc;
+    enum mt_status st = (enum mt_status)(v % 256);
+    return mt_ctx_error(ctx, st, "rank %d failed during %s: %s (see that rank's message); every rank stops",
+                        (int)(v / 256), phase, mt_status_str(st));
 }
 
 /* ------------------------------------------------------------------ */

@@ -101,6 +101,7 @@ struct mt_comm {
 struct mt_comm_req {
     struct mt_comm *comm;
     struct mt_ctx  *ctx;           /* allocator owner */
+    const char     *op;            /* "iallreduce", ...: the watchdog's message (set by comm.c) */
     void           *scratch;       /* owned; freed by wait */
 #ifdef MT_WITH_MPI
     MPI_Request     mpi;
@@ -131,5 +132,13 @@ enum mt_status mt_comm_mpi_create_world(struct mt_ctx *ctx, struct mt_comm **out
 /* comm_mpi.c: world size and rank of this process without any collective
  * (1 and 0 when MPI is absent or not initialised). */
 void mt_comm_world_info(int *world, int *rank);
+
+/* watchdog.c: mark a blocking collective named `op` on a group of
+ * group_size ranks as in progress (returns 1 if marked: a watchdog runs and
+ * the group has more than one rank) and
+ * unmark it (pass enter's result). Main thread only; nesting keeps the
+ * outermost. Cost: three atomic stores. */
+int  mt_comm_wd_enter(const char *op, int group_size);
+void mt_comm_wd_leave(int entered);
 
 #endif /* MT_COMM_IMPL_H */

@@ -143,6 +143,32 @@ enum mt_status mt_dist_init(int *argc, char ***argv, int *world, int *rank);
  * the startup contract is checked with it, identically on every rank. */
 void mt_comm_world_info(int *world, int *rank);
 void mt_dist_finalize(void);     /* MPI_Finalize if MPI was initialised; else nothing */
+
+/* Agreement on a phase with no collective in it (docs/mesh.md "Hangs"):
+ * every rank of comm (NULL: a world group made for the call, freed before
+ * return) passes its local status; one all-reduce tells every rank the
+ * lowest failing rank and its status. Returns MT_OK on every rank iff all
+ * passed MT_OK. A failing rank returns its own status and keeps its own
+ * message; the others return that rank's status (so every rank exits with
+ * the same code) with the message "rank R failed during PHASE: STATUS (see
+ * that rank's message); every rank stops". A rank that fails a phase alone
+ * would otherwise leave the others waiting in their next collective. */
+enum mt_status mt_comm_agree(struct mt_ctx *ctx, struct mt_comm *comm, enum mt_status local, const char *phase);
+
+/* ---- collective watchdog (watchdog.c; docs/mesh.md "Hangs") ----
+ * A blocking collective, a wait on a non-blocking one, a batched P2P or a
+ * split on a group of more than one rank that has not returned after
+ * timeout_s seconds (a peer stopped, dead or stuck) ends the job: a thread
+ * prints one line on stderr naming this rank, the collective, the group
+ * size and the step (mt_comm_watchdog_set_step), then calls on_expire on
+ * its own thread (tools/: _exit(1); the main thread is stuck inside MPI and
+ * cannot unwind; should on_expire return, the watchdog thread ends and
+ * watches no more). timeout_s <= 0: off (returns MT_OK, starts nothing).
+ * One watchdog per process; the thread never calls MPI. Start before the
+ * first collective, stop after the last (tools/ only). */
+enum mt_status mt_comm_watchdog_start(struct mt_ctx *ctx, double timeout_s, void (*on_expire)(void));
+void mt_comm_watchdog_stop(void);               /* no-op when not running          */
+void mt_comm_watchdog_set_step(int step);       /* for the message; -1 = setup     */
 void mt_dist_abort(int code);    /* MPI_Abort on world, or exit(code): tools/ only    */
 
 #endif /* MT_COMM_H */

@@ -545,7 +545,9 @@ static enum mt_status replica_hash_check(struct mt_ctx *ctx, const struct mt_ops
 
 /* Test-only fault injection: MT_FAULT="RANK:STEP:KIND", KIND one of
  * nan (poison a gradient before its reduction), error (the rank returns a
- * runtime error), signal (the rank kills itself with SIGKILL). */
+ * runtime error), signal (the rank kills itself with SIGKILL), stop (the rank
+ * stops itself with SIGSTOP), oom (STEP ignored: the rank's first model
+ * allocation fails during setup). */
 struct fault { int rank, step; char kind[16]; };
 
 static void fault_parse(struct fault *f)
@@ -814,47 +816,38 @@ static double exposed_comm_s(const struct run_state *rs)
     return s + tps.time_s + eps.a2a_s;
 }
 
-enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const struct mt_train_opts *opts,
-                            struct mt_train_result *res)
+/* Setup steps 1-3 of one rank, with no collective: flags, mesh shape,
+ * config (and the resume checkpoint's metadata), startup contract, pipeline
+ * cut, backend, data. Its status goes to mt_comm_agree: a rank that fails here
+ * alone must not leave the others waiting in the first collective. Opened
+ * streams are in rs (closed by the caller). */
+static enum mt_status setup_local(struct mt_ctx *ctx, struct mt_config *cfg, const struct mt_train_opts *opts,
+                                  int world, struct mt_mesh_dims *dims, char *resume_dir, size_t resume_n,
+                                  struct mt_ckpt_meta *resume_meta, struct run_state *rs,
+                                  const struct mt_ops_i **ops)
 {
-    enum mt_status rc = MT_OK;
-    struct run_state rs;
-    memset(&rs, 0, sizeof rs);
-    memset(res, 0, sizeof *res);
-    char resume_dir[4096] = "";
-    struct mt_ckpt_meta resume_meta;
-    memset(&resume_meta, 0, sizeof resume_meta);
-    char *djson = NULL;
-    int out_lock = -1;   /* OUT/.lock, held by rank 0 from stage 5 to the end */
-    struct fault fault;
-    fault_parse(&fault);
-
     if (!opts->data_path) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--data is required");
     if (!opts->out_dir) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--out is required");
     if (opts->steps < 0) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--steps must be >= 0 (got %d)", opts->steps);
     if (opts->zero_stage < 0 || opts->zero_stage > 3)
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--zero must be 0, 1, 2 or 3 (got %d)", opts->zero_stage);
     /* the mesh: parsed against the world size without any collective */
-    int world, wrank;
-    mt_comm_world_info(&world, &wrank);
-    ctx->rank = wrank;
-    struct mt_mesh_dims dims;
-    MT_CHECK(mt_mesh_parse(ctx, opts->mesh, world, &dims));
+    MT_CHECK(mt_mesh_parse(ctx, opts->mesh, world, dims));
 
     /* ---- 1. config (vocab may come from the data dir) ---- */
     MT_CHECK(resolve_vocab(ctx, cfg, opts->data_path));
     if (opts->resume) {
         /* latest of the run, or its previous intact checkpoint (said on stderr) */
         char note[2048];
-        MT_CHECK(mt_ckpt_resolve(ctx, opts->resume, resume_dir, sizeof resume_dir, note, sizeof note));
-        if (note[0] && wrank == 0) fprintf(stderr, "meshtrain train: warning: %s\n", note);
+        MT_CHECK(mt_ckpt_resolve(ctx, opts->resume, resume_dir, resume_n, note, sizeof note));
+        if (note[0] && ctx->rank == 0) fprintf(stderr, "meshtrain train: warning: %s\n", note);
         struct mt_config saved;
         mt_config_defaults(&saved);
-        MT_CHECK(mt_ckpt_read_meta(ctx, resume_dir, &saved, &resume_meta));
+        MT_CHECK(mt_ckpt_read_meta(ctx, resume_dir, &saved, resume_meta));
         if (cfg->vocab_size == 0) cfg->vocab_size = saved.vocab_size;
-        if (opts->steps < resume_meta.step)
+        if (opts->steps < resume_meta->step)
             return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--steps %d is below the checkpoint's step %d (%s)",
-                                opts->steps, resume_meta.step, resume_dir);
+                                opts->steps, resume_meta->step, resume_dir);
         MT_CHECK(mt_config_resolve(ctx, cfg, opts->steps));
         char why[256];
         if (!mt_config_same_model(cfg, &saved, why, sizeof why))
@@ -870,51 +863,77 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
                                 "%s -> %s%s): keep batch_size, data_order (and seed when shuffled) as saved",
                                 resume_dir, saved.batch_size, cfg->batch_size, saved.data_order, cfg->data_order,
                                 shuffled && cfg->seed != saved.seed ? ", seed changed" : "");
-        if (resume_meta.data_pos != (int64_t)resume_meta.step * saved.batch_size)
+        if (resume_meta->data_pos != (int64_t)resume_meta->step * saved.batch_size)
             return mt_ctx_error(ctx, MT_ERR_FORMAT, "cannot resume from %s: data_pos %lld is not step %d x batch_size %d",
-                                resume_dir, (long long)resume_meta.data_pos, resume_meta.step, saved.batch_size);
-        snprintf(rs.run_id, sizeof rs.run_id, "%s", resume_meta.run_id);   /* the run continues */
+                                resume_dir, (long long)resume_meta->data_pos, resume_meta->step, saved.batch_size);
+        snprintf(rs->run_id, sizeof rs->run_id, "%s", resume_meta->run_id);   /* the run continues */
     } else {
         MT_CHECK(mt_config_resolve(ctx, cfg, opts->steps));
     }
     /* the startup contract, before any allocation; identical on every rank */
-    MT_CHECK(mt_mesh_check_contract(ctx, &dims, cfg, world, cfg->microbatches));
+    MT_CHECK(mt_mesh_check_contract(ctx, dims, cfg, world, cfg->microbatches));
     /* the pipeline cut, by hand (--pp-layers) or balanced by cost; before any allocation */
-    MT_CHECK(mt_plan_pipeline_cut(ctx, cfg, dims.pp, opts->pp_layers, rs.first_layer));
+    MT_CHECK(mt_plan_pipeline_cut(ctx, cfg, dims->pp, opts->pp_layers, rs->first_layer));
 
     /* ---- 2. backend ---- */
-    const struct mt_ops_i *ops = NULL;
-    char fallback[256] = "";
     if (!strcmp(cfg->backend, "cuda")) {
         char why[200] = "";
-        ops = mt_ops_cuda(why, sizeof why);
-        if (!ops)
+        *ops = mt_ops_cuda(why, sizeof why);
+        if (!*ops)
             return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "backend 'cuda' is not available: %s (use backend=cpu)", why);
     } else {
-        ops = mt_ops_cpu();
+        *ops = mt_ops_cpu();
     }
-    int threads = pick_threads(cfg);
-    mt_ops_cpu_set_threads(threads);
 
     /* ---- 3. data (every rank opens the stream; it reads only its sequences) ---- */
-    const int T = cfg->seq_len, G = cfg->batch_size;
-    const int n_dp = dims.dp * dims.ep, Gl = G / n_dp, Bm = Gl / cfg->microbatches;
-    MT_CHECK_GOTO(mt_data_open(ctx, opts->data_path, is_dir(opts->data_path) ? "train" : NULL, cfg->vocab_size, T,
-                               &rs.train), rc, done);
-    mt_data_set_order(rs.train, !strcmp(cfg->data_order, "shuffled"), cfg->seed ^ 0x5eedda7aull);
+    const int T = cfg->seq_len;
+    MT_CHECK(mt_data_open(ctx, opts->data_path, is_dir(opts->data_path) ? "train" : NULL, cfg->vocab_size, T,
+                          &rs->train));
+    mt_data_set_order(rs->train, !strcmp(cfg->data_order, "shuffled"), cfg->seed ^ 0x5eedda7aull);
     if (opts->val_path) {
-        MT_CHECK_GOTO(mt_data_open(ctx, opts->val_path, NULL, cfg->vocab_size, T, &rs.val), rc, done);
+        MT_CHECK(mt_data_open(ctx, opts->val_path, NULL, cfg->vocab_size, T, &rs->val));
     } else if (is_dir(opts->data_path)) {
-        if (mt_data_open(ctx, opts->data_path, "val", cfg->vocab_size, T, &rs.val) != MT_OK) {
+        if (mt_data_open(ctx, opts->data_path, "val", cfg->vocab_size, T, &rs->val) != MT_OK) {
             if (ctx->last_status == MT_ERR_IO) mt_ctx_clear_error(ctx); /* no val split: fine */
-            else { rc = ctx->last_status; goto done; }
-            rs.val = NULL;
+            else return ctx->last_status;
+            rs->val = NULL;
         }
     }
+    return MT_OK;
+}
+
+enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const struct mt_train_opts *opts,
+                            struct mt_train_result *res)
+{
+    enum mt_status rc = MT_OK;
+    struct run_state rs;
+    memset(&rs, 0, sizeof rs);
+    memset(res, 0, sizeof *res);
+    char resume_dir[4096] = "";
+    struct mt_ckpt_meta resume_meta;
+    memset(&resume_meta, 0, sizeof resume_meta);
+    char *djson = NULL;
+    int out_lock = -1;   /* OUT/.lock, held by rank 0 from stage 5 to the end */
+    struct fault fault;
+    fault_parse(&fault);
+
+    /* the mesh: parsed against the world size without any collective */
+    int world, wrank;
+    mt_comm_world_info(&world, &wrank);
+    ctx->rank = wrank;
+    struct mt_mesh_dims dims;
+    const struct mt_ops_i *ops = NULL;
+    rc = setup_local(ctx, cfg, opts, world, &dims, resume_dir, sizeof resume_dir, &resume_meta, &rs, &ops);
+    MT_CHECK_GOTO(mt_comm_agree(ctx, NULL, rc, "setup (flags, config, resume, data)"), rc, done);
+    char fallback[256] = "";
+    int threads = pick_threads(cfg);
+    mt_ops_cpu_set_threads(threads);
+    const int T = cfg->seq_len, G = cfg->batch_size;
+    const int n_dp = dims.dp * dims.ep, Gl = G / n_dp, Bm = Gl / cfg->microbatches;
 
     /* ---- 4. mesh (collective), model, ZeRO engine, optimizer, state ---- */
+    res->collective_started = world > 1; /* mt_mesh_create is collective: a failure inside it aborts */
     MT_CHECK_GOTO(mt_mesh_create(ctx, &dims, cfg, opts->zero_stage, &rs.mesh), rc, done);
-    res->collective_started = world > 1;
     rs.dpc = mt_mesh_data_expert_comm(rs.mesh);
     rs.lossc = mt_mesh_stage_comm(rs.mesh);
     rs.sumc = mt_mesh_world_comm(rs.mesh);
@@ -937,18 +956,19 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     MT_ASSERT(par.sp == mt_mesh_get_preds(rs.mesh)->sp_on && par.tp_rank == rs.tp_rank);
     rs.ep = dims.ep;
     rs.cfg = cfg;
-    MT_CHECK_GOTO(mt_model_create_par(ctx, ops, cfg, Bm, MT_MODEL_EXTERNAL_PARAMS, &par, &rs.model), rc, done);
+    int start_step = resume_dir[0] ? resume_meta.step : 0;
+    int n_steps = opts->steps - start_step;
+    if (fault.rank == wrank && !strcmp(fault.kind, "oom")) ctx->fail_after = 1; /* test: the model's first allocation */
+    MT_CHECK_GOTO(mt_model_create_par(ctx, ops, cfg, Bm, MT_MODEL_EXTERNAL_PARAMS, &par, &rs.model), rc, agree2);
     int n_params;
     struct mt_param *params = mt_model_params(rs.model, &n_params);
     if (dims.pp > 1) {
         size_t nb = mt_plan_stage_io_bytes(rs.model, cfg, dims.pp);
         rs.act_in = ops->buf_alloc(ctx, nb, MT_BUCKET_COMM);
         rs.grad_in = ops->buf_alloc(ctx, nb, MT_BUCKET_COMM);
-        if (!rs.act_in || !rs.grad_in) { rc = MT_ERR_OOM; goto done; }
+        if (!rs.act_in || !rs.grad_in) { rc = MT_ERR_OOM; goto agree2; }
     }
-    int start_step = resume_dir[0] ? resume_meta.step : 0;
-    int n_steps = opts->steps - start_step;
-    MT_CHECK_GOTO(alloc_host_arrays(ctx, &rs, cfg, n_params, Bm, n_steps, world), rc, done);
+    MT_CHECK_GOTO(alloc_host_arrays(ctx, &rs, cfg, n_params, Bm, n_steps, world), rc, agree2);
     for (int i = 0; i < n_params; i++) {
         rs.eng_of[i] = (int)mt_plan_param_engine(&params[i], &dims);
         rs.sel[0][i] = rs.eng_of[i] == MT_PLAN_ENGINE_DENSE;
@@ -966,12 +986,12 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     for (int k = 0; k < 3; k++) groups[k] = mt_mesh_comm(rs.mesh, mt_plan_engine_group(&dims, (enum mt_plan_engine)k));
     for (int k = 0; k < rs.n_eng; k++) {
         MT_CHECK_GOTO(mt_zero_create(ctx, ops, groups[k], opts->zero_stage, cfg->reshard_after_forward, rs.model,
-                                     rs.sel[k], &rs.eng[k]), rc, done);
+                                     rs.sel[k], &rs.eng[k]), rc, agree2);
         MT_ASSERT(mt_comm_rank(groups[k]) == mt_plan_group_rank(&dims, wrank, mt_plan_engine_group(&dims, (enum mt_plan_engine)k)));
         rs.zset.z[rs.zset.n++] = rs.eng[k];
         int nv;
         struct mt_param *v = mt_zero_opt_params(rs.eng[k], &nv);
-        MT_CHECK_GOTO(mt_optim_create(ctx, ops, cfg, v, nv, &rs.opt[k]), rc, done);
+        MT_CHECK_GOTO(mt_optim_create(ctx, ops, cfg, v, nv, &rs.opt[k]), rc, agree2);
         if (dims.tp > 1) mt_optim_set_tp_comm(rs.opt[k], mt_mesh_model_comm(rs.mesh));
     }
     mt_zero_install_hooks(rs.model, &rs.zset);
@@ -980,13 +1000,21 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
         for (int k = 0; k < rs.n_eng; k++) {
             int nv;
             struct mt_param *v = mt_zero_opt_params(rs.eng[k], &nv);
-            MT_CHECK_GOTO(mt_ckpt_load(ctx, ops, resume_dir, v, nv, rs.opt[k]), rc, done);
+            MT_CHECK_GOTO(mt_ckpt_load(ctx, ops, resume_dir, v, nv, rs.opt[k]), rc, agree2);
             mt_optim_set_t(rs.opt[k], resume_meta.adam_t);
-            MT_CHECK_GOTO(mt_zero_sync_params(ctx, rs.eng[k]), rc, done);
         }
     } else {
-        for (int k = 0; k < rs.n_eng; k++) MT_CHECK_GOTO(mt_zero_init_params(ctx, rs.eng[k], cfg->seed), rc, done);
+        for (int k = 0; k < rs.n_eng; k++) MT_CHECK_GOTO(mt_zero_init_params(ctx, rs.eng[k], cfg->seed), rc, agree2);
     }
+agree2:
+    /* allocation and the checkpoint load are local too: agree before the
+     * parameters are first exchanged; a failure ends every rank in order */
+    if ((rc = mt_comm_agree(ctx, rs.sumc, rc, "setup (allocation, checkpoint load)")) != MT_OK) {
+        if (rc != MT_ERR_COMM) res->collective_started = 0; /* agreed: no abort (a broken comm still aborts) */
+        goto done;
+    }
+    if (resume_dir[0])
+        for (int k = 0; k < rs.n_eng; k++) MT_CHECK_GOTO(mt_zero_sync_params(ctx, rs.eng[k]), rc, done);
     const int any_moe = strchr(cfg->pattern, 'E') != NULL, LE = cfg->n_layer * (cfg->n_experts > 0 ? cfg->n_experts : 1);
 
     /* ---- 5. from here on we write outputs ---- */
@@ -1041,13 +1069,22 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     for (int step = start_step; step < opts->steps; step++) {
         double t0 = mt_time_sec();
         const double comm0 = exposed_comm_s(&rs);
+        mt_comm_watchdog_set_step(step);
         if (fault.rank == wrank && fault.step == step) {
             if (!strcmp(fault.kind, "signal")) raise(SIGKILL);
+            if (!strcmp(fault.kind, "stop")) raise(SIGSTOP); /* a stalled rank: the others' watchdog ends the job */
             if (!strcmp(fault.kind, "error")) {
                 rc = mt_ctx_error(ctx, MT_ERR_RUNTIME, "injected failure (MT_FAULT) on rank %d at step %d", wrank, step);
                 goto done;
             }
-            if (!strcmp(fault.kind, "nan")) mt_zero_inject_nan(rs.eng[0], step, mt_model_n_units(rs.model) - 1);
+            if (!strcmp(fault.kind, "nan")) {
+                /* the last parameter this rank holds, in its own engine and unit: the
+                 * model's last unit is absent on pipeline stage 0, and under TP its
+                 * parameters are not in the dense engine (issue 13) */
+                int i = n_params - 1;
+                while (i > 0 && rs.eng_of[i] >= rs.n_eng) i--;
+                mt_zero_inject_nan(rs.eng[rs.eng_of[i]], step, mt_model_param_unit(rs.model, i));
+            }
         }
         for (int k = 0; k < rs.n_eng; k++) mt_zero_begin_step(rs.eng[k], step);
         mt_model_moe_load_reset(rs.model);

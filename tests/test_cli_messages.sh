@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# test_cli_messages.sh BUILD_DIR — issue 13 item 8 (messages): every refusal
+# of a config file or an option is ONE line on stderr, exit 2, names the file
+# and the place, and writes nothing:
+#  - a JSON syntax error: "FILE: config: invalid JSON at line L, column C ...";
+#  - trailing text after the object, a duplicate key, text after a NUL byte:
+#    refused (cJSON alone accepts all three silently);
+#  - an unknown option, even as the last argument, is "unknown option", not
+#    "needs a value" (train and sample); a known one without its value still
+#    "needs a value".
+set -u
+BUILD=${1:?usage: test_cli_messages.sh BUILD_DIR}
+MT="$BUILD/meshtrain"
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+export OMP_NUM_THREADS=1
+fails=0; passes=0
+ok()  { passes=$((passes+1)); echo "PASS $1"; }
+bad() { fails=$((fails+1)); echo "FAIL $1"; }
+
+# refuse NAME REGEX CMD... : exit 2, exactly one stderr line matching REGEX, $W/out not created
+refuse() {
+    local name=$1 expect=$2; shift 2
+    rm -rf "$W/out"
+    "$@" >"$W/stdout" 2>"$W/stderr"
+    local rc=$? nl
+    nl=$(wc -l <"$W/stderr")
+    if [ $rc -eq 2 ] && [ "$nl" -eq 1 ] && grep -Eq -e "$expect" "$W/stderr" && [ ! -e "$W/out" ]; then ok "$name"
+    else bad "$name (rc=$rc, $nl lines)"; cat "$W/stderr"; fi
+}
+
+printf '{\n  "n_layer": 2,\n  "n_head" 4,\n  "d_model": 64\n}\n' >"$W/syntax.json"
+printf '{"n_layer": 2}\n  garbage\n' >"$W/trailing.json"
+printf '{"seed": 1,\n "lr": 0.1,\n "seed": 2}\n' >"$W/dup.json"
+printf '{"n_layer": 2}\0{"n_layer": 3}' >"$W/nul.json"
+TRAIN=("$MT" train --data "$W/none.bin" --out "$W/out" --quiet)
+
+refuse "JSON syntax error: one line with file, line and column" \
+    '^meshtrain train: .*/syntax\.json: config: invalid JSON at line 3, column 12 \(offset 29\)' \
+    "${TRAIN[@]}" --config "$W/syntax.json"
+refuse "trailing text after the JSON object is refused" \
+    'trailing\.json: config: trailing text after the JSON object at line 2, column 3' \
+    "${TRAIN[@]}" --config "$W/trailing.json"
+refuse "a duplicate config key is refused" \
+    "dup\.json: config: duplicate config key 'seed'" "${TRAIN[@]}" --config "$W/dup.json"
+refuse "text after a NUL byte is refused" \
+    'nul\.json: config: NUL byte at offset 14' "${TRAIN[@]}" --config "$W/nul.json"
+# the same refusals through `plan`, which shares the loader
+refuse "plan: duplicate config key" "dup\.json: config: duplicate config key 'seed'" \
+    "$MT" plan --config "$W/dup.json"
+
+refuse "train: an unknown last option is unknown" "^meshtrain train: unknown option '--bogus'" \
+    "${TRAIN[@]}" --bogus
+refuse "train: an unknown option with a value is unknown" "^meshtrain train: unknown option '--bogus'" \
+    "${TRAIN[@]}" --bogus 3
+refuse "train: a known option without value needs a value" "^meshtrain train: --steps needs a value" \
+    "${TRAIN[@]}" --steps
+refuse "sample: an unknown last option is unknown" "^meshtrain sample: unknown option '--bogus'" \
+    "$MT" sample --ckpt "$W/none" --bogus
+refuse "sample: a known option without value needs a value" "^meshtrain sample: --prompt needs a value" \
+    "$MT" sample --ckpt "$W/none" --prompt
+
+echo "$passes passed, $fails failed"
+[ $fails -eq 0 ]
