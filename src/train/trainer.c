@@ -835,6 +835,8 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
 
     /* ---- 1. config (vocab may come from the data dir) ---- */
     MT_CHECK(resolve_vocab(ctx, cfg, opts->data_path));
+    if (opts->resume && opts->init_from)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--resume and --init-from exclude each other");
     if (opts->resume) {
         MT_CHECK(mt_ckpt_find(ctx, opts->resume, resume_dir, sizeof resume_dir));
         struct mt_config saved;
@@ -956,6 +958,14 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
             struct mt_param *v = mt_zero_opt_params(rs.eng[k], &nv);
             MT_CHECK_GOTO(mt_ckpt_load(ctx, ops, resume_dir, v, nv, rs.opt[k]), rc, done);
             mt_optim_set_t(rs.opt[k], resume_meta.adam_t);
+            MT_CHECK_GOTO(mt_zero_sync_params(ctx, rs.eng[k]), rc, done);
+        }
+    } else if (opts->init_from) {
+        /* weights only: each rank reads the parameters it owns; optimizer fresh */
+        for (int k = 0; k < rs.n_eng; k++) {
+            int nv;
+            struct mt_param *v = mt_zero_opt_params(rs.eng[k], &nv);
+            MT_CHECK_GOTO(mt_ckpt_load(ctx, ops, opts->init_from, v, nv, NULL), rc, done);
             MT_CHECK_GOTO(mt_zero_sync_params(ctx, rs.eng[k]), rc, done);
         }
     } else {
