@@ -874,11 +874,15 @@ enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char
     /* no silent loss: what HF cannot represent is refused unless asked for */
     int n_lossy = mt_export_hf_lossy(&cfg, what, sizeof what);
     if (n_lossy > 0 && !opts->allow_lossy) {
-        for (char *p = what; (p = strchr(p, '\n')) != NULL;) {   /* one line: features joined by "; " */
-            if (p[1]) { *p = ';'; p++; } else *p = 0;
+        char line[1100];   /* one line: the features joined by "; " */
+        size_t o = 0;
+        for (const char *p = what; *p && o + 3 < sizeof line; p++) {
+            if (*p != '\n') { line[o++] = *p; continue; }
+            if (p[1]) { line[o++] = ';'; line[o++] = ' '; }
         }
+        line[o] = 0;
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "cannot export exactly: %s; use --allow-lossy to export "
-                            "anyway (the Hugging Face model would differ)", what);
+                            "anyway (the Hugging Face model would differ)", line);
     }
     MT_CHECK(check_overlap(ctx, ckpt_dir, out_dir, "checkpoint"));
     if (opts->tokenizer) MT_CHECK(check_overlap(ctx, opts->tokenizer, out_dir, "tokenizer"));

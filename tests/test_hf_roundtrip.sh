@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# test_hf_roundtrip.sh BUILD_DIR — meshtrain's forward against a reference it
+# does not share code with: tests/hf/ref_forward.py (numpy, float64) runs the
+# model from an exported folder alone (config.json + model.safetensors) and
+# must equal `meshtrain logits` (logits after softcap, lm/aux/z terms) for a
+# dense model, a MoE with a shared expert and softcap (exported with
+# --allow-lossy: HF cannot run it, the reference can), and a plain MoE. Then
+# the aux and z terms against values computed by hand for a fixed routing
+# (zero router: uniform probabilities, experts 0..k-1). No transformers needed;
+# numpy is (skipped, exit 77, without it).
+set -u
+B=${1:?build dir}
+MT="$B/meshtrain"
+HERE=$(cd "$(dirname "$0")" && pwd)
+PY=""
+for p in python3 /usr/bin/python3; do
+    if command -v "$p" >/dev/null && "$p" -c "import numpy" 2>/dev/null; then PY=$p; break; fi
+done
+[ -n "$PY" ] || { echo "SKIPPED (no numpy)"; exit 77; }
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+export OMP_NUM_THREADS=1
+fails=0; passes=0
+ok()  { passes=$((passes+1)); echo "PASS $1"; }
+bad() { fails=$((fails+1)); echo "FAIL $1"; }
+
+python3 "$HERE/make_shard.py" "$W/train.bin" 20000 64 pattern >/dev/null
+TINY="--set vocab_size=64 --set n_layer=2 --set d_model=32 --set n_head=4 --set n_kv_head=2 --set seq_len=16 --set batch_size=4 --set warmup_steps=2 --set rope_theta=500"
+MOE="--set pattern=AE --set n_experts=4 --set top_k=2 --set expert_hidden=16 --set aux_loss_coef=0.02 --set z_loss_coef=0.003"
+IDS="3,17,42,5,63,0,8,8,21,34,55,1,2,9,30,12,7,44,61,18"
+
+roundtrip() {  # name, export flags, then train flags
+    local name=$1 eflags=$2; shift 2
+    if ! $MT train $TINY "$@" --data "$W/train.bin" --out "$W/$name" --steps 12 --set lr=0.03 --quiet --peak-flops 1e11 >/dev/null 2>"$W/err"; then
+        bad "$name: train ($(cat "$W/err"))"; return; fi
+    if ! $MT export --ckpt "$W/$name" --out "$W/$name.hf" $eflags >/dev/null 2>"$W/err"; then
+        bad "$name: export ($(cat "$W/err"))"; return; fi
+    if ! $MT logits --ckpt "$W/$name" --ids "$IDS" --out "$W/$name.logits" >/dev/null 2>"$W/err"; then
+        bad "$name: logits ($(cat "$W/err"))"; return; fi
+    if $PY "$HERE/hf/ref_forward.py" compare "$W/$name.hf" "$W/$name.logits" "$IDS" --atol 1e-5; then
+        ok "$name: numpy reference from the export == meshtrain logits and loss terms"
+    else bad "$name: numpy reference vs meshtrain"; fi
+}
+
+roundtrip dense ""
+roundtrip moe "" $MOE
+roundtrip moe_shared_softcap "--allow-lossy" $MOE --set shared_expert_hidden=16 --set logit_softcap=2
+
+# the lossy model is refused without --allow-lossy, naming both features, writing nothing
+$MT export --ckpt "$W/moe_shared_softcap" --out "$W/refused" >/dev/null 2>"$W/err"; rc=$?
+[ $rc = 2 ] && [ "$(wc -l <"$W/err")" = 1 ] && grep -q softcap "$W/err" && grep -q "shared expert" "$W/err" && [ ! -e "$W/refused" ] &&
+    ok "lossy export refused: $(cat "$W/err")" || bad "lossy export not refused (rc $rc: $(cat "$W/err"))"
+
+# hand-computed aux and z: zero the routers of the plain MoE export, import, forward
+if [ -d "$W/moe.hf" ]; then
+    $PY - "$W/moe.hf" "$W/uniform.hf" <<'PY' || bad "cannot build the zero-router folder"
+import json, os, shutil, struct, sys
+src, dst = sys.argv[1], sys.argv[2]
+os.makedirs(dst)
+shutil.copy(f"{src}/config.json", dst)
+b = bytearray(open(f"{src}/model.safetensors", "rb").read())
+n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
+for k, e in h.items():
+    if k.endswith("mlp.gate.weight"):
+        lo, hi = e["data_offsets"]; b[8 + n + lo:8 + n + hi] = bytes(hi - lo)
+open(f"{dst}/model.safetensors", "wb").write(bytes(b))
+PY
+    if $MT import --hf "$W/uniform.hf" --out "$W/uniform_ck" >/dev/null 2>"$W/err" &&
+       $MT logits --ckpt "$W/uniform_ck" --ids "$IDS" --out "$W/uniform.logits" >/dev/null 2>>"$W/err" &&
+       $PY "$HERE/hf/ref_forward.py" uniform "$W/uniform.hf" "$W/uniform.logits"; then
+        ok "aux and z equal the hand-computed values for a fixed (uniform) routing"
+    else bad "aux/z by hand ($(cat "$W/err"))"; fi
+fi
+
+echo "$passes passed, $fails failed"
+[ $fails -eq 0 ]
