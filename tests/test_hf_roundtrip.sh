@@ -72,5 +72,46 @@ PY
     else bad "aux/z by hand ($(cat "$W/err"))"; fi
 fi
 
+# tokenizer.json: run in plain Python the way `tokenizers` does (ASCII texts,
+# where the regex classes are exact) == `meshtrain tokenizer encode`
+mkdir -p "$W/corpus"
+python3 - "$W/corpus/t.txt" <<'PY'
+import random, string, sys
+r = random.Random(7)
+w = "the a loss model it's we'll DON'T rank 2024 x_y f(x) {}".split()
+w += ["".join(r.choice(string.ascii_letters) for _ in range(r.randrange(2, 8))) for _ in range(300)]
+open(sys.argv[1], "w").write("".join(" ".join(r.choice(w) for _ in range(9)) + (" \n\n" if i % 5 == 0 else "\n")
+                                     for i in range(3000)))
+PY
+python3 - "$W/texts.json" <<'PY'
+import json, sys
+json.dump(["Hello world", "The model's loss: 3.1415926 after 12345 steps!", "int f(int x) { return x * 2; }\n\n",
+           "  leading and trailing   ", "line one\nline two\r\n\r\nthree", "tabs\there\t\tand  there",
+           "it's they're we'll I'M DON'T", "x" * 300, "12 345 6789 0", "a\n\n\n  b", "MiXeD CaSe 99problems"],
+          open(sys.argv[1], "w"))
+PY
+if $MT tokenizer train --input "$W/corpus" --vocab 400 --out "$W/tok.bin" >/dev/null 2>"$W/err" &&
+   python3 "$HERE/make_shard.py" "$W/t400.bin" 4000 400 >/dev/null &&
+   $MT train $TINY --set vocab_size=400 --data "$W/t400.bin" --out "$W/tokmodel" --steps 0 --quiet --peak-flops 1e11 >/dev/null 2>>"$W/err" &&
+   $MT export --ckpt "$W/tokmodel" --out "$W/tokmodel.hf" --tokenizer "$W/tok.bin" >/dev/null 2>>"$W/err" &&
+   python3 - "$W/texts.json" "$W/mt_ids.json" "$MT" "$W/tok.bin" <<'PY'
+import json, subprocess, sys
+texts = json.load(open(sys.argv[1]))
+ids = [[int(x) for x in subprocess.run([sys.argv[3], "tokenizer", "encode", "--tokenizer", sys.argv[4]], input=t.encode(),
+        capture_output=True, check=True).stdout.split()] for t in texts]
+json.dump(ids, open(sys.argv[2], "w"))
+PY
+then
+    python3 "$HERE/hf/bpe_ref.py" "$W/tokmodel.hf/tokenizer.json" "$W/texts.json" "$W/mt_ids.json" &&
+    python3 -c "
+import json,sys
+c=json.load(open('$W/tokmodel.hf/tokenizer_config.json')); g=json.load(open('$W/tokmodel.hf/generation_config.json'))
+m=json.load(open('$W/tokmodel.hf/config.json')); t=json.load(open('$W/tokmodel.hf/tokenizer.json'))
+assert c['bos_token']==c['eos_token']=='<|bos|>' and g['bos_token_id']==g['eos_token_id']==m['bos_token_id']==m['eos_token_id']==399
+assert t['added_tokens'][0]['id']==399 and t['added_tokens'][0]['special']
+" && ok "tokenizer.json reproduces meshtrain's ids; bos/eos in config, generation_config, tokenizer_config" ||
+    bad "tokenizer.json"
+else bad "tokenizer export ($(cat "$W/err"))"; fi
+
 echo "$passes passed, $fails failed"
 [ $fails -eq 0 ]
