@@ -64,6 +64,20 @@ if $MT export --ckpt "$W/full" --out "$W/full.hf" >/dev/null 2>"$W/err" &&
     ok "--init-from a Hugging Face folder == --init-from its checkpoint (temporary import removed)"
 else bad "--init-from HF folder ($(cat "$W/err"))"; fi
 
+# 4b. the same on two ranks (dp=2 ZeRO-3: each rank imports the folder and
+#     reads only the shards it owns); the config diff is printed once
+if command -v mpirun >/dev/null 2>&1 && [ -d "$W/full.hf" ]; then
+    timeout 120 mpirun --oversubscribe --allow-run-as-root -np 2 -x OMP_NUM_THREADS=1 "$MT" train $P $TRAINKEYS \
+        --data "$W/train.bin" --out "$W/ft_hf2" --steps 3 --init-from "$W/full.hf" --mesh dp=2 --zero 3 \
+        >"$W/out" 2>"$W/err" </dev/null; rc=$?
+    if [ $rc = 0 ] && [ "$(grep -c '^config: lr ' "$W/out")" = 1 ] && python3 -c "
+import json
+a=json.load(open('$W/ft_hf/receipt.json'))['losses']; b=json.load(open('$W/ft_hf2/receipt.json'))['losses']
+assert len(a)==len(b)==3 and all(abs(x-y)<=1e-6*abs(x) for x,y in zip(a,b)),(a,b)"; then
+        ok "--init-from a Hugging Face folder on dp=2 ZeRO-3 == one rank"
+    else bad "--init-from HF on 2 ranks (rc $rc: $(cat "$W/err"))"; fi
+else echo "SKIP: 2-rank --init-from (no mpirun)"; fi
+
 # 5. bad input: shape change, both flags, missing dir — exit 2, one line, nothing written
 for args in "--init-from $W/full --set d_model=64" "--init-from $W/full --resume $W/half" "--init-from $W/nope"; do
     $MT train $P --data "$W/train.bin" --out "$W/badrun" --steps 2 $args >/dev/null 2>"$W/err"; rc=$?
