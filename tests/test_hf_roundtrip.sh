@@ -112,6 +112,10 @@ assert t['added_tokens'][0]['id']==399 and t['added_tokens'][0]['special']
 " && ok "tokenizer.json reproduces meshtrain's ids; bos/eos in config, generation_config, tokenizer_config" ||
     bad "tokenizer.json"
 else bad "tokenizer export ($(cat "$W/err"))"; fi
+# a tokenizer with more tokens than the model: refused, nothing written
+$MT export --ckpt "$W/dense" --out "$W/toobig" --tokenizer "$W/tok.bin" >/dev/null 2>"$W/err"; rc=$?
+[ $rc = 2 ] && [ ! -e "$W/toobig" ] && ok "tokenizer larger than the model refused ($(cat "$W/err"))" ||
+    bad "tokenizer larger than the model (rc $rc)"
 
 echo "$passes passed, $fails failed"
 [ $fails -eq 0 ]

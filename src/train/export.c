@@ -913,8 +913,9 @@ enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char
     int bos = opts->bos_token_id;
     if (tok_path) {
         MT_CHECK_GOTO(mt_tok_load(ctx, tok_path, &tok), rc, done);
-        if (mt_tok_vocab_size(tok) != cfg.vocab_size) {
-            rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "tokenizer %s has vocab %d but the model has %d", tok_path,
+        /* a model vocabulary padded beyond the tokenizer's is fine (HF models do it too) */
+        if (mt_tok_vocab_size(tok) > cfg.vocab_size) {
+            rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "tokenizer %s has vocab %d, more than the model's %d", tok_path,
                               mt_tok_vocab_size(tok), cfg.vocab_size);
             goto done;
         }
