@@ -857,7 +857,7 @@ enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char
     struct xtensor *x = NULL;
     struct mt_st_tensor *st = NULL;
     struct mt_tok *tok = NULL;
-    char *text[5] = {NULL, NULL, NULL, NULL, NULL};   /* config, generation, tokenizer, tokenizer_config */
+    char *text[4] = {NULL, NULL, NULL, NULL};   /* config, generation_config, tokenizer, tokenizer_config */
     int nct = 0, nx = 0, fd = -1, made_out = 0, made_tmp = 0;
     char tmp[PATH_MAX], path[PATH_MAX + 64], dst[PATH_MAX + 64], what[1024] = "";
     enum mt_status rc;
@@ -1012,7 +1012,7 @@ done:
     if (made_tmp) rm_rf(tmp);
     if (rc != MT_OK && made_out) rmdir(out_dir);   /* only if still empty */
     if (fd >= 0) close(fd);
-    for (int i = 0; i < 5; i++) free(text[i]);
+    for (int i = 0; i < 4; i++) free(text[i]);
     mt_tok_destroy(ctx, tok);
     mt_free(ctx, st);
     mt_free(ctx, x);
