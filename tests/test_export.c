@@ -17,6 +17,7 @@
 
 #include "core/mt_config.h"
 #include "model/mt_model.h"
+#include "tok/mt_tok.h"
 #include "train/mt_ckpt.h"
 #include "train/mt_export.h"
 
@@ -453,6 +454,40 @@ static void test_roundtrip(struct mt_ctx *ctxp, const char *root)
     *ctxp = ctx;
 }
 
+/* tokenizer.json: every token's string, the merges, the special token; two
+ * merges that spell the same bytes are refused (a HF vocab maps string -> id) */
+static void test_tokenizer_json(struct mt_ctx *ctxp)
+{
+    struct mt_ctx ctx = *ctxp;
+    const uint32_t ok_merges[] = {'a', 'b', 256, 'c', ' ', 0xff};
+    struct mt_tok *tok = NULL;
+    EXPECT_ERR(mt_tok_create(&ctx, ok_merges, 3, &tok), MT_OK, NULL);
+    char *js = NULL;
+    EXPECT_ERR(mt_tok_hf_json(&ctx, tok, &js), MT_OK, NULL);
+    cJSON *o = js ? cJSON_Parse(js) : NULL;
+    const cJSON *model = cJSON_GetObjectItem(o, "model");
+    const cJSON *vocab = cJSON_GetObjectItem(model, "vocab");
+    EXPECT(cJSON_GetArraySize(vocab) == 260);
+    EXPECT(cJSON_GetObjectItem(vocab, "abc") && cJSON_GetObjectItem(vocab, "abc")->valueint == 257);
+    EXPECT(cJSON_GetObjectItem(vocab, "\xc4\xa0\xc3\xbf") && cJSON_GetObjectItem(vocab, "\xc4\xa0\xc3\xbf")->valueint == 258);
+    EXPECT(cJSON_GetObjectItem(vocab, "\xc4\x80") && cJSON_GetObjectItem(vocab, "\xc4\x80")->valueint == 0); /* byte 0 -> U+0100 */
+    const cJSON *m1 = cJSON_GetArrayItem(cJSON_GetObjectItem(model, "merges"), 1);
+    EXPECT(m1 && !strcmp(cJSON_GetArrayItem(m1, 0)->valuestring, "ab") && !strcmp(cJSON_GetArrayItem(m1, 1)->valuestring, "c"));
+    const cJSON *bos = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "added_tokens"), 0);
+    EXPECT(bos && cJSON_GetObjectItem(bos, "id")->valueint == 259 && !strcmp(cJSON_GetObjectItem(bos, "content")->valuestring, "<|bos|>"));
+    cJSON_Delete(o);
+    free(js);
+    mt_tok_destroy(&ctx, tok);
+    /* "abc" twice: (a,b)+c and a+(b,c) */
+    const uint32_t dup[] = {'a', 'b', 256, 'c', 'b', 'c', 'a', 258};
+    EXPECT_ERR(mt_tok_create(&ctx, dup, 4, &tok), MT_OK, NULL);
+    js = NULL;
+    EXPECT_ERR(mt_tok_hf_json(&ctx, tok, &js), MT_ERR_FORMAT, "abc");
+    EXPECT(js == NULL);
+    mt_tok_destroy(&ctx, tok);
+    *ctxp = ctx;
+}
+
 int main(void)
 {
     struct mt_ctx ctx;
@@ -461,6 +496,7 @@ int main(void)
     if (!mkdtemp(root)) { perror("mkdtemp"); return 1; }
     test_safetensors(&ctx, root);
     test_roundtrip(&ctx, root);
+    test_tokenizer_json(&ctx);
     EXPECT(ctx.bytes_live_total == 0);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
