@@ -91,7 +91,24 @@ EOF
 check 0 "export again over a previous export" "$BIN" export --ckpt "$T/run" --out "$T/hf2"
 mkdir -p "$T/foreign" && echo x >"$T/foreign/notes.txt"
 check 2 "export over a foreign dir" "$BIN" export --ckpt "$T/run" --out "$T/foreign"
+[ -f "$T/foreign/notes.txt" ] && [ ! -e "$T/foreign/config.json" ] || { echo "FAILED: refused export touched the foreign dir"; fail=1; }
 check 0 "export over a foreign dir with --force" "$BIN" export --ckpt "$T/run" --out "$T/foreign" --force
+# --force writes only the export's own files: nothing it did not write is deleted
+[ "$(cat "$T/foreign/notes.txt" 2>/dev/null)" = x ] && [ -f "$T/foreign/model.safetensors" ] ||
+    { echo "FAILED: export --force deleted a file it did not write"; ls "$T/foreign"; fail=1; }
+# a previous export: a user's file next to it survives a re-export too
+echo mine >"$T/hf2/README.md"
+check 0 "export again over a previous export with a user file" "$BIN" export --ckpt "$T/run" --out "$T/hf2"
+[ "$(cat "$T/hf2/README.md" 2>/dev/null)" = mine ] || { echo "FAILED: re-export deleted README.md"; fail=1; }
+# --out overlapping the checkpoint: refused even with --force, and every
+# checkpoint of the run is left as it was (issue 13: export --ckpt R --out R
+# used to delete the run)
+cp -r "$T/run" "$T/run_copy"
+for o in "$T/run" "$T/run/ckpt" "$T/run/ckpt/step_000000" "$T/run/ckpt/step_000000/hf" "$T"; do
+    check 2 "export --out $o overlapping the checkpoint (--force)" "$BIN" export --ckpt "$T/run" --out "$o" --force
+    grep -q "overlaps" "$T/err.txt" || { echo "FAILED: overlap message for $o"; cat "$T/err.txt"; fail=1; }
+done
+diff -r "$T/run" "$T/run_copy" >/dev/null || { echo "FAILED: a refused export changed the run"; fail=1; }
 # corrupt params.bin -> exit 2, one line naming the file
 printf '\x55' | dd of="$T/run/ckpt/step_000000/params.bin" bs=1 seek=100 conv=notrunc status=none
 check 2 "export of a corrupt checkpoint" "$BIN" export --ckpt "$T/run" --out "$T/hf3"

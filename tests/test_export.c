@@ -16,6 +16,8 @@
 #include <unistd.h>
 
 #include "core/mt_config.h"
+#include "model/mt_model.h"
+#include "tok/mt_tok.h"
 #include "train/mt_ckpt.h"
 #include "train/mt_export.h"
 
@@ -229,8 +231,8 @@ static void test_roundtrip(struct mt_ctx *ctxp, const char *root)
 
     /* config.json: Qwen3-MoE keys */
     char warn[1024] = "";
-    char *cj = mt_export_hf_config(&cfg, 3, warn, sizeof warn);
-    EXPECT(cj && warn[0] == 0);
+    char *cj = mt_export_hf_config(&cfg, 3);
+    EXPECT(cj && mt_export_hf_lossy(&cfg, NULL, 0) == 0);
     cJSON *o = cJSON_Parse(cj);
     EXPECT(o && !strcmp(cJSON_GetObjectItem(o, "model_type")->valuestring, "qwen3_moe"));
     EXPECT(!strcmp(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "architectures"), 0)->valuestring, "Qwen3MoeForCausalLM"));
@@ -239,13 +241,19 @@ static void test_roundtrip(struct mt_ctx *ctxp, const char *root)
     EXPECT(cJSON_GetObjectItem(o, "head_dim")->valueint == 8 && cJSON_GetObjectItem(o, "num_experts")->valueint == 3);
     EXPECT(cJSON_GetObjectItem(o, "moe_intermediate_size")->valueint == 8);
     EXPECT(cJSON_GetObjectItem(o, "max_position_embeddings")->valueint == 64);
-    EXPECT(cJSON_GetObjectItem(o, "bos_token_id")->valueint == 3);
+    EXPECT(cJSON_GetObjectItem(o, "bos_token_id")->valueint == 3 && cJSON_GetObjectItem(o, "eos_token_id")->valueint == 3);
+    EXPECT(cJSON_IsTrue(cJSON_GetObjectItem(o, "norm_topk_prob")));
+    /* shortest decimal: 0.01, not 0.0099999998 */
+    char *rtext = cJSON_PrintUnformatted(cJSON_GetObjectItem(o, "router_aux_loss_coef"));
+    EXPECT(rtext && !strcmp(rtext, "0.01"));
+    free(rtext);
+    EXPECT(cJSON_GetObjectItem(o, "meshtrain_z_loss_coef") && cJSON_GetObjectItem(o, "meshtrain_export"));
     EXPECT(cJSON_IsFalse(cJSON_GetObjectItem(o, "tie_word_embeddings")));
     EXPECT(cJSON_GetObjectItem(o, "rms_norm_eps")->valuedouble == 1e-6 || cfg.norm_eps != 1e-6f);
     cJSON_Delete(o);
 
     /* HF dir: config.json + model.safetensors of random tensors */
-    char hf[512], ck[512], hf2[512], path[600];
+    char hf[512], ck[512], hf2[512], path[700];
     snprintf(hf, sizeof hf, "%s/hf", root);
     snprintf(ck, sizeof ck, "%s/ck", root);
     snprintf(hf2, sizeof hf2, "%s/hf2", root);
@@ -287,8 +295,9 @@ static void test_roundtrip(struct mt_ctx *ctxp, const char *root)
 
     /* export -> HF again: same tensors, same bits */
     warn[0] = 0;
-    EXPECT_ERR(mt_export_hf(&ctx, ck, hf2, -1, 0, warn, sizeof warn), MT_OK, NULL);
-    EXPECT(warn[0] == 0);
+    struct mt_export_opts eo = {.bos_token_id = -1};
+    EXPECT_ERR(mt_export_hf(&ctx, ck, hf2, &eo, warn, sizeof warn), MT_OK, NULL);
+    EXPECT(strstr(warn, "no tokenizer") != NULL);   /* the only warning: nothing to export it from */
     struct mt_safetensors *st = NULL;
     snprintf(path, sizeof path, "%s/model.safetensors", hf2);
     EXPECT_ERR(mt_safetensors_open(&ctx, path, &st), MT_OK, NULL);
@@ -307,11 +316,29 @@ static void test_roundtrip(struct mt_ctx *ctxp, const char *root)
         }
         mt_safetensors_close(&ctx, st);
     }
-    /* exporting again over a previous export is fine; over a foreign dir is refused */
-    EXPECT_ERR(mt_export_hf(&ctx, ck, hf2, -1, 0, warn, sizeof warn), MT_OK, NULL);
-    EXPECT_ERR(mt_export_hf(&ctx, ck, root, -1, 0, warn, sizeof warn), MT_ERR_INVALID_ARG, "--force");
-    EXPECT_ERR(mt_export_hf(&ctx, "/nonexistent/ck", hf2, -1, 0, warn, sizeof warn), MT_ERR_IO, NULL);
-    EXPECT_ERR(mt_import_hf(&ctx, hf, root, 0, 0, warn, sizeof warn), MT_ERR_INVALID_ARG, "--force");
+    /* exporting again over a previous export is fine; over a foreign dir is
+     * refused; over (or around, or inside) the checkpoint always */
+    EXPECT_ERR(mt_export_hf(&ctx, ck, hf2, &eo, warn, sizeof warn), MT_OK, NULL);
+    char foreign[540];
+    snprintf(foreign, sizeof foreign, "%s/foreign", root);
+    mkdir(foreign, 0755);
+    snprintf(path, sizeof path, "%s/notes.txt", foreign);
+    f = fopen(path, "w");
+    if (f) { fputs("keep\n", f); fclose(f); }
+    EXPECT_ERR(mt_export_hf(&ctx, ck, foreign, &eo, warn, sizeof warn), MT_ERR_INVALID_ARG, "--force");
+    eo.force = 1;
+    EXPECT_ERR(mt_export_hf(&ctx, ck, root, &eo, warn, sizeof warn), MT_ERR_INVALID_ARG, "overlaps");
+    EXPECT_ERR(mt_export_hf(&ctx, ck, ck, &eo, warn, sizeof warn), MT_ERR_INVALID_ARG, "overlaps");
+    snprintf(path, sizeof path, "%s/sub", ck);
+    EXPECT_ERR(mt_export_hf(&ctx, ck, path, &eo, warn, sizeof warn), MT_ERR_INVALID_ARG, "overlaps");
+    EXPECT(access(path, F_OK) != 0);
+    EXPECT_ERR(mt_export_hf(&ctx, ck, foreign, &eo, warn, sizeof warn), MT_OK, NULL);
+    snprintf(path, sizeof path, "%s/notes.txt", foreign);
+    EXPECT(access(path, F_OK) == 0);   /* --force writes only the export's files */
+    eo.force = 0;
+    EXPECT_ERR(mt_export_hf(&ctx, "/nonexistent/ck", hf2, &eo, warn, sizeof warn), MT_ERR_IO, NULL);
+    EXPECT_ERR(mt_import_hf(&ctx, hf, foreign, 0, 0, warn, sizeof warn), MT_ERR_INVALID_ARG, "--force");
+    EXPECT_ERR(mt_import_hf(&ctx, hf, hf, 0, 1, warn, sizeof warn), MT_ERR_INVALID_ARG, "overlaps");
 
     /* import checks tensor shapes against config.json */
     snprintf(path, sizeof path, "%s/model.safetensors", hf);
@@ -324,27 +351,96 @@ static void test_roundtrip(struct mt_ctx *ctxp, const char *root)
     t[0].data = keep;
     free(big);
 
-    /* shared expert and softcap: exported with a warning */
+    /* shared expert and softcap: what HF cannot represent is named; the
+     * meshtrain_* keys carry them through export -> import */
     cfg.shared_expert_hidden = 8;
     cfg.logit_softcap = 15.0f;
+    cfg.z_loss_coef = 0.003f;
     warn[0] = 0;
-    cj = mt_export_hf_config(&cfg, -1, warn, sizeof warn);
-    EXPECT(cj && strstr(cj, "meshtrain_shared_expert_hidden") && !strstr(cj, "bos_token_id"));
+    EXPECT(mt_export_hf_lossy(&cfg, warn, sizeof warn) == 2);
     EXPECT(strstr(warn, "shared expert") && strstr(warn, "softcap"));
+    cj = mt_export_hf_config(&cfg, -1);
+    EXPECT(cj && strstr(cj, "meshtrain_shared_expert_hidden") && !strstr(cj, "bos_token_id"));
     int tied = 0;
     struct mt_config c3;
     mt_config_defaults(&c3);
     EXPECT_ERR(mt_export_hf_config_parse(&ctx, cj, &c3, &tied, NULL, 0), MT_OK, NULL);
     EXPECT(c3.shared_expert_hidden == 8 && !strcmp(c3.pattern, "AE") && !tied);
+    EXPECT(c3.logit_softcap == 15.0f && c3.z_loss_coef == 0.003f && c3.aux_loss_coef == cfg.aux_loss_coef);
+    EXPECT_ERR(mt_config_resolve(&ctx, &c3, 10), MT_OK, NULL);
+    char why[256];
+    EXPECT(mt_config_same_model(&cfg, &c3, why, sizeof why));
     free(cj);
+    /* a lossy model is refused by export (nothing written), unless allow_lossy */
+    {
+        char ck2[600], hf3[600];
+        snprintf(ck2, sizeof ck2, "%s/ck_lossy", root);
+        snprintf(hf3, sizeof hf3, "%s/hf_lossy", root);
+        int np = mt_model_registry(&cfg, NULL, 0);
+        struct mt_param *ps = calloc((size_t)np, sizeof *ps);
+        mt_model_registry(&cfg, ps, np);
+        for (int i = 0; i < np; i++) ps[i].data = calloc(ps[i].numel, sizeof(float));
+        struct mt_ckpt_meta m0;
+        memset(&m0, 0, sizeof m0);
+        snprintf(m0.mesh, sizeof m0.mesh, "pp=1,dp=1,ep=1,tp=1");
+        EXPECT_ERR(mt_ckpt_save(&ctx, NULL, ck2, &cfg, &m0, ps, np, NULL), MT_OK, NULL);
+        for (int i = 0; i < np; i++) free(ps[i].data);
+        free(ps);
+        warn[0] = 0;
+        EXPECT_ERR(mt_export_hf(&ctx, ck2, hf3, &eo, warn, sizeof warn), MT_ERR_INVALID_ARG, "allow-lossy");
+        EXPECT(strstr(mt_ctx_last_error(&ctx), "softcap") && strstr(mt_ctx_last_error(&ctx), "shared expert"));
+        EXPECT(!strchr(mt_ctx_last_error(&ctx), '\n') && access(hf3, F_OK) != 0);
+        eo.allow_lossy = 1;
+        EXPECT_ERR(mt_export_hf(&ctx, ck2, hf3, &eo, warn, sizeof warn), MT_OK, NULL);
+        EXPECT(strstr(warn, "drops logit_softcap") && strstr(warn, "drops shared expert"));
+        eo.allow_lossy = 0;
+        /* and export -> import gives back the same model */
+        char ck3[600];
+        snprintf(ck3, sizeof ck3, "%s/ck_lossy_back", root);
+        EXPECT_ERR(mt_import_hf(&ctx, hf3, ck3, 0, 0, warn, sizeof warn), MT_OK, NULL);
+        mt_config_defaults(&c3);
+        EXPECT_ERR(mt_ckpt_read_meta(&ctx, ck3, &c3, NULL), MT_OK, NULL);
+        EXPECT(mt_config_same_model(&cfg, &c3, why, sizeof why));
+    }
+
+    /* import: transformers 5 spellings, and what cannot be represented */
+    {
+        const char *v5 = "{\"model_type\":\"qwen3_moe\",\"vocab_size\":32,\"hidden_size\":16,\"num_hidden_layers\":2,"
+                         "\"num_attention_heads\":2,\"intermediate_size\":32,\"num_local_experts\":3,"
+                         "\"num_experts_per_tok\":2,\"moe_intermediate_size\":8,\"norm_topk_prob\":true,"
+                         "\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":1000000.0}}";
+        mt_config_defaults(&c3);
+        EXPECT_ERR(mt_export_hf_config_parse(&ctx, v5, &c3, &tied, NULL, 0), MT_OK, NULL);
+        EXPECT(c3.rope_theta == 1e6f && c3.n_experts == 3 && !strcmp(c3.pattern, "EE") && c3.head_dim == 0);
+        static const struct { const char *from, *to, *err; } bad[] = {
+            {"\"norm_topk_prob\":true", "\"norm_topk_prob\":false", "norm_topk_prob false"},
+            {"\"norm_topk_prob\":true", "\"x\":1", "norm_topk_prob missing"},
+            {"\"rope_type\":\"default\"", "\"rope_type\":\"yarn\"", "yarn"},
+            {"\"num_local_experts\"", "\"n_routed\"", "num_experts"},
+            {"\"norm_topk_prob\":true", "\"norm_topk_prob\":true,\"use_sliding_window\":true", "sliding"},
+            {"\"norm_topk_prob\":true", "\"norm_topk_prob\":true,\"rope_scaling\":{\"type\":\"linear\",\"factor\":2}", "linear"},
+        };
+        for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+            char buf[1024];
+            const char *at = strstr(v5, bad[k].from);
+            snprintf(buf, sizeof buf, "%.*s%s%s", (int)(at - v5), v5, bad[k].to, at + strlen(bad[k].from));
+            mt_config_defaults(&c3);
+            EXPECT_ERR(mt_export_hf_config_parse(&ctx, buf, &c3, &tied, NULL, 0), MT_ERR_FORMAT, bad[k].err);
+        }
+        /* qwen3 without head_dim: HF's default 128, not D/H */
+        const char *q3 = "{\"model_type\":\"qwen3\",\"vocab_size\":32,\"hidden_size\":16,\"num_hidden_layers\":2,"
+                         "\"num_attention_heads\":2,\"intermediate_size\":32}";
+        mt_config_defaults(&c3);
+        EXPECT_ERR(mt_export_hf_config_parse(&ctx, q3, &c3, &tied, NULL, 0), MT_OK, NULL);
+        EXPECT(c3.head_dim == 128);
+    }
 
     /* dense config: Qwen3 */
     snprintf(cfg.pattern, sizeof cfg.pattern, "AA");
     cfg.shared_expert_hidden = 0;
     cfg.logit_softcap = 0;
-    warn[0] = 0;
-    cj = mt_export_hf_config(&cfg, -1, warn, sizeof warn);
-    EXPECT(cj && strstr(cj, "\"Qwen3ForCausalLM\"") && !strstr(cj, "num_experts") && warn[0] == 0);
+    cj = mt_export_hf_config(&cfg, -1);
+    EXPECT(cj && strstr(cj, "\"Qwen3ForCausalLM\"") && !strstr(cj, "num_experts") && mt_export_hf_lossy(&cfg, NULL, 0) == 0);
     mt_config_defaults(&c3);
     EXPECT_ERR(mt_export_hf_config_parse(&ctx, cj, &c3, &tied, NULL, 0), MT_OK, NULL);
     EXPECT(!strcmp(c3.pattern, "AA") && c3.mlp_hidden == 32 && c3.n_head == 2);
@@ -358,6 +454,40 @@ static void test_roundtrip(struct mt_ctx *ctxp, const char *root)
     *ctxp = ctx;
 }
 
+/* tokenizer.json: every token's string, the merges, the special token; two
+ * merges that spell the same bytes are refused (a HF vocab maps string -> id) */
+static void test_tokenizer_json(struct mt_ctx *ctxp)
+{
+    struct mt_ctx ctx = *ctxp;
+    const uint32_t ok_merges[] = {'a', 'b', 256, 'c', ' ', 0xff};
+    struct mt_tok *tok = NULL;
+    EXPECT_ERR(mt_tok_create(&ctx, ok_merges, 3, &tok), MT_OK, NULL);
+    char *js = NULL;
+    EXPECT_ERR(mt_tok_hf_json(&ctx, tok, &js), MT_OK, NULL);
+    cJSON *o = js ? cJSON_Parse(js) : NULL;
+    const cJSON *model = cJSON_GetObjectItem(o, "model");
+    const cJSON *vocab = cJSON_GetObjectItem(model, "vocab");
+    EXPECT(cJSON_GetArraySize(vocab) == 260);
+    EXPECT(cJSON_GetObjectItem(vocab, "abc") && cJSON_GetObjectItem(vocab, "abc")->valueint == 257);
+    EXPECT(cJSON_GetObjectItem(vocab, "\xc4\xa0\xc3\xbf") && cJSON_GetObjectItem(vocab, "\xc4\xa0\xc3\xbf")->valueint == 258);
+    EXPECT(cJSON_GetObjectItem(vocab, "\xc4\x80") && cJSON_GetObjectItem(vocab, "\xc4\x80")->valueint == 0); /* byte 0 -> U+0100 */
+    const cJSON *m1 = cJSON_GetArrayItem(cJSON_GetObjectItem(model, "merges"), 1);
+    EXPECT(m1 && !strcmp(cJSON_GetArrayItem(m1, 0)->valuestring, "ab") && !strcmp(cJSON_GetArrayItem(m1, 1)->valuestring, "c"));
+    const cJSON *bos = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "added_tokens"), 0);
+    EXPECT(bos && cJSON_GetObjectItem(bos, "id")->valueint == 259 && !strcmp(cJSON_GetObjectItem(bos, "content")->valuestring, "<|bos|>"));
+    cJSON_Delete(o);
+    free(js);
+    mt_tok_destroy(&ctx, tok);
+    /* "abc" twice: (a,b)+c and a+(b,c) */
+    const uint32_t dup[] = {'a', 'b', 256, 'c', 'b', 'c', 'a', 258};
+    EXPECT_ERR(mt_tok_create(&ctx, dup, 4, &tok), MT_OK, NULL);
+    js = NULL;
+    EXPECT_ERR(mt_tok_hf_json(&ctx, tok, &js), MT_ERR_FORMAT, "abc");
+    EXPECT(js == NULL);
+    mt_tok_destroy(&ctx, tok);
+    *ctxp = ctx;
+}
+
 int main(void)
 {
     struct mt_ctx ctx;
@@ -366,6 +496,7 @@ int main(void)
     if (!mkdtemp(root)) { perror("mkdtemp"); return 1; }
     test_safetensors(&ctx, root);
     test_roundtrip(&ctx, root);
+    test_tokenizer_json(&ctx);
     EXPECT(ctx.bytes_live_total == 0);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);

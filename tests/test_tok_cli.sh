@@ -54,9 +54,30 @@ else bad "prepare"; fi
 # train a tiny model on it, then sample: repeatable with a seed, tokenizer checked
 TINY="--set n_layer=1 --set d_model=32 --set n_head=2 --set n_kv_head=1 --set seq_len=32 --set batch_size=2"
 if $MT train $TINY --data "$W/data" --out "$W/run" --steps 3 --quiet --peak-flops 1e11 2>"$W/err"; then
-  a=$($MT sample --ckpt "$W/run" --prompt "int f(" --tokens 20 --seed 7 2>&1)
-  b=$($MT sample --ckpt "$W/run" --prompt "int f(" --tokens 20 --seed 7 2>&1)
-  [ -n "$a" ] && [ "$a" = "$b" ] && ok "sample repeatable with a seed" || bad "sample repeatable ($a)"
+  # exit status checked, stdout only (stderr apart), starts with the prompt
+  a=$($MT sample --ckpt "$W/run" --prompt "int f(" --tokens 20 --seed 7 2>"$W/err"); ra=$?
+  b=$($MT sample --ckpt "$W/run" --prompt "int f(" --tokens 20 --seed 7 2>>"$W/err"); rb=$?
+  [ $ra = 0 ] && [ $rb = 0 ] && [ "${a#int f(}" != "$a" ] && [ ${#a} -gt 6 ] && [ "$a" = "$b" ] &&
+    ok "sample: exit 0, starts with the prompt, repeatable with a seed" || bad "sample repeatable (rc $ra $rb: $a $(cat "$W/err"))"
+  # greedy over token ids: the prompt ids, then exactly N ids, each the argmax
+  # of a full forward (meshtrain logits) over the sequence so far
+  PIDS="$(printf 'int f(x) {' | $MT tokenizer encode --tokenizer "$W/data/tokenizer.bin" 2>/dev/null | tr '\n' ' ')"
+  g=$($MT sample --ckpt "$W/run" --prompt-ids "$PIDS" --tokens 12 --temperature 0 2>"$W/err"); rg=$?
+  if [ $rg = 0 ] && $MT logits --ckpt "$W/run" --ids "$g" --out "$W/logits.st" >/dev/null 2>>"$W/err"; then
+    python3 - "$PIDS" "$g" "$W/logits.st" <<'PY' && ok "sample greedy: prompt ids + 12 ids, each the argmax of the full forward" || bad "sample greedy vs full forward ($g)"
+import json, struct, sys
+p = [int(x) for x in sys.argv[1].split()]; g = [int(x) for x in sys.argv[2].split()]
+assert len(p) >= 2 and g[:len(p)] == p, (p, g)
+assert len(g) == len(p) + 12, (len(p), len(g))
+b = open(sys.argv[3], "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
+e = h["logits"]; T, V = e["shape"]; o = 8 + n + e["data_offsets"][0]
+L = struct.unpack(f"<{T*V}f", b[o:o + 4 * T * V])
+assert T == len(g)
+for i in range(len(p), len(g)):          # token i was chosen from the logits at position i-1
+    row = L[(i - 1) * V:i * V]
+    assert g[i] == max(range(V), key=lambda v: (row[v], -v)), (i, g[i])
+PY
+  else bad "sample --prompt-ids / logits (rc $rg: $(cat "$W/err"))"; fi
 else bad "train on prepared data ($(cat "$W/err"))"; fi
 
 # the embedded default corpus (/usr/include) works on this machine
@@ -88,6 +109,10 @@ expect_bad "tokenizer other version"  prepare --input "$W/corpus" --tokenizer "$
 expect_bad "prepare empty dir"        prepare --input "$W/empty" --tokenizer "$W/tok.bin" --out "$W/keepdir"
 $MT tokenizer train --input "$W/corpus" --vocab 300 --out "$W/tok300.bin" 2>/dev/null
 expect_bad "sample tokenizer mismatch" sample --ckpt "$W/run" --prompt "x" --tokenizer "$W/tok300.bin"
+expect_bad "sample bad --prompt-ids"   sample --ckpt "$W/run" --prompt-ids "1,x"
+expect_bad "sample id >= vocab"        sample --ckpt "$W/run" --prompt-ids "1,65535"
+expect_bad "sample prompt and ids"     sample --ckpt "$W/run" --prompt "x" --prompt-ids "1"
+expect_bad "logits one id"             logits --ckpt "$W/run" --ids "1" --out "$W/l.st"
 
 echo "$passes passed, $fails failed"
 [ $fails -eq 0 ]

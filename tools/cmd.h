@@ -13,5 +13,10 @@ int mt_cmd_plan(int argc, char **argv);       /* cmd_plan.c      */
 int mt_cmd_sample(int argc, char **argv);     /* cmd_sample.c    */
 int mt_cmd_tokenizer(int argc, char **argv);  /* cmd_tokenizer.c */
 int mt_cmd_prepare(int argc, char **argv);    /* cmd_prepare.c   */
+int mt_cmd_logits(int argc, char **argv);     /* cmd_logits.c    */
+
+#include <stdint.h>
+/* "1,2 3" -> malloc'd ids (free()), each in [0, 65535]; -1 on a bad or empty list. */
+int mt_cmd_parse_ids(const char *s, int32_t **ids, int *n);
 
 #endif

@@ -15,11 +15,17 @@
 static void export_usage(FILE *f)
 {
     fprintf(f,
-            "usage: meshtrain export --ckpt DIR --out DIR [--bos-id N] [--force]\n"
-            "  --ckpt DIR    checkpoint directory, or a run's OUT dir (its latest checkpoint)\n"
-            "  --out DIR     output: config.json + model.safetensors (Qwen3 / Qwen3-MoE, F32)\n"
-            "  --bos-id N    bos_token_id to write into config.json (default: omitted)\n"
-            "  --force       replace --out even if it is not a previous export\n");
+            "usage: meshtrain export --ckpt DIR --out DIR [--tokenizer FILE] [--bos-id N] [--allow-lossy] [--force]\n"
+            "  --ckpt DIR        checkpoint directory, or a run's OUT dir (its latest checkpoint)\n"
+            "  --out DIR         output: config.json, model.safetensors (Qwen3 / Qwen3-MoE, F32),\n"
+            "                    generation_config.json, tokenizer.json + tokenizer_config.json\n"
+            "  --tokenizer FILE  tokenizer.bin to export   default: DIR/tokenizer.bin if present\n"
+            "  --bos-id N        bos/eos_token_id          default: the tokenizer's <|bos|> (omitted without one)\n"
+            "  --allow-lossy     export a model HF cannot represent exactly (logit softcap, shared\n"
+            "                    expert), printing what the HF model drops; refused (exit 2) without it\n"
+            "  --force           write into a non-empty --out that is not a previous export (only the\n"
+            "                    export's own files are replaced; nothing else there is touched)\n"
+            "--out may not overlap --ckpt. exit codes: 0 ok, 2 bad input or refused, 1 runtime failure\n");
 }
 
 static void import_usage(FILE *f)
@@ -55,15 +61,17 @@ static void print_warnings(const char *cmd, const char *warn)
 int mt_cmd_export(int argc, char **argv)
 {
     const char *ckpt = NULL, *out = NULL;
-    int bos = -1, force = 0;
+    struct mt_export_opts eo = {.bos_token_id = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { export_usage(stdout); return 0; }
-        else if (!strcmp(a, "--force")) force = 1;
+        else if (!strcmp(a, "--force")) eo.force = 1;
+        else if (!strcmp(a, "--allow-lossy")) eo.allow_lossy = 1;
+        else if (!strcmp(a, "--tokenizer") && i + 1 < argc) eo.tokenizer = argv[++i];
         else if (!strcmp(a, "--ckpt") && i + 1 < argc) ckpt = argv[++i];
         else if (!strcmp(a, "--out") && i + 1 < argc) out = argv[++i];
         else if (!strcmp(a, "--bos-id") && i + 1 < argc) {
-            if (parse_int(argv[++i], &bos)) { fprintf(stderr, "meshtrain export: bad --bos-id %s\n", argv[i]); return 2; }
+            if (parse_int(argv[++i], &eo.bos_token_id)) { fprintf(stderr, "meshtrain export: bad --bos-id %s\n", argv[i]); return 2; }
         } else {
             fprintf(stderr, "meshtrain export: unknown or incomplete option '%s' (see --help)\n", a);
             return 2;
@@ -77,10 +85,13 @@ int mt_cmd_export(int argc, char **argv)
     mt_ctx_init(&ctx);
     char dir[4096], warn[2048] = "";
     enum mt_status rc = mt_ckpt_find(&ctx, ckpt, dir, sizeof dir);
-    if (rc == MT_OK) rc = mt_export_hf(&ctx, dir, out, bos, force, warn, sizeof warn);
-    print_warnings("export", warn);
-    if (rc != MT_OK) fprintf(stderr, "meshtrain export: %s\n", mt_ctx_last_error(&ctx));
-    else printf("exported %s -> %s (config.json, model.safetensors)\n", dir, out);
+    if (rc == MT_OK) rc = mt_export_hf(&ctx, dir, out, &eo, warn, sizeof warn);
+    if (rc != MT_OK) {
+        fprintf(stderr, "meshtrain export: %s\n", mt_ctx_last_error(&ctx));
+    } else {
+        print_warnings("export", warn);
+        printf("exported %s -> %s\n", dir, out);
+    }
     mt_ctx_free(&ctx);
     return mt_status_exit_code(rc);
 }

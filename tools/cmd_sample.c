@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cmd.h"
 #include "core/mt_config.h"
@@ -19,9 +20,11 @@
 
 static void sample_usage(FILE *f)
 {
-    fprintf(f, "usage: meshtrain sample --ckpt DIR --prompt TEXT [options]\n\n"
+    fprintf(f, "usage: meshtrain sample --ckpt DIR (--prompt TEXT | --prompt-ids LIST) [options]\n\n"
                "  --ckpt DIR          checkpoint dir or a training --out dir (latest step)   (required)\n"
-               "  --prompt TEXT       text to continue                                       (required)\n"
+               "  --prompt TEXT       text to continue (BOS + its tokens; needs a tokenizer)\n"
+               "  --prompt-ids LIST   token ids to continue, as given (no BOS added; no tokenizer needed);\n"
+               "                      prints one line: the prompt ids, then the generated ids\n"
                "  --tokens N          tokens to generate                        default: 64\n"
                "  --temperature T     0 = greedy                                default: 0.8\n"
                "  --top-k K           sample among the K most likely, 0 = all   default: 40\n"
@@ -63,14 +66,14 @@ static int pick_token(float *logits, int V, float temperature, int top_k, uint64
 
 int mt_cmd_sample(int argc, char **argv)
 {
-    const char *ckpt = NULL, *prompt = NULL, *tok_path = NULL;
+    const char *ckpt = NULL, *prompt = NULL, *tok_path = NULL, *prompt_ids = NULL;
     int n_tokens = 64, top_k = 40;
     float temperature = 0.8f;
     uint64_t seed = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { sample_usage(stdout); return 0; }
-        if (strcmp(a, "--ckpt") && strcmp(a, "--prompt") && strcmp(a, "--tokenizer") && strcmp(a, "--tokens") &&
+        if (strcmp(a, "--ckpt") && strcmp(a, "--prompt") && strcmp(a, "--prompt-ids") && strcmp(a, "--tokenizer") && strcmp(a, "--tokens") &&
             strcmp(a, "--top-k") && strcmp(a, "--temperature") && strcmp(a, "--seed")) {
             fprintf(stderr, "meshtrain sample: unknown option '%s' (see --help)\n", a);
             return 2;
@@ -79,6 +82,7 @@ int mt_cmd_sample(int argc, char **argv)
         char *end = NULL;
         if (!strcmp(a, "--ckpt")) ckpt = v;
         else if (!strcmp(a, "--prompt")) prompt = v;
+        else if (!strcmp(a, "--prompt-ids")) prompt_ids = v;
         else if (!strcmp(a, "--tokenizer")) tok_path = v;
         else if (!strcmp(a, "--tokens")) { n_tokens = (int)strtol(v, &end, 10); if (*end || n_tokens < 0) goto bad; }
         else if (!strcmp(a, "--top-k")) { top_k = (int)strtol(v, &end, 10); if (*end || top_k < 0) goto bad; }
@@ -91,7 +95,16 @@ int mt_cmd_sample(int argc, char **argv)
         fprintf(stderr, "meshtrain sample: bad value '%s' for %s\n", v, a);
         return 2;
     }
-    if (!ckpt || !prompt) { fprintf(stderr, "meshtrain sample: --ckpt and --prompt are required\n"); return 2; }
+    if (!ckpt || !prompt == !prompt_ids) {
+        fprintf(stderr, "meshtrain sample: --ckpt and one of --prompt / --prompt-ids are required\n");
+        return 2;
+    }
+    int32_t *pids = NULL;
+    int n_pids = 0;
+    if (prompt_ids && mt_cmd_parse_ids(prompt_ids, &pids, &n_pids)) {
+        fprintf(stderr, "meshtrain sample: bad --prompt-ids '%s' (ids in [0, 65535], comma or space separated)\n", prompt_ids);
+        return 2;
+    }
 
     struct mt_ctx ctx;
     mt_ctx_init(&ctx);
@@ -109,38 +122,73 @@ int mt_cmd_sample(int argc, char **argv)
     MT_CHECK_GOTO(mt_ckpt_find(&ctx, ckpt, dir, sizeof dir), rc, done);
     MT_CHECK_GOTO(mt_ckpt_read_meta(&ctx, dir, &cfg, &meta), rc, done);
     snprintf(tpath, sizeof tpath, "%s/tokenizer.bin", dir);
-    MT_CHECK_GOTO(mt_tok_load(&ctx, tok_path ? tok_path : tpath, &tok), rc, done);
-    if (mt_tok_vocab_size(tok) != cfg.vocab_size) {
-        rc = mt_ctx_error(&ctx, MT_ERR_INVALID_ARG, "tokenizer %s has vocab %d but the checkpoint's model has %d",
-                          tok_path ? tok_path : tpath, mt_tok_vocab_size(tok), cfg.vocab_size);
-        goto done;
+    if (prompt) {
+        if (!tok_path && access(tpath, F_OK) != 0) {
+            rc = mt_ctx_error(&ctx, MT_ERR_INVALID_ARG, "checkpoint %s has no tokenizer.bin: give --tokenizer FILE, "
+                              "or token ids with --prompt-ids", dir);
+            goto done;
+        }
+        MT_CHECK_GOTO(mt_tok_load(&ctx, tok_path ? tok_path : tpath, &tok), rc, done);
+        if (mt_tok_vocab_size(tok) != cfg.vocab_size) {
+            rc = mt_ctx_error(&ctx, MT_ERR_INVALID_ARG, "tokenizer %s has vocab %d but the checkpoint's model has %d",
+                              tok_path ? tok_path : tpath, mt_tok_vocab_size(tok), cfg.vocab_size);
+            goto done;
+        }
     }
     MT_CHECK_GOTO(mt_config_resolve(&ctx, &cfg, 1), rc, done);
+    int t_max = cfg.seq_len;
+    if (pids) {
+        if (n_pids > t_max - 1) {
+            rc = mt_ctx_error(&ctx, MT_ERR_INVALID_ARG, "--prompt-ids has %d ids; the model's seq_len %d allows %d",
+                              n_pids, t_max, t_max - 1);
+            goto done;
+        }
+        for (int i = 0; i < n_pids; i++)
+            if (pids[i] >= cfg.vocab_size) {
+                rc = mt_ctx_error(&ctx, MT_ERR_INVALID_ARG, "--prompt-ids: id %d is >= vocab_size %d", pids[i], cfg.vocab_size);
+                goto done;
+            }
+    }
     MT_CHECK_GOTO(mt_model_create(&ctx, ops, &cfg, 1, &m), rc, done);
     int n_params;
     struct mt_param *params = mt_model_params(m, &n_params);
     MT_CHECK_GOTO(mt_ckpt_load(&ctx, ops, dir, params, n_params, NULL), rc, done);
 
-    /* prompt ids: BOS + encoded text, keeping the tail if it is too long */
-    uint32_t bos = (uint32_t)mt_tok_bos_id(tok);
-    MT_CHECK_GOTO(mt_tok_encode(&ctx, tok, (const uint8_t *)prompt, strlen(prompt), &ids), rc, done);
-    int t_max = cfg.seq_len;
-    int keep = (int)ids.n < t_max - 1 ? (int)ids.n : t_max - 1;
-    int32_t *prefix = mt_alloc(&ctx, (size_t)(keep + 1) * sizeof(int32_t), MT_BUCKET_OTHER);
+    /* prompt ids: as given, or BOS + encoded text keeping the tail if it is too long */
+    uint32_t bos = tok ? (uint32_t)mt_tok_bos_id(tok) : 0;
+    int32_t *prefix;
+    int n_prefix;
     logits = mt_alloc(&ctx, (size_t)cfg.vocab_size * sizeof(float), MT_BUCKET_OTHER);
-    if (!prefix || !logits) { mt_free(&ctx, prefix); rc = MT_ERR_OOM; goto done; }
-    prefix[0] = (int32_t)bos;
-    for (int i = 0; i < keep; i++) prefix[i + 1] = (int32_t)ids.ids[ids.n - (size_t)keep + (size_t)i];
+    if (!logits) { rc = MT_ERR_OOM; goto done; }
+    if (pids) {
+        prefix = pids;
+        n_prefix = n_pids;
+    } else {
+        MT_CHECK_GOTO(mt_tok_encode(&ctx, tok, (const uint8_t *)prompt, strlen(prompt), &ids), rc, done);
+        int keep = (int)ids.n < t_max - 1 ? (int)ids.n : t_max - 1;
+        prefix = mt_alloc(&ctx, (size_t)(keep + 1) * sizeof(int32_t), MT_BUCKET_OTHER);
+        if (!prefix) { rc = MT_ERR_OOM; goto done; }
+        prefix[0] = (int32_t)bos;
+        for (int i = 0; i < keep; i++) prefix[i + 1] = (int32_t)ids.ids[ids.n - (size_t)keep + (size_t)i];
+        n_prefix = keep + 1;
+    }
     MT_CHECK_GOTO(mt_model_kv_create(&ctx, m, t_max, &kv), rc, done);
-    rc = mt_model_kv_step(&ctx, m, kv, prefix, keep + 1, logits);
-    mt_free(&ctx, prefix);
+    rc = mt_model_kv_step(&ctx, m, kv, prefix, n_prefix, logits);
+    if (!pids) mt_free(&ctx, prefix);
     if (rc != MT_OK) goto done;
-    fputs(prompt, stdout);
+    if (pids)
+        for (int i = 0; i < n_pids; i++) printf(i ? " %d" : "%d", pids[i]);
+    else
+        fputs(prompt, stdout);
     for (int s = 0; s < n_tokens && mt_model_kv_len(kv) < t_max; s++) {
         int next = pick_token(logits, cfg.vocab_size, temperature, top_k, seed, (uint64_t)s);
-        size_t len = 0;
-        const uint8_t *bytes = mt_tok_token_bytes(tok, (uint32_t)next, &len);
-        if ((uint32_t)next != bos && bytes) fwrite(bytes, 1, len, stdout);
+        if (pids) {
+            printf(" %d", next);
+        } else {
+            size_t len = 0;
+            const uint8_t *bytes = mt_tok_token_bytes(tok, (uint32_t)next, &len);
+            if ((uint32_t)next != bos && bytes) fwrite(bytes, 1, len, stdout);
+        }
         fflush(stdout);
         int32_t t32 = next;
         if (mt_model_kv_len(kv) + 1 >= t_max) break;
@@ -155,5 +203,6 @@ done:
     if (kv) mt_model_kv_destroy(&ctx, m, kv);
     mt_model_destroy(&ctx, m);
     mt_tok_destroy(&ctx, tok);
+    free(pids);
     return mt_status_exit_code(rc);
 }

@@ -1,16 +1,24 @@
 /*
  * cmd_train.c — `meshtrain train`: parse flags, build the config
- * (defaults <- --config FILE <- --set key=value), run, map status to exit code.
+ * (base <- --config FILE <- --set key=value), run, map status to exit code.
+ * The base is the defaults, or with --resume / --init-from the config in the
+ * checkpoint's manifest (every key that then differs from it is printed).
  */
+#define _GNU_SOURCE
+#include <cjson/cJSON.h>
+#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cmd.h"
 #include "core/mt_config.h"
 #include "core/mt_core.h"
 #include "dist/mt_comm.h"
+#include "train/mt_ckpt.h"
+#include "train/mt_export.h"
 #include "train/mt_trainer.h"
 
 static void train_usage(FILE *f)
@@ -25,7 +33,11 @@ static void train_usage(FILE *f)
             "  --out DIR            receipt.json and ckpt/ go here               (required)\n"
             "  --steps N            the step to reach (0: write the initial checkpoint only)  default: 10\n"
             "  --resume DIR         continue from a checkpoint dir, or a previous --out: its ckpt/latest,\n"
-            "                       else that run's previous intact checkpoint (docs/checkpoint.md)\n"
+            "                       else that run's previous intact checkpoint (docs/checkpoint.md); its\n"
+            "                       config is the base, --config/--set go on top (model keys may not change)\n"
+            "  --init-from DIR      weights only (step 0, fresh optimizer) from a checkpoint dir, a previous\n"
+            "                       --out, or a Hugging Face folder (config.json + model.safetensors);\n"
+            "                       its config is the base (tensor shapes may not change)\n"
             "  --mesh SPEC          pp=..,dp=..,ep=..,tp=.. (omitted axes 1, dp derived from the world)  default: all 1\n"
             "  --zero Z             ZeRO stage 0..3                               default: 0\n"
             "  --pp-layers N0,N1,.. layers per pipeline stage   default: balanced by cost (E blocks cost more)\n"
@@ -38,21 +50,24 @@ static void train_usage(FILE *f)
     fprintf(f, "\nexit codes: 0 ok, 2 bad input or config, 1 runtime failure\n");
 }
 
-static int train_main(int argc, char **argv, int world);
+static int train_main(int argc, char **argv, int world, int rank);
+static int train_args(struct mt_ctx *ctx, struct mt_config *cfg, struct mt_train_opts *opts, int argc, char **argv);
+static int train_run(struct mt_ctx *ctx, struct mt_config *cfg, struct mt_train_opts *opts, int world);
 
-/* This rank refused its arguments (message printed). Under mpirun the other
- * ranks may have accepted theirs (a --config file missing on this node
- * only): this call is the same collective as mt_train_run's first setup
- * agreement on the world (mt_comm_agree), so they hear of it there, name this
- * rank and exit 2 too, instead of waiting for it in their first collective. */
-static int refuse_args(int world)
+/* This rank refused its arguments with status st (message printed). Under
+ * mpirun the other ranks may have accepted theirs (a --config file missing on
+ * this node only): this call is the same collective as mt_train_run's first
+ * setup agreement on the world (mt_comm_agree), so they hear of it there,
+ * name this rank and exit too, instead of waiting for it in their first
+ * collective. Returns the exit code. */
+static int refuse_args(int world, enum mt_status st)
 {
     if (world > 1) {
         struct mt_ctx scratch;
         mt_ctx_init(&scratch);
-        mt_comm_agree(&scratch, NULL, MT_ERR_INVALID_ARG, "setup (flags, config, resume, data)");
+        mt_comm_agree(&scratch, NULL, st, "setup (flags, config, resume, data)");
     }
-    return 2;
+    return mt_status_exit_code(st);
 }
 
 /* The collective watchdog fired (it printed why): this rank's main thread is
@@ -66,8 +81,9 @@ static void watchdog_expired(void)
  * not as "needs a value", even when it is the last argument. */
 static int train_option_takes_value(const char *a)
 {
-    static const char *const opts[] = {"--config", "--set",  "--backend", "--data",  "--val-data",  "--out",
-                                        "--resume", "--mesh", "--pp-layers", "--steps", "--zero", "--peak-flops"};
+    static const char *const opts[] = {"--config", "--set",   "--backend",   "--data",  "--val-data",
+                                        "--out",    "--resume", "--init-from", "--mesh",  "--pp-layers",
+                                        "--steps",  "--zero",   "--peak-flops"};
     for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++)
         if (!strcmp(a, opts[k])) return 1;
     return 0;
@@ -84,15 +100,86 @@ int mt_cmd_train(int argc, char **argv)
                 getenv("OMPI_COMM_WORLD_SIZE") ? getenv("OMPI_COMM_WORLD_SIZE") : "several");
         return 2;
     }
-    int code = train_main(argc, argv, world);
+    int code = train_main(argc, argv, world, rank);
     mt_dist_finalize();
     return code;
 }
 
-static int train_main(int argc, char **argv, int world)
+
+/* The checkpoint directory `--resume DIR` / `--init-from DIR` names (DIR
+ * itself or the latest checkpoint of a run's OUT). One call, so that the
+ * resolution rule (a `latest` pointer, fallbacks) lives in mt_ckpt. */
+static enum mt_status train_ckpt_dir(struct mt_ctx *ctx, const char *arg, char *dir, size_t len)
+{
+    char note[2048];
+    enum mt_status st = mt_ckpt_resolve(ctx, arg, dir, len, note, sizeof note);
+    if (st == MT_OK && note[0] && ctx->rank == 0) fprintf(stderr, "meshtrain train: warning: %s\n", note);
+    return st;
+}
+
+static int has_file(const char *dir, const char *name)
+{
+    char p[4200];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return access(p, F_OK) == 0;
+}
+
+static int rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb; (void)flag; (void)ftw;
+    return remove(path);
+}
+
+/* Keys that set a tensor's shape: init-from may change any other key. */
+static const char *const shape_keys[] = {"vocab_size", "n_layer", "d_model", "n_head", "n_kv_head", "head_dim",
+                                         "mlp_hidden", "pattern", "n_experts", "expert_hidden",
+                                         "shared_expert_hidden", NULL};
+
+static int is_shape_key(const char *k)
+{
+    for (int i = 0; shape_keys[i]; i++)
+        if (!strcmp(shape_keys[i], k)) return 1;
+    return 0;
+}
+
+/* Print every key whose value differs between the checkpoint's config and
+ * the run's; with shapes_only, a changed shape key is an error (returns its
+ * name). Values are compared as their JSON text. */
+static const char *config_diff(const struct mt_config *from, const struct mt_config *to, const char *src, int print,
+                               int shapes_only)
+{
+    char *a = mt_config_to_json(from), *b = mt_config_to_json(to);
+    cJSON *ja = a ? cJSON_Parse(a) : NULL, *jb = b ? cJSON_Parse(b) : NULL, *it;
+    const char *bad = NULL;
+    int n = 0;
+    cJSON_ArrayForEach(it, jb) {
+        const cJSON *old = cJSON_GetObjectItemCaseSensitive(ja, it->string);
+        char *vo = old ? cJSON_PrintUnformatted(old) : NULL, *vn = cJSON_PrintUnformatted(it);
+        if (!vo || !vn || strcmp(vo, vn)) {
+            if (shapes_only && is_shape_key(it->string) && !bad) {
+                for (int i = 0; shape_keys[i]; i++)
+                    if (!strcmp(shape_keys[i], it->string)) bad = shape_keys[i];
+            }
+            if (print) printf("config: %s %s -> %s (checkpoint %s)\n", it->string, vo ? vo : "?", vn ? vn : "?", src);
+            n++;
+        }
+        free(vo);
+        free(vn);
+    }
+    if (print && n == 0) printf("config: the checkpoint's (%s), unchanged\n", src);
+    fflush(stdout);
+    cJSON_Delete(ja);
+    cJSON_Delete(jb);
+    free(a);
+    free(b);
+    return bad;
+}
+
+static int train_main(int argc, char **argv, int world, int rank)
 {
     struct mt_ctx ctx;
     mt_ctx_init(&ctx);
+    ctx.rank = rank;
     struct mt_config cfg;
     mt_config_defaults(&cfg);
     struct mt_train_opts opts;
@@ -106,13 +193,80 @@ static int train_main(int argc, char **argv, int world)
     }
     opts.command_line = cmdline;
 
+    /* --resume / --init-from: the checkpoint's config is the base */
+    const char *resume_arg = NULL, *init_arg = NULL;
+    for (int i = 1; i + 1 < argc; i++) {
+        if (!strcmp(argv[i], "--resume")) resume_arg = argv[i + 1];
+        if (!strcmp(argv[i], "--init-from")) init_arg = argv[i + 1];
+    }
+    if (resume_arg && init_arg) {
+        fprintf(stderr, "meshtrain train: --resume and --init-from exclude each other\n");
+        return refuse_args(world, MT_ERR_INVALID_ARG);
+    }
+    static char base_dir[4200], hf_tmp[4096];
+    struct mt_config saved;
+    hf_tmp[0] = 0;
+    if (resume_arg || init_arg) {
+        const char *arg = resume_arg ? resume_arg : init_arg;
+        enum mt_status st;
+        if (init_arg && !has_file(arg, "manifest.json") && has_file(arg, "config.json") &&
+            has_file(arg, "model.safetensors")) {
+            /* a Hugging Face folder: import it (this rank, a private temporary dir) */
+            const char *td = getenv("TMPDIR");
+            snprintf(hf_tmp, sizeof hf_tmp, "%s/meshtrain_init_XXXXXX", td && *td ? td : "/tmp");
+            if (!mkdtemp(hf_tmp)) {
+                fprintf(stderr, "meshtrain train: cannot create a temporary directory in %s\n", td && *td ? td : "/tmp");
+                return refuse_args(world, MT_ERR_IO);
+            }
+            snprintf(base_dir, sizeof base_dir, "%s/ckpt", hf_tmp);
+            char warn[2048] = "";
+            st = mt_import_hf(&ctx, arg, base_dir, 0, 0, warn, sizeof warn);
+            if (st == MT_OK && rank == 0 && warn[0]) fprintf(stderr, "meshtrain train: --init-from %s: %s", arg, warn);
+        } else {
+            st = train_ckpt_dir(&ctx, arg, base_dir, sizeof base_dir);
+        }
+        if (st == MT_OK) st = mt_ckpt_read_meta(&ctx, base_dir, &cfg, NULL);
+        if (st != MT_OK) {
+            fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(&ctx));
+            if (hf_tmp[0]) nftw(hf_tmp, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+            return refuse_args(world, st);
+        }
+        saved = cfg;
+    }
+    int code = train_args(&ctx, &cfg, &opts, argc, argv);
+    if (code < 0 && (resume_arg || init_arg)) {
+        const char *src = hf_tmp[0] ? init_arg : base_dir;
+        /* the schedule: a fine-tune from --init-from is a new run (total_steps =
+         * its --steps); a resume keeps the checkpoint's schedule unless the run
+         * goes past it. Either way only when --config/--set left it alone. */
+        if (cfg.total_steps == saved.total_steps && (init_arg || opts.steps > saved.total_steps)) cfg.total_steps = 0;
+        if (init_arg) opts.init_from = base_dir;
+        else opts.resume = base_dir;
+        struct mt_config shown = cfg;
+        if (shown.total_steps == 0) shown.total_steps = opts.steps;
+        const char *bad = config_diff(&saved, &shown, src, rank == 0, init_arg != NULL);
+        if (bad) {
+            fprintf(stderr, "meshtrain train: --init-from %s: %s may not change (it sets a tensor shape; the "
+                    "weights could not load)\n", init_arg, bad);
+            code = 2;
+        }
+    }
+    if (code < 0) code = train_run(&ctx, &cfg, &opts, world);
+    else if (code > 0) code = refuse_args(world, code == 2 ? MT_ERR_INVALID_ARG : MT_ERR_RUNTIME);
+    if (hf_tmp[0]) nftw(hf_tmp, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    return code;
+}
+
+/* Parse --config and the flags into cfg / opts: -1 to go on, else the exit code. */
+static int train_args(struct mt_ctx *ctx, struct mt_config *cfg, struct mt_train_opts *opts, int argc, char **argv)
+{
     /* --config first, whatever its position, so --set always overrides it */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--config")) {
-            if (i + 1 >= argc) { fprintf(stderr, "meshtrain train: --config needs a file\n"); return refuse_args(world); }
-            if (mt_config_load_file(&ctx, &cfg, argv[i + 1]) != MT_OK) {
-                fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(&ctx));
-                return refuse_args(world);
+            if (i + 1 >= argc) { fprintf(stderr, "meshtrain train: --config needs a file\n"); return 2; }
+            if (mt_config_load_file(ctx, cfg, argv[i + 1]) != MT_OK) {
+                fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(ctx));
+                return 2;
             }
         }
     }
@@ -120,15 +274,15 @@ static int train_main(int argc, char **argv, int world)
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { train_usage(stdout); return 0; }
-        if (!strcmp(a, "--quiet")) { opts.quiet = 1; continue; }
-        if (!train_option_takes_value(a)) { fprintf(stderr, "meshtrain train: unknown option '%s' (see --help)\n", a); return refuse_args(world); }
-        if (!v) { fprintf(stderr, "meshtrain train: %s needs a value (see --help)\n", a); return refuse_args(world); }
+        if (!strcmp(a, "--quiet")) { opts->quiet = 1; continue; }
+        if (!train_option_takes_value(a)) { fprintf(stderr, "meshtrain train: unknown option '%s' (see --help)\n", a); return 2; }
+        if (!v) { fprintf(stderr, "meshtrain train: %s needs a value (see --help)\n", a); return 2; }
         char *end = NULL;
         if (!strcmp(a, "--config")) { /* done above */ }
         else if (!strcmp(a, "--set")) {
-            if (mt_config_set(&ctx, &cfg, v) != MT_OK) {
-                fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(&ctx));
-                return refuse_args(world);
+            if (mt_config_set(ctx, cfg, v) != MT_OK) {
+                fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(ctx));
+                return 2;
             }
         }
         else if (!strcmp(a, "--backend")) {
@@ -136,57 +290,62 @@ static int train_main(int argc, char **argv, int world)
             char kv[64];
             if (strcmp(v, "cpu") && strcmp(v, "cuda")) {
                 fprintf(stderr, "meshtrain train: --backend expects cpu or cuda (got '%s')\n", v);
-                return refuse_args(world);
+                return 2;
             }
             snprintf(kv, sizeof kv, "backend=%s", v);
-            if (mt_config_set(&ctx, &cfg, kv) != MT_OK) {
-                fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(&ctx));
-                return refuse_args(world);
+            if (mt_config_set(ctx, cfg, kv) != MT_OK) {
+                fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(ctx));
+                return 2;
             }
         }
-        else if (!strcmp(a, "--data")) opts.data_path = v;
-        else if (!strcmp(a, "--val-data")) opts.val_path = v;
-        else if (!strcmp(a, "--out")) opts.out_dir = v;
-        else if (!strcmp(a, "--resume")) opts.resume = v;
-        else if (!strcmp(a, "--mesh")) opts.mesh = v;
-        else if (!strcmp(a, "--pp-layers")) opts.pp_layers = v;
+        else if (!strcmp(a, "--data")) opts->data_path = v;
+        else if (!strcmp(a, "--val-data")) opts->val_path = v;
+        else if (!strcmp(a, "--out")) opts->out_dir = v;
+        else if (!strcmp(a, "--resume")) opts->resume = v;
+        else if (!strcmp(a, "--init-from")) opts->init_from = v;
+        else if (!strcmp(a, "--mesh")) opts->mesh = v;
+        else if (!strcmp(a, "--pp-layers")) opts->pp_layers = v;
         else if (!strcmp(a, "--steps") || !strcmp(a, "--zero")) {
             long n = strtol(v, &end, 10);
             if (!*v || *end || n < 0 || n > 100000000) {
                 fprintf(stderr, "meshtrain train: %s expects a non-negative integer (got '%s')\n", a, v);
-                return refuse_args(world);
+                return 2;
             }
-            if (!strcmp(a, "--steps")) opts.steps = (int)n;
-            else opts.zero_stage = (int)n;
+            if (!strcmp(a, "--steps")) opts->steps = (int)n;
+            else opts->zero_stage = (int)n;
         }
         else if (!strcmp(a, "--peak-flops")) {
-            opts.peak_flops = strtod(v, &end);
-            if (!*v || *end || opts.peak_flops <= 0) {
+            opts->peak_flops = strtod(v, &end);
+            if (!*v || *end || opts->peak_flops <= 0) {
                 fprintf(stderr, "meshtrain train: --peak-flops expects a positive number (got '%s')\n", v);
-                return refuse_args(world);
+                return 2;
             }
         }
-        else { fprintf(stderr, "meshtrain train: unknown option '%s' (see --help)\n", a); return refuse_args(world); }
+        else { fprintf(stderr, "meshtrain train: unknown option '%s' (see --help)\n", a); return 2; }
         i++;
     }
+    return -1;
+}
 
+static int train_run(struct mt_ctx *ctx, struct mt_config *cfg, struct mt_train_opts *opts, int world)
+{
     struct mt_train_result res;
     /* from here on ranks meet in collectives: a stalled one ends the job */
-    if (world > 1 && mt_comm_watchdog_start(&ctx, cfg.comm_timeout_s, watchdog_expired) != MT_OK) {
-        fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(&ctx));
+    if (world > 1 && mt_comm_watchdog_start(ctx, cfg->comm_timeout_s, watchdog_expired) != MT_OK) {
+        fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(ctx));
         return 1;
     }
-    enum mt_status rc = mt_train_run(&ctx, &cfg, &opts, &res);
+    enum mt_status rc = mt_train_run(ctx, cfg, opts, &res);
     mt_comm_watchdog_stop();
     if (rc != MT_OK) {
-        fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(&ctx));
+        fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(ctx));
         fflush(stderr);
         if (world > 1 && res.collective_started) mt_dist_abort(mt_status_exit_code(rc));
         return mt_status_exit_code(rc);
     }
-    if (!opts.quiet && ctx.rank == 0)
+    if (!opts->quiet && ctx->rank == 0)
         printf("done: %d steps, final loss %.6f, %.0f tok/s, MFU %.1f%%, receipt %s/receipt.json\n", res.steps_run,
-               res.final_loss, res.tokens_per_s, 100.0 * res.mfu, opts.out_dir);
-    mt_ctx_free(&ctx);
+               res.final_loss, res.tokens_per_s, 100.0 * res.mfu, opts->out_dir);
+    mt_ctx_free(ctx);
     return 0;
 }

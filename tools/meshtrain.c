@@ -18,6 +18,7 @@ static const struct subcommand subcommands[] = {
     {"import",    mt_cmd_import,    "Hugging Face safetensors + config.json -> checkpoint"},
     {"plan",      mt_cmd_plan,      "check a mesh and print the memory plan"},
     {"sample",    mt_cmd_sample,    "generate text from a checkpoint"},
+    {"logits",    mt_cmd_logits,    "one forward over token ids: logits and loss terms as safetensors"},
     {"tokenizer", mt_cmd_tokenizer, "train / encode / decode the byte-level BPE tokenizer"},
     {"prepare",   mt_cmd_prepare,   "text files -> llm.c token shards"},
 };

@@ -104,6 +104,13 @@ void mt_tok_merge(const struct mt_tok *tok, int i, uint32_t *left, uint32_t *rig
 /* xxh64 of the file image (identifies the tokenizer in meta.json). */
 uint64_t mt_tok_hash(const struct mt_tok *tok);
 
+/* tokenizer.json text (Hugging Face `tokenizers`: Split(GPT-4 regex) +
+ * ByteLevel pre-tokenizer, BPE model with every merge, <|bos|> as a special
+ * added token) encoding like mt_tok_encode on the texts docs/export.md
+ * lists. *out is malloc'd (free()). Two tokens with the same bytes ->
+ * MT_ERR_FORMAT (HF's vocabulary cannot hold both). hf_json.c */
+enum mt_status mt_tok_hf_json(struct mt_ctx *ctx, const struct mt_tok *tok, char **out);
+
 /* Append the ids of text to out (no BOS added). Uses an internal chunk cache,
  * so a tokenizer must not be used by two threads at once. */
 enum mt_status mt_tok_encode(struct mt_ctx *ctx, struct mt_tok *tok, const uint8_t *text, size_t n,

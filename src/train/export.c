@@ -26,6 +26,7 @@
 
 #include "../core/mt_param.h"
 #include "mt_ckpt.h"
+#include "../tok/mt_tok.h"
 
 #define ST_MAX_HEADER (100u << 20)   /* same cap as the reference implementation */
 
@@ -123,11 +124,15 @@ static enum mt_status read_text(struct mt_ctx *ctx, const char *path, char **out
     return MT_OK;
 }
 
-/* A float as a JSON number printed with float precision (1e-06, not 9.99e-07). */
+/* A float as the shortest decimal that reads back to the same float, as a
+ * double (so JSON shows 0.01 and 1e-06, not 0.0099999998). */
 static double fnum(float f)
 {
     char b[32];
-    snprintf(b, sizeof b, "%.8g", (double)f);
+    for (int prec = 6; prec <= 9; prec++) {
+        snprintf(b, sizeof b, "%.*g", prec, (double)f);
+        if (strtof(b, NULL) == f) break;
+    }
     return strtod(b, NULL);
 }
 
@@ -480,7 +485,30 @@ static int any_moe(const struct mt_config *c)
     return 0;
 }
 
-char *mt_export_hf_config(const struct mt_config *c, int bos_token_id, char *warn, size_t warn_len)
+int mt_export_hf_lossy(const struct mt_config *c, char *what, size_t what_len)
+{
+    int n = 0;
+    if (c->logit_softcap != 0.0f) {
+        warnf(what, what_len, "logit_softcap %g (Qwen3 has no final-logit softcap: HF logits would be uncapped)",
+              fnum(c->logit_softcap));
+        n++;
+    }
+    if (any_moe(c) && c->shared_expert_hidden > 0) {
+        /* Qwen2-MoE has a (sigmoid-gated) shared expert but no QK-norm, and
+         * no HF architecture with softmax top-k routing, QK-norm and an
+         * ungated shared expert exists: refuse rather than export a model
+         * that loads with other logits (docs/export.md) */
+        warnf(what, what_len, "shared expert (shared_expert_hidden %d: Qwen3-MoE has none, HF would ignore "
+              "mlp.shared_expert.*)", c->shared_expert_hidden);
+        n++;
+    }
+    return n;
+}
+
+const char *const mt_export_hf_files[] = {"config.json", "model.safetensors", "generation_config.json",
+                                          "tokenizer.json", "tokenizer_config.json", NULL};
+
+char *mt_export_hf_config(const struct mt_config *c, int bos_token_id)
 {
     int moe = any_moe(c);
     cJSON *o = cJSON_CreateObject();
@@ -496,6 +524,7 @@ char *mt_export_hf_config(const struct mt_config *c, int bos_token_id, char *war
     cJSON_AddNumberToObject(o, "head_dim", c->head_dim);
     cJSON_AddNumberToObject(o, "rms_norm_eps", fnum(c->norm_eps));
     cJSON_AddNumberToObject(o, "rope_theta", fnum(c->rope_theta));
+    /* the context the model was trained at (RoPE itself has no limit) */
     cJSON_AddNumberToObject(o, "max_position_embeddings", c->seq_len);
     cJSON_AddBoolToObject(o, "tie_word_embeddings", 0);
     cJSON_AddBoolToObject(o, "attention_bias", 0);
@@ -506,7 +535,10 @@ char *mt_export_hf_config(const struct mt_config *c, int bos_token_id, char *war
     cJSON_AddBoolToObject(o, "use_sliding_window", 0);
     cJSON_AddNullToObject(o, "rope_scaling");
     cJSON_AddStringToObject(o, "torch_dtype", "float32");
-    if (bos_token_id >= 0) cJSON_AddNumberToObject(o, "bos_token_id", bos_token_id);
+    if (bos_token_id >= 0) {
+        cJSON_AddNumberToObject(o, "bos_token_id", bos_token_id);
+        cJSON_AddNumberToObject(o, "eos_token_id", bos_token_id);
+    }
     if (moe) {
         cJSON_AddNumberToObject(o, "num_experts", c->n_experts);
         cJSON_AddNumberToObject(o, "num_experts_per_tok", c->top_k);
@@ -518,15 +550,13 @@ char *mt_export_hf_config(const struct mt_config *c, int bos_token_id, char *war
             if (!mt_config_is_moe_layer(c, l)) cJSON_AddItemToArray(mlp_only, cJSON_CreateNumber(l));
         cJSON_AddNumberToObject(o, "router_aux_loss_coef", fnum(c->aux_loss_coef));
         cJSON_AddBoolToObject(o, "output_router_logits", 0);
-        if (c->shared_expert_hidden > 0) {
-            cJSON_AddNumberToObject(o, "meshtrain_shared_expert_hidden", c->shared_expert_hidden);
-            warnf(warn, warn_len, "shared expert (hidden %d): Qwen3-MoE has none; Hugging Face will not load "
-                  "mlp.shared_expert.* and its logits will differ", c->shared_expert_hidden);
-        }
+        cJSON_AddNumberToObject(o, "meshtrain_shared_expert_hidden", c->shared_expert_hidden);
+    } else {
+        cJSON_AddNumberToObject(o, "meshtrain_aux_loss_coef", fnum(c->aux_loss_coef));
     }
-    if (c->logit_softcap != 0.0f)
-        warnf(warn, warn_len, "logit_softcap %g has no Qwen3 equivalent: Hugging Face logits will be uncapped",
-              (double)c->logit_softcap);
+    cJSON_AddNumberToObject(o, "meshtrain_z_loss_coef", fnum(c->z_loss_coef));
+    cJSON_AddNumberToObject(o, "meshtrain_logit_softcap", fnum(c->logit_softcap));
+    cJSON_AddNumberToObject(o, "meshtrain_export", 1);
     char *s = cJSON_Print(o);
     cJSON_Delete(o);
     return s;
@@ -545,9 +575,22 @@ static int get_float(const cJSON *o, const char *k, float *v)
 {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, k);
     if (!x || cJSON_IsNull(x)) return 0;
-    if (!cJSON_IsNumber(x)) return -1;
+    if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble)) return -1;
     *v = (float)x->valuedouble;
     return 0;
+}
+
+/* rope_scaling (v4) or rope_parameters (v5): only plain RoPE is
+ * representable. Returns the rope type named, or NULL when default. */
+static const char *rope_type_of(const cJSON *r)
+{
+    if (!r || cJSON_IsNull(r)) return NULL;
+    if (!cJSON_IsObject(r)) return "(not an object)";
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(r, "rope_type");
+    if (!t) t = cJSON_GetObjectItemCaseSensitive(r, "type");
+    if (!t) return cJSON_GetArraySize(r) == 0 || cJSON_GetObjectItemCaseSensitive(r, "rope_theta") ? NULL : "(unnamed)";
+    if (!cJSON_IsString(t)) return "(not a string)";
+    return strcmp(t->valuestring, "default") ? t->valuestring : NULL;
 }
 
 enum mt_status mt_export_hf_config_parse(struct mt_ctx *ctx, const char *json_text, struct mt_config *cfg,
@@ -573,7 +616,8 @@ enum mt_status mt_export_hf_config_parse(struct mt_ctx *ctx, const char *json_te
     else if (get_int(o, "intermediate_size", &cfg->mlp_hidden, 1)) bad = "intermediate_size";
     if (bad) { rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "config.json: missing or bad %s", bad); goto done; }
     cfg->n_kv_head = cfg->n_head;
-    cfg->head_dim = 0;
+    /* HF: Qwen3Config.head_dim defaults to 128; Qwen3-MoE falls back to D/H */
+    cfg->head_dim = moe ? 0 : 128;
     cfg->seq_len = cfg->seq_len > 0 ? cfg->seq_len : 256;
     if (get_int(o, "num_key_value_heads", &cfg->n_kv_head, 0)) bad = "num_key_value_heads";
     else if (get_int(o, "head_dim", &cfg->head_dim, 0)) bad = "head_dim";
@@ -586,6 +630,22 @@ enum mt_status mt_export_hf_config_parse(struct mt_ctx *ctx, const char *json_te
                           MT_MAX_LAYERS);
         goto done;
     }
+    /* RoPE: v4 has rope_theta + rope_scaling, v5 rope_parameters {rope_type, rope_theta} */
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(o, "rope_parameters");
+    const char *rt = rope_type_of(cJSON_GetObjectItemCaseSensitive(o, "rope_scaling"));
+    if (!rt) rt = rope_type_of(rp);
+    if (rt) {
+        rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "config.json: rope scaling '%s' is not supported (plain RoPE only)", rt);
+        goto done;
+    }
+    if (cJSON_IsObject(rp) && get_float(rp, "rope_theta", &cfg->rope_theta)) {
+        rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "config.json: bad rope_parameters.rope_theta");
+        goto done;
+    }
+    if (!(cfg->rope_theta > 0) || !(cfg->norm_eps > 0)) {
+        rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "config.json: rope_theta and rms_norm_eps must be > 0");
+        goto done;
+    }
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, "attention_bias");
     if (cJSON_IsTrue(x)) { rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "config.json: attention_bias true is not supported (no biases)"); goto done; }
     x = cJSON_GetObjectItemCaseSensitive(o, "hidden_act");
@@ -593,45 +653,69 @@ enum mt_status mt_export_hf_config_parse(struct mt_ctx *ctx, const char *json_te
         rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "config.json: hidden_act must be silu");
         goto done;
     }
-    x = cJSON_GetObjectItemCaseSensitive(o, "rope_scaling");
-    if (x && !cJSON_IsNull(x)) warnf(warn, warn_len, "rope_scaling is ignored (plain RoPE)");
     x = cJSON_GetObjectItemCaseSensitive(o, "use_sliding_window");
-    if (cJSON_IsTrue(x)) warnf(warn, warn_len, "use_sliding_window is ignored (full causal attention)");
+    if (cJSON_IsTrue(x)) {
+        rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "config.json: use_sliding_window true is not supported (full causal attention only)");
+        goto done;
+    }
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(o, "layer_types"), *it;
+    cJSON_ArrayForEach(it, lt) {
+        if (!cJSON_IsString(it) || strcmp(it->valuestring, "full_attention")) {
+            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "config.json: layer_types holds '%s': only full_attention is supported",
+                              cJSON_IsString(it) ? it->valuestring : "?");
+            goto done;
+        }
+    }
     x = cJSON_GetObjectItemCaseSensitive(o, "tie_word_embeddings");
     *tied = cJSON_IsTrue(x);
+    /* meshtrain-only model keys (written by mt_export_hf_config) */
     cfg->logit_softcap = 0.0f;
+    cfg->shared_expert_hidden = 0;
+    if (get_float(o, "meshtrain_logit_softcap", &cfg->logit_softcap) || cfg->logit_softcap < 0) bad = "meshtrain_logit_softcap";
+    else if (get_float(o, "meshtrain_z_loss_coef", &cfg->z_loss_coef) || cfg->z_loss_coef < 0) bad = "meshtrain_z_loss_coef";
+    else if (get_float(o, "meshtrain_aux_loss_coef", &cfg->aux_loss_coef) || cfg->aux_loss_coef < 0) bad = "meshtrain_aux_loss_coef";
+    if (bad) { rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "config.json: bad %s", bad); goto done; }
 
     /* layer pattern: HF Qwen3-MoE makes layer l sparse iff l is not in
      * mlp_only_layers, num_experts > 0 and (l+1) % decoder_sparse_step == 0 */
     memset(cfg->pattern, 0, sizeof cfg->pattern);
     memset(cfg->pattern, 'A', (size_t)cfg->n_layer);
-    cfg->shared_expert_hidden = 0;
     if (moe) {
         int ne = 0, step = 1;
-        if (get_int(o, "num_experts", &ne, 1) || get_int(o, "num_experts_per_tok", &cfg->top_k, 1) ||
-            get_int(o, "moe_intermediate_size", &cfg->expert_hidden, 1) || get_int(o, "decoder_sparse_step", &step, 0) ||
-            get_int(o, "meshtrain_shared_expert_hidden", &cfg->shared_expert_hidden, 0) ||
-            get_float(o, "router_aux_loss_coef", &cfg->aux_loss_coef)) {
-            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "config.json: missing or bad MoE key (num_experts, "
-                              "num_experts_per_tok, moe_intermediate_size, decoder_sparse_step, router_aux_loss_coef)");
+        const char *nek = cJSON_GetObjectItemCaseSensitive(o, "num_experts") ? "num_experts" : "num_local_experts";
+        if (get_int(o, nek, &ne, 1)) bad = "num_experts (or num_local_experts)";
+        else if (get_int(o, "num_experts_per_tok", &cfg->top_k, 1)) bad = "num_experts_per_tok";
+        else if (get_int(o, "moe_intermediate_size", &cfg->expert_hidden, 1)) bad = "moe_intermediate_size";
+        else if (get_int(o, "decoder_sparse_step", &step, 0)) bad = "decoder_sparse_step";
+        else if (get_int(o, "meshtrain_shared_expert_hidden", &cfg->shared_expert_hidden, 0) ||
+                 cfg->shared_expert_hidden < 0) bad = "meshtrain_shared_expert_hidden";
+        else if (get_float(o, "router_aux_loss_coef", &cfg->aux_loss_coef) || cfg->aux_loss_coef < 0) bad = "router_aux_loss_coef";
+        if (bad) { rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "config.json: missing or bad %s", bad); goto done; }
+        x = cJSON_GetObjectItemCaseSensitive(o, "norm_topk_prob");
+        if (!cJSON_IsTrue(x)) {
+            /* HF's default is false: the gates are then the raw top-k probabilities */
+            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "config.json: norm_topk_prob %s is not supported (meshtrain "
+                              "renormalises the top-k gates; HF's default is false)", x ? "false" : "missing");
             goto done;
         }
-        x = cJSON_GetObjectItemCaseSensitive(o, "norm_topk_prob");
-        if (cJSON_IsFalse(x))
-            warnf(warn, warn_len, "norm_topk_prob false: meshtrain always renormalises the top-k gates");
         if (ne > 0 && step >= 1) {
             cfg->n_experts = ne;
             for (int l = 0; l < cfg->n_layer; l++)
                 if ((l + 1) % step == 0) cfg->pattern[l] = 'E';
-            const cJSON *mo = cJSON_GetObjectItemCaseSensitive(o, "mlp_only_layers"), *it;
-            if (mo && !cJSON_IsArray(mo)) { rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "config.json: bad mlp_only_layers"); goto done; }
+            const cJSON *mo = cJSON_GetObjectItemCaseSensitive(o, "mlp_only_layers");
+            if (mo && !cJSON_IsNull(mo) && !cJSON_IsArray(mo)) { rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "config.json: bad mlp_only_layers"); goto done; }
             cJSON_ArrayForEach(it, mo) {
                 int l = cJSON_IsNumber(it) ? (int)it->valuedouble : -1;
                 if (l < 0 || l >= cfg->n_layer) { rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "config.json: bad mlp_only_layers entry"); goto done; }
                 cfg->pattern[l] = 'A';
             }
         }
+        if (!strchr(cfg->pattern, 'E'))
+            warnf(warn, warn_len, "qwen3_moe config without any sparse layer: imported as a dense model");
     }
+    if (cfg->logit_softcap > 0)
+        warnf(warn, warn_len, "meshtrain_logit_softcap %g: the model caps its logits (HF transformers ignores this key)",
+              fnum(cfg->logit_softcap));
 done:
     cJSON_Delete(o);
     return rc;
@@ -640,6 +724,52 @@ done:
 /* ------------------------------------------------------------------ */
 /* output directory protocol                                          */
 /* ------------------------------------------------------------------ */
+
+/* Absolute, symlink-free form of path, which may not exist yet (then its
+ * parent is resolved and the last component appended). */
+static void abs_path(const char *path, char *out, size_t n)
+{
+    char buf[PATH_MAX];
+    if (realpath(path, buf)) { snprintf(out, n, "%s", buf); return; }
+    char parent[PATH_MAX];
+    snprintf(parent, sizeof parent, "%s", path);
+    size_t l = strlen(parent);
+    while (l > 1 && parent[l - 1] == '/') parent[--l] = 0;
+    char *slash = strrchr(parent, '/');
+    const char *base = slash ? slash + 1 : parent;
+    char basebuf[PATH_MAX];
+    snprintf(basebuf, sizeof basebuf, "%s", base);
+    if (slash == parent) parent[1] = 0;
+    else if (slash) *slash = 0;
+    else snprintf(parent, sizeof parent, ".");
+    if (!realpath(parent, buf)) { snprintf(out, n, "%s", path); return; }
+    size_t bl = strcmp(buf, "/") ? strlen(buf) : 0;
+    if (bl + 1 + strlen(basebuf) + 1 > n) { snprintf(out, n, "%s", path); return; }
+    memcpy(out, buf, bl);
+    out[bl] = '/';
+    memcpy(out + bl + 1, basebuf, strlen(basebuf) + 1);
+}
+
+/* a == b, or one lies inside the other */
+static int paths_overlap(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b), m = la < lb ? la : lb;
+    if (strncmp(a, b, m)) return 0;
+    if (la == lb) return 1;
+    const char *longer = la > lb ? a : b;
+    return longer[m] == '/' || (m > 0 && longer[m - 1] == '/');
+}
+
+static enum mt_status check_overlap(struct mt_ctx *ctx, const char *in, const char *out, const char *what)
+{
+    char ai[PATH_MAX], ao[PATH_MAX];
+    abs_path(in, ai, sizeof ai);
+    abs_path(out, ao, sizeof ao);
+    if (paths_overlap(ai, ao))
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--out %s overlaps the %s %s: refusing (it could overwrite "
+                            "what it reads)", out, what, in);
+    return MT_OK;
+}
 
 /* out exists: allowed to replace it? `marker` is the file a previous output has. */
 static enum mt_status check_out(struct mt_ctx *ctx, const char *out, const char *marker, int force)
@@ -653,20 +783,17 @@ static enum mt_status check_out(struct mt_ctx *ctx, const char *out, const char 
                         "(use --force)", out, marker);
 }
 
-/* Move tmp into place as out, replacing a previous out. */
-static enum mt_status commit_dir(struct mt_ctx *ctx, const char *tmp, const char *out)
+/* Is out_dir a previous export (config.json with "meshtrain_export")? */
+static int is_previous_export(struct mt_ctx *ctx, const char *out)
 {
-    char old[PATH_MAX];
-    struct stat sb;
-    if (snprintf(old, sizeof old, "%s.old", out) >= (int)sizeof old)
-        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "path too long: %s", out);
-    if (stat(out, &sb) == 0) {
-        rm_rf(old);
-        if (rename(out, old) != 0) return mt_ctx_error(ctx, MT_ERR_IO, "cannot move %s aside: %s", out, strerror(errno));
-    }
-    if (rename(tmp, out) != 0) return mt_ctx_error(ctx, MT_ERR_IO, "cannot rename %s to %s: %s", tmp, out, strerror(errno));
-    rm_rf(old);
-    return MT_OK;
+    char p[PATH_MAX + 16], *text = NULL;
+    if (snprintf(p, sizeof p, "%s/config.json", out) >= (int)sizeof p || access(p, F_OK) != 0) return 0;
+    if (read_text(ctx, p, &text) != MT_OK) { mt_ctx_clear_error(ctx); return 0; }
+    cJSON *o = cJSON_Parse(text);
+    int yes = cJSON_IsObject(o) && cJSON_GetObjectItemCaseSensitive(o, "meshtrain_export") != NULL;
+    cJSON_Delete(o);
+    mt_free(ctx, text);
+    return yes;
 }
 
 static enum mt_status write_text(struct mt_ctx *ctx, const char *path, const char *text)
@@ -688,25 +815,122 @@ static int cmp_ckpt_name(const void *a, const void *b)
     return strcmp(((const struct mt_ckpt_tensor *)a)->name, ((const struct mt_ckpt_tensor *)b)->name);
 }
 
-enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char *out_dir, int bos_token_id,
-                            int force, char *warn, size_t warn_len)
+/* generation_config.json: bos/eos so that generate() stops at <|bos|> */
+static char *generation_config(int bos)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (bos >= 0) {
+        cJSON_AddNumberToObject(o, "bos_token_id", bos);
+        cJSON_AddNumberToObject(o, "eos_token_id", bos);
+        cJSON_AddNumberToObject(o, "pad_token_id", bos);
+    }
+    cJSON_AddBoolToObject(o, "do_sample", 0);
+    cJSON_AddStringToObject(o, "transformers_version", "4.57.0");
+    char *s = cJSON_Print(o);
+    cJSON_Delete(o);
+    return s;
+}
+
+/* tokenizer_config.json for PreTrainedTokenizerFast (tokenizer.json does the work) */
+static char *tokenizer_config(const char *bos_name, int seq_len)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "tokenizer_class", "PreTrainedTokenizerFast");
+    cJSON_AddStringToObject(o, "bos_token", bos_name);
+    cJSON_AddStringToObject(o, "eos_token", bos_name);
+    cJSON_AddStringToObject(o, "pad_token", bos_name);
+    cJSON_AddBoolToObject(o, "add_bos_token", 0);
+    cJSON_AddBoolToObject(o, "add_eos_token", 0);
+    cJSON_AddBoolToObject(o, "clean_up_tokenization_spaces", 0);
+    cJSON_AddNumberToObject(o, "model_max_length", seq_len);
+    char *s = cJSON_Print(o);
+    cJSON_Delete(o);
+    return s;
+}
+
+enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char *out_dir,
+                            const struct mt_export_opts *opts, char *warn, size_t warn_len)
 {
     struct mt_config cfg;
     struct mt_ckpt_meta meta;
     struct mt_ckpt_tensor *ct = NULL;
     struct xtensor *x = NULL;
     struct mt_st_tensor *st = NULL;
-    char *cfg_text = NULL;
-    int nct = 0, nx = 0, fd = -1;
-    char tmp[PATH_MAX], path[PATH_MAX + 64];
+    struct mt_tok *tok = NULL;
+    char *text[4] = {NULL, NULL, NULL, NULL};   /* config, generation_config, tokenizer, tokenizer_config */
+    int nct = 0, nx = 0, fd = -1, made_out = 0, made_tmp = 0;
+    char tmp[PATH_MAX], path[PATH_MAX + 64], dst[PATH_MAX + 64], what[1024] = "";
     enum mt_status rc;
+    const struct mt_export_opts defaults = {.bos_token_id = -1};
+    if (!opts) opts = &defaults;
 
     MT_CHECK(mt_ckpt_read_meta(ctx, ckpt_dir, &cfg, &meta));
     if (cfg.head_dim == 0 || cfg.mlp_hidden == 0 || !cfg.pattern[0])
         MT_CHECK(mt_config_resolve(ctx, &cfg, cfg.total_steps));
+    for (int l = 0; l < cfg.n_layer; l++)
+        if (cfg.pattern[l] != 'A' && cfg.pattern[l] != 'E')
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "cannot export: layer %d is '%c', which has no Qwen3 "
+                                "equivalent (only A and E layers export)", l, cfg.pattern[l]);
+    /* no silent loss: what HF cannot represent is refused unless asked for */
+    int n_lossy = mt_export_hf_lossy(&cfg, what, sizeof what);
+    if (n_lossy > 0 && !opts->allow_lossy) {
+        char line[1100];   /* one line: the features joined by "; " */
+        size_t o = 0;
+        for (const char *p = what; *p && o + 3 < sizeof line; p++) {
+            if (*p != '\n') { line[o++] = *p; continue; }
+            if (p[1]) { line[o++] = ';'; line[o++] = ' '; }
+        }
+        line[o] = 0;
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "cannot export exactly: %s; use --allow-lossy to export "
+                            "anyway (the Hugging Face model would differ)", line);
+    }
+    MT_CHECK(check_overlap(ctx, ckpt_dir, out_dir, "checkpoint"));
+    if (opts->tokenizer) MT_CHECK(check_overlap(ctx, opts->tokenizer, out_dir, "tokenizer"));
     MT_CHECK(mt_ckpt_read_tensors(ctx, ckpt_dir, "params.bin", &ct, &nct));   /* checksum verified */
     MT_CHECK_GOTO(expected_alloc(ctx, &cfg, &x, &nx), rc, done);
-    MT_CHECK_GOTO(check_out(ctx, out_dir, "model.safetensors", force), rc, done);
+    int previous = is_previous_export(ctx, out_dir);
+    {
+        struct stat sb;
+        if (stat(out_dir, &sb) == 0) {
+            if (!S_ISDIR(sb.st_mode)) {
+                rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "output %s exists and is not a directory", out_dir);
+                goto done;
+            }
+            if (!previous && !opts->force && !dir_is_empty(out_dir)) {
+                rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "output %s is not empty and is not a previous export: "
+                                  "refusing to write into it (--force writes only the export's files there)", out_dir);
+                goto done;
+            }
+        }
+    }
+
+    /* the tokenizer: given, or the checkpoint's own copy */
+    const char *tok_path = opts->tokenizer;
+    if (!tok_path) {
+        snprintf(path, sizeof path, "%s/tokenizer.bin", ckpt_dir);
+        if (access(path, F_OK) == 0) tok_path = path;
+    }
+    int bos = opts->bos_token_id;
+    if (tok_path) {
+        MT_CHECK_GOTO(mt_tok_load(ctx, tok_path, &tok), rc, done);
+        /* a model vocabulary padded beyond the tokenizer's is fine (HF models do it too) */
+        if (mt_tok_vocab_size(tok) > cfg.vocab_size) {
+            rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "tokenizer %s has vocab %d, more than the model's %d", tok_path,
+                              mt_tok_vocab_size(tok), cfg.vocab_size);
+            goto done;
+        }
+        if (bos < 0) bos = mt_tok_bos_id(tok);
+        MT_CHECK_GOTO(mt_tok_hf_json(ctx, tok, &text[2]), rc, done);
+        size_t bl = 0;
+        const uint8_t *bn = mt_tok_token_bytes(tok, (uint32_t)mt_tok_bos_id(tok), &bl);
+        char bos_name[64];
+        snprintf(bos_name, sizeof bos_name, "%.*s", (int)bl, (const char *)bn);
+        text[3] = tokenizer_config(bos_name, cfg.seq_len);
+        if (!text[3]) { rc = MT_ERR_OOM; goto done; }
+    } else {
+        warnf(warn, warn_len, "no tokenizer (no tokenizer.bin in %s, no --tokenizer): tokenizer.json not written, "
+              "AutoTokenizer will not load this folder", ckpt_dir);
+    }
 
     /* every tensor of the model, with its shape; nothing else */
     st = mt_alloc(ctx, (size_t)nx * sizeof *st, MT_BUCKET_OTHER);
@@ -736,9 +960,16 @@ enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char
     }
     if (nct != nx) warnf(warn, warn_len, "checkpoint holds %d tensors, the model %d: extra ones not exported", nct, nx);
 
-    cfg_text = mt_export_hf_config(&cfg, bos_token_id, warn, warn_len);
-    if (!cfg_text) { rc = mt_ctx_error(ctx, MT_ERR_OOM, "cannot build config.json"); goto done; }
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", out_dir) >= (int)sizeof tmp) {
+    text[0] = mt_export_hf_config(&cfg, bos);
+    text[1] = generation_config(bos);
+    if (!text[0] || !text[1]) { rc = mt_ctx_error(ctx, MT_ERR_OOM, "cannot build config.json"); goto done; }
+
+    /* write everything into out/.meshtrain_export.tmp, then rename file by file */
+    if (access(out_dir, F_OK) != 0) {
+        if (mkdir(out_dir, 0755) != 0) { rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot create %s: %s", out_dir, strerror(errno)); goto done; }
+        made_out = 1;
+    }
+    if (snprintf(tmp, sizeof tmp, "%s/.meshtrain_export.tmp", out_dir) >= (int)sizeof tmp) {
         rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "path too long: %s", out_dir);
         goto done;
     }
@@ -746,14 +977,43 @@ enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char
         rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
         goto done;
     }
+    made_tmp = 1;
     snprintf(path, sizeof path, "%s/model.safetensors", tmp);
     MT_CHECK_GOTO(mt_safetensors_write(ctx, path, st, nx), rc, done);
-    snprintf(path, sizeof path, "%s/config.json", tmp);
-    MT_CHECK_GOTO(write_text(ctx, path, cfg_text), rc, done);
-    MT_CHECK_GOTO(commit_dir(ctx, tmp, out_dir), rc, done);
+    static const int text_file[4] = {0, 2, 3, 4};   /* text[i] -> mt_export_hf_files[text_file[i]] */
+    for (int i = 0; i < 4; i++) {
+        if (!text[i]) continue;
+        snprintf(path, sizeof path, "%s/%s", tmp, mt_export_hf_files[text_file[i]]);
+        MT_CHECK_GOTO(write_text(ctx, path, text[i]), rc, done);
+    }
+    /* model.safetensors first, config.json last: a folder with the new
+     * config.json has every new file */
+    static const int order[5] = {1, 2, 3, 4, 0};
+    for (int k = 0; k < 5; k++) {
+        const char *f = mt_export_hf_files[order[k]];
+        snprintf(path, sizeof path, "%s/%s", tmp, f);
+        snprintf(dst, sizeof dst, "%s/%s", out_dir, f);
+        if (access(path, F_OK) == 0) {
+            if (rename(path, dst) != 0) { rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot rename %s to %s: %s", path, dst, strerror(errno)); goto done; }
+        } else if (previous) {
+            unlink(dst);   /* an export's file this export does not write (no tokenizer now) */
+        }
+    }
+    rc = MT_OK;
+    if (n_lossy > 0) {
+        for (char *p = what; *p;) {
+            char *nl = strchr(p, '\n');
+            if (nl) *nl = 0;
+            warnf(warn, warn_len, "--allow-lossy: the Hugging Face model drops %s", p);
+            p = nl ? nl + 1 : p + strlen(p);
+        }
+    }
 done:
+    if (made_tmp) rm_rf(tmp);
+    if (rc != MT_OK && made_out) rmdir(out_dir);   /* only if still empty */
     if (fd >= 0) close(fd);
-    free(cfg_text);
+    for (int i = 0; i < 4; i++) free(text[i]);
+    mt_tok_destroy(ctx, tok);
     mt_free(ctx, st);
     mt_free(ctx, x);
     mt_free(ctx, ct);
@@ -785,6 +1045,7 @@ enum mt_status mt_import_hf(struct mt_ctx *ctx, const char *hf_dir, const char *
     if (rc != MT_OK) return rc;
     if (seq_len > 0) cfg.seq_len = seq_len;
     MT_CHECK(mt_config_resolve(ctx, &cfg, 0));
+    MT_CHECK(check_overlap(ctx, hf_dir, out_dir, "Hugging Face folder"));
     MT_CHECK(check_out(ctx, out_dir, "manifest.json", force));
 
     snprintf(path, sizeof path, "%s/model.safetensors", hf_dir);
@@ -805,11 +1066,14 @@ enum mt_status mt_import_hf(struct mt_ctx *ctx, const char *hf_dir, const char *
         p->numel = (size_t)p->shape[0] * (size_t)p->shape[1];
         p->layer = -1;
         p->expert = -1;
-        const struct mt_st_tensor *t = mt_safetensors_find(sf, x[i].name);
-        if (!t && tied && !strcmp(x[i].name, "lm_head.weight"))
-            t = mt_safetensors_find(sf, "model.embed_tokens.weight");   /* tied head: untie by copying */
-        else if (t)
+        const struct mt_st_tensor *t;
+        if (tied && !strcmp(x[i].name, "lm_head.weight")) {
+            /* HF ties the head to the embedding whatever lm_head.weight holds */
+            t = mt_safetensors_find(sf, "model.embed_tokens.weight");
+            if (mt_safetensors_find(sf, "lm_head.weight")) used++;
+        } else if ((t = mt_safetensors_find(sf, x[i].name)) != NULL) {
             used++;
+        }
         if (!t) { rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: no tensor %s", path, x[i].name); goto done; }
         int ok = t->ndim == x[i].ndim && t->shape[0] == x[i].shape[0] && (t->ndim == 1 || t->shape[1] == x[i].shape[1]);
         if (!ok) {

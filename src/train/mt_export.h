@@ -5,9 +5,11 @@
  * parameter names ARE the Hugging Face names, so export and import copy
  * tensors by name, with no renaming or permutation.
  *
- *     char warn[1024];
- *     rc = mt_export_hf(&ctx, "run/ckpt/step_000100", "run/hf", -1, 0, warn, sizeof warn);
- *     // run/hf/config.json + run/hf/model.safetensors; warn lists what HF will not reproduce
+ *     char warn[1024] = "";
+ *     struct mt_export_opts eo = {.bos_token_id = -1};
+ *     rc = mt_export_hf(&ctx, "run/ckpt/step_000100", "run/hf", &eo, warn, sizeof warn);
+ *     // run/hf/config.json + model.safetensors (+ tokenizer files); a model HF
+ *     // cannot represent exactly is refused unless eo.allow_lossy
  *     rc = mt_import_hf(&ctx, "run/hf", "run2/ckpt/step_000000", 0, 0, warn, sizeof warn);
  *
  * safetensors layout: u64 little-endian N, N bytes of JSON header (padded
@@ -77,33 +79,74 @@ enum mt_status mt_safetensors_read_f32(struct mt_ctx *ctx, const struct mt_safet
 
 /* Hugging Face config.json text for a resolved cfg: Qwen3ForCausalLM, or
  * Qwen3MoeForCausalLM when any layer is 'E'. bos_token_id < 0 = unknown
- * (omitted). Appends warnings (one per line) to warn for what HF will not
- * reproduce (shared expert, logit softcap). Returns malloc'd text (free()),
+ * (bos/eos omitted; else eos_token_id = bos_token_id: meshtrain's one special
+ * token <|bos|> also ends a document). Every model key HF has no field for is
+ * written as meshtrain_<key> (logit_softcap, z_loss_coef,
+ * shared_expert_hidden, and aux_loss_coef for dense models), and
+ * "meshtrain_export": 1 marks the folder as an export, so that export ->
+ * import gives back the same model config. What HF cannot represent is not
+ * checked here: see mt_export_hf_lossy. Returns malloc'd text (free()),
  * NULL on allocation failure. */
-char *mt_export_hf_config(const struct mt_config *cfg, int bos_token_id, char *warn, size_t warn_len);
+char *mt_export_hf_config(const struct mt_config *cfg, int bos_token_id);
 
-/* Parse a Qwen3 / Qwen3-MoE config.json into the model keys of cfg (the
- * caller fills defaults first); *tied is set to tie_word_embeddings.
- * Unsupported architecture or feature -> MT_ERR_FORMAT naming the key. */
+/* The features of a resolved cfg that the Hugging Face architecture of the
+ * export cannot represent (its logits would differ from meshtrain's): a
+ * logit softcap, a shared expert. Appends one line per feature to `what`
+ * (may be NULL) and returns their count (0: the export is exact). */
+int mt_export_hf_lossy(const struct mt_config *cfg, char *what, size_t what_len);
+
+/* Parse a Qwen3 / Qwen3-MoE config.json (transformers 4 or 5 spellings:
+ * rope_theta or rope_parameters.rope_theta, num_experts or
+ * num_local_experts) into the model keys of cfg (the caller fills defaults
+ * first); *tied is set to tie_word_embeddings. Refused with MT_ERR_FORMAT
+ * naming the key: another architecture, rope scaling other than "default",
+ * a sliding window, attention biases, an activation other than silu, and
+ * norm_topk_prob false or missing (HF's default is false; meshtrain always
+ * renormalises the top-k gates). A missing head_dim is 128 for qwen3 (HF's
+ * default) and hidden_size / num_attention_heads for qwen3_moe. Warnings
+ * (appended to warn, may be NULL) for keys read but without effect. */
 enum mt_status mt_export_hf_config_parse(struct mt_ctx *ctx, const char *json_text, struct mt_config *cfg,
                                          int *tied, char *warn, size_t warn_len);
 
-/* Checkpoint dir -> out_dir/{config.json, model.safetensors}. Reads the
- * manifest and params.bin directly (checksum verified; no model, no
- * backend). Writes out_dir.tmp and renames it; an existing out_dir that is
- * not a previous export (no model.safetensors) and not empty is refused
- * unless force. Errors: bad/missing checkpoint -> MT_ERR_IO / MT_ERR_FORMAT,
- * refused output -> MT_ERR_INVALID_ARG. */
-enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char *out_dir, int bos_token_id,
-                            int force, char *warn, size_t warn_len);
+/* Files an export writes into its --out folder (NULL-terminated); nothing
+ * else there is ever touched. */
+extern const char *const mt_export_hf_files[];
+
+struct mt_export_opts {
+    int         bos_token_id;  /* < 0: the tokenizer's BOS, or omitted without a tokenizer      */
+    int         force;         /* write into a non-empty --out that is not a previous export     */
+    int         allow_lossy;   /* export what HF cannot represent, saying what is dropped        */
+    const char *tokenizer;     /* tokenizer.bin to export; NULL: ckpt_dir/tokenizer.bin if there */
+};
+
+/* Checkpoint dir -> out_dir/{config.json, model.safetensors,
+ * generation_config.json[, tokenizer.json, tokenizer_config.json]}. Reads
+ * the manifest and params.bin directly (checksum verified; no model, no
+ * backend).
+ *
+ * Output protocol (nothing the command did not write is ever deleted):
+ * out_dir may not be, contain or lie inside ckpt_dir (refused even with
+ * force); an existing non-empty out_dir must be a previous export (its
+ * config.json has "meshtrain_export") unless force. The files are written
+ * into out_dir/.meshtrain_export.tmp and renamed over their namesakes one
+ * by one; other files in out_dir stay. In a previous export, files of
+ * mt_export_hf_files this export does not write (an old tokenizer.json) are
+ * removed, so the folder never mixes two exports.
+ *
+ * Errors: bad/missing checkpoint -> MT_ERR_IO / MT_ERR_FORMAT; a model HF
+ * cannot represent without allow_lossy (message names every feature),
+ * refused output, bad tokenizer -> MT_ERR_INVALID_ARG / MT_ERR_FORMAT. With
+ * allow_lossy, warn says exactly what the HF model drops. */
+enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char *out_dir,
+                            const struct mt_export_opts *opts, char *warn, size_t warn_len);
 
 /* hf_dir/{config.json, model.safetensors} -> checkpoint at out_dir, step 0,
  * no optimizer state (the loader then starts the optimizer from zero).
  * seq_len > 0 overrides max_position_embeddings as the model's seq_len.
- * Every tensor of the model must be present with its shape (lm_head may be
- * absent when tie_word_embeddings: it is copied from embed_tokens).
- * An existing out_dir without manifest.json that is not empty is refused
- * unless force. */
+ * Every tensor of the model must be present with its shape; with
+ * tie_word_embeddings lm_head is embed_tokens (as in HF, whatever lm_head
+ * the file holds). An existing out_dir without manifest.json that is not
+ * empty is refused unless force; out_dir overlapping hf_dir is refused. */
 enum mt_status mt_import_hf(struct mt_ctx *ctx, const char *hf_dir, const char *out_dir, int seq_len, int force,
                             char *warn, size_t warn_len);
 

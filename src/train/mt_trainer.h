@@ -18,6 +18,8 @@ struct mt_train_opts {
     const char *val_path;      /* --val-data: default: the "val" split of a data dir   */
     const char *out_dir;       /* --out (required)                                    */
     const char *resume;        /* --resume: checkpoint dir or a previous OUT           */
+    const char *init_from;     /* --init-from: checkpoint dir whose parameters start the run
+                                * (step 0, fresh optimizer, data from the start); NULL = init */
     int         steps;         /* --steps: the step to reach (0: initial ckpt only)    */
     const char *mesh;          /* --mesh, NULL = one rank                             */
     const char *pp_layers;     /* --pp-layers "n0,n1,...": layers per stage (NULL: balanced) */

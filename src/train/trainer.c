@@ -836,6 +836,8 @@ static enum mt_status setup_local(struct mt_ctx *ctx, struct mt_config *cfg, con
 
     /* ---- 1. config (vocab may come from the data dir) ---- */
     MT_CHECK(resolve_vocab(ctx, cfg, opts->data_path));
+    if (opts->resume && opts->init_from)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--resume and --init-from exclude each other");
     if (opts->resume) {
         /* latest of the run, or its previous intact checkpoint (said on stderr) */
         char note[2048];
@@ -1003,6 +1005,13 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
             MT_CHECK_GOTO(mt_ckpt_load(ctx, ops, resume_dir, v, nv, rs.opt[k]), rc, agree2);
             mt_optim_set_t(rs.opt[k], resume_meta.adam_t);
         }
+    } else if (opts->init_from) {
+        /* weights only: each rank reads the parameters it owns; optimizer fresh */
+        for (int k = 0; k < rs.n_eng; k++) {
+            int nv;
+            struct mt_param *v = mt_zero_opt_params(rs.eng[k], &nv);
+            MT_CHECK_GOTO(mt_ckpt_load(ctx, ops, opts->init_from, v, nv, NULL), rc, agree2);
+        }
     } else {
         for (int k = 0; k < rs.n_eng; k++) MT_CHECK_GOTO(mt_zero_init_params(ctx, rs.eng[k], cfg->seed), rc, agree2);
     }
@@ -1013,7 +1022,7 @@ agree2:
         if (rc != MT_ERR_COMM) res->collective_started = 0; /* agreed: no abort (a broken comm still aborts) */
         goto done;
     }
-    if (resume_dir[0])
+    if (resume_dir[0] || opts->init_from)
         for (int k = 0; k < rs.n_eng; k++) MT_CHECK_GOTO(mt_zero_sync_params(ctx, rs.eng[k]), rc, done);
     const int any_moe = strchr(cfg->pattern, 'E') != NULL, LE = cfg->n_layer * (cfg->n_experts > 0 ? cfg->n_experts : 1);
 

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# tests/hf/check.sh BUILD_DIR [PYTHON] — opt-in check against transformers itself
+# (issue 17 item 6). PYTHON (default $MT_HF_PYTHON, else python3) must have
+# torch and transformers; without them: "SKIPPED (no transformers)", exit 77.
+#   1. meshtrain -> HF: a dense and a MoE model trained on text with meshtrain's
+#      own tokenizer, exported; AutoModelForCausalLM logits == `meshtrain
+#      logits`, greedy generation == `meshtrain sample --temperature 0`;
+#      AutoTokenizer ids == `meshtrain tokenizer encode` on the texts that are
+#      supposed to match (docs/export.md), and decode gives the text back.
+#   2. HF -> meshtrain: a random Qwen3 (tied embeddings, no head_dim key) and a
+#      random Qwen3-MoE saved by transformers -> import: logits equal, and
+#      `train --init-from` step-0 loss equal to HF's on the same batch.
+# Not registered with ctest (it needs a python with torch); run it by hand:
+#   python3 -m venv /tmp/hf4 && /tmp/hf4/bin/pip install 'transformers>=4.57,<5' torch
+#   bash tests/hf/check.sh build /tmp/hf4/bin/python
+set -u
+B=${1:?build dir}
+PY=${2:-${MT_HF_PYTHON:-python3}}
+MT="$B/meshtrain"
+HERE=$(cd "$(dirname "$0")" && pwd)
+if ! "$PY" -c "import torch, transformers" 2>/dev/null; then echo "SKIPPED (no transformers in $PY)"; exit 77; fi
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+fails=0; passes=0
+ok()  { passes=$((passes+1)); echo "PASS $1"; }
+bad() { fails=$((fails+1)); echo "FAIL $1"; }
+echo "transformers $("$PY" -c 'import transformers; print(transformers.__version__)'), torch $("$PY" -c 'import torch; print(torch.__version__)')"
+
+# ---- a corpus, meshtrain's tokenizer, shards ----
+mkdir -p "$W/corpus"
+python3 - "$W/corpus" <<'PY'
+import random, sys
+r = random.Random(3)
+words = "the a model train token shard mesh rank expert router gate loss step we they it's don't I'll you're".split()
+with open(f"{sys.argv[1]}/text.txt", "w") as f:
+    for i in range(3000):
+        s = " ".join(r.choice(words) for _ in range(r.randrange(3, 12)))
+        f.write(f"{s.capitalize()}, {r.randrange(100000)} times.\n")
+        if i % 7 == 0: f.write(f"int f{i}(int x) {{ return x * {i} + 1; }}\n\n")
+        if i % 11 == 0: f.write("café naïve — 中文 😀 x\t\ty\n")
+PY
+$MT tokenizer train --input "$W/corpus" --vocab 512 --out "$W/tok.bin" >/dev/null 2>&1 &&
+$MT prepare --input "$W/corpus" --tokenizer "$W/tok.bin" --out "$W/data" --val-frac 0.1 >/dev/null 2>&1 ||
+    { echo "FAIL cannot build the tokenizer / data"; exit 1; }
+
+T=32
+BASE="--set n_layer=2 --set d_model=64 --set n_head=4 --set n_kv_head=2 --set seq_len=$T --set batch_size=8 --set lr=0.01 --set warmup_steps=5"
+IDS=$(python3 -c "
+import struct; b=open('$(ls "$W"/data/*train*.bin | head -1)','rb').read(); print(','.join(str(x) for x in struct.unpack('<24H', b[1024:1072])))")
+
+# ---- 1. meshtrain -> HF ----
+for kind in dense moe; do
+    extra=""; [ $kind = moe ] && extra="--set pattern=AE --set n_experts=4 --set top_k=2 --set expert_hidden=32"
+    if ! $MT train $BASE $extra --data "$W/data" --out "$W/$kind" --steps 30 --quiet --peak-flops 1e11 >/dev/null 2>"$W/err" ||
+       ! $MT export --ckpt "$W/$kind" --out "$W/$kind.hf" >/dev/null 2>>"$W/err" ||
+       ! $MT logits --ckpt "$W/$kind" --ids "$IDS" --out "$W/$kind.logits" >/dev/null 2>>"$W/err"; then
+        bad "$kind: train/export/logits ($(cat "$W/err"))"; continue; fi
+    PROMPT=$(echo "$IDS" | cut -d, -f1-8)
+    G=$($MT sample --ckpt "$W/$kind" --prompt-ids "$PROMPT" --tokens 16 --temperature 0 2>"$W/err") || { bad "$kind: sample"; continue; }
+    "$PY" "$HERE/check_hf.py" export "$W/$kind.hf" "$W/$kind.logits" "$IDS" "$G" &&
+        ok "$kind: export == transformers (logits, greedy text)" || bad "$kind: export vs transformers"
+done
+
+# tokenizer: the texts the two pre-tokenizers split alike (docs/export.md)
+python3 - "$W/texts.json" <<'PY'
+import json, sys
+texts = ["Hello world", "The model's loss: 3.1415926 after 12345 steps!", "int f(int x) { return x * 2; }\n\n",
+         "  leading spaces and trailing   ", "line one\nline two\r\n\r\nthree", "tabs\there\t\tand  there",
+         "it's they're we'll I'M DON'T", "café naïve — 中文 😀", "x" * 300, "12 345 6789 0", "a\n\n\n  b",
+         "emoji 😀😀 and ñ ü", "MiXeD CaSe 99problems"]
+json.dump(texts, open(sys.argv[1], "w"))
+PY
+python3 - "$W/texts.json" "$W/mt_ids.json" "$MT" "$W/dense/ckpt" <<'PY'
+import glob, json, subprocess, sys
+texts = json.load(open(sys.argv[1])); mt = sys.argv[3]
+tok = sorted(glob.glob(f"{sys.argv[4]}/*/tokenizer.bin"))[-1]
+ids = [[int(x) for x in subprocess.run([mt, "tokenizer", "encode", "--tokenizer", tok], input=t.encode(),
+        capture_output=True, check=True).stdout.split()] for t in texts]
+json.dump(ids, open(sys.argv[2], "w"))
+PY
+"$PY" "$HERE/check_hf.py" tokenizer "$W/dense.hf" "$W/texts.json" "$W/mt_ids.json" &&
+    ok "tokenizer.json: AutoTokenizer == meshtrain tokenizer encode" || bad "tokenizer.json vs meshtrain"
+
+# ---- 2. HF -> meshtrain ----
+for kind in dense moe; do
+    "$PY" "$HERE/check_hf.py" make $kind "$W/hf_$kind" 512 || { bad "$kind: transformers could not save a model"; continue; }
+    if $MT import --hf "$W/hf_$kind" --out "$W/imp_$kind" >/dev/null 2>"$W/err" &&
+       $MT logits --ckpt "$W/imp_$kind" --ids "$IDS" --out "$W/imp_$kind.logits" >/dev/null 2>>"$W/err"; then
+        "$PY" "$HERE/check_hf.py" hf_logits "$W/hf_$kind" "$W/imp_$kind.logits" "$IDS" &&
+            ok "$kind: transformers model -> import: logits equal" || bad "$kind: import logits"
+    else bad "$kind: import ($(cat "$W/err"))"; fi
+    if $MT train --init-from "$W/hf_$kind" --set seq_len=$T --set batch_size=4 --data "$W/data" --out "$W/ft_$kind" \
+          --steps 1 --quiet --peak-flops 1e11 >/dev/null 2>"$W/err"; then
+        "$PY" "$HERE/check_hf.py" hf_loss "$W/hf_$kind" "$W/data" $T 4 "$W/ft_$kind/receipt.json" &&
+            ok "$kind: train --init-from the transformers folder: step-0 loss == HF's" || bad "$kind: step-0 loss"
+    else bad "$kind: train --init-from ($(cat "$W/err"))"; fi
+done
+
+echo "$passes passed, $fails failed"
+[ $fails -eq 0 ]

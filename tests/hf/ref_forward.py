@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""ref_forward.py — the model of SPEC.md section 1, in numpy (float64), from an
+exported Hugging Face folder alone (config.json + model.safetensors).
+
+This is meshtrain's first reference for its model that is not its own code:
+written from the spec (and the Qwen3 / Qwen3-MoE definitions it follows), it
+reads nothing but the export, so it checks the forward, the export's names,
+layouts and config keys at once.
+
+    ref_forward.py compare HF_DIR MT_LOGITS.safetensors IDS [--atol 1e-5]
+        forward over IDS (comma separated) and compare with `meshtrain logits`
+        output: logits (after softcap), lm_loss, aux_loss, z_loss.
+    ref_forward.py uniform HF_DIR MT_LOGITS.safetensors
+        the hand-computed case: every router weight is zero, so every token
+        routes to experts 0..k-1 (ties go to the lower index), f = 1/k on
+        them, P = 1/E, hence per MoE layer aux = coef * E * k * (1/k)(1/E) =
+        coef and z = z_coef * ln(E)^2; checks meshtrain's terms against that.
+"""
+import json
+import math
+import struct
+import sys
+
+import numpy as np
+
+
+def load_safetensors(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    out = {}
+    for k, e in h.items():
+        if k == "__metadata__":
+            continue
+        lo, hi = e["data_offsets"]
+        raw = b[8 + n + lo:8 + n + hi]
+        if e["dtype"] == "F32":
+            a = np.frombuffer(raw, dtype="<f4")
+        elif e["dtype"] == "BF16":
+            a = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        elif e["dtype"] == "F16":
+            a = np.frombuffer(raw, dtype="<f2")
+        else:
+            raise SystemExit(f"{path}: {k} has dtype {e['dtype']}")
+        out[k] = a.astype(np.float64).reshape(e["shape"])
+    return out
+
+
+def load_hf(d):
+    cfg = json.load(open(f"{d}/config.json"))
+    return cfg, load_safetensors(f"{d}/model.safetensors")
+
+
+def rmsnorm(x, g, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * g
+
+
+def silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def swiglu(h, wg, wu, wd):
+    return (silu(h @ wg.T) * (h @ wu.T)) @ wd.T
+
+
+def rope(x, theta):
+    """x: (T, heads, hd); rotate-half pairs (i, i + hd/2)."""
+    T, _, hd = x.shape
+    inv = theta ** (-np.arange(0, hd // 2, dtype=np.float64) * 2.0 / hd)
+    ang = np.arange(T, dtype=np.float64)[:, None] * inv[None, :]      # (T, hd/2)
+    c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    a, b = x[..., :hd // 2], x[..., hd // 2:]
+    return np.concatenate([a * c - b * s, b * c + a * s], axis=-1)
+
+
+def rope_theta(cfg):
+    if "rope_theta" in cfg:
+        return float(cfg["rope_theta"])
+    return float(cfg["rope_parameters"]["rope_theta"])
+
+
+def forward(cfg, W, ids):
+    """Returns logits (T, V) after softcap, and (lm, aux, z) as meshtrain defines them."""
+    ids = np.asarray(ids)
+    T = len(ids)
+    D, H = cfg["hidden_size"], cfg["num_attention_heads"]
+    K = cfg.get("num_key_value_heads", H)
+    hd = cfg.get("head_dim") or D // H
+    eps, theta = float(cfg["rms_norm_eps"]), rope_theta(cfg)
+    L = cfg["num_hidden_layers"]
+    moe = cfg["model_type"] == "qwen3_moe"
+    E = cfg.get("num_experts", cfg.get("num_local_experts", 0)) if moe else 0
+    k = cfg.get("num_experts_per_tok", 0)
+    mlp_only = set(cfg.get("mlp_only_layers") or [])
+    step = cfg.get("decoder_sparse_step", 1)
+    aux_coef = float(cfg.get("router_aux_loss_coef", 0.0))
+    z_coef = float(cfg.get("meshtrain_z_loss_coef", 0.0))
+    cap = float(cfg.get("meshtrain_logit_softcap", 0.0))
+    aux = z = 0.0
+    x = W["model.embed_tokens.weight"][ids]                              # (T, D)
+    mask = np.triu(np.full((T, T), -np.inf), 1)
+    for l in range(L):
+        p = f"model.layers.{l}."
+        h = rmsnorm(x, W[p + "input_layernorm.weight"], eps)
+        q = (h @ W[p + "self_attn.q_proj.weight"].T).reshape(T, H, hd)
+        kk = (h @ W[p + "self_attn.k_proj.weight"].T).reshape(T, K, hd)
+        v = (h @ W[p + "self_attn.v_proj.weight"].T).reshape(T, K, hd)
+        q = rope(rmsnorm(q, W[p + "self_attn.q_norm.weight"], eps), theta)
+        kk = rope(rmsnorm(kk, W[p + "self_attn.k_norm.weight"], eps), theta)
+        y = np.empty((T, H, hd))
+        for j in range(H):                                               # head j reads kv head j / (H/K)
+            kv = j // (H // K)
+            s = q[:, j, :] @ kk[:, kv, :].T / math.sqrt(hd) + mask
+            s = np.exp(s - s.max(axis=1, keepdims=True))
+            y[:, j, :] = (s / s.sum(axis=1, keepdims=True)) @ v[:, kv, :]
+        x = x + y.reshape(T, H * hd) @ W[p + "self_attn.o_proj.weight"].T
+        h = rmsnorm(x, W[p + "post_attention_layernorm.weight"], eps)
+        sparse = moe and E > 0 and l not in mlp_only and (l + 1) % step == 0
+        if not sparse:
+            x = x + swiglu(h, W[p + "mlp.gate_proj.weight"], W[p + "mlp.up_proj.weight"], W[p + "mlp.down_proj.weight"])
+            continue
+        r = h @ W[p + "mlp.gate.weight"].T                               # (T, E) router logits
+        m = r.max(axis=1, keepdims=True)
+        lse = (m + np.log(np.exp(r - m).sum(axis=1, keepdims=True)))[:, 0]
+        prob = np.exp(r - lse[:, None])
+        out = np.zeros_like(h)
+        f = np.zeros(E)
+        for t in range(T):
+            pr = prob[t].copy()
+            chosen = []
+            for _ in range(k):                                           # k rounds of argmax, first max wins
+                e = int(np.argmax(pr))
+                chosen.append(e)
+                pr[e] = -1.0
+            g = prob[t, chosen] / prob[t, chosen].sum()
+            for gate, e in zip(g, chosen):
+                q_ = f"{p}mlp.experts.{e}."
+                out[t] += gate * swiglu(h[t:t + 1], W[q_ + "gate_proj.weight"], W[q_ + "up_proj.weight"],
+                                        W[q_ + "down_proj.weight"])[0]
+                f[e] += 1.0
+        if p + "mlp.shared_expert.gate_proj.weight" in W:                # meshtrain's ungated shared expert
+            out += swiglu(h, W[p + "mlp.shared_expert.gate_proj.weight"], W[p + "mlp.shared_expert.up_proj.weight"],
+                          W[p + "mlp.shared_expert.down_proj.weight"])
+        x = x + out
+        f /= T * k                                                       # share of the T*k routing slots
+        aux += aux_coef * E * float(np.sum(f * prob.mean(axis=0)))
+        z += z_coef * float(np.mean(lse ** 2))
+    h = rmsnorm(x, W["model.norm.weight"], eps)
+    logits = h @ W["lm_head.weight"].T
+    if cap > 0:
+        logits = cap * np.tanh(logits / cap)
+    m = logits.max(axis=1, keepdims=True)
+    lp = logits - m - np.log(np.exp(logits - m).sum(axis=1, keepdims=True))
+    lm = -float(np.mean(lp[np.arange(T - 1), ids[1:]]))
+    return logits, (lm, aux, z)
+
+
+def main():
+    mode = sys.argv[1]
+    if mode == "compare":
+        hf, mt_path, ids = sys.argv[2], sys.argv[3], [int(x) for x in sys.argv[4].replace(",", " ").split()]
+        atol = float(sys.argv[sys.argv.index("--atol") + 1]) if "--atol" in sys.argv else 1e-5
+        cfg, W = load_hf(hf)
+        ref, terms = forward(cfg, W, ids)
+        mt = load_safetensors(mt_path)
+        dl = float(np.max(np.abs(ref - mt["logits"])))
+        bad = []
+        if not dl <= atol:
+            bad.append(f"logits max |diff| {dl:.3g} > {atol}")
+        for name, r in zip(("lm_loss", "aux_loss", "z_loss"), terms):
+            got = float(mt[name][0])
+            d = abs(got - r)
+            print(f"  {name}: meshtrain {got:.9g} reference {r:.9g} |diff| {d:.2g}")
+            if not d <= atol * max(1.0, abs(r)):
+                bad.append(f"{name} {got} vs {r}")
+        print(f"  logits ({len(ids)}, {ref.shape[1]}): max |diff| {dl:.3g} (max |logit| {np.max(np.abs(ref)):.3g})")
+        if bad:
+            raise SystemExit("MISMATCH: " + "; ".join(bad))
+    elif mode == "uniform":
+        hf, mt_path = sys.argv[2], sys.argv[3]
+        cfg, W = load_hf(hf)
+        n_moe = sum(1 for n in W if n.endswith("mlp.gate.weight"))
+        for n in W:
+            if n.endswith("mlp.gate.weight"):
+                assert not W[n].any(), f"{n} is not zero"
+        E = cfg.get("num_experts", cfg.get("num_local_experts"))
+        aux = n_moe * float(np.float32(cfg["router_aux_loss_coef"]))
+        z = n_moe * float(np.float32(cfg["meshtrain_z_loss_coef"])) * math.log(E) ** 2
+        mt = load_safetensors(mt_path)
+        ga, gz = float(mt["aux_loss"][0]), float(mt["z_loss"][0])
+        print(f"  uniform routing, {n_moe} MoE layers, E={E}: aux {ga:.9g} (by hand {aux:.9g}), z {gz:.9g} (by hand {z:.9g})")
+        if not (abs(ga - aux) <= 1e-6 * aux and abs(gz - z) <= 1e-6 * z):
+            raise SystemExit("MISMATCH: aux/z terms differ from the hand-computed values")
+    else:
+        raise SystemExit(__doc__)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+/*
+ * cmd_logits.c — `meshtrain logits`: one forward over given token ids, the
+ * model's logits (softcap applied: what the model predicts) and its loss
+ * terms written as safetensors. The reference point for comparing meshtrain
+ * with any other implementation of the model (tests/hf/).
+ *
+ * Output tensors (F32): "logits" (n, V); "lm_loss", "aux_loss", "z_loss" (1):
+ * the forward's terms for the one sequence with targets ids[t+1] (the last
+ * position has none), i.e. lm = mean CE over n-1 targets, aux and z summed
+ * over MoE layers (per-sequence aux, z averaged over the n tokens).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cmd.h"
+#include "core/mt_config.h"
+#include "core/mt_core.h"
+#include "model/mt_model.h"
+#include "ops/mt_ops.h"
+#include "train/mt_ckpt.h"
+#include "train/mt_export.h"
+
+int mt_cmd_parse_ids(const char *s, int32_t **ids, int *n)
+{
+    *ids = NULL;
+    *n = 0;
+    int cap = 0;
+    const char *p = s;
+    while (*p) {
+        while (*p == ' ' || *p == ',' || *p == '\n' || *p == '\t') p++;
+        if (!*p) break;
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > 65535 || (*end && *end != ',' && *end != ' ' && *end != '\n' && *end != '\t')) {
+            free(*ids);
+            *ids = NULL;
+            *n = 0;
+            return -1;
+        }
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 64;
+            int32_t *g = realloc(*ids, (size_t)cap * sizeof **ids);
+            if (!g) { free(*ids); *ids = NULL; *n = 0; return -1; }
+            *ids = g;
+        }
+        (*ids)[(*n)++] = (int32_t)v;
+        p = end;
+    }
+    return *n > 0 ? 0 : -1;
+}
+
+static void logits_usage(FILE *f)
+{
+    fprintf(f, "usage: meshtrain logits --ckpt DIR --ids \"ID,ID,...\" --out FILE.safetensors\n\n"
+               "  --ckpt DIR     checkpoint dir or a training --out dir (latest step)   (required)\n"
+               "  --ids LIST     token ids, comma or space separated, at least 2       (required)\n"
+               "  --out FILE     safetensors with logits (n, V) after softcap, lm_loss, aux_loss, z_loss\n"
+               "exit codes: 0 ok, 2 bad input, 1 runtime failure\n");
+}
+
+int mt_cmd_logits(int argc, char **argv)
+{
+    const char *ckpt = NULL, *ids_arg = NULL, *out = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { logits_usage(stdout); return 0; }
+        if (strcmp(a, "--ckpt") && strcmp(a, "--ids") && strcmp(a, "--out")) {
+            fprintf(stderr, "meshtrain logits: unknown option '%s' (see --help)\n", a);
+            return 2;
+        }
+        if (!v) { fprintf(stderr, "meshtrain logits: %s needs a value (see --help)\n", a); return 2; }
+        if (!strcmp(a, "--ckpt")) ckpt = v;
+        else if (!strcmp(a, "--ids")) ids_arg = v;
+        else out = v;
+        i++;
+    }
+    if (!ckpt || !ids_arg || !out) { fprintf(stderr, "meshtrain logits: --ckpt, --ids and --out are required\n"); return 2; }
+    int32_t *ids = NULL;
+    int n = 0;
+    if (mt_cmd_parse_ids(ids_arg, &ids, &n) || n < 2) {
+        fprintf(stderr, "meshtrain logits: --ids needs at least 2 ids in [0, 65535], comma or space separated\n");
+        free(ids);
+        return 2;
+    }
+
+    struct mt_ctx ctx;
+    mt_ctx_init(&ctx);
+    enum mt_status rc = MT_OK;
+    struct mt_model *m = NULL;
+    float *logits = NULL;
+    int32_t *targets = NULL;
+    const struct mt_ops_i *ops = mt_ops_cpu();
+    char dir[4096];
+    struct mt_config cfg;
+    struct mt_ckpt_meta meta;
+    mt_config_defaults(&cfg);
+    MT_CHECK_GOTO(mt_ckpt_find(&ctx, ckpt, dir, sizeof dir), rc, done);
+    MT_CHECK_GOTO(mt_ckpt_read_meta(&ctx, dir, &cfg, &meta), rc, done);
+    for (int i = 0; i < n; i++)
+        if (ids[i] >= cfg.vocab_size) {
+            rc = mt_ctx_error(&ctx, MT_ERR_INVALID_ARG, "--ids: id %d at position %d is >= vocab_size %d", ids[i], i,
+                              cfg.vocab_size);
+            goto done;
+        }
+    /* one sequence of exactly n tokens: positions 0..n-1, as in any forward */
+    cfg.seq_len = n;
+    MT_CHECK_GOTO(mt_config_resolve(&ctx, &cfg, 1), rc, done);
+    MT_CHECK_GOTO(mt_model_create(&ctx, ops, &cfg, 1, &m), rc, done);
+    int n_params;
+    struct mt_param *params = mt_model_params(m, &n_params);
+    MT_CHECK_GOTO(mt_ckpt_load(&ctx, ops, dir, params, n_params, NULL), rc, done);
+    const size_t V = (size_t)cfg.vocab_size;
+    targets = mt_alloc(&ctx, (size_t)n * sizeof *targets, MT_BUCKET_OTHER);
+    logits = mt_alloc(&ctx, (size_t)n * V * sizeof *logits, MT_BUCKET_OTHER);
+    if (!targets || !logits) { rc = MT_ERR_OOM; goto done; }
+    for (int i = 0; i < n; i++) targets[i] = i + 1 < n ? ids[i + 1] : -1;
+    struct mt_loss_norm norm = {.n_targets = n - 1, .n_sequences = 1, .n_tokens = n};
+    struct mt_loss_parts parts;
+    MT_CHECK_GOTO(mt_model_forward(&ctx, m, ids, targets, &norm, &parts), rc, done);
+    ops->copy_to_host(logits, mt_model_logits(m), (size_t)n * V * sizeof *logits);
+    if (cfg.logit_softcap > 0) {
+        const float c = cfg.logit_softcap;
+        for (size_t k = 0; k < (size_t)n * V; k++) logits[k] = c * tanhf(logits[k] / c);
+    }
+    float lm = (float)parts.lm, aux = (float)parts.aux, z = (float)parts.z;
+    struct mt_st_tensor t[4];
+    memset(t, 0, sizeof t);
+    const char *names[4] = {"logits", "lm_loss", "aux_loss", "z_loss"};
+    const float *data[4] = {logits, &lm, &aux, &z};
+    for (int k = 0; k < 4; k++) {
+        snprintf(t[k].name, sizeof t[k].name, "%s", names[k]);
+        t[k].dtype = MT_ST_F32;
+        t[k].data = data[k];
+        t[k].ndim = k == 0 ? 2 : 1;
+        t[k].shape[0] = k == 0 ? n : 1;
+        t[k].shape[1] = k == 0 ? (int64_t)V : 0;
+    }
+    MT_CHECK_GOTO(mt_safetensors_write(&ctx, out, t, 4), rc, done);
+    printf("logits (%d, %zu) of %s -> %s: lm_loss %.7g aux_loss %.7g z_loss %.7g\n", n, V, dir, out, (double)lm,
+           (double)aux, (double)z);
+
+done:
+    if (rc != MT_OK) fprintf(stderr, "meshtrain logits: %s\n", mt_ctx_last_error(&ctx));
+    mt_free(&ctx, logits);
+    mt_free(&ctx, targets);
+    mt_model_destroy(&ctx, m);
+    free(ids);
+    return mt_status_exit_code(rc);
+}
