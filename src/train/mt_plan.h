@@ -195,7 +195,9 @@ size_t mt_plan_rank_total(const struct mt_plan *p, int rank);
 size_t mt_plan_rank_alloc_total(const struct mt_plan *p, int rank);
 
 /* The largest total over all ranks, and (if rank != NULL) the lowest rank
- * that has it. O(pp): per stage, the busiest group ranks are precomputed. */
+ * that has it. O(pp): per stage, the busiest group ranks are precomputed;
+ * O(world) under ZeRO-2/3 on more than one rank, where the runtime bucket
+ * differs between the ranks of a stage. */
 size_t mt_plan_max_total(const struct mt_plan *p, int *rank);
 /* Micro-batch sequences of the current choice. */
 int mt_plan_micro(const struct mt_plan *p);

@@ -281,8 +281,6 @@ static double coll_scratch(const struct mt_plan *p, int rank, double *bytes)
 
 void mt_plan_rank_runtime(const struct mt_plan *p, int rank, struct mt_plan_runtime_terms *t)
 {
-    struct mt_mesh_coord c;
-    mt_mesh_coord_of(&p->su.dims, rank, &c);
     const struct mt_plan_runtime *rt = &p->rt;
     memset(t, 0, sizeof *t);
     t->base = rt->base_bytes;
@@ -323,15 +321,21 @@ size_t mt_plan_max_total(const struct mt_plan *p, int *rank)
 {
     size_t best = 0;
     int arg = 0;
+    if (p->zero >= 2 && p->world > 1) {
+        /* the runtime bucket then differs between ranks of a stage (the
+         * reduce-scatter temporaries sit on each group's rank 0): every rank */
+        for (int r = 0; r < p->world; r++) {
+            size_t t = mt_plan_rank_total(p, r);
+            if (r == 0 || t > best) { best = t; arg = r; }
+        }
+        if (rank) *rank = arg;
+        return best;
+    }
     for (int s = 0; s < p->su.dims.pp; s++) {   /* stages are contiguous rank blocks, in order */
-        /* the runtime bucket differs inside a stage only on the groups'
-         * rank 0 (ZeRO-2/3 reduce-scatter temporaries): the busiest rank by
-         * buckets or the stage's first rank (rank 0 of all its groups) */
-        int r = p->stage_arg[(size_t)p->zero * p->su.dims.pp + s], r0 = p->st[s].rep_rank;
+        /* the runtime bucket is the same on every rank of a stage */
+        int r = p->stage_arg[(size_t)p->zero * p->su.dims.pp + s];
         size_t t = sum_nb(p->st[s].model_bytes) + p->stage_max[(size_t)p->zero * p->su.dims.pp + s] +
                    rank_runtime(p, r);
-        size_t t0 = mt_plan_rank_total(p, r0);
-        if (t0 > t || (t0 == t && r0 < r)) t = t0, r = r0;
         if (s == 0 || t > best) { best = t; arg = r; }
     }
     if (rank) *rank = arg;
