@@ -34,7 +34,8 @@ by = {r[0]: r for r in rows}
 e7 = by["model.layers.1.mlp.experts.7.down_proj.weight"]
 assert e7[2] == "[-, -] @expert" and e7[6] == "data" and e7[5] == "1,3", e7     # expert rank 1 of ep=2
 assert by["model.embed_tokens.weight"][6] == "data_expert" and by["model.embed_tokens.weight"][7] == "4"
-assert re.search(r"^  ranks\s+params\s+grads\s+optim\s+acts\s+comm\s+workspace\s+other\s+total$", t, re.M)
+assert re.search(r"^  ranks\s+params\s+grads\s+optim\s+acts\s+comm\s+workspace\s+other\s+runtime\s+total$", t, re.M)
+assert re.search(r"^runtime \(rank 0; outside mt_alloc, from .*\): base [\d.]+ MiB, \d+ thread\(s\) ", t, re.M)
 assert re.search(r"^largest: rank \d+, ", t, re.M)
 PY
 else bad "plan exit status ($(cat "$W/err"))"; fi
@@ -64,7 +65,7 @@ assert j["schema"] == "meshtrain.plan/1" and j["mesh"]["pp"] == 2 and j["mesh"][
 assert len(j["memory"]["per_rank"]) == 4 and len(j["layout"]) > 0
 assert [s["activation_slots"] for s in j["mesh"]["pipeline_stages"]] == [1, 1]
 tot = {e["rank"]: e["bytes"]["total"] for e in j["memory"]["per_rank"]}
-for m in re.finditer(r"^  ([\d,-]+)\s+(?:\d+\s+){7}(\d+)$", t, re.M):
+for m in re.finditer(r"^  ([\d,-]+)\s+(?:\d+\s+){8}(\d+)$", t, re.M):   # 7 buckets, runtime, total
     for part in m.group(1).split(","):
         a, _, b = part.partition("-")
         for r in range(int(a), int(b or a) + 1): assert tot[r] == int(m.group(2)), (r, tot[r], m.group(2))

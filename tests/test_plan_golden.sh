@@ -44,7 +44,7 @@ print(json.dumps(j, indent=1, sort_keys=False))'
 
 while IFS='|' read -r name args; do
     [ -n "$name" ] || continue
-    if ! "$MT" plan $args --json --profile none --steps 10 > "$W/$name.raw" 2> "$W/$name.err"; then
+    if ! "$MT" plan $args --threads 1 --json --profile none --steps 10 > "$W/$name.raw" 2> "$W/$name.err"; then
         bad "$name: plan failed: $(cat "$W/$name.err")"; continue
     fi
     strip < "$W/$name.raw" > "$W/$name.json"

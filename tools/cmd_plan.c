@@ -31,6 +31,7 @@
 #include "core/mt_core.h"
 #include "dist/mt_mesh.h"
 #include "model/mt_model.h"
+#include "train/mt_data.h"
 #include "train/mt_plan.h"
 
 extern char **environ;
@@ -56,7 +57,10 @@ static void plan_usage(FILE *f)
             "  --verbose            auto: list every rejected candidate with its reason\n"
             "  --find-max WHAT      seq_len | batch_size: the largest value that fits --mem-per-rank\n"
             "  --verify             run the chosen setup for a few steps and compare plan and measured\n"
-            "  --data PATH          --verify: token shards (default: a synthetic shard in a temp dir)\n"
+            "  --threads N          threads per rank (runtime bucket)  default: train's (config threads,\n"
+            "                       OMP_NUM_THREADS, the cores)\n"
+            "  --data PATH          token shards: their mapped bytes join the runtime bucket; --verify trains\n"
+            "                       on them (default: a synthetic shard in a temp dir)\n"
             "  --verify-steps S     --verify: steps to run                              default: 3\n\n"
             "Without --auto: checks the startup contract (the same rules and messages as train), then prints\n"
             "the mesh, every parameter (global shape, layout spec, local shape, holders, reduction group,\n"
@@ -164,9 +168,20 @@ struct opts {
     int         world, zero, zero_given, steps, json, autofit, top, verbose, verify, verify_steps;
     const char *mesh, *pp_layers, *profile, *find_max, *data, *config;
     double      mem;               /* 0: not given */
+    int         threads;           /* the runtime bucket: threads per rank (train's rule by default) */
+    double      data_bytes;        /* ... the token shards (--data), 0 without                     */
+    const struct mt_plan_runtime *runtime;   /* the profile's runtime_memory, NULL: built in     */
     char      **sets;              /* the --set arguments, for --verify */
     int         n_sets;
 };
+
+/* The runtime bucket's inputs of a setup: threads, token shards, constants. */
+static void setup_runtime(struct mt_plan_setup *su, const struct opts *o)
+{
+    su->threads = o->threads;
+    su->data_bytes = o->data_bytes;
+    su->runtime = o->runtime;
+}
 
 /* ------------------------------------------------------------------ */
 /* explicit plan                                                       */
@@ -179,7 +194,7 @@ static void print_text(const struct mt_plan *p, const struct mt_plan_profile *pr
     const struct mt_plan_setup *su = mt_plan_get_setup(p);
     const struct mt_mesh_dims *d = &su->dims;
     const int W = mt_plan_world(p);
-    char h[32], h2[32];
+    char h[32], h2[32], gsb[32];
     int n_moe = 0;
     for (int l = 0; l < cfg->n_layer; l++) n_moe += mt_config_is_moe_layer(cfg, l);
     printf("model: V=%d L=%d D=%d H=%d K=%d hd=%d F=%d T=%d pattern=%s", cfg->vocab_size, cfg->n_layer, cfg->d_model,
@@ -235,7 +250,7 @@ static void print_text(const struct mt_plan *p, const struct mt_plan_profile *pr
 
     printf("\nmemory plan per rank (bytes; ranks with the same plan grouped):\n  %-14s", "ranks");
     for (int b = 0; b < MT_BUCKET_COUNT; b++) printf(" %12s", mt_bucket_name((enum mt_bucket)b));
-    printf(" %12s\n", "total");
+    printf(" %12s %12s\n", "runtime", "total");
     char *done = calloc((size_t)W, 1);
     for (int r = 0; ranks && done && r < W; r++) {
         if (done[r]) continue;
@@ -245,17 +260,26 @@ static void print_text(const struct mt_plan *p, const struct mt_plan_profile *pr
         for (int q = r; q < W; q++) {
             if (done[q]) continue;
             mt_plan_rank_bytes(p, q, b);
-            if (memcmp(a, b, sizeof a)) continue;
+            if (memcmp(a, b, sizeof a) || mt_plan_rank_total(p, q) != mt_plan_rank_total(p, r)) continue;
             done[q] = 1;
             ranks[n++] = q;
         }
         mt_plan_ranks_str(ranks, n, rs, sizeof rs);
         printf("  %-14s", rs);
-        size_t t = 0;
-        for (int k = 0; k < MT_BUCKET_COUNT; k++) { printf(" %12zu", a[k]); t += a[k]; }
-        printf(" %12zu\n", t);
+        for (int k = 0; k < MT_BUCKET_COUNT; k++) printf(" %12zu", a[k]);
+        size_t t = mt_plan_rank_total(p, r);
+        printf(" %12zu %12zu\n", t - mt_plan_rank_alloc_total(p, r), t);
     }
     free(done);
+    {
+        struct mt_plan_runtime_terms rt;
+        mt_plan_rank_runtime(p, 0, &rt);
+        const struct mt_plan_runtime *rc = mt_plan_get_runtime(p);
+        printf("runtime (rank 0; outside mt_alloc, from %s): base %s, %d thread(s) %s, MPI %s, collective scratch "
+               "%s, token shards %s\n", rc->source, human(rt.base, h, sizeof h), su->threads > 0 ? su->threads : 1,
+               human(rt.threads, h2, sizeof h2), human(rt.mpi, rs, sizeof rs), human(rt.coll_scratch, rs2, sizeof rs2),
+               human(rt.data, gsb, sizeof gsb));
+    }
     free(ranks);
     int mr;
     size_t mt = mt_plan_max_total(p, &mr);
@@ -425,19 +449,28 @@ static int verify_run(const struct mt_plan *p, const struct mt_plan_profile *pro
         return 1;
     }
     printf("verify: memory per rank, plan (this planner) vs measured (the run's step loop):\n");
-    printf("  %-6s %14s %14s %9s\n", "rank", "plan", "measured", "meas/plan");
-    double worst = 0;
+    printf("  %-6s %14s %14s %9s   %14s %14s %9s\n", "rank", "plan", "measured", "meas/plan", "plan+runtime",
+           "peak RSS", "RSS/plan");
+    double worst = 0, rworst = 0;
     const cJSON *e;
     cJSON_ArrayForEach(e, per) {
         int rk = cJSON_GetObjectItemCaseSensitive(e, "rank")->valueint;
-        double pl = (double)mt_plan_rank_total(p, rk);
+        double pl = (double)mt_plan_rank_alloc_total(p, rk);
         double ms = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(e, "measured_step_loop"),
                                                      "total")->valuedouble;
         double rr = pl > 0 ? ms / pl : 0;
         if (fabs(rr - 1) > worst) worst = fabs(rr - 1);
-        printf("  %-6d %14.0f %14.0f %9.4f\n", rk, pl, ms, rr);
+        /* RSS against the run's own plan: its threads and shards are the run's, not this process's */
+        const cJSON *pj = cJSON_GetObjectItemCaseSensitive(e, "plan"), *sj = cJSON_GetObjectItemCaseSensitive(e, "rss");
+        const cJSON *pt = pj ? cJSON_GetObjectItemCaseSensitive(pj, "total") : NULL;
+        const cJSON *sl = sj ? cJSON_GetObjectItemCaseSensitive(sj, "step_loop_peak") : NULL;
+        double rpl = cJSON_IsNumber(pt) ? pt->valuedouble : 0, rss = cJSON_IsNumber(sl) ? sl->valuedouble : 0;
+        double q = rpl > 0 ? rss / rpl : 0;
+        if (fabs(q - 1) > rworst) rworst = fabs(q - 1);
+        printf("  %-6d %14.0f %14.0f %9.4f   %14.0f %14.0f %9.4f\n", rk, pl, ms, rr, rpl, rss, q);
     }
-    printf("  worst deviation %.2f%%\n", 100 * worst);
+    printf("  worst deviation %.2f%% (mt_alloc), %.2f%% (peak RSS against plan + runtime)\n", 100 * worst,
+           100 * rworst);
     const cJSON *tps = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(r, "timing"), "tokens_per_s");
     if (cost && cJSON_IsNumber(tps) && tps->valuedouble > 0) {
         double meas = (double)cfg->batch_size * cfg->seq_len / tps->valuedouble;
@@ -629,6 +662,7 @@ static int run_auto(struct mt_ctx *ctx, struct mt_config *cfg, const struct opts
                 memset(&su, 0, sizeof su);
                 su.dims = *d;
                 su.steps = o->steps;
+                setup_runtime(&su, o);
                 if (mt_plan_pipeline_cut(ctx, &c, d->pp, NULL, su.first_layer) != MT_OK ||
                     mt_plan_create(ctx, &c, &su, 0, &plan) != MT_OK) {
                     if (ctx->last_status == MT_ERR_OOM) goto oom;
@@ -818,6 +852,7 @@ static int run_auto(struct mt_ctx *ctx, struct mt_config *cfg, const struct opts
         su.dims = b->d;
         su.zero_stage = b->zero;
         su.steps = o->steps;
+        setup_runtime(&su, o);
         if (mt_plan_pipeline_cut(ctx, &c, b->d.pp, NULL, su.first_layer) != MT_OK ||
             mt_plan_create(ctx, &c, &su, 0, chosen_out) != MT_OK) {
             fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(ctx));
@@ -870,7 +905,8 @@ int mt_cmd_plan(int argc, char **argv)
     }
     static const char *flags0[] = {"--json", "--auto", "--verbose", "--verify"};
     static const char *flags1[] = {"--config", "--set", "--world", "--mesh", "--zero", "--pp-layers", "--steps",
-                                   "--profile", "--mem-per-rank", "--top", "--find-max", "--data", "--verify-steps"};
+                                   "--profile", "--mem-per-rank", "--top", "--find-max", "--data", "--verify-steps",
+                                   "--threads"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int is0 = 0, is1 = 0;
@@ -893,7 +929,7 @@ int mt_cmd_plan(int argc, char **argv)
             }
             if (o.n_sets < 120) sets[o.n_sets++] = (char *)v;
         } else if (!strcmp(a, "--world") || !strcmp(a, "--steps") || !strcmp(a, "--top") ||
-                   !strcmp(a, "--verify-steps")) {
+                   !strcmp(a, "--verify-steps") || !strcmp(a, "--threads")) {
             int n;
             if (parse_pos_int(v, &n)) {
                 fprintf(stderr, "meshtrain plan: %s %s is not a positive integer\n", a, v);
@@ -902,6 +938,7 @@ int mt_cmd_plan(int argc, char **argv)
             if (!strcmp(a, "--world")) o.world = n;
             else if (!strcmp(a, "--steps")) o.steps = n;
             else if (!strcmp(a, "--top")) o.top = n;
+            else if (!strcmp(a, "--threads")) o.threads = n;
             else o.verify_steps = n;
         } else if (!strcmp(a, "--zero")) {
             if (strlen(v) != 1 || v[0] < '0' || v[0] > '3') {
@@ -940,17 +977,36 @@ int mt_cmd_plan(int argc, char **argv)
         fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(&ctx));
         return 2;
     }
-    /* the device profile (cost model) */
+    /* the runtime bucket: train's thread rule (config, OMP_NUM_THREADS, the cores), the shards it maps */
+    if (o.threads <= 0) {
+        const char *e = getenv("OMP_NUM_THREADS");
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        o.threads = cfg.threads > 0 ? cfg.threads : (e && atoi(e) > 0) ? atoi(e) : nc > 0 ? (int)nc : 1;
+    }
+    if (o.data) {
+        struct mt_data *dd = NULL;
+        if (mt_data_open(&ctx, o.data, NULL, cfg.vocab_size, cfg.seq_len, &dd) != MT_OK) {
+            fprintf(stderr, "meshtrain plan: --data: %s\n", mt_ctx_last_error(&ctx));
+            return 2;
+        }
+        o.data_bytes = 2.0 * (double)mt_data_ntokens(dd);
+        mt_data_close(dd);
+    }
+    /* the device profile (cost model; its runtime_memory section, if any, for the runtime bucket) */
     struct mt_plan_profile prof;
+    struct mt_plan_runtime prof_rt;
     int have_prof = 0;
     const char *pname = o.profile ? o.profile : "cpu-local";
     if (strcmp(pname, "none") != 0) {
         char path[4096];
         if (find_profile(pname, path, sizeof path) == 0) {
-            if (mt_plan_profile_load(&ctx, path, &prof) != MT_OK) {
+            int found = 0;
+            if (mt_plan_profile_load(&ctx, path, &prof) != MT_OK ||
+                mt_plan_runtime_load(&ctx, path, &prof_rt, &found) != MT_OK) {
                 fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(&ctx));
                 return 2;
             }
+            if (found) o.runtime = &prof_rt;
             have_prof = 1;
         } else if (o.profile) {
             fprintf(stderr, "meshtrain plan: --profile '%s': no such file (names are looked up in bench/profiles/)\n",
@@ -996,6 +1052,7 @@ int mt_cmd_plan(int argc, char **argv)
     su.dims = dims;
     su.zero_stage = o.zero;
     su.steps = o.steps;
+    setup_runtime(&su, &o);
     if (mt_plan_pipeline_cut(&ctx, &cfg, dims.pp, o.pp_layers, su.first_layer) != MT_OK) {
         fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(&ctx));
         return 2;

@@ -49,11 +49,17 @@ struct mt_model_par;
 /* What to plan: the mesh, the ZeRO stage, the pipeline cut and the run
  * length (the trainer keeps a few numbers per step). Batch geometry,
  * microbatches, recompute and reshard_after_forward come from the config. */
+struct mt_plan_runtime;
 struct mt_plan_setup {
     struct mt_mesh_dims dims;
     int zero_stage;                       /* 0..3                                      */
     int first_layer[MT_MAX_LAYERS + 1];   /* stage s = layers [first[s], first[s+1])   */
     int steps;                            /* steps the run will take (<= 0: 1)          */
+    /* the runtime bucket (all optional: zero-filled is a one-thread rank, MPI
+     * iff world > 1, no data, the built-in constants) */
+    int threads;                          /* OpenMP / OpenBLAS threads per rank (<= 0: 1) */
+    double data_bytes;                    /* token shards the run maps (train + val)       */
+    const struct mt_plan_runtime *runtime;   /* constants; NULL: mt_plan_runtime_default */
 };
 
 /* ---- rules shared with the trainer (src/train/trainer.c) ---------------- */
@@ -122,9 +128,76 @@ int mt_plan_world(const struct mt_plan *p);
 /* Bytes per bucket the trainer holds on `rank` while it trains: model,
  * ZeRO engines, optimizers, pipeline buffers, its own arrays. */
 void mt_plan_rank_bytes(const struct mt_plan *p, int rank, size_t out[MT_BUCKET_COUNT]);
+/* ---- the runtime bucket -------------------------------------------------- */
+
+/* Memory the process holds outside mt_alloc: no allocation of meshtrain's
+ * own, so no size function to share with the runtime. It is a model with a
+ * few terms whose constants are MEASURED on the machine (bench/calibrate_runtime.sh
+ * writes them into a profile's "runtime_memory" section; docs/plan.md has
+ * the model and the table):
+ *
+ *   runtime = base + threads x min(per_thread + per_thread_per_column x W,
+ *                                  the largest GEMM's operands)
+ *               (one thread: single_thread + single_thread_per_column x W)
+ *             + [world > 1] (mpi + (world-1) x mpi_per_peer + coll_scratch) + data
+ *
+ *   base         one rank without MPI: the binary's and libraries' resident
+ *                code and data, libc/libgomp state, the main stack, malloc's slack
+ *   per_thread   per OpenMP thread: OpenBLAS's per-thread GEMM pack buffers
+ *                (the touched part) and the thread's stack. Measured: linear
+ *                in the widest GEMM dimension W = max(V, F) (the vocabulary
+ *                GEMMs pack panels along it), about 0.4 MB + 650 B x W per
+ *                thread here. One thread runs OpenBLAS's serial driver, which
+ *                packs less (its own two constants). A model smaller than
+ *                OpenBLAS's blocks touches only its operands, 4 x D x (N + W)
+ *   mpi          MPI initialised: Open MPI's, PMIx's and hwloc's code and state
+ *   mpi_per_peer shared-memory transport state per other rank (FIFOs, endpoints)
+ *   coll_scratch Open MPI's collective temporaries, kept in the heap by
+ *                mt_dist_init's malloc thresholds. A step's ZeRO reductions
+ *                are all in flight at once, so they scale with the engines'
+ *                buffers B: ZeRO-0/1 all-reduce, every rank touches
+ *                coll_scratch_ratio x B; ZeRO-2/3 reduce-scatter through the
+ *                group's rank 0, which touches rs_scratch_ratio x B. Under
+ *                TP: at least one activation (N x D floats) all-reduced.
+ *   data         the token shards: mmapped and scanned whole at open, so every
+ *                page is resident (file-backed, reclaimable, but in RSS) */
+struct mt_plan_runtime {
+    char   source[256];            /* where the constants come from             */
+    double base_bytes;
+    double per_thread_bytes;              /* OpenBLAS's threaded driver (threads > 1), per thread */
+    double per_thread_per_column_bytes;
+    double single_thread_bytes;           /* its serial driver (one thread)                        */
+    double single_thread_per_column_bytes;
+    double mpi_bytes;
+    double mpi_per_peer_bytes;
+    double coll_scratch_ratio;
+    double rs_scratch_ratio;
+};
+/* The built-in constants: this machine's calibration (bench/profiles/cpu-local.json). */
+void mt_plan_runtime_default(struct mt_plan_runtime *rt);
+/* The "runtime_memory" section of a profile JSON file into rt. *found = 0
+ * (rt untouched) when the file has none. MT_ERR_IO / MT_ERR_FORMAT naming
+ * the file and key. */
+enum mt_status mt_plan_runtime_load(struct mt_ctx *ctx, const char *path, struct mt_plan_runtime *rt, int *found);
+/* The runtime bucket of a rank, term by term (bytes; total = their sum). */
+struct mt_plan_runtime_terms {
+    double base, threads, mpi, coll_scratch, data, total;
+    double collective_bytes;   /* what coll_scratch scales (0 on one rank); not in total */
+};
+void mt_plan_rank_runtime(const struct mt_plan *p, int rank, struct mt_plan_runtime_terms *t);
+/* The constants a plan uses. */
+const struct mt_plan_runtime *mt_plan_get_runtime(const struct mt_plan *p);
+/* Bytes of a rank: its buckets (mt_plan_rank_bytes) plus the runtime bucket.
+ * This is what --mem-per-rank is checked against and what the receipt
+ * compares with the rank's peak RSS. */
 size_t mt_plan_rank_total(const struct mt_plan *p, int rank);
+/* Its mt_alloc part alone (the buckets): what the allocator's peaks measure. */
+size_t mt_plan_rank_alloc_total(const struct mt_plan *p, int rank);
+
 /* The largest total over all ranks, and (if rank != NULL) the lowest rank
- * that has it. O(pp): per stage, the busiest group ranks are precomputed. */
+ * that has it. O(pp): per stage, the busiest group ranks are precomputed;
+ * O(world) under ZeRO-2/3 on more than one rank, where the runtime bucket
+ * differs between the ranks of a stage. */
 size_t mt_plan_max_total(const struct mt_plan *p, int *rank);
 /* Micro-batch sequences of the current choice. */
 int mt_plan_micro(const struct mt_plan *p);

@@ -30,7 +30,9 @@ struct mt_receipt {
     /* memory: plan vs measured per bucket, and RSS */
     size_t plan_bytes[MT_BUCKET_COUNT];
     size_t measured_peak_bytes[MT_BUCKET_COUNT];
-    size_t peak_rss_bytes;
+    size_t peak_rss_bytes;              /* VmHWM of the whole run (this rank)                    */
+    size_t peak_rss_step_loop_bytes;    /* VmHWM of the step loop (restarted at its start)       */
+    size_t plan_total_bytes;            /* the plan's buckets + its runtime bucket (0: no plan)  */
     /* timing */
     int    steps_run, warmup_excluded;
     double compute_s, comm_s, idle_s, total_s;

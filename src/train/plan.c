@@ -38,6 +38,18 @@
 #define NB MT_BUCKET_COUNT
 #define NZ 4   /* ZeRO stages */
 
+/* The runtime bucket's built-in constants (mt_plan_runtime_default): this
+ * machine's calibration by bench/calibrate_runtime.sh. */
+#define MT_PLAN_RT_BASE          7301964.0
+#define MT_PLAN_RT_PER_THREAD    557307.0
+#define MT_PLAN_RT_PER_COLUMN    635.8
+#define MT_PLAN_RT_SINGLE        344565.0
+#define MT_PLAN_RT_SINGLE_COLUMN 1284.7
+#define MT_PLAN_RT_MPI           6526164.0
+#define MT_PLAN_RT_MPI_PER_PEER  1662500.0
+#define MT_PLAN_RT_COLL_SCRATCH  1.262
+#define MT_PLAN_RT_RS_SCRATCH    1.15
+
 /* ------------------------------------------------------------------ */
 /* rules shared with the trainer                                       */
 /* ------------------------------------------------------------------ */
@@ -180,6 +192,7 @@ struct mt_plan {
     int                 *stage_arg;   /* (NZ * pp) the lowest rank that has it                          */
     struct mt_plan_param *params;     /* layout table (MT_PLAN_LAYOUT) */
     int                  n_params;
+    struct mt_plan_runtime rt;        /* the runtime bucket's constants */
 };
 
 int mt_plan_world(const struct mt_plan *p) { return p->world; }
@@ -204,20 +217,126 @@ static size_t sum_nb(const size_t *b)
     return t;
 }
 
-size_t mt_plan_rank_total(const struct mt_plan *p, int rank)
+size_t mt_plan_rank_alloc_total(const struct mt_plan *p, int rank)
 {
     size_t b[NB];
     mt_plan_rank_bytes(p, rank, b);
     return sum_nb(b);
 }
 
+/* ---- the runtime bucket (the model is in mt_plan.h) ---- */
+
+void mt_plan_runtime_default(struct mt_plan_runtime *rt)
+{
+    /* bench/calibrate_runtime.sh on this machine (2 x AMD EPYC vCPU, OpenBLAS
+     * 0.3.21 openmp Haswell kernels, Open MPI 4.1 over vader), the same
+     * numbers as bench/profiles/cpu-local.json's "runtime_memory" */
+    memset(rt, 0, sizeof *rt);
+    snprintf(rt->source, sizeof rt->source, "built-in (bench/calibrate_runtime.sh on cpu-local)");
+    rt->base_bytes = MT_PLAN_RT_BASE;
+    rt->per_thread_bytes = MT_PLAN_RT_PER_THREAD;
+    rt->per_thread_per_column_bytes = MT_PLAN_RT_PER_COLUMN;
+    rt->single_thread_bytes = MT_PLAN_RT_SINGLE;
+    rt->single_thread_per_column_bytes = MT_PLAN_RT_SINGLE_COLUMN;
+    rt->mpi_bytes = MT_PLAN_RT_MPI;
+    rt->mpi_per_peer_bytes = MT_PLAN_RT_MPI_PER_PEER;
+    rt->coll_scratch_ratio = MT_PLAN_RT_COLL_SCRATCH;
+    rt->rs_scratch_ratio = MT_PLAN_RT_RS_SCRATCH;
+}
+
+const struct mt_plan_runtime *mt_plan_get_runtime(const struct mt_plan *p) { return &p->rt; }
+
+/* Open MPI's collective temporaries of a rank (bytes). The ZeRO engines
+ * issue a unit's reduction as soon as its backward is done and wait for all
+ * of them at the end of the backward, so every unit of an engine reduced
+ * over more than one rank is in flight together: its whole per-rank buffer
+ * (param_bytes). ZeRO-0/1 all-reduce it: every rank receives into
+ * temporaries (coll_scratch_ratio x bytes). ZeRO-2/3 reduce-scatter it:
+ * libnbc reduces up a binomial tree to group rank 0 and scatters from there,
+ * so the receiving temporaries are touched on the root (rs_scratch_ratio x
+ * bytes) and a leaf touches none (measured on 2 ranks; with more, the
+ * tree's inner ranks receive too and are not modelled). TP collectives
+ * block, one activation (N x D floats) at a time, all-reduced. *bytes gets
+ * what the ratios multiply. */
+static double coll_scratch(const struct mt_plan *p, int rank, double *bytes)
+{
+    const struct mt_mesh_dims *d = &p->su.dims;
+    struct mt_mesh_coord c;
+    mt_mesh_coord_of(d, rank, &c);
+    const struct stage_plan *sp = &p->st[c.pipe];
+    double ar = 0, rs = 0;
+    for (int k = 0; k < mt_plan_n_engines(d); k++) {
+        const struct eng_plan *e = &sp->eng[k];
+        if (!e->used || e->size < 2) continue;
+        if (p->zero <= 1) ar += e->param_bytes;
+        else if (mt_plan_group_rank(d, rank, (enum mt_mesh_group)e->group) == 0) rs += e->param_bytes;
+    }
+    if (d->tp > 1) {
+        double act = (double)p->Bm * p->cfg.seq_len * p->cfg.d_model * sizeof(float);
+        if (act > ar) ar = act;
+    }
+    *bytes = ar + rs;
+    return p->rt.coll_scratch_ratio * ar + p->rt.rs_scratch_ratio * rs;
+}
+
+void mt_plan_rank_runtime(const struct mt_plan *p, int rank, struct mt_plan_runtime_terms *t)
+{
+    const struct mt_plan_runtime *rt = &p->rt;
+    memset(t, 0, sizeof *t);
+    t->base = rt->base_bytes;
+    /* OpenBLAS's pack buffers per thread grow with the widest GEMM dimension
+     * (calibrated: a + b x W); a model whose GEMMs are smaller than that
+     * touches only its operands (the microbatch's N x D and D x W) */
+    const struct mt_config *cfg = &p->cfg;
+    double wide = cfg->vocab_size > cfg->mlp_hidden ? cfg->vocab_size : cfg->mlp_hidden;
+    double gemm = 4.0 * cfg->d_model * ((double)p->Bm * cfg->seq_len + wide);
+    const int nt = p->su.threads > 0 ? p->su.threads : 1;
+    double blas = nt == 1 ? rt->single_thread_bytes + rt->single_thread_per_column_bytes * wide
+                          : rt->per_thread_bytes + rt->per_thread_per_column_bytes * wide;
+    t->threads = nt * (gemm < blas ? gemm : blas);
+    if (p->world > 1) {   /* MPI is initialised exactly when there is more than one rank */
+        t->mpi = rt->mpi_bytes + (p->world - 1) * rt->mpi_per_peer_bytes;
+        t->coll_scratch = coll_scratch(p, rank, &t->collective_bytes);
+    }
+    t->data = p->su.data_bytes > 0 ? p->su.data_bytes : 0;
+    /* whole bytes, so that the JSON totals stay integers */
+    t->base = floor(t->base), t->threads = floor(t->threads), t->mpi = floor(t->mpi);
+    t->coll_scratch = floor(t->coll_scratch), t->data = floor(t->data);
+    t->total = t->base + t->threads + t->mpi + t->coll_scratch + t->data;
+}
+
+static size_t rank_runtime(const struct mt_plan *p, int rank)
+{
+    struct mt_plan_runtime_terms t;
+    mt_plan_rank_runtime(p, rank, &t);
+    return (size_t)t.total;
+}
+
+size_t mt_plan_rank_total(const struct mt_plan *p, int rank)
+{
+    return mt_plan_rank_alloc_total(p, rank) + rank_runtime(p, rank);
+}
+
 size_t mt_plan_max_total(const struct mt_plan *p, int *rank)
 {
     size_t best = 0;
     int arg = 0;
+    if (p->zero >= 2 && p->world > 1) {
+        /* the runtime bucket then differs between ranks of a stage (the
+         * reduce-scatter temporaries sit on each group's rank 0): every rank */
+        for (int r = 0; r < p->world; r++) {
+            size_t t = mt_plan_rank_total(p, r);
+            if (r == 0 || t > best) { best = t; arg = r; }
+        }
+        if (rank) *rank = arg;
+        return best;
+    }
     for (int s = 0; s < p->su.dims.pp; s++) {   /* stages are contiguous rank blocks, in order */
-        size_t t = sum_nb(p->st[s].model_bytes) + p->stage_max[(size_t)p->zero * p->su.dims.pp + s];
-        if (s == 0 || t > best) { best = t; arg = p->stage_arg[(size_t)p->zero * p->su.dims.pp + s]; }
+        /* the runtime bucket is the same on every rank of a stage */
+        int r = p->stage_arg[(size_t)p->zero * p->su.dims.pp + s];
+        size_t t = sum_nb(p->st[s].model_bytes) + p->stage_max[(size_t)p->zero * p->su.dims.pp + s] +
+                   rank_runtime(p, r);
+        if (s == 0 || t > best) { best = t; arg = r; }
     }
     if (rank) *rank = arg;
     return best;
@@ -472,6 +591,9 @@ enum mt_status mt_plan_create(struct mt_ctx *ctx, const struct mt_config *cfg, c
     p->cfg = *cfg;
     p->su = *su;
     p->world = (int)world;
+    if (su->runtime) p->rt = *su->runtime;
+    else mt_plan_runtime_default(&p->rt);
+    p->su.runtime = &p->rt;
     enum mt_status rc = MT_OK;
     p->st = mt_alloc(ctx, (size_t)d->pp * sizeof *p->st, MT_BUCKET_OTHER);
     p->eng_rank = mt_alloc(ctx, (size_t)NZ * p->world * NB * sizeof(size_t), MT_BUCKET_OTHER);
@@ -640,6 +762,49 @@ void mt_plan_param_spec(const struct mt_plan *p, int i, char *buf, size_t len)
     if (pp->tp_split && pp->g.split == MT_SPLIT_COLS) d1 = "model";
     if (pp->g.ndim == 1) snprintf(buf, len, "[%s]", d0);
     else snprintf(buf, len, "[%s, %s]%s", d0, d1, pp->expert_rank >= 0 ? " @expert" : "");
+}
+
+/* ------------------------------------------------------------------ */
+/* the runtime bucket's constants from a profile                       */
+/* ------------------------------------------------------------------ */
+
+enum mt_status mt_plan_runtime_load(struct mt_ctx *ctx, const char *path, struct mt_plan_runtime *rt, int *found)
+{
+    *found = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return mt_ctx_error(ctx, MT_ERR_IO, "cannot open profile '%s'", path);
+    char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    cJSON *j = cJSON_Parse(buf);
+    const cJSON *sec = j ? cJSON_GetObjectItemCaseSensitive(j, "runtime_memory") : NULL;
+    if (!sec) {
+        cJSON_Delete(j);
+        return j ? MT_OK : mt_ctx_error(ctx, MT_ERR_FORMAT, "profile '%s' is not JSON", path);
+    }
+    static const char *keys[] = {"base_bytes", "per_thread_bytes", "per_thread_per_column_bytes",
+                                 "single_thread_bytes", "single_thread_per_column_bytes", "mpi_bytes",
+                                 "mpi_per_peer_bytes", "collective_scratch_ratio", "reduce_scatter_scratch_ratio"};
+    enum { NK = sizeof keys / sizeof keys[0] };
+    double v[NK];
+    for (int k = 0; k < NK; k++) {
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(sec, keys[k]);
+        if (!cJSON_IsNumber(x) || !(x->valuedouble >= 0) || x->valuedouble > 1e15) {
+            cJSON_Delete(j);
+            return mt_ctx_error(ctx, MT_ERR_FORMAT, "profile '%s': runtime_memory.%s must be a number >= 0", path,
+                                keys[k]);
+        }
+        v[k] = x->valuedouble;
+    }
+    memset(rt, 0, sizeof *rt);
+    rt->base_bytes = v[0], rt->per_thread_bytes = v[1], rt->per_thread_per_column_bytes = v[2];
+    rt->single_thread_bytes = v[3], rt->single_thread_per_column_bytes = v[4];
+    rt->mpi_bytes = v[5], rt->mpi_per_peer_bytes = v[6], rt->coll_scratch_ratio = v[7], rt->rs_scratch_ratio = v[8];
+    snprintf(rt->source, sizeof rt->source, "%s (runtime_memory)", path);
+    cJSON_Delete(j);
+    *found = 1;
+    return MT_OK;
 }
 
 /* ------------------------------------------------------------------ */
@@ -885,21 +1050,26 @@ void mt_plan_cost(const struct mt_plan *p, const struct mt_plan_profile *prof, s
 /* JSON                                                                */
 /* ------------------------------------------------------------------ */
 
-static cJSON *bytes_obj(const size_t *b)
+/* The buckets, then "runtime" if rt != NULL, then "total" (of all of them). */
+static cJSON *bytes_obj(const size_t *b, const struct mt_plan_runtime_terms *rt)
 {
     cJSON *o = cJSON_CreateObject();
-    size_t t = 0;
+    double t = 0;
     for (int k = 0; k < NB; k++) {
         cJSON_AddNumberToObject(o, mt_bucket_name((enum mt_bucket)k), (double)b[k]);
-        t += b[k];
+        t += (double)b[k];
     }
-    cJSON_AddNumberToObject(o, "total", (double)t);
+    if (rt) {
+        cJSON_AddNumberToObject(o, "runtime", rt->total);
+        t += rt->total;
+    }
+    cJSON_AddNumberToObject(o, "total", t);
     return o;
 }
 
 void mt_plan_bytes_json(const size_t *bytes, char *buf, size_t len)
 {
-    cJSON *o = bytes_obj(bytes);
+    cJSON *o = bytes_obj(bytes, NULL);
     char *t = cJSON_PrintUnformatted(o);
     snprintf(buf, len, "%s", t ? t : "{}");
     free(t);
@@ -1002,9 +1172,32 @@ char *mt_plan_json(const struct mt_plan *p, const struct mt_plan_profile *prof, 
         cJSON_AddStringToObject(o, "coord", co);
         size_t b[NB];
         mt_plan_rank_bytes(p, r, b);
-        cJSON_AddItemToObject(o, "bytes", bytes_obj(b));
+        struct mt_plan_runtime_terms rt;
+        mt_plan_rank_runtime(p, r, &rt);
+        cJSON_AddItemToObject(o, "bytes", bytes_obj(b, &rt));
+        cJSON *rj = cJSON_AddObjectToObject(o, "runtime_terms");
+        cJSON_AddNumberToObject(rj, "base", rt.base);
+        cJSON_AddNumberToObject(rj, "threads", rt.threads);
+        cJSON_AddNumberToObject(rj, "mpi", rt.mpi);
+        cJSON_AddNumberToObject(rj, "collective_scratch", rt.coll_scratch);
+        cJSON_AddNumberToObject(rj, "data", rt.data);
+        cJSON_AddNumberToObject(rj, "collective_bytes", rt.collective_bytes);
         cJSON_AddItemToArray(per, o);
     }
+    cJSON *rm = cJSON_AddObjectToObject(mem, "runtime_model");
+    cJSON_AddNumberToObject(rm, "threads_per_rank", p->su.threads > 0 ? p->su.threads : 1);
+    cJSON_AddBoolToObject(rm, "mpi", p->world > 1);
+    cJSON_AddNumberToObject(rm, "data_bytes", floor(p->su.data_bytes));
+    cJSON_AddNumberToObject(rm, "base_bytes", p->rt.base_bytes);
+    cJSON_AddNumberToObject(rm, "per_thread_bytes", p->rt.per_thread_bytes);
+    cJSON_AddNumberToObject(rm, "per_thread_per_column_bytes", p->rt.per_thread_per_column_bytes);
+    cJSON_AddNumberToObject(rm, "single_thread_bytes", p->rt.single_thread_bytes);
+    cJSON_AddNumberToObject(rm, "single_thread_per_column_bytes", p->rt.single_thread_per_column_bytes);
+    cJSON_AddNumberToObject(rm, "mpi_bytes", p->rt.mpi_bytes);
+    cJSON_AddNumberToObject(rm, "mpi_per_peer_bytes", p->rt.mpi_per_peer_bytes);
+    cJSON_AddNumberToObject(rm, "collective_scratch_ratio", p->rt.coll_scratch_ratio);
+    cJSON_AddNumberToObject(rm, "reduce_scatter_scratch_ratio", p->rt.rs_scratch_ratio);
+    cJSON_AddStringToObject(rm, "source", p->rt.source);
     int mx;
     size_t mt = mt_plan_max_total(p, &mx);
     cJSON_AddNumberToObject(mem, "max_rank", mx);

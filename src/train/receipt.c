@@ -86,8 +86,13 @@ enum mt_status mt_receipt_write(struct mt_ctx *ctx, const char *path, const stru
     cJSON_AddItemToObject(mem, "plan_bytes", bucket_object(r->plan_bytes));
     cJSON_AddItemToObject(mem, "measured_peak_bytes", bucket_object(r->measured_peak_bytes));
     cJSON_AddNumberToObject(mem, "peak_rss_bytes", (double)r->peak_rss_bytes);
+    cJSON_AddNumberToObject(mem, "peak_rss_step_loop_bytes", (double)r->peak_rss_step_loop_bytes);
+    cJSON_AddNumberToObject(mem, "plan_total_bytes", (double)r->plan_total_bytes);
+    cJSON_AddNumberToObject(mem, "rss_step_loop_over_plan",
+                            r->plan_total_bytes ? (double)r->peak_rss_step_loop_bytes / (double)r->plan_total_bytes : 0);
     cJSON_AddStringToObject(mem, "measured_how",
-                            "per-bucket peak of live bytes allocated through mt_alloc; RSS from /proc VmHWM");
+                            "per-bucket peak of live bytes allocated through mt_alloc; RSS from /proc VmHWM (whole "
+                            "run, and the step loop alone); plan_total_bytes: the buckets + the runtime bucket");
 
     cJSON *t = cJSON_AddObjectToObject(root, "timing");
     cJSON_AddNumberToObject(t, "start_step", r->start_step);

@@ -14,6 +14,9 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +37,9 @@
 #include "mt_plan.h"
 #include "mt_receipt.h"
 #include "mt_zero.h"
+
+#define MEM_SLOTS (MT_BUCKET_COUNT + 2)   /* memory peaks: buckets, total, peak RSS (struct peaks) */
+static int rss_phased = 1;               /* the step loop's RSS peak is its own (peak_restart) */
 
 /* Directory holding the data: the path itself if it is a directory, else its parent. */
 static void data_dir_of(const char *path, char *dir, size_t n)
@@ -563,7 +569,7 @@ static char *dist_json(const struct run_state *rs, const char *trace, const doub
                        const struct mt_zero_stats *zs, int steps, int microbatches, double param_bytes, int stage,
                        int reshard, const struct mt_plan *plan, const char *plan_err)
 {
-    const int NB = MT_BUCKET_COUNT + 1;   /* buckets + total, twice per rank: whole run, step loop */
+    const int NB = MEM_SLOTS;   /* buckets + total + RSS, twice per rank: whole run, step loop */
     cJSON *d = cJSON_CreateObject();
     cJSON_AddStringToObject(d, "trace_rank0", trace);
     cJSON *g = cJSON_AddObjectToObject(d, "group_sizes");
@@ -586,10 +592,14 @@ static char *dist_json(const struct run_state *rs, const char *trace, const doub
                             "bytes from the first step to the last (evaluation included, checkpoint writes excluded), "
                             "total = peak of the sum; measured_whole_run adds setup (parameter init staging) and the "
                             "checkpoint writer's staging; not planned: the mesh's communicator objects (comm) and "
-                            "collective request handles, a few hundred bytes each");
+                            "collective request handles, a few hundred bytes each; measured_over_plan: the step loop's "
+                            "mt_alloc total over the plan's buckets (runtime excluded); rss: the process's peak "
+                            "resident set (VmHWM) in the step loop and in the whole run, over the plan's total "
+                            "(buckets + runtime: libraries, threads, MPI, data; docs/plan.md)");
+    cJSON_AddBoolToObject(mp, "rss_phased", rss_phased);
     if (!plan) cJSON_AddStringToObject(mp, "error", plan_err && plan_err[0] ? plan_err : "not computed");
     cJSON *mpr = cJSON_AddArrayToObject(mp, "per_rank");
-    double worst = 0;
+    double worst = 0, rss_worst = 0;
     for (int r = 0; plan && r < world; r++) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "rank", r);
@@ -604,16 +614,35 @@ static char *dist_json(const struct run_state *rs, const char *trace, const doub
             cJSON_AddNumberToObject(jl, nm, loop[b]);
             cJSON_AddNumberToObject(jw, nm, whole[b]);
         }
-        double tot = (double)mt_plan_rank_total(plan, r);
+        struct mt_plan_runtime_terms rt;
+        mt_plan_rank_runtime(plan, r, &rt);
+        double alloc = (double)mt_plan_rank_alloc_total(plan, r), tot = alloc + rt.total;
+        cJSON_AddNumberToObject(jp, "runtime", rt.total);
         cJSON_AddNumberToObject(jp, "total", tot);
         cJSON_AddNumberToObject(jl, "total", loop[MT_BUCKET_COUNT]);
         cJSON_AddNumberToObject(jw, "total", whole[MT_BUCKET_COUNT]);
-        double ratio = tot > 0 ? loop[MT_BUCKET_COUNT] / tot : 0;
+        double ratio = alloc > 0 ? loop[MT_BUCKET_COUNT] / alloc : 0;
         cJSON_AddNumberToObject(o, "measured_over_plan", ratio);
         if (fabs(ratio - 1) > worst) worst = fabs(ratio - 1);
+        cJSON *js = cJSON_AddObjectToObject(o, "rss");
+        cJSON_AddNumberToObject(js, "step_loop_peak", loop[MT_BUCKET_COUNT + 1]);
+        cJSON_AddNumberToObject(js, "whole_run_peak", whole[MT_BUCKET_COUNT + 1]);
+        double rss_ratio = tot > 0 ? loop[MT_BUCKET_COUNT + 1] / tot : 0;
+        cJSON_AddNumberToObject(js, "step_loop_over_plan", rss_ratio);
+        cJSON_AddNumberToObject(js, "whole_run_over_plan", tot > 0 ? whole[MT_BUCKET_COUNT + 1] / tot : 0);
+        if (fabs(rss_ratio - 1) > rss_worst) rss_worst = fabs(rss_ratio - 1);
         cJSON_AddItemToArray(mpr, o);
     }
-    if (plan) cJSON_AddNumberToObject(mp, "worst_relative_deviation", worst);
+    if (plan) {
+        cJSON_AddNumberToObject(mp, "worst_relative_deviation", worst);
+        cJSON_AddNumberToObject(mp, "rss_worst_relative_deviation", rss_worst);
+        const struct mt_plan_runtime *rc = mt_plan_get_runtime(plan);
+        const struct mt_plan_setup *su = mt_plan_get_setup(plan);
+        cJSON *rm = cJSON_AddObjectToObject(mp, "runtime_model");
+        cJSON_AddNumberToObject(rm, "threads_per_rank", su->threads);
+        cJSON_AddNumberToObject(rm, "data_bytes", su->data_bytes);
+        cJSON_AddStringToObject(rm, "source", rc->source);
+    }
     /* bytes per step (rank 0), measured next to the analytic figure */
     static const char *kinds[MT_ZERO_COLL_COUNT] = {"allreduce", "reduce_scatter", "allgather"};
     double an[MT_ZERO_COLL_COUNT] = {0, 0, 0};
@@ -746,7 +775,7 @@ static int host_arrays(struct run_state *rs, const struct mt_config *cfg, int n_
     for (size_t k = 0; k < sizeof per_step / sizeof per_step[0]; k++)
         a[n++] = (struct host_array){(void **)per_step[k], nh * sizeof(double)};
     a[n++] = (struct host_array){(void **)&rs->eval_losses, (nh + 1) * sizeof(double)};
-    a[n++] = (struct host_array){(void **)&rs->mem_all, (size_t)world * 2 * (MT_BUCKET_COUNT + 1) * sizeof(double)};
+    a[n++] = (struct host_array){(void **)&rs->mem_all, (size_t)world * 2 * MEM_SLOTS * sizeof(double)};
     if (strchr(cfg->pattern, 'E')) {
         a[n++] = (struct host_array){(void **)&rs->imbalance, nh * sizeof(double)};
         a[n++] = (struct host_array){(void **)&rs->load_total, LE * sizeof(double)};
@@ -782,20 +811,34 @@ size_t mt_train_host_bytes(const struct mt_config *cfg, int n_params, int Bm, in
  * into an accumulator at phase boundaries and restarts it from the live
  * bytes, so "train" holds the peak of the step loop alone (what the plan
  * predicts) and "run" the peak of everything else (setup staging, the
- * checkpoint writer, the receipt). */
-struct peaks { double b[MT_BUCKET_COUNT + 1]; };   /* + total */
+ * checkpoint writer, the receipt). The process's real peak (VmHWM) is
+ * phased the same way: at a boundary the heap that the phase freed is given
+ * back (malloc_trim: the malloc thresholds of mt_dist_init keep freed memory
+ * otherwise) and the kernel's high-water mark restarts from the current RSS
+ * (/proc/self/clear_refs "5"); where that write fails, the loop's RSS peak is
+ * the whole run's (rss_phased false in the receipt). */
+struct peaks { double b[MEM_SLOTS]; };
 
 static void peak_fold(const struct mt_ctx *ctx, struct peaks *acc)
 {
     for (int b = 0; b < MT_BUCKET_COUNT; b++)
         if ((double)ctx->bytes_peak[b] > acc->b[b]) acc->b[b] = (double)ctx->bytes_peak[b];
     if ((double)ctx->bytes_peak_total > acc->b[MT_BUCKET_COUNT]) acc->b[MT_BUCKET_COUNT] = (double)ctx->bytes_peak_total;
+    double rss = (double)mt_peak_rss_bytes();
+    if (rss > acc->b[MT_BUCKET_COUNT + 1]) acc->b[MT_BUCKET_COUNT + 1] = rss;
 }
 
 static void peak_restart(struct mt_ctx *ctx)
 {
     for (int b = 0; b < MT_BUCKET_COUNT; b++) ctx->bytes_peak[b] = ctx->bytes_live[b];
     ctx->bytes_peak_total = ctx->bytes_live_total;
+#ifdef __GLIBC__
+    malloc_trim(0);
+#endif
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    int ok = f && fputs("5", f) >= 0;
+    if (f && fclose(f) != 0) ok = 0;
+    if (!ok) rss_phased = 0;
 }
 
 /* Seconds spent blocked in communication so far (cumulative): ZeRO waits and
@@ -1190,12 +1233,12 @@ agree2:
                       done);
         /* per rank: the whole run's peaks, then the step loop's (+ total each) */
         peak_fold(ctx, &run_pk);
-        double mine[2 * (MT_BUCKET_COUNT + 1)];
-        for (int b = 0; b <= MT_BUCKET_COUNT; b++) {
+        double mine[2 * MEM_SLOTS];
+        for (int b = 0; b < MEM_SLOTS; b++) {
             mine[b] = run_pk.b[b] > train_pk.b[b] ? run_pk.b[b] : train_pk.b[b];
-            mine[MT_BUCKET_COUNT + 1 + b] = train_pk.b[b];
+            mine[MEM_SLOTS + b] = train_pk.b[b];
         }
-        MT_CHECK_GOTO(mt_comm_allgather(ctx, mt_mesh_world_comm(rs.mesh), rs.mem_all, mine, 2 * (MT_BUCKET_COUNT + 1),
+        MT_CHECK_GOTO(mt_comm_allgather(ctx, mt_mesh_world_comm(rs.mesh), rs.mem_all, mine, 2 * MEM_SLOTS,
                                         MT_DTYPE_F64), rc, done);
         if (rs.pp > 1) {
             /* per stage: bubble, max in flight, activation peak (max over the stage's ranks) */
@@ -1245,6 +1288,8 @@ agree2:
             su.zero_stage = opts->zero_stage;
             su.steps = n_steps;
             memcpy(su.first_layer, rs.first_layer, sizeof su.first_layer);
+            su.threads = threads;   /* the runtime bucket: this run's threads and token shards */
+            su.data_bytes = 2.0 * ((double)mt_data_ntokens(rs.train) + (rs.val ? (double)mt_data_ntokens(rs.val) : 0));
             if (mt_plan_create(&pctx, cfg, &su, 0, &plan) != MT_OK)
                 snprintf(plan_err, sizeof plan_err, "%s", mt_ctx_last_error(&pctx));
         }
@@ -1273,9 +1318,11 @@ agree2:
         mt_model_param_counts(cfg, &r.params_total, &r.params_active);
         r.flops_per_token = flops_per_token;
         if (plan) mt_plan_rank_bytes(plan, wrank, r.plan_bytes);
+        if (plan) r.plan_total_bytes = mt_plan_rank_total(plan, wrank);
         mt_plan_destroy(&pctx, plan);
         for (int b = 0; b < MT_BUCKET_COUNT; b++) r.measured_peak_bytes[b] = (size_t)mine[b];
-        r.peak_rss_bytes = mt_peak_rss_bytes();
+        r.peak_rss_bytes = (size_t)mine[MT_BUCKET_COUNT + 1];
+        r.peak_rss_step_loop_bytes = (size_t)mine[MEM_SLOTS + MT_BUCKET_COUNT + 1];
         r.steps_run = steps_run;
         r.warmup_excluded = steps_run >= 4 ? 2 : (steps_run >= 2 ? 1 : 0);
         double steady = 0;
