@@ -1074,16 +1074,11 @@ agree2:
     if (!rs.run_id[0]) mt_ckpt_run_id_new(rs.run_id);   /* a fresh run (or one resumed from an import) */
     {
         /* one trainer per --out: rank 0 holds OUT/.lock for the run; every rank
-         * learns the outcome (nothing was written before this point) */
-        int64_t v = 0;
-        if (is_root && mt_ckpt_lock(ctx, opts->out_dir, &out_lock) != MT_OK) v = ctx->last_status;
-        char own[sizeof ctx->errmsg];
-        snprintf(own, sizeof own, "%s", ctx->errmsg);
-        MT_CHECK_GOTO(mt_comm_allreduce(ctx, mt_mesh_world_comm(rs.mesh), &v, 1, MT_DTYPE_I64, MT_REDOP_MAX), rc, done);
-        if (v != 0) {
-            rc = is_root ? mt_ctx_error(ctx, (enum mt_status)v, "%s", own)
-                         : mt_ctx_error(ctx, (enum mt_status)v, "rank 0 could not take the output directory %s (see its error)",
-                                        opts->out_dir);
+         * learns the outcome (nothing was written before this point), agreed,
+         * so the job ends in order instead of aborting */
+        enum mt_status lk = is_root ? mt_ckpt_lock(ctx, opts->out_dir, &out_lock) : MT_OK;
+        if ((rc = mt_comm_agree(ctx, rs.sumc, lk, "taking the output directory")) != MT_OK) {
+            if (rc != MT_ERR_COMM) res->collective_started = 0;
             goto done;
         }
     }
