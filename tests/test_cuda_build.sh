@@ -23,7 +23,7 @@
 #        b. tests/test_ops.c -b cuda (the project harness: fp64 references,
 #           = vs +=, in-place, determinism, accounting; fp32 mode): exit 0,
 #           "0 failed, 0 skipped", and exactly as many cuda PASS lines as
-#           the native cpu run of the same harness passes (BUILD/test_ops
+#           the cpu backend passes in the same harness binary (test_ops
 #           -b cpu), so a backend that is "not available" or a check that
 #           went missing fails;
 #        c. 3 steps of `meshtrain train` on a tiny dense config with
@@ -72,7 +72,7 @@ skipped=""   # stages that did not run, for the summary
 t0=$(date +%s)
 
 if [ -z "$NVCC" ] || [ ! -x "$NVCC" ]; then
-    echo "SKIPPED (nvcc stage: nvcc not found at \${CUDACXX:-/usr/local/cuda/bin/nvcc} or on PATH; stages 1-2 not run, the emulation stage runs)"
+    echo "SKIPPED (nvcc stage: no nvcc at ${CUDACXX:-/usr/local/cuda/bin/nvcc} nor on PATH: stages 1-2 not run; the emulation stage runs and decides)"
     skipped="$skipped nvcc"
 else
 # ---- 1. build with CUDA ----
@@ -89,7 +89,7 @@ echo "PASS build: meshtrain, cuda_ops_vs_cpu and cuda_mesh_device with MT_WITH_C
 "$CB/cuda_ops_vs_cpu" >"$CB/cuda_ops_vs_cpu.log" 2>&1
 rc=$?
 if [ $rc -eq 77 ] && grep -q '^SKIPPED (no GPU' "$CB/cuda_ops_vs_cpu.log"; then
-    echo "SKIPPED (GPU stage: cuda_ops_vs_cpu: $(head -1 "$CB/cuda_ops_vs_cpu.log"))"
+    echo "SKIPPED (GPU stage: cuda_ops_vs_cpu: $(head -1 "$CB/cuda_ops_vs_cpu.log" | sed 's/^SKIPPED (//; s/)$//'))"
     skipped="$skipped gpu"
 elif [ $rc -eq 0 ] && grep -q ', 0 failed$' "$CB/cuda_ops_vs_cpu.log"; then
     echo "PASS cuda_ops_vs_cpu on the GPU: $(tail -1 "$CB/cuda_ops_vs_cpu.log")"
@@ -101,7 +101,7 @@ fi
 "$CB/cuda_mesh_device" >"$CB/cuda_mesh_device.log" 2>&1
 rc=$?
 if [ $rc -eq 77 ] && grep -q '^SKIPPED (no GPU' "$CB/cuda_mesh_device.log"; then
-    echo "SKIPPED (GPU stage: cuda_mesh_device: $(head -1 "$CB/cuda_mesh_device.log"))"
+    echo "SKIPPED (GPU stage: cuda_mesh_device: $(head -1 "$CB/cuda_mesh_device.log" | sed 's/^SKIPPED (//; s/)$//'))"
 elif [ $rc -eq 0 ] && grep -q ', 0 failed$' "$CB/cuda_mesh_device.log"; then
     echo "PASS cuda_mesh_device: $(tail -1 "$CB/cuda_mesh_device.log")"
 else
@@ -195,7 +195,7 @@ fi
 #    passes on cuda (the line "cuda  (backend not available ...)" is no pass)
 "$EMU/test_ops" -b cuda >"$EMU/test_ops.log" 2>&1
 rc=$?
-n_cpu=$(OMP_NUM_THREADS=2 "$BUILD/test_ops" -b cpu 2>/dev/null | sed -n 's/^test_ops: \([0-9]*\) passed, 0 failed, 0 skipped$/\1/p')
+n_cpu=$("$EMU/test_ops" -b cpu 2>/dev/null | sed -n 's/^test_ops: \([0-9]*\) passed, 0 failed, 0 skipped$/\1/p')
 n_cuda=$(grep -c '^cuda  .* PASS$' "$EMU/test_ops.log")
 if [ $rc -eq 0 ] && [ -n "$n_cpu" ] && [ "$n_cpu" -gt 0 ] && [ "$n_cuda" -eq "$n_cpu" ] &&
    grep -q "^test_ops: $n_cpu passed, 0 failed, 0 skipped\$" "$EMU/test_ops.log"; then
