@@ -4,9 +4,9 @@
 # MPIRUN_TIMEOUT) before sourcing; they define COMMON before calling run().
 MT="$BUILD/meshtrain"
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-if ! command -v mpirun >/dev/null 2>&1; then echo "SKIP: no mpirun"; exit 0; fi
+if ! command -v mpirun >/dev/null 2>&1; then echo "SKIPPED (no mpirun)"; exit 77; fi
 if [ -f "$BUILD/CMakeCache.txt" ] && ! grep -q '^MT_WITH_MPI:BOOL=ON' "$BUILD/CMakeCache.txt"; then
-    echo "SKIP: built without MPI"; exit 0
+    echo "SKIPPED (built without MPI)"; exit 77
 fi
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT

@@ -2,17 +2,17 @@
 # test_dist_mpi.sh BUILD_DIR — the MPI collectives and mesh groups on 4 ranks.
 # Builds tests/mpi/mpi_collectives.c with mpicc straight from the dist and
 # core sources (independent of the rest of the library), then runs it under
-# mpirun -np 4. Skips (exit 0, a SKIP line) without mpirun/mpicc or when the
+# mpirun -np 4. Skips (exit 77, a "SKIPPED (reason)" line) without mpirun/mpicc or when the
 # build was configured without MPI.
 set -u
 BUILD=${1:?usage: test_dist_mpi.sh BUILD_DIR}
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 
 if ! command -v mpirun >/dev/null 2>&1 || ! command -v mpicc >/dev/null 2>&1; then
-    echo "SKIP: mpirun/mpicc not found"; exit 0
+    echo "SKIPPED (mpirun/mpicc not found)"; exit 77
 fi
 if [ -f "$BUILD/CMakeCache.txt" ] && ! grep -q '^MT_WITH_MPI:BOOL=ON' "$BUILD/CMakeCache.txt"; then
-    echo "SKIP: $BUILD was configured with MT_WITH_MPI=OFF"; exit 0
+    echo "SKIPPED ($BUILD was configured with MT_WITH_MPI=OFF)"; exit 77
 fi
 
 EXE="$BUILD/mpi_collectives"

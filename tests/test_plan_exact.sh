@@ -12,7 +12,7 @@
 #     runtime bucket included (one planner, whoever calls it).
 # Then --verify: plan runs the chosen setup itself (explicit mesh and --auto),
 # and with no mpirun prints the exact command instead.
-# Skips (exit 0) without mpirun or in a build without MPI.
+# Skips (exit 77, "SKIPPED (reason)") without mpirun or in a build without MPI.
 set -u
 BUILD=${1:?usage: test_plan_exact.sh BUILD_DIR}
 source "$(dirname "$0")/dist_lib.sh"

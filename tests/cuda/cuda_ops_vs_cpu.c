@@ -30,8 +30,9 @@
  * operand copies exceed MT_CUDA_BF16_SCRATCH_MB when it is set small (tiles);
  * and the precision query / setter.
  *
- * Exit status: 0 when every check passes, or with "SKIP: no GPU" when
- * mt_ops_cuda() returns NULL (no device, or no driver); 1 on any failure.
+ * Exit status: 0 when every check passes; 77 (ctest's skip code) with
+ * "SKIPPED (no GPU: ...)" when mt_ops_cuda() returns NULL (no device, or no
+ * driver); 1 on any failure.
  * Usage: cuda_ops_vs_cpu [-o OP_SUBSTRING]
  */
 #include <math.h>
@@ -885,8 +886,8 @@ int main(int argc, char **argv)
         return 1;
     }
     if (!cuda) {
-        printf("SKIP: no GPU (%s)\n", why[0] ? why : "mt_ops_cuda returned NULL");
-        return 0;
+        printf("SKIPPED (no GPU: %s)\n", why[0] ? why : "mt_ops_cuda returned NULL");
+        return 77;
     }
     struct mt_ops_cuda_info info;
     if (mt_ops_cuda_get_info(&info) == MT_OK)

@@ -11,8 +11,8 @@
  * these device pointers would crash instead. Also: the host mesh is
  * unchanged (device comm == host comm, no "dev=" in the trace), the trace
  * of the device mesh, argument errors, and no leak under injected
- * allocation failures. Exit 0 when every check passes (or "SKIP: no GPU"),
- * 1 otherwise.
+ * allocation failures. Exit 0 when every check passes, 77 (ctest's skip
+ * code) with "SKIPPED (no GPU: ...)" where no device is present, 1 otherwise.
  *
  * `mesh_device --host-comm` instead runs one collective of the HOST mesh
  * (the plain self comm: memmove) on device buffers — what a trainer that
@@ -133,8 +133,8 @@ int main(int argc, char **argv)
     char why[256] = "";
     g_ops = mt_ops_cuda(why, sizeof why);
     if (!g_ops) {
-        printf("SKIP: no GPU (%s)\n", why);
-        return 0;
+        printf("SKIPPED (no GPU: %s)\n", why);
+        return 77;
     }
     struct mt_ctx ctx;
     mt_ctx_init(&ctx);
