@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # test_tp_train.sh BUILD_DIR — tensor + sequence parallel under mpirun (issue 5).
-#  1. equivalence with the single-rank losses (1e-5 relative, 20 steps): tp=2
+#  1. equivalence with the single-rank run (tests/equiv.py: losses 1e-6
+#     relative, lm/aux/z, grad norms, final params; 20 steps): tp=2
 #     and tp=4 with SP on and off, tp=2 x dp=2, tp=2 x ZeRO-3; dense and MoE;
 #  2. after 50 steps every replicated tensor hashes the same on every rank of
 #     its TP (and data) group;
@@ -26,7 +27,7 @@ for name in DENSE MOE; do
     i=0
     while read -r np mesh zero extra; do
         i=$((i+1)); o="$W/${name}_$i"
-        if run "$np" "$o" $cfg --steps 20 --mesh "$mesh" --zero "$zero" $extra && close "$W/${name}_ref" "$o" 1e-5; then
+        if run "$np" "$o" $cfg --steps 20 --mesh "$mesh" --zero "$zero" $extra && close "$W/${name}_ref" "$o" 1e-6; then
             ok "$name --mesh $mesh zero=$zero $extra equals the single-rank losses"
         else bad "$name --mesh $mesh zero=$zero $extra"; tail -5 "$o.log"; fi
     done <<'LIST'
@@ -62,7 +63,7 @@ grep -q 'sp_on=0' "$W/DENSE_2.log" && ok "trace: sp_on=0 with sequence_parallel=
 
 # ---- 4: a tp=2 x dp=2 checkpoint resumes on one rank ----
 run 4 "$W/part" $MOE --steps 10 --mesh dp=2,tp=2 --zero 2 && run 1 "$W/cont" $MOE --steps 20 --resume "$W/part" \
-    && close "$W/MOE_ref" "$W/cont" 1e-5 10 && ok "tp=2 x dp=2 checkpoint resumes on one rank" \
+    && close "$W/MOE_ref" "$W/cont" 1e-6 10 && ok "tp=2 x dp=2 checkpoint resumes on one rank" \
     || bad "tp=2 x dp=2 checkpoint resumes on one rank"
 
 # ---- 5: contract violations ----
