@@ -7,7 +7,8 @@
 #     token to experts 0,1, so on ep=4 ranks 2 and 3 receive nothing: the run
 #     matches the single-rank run with the same routing, and those experts'
 #     weights are exactly their initial values (zero gradients, no update);
-#  3. expert parameters hash the same across their data group after 50 steps;
+#  3. expert parameters hash the same across their data group after 50 steps,
+#     after the number of comparisons the mesh implies;
 #  4. the receipt has the load histogram, the imbalance and the dispatch bytes;
 #     aux and z losses are logged apart from the LM loss;
 #  5. a checkpoint saved on ep=2 x dp=2 resumes on one rank;
@@ -81,6 +82,7 @@ assert len(r["aux_losses"]) == 50 and len(r["z_losses"]) == 50 and r["aux_losses
 for i in range(50):
     assert abs(r["losses"][i] - (r["lm_losses"][i] + r["aux_losses"][i] + r["z_losses"][i])) < 1e-9
 PY
+   hash_ok "$o"
 then ok "expert hashes agree across the data group after 50 steps; receipt has load, imbalance, dispatch, aux/z"
 else bad "hashes / receipt after 50 steps"; fi
 

@@ -4,7 +4,7 @@
 #     relative, lm/aux/z, grad norms, final params; 20 steps): tp=2
 #     and tp=4 with SP on and off, tp=2 x dp=2, tp=2 x ZeRO-3; dense and MoE;
 #  2. after 50 steps every replicated tensor hashes the same on every rank of
-#     its TP (and data) group;
+#     its TP (and data) group, after the number of comparisons the mesh implies;
 #  3. the step-0 trace shows sp_on and the model group with its members;
 #  4. a checkpoint saved on tp=2 x dp=2 resumes on one rank with the same losses;
 #  5. contract violations (heads, kv heads, mlp_hidden, seq_len % tp): one
@@ -51,6 +51,7 @@ r = json.load(open(sys.argv[1])); h = r["replica_hash_check"]; print("  ", h)
 assert len(r["losses"]) == 50 and h.startswith("ok: 38 tensors bit-identical"), h
 tp = r["distributed"]["tensor_parallel"]; assert tp["tp"] == 2 and tp["bytes_per_step"]["allgather"] > 0, tp
 PY
+       hash_ok "$o"
     then ok "replicated tensors agree across TP and data groups after 50 steps (SP $sp)"
     else bad "replicated tensors agree after 50 steps (SP $sp)"; fi
 done

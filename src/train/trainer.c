@@ -550,6 +550,8 @@ static enum mt_status replica_hash_check(struct mt_ctx *ctx, const struct mt_ops
             }
             snprintf(out, n_out, "MISMATCH: %s differs: ranks %s vs rank %d (%d of %d rank pairs compared differ)",
                      glob[bad].name, who, first, n_bad, pairs);
+        } else if (pairs == 0) {
+            snprintf(out, n_out, "not applicable: no tensor is held by two ranks (0 rank pairs)");
         } else {
             snprintf(out, n_out, "ok: %d tensors bit-identical (xxh64) on every rank that holds them (%d rank pairs)",
                      ng, pairs);
