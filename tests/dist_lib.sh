@@ -37,6 +37,13 @@ close() {
     else python3 "$HERE/equiv.py" "$1" "$2" --skip "${4:-0}" --tol "$3"; fi
 }
 
+# differs A B : the two runs' losses are not equal (a variant under test is
+# active: an equivalence of a no-op proves nothing)
+differs() {
+    python3 -c "import json,sys; a,b=(json.load(open(f+'/receipt.json'))['losses'] for f in sys.argv[1:]); \
+print('   %s differs from %s' % tuple(sys.argv[1:]) if a != b else '   SAME losses: the variant did nothing'); sys.exit(a == b)" "$1" "$2"
+}
+
 # viol NP MESH REGEX ARGS... : bad input -> exit 2, REGEX on every rank's stderr, nothing written
 viol() {
     local np=$1 mesh=$2 expect=$3; shift 3

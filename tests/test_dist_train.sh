@@ -6,7 +6,8 @@
 #     accumulation is covered too): tests/equiv.py compares the losses (1e-6
 #     relative), lm/aux/z losses, grad norms and every final parameter;
 #  2. ZeRO-1 equals ZeRO-0 bit for bit, series and params (same reductions,
-#     same update math);
+#     same update math); data_order=shuffled and logit_softcap=15 (each checked
+#     to change the run) on np=2 equal their single-rank runs;
 #  3. after 50 steps every replicated tensor hashes the same on every rank
 #     (receipt replica_hash_check, ZeRO 0/1/2), after exactly the number of
 #     comparisons the mesh implies (tests/replica_pairs.py); one replica moved
@@ -49,6 +50,18 @@ for name in DENSE MOE; do
     # the step-0 trace: one line per rank, with groups and predicates
     n=$(grep -c '^mesh rank=[0-3] coord(pipe=0,data=[0-3],expert=0,model=0) world{size=4 .* data_expert{size=4 .*dp_active=1 .*zero_stage=3' "$W/${name}_np4_z3.log")
     [ "$n" = 4 ] && ok "$name trace line on every rank" || bad "$name trace line on every rank ($n)"
+done
+
+# ---- 1b: shuffled data order and a logit softcap, dp=2 vs one rank ----
+# each variant must change the single-rank run (else it proves nothing), and
+# then the dp=2 run must equal that single-rank run
+for v in "shuf --set data_order=shuffled" "cap --set logit_softcap=15"; do
+    set -- $v; tag=$1; shift
+    run 1 "$W/${tag}_ref" $DENSE "$@" --steps 20 && run 2 "$W/${tag}_dp2" $DENSE "$@" --steps 20 --zero 1 || \
+        { bad "$tag runs"; continue; }
+    if differs "$W/${tag}_ref" "$W/DENSE_ref" && close "$W/${tag}_ref" "$W/${tag}_dp2" 1e-6; then
+        ok "DENSE $* : changes the run, and np=2 ZeRO-1 equals one rank"
+    else bad "DENSE $* : np=2 ZeRO-1 equals one rank (and differs from the default)"; fi
 done
 
 # ---- 3: replica hashes after 50 steps, and a perturbed replica is caught ----

@@ -12,6 +12,7 @@
 #     clipping on, the global norm scales every update and its per-stage
 #     rounding differs, so those runs get the fp32 noise bounds (1e-6 losses);
 #     their replica check compares the number of pairs the mesh implies;
+#     logit_softcap=15 (checked to change the run) on pp=2 (bit) and pp2 x dp2;
 #  2. the receipt: stage layer ranges, bubble measured next to analytic, at
 #     most pp - stage microbatches in flight (measured), per-stage activations;
 #  3. a checkpoint saved on pp=2 resumes on one rank;
@@ -54,6 +55,17 @@ for name in DENSE MOE; do
 2 pp=2 3
 LIST
 done
+
+# ---- 1b: a logit softcap through the pipeline (the head is on the last stage) ----
+CAP="$DENSE --set logit_softcap=15"
+if run 1 "$W/cap_ref0" $CAP --set grad_clip=0 --steps 20 && run 2 "$W/cap_pp2" $CAP --set grad_clip=0 --steps 20 --mesh pp=2 && \
+   differs "$W/cap_ref0" "$W/DENSE_ref0" && close "$W/cap_ref0" "$W/cap_pp2" bit64; then
+    ok "DENSE logit_softcap=15 (changes the run): pp=2 is BIT-identical to one rank"
+else bad "DENSE logit_softcap=15: pp=2 bit-identical"; fi
+if run 1 "$W/cap_ref" $CAP --steps 20 && run 4 "$W/cap_pp2dp2" $CAP --steps 20 --mesh pp=2,dp=2 --zero 1 && \
+   close "$W/cap_ref" "$W/cap_pp2dp2" 1e-6; then
+    ok "DENSE logit_softcap=15: pp=2 x dp=2 ZeRO-1 equals one rank"
+else bad "DENSE logit_softcap=15: pp=2 x dp=2 equals one rank"; fi
 
 # ---- 2: receipt ----
 python3 - "$W/MOE_2/receipt.json" <<'PY' && ok "receipt: stages, bubble vs analytic, in flight <= pp - stage, activations per stage" || bad "pipeline receipt"

@@ -3,6 +3,8 @@
 #  1. equivalence with the single-rank run (tests/equiv.py: losses 1e-6
 #     relative, lm/aux/z, grad norms, final params; 20 steps): tp=2
 #     and tp=4 with SP on and off, tp=2 x dp=2, tp=2 x ZeRO-3; dense and MoE;
+#     data_order=shuffled and logit_softcap=15 (each checked to change the
+#     run) on tp=2 equal their single-rank runs;
 #  2. after 50 steps every replicated tensor hashes the same on every rank of
 #     its TP (and data) group, after the number of comparisons the mesh implies;
 #  3. the step-0 trace shows sp_on and the model group with its members;
@@ -39,6 +41,15 @@ for name in DENSE MOE; do
 2 tp=2 3
 2 tp=2 3 --set sequence_parallel=false
 LIST
+done
+
+# ---- 1b: shuffled data order and a logit softcap on tp=2 vs one rank ----
+for v in "shuf --set data_order=shuffled" "cap --set logit_softcap=15"; do
+    set -- $v; tag=$1; shift
+    if run 1 "$W/${tag}_ref" $DENSE "$@" --steps 20 && run 2 "$W/${tag}_tp2" $DENSE "$@" --steps 20 --mesh tp=2 && \
+       differs "$W/${tag}_ref" "$W/DENSE_ref" && close "$W/${tag}_ref" "$W/${tag}_tp2" 1e-6; then
+        ok "DENSE $* : changes the run, and tp=2 equals one rank"
+    else bad "DENSE $* : tp=2 equals one rank (and differs from the default)"; fi
 done
 
 # ---- 2: replicated tensors after 50 steps (dp=2 x tp=2: TP and data groups) ----
