@@ -37,11 +37,23 @@ close() {
     else python3 "$HERE/equiv.py" "$1" "$2" --skip "${4:-0}" --tol "$3"; fi
 }
 
-# differs A B : the two runs' losses are not equal (a variant under test is
-# active: an equivalence of a no-op proves nothing)
+# floor REF MB ARGS... : the noise floor of REF's config — the same one-rank
+# run (ARGS = REF's) with MB microbatches, where only the association of the
+# gradient sums changes and no distributed code runs — must sit within half of
+# every equiv.py bound, or the bounds could not tell a bug from this config's
+# noise (docs/testing.md, "Tolerances")
+floor() {
+    local ref=$1 mb=$2; shift 2
+    if run 1 "$ref.floor" "$@" --set microbatches="$mb" && close "$ref" "$ref.floor" 5e-7; then
+        ok "noise floor of ${ref##*/} (microbatches=$mb, one rank) within half the bounds"
+    else bad "noise floor of ${ref##*/} (microbatches=$mb, one rank) within half the bounds"; fi
+}
+
+# differs A B : the two runs' losses differ over their common steps (a variant
+# under test is active: an equivalence of a no-op proves nothing)
 differs() {
-    python3 -c "import json,sys; a,b=(json.load(open(f+'/receipt.json'))['losses'] for f in sys.argv[1:]); \
-print('   %s differs from %s' % tuple(sys.argv[1:]) if a != b else '   SAME losses: the variant did nothing'); sys.exit(a == b)" "$1" "$2"
+    python3 -c "import json,sys; a,b=(json.load(open(f+'/receipt.json'))['losses'] for f in sys.argv[1:]); n=min(len(a),len(b)); \
+same=n==0 or a[:n]==b[:n]; print('   SAME losses: the variant did nothing' if same else '   %s differs from %s' % tuple(sys.argv[1:])); sys.exit(same)" "$1" "$2"
 }
 
 # viol NP MESH REGEX ARGS... : bad input -> exit 2, REGEX on every rank's stderr, nothing written

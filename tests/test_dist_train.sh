@@ -34,6 +34,7 @@ COMMON="--peak-flops 1e11 --quiet --data $W/train.bin"
 for name in DENSE MOE; do
     cfg=${!name}
     run 1 "$W/${name}_ref" $cfg --steps 20 || { bad "$name single-rank run"; cat "$W/${name}_ref.log"; continue; }
+    floor "$W/${name}_ref" $([ $name = DENSE ] && echo 2 || echo 4) $cfg --steps 20
     for np in 2 4; do
         for z in 0 1 2 3; do
             o="$W/${name}_np${np}_z$z"
@@ -54,11 +55,14 @@ done
 
 # ---- 1b: shuffled data order and a logit softcap, dp=2 vs one rank ----
 # each variant must change the single-rank run (else it proves nothing), and
-# then the dp=2 run must equal that single-rank run
-for v in "shuf --set data_order=shuffled" "cap --set logit_softcap=15"; do
-    set -- $v; tag=$1; shift
-    run 1 "$W/${tag}_ref" $DENSE "$@" --steps 20 && run 2 "$W/${tag}_dp2" $DENSE "$@" --steps 20 --zero 1 || \
+# then the dp=2 run must equal that single-rank run. The shuffled run stops at
+# 10 steps: from step 11 on this trajectory amplifies association noise 10x
+# (its one-rank floor reaches 1.3e-6 on the loss; docs/testing.md)
+for v in "shuf 10 --set data_order=shuffled" "cap 20 --set logit_softcap=15"; do
+    set -- $v; tag=$1 n=$2; shift 2
+    run 1 "$W/${tag}_ref" $DENSE "$@" --steps $n && run 2 "$W/${tag}_dp2" $DENSE "$@" --steps $n --zero 1 || \
         { bad "$tag runs"; continue; }
+    floor "$W/${tag}_ref" 2 $DENSE "$@" --steps $n
     if differs "$W/${tag}_ref" "$W/DENSE_ref" && close "$W/${tag}_ref" "$W/${tag}_dp2" 1e-6; then
         ok "DENSE $* : changes the run, and np=2 ZeRO-1 equals one rank"
     else bad "DENSE $* : np=2 ZeRO-1 equals one rank (and differs from the default)"; fi

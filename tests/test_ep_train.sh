@@ -26,6 +26,7 @@ COMMON="--peak-flops 1e11 --quiet --data $W/train.bin"
 for name in BASE SHARED; do
     cfg=${!name}
     run 1 "$W/${name}_ref" $cfg --steps 20 || { bad "$name reference"; cat "$W/${name}_ref.log"; continue; }
+    floor "$W/${name}_ref" 4 $cfg --steps 20
     i=0
     while read -r np mesh zero; do
         i=$((i+1)); o="$W/${name}_$i"

@@ -39,6 +39,7 @@ for name in DENSE MOE; do
         else bad "$name pp=$pp bit-identical"; tail -5 "$o.log"; fi
     done
     run 1 "$W/${name}_ref" $cfg --steps 20 || { bad "$name reference (clip)"; continue; }
+    floor "$W/${name}_ref" 2 $cfg --steps 20
     i=0
     while read -r np mesh zero; do
         i=$((i+1)); o="$W/${name}_$i"
@@ -62,7 +63,7 @@ if run 1 "$W/cap_ref0" $CAP --set grad_clip=0 --steps 20 && run 2 "$W/cap_pp2" $
    differs "$W/cap_ref0" "$W/DENSE_ref0" && close "$W/cap_ref0" "$W/cap_pp2" bit64; then
     ok "DENSE logit_softcap=15 (changes the run): pp=2 is BIT-identical to one rank"
 else bad "DENSE logit_softcap=15: pp=2 bit-identical"; fi
-if run 1 "$W/cap_ref" $CAP --steps 20 && run 4 "$W/cap_pp2dp2" $CAP --steps 20 --mesh pp=2,dp=2 --zero 1 && \
+if run 1 "$W/cap_ref" $CAP --steps 20 && floor "$W/cap_ref" 2 $CAP --steps 20 && run 4 "$W/cap_pp2dp2" $CAP --steps 20 --mesh pp=2,dp=2 --zero 1 && \
    close "$W/cap_ref" "$W/cap_pp2dp2" 1e-6; then
     ok "DENSE logit_softcap=15: pp=2 x dp=2 ZeRO-1 equals one rank"
 else bad "DENSE logit_softcap=15: pp=2 x dp=2 equals one rank"; fi

@@ -23,16 +23,18 @@ MOE="--set vocab_size=64 --set n_layer=2 --set d_model=32 --set n_head=4 --set n
 COMMON="--peak-flops 1e11 --quiet --data $W/train.bin"
 
 run 1 "$W/ref" $MOE --steps 12 || { bad "one-rank reference"; cat "$W/ref.log"; finish; exit 1; }
+floor "$W/ref" 4 $MOE --steps 12
 [ -f "$W/ref/ckpt/step_000006/params.bin" ] && [ -f "$W/ref/ckpt/step_000012/optim.bin" ] \
     && ok "reference saves every 3 steps" || bad "reference checkpoints"
 
 while read -r np mesh zero; do
     x="$W/x_${mesh//[=,]/_}"
     # 1: one rank -> X (X saves at 9 and 12)
-    if run "$np" "$x" $MOE --steps 12 --mesh "$mesh" --zero "$zero" --resume "$W/ref/ckpt/step_000006" \
-       && close "$W/ref" "$x" 1e-6 6; then
+    run "$np" "$x" $MOE --steps 12 --mesh "$mesh" --zero "$zero" --resume "$W/ref/ckpt/step_000006" \
+        || { bad "1 rank -> $mesh ZeRO-$zero: run"; tail -3 "$x.log"; continue; }
+    if close "$W/ref" "$x" 1e-6 6; then
         ok "1 rank -> $mesh ZeRO-$zero at step 6 continues like the uninterrupted run"
-    else bad "1 rank -> $mesh ZeRO-$zero at step 6"; tail -3 "$x.log"; continue; fi
+    else bad "1 rank -> $mesh ZeRO-$zero at step 6"; fi
     # 2: X -> X from step 9, bit-exact against X's own steps 9..12
     if run "$np" "$x.same" $MOE --steps 12 --mesh "$mesh" --zero "$zero" --resume "$x/ckpt/step_000009" \
        && close "$x" "$x.same" 0 3 \

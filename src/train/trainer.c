@@ -1285,6 +1285,9 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
         res->tokens_per_s = r.tokens_per_s;
         res->mfu = r.mfu;
         if (mismatch) {
+            /* every rank sees the same verdict; wait for rank 0's receipt before
+             * any rank returns the error (the tool aborts the job on it) */
+            MT_CHECK_GOTO(mt_comm_barrier(ctx, mt_mesh_world_comm(rs.mesh)), rc, done);
             rc = mt_ctx_error(ctx, MT_ERR_RUNTIME, "replica hash check failed: %s", hash_msg);
             goto done;
         }
