@@ -36,6 +36,9 @@ P = {
  "resume_no_t": [("src/train/trainer.c", "            mt_optim_set_t(rs.opt[k], resume_meta.adam_t);", "            mt_optim_set_t(rs.opt[k], 0);")],
  "hash_nothing": [("src/train/trainer.c", "                    if (split && ca.model != cb.model) continue;\n                    pairs++;",
                    "                    if (split || !split) continue;\n                    pairs++;")],
+ "ckpt_cols": [("src/train/ckpt.c",
+  "        off_t at = (off_t)(base + (int64_t)((((size_t)(off[0] + i)) * cols + (size_t)off[1]) * sizeof(float)));",
+  "        off_t at = (off_t)(base + (int64_t)((((size_t)(off[0] + i)) * cols + (size_t)(write ? off[1] : 0)) * sizeof(float)));")],
  "shuffle_rank": [("src/train/trainer.c", "cfg->seed ^ 0x5eedda7aull);", "cfg->seed ^ 0x5eedda7aull ^ (uint64_t)wrank);")],
 }
 if len(sys.argv) != 2 or sys.argv[1] not in list(P) + ["list"]:
