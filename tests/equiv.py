@@ -9,7 +9,7 @@ offsets in manifest.json, whatever the mesh that saved them).
 Compared, each on its own (a term buried in a sum can hide a 1.5% error):
   losses, lm_losses, aux_losses, z_losses   per step, relative
   grad_norms                                per step, relative
-  every tensor of the final params.bin      max |a-b| / max|a| per tensor
+  every tensor of the final params.bin      max |a-b| per element (and / max|a|)
 REF's series are read from step N on (--skip N: RUN resumed at step N).
 
 --bit    : everything bit-identical (the same summation order: ZeRO-1 vs
@@ -29,6 +29,7 @@ Prints one line per quantity with the worst difference and where it is.
 """
 import json
 import os
+import re
 import sys
 
 from array import array
@@ -42,7 +43,7 @@ FP64_SUMS = 1e-15        # 4 ulps of fp64 (2^-53 = 1.1e-16)
 
 def last_ckpt(run):
     d = os.path.join(run, "ckpt")
-    steps = sorted(s for s in os.listdir(d) if s.startswith("step_"))
+    steps = sorted(s for s in os.listdir(d) if re.fullmatch(r"step_\d+", s))
     if not steps:
         raise SystemExit("no checkpoint under %s" % d)
     return os.path.join(d, steps[-1])
