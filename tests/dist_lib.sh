@@ -25,19 +25,35 @@ run() {
     else "${MPIRUN[@]}" -np "$np" "$MT" train "$@" $COMMON --out "$out" >"$out.log" 2>&1 </dev/null; fi
 }
 
-# close REF RUN TOL [SKIP] : RUN's losses equal REF's (from step SKIP on) to TOL
-# relative; TOL 0 demands bit equality
+# close REF RUN TOL [SKIP] : RUN equals REF (REF's series from step SKIP on):
+# losses, lm/aux/z losses and grad norms per step, and every tensor of the final
+# checkpoint, with the bounds of tests/equiv.py (docs/testing.md derives them);
+# TOL is the loss bound (1e-6: fp32 re-association noise), TOL 0 demands bit
+# equality of everything (the same summation order), TOL bit64 bit-identical
+# params with the fp64 loss/norm sums re-associated across ranks (pipeline)
 close() {
-    python3 - "$1/receipt.json" "$2/receipt.json" "$3" "${4:-0}" <<'PY'
-import json, sys
-a = json.load(open(sys.argv[1]))["losses"][int(sys.argv[4]):]; b = json.load(open(sys.argv[2]))["losses"]
-tol = float(sys.argv[3])
-assert len(a) == len(b) and len(a) > 0, (len(a), len(b))
-if tol == 0:
-    print("   bit-identical" if a == b else "   NOT bit-identical"); sys.exit(0 if a == b else 1)
-w = max(abs(x - y) / abs(x) for x, y in zip(a, b)); print("   max rel diff %.3g over %d steps" % (w, len(a)))
-sys.exit(0 if w <= tol else 1)
-PY
+    if [ "$3" = 0 ]; then python3 "$HERE/equiv.py" "$1" "$2" --skip "${4:-0}" --bit
+    elif [ "$3" = bit64 ]; then python3 "$HERE/equiv.py" "$1" "$2" --skip "${4:-0}" --bit --fp64-sums
+    else python3 "$HERE/equiv.py" "$1" "$2" --skip "${4:-0}" --tol "$3"; fi
+}
+
+# floor REF MB ARGS... : the noise floor of REF's config — the same one-rank
+# run (ARGS = REF's) with MB microbatches, where only the association of the
+# gradient sums changes and no distributed code runs — must sit within half of
+# every equiv.py bound, or the bounds could not tell a bug from this config's
+# noise (docs/testing.md, "Tolerances")
+floor() {
+    local ref=$1 mb=$2; shift 2
+    if run 1 "$ref.floor" "$@" --set microbatches="$mb" && close "$ref" "$ref.floor" 5e-7; then
+        ok "noise floor of ${ref##*/} (microbatches=$mb, one rank) within half the bounds"
+    else bad "noise floor of ${ref##*/} (microbatches=$mb, one rank) within half the bounds"; fi
+}
+
+# differs A B : the two runs' losses differ over their common steps (a variant
+# under test is active: an equivalence of a no-op proves nothing)
+differs() {
+    python3 -c "import json,sys; a,b=(json.load(open(f+'/receipt.json'))['losses'] for f in sys.argv[1:]); n=min(len(a),len(b)); \
+same=n==0 or a[:n]==b[:n]; print('   SAME losses: the variant did nothing' if same else '   %s differs from %s' % tuple(sys.argv[1:])); sys.exit(same)" "$1" "$2"
 }
 
 # viol NP MESH REGEX ARGS... : bad input -> exit 2, REGEX on every rank's stderr, nothing written
@@ -49,4 +65,43 @@ viol() {
     nl=$(grep -cE -e "$expect" "$W/bad.err")
     if [ $rc -eq 2 ] && [ "$nl" -eq "$np" ] && [ ! -e "$W/bad" ]; then ok "bad input: $expect (every rank, exit 2)"
     else bad "bad input: $expect (rc=$rc, $nl lines)"; cat "$W/bad.err"; fi
+}
+
+# hash_ok RUN : RUN's replica check says ok after exactly the number of
+# (tensor, rank pair) comparisons its mesh implies (tests/replica_pairs.py), > 0
+hash_ok() {
+    python3 - "$1" "$(python3 "$HERE/replica_pairs.py" "$1")" <<'PY'
+import json, re, sys
+h = json.load(open(sys.argv[1] + "/receipt.json"))["replica_hash_check"]; want = int(sys.argv[2])
+m = re.fullmatch(r"ok: \d+ tensors bit-identical \(xxh64\) on every rank that holds them \((\d+) rank pairs\)", h)
+print("   %s (expected %d pairs)" % (h, want))
+assert m and want > 0 and int(m.group(1)) == want
+PY
+}
+
+# hash_fault NP MESH ZERO ARGS... : rank 1 moves one element of a replicated
+# gain by one ulp after the last of 3 steps (MT_FAULT=1:2:replica): the run
+# exits 1 naming that tensor and rank 1 against the slice's first holder, with
+# the mesh's count of comparisons, (holders - 1) of them differing
+hash_fault() {
+    local np=$1 mesh=$2 zero=$3; shift 3
+    local o="$W/hfault_${mesh//[=,]/_}"
+    rm -rf "$o"
+    MT_FAULT=1:2:replica "${MPIRUN[@]}" -x MT_FAULT -np "$np" "$MT" train "$@" $COMMON --out "$o" --steps 3 \
+        --mesh "$mesh" --zero "$zero" >"$o.log" 2>&1 </dev/null
+    local rc=$?
+    if [ $rc -eq 1 ] && python3 - "$o" "$(python3 "$HERE/replica_pairs.py" "$o")" <<'PY'
+import json, re, sys
+o, want = sys.argv[1], int(sys.argv[2])
+log = open(o + ".log").read()
+moved = re.search(r"MT_FAULT: rank 1 moved (\S+)\[0\] by one ulp after step 2", log).group(1)
+r = json.load(open(o + "/receipt.json")); m = r["mesh"]
+holders = m["world"] // m["pp"]          # a gain: every rank of its stage
+msg = "MISMATCH: %s differs: ranks 1 vs rank 0 (%d of %d rank pairs compared differ)" % (moved, holders - 1, want)
+print("   " + msg)
+assert want > 0 and r["replica_hash_check"] == msg, r["replica_hash_check"]
+assert re.search(r"meshtrain train: replica hash check failed: " + re.escape(msg), log)
+PY
+    then ok "replica fault on rank 1 ($mesh, ZeRO-$zero): exit 1 naming the tensor, the ranks and the count"
+    else bad "replica fault on rank 1 ($mesh, ZeRO-$zero) rc=$rc"; tail -5 "$o.log"; fi
 }

@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # test_pp_train.sh BUILD_DIR — pipeline parallel, 1F1B (issue 7).
-#  1. equivalence with the single-rank losses over 20 steps: pp=2, pp=4,
+#  1. equivalence with the single-rank run over 20 steps (tests/equiv.py: the
+#     loss terms, grad norms and final params): pp=2, pp=4,
 #     pp=2 x tp=2 x dp=2 (np=8), pp=2 x ep=2, pp=2 x ZeRO-3; dense and MoE.
-#     BIT equality is demanded where a stage's arithmetic is the single rank's:
-#     pp=2 and pp=4 with dp=tp=ep=1 and ZeRO-0, grad_clip=0 (each stage runs the
-#     same kernels on the same microbatch rows, gradients accumulate over
-#     microbatches in the same order 0..M-1, and the loss shares of the other
-#     stages are exact zeros). With clipping on, the global norm is a sum of
-#     per-stage sums (different rounding), so those runs are compared to 1e-5;
+#     BIT equality of the params is demanded where a stage's arithmetic is the
+#     single rank's: pp=2 and pp=4 with dp=tp=ep=1 and ZeRO-0, grad_clip=0 (each
+#     stage runs the same kernels on the same microbatch rows, gradients
+#     accumulate over microbatches in the same order 0..M-1, and the loss shares
+#     of the other stages are exact zeros); the logged aux/z losses and grad
+#     norm are fp64 sums of per-stage sums there, so within 4 fp64 ulps. With
+#     clipping on, the global norm scales every update and its per-stage
+#     rounding differs, so those runs get the fp32 noise bounds (1e-6 losses);
+#     their replica check compares the number of pairs the mesh implies;
+#     logit_softcap=15 (checked to change the run) on pp=2 (bit) and pp2 x dp2;
 #  2. the receipt: stage layer ranges, bubble measured next to analytic, at
 #     most pp - stage microbatches in flight (measured), per-stage activations;
 #  3. a checkpoint saved on pp=2 resumes on one rank;
@@ -29,16 +34,18 @@ for name in DENSE MOE; do
     run 1 "$W/${name}_ref0" $cfg --set grad_clip=0 --steps 20 || { bad "$name reference"; continue; }
     for pp in 2 4; do
         o="$W/${name}_pp${pp}_bit"
-        if run $pp "$o" $cfg --set grad_clip=0 --steps 20 --mesh pp=$pp && close "$W/${name}_ref0" "$o" 0; then
+        if run $pp "$o" $cfg --set grad_clip=0 --steps 20 --mesh pp=$pp && close "$W/${name}_ref0" "$o" bit64; then
             ok "$name pp=$pp (dp=tp=ep=1, ZeRO-0, no clipping) is BIT-identical to one rank"
         else bad "$name pp=$pp bit-identical"; tail -5 "$o.log"; fi
     done
     run 1 "$W/${name}_ref" $cfg --steps 20 || { bad "$name reference (clip)"; continue; }
+    floor "$W/${name}_ref" 2 $cfg --steps 20
     i=0
     while read -r np mesh zero; do
         i=$((i+1)); o="$W/${name}_$i"
         if [ "$name" = DENSE ] && [[ "$mesh" == *ep=2* ]]; then mesh=${mesh/ep=2/dp=2}; fi   # no experts: ep is data
-        if run "$np" "$o" $cfg --steps 20 --mesh "$mesh" --zero "$zero" && close "$W/${name}_ref" "$o" 1e-5; then
+        if run "$np" "$o" $cfg --steps 20 --mesh "$mesh" --zero "$zero" && close "$W/${name}_ref" "$o" 1e-6 && \
+           { [ "$zero" = 3 ] || [ "$np" = "${mesh#pp=}" ] || hash_ok "$o"; }; then
             ok "$name --mesh $mesh zero=$zero equals the single-rank losses"
         else bad "$name --mesh $mesh zero=$zero"; tail -5 "$o.log"; fi
     done <<'LIST'
@@ -49,6 +56,17 @@ for name in DENSE MOE; do
 2 pp=2 3
 LIST
 done
+
+# ---- 1b: a logit softcap through the pipeline (the head is on the last stage) ----
+CAP="$DENSE --set logit_softcap=15"
+if run 1 "$W/cap_ref0" $CAP --set grad_clip=0 --steps 20 && run 2 "$W/cap_pp2" $CAP --set grad_clip=0 --steps 20 --mesh pp=2 && \
+   differs "$W/cap_ref0" "$W/DENSE_ref0" && close "$W/cap_ref0" "$W/cap_pp2" bit64; then
+    ok "DENSE logit_softcap=15 (changes the run): pp=2 is BIT-identical to one rank"
+else bad "DENSE logit_softcap=15: pp=2 bit-identical"; fi
+if run 1 "$W/cap_ref" $CAP --steps 20 && floor "$W/cap_ref" 2 $CAP --steps 20 && run 4 "$W/cap_pp2dp2" $CAP --steps 20 --mesh pp=2,dp=2 --zero 1 && \
+   close "$W/cap_ref" "$W/cap_pp2dp2" 1e-6; then
+    ok "DENSE logit_softcap=15: pp=2 x dp=2 ZeRO-1 equals one rank"
+else bad "DENSE logit_softcap=15: pp=2 x dp=2 equals one rank"; fi
 
 # ---- 2: receipt ----
 python3 - "$W/MOE_2/receipt.json" <<'PY' && ok "receipt: stages, bubble vs analytic, in flight <= pp - stage, activations per stage" || bad "pipeline receipt"
@@ -65,7 +83,7 @@ PY
 
 # ---- 3: resume on another mesh ----
 run 2 "$W/part" $MOE --steps 10 --mesh pp=2 --zero 1 && run 1 "$W/cont" $MOE --steps 20 --resume "$W/part" \
-    && close "$W/MOE_ref" "$W/cont" 1e-5 10 && ok "pp=2 checkpoint resumes on one rank" || bad "pp=2 checkpoint resumes on one rank"
+    && close "$W/MOE_ref" "$W/cont" 1e-6 10 && ok "pp=2 checkpoint resumes on one rank" || bad "pp=2 checkpoint resumes on one rank"
 
 # ---- 4: bad input ----
 viol 4 pp=4 'mesh contract: n_layer < pp \(n_layer=2, pp=4\)' $DENSE --set n_layer=2

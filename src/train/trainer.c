@@ -520,11 +520,14 @@ static enum mt_status replica_hash_check(struct mt_ctx *ctx, const struct mt_ops
     enum mt_status rc = mt_comm_allgather(ctx, wc, all, h, (size_t)ng, MT_DTYPE_I64);
     if (rc == MT_OK) {
         const struct mt_mesh_dims *d = mt_mesh_get_dims(rs->mesh);
-        int bad = -1, bad_a = -1, bad_b = -1, pairs = 0;
-        for (int g = 0; g < ng && bad < 0; g++) {
+        /* every pair is compared (the count is asserted by the tests: a check
+         * comparing nothing must not read "ok"); the first differing tensor is
+         * named with the ranks whose copy differs from its first holder's */
+        int bad = -1, n_bad = 0, pairs = 0;
+        for (int g = 0; g < ng; g++) {
             /* a TP-split parameter: a slice per model rank, compared along data only */
             int split = glob[g].split != MT_SPLIT_NONE && d->tp > 1;
-            for (int a = 0; a < W && bad < 0; a++)
+            for (int a = 0; a < W; a++)
                 for (int b = a + 1; b < W; b++) {
                     if (!all[(size_t)a * ng + g] || !all[(size_t)b * ng + g]) continue;
                     struct mt_mesh_coord ca, cb;
@@ -532,12 +535,36 @@ static enum mt_status replica_hash_check(struct mt_ctx *ctx, const struct mt_ops
                     mt_mesh_coord_of(d, b, &cb);
                     if (split && ca.model != cb.model) continue;
                     pairs++;
-                    if (all[(size_t)a * ng + g] != all[(size_t)b * ng + g]) { bad = g; bad_a = a; bad_b = b; break; }
+                    if (all[(size_t)a * ng + g] != all[(size_t)b * ng + g]) {
+                        n_bad++;
+                        if (bad < 0) bad = g;
+                    }
                 }
         }
         if (bad >= 0) {
             *mismatch = 1;
-            snprintf(out, n_out, "MISMATCH: %s differs between ranks %d and %d", glob[bad].name, bad_a, bad_b);
+            /* the first holder of each slice, and the ranks of that slice that differ from it */
+            char who[160] = "";
+            size_t at = 0;
+            int first = -1;
+            int split = glob[bad].split != MT_SPLIT_NONE && d->tp > 1;
+            for (int a = 0; a < W && first < 0; a++) {
+                if (!all[(size_t)a * ng + bad]) continue;
+                struct mt_mesh_coord ca;
+                mt_mesh_coord_of(d, a, &ca);
+                for (int b = a + 1; b < W; b++) {
+                    struct mt_mesh_coord cb;
+                    mt_mesh_coord_of(d, b, &cb);
+                    if (!all[(size_t)b * ng + bad] || (split && ca.model != cb.model)) continue;
+                    if (all[(size_t)b * ng + bad] == all[(size_t)a * ng + bad]) continue;
+                    if (first < 0) first = a;
+                    if (at < sizeof who) at += (size_t)snprintf(who + at, sizeof who - at, "%s%d", at ? "," : "", b);
+                }
+            }
+            snprintf(out, n_out, "MISMATCH: %s differs: ranks %s vs rank %d (%d of %d rank pairs compared differ)",
+                     glob[bad].name, who, first, n_bad, pairs);
+        } else if (pairs == 0) {
+            snprintf(out, n_out, "not applicable: no tensor is held by two ranks (0 rank pairs)");
         } else {
             snprintf(out, n_out, "ok: %d tensors bit-identical (xxh64) on every rank that holds them (%d rank pairs)",
                      ng, pairs);
@@ -562,6 +589,30 @@ static void fault_parse(struct fault *f)
     f->kind[0] = 0;
     const char *e = getenv("MT_FAULT");
     if (e) sscanf(e, "%d:%d:%15s", &f->rank, &f->step, f->kind);
+}
+
+/* MT_FAULT kind "replica": after the step's update, move element 0 of the
+ * last RMSNorm gain this rank holds (a tensor replicated over data and model)
+ * by one ulp, so that exactly this rank's copy differs from its replicas.
+ * The replica check at the end of the run must name it; it runs once, so the
+ * copy must survive to the end: the last step, or any step under ZeRO-0
+ * (ZeRO-1/2 overwrite a non-owner's copy at the next all-gather). */
+static enum mt_status fault_perturb_replica(struct mt_ctx *ctx, const struct mt_ops_i *ops, struct run_state *rs,
+                                            int step)
+{
+    int n;
+    struct mt_param *params = mt_model_params(rs->model, &n);
+    for (int i = n - 1; i >= 0; i--) {
+        float *d = (float *)mt_zero_param_data(rs->eng[rs->eng_of[i]], i);
+        if (params[i].role != MT_ROLE_GAIN || !d) continue;
+        float v;
+        ops->copy_to_host(&v, d, sizeof v);
+        v = nextafterf(v, INFINITY);
+        ops->copy_from_host(d, &v, sizeof v);
+        fprintf(stderr, "MT_FAULT: rank %d moved %s[0] by one ulp after step %d\n", ctx->rank, params[i].name, step);
+        return MT_OK;
+    }
+    return mt_ctx_error(ctx, MT_ERR_RUNTIME, "MT_FAULT replica: rank %d holds no gain to perturb", ctx->rank);
 }
 
 /* A JSON text of the distributed section of the receipt (malloc'ed). */
@@ -1178,6 +1229,8 @@ agree2:
             MT_CHECK_GOTO(mt_optim_step(ctx, rs.opt[k], step, gn), rc, done);
             MT_CHECK_GOTO(mt_zero_sync_params(ctx, rs.eng[k]), rc, done);
         }
+        if (fault.step == step && fault.rank == wrank && !strcmp(fault.kind, "replica"))
+            MT_CHECK_GOTO(fault_perturb_replica(ctx, ops, &rs, step), rc, done);
         ops->sync();
         double dt = mt_time_sec() - t0;
         comm_total += exposed_comm_s(&rs) - comm0;
@@ -1363,6 +1416,9 @@ agree2:
         res->tokens_per_s = r.tokens_per_s;
         res->mfu = r.mfu;
         if (mismatch) {
+            /* every rank sees the same verdict; wait for rank 0's receipt before
+             * any rank returns the error (the tool aborts the job on it) */
+            MT_CHECK_GOTO(mt_comm_barrier(ctx, mt_mesh_world_comm(rs.mesh)), rc, done);
             rc = mt_ctx_error(ctx, MT_ERR_RUNTIME, "replica hash check failed: %s", hash_msg);
             goto done;
         }

@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""replica_pairs.py RUN : the number of (tensor, rank pair) comparisons the
+replica hash check of run RUN must make, computed from the mesh and the model
+alone (RUN/receipt.json for the mesh and the pipeline cut, the tensor names
+of RUN's last checkpoint), independently of the trainer's own loop.
+
+Who holds a tensor (mesh rank = ((pipe * dp + data) * ep + expert) * tp + model):
+  - its pipeline stage only: embed_tokens on stage 0, model.norm and lm_head on
+    the last stage, model.layers.<l>.* on the stage whose layer range has l;
+  - an expert e of a layer with E experts: the expert rank e // (E / ep) only;
+    everything else: every expert rank (ep is data for dense parameters);
+  - every data and model rank; a TP-split tensor (q/k/v/o_proj, the dense MLP's
+    gate/up/down_proj) is a different slice per model rank, so only ranks with
+    the same model coordinate hold the same copy.
+Two ranks holding the same copy form one comparison. ZeRO-3 and one rank: 0.
+Prints the count."""
+import json
+import os
+import re
+import sys
+
+
+def main(run):
+    r = json.load(open(os.path.join(run, "receipt.json")))
+    m = r["mesh"]
+    pp, dp, ep, tp = m["pp"], m["dp"], m["ep"], m["tp"]
+    W = pp * dp * ep * tp
+    if W == 1 or r["zero_stage"] == 3:
+        return 0
+    ck = os.path.join(run, "ckpt", sorted(os.listdir(os.path.join(run, "ckpt")))[-1])
+    names = [t["name"] for t in json.load(open(os.path.join(ck, "manifest.json")))["tensors"]
+             if t["file"] == "params.bin"]
+    cfg = r["config"]
+    L, E = cfg["n_layer"], cfg["n_experts"]
+    if pp > 1:
+        cut = [(s["first_layer"], s["end_layer"]) for s in r["distributed"]["pipeline"]["stage_layers"]]
+    else:
+        cut = [(0, L)]
+
+    def coord(rank):
+        model = rank % tp; rank //= tp
+        expert = rank % ep; rank //= ep
+        data = rank % dp; rank //= dp
+        return rank, data, expert, model
+
+    total = 0
+    for n in names:
+        lm = re.match(r"model\.layers\.(\d+)\.", n)
+        if lm:
+            layer = int(lm.group(1))
+            stage = next(s for s, (a, b) in enumerate(cut) if a <= layer < b)
+        else:
+            stage = 0 if n == "model.embed_tokens.weight" else pp - 1
+        em = re.search(r"\.mlp\.experts\.(\d+)\.", n)
+        erank = int(em.group(1)) // (E // ep) if em else None
+        split = tp > 1 and not em and "shared_expert" not in n and re.search(
+            r"\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight$", n) is not None
+        holders = [c for c in map(coord, range(W)) if c[0] == stage and (erank is None or c[2] == erank)]
+        for i in range(len(holders)):
+            for j in range(i + 1, len(holders)):
+                if not split or holders[i][3] == holders[j][3]:
+                    total += 1
+    return total
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        raise SystemExit(__doc__)
+    print(main(sys.argv[1]))
