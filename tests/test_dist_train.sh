@@ -20,7 +20,7 @@
 #  6. bad mesh input: one line, exit 2, on every rank, no hang;
 #  7. faults: a non-finite gradient and a failed rank (error, SIGKILL) end the
 #     job with a message within 30 s.
-# Skips (exit 0) without mpirun or in a build without MPI.
+# Skips (exit 77, SKIPPED) without mpirun or in a build without MPI.
 set -u
 BUILD=${1:?usage: test_dist_train.sh BUILD_DIR}
 source "$(dirname "$0")/dist_lib.sh"

@@ -11,7 +11,7 @@
 #  4. a checkpoint saved on tp=2 x dp=2 resumes on one rank with the same losses;
 #  5. contract violations (heads, kv heads, mlp_hidden, seq_len % tp): one
 #     line, exit 2, on every rank.
-# Skips (exit 0) without mpirun or in a build without MPI.
+# Skips (exit 77, SKIPPED) without mpirun or in a build without MPI.
 set -u
 BUILD=${1:?usage: test_tp_train.sh BUILD_DIR}
 source "$(dirname "$0")/dist_lib.sh"
