@@ -162,6 +162,26 @@ struct mt_ops_i {
     void (*muon_momentum)(float *d, float *m, const float *g, float mu, size_t n);
     /* out (cols, rows) = transpose of in (rows, cols) */
     void (*transpose)(float *out, const float *in, int rows, int cols);
+
+    /* ---- Mamba-3 SISO scan (trapezoidal; docs/mamba3.md) ----
+     * x (B,T,H,P); Bm, Cm (B,T,H,N), per head (already normed, biased and
+     * rotated by the caller); dt (B,T,H) after softplus; lam (B,T,H) after
+     * sigmoid; A (H) negative; Dsk (H) the skip. Per (b, h), S (P,N), S_{-1} = 0:
+     *   alpha = exp(dt A), gamma = lam dt, beta = (1-lam) dt alpha (beta_0 = 0)
+     *   S_t = alpha_t S_{t-1} + gamma_t x_t B_t^T + beta_t x_{t-1} B_{t-1}^T
+     *   y_t = S_t C_t + Dsk x_t                                     y (B,T,H,P) (=)
+     * chunk <= 0: the plain recurrence (fp32 state; the reference); chunk > 0:
+     * the chunked SSD form (GEMM-bound; equal up to fp32 rounding).
+     * backward (chunked; chunk <= 0 means 64): dx, dBm, dCm, ddt, dlam (=);
+     *   dA, dDsk (+=, reduced over sequences in a fixed order). */
+    void (*ssm_scan_forward)(float *y, const float *x, const float *Bm, const float *Cm,
+                             const float *dt, const float *lam, const float *A, const float *Dsk,
+                             int B, int T, int H, int P, int N, int chunk);
+    void (*ssm_scan_backward)(float *dx, float *dBm, float *dCm, float *ddt, float *dlam,
+                              float *dA, float *dDsk, const float *dy, const float *x,
+                              const float *Bm, const float *Cm, const float *dt, const float *lam,
+                              const float *A, const float *Dsk, int B, int T, int H, int P, int N,
+                              int chunk);
 };
 
 /* Backends. mt_ops_cpu() never fails. mt_ops_cuda() returns NULL when the

@@ -156,4 +156,14 @@ void mt_cpu_adamw_update(float *p, const float *g, float *m, float *v, size_t n,
                          float lr, float b1, float b2, float eps, float wd, float bc1, float bc2);
 void mt_cpu_muon_momentum(float *d, float *m, const float *g, float mu, size_t n);
 
+/* ssm.c — Mamba-3 scan (mt_ops.h ssm_scan_*) */
+void mt_cpu_ssm_scan_forward(float *y, const float *x, const float *Bm, const float *Cm,
+                             const float *dt, const float *lam, const float *A, const float *Dsk,
+                             int B, int T, int H, int P, int N, int chunk);
+void mt_cpu_ssm_scan_backward(float *dx, float *dBm, float *dCm, float *ddt, float *dlam,
+                              float *dA, float *dDsk, const float *dy, const float *x,
+                              const float *Bm, const float *Cm, const float *dt, const float *lam,
+                              const float *A, const float *Dsk, int B, int T, int H, int P, int N,
+                              int chunk);
+
 #endif /* MT_CPU_IMPL_H */
