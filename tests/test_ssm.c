@@ -9,7 +9,7 @@
  *      recurrence, for every input (x, B, C, dt, lam, A, D) of a loss
  *      sum(R o y) with R random; dA and dD accumulate (+=);
  *   3. determinism: two calls give the same bits.
- * Usage: test_ssm [-b cpu|cuda] [-bench]; exits 1 if any check fails.
+ * Usage: test_ssm [-b cpu|cuda] [-bench [-chunk Q]]; exits 1 if any check fails.
  * -bench times the recurrence against the chunked scan (not a test).
  */
 #define _POSIX_C_SOURCE 199309L
@@ -248,7 +248,7 @@ static double now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void bench(void)
+static void bench(int only)
 {
     struct inputs in;
     int B = 1, T = 1024, H = 8, P = 64, N = 64;
@@ -260,21 +260,24 @@ static void bench(void)
     float *ddt = dev_zero(nd(&in)), *dlam = dev_zero(nd(&in)), *dA = dev_zero(64), *dD = dev_zero(64);
     int chunks[] = {0, 16, 32, 64, 128, 256};
     for (size_t c = 0; c < sizeof(chunks) / sizeof(chunks[0]); c++) {
-        int reps = 5;
-        g_ops->ssm_scan_forward(y, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, B, T, H, P, N, chunks[c]);
-        double t0 = now();
-        for (int r = 0; r < reps; r++)
+        if (only >= 0 && chunks[c] != only) continue;
+        /* the machine is shared: the minimum of 10 runs */
+        double tf = 1e30, tb = 0.0;
+        for (int r = 0; r < 10; r++) {
+            double t0 = now();
             g_ops->ssm_scan_forward(y, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, B, T, H, P, N, chunks[c]);
-        g_ops->sync();
-        double tf = (now() - t0) / reps;
-        double tb = 0.0;
+            g_ops->sync();
+            tf = fmin(tf, now() - t0);
+        }
         if (chunks[c] > 0) {
-            t0 = now();
-            for (int r = 0; r < reps; r++)
+            tb = 1e30;
+            for (int r = 0; r < 10; r++) {
+                double t0 = now();
                 g_ops->ssm_scan_backward(dx, dB, dC, ddt, dlam, dA, dD, y, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A,
                                          d.D, B, T, H, P, N, chunks[c]);
-            g_ops->sync();
-            tb = (now() - t0) / reps;
+                g_ops->sync();
+                tb = fmin(tb, now() - t0);
+            }
         }
         /* recurrence flops: per token/head/state element ~ 6 (update) + 2 (readout) */
         double rec_flop = 8.0 * B * T * H * (double)P * N;
@@ -287,11 +290,12 @@ static void bench(void)
 int main(int argc, char **argv)
 {
     const char *backend = "cpu";
-    int do_bench = 0;
+    int do_bench = 0, only = -1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-b") && i + 1 < argc) backend = argv[++i];
         else if (!strcmp(argv[i], "-bench")) do_bench = 1;
-        else { fprintf(stderr, "usage: test_ssm [-b cpu|cuda] [-bench]\n"); return 2; }
+        else if (!strcmp(argv[i], "-chunk") && i + 1 < argc) only = atoi(argv[++i]);
+        else { fprintf(stderr, "usage: test_ssm [-b cpu|cuda] [-bench [-chunk Q]]\n"); return 2; }
     }
     mt_ctx_init(&g_ctx);
     if (!strcmp(backend, "cpu")) g_ops = mt_ops_cpu();
@@ -304,7 +308,7 @@ int main(int argc, char **argv)
         printf("FAIL %s backend has no ssm_scan entries\n", g_ops->name);
         return 1;
     }
-    if (do_bench) { bench(); return 0; }
+    if (do_bench) { bench(only); return 0; }
 
     struct { int B, T, H, P, N; int chunks[5]; } cases[] = {
         {2, 37, 3, 4, 6, {0, 8, 16, 37, 64}},   /* 8 and 16 do not divide 37; 64 > T */

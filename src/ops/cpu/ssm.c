@@ -59,7 +59,7 @@ static void scan_recurrent_head(float *y, const float *x, const float *Bm, const
 
 /* Per-thread scratch of one chunk (Q = chunk size). */
 struct ssm_scratch {
-    float *Xc, *Bc, *w, *cum, *G, *Ce, *S;        /* forward */
+    float *Xc, *Bc, *w, *cum, *G, *Ce, *S, *E;    /* forward; E[i,s] = exp(cum_i - cum_s), s <= i */
     float *dM, *dXc, *dBc, *T1, *dwt, *dcum, *DS, *dS;  /* backward */
 };
 
@@ -67,7 +67,7 @@ static int scratch_alloc(struct ssm_scratch *s, int Q, int P, int N, int backwar
 {
     size_t q2 = 2 * (size_t)Q;
     size_t n = q2 * (size_t)P + q2 * (size_t)N + q2 + (size_t)Q + (size_t)Q * q2 + (size_t)Q * (size_t)(N > P ? N : P)
-             + (size_t)P * (size_t)N;
+             + (size_t)P * (size_t)N + (size_t)Q * (size_t)Q;
     if (backward) n += (size_t)Q * q2 + q2 * (size_t)P + q2 * (size_t)N + q2 * (size_t)(N > P ? N : P) + q2 + (size_t)Q
                     + (size_t)Q * (size_t)(N > P ? N : P) + (size_t)P * (size_t)N;
     float *m = malloc(n * sizeof(float));
@@ -80,6 +80,7 @@ static int scratch_alloc(struct ssm_scratch *s, int Q, int P, int N, int backwar
     s->G = m;             m += (size_t)Q * q2;
     s->Ce = m;            m += (size_t)Q * mx;
     s->S = m;             m += (size_t)P * (size_t)N;
+    s->E = m;             m += (size_t)Q * (size_t)Q;
     if (backward) {
         s->dM = m;        m += (size_t)Q * q2;
         s->dXc = m;       m += q2 * (size_t)P;
@@ -121,11 +122,36 @@ static void gather_chunk(struct ssm_scratch *s, const float *x, const float *Bm,
     }
 }
 
-/* L[i,j] = w_j exp(cum_i - cum_s(j)) for s(j) <= i, else 0 (written into L, q x 2q). */
-static inline float decay_weight(const struct ssm_scratch *s, int q, int i, int j)
+/* E[i,s] = exp(cum_i - cum_s) for s <= i (row i of q): one exp per pair,
+ * shared by the two sources of time s; the argument is <= 0 (no overflow,
+ * no cancellation, unlike exp(cum_i) / exp(cum_s) which underflows on long
+ * chunks). Vectorised with the backend's exp where the cpu has AVX2. */
+static void decay_table(struct ssm_scratch *s, int q)
 {
-    int sj = j < q ? j : j - q;
-    return sj <= i ? s->w[j] * expf(s->cum[i] - s->cum[sj]) : 0.0f;
+    for (int i = 0; i < q; i++) {
+        float *e = s->E + (size_t)i * (size_t)q, ci = s->cum[i];
+        int j = 0;
+#ifdef MT_CPU_HAVE_EXP8
+        __m256 c8 = _mm256_set1_ps(ci);
+        for (; j + 8 <= i + 1; j += 8)
+            _mm256_storeu_ps(e + j, mt_cpu_exp8(_mm256_sub_ps(c8, _mm256_loadu_ps(s->cum + j))));
+#endif
+        for (; j <= i; j++) e[j] = mt_cpu_expf(ci - s->cum[j]);
+    }
+}
+
+/* G (q x 2q) *= L: L[i,j] = w_j E[i,s(j)] for s(j) <= i, else 0. */
+static void apply_mask(struct ssm_scratch *s, int q)
+{
+    for (int i = 0; i < q; i++) {
+        float *g = s->G + (size_t)i * 2 * (size_t)q;
+        const float *e = s->E + (size_t)i * (size_t)q;
+        for (int j = 0; j <= i; j++) {
+            g[j] *= s->w[j] * e[j];
+            g[q + j] *= s->w[q + j] * e[j];
+        }
+        for (int j = i + 1; j < q; j++) g[j] = g[q + j] = 0.0f;
+    }
 }
 
 /* S_out = exp(cum_last) S_in + Xc^T diag(w_j exp(cum_last - cum_s(j))) Bc.
@@ -133,9 +159,10 @@ static inline float decay_weight(const struct ssm_scratch *s, int q, int i, int 
 static void state_update(struct ssm_scratch *s, float *Bw, int q, int P, int N)
 {
     float cl = s->cum[q - 1];
+    const float *el = s->E + (size_t)(q - 1) * (size_t)q;
     for (int j = 0; j < 2 * q; j++) {
         int sj = j < q ? j : j - q;
-        float f = s->w[j] * expf(cl - s->cum[sj]);
+        float f = s->w[j] * el[sj];
         const float *b = s->Bc + (size_t)j * (size_t)N;
         float *o = Bw + (size_t)j * (size_t)N;
         for (int n = 0; n < N; n++) o[n] = f * b[n];
@@ -154,10 +181,10 @@ static void scan_chunked_head(float *y, const float *x, const float *Bm, const f
         const float *C = Cm + (size_t)t0 * bld;
         float *Y = y + (size_t)t0 * xld;
         gather_chunk(s, x, Bm, dt, lam, A, t0, q, H, P, N);
+        decay_table(s, q);
         /* intra-chunk: G = C Bc^T (q x 2q), masked by L, Y = G Xc */
         mt_cpu_gemm(0, 1, q, 2 * q, N, 1.0f, C, (int)bld, s->Bc, N, 0.0f, s->G, 2 * q);
-        for (int i = 0; i < q; i++)
-            for (int j = 0; j < 2 * q; j++) s->G[(size_t)i * 2 * q + j] *= decay_weight(s, q, i, j);
+        apply_mask(s, q);
         mt_cpu_gemm(0, 0, q, P, 2 * q, 1.0f, s->G, 2 * q, s->Xc, P, 0.0f, Y, (int)xld);
         /* inter-chunk: Y += diag(exp cum) C S_in^T */
         if (t0 > 0) {
@@ -231,6 +258,7 @@ static void scan_backward_head(float *dx, float *dBm, float *dCm, float *ddt, fl
         memcpy(Sall + (size_t)c * PN, s->S, PN * sizeof(float));
         if (c + 1 < nc) {
             gather_chunk(s, x, Bm, dt, lam, A, t0, q, H, P, N);
+            decay_table(s, q);
             state_update(s, s->T1, q, P, N);
         }
     }
@@ -246,6 +274,8 @@ static void scan_backward_head(float *dx, float *dBm, float *dCm, float *ddt, fl
         const float *C = Cm + (size_t)t0 * bld, *dY = dy + (size_t)t0 * xld, *Sin = Sall + (size_t)c * PN;
         float *dC = dCm + (size_t)t0 * bld;
         gather_chunk(s, x, Bm, dt, lam, A, t0, q, H, P, N);
+        decay_table(s, q);
+        const float *Eq = s->E + (size_t)(q - 1) * (size_t)q;
         float cl = s->cum[q - 1], el = expf(cl);
         for (int j = 0; j < q2; j++) s->dwt[j] = 0.0f;
         for (int i = 0; i < q; i++) s->dcum[i] = 0.0f;
@@ -254,19 +284,22 @@ static void scan_backward_head(float *dx, float *dBm, float *dCm, float *ddt, fl
         mt_cpu_gemm(0, 1, q, q2, P, 1.0f, dY, (int)xld, s->Xc, P, 0.0f, s->dM, q2);
         for (int i = 0; i < q; i++) {
             float *g = s->G + (size_t)i * q2, *dm = s->dM + (size_t)i * q2;
+            const float *e = s->E + (size_t)i * (size_t)q;
+            float dci = 0.0f;
             for (int j = 0; j < q2; j++) {
                 int sj = j < q ? j : j - q;
                 if (sj > i) { g[j] = 0.0f; dm[j] = 0.0f; continue; }
-                float ex = expf(s->cum[i] - s->cum[sj]);
+                float ex = e[sj];
                 float dmg = dm[j] * g[j];             /* dLoss/dL[i,j] */
                 float mm = dmg * s->w[j] * ex;        /* dM o M: the log-decay gradient */
                 s->dwt[j] += dmg * ex;
-                s->dcum[i] += mm;
+                dci += mm;
                 s->dcum[sj] -= mm;
                 float l = s->w[j] * ex;
                 g[j] *= l;                            /* G -> M */
                 dm[j] *= l;                           /* dM -> dG */
             }
+            s->dcum[i] += dci;
         }
         mt_cpu_gemm(1, 0, q2, P, q, 1.0f, s->G, q2, dY, (int)xld, 0.0f, s->dXc, P);
         /* dC = dG Bc; dBc = dG^T C */
@@ -277,7 +310,7 @@ static void scan_backward_head(float *dx, float *dBm, float *dCm, float *ddt, fl
             mt_cpu_gemm(0, 0, q2, N, P, 1.0f, s->Xc, P, s->dS, N, 0.0f, s->T1, N);   /* Xc dS */
             for (int j = 0; j < q2; j++) {
                 int sj = j < q ? j : j - q;
-                float ex = expf(cl - s->cum[sj]), v = s->w[j] * ex;
+                float ex = Eq[sj], v = s->w[j] * ex;
                 const float *t1 = s->T1 + (size_t)j * (size_t)N, *b = s->Bc + (size_t)j * (size_t)N;
                 float *db = s->dBc + (size_t)j * (size_t)N;
                 float qj = 0.0f;
@@ -289,7 +322,7 @@ static void scan_backward_head(float *dx, float *dBm, float *dCm, float *ddt, fl
             mt_cpu_gemm(0, 1, q2, P, N, 1.0f, s->Bc, N, s->dS, N, 0.0f, s->T1, P);   /* Bc dS^T */
             for (int j = 0; j < q2; j++) {
                 int sj = j < q ? j : j - q;
-                float v = s->w[j] * expf(cl - s->cum[sj]);
+                float v = s->w[j] * Eq[sj];
                 const float *t2 = s->T1 + (size_t)j * (size_t)P;
                 float *d = s->dXc + (size_t)j * (size_t)P;
                 for (int p = 0; p < P; p++) d[p] += v * t2[p];
