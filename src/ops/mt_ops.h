@@ -182,6 +182,34 @@ struct mt_ops_i {
                               const float *Bm, const float *Cm, const float *dt, const float *lam,
                               const float *A, const float *Dsk, int B, int T, int H, int P, int N,
                               int chunk);
+    /* ---- Mamba-3 mixer glue around the scan (docs/mamba3.md §2, §5) ----
+     * proj (B*T, W) in-projection rows, W = 2E + 2GN + H + H*N/2 + H, split
+     * z | xs | B | C | dt | theta | lam (E = H*P, G groups of H/G heads, N even).
+     * prep_forward: x (B,T,H,P) = xs; dt = softplus(dt_raw + dt_bias); lam =
+     *   sigmoid(lam_raw); A (H) = -exp(A_log); Bh/Ch (B,T,H,N) = rot(ang,
+     *   rmsnorm_N(B_g) gB + B_bias[h]) with ang = cumsum_t theta (rotate-half
+     *   pairs (k, k+N/2)); rstd (B*T, 2G) saved (B's groups, then C's).
+     * prep_backward: dproj (=) on every column but z's; ddt_bias, dA_log, dgB,
+     *   dgC, dB_bias, dC_bias (+=). dA is the scan's dA.
+     * gate_norm: out (n,E) = rmsnorm over each of G groups of (y silu(z)) * w,
+     *   z and dz with row stride ldz; rstd (n,G). backward: dy, dz (=), dw (+=). */
+    void (*ssm_prep_forward)(float *x, float *Bh, float *Ch, float *dt, float *lam, float *A,
+                             float *rstd, const float *proj, const float *dt_bias,
+                             const float *A_log, const float *gB, const float *gC,
+                             const float *B_bias, const float *C_bias,
+                             int B, int T, int H, int P, int G, int N, float eps);
+    void (*ssm_prep_backward)(float *dproj, float *ddt_bias, float *dA_log, float *dgB, float *dgC,
+                              float *dB_bias, float *dC_bias, const float *dx, const float *dBh,
+                              const float *dCh, const float *ddt, const float *dlam, const float *dA,
+                              const float *Bh, const float *Ch, const float *lam, const float *A,
+                              const float *rstd, const float *proj, const float *dt_bias,
+                              const float *gB, const float *gC, int B, int T, int H, int P, int G,
+                              int N, float eps);
+    void (*ssm_gate_norm_forward)(float *out, float *rstd, const float *y, const float *z, int ldz,
+                                  const float *w, int n, int E, int G, float eps);
+    void (*ssm_gate_norm_backward)(float *dy, float *dz, float *dw, const float *dout, const float *y,
+                                   const float *z, int ldz, const float *w, const float *rstd,
+                                   int n, int E, int G);
 };
 
 /* Backends. mt_ops_cpu() never fails. mt_ops_cuda() returns NULL when the

@@ -165,5 +165,22 @@ void mt_cpu_ssm_scan_backward(float *dx, float *dBm, float *dCm, float *ddt, flo
                               const float *Bm, const float *Cm, const float *dt, const float *lam,
                               const float *A, const float *Dsk, int B, int T, int H, int P, int N,
                               int chunk);
+/* ssm_glue.c — the mixer's stages around the scan (mt_ops.h ssm_prep_*, ssm_gate_norm_*) */
+void mt_cpu_ssm_prep_forward(float *x, float *Bh, float *Ch, float *dt, float *lam, float *A,
+                             float *rstd, const float *proj, const float *dt_bias, const float *A_log,
+                             const float *gB, const float *gC, const float *B_bias, const float *C_bias,
+                             int B, int T, int H, int P, int G, int N, float eps);
+void mt_cpu_ssm_prep_backward(float *dproj, float *ddt_bias, float *dA_log, float *dgB, float *dgC,
+                              float *dB_bias, float *dC_bias, const float *dx, const float *dBh,
+                              const float *dCh, const float *ddt, const float *dlam, const float *dA,
+                              const float *Bh, const float *Ch, const float *lam, const float *A,
+                              const float *rstd, const float *proj, const float *dt_bias,
+                              const float *gB, const float *gC, int B, int T, int H, int P, int G,
+                              int N, float eps);
+void mt_cpu_ssm_gate_norm_forward(float *out, float *rstd, const float *y, const float *z, int ldz,
+                                  const float *w, int n, int E, int G, float eps);
+void mt_cpu_ssm_gate_norm_backward(float *dy, float *dz, float *dw, const float *dout, const float *y,
+                                   const float *z, int ldz, const float *w, const float *rstd,
+                                   int n, int E, int G);
 
 #endif /* MT_CPU_IMPL_H */

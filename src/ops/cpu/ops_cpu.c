@@ -72,6 +72,10 @@ static const struct mt_ops_i cpu_ops = {
     /* .transpose            = */ .transpose            = mt_cpu_transpose,
     /* .ssm_scan_forward     = */ .ssm_scan_forward     = mt_cpu_ssm_scan_forward,
     /* .ssm_scan_backward    = */ .ssm_scan_backward    = mt_cpu_ssm_scan_backward,
+    /* .ssm_prep_forward     = */ .ssm_prep_forward     = mt_cpu_ssm_prep_forward,
+    /* .ssm_prep_backward    = */ .ssm_prep_backward    = mt_cpu_ssm_prep_backward,
+    /* .ssm_gate_norm_fwd    = */ .ssm_gate_norm_forward  = mt_cpu_ssm_gate_norm_forward,
+    /* .ssm_gate_norm_bwd    = */ .ssm_gate_norm_backward = mt_cpu_ssm_gate_norm_backward,
 };
 
 const struct mt_ops_i *mt_ops_cpu(void)
