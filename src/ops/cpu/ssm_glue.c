@@ -14,7 +14,7 @@
  *   Bh[h]  = rot(Bn_g + B_bias[h], ang),  rot: pairs (k, k+N/2) as rotate-half:
  *            o_k = u_k cos - u_{k+N/2} sin,  o_{k+N/2} = u_k sin + u_{k+N/2} cos
  * Parallelism: tasks over (b, g) (each owns its heads and rows); parameter
- * gradients are written as per-b partials and summed over b in a fixed order.
+ * gradients are written as per-task partials and summed in task order.
  */
 #include "cpu_impl.h"
 #include "../../core/mt_core.h"
@@ -114,9 +114,10 @@ void mt_cpu_ssm_prep_backward(float *dproj, float *ddt_bias, float *dA_log, floa
     const int E = H * P, GN = G * N, half = N / 2, hpg = H / G;
     const size_t W = 2 * (size_t)E + 2 * (size_t)GN + (size_t)H + (size_t)H * half + (size_t)H;
     const size_t oB = 2 * (size_t)E, oC = oB + GN, odt = oC + GN, oth = odt + H, olam = oth + (size_t)H * half;
-    /* per-b partials: dt_bias (H), gB (N), gC (N), B_bias (H*N), C_bias (H*N) */
+    /* per-task (b, g) partials: dt_bias (H), gB (N), gC (N), B_bias (H*N), C_bias (H*N);
+     * gB/gC are shared by the groups, so each task needs its own row (no race) */
     const size_t np = (size_t)H + 2 * (size_t)N + 2 * (size_t)H * N;
-    float *part = calloc((size_t)B * np, sizeof(float));
+    float *part = calloc((size_t)B * G * np, sizeof(float));
     MT_ASSERT(part);
     for (int h = 0; h < H; h++) dA_log[h] += dA[h] * A[h];
     (void)eps;
@@ -128,7 +129,7 @@ void mt_cpu_ssm_prep_backward(float *dproj, float *ddt_bias, float *dA_log, floa
         #pragma omp for schedule(static)
         for (int task = 0; task < B * G; task++) {
             int b = task / G, g = task % G;
-            float *pb = part + (size_t)b * np;
+            float *pb = part + (size_t)task * np;
             float *p_dtb = pb, *p_gB = pb + H, *p_gC = p_gB + N, *p_Bb = p_gC + N, *p_Cb = p_Bb + (size_t)H * N;
             memset(ang, 0, (size_t)hpg * half * sizeof(float));
             for (int t = 0; t < T; t++) {
@@ -188,8 +189,8 @@ void mt_cpu_ssm_prep_backward(float *dproj, float *ddt_bias, float *dA_log, floa
         }
         free(ang);
     }
-    for (int b = 0; b < B; b++) {
-        const float *pb = part + (size_t)b * np;
+    for (int task = 0; task < B * G; task++) {
+        const float *pb = part + (size_t)task * np;
         for (int h = 0; h < H; h++) ddt_bias[h] += pb[h];
         for (int k = 0; k < N; k++) { dgB[k] += pb[H + k]; dgC[k] += pb[H + N + k]; }
         for (size_t k = 0; k < (size_t)H * N; k++) {
