@@ -8,7 +8,10 @@
  *   2. backward (chunked) against central finite differences of that double
  *      recurrence, for every input (x, B, C, dt, lam, A, D) of a loss
  *      sum(R o y) with R random; dA and dD accumulate (+=);
- *   3. determinism: two calls give the same bits.
+ *   3. determinism: two calls give the same bits;
+ *   4. with -b cuda: the mixer glue (ssm_prep_*, ssm_gate_norm_*) forward and
+ *      backward equal the cpu backend's (1e-5; the cpu glue itself is checked
+ *      by finite differences in test_mamba3).
  * Usage: test_ssm [-b cpu|cuda] [-bench [-chunk Q]]; exits 1 if any check fails.
  * -bench times the recurrence against the chunked scan (not a test).
  */
@@ -241,6 +244,103 @@ static void test_backward(struct inputs *in, int chunk)
     release(&d);
 }
 
+/* Run the glue ops on `ops` with host inputs; outputs copied back to host. */
+struct glue_io {
+    int B, T, H, P, G, N, n, W, E;
+    float *proj, *dtb, *Alog, *gB, *gC, *Bb, *Cb, *gout;          /* inputs  */
+    float *dx, *dBh, *dCh, *ddt, *dlam, *dA, *ys, *dyn;            /* upstream grads + scan output */
+    float *out[16];                                                /* results */
+    size_t outn[16];
+    int nout;
+};
+
+static float *host_rand(size_t n, float mu, float sd)
+{
+    float *p = falloc(n);
+    for (size_t i = 0; i < n; i++) p[i] = mu + sd * (float)nrand();
+    return p;
+}
+
+static float *up(const struct mt_ops_i *ops, const float *h, size_t n)
+{
+    float *d = ops->buf_alloc(&g_ctx, (n ? n : 1) * sizeof(float), MT_BUCKET_OTHER);
+    if (!d) { fprintf(stderr, "test_ssm: buf_alloc failed\n"); exit(1); }
+    ops->copy_from_host(d, h, n * sizeof(float));
+    return d;
+}
+
+static void glue_run(const struct mt_ops_i *ops, struct glue_io *io)
+{
+    int n = io->n, H = io->H, N = io->N, E = io->E, W = io->W, G = io->G;
+    size_t nx_ = (size_t)n * E, nb_ = (size_t)n * H * N, nd_ = (size_t)n * H;
+    float *proj = up(ops, io->proj, (size_t)n * W), *dtb = up(ops, io->dtb, H), *Alog = up(ops, io->Alog, H);
+    float *gB = up(ops, io->gB, N), *gC = up(ops, io->gC, N), *Bb = up(ops, io->Bb, (size_t)H * N);
+    float *Cb = up(ops, io->Cb, (size_t)H * N), *gout = up(ops, io->gout, E);
+    float *x = up(ops, io->dx, nx_), *Bh = up(ops, io->dBh, nb_), *Ch = up(ops, io->dCh, nb_);
+    float *dt = up(ops, io->ddt, nd_), *lam = up(ops, io->dlam, nd_), *A = up(ops, io->dA, H);
+    float *rstd = up(ops, io->ddt, (size_t)n * 2 * G);
+    ops->ssm_prep_forward(x, Bh, Ch, dt, lam, A, rstd, proj, dtb, Alog, gB, gC, Bb, Cb, io->B, io->T, H, io->P, G,
+                          N, 1e-5f);
+    float *dx = up(ops, io->dx, nx_), *dBh = up(ops, io->dBh, nb_), *dCh = up(ops, io->dCh, nb_);
+    float *ddt = up(ops, io->ddt, nd_), *dlam = up(ops, io->dlam, nd_), *dA = up(ops, io->dA, H);
+    float *dproj = up(ops, io->proj, (size_t)n * W);   /* every column overwritten below */
+    float *gz = up(ops, io->dtb, H), *gl = up(ops, io->Alog, H), *ggB = up(ops, io->gB, N), *ggC = up(ops, io->gC, N);
+    float *gBb = up(ops, io->Bb, (size_t)H * N), *gCb = up(ops, io->Cb, (size_t)H * N);
+    ops->ssm_prep_backward(dproj, gz, gl, ggB, ggC, gBb, gCb, dx, dBh, dCh, ddt, dlam, dA, Bh, Ch, lam, A, rstd,
+                           proj, dtb, gB, gC, io->B, io->T, H, io->P, G, N, 1e-5f);
+    float *ys = up(ops, io->ys, nx_), *yn = up(ops, io->ys, nx_), *ro = up(ops, io->ys, (size_t)n * G);
+    float *dyn = up(ops, io->dyn, nx_), *dys = up(ops, io->ys, nx_), *ggo = up(ops, io->gout, E);
+    ops->ssm_gate_norm_forward(yn, ro, ys, proj, W, gout, n, E, G, 1e-5f);
+    ops->ssm_gate_norm_backward(dys, dproj, ggo, dyn, ys, proj, W, gout, ro, n, E, G);
+    float *res[] = {x, Bh, Ch, dt, lam, A, rstd, dproj, gz, gl, ggB, ggC, gBb, gCb, yn, dys};
+    size_t rn[] = {nx_, nb_, nb_, nd_, nd_, (size_t)H, (size_t)n * 2 * G, (size_t)n * W, (size_t)H, (size_t)H,
+                   (size_t)N, (size_t)N, (size_t)H * N, (size_t)H * N, nx_, nx_};
+    io->nout = 16;
+    for (int k = 0; k < 16; k++) {
+        io->outn[k] = rn[k];
+        io->out[k] = falloc(rn[k]);
+        ops->sync();
+        ops->copy_to_host(io->out[k], res[k], rn[k] * sizeof(float));
+    }
+    float *all[] = {proj, dtb, Alog, gB, gC, Bb, Cb, gout, x, Bh, Ch, dt, lam, A, rstd, dx, dBh, dCh, ddt, dlam, dA,
+                    dproj, gz, gl, ggB, ggC, gBb, gCb, ys, yn, ro, dyn, dys, ggo};
+    for (size_t k = 0; k < sizeof(all) / sizeof(all[0]); k++) ops->buf_free(&g_ctx, all[k]);
+}
+
+static void test_glue_vs_cpu(void)
+{
+    static const char *names[16] = {"x", "Bh", "Ch", "dt", "lam", "A", "rstd_bc", "dproj", "ddt_bias", "dA_log",
+                                    "dgB", "dgC", "dB_bias", "dC_bias", "gate yn", "gate dy"};
+    struct glue_io io = {.B = 2, .T = 9, .H = 4, .P = 3, .G = 2, .N = 6};
+    io.n = io.B * io.T; io.E = io.H * io.P;
+    io.W = 2 * io.E + 2 * io.G * io.N + io.H + io.H * io.N / 2 + io.H;
+    size_t nx_ = (size_t)io.n * io.E, nb_ = (size_t)io.n * io.H * io.N, nd_ = (size_t)io.n * io.H;
+    io.proj = host_rand((size_t)io.n * io.W, 0.0f, 1.0f);
+    io.dtb = host_rand(io.H, -1.0f, 0.5f); io.Alog = host_rand(io.H, 1.0f, 0.3f);
+    io.gB = host_rand(io.N, 1.0f, 0.2f); io.gC = host_rand(io.N, 1.0f, 0.2f);
+    io.Bb = host_rand((size_t)io.H * io.N, 1.0f, 0.3f); io.Cb = host_rand((size_t)io.H * io.N, 1.0f, 0.3f);
+    io.gout = host_rand(io.E, 1.0f, 0.2f);
+    io.dx = host_rand(nx_, 0.0f, 1.0f); io.dBh = host_rand(nb_, 0.0f, 1.0f); io.dCh = host_rand(nb_, 0.0f, 1.0f);
+    io.ddt = host_rand(nd_ > (size_t)io.n * 2 * io.G ? nd_ : (size_t)io.n * 2 * io.G, 0.0f, 1.0f);
+    io.dlam = host_rand(nd_, 0.0f, 1.0f); io.dA = host_rand(io.H, 0.0f, 1.0f);
+    io.ys = host_rand(nx_, 0.0f, 1.0f); io.dyn = host_rand(nx_, 0.0f, 1.0f);
+    struct glue_io ref = io;
+    glue_run(mt_ops_cpu(), &ref);
+    glue_run(g_ops, &io);
+    for (int k = 0; k < io.nout; k++) {
+        double m = 1.0, e = 0.0;
+        for (size_t i = 0; i < io.outn[k]; i++) m = fmax(m, fabs(ref.out[k][i]));
+        for (size_t i = 0; i < io.outn[k]; i++) e = fmax(e, fabs((double)io.out[k][i] - ref.out[k][i]));
+        char what[64];
+        snprintf(what, sizeof what, "ssm glue %s vs cpu", names[k]);
+        check(e / m < 1e-5, what, g_ops->name, e / m, 1e-5);
+        free(io.out[k]); free(ref.out[k]);
+    }
+    float *hs[] = {io.proj, io.dtb, io.Alog, io.gB, io.gC, io.Bb, io.Cb, io.gout, io.dx, io.dBh, io.dCh, io.ddt,
+                   io.dlam, io.dA, io.ys, io.dyn};
+    for (size_t k = 0; k < sizeof(hs) / sizeof(hs[0]); k++) free(hs[k]);
+}
+
 static double now(void)
 {
     struct timespec ts;
@@ -314,6 +414,14 @@ int main(int argc, char **argv)
         {2, 37, 3, 4, 6, {0, 8, 16, 37, 64}},   /* 8 and 16 do not divide 37; 64 > T */
         {1, 64, 2, 8, 4, {0, 64, 16, 1, 7}},    /* one chunk; dividing; single-token chunks */
     };
+    if (strcmp(g_ops->name, "cpu") != 0) {
+        if (!g_ops->ssm_prep_forward || !g_ops->ssm_prep_backward || !g_ops->ssm_gate_norm_forward ||
+            !g_ops->ssm_gate_norm_backward) {
+            printf("FAIL %s backend has no ssm glue entries\n", g_ops->name);
+            return 1;
+        }
+        test_glue_vs_cpu();
+    }
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
         struct inputs in;
         make_inputs(&in, cases[c].B, cases[c].T, cases[c].H, cases[c].P, cases[c].N);
