@@ -10,10 +10,12 @@
  *   3. the chunked and recurrent forward agree (chunk is a speed knob);
  *   4. with --dump DIR, writes dims, weights, input and output for the
  *      independent numpy reference tests/mamba3_ref.py (test_mamba3_ref.sh).
+ * -bench times the mixer against an attention layer (not a test).
  * Shapes: D 8, H 4 heads of P 4, G 2 groups, N 6, B 2, T 11, chunk 4 (does not
  * divide T). Weights are drawn with a larger spread than the real init so
  * every path (rotary angles, decays, gates) carries gradient.
  */
+#define _POSIX_C_SOURCE 199309L
 #include "core/mt_core.h"
 #include "model/mt_mamba3.h"
 #include "ops/mt_ops.h"
@@ -22,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int g_fail = 0;
 static uint64_t g_rng = 0x2545f4914f6cdd1dull;
@@ -142,6 +145,82 @@ static int dump(struct fixture *f, const char *dir)
     return 0;
 }
 
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* -bench: one M mixer (config (d): D 256, expand 2, headdim 64, N 64, G 1,
+ * chunk 64) against the attention part of one A block (D 256, H 4, K 2,
+ * hd 64: q/k/v/o projections and the flash attention; norms and RoPE left out),
+ * B 4 x T 1024, forward + backward, minimum of 3 runs. Not a test. */
+static void bench(const struct mt_ops_i *ops)
+{
+    int B = 4, T = 1024, n = B * T, D = 256;
+    struct mt_mamba3_dims d = {.D = D, .H = 8, .P = 64, .G = 1, .N = 64, .chunk = 64, .eps_bc = 1e-5f, .eps_out = 1e-5f};
+    size_t nw = mt_mamba3_weights_floats(&d);
+    float *wb = falloc(nw), *gb = falloc(nw), *ab = falloc(mt_mamba3_acts_floats(&d, n));
+    float *sb = falloc(mt_mamba3_scratch_floats(&d, n));
+    struct mt_mamba3_weights w, g;
+    struct mt_mamba3_acts a;
+    struct mt_mamba3_scratch s;
+    mt_mamba3_weights_bind(&w, wb, &d); mt_mamba3_weights_bind(&g, gb, &d);
+    mt_mamba3_acts_bind(&a, ab, &d, n); mt_mamba3_scratch_bind(&s, sb, &d, n);
+    for (size_t i = 0; i < nw; i++) wb[i] = nrand(0.0f, 0.02f);
+    for (int h = 0; h < d.H; h++) { w.dt_bias[h] = -3.0f; w.A_log[h] = 1.0f; w.Dsk[h] = 1.0f; }
+    for (int k = 0; k < d.N; k++) w.gB[k] = w.gC[k] = 1.0f;
+    float *h = falloc((size_t)n * D), *out = falloc((size_t)n * D), *dh = falloc((size_t)n * D);
+    for (size_t i = 0; i < (size_t)n * D; i++) h[i] = nrand(0.0f, 1.0f);
+    double tm = 1e30, tscan = 1e30;
+    for (int r = 0; r < 3; r++) {
+        double t0 = now_s();
+        mt_mamba3_forward(ops, out, &a, h, &w, &d, B, T);
+        mt_mamba3_backward(ops, dh, 0, &g, &s, out, h, &a, &w, &d, B, T);
+        tm = fmin(tm, now_s() - t0);
+        t0 = now_s();
+        ops->ssm_scan_forward(a.ys, a.x, a.Bh, a.Ch, a.dt, a.lam, a.A, w.Dsk, B, T, d.H, d.P, d.N, d.chunk);
+        ops->ssm_scan_backward(s.dx, s.dBh, s.dCh, s.ddt, s.dlam, s.dA, g.Dsk, s.dys, a.x, a.Bh, a.Ch, a.dt, a.lam,
+                               a.A, w.Dsk, B, T, d.H, d.P, d.N, d.chunk);
+        tscan = fmin(tscan, now_s() - t0);
+    }
+    /* attention part of an A block */
+    int H = 4, K = 2, hd = 64, Oq = H * hd, Okv = K * hd;
+    float *wq = falloc((size_t)(Oq + 2 * Okv) * D), *wo = falloc((size_t)D * Oq);
+    for (size_t i = 0; i < (size_t)(Oq + 2 * Okv) * D; i++) wq[i] = nrand(0.0f, 0.02f);
+    for (size_t i = 0; i < (size_t)D * Oq; i++) wo[i] = nrand(0.0f, 0.02f);
+    float *q = falloc((size_t)n * Oq), *k = falloc((size_t)n * Okv), *v = falloc((size_t)n * Okv);
+    float *att = falloc((size_t)n * Oq), *lse = falloc((size_t)n * H), *dq = falloc((size_t)n * Oq);
+    float *dk = falloc((size_t)n * Okv), *dv = falloc((size_t)n * Okv), *datt = falloc((size_t)n * Oq);
+    float *dwq = falloc((size_t)(Oq + 2 * Okv) * D), *dwo = falloc((size_t)D * Oq);
+    double ta = 1e30;
+    for (int r = 0; r < 3; r++) {
+        double t0 = now_s();
+        ops->gemm(0, 1, n, Oq, D, 1.0f, h, D, wq, D, 0.0f, q, Oq);
+        ops->gemm(0, 1, n, Okv, D, 1.0f, h, D, wq + (size_t)Oq * D, D, 0.0f, k, Okv);
+        ops->gemm(0, 1, n, Okv, D, 1.0f, h, D, wq + (size_t)(Oq + Okv) * D, D, 0.0f, v, Okv);
+        ops->attention_forward(att, lse, q, k, v, B, T, T, 0, H, K, hd);
+        ops->gemm(0, 1, n, D, Oq, 1.0f, att, Oq, wo, Oq, 0.0f, out, D);
+        ops->gemm(1, 0, D, Oq, n, 1.0f, out, D, att, Oq, 1.0f, dwo, Oq);
+        ops->gemm(0, 0, n, Oq, D, 1.0f, out, D, wo, Oq, 0.0f, datt, Oq);
+        ops->attention_backward(dq, dk, dv, datt, q, k, v, att, lse, B, T, H, K, hd);
+        ops->gemm(1, 0, Oq, D, n, 1.0f, dq, Oq, h, D, 1.0f, dwq, D);
+        ops->gemm(1, 0, Okv, D, n, 1.0f, dk, Okv, h, D, 1.0f, dwq + (size_t)Oq * D, D);
+        ops->gemm(1, 0, Okv, D, n, 1.0f, dv, Okv, h, D, 1.0f, dwq + (size_t)(Oq + Okv) * D, D);
+        ops->gemm(0, 0, n, D, Oq, 1.0f, dq, Oq, wq, D, 0.0f, dh, D);
+        ops->gemm(0, 0, n, D, Okv, 1.0f, dk, Okv, wq + (size_t)Oq * D, D, 1.0f, dh, D);
+        ops->gemm(0, 0, n, D, Okv, 1.0f, dv, Okv, wq + (size_t)(Oq + Okv) * D, D, 1.0f, dh, D);
+        ta = fmin(ta, now_s() - t0);
+    }
+    printf("bench B=%d T=%d D=%d: M mixer fwd+bwd %.1f ms (%.2f us/token; scan fwd+bwd %.1f ms = %.0f%%), "
+           "A attention part fwd+bwd %.1f ms (%.2f us/token)\n",
+           B, T, D, tm * 1e3, tm * 1e6 / n, tscan * 1e3, 100.0 * tscan / tm, ta * 1e3, ta * 1e6 / n);
+    free(wb); free(gb); free(ab); free(sb); free(h); free(out); free(dh);
+    free(wq); free(wo); free(q); free(k); free(v); free(att); free(lse); free(dq); free(dk); free(dv);
+    free(datt); free(dwq); free(dwo);
+}
+
 int main(int argc, char **argv)
 {
     const struct mt_ops_i *ops = mt_ops_cpu();
@@ -153,7 +232,12 @@ int main(int argc, char **argv)
         teardown(&f);
         return rc;
     }
-    if (argc != 1) { fprintf(stderr, "usage: test_mamba3 [--dump DIR]\n"); return 2; }
+    if (argc == 2 && !strcmp(argv[1], "-bench")) {
+        mt_ops_cpu_pin_coretype(argc, argv);  /* the AVX-512 OpenBLAS kernels, as meshtrain uses */
+        bench(ops);
+        return 0;
+    }
+    if (argc != 1) { fprintf(stderr, "usage: test_mamba3 [--dump DIR | -bench]\n"); return 2; }
 
     /* 3. chunked vs recurrent forward */
     setup(&f, 0);

@@ -408,7 +408,11 @@ int main(int argc, char **argv)
         printf("FAIL %s backend has no ssm_scan entries\n", g_ops->name);
         return 1;
     }
-    if (do_bench) { bench(only); return 0; }
+    if (do_bench) {
+        mt_ops_cpu_pin_coretype(argc, argv);  /* the AVX-512 OpenBLAS kernels, as meshtrain uses */
+        bench(only);
+        return 0;
+    }
 
     struct { int B, T, H, P, N; int chunks[5]; } cases[] = {
         {2, 37, 3, 4, 6, {0, 8, 16, 37, 64}},   /* 8 and 16 do not divide 37; 64 > T */
