@@ -185,6 +185,46 @@ static void bench(const struct mt_ops_i *ops)
                                a.A, w.Dsk, B, T, d.H, d.P, d.N, d.chunk);
         tscan = fmin(tscan, now_s() - t0);
     }
+    /* stage breakdown (same calls as mt_mamba3_forward/backward, timed one by one) */
+    {
+        int W = mt_mamba3_in_width(&d), E = d.H * d.P;
+        double st[9];
+        for (int k = 0; k < 9; k++) st[k] = 1e30;
+        for (int r = 0; r < 3; r++) {
+            double t[10];
+            t[0] = now_s();
+            ops->gemm(0, 1, n, W, D, 1.0f, h, D, w.win, D, 0.0f, a.proj, W);
+            t[1] = now_s();
+            ops->ssm_prep_forward(a.x, a.Bh, a.Ch, a.dt, a.lam, a.A, a.rstd_bc, a.proj, w.dt_bias, w.A_log, w.gB,
+                                  w.gC, w.B_bias, w.C_bias, B, T, d.H, d.P, d.G, d.N, d.eps_bc);
+            t[2] = now_s();
+            ops->ssm_scan_forward(a.ys, a.x, a.Bh, a.Ch, a.dt, a.lam, a.A, w.Dsk, B, T, d.H, d.P, d.N, d.chunk);
+            t[3] = now_s();
+            ops->ssm_gate_norm_forward(a.yn, a.rstd_o, a.ys, a.proj, W, w.g_out, n, E, d.G, d.eps_out);
+            ops->gemm(0, 1, n, D, E, 1.0f, a.yn, E, w.wout, E, 0.0f, out, D);
+            t[4] = now_s();
+            ops->gemm(1, 0, D, E, n, 1.0f, out, D, a.yn, E, 1.0f, g.wout, E);
+            ops->gemm(0, 0, n, E, D, 1.0f, out, D, w.wout, E, 0.0f, s.dyn, E);
+            t[5] = now_s();
+            ops->ssm_gate_norm_backward(s.dys, s.dproj, g.g_out, s.dyn, a.ys, a.proj, W, w.g_out, a.rstd_o, n, E, d.G);
+            t[6] = now_s();
+            ops->ssm_scan_backward(s.dx, s.dBh, s.dCh, s.ddt, s.dlam, s.dA, g.Dsk, s.dys, a.x, a.Bh, a.Ch, a.dt,
+                                   a.lam, a.A, w.Dsk, B, T, d.H, d.P, d.N, d.chunk);
+            t[7] = now_s();
+            ops->ssm_prep_backward(s.dproj, g.dt_bias, g.A_log, g.gB, g.gC, g.B_bias, g.C_bias, s.dx, s.dBh, s.dCh,
+                                   s.ddt, s.dlam, s.dA, a.Bh, a.Ch, a.lam, a.A, a.rstd_bc, a.proj, w.dt_bias, w.gB,
+                                   w.gC, B, T, d.H, d.P, d.G, d.N, d.eps_bc);
+            t[8] = now_s();
+            ops->gemm(1, 0, W, D, n, 1.0f, s.dproj, W, h, D, 1.0f, g.win, D);
+            ops->gemm(0, 0, n, D, W, 1.0f, s.dproj, W, w.win, D, 0.0f, dh, D);
+            t[9] = now_s();
+            for (int k = 0; k < 9; k++) st[k] = fmin(st[k], t[k + 1] - t[k]);
+        }
+        printf("bench stages (ms): fwd in-proj %.1f, prep %.1f, scan %.1f, gate+out-proj %.1f | "
+               "bwd out-proj %.1f, gate %.1f, scan %.1f, prep %.1f, in-proj %.1f\n",
+               st[0] * 1e3, st[1] * 1e3, st[2] * 1e3, st[3] * 1e3, st[4] * 1e3, st[5] * 1e3, st[6] * 1e3,
+               st[7] * 1e3, st[8] * 1e3);
+    }
     /* attention part of an A block */
     int H = 4, K = 2, hd = 64, Oq = H * hd, Okv = K * hd;
     float *wq = falloc((size_t)(Oq + 2 * Okv) * D), *wo = falloc((size_t)D * Oq);
