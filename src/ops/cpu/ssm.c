@@ -20,7 +20,9 @@
  * so each chunk is five small GEMMs (through mt_cpu_gemm) and O(q^2) exps.
  *
  * Parallelism: one task per (b, h), chunks in order inside it; per-thread
- * scratch. dA and dD are reduced over b in a fixed order after the parallel
+ * scratch. The GEMMs are called from inside the parallel region: the OpenMP
+ * build of OpenBLAS that meshtrain links runs them single-threaded there, so
+ * there is no oversubscription (each is a small q x 2q x N product). dA and dD are reduced over b in a fixed order after the parallel
  * loop, so results are bit-identical for a given thread count.
  */
 #include "cpu_impl.h"

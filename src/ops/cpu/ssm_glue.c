@@ -13,8 +13,10 @@
  *   ang_k  = sum_{r <= t} theta_{r,h,k}      k < N/2 (cumsum over the sequence)
  *   Bh[h]  = rot(Bn_g + B_bias[h], ang),  rot: pairs (k, k+N/2) as rotate-half:
  *            o_k = u_k cos - u_{k+N/2} sin,  o_{k+N/2} = u_k sin + u_{k+N/2} cos
- * Parallelism: tasks over (b, g) (each owns its heads and rows); parameter
- * gradients are written as per-task partials and summed in task order.
+ * Parallelism: forward tasks over (b, h); backward tasks over (b, g) (each
+ * owns its heads and rows; the group norm's gradient sums the group's heads);
+ * parameter gradients are written as per-task partials and summed in task
+ * order.
  */
 #include "cpu_impl.h"
 #include "../../core/mt_core.h"
@@ -48,42 +50,38 @@ void mt_cpu_ssm_prep_forward(float *x, float *Bh, float *Ch, float *dt, float *l
     const size_t W = 2 * (size_t)E + 2 * (size_t)GN + (size_t)H + (size_t)H * half + (size_t)H;
     const size_t oB = 2 * (size_t)E, oC = oB + GN, odt = oC + GN, oth = odt + H, olam = oth + (size_t)H * half;
     for (int h = 0; h < H; h++) A[h] = -expf(A_log[h]);
+    /* tasks over (b, h): each head recomputes its group's norm (N work per
+     * row, small next to the rotary); the group's first head writes rstd */
     #pragma omp parallel
     {
-        float *ang = malloc((size_t)hpg * (size_t)half * 3 * sizeof(float) + 3 * (size_t)N * sizeof(float));
+        float *ang = malloc(((size_t)half * 3 + 3 * (size_t)N) * sizeof(float));
         MT_ASSERT(ang);
-        float *cs = ang + (size_t)hpg * half, *sn = cs + (size_t)hpg * half, *u = sn + (size_t)hpg * half;
-        float *bn = u, *cn = u + N;
+        float *cs = ang + half, *sn = cs + half, *bn = sn + half, *cn = bn + N, *ub = cn + N;
         #pragma omp for schedule(static)
-        for (int task = 0; task < B * G; task++) {
-            int b = task / G, g = task % G;
-            memset(ang, 0, (size_t)hpg * half * sizeof(float));
+        for (int task = 0; task < B * H; task++) {
+            int b = task / H, h = task % H, g = h / hpg;
+            memset(ang, 0, (size_t)half * sizeof(float));
             for (int t = 0; t < T; t++) {
-                size_t n = (size_t)b * T + t;
+                size_t n = (size_t)b * T + t, r = n * H + h;
                 const float *row = proj + n * W;
-                /* group rmsnorm of B and C */
                 const float *br = row + oB + (size_t)g * N, *cr = row + oC + (size_t)g * N;
                 double sb = 0.0, sc = 0.0;
                 for (int k = 0; k < N; k++) { sb += (double)br[k] * br[k]; sc += (double)cr[k] * cr[k]; }
                 float rb = (float)(1.0 / sqrt(sb / N + eps)), rc = (float)(1.0 / sqrt(sc / N + eps));
-                rstd[n * 2 * G + g] = rb;
-                rstd[n * 2 * G + G + g] = rc;
-                for (int k = 0; k < N; k++) { bn[k] = br[k] * rb * gB[k]; cn[k] = cr[k] * rc * gC[k]; }
-                for (int j = 0; j < hpg; j++) {
-                    int h = g * hpg + j;
-                    size_t r = n * H + h;
-                    memcpy(x + r * P, row + E + (size_t)h * P, (size_t)P * sizeof(float));
-                    dt[r] = softplusf(row[odt + h] + dt_bias[h]);
-                    lam[r] = sigmoidf_(row[olam + h]);
-                    float *a = ang + (size_t)j * half, *c = cs + (size_t)j * half, *s = sn + (size_t)j * half;
-                    const float *th = row + oth + (size_t)h * half;
-                    for (int k = 0; k < half; k++) { a[k] += th[k]; c[k] = cosf(a[k]); s[k] = sinf(a[k]); }
-                    float *ub = u + 2 * (size_t)N;
-                    for (int k = 0; k < N; k++) ub[k] = bn[k] + B_bias[(size_t)h * N + k];
-                    rotate(Bh + r * N, ub, c, s, half);
-                    for (int k = 0; k < N; k++) ub[k] = cn[k] + C_bias[(size_t)h * N + k];
-                    rotate(Ch + r * N, ub, c, s, half);
+                if (h % hpg == 0) {
+                    rstd[n * 2 * G + g] = rb;
+                    rstd[n * 2 * G + G + g] = rc;
                 }
+                for (int k = 0; k < N; k++) { bn[k] = br[k] * rb * gB[k]; cn[k] = cr[k] * rc * gC[k]; }
+                memcpy(x + r * P, row + E + (size_t)h * P, (size_t)P * sizeof(float));
+                dt[r] = softplusf(row[odt + h] + dt_bias[h]);
+                lam[r] = sigmoidf_(row[olam + h]);
+                const float *th = row + oth + (size_t)h * half;
+                for (int k = 0; k < half; k++) { ang[k] += th[k]; cs[k] = cosf(ang[k]); sn[k] = sinf(ang[k]); }
+                for (int k = 0; k < N; k++) ub[k] = bn[k] + B_bias[(size_t)h * N + k];
+                rotate(Bh + r * N, ub, cs, sn, half);
+                for (int k = 0; k < N; k++) ub[k] = cn[k] + C_bias[(size_t)h * N + k];
+                rotate(Ch + r * N, ub, cs, sn, half);
             }
         }
         free(ang);
