@@ -195,7 +195,7 @@ static void bench(const struct mt_ops_i *ops)
             t[0] = now_s();
             ops->gemm(0, 1, n, W, D, 1.0f, h, D, w.win, D, 0.0f, a.proj, W);
             t[1] = now_s();
-            ops->ssm_prep_forward(a.x, a.Bh, a.Ch, a.dt, a.lam, a.A, a.rstd_bc, a.proj, w.dt_bias, w.A_log, w.gB,
+            ops->ssm_prep_forward(a.x, a.Bh, a.Ch, a.dt, a.lam, a.A, a.rstd_bc, NULL, a.proj, w.dt_bias, w.A_log, w.gB,
                                   w.gC, w.B_bias, w.C_bias, B, T, d.H, d.P, d.G, d.N, d.eps_bc);
             t[2] = now_s();
             ops->ssm_scan_forward(a.ys, a.x, a.Bh, a.Ch, a.dt, a.lam, a.A, w.Dsk, B, T, d.H, d.P, d.N, d.chunk);

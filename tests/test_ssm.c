@@ -9,6 +9,8 @@
  *      recurrence, for every input (x, B, C, dt, lam, A, D) of a loss
  *      sum(R o y) with R random; dA and dD accumulate (+=);
  *   3. determinism: two calls give the same bits;
+ *   3b. decoding: T calls of ssm_scan_step equal the chunk-0 forward, and
+ *      ssm_prep_forward token by token with ang_state equals one call;
  *   4. with -b cuda: the mixer glue (ssm_prep_*, ssm_gate_norm_*) forward and
  *      backward equal the cpu backend's (1e-5; the cpu glue itself is checked
  *      by finite differences in test_mamba3).
@@ -279,7 +281,7 @@ static void glue_run(const struct mt_ops_i *ops, struct glue_io *io)
     float *x = up(ops, io->dx, nx_), *Bh = up(ops, io->dBh, nb_), *Ch = up(ops, io->dCh, nb_);
     float *dt = up(ops, io->ddt, nd_), *lam = up(ops, io->dlam, nd_), *A = up(ops, io->dA, H);
     float *rstd = up(ops, io->ddt, (size_t)n * 2 * G);
-    ops->ssm_prep_forward(x, Bh, Ch, dt, lam, A, rstd, proj, dtb, Alog, gB, gC, Bb, Cb, io->B, io->T, H, io->P, G,
+    ops->ssm_prep_forward(x, Bh, Ch, dt, lam, A, rstd, NULL, proj, dtb, Alog, gB, gC, Bb, Cb, io->B, io->T, H, io->P, G,
                           N, 1e-5f);
     float *dx = up(ops, io->dx, nx_), *dBh = up(ops, io->dBh, nb_), *dCh = up(ops, io->dCh, nb_);
     float *ddt = up(ops, io->ddt, nd_), *dlam = up(ops, io->dlam, nd_), *dA = up(ops, io->dA, H);
@@ -339,6 +341,89 @@ static void test_glue_vs_cpu(void)
     float *hs[] = {io.proj, io.dtb, io.Alog, io.gB, io.gC, io.Bb, io.Cb, io.gout, io.dx, io.dBh, io.dCh, io.ddt,
                    io.dlam, io.dA, io.ys, io.dyn};
     for (size_t k = 0; k < sizeof(hs) / sizeof(hs[0]); k++) free(hs[k]);
+}
+
+/* Decoding: T calls of ssm_scan_step equal ssm_scan_forward(chunk 0), and T
+ * single-token ssm_prep_forward calls with ang_state equal one call over T. */
+static void test_decode(const struct inputs *in)
+{
+    int B = in->B, T = in->T, H = in->H, P = in->P, N = in->N;
+    struct dev d;
+    upload(&d, in);
+    float *yf = dev_zero(nx(in));
+    g_ops->ssm_scan_forward(yf, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, B, T, H, P, N, 0);
+    float *yref = to_host(yf, nx(in));
+    float *xh = to_host(d.x, nx(in)), *bh = to_host(d.Bm, nb(in)), *ch = to_host(d.Cm, nb(in));
+    float *dth = to_host(d.dt, nd(in)), *lh = to_host(d.lam, nd(in));
+    size_t sx = (size_t)B * H * P, sb = (size_t)B * H * N, sd = (size_t)B * H;
+    float *S = dev_zero((size_t)B * H * P * N), *xp = dev_zero(sx), *bp = dev_zero(sb), *y = dev_zero(sx);
+    float *tx = falloc(sx), *tb = falloc(sb), *tc = falloc(sb), *td = falloc(sd), *tl = falloc(sd);
+    float *dx = dev_zero(sx), *db = dev_zero(sb), *dc = dev_zero(sb), *dd = dev_zero(sd), *dl = dev_zero(sd);
+    double e = 0.0, m = 1.0;
+    for (int t = 0; t < T; t++) {
+        for (int b = 0; b < B; b++) {
+            size_t r = (size_t)b * T + t;
+            memcpy(tx + (size_t)b * H * P, xh + r * H * P, (size_t)H * P * sizeof(float));
+            memcpy(tb + (size_t)b * H * N, bh + r * H * N, (size_t)H * N * sizeof(float));
+            memcpy(tc + (size_t)b * H * N, ch + r * H * N, (size_t)H * N * sizeof(float));
+            memcpy(td + (size_t)b * H, dth + r * H, (size_t)H * sizeof(float));
+            memcpy(tl + (size_t)b * H, lh + r * H, (size_t)H * sizeof(float));
+        }
+        g_ops->copy_from_host(dx, tx, sx * sizeof(float)); g_ops->copy_from_host(db, tb, sb * sizeof(float));
+        g_ops->copy_from_host(dc, tc, sb * sizeof(float)); g_ops->copy_from_host(dd, td, sd * sizeof(float));
+        g_ops->copy_from_host(dl, tl, sd * sizeof(float));
+        g_ops->ssm_scan_step(y, S, xp, bp, dx, db, dc, dd, dl, d.A, d.D, B, H, P, N, t == 0);
+        float *yh = to_host(y, sx);
+        for (int b = 0; b < B; b++)
+            for (int k = 0; k < H * P; k++) {
+                double ref = yref[((size_t)b * T + t) * H * P + k];
+                m = fmax(m, fabs(ref));
+                e = fmax(e, fabs(yh[(size_t)b * H * P + k] - ref));
+            }
+        free(yh);
+    }
+    check(e / m < 1e-6, "ssm_scan_step x T vs scan_forward chunk 0", g_ops->name, e / m, 1e-6);
+    free(yref); free(xh); free(bh); free(ch); free(dth); free(lh);
+    free(tx); free(tb); free(tc); free(td); free(tl);
+    float *p[] = {yf, S, xp, bp, y, dx, db, dc, dd, dl};
+    for (size_t k = 0; k < sizeof(p) / sizeof(p[0]); k++) g_ops->buf_free(&g_ctx, p[k]);
+    release(&d);
+
+    /* prep: whole sequence vs token by token with ang_state */
+    int G = 1, W = 2 * H * P + 2 * G * N + H + H * N / 2 + H, n = B * T;
+    float *proj = host_rand((size_t)n * W, 0.0f, 1.0f), *dtb = host_rand(H, -1.0f, 0.5f);
+    float *Alog = host_rand(H, 1.0f, 0.3f), *gB = host_rand(N, 1.0f, 0.2f), *gC = host_rand(N, 1.0f, 0.2f);
+    float *Bb = host_rand((size_t)H * N, 1.0f, 0.3f), *Cb = host_rand((size_t)H * N, 1.0f, 0.3f);
+    float *pj = up(g_ops, proj, (size_t)n * W), *pdtb = up(g_ops, dtb, H), *pAl = up(g_ops, Alog, H);
+    float *pgB = up(g_ops, gB, N), *pgC = up(g_ops, gC, N), *pBb = up(g_ops, Bb, (size_t)H * N);
+    float *pCb = up(g_ops, Cb, (size_t)H * N);
+    float *ox = dev_zero((size_t)n * H * P), *oB = dev_zero((size_t)n * H * N), *oC = dev_zero((size_t)n * H * N);
+    float *odt = dev_zero((size_t)n * H), *olam = dev_zero((size_t)n * H), *oA = dev_zero(H);
+    float *orstd = dev_zero((size_t)n * 2 * G), *ang = dev_zero((size_t)B * H * N / 2);
+    g_ops->ssm_prep_forward(ox, oB, oC, odt, olam, oA, orstd, NULL, pj, pdtb, pAl, pgB, pgC, pBb, pCb, B, T, H, P, G,
+                            N, 1e-5f);
+    float *fullB = to_host(oB, (size_t)n * H * N), *fullC = to_host(oC, (size_t)n * H * N);
+    float *row = falloc((size_t)B * W);
+    float *prow = dev_zero((size_t)B * W);
+    e = 0.0; m = 1.0;
+    for (int t = 0; t < T; t++) {
+        for (int b = 0; b < B; b++) memcpy(row + (size_t)b * W, proj + ((size_t)b * T + t) * W, (size_t)W * sizeof(float));
+        g_ops->copy_from_host(prow, row, (size_t)B * W * sizeof(float));
+        g_ops->ssm_prep_forward(ox, oB, oC, odt, olam, oA, orstd, ang, prow, pdtb, pAl, pgB, pgC, pBb, pCb, B, 1, H, P,
+                                G, N, 1e-5f);
+        float *sB = to_host(oB, (size_t)B * H * N), *sC = to_host(oC, (size_t)B * H * N);
+        for (int b = 0; b < B; b++)
+            for (int k = 0; k < H * N; k++) {
+                size_t r = ((size_t)b * T + t) * H * N + k;
+                m = fmax(m, fmax(fabs(fullB[r]), fabs(fullC[r])));
+                e = fmax(e, fmax(fabs(sB[(size_t)b * H * N + k] - fullB[r]), fabs(sC[(size_t)b * H * N + k] - fullC[r])));
+            }
+        free(sB); free(sC);
+    }
+    check(e / m < 1e-6, "ssm_prep_forward token by token (ang_state)", g_ops->name, e / m, 1e-6);
+    free(fullB); free(fullC); free(row); free(proj); free(dtb); free(Alog); free(gB); free(gC); free(Bb); free(Cb);
+    float *q[] = {pj, pdtb, pAl, pgB, pgC, pBb, pCb, ox, oB, oC, odt, olam, oA, orstd, ang, prow};
+    for (size_t k = 0; k < sizeof(q) / sizeof(q[0]); k++) g_ops->buf_free(&g_ctx, q[k]);
 }
 
 static double now(void)
@@ -404,7 +489,8 @@ int main(int argc, char **argv)
         g_ops = mt_ops_cuda(why, sizeof why);
         if (!g_ops) { printf("SKIPPED (cuda backend: %s)\n", why); return 77; }
     } else { fprintf(stderr, "test_ssm: unknown backend %s\n", backend); return 2; }
-    if (!g_ops->ssm_scan_forward || !g_ops->ssm_scan_backward) {
+    if (!g_ops->ssm_scan_forward || !g_ops->ssm_scan_backward || !g_ops->ssm_scan_step ||
+        !g_ops->ssm_prep_forward) {
         printf("FAIL %s backend has no ssm_scan entries\n", g_ops->name);
         return 1;
     }
@@ -430,6 +516,7 @@ int main(int argc, char **argv)
         struct inputs in;
         make_inputs(&in, cases[c].B, cases[c].T, cases[c].H, cases[c].P, cases[c].N);
         for (int k = 0; k < 5; k++) test_forward(&in, cases[c].chunks[k]);
+        test_decode(&in);
         for (int k = 1; k < 5; k++) test_backward(&in, cases[c].chunks[k]);
         test_backward(&in, 0);
         free_inputs(&in);

@@ -94,7 +94,7 @@ void mt_mamba3_forward(const struct mt_ops_i *ops, float *out, struct mt_mamba3_
 {
     const int n = B * T, E = d->H * d->P, W = mt_mamba3_in_width(d);
     ops->gemm(0, 1, n, W, d->D, 1.0f, h, d->D, w->win, d->D, 0.0f, a->proj, W);
-    ops->ssm_prep_forward(a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, a->rstd_bc, a->proj, w->dt_bias,
+    ops->ssm_prep_forward(a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, a->rstd_bc, NULL, a->proj, w->dt_bias,
                           w->A_log, w->gB, w->gC, w->B_bias, w->C_bias, B, T, d->H, d->P, d->G, d->N,
                           d->eps_bc);
     ops->ssm_scan_forward(a->ys, a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N,

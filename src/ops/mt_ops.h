@@ -189,12 +189,15 @@ struct mt_ops_i {
      *   sigmoid(lam_raw); A (H) = -exp(A_log); Bh/Ch (B,T,H,N) = rot(ang,
      *   rmsnorm_N(B_g) gB + B_bias[h]) with ang = cumsum_t theta (rotate-half
      *   pairs (k, k+N/2)); rstd (B*T, 2G) saved (B's groups, then C's).
+     *   ang_state (B,H,N/2) or NULL: when given, the cumsum starts from it and
+     *   the last position's angles are written back (decoding token by token);
+     *   NULL starts from 0 (training).
      * prep_backward: dproj (=) on every column but z's; ddt_bias, dA_log, dgB,
      *   dgC, dB_bias, dC_bias (+=). dA is the scan's dA.
      * gate_norm: out (n,E) = rmsnorm over each of G groups of (y silu(z)) * w,
      *   z and dz with row stride ldz; rstd (n,G). backward: dy, dz (=), dw (+=). */
     void (*ssm_prep_forward)(float *x, float *Bh, float *Ch, float *dt, float *lam, float *A,
-                             float *rstd, const float *proj, const float *dt_bias,
+                             float *rstd, float *ang_state, const float *proj, const float *dt_bias,
                              const float *A_log, const float *gB, const float *gC,
                              const float *B_bias, const float *C_bias,
                              int B, int T, int H, int P, int G, int N, float eps);
@@ -210,6 +213,14 @@ struct mt_ops_i {
     void (*ssm_gate_norm_backward)(float *dy, float *dz, float *dw, const float *dout, const float *y,
                                    const float *z, int ldz, const float *w, const float *rstd,
                                    int n, int E, int G);
+    /* One step of the scan for decoding (the recurrence, O(1) per token):
+     * S (B,H,P,N), xprev (B,H,P), Bprev (B,H,N) are the state, in/out; x (B,H,P),
+     * Bm, Cm (B,H,N), dt, lam (B,H) the new token. first != 0: the token is a
+     * sequence's first (S and the beta term taken as 0). y (B,H,P) (=).
+     * T steps equal ssm_scan_forward(chunk 0) over the T tokens. */
+    void (*ssm_scan_step)(float *y, float *S, float *xprev, float *Bprev, const float *x,
+                          const float *Bm, const float *Cm, const float *dt, const float *lam,
+                          const float *A, const float *Dsk, int B, int H, int P, int N, int first);
 };
 
 /* Backends. mt_ops_cpu() never fails. mt_ops_cuda() returns NULL when the

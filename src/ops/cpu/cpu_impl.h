@@ -166,8 +166,11 @@ void mt_cpu_ssm_scan_backward(float *dx, float *dBm, float *dCm, float *ddt, flo
                               const float *A, const float *Dsk, int B, int T, int H, int P, int N,
                               int chunk);
 /* ssm_glue.c — the mixer's stages around the scan (mt_ops.h ssm_prep_*, ssm_gate_norm_*) */
+void mt_cpu_ssm_scan_step(float *y, float *S, float *xprev, float *Bprev, const float *x,
+                         const float *Bm, const float *Cm, const float *dt, const float *lam,
+                         const float *A, const float *Dsk, int B, int H, int P, int N, int first);
 void mt_cpu_ssm_prep_forward(float *x, float *Bh, float *Ch, float *dt, float *lam, float *A,
-                             float *rstd, const float *proj, const float *dt_bias, const float *A_log,
+                             float *rstd, float *ang_state, const float *proj, const float *dt_bias, const float *A_log,
                              const float *gB, const float *gC, const float *B_bias, const float *C_bias,
                              int B, int T, int H, int P, int G, int N, float eps);
 void mt_cpu_ssm_prep_backward(float *dproj, float *ddt_bias, float *dA_log, float *dgB, float *dgC,

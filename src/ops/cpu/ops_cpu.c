@@ -76,6 +76,7 @@ static const struct mt_ops_i cpu_ops = {
     /* .ssm_prep_backward    = */ .ssm_prep_backward    = mt_cpu_ssm_prep_backward,
     /* .ssm_gate_norm_fwd    = */ .ssm_gate_norm_forward  = mt_cpu_ssm_gate_norm_forward,
     /* .ssm_gate_norm_bwd    = */ .ssm_gate_norm_backward = mt_cpu_ssm_gate_norm_backward,
+    /* .ssm_scan_step        = */ .ssm_scan_step        = mt_cpu_ssm_scan_step,
 };
 
 const struct mt_ops_i *mt_ops_cpu(void)

@@ -422,3 +422,33 @@ void mt_cpu_ssm_scan_backward(float *dx, float *dBm, float *dCm, float *ddt, flo
         }
     free(part);
 }
+
+/* One decoding step: the recurrence's update for every (b, h), the same
+ * operation order as scan_recurrent_head (so T steps equal chunk 0 bit for bit). */
+void mt_cpu_ssm_scan_step(float *y, float *S, float *xprev, float *Bprev, const float *x,
+                          const float *Bm, const float *Cm, const float *dt, const float *lam,
+                          const float *A, const float *Dsk, int B, int H, int P, int N, int first)
+{
+    #pragma omp parallel for schedule(static)
+    for (int bh = 0; bh < B * H; bh++) {
+        int h = bh % H;
+        const float *xt = x + (size_t)bh * P, *bt = Bm + (size_t)bh * N, *ct = Cm + (size_t)bh * N;
+        float *s = S + (size_t)bh * P * N, *xp = xprev + (size_t)bh * P, *bp = Bprev + (size_t)bh * N;
+        float *yt = y + (size_t)bh * P;
+        float d = dt[bh], l = lam[bh], alpha = expf(d * A[h]), gamma = l * d;
+        float beta = first ? 0.0f : (1.0f - l) * d * alpha;
+        if (first) memset(s, 0, (size_t)P * N * sizeof(float));
+        for (int p = 0; p < P; p++) {
+            float *sr = s + (size_t)p * N;
+            float gx = gamma * xt[p], bx = beta * (first ? xt[p] : xp[p]), acc = 0.0f;
+            const float *bb = first ? bt : bp;
+            for (int n = 0; n < N; n++) {
+                sr[n] = alpha * sr[n] + gx * bt[n] + bx * bb[n];
+                acc += sr[n] * ct[n];
+            }
+            yt[p] = acc + Dsk[h] * xt[p];
+        }
+        memcpy(xp, xt, (size_t)P * sizeof(float));
+        memcpy(bp, bt, (size_t)N * sizeof(float));
+    }
+}

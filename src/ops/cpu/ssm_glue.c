@@ -42,7 +42,7 @@ static inline void rotate(float *o, const float *u, const float *c, const float 
 }
 
 void mt_cpu_ssm_prep_forward(float *x, float *Bh, float *Ch, float *dt, float *lam, float *A,
-                             float *rstd, const float *proj, const float *dt_bias, const float *A_log,
+                             float *rstd, float *ang_state, const float *proj, const float *dt_bias, const float *A_log,
                              const float *gB, const float *gC, const float *B_bias, const float *C_bias,
                              int B, int T, int H, int P, int G, int N, float eps)
 {
@@ -60,7 +60,9 @@ void mt_cpu_ssm_prep_forward(float *x, float *Bh, float *Ch, float *dt, float *l
         #pragma omp for schedule(static)
         for (int task = 0; task < B * H; task++) {
             int b = task / H, h = task % H, g = h / hpg;
-            memset(ang, 0, (size_t)half * sizeof(float));
+            float *as = ang_state ? ang_state + ((size_t)b * H + h) * half : NULL;
+            if (as) memcpy(ang, as, (size_t)half * sizeof(float));
+            else memset(ang, 0, (size_t)half * sizeof(float));
             for (int t = 0; t < T; t++) {
                 size_t n = (size_t)b * T + t, r = n * H + h;
                 const float *row = proj + n * W;
@@ -83,6 +85,7 @@ void mt_cpu_ssm_prep_forward(float *x, float *Bh, float *Ch, float *dt, float *l
                 for (int k = 0; k < N; k++) ub[k] = cn[k] + C_bias[(size_t)h * N + k];
                 rotate(Ch + r * N, ub, cs, sn, half);
             }
+            if (as) memcpy(as, ang, (size_t)half * sizeof(float));
         }
         free(ang);
     }

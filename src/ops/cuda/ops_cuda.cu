@@ -93,6 +93,7 @@ static const struct mt_ops_i cuda_ops = {
     /* .ssm_prep_backward    = */ .ssm_prep_backward    = mt_cuda_ssm_prep_backward,
     /* .ssm_gate_norm_fwd    = */ .ssm_gate_norm_forward  = mt_cuda_ssm_gate_norm_forward,
     /* .ssm_gate_norm_bwd    = */ .ssm_gate_norm_backward = mt_cuda_ssm_gate_norm_backward,
+    /* .ssm_scan_step        = */ .ssm_scan_step        = mt_cuda_ssm_scan_step,
 };
 
 /* Undo a partial init; the state returns to all-zero. */

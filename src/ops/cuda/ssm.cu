@@ -256,7 +256,7 @@ static __device__ __forceinline__ float softplus_d(float v) { return v > 20.0f ?
 static __device__ __forceinline__ float sigmoid_d(float v) { return 1.0f / (1.0f + expf(-v)); }
 
 static __global__ void prep_fwd_k(float *x, float *Bh, float *Ch, float *dt, float *lam, float *A, float *rstd,
-                                  const float *proj, const float *dt_bias, const float *A_log, const float *gB,
+                                  float *ang_state, const float *proj, const float *dt_bias, const float *A_log, const float *gB,
                                   const float *gC, const float *B_bias, const float *C_bias, int B, int T, int H,
                                   int P, int G, int N, float eps)
 {
@@ -269,7 +269,8 @@ static __global__ void prep_fwd_k(float *x, float *Bh, float *Ch, float *dt, flo
     const size_t oB = 2 * (size_t)E, oC = oB + GN, odt = oC + GN, oth = odt + H, olam = oth + (size_t)H * half;
     const int first = h % (H / G) == 0;  /* the group's first head writes its rstd */
     float ang[128];                      /* N <= 256 (checked by the caller) */
-    for (int k = 0; k < half; k++) ang[k] = 0.0f;
+    float *as = ang_state ? ang_state + ((size_t)b * H + h) * half : NULL;
+    for (int k = 0; k < half; k++) ang[k] = as ? as[k] : 0.0f;
     for (int t = 0; t < T; t++) {
         size_t n = (size_t)b * T + t, r = n * H + h;
         const float *row = proj + n * W;
@@ -295,17 +296,19 @@ static __global__ void prep_fwd_k(float *x, float *Bh, float *Ch, float *dt, flo
             Ch[r * N + k + half] = u1 * s + u2 * c;
         }
     }
+    if (as)
+        for (int k = 0; k < half; k++) as[k] = ang[k];
 }
 
 extern "C" void mt_cuda_ssm_prep_forward(float *x, float *Bh, float *Ch, float *dt, float *lam, float *A,
-                                         float *rstd, const float *proj, const float *dt_bias, const float *A_log,
+                                         float *rstd, float *ang_state, const float *proj, const float *dt_bias, const float *A_log,
                                          const float *gB, const float *gC, const float *B_bias,
                                          const float *C_bias, int B, int T, int H, int P, int G, int N, float eps)
 {
     if (N > 256) { MT_CUDA_UNSUPPORTED("ssm prep: d_state > 256"); return; }
     int n = B * H > 0 ? B * H : 1;
     MT_LAUNCH(prep_fwd_k, (n + GLUE_THREADS - 1) / GLUE_THREADS, GLUE_THREADS, 0)(
-        x, Bh, Ch, dt, lam, A, rstd, proj, dt_bias, A_log, gB, gC, B_bias, C_bias, B, T, H, P, G, N, eps);
+        x, Bh, Ch, dt, lam, A, rstd, ang_state, proj, dt_bias, A_log, gB, gC, B_bias, C_bias, B, T, H, P, G, N, eps);
     MT_CUDA_KCHECK();
 }
 
@@ -504,5 +507,50 @@ extern "C" void mt_cuda_ssm_gate_norm_backward(float *dy, float *dz, float *dw, 
     MT_CUDA_KCHECK();
     MT_LAUNCH(gate_bwd_dw_k, (E + GLUE_THREADS - 1) / GLUE_THREADS, GLUE_THREADS, 0)(dw, dout, y, z, ldz, rstd, n,
                                                                                     E, G);
+    MT_CUDA_KCHECK();
+}
+
+/* ---------------- one decoding step ---------------- */
+
+/* One thread per (b, h, p): row p of S; the same operation order as scan_fwd_k. */
+static __global__ void scan_step_k(float *y, float *S, float *xprev, float *Bprev, const float *x, const float *Bm,
+                                   const float *Cm, const float *dt, const float *lam, const float *A,
+                                   const float *Dsk, int B, int H, int P, int N, int first)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= B * H * P) return;
+    int bh = i / P, p = i % P, h = bh % H;
+    const float *bt = Bm + (size_t)bh * N, *ct = Cm + (size_t)bh * N, *bp = Bprev + (size_t)bh * N;
+    float *s = S + ((size_t)bh * P + p) * N;
+    float d = dt[bh], l = lam[bh], al = expf(d * A[h]), xt = x[i];
+    float gx = l * d * xt, bx = first ? 0.0f : (1.0f - l) * d * al * xprev[i], acc = 0.0f;
+    for (int n = 0; n < N; n++) {
+        float v = (first ? 0.0f : al * s[n]) + gx * bt[n];
+        if (!first) v += bx * bp[n];
+        s[n] = v;
+        acc += v * ct[n];
+    }
+    y[i] = acc + Dsk[h] * xt;
+}
+
+/* The state's "previous token" after the step: a separate launch, so no
+ * thread reads Bprev after another overwrote it. */
+static __global__ void scan_step_shift_k(float *xprev, float *Bprev, const float *x, const float *Bm, int nx, int nb)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < nx) xprev[i] = x[i];
+    if (i < nb) Bprev[i] = Bm[i];
+}
+
+extern "C" void mt_cuda_ssm_scan_step(float *y, float *S, float *xprev, float *Bprev, const float *x,
+                                      const float *Bm, const float *Cm, const float *dt, const float *lam,
+                                      const float *A, const float *Dsk, int B, int H, int P, int N, int first)
+{
+    int n = B * H * P, nb = B * H * N, m = n > nb ? n : nb;
+    if (m == 0) return;
+    MT_LAUNCH(scan_step_k, (n + GLUE_THREADS - 1) / GLUE_THREADS, GLUE_THREADS, 0)(y, S, xprev, Bprev, x, Bm, Cm, dt,
+                                                                                  lam, A, Dsk, B, H, P, N, first);
+    MT_CUDA_KCHECK();
+    MT_LAUNCH(scan_step_shift_k, (m + GLUE_THREADS - 1) / GLUE_THREADS, GLUE_THREADS, 0)(xprev, Bprev, x, Bm, n, nb);
     MT_CUDA_KCHECK();
 }
