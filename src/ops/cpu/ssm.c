@@ -213,6 +213,7 @@ void mt_cpu_ssm_scan_forward(float *y, const float *x, const float *Bm, const fl
 {
     const int ntask = B * H;
     const size_t xld = (size_t)H * (size_t)P, bld = (size_t)H * (size_t)N;
+    if (ntask <= 0 || T <= 0) return;
     int Q = chunk > 0 ? (chunk < T ? chunk : T) : 0;
     #pragma omp parallel
     {
@@ -391,6 +392,7 @@ void mt_cpu_ssm_scan_backward(float *dx, float *dBm, float *dCm, float *ddt, flo
 {
     const int ntask = B * H;
     const size_t xld = (size_t)H * (size_t)P, bld = (size_t)H * (size_t)N;
+    if (ntask <= 0 || T <= 0) return;
     int Q = chunk > 0 ? chunk : 64;
     if (Q > T) Q = T;
     const int nc = (T + Q - 1) / Q;
