@@ -26,6 +26,9 @@
 #           the cpu backend passes in the same harness binary (test_ops
 #           -b cpu), so a backend that is "not available" or a check that
 #           went missing fails;
+#        b2. tests/test_ssm.c -b cuda (the Mamba-3 scan against an fp64
+#           recurrence and finite differences; the mixer glue against the
+#           cpu backend): "all checks passed" with at least 100 ok lines;
 #        c. 3 steps of `meshtrain train` on a tiny dense config with
 #           backend=cpu and backend=cuda: losses (and lm/aux/z separately)
 #           equal to 1e-5 relative in fp32 mode, to 1e-3 relative with
@@ -138,13 +141,15 @@ t1=$(date +%s)
     for f in "$SRC"/src/ops/cpu/*.c "$SRC/src/core/core.c"; do echo "$f $EMU/ref/$(basename "$f").o"; done
     echo "$SRC/tests/cuda/cuda_ops_vs_cpu.c $EMU/cuda_ops_vs_cpu.o"
     echo "$SRC/tests/test_ops.c $EMU/test_ops.o"
+    echo "$SRC/tests/test_ssm.c $EMU/test_ssm.o"
 } | xargs -P2 -n2 bash -c 'compile "$0" "$1"' >"$EMU/compile.log" 2>&1
 if [ $? -ne 0 ]; then
     head -40 "$EMU/compile.log"; echo "FAIL: emulated build of src/ops/cuda"; exit 1
 fi
 LIBS="-lopenblas -lm"
 if ! g++ -fopenmp "$EMU"/cu/*.o "$EMU"/ref/*.o "$EMU/cuda_ops_vs_cpu.o" $LIBS -o "$EMU/cuda_ops_vs_cpu" ||
-   ! g++ -fopenmp "$EMU"/cu/*.o "$EMU"/ref/*.o "$EMU/test_ops.o" $LIBS -o "$EMU/test_ops"; then
+   ! g++ -fopenmp "$EMU"/cu/*.o "$EMU"/ref/*.o "$EMU/test_ops.o" $LIBS -o "$EMU/test_ops" ||
+   ! g++ -fopenmp "$EMU"/cu/*.o "$EMU"/ref/*.o "$EMU/test_ssm.o" $LIBS -o "$EMU/test_ssm"; then
     echo "FAIL: emulated link"; exit 1
 fi
 export OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=1
@@ -204,6 +209,18 @@ else
     echo "emulated test_ops -b cuda: $n_cuda cuda PASS lines, cpu backend ${n_cpu:-?} passed (must be equal)"
     grep -E 'FAIL|emu|not available' "$EMU/test_ops.log" | head -40; tail -2 "$EMU/test_ops.log"
     echo "FAIL: emulated test_ops -b cuda exited $rc"; fail=1
+fi
+
+# b2. the Mamba-3 scan harness on the cuda backend (fp64 recurrence, finite
+#     differences, glue vs cpu): every check passes, none missing
+"$EMU/test_ssm" -b cuda >"$EMU/test_ssm.log" 2>&1
+rc=$?
+n_ssm=$(grep -c '^ok  ' "$EMU/test_ssm.log")
+if [ $rc -eq 0 ] && [ "$n_ssm" -ge 100 ] && grep -q '^test_ssm: all checks passed$' "$EMU/test_ssm.log"; then
+    echo "PASS emulated test_ssm -b cuda: $n_ssm checks"
+else
+    grep -E 'FAIL|emu' "$EMU/test_ssm.log" | head -20; tail -2 "$EMU/test_ssm.log"
+    echo "FAIL: emulated test_ssm -b cuda exited $rc ($n_ssm ok lines)"; fail=1
 fi
 
 # c. tiny training runs, cpu vs emulated cuda: dense (fp32, bf16) and MoE (fp32)

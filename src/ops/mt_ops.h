@@ -162,6 +162,65 @@ struct mt_ops_i {
     void (*muon_momentum)(float *d, float *m, const float *g, float mu, size_t n);
     /* out (cols, rows) = transpose of in (rows, cols) */
     void (*transpose)(float *out, const float *in, int rows, int cols);
+
+    /* ---- Mamba-3 SISO scan (trapezoidal; docs/mamba3.md) ----
+     * x (B,T,H,P); Bm, Cm (B,T,H,N), per head (already normed, biased and
+     * rotated by the caller); dt (B,T,H) after softplus; lam (B,T,H) after
+     * sigmoid; A (H) negative; Dsk (H) the skip. Per (b, h), S (P,N), S_{-1} = 0:
+     *   alpha = exp(dt A), gamma = lam dt, beta = (1-lam) dt alpha (beta_0 = 0)
+     *   S_t = alpha_t S_{t-1} + gamma_t x_t B_t^T + beta_t x_{t-1} B_{t-1}^T
+     *   y_t = S_t C_t + Dsk x_t                                     y (B,T,H,P) (=)
+     * chunk <= 0: the plain recurrence (fp32 state; the reference); chunk > 0:
+     * the chunked SSD form (GEMM-bound; equal up to fp32 rounding).
+     * backward (chunked; chunk <= 0 means 64): dx, dBm, dCm, ddt, dlam (=);
+     *   dA, dDsk (+=, reduced over sequences in a fixed order). */
+    void (*ssm_scan_forward)(float *y, const float *x, const float *Bm, const float *Cm,
+                             const float *dt, const float *lam, const float *A, const float *Dsk,
+                             int B, int T, int H, int P, int N, int chunk);
+    void (*ssm_scan_backward)(float *dx, float *dBm, float *dCm, float *ddt, float *dlam,
+                              float *dA, float *dDsk, const float *dy, const float *x,
+                              const float *Bm, const float *Cm, const float *dt, const float *lam,
+                              const float *A, const float *Dsk, int B, int T, int H, int P, int N,
+                              int chunk);
+    /* ---- Mamba-3 mixer glue around the scan (docs/mamba3.md §2, §5) ----
+     * proj (B*T, W) in-projection rows, W = 2E + 2GN + H + H*N/2 + H, split
+     * z | xs | B | C | dt | theta | lam (E = H*P, G groups of H/G heads, N even).
+     * prep_forward: x (B,T,H,P) = xs; dt = softplus(dt_raw + dt_bias); lam =
+     *   sigmoid(lam_raw); A (H) = -exp(A_log); Bh/Ch (B,T,H,N) = rot(ang,
+     *   rmsnorm_N(B_g) gB + B_bias[h]) with ang = cumsum_t theta (rotate-half
+     *   pairs (k, k+N/2)); rstd (B*T, 2G) saved (B's groups, then C's).
+     *   ang_state (B,H,N/2) or NULL: when given, the cumsum starts from it and
+     *   the last position's angles are written back (decoding token by token);
+     *   NULL starts from 0 (training).
+     * prep_backward: dproj (=) on every column but z's; ddt_bias, dA_log, dgB,
+     *   dgC, dB_bias, dC_bias (+=). dA is the scan's dA.
+     * gate_norm: out (n,E) = rmsnorm over each of G groups of (y silu(z)) * w,
+     *   z and dz with row stride ldz; rstd (n,G). backward: dy, dz (=), dw (+=). */
+    void (*ssm_prep_forward)(float *x, float *Bh, float *Ch, float *dt, float *lam, float *A,
+                             float *rstd, float *ang_state, const float *proj, const float *dt_bias,
+                             const float *A_log, const float *gB, const float *gC,
+                             const float *B_bias, const float *C_bias,
+                             int B, int T, int H, int P, int G, int N, float eps);
+    void (*ssm_prep_backward)(float *dproj, float *ddt_bias, float *dA_log, float *dgB, float *dgC,
+                              float *dB_bias, float *dC_bias, const float *dx, const float *dBh,
+                              const float *dCh, const float *ddt, const float *dlam, const float *dA,
+                              const float *Bh, const float *Ch, const float *lam, const float *A,
+                              const float *rstd, const float *proj, const float *dt_bias,
+                              const float *gB, const float *gC, int B, int T, int H, int P, int G,
+                              int N, float eps);
+    void (*ssm_gate_norm_forward)(float *out, float *rstd, const float *y, const float *z, int ldz,
+                                  const float *w, int n, int E, int G, float eps);
+    void (*ssm_gate_norm_backward)(float *dy, float *dz, float *dw, const float *dout, const float *y,
+                                   const float *z, int ldz, const float *w, const float *rstd,
+                                   int n, int E, int G);
+    /* One step of the scan for decoding (the recurrence, O(1) per token):
+     * S (B,H,P,N), xprev (B,H,P), Bprev (B,H,N) are the state, in/out; x (B,H,P),
+     * Bm, Cm (B,H,N), dt, lam (B,H) the new token. first != 0: the token is a
+     * sequence's first (S and the beta term taken as 0). y (B,H,P) (=).
+     * T steps equal ssm_scan_forward(chunk 0) over the T tokens. */
+    void (*ssm_scan_step)(float *y, float *S, float *xprev, float *Bprev, const float *x,
+                          const float *Bm, const float *Cm, const float *dt, const float *lam,
+                          const float *A, const float *Dsk, int B, int H, int P, int N, int first);
 };
 
 /* Backends. mt_ops_cpu() never fails. mt_ops_cuda() returns NULL when the

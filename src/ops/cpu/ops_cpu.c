@@ -70,6 +70,13 @@ static const struct mt_ops_i cpu_ops = {
     /* .adamw_update         = */ .adamw_update         = mt_cpu_adamw_update,
     /* .muon_momentum        = */ .muon_momentum        = mt_cpu_muon_momentum,
     /* .transpose            = */ .transpose            = mt_cpu_transpose,
+    /* .ssm_scan_forward     = */ .ssm_scan_forward     = mt_cpu_ssm_scan_forward,
+    /* .ssm_scan_backward    = */ .ssm_scan_backward    = mt_cpu_ssm_scan_backward,
+    /* .ssm_prep_forward     = */ .ssm_prep_forward     = mt_cpu_ssm_prep_forward,
+    /* .ssm_prep_backward    = */ .ssm_prep_backward    = mt_cpu_ssm_prep_backward,
+    /* .ssm_gate_norm_fwd    = */ .ssm_gate_norm_forward  = mt_cpu_ssm_gate_norm_forward,
+    /* .ssm_gate_norm_bwd    = */ .ssm_gate_norm_backward = mt_cpu_ssm_gate_norm_backward,
+    /* .ssm_scan_step        = */ .ssm_scan_step        = mt_cpu_ssm_scan_step,
 };
 
 const struct mt_ops_i *mt_ops_cpu(void)

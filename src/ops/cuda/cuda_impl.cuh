@@ -250,6 +250,34 @@ void mt_cuda_adamw_update(float *p, const float *g, float *m, float *v, size_t n
                           float lr, float b1, float b2, float eps, float wd, float bc1, float bc2);
 void mt_cuda_muon_momentum(float *d, float *m, const float *g, float mu, size_t n);
 void mt_cuda_transpose(float *out, const float *in, int rows, int cols);
+/* ssm.cu — Mamba-3 scan and mixer glue (docs/mamba3.md) */
+void mt_cuda_ssm_scan_forward(float *y, const float *x, const float *Bm, const float *Cm,
+                              const float *dt, const float *lam, const float *A, const float *Dsk,
+                              int B, int T, int H, int P, int N, int chunk);
+void mt_cuda_ssm_scan_backward(float *dx, float *dBm, float *dCm, float *ddt, float *dlam,
+                               float *dA, float *dDsk, const float *dy, const float *x,
+                               const float *Bm, const float *Cm, const float *dt, const float *lam,
+                               const float *A, const float *Dsk, int B, int T, int H, int P, int N,
+                               int chunk);
+void mt_cuda_ssm_scan_step(float *y, float *S, float *xprev, float *Bprev, const float *x,
+                         const float *Bm, const float *Cm, const float *dt, const float *lam,
+                         const float *A, const float *Dsk, int B, int H, int P, int N, int first);
+void mt_cuda_ssm_prep_forward(float *x, float *Bh, float *Ch, float *dt, float *lam, float *A,
+                              float *rstd, float *ang_state, const float *proj, const float *dt_bias, const float *A_log,
+                              const float *gB, const float *gC, const float *B_bias, const float *C_bias,
+                              int B, int T, int H, int P, int G, int N, float eps);
+void mt_cuda_ssm_prep_backward(float *dproj, float *ddt_bias, float *dA_log, float *dgB, float *dgC,
+                               float *dB_bias, float *dC_bias, const float *dx, const float *dBh,
+                               const float *dCh, const float *ddt, const float *dlam, const float *dA,
+                               const float *Bh, const float *Ch, const float *lam, const float *A,
+                               const float *rstd, const float *proj, const float *dt_bias,
+                               const float *gB, const float *gC, int B, int T, int H, int P, int G,
+                               int N, float eps);
+void mt_cuda_ssm_gate_norm_forward(float *out, float *rstd, const float *y, const float *z, int ldz,
+                                   const float *w, int n, int E, int G, float eps);
+void mt_cuda_ssm_gate_norm_backward(float *dy, float *dz, float *dw, const float *dout, const float *y,
+                                    const float *z, int ldz, const float *w, const float *rstd,
+                                    int n, int E, int G);
 
 #ifdef __cplusplus
 }

@@ -87,6 +87,13 @@ static const struct mt_ops_i cuda_ops = {
     /* .adamw_update         = */ .adamw_update         = mt_cuda_adamw_update,
     /* .muon_momentum        = */ .muon_momentum        = mt_cuda_muon_momentum,
     /* .transpose            = */ .transpose            = mt_cuda_transpose,
+    /* .ssm_scan_forward     = */ .ssm_scan_forward     = mt_cuda_ssm_scan_forward,
+    /* .ssm_scan_backward    = */ .ssm_scan_backward    = mt_cuda_ssm_scan_backward,
+    /* .ssm_prep_forward     = */ .ssm_prep_forward     = mt_cuda_ssm_prep_forward,
+    /* .ssm_prep_backward    = */ .ssm_prep_backward    = mt_cuda_ssm_prep_backward,
+    /* .ssm_gate_norm_fwd    = */ .ssm_gate_norm_forward  = mt_cuda_ssm_gate_norm_forward,
+    /* .ssm_gate_norm_bwd    = */ .ssm_gate_norm_backward = mt_cuda_ssm_gate_norm_backward,
+    /* .ssm_scan_step        = */ .ssm_scan_step        = mt_cuda_ssm_scan_step,
 };
 
 /* Undo a partial init; the state returns to all-zero. */

@@ -1,0 +1,131 @@
+/*
+ * mamba3.c — the Mamba-3 SISO mixer (SPEC §1c), forward and backward side by
+ * side, every step through the ops table (docs/mamba3.md has the derivation).
+ *
+ * Math, n = B*T rows of h (n, D):
+ *   proj = h Win^T                                  (n, W), split z|xs|B|C|dt|theta|lam
+ *   x, Bh, Ch, dt, lam, A = prep(proj)              softplus, sigmoid, B/C rmsnorm + bias +
+ *                                                   data-dependent rotary (ssm_prep_forward)
+ *   ys = scan(x, Bh, Ch, dt, lam, A) + Dsk x        trapezoidal SSM (ssm_scan_forward)
+ *   yn = rmsnorm_group(ys silu(z)) g_out            (ssm_gate_norm_forward)
+ *   out = yn Wout^T                                 (n, D)
+ * Backward, in reverse:
+ *   term 1: dWout += dout^T yn;  dyn = dout Wout
+ *   term 2: dys, dz (into dproj's z columns), dg_out += (ssm_gate_norm_backward)
+ *   term 3: dx, dBh, dCh, ddt, dlam, dA, dDsk += (ssm_scan_backward)
+ *   term 4: dproj's other columns, ddt_bias, dA_log, dgB, dgC, dB_bias, dC_bias += (ssm_prep_backward)
+ *   term 5: dWin += dproj^T h;  dh (=/+=) dproj Win
+ * Gradient rule: parameter gradients +=; dh = or += per `accumulate`; the
+ * scratch is overwritten.
+ */
+#include "mt_mamba3.h"
+
+int mt_mamba3_in_width(const struct mt_mamba3_dims *d)
+{
+    int E = d->H * d->P;
+    return 2 * E + 2 * d->G * d->N + d->H + d->H * (d->N / 2) + d->H;
+}
+
+size_t mt_mamba3_weights_floats(const struct mt_mamba3_dims *d)
+{
+    size_t E = (size_t)d->H * d->P, W = (size_t)mt_mamba3_in_width(d);
+    return W * d->D + (size_t)d->D * E + 3 * (size_t)d->H + 2 * (size_t)d->N + 2 * (size_t)d->H * d->N + E;
+}
+
+void mt_mamba3_weights_bind(struct mt_mamba3_weights *w, float *p, const struct mt_mamba3_dims *d)
+{
+    size_t E = (size_t)d->H * d->P, W = (size_t)mt_mamba3_in_width(d);
+    w->win = p;     p += W * d->D;
+    w->wout = p;    p += (size_t)d->D * E;
+    w->dt_bias = p; p += d->H;
+    w->A_log = p;   p += d->H;
+    w->Dsk = p;     p += d->H;
+    w->gB = p;      p += d->N;
+    w->gC = p;      p += d->N;
+    w->B_bias = p;  p += (size_t)d->H * d->N;
+    w->C_bias = p;  p += (size_t)d->H * d->N;
+    w->g_out = p;
+}
+
+size_t mt_mamba3_acts_floats(const struct mt_mamba3_dims *d, int n)
+{
+    size_t E = (size_t)d->H * d->P, W = (size_t)mt_mamba3_in_width(d), HN = (size_t)d->H * d->N;
+    return (size_t)n * (W + E + 2 * HN + 2 * (size_t)d->H + 2 * (size_t)d->G + E + (size_t)d->G + E) + d->H;
+}
+
+void mt_mamba3_acts_bind(struct mt_mamba3_acts *a, float *p, const struct mt_mamba3_dims *d, int n)
+{
+    size_t E = (size_t)d->H * d->P, W = (size_t)mt_mamba3_in_width(d), HN = (size_t)d->H * d->N, N = (size_t)n;
+    a->proj = p;    p += N * W;
+    a->x = p;       p += N * E;
+    a->Bh = p;      p += N * HN;
+    a->Ch = p;      p += N * HN;
+    a->dt = p;      p += N * d->H;
+    a->lam = p;     p += N * d->H;
+    a->A = p;       p += d->H;
+    a->rstd_bc = p; p += N * 2 * d->G;
+    a->ys = p;      p += N * E;
+    a->rstd_o = p;  p += N * d->G;
+    a->yn = p;
+}
+
+size_t mt_mamba3_scratch_floats(const struct mt_mamba3_dims *d, int n)
+{
+    size_t E = (size_t)d->H * d->P, W = (size_t)mt_mamba3_in_width(d), HN = (size_t)d->H * d->N;
+    return (size_t)n * (W + 3 * E + 2 * HN + 2 * (size_t)d->H) + d->H;
+}
+
+void mt_mamba3_scratch_bind(struct mt_mamba3_scratch *s, float *p, const struct mt_mamba3_dims *d, int n)
+{
+    size_t E = (size_t)d->H * d->P, W = (size_t)mt_mamba3_in_width(d), HN = (size_t)d->H * d->N, N = (size_t)n;
+    s->dproj = p; p += N * W;
+    s->dyn = p;   p += N * E;
+    s->dys = p;   p += N * E;
+    s->dx = p;    p += N * E;
+    s->dBh = p;   p += N * HN;
+    s->dCh = p;   p += N * HN;
+    s->ddt = p;   p += N * d->H;
+    s->dlam = p;  p += N * d->H;
+    s->dA = p;
+}
+
+void mt_mamba3_forward(const struct mt_ops_i *ops, float *out, struct mt_mamba3_acts *a, const float *h,
+                       const struct mt_mamba3_weights *w, const struct mt_mamba3_dims *d, int B, int T)
+{
+    const int n = B * T, E = d->H * d->P, W = mt_mamba3_in_width(d);
+    ops->gemm(0, 1, n, W, d->D, 1.0f, h, d->D, w->win, d->D, 0.0f, a->proj, W);
+    ops->ssm_prep_forward(a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, a->rstd_bc, NULL, a->proj, w->dt_bias,
+                          w->A_log, w->gB, w->gC, w->B_bias, w->C_bias, B, T, d->H, d->P, d->G, d->N,
+                          d->eps_bc);
+    ops->ssm_scan_forward(a->ys, a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N,
+                          d->chunk);
+    /* z is the first E columns of proj */
+    ops->ssm_gate_norm_forward(a->yn, a->rstd_o, a->ys, a->proj, W, w->g_out, n, E, d->G, d->eps_out);
+    ops->gemm(0, 1, n, d->D, E, 1.0f, a->yn, E, w->wout, E, 0.0f, out, d->D);
+}
+
+void mt_mamba3_backward(const struct mt_ops_i *ops, float *dh, int accumulate, struct mt_mamba3_weights *g,
+                        struct mt_mamba3_scratch *s, const float *dout, const float *h,
+                        const struct mt_mamba3_acts *a, const struct mt_mamba3_weights *w,
+                        const struct mt_mamba3_dims *d, int B, int T)
+{
+    const int n = B * T, E = d->H * d->P, W = mt_mamba3_in_width(d);
+    /* term 1 */
+    ops->gemm(1, 0, d->D, E, n, 1.0f, dout, d->D, a->yn, E, 1.0f, g->wout, E);
+    ops->gemm(0, 0, n, E, d->D, 1.0f, dout, d->D, w->wout, E, 0.0f, s->dyn, E);
+    /* term 2: dz lands in dproj's z columns */
+    ops->ssm_gate_norm_backward(s->dys, s->dproj, g->g_out, s->dyn, a->ys, a->proj, W, w->g_out,
+                                a->rstd_o, n, E, d->G);
+    /* term 3 */
+    ops->fill(s->dA, 0.0f, (size_t)d->H);
+    ops->ssm_scan_backward(s->dx, s->dBh, s->dCh, s->ddt, s->dlam, s->dA, g->Dsk, s->dys, a->x, a->Bh,
+                           a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk);
+    /* term 4 */
+    ops->ssm_prep_backward(s->dproj, g->dt_bias, g->A_log, g->gB, g->gC, g->B_bias, g->C_bias, s->dx,
+                           s->dBh, s->dCh, s->ddt, s->dlam, s->dA, a->Bh, a->Ch, a->lam, a->A,
+                           a->rstd_bc, a->proj, w->dt_bias, w->gB, w->gC, B, T, d->H, d->P, d->G,
+                           d->N, d->eps_bc);
+    /* term 5 */
+    ops->gemm(1, 0, W, d->D, n, 1.0f, s->dproj, W, h, d->D, 1.0f, g->win, d->D);
+    ops->gemm(0, 0, n, d->D, W, 1.0f, s->dproj, W, w->win, d->D, accumulate ? 1.0f : 0.0f, dh, d->D);
+}

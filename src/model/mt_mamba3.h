@@ -1,0 +1,76 @@
+/*
+ * mt_mamba3.h — the Mamba-3 SISO mixer (SPEC §1c, docs/mamba3.md) as a
+ * standalone layer: forward and backward against the ops table, with its own
+ * narrow context (dims, weights, saved activations). Not yet registered as a
+ * block kind: the pattern letter `M` wires it into the model later.
+ *
+ * Shapes (docs/glossary.md letters, plus the mixer's): n = B*T rows, D model
+ * dim, E = H*P inner dim (H heads of headdim P), G groups, N state (even),
+ * W = 2E + 2GN + H + H*N/2 + H the in-projection width.
+ */
+#ifndef MT_MAMBA3_H
+#define MT_MAMBA3_H
+
+#include <stddef.h>
+#include "../ops/mt_ops.h"
+
+struct mt_mamba3_dims {
+    int D, H, P, G, N;  /* model dim, heads, headdim, groups (H % G == 0), state (even) */
+    int chunk;          /* scan chunk (speed only); 0 = the plain recurrence (forward only) */
+    float eps_bc;       /* B/C norm eps (1e-5) */
+    float eps_out;      /* gated output norm eps (1e-5) */
+};
+
+/* Parameters (and, with the same layout, their gradients). */
+struct mt_mamba3_weights {
+    float *win;              /* (W, D) in-projection                 */
+    float *wout;             /* (D, E) out-projection                */
+    float *dt_bias, *A_log;  /* (H)                                  */
+    float *Dsk;              /* (H) skip D                           */
+    float *gB, *gC;          /* (N) B/C norm gains, shared by groups */
+    float *B_bias, *C_bias;  /* (H, N)                               */
+    float *g_out;            /* (E) gated norm gain                  */
+};
+
+/* Saved activations of one forward (backend memory). */
+struct mt_mamba3_acts {
+    float *proj;     /* (n, W) in-projection output (z, theta, raw B/C... read by backward) */
+    float *x;        /* (n, H, P) */
+    float *Bh, *Ch;  /* (n, H, N) normed, biased, rotated */
+    float *dt, *lam; /* (n, H) */
+    float *A;        /* (H) */
+    float *rstd_bc;  /* (n, 2G) */
+    float *ys;       /* (n, E) scan output (with the D skip) */
+    float *rstd_o;   /* (n, G) */
+    float *yn;       /* (n, E) gated norm output (input of Wout) */
+};
+
+/* Backward scratch (backend memory). */
+struct mt_mamba3_scratch {
+    float *dproj;      /* (n, W) */
+    float *dyn, *dys;  /* (n, E) */
+    float *dx;         /* (n, H, P) */
+    float *dBh, *dCh;  /* (n, H, N) */
+    float *ddt, *dlam; /* (n, H) */
+    float *dA;         /* (H) */
+};
+
+int    mt_mamba3_in_width(const struct mt_mamba3_dims *d);
+size_t mt_mamba3_weights_floats(const struct mt_mamba3_dims *d);
+size_t mt_mamba3_acts_floats(const struct mt_mamba3_dims *d, int n);
+size_t mt_mamba3_scratch_floats(const struct mt_mamba3_dims *d, int n);
+/* Carve the structs out of one buffer of the size above. */
+void mt_mamba3_weights_bind(struct mt_mamba3_weights *w, float *base, const struct mt_mamba3_dims *d);
+void mt_mamba3_acts_bind(struct mt_mamba3_acts *a, float *base, const struct mt_mamba3_dims *d, int n);
+void mt_mamba3_scratch_bind(struct mt_mamba3_scratch *s, float *base, const struct mt_mamba3_dims *d, int n);
+
+/* out (n, D) = mixer(h (n, D)); saves acts. */
+void mt_mamba3_forward(const struct mt_ops_i *ops, float *out, struct mt_mamba3_acts *a, const float *h,
+                       const struct mt_mamba3_weights *w, const struct mt_mamba3_dims *d, int B, int T);
+/* dh (n, D) = (accumulate 0) or += (accumulate 1); every parameter gradient +=. */
+void mt_mamba3_backward(const struct mt_ops_i *ops, float *dh, int accumulate, struct mt_mamba3_weights *g,
+                        struct mt_mamba3_scratch *s, const float *dout, const float *h,
+                        const struct mt_mamba3_acts *a, const struct mt_mamba3_weights *w,
+                        const struct mt_mamba3_dims *d, int B, int T);
+
+#endif /* MT_MAMBA3_H */

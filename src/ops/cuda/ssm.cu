@@ -1,0 +1,556 @@
+/*
+ * ssm.cu — the Mamba-3 scan and the mixer's glue on the cuda backend
+ * (mt_ops.h ssm_scan_*, ssm_prep_*, ssm_gate_norm_*; math in docs/mamba3.md).
+ *
+ * First version, correctness first (checked under the CPU emulator):
+ * - scan forward: the recurrence, one block per (b, h), one thread per row p
+ *   of the state S (P, N) held in shared memory; B_t, B_{t-1}, C_t staged in
+ *   shared memory each step. `chunk` does not change the result (the contract
+ *   allows fp32 rounding differences only), so every chunk value runs the
+ *   recurrence here; the chunked SSD form on tensor cores is future work.
+ * - scan backward: the recurrence's adjoint in reverse time. States are
+ *   recomputed per chunk of Q steps from checkpoints (S before each chunk),
+ *   kept in the workspace (nc + Q states of P x N per (b, h)). dS lives in
+ *   shared memory; reductions over p go through shared memory in a fixed
+ *   order (thread 0 sums), so results are deterministic.
+ *     dS += dy_t C_t^T;  dC_t = S_t^T dy_t
+ *     dx_t = gamma_t dS B_t + [carry from t+1: beta_{t+1} dS_{t+1} B_t] + D dy_t
+ *     dB_t = gamma_t dS^T x_t + [carry: beta_{t+1} dS_{t+1}^T x_t]
+ *     dalpha_t = <dS, S_{t-1}>, dgamma_t = x_t . dS B_t, dbeta_t = x_{t-1} . dS B_{t-1}
+ *     dS <- alpha_t dS
+ * - glue: one thread per (b, g) (prep, sequential in t for the cumsum), one
+ *   thread per (row, group) (gate norm); parameter gradients as per-task
+ *   partials in the workspace, reduced in task order by a second kernel.
+ */
+#include "cuda_impl.cuh"
+
+#include <math.h>
+
+#define GLUE_THREADS 64
+
+/* ---------------- scan forward (recurrence) ---------------- */
+
+static __global__ void scan_fwd_k(float *y, const float *x, const float *Bm, const float *Cm, const float *dt,
+                                  const float *lam, const float *A, const float *Dsk, int T, int H, int P, int N)
+{
+    MT_DYN_SMEM(float, sm);
+    float *S = sm, *bb = S + (size_t)P * N, *cc = bb + 2 * N;  /* bb: two B buffers */
+    int bh = blockIdx.x, b = bh / H, h = bh % H, p = threadIdx.x;
+    const size_t xld = (size_t)H * P, bld = (size_t)H * N;
+    const float *xb = x + (size_t)b * T * xld + (size_t)h * P, *Bb = Bm + (size_t)b * T * bld + (size_t)h * N;
+    const float *Cb = Cm + (size_t)b * T * bld + (size_t)h * N;
+    const float *dtb = dt + (size_t)b * T * H + h, *lb = lam + (size_t)b * T * H + h;
+    float *yb = y + (size_t)b * T * xld + (size_t)h * P;
+    float Ah = A[h], Dh = Dsk[h], xprev = 0.0f;
+    for (int i = p; i < P * N; i += blockDim.x) S[i] = 0.0f;
+    for (int t = 0; t < T; t++) {
+        float *bcur = bb + (t & 1) * N, *bprev = bb + ((t + 1) & 1) * N;
+        __syncthreads();
+        for (int n = p; n < N; n += blockDim.x) {
+            bcur[n] = Bb[(size_t)t * bld + n];
+            cc[n] = Cb[(size_t)t * bld + n];
+        }
+        __syncthreads();
+        if (p < P) {
+            float d = dtb[(size_t)t * H], l = lb[(size_t)t * H], al = expf(d * Ah);
+            float xt = xb[(size_t)t * xld + p];
+            float gx = l * d * xt, bx = t > 0 ? (1.0f - l) * d * al * xprev : 0.0f, acc = 0.0f;
+            float *s = S + (size_t)p * N;
+            for (int n = 0; n < N; n++) {
+                float v = al * s[n] + gx * bcur[n];
+                if (t > 0) v += bx * bprev[n];
+                s[n] = v;
+                acc += v * cc[n];
+            }
+            yb[(size_t)t * xld + p] = acc + Dh * xt;
+            xprev = xt;
+        }
+    }
+}
+
+extern "C" void mt_cuda_ssm_scan_forward(float *y, const float *x, const float *Bm, const float *Cm,
+                                         const float *dt, const float *lam, const float *A, const float *Dsk,
+                                         int B, int T, int H, int P, int N, int chunk)
+{
+    (void)chunk;
+    if (B * H == 0 || T == 0) return;
+    if (P > 1024) { MT_CUDA_UNSUPPORTED("ssm scan: headdim > 1024"); return; }
+    size_t smem = ((size_t)P * N + 3 * (size_t)N) * sizeof(float);
+    MT_LAUNCH(scan_fwd_k, B * H, P, smem)(y, x, Bm, Cm, dt, lam, A, Dsk, T, H, P, N);
+    MT_CUDA_KCHECK();
+}
+
+/* ---------------- scan backward ---------------- */
+
+/* One recurrence step of row p: s = alpha s + gamma x_t B_t + beta x_{t-1} B_{t-1}. */
+static __device__ void step_row(float *s, float al, float gx, float bx, const float *bt, const float *bp, int N, int t)
+{
+    for (int n = 0; n < N; n++) {
+        float v = al * s[n] + gx * bt[n];
+        if (t > 0) v += bx * bp[n];
+        s[n] = v;
+    }
+}
+
+static __global__ void scan_bwd_k(float *dx, float *dBm, float *dCm, float *ddt, float *dlam, float *part,
+                                  float *ws, const float *dy, const float *x, const float *Bm, const float *Cm,
+                                  const float *dt, const float *lam, const float *A, const float *Dsk,
+                                  int T, int H, int P, int N, int Q)
+{
+    MT_DYN_SMEM(float, sm);
+    const int nc = (T + Q - 1) / Q;
+    float *dS = sm, *red = dS + (size_t)P * N, *dyv = red + 3 * (size_t)P, *carryB = dyv + P;
+    int bh = blockIdx.x, b = bh / H, h = bh % H, p = threadIdx.x;
+    const size_t xld = (size_t)H * P, bld = (size_t)H * N, PN = (size_t)P * N;
+    float *ck = ws + (size_t)bh * (size_t)(nc + Q) * PN, *cs = ck + (size_t)nc * PN;
+    const size_t ob = (size_t)b * T;
+    const float *xb = x + ob * xld + (size_t)h * P, *Bb = Bm + ob * bld + (size_t)h * N;
+    const float *Cb = Cm + ob * bld + (size_t)h * N, *dyb = dy + ob * xld + (size_t)h * P;
+    const float *dtb = dt + ob * H + h, *lb = lam + ob * H + h;
+    float *dxb = dx + ob * xld + (size_t)h * P, *dBb = dBm + ob * bld + (size_t)h * N, *dCb = dCm + ob * bld + (size_t)h * N;
+    float *ddtb = ddt + ob * H + h, *dlb = dlam + ob * H + h;
+    float Ah = A[h], Dh = Dsk[h];
+    /* 1. checkpoints: ck[c] = S before chunk c (row p by thread p) */
+    if (p < P) {
+        for (int n = 0; n < N; n++) ck[(size_t)p * N + n] = 0.0f;
+        for (int c = 0; c + 1 < nc; c++) {
+            const float *cur = ck + (size_t)c * PN + (size_t)p * N;
+            float *nx = ck + (size_t)(c + 1) * PN + (size_t)p * N;
+            for (int n = 0; n < N; n++) nx[n] = cur[n];
+            for (int t = c * Q; t < (c + 1) * Q; t++) {
+                float d = dtb[(size_t)t * H], l = lb[(size_t)t * H], al = expf(d * Ah);
+                float gx = l * d * xb[(size_t)t * xld + p];
+                float bx = t > 0 ? (1.0f - l) * d * al * xb[(size_t)(t - 1) * xld + p] : 0.0f;
+                step_row(nx, al, gx, bx, Bb + (size_t)t * bld, t > 0 ? Bb + (size_t)(t - 1) * bld : Bb, N, t);
+            }
+        }
+    }
+    for (int i = p; i < (int)PN; i += blockDim.x) dS[i] = 0.0f;
+    for (int n = p; n < N; n += blockDim.x) carryB[n] = 0.0f;
+    float carryx = 0.0f;
+    double dA_acc = 0.0, dD_acc = 0.0;
+    __syncthreads();
+    /* 2. chunks in reverse */
+    for (int c = nc - 1; c >= 0; c--) {
+        int t0 = c * Q, q = T - t0 < Q ? T - t0 : Q;
+        /* states S_t for t in the chunk: cs[i] = S_{t0+i} */
+        if (p < P) {
+            const float *prev = ck + (size_t)c * PN + (size_t)p * N;
+            for (int i = 0; i < q; i++) {
+                int t = t0 + i;
+                float *s = cs + (size_t)i * PN + (size_t)p * N;
+                for (int n = 0; n < N; n++) s[n] = prev[n];
+                float d = dtb[(size_t)t * H], l = lb[(size_t)t * H], al = expf(d * Ah);
+                float gx = l * d * xb[(size_t)t * xld + p];
+                float bx = t > 0 ? (1.0f - l) * d * al * xb[(size_t)(t - 1) * xld + p] : 0.0f;
+                step_row(s, al, gx, bx, Bb + (size_t)t * bld, t > 0 ? Bb + (size_t)(t - 1) * bld : Bb, N, t);
+                prev = s;
+            }
+        }
+        __syncthreads();
+        for (int i = q - 1; i >= 0; i--) {
+            int t = t0 + i;
+            const float *St = cs + (size_t)i * PN;
+            const float *Sp = i > 0 ? cs + (size_t)(i - 1) * PN : ck + (size_t)c * PN;
+            const float *Bt = Bb + (size_t)t * bld, *Bp = t > 0 ? Bb + (size_t)(t - 1) * bld : Bb;
+            const float *Ct = Cb + (size_t)t * bld;
+            float d = dtb[(size_t)t * H], l = lb[(size_t)t * H], al = expf(d * Ah);
+            float ga = l * d, be = t > 0 ? (1.0f - l) * d * al : 0.0f;
+            if (p < P) dyv[p] = dyb[(size_t)t * xld + p];
+            __syncthreads();
+            /* row phase: dS += dy C^T; dS B_t, dS B_{t-1}; <dS, S_{t-1}> row parts */
+            if (p < P) {
+                float *ds = dS + (size_t)p * N, dyp = dyv[p], xt = xb[(size_t)t * xld + p];
+                float xp = t > 0 ? xb[(size_t)(t - 1) * xld + p] : 0.0f;
+                float sb = 0.0f, sbp = 0.0f, sa = 0.0f;
+                for (int n = 0; n < N; n++) {
+                    float v = ds[n] + dyp * Ct[n];
+                    ds[n] = v;
+                    sb += v * Bt[n];
+                    sbp += v * Bp[n];
+                    sa += v * Sp[(size_t)p * N + n];
+                }
+                dxb[(size_t)t * xld + p] = ga * sb + carryx + Dh * dyp;
+                carryx = be * sbp;
+                red[p] = xt * sb;
+                red[P + p] = xp * sbp;
+                red[2 * P + p] = sa;
+            }
+            __syncthreads();
+            /* column phase: dC_t = S_t^T dy; dB_t = gamma dS^T x_t + carry; new carry */
+            for (int n = p; n < N; n += blockDim.x) {
+                float c1 = 0.0f, c2 = 0.0f, c3 = 0.0f;
+                for (int r = 0; r < P; r++) {
+                    float dsv = dS[(size_t)r * N + n];
+                    c1 += St[(size_t)r * N + n] * dyv[r];
+                    c2 += dsv * xb[(size_t)t * xld + r];
+                    if (t > 0) c3 += dsv * xb[(size_t)(t - 1) * xld + r];
+                }
+                dCb[(size_t)t * bld + n] = c1;
+                dBb[(size_t)t * bld + n] = ga * c2 + carryB[n];
+                carryB[n] = be * c3;
+            }
+            if (p == 0) {
+                float dg = 0.0f, db = 0.0f, dal = 0.0f, dd = 0.0f;
+                for (int r = 0; r < P; r++) {
+                    dg += red[r]; db += red[P + r]; dal += red[2 * P + r];
+                    dd += dyv[r] * xb[(size_t)t * xld + r];
+                }
+                if (t == 0) db = 0.0f;
+                float da = dal * al;
+                ddtb[(size_t)t * H] = da * Ah + dg * l + db * (1.0f - l) * al * (1.0f + d * Ah);
+                dlb[(size_t)t * H] = dg * d - db * d * al;
+                dA_acc += (double)da * d + (double)db * be * d;
+                dD_acc += dd;
+            }
+            __syncthreads();
+            /* dS <- alpha dS (S_t = alpha S_{t-1} + ...) */
+            if (p < P)
+                for (int n = 0; n < N; n++) dS[(size_t)p * N + n] *= al;
+            __syncthreads();
+        }
+    }
+    if (p == 0) {
+        part[2 * bh] = (float)dA_acc;
+        part[2 * bh + 1] = (float)dD_acc;
+    }
+}
+
+static __global__ void scan_bwd_reduce_k(float *dA, float *dD, const float *part, int B, int H)
+{
+    int h = blockIdx.x * blockDim.x + threadIdx.x;
+    if (h >= H) return;
+    float a = 0.0f, d = 0.0f;
+    for (int b = 0; b < B; b++) { a += part[2 * (b * H + h)]; d += part[2 * (b * H + h) + 1]; }
+    dA[h] += a;
+    dD[h] += d;
+}
+
+extern "C" void mt_cuda_ssm_scan_backward(float *dx, float *dBm, float *dCm, float *ddt, float *dlam,
+                                          float *dA, float *dDsk, const float *dy, const float *x,
+                                          const float *Bm, const float *Cm, const float *dt, const float *lam,
+                                          const float *A, const float *Dsk, int B, int T, int H, int P, int N,
+                                          int chunk)
+{
+    if (B * H == 0 || T == 0) return;
+    if (P > 1024) { MT_CUDA_UNSUPPORTED("ssm scan: headdim > 1024"); return; }
+    int Q = chunk > 0 ? chunk : 64;
+    if (Q > T) Q = T;
+    int nc = (T + Q - 1) / Q;
+    size_t PN = (size_t)P * N, per = (size_t)(nc + Q) * PN;
+    size_t bytes = ((size_t)B * H * per + 2 * (size_t)B * H) * sizeof(float);
+    float *ws = (float *)mt_cuda_workspace(bytes);
+    if (!ws) return;
+    float *part = ws + (size_t)B * H * per;
+    size_t smem = (PN + 4 * (size_t)P + (size_t)N) * sizeof(float);
+    MT_LAUNCH(scan_bwd_k, B * H, P, smem)(dx, dBm, dCm, ddt, dlam, part, ws, dy, x, Bm, Cm, dt, lam, A, Dsk,
+                                          T, H, P, N, Q);
+    MT_CUDA_KCHECK();
+    MT_LAUNCH(scan_bwd_reduce_k, (H + 63) / 64, 64, 0)(dA, dDsk, part, B, H);
+    MT_CUDA_KCHECK();
+}
+
+/* ---------------- prep (split, softplus, sigmoid, B/C norm + bias + rotary) ---------------- */
+
+static __device__ __forceinline__ float softplus_d(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
+static __device__ __forceinline__ float sigmoid_d(float v) { return 1.0f / (1.0f + expf(-v)); }
+
+static __global__ void prep_fwd_k(float *x, float *Bh, float *Ch, float *dt, float *lam, float *A, float *rstd,
+                                  float *ang_state, const float *proj, const float *dt_bias, const float *A_log, const float *gB,
+                                  const float *gC, const float *B_bias, const float *C_bias, int B, int T, int H,
+                                  int P, int G, int N, float eps)
+{
+    int task = blockIdx.x * blockDim.x + threadIdx.x;
+    if (task == 0)
+        for (int h = 0; h < H; h++) A[h] = -expf(A_log[h]);
+    if (task >= B * H) return;
+    int b = task / H, h = task % H, g = h / (H / G), half = N / 2, E = H * P, GN = G * N;
+    const size_t W = 2 * (size_t)E + 2 * (size_t)GN + H + (size_t)H * half + H;
+    const size_t oB = 2 * (size_t)E, oC = oB + GN, odt = oC + GN, oth = odt + H, olam = oth + (size_t)H * half;
+    const int first = h % (H / G) == 0;  /* the group's first head writes its rstd */
+    float ang[128];                      /* N <= 256 (checked by the caller) */
+    float *as = ang_state ? ang_state + ((size_t)b * H + h) * half : NULL;
+    for (int k = 0; k < half; k++) ang[k] = as ? as[k] : 0.0f;
+    for (int t = 0; t < T; t++) {
+        size_t n = (size_t)b * T + t, r = n * H + h;
+        const float *row = proj + n * W;
+        const float *br = row + oB + (size_t)g * N, *cr = row + oC + (size_t)g * N;
+        double sb = 0.0, sc = 0.0;
+        for (int k = 0; k < N; k++) { sb += (double)br[k] * br[k]; sc += (double)cr[k] * cr[k]; }
+        float rb = (float)(1.0 / sqrt(sb / N + eps)), rc = (float)(1.0 / sqrt(sc / N + eps));
+        if (first) { rstd[n * 2 * G + g] = rb; rstd[n * 2 * G + G + g] = rc; }
+        for (int p = 0; p < P; p++) x[r * P + p] = row[E + (size_t)h * P + p];
+        dt[r] = softplus_d(row[odt + h] + dt_bias[h]);
+        lam[r] = sigmoid_d(row[olam + h]);
+        const float *th = row + oth + (size_t)h * half;
+        for (int k = 0; k < half; k++) {
+            ang[k] += th[k];
+            float c = cosf(ang[k]), s = sinf(ang[k]);
+            float u1 = br[k] * rb * gB[k] + B_bias[(size_t)h * N + k];
+            float u2 = br[k + half] * rb * gB[k + half] + B_bias[(size_t)h * N + k + half];
+            Bh[r * N + k] = u1 * c - u2 * s;
+            Bh[r * N + k + half] = u1 * s + u2 * c;
+            u1 = cr[k] * rc * gC[k] + C_bias[(size_t)h * N + k];
+            u2 = cr[k + half] * rc * gC[k + half] + C_bias[(size_t)h * N + k + half];
+            Ch[r * N + k] = u1 * c - u2 * s;
+            Ch[r * N + k + half] = u1 * s + u2 * c;
+        }
+    }
+    if (as)
+        for (int k = 0; k < half; k++) as[k] = ang[k];
+}
+
+extern "C" void mt_cuda_ssm_prep_forward(float *x, float *Bh, float *Ch, float *dt, float *lam, float *A,
+                                         float *rstd, float *ang_state, const float *proj, const float *dt_bias, const float *A_log,
+                                         const float *gB, const float *gC, const float *B_bias,
+                                         const float *C_bias, int B, int T, int H, int P, int G, int N, float eps)
+{
+    if (N > 256) { MT_CUDA_UNSUPPORTED("ssm prep: d_state > 256"); return; }
+    int n = B * H > 0 ? B * H : 1;
+    MT_LAUNCH(prep_fwd_k, (n + GLUE_THREADS - 1) / GLUE_THREADS, GLUE_THREADS, 0)(
+        x, Bh, Ch, dt, lam, A, rstd, ang_state, proj, dt_bias, A_log, gB, gC, B_bias, C_bias, B, T, H, P, G, N, eps);
+    MT_CUDA_KCHECK();
+}
+
+/* One thread per (b, g); partials per task: dt_bias (H), gB (N), gC (N),
+ * B_bias (H*N), C_bias (H*N); scratch per task: the heads' running angles
+ * (H/G * N/2) and dBn, dCn (2N). Same order of operations as the cpu kernel. */
+static __global__ void prep_bwd_k(float *dproj, float *part, float *scr, const float *dx, const float *dBh,
+                                  const float *dCh, const float *ddt, const float *dlam, const float *Bh,
+                                  const float *Ch, const float *lam, const float *rstd, const float *proj,
+                                  const float *dt_bias, const float *gB, const float *gC, int B, int T, int H,
+                                  int P, int G, int N)
+{
+    int task = blockIdx.x * blockDim.x + threadIdx.x;
+    if (task >= B * G) return;
+    int b = task / G, g = task % G, half = N / 2, hpg = H / G, E = H * P, GN = G * N;
+    const size_t W = 2 * (size_t)E + 2 * (size_t)GN + H + (size_t)H * half + H;
+    const size_t oB = 2 * (size_t)E, oC = oB + GN, odt = oC + GN, oth = odt + H, olam = oth + (size_t)H * half;
+    const size_t np = (size_t)H + 2 * (size_t)N + 2 * (size_t)H * N;
+    float *pb = part + (size_t)task * np;
+    float *p_dtb = pb, *p_gB = pb + H, *p_gC = p_gB + N, *p_Bb = p_gC + N, *p_Cb = p_Bb + (size_t)H * N;
+    float *ang = scr + (size_t)task * ((size_t)hpg * half + 2 * (size_t)N), *dn = ang + (size_t)hpg * half;
+    for (size_t i = 0; i < np; i++) pb[i] = 0.0f;
+    for (int i = 0; i < hpg * half; i++) ang[i] = 0.0f;
+    for (int t = 0; t < T; t++) {
+        size_t n = (size_t)b * T + t;
+        const float *row = proj + n * W;
+        float *drow = dproj + n * W;
+        for (int k = 0; k < 2 * N; k++) dn[k] = 0.0f;
+        for (int j = 0; j < hpg; j++) {
+            int h = g * hpg + j;
+            size_t r = n * H + h;
+            for (int p = 0; p < P; p++) drow[E + (size_t)h * P + p] = dx[r * P + p];
+            float gdt = ddt[r] * sigmoid_d(row[odt + h] + dt_bias[h]);
+            drow[odt + h] = gdt;
+            p_dtb[h] += gdt;
+            drow[olam + h] = dlam[r] * lam[r] * (1.0f - lam[r]);
+            float *a = ang + (size_t)j * half, *dth = drow + oth + (size_t)h * half;
+            const float *th = row + oth + (size_t)h * half;
+            for (int k = 0; k < half; k++) {
+                a[k] += th[k];
+                float c = cosf(a[k]), s = sinf(a[k]), dang = 0.0f;
+                for (int pass = 0; pass < 2; pass++) {
+                    const float *o = (pass ? Ch : Bh) + r * N, *dO = (pass ? dCh : dBh) + r * N;
+                    float *pbias = (pass ? p_Cb : p_Bb) + (size_t)h * N, *acc = dn + (size_t)pass * N;
+                    float d1 = dO[k], d2 = dO[k + half];
+                    dang += -d1 * o[k + half] + d2 * o[k];
+                    float u1 = d1 * c + d2 * s, u2 = -d1 * s + d2 * c;
+                    pbias[k] += u1; pbias[k + half] += u2;
+                    acc[k] += u1; acc[k + half] += u2;
+                }
+                dth[k] = dang;
+            }
+        }
+        for (int pass = 0; pass < 2; pass++) {
+            const float *raw = row + (pass ? oC : oB) + (size_t)g * N, *gw = pass ? gC : gB;
+            float rs = rstd[n * 2 * G + (size_t)pass * G + g], *pg = pass ? p_gC : p_gB;
+            const float *d = dn + (size_t)pass * N;
+            float *dr = drow + (pass ? oC : oB) + (size_t)g * N;
+            double m = 0.0;
+            for (int k = 0; k < N; k++) {
+                float xh = raw[k] * rs;
+                pg[k] += d[k] * xh;
+                m += (double)d[k] * gw[k] * xh;
+            }
+            float mean = (float)(m / N);
+            for (int k = 0; k < N; k++) dr[k] = rs * (d[k] * gw[k] - raw[k] * rs * mean);
+        }
+    }
+    for (int j = 0; j < hpg; j++) {
+        int h = g * hpg + j;
+        float *run = ang + (size_t)j * half;
+        for (int k = 0; k < half; k++) run[k] = 0.0f;
+        for (int t = T - 1; t >= 0; t--) {
+            float *dth = dproj + ((size_t)b * T + t) * W + oth + (size_t)h * half;
+            for (int k = 0; k < half; k++) { run[k] += dth[k]; dth[k] = run[k]; }
+        }
+    }
+}
+
+static __global__ void prep_bwd_reduce_k(float *ddt_bias, float *dgB, float *dgC, float *dB_bias, float *dC_bias,
+                                         float *dA_log, const float *dA, const float *A, const float *part,
+                                         int ntask, int H, int N)
+{
+    size_t np = (size_t)H + 2 * (size_t)N + 2 * (size_t)H * N;
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i < (size_t)H) dA_log[i] += dA[i] * A[i];
+    if (i >= np) return;
+    float acc = 0.0f;
+    for (int t = 0; t < ntask; t++) acc += part[(size_t)t * np + i];
+    if (i < (size_t)H) ddt_bias[i] += acc;
+    else if (i < (size_t)H + N) dgB[i - H] += acc;
+    else if (i < (size_t)H + 2 * N) dgC[i - H - N] += acc;
+    else if (i < (size_t)H + 2 * N + (size_t)H * N) dB_bias[i - H - 2 * N] += acc;
+    else dC_bias[i - H - 2 * N - (size_t)H * N] += acc;
+}
+
+extern "C" void mt_cuda_ssm_prep_backward(float *dproj, float *ddt_bias, float *dA_log, float *dgB, float *dgC,
+                                          float *dB_bias, float *dC_bias, const float *dx, const float *dBh,
+                                          const float *dCh, const float *ddt, const float *dlam, const float *dA,
+                                          const float *Bh, const float *Ch, const float *lam, const float *A,
+                                          const float *rstd, const float *proj, const float *dt_bias,
+                                          const float *gB, const float *gC, int B, int T, int H, int P, int G,
+                                          int N, float eps)
+{
+    (void)eps;
+    if (N > 256) { MT_CUDA_UNSUPPORTED("ssm prep: d_state > 256"); return; }
+    size_t np = (size_t)H + 2 * (size_t)N + 2 * (size_t)H * N;
+    size_t nscr = (size_t)(H / G) * (N / 2) + 2 * (size_t)N;
+    int ntask = B * G;
+    size_t nt = (size_t)(ntask > 0 ? ntask : 1);
+    float *part = (float *)mt_cuda_workspace(nt * (np + nscr) * sizeof(float));
+    if (!part) return;
+    float *scr = part + nt * np;
+    if (ntask > 0) {
+        MT_LAUNCH(prep_bwd_k, (ntask + GLUE_THREADS - 1) / GLUE_THREADS, GLUE_THREADS, 0)(
+            dproj, part, scr, dx, dBh, dCh, ddt, dlam, Bh, Ch, lam, rstd, proj, dt_bias, gB, gC, B, T, H, P, G, N);
+        MT_CUDA_KCHECK();
+    }
+    MT_LAUNCH(prep_bwd_reduce_k, (unsigned)((np + 127) / 128), 128, 0)(ddt_bias, dgB, dgC, dB_bias, dC_bias, dA_log,
+                                                                    dA, A, part, ntask, H, N);
+    MT_CUDA_KCHECK();
+}
+
+/* ---------------- gated grouped RMSNorm ---------------- */
+
+static __global__ void gate_fwd_k(float *out, float *rstd, const float *y, const float *z, int ldz, const float *w,
+                                  int n, int E, int G, float eps)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n * G) return;
+    int row = i / G, g = i % G, cg = E / G;
+    const float *yr = y + (size_t)row * E, *zr = z + (size_t)row * ldz;
+    float *o = out + (size_t)row * E;
+    double ss = 0.0;
+    for (int c = g * cg; c < (g + 1) * cg; c++) {
+        float v = yr[c] * zr[c] * sigmoid_d(zr[c]);
+        o[c] = v;
+        ss += (double)v * v;
+    }
+    float rs = (float)(1.0 / sqrt(ss / cg + eps));
+    rstd[i] = rs;
+    for (int c = g * cg; c < (g + 1) * cg; c++) o[c] *= rs * w[c];
+}
+
+static __global__ void gate_bwd_k(float *dy, float *dz, const float *dout, const float *y, const float *z, int ldz,
+                                  const float *w, const float *rstd, int n, int E, int G)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n * G) return;
+    int row = i / G, g = i % G, cg = E / G;
+    const float *yr = y + (size_t)row * E, *zr = z + (size_t)row * ldz, *d = dout + (size_t)row * E;
+    float *dyr = dy + (size_t)row * E, *dzr = dz + (size_t)row * ldz;
+    float rs = rstd[i];
+    double m = 0.0;
+    for (int c = g * cg; c < (g + 1) * cg; c++) m += (double)d[c] * w[c] * (yr[c] * zr[c] * sigmoid_d(zr[c]) * rs);
+    float mean = (float)(m / cg);
+    for (int c = g * cg; c < (g + 1) * cg; c++) {
+        float s = sigmoid_d(zr[c]), si = zr[c] * s, vh = yr[c] * si * rs;
+        float dv = rs * (d[c] * w[c] - vh * mean);
+        dyr[c] = dv * si;
+        dzr[c] = dv * yr[c] * (s + si * (1.0f - s));
+    }
+}
+
+/* dw[c] += sum over rows (in order) of dout * vhat */
+static __global__ void gate_bwd_dw_k(float *dw, const float *dout, const float *y, const float *z, int ldz,
+                                     const float *rstd, int n, int E, int G)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= E) return;
+    int g = c / (E / G);
+    float acc = 0.0f;
+    for (int row = 0; row < n; row++) {
+        float zv = z[(size_t)row * ldz + c];
+        acc += dout[(size_t)row * E + c] * y[(size_t)row * E + c] * zv * sigmoid_d(zv) * rstd[(size_t)row * G + g];
+    }
+    dw[c] += acc;
+}
+
+extern "C" void mt_cuda_ssm_gate_norm_forward(float *out, float *rstd, const float *y, const float *z, int ldz,
+                                              const float *w, int n, int E, int G, float eps)
+{
+    if (n * G == 0) return;
+    MT_LAUNCH(gate_fwd_k, (n * G + GLUE_THREADS - 1) / GLUE_THREADS, GLUE_THREADS, 0)(out, rstd, y, z, ldz, w, n,
+                                                                                     E, G, eps);
+    MT_CUDA_KCHECK();
+}
+
+extern "C" void mt_cuda_ssm_gate_norm_backward(float *dy, float *dz, float *dw, const float *dout, const float *y,
+                                               const float *z, int ldz, const float *w, const float *rstd,
+                                               int n, int E, int G)
+{
+    if (n * G == 0) return;
+    MT_LAUNCH(gate_bwd_k, (n * G + GLUE_THREADS - 1) / GLUE_THREADS, GLUE_THREADS, 0)(dy, dz, dout, y, z, ldz, w,
+                                                                                     rstd, n, E, G);
+    MT_CUDA_KCHECK();
+    MT_LAUNCH(gate_bwd_dw_k, (E + GLUE_THREADS - 1) / GLUE_THREADS, GLUE_THREADS, 0)(dw, dout, y, z, ldz, rstd, n,
+                                                                                    E, G);
+    MT_CUDA_KCHECK();
+}
+
+/* ---------------- one decoding step ---------------- */
+
+/* One thread per (b, h, p): row p of S; the same operation order as scan_fwd_k. */
+static __global__ void scan_step_k(float *y, float *S, float *xprev, float *Bprev, const float *x, const float *Bm,
+                                   const float *Cm, const float *dt, const float *lam, const float *A,
+                                   const float *Dsk, int B, int H, int P, int N, int first)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= B * H * P) return;
+    int bh = i / P, p = i % P, h = bh % H;
+    const float *bt = Bm + (size_t)bh * N, *ct = Cm + (size_t)bh * N, *bp = Bprev + (size_t)bh * N;
+    float *s = S + ((size_t)bh * P + p) * N;
+    float d = dt[bh], l = lam[bh], al = expf(d * A[h]), xt = x[i];
+    float gx = l * d * xt, bx = first ? 0.0f : (1.0f - l) * d * al * xprev[i], acc = 0.0f;
+    for (int n = 0; n < N; n++) {
+        float v = (first ? 0.0f : al * s[n]) + gx * bt[n];
+        if (!first) v += bx * bp[n];
+        s[n] = v;
+        acc += v * ct[n];
+    }
+    y[i] = acc + Dsk[h] * xt;
+}
+
+/* The state's "previous token" after the step: a separate launch, so no
+ * thread reads Bprev after another overwrote it. */
+static __global__ void scan_step_shift_k(float *xprev, float *Bprev, const float *x, const float *Bm, int nx, int nb)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < nx) xprev[i] = x[i];
+    if (i < nb) Bprev[i] = Bm[i];
+}
+
+extern "C" void mt_cuda_ssm_scan_step(float *y, float *S, float *xprev, float *Bprev, const float *x,
+                                      const float *Bm, const float *Cm, const float *dt, const float *lam,
+                                      const float *A, const float *Dsk, int B, int H, int P, int N, int first)
+{
+    int n = B * H * P, nb = B * H * N, m = n > nb ? n : nb;
+    if (m == 0) return;
+    MT_LAUNCH(scan_step_k, (n + GLUE_THREADS - 1) / GLUE_THREADS, GLUE_THREADS, 0)(y, S, xprev, Bprev, x, Bm, Cm, dt,
+                                                                                  lam, A, Dsk, B, H, P, N, first);
+    MT_CUDA_KCHECK();
+    MT_LAUNCH(scan_step_shift_k, (m + GLUE_THREADS - 1) / GLUE_THREADS, GLUE_THREADS, 0)(xprev, Bprev, x, Bm, n, nb);
+    MT_CUDA_KCHECK();
+}

@@ -1,0 +1,526 @@
+/*
+ * test_ssm.c — op harness of the Mamba-3 scan (mt_ops.h ssm_scan_*).
+ *
+ * Checks, on random inputs with several heads, even d_state and chunk sizes
+ * that do and do not divide T:
+ *   1. forward of the plain recurrence (chunk 0) and the chunked form against
+ *      a double-precision recurrence written here from the math of mt_ops.h;
+ *   2. backward (chunked) against central finite differences of that double
+ *      recurrence, for every input (x, B, C, dt, lam, A, D) of a loss
+ *      sum(R o y) with R random; dA and dD accumulate (+=);
+ *   3. determinism: two calls give the same bits;
+ *   3b. decoding: T calls of ssm_scan_step equal the chunk-0 forward, and
+ *      ssm_prep_forward token by token with ang_state equals one call;
+ *   4. with -b cuda: the mixer glue (ssm_prep_*, ssm_gate_norm_*) forward and
+ *      backward equal the cpu backend's (1e-5; the cpu glue itself is checked
+ *      by finite differences in test_mamba3).
+ * Usage: test_ssm [-b cpu|cuda] [-bench [-chunk Q]]; exits 1 if any check fails.
+ * -bench times the recurrence against the chunked scan (not a test).
+ */
+#define _POSIX_C_SOURCE 199309L
+#include "ops/mt_ops.h"
+#include "core/mt_core.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static int g_fail = 0;
+static const struct mt_ops_i *g_ops;
+static struct mt_ctx g_ctx;
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static double urand(void)
+{
+    g_rng ^= g_rng << 13; g_rng ^= g_rng >> 7; g_rng ^= g_rng << 17;
+    return (double)(g_rng >> 11) * (1.0 / 9007199254740992.0);
+}
+static double nrand(void)
+{
+    double u = urand() + 1e-12, v = urand();
+    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+}
+
+struct inputs {
+    int B, T, H, P, N;
+    double *x, *Bm, *Cm, *dt, *lam, *A, *D, *R;
+};
+
+static size_t nx(const struct inputs *in) { return (size_t)in->B * in->T * in->H * in->P; }
+static size_t nb(const struct inputs *in) { return (size_t)in->B * in->T * in->H * in->N; }
+static size_t nd(const struct inputs *in) { return (size_t)in->B * in->T * in->H; }
+
+static double *dalloc(size_t n)
+{
+    double *p = calloc(n ? n : 1, sizeof(double));
+    if (!p) { fprintf(stderr, "test_ssm: out of memory\n"); exit(1); }
+    return p;
+}
+static float *falloc(size_t n)
+{
+    float *p = calloc(n ? n : 1, sizeof(float));
+    if (!p) { fprintf(stderr, "test_ssm: out of memory\n"); exit(1); }
+    return p;
+}
+
+static void make_inputs(struct inputs *in, int B, int T, int H, int P, int N)
+{
+    in->B = B; in->T = T; in->H = H; in->P = P; in->N = N;
+    in->x = dalloc(nx(in)); in->R = dalloc(nx(in));
+    in->Bm = dalloc(nb(in)); in->Cm = dalloc(nb(in));
+    in->dt = dalloc(nd(in)); in->lam = dalloc(nd(in));
+    in->A = dalloc((size_t)H); in->D = dalloc((size_t)H);
+    for (size_t i = 0; i < nx(in); i++) { in->x[i] = nrand(); in->R[i] = nrand(); }
+    for (size_t i = 0; i < nb(in); i++) { in->Bm[i] = nrand(); in->Cm[i] = nrand() * 0.5; }
+    /* dt in [0.01, 0.6], A in [-3, -0.2]: decays from ~1 to ~0.2 per step, so
+     * both the intra-chunk mask and the carried state matter */
+    for (size_t i = 0; i < nd(in); i++) { in->dt[i] = 0.01 + 0.59 * urand(); in->lam[i] = 0.05 + 0.9 * urand(); }
+    for (int h = 0; h < H; h++) { in->A[h] = -(0.2 + 2.8 * urand()); in->D[h] = nrand(); }
+}
+
+static void free_inputs(struct inputs *in)
+{
+    free(in->x); free(in->R); free(in->Bm); free(in->Cm); free(in->dt); free(in->lam); free(in->A); free(in->D);
+}
+
+/* The double-precision recurrence, straight from the math; returns sum(R o y). */
+static double ref_forward(const struct inputs *in, double *y)
+{
+    int B = in->B, T = in->T, H = in->H, P = in->P, N = in->N;
+    double *S = dalloc((size_t)P * N), loss = 0.0;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            memset(S, 0, (size_t)P * N * sizeof(double));
+            for (int t = 0; t < T; t++) {
+                size_t r = ((size_t)b * T + t) * H + h;
+                const double *xt = in->x + r * P, *bt = in->Bm + r * N, *ct = in->Cm + r * N;
+                const double *xp = xt - (size_t)H * P, *bp = bt - (size_t)H * N;
+                double d = in->dt[r], l = in->lam[r], al = exp(d * in->A[h]);
+                double ga = l * d, be = t > 0 ? (1.0 - l) * d * al : 0.0;
+                for (int p = 0; p < P; p++) {
+                    double acc = 0.0;
+                    for (int n = 0; n < N; n++) {
+                        double s = al * S[(size_t)p * N + n] + ga * xt[p] * bt[n];
+                        if (t > 0) s += be * xp[p] * bp[n];
+                        S[(size_t)p * N + n] = s;
+                        acc += s * ct[n];
+                    }
+                    double yv = acc + in->D[h] * xt[p];
+                    if (y) y[r * P + p] = yv;
+                    loss += in->R[r * P + p] * yv;
+                }
+            }
+        }
+    free(S);
+    return loss;
+}
+
+static float *to_dev(const double *src, size_t n)
+{
+    float *h = falloc(n);
+    for (size_t i = 0; i < n; i++) h[i] = (float)src[i];
+    float *d = g_ops->buf_alloc(&g_ctx, (n ? n : 1) * sizeof(float), MT_BUCKET_OTHER);
+    if (!d) { fprintf(stderr, "test_ssm: buf_alloc failed\n"); exit(1); }
+    g_ops->copy_from_host(d, h, n * sizeof(float));
+    free(h);
+    return d;
+}
+static float *dev_zero(size_t n)
+{
+    float *d = g_ops->buf_alloc(&g_ctx, (n ? n : 1) * sizeof(float), MT_BUCKET_OTHER);
+    if (!d) { fprintf(stderr, "test_ssm: buf_alloc failed\n"); exit(1); }
+    return d;
+}
+static float *to_host(const float *d, size_t n)
+{
+    float *h = falloc(n);
+    g_ops->sync();
+    g_ops->copy_to_host(h, d, n * sizeof(float));
+    return h;
+}
+
+struct dev {
+    float *x, *Bm, *Cm, *dt, *lam, *A, *D, *R;
+};
+static void upload(struct dev *d, const struct inputs *in)
+{
+    d->x = to_dev(in->x, nx(in)); d->R = to_dev(in->R, nx(in));
+    d->Bm = to_dev(in->Bm, nb(in)); d->Cm = to_dev(in->Cm, nb(in));
+    d->dt = to_dev(in->dt, nd(in)); d->lam = to_dev(in->lam, nd(in));
+    d->A = to_dev(in->A, (size_t)in->H); d->D = to_dev(in->D, (size_t)in->H);
+}
+static void release(struct dev *d)
+{
+    float *p[] = {d->x, d->R, d->Bm, d->Cm, d->dt, d->lam, d->A, d->D};
+    for (size_t i = 0; i < sizeof(p) / sizeof(p[0]); i++) g_ops->buf_free(&g_ctx, p[i]);
+}
+
+/* max |a - ref| / max(1, max |ref|) */
+static double rel_err(const float *a, const double *ref, size_t n)
+{
+    double m = 1.0, e = 0.0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs(ref[i]));
+    for (size_t i = 0; i < n; i++) e = fmax(e, fabs((double)a[i] - ref[i]));
+    return e / m;
+}
+
+static void check(int ok, const char *what, const char *tag, double err, double tol)
+{
+    printf("%s %-40s %-22s err %.2e (tol %.0e)\n", ok ? "ok  " : "FAIL", what, tag, err, tol);
+    if (!ok) g_fail = 1;
+}
+
+static void test_forward(const struct inputs *in, int chunk)
+{
+    char tag[64];
+    snprintf(tag, sizeof tag, "T=%d chunk=%d", in->T, chunk);
+    double *yr = dalloc(nx(in));
+    ref_forward(in, yr);
+    struct dev d;
+    upload(&d, in);
+    float *y = dev_zero(nx(in)), *y2 = dev_zero(nx(in));
+    g_ops->ssm_scan_forward(y, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, in->B, in->T, in->H, in->P, in->N, chunk);
+    g_ops->ssm_scan_forward(y2, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, in->B, in->T, in->H, in->P, in->N, chunk);
+    float *yh = to_host(y, nx(in)), *yh2 = to_host(y2, nx(in));
+    double e = rel_err(yh, yr, nx(in));
+    check(e < 2e-5, chunk > 0 ? "ssm_scan_forward chunked vs fp64" : "ssm_scan_forward recurrence vs fp64", tag, e, 2e-5);
+    int same = memcmp(yh, yh2, nx(in) * sizeof(float)) == 0;
+    check(same, "ssm_scan_forward deterministic", tag, same ? 0.0 : 1.0, 0);
+    free(yh); free(yh2); free(yr);
+    g_ops->buf_free(&g_ctx, y); g_ops->buf_free(&g_ctx, y2);
+    release(&d);
+}
+
+/* central difference of sum(R o y) in double, step h relative */
+static void fd_grad(struct inputs *in, double *v, size_t n, double *g)
+{
+    for (size_t i = 0; i < n; i++) {
+        double v0 = v[i], h = 1e-6 * fmax(1.0, fabs(v0));
+        v[i] = v0 + h;
+        double lp = ref_forward(in, NULL);
+        v[i] = v0 - h;
+        double lm = ref_forward(in, NULL);
+        v[i] = v0;
+        g[i] = (lp - lm) / (2.0 * h);
+    }
+}
+
+static void test_backward(struct inputs *in, int chunk)
+{
+    char tag[64];
+    snprintf(tag, sizeof tag, "T=%d chunk=%d", in->T, chunk);
+    int H = in->H;
+    struct dev d;
+    upload(&d, in);
+    float *dx = dev_zero(nx(in)), *dB = dev_zero(nb(in)), *dC = dev_zero(nb(in));
+    float *ddt = dev_zero(nd(in)), *dlam = dev_zero(nd(in));
+    /* dA, dD start at 0.5: the kernel accumulates */
+    double half[64];
+    for (int h = 0; h < H; h++) half[h] = 0.5;
+    float *dA = to_dev(half, (size_t)H), *dD = to_dev(half, (size_t)H);
+    /* garbage in the overwritten outputs: the kernel must not read them */
+    g_ops->fill(dx, 1e3f, nx(in)); g_ops->fill(dB, 1e3f, nb(in)); g_ops->fill(dC, 1e3f, nb(in));
+    g_ops->fill(ddt, 1e3f, nd(in)); g_ops->fill(dlam, 1e3f, nd(in));
+    g_ops->ssm_scan_backward(dx, dB, dC, ddt, dlam, dA, dD, d.R, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D,
+                             in->B, in->T, in->H, in->P, in->N, chunk);
+    struct { const char *name; float *dev; double *v; size_t n; double off; } g[] = {
+        {"dx", dx, in->x, nx(in), 0}, {"dB", dB, in->Bm, nb(in), 0}, {"dC", dC, in->Cm, nb(in), 0},
+        {"ddt", ddt, in->dt, nd(in), 0}, {"dlam", dlam, in->lam, nd(in), 0},
+        {"dA (+=)", dA, in->A, (size_t)H, 0.5}, {"dD (+=)", dD, in->D, (size_t)H, 0.5},
+    };
+    for (size_t k = 0; k < sizeof(g) / sizeof(g[0]); k++) {
+        double *fd = dalloc(g[k].n);
+        fd_grad(in, g[k].v, g[k].n, fd);
+        for (size_t i = 0; i < g[k].n; i++) fd[i] += g[k].off;
+        float *an = to_host(g[k].dev, g[k].n);
+        double e = rel_err(an, fd, g[k].n);
+        char what[64];
+        snprintf(what, sizeof what, "ssm_scan_backward %s vs fd", g[k].name);
+        check(e < 2e-5, what, tag, e, 2e-5);
+        free(fd); free(an);
+    }
+    float *p[] = {dx, dB, dC, ddt, dlam, dA, dD};
+    for (size_t i = 0; i < sizeof(p) / sizeof(p[0]); i++) g_ops->buf_free(&g_ctx, p[i]);
+    release(&d);
+}
+
+/* Run the glue ops on `ops` with host inputs; outputs copied back to host. */
+struct glue_io {
+    int B, T, H, P, G, N, n, W, E;
+    float *proj, *dtb, *Alog, *gB, *gC, *Bb, *Cb, *gout;          /* inputs  */
+    float *dx, *dBh, *dCh, *ddt, *dlam, *dA, *ys, *dyn;            /* upstream grads + scan output */
+    float *out[16];                                                /* results */
+    size_t outn[16];
+    int nout;
+};
+
+static float *host_rand(size_t n, float mu, float sd)
+{
+    float *p = falloc(n);
+    for (size_t i = 0; i < n; i++) p[i] = mu + sd * (float)nrand();
+    return p;
+}
+
+static float *up(const struct mt_ops_i *ops, const float *h, size_t n)
+{
+    float *d = ops->buf_alloc(&g_ctx, (n ? n : 1) * sizeof(float), MT_BUCKET_OTHER);
+    if (!d) { fprintf(stderr, "test_ssm: buf_alloc failed\n"); exit(1); }
+    ops->copy_from_host(d, h, n * sizeof(float));
+    return d;
+}
+
+static void glue_run(const struct mt_ops_i *ops, struct glue_io *io)
+{
+    int n = io->n, H = io->H, N = io->N, E = io->E, W = io->W, G = io->G;
+    size_t nx_ = (size_t)n * E, nb_ = (size_t)n * H * N, nd_ = (size_t)n * H;
+    float *proj = up(ops, io->proj, (size_t)n * W), *dtb = up(ops, io->dtb, H), *Alog = up(ops, io->Alog, H);
+    float *gB = up(ops, io->gB, N), *gC = up(ops, io->gC, N), *Bb = up(ops, io->Bb, (size_t)H * N);
+    float *Cb = up(ops, io->Cb, (size_t)H * N), *gout = up(ops, io->gout, E);
+    float *x = up(ops, io->dx, nx_), *Bh = up(ops, io->dBh, nb_), *Ch = up(ops, io->dCh, nb_);
+    float *dt = up(ops, io->ddt, nd_), *lam = up(ops, io->dlam, nd_), *A = up(ops, io->dA, H);
+    float *rstd = up(ops, io->ddt, (size_t)n * 2 * G);
+    ops->ssm_prep_forward(x, Bh, Ch, dt, lam, A, rstd, NULL, proj, dtb, Alog, gB, gC, Bb, Cb, io->B, io->T, H, io->P, G,
+                          N, 1e-5f);
+    float *dx = up(ops, io->dx, nx_), *dBh = up(ops, io->dBh, nb_), *dCh = up(ops, io->dCh, nb_);
+    float *ddt = up(ops, io->ddt, nd_), *dlam = up(ops, io->dlam, nd_), *dA = up(ops, io->dA, H);
+    float *dproj = up(ops, io->proj, (size_t)n * W);   /* every column overwritten below */
+    float *gz = up(ops, io->dtb, H), *gl = up(ops, io->Alog, H), *ggB = up(ops, io->gB, N), *ggC = up(ops, io->gC, N);
+    float *gBb = up(ops, io->Bb, (size_t)H * N), *gCb = up(ops, io->Cb, (size_t)H * N);
+    ops->ssm_prep_backward(dproj, gz, gl, ggB, ggC, gBb, gCb, dx, dBh, dCh, ddt, dlam, dA, Bh, Ch, lam, A, rstd,
+                           proj, dtb, gB, gC, io->B, io->T, H, io->P, G, N, 1e-5f);
+    float *ys = up(ops, io->ys, nx_), *yn = up(ops, io->ys, nx_), *ro = up(ops, io->ys, (size_t)n * G);
+    float *dyn = up(ops, io->dyn, nx_), *dys = up(ops, io->ys, nx_), *ggo = up(ops, io->gout, E);
+    ops->ssm_gate_norm_forward(yn, ro, ys, proj, W, gout, n, E, G, 1e-5f);
+    ops->ssm_gate_norm_backward(dys, dproj, ggo, dyn, ys, proj, W, gout, ro, n, E, G);
+    float *res[] = {x, Bh, Ch, dt, lam, A, rstd, dproj, gz, gl, ggB, ggC, gBb, gCb, yn, dys};
+    size_t rn[] = {nx_, nb_, nb_, nd_, nd_, (size_t)H, (size_t)n * 2 * G, (size_t)n * W, (size_t)H, (size_t)H,
+                   (size_t)N, (size_t)N, (size_t)H * N, (size_t)H * N, nx_, nx_};
+    io->nout = 16;
+    for (int k = 0; k < 16; k++) {
+        io->outn[k] = rn[k];
+        io->out[k] = falloc(rn[k]);
+        ops->sync();
+        ops->copy_to_host(io->out[k], res[k], rn[k] * sizeof(float));
+    }
+    float *all[] = {proj, dtb, Alog, gB, gC, Bb, Cb, gout, x, Bh, Ch, dt, lam, A, rstd, dx, dBh, dCh, ddt, dlam, dA,
+                    dproj, gz, gl, ggB, ggC, gBb, gCb, ys, yn, ro, dyn, dys, ggo};
+    for (size_t k = 0; k < sizeof(all) / sizeof(all[0]); k++) ops->buf_free(&g_ctx, all[k]);
+}
+
+static void test_glue_vs_cpu(void)
+{
+    static const char *names[16] = {"x", "Bh", "Ch", "dt", "lam", "A", "rstd_bc", "dproj", "ddt_bias", "dA_log",
+                                    "dgB", "dgC", "dB_bias", "dC_bias", "gate yn", "gate dy"};
+    struct glue_io io = {.B = 2, .T = 9, .H = 4, .P = 3, .G = 2, .N = 6};
+    io.n = io.B * io.T; io.E = io.H * io.P;
+    io.W = 2 * io.E + 2 * io.G * io.N + io.H + io.H * io.N / 2 + io.H;
+    size_t nx_ = (size_t)io.n * io.E, nb_ = (size_t)io.n * io.H * io.N, nd_ = (size_t)io.n * io.H;
+    io.proj = host_rand((size_t)io.n * io.W, 0.0f, 1.0f);
+    io.dtb = host_rand(io.H, -1.0f, 0.5f); io.Alog = host_rand(io.H, 1.0f, 0.3f);
+    io.gB = host_rand(io.N, 1.0f, 0.2f); io.gC = host_rand(io.N, 1.0f, 0.2f);
+    io.Bb = host_rand((size_t)io.H * io.N, 1.0f, 0.3f); io.Cb = host_rand((size_t)io.H * io.N, 1.0f, 0.3f);
+    io.gout = host_rand(io.E, 1.0f, 0.2f);
+    io.dx = host_rand(nx_, 0.0f, 1.0f); io.dBh = host_rand(nb_, 0.0f, 1.0f); io.dCh = host_rand(nb_, 0.0f, 1.0f);
+    io.ddt = host_rand(nd_ > (size_t)io.n * 2 * io.G ? nd_ : (size_t)io.n * 2 * io.G, 0.0f, 1.0f);
+    io.dlam = host_rand(nd_, 0.0f, 1.0f); io.dA = host_rand(io.H, 0.0f, 1.0f);
+    io.ys = host_rand(nx_, 0.0f, 1.0f); io.dyn = host_rand(nx_, 0.0f, 1.0f);
+    struct glue_io ref = io;
+    glue_run(mt_ops_cpu(), &ref);
+    glue_run(g_ops, &io);
+    for (int k = 0; k < io.nout; k++) {
+        double m = 1.0, e = 0.0;
+        for (size_t i = 0; i < io.outn[k]; i++) m = fmax(m, fabs(ref.out[k][i]));
+        for (size_t i = 0; i < io.outn[k]; i++) e = fmax(e, fabs((double)io.out[k][i] - ref.out[k][i]));
+        char what[64];
+        snprintf(what, sizeof what, "ssm glue %s vs cpu", names[k]);
+        check(e / m < 1e-5, what, g_ops->name, e / m, 1e-5);
+        free(io.out[k]); free(ref.out[k]);
+    }
+    float *hs[] = {io.proj, io.dtb, io.Alog, io.gB, io.gC, io.Bb, io.Cb, io.gout, io.dx, io.dBh, io.dCh, io.ddt,
+                   io.dlam, io.dA, io.ys, io.dyn};
+    for (size_t k = 0; k < sizeof(hs) / sizeof(hs[0]); k++) free(hs[k]);
+}
+
+/* Decoding: T calls of ssm_scan_step equal ssm_scan_forward(chunk 0), and T
+ * single-token ssm_prep_forward calls with ang_state equal one call over T. */
+static void test_decode(const struct inputs *in)
+{
+    int B = in->B, T = in->T, H = in->H, P = in->P, N = in->N;
+    struct dev d;
+    upload(&d, in);
+    float *yf = dev_zero(nx(in));
+    g_ops->ssm_scan_forward(yf, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, B, T, H, P, N, 0);
+    float *yref = to_host(yf, nx(in));
+    float *xh = to_host(d.x, nx(in)), *bh = to_host(d.Bm, nb(in)), *ch = to_host(d.Cm, nb(in));
+    float *dth = to_host(d.dt, nd(in)), *lh = to_host(d.lam, nd(in));
+    size_t sx = (size_t)B * H * P, sb = (size_t)B * H * N, sd = (size_t)B * H;
+    float *S = dev_zero((size_t)B * H * P * N), *xp = dev_zero(sx), *bp = dev_zero(sb), *y = dev_zero(sx);
+    float *tx = falloc(sx), *tb = falloc(sb), *tc = falloc(sb), *td = falloc(sd), *tl = falloc(sd);
+    float *dx = dev_zero(sx), *db = dev_zero(sb), *dc = dev_zero(sb), *dd = dev_zero(sd), *dl = dev_zero(sd);
+    double e = 0.0, m = 1.0;
+    for (int t = 0; t < T; t++) {
+        for (int b = 0; b < B; b++) {
+            size_t r = (size_t)b * T + t;
+            memcpy(tx + (size_t)b * H * P, xh + r * H * P, (size_t)H * P * sizeof(float));
+            memcpy(tb + (size_t)b * H * N, bh + r * H * N, (size_t)H * N * sizeof(float));
+            memcpy(tc + (size_t)b * H * N, ch + r * H * N, (size_t)H * N * sizeof(float));
+            memcpy(td + (size_t)b * H, dth + r * H, (size_t)H * sizeof(float));
+            memcpy(tl + (size_t)b * H, lh + r * H, (size_t)H * sizeof(float));
+        }
+        g_ops->copy_from_host(dx, tx, sx * sizeof(float)); g_ops->copy_from_host(db, tb, sb * sizeof(float));
+        g_ops->copy_from_host(dc, tc, sb * sizeof(float)); g_ops->copy_from_host(dd, td, sd * sizeof(float));
+        g_ops->copy_from_host(dl, tl, sd * sizeof(float));
+        g_ops->ssm_scan_step(y, S, xp, bp, dx, db, dc, dd, dl, d.A, d.D, B, H, P, N, t == 0);
+        float *yh = to_host(y, sx);
+        for (int b = 0; b < B; b++)
+            for (int k = 0; k < H * P; k++) {
+                double ref = yref[((size_t)b * T + t) * H * P + k];
+                m = fmax(m, fabs(ref));
+                e = fmax(e, fabs(yh[(size_t)b * H * P + k] - ref));
+            }
+        free(yh);
+    }
+    check(e / m < 1e-6, "ssm_scan_step x T vs scan_forward chunk 0", g_ops->name, e / m, 1e-6);
+    free(yref); free(xh); free(bh); free(ch); free(dth); free(lh);
+    free(tx); free(tb); free(tc); free(td); free(tl);
+    float *p[] = {yf, S, xp, bp, y, dx, db, dc, dd, dl};
+    for (size_t k = 0; k < sizeof(p) / sizeof(p[0]); k++) g_ops->buf_free(&g_ctx, p[k]);
+    release(&d);
+
+    /* prep: whole sequence vs token by token with ang_state */
+    int G = 1, W = 2 * H * P + 2 * G * N + H + H * N / 2 + H, n = B * T;
+    float *proj = host_rand((size_t)n * W, 0.0f, 1.0f), *dtb = host_rand(H, -1.0f, 0.5f);
+    float *Alog = host_rand(H, 1.0f, 0.3f), *gB = host_rand(N, 1.0f, 0.2f), *gC = host_rand(N, 1.0f, 0.2f);
+    float *Bb = host_rand((size_t)H * N, 1.0f, 0.3f), *Cb = host_rand((size_t)H * N, 1.0f, 0.3f);
+    float *pj = up(g_ops, proj, (size_t)n * W), *pdtb = up(g_ops, dtb, H), *pAl = up(g_ops, Alog, H);
+    float *pgB = up(g_ops, gB, N), *pgC = up(g_ops, gC, N), *pBb = up(g_ops, Bb, (size_t)H * N);
+    float *pCb = up(g_ops, Cb, (size_t)H * N);
+    float *ox = dev_zero((size_t)n * H * P), *oB = dev_zero((size_t)n * H * N), *oC = dev_zero((size_t)n * H * N);
+    float *odt = dev_zero((size_t)n * H), *olam = dev_zero((size_t)n * H), *oA = dev_zero(H);
+    float *orstd = dev_zero((size_t)n * 2 * G), *ang = dev_zero((size_t)B * H * N / 2);
+    g_ops->ssm_prep_forward(ox, oB, oC, odt, olam, oA, orstd, NULL, pj, pdtb, pAl, pgB, pgC, pBb, pCb, B, T, H, P, G,
+                            N, 1e-5f);
+    float *fullB = to_host(oB, (size_t)n * H * N), *fullC = to_host(oC, (size_t)n * H * N);
+    float *row = falloc((size_t)B * W);
+    float *prow = dev_zero((size_t)B * W);
+    e = 0.0; m = 1.0;
+    for (int t = 0; t < T; t++) {
+        for (int b = 0; b < B; b++) memcpy(row + (size_t)b * W, proj + ((size_t)b * T + t) * W, (size_t)W * sizeof(float));
+        g_ops->copy_from_host(prow, row, (size_t)B * W * sizeof(float));
+        g_ops->ssm_prep_forward(ox, oB, oC, odt, olam, oA, orstd, ang, prow, pdtb, pAl, pgB, pgC, pBb, pCb, B, 1, H, P,
+                                G, N, 1e-5f);
+        float *sB = to_host(oB, (size_t)B * H * N), *sC = to_host(oC, (size_t)B * H * N);
+        for (int b = 0; b < B; b++)
+            for (int k = 0; k < H * N; k++) {
+                size_t r = ((size_t)b * T + t) * H * N + k;
+                m = fmax(m, fmax(fabs(fullB[r]), fabs(fullC[r])));
+                e = fmax(e, fmax(fabs(sB[(size_t)b * H * N + k] - fullB[r]), fabs(sC[(size_t)b * H * N + k] - fullC[r])));
+            }
+        free(sB); free(sC);
+    }
+    check(e / m < 1e-6, "ssm_prep_forward token by token (ang_state)", g_ops->name, e / m, 1e-6);
+    free(fullB); free(fullC); free(row); free(proj); free(dtb); free(Alog); free(gB); free(gC); free(Bb); free(Cb);
+    float *q[] = {pj, pdtb, pAl, pgB, pgC, pBb, pCb, ox, oB, oC, odt, olam, oA, orstd, ang, prow};
+    for (size_t k = 0; k < sizeof(q) / sizeof(q[0]); k++) g_ops->buf_free(&g_ctx, q[k]);
+}
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void bench(int only)
+{
+    struct inputs in;
+    int B = 1, T = 1024, H = 8, P = 64, N = 64;
+    make_inputs(&in, B, T, H, P, N);
+    struct dev d;
+    upload(&d, &in);
+    float *y = dev_zero(nx(&in));
+    float *dx = dev_zero(nx(&in)), *dB = dev_zero(nb(&in)), *dC = dev_zero(nb(&in));
+    float *ddt = dev_zero(nd(&in)), *dlam = dev_zero(nd(&in)), *dA = dev_zero(64), *dD = dev_zero(64);
+    int chunks[] = {0, 16, 32, 64, 128, 256};
+    for (size_t c = 0; c < sizeof(chunks) / sizeof(chunks[0]); c++) {
+        if (only >= 0 && chunks[c] != only) continue;
+        /* the machine is shared: the minimum of 10 runs */
+        double tf = 1e30, tb = 0.0;
+        for (int r = 0; r < 10; r++) {
+            double t0 = now();
+            g_ops->ssm_scan_forward(y, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, B, T, H, P, N, chunks[c]);
+            g_ops->sync();
+            tf = fmin(tf, now() - t0);
+        }
+        if (chunks[c] > 0) {
+            tb = 1e30;
+            for (int r = 0; r < 10; r++) {
+                double t0 = now();
+                g_ops->ssm_scan_backward(dx, dB, dC, ddt, dlam, dA, dD, y, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A,
+                                         d.D, B, T, H, P, N, chunks[c]);
+                g_ops->sync();
+                tb = fmin(tb, now() - t0);
+            }
+        }
+        /* recurrence flops: per token/head/state element ~ 6 (update) + 2 (readout) */
+        double rec_flop = 8.0 * B * T * H * (double)P * N;
+        printf("bench T=%d H=%d P=%d N=%d chunk=%-4d fwd %8.3f ms (%6.2f GFLOP/s of recurrence-equivalent work)  bwd %8.3f ms\n",
+               T, H, P, N, chunks[c], tf * 1e3, rec_flop / tf * 1e-9, tb * 1e3);
+    }
+    free_inputs(&in);
+}
+
+int main(int argc, char **argv)
+{
+    const char *backend = "cpu";
+    int do_bench = 0, only = -1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-b") && i + 1 < argc) backend = argv[++i];
+        else if (!strcmp(argv[i], "-bench")) do_bench = 1;
+        else if (!strcmp(argv[i], "-chunk") && i + 1 < argc) only = atoi(argv[++i]);
+        else { fprintf(stderr, "usage: test_ssm [-b cpu|cuda] [-bench [-chunk Q]]\n"); return 2; }
+    }
+    mt_ctx_init(&g_ctx);
+    if (!strcmp(backend, "cpu")) g_ops = mt_ops_cpu();
+    else if (!strcmp(backend, "cuda")) {
+        char why[256];
+        g_ops = mt_ops_cuda(why, sizeof why);
+        if (!g_ops) { printf("SKIPPED (cuda backend: %s)\n", why); return 77; }
+    } else { fprintf(stderr, "test_ssm: unknown backend %s\n", backend); return 2; }
+    if (!g_ops->ssm_scan_forward || !g_ops->ssm_scan_backward || !g_ops->ssm_scan_step ||
+        !g_ops->ssm_prep_forward) {
+        printf("FAIL %s backend has no ssm_scan entries\n", g_ops->name);
+        return 1;
+    }
+    if (do_bench) {
+        mt_ops_cpu_pin_coretype(argc, argv);  /* the AVX-512 OpenBLAS kernels, as meshtrain uses */
+        bench(only);
+        return 0;
+    }
+
+    struct { int B, T, H, P, N; int chunks[5]; } cases[] = {
+        {2, 37, 3, 4, 6, {0, 8, 16, 37, 64}},   /* 8 and 16 do not divide 37; 64 > T */
+        {1, 64, 2, 8, 4, {0, 64, 16, 1, 7}},    /* one chunk; dividing; single-token chunks */
+    };
+    if (strcmp(g_ops->name, "cpu") != 0) {
+        if (!g_ops->ssm_prep_forward || !g_ops->ssm_prep_backward || !g_ops->ssm_gate_norm_forward ||
+            !g_ops->ssm_gate_norm_backward) {
+            printf("FAIL %s backend has no ssm glue entries\n", g_ops->name);
+            return 1;
+        }
+        test_glue_vs_cpu();
+    }
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        struct inputs in;
+        make_inputs(&in, cases[c].B, cases[c].T, cases[c].H, cases[c].P, cases[c].N);
+        for (int k = 0; k < 5; k++) test_forward(&in, cases[c].chunks[k]);
+        test_decode(&in);
+        for (int k = 1; k < 5; k++) test_backward(&in, cases[c].chunks[k]);
+        test_backward(&in, 0);
+        free_inputs(&in);
+    }
+    printf("%s\n", g_fail ? "test_ssm: FAILED" : "test_ssm: all checks passed");
+    return g_fail;
+}
