@@ -29,6 +29,7 @@
 #include "cmd.h"
 #include "core/mt_config.h"
 #include "core/mt_core.h"
+#include "core/mt_fileio.h"
 #include "dist/mt_mesh.h"
 #include "model/mt_model.h"
 #include "train/mt_data.h"
@@ -52,7 +53,7 @@ static void plan_usage(FILE *f)
             "                       h100-8x-nvlink-ib); 'none' = no cost section     default: cpu-local\n"
             "  --auto               enumerate every mesh, ZeRO stage, microbatch count and recompute\n"
             "                       choice that satisfies the contract; best by predicted step time\n"
-            "  --mem-per-rank SIZE  memory per rank: bytes, or with a unit: 80GiB, 80G (binary), 80GB (decimal)\n"
+            "  --mem-per-rank SIZE  memory per rank: bytes, or with a unit: 80GiB (binary), 80GB (decimal)\n"
             "  --top K              auto: how many of the best to print                default: 5\n"
             "  --verbose            auto: list every rejected candidate with its reason\n"
             "  --find-max WHAT      seq_len | batch_size: the largest value that fits --mem-per-rank\n"
@@ -93,26 +94,6 @@ static int parse_pos_int(const char *s, int *out)
     return 0;
 }
 
-/* "85899345920", "8e10", "80GiB", "80G" (binary), "80GB" (decimal), "1.5TiB". 0 ok. */
-static int parse_size(const char *s, double *out)
-{
-    char *end = NULL;
-    if (!s || !*s || *s == '-' || *s == '+') return -1;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || errno || !isfinite(v) || v <= 0) return -1;
-    static const struct { const char *u; double m; } units[] = {
-        {"", 1}, {"B", 1}, {"K", 1024.0}, {"KiB", 1024.0}, {"KB", 1e3}, {"M", 1048576.0}, {"MiB", 1048576.0},
-        {"MB", 1e6}, {"G", 1073741824.0}, {"GiB", 1073741824.0}, {"GB", 1e9}, {"T", 1099511627776.0},
-        {"TiB", 1099511627776.0}, {"TB", 1e12}};
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
-        if (!strcmp(end, units[i].u)) {
-            *out = v * units[i].m;
-            return *out >= 1 ? 0 : -1;
-        }
-    return -1;
-}
-
 /* directory of this executable ("" if unknown) */
 static void exe_dir(char *buf, size_t n)
 {
@@ -123,25 +104,19 @@ static void exe_dir(char *buf, size_t n)
     if (slash) *slash = 0;
 }
 
-static int file_exists(const char *p)
-{
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
-}
-
 /* --profile NAME|PATH -> a readable file path; 0 ok, -1 not found. */
 static int find_profile(const char *name, char *path, size_t n)
 {
     if (strchr(name, '/') || strstr(name, ".json")) {
         snprintf(path, n, "%s", name);
-        return file_exists(path) ? 0 : -1;
+        return mt_file_is_regular(path) ? 0 : -1;
     }
     char dir[2048];
     exe_dir(dir, sizeof dir);
     const char *tries[] = {"%s/../bench/profiles/%s.json", "%s/bench/profiles/%s.json"};
     for (int i = 0; i < 2; i++) {
         snprintf(path, n, tries[i], i == 0 ? dir : ".", name);
-        if (file_exists(path)) return 0;
+        if (mt_file_is_regular(path)) return 0;
     }
     return -1;
 }
@@ -948,9 +923,10 @@ int mt_cmd_plan(int argc, char **argv)
             o.zero = v[0] - '0';
             o.zero_given = 1;
         } else if (!strcmp(a, "--mem-per-rank")) {
-            if (parse_size(v, &o.mem)) {
-                fprintf(stderr, "meshtrain plan: --mem-per-rank '%s': expected a size such as 85899345920, 8e10, "
-                                "80GiB, 80G or 80GB\n", v);
+            char why[200];
+            if (mt_size_parse(v, &o.mem, why, sizeof why) || o.mem < 1) {
+                fprintf(stderr, "meshtrain plan: --mem-per-rank '%s': %s\n", v,
+                        why[0] ? why : "expected a size of at least 1 byte");
                 return 2;
             }
         } else if (!strcmp(a, "--find-max")) {

@@ -92,6 +92,15 @@ size_t mt_peak_rss_bytes(void);
 /* Monotonic wall clock in seconds. */
 double mt_time_sec(void);
 
+/* A byte size from the command line or a config: a plain number
+ * ("85899345920", "8e10") or a number with a unit, binary (KiB MiB GiB TiB
+ * PiB: powers of 2^10) or decimal (kB KB MB GB TB PB: powers of 10^3); "B"
+ * is one byte. A bare K/M/G/T/P is refused, because tools disagreed on it:
+ * `why` then says which unit to write ("80G is ambiguous: write 80GiB
+ * (2^30 bytes) or 80GB (10^9 bytes)"). Returns 0 and the size (>= 0) in
+ * *out, or -1 with the reason in why (why may be NULL). */
+int mt_size_parse(const char *s, double *out, char *why, size_t why_n);
+
 /* Propagate a failing status upward (NCCL's NCCLCHECK). */
 #define MT_CHECK(call)                                   \
     do {                                                 \

@@ -27,6 +27,7 @@
 #include <signal.h>
 #include <xxhash.h>
 
+#include "../core/mt_fileio.h"
 #include "../dist/mt_comm.h"
 #include "../dist/mt_mesh.h"
 #include "../model/mt_model.h"
@@ -41,38 +42,12 @@
 #define MEM_SLOTS (MT_BUCKET_COUNT + 2)   /* memory peaks: buckets, total, peak RSS (struct peaks) */
 static int rss_phased = 1;               /* the step loop's RSS peak is its own (peak_restart) */
 
-/* Directory holding the data: the path itself if it is a directory, else its parent. */
-static void data_dir_of(const char *path, char *dir, size_t n)
-{
-    struct stat st;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
-        snprintf(dir, n, "%s", path);
-        return;
-    }
-    snprintf(dir, n, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash) *slash = 0;
-    else snprintf(dir, n, ".");
-}
-
-static int is_dir(const char *p)
-{
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-static int file_exists(const char *p)
-{
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
-}
-
 /* vocab_size 0 = take it from DATA_DIR/meta.json (written by `meshtrain prepare`). */
 static enum mt_status resolve_vocab(struct mt_ctx *ctx, struct mt_config *cfg, const char *data_path)
 {
     if (cfg->vocab_size != 0) return MT_OK;
     char dir[2048], meta[2100];
-    data_dir_of(data_path, dir, sizeof dir);
+    mt_file_dir_of(data_path, dir, sizeof dir);
     snprintf(meta, sizeof meta, "%s/meta.json", dir);
     FILE *f = fopen(meta, "rb");
     if (!f) return MT_OK; /* resolve() reports "vocab_size is not set" */
@@ -89,21 +64,6 @@ static enum mt_status resolve_vocab(struct mt_ctx *ctx, struct mt_config *cfg, c
     cfg->vocab_size = v->valueint;
     cJSON_Delete(j);
     return MT_OK;
-}
-
-static int mkdir_p(const char *path)
-{
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p == '/') {
-            *p = 0;
-            if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
-            *p = '/';
-        }
-    }
-    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
-    return 0;
 }
 
 /* Peak FLOP/s that MFU is measured against: the best of a few square sgemms
@@ -379,9 +339,9 @@ static enum mt_status save_checkpoint(struct mt_ctx *ctx, const struct mt_ops_i 
     snprintf(meta.run_id, sizeof meta.run_id, "%s", rs->run_id);
     /* the tokenizer travels with the checkpoint so `sample` can decode: copied
      * in (checked) before the commit and listed with its checksum */
-    data_dir_of(opts->data_path, data_dir, sizeof data_dir);
+    mt_file_dir_of(opts->data_path, data_dir, sizeof data_dir);
     snprintf(tok_src, sizeof tok_src, "%s/tokenizer.bin", data_dir);
-    if (file_exists(tok_src)) meta.tokenizer = tok_src;
+    if (mt_file_is_regular(tok_src)) meta.tokenizer = tok_src;
     meta.data_pos = (int64_t)step * cfg->batch_size;
     meta.seed = cfg->seed;
     meta.adam_t = mt_optim_get_t(rs->opt[0]);
@@ -983,12 +943,12 @@ static enum mt_status setup_local(struct mt_ctx *ctx, struct mt_config *cfg, con
 
     /* ---- 3. data (every rank opens the stream; it reads only its sequences) ---- */
     const int T = cfg->seq_len;
-    MT_CHECK(mt_data_open(ctx, opts->data_path, is_dir(opts->data_path) ? "train" : NULL, cfg->vocab_size, T,
+    MT_CHECK(mt_data_open(ctx, opts->data_path, mt_file_is_dir(opts->data_path) ? "train" : NULL, cfg->vocab_size, T,
                           &rs->train));
     mt_data_set_order(rs->train, !strcmp(cfg->data_order, "shuffled"), cfg->seed ^ 0x5eedda7aull);
     if (opts->val_path) {
         MT_CHECK(mt_data_open(ctx, opts->val_path, NULL, cfg->vocab_size, T, &rs->val));
-    } else if (is_dir(opts->data_path)) {
+    } else if (mt_file_is_dir(opts->data_path)) {
         if (mt_data_open(ctx, opts->data_path, "val", cfg->vocab_size, T, &rs->val) != MT_OK) {
             if (ctx->last_status == MT_ERR_IO) mt_ctx_clear_error(ctx); /* no val split: fine */
             else return ctx->last_status;
@@ -1133,7 +1093,7 @@ agree2:
             goto done;
         }
     }
-    if (mkdir_p(opts->out_dir) != 0) {
+    if (mt_file_mkdir_p(opts->out_dir) != 0) {
         rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot create output directory %s", opts->out_dir);
         goto done;
     }
