@@ -58,6 +58,7 @@ enum mt_bucket {
 };
 const char *mt_bucket_name(enum mt_bucket b); /* "params", "grads", "optim", "acts", "comm", "workspace", "other" */
 
+struct mt_knobs;
 struct mt_ctx {
     enum mt_status last_status;
     char           errmsg[512];
@@ -69,6 +70,8 @@ struct mt_ctx {
     long fail_after;
     long n_allocs;
     int  rank;        /* for messages; 0 on one rank */
+    /* the tunables in force (mt_knobs.h); NULL: env aliases and defaults */
+    const struct mt_knobs *knobs;
 };
 
 void mt_ctx_init(struct mt_ctx *ctx);

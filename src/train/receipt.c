@@ -136,6 +136,10 @@ enum mt_status mt_receipt_write(struct mt_ctx *ctx, const char *path, const stru
     if (r->run_id[0]) cJSON_AddStringToObject(root, "run_id", r->run_id);
     else cJSON_AddNullToObject(root, "run_id");
 
+    if (r->knobs_json) {
+        cJSON *k = cJSON_Parse(r->knobs_json);
+        cJSON_AddItemToObject(root, "knobs", k ? k : cJSON_CreateNull());
+    }
     if (r->distributed_json) {
         cJSON *d = cJSON_Parse(r->distributed_json);
         cJSON_AddItemToObject(root, "distributed", d ? d : cJSON_CreateNull());
