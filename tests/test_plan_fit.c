@@ -119,17 +119,8 @@ static void test_auto(void)
         for (int i = 0; i < fit.n_rej; i++) EXPECT(fit.rej[i].reason[0], "rejection %d without a reason", i);
         /* the best layout re-planned here gives the same maximum */
         const struct mt_plan_fit_cand *b = &fit.ok[0];
-        struct mt_config c = cfg;
-        c.microbatches = b->mb;
-        snprintf(c.recompute, sizeof c.recompute, "%s", b->rc ? "block" : "none");
-        struct mt_plan_setup su;
-        memset(&su, 0, sizeof su);
-        su.dims = b->d;
-        su.zero_stage = b->zero;
-        su.steps = 5;
         struct mt_plan *plan = NULL;
-        EXPECT(mt_layout_pipeline_cut(&ctx, &c, b->d.pp, NULL, su.first_layer) == MT_OK &&
-               mt_plan_create(&ctx, &c, &su, 0, &plan) == MT_OK, "replan: %s", mt_ctx_last_error(&ctx));
+        EXPECT(mt_plan_fit_plan(&ctx, &cfg, b, &o, &plan) == MT_OK, "replan: %s", mt_ctx_last_error(&ctx));
         if (plan) EXPECT(mt_plan_max_total(plan, NULL) == b->mem, "replanned %zu vs %zu", mt_plan_max_total(plan, NULL),
                          b->mem);
         mt_plan_destroy(&ctx, plan);

@@ -610,18 +610,7 @@ static int run_auto(struct mt_ctx *ctx, struct mt_config *cfg, const struct opts
         else print_auto_text(o, prof, &fit);
         if (chosen_out) {
             /* the best one, planned in full (for --verify) */
-            const struct cand *b = &fit.ok[0];
-            struct mt_config c = *cfg;
-            c.microbatches = b->mb;
-            snprintf(c.recompute, sizeof c.recompute, "%s", b->rc ? "block" : "none");
-            struct mt_plan_setup su;
-            memset(&su, 0, sizeof su);
-            su.dims = b->d;
-            su.zero_stage = b->zero;
-            su.steps = o->steps;
-            setup_runtime(&su, o);
-            if (mt_layout_pipeline_cut(ctx, &c, b->d.pp, NULL, su.first_layer) != MT_OK ||
-                mt_plan_create(ctx, &c, &su, 0, chosen_out) != MT_OK) {
+            if (mt_plan_fit_plan(ctx, cfg, &fit.ok[0], &fo, chosen_out) != MT_OK) {
                 fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(ctx));
                 rcode = 1;
             }

@@ -539,6 +539,8 @@ static const char *rope_type_of(const cJSON *r)
     return strcmp(t->valuestring, "default") ? t->valuestring : NULL;
 }
 
+/* Long on purpose (~125 lines): one check per Hugging Face key, in the
+ * order of the mapping table in docs/export.md, each with its message. */
 enum mt_status mt_export_hf_config_parse(struct mt_ctx *ctx, const char *json_text, struct mt_config *cfg,
                                          int *tied, char *warn, size_t warn_len)
 {
@@ -794,6 +796,8 @@ static char *tokenizer_config(const char *bos_name, int seq_len)
     return s;
 }
 
+/* Long (~170 lines): the export is one transaction (temp dir, tensors,
+ * config, tokenizer, swap) with one shared cleanup path. */
 enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char *out_dir,
                             const struct mt_export_opts *opts, char *warn, size_t warn_len)
 {

@@ -65,6 +65,11 @@ struct mt_plan_fit {
 enum mt_status mt_plan_fit_search(struct mt_ctx *ctx, const struct mt_config *cfg, const struct mt_plan_fit_opts *o,
                                   struct mt_plan_fit *out);
 void mt_plan_fit_free(struct mt_ctx *ctx, struct mt_plan_fit *fit);
+/* The full plan of one candidate (cfg with its microbatches and recompute,
+ * the balanced pipeline cut, o's steps and runtime inputs). Free with
+ * mt_plan_destroy. */
+enum mt_status mt_plan_fit_plan(struct mt_ctx *ctx, const struct mt_config *cfg, const struct mt_plan_fit_cand *c,
+                                const struct mt_plan_fit_opts *o, struct mt_plan **out);
 
 /* find-max on ONE planned layout (plan made for cfg on mesh d): the largest
  * seq_len (what 0) or batch_size (what 1), a multiple of *unit (the step of

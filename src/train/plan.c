@@ -978,6 +978,8 @@ static cJSON *shape_arr(int ndim, const int64_t *s)
     return a;
 }
 
+/* Long on purpose (~140 lines): the schema meshtrain.plan/1 written field by
+ * field in the order of docs/plan.md, so the golden files read like it. */
 char *mt_plan_json(const struct mt_plan *p, const struct mt_plan_profile *prof, const struct mt_plan_cost *cost)
 {
     const struct mt_config *cfg = &p->cfg;

@@ -273,3 +273,21 @@ void mt_plan_fit_free(struct mt_ctx *ctx, struct mt_plan_fit *fit)
     fit->ok = fit->rej = NULL;
     fit->n_ok = fit->n_rej = 0;
 }
+
+enum mt_status mt_plan_fit_plan(struct mt_ctx *ctx, const struct mt_config *cfg, const struct mt_plan_fit_cand *c,
+                                const struct mt_plan_fit_opts *o, struct mt_plan **out)
+{
+    struct mt_config cc = *cfg;
+    cc.microbatches = c->mb;
+    snprintf(cc.recompute, sizeof cc.recompute, "%s", c->rc ? "block" : "none");
+    struct mt_plan_setup su;
+    memset(&su, 0, sizeof su);
+    su.dims = c->d;
+    su.zero_stage = c->zero;
+    su.steps = o->steps;
+    su.threads = o->threads;
+    su.data_bytes = o->data_bytes;
+    su.runtime = o->runtime;
+    MT_CHECK(mt_layout_pipeline_cut(ctx, &cc, c->d.pp, NULL, su.first_layer));
+    return mt_plan_create(ctx, &cc, &su, 0, out);
+}

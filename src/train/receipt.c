@@ -31,6 +31,8 @@ static cJSON *bucket_object(const size_t bytes[MT_BUCKET_COUNT])
     return o;
 }
 
+/* Long on purpose (~135 lines): the receipt schema (SPEC.md section 5)
+ * written field by field in its documented order; no logic. */
 enum mt_status mt_receipt_write(struct mt_ctx *ctx, const char *path, const struct mt_receipt *r)
 {
     cJSON *root = cJSON_CreateObject();

@@ -33,20 +33,19 @@ static enum mt_status resolve_vocab(struct mt_ctx *ctx, struct mt_config *cfg, c
     char dir[2048], meta[2100];
     mt_file_dir_of(data_path, dir, sizeof dir);
     snprintf(meta, sizeof meta, "%s/meta.json", dir);
-    FILE *f = fopen(meta, "rb");
-    if (!f) return MT_OK; /* resolve() reports "vocab_size is not set" */
-    char buf[1 << 16];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
+    if (!mt_file_is_regular(meta)) return MT_OK; /* resolve() reports "vocab_size is not set" */
+    char *buf;
+    MT_CHECK(mt_file_read_text(ctx, meta, 1 << 20, &buf));
     cJSON *j = cJSON_Parse(buf);
     const cJSON *v = j ? cJSON_GetObjectItemCaseSensitive(j, "vocab_size") : NULL;
     if (!cJSON_IsNumber(v)) {
         cJSON_Delete(j);
+        mt_free(ctx, buf);
         return mt_ctx_error(ctx, MT_ERR_FORMAT, "%s has no numeric vocab_size", meta);
     }
     cfg->vocab_size = v->valueint;
     cJSON_Delete(j);
+    mt_free(ctx, buf);
     return MT_OK;
 }
 
