@@ -6,7 +6,6 @@
  */
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
-#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -160,6 +160,11 @@ enum mt_status mt_zero_set_init_params(struct mt_ctx *ctx, struct mt_zero_set *s
 /* Collective statistics summed over the engines; reset them all. */
 void mt_zero_set_get_stats(const struct mt_zero_set *set, struct mt_zero_stats *out);
 void mt_zero_set_reset_stats(struct mt_zero_set *set);
+/* Every optimizer state the set holds (for the checkpoint), engine by
+ * engine, each in parameter order, into st (NULL: only count). Returns the
+ * count. */
+struct mt_optim_state;
+int mt_zero_set_states(const struct mt_zero_set *set, struct mt_optim_state *st);
 /* Free every optimizer and engine of the set (NULL entries are fine). */
 void mt_zero_set_destroy(struct mt_ctx *ctx, struct mt_zero_set *set);
 

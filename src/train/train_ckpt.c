@@ -76,8 +76,7 @@ enum mt_status mt_train_save_checkpoint(struct mt_ctx *ctx, const struct mt_trai
     fill_meta(opts, rs, step, tok_src, sizeof tok_src, &meta);
     int n;
     struct mt_param *params = mt_model_params(rs->model, &n);
-    int n_states = 0;
-    for (int k = 0; k < rs->zset.n; k++) n_states += mt_optim_state_count(rs->zset.opt[k]);
+    const int n_states = mt_zero_set_states(&rs->zset, NULL);
     /* the entry list is GLOBAL (every rank passes the same names and shapes):
      * under EP a rank holds only its experts, so the list comes from the registry */
     int ng = mt_model_registry(cfg, NULL, 0);
@@ -98,10 +97,7 @@ enum mt_status mt_train_save_checkpoint(struct mt_ctx *ctx, const struct mt_trai
         local[g] = -1;
         if (i < n && !strcmp(glob[g].name, params[i].name)) local[g] = i++;
     }
-    int ns_all = 0;
-    for (int k = 0; k < rs->zset.n; k++)
-        for (int j = 0; j < mt_optim_state_count(rs->zset.opt[k]); j++)
-            mt_optim_state_get(rs->zset.opt[k], j, &st[ns_all++]);
+    mt_zero_set_states(&rs->zset, st);
     /* the writer of a tensor: its owner in its engine's group, and for a
      * parameter replicated over the model axis but reduced over data only,
      * model rank 0 alone (count). Each rank writes its box (TP: its slice).

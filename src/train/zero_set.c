@@ -78,6 +78,15 @@ void mt_zero_set_reset_stats(struct mt_zero_set *set)
     for (int k = 0; k < set->n; k++) mt_zero_reset_stats(set->z[k]);
 }
 
+int mt_zero_set_states(const struct mt_zero_set *set, struct mt_optim_state *st)
+{
+    int n = 0;
+    for (int k = 0; k < set->n; k++)
+        for (int j = 0; j < mt_optim_state_count(set->opt[k]); j++, n++)
+            if (st) mt_optim_state_get(set->opt[k], j, &st[n]);
+    return n;
+}
+
 void mt_zero_set_destroy(struct mt_ctx *ctx, struct mt_zero_set *set)
 {
     for (int k = 0; k < MT_ZERO_MAX_ENGINES; k++) {
