@@ -19,4 +19,8 @@ int mt_cmd_logits(int argc, char **argv);     /* cmd_logits.c    */
 /* "1,2 3" -> malloc'd ids (free()), each in [0, 65535]; -1 on a bad or empty list. */
 int mt_cmd_parse_ids(const char *s, int32_t **ids, int *n);
 
+/* A size argument through the one parser (mt_size_parse: 80GiB binary,
+ * 80GB decimal, a bare 80G refused); -1 after printing why to stderr. */
+long long mt_cmd_size_arg(const char *tool, const char *s);
+
 #endif

@@ -29,10 +29,12 @@
 #include "cmd.h"
 #include "core/mt_config.h"
 #include "core/mt_core.h"
+#include "core/mt_fileio.h"
 #include "dist/mt_mesh.h"
 #include "model/mt_model.h"
 #include "train/mt_data.h"
 #include "train/mt_plan.h"
+#include "train/mt_plan_fit.h"
 
 extern char **environ;
 
@@ -52,7 +54,7 @@ static void plan_usage(FILE *f)
             "                       h100-8x-nvlink-ib); 'none' = no cost section     default: cpu-local\n"
             "  --auto               enumerate every mesh, ZeRO stage, microbatch count and recompute\n"
             "                       choice that satisfies the contract; best by predicted step time\n"
-            "  --mem-per-rank SIZE  memory per rank: bytes, or with a unit: 80GiB, 80G (binary), 80GB (decimal)\n"
+            "  --mem-per-rank SIZE  memory per rank: bytes, or with a unit: 80GiB (binary), 80GB (decimal)\n"
             "  --top K              auto: how many of the best to print                default: 5\n"
             "  --verbose            auto: list every rejected candidate with its reason\n"
             "  --find-max WHAT      seq_len | batch_size: the largest value that fits --mem-per-rank\n"
@@ -72,14 +74,7 @@ static void plan_usage(FILE *f)
 /* small helpers                                                       */
 /* ------------------------------------------------------------------ */
 
-static const char *human(double b, char *buf, size_t n)
-{
-    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-    int i = 0;
-    while (b >= 1024 && i < 5) b /= 1024, i++;
-    snprintf(buf, n, i ? "%.2f %s" : "%.0f %s", b, u[i]);
-    return buf;
-}
+#define human mt_plan_fit_human
 
 /* strict positive int */
 static int parse_pos_int(const char *s, int *out)
@@ -93,26 +88,6 @@ static int parse_pos_int(const char *s, int *out)
     return 0;
 }
 
-/* "85899345920", "8e10", "80GiB", "80G" (binary), "80GB" (decimal), "1.5TiB". 0 ok. */
-static int parse_size(const char *s, double *out)
-{
-    char *end = NULL;
-    if (!s || !*s || *s == '-' || *s == '+') return -1;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || errno || !isfinite(v) || v <= 0) return -1;
-    static const struct { const char *u; double m; } units[] = {
-        {"", 1}, {"B", 1}, {"K", 1024.0}, {"KiB", 1024.0}, {"KB", 1e3}, {"M", 1048576.0}, {"MiB", 1048576.0},
-        {"MB", 1e6}, {"G", 1073741824.0}, {"GiB", 1073741824.0}, {"GB", 1e9}, {"T", 1099511627776.0},
-        {"TiB", 1099511627776.0}, {"TB", 1e12}};
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
-        if (!strcmp(end, units[i].u)) {
-            *out = v * units[i].m;
-            return *out >= 1 ? 0 : -1;
-        }
-    return -1;
-}
-
 /* directory of this executable ("" if unknown) */
 static void exe_dir(char *buf, size_t n)
 {
@@ -123,42 +98,24 @@ static void exe_dir(char *buf, size_t n)
     if (slash) *slash = 0;
 }
 
-static int file_exists(const char *p)
-{
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
-}
-
 /* --profile NAME|PATH -> a readable file path; 0 ok, -1 not found. */
 static int find_profile(const char *name, char *path, size_t n)
 {
     if (strchr(name, '/') || strstr(name, ".json")) {
         snprintf(path, n, "%s", name);
-        return file_exists(path) ? 0 : -1;
+        return mt_file_is_regular(path) ? 0 : -1;
     }
     char dir[2048];
     exe_dir(dir, sizeof dir);
     const char *tries[] = {"%s/../bench/profiles/%s.json", "%s/bench/profiles/%s.json"};
     for (int i = 0; i < 2; i++) {
         snprintf(path, n, tries[i], i == 0 ? dir : ".", name);
-        if (file_exists(path)) return 0;
+        if (mt_file_is_regular(path)) return 0;
     }
     return -1;
 }
 
-static void mesh_str(const struct mt_mesh_dims *d, char *buf, size_t n)
-{
-    snprintf(buf, n, "pp=%d,dp=%d,ep=%d,tp=%d", d->pp, d->dp, d->ep, d->tp);
-}
-
-/* the largest bucket of a rank's plan */
-static int largest_bucket(const size_t *b)
-{
-    int k = 0;
-    for (int i = 1; i < MT_BUCKET_COUNT; i++)
-        if (b[i] > b[k]) k = i;
-    return k;
-}
+#define mesh_str mt_plan_fit_mesh_str
 
 /* ------------------------------------------------------------------ */
 /* options                                                             */
@@ -211,7 +168,7 @@ static void print_text(const struct mt_plan *p, const struct mt_plan_profile *pr
     printf("\npipeline:");
     for (int s = 0; s < d->pp; s++)
         printf(" stage %d layers [%d,%d) slots %d;", s, su->first_layer[s], su->first_layer[s + 1],
-               mt_plan_n_slots(cfg, d, s));
+               mt_layout_n_slots(cfg, d, s));
     printf("\nbatch: %d sequences per step = dp*ep (%d) x microbatches (%d) x %d per microbatch, T=%d, recompute=%s\n",
            cfg->batch_size, d->dp * d->ep, cfg->microbatches, mt_plan_micro(p), cfg->seq_len, cfg->recompute);
     size_t total = 0, active = 0;
@@ -285,7 +242,7 @@ static void print_text(const struct mt_plan *p, const struct mt_plan_profile *pr
     size_t mt = mt_plan_max_total(p, &mr);
     size_t mb[MT_BUCKET_COUNT];
     mt_plan_rank_bytes(p, mr, mb);
-    int lb = largest_bucket(mb);
+    int lb = mt_plan_fit_largest_bucket(mb);
     printf("largest: rank %d, %s (largest bucket: %s, %s)\n", mr, human((double)mt, h, sizeof h),
            mt_bucket_name((enum mt_bucket)lb), human((double)mb[lb], h2, sizeof h2));
     if (o->mem > 0)
@@ -486,38 +443,7 @@ static int verify_run(const struct mt_plan *p, const struct mt_plan_profile *pro
 /* auto-fit and find-max                                               */
 /* ------------------------------------------------------------------ */
 
-struct cand {
-    struct mt_mesh_dims d;
-    int    zero, mb, rc;          /* zero / rc -1: any (a contract rule rejected the mesh) */
-    size_t mem;
-    int    mem_rank;
-    double step_s, tps, mfu;
-    char   reason[320];
-    struct mt_plan_cost cost;
-};
-
-struct cands { struct cand *v; int n, cap; };
-
-static struct cand *cand_push(struct cands *c)
-{
-    if (c->n == c->cap) {
-        int nc = c->cap ? 2 * c->cap : 256;
-        struct cand *nv = realloc(c->v, (size_t)nc * sizeof *nv);
-        if (!nv) return NULL;
-        c->v = nv, c->cap = nc;
-    }
-    struct cand *x = &c->v[c->n++];
-    memset(x, 0, sizeof *x);
-    return x;
-}
-
-static int cand_cmp(const void *a, const void *b)
-{
-    const struct cand *x = a, *y = b;
-    if (x->step_s != y->step_s) return x->step_s < y->step_s ? -1 : 1;
-    if (x->mem != y->mem) return x->mem < y->mem ? -1 : 1;
-    return 0;
-}
+#define cand mt_plan_fit_cand
 
 static void cand_label(const struct cand *c, char *buf, size_t n)
 {
@@ -544,331 +470,154 @@ static void reason_rule(const char *r, char *buf, size_t n)
     buf[o] = 0;
 }
 
-/* Enumerate (pp, dp, ep, tp) with product world, in that nesting order. */
-static int n_meshes(int world, struct mt_mesh_dims *out, int cap)
+/* find-max's answer (exit code) */
+static int print_find_max(const struct opts *o, const struct mt_plan_fit *fit)
 {
-    int n = 0;
-    for (int pp = 1; pp <= world; pp++) {
-        if (world % pp) continue;
-        for (int tp = 1; tp <= world / pp; tp++) {
-            if ((world / pp) % tp) continue;
-            for (int ep = 1; ep <= world / pp / tp; ep++) {
-                if ((world / pp / tp) % ep) continue;
-                if (n < cap) out[n] = (struct mt_mesh_dims){pp, world / pp / tp / ep, ep, tp};
-                n++;
-            }
+    char h1[32], lab[256];
+    if (fit->best_val == 0) {
+        fprintf(stderr, "meshtrain plan: no layout of world=%d fits --mem-per-rank %s at any %s\n", o->world,
+                human(o->mem, h1, sizeof h1), o->find_max);
+        return 2;
+    }
+    cand_label(&fit->best_fm, lab, sizeof lab);
+    if (o->json) printf("{\"find_max\": \"%s\", \"value\": %ld, \"layout\": \"%s\"}\n", o->find_max, fit->best_val, lab);
+    else printf("largest %s that fits %s per rank on %d ranks: %ld (%s)\n", o->find_max, human(o->mem, h1, sizeof h1),
+                o->world, fit->best_val, lab);
+    return 0;
+}
+
+static void print_auto_json(const struct opts *o, const struct mt_plan_profile *prof, const struct mt_plan_fit *fit)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "schema", "meshtrain.plan.auto/1");
+    cJSON_AddNumberToObject(root, "world", o->world);
+    cJSON_AddNumberToObject(root, "mem_per_rank", o->mem);
+    cJSON_AddStringToObject(root, "profile", prof->name);
+    cJSON_AddNumberToObject(root, "candidates", fit->n_cand);
+    cJSON *fj = cJSON_AddArrayToObject(root, "fitting");
+    for (int i = 0; i < fit->n_ok; i++) {
+        const struct cand *c = &fit->ok[i];
+        cJSON *x = cJSON_CreateObject();
+        char m[96];
+        mesh_str(&c->d, m, sizeof m);
+        cJSON_AddStringToObject(x, "mesh", m);
+        cJSON_AddNumberToObject(x, "zero", c->zero);
+        cJSON_AddNumberToObject(x, "microbatches", c->mb);
+        cJSON_AddStringToObject(x, "recompute", c->rc ? "block" : "none");
+        cJSON_AddNumberToObject(x, "max_bytes_per_rank", (double)c->mem);
+        cJSON_AddNumberToObject(x, "step_s", c->step_s);
+        cJSON_AddNumberToObject(x, "tokens_per_s", c->tps);
+        cJSON_AddNumberToObject(x, "mfu", c->mfu);
+        cJSON_AddItemToArray(fj, x);
+    }
+    cJSON *rj = cJSON_AddArrayToObject(root, "rejected");
+    for (int i = 0; i < fit->n_rej; i++) {
+        const struct cand *c = &fit->rej[i];
+        cJSON *x = cJSON_CreateObject();
+        char m[96];
+        mesh_str(&c->d, m, sizeof m);
+        cJSON_AddStringToObject(x, "mesh", m);
+        if (c->zero >= 0) cJSON_AddNumberToObject(x, "zero", c->zero);
+        else cJSON_AddNullToObject(x, "zero");
+        cJSON_AddNumberToObject(x, "microbatches", c->mb);
+        if (c->rc >= 0) cJSON_AddStringToObject(x, "recompute", c->rc ? "block" : "none");
+        else cJSON_AddNullToObject(x, "recompute");
+        cJSON_AddStringToObject(x, "reason", c->reason);
+        cJSON_AddItemToArray(rj, x);
+    }
+    char *t = cJSON_Print(root);
+    if (t) printf("%s\n", t);
+    free(t);
+    cJSON_Delete(root);
+}
+
+static void print_auto_text(const struct opts *o, const struct mt_plan_profile *prof, const struct mt_plan_fit *fit)
+{
+    char h1[32], lab[256];
+    printf("auto-fit: world=%d, mem-per-rank %s, profile %s: %d meshes x microbatch counts; %d layouts (x ZeRO "
+           "stage x recompute) fit, %d rejected (a contract rule rejects a mesh x microbatch count once)\n", o->world,
+           human(o->mem, h1, sizeof h1), prof->name, fit->n_cand, fit->n_ok, fit->n_rej);
+    if (fit->skipped_ep)
+        printf("(%d meshes with ep > 1 not listed: the model has no E block, so the expert axis would be data "
+               "parallelism, the same layout as dp*ep)\n", fit->skipped_ep);
+    printf("\nbest by predicted step time:\n  %-3s %-26s %-4s %-4s %-9s %12s %10s %12s %6s  %s\n", "#", "mesh", "zero",
+           "mb", "recompute", "max/rank", "step s", "tokens/s", "MFU", "compute/tp/ep/pp/dp-exposed/bubble s");
+    for (int i = 0; i < fit->n_ok && i < o->top; i++) {
+        const struct cand *c = &fit->ok[i];
+        char m[96];
+        mesh_str(&c->d, m, sizeof m);
+        printf("  %-3d %-26s %-4d %-4d %-9s %12s %10.4g %12.4g %5.1f%%  %.3g/%.3g/%.3g/%.3g/%.3g/%.3g\n", i + 1, m,
+               c->zero, c->mb, c->rc ? "block" : "none", human((double)c->mem, h1, sizeof h1), c->step_s, c->tps,
+               100 * c->mfu, c->cost.compute_s, c->cost.tp_s, c->cost.ep_s, c->cost.pp_s, c->cost.dp_exposed_s,
+               c->cost.bubble_s);
+    }
+    if (!fit->n_rej) return;
+    printf("\nrejected, by rule or bucket (count, rule, one example):\n");
+    char *seen = calloc((size_t)fit->n_rej, 1);
+    for (int i = 0; seen && i < fit->n_rej; i++) {
+        if (seen[i]) continue;
+        char ri[320], rj2[320];
+        reason_rule(fit->rej[i].reason, ri, sizeof ri);
+        int cnt = 0;
+        for (int j = i; j < fit->n_rej; j++) {
+            reason_rule(fit->rej[j].reason, rj2, sizeof rj2);
+            if (!strcmp(ri, rj2)) { seen[j] = 1; cnt++; }
+        }
+        cand_label(&fit->rej[i], lab, sizeof lab);
+        printf("  %5d  %s\n         e.g. %s: %s\n", cnt, ri, lab, fit->rej[i].reason);
+    }
+    free(seen);
+    if (o->verbose) {
+        printf("\nevery rejected candidate:\n");
+        for (int i = 0; i < fit->n_rej; i++) {
+            cand_label(&fit->rej[i], lab, sizeof lab);
+            printf("  %s: %s\n", lab, fit->rej[i].reason);
         }
     }
-    return n;
 }
 
-/* largest value in [1, hi] steps of `unit` for which fits(); monotone assumed. 0: none. */
-struct fm_ctx {
-    struct mt_ctx *ctx;
-    struct mt_plan *plan;
-    const struct mt_config *cfg;
-    struct mt_plan_choice base;
-    const struct mt_mesh_dims *d;
-    int world, what;   /* 0 seq_len, 1 batch_size */
-    double mem;
-    size_t need;       /* memory at the last probe that passed the contract */
-};
-
-static int fm_fits(struct fm_ctx *f, long v)
-{
-    struct mt_config c = *f->cfg;
-    struct mt_plan_choice ch = f->base;
-    if (f->what == 0) ch.seq_len = c.seq_len = (int)v;
-    else ch.batch_size = c.batch_size = (int)v;
-    c.microbatches = ch.microbatches;
-    if (mt_mesh_check_contract(f->ctx, f->d, &c, f->world, ch.microbatches) != MT_OK) return 0;
-    if (mt_plan_reselect(f->ctx, f->plan, &ch) != MT_OK) return 0;
-    f->need = mt_plan_max_total(f->plan, NULL);
-    return (double)f->need <= f->mem;
-}
-
-static long find_max_value(struct fm_ctx *f, long unit, long hi_units)
-{
-    if (hi_units < 1 || !fm_fits(f, unit)) return 0;
-    long lo = 1, hi = hi_units;   /* lo fits */
-    while (lo < hi) {
-        long mid = lo + (hi - lo + 1) / 2;
-        if (fm_fits(f, mid * unit)) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo * unit;
-}
-
-/* the unit and the upper bound (in units) of the searched value on mesh d */
-static void fm_range(const struct mt_config *cfg, const struct mt_mesh_dims *d, int what, int mb, long *unit, long *hi)
-{
-    if (what == 0) {
-        *unit = d->tp > 1 && cfg->sequence_parallel ? d->tp : 1;
-        long bm = cfg->batch_size / ((long)d->dp * d->ep * mb);
-        long cap = bm > 0 ? 2147483647L / bm : 0;
-        if (cap > 1 << 24) cap = 1 << 24;   /* the seq_len key's range */
-        *hi = cap / *unit;
-    } else {
-        *unit = (long)d->dp * d->ep * mb;
-        long cap = 2147483647L / cfg->seq_len;   /* a microbatch of B*T < 2^31 tokens */
-        *hi = cap / ((long)d->dp * d->ep) ;
-        if (*hi > 2147483647L / *unit) *hi = 2147483647L / *unit;
-    }
-}
-
+/* auto-fit / find-max: the search is the library's (mt_plan_fit_search);
+ * this prints it and, for --verify, plans the best layout in full. */
 static int run_auto(struct mt_ctx *ctx, struct mt_config *cfg, const struct opts *o, const struct mt_plan_profile *prof,
                     struct mt_plan **chosen_out)
 {
-    const int W = o->world;
-    const int fm = o->find_max ? (strcmp(o->find_max, "seq_len") == 0 ? 0 : 1) : -1;
-    int nm = n_meshes(W, NULL, 0);
-    struct mt_mesh_dims *meshes = malloc((size_t)nm * sizeof *meshes);
-    struct cands ok = {0}, rej = {0};
-    if (!meshes) { fprintf(stderr, "meshtrain plan: out of memory\n"); return 1; }
-    n_meshes(W, meshes, nm);
-    long best_val = 0;
-    struct cand best_fm;
-    memset(&best_fm, 0, sizeof best_fm);
-    size_t smallest = 0;
-    struct cand smallest_c;
-    memset(&smallest_c, 0, sizeof smallest_c);
-    int n_cand = 0;
-    int any_moe = strchr(cfg->pattern, 'E') != NULL, skipped_ep = 0;
-    for (int mi = 0; mi < nm; mi++) {
-        const struct mt_mesh_dims *d = &meshes[mi];
-        /* without an E block the expert axis is data parallelism: the same layout as dp*ep */
-        if (!any_moe && d->ep > 1) { skipped_ep++; continue; }
-        /* microbatch counts: the divisors of the per-data-rank batch (find-max batch_size: the config's) */
-        long per = cfg->batch_size % ((long)d->dp * d->ep) == 0 ? cfg->batch_size / ((long)d->dp * d->ep) : 0;
-        int mbs[64], n_mb = 0;
-        if (fm == 1 || per == 0) mbs[n_mb++] = cfg->microbatches;
-        else
-            for (long m = 1; m <= per && n_mb < 64; m++)
-                if (per % m == 0) mbs[n_mb++] = (int)m;
-        struct mt_plan *plan = NULL;
-        for (int k = 0; k < n_mb; k++) {
-            struct mt_config c = *cfg;
-            c.microbatches = mbs[k];
-            n_cand++;
-            if (mt_mesh_check_contract(ctx, d, &c, W, mbs[k]) != MT_OK) {
-                struct cand *x = cand_push(&rej);
-                if (!x) goto oom;
-                x->d = *d; x->zero = x->rc = -1; x->mb = mbs[k];
-                snprintf(x->reason, sizeof x->reason, "%s", mt_ctx_last_error(ctx));
-                continue;
-            }
-            if (!plan) {
-                struct mt_plan_setup su;
-                memset(&su, 0, sizeof su);
-                su.dims = *d;
-                su.steps = o->steps;
-                setup_runtime(&su, o);
-                if (mt_plan_pipeline_cut(ctx, &c, d->pp, NULL, su.first_layer) != MT_OK ||
-                    mt_plan_create(ctx, &c, &su, 0, &plan) != MT_OK) {
-                    if (ctx->last_status == MT_ERR_OOM) goto oom;
-                    struct cand *x = cand_push(&rej);
-                    if (!x) goto oom;
-                    x->d = *d; x->zero = x->rc = -1; x->mb = mbs[k];
-                    snprintf(x->reason, sizeof x->reason, "%s", mt_ctx_last_error(ctx));
-                    plan = NULL;
-                    continue;
-                }
-            }
-            for (int z = 0; z < 4; z++)
-                for (int rc = 0; rc < 2; rc++) {
-                    if (o->zero_given && z != o->zero) continue;
-                    struct mt_plan_choice ch = {z, mbs[k], rc, cfg->seq_len, cfg->batch_size};
-                    struct cand cc;
-                    memset(&cc, 0, sizeof cc);
-                    cc.d = *d; cc.zero = z; cc.mb = mbs[k]; cc.rc = rc;
-                    if (fm >= 0) {
-                        struct fm_ctx f = {ctx, plan, &c, ch, d, W, fm, o->mem, 0};
-                        long unit, hi;
-                        fm_range(&c, d, fm, mbs[k], &unit, &hi);
-                        long v = find_max_value(&f, unit, hi);
-                        if (v > best_val) { best_val = v; best_fm = cc; }
-                        continue;
-                    }
-                    if (mt_plan_reselect(ctx, plan, &ch) != MT_OK) {
-                        struct cand *x = cand_push(&rej);
-                        if (!x) goto oom;
-                        *x = cc;
-                        snprintf(x->reason, sizeof x->reason, "%s", mt_ctx_last_error(ctx));
-                        continue;
-                    }
-                    cc.mem = mt_plan_max_total(plan, &cc.mem_rank);
-                    if (!smallest || cc.mem < smallest) { smallest = cc.mem; smallest_c = cc; }
-                    if ((double)cc.mem > o->mem) {
-                        size_t b[MT_BUCKET_COUNT];
-                        mt_plan_rank_bytes(plan, cc.mem_rank, b);
-                        int lb = largest_bucket(b);
-                        char h1[32], h2[32], h3[32];
-                        struct cand *x = cand_push(&rej);
-                        if (!x) goto oom;
-                        *x = cc;
-                        snprintf(x->reason, sizeof x->reason,
-                                 "memory: over --mem-per-rank, largest bucket %s (rank %d needs %s > %s; %s %s)",
-                                 mt_bucket_name((enum mt_bucket)lb), cc.mem_rank, human((double)cc.mem, h1, sizeof h1),
-                                 human(o->mem, h2, sizeof h2), mt_bucket_name((enum mt_bucket)lb),
-                                 human((double)b[lb], h3, sizeof h3));
-                        continue;
-                    }
-                    mt_plan_cost(plan, prof, &cc.cost);
-                    cc.step_s = cc.cost.step_s;
-                    cc.tps = cc.cost.tokens_per_s;
-                    cc.mfu = cc.cost.mfu;
-                    struct cand *x = cand_push(&ok);
-                    if (!x) goto oom;
-                    *x = cc;
-                }
-        }
-        mt_plan_destroy(ctx, plan);
+    struct mt_plan_fit_opts fo = {.world = o->world, .mem = o->mem, .zero = o->zero_given ? o->zero : -1,
+                                  .find_max = o->find_max ? (strcmp(o->find_max, "seq_len") == 0 ? 0 : 1) : -1,
+                                  .steps = o->steps, .threads = o->threads, .data_bytes = o->data_bytes,
+                                  .runtime = o->runtime, .prof = prof};
+    struct mt_plan_fit fit;
+    if (mt_plan_fit_search(ctx, cfg, &fo, &fit) != MT_OK) {
+        fprintf(stderr, "meshtrain plan: out of memory\n");
+        mt_plan_fit_free(ctx, &fit);
+        return 1;
     }
-    char h1[32], h2[32], lab[256];
-    if (fm >= 0) {
-        free(meshes);
-        free(ok.v);
-        free(rej.v);
-        if (best_val == 0) {
-            fprintf(stderr, "meshtrain plan: no layout of world=%d fits --mem-per-rank %s at any %s\n", W,
-                    human(o->mem, h1, sizeof h1), o->find_max);
-            return 2;
-        }
-        cand_label(&best_fm, lab, sizeof lab);
-        if (o->json) printf("{\"find_max\": \"%s\", \"value\": %ld, \"layout\": \"%s\"}\n", o->find_max, best_val, lab);
-        else printf("largest %s that fits %s per rank on %d ranks: %ld (%s)\n", o->find_max, human(o->mem, h1, sizeof h1),
-                    W, best_val, lab);
-        return 0;
-    }
-    if (ok.n == 0) {
-        free(meshes);
-        if (smallest) {
-            cand_label(&smallest_c, lab, sizeof lab);
-            fprintf(stderr, "meshtrain plan: --mem-per-rank %s is too small for any layout: the smallest need is %s per "
-                            "rank (%s)\n", human(o->mem, h1, sizeof h1), human((double)smallest, h2, sizeof h2), lab);
-        } else {
-            fprintf(stderr, "meshtrain plan: no mesh of world=%d satisfies the startup contract (e.g. %s)\n", W,
-                    rej.n ? rej.v[0].reason : "none");
-        }
-        free(ok.v);
-        free(rej.v);
-        return 2;
-    }
-    qsort(ok.v, (size_t)ok.n, sizeof *ok.v, cand_cmp);
-    if (o->json) {
-        cJSON *root = cJSON_CreateObject();
-        cJSON_AddStringToObject(root, "schema", "meshtrain.plan.auto/1");
-        cJSON_AddNumberToObject(root, "world", W);
-        cJSON_AddNumberToObject(root, "mem_per_rank", o->mem);
-        cJSON_AddStringToObject(root, "profile", prof->name);
-        cJSON_AddNumberToObject(root, "candidates", n_cand);
-        cJSON *fit = cJSON_AddArrayToObject(root, "fitting");
-        for (int i = 0; i < ok.n; i++) {
-            const struct cand *c = &ok.v[i];
-            cJSON *x = cJSON_CreateObject();
-            char m[96];
-            mesh_str(&c->d, m, sizeof m);
-            cJSON_AddStringToObject(x, "mesh", m);
-            cJSON_AddNumberToObject(x, "zero", c->zero);
-            cJSON_AddNumberToObject(x, "microbatches", c->mb);
-            cJSON_AddStringToObject(x, "recompute", c->rc ? "block" : "none");
-            cJSON_AddNumberToObject(x, "max_bytes_per_rank", (double)c->mem);
-            cJSON_AddNumberToObject(x, "step_s", c->step_s);
-            cJSON_AddNumberToObject(x, "tokens_per_s", c->tps);
-            cJSON_AddNumberToObject(x, "mfu", c->mfu);
-            cJSON_AddItemToArray(fit, x);
-        }
-        cJSON *rj = cJSON_AddArrayToObject(root, "rejected");
-        for (int i = 0; i < rej.n; i++) {
-            const struct cand *c = &rej.v[i];
-            cJSON *x = cJSON_CreateObject();
-            char m[96];
-            mesh_str(&c->d, m, sizeof m);
-            cJSON_AddStringToObject(x, "mesh", m);
-            if (c->zero >= 0) cJSON_AddNumberToObject(x, "zero", c->zero);
-            else cJSON_AddNullToObject(x, "zero");
-            cJSON_AddNumberToObject(x, "microbatches", c->mb);
-            if (c->rc >= 0) cJSON_AddStringToObject(x, "recompute", c->rc ? "block" : "none");
-            else cJSON_AddNullToObject(x, "recompute");
-            cJSON_AddStringToObject(x, "reason", c->reason);
-            cJSON_AddItemToArray(rj, x);
-        }
-        char *t = cJSON_Print(root);
-        if (t) printf("%s\n", t);
-        free(t);
-        cJSON_Delete(root);
-    } else {
-        printf("auto-fit: world=%d, mem-per-rank %s, profile %s: %d meshes x microbatch counts; %d layouts (x ZeRO "
-               "stage x recompute) fit, %d rejected (a contract rule rejects a mesh x microbatch count once)\n", W,
-               human(o->mem, h1, sizeof h1), prof->name, n_cand, ok.n, rej.n);
-        if (skipped_ep)
-            printf("(%d meshes with ep > 1 not listed: the model has no E block, so the expert axis would be data "
-                   "parallelism, the same layout as dp*ep)\n", skipped_ep);
-        printf("\nbest by predicted step time:\n  %-3s %-26s %-4s %-4s %-9s %12s %10s %12s %6s  %s\n", "#", "mesh", "zero",
-               "mb", "recompute", "max/rank", "step s", "tokens/s", "MFU", "compute/tp/ep/pp/dp-exposed/bubble s");
-        for (int i = 0; i < ok.n && i < o->top; i++) {
-            const struct cand *c = &ok.v[i];
-            char m[96];
-            mesh_str(&c->d, m, sizeof m);
-            printf("  %-3d %-26s %-4d %-4d %-9s %12s %10.4g %12.4g %5.1f%%  %.3g/%.3g/%.3g/%.3g/%.3g/%.3g\n", i + 1, m,
-                   c->zero, c->mb, c->rc ? "block" : "none", human((double)c->mem, h1, sizeof h1), c->step_s, c->tps,
-                   100 * c->mfu, c->cost.compute_s, c->cost.tp_s, c->cost.ep_s, c->cost.pp_s, c->cost.dp_exposed_s,
-                   c->cost.bubble_s);
-        }
-        if (rej.n) {
-            printf("\nrejected, by rule or bucket (count, rule, one example):\n");
-            char *seen = calloc((size_t)rej.n, 1);
-            for (int i = 0; seen && i < rej.n; i++) {
-                if (seen[i]) continue;
-                char ri[320], rj2[320];
-                reason_rule(rej.v[i].reason, ri, sizeof ri);
-                int cnt = 0;
-                for (int j = i; j < rej.n; j++) {
-                    reason_rule(rej.v[j].reason, rj2, sizeof rj2);
-                    if (!strcmp(ri, rj2)) { seen[j] = 1; cnt++; }
-                }
-                cand_label(&rej.v[i], lab, sizeof lab);
-                printf("  %5d  %s\n         e.g. %s: %s\n", cnt, ri, lab, rej.v[i].reason);
-            }
-            free(seen);
-            if (o->verbose) {
-                printf("\nevery rejected candidate:\n");
-                for (int i = 0; i < rej.n; i++) {
-                    cand_label(&rej.v[i], lab, sizeof lab);
-                    printf("  %s: %s\n", lab, rej.v[i].reason);
-                }
-            }
-        }
-    }
-    /* the best one, planned in full (for --verify) */
     int rcode = 0;
-    if (chosen_out) {
-        const struct cand *b = &ok.v[0];
-        struct mt_config c = *cfg;
-        c.microbatches = b->mb;
-        snprintf(c.recompute, sizeof c.recompute, "%s", b->rc ? "block" : "none");
-        struct mt_plan_setup su;
-        memset(&su, 0, sizeof su);
-        su.dims = b->d;
-        su.zero_stage = b->zero;
-        su.steps = o->steps;
-        setup_runtime(&su, o);
-        if (mt_plan_pipeline_cut(ctx, &c, b->d.pp, NULL, su.first_layer) != MT_OK ||
-            mt_plan_create(ctx, &c, &su, 0, chosen_out) != MT_OK) {
-            fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(ctx));
-            rcode = 1;
+    char h1[32], h2[32], lab[256];
+    if (fo.find_max >= 0) {
+        rcode = print_find_max(o, &fit);
+    } else if (fit.n_ok == 0) {
+        if (fit.smallest) {
+            cand_label(&fit.smallest_c, lab, sizeof lab);
+            fprintf(stderr, "meshtrain plan: --mem-per-rank %s is too small for any layout: the smallest need is %s per "
+                            "rank (%s)\n", human(o->mem, h1, sizeof h1), human((double)fit.smallest, h2, sizeof h2), lab);
+        } else {
+            fprintf(stderr, "meshtrain plan: no mesh of world=%d satisfies the startup contract (e.g. %s)\n", o->world,
+                    fit.n_rej ? fit.rej[0].reason : "none");
+        }
+        rcode = 2;
+    } else {
+        if (o->json) print_auto_json(o, prof, &fit);
+        else print_auto_text(o, prof, &fit);
+        if (chosen_out) {
+            /* the best one, planned in full (for --verify) */
+            if (mt_plan_fit_plan(ctx, cfg, &fit.ok[0], &fo, chosen_out) != MT_OK) {
+                fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(ctx));
+                rcode = 1;
+            }
         }
     }
-    free(meshes);
-    free(ok.v);
-    free(rej.v);
+    mt_plan_fit_free(ctx, &fit);
     return rcode;
-oom:
-    fprintf(stderr, "meshtrain plan: out of memory\n");
-    free(meshes);
-    free(ok.v);
-    free(rej.v);
-    return 1;
 }
 
 /* ------------------------------------------------------------------ */
@@ -948,9 +697,10 @@ int mt_cmd_plan(int argc, char **argv)
             o.zero = v[0] - '0';
             o.zero_given = 1;
         } else if (!strcmp(a, "--mem-per-rank")) {
-            if (parse_size(v, &o.mem)) {
-                fprintf(stderr, "meshtrain plan: --mem-per-rank '%s': expected a size such as 85899345920, 8e10, "
-                                "80GiB, 80G or 80GB\n", v);
+            char why[200];
+            if (mt_size_parse(v, &o.mem, why, sizeof why) || o.mem < 1) {
+                fprintf(stderr, "meshtrain plan: --mem-per-rank '%s': %s\n", v,
+                        why[0] ? why : "expected a size of at least 1 byte");
                 return 2;
             }
         } else if (!strcmp(a, "--find-max")) {
@@ -1053,7 +803,7 @@ int mt_cmd_plan(int argc, char **argv)
     su.zero_stage = o.zero;
     su.steps = o.steps;
     setup_runtime(&su, &o);
-    if (mt_plan_pipeline_cut(&ctx, &cfg, dims.pp, o.pp_layers, su.first_layer) != MT_OK) {
+    if (mt_layout_pipeline_cut(&ctx, &cfg, dims.pp, o.pp_layers, su.first_layer) != MT_OK) {
         fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(&ctx));
         return 2;
     }
@@ -1064,17 +814,13 @@ int mt_cmd_plan(int argc, char **argv)
     char h1[32], h2[32];
     if (o.find_max) {
         int what = strcmp(o.find_max, "seq_len") == 0 ? 0 : 1;
-        struct mt_plan_choice base;
-        mt_plan_get_choice(plan, &base);
-        struct fm_ctx f = {&ctx, plan, &cfg, base, &dims, o.world, what, o.mem, 0};
-        long unit, hi;
-        fm_range(&cfg, &dims, what, cfg.microbatches, &unit, &hi);
-        long v = find_max_value(&f, unit, hi);
+        long unit;
+        size_t need;
+        long v = mt_plan_fit_find_max(&ctx, plan, &cfg, &dims, o.world, what, o.mem, &unit, &need);
         if (v == 0) {
-            (void)fm_fits(&f, unit);
             fprintf(stderr, "meshtrain plan: --mem-per-rank %s is too small for this layout at any %s: the smallest "
                             "need is %s per rank (%s=%ld)\n", human(o.mem, h1, sizeof h1), o.find_max,
-                    human((double)f.need, h2, sizeof h2), o.find_max, unit);
+                    human((double)need, h2, sizeof h2), o.find_max, unit);
             mt_plan_destroy(&ctx, plan);
             return 2;
         }

@@ -28,6 +28,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "cmd.h"
+#include "core/mt_fileio.h"
 #include "tok/mt_tok.h"
 #include "train/mt_data.h"
 
@@ -51,37 +52,6 @@ static void usage(FILE *f)
             "--val-frac 0.01. Writes DIR/train_000000.bin..., DIR/val_000000.bin,\n"
             "DIR/tokenizer.bin and DIR/meta.json.\n",
             MT_TOK_DEFAULT_CORPUS, (unsigned long long)MT_TOK_DEFAULT_MAX_BYTES);
-}
-
-static long long parse_size(const char *s)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || errno || v < 0) return -1;
-    double mul = 1;
-    if (*end == 'k' || *end == 'K') { mul = 1e3; end++; }
-    else if (*end == 'm' || *end == 'M') { mul = 1e6; end++; }
-    else if (*end == 'g' || *end == 'G') { mul = 1e9; end++; }
-    if (*end) return -1;
-    v *= mul;
-    if (v > 9e18) return -1;
-    return (long long)v;
-}
-
-static int mkdir_p(const char *path)
-{
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) return -1;
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
-        *p = '/';
-    }
-    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
-    struct stat st;
-    return (stat(tmp, &st) == 0 && S_ISDIR(st.st_mode)) ? 0 : -1;
 }
 
 /* One output stream (train or val): a token buffer flushed into shards. */
@@ -203,7 +173,8 @@ int mt_cmd_prepare(int argc, char **argv)
         } else if (!strcmp(a, "--out") && i + 1 < argc) {
             out = argv[++i];
         } else if (!strcmp(a, "--shard-tokens") && i + 1 < argc) {
-            shard_tokens = parse_size(argv[++i]);
+            shard_tokens = mt_cmd_size_arg("prepare", argv[++i]);
+            if (shard_tokens < 0) return 2;   /* mt_cmd_size_arg said why */
             if (shard_tokens < 1 || shard_tokens > 2147483647LL)
                 return usage_error("--shard-tokens must be in [1, 2147483647], got", argv[i]);
         } else if (!strcmp(a, "--val-frac") && i + 1 < argc) {
@@ -212,8 +183,8 @@ int mt_cmd_prepare(int argc, char **argv)
             if (*end || end == argv[i] || !(val_frac >= 0 && val_frac <= 0.5))
                 return usage_error("--val-frac must be in [0, 0.5], got", argv[i]);
         } else if (!strcmp(a, "--max-bytes") && i + 1 < argc) {
-            max_bytes = parse_size(argv[++i]);
-            if (max_bytes < 0) return usage_error("bad --max-bytes", argv[i]);
+            max_bytes = mt_cmd_size_arg("prepare", argv[++i]);
+            if (max_bytes < 0) return 2;   /* mt_cmd_size_arg said why */
         } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 0;
@@ -244,7 +215,7 @@ int mt_cmd_prepare(int argc, char **argv)
     /* every input is checked before anything is written */
     MT_CHECK_GOTO(mt_tok_load(&ctx, tok_path, &tok), rc, done);
     MT_CHECK_GOTO(mt_tok_corpus_gather(&ctx, inputs, n_inputs, (uint64_t)max_bytes, &corpus), rc, done);
-    if (mkdir_p(out) != 0) {
+    if (mt_file_mkdir_p(out) != 0) {
         rc = mt_ctx_error(&ctx, MT_ERR_IO, "cannot create output directory %s: %s", out, strerror(errno));
         goto done;
     }

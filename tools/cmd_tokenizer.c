@@ -50,23 +50,6 @@ static void usage(FILE *f)
             (unsigned long long)MT_TOK_DEFAULT_MAX_BYTES);
 }
 
-/* "123", "20M", "1.5G" (decimal multipliers) -> bytes; -1 if malformed. */
-static long long parse_size(const char *s)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || errno || v < 0) return -1;
-    double mul = 1;
-    if (*end == 'k' || *end == 'K') { mul = 1e3; end++; }
-    else if (*end == 'm' || *end == 'M') { mul = 1e6; end++; }
-    else if (*end == 'g' || *end == 'G') { mul = 1e9; end++; }
-    if (*end) return -1;
-    v *= mul;
-    if (v > 9e18) return -1;
-    return (long long)v;
-}
-
 static enum mt_status read_all(struct mt_ctx *ctx, const char *path, uint8_t **buf, size_t *len)
 {
     FILE *f = path ? fopen(path, "rb") : stdin;
@@ -147,8 +130,8 @@ static int cmd_train(int argc, char **argv)
         } else if (!strcmp(a, "--out") && i + 1 < argc) {
             out = argv[++i];
         } else if (!strcmp(a, "--max-bytes") && i + 1 < argc) {
-            max_bytes = parse_size(argv[++i]);
-            if (max_bytes < 0) return usage_error("bad --max-bytes", argv[i]);
+            max_bytes = mt_cmd_size_arg("tokenizer", argv[++i]);
+            if (max_bytes < 0) return 2;   /* mt_cmd_size_arg said why */
         } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 0;

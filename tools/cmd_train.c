@@ -6,7 +6,6 @@
  */
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
-#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +15,8 @@
 #include "cmd.h"
 #include "core/mt_config.h"
 #include "core/mt_core.h"
+#include "core/mt_fileio.h"
+#include "core/mt_knobs.h"
 #include "dist/mt_comm.h"
 #include "train/mt_ckpt.h"
 #include "train/mt_export.h"
@@ -44,14 +45,20 @@ static void train_usage(FILE *f)
             "  --backend cpu|cuda   compute backend (= --set backend=...; cuda needs a CUDA build and a GPU,\n"
             "                       GEMM precision from MT_CUDA_PRECISION=fp32|bf16)  default: cpu\n"
             "  --peak-flops F       peak FLOP/s for MFU    default: measure the sgemm roof at startup\n"
+            "  --knob NAME=VALUE    set a runtime tunable (repeatable; echoed in the receipt's \"knobs\")\n"
             "  --quiet              no progress output\n\n"
-            "config keys (--config / --set):\n");
+            "knobs (--knob; each also read from its environment alias; TEST HOOKs are for the test suite):\n");
+    char kh[2048];
+    mt_knobs_help(kh, sizeof kh);
+    fputs(kh, f);
+    fprintf(f, "\nconfig keys (--config / --set):\n");
     mt_config_print_help(f);
     fprintf(f, "\nexit codes: 0 ok, 2 bad input or config, 1 runtime failure\n");
 }
 
 static int train_main(int argc, char **argv, int world, int rank);
-static int train_args(struct mt_ctx *ctx, struct mt_config *cfg, struct mt_train_opts *opts, int argc, char **argv);
+static int train_args(struct mt_ctx *ctx, struct mt_knobs *knobs, struct mt_config *cfg, struct mt_train_opts *opts,
+                      int argc, char **argv);
 static int train_run(struct mt_ctx *ctx, struct mt_config *cfg, struct mt_train_opts *opts, int world);
 
 /* This rank refused its arguments with status st (message printed). Under
@@ -83,7 +90,7 @@ static int train_option_takes_value(const char *a)
 {
     static const char *const opts[] = {"--config", "--set",   "--backend",   "--data",  "--val-data",
                                         "--out",    "--resume", "--init-from", "--mesh",  "--pp-layers",
-                                        "--steps",  "--zero",   "--peak-flops"};
+                                        "--steps",  "--zero",   "--peak-flops", "--knob"};
     for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++)
         if (!strcmp(a, opts[k])) return 1;
     return 0;
@@ -122,12 +129,6 @@ static int has_file(const char *dir, const char *name)
     char p[4200];
     snprintf(p, sizeof p, "%s/%s", dir, name);
     return access(p, F_OK) == 0;
-}
-
-static int rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb; (void)flag; (void)ftw;
-    return remove(path);
 }
 
 /* Keys that set a tensor's shape: init-from may change any other key. */
@@ -180,6 +181,9 @@ static int train_main(int argc, char **argv, int world, int rank)
     struct mt_ctx ctx;
     mt_ctx_init(&ctx);
     ctx.rank = rank;
+    struct mt_knobs knobs;   /* the tunables: defaults, env aliases, then --knob */
+    mt_knobs_init(&knobs);
+    ctx.knobs = &knobs;
     struct mt_config cfg;
     mt_config_defaults(&cfg);
     struct mt_train_opts opts;
@@ -228,12 +232,12 @@ static int train_main(int argc, char **argv, int world, int rank)
         if (st == MT_OK) st = mt_ckpt_read_meta(&ctx, base_dir, &cfg, NULL);
         if (st != MT_OK) {
             fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(&ctx));
-            if (hf_tmp[0]) nftw(hf_tmp, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+            if (hf_tmp[0]) mt_file_rm_rf(hf_tmp);
             return refuse_args(world, st);
         }
         saved = cfg;
     }
-    int code = train_args(&ctx, &cfg, &opts, argc, argv);
+    int code = train_args(&ctx, &knobs, &cfg, &opts, argc, argv);
     if (code < 0 && (resume_arg || init_arg)) {
         const char *src = hf_tmp[0] ? init_arg : base_dir;
         /* the schedule: a fine-tune from --init-from is a new run (total_steps =
@@ -253,12 +257,13 @@ static int train_main(int argc, char **argv, int world, int rank)
     }
     if (code < 0) code = train_run(&ctx, &cfg, &opts, world);
     else if (code > 0) code = refuse_args(world, code == 2 ? MT_ERR_INVALID_ARG : MT_ERR_RUNTIME);
-    if (hf_tmp[0]) nftw(hf_tmp, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    if (hf_tmp[0]) mt_file_rm_rf(hf_tmp);
     return code;
 }
 
 /* Parse --config and the flags into cfg / opts: -1 to go on, else the exit code. */
-static int train_args(struct mt_ctx *ctx, struct mt_config *cfg, struct mt_train_opts *opts, int argc, char **argv)
+static int train_args(struct mt_ctx *ctx, struct mt_knobs *knobs, struct mt_config *cfg, struct mt_train_opts *opts,
+                      int argc, char **argv)
 {
     /* --config first, whatever its position, so --set always overrides it */
     for (int i = 1; i < argc; i++) {
@@ -294,6 +299,12 @@ static int train_args(struct mt_ctx *ctx, struct mt_config *cfg, struct mt_train
             }
             snprintf(kv, sizeof kv, "backend=%s", v);
             if (mt_config_set(ctx, cfg, kv) != MT_OK) {
+                fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(ctx));
+                return 2;
+            }
+        }
+        else if (!strcmp(a, "--knob")) {
+            if (mt_knobs_set(ctx, knobs, v) != MT_OK) {
                 fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(ctx));
                 return 2;
             }

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "cmd.h"
+#include "core/mt_core.h"
 #include "ops/mt_ops.h"
 
 struct subcommand {
@@ -43,4 +44,15 @@ int main(int argc, char **argv)
             return subcommands[i].fn(argc - 1, argv + 1);
     fprintf(stderr, "meshtrain: unknown command '%s' (see meshtrain --help)\n", argv[1]);
     return 2;
+}
+
+long long mt_cmd_size_arg(const char *tool, const char *s)
+{
+    double v;
+    char why[200];
+    if (mt_size_parse(s, &v, why, sizeof why) || v > 9e18) {
+        fprintf(stderr, "meshtrain %s: %s\n", tool, why[0] ? why : "size too large");
+        return -1;
+    }
+    return (long long)v;
 }

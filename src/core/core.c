@@ -8,6 +8,8 @@
 #define _GNU_SOURCE
 #include "mt_core.h"
 
+#include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -154,4 +156,42 @@ double mt_time_sec(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int mt_size_parse(const char *s, double *out, char *why, size_t why_n)
+{
+    static const struct { const char *u; double m; } units[] = {
+        {"", 1}, {"B", 1},
+        {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
+        {"PiB", 1125899906842624.0},
+        {"kB", 1e3}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"PB", 1e15}};
+    char tmp[2];
+    if (!why) { why = tmp; why_n = sizeof tmp; }
+    why[0] = 0;
+    char *end = NULL;
+    if (!s || !*s || *s == '-' || *s == '+') {
+        snprintf(why, why_n, "expected a size such as 85899345920, 8e10, 80GiB or 80GB");
+        return -1;
+    }
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || errno || !isfinite(v) || v < 0) {
+        snprintf(why, why_n, "expected a size such as 85899345920, 8e10, 80GiB or 80GB");
+        return -1;
+    }
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (!strcmp(end, units[i].u)) {
+            *out = v * units[i].m;
+            return 0;
+        }
+    if (strlen(end) == 1 && strchr("kKmMgGtTpP", end[0])) {
+        char up = (char)(end[0] == 'k' ? 'K' : end[0] >= 'a' ? end[0] - 32 : end[0]);
+        snprintf(why, why_n, "'%s' is ambiguous: write %.*s%ciB (2^%d bytes) or %.*s%cB (10^%d bytes)", s,
+                 (int)(end - s), s, up, 10 * (int)(strchr("KMGTP", up) - "KMGTP" + 1), (int)(end - s), s, up,
+                 3 * (int)(strchr("KMGTP", up) - "KMGTP" + 1));
+        return -1;
+    }
+    snprintf(why, why_n, "unknown unit '%s': expected B, KiB, MiB, GiB, TiB (binary) or kB, MB, GB, TB (decimal)",
+             end);
+    return -1;
 }

@@ -58,6 +58,7 @@ enum mt_bucket {
 };
 const char *mt_bucket_name(enum mt_bucket b); /* "params", "grads", "optim", "acts", "comm", "workspace", "other" */
 
+struct mt_knobs;
 struct mt_ctx {
     enum mt_status last_status;
     char           errmsg[512];
@@ -69,6 +70,8 @@ struct mt_ctx {
     long fail_after;
     long n_allocs;
     int  rank;        /* for messages; 0 on one rank */
+    /* the tunables in force (mt_knobs.h); NULL: env aliases and defaults */
+    const struct mt_knobs *knobs;
 };
 
 void mt_ctx_init(struct mt_ctx *ctx);
@@ -91,6 +94,15 @@ void  mt_free(struct mt_ctx *ctx, void *p);
 size_t mt_peak_rss_bytes(void);
 /* Monotonic wall clock in seconds. */
 double mt_time_sec(void);
+
+/* A byte size from the command line or a config: a plain number
+ * ("85899345920", "8e10") or a number with a unit, binary (KiB MiB GiB TiB
+ * PiB: powers of 2^10) or decimal (kB KB MB GB TB PB: powers of 10^3); "B"
+ * is one byte. A bare K/M/G/T/P is refused, because tools disagreed on it:
+ * `why` then says which unit to write ("80G is ambiguous: write 80GiB
+ * (2^30 bytes) or 80GB (10^9 bytes)"). Returns 0 and the size (>= 0) in
+ * *out, or -1 with the reason in why (why may be NULL). */
+int mt_size_parse(const char *s, double *out, char *why, size_t why_n);
 
 /* Propagate a failing status upward (NCCL's NCCLCHECK). */
 #define MT_CHECK(call)                                   \

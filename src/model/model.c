@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/mt_knobs.h"
 #include "../core/mt_rng.h"
 
 /* ------------------------------------------------------------------ */
@@ -638,10 +639,9 @@ enum mt_status mt_model_create_par(struct mt_ctx *ctx, const struct mt_ops_i *op
     m->no_alloc = (flags & MT_MODEL_NO_ALLOC) != 0;
     MT_CHECK_GOTO(check_par(ctx, m), rc, fail);
     m->external_params = (flags & (MT_MODEL_EXTERNAL_PARAMS | MT_MODEL_NO_ALLOC)) != 0;
-    /* test-only: MT_TEST_FORCE_ROUTING=1 sends every token to experts 0..top_k-1
-     * (so that some expert ranks receive no token at all) */
-    const char *fr = getenv("MT_TEST_FORCE_ROUTING");
-    m->force_route = fr && atoi(fr) == 1;
+    /* test hook (knob test_force_routing, env MT_TEST_FORCE_ROUTING): 1 sends every
+     * token to experts 0..top_k-1 (so that some expert ranks receive no token at all) */
+    m->force_route = mt_knob_int(ctx, MT_KNOB_TEST_FORCE_ROUTING) == 1;
 
     struct param_sink s = { NULL, 0, 0 };
     build_params(m, sink_param, &s);
@@ -1079,51 +1079,18 @@ double mt_model_stage_flops(const struct mt_config *cfg, int layer0, int layer1)
     return f;
 }
 
-/*
- * Contiguous split minimising the largest stage cost: dynamic programming
- * over (layers done, stages used), O(pp L^2), exact. Among equal splits the
- * earliest cut wins (fewer layers on earlier stages, which keep more
- * microbatches in flight under 1F1B).
- */
-enum mt_status mt_model_pipeline_split(struct mt_ctx *ctx, const struct mt_config *cfg, int pp, int *first)
+double mt_model_layer_flops(const struct mt_config *cfg, int l)
 {
     struct mt_model m;
     memset(&m, 0, sizeof m);
     model_dims(&m, cfg, 1);
-    const int L = m.L;
-    if (pp < 1 || L < pp) return mt_ctx_error(ctx, MT_ERR_CONFIG, "mesh contract: n_layer >= pp (n_layer=%d, pp=%d)", L, pp);
-    const size_t W = (size_t)L + 1;
-    double *pre = mt_alloc(ctx, W * sizeof(double), MT_BUCKET_OTHER);
-    double *best = mt_alloc(ctx, (size_t)(pp + 1) * W * sizeof(double), MT_BUCKET_OTHER);
-    int *cut = mt_alloc(ctx, (size_t)(pp + 1) * W * sizeof(int), MT_BUCKET_OTHER);
-    if (!pre || !best || !cut) {
-        mt_free(ctx, pre);
-        mt_free(ctx, best);
-        mt_free(ctx, cut);
-        return MT_ERR_OOM;
-    }
-    pre[0] = 0;
-    for (int l = 0; l < L; l++) pre[l + 1] = pre[l] + block_flops(&m, l);
-    const double head = 6.0 * (double)m.V * m.D, INF = 1e300;
-    /* best[s][j]: the least max cost placing layers [0, j) on stages [0, s) */
-    for (size_t i = 0; i < (size_t)(pp + 1) * W; i++) { best[i] = INF; cut[i] = -1; }
-    best[0] = 0;
-    for (int s = 1; s <= pp; s++)
-        for (int j = s; j <= L - (pp - s); j++)
-            for (int i = s - 1; i < j; i++) {
-                double prev = best[(size_t)(s - 1) * W + i];
-                if (prev >= INF) continue;
-                double c = pre[j] - pre[i] + (s == pp ? head : 0.0);
-                double v = prev > c ? prev : c;
-                if (v < best[(size_t)s * W + j] * (1 - 1e-12)) { best[(size_t)s * W + j] = v; cut[(size_t)s * W + j] = i; }
-            }
-    first[pp] = L;
-    for (int s = pp, j = L; s >= 1; s--) {
-        first[s - 1] = cut[(size_t)s * W + j];
-        j = first[s - 1];
-    }
-    mt_free(ctx, pre);
-    mt_free(ctx, best);
-    mt_free(ctx, cut);
-    return MT_OK;
+    return block_flops(&m, l);
+}
+
+double mt_model_head_flops(const struct mt_config *cfg)
+{
+    struct mt_model m;
+    memset(&m, 0, sizeof m);
+    model_dims(&m, cfg, 1);
+    return 6.0 * (double)m.V * m.D;
 }

@@ -101,12 +101,12 @@ float *mt_model_stage_dinput(struct mt_model *m);   /* (Nr, D) after a backward 
 int  mt_model_stage_rows(const struct mt_model *m); /* Nr: rows of the tensors stages exchange   */
 void mt_model_set_slot(struct mt_model *m, int k);
 int  mt_model_n_slots(const struct mt_model *m);
-/* Split L layers into pp contiguous stages minimising the largest stage cost
- * (an E block costs its attention + router + top_k experts + shared expert,
- * an A block attention + dense MLP; the head counts on the last stage, the
- * embedding on the first). first[s] = first layer of stage s, first[pp] = L
- * (first has pp+1 slots). MT_ERR_CONFIG when L < pp. */
-enum mt_status mt_model_pipeline_split(struct mt_ctx *ctx, const struct mt_config *cfg, int pp, int *first);
+/* The cost of layer l per token, training FLOPs (an E block: attention +
+ * router + top_k experts + shared expert; an A block: attention + dense MLP),
+ * and of the head (6 V D): what the pipeline cut balances
+ * (mt_layout_pipeline_cut in src/train/layout.c). */
+double mt_model_layer_flops(const struct mt_config *cfg, int l);
+double mt_model_head_flops(const struct mt_config *cfg);
 /* FLOPs per token of stage s given the split (for the receipt). */
 double mt_model_stage_flops(const struct mt_config *cfg, int layer0, int layer1);
 

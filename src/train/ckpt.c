@@ -30,13 +30,13 @@
  */
 #define _GNU_SOURCE
 #include "mt_ckpt.h"
+#include "../core/mt_fileio.h"
 #include "../dist/mt_comm.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
@@ -62,35 +62,6 @@
 
 static int64_t align_up(int64_t x) { return (x + CKPT_ALIGN - 1) / CKPT_ALIGN * CKPT_ALIGN; }
 
-static int pwrite_all(int fd, const void *buf, size_t n, off_t off)
-{
-    const char *p = buf;
-    while (n > 0) {
-        ssize_t w = pwrite(fd, p, n, off);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        p += w; n -= (size_t)w; off += w;
-    }
-    return 0;
-}
-
-static int pread_all(int fd, void *buf, size_t n, off_t off)
-{
-    char *p = buf;
-    while (n > 0) {
-        ssize_t r = pread(fd, p, n, off);
-        if (r < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        if (r == 0) { errno = EIO; return -1; }   /* short file */
-        p += r; n -= (size_t)r; off += r;
-    }
-    return 0;
-}
-
 /*
  * Box I/O. The global tensor (rows, cols) starts at byte `base` of fd; the box
  * is rows [off0, off0+len0) x cols [off1, off1+len1), `buf` (len0, len1):
@@ -104,43 +75,14 @@ static int box_io(int fd, int64_t base, const int64_t shape[2], const int64_t of
     if (len[1] == shape[1]) {
         size_t n = (size_t)len[0] * cols * sizeof(float);
         off_t at = (off_t)(base + (int64_t)((size_t)off[0] * cols * sizeof(float)));
-        return write ? pwrite_all(fd, buf, n, at) : pread_all(fd, buf, n, at);
+        return write ? mt_file_pwrite_all(fd, buf, n, at) : mt_file_pread_all(fd, buf, n, at);
     }
     size_t rn = (size_t)len[1] * sizeof(float);
     for (int64_t i = 0; i < len[0]; i++) {
         off_t at = (off_t)(base + (int64_t)((((size_t)(off[0] + i)) * cols + (size_t)off[1]) * sizeof(float)));
         float *row = buf + (size_t)i * (size_t)len[1];
-        if ((write ? pwrite_all(fd, row, rn, at) : pread_all(fd, row, rn, at)) != 0) return -1;
+        if ((write ? mt_file_pwrite_all(fd, row, rn, at) : mt_file_pread_all(fd, row, rn, at)) != 0) return -1;
     }
-    return 0;
-}
-
-static int rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb; (void)flag; (void)ftw;
-    return remove(path);
-}
-
-/* rm -rf; a missing path is fine. */
-static int rm_rf(const char *path)
-{
-    struct stat st;
-    if (lstat(path, &st) != 0) return errno == ENOENT ? 0 : -1;
-    return nftw(path, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-/* mkdir -p of `path` itself. */
-static int mkdir_p(const char *path)
-{
-    char tmp[PATH_MAX];
-    if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) { errno = ENAMETOOLONG; return -1; }
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
-        *p = '/';
-    }
-    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
     return 0;
 }
 
@@ -202,43 +144,6 @@ static enum mt_status file_hash(struct mt_ctx *ctx, const char *path, uint64_t *
 }
 
 #define CKPT_MANIFEST_MAX (16 << 20)   /* a manifest is a few KB per hundred tensors */
-
-/* A whole regular file as a NUL-terminated string. A directory, a device or
- * an absurd size is refused by name (MT_ERR_FORMAT) before any allocation;
- * a missing file is MT_ERR_IO. */
-static enum mt_status read_text(struct mt_ctx *ctx, const char *path, char **out)
-{
-    *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return mt_ctx_error(ctx, MT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        close(fd);
-        return mt_ctx_error(ctx, MT_ERR_FORMAT, "%s is not a regular file", path);
-    }
-    if (sb.st_size > CKPT_MANIFEST_MAX) {
-        close(fd);
-        return mt_ctx_error(ctx, MT_ERR_FORMAT, "%s has %lld bytes (a manifest is at most %d)", path,
-                            (long long)sb.st_size, CKPT_MANIFEST_MAX);
-    }
-    size_t n = (size_t)sb.st_size;
-    char *s = mt_alloc(ctx, n + 1, MT_BUCKET_OTHER);
-    if (!s) { close(fd); return MT_ERR_OOM; }
-    if (pread_all(fd, s, n, 0) != 0) {
-        int err = errno;
-        close(fd);
-        mt_free(ctx, s);
-        return mt_ctx_error(ctx, MT_ERR_IO, "cannot read %s: %s", path, strerror(err));
-    }
-    close(fd);
-    s[n] = 0;
-    if (strlen(s) != n) {
-        mt_free(ctx, s);
-        return mt_ctx_error(ctx, MT_ERR_FORMAT, "%s holds a NUL byte", path);
-    }
-    *out = s;
-    return MT_OK;
-}
 
 /* ------------------------------------------------------------------ */
 /* manifest                                                           */
@@ -327,6 +232,9 @@ static int is_run_id(const char *s) { return !*s || is_hex16(s); }
  * MT_ERR_IO if the manifest cannot be opened, else MT_ERR_FORMAT naming the
  * field.
  */
+/* Long on purpose (~180 lines): one straight pass over the manifest, each
+ * field checked where it is read with its own message; split, the checks
+ * would lose the order the format documents. */
 static enum mt_status manifest_read(struct mt_ctx *ctx, const char *dir, struct manifest *mf)
 {
     memset(mf, 0, sizeof *mf);
@@ -334,7 +242,7 @@ static enum mt_status manifest_read(struct mt_ctx *ctx, const char *dir, struct 
     if (snprintf(path, sizeof path, "%s/manifest.json", dir) >= (int)sizeof path)
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "path too long: %s", dir);
     char *text;
-    enum mt_status rc = read_text(ctx, path, &text);
+    enum mt_status rc = mt_file_read_text(ctx, path, CKPT_MANIFEST_MAX, &text);
     if (rc == MT_ERR_IO) return mt_ctx_error(ctx, MT_ERR_IO, "no checkpoint at %s (cannot read manifest.json)", dir);
     if (rc != MT_OK) return rc;
     mf->root = cJSON_Parse(text);
@@ -723,8 +631,8 @@ static enum mt_status manifest_build(struct mt_ctx *ctx, const struct mt_config 
 static enum mt_status create_files(struct mt_ctx *ctx, const char *par, const char *tmp, const int64_t total[CKPT_N_BIN],
                                    const int used[CKPT_N_BIN])
 {
-    if (mkdir_p(par) != 0) return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot create %s: %s", par, strerror(errno));
-    if (rm_rf(tmp) != 0) return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot remove stale %s: %s", tmp, strerror(errno));
+    if (mt_file_mkdir_p(par) != 0) return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot create %s: %s", par, strerror(errno));
+    if (mt_file_rm_rf(tmp) != 0) return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot remove stale %s: %s", tmp, strerror(errno));
     if (mkdir(tmp, 0755) != 0) return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot create %s: %s", tmp, strerror(errno));
     for (int k = 0; k < CKPT_N_BIN; k++) {
         if (!used[k]) continue;
@@ -812,35 +720,6 @@ static enum mt_status add_file(struct mt_ctx *ctx, cJSON *files, const char *dir
 
 /* Copy `src` to `dst` and fsync it; every read and write checked (a short
  * copy must never be committed). MT_ERR_RUNTIME on any failure. */
-static enum mt_status copy_checked(struct mt_ctx *ctx, const char *src, const char *dst)
-{
-    int in = open(src, O_RDONLY | O_CLOEXEC);
-    if (in < 0) return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot open %s: %s", src, strerror(errno));
-    int out = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (out < 0) {
-        int err = errno;
-        close(in);
-        return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot create %s: %s", dst, strerror(err));
-    }
-    char buf[1 << 16];
-    off_t at = 0;
-    enum mt_status rc = MT_OK;
-    for (;;) {
-        ssize_t r = read(in, buf, sizeof buf);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) { rc = mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot read %s: %s", src, strerror(errno)); break; }
-        if (r == 0) break;
-        if (pwrite_all(out, buf, (size_t)r, at) != 0) {
-            rc = mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot write %s: %s", dst, strerror(errno));
-            break;
-        }
-        at += r;
-    }
-    if (rc == MT_OK && fsync(out) != 0) rc = mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot write %s: %s", dst, strerror(errno));
-    if (close(out) != 0 && rc == MT_OK) rc = mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot write %s: %s", dst, strerror(errno));
-    close(in);
-    return rc;
-}
 
 /* Write `text` to dir/name atomically: dir/name.tmp, fsync, rename, fsync
  * dir. The .tmp is removed on failure. MT_ERR_RUNTIME on failure. */
@@ -851,7 +730,7 @@ static enum mt_status write_atomic(struct mt_ctx *ctx, const char *dir, const ch
         return mt_ctx_error(ctx, MT_ERR_RUNTIME, "path too long: %s/%s", dir, name);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0 || pwrite_all(fd, text, strlen(text), 0) != 0 || fsync(fd) != 0 || close(fd) != 0 || (fd = -1, 0) ||
+    if (fd < 0 || mt_file_pwrite_all(fd, text, strlen(text), 0) != 0 || fsync(fd) != 0 || close(fd) != 0 || (fd = -1, 0) ||
         rename(tmp, path) != 0) {
         int err = errno;
         if (fd >= 0) close(fd);
@@ -879,7 +758,7 @@ static enum mt_status commit(struct mt_ctx *ctx, cJSON *root, const char *dir, c
         char dst[PATH_MAX];
         if (join_path(dst, sizeof dst, tmp, CKPT_TOKENIZER) != 0)
             return mt_ctx_error(ctx, MT_ERR_RUNTIME, "path too long: %s", tmp);
-        MT_CHECK(copy_checked(ctx, meta->tokenizer, dst));
+        MT_CHECK(mt_file_copy(ctx, meta->tokenizer, dst));
         MT_CHECK(add_file(ctx, files, tmp, CKPT_TOKENIZER));
     }
     char hex[17];
@@ -889,7 +768,7 @@ static enum mt_status commit(struct mt_ctx *ctx, cJSON *root, const char *dir, c
     if (!text) return mt_ctx_error(ctx, MT_ERR_OOM, "checkpoint: cannot print manifest");
     char path[PATH_MAX];
     int fd = join_path(path, sizeof path, tmp, "manifest.json") == 0 ? open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644) : -1;
-    if (fd < 0 || pwrite_all(fd, text, strlen(text), 0) != 0 || fsync(fd) != 0) {
+    if (fd < 0 || mt_file_pwrite_all(fd, text, strlen(text), 0) != 0 || fsync(fd) != 0) {
         int err = errno;
         if (fd >= 0) close(fd);
         free(text);
@@ -902,9 +781,9 @@ static enum mt_status commit(struct mt_ctx *ctx, cJSON *root, const char *dir, c
     struct stat sb;
     if (stat(dir, &sb) == 0) {
         if (renameat2(AT_FDCWD, tmp, AT_FDCWD, dir, RENAME_EXCHANGE) == 0) {
-            rm_rf(tmp);   /* now holds the previous checkpoint */
+            mt_file_rm_rf(tmp);   /* now holds the previous checkpoint */
         } else {
-            rm_rf(old);
+            mt_file_rm_rf(old);
             if (rename(dir, old) != 0)
                 return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot move %s aside: %s", dir, strerror(errno));
             if (rename(tmp, dir) != 0) {
@@ -912,7 +791,7 @@ static enum mt_status commit(struct mt_ctx *ctx, cJSON *root, const char *dir, c
                 rename(old, dir);   /* put the previous checkpoint back */
                 return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot move %s into place: %s", tmp, strerror(err));
             }
-            rm_rf(old);
+            mt_file_rm_rf(old);
         }
     } else if (rename(tmp, dir) != 0) {
         return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot rename %s to %s: %s", tmp, dir, strerror(errno));
@@ -1023,7 +902,7 @@ enum mt_status mt_ckpt_save_group(struct mt_ctx *ctx, const struct mt_ops_i *ops
     goto done;
 
 fail_tmp:
-    if (rank == 0) rm_rf(tmp);   /* never DIR: it is replaced only by a complete swap */
+    if (rank == 0) mt_file_rm_rf(tmp);   /* never DIR: it is replaced only by a complete swap */
     if (!broken) {
         /* one more meeting, so that no rank returns (and maybe brings the job
          * down, e.g. MPI_Abort) before rank 0 has removed DIR.tmp */
@@ -1344,7 +1223,7 @@ enum mt_status mt_ckpt_resolve(struct mt_ctx *ctx, const char *dir_or_out, char 
     int have_latest = 0;
     snprintf(p, sizeof p, "%s/latest", ck);
     char *text = NULL;
-    enum mt_status rc = read_text(ctx, p, &text);
+    enum mt_status rc = mt_file_read_text(ctx, p, CKPT_MANIFEST_MAX, &text);
     if (rc == MT_OK) {
         char name[64] = "", rid[64] = "";
         int ok = sscanf(text, "%63s %63s", name, rid) == 2 && step_of(name) >= 0 && is_hex16(rid);
@@ -1454,7 +1333,7 @@ enum mt_status mt_ckpt_remove(struct mt_ctx *ctx, const char *dir, const char *r
     if (strcmp(m.run_id, run_id))
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "not removing %s: it belongs to run %s, not %s", dir,
                             m.run_id[0] ? m.run_id : "(none)", run_id);
-    if (rm_rf(dir) != 0) return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot remove %s: %s", dir, strerror(errno));
+    if (mt_file_rm_rf(dir) != 0) return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot remove %s: %s", dir, strerror(errno));
     char par[PATH_MAX];
     parent_of(dir, par, sizeof par);
     fsync_path(par);
@@ -1467,7 +1346,7 @@ enum mt_status mt_ckpt_lock(struct mt_ctx *ctx, const char *out_dir, int *fd)
     char path[PATH_MAX];
     if (!out_dir || !*out_dir || join_path(path, sizeof path, out_dir, ".lock") != 0)
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "bad output directory");
-    if (mkdir_p(out_dir) != 0) {
+    if (mt_file_mkdir_p(out_dir) != 0) {
         int err = errno;
         return mt_ctx_error(ctx, err == ENOSPC || err == EDQUOT || err == EIO ? MT_ERR_RUNTIME : MT_ERR_IO,
                             "cannot create output directory %s: %s", out_dir, strerror(err));
@@ -1493,7 +1372,7 @@ enum mt_status mt_ckpt_lock(struct mt_ctx *ctx, const char *out_dir, int *fd)
     }
     char pid[32];
     snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
-    if (ftruncate(f, 0) != 0 || pwrite_all(f, pid, strlen(pid), 0) != 0) { /* informational only */ }
+    if (ftruncate(f, 0) != 0 || mt_file_pwrite_all(f, pid, strlen(pid), 0) != 0) { /* informational only */ }
     *fd = f;
     return MT_OK;
 }

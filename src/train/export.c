@@ -14,7 +14,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -24,10 +23,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../core/mt_fileio.h"
 #include "../core/mt_param.h"
 #include "mt_ckpt.h"
 #include "../tok/mt_tok.h"
 
+#define EXPORT_TEXT_MAX (64u << 20)  /* config.json and friends: a few KB; refuse absurd files */
 #define ST_MAX_HEADER (100u << 20)   /* same cap as the reference implementation */
 
 /* ------------------------------------------------------------------ */
@@ -48,42 +49,6 @@ static void warnf(char *warn, size_t warn_len, const char *fmt, ...)
     if (w >= 0 && l + 1 < warn_len) { warn[l] = '\n'; warn[l + 1] = 0; }
 }
 
-static int pwrite_all(int fd, const void *buf, size_t n, off_t off)
-{
-    const char *p = buf;
-    while (n > 0) {
-        ssize_t w = pwrite(fd, p, n, off);
-        if (w < 0) { if (errno == EINTR) continue; return -1; }
-        p += w; n -= (size_t)w; off += w;
-    }
-    return 0;
-}
-
-static int pread_all(int fd, void *buf, size_t n, off_t off)
-{
-    char *p = buf;
-    while (n > 0) {
-        ssize_t r = pread(fd, p, n, off);
-        if (r < 0) { if (errno == EINTR) continue; return -1; }
-        if (r == 0) { errno = EIO; return -1; }
-        p += r; n -= (size_t)r; off += r;
-    }
-    return 0;
-}
-
-static int rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb; (void)flag; (void)ftw;
-    return remove(path);
-}
-
-static int rm_rf(const char *path)
-{
-    struct stat st;
-    if (lstat(path, &st) != 0) return errno == ENOENT ? 0 : -1;
-    return nftw(path, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
-}
-
 static int dir_is_empty(const char *path)
 {
     DIR *d = opendir(path);
@@ -102,26 +67,6 @@ static int path_exists(const char *dir, const char *name)
     struct stat sb;
     if (snprintf(p, sizeof p, "%s/%s", dir, name) >= (int)sizeof p) return 0;
     return stat(p, &sb) == 0;
-}
-
-static enum mt_status read_text(struct mt_ctx *ctx, const char *path, char **out)
-{
-    *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return mt_ctx_error(ctx, MT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = n >= 0 ? mt_alloc(ctx, (size_t)n + 1, MT_BUCKET_OTHER) : NULL;
-    if (!s || fread(s, 1, (size_t)n, f) != (size_t)n) {
-        fclose(f);
-        mt_free(ctx, s);
-        return mt_ctx_error(ctx, MT_ERR_IO, "cannot read %s", path);
-    }
-    s[n] = 0;
-    fclose(f);
-    *out = s;
-    return MT_OK;
 }
 
 /* A float as the shortest decimal that reads back to the same float, as a
@@ -195,22 +140,22 @@ enum mt_status mt_safetensors_write(struct mt_ctx *ctx, const char *path, struct
         rc = buf ? mt_ctx_error(ctx, MT_ERR_IO, "cannot create %s: %s", path, strerror(errno)) : MT_ERR_OOM;
         goto done;
     }
-    if (pwrite_all(fd, hdr, 8 + hl, 0) != 0) goto ioerr;
+    if (mt_file_pwrite_all(fd, hdr, 8 + hl, 0) != 0) goto ioerr;
     int64_t base = 8 + (int64_t)hl;
     for (int i = 0; i < n; i++) {
         size_t nb = (size_t)(t[i].end - t[i].begin);
         if (t[i].data) {
-            if (pwrite_all(fd, t[i].data, nb, (off_t)(base + t[i].begin)) != 0) goto ioerr;
+            if (mt_file_pwrite_all(fd, t[i].data, nb, (off_t)(base + t[i].begin)) != 0) goto ioerr;
             continue;
         }
         for (size_t done_b = 0; done_b < nb;) {
             size_t c = nb - done_b < cap ? nb - done_b : cap;
-            if (pread_all(t[i].src_fd, buf, c, (off_t)(t[i].src_offset + (int64_t)done_b)) != 0) {
+            if (mt_file_pread_all(t[i].src_fd, buf, c, (off_t)(t[i].src_offset + (int64_t)done_b)) != 0) {
                 rc = mt_ctx_error(ctx, MT_ERR_IO, "safetensors: cannot read the source of %s: %s", t[i].name,
                                   strerror(errno));
                 goto done;
             }
-            if (pwrite_all(fd, buf, c, (off_t)(base + t[i].begin + (int64_t)done_b)) != 0) goto ioerr;
+            if (mt_file_pwrite_all(fd, buf, c, (off_t)(base + t[i].begin + (int64_t)done_b)) != 0) goto ioerr;
             done_b += c;
         }
     }
@@ -267,7 +212,7 @@ enum mt_status mt_safetensors_open(struct mt_ctx *ctx, const char *path, struct 
     unsigned char lenb[8];
     fstat(st->fd, &sb);
     st->file_size = sb.st_size;
-    if (st->file_size < 8 || pread_all(st->fd, lenb, 8, 0) != 0) {
+    if (st->file_size < 8 || mt_file_pread_all(st->fd, lenb, 8, 0) != 0) {
         rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: not a safetensors file (too short)", path);
         goto done;
     }
@@ -281,7 +226,7 @@ enum mt_status mt_safetensors_open(struct mt_ctx *ctx, const char *path, struct 
     st->data_start = 8 + (int64_t)hl;
     hdr = mt_alloc(ctx, hl + 1, MT_BUCKET_OTHER);
     if (!hdr) { rc = MT_ERR_OOM; goto done; }
-    if (pread_all(st->fd, hdr, hl, 8) != 0) { rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot read %s", path); goto done; }
+    if (mt_file_pread_all(st->fd, hdr, hl, 8) != 0) { rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot read %s", path); goto done; }
     hdr[hl] = 0;
     h = cJSON_Parse(hdr);
     if (!cJSON_IsObject(h)) { rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: safetensors header is not a JSON object", path); goto done; }
@@ -378,7 +323,7 @@ enum mt_status mt_safetensors_read_f32(struct mt_ctx *ctx, const struct mt_safet
 {
     size_t n = mt_st_numel(t);
     if (t->dtype == MT_ST_F32) {
-        if (pread_all(st->fd, dst, n * 4, (off_t)(st->data_start + t->begin)) != 0)
+        if (mt_file_pread_all(st->fd, dst, n * 4, (off_t)(st->data_start + t->begin)) != 0)
             return mt_ctx_error(ctx, MT_ERR_IO, "cannot read tensor %s: %s", t->name, strerror(errno));
         return MT_OK;
     }
@@ -387,7 +332,7 @@ enum mt_status mt_safetensors_read_f32(struct mt_ctx *ctx, const struct mt_safet
                             t->dtype_str);
     /* 16-bit: read into the upper half of dst, convert front to back */
     uint16_t *h = (uint16_t *)(dst + n) - n;
-    if (pread_all(st->fd, h, n * 2, (off_t)(st->data_start + t->begin)) != 0)
+    if (mt_file_pread_all(st->fd, h, n * 2, (off_t)(st->data_start + t->begin)) != 0)
         return mt_ctx_error(ctx, MT_ERR_IO, "cannot read tensor %s: %s", t->name, strerror(errno));
     /* element i's source (byte 2n + 2i of dst) lies at or after its destination
      * (byte 4i) and after every destination written before it */
@@ -593,6 +538,8 @@ static const char *rope_type_of(const cJSON *r)
     return strcmp(t->valuestring, "default") ? t->valuestring : NULL;
 }
 
+/* Long on purpose (~125 lines): one check per Hugging Face key, in the
+ * order of the mapping table in docs/export.md, each with its message. */
 enum mt_status mt_export_hf_config_parse(struct mt_ctx *ctx, const char *json_text, struct mt_config *cfg,
                                          int *tied, char *warn, size_t warn_len)
 {
@@ -788,7 +735,7 @@ static int is_previous_export(struct mt_ctx *ctx, const char *out)
 {
     char p[PATH_MAX + 16], *text = NULL;
     if (snprintf(p, sizeof p, "%s/config.json", out) >= (int)sizeof p || access(p, F_OK) != 0) return 0;
-    if (read_text(ctx, p, &text) != MT_OK) { mt_ctx_clear_error(ctx); return 0; }
+    if (mt_file_read_text(ctx, p, EXPORT_TEXT_MAX, &text) != MT_OK) { mt_ctx_clear_error(ctx); return 0; }
     cJSON *o = cJSON_Parse(text);
     int yes = cJSON_IsObject(o) && cJSON_GetObjectItemCaseSensitive(o, "meshtrain_export") != NULL;
     cJSON_Delete(o);
@@ -848,6 +795,8 @@ static char *tokenizer_config(const char *bos_name, int seq_len)
     return s;
 }
 
+/* Long (~170 lines): the export is one transaction (temp dir, tensors,
+ * config, tokenizer, swap) with one shared cleanup path. */
 enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char *out_dir,
                             const struct mt_export_opts *opts, char *warn, size_t warn_len)
 {
@@ -973,7 +922,7 @@ enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char
         rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "path too long: %s", out_dir);
         goto done;
     }
-    if (rm_rf(tmp) != 0 || mkdir(tmp, 0755) != 0) {
+    if (mt_file_rm_rf(tmp) != 0 || mkdir(tmp, 0755) != 0) {
         rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
         goto done;
     }
@@ -1009,7 +958,7 @@ enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char
         }
     }
 done:
-    if (made_tmp) rm_rf(tmp);
+    if (made_tmp) mt_file_rm_rf(tmp);
     if (rc != MT_OK && made_out) rmdir(out_dir);   /* only if still empty */
     if (fd >= 0) close(fd);
     for (int i = 0; i < 4; i++) free(text[i]);
@@ -1038,7 +987,7 @@ enum mt_status mt_import_hf(struct mt_ctx *ctx, const char *hf_dir, const char *
 
     if (snprintf(path, sizeof path, "%s/config.json", hf_dir) >= (int)sizeof path)
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "path too long: %s", hf_dir);
-    MT_CHECK(read_text(ctx, path, &text));
+    MT_CHECK(mt_file_read_text(ctx, path, EXPORT_TEXT_MAX, &text));
     mt_config_defaults(&cfg);
     rc = mt_export_hf_config_parse(ctx, text, &cfg, &tied, warn, warn_len);
     mt_free(ctx, text);

@@ -55,6 +55,13 @@ struct mt_optim_state {
     float                 *data;       /* backend memory, param->numel floats */
 };
 int  mt_optim_state_count(const struct mt_optim *o);
+/* The state tensors of a parameter of optimizer kind `optim` (enum
+ * mt_optim_kind), whether or not this rank holds it: how many (AdamW 2,
+ * Muon 1), and the name of the j-th ("<param>.exp_avg", "<param>.exp_avg_sq",
+ * "<param>.momentum_buffer"). The checkpoint's global entry list is built
+ * from these; mt_optim_state_get names held states the same way. */
+int  mt_optim_class_n_states(int optim);
+void mt_optim_class_state_name(int optim, const char *param, int j, char *out, size_t n);
 void mt_optim_state_get(const struct mt_optim *o, int i, struct mt_optim_state *out);
 long mt_optim_get_t(const struct mt_optim *o);
 void mt_optim_set_t(struct mt_optim *o, long t);

@@ -9,7 +9,7 @@
  * mt_zero_plan_all the ZeRO engine buffers of every rank of a reduction
  * group at once (and who owns what); mt_optim_plan_bytes the optimizer state
  * of the parameters a rank updates (mt_zero_runs_optimizer); the trainer's
- * own buffers come from mt_train_host_bytes and mt_plan_stage_io_bytes. No
+ * own buffers come from mt_layout_host_bytes and mt_layout_stage_io_bytes. No
  * MPI, no large allocation: the plan of a 70B model on 1024 ranks takes
  * seconds. The trainer writes mt_plan_rank_bytes of every rank into the
  * receipt next to the measured peaks, so every run checks the plan.
@@ -42,6 +42,7 @@
 #include "../core/mt_config.h"
 #include "../core/mt_param.h"
 #include "../dist/mt_mesh.h"
+#include "mt_layout.h"
 
 struct mt_model;
 struct mt_model_par;
@@ -62,38 +63,32 @@ struct mt_plan_setup {
     const struct mt_plan_runtime *runtime;   /* constants; NULL: mt_plan_runtime_default */
 };
 
-/* ---- rules shared with the trainer (src/train/trainer.c) ---------------- */
-
-/* ZeRO engines: one per reduction group (SPEC.md section 2). */
-enum mt_plan_engine {
-    MT_PLAN_ENGINE_DENSE = 0,   /* data x expert: dense parameters                            */
-    MT_PLAN_ENGINE_PARTIAL,     /* data x expert x model (tp > 1): partial sums over the model axis */
-    MT_PLAN_ENGINE_EXPERT,      /* data (x model under TP) (ep > 1): this rank's experts       */
-    MT_PLAN_ENGINE_COUNT
-};
-/* Engine of a parameter (as the model registered it) on this mesh. */
-enum mt_plan_engine mt_plan_param_engine(const struct mt_param *p, const struct mt_mesh_dims *d);
-/* Engines the trainer creates: 1, 2 (tp > 1) or 3 (ep > 1). */
-int mt_plan_n_engines(const struct mt_mesh_dims *d);
-/* The mesh group an engine reduces over. */
-enum mt_mesh_group mt_plan_engine_group(const struct mt_mesh_dims *d, enum mt_plan_engine e);
-/* A rank's index in its group of kind g (= its comm rank: groups are in world-rank order). */
-int mt_plan_group_rank(const struct mt_mesh_dims *d, int rank, enum mt_mesh_group g);
-/* Activation slots of a pipeline stage: min(microbatches, pp - stage) (1 without PP). */
-int mt_plan_n_slots(const struct mt_config *cfg, const struct mt_mesh_dims *d, int stage);
-/* The model's mt_model_par of a rank (communicators NULL). */
-void mt_plan_model_par(const struct mt_config *cfg, const struct mt_mesh_dims *d, const int *first_layer, int rank,
-                       struct mt_model_par *par);
-/* Sequences per microbatch: batch_size / (dp * ep * microbatches). */
-int mt_plan_micro_batch(const struct mt_config *cfg, const struct mt_mesh_dims *d);
-/* Bytes of ONE pipeline exchange buffer (the trainer's act_in and grad_in,
- * bucket COMM): the stage's rows x d_model floats; 0 without PP. */
-size_t mt_plan_stage_io_bytes(const struct mt_model *m, const struct mt_config *cfg, int pp);
-/* The pipeline cut: spec "n0,n1,..." (layers per stage) or NULL/"": balanced
- * by cost (mt_model_pipeline_split). first has pp+1 slots. MT_ERR_INVALID_ARG
- * naming the problem for a bad spec. */
-enum mt_status mt_plan_pipeline_cut(struct mt_ctx *ctx, const struct mt_config *cfg, int pp, const char *spec,
-                                    int *first);
+/* ---- the mesh rules --------------------------------------------------------
+ * They live in mt_layout.h (src/train/layout.c), shared with the trainer.
+ * The names below are the planner's earlier spellings, kept for callers
+ * that still use them. */
+static inline int mt_plan_group_rank(const struct mt_mesh_dims *d, int rank, enum mt_mesh_group g)
+{
+    return mt_layout_group_rank(d, rank, g);
+}
+static inline int mt_plan_n_slots(const struct mt_config *cfg, const struct mt_mesh_dims *d, int stage)
+{
+    return mt_layout_n_slots(cfg, d, stage);
+}
+static inline void mt_plan_model_par(const struct mt_config *cfg, const struct mt_mesh_dims *d, const int *first_layer,
+                                     int rank, struct mt_model_par *par)
+{
+    mt_layout_model_par(cfg, d, first_layer, rank, par);
+}
+static inline int mt_plan_micro_batch(const struct mt_config *cfg, const struct mt_mesh_dims *d)
+{
+    return mt_layout_micro_batch(cfg, d);
+}
+static inline enum mt_status mt_plan_pipeline_cut(struct mt_ctx *ctx, const struct mt_config *cfg, int pp,
+                                                  const char *spec, int *first)
+{
+    return mt_layout_pipeline_cut(ctx, cfg, pp, spec, first);
+}
 
 /* ---- the plan ------------------------------------------------------------ */
 

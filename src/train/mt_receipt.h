@@ -15,7 +15,7 @@ struct mt_receipt {
     const char *command_line;
     /* backend */
     char backend_requested[16], backend_actual[16];
-    char runtime_mode[16];          /* "fp32" */
+    char runtime_mode[16];          /* "fp32"; cuda: the GEMM precision in force ("bf16") */
     char fallback_reason[256];      /* "" = null */
     char blas[64], coretype[32], coretype_source[96];
     int  threads;
@@ -56,6 +56,9 @@ struct mt_receipt {
     /* distributed section (JSON object text built by the trainer: mesh trace,
      * per-rank memory, collectives bytes); NULL = none */
     const char *distributed_json;
+    /* every knob of the table (mt_knobs.h): value, source, alias (JSON object
+     * text); NULL = none */
+    const char *knobs_json;
 };
 
 enum mt_status mt_receipt_write(struct mt_ctx *ctx, const char *path, const struct mt_receipt *r);

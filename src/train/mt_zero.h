@@ -54,12 +54,19 @@ enum mt_status mt_zero_create(struct mt_ctx *ctx, const struct mt_ops_i *ops, st
                               int reshard_after_forward, struct mt_model *model, const unsigned char *select,
                               struct mt_zero **out);
 
-/* The engines driving one model: the model's hooks call each in turn. The
- * set is the caller's and must outlive the model's passes. */
+/* The engines driving one model, one per reduction group, each with the
+ * optimizer of the parameters it owns (opt[k] steps z[k]'s opt params): the
+ * model's hooks call each engine in turn, and the training step drives all
+ * of them through the mt_zero_set_* functions below (one call per phase
+ * instead of a loop over engines at every call site). The set is the
+ * caller's and must outlive the model's passes; mt_zero_set_destroy frees
+ * the engines and optimizers it holds (not the set itself). */
 #define MT_ZERO_MAX_ENGINES 4
+struct mt_optim;
 struct mt_zero_set {
-    struct mt_zero *z[MT_ZERO_MAX_ENGINES];
-    int             n;
+    struct mt_zero  *z[MT_ZERO_MAX_ENGINES];
+    struct mt_optim *opt[MT_ZERO_MAX_ENGINES];
+    int              n;
 };
 void mt_zero_install_hooks(struct mt_model *model, struct mt_zero_set *set);
 void mt_zero_destroy(struct mt_ctx *ctx, struct mt_zero *z);  /* no-op on NULL */
@@ -129,5 +136,36 @@ void mt_zero_inject_nan(struct mt_zero *z, int step, int unit);
 int  mt_zero_overlap(const struct mt_zero *z);
 void mt_zero_get_stats(const struct mt_zero *z, struct mt_zero_stats *out);
 void mt_zero_reset_stats(struct mt_zero *z);
+
+/* ---- the set API: every engine of the set, in order z[0], z[1], ... ---- */
+
+/* Start a step on every engine: gradients zeroed, gathered units dropped. */
+void mt_zero_set_zero_grad(struct mt_zero_set *set, int step);
+/* Before each microbatch's backward: is it the step's last? */
+void mt_zero_set_mark_last(struct mt_zero_set *set, int last);
+/* Complete every engine's gradient reduction (mt_zero_finish_grads). */
+enum mt_status mt_zero_set_reduce(struct mt_ctx *ctx, struct mt_zero_set *set);
+/* The global gradient norm: sqrt of the world-sum (over `comm`, fp64) of the
+ * engines' local squared sums (count as in mt_zero_grad_sumsq_local). The
+ * optimizer clips with it (mt_optim_step); it is not finite when a gradient
+ * is not. Collective over comm. */
+enum mt_status mt_zero_set_clip_norm(struct mt_ctx *ctx, struct mt_zero_set *set, const unsigned char *count,
+                                     struct mt_comm *comm, double *norm);
+/* The optimizer step of every engine (clipped by grad_norm), then the
+ * parameter sync of every engine (stages 1/2 all-gather). */
+enum mt_status mt_zero_set_step(struct mt_ctx *ctx, struct mt_zero_set *set, int step, double grad_norm);
+enum mt_status mt_zero_set_sync(struct mt_ctx *ctx, struct mt_zero_set *set);
+/* Counter-based init of every engine's parameters (mt_zero_init_params). */
+enum mt_status mt_zero_set_init_params(struct mt_ctx *ctx, struct mt_zero_set *set, uint64_t seed);
+/* Collective statistics summed over the engines; reset them all. */
+void mt_zero_set_get_stats(const struct mt_zero_set *set, struct mt_zero_stats *out);
+void mt_zero_set_reset_stats(struct mt_zero_set *set);
+/* Every optimizer state the set holds (for the checkpoint), engine by
+ * engine, each in parameter order, into st (NULL: only count). Returns the
+ * count. */
+struct mt_optim_state;
+int mt_zero_set_states(const struct mt_zero_set *set, struct mt_optim_state *st);
+/* Free every optimizer and engine of the set (NULL entries are fine). */
+void mt_zero_set_destroy(struct mt_ctx *ctx, struct mt_zero_set *set);
 
 #endif /* MT_ZERO_H */

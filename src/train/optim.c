@@ -321,6 +321,17 @@ int mt_optim_state_count(const struct mt_optim *o)
     return o ? o->n_states : 0;
 }
 
+int mt_optim_class_n_states(int optim)
+{
+    return optim == MT_OPTIM_ADAMW ? 2 : 1;
+}
+
+void mt_optim_class_state_name(int optim, const char *param, int j, char *out, size_t n)
+{
+    if (optim == MT_OPTIM_ADAMW) snprintf(out, n, "%s.%s", param, j == 0 ? "exp_avg" : "exp_avg_sq");
+    else snprintf(out, n, "%s.momentum_buffer", param);
+}
+
 /* States in parameter order: AdamW params give exp_avg then exp_avg_sq, Muon
  * params give momentum_buffer. */
 void mt_optim_state_get(const struct mt_optim *o, int i, struct mt_optim_state *out)
@@ -331,13 +342,8 @@ void mt_optim_state_get(const struct mt_optim *o, int i, struct mt_optim_state *
         int ns = st->v ? 2 : 1;
         if (i >= ns) { i -= ns; continue; }
         out->param = st->p;
-        if (!st->v) {
-            snprintf(out->name, sizeof out->name, "%s.momentum_buffer", st->p->name);
-            out->data = st->m;
-        } else {
-            snprintf(out->name, sizeof out->name, "%s.%s", st->p->name, i == 0 ? "exp_avg" : "exp_avg_sq");
-            out->data = i == 0 ? st->m : st->v;
-        }
+        mt_optim_class_state_name(st->v ? MT_OPTIM_ADAMW : MT_OPTIM_MUON, st->p->name, i, out->name, sizeof out->name);
+        out->data = i == 0 ? st->m : st->v;
         return;
     }
     MT_ASSERT(0 && "optimizer state index out of range");

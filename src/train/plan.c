@@ -4,11 +4,11 @@
  *
  * Invariant: no number here is a formula of its own. Bytes come from
  * mt_model_plan_bytes_par (model), mt_zero_plan_all (ZeRO engines),
- * mt_optim_plan_bytes (optimizer), mt_train_host_bytes and
- * mt_plan_stage_io_bytes (trainer), over the registry that
+ * mt_optim_plan_bytes (optimizer), mt_layout_host_bytes and
+ * mt_layout_stage_io_bytes (trainer), over the registry that
  * mt_model_create_par(MT_MODEL_NO_ALLOC) builds, and the rules that decide
  * which engine, group and owner a parameter gets are the functions the
- * trainer calls (mt_plan_param_engine, mt_plan_engine_group,
+ * trainer calls (mt_layout_param_engine, mt_layout_engine_group,
  * mt_zero_runs_optimizer). The trainer puts this plan next to its measured
  * peaks in every receipt (distributed.memory_plan).
  *
@@ -32,7 +32,7 @@
 
 #include "../model/mt_model.h"
 #include "mt_optim.h"
-#include "mt_trainer.h"
+#include "mt_layout.h"
 #include "mt_zero.h"
 
 #define NB MT_BUCKET_COUNT
@@ -49,111 +49,6 @@
 #define MT_PLAN_RT_MPI_PER_PEER  1662500.0
 #define MT_PLAN_RT_COLL_SCRATCH  1.262
 #define MT_PLAN_RT_RS_SCRATCH    1.15
-
-/* ------------------------------------------------------------------ */
-/* rules shared with the trainer                                       */
-/* ------------------------------------------------------------------ */
-
-enum mt_plan_engine mt_plan_param_engine(const struct mt_param *p, const struct mt_mesh_dims *d)
-{
-    if (d->ep > 1 && p->role == MT_ROLE_EXPERT) return MT_PLAN_ENGINE_EXPERT;
-    if (d->tp > 1 && p->reduce_model) return MT_PLAN_ENGINE_PARTIAL;
-    return MT_PLAN_ENGINE_DENSE;
-}
-
-int mt_plan_n_engines(const struct mt_mesh_dims *d) { return d->ep > 1 ? 3 : (d->tp > 1 ? 2 : 1); }
-
-enum mt_mesh_group mt_plan_engine_group(const struct mt_mesh_dims *d, enum mt_plan_engine e)
-{
-    switch (e) {
-    case MT_PLAN_ENGINE_PARTIAL: return MT_MESH_GROUP_STAGE;
-    case MT_PLAN_ENGINE_EXPERT:  return d->tp > 1 ? MT_MESH_GROUP_DATA_MODEL : MT_MESH_GROUP_DATA;
-    default:                     return MT_MESH_GROUP_DATA_EXPERT;
-    }
-}
-
-int mt_plan_group_rank(const struct mt_mesh_dims *d, int rank, enum mt_mesh_group g)
-{
-    struct mt_mesh_coord c;
-    mt_mesh_coord_of(d, rank, &c);
-    switch (g) {
-    case MT_MESH_GROUP_WORLD:       return rank;
-    case MT_MESH_GROUP_MODEL:       return c.model;
-    case MT_MESH_GROUP_EXPERT:      return c.expert;
-    case MT_MESH_GROUP_DATA:        return c.data;
-    case MT_MESH_GROUP_DATA_EXPERT: return c.data * d->ep + c.expert;
-    case MT_MESH_GROUP_DATA_MODEL:  return c.data * d->tp + c.model;
-    case MT_MESH_GROUP_STAGE:       return (c.data * d->ep + c.expert) * d->tp + c.model;
-    case MT_MESH_GROUP_PIPE:        return c.pipe;
-    default:                        return 0;
-    }
-}
-
-int mt_plan_n_slots(const struct mt_config *cfg, const struct mt_mesh_dims *d, int stage)
-{
-    if (d->pp <= 1) return 1;
-    int left = d->pp - stage, mb = cfg->microbatches > 0 ? cfg->microbatches : 1;
-    return left < mb ? left : mb;
-}
-
-void mt_plan_model_par(const struct mt_config *cfg, const struct mt_mesh_dims *d, const int *first_layer, int rank,
-                       struct mt_model_par *par)
-{
-    struct mt_mesh_coord c;
-    mt_mesh_coord_of(d, rank, &c);
-    memset(par, 0, sizeof *par);
-    par->tp = d->tp;
-    par->tp_rank = c.model;
-    par->sp = d->tp > 1 && cfg->sequence_parallel;
-    par->ep = d->ep;
-    par->ep_rank = c.expert;
-    par->layer0 = first_layer[c.pipe];
-    par->layer1 = first_layer[c.pipe + 1];
-    par->n_slots = mt_plan_n_slots(cfg, d, c.pipe);
-}
-
-int mt_plan_micro_batch(const struct mt_config *cfg, const struct mt_mesh_dims *d)
-{
-    long long div = (long long)d->dp * d->ep * (cfg->microbatches > 0 ? cfg->microbatches : 1);
-    return div > 0 ? (int)(cfg->batch_size / div) : 0;
-}
-
-size_t mt_plan_stage_io_bytes(const struct mt_model *m, const struct mt_config *cfg, int pp)
-{
-    if (pp <= 1) return 0;
-    return (size_t)mt_model_stage_rows(m) * (size_t)cfg->d_model * sizeof(float);
-}
-
-enum mt_status mt_plan_pipeline_cut(struct mt_ctx *ctx, const struct mt_config *cfg, int pp, const char *spec,
-                                    int *first)
-{
-    if (!spec || !*spec) {
-        if (pp == 1) { first[0] = 0; first[1] = cfg->n_layer; return MT_OK; }
-        return mt_model_pipeline_split(ctx, cfg, pp, first);
-    }
-    int n = 0, sum = 0;
-    const char *p = spec;
-    first[0] = 0;
-    while (*p) {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v < 1 || v > MT_MAX_LAYERS || (*end && *end != ','))
-            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG,
-                                "--pp-layers '%s': expected pp positive layer counts separated by commas, e.g. 3,5",
-                                spec);
-        if (n >= pp)
-            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--pp-layers '%s' names more than pp=%d stages", spec, pp);
-        sum += (int)v;
-        first[++n] = sum;
-        p = *end ? end + 1 : end;
-    }
-    if (n != pp)
-        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--pp-layers '%s' names %d stages, the mesh has pp=%d", spec, n, pp);
-    if (sum != cfg->n_layer)
-        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--pp-layers '%s' covers %d layers, the model has n_layer=%d", spec,
-                            sum, cfg->n_layer);
-    return MT_OK;
-}
 
 /* ------------------------------------------------------------------ */
 /* the plan object                                                     */
@@ -177,7 +72,7 @@ struct stage_plan {
     int              n_params;
     int              rep_rank;
     int             *engine;   /* (P) */
-    struct eng_plan  eng[MT_PLAN_ENGINE_COUNT];
+    struct eng_plan  eng[MT_LAYOUT_ENGINE_COUNT];
     size_t           model_bytes[NB];   /* selection-dependent: model + pipeline buffers + trainer arrays */
     double           flops_block, flops_head;   /* FLOPs per token of the stage's blocks, of its head */
 };
@@ -265,11 +160,11 @@ static double coll_scratch(const struct mt_plan *p, int rank, double *bytes)
     mt_mesh_coord_of(d, rank, &c);
     const struct stage_plan *sp = &p->st[c.pipe];
     double ar = 0, rs = 0;
-    for (int k = 0; k < mt_plan_n_engines(d); k++) {
+    for (int k = 0; k < mt_layout_n_engines(d); k++) {
         const struct eng_plan *e = &sp->eng[k];
         if (!e->used || e->size < 2) continue;
         if (p->zero <= 1) ar += e->param_bytes;
-        else if (mt_plan_group_rank(d, rank, (enum mt_mesh_group)e->group) == 0) rs += e->param_bytes;
+        else if (mt_layout_group_rank(d, rank, (enum mt_mesh_group)e->group) == 0) rs += e->param_bytes;
     }
     if (d->tp > 1) {
         double act = (double)p->Bm * p->cfg.seq_len * p->cfg.d_model * sizeof(float);
@@ -356,7 +251,7 @@ void mt_plan_destroy(struct mt_ctx *ctx, struct mt_plan *p)
     if (!p) return;
     for (int s = 0; p->st && s < p->su.dims.pp; s++) {
         struct stage_plan *sp = &p->st[s];
-        for (int k = 0; k < MT_PLAN_ENGINE_COUNT; k++) {
+        for (int k = 0; k < MT_LAYOUT_ENGINE_COUNT; k++) {
             mt_free(ctx, sp->eng[k].bytes);
             mt_free(ctx, sp->eng[k].owner);
             mt_free(ctx, sp->eng[k].muon_flops);
@@ -394,7 +289,7 @@ static enum mt_status engine_build(struct mt_ctx *ctx, const struct mt_plan *p, 
     int P;
     struct mt_param *params = mt_model_params(sp->model, &P);
     e->used = 1;
-    e->group = (int)mt_plan_engine_group(d, (enum mt_plan_engine)k);
+    e->group = (int)mt_layout_engine_group(d, (enum mt_layout_engine)k);
     e->size = mt_mesh_group_size(d, (enum mt_mesh_group)e->group);
     const int G = e->size;
     e->bytes = mt_alloc(ctx, (size_t)NZ * G * NB * sizeof(size_t), MT_BUCKET_OTHER);
@@ -499,7 +394,7 @@ static enum mt_status verify_classes(struct mt_ctx *ctx, const struct mt_plan *p
                 struct mt_mesh_coord c = {s, 0, e, t};
                 int rank = mt_mesh_rank_of(d, &c);
                 struct mt_model_par par;
-                mt_plan_model_par(&p->cfg, d, p->su.first_layer, rank, &par);
+                mt_layout_model_par(&p->cfg, d, p->su.first_layer, rank, &par);
                 struct mt_model *m = NULL;
                 MT_CHECK(mt_model_create_par(ctx, NULL, &p->cfg, d->tp, MT_MODEL_NO_ALLOC, &par, &m));
                 char why[400];
@@ -516,7 +411,7 @@ static enum mt_status verify_classes(struct mt_ctx *ctx, const struct mt_plan *p
 static void engines_per_rank(struct mt_plan *p)
 {
     const struct mt_mesh_dims *d = &p->su.dims;
-    const int n_eng = mt_plan_n_engines(d), W = p->world, pp = d->pp;
+    const int n_eng = mt_layout_n_engines(d), W = p->world, pp = d->pp;
     for (int z = 0; z < NZ; z++)
         for (int s = 0; s < pp; s++) { p->stage_max[(size_t)z * pp + s] = 0; p->stage_arg[(size_t)z * pp + s] = -1; }
     for (int r = 0; r < W; r++) {
@@ -528,7 +423,7 @@ static void engines_per_rank(struct mt_plan *p)
             for (int q = 0; q < NB; q++) b[q] = 0;
             for (int k = 0; k < n_eng; k++) {
                 const struct eng_plan *e = &sp->eng[k];
-                int g = mt_plan_group_rank(d, r, (enum mt_mesh_group)e->group);
+                int g = mt_layout_group_rank(d, r, (enum mt_mesh_group)e->group);
                 const size_t *eb = e->bytes + ((size_t)z * e->size + g) * NB;
                 for (int q = 0; q < NB; q++) b[q] += eb[q];
             }
@@ -554,16 +449,16 @@ static enum mt_status plan_select(struct mt_ctx *ctx, struct mt_plan *p, const s
     snprintf(p->cfg.recompute, sizeof p->cfg.recompute, "%s", ch->recompute ? "block" : "none");
     p->cfg.seq_len = ch->seq_len;
     p->cfg.batch_size = ch->batch_size;
-    p->Bm = mt_plan_micro_batch(&p->cfg, d);
+    p->Bm = mt_layout_micro_batch(&p->cfg, d);
     for (int s = 0; s < d->pp; s++) {
         struct stage_plan *sp = &p->st[s];
         struct mt_model_par par;
-        mt_plan_model_par(&p->cfg, d, p->su.first_layer, sp->rep_rank, &par);
+        mt_layout_model_par(&p->cfg, d, p->su.first_layer, sp->rep_rank, &par);
         MT_CHECK(mt_model_check_par(ctx, &p->cfg, p->Bm, &par));
         mt_model_plan_bytes_par(&p->cfg, p->Bm, MT_MODEL_EXTERNAL_PARAMS, &par, sp->model_bytes);
-        sp->model_bytes[MT_BUCKET_COMM] += 2 * mt_plan_stage_io_bytes(sp->model, &p->cfg, d->pp);   /* act_in, grad_in */
+        sp->model_bytes[MT_BUCKET_COMM] += 2 * mt_layout_stage_io_bytes(sp->model, &p->cfg, d->pp);   /* act_in, grad_in */
         sp->model_bytes[MT_BUCKET_OTHER] +=
-            mt_train_host_bytes(&p->cfg, sp->n_params, p->Bm, p->su.steps > 0 ? p->su.steps : 1, p->world);
+            mt_layout_host_bytes(&p->cfg, sp->n_params, p->Bm, p->su.steps > 0 ? p->su.steps : 1, p->world);
     }
     return MT_OK;
 }
@@ -605,14 +500,14 @@ enum mt_status mt_plan_create(struct mt_ctx *ctx, const struct mt_config *cfg, c
         struct mt_mesh_coord c = {s, 0, 0, 0};
         sp->rep_rank = mt_mesh_rank_of(d, &c);
         struct mt_model_par par;
-        mt_plan_model_par(cfg, d, su->first_layer, sp->rep_rank, &par);
+        mt_layout_model_par(cfg, d, su->first_layer, sp->rep_rank, &par);
         /* the registry does not depend on the batch: B = tp keeps B*T divisible by tp */
         MT_CHECK_GOTO(mt_model_create_par(ctx, NULL, cfg, d->tp, MT_MODEL_NO_ALLOC, &par, &sp->model), rc, fail);
         struct mt_param *params = mt_model_params(sp->model, &sp->n_params);
         sp->engine = mt_alloc(ctx, (size_t)(sp->n_params > 0 ? sp->n_params : 1) * sizeof(int), MT_BUCKET_OTHER);
         if (!sp->engine) { rc = MT_ERR_OOM; goto fail; }
-        for (int i = 0; i < sp->n_params; i++) sp->engine[i] = (int)mt_plan_param_engine(&params[i], d);
-        for (int k = 0; k < mt_plan_n_engines(d); k++) MT_CHECK_GOTO(engine_build(ctx, p, sp, k), rc, fail);
+        for (int i = 0; i < sp->n_params; i++) sp->engine[i] = (int)mt_layout_param_engine(&params[i], d);
+        for (int k = 0; k < mt_layout_n_engines(d); k++) MT_CHECK_GOTO(engine_build(ctx, p, sp, k), rc, fail);
         const int L = cfg->n_layer;
         sp->flops_head = par.layer1 == L ? mt_model_stage_flops(cfg, L, L) : 0.0;
         sp->flops_block = mt_model_stage_flops(cfg, par.layer0, par.layer1) - sp->flops_head;
@@ -725,7 +620,7 @@ int mt_plan_param_ranks(const struct mt_plan *p, int i, enum mt_plan_ranks what,
         struct mt_mesh_coord c;
         mt_mesh_coord_of(d, r, &c);
         if (c.pipe != pp->stage || (pp->expert_rank >= 0 && c.expert != pp->expert_rank)) continue;
-        int g = mt_plan_group_rank(d, r, (enum mt_mesh_group)pp->group);
+        int g = mt_layout_group_rank(d, r, (enum mt_mesh_group)pp->group);
         if (what == MT_PLAN_HOLDERS && p->zero == 3 && g != pp->owner) continue;
         if (what == MT_PLAN_OPTIMIZERS && !mt_zero_runs_optimizer(pp->owner, g, p->zero)) continue;
         ranks[n++] = r;
@@ -996,7 +891,7 @@ void mt_plan_cost(const struct mt_plan *p, const struct mt_plan_profile *prof, s
         }
         /* data axes (ZeRO engines) and the optimizer, busiest group rank */
         double dpt = 0, dpx = 0, opt = 0, opt_fl = 0;
-        for (int k = 0; k < mt_plan_n_engines(d); k++) {
+        for (int k = 0; k < mt_layout_n_engines(d); k++) {
             const struct eng_plan *e = &st->eng[k];
             const struct mt_plan_link l = group_link(p, prof, (enum mt_mesh_group)e->group);
             const int g = e->size, z = p->zero;
@@ -1083,6 +978,8 @@ static cJSON *shape_arr(int ndim, const int64_t *s)
     return a;
 }
 
+/* Long on purpose (~140 lines): the schema meshtrain.plan/1 written field by
+ * field in the order of docs/plan.md, so the golden files read like it. */
 char *mt_plan_json(const struct mt_plan *p, const struct mt_plan_profile *prof, const struct mt_plan_cost *cost)
 {
     const struct mt_config *cfg = &p->cfg;
@@ -1110,7 +1007,7 @@ char *mt_plan_json(const struct mt_plan *p, const struct mt_plan_profile *prof, 
         cJSON_AddNumberToObject(o, "stage", s);
         cJSON_AddNumberToObject(o, "first_layer", p->su.first_layer[s]);
         cJSON_AddNumberToObject(o, "end_layer", p->su.first_layer[s + 1]);
-        cJSON_AddNumberToObject(o, "activation_slots", mt_plan_n_slots(cfg, d, s));
+        cJSON_AddNumberToObject(o, "activation_slots", mt_layout_n_slots(cfg, d, s));
         cJSON_AddItemToArray(stages, o);
     }
     cJSON *bt = cJSON_AddObjectToObject(root, "batch");

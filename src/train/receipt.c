@@ -31,6 +31,8 @@ static cJSON *bucket_object(const size_t bytes[MT_BUCKET_COUNT])
     return o;
 }
 
+/* Long on purpose (~135 lines): the receipt schema (SPEC.md section 5)
+ * written field by field in its documented order; no logic. */
 enum mt_status mt_receipt_write(struct mt_ctx *ctx, const char *path, const struct mt_receipt *r)
 {
     cJSON *root = cJSON_CreateObject();
@@ -136,6 +138,10 @@ enum mt_status mt_receipt_write(struct mt_ctx *ctx, const char *path, const stru
     if (r->run_id[0]) cJSON_AddStringToObject(root, "run_id", r->run_id);
     else cJSON_AddNullToObject(root, "run_id");
 
+    if (r->knobs_json) {
+        cJSON *k = cJSON_Parse(r->knobs_json);
+        cJSON_AddItemToObject(root, "knobs", k ? k : cJSON_CreateNull());
+    }
     if (r->distributed_json) {
         cJSON *d = cJSON_Parse(r->distributed_json);
         cJSON_AddItemToObject(root, "distributed", d ? d : cJSON_CreateNull());

@@ -42,6 +42,7 @@
 #include <string.h>
 
 #include "../core/mt_core.h"
+#include "../core/mt_knobs.h"
 
 #define ZALIGN 16 /* floats: 64 bytes */
 
@@ -542,11 +543,10 @@ enum mt_status mt_zero_create(struct mt_ctx *ctx, const struct mt_ops_i *ops, st
     z->gcur = -1;
     z->rs[0].unit = z->rs[1].unit = -1;
     z->nan_step = -1;
-    /* runtime tunable (written to the receipt): MT_ZERO_OVERLAP=0 completes every
+    /* knob zero_overlap (env MT_ZERO_OVERLAP; in the receipt): 0 completes every
      * collective as soon as it is started and prefetches nothing, so a run
      * measures what overlap hides */
-    const char *ov = getenv("MT_ZERO_OVERLAP");
-    z->overlap = ov && *ov ? atoi(ov) != 0 : 1;
+    z->overlap = mt_knob_int(ctx, MT_KNOB_ZERO_OVERLAP) != 0;
     int P;
     z->params = mt_model_params(model, &P);
     enum mt_status rc = layout_build(ctx, model, z->params, P, select, mt_comm_size(comm), mt_comm_rank(comm), &z->lay);

@@ -1,0 +1,161 @@
+/*
+ * fileio.c — the shared file helpers (see mt_fileio.h). Before issue 14 each
+ * of ckpt.c, export.c, trainer.c and tools/cmd_prepare.c carried its own copy.
+ */
+#define _GNU_SOURCE
+#include "mt_fileio.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int mt_file_pwrite_all(int fd, const void *buf, size_t n, off_t off)
+{
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t w = pwrite(fd, p, n, off);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        p += w;
+        n -= (size_t)w;
+        off += w;
+    }
+    return 0;
+}
+
+int mt_file_pread_all(int fd, void *buf, size_t n, off_t off)
+{
+    char *p = buf;
+    while (n > 0) {
+        ssize_t r = pread(fd, p, n, off);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (r == 0) { errno = EIO; return -1; }   /* short file */
+        p += r;
+        n -= (size_t)r;
+        off += r;
+    }
+    return 0;
+}
+
+int mt_file_mkdir_p(const char *path)
+{
+    char tmp[PATH_MAX];
+    if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) { errno = ENAMETOOLONG; return -1; }
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
+    if (!mt_file_is_dir(tmp)) { errno = ENOTDIR; return -1; }
+    return 0;
+}
+
+static int rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb; (void)flag; (void)ftw;
+    return remove(path);
+}
+
+int mt_file_rm_rf(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0) return errno == ENOENT ? 0 : -1;
+    return nftw(path, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+int mt_file_is_dir(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+int mt_file_is_regular(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+enum mt_status mt_file_read_text(struct mt_ctx *ctx, const char *path, size_t max_bytes, char **out)
+{
+    *out = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return mt_ctx_error(ctx, MT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return mt_ctx_error(ctx, MT_ERR_FORMAT, "%s is not a regular file", path);
+    }
+    if ((unsigned long long)sb.st_size > (unsigned long long)max_bytes) {
+        close(fd);
+        return mt_ctx_error(ctx, MT_ERR_FORMAT, "%s has %lld bytes (at most %zu expected)", path,
+                            (long long)sb.st_size, max_bytes);
+    }
+    size_t n = (size_t)sb.st_size;
+    char *s = mt_alloc(ctx, n + 1, MT_BUCKET_OTHER);
+    if (!s) { close(fd); return MT_ERR_OOM; }
+    if (mt_file_pread_all(fd, s, n, 0) != 0) {
+        int err = errno;
+        close(fd);
+        mt_free(ctx, s);
+        return mt_ctx_error(ctx, MT_ERR_IO, "cannot read %s: %s", path, strerror(err));
+    }
+    close(fd);
+    s[n] = 0;
+    if (strlen(s) != n) {
+        mt_free(ctx, s);
+        return mt_ctx_error(ctx, MT_ERR_FORMAT, "%s holds a NUL byte", path);
+    }
+    *out = s;
+    return MT_OK;
+}
+
+enum mt_status mt_file_copy(struct mt_ctx *ctx, const char *src, const char *dst)
+{
+    int in = open(src, O_RDONLY | O_CLOEXEC);
+    if (in < 0) return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot open %s: %s", src, strerror(errno));
+    int out = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (out < 0) {
+        int err = errno;
+        close(in);
+        return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot create %s: %s", dst, strerror(err));
+    }
+    char buf[1 << 16];
+    off_t at = 0;
+    enum mt_status rc = MT_OK;
+    for (;;) {
+        ssize_t r = read(in, buf, sizeof buf);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) { rc = mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot read %s: %s", src, strerror(errno)); break; }
+        if (r == 0) break;
+        if (mt_file_pwrite_all(out, buf, (size_t)r, at) != 0) {
+            rc = mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot write %s: %s", dst, strerror(errno));
+            break;
+        }
+        at += r;
+    }
+    if (rc == MT_OK && fsync(out) != 0) rc = mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot write %s: %s", dst, strerror(errno));
+    if (close(out) != 0 && rc == MT_OK) rc = mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot write %s: %s", dst, strerror(errno));
+    close(in);
+    return rc;
+}
+
+void mt_file_dir_of(const char *path, char *dir, size_t n)
+{
+    snprintf(dir, n, "%s", path);
+    if (mt_file_is_dir(path)) return;
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+    else snprintf(dir, n, ".");
+}

@@ -1,0 +1,118 @@
+/*
+ * knobs.c — the tunables table (mt_knobs.h).
+ */
+#include "mt_knobs.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const struct mt_knob_def knob_table[MT_KNOB_COUNT] = {
+    [MT_KNOB_ZERO_OVERLAP] = {
+        /* .name      = */ "zero_overlap", MT_KNOB_BOOL, "1", "MT_ZERO_OVERLAP", "src/train/zero.c", NULL, 0,
+        /* .help      = */ "1: ZeRO reductions and gathers overlap compute; 0: each completes at once (measures "
+                           "what overlap hides)"},
+    [MT_KNOB_CUDA_PRECISION] = {
+        "cuda_precision", MT_KNOB_STRING, "fp32", "MT_CUDA_PRECISION", "src/ops/cuda/ops_cuda.cu", "fp32|bf16", 0,
+        "GEMM precision of the cuda backend (bf16 inputs, fp32 accumulate); no effect on cpu"},
+    [MT_KNOB_TEST_FAULT] = {
+        "test_fault", MT_KNOB_STRING, "", "MT_FAULT", "src/train/test_hooks.c", NULL, 1,
+        "test hook RANK:STEP:KIND, KIND nan|error|signal|stop|replica|oom: inject a fault"},
+    [MT_KNOB_TEST_FORCE_ROUTING] = {
+        "test_force_routing", MT_KNOB_BOOL, "0", "MT_TEST_FORCE_ROUTING", "src/model/model.c", NULL, 1,
+        "test hook: 1 sends every token to experts 0..top_k-1"},
+};
+
+const struct mt_knob_def *mt_knob_def(enum mt_knob_id id)
+{
+    return (unsigned)id < MT_KNOB_COUNT ? &knob_table[id] : NULL;
+}
+
+const char *mt_knob_source_name(enum mt_knob_source s)
+{
+    return s == MT_KNOB_CLI ? "command line" : s == MT_KNOB_ENV ? "env" : "default";
+}
+
+/* the alias if set and non-empty, else NULL */
+static const char *env_value(enum mt_knob_id id)
+{
+    const char *e = getenv(knob_table[id].env);
+    return e && *e ? e : NULL;
+}
+
+void mt_knobs_init(struct mt_knobs *k)
+{
+    for (int i = 0; i < MT_KNOB_COUNT; i++) {
+        const char *e = env_value((enum mt_knob_id)i);
+        snprintf(k->value[i], sizeof k->value[i], "%s", e ? e : knob_table[i].def);
+        k->source[i] = e ? MT_KNOB_ENV : MT_KNOB_DEFAULT;
+    }
+}
+
+enum mt_status mt_knobs_set(struct mt_ctx *ctx, struct mt_knobs *k, const char *arg)
+{
+    const char *eq = strchr(arg, '=');
+    size_t nl = eq ? (size_t)(eq - arg) : strlen(arg);
+    for (int i = 0; i < MT_KNOB_COUNT; i++) {
+        const struct mt_knob_def *d = &knob_table[i];
+        if (strlen(d->name) != nl || strncmp(d->name, arg, nl)) continue;
+        if (!eq) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--knob %s: expected NAME=VALUE", arg);
+        const char *v = eq + 1;
+        if (d->type == MT_KNOB_BOOL && strcmp(v, "0") && strcmp(v, "1"))
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--knob %s: expected 0 or 1 (got '%s')", d->name, v);
+        if (d->choices) {
+            /* v must be one of the '|'-separated choices */
+            size_t vl = strlen(v);
+            const char *c = d->choices;
+            int ok = 0;
+            while (*c && !ok) {
+                size_t cl = strcspn(c, "|");
+                ok = cl == vl && !strncmp(c, v, vl);
+                c += cl + (c[cl] == '|');
+            }
+            if (!ok) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--knob %s: expected %s (got '%s')", d->name,
+                                         d->choices, v);
+        }
+        if (strlen(v) >= MT_KNOB_VALUE_LEN)
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--knob %s: value longer than %d characters", d->name,
+                                MT_KNOB_VALUE_LEN - 1);
+        snprintf(k->value[i], sizeof k->value[i], "%s", v);
+        k->source[i] = MT_KNOB_CLI;
+        return MT_OK;
+    }
+    char names[256] = "";
+    for (int i = 0; i < MT_KNOB_COUNT; i++)
+        snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "", knob_table[i].name);
+    return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--knob '%.*s': unknown knob (known: %s)", (int)nl, arg, names);
+}
+
+const char *mt_knob_str(const struct mt_ctx *ctx, enum mt_knob_id id)
+{
+    if (ctx && ctx->knobs) return ctx->knobs->value[id];
+    const char *e = env_value(id);
+    return e ? e : knob_table[id].def;
+}
+
+long mt_knob_int(const struct mt_ctx *ctx, enum mt_knob_id id)
+{
+    const char *v = mt_knob_str(ctx, id);
+    return atol(*v ? v : knob_table[id].def);
+}
+
+enum mt_knob_source mt_knob_source(const struct mt_ctx *ctx, enum mt_knob_id id)
+{
+    if (ctx && ctx->knobs) return ctx->knobs->source[id];
+    return env_value(id) ? MT_KNOB_ENV : MT_KNOB_DEFAULT;
+}
+
+void mt_knobs_help(char *buf, size_t n)
+{
+    size_t at = 0;
+    buf[0] = 0;
+    for (int i = 0; i < MT_KNOB_COUNT && at < n; i++) {
+        const struct mt_knob_def *d = &knob_table[i];
+        at += (size_t)snprintf(buf + at, n - at, "  %-20s %s (default '%s'; env %s%s): %s\n", d->name,
+                               d->type == MT_KNOB_BOOL ? "0|1" : d->choices ? d->choices : "text", d->def, d->env,
+                               d->test_only ? "; TEST HOOK" : "", d->help);
+    }
+}

@@ -1,0 +1,52 @@
+/*
+ * mt_fileio.h — the file helpers every module shares (one home; issue 14).
+ *
+ * Plain POSIX wrappers that retry EINTR and say what went wrong through
+ * errno (the int ones: 0 ok, -1 error) or through the context (the
+ * mt_status ones). None allocates except mt_file_read_text (the caller frees
+ * the text with mt_free).
+ *
+ * Example:
+ *     char *text;
+ *     MT_CHECK(mt_file_read_text(ctx, "dir/manifest.json", 16 << 20, &text));
+ *     ... parse ...
+ *     mt_free(ctx, text);
+ */
+#ifndef MT_FILEIO_H
+#define MT_FILEIO_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+#include "mt_core.h"
+
+/* n bytes at offset off, all of them (EINTR retried). A short file is an
+ * error on read (errno EIO). 0 ok, -1 with errno. */
+int mt_file_pwrite_all(int fd, const void *buf, size_t n, off_t off);
+int mt_file_pread_all(int fd, void *buf, size_t n, off_t off);
+
+/* mkdir -p of `path` itself (mode 0755); ok if it exists as a directory.
+ * 0 ok, -1 with errno (ENAMETOOLONG, ENOTDIR, ...). */
+int mt_file_mkdir_p(const char *path);
+
+/* rm -rf without following links; a missing path is fine. 0 ok, -1 with errno. */
+int mt_file_rm_rf(const char *path);
+
+int mt_file_is_dir(const char *path);      /* 1: a directory (links followed)    */
+int mt_file_is_regular(const char *path);  /* 1: a regular file (links followed) */
+
+/* A whole regular file of at most max_bytes as a NUL-terminated string
+ * (bucket OTHER, caller frees with mt_free). A directory, a device, a file
+ * over max_bytes or one holding a NUL byte is MT_ERR_FORMAT (before any
+ * allocation where the size tells); a missing or unreadable file MT_ERR_IO. */
+enum mt_status mt_file_read_text(struct mt_ctx *ctx, const char *path, size_t max_bytes, char **out);
+
+/* Copy src to dst (created or truncated, 0644) and fsync dst. Errors are
+ * MT_ERR_RUNTIME naming the file (a writer's failure, not bad input). */
+enum mt_status mt_file_copy(struct mt_ctx *ctx, const char *src, const char *dst);
+
+/* The directory holding `path`: the path itself if it is a directory, else
+ * its parent ("." for a bare name). */
+void mt_file_dir_of(const char *path, char *dir, size_t n);
+
+#endif

@@ -1,0 +1,76 @@
+/*
+ * mt_knobs.h — the declared table of runtime tunables ("knobs").
+ *
+ * Every value that changes how the runtime behaves without being part of
+ * the model config lives in ONE table: its name, type, default, the
+ * environment variable kept as an alias, the file that reads it, and
+ * whether it is a test-only hook. A value comes from (highest first) the
+ * command line (`meshtrain train --knob NAME=VALUE`), its environment alias,
+ * the default. Library code reads a knob through the context it is given
+ * (mt_knob_str / mt_knob_int), never getenv; a context without a knob set
+ * (ctx->knobs NULL: tests, tools that do not train) falls back to the alias
+ * and the default, as before the table existed. Every receipt echoes every
+ * knob with its value and where it came from.
+ *
+ * Example:
+ *     struct mt_knobs k;
+ *     mt_knobs_init(&k);                                   // defaults + env aliases
+ *     MT_CHECK(mt_knobs_set(ctx, &k, "zero_overlap=0"));   // --knob zero_overlap=0
+ *     ctx->knobs = &k;
+ *     if (mt_knob_int(ctx, MT_KNOB_ZERO_OVERLAP)) ...
+ */
+#ifndef MT_KNOBS_H
+#define MT_KNOBS_H
+
+#include <stddef.h>
+
+#include "mt_core.h"
+
+enum mt_knob_id {
+    MT_KNOB_ZERO_OVERLAP = 0,     /* src/train/zero.c                        */
+    MT_KNOB_CUDA_PRECISION,       /* src/ops/cuda/ops_cuda.cu (via setup.c)  */
+    MT_KNOB_TEST_FAULT,           /* src/train/test_hooks.c (test only)      */
+    MT_KNOB_TEST_FORCE_ROUTING,   /* src/model/model.c (test only)           */
+    MT_KNOB_COUNT
+};
+
+enum mt_knob_type { MT_KNOB_BOOL, MT_KNOB_STRING };
+
+struct mt_knob_def {
+    const char       *name;      /* "zero_overlap": the --knob name        */
+    enum mt_knob_type type;
+    const char       *def;       /* default, as text                       */
+    const char       *env;       /* environment alias ("MT_ZERO_OVERLAP")  */
+    const char       *where;     /* the file that reads it                 */
+    const char       *choices;   /* STRING: "a|b" allowed values, or NULL: free text */
+    int               test_only; /* 1: a test hook, never for a real run   */
+    const char       *help;      /* one line                               */
+};
+
+enum mt_knob_source { MT_KNOB_DEFAULT = 0, MT_KNOB_ENV, MT_KNOB_CLI };
+
+#define MT_KNOB_VALUE_LEN 64
+struct mt_knobs {
+    char                value[MT_KNOB_COUNT][MT_KNOB_VALUE_LEN];
+    enum mt_knob_source source[MT_KNOB_COUNT];
+};
+
+const struct mt_knob_def *mt_knob_def(enum mt_knob_id id);
+const char *mt_knob_source_name(enum mt_knob_source s);   /* "default", "env", "command line" */
+
+/* Every knob at its environment alias or default. */
+void mt_knobs_init(struct mt_knobs *k);
+/* "NAME=VALUE" from the command line: MT_ERR_INVALID_ARG naming the knob and
+ * what it accepts for an unknown name or a bad value (bool: 0 or 1). */
+enum mt_status mt_knobs_set(struct mt_ctx *ctx, struct mt_knobs *k, const char *name_eq_value);
+
+/* The value in force for ctx (ctx->knobs, else the alias, else the default). */
+const char *mt_knob_str(const struct mt_ctx *ctx, enum mt_knob_id id);
+/* As an integer (atoi of the value; an empty value gives the default's). */
+long mt_knob_int(const struct mt_ctx *ctx, enum mt_knob_id id);
+enum mt_knob_source mt_knob_source(const struct mt_ctx *ctx, enum mt_knob_id id);
+
+/* The table as help text, one knob a line, into buf (for --help). */
+void mt_knobs_help(char *buf, size_t n);
+
+#endif

@@ -1,0 +1,324 @@
+/*
+ * setup.c — the run's setup, in two halves.
+ *
+ * Local (mt_train_setup_local, no collective): flags, mesh shape, config
+ * (and the resume checkpoint's metadata), startup contract, pipeline cut,
+ * backend, data. Collective (mt_train_setup_mesh, mt_train_setup_model):
+ * the mesh's communicators, the model, one ZeRO engine and optimizer per
+ * reduction group, the parameters (init, resume or --init-from). Every half
+ * ends in mt_comm_agree (in mt_train_run): a rank that fails alone must not
+ * leave the others waiting in the next collective. Nothing is written under
+ * --out during setup, so bad input loses nothing.
+ */
+#define _GNU_SOURCE
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../core/mt_fileio.h"
+#include "../core/mt_knobs.h"
+#ifdef MT_WITH_CUDA
+#include "../ops/cuda/mt_ops_cuda.h"
+#endif
+#include "mt_optim.h"
+#include "mt_layout.h"
+#include "train_impl.h"
+
+/* vocab_size 0 = take it from DATA_DIR/meta.json (written by `meshtrain prepare`). */
+static enum mt_status resolve_vocab(struct mt_ctx *ctx, struct mt_config *cfg, const char *data_path)
+{
+    if (cfg->vocab_size != 0) return MT_OK;
+    char dir[2048], meta[2100];
+    mt_file_dir_of(data_path, dir, sizeof dir);
+    snprintf(meta, sizeof meta, "%s/meta.json", dir);
+    if (!mt_file_is_regular(meta)) return MT_OK; /* resolve() reports "vocab_size is not set" */
+    char *buf;
+    MT_CHECK(mt_file_read_text(ctx, meta, 1 << 20, &buf));
+    cJSON *j = cJSON_Parse(buf);
+    const cJSON *v = j ? cJSON_GetObjectItemCaseSensitive(j, "vocab_size") : NULL;
+    if (!cJSON_IsNumber(v)) {
+        cJSON_Delete(j);
+        mt_free(ctx, buf);
+        return mt_ctx_error(ctx, MT_ERR_FORMAT, "%s has no numeric vocab_size", meta);
+    }
+    cfg->vocab_size = v->valueint;
+    cJSON_Delete(j);
+    mt_free(ctx, buf);
+    return MT_OK;
+}
+
+int mt_train_pick_threads(const struct mt_config *cfg)
+{
+    if (cfg->threads > 0) return cfg->threads;
+    const char *e = getenv("OMP_NUM_THREADS");
+    if (e && atoi(e) > 0) return atoi(e);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+/* The trainer's own host arrays (bucket OTHER), live through the whole run,
+ * sized by the layout module's list (mt_layout_host_sizes: the planner sizes
+ * them from the same list, so the two agree); a 0 size is not allocated. */
+static enum mt_status alloc_host_arrays(struct mt_ctx *ctx, struct run_state *rs, int n_params, int n_steps,
+                                        int world)
+{
+    void **ptr[MT_HOST_N] = {
+        [MT_HOST_ENG_OF] = (void **)&rs->eng_of,         [MT_HOST_SEL0] = (void **)&rs->sel[0],
+        [MT_HOST_SEL1] = (void **)&rs->sel[1],           [MT_HOST_SEL2] = (void **)&rs->sel[2],
+        [MT_HOST_COUNT_MASK] = (void **)&rs->count,      [MT_HOST_IDX] = (void **)&rs->idx,
+        [MT_HOST_TGT] = (void **)&rs->tgt,               [MT_HOST_STEP_INDEX] = (void **)&rs->step_index,
+        [MT_HOST_EVAL_STEPS] = (void **)&rs->eval_steps, [MT_HOST_LOSSES] = (void **)&rs->losses,
+        [MT_HOST_LM] = (void **)&rs->lm,                 [MT_HOST_AUX] = (void **)&rs->aux,
+        [MT_HOST_Z] = (void **)&rs->z,                   [MT_HOST_GNORM] = (void **)&rs->gnorm,
+        [MT_HOST_LRS] = (void **)&rs->lrs,               [MT_HOST_TIMES] = (void **)&rs->times,
+        [MT_HOST_EVAL_LOSSES] = (void **)&rs->eval_losses, [MT_HOST_MEM_ALL] = (void **)&rs->mem_all,
+        [MT_HOST_IMBALANCE] = (void **)&rs->imbalance,   [MT_HOST_LOAD_TOTAL] = (void **)&rs->load_total,
+        [MT_HOST_LOAD_STEP] = (void **)&rs->load_step,
+    };
+    size_t bytes[MT_HOST_N];
+    mt_layout_host_sizes(rs->cfg, n_params, rs->Bm, n_steps, world, bytes);
+    for (int k = 0; k < MT_HOST_N; k++)
+        if (bytes[k] && !(*ptr[k] = mt_alloc(ctx, bytes[k], MT_BUCKET_OTHER))) return MT_ERR_OOM;
+    return MT_OK;
+}
+
+size_t mt_train_host_bytes(const struct mt_config *cfg, int n_params, int Bm, int n_steps, int world)
+{
+    return mt_layout_host_bytes(cfg, n_params, Bm, n_steps, world);
+}
+
+/* Setup steps 1-3 of one rank, with no collective: flags, mesh shape,
+ * config (and the resume checkpoint's metadata), startup contract, pipeline
+ * cut, backend, data. Its status goes to mt_comm_agree: a rank that fails here
+ * alone must not leave the others waiting in the first collective. Opened
+ * streams are in rs (closed by the caller). */
+enum mt_status mt_train_setup_local(struct mt_ctx *ctx, struct mt_config *cfg, const struct mt_train_opts *opts,
+                                    int world, struct mt_mesh_dims *dims, char *resume_dir, size_t resume_n,
+                                    struct mt_ckpt_meta *resume_meta, struct run_state *rs)
+{
+    if (!opts->data_path) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--data is required");
+    if (!opts->out_dir) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--out is required");
+    if (opts->steps < 0) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--steps must be >= 0 (got %d)", opts->steps);
+    if (opts->zero_stage < 0 || opts->zero_stage > 3)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--zero must be 0, 1, 2 or 3 (got %d)", opts->zero_stage);
+    /* the mesh: parsed against the world size without any collective */
+    MT_CHECK(mt_mesh_parse(ctx, opts->mesh, world, dims));
+
+    /* ---- 1. config (vocab may come from the data dir) ---- */
+    MT_CHECK(resolve_vocab(ctx, cfg, opts->data_path));
+    if (opts->resume && opts->init_from)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--resume and --init-from exclude each other");
+    if (opts->resume) {
+        /* latest of the run, or its previous intact checkpoint (said on stderr) */
+        char note[2048];
+        MT_CHECK(mt_ckpt_resolve(ctx, opts->resume, resume_dir, resume_n, note, sizeof note));
+        if (note[0] && ctx->rank == 0) fprintf(stderr, "meshtrain train: warning: %s\n", note);
+        struct mt_config saved;
+        mt_config_defaults(&saved);
+        MT_CHECK(mt_ckpt_read_meta(ctx, resume_dir, &saved, resume_meta));
+        if (cfg->vocab_size == 0) cfg->vocab_size = saved.vocab_size;
+        if (opts->steps < resume_meta->step)
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--steps %d is below the checkpoint's step %d (%s)",
+                                opts->steps, resume_meta->step, resume_dir);
+        MT_CHECK(mt_config_resolve(ctx, cfg, opts->steps));
+        char why[256];
+        if (!mt_config_same_model(cfg, &saved, why, sizeof why))
+            return mt_ctx_error(ctx, MT_ERR_CONFIG, "cannot resume from %s: incompatible config: %s", resume_dir, why);
+        /* the data order is a pure function of (step, batch_size, data_order,
+         * seed if shuffled): the saved data_pos is only where the resumed run
+         * continues if these are unchanged (see docs/checkpoint.md) */
+        int shuffled = !strcmp(cfg->data_order, "shuffled");
+        if (cfg->batch_size != saved.batch_size || strcmp(cfg->data_order, saved.data_order) ||
+            (shuffled && cfg->seed != saved.seed))
+            return mt_ctx_error(ctx, MT_ERR_CONFIG,
+                                "cannot resume from %s: the data position would move (batch_size %d -> %d, data_order "
+                                "%s -> %s%s): keep batch_size, data_order (and seed when shuffled) as saved",
+                                resume_dir, saved.batch_size, cfg->batch_size, saved.data_order, cfg->data_order,
+                                shuffled && cfg->seed != saved.seed ? ", seed changed" : "");
+        if (resume_meta->data_pos != (int64_t)resume_meta->step * saved.batch_size)
+            return mt_ctx_error(ctx, MT_ERR_FORMAT, "cannot resume from %s: data_pos %lld is not step %d x batch_size %d",
+                                resume_dir, (long long)resume_meta->data_pos, resume_meta->step, saved.batch_size);
+        snprintf(rs->run_id, sizeof rs->run_id, "%s", resume_meta->run_id);   /* the run continues */
+    } else {
+        MT_CHECK(mt_config_resolve(ctx, cfg, opts->steps));
+    }
+    /* the startup contract, before any allocation; identical on every rank */
+    MT_CHECK(mt_mesh_check_contract(ctx, dims, cfg, world, cfg->microbatches));
+    /* the pipeline cut, by hand (--pp-layers) or balanced by cost; before any allocation */
+    MT_CHECK(mt_layout_pipeline_cut(ctx, cfg, dims->pp, opts->pp_layers, rs->first_layer));
+
+    /* ---- 2. backend ---- */
+    if (!strcmp(cfg->backend, "cuda")) {
+        char why[200] = "";
+        rs->ops = mt_ops_cuda(why, sizeof why);
+        if (!rs->ops)
+            return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "backend 'cuda' is not available: %s (use backend=cpu)", why);
+#ifdef MT_WITH_CUDA
+        /* knob cuda_precision from the command line (its env alias was read by mt_ops_cuda) */
+        if (mt_knob_source(ctx, MT_KNOB_CUDA_PRECISION) == MT_KNOB_CLI) {
+            enum mt_cuda_precision p;
+            MT_CHECK(mt_ops_cuda_precision_parse(mt_knob_str(ctx, MT_KNOB_CUDA_PRECISION), &p));
+            MT_CHECK(mt_ops_cuda_set_precision(p));
+        }
+#endif
+    } else {
+        rs->ops = mt_ops_cpu();
+    }
+
+    /* ---- 3. data (every rank opens the stream; it reads only its sequences) ---- */
+    const int T = cfg->seq_len;
+    MT_CHECK(mt_data_open(ctx, opts->data_path, mt_file_is_dir(opts->data_path) ? "train" : NULL, cfg->vocab_size, T,
+                          &rs->train));
+    mt_data_set_order(rs->train, !strcmp(cfg->data_order, "shuffled"), cfg->seed ^ 0x5eedda7aull);
+    if (opts->val_path) {
+        MT_CHECK(mt_data_open(ctx, opts->val_path, NULL, cfg->vocab_size, T, &rs->val));
+    } else if (mt_file_is_dir(opts->data_path)) {
+        if (mt_data_open(ctx, opts->data_path, "val", cfg->vocab_size, T, &rs->val) != MT_OK) {
+            if (ctx->last_status == MT_ERR_IO) mt_ctx_clear_error(ctx); /* no val split: fine */
+            else return ctx->last_status;
+            rs->val = NULL;
+        }
+    }
+    return MT_OK;
+}
+
+/* The mesh's communicators (collective) and this rank's place in them. */
+enum mt_status mt_train_setup_mesh(struct mt_ctx *ctx, struct run_state *rs, const struct mt_train_opts *opts,
+                                   const struct mt_mesh_dims *dims)
+{
+    MT_CHECK(mt_mesh_create(ctx, dims, rs->cfg, opts->zero_stage, &rs->mesh));
+    rs->dpc = mt_mesh_data_expert_comm(rs->mesh);
+    rs->lossc = mt_mesh_stage_comm(rs->mesh);
+    rs->sumc = mt_mesh_world_comm(rs->mesh);
+    rs->pp = dims->pp;
+    rs->stage = mt_mesh_get_coord(rs->mesh)->pipe;
+    rs->pipec = mt_mesh_pipe_comm(rs->mesh);
+    rs->dp_rank = mt_comm_rank(rs->dpc);
+    rs->dp_size = mt_comm_size(rs->dpc);
+    rs->tp = dims->tp;
+    rs->tp_rank = mt_mesh_get_coord(rs->mesh)->model;
+    rs->ep = dims->ep;
+    return MT_OK;
+}
+
+/* Which engine each parameter joins and whether this rank counts (norm) and
+ * writes (checkpoint) it: the layout module's rules. */
+static void assign_engines(struct run_state *rs, const struct mt_mesh_dims *dims, const struct mt_param *params,
+                           int n_params)
+{
+    for (int i = 0; i < n_params; i++) {
+        rs->eng_of[i] = (int)mt_layout_param_engine(&params[i], dims);
+        for (int k = 0; k < 3; k++) rs->sel[k][i] = rs->eng_of[i] == k;
+        rs->count[i] = (unsigned char)mt_layout_param_counted(&params[i], dims, rs->tp_rank);
+    }
+}
+
+/* One ZeRO engine and optimizer per reduction group. Dense: data x expert;
+ * partial over the model axis: data x expert x model; experts (ep > 1):
+ * data, and model too under TP (SP region). */
+static enum mt_status create_engines(struct mt_ctx *ctx, struct run_state *rs, const struct mt_train_opts *opts,
+                                     const struct mt_mesh_dims *dims)
+{
+    const int wrank = mt_mesh_rank(rs->mesh), n_eng = mt_layout_n_engines(dims);
+    for (int k = 0; k < n_eng; k++) {
+        enum mt_mesh_group grp = mt_layout_engine_group(dims, (enum mt_layout_engine)k);
+        struct mt_comm *comm = mt_mesh_comm(rs->mesh, grp);
+        MT_CHECK(mt_zero_create(ctx, rs->ops, comm, opts->zero_stage, rs->cfg->reshard_after_forward, rs->model,
+                                rs->sel[k], &rs->zset.z[k]));
+        MT_ASSERT(mt_comm_rank(comm) == mt_layout_group_rank(dims, wrank, grp));
+        rs->zset.n++;
+        int nv;
+        struct mt_param *v = mt_zero_opt_params(rs->zset.z[k], &nv);
+        MT_CHECK(mt_optim_create(ctx, rs->ops, rs->cfg, v, nv, &rs->zset.opt[k]));
+        if (dims->tp > 1) mt_optim_set_tp_comm(rs->zset.opt[k], mt_mesh_model_comm(rs->mesh));
+    }
+    mt_zero_install_hooks(rs->model, &rs->zset);
+    return MT_OK;
+}
+
+/* The parameters: every rank reads exactly the tensors it owns (resharding
+ * on load) from the resume checkpoint (with the optimizer state) or from
+ * --init-from (weights only, optimizer fresh); else the counter-based init. */
+static enum mt_status load_params(struct mt_ctx *ctx, struct run_state *rs, const struct mt_train_opts *opts,
+                                  const char *resume_dir, const struct mt_ckpt_meta *resume_meta)
+{
+    if (!resume_dir[0] && !opts->init_from) return mt_zero_set_init_params(ctx, &rs->zset, rs->cfg->seed);
+    for (int k = 0; k < rs->zset.n; k++) {
+        int nv;
+        struct mt_param *v = mt_zero_opt_params(rs->zset.z[k], &nv);
+        if (resume_dir[0]) {
+            MT_CHECK(mt_ckpt_load(ctx, rs->ops, resume_dir, v, nv, rs->zset.opt[k]));
+            mt_optim_set_t(rs->zset.opt[k], resume_meta->adam_t);
+        } else {
+            MT_CHECK(mt_ckpt_load(ctx, rs->ops, opts->init_from, v, nv, NULL));
+        }
+    }
+    return MT_OK;
+}
+
+/* The model, the pipeline's exchange buffers, the host arrays, the engines
+ * and the parameters of this rank. Local failures (allocation, the
+ * checkpoint load) are returned for mt_comm_agree. */
+enum mt_status mt_train_setup_model(struct mt_ctx *ctx, struct run_state *rs, const struct mt_train_opts *opts,
+                                    const struct mt_mesh_dims *dims, int n_steps, const char *resume_dir,
+                                    const struct mt_ckpt_meta *resume_meta)
+{
+    const struct mt_config *cfg = rs->cfg;
+    const int wrank = mt_mesh_rank(rs->mesh), world = mt_comm_size(rs->sumc);
+    struct mt_model_par par;
+    mt_layout_model_par(cfg, dims, rs->first_layer, wrank, &par);
+    par.tp_comm = dims->tp > 1 ? mt_mesh_model_comm(rs->mesh) : NULL;
+    par.ep_comm = dims->ep > 1 ? mt_mesh_expert_comm(rs->mesh) : NULL;
+    MT_ASSERT(par.sp == mt_mesh_get_preds(rs->mesh)->sp_on && par.tp_rank == rs->tp_rank);
+    mt_train_fault_setup(ctx, rs);   /* test hook: fail the model's first allocation */
+    MT_CHECK(mt_model_create_par(ctx, rs->ops, cfg, rs->Bm, MT_MODEL_EXTERNAL_PARAMS, &par, &rs->model));
+    int n_params;
+    struct mt_param *params = mt_model_params(rs->model, &n_params);
+    if (dims->pp > 1) {
+        size_t nb = mt_layout_stage_io_bytes(rs->model, cfg, dims->pp);
+        rs->act_in = rs->ops->buf_alloc(ctx, nb, MT_BUCKET_COMM);
+        rs->grad_in = rs->ops->buf_alloc(ctx, nb, MT_BUCKET_COMM);
+        if (!rs->act_in || !rs->grad_in) return MT_ERR_OOM;
+    }
+    MT_CHECK(alloc_host_arrays(ctx, rs, n_params, n_steps, world));
+    assign_engines(rs, dims, params, n_params);
+    MT_CHECK(create_engines(ctx, rs, opts, dims));
+    return load_params(ctx, rs, opts, resume_dir, resume_meta);
+}
+
+/* Everything setup made, in reverse; safe on a partly set-up run. */
+void mt_train_free(struct mt_ctx *ctx, struct run_state *rs)
+{
+    mt_free(ctx, rs->saved);
+    mt_free(ctx, rs->mem_all);
+    mt_free(ctx, rs->idx);
+    mt_free(ctx, rs->tgt);
+    mt_free(ctx, rs->step_index);
+    mt_free(ctx, rs->eval_steps);
+    mt_free(ctx, rs->losses);
+    mt_free(ctx, rs->lm);
+    mt_free(ctx, rs->aux);
+    mt_free(ctx, rs->z);
+    mt_free(ctx, rs->gnorm);
+    mt_free(ctx, rs->lrs);
+    mt_free(ctx, rs->times);
+    mt_free(ctx, rs->eval_losses);
+    mt_zero_set_destroy(ctx, &rs->zset);
+    if (rs->act_in) rs->ops->buf_free(ctx, rs->act_in);
+    if (rs->grad_in) rs->ops->buf_free(ctx, rs->grad_in);
+    mt_free(ctx, rs->eng_of);
+    mt_free(ctx, rs->sel[0]);
+    mt_free(ctx, rs->sel[1]);
+    mt_free(ctx, rs->sel[2]);
+    mt_free(ctx, rs->imbalance);
+    mt_free(ctx, rs->stage_bubble);
+    mt_free(ctx, rs->load_total);
+    mt_free(ctx, rs->load_step);
+    mt_free(ctx, rs->count);
+    mt_model_destroy(ctx, rs->model);
+    mt_mesh_destroy(rs->mesh);
+    mt_data_close(rs->train);
+    mt_data_close(rs->val);
+}

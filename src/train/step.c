@@ -1,0 +1,120 @@
+/*
+ * step.c — one training step of one rank, and the evaluation pass.
+ *
+ * The step, as in llm.c's train loop:
+ *
+ *     zero grads          mt_zero_set_zero_grad      (every engine)
+ *     forward, backward   mt_train_microbatches      (pipeline.c: grads +=)
+ *     reduce              mt_zero_set_reduce         (each engine over its group)
+ *     loss                one all-reduce of the loss shares (world)
+ *     clip norm           mt_zero_set_clip_norm      (fp64, world)
+ *     update              mt_zero_set_step           (the optimizers clip inside)
+ *     sync                mt_zero_set_sync           (ZeRO-1/2 all-gather)
+ *
+ * The global batch at step s is the same set of sequences whatever the mesh
+ * (mt_data_sequence), and the loss is normalised by global counts, so every
+ * mesh computes the loss of one rank (SPEC.md, equivalence).
+ */
+#include <math.h>
+#include <string.h>
+
+#include "mt_layout.h"
+#include "mt_optim.h"
+#include "train_impl.h"
+
+/* Routed slots per expert this step over the whole world: the load
+ * histogram (run totals) and the step's imbalance (busiest expert / mean,
+ * averaged over the MoE layers). */
+static enum mt_status moe_load_step(struct mt_ctx *ctx, struct run_state *rs, double *imbalance)
+{
+    const struct mt_config *cfg = rs->cfg;
+    const size_t LE = (size_t)cfg->n_layer * (size_t)(cfg->n_experts > 0 ? cfg->n_experts : 1);
+    memcpy(rs->load_step, mt_model_moe_load(rs->model), LE * sizeof(double));
+    MT_CHECK(mt_comm_allreduce(ctx, mt_mesh_world_comm(rs->mesh), rs->load_step, LE, MT_DTYPE_F64, MT_REDOP_SUM));
+    double imb = 0;
+    int nl = 0;
+    for (int l = 0; l < cfg->n_layer; l++) {
+        if (cfg->pattern[l] != 'E') continue;
+        double mx = 0, sum = 0;
+        for (int e = 0; e < cfg->n_experts; e++) {
+            double v = rs->load_step[(size_t)l * cfg->n_experts + e];
+            rs->load_total[(size_t)l * cfg->n_experts + e] += v;
+            sum += v;
+            if (v > mx) mx = v;
+        }
+        if (sum > 0) { imb += mx / (sum / cfg->n_experts); nl++; }
+    }
+    *imbalance = nl ? imb / nl : 0;
+    return MT_OK;
+}
+
+enum mt_status mt_train_step(struct mt_ctx *ctx, struct run_state *rs, int step, struct mt_train_step_out *out)
+{
+    const struct mt_config *cfg = rs->cfg;
+    const double G = cfg->batch_size, T = cfg->seq_len;
+    /* targets are never -1 in the default order; the count stays general */
+    const struct mt_loss_norm norm = {.n_targets = G * T, .n_sequences = G, .n_tokens = G * T};
+    double part[3] = {0, 0, 0};   /* loss shares: lm, aux, z */
+
+    mt_zero_set_zero_grad(&rs->zset, step);
+    mt_model_moe_load_reset(rs->model);
+    MT_CHECK(mt_train_microbatches(ctx, rs, step, &norm, part));      /* forward + backward */
+    MT_CHECK(mt_zero_set_reduce(ctx, &rs->zset));
+    out->imbalance = 0;
+    if (rs->imbalance) MT_CHECK(moe_load_step(ctx, rs, &out->imbalance));
+
+    /* the loss sums meet here: the first point where every rank waits for the slowest (idle) */
+    double ti = mt_time_sec();
+    MT_CHECK(mt_comm_allreduce(ctx, rs->sumc, part, 3, MT_DTYPE_F64, MT_REDOP_SUM));
+    out->idle_s = mt_time_sec() - ti;
+    out->lm = part[0];
+    out->aux = part[1];
+    out->z = part[2];
+    out->loss = part[0] + part[1] + part[2];
+
+    MT_CHECK(mt_zero_set_clip_norm(ctx, &rs->zset, rs->count, rs->sumc, &out->grad_norm));
+    if (!isfinite(out->loss) || !isfinite(out->grad_norm))
+        return mt_ctx_error(ctx, MT_ERR_NUMERIC, "non-finite %s at step %d on rank %d",
+                            isfinite(out->loss) ? "gradient norm" : "loss", step, ctx->rank);
+    MT_CHECK(mt_zero_set_step(ctx, &rs->zset, step, out->grad_norm));   /* update (clipped) */
+    MT_CHECK(mt_zero_set_sync(ctx, &rs->zset));
+    return MT_OK;
+}
+
+/* Validation loss: eval_batches global batches of the val stream (fixed: the
+ * same sequences every evaluation), forward only. Each data rank evaluates
+ * its share of every batch; the sums meet in one all-reduce. */
+enum mt_status mt_train_evaluate(struct mt_ctx *ctx, struct run_state *rs, double *out)
+{
+    const struct mt_config *cfg = rs->cfg;
+    int G = cfg->batch_size, T = cfg->seq_len, Gl = G / rs->dp_size, Bm = rs->Bm;
+    struct mt_loss_norm norm = {.n_targets = (double)G * T, .n_sequences = G, .n_tokens = (double)G * T};
+    double sum = 0;
+    for (int b = 0; b < cfg->eval_batches; b++) {
+        for (int mb = 0; mb < Gl / Bm; mb++) {
+            for (int i = 0; i < Bm; i++)
+                mt_data_sequence(rs->val, b, G, mt_layout_sequence(rs->dp_rank, Gl, mb, Bm, i), T,
+                                 rs->idx + (size_t)i * T, rs->tgt + (size_t)i * T);
+            struct mt_loss_parts parts;
+            MT_CHECK(mt_train_stage_forward_eval(ctx, rs, &norm, &parts));
+            sum += parts.lm;
+        }
+    }
+    MT_CHECK(mt_comm_allreduce(ctx, rs->sumc, &sum, 1, MT_DTYPE_F64, MT_REDOP_SUM));
+    *out = sum / cfg->eval_batches;
+    return MT_OK;
+}
+
+/* Seconds spent blocked in communication so far (cumulative): ZeRO waits and
+ * blocking collectives, the model axis's collectives, the expert all-to-alls.
+ * The step's exposed communication is the difference across the step. */
+double mt_train_exposed_comm_s(const struct run_state *rs)
+{
+    struct mt_zero_stats zs;
+    mt_zero_set_get_stats(&rs->zset, &zs);
+    struct mt_tp_stats tps;
+    mt_model_tp_stats(rs->model, &tps);
+    struct mt_ep_stats eps;
+    mt_model_ep_stats(rs->model, &eps);
+    return zs.wait_s + tps.time_s + eps.a2a_s;
+}

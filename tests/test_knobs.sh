@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Knobs and sizes (issue 14 items 4-5), one rank, no MPI:
+#   1. every knob of the table is listed by `train --help`;
+#   2. the receipt's "knobs" echoes every knob with value and source:
+#      default, env alias (MT_ZERO_OVERLAP=0), command line (--knob) — and the
+#      value set on the command line reaches the library (ZeRO's overlap,
+#      distributed.tunables.MT_ZERO_OVERLAP), the command line beating env;
+#   3. runtime_mode says fp32 on the cpu backend;
+#   4. a bad knob (unknown name, bad bool, bad choice) is exit 2, one line,
+#      nothing written under --out;
+#   5. the test hook set by --knob test_fault=0:1:error fails the run at step 1
+#      (exit 1, the injected message);
+#   6. one size parser: `plan --mem-per-rank 80G` and `prepare --max-bytes 1G`
+#      are refused (exit 2) with a message naming both 80GiB and 80GB.
+set -u
+BUILD=${1:?build dir}
+MT="$BUILD/meshtrain"
+HERE=$(cd "$(dirname "$0")" && pwd)
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+fails=0; passes=0
+ok()   { passes=$((passes+1)); echo "PASS $1"; }
+bad()  { fails=$((fails+1)); echo "FAIL $1"; }
+if [ ! -x "$MT" ]; then echo "FAIL: $MT not built"; exit 1; fi
+export OMP_NUM_THREADS=1
+unset MT_ZERO_OVERLAP MT_FAULT MT_TEST_FORCE_ROUTING MT_CUDA_PRECISION
+python3 "$HERE/make_shard.py" "$W/train.bin" 4000 64 pattern >/dev/null
+TINY="--set vocab_size=64 --set n_layer=2 --set d_model=32 --set n_head=4 --set n_kv_head=2 --set seq_len=16 --set batch_size=4 --peak-flops 1e11 --quiet --data $W/train.bin --steps 2"
+
+# 1. --help lists the knobs
+H=$($MT train --help)
+miss=""
+for k in zero_overlap cuda_precision test_fault test_force_routing; do
+  echo "$H" | grep -q "^  $k " || miss="$miss $k"
+done
+[ -z "$miss" ] && ok "help lists every knob" || bad "help lacks:$miss"
+
+# 2-3. receipts: default, env, command line (beats env)
+check() {  # name out zero_overlap_value source
+  python3 - "$2/receipt.json" "$3" "$4" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+k = r["knobs"]
+assert set(k) == {"zero_overlap", "cuda_precision", "test_fault", "test_force_routing"}, k.keys()
+assert k["zero_overlap"]["value"] == sys.argv[2] and k["zero_overlap"]["source"] == sys.argv[3], k["zero_overlap"]
+assert k["zero_overlap"]["env_alias"] == "MT_ZERO_OVERLAP" and k["test_fault"]["test_hook"] is True
+assert r["distributed"]["tunables"]["MT_ZERO_OVERLAP"] == int(sys.argv[2]), r["distributed"]["tunables"]
+assert r["backend"]["runtime_mode"] == "fp32", r["backend"]
+PY
+}
+$MT train $TINY --out "$W/d" > /dev/null 2>&1 && check x "$W/d" 1 default && ok "default knob in receipt" || bad "default knob in receipt"
+MT_ZERO_OVERLAP=0 $MT train $TINY --out "$W/e" > /dev/null 2>&1 && check x "$W/e" 0 env && ok "env alias in receipt" || bad "env alias in receipt"
+MT_ZERO_OVERLAP=1 $MT train $TINY --knob zero_overlap=0 --out "$W/c" > /dev/null 2>&1 && check x "$W/c" 0 "command line" \
+  && ok "--knob reaches the library and the receipt" || bad "--knob reaches the library and the receipt"
+
+# 4. bad knobs: exit 2, one line, nothing written
+for kv in nope=1 zero_overlap=2 cuda_precision=fp16 zero_overlap; do
+  $MT train $TINY --knob "$kv" --out "$W/bad" > /dev/null 2> "$W/err"; rc=$?
+  if [ $rc -eq 2 ] && [ "$(wc -l < "$W/err")" -eq 1 ] && grep -q -- "--knob" "$W/err" && [ ! -e "$W/bad" ]; then
+    ok "bad knob $kv refused"
+  else
+    bad "bad knob $kv: rc=$rc $(cat "$W/err")"
+  fi
+done
+
+# 5. the test hook through --knob
+$MT train $TINY --knob test_fault=0:1:error --out "$W/f" > /dev/null 2> "$W/err"; rc=$?
+[ $rc -eq 1 ] && grep -q "injected failure (MT_FAULT) on rank 0 at step 1" "$W/err" && ok "test_fault knob" \
+  || bad "test_fault knob: rc=$rc $(cat "$W/err")"
+
+# 6. one size parser
+printf '{"vocab_size": 512, "n_layer": 4}\n' > "$W/c.json"
+$MT plan --config "$W/c.json" --world 1 --mem-per-rank 80G > /dev/null 2> "$W/err"; rc=$?
+[ $rc -eq 2 ] && grep -q "80GiB" "$W/err" && grep -q "80GB" "$W/err" && ok "plan refuses 80G" || bad "plan 80G: rc=$rc $(cat "$W/err")"
+$MT plan --config "$W/c.json" --world 1 --mem-per-rank 80GiB > /dev/null 2> "$W/err"; rc=$?
+[ $rc -eq 0 ] && ok "plan takes 80GiB" || bad "plan 80GiB: rc=$rc $(cat "$W/err")"
+$MT prepare --tokenizer "$W/none.bin" --out "$W/p" --max-bytes 1G > /dev/null 2> "$W/err"; rc=$?
+[ $rc -eq 2 ] && grep -q "1GiB" "$W/err" && grep -q "1GB" "$W/err" && [ ! -e "$W/p" ] && ok "prepare refuses 1G" \
+  || bad "prepare 1G: rc=$rc $(cat "$W/err")"
+
+echo "test_knobs: $passes passed, $fails failed"
+[ $fails -eq 0 ]
