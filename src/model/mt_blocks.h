@@ -144,6 +144,8 @@ struct mt_piece {
     double (*mm_per_token)(const struct mt_block_shape *s);
     /* training FLOPs per token beyond 6 x matmul params (attention scores) */
     double (*extra_flops_per_token)(const struct mt_block_shape *s);
+    /* parameters a token does not use (routed experts it is not sent to) */
+    double (*inactive_params)(const struct mt_block_shape *s);
     /* carve this piece's saved activations into ly (c NULL-based: sizes only) */
     void   (*carve)(struct mt_model *m, struct mt_carver *c, struct mt_layer *ly);
     /* carve scratch this piece needs beyond the shared set (once per model) */
@@ -164,7 +166,11 @@ struct mt_block_kind {
     const struct mt_piece *mixer;     /* token mixing, first half of the block          */
     const struct mt_piece *ffn;       /* per-token feed-forward, second half            */
     int                    routed;    /* 1: has routed experts (load histogram, EP axis) */
+    int                    hf;        /* 1: has a Hugging Face (Qwen3 / Qwen3-MoE) equivalent */
 };
+
+/* Most kinds the table may hold (stack arrays indexed by kind). */
+#define MT_MAX_BLOCK_KINDS 8
 
 /* Index of the kind for `letter` in the table, or -1. */
 int mt_blocks_find(char letter);
@@ -189,6 +195,8 @@ void mt_blocks_layer_params(const struct mt_config *cfg, const struct mt_block_s
 
 /* Training FLOPs per token of block l: 6 x matmul params active + extra. */
 double mt_blocks_layer_flops(const struct mt_config *cfg, const struct mt_block_shape *s, int l);
+/* Parameters of block l no token uses (unrouted experts), for active counts. */
+double mt_blocks_layer_inactive(const struct mt_config *cfg, const struct mt_block_shape *s, int l);
 /* Matmul parameters of block l active per token. */
 double mt_blocks_layer_mm(const struct mt_config *cfg, const struct mt_block_shape *s, int l);
 /* Non-parameter FLOPs per token of block l (attention scores and values). */

@@ -1,0 +1,123 @@
+/*
+ * blocks.c — the block-kind table and the walks every consumer shares.
+ *
+ * One row per pattern letter; a row names its two pieces (mt_blocks.h). The
+ * functions below answer every "which kind is layer l, and what does that
+ * imply" question of the runtime (registry, FLOPs, routed layers), so that
+ * no other file spells a letter. Invariant: the order of kinds is the value
+ * struct mt_layer.kind holds; letters are unique.
+ */
+#include "model_impl.h"
+
+#include <string.h>
+
+static const struct mt_block_kind kinds[] = {
+    /* letter name             mixer                 ffn              routed hf */
+    {'A', "attention+mlp", &mt_piece_attention, &mt_piece_mlp, 0, 1},
+    {'E', "attention+moe", &mt_piece_attention, &mt_piece_moe, 1, 1},
+};
+#define N_KINDS ((int)(sizeof kinds / sizeof kinds[0]))
+
+int mt_blocks_count(void) { return N_KINDS; }
+const struct mt_block_kind *mt_blocks_kind(int index) { return &kinds[index]; }
+
+int mt_blocks_find(char letter)
+{
+    for (int i = 0; i < N_KINDS; i++)
+        if (kinds[i].letter == letter) return i;
+    return -1;
+}
+
+const char *mt_blocks_letters(void)
+{
+    /* built once from the table: "A, E" */
+    static char buf[4 * N_KINDS + 1];
+    if (!buf[0])
+        for (int i = 0; i < N_KINDS; i++) {
+            size_t n = strlen(buf);
+            buf[n] = kinds[i].letter;
+            if (i + 1 < N_KINDS) memcpy(buf + n + 1, ", ", 3);
+        }
+    return buf;
+}
+
+const char *mt_layout_name(enum mt_layout l)
+{
+    static const char *const names[MT_LAYOUT_COUNT] = {"residual", "tp_rows", "tp_cols", "model_partial", "expert"};
+    return (unsigned)l < MT_LAYOUT_COUNT ? names[l] : "?";
+}
+
+int mt_blocks_layer_kind(const struct mt_config *cfg, int l)
+{
+    char c = l >= 0 && l < (int)strnlen(cfg->pattern, sizeof cfg->pattern) ? cfg->pattern[l] : 'A';
+    int k = mt_blocks_find(c);
+    return k >= 0 ? k : 0;   /* unknown letters are rejected by config and model checks */
+}
+
+int mt_blocks_layer_routed(const struct mt_config *cfg, int l)
+{
+    return kinds[mt_blocks_layer_kind(cfg, l)].routed;
+}
+
+int mt_blocks_any_routed(const struct mt_config *cfg)
+{
+    for (int l = 0; l < cfg->n_layer && l < MT_MAX_LAYERS; l++)
+        if (mt_blocks_layer_routed(cfg, l)) return 1;
+    return 0;
+}
+
+void mt_blocks_shape(const struct mt_config *cfg, struct mt_block_shape *s)
+{
+    memset(s, 0, sizeof *s);
+    s->D = cfg->d_model;
+    s->T = cfg->seq_len;
+    s->L = cfg->n_layer;
+    s->hd = cfg->head_dim > 0 ? cfg->head_dim : (cfg->n_head > 0 ? cfg->d_model / cfg->n_head : 0);
+    s->H = cfg->n_head;
+    s->K = cfg->n_kv_head;
+    s->F = cfg->mlp_hidden;
+    s->E = cfg->n_experts;
+    s->top_k = cfg->top_k;
+    s->Fe = cfg->expert_hidden;
+    s->Fs = cfg->shared_expert_hidden;
+    s->e0 = 0;
+    s->Ee = cfg->n_experts;
+}
+
+void mt_blocks_layer_params(const struct mt_config *cfg, const struct mt_block_shape *s, int l, mt_pspec_fn fn,
+                            void *user)
+{
+    const struct mt_block_kind *k = &kinds[mt_blocks_layer_kind(cfg, l)];
+    k->mixer->params(s, fn, user);
+    k->ffn->params(s, fn, user);
+}
+
+static double piece_or0(double (*f)(const struct mt_block_shape *), const struct mt_block_shape *s)
+{
+    return f ? f(s) : 0.0;
+}
+
+double mt_blocks_layer_mm(const struct mt_config *cfg, const struct mt_block_shape *s, int l)
+{
+    const struct mt_block_kind *k = &kinds[mt_blocks_layer_kind(cfg, l)];
+    return piece_or0(k->mixer->mm_per_token, s) + piece_or0(k->ffn->mm_per_token, s);
+}
+
+double mt_blocks_layer_extra(const struct mt_config *cfg, const struct mt_block_shape *s, int l)
+{
+    const struct mt_block_kind *k = &kinds[mt_blocks_layer_kind(cfg, l)];
+    return piece_or0(k->mixer->extra_flops_per_token, s) + piece_or0(k->ffn->extra_flops_per_token, s);
+}
+
+double mt_blocks_layer_inactive(const struct mt_config *cfg, const struct mt_block_shape *s, int l)
+{
+    const struct mt_block_kind *k = &kinds[mt_blocks_layer_kind(cfg, l)];
+    return piece_or0(k->mixer->inactive_params, s) + piece_or0(k->ffn->inactive_params, s);
+}
+
+/* FLOP counts are integers below 2^53: every sum here is exact, so the
+ * grouping (per piece, per layer) cannot change a bit of the result. */
+double mt_blocks_layer_flops(const struct mt_config *cfg, const struct mt_block_shape *s, int l)
+{
+    return 6.0 * mt_blocks_layer_mm(cfg, s, l) + mt_blocks_layer_extra(cfg, s, l);
+}
