@@ -30,6 +30,7 @@
 #include "core/mt_config.h"
 #include "core/mt_core.h"
 #include "dist/mt_mesh.h"
+#include "model/mt_blocks.h"
 #include "model/mt_model.h"
 #include "train/mt_data.h"
 #include "train/mt_plan.h"
@@ -633,7 +634,7 @@ static int run_auto(struct mt_ctx *ctx, struct mt_config *cfg, const struct opts
     struct cand smallest_c;
     memset(&smallest_c, 0, sizeof smallest_c);
     int n_cand = 0;
-    int any_moe = strchr(cfg->pattern, 'E') != NULL, skipped_ep = 0;
+    int any_moe = mt_blocks_any_routed(cfg), skipped_ep = 0;
     for (int mi = 0; mi < nm; mi++) {
         const struct mt_mesh_dims *d = &meshes[mi];
         /* without an E block the expert axis is data parallelism: the same layout as dp*ep */

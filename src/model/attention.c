@@ -175,6 +175,8 @@ static enum mt_status attn_piece_forward(struct mt_ctx *ctx, struct mt_model *m,
 
 const struct mt_piece mt_piece_attention = {
     /* .name                  = */ "attention",
+    /* .tp_regions            = */ 1,
+    /* .sp_gathers            = */ 0,
     /* .params                = */ attn_params,
     /* .mm_per_token          = */ attn_mm,
     /* .extra_flops_per_token = */ attn_extra,

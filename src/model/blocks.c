@@ -92,6 +92,18 @@ void mt_blocks_layer_params(const struct mt_config *cfg, const struct mt_block_s
     k->ffn->params(s, fn, user);
 }
 
+void mt_blocks_comm_counts(const struct mt_config *cfg, int l0, int l1, struct mt_blocks_comm *out)
+{
+    memset(out, 0, sizeof *out);
+    for (int l = l0; l < l1; l++) {
+        const struct mt_block_kind *k = &kinds[mt_blocks_layer_kind(cfg, l)];
+        out->mixer_regions += k->mixer->tp_regions;
+        out->ffn_regions += k->ffn->tp_regions;
+        out->sp_gathers += k->mixer->sp_gathers + k->ffn->sp_gathers;
+        out->routed += k->routed;
+    }
+}
+
 static double piece_or0(double (*f)(const struct mt_block_shape *), const struct mt_block_shape *s)
 {
     return f ? f(s) : 0.0;

@@ -121,6 +121,8 @@ static enum mt_status mlp_piece_backward(struct mt_ctx *ctx, struct mt_model *m,
 
 const struct mt_piece mt_piece_mlp = {
     /* .name                  = */ "mlp",
+    /* .tp_regions            = */ 1,
+    /* .sp_gathers            = */ 0,
     /* .params                = */ mlp_params,
     /* .mm_per_token          = */ mlp_mm,
     /* .extra_flops_per_token = */ NULL,

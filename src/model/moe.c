@@ -464,6 +464,8 @@ static void moe_undo_recompute(struct mt_model *m, struct mt_layer *ly, int l)
 
 const struct mt_piece mt_piece_moe = {
     /* .name                  = */ "moe",
+    /* .tp_regions            = */ 0,
+    /* .sp_gathers            = */ 1,
     /* .params                = */ moe_params,
     /* .mm_per_token          = */ moe_mm,
     /* .extra_flops_per_token = */ NULL,

@@ -138,6 +138,11 @@ struct mt_piece_fwd {
  */
 struct mt_piece {
     const char *name;                                     /* "attention", "mlp", "moe"            */
+    /* communication shape under TP, for the planner's time model: TP regions
+     * a forward enters (all-gather in + reduce-scatter out with SP, one
+     * all-reduce without), and all-gathers of its output without SP (pieces
+     * that run in the sequence-parallel region on N/tp rows, like MoE) */
+    int         tp_regions, sp_gathers;
     /* parameters in registry order (the piece's input norm first) */
     void   (*params)(const struct mt_block_shape *s, mt_pspec_fn fn, void *user);
     /* matmul parameters active per token (x6 for training FLOPs) */
@@ -195,6 +200,11 @@ void mt_blocks_layer_params(const struct mt_config *cfg, const struct mt_block_s
 
 /* Training FLOPs per token of block l: 6 x matmul params active + extra. */
 double mt_blocks_layer_flops(const struct mt_config *cfg, const struct mt_block_shape *s, int l);
+/* Per-layer TP communication counts of layers [l0, l1), for the planner:
+ * mixer TP regions, ffn TP regions, SP-region output gathers, routed layers. */
+struct mt_blocks_comm { int mixer_regions, ffn_regions, sp_gathers, routed; };
+void mt_blocks_comm_counts(const struct mt_config *cfg, int l0, int l1, struct mt_blocks_comm *out);
+
 /* Parameters of block l no token uses (unrouted experts), for active counts. */
 double mt_blocks_layer_inactive(const struct mt_config *cfg, const struct mt_block_shape *s, int l);
 /* Matmul parameters of block l active per token. */

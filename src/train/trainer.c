@@ -29,6 +29,7 @@
 
 #include "../dist/mt_comm.h"
 #include "../dist/mt_mesh.h"
+#include "../model/mt_blocks.h"
 #include "../model/mt_model.h"
 #include "../ops/mt_ops.h"
 #include "mt_ckpt.h"
@@ -738,7 +739,7 @@ static char *dist_json(const struct run_state *rs, const char *trace, const doub
         cJSON *mo = cJSON_AddObjectToObject(d, "moe");
         cJSON *hist = cJSON_AddArrayToObject(mo, "tokens_per_expert_total");
         for (int l = 0; l < cfg->n_layer; l++) {
-            if (cfg->pattern[l] != 'E') continue;
+            if (!mt_blocks_layer_routed(cfg, l)) continue;
             cJSON *o = cJSON_CreateObject();
             cJSON_AddNumberToObject(o, "layer", l);
             cJSON *arr = cJSON_AddArrayToObject(o, "slots");
@@ -827,7 +828,7 @@ static int host_arrays(struct run_state *rs, const struct mt_config *cfg, int n_
         a[n++] = (struct host_array){(void **)per_step[k], nh * sizeof(double)};
     a[n++] = (struct host_array){(void **)&rs->eval_losses, (nh + 1) * sizeof(double)};
     a[n++] = (struct host_array){(void **)&rs->mem_all, (size_t)world * 2 * MEM_SLOTS * sizeof(double)};
-    if (strchr(cfg->pattern, 'E')) {
+    if (mt_blocks_any_routed(cfg)) {
         a[n++] = (struct host_array){(void **)&rs->imbalance, nh * sizeof(double)};
         a[n++] = (struct host_array){(void **)&rs->load_total, LE * sizeof(double)};
         a[n++] = (struct host_array){(void **)&rs->load_step, LE * sizeof(double)};
@@ -1118,7 +1119,7 @@ agree2:
     }
     if (resume_dir[0] || opts->init_from)
         for (int k = 0; k < rs.n_eng; k++) MT_CHECK_GOTO(mt_zero_sync_params(ctx, rs.eng[k]), rc, done);
-    const int any_moe = strchr(cfg->pattern, 'E') != NULL, LE = cfg->n_layer * (cfg->n_experts > 0 ? cfg->n_experts : 1);
+    const int any_moe = mt_blocks_any_routed(cfg), LE = cfg->n_layer * (cfg->n_experts > 0 ? cfg->n_experts : 1);
 
     /* ---- 5. from here on we write outputs ---- */
     const int is_root = wrank == 0;
@@ -1199,7 +1200,7 @@ agree2:
             double imb = 0;
             int nl = 0;
             for (int l = 0; l < cfg->n_layer; l++) {
-                if (cfg->pattern[l] != 'E') continue;
+                if (!mt_blocks_layer_routed(cfg, l)) continue;
                 double mx = 0, sum = 0;
                 for (int e = 0; e < cfg->n_experts; e++) {
                     double v = rs.load_step[(size_t)l * cfg->n_experts + e];
