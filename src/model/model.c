@@ -43,17 +43,14 @@ static void model_dims_par(struct mt_model *m, const struct mt_config *cfg, int 
     m->T = cfg->seq_len;
     long long n_rows = (long long)B * cfg->seq_len;
     m->N = n_rows > 0 && n_rows <= INT_MAX ? (int)n_rows : 0;   /* 0: rejected by check_dims */
+    struct mt_block_shape g;
+    mt_blocks_shape(cfg, &g);   /* global dims as the pieces see them (head_dim default resolved there) */
     m->V = cfg->vocab_size;
-    m->L = cfg->n_layer;
-    m->D = cfg->d_model;
-    m->H = cfg->n_head;
-    m->K = cfg->n_kv_head;
-    m->hd = cfg->head_dim > 0 ? cfg->head_dim : (cfg->n_head > 0 ? cfg->d_model / cfg->n_head : 0);
-    m->F = cfg->mlp_hidden;
-    m->E = cfg->n_experts;
-    m->top_k = cfg->top_k;
-    m->Fe = cfg->expert_hidden;
-    m->Fs = cfg->shared_expert_hidden;
+    m->L = (int)g.L;
+    m->D = (int)g.D;
+    m->H = (int)g.H, m->K = (int)g.K, m->hd = (int)g.hd;
+    m->F = (int)g.F;
+    m->E = (int)g.E, m->top_k = (int)g.top_k, m->Fe = (int)g.Fe, m->Fs = (int)g.Fs;
     m->QD = m->H * m->hd;
     m->KD = m->K * m->hd;
     m->any_moe = 0;

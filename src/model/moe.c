@@ -108,6 +108,50 @@ static enum mt_status ep_a2a(struct mt_ctx *ctx, struct mt_model *m, float *recv
     return rc;
 }
 
+/* The auxiliary losses of the n rows just routed (forward with targets):
+ * *aux_sum (model rank 0 only under TP) and *z_sum, and ly->f_share for
+ * the backward. */
+static enum mt_status moe_losses(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly, int n, double *aux_sum,
+                                 double *z_sum)
+{
+    const struct mt_ops_i *ops = m->ops;
+    const int E = m->E, k = m->top_k;
+    /* aux: per sequence of the microbatch, f from the routing and P from the
+     * probs (host, double sums). Under TP our n rows are the global rows
+     * row0.. (sequences of T rows may straddle ranks): the per-sequence sums
+     * meet in one all-reduce over the model group, and model rank 0 alone
+     * reports the aux loss (every rank needs f for the backward). */
+    ops->copy_to_host(m->h_probs, ly->probs, (size_t)n * E * sizeof(float));
+    ops->copy_to_host(m->h_rlse, ly->rlse, (size_t)n * sizeof(float));
+    const int B = m->B, T = m->T, g0 = m->tp > 1 ? m->row0 : 0;
+    double *cnt = m->h_seq, *psum = m->h_seq + (size_t)B * E;
+    memset(m->h_seq, 0, (size_t)2 * B * E * sizeof(double));
+    for (int i = 0; i < n; i++) {
+        int s = (g0 + i) / T;
+        MT_ASSERT(s < B);
+        for (int j = 0; j < k; j++) cnt[(size_t)s * E + m->h_topk[(size_t)i * k + j]] += 1.0;
+        for (int e = 0; e < E; e++) psum[(size_t)s * E + e] += (double)m->h_probs[(size_t)i * E + e];
+    }
+    if (m->tp > 1) MT_CHECK(tp_allreduce_f64(ctx, m, m->h_seq, (size_t)2 * B * E));
+    double aux = 0.0;
+    for (int s = 0; s < B; s++) {
+        float *f = ly->f_share + (size_t)s * E;
+        double acc = 0.0;
+        for (int e = 0; e < E; e++) {
+            f[e] = (float)(cnt[(size_t)s * E + e] / ((double)T * k));
+            acc += (double)f[e] * (psum[(size_t)s * E + e] / (double)T);
+        }
+        aux += (double)m->cfg.aux_loss_coef * E * acc;
+    }
+    if (m->tp > 1 && m->tp_rank != 0) aux = 0.0;
+    double z = 0.0;
+    for (int i = 0; i < n; i++) z += (double)m->h_rlse[i] * (double)m->h_rlse[i];
+    *aux_sum = aux;
+    *z_sum = (double)m->cfg.z_loss_coef * z;
+    return MT_OK;
+}
+
+
 enum mt_status moe_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly, float *out,
                            int n, int want_loss, double *aux_sum, double *z_sum)
 {
@@ -191,41 +235,7 @@ enum mt_status moe_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_lay
 
     *aux_sum = 0.0;
     *z_sum = 0.0;
-    if (!want_loss) return MT_OK;
-
-    /* aux: per sequence of the microbatch, f from the routing and P from the
-     * probs (host, double sums). Under TP our n rows are the global rows
-     * row0.. (sequences of T rows may straddle ranks): the per-sequence sums
-     * meet in one all-reduce over the model group, and model rank 0 alone
-     * reports the aux loss (every rank needs f for the backward). */
-    ops->copy_to_host(m->h_probs, ly->probs, (size_t)n * E * sizeof(float));
-    ops->copy_to_host(m->h_rlse, ly->rlse, (size_t)n * sizeof(float));
-    const int B = m->B, T = m->T, g0 = m->tp > 1 ? m->row0 : 0;
-    double *cnt = m->h_seq, *psum = m->h_seq + (size_t)B * E;
-    memset(m->h_seq, 0, (size_t)2 * B * E * sizeof(double));
-    for (int i = 0; i < n; i++) {
-        int s = (g0 + i) / T;
-        MT_ASSERT(s < B);
-        for (int j = 0; j < k; j++) cnt[(size_t)s * E + m->h_topk[(size_t)i * k + j]] += 1.0;
-        for (int e = 0; e < E; e++) psum[(size_t)s * E + e] += (double)m->h_probs[(size_t)i * E + e];
-    }
-    if (m->tp > 1) MT_CHECK(tp_allreduce_f64(ctx, m, m->h_seq, (size_t)2 * B * E));
-    double aux = 0.0;
-    for (int s = 0; s < B; s++) {
-        float *f = ly->f_share + (size_t)s * E;
-        double acc = 0.0;
-        for (int e = 0; e < E; e++) {
-            f[e] = (float)(cnt[(size_t)s * E + e] / ((double)T * k));
-            acc += (double)f[e] * (psum[(size_t)s * E + e] / (double)T);
-        }
-        aux += (double)m->cfg.aux_loss_coef * E * acc;
-    }
-    if (m->tp > 1 && m->tp_rank != 0) aux = 0.0;
-    double z = 0.0;
-    for (int i = 0; i < n; i++) z += (double)m->h_rlse[i] * (double)m->h_rlse[i];
-    *aux_sum = aux;
-    *z_sum = (double)m->cfg.z_loss_coef * z;
-    return MT_OK;
+    return want_loss ? moe_losses(ctx, m, ly, n, aux_sum, z_sum) : MT_OK;
 }
 
 enum mt_status moe_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly, float *dh, const float *dout,
