@@ -178,6 +178,7 @@ const struct mt_piece mt_piece_attention = {
     /* .tp_regions            = */ 1,
     /* .sp_gathers            = */ 0,
     /* .params                = */ attn_params,
+    /* .check                 = */ NULL,   /* its dimensions are the model's (check_dims) */
     /* .mm_per_token          = */ attn_mm,
     /* .extra_flops_per_token = */ attn_extra,
     /* .inactive_params       = */ NULL,

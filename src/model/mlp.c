@@ -54,6 +54,13 @@ static void mlp_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *use
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) fn(user, &p[i]);
 }
 
+static enum mt_status mlp_check(struct mt_ctx *ctx, const struct mt_model *m)
+{
+    if (m->F < 1)
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: mlp_hidden=%d must be >= 1 (config not resolved?)", m->F);
+    return MT_OK;
+}
+
 static double mlp_mm(const struct mt_block_shape *s) { return 3.0 * (double)s->D * (double)s->F; }
 
 /* saved: the norm, its TP-gathered copy under SP, the gate/up pre-activations */
@@ -124,6 +131,7 @@ const struct mt_piece mt_piece_mlp = {
     /* .tp_regions            = */ 1,
     /* .sp_gathers            = */ 0,
     /* .params                = */ mlp_params,
+    /* .check                 = */ mlp_check,
     /* .mm_per_token          = */ mlp_mm,
     /* .extra_flops_per_token = */ NULL,
     /* .inactive_params       = */ NULL,

@@ -53,13 +53,9 @@ static void model_dims_par(struct mt_model *m, const struct mt_config *cfg, int 
     m->E = (int)g.E, m->top_k = (int)g.top_k, m->Fe = (int)g.Fe, m->Fs = (int)g.Fs;
     m->QD = m->H * m->hd;
     m->KD = m->K * m->hd;
-    m->any_moe = 0;
-    m->any_dense = 0;
-    for (int l = 0; l < m->L && l < MT_MAX_LAYERS; l++) {
-        const struct mt_block_kind *k = mt_blocks_kind(mt_blocks_layer_kind(cfg, l));
-        if (k->routed) m->any_moe = 1;
-        if (k->ffn == &mt_piece_mlp) m->any_dense = 1;   /* mlp_hidden must be set */
-    }
+    m->any_moe = mt_blocks_any_routed(cfg);   /* the expert axis splits the model only then */
+    m->kinds_used = 0;
+    for (int l = 0; l < m->L && l < MT_MAX_LAYERS; l++) m->kinds_used |= 1u << mt_blocks_layer_kind(cfg, l);
     /* the model axis: local head / hidden counts, row shares */
     m->tp = par && par->tp > 1 ? par->tp : 1;
     m->tp_rank = m->tp > 1 ? par->tp_rank : 0;
@@ -92,6 +88,21 @@ static void model_dims_par(struct mt_model *m, const struct mt_config *cfg, int 
     m->recompute = strcmp(cfg->recompute, "block") == 0;
 }
 
+/* The distinct mixer (ffn: 1) pieces of the kinds any layer of the model
+ * uses (every stage: scratch is sized for the model), in table order, each
+ * once (attention is the mixer of both A and E). Returns the count. */
+static int model_pieces(const struct mt_model *m, int ffn, const struct mt_piece **out)
+{
+    int n = 0;
+    for (int b = 0; b < mt_blocks_count(); b++) {
+        const struct mt_piece *pc = ffn ? mt_blocks_kind(b)->ffn : mt_blocks_kind(b)->mixer;
+        int seen = 0;
+        for (int i = 0; i < n; i++) seen |= out[i] == pc;
+        if ((m->kinds_used >> b & 1u) && !seen) out[n++] = pc;
+    }
+    return n;
+}
+
 static enum mt_status check_dims(struct mt_ctx *ctx, const struct mt_model *m)
 {
     if (m->B < 1) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model: B=%d must be >= 1", m->B);
@@ -109,15 +120,12 @@ static enum mt_status check_dims(struct mt_ctx *ctx, const struct mt_model *m)
         return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: n_head %% n_kv_head != 0 (H=%d K=%d)", m->H, m->K);
     if (m->hd % 2 != 0)
         return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: head_dim=%d must be even (RoPE)", m->hd);
-    if (m->any_dense && m->F < 1)
-        return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: mlp_hidden=%d must be >= 1 (config not resolved?)", m->F);
-    if (m->any_moe) {
-        if (m->E < 1 || m->top_k < 1 || m->top_k > m->E)
-            return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: need 1 <= top_k <= n_experts (top_k=%d E=%d)", m->top_k, m->E);
-        if (m->Fe < 1)
-            return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: expert_hidden=%d must be >= 1", m->Fe);
-        if (m->Fs < 0)
-            return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: shared_expert_hidden=%d < 0", m->Fs);
+    /* each piece the model uses checks its own dimensions (mixers, then ffns) */
+    for (int half = 0; half < 2; half++) {
+        const struct mt_piece *pcs[MT_MAX_BLOCK_KINDS];
+        int n = model_pieces(m, half, pcs);
+        for (int i = 0; i < n; i++)
+            if (pcs[i]->check) MT_CHECK(pcs[i]->check(ctx, m));
     }
     for (int l = 0; l < m->L; l++) {
         char c = l < (int)strlen(m->cfg.pattern) ? m->cfg.pattern[l] : 'A';
@@ -308,22 +316,13 @@ void ffn_norm_carve(struct mt_model *m, struct mt_carver *c, struct mt_layer *ly
     ly->rstd_mlp = carve_f(c, MT_BUCKET_ACTS, (size_t)m->Nr);
 }
 
-static int model_uses_piece(const struct mt_model *m, const struct mt_piece *pc);
-
-/* carve_scratch of every distinct mixer (ffn: 1) piece the model uses, in
- * table order, each once (attention is the mixer of both A and E). */
+/* carve_scratch of every distinct mixer (ffn: 1) piece the model uses. */
 static void carve_piece_scratch(struct mt_model *m, struct mt_carver *c, int ffn)
 {
-    const struct mt_piece *done[2 * MT_MAX_BLOCK_KINDS];
-    int n_done = 0;
-    for (int b = 0; b < mt_blocks_count(); b++) {
-        const struct mt_piece *pc = ffn ? mt_blocks_kind(b)->ffn : mt_blocks_kind(b)->mixer;
-        int seen = 0;
-        for (int i = 0; i < n_done; i++) seen |= done[i] == pc;
-        if (seen || !pc->carve_scratch || !model_uses_piece(m, pc)) continue;
-        done[n_done++] = pc;
-        pc->carve_scratch(m, c);
-    }
+    const struct mt_piece *pcs[MT_MAX_BLOCK_KINDS];
+    int n = model_pieces(m, ffn, pcs);
+    for (int i = 0; i < n; i++)
+        if (pcs[i]->carve_scratch) pcs[i]->carve_scratch(m, c);
 }
 
 /* 1 when some layer of this stage is of kind k. */
@@ -334,16 +333,6 @@ static int stage_has_kind(const struct mt_model *m, int k)
     return 0;
 }
 
-/* 1 when some kind present in the whole model (any stage: the scratch is
- * sized for the model, not the stage) uses piece pc. */
-static int model_uses_piece(const struct mt_model *m, const struct mt_piece *pc)
-{
-    for (int l = 0; l < m->L && l < MT_MAX_LAYERS; l++) {
-        const struct mt_block_kind *k = mt_blocks_kind(mt_blocks_layer_kind(&m->cfg, l));
-        if (k->mixer == pc || k->ffn == pc) return 1;
-    }
-    return 0;
-}
 
 /* Carve every buffer. With NULL bases only the offsets (sizes) advance;
  * m->params / m->layers may be NULL then (param sizes come from the registry).
@@ -411,11 +400,11 @@ static void model_layout(struct mt_model *m, struct mt_carver *c)
      * sized for the widest piece (ffn_scratch). A piece uses only what it
      * declares here or what it owns in struct mt_layer. */
     size_t ff = 0;
-    for (int b = 0; b < n_kinds; b++) {
-        const struct mt_piece *pc[2] = { mt_blocks_kind(b)->mixer, mt_blocks_kind(b)->ffn };
-        for (int j = 0; j < 2; j++)
-            if (pc[j]->ffn_scratch && model_uses_piece(m, pc[j]) && pc[j]->ffn_scratch(m) > ff)
-                ff = pc[j]->ffn_scratch(m);
+    for (int half = 0; half < 2; half++) {
+        const struct mt_piece *pcs[MT_MAX_BLOCK_KINDS];
+        int n = model_pieces(m, half, pcs);
+        for (int i = 0; i < n; i++)
+            if (pcs[i]->ffn_scratch && pcs[i]->ffn_scratch(m) > ff) ff = pcs[i]->ffn_scratch(m);
     }
     m->dx = carve_f(c, W, Nr * D);
     m->dh = carve_f(c, W, N * D);

@@ -125,7 +125,8 @@ struct mt_model {
     int tp, tp_rank, sp, Nr, Nm, row0;
     struct mt_comm *tp_comm;
     struct mt_tp_stats tp_stats;
-    int any_moe, any_dense;
+    int any_moe;             /* some layer's kind is routed (mt_blocks_any_routed)                   */
+    unsigned kinds_used;     /* bit k: some layer (any stage) is of block kind k                     */
     int recompute;           /* cfg recompute=block: slots keep x_in per layer only (model_layout) */
     int no_alloc;            /* MT_MODEL_NO_ALLOC: registry only, no arenas (planning)              */
 

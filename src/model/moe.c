@@ -341,6 +341,15 @@ static void moe_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *use
     for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++) fn(user, &sh[i]);
 }
 
+static enum mt_status moe_check(struct mt_ctx *ctx, const struct mt_model *m)
+{
+    if (m->E < 1 || m->top_k < 1 || m->top_k > m->E)
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: need 1 <= top_k <= n_experts (top_k=%d E=%d)", m->top_k, m->E);
+    if (m->Fe < 1) return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: expert_hidden=%d must be >= 1", m->Fe);
+    if (m->Fs < 0) return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: shared_expert_hidden=%d < 0", m->Fs);
+    return MT_OK;
+}
+
 /* router E D, top_k routed experts 3 D Fe each, the shared expert 3 D Fs */
 static double moe_mm(const struct mt_block_shape *s)
 {
@@ -477,6 +486,7 @@ const struct mt_piece mt_piece_moe = {
     /* .tp_regions            = */ 0,
     /* .sp_gathers            = */ 1,
     /* .params                = */ moe_params,
+    /* .check                 = */ moe_check,
     /* .mm_per_token          = */ moe_mm,
     /* .extra_flops_per_token = */ NULL,
     /* .inactive_params       = */ moe_inactive,

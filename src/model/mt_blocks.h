@@ -145,6 +145,8 @@ struct mt_piece {
     int         tp_regions, sp_gathers;
     /* parameters in registry order (the piece's input norm first) */
     void   (*params)(const struct mt_block_shape *s, mt_pspec_fn fn, void *user);
+    /* the piece's own dimension rules (model_dims filled); NULL: none */
+    enum mt_status (*check)(struct mt_ctx *ctx, const struct mt_model *m);
     /* matmul parameters active per token (x6 for training FLOPs) */
     double (*mm_per_token)(const struct mt_block_shape *s);
     /* training FLOPs per token beyond 6 x matmul params (attention scores) */
