@@ -605,9 +605,10 @@ enum mt_status mt_config_resolve(struct mt_ctx *ctx, struct mt_config *cfg, int 
     RULE(plen == (size_t)cfg->n_layer, "pattern length != n_layer (pattern length=%zu, n_layer=%d)", plen,
          cfg->n_layer);
     int n_moe = 0;   /* layers with routed experts */
+    char letters[4 * MT_MAX_BLOCK_KINDS];
     for (size_t l = 0; l < plen; l++) {
         RULE(mt_blocks_find(cfg->pattern[l]) >= 0, "pattern letters must be one of %s (pattern[%zu]='%c')",
-             mt_blocks_letters(), l, cfg->pattern[l]);
+             mt_blocks_letters(letters, sizeof letters), l, cfg->pattern[l]);
         n_moe += mt_blocks_layer_routed(cfg, (int)l);
     }
 

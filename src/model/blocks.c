@@ -28,16 +28,14 @@ int mt_blocks_find(char letter)
     return -1;
 }
 
-const char *mt_blocks_letters(void)
+const char *mt_blocks_letters(char *buf, size_t len)
 {
-    /* built once from the table: "A, E" */
-    static char buf[4 * N_KINDS + 1];
-    if (!buf[0])
-        for (int i = 0; i < N_KINDS; i++) {
-            size_t n = strlen(buf);
-            buf[n] = kinds[i].letter;
-            if (i + 1 < N_KINDS) memcpy(buf + n + 1, ", ", 3);
-        }
+    size_t o = 0;
+    for (int i = 0; i < N_KINDS && o + 4 <= len; i++) {
+        buf[o++] = kinds[i].letter;
+        if (i + 1 < N_KINDS) { buf[o++] = ','; buf[o++] = ' '; }
+    }
+    if (len > 0) buf[o < len ? o : len - 1] = '\0';
     return buf;
 }
 

@@ -129,9 +129,10 @@ static enum mt_status check_dims(struct mt_ctx *ctx, const struct mt_model *m)
     }
     for (int l = 0; l < m->L; l++) {
         char c = l < (int)strlen(m->cfg.pattern) ? m->cfg.pattern[l] : 'A';
+        char letters[4 * MT_MAX_BLOCK_KINDS];
         if (mt_blocks_find(c) < 0)
             return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: pattern letter %d is '%c', want one of %s", l, c,
-                                mt_blocks_letters());
+                                mt_blocks_letters(letters, sizeof letters));
     }
     return MT_OK;
 }

@@ -184,8 +184,9 @@ int mt_blocks_find(char letter);
 /* The table: n kinds (the index is what struct mt_layer.kind holds). */
 const struct mt_block_kind *mt_blocks_kind(int index);
 int mt_blocks_count(void);
-/* "A, E": the letters of the table, for error messages. */
-const char *mt_blocks_letters(void);
+/* "A, E": the letters of the table into buf (len >= 4 * MT_MAX_BLOCK_KINDS
+ * holds them all), for error messages; returns buf. */
+const char *mt_blocks_letters(char *buf, size_t len);
 
 /* Kind index of layer l (the pattern's letter; 'A' past its end). */
 int mt_blocks_layer_kind(const struct mt_config *cfg, int l);
