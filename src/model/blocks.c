@@ -1,67 +1,28 @@
 /*
- * blocks.c — the block-kind table and the walks every consumer shares.
+ * blocks.c — the block-kind table bound to its pieces, and the walks every
+ * consumer shares (registry, FLOPs, communication counts).
  *
- * One row per pattern letter; a row names its two pieces (mt_blocks.h). The
- * functions below answer every "which kind is layer l, and what does that
- * imply" question of the runtime (registry, FLOPs, routed layers), so that
- * no other file spells a letter. Invariant: the order of kinds is the value
- * struct mt_layer.kind holds; letters are unique.
+ * The rows come from mt_block_kinds.def; block_traits.c answers the
+ * questions that need no piece (which kind is layer l, is it routed), so
+ * that no other file spells a letter. Invariant: the order of kinds is the
+ * value struct mt_layer.kind holds; letters are unique.
  */
 #include "model_impl.h"
 
 #include <string.h>
 
 static const struct mt_block_kind kinds[] = {
-    /* letter name             mixer                 ffn              routed hf */
-    {'A', "attention+mlp", &mt_piece_attention, &mt_piece_mlp, 0, 1},
-    {'E', "attention+moe", &mt_piece_attention, &mt_piece_moe, 1, 1},
+#define MT_BLOCK_KIND(letter, name, mixer, ffn, routed, hf) {letter, name, &mt_piece_##mixer, &mt_piece_##ffn, routed, hf},
+#include "mt_block_kinds.def"
+#undef MT_BLOCK_KIND
 };
-#define N_KINDS ((int)(sizeof kinds / sizeof kinds[0]))
 
-int mt_blocks_count(void) { return N_KINDS; }
 const struct mt_block_kind *mt_blocks_kind(int index) { return &kinds[index]; }
-
-int mt_blocks_find(char letter)
-{
-    for (int i = 0; i < N_KINDS; i++)
-        if (kinds[i].letter == letter) return i;
-    return -1;
-}
-
-const char *mt_blocks_letters(char *buf, size_t len)
-{
-    size_t o = 0;
-    for (int i = 0; i < N_KINDS && o + 4 <= len; i++) {
-        buf[o++] = kinds[i].letter;
-        if (i + 1 < N_KINDS) { buf[o++] = ','; buf[o++] = ' '; }
-    }
-    if (len > 0) buf[o < len ? o : len - 1] = '\0';
-    return buf;
-}
 
 const char *mt_layout_name(enum mt_layout l)
 {
     static const char *const names[MT_LAYOUT_COUNT] = {"residual", "tp_rows", "tp_cols", "model_partial", "expert"};
     return (unsigned)l < MT_LAYOUT_COUNT ? names[l] : "?";
-}
-
-int mt_blocks_layer_kind(const struct mt_config *cfg, int l)
-{
-    char c = l >= 0 && l < (int)strnlen(cfg->pattern, sizeof cfg->pattern) ? cfg->pattern[l] : 'A';
-    int k = mt_blocks_find(c);
-    return k >= 0 ? k : 0;   /* unknown letters are rejected by config and model checks */
-}
-
-int mt_blocks_layer_routed(const struct mt_config *cfg, int l)
-{
-    return kinds[mt_blocks_layer_kind(cfg, l)].routed;
-}
-
-int mt_blocks_any_routed(const struct mt_config *cfg)
-{
-    for (int l = 0; l < cfg->n_layer && l < MT_MAX_LAYERS; l++)
-        if (mt_blocks_layer_routed(cfg, l)) return 1;
-    return 0;
 }
 
 void mt_blocks_shape(const struct mt_config *cfg, struct mt_block_shape *s)

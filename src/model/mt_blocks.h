@@ -28,9 +28,10 @@
  * consumer reads that registry: the model binds its layers from it, the
  * planner sizes from it, checkpoints and export list it, receipts count it.
  *
+ * The table is mt_block_kinds.def, one MT_BLOCK_KIND line per letter.
  * Adding a block kind = one piece file (its params, flops, carve, forward,
- * backward), one entry in the kinds table of blocks.c, and its kernels in the
- * ops table. See docs/architecture.md, "Block kinds".
+ * backward), one line in mt_block_kinds.def, and its kernels in the ops
+ * table. See docs/architecture.md, "Block kinds".
  */
 #ifndef MT_BLOCKS_H
 #define MT_BLOCKS_H
@@ -181,9 +182,13 @@ struct mt_block_kind {
 
 /* Index of the kind for `letter` in the table, or -1. */
 int mt_blocks_find(char letter);
-/* The table: n kinds (the index is what struct mt_layer.kind holds). */
-const struct mt_block_kind *mt_blocks_kind(int index);
+/* The table: n kinds (the index is what struct mt_layer.kind holds). The
+ * functions from mt_blocks_count to mt_blocks_any_routed (block_traits.c)
+ * need none of the model's code: src/core and src/dist may call them. */
+const struct mt_block_kind *mt_blocks_kind(int index);   /* blocks.c: with its pieces */
 int mt_blocks_count(void);
+/* 1: kind `index` has a Hugging Face equivalent (export). */
+int mt_blocks_kind_hf(int index);
 /* "A, E": the letters of the table into buf (len >= 4 * MT_MAX_BLOCK_KINDS
  * holds them all), for error messages; returns buf. */
 const char *mt_blocks_letters(char *buf, size_t len);

@@ -822,7 +822,7 @@ enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char
     if (cfg.head_dim == 0 || cfg.mlp_hidden == 0 || !cfg.pattern[0])
         MT_CHECK(mt_config_resolve(ctx, &cfg, cfg.total_steps));
     for (int l = 0; l < cfg.n_layer; l++)
-        if (mt_blocks_find(cfg.pattern[l]) < 0 || !mt_blocks_kind(mt_blocks_find(cfg.pattern[l]))->hf)
+        if (!mt_blocks_kind_hf(mt_blocks_find(cfg.pattern[l])))
             return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "cannot export: layer %d is '%c', which has no Qwen3 "
                                 "equivalent (only A and E layers export)", l, cfg.pattern[l]);
     /* no silent loss: what HF cannot represent is refused unless asked for */
