@@ -134,8 +134,9 @@ struct mt_piece_fwd {
 };
 
 /*
- * A sub-layer. Every entry but `name` and `params` may be NULL where the
- * piece has nothing of that sort (e.g. undo_recompute).
+ * A sub-layer. params, carve, forward and backward are required; the other
+ * entries may be NULL where the piece has nothing of that sort (check,
+ * FLOPs beyond its matmuls, scratch, undo_recompute).
  */
 struct mt_piece {
     const char *name;                                     /* "attention", "mlp", "moe"            */
