@@ -19,6 +19,7 @@
  */
 #define _GNU_SOURCE
 #include "mt_config.h"
+#include "../model/mt_blocks.h"   /* pattern letters: the block-kind table */
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -603,11 +604,12 @@ enum mt_status mt_config_resolve(struct mt_ctx *ctx, struct mt_config *cfg, int 
     }
     RULE(plen == (size_t)cfg->n_layer, "pattern length != n_layer (pattern length=%zu, n_layer=%d)", plen,
          cfg->n_layer);
-    int n_moe = 0;
+    int n_moe = 0;   /* layers with routed experts */
+    char letters[4 * MT_MAX_BLOCK_KINDS];
     for (size_t l = 0; l < plen; l++) {
-        RULE(cfg->pattern[l] == 'A' || cfg->pattern[l] == 'E',
-             "pattern letters must be A or E (pattern[%zu]='%c')", l, cfg->pattern[l]);
-        n_moe += cfg->pattern[l] == 'E';
+        RULE(mt_blocks_find(cfg->pattern[l]) >= 0, "pattern letters must be one of %s (pattern[%zu]='%c')",
+             mt_blocks_letters(letters, sizeof letters), l, cfg->pattern[l]);
+        n_moe += mt_blocks_layer_routed(cfg, (int)l);
     }
 
     RULE(cfg->n_experts >= 1, "n_experts >= 1 (n_experts=%d)", cfg->n_experts);
@@ -636,3 +638,5 @@ enum mt_status mt_config_resolve(struct mt_ctx *ctx, struct mt_config *cfg, int 
     if (cfg->total_steps == 0) cfg->total_steps = run_steps;
     return MT_OK;
 }
+
+int mt_config_is_moe_layer(const struct mt_config *cfg, int l) { return mt_blocks_layer_routed(cfg, l); }

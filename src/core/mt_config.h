@@ -96,9 +96,7 @@ int mt_config_same_model(const struct mt_config *a, const struct mt_config *b, c
 /* Print every key with type, default and help (for --help). */
 void mt_config_print_help(void *file /* FILE* */);
 
-static inline int mt_config_is_moe_layer(const struct mt_config *cfg, int l)
-{
-    return cfg->pattern[l] == 'E';
-}
+/* 1 when layer l's block kind has routed experts (mt_blocks_layer_routed). */
+int mt_config_is_moe_layer(const struct mt_config *cfg, int l);
 
 #endif /* MT_CONFIG_H */

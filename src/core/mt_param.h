@@ -62,6 +62,8 @@ struct mt_param {
     int     expert;        /* expert index for MT_ROLE_EXPERT, else -1 */
     int     reduce_model;  /* 1: under TP this rank's grad is a partial sum over the model
                             * group (sequence-parallel rows, split heads): reduce it there too */
+    int     layout;        /* enum mt_layout (src/model/mt_blocks.h): the rule split and
+                            * reduce_model are derived from; what layout code should read */
 };
 
 static inline size_t mt_param_global_numel(const struct mt_param *p)

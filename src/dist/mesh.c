@@ -59,6 +59,7 @@
 #include "mt_mesh.h"
 #include "comm_impl.h"
 #include "comm_nccl.h"
+#include "../model/mt_blocks.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -267,12 +268,7 @@ enum mt_status mt_mesh_parse(struct mt_ctx *ctx, const char *spec, int world, st
 /* the startup contract and predicates                                 */
 /* ------------------------------------------------------------------ */
 
-static int has_moe_block(const struct mt_config *cfg)
-{
-    for (int l = 0; l < cfg->n_layer && l < MT_MAX_LAYERS && cfg->pattern[l]; l++)
-        if (cfg->pattern[l] == 'E') return 1;
-    return 0;
-}
+static int has_moe_block(const struct mt_config *cfg) { return mt_blocks_any_routed(cfg); }
 
 #define CONTRACT_FAIL(ctx, ...) mt_ctx_error((ctx), MT_ERR_CONFIG, "mesh contract: " __VA_ARGS__)
 

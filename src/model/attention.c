@@ -33,14 +33,14 @@ enum mt_status attention_forward(struct mt_ctx *ctx, struct mt_model *m, struct 
     const int Nr = m->sp ? N / m->tp : N;     /* residual rows on this rank */
     const float eps = m->cfg.norm_eps;
 
-    ops->rmsnorm_forward(ly->h_attn_n, ly->rstd_attn, ly->x_in, ly->ln1->data, Nr, D, eps);
+    ops->rmsnorm_forward(ly->h_attn_n, ly->rstd_attn, ly->x_in, ly->w.ln1->data, Nr, D, eps);
     if (m->sp) MT_CHECK(tp_gather_rows(ctx, m, ly->h_attn, ly->h_attn_n, Nr, D));   /* SP entry */
     /* this rank's heads (H, K are local under TP) over all N rows */
-    linear_forward(ops, ly->q_raw, ly->h_attn, ly->wq->data, N, D, QD, 0.0f);
-    linear_forward(ops, ly->k_raw, ly->h_attn, ly->wk->data, N, D, KD, 0.0f);
-    linear_forward(ops, ly->v, ly->h_attn, ly->wv->data, N, D, KD, 0.0f);
-    ops->rmsnorm_forward(ly->q, ly->rstd_q, ly->q_raw, ly->qn->data, N * H, hd, eps);
-    ops->rmsnorm_forward(ly->k, ly->rstd_k, ly->k_raw, ly->kn->data, N * K, hd, eps);
+    linear_forward(ops, ly->q_raw, ly->h_attn, ly->w.wq->data, N, D, QD, 0.0f);
+    linear_forward(ops, ly->k_raw, ly->h_attn, ly->w.wk->data, N, D, KD, 0.0f);
+    linear_forward(ops, ly->v, ly->h_attn, ly->w.wv->data, N, D, KD, 0.0f);
+    ops->rmsnorm_forward(ly->q, ly->rstd_q, ly->q_raw, ly->w.qn->data, N * H, hd, eps);
+    ops->rmsnorm_forward(ly->k, ly->rstd_k, ly->k_raw, ly->w.kn->data, N * K, hd, eps);
     ops->rope_forward(ly->q, ly->q, cos_tab, sin_tab, N, T, pos0, H, hd);
     ops->rope_forward(ly->k, ly->k, cos_tab, sin_tab, N, T, pos0, K, hd);
     if (kcache) {
@@ -54,11 +54,11 @@ enum mt_status attention_forward(struct mt_ctx *ctx, struct mt_model *m, struct 
     }
     ops->copy(ly->x_mid, ly->x_in, (size_t)Nr * D * sizeof(float));
     if (m->tp == 1) {
-        linear_forward(ops, ly->x_mid, ly->att, ly->wo->data, N, QD, D, 1.0f);
+        linear_forward(ops, ly->x_mid, ly->att, ly->w.wo->data, N, QD, D, 1.0f);
         return MT_OK;
     }
     /* Wo holds this rank's columns: a partial sum over the model group (TP exit) */
-    linear_forward(ops, m->s_red, ly->att, ly->wo->data, N, QD, D, 0.0f);
+    linear_forward(ops, m->s_red, ly->att, ly->w.wo->data, N, QD, D, 0.0f);
     return tp_exit_add(ctx, m, ly->x_mid, m->s_red, m->s_full);
 }
 
@@ -75,19 +75,19 @@ enum mt_status attention_backward(struct mt_ctx *ctx, struct mt_model *m, struct
         dy = m->s_full;
     }
     /* term 1: o_proj */
-    linear_backward(ops, m->datt, 0.0f, ly->wo->grad, dy, ly->att, ly->wo->data, N, QD, D);
+    linear_backward(ops, m->datt, 0.0f, ly->w.wo->grad, dy, ly->att, ly->w.wo->data, N, QD, D);
     /* term 2: attention core (dq, dk, dv overwritten) */
     ops->attention_backward(m->dq, m->dk, m->dv, m->datt, ly->q, ly->k, ly->v, ly->att, ly->lse,
                             B, T, H, K, hd);
     /* term 3: RoPE (in place), then QK-norm; datt is free now and takes dq' */
     ops->rope_backward(m->dq, m->dq, m->rope_cos, m->rope_sin, N, T, 0, H, hd);
     ops->rope_backward(m->dk, m->dk, m->rope_cos, m->rope_sin, N, T, 0, K, hd);
-    ops->rmsnorm_backward(m->datt, ly->qn->grad, m->dq, ly->q_raw, ly->qn->data, ly->rstd_q, N * H, hd, 0);
-    ops->rmsnorm_backward(m->dk2, ly->kn->grad, m->dk, ly->k_raw, ly->kn->data, ly->rstd_k, N * K, hd, 0);
+    ops->rmsnorm_backward(m->datt, ly->w.qn->grad, m->dq, ly->q_raw, ly->w.qn->data, ly->rstd_q, N * H, hd, 0);
+    ops->rmsnorm_backward(m->dk2, ly->w.kn->grad, m->dk, ly->k_raw, ly->w.kn->data, ly->rstd_k, N * K, hd, 0);
     /* term 4: projections (under TP dh is this rank's partial sum over its heads) */
-    linear_backward(ops, m->dh, 0.0f, ly->wq->grad, m->datt, ly->h_attn, ly->wq->data, N, D, QD);
-    linear_backward(ops, m->dh, 1.0f, ly->wk->grad, m->dk2, ly->h_attn, ly->wk->data, N, D, KD);
-    linear_backward(ops, m->dh, 1.0f, ly->wv->grad, m->dv, ly->h_attn, ly->wv->data, N, D, KD);
+    linear_backward(ops, m->dh, 0.0f, ly->w.wq->grad, m->datt, ly->h_attn, ly->w.wq->data, N, D, QD);
+    linear_backward(ops, m->dh, 1.0f, ly->w.wk->grad, m->dk2, ly->h_attn, ly->w.wk->data, N, D, KD);
+    linear_backward(ops, m->dh, 1.0f, ly->w.wv->grad, m->dv, ly->h_attn, ly->w.wv->data, N, D, KD);
     /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
     const float *dhr = m->dh;
     if (m->sp) {
@@ -97,6 +97,95 @@ enum mt_status attention_backward(struct mt_ctx *ctx, struct mt_model *m, struct
         MT_CHECK(tp_allreduce(ctx, m, m->dh, (size_t)N * D));
     }
     /* term 5: input rmsnorm, accumulated into the residual gradient */
-    ops->rmsnorm_backward(m->dx, ly->ln1->grad, dhr, ly->x_in, ly->ln1->data, ly->rstd_attn, Nr, D, 1);
+    ops->rmsnorm_backward(m->dx, ly->w.ln1->grad, dhr, ly->x_in, ly->w.ln1->data, ly->rstd_attn, Nr, D, 1);
     return MT_OK;
 }
+
+/* ------------------------------------------------------------------ */
+/* the attention piece of the block-kind table                         */
+/* ------------------------------------------------------------------ */
+
+static void attn_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *user)
+{
+    const int64_t D = s->D, QD = s->H * s->hd, KD = s->K * s->hd;
+    const struct mt_pspec p[] = {
+        {"input_layernorm.weight", -1, 1, D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, MT_BIND(ln1)},
+        {"self_attn.q_proj.weight", -1, 2, QD, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND(wq)},
+        {"self_attn.k_proj.weight", -1, 2, KD, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND(wk)},
+        {"self_attn.v_proj.weight", -1, 2, KD, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND(wv)},
+        {"self_attn.o_proj.weight", -1, 2, D, QD, MT_SCALE_NORMAL_OUT, MT_ROLE_DENSE, MT_LAYOUT_TP_COLS, MT_BIND(wo)},
+        /* one hd gain shared by every head: with heads split, each rank's grad is partial */
+        {"self_attn.q_norm.weight", -1, 1, s->hd, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_MODEL_PARTIAL, MT_BIND(qn)},
+        {"self_attn.k_norm.weight", -1, 1, s->hd, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_MODEL_PARTIAL, MT_BIND(kn)},
+    };
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) fn(user, &p[i]);
+}
+
+/* Wq, Wk, Wv, Wo: D (2 QD + 2 KD) multiply-adds per token */
+static double attn_mm(const struct mt_block_shape *s)
+{
+    return (double)s->D * (2.0 * (double)(s->H * s->hd) + 2.0 * (double)(s->K * s->hd));
+}
+
+/* scores and values, forward and backward: 12 T H hd per token (PaLM/nanochat convention) */
+static double attn_extra(const struct mt_block_shape *s)
+{
+    return 12.0 * (double)s->T * (double)s->H * (double)s->hd;
+}
+
+/* Saved for backward: the input norm (and its TP-gathered copy under SP),
+ * q/k before and after QK-norm + RoPE, v, the output and its logsumexp,
+ * and x_mid (the residual after the mixer, input of the ffn half). */
+static void attn_carve(struct mt_model *m, struct mt_carver *c, struct mt_layer *ly)
+{
+    const size_t N = (size_t)m->N, D = (size_t)m->D, QD = (size_t)m->QD, KD = (size_t)m->KD, Nr = (size_t)m->Nr;
+    const enum mt_bucket A = MT_BUCKET_ACTS;
+    ly->h_attn_n = carve_f(c, A, Nr * D);
+    ly->h_attn = m->sp ? carve_f(c, A, N * D) : ly->h_attn_n;   /* SP: the gathered copy is saved */
+    ly->rstd_attn = carve_f(c, A, Nr);
+    ly->q_raw = carve_f(c, A, N * QD);
+    ly->k_raw = carve_f(c, A, N * KD);
+    ly->rstd_q = carve_f(c, A, N * (size_t)m->H);
+    ly->rstd_k = carve_f(c, A, N * (size_t)m->K);
+    ly->q = carve_f(c, A, N * QD);
+    ly->k = carve_f(c, A, N * KD);
+    ly->v = carve_f(c, A, N * KD);
+    ly->att = carve_f(c, A, N * QD);
+    ly->lse = carve_f(c, A, N * (size_t)m->H);
+    ly->x_mid = carve_f(c, A, Nr * D);
+}
+
+/* backward scratch of the mixer (WORKSPACE), shared by every attention layer */
+static void attn_carve_scratch(struct mt_model *m, struct mt_carver *c)
+{
+    const size_t N = (size_t)m->N, QD = (size_t)m->QD, KD = (size_t)m->KD;
+    const enum mt_bucket W = MT_BUCKET_WORKSPACE;
+    m->datt = carve_f(c, W, N * QD);
+    m->dq = carve_f(c, W, N * QD);
+    m->dk = carve_f(c, W, N * KD);
+    m->dk2 = carve_f(c, W, N * KD);
+    m->dv = carve_f(c, W, N * KD);
+}
+
+static enum mt_status attn_piece_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly,
+                                         struct mt_piece_fwd *a)
+{
+    return attention_forward(ctx, m, ly, a->B, a->T, a->pos0, a->cos_tab, a->sin_tab, a->kcache, a->vcache);
+}
+
+const struct mt_piece mt_piece_attention = {
+    /* .name                  = */ "attention",
+    /* .tp_regions            = */ 1,
+    /* .sp_gathers            = */ 0,
+    /* .params                = */ attn_params,
+    /* .check                 = */ NULL,   /* its dimensions are the model's (check_dims) */
+    /* .mm_per_token          = */ attn_mm,
+    /* .extra_flops_per_token = */ attn_extra,
+    /* .inactive_params       = */ NULL,
+    /* .carve                 = */ attn_carve,
+    /* .carve_scratch         = */ attn_carve_scratch,
+    /* .ffn_scratch           = */ NULL,
+    /* .forward               = */ attn_piece_forward,
+    /* .backward              = */ attention_backward,
+    /* .undo_recompute        = */ NULL,
+};

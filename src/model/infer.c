@@ -91,9 +91,9 @@ enum mt_status mt_model_kv_step(struct mt_ctx *ctx, struct mt_model *m, struct m
         for (int l = 0; l < m->L; l++) {
             struct mt_layer *ly = &m->layers[l];
             float *x_out = l + 1 < m->L ? m->layers[l + 1].x_in : m->x_final;
-            MT_CHECK(attention_forward(ctx, m, ly, 1, cn, c->len, c->cos_tab, c->sin_tab, c->k[l], c->v[l]));
-            double aux = 0, z = 0;
-            MT_CHECK(model_ffn_forward(ctx, m, ly, x_out, 1, cn, 0, &aux, &z));
+            struct mt_piece_fwd a = {.B = 1, .T = cn, .pos0 = c->len, .cos_tab = c->cos_tab, .sin_tab = c->sin_tab,
+                                     .kcache = c->k[l], .vcache = c->v[l], .x_out = x_out};
+            MT_CHECK(model_block_forward(ctx, m, ly, &a));
         }
         c->len += cn;
         done += cn;

@@ -29,11 +29,6 @@
 /* shapes                                                              */
 /* ------------------------------------------------------------------ */
 
-static int layer_is_moe(const struct mt_config *cfg, int l)
-{
-    return l < (int)strlen(cfg->pattern) && cfg->pattern[l] == 'E';
-}
-
 /* Fill the dimension fields of m from cfg (no allocation). par NULL = one rank. */
 static void model_dims_par(struct mt_model *m, const struct mt_config *cfg, int B, const struct mt_model_par *par);
 
@@ -49,25 +44,19 @@ static void model_dims_par(struct mt_model *m, const struct mt_config *cfg, int 
     m->T = cfg->seq_len;
     long long n_rows = (long long)B * cfg->seq_len;
     m->N = n_rows > 0 && n_rows <= INT_MAX ? (int)n_rows : 0;   /* 0: rejected by check_dims */
+    struct mt_block_shape g;
+    mt_blocks_shape(cfg, &g);   /* global dims as the pieces see them (head_dim default resolved there) */
     m->V = cfg->vocab_size;
-    m->L = cfg->n_layer;
-    m->D = cfg->d_model;
-    m->H = cfg->n_head;
-    m->K = cfg->n_kv_head;
-    m->hd = cfg->head_dim > 0 ? cfg->head_dim : (cfg->n_head > 0 ? cfg->d_model / cfg->n_head : 0);
-    m->F = cfg->mlp_hidden;
-    m->E = cfg->n_experts;
-    m->top_k = cfg->top_k;
-    m->Fe = cfg->expert_hidden;
-    m->Fs = cfg->shared_expert_hidden;
+    m->L = (int)g.L;
+    m->D = (int)g.D;
+    m->H = (int)g.H, m->K = (int)g.K, m->hd = (int)g.hd;
+    m->F = (int)g.F;
+    m->E = (int)g.E, m->top_k = (int)g.top_k, m->Fe = (int)g.Fe, m->Fs = (int)g.Fs;
     m->QD = m->H * m->hd;
     m->KD = m->K * m->hd;
-    m->any_moe = 0;
-    m->any_dense = 0;
-    for (int l = 0; l < m->L && l < MT_MAX_LAYERS; l++) {
-        if (layer_is_moe(cfg, l)) m->any_moe = 1;
-        else m->any_dense = 1;
-    }
+    m->any_moe = mt_blocks_any_routed(cfg);   /* the expert axis splits the model only then */
+    m->kinds_used = 0;
+    for (int l = 0; l < m->L && l < MT_MAX_LAYERS; l++) m->kinds_used |= 1u << mt_blocks_layer_kind(cfg, l);
     /* the model axis: local head / hidden counts, row shares */
     m->tp = par && par->tp > 1 ? par->tp : 1;
     m->tp_rank = m->tp > 1 ? par->tp_rank : 0;
@@ -100,6 +89,21 @@ static void model_dims_par(struct mt_model *m, const struct mt_config *cfg, int 
     m->recompute = strcmp(cfg->recompute, "block") == 0;
 }
 
+/* The distinct mixer (ffn: 1) pieces of the kinds any layer of the model
+ * uses (every stage: scratch is sized for the model), in table order, each
+ * once (attention is the mixer of both A and E). Returns the count. */
+static int model_pieces(const struct mt_model *m, int ffn, const struct mt_piece **out)
+{
+    int n = 0;
+    for (int b = 0; b < mt_blocks_count(); b++) {
+        const struct mt_piece *pc = ffn ? mt_blocks_kind(b)->ffn : mt_blocks_kind(b)->mixer;
+        int seen = 0;
+        for (int i = 0; i < n; i++) seen |= out[i] == pc;
+        if ((m->kinds_used >> b & 1u) && !seen) out[n++] = pc;
+    }
+    return n;
+}
+
 static enum mt_status check_dims(struct mt_ctx *ctx, const struct mt_model *m)
 {
     if (m->B < 1) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model: B=%d must be >= 1", m->B);
@@ -117,20 +121,19 @@ static enum mt_status check_dims(struct mt_ctx *ctx, const struct mt_model *m)
         return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: n_head %% n_kv_head != 0 (H=%d K=%d)", m->H, m->K);
     if (m->hd % 2 != 0)
         return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: head_dim=%d must be even (RoPE)", m->hd);
-    if (m->any_dense && m->F < 1)
-        return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: mlp_hidden=%d must be >= 1 (config not resolved?)", m->F);
-    if (m->any_moe) {
-        if (m->E < 1 || m->top_k < 1 || m->top_k > m->E)
-            return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: need 1 <= top_k <= n_experts (top_k=%d E=%d)", m->top_k, m->E);
-        if (m->Fe < 1)
-            return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: expert_hidden=%d must be >= 1", m->Fe);
-        if (m->Fs < 0)
-            return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: shared_expert_hidden=%d < 0", m->Fs);
+    /* each piece the model uses checks its own dimensions (mixers, then ffns) */
+    for (int half = 0; half < 2; half++) {
+        const struct mt_piece *pcs[MT_MAX_BLOCK_KINDS];
+        int n = model_pieces(m, half, pcs);
+        for (int i = 0; i < n; i++)
+            if (pcs[i]->check) MT_CHECK(pcs[i]->check(ctx, m));
     }
     for (int l = 0; l < m->L; l++) {
         char c = l < (int)strlen(m->cfg.pattern) ? m->cfg.pattern[l] : 'A';
-        if (c != 'A' && c != 'E')
-            return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: pattern letter %d is '%c', want A or E", l, c);
+        char letters[4 * MT_MAX_BLOCK_KINDS];
+        if (mt_blocks_find(c) < 0)
+            return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: pattern letter %d is '%c', want one of %s", l, c,
+                                mt_blocks_letters(letters, sizeof letters));
     }
     return MT_OK;
 }
@@ -141,100 +144,125 @@ static enum mt_status check_dims(struct mt_ctx *ctx, const struct mt_model *m)
 
 typedef void (*param_visit_fn)(void *user, const struct mt_param *p);
 
-static void visit_param(param_visit_fn fn, void *user, const struct mt_model *m, const char *name,
-                        int ndim, int64_t rows, int64_t cols, enum mt_init_kind init, float std,
-                        enum mt_param_role role, enum mt_split split, int layer, int expert)
+/* Turn a piece's declaration (or a model-level one: layer -1) into this
+ * rank's struct mt_param: HF name, box under TP (from the layout class),
+ * reduction rule, init and optimizer class. */
+static void visit_param(param_visit_fn fn, void *user, const struct mt_model *m, const struct mt_pspec *sp, int layer)
 {
     const struct mt_config *cfg = &m->cfg;
     struct mt_param p;
     memset(&p, 0, sizeof p);
-    snprintf(p.name, sizeof p.name, "%s", name);
-    p.ndim = ndim;
-    p.shape[0] = rows;
-    p.shape[1] = ndim == 2 ? cols : 1;
+    if (layer >= 0) {
+        char suffix[96];
+        snprintf(suffix, sizeof suffix, sp->suffix, sp->expert);   /* formats without %d ignore it */
+        snprintf(p.name, sizeof p.name, "model.layers.%d.%s", layer, suffix);
+    } else {
+        snprintf(p.name, sizeof p.name, "%s", sp->suffix);
+    }
+    p.ndim = sp->ndim;
+    p.shape[0] = sp->rows;
+    p.shape[1] = sp->ndim == 2 ? sp->cols : 1;
     p.len[0] = p.shape[0];
     p.len[1] = p.shape[1];
+    enum mt_split split = mt_layout_split(sp->layout);
     if (m->tp > 1 && split != MT_SPLIT_NONE) {
         /* TP: whole heads / hidden units per rank (the contract guarantees divisibility) */
         int d = split == MT_SPLIT_ROWS ? 0 : 1;
         p.len[d] = p.shape[d] / m->tp;
         p.off[d] = (int64_t)m->tp_rank * p.len[d];
     }
-    /* partial over the model group: QK-norm gains (heads split), everything of
-     * an MoE block (SP region), and with SP the norms, embedding and head */
-    if (m->tp > 1) {
-        int qk = strstr(name, "q_norm") || strstr(name, "k_norm");
-        int moe_block = role == MT_ROLE_ROUTER || role == MT_ROLE_EXPERT || strstr(name, "shared_expert");
-        int sp_rows = m->sp && (role == MT_ROLE_GAIN || role == MT_ROLE_EMBED || role == MT_ROLE_HEAD);
-        p.reduce_model = qk || moe_block || sp_rows;
-    }
+    p.reduce_model = mt_layout_reduce_model(sp->layout, m->tp, m->sp);
+    p.layout = (int)sp->layout;
     p.numel = (size_t)p.len[0] * (size_t)p.len[1];
-    p.init = init;
-    p.init_std = std;
-    p.role = role;
+    p.init = sp->init == MT_SCALE_ONES ? MT_INIT_ONES : MT_INIT_NORMAL;
+    p.init_std = sp->init == MT_SCALE_ONES ? 0.0f
+                 : sp->init == MT_SCALE_NORMAL_OUT ? (float)(0.02 / sqrt(2.0 * m->L)) : 0.02f;
+    p.role = sp->role;
     p.split = split;
     p.layer = layer;
-    p.expert = expert;
-    p.decay = ndim == 2;
+    p.expert = sp->expert;
+    p.decay = sp->ndim == 2;
     /* nanochat split: Muon for every 2-D matrix inside the blocks except the router */
-    int muon = ndim == 2 && strncmp(name, "model.layers.", 13) == 0 && role != MT_ROLE_ROUTER;
+    int muon = sp->ndim == 2 && layer >= 0 && sp->role != MT_ROLE_ROUTER;
     p.optim = (muon && strcmp(cfg->optimizer, "adamw") != 0) ? MT_OPTIM_MUON : MT_OPTIM_ADAMW;
     fn(user, &p);
 }
 
-/* "model.layers.<l>.<suffix>" into buf; returns buf. */
-static const char *lname(char *buf, size_t len, int l, const char *suffix)
+/* Global shapes of this rank's model as the pieces see them (its experts). */
+static void model_shape(const struct mt_model *m, struct mt_block_shape *s)
 {
-    snprintf(buf, len, "model.layers.%d.%s", l, suffix);
-    return buf;
+    mt_blocks_shape(&m->cfg, s);
+    s->hd = m->hd;
+    s->e0 = m->e0;
+    s->Ee = m->Ee;
 }
 
-/* Every parameter in the order mt_model.h states. */
+/* What a piece's declarations turn into: a full mt_param (build), a count
+ * (count, no names formatted) or a layer binding (bind). */
+struct spec_walk {
+    const struct mt_model *m;
+    param_visit_fn         fn;      /* build: receives each mt_param           */
+    void                  *user;
+    int                    layer;
+    int                    n;       /* count / registry index                  */
+    struct mt_layer       *ly;      /* bind: the layer whose fields are set    */
+    struct mt_param       *params;  /* bind: the registry                      */
+};
+
+static void spec_build(void *user, const struct mt_pspec *s)
+{
+    struct spec_walk *w = user;
+    visit_param(w->fn, w->user, w->m, s, w->layer);
+}
+
+static void spec_count(void *user, const struct mt_pspec *s)
+{
+    (void)s;
+    ((struct spec_walk *)user)->n++;
+}
+
+static void spec_bind(void *user, const struct mt_pspec *s)
+{
+    struct spec_walk *w = user;
+    if (s->bind >= 0) *(struct mt_param **)((char *)w->ly + s->bind) = &w->params[w->n];
+    w->n++;
+}
+
+/* The model-level parameters around the blocks. */
+static const struct mt_pspec *embed_spec(const struct mt_model *m, struct mt_pspec *s)
+{
+    *s = (struct mt_pspec){"model.embed_tokens.weight", -1, 2, m->V, m->D, MT_SCALE_NORMAL, MT_ROLE_EMBED,
+                           MT_LAYOUT_RESIDUAL, -1};
+    return s;
+}
+static const struct mt_pspec *final_norm_spec(const struct mt_model *m, struct mt_pspec *s)
+{
+    *s = (struct mt_pspec){"model.norm.weight", -1, 1, m->D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, -1};
+    return s;
+}
+static const struct mt_pspec *head_spec(const struct mt_model *m, struct mt_pspec *s)
+{
+    *s = (struct mt_pspec){"lm_head.weight", -1, 2, m->V, m->D, MT_SCALE_NORMAL, MT_ROLE_HEAD, MT_LAYOUT_RESIDUAL, -1};
+    return s;
+}
+
+/* Every parameter of this rank's stage, in registry order: wte (first
+ * stage), each block's pieces (mixer, then ffn), final norm and head (last
+ * stage). The order is the checkpoint's and the export's. */
 static void build_params(const struct mt_model *m, param_visit_fn fn, void *user)
 {
-    const struct mt_config *cfg = &m->cfg;
-    const float std = 0.02f;
-    const int64_t QD = (int64_t)m->Hg * m->hd, KD = (int64_t)m->Kg * m->hd, F = m->Fg;  /* global shapes */
-    const float std_out = (float)(0.02 / sqrt(2.0 * m->L));
-    char n[128];
-    if (m->first)
-        visit_param(fn, user, m, "model.embed_tokens.weight", 2, m->V, m->D, MT_INIT_NORMAL, std,
-                    MT_ROLE_EMBED, MT_SPLIT_NONE, -1, -1);
+    struct mt_pspec ps;
+    struct mt_block_shape shape;
+    model_shape(m, &shape);
+    if (m->first) visit_param(fn, user, m, embed_spec(m, &ps), -1);
+    struct spec_walk w = { m, fn, user, 0, 0, NULL, NULL };
     for (int l = m->l0; l < m->l1; l++) {
-        visit_param(fn, user, m, lname(n, sizeof n, l, "input_layernorm.weight"), 1, m->D, 1, MT_INIT_ONES, 0, MT_ROLE_GAIN, MT_SPLIT_NONE, l, -1);
-        visit_param(fn, user, m, lname(n, sizeof n, l, "self_attn.q_proj.weight"), 2, QD, m->D, MT_INIT_NORMAL, std, MT_ROLE_DENSE, MT_SPLIT_ROWS, l, -1);
-        visit_param(fn, user, m, lname(n, sizeof n, l, "self_attn.k_proj.weight"), 2, KD, m->D, MT_INIT_NORMAL, std, MT_ROLE_DENSE, MT_SPLIT_ROWS, l, -1);
-        visit_param(fn, user, m, lname(n, sizeof n, l, "self_attn.v_proj.weight"), 2, KD, m->D, MT_INIT_NORMAL, std, MT_ROLE_DENSE, MT_SPLIT_ROWS, l, -1);
-        visit_param(fn, user, m, lname(n, sizeof n, l, "self_attn.o_proj.weight"), 2, m->D, QD, MT_INIT_NORMAL, std_out, MT_ROLE_DENSE, MT_SPLIT_COLS, l, -1);
-        visit_param(fn, user, m, lname(n, sizeof n, l, "self_attn.q_norm.weight"), 1, m->hd, 1, MT_INIT_ONES, 0, MT_ROLE_GAIN, MT_SPLIT_NONE, l, -1);
-        visit_param(fn, user, m, lname(n, sizeof n, l, "self_attn.k_norm.weight"), 1, m->hd, 1, MT_INIT_ONES, 0, MT_ROLE_GAIN, MT_SPLIT_NONE, l, -1);
-        visit_param(fn, user, m, lname(n, sizeof n, l, "post_attention_layernorm.weight"), 1, m->D, 1, MT_INIT_ONES, 0, MT_ROLE_GAIN, MT_SPLIT_NONE, l, -1);
-        if (!layer_is_moe(cfg, l)) {
-            visit_param(fn, user, m, lname(n, sizeof n, l, "mlp.gate_proj.weight"), 2, F, m->D, MT_INIT_NORMAL, std, MT_ROLE_DENSE, MT_SPLIT_ROWS, l, -1);
-            visit_param(fn, user, m, lname(n, sizeof n, l, "mlp.up_proj.weight"), 2, F, m->D, MT_INIT_NORMAL, std, MT_ROLE_DENSE, MT_SPLIT_ROWS, l, -1);
-            visit_param(fn, user, m, lname(n, sizeof n, l, "mlp.down_proj.weight"), 2, m->D, F, MT_INIT_NORMAL, std_out, MT_ROLE_DENSE, MT_SPLIT_COLS, l, -1);
-            continue;
-        }
-        visit_param(fn, user, m, lname(n, sizeof n, l, "mlp.gate.weight"), 2, m->E, m->D, MT_INIT_NORMAL, std, MT_ROLE_ROUTER, MT_SPLIT_NONE, l, -1);
-        for (int e = m->e0; e < m->e0 + m->Ee; e++) {   /* EP: this rank's experts only */
-            char s[96];
-            snprintf(s, sizeof s, "mlp.experts.%d.gate_proj.weight", e);
-            visit_param(fn, user, m, lname(n, sizeof n, l, s), 2, m->Fe, m->D, MT_INIT_NORMAL, std, MT_ROLE_EXPERT, MT_SPLIT_NONE, l, e);
-            snprintf(s, sizeof s, "mlp.experts.%d.up_proj.weight", e);
-            visit_param(fn, user, m, lname(n, sizeof n, l, s), 2, m->Fe, m->D, MT_INIT_NORMAL, std, MT_ROLE_EXPERT, MT_SPLIT_NONE, l, e);
-            snprintf(s, sizeof s, "mlp.experts.%d.down_proj.weight", e);
-            visit_param(fn, user, m, lname(n, sizeof n, l, s), 2, m->D, m->Fe, MT_INIT_NORMAL, std_out, MT_ROLE_EXPERT, MT_SPLIT_NONE, l, e);
-        }
-        if (m->Fs > 0) {
-            /* experts (shared included) are not split by TP: SPEC.md section 2 */
-            visit_param(fn, user, m, lname(n, sizeof n, l, "mlp.shared_expert.gate_proj.weight"), 2, m->Fs, m->D, MT_INIT_NORMAL, std, MT_ROLE_DENSE, MT_SPLIT_NONE, l, -1);
-            visit_param(fn, user, m, lname(n, sizeof n, l, "mlp.shared_expert.up_proj.weight"), 2, m->Fs, m->D, MT_INIT_NORMAL, std, MT_ROLE_DENSE, MT_SPLIT_NONE, l, -1);
-            visit_param(fn, user, m, lname(n, sizeof n, l, "mlp.shared_expert.down_proj.weight"), 2, m->D, m->Fs, MT_INIT_NORMAL, std_out, MT_ROLE_DENSE, MT_SPLIT_NONE, l, -1);
-        }
+        w.layer = l;
+        mt_blocks_layer_params(&m->cfg, &shape, l, spec_build, &w);
     }
     if (!m->last) return;
-    visit_param(fn, user, m, "model.norm.weight", 1, m->D, 1, MT_INIT_ONES, 0, MT_ROLE_GAIN, MT_SPLIT_NONE, -1, -1);
-    visit_param(fn, user, m, "lm_head.weight", 2, m->V, m->D, MT_INIT_NORMAL, std, MT_ROLE_HEAD, MT_SPLIT_NONE, -1, -1);
+    visit_param(fn, user, m, final_norm_spec(m, &ps), -1);
+    visit_param(fn, user, m, head_spec(m, &ps), -1);
 }
 
 struct param_sink { struct mt_param *arr; int n; size_t numel; };
@@ -247,91 +275,28 @@ static void sink_param(void *user, const struct mt_param *p)
     s->numel += p->numel;
 }
 
-/* Parameters build_params visits, counted without building them (names
- * are the slow part): wte on the first stage; per layer 8 attention-side
- * parameters, then 3 (A) or router + 3 per local expert + 3 shared (E);
- * final norm and head on the last stage. create asserts it equals the
- * registry's count. */
+/* Parameters build_params visits, counted without formatting names (the
+ * slow part): the same walk with a counting visitor. */
 static int model_n_params(const struct mt_model *m)
 {
-    int n = m->first ? 1 : 0;
-    for (int l = m->l0; l < m->l1; l++)
-        n += 8 + (layer_is_moe(&m->cfg, l) ? 1 + 3 * m->Ee + (m->Fs > 0 ? 3 : 0) : 3);
-    return n + (m->last ? 2 : 0);
+    struct mt_block_shape shape;
+    model_shape(m, &shape);
+    struct spec_walk w = { m, NULL, NULL, 0, 0, NULL, NULL };
+    for (int l = m->l0; l < m->l1; l++) mt_blocks_layer_params(&m->cfg, &shape, l, spec_count, &w);
+    return w.n + (m->first ? 1 : 0) + (m->last ? 2 : 0);
 }
 
 /* ------------------------------------------------------------------ */
 /* memory plan and carving                                             */
 /* ------------------------------------------------------------------ */
 
-struct carver { char *base[MT_BUCKET_COUNT]; size_t off[MT_BUCKET_COUNT]; };
-
-static void *carve(struct carver *c, enum mt_bucket b, size_t bytes)
-{
-    size_t o = (c->off[b] + 63) & ~(size_t)63;
-    c->off[b] = o + bytes;
-    return c->base[b] ? c->base[b] + o : NULL;
-}
-static float *carve_f(struct carver *c, enum mt_bucket b, size_t n) { return carve(c, b, n * sizeof(float)); }
-static int32_t *carve_i(struct carver *c, enum mt_bucket b, size_t n) { return carve(c, b, n * sizeof(int32_t)); }
-
 /* Carve one block's saved internals (everything its backward reads except
- * x_in) into ly. moe: the block is an `E` block. */
-static void carve_block(struct mt_model *m, struct carver *c, struct mt_layer *ly, int moe)
+ * x_in) into ly: its kind's mixer, then its ffn. */
+static void carve_block(struct mt_model *m, struct mt_carver *c, struct mt_layer *ly, int kind)
 {
-    const size_t N = (size_t)m->N, D = (size_t)m->D, QD = (size_t)m->QD, KD = (size_t)m->KD;
-    const size_t Nr = (size_t)m->Nr, Nm = (size_t)m->Nm;
-    const size_t E = (size_t)m->E, k = (size_t)m->top_k, M = (size_t)m->M;
-    const enum mt_bucket A = MT_BUCKET_ACTS, O = MT_BUCKET_OTHER;
-    const int tp = m->tp > 1;
-    ly->h_attn_n = carve_f(c, A, Nr * D);
-    ly->h_attn = m->sp ? carve_f(c, A, N * D) : ly->h_attn_n;   /* SP: the gathered copy is saved */
-    ly->rstd_attn = carve_f(c, A, Nr);
-    ly->q_raw = carve_f(c, A, N * QD);
-    ly->k_raw = carve_f(c, A, N * KD);
-    ly->rstd_q = carve_f(c, A, N * (size_t)m->H);
-    ly->rstd_k = carve_f(c, A, N * (size_t)m->K);
-    ly->q = carve_f(c, A, N * QD);
-    ly->k = carve_f(c, A, N * KD);
-    ly->v = carve_f(c, A, N * KD);
-    ly->att = carve_f(c, A, N * QD);
-    ly->lse = carve_f(c, A, N * (size_t)m->H);
-    ly->x_mid = carve_f(c, A, Nr * D);
-    ly->h_mlp_n = carve_f(c, A, Nr * D);
-    ly->rstd_mlp = carve_f(c, A, Nr);
-    if (!moe) {
-        ly->h_mlp = m->sp ? carve_f(c, A, N * D) : ly->h_mlp_n;
-        ly->mg = carve_f(c, A, N * (size_t)m->F);
-        ly->mu = carve_f(c, A, N * (size_t)m->F);
-        return;
-    }
-    /* the experts see Nm rows: SP or one rank: all of h_mlp_n; TP without SP: our slice of it */
-    ly->h_mlp = (tp && !m->sp && ly->h_mlp_n) ? ly->h_mlp_n + (size_t)m->row0 * D : ly->h_mlp_n;
-    ly->probs = carve_f(c, A, Nm * E);
-    ly->rlse = carve_f(c, A, Nm);
-    ly->topk = carve_i(c, A, Nm * k);
-    ly->gates = carve_f(c, A, Nm * k);
-    ly->pos = carve_i(c, A, Nm * k);
-    ly->src_row = carve_i(c, A, M);
-    if (m->ep == 1) {
-        ly->eg = carve_f(c, A, M * (size_t)m->Fe);
-        ly->eu = carve_f(c, A, M * (size_t)m->Fe);
-    }
-    ly->ey = carve_f(c, A, M * D);
-    if (m->Fs > 0) {
-        ly->sgp = carve_f(c, A, Nm * (size_t)m->Fs);
-        ly->sup = carve_f(c, A, Nm * (size_t)m->Fs);
-    }
-    ly->e_off = carve(c, O, (E + 1) * sizeof(int));
-    ly->f_share = carve_f(c, O, (size_t)m->B * E);
-    if (m->ep > 1) {
-        /* dropless: every rank of the expert group may send all its M slots here */
-        size_t cap = (size_t)m->ep * M;
-        ly->r_cnt = carve(c, O, (size_t)m->ep * (size_t)m->Ee * sizeof(int));
-        ly->rx = carve_f(c, A, cap * D);
-        ly->eg = carve_f(c, A, cap * (size_t)m->Fe);   /* expert activations live on the receiving side */
-        ly->eu = carve_f(c, A, cap * (size_t)m->Fe);
-    }
+    const struct mt_block_kind *k = mt_blocks_kind(kind);
+    k->mixer->carve(m, c, ly);
+    k->ffn->carve(m, c, ly);
 }
 
 /* Recompute: layer ly uses the shared internals of blk, keeping its own
@@ -340,15 +305,36 @@ static void share_block(struct mt_layer *ly, const struct mt_layer *blk)
 {
     struct mt_layer keep = *ly;
     *ly = *blk;
+    ly->kind = keep.kind;
     ly->moe = keep.moe;
+    ly->w = keep.w;
     ly->x_in = keep.x_in;
-    ly->ln1 = keep.ln1; ly->wq = keep.wq; ly->wk = keep.wk; ly->wv = keep.wv; ly->wo = keep.wo;
-    ly->qn = keep.qn; ly->kn = keep.kn; ly->ln2 = keep.ln2;
-    ly->wg = keep.wg; ly->wu = keep.wu; ly->wd = keep.wd;
-    ly->router = keep.router; ly->experts = keep.experts;
-    ly->sg = keep.sg; ly->su = keep.su; ly->sd = keep.sd;
     ly->r_rows = 0;
 }
+
+void ffn_norm_carve(struct mt_model *m, struct mt_carver *c, struct mt_layer *ly)
+{
+    ly->h_mlp_n = carve_f(c, MT_BUCKET_ACTS, (size_t)m->Nr * (size_t)m->D);
+    ly->rstd_mlp = carve_f(c, MT_BUCKET_ACTS, (size_t)m->Nr);
+}
+
+/* carve_scratch of every distinct mixer (ffn: 1) piece the model uses. */
+static void carve_piece_scratch(struct mt_model *m, struct mt_carver *c, int ffn)
+{
+    const struct mt_piece *pcs[MT_MAX_BLOCK_KINDS];
+    int n = model_pieces(m, ffn, pcs);
+    for (int i = 0; i < n; i++)
+        if (pcs[i]->carve_scratch) pcs[i]->carve_scratch(m, c);
+}
+
+/* 1 when some layer of this stage is of kind k. */
+static int stage_has_kind(const struct mt_model *m, int k)
+{
+    for (int l = m->l0; l < m->l1; l++)
+        if (mt_blocks_layer_kind(&m->cfg, l) == k) return 1;
+    return 0;
+}
+
 
 /* Carve every buffer. With NULL bases only the offsets (sizes) advance;
  * m->params / m->layers may be NULL then (param sizes come from the registry).
@@ -357,17 +343,14 @@ static void share_block(struct mt_layer *ly, const struct mt_layer *blk)
  * and, on the last stage, the head's h_final, rstd_final, logits, losses,
  * xlse; per layer x_in and the block internals. With recompute=block a slot
  * keeps only x_in per layer: every layer of every slot points its internals
- * at ONE shared set (one dense-block set if the stage has A blocks, one MoE
- * set if it has E blocks), which forward overwrites layer by layer and
+ * at ONE shared set per block kind present on the stage, which forward overwrites layer by layer and
  * backward refills by re-running the block's forward (mt_model_backward_stage). */
-static void model_layout(struct mt_model *m, struct carver *c)
+static void model_layout(struct mt_model *m, struct mt_carver *c)
 {
     /* m->slots[k].layers NULL (plan): carve into dummies, only the offsets matter */
-    const size_t N = (size_t)m->N, D = (size_t)m->D, QD = (size_t)m->QD, KD = (size_t)m->KD;
-    const size_t Nr = (size_t)m->Nr, Nm = (size_t)m->Nm;
-    const size_t E = (size_t)m->E, k = (size_t)m->top_k, M = (size_t)m->M;
+    const size_t N = (size_t)m->N, D = (size_t)m->D, Nr = (size_t)m->Nr;
     const enum mt_bucket A = MT_BUCKET_ACTS, W = MT_BUCKET_WORKSPACE, O = MT_BUCKET_OTHER;
-    const int tp = m->tp > 1;
+    const int n_kinds = mt_blocks_count();
 
     /* parameters, then grads, in registry order (plan_bytes carves them
      * itself from the registry, before calling this with params == NULL) */
@@ -381,92 +364,66 @@ static void model_layout(struct mt_model *m, struct carver *c)
     m->rope_cos = carve_f(c, W, (size_t)m->T * (size_t)(m->hd / 2));
     m->rope_sin = carve_f(c, W, (size_t)m->T * (size_t)(m->hd / 2));
 
-    /* recompute: the shared internals, carved once */
-    struct mt_layer blk[2];   /* [0] dense block, [1] MoE block */
+    /* recompute: the shared internals, one set per kind on this stage, carved once */
+    struct mt_layer blk[MT_MAX_BLOCK_KINDS];
     memset(blk, 0, sizeof blk);
-    if (m->recompute) {
-        int has[2] = {0, 0};
-        for (int l = m->l0; l < m->l1; l++) has[layer_is_moe(&m->cfg, l)] = 1;
-        for (int b = 0; b < 2; b++)
-            if (has[b]) carve_block(m, c, &blk[b], b);
-    }
+    if (m->recompute)
+        for (int b = 0; b < n_kinds; b++)
+            if (stage_has_kind(m, b)) carve_block(m, c, &blk[b], b);
 
     for (int sl = 0; sl < m->n_slots; sl++) {
-    struct mt_slot dslot;
-    memset(&dslot, 0, sizeof dslot);
-    struct mt_slot *S = m->slots[sl].layers ? &m->slots[sl] : &dslot;
-    S->idx = carve_i(c, A, N);
-    S->targets = carve_i(c, A, N);
-    S->x_final = carve_f(c, A, Nr * D);
-    if (m->last) {
-        S->h_final = carve_f(c, A, Nr * D);
-        S->rstd_final = carve_f(c, A, Nr);
-        S->logits = carve_f(c, A, Nr * (size_t)m->V);
-        S->losses = carve_f(c, A, Nr);
-        S->xlse = carve_f(c, A, Nr);
+        struct mt_slot dslot;
+        memset(&dslot, 0, sizeof dslot);
+        struct mt_slot *S = m->slots[sl].layers ? &m->slots[sl] : &dslot;
+        S->idx = carve_i(c, A, N);
+        S->targets = carve_i(c, A, N);
+        S->x_final = carve_f(c, A, Nr * D);
+        if (m->last) {
+            S->h_final = carve_f(c, A, Nr * D);
+            S->rstd_final = carve_f(c, A, Nr);
+            S->logits = carve_f(c, A, Nr * (size_t)m->V);
+            S->losses = carve_f(c, A, Nr);
+            S->xlse = carve_f(c, A, Nr);
+        }
+        for (int l = m->l0; l < m->l1; l++) {
+            struct mt_layer dummy;
+            struct mt_layer *ly = S->layers ? &S->layers[l] : &dummy;
+            memset(&dummy, 0, sizeof dummy);
+            int kind = mt_blocks_layer_kind(&m->cfg, l);
+            ly->x_in = carve_f(c, A, Nr * D);
+            if (m->recompute) share_block(ly, &blk[kind]);
+            else carve_block(m, c, ly, kind);
+        }
     }
 
-    for (int l = m->l0; l < m->l1; l++) {
-        struct mt_layer dummy;
-        struct mt_layer *ly = S->layers ? &S->layers[l] : &dummy;
-        memset(&dummy, 0, sizeof dummy);
-        int moe = layer_is_moe(&m->cfg, l);
-        ly->x_in = carve_f(c, A, Nr * D);
-        if (m->recompute) share_block(ly, &blk[moe]);
-        else carve_block(m, c, ly, moe);
-    }
-    }
-
-    /* activation-gradient scratch, shared by all layers */
+    /* Scratch plan (WORKSPACE), shared by all layers of every kind: the
+     * residual gradient dx, d(normed input) dh, the TP row buffers, each
+     * piece's own scratch (carve_scratch) and the SwiGLU hidden scratch
+     * sized for the widest piece (ffn_scratch). A piece uses only what it
+     * declares here or what it owns in struct mt_layer. */
     size_t ff = 0;
-    if (m->any_dense && N * (size_t)m->F > ff) ff = N * (size_t)m->F;
-    if (m->any_moe && (size_t)m->ep * M * (size_t)m->Fe > ff) ff = (size_t)m->ep * M * (size_t)m->Fe;
-    if (m->any_moe && Nm * (size_t)m->Fs > ff) ff = Nm * (size_t)m->Fs;
+    for (int half = 0; half < 2; half++) {
+        const struct mt_piece *pcs[MT_MAX_BLOCK_KINDS];
+        int n = model_pieces(m, half, pcs);
+        for (int i = 0; i < n; i++)
+            if (pcs[i]->ffn_scratch && pcs[i]->ffn_scratch(m) > ff) ff = pcs[i]->ffn_scratch(m);
+    }
     m->dx = carve_f(c, W, Nr * D);
     m->dh = carve_f(c, W, N * D);
-    if (tp) {
+    if (m->tp > 1) {
         m->s_full = carve_f(c, W, N * D);
         m->s_red = carve_f(c, W, N * D);
     }
-    m->datt = carve_f(c, W, N * QD);
-    m->dq = carve_f(c, W, N * QD);
-    m->dk = carve_f(c, W, N * KD);
-    m->dk2 = carve_f(c, W, N * KD);
-    m->dv = carve_f(c, W, N * KD);
+    carve_piece_scratch(m, c, 0);   /* mixers */
     m->s_act = carve_f(c, W, ff);
     m->s_dact = carve_f(c, W, ff);
     m->s_dg = carve_f(c, W, ff);
     m->s_du = carve_f(c, W, ff);
-    if (m->any_moe) {
-        m->s_xp = carve_f(c, W, M * D);
-        m->s_dxp = carve_f(c, W, M * D);
-        m->s_dy = carve_f(c, W, M * D);
-        if (m->ep > 1) {
-            m->s_ry = carve_f(c, W, (size_t)m->ep * M * D);
-            m->s_rdy = carve_f(c, W, (size_t)m->ep * M * D);
-            m->s_rdx = carve_f(c, W, (size_t)m->ep * M * D);
-        }
-        m->moe_load = (double *)carve(c, O, (size_t)m->L * E * sizeof(double));
-        m->h_a2a = carve(c, O, 4 * (size_t)m->ep * sizeof(size_t));
-        m->h_ecnt = carve(c, O, 2 * E * sizeof(int64_t));
-        m->s_drl = carve_f(c, W, Nm * E);
-        m->s_dprobs = carve_f(c, W, Nm * E);
-        m->s_dgates = carve_f(c, W, Nm * k);
-        m->s_dlse = carve_f(c, W, Nm);
-        m->h_probs = carve_f(c, O, Nm * E);
-        m->h_dprobs = carve_f(c, O, Nm * E);
-        m->h_rlse = carve_f(c, O, Nm);
-        m->h_dlse = carve_f(c, O, Nm);
-        m->h_topk = carve_i(c, O, Nm * k);
-        m->h_pos = carve_i(c, O, Nm * k);
-        m->h_src = carve_i(c, O, M);
-        m->h_cnt = carve(c, O, E * sizeof(int));
-        m->h_seq = carve(c, O, (size_t)m->B * E * 2 * sizeof(double));
-    }
+    carve_piece_scratch(m, c, 1);   /* ffns */
     m->h_losses = carve_f(c, O, Nr);
 }
 
-struct plan_visit { struct carver *c; };
+struct plan_visit { struct mt_carver *c; };
 
 static void plan_param(void *user, const struct mt_param *p)
 {
@@ -489,7 +446,7 @@ void mt_model_plan_bytes_par(const struct mt_config *cfg, int B, int flags, cons
                              size_t bytes[MT_BUCKET_COUNT])
 {
     struct mt_model m;
-    struct carver c;
+    struct mt_carver c;
     memset(&m, 0, sizeof m);
     memset(&c, 0, sizeof c);
     model_dims_par(&m, cfg, B, par);
@@ -577,40 +534,24 @@ void mt_model_destroy(struct mt_ctx *ctx, struct mt_model *m)
     mt_free(ctx, m);
 }
 
+/* Point each layer's weight fields at its registry entries: the same walk
+ * as build_params, with a visitor that binds instead of building. */
 static void bind_layer_params(struct mt_model *m, struct mt_layer *layers)
 {
     struct mt_param *p = m->params;
-    int i = 0;
-    m->wte = m->first ? &p[i++] : NULL;
+    struct mt_block_shape shape;
+    model_shape(m, &shape);
+    struct spec_walk w = { m, NULL, NULL, 0, 0, NULL, p };
+    m->wte = m->first ? &p[w.n++] : NULL;
     for (int l = m->l0; l < m->l1; l++) {
-        struct mt_layer *ly = &layers[l];
-        ly->moe = layer_is_moe(&m->cfg, l);
-        ly->ln1 = &p[i++];
-        ly->wq = &p[i++];
-        ly->wk = &p[i++];
-        ly->wv = &p[i++];
-        ly->wo = &p[i++];
-        ly->qn = &p[i++];
-        ly->kn = &p[i++];
-        ly->ln2 = &p[i++];
-        if (!ly->moe) {
-            ly->wg = &p[i++];
-            ly->wu = &p[i++];
-            ly->wd = &p[i++];
-            continue;
-        }
-        ly->router = &p[i++];
-        ly->experts = &p[i];
-        i += 3 * m->Ee;
-        if (m->Fs > 0) {
-            ly->sg = &p[i++];
-            ly->su = &p[i++];
-            ly->sd = &p[i++];
-        }
+        layers[l].kind = mt_blocks_layer_kind(&m->cfg, l);
+        layers[l].moe = mt_blocks_kind(layers[l].kind)->routed;
+        w.ly = &layers[l];
+        mt_blocks_layer_params(&m->cfg, &shape, l, spec_bind, &w);
     }
-    m->norm_f = m->last ? &p[i++] : NULL;
-    m->lm_head = m->last ? &p[i++] : NULL;
-    MT_ASSERT(i == m->n_params);
+    m->norm_f = m->last ? &p[w.n++] : NULL;
+    m->lm_head = m->last ? &p[w.n++] : NULL;
+    MT_ASSERT(w.n == m->n_params);
 }
 
 enum mt_status mt_model_create(struct mt_ctx *ctx, const struct mt_ops_i *ops,
@@ -669,7 +610,7 @@ enum mt_status mt_model_create_par(struct mt_ctx *ctx, const struct mt_ops_i *op
     for (int k = 0; k < m->n_slots; k++) bind_layer_params(m, m->slots[k].layers);
 
     /* pass 1: sizes; pass 2: carve from the arenas */
-    struct carver c;
+    struct mt_carver c;
     memset(&c, 0, sizeof c);
     model_layout(m, &c);
     for (int b = 0; b < MT_BUCKET_COUNT; b++) {
@@ -679,7 +620,7 @@ enum mt_status mt_model_create_par(struct mt_ctx *ctx, const struct mt_ops_i *op
                                            : ops->buf_alloc(ctx, c.off[b], (enum mt_bucket)b);
         if (!m->arena[b]) { rc = MT_ERR_OOM; goto fail; }
     }
-    struct carver c2;
+    struct mt_carver c2;
     memset(&c2, 0, sizeof c2);
     for (int b = 0; b < MT_BUCKET_COUNT; b++) c2.base[b] = m->arena[b];
     model_layout(m, &c2);
@@ -806,68 +747,76 @@ void mt_model_param_counts(const struct mt_config *cfg, size_t *total, size_t *a
     model_dims(&m, cfg, 1);
     struct param_sink s = { NULL, 0, 0 };
     build_params(&m, sink_param, &s);
+    struct mt_block_shape shape;
+    model_shape(&m, &shape);
     size_t inactive = 0;
-    for (int l = 0; l < m.L; l++)
-        if (layer_is_moe(cfg, l))
-            inactive += (size_t)(m.E - m.top_k) * 3 * (size_t)m.D * (size_t)m.Fe;
+    for (int l = 0; l < m.L; l++) inactive += (size_t)mt_blocks_layer_inactive(cfg, &shape, l);
     if (total) *total = s.numel;
     if (active) *active = s.numel - inactive;
 }
 
 /* 6 * (matmul params active per token, wte excluded: it is a lookup)
- * + 12 * L * T * H * hd (attention scores and values, PaLM/nanochat convention). */
+ * + each block's non-parameter FLOPs (attention: 12 T H hd, PaLM/nanochat
+ * convention). Integer-valued sums: exact in double. */
 double mt_model_flops_per_token(const struct mt_config *cfg)
 {
     struct mt_model m;
     memset(&m, 0, sizeof m);
     model_dims(&m, cfg, 1);
-    double D = m.D, mm = (double)m.V * D; /* lm_head */
+    struct mt_block_shape shape;
+    model_shape(&m, &shape);
+    double mm = (double)m.V * m.D, extra = 0; /* lm_head */
     for (int l = 0; l < m.L; l++) {
-        mm += D * (2.0 * m.QD + 2.0 * m.KD);
-        if (layer_is_moe(cfg, l))
-            mm += (double)m.E * D + (double)m.top_k * 3.0 * D * m.Fe + 3.0 * D * m.Fs;
-        else
-            mm += 3.0 * D * m.F;
+        mm += mt_blocks_layer_mm(cfg, &shape, l);
+        extra += mt_blocks_layer_extra(cfg, &shape, l);
     }
-    return 6.0 * mm + 12.0 * m.L * (double)m.T * m.H * m.hd;
+    return 6.0 * mm + extra;
 }
 
 /* ------------------------------------------------------------------ */
 /* forward / backward                                                  */
 /* ------------------------------------------------------------------ */
 
-enum mt_status model_ffn_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly, float *x_out,
-                                 int B, int T, int want_loss, double *aux, double *z)
+void ffn_norm_forward(struct mt_model *m, struct mt_layer *ly, float *x_out, int n)
 {
-    const struct mt_ops_i *ops = m->ops;
-    const int n = B * T, D = m->D;
     const int Nr = m->sp ? n / m->tp : n;
-    ops->rmsnorm_forward(ly->h_mlp_n, ly->rstd_mlp, ly->x_mid, ly->ln2->data, Nr, D, m->cfg.norm_eps);
-    ops->copy(x_out, ly->x_mid, (size_t)Nr * D * sizeof(float));
-    if (ly->moe) {
-        double a = 0, zz = 0;
-        if (m->tp > 1 && !m->sp) {
-            /* MoE in the SP region without SP: our Nm rows, then gather every rank's output */
-            ops->fill(m->s_red, 0.0f, (size_t)m->Nm * D);
-            MT_CHECK(moe_forward(ctx, m, ly, m->s_red, m->Nm, want_loss, &a, &zz));
-            MT_CHECK(tp_gather_rows(ctx, m, m->s_full, m->s_red, m->Nm, D));
-            ops->axpby(x_out, m->s_full, 1.0f, 1.0f, (size_t)n * D);
-        } else {
-            MT_CHECK(moe_forward(ctx, m, ly, x_out, m->tp > 1 ? m->Nm : n, want_loss, &a, &zz));
-        }
-        *aux += a;
-        *z += zz;
-    } else if (m->tp == 1) {
-        mlp_forward(ops, x_out, 1, ly->mg, ly->mu, m->s_act, ly->h_mlp,
-                    ly->wg->data, ly->wu->data, ly->wd->data, n, D, m->F);
-    } else {
-        /* TP region: this rank's F/tp hidden units over all N rows */
-        if (m->sp) MT_CHECK(tp_gather_rows(ctx, m, ly->h_mlp, ly->h_mlp_n, Nr, D));
-        mlp_forward(ops, m->s_red, 0, ly->mg, ly->mu, m->s_act, ly->h_mlp,
-                    ly->wg->data, ly->wu->data, ly->wd->data, n, D, m->F);
-        MT_CHECK(tp_exit_add(ctx, m, x_out, m->s_red, m->s_full));
-    }
-    return MT_OK;
+    m->ops->rmsnorm_forward(ly->h_mlp_n, ly->rstd_mlp, ly->x_mid, ly->w.ln2->data, Nr, m->D, m->cfg.norm_eps);
+    m->ops->copy(x_out, ly->x_mid, (size_t)Nr * m->D * sizeof(float));
+}
+
+void ffn_norm_backward(struct mt_model *m, struct mt_layer *ly, const float *dhr)
+{
+    m->ops->rmsnorm_backward(m->dx, ly->w.ln2->grad, dhr, ly->x_mid, ly->w.ln2->data, ly->rstd_mlp, m->Nr, m->D, 1);
+}
+
+enum mt_status model_block_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly,
+                                   struct mt_piece_fwd *a)
+{
+    const struct mt_block_kind *k = mt_blocks_kind(ly->kind);
+    MT_CHECK(k->mixer->forward(ctx, m, ly, a));
+    return k->ffn->forward(ctx, m, ly, a);
+}
+
+/* Backward of one block: dx holds d x_out; on return d x_in. */
+static enum mt_status model_block_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly)
+{
+    const struct mt_block_kind *k = mt_blocks_kind(ly->kind);
+    MT_CHECK(k->ffn->backward(ctx, m, ly));     /* dx: d x_out -> d x_mid */
+    return k->mixer->backward(ctx, m, ly);      /* dx: d x_mid -> d x_in  */
+}
+
+/* Arguments of a training forward over the microbatch's B x T rows. */
+static struct mt_piece_fwd train_fwd(const struct mt_model *m, float *x_out, int want_loss)
+{
+    struct mt_piece_fwd a;
+    memset(&a, 0, sizeof a);
+    a.B = m->B;
+    a.T = m->T;
+    a.cos_tab = m->rope_cos;
+    a.sin_tab = m->rope_sin;
+    a.x_out = x_out;
+    a.want_loss = want_loss;
+    return a;
 }
 
 /* Save the current slot's fields and load slot k's (pipeline microbatches in flight). */
@@ -944,8 +893,10 @@ enum mt_status mt_model_forward_stage(struct mt_ctx *ctx, struct mt_model *m, co
         struct mt_layer *ly = &m->layers[l];
         float *x_out = l + 1 < m->l1 ? m->layers[l + 1].x_in : m->x_final;
         MT_CHECK(hook(ctx, m, m->hooks.pre_forward, 1 + l));
-        MT_CHECK(attention_forward(ctx, m, ly, m->B, m->T, 0, m->rope_cos, m->rope_sin, NULL, NULL));
-        MT_CHECK(model_ffn_forward(ctx, m, ly, x_out, m->B, m->T, targets != NULL, &aux, &z));
+        struct mt_piece_fwd a = train_fwd(m, x_out, targets != NULL);
+        MT_CHECK(model_block_forward(ctx, m, ly, &a));
+        aux += a.aux;
+        z += a.z;
     }
     double lm = 0;
     if (m->last) {
@@ -975,13 +926,11 @@ enum mt_status mt_model_forward_stage(struct mt_ctx *ctx, struct mt_model *m, co
  * histogram is not counted twice: what the recompute added is taken back. */
 static enum mt_status block_recompute(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly, int l)
 {
-    double aux = 0, z = 0;
-    MT_CHECK(attention_forward(ctx, m, ly, m->B, m->T, 0, m->rope_cos, m->rope_sin, NULL, NULL));
-    MT_CHECK(model_ffn_forward(ctx, m, ly, m->dh, m->B, m->T, 1, &aux, &z));
-    if (ly->moe && m->moe_load) {
-        double *load = m->moe_load + (size_t)l * (size_t)m->E;
-        for (int e = 0; e < m->E; e++) load[e] -= ly->e_off[e + 1] - ly->e_off[e];
-    }
+    struct mt_piece_fwd a = train_fwd(m, m->dh, 1);
+    MT_CHECK(model_block_forward(ctx, m, ly, &a));
+    const struct mt_block_kind *k = mt_blocks_kind(ly->kind);
+    if (k->mixer->undo_recompute) k->mixer->undo_recompute(m, ly, l);
+    if (k->ffn->undo_recompute) k->ffn->undo_recompute(m, ly, l);
     return MT_OK;
 }
 
@@ -993,7 +942,7 @@ enum mt_status mt_model_backward(struct mt_ctx *ctx, struct mt_model *m)
 enum mt_status mt_model_backward_stage(struct mt_ctx *ctx, struct mt_model *m, const float *dy_out)
 {
     const struct mt_ops_i *ops = m->ops;
-    const int N = m->N, D = m->D;
+    const int D = m->D;
     if (!m->have_fwd || !m->have_targets)
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG,
                             "model backward: needs a preceding forward with targets (and at most one backward per forward)");
@@ -1012,38 +961,7 @@ enum mt_status mt_model_backward_stage(struct mt_ctx *ctx, struct mt_model *m, c
         struct mt_layer *ly = &m->layers[l];
         MT_CHECK(hook(ctx, m, m->hooks.pre_backward, 1 + l));
         if (m->recompute) MT_CHECK(block_recompute(ctx, m, ly, l));
-        /* ffn branch: dx is d x_out = d x_mid (identity) + d branch */
-        const float *dhr = m->dh;                   /* d h_mlp_n (Nr, D) */
-        if (ly->moe) {
-            int tp_nosp = m->tp > 1 && !m->sp;      /* our Nm rows of a whole dx */
-            MT_CHECK(moe_backward(ctx, m, ly, m->dh, m->dx + (tp_nosp ? (size_t)m->row0 * D : 0), &m->norm));
-            if (tp_nosp) {
-                MT_CHECK(tp_gather_rows(ctx, m, m->s_full, m->dh, m->Nm, D));
-                dhr = m->s_full;
-            }
-        } else if (m->tp == 1) {
-            mlp_backward(ops, m->dh, 0, ly->wg->grad, ly->wu->grad, ly->wd->grad,
-                         m->s_act, m->s_dact, m->s_dg, m->s_du, m->dx, ly->h_mlp, ly->mg, ly->mu,
-                         ly->wg->data, ly->wu->data, ly->wd->data, N, D, m->F);
-        } else {
-            /* TP region: conjugate of the exit (SP: gather d rows), then of the entry */
-            const float *dy = m->dx;
-            if (m->sp) {
-                MT_CHECK(tp_gather_rows(ctx, m, m->s_full, m->dx, m->Nr, D));
-                dy = m->s_full;
-            }
-            mlp_backward(ops, m->dh, 0, ly->wg->grad, ly->wu->grad, ly->wd->grad,
-                         m->s_act, m->s_dact, m->s_dg, m->s_du, dy, ly->h_mlp, ly->mg, ly->mu,
-                         ly->wg->data, ly->wu->data, ly->wd->data, N, D, m->F);
-            if (m->sp) {
-                MT_CHECK(tp_reduce_scatter_rows(ctx, m, m->s_red, m->dh, m->Nr, D));
-                dhr = m->s_red;
-            } else {
-                MT_CHECK(tp_allreduce(ctx, m, m->dh, (size_t)N * D));
-            }
-        }
-        ops->rmsnorm_backward(m->dx, ly->ln2->grad, dhr, ly->x_mid, ly->ln2->data, ly->rstd_mlp, m->Nr, D, 1);
-        MT_CHECK(attention_backward(ctx, m, ly));   /* dx: d x_mid -> d x_in */
+        MT_CHECK(model_block_backward(ctx, m, ly));
         MT_CHECK(hook(ctx, m, m->hooks.post_backward, 1 + l));
     }
     if (m->first) {
@@ -1058,14 +976,13 @@ enum mt_status mt_model_backward_stage(struct mt_ctx *ctx, struct mt_model *m, c
 /* pipeline split                                                      */
 /* ------------------------------------------------------------------ */
 
-/* FLOPs per token of one block (6 x matmul params active + attention), as
- * mt_model_flops_per_token counts them. */
+/* FLOPs per token of one block, as mt_model_flops_per_token counts them
+ * (the pipeline cut's cost). */
 static double block_flops(const struct mt_model *m, int l)
 {
-    double D = m->D, mm = D * (2.0 * m->QD + 2.0 * m->KD);
-    if (layer_is_moe(&m->cfg, l)) mm += (double)m->E * D + (double)m->top_k * 3.0 * D * m->Fe + 3.0 * D * m->Fs;
-    else mm += 3.0 * D * m->F;
-    return 6.0 * mm + 12.0 * (double)m->T * m->H * m->hd;
+    struct mt_block_shape shape;
+    model_shape(m, &shape);
+    return mt_blocks_layer_flops(&m->cfg, &shape, l);
 }
 
 double mt_model_stage_flops(const struct mt_config *cfg, int layer0, int layer1)

@@ -26,23 +26,31 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "mt_model.h"
+#include "mt_blocks.h"
 
 /* Largest expert-parallel degree (stack arrays of all-to-all counts). */
 #define MT_MAX_EP 256
 
-/* One transformer block: its parameters and what its forward saves. */
-struct mt_layer {
-    int moe;                       /* 1 for an `E` block                          */
-    /* parameters (views into mt_model.params) */
+/* A block's parameters (views into mt_model.params), bound from the
+ * registry: each field is named by the `bind` of its mt_pspec (mt_blocks.h).
+ * Fields a kind does not have stay NULL. */
+struct mt_layer_w {
     struct mt_param *ln1;          /* input_layernorm (D)                         */
     struct mt_param *wq, *wk, *wv; /* (QD, D), (KD, D), (KD, D)                   */
     struct mt_param *wo;           /* (D, QD)                                     */
     struct mt_param *qn, *kn;      /* q_norm, k_norm (hd), shared by heads        */
     struct mt_param *ln2;          /* post_attention_layernorm (D)                */
-    struct mt_param *wg, *wu, *wd; /* dense MLP (F, D), (F, D), (D, F); A only    */
-    struct mt_param *router;       /* (E, D); E only                              */
+    struct mt_param *wg, *wu, *wd; /* dense MLP (F, D), (F, D), (D, F)            */
+    struct mt_param *router;       /* (E, D)                                      */
     struct mt_param *experts;      /* local expert j (global e0+j): [3j] gate (Fe,D), [3j+1] up, [3j+2] down (D,Fe) */
     struct mt_param *sg, *su, *sd; /* shared expert (Fs,D),(Fs,D),(D,Fs); NULL if Fs == 0 */
+};
+
+/* One transformer block: its kind, its parameters and what its forward saves. */
+struct mt_layer {
+    int kind;                      /* index into the block-kind table (mt_blocks.h) */
+    int moe;                       /* the kind's `routed` flag (routing buffers valid) */
+    struct mt_layer_w w;           /* parameters                                    */
 
     /* saved activations (ACTS) */
     float *x_in;       /* (Nr, D) residual stream entering the block               */
@@ -117,7 +125,8 @@ struct mt_model {
     int tp, tp_rank, sp, Nr, Nm, row0;
     struct mt_comm *tp_comm;
     struct mt_tp_stats tp_stats;
-    int any_moe, any_dense;
+    int any_moe;             /* some layer's kind is routed (mt_blocks_any_routed)                   */
+    unsigned kinds_used;     /* bit k: some layer (any stage) is of block kind k                     */
     int recompute;           /* cfg recompute=block: slots keep x_in per layer only (model_layout) */
     int no_alloc;            /* MT_MODEL_NO_ALLOC: registry only, no arenas (planning)              */
 
@@ -172,6 +181,23 @@ struct mt_model {
     int                 have_fwd, have_targets;
     struct mt_loss_norm norm;
 };
+
+/* ---- carving (model_layout and the pieces' carve functions) ---- */
+
+/* Offsets per bucket; with NULL bases only the offsets advance (the plan). */
+struct mt_carver { char *base[MT_BUCKET_COUNT]; size_t off[MT_BUCKET_COUNT]; };
+
+static inline void *carve(struct mt_carver *c, enum mt_bucket b, size_t bytes)
+{
+    size_t o = (c->off[b] + 63) & ~(size_t)63;
+    c->off[b] = o + bytes;
+    return c->base[b] ? c->base[b] + o : NULL;
+}
+static inline float *carve_f(struct mt_carver *c, enum mt_bucket b, size_t n) { return carve(c, b, n * sizeof(float)); }
+static inline int32_t *carve_i(struct mt_carver *c, enum mt_bucket b, size_t n)
+{
+    return carve(c, b, n * sizeof(int32_t));
+}
 
 /* ---- helpers shared by the layer files ---- */
 
@@ -235,6 +261,22 @@ enum mt_status moe_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_lay
 enum mt_status moe_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly, float *dh, const float *dout,
                             const struct mt_loss_norm *norm);
 
+/* The pieces of the block-kind table (blocks.c). */
+extern const struct mt_piece mt_piece_attention;   /* attention.c */
+extern const struct mt_piece mt_piece_mlp;         /* mlp.c       */
+extern const struct mt_piece mt_piece_moe;         /* moe.c       */
+
+/* model.c: the ffn half's shared entry and exit, for every ffn piece.
+ * enter: h_mlp_n = rmsnorm(x_mid) * g_post on this rank's Nr rows of n, and
+ * x_out = x_mid (the residual path; the piece adds its branch).
+ * exit (backward): dx += rmsnorm_backward(dhr), dhr = d h_mlp_n (Nr, D). */
+void ffn_norm_forward(struct mt_model *m, struct mt_layer *ly, float *x_out, int n);
+void ffn_norm_backward(struct mt_model *m, struct mt_layer *ly, const float *dhr);
+/* model.c: carve what every ffn piece saves first: x_mid's norm (h_mlp_n, rstd_mlp). */
+void ffn_norm_carve(struct mt_model *m, struct mt_carver *c, struct mt_layer *ly);
+/* model.c: offsetof-style bind value of a struct mt_layer_w field, for mt_pspec.bind. */
+#define MT_BIND(field) ((int)offsetof(struct mt_layer, w.field))
+
 /* head.c: h_final, logits (n rows); if targets: per-row CE; returns sum of CE (double). */
 double head_forward(struct mt_model *m, int n, int with_loss);
 /* dlogits in place, dWlm +=, dg_final +=, dx = d x_final (OVERWRITES). */
@@ -247,8 +289,8 @@ void model_param_fill(const struct mt_param *p, uint64_t seed, float *out_host);
 /* model.c: cos/sin tables (tmax, hd/2) built in double, rounded to float once. */
 enum mt_status model_rope_build(struct mt_ctx *ctx, const struct mt_model *m, float *cos_dev, float *sin_dev, int tmax);
 
-/* model.c: x_out = x_mid + ffn(rmsnorm(x_mid) * g_mlp) for B*T rows (dense or MoE). */
-enum mt_status model_ffn_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly, float *x_out,
-                                 int B, int T, int want_loss, double *aux, double *z);
+/* model.c: x_out = block(x_in) for layer ly (its kind's mixer, then its ffn). */
+enum mt_status model_block_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly,
+                                   struct mt_piece_fwd *a);
 
 #endif /* MT_MODEL_IMPL_H */

@@ -108,91 +108,14 @@ static enum mt_status ep_a2a(struct mt_ctx *ctx, struct mt_model *m, float *recv
     return rc;
 }
 
-enum mt_status moe_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly, float *out,
-                           int n, int want_loss, double *aux_sum, double *z_sum)
+/* The auxiliary losses of the n rows just routed (forward with targets):
+ * *aux_sum (model rank 0 only under TP) and *z_sum, and ly->f_share for
+ * the backward. */
+static enum mt_status moe_losses(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly, int n, double *aux_sum,
+                                 double *z_sum)
 {
     const struct mt_ops_i *ops = m->ops;
-    const int D = m->D, E = m->E, k = m->top_k, Fe = m->Fe;
-    const int M = n * k;
-
-    /* router: logits into the (free in forward) d-router-logits scratch */
-    linear_forward(ops, m->s_drl, ly->h_mlp, ly->router->data, n, D, E, 0.0f);
-    ops->router_forward(ly->probs, ly->rlse, ly->topk, ly->gates, m->s_drl, n, E, k);
-
-    ops->copy_to_host(m->h_topk, ly->topk, (size_t)M * sizeof(int32_t));
-    if (m->force_route) {
-        /* test-only: every token to experts 0..k-1, gates renormalised over them */
-        ops->copy_to_host(m->h_probs, ly->probs, (size_t)n * E * sizeof(float));
-        float *hg = m->h_dprobs; /* free until backward */
-        for (int i = 0; i < n; i++) {
-            double sum = 0;
-            for (int j = 0; j < k; j++) sum += m->h_probs[(size_t)i * E + j];
-            for (int j = 0; j < k; j++) {
-                m->h_topk[(size_t)i * k + j] = j;
-                hg[(size_t)i * k + j] = (float)(m->h_probs[(size_t)i * E + j] / sum);
-            }
-        }
-        ops->copy_from_host(ly->topk, m->h_topk, (size_t)M * sizeof(int32_t));
-        ops->copy_from_host(ly->gates, hg, (size_t)M * sizeof(float));
-    }
-    route_slots(m, ly, n);
-    ops->copy_from_host(ly->pos, m->h_pos, (size_t)M * sizeof(int32_t));
-    ops->copy_from_host(ly->src_row, m->h_src, (size_t)M * sizeof(int32_t));
-    if (m->moe_load) {
-        double *load = m->moe_load + (size_t)(ly - m->layers) * E;
-        for (int e = 0; e < E; e++) load[e] += ly->e_off[e + 1] - ly->e_off[e];
-    }
-
-    ops->moe_permute(m->s_xp, ly->h_mlp, ly->src_row, M, D);
-    if (m->ep == 1) {
-        for (int e = 0; e < E; e++) {
-            int r0 = ly->e_off[e], c = ly->e_off[e + 1] - r0;
-            if (c == 0) continue;
-            const struct mt_param *w = &ly->experts[3 * e];
-            mlp_forward(ops, ly->ey + (size_t)r0 * D, 0, ly->eg + (size_t)r0 * Fe, ly->eu + (size_t)r0 * Fe,
-                        m->s_act, m->s_xp + (size_t)r0 * D, w[0].data, w[1].data, w[2].data, c, D, Fe);
-        }
-    } else {
-        /* per-expert counts first (every rank, even with nothing to send) */
-        const int ep = m->ep, Ee = m->Ee;
-        int64_t *sc = m->h_ecnt, *rc = m->h_ecnt + E;
-        for (int e = 0; e < E; e++) sc[e] = ly->e_off[e + 1] - ly->e_off[e];
-        size_t *a = m->h_a2a;
-        for (int r = 0; r < ep; r++) { a[r] = (size_t)Ee; a[ep + r] = (size_t)r * Ee; }
-        double t0 = mt_time_sec();
-        enum mt_status st = mt_comm_alltoallv(ctx, m->ep_comm, sc, a, a + ep, rc, a, a + ep, MT_DTYPE_I64);
-        m->ep_stats.a2a_s += mt_time_sec() - t0;
-        MT_CHECK(st);
-        ly->r_rows = 0;
-        for (int i = 0; i < ep * Ee; i++) {
-            ly->r_cnt[i] = (int)rc[i];
-            ly->r_rows += (int)rc[i];
-        }
-        MT_ASSERT(ly->r_rows <= ep * M);
-        size_t scnt[MT_MAX_EP] = {0}, sdis[MT_MAX_EP] = {0}, rcnt[MT_MAX_EP] = {0}, rdis[MT_MAX_EP] = {0};
-        ep_counts(m, ly, scnt, sdis, rcnt, rdis);
-        MT_CHECK(ep_a2a(ctx, m, ly->rx, m->s_xp, scnt, sdis, rcnt, rdis, D));
-        size_t o = 0;
-        for (int src = 0; src < ep; src++)
-            for (int j = 0; j < Ee; j++) {
-                int c = ly->r_cnt[src * Ee + j];
-                const struct mt_param *w = &ly->experts[3 * j];
-                if (c > 0)
-                    mlp_forward(ops, m->s_ry + o * D, 0, ly->eg + o * Fe, ly->eu + o * Fe, m->s_act, ly->rx + o * D,
-                                w[0].data, w[1].data, w[2].data, c, D, Fe);
-                o += (size_t)c;
-            }
-        MT_CHECK(ep_a2a(ctx, m, ly->ey, m->s_ry, rcnt, rdis, scnt, sdis, D));   /* back to the sources */
-    }
-    ops->moe_combine(out, ly->ey, ly->pos, ly->gates, n, k, D);
-    if (m->Fs > 0)
-        mlp_forward(ops, out, 1, ly->sgp, ly->sup, m->s_act, ly->h_mlp,
-                    ly->sg->data, ly->su->data, ly->sd->data, n, D, m->Fs);
-
-    *aux_sum = 0.0;
-    *z_sum = 0.0;
-    if (!want_loss) return MT_OK;
-
+    const int E = m->E, k = m->top_k;
     /* aux: per sequence of the microbatch, f from the routing and P from the
      * probs (host, double sums). Under TP our n rows are the global rows
      * row0.. (sequences of T rows may straddle ranks): the per-sequence sums
@@ -228,6 +151,93 @@ enum mt_status moe_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_lay
     return MT_OK;
 }
 
+
+enum mt_status moe_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly, float *out,
+                           int n, int want_loss, double *aux_sum, double *z_sum)
+{
+    const struct mt_ops_i *ops = m->ops;
+    const int D = m->D, E = m->E, k = m->top_k, Fe = m->Fe;
+    const int M = n * k;
+
+    /* router: logits into the (free in forward) d-router-logits scratch */
+    linear_forward(ops, m->s_drl, ly->h_mlp, ly->w.router->data, n, D, E, 0.0f);
+    ops->router_forward(ly->probs, ly->rlse, ly->topk, ly->gates, m->s_drl, n, E, k);
+
+    ops->copy_to_host(m->h_topk, ly->topk, (size_t)M * sizeof(int32_t));
+    if (m->force_route) {
+        /* test-only: every token to experts 0..k-1, gates renormalised over them */
+        ops->copy_to_host(m->h_probs, ly->probs, (size_t)n * E * sizeof(float));
+        float *hg = m->h_dprobs; /* free until backward */
+        for (int i = 0; i < n; i++) {
+            double sum = 0;
+            for (int j = 0; j < k; j++) sum += m->h_probs[(size_t)i * E + j];
+            for (int j = 0; j < k; j++) {
+                m->h_topk[(size_t)i * k + j] = j;
+                hg[(size_t)i * k + j] = (float)(m->h_probs[(size_t)i * E + j] / sum);
+            }
+        }
+        ops->copy_from_host(ly->topk, m->h_topk, (size_t)M * sizeof(int32_t));
+        ops->copy_from_host(ly->gates, hg, (size_t)M * sizeof(float));
+    }
+    route_slots(m, ly, n);
+    ops->copy_from_host(ly->pos, m->h_pos, (size_t)M * sizeof(int32_t));
+    ops->copy_from_host(ly->src_row, m->h_src, (size_t)M * sizeof(int32_t));
+    if (m->moe_load) {
+        double *load = m->moe_load + (size_t)(ly - m->layers) * E;
+        for (int e = 0; e < E; e++) load[e] += ly->e_off[e + 1] - ly->e_off[e];
+    }
+
+    ops->moe_permute(m->s_xp, ly->h_mlp, ly->src_row, M, D);
+    if (m->ep == 1) {
+        for (int e = 0; e < E; e++) {
+            int r0 = ly->e_off[e], c = ly->e_off[e + 1] - r0;
+            if (c == 0) continue;
+            const struct mt_param *w = &ly->w.experts[3 * e];
+            mlp_forward(ops, ly->ey + (size_t)r0 * D, 0, ly->eg + (size_t)r0 * Fe, ly->eu + (size_t)r0 * Fe,
+                        m->s_act, m->s_xp + (size_t)r0 * D, w[0].data, w[1].data, w[2].data, c, D, Fe);
+        }
+    } else {
+        /* per-expert counts first (every rank, even with nothing to send) */
+        const int ep = m->ep, Ee = m->Ee;
+        int64_t *sc = m->h_ecnt, *rc = m->h_ecnt + E;
+        for (int e = 0; e < E; e++) sc[e] = ly->e_off[e + 1] - ly->e_off[e];
+        size_t *a = m->h_a2a;
+        for (int r = 0; r < ep; r++) { a[r] = (size_t)Ee; a[ep + r] = (size_t)r * Ee; }
+        double t0 = mt_time_sec();
+        enum mt_status st = mt_comm_alltoallv(ctx, m->ep_comm, sc, a, a + ep, rc, a, a + ep, MT_DTYPE_I64);
+        m->ep_stats.a2a_s += mt_time_sec() - t0;
+        MT_CHECK(st);
+        ly->r_rows = 0;
+        for (int i = 0; i < ep * Ee; i++) {
+            ly->r_cnt[i] = (int)rc[i];
+            ly->r_rows += (int)rc[i];
+        }
+        MT_ASSERT(ly->r_rows <= ep * M);
+        size_t scnt[MT_MAX_EP] = {0}, sdis[MT_MAX_EP] = {0}, rcnt[MT_MAX_EP] = {0}, rdis[MT_MAX_EP] = {0};
+        ep_counts(m, ly, scnt, sdis, rcnt, rdis);
+        MT_CHECK(ep_a2a(ctx, m, ly->rx, m->s_xp, scnt, sdis, rcnt, rdis, D));
+        size_t o = 0;
+        for (int src = 0; src < ep; src++)
+            for (int j = 0; j < Ee; j++) {
+                int c = ly->r_cnt[src * Ee + j];
+                const struct mt_param *w = &ly->w.experts[3 * j];
+                if (c > 0)
+                    mlp_forward(ops, m->s_ry + o * D, 0, ly->eg + o * Fe, ly->eu + o * Fe, m->s_act, ly->rx + o * D,
+                                w[0].data, w[1].data, w[2].data, c, D, Fe);
+                o += (size_t)c;
+            }
+        MT_CHECK(ep_a2a(ctx, m, ly->ey, m->s_ry, rcnt, rdis, scnt, sdis, D));   /* back to the sources */
+    }
+    ops->moe_combine(out, ly->ey, ly->pos, ly->gates, n, k, D);
+    if (m->Fs > 0)
+        mlp_forward(ops, out, 1, ly->sgp, ly->sup, m->s_act, ly->h_mlp,
+                    ly->w.sg->data, ly->w.su->data, ly->w.sd->data, n, D, m->Fs);
+
+    *aux_sum = 0.0;
+    *z_sum = 0.0;
+    return want_loss ? moe_losses(ctx, m, ly, n, aux_sum, z_sum) : MT_OK;
+}
+
 enum mt_status moe_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly, float *dh, const float *dout,
                             const struct mt_loss_norm *norm)
 {
@@ -243,7 +253,7 @@ enum mt_status moe_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_la
         for (int e = 0; e < E; e++) {
             int r0 = ly->e_off[e], c = ly->e_off[e + 1] - r0;
             if (c == 0) continue;
-            struct mt_param *w = &ly->experts[3 * e];
+            struct mt_param *w = &ly->w.experts[3 * e];
             mlp_backward(ops, m->s_dxp + (size_t)r0 * D, 0, w[0].grad, w[1].grad, w[2].grad,
                          m->s_act, m->s_dact, m->s_dg, m->s_du,
                          m->s_dy + (size_t)r0 * D, m->s_xp + (size_t)r0 * D,
@@ -260,7 +270,7 @@ enum mt_status moe_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_la
         for (int src = 0; src < ep; src++)
             for (int j = 0; j < Ee; j++) {
                 int c = ly->r_cnt[src * Ee + j];
-                struct mt_param *w = &ly->experts[3 * j];
+                struct mt_param *w = &ly->w.experts[3 * j];
                 if (c > 0)
                     mlp_backward(ops, m->s_rdx + o * D, 0, w[0].grad, w[1].grad, w[2].grad,
                                  m->s_act, m->s_dact, m->s_dg, m->s_du, m->s_rdy + o * D, ly->rx + o * D,
@@ -273,9 +283,9 @@ enum mt_status moe_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_la
     ops->fill(dh, 0.0f, (size_t)n * D);
     ops->moe_permute_backward(dh, m->s_dxp, ly->pos, n, k, D);
     if (m->Fs > 0)
-        mlp_backward(ops, dh, 1, ly->sg->grad, ly->su->grad, ly->sd->grad,
+        mlp_backward(ops, dh, 1, ly->w.sg->grad, ly->w.su->grad, ly->w.sd->grad,
                      m->s_act, m->s_dact, m->s_dg, m->s_du, dout, ly->h_mlp, ly->sgp, ly->sup,
-                     ly->sg->data, ly->su->data, ly->sd->data, n, D, m->Fs);
+                     ly->w.sg->data, ly->w.su->data, ly->w.sd->data, n, D, m->Fs);
 
     /* term 3: aux and z gradients, on the host */
     double ns = norm->n_sequences > 0 ? norm->n_sequences : 1.0;
@@ -293,6 +303,197 @@ enum mt_status moe_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_la
 
     /* term 4: router */
     ops->router_backward(m->s_drl, m->s_dgates, m->s_dprobs, m->s_dlse, ly->probs, ly->topk, ly->gates, n, E, k);
-    linear_backward(ops, dh, 1.0f, ly->router->grad, m->s_drl, ly->h_mlp, ly->router->data, n, D, E);
+    linear_backward(ops, dh, 1.0f, ly->w.router->grad, m->s_drl, ly->h_mlp, ly->w.router->data, n, D, E);
     return MT_OK;
 }
+
+/* ------------------------------------------------------------------ */
+/* the MoE piece of the block-kind table (ffn of E)                    */
+/* ------------------------------------------------------------------ */
+
+static void moe_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *user)
+{
+    const int64_t D = s->D, E = s->E, Fe = s->Fe, Fs = s->Fs;
+    const struct mt_pspec head[] = {
+        {"post_attention_layernorm.weight", -1, 1, D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, MT_BIND(ln2)},
+        {"mlp.gate.weight", -1, 2, E, D, MT_SCALE_NORMAL, MT_ROLE_ROUTER, MT_LAYOUT_MODEL_PARTIAL, MT_BIND(router)},
+    };
+    for (size_t i = 0; i < sizeof head / sizeof head[0]; i++) fn(user, &head[i]);
+    for (int e = s->e0; e < s->e0 + s->Ee; e++) {   /* EP: this rank's experts only; w.experts -> the first */
+        const struct mt_pspec x[] = {
+            {"mlp.experts.%d.gate_proj.weight", e, 2, Fe, D, MT_SCALE_NORMAL, MT_ROLE_EXPERT, MT_LAYOUT_EXPERT,
+             e == s->e0 ? MT_BIND(experts) : -1},
+            {"mlp.experts.%d.up_proj.weight", e, 2, Fe, D, MT_SCALE_NORMAL, MT_ROLE_EXPERT, MT_LAYOUT_EXPERT, -1},
+            {"mlp.experts.%d.down_proj.weight", e, 2, D, Fe, MT_SCALE_NORMAL_OUT, MT_ROLE_EXPERT, MT_LAYOUT_EXPERT, -1},
+        };
+        for (size_t i = 0; i < sizeof x / sizeof x[0]; i++) fn(user, &x[i]);
+    }
+    if (Fs <= 0) return;
+    /* experts (shared included) are not split by TP: SPEC.md section 2 */
+    const struct mt_pspec sh[] = {
+        {"mlp.shared_expert.gate_proj.weight", -1, 2, Fs, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_MODEL_PARTIAL,
+         MT_BIND(sg)},
+        {"mlp.shared_expert.up_proj.weight", -1, 2, Fs, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_MODEL_PARTIAL,
+         MT_BIND(su)},
+        {"mlp.shared_expert.down_proj.weight", -1, 2, D, Fs, MT_SCALE_NORMAL_OUT, MT_ROLE_DENSE,
+         MT_LAYOUT_MODEL_PARTIAL, MT_BIND(sd)},
+    };
+    for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++) fn(user, &sh[i]);
+}
+
+static enum mt_status moe_check(struct mt_ctx *ctx, const struct mt_model *m)
+{
+    if (m->E < 1 || m->top_k < 1 || m->top_k > m->E)
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: need 1 <= top_k <= n_experts (top_k=%d E=%d)", m->top_k, m->E);
+    if (m->Fe < 1) return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: expert_hidden=%d must be >= 1", m->Fe);
+    if (m->Fs < 0) return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: shared_expert_hidden=%d < 0", m->Fs);
+    return MT_OK;
+}
+
+/* router E D, top_k routed experts 3 D Fe each, the shared expert 3 D Fs */
+static double moe_mm(const struct mt_block_shape *s)
+{
+    const double D = (double)s->D;
+    return (double)s->E * D + (double)s->top_k * 3.0 * D * (double)s->Fe + 3.0 * D * (double)s->Fs;
+}
+
+static double moe_inactive(const struct mt_block_shape *s)
+{
+    return (double)((size_t)(s->E - s->top_k) * 3 * (size_t)s->D * (size_t)s->Fe);
+}
+
+/* Saved: routing (probs, lse, top-k, gates, slot positions), expert
+ * pre-activations (on the receiving side under EP) and outputs. */
+static void moe_carve(struct mt_model *m, struct mt_carver *c, struct mt_layer *ly)
+{
+    const size_t D = (size_t)m->D, Nm = (size_t)m->Nm, E = (size_t)m->E, k = (size_t)m->top_k, M = (size_t)m->M;
+    const enum mt_bucket A = MT_BUCKET_ACTS, O = MT_BUCKET_OTHER;
+    ffn_norm_carve(m, c, ly);
+    /* the experts see Nm rows: SP or one rank: all of h_mlp_n; TP without SP: our slice of it */
+    ly->h_mlp = (m->tp > 1 && !m->sp && ly->h_mlp_n) ? ly->h_mlp_n + (size_t)m->row0 * D : ly->h_mlp_n;
+    ly->probs = carve_f(c, A, Nm * E);
+    ly->rlse = carve_f(c, A, Nm);
+    ly->topk = carve_i(c, A, Nm * k);
+    ly->gates = carve_f(c, A, Nm * k);
+    ly->pos = carve_i(c, A, Nm * k);
+    ly->src_row = carve_i(c, A, M);
+    if (m->ep == 1) {
+        ly->eg = carve_f(c, A, M * (size_t)m->Fe);
+        ly->eu = carve_f(c, A, M * (size_t)m->Fe);
+    }
+    ly->ey = carve_f(c, A, M * D);
+    if (m->Fs > 0) {
+        ly->sgp = carve_f(c, A, Nm * (size_t)m->Fs);
+        ly->sup = carve_f(c, A, Nm * (size_t)m->Fs);
+    }
+    ly->e_off = carve(c, O, (E + 1) * sizeof(int));
+    ly->f_share = carve_f(c, O, (size_t)m->B * E);
+    if (m->ep > 1) {
+        /* dropless: every rank of the expert group may send all its M slots here */
+        size_t cap = (size_t)m->ep * M;
+        ly->r_cnt = carve(c, O, (size_t)m->ep * (size_t)m->Ee * sizeof(int));
+        ly->rx = carve_f(c, A, cap * D);
+        ly->eg = carve_f(c, A, cap * (size_t)m->Fe);   /* expert activations live on the receiving side */
+        ly->eu = carve_f(c, A, cap * (size_t)m->Fe);
+    }
+}
+
+/* Scratch of every MoE layer (WORKSPACE), and the host staging of routing (OTHER). */
+static void moe_carve_scratch(struct mt_model *m, struct mt_carver *c)
+{
+    const size_t D = (size_t)m->D, Nm = (size_t)m->Nm, E = (size_t)m->E, k = (size_t)m->top_k, M = (size_t)m->M;
+    const enum mt_bucket W = MT_BUCKET_WORKSPACE, O = MT_BUCKET_OTHER;
+    m->s_xp = carve_f(c, W, M * D);
+    m->s_dxp = carve_f(c, W, M * D);
+    m->s_dy = carve_f(c, W, M * D);
+    if (m->ep > 1) {
+        m->s_ry = carve_f(c, W, (size_t)m->ep * M * D);
+        m->s_rdy = carve_f(c, W, (size_t)m->ep * M * D);
+        m->s_rdx = carve_f(c, W, (size_t)m->ep * M * D);
+    }
+    m->moe_load = (double *)carve(c, O, (size_t)m->L * E * sizeof(double));
+    m->h_a2a = carve(c, O, 4 * (size_t)m->ep * sizeof(size_t));
+    m->h_ecnt = carve(c, O, 2 * E * sizeof(int64_t));
+    m->s_drl = carve_f(c, W, Nm * E);
+    m->s_dprobs = carve_f(c, W, Nm * E);
+    m->s_dgates = carve_f(c, W, Nm * k);
+    m->s_dlse = carve_f(c, W, Nm);
+    m->h_probs = carve_f(c, O, Nm * E);
+    m->h_dprobs = carve_f(c, O, Nm * E);
+    m->h_rlse = carve_f(c, O, Nm);
+    m->h_dlse = carve_f(c, O, Nm);
+    m->h_topk = carve_i(c, O, Nm * k);
+    m->h_pos = carve_i(c, O, Nm * k);
+    m->h_src = carve_i(c, O, M);
+    m->h_cnt = carve(c, O, E * sizeof(int));
+    m->h_seq = carve(c, O, (size_t)m->B * E * 2 * sizeof(double));
+}
+
+/* the shared SwiGLU scratch: the widest expert batch (all slots of the
+ * expert group may land here) or the shared expert over Nm rows */
+static size_t moe_scratch(const struct mt_model *m)
+{
+    size_t a = (size_t)m->ep * (size_t)m->M * (size_t)m->Fe, b = (size_t)m->Nm * (size_t)m->Fs;
+    return a > b ? a : b;
+}
+
+static enum mt_status moe_piece_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly,
+                                        struct mt_piece_fwd *a)
+{
+    const struct mt_ops_i *ops = m->ops;
+    const int n = a->B * a->T, D = m->D;
+    double aux = 0, z = 0;
+    ffn_norm_forward(m, ly, a->x_out, n);
+    if (m->tp > 1 && !m->sp) {
+        /* MoE in the SP region without SP: our Nm rows, then gather every rank's output */
+        ops->fill(m->s_red, 0.0f, (size_t)m->Nm * D);
+        MT_CHECK(moe_forward(ctx, m, ly, m->s_red, m->Nm, a->want_loss, &aux, &z));
+        MT_CHECK(tp_gather_rows(ctx, m, m->s_full, m->s_red, m->Nm, D));
+        ops->axpby(a->x_out, m->s_full, 1.0f, 1.0f, (size_t)n * D);
+    } else {
+        MT_CHECK(moe_forward(ctx, m, ly, a->x_out, m->tp > 1 ? m->Nm : n, a->want_loss, &aux, &z));
+    }
+    a->aux += aux;
+    a->z += z;
+    return MT_OK;
+}
+
+/* dx is d x_out = d x_mid (identity) + d branch */
+static enum mt_status moe_piece_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly)
+{
+    const int D = m->D;
+    const int tp_nosp = m->tp > 1 && !m->sp;   /* our Nm rows of a whole dx */
+    const float *dhr = m->dh;
+    MT_CHECK(moe_backward(ctx, m, ly, m->dh, m->dx + (tp_nosp ? (size_t)m->row0 * D : 0), &m->norm));
+    if (tp_nosp) {
+        MT_CHECK(tp_gather_rows(ctx, m, m->s_full, m->dh, m->Nm, D));
+        dhr = m->s_full;
+    }
+    ffn_norm_backward(m, ly, dhr);
+    return MT_OK;
+}
+
+/* a recompute re-routed the layer: take its slots back out of the load histogram */
+static void moe_undo_recompute(struct mt_model *m, struct mt_layer *ly, int l)
+{
+    if (!m->moe_load) return;
+    double *load = m->moe_load + (size_t)l * (size_t)m->E;
+    for (int e = 0; e < m->E; e++) load[e] -= ly->e_off[e + 1] - ly->e_off[e];
+}
+
+const struct mt_piece mt_piece_moe = {
+    /* .name                  = */ "moe",
+    /* .tp_regions            = */ 0,
+    /* .sp_gathers            = */ 1,
+    /* .params                = */ moe_params,
+    /* .check                 = */ moe_check,
+    /* .mm_per_token          = */ moe_mm,
+    /* .extra_flops_per_token = */ NULL,
+    /* .inactive_params       = */ moe_inactive,
+    /* .carve                 = */ moe_carve,
+    /* .carve_scratch         = */ moe_carve_scratch,
+    /* .ffn_scratch           = */ moe_scratch,
+    /* .forward               = */ moe_piece_forward,
+    /* .backward              = */ moe_piece_backward,
+    /* .undo_recompute        = */ moe_undo_recompute,
+};

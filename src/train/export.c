@@ -4,11 +4,13 @@
  * Invariant: tensors keep their Hugging Face names end to end (the model
  * registers them under those names), so export is "copy params.bin slices
  * into a safetensors data section" and import is the reverse, both checked
- * against the list of tensors the config implies (expected_tensors()).
+ * against the list of tensors the config implies (expected_alloc(): the model registry).
  * Outputs are written under a temporary name and renamed into place.
  */
 #define _GNU_SOURCE
 #include "mt_export.h"
+#include "../model/mt_blocks.h"
+#include "../model/mt_model.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -353,82 +355,34 @@ struct xtensor {
     int64_t shape[2];
 };
 
-static void xt(struct xtensor *x, int *n, int ndim, int64_t r, int64_t c, const char *fmt, ...)
-    __attribute__((format(printf, 6, 7)));
-static void xt(struct xtensor *x, int *n, int ndim, int64_t r, int64_t c, const char *fmt, ...)
-{
-    if (x) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(x[*n].name, sizeof x[*n].name, fmt, ap);
-        va_end(ap);
-        x[*n].ndim = ndim;
-        x[*n].shape[0] = r;
-        x[*n].shape[1] = ndim == 2 ? c : 1;
-    }
-    (*n)++;
-}
-
-/* Fill x (may be NULL to count) with every tensor of the model, model order;
- * returns the count. cfg must be resolved. */
-static int expected_tensors(const struct mt_config *c, struct xtensor *x)
-{
-    int n = 0;
-    int64_t V = c->vocab_size, D = c->d_model, hd = c->head_dim, F = c->mlp_hidden;
-    int64_t qo = (int64_t)c->n_head * hd, kv = (int64_t)c->n_kv_head * hd;
-    xt(x, &n, 2, V, D, "model.embed_tokens.weight");
-    for (int l = 0; l < c->n_layer; l++) {
-        xt(x, &n, 1, D, 1, "model.layers.%d.input_layernorm.weight", l);
-        xt(x, &n, 2, qo, D, "model.layers.%d.self_attn.q_proj.weight", l);
-        xt(x, &n, 2, kv, D, "model.layers.%d.self_attn.k_proj.weight", l);
-        xt(x, &n, 2, kv, D, "model.layers.%d.self_attn.v_proj.weight", l);
-        xt(x, &n, 2, D, qo, "model.layers.%d.self_attn.o_proj.weight", l);
-        xt(x, &n, 1, hd, 1, "model.layers.%d.self_attn.q_norm.weight", l);
-        xt(x, &n, 1, hd, 1, "model.layers.%d.self_attn.k_norm.weight", l);
-        xt(x, &n, 1, D, 1, "model.layers.%d.post_attention_layernorm.weight", l);
-        if (!mt_config_is_moe_layer(c, l)) {
-            xt(x, &n, 2, F, D, "model.layers.%d.mlp.gate_proj.weight", l);
-            xt(x, &n, 2, F, D, "model.layers.%d.mlp.up_proj.weight", l);
-            xt(x, &n, 2, D, F, "model.layers.%d.mlp.down_proj.weight", l);
-            continue;
-        }
-        int64_t eh = c->expert_hidden, sh = c->shared_expert_hidden;
-        xt(x, &n, 2, c->n_experts, D, "model.layers.%d.mlp.gate.weight", l);
-        for (int e = 0; e < c->n_experts; e++) {
-            xt(x, &n, 2, eh, D, "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);
-            xt(x, &n, 2, eh, D, "model.layers.%d.mlp.experts.%d.up_proj.weight", l, e);
-            xt(x, &n, 2, D, eh, "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e);
-        }
-        if (sh > 0) {
-            xt(x, &n, 2, sh, D, "model.layers.%d.mlp.shared_expert.gate_proj.weight", l);
-            xt(x, &n, 2, sh, D, "model.layers.%d.mlp.shared_expert.up_proj.weight", l);
-            xt(x, &n, 2, D, sh, "model.layers.%d.mlp.shared_expert.down_proj.weight", l);
-        }
-    }
-    xt(x, &n, 1, D, 1, "model.norm.weight");
-    xt(x, &n, 2, V, D, "lm_head.weight");
-    return n;
-}
-
+/* Every tensor of the model in model order: the one-rank parameter
+ * registry (src/model/mt_blocks.h builds it from the block-kind table).
+ * cfg must be resolved. */
 static enum mt_status expected_alloc(struct mt_ctx *ctx, const struct mt_config *cfg, struct xtensor **x, int *n)
 {
-    *n = expected_tensors(cfg, NULL);
+    *n = mt_model_registry(cfg, NULL, 0);
     *x = mt_alloc(ctx, (size_t)*n * sizeof **x, MT_BUCKET_OTHER);
-    if (!*x) return MT_ERR_OOM;
-    expected_tensors(cfg, *x);
+    struct mt_param *ps = mt_alloc(ctx, (size_t)*n * sizeof *ps, MT_BUCKET_OTHER);
+    if (!*x || !ps) {
+        mt_free(ctx, *x);
+        mt_free(ctx, ps);
+        *x = NULL;
+        return MT_ERR_OOM;
+    }
+    mt_model_registry(cfg, ps, *n);
+    for (int i = 0; i < *n; i++) {
+        snprintf((*x)[i].name, sizeof (*x)[i].name, "%s", ps[i].name);
+        (*x)[i].ndim = ps[i].ndim;
+        (*x)[i].shape[0] = ps[i].shape[0];
+        (*x)[i].shape[1] = ps[i].shape[1];
+    }
+    mt_free(ctx, ps);
     return MT_OK;
 }
 
 /* ------------------------------------------------------------------ */
 /* config.json                                                        */
 /* ------------------------------------------------------------------ */
-
-static int any_moe(const struct mt_config *c)
-{
-    for (int l = 0; l < c->n_layer; l++)
-        if (mt_config_is_moe_layer(c, l)) return 1;
-    return 0;
-}
 
 int mt_export_hf_lossy(const struct mt_config *c, char *what, size_t what_len)
 {
@@ -438,7 +392,7 @@ int mt_export_hf_lossy(const struct mt_config *c, char *what, size_t what_len)
               fnum(c->logit_softcap));
         n++;
     }
-    if (any_moe(c) && c->shared_expert_hidden > 0) {
+    if (mt_blocks_any_routed(c) && c->shared_expert_hidden > 0) {
         /* Qwen2-MoE has a (sigmoid-gated) shared expert but no QK-norm, and
          * no HF architecture with softmax top-k routing, QK-norm and an
          * ungated shared expert exists: refuse rather than export a model
@@ -455,7 +409,7 @@ const char *const mt_export_hf_files[] = {"config.json", "model.safetensors", "g
 
 char *mt_export_hf_config(const struct mt_config *c, int bos_token_id)
 {
-    int moe = any_moe(c);
+    int moe = mt_blocks_any_routed(c);
     cJSON *o = cJSON_CreateObject();
     cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
     cJSON_AddItemToArray(arch, cJSON_CreateString(moe ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM"));
@@ -492,7 +446,7 @@ char *mt_export_hf_config(const struct mt_config *c, int bos_token_id)
         cJSON_AddNumberToObject(o, "decoder_sparse_step", 1);
         cJSON *mlp_only = cJSON_AddArrayToObject(o, "mlp_only_layers");
         for (int l = 0; l < c->n_layer; l++)
-            if (!mt_config_is_moe_layer(c, l)) cJSON_AddItemToArray(mlp_only, cJSON_CreateNumber(l));
+            if (!mt_blocks_layer_routed(c, l)) cJSON_AddItemToArray(mlp_only, cJSON_CreateNumber(l));
         cJSON_AddNumberToObject(o, "router_aux_loss_coef", fnum(c->aux_loss_coef));
         cJSON_AddBoolToObject(o, "output_router_logits", 0);
         cJSON_AddNumberToObject(o, "meshtrain_shared_expert_hidden", c->shared_expert_hidden);
@@ -817,7 +771,7 @@ enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char
     if (cfg.head_dim == 0 || cfg.mlp_hidden == 0 || !cfg.pattern[0])
         MT_CHECK(mt_config_resolve(ctx, &cfg, cfg.total_steps));
     for (int l = 0; l < cfg.n_layer; l++)
-        if (cfg.pattern[l] != 'A' && cfg.pattern[l] != 'E')
+        if (!mt_blocks_kind_hf(mt_blocks_find(cfg.pattern[l])))
             return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "cannot export: layer %d is '%c', which has no Qwen3 "
                                 "equivalent (only A and E layers export)", l, cfg.pattern[l]);
     /* no silent loss: what HF cannot represent is refused unless asked for */

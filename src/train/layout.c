@@ -3,6 +3,7 @@
  * trainer.
  */
 #include "mt_layout.h"
+#include "../model/mt_blocks.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -185,7 +186,7 @@ void mt_layout_host_sizes(const struct mt_config *cfg, int n_params, int Bm, int
 {
     const size_t nh = (size_t)(n_steps > 0 ? n_steps : 1), P = (size_t)n_params, T = (size_t)cfg->seq_len;
     const size_t LE = (size_t)cfg->n_layer * (size_t)(cfg->n_experts > 0 ? cfg->n_experts : 1);
-    const int moe = strchr(cfg->pattern, 'E') != NULL;
+    const int moe = mt_blocks_any_routed(cfg);
     bytes[MT_HOST_ENG_OF] = P * sizeof(int);
     bytes[MT_HOST_SEL0] = bytes[MT_HOST_SEL1] = bytes[MT_HOST_SEL2] = P;
     bytes[MT_HOST_COUNT_MASK] = P;

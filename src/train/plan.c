@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../model/mt_blocks.h"
 #include "../model/mt_model.h"
 #include "mt_optim.h"
 #include "mt_layout.h"
@@ -848,11 +849,9 @@ void mt_plan_cost(const struct mt_plan *p, const struct mt_plan_profile *prof, s
     double tp_mb_max = 0, ep_mb_max = 0, pp_mb_max = 0, opt_flops = 0;
     for (int s = 0; s < pp; s++) {
         const struct stage_plan *st = &p->st[s];
-        int l0 = p->su.first_layer[s], l1 = p->su.first_layer[s + 1], n_moe = 0, n_dense = 0;
-        for (int l = l0; l < l1; l++) {
-            if (mt_config_is_moe_layer(cfg, l)) n_moe++;
-            else n_dense++;
-        }
+        struct mt_blocks_comm bc;   /* the stage's layers, per the block-kind table */
+        mt_blocks_comm_counts(cfg, p->su.first_layer[s], p->su.first_layer[s + 1], &bc);
+        const int n_moe = bc.routed;
         /* compute: this rank's share of the microbatch (TP splits heads, hidden and the MoE rows) */
         double fl = (st->flops_block * (1.0 + (rc ? 1.0 / 3.0 : 0.0)) + st->flops_head) * N / tp;
         double comp = fl / rate;
@@ -861,9 +860,10 @@ void mt_plan_cost(const struct mt_plan *p, const struct mt_plan_profile *prof, s
         if (tp > 1) {
             /* a TP region: SP all-gather in + reduce-scatter out, or one all-reduce out without SP */
             double region = sp_on ? t_gather(S, tp, lm) + t_reduce_scatter(S, tp, lm) : t_allreduce(S, tp, lm);
-            /* attention in every block, the dense FFN in A blocks; the MoE FFN sits in the SP
-             * region (no collective with SP, one all-gather of its output without) */
-            double fwd = (n_dense + n_moe) * region + n_dense * region + n_moe * (sp_on ? 0.0 : t_gather(S, tp, lm));
+            /* mixer regions (attention), ffn regions (the dense FFN); pieces in the SP region
+             * (MoE) need no collective with SP and one all-gather of their output without */
+            double fwd = bc.mixer_regions * region + bc.ffn_regions * region +
+                         bc.sp_gathers * (sp_on ? 0.0 : t_gather(S, tp, lm));
             tpc = fwd * (2.0 + (rc ? 1.0 : 0.0));   /* backward runs the conjugates; recompute the forward again */
         }
         /* expert axis: per MoE layer a count exchange + dispatch + combine forward, two backward */

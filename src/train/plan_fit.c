@@ -2,6 +2,7 @@
  * plan_fit.c — auto-fit and find-max over the planner (mt_plan_fit.h).
  */
 #include "mt_plan_fit.h"
+#include "../model/mt_blocks.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -253,7 +254,7 @@ enum mt_status mt_plan_fit_search(struct mt_ctx *ctx, const struct mt_config *cf
     struct mt_mesh_dims *meshes = mt_alloc(ctx, (size_t)nm * sizeof *meshes, MT_BUCKET_OTHER);
     if (!meshes) return MT_ERR_OOM;
     mt_plan_fit_meshes(o->world, meshes, nm);
-    const int any_moe = strchr(cfg->pattern, 'E') != NULL;
+    const int any_moe = mt_blocks_any_routed(cfg);
     enum mt_status rc = MT_OK;
     for (int mi = 0; mi < nm && rc == MT_OK; mi++) {
         /* without an E block the expert axis is data parallelism: the same layout as dp*ep */

@@ -15,6 +15,7 @@
 #include <xxhash.h>
 
 #include "../core/mt_knobs.h"
+#include "../model/mt_blocks.h"
 #ifdef MT_WITH_CUDA
 #include "../ops/cuda/mt_ops_cuda.h"
 #endif
@@ -280,7 +281,7 @@ static void dist_moe(cJSON *d, const struct run_state *rs, int steps)
     cJSON *mo = cJSON_AddObjectToObject(d, "moe");
     cJSON *hist = cJSON_AddArrayToObject(mo, "tokens_per_expert_total");
     for (int l = 0; l < cfg->n_layer; l++) {
-        if (cfg->pattern[l] != 'E') continue;
+        if (!mt_blocks_layer_routed(cfg, l)) continue;
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "layer", l);
         cJSON *arr = cJSON_AddArrayToObject(o, "slots");

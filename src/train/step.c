@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "mt_layout.h"
+#include "../model/mt_blocks.h"
 #include "mt_optim.h"
 #include "train_impl.h"
 
@@ -34,7 +35,7 @@ static enum mt_status moe_load_step(struct mt_ctx *ctx, struct run_state *rs, do
     double imb = 0;
     int nl = 0;
     for (int l = 0; l < cfg->n_layer; l++) {
-        if (cfg->pattern[l] != 'E') continue;
+        if (!mt_blocks_layer_routed(cfg, l)) continue;
         double mx = 0, sum = 0;
         for (int e = 0; e < cfg->n_experts; e++) {
             double v = rs->load_step[(size_t)l * cfg->n_experts + e];

@@ -1,0 +1,60 @@
+/*
+ * block_traits.c — what the pattern letters mean without the model's code:
+ * letter, routed, Hugging Face equivalent (mt_block_kinds.def).
+ *
+ * Kept apart from blocks.c (which binds the pieces) so that src/core
+ * (config checks) and src/dist (the mesh contract) can ask "is layer l
+ * routed" and link without pulling the layers, the ops and their libraries
+ * into a program that only needs a mesh.
+ */
+#include "mt_blocks.h"
+
+#include <string.h>
+
+struct block_traits { char letter; const char *name; int routed, hf; };
+
+static const struct block_traits traits[] = {
+#define MT_BLOCK_KIND(letter, name, mixer, ffn, routed, hf) {letter, name, routed, hf},
+#include "mt_block_kinds.def"
+#undef MT_BLOCK_KIND
+};
+#define N_KINDS ((int)(sizeof traits / sizeof traits[0]))
+_Static_assert(N_KINDS <= MT_MAX_BLOCK_KINDS, "raise MT_MAX_BLOCK_KINDS");
+
+int mt_blocks_count(void) { return N_KINDS; }
+
+int mt_blocks_find(char letter)
+{
+    for (int i = 0; i < N_KINDS; i++)
+        if (traits[i].letter == letter) return i;
+    return -1;
+}
+
+const char *mt_blocks_letters(char *buf, size_t len)
+{
+    size_t o = 0;
+    for (int i = 0; i < N_KINDS && o + 4 <= len; i++) {
+        buf[o++] = traits[i].letter;
+        if (i + 1 < N_KINDS) { buf[o++] = ','; buf[o++] = ' '; }
+    }
+    if (len > 0) buf[o < len ? o : len - 1] = '\0';
+    return buf;
+}
+
+int mt_blocks_layer_kind(const struct mt_config *cfg, int l)
+{
+    char c = l >= 0 && l < (int)strnlen(cfg->pattern, sizeof cfg->pattern) ? cfg->pattern[l] : 'A';
+    int k = mt_blocks_find(c);
+    return k >= 0 ? k : 0;   /* unknown letters are rejected by config and model checks */
+}
+
+int mt_blocks_layer_routed(const struct mt_config *cfg, int l) { return traits[mt_blocks_layer_kind(cfg, l)].routed; }
+
+int mt_blocks_any_routed(const struct mt_config *cfg)
+{
+    for (int l = 0; l < cfg->n_layer && l < MT_MAX_LAYERS; l++)
+        if (mt_blocks_layer_routed(cfg, l)) return 1;
+    return 0;
+}
+
+int mt_blocks_kind_hf(int index) { return index >= 0 && index < N_KINDS && traits[index].hf; }

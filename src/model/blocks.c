@@ -1,0 +1,94 @@
+/*
+ * blocks.c — the block-kind table bound to its pieces, and the walks every
+ * consumer shares (registry, FLOPs, communication counts).
+ *
+ * The rows come from mt_block_kinds.def; block_traits.c answers the
+ * questions that need no piece (which kind is layer l, is it routed), so
+ * that no other file spells a letter. Invariant: the order of kinds is the
+ * value struct mt_layer.kind holds; letters are unique.
+ */
+#include "model_impl.h"
+
+#include <string.h>
+
+static const struct mt_block_kind kinds[] = {
+#define MT_BLOCK_KIND(letter, name, mixer, ffn, routed, hf) {letter, name, &mt_piece_##mixer, &mt_piece_##ffn, routed, hf},
+#include "mt_block_kinds.def"
+#undef MT_BLOCK_KIND
+};
+
+const struct mt_block_kind *mt_blocks_kind(int index) { return &kinds[index]; }
+
+const char *mt_layout_name(enum mt_layout l)
+{
+    static const char *const names[MT_LAYOUT_COUNT] = {"residual", "tp_rows", "tp_cols", "model_partial", "expert"};
+    return (unsigned)l < MT_LAYOUT_COUNT ? names[l] : "?";
+}
+
+void mt_blocks_shape(const struct mt_config *cfg, struct mt_block_shape *s)
+{
+    memset(s, 0, sizeof *s);
+    s->D = cfg->d_model;
+    s->T = cfg->seq_len;
+    s->L = cfg->n_layer;
+    s->hd = cfg->head_dim > 0 ? cfg->head_dim : (cfg->n_head > 0 ? cfg->d_model / cfg->n_head : 0);
+    s->H = cfg->n_head;
+    s->K = cfg->n_kv_head;
+    s->F = cfg->mlp_hidden;
+    s->E = cfg->n_experts;
+    s->top_k = cfg->top_k;
+    s->Fe = cfg->expert_hidden;
+    s->Fs = cfg->shared_expert_hidden;
+    s->e0 = 0;
+    s->Ee = cfg->n_experts;
+}
+
+void mt_blocks_layer_params(const struct mt_config *cfg, const struct mt_block_shape *s, int l, mt_pspec_fn fn,
+                            void *user)
+{
+    const struct mt_block_kind *k = &kinds[mt_blocks_layer_kind(cfg, l)];
+    k->mixer->params(s, fn, user);
+    k->ffn->params(s, fn, user);
+}
+
+void mt_blocks_comm_counts(const struct mt_config *cfg, int l0, int l1, struct mt_blocks_comm *out)
+{
+    memset(out, 0, sizeof *out);
+    for (int l = l0; l < l1; l++) {
+        const struct mt_block_kind *k = &kinds[mt_blocks_layer_kind(cfg, l)];
+        out->mixer_regions += k->mixer->tp_regions;
+        out->ffn_regions += k->ffn->tp_regions;
+        out->sp_gathers += k->mixer->sp_gathers + k->ffn->sp_gathers;
+        out->routed += k->routed;
+    }
+}
+
+static double piece_or0(double (*f)(const struct mt_block_shape *), const struct mt_block_shape *s)
+{
+    return f ? f(s) : 0.0;
+}
+
+double mt_blocks_layer_mm(const struct mt_config *cfg, const struct mt_block_shape *s, int l)
+{
+    const struct mt_block_kind *k = &kinds[mt_blocks_layer_kind(cfg, l)];
+    return piece_or0(k->mixer->mm_per_token, s) + piece_or0(k->ffn->mm_per_token, s);
+}
+
+double mt_blocks_layer_extra(const struct mt_config *cfg, const struct mt_block_shape *s, int l)
+{
+    const struct mt_block_kind *k = &kinds[mt_blocks_layer_kind(cfg, l)];
+    return piece_or0(k->mixer->extra_flops_per_token, s) + piece_or0(k->ffn->extra_flops_per_token, s);
+}
+
+double mt_blocks_layer_inactive(const struct mt_config *cfg, const struct mt_block_shape *s, int l)
+{
+    const struct mt_block_kind *k = &kinds[mt_blocks_layer_kind(cfg, l)];
+    return piece_or0(k->mixer->inactive_params, s) + piece_or0(k->ffn->inactive_params, s);
+}
+
+/* FLOP counts are integers below 2^53: every sum here is exact, so the
+ * grouping (per piece, per layer) cannot change a bit of the result. */
+double mt_blocks_layer_flops(const struct mt_config *cfg, const struct mt_block_shape *s, int l)
+{
+    return 6.0 * mt_blocks_layer_mm(cfg, s, l) + mt_blocks_layer_extra(cfg, s, l);
+}

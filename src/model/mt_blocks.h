@@ -1,0 +1,224 @@
+/*
+ * mt_blocks.h — the block-kind table: what each pattern letter is made of.
+ *
+ * A block kind (one letter of cfg->pattern) is a composition of two pieces,
+ * each a sub-layer on the residual stream:
+ *
+ *     x_mid = x_in  + mixer(rmsnorm(x_in)  * g_in)      attention (A, E); mamba (M, next)
+ *     x_out = x_mid + ffn  (rmsnorm(x_mid) * g_post)    dense SwiGLU (A, M); MoE (E)
+ *
+ *     kind  mixer       ffn         file of the pieces
+ *     A     attention   dense MLP   attention.c, mlp.c
+ *     E     attention   MoE         attention.c, moe.c
+ *
+ * A piece (struct mt_piece) declares everything the rest of the runtime
+ * needs to know about it, in one place:
+ *   - its parameters: HF suffix, global shape, layout class (how the model
+ *     and expert axes hold it, see enum mt_layout), init, role (optimizer
+ *     class: Muon for block matrices except the router, AdamW otherwise),
+ *     and which field of struct mt_layer it binds to;
+ *   - its FLOPs per token (matmul parameters active per token, plus any
+ *     non-parameter FLOPs such as attention scores);
+ *   - its saved activations and scratch (carve: one function run with NULL
+ *     bases for the plan and with arenas for the model, so they agree);
+ *   - its forward and backward, and what a recompute must undo.
+ *
+ * The parameter registry of a model (names, boxes, reduction rules, export
+ * names) is built once by walking the table (mt_blocks_params) and every
+ * consumer reads that registry: the model binds its layers from it, the
+ * planner sizes from it, checkpoints and export list it, receipts count it.
+ *
+ * The table is mt_block_kinds.def, one MT_BLOCK_KIND line per letter.
+ * Adding a block kind = one piece file (its params, flops, carve, forward,
+ * backward), one line in mt_block_kinds.def, and its kernels in the ops
+ * table. See docs/architecture.md, "Block kinds".
+ */
+#ifndef MT_BLOCKS_H
+#define MT_BLOCKS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "../core/mt_config.h"
+#include "../core/mt_param.h"
+
+/*
+ * Layout class of a parameter: how the mesh holds it and which group its
+ * gradient must be reduced over beyond the data group. This is the one
+ * rule the planner and the trainer's layout module read (via mt_param.layout,
+ * mt_layout_split and mt_layout_reduce_model); nothing else should decide
+ * it from names or roles.
+ */
+enum mt_layout {
+    MT_LAYOUT_RESIDUAL = 0, /* acts on residual-stream rows (norm gains, embedding, head):
+                             * whole on every model rank; grad partial over the model group
+                             * iff sequence parallel (each rank saw its N/tp rows)         */
+    MT_LAYOUT_TP_ROWS,      /* column-parallel matrix (Wq, Wk, Wv, Wg, Wu): rows split over
+                             * the model group (whole heads / hidden units); grad complete */
+    MT_LAYOUT_TP_COLS,      /* row-parallel matrix (Wo, Wd): columns split; grad complete  */
+    MT_LAYOUT_MODEL_PARTIAL,/* whole on every model rank, grad a partial sum over the model
+                             * group whenever tp > 1: qk-norm gains (shared by split heads),
+                             * router and shared expert (they run on N/tp rows)           */
+    MT_LAYOUT_EXPERT,       /* a routed expert's matrix: whole, held by one expert rank;
+                             * under tp > 1 partial over the model group like the router  */
+    MT_LAYOUT_COUNT
+};
+
+/* Which dimension the model axis splits (mt_param.split). */
+static inline enum mt_split mt_layout_split(enum mt_layout l)
+{
+    return l == MT_LAYOUT_TP_ROWS ? MT_SPLIT_ROWS : l == MT_LAYOUT_TP_COLS ? MT_SPLIT_COLS : MT_SPLIT_NONE;
+}
+
+/* 1: under this (tp, sp) the rank's grad is a partial sum over the model group. */
+static inline int mt_layout_reduce_model(enum mt_layout l, int tp, int sp)
+{
+    if (tp <= 1) return 0;
+    switch (l) {
+    case MT_LAYOUT_RESIDUAL:      return sp != 0;
+    case MT_LAYOUT_MODEL_PARTIAL: return 1;
+    case MT_LAYOUT_EXPERT:        return 1;
+    default:                      return 0;
+    }
+}
+
+const char *mt_layout_name(enum mt_layout l);   /* "residual", "tp_rows", ... */
+
+/* Initial value of a parameter, resolved to (init, init_std) by the registry:
+ * NORMAL 0.02, NORMAL_OUT 0.02/sqrt(2 L) (projections back into the residual
+ * stream, GPT-2 style), ONES for gains. */
+enum mt_init_scale { MT_SCALE_NORMAL = 0, MT_SCALE_NORMAL_OUT, MT_SCALE_ONES };
+
+/*
+ * Global dimensions a piece sees (the model axis is NOT applied: shapes are
+ * global, boxes are cut by the registry from the layout class). e0, Ee: the
+ * routed experts this rank holds (all of them on one rank).
+ */
+struct mt_block_shape {
+    int64_t D, T, L, hd, H, K, F;   /* model width, seq, layers, head dim, q / kv heads, dense hidden */
+    int64_t E, top_k, Fe, Fs;       /* experts, routed per token, expert / shared-expert hidden       */
+    int     e0, Ee;                 /* this rank's first expert and expert count                      */
+};
+
+/* One parameter as a piece declares it. The registry turns it into a
+ * struct mt_param named "model.layers.<l>.<suffix>" (suffix printed with
+ * `expert` when expert >= 0). bind: byte offset of the struct mt_param *
+ * field of struct mt_layer that points at it, or -1 (bound as a range by an
+ * earlier entry, e.g. experts[]). */
+struct mt_pspec {
+    const char        *suffix;     /* printf format with at most one %d (the expert) */
+    int                expert;     /* global expert index, or -1                     */
+    int                ndim;       /* 1 or 2                                         */
+    int64_t            rows, cols; /* global shape (cols 1 when ndim == 1)           */
+    enum mt_init_scale init;
+    enum mt_param_role role;
+    enum mt_layout     layout;
+    int                bind;       /* offsetof(struct mt_layer, field) or -1         */
+};
+
+/* Visitor a piece calls once per parameter, in registry order. */
+typedef void (*mt_pspec_fn)(void *user, const struct mt_pspec *s);
+
+struct mt_model;
+struct mt_layer;
+struct mt_ctx;
+struct mt_carver;
+
+/* Per-call arguments of a piece's forward (training and incremental decoding). */
+struct mt_piece_fwd {
+    int          B, T, pos0;            /* rows B*T; first position (decoding: cache length)   */
+    const float *cos_tab, *sin_tab;     /* RoPE tables covering positions [0, pos0 + T)         */
+    float       *kcache, *vcache;       /* decoding state of this layer (NULL when training)    */
+    float       *x_out;                 /* ffn: where x_mid + ffn(...) goes (Nr, D)             */
+    int          want_loss;             /* ffn: compute auxiliary losses                        */
+    double       aux, z;                /* ffn: auxiliary loss sums (added to by the piece)     */
+};
+
+/*
+ * A sub-layer. params, carve, forward and backward are required; the other
+ * entries may be NULL where the piece has nothing of that sort (check,
+ * FLOPs beyond its matmuls, scratch, undo_recompute).
+ */
+struct mt_piece {
+    const char *name;                                     /* "attention", "mlp", "moe"            */
+    /* communication shape under TP, for the planner's time model: TP regions
+     * a forward enters (all-gather in + reduce-scatter out with SP, one
+     * all-reduce without), and all-gathers of its output without SP (pieces
+     * that run in the sequence-parallel region on N/tp rows, like MoE) */
+    int         tp_regions, sp_gathers;
+    /* parameters in registry order (the piece's input norm first) */
+    void   (*params)(const struct mt_block_shape *s, mt_pspec_fn fn, void *user);
+    /* the piece's own dimension rules (model_dims filled); NULL: none */
+    enum mt_status (*check)(struct mt_ctx *ctx, const struct mt_model *m);
+    /* matmul parameters active per token (x6 for training FLOPs) */
+    double (*mm_per_token)(const struct mt_block_shape *s);
+    /* training FLOPs per token beyond 6 x matmul params (attention scores) */
+    double (*extra_flops_per_token)(const struct mt_block_shape *s);
+    /* parameters a token does not use (routed experts it is not sent to) */
+    double (*inactive_params)(const struct mt_block_shape *s);
+    /* carve this piece's saved activations into ly (c NULL-based: sizes only) */
+    void   (*carve)(struct mt_model *m, struct mt_carver *c, struct mt_layer *ly);
+    /* carve scratch this piece needs beyond the shared set (once per model) */
+    void   (*carve_scratch)(struct mt_model *m, struct mt_carver *c);
+    /* widest SwiGLU-style hidden activation (elements) this piece needs in the shared scratch */
+    size_t (*ffn_scratch)(const struct mt_model *m);
+    enum mt_status (*forward)(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly, struct mt_piece_fwd *a);
+    /* reads dx = d(piece output); ACCUMULATES d(piece input) into dx; param grads += */
+    enum mt_status (*backward)(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly);
+    /* recompute=block re-ran forward of layer l: undo its side effects (load histograms) */
+    void   (*undo_recompute)(struct mt_model *m, struct mt_layer *ly, int l);
+};
+
+/* One pattern letter. */
+struct mt_block_kind {
+    char                   letter;    /* 'A', 'E'                                       */
+    const char            *name;      /* "attention+mlp", ...                           */
+    const struct mt_piece *mixer;     /* token mixing, first half of the block          */
+    const struct mt_piece *ffn;       /* per-token feed-forward, second half            */
+    int                    routed;    /* 1: has routed experts (load histogram, EP axis) */
+    int                    hf;        /* 1: has a Hugging Face (Qwen3 / Qwen3-MoE) equivalent */
+};
+
+/* Most kinds the table may hold (stack arrays indexed by kind). */
+#define MT_MAX_BLOCK_KINDS 8
+
+/* Index of the kind for `letter` in the table, or -1. */
+int mt_blocks_find(char letter);
+/* The table: n kinds (the index is what struct mt_layer.kind holds). The
+ * functions from mt_blocks_count to mt_blocks_any_routed (block_traits.c)
+ * need none of the model's code: src/core and src/dist may call them. */
+const struct mt_block_kind *mt_blocks_kind(int index);   /* blocks.c: with its pieces */
+int mt_blocks_count(void);
+/* 1: kind `index` has a Hugging Face equivalent (export). */
+int mt_blocks_kind_hf(int index);
+/* "A, E": the letters of the table into buf (len >= 4 * MT_MAX_BLOCK_KINDS
+ * holds them all), for error messages; returns buf. */
+const char *mt_blocks_letters(char *buf, size_t len);
+
+/* Kind index of layer l (the pattern's letter; 'A' past its end). */
+int mt_blocks_layer_kind(const struct mt_config *cfg, int l);
+/* 1 when layer l (or, _any, some layer) has routed experts. */
+int mt_blocks_layer_routed(const struct mt_config *cfg, int l);
+int mt_blocks_any_routed(const struct mt_config *cfg);
+
+/* Global shape of cfg as pieces see it (one rank: e0 = 0, Ee = E). */
+void mt_blocks_shape(const struct mt_config *cfg, struct mt_block_shape *s);
+
+/* Walk the parameters of block l, in registry order (mixer then ffn). */
+void mt_blocks_layer_params(const struct mt_config *cfg, const struct mt_block_shape *s, int l, mt_pspec_fn fn,
+                            void *user);
+
+/* Training FLOPs per token of block l: 6 x matmul params active + extra. */
+double mt_blocks_layer_flops(const struct mt_config *cfg, const struct mt_block_shape *s, int l);
+/* Per-layer TP communication counts of layers [l0, l1), for the planner:
+ * mixer TP regions, ffn TP regions, SP-region output gathers, routed layers. */
+struct mt_blocks_comm { int mixer_regions, ffn_regions, sp_gathers, routed; };
+void mt_blocks_comm_counts(const struct mt_config *cfg, int l0, int l1, struct mt_blocks_comm *out);
+
+/* Parameters of block l no token uses (unrouted experts), for active counts. */
+double mt_blocks_layer_inactive(const struct mt_config *cfg, const struct mt_block_shape *s, int l);
+/* Matmul parameters of block l active per token. */
+double mt_blocks_layer_mm(const struct mt_config *cfg, const struct mt_block_shape *s, int l);
+/* Non-parameter FLOPs per token of block l (attention scores and values). */
+double mt_blocks_layer_extra(const struct mt_config *cfg, const struct mt_block_shape *s, int l);
+
+#endif /* MT_BLOCKS_H */
