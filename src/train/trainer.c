@@ -106,35 +106,12 @@ static int mkdir_p(const char *path)
     return 0;
 }
 
-/* Peak FLOP/s that MFU is measured against: the best of a few square sgemms
- * through the same ops table the model uses (so it measures the kernels the
- * run really had). Uses a private ctx so its buffers stay out of the memory
- * accounting. */
-static double measure_gemm_roof(const struct mt_ops_i *ops, int n)
+/* Peak FLOP/s that MFU is measured against: the median of several square
+ * sgemms of a few sizes through the same ops table the model uses (so it
+ * measures the kernels the run really had), with its spread (src/ops/cpu/roof.c). */
+static double measure_gemm_roof(const struct mt_ops_i *ops, struct mt_ops_roof *roof)
 {
-    struct mt_ctx tmp;
-    mt_ctx_init(&tmp);
-    size_t bytes = (size_t)n * n * sizeof(float);
-    float *a = ops->buf_alloc(&tmp, bytes, MT_BUCKET_OTHER);
-    float *b = ops->buf_alloc(&tmp, bytes, MT_BUCKET_OTHER);
-    float *c = ops->buf_alloc(&tmp, bytes, MT_BUCKET_OTHER);
-    double best = 0;
-    if (a && b && c) {
-        ops->fill(a, 0.5f, (size_t)n * n);
-        ops->fill(b, 0.25f, (size_t)n * n);
-        for (int rep = 0; rep < 4; rep++) {
-            double t0 = mt_time_sec();
-            ops->gemm(0, 1, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
-            ops->sync();
-            double dt = mt_time_sec() - t0;
-            double f = 2.0 * n * (double)n * n / dt;
-            if (rep > 0 && f > best) best = f; /* rep 0 warms up */
-        }
-    }
-    ops->buf_free(&tmp, a);
-    ops->buf_free(&tmp, b);
-    ops->buf_free(&tmp, c);
-    return best;
+    return mt_ops_measure_roof(ops, (const int[]){768, 1536}, 2, 5, roof);
 }
 
 static int pick_threads(const struct mt_config *cfg)
@@ -1141,15 +1118,17 @@ agree2:
     mt_ops_cpu_info(&info);
     double peak = opts->peak_flops;
     char peak_src[200];
+    struct mt_ops_roof roof = {0, 0, 0, 0, 0};
     if (peak > 0) {
         snprintf(peak_src, sizeof peak_src, "given by --peak-flops");
     } else {
         /* every rank measures at once (the run's real contention); the peak is world x rank 0's */
-        double mine = measure_gemm_roof(ops, 2048);
+        double mine = measure_gemm_roof(ops, &roof);
         peak = mine * world;
         snprintf(peak_src, sizeof peak_src,
-                 "measured at startup: best of 3 sgemm 2048^3 through the %s ops table, %d threads, coretype %s%s",
-                 ops->name, threads, info.coretype, world > 1 ? ", all ranks at once, x world" : "");
+                 "measured at startup: median of %d sgemm %d^3 (best of sizes 768, 1536) through the %s ops table, "
+                 "%d threads, coretype %s%s", roof.runs, roof.size, ops->name, threads, info.coretype,
+                 world > 1 ? ", all ranks at once, x world" : "");
     }
 
     const double flops_per_token = mt_model_flops_per_token(cfg);
@@ -1164,8 +1143,11 @@ agree2:
     memset(&train_pk, 0, sizeof train_pk);
     peak_fold(ctx, &run_pk);
     peak_restart(ctx);
+    const int prof_warm = n_steps >= 4 ? 2 : (n_steps >= 2 ? 1 : 0); /* = the receipt's warmup_excluded */
     for (int step = start_step; step < opts->steps; step++) {
         double t0 = mt_time_sec();
+        if (steps_run == prof_warm) mt_ops_profile_reset(); /* the op profile covers the steady steps */
+        mt_ops_profile_enable(1);
         const double comm0 = exposed_comm_s(&rs);
         mt_comm_watchdog_set_step(step);
         if (fault.rank == wrank && fault.step == step) {
@@ -1235,6 +1217,8 @@ agree2:
         double dt = mt_time_sec() - t0;
         comm_total += exposed_comm_s(&rs) - comm0;
         idle_total += idle;
+        mt_ops_profile_add(MT_OPK_COMM, exposed_comm_s(&rs) - comm0 + idle);
+        mt_ops_profile_enable(0);
         int k = steps_run++;
         rs.step_index[k] = step;
         rs.losses[k] = loss;
@@ -1381,6 +1365,15 @@ agree2:
         r.peak_flops = peak;
         r.mfu = peak > 0 ? r.model_flops_per_s / peak : 0;
         snprintf(r.peak_flops_source, sizeof r.peak_flops_source, "%s", peak_src);
+        r.peak_flops_lo = roof.lo * world;
+        r.peak_flops_hi = roof.hi * world;
+        snprintf(r.kernels_isa, sizeof r.kernels_isa, "%s", !strcmp(ops->name, "cpu") ? mt_ops_cpu_isa() : "");
+        r.n_op_kinds = !strcmp(ops->name, "cpu") && n_steady > 0 ? MT_OPK_COUNT : 0;
+        mt_ops_profile_get(r.op_step_s, NULL);
+        for (int k = 0; k < r.n_op_kinds; k++) {
+            r.op_kind_names[k] = mt_ops_profile_kind_name((enum mt_op_kind)k);
+            r.op_step_s[k] /= n_steady;
+        }
         double step_sum = 0;
         for (int i = 0; i < steps_run; i++) step_sum += rs.times[i];
         r.comm_s = comm_total;
