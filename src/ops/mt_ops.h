@@ -162,6 +162,14 @@ struct mt_ops_i {
     void (*muon_momentum)(float *d, float *m, const float *g, float mu, size_t n);
     /* out (cols, rows) = transpose of in (rows, cols) */
     void (*transpose)(float *out, const float *in, int rows, int cols);
+
+    /* ---- cross-entropy forward and backward in one pass over the logits ----
+     * losses, lse_out as xent_forward; logits is CONSUMED: on return it holds
+     * xent_backward's dlogits for dscale (OVERWRITES). One exp per element
+     * instead of two (the backward does not recompute softmax over V).
+     * Optional (NULL: the model runs xent_forward then xent_backward). */
+    void (*xent_fused)(float *losses, float *lse_out, float *logits, const int32_t *targets, float dscale,
+                       int N, int V, float softcap);
 };
 
 /* Backends. mt_ops_cpu() never fails. mt_ops_cuda() returns NULL when the

@@ -140,6 +140,8 @@ void mt_cpu_xent_forward(float *losses, float *lse_out, const float *logits, con
                          int N, int V, float softcap);
 void mt_cpu_xent_backward(float *dlogits, const float *logits, const float *lse,
                           const int32_t *targets, float dscale, int N, int V, float softcap);
+void mt_cpu_xent_fused(float *losses, float *lse_out, float *logits, const int32_t *targets, float dscale,
+                       int N, int V, float softcap);
 
 /* ---- moe.c ---- */
 void mt_cpu_router_forward(float *probs, float *lse, int32_t *topk_idx, float *gates,

@@ -161,6 +161,11 @@ static void p_xent_backward(float *dlogits, const float *logits, const float *ls
 {
     PROF(MT_OPK_XENT, mt_cpu_xent_backward(dlogits, logits, lse, targets, dscale, N, V, softcap));
 }
+static void p_xent_fused(float *losses, float *lse_out, float *logits, const int32_t *targets, float dscale,
+                         int N, int V, float softcap)
+{
+    PROF(MT_OPK_XENT, mt_cpu_xent_fused(losses, lse_out, logits, targets, dscale, N, V, softcap));
+}
 static void p_router_forward(float *probs, float *lse, int32_t *topk_idx, float *gates, const float *logits,
                              int N, int E, int k)
 {
@@ -238,6 +243,7 @@ static const struct mt_ops_i cpu_ops = {
     /* .adamw_update         = */ .adamw_update         = p_adamw_update,
     /* .muon_momentum        = */ .muon_momentum        = p_muon_momentum,
     /* .transpose            = */ .transpose            = p_transpose,
+    /* .xent_fused           = */ .xent_fused           = p_xent_fused,
 };
 
 const struct mt_ops_i *mt_ops_cpu(void)
