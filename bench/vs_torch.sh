@@ -38,14 +38,19 @@ summ = {}
 for c in configs:
     rows = []
     for r in range(1, reps + 1):
-        t = json.load(open(f"{out}/torch.{c}.{r}.json"))["tokens_per_s"]
-        row = {"torch": t}
+        tj = json.load(open(f"{out}/torch.{c}.{r}.json"))
+        toks = None
+        row = {"torch": tj["tokens_per_s"]}
         for who in ("base", "new"):
             p = f"{out}/{c}.{who}.{r}.receipt.json"
             if os.path.exists(p):
-                tm = json.load(open(p))["timing"]
+                rc = json.load(open(p)); tm = rc["timing"]
+                toks = rc["batch"]["tokens_per_step"]
                 row[who] = tm["tokens_per_s"]; row[who + "_mfu"] = tm["mfu"]
                 row[who + "_roof"] = tm["peak_flops"]
+                # the best steady step: least disturbed by the other work on a shared machine
+                row[who + "_best"] = toks / min(tm["step_times_s"][tm["warmup_steps_excluded"]:])
+        row["torch_best"] = toks / min(tj["step_times_s"][2:])
         rows.append(row)
     summ[c] = rows
     print(f"\n{c}: tokens/s per run (ratios within the same run)")
@@ -54,8 +59,15 @@ for c in configs:
         if "base" in r:
             s += f"  base {r['base']:8.0f} ({r['base']/r['torch']:.2f}x torch)  new/base {r['new']/r['base']:.2f}"
         print(s)
-    ratios = sorted(r["new"] / r["torch"] for r in rows)
-    print(f"  new/torch: min {ratios[0]:.2f}  median {ratios[len(ratios)//2]:.2f}  max {ratios[-1]:.2f}")
+    for key, what in (("", "mean of steady steps"), ("_best", "best steady step")):
+        for who in ("new", "base"):
+            if who + key not in rows[0]:
+                continue
+            ratios = sorted(r[who + key] / r["torch" + key] for r in rows)
+            print(f"  {who}/torch ({what}): min {ratios[0]:.2f}  median {ratios[len(ratios)//2]:.2f}  max {ratios[-1]:.2f}")
+        if "base" + key in rows[0]:
+            ratios = sorted(r["new" + key] / r["base" + key] for r in rows)
+            print(f"  new/base ({what}): min {ratios[0]:.2f}  median {ratios[len(ratios)//2]:.2f}  max {ratios[-1]:.2f}")
     rc = json.load(open(f"{out}/{c}.new.{reps}.receipt.json"))
     prof = rc["timing"].get("op_profile_s_per_step")
     if prof:
