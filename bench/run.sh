@@ -30,4 +30,10 @@ json.dump(rows, open(f"{out}/summary.json", "w"), indent=2)
 for c, v in rows.items():
     print(f"{c:12s} {v['tokens_per_s']:9.0f} tok/s  {v['model_flops_per_s']/1e9:7.1f} GFLOP/s  "
           f"roof {v['peak_flops']/1e9:6.1f}  ratio {v['mfu']:.3f}  ({v['coretype']})")
+# the per-op profile of each config (receipt timing.op_profile_s_per_step), ms per steady step
+profs = {c: json.load(open(f"{out}/{c}/receipt.json"))["timing"].get("op_profile_s_per_step") for c in rows}
+if all(profs.values()):
+    print("\n| op kind | " + " | ".join(profs) + " |\n| --- |" + " ---: |" * len(profs))
+    for k in next(iter(profs.values())):
+        print(f"| {k} | " + " | ".join(f"{1e3*p[k]:.1f} ms ({100*p[k]/p['step']:.0f}%)" for p in profs.values()) + " |")
 PY

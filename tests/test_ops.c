@@ -1063,6 +1063,20 @@ static void xent_case(struct harness *h, int N, int V, float cap, double zr)
     float *inpl = up_f(h, z, nz);
     h->ops->xent_backward(inpl, inpl, dlse, dt, dscale, N, V, cap);
     checkf(h, "xent_backward", ndiff(got, down_f(h, inpl, nz), nz), 0, "%s in place (dlogits == logits)", cs);
+
+    /* one pass: losses and lse as the forward's reference, dlogits (written over
+     * the logits) as the backward's; deterministic */
+    if (!has(h, "xent_fused", h->ops->xent_fused != NULL)) return;
+    float *fz = up_f(h, z, nz), *fl = up_f(h, nan_f(h, N), N), *fs = up_f(h, nan_f(h, N), N);
+    h->ops->xent_fused(fl, fs, fz, dt, dscale, N, V, cap);
+    checkf(h, "xent_fused", err_rel(h, down_f(h, fl, N), x.loss, N), TOL_FWD, "%s losses", cs);
+    checkf(h, "xent_fused", err_rel(h, down_f(h, fs, N), x.lse, N), TOL_FWD, "%s lse", cs);
+    float *fg = down_f(h, fz, nz);
+    checkf(h, "xent_fused", err_rel(h, fg, gz, nz), TOL_BWD, "%s dlogits (in place)", cs);
+    float *fz2 = up_f(h, z, nz), *fl2 = up_f(h, nan_f(h, N), N), *fs2 = up_f(h, nan_f(h, N), N);
+    h->ops->xent_fused(fl2, fs2, fz2, dt, dscale, N, V, cap);
+    checkf(h, "xent_fused", ndiff(fg, down_f(h, fz2, nz), nz) + ndiff(down_f(h, fl, N), down_f(h, fl2, N), N), 0,
+           "%s determinism", cs);
 }
 
 static int run_xent(struct harness *h)
@@ -1073,6 +1087,7 @@ static int run_xent(struct harness *h)
     xent_case(h, 7, 5, 15.0f, 3.0);
     xent_case(h, 32, 1000, 0.0f, 8.0);
     xent_case(h, 32, 1000, 15.0f, 40.0);
+    xent_case(h, 9, 8192, 30.0f, 60.0);
     return h->n_fail == f0;
 }
 

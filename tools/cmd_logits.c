@@ -110,6 +110,7 @@ int mt_cmd_logits(int argc, char **argv)
     cfg.seq_len = n;
     MT_CHECK_GOTO(mt_config_resolve(&ctx, &cfg, 1), rc, done);
     MT_CHECK_GOTO(mt_model_create(&ctx, ops, &cfg, 1, &m), rc, done);
+    mt_model_keep_logits(m, 1);   /* the logits are read after a forward with targets */
     int n_params;
     struct mt_param *params = mt_model_params(m, &n_params);
     MT_CHECK_GOTO(mt_ckpt_load(&ctx, ops, dir, params, n_params, NULL), rc, done);

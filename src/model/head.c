@@ -7,7 +7,8 @@
  *     loss_n = lse(s_n) - s_n[target_n]   (0 where target == -1)
  *     lm = sum_n loss_n / n_targets(global)     (the model divides; sum kept in double)
  * Backward (dscale = 1/n_targets):
- *     term 1: dz = dscale (softmax(s) - onehot) ds/dz   (kernel, in place over z)
+ *     term 1: dz = dscale (softmax(s) - onehot) ds/dz   (kernel, in place over z; with the
+ *             backend's xent_fused the forward already wrote it: one pass over z)
  *     term 2: dWlm += dz^T hf;  dhf = dz Wlm
  *     term 3: dx = rmsnorm_backward(dhf)
  *
@@ -22,8 +23,16 @@ double head_forward(struct mt_model *m, int n, int with_loss)
     ops->rmsnorm_forward(m->h_final, m->rstd_final, m->x_final, m->norm_f->data, n, m->D, m->cfg.norm_eps);
     linear_forward(ops, m->logits, m->h_final, m->lm_head->data, n, m->D, m->V, 0.0f);
     if (!with_loss) return 0.0;
-    ops->xent_forward(m->losses, m->xlse, m->logits, m->targets + (m->sp ? m->row0 : 0), n, m->V,
-                      m->cfg.logit_softcap);
+    /* one pass over the logits when the backend can: loss and dlogits together
+     * (dscale as head_backward has it), the backward then starts at term 2 */
+    m->dlogits_ready = mt_ops_supports(ops, xent_fused) && !m->keep_logits;
+    if (m->dlogits_ready)
+        ops->xent_fused(m->losses, m->xlse, m->logits, m->targets + (m->sp ? m->row0 : 0),
+                        m->norm.n_targets > 0 ? (float)(1.0 / m->norm.n_targets) : 0.0f, n, m->V,
+                        m->cfg.logit_softcap);
+    else
+        ops->xent_forward(m->losses, m->xlse, m->logits, m->targets + (m->sp ? m->row0 : 0), n, m->V,
+                          m->cfg.logit_softcap);
     ops->copy_to_host(m->h_losses, m->losses, (size_t)n * sizeof(float));
     double sum = 0.0;
     for (int i = 0; i < n; i++) sum += (double)m->h_losses[i];
@@ -34,8 +43,9 @@ void head_backward(struct mt_model *m, float dscale)
 {
     const struct mt_ops_i *ops = m->ops;
     const int N = m->Nr, D = m->D, V = m->V;   /* this rank's rows (all N without SP) */
-    ops->xent_backward(m->logits, m->logits, m->xlse, m->targets + (m->sp ? m->row0 : 0), dscale, N, V,
-                       m->cfg.logit_softcap);
+    if (!m->dlogits_ready)
+        ops->xent_backward(m->logits, m->logits, m->xlse, m->targets + (m->sp ? m->row0 : 0), dscale, N, V,
+                           m->cfg.logit_softcap);
     linear_backward(ops, m->dh, 0.0f, m->lm_head->grad, m->logits, m->h_final, m->lm_head->data, N, D, V);
     ops->rmsnorm_backward(m->dx, m->norm_f->grad, m->dh, m->x_final, m->norm_f->data, m->rstd_final, N, D, 0);
 }

@@ -643,6 +643,7 @@ struct mt_param *mt_model_params(struct mt_model *m, int *n_params)
 }
 
 const float *mt_model_logits(const struct mt_model *m) { return m->logits; }
+void mt_model_keep_logits(struct mt_model *m, int keep) { m->keep_logits = keep != 0; }
 
 void mt_model_ep_stats(const struct mt_model *m, struct mt_ep_stats *out) { *out = m->ep_stats; }
 const double *mt_model_moe_load(const struct mt_model *m) { return m->moe_load; }
@@ -899,6 +900,7 @@ enum mt_status mt_model_forward_stage(struct mt_ctx *ctx, struct mt_model *m, co
         z += a.z;
     }
     double lm = 0;
+    if (targets) m->norm = *norm;   /* the head's fused cross-entropy needs dscale now */
     if (m->last) {
         MT_CHECK(hook(ctx, m, m->hooks.pre_forward, m->L + 1));
         lm = head_forward(m, m->Nr, targets != NULL);

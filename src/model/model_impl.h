@@ -180,6 +180,9 @@ struct mt_model {
     /* state of the last forward */
     int                 have_fwd, have_targets;
     struct mt_loss_norm norm;
+    /* head: keep_logits (mt_model_keep_logits) turns the fused cross-entropy
+     * off; dlogits_ready: the last forward with targets left dlogits in logits */
+    int                 keep_logits, dlogits_ready;
 };
 
 /* ---- carving (model_layout and the pieces' carve functions) ---- */

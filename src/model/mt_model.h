@@ -211,8 +211,11 @@ enum mt_status mt_model_backward(struct mt_ctx *ctx, struct mt_model *m);
 void mt_model_zero_grad(struct mt_model *m);
 
 /* Logits (B, T, V) of the last forward, backend memory; raw (before softcap).
- * Valid until the next forward/backward. */
+ * Valid until the next forward/backward. After a forward WITH targets the
+ * buffer holds d(loss)/d(logits) instead (the head's one-pass cross-entropy,
+ * when the backend has xent_fused), unless mt_model_keep_logits(m, 1). */
 const float *mt_model_logits(const struct mt_model *m);
+void mt_model_keep_logits(struct mt_model *m, int keep);
 
 /* The GLOBAL parameter list (one rank: every expert, full shapes) in model
  * order, without data. Returns the count; fills out only if cap >= count. */

@@ -221,6 +221,13 @@ struct mt_ops_i {
     void (*ssm_scan_step)(float *y, float *S, float *xprev, float *Bprev, const float *x,
                           const float *Bm, const float *Cm, const float *dt, const float *lam,
                           const float *A, const float *Dsk, int B, int H, int P, int N, int first);
+    /* ---- cross-entropy forward and backward in one pass over the logits ----
+     * losses, lse_out as xent_forward; logits is CONSUMED: on return it holds
+     * xent_backward's dlogits for dscale (OVERWRITES). One exp per element
+     * instead of two (the backward does not recompute softmax over V).
+     * Optional (NULL: the model runs xent_forward then xent_backward). */
+    void (*xent_fused)(float *losses, float *lse_out, float *logits, const int32_t *targets, float dscale,
+                       int N, int V, float softcap);
 };
 
 /* Backends. mt_ops_cpu() never fails. mt_ops_cuda() returns NULL when the
@@ -247,6 +254,42 @@ void mt_ops_cpu_set_threads(int n);
  * so OpenBLAS loads with the right kernels. Returns when nothing needed to be
  * done or the re-exec failed. */
 void mt_ops_cpu_pin_coretype(int argc, char **argv);
+
+/* ---- per-op profile (cpu backend) ----
+ * Every entry of the cpu table runs through a thin wrapper that, when the
+ * profile is on, adds its wall time to the op's kind (one predictable branch
+ * when off). Kinds: gemm (gemm, transpose), attention, xent, norm (rmsnorm),
+ * elementwise (rope, swiglu, embed, fill/axpby/sumsq/all_finite, MoE router
+ * and permute/combine), optimizer (adamw, muon momentum); communication is
+ * not an op: the trainer adds its exposed communication time with
+ * mt_ops_profile_add. Single-threaded callers only (the kernels are called
+ * from one thread; their parallelism is inside). */
+enum mt_op_kind {
+    MT_OPK_GEMM, MT_OPK_ATTENTION, MT_OPK_XENT, MT_OPK_NORM, MT_OPK_ELEMENTWISE,
+    MT_OPK_OPTIMIZER, MT_OPK_COMM, MT_OPK_SCAN, MT_OPK_COUNT
+};
+void        mt_ops_profile_enable(int on);
+void        mt_ops_profile_reset(void);
+void        mt_ops_profile_add(enum mt_op_kind kind, double seconds);
+/* seconds[k] and calls[k] (either may be NULL) summed since the last reset */
+void        mt_ops_profile_get(double seconds[MT_OPK_COUNT], long calls[MT_OPK_COUNT]);
+const char *mt_ops_profile_kind_name(enum mt_op_kind kind);
+
+/* ---- the startup sgemm roof (cpu backend) ----
+ * Median FLOP/s of `reps` timed runs per size of square sgemms through `ops`
+ * (after one untimed warm-up per size), over the sizes given; the best size's
+ * median is the roof and lo/hi are that size's min/max run (the spread).
+ * Private scratch (not in any ctx's accounting). Returns 0 on OOM. */
+struct mt_ops_roof {
+    double flops;        /* median of the best size */
+    double lo, hi;       /* min and max run of that size */
+    int    size, runs;   /* the size it came from, timed runs per size */
+};
+double mt_ops_measure_roof(const struct mt_ops_i *ops, const int *sizes, int n_sizes, int reps,
+                           struct mt_ops_roof *out);
+
+/* Instruction set the cpu kernels dispatched to at load ("avx512" or "avx2"). */
+const char *mt_ops_cpu_isa(void);
 
 /* Offset of entry `field` in the table is not NULL. */
 #define mt_ops_supports(ops, field) ((ops)->field != NULL)

@@ -39,6 +39,13 @@ struct mt_receipt {
     double tokens_per_s, model_flops_per_s, mfu;
     double peak_flops;
     char   peak_flops_source[200];
+    double peak_flops_lo, peak_flops_hi;   /* the roof's spread (min..max run, x world); 0 = not measured */
+    char   kernels_isa[16];                /* "avx512" / "avx2": what the cpu kernels dispatched to */
+    /* per-op profile of the steady steps (this rank), seconds per step by kind;
+     * names[k] NULL-terminated list owned by the ops layer; n_op_kinds 0 = none */
+    int         n_op_kinds;
+    const char *op_kind_names[12];
+    double      op_step_s[12];
     /* losses, one per step run (arrays owned by the trainer) */
     int     n_steps;
     const int    *step_index;

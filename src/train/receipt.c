@@ -48,6 +48,7 @@ enum mt_status mt_receipt_write(struct mt_ctx *ctx, const char *path, const stru
     cJSON_AddStringToObject(be, "blas", r->blas);
     cJSON_AddStringToObject(be, "blas_coretype", r->coretype);
     cJSON_AddStringToObject(be, "blas_coretype_source", r->coretype_source);
+    if (r->kernels_isa[0]) cJSON_AddStringToObject(be, "kernels_isa", r->kernels_isa);
     cJSON_AddNumberToObject(be, "threads_per_rank", r->threads);
 
     cJSON *mesh = cJSON_AddObjectToObject(root, "mesh");
@@ -114,6 +115,24 @@ enum mt_status mt_receipt_write(struct mt_ctx *ctx, const char *path, const stru
     cJSON_AddNumberToObject(t, "mfu", r->mfu);
     cJSON_AddNumberToObject(t, "peak_flops", r->peak_flops);
     cJSON_AddStringToObject(t, "peak_flops_source", r->peak_flops_source);
+    if (r->peak_flops_hi > 0) {
+        cJSON *sp = cJSON_AddObjectToObject(t, "peak_flops_spread");
+        cJSON_AddNumberToObject(sp, "min", r->peak_flops_lo);
+        cJSON_AddNumberToObject(sp, "max", r->peak_flops_hi);
+    }
+    if (r->n_op_kinds > 0) {
+        /* seconds per steady step by op kind; "other" = the step's time not in any op
+         * (host code, framework, waits), so the kinds sum to the step time */
+        cJSON *op = cJSON_AddObjectToObject(t, "op_profile_s_per_step");
+        double sum = 0, step = r->tokens_per_s > 0 && r->cfg
+                                   ? (double)r->cfg->batch_size * r->cfg->seq_len / r->tokens_per_s : 0;
+        for (int k = 0; k < r->n_op_kinds && k < 8; k++) {
+            cJSON_AddNumberToObject(op, r->op_kind_names[k], r->op_step_s[k]);
+            sum += r->op_step_s[k];
+        }
+        cJSON_AddNumberToObject(op, "other", step - sum);
+        cJSON_AddNumberToObject(op, "step", step);
+    }
     cJSON_AddItemToObject(t, "step_times_s", num_array(r->step_times, r->n_steps));
 
     cJSON *steps = cJSON_CreateArray();

@@ -24,35 +24,13 @@
 #include "mt_receipt.h"
 #include "train_impl.h"
 
-/* Peak FLOP/s that MFU is measured against: the best of a few square sgemms
- * through the same ops table the model uses (so it measures the kernels the
- * run really had). Uses a private ctx so its buffers stay out of the memory
- * accounting. */
-double mt_train_measure_gemm_roof(const struct mt_ops_i *ops, int n)
+/* Peak FLOP/s that MFU is measured against: the median of several square
+ * sgemms of a few sizes through the same ops table the model uses (so it
+ * measures the kernels the run really had), with its spread
+ * (src/ops/cpu/roof.c). */
+double mt_train_measure_gemm_roof(const struct mt_ops_i *ops, struct mt_ops_roof *roof)
 {
-    struct mt_ctx tmp;
-    mt_ctx_init(&tmp);
-    size_t bytes = (size_t)n * n * sizeof(float);
-    float *a = ops->buf_alloc(&tmp, bytes, MT_BUCKET_OTHER);
-    float *b = ops->buf_alloc(&tmp, bytes, MT_BUCKET_OTHER);
-    float *c = ops->buf_alloc(&tmp, bytes, MT_BUCKET_OTHER);
-    double best = 0;
-    if (a && b && c) {
-        ops->fill(a, 0.5f, (size_t)n * n);
-        ops->fill(b, 0.25f, (size_t)n * n);
-        for (int rep = 0; rep < 4; rep++) {
-            double t0 = mt_time_sec();
-            ops->gemm(0, 1, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
-            ops->sync();
-            double dt = mt_time_sec() - t0;
-            double f = 2.0 * n * (double)n * n / dt;
-            if (rep > 0 && f > best) best = f; /* rep 0 warms up */
-        }
-    }
-    ops->buf_free(&tmp, a);
-    ops->buf_free(&tmp, b);
-    ops->buf_free(&tmp, c);
-    return best;
+    return mt_ops_measure_roof(ops, (const int[]){768, 1536}, 2, 5, roof);
 }
 
 void mt_train_progress(const struct mt_train_opts *opts, int tty, int step, int steps, double loss, double tok_s,
@@ -532,6 +510,15 @@ static void fill_receipt(struct mt_receipt *r, const struct run_state *rs, const
     r->peak_flops = ri->peak;
     r->mfu = ri->peak > 0 ? r->model_flops_per_s / ri->peak : 0;
     snprintf(r->peak_flops_source, sizeof r->peak_flops_source, "%s", ri->peak_src);
+    r->peak_flops_lo = ri->roof.lo * ri->world;
+    r->peak_flops_hi = ri->roof.hi * ri->world;
+    snprintf(r->kernels_isa, sizeof r->kernels_isa, "%s", !strcmp(rs->ops->name, "cpu") ? mt_ops_cpu_isa() : "");
+    r->n_op_kinds = !strcmp(rs->ops->name, "cpu") && n_steady > 0 ? MT_OPK_COUNT : 0;
+    mt_ops_profile_get(r->op_step_s, NULL);
+    for (int k = 0; k < r->n_op_kinds; k++) {
+        r->op_kind_names[k] = mt_ops_profile_kind_name((enum mt_op_kind)k);
+        r->op_step_s[k] /= n_steady;
+    }
     double step_sum = 0;
     for (int i = 0; i < steps_run; i++) step_sum += rs->times[i];
     r->comm_s = ri->comm_total;

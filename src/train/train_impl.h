@@ -128,7 +128,7 @@ enum mt_status mt_train_fault_after_update(struct mt_ctx *ctx, struct run_state 
 struct mt_train_peaks { double b[MEM_SLOTS]; };
 void mt_train_peak_fold(const struct mt_ctx *ctx, struct mt_train_peaks *acc);
 void mt_train_peak_restart(struct mt_ctx *ctx, struct run_state *rs);
-double mt_train_measure_gemm_roof(const struct mt_ops_i *ops, int n);
+double mt_train_measure_gemm_roof(const struct mt_ops_i *ops, struct mt_ops_roof *roof);
 void mt_train_progress(const struct mt_train_opts *opts, int tty, int step, int steps, double loss, double tok_s,
                        double mfu, double eta_s, double gnorm);
 
@@ -138,6 +138,7 @@ struct mt_train_run_info {
     const struct mt_mesh_dims  *dims;
     int         world, wrank, threads, start_step, n_steps, steps_run;
     double      flops_per_token, peak, total_s, comm_total, idle_total;
+    struct mt_ops_roof roof;                /* the measured roof and its spread (zeros when given) */
     const char *peak_src, *trace, *resume_dir;
     struct mt_train_peaks *run_pk;          /* folded once more by the report */
     const struct mt_train_peaks *train_pk;

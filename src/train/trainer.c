@@ -22,7 +22,7 @@
 /* The GEMM roof MFU is measured against: --peak-flops, or measured now by
  * every rank at once (the run's real contention) and taken x world. */
 static double peak_flops(const struct mt_train_opts *opts, const struct run_state *rs, int threads, int world,
-                         char *src, size_t n)
+                         struct mt_ops_roof *roof, char *src, size_t n)
 {
     if (opts->peak_flops > 0) {
         snprintf(src, n, "given by --peak-flops");
@@ -30,9 +30,11 @@ static double peak_flops(const struct mt_train_opts *opts, const struct run_stat
     }
     struct mt_ops_cpu_info info;
     mt_ops_cpu_info(&info);
-    double mine = mt_train_measure_gemm_roof(rs->ops, 2048);
-    snprintf(src, n, "measured at startup: best of 3 sgemm 2048^3 through the %s ops table, %d threads, coretype %s%s",
-             rs->ops->name, threads, info.coretype, world > 1 ? ", all ranks at once, x world" : "");
+    double mine = mt_train_measure_gemm_roof(rs->ops, roof);
+    snprintf(src, n,
+             "measured at startup: median of %d sgemm %d^3 (best of sizes 768, 1536) through the %s ops table, "
+             "%d threads, coretype %s%s", roof->runs, roof->size, rs->ops->name, threads, info.coretype,
+             world > 1 ? ", all ranks at once, x world" : "");
     return mine * world;
 }
 
@@ -92,8 +94,12 @@ static enum mt_status step_loop(struct mt_ctx *ctx, struct run_state *rs, const 
     const struct mt_config *cfg = rs->cfg;
     const double tokens = (double)cfg->batch_size * cfg->seq_len;
     const int tty = isatty(fileno(stdout));
+    const int n_steps = opts->steps - ri->start_step;
+    const int prof_warm = n_steps >= 4 ? 2 : (n_steps >= 2 ? 1 : 0); /* = the receipt's warmup_excluded */
     for (int step = ri->start_step; step < opts->steps; step++) {
         double t0 = mt_time_sec();
+        if (ri->steps_run == prof_warm) mt_ops_profile_reset(); /* the op profile covers the steady steps */
+        mt_ops_profile_enable(1);
         const double comm0 = mt_train_exposed_comm_s(rs);
         mt_comm_watchdog_set_step(step);
         if (mt_train_fault_armed(rs, step)) MT_CHECK(mt_train_fault_before_step(ctx, rs, step));
@@ -104,6 +110,8 @@ static enum mt_status step_loop(struct mt_ctx *ctx, struct run_state *rs, const 
         double dt = mt_time_sec() - t0;
         ri->comm_total += mt_train_exposed_comm_s(rs) - comm0;
         ri->idle_total += so.idle_s;
+        mt_ops_profile_add(MT_OPK_COMM, mt_train_exposed_comm_s(rs) - comm0 + so.idle_s);
+        mt_ops_profile_enable(0);
         int k = ri->steps_run++;
         if (rs->imbalance) rs->imbalance[k] = so.imbalance;
         rs->step_index[k] = step;
@@ -171,7 +179,7 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
 
     /* ---- 5. outputs, the roof, the step loop ---- */
     MT_CHECK_GOTO(take_output(ctx, &rs, opts, &out_lock, res), rc, done);
-    ri.peak = peak_flops(opts, &rs, ri.threads, ri.world, peak_src, sizeof peak_src);
+    ri.peak = peak_flops(opts, &rs, ri.threads, ri.world, &ri.roof, peak_src, sizeof peak_src);
     ri.flops_per_token = mt_model_flops_per_token(cfg);
     double t_run0 = mt_time_sec();
     mt_zero_set_reset_stats(&rs.zset);

@@ -91,6 +91,9 @@ static inline float mt_cpu_hsum8(__m256 v)
 }
 #endif
 
+/* 1 when the CPU has AVX-512 F/BW/DQ/VL and MT_NO_AVX512 is unset (ops_cpu.c) */
+int mt_cpu_have_avx512(void);
+
 /* ---- memory / elementwise (elementwise.c) ---- */
 void   mt_cpu_fill(float *x, float value, size_t n);
 void   mt_cpu_axpby(float *y, const float *x, float a, float b, size_t n);
@@ -137,6 +140,8 @@ void mt_cpu_xent_forward(float *losses, float *lse_out, const float *logits, con
                          int N, int V, float softcap);
 void mt_cpu_xent_backward(float *dlogits, const float *logits, const float *lse,
                           const int32_t *targets, float dscale, int N, int V, float softcap);
+void mt_cpu_xent_fused(float *losses, float *lse_out, float *logits, const int32_t *targets, float dscale,
+                       int N, int V, float softcap);
 
 /* ---- moe.c ---- */
 void mt_cpu_router_forward(float *probs, float *lse, int32_t *topk_idx, float *gates,

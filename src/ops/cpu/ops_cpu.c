@@ -36,6 +36,229 @@ static void cpu_sync(void)
 {
 }
 
+/* ---- per-op profile: thin wrappers (see mt_ops.h) ----
+ * When off, a wrapper is one well-predicted branch and a tail call; when on,
+ * two clock reads (~40 ns) around a kernel that runs for microseconds. */
+static int    prof_on;
+static double prof_sec[MT_OPK_COUNT];
+static long   prof_calls[MT_OPK_COUNT];
+
+#define PROF(kind, call)                              \
+    do {                                              \
+        if (!prof_on) { call; return; }               \
+        double t0_ = mt_time_sec();                   \
+        call;                                         \
+        prof_sec[kind] += mt_time_sec() - t0_;        \
+        prof_calls[kind]++;                           \
+    } while (0)
+#define PROF_RET(kind, type, call)                    \
+    do {                                              \
+        if (!prof_on) return call;                    \
+        double t0_ = mt_time_sec();                   \
+        type r_ = call;                               \
+        prof_sec[kind] += mt_time_sec() - t0_;        \
+        prof_calls[kind]++;                           \
+        return r_;                                    \
+    } while (0)
+
+void mt_ops_profile_enable(int on) { prof_on = on != 0; }
+
+void mt_ops_profile_reset(void)
+{
+    memset(prof_sec, 0, sizeof prof_sec);
+    memset(prof_calls, 0, sizeof prof_calls);
+}
+
+void mt_ops_profile_add(enum mt_op_kind kind, double seconds)
+{
+    if (!prof_on || (int)kind < 0 || kind >= MT_OPK_COUNT) return;
+    prof_sec[kind] += seconds;
+    prof_calls[kind]++;
+}
+
+void mt_ops_profile_get(double seconds[MT_OPK_COUNT], long calls[MT_OPK_COUNT])
+{
+    for (int k = 0; k < MT_OPK_COUNT; k++) {
+        if (seconds) seconds[k] = prof_sec[k];
+        if (calls) calls[k] = prof_calls[k];
+    }
+}
+
+const char *mt_ops_profile_kind_name(enum mt_op_kind kind)
+{
+    static const char *const names[MT_OPK_COUNT] = {"gemm", "attention", "xent", "norm", "elementwise",
+                                                    "optimizer", "communication", "scan"};
+    return (int)kind >= 0 && kind < MT_OPK_COUNT ? names[kind] : "?";
+}
+
+static void p_fill(float *x, float value, size_t n) { PROF(MT_OPK_ELEMENTWISE, mt_cpu_fill(x, value, n)); }
+static void p_axpby(float *y, const float *x, float a, float b, size_t n)
+{
+    PROF(MT_OPK_ELEMENTWISE, mt_cpu_axpby(y, x, a, b, n));
+}
+static double p_sumsq(const float *x, size_t n) { PROF_RET(MT_OPK_ELEMENTWISE, double, mt_cpu_sumsq(x, n)); }
+static int p_all_finite(const float *x, size_t n) { PROF_RET(MT_OPK_ELEMENTWISE, int, mt_cpu_all_finite(x, n)); }
+static void p_gemm(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
+                   const float *B, int ldb, float beta, float *C, int ldc)
+{
+    PROF(MT_OPK_GEMM, mt_cpu_gemm(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc));
+}
+static void p_embed_forward(float *out, const int32_t *idx, const float *wte, int N, int C)
+{
+    PROF(MT_OPK_ELEMENTWISE, mt_cpu_embed_forward(out, idx, wte, N, C));
+}
+static void p_embed_backward(float *dwte, const float *dout, const int32_t *idx, int N, int C, int V)
+{
+    PROF(MT_OPK_ELEMENTWISE, mt_cpu_embed_backward(dwte, dout, idx, N, C, V));
+}
+static void p_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N, int C,
+                              float eps)
+{
+    PROF(MT_OPK_NORM, mt_cpu_rmsnorm_forward(out, rstd, inp, weight, N, C, eps));
+}
+static void p_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                               const float *weight, const float *rstd, int N, int C, int accumulate)
+{
+    PROF(MT_OPK_NORM, mt_cpu_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C, accumulate));
+}
+static void p_rope_forward(float *out, const float *inp, const float *cos_tab, const float *sin_tab, int N,
+                           int T, int pos0, int nh, int hd)
+{
+    PROF(MT_OPK_ELEMENTWISE, mt_cpu_rope_forward(out, inp, cos_tab, sin_tab, N, T, pos0, nh, hd));
+}
+static void p_rope_backward(float *dinp, const float *dout, const float *cos_tab, const float *sin_tab, int N,
+                            int T, int pos0, int nh, int hd)
+{
+    PROF(MT_OPK_ELEMENTWISE, mt_cpu_rope_backward(dinp, dout, cos_tab, sin_tab, N, T, pos0, nh, hd));
+}
+static void p_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B,
+                                int Tq, int Tk, int q_pos0, int H, int K, int hd)
+{
+    PROF(MT_OPK_ATTENTION, mt_cpu_attention_forward(out, lse, q, k, v, B, Tq, Tk, q_pos0, H, K, hd));
+}
+static void p_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                 const float *k, const float *v, const float *out, const float *lse, int B,
+                                 int T, int H, int K, int hd)
+{
+    PROF(MT_OPK_ATTENTION, mt_cpu_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, hd));
+}
+static void p_swiglu_forward(float *out, const float *gate, const float *up, size_t n)
+{
+    PROF(MT_OPK_ELEMENTWISE, mt_cpu_swiglu_forward(out, gate, up, n));
+}
+static void p_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                              size_t n)
+{
+    PROF(MT_OPK_ELEMENTWISE, mt_cpu_swiglu_backward(dgate, dup, dout, gate, up, n));
+}
+static void p_xent_forward(float *losses, float *lse_out, const float *logits, const int32_t *targets, int N,
+                           int V, float softcap)
+{
+    PROF(MT_OPK_XENT, mt_cpu_xent_forward(losses, lse_out, logits, targets, N, V, softcap));
+}
+static void p_xent_backward(float *dlogits, const float *logits, const float *lse, const int32_t *targets,
+                            float dscale, int N, int V, float softcap)
+{
+    PROF(MT_OPK_XENT, mt_cpu_xent_backward(dlogits, logits, lse, targets, dscale, N, V, softcap));
+}
+static void p_xent_fused(float *losses, float *lse_out, float *logits, const int32_t *targets, float dscale,
+                         int N, int V, float softcap)
+{
+    PROF(MT_OPK_XENT, mt_cpu_xent_fused(losses, lse_out, logits, targets, dscale, N, V, softcap));
+}
+static void p_router_forward(float *probs, float *lse, int32_t *topk_idx, float *gates, const float *logits,
+                             int N, int E, int k)
+{
+    PROF(MT_OPK_ELEMENTWISE, mt_cpu_router_forward(probs, lse, topk_idx, gates, logits, N, E, k));
+}
+static void p_router_backward(float *dlogits, const float *dgates, const float *dprobs, const float *dlse,
+                              const float *probs, const int32_t *topk_idx, const float *gates, int N, int E,
+                              int k)
+{
+    PROF(MT_OPK_ELEMENTWISE,
+         mt_cpu_router_backward(dlogits, dgates, dprobs, dlse, probs, topk_idx, gates, N, E, k));
+}
+static void p_moe_permute(float *xp, const float *h, const int32_t *src_row, int M, int C)
+{
+    PROF(MT_OPK_ELEMENTWISE, mt_cpu_moe_permute(xp, h, src_row, M, C));
+}
+static void p_moe_permute_backward(float *dh, const float *dxp, const int32_t *pos, int N, int k, int C)
+{
+    PROF(MT_OPK_ELEMENTWISE, mt_cpu_moe_permute_backward(dh, dxp, pos, N, k, C));
+}
+static void p_moe_combine(float *out, const float *y, const int32_t *pos, const float *gates, int N, int k, int C)
+{
+    PROF(MT_OPK_ELEMENTWISE, mt_cpu_moe_combine(out, y, pos, gates, N, k, C));
+}
+static void p_moe_combine_backward(float *dy, float *dgates, const float *dout, const float *y,
+                                   const int32_t *pos, const float *gates, int N, int k, int C)
+{
+    PROF(MT_OPK_ELEMENTWISE, mt_cpu_moe_combine_backward(dy, dgates, dout, y, pos, gates, N, k, C));
+}
+static void p_adamw_update(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
+                           float eps, float wd, float bc1, float bc2)
+{
+    PROF(MT_OPK_OPTIMIZER, mt_cpu_adamw_update(p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2));
+}
+static void p_muon_momentum(float *d, float *m, const float *g, float mu, size_t n)
+{
+    PROF(MT_OPK_OPTIMIZER, mt_cpu_muon_momentum(d, m, g, mu, n));
+}
+static void p_transpose(float *out, const float *in, int rows, int cols)
+{
+    PROF(MT_OPK_GEMM, mt_cpu_transpose(out, in, rows, cols));
+}
+
+static void p_ssm_scan_forward(float *y, const float *x, const float *Bm, const float *Cm, const float *dt,
+                               const float *lam, const float *A, const float *Dsk, int B, int T, int H, int P,
+                               int N, int chunk)
+{
+    PROF(MT_OPK_SCAN, mt_cpu_ssm_scan_forward(y, x, Bm, Cm, dt, lam, A, Dsk, B, T, H, P, N, chunk));
+}
+static void p_ssm_scan_backward(float *dx, float *dBm, float *dCm, float *ddt, float *dlam, float *dA, float *dDsk,
+                                const float *dy, const float *x, const float *Bm, const float *Cm, const float *dt,
+                                const float *lam, const float *A, const float *Dsk, int B, int T, int H, int P,
+                                int N, int chunk)
+{
+    PROF(MT_OPK_SCAN, mt_cpu_ssm_scan_backward(dx, dBm, dCm, ddt, dlam, dA, dDsk, dy, x, Bm, Cm, dt, lam, A, Dsk,
+                                               B, T, H, P, N, chunk));
+}
+static void p_ssm_prep_forward(float *x, float *Bh, float *Ch, float *dt, float *lam, float *A, float *rstd,
+                               float *ang_state, const float *proj, const float *dt_bias, const float *A_log,
+                               const float *gB, const float *gC, const float *B_bias, const float *C_bias, int B,
+                               int T, int H, int P, int G, int N, float eps)
+{
+    PROF(MT_OPK_ELEMENTWISE, mt_cpu_ssm_prep_forward(x, Bh, Ch, dt, lam, A, rstd, ang_state, proj, dt_bias, A_log,
+                                                     gB, gC, B_bias, C_bias, B, T, H, P, G, N, eps));
+}
+static void p_ssm_prep_backward(float *dproj, float *ddt_bias, float *dA_log, float *dgB, float *dgC,
+                                float *dB_bias, float *dC_bias, const float *dx, const float *dBh, const float *dCh,
+                                const float *ddt, const float *dlam, const float *dA, const float *Bh,
+                                const float *Ch, const float *lam, const float *A, const float *rstd,
+                                const float *proj, const float *dt_bias, const float *gB, const float *gC, int B,
+                                int T, int H, int P, int G, int N, float eps)
+{
+    PROF(MT_OPK_ELEMENTWISE,
+         mt_cpu_ssm_prep_backward(dproj, ddt_bias, dA_log, dgB, dgC, dB_bias, dC_bias, dx, dBh, dCh, ddt, dlam, dA,
+                                  Bh, Ch, lam, A, rstd, proj, dt_bias, gB, gC, B, T, H, P, G, N, eps));
+}
+static void p_ssm_gate_norm_forward(float *out, float *rstd, const float *y, const float *z, int ldz,
+                                    const float *w, int n, int E, int G, float eps)
+{
+    PROF(MT_OPK_NORM, mt_cpu_ssm_gate_norm_forward(out, rstd, y, z, ldz, w, n, E, G, eps));
+}
+static void p_ssm_gate_norm_backward(float *dy, float *dz, float *dw, const float *dout, const float *y,
+                                     const float *z, int ldz, const float *w, const float *rstd, int n, int E, int G)
+{
+    PROF(MT_OPK_NORM, mt_cpu_ssm_gate_norm_backward(dy, dz, dw, dout, y, z, ldz, w, rstd, n, E, G));
+}
+static void p_ssm_scan_step(float *y, float *S, float *xprev, float *Bprev, const float *x, const float *Bm,
+                            const float *Cm, const float *dt, const float *lam, const float *A, const float *Dsk,
+                            int B, int H, int P, int N, int first)
+{
+    PROF(MT_OPK_SCAN, mt_cpu_ssm_scan_step(y, S, xprev, Bprev, x, Bm, Cm, dt, lam, A, Dsk, B, H, P, N, first));
+}
+
 static const struct mt_ops_i cpu_ops = {
     /* .name                 = */ .name                 = "cpu",
     /* .buf_alloc            = */ .buf_alloc            = cpu_buf_alloc,
@@ -44,39 +267,40 @@ static const struct mt_ops_i cpu_ops = {
     /* .copy_from_host       = */ .copy_from_host       = cpu_copy,
     /* .copy                 = */ .copy                 = cpu_copy,
     /* .sync                 = */ .sync                 = cpu_sync,
-    /* .fill                 = */ .fill                 = mt_cpu_fill,
-    /* .axpby                = */ .axpby                = mt_cpu_axpby,
-    /* .sumsq                = */ .sumsq                = mt_cpu_sumsq,
-    /* .all_finite           = */ .all_finite           = mt_cpu_all_finite,
-    /* .gemm                 = */ .gemm                 = mt_cpu_gemm,
-    /* .embed_forward        = */ .embed_forward        = mt_cpu_embed_forward,
-    /* .embed_backward       = */ .embed_backward       = mt_cpu_embed_backward,
-    /* .rmsnorm_forward      = */ .rmsnorm_forward      = mt_cpu_rmsnorm_forward,
-    /* .rmsnorm_backward     = */ .rmsnorm_backward     = mt_cpu_rmsnorm_backward,
-    /* .rope_forward         = */ .rope_forward         = mt_cpu_rope_forward,
-    /* .rope_backward        = */ .rope_backward        = mt_cpu_rope_backward,
-    /* .attention_forward    = */ .attention_forward    = mt_cpu_attention_forward,
-    /* .attention_backward   = */ .attention_backward   = mt_cpu_attention_backward,
-    /* .swiglu_forward       = */ .swiglu_forward       = mt_cpu_swiglu_forward,
-    /* .swiglu_backward      = */ .swiglu_backward      = mt_cpu_swiglu_backward,
-    /* .xent_forward         = */ .xent_forward         = mt_cpu_xent_forward,
-    /* .xent_backward        = */ .xent_backward        = mt_cpu_xent_backward,
-    /* .router_forward       = */ .router_forward       = mt_cpu_router_forward,
-    /* .router_backward      = */ .router_backward      = mt_cpu_router_backward,
-    /* .moe_permute          = */ .moe_permute          = mt_cpu_moe_permute,
-    /* .moe_permute_backward = */ .moe_permute_backward = mt_cpu_moe_permute_backward,
-    /* .moe_combine          = */ .moe_combine          = mt_cpu_moe_combine,
-    /* .moe_combine_backward = */ .moe_combine_backward = mt_cpu_moe_combine_backward,
-    /* .adamw_update         = */ .adamw_update         = mt_cpu_adamw_update,
-    /* .muon_momentum        = */ .muon_momentum        = mt_cpu_muon_momentum,
-    /* .transpose            = */ .transpose            = mt_cpu_transpose,
-    /* .ssm_scan_forward     = */ .ssm_scan_forward     = mt_cpu_ssm_scan_forward,
-    /* .ssm_scan_backward    = */ .ssm_scan_backward    = mt_cpu_ssm_scan_backward,
-    /* .ssm_prep_forward     = */ .ssm_prep_forward     = mt_cpu_ssm_prep_forward,
-    /* .ssm_prep_backward    = */ .ssm_prep_backward    = mt_cpu_ssm_prep_backward,
-    /* .ssm_gate_norm_fwd    = */ .ssm_gate_norm_forward  = mt_cpu_ssm_gate_norm_forward,
-    /* .ssm_gate_norm_bwd    = */ .ssm_gate_norm_backward = mt_cpu_ssm_gate_norm_backward,
-    /* .ssm_scan_step        = */ .ssm_scan_step        = mt_cpu_ssm_scan_step,
+    /* .ssm_scan_forward     = */ .ssm_scan_forward     = p_ssm_scan_forward,
+    /* .ssm_scan_backward    = */ .ssm_scan_backward    = p_ssm_scan_backward,
+    /* .ssm_prep_forward     = */ .ssm_prep_forward     = p_ssm_prep_forward,
+    /* .ssm_prep_backward    = */ .ssm_prep_backward    = p_ssm_prep_backward,
+    /* .ssm_gate_norm_fwd    = */ .ssm_gate_norm_forward  = p_ssm_gate_norm_forward,
+    /* .ssm_gate_norm_bwd    = */ .ssm_gate_norm_backward = p_ssm_gate_norm_backward,
+    /* .ssm_scan_step        = */ .ssm_scan_step        = p_ssm_scan_step,
+    /* .fill                 = */ .fill                 = p_fill,
+    /* .axpby                = */ .axpby                = p_axpby,
+    /* .sumsq                = */ .sumsq                = p_sumsq,
+    /* .all_finite           = */ .all_finite           = p_all_finite,
+    /* .gemm                 = */ .gemm                 = p_gemm,
+    /* .embed_forward        = */ .embed_forward        = p_embed_forward,
+    /* .embed_backward       = */ .embed_backward       = p_embed_backward,
+    /* .rmsnorm_forward      = */ .rmsnorm_forward      = p_rmsnorm_forward,
+    /* .rmsnorm_backward     = */ .rmsnorm_backward     = p_rmsnorm_backward,
+    /* .rope_forward         = */ .rope_forward         = p_rope_forward,
+    /* .rope_backward        = */ .rope_backward        = p_rope_backward,
+    /* .attention_forward    = */ .attention_forward    = p_attention_forward,
+    /* .attention_backward   = */ .attention_backward   = p_attention_backward,
+    /* .swiglu_forward       = */ .swiglu_forward       = p_swiglu_forward,
+    /* .swiglu_backward      = */ .swiglu_backward      = p_swiglu_backward,
+    /* .xent_forward         = */ .xent_forward         = p_xent_forward,
+    /* .xent_backward        = */ .xent_backward        = p_xent_backward,
+    /* .router_forward       = */ .router_forward       = p_router_forward,
+    /* .router_backward      = */ .router_backward      = p_router_backward,
+    /* .moe_permute          = */ .moe_permute          = p_moe_permute,
+    /* .moe_permute_backward = */ .moe_permute_backward = p_moe_permute_backward,
+    /* .moe_combine          = */ .moe_combine          = p_moe_combine,
+    /* .moe_combine_backward = */ .moe_combine_backward = p_moe_combine_backward,
+    /* .adamw_update         = */ .adamw_update         = p_adamw_update,
+    /* .muon_momentum        = */ .muon_momentum        = p_muon_momentum,
+    /* .transpose            = */ .transpose            = p_transpose,
+    /* .xent_fused           = */ .xent_fused           = p_xent_fused,
 };
 
 const struct mt_ops_i *mt_ops_cpu(void)
@@ -142,4 +366,24 @@ void mt_ops_cpu_pin_coretype(int argc, char **argv)
     /* re-exec failed: OpenBLAS keeps what it detected; do not claim a pin */
     unsetenv("OPENBLAS_CORETYPE");
     unsetenv("MT_CORETYPE_SOURCE");
+}
+
+/* The x86-64-v3 build (AVX2/FMA) runs everywhere; kernels with an AVX-512
+ * form pick it once at load when the CPU has AVX-512 F/BW/DQ/VL (see
+ * cpu_impl.h mt_cpu_have_avx512). */
+int mt_cpu_have_avx512(void)
+{
+    static int have = -1;
+    if (have < 0) {
+        __builtin_cpu_init();
+        have = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+               !getenv("MT_NO_AVX512");
+    }
+    return have;
+}
+
+const char *mt_ops_cpu_isa(void)
+{
+    return mt_cpu_have_avx512() ? "avx512" : "avx2";
 }

@@ -126,3 +126,98 @@ void mt_cpu_xent_backward(float *dlogits, const float *logits, const float *lse,
         }
     }
 }
+
+/*
+ * One pass over the logits (the fused classifier): the loss and, in place,
+ * the gradient, with one exp (and one tanh) per element instead of the
+ * forward's and the backward's two. Per row, in a fixed order:
+ *   pass 1: s_v = c tanh(z_v/c) (or z_v), kept in place of z (the row is
+ *           consumed), and its max m (8 lanes, then the tail);
+ *   pass 2: e_v = exp(s_v - m), sum += e_v (8 lanes + tail, the order of
+ *           row_lse), and in place q_v = e_v (1 - (s_v/c)^2) with softcap
+ *           (= e_v ds/dz, since ds/dz = 1 - tanh^2), q_v = e_v without;
+ *   lse = m + log(sum), loss = lse - s_t (s_t saved after pass 1);
+ *   pass 3: dz_v = (dscale / sum) q_v, then the target column
+ *           dz_t = dscale (e_t/sum - 1) ds/dz_t.
+ * The row stays in L1/L2 (V floats) across the three passes.
+ */
+void mt_cpu_xent_fused(float *losses, float *lse_out, float *logits, const int32_t *targets, float dscale,
+                       int N, int V, float softcap)
+{
+    const float c = softcap, ic = c > 0.0f ? 1.0f / c : 0.0f;
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        float *z = logits + (size_t)n * (size_t)V;
+        int t = targets[n];
+        if (t < 0) {
+            /* no loss; lse still reported (as the forward does) */
+            lse_out[n] = row_lse(z, V, c);
+            losses[n] = 0.0f;
+            for (int v = 0; v < V; v++) z[v] = 0.0f;
+            continue;
+        }
+        float mx = -INFINITY;
+        int v = 0;
+#ifdef MT_CPU_HAVE_EXP8
+        __m256 vmx = _mm256_set1_ps(-INFINITY);
+        if (c > 0.0f) {
+            __m256 vc = _mm256_set1_ps(c), vic = _mm256_set1_ps(ic);
+            for (; v + 8 <= V; v += 8) {
+                __m256 s = _mm256_mul_ps(vc, mt_cpu_tanh8(_mm256_mul_ps(_mm256_loadu_ps(z + v), vic)));
+                _mm256_storeu_ps(z + v, s);
+                vmx = _mm256_max_ps(vmx, s);
+            }
+        } else {
+            for (; v + 8 <= V; v += 8) vmx = _mm256_max_ps(vmx, _mm256_loadu_ps(z + v));
+        }
+        float lanes[8];
+        _mm256_storeu_ps(lanes, vmx);
+        for (int i = 0; i < 8; i++) mx = lanes[i] > mx ? lanes[i] : mx;
+#endif
+        for (; v < V; v++) {
+            z[v] = capf(z[v], c, ic);
+            mx = z[v] > mx ? z[v] : mx;
+        }
+        const float st = z[t];
+        float sum = 0.0f;
+        v = 0;
+#ifdef MT_CPU_HAVE_EXP8
+        __m256 vsum = _mm256_setzero_ps(), vm = _mm256_set1_ps(mx);
+        if (c > 0.0f) {
+            __m256 vic = _mm256_set1_ps(ic), one = _mm256_set1_ps(1.0f);
+            for (; v + 8 <= V; v += 8) {
+                __m256 s = _mm256_loadu_ps(z + v), th = _mm256_mul_ps(s, vic);
+                __m256 e = mt_cpu_exp8(_mm256_sub_ps(s, vm));
+                vsum = _mm256_add_ps(vsum, e);
+                _mm256_storeu_ps(z + v, _mm256_mul_ps(e, _mm256_fnmadd_ps(th, th, one)));
+            }
+        } else {
+            for (; v + 8 <= V; v += 8) {
+                __m256 e = mt_cpu_exp8(_mm256_sub_ps(_mm256_loadu_ps(z + v), vm));
+                vsum = _mm256_add_ps(vsum, e);
+                _mm256_storeu_ps(z + v, e);
+            }
+        }
+        sum = mt_cpu_hsum8(vsum);
+#endif
+        for (; v < V; v++) {
+            float e = mt_cpu_expf(z[v] - mx);
+            sum += e;
+            float th = z[v] * ic;
+            z[v] = c > 0.0f ? e * (1.0f - th * th) : e;
+        }
+        const float lse = mx + logf(sum);
+        lse_out[n] = lse;
+        losses[n] = lse - st;
+        const float k = dscale / sum;
+        v = 0;
+#ifdef MT_CPU_HAVE_EXP8
+        __m256 vk = _mm256_set1_ps(k);
+        for (; v + 8 <= V; v += 8) _mm256_storeu_ps(z + v, _mm256_mul_ps(vk, _mm256_loadu_ps(z + v)));
+#endif
+        for (; v < V; v++) z[v] *= k;
+        /* target column: p_t - 1 times ds/dz_t; p_t = exp(s_t - lse) as the backward has it */
+        float tht = st * ic, dsdz = c > 0.0f ? 1.0f - tht * tht : 1.0f;
+        z[t] = dscale * (expf(st - lse) - 1.0f) * dsdz;
+    }
+}

@@ -53,6 +53,15 @@ void *mt_cuda_workspace(size_t bytes)
     return p;
 }
 
+/* xent_fused on the device: the forward kernel, then the backward kernel in
+ * place (two passes over the logits; the contract of mt_ops.h holds). */
+static void cuda_xent_fused(float *losses, float *lse_out, float *logits, const int32_t *targets, float dscale,
+                            int N, int V, float softcap)
+{
+    mt_cuda_xent_forward(losses, lse_out, logits, targets, N, V, softcap);
+    mt_cuda_xent_backward(logits, logits, lse_out, targets, dscale, N, V, softcap);
+}
+
 static const struct mt_ops_i cuda_ops = {
     /* .name                 = */ .name                 = "cuda",
     /* .buf_alloc            = */ .buf_alloc            = mt_cuda_buf_alloc,
@@ -94,6 +103,7 @@ static const struct mt_ops_i cuda_ops = {
     /* .ssm_gate_norm_fwd    = */ .ssm_gate_norm_forward  = mt_cuda_ssm_gate_norm_forward,
     /* .ssm_gate_norm_bwd    = */ .ssm_gate_norm_backward = mt_cuda_ssm_gate_norm_backward,
     /* .ssm_scan_step        = */ .ssm_scan_step        = mt_cuda_ssm_scan_step,
+    /* .xent_fused           = */ .xent_fused           = cuda_xent_fused,
 };
 
 /* Undo a partial init; the state returns to all-zero. */
