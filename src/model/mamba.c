@@ -1,0 +1,166 @@
+/*
+ * mamba.c — the Mamba-3 mixer piece of the block-kind table (pattern letter
+ * `M` = this mixer + the dense MLP, SPEC 1c): the registry's view of the
+ * standalone mixer in mamba3.c.
+ *
+ * Math (N = B*T rows, residual stream x_in (N, D)):
+ *     h     = rmsnorm(x_in) * g_in                      (input_layernorm)
+ *     x_mid = x_in + mamba3(h)                          (mt_mamba3_forward, mamba3.c)
+ * Backward:
+ *     dh  = mamba3_backward(dx)                         (param grads +=, dh overwritten)
+ *     dx += rmsnorm_backward(dh)                        (residual: identity already in dx)
+ *
+ * Parameters (model.layers.{l}.*, HF-style suffixes under `mixer.`):
+ *     mixer.in_proj.weight  (W, D)  Win, rows z|xs|B|C|dt|theta|lam    Muon
+ *     mixer.out_proj.weight (D, E)  Wout, init / sqrt(2L)               Muon
+ *     mixer.dt_bias, mixer.A_log, mixer.D (H)                           AdamW, no decay
+ *     mixer.B_norm.weight, mixer.C_norm.weight (N)                      AdamW, no decay
+ *     mixer.B_bias, mixer.C_bias (H, N)                                 AdamW, no decay
+ *     mixer.norm.weight (E)  gated grouped RMSNorm gain                 AdamW, no decay
+ * (W = 2E + 2GN + H + H N/2 + H; E = d_inner, H heads of P, G groups, N state.)
+ *
+ * The model axis: not split yet. The in-projection's rows interleave five
+ * per-head blocks with the B/C group blocks, so a contiguous row cut is not
+ * a head cut; until the piece cuts Win per block, tp > 1 with an M layer is
+ * refused by the startup contract (mesh.c) and by check below. Incremental
+ * decoding (kcache != NULL) is refused too: the recurrent decode state is
+ * not wired into infer.c yet.
+ */
+#include "model_impl.h"
+
+static void mamba_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *user)
+{
+    const int64_t D = s->D, E = s->mE, H = s->mH, G = s->mG, N = s->mN;
+    const int64_t W = 2 * E + 2 * G * N + H + H * (N / 2) + H;
+    const struct mt_pspec p[] = {
+        {"input_layernorm.weight", -1, 1, D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, MT_BIND(ln1)},
+        {"mixer.in_proj.weight", -1, 2, W, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND(mwin)},
+        {"mixer.out_proj.weight", -1, 2, D, E, MT_SCALE_NORMAL_OUT, MT_ROLE_DENSE, MT_LAYOUT_TP_COLS, MT_BIND(mwout)},
+        {"mixer.dt_bias", -1, 1, H, 1, MT_SCALE_DT_BIAS, MT_ROLE_SSM, MT_LAYOUT_TP_ROWS, MT_BIND(mdt_bias)},
+        {"mixer.A_log", -1, 1, H, 1, MT_SCALE_A_LOG, MT_ROLE_SSM, MT_LAYOUT_TP_ROWS, MT_BIND(ma_log)},
+        {"mixer.D", -1, 1, H, 1, MT_SCALE_ONES, MT_ROLE_SSM, MT_LAYOUT_TP_ROWS, MT_BIND(md)},
+        /* one [N] gain shared by every group and head: partial under a head split */
+        {"mixer.B_norm.weight", -1, 1, N, 1, MT_SCALE_ONES, MT_ROLE_SSM, MT_LAYOUT_MODEL_PARTIAL, MT_BIND(mgb)},
+        {"mixer.C_norm.weight", -1, 1, N, 1, MT_SCALE_ONES, MT_ROLE_SSM, MT_LAYOUT_MODEL_PARTIAL, MT_BIND(mgc)},
+        {"mixer.B_bias", -1, 2, H, N, MT_SCALE_ONES, MT_ROLE_SSM, MT_LAYOUT_TP_ROWS, MT_BIND(mbb)},
+        {"mixer.C_bias", -1, 2, H, N, MT_SCALE_ONES, MT_ROLE_SSM, MT_LAYOUT_TP_ROWS, MT_BIND(mcb)},
+        {"mixer.norm.weight", -1, 1, E, 1, MT_SCALE_ONES, MT_ROLE_SSM, MT_LAYOUT_TP_ROWS, MT_BIND(mgout)},
+    };
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) fn(user, &p[i]);
+}
+
+static enum mt_status mamba_check(struct mt_ctx *ctx, const struct mt_model *m)
+{
+    const struct mt_mamba3_dims *d = &m->mdims;
+    if (d->H < 1 || d->P < 1 || d->G < 1 || d->N < 2 || d->N % 2 != 0 || d->H % d->G != 0 || d->chunk < 1)
+        return mt_ctx_error(ctx, MT_ERR_CONFIG,
+                            "model: M blocks need nheads, headdim, chunk >= 1, even mamba_d_state and ngroups | nheads "
+                            "(nheads=%d headdim=%d d_state=%d ngroups=%d chunk=%d)",
+                            d->H, d->P, d->N, d->G, d->chunk);
+    if (m->tp > 1)
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: M blocks do not split over the model axis yet (tp=%d)", m->tp);
+    return MT_OK;
+}
+
+/* Win and Wout: D (W + E) multiply-adds per token */
+static double mamba_mm(const struct mt_block_shape *s)
+{
+    const double W = (double)(2 * s->mE + 2 * s->mG * s->mN + s->mH + s->mH * (s->mN / 2) + s->mH);
+    return (double)s->D * (W + (double)s->mE);
+}
+
+/* The scan, counted as its recurrence (the chunked form's extra in-chunk
+ * products are an implementation choice, like flash attention's recompute):
+ * per token and head, the state update alpha S + gamma x B^T + beta x' B'^T
+ * is 3 P N multiply-adds and the read S C one more: 4 P N = 8 P N FLOPs
+ * forward, x3 for training: 24 H P N per token. */
+static double mamba_extra(const struct mt_block_shape *s)
+{
+    return 24.0 * (double)s->mH * (double)s->mP * (double)s->mN;
+}
+
+/* Saved: the input norm and its rstd, the mixer's activations (one block,
+ * mt_mamba3_acts_floats), x_mid. */
+static void mamba_carve(struct mt_model *m, struct mt_carver *c, struct mt_layer *ly)
+{
+    const size_t D = (size_t)m->D, Nr = (size_t)m->Nr;
+    const enum mt_bucket A = MT_BUCKET_ACTS;
+    ly->h_attn_n = carve_f(c, A, Nr * D);
+    ly->h_attn = ly->h_attn_n;   /* tp == 1 (check): no gathered copy */
+    ly->rstd_attn = carve_f(c, A, Nr);
+    float *acts = carve_f(c, A, mt_mamba3_acts_floats(&m->mdims, m->N));
+    if (acts) mt_mamba3_acts_bind(&ly->mb, acts, &m->mdims, m->N);
+    ly->x_mid = carve_f(c, A, Nr * D);
+}
+
+/* backward scratch (WORKSPACE), shared by every M layer */
+static void mamba_carve_scratch(struct mt_model *m, struct mt_carver *c)
+{
+    float *s = carve_f(c, MT_BUCKET_WORKSPACE, mt_mamba3_scratch_floats(&m->mdims, m->N));
+    if (s) mt_mamba3_scratch_bind(&m->mb_s, s, &m->mdims, m->N);
+}
+
+/* the mixer's weights (use_grad 0) or their gradients (1) as mamba3.c wants them */
+static void mamba_weights(const struct mt_layer_w *w, int use_grad, struct mt_mamba3_weights *out)
+{
+#define MB_PICK(p) (use_grad ? (p)->grad : (p)->data)
+    out->win = MB_PICK(w->mwin);
+    out->wout = MB_PICK(w->mwout);
+    out->dt_bias = MB_PICK(w->mdt_bias);
+    out->A_log = MB_PICK(w->ma_log);
+    out->Dsk = MB_PICK(w->md);
+    out->gB = MB_PICK(w->mgb);
+    out->gC = MB_PICK(w->mgc);
+    out->B_bias = MB_PICK(w->mbb);
+    out->C_bias = MB_PICK(w->mcb);
+    out->g_out = MB_PICK(w->mgout);
+#undef MB_PICK
+}
+
+static enum mt_status mamba_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly,
+                                    struct mt_piece_fwd *a)
+{
+    const struct mt_ops_i *ops = m->ops;
+    const int n = a->B * a->T, D = m->D;
+    if (a->kcache)
+        return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED,
+                            "model: incremental decoding of M (Mamba-3) blocks is not supported yet");
+    if (m->tp > 1) return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "model: M blocks under tp > 1");
+    struct mt_mamba3_weights w;
+    mamba_weights(&ly->w, 0, &w);
+    ops->rmsnorm_forward(ly->h_attn_n, ly->rstd_attn, ly->x_in, ly->w.ln1->data, n, D, m->cfg.norm_eps);
+    /* x_mid = mamba3(h), then += x_in (the residual path) */
+    mt_mamba3_forward(ops, ly->x_mid, &ly->mb, ly->h_attn_n, &w, &m->mdims, a->B, a->T);
+    ops->axpby(ly->x_mid, ly->x_in, 1.0f, 1.0f, (size_t)n * D);
+    return MT_OK;
+}
+
+static enum mt_status mamba_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly)
+{
+    (void)ctx;
+    const struct mt_ops_i *ops = m->ops;
+    struct mt_mamba3_weights w, g;
+    mamba_weights(&ly->w, 0, &w);
+    mamba_weights(&ly->w, 1, &g);
+    /* dx = d x_mid; dh = d h (overwritten), every mixer gradient += */
+    mt_mamba3_backward(ops, m->dh, 0, &g, &m->mb_s, m->dx, ly->h_attn_n, &ly->mb, &w, &m->mdims, m->B, m->T);
+    ops->rmsnorm_backward(m->dx, ly->w.ln1->grad, m->dh, ly->x_in, ly->w.ln1->data, ly->rstd_attn, m->Nr, m->D, 1);
+    return MT_OK;
+}
+
+const struct mt_piece mt_piece_mamba = {
+    /* .name                  = */ "mamba3",
+    /* .tp_regions            = */ 0,   /* not split over the model axis (tp > 1 refused) */
+    /* .sp_gathers            = */ 0,
+    /* .params                = */ mamba_params,
+    /* .check                 = */ mamba_check,
+    /* .mm_per_token          = */ mamba_mm,
+    /* .extra_flops_per_token = */ mamba_extra,
+    /* .inactive_params       = */ NULL,
+    /* .carve                 = */ mamba_carve,
+    /* .carve_scratch         = */ mamba_carve_scratch,
+    /* .ffn_scratch           = */ NULL,
+    /* .forward               = */ mamba_forward,
+    /* .backward              = */ mamba_backward,
+    /* .undo_recompute        = */ NULL,
+};
