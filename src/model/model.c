@@ -88,8 +88,8 @@ static void model_dims_par(struct mt_model *m, const struct mt_config *cfg, int 
     m->M = m->any_moe ? m->Nm * m->top_k : 0;
     m->recompute = strcmp(cfg->recompute, "block") == 0;
     /* M blocks (SPEC 1c): eps 1e-5 for the B/C and gated norms, as the reference */
-    m->mdims = (struct mt_mamba3_dims){(int)g.D, (int)g.mH, (int)g.mP, (int)g.mG, (int)g.mN, cfg->mamba_chunk,
-                                       1e-5f, 1e-5f};
+    m->mdims = (struct mt_mamba3_dims){(int)g.D, (int)g.mH / m->tp, (int)g.mP, (int)g.mG / m->tp, (int)g.mN,
+                                       cfg->mamba_chunk, 1e-5f, 1e-5f};   /* this rank's heads and groups */
 }
 
 /* The distinct mixer (ffn: 1) pieces of the kinds any layer of the model

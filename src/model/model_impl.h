@@ -47,7 +47,8 @@ struct mt_layer_w {
     struct mt_param *sg, *su, *sd; /* shared expert (Fs,D),(Fs,D),(D,Fs); NULL if Fs == 0 */
     /* Mamba-3 mixer (M, SPEC 1c; mt_mamba3.h): in/out projections, per-head
      * dt_bias, A_log, D skip, B/C norm gains (N), B/C biases (H, N), gated norm gain */
-    struct mt_param *mwin, *mwout, *mdt_bias, *ma_log, *md, *mgb, *mgc, *mbb, *mcb, *mgout;
+    struct mt_param *mwin[7];      /* in_proj blocks z, x, B, C, dt, theta, lam (rows, D) */
+    struct mt_param *mwout, *mdt_bias, *ma_log, *md, *mgb, *mgc, *mbb, *mcb, *mgout;
 };
 
 /* One transformer block: its kind, its parameters and what its forward saves. */

@@ -23,7 +23,12 @@ struct mt_mamba3_dims {
 
 /* Parameters (and, with the same layout, their gradients). */
 struct mt_mamba3_weights {
-    float *win;              /* (W, D) in-projection                 */
+    float *win;              /* (W, D) in-projection; NULL: given by parts below */
+    /* the in-projection as its seven row blocks z (E), xs (E), B (GN), C (GN),
+     * dt (H), theta (H N/2), lam (H), each (rows, D); read when win == NULL
+     * (the model's registry holds them as separate tensors so that the model
+     * axis can cut each by heads / groups) */
+    float *win_part[7];
     float *wout;             /* (D, E) out-projection                */
     float *dt_bias, *A_log;  /* (H)                                  */
     float *Dsk;              /* (H) skip D                           */
