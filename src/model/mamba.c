@@ -27,8 +27,8 @@
  * cut into whole heads (z, x, dt, theta, lam) or whole groups (B, C); the
  * per-head vectors and B/C biases are cut by heads, the gated norm's gain by
  * the heads' channels, Wout by columns; the B/C norm gains (shared by every
- * group) are partial sums. Incremental decoding (kcache != NULL) is refused:
- * the recurrent decode state is not wired into infer.c yet.
+ * group) are partial sums. Incremental decoding (kcache != NULL, one rank):
+ * kcache is the layer's recurrent state (mt_mamba3_decode), not a KV cache.
  */
 #include "model_impl.h"
 
@@ -135,9 +135,17 @@ static enum mt_status mamba_forward(struct mt_ctx *ctx, struct mt_model *m, stru
 {
     const struct mt_ops_i *ops = m->ops;
     const int n = a->B * a->T, D = m->D;
-    if (a->kcache)
-        return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED,
-                            "model: incremental decoding of M (Mamba-3) blocks is not supported yet");
+    if (a->kcache) {
+        /* decoding, B == 1, one rank: kcache is this layer's recurrent state
+         * (infer.c sizes it with mt_mamba3_state_floats), O(1) per new token */
+        MT_ASSERT(a->B == 1 && m->tp == 1);
+        struct mt_mamba3_weights w;
+        mamba_weights(&ly->w, 0, &w);
+        ops->rmsnorm_forward(ly->h_attn_n, ly->rstd_attn, ly->x_in, ly->w.ln1->data, n, D, m->cfg.norm_eps);
+        mt_mamba3_decode(ops, ly->x_mid, &ly->mb, a->kcache, ly->h_attn_n, &w, &m->mdims, a->T, a->pos0);
+        ops->axpby(ly->x_mid, ly->x_in, 1.0f, 1.0f, (size_t)n * D);
+        return MT_OK;
+    }
     const int Nr = m->sp ? n / m->tp : n;     /* residual rows on this rank */
     struct mt_mamba3_weights w;
     mamba_weights(&ly->w, 0, &w);

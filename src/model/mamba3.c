@@ -175,3 +175,27 @@ void mt_mamba3_backward(const struct mt_ops_i *ops, float *dh, int accumulate, s
     /* term 5 */
     in_backward(ops, dh, accumulate, g, s->dproj, h, w, d, n);
 }
+
+size_t mt_mamba3_state_floats(const struct mt_mamba3_dims *d)
+{
+    size_t H = (size_t)d->H, P = (size_t)d->P, N = (size_t)d->N;
+    return H * P * N + H * P + H * N + H * (N / 2);
+}
+
+void mt_mamba3_decode(const struct mt_ops_i *ops, float *out, struct mt_mamba3_acts *a, float *state,
+                      const float *h, const struct mt_mamba3_weights *w, const struct mt_mamba3_dims *d, int T,
+                      int pos0)
+{
+    const int E = d->H * d->P, W = mt_mamba3_in_width(d), HN = d->H * d->N;
+    float *S = state, *xprev = S + (size_t)HN * d->P, *Bprev = xprev + E, *ang = Bprev + HN;
+    in_forward(ops, a->proj, h, w, d, T);
+    /* the rotary cumsum continues from the carried angles (and writes them back) */
+    ops->ssm_prep_forward(a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, a->rstd_bc, ang, a->proj, w->dt_bias,
+                          w->A_log, w->gB, w->gC, w->B_bias, w->C_bias, 1, T, d->H, d->P, d->G, d->N, d->eps_bc);
+    for (int t = 0; t < T; t++)
+        ops->ssm_scan_step(a->ys + (size_t)t * E, S, xprev, Bprev, a->x + (size_t)t * E, a->Bh + (size_t)t * HN,
+                           a->Ch + (size_t)t * HN, a->dt + (size_t)t * d->H, a->lam + (size_t)t * d->H, a->A,
+                           w->Dsk, 1, d->H, d->P, d->N, pos0 + t == 0);
+    ops->ssm_gate_norm_forward(a->yn, a->rstd_o, a->ys, a->proj, W, w->g_out, T, E, d->G, d->eps_out);
+    ops->gemm(0, 1, T, d->D, E, 1.0f, a->yn, E, w->wout, E, 0.0f, out, d->D);
+}

@@ -78,4 +78,17 @@ void mt_mamba3_backward(const struct mt_ops_i *ops, float *dh, int accumulate, s
                         const struct mt_mamba3_acts *a, const struct mt_mamba3_weights *w,
                         const struct mt_mamba3_dims *d, int B, int T);
 
+/* Decoding (one sequence): the recurrent state of one layer, floats: the
+ * scan state S (H, P, N), the previous token's x (H, P) and B (H, N) (the
+ * trapezoid's beta term) and the carried rotary angles (H, N/2). Zero = the
+ * state before the first token. */
+size_t mt_mamba3_state_floats(const struct mt_mamba3_dims *d);
+/* out (T, D) = mixer(h (T, D)) for T new tokens at positions pos0.. of one
+ * sequence, continuing `state` (updated in place): the same math as the
+ * forward over the whole prefix, O(1) work per token in the prefix length
+ * (ssm_scan_step + the carried angles). a: scratch of at least T rows. */
+void mt_mamba3_decode(const struct mt_ops_i *ops, float *out, struct mt_mamba3_acts *a, float *state,
+                      const float *h, const struct mt_mamba3_weights *w, const struct mt_mamba3_dims *d, int T,
+                      int pos0);
+
 #endif /* MT_MAMBA3_H */
