@@ -63,6 +63,16 @@ PY
 then ok "AMEM trains; receipt FLOPs per token = the table's (M scan included), scan in the op profile"
 else bad "AMEM training / FLOPs"; tail -5 "$T/run.log"; fi
 
+# ---- 2b: resume: mamba_chunk is a speed knob (may change), mamba_d_state is the model (refused) ----
+if "$MT" train $HY $COMMON --set mamba_chunk=3 --steps 32 --resume "$T/run" --out "$T/res" >"$T/res.log" 2>&1 && \
+   python3 -c "import json,sys; r=json.load(open('$T/res/receipt.json')); sys.exit(not (len(r['losses']) == 2 and r['losses'][-1] < 1.0))"; then
+    ok "resume with another mamba_chunk continues (2 steps)"
+else bad "resume with another mamba_chunk"; tail -3 "$T/res.log"; fi
+"$MT" train $HY $COMMON --set mamba_d_state=4 --steps 32 --resume "$T/run" --out "$T/res2" >/dev/null 2>"$T/res2.err"; rc=$?
+if [ $rc -eq 2 ] && [ "$(wc -l <"$T/res2.err")" = 1 ] && [ ! -e "$T/res2" ]; then
+    ok "resume with another mamba_d_state refused ($(cat "$T/res2.err"))"
+else bad "resume with another mamba_d_state: rc=$rc"; cat "$T/res2.err"; fi
+
 # ---- 3: greedy decoding == argmax of the full forward ----
 PROMPT="5,9,2,40"
 if "$MT" sample --ckpt "$T/run" --prompt-ids "$PROMPT" --tokens 11 --temperature 0 >"$T/sample.txt" 2>"$T/sample.err"; then

@@ -71,7 +71,7 @@ static const struct key keys[] = {
     {"mamba_expand", KT_INT,   OFF(mamba_expand), 0, "2",     1, 64, NULL, 1, "M blocks: d_inner = mamba_expand * d_model"},
     {"mamba_headdim", KT_INT,  OFF(mamba_headdim), 0, "64",   1, 65536, NULL, 1, "M blocks: headdim P, divides d_inner"},
     {"mamba_ngroups", KT_INT,  OFF(mamba_ngroups), 0, "1",    1, 65536, NULL, 1, "M blocks: B/C groups G, divides nheads"},
-    {"mamba_chunk",  KT_INT,   OFF(mamba_chunk),  0, "64",    1, 65536, NULL, 1, "M blocks: scan chunk length (speed only)"},
+    {"mamba_chunk",  KT_INT,   OFF(mamba_chunk),  0, "64",    1, 65536, NULL, 0, "M blocks: scan chunk length (speed only: may change on resume)"},
     {"rope_theta",   KT_FLOAT, OFF(rope_theta),   0, "10000", 0, FMAXV, NULL, 1, "RoPE base (> 0)"},
     {"norm_eps",     KT_FLOAT, OFF(norm_eps),     0, "1e-6",  0, 1, NULL, 1, "RMSNorm epsilon (> 0)"},
     {"logit_softcap", KT_FLOAT, OFF(logit_softcap), 0, "0",   0, FMAXV, NULL, 1, "c * tanh(logits / c); 0 = off"},
