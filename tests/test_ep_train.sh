@@ -42,6 +42,19 @@ for name in BASE SHARED; do
 LIST
 done
 
+# ---- 1c: hybrid model: M blocks in a model with experts ----
+# grad_clip=0: see test_dist_train.sh 1c (the clip switch amplifies this trajectory's noise)
+HYB="$BASE --set n_layer=4 --set pattern=MEAM --set mamba_d_state=8 --set mamba_headdim=16 --set mamba_ngroups=2 --set mamba_chunk=8 --set grad_clip=0"
+if run 1 "$W/HYB_ref" $HYB --steps 20; then
+    floor "$W/HYB_ref" 4 $HYB --steps 20
+    for mz in "2 ep=2 1" "4 ep=2,tp=2 2"; do
+        set -- $mz; o="$W/HYB_ep_$1"
+        if run "$1" "$o" $HYB --steps 20 --mesh "$2" --zero "$3" && close "$W/HYB_ref" "$o" 1e-6; then
+            ok "HYB (MEAM) --mesh $2 zero=$3 equals the single-rank losses"
+        else bad "HYB (MEAM) --mesh $2 zero=$3"; tail -5 "$o.log"; fi
+    done
+else bad "HYB reference"; cat "$W/HYB_ref.log"; fi
+
 # ---- 2: ranks that receive no token ----
 export MT_TEST_FORCE_ROUTING=1
 run 1 "$W/force_ref" $BASE --steps 6 && run 4 "$W/force" $BASE --steps 6 --mesh ep=4 && run 1 "$W/force_init" $BASE --steps 0 \

@@ -4,7 +4,8 @@
 # model from an exported folder alone (config.json + model.safetensors) and
 # must equal `meshtrain logits` (logits after softcap, lm/aux/z terms) for a
 # dense model, a MoE with a shared expert and softcap (exported with
-# --allow-lossy: HF cannot run it, the reference can), and a plain MoE. Then
+# --allow-lossy: HF cannot run it, the reference can), a plain MoE and a
+# hybrid with Mamba-3 blocks (MeshtrainHybrid, from its export alone). Then
 # the aux and z terms against values computed by hand for a fixed routing
 # (zero router: uniform probabilities, experts 0..k-1). No transformers needed;
 # numpy is (skipped, exit 77, without it).
@@ -45,6 +46,10 @@ roundtrip() {  # name, export flags, then train flags
 roundtrip dense ""
 roundtrip moe "" $MOE
 roundtrip moe_shared_softcap "--allow-lossy" $MOE --set shared_expert_hidden=16 --set logit_softcap=2
+# a hybrid (M = Mamba-3 blocks, issue 15): exported as MeshtrainHybrid, the reference runs its mixer
+# through tests/mamba3_ref.py; 2 groups, chunk 8 (does not divide the 20 ids)
+roundtrip hybrid "" --set n_layer=4 --set pattern=MEAM --set n_experts=4 --set top_k=2 --set expert_hidden=16 \
+    --set mamba_d_state=8 --set mamba_headdim=16 --set mamba_ngroups=2 --set mamba_chunk=8 --set logit_softcap=2
 
 # the lossy model is refused without --allow-lossy, naming both features, writing nothing
 $MT export --ckpt "$W/moe_shared_softcap" --out "$W/refused" >/dev/null 2>"$W/err"; rc=$?

@@ -273,7 +273,7 @@ static void test_letters(void)
     EXPECT(mt_blocks_find('A') >= 0 && mt_blocks_find('E') >= 0, "A and E in the table");
     EXPECT(mt_blocks_find('Z') < 0 && mt_blocks_find('\0') < 0, "unknown letters refused");
     char buf[4 * MT_MAX_BLOCK_KINDS];
-    EXPECT(strcmp(mt_blocks_letters(buf, sizeof buf), "A, E") == 0, "letters '%s'", buf);
+    EXPECT(strcmp(mt_blocks_letters(buf, sizeof buf), "A, E, M") == 0, "letters '%s'", buf);
     EXPECT(!mt_blocks_kind(mt_blocks_find('A'))->routed && mt_blocks_kind(mt_blocks_find('E'))->routed, "routed flags");
 }
 
@@ -382,6 +382,53 @@ static void test_counts(void)
            "routed layers");
 }
 
+/* M (Mamba-3) tensors: SPEC 1c init drawn by the counter-based generator
+ * (a box materialises alone), optimizer classes, names. */
+static void test_mamba_init(void)
+{
+    struct mt_ctx ctx;
+    mt_ctx_init(&ctx);
+    struct mt_config cfg;
+    config(&cfg, &ctx, "AM", "muon");
+    cfg.mamba_ngroups = 2;   /* E 128 = 2 heads of 64: ngroups 2 divides them */
+    int n = mt_model_registry(&cfg, NULL, 0);
+    struct mt_param *ps = calloc((size_t)n, sizeof *ps);
+    mt_model_registry(&cfg, ps, n);
+    int seen = 0;
+    const double lo = 1e-3 + log(-expm1(-1e-3)), hi = 0.1 + log(-expm1(-0.1));
+    for (int i = 0; i < n; i++) {
+        struct mt_param *p = &ps[i];
+        if (!strstr(p->name, "layers.1.mixer.")) continue;
+        seen++;
+        float *v = malloc(p->numel * sizeof(float));
+        mt_model_param_values(p, 1337, v);
+        int is_mat = strstr(p->name, "_proj") != NULL;
+        EXPECT(is_mat ? (p->optim == MT_OPTIM_MUON && p->decay) : (p->optim == MT_OPTIM_ADAMW && !p->decay),
+               "%s: optimizer class", p->name);
+        for (size_t e = 0; e < p->numel; e++) {
+            if (strstr(p->name, "dt_bias")) EXPECT(v[e] >= lo - 1e-6 && v[e] <= hi + 1e-6, "%s[%zu] = %g", p->name, e, v[e]);
+            else if (strstr(p->name, "A_log")) EXPECT(v[e] >= 0 && v[e] <= log(16.0) + 1e-6, "%s[%zu] = %g", p->name, e, v[e]);
+            else if (!is_mat) EXPECT(v[e] == 1.0f, "%s[%zu] = %g, want 1", p->name, e, v[e]);
+        }
+        if (p->numel >= 2 && !is_mat) {
+            /* the second half of the tensor, materialised alone, equals its slice */
+            struct mt_param q = *p;
+            q.off[0] = p->shape[0] / 2;
+            q.len[0] = p->shape[0] - q.off[0];
+            q.numel = (size_t)q.len[0] * (size_t)q.len[1];
+            float *w = malloc(q.numel * sizeof(float));
+            mt_model_param_values(&q, 1337, w);
+            EXPECT(memcmp(w, v + (size_t)q.off[0] * (size_t)q.len[1], q.numel * sizeof(float)) == 0, "%s: box", p->name);
+            free(w);
+        }
+        if (strstr(p->name, "dt_bias")) EXPECT(v[0] != v[1], "dt_bias elements differ");
+        free(v);
+    }
+    EXPECT(seen == 16, "M layer has %d mixer tensors, want 16", seen);
+    free(ps);
+    mt_ctx_free(&ctx);
+}
+
 int main(void)
 {
     test_slices();
@@ -394,6 +441,7 @@ int main(void)
     test_registry_tp(0);
     test_registry_tp(1);
     test_counts();
+    test_mamba_init();
     if (g_fail) {
         fprintf(stderr, "test_init: FAILED\n");
         return 1;

@@ -1,7 +1,8 @@
 /*
  * test_kvcache.c — logits from the KV cache (prefill of 3 tokens, then one
  * token at a time) equal the full forward's logits at every position, for a
- * dense model (with softcap) and an MoE model (shared expert). Parameters are
+ * dense model (with softcap), an MoE model (shared expert) and hybrids with
+ * an M (Mamba-3) block, whose recurrent state replaces the cache. Parameters are
  * drawn with a large spread so logits are O(1) and a wrong RoPE offset or
  * cache row shows far above the 1e-5 tolerance.
  */
@@ -43,6 +44,12 @@ static void run(const char *label, const char *pattern, float softcap, int kv_T,
     cfg.batch_size = 1;
     cfg.microbatches = 1;
     snprintf(cfg.pattern, sizeof cfg.pattern, "%s", pattern);
+    /* M blocks: E 64 = 4 heads of 16, 2 groups, state 8, chunk 4 (does not divide T = 9) */
+    cfg.mamba_expand = 2;
+    cfg.mamba_headdim = 16;
+    cfg.mamba_ngroups = 2;
+    cfg.mamba_d_state = 8;
+    cfg.mamba_chunk = 4;
     if (mt_config_resolve(&ctx, &cfg, 1) != MT_OK) {
         fprintf(stderr, "config: %s\n", mt_ctx_last_error(&ctx));
         exit(1);
@@ -118,6 +125,8 @@ int main(void)
     run("moe", "AE", 0.0f, 9, 3);
     run("dense chunked prefill (7 tokens, N=3)", "AA", 0.0f, 3, 7);
     run("moe chunked prefill (7 tokens, N=3)", "EA", 0.0f, 3, 7);
+    run("hybrid (recurrent state)", "MA", 0.0f, 9, 3);
+    run("hybrid chunked prefill (7 tokens, N=3)", "AM", 15.0f, 3, 7);
     if (g_fail) {
         fprintf(stderr, "test_kvcache: FAILED\n");
         return 1;

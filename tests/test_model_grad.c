@@ -4,7 +4,8 @@
  *
  * Configs: a tiny dense model (softcap 0 and 15) and a tiny MoE model
  * (pattern "AE", E=4, top_k=2, shared expert, aux and z losses, targets
- * containing -1). Parameters are re-drawn with a larger spread than the real
+ * containing -1), and a tiny hybrid (pattern "AMEM": Mamba-3 blocks, 2 groups,
+ * scan chunk 4 not dividing T = 6). Parameters are re-drawn with a larger spread than the real
  * init (matrices ~N(0, 0.25^2), gains 1 + N(0, 0.2^2)) so every gradient is
  * far from zero and a wrong term shows.
  *
@@ -60,8 +61,18 @@ static void base_config(struct mt_config *cfg, struct mt_ctx *ctx, int moe, floa
     cfg->logit_softcap = softcap;
     cfg->batch_size = 2;
     cfg->microbatches = 1;
+    if (moe == 2) {
+        /* hybrid: Mamba-3 blocks next to attention and MoE; chunk 4 does not divide T = 6 */
+        cfg->n_layer = 4;
+        snprintf(cfg->pattern, sizeof cfg->pattern, "AMEM");
+        cfg->mamba_expand = 2;
+        cfg->mamba_headdim = 8;
+        cfg->mamba_d_state = 4;
+        cfg->mamba_ngroups = 2;
+        cfg->mamba_chunk = 4;
+    }
     if (moe) {
-        snprintf(cfg->pattern, sizeof cfg->pattern, "AE");
+        if (moe != 2) snprintf(cfg->pattern, sizeof cfg->pattern, "AE");
         cfg->n_experts = 4;
         cfg->top_k = 2;
         cfg->expert_hidden = 8;
@@ -90,6 +101,8 @@ static void spread_params(struct mt_model *m, uint64_t seed)
         for (size_t e = 0; e < p->numel; e++) {
             double z = mt_rng_normal(seed, st, e);
             h[e] = p->ndim == 1 ? (float)(1.0 + 0.2 * z) : (float)(0.25 * z);
+            /* Mamba-3 dt_bias: dt = softplus(-2 + ...) ~ 0.13, the init's range, not ~1.3 */
+            if (strstr(p->name, "dt_bias")) h[e] = (float)(-2.0 + 0.3 * z);
         }
         ops->copy_from_host(p->data, h, p->numel * sizeof(float));
         free(h);
@@ -257,7 +270,7 @@ static void accumulation(int moe)
         free(g1[i]);
     }
     free(g1);
-    printf("accumulation (%s): max rel |g2 - 2 g1| = %.2e\n", moe ? "moe" : "dense", worst);
+    printf("accumulation (%s): max rel |g2 - 2 g1| = %.2e\n", moe == 2 ? "hybrid" : moe ? "moe" : "dense", worst);
     EXPECT(worst < 1e-6, "backward twice does not double the grads (%.3g)", worst);
     /* zero_grad clears */
     mt_model_zero_grad(m);
@@ -311,7 +324,7 @@ static void microbatch_split(int moe)
         free(ga);
         free(gb);
     }
-    printf("microbatch split (%s): loss %.9g vs %.9g, max grad diff / tensor scale %.2e\n", moe ? "moe" : "dense",
+    printf("microbatch split (%s): loss %.9g vs %.9g, max grad diff / tensor scale %.2e\n", moe == 2 ? "hybrid" : moe ? "moe" : "dense",
            l2, l1, worst);
     EXPECT(worst < 2e-5, "microbatch split grads differ (%.3g)", worst);
     mt_model_destroy(&ctx, m2);
@@ -324,10 +337,13 @@ int main(void)
     gradcheck("dense softcap=0", 0, 0.0f);
     gradcheck("dense softcap=15", 0, 15.0f);
     gradcheck("moe", 1, 0.0f);
+    gradcheck("hybrid AMEM", 2, 0.0f);
     accumulation(0);
     accumulation(1);
+    accumulation(2);
     microbatch_split(0);
     microbatch_split(1);
+    microbatch_split(2);
     if (g_fail) {
         fprintf(stderr, "test_model_grad: FAILED\n");
         return 1;

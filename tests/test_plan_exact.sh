@@ -20,6 +20,8 @@ source "$(dirname "$0")/dist_lib.sh"
 python3 "$HERE/make_shard.py" "$W/train.bin" 20000 64 pattern
 DENSE="--set vocab_size=64 --set n_layer=2 --set d_model=32 --set n_head=4 --set n_kv_head=4 --set seq_len=16 --set batch_size=8"
 MOE="$DENSE --set pattern=AE --set n_experts=4 --set top_k=2 --set expert_hidden=32 --set shared_expert_hidden=16 --set microbatches=2"
+# hybrid (issue 15): M blocks next to A and E; ngroups 2 so that tp=2 splits them
+HYB="$DENSE --set n_layer=4 --set pattern=MEAM --set n_experts=4 --set top_k=2 --set expert_hidden=32 --set mamba_d_state=8 --set mamba_headdim=16 --set mamba_ngroups=2 --set mamba_chunk=8 --set microbatches=2"
 COMMON="--peak-flops 1e11 --quiet --data $W/train.bin"
 
 i=0
@@ -65,6 +67,9 @@ done <<'LIST'
 2 pp=2 1 DENSE --set microbatches=4
 4 pp=2,dp=2 3 MOE
 2 dp=2 0 MOE --set recompute=block
+1 dp=1 0 HYB
+4 ep=2,tp=2 3 HYB
+2 pp=2 1 HYB --set recompute=block
 LIST
 
 # --verify: the planner runs the setup and compares (explicit mesh, then auto-fit)

@@ -57,6 +57,13 @@ for name in DENSE MOE; do
 LIST
 done
 
+# ---- 1c: hybrid model: the cut's cost knows M (table FLOPs); bit-identical ----
+HYB="$DENSE --set pattern=MAME --set n_experts=4 --set top_k=2 --set expert_hidden=32 --set mamba_d_state=8 --set mamba_headdim=16 --set mamba_ngroups=2 --set mamba_chunk=8 --set grad_clip=0"
+if run 1 "$W/HYB_ref0" $HYB --steps 20 && run 2 "$W/HYB_pp2" $HYB --steps 20 --mesh pp=2 && close "$W/HYB_ref0" "$W/HYB_pp2" bit64 \
+   && run 4 "$W/HYB_pp2tp2" $HYB --steps 20 --mesh pp=2,tp=2 --zero 1 && close "$W/HYB_ref0" "$W/HYB_pp2tp2" 1e-6; then
+    ok "HYB (MAME) pp=2 is BIT-identical to one rank, pp=2 x tp=2 ZeRO-1 equals it"
+else bad "HYB (MAME) pp=2 / pp=2 x tp=2"; tail -5 "$W/HYB_pp2.log" "$W/HYB_pp2tp2.log"; fi
+
 # ---- 1b: a logit softcap through the pipeline (the head is on the last stage) ----
 CAP="$DENSE --set logit_softcap=15"
 if run 1 "$W/cap_ref0" $CAP --set grad_clip=0 --steps 20 && run 2 "$W/cap_pp2" $CAP --set grad_clip=0 --steps 20 --mesh pp=2 && \

@@ -54,6 +54,17 @@ done <<'LIST'
 2 dp=2 3
 LIST
 
+# hybrid (issue 15): M blocks' tensors (in_proj blocks cut by heads / groups)
+# reshard 1 rank -> ep=2 x tp=2 -> 1 rank; grad_clip=0 as in test_dist_train.sh 1c
+HYB="${MOE/pattern=AE/pattern=MEAM} --set n_layer=4 --set mamba_d_state=8 --set mamba_headdim=16 --set mamba_ngroups=2 --set mamba_chunk=8 --set grad_clip=0"
+HYB=${HYB/--set n_layer=2 /}
+if run 1 "$W/href" $HYB --steps 12 && run 4 "$W/hx" $HYB --steps 12 --mesh ep=2,tp=2 --zero 1 --resume "$W/href/ckpt/step_000006" \
+   && close "$W/href" "$W/hx" 1e-6 6 && run 4 "$W/hx.same" $HYB --steps 12 --mesh ep=2,tp=2 --zero 1 --resume "$W/hx/ckpt/step_000009" \
+   && close "$W/hx" "$W/hx.same" 0 3 && cmp "$W/hx/ckpt/step_000012/params.bin" "$W/hx.same/ckpt/step_000012/params.bin" \
+   && run 1 "$W/hx.back" $HYB --steps 12 --resume "$W/hx/ckpt/step_000009" && close "$W/href" "$W/hx.back" 1e-6 9; then
+    ok "HYB (MEAM): 1 rank -> ep=2,tp=2 at 6 -> same mesh at 9 bit-exact, -> 1 rank at 9 like the uninterrupted run"
+else bad "HYB (MEAM) reshard 1 -> ep=2,tp=2 -> 1"; tail -3 "$W/hx.log" "$W/hx.same.log" "$W/hx.back.log" 2>/dev/null; fi
+
 # the manifest says which mesh saved it (a reshard really happened)
 python3 - "$W" <<'PY' && ok "manifests record the saving meshes" || bad "manifests record the saving meshes"
 import json, sys

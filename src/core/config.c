@@ -60,13 +60,18 @@ static const struct key keys[] = {
     {"head_dim",     KT_INT,   OFF(head_dim),     0, "0",     0, 65536, NULL, 1, "hd, even; 0 = D / H"},
     {"mlp_hidden",   KT_INT,   OFF(mlp_hidden),   0, "0",     0, 1 << 24, NULL, 1, "F, SwiGLU hidden; 0 = ceil(8D/3) rounded up to 64"},
     {"seq_len",      KT_INT,   OFF(seq_len),      0, "256",   2, 1 << 24, NULL, 1, "T, tokens per sequence"},
-    {"pattern",      KT_STRING, OFF(pattern), SZ(pattern), "", 0, 0, NULL, 1, "one letter per layer, A = attention + MLP, E = attention + MoE; \"\" = A x L"},
+    {"pattern",      KT_STRING, OFF(pattern), SZ(pattern), "", 0, 0, NULL, 1, "one letter per layer, A = attention + MLP, E = attention + MoE, M = Mamba-3 + MLP; \"\" = A x L"},
     {"n_experts",    KT_INT,   OFF(n_experts),    0, "8",     1, 65536, NULL, 1, "experts per MoE block"},
     {"top_k",        KT_INT,   OFF(top_k),        0, "2",     1, 65536, NULL, 1, "experts per token, in [1, n_experts]"},
     {"expert_hidden", KT_INT,  OFF(expert_hidden), 0, "0",    0, 1 << 24, NULL, 1, "SwiGLU hidden of each expert; 0 = F / 4"},
     {"shared_expert_hidden", KT_INT, OFF(shared_expert_hidden), 0, "0", 0, 1 << 24, NULL, 1, "hidden of the shared expert; 0 = none"},
     {"aux_loss_coef", KT_FLOAT, OFF(aux_loss_coef), 0, "0.01", 0, FMAXV, NULL, 1, "MoE load-balancing loss weight"},
     {"z_loss_coef",  KT_FLOAT, OFF(z_loss_coef),  0, "0.001", 0, FMAXV, NULL, 1, "MoE router z-loss weight"},
+    {"mamba_d_state", KT_INT,  OFF(mamba_d_state), 0, "64",   2, 65536, NULL, 1, "M blocks: SSM state N per head, even"},
+    {"mamba_expand", KT_INT,   OFF(mamba_expand), 0, "2",     1, 64, NULL, 1, "M blocks: d_inner = mamba_expand * d_model"},
+    {"mamba_headdim", KT_INT,  OFF(mamba_headdim), 0, "64",   1, 65536, NULL, 1, "M blocks: headdim P, divides d_inner"},
+    {"mamba_ngroups", KT_INT,  OFF(mamba_ngroups), 0, "1",    1, 65536, NULL, 1, "M blocks: B/C groups G, divides nheads"},
+    {"mamba_chunk",  KT_INT,   OFF(mamba_chunk),  0, "64",    1, 65536, NULL, 0, "M blocks: scan chunk length (speed only: may change on resume)"},
     {"rope_theta",   KT_FLOAT, OFF(rope_theta),   0, "10000", 0, FMAXV, NULL, 1, "RoPE base (> 0)"},
     {"norm_eps",     KT_FLOAT, OFF(norm_eps),     0, "1e-6",  0, 1, NULL, 1, "RMSNorm epsilon (> 0)"},
     {"logit_softcap", KT_FLOAT, OFF(logit_softcap), 0, "0",   0, FMAXV, NULL, 1, "c * tanh(logits / c); 0 = off"},
@@ -619,6 +624,19 @@ enum mt_status mt_config_resolve(struct mt_ctx *ctx, struct mt_config *cfg, int 
              cfg->top_k, cfg->n_experts);
         RULE(cfg->expert_hidden > 0, "expert_hidden > 0 (expert_hidden=%d, mlp_hidden=%d)", cfg->expert_hidden,
              cfg->mlp_hidden);
+    }
+
+    if (mt_blocks_pattern_has(cfg, 'M')) {
+        /* SPEC 1c: d_inner = expand D split into heads of P; rotary pairs need an even N */
+        int64_t e = (int64_t)cfg->mamba_expand * cfg->d_model;
+        RULE(cfg->mamba_d_state % 2 == 0, "mamba_d_state must be even (mamba_d_state=%d)", cfg->mamba_d_state);
+        RULE(e <= (1 << 24), "mamba_expand * d_model too large (mamba_expand=%d, d_model=%d)", cfg->mamba_expand,
+             cfg->d_model);
+        RULE(e % cfg->mamba_headdim == 0, "mamba_headdim must divide d_inner = mamba_expand * d_model (mamba_headdim=%d, d_inner=%lld)",
+             cfg->mamba_headdim, (long long)e);
+        int64_t nh = e / cfg->mamba_headdim;
+        RULE(nh % cfg->mamba_ngroups == 0, "mamba_ngroups must divide nheads = d_inner / mamba_headdim (mamba_ngroups=%d, nheads=%lld)",
+             cfg->mamba_ngroups, (long long)nh);
     }
 
     RULE(cfg->batch_size > 0 && cfg->microbatches > 0, "batch_size, microbatches > 0 (batch_size=%d, microbatches=%d)",

@@ -36,6 +36,11 @@ struct mt_config {
     int   shared_expert_hidden;  /* 0 = no shared expert                           */
     float aux_loss_coef;
     float z_loss_coef;
+    int   mamba_d_state;         /* M blocks (SPEC 1c): state N, even              */
+    int   mamba_expand;          /* d_inner = mamba_expand * d_model               */
+    int   mamba_headdim;         /* P, divides d_inner                             */
+    int   mamba_ngroups;         /* G, divides nheads = d_inner / P                */
+    int   mamba_chunk;           /* scan chunk (speed only)                        */
     float rope_theta;
     float norm_eps;
     float logit_softcap;         /* 0 = off                                        */

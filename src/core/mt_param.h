@@ -28,6 +28,8 @@ enum mt_init_kind {
     MT_INIT_NORMAL = 0, /* normal(0, init_std) from mt_rng_normal(seed, stream(name), global index) */
     MT_INIT_ONES   = 1, /* gains */
     MT_INIT_ZEROS  = 2,
+    MT_INIT_DT_BIAS = 3, /* Mamba-3 dt_bias: softplus^-1(dt), dt log-uniform in [1e-3, 1e-1] (SPEC 1c) */
+    MT_INIT_A_LOG  = 4,  /* Mamba-3 A_log: log(a), a uniform in [1, 16]                              */
 };
 
 /* How the `model` (TP) axis splits this parameter. On one rank: NONE. */
@@ -41,6 +43,8 @@ enum mt_param_role {
     MT_ROLE_DENSE,       /* dense block matrices (attn, mlp, shared expert) */
     MT_ROLE_ROUTER,      /* MoE router                            */
     MT_ROLE_EXPERT,      /* routed expert matrices                */
+    MT_ROLE_SSM,         /* Mamba-3 per-head / per-state vectors and biases:
+                          * AdamW without weight decay, even when 2-D (B_bias) */
 };
 
 struct mt_param {

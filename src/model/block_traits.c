@@ -58,3 +58,10 @@ int mt_blocks_any_routed(const struct mt_config *cfg)
 }
 
 int mt_blocks_kind_hf(int index) { return index >= 0 && index < N_KINDS && traits[index].hf; }
+
+int mt_blocks_pattern_has(const struct mt_config *cfg, char letter)
+{
+    for (int l = 0; l < cfg->n_layer && l < MT_MAX_LAYERS; l++)
+        if (l < (int)strnlen(cfg->pattern, sizeof cfg->pattern) && cfg->pattern[l] == letter) return 1;
+    return 0;
+}

@@ -41,6 +41,11 @@ void mt_blocks_shape(const struct mt_config *cfg, struct mt_block_shape *s)
     s->Fs = cfg->shared_expert_hidden;
     s->e0 = 0;
     s->Ee = cfg->n_experts;
+    s->mE = (int64_t)cfg->mamba_expand * cfg->d_model;
+    s->mP = cfg->mamba_headdim;
+    s->mH = s->mP > 0 ? s->mE / s->mP : 0;
+    s->mG = cfg->mamba_ngroups;
+    s->mN = cfg->mamba_d_state;
 }
 
 void mt_blocks_layer_params(const struct mt_config *cfg, const struct mt_block_shape *s, int l, mt_pspec_fn fn,

@@ -9,6 +9,9 @@
  * q_pos0 = len (causal inside the new chunk too). Long prefills are cut into
  * chunks of at most the model's N = B*T rows (the activation buffers).
  *
+ * An M (Mamba-3) layer keeps its recurrent state instead (mt_mamba3_decode:
+ * scan state, previous x and B, carried rotary angles), O(1) per token.
+ *
  * Invariant: after a step, rows [0, len) of every layer's cache equal the k, v
  * the full forward computes for those positions. A step clobbers the model's
  * saved activations (a later backward needs a fresh forward).
@@ -36,7 +39,13 @@ enum mt_status mt_model_kv_create(struct mt_ctx *ctx, struct mt_model *m, int t_
     c->k = mt_alloc(ctx, (size_t)m->L * sizeof(float *), MT_BUCKET_OTHER);
     c->v = mt_alloc(ctx, (size_t)m->L * sizeof(float *), MT_BUCKET_OTHER);
     size_t tab = (size_t)t_max * (size_t)(m->hd / 2), kv = (size_t)t_max * (size_t)m->KD;
-    c->arena_bytes = (2 * tab + 2 * (size_t)m->L * kv) * sizeof(float);
+    /* per layer: k and v rows for attention; a recurrent state (no t_max
+     * dependence) for an M (Mamba-3) block, held in k[l] (v[l] NULL) */
+    const int m_kind = mt_blocks_find('M');
+    const size_t mstate = mt_mamba3_state_floats(&m->mdims);
+    size_t per_layers = 0;
+    for (int l = 0; l < m->L; l++) per_layers += m->layers[l].kind == m_kind ? mstate : 2 * kv;
+    c->arena_bytes = (2 * tab + per_layers) * sizeof(float);
     c->arena = (c->k && c->v) ? m->ops->buf_alloc(ctx, c->arena_bytes, MT_BUCKET_ACTS) : NULL;
     if (!c->arena) {
         mt_model_kv_destroy(ctx, m, c);
@@ -46,6 +55,11 @@ enum mt_status mt_model_kv_create(struct mt_ctx *ctx, struct mt_model *m, int t_
     c->cos_tab = p; p += tab;
     c->sin_tab = p; p += tab;
     for (int l = 0; l < m->L; l++) {
+        if (m->layers[l].kind == m_kind) {
+            c->k[l] = p; p += mstate;
+            c->v[l] = NULL;
+            continue;
+        }
         c->k[l] = p; p += kv;
         c->v[l] = p; p += kv;
     }

@@ -15,6 +15,8 @@
  *   term 3: dx, dBh, dCh, ddt, dlam, dA, dDsk += (ssm_scan_backward)
  *   term 4: dproj's other columns, ddt_bias, dA_log, dgB, dgC, dB_bias, dC_bias += (ssm_prep_backward)
  *   term 5: dWin += dproj^T h;  dh (=/+=) dproj Win
+ * Win is one (W, D) matrix or its seven row blocks (mt_mamba3_weights.win_part:
+ * seven GEMMs on column slices of proj / dproj, the same products).
  * Gradient rule: parameter gradients +=; dh = or += per `accumulate`; the
  * scratch is overwritten.
  */
@@ -89,11 +91,56 @@ void mt_mamba3_scratch_bind(struct mt_mamba3_scratch *s, float *p, const struct 
     s->dA = p;
 }
 
+/* Rows of the seven in-projection blocks, in proj's column order. */
+static void in_blocks(const struct mt_mamba3_dims *d, int rows[7])
+{
+    const int E = d->H * d->P, GN = d->G * d->N;
+    rows[0] = E; rows[1] = E; rows[2] = GN; rows[3] = GN; rows[4] = d->H; rows[5] = d->H * (d->N / 2); rows[6] = d->H;
+}
+
+/* proj (n, W) = h Win^T, from the whole Win or its seven blocks (column slices of proj) */
+static void in_forward(const struct mt_ops_i *ops, float *proj, const float *h, const struct mt_mamba3_weights *w,
+                       const struct mt_mamba3_dims *d, int n)
+{
+    const int W = mt_mamba3_in_width(d);
+    if (w->win) { ops->gemm(0, 1, n, W, d->D, 1.0f, h, d->D, w->win, d->D, 0.0f, proj, W); return; }
+    int rows[7], off = 0;
+    in_blocks(d, rows);
+    for (int b = 0; b < 7; b++) {
+        if (rows[b] > 0) ops->gemm(0, 1, n, rows[b], d->D, 1.0f, h, d->D, w->win_part[b], d->D, 0.0f, proj + off, W);
+        off += rows[b];
+    }
+}
+
+/* dWin += dproj^T h;  dh (=/+=) dproj Win, whole or by blocks */
+static void in_backward(const struct mt_ops_i *ops, float *dh, int accumulate, struct mt_mamba3_weights *g,
+                        const float *dproj, const float *h, const struct mt_mamba3_weights *w,
+                        const struct mt_mamba3_dims *d, int n)
+{
+    const int W = mt_mamba3_in_width(d);
+    if (w->win) {
+        ops->gemm(1, 0, W, d->D, n, 1.0f, dproj, W, h, d->D, 1.0f, g->win, d->D);
+        ops->gemm(0, 0, n, d->D, W, 1.0f, dproj, W, w->win, d->D, accumulate ? 1.0f : 0.0f, dh, d->D);
+        return;
+    }
+    int rows[7], off = 0, first = 1;
+    in_blocks(d, rows);
+    for (int b = 0; b < 7; b++) {
+        if (rows[b] > 0) {
+            ops->gemm(1, 0, rows[b], d->D, n, 1.0f, dproj + off, W, h, d->D, 1.0f, g->win_part[b], d->D);
+            ops->gemm(0, 0, n, d->D, rows[b], 1.0f, dproj + off, W, w->win_part[b], d->D,
+                      (accumulate || !first) ? 1.0f : 0.0f, dh, d->D);
+            first = 0;
+        }
+        off += rows[b];
+    }
+}
+
 void mt_mamba3_forward(const struct mt_ops_i *ops, float *out, struct mt_mamba3_acts *a, const float *h,
                        const struct mt_mamba3_weights *w, const struct mt_mamba3_dims *d, int B, int T)
 {
     const int n = B * T, E = d->H * d->P, W = mt_mamba3_in_width(d);
-    ops->gemm(0, 1, n, W, d->D, 1.0f, h, d->D, w->win, d->D, 0.0f, a->proj, W);
+    in_forward(ops, a->proj, h, w, d, n);
     ops->ssm_prep_forward(a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, a->rstd_bc, NULL, a->proj, w->dt_bias,
                           w->A_log, w->gB, w->gC, w->B_bias, w->C_bias, B, T, d->H, d->P, d->G, d->N,
                           d->eps_bc);
@@ -126,6 +173,29 @@ void mt_mamba3_backward(const struct mt_ops_i *ops, float *dh, int accumulate, s
                            a->rstd_bc, a->proj, w->dt_bias, w->gB, w->gC, B, T, d->H, d->P, d->G,
                            d->N, d->eps_bc);
     /* term 5 */
-    ops->gemm(1, 0, W, d->D, n, 1.0f, s->dproj, W, h, d->D, 1.0f, g->win, d->D);
-    ops->gemm(0, 0, n, d->D, W, 1.0f, s->dproj, W, w->win, d->D, accumulate ? 1.0f : 0.0f, dh, d->D);
+    in_backward(ops, dh, accumulate, g, s->dproj, h, w, d, n);
+}
+
+size_t mt_mamba3_state_floats(const struct mt_mamba3_dims *d)
+{
+    size_t H = (size_t)d->H, P = (size_t)d->P, N = (size_t)d->N;
+    return H * P * N + H * P + H * N + H * (N / 2);
+}
+
+void mt_mamba3_decode(const struct mt_ops_i *ops, float *out, struct mt_mamba3_acts *a, float *state,
+                      const float *h, const struct mt_mamba3_weights *w, const struct mt_mamba3_dims *d, int T,
+                      int pos0)
+{
+    const int E = d->H * d->P, W = mt_mamba3_in_width(d), HN = d->H * d->N;
+    float *S = state, *xprev = S + (size_t)HN * d->P, *Bprev = xprev + E, *ang = Bprev + HN;
+    in_forward(ops, a->proj, h, w, d, T);
+    /* the rotary cumsum continues from the carried angles (and writes them back) */
+    ops->ssm_prep_forward(a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, a->rstd_bc, ang, a->proj, w->dt_bias,
+                          w->A_log, w->gB, w->gC, w->B_bias, w->C_bias, 1, T, d->H, d->P, d->G, d->N, d->eps_bc);
+    for (int t = 0; t < T; t++)
+        ops->ssm_scan_step(a->ys + (size_t)t * E, S, xprev, Bprev, a->x + (size_t)t * E, a->Bh + (size_t)t * HN,
+                           a->Ch + (size_t)t * HN, a->dt + (size_t)t * d->H, a->lam + (size_t)t * d->H, a->A,
+                           w->Dsk, 1, d->H, d->P, d->N, pos0 + t == 0);
+    ops->ssm_gate_norm_forward(a->yn, a->rstd_o, a->ys, a->proj, W, w->g_out, T, E, d->G, d->eps_out);
+    ops->gemm(0, 1, T, d->D, E, 1.0f, a->yn, E, w->wout, E, 0.0f, out, d->D);
 }

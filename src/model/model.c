@@ -87,6 +87,9 @@ static void model_dims_par(struct mt_model *m, const struct mt_config *cfg, int 
     m->row0 = m->tp_rank * (m->N / m->tp);
     m->M = m->any_moe ? m->Nm * m->top_k : 0;
     m->recompute = strcmp(cfg->recompute, "block") == 0;
+    /* M blocks (SPEC 1c): eps 1e-5 for the B/C and gated norms, as the reference */
+    m->mdims = (struct mt_mamba3_dims){(int)g.D, (int)g.mH / m->tp, (int)g.mP, (int)g.mG / m->tp, (int)g.mN,
+                                       cfg->mamba_chunk, 1e-5f, 1e-5f};   /* this rank's heads and groups */
 }
 
 /* The distinct mixer (ffn: 1) pieces of the kinds any layer of the model
@@ -174,16 +177,19 @@ static void visit_param(param_visit_fn fn, void *user, const struct mt_model *m,
     p.reduce_model = mt_layout_reduce_model(sp->layout, m->tp, m->sp);
     p.layout = (int)sp->layout;
     p.numel = (size_t)p.len[0] * (size_t)p.len[1];
-    p.init = sp->init == MT_SCALE_ONES ? MT_INIT_ONES : MT_INIT_NORMAL;
-    p.init_std = sp->init == MT_SCALE_ONES ? 0.0f
+    p.init = sp->init == MT_SCALE_ONES ? MT_INIT_ONES
+             : sp->init == MT_SCALE_DT_BIAS ? MT_INIT_DT_BIAS
+             : sp->init == MT_SCALE_A_LOG ? MT_INIT_A_LOG : MT_INIT_NORMAL;
+    p.init_std = sp->init == MT_SCALE_ONES || sp->init == MT_SCALE_DT_BIAS || sp->init == MT_SCALE_A_LOG ? 0.0f
                  : sp->init == MT_SCALE_NORMAL_OUT ? (float)(0.02 / sqrt(2.0 * m->L)) : 0.02f;
     p.role = sp->role;
     p.split = split;
     p.layer = layer;
     p.expert = sp->expert;
-    p.decay = sp->ndim == 2;
-    /* nanochat split: Muon for every 2-D matrix inside the blocks except the router */
-    int muon = sp->ndim == 2 && layer >= 0 && sp->role != MT_ROLE_ROUTER;
+    p.decay = sp->ndim == 2 && sp->role != MT_ROLE_SSM;
+    /* nanochat split: Muon for every 2-D matrix inside the blocks except the
+     * router and the Mamba-3 biases (SPEC 1c: AdamW without decay) */
+    int muon = sp->ndim == 2 && layer >= 0 && sp->role != MT_ROLE_ROUTER && sp->role != MT_ROLE_SSM;
     p.optim = (muon && strcmp(cfg->optimizer, "adamw") != 0) ? MT_OPTIM_MUON : MT_OPTIM_ADAMW;
     fn(user, &p);
 }
@@ -695,6 +701,16 @@ void model_param_fill(const struct mt_param *p, uint64_t seed, float *out_host)
             switch (p->init) {
             case MT_INIT_NORMAL: out_host[li] = (float)((double)p->init_std * mt_rng_normal(seed, stream, gi)); break;
             case MT_INIT_ONES:   out_host[li] = 1.0f; break;
+            case MT_INIT_DT_BIAS: {
+                /* dt = exp(u (log 0.1 - log 0.001) + log 0.001) floored at 1e-4;
+                 * dt_bias = softplus^-1(dt) = dt + log(-expm1(-dt)) */
+                double u = mt_rng_uniform(seed, stream, gi);
+                double dt = exp(u * (log(0.1) - log(0.001)) + log(0.001));
+                if (dt < 1e-4) dt = 1e-4;
+                out_host[li] = (float)(dt + log(-expm1(-dt)));
+                break;
+            }
+            case MT_INIT_A_LOG:  out_host[li] = (float)log(1.0 + 15.0 * mt_rng_uniform(seed, stream, gi)); break;
             default:             out_host[li] = 0.0f; break;
             }
         }

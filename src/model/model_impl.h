@@ -27,6 +27,7 @@
 #include <stdint.h>
 #include "mt_model.h"
 #include "mt_blocks.h"
+#include "mt_mamba3.h"
 
 /* Largest expert-parallel degree (stack arrays of all-to-all counts). */
 #define MT_MAX_EP 256
@@ -44,6 +45,10 @@ struct mt_layer_w {
     struct mt_param *router;       /* (E, D)                                      */
     struct mt_param *experts;      /* local expert j (global e0+j): [3j] gate (Fe,D), [3j+1] up, [3j+2] down (D,Fe) */
     struct mt_param *sg, *su, *sd; /* shared expert (Fs,D),(Fs,D),(D,Fs); NULL if Fs == 0 */
+    /* Mamba-3 mixer (M, SPEC 1c; mt_mamba3.h): in/out projections, per-head
+     * dt_bias, A_log, D skip, B/C norm gains (N), B/C biases (H, N), gated norm gain */
+    struct mt_param *mwin[7];      /* in_proj blocks z, x, B, C, dt, theta, lam (rows, D) */
+    struct mt_param *mwout, *mdt_bias, *ma_log, *md, *mgb, *mgc, *mbb, *mcb, *mgout;
 };
 
 /* One transformer block: its kind, its parameters and what its forward saves. */
@@ -90,6 +95,9 @@ struct mt_layer {
     int      r_rows;   /* sum of r_cnt                                               */
     float   *rx;       /* (ep*M, D) received expert inputs (capacity: dropless worst case) */
     float   *f_share;  /* (B, E)  f[s,e]: share of sequence s's T*k slots (no grad) */
+    /* Mamba-3 (M): the mixer's saved activations (ACTS, one carve); the
+     * input norm lives in h_attn_n / rstd_attn, the output in x_mid */
+    struct mt_mamba3_acts mb;
 };
 
 /* One microbatch's saved activations (pipeline slots); the model's "current"
@@ -160,6 +168,8 @@ struct mt_model {
     float *s_drl, *s_dprobs;     /* (N, E) d router logits, d probs (aux)            */
     float *s_dgates;             /* (N, k)                                           */
     float *s_dlse;               /* (N)                                              */
+    struct mt_mamba3_dims    mdims;  /* M blocks: the mixer's dims (from cfg)          */
+    struct mt_mamba3_scratch mb_s;   /* M blocks: backward scratch (WORKSPACE)          */
 
     /* OTHER: host staging */
     float   *h_losses;           /* (N)      */
@@ -268,6 +278,7 @@ enum mt_status moe_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_la
 extern const struct mt_piece mt_piece_attention;   /* attention.c */
 extern const struct mt_piece mt_piece_mlp;         /* mlp.c       */
 extern const struct mt_piece mt_piece_moe;         /* moe.c       */
+extern const struct mt_piece mt_piece_mamba;       /* mamba.c     */
 
 /* model.c: the ffn half's shared entry and exit, for every ffn piece.
  * enter: h_mlp_n = rmsnorm(x_mid) * g_post on this rank's Nr rows of n, and

@@ -4,12 +4,13 @@
  * A block kind (one letter of cfg->pattern) is a composition of two pieces,
  * each a sub-layer on the residual stream:
  *
- *     x_mid = x_in  + mixer(rmsnorm(x_in)  * g_in)      attention (A, E); mamba (M, next)
+ *     x_mid = x_in  + mixer(rmsnorm(x_in)  * g_in)      attention (A, E); Mamba-3 (M)
  *     x_out = x_mid + ffn  (rmsnorm(x_mid) * g_post)    dense SwiGLU (A, M); MoE (E)
  *
  *     kind  mixer       ffn         file of the pieces
  *     A     attention   dense MLP   attention.c, mlp.c
  *     E     attention   MoE         attention.c, moe.c
+ *     M     Mamba-3     dense MLP   mamba.c (wrapping mamba3.c), mlp.c
  *
  * A piece (struct mt_piece) declares everything the rest of the runtime
  * needs to know about it, in one place:
@@ -86,7 +87,8 @@ const char *mt_layout_name(enum mt_layout l);   /* "residual", "tp_rows", ... */
 /* Initial value of a parameter, resolved to (init, init_std) by the registry:
  * NORMAL 0.02, NORMAL_OUT 0.02/sqrt(2 L) (projections back into the residual
  * stream, GPT-2 style), ONES for gains. */
-enum mt_init_scale { MT_SCALE_NORMAL = 0, MT_SCALE_NORMAL_OUT, MT_SCALE_ONES };
+enum mt_init_scale { MT_SCALE_NORMAL = 0, MT_SCALE_NORMAL_OUT, MT_SCALE_ONES,
+                      MT_SCALE_DT_BIAS, MT_SCALE_A_LOG };   /* Mamba-3 (SPEC 1c), see mt_param.h */
 
 /*
  * Global dimensions a piece sees (the model axis is NOT applied: shapes are
@@ -97,6 +99,7 @@ struct mt_block_shape {
     int64_t D, T, L, hd, H, K, F;   /* model width, seq, layers, head dim, q / kv heads, dense hidden */
     int64_t E, top_k, Fe, Fs;       /* experts, routed per token, expert / shared-expert hidden       */
     int     e0, Ee;                 /* this rank's first expert and expert count                      */
+    int64_t mE, mH, mP, mG, mN;     /* Mamba-3 (M): d_inner, heads, headdim, groups, state            */
 };
 
 /* One parameter as a piece declares it. The registry turns it into a
@@ -199,6 +202,8 @@ int mt_blocks_layer_kind(const struct mt_config *cfg, int l);
 /* 1 when layer l (or, _any, some layer) has routed experts. */
 int mt_blocks_layer_routed(const struct mt_config *cfg, int l);
 int mt_blocks_any_routed(const struct mt_config *cfg);
+/* 1 when some layer's letter is `letter` (config rules of a kind's own keys). */
+int mt_blocks_pattern_has(const struct mt_config *cfg, char letter);
 
 /* Global shape of cfg as pieces see it (one rank: e0 = 0, Ee = E). */
 void mt_blocks_shape(const struct mt_config *cfg, struct mt_block_shape *s);

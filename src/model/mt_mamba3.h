@@ -23,7 +23,12 @@ struct mt_mamba3_dims {
 
 /* Parameters (and, with the same layout, their gradients). */
 struct mt_mamba3_weights {
-    float *win;              /* (W, D) in-projection                 */
+    float *win;              /* (W, D) in-projection; NULL: given by parts below */
+    /* the in-projection as its seven row blocks z (E), xs (E), B (GN), C (GN),
+     * dt (H), theta (H N/2), lam (H), each (rows, D); read when win == NULL
+     * (the model's registry holds them as separate tensors so that the model
+     * axis can cut each by heads / groups) */
+    float *win_part[7];
     float *wout;             /* (D, E) out-projection                */
     float *dt_bias, *A_log;  /* (H)                                  */
     float *Dsk;              /* (H) skip D                           */
@@ -72,5 +77,18 @@ void mt_mamba3_backward(const struct mt_ops_i *ops, float *dh, int accumulate, s
                         struct mt_mamba3_scratch *s, const float *dout, const float *h,
                         const struct mt_mamba3_acts *a, const struct mt_mamba3_weights *w,
                         const struct mt_mamba3_dims *d, int B, int T);
+
+/* Decoding (one sequence): the recurrent state of one layer, floats: the
+ * scan state S (H, P, N), the previous token's x (H, P) and B (H, N) (the
+ * trapezoid's beta term) and the carried rotary angles (H, N/2). Zero = the
+ * state before the first token. */
+size_t mt_mamba3_state_floats(const struct mt_mamba3_dims *d);
+/* out (T, D) = mixer(h (T, D)) for T new tokens at positions pos0.. of one
+ * sequence, continuing `state` (updated in place): the same math as the
+ * forward over the whole prefix, O(1) work per token in the prefix length
+ * (ssm_scan_step + the carried angles). a: scratch of at least T rows. */
+void mt_mamba3_decode(const struct mt_ops_i *ops, float *out, struct mt_mamba3_acts *a, float *state,
+                      const float *h, const struct mt_mamba3_weights *w, const struct mt_mamba3_dims *d, int T,
+                      int pos0);
 
 #endif /* MT_MAMBA3_H */

@@ -407,13 +407,32 @@ int mt_export_hf_lossy(const struct mt_config *c, char *what, size_t what_len)
 const char *const mt_export_hf_files[] = {"config.json", "model.safetensors", "generation_config.json",
                                           "tokenizer.json", "tokenizer_config.json", NULL};
 
+int mt_export_hf_hybrid(const struct mt_config *c)
+{
+    for (int l = 0; l < c->n_layer; l++)
+        if (!mt_blocks_kind_hf(mt_blocks_layer_kind(c, l))) return 1;
+    return 0;
+}
+
 char *mt_export_hf_config(const struct mt_config *c, int bos_token_id)
 {
-    int moe = mt_blocks_any_routed(c);
+    int moe = mt_blocks_any_routed(c), hybrid = mt_export_hf_hybrid(c);
     cJSON *o = cJSON_CreateObject();
     cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
-    cJSON_AddItemToArray(arch, cJSON_CreateString(moe ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM"));
-    cJSON_AddStringToObject(o, "model_type", moe ? "qwen3_moe" : "qwen3");
+    /* a kind without a Qwen3 equivalent (M): say so instead of pretending */
+    cJSON_AddItemToArray(arch, cJSON_CreateString(hybrid ? "MeshtrainHybrid"
+                                                  : moe ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM"));
+    cJSON_AddStringToObject(o, "model_type", hybrid ? "meshtrain_hybrid" : moe ? "qwen3_moe" : "qwen3");
+    if (hybrid) {
+        cJSON_AddStringToObject(o, "meshtrain_note", "no Hugging Face architecture matches this model (Mamba-3 'M' "
+                                "layers): transformers cannot load it; tensor names and layout: meshtrain docs/export.md");
+        cJSON_AddStringToObject(o, "meshtrain_pattern", c->pattern);
+        cJSON_AddNumberToObject(o, "meshtrain_mamba_d_state", c->mamba_d_state);
+        cJSON_AddNumberToObject(o, "meshtrain_mamba_expand", c->mamba_expand);
+        cJSON_AddNumberToObject(o, "meshtrain_mamba_headdim", c->mamba_headdim);
+        cJSON_AddNumberToObject(o, "meshtrain_mamba_ngroups", c->mamba_ngroups);
+        cJSON_AddNumberToObject(o, "meshtrain_mamba_chunk", c->mamba_chunk);
+    }
     cJSON_AddNumberToObject(o, "vocab_size", c->vocab_size);
     cJSON_AddNumberToObject(o, "hidden_size", c->d_model);
     cJSON_AddNumberToObject(o, "intermediate_size", c->mlp_hidden);
@@ -770,12 +789,16 @@ enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char
     MT_CHECK(mt_ckpt_read_meta(ctx, ckpt_dir, &cfg, &meta));
     if (cfg.head_dim == 0 || cfg.mlp_hidden == 0 || !cfg.pattern[0])
         MT_CHECK(mt_config_resolve(ctx, &cfg, cfg.total_steps));
-    for (int l = 0; l < cfg.n_layer; l++)
-        if (!mt_blocks_kind_hf(mt_blocks_find(cfg.pattern[l])))
-            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "cannot export: layer %d is '%c', which has no Qwen3 "
-                                "equivalent (only A and E layers export)", l, cfg.pattern[l]);
+    /* a hybrid (M layers) has no HF architecture: its export is the weights
+     * under their documented names and a config.json that says so
+     * (MeshtrainHybrid, every model key as meshtrain_*); nothing is lost that
+     * a Qwen3 reader could have kept, so the lossy rule does not apply */
+    const int hybrid = mt_export_hf_hybrid(&cfg);
+    if (hybrid)
+        warnf(warn, warn_len, "pattern %s has Mamba-3 (M) layers: no Hugging Face architecture matches; config.json "
+              "says MeshtrainHybrid (transformers cannot load it), the weights keep meshtrain's names", cfg.pattern);
     /* no silent loss: what HF cannot represent is refused unless asked for */
-    int n_lossy = mt_export_hf_lossy(&cfg, what, sizeof what);
+    int n_lossy = hybrid ? 0 : mt_export_hf_lossy(&cfg, what, sizeof what);
     if (n_lossy > 0 && !opts->allow_lossy) {
         char line[1100];   /* one line: the features joined by "; " */
         size_t o = 0;

@@ -88,6 +88,9 @@ enum mt_status mt_safetensors_read_f32(struct mt_ctx *ctx, const struct mt_safet
  * checked here: see mt_export_hf_lossy. Returns malloc'd text (free()),
  * NULL on allocation failure. */
 char *mt_export_hf_config(const struct mt_config *cfg, int bos_token_id);
+/* 1 when some layer's kind has no Hugging Face equivalent (M): the export
+ * writes config.json with architectures ["MeshtrainHybrid"] (docs/export.md). */
+int mt_export_hf_hybrid(const struct mt_config *cfg);
 
 /* The features of a resolved cfg that the Hugging Face architecture of the
  * export cannot represent (its logits would differ from meshtrain's): a

@@ -4,6 +4,7 @@
  */
 #define _GNU_SOURCE
 #include "mt_receipt.h"
+#include "../model/mt_blocks.h"   /* pattern letters: the flops convention of M layers */
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -108,9 +109,13 @@ enum mt_status mt_receipt_write(struct mt_ctx *ctx, const char *path, const stru
     cJSON_AddNumberToObject(split, "idle", r->idle_s);
     cJSON_AddNumberToObject(t, "tokens_per_s", r->tokens_per_s);
     cJSON_AddNumberToObject(t, "flops_per_token", r->flops_per_token);
+    /* M (Mamba-3) layers add their scan, counted as its recurrence (mamba.c) */
     cJSON_AddStringToObject(t, "flops_convention",
-                            "6 x matmul parameters active per token (incl. lm_head, excl. embedding lookup) "
-                            "+ 12 x L x T x H x head_dim");
+                            r->cfg && mt_blocks_pattern_has(r->cfg, 'M')
+                                ? "6 x matmul parameters active per token (incl. lm_head, excl. embedding lookup) "
+                                  "+ 12 x T x H x head_dim per attention layer + 24 x nheads x headdim x d_state per M layer"
+                                : "6 x matmul parameters active per token (incl. lm_head, excl. embedding lookup) "
+                                  "+ 12 x L x T x H x head_dim");
     cJSON_AddNumberToObject(t, "model_flops_per_s", r->model_flops_per_s);
     cJSON_AddNumberToObject(t, "mfu", r->mfu);
     cJSON_AddNumberToObject(t, "peak_flops", r->peak_flops);

@@ -79,6 +79,23 @@ def rope_theta(cfg):
     return float(cfg["rope_parameters"]["rope_theta"])
 
 
+def mamba_mixer(cfg, W, p, h):
+    """The Mamba-3 mixer of an M layer, by tests/mamba3_ref.py (the reference's
+    single in_proj is the export's seven in_proj_* blocks concatenated)."""
+    sys.path.insert(0, __file__.rsplit("/", 2)[0])
+    import mamba3_ref
+    D = cfg["hidden_size"]
+    E = cfg["meshtrain_mamba_expand"] * D
+    P, G, N = cfg["meshtrain_mamba_headdim"], cfg["meshtrain_mamba_ngroups"], cfg["meshtrain_mamba_d_state"]
+    H = E // P
+    blocks = ("z", "x", "B", "C", "dt", "theta", "lam")
+    w = {"Win": np.concatenate([W[f"{p}in_proj_{b}.weight"] for b in blocks], axis=0),
+         "Wout": W[p + "out_proj.weight"], "dt_bias": W[p + "dt_bias"], "A_log": W[p + "A_log"], "D": W[p + "D"],
+         "gB": W[p + "B_norm.weight"], "gC": W[p + "C_norm.weight"], "B_bias": W[p + "B_bias"],
+         "C_bias": W[p + "C_bias"], "g_out": W[p + "norm.weight"]}
+    return mamba3_ref.mixer(h, w, D, H, P, G, N, 1, h.shape[0])
+
+
 def forward(cfg, W, ids):
     """Returns logits (T, V) after softcap, and (lm, aux, z) as meshtrain defines them."""
     ids = np.asarray(ids)
@@ -88,7 +105,9 @@ def forward(cfg, W, ids):
     hd = cfg.get("head_dim") or D // H
     eps, theta = float(cfg["rms_norm_eps"]), rope_theta(cfg)
     L = cfg["num_hidden_layers"]
-    moe = cfg["model_type"] == "qwen3_moe"
+    # a MeshtrainHybrid export (docs/export.md) names each layer's kind in meshtrain_pattern
+    pattern = cfg.get("meshtrain_pattern") if cfg["model_type"] == "meshtrain_hybrid" else None
+    moe = cfg["model_type"] == "qwen3_moe" or (pattern is not None and "E" in pattern)
     E = cfg.get("num_experts", cfg.get("num_local_experts", 0)) if moe else 0
     k = cfg.get("num_experts_per_tok", 0)
     mlp_only = set(cfg.get("mlp_only_layers") or [])
@@ -102,6 +121,11 @@ def forward(cfg, W, ids):
     for l in range(L):
         p = f"model.layers.{l}."
         h = rmsnorm(x, W[p + "input_layernorm.weight"], eps)
+        if pattern is not None and pattern[l] == "M":
+            x = x + mamba_mixer(cfg, W, p + "mixer.", h)
+            h = rmsnorm(x, W[p + "post_attention_layernorm.weight"], eps)
+            x = x + swiglu(h, W[p + "mlp.gate_proj.weight"], W[p + "mlp.up_proj.weight"], W[p + "mlp.down_proj.weight"])
+            continue
         q = (h @ W[p + "self_attn.q_proj.weight"].T).reshape(T, H, hd)
         kk = (h @ W[p + "self_attn.k_proj.weight"].T).reshape(T, K, hd)
         v = (h @ W[p + "self_attn.v_proj.weight"].T).reshape(T, K, hd)
@@ -116,6 +140,8 @@ def forward(cfg, W, ids):
         x = x + y.reshape(T, H * hd) @ W[p + "self_attn.o_proj.weight"].T
         h = rmsnorm(x, W[p + "post_attention_layernorm.weight"], eps)
         sparse = moe and E > 0 and l not in mlp_only and (l + 1) % step == 0
+        if pattern is not None:
+            sparse = pattern[l] == "E"
         if not sparse:
             x = x + swiglu(h, W[p + "mlp.gate_proj.weight"], W[p + "mlp.up_proj.weight"], W[p + "mlp.down_proj.weight"])
             continue

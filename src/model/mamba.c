@@ -1,0 +1,209 @@
+/*
+ * mamba.c — the Mamba-3 mixer piece of the block-kind table (pattern letter
+ * `M` = this mixer + the dense MLP, SPEC 1c): the registry's view of the
+ * standalone mixer in mamba3.c.
+ *
+ * Math (N = B*T rows, residual stream x_in (N, D)):
+ *     h     = rmsnorm(x_in) * g_in                      (input_layernorm)
+ *     x_mid = x_in + mamba3(h)                          (mt_mamba3_forward, mamba3.c)
+ * Backward:
+ *     dh  = mamba3_backward(dx)                         (param grads +=, dh overwritten)
+ *     dx += rmsnorm_backward(dh)                        (residual: identity already in dx)
+ *
+ * Parameters (model.layers.{l}.*, HF-style suffixes under `mixer.`):
+ *     mixer.in_proj.weight  (W, D)  Win, rows z|xs|B|C|dt|theta|lam    Muon
+ *     mixer.out_proj.weight (D, E)  Wout, init / sqrt(2L)               Muon
+ *     mixer.dt_bias, mixer.A_log, mixer.D (H)                           AdamW, no decay
+ *     mixer.B_norm.weight, mixer.C_norm.weight (N)                      AdamW, no decay
+ *     mixer.B_bias, mixer.C_bias (H, N)                                 AdamW, no decay
+ *     mixer.norm.weight (E)  gated grouped RMSNorm gain                 AdamW, no decay
+ * (W = 2E + 2GN + H + H N/2 + H; E = d_inner, H heads of P, G groups, N state.)
+ *
+ * The model axis (docs/mamba3.md, docs/parallel.md): like attention, a TP
+ * region inside the SP region. Each rank runs H/tp heads and G/tp groups
+ * (the contract demands mamba_ngroups % tp == 0, so each group's B/C rows
+ * and each gated-norm group live on one rank and no norm spans ranks): the
+ * in-projection is registered as seven row blocks, each a TP_ROWS tensor
+ * cut into whole heads (z, x, dt, theta, lam) or whole groups (B, C); the
+ * per-head vectors and B/C biases are cut by heads, the gated norm's gain by
+ * the heads' channels, Wout by columns; the B/C norm gains (shared by every
+ * group) are partial sums. Incremental decoding (kcache != NULL, one rank):
+ * kcache is the layer's recurrent state (mt_mamba3_decode), not a KV cache.
+ */
+#include "model_impl.h"
+
+static void mamba_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *user)
+{
+    const int64_t D = s->D, E = s->mE, H = s->mH, G = s->mG, N = s->mN;
+    const struct mt_pspec p[] = {
+        {"input_layernorm.weight", -1, 1, D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, MT_BIND(ln1)},
+        /* Win as its seven row blocks: each is cut by heads (z, x, dt, theta, lam)
+         * or by groups (B, C; mamba_ngroups % tp == 0) over the model axis */
+        {"mixer.in_proj_z.weight", -1, 2, E, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND(mwin[0])},
+        {"mixer.in_proj_x.weight", -1, 2, E, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND(mwin[1])},
+        {"mixer.in_proj_B.weight", -1, 2, G * N, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND(mwin[2])},
+        {"mixer.in_proj_C.weight", -1, 2, G * N, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND(mwin[3])},
+        {"mixer.in_proj_dt.weight", -1, 2, H, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND(mwin[4])},
+        {"mixer.in_proj_theta.weight", -1, 2, H * (N / 2), D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS,
+         MT_BIND(mwin[5])},
+        {"mixer.in_proj_lam.weight", -1, 2, H, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND(mwin[6])},
+        {"mixer.out_proj.weight", -1, 2, D, E, MT_SCALE_NORMAL_OUT, MT_ROLE_DENSE, MT_LAYOUT_TP_COLS, MT_BIND(mwout)},
+        {"mixer.dt_bias", -1, 1, H, 1, MT_SCALE_DT_BIAS, MT_ROLE_SSM, MT_LAYOUT_TP_ROWS, MT_BIND(mdt_bias)},
+        {"mixer.A_log", -1, 1, H, 1, MT_SCALE_A_LOG, MT_ROLE_SSM, MT_LAYOUT_TP_ROWS, MT_BIND(ma_log)},
+        {"mixer.D", -1, 1, H, 1, MT_SCALE_ONES, MT_ROLE_SSM, MT_LAYOUT_TP_ROWS, MT_BIND(md)},
+        /* one [N] gain shared by every group and head: partial under a head split */
+        {"mixer.B_norm.weight", -1, 1, N, 1, MT_SCALE_ONES, MT_ROLE_SSM, MT_LAYOUT_MODEL_PARTIAL, MT_BIND(mgb)},
+        {"mixer.C_norm.weight", -1, 1, N, 1, MT_SCALE_ONES, MT_ROLE_SSM, MT_LAYOUT_MODEL_PARTIAL, MT_BIND(mgc)},
+        {"mixer.B_bias", -1, 2, H, N, MT_SCALE_ONES, MT_ROLE_SSM, MT_LAYOUT_TP_ROWS, MT_BIND(mbb)},
+        {"mixer.C_bias", -1, 2, H, N, MT_SCALE_ONES, MT_ROLE_SSM, MT_LAYOUT_TP_ROWS, MT_BIND(mcb)},
+        {"mixer.norm.weight", -1, 1, E, 1, MT_SCALE_ONES, MT_ROLE_SSM, MT_LAYOUT_TP_ROWS, MT_BIND(mgout)},
+    };
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) fn(user, &p[i]);
+}
+
+static enum mt_status mamba_check(struct mt_ctx *ctx, const struct mt_model *m)
+{
+    const struct mt_mamba3_dims *d = &m->mdims;
+    if (d->H < 1 || d->P < 1 || d->G < 1 || d->N < 2 || d->N % 2 != 0 || d->H % d->G != 0 || d->chunk < 1)
+        return mt_ctx_error(ctx, MT_ERR_CONFIG,
+                            "model: M blocks need nheads, headdim, chunk >= 1, even mamba_d_state and ngroups | nheads "
+                            "(nheads=%d headdim=%d d_state=%d ngroups=%d chunk=%d)",
+                            d->H, d->P, d->N, d->G, d->chunk);
+    (void)0;   /* the model axis: mdims holds this rank's heads / groups; the contract
+                * (mesh.c) guarantees mamba_ngroups % tp == 0 */
+    return MT_OK;
+}
+
+/* Win and Wout: D (W + E) multiply-adds per token */
+static double mamba_mm(const struct mt_block_shape *s)
+{
+    const double W = (double)(2 * s->mE + 2 * s->mG * s->mN + s->mH + s->mH * (s->mN / 2) + s->mH);
+    return (double)s->D * (W + (double)s->mE);
+}
+
+/* The scan, counted as its recurrence (the chunked form's extra in-chunk
+ * products are an implementation choice, like flash attention's recompute):
+ * per token and head, the state update alpha S + gamma x B^T + beta x' B'^T
+ * is 3 P N multiply-adds and the read S C one more: 4 P N = 8 P N FLOPs
+ * forward, x3 for training: 24 H P N per token. */
+static double mamba_extra(const struct mt_block_shape *s)
+{
+    return 24.0 * (double)s->mH * (double)s->mP * (double)s->mN;
+}
+
+/* Saved: the input norm and its rstd, the mixer's activations (one block,
+ * mt_mamba3_acts_floats), x_mid. */
+static void mamba_carve(struct mt_model *m, struct mt_carver *c, struct mt_layer *ly)
+{
+    const size_t D = (size_t)m->D, Nr = (size_t)m->Nr, N = (size_t)m->N;
+    const enum mt_bucket A = MT_BUCKET_ACTS;
+    ly->h_attn_n = carve_f(c, A, Nr * D);
+    ly->h_attn = m->sp ? carve_f(c, A, N * D) : ly->h_attn_n;   /* SP: the gathered copy is saved */
+    ly->rstd_attn = carve_f(c, A, Nr);
+    float *acts = carve_f(c, A, mt_mamba3_acts_floats(&m->mdims, m->N));
+    if (acts) mt_mamba3_acts_bind(&ly->mb, acts, &m->mdims, m->N);
+    ly->x_mid = carve_f(c, A, Nr * D);
+}
+
+/* backward scratch (WORKSPACE), shared by every M layer */
+static void mamba_carve_scratch(struct mt_model *m, struct mt_carver *c)
+{
+    float *s = carve_f(c, MT_BUCKET_WORKSPACE, mt_mamba3_scratch_floats(&m->mdims, m->N));
+    if (s) mt_mamba3_scratch_bind(&m->mb_s, s, &m->mdims, m->N);
+}
+
+/* the mixer's weights (use_grad 0) or their gradients (1) as mamba3.c wants them */
+static void mamba_weights(const struct mt_layer_w *w, int use_grad, struct mt_mamba3_weights *out)
+{
+#define MB_PICK(p) (use_grad ? (p)->grad : (p)->data)
+    out->win = NULL;   /* by blocks */
+    for (int b = 0; b < 7; b++) out->win_part[b] = MB_PICK(w->mwin[b]);
+    out->wout = MB_PICK(w->mwout);
+    out->dt_bias = MB_PICK(w->mdt_bias);
+    out->A_log = MB_PICK(w->ma_log);
+    out->Dsk = MB_PICK(w->md);
+    out->gB = MB_PICK(w->mgb);
+    out->gC = MB_PICK(w->mgc);
+    out->B_bias = MB_PICK(w->mbb);
+    out->C_bias = MB_PICK(w->mcb);
+    out->g_out = MB_PICK(w->mgout);
+#undef MB_PICK
+}
+
+static enum mt_status mamba_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly,
+                                    struct mt_piece_fwd *a)
+{
+    const struct mt_ops_i *ops = m->ops;
+    const int n = a->B * a->T, D = m->D;
+    if (a->kcache) {
+        /* decoding, B == 1, one rank: kcache is this layer's recurrent state
+         * (infer.c sizes it with mt_mamba3_state_floats), O(1) per new token */
+        MT_ASSERT(a->B == 1 && m->tp == 1);
+        struct mt_mamba3_weights w;
+        mamba_weights(&ly->w, 0, &w);
+        ops->rmsnorm_forward(ly->h_attn_n, ly->rstd_attn, ly->x_in, ly->w.ln1->data, n, D, m->cfg.norm_eps);
+        mt_mamba3_decode(ops, ly->x_mid, &ly->mb, a->kcache, ly->h_attn_n, &w, &m->mdims, a->T, a->pos0);
+        ops->axpby(ly->x_mid, ly->x_in, 1.0f, 1.0f, (size_t)n * D);
+        return MT_OK;
+    }
+    const int Nr = m->sp ? n / m->tp : n;     /* residual rows on this rank */
+    struct mt_mamba3_weights w;
+    mamba_weights(&ly->w, 0, &w);
+    ops->rmsnorm_forward(ly->h_attn_n, ly->rstd_attn, ly->x_in, ly->w.ln1->data, Nr, D, m->cfg.norm_eps);
+    if (m->tp == 1) {
+        /* x_mid = mamba3(h), then += x_in (the residual path) */
+        mt_mamba3_forward(ops, ly->x_mid, &ly->mb, ly->h_attn_n, &w, &m->mdims, a->B, a->T);
+        ops->axpby(ly->x_mid, ly->x_in, 1.0f, 1.0f, (size_t)n * D);
+        return MT_OK;
+    }
+    /* TP region, like attention: this rank's heads and groups over all n rows;
+     * Wout holds their columns, so the output is a partial sum (TP exit) */
+    if (m->sp) MT_CHECK(tp_gather_rows(ctx, m, ly->h_attn, ly->h_attn_n, Nr, D));
+    mt_mamba3_forward(ops, m->s_red, &ly->mb, ly->h_attn, &w, &m->mdims, a->B, a->T);
+    ops->copy(ly->x_mid, ly->x_in, (size_t)Nr * D * sizeof(float));
+    return tp_exit_add(ctx, m, ly->x_mid, m->s_red, m->s_full);
+}
+
+static enum mt_status mamba_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly)
+{
+    const struct mt_ops_i *ops = m->ops;
+    const int Nr = m->Nr, D = m->D;
+    struct mt_mamba3_weights w, g;
+    mamba_weights(&ly->w, 0, &w);
+    mamba_weights(&ly->w, 1, &g);
+    /* the TP exit's conjugate: SP gathers the rows of d x_mid; without SP dx is already whole */
+    const float *dy = m->dx;
+    if (m->sp) {
+        MT_CHECK(tp_gather_rows(ctx, m, m->s_full, m->dx, Nr, D));
+        dy = m->s_full;
+    }
+    /* dh = d h (overwritten; under TP this rank's heads' partial sum), every mixer gradient += */
+    mt_mamba3_backward(ops, m->dh, 0, &g, &m->mb_s, dy, ly->h_attn, &ly->mb, &w, &m->mdims, m->B, m->T);
+    /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
+    const float *dhr = m->dh;
+    if (m->sp) {
+        MT_CHECK(tp_reduce_scatter_rows(ctx, m, m->s_red, m->dh, Nr, D));
+        dhr = m->s_red;
+    } else if (m->tp > 1) {
+        MT_CHECK(tp_allreduce(ctx, m, m->dh, (size_t)m->N * D));
+    }
+    ops->rmsnorm_backward(m->dx, ly->w.ln1->grad, dhr, ly->x_in, ly->w.ln1->data, ly->rstd_attn, Nr, D, 1);
+    return MT_OK;
+}
+
+const struct mt_piece mt_piece_mamba = {
+    /* .name                  = */ "mamba3",
+    /* .tp_regions            = */ 1,
+    /* .sp_gathers            = */ 0,
+    /* .params                = */ mamba_params,
+    /* .check                 = */ mamba_check,
+    /* .mm_per_token          = */ mamba_mm,
+    /* .extra_flops_per_token = */ mamba_extra,
+    /* .inactive_params       = */ NULL,
+    /* .carve                 = */ mamba_carve,
+    /* .carve_scratch         = */ mamba_carve_scratch,
+    /* .ffn_scratch           = */ NULL,
+    /* .forward               = */ mamba_forward,
+    /* .backward              = */ mamba_backward,
+    /* .undo_recompute        = */ NULL,
+};
