@@ -174,16 +174,20 @@ static void visit_param(param_visit_fn fn, void *user, const struct mt_model *m,
     p.reduce_model = mt_layout_reduce_model(sp->layout, m->tp, m->sp);
     p.layout = (int)sp->layout;
     p.numel = (size_t)p.len[0] * (size_t)p.len[1];
-    p.init = sp->init == MT_SCALE_ONES ? MT_INIT_ONES : MT_INIT_NORMAL;
-    p.init_std = sp->init == MT_SCALE_ONES ? 0.0f
-                 : sp->init == MT_SCALE_NORMAL_OUT ? (float)(0.02 / sqrt(2.0 * m->L)) : 0.02f;
+    p.init = sp->init == MT_SCALE_ONES ? MT_INIT_ONES : sp->init == MT_SCALE_ZEROS ? MT_INIT_ZEROS : MT_INIT_NORMAL;
+    p.init_std = sp->init == MT_SCALE_ONES || sp->init == MT_SCALE_ZEROS ? 0.0f
+                 : sp->init == MT_SCALE_NORMAL_OUT ? (float)(0.02 / sqrt(2.0 * m->L))
+                 : sp->init == MT_SCALE_LORA_A ? (float)(1.0 / sqrt((double)cfg->lora_rank)) : 0.02f;
+    /* LoRA: adapters (A, B) train with AdamW; everything else is frozen */
+    const int adapter = sp->init == MT_SCALE_LORA_A || sp->init == MT_SCALE_ZEROS;
+    p.frozen = cfg->lora_rank > 0 && !adapter;
     p.role = sp->role;
     p.split = split;
     p.layer = layer;
     p.expert = sp->expert;
     p.decay = sp->ndim == 2;
     /* nanochat split: Muon for every 2-D matrix inside the blocks except the router */
-    int muon = sp->ndim == 2 && layer >= 0 && sp->role != MT_ROLE_ROUTER;
+    int muon = sp->ndim == 2 && layer >= 0 && sp->role != MT_ROLE_ROUTER && !adapter;
     p.optim = (muon && strcmp(cfg->optimizer, "adamw") != 0) ? MT_OPTIM_MUON : MT_OPTIM_ADAMW;
     fn(user, &p);
 }
@@ -419,6 +423,13 @@ static void model_layout(struct mt_model *m, struct mt_carver *c)
     m->s_dact = carve_f(c, W, ff);
     m->s_dg = carve_f(c, W, ff);
     m->s_du = carve_f(c, W, ff);
+    if (m->cfg.lora_rank > 0) {
+        /* LoRA: x A^T and its gradient (rows, r), rows = the most any projection sees */
+        size_t rows = N, em = (size_t)m->M * (size_t)(m->ep > 0 ? m->ep : 1);
+        if (em > rows) rows = em;
+        m->s_lora = carve_f(c, W, rows * (size_t)m->cfg.lora_rank);
+        m->s_dlora = carve_f(c, W, rows * (size_t)m->cfg.lora_rank);
+    }
     carve_piece_scratch(m, c, 1);   /* ffns */
     m->h_losses = carve_f(c, O, Nr);
 }
@@ -534,6 +545,29 @@ void mt_model_destroy(struct mt_ctx *ctx, struct mt_model *m)
     mt_free(ctx, m);
 }
 
+/* LoRA: point each targeted base matrix at its adapters (registry entries
+ * "<W>.lora_A.weight", "<W>.lora_B.weight" follow their piece's own
+ * parameters, so the base is found by name, searching back). */
+static void bind_lora(struct mt_model *m)
+{
+    if (m->cfg.lora_rank <= 0) return;
+    const float scale = m->cfg.lora_alpha / (float)m->cfg.lora_rank;
+    for (int i = 0; i + 1 < m->n_params; i++) {
+        struct mt_param *a = &m->params[i];
+        const char *tag = strstr(a->name, ".lora_A.weight");
+        if (!tag) continue;
+        char base[128];
+        snprintf(base, sizeof base, "%.*s.weight", (int)(tag - a->name), a->name);
+        for (int j = i - 1; j >= 0; j--)
+            if (!strcmp(m->params[j].name, base)) {
+                m->params[j].lora_a = a;
+                m->params[j].lora_b = &m->params[i + 1];
+                m->params[j].lora_scale = scale;
+                break;
+            }
+    }
+}
+
 /* Point each layer's weight fields at its registry entries: the same walk
  * as build_params, with a visitor that binds instead of building. */
 static void bind_layer_params(struct mt_model *m, struct mt_layer *layers)
@@ -595,6 +629,7 @@ enum mt_status mt_model_create_par(struct mt_ctx *ctx, const struct mt_ops_i *op
         s.arr = m->params;
         s.n = 0;
         build_params(m, sink_param, &s);
+        bind_lora(m);
         m->wte = m->first ? &m->params[0] : NULL;
         *out = m;
         return MT_OK;
@@ -607,6 +642,7 @@ enum mt_status mt_model_create_par(struct mt_ctx *ctx, const struct mt_ops_i *op
     s.arr = m->params;
     s.n = 0;
     build_params(m, sink_param, &s);
+    bind_lora(m);
     for (int k = 0; k < m->n_slots; k++) bind_layer_params(m, m->slots[k].layers);
 
     /* pass 1: sizes; pass 2: carve from the arenas */

@@ -204,7 +204,7 @@ double mt_optim_grad_sumsq(struct mt_optim *o)
 {
     double s = 0.0;
     for (int i = 0; i < o->n_params; i++)
-        s += o->ops->sumsq(o->ps[i].p->grad, o->ps[i].p->numel);
+        if (!o->ps[i].p->frozen) s += o->ops->sumsq(o->ps[i].p->grad, o->ps[i].p->numel);
     return s;
 }
 
@@ -294,7 +294,7 @@ enum mt_status mt_optim_step(struct mt_ctx *ctx, struct mt_optim *o, int step, d
         double sc = cfg->grad_clip / (grad_norm + 1e-6);
         if (sc < 1.0)
             for (int i = 0; i < o->n_params; i++)
-                ops->axpby(o->ps[i].p->grad, NULL, 0.0f, (float)sc, o->ps[i].p->numel);
+                if (!o->ps[i].p->frozen) ops->axpby(o->ps[i].p->grad, NULL, 0.0f, (float)sc, o->ps[i].p->numel);
     }
 
     double f = mt_optim_lr_factor(cfg, step);
@@ -306,6 +306,7 @@ enum mt_status mt_optim_step(struct mt_ctx *ctx, struct mt_optim *o, int step, d
     for (int i = 0; i < o->n_params; i++) {
         struct pstate *st = &o->ps[i];
         struct mt_param *p = st->p;
+        if (p->frozen) continue;   /* LoRA: the base does not move (docs/lora.md) */
         float wd = p->decay ? cfg->weight_decay : 0.0f;
         if (p->optim == MT_OPTIM_MUON)
             MT_CHECK(muon_update(ctx, o, st, muon_lr, wd));
