@@ -10,7 +10,9 @@
 #     ep=2 and tp=2 (MoE, experts' adapters too); every replicated tensor,
 #     adapters included, hashes the same on every rank that holds it after the
 #     number of comparisons the mesh implies (tests/replica_pairs.py);
-#  4. bad input: an unknown target, a rank larger than min(in, out): one line,
+#  4. --init-from a checkpoint + LoRA starts at the base's loss exactly; a
+#     LoRA run resumes bit-exact (dp=2 x ZeRO-2);
+#  5. bad input: an unknown target, a rank larger than min(in, out): one line,
 #     exit 2, nothing written.
 # Skips (exit 77, SKIPPED) without mpirun or in a build without MPI.
 set -u
@@ -77,7 +79,31 @@ MOE 2 tp=2 0 1
 MOE 4 ep=2,tp=2 3 0
 LIST
 
-# ---- 4: bad input ----
+# ---- 4: from a real base; resume ----
+# --init-from a trained checkpoint: the LoRA run's step-0 loss is the base's
+# (a full fine-tune from the same checkpoint gives it), the base stays frozen
+run 1 "$W/ft" $DENSE --steps 4 --init-from "$W/full" || bad "full fine-tune from a checkpoint"
+run 1 "$W/lft" $DENSE $LORA --steps 4 --init-from "$W/full" || { bad "LoRA from a checkpoint"; cat "$W/lft.log"; }
+if python3 - "$W/ft" "$W/lft" "$W/full" "$HERE" <<'PY'
+import json, sys
+sys.path.insert(0, sys.argv[4])
+from equiv import last_ckpt, tensors
+a, b = (json.load(open(d + "/receipt.json"))["losses"] for d in sys.argv[1:3])
+print("   step 0: fine-tune %.17g lora %.17g" % (a[0], b[0]))
+_, base = tensors(last_ckpt(sys.argv[3]))
+_, lft = tensors(last_ckpt(sys.argv[2]))
+assert a[0] == b[0] and a[1:] != b[1:]
+assert all(lft[n][1].tobytes() == base[n][1].tobytes() for n in base)
+PY
+then ok "--init-from CKPT + LoRA: step-0 loss equals the base's exactly, the base's tensors unchanged"
+else bad "--init-from CKPT + LoRA"; fi
+# resume on the same mesh (dp=2 x ZeRO-2): 4 + 4 steps == 8 steps, bit for bit
+run 2 "$W/r8" $DENSE $LORA --steps 8 --mesh dp=2 --zero 2 && run 2 "$W/r4" $DENSE $LORA --steps 4 --mesh dp=2 --zero 2 \
+    && run 2 "$W/r4" $DENSE $LORA --steps 8 --mesh dp=2 --zero 2 --resume "$W/r4" || bad "LoRA resume runs"
+if close "$W/r8" "$W/r4" 0 4; then ok "LoRA dp=2 ZeRO-2: 4 + resume + 4 steps == 8 steps, bit for bit"
+else bad "LoRA resume"; fi
+
+# ---- 5: bad input ----
 viol 1 dp=1 "lora_targets: unknown target 'router'" $DENSE --set lora_rank=2 --set lora_targets=q,router
 viol 1 dp=1 "lora_rank=64 exceeds min\(in, out\)=16" $DENSE --set lora_rank=64
 

@@ -187,7 +187,7 @@ static void visit_param(param_visit_fn fn, void *user, const struct mt_model *m,
     p.expert = sp->expert;
     p.decay = sp->ndim == 2;
     /* nanochat split: Muon for every 2-D matrix inside the blocks except the router */
-    int muon = sp->ndim == 2 && layer >= 0 && sp->role != MT_ROLE_ROUTER && !adapter;
+    int muon = sp->ndim == 2 && layer >= 0 && sp->role != MT_ROLE_ROUTER && !adapter && !p.frozen;
     p.optim = (muon && strcmp(cfg->optimizer, "adamw") != 0) ? MT_OPTIM_MUON : MT_OPTIM_ADAMW;
     fn(user, &p);
 }

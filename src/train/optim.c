@@ -84,6 +84,7 @@ void mt_optim_plan_bytes(const struct mt_config *cfg, const struct mt_param *par
     for (int b = 0; b < MT_BUCKET_COUNT; b++) bytes[b] = 0;
     for (int i = 0; i < n_params; i++) {
         size_t nb = params[i].numel * sizeof(float);
+        if (params[i].frozen) continue;   /* LoRA base: no state */
         bytes[MT_BUCKET_OPTIM] += params[i].optim == MT_OPTIM_ADAMW ? 2 * nb : nb;
     }
     size_t max_numel, max_ss;
@@ -135,6 +136,8 @@ enum mt_status mt_optim_create(struct mt_ctx *ctx, const struct mt_ops_i *ops, c
     for (int i = 0; i < n_params; i++) {
         struct pstate *s = &o->ps[i];
         s->p = &params[i];
+        s->m = s->v = NULL;
+        if (params[i].frozen) continue;   /* LoRA base: no state, never updated */
         s->m = ws_alloc(ctx, ops, params[i].numel, MT_BUCKET_OPTIM);
         if (!s->m) { mt_optim_destroy(ctx, o); return MT_ERR_OOM; }
         o->n_states++;
@@ -322,6 +325,11 @@ int mt_optim_state_count(const struct mt_optim *o)
     return o ? o->n_states : 0;
 }
 
+int mt_optim_param_n_states(const struct mt_param *p)
+{
+    return p->frozen ? 0 : mt_optim_class_n_states(p->optim);
+}
+
 int mt_optim_class_n_states(int optim)
 {
     return optim == MT_OPTIM_ADAMW ? 2 : 1;
@@ -340,7 +348,7 @@ void mt_optim_state_get(const struct mt_optim *o, int i, struct mt_optim_state *
     memset(out, 0, sizeof *out);
     for (int k = 0; k < o->n_params; k++) {
         const struct pstate *st = &o->ps[k];
-        int ns = st->v ? 2 : 1;
+        int ns = st->p->frozen ? 0 : st->v ? 2 : 1;
         if (i >= ns) { i -= ns; continue; }
         out->param = st->p;
         mt_optim_class_state_name(st->v ? MT_OPTIM_ADAMW : MT_OPTIM_MUON, st->p->name, i, out->name, sizeof out->name);
