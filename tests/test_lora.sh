@@ -4,7 +4,9 @@
 #     the same step-0 loss as full training of the same base (B = 0);
 #  2. freezing is real: after 8 steps every base tensor of the checkpoint is
 #     byte-identical to the base of a 0-learning-rate run (nothing moved it),
-#     and the adapters moved;
+#     and the adapters moved; the receipt counts trainable (adapters) and
+#     frozen parameters and the optimizer holds state for the adapters only
+#     (plan == measured);
 #  3. equivalence with the single-rank LoRA run (tests/equiv.py bounds,
 #     docs/testing.md): tp=2 with SP on and off, pp=2, dp=2 x ZeRO-3 (dense),
 #     ep=2 and tp=2 (MoE, experts' adapters too); every replicated tensor,
@@ -58,6 +60,25 @@ assert len(base) > 0 and len(same) == len(base) and len(ad) == 28 and len(moved)
 PY
 then ok "base tensors byte-identical after $STEPS steps, every adapter moved"
 else bad "freezing"; fi
+
+# no optimizer state for the base (plan and measured), trainable = adapters
+if python3 - "$W/full" "$W/DENSE_ref" "$HERE" <<'PY'
+import json, sys
+sys.path.insert(0, sys.argv[3])
+from equiv import last_ckpt, tensors
+f, l = (json.load(open(d + "/receipt.json")) for d in sys.argv[1:3])
+_, t = tensors(last_ckpt(sys.argv[2]))
+ad = sum(len(v[1]) for n, v in t.items() if ".lora_" in n)
+base = sum(len(v[1]) for n, v in t.items() if ".lora_" not in n)
+pl, ms = l["memory"]["plan_bytes"], l["memory"]["measured_peak_bytes"]
+print("   parameters %s; optim plan %d measured %d (full training %d)" % (l["parameters"], pl["optim"], ms["optim"],
+      f["memory"]["measured_peak_bytes"]["optim"]))
+assert l["parameters"]["trainable"] == ad and l["parameters"]["frozen"] == base
+assert f["parameters"]["trainable"] == f["parameters"]["total"] and f["parameters"]["frozen"] == 0
+assert pl["optim"] == ms["optim"] == 2 * 4 * ad   # AdamW: 2 fp32 states per adapter element, none for the base
+PY
+then ok "receipt: trainable = adapters, frozen = base; optimizer state only for adapters (plan == measured)"
+else bad "trainable / frozen counts and optimizer memory"; fi
 
 # ---- 3: equivalence on every mesh ----
 run 1 "$W/MOE_ref" $MOE $LORA --steps $STEPS || { bad "MoE LoRA reference"; cat "$W/MOE_ref.log"; }

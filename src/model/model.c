@@ -792,6 +792,23 @@ void mt_model_param_counts(const struct mt_config *cfg, size_t *total, size_t *a
     if (active) *active = s.numel - inactive;
 }
 
+/* Parameters the optimizer updates: all of them, or with LoRA the adapters. */
+struct trainable_sink { size_t n; };
+static void sink_trainable(void *user, const struct mt_param *p)
+{
+    if (!p->frozen) ((struct trainable_sink *)user)->n += p->numel;
+}
+
+size_t mt_model_param_trainable(const struct mt_config *cfg)
+{
+    struct mt_model m;
+    memset(&m, 0, sizeof m);
+    model_dims(&m, cfg, 1);
+    struct trainable_sink s = { 0 };
+    build_params(&m, sink_trainable, &s);
+    return s.n;
+}
+
 /* 6 * (matmul params active per token, wte excluded: it is a lookup)
  * + each block's non-parameter FLOPs (attention: 12 T H hd, PaLM/nanochat
  * convention). Integer-valued sums: exact in double. */

@@ -84,6 +84,8 @@ enum mt_status mt_receipt_write(struct mt_ctx *ctx, const char *path, const stru
     cJSON *pc = cJSON_AddObjectToObject(root, "parameters");
     cJSON_AddNumberToObject(pc, "total", (double)r->params_total);
     cJSON_AddNumberToObject(pc, "active_per_token", (double)r->params_active);
+    cJSON_AddNumberToObject(pc, "trainable", (double)r->params_trainable);
+    cJSON_AddNumberToObject(pc, "frozen", (double)(r->params_total - r->params_trainable));
 
     cJSON *mem = cJSON_AddObjectToObject(root, "memory");
     cJSON_AddItemToObject(mem, "plan_bytes", bucket_object(r->plan_bytes));
