@@ -793,10 +793,14 @@ void mt_model_param_counts(const struct mt_config *cfg, size_t *total, size_t *a
 }
 
 /* Parameters the optimizer updates: all of them, or with LoRA the adapters. */
-struct trainable_sink { size_t n; };
+struct trainable_sink { size_t n; double active; double expert_frac; };
 static void sink_trainable(void *user, const struct mt_param *p)
 {
-    if (!p->frozen) ((struct trainable_sink *)user)->n += p->numel;
+    struct trainable_sink *s = user;
+    if (p->frozen) return;
+    s->n += p->numel;
+    /* a routed expert's adapters see top_k / E of the tokens */
+    s->active += p->role == MT_ROLE_EXPERT ? (double)p->numel * s->expert_frac : (double)p->numel;
 }
 
 size_t mt_model_param_trainable(const struct mt_config *cfg)
@@ -804,12 +808,13 @@ size_t mt_model_param_trainable(const struct mt_config *cfg)
     struct mt_model m;
     memset(&m, 0, sizeof m);
     model_dims(&m, cfg, 1);
-    struct trainable_sink s = { 0 };
+    struct trainable_sink s = { 0, 0, 0 };
     build_params(&m, sink_trainable, &s);
     return s.n;
 }
 
 /* 6 * (matmul params active per token, wte excluded: it is a lookup)
+ * (LoRA: 4 x the base's + 6 x the adapters', below)
  * + each block's non-parameter FLOPs (attention: 12 T H hd, PaLM/nanochat
  * convention). Integer-valued sums: exact in double. */
 double mt_model_flops_per_token(const struct mt_config *cfg)
@@ -824,7 +829,14 @@ double mt_model_flops_per_token(const struct mt_config *cfg)
         mm += mt_blocks_layer_mm(cfg, &shape, l);
         extra += mt_blocks_layer_extra(cfg, &shape, l);
     }
-    return 6.0 * mm + extra;
+    if (cfg->lora_rank <= 0) return 6.0 * mm + extra;
+    /* LoRA (docs/lora.md): the frozen base's matmuls run forward (2) and
+     * backward for the activations only (2), no weight gradient; the
+     * adapters forward and backward in full (6 x their params active per
+     * token; the backward's recompute of x A^T is not useful work). */
+    struct trainable_sink s = { 0, 0, cfg->n_experts > 0 ? (double)cfg->top_k / (double)cfg->n_experts : 0 };
+    build_params(&m, sink_trainable, &s);
+    return 4.0 * mm + 6.0 * s.active + extra;
 }
 
 /* ------------------------------------------------------------------ */

@@ -111,8 +111,12 @@ enum mt_status mt_receipt_write(struct mt_ctx *ctx, const char *path, const stru
     cJSON_AddNumberToObject(t, "tokens_per_s", r->tokens_per_s);
     cJSON_AddNumberToObject(t, "flops_per_token", r->flops_per_token);
     cJSON_AddStringToObject(t, "flops_convention",
-                            "6 x matmul parameters active per token (incl. lm_head, excl. embedding lookup) "
-                            "+ 12 x L x T x H x head_dim");
+                            r->cfg && r->cfg->lora_rank > 0
+                                ? "LoRA: 4 x the frozen base's matmul parameters active per token (forward + "
+                                  "backward for activations; incl. lm_head, excl. embedding lookup) + 6 x the "
+                                  "adapters' active per token + 12 x L x T x H x head_dim"
+                                : "6 x matmul parameters active per token (incl. lm_head, excl. embedding lookup) "
+                                  "+ 12 x L x T x H x head_dim");
     cJSON_AddNumberToObject(t, "model_flops_per_s", r->model_flops_per_s);
     cJSON_AddNumberToObject(t, "mfu", r->mfu);
     cJSON_AddNumberToObject(t, "peak_flops", r->peak_flops);
