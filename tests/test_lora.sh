@@ -107,7 +107,7 @@ LIST
 # --init-from a trained checkpoint: the LoRA run's step-0 loss is the base's
 # (a full fine-tune from the same checkpoint gives it), the base stays frozen
 run 1 "$W/ft" $DENSE --steps 4 --init-from "$W/full" || bad "full fine-tune from a checkpoint"
-run 1 "$W/lft" $DENSE $LORA --steps 4 --init-from "$W/full" || { bad "LoRA from a checkpoint"; cat "$W/lft.log"; }
+run 1 "$W/lft" $DENSE --lora 4:8:q,k,v,o,gate,up,down --steps 4 --init-from "$W/full" || { bad "LoRA from a checkpoint"; cat "$W/lft.log"; }
 if python3 - "$W/ft" "$W/lft" "$W/full" "$HERE" <<'PY'
 import json, sys
 sys.path.insert(0, sys.argv[4])
@@ -171,6 +171,8 @@ else bad "export --adapter"; fi
 # ---- 6: bad input ----
 viol 1 dp=1 "lora_targets: unknown target 'router'" $DENSE --set lora_rank=2 --set lora_targets=q,router
 viol 1 dp=1 "lora_rank=64 exceeds min\(in, out\)=16" $DENSE --set lora_rank=64
+viol 1 dp=1 "lora_targets: unknown target 'qq'" $DENSE --lora 2:4:qq
+viol 1 dp=1 "--lora 0: the rank must be an integer >= 1" $DENSE --lora 0
 
 if [ "${skipped_part:-0}" = 1 ] && [ $fails -eq 0 ]; then echo "$passes passed; SKIPPED (part needs numpy)"; exit 77; fi
 finish
