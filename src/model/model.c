@@ -1033,7 +1033,8 @@ enum mt_status mt_model_backward_stage(struct mt_ctx *ctx, struct mt_model *m, c
     }
     if (m->first) {
         MT_CHECK(hook(ctx, m, m->hooks.pre_backward, 0));
-        ops->embed_backward(m->wte->grad, m->dx, m->idx + (m->sp ? m->row0 : 0), m->Nr, D, m->V);
+        if (!m->wte->frozen)   /* LoRA: the frozen embedding needs no gradient */
+            ops->embed_backward(m->wte->grad, m->dx, m->idx + (m->sp ? m->row0 : 0), m->Nr, D, m->V);
         MT_CHECK(hook(ctx, m, m->hooks.post_backward, 0));
     }
     return MT_OK;

@@ -299,7 +299,8 @@ enum mt_status moe_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_la
 
     /* term 4: router */
     ops->router_backward(m->s_drl, m->s_dgates, m->s_dprobs, m->s_dlse, ly->probs, ly->topk, ly->gates, n, E, k);
-    linear_backward(ops, dh, 1.0f, ly->w.router->grad, m->s_drl, ly->h_mlp, ly->w.router->data, n, D, E);
+    linear_backward(ops, dh, 1.0f, ly->w.router->frozen ? NULL : ly->w.router->grad, m->s_drl, ly->h_mlp,
+                    ly->w.router->data, n, D, E);   /* LoRA: a frozen router computes dx only */
     return MT_OK;
 }
 
