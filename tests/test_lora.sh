@@ -6,7 +6,8 @@
 #     byte-identical to the base of a 0-learning-rate run (nothing moved it),
 #     and the adapters moved; the receipt counts trainable (adapters) and
 #     frozen parameters and the optimizer holds state for the adapters only
-#     (plan == measured);
+#     (plan == measured); the plan's layout table lists every adapter with
+#     its spec, holders and reduction group (tp=2);
 #  3. equivalence with the single-rank LoRA run (tests/equiv.py bounds,
 #     docs/testing.md): tp=2 with SP on and off, pp=2, dp=2 x ZeRO-3 (dense),
 #     ep=2 and tp=2 (MoE, experts' adapters too); every replicated tensor,
@@ -79,6 +80,34 @@ assert pl["optim"] == ms["optim"] == 2 * 4 * ad   # AdamW: 2 fp32 states per ada
 PY
 then ok "receipt: trainable = adapters, frozen = base; optimizer state only for adapters (plan == measured)"
 else bad "trainable / frozen counts and optimizer memory"; fi
+
+# the plan's layout table shows each adapter with its spec, holders and
+# reduction group (tp=2: A of a column-parallel W whole and reduced over
+# data x model; B split by rows; the reverse for a row-parallel W)
+echo '{}' > "$W/empty.json"
+"$MT" plan --config "$W/empty.json" $DENSE --set lora_rank=4 --set lora_targets=q,o --world 2 --mesh tp=2 >"$W/plan.txt" 2>&1
+if python3 - "$W/plan.txt" <<'PY'
+import re, sys
+rows = {}
+for line in open(sys.argv[1]):
+    f = re.split(r"\s{2,}", line.strip())
+    if f and ".lora_" in f[0]:
+        rows[f[0]] = f
+want = {
+    "model.layers.0.self_attn.q_proj.lora_A.weight": ("[4, 32]", "[-, -]", "[4, 32]", "stage(2)"),
+    "model.layers.0.self_attn.q_proj.lora_B.weight": ("[32, 4]", "[model, -]", "[16, 4]", "data_expert(1)"),
+    "model.layers.0.self_attn.o_proj.lora_A.weight": ("[4, 32]", "[-, model]", "[4, 16]", "data_expert(1)"),
+    "model.layers.0.self_attn.o_proj.lora_B.weight": ("[32, 4]", "[-, -]", "[32, 4]", "stage(2)"),
+}
+print("   %d adapter rows in the plan's table" % len(rows))
+assert len(rows) == 8
+for n, (g, spec, loc, red) in want.items():
+    f = rows[n]
+    assert f[1] == g and f[2] == spec and f[3] == loc and f[5] == "0-1" and f[6] == red and f[-1] == "adamw", f
+assert "1024 trainable (adapters)" in open(sys.argv[1]).read()
+PY
+then ok "plan: adapter tensors with spec, holders and reduction group (tp=2)"
+else bad "plan layout table of adapters"; cat "$W/plan.txt" | head -5; fi
 
 # ---- 3: equivalence on every mesh ----
 run 1 "$W/MOE_ref" $MOE $LORA --steps $STEPS || { bad "MoE LoRA reference"; cat "$W/MOE_ref.log"; }
