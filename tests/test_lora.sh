@@ -8,7 +8,8 @@
 #     frozen parameters and the optimizer holds state for the adapters only
 #     (plan == measured); the plan's layout table lists every adapter with
 #     its spec, holders and reduction group (tp=2);
-#  3. equivalence with the single-rank LoRA run (tests/equiv.py bounds,
+#  3. MoE LoRA with recompute=block is bit-identical to no recompute;
+#     equivalence with the single-rank LoRA run (tests/equiv.py bounds,
 #     docs/testing.md): tp=2 with SP on and off, pp=2, dp=2 x ZeRO-3 (dense),
 #     ep=2 and tp=2 (MoE, experts' adapters too); every replicated tensor,
 #     adapters included, hashes the same on every rank that holds it after the
@@ -111,6 +112,10 @@ else bad "plan layout table of adapters"; cat "$W/plan.txt" | head -5; fi
 
 # ---- 3: equivalence on every mesh ----
 run 1 "$W/MOE_ref" $MOE $LORA --steps $STEPS || { bad "MoE LoRA reference"; cat "$W/MOE_ref.log"; }
+# recompute=block re-runs the same projections: bit for bit
+if run 1 "$W/MOE_rc" $MOE $LORA --steps $STEPS --set recompute=block && close "$W/MOE_ref" "$W/MOE_rc" 0; then
+    ok "MoE LoRA recompute=block == no recompute, bit for bit"
+else bad "MoE LoRA recompute=block"; fi
 i=0
 # hash: 1 where the mesh holds replicas (pp=2 alone and ZeRO-3 hold none: 0 pairs)
 while read -r name np mesh zero hash extra; do
