@@ -11,7 +11,10 @@ Who holds a tensor (mesh rank = ((pipe * dp + data) * ep + expert) * tp + model)
     everything else: every expert rank (ep is data for dense parameters);
   - every data and model rank; a TP-split tensor (q/k/v/o_proj, the dense MLP's
     gate/up/down_proj) is a different slice per model rank, so only ranks with
-    the same model coordinate hold the same copy.
+    the same model coordinate hold the same copy;
+  - LoRA adapters (docs/lora.md): on a column-parallel W (q, k, v, gate, up)
+    lora_B is split and lora_A whole; on a row-parallel W (o, down) lora_A is
+    split and lora_B whole; experts' adapters live with their expert.
 Two ranks holding the same copy form one comparison. ZeRO-3 and one rank: 0.
 Prints the count."""
 import json
@@ -55,6 +58,9 @@ def main(run):
         erank = int(em.group(1)) // (E // ep) if em else None
         split = tp > 1 and not em and "shared_expert" not in n and re.search(
             r"\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight$", n) is not None
+        if tp > 1 and not em and "shared_expert" not in n:
+            split = split or re.search(r"\.(self_attn\.[qkv]_proj|mlp\.(gate|up)_proj)\.lora_B\.weight$", n) \
+                is not None or re.search(r"\.(self_attn\.o_proj|mlp\.down_proj)\.lora_A\.weight$", n) is not None
         holders = [c for c in map(coord, range(W)) if c[0] == stage and (erank is None or c[2] == erank)]
         for i in range(len(holders)):
             for j in range(i + 1, len(holders)):

@@ -37,6 +37,7 @@
 #include "ops/mt_ops.h"
 
 static int g_fail = 0;
+static int g_lora = 0;   /* 1: the configs carry LoRA adapters on every target (rank 2, alpha 4) */
 #define EXPECT(cond, ...)                                                   \
     do {                                                                    \
         if (!(cond)) {                                                      \
@@ -81,6 +82,11 @@ static void base_config(struct mt_config *cfg, struct mt_ctx *ctx, int moe, floa
         cfg->z_loss_coef = 0.01f;
     } else {
         cfg->pattern[0] = '\0';
+    }
+    if (g_lora) {
+        cfg->lora_rank = 2;
+        cfg->lora_alpha = 4.0f;
+        snprintf(cfg->lora_targets, sizeof cfg->lora_targets, "q,k,v,o,gate,up,down,expert");
     }
     if (mt_config_resolve(ctx, cfg, 1) != MT_OK) {
         fprintf(stderr, "config resolve: %s\n", mt_ctx_last_error(ctx));
@@ -179,7 +185,7 @@ static void gradcheck(const char *label, int moe, float softcap)
     struct mt_param *ps = mt_model_params(m, &np);
     const float eps = 2e-3f;
     const double rtol = 2e-2, atol = 5e-3;
-    int checked = 0, skipped = 0, bad = 0;
+    int checked = 0, skipped = 0, bad = 0, adapters = 0;
     double worst = 0;
     for (int i = 0; i < np; i++) {
         struct mt_param *p = &ps[i];
@@ -187,6 +193,16 @@ static void gradcheck(const char *label, int moe, float softcap)
         ops->copy_to_host(ga, p->grad, p->numel * sizeof(float));
         double gscale = 0;
         for (size_t e = 0; e < p->numel; e++) gscale = fmax(gscale, fabs(ga[e]));
+        if (g_lora && p->frozen) {
+            /* LoRA: no frozen matrix (targeted or not: embedding, router,
+             * lm_head too) gets a weight gradient, its backward computes dx
+             * only; the frozen gains' (1-D, cheap) are computed and unused */
+            EXPECT(p->ndim == 1 || gscale == 0, "%s: frozen %s has a weight gradient", label, p->name);
+            free(ga);
+            continue;
+        }
+        EXPECT(!g_lora || strstr(p->name, ".lora_"), "%s: %s trains in a LoRA run", label, p->name);
+        adapters++;
         EXPECT(gscale > 0 || strstr(p->name, "experts"), "%s: %s has an all-zero gradient", label, p->name);
         int ns = p->numel < 20 ? (int)p->numel : 20;
         for (int s = 0; s < ns; s++) {
@@ -221,8 +237,11 @@ static void gradcheck(const char *label, int moe, float softcap)
         }
         free(ga);
     }
-    printf("%s: %d params, %d elements checked, %d skipped (routing flip), %d bad, worst err/gscale %.2e\n",
-           label, np, checked, skipped, bad, worst);
+    printf("%s: %d params (%d trained), %d elements checked, %d skipped (routing flip), %d bad, worst err/gscale %.2e\n",
+           label, np, adapters, checked, skipped, bad, worst);
+    /* LoRA on every target: 2 layers x 7 dense targets (dense), or attention x 2
+     * + mlp of layer 0 + 4 experts x 3 of layer 1 (moe), A and B each */
+    if (g_lora) EXPECT(adapters == (moe ? 2 * (4 * 2 + 3 + 12) : 2 * 14), "%s: %d adapters", label, adapters);
     EXPECT(bad == 0, "%s: %d gradient elements out of tolerance", label, bad);
     EXPECT(skipped * 4 <= checked + skipped, "%s: too many routing flips (%d)", label, skipped);
     free(r0);
@@ -332,12 +351,65 @@ static void microbatch_split(int moe)
     mt_ctx_free(&ctx);
 }
 
+/* LoRA with its real init (B = 0): the loss equals the frozen base's bit
+ * for bit (the adapter adds s * t * 0 = +0 to every output), and after one
+ * backward the base matrices hold no gradient while B's is non-zero. */
+static void lora_zero_start(int moe)
+{
+    struct mt_ctx ctx;
+    mt_ctx_init(&ctx);
+    const struct mt_ops_i *ops = mt_ops_cpu();
+    const int B = 2, T = 6, N = B * T;
+    double loss[2];
+    for (int pass = 0; pass < 2; pass++) {
+        g_lora = pass;
+        struct mt_config cfg;
+        base_config(&cfg, &ctx, moe, 0.0f, T);
+        struct mt_model *m = NULL;
+        if (mt_model_create(&ctx, ops, &cfg, B, &m) != MT_OK || mt_model_init_params(&ctx, m, 5) != MT_OK) {
+            fprintf(stderr, "create: %s\n", mt_ctx_last_error(&ctx));
+            exit(1);
+        }
+        int32_t idx[64], tgt[64];
+        make_batch(N, cfg.vocab_size, 42, idx, tgt, 0);
+        struct mt_loss_norm norm = batch_norm(tgt, N, B, T);
+        mt_model_zero_grad(m);
+        loss[pass] = total_loss(&ctx, m, idx, tgt, &norm);
+        EXPECT(mt_model_backward(&ctx, m) == MT_OK, "backward: %s", mt_ctx_last_error(&ctx));
+        if (pass) {
+            int np, nb = 0;
+            struct mt_param *ps = mt_model_params(m, &np);
+            for (int i = 0; i < np; i++) {
+                if (!strstr(ps[i].name, ".lora_B.")) continue;
+                float *g = malloc(ps[i].numel * sizeof(float));
+                ops->copy_to_host(g, ps[i].grad, ps[i].numel * sizeof(float));
+                double mx = 0;
+                for (size_t e = 0; e < ps[i].numel; e++) mx = fmax(mx, fabs(g[e]));
+                nb += mx > 0;
+                free(g);
+            }
+            EXPECT(nb > 0, "lora zero start (moe=%d): every B gradient is zero", moe);
+        }
+        mt_model_destroy(&ctx, m);
+    }
+    g_lora = 0;
+    printf("lora zero start (moe=%d): loss %.17g (base %.17g)\n", moe, loss[1], loss[0]);
+    EXPECT(loss[0] == loss[1], "lora zero start (moe=%d): loss %.17g != base %.17g", moe, loss[1], loss[0]);
+    mt_ctx_free(&ctx);
+}
+
 int main(void)
 {
     gradcheck("dense softcap=0", 0, 0.0f);
     gradcheck("dense softcap=15", 0, 15.0f);
     gradcheck("moe", 1, 0.0f);
     gradcheck("hybrid AMEM", 2, 0.0f);
+    g_lora = 1;
+    gradcheck("dense lora", 0, 0.0f);
+    gradcheck("moe lora", 1, 0.0f);
+    g_lora = 0;
+    lora_zero_start(0);
+    lora_zero_start(1);
     accumulation(0);
     accumulation(1);
     accumulation(2);

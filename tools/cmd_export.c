@@ -23,6 +23,8 @@ static void export_usage(FILE *f)
             "  --bos-id N        bos/eos_token_id          default: the tokenizer's <|bos|> (omitted without one)\n"
             "  --allow-lossy     export a model HF cannot represent exactly (logit softcap, shared\n"
             "                    expert), printing what the HF model drops; refused (exit 2) without it\n"
+            "  --merge           a LoRA checkpoint: merged full weights W + (alpha/r) B A (docs/lora.md)\n"
+            "  --adapter         a LoRA checkpoint: adapter_model.safetensors + adapter_config.json (PEFT)\n"
             "  --force           write into a non-empty --out that is not a previous export (only the\n"
             "                    export's own files are replaced; nothing else there is touched)\n"
             "--out may not overlap --ckpt. exit codes: 0 ok, 2 bad input or refused, 1 runtime failure\n");
@@ -61,12 +63,15 @@ static void print_warnings(const char *cmd, const char *warn)
 int mt_cmd_export(int argc, char **argv)
 {
     const char *ckpt = NULL, *out = NULL;
+    int adapter = 0;
     struct mt_export_opts eo = {.bos_token_id = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { export_usage(stdout); return 0; }
         else if (!strcmp(a, "--force")) eo.force = 1;
         else if (!strcmp(a, "--allow-lossy")) eo.allow_lossy = 1;
+        else if (!strcmp(a, "--merge")) eo.merge = 1;
+        else if (!strcmp(a, "--adapter")) adapter = 1;
         else if (!strcmp(a, "--tokenizer") && i + 1 < argc) eo.tokenizer = argv[++i];
         else if (!strcmp(a, "--ckpt") && i + 1 < argc) ckpt = argv[++i];
         else if (!strcmp(a, "--out") && i + 1 < argc) out = argv[++i];
@@ -85,7 +90,10 @@ int mt_cmd_export(int argc, char **argv)
     mt_ctx_init(&ctx);
     char dir[4096], warn[2048] = "";
     enum mt_status rc = mt_ckpt_find(&ctx, ckpt, dir, sizeof dir);
-    if (rc == MT_OK) rc = mt_export_hf(&ctx, dir, out, &eo, warn, sizeof warn);
+    if (rc == MT_OK && adapter && eo.merge)
+        rc = mt_ctx_error(&ctx, MT_ERR_INVALID_ARG, "--merge and --adapter exclude each other");
+    else if (rc == MT_OK && adapter) rc = mt_export_lora_adapter(&ctx, dir, out, eo.force);
+    else if (rc == MT_OK) rc = mt_export_hf(&ctx, dir, out, &eo, warn, sizeof warn);
     if (rc != MT_OK) {
         fprintf(stderr, "meshtrain export: %s\n", mt_ctx_last_error(&ctx));
     } else {

@@ -175,6 +175,11 @@ static void print_text(const struct mt_plan *p, const struct mt_plan_profile *pr
     mt_model_param_counts(cfg, &total, &active);
     printf("parameters: %zu total, %zu active per token, %.4g FLOPs per token (6N + attention)\n", total, active,
            mt_model_flops_per_token(cfg));
+    if (cfg->lora_rank > 0) {
+        size_t tr = mt_model_param_trainable(cfg);
+        printf("LoRA r=%d alpha=%g on %s: %zu trainable (adapters), %zu frozen (the base: no optimizer state)\n",
+               cfg->lora_rank, (double)cfg->lora_alpha, cfg->lora_targets, tr, total - tr);
+    }
 
     printf("\n%-52s %-14s %-16s %-14s %-5s %-14s %-20s %-6s %-14s %s\n", "parameter", "global shape", "spec",
            "local shape", "stage", "holders", "reduce group", "owner", "optimizer on", "optim");
@@ -197,7 +202,7 @@ static void print_text(const struct mt_plan *p, const struct mt_plan_profile *pr
         n = mt_plan_param_ranks(p, i, MT_PLAN_OPTIMIZERS, ranks);
         mt_plan_ranks_str(ranks, n, rs2, sizeof rs2);
         printf("%-52s %-14s %-16s %-14s %-5d %-14s %-20s %-6d %-14s %s\n", pp->g.name, gs, spec, ls, pp->stage, rs, grp,
-               pp->owner, rs2, pp->g.optim == MT_OPTIM_MUON ? "muon" : "adamw");
+               pp->owner, rs2, pp->g.frozen ? "frozen" : pp->g.optim == MT_OPTIM_MUON ? "muon" : "adamw");
     }
     printf("(spec: which mesh axis splits each dimension; @expert: held by one expert rank; holders: ranks\n"
            " storing it between steps; owner: its rank in the reduce group (ZeRO: %s); optimizer on:\n"

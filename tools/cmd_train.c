@@ -39,6 +39,8 @@ static void train_usage(FILE *f)
             "  --init-from DIR      weights only (step 0, fresh optimizer) from a checkpoint dir, a previous\n"
             "                       --out, or a Hugging Face folder (config.json + model.safetensors);\n"
             "                       its config is the base (tensor shapes may not change)\n"
+            "  --lora R[:ALPHA[:T]]  LoRA fine-tuning: lora_rank=R, lora_alpha=ALPHA, lora_targets=T (comma\n"
+            "                       list of q,k,v,o,gate,up,down,expert); the base is frozen (docs/lora.md)\n"
             "  --mesh SPEC          pp=..,dp=..,ep=..,tp=.. (omitted axes 1, dp derived from the world)  default: all 1\n"
             "  --zero Z             ZeRO stage 0..3                               default: 0\n"
             "  --pp-layers N0,N1,.. layers per pipeline stage   default: balanced by cost (E blocks cost more)\n"
@@ -90,7 +92,7 @@ static int train_option_takes_value(const char *a)
 {
     static const char *const opts[] = {"--config", "--set",   "--backend",   "--data",  "--val-data",
                                         "--out",    "--resume", "--init-from", "--mesh",  "--pp-layers",
-                                        "--steps",  "--zero",   "--peak-flops", "--knob"};
+                                        "--steps",  "--zero",   "--peak-flops", "--knob", "--lora"};
     for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++)
         if (!strcmp(a, opts[k])) return 1;
     return 0;
@@ -288,6 +290,28 @@ static int train_args(struct mt_ctx *ctx, struct mt_knobs *knobs, struct mt_conf
             if (mt_config_set(ctx, cfg, v) != MT_OK) {
                 fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(ctx));
                 return 2;
+            }
+        }
+        else if (!strcmp(a, "--lora")) {
+            /* r[:alpha[:targets]] = --set lora_rank=r [lora_alpha=alpha] [lora_targets=...] */
+            char buf[160], kv[200];
+            snprintf(buf, sizeof buf, "%s", v);
+            char *alpha = strchr(buf, ':'), *targets = NULL;
+            if (alpha) { *alpha++ = 0; targets = strchr(alpha, ':'); if (targets) *targets++ = 0; }
+            char *rend;
+            long r = strtol(buf, &rend, 10);
+            if (!buf[0] || *rend || r < 1) {
+                fprintf(stderr, "meshtrain train: --lora %s: the rank must be an integer >= 1\n", v);
+                return 2;
+            }
+            const char *set[3][2] = {{"lora_rank", buf}, {"lora_alpha", alpha}, {"lora_targets", targets}};
+            for (int k = 0; k < 3; k++) {
+                if (!set[k][1] || (k > 0 && !set[k][1][0])) continue;
+                snprintf(kv, sizeof kv, "%s=%s", set[k][0], set[k][1]);
+                if (mt_config_set(ctx, cfg, kv) != MT_OK) {
+                    fprintf(stderr, "meshtrain train: --lora %s: %s\n", v, mt_ctx_last_error(ctx));
+                    return 2;
+                }
             }
         }
         else if (!strcmp(a, "--backend")) {

@@ -99,6 +99,9 @@ static const struct key keys[] = {
     {"save_every",   KT_INT,   OFF(save_every),   0, "0",     0, IMAX, NULL, 0, "checkpoint every N steps; 0 = only at the end"},
     {"keep_last",    KT_INT,   OFF(keep_last),    0, "0",     0, IMAX, NULL, 0, "keep this run's newest N checkpoints, delete the older ones it wrote; 0 = keep all"},
     {"backend",      KT_STRING, OFF(backend), SZ(backend), "cpu", 0, 0, "cpu|cuda", 0, "compute backend"},
+    {"lora_rank",    KT_INT,   OFF(lora_rank),    0, "0",     0, 65536, NULL, 0, "LoRA rank r; 0 = off (full training). r > 0 freezes the base (docs/lora.md)"},
+    {"lora_alpha",   KT_FLOAT, OFF(lora_alpha),   0, "0",     0, FMAXV, NULL, 0, "LoRA scale numerator: y += (alpha / r) (x A^T) B^T; 0 = r"},
+    {"lora_targets", KT_STRING, OFF(lora_targets), SZ(lora_targets), "q,v", 0, 0, NULL, 0, "comma list of q,k,v,o,gate,up,down,expert (the router never)"},
     {"recompute",    KT_STRING, OFF(recompute), SZ(recompute), "none", 0, 0, "none|block", 0, "activation recomputation"},
     {"sequence_parallel", KT_BOOL, OFF(sequence_parallel), 0, "true", 0, 1, NULL, 0, "sequence parallelism when tp > 1"},
     {"reshard_after_forward", KT_BOOL, OFF(reshard_after_forward), 0, "true", 0, 1, NULL, 0, "ZeRO-3: free gathered params after forward"},
@@ -652,9 +655,52 @@ enum mt_status mt_config_resolve(struct mt_ctx *ctx, struct mt_config *cfg, int 
     RULE(cfg->muon_momentum >= 0 && cfg->muon_momentum < 1, "muon_momentum in [0, 1) (muon_momentum=%g)",
          (double)cfg->muon_momentum);
 
+    /* LoRA: known targets, and r <= min(in, out) of every targeted matrix
+     * (a rank-r update of a matrix with a smaller side is not low-rank) */
+    if (cfg->lora_rank > 0) {
+        char bad[64];
+        unsigned mask = 0;
+        RULE(mt_config_lora_mask(cfg->lora_targets, &mask, bad, sizeof bad) == 0,
+             "lora_targets: unknown target '%s' (one of q,k,v,o,gate,up,down,expert)", bad);
+        RULE(mask != 0, "lora_targets is empty (one or more of q,k,v,o,gate,up,down,expert)");
+        const int64_t D = cfg->d_model, QD = (int64_t)cfg->n_head * cfg->head_dim,
+                      KD = (int64_t)cfg->n_kv_head * cfg->head_dim;
+        int64_t lim = D;
+        if (mask & (MT_LORA_Q | MT_LORA_O)) lim = QD < lim ? QD : lim;
+        if (mask & (MT_LORA_K | MT_LORA_V)) lim = KD < lim ? KD : lim;
+        if ((mask & (MT_LORA_GATE | MT_LORA_UP | MT_LORA_DOWN)) && cfg->mlp_hidden < lim) lim = cfg->mlp_hidden;
+        if ((mask & MT_LORA_EXPERT) && n_moe > 0 && cfg->expert_hidden < lim) lim = cfg->expert_hidden;
+        RULE(cfg->lora_rank <= lim, "lora_rank=%d exceeds min(in, out)=%lld of a targeted matrix",
+             cfg->lora_rank, (long long)lim);
+        if (cfg->lora_alpha == 0) cfg->lora_alpha = (float)cfg->lora_rank;
+    }
+
     RULE(run_steps >= 0, "run steps >= 0 (steps=%d)", run_steps);
     if (cfg->total_steps == 0) cfg->total_steps = run_steps;
     return MT_OK;
+}
+
+/* Bits of a comma list of LoRA targets; returns 0, or -1 with the first
+ * unknown name in bad. */
+int mt_config_lora_mask(const char *list, unsigned *mask, char *bad, size_t bad_len)
+{
+    static const char *const names[] = {"q", "k", "v", "o", "gate", "up", "down", "expert"};
+    *mask = 0;
+    const char *p = list;
+    while (*p) {
+        size_t n = strcspn(p, ",");
+        int hit = -1;
+        for (int i = 0; i < 8; i++)
+            if (strlen(names[i]) == n && !strncmp(p, names[i], n)) hit = i;
+        if (hit < 0) {
+            snprintf(bad, bad_len, "%.*s", (int)n, p);
+            return -1;
+        }
+        *mask |= 1u << hit;
+        p += n;
+        if (*p == ',') p++;
+    }
+    return 0;
 }
 
 int mt_config_is_moe_layer(const struct mt_config *cfg, int l) { return mt_blocks_layer_routed(cfg, l); }

@@ -66,6 +66,9 @@ struct mt_config {
     int   save_every;            /* 0 = only at the end                            */
     int   keep_last;             /* newest checkpoints of this command kept; 0 all */
     char  backend[16];           /* "cpu" | "cuda"                                 */
+    int   lora_rank;             /* r > 0: LoRA adapters on lora_targets, base frozen (docs/lora.md) */
+    float lora_alpha;            /* scale = alpha / r; 0 = r (scale 1)             */
+    char  lora_targets[64];      /* comma list of q,k,v,o,gate,up,down,expert      */
     char  recompute[16];         /* "none" | "block"                               */
     int   sequence_parallel;     /* bool, default 1 (used when tp > 1)             */
     int   reshard_after_forward; /* bool, default 1 (ZeRO-3)                       */
@@ -89,6 +92,12 @@ enum mt_status mt_config_set(struct mt_ctx *ctx, struct mt_config *cfg, const ch
  * pattern of length L over {A,E}, top_k in [1, n_experts] when any E block,
  * vocab_size in [2, 65536], ... -> MT_ERR_CONFIG naming the rule and numbers.
  * `run_steps` fills total_steps when it is 0. */
+/* LoRA target bits (lora_targets: q,k,v,o,gate,up,down,expert). */
+enum { MT_LORA_Q = 1, MT_LORA_K = 2, MT_LORA_V = 4, MT_LORA_O = 8, MT_LORA_GATE = 16, MT_LORA_UP = 32,
+       MT_LORA_DOWN = 64, MT_LORA_EXPERT = 128 };
+/* Bits of a comma list; 0, or -1 with the first unknown name in bad. */
+int mt_config_lora_mask(const char *list, unsigned *mask, char *bad, size_t bad_len);
+
 enum mt_status mt_config_resolve(struct mt_ctx *ctx, struct mt_config *cfg, int run_steps);
 
 /* Serialise every key as a JSON object string (caller frees with free()).

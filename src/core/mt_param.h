@@ -68,6 +68,13 @@ struct mt_param {
                             * group (sequence-parallel rows, split heads): reduce it there too */
     int     layout;        /* enum mt_layout (src/model/mt_blocks.h): the rule split and
                             * reduce_model are derived from; what layout code should read */
+    /* LoRA (docs/lora.md). frozen: a base parameter of a LoRA run (no weight
+     * gradient is computed for matrices, no update, not in the clip norm).
+     * lora_a / lora_b: on a targeted base matrix W (out, in), its adapters
+     * A (r, in) and B (out, r) in the registry; y = x W^T + lora_scale (x A^T) B^T. */
+    int     frozen;
+    struct mt_param *lora_a, *lora_b;
+    float   lora_scale;    /* lora_alpha / lora_rank */
 };
 
 static inline size_t mt_param_global_numel(const struct mt_param *p)

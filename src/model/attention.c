@@ -36,9 +36,9 @@ enum mt_status attention_forward(struct mt_ctx *ctx, struct mt_model *m, struct 
     ops->rmsnorm_forward(ly->h_attn_n, ly->rstd_attn, ly->x_in, ly->w.ln1->data, Nr, D, eps);
     if (m->sp) MT_CHECK(tp_gather_rows(ctx, m, ly->h_attn, ly->h_attn_n, Nr, D));   /* SP entry */
     /* this rank's heads (H, K are local under TP) over all N rows */
-    linear_forward(ops, ly->q_raw, ly->h_attn, ly->w.wq->data, N, D, QD, 0.0f);
-    linear_forward(ops, ly->k_raw, ly->h_attn, ly->w.wk->data, N, D, KD, 0.0f);
-    linear_forward(ops, ly->v, ly->h_attn, ly->w.wv->data, N, D, KD, 0.0f);
+    proj_forward(m, ly->q_raw, ly->h_attn, ly->w.wq, N, D, QD, 0.0f);
+    proj_forward(m, ly->k_raw, ly->h_attn, ly->w.wk, N, D, KD, 0.0f);
+    proj_forward(m, ly->v, ly->h_attn, ly->w.wv, N, D, KD, 0.0f);
     ops->rmsnorm_forward(ly->q, ly->rstd_q, ly->q_raw, ly->w.qn->data, N * H, hd, eps);
     ops->rmsnorm_forward(ly->k, ly->rstd_k, ly->k_raw, ly->w.kn->data, N * K, hd, eps);
     ops->rope_forward(ly->q, ly->q, cos_tab, sin_tab, N, T, pos0, H, hd);
@@ -54,11 +54,11 @@ enum mt_status attention_forward(struct mt_ctx *ctx, struct mt_model *m, struct 
     }
     ops->copy(ly->x_mid, ly->x_in, (size_t)Nr * D * sizeof(float));
     if (m->tp == 1) {
-        linear_forward(ops, ly->x_mid, ly->att, ly->w.wo->data, N, QD, D, 1.0f);
+        proj_forward(m, ly->x_mid, ly->att, ly->w.wo, N, QD, D, 1.0f);
         return MT_OK;
     }
     /* Wo holds this rank's columns: a partial sum over the model group (TP exit) */
-    linear_forward(ops, m->s_red, ly->att, ly->w.wo->data, N, QD, D, 0.0f);
+    proj_forward(m, m->s_red, ly->att, ly->w.wo, N, QD, D, 0.0f);
     return tp_exit_add(ctx, m, ly->x_mid, m->s_red, m->s_full);
 }
 
@@ -75,7 +75,7 @@ enum mt_status attention_backward(struct mt_ctx *ctx, struct mt_model *m, struct
         dy = m->s_full;
     }
     /* term 1: o_proj */
-    linear_backward(ops, m->datt, 0.0f, ly->w.wo->grad, dy, ly->att, ly->w.wo->data, N, QD, D);
+    proj_backward(m, m->datt, 0.0f, ly->w.wo, dy, ly->att, N, QD, D);
     /* term 2: attention core (dq, dk, dv overwritten) */
     ops->attention_backward(m->dq, m->dk, m->dv, m->datt, ly->q, ly->k, ly->v, ly->att, ly->lse,
                             B, T, H, K, hd);
@@ -85,9 +85,9 @@ enum mt_status attention_backward(struct mt_ctx *ctx, struct mt_model *m, struct
     ops->rmsnorm_backward(m->datt, ly->w.qn->grad, m->dq, ly->q_raw, ly->w.qn->data, ly->rstd_q, N * H, hd, 0);
     ops->rmsnorm_backward(m->dk2, ly->w.kn->grad, m->dk, ly->k_raw, ly->w.kn->data, ly->rstd_k, N * K, hd, 0);
     /* term 4: projections (under TP dh is this rank's partial sum over its heads) */
-    linear_backward(ops, m->dh, 0.0f, ly->w.wq->grad, m->datt, ly->h_attn, ly->w.wq->data, N, D, QD);
-    linear_backward(ops, m->dh, 1.0f, ly->w.wk->grad, m->dk2, ly->h_attn, ly->w.wk->data, N, D, KD);
-    linear_backward(ops, m->dh, 1.0f, ly->w.wv->grad, m->dv, ly->h_attn, ly->w.wv->data, N, D, KD);
+    proj_backward(m, m->dh, 0.0f, ly->w.wq, m->datt, ly->h_attn, N, D, QD);
+    proj_backward(m, m->dh, 1.0f, ly->w.wk, m->dk2, ly->h_attn, N, D, KD);
+    proj_backward(m, m->dh, 1.0f, ly->w.wv, m->dv, ly->h_attn, N, D, KD);
     /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
     const float *dhr = m->dh;
     if (m->sp) {

@@ -48,12 +48,78 @@ void mt_blocks_shape(const struct mt_config *cfg, struct mt_block_shape *s)
     s->mN = cfg->mamba_d_state;
 }
 
+/*
+ * LoRA adapters as registry entries (docs/lora.md). After a piece's own
+ * parameters, a second walk of its declarations emits, for every targeted
+ * base matrix W (out, in), A (r, in) and B (out, r), named like W with
+ * ".weight" -> ".lora_A.weight" / ".lora_B.weight". Their layout classes
+ * carry the TP rule (the layer math needs none):
+ *   W tp_rows (column-parallel, rows split): A whole, its grad a partial sum
+ *     over the model group (model_partial); B rows split like W (tp_rows);
+ *   W tp_cols (row-parallel, columns split): A columns split (tp_cols);
+ *     B whole, grad partial over the model group (model_partial);
+ *   W expert: both expert (whole, with their expert's rank).
+ * The router and the shared expert are never targets.
+ */
+struct lora_walk {
+    mt_pspec_fn fn;
+    void       *user;
+    unsigned    mask;
+    int         r;
+};
+
+static unsigned lora_target_bit(const struct mt_pspec *b)
+{
+    static const struct { const char *suffix; unsigned bit; } t[] = {
+        {"self_attn.q_proj.weight", MT_LORA_Q},   {"self_attn.k_proj.weight", MT_LORA_K},
+        {"self_attn.v_proj.weight", MT_LORA_V},   {"self_attn.o_proj.weight", MT_LORA_O},
+        {"mlp.gate_proj.weight", MT_LORA_GATE},   {"mlp.up_proj.weight", MT_LORA_UP},
+        {"mlp.down_proj.weight", MT_LORA_DOWN},
+    };
+    if (b->ndim != 2) return 0;
+    if (b->role == MT_ROLE_EXPERT) return MT_LORA_EXPERT;
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+        if (!strcmp(b->suffix, t[i].suffix)) return t[i].bit;
+    return 0;
+}
+
+static void lora_emit(void *user, const struct mt_pspec *b)
+{
+    struct lora_walk *w = user;
+    if (!(lora_target_bit(b) & w->mask)) return;
+    enum mt_layout la, lb;
+    switch (b->layout) {
+    case MT_LAYOUT_TP_ROWS: la = MT_LAYOUT_MODEL_PARTIAL; lb = MT_LAYOUT_TP_ROWS; break;
+    case MT_LAYOUT_TP_COLS: la = MT_LAYOUT_TP_COLS; lb = MT_LAYOUT_MODEL_PARTIAL; break;
+    default:                la = lb = b->layout; break;
+    }
+    char sa[96], sb[96];
+    size_t n = strlen(b->suffix) - strlen(".weight");
+    snprintf(sa, sizeof sa, "%.*s.lora_A.weight", (int)n, b->suffix);
+    snprintf(sb, sizeof sb, "%.*s.lora_B.weight", (int)n, b->suffix);
+    const struct mt_pspec a = {sa, b->expert, 2, w->r, b->cols, MT_SCALE_LORA_A, b->role, la, -1};
+    const struct mt_pspec bb = {sb, b->expert, 2, b->rows, w->r, MT_SCALE_ZEROS, b->role, lb, -1};
+    w->fn(w->user, &a);
+    w->fn(w->user, &bb);
+}
+
+static void piece_params(const struct mt_config *cfg, const struct mt_piece *pc, const struct mt_block_shape *s,
+                         mt_pspec_fn fn, void *user)
+{
+    pc->params(s, fn, user);
+    if (cfg->lora_rank <= 0) return;
+    struct lora_walk w = { fn, user, 0, cfg->lora_rank };
+    char bad[64];
+    if (mt_config_lora_mask(cfg->lora_targets, &w.mask, bad, sizeof bad) != 0) return;   /* resolve refused it */
+    pc->params(s, lora_emit, &w);
+}
+
 void mt_blocks_layer_params(const struct mt_config *cfg, const struct mt_block_shape *s, int l, mt_pspec_fn fn,
                             void *user)
 {
     const struct mt_block_kind *k = &kinds[mt_blocks_layer_kind(cfg, l)];
-    k->mixer->params(s, fn, user);
-    k->ffn->params(s, fn, user);
+    piece_params(cfg, k->mixer, s, fn, user);
+    piece_params(cfg, k->ffn, s, fn, user);
 }
 
 void mt_blocks_comm_counts(const struct mt_config *cfg, int l0, int l1, struct mt_blocks_comm *out)

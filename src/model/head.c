@@ -46,6 +46,8 @@ void head_backward(struct mt_model *m, float dscale)
     if (!m->dlogits_ready)
         ops->xent_backward(m->logits, m->logits, m->xlse, m->targets + (m->sp ? m->row0 : 0), dscale, N, V,
                            m->cfg.logit_softcap);
-    linear_backward(ops, m->dh, 0.0f, m->lm_head->grad, m->logits, m->h_final, m->lm_head->data, N, D, V);
+    /* LoRA: a frozen lm_head computes dx only */
+    linear_backward(ops, m->dh, 0.0f, m->lm_head->frozen ? NULL : m->lm_head->grad, m->logits, m->h_final,
+                    m->lm_head->data, N, D, V);
     ops->rmsnorm_backward(m->dx, m->norm_f->grad, m->dh, m->x_final, m->norm_f->data, m->rstd_final, N, D, 0);
 }

@@ -15,27 +15,28 @@
  */
 #include "model_impl.h"
 
-void mlp_forward(const struct mt_ops_i *ops, float *out, int accumulate, float *g, float *u, float *act,
-                 const float *h, const float *wg, const float *wu, const float *wd, int n, int D, int F)
+void mlp_forward(struct mt_model *m, float *out, int accumulate, float *g, float *u, float *act,
+                 const float *h, const struct mt_param *wg, const struct mt_param *wu, const struct mt_param *wd,
+                 int n, int D, int F)
 {
     if (n <= 0) return;
-    linear_forward(ops, g, h, wg, n, D, F, 0.0f);
-    linear_forward(ops, u, h, wu, n, D, F, 0.0f);
-    ops->swiglu_forward(act, g, u, (size_t)n * F);
-    linear_forward(ops, out, act, wd, n, F, D, accumulate ? 1.0f : 0.0f);
+    proj_forward(m, g, h, wg, n, D, F, 0.0f);
+    proj_forward(m, u, h, wu, n, D, F, 0.0f);
+    m->ops->swiglu_forward(act, g, u, (size_t)n * F);
+    proj_forward(m, out, act, wd, n, F, D, accumulate ? 1.0f : 0.0f);
 }
 
-void mlp_backward(const struct mt_ops_i *ops, float *dh, int accumulate, float *dwg, float *dwu, float *dwd,
-                  float *act, float *dact, float *dg, float *du,
+void mlp_backward(struct mt_model *m, float *dh, int accumulate, float *act, float *dact, float *dg, float *du,
                   const float *dout, const float *h, const float *g, const float *u,
-                  const float *wg, const float *wu, const float *wd, int n, int D, int F)
+                  struct mt_param *wg, struct mt_param *wu, struct mt_param *wd, int n, int D, int F)
 {
     if (n <= 0) return;
+    const struct mt_ops_i *ops = m->ops;
     ops->swiglu_forward(act, g, u, (size_t)n * F);
-    linear_backward(ops, dact, 0.0f, dwd, dout, act, wd, n, F, D);
+    proj_backward(m, dact, 0.0f, wd, dout, act, n, F, D);
     ops->swiglu_backward(dg, du, dact, g, u, (size_t)n * F);
-    linear_backward(ops, dh, accumulate ? 1.0f : 0.0f, dwg, dg, h, wg, n, D, F);
-    linear_backward(ops, dh, 1.0f, dwu, du, h, wu, n, D, F);
+    proj_backward(m, dh, accumulate ? 1.0f : 0.0f, wg, dg, h, n, D, F);
+    proj_backward(m, dh, 1.0f, wu, du, h, n, D, F);
 }
 
 /* ------------------------------------------------------------------ */
@@ -79,32 +80,28 @@ static size_t mlp_scratch(const struct mt_model *m) { return (size_t)m->N * (siz
 static enum mt_status mlp_piece_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly,
                                         struct mt_piece_fwd *a)
 {
-    const struct mt_ops_i *ops = m->ops;
     const int n = a->B * a->T, D = m->D;
     float *x_out = a->x_out;
     ffn_norm_forward(m, ly, x_out, n);
     if (m->tp == 1) {
-        mlp_forward(ops, x_out, 1, ly->mg, ly->mu, m->s_act, ly->h_mlp, ly->w.wg->data, ly->w.wu->data,
-                    ly->w.wd->data, n, D, m->F);
+        mlp_forward(m, x_out, 1, ly->mg, ly->mu, m->s_act, ly->h_mlp, ly->w.wg, ly->w.wu, ly->w.wd, n, D, m->F);
         return MT_OK;
     }
     /* TP region: this rank's F/tp hidden units over all N rows */
     if (m->sp) MT_CHECK(tp_gather_rows(ctx, m, ly->h_mlp, ly->h_mlp_n, m->sp ? n / m->tp : n, D));
-    mlp_forward(ops, m->s_red, 0, ly->mg, ly->mu, m->s_act, ly->h_mlp, ly->w.wg->data, ly->w.wu->data,
-                ly->w.wd->data, n, D, m->F);
+    mlp_forward(m, m->s_red, 0, ly->mg, ly->mu, m->s_act, ly->h_mlp, ly->w.wg, ly->w.wu, ly->w.wd, n, D, m->F);
     return tp_exit_add(ctx, m, x_out, m->s_red, m->s_full);
 }
 
 /* dx is d x_out = d x_mid (identity) + d branch */
 static enum mt_status mlp_piece_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly)
 {
-    const struct mt_ops_i *ops = m->ops;
     const int N = m->N, D = m->D;
     const struct mt_layer_w *w = &ly->w;
     const float *dhr = m->dh;   /* d h_mlp_n (Nr, D) */
     if (m->tp == 1) {
-        mlp_backward(ops, m->dh, 0, w->wg->grad, w->wu->grad, w->wd->grad, m->s_act, m->s_dact, m->s_dg, m->s_du,
-                     m->dx, ly->h_mlp, ly->mg, ly->mu, w->wg->data, w->wu->data, w->wd->data, N, D, m->F);
+        mlp_backward(m, m->dh, 0, m->s_act, m->s_dact, m->s_dg, m->s_du,
+                     m->dx, ly->h_mlp, ly->mg, ly->mu, w->wg, w->wu, w->wd, N, D, m->F);
         ffn_norm_backward(m, ly, dhr);
         return MT_OK;
     }
@@ -114,8 +111,8 @@ static enum mt_status mlp_piece_backward(struct mt_ctx *ctx, struct mt_model *m,
         MT_CHECK(tp_gather_rows(ctx, m, m->s_full, m->dx, m->Nr, D));
         dy = m->s_full;
     }
-    mlp_backward(ops, m->dh, 0, w->wg->grad, w->wu->grad, w->wd->grad, m->s_act, m->s_dact, m->s_dg, m->s_du, dy,
-                 ly->h_mlp, ly->mg, ly->mu, w->wg->data, w->wu->data, w->wd->data, N, D, m->F);
+    mlp_backward(m, m->dh, 0, m->s_act, m->s_dact, m->s_dg, m->s_du, dy,
+                 ly->h_mlp, ly->mg, ly->mu, w->wg, w->wu, w->wd, N, D, m->F);
     if (m->sp) {
         MT_CHECK(tp_reduce_scatter_rows(ctx, m, m->s_red, m->dh, m->Nr, D));
         dhr = m->s_red;

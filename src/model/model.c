@@ -178,18 +178,27 @@ static void visit_param(param_visit_fn fn, void *user, const struct mt_model *m,
     p.layout = (int)sp->layout;
     p.numel = (size_t)p.len[0] * (size_t)p.len[1];
     p.init = sp->init == MT_SCALE_ONES ? MT_INIT_ONES
+             : sp->init == MT_SCALE_ZEROS ? MT_INIT_ZEROS
              : sp->init == MT_SCALE_DT_BIAS ? MT_INIT_DT_BIAS
              : sp->init == MT_SCALE_A_LOG ? MT_INIT_A_LOG : MT_INIT_NORMAL;
-    p.init_std = sp->init == MT_SCALE_ONES || sp->init == MT_SCALE_DT_BIAS || sp->init == MT_SCALE_A_LOG ? 0.0f
-                 : sp->init == MT_SCALE_NORMAL_OUT ? (float)(0.02 / sqrt(2.0 * m->L)) : 0.02f;
+    p.init_std = sp->init == MT_SCALE_ONES || sp->init == MT_SCALE_ZEROS || sp->init == MT_SCALE_DT_BIAS ||
+                         sp->init == MT_SCALE_A_LOG
+                     ? 0.0f
+                 : sp->init == MT_SCALE_NORMAL_OUT ? (float)(0.02 / sqrt(2.0 * m->L))
+                 : sp->init == MT_SCALE_LORA_A ? (float)(1.0 / sqrt((double)cfg->lora_rank)) : 0.02f;
+    /* LoRA: adapters (A, B) train with AdamW; everything else is frozen */
+    const int adapter = sp->init == MT_SCALE_LORA_A || sp->init == MT_SCALE_ZEROS;
+    p.frozen = cfg->lora_rank > 0 && !adapter;
     p.role = sp->role;
     p.split = split;
     p.layer = layer;
     p.expert = sp->expert;
     p.decay = sp->ndim == 2 && sp->role != MT_ROLE_SSM;
     /* nanochat split: Muon for every 2-D matrix inside the blocks except the
-     * router and the Mamba-3 biases (SPEC 1c: AdamW without decay) */
-    int muon = sp->ndim == 2 && layer >= 0 && sp->role != MT_ROLE_ROUTER && sp->role != MT_ROLE_SSM;
+     * router, the Mamba-3 biases (SPEC 1c: AdamW without decay) and LoRA
+     * adapters (AdamW, docs/lora.md); frozen tensors have no optimizer */
+    int muon = sp->ndim == 2 && layer >= 0 && sp->role != MT_ROLE_ROUTER && sp->role != MT_ROLE_SSM && !adapter &&
+               !p.frozen;
     p.optim = (muon && strcmp(cfg->optimizer, "adamw") != 0) ? MT_OPTIM_MUON : MT_OPTIM_ADAMW;
     fn(user, &p);
 }
@@ -425,6 +434,13 @@ static void model_layout(struct mt_model *m, struct mt_carver *c)
     m->s_dact = carve_f(c, W, ff);
     m->s_dg = carve_f(c, W, ff);
     m->s_du = carve_f(c, W, ff);
+    if (m->cfg.lora_rank > 0) {
+        /* LoRA: x A^T and its gradient (rows, r), rows = the most any projection sees */
+        size_t rows = N, em = (size_t)m->M * (size_t)(m->ep > 0 ? m->ep : 1);
+        if (em > rows) rows = em;
+        m->s_lora = carve_f(c, W, rows * (size_t)m->cfg.lora_rank);
+        m->s_dlora = carve_f(c, W, rows * (size_t)m->cfg.lora_rank);
+    }
     carve_piece_scratch(m, c, 1);   /* ffns */
     m->h_losses = carve_f(c, O, Nr);
 }
@@ -540,6 +556,29 @@ void mt_model_destroy(struct mt_ctx *ctx, struct mt_model *m)
     mt_free(ctx, m);
 }
 
+/* LoRA: point each targeted base matrix at its adapters (registry entries
+ * "<W>.lora_A.weight", "<W>.lora_B.weight" follow their piece's own
+ * parameters, so the base is found by name, searching back). */
+static void bind_lora(struct mt_model *m)
+{
+    if (m->cfg.lora_rank <= 0) return;
+    const float scale = m->cfg.lora_alpha / (float)m->cfg.lora_rank;
+    for (int i = 0; i + 1 < m->n_params; i++) {
+        struct mt_param *a = &m->params[i];
+        const char *tag = strstr(a->name, ".lora_A.weight");
+        if (!tag) continue;
+        char base[128];
+        snprintf(base, sizeof base, "%.*s.weight", (int)(tag - a->name), a->name);
+        for (int j = i - 1; j >= 0; j--)
+            if (!strcmp(m->params[j].name, base)) {
+                m->params[j].lora_a = a;
+                m->params[j].lora_b = &m->params[i + 1];
+                m->params[j].lora_scale = scale;
+                break;
+            }
+    }
+}
+
 /* Point each layer's weight fields at its registry entries: the same walk
  * as build_params, with a visitor that binds instead of building. */
 static void bind_layer_params(struct mt_model *m, struct mt_layer *layers)
@@ -601,6 +640,7 @@ enum mt_status mt_model_create_par(struct mt_ctx *ctx, const struct mt_ops_i *op
         s.arr = m->params;
         s.n = 0;
         build_params(m, sink_param, &s);
+        bind_lora(m);
         m->wte = m->first ? &m->params[0] : NULL;
         *out = m;
         return MT_OK;
@@ -613,6 +653,7 @@ enum mt_status mt_model_create_par(struct mt_ctx *ctx, const struct mt_ops_i *op
     s.arr = m->params;
     s.n = 0;
     build_params(m, sink_param, &s);
+    bind_lora(m);
     for (int k = 0; k < m->n_slots; k++) bind_layer_params(m, m->slots[k].layers);
 
     /* pass 1: sizes; pass 2: carve from the arenas */
@@ -772,7 +813,29 @@ void mt_model_param_counts(const struct mt_config *cfg, size_t *total, size_t *a
     if (active) *active = s.numel - inactive;
 }
 
+/* Parameters the optimizer updates: all of them, or with LoRA the adapters. */
+struct trainable_sink { size_t n; double active; double expert_frac; };
+static void sink_trainable(void *user, const struct mt_param *p)
+{
+    struct trainable_sink *s = user;
+    if (p->frozen) return;
+    s->n += p->numel;
+    /* a routed expert's adapters see top_k / E of the tokens */
+    s->active += p->role == MT_ROLE_EXPERT ? (double)p->numel * s->expert_frac : (double)p->numel;
+}
+
+size_t mt_model_param_trainable(const struct mt_config *cfg)
+{
+    struct mt_model m;
+    memset(&m, 0, sizeof m);
+    model_dims(&m, cfg, 1);
+    struct trainable_sink s = { 0, 0, 0 };
+    build_params(&m, sink_trainable, &s);
+    return s.n;
+}
+
 /* 6 * (matmul params active per token, wte excluded: it is a lookup)
+ * (LoRA: 4 x the base's + 6 x the adapters', below)
  * + each block's non-parameter FLOPs (attention: 12 T H hd, PaLM/nanochat
  * convention). Integer-valued sums: exact in double. */
 double mt_model_flops_per_token(const struct mt_config *cfg)
@@ -787,7 +850,14 @@ double mt_model_flops_per_token(const struct mt_config *cfg)
         mm += mt_blocks_layer_mm(cfg, &shape, l);
         extra += mt_blocks_layer_extra(cfg, &shape, l);
     }
-    return 6.0 * mm + extra;
+    if (cfg->lora_rank <= 0) return 6.0 * mm + extra;
+    /* LoRA (docs/lora.md): the frozen base's matmuls run forward (2) and
+     * backward for the activations only (2), no weight gradient; the
+     * adapters forward and backward in full (6 x their params active per
+     * token; the backward's recompute of x A^T is not useful work). */
+    struct trainable_sink s = { 0, 0, cfg->n_experts > 0 ? (double)cfg->top_k / (double)cfg->n_experts : 0 };
+    build_params(&m, sink_trainable, &s);
+    return 4.0 * mm + 6.0 * s.active + extra;
 }
 
 /* ------------------------------------------------------------------ */
@@ -984,7 +1054,8 @@ enum mt_status mt_model_backward_stage(struct mt_ctx *ctx, struct mt_model *m, c
     }
     if (m->first) {
         MT_CHECK(hook(ctx, m, m->hooks.pre_backward, 0));
-        ops->embed_backward(m->wte->grad, m->dx, m->idx + (m->sp ? m->row0 : 0), m->Nr, D, m->V);
+        if (!m->wte->frozen)   /* LoRA: the frozen embedding needs no gradient */
+            ops->embed_backward(m->wte->grad, m->dx, m->idx + (m->sp ? m->row0 : 0), m->Nr, D, m->V);
         MT_CHECK(hook(ctx, m, m->hooks.post_backward, 0));
     }
     return MT_OK;

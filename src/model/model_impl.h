@@ -163,6 +163,7 @@ struct mt_model {
     float *dq;                   /* (N, QD)                                          */
     float *dk, *dk2, *dv;        /* (N, KD)                                          */
     float *s_act, *s_dact, *s_dg, *s_du; /* (max(N*F, M*Fe, N*Fs)) SwiGLU scratch    */
+    float *s_lora, *s_dlora;             /* (rows, r) LoRA x A^T and its gradient (lora.c) */
     float *s_xp, *s_dxp, *s_dy;  /* (M, D) permuted inputs / their grads / d expert out */
     float *s_ry, *s_rdy, *s_rdx; /* (ep*M, D) EP: expert outputs / their grads / d inputs, received side */
     float *s_drl, *s_dprobs;     /* (N, E) d router logits, d probs (aux)            */
@@ -222,15 +223,25 @@ static inline void linear_forward(const struct mt_ops_i *ops, float *y, const fl
     ops->gemm(0, 1, n, out, in, 1.0f, x, in, w, in, beta, y, out);
 }
 
-/* dW (out, in) += dy^T x;  dx (n, in) = dy W + beta_dx * dx  (dx NULL: skipped). */
+/* dW (out, in) += dy^T x;  dx (n, in) = dy W + beta_dx * dx  (dw / dx NULL: skipped). */
 static inline void linear_backward(const struct mt_ops_i *ops, float *dx, float beta_dx, float *dw,
                                    const float *dy, const float *x, const float *w,
                                    int n, int in, int out)
 {
     if (n <= 0) return;
-    ops->gemm(1, 0, out, in, n, 1.0f, dy, out, x, in, 1.0f, dw, in);
+    if (dw) ops->gemm(1, 0, out, in, n, 1.0f, dy, out, x, in, 1.0f, dw, in);
     if (dx) ops->gemm(0, 0, n, in, out, 1.0f, dy, out, w, in, beta_dx, dx, in);
 }
+
+/* ---- lora.c: a projection with its adapters (docs/lora.md) ----
+ * proj_forward: y = x W^T + beta y, plus (alpha/r) (x A^T) B^T when W has adapters.
+ * proj_backward: dx = dy W + beta_dx dx (+ the adapter's path); dW += dy^T x
+ * unless W is frozen; dA, dB +=. Shapes are W's local box: in = W->len[1],
+ * out = W->len[0]; the adapters' boxes match by their layout rule. */
+void proj_forward(struct mt_model *m, float *y, const float *x, const struct mt_param *w, int n, int in, int out,
+                  float beta);
+void proj_backward(struct mt_model *m, float *dx, float beta_dx, struct mt_param *w, const float *dy,
+                   const float *x, int n, int in, int out);
 
 /* ---- tp.c: the model axis (no-ops are never called: callers check m->tp > 1) ---- */
 enum mt_status tp_gather_rows(struct mt_ctx *ctx, struct mt_model *m, float *out, const float *in, int rows, int width);
@@ -253,13 +264,14 @@ enum mt_status attention_backward(struct mt_ctx *ctx, struct mt_model *m, struct
 
 /* mlp.c: SwiGLU y = (silu(h Wg^T) * (h Wu^T)) Wd^T over n rows of width D, hidden F.
  * out = y (accumulate 0) or out += y (accumulate 1); g, u (n, F) saved; act (n, F) scratch. */
-void mlp_forward(const struct mt_ops_i *ops, float *out, int accumulate, float *g, float *u, float *act,
-                 const float *h, const float *wg, const float *wu, const float *wd, int n, int D, int F);
-/* dh = (accumulate 0) or += (accumulate 1); dwg, dwu, dwd +=. Scratch act, dact, dg, du (n, F). */
-void mlp_backward(const struct mt_ops_i *ops, float *dh, int accumulate, float *dwg, float *dwu, float *dwd,
-                  float *act, float *dact, float *dg, float *du,
+void mlp_forward(struct mt_model *m, float *out, int accumulate, float *g, float *u, float *act,
+                 const float *h, const struct mt_param *wg, const struct mt_param *wu, const struct mt_param *wd,
+                 int n, int D, int F);
+/* dh = (accumulate 0) or += (accumulate 1); the weights' grads += (frozen W: none;
+ * adapters: +=, lora.c). Scratch act, dact, dg, du (n, F). */
+void mlp_backward(struct mt_model *m, float *dh, int accumulate, float *act, float *dact, float *dg, float *du,
                   const float *dout, const float *h, const float *g, const float *u,
-                  const float *wg, const float *wu, const float *wd, int n, int D, int F);
+                  struct mt_param *wg, struct mt_param *wu, struct mt_param *wd, int n, int D, int F);
 
 /* moe.c: out (n, D) += moe(h) for the n rows ly->h_mlp (global rows
  * row0.. of the microbatch under TP, sequences of m->T rows). When want_loss,

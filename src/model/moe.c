@@ -193,8 +193,8 @@ enum mt_status moe_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_lay
             int r0 = ly->e_off[e], c = ly->e_off[e + 1] - r0;
             if (c == 0) continue;
             const struct mt_param *w = &ly->w.experts[3 * e];
-            mlp_forward(ops, ly->ey + (size_t)r0 * D, 0, ly->eg + (size_t)r0 * Fe, ly->eu + (size_t)r0 * Fe,
-                        m->s_act, m->s_xp + (size_t)r0 * D, w[0].data, w[1].data, w[2].data, c, D, Fe);
+            mlp_forward(m, ly->ey + (size_t)r0 * D, 0, ly->eg + (size_t)r0 * Fe, ly->eu + (size_t)r0 * Fe,
+                        m->s_act, m->s_xp + (size_t)r0 * D, &w[0], &w[1], &w[2], c, D, Fe);
         }
     } else {
         /* per-expert counts first (every rank, even with nothing to send) */
@@ -222,16 +222,15 @@ enum mt_status moe_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_lay
                 int c = ly->r_cnt[src * Ee + j];
                 const struct mt_param *w = &ly->w.experts[3 * j];
                 if (c > 0)
-                    mlp_forward(ops, m->s_ry + o * D, 0, ly->eg + o * Fe, ly->eu + o * Fe, m->s_act, ly->rx + o * D,
-                                w[0].data, w[1].data, w[2].data, c, D, Fe);
+                    mlp_forward(m, m->s_ry + o * D, 0, ly->eg + o * Fe, ly->eu + o * Fe, m->s_act, ly->rx + o * D,
+                                &w[0], &w[1], &w[2], c, D, Fe);
                 o += (size_t)c;
             }
         MT_CHECK(ep_a2a(ctx, m, ly->ey, m->s_ry, rcnt, rdis, scnt, sdis, D));   /* back to the sources */
     }
     ops->moe_combine(out, ly->ey, ly->pos, ly->gates, n, k, D);
     if (m->Fs > 0)
-        mlp_forward(ops, out, 1, ly->sgp, ly->sup, m->s_act, ly->h_mlp,
-                    ly->w.sg->data, ly->w.su->data, ly->w.sd->data, n, D, m->Fs);
+        mlp_forward(m, out, 1, ly->sgp, ly->sup, m->s_act, ly->h_mlp, ly->w.sg, ly->w.su, ly->w.sd, n, D, m->Fs);
 
     *aux_sum = 0.0;
     *z_sum = 0.0;
@@ -254,11 +253,9 @@ enum mt_status moe_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_la
             int r0 = ly->e_off[e], c = ly->e_off[e + 1] - r0;
             if (c == 0) continue;
             struct mt_param *w = &ly->w.experts[3 * e];
-            mlp_backward(ops, m->s_dxp + (size_t)r0 * D, 0, w[0].grad, w[1].grad, w[2].grad,
-                         m->s_act, m->s_dact, m->s_dg, m->s_du,
+            mlp_backward(m, m->s_dxp + (size_t)r0 * D, 0, m->s_act, m->s_dact, m->s_dg, m->s_du,
                          m->s_dy + (size_t)r0 * D, m->s_xp + (size_t)r0 * D,
-                         ly->eg + (size_t)r0 * Fe, ly->eu + (size_t)r0 * Fe,
-                         w[0].data, w[1].data, w[2].data, c, D, Fe);
+                         ly->eg + (size_t)r0 * Fe, ly->eu + (size_t)r0 * Fe, &w[0], &w[1], &w[2], c, D, Fe);
         }
     } else {
         const int ep = m->ep, Ee = m->Ee;
@@ -272,9 +269,9 @@ enum mt_status moe_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_la
                 int c = ly->r_cnt[src * Ee + j];
                 struct mt_param *w = &ly->w.experts[3 * j];
                 if (c > 0)
-                    mlp_backward(ops, m->s_rdx + o * D, 0, w[0].grad, w[1].grad, w[2].grad,
-                                 m->s_act, m->s_dact, m->s_dg, m->s_du, m->s_rdy + o * D, ly->rx + o * D,
-                                 ly->eg + o * Fe, ly->eu + o * Fe, w[0].data, w[1].data, w[2].data, c, D, Fe);
+                    mlp_backward(m, m->s_rdx + o * D, 0, m->s_act, m->s_dact, m->s_dg, m->s_du,
+                                 m->s_rdy + o * D, ly->rx + o * D, ly->eg + o * Fe, ly->eu + o * Fe,
+                                 &w[0], &w[1], &w[2], c, D, Fe);
                 o += (size_t)c;
             }
         st = ep_a2a(ctx, m, m->s_dxp, m->s_rdx, rcnt, rdis, scnt, sdis, D);
@@ -283,9 +280,8 @@ enum mt_status moe_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_la
     ops->fill(dh, 0.0f, (size_t)n * D);
     ops->moe_permute_backward(dh, m->s_dxp, ly->pos, n, k, D);
     if (m->Fs > 0)
-        mlp_backward(ops, dh, 1, ly->w.sg->grad, ly->w.su->grad, ly->w.sd->grad,
-                     m->s_act, m->s_dact, m->s_dg, m->s_du, dout, ly->h_mlp, ly->sgp, ly->sup,
-                     ly->w.sg->data, ly->w.su->data, ly->w.sd->data, n, D, m->Fs);
+        mlp_backward(m, dh, 1, m->s_act, m->s_dact, m->s_dg, m->s_du, dout, ly->h_mlp, ly->sgp, ly->sup,
+                     ly->w.sg, ly->w.su, ly->w.sd, n, D, m->Fs);
 
     /* term 3: aux and z gradients, on the host */
     double ns = norm->n_sequences > 0 ? norm->n_sequences : 1.0;
@@ -303,7 +299,8 @@ enum mt_status moe_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_la
 
     /* term 4: router */
     ops->router_backward(m->s_drl, m->s_dgates, m->s_dprobs, m->s_dlse, ly->probs, ly->topk, ly->gates, n, E, k);
-    linear_backward(ops, dh, 1.0f, ly->w.router->grad, m->s_drl, ly->h_mlp, ly->w.router->data, n, D, E);
+    linear_backward(ops, dh, 1.0f, ly->w.router->frozen ? NULL : ly->w.router->grad, m->s_drl, ly->h_mlp,
+                    ly->w.router->data, n, D, E);   /* LoRA: a frozen router computes dx only */
     return MT_OK;
 }
 

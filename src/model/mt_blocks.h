@@ -88,7 +88,9 @@ const char *mt_layout_name(enum mt_layout l);   /* "residual", "tp_rows", ... */
  * NORMAL 0.02, NORMAL_OUT 0.02/sqrt(2 L) (projections back into the residual
  * stream, GPT-2 style), ONES for gains. */
 enum mt_init_scale { MT_SCALE_NORMAL = 0, MT_SCALE_NORMAL_OUT, MT_SCALE_ONES,
-                      MT_SCALE_DT_BIAS, MT_SCALE_A_LOG };   /* Mamba-3 (SPEC 1c), see mt_param.h */
+                      MT_SCALE_DT_BIAS, MT_SCALE_A_LOG,   /* Mamba-3 (SPEC 1c), see mt_param.h */
+                      MT_SCALE_LORA_A,    /* a LoRA A: normal(0, 1/r), i.e. std 1/sqrt(r)  */
+                      MT_SCALE_ZEROS };   /* a LoRA B: zeros (the adapter starts as 0)     */
 
 /*
  * Global dimensions a piece sees (the model axis is NOT applied: shapes are

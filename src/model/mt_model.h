@@ -223,6 +223,8 @@ int mt_model_registry(const struct mt_config *cfg, struct mt_param *out, int cap
 
 /* Parameter counts: total, and active per token (MoE: top_k experts + shared). */
 void mt_model_param_counts(const struct mt_config *cfg, size_t *total, size_t *active);
+/* Parameters that train (total minus the frozen LoRA base; all without LoRA). */
+size_t mt_model_param_trainable(const struct mt_config *cfg);
 
 /* Matmul parameters per token for the MFU convention
  * (6 * matmul params + 12 * L * T * H * hd FLOPs per token; MoE: active experts only). */

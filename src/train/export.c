@@ -770,6 +770,139 @@ static char *tokenizer_config(const char *bos_name, int seq_len)
 
 /* Long (~170 lines): the export is one transaction (temp dir, tensors,
  * config, tokenizer, swap) with one shared cleanup path. */
+/* ------------------------------------------------------------------ */
+/* LoRA: merged weights and PEFT adapter files (docs/lora.md)          */
+/* ------------------------------------------------------------------ */
+
+static const struct mt_ckpt_tensor *ckpt_find(const struct mt_ckpt_tensor *ct, int nct, const char *name)
+{
+    for (int i = 0; i < nct; i++)
+        if (!strcmp(ct[i].name, name)) return &ct[i];
+    return NULL;
+}
+
+static enum mt_status read_f32(struct mt_ctx *ctx, int fd, const struct mt_ckpt_tensor *t, float **out)
+{
+    size_t n = (size_t)t->shape[0] * (size_t)(t->ndim == 2 ? t->shape[1] : 1);
+    *out = mt_alloc(ctx, n * sizeof(float), MT_BUCKET_OTHER);
+    if (!*out) return MT_ERR_OOM;
+    if (mt_file_pread_all(fd, *out, n * sizeof(float), (off_t)t->offset) != 0)
+        return mt_ctx_error(ctx, MT_ERR_IO, "cannot read %s from params.bin: %s", t->name, strerror(errno));
+    return MT_OK;
+}
+
+/* If base tensor s has adapters in the checkpoint, *out = W + (alpha/r) B A
+ * (out, in), summed in double per element and rounded once, and s->data
+ * points at it; else nothing. */
+static enum mt_status merge_lora(struct mt_ctx *ctx, const struct mt_config *cfg, int fd,
+                                 const struct mt_ckpt_tensor *ct, int nct, struct mt_st_tensor *s, float **out)
+{
+    char na[200], nb[200];
+    size_t L = strlen(s->name);
+    if (L < 7 || strcmp(s->name + L - 7, ".weight")) return MT_OK;
+    snprintf(na, sizeof na, "%.*s.lora_A.weight", (int)(L - 7), s->name);
+    snprintf(nb, sizeof nb, "%.*s.lora_B.weight", (int)(L - 7), s->name);
+    const struct mt_ckpt_tensor *ta = ckpt_find(ct, nct, na), *tb = ckpt_find(ct, nct, nb), *tw = ckpt_find(ct, nct, s->name);
+    if (!ta || !tb) return MT_OK;
+    const int64_t R = s->shape[0], C = s->shape[1], r = ta->shape[0];
+    if (ta->shape[1] != C || tb->shape[0] != R || tb->shape[1] != r)
+        return mt_ctx_error(ctx, MT_ERR_FORMAT, "adapters of %s have shapes that do not match it", s->name);
+    float *w = NULL, *a = NULL, *b = NULL;
+    enum mt_status rc = read_f32(ctx, fd, tw, &w);
+    if (rc == MT_OK) rc = read_f32(ctx, fd, ta, &a);
+    if (rc == MT_OK) rc = read_f32(ctx, fd, tb, &b);
+    if (rc == MT_OK) {
+        const double sc = (double)cfg->lora_alpha / (double)cfg->lora_rank;
+        for (int64_t i = 0; i < R; i++)
+            for (int64_t j = 0; j < C; j++) {
+                double acc = 0;
+                for (int64_t k = 0; k < r; k++) acc += (double)b[i * r + k] * (double)a[k * C + j];
+                w[i * C + j] = (float)((double)w[i * C + j] + sc * acc);
+            }
+        *out = w;
+        s->data = w;
+        w = NULL;
+    }
+    mt_free(ctx, w);
+    mt_free(ctx, a);
+    mt_free(ctx, b);
+    return rc;
+}
+
+enum mt_status mt_export_lora_adapter(struct mt_ctx *ctx, const char *ckpt_dir, const char *out_dir, int force)
+{
+    struct mt_config cfg;
+    struct mt_ckpt_meta meta;
+    struct mt_ckpt_tensor *ct = NULL;
+    struct mt_st_tensor *st = NULL;
+    char path[PATH_MAX + 64];
+    int nct = 0, fd = -1;
+    MT_CHECK(mt_ckpt_read_meta(ctx, ckpt_dir, &cfg, &meta));
+    if (cfg.lora_rank <= 0)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s is not a LoRA checkpoint (lora_rank=0): nothing to export "
+                            "with --adapter", ckpt_dir);
+    MT_CHECK(check_overlap(ctx, ckpt_dir, out_dir, "checkpoint"));
+    if (!force && access(out_dir, F_OK) == 0 && !dir_is_empty(out_dir) && !path_exists(out_dir, "adapter_config.json"))
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "output %s is not empty and is not a previous adapter export "
+                            "(--force writes there)", out_dir);
+    MT_CHECK(mt_ckpt_read_tensors(ctx, ckpt_dir, "params.bin", &ct, &nct));
+    enum mt_status rc = MT_OK;
+    int n = 0;
+    st = mt_alloc(ctx, (size_t)(nct > 0 ? nct : 1) * sizeof *st, MT_BUCKET_OTHER);
+    if (!st) { rc = MT_ERR_OOM; goto done; }
+    snprintf(path, sizeof path, "%s/params.bin", ckpt_dir);
+    fd = open(path, O_RDONLY);
+    if (fd < 0) { rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot open %s: %s", path, strerror(errno)); goto done; }
+    for (int i = 0; i < nct; i++) {
+        if (!strstr(ct[i].name, ".lora_")) continue;
+        memset(&st[n], 0, sizeof st[n]);
+        if (strlen(ct[i].name) + 17 >= sizeof st[n].name) {
+            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "tensor name too long for the adapter file: %s", ct[i].name);
+            goto done;
+        }
+        memcpy(st[n].name, "base_model.model.", 17);
+        memcpy(st[n].name + 17, ct[i].name, strlen(ct[i].name) + 1);
+        st[n].ndim = ct[i].ndim;
+        st[n].shape[0] = ct[i].shape[0];
+        st[n].shape[1] = ct[i].shape[1];
+        st[n].dtype = MT_ST_F32;
+        st[n].src_fd = fd;
+        st[n].src_offset = ct[i].offset;
+        n++;
+    }
+    if (access(out_dir, F_OK) != 0 && mkdir(out_dir, 0755) != 0) {
+        rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot create %s: %s", out_dir, strerror(errno));
+        goto done;
+    }
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", out_dir);
+    MT_CHECK_GOTO(mt_safetensors_write(ctx, path, st, n), rc, done);
+    {
+        /* PEFT's LoraConfig: target_modules match module names by suffix */
+        static const char *const tn[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+        unsigned mask = 0;
+        char bad[64], mods[256] = "";
+        mt_config_lora_mask(cfg.lora_targets, &mask, bad, sizeof bad);
+        if (mask & MT_LORA_EXPERT) mask |= MT_LORA_GATE | MT_LORA_UP | MT_LORA_DOWN;
+        for (int k = 0; k < 7; k++)
+            if (mask & (1u << k))
+                snprintf(mods + strlen(mods), sizeof mods - strlen(mods), "%s\"%s\"", mods[0] ? ", " : "", tn[k]);
+        char text[1024];
+        snprintf(text, sizeof text,
+                 "{\n  \"peft_type\": \"LORA\",\n  \"task_type\": \"CAUSAL_LM\",\n  \"r\": %d,\n"
+                 "  \"lora_alpha\": %.9g,\n  \"lora_dropout\": 0.0,\n  \"bias\": \"none\",\n"
+                 "  \"fan_in_fan_out\": false,\n  \"use_rslora\": false,\n  \"target_modules\": [%s],\n"
+                 "  \"base_model_name_or_path\": null\n}\n",
+                 cfg.lora_rank, (double)cfg.lora_alpha, mods);
+        snprintf(path, sizeof path, "%s/adapter_config.json", out_dir);
+        MT_CHECK_GOTO(write_text(ctx, path, text), rc, done);
+    }
+done:
+    if (fd >= 0) close(fd);
+    mt_free(ctx, st);
+    mt_free(ctx, ct);
+    return rc;
+}
+
 enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char *out_dir,
                             const struct mt_export_opts *opts, char *warn, size_t warn_len)
 {
@@ -778,6 +911,7 @@ enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char
     struct mt_ckpt_tensor *ct = NULL;
     struct xtensor *x = NULL;
     struct mt_st_tensor *st = NULL;
+    float **merged = NULL;                      /* (nx) LoRA --merge: W + s B A per base tensor, or NULL */
     struct mt_tok *tok = NULL;
     char *text[4] = {NULL, NULL, NULL, NULL};   /* config, generation_config, tokenizer, tokenizer_config */
     int nct = 0, nx = 0, fd = -1, made_out = 0, made_tmp = 0;
@@ -812,8 +946,18 @@ enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char
     }
     MT_CHECK(check_overlap(ctx, ckpt_dir, out_dir, "checkpoint"));
     if (opts->tokenizer) MT_CHECK(check_overlap(ctx, opts->tokenizer, out_dir, "tokenizer"));
+    if (cfg.lora_rank > 0 && !opts->merge)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s is a LoRA checkpoint (lora_rank=%d): export --merge (full "
+                            "weights W + alpha/r B A) or --adapter (PEFT adapter files)", ckpt_dir, cfg.lora_rank);
     MT_CHECK(mt_ckpt_read_tensors(ctx, ckpt_dir, "params.bin", &ct, &nct));   /* checksum verified */
     MT_CHECK_GOTO(expected_alloc(ctx, &cfg, &x, &nx), rc, done);
+    if (cfg.lora_rank > 0) {
+        /* --merge: the base tensors only (the adapters fold into them below) */
+        int k = 0;
+        for (int i = 0; i < nx; i++)
+            if (!strstr(x[i].name, ".lora_")) x[k++] = x[i];
+        nx = k;
+    }
     int previous = is_previous_export(ctx, out_dir);
     {
         struct stat sb;
@@ -860,7 +1004,9 @@ enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char
 
     /* every tensor of the model, with its shape; nothing else */
     st = mt_alloc(ctx, (size_t)nx * sizeof *st, MT_BUCKET_OTHER);
-    if (!st) { rc = MT_ERR_OOM; goto done; }
+    merged = mt_alloc(ctx, (size_t)(nx > 0 ? nx : 1) * sizeof *merged, MT_BUCKET_OTHER);
+    if (!st || !merged) { rc = MT_ERR_OOM; goto done; }
+    memset(merged, 0, (size_t)(nx > 0 ? nx : 1) * sizeof *merged);
     snprintf(path, sizeof path, "%s/params.bin", ckpt_dir);
     fd = open(path, O_RDONLY);
     if (fd < 0) { rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot open %s: %s", path, strerror(errno)); goto done; }
@@ -883,8 +1029,9 @@ enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char
         st[i].dtype = MT_ST_F32;
         st[i].src_fd = fd;
         st[i].src_offset = t->offset;
+        if (cfg.lora_rank > 0) MT_CHECK_GOTO(merge_lora(ctx, &cfg, fd, ct, nct, &st[i], &merged[i]), rc, done);
     }
-    if (nct != nx) warnf(warn, warn_len, "checkpoint holds %d tensors, the model %d: extra ones not exported", nct, nx);
+    if (nct != nx && cfg.lora_rank <= 0) warnf(warn, warn_len, "checkpoint holds %d tensors, the model %d: extra ones not exported", nct, nx);
 
     text[0] = mt_export_hf_config(&cfg, bos);
     text[1] = generation_config(bos);
@@ -940,6 +1087,9 @@ done:
     if (fd >= 0) close(fd);
     for (int i = 0; i < 4; i++) free(text[i]);
     mt_tok_destroy(ctx, tok);
+    if (merged)
+        for (int i = 0; i < nx; i++) mt_free(ctx, merged[i]);
+    mt_free(ctx, merged);
     mt_free(ctx, st);
     mt_free(ctx, x);
     mt_free(ctx, ct);

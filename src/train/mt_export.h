@@ -120,7 +120,12 @@ struct mt_export_opts {
     int         force;         /* write into a non-empty --out that is not a previous export     */
     int         allow_lossy;   /* export what HF cannot represent, saying what is dropped        */
     const char *tokenizer;     /* tokenizer.bin to export; NULL: ckpt_dir/tokenizer.bin if there */
+    int         merge;         /* LoRA checkpoint: write W + (alpha/r) B A (required for one)    */
 };
+
+/* LoRA checkpoint dir -> out_dir/{adapter_model.safetensors, adapter_config.json}
+ * with Hugging Face PEFT names ("base_model.model." + the tensor's name). */
+enum mt_status mt_export_lora_adapter(struct mt_ctx *ctx, const char *ckpt_dir, const char *out_dir, int force);
 
 /* Checkpoint dir -> out_dir/{config.json, model.safetensors,
  * generation_config.json[, tokenizer.json, tokenizer_config.json]}. Reads

@@ -61,6 +61,8 @@ int  mt_optim_state_count(const struct mt_optim *o);
  * "<param>.momentum_buffer"). The checkpoint's global entry list is built
  * from these; mt_optim_state_get names held states the same way. */
 int  mt_optim_class_n_states(int optim);
+/* States of one parameter: its class's, or 0 when frozen (a LoRA base). */
+int  mt_optim_param_n_states(const struct mt_param *p);
 void mt_optim_class_state_name(int optim, const char *param, int j, char *out, size_t n);
 void mt_optim_state_get(const struct mt_optim *o, int i, struct mt_optim_state *out);
 long mt_optim_get_t(const struct mt_optim *o);

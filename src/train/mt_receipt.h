@@ -26,6 +26,7 @@ struct mt_receipt {
     int  micro_batch_seqs;
     /* parameters */
     size_t params_total, params_active;
+    size_t params_trainable;     /* total minus the frozen base (LoRA); == total otherwise */
     double flops_per_token;
     /* memory: plan vs measured per bucket, and RSS */
     size_t plan_bytes[MT_BUCKET_COUNT];

@@ -84,6 +84,7 @@ void mt_optim_plan_bytes(const struct mt_config *cfg, const struct mt_param *par
     for (int b = 0; b < MT_BUCKET_COUNT; b++) bytes[b] = 0;
     for (int i = 0; i < n_params; i++) {
         size_t nb = params[i].numel * sizeof(float);
+        if (params[i].frozen) continue;   /* LoRA base: no state */
         bytes[MT_BUCKET_OPTIM] += params[i].optim == MT_OPTIM_ADAMW ? 2 * nb : nb;
     }
     size_t max_numel, max_ss;
@@ -135,6 +136,8 @@ enum mt_status mt_optim_create(struct mt_ctx *ctx, const struct mt_ops_i *ops, c
     for (int i = 0; i < n_params; i++) {
         struct pstate *s = &o->ps[i];
         s->p = &params[i];
+        s->m = s->v = NULL;
+        if (params[i].frozen) continue;   /* LoRA base: no state, never updated */
         s->m = ws_alloc(ctx, ops, params[i].numel, MT_BUCKET_OPTIM);
         if (!s->m) { mt_optim_destroy(ctx, o); return MT_ERR_OOM; }
         o->n_states++;
@@ -204,7 +207,7 @@ double mt_optim_grad_sumsq(struct mt_optim *o)
 {
     double s = 0.0;
     for (int i = 0; i < o->n_params; i++)
-        s += o->ops->sumsq(o->ps[i].p->grad, o->ps[i].p->numel);
+        if (!o->ps[i].p->frozen) s += o->ops->sumsq(o->ps[i].p->grad, o->ps[i].p->numel);
     return s;
 }
 
@@ -294,7 +297,7 @@ enum mt_status mt_optim_step(struct mt_ctx *ctx, struct mt_optim *o, int step, d
         double sc = cfg->grad_clip / (grad_norm + 1e-6);
         if (sc < 1.0)
             for (int i = 0; i < o->n_params; i++)
-                ops->axpby(o->ps[i].p->grad, NULL, 0.0f, (float)sc, o->ps[i].p->numel);
+                if (!o->ps[i].p->frozen) ops->axpby(o->ps[i].p->grad, NULL, 0.0f, (float)sc, o->ps[i].p->numel);
     }
 
     double f = mt_optim_lr_factor(cfg, step);
@@ -306,6 +309,7 @@ enum mt_status mt_optim_step(struct mt_ctx *ctx, struct mt_optim *o, int step, d
     for (int i = 0; i < o->n_params; i++) {
         struct pstate *st = &o->ps[i];
         struct mt_param *p = st->p;
+        if (p->frozen) continue;   /* LoRA: the base does not move (docs/lora.md) */
         float wd = p->decay ? cfg->weight_decay : 0.0f;
         if (p->optim == MT_OPTIM_MUON)
             MT_CHECK(muon_update(ctx, o, st, muon_lr, wd));
@@ -319,6 +323,11 @@ enum mt_status mt_optim_step(struct mt_ctx *ctx, struct mt_optim *o, int step, d
 int mt_optim_state_count(const struct mt_optim *o)
 {
     return o ? o->n_states : 0;
+}
+
+int mt_optim_param_n_states(const struct mt_param *p)
+{
+    return p->frozen ? 0 : mt_optim_class_n_states(p->optim);
 }
 
 int mt_optim_class_n_states(int optim)
@@ -339,7 +348,7 @@ void mt_optim_state_get(const struct mt_optim *o, int i, struct mt_optim_state *
     memset(out, 0, sizeof *out);
     for (int k = 0; k < o->n_params; k++) {
         const struct pstate *st = &o->ps[k];
-        int ns = st->v ? 2 : 1;
+        int ns = st->p->frozen ? 0 : st->v ? 2 : 1;
         if (i >= ns) { i -= ns; continue; }
         out->param = st->p;
         mt_optim_class_state_name(st->v ? MT_OPTIM_ADAMW : MT_OPTIM_MUON, st->p->name, i, out->name, sizeof out->name);

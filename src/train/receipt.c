@@ -85,6 +85,8 @@ enum mt_status mt_receipt_write(struct mt_ctx *ctx, const char *path, const stru
     cJSON *pc = cJSON_AddObjectToObject(root, "parameters");
     cJSON_AddNumberToObject(pc, "total", (double)r->params_total);
     cJSON_AddNumberToObject(pc, "active_per_token", (double)r->params_active);
+    cJSON_AddNumberToObject(pc, "trainable", (double)r->params_trainable);
+    cJSON_AddNumberToObject(pc, "frozen", (double)(r->params_total - r->params_trainable));
 
     cJSON *mem = cJSON_AddObjectToObject(root, "memory");
     cJSON_AddItemToObject(mem, "plan_bytes", bucket_object(r->plan_bytes));
@@ -109,13 +111,18 @@ enum mt_status mt_receipt_write(struct mt_ctx *ctx, const char *path, const stru
     cJSON_AddNumberToObject(split, "idle", r->idle_s);
     cJSON_AddNumberToObject(t, "tokens_per_s", r->tokens_per_s);
     cJSON_AddNumberToObject(t, "flops_per_token", r->flops_per_token);
-    /* M (Mamba-3) layers add their scan, counted as its recurrence (mamba.c) */
-    cJSON_AddStringToObject(t, "flops_convention",
-                            r->cfg && mt_blocks_pattern_has(r->cfg, 'M')
-                                ? "6 x matmul parameters active per token (incl. lm_head, excl. embedding lookup) "
-                                  "+ 12 x T x H x head_dim per attention layer + 24 x nheads x headdim x d_state per M layer"
-                                : "6 x matmul parameters active per token (incl. lm_head, excl. embedding lookup) "
-                                  "+ 12 x L x T x H x head_dim");
+    /* M (Mamba-3) layers add their scan, counted as its recurrence (mamba.c);
+     * LoRA counts the frozen base's backward for activations only (docs/lora.md) */
+    {
+        const int lora = r->cfg && r->cfg->lora_rank > 0, hybrid = r->cfg && mt_blocks_pattern_has(r->cfg, 'M');
+        char conv[512];
+        snprintf(conv, sizeof conv, "%s + 12 x T x H x head_dim per attention layer%s",
+                 lora ? "LoRA: 4 x the frozen base's matmul parameters active per token (forward + backward for "
+                        "activations; incl. lm_head, excl. embedding lookup) + 6 x the adapters' active per token"
+                      : "6 x matmul parameters active per token (incl. lm_head, excl. embedding lookup)",
+                 hybrid ? " + 24 x nheads x headdim x d_state per M layer" : "");
+        cJSON_AddStringToObject(t, "flops_convention", conv);
+    }
     cJSON_AddNumberToObject(t, "model_flops_per_s", r->model_flops_per_s);
     cJSON_AddNumberToObject(t, "mfu", r->mfu);
     cJSON_AddNumberToObject(t, "peak_flops", r->peak_flops);

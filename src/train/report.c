@@ -494,6 +494,7 @@ static void fill_receipt(struct mt_receipt *r, const struct run_state *rs, const
     r->cfg = cfg;
     r->micro_batch_seqs = rs->Bm;
     mt_model_param_counts(cfg, &r->params_total, &r->params_active);
+    r->params_trainable = mt_model_param_trainable(cfg);
     r->flops_per_token = ri->flops_per_token;
     if (plan) mt_plan_rank_bytes(plan, ri->wrank, r->plan_bytes);
     if (plan) r->plan_total_bytes = mt_plan_rank_total(plan, ri->wrank);

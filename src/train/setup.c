@@ -245,12 +245,26 @@ static enum mt_status load_params(struct mt_ctx *ctx, struct run_state *rs, cons
                                   const char *resume_dir, const struct mt_ckpt_meta *resume_meta)
 {
     if (!resume_dir[0] && !opts->init_from) return mt_zero_set_init_params(ctx, &rs->zset, rs->cfg->seed);
+    /* LoRA from a base (docs/lora.md): the adapters take their init (B = 0),
+     * the frozen base its weights from --init-from */
+    const int lora_base = !resume_dir[0] && rs->cfg->lora_rank > 0;
+    if (lora_base) MT_CHECK(mt_zero_set_init_params(ctx, &rs->zset, rs->cfg->seed));
     for (int k = 0; k < rs->zset.n; k++) {
         int nv;
         struct mt_param *v = mt_zero_opt_params(rs->zset.z[k], &nv);
         if (resume_dir[0]) {
             MT_CHECK(mt_ckpt_load(ctx, rs->ops, resume_dir, v, nv, rs->zset.opt[k]));
             mt_optim_set_t(rs->zset.opt[k], resume_meta->adam_t);
+        } else if (lora_base) {
+            /* views are copies pointing at the engine's buffers: load the base ones */
+            struct mt_param *b = mt_alloc(ctx, (size_t)(nv > 0 ? nv : 1) * sizeof *b, MT_BUCKET_OTHER);
+            if (!b) return MT_ERR_OOM;
+            int nb = 0;
+            for (int i = 0; i < nv; i++)
+                if (v[i].frozen) b[nb++] = v[i];
+            enum mt_status st = mt_ckpt_load(ctx, rs->ops, opts->init_from, b, nb, NULL);
+            mt_free(ctx, b);
+            MT_CHECK(st);
         } else {
             MT_CHECK(mt_ckpt_load(ctx, rs->ops, opts->init_from, v, nv, NULL));
         }

@@ -85,7 +85,7 @@ enum mt_status mt_train_save_checkpoint(struct mt_ctx *ctx, const struct mt_trai
     int n_ent = 0;
     if (glob) {
         mt_model_registry(cfg, glob, ng);
-        for (int g = 0; g < ng; g++) n_ent += 1 + mt_optim_class_n_states(glob[g].optim);
+        for (int g = 0; g < ng; g++) n_ent += 1 + mt_optim_param_n_states(&glob[g]);
     }
     struct mt_ckpt_entry *ent = mt_alloc(ctx, (size_t)(n_ent + 1) * sizeof *ent, MT_BUCKET_OTHER);
     char (*names)[160] = mt_alloc(ctx, (size_t)(n_ent + 1) * 160, MT_BUCKET_OTHER);
@@ -113,7 +113,7 @@ enum mt_status mt_train_save_checkpoint(struct mt_ctx *ctx, const struct mt_trai
                 ent[e++] = (struct mt_ckpt_entry){glob[g].name, 0, shape, mine ? mt_zero_param_data(z, i) : NULL};
                 continue;
             }
-            for (int j = 0; j < mt_optim_class_n_states(glob[g].optim); j++) {
+            for (int j = 0; j < mt_optim_param_n_states(&glob[g]); j++) {
                 mt_optim_class_state_name(glob[g].optim, glob[g].name, j, names[e], 160);
                 ent[e] = (struct mt_ckpt_entry){names[e], 1, shape, mine ? state_data(st, n_states, names[e]) : NULL};
                 e++;

@@ -693,7 +693,7 @@ double mt_zero_grad_sumsq_local(const struct mt_zero *z, const unsigned char *co
     double s = 0;
     for (int k = 0; k < z->n_views; k++) {
         int i = z->view_param[k];
-        if (z->lay.owner[i] != z->lay.rank || (count && !count[i])) continue;
+        if (z->lay.owner[i] != z->lay.rank || (count && !count[i]) || z->views[k].frozen) continue;
         s += z->ops->sumsq(z->views[k].grad, z->views[k].numel);
     }
     return s;
