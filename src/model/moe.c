@@ -204,7 +204,7 @@ enum mt_status moe_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_lay
         size_t *a = m->h_a2a;
         for (int r = 0; r < ep; r++) { a[r] = (size_t)Ee; a[ep + r] = (size_t)r * Ee; }
         double t0 = mt_time_sec();
-        enum mt_status st = mt_comm_alltoallv(ctx, m->ep_comm, sc, a, a + ep, rc, a, a + ep, MT_DTYPE_I64);
+        enum mt_status st = mt_comm_alltoallv(ctx, m->ep_comm_host, sc, a, a + ep, rc, a, a + ep, MT_DTYPE_I64);
         m->ep_stats.a2a_s += mt_time_sec() - t0;
         MT_CHECK(st);
         ly->r_rows = 0;

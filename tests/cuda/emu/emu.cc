@@ -169,6 +169,8 @@ cudaError_t cudaGetLastError(void)
 }
 cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; }
 cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
+cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : fail(cudaErrorInvalidValue); }
+cudaError_t cudaDriverGetVersion(int *v) { *v = 0; return cudaSuccess; } /* no driver: 0 */
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d)
 {
     memset(p, 0, sizeof *p);
@@ -222,6 +224,15 @@ cudaError_t cudaFree(void *p)
         }
     munmap((void *)it->first, it->second);
     g_dev.erase(it);
+    return cudaSuccess;
+}
+/* free = the emulated 4 GiB minus the pages of the live cudaMalloc mappings */
+cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b)
+{
+    size_t used = 0;
+    for (auto &kv : g_dev) used += kv.second;
+    *total_b = (size_t)1 << 32;
+    *free_b = used < *total_b ? *total_b - used : 0;
     return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s)
