@@ -39,6 +39,9 @@
 # CPU check of the script itself: GPU_SH_EMU=path/to/emulated/meshtrain runs
 # the equiv stage's cuda runs under the CPU emulator (tests/test_cuda_build.sh
 # builds one at BUILD/cuda-build/emu/meshtrain); its results say "emulated".
+# GPU_SH_BIN=dir (binaries, default gpu_carry/bin, else build-gpu),
+# GPU_SH_EQUIV_STEPS=n (default 20; 3 keeps an emulated check short) and
+# GPU_SH_BOX_<stage>=seconds (a stage's box; the budget still caps it).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT" || exit 1
@@ -84,7 +87,7 @@ SUMMARY=$RES/stages.txt
 WORK=${TMPDIR:-/tmp}/meshtrain-gpu.$$
 mkdir -p "$WORK"
 
-BIN=$CARRY/bin
+BIN=${GPU_SH_BIN:-$CARRY/bin}
 [ -x "$BIN/meshtrain" ] || BIN=$ROOT/build-gpu
 MT=$BIN/meshtrain
 NCCL_DIR=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(os.path.dirname(nvidia.nccl.__file__), "lib"))' 2>/dev/null || true)
@@ -93,7 +96,8 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 HAVE_GPU=0
 nvidia-smi -L >/dev/null 2>&1 && HAVE_GPU=1
 EMU=${GPU_SH_EMU:-}
-export ROOT RES WORK BIN MT HAVE_GPU EMU
+EQ_STEPS=${GPU_SH_EQUIV_STEPS:-20}
+export ROOT RES WORK BIN MT HAVE_GPU EMU EQ_STEPS
 
 STAGES="env ops san equiv speed torch llmc"
 [ $# -gt 0 ] && STAGES="$*"
@@ -123,6 +127,8 @@ stage() {
         echo "SKIPPED ($name: no GPU: nvidia-smi -L failed)" | tee -a "$SUMMARY"
         return 0
     fi
+    local ov="GPU_SH_BOX_$name"
+    [ -n "${!ov:-}" ] && box=${!ov}
     local left=$(( BUDGET - ($(date +%s) - T_START) - 15 ))
     [ $left -lt $box ] && box=$left
     if [ $box -lt 10 ]; then
@@ -202,7 +208,7 @@ export -f stage_san
 # train NAME BINARY FLAGS...: 20 steps of a tiny config; receipt kept
 train_tiny() {
     local name=$1 bin=$2; shift 2
-    "$bin" train "$@" --peak-flops 1e11 --quiet --data "$WORK/tiny.bin" --out "$WORK/eq_$name" --steps 20 \
+    "$bin" train "$@" --peak-flops 1e11 --quiet --data "$WORK/tiny.bin" --out "$WORK/eq_$name" --steps "$EQ_STEPS" \
         > "$RES/logs/eq_$name.log" 2>&1 || { echo "RESULT $name: exit $? ($(tail -1 "$RES/logs/eq_$name.log"))"; return 1; }
     cp "$WORK/eq_$name/receipt.json" "$RES/receipts/eq_$name.json"
 }
@@ -228,9 +234,9 @@ stage_equiv() {
     done
     for z in 1 2 3; do MT_CUDA_PRECISION=fp32 train_tiny dense_cuda_z$z "$CB" $TINY --backend cuda --zero $z || bad=1; done
     MT_CUDA_PRECISION=fp32 train_tiny moe_cuda_z3 "$CB" $TINY $MOE --backend cuda --zero 3 || bad=1
-    python3 - "$RES/receipts" "$cfgs" 2>&1 > "$RES/equiv.json" <<'PY' || bad=1
+    python3 - "$RES/receipts" "$cfgs" "$EQ_STEPS" 2>&1 > "$RES/equiv.json" <<'PY' || bad=1
 import json, os, sys
-d, cfgs = sys.argv[1], sys.argv[2].split()
+d, cfgs, n_steps = sys.argv[1], sys.argv[2].split(), int(sys.argv[3])
 def L(n):
     p = os.path.join(d, "eq_%s.json" % n)
     return json.load(open(p)) if os.path.exists(p) else None
@@ -246,7 +252,7 @@ for ref, run, tol in checks:
     for key in ("losses", "lm_losses", "aux_losses", "z_losses"):
         for x, y in zip(a[key], b[key]):
             worst = max(worst, abs(x - y) / abs(x) if x != 0 else (0.0 if y == 0 else float("inf")))
-    good = len(a["losses"]) == len(b["losses"]) == 20 and worst <= tol
+    good = len(a["losses"]) == len(b["losses"]) == n_steps and worst <= tol
     out.append({"run": run, "ref": ref + "_cpu", "max_rel": worst, "tol": tol, "ok": good,
                 "emulated": bool((b.get("gpu") or {}).get("emulated")),
                 "fallback_reason": b["backend"].get("fallback_reason")})

@@ -471,9 +471,14 @@ static void runtime_mode(const struct run_state *rs, char *out, size_t n)
 static void cuda_fallback_reason(const struct mt_ops_cuda_info *in, char *out, size_t n)
 {
     out[0] = 0;
+    size_t len = 0;
     if (in->gemm_bf16_fallbacks > 0)
-        snprintf(out, n, "bf16 gemm: cuBLASLt had no algorithm for %ld of %ld tiles; those ran in fp32 (cublasSgemm)",
-                 in->gemm_bf16_fallbacks, in->gemm_bf16_calls + in->gemm_bf16_fallbacks);
+        len = (size_t)snprintf(out, n, "bf16 gemm: cuBLASLt had no algorithm for %ld of %ld tiles; those ran in fp32 "
+                                       "(cublasSgemm)", in->gemm_bf16_fallbacks,
+                               in->gemm_bf16_calls + in->gemm_bf16_fallbacks);
+    if (in->gemm_grouped_loops > 0 && len < n)
+        snprintf(out + len, n - len, "%sgrouped expert GEMMs: %ld of %ld calls ran as a loop (%s)", len ? "; " : "",
+                 in->gemm_grouped_loops, in->gemm_grouped_calls, in->gemm_grouped_fallback);
 }
 
 /* The receipt's "gpu" object (mt_gpu_info.h); NULL off the cuda backend. */
@@ -501,6 +506,8 @@ static char *gpu_json(const struct run_state *rs, const struct mt_receipt *r)
     cJSON_AddStringToObject(g, "precision_source", in.precision_source);
     cJSON_AddNumberToObject(g, "gemm_bf16_calls", (double)in.gemm_bf16_calls);
     cJSON_AddNumberToObject(g, "gemm_bf16_fallbacks", (double)in.gemm_bf16_fallbacks);
+    cJSON_AddNumberToObject(g, "gemm_grouped_calls", (double)in.gemm_grouped_calls);
+    cJSON_AddNumberToObject(g, "gemm_grouped_loops", (double)in.gemm_grouped_loops);
     /* memory: the allocator's peaks (device buffers, by bucket; the plan
      * predicts these) next to the device's own view */
     cJSON *m = cJSON_AddObjectToObject(g, "memory");

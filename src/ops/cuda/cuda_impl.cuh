@@ -211,6 +211,9 @@ void mt_cuda_lt_plans_release(void);
 void mt_cuda_gemm(int transA, int transB, int M, int N, int K, float alpha,
                   const float *A, int lda, const float *B, int ldb,
                   float beta, float *C, int ldc);
+void mt_cuda_gemm_grouped(int transA, int transB, int n, const int *M, const int *N, const int *K, float alpha,
+                          const float *const *A, int lda, const float *const *B, int ldb, float beta,
+                          float *const *C, int ldc);
 
 /* ---- embed.cu ---- */
 void mt_cuda_embed_forward(float *out, const int32_t *idx, const float *wte, int N, int C);

@@ -67,6 +67,9 @@ struct mt_ops_cuda_info {
     long   gemm_bf16_calls;    /* cuBLASLt bf16 matmuls run (tiles counted)       */
     long   gemm_bf16_fallbacks;/* tiles cuBLASLt had no algorithm for, run by
                                   cublasSgemm in fp32 instead (named, counted)    */
+    long   gemm_grouped_calls; /* grouped GEMM entries called                      */
+    long   gemm_grouped_loops; /* ... of those, run as a loop of gemm calls        */
+    char   gemm_grouped_fallback[128]; /* why the last loop ran ("" = never)     */
     /* receipt fields (issue 19 item 5) */
     int    device_count;       /* cudaGetDeviceCount at init                       */
     int    driver_version;     /* cudaDriverGetVersion, e.g. 13000                 */

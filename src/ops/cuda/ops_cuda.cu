@@ -76,6 +76,7 @@ static const struct mt_ops_i cuda_ops = {
     /* .sumsq                = */ .sumsq                = mt_cuda_sumsq,
     /* .all_finite           = */ .all_finite           = mt_cuda_all_finite,
     /* .gemm                 = */ .gemm                 = mt_cuda_gemm,
+    /* .gemm_grouped         = */ .gemm_grouped         = mt_cuda_gemm_grouped,
     /* .embed_forward        = */ .embed_forward        = mt_cuda_embed_forward,
     /* .embed_backward       = */ .embed_backward       = mt_cuda_embed_backward,
     /* .rmsnorm_forward      = */ .rmsnorm_forward      = mt_cuda_rmsnorm_forward,
