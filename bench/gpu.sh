@@ -23,7 +23,7 @@
 #   equiv   20-step trainings of the tiny dense, MoE (and hybrid `M` when the
 #           build knows it) configs: cpu vs cuda fp32 (<= 1e-4 relative),
 #           cuda bf16 (<= 1e-2, docs/cuda.md), and --zero 1/2/3 on one GPU
-#   speed   meshtrain bf16 on bench/configs/gpu_c_gpt2.json (GPT-2 124M shape,
+#   speed   meshtrain bf16 (10 steps) on bench/configs/gpu_c_gpt2.json (GPT-2 124M shape,
 #           seq 1024; batch 16, else 8, else 4), gpu_d2048_dense.json and
 #           gpu_moe8.json: tokens/s and MFU (receipts kept)
 #   torch   the same models in PyTorch (bench/torch_gpu.py: SDPA, bf16
@@ -52,21 +52,24 @@ if [ "${1:-}" = prepare ]; then
     set -e
     NVCC=${CUDACXX:-/usr/local/cuda/bin/nvcc}
     [ -x "$NVCC" ] || { echo "prepare: no nvcc at $NVCC" >&2; exit 2; }
-    cmake -S . -B build-gpu -DMT_WITH_CUDA=ON -DMT_WITH_MPI=OFF -DMT_WERROR=ON -DCMAKE_CUDA_COMPILER="$NVCC" >/dev/null
-    nice cmake --build build-gpu -j2 --target meshtrain cuda_ops_vs_cpu cuda_mesh_device test_ops
+    BG=${GPU_SH_BUILD:-build-gpu}   # e.g. BUILD/cuda-build of tests/test_cuda_build.sh (same options)
+    cmake -S . -B "$BG" -DMT_WITH_CUDA=ON -DMT_WITH_MPI=OFF -DMT_WERROR=ON -DCMAKE_CUDA_COMPILER="$NVCC" >/dev/null
+    nice cmake --build "$BG" -j2 --target meshtrain cuda_ops_vs_cpu cuda_mesh_device test_ops
+    rm -rf "$CARRY/bin" "$CARRY/lib"
     mkdir -p "$CARRY/bin" "$CARRY/lib"
-    cp build-gpu/meshtrain build-gpu/cuda_ops_vs_cpu build-gpu/cuda_mesh_device build-gpu/test_ops "$CARRY/bin/"
+    cp "$BG/meshtrain" "$BG/cuda_ops_vs_cpu" "$BG/cuda_mesh_device" "$BG/test_ops" "$CARRY/bin/"
     if [ "${GPU_SH_NCCL:-1}" = 1 ] && [ -f /usr/include/nccl.h -o -f /usr/local/cuda/include/nccl.h ]; then
         cmake -S . -B build-gpu-nccl -DMT_WITH_CUDA=ON -DMT_WITH_NCCL=ON -DMT_WITH_MPI=OFF -DCMAKE_CUDA_COMPILER="$NVCC" >/dev/null
         nice cmake --build build-gpu-nccl -j2 --target cuda_mesh_device
         cp build-gpu-nccl/cuda_mesh_device "$CARRY/bin/cuda_mesh_device_nccl"
     fi
-    for l in $(ldd build-gpu/meshtrain | awk '/=>/ {print $3}' | grep -E 'openblas|gfortran|quadmath|cjson|xxhash|gomp'); do
+    for l in $(ldd "$BG/meshtrain" | awk '/=>/ {print $3}' | grep -E 'openblas|gfortran|quadmath|cjson|xxhash|gomp'); do
         cp -L "$l" "$CARRY/lib/"
     done
     cp /work/shared/peers/llm.c.tar.gz /work/shared/peers/gen_llmc_inputs.c "$CARRY/" 2>/dev/null ||
         echo "prepare: llm.c snapshot not found (/work/shared/peers): the llmc stage will be SKIPPED"
-    grep -qx '/gpu_carry/' .git/info/exclude 2>/dev/null || echo /gpu_carry/ >> "$(git rev-parse --git-path info/exclude)"
+    strip "$CARRY"/bin/* "$CARRY"/lib/* 2>/dev/null || true   # symbols only; the device code stays
+    git check-ignore -q gpu_carry || { echo "prepare: gpu_carry/ is not ignored (.gitignore)" >&2; exit 1; }
     du -sh "$CARRY"
     mb=$(du -sm "$CARRY" | cut -f1)
     [ "$mb" -lt 64 ] || { echo "prepare: gpu_carry is ${mb} MiB, over the device tool's 64 MiB carry limit" >&2; exit 1; }
@@ -266,7 +269,7 @@ PY
 }
 export -f stage_equiv
 
-# speed NAME CONFIG [BATCH...]: bf16, 12 steps; first batch that runs wins
+# speed NAME CONFIG [BATCH...]: bf16, 10 steps (2 warm-up excluded); first batch that runs wins
 speed_one() {
     local name=$1 cfg=$2; shift 2
     local batches="${*:-0}" b
@@ -274,7 +277,7 @@ speed_one() {
         local setb=""
         [ "$b" != 0 ] && setb="--set batch_size=$b"
         if timeout -k 5 "${SPEED_BOX:-150}" env MT_CUDA_PRECISION=bf16 "$MT" train --config "$cfg" $setb --backend cuda \
-                --data "$WORK/data50k.bin" --out "$WORK/sp_$name" --steps "${SPEED_STEPS:-12}" \
+                --data "$WORK/data50k.bin" --out "$WORK/sp_$name" --steps "${SPEED_STEPS:-10}" \
                 > "$RES/logs/speed_$name.log" 2>&1; then
             cp "$WORK/sp_$name/receipt.json" "$RES/receipts/speed_$name.json"
             python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); t=r["timing"]; g=r.get("gpu") or {}
@@ -291,9 +294,11 @@ export -f speed_one
 stage_speed() {
     [ -f "$WORK/data50k.bin" ] || python3 "$ROOT/tests/make_shard.py" "$WORK/data50k.bin" 600000 50304 random >/dev/null
     local bad=0
-    SPEED_BOX=100 speed_one c_gpt2 "$ROOT/bench/configs/gpu_c_gpt2.json" 16 8 4 || bad=1
-    SPEED_BOX=90 speed_one d2048_dense "$ROOT/bench/configs/gpu_d2048_dense.json" 0 2 || bad=1
-    SPEED_BOX=90 speed_one moe8 "$ROOT/bench/configs/gpu_moe8.json" 0 2 || bad=1
+    # per try: each model gets its first try inside the stage's box; a
+    # smaller batch is tried only after a failure (OOM: exit 1, quickly)
+    SPEED_BOX=45 speed_one c_gpt2 "$ROOT/bench/configs/gpu_c_gpt2.json" 16 8 4 || bad=1
+    SPEED_BOX=50 speed_one d2048_dense "$ROOT/bench/configs/gpu_d2048_dense.json" 0 2 || bad=1
+    SPEED_BOX=50 speed_one moe8 "$ROOT/bench/configs/gpu_moe8.json" 0 2 || bad=1
     return $bad
 }
 export -f stage_speed
@@ -387,12 +392,12 @@ PY
 export -f stage_summary
 
 stage env 15 0
-stage ops 70 1
-stage san 100 1
-stage equiv 90 1
-stage speed 170 1
-stage torch 150 1
-stage llmc 100 1
+stage ops 60 1
+stage san 80 1
+stage equiv 70 1
+stage speed 150 1
+stage torch 120 1
+stage llmc 60 1
 [ -n "$LLMC_BUILD_PID" ] && kill "$LLMC_BUILD_PID" 2>/dev/null
 STAGES="$STAGES summary" stage summary 30 0
 rm -rf "$WORK"
