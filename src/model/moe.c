@@ -157,7 +157,7 @@ enum mt_status moe_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_lay
                            int n, int want_loss, double *aux_sum, double *z_sum)
 {
     const struct mt_ops_i *ops = m->ops;
-    const int D = m->D, E = m->E, k = m->top_k;
+    const int D = m->D, E = m->E, k = m->top_k, Fe = m->Fe;
     const int M = n * k;
 
     /* router: logits into the (free in forward) d-router-logits scratch */
@@ -189,8 +189,16 @@ enum mt_status moe_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_lay
     }
 
     ops->moe_permute(m->s_xp, ly->h_mlp, ly->src_row, M, D);
+    const int grouped = moe_experts_grouped(m);   /* one grouped GEMM per projection (moe_experts.c) */
     if (m->ep == 1) {
-        moe_experts_forward(m, ly, E, ly->e_off, 1, E, ly->ey, m->s_xp);   /* grouped GEMMs */
+        if (grouped) moe_experts_forward(m, ly, E, ly->e_off, 1, E, ly->ey, m->s_xp);
+        for (int e = 0; e < E && !grouped; e++) {
+            int r0 = ly->e_off[e], c = ly->e_off[e + 1] - r0;
+            if (c == 0) continue;
+            const struct mt_param *w = &ly->w.experts[3 * e];
+            mlp_forward(ops, ly->ey + (size_t)r0 * D, 0, ly->eg + (size_t)r0 * Fe, ly->eu + (size_t)r0 * Fe,
+                        m->s_act, m->s_xp + (size_t)r0 * D, w[0].data, w[1].data, w[2].data, c, D, Fe);
+        }
     } else {
         /* per-expert counts first (every rank, even with nothing to send) */
         const int ep = m->ep, Ee = m->Ee;
@@ -211,7 +219,17 @@ enum mt_status moe_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_lay
         size_t scnt[MT_MAX_EP] = {0}, sdis[MT_MAX_EP] = {0}, rcnt[MT_MAX_EP] = {0}, rdis[MT_MAX_EP] = {0};
         ep_counts(m, ly, scnt, sdis, rcnt, rdis);
         MT_CHECK(ep_a2a(ctx, m, ly->rx, m->s_xp, scnt, sdis, rcnt, rdis, D));
-        moe_experts_forward(m, ly, ep * Ee, ly->r_cnt, 0, Ee, m->s_ry, ly->rx);
+        if (grouped) moe_experts_forward(m, ly, ep * Ee, ly->r_cnt, 0, Ee, m->s_ry, ly->rx);
+        size_t o = 0;
+        for (int src = 0; src < ep && !grouped; src++)
+            for (int j = 0; j < Ee; j++) {
+                int c = ly->r_cnt[src * Ee + j];
+                const struct mt_param *w = &ly->w.experts[3 * j];
+                if (c > 0)
+                    mlp_forward(ops, m->s_ry + o * D, 0, ly->eg + o * Fe, ly->eu + o * Fe, m->s_act, ly->rx + o * D,
+                                w[0].data, w[1].data, w[2].data, c, D, Fe);
+                o += (size_t)c;
+            }
         MT_CHECK(ep_a2a(ctx, m, ly->ey, m->s_ry, rcnt, rdis, scnt, sdis, D));   /* back to the sources */
     }
     ops->moe_combine(out, ly->ey, ly->pos, ly->gates, n, k, D);
@@ -228,22 +246,44 @@ enum mt_status moe_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_la
                             const struct mt_loss_norm *norm)
 {
     const struct mt_ops_i *ops = m->ops;
-    const int T = m->T, n = m->Nm, D = m->D, E = m->E, k = m->top_k;
+    const int T = m->T, n = m->Nm, D = m->D, E = m->E, k = m->top_k, Fe = m->Fe;
     const int M = n * k, g0 = m->tp > 1 ? m->row0 : 0;
 
+    const int grouped = moe_experts_grouped(m);
     /* term 1: combine */
     ops->moe_combine_backward(m->s_dy, m->s_dgates, dout, ly->ey, ly->pos, ly->gates, n, k, D);
     /* term 2: experts on their row ranges (inputs re-permuted, not saved) */
     if (m->ep == 1) {
         ops->moe_permute(m->s_xp, ly->h_mlp, ly->src_row, M, D);
-        moe_experts_backward(m, ly, E, ly->e_off, 1, E, m->s_dxp, m->s_dy, m->s_xp);   /* grouped GEMMs */
+        if (grouped) moe_experts_backward(m, ly, E, ly->e_off, 1, E, m->s_dxp, m->s_dy, m->s_xp);
+        for (int e = 0; e < E && !grouped; e++) {
+            int r0 = ly->e_off[e], c = ly->e_off[e + 1] - r0;
+            if (c == 0) continue;
+            struct mt_param *w = &ly->w.experts[3 * e];
+            mlp_backward(ops, m->s_dxp + (size_t)r0 * D, 0, w[0].grad, w[1].grad, w[2].grad,
+                         m->s_act, m->s_dact, m->s_dg, m->s_du,
+                         m->s_dy + (size_t)r0 * D, m->s_xp + (size_t)r0 * D,
+                         ly->eg + (size_t)r0 * Fe, ly->eu + (size_t)r0 * Fe,
+                         w[0].data, w[1].data, w[2].data, c, D, Fe);
+        }
     } else {
         const int ep = m->ep, Ee = m->Ee;
         size_t scnt[MT_MAX_EP] = {0}, sdis[MT_MAX_EP] = {0}, rcnt[MT_MAX_EP] = {0}, rdis[MT_MAX_EP] = {0};
         ep_counts(m, ly, scnt, sdis, rcnt, rdis);
         enum mt_status st = ep_a2a(ctx, m, m->s_rdy, m->s_dy, scnt, sdis, rcnt, rdis, D);
         if (st != MT_OK) return st;
-        moe_experts_backward(m, ly, ep * Ee, ly->r_cnt, 0, Ee, m->s_rdx, m->s_rdy, ly->rx);
+        if (grouped) moe_experts_backward(m, ly, ep * Ee, ly->r_cnt, 0, Ee, m->s_rdx, m->s_rdy, ly->rx);
+        size_t o = 0;
+        for (int src = 0; src < ep && !grouped; src++)
+            for (int j = 0; j < Ee; j++) {
+                int c = ly->r_cnt[src * Ee + j];
+                struct mt_param *w = &ly->w.experts[3 * j];
+                if (c > 0)
+                    mlp_backward(ops, m->s_rdx + o * D, 0, w[0].grad, w[1].grad, w[2].grad,
+                                 m->s_act, m->s_dact, m->s_dg, m->s_du, m->s_rdy + o * D, ly->rx + o * D,
+                                 ly->eg + o * Fe, ly->eu + o * Fe, w[0].data, w[1].data, w[2].data, c, D, Fe);
+                o += (size_t)c;
+            }
         st = ep_a2a(ctx, m, m->s_dxp, m->s_rdx, rcnt, rdis, scnt, sdis, D);
         if (st != MT_OK) return st;
     }
