@@ -37,7 +37,9 @@
 #           backend=cuda`; and the tiny MoE config (pattern=AE, 4 experts,
 #           top-2, a shared expert: the router, permute/combine kernels and
 #           their backwards inside a training loop) in fp32, lm/aux/z
-#           losses equal to the cpu run's to 1e-5 relative. Every run's exit
+#           losses equal to the cpu run's to 1e-5 relative; `--backend cuda
+#           --zero 1|2|3` (dense) and `--zero 3` (MoE) on the one-GPU device
+#           mesh (self_dev comms) equal the cpu runs to 1e-5. Every run's exit
 #           status is checked (those run in the background too);
 #        d. tests/cuda/mesh_device.c: a one-rank mesh with device
 #           communicators (mt_mesh_create_nccl: every group one self_dev
@@ -254,6 +256,17 @@ else
     run cuda_bf16 bf16 $TINY --backend cuda || run_ok=0
     wait $pid_fp32 || run_ok=0
     wait $pid_moe || run_ok=0
+    # ZeRO 1-3 on the one-GPU mesh: the engines reduce and gather device
+    # buffers through the device communicators (self_dev: copies through the
+    # backend); the host self comm would memmove device memory and fault
+    # under the guard. Dense 1-3, MoE 3 (expert engine too).
+    zero_ok=1
+    run cuda_z1 fp32 $TINY --backend cuda --zero 1 & pid_z1=$!
+    run cuda_z2 fp32 $TINY --backend cuda --zero 2 || zero_ok=0
+    wait $pid_z1 || zero_ok=0
+    run cuda_z3 fp32 $TINY --backend cuda --zero 3 & pid_z3=$!
+    run moe_cuda_z3 fp32 $MOE --backend cuda --zero 3 || zero_ok=0
+    wait $pid_z3 || zero_ok=0
     # cmp_losses REF RUN TOL [MIN]: RUN's receipt says backend cuda, 3 steps, and
     # its losses, lm_losses, aux_losses and z_losses are each within TOL
     # relative of REF's; with MIN, the total losses also differ by more than
@@ -288,6 +301,12 @@ PY
            "$EMU/run_moe_cpu/receipt.json"; then
         echo "PASS emulated train: 3 steps MoE (pattern=AE, 4 experts top-2, shared expert), backend=cuda lm/aux/z losses equal backend=cpu to 1e-5"
     else echo "FAIL: emulated train MoE cpu vs cuda"; fail=1; fi
+    if [ $zero_ok -eq 1 ] && cmp_losses cpu cuda_z1 1e-5 && cmp_losses cpu cuda_z2 1e-5 && cmp_losses cpu cuda_z3 1e-5 &&
+       cmp_losses moe_cpu moe_cuda_z3 1e-5 &&
+       python3 -c "import json,sys; [json.load(open(p))['zero_stage'] == int(p.split('_z')[-1][0]) or sys.exit(p) for p in sys.argv[1:]]" \
+           "$EMU"/run_cuda_z[123]/receipt.json "$EMU/run_moe_cuda_z3/receipt.json"; then
+        echo "PASS emulated train: --backend cuda --zero 1/2/3 (dense) and --zero 3 (MoE) on the one-GPU device mesh equal the cpu runs to 1e-5"
+    else echo "FAIL: emulated train cuda ZeRO 1-3 vs cpu"; fail=1; fi
 fi
 
 # d. device communicators of a one-rank mesh, on emulated device memory

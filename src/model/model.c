@@ -62,6 +62,7 @@ static void model_dims_par(struct mt_model *m, const struct mt_config *cfg, int 
     m->tp_rank = m->tp > 1 ? par->tp_rank : 0;
     m->sp = m->tp > 1 && par->sp;
     m->tp_comm = m->tp > 1 ? par->tp_comm : NULL;
+    m->tp_comm_host = m->tp > 1 && par->tp_comm_host ? par->tp_comm_host : m->tp_comm;
     m->Hg = m->H;
     m->Kg = m->K;
     m->Fg = m->F;
@@ -75,6 +76,7 @@ static void model_dims_par(struct mt_model *m, const struct mt_config *cfg, int 
     m->ep = par && par->ep > 1 && m->any_moe ? par->ep : 1;   /* no MoE block: the expert axis is data */
     m->ep_rank = m->ep > 1 ? par->ep_rank : 0;
     m->ep_comm = m->ep > 1 ? par->ep_comm : NULL;
+    m->ep_comm_host = m->ep > 1 && par->ep_comm_host ? par->ep_comm_host : m->ep_comm;
     m->Ee = m->E / m->ep;
     m->e0 = m->ep_rank * m->Ee;
     m->l0 = par && par->layer1 > par->layer0 ? par->layer0 : 0;

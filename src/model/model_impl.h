@@ -125,6 +125,7 @@ struct mt_model {
      * (N/tp when tp > 1, else N); row0 = first global row of this rank's share. */
     int ep, ep_rank, Ee, e0; /* EP: experts per rank, first local expert            */
     struct mt_comm *ep_comm;
+    struct mt_comm *ep_comm_host; /* host counts (mt_model.h); = ep_comm on the cpu backend */
     struct mt_ep_stats ep_stats;
     double *moe_load;        /* (L*E) routed slots per expert since the last reset  */
     size_t *h_a2a;           /* (4*ep) host: all-to-all send/recv counts and displs */
@@ -132,6 +133,7 @@ struct mt_model {
     int     force_route;     /* test-only routing override (MT_TEST_FORCE_ROUTING)  */
     int tp, tp_rank, sp, Nr, Nm, row0;
     struct mt_comm *tp_comm;
+    struct mt_comm *tp_comm_host; /* host statistics (mt_model.h); = tp_comm on the cpu backend */
     struct mt_tp_stats tp_stats;
     int any_moe;             /* some layer's kind is routed (mt_blocks_any_routed)                   */
     unsigned kinds_used;     /* bit k: some layer (any stage) is of block kind k                     */

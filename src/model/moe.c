@@ -26,6 +26,7 @@
  * ACCUMULATES in forward (it holds the residual). Scratch is overwritten.
  */
 #include "model_impl.h"
+#include "moe_experts.h"
 
 #include "../dist/mt_comm.h"
 
@@ -188,8 +189,10 @@ enum mt_status moe_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_lay
     }
 
     ops->moe_permute(m->s_xp, ly->h_mlp, ly->src_row, M, D);
+    const int grouped = moe_experts_grouped(m);   /* one grouped GEMM per projection (moe_experts.c) */
     if (m->ep == 1) {
-        for (int e = 0; e < E; e++) {
+        if (grouped) moe_experts_forward(m, ly, E, ly->e_off, 1, E, ly->ey, m->s_xp);
+        for (int e = 0; e < E && !grouped; e++) {
             int r0 = ly->e_off[e], c = ly->e_off[e + 1] - r0;
             if (c == 0) continue;
             const struct mt_param *w = &ly->w.experts[3 * e];
@@ -204,7 +207,7 @@ enum mt_status moe_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_lay
         size_t *a = m->h_a2a;
         for (int r = 0; r < ep; r++) { a[r] = (size_t)Ee; a[ep + r] = (size_t)r * Ee; }
         double t0 = mt_time_sec();
-        enum mt_status st = mt_comm_alltoallv(ctx, m->ep_comm, sc, a, a + ep, rc, a, a + ep, MT_DTYPE_I64);
+        enum mt_status st = mt_comm_alltoallv(ctx, m->ep_comm_host, sc, a, a + ep, rc, a, a + ep, MT_DTYPE_I64);
         m->ep_stats.a2a_s += mt_time_sec() - t0;
         MT_CHECK(st);
         ly->r_rows = 0;
@@ -216,8 +219,9 @@ enum mt_status moe_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_lay
         size_t scnt[MT_MAX_EP] = {0}, sdis[MT_MAX_EP] = {0}, rcnt[MT_MAX_EP] = {0}, rdis[MT_MAX_EP] = {0};
         ep_counts(m, ly, scnt, sdis, rcnt, rdis);
         MT_CHECK(ep_a2a(ctx, m, ly->rx, m->s_xp, scnt, sdis, rcnt, rdis, D));
+        if (grouped) moe_experts_forward(m, ly, ep * Ee, ly->r_cnt, 0, Ee, m->s_ry, ly->rx);
         size_t o = 0;
-        for (int src = 0; src < ep; src++)
+        for (int src = 0; src < ep && !grouped; src++)
             for (int j = 0; j < Ee; j++) {
                 int c = ly->r_cnt[src * Ee + j];
                 const struct mt_param *w = &ly->w.experts[3 * j];
@@ -244,12 +248,14 @@ enum mt_status moe_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_la
     const int T = m->T, n = m->Nm, D = m->D, E = m->E, k = m->top_k, Fe = m->Fe;
     const int M = n * k, g0 = m->tp > 1 ? m->row0 : 0;
 
+    const int grouped = moe_experts_grouped(m);
     /* term 1: combine */
     ops->moe_combine_backward(m->s_dy, m->s_dgates, dout, ly->ey, ly->pos, ly->gates, n, k, D);
     /* term 2: experts on their row ranges (inputs re-permuted, not saved) */
     if (m->ep == 1) {
         ops->moe_permute(m->s_xp, ly->h_mlp, ly->src_row, M, D);
-        for (int e = 0; e < E; e++) {
+        if (grouped) moe_experts_backward(m, ly, E, ly->e_off, 1, E, m->s_dxp, m->s_dy, m->s_xp);
+        for (int e = 0; e < E && !grouped; e++) {
             int r0 = ly->e_off[e], c = ly->e_off[e + 1] - r0;
             if (c == 0) continue;
             struct mt_param *w = &ly->w.experts[3 * e];
@@ -263,8 +269,9 @@ enum mt_status moe_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_la
         ep_counts(m, ly, scnt, sdis, rcnt, rdis);
         enum mt_status st = ep_a2a(ctx, m, m->s_rdy, m->s_dy, scnt, sdis, rcnt, rdis, D);
         if (st != MT_OK) return st;
+        if (grouped) moe_experts_backward(m, ly, ep * Ee, ly->r_cnt, 0, Ee, m->s_rdx, m->s_rdy, ly->rx);
         size_t o = 0;
-        for (int src = 0; src < ep; src++)
+        for (int src = 0; src < ep && !grouped; src++)
             for (int j = 0; j < Ee; j++) {
                 int c = ly->r_cnt[src * Ee + j];
                 struct mt_param *w = &ly->w.experts[3 * j];

@@ -77,6 +77,11 @@ struct mt_model_par {
     struct mt_comm *tp_comm;      /* the model group; NULL when tp == 1                           */
     int             ep, ep_rank;  /* expert axis: this rank holds experts [ep_rank*E/ep, +E/ep)   */
     struct mt_comm *ep_comm;      /* the expert group (token all-to-all); NULL when ep == 1       */
+    /* Host twins of tp_comm / ep_comm for the host arrays the model reduces (the
+     * MoE sequence statistics, the per-expert counts). On a GPU mesh tp_comm and
+     * ep_comm are device (NCCL) comms that cannot take host pointers; NULL: use
+     * tp_comm / ep_comm (the cpu backend, where both are host memory). */
+    struct mt_comm *tp_comm_host, *ep_comm_host;
     /* pipeline stage: layers [layer0, layer1) (both 0: all); the first stage
      * holds the embedding, the last the final norm and the head */
     int             layer0, layer1;

@@ -54,7 +54,7 @@ enum mt_status tp_allreduce_f64(struct mt_ctx *ctx, struct mt_model *m, double *
 {
     double t0 = mt_time_sec();
     return account(m, MT_TP_ALLREDUCE, n * sizeof(double), t0,
-                   mt_comm_allreduce(ctx, m->tp_comm, buf, n, MT_DTYPE_F64, MT_REDOP_SUM));
+                   mt_comm_allreduce(ctx, m->tp_comm_host, buf, n, MT_DTYPE_F64, MT_REDOP_SUM));
 }
 
 /* Leave a TP region: `part` (N, D) holds this rank's partial sum of the

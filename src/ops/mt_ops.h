@@ -57,6 +57,18 @@ struct mt_ops_i {
     void (*gemm)(int transA, int transB, int M, int N, int K, float alpha,
                  const float *A, int lda, const float *B, int ldb,
                  float beta, float *C, int ldc);
+    /* Grouped GEMM (the MoE experts: one call per projection instead of one
+     * per expert). For g in [0, n): exactly gemm(transA, transB, M[g], N[g],
+     * K[g], alpha, A[g], lda, B[g], ldb, beta, C[g], ldc) — same contract,
+     * same numbers as those n calls, in any order (the C[g] must not
+     * overlap). M, N, K, A, B, C are HOST arrays of n entries; the matrices
+     * are backend buffers. cpu: those n gemm calls; cuda: one
+     * cublasGemmGroupedBatchedEx in fp32 mode (a counted loop otherwise,
+     * mt_ops_cuda_info.gemm_grouped_fallback says why). May be NULL in a
+     * table that has no grouped form: callers loop over gemm then. */
+    void (*gemm_grouped)(int transA, int transB, int n, const int *M, const int *N, const int *K, float alpha,
+                         const float *const *A, int lda, const float *const *B, int ldb, float beta,
+                         float *const *C, int ldc);
 
     /* ---- embedding ---- */
     /* out (N,C) = wte[idx[n]] ; idx (N) int32 in [0,V) */

@@ -67,6 +67,8 @@ struct mt_receipt {
     /* every knob of the table (mt_knobs.h): value, source, alias (JSON object
      * text); NULL = none */
     const char *knobs_json;
+    /* cuda backend: the "gpu" object (JSON object text, report.c); NULL = none */
+    const char *gpu_json;
 };
 
 enum mt_status mt_receipt_write(struct mt_ctx *ctx, const char *path, const struct mt_receipt *r);

@@ -173,6 +173,10 @@ enum mt_status mt_receipt_write(struct mt_ctx *ctx, const char *path, const stru
         cJSON *k = cJSON_Parse(r->knobs_json);
         cJSON_AddItemToObject(root, "knobs", k ? k : cJSON_CreateNull());
     }
+    if (r->gpu_json) {
+        cJSON *g = cJSON_Parse(r->gpu_json);
+        cJSON_AddItemToObject(root, "gpu", g ? g : cJSON_CreateNull());
+    }
     if (r->distributed_json) {
         cJSON *d = cJSON_Parse(r->distributed_json);
         cJSON_AddItemToObject(root, "distributed", d ? d : cJSON_CreateNull());

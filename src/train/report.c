@@ -18,6 +18,7 @@
 #include "../model/mt_blocks.h"
 #ifdef MT_WITH_CUDA
 #include "../ops/cuda/mt_ops_cuda.h"
+#include "mt_gpu_info.h"
 #endif
 #include "mt_layout.h"
 #include "mt_plan.h"
@@ -465,6 +466,73 @@ static void runtime_mode(const struct run_state *rs, char *out, size_t n)
 #endif
 }
 
+#ifdef MT_WITH_CUDA
+/* What did not run as asked on the cuda backend ("" = everything did). */
+static void cuda_fallback_reason(const struct mt_ops_cuda_info *in, char *out, size_t n)
+{
+    out[0] = 0;
+    size_t len = 0;
+    if (in->gemm_bf16_fallbacks > 0)
+        len = (size_t)snprintf(out, n, "bf16 gemm: cuBLASLt had no algorithm for %ld of %ld tiles; those ran in fp32 "
+                                       "(cublasSgemm)", in->gemm_bf16_fallbacks,
+                               in->gemm_bf16_calls + in->gemm_bf16_fallbacks);
+    if (in->gemm_grouped_loops > 0 && len < n)
+        snprintf(out + len, n - len, "%sgrouped expert GEMMs: %ld of %ld calls ran as a loop (%s)", len ? "; " : "",
+                 in->gemm_grouped_loops, in->gemm_grouped_calls, in->gemm_grouped_fallback);
+}
+
+/* The receipt's "gpu" object (mt_gpu_info.h); NULL off the cuda backend. */
+static char *gpu_json(const struct run_state *rs, const struct mt_receipt *r)
+{
+    struct mt_ops_cuda_info in;
+    if (strcmp(rs->ops->name, "cuda") || mt_ops_cuda_get_info(&in) != MT_OK) return NULL;
+    cJSON *g = cJSON_CreateObject();
+    cJSON_AddBoolToObject(g, "emulated", in.emulated);
+    if (in.emulated)
+        cJSON_AddStringToObject(g, "note", "CPU emulator of CUDA (tests/cuda/emu): device, versions and memory are "
+                                           "the emulator's, timings are not a GPU's");
+    cJSON_AddStringToObject(g, "device", in.device);
+    cJSON_AddNumberToObject(g, "device_count", in.device_count);
+    cJSON_AddNumberToObject(g, "ordinal", in.ordinal);
+    char cc[16];
+    snprintf(cc, sizeof cc, "%d.%d", in.cc_major, in.cc_minor);
+    cJSON_AddStringToObject(g, "compute_capability", cc);
+    cJSON_AddNumberToObject(g, "sm_count", in.sm_count);
+    cJSON_AddNumberToObject(g, "driver_version", in.driver_version);
+    cJSON_AddNumberToObject(g, "runtime_version", in.runtime_version);
+    cJSON_AddNumberToObject(g, "cublas_version", in.cublas_version);
+    cJSON_AddNumberToObject(g, "cublaslt_version", (double)in.cublaslt_version);
+    cJSON_AddStringToObject(g, "precision", in.precision);
+    cJSON_AddStringToObject(g, "precision_source", in.precision_source);
+    cJSON_AddNumberToObject(g, "gemm_bf16_calls", (double)in.gemm_bf16_calls);
+    cJSON_AddNumberToObject(g, "gemm_bf16_fallbacks", (double)in.gemm_bf16_fallbacks);
+    cJSON_AddNumberToObject(g, "gemm_grouped_calls", (double)in.gemm_grouped_calls);
+    cJSON_AddNumberToObject(g, "gemm_grouped_loops", (double)in.gemm_grouped_loops);
+    /* memory: the allocator's peaks (device buffers, by bucket; the plan
+     * predicts these) next to the device's own view */
+    cJSON *m = cJSON_AddObjectToObject(g, "memory");
+    size_t alloc_peak = 0;
+    for (int b = 0; b < MT_BUCKET_COUNT; b++) alloc_peak += r->measured_peak_bytes[b];
+    cJSON_AddNumberToObject(m, "allocator_peak_bytes", (double)alloc_peak);
+    cJSON_AddNumberToObject(m, "plan_bytes", (double)r->plan_total_bytes);
+    cJSON_AddNumberToObject(m, "backend_workspace_bytes", (double)in.workspace_bytes);
+    cJSON_AddNumberToObject(m, "device_total_bytes", (double)in.mem_total);
+    cJSON_AddNumberToObject(m, "device_used_peak_bytes", (double)in.mem_used_peak);
+    cJSON_AddNumberToObject(m, "device_free_at_end_bytes", (double)in.mem_free_now);
+    cJSON_AddStringToObject(m, "device_used_source", "cudaMemGetInfo (total - free) after every device allocation and at the end; "
+                                                     "includes the CUDA context and cuBLAS");
+    char src[200];
+    double peak = mt_gpu_datasheet_peak(in.device, in.precision, src, sizeof src);
+    cJSON_AddNumberToObject(g, "device_peak_flops", peak * r->world);
+    cJSON_AddStringToObject(g, "device_peak_source", peak > 0 ? src : "device not in the table (mt_gpu_info.h)");
+    if (peak > 0) cJSON_AddNumberToObject(g, "mfu_device", r->model_flops_per_s / (peak * r->world));
+    else cJSON_AddNullToObject(g, "mfu_device");
+    char *txt = cJSON_PrintUnformatted(g);
+    cJSON_Delete(g);
+    return txt;
+}
+#endif
+
 /* The receipt's fields from the run (the distributed JSON and the replica
  * verdict are the caller's). */
 static void fill_receipt(struct mt_receipt *r, const struct run_state *rs, const struct mt_train_run_info *ri,
@@ -481,6 +549,11 @@ static void fill_receipt(struct mt_receipt *r, const struct run_state *rs, const
     snprintf(r->backend_actual, sizeof r->backend_actual, "%s", rs->ops->name);
     runtime_mode(rs, r->runtime_mode, sizeof r->runtime_mode);
     snprintf(r->fallback_reason, sizeof r->fallback_reason, "%s", "");
+#ifdef MT_WITH_CUDA
+    struct mt_ops_cuda_info cin;
+    if (!strcmp(rs->ops->name, "cuda") && mt_ops_cuda_get_info(&cin) == MT_OK)
+        cuda_fallback_reason(&cin, r->fallback_reason, sizeof r->fallback_reason);
+#endif
     snprintf(r->blas, sizeof r->blas, "%s", info.blas);
     snprintf(r->coretype, sizeof r->coretype, "%s", info.coretype);
     snprintf(r->coretype_source, sizeof r->coretype_source, "%s", info.coretype_source);
@@ -583,6 +656,10 @@ enum mt_status mt_train_report(struct mt_ctx *ctx, struct run_state *rs, const s
     r.distributed_json = djson;
     char *kjson = knobs_json(ctx);
     r.knobs_json = kjson;
+#ifdef MT_WITH_CUDA
+    char *gjson = gpu_json(rs, &r);
+    r.gpu_json = gjson;
+#endif
     enum mt_status rc = MT_OK;
     if (ri->wrank == 0) {
         char path[4200];
@@ -591,6 +668,9 @@ enum mt_status mt_train_report(struct mt_ctx *ctx, struct run_state *rs, const s
     }
     free(djson);
     free(kjson);
+#ifdef MT_WITH_CUDA
+    free(gjson);
+#endif
     MT_CHECK(rc);
     res->steps_run = ri->steps_run;
     res->final_loss = ri->steps_run ? rs->losses[ri->steps_run - 1] : 0;

@@ -27,6 +27,20 @@
 #include "train_impl.h"
 
 /* vocab_size 0 = take it from DATA_DIR/meta.json (written by `meshtrain prepare`). */
+#ifdef MT_WITH_CUDA
+/* The node-local rank (which GPU this process drives): the launcher's
+ * variable (Open MPI, MPICH/Hydra, Slurm), 0 when none is set. */
+static int local_rank_env(void)
+{
+    static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && *v) return atoi(v);
+    }
+    return 0;
+}
+#endif
+
 static enum mt_status resolve_vocab(struct mt_ctx *ctx, struct mt_config *cfg, const char *data_path)
 {
     if (cfg->vocab_size != 0) return MT_OK;
@@ -152,6 +166,11 @@ enum mt_status mt_train_setup_local(struct mt_ctx *ctx, struct mt_config *cfg, c
     /* ---- 2. backend ---- */
     if (!strcmp(cfg->backend, "cuda")) {
         char why[200] = "";
+#ifdef MT_WITH_CUDA
+        /* one GPU per process: bind the node-local rank's device before the
+         * backend initialises on the current one (a no-op on one device) */
+        (void)mt_ops_cuda_use_device(local_rank_env());
+#endif
         rs->ops = mt_ops_cuda(why, sizeof why);
         if (!rs->ops)
             return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "backend 'cuda' is not available: %s (use backend=cpu)", why);
@@ -184,17 +203,27 @@ enum mt_status mt_train_setup_local(struct mt_ctx *ctx, struct mt_config *cfg, c
     return MT_OK;
 }
 
-/* The mesh's communicators (collective) and this rank's place in them. */
+/* The mesh's communicators (collective) and this rank's place in them. On
+ * the cuda backend every group also gets a device communicator (NCCL between
+ * ranks, a copy through the backend within one: docs/cuda.md) for the
+ * collectives on backend buffers — the ZeRO engines, TP/SP, the EP rows, the
+ * pipeline; losses, norms, counts and hashes stay on the host comms. */
 enum mt_status mt_train_setup_mesh(struct mt_ctx *ctx, struct run_state *rs, const struct mt_train_opts *opts,
                                    const struct mt_mesh_dims *dims)
 {
-    MT_CHECK(mt_mesh_create(ctx, dims, rs->cfg, opts->zero_stage, &rs->mesh));
+#ifdef MT_WITH_CUDA
+    if (!strcmp(rs->ops->name, "cuda")) {
+        struct mt_mesh_nccl_opts no = {local_rank_env(), mt_ops_cuda_stream(), rs->ops->copy};
+        MT_CHECK(mt_mesh_create_nccl(ctx, dims, rs->cfg, opts->zero_stage, &no, &rs->mesh));
+    } else
+#endif
+        MT_CHECK(mt_mesh_create(ctx, dims, rs->cfg, opts->zero_stage, &rs->mesh));
     rs->dpc = mt_mesh_data_expert_comm(rs->mesh);
     rs->lossc = mt_mesh_stage_comm(rs->mesh);
     rs->sumc = mt_mesh_world_comm(rs->mesh);
     rs->pp = dims->pp;
     rs->stage = mt_mesh_get_coord(rs->mesh)->pipe;
-    rs->pipec = mt_mesh_pipe_comm(rs->mesh);
+    rs->pipec = mt_mesh_device_comm(rs->mesh, MT_MESH_GROUP_PIPE);
     rs->dp_rank = mt_comm_rank(rs->dpc);
     rs->dp_size = mt_comm_size(rs->dpc);
     rs->tp = dims->tp;
@@ -224,7 +253,7 @@ static enum mt_status create_engines(struct mt_ctx *ctx, struct run_state *rs, c
     const int wrank = mt_mesh_rank(rs->mesh), n_eng = mt_layout_n_engines(dims);
     for (int k = 0; k < n_eng; k++) {
         enum mt_mesh_group grp = mt_layout_engine_group(dims, (enum mt_layout_engine)k);
-        struct mt_comm *comm = mt_mesh_comm(rs->mesh, grp);
+        struct mt_comm *comm = mt_mesh_device_comm(rs->mesh, grp); /* backend buffers */
         MT_CHECK(mt_zero_create(ctx, rs->ops, comm, opts->zero_stage, rs->cfg->reshard_after_forward, rs->model,
                                 rs->sel[k], &rs->zset.z[k]));
         MT_ASSERT(mt_comm_rank(comm) == mt_layout_group_rank(dims, wrank, grp));
@@ -232,7 +261,7 @@ static enum mt_status create_engines(struct mt_ctx *ctx, struct run_state *rs, c
         int nv;
         struct mt_param *v = mt_zero_opt_params(rs->zset.z[k], &nv);
         MT_CHECK(mt_optim_create(ctx, rs->ops, rs->cfg, v, nv, &rs->zset.opt[k]));
-        if (dims->tp > 1) mt_optim_set_tp_comm(rs->zset.opt[k], mt_mesh_model_comm(rs->mesh));
+        if (dims->tp > 1) mt_optim_set_tp_comm(rs->zset.opt[k], mt_mesh_device_comm(rs->mesh, MT_MESH_GROUP_MODEL));
     }
     mt_zero_install_hooks(rs->model, &rs->zset);
     return MT_OK;
@@ -283,8 +312,10 @@ enum mt_status mt_train_setup_model(struct mt_ctx *ctx, struct run_state *rs, co
     const int wrank = mt_mesh_rank(rs->mesh), world = mt_comm_size(rs->sumc);
     struct mt_model_par par;
     mt_layout_model_par(cfg, dims, rs->first_layer, wrank, &par);
-    par.tp_comm = dims->tp > 1 ? mt_mesh_model_comm(rs->mesh) : NULL;
-    par.ep_comm = dims->ep > 1 ? mt_mesh_expert_comm(rs->mesh) : NULL;
+    par.tp_comm = dims->tp > 1 ? mt_mesh_device_comm(rs->mesh, MT_MESH_GROUP_MODEL) : NULL;
+    par.ep_comm = dims->ep > 1 ? mt_mesh_device_comm(rs->mesh, MT_MESH_GROUP_EXPERT) : NULL;
+    par.tp_comm_host = dims->tp > 1 ? mt_mesh_model_comm(rs->mesh) : NULL;   /* host statistics */
+    par.ep_comm_host = dims->ep > 1 ? mt_mesh_expert_comm(rs->mesh) : NULL;  /* host counts */
     MT_ASSERT(par.sp == mt_mesh_get_preds(rs->mesh)->sp_on && par.tp_rank == rs->tp_rank);
     mt_train_fault_setup(ctx, rs);   /* test hook: fail the model's first allocation */
     MT_CHECK(mt_model_create_par(ctx, rs->ops, cfg, rs->Bm, MT_MODEL_EXTERNAL_PARAMS, &par, &rs->model));

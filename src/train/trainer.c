@@ -16,6 +16,10 @@
 
 #include "../core/mt_fileio.h"
 #include "../core/mt_knobs.h"
+#ifdef MT_WITH_CUDA
+#include "../ops/cuda/mt_ops_cuda.h"
+#include "mt_gpu_info.h"
+#endif
 #include "mt_optim.h"
 #include "train_impl.h"
 
@@ -28,6 +32,14 @@ static double peak_flops(const struct mt_train_opts *opts, const struct run_stat
         snprintf(src, n, "given by --peak-flops");
         return opts->peak_flops;
     }
+#ifdef MT_WITH_CUDA
+    /* a known GPU: MFU against its datasheet peak for the GEMM precision */
+    struct mt_ops_cuda_info ci;
+    if (!strcmp(rs->ops->name, "cuda") && mt_ops_cuda_get_info(&ci) == MT_OK) {
+        double dp = mt_gpu_datasheet_peak(ci.device, ci.precision, src, n);
+        if (dp > 0) return dp * world;
+    }
+#endif
     struct mt_ops_cpu_info info;
     mt_ops_cpu_info(&info);
     double mine = mt_train_measure_gemm_roof(rs->ops, roof);

@@ -109,6 +109,21 @@ struct mt_cuda_state {
 };
 extern struct mt_cuda_state mt_cuda_g;
 
+/* After an allocation: the device's used bytes (cudaMemGetInfo: total -
+ * free, every allocation of the process and the context) into the peak the
+ * receipt reports next to the allocator's. Allocations happen at setup and
+ * on workspace growth only, so the query is off the step's hot path. */
+static inline void mt_cuda_note_mem(void)
+{
+    size_t fr = 0, tot = 0;
+    if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return;
+    }
+    mt_cuda_g.info.mem_free_now = fr;
+    if (tot - fr > mt_cuda_g.info.mem_used_peak) mt_cuda_g.info.mem_used_peak = tot - fr;
+}
+
 /* Record a failure (sticky, first one kept). Returns 0 for use in conditions. */
 int mt_cuda_record(enum mt_status st, const char *call, const char *reason, const char *file, int line);
 
@@ -196,6 +211,9 @@ void mt_cuda_lt_plans_release(void);
 void mt_cuda_gemm(int transA, int transB, int M, int N, int K, float alpha,
                   const float *A, int lda, const float *B, int ldb,
                   float beta, float *C, int ldc);
+void mt_cuda_gemm_grouped(int transA, int transB, int n, const int *M, const int *N, const int *K, float alpha,
+                          const float *const *A, int lda, const float *const *B, int ldb, float beta,
+                          float *const *C, int ldc);
 
 /* ---- embed.cu ---- */
 void mt_cuda_embed_forward(float *out, const int32_t *idx, const float *wte, int N, int C);

@@ -264,3 +264,98 @@ extern "C" void mt_cuda_gemm(int transA, int transB, int M, int N, int K, float 
     else
         sgemm(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
+
+/* ---- grouped GEMM (MoE experts) ----
+ *
+ * HOW IT WORKS: fp32 mode sends the non-empty groups to ONE
+ * cublasGemmGroupedBatchedEx (cuBLAS >= 12.5) per chunk of up to 128 groups
+ * (MoE layers have far fewer), with the row-major mapping of `sgemm` per
+ * group (cuBLAS m = N[g], n = M[g], A' = B[g], B' = A[g]), group_size 1
+ * each. Its pointer arrays must live in device memory: a one-block kernel
+ * writes them into the backend workspace from a by-value argument (3 x 128
+ * pointers = 3 KiB, under the 4 KiB parameter limit), so the call stays
+ * stream-ordered with no host synchronisation (a pageable cudaMemcpyAsync
+ * would sync the stream). The per-group m/n/k/ld/alpha/beta arrays are host
+ * arrays, read by cuBLAS during the call. Groups with K = 0 or alpha = 0 (a
+ * scale of C) go through mt_cuda_gemm. bf16 mode or an older cuBLAS: a loop
+ * of mt_cuda_gemm — counted, with the reason in
+ * mt_ops_cuda_info.gemm_grouped_fallback (the receipt's fallback_reason). */
+#define MT_CUDA_GROUP_CHUNK 128
+
+struct grouped_ptrs {
+    const void *p[3 * MT_CUDA_GROUP_CHUNK];   /* A' (= B) [ng], B' (= A) [ng], C [ng] */
+};
+
+__global__ void grouped_ptrs_k(struct grouped_ptrs in, const void **out, int n)
+{
+    int i = threadIdx.x;
+    if (i < n) out[i] = in.p[i];
+}
+
+static void grouped_loop(int transA, int transB, int n, const int *M, const int *N, const int *K, float alpha,
+                         const float *const *A, int lda, const float *const *B, int ldb, float beta,
+                         float *const *C, int ldc, const char *why)
+{
+    mt_cuda_g.info.gemm_grouped_loops++;
+    snprintf(mt_cuda_g.info.gemm_grouped_fallback, sizeof mt_cuda_g.info.gemm_grouped_fallback, "%s", why);
+    for (int g = 0; g < n; g++) mt_cuda_gemm(transA, transB, M[g], N[g], K[g], alpha, A[g], lda, B[g], ldb, beta, C[g], ldc);
+}
+
+extern "C" void mt_cuda_gemm_grouped(int transA, int transB, int n, const int *M, const int *N, const int *K,
+                                     float alpha, const float *const *A, int lda, const float *const *B, int ldb,
+                                     float beta, float *const *C, int ldc)
+{
+    mt_cuda_g.info.gemm_grouped_calls++;
+    if (n <= 0) return;
+    if (mt_cuda_g.precision == MT_CUDA_PRECISION_BF16) {
+        grouped_loop(transA, transB, n, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+                     "bf16 mode: grouped GEMM runs as a loop of cuBLASLt bf16 matmuls (no grouped Lt path yet)");
+        return;
+    }
+#if defined(CUBLAS_VERSION) && CUBLAS_VERSION >= 120500
+    cublasOperation_t ta[MT_CUDA_GROUP_CHUNK], tb[MT_CUDA_GROUP_CHUNK];
+    int m[MT_CUDA_GROUP_CHUNK], nn[MT_CUDA_GROUP_CHUNK], k[MT_CUDA_GROUP_CHUNK], la[MT_CUDA_GROUP_CHUNK],
+        lb[MT_CUDA_GROUP_CHUNK], lc[MT_CUDA_GROUP_CHUNK], gs[MT_CUDA_GROUP_CHUNK];
+    float al[MT_CUDA_GROUP_CHUNK], be[MT_CUDA_GROUP_CHUNK];
+    struct grouped_ptrs pt;
+    const void *tmp[3][MT_CUDA_GROUP_CHUNK];
+    int g = 0;
+    while (g < n) {
+        int ng = 0;
+        for (; g < n && ng < MT_CUDA_GROUP_CHUNK; g++) {
+            if (M[g] <= 0 || N[g] <= 0) continue;
+            if (K[g] <= 0 || alpha == 0.0f) {   /* C = beta C: the scale kernel */
+                mt_cuda_gemm(transA, transB, M[g], N[g], K[g], alpha, A[g], lda, B[g], ldb, beta, C[g], ldc);
+                continue;
+            }
+            ta[ng] = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
+            tb[ng] = transA ? CUBLAS_OP_T : CUBLAS_OP_N;
+            m[ng] = N[g];
+            nn[ng] = M[g];
+            k[ng] = K[g];
+            la[ng] = ldb;
+            lb[ng] = lda;
+            lc[ng] = ldc;
+            gs[ng] = 1;
+            al[ng] = alpha;
+            be[ng] = beta;
+            tmp[0][ng] = B[g];
+            tmp[1][ng] = A[g];
+            tmp[2][ng] = C[g];
+            ng++;
+        }
+        if (ng == 0) continue;
+        for (int a = 0; a < 3; a++) memcpy(pt.p + (size_t)a * ng, tmp[a], ng * sizeof(void *));
+        const void **dptr = (const void **)mt_cuda_workspace(3 * (size_t)ng * sizeof(void *));
+        if (!dptr) return;   /* recorded (sticky OOM) */
+        MT_LAUNCH(grouped_ptrs_k, 1, 3 * MT_CUDA_GROUP_CHUNK, 0)(pt, dptr, 3 * ng);
+        MT_CUDA_KCHECK();
+        MT_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(mt_cuda_g.blas, ta, tb, m, nn, k, al, dptr, CUDA_R_32F, la,
+                                                   dptr + ng, CUDA_R_32F, lb, be, (void *const *)(dptr + 2 * ng),
+                                                   CUDA_R_32F, lc, ng, gs, CUBLAS_COMPUTE_32F));
+    }
+#else
+    grouped_loop(transA, transB, n, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+                 "cuBLAS < 12.5 has no cublasGemmGroupedBatchedEx: loop of cublasSgemm");
+#endif
+}

@@ -71,6 +71,7 @@ extern "C" void *mt_cuda_buf_alloc(struct mt_ctx *ctx, size_t bytes, enum mt_buc
         return NULL;
     }
     account(ctx, bytes, (int)bucket, 1);
+    mt_cuda_note_mem();
     return base + MT_CUDA_HDR;
 }
 

@@ -67,6 +67,18 @@ struct mt_ops_cuda_info {
     long   gemm_bf16_calls;    /* cuBLASLt bf16 matmuls run (tiles counted)       */
     long   gemm_bf16_fallbacks;/* tiles cuBLASLt had no algorithm for, run by
                                   cublasSgemm in fp32 instead (named, counted)    */
+    long   gemm_grouped_calls; /* grouped GEMM entries called                      */
+    long   gemm_grouped_loops; /* ... of those, run as a loop of gemm calls        */
+    char   gemm_grouped_fallback[128]; /* why the last loop ran ("" = never)     */
+    /* receipt fields (issue 19 item 5) */
+    int    device_count;       /* cudaGetDeviceCount at init                       */
+    int    driver_version;     /* cudaDriverGetVersion, e.g. 13000                 */
+    int    emulated;           /* 1 under the CPU emulator (tests/cuda/emu): every
+                                  device field above is the emulator's, not a GPU's */
+    size_t mem_free_now;       /* cudaMemGetInfo at this call: free bytes         */
+    size_t mem_used_peak;      /* max of total - free after every allocation (the
+                                  device's view: every process, the CUDA context,
+                                  cuBLAS; next to the allocator's bucket peaks)   */
 };
 
 /* MT_OK while no CUDA/cuBLAS call has failed; otherwise the first failure's
@@ -92,6 +104,11 @@ enum mt_cuda_precision mt_ops_cuda_get_precision(void);
 const char *mt_ops_cuda_precision_name(enum mt_cuda_precision p);
 /* Parse "fp32" / "bf16" (exact, lower case): MT_OK or MT_ERR_INVALID_ARG. */
 enum mt_status mt_ops_cuda_precision_parse(const char *s, enum mt_cuda_precision *out);
+
+/* Bind this process to device (local_rank mod device count) before the
+ * table exists (call it before mt_ops_cuda(): the backend uses the current
+ * device). MT_ERR_UNSUPPORTED after init on another device or without one. */
+enum mt_status mt_ops_cuda_use_device(int local_rank);
 
 /* Release the stream, cuBLAS handle and scratch. Buffers from buf_alloc
  * must be freed before. A later mt_ops_cuda() initialises again. */

@@ -50,6 +50,7 @@ void *mt_cuda_workspace(size_t bytes)
     mt_cuda_g.ws = p;
     mt_cuda_g.ws_bytes = want;
     mt_cuda_g.info.workspace_bytes = MT_CUDA_LT_WS_BYTES + want;
+    mt_cuda_note_mem();
     return p;
 }
 
@@ -75,6 +76,7 @@ static const struct mt_ops_i cuda_ops = {
     /* .sumsq                = */ .sumsq                = mt_cuda_sumsq,
     /* .all_finite           = */ .all_finite           = mt_cuda_all_finite,
     /* .gemm                 = */ .gemm                 = mt_cuda_gemm,
+    /* .gemm_grouped         = */ .gemm_grouped         = mt_cuda_gemm_grouped,
     /* .embed_forward        = */ .embed_forward        = mt_cuda_embed_forward,
     /* .embed_backward       = */ .embed_backward       = mt_cuda_embed_backward,
     /* .rmsnorm_forward      = */ .rmsnorm_forward      = mt_cuda_rmsnorm_forward,
@@ -213,6 +215,11 @@ static int init_state(char *why, size_t why_len)
     in->sm_count = prop.multiProcessorCount;
     in->mem_total = prop.totalGlobalMem;
     cudaRuntimeGetVersion(&in->runtime_version);
+    cudaDriverGetVersion(&in->driver_version);
+    in->device_count = n;
+#ifdef MT_CUDA_EMU
+    in->emulated = 1;
+#endif
 
     if ((e = cudaStreamCreateWithFlags(&mt_cuda_g.stream, cudaStreamNonBlocking)) != cudaSuccess)
         return init_fail(why, why_len, "cudaStreamCreate", cudaGetErrorString(e));
@@ -269,8 +276,21 @@ extern "C" enum mt_status mt_ops_cuda_status(char *msg, size_t msg_len)
 extern "C" enum mt_status mt_ops_cuda_get_info(struct mt_ops_cuda_info *info)
 {
     if (!mt_cuda_g.ready) return MT_ERR_UNSUPPORTED;
+    mt_cuda_note_mem();
     *info = mt_cuda_g.info;
     return MT_OK;
+}
+
+extern "C" enum mt_status mt_ops_cuda_use_device(int local_rank)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
+        (void)cudaGetLastError();
+        return MT_ERR_UNSUPPORTED;
+    }
+    int want = (local_rank < 0 ? 0 : local_rank) % n;
+    if (mt_cuda_g.ready) return mt_cuda_g.device == want ? MT_OK : MT_ERR_UNSUPPORTED;
+    return cudaSetDevice(want) == cudaSuccess ? MT_OK : MT_ERR_UNSUPPORTED;
 }
 
 extern "C" enum mt_status mt_ops_cuda_set_precision(enum mt_cuda_precision p)

@@ -33,5 +33,16 @@ cublasStatus_t cublasGetVersion(cublasHandle_t h, int *v);
 cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                            const float *alpha, const float *A, int lda, const float *B, int ldb,
                            const float *beta, float *C, int ldc);
+/* grouped batched GEMM (cuBLAS >= 12.5): fp32 operands, CUBLAS_COMPUTE_32F,
+ * host per-group arrays, DEVICE pointer arrays (checked) */
+#define CUBLAS_VERSION 130100
+cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t h, const cublasOperation_t transa_array[],
+                                          const cublasOperation_t transb_array[], const int m_array[],
+                                          const int n_array[], const int k_array[], const void *alpha_array,
+                                          const void *const Aarray[], cudaDataType_t Atype, const int lda_array[],
+                                          const void *const Barray[], cudaDataType_t Btype, const int ldb_array[],
+                                          const void *beta_array, void *const Carray[], cudaDataType_t Ctype,
+                                          const int ldc_array[], int group_count, const int group_size[],
+                                          cublasComputeType_t computeType);
 
 #endif /* MT_EMU_CUBLAS_V2_H */

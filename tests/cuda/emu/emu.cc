@@ -169,6 +169,8 @@ cudaError_t cudaGetLastError(void)
 }
 cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; }
 cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
+cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : fail(cudaErrorInvalidValue); }
+cudaError_t cudaDriverGetVersion(int *v) { *v = 0; return cudaSuccess; } /* no driver: 0 */
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d)
 {
     memset(p, 0, sizeof *p);
@@ -222,6 +224,15 @@ cudaError_t cudaFree(void *p)
         }
     munmap((void *)it->first, it->second);
     g_dev.erase(it);
+    return cudaSuccess;
+}
+/* free = the emulated 4 GiB minus the pages of the live cudaMalloc mappings */
+cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b)
+{
+    size_t used = 0;
+    for (auto &kv : g_dev) used += kv.second;
+    *total_b = (size_t)1 << 32;
+    *free_b = used < *total_b ? *total_b - used : 0;
     return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s)
@@ -535,6 +546,55 @@ cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperati
             }
             float *c = &C[(size_t)j * ldc + i];
             *c = *beta == 0.0f ? *alpha * acc : *alpha * acc + *beta * *c;
+        }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+/* Grouped: each group through the emulated sgemm above, in group order. The
+ * pointer arrays are read on the device by the real library, so they must be
+ * device memory (a host array is an error here, a crash there). */
+cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t h, const cublasOperation_t transa_array[],
+                                          const cublasOperation_t transb_array[], const int m_array[],
+                                          const int n_array[], const int k_array[], const void *alpha_array,
+                                          const void *const Aarray[], cudaDataType_t Atype, const int lda_array[],
+                                          const void *const Barray[], cudaDataType_t Btype, const int ldb_array[],
+                                          const void *beta_array, void *const Carray[], cudaDataType_t Ctype,
+                                          const int ldc_array[], int group_count, const int group_size[],
+                                          cublasComputeType_t computeType)
+{
+    if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (Atype != CUDA_R_32F || Btype != CUDA_R_32F || Ctype != CUDA_R_32F || computeType != CUBLAS_COMPUTE_32F)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (group_count < 0) return CUBLAS_STATUS_INVALID_VALUE;
+    size_t total = 0;
+    for (int g = 0; g < group_count; g++) {
+        if (group_size[g] < 0) return CUBLAS_STATUS_INVALID_VALUE;
+        total += (size_t)group_size[g];
+    }
+    if (total == 0) return CUBLAS_STATUS_SUCCESS;
+    const size_t pb = total * sizeof(void *);
+    if (!is_dev(Aarray, pb) || !is_dev(Barray, pb) || !is_dev((const void *)Carray, pb)) {
+        fprintf(stderr, "cuda emu: cublasGemmGroupedBatchedEx: the pointer arrays must be device memory\n");
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    std::vector<const float *> a(total), b(total);
+    std::vector<float *> c(total);
+    {
+        dev_scope on;
+        for (size_t i = 0; i < total; i++) {
+            a[i] = (const float *)Aarray[i];
+            b[i] = (const float *)Barray[i];
+            c[i] = (float *)Carray[i];
+        }
+    }
+    const float *al = (const float *)alpha_array, *be = (const float *)beta_array;
+    size_t i = 0;
+    for (int g = 0; g < group_count; g++)
+        for (int j = 0; j < group_size[g]; j++, i++) {
+            cublasStatus_t st = cublasSgemm(h, transa_array[g], transb_array[g], m_array[g], n_array[g], k_array[g],
+                                            &al[g], a[i], lda_array[g], b[i], ldb_array[g], &be[g], c[i],
+                                            ldc_array[g]);
+            if (st != CUBLAS_STATUS_SUCCESS) return st;
         }
     return CUBLAS_STATUS_SUCCESS;
 }

@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""bench/torch_gpu.py — the SPEC.md model in PyTorch on a GPU, for bench/gpu.sh
+(issue 20): the same model as bench/torch_ref.py (whose Model it reuses) with
+the attention replaced by F.scaled_dot_product_attention (causal, flash/
+efficient kernels), bf16 autocast, fused AdamW on every parameter (the gpu
+configs use optimizer=adamw) and, with --compile, torch.compile of the model.
+
+Not a test: it times full training steps (forward, backward, clip, optimizer)
+on random tokens with the config's batch and prints ONE JSON line:
+  {"mode": "eager"|"compiled", "tokens_per_s": ..., "step_times_s": [...],
+   "peak_mem_bytes": ..., "device": ..., "torch": ..., "error": null|"..."}
+A failure (OOM, compile error) is reported in "error" with exit 0, so the
+caller's other stages run on.
+
+Usage: python3 bench/torch_gpu.py CONFIG.json [--steps N] [--compile] [--fp32]
+Steps before `warm` (2 eager, 4 compiled: compilation happens in the first
+steps) are excluded from tokens_per_s.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_ref  # noqa: E402  (the model definition shared with the CPU bench)
+
+
+class GpuModel(torch_ref.Model):
+    """torch_ref.Model with SDPA attention (the rest is identical)."""
+
+    def forward(self, idx, tgt):
+        c, eps = self.c, self.c["norm_eps"]
+        B, T = idx.shape
+        H, K, hd = self.H, self.K, self.hd
+        x = self.wte[idx]
+        extra = 0.0
+        for l, m in enumerate(self.layers):
+            h = torch_ref.rms(x, m.g1, eps)
+            q = torch_ref.rope(torch_ref.rms((h @ m.wq.t()).view(B, T, H, hd), m.gq, eps), self.cos, self.sin)
+            k = torch_ref.rope(torch_ref.rms((h @ m.wk.t()).view(B, T, K, hd), m.gk, eps), self.cos, self.sin)
+            v = (h @ m.wv.t()).view(B, T, K, hd)
+            if H != K:
+                k = k.repeat_interleave(H // K, 2)
+                v = v.repeat_interleave(H // K, 2)
+            y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                               is_causal=True)
+            x = x + y.transpose(1, 2).reshape(B, T, H * hd) @ m.wo.t()
+            h = torch_ref.rms(x, m.g2, eps)
+            if self.pattern[l] == "E":
+                y, a = self.moe(m, h)
+                extra = extra + a
+            else:
+                y = (F.silu(h @ m.wg.t()) * (h @ m.wu.t())) @ m.wd.t()
+            x = x + y
+        z = torch_ref.rms(x, self.gf, eps) @ self.wlm.t()
+        sc = c["logit_softcap"]
+        if sc > 0:
+            z = sc * torch.tanh(z / sc)
+        return F.cross_entropy(z.view(-1, z.shape[-1]).float(), tgt.view(-1)) + extra
+
+
+def run(cfg, steps, compile_, bf16):
+    dev = torch.device("cuda")
+    torch.manual_seed(1337)
+    # the model's constructor builds its buffers on the CPU, then moves
+    model = GpuModel(cfg).to(dev)
+    B, T, V = cfg["batch_size"], cfg["seq_len"], cfg["vocab_size"]
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0,
+                            fused=True)
+    fwd = torch.compile(model) if compile_ else model
+    times, loss = [], None
+    torch.cuda.reset_peak_memory_stats()
+    for _ in range(steps):
+        idx = torch.randint(0, V, (B, T), device=dev)
+        tgt = torch.randint(0, V, (B, T), device=dev)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            loss = fwd(idx, tgt)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
+        opt.step()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return times, float(loss), torch.cuda.max_memory_allocated()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("config")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--fp32", action="store_true", help="no autocast (fp32 everywhere)")
+    a = ap.parse_args()
+    cfg = dict(torch_ref.DEF)
+    cfg.update(json.load(open(a.config)))
+    mode = "compiled" if a.compile else "eager"
+    out = {"config": os.path.basename(a.config), "mode": mode, "precision": "fp32" if a.fp32 else "bf16-autocast",
+           "torch": torch.__version__, "device": None, "error": None}
+    try:
+        if not torch.cuda.is_available():
+            raise RuntimeError("torch.cuda.is_available() is False")
+        out["device"] = torch.cuda.get_device_name(0)
+        times, loss, peak = run(cfg, a.steps, a.compile, not a.fp32)
+        warm = 4 if a.compile else 2
+        warm = min(warm, len(times) - 1)
+        B, T = cfg["batch_size"], cfg["seq_len"]
+        out.update(tokens_per_s=B * T * (len(times) - warm) / sum(times[warm:]), step_times_s=times,
+                   warmup_excluded=warm, loss_last=loss, peak_mem_bytes=peak, batch_size=B, seq_len=T)
+    except Exception as e:  # report, do not stop the caller's other stages
+        out["error"] = "%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
