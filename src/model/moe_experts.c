@@ -66,10 +66,12 @@ static void grouped(const struct mt_ops_i *ops, int ta, int tb, int n, const int
     for (int i = 0; i < n; i++) ops->gemm(ta, tb, M[i], N[i], K[i], 1.0f, A[i], lda, B[i], ldb, beta, C[i], ldc);
 }
 
+/* The grouped path runs the plain base GEMMs and writes every expert weight
+ * gradient: under LoRA (frozen experts, possibly with adapters, docs/lora.md)
+ * the per-expert loops in moe.c run instead, through lora.c. */
 int moe_experts_grouped(const struct mt_model *m)
 {
-    (void)m;
-    return 1;
+    return m->cfg.lora_rank == 0;
 }
 
 void moe_experts_forward(struct mt_model *m, struct mt_layer *ly, int n_groups, const int *cnt, int offsets, int ee,
