@@ -48,7 +48,8 @@ static void train_usage(FILE *f)
             "                       GEMM precision from MT_CUDA_PRECISION=fp32|bf16)  default: cpu\n"
             "  --peak-flops F       peak FLOP/s for MFU    default: measure the sgemm roof at startup\n"
             "  --knob NAME=VALUE    set a runtime tunable (repeatable; echoed in the receipt's \"knobs\")\n"
-            "  --quiet              no progress output\n\n"
+            "  --quiet              no progress output (the step-0 mesh trace line stays: SPEC.md section 2\n"
+            "                       makes it part of every run, and the distributed tests read it)\n\n"
             "knobs (--knob; each also read from its environment alias; TEST HOOKs are for the test suite):\n");
     char kh[2048];
     mt_knobs_help(kh, sizeof kh);
