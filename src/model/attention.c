@@ -188,4 +188,7 @@ const struct mt_piece mt_piece_attention = {
     /* .forward               = */ attn_piece_forward,
     /* .backward              = */ attention_backward,
     /* .undo_recompute        = */ NULL,
+    /* .carve_n               = */ NULL,
+    /* .forward_n             = */ NULL,
+    /* .backward_n            = */ NULL,
 };

@@ -206,4 +206,7 @@ const struct mt_piece mt_piece_mamba = {
     /* .forward               = */ mamba_forward,
     /* .backward              = */ mamba_backward,
     /* .undo_recompute        = */ NULL,
+    /* .carve_n               = */ NULL,
+    /* .forward_n             = */ NULL,
+    /* .backward_n            = */ NULL,
 };
