@@ -328,6 +328,15 @@ void model_piece_ctx(struct mt_model *m, struct mt_layer *ly, struct mt_piece_ct
     pc->Nr = m->Nr;
     pc->D = m->D;
     pc->F = m->F;
+    pc->B = m->B;
+    pc->T = m->T;
+    pc->H = m->H;
+    pc->K = m->K;
+    pc->hd = m->hd;
+    pc->QD = m->QD;
+    pc->KD = m->KD;
+    pc->rope_cos = m->rope_cos;
+    pc->rope_sin = m->rope_sin;
     pc->norm_eps = m->cfg.norm_eps;
     pc->recompute = m->recompute;
     pc->lora = m->cfg.lora_rank > 0;
@@ -341,6 +350,11 @@ void model_piece_ctx(struct mt_model *m, struct mt_layer *ly, struct mt_piece_ct
     pc->s_du = m->s_du;
     pc->s_lora = m->s_lora;
     pc->s_dlora = m->s_dlora;
+    pc->datt = m->datt;
+    pc->dq = m->dq;
+    pc->dk = m->dk;
+    pc->dk2 = m->dk2;
+    pc->dv = m->dv;
     struct mt_tp_axis a = {m->tp_comm, &m->tp_stats, m->ops, m->tp, m->sp, m->N, m->Nr, m->D};
     pc->tp = a;
 }

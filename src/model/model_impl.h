@@ -249,11 +249,15 @@ struct mt_piece_ctx {
     const struct mt_ops_i *ops;
     struct mt_layer       *ly;       /* weights (ly->w), saved activations          */
     int   N, Nr, D, F;               /* rows, residual rows, width, local dense hidden */
+    int   B, T;                      /* the microbatch (training: N = B*T)          */
+    int   H, K, hd, QD, KD;          /* local q / kv heads, head dim, H*hd, K*hd    */
+    const float *rope_cos, *rope_sin; /* (T, hd/2) training RoPE tables             */
     float norm_eps;
     int   recompute, lora;           /* cfg recompute=block; LoRA adapters on       */
     /* shared WORKSPACE scratch (see struct mt_model) */
     float *dx, *dh, *s_full, *s_red;
     float *s_act, *s_dact, *s_dg, *s_du, *s_lora, *s_dlora;
+    float *datt, *dq, *dk, *dk2, *dv;  /* attention's declared scratch (its carve_scratch) */
     struct mt_tp_axis tp;
 };
 /* model.c: the narrow context of layer ly (ly may be NULL: dims only). */
@@ -290,15 +294,6 @@ enum mt_status tpa_allreduce(struct mt_ctx *ctx, const struct mt_tp_axis *a, flo
 enum mt_status tpa_exit_add(struct mt_ctx *ctx, const struct mt_tp_axis *a, float *x, float *part, float *tmp);
 
 /* ---- layer files ---- */
-
-/* attention.c: x_mid = x_in + attn(rmsnorm(x_in)) Wo^T for N = B*T rows.
- * Training: kcache == NULL, positions 0..T-1 per sequence. Inference
- * (B == 1): k, v of the T new tokens are appended to kcache/vcache (t_max, K, hd)
- * at row pos0 and the queries attend over rows [0, pos0+T). */
-enum mt_status attention_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly, int B, int T, int pos0,
-                                 const float *cos_tab, const float *sin_tab, float *kcache, float *vcache);
-/* Reads dx (Nr, D) = d x_mid; ACCUMULATES d x_in into dx; param grads +=. */
-enum mt_status attention_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly);
 
 /* mlp.c: SwiGLU y = (silu(h Wg^T) * (h Wu^T)) Wd^T over n rows of width D, hidden F.
  * out = y (accumulate 0) or out += y (accumulate 1); g, u (n, F) saved; act (n, F) scratch. */
