@@ -355,6 +355,8 @@ void model_piece_ctx(struct mt_model *m, struct mt_layer *ly, struct mt_piece_ct
     pc->dk = m->dk;
     pc->dk2 = m->dk2;
     pc->dv = m->dv;
+    pc->mdims = &m->mdims;
+    pc->mb_s = &m->mb_s;
     struct mt_tp_axis a = {m->tp_comm, &m->tp_stats, m->ops, m->tp, m->sp, m->N, m->Nr, m->D};
     pc->tp = a;
 }

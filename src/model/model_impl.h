@@ -258,6 +258,8 @@ struct mt_piece_ctx {
     float *dx, *dh, *s_full, *s_red;
     float *s_act, *s_dact, *s_dg, *s_du, *s_lora, *s_dlora;
     float *datt, *dq, *dk, *dk2, *dv;  /* attention's declared scratch (its carve_scratch) */
+    const struct mt_mamba3_dims *mdims; /* M blocks: the mixer's dims                 */
+    struct mt_mamba3_scratch    *mb_s;  /* M blocks: declared backward scratch        */
     struct mt_tp_axis tp;
 };
 /* model.c: the narrow context of layer ly (ly may be NULL: dims only). */
