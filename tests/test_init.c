@@ -21,6 +21,7 @@
 #include "model/mt_model.h"
 #include "model/model_impl.h"
 #include "ops/mt_ops.h"
+#include "train/mt_layout.h"
 
 static int g_fail = 0;
 #define EXPECT(cond, ...)                                                   \
@@ -339,6 +340,12 @@ static void test_registry_tp(int sp)
         }
         n_split += d >= 0;
         EXPECT((p->role == MT_ROLE_EXPERT) == (l == MT_LAYOUT_EXPERT), "%s: expert role vs layout", p->name);
+        /* the layout module reads the class: ep x tp = 2 x 2 */
+        const struct mt_mesh_dims dims = {1, 1, 2, 2};
+        enum mt_layout_engine e = mt_layout_param_engine(p, &dims);
+        EXPECT(e == (l == MT_LAYOUT_EXPERT ? MT_LAYOUT_ENGINE_EXPERT
+                     : p->reduce_model   ? MT_LAYOUT_ENGINE_PARTIAL : MT_LAYOUT_ENGINE_DENSE),
+               "%s: engine %d, layout %s", p->name, (int)e, mt_layout_name(l));
     }
     /* per A block q k v o gate up down, per E block q k v o */
     EXPECT(n_split == 2 * 7 + 2 * 4, "split parameters %d", n_split);

@@ -25,79 +25,90 @@
  */
 #include "model_impl.h"
 
-enum mt_status attention_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly, int B, int T, int pos0,
-                                 const float *cos_tab, const float *sin_tab, float *kcache, float *vcache)
+/* x_mid = x_in + attn(rmsnorm(x_in)) Wo^T for N = B*T rows (a->B, a->T).
+ * Training: kcache == NULL, positions 0..T-1 per sequence. Inference
+ * (B == 1): k, v of the T new tokens are appended to kcache/vcache (t_max, K, hd)
+ * at row pos0 and the queries attend over rows [0, pos0+T). */
+static enum mt_status attn_piece_forward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a)
 {
-    const struct mt_ops_i *ops = m->ops;
-    const int N = B * T, D = m->D, H = m->H, K = m->K, hd = m->hd, QD = m->QD, KD = m->KD;
-    const int Nr = m->sp ? N / m->tp : N;     /* residual rows on this rank */
-    const float eps = m->cfg.norm_eps;
+    const struct mt_ops_i *ops = pc->ops;
+    struct mt_layer *ly = pc->ly;
+    const struct mt_tp_axis *tp = &pc->tp;
+    const int B = a->B, T = a->T, pos0 = a->pos0;
+    const int N = B * T, D = pc->D, H = pc->H, K = pc->K, hd = pc->hd, QD = pc->QD, KD = pc->KD;
+    const int Nr = tp->sp ? N / tp->tp : N;     /* residual rows on this rank */
+    const float eps = pc->norm_eps;
+    float *t = pc->s_lora;
 
     ops->rmsnorm_forward(ly->h_attn_n, ly->rstd_attn, ly->x_in, ly->w.ln1->data, Nr, D, eps);
-    if (m->sp) MT_CHECK(tp_gather_rows(ctx, m, ly->h_attn, ly->h_attn_n, Nr, D));   /* SP entry */
+    if (tp->sp) MT_CHECK(tpa_gather_rows(ctx, tp, ly->h_attn, ly->h_attn_n, Nr, D));   /* SP entry */
     /* this rank's heads (H, K are local under TP) over all N rows */
-    proj_forward(m, ly->q_raw, ly->h_attn, ly->w.wq, N, D, QD, 0.0f);
-    proj_forward(m, ly->k_raw, ly->h_attn, ly->w.wk, N, D, KD, 0.0f);
-    proj_forward(m, ly->v, ly->h_attn, ly->w.wv, N, D, KD, 0.0f);
+    proj_fwd(ops, t, ly->q_raw, ly->h_attn, ly->w.wq, N, D, QD, 0.0f);
+    proj_fwd(ops, t, ly->k_raw, ly->h_attn, ly->w.wk, N, D, KD, 0.0f);
+    proj_fwd(ops, t, ly->v, ly->h_attn, ly->w.wv, N, D, KD, 0.0f);
     ops->rmsnorm_forward(ly->q, ly->rstd_q, ly->q_raw, ly->w.qn->data, N * H, hd, eps);
     ops->rmsnorm_forward(ly->k, ly->rstd_k, ly->k_raw, ly->w.kn->data, N * K, hd, eps);
-    ops->rope_forward(ly->q, ly->q, cos_tab, sin_tab, N, T, pos0, H, hd);
-    ops->rope_forward(ly->k, ly->k, cos_tab, sin_tab, N, T, pos0, K, hd);
-    if (kcache) {
+    ops->rope_forward(ly->q, ly->q, a->cos_tab, a->sin_tab, N, T, pos0, H, hd);
+    ops->rope_forward(ly->k, ly->k, a->cos_tab, a->sin_tab, N, T, pos0, K, hd);
+    if (a->kcache) {
         /* inference, B == 1, one rank: append the new K/V rows, attend over the whole cache */
-        MT_ASSERT(B == 1 && m->tp == 1);
-        ops->copy(kcache + (size_t)pos0 * KD, ly->k, (size_t)T * KD * sizeof(float));
-        ops->copy(vcache + (size_t)pos0 * KD, ly->v, (size_t)T * KD * sizeof(float));
-        ops->attention_forward(ly->att, ly->lse, ly->q, kcache, vcache, 1, T, pos0 + T, pos0, H, K, hd);
+        MT_ASSERT(B == 1 && tp->tp == 1);
+        ops->copy(a->kcache + (size_t)pos0 * KD, ly->k, (size_t)T * KD * sizeof(float));
+        ops->copy(a->vcache + (size_t)pos0 * KD, ly->v, (size_t)T * KD * sizeof(float));
+        ops->attention_forward(ly->att, ly->lse, ly->q, a->kcache, a->vcache, 1, T, pos0 + T, pos0, H, K, hd);
     } else {
         ops->attention_forward(ly->att, ly->lse, ly->q, ly->k, ly->v, B, T, T, 0, H, K, hd);
     }
     ops->copy(ly->x_mid, ly->x_in, (size_t)Nr * D * sizeof(float));
-    if (m->tp == 1) {
-        proj_forward(m, ly->x_mid, ly->att, ly->w.wo, N, QD, D, 1.0f);
+    if (tp->tp == 1) {
+        proj_fwd(ops, t, ly->x_mid, ly->att, ly->w.wo, N, QD, D, 1.0f);
         return MT_OK;
     }
     /* Wo holds this rank's columns: a partial sum over the model group (TP exit) */
-    proj_forward(m, m->s_red, ly->att, ly->w.wo, N, QD, D, 0.0f);
-    return tp_exit_add(ctx, m, ly->x_mid, m->s_red, m->s_full);
+    proj_fwd(ops, t, pc->s_red, ly->att, ly->w.wo, N, QD, D, 0.0f);
+    return tpa_exit_add(ctx, tp, ly->x_mid, pc->s_red, pc->s_full);
 }
 
-enum mt_status attention_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly)
+/* Reads dx (Nr, D) = d x_mid; ACCUMULATES d x_in into dx; param grads +=. */
+static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc)
 {
-    const struct mt_ops_i *ops = m->ops;
-    const int B = m->B, T = m->T, N = m->N, Nr = m->Nr, D = m->D, H = m->H, K = m->K, hd = m->hd;
-    const int QD = m->QD, KD = m->KD;
+    const struct mt_ops_i *ops = pc->ops;
+    const struct mt_layer *ly = pc->ly;
+    const struct mt_tp_axis *tp = &pc->tp;
+    const int B = pc->B, T = pc->T, N = pc->N, Nr = pc->Nr, D = pc->D, H = pc->H, K = pc->K, hd = pc->hd;
+    const int QD = pc->QD, KD = pc->KD;
+    float *t = pc->s_lora, *dt = pc->s_dlora;
 
     /* the TP exit's conjugate: SP gathers the rows of d x_mid; without SP dx is already whole */
-    const float *dy = m->dx;
-    if (m->sp) {
-        MT_CHECK(tp_gather_rows(ctx, m, m->s_full, m->dx, Nr, D));
-        dy = m->s_full;
+    const float *dy = pc->dx;
+    if (tp->sp) {
+        MT_CHECK(tpa_gather_rows(ctx, tp, pc->s_full, pc->dx, Nr, D));
+        dy = pc->s_full;
     }
     /* term 1: o_proj */
-    proj_backward(m, m->datt, 0.0f, ly->w.wo, dy, ly->att, N, QD, D);
+    proj_bwd(ops, t, dt, pc->datt, 0.0f, ly->w.wo, dy, ly->att, N, QD, D);
     /* term 2: attention core (dq, dk, dv overwritten) */
-    ops->attention_backward(m->dq, m->dk, m->dv, m->datt, ly->q, ly->k, ly->v, ly->att, ly->lse,
+    ops->attention_backward(pc->dq, pc->dk, pc->dv, pc->datt, ly->q, ly->k, ly->v, ly->att, ly->lse,
                             B, T, H, K, hd);
     /* term 3: RoPE (in place), then QK-norm; datt is free now and takes dq' */
-    ops->rope_backward(m->dq, m->dq, m->rope_cos, m->rope_sin, N, T, 0, H, hd);
-    ops->rope_backward(m->dk, m->dk, m->rope_cos, m->rope_sin, N, T, 0, K, hd);
-    ops->rmsnorm_backward(m->datt, ly->w.qn->grad, m->dq, ly->q_raw, ly->w.qn->data, ly->rstd_q, N * H, hd, 0);
-    ops->rmsnorm_backward(m->dk2, ly->w.kn->grad, m->dk, ly->k_raw, ly->w.kn->data, ly->rstd_k, N * K, hd, 0);
+    ops->rope_backward(pc->dq, pc->dq, pc->rope_cos, pc->rope_sin, N, T, 0, H, hd);
+    ops->rope_backward(pc->dk, pc->dk, pc->rope_cos, pc->rope_sin, N, T, 0, K, hd);
+    ops->rmsnorm_backward(pc->datt, ly->w.qn->grad, pc->dq, ly->q_raw, ly->w.qn->data, ly->rstd_q, N * H, hd, 0);
+    ops->rmsnorm_backward(pc->dk2, ly->w.kn->grad, pc->dk, ly->k_raw, ly->w.kn->data, ly->rstd_k, N * K, hd, 0);
     /* term 4: projections (under TP dh is this rank's partial sum over its heads) */
-    proj_backward(m, m->dh, 0.0f, ly->w.wq, m->datt, ly->h_attn, N, D, QD);
-    proj_backward(m, m->dh, 1.0f, ly->w.wk, m->dk2, ly->h_attn, N, D, KD);
-    proj_backward(m, m->dh, 1.0f, ly->w.wv, m->dv, ly->h_attn, N, D, KD);
+    proj_bwd(ops, t, dt, pc->dh, 0.0f, ly->w.wq, pc->datt, ly->h_attn, N, D, QD);
+    proj_bwd(ops, t, dt, pc->dh, 1.0f, ly->w.wk, pc->dk2, ly->h_attn, N, D, KD);
+    proj_bwd(ops, t, dt, pc->dh, 1.0f, ly->w.wv, pc->dv, ly->h_attn, N, D, KD);
     /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
-    const float *dhr = m->dh;
-    if (m->sp) {
-        MT_CHECK(tp_reduce_scatter_rows(ctx, m, m->s_red, m->dh, Nr, D));
-        dhr = m->s_red;
-    } else if (m->tp > 1) {
-        MT_CHECK(tp_allreduce(ctx, m, m->dh, (size_t)N * D));
+    const float *dhr = pc->dh;
+    if (tp->sp) {
+        MT_CHECK(tpa_reduce_scatter_rows(ctx, tp, pc->s_red, pc->dh, Nr, D));
+        dhr = pc->s_red;
+    } else if (tp->tp > 1) {
+        MT_CHECK(tpa_allreduce(ctx, tp, pc->dh, (size_t)N * D));
     }
     /* term 5: input rmsnorm, accumulated into the residual gradient */
-    ops->rmsnorm_backward(m->dx, ly->w.ln1->grad, dhr, ly->x_in, ly->w.ln1->data, ly->rstd_attn, Nr, D, 1);
+    ops->rmsnorm_backward(pc->dx, ly->w.ln1->grad, dhr, ly->x_in, ly->w.ln1->data, ly->rstd_attn, Nr, D, 1);
     return MT_OK;
 }
 
@@ -136,22 +147,22 @@ static double attn_extra(const struct mt_block_shape *s)
 /* Saved for backward: the input norm (and its TP-gathered copy under SP),
  * q/k before and after QK-norm + RoPE, v, the output and its logsumexp,
  * and x_mid (the residual after the mixer, input of the ffn half). */
-static void attn_carve(struct mt_model *m, struct mt_carver *c, struct mt_layer *ly)
+static void attn_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly)
 {
-    const size_t N = (size_t)m->N, D = (size_t)m->D, QD = (size_t)m->QD, KD = (size_t)m->KD, Nr = (size_t)m->Nr;
+    const size_t N = (size_t)pc->N, D = (size_t)pc->D, QD = (size_t)pc->QD, KD = (size_t)pc->KD, Nr = (size_t)pc->Nr;
     const enum mt_bucket A = MT_BUCKET_ACTS;
     ly->h_attn_n = carve_f(c, A, Nr * D);
-    ly->h_attn = m->sp ? carve_f(c, A, N * D) : ly->h_attn_n;   /* SP: the gathered copy is saved */
+    ly->h_attn = pc->tp.sp ? carve_f(c, A, N * D) : ly->h_attn_n;   /* SP: the gathered copy is saved */
     ly->rstd_attn = carve_f(c, A, Nr);
     ly->q_raw = carve_f(c, A, N * QD);
     ly->k_raw = carve_f(c, A, N * KD);
-    ly->rstd_q = carve_f(c, A, N * (size_t)m->H);
-    ly->rstd_k = carve_f(c, A, N * (size_t)m->K);
+    ly->rstd_q = carve_f(c, A, N * (size_t)pc->H);
+    ly->rstd_k = carve_f(c, A, N * (size_t)pc->K);
     ly->q = carve_f(c, A, N * QD);
     ly->k = carve_f(c, A, N * KD);
     ly->v = carve_f(c, A, N * KD);
     ly->att = carve_f(c, A, N * QD);
-    ly->lse = carve_f(c, A, N * (size_t)m->H);
+    ly->lse = carve_f(c, A, N * (size_t)pc->H);
     ly->x_mid = carve_f(c, A, Nr * D);
 }
 
@@ -167,12 +178,6 @@ static void attn_carve_scratch(struct mt_model *m, struct mt_carver *c)
     m->dv = carve_f(c, W, N * KD);
 }
 
-static enum mt_status attn_piece_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly,
-                                         struct mt_piece_fwd *a)
-{
-    return attention_forward(ctx, m, ly, a->B, a->T, a->pos0, a->cos_tab, a->sin_tab, a->kcache, a->vcache);
-}
-
 const struct mt_piece mt_piece_attention = {
     /* .name                  = */ "attention",
     /* .tp_regions            = */ 1,
@@ -182,10 +187,13 @@ const struct mt_piece mt_piece_attention = {
     /* .mm_per_token          = */ attn_mm,
     /* .extra_flops_per_token = */ attn_extra,
     /* .inactive_params       = */ NULL,
-    /* .carve                 = */ attn_carve,
+    /* .carve                 = */ NULL,
     /* .carve_scratch         = */ attn_carve_scratch,
     /* .ffn_scratch           = */ NULL,
-    /* .forward               = */ attn_piece_forward,
-    /* .backward              = */ attention_backward,
+    /* .forward               = */ NULL,
+    /* .backward              = */ NULL,
     /* .undo_recompute        = */ NULL,
+    /* .carve_n               = */ attn_carve,
+    /* .forward_n             = */ attn_piece_forward,
+    /* .backward_n            = */ attn_piece_backward,
 };

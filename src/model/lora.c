@@ -27,26 +27,34 @@
 void proj_forward(struct mt_model *m, float *y, const float *x, const struct mt_param *w, int n, int in, int out,
                   float beta)
 {
-    const struct mt_ops_i *ops = m->ops;
-    linear_forward(ops, y, x, w->data, n, in, out, beta);
-    if (!w->lora_a || n <= 0) return;
-    const struct mt_param *A = w->lora_a, *B = w->lora_b;
-    const int r = (int)A->len[0];
-    float *t = m->s_lora;
-    linear_forward(ops, t, x, A->data, n, in, r, 0.0f);                            /* t = x A^T      */
-    ops->gemm(0, 1, n, out, r, w->lora_scale, t, r, B->data, r, 1.0f, y, out);     /* y += s t B^T   */
+    proj_fwd(m->ops, m->s_lora, y, x, w, n, in, out, beta);
 }
 
 void proj_backward(struct mt_model *m, float *dx, float beta_dx, struct mt_param *w, const float *dy,
                    const float *x, int n, int in, int out)
 {
-    const struct mt_ops_i *ops = m->ops;
+    proj_bwd(m->ops, m->s_lora, m->s_dlora, dx, beta_dx, w, dy, x, n, in, out);
+}
+
+void proj_fwd(const struct mt_ops_i *ops, float *t, float *y, const float *x, const struct mt_param *w, int n, int in,
+              int out, float beta)
+{
+    linear_forward(ops, y, x, w->data, n, in, out, beta);
+    if (!w->lora_a || n <= 0) return;
+    const struct mt_param *A = w->lora_a, *B = w->lora_b;
+    const int r = (int)A->len[0];
+    linear_forward(ops, t, x, A->data, n, in, r, 0.0f);                            /* t = x A^T      */
+    ops->gemm(0, 1, n, out, r, w->lora_scale, t, r, B->data, r, 1.0f, y, out);     /* y += s t B^T   */
+}
+
+void proj_bwd(const struct mt_ops_i *ops, float *t, float *dt, float *dx, float beta_dx, struct mt_param *w,
+              const float *dy, const float *x, int n, int in, int out)
+{
     linear_backward(ops, dx, beta_dx, w->frozen ? NULL : w->grad, dy, x, w->data, n, in, out);
     if (!w->lora_a || n <= 0) return;
     struct mt_param *A = w->lora_a, *B = w->lora_b;
     const int r = (int)A->len[0];
     const float s = w->lora_scale;
-    float *t = m->s_lora, *dt = m->s_dlora;
     linear_forward(ops, t, x, A->data, n, in, r, 0.0f);                            /* t = x A^T      */
     ops->gemm(1, 0, out, r, n, s, dy, out, t, r, 1.0f, B->grad, r);                /* term 1         */
     ops->gemm(0, 0, n, r, out, s, dy, out, B->data, r, 0.0f, dt, r);               /* term 2: dt     */

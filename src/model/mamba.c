@@ -93,15 +93,15 @@ static double mamba_extra(const struct mt_block_shape *s)
 
 /* Saved: the input norm and its rstd, the mixer's activations (one block,
  * mt_mamba3_acts_floats), x_mid. */
-static void mamba_carve(struct mt_model *m, struct mt_carver *c, struct mt_layer *ly)
+static void mamba_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly)
 {
-    const size_t D = (size_t)m->D, Nr = (size_t)m->Nr, N = (size_t)m->N;
+    const size_t D = (size_t)pc->D, Nr = (size_t)pc->Nr, N = (size_t)pc->N;
     const enum mt_bucket A = MT_BUCKET_ACTS;
     ly->h_attn_n = carve_f(c, A, Nr * D);
-    ly->h_attn = m->sp ? carve_f(c, A, N * D) : ly->h_attn_n;   /* SP: the gathered copy is saved */
+    ly->h_attn = pc->tp.sp ? carve_f(c, A, N * D) : ly->h_attn_n;   /* SP: the gathered copy is saved */
     ly->rstd_attn = carve_f(c, A, Nr);
-    float *acts = carve_f(c, A, mt_mamba3_acts_floats(&m->mdims, m->N));
-    if (acts) mt_mamba3_acts_bind(&ly->mb, acts, &m->mdims, m->N);
+    float *acts = carve_f(c, A, mt_mamba3_acts_floats(pc->mdims, pc->N));
+    if (acts) mt_mamba3_acts_bind(&ly->mb, acts, pc->mdims, pc->N);
     ly->x_mid = carve_f(c, A, Nr * D);
 }
 
@@ -130,64 +130,65 @@ static void mamba_weights(const struct mt_layer_w *w, int use_grad, struct mt_ma
 #undef MB_PICK
 }
 
-static enum mt_status mamba_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly,
-                                    struct mt_piece_fwd *a)
+static enum mt_status mamba_forward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a)
 {
-    const struct mt_ops_i *ops = m->ops;
-    const int n = a->B * a->T, D = m->D;
+    const struct mt_ops_i *ops = pc->ops;
+    struct mt_layer *ly = pc->ly;
+    const int n = a->B * a->T, D = pc->D;
     if (a->kcache) {
         /* decoding, B == 1, one rank: kcache is this layer's recurrent state
          * (infer.c sizes it with mt_mamba3_state_floats), O(1) per new token */
-        MT_ASSERT(a->B == 1 && m->tp == 1);
+        MT_ASSERT(a->B == 1 && pc->tp.tp == 1);
         struct mt_mamba3_weights w;
         mamba_weights(&ly->w, 0, &w);
-        ops->rmsnorm_forward(ly->h_attn_n, ly->rstd_attn, ly->x_in, ly->w.ln1->data, n, D, m->cfg.norm_eps);
-        mt_mamba3_decode(ops, ly->x_mid, &ly->mb, a->kcache, ly->h_attn_n, &w, &m->mdims, a->T, a->pos0);
+        ops->rmsnorm_forward(ly->h_attn_n, ly->rstd_attn, ly->x_in, ly->w.ln1->data, n, D, pc->norm_eps);
+        mt_mamba3_decode(ops, ly->x_mid, &ly->mb, a->kcache, ly->h_attn_n, &w, pc->mdims, a->T, a->pos0);
         ops->axpby(ly->x_mid, ly->x_in, 1.0f, 1.0f, (size_t)n * D);
         return MT_OK;
     }
-    const int Nr = m->sp ? n / m->tp : n;     /* residual rows on this rank */
+    const int Nr = pc->tp.sp ? n / pc->tp.tp : n;     /* residual rows on this rank */
     struct mt_mamba3_weights w;
     mamba_weights(&ly->w, 0, &w);
-    ops->rmsnorm_forward(ly->h_attn_n, ly->rstd_attn, ly->x_in, ly->w.ln1->data, Nr, D, m->cfg.norm_eps);
-    if (m->tp == 1) {
+    ops->rmsnorm_forward(ly->h_attn_n, ly->rstd_attn, ly->x_in, ly->w.ln1->data, Nr, D, pc->norm_eps);
+    if (pc->tp.tp == 1) {
         /* x_mid = mamba3(h), then += x_in (the residual path) */
-        mt_mamba3_forward(ops, ly->x_mid, &ly->mb, ly->h_attn_n, &w, &m->mdims, a->B, a->T);
+        mt_mamba3_forward(ops, ly->x_mid, &ly->mb, ly->h_attn_n, &w, pc->mdims, a->B, a->T);
         ops->axpby(ly->x_mid, ly->x_in, 1.0f, 1.0f, (size_t)n * D);
         return MT_OK;
     }
     /* TP region, like attention: this rank's heads and groups over all n rows;
      * Wout holds their columns, so the output is a partial sum (TP exit) */
-    if (m->sp) MT_CHECK(tp_gather_rows(ctx, m, ly->h_attn, ly->h_attn_n, Nr, D));
-    mt_mamba3_forward(ops, m->s_red, &ly->mb, ly->h_attn, &w, &m->mdims, a->B, a->T);
+    if (pc->tp.sp) MT_CHECK(tpa_gather_rows(ctx, &pc->tp, ly->h_attn, ly->h_attn_n, Nr, D));
+    mt_mamba3_forward(ops, pc->s_red, &ly->mb, ly->h_attn, &w, pc->mdims, a->B, a->T);
     ops->copy(ly->x_mid, ly->x_in, (size_t)Nr * D * sizeof(float));
-    return tp_exit_add(ctx, m, ly->x_mid, m->s_red, m->s_full);
+    return tpa_exit_add(ctx, &pc->tp, ly->x_mid, pc->s_red, pc->s_full);
 }
 
-static enum mt_status mamba_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly)
+static enum mt_status mamba_backward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc)
 {
-    const struct mt_ops_i *ops = m->ops;
-    const int Nr = m->Nr, D = m->D;
+    const struct mt_ops_i *ops = pc->ops;
+    struct mt_layer *ly = pc->ly;
+    const int Nr = pc->Nr, D = pc->D;
     struct mt_mamba3_weights w, g;
     mamba_weights(&ly->w, 0, &w);
     mamba_weights(&ly->w, 1, &g);
     /* the TP exit's conjugate: SP gathers the rows of d x_mid; without SP dx is already whole */
-    const float *dy = m->dx;
-    if (m->sp) {
-        MT_CHECK(tp_gather_rows(ctx, m, m->s_full, m->dx, Nr, D));
-        dy = m->s_full;
+    const float *dy = pc->dx;
+    if (pc->tp.sp) {
+        MT_CHECK(tpa_gather_rows(ctx, &pc->tp, pc->s_full, pc->dx, Nr, D));
+        dy = pc->s_full;
     }
     /* dh = d h (overwritten; under TP this rank's heads' partial sum), every mixer gradient += */
-    mt_mamba3_backward(ops, m->dh, 0, &g, &m->mb_s, dy, ly->h_attn, &ly->mb, &w, &m->mdims, m->B, m->T);
+    mt_mamba3_backward(ops, pc->dh, 0, &g, pc->mb_s, dy, ly->h_attn, &ly->mb, &w, pc->mdims, pc->B, pc->T);
     /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
-    const float *dhr = m->dh;
-    if (m->sp) {
-        MT_CHECK(tp_reduce_scatter_rows(ctx, m, m->s_red, m->dh, Nr, D));
-        dhr = m->s_red;
-    } else if (m->tp > 1) {
-        MT_CHECK(tp_allreduce(ctx, m, m->dh, (size_t)m->N * D));
+    const float *dhr = pc->dh;
+    if (pc->tp.sp) {
+        MT_CHECK(tpa_reduce_scatter_rows(ctx, &pc->tp, pc->s_red, pc->dh, Nr, D));
+        dhr = pc->s_red;
+    } else if (pc->tp.tp > 1) {
+        MT_CHECK(tpa_allreduce(ctx, &pc->tp, pc->dh, (size_t)pc->N * D));
     }
-    ops->rmsnorm_backward(m->dx, ly->w.ln1->grad, dhr, ly->x_in, ly->w.ln1->data, ly->rstd_attn, Nr, D, 1);
+    ops->rmsnorm_backward(pc->dx, ly->w.ln1->grad, dhr, ly->x_in, ly->w.ln1->data, ly->rstd_attn, Nr, D, 1);
     return MT_OK;
 }
 
@@ -200,10 +201,13 @@ const struct mt_piece mt_piece_mamba = {
     /* .mm_per_token          = */ mamba_mm,
     /* .extra_flops_per_token = */ mamba_extra,
     /* .inactive_params       = */ NULL,
-    /* .carve                 = */ mamba_carve,
+    /* .carve                 = */ NULL,
     /* .carve_scratch         = */ mamba_carve_scratch,
     /* .ffn_scratch           = */ NULL,
-    /* .forward               = */ mamba_forward,
-    /* .backward              = */ mamba_backward,
+    /* .forward               = */ NULL,
+    /* .backward              = */ NULL,
     /* .undo_recompute        = */ NULL,
+    /* .carve_n               = */ mamba_carve,
+    /* .forward_n             = */ mamba_forward,
+    /* .backward_n            = */ mamba_backward,
 };

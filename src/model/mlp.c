@@ -15,28 +15,43 @@
  */
 #include "model_impl.h"
 
+/* The SwiGLU math on the ops table and the LoRA scratch t, dt (s_lora, s_dlora). */
+static void swiglu_fwd(const struct mt_ops_i *ops, float *t, float *out, int accumulate, float *g, float *u,
+                       float *act, const float *h, const struct mt_param *wg, const struct mt_param *wu,
+                       const struct mt_param *wd, int n, int D, int F)
+{
+    if (n <= 0) return;
+    proj_fwd(ops, t, g, h, wg, n, D, F, 0.0f);
+    proj_fwd(ops, t, u, h, wu, n, D, F, 0.0f);
+    ops->swiglu_forward(act, g, u, (size_t)n * F);
+    proj_fwd(ops, t, out, act, wd, n, F, D, accumulate ? 1.0f : 0.0f);
+}
+
+static void swiglu_bwd(const struct mt_ops_i *ops, float *t, float *dt, float *dh, int accumulate, float *act,
+                       float *dact, float *dg, float *du, const float *dout, const float *h, const float *g,
+                       const float *u, struct mt_param *wg, struct mt_param *wu, struct mt_param *wd, int n, int D,
+                       int F)
+{
+    if (n <= 0) return;
+    ops->swiglu_forward(act, g, u, (size_t)n * F);
+    proj_bwd(ops, t, dt, dact, 0.0f, wd, dout, act, n, F, D);
+    ops->swiglu_backward(dg, du, dact, g, u, (size_t)n * F);
+    proj_bwd(ops, t, dt, dh, accumulate ? 1.0f : 0.0f, wg, dg, h, n, D, F);
+    proj_bwd(ops, t, dt, dh, 1.0f, wu, du, h, n, D, F);
+}
+
 void mlp_forward(struct mt_model *m, float *out, int accumulate, float *g, float *u, float *act,
                  const float *h, const struct mt_param *wg, const struct mt_param *wu, const struct mt_param *wd,
                  int n, int D, int F)
 {
-    if (n <= 0) return;
-    proj_forward(m, g, h, wg, n, D, F, 0.0f);
-    proj_forward(m, u, h, wu, n, D, F, 0.0f);
-    m->ops->swiglu_forward(act, g, u, (size_t)n * F);
-    proj_forward(m, out, act, wd, n, F, D, accumulate ? 1.0f : 0.0f);
+    swiglu_fwd(m->ops, m->s_lora, out, accumulate, g, u, act, h, wg, wu, wd, n, D, F);
 }
 
 void mlp_backward(struct mt_model *m, float *dh, int accumulate, float *act, float *dact, float *dg, float *du,
                   const float *dout, const float *h, const float *g, const float *u,
                   struct mt_param *wg, struct mt_param *wu, struct mt_param *wd, int n, int D, int F)
 {
-    if (n <= 0) return;
-    const struct mt_ops_i *ops = m->ops;
-    ops->swiglu_forward(act, g, u, (size_t)n * F);
-    proj_backward(m, dact, 0.0f, wd, dout, act, n, F, D);
-    ops->swiglu_backward(dg, du, dact, g, u, (size_t)n * F);
-    proj_backward(m, dh, accumulate ? 1.0f : 0.0f, wg, dg, h, n, D, F);
-    proj_backward(m, dh, 1.0f, wu, du, h, n, D, F);
+    swiglu_bwd(m->ops, m->s_lora, m->s_dlora, dh, accumulate, act, dact, dg, du, dout, h, g, u, wg, wu, wd, n, D, F);
 }
 
 /* ------------------------------------------------------------------ */
@@ -65,61 +80,64 @@ static enum mt_status mlp_check(struct mt_ctx *ctx, const struct mt_model *m)
 static double mlp_mm(const struct mt_block_shape *s) { return 3.0 * (double)s->D * (double)s->F; }
 
 /* saved: the norm, its TP-gathered copy under SP, the gate/up pre-activations */
-static void mlp_carve(struct mt_model *m, struct mt_carver *c, struct mt_layer *ly)
+static void mlp_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly)
 {
-    const size_t N = (size_t)m->N, D = (size_t)m->D;
-    ffn_norm_carve(m, c, ly);
-    ly->h_mlp = m->sp ? carve_f(c, MT_BUCKET_ACTS, N * D) : ly->h_mlp_n;
-    ly->mg = carve_f(c, MT_BUCKET_ACTS, N * (size_t)m->F);
-    ly->mu = carve_f(c, MT_BUCKET_ACTS, N * (size_t)m->F);
+    const size_t N = (size_t)pc->N, D = (size_t)pc->D;
+    ffn_norm_carve_pc(pc, c, ly);
+    ly->h_mlp = pc->tp.sp ? carve_f(c, MT_BUCKET_ACTS, N * D) : ly->h_mlp_n;
+    ly->mg = carve_f(c, MT_BUCKET_ACTS, N * (size_t)pc->F);
+    ly->mu = carve_f(c, MT_BUCKET_ACTS, N * (size_t)pc->F);
 }
 
 /* the shared SwiGLU scratch (s_act, s_dact, s_dg, s_du) holds N x F/tp */
 static size_t mlp_scratch(const struct mt_model *m) { return (size_t)m->N * (size_t)m->F; }
 
-static enum mt_status mlp_piece_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly,
-                                        struct mt_piece_fwd *a)
+static enum mt_status mlp_piece_forward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a)
 {
-    const int n = a->B * a->T, D = m->D;
+    struct mt_layer *ly = pc->ly;
+    const int n = a->B * a->T, D = pc->D;
     float *x_out = a->x_out;
-    ffn_norm_forward(m, ly, x_out, n);
-    if (m->tp == 1) {
-        mlp_forward(m, x_out, 1, ly->mg, ly->mu, m->s_act, ly->h_mlp, ly->w.wg, ly->w.wu, ly->w.wd, n, D, m->F);
+    ffn_norm_fwd(pc, x_out, n);
+    if (pc->tp.tp == 1) {
+        swiglu_fwd(pc->ops, pc->s_lora, x_out, 1, ly->mg, ly->mu, pc->s_act, ly->h_mlp, ly->w.wg, ly->w.wu, ly->w.wd,
+                   n, D, pc->F);
         return MT_OK;
     }
     /* TP region: this rank's F/tp hidden units over all N rows */
-    if (m->sp) MT_CHECK(tp_gather_rows(ctx, m, ly->h_mlp, ly->h_mlp_n, m->sp ? n / m->tp : n, D));
-    mlp_forward(m, m->s_red, 0, ly->mg, ly->mu, m->s_act, ly->h_mlp, ly->w.wg, ly->w.wu, ly->w.wd, n, D, m->F);
-    return tp_exit_add(ctx, m, x_out, m->s_red, m->s_full);
+    if (pc->tp.sp) MT_CHECK(tpa_gather_rows(ctx, &pc->tp, ly->h_mlp, ly->h_mlp_n, n / pc->tp.tp, D));
+    swiglu_fwd(pc->ops, pc->s_lora, pc->s_red, 0, ly->mg, ly->mu, pc->s_act, ly->h_mlp, ly->w.wg, ly->w.wu, ly->w.wd,
+               n, D, pc->F);
+    return tpa_exit_add(ctx, &pc->tp, x_out, pc->s_red, pc->s_full);
 }
 
 /* dx is d x_out = d x_mid (identity) + d branch */
-static enum mt_status mlp_piece_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly)
+static enum mt_status mlp_piece_backward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc)
 {
-    const int N = m->N, D = m->D;
+    const struct mt_layer *ly = pc->ly;
+    const int N = pc->N, D = pc->D;
     const struct mt_layer_w *w = &ly->w;
-    const float *dhr = m->dh;   /* d h_mlp_n (Nr, D) */
-    if (m->tp == 1) {
-        mlp_backward(m, m->dh, 0, m->s_act, m->s_dact, m->s_dg, m->s_du,
-                     m->dx, ly->h_mlp, ly->mg, ly->mu, w->wg, w->wu, w->wd, N, D, m->F);
-        ffn_norm_backward(m, ly, dhr);
+    const float *dhr = pc->dh;   /* d h_mlp_n (Nr, D) */
+    if (pc->tp.tp == 1) {
+        swiglu_bwd(pc->ops, pc->s_lora, pc->s_dlora, pc->dh, 0, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du,
+                   pc->dx, ly->h_mlp, ly->mg, ly->mu, w->wg, w->wu, w->wd, N, D, pc->F);
+        ffn_norm_bwd(pc, dhr);
         return MT_OK;
     }
     /* TP region: conjugate of the exit (SP: gather d rows), then of the entry */
-    const float *dy = m->dx;
-    if (m->sp) {
-        MT_CHECK(tp_gather_rows(ctx, m, m->s_full, m->dx, m->Nr, D));
-        dy = m->s_full;
+    const float *dy = pc->dx;
+    if (pc->tp.sp) {
+        MT_CHECK(tpa_gather_rows(ctx, &pc->tp, pc->s_full, pc->dx, pc->Nr, D));
+        dy = pc->s_full;
     }
-    mlp_backward(m, m->dh, 0, m->s_act, m->s_dact, m->s_dg, m->s_du, dy,
-                 ly->h_mlp, ly->mg, ly->mu, w->wg, w->wu, w->wd, N, D, m->F);
-    if (m->sp) {
-        MT_CHECK(tp_reduce_scatter_rows(ctx, m, m->s_red, m->dh, m->Nr, D));
-        dhr = m->s_red;
+    swiglu_bwd(pc->ops, pc->s_lora, pc->s_dlora, pc->dh, 0, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du, dy,
+               ly->h_mlp, ly->mg, ly->mu, w->wg, w->wu, w->wd, N, D, pc->F);
+    if (pc->tp.sp) {
+        MT_CHECK(tpa_reduce_scatter_rows(ctx, &pc->tp, pc->s_red, pc->dh, pc->Nr, D));
+        dhr = pc->s_red;
     } else {
-        MT_CHECK(tp_allreduce(ctx, m, m->dh, (size_t)N * D));
+        MT_CHECK(tpa_allreduce(ctx, &pc->tp, pc->dh, (size_t)N * D));
     }
-    ffn_norm_backward(m, ly, dhr);
+    ffn_norm_bwd(pc, dhr);
     return MT_OK;
 }
 
@@ -132,10 +150,13 @@ const struct mt_piece mt_piece_mlp = {
     /* .mm_per_token          = */ mlp_mm,
     /* .extra_flops_per_token = */ NULL,
     /* .inactive_params       = */ NULL,
-    /* .carve                 = */ mlp_carve,
+    /* .carve                 = */ NULL,
     /* .carve_scratch         = */ NULL,
     /* .ffn_scratch           = */ mlp_scratch,
-    /* .forward               = */ mlp_piece_forward,
-    /* .backward              = */ mlp_piece_backward,
+    /* .forward               = */ NULL,
+    /* .backward              = */ NULL,
     /* .undo_recompute        = */ NULL,
+    /* .carve_n               = */ mlp_carve,
+    /* .forward_n             = */ mlp_piece_forward,
+    /* .backward_n            = */ mlp_piece_backward,
 };

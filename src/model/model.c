@@ -312,8 +312,55 @@ static int model_n_params(const struct mt_model *m)
 static void carve_block(struct mt_model *m, struct mt_carver *c, struct mt_layer *ly, int kind)
 {
     const struct mt_block_kind *k = mt_blocks_kind(kind);
-    k->mixer->carve(m, c, ly);
-    k->ffn->carve(m, c, ly);
+    const struct mt_piece *ps[2] = {k->mixer, k->ffn};
+    struct mt_piece_ctx pc;
+    model_piece_ctx(m, ly, &pc);
+    for (int i = 0; i < 2; i++) {
+        if (ps[i]->carve_n) ps[i]->carve_n(&pc, c, ly);
+        else ps[i]->carve(m, c, ly);
+    }
+}
+
+void model_piece_ctx(struct mt_model *m, struct mt_layer *ly, struct mt_piece_ctx *pc)
+{
+    memset(pc, 0, sizeof *pc);
+    pc->ops = m->ops;
+    pc->ly = ly;
+    pc->N = m->N;
+    pc->Nr = m->Nr;
+    pc->D = m->D;
+    pc->F = m->F;
+    pc->B = m->B;
+    pc->T = m->T;
+    pc->H = m->H;
+    pc->K = m->K;
+    pc->hd = m->hd;
+    pc->QD = m->QD;
+    pc->KD = m->KD;
+    pc->rope_cos = m->rope_cos;
+    pc->rope_sin = m->rope_sin;
+    pc->norm_eps = m->cfg.norm_eps;
+    pc->recompute = m->recompute;
+    pc->lora = m->cfg.lora_rank > 0;
+    pc->dx = m->dx;
+    pc->dh = m->dh;
+    pc->s_full = m->s_full;
+    pc->s_red = m->s_red;
+    pc->s_act = m->s_act;
+    pc->s_dact = m->s_dact;
+    pc->s_dg = m->s_dg;
+    pc->s_du = m->s_du;
+    pc->s_lora = m->s_lora;
+    pc->s_dlora = m->s_dlora;
+    pc->datt = m->datt;
+    pc->dq = m->dq;
+    pc->dk = m->dk;
+    pc->dk2 = m->dk2;
+    pc->dv = m->dv;
+    pc->mdims = &m->mdims;
+    pc->mb_s = &m->mb_s;
+    struct mt_tp_axis a = {m->tp_comm, &m->tp_stats, m->ops, m->tp, m->sp, m->N, m->Nr, m->D};
+    pc->tp = a;
 }
 
 /* Recompute: layer ly uses the shared internals of blk, keeping its own
@@ -331,8 +378,15 @@ static void share_block(struct mt_layer *ly, const struct mt_layer *blk)
 
 void ffn_norm_carve(struct mt_model *m, struct mt_carver *c, struct mt_layer *ly)
 {
-    ly->h_mlp_n = carve_f(c, MT_BUCKET_ACTS, (size_t)m->Nr * (size_t)m->D);
-    ly->rstd_mlp = carve_f(c, MT_BUCKET_ACTS, (size_t)m->Nr);
+    struct mt_piece_ctx pc;
+    model_piece_ctx(m, ly, &pc);
+    ffn_norm_carve_pc(&pc, c, ly);
+}
+
+void ffn_norm_carve_pc(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly)
+{
+    ly->h_mlp_n = carve_f(c, MT_BUCKET_ACTS, (size_t)pc->Nr * (size_t)pc->D);
+    ly->rstd_mlp = carve_f(c, MT_BUCKET_ACTS, (size_t)pc->Nr);
 }
 
 /* carve_scratch of every distinct mixer (ffn: 1) piece the model uses. */
@@ -868,30 +922,64 @@ double mt_model_flops_per_token(const struct mt_config *cfg)
 
 void ffn_norm_forward(struct mt_model *m, struct mt_layer *ly, float *x_out, int n)
 {
-    const int Nr = m->sp ? n / m->tp : n;
-    m->ops->rmsnorm_forward(ly->h_mlp_n, ly->rstd_mlp, ly->x_mid, ly->w.ln2->data, Nr, m->D, m->cfg.norm_eps);
-    m->ops->copy(x_out, ly->x_mid, (size_t)Nr * m->D * sizeof(float));
+    struct mt_piece_ctx pc;
+    model_piece_ctx(m, ly, &pc);
+    ffn_norm_fwd(&pc, x_out, n);
 }
 
 void ffn_norm_backward(struct mt_model *m, struct mt_layer *ly, const float *dhr)
 {
-    m->ops->rmsnorm_backward(m->dx, ly->w.ln2->grad, dhr, ly->x_mid, ly->w.ln2->data, ly->rstd_mlp, m->Nr, m->D, 1);
+    struct mt_piece_ctx pc;
+    model_piece_ctx(m, ly, &pc);
+    ffn_norm_bwd(&pc, dhr);
+}
+
+void ffn_norm_fwd(const struct mt_piece_ctx *pc, float *x_out, int n)
+{
+    const struct mt_layer *ly = pc->ly;
+    const int Nr = pc->tp.sp ? n / pc->tp.tp : n;
+    pc->ops->rmsnorm_forward(ly->h_mlp_n, ly->rstd_mlp, ly->x_mid, ly->w.ln2->data, Nr, pc->D, pc->norm_eps);
+    pc->ops->copy(x_out, ly->x_mid, (size_t)Nr * pc->D * sizeof(float));
+}
+
+void ffn_norm_bwd(const struct mt_piece_ctx *pc, const float *dhr)
+{
+    const struct mt_layer *ly = pc->ly;
+    pc->ops->rmsnorm_backward(pc->dx, ly->w.ln2->grad, dhr, ly->x_mid, ly->w.ln2->data, ly->rstd_mlp, pc->Nr, pc->D,
+                              1);
+}
+
+/* One piece's forward / backward: the narrow form when the piece has it. */
+static enum mt_status piece_forward(struct mt_ctx *ctx, struct mt_model *m, const struct mt_piece *p,
+                                    const struct mt_piece_ctx *pc, struct mt_piece_fwd *a)
+{
+    return p->forward_n ? p->forward_n(ctx, pc, a) : p->forward(ctx, m, pc->ly, a);
+}
+
+static enum mt_status piece_backward(struct mt_ctx *ctx, struct mt_model *m, const struct mt_piece *p,
+                                     const struct mt_piece_ctx *pc)
+{
+    return p->backward_n ? p->backward_n(ctx, pc) : p->backward(ctx, m, pc->ly);
 }
 
 enum mt_status model_block_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly,
                                    struct mt_piece_fwd *a)
 {
     const struct mt_block_kind *k = mt_blocks_kind(ly->kind);
-    MT_CHECK(k->mixer->forward(ctx, m, ly, a));
-    return k->ffn->forward(ctx, m, ly, a);
+    struct mt_piece_ctx pc;
+    model_piece_ctx(m, ly, &pc);
+    MT_CHECK(piece_forward(ctx, m, k->mixer, &pc, a));
+    return piece_forward(ctx, m, k->ffn, &pc, a);
 }
 
 /* Backward of one block: dx holds d x_out; on return d x_in. */
 static enum mt_status model_block_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly)
 {
     const struct mt_block_kind *k = mt_blocks_kind(ly->kind);
-    MT_CHECK(k->ffn->backward(ctx, m, ly));     /* dx: d x_out -> d x_mid */
-    return k->mixer->backward(ctx, m, ly);      /* dx: d x_mid -> d x_in  */
+    struct mt_piece_ctx pc;
+    model_piece_ctx(m, ly, &pc);
+    MT_CHECK(piece_backward(ctx, m, k->ffn, &pc));     /* dx: d x_out -> d x_mid */
+    return piece_backward(ctx, m, k->mixer, &pc);      /* dx: d x_mid -> d x_in  */
 }
 
 /* Arguments of a training forward over the microbatch's B x T rows. */

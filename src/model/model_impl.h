@@ -235,6 +235,38 @@ static inline void linear_backward(const struct mt_ops_i *ops, float *dx, float 
     if (dx) ops->gemm(0, 0, n, in, out, 1.0f, dy, out, w, in, beta_dx, dx, in);
 }
 
+/* ---- the narrow context of a piece (docs/architecture.md, "Block kinds") ----
+ * What a converted piece's carve / forward / backward may touch, instead of
+ * the whole struct mt_model: the ops table, the layer (its weights, params and
+ * saved activations), the dims it needs, the shared scratch, and the
+ * collective handle of its axis. model_piece_ctx builds one per layer call. */
+struct mt_tp_axis {              /* the model (TP / SP) axis                        */
+    struct mt_comm        *comm;     /* model group (tp > 1 only)                   */
+    struct mt_tp_stats    *stats;    /* accounting of the model's TP collectives    */
+    const struct mt_ops_i *ops;
+    int tp, sp;                      /* group size; 1: sequence parallel            */
+    int N, Nr, D;                    /* rows in a TP region, residual rows, width   */
+};
+struct mt_piece_ctx {
+    const struct mt_ops_i *ops;
+    struct mt_layer       *ly;       /* weights (ly->w), saved activations          */
+    int   N, Nr, D, F;               /* rows, residual rows, width, local dense hidden */
+    int   B, T;                      /* the microbatch (training: N = B*T)          */
+    int   H, K, hd, QD, KD;          /* local q / kv heads, head dim, H*hd, K*hd    */
+    const float *rope_cos, *rope_sin; /* (T, hd/2) training RoPE tables             */
+    float norm_eps;
+    int   recompute, lora;           /* cfg recompute=block; LoRA adapters on       */
+    /* shared WORKSPACE scratch (see struct mt_model) */
+    float *dx, *dh, *s_full, *s_red;
+    float *s_act, *s_dact, *s_dg, *s_du, *s_lora, *s_dlora;
+    float *datt, *dq, *dk, *dk2, *dv;  /* attention's declared scratch (its carve_scratch) */
+    const struct mt_mamba3_dims *mdims; /* M blocks: the mixer's dims                 */
+    struct mt_mamba3_scratch    *mb_s;  /* M blocks: declared backward scratch        */
+    struct mt_tp_axis tp;
+};
+/* model.c: the narrow context of layer ly (ly may be NULL: dims only). */
+void model_piece_ctx(struct mt_model *m, struct mt_layer *ly, struct mt_piece_ctx *pc);
+
 /* ---- lora.c: a projection with its adapters (docs/lora.md) ----
  * proj_forward: y = x W^T + beta y, plus (alpha/r) (x A^T) B^T when W has adapters.
  * proj_backward: dx = dy W + beta_dx dx (+ the adapter's path); dW += dy^T x
@@ -244,6 +276,11 @@ void proj_forward(struct mt_model *m, float *y, const float *x, const struct mt_
                   float beta);
 void proj_backward(struct mt_model *m, float *dx, float beta_dx, struct mt_param *w, const float *dy,
                    const float *x, int n, int in, int out);
+/* The same with the scratch passed (t, dt: (n, r) s_lora, s_dlora), for narrow callers. */
+void proj_fwd(const struct mt_ops_i *ops, float *t, float *y, const float *x, const struct mt_param *w, int n, int in,
+              int out, float beta);
+void proj_bwd(const struct mt_ops_i *ops, float *t, float *dt, float *dx, float beta_dx, struct mt_param *w,
+              const float *dy, const float *x, int n, int in, int out);
 
 /* ---- tp.c: the model axis (no-ops are never called: callers check m->tp > 1) ---- */
 enum mt_status tp_gather_rows(struct mt_ctx *ctx, struct mt_model *m, float *out, const float *in, int rows, int width);
@@ -252,17 +289,15 @@ enum mt_status tp_reduce_scatter_rows(struct mt_ctx *ctx, struct mt_model *m, fl
 enum mt_status tp_allreduce(struct mt_ctx *ctx, struct mt_model *m, float *buf, size_t n);
 enum mt_status tp_allreduce_f64(struct mt_ctx *ctx, struct mt_model *m, double *buf, size_t n);
 enum mt_status tp_exit_add(struct mt_ctx *ctx, struct mt_model *m, float *x, float *part, float *tmp);
+/* The same on an axis handle (narrow callers; the model's versions call these). */
+enum mt_status tpa_gather_rows(struct mt_ctx *ctx, const struct mt_tp_axis *a, float *out, const float *in, int rows,
+                               int width);
+enum mt_status tpa_reduce_scatter_rows(struct mt_ctx *ctx, const struct mt_tp_axis *a, float *out, const float *in,
+                                       int rows, int width);
+enum mt_status tpa_allreduce(struct mt_ctx *ctx, const struct mt_tp_axis *a, float *buf, size_t n);
+enum mt_status tpa_exit_add(struct mt_ctx *ctx, const struct mt_tp_axis *a, float *x, float *part, float *tmp);
 
 /* ---- layer files ---- */
-
-/* attention.c: x_mid = x_in + attn(rmsnorm(x_in)) Wo^T for N = B*T rows.
- * Training: kcache == NULL, positions 0..T-1 per sequence. Inference
- * (B == 1): k, v of the T new tokens are appended to kcache/vcache (t_max, K, hd)
- * at row pos0 and the queries attend over rows [0, pos0+T). */
-enum mt_status attention_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly, int B, int T, int pos0,
-                                 const float *cos_tab, const float *sin_tab, float *kcache, float *vcache);
-/* Reads dx (Nr, D) = d x_mid; ACCUMULATES d x_in into dx; param grads +=. */
-enum mt_status attention_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly);
 
 /* mlp.c: SwiGLU y = (silu(h Wg^T) * (h Wu^T)) Wd^T over n rows of width D, hidden F.
  * out = y (accumulate 0) or out += y (accumulate 1); g, u (n, F) saved; act (n, F) scratch. */
@@ -302,6 +337,10 @@ void ffn_norm_forward(struct mt_model *m, struct mt_layer *ly, float *x_out, int
 void ffn_norm_backward(struct mt_model *m, struct mt_layer *ly, const float *dhr);
 /* model.c: carve what every ffn piece saves first: x_mid's norm (h_mlp_n, rstd_mlp). */
 void ffn_norm_carve(struct mt_model *m, struct mt_carver *c, struct mt_layer *ly);
+/* The same three on a narrow context (pc->ly is the layer). */
+void ffn_norm_fwd(const struct mt_piece_ctx *pc, float *x_out, int n);
+void ffn_norm_bwd(const struct mt_piece_ctx *pc, const float *dhr);
+void ffn_norm_carve_pc(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly);
 /* model.c: offsetof-style bind value of a struct mt_layer_w field, for mt_pspec.bind. */
 #define MT_BIND(field) ((int)offsetof(struct mt_layer, w.field))
 

@@ -500,4 +500,7 @@ const struct mt_piece mt_piece_moe = {
     /* .forward               = */ moe_piece_forward,
     /* .backward              = */ moe_piece_backward,
     /* .undo_recompute        = */ moe_undo_recompute,
+    /* .carve_n               = */ NULL,
+    /* .forward_n             = */ NULL,
+    /* .backward_n            = */ NULL,
 };

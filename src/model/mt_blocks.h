@@ -127,6 +127,7 @@ struct mt_model;
 struct mt_layer;
 struct mt_ctx;
 struct mt_carver;
+struct mt_piece_ctx;
 
 /* Per-call arguments of a piece's forward (training and incremental decoding). */
 struct mt_piece_fwd {
@@ -139,9 +140,13 @@ struct mt_piece_fwd {
 };
 
 /*
- * A sub-layer. params, carve, forward and backward are required; the other
- * entries may be NULL where the piece has nothing of that sort (check,
- * FLOPs beyond its matmuls, scratch, undo_recompute).
+ * A sub-layer. params is required, and of each pair carve / carve_n,
+ * forward / forward_n, backward / backward_n exactly one: the _n entries
+ * take the narrow context (struct mt_piece_ctx, model_impl.h: ops, the
+ * layer, dims, shared scratch, the axis handle) instead of the whole model,
+ * and model.c prefers them. The other entries may be NULL where the piece
+ * has nothing of that sort (check, FLOPs beyond its matmuls, scratch,
+ * undo_recompute).
  */
 struct mt_piece {
     const char *name;                                     /* "attention", "mlp", "moe"            */
@@ -171,6 +176,10 @@ struct mt_piece {
     enum mt_status (*backward)(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly);
     /* recompute=block re-ran forward of layer l: undo its side effects (load histograms) */
     void   (*undo_recompute)(struct mt_model *m, struct mt_layer *ly, int l);
+    /* narrow forms of carve, forward, backward (same contracts); pc->ly == ly */
+    void   (*carve_n)(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly);
+    enum mt_status (*forward_n)(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a);
+    enum mt_status (*backward_n)(struct mt_ctx *ctx, const struct mt_piece_ctx *pc);
 };
 
 /* One pattern letter. */

@@ -16,62 +16,97 @@
 
 #include "../dist/mt_comm.h"
 
+/* The model's axis as a handle (the narrow pieces get the same from model_piece_ctx). */
+static struct mt_tp_axis axis_of(struct mt_model *m)
+{
+    struct mt_tp_axis a = {m->tp_comm, &m->tp_stats, m->ops, m->tp, m->sp, m->N, m->Nr, m->D};
+    return a;
+}
+
 /* Accounting: payload bytes (the full buffer each call covers) and time spent
  * in the call, which is exposed: TP collectives block the layer that needs them. */
-static enum mt_status account(struct mt_model *m, enum mt_tp_coll k, size_t bytes, double t0, enum mt_status rc)
+static enum mt_status account(const struct mt_tp_axis *a, enum mt_tp_coll k, size_t bytes, double t0,
+                              enum mt_status rc)
 {
-    m->tp_stats.bytes[k] += (double)bytes;
-    m->tp_stats.calls[k]++;
-    m->tp_stats.time_s += mt_time_sec() - t0;
+    a->stats->bytes[k] += (double)bytes;
+    a->stats->calls[k]++;
+    a->stats->time_s += mt_time_sec() - t0;
     return rc;
 }
 
-enum mt_status tp_gather_rows(struct mt_ctx *ctx, struct mt_model *m, float *out, const float *in, int rows, int width)
+enum mt_status tpa_gather_rows(struct mt_ctx *ctx, const struct mt_tp_axis *a, float *out, const float *in, int rows,
+                               int width)
 {
     double t0 = mt_time_sec();
     size_t n = (size_t)rows * (size_t)width;
-    return account(m, MT_TP_ALLGATHER, n * (size_t)m->tp * sizeof(float), t0,
-                   mt_comm_allgather(ctx, m->tp_comm, out, in, n, MT_DTYPE_F32));
+    return account(a, MT_TP_ALLGATHER, n * (size_t)a->tp * sizeof(float), t0,
+                   mt_comm_allgather(ctx, a->comm, out, in, n, MT_DTYPE_F32));
 }
 
-enum mt_status tp_reduce_scatter_rows(struct mt_ctx *ctx, struct mt_model *m, float *out, const float *in, int rows,
-                                      int width)
+enum mt_status tpa_reduce_scatter_rows(struct mt_ctx *ctx, const struct mt_tp_axis *a, float *out, const float *in,
+                                       int rows, int width)
 {
     double t0 = mt_time_sec();
     size_t n = (size_t)rows * (size_t)width;
-    return account(m, MT_TP_REDUCE_SCATTER, n * (size_t)m->tp * sizeof(float), t0,
-                   mt_comm_reduce_scatter(ctx, m->tp_comm, out, in, n, MT_DTYPE_F32));
+    return account(a, MT_TP_REDUCE_SCATTER, n * (size_t)a->tp * sizeof(float), t0,
+                   mt_comm_reduce_scatter(ctx, a->comm, out, in, n, MT_DTYPE_F32));
 }
 
-enum mt_status tp_allreduce(struct mt_ctx *ctx, struct mt_model *m, float *buf, size_t n)
+enum mt_status tpa_allreduce(struct mt_ctx *ctx, const struct mt_tp_axis *a, float *buf, size_t n)
 {
     double t0 = mt_time_sec();
-    return account(m, MT_TP_ALLREDUCE, n * sizeof(float), t0,
-                   mt_comm_allreduce(ctx, m->tp_comm, buf, n, MT_DTYPE_F32, MT_REDOP_SUM));
-}
-
-enum mt_status tp_allreduce_f64(struct mt_ctx *ctx, struct mt_model *m, double *buf, size_t n)
-{
-    double t0 = mt_time_sec();
-    return account(m, MT_TP_ALLREDUCE, n * sizeof(double), t0,
-                   mt_comm_allreduce(ctx, m->tp_comm_host, buf, n, MT_DTYPE_F64, MT_REDOP_SUM));
+    return account(a, MT_TP_ALLREDUCE, n * sizeof(float), t0,
+                   mt_comm_allreduce(ctx, a->comm, buf, n, MT_DTYPE_F32, MT_REDOP_SUM));
 }
 
 /* Leave a TP region: `part` (N, D) holds this rank's partial sum of the
  * region's output; add the full sum of this rank's residual rows into
  * x (Nr, D). SP: reduce-scatter; no SP: all-reduce. `part` is clobbered;
  * `tmp` (Nr, D) is scratch for the SP case. */
-enum mt_status tp_exit_add(struct mt_ctx *ctx, struct mt_model *m, float *x, float *part, float *tmp)
+enum mt_status tpa_exit_add(struct mt_ctx *ctx, const struct mt_tp_axis *a, float *x, float *part, float *tmp)
 {
-    const size_t D = (size_t)m->D;
-    if (m->sp) {
-        MT_CHECK(tp_reduce_scatter_rows(ctx, m, tmp, part, m->Nr, m->D));
-        m->ops->axpby(x, tmp, 1.0f, 1.0f, (size_t)m->Nr * D);
+    const size_t D = (size_t)a->D;
+    if (a->sp) {
+        MT_CHECK(tpa_reduce_scatter_rows(ctx, a, tmp, part, a->Nr, a->D));
+        a->ops->axpby(x, tmp, 1.0f, 1.0f, (size_t)a->Nr * D);
     } else {
-        MT_CHECK(tp_allreduce(ctx, m, part, (size_t)m->N * D));
-        m->ops->axpby(x, part, 1.0f, 1.0f, (size_t)m->N * D);
+        MT_CHECK(tpa_allreduce(ctx, a, part, (size_t)a->N * D));
+        a->ops->axpby(x, part, 1.0f, 1.0f, (size_t)a->N * D);
     }
     return MT_OK;
+}
+
+enum mt_status tp_gather_rows(struct mt_ctx *ctx, struct mt_model *m, float *out, const float *in, int rows, int width)
+{
+    struct mt_tp_axis a = axis_of(m);
+    return tpa_gather_rows(ctx, &a, out, in, rows, width);
+}
+
+enum mt_status tp_reduce_scatter_rows(struct mt_ctx *ctx, struct mt_model *m, float *out, const float *in, int rows,
+                                      int width)
+{
+    struct mt_tp_axis a = axis_of(m);
+    return tpa_reduce_scatter_rows(ctx, &a, out, in, rows, width);
+}
+
+enum mt_status tp_allreduce(struct mt_ctx *ctx, struct mt_model *m, float *buf, size_t n)
+{
+    struct mt_tp_axis a = axis_of(m);
+    return tpa_allreduce(ctx, &a, buf, n);
+}
+
+enum mt_status tp_allreduce_f64(struct mt_ctx *ctx, struct mt_model *m, double *buf, size_t n)
+{
+    struct mt_tp_axis a = axis_of(m);
+    double t0 = mt_time_sec();
+    return account(&a, MT_TP_ALLREDUCE, n * sizeof(double), t0,
+                   mt_comm_allreduce(ctx, m->tp_comm_host, buf, n, MT_DTYPE_F64, MT_REDOP_SUM));
+}
+
+enum mt_status tp_exit_add(struct mt_ctx *ctx, struct mt_model *m, float *x, float *part, float *tmp)
+{
+    struct mt_tp_axis a = axis_of(m);
+    return tpa_exit_add(ctx, &a, x, part, tmp);
 }
 
 void mt_model_tp_stats(const struct mt_model *m, struct mt_tp_stats *out) { *out = m->tp_stats; }

@@ -10,9 +10,12 @@
 
 /* ---- reduction group per tensor ---- */
 
+/* The expert class is read from the tensor's layout class (enum mt_layout);
+ * the partial rule still from reduce_model, which folds in SP (the mesh dims
+ * do not carry it). */
 enum mt_layout_engine mt_layout_param_engine(const struct mt_param *p, const struct mt_mesh_dims *d)
 {
-    if (d->ep > 1 && p->role == MT_ROLE_EXPERT) return MT_LAYOUT_ENGINE_EXPERT;
+    if (d->ep > 1 && p->layout == MT_LAYOUT_EXPERT) return MT_LAYOUT_ENGINE_EXPERT;
     if (d->tp > 1 && p->reduce_model) return MT_LAYOUT_ENGINE_PARTIAL;
     return MT_LAYOUT_ENGINE_DENSE;
 }
