@@ -1,7 +1,7 @@
 /*
  * lora.c — a projection with its low-rank adapter, the one place the LoRA
  * math lives (docs/lora.md). Every targeted projection of every piece goes
- * through proj_forward / proj_backward; a projection without adapters is
+ * through proj_fwd / proj_bwd; a projection without adapters is
  * exactly linear_forward / linear_backward (same GEMMs, same bits).
  *
  * Math, rows x (n, in), W (out, in), A (r, in), B (out, r), s = alpha / r:
@@ -23,18 +23,6 @@
  * (= or += by beta_dx, then += the adapter path); s_lora, s_dlora scratch.
  */
 #include "model_impl.h"
-
-void proj_forward(struct mt_model *m, float *y, const float *x, const struct mt_param *w, int n, int in, int out,
-                  float beta)
-{
-    proj_fwd(m->ops, m->s_lora, y, x, w, n, in, out, beta);
-}
-
-void proj_backward(struct mt_model *m, float *dx, float beta_dx, struct mt_param *w, const float *dy,
-                   const float *x, int n, int in, int out)
-{
-    proj_bwd(m->ops, m->s_lora, m->s_dlora, dx, beta_dx, w, dy, x, n, in, out);
-}
 
 void proj_fwd(const struct mt_ops_i *ops, float *t, float *y, const float *x, const struct mt_param *w, int n, int in,
               int out, float beta)

@@ -116,14 +116,7 @@ static enum mt_status mlp_piece_backward(struct mt_ctx *ctx, const struct mt_pie
     const struct mt_layer *ly = pc->ly;
     const int N = pc->N, D = pc->D;
     const struct mt_layer_w *w = &ly->w;
-    const float *dhr = pc->dh;   /* d h_mlp_n (Nr, D) */
-    if (pc->tp.tp == 1) {
-        swiglu_bwd(pc->ops, pc->s_lora, pc->s_dlora, pc->dh, 0, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du,
-                   pc->dx, ly->h_mlp, ly->mg, ly->mu, w->wg, w->wu, w->wd, N, D, pc->F);
-        ffn_norm_bwd(pc, dhr);
-        return MT_OK;
-    }
-    /* TP region: conjugate of the exit (SP: gather d rows), then of the entry */
+    /* the TP exit's conjugate: SP gathers the rows of d x_out; without SP dx is already whole */
     const float *dy = pc->dx;
     if (pc->tp.sp) {
         MT_CHECK(tpa_gather_rows(ctx, &pc->tp, pc->s_full, pc->dx, pc->Nr, D));
@@ -131,10 +124,12 @@ static enum mt_status mlp_piece_backward(struct mt_ctx *ctx, const struct mt_pie
     }
     swiglu_bwd(pc->ops, pc->s_lora, pc->s_dlora, pc->dh, 0, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du, dy,
                ly->h_mlp, ly->mg, ly->mu, w->wg, w->wu, w->wd, N, D, pc->F);
+    /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
+    const float *dhr = pc->dh;   /* d h_mlp_n (Nr, D) */
     if (pc->tp.sp) {
         MT_CHECK(tpa_reduce_scatter_rows(ctx, &pc->tp, pc->s_red, pc->dh, pc->Nr, D));
         dhr = pc->s_red;
-    } else {
+    } else if (pc->tp.tp > 1) {
         MT_CHECK(tpa_allreduce(ctx, &pc->tp, pc->dh, (size_t)N * D));
     }
     ffn_norm_bwd(pc, dhr);

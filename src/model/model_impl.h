@@ -268,34 +268,27 @@ struct mt_piece_ctx {
 void model_piece_ctx(struct mt_model *m, struct mt_layer *ly, struct mt_piece_ctx *pc);
 
 /* ---- lora.c: a projection with its adapters (docs/lora.md) ----
- * proj_forward: y = x W^T + beta y, plus (alpha/r) (x A^T) B^T when W has adapters.
- * proj_backward: dx = dy W + beta_dx dx (+ the adapter's path); dW += dy^T x
+ * proj_fwd: y = x W^T + beta y, plus (alpha/r) (x A^T) B^T when W has adapters.
+ * proj_bwd: dx = dy W + beta_dx dx (+ the adapter's path); dW += dy^T x
  * unless W is frozen; dA, dB +=. Shapes are W's local box: in = W->len[1],
- * out = W->len[0]; the adapters' boxes match by their layout rule. */
-void proj_forward(struct mt_model *m, float *y, const float *x, const struct mt_param *w, int n, int in, int out,
-                  float beta);
-void proj_backward(struct mt_model *m, float *dx, float beta_dx, struct mt_param *w, const float *dy,
-                   const float *x, int n, int in, int out);
-/* The same with the scratch passed (t, dt: (n, r) s_lora, s_dlora), for narrow callers. */
+ * out = W->len[0]; the adapters' boxes match by their layout rule.
+ * t, dt: (n, r) scratch (s_lora, s_dlora). */
 void proj_fwd(const struct mt_ops_i *ops, float *t, float *y, const float *x, const struct mt_param *w, int n, int in,
               int out, float beta);
 void proj_bwd(const struct mt_ops_i *ops, float *t, float *dt, float *dx, float beta_dx, struct mt_param *w,
               const float *dy, const float *x, int n, int in, int out);
 
-/* ---- tp.c: the model axis (no-ops are never called: callers check m->tp > 1) ---- */
-enum mt_status tp_gather_rows(struct mt_ctx *ctx, struct mt_model *m, float *out, const float *in, int rows, int width);
-enum mt_status tp_reduce_scatter_rows(struct mt_ctx *ctx, struct mt_model *m, float *out, const float *in, int rows,
-                                      int width);
-enum mt_status tp_allreduce(struct mt_ctx *ctx, struct mt_model *m, float *buf, size_t n);
-enum mt_status tp_allreduce_f64(struct mt_ctx *ctx, struct mt_model *m, double *buf, size_t n);
-enum mt_status tp_exit_add(struct mt_ctx *ctx, struct mt_model *m, float *x, float *part, float *tmp);
-/* The same on an axis handle (narrow callers; the model's versions call these). */
+/* ---- tp.c: the model axis (no-ops are never called: callers check m->tp > 1) ----
+ * The pieces call the tpa_ versions on their narrow context's axis; moe, still
+ * on the model signature, calls the two model-level ones. */
 enum mt_status tpa_gather_rows(struct mt_ctx *ctx, const struct mt_tp_axis *a, float *out, const float *in, int rows,
                                int width);
 enum mt_status tpa_reduce_scatter_rows(struct mt_ctx *ctx, const struct mt_tp_axis *a, float *out, const float *in,
                                        int rows, int width);
 enum mt_status tpa_allreduce(struct mt_ctx *ctx, const struct mt_tp_axis *a, float *buf, size_t n);
 enum mt_status tpa_exit_add(struct mt_ctx *ctx, const struct mt_tp_axis *a, float *x, float *part, float *tmp);
+enum mt_status tp_gather_rows(struct mt_ctx *ctx, struct mt_model *m, float *out, const float *in, int rows, int width);
+enum mt_status tp_allreduce_f64(struct mt_ctx *ctx, struct mt_model *m, double *buf, size_t n);
 
 /* ---- layer files ---- */
 

@@ -81,18 +81,15 @@ void moe_experts_forward(struct mt_model *m, struct mt_layer *ly, int n_groups, 
     const int D = m->D, Fe = m->Fe;
     struct group_set s;
     size_t row = 0;
-    int Mr[GROUP_CHUNK], ND[GROUP_CHUNK], NF[GROUP_CHUNK];
+    int ND[GROUP_CHUNK], NF[GROUP_CHUNK];   /* every group's D and Fe; its rows are s.rows */
     const float *a[GROUP_CHUNK], *b[GROUP_CHUNK];
     float *c[GROUP_CHUNK];
+    for (int i = 0; i < GROUP_CHUNK; i++) { ND[i] = D; NF[i] = Fe; }
+    const int *Mr = s.rows;
     for (int g = 0; g < n_groups;) {
         g = next_chunk(ly, n_groups, cnt, offsets, ee, g, &row, &s);
         if (s.n == 0) continue;
-        for (int i = 0; i < s.n; i++) {
-            Mr[i] = s.rows[i];
-            ND[i] = D;
-            NF[i] = Fe;
-            a[i] = x + s.r0[i] * D;
-        }
+        for (int i = 0; i < s.n; i++) a[i] = x + s.r0[i] * D;
         for (int i = 0; i < s.n; i++) { b[i] = s.w[i][0].data; c[i] = ly->eg + s.r0[i] * Fe; }
         grouped(ops, 0, 1, s.n, Mr, NF, ND, a, D, b, D, 0.0f, c, Fe);                /* gate */
         for (int i = 0; i < s.n; i++) { b[i] = s.w[i][1].data; c[i] = ly->eu + s.r0[i] * Fe; }
@@ -116,19 +113,17 @@ void moe_experts_backward(struct mt_model *m, struct mt_layer *ly, int n_groups,
     const int D = m->D, Fe = m->Fe;
     struct group_set s;
     size_t row = 0;
-    int Mr[GROUP_CHUNK], ND[GROUP_CHUNK], NF[GROUP_CHUNK];
+    int ND[GROUP_CHUNK], NF[GROUP_CHUNK];   /* every group's D and Fe; its rows are s.rows */
     const float *a[GROUP_CHUNK], *b[GROUP_CHUNK];
     float *c[GROUP_CHUNK];
+    for (int i = 0; i < GROUP_CHUNK; i++) { ND[i] = D; NF[i] = Fe; }
+    const int *Mr = s.rows;
     for (int g = 0; g < n_groups;) {
         g = next_chunk(ly, n_groups, cnt, offsets, ee, g, &row, &s);
         if (s.n == 0) continue;
-        for (int i = 0; i < s.n; i++) {
-            Mr[i] = s.rows[i];
-            ND[i] = D;
-            NF[i] = Fe;
+        for (int i = 0; i < s.n; i++)
             ops->swiglu_forward(m->s_act + s.r0[i] * Fe, ly->eg + s.r0[i] * Fe, ly->eu + s.r0[i] * Fe,
                                 (size_t)s.rows[i] * Fe);
-        }
         /* down: dWd (D, Fe) += dy^T act; dact (rows, Fe) = dy Wd */
         for (int i = 0; i < s.n; i++) {
             a[i] = dy + s.r0[i] * D;

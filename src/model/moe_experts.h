@@ -13,10 +13,9 @@ struct mt_model;
 struct mt_layer;
 
 /* 1: moe.c runs the experts through moe_experts_forward/backward; 0: its
- * per-expert mlp loop. Always 1 here. When LoRA lands (per-projection
- * adapters and frozen bases: proj_forward/proj_backward), this must return
- * 0 whenever an expert weight is frozen or carries adapters — the grouped
- * path computes plain base GEMMs and writes every dW. */
+ * per-expert mlp loop, which goes through proj_fwd/proj_bwd. 0 under LoRA
+ * (frozen expert weights, possibly with adapters): the grouped path
+ * computes plain base GEMMs and writes every dW. */
 int moe_experts_grouped(const struct mt_model *m);
 
 void moe_experts_forward(struct mt_model *m, struct mt_layer *ly, int n_groups, const int *cnt, int offsets, int ee,

@@ -82,31 +82,12 @@ enum mt_status tp_gather_rows(struct mt_ctx *ctx, struct mt_model *m, float *out
     return tpa_gather_rows(ctx, &a, out, in, rows, width);
 }
 
-enum mt_status tp_reduce_scatter_rows(struct mt_ctx *ctx, struct mt_model *m, float *out, const float *in, int rows,
-                                      int width)
-{
-    struct mt_tp_axis a = axis_of(m);
-    return tpa_reduce_scatter_rows(ctx, &a, out, in, rows, width);
-}
-
-enum mt_status tp_allreduce(struct mt_ctx *ctx, struct mt_model *m, float *buf, size_t n)
-{
-    struct mt_tp_axis a = axis_of(m);
-    return tpa_allreduce(ctx, &a, buf, n);
-}
-
 enum mt_status tp_allreduce_f64(struct mt_ctx *ctx, struct mt_model *m, double *buf, size_t n)
 {
     struct mt_tp_axis a = axis_of(m);
     double t0 = mt_time_sec();
     return account(&a, MT_TP_ALLREDUCE, n * sizeof(double), t0,
                    mt_comm_allreduce(ctx, m->tp_comm_host, buf, n, MT_DTYPE_F64, MT_REDOP_SUM));
-}
-
-enum mt_status tp_exit_add(struct mt_ctx *ctx, struct mt_model *m, float *x, float *part, float *tmp)
-{
-    struct mt_tp_axis a = axis_of(m);
-    return tpa_exit_add(ctx, &a, x, part, tmp);
 }
 
 void mt_model_tp_stats(const struct mt_model *m, struct mt_tp_stats *out) { *out = m->tp_stats; }
