@@ -127,13 +127,6 @@ static enum mt_status train_ckpt_dir(struct mt_ctx *ctx, const char *arg, char *
     return st;
 }
 
-static int has_file(const char *dir, const char *name)
-{
-    char p[4200];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
-    return access(p, F_OK) == 0;
-}
-
 /* Keys that set a tensor's shape: init-from may change any other key. */
 static const char *const shape_keys[] = {"vocab_size", "n_layer", "d_model", "n_head", "n_kv_head", "head_dim",
                                          "mlp_hidden", "pattern", "n_experts", "expert_hidden",
@@ -216,8 +209,8 @@ static int train_main(int argc, char **argv, int world, int rank)
     if (resume_arg || init_arg) {
         const char *arg = resume_arg ? resume_arg : init_arg;
         enum mt_status st;
-        if (init_arg && !has_file(arg, "manifest.json") && has_file(arg, "config.json") &&
-            has_file(arg, "model.safetensors")) {
+        if (init_arg && !mt_file_exists_in(arg, "manifest.json") && mt_file_exists_in(arg, "config.json") &&
+            mt_file_exists_in(arg, "model.safetensors")) {
             /* a Hugging Face folder: import it (this rank, a private temporary dir) */
             const char *td = getenv("TMPDIR");
             snprintf(hf_tmp, sizeof hf_tmp, "%s/meshtrain_init_XXXXXX", td && *td ? td : "/tmp");

@@ -87,6 +87,14 @@ int mt_file_is_regular(const char *path)
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+int mt_file_exists_in(const char *dir, const char *name)
+{
+    char p[PATH_MAX];
+    struct stat st;
+    if (snprintf(p, sizeof p, "%s/%s", dir, name) >= (int)sizeof p) return 0;
+    return stat(p, &st) == 0;
+}
+
 enum mt_status mt_file_read_text(struct mt_ctx *ctx, const char *path, size_t max_bytes, char **out)
 {
     *out = NULL;

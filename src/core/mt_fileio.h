@@ -34,6 +34,8 @@ int mt_file_rm_rf(const char *path);
 
 int mt_file_is_dir(const char *path);      /* 1: a directory (links followed)    */
 int mt_file_is_regular(const char *path);  /* 1: a regular file (links followed) */
+/* 1: dir/name exists, of any kind (links followed); 0 also for a path too long. */
+int mt_file_exists_in(const char *dir, const char *name);
 
 /* A whole regular file of at most max_bytes as a NUL-terminated string
  * (bucket OTHER, caller frees with mt_free). A directory, a device, a file

@@ -63,14 +63,6 @@ static int dir_is_empty(const char *path)
     return empty;
 }
 
-static int path_exists(const char *dir, const char *name)
-{
-    char p[PATH_MAX];
-    struct stat sb;
-    if (snprintf(p, sizeof p, "%s/%s", dir, name) >= (int)sizeof p) return 0;
-    return stat(p, &sb) == 0;
-}
-
 /* A float as the shortest decimal that reads back to the same float, as a
  * double (so JSON shows 0.01 and 1e-06, not 0.0099999998). */
 static double fnum(float f)
@@ -698,7 +690,7 @@ static enum mt_status check_out(struct mt_ctx *ctx, const char *out, const char 
     if (stat(out, &sb) != 0) return MT_OK;
     if (!S_ISDIR(sb.st_mode))
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "output %s exists and is not a directory", out);
-    if (force || dir_is_empty(out) || path_exists(out, marker)) return MT_OK;
+    if (force || dir_is_empty(out) || mt_file_exists_in(out, marker)) return MT_OK;
     return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "output %s exists and holds no %s: refusing to overwrite it "
                         "(use --force)", out, marker);
 }
@@ -842,7 +834,7 @@ enum mt_status mt_export_lora_adapter(struct mt_ctx *ctx, const char *ckpt_dir, 
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s is not a LoRA checkpoint (lora_rank=0): nothing to export "
                             "with --adapter", ckpt_dir);
     MT_CHECK(check_overlap(ctx, ckpt_dir, out_dir, "checkpoint"));
-    if (!force && access(out_dir, F_OK) == 0 && !dir_is_empty(out_dir) && !path_exists(out_dir, "adapter_config.json"))
+    if (!force && access(out_dir, F_OK) == 0 && !dir_is_empty(out_dir) && !mt_file_exists_in(out_dir, "adapter_config.json"))
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "output %s is not empty and is not a previous adapter export "
                             "(--force writes there)", out_dir);
     MT_CHECK(mt_ckpt_read_tensors(ctx, ckpt_dir, "params.bin", &ct, &nct));
@@ -1125,7 +1117,7 @@ enum mt_status mt_import_hf(struct mt_ctx *ctx, const char *hf_dir, const char *
     MT_CHECK(check_out(ctx, out_dir, "manifest.json", force));
 
     snprintf(path, sizeof path, "%s/model.safetensors", hf_dir);
-    if (access(path, F_OK) != 0 && path_exists(hf_dir, "model.safetensors.index.json"))
+    if (access(path, F_OK) != 0 && mt_file_exists_in(hf_dir, "model.safetensors.index.json"))
         return mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: sharded safetensors (model.safetensors.index.json) are not "
                             "supported; merge them into one model.safetensors", hf_dir);
     MT_CHECK(mt_safetensors_open(ctx, path, &sf));
