@@ -10,13 +10,7 @@
 #    "needs a value".
 set -u
 BUILD=${1:?usage: test_cli_messages.sh BUILD_DIR}
-MT="$BUILD/meshtrain"
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-export OMP_NUM_THREADS=1
-fails=0; passes=0
-ok()  { passes=$((passes+1)); echo "PASS $1"; }
-bad() { fails=$((fails+1)); echo "FAIL $1"; }
+. "$(dirname "$0")/cli_lib.sh"
 
 # refuse NAME REGEX CMD... : exit 2, exactly one stderr line matching REGEX, $W/out not created
 refuse() {
@@ -60,5 +54,4 @@ refuse "sample: an unknown last option is unknown" "^meshtrain sample: unknown o
 refuse "sample: a known option without value needs a value" "^meshtrain sample: --prompt needs a value" \
     "$MT" sample --ckpt "$W/none" --prompt
 
-echo "$passes passed, $fails failed"
-[ $fails -eq 0 ]
+finish

@@ -34,42 +34,19 @@
 #include <cjson/cJSON.h>
 
 #include "core/mt_config.h"
+#include "core/mt_fileio.h"
 #include "model/mt_model.h"
 #include "train/mt_ckpt.h"
 #include "train/mt_data.h"
 #include "train/mt_trainer.h"
 
-static int n_fail = 0;
-
-#define EXPECT(cond, ...)                                                         \
-    do {                                                                          \
-        if (!(cond)) {                                                            \
-            fprintf(stderr, "%s:%d: FAILED: %s: ", __FILE__, __LINE__, #cond);    \
-            fprintf(stderr, __VA_ARGS__);                                         \
-            fputc('\n', stderr);                                                  \
-            n_fail++;                                                             \
-        }                                                                         \
-    } while (0)
+#include "mt_test.h"
 
 #define V  64
 #define T  16
 #define G  4
 #define EVAL_BATCHES 3
 #define SOFTCAP 15.0
-
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) { free(s); s = NULL; }
-    if (s) s[n] = 0;
-    fclose(f);
-    return s;
-}
 
 /* The direct validation loss of the checkpoint in ckpt_dir (see the header). */
 static double direct_val_loss(struct mt_ctx *ctx, const char *ckpt_dir, const char *data_dir)
@@ -172,7 +149,8 @@ int main(void)
     EXPECT(st == MT_OK, "mt_train_run: %s", mt_ctx_last_error(&ctx));
 
     snprintf(path, sizeof path, "%s/receipt.json", out_dir);
-    char *text = slurp(path);
+    char *text = NULL;
+    mt_file_read_text(&ctx, path, (size_t)1 << 24, &text);
     cJSON *rc = text ? cJSON_Parse(text) : NULL;
     EXPECT(rc != NULL, "no receipt at %s", path);
     cJSON *vl = rc ? cJSON_GetObjectItem(rc, "val_losses") : NULL;
@@ -194,7 +172,7 @@ int main(void)
     }
     EXPECT(got[0] != got[1], "the two evaluations gave the same value %g (not re-evaluated?)", got[0]);
     cJSON_Delete(rc);
-    free(text);
+    mt_free(&ctx, text);
     mt_ctx_free(&ctx);
 
     char cmd[300];

@@ -16,17 +16,7 @@
 # Skips (exit 77, "SKIPPED (reason)") without mpirun or in a build without MPI.
 set -u
 BUILD=${1:?usage: test_eval_mesh.sh BUILD_DIR}
-MT="$BUILD/meshtrain"
-HERE=$(cd "$(dirname "$0")" && pwd)
-if ! command -v mpirun >/dev/null 2>&1; then echo "SKIPPED (no mpirun)"; exit 77; fi
-if [ -f "$BUILD/CMakeCache.txt" ] && ! grep -q '^MT_WITH_MPI:BOOL=ON' "$BUILD/CMakeCache.txt"; then
-    echo "SKIPPED (built without MPI)"; exit 77
-fi
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-export OMP_NUM_THREADS=1 OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1
-MPIRUN=(timeout 120 mpirun --oversubscribe --allow-run-as-root)
-fails=0; passes=0
+. "$(dirname "$0")/dist_lib.sh"
 
 mkdir -p "$W/data"
 python3 "$HERE/make_shard.py" "$W/data/train.bin" 20000 64 pattern >/dev/null
@@ -43,22 +33,15 @@ open(sys.argv[3], "wb").write(p[:h] + b"".join(tok))
 PY
 rm -f "$W/data/p.tmp" "$W/data/r.tmp"
 CFG="--set vocab_size=64 --set n_layer=2 --set d_model=32 --set n_head=4 --set n_kv_head=2 --set seq_len=16 --set batch_size=8 --set lr=0.01 --set warmup_steps=2 --set pattern=AE --set n_experts=4 --set top_k=2 --set expert_hidden=32 --set shared_expert_hidden=16 --set eval_every=2 --set eval_batches=3"
-COMMON="--peak-flops 1e11 --quiet --data $W/data --steps 4"
+COMMON="$CFG --peak-flops 1e11 --quiet --data $W/data --steps 4"
 
-# train NP OUT ARGS...: exit status of the run (1 rank: no mpirun)
-train() {
-    local np=$1 out=$2; shift 2
-    if [ "$np" = 1 ]; then "$MT" train $CFG "$@" $COMMON --out "$out" >"$out.log" 2>&1
-    else "${MPIRUN[@]}" -np "$np" "$MT" train $CFG "$@" $COMMON --out "$out" >"$out.log" 2>&1 </dev/null; fi
-}
-
-if ! train 1 "$W/ref"; then
+if ! run 1 "$W/ref"; then
     tail -5 "$W/ref.log"; echo "FAIL reference run"; exit 1
 fi
 while read -r np mesh zero extra; do
     o="$W/run_${mesh//[=,]/_}_z$zero"
     label="--mesh $mesh --zero $zero $extra"
-    if ! train "$np" "$o" --mesh "$mesh" --zero "$zero" $extra; then
+    if ! run "$np" "$o" --mesh "$mesh" --zero "$zero" $extra; then
         tail -5 "$o.log"; echo "FAIL $label: run exited non-zero"; fails=$((fails+1)); continue
     fi
     if python3 - "$W/ref/receipt.json" "$o/receipt.json" <<'PY'; then

@@ -10,20 +10,13 @@
 # (zero router: uniform probabilities, experts 0..k-1). No transformers needed;
 # numpy is (skipped, exit 77, without it).
 set -u
-B=${1:?build dir}
-MT="$B/meshtrain"
-HERE=$(cd "$(dirname "$0")" && pwd)
+BUILD=${1:?build dir}
 PY=""
 for p in python3 /usr/bin/python3; do
     if command -v "$p" >/dev/null && "$p" -c "import numpy" 2>/dev/null; then PY=$p; break; fi
 done
 [ -n "$PY" ] || { echo "SKIPPED (no numpy)"; exit 77; }
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-export OMP_NUM_THREADS=1
-fails=0; passes=0
-ok()  { passes=$((passes+1)); echo "PASS $1"; }
-bad() { fails=$((fails+1)); echo "FAIL $1"; }
+. "$(dirname "$0")/cli_lib.sh"
 
 python3 "$HERE/make_shard.py" "$W/train.bin" 20000 64 pattern >/dev/null
 TINY="--set vocab_size=64 --set n_layer=2 --set d_model=32 --set n_head=4 --set n_kv_head=2 --set seq_len=16 --set batch_size=4 --set warmup_steps=2 --set rope_theta=500"
@@ -122,5 +115,4 @@ $MT export --ckpt "$W/dense" --out "$W/toobig" --tokenizer "$W/tok.bin" >/dev/nu
 [ $rc = 2 ] && [ ! -e "$W/toobig" ] && ok "tokenizer larger than the model refused ($(cat "$W/err"))" ||
     bad "tokenizer larger than the model (rc $rc)"
 
-echo "$passes passed, $fails failed"
-[ $fails -eq 0 ]
+finish

@@ -10,28 +10,21 @@
 #   4. `export` writes the weights under their documented names with a
 #      config.json saying MeshtrainHybrid; `import` refuses that config (exit 2).
 set -u
-B=${1:?usage: test_hybrid.sh BUILD_DIR}
-MT=$B/meshtrain
-HERE=$(cd "$(dirname "$0")" && pwd)
-T=$(mktemp -d /tmp/mt_hybrid_XXXXXX)
-trap 'rm -rf "$T"' EXIT
-export OMP_NUM_THREADS=1
-fails=0; passes=0
-ok()  { passes=$((passes+1)); echo "PASS $1"; }
-bad() { fails=$((fails+1)); echo "FAIL $1"; }
+BUILD=${1:?usage: test_hybrid.sh BUILD_DIR}
+. "$(dirname "$0")/cli_lib.sh"
 
-python3 "$HERE/make_shard.py" "$T/train.bin" 20000 64 pattern
+python3 "$HERE/make_shard.py" "$W/train.bin" 20000 64 pattern
 HY="--set vocab_size=64 --set n_layer=4 --set d_model=32 --set n_head=4 --set n_kv_head=2 --set seq_len=16 --set batch_size=8 --set lr=0.01 --set pattern=AMEM --set n_experts=4 --set top_k=2 --set expert_hidden=32 --set mamba_d_state=8 --set mamba_headdim=16 --set mamba_ngroups=2 --set mamba_chunk=8"
-COMMON="--peak-flops 1e11 --quiet --data $T/train.bin"
+COMMON="--peak-flops 1e11 --quiet --data $W/train.bin"
 
 # ---- 1: bad input ----
 while IFS='|' read -r set expect; do
-    rm -rf "$T/bad"
-    "$MT" train $HY $COMMON --set $set --steps 2 --out "$T/bad" >/dev/null 2>"$T/bad.err"
+    rm -rf "$W/bad"
+    "$MT" train $HY $COMMON --set $set --steps 2 --out "$W/bad" >/dev/null 2>"$W/bad.err"
     rc=$?
-    if [ $rc -eq 2 ] && [ "$(wc -l <"$T/bad.err")" = 1 ] && grep -q -- "$expect" "$T/bad.err" && [ ! -e "$T/bad" ]; then
-        ok "bad input $set: exit 2, one line ($(cat "$T/bad.err"))"
-    else bad "bad input $set: rc=$rc"; cat "$T/bad.err"; fi
+    if [ $rc -eq 2 ] && [ "$(wc -l <"$W/bad.err")" = 1 ] && grep -q -- "$expect" "$W/bad.err" && [ ! -e "$W/bad" ]; then
+        ok "bad input $set: exit 2, one line ($(cat "$W/bad.err"))"
+    else bad "bad input $set: rc=$rc"; cat "$W/bad.err"; fi
 done <<'LIST'
 mamba_d_state=7|mamba_d_state must be even
 mamba_headdim=24|mamba_headdim must divide d_inner
@@ -41,7 +34,7 @@ mamba_chunk=0|'mamba_chunk': 0 is out of range
 LIST
 
 # ---- 2: training and its FLOPs ----
-if "$MT" train $HY $COMMON --steps 30 --out "$T/run" >"$T/run.log" 2>&1 && python3 - "$T/run/receipt.json" <<'PY'
+if "$MT" train $HY $COMMON --steps 30 --out "$W/run" >"$W/run.log" 2>&1 && python3 - "$W/run/receipt.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1])); L = r["losses"]
 assert L[-1] < 0.7 * L[0], (L[0], L[-1])
@@ -61,24 +54,24 @@ assert got == want and "per M layer" in r["timing"]["flops_convention"]
 assert r["timing"]["op_profile_s_per_step"]["scan"] > 0
 PY
 then ok "AMEM trains; receipt FLOPs per token = the table's (M scan included), scan in the op profile"
-else bad "AMEM training / FLOPs"; tail -5 "$T/run.log"; fi
+else bad "AMEM training / FLOPs"; tail -5 "$W/run.log"; fi
 
 # ---- 2b: resume: mamba_chunk is a speed knob (may change), mamba_d_state is the model (refused) ----
-if "$MT" train $HY $COMMON --set mamba_chunk=3 --steps 32 --resume "$T/run" --out "$T/res" >"$T/res.log" 2>&1 && \
-   python3 -c "import json,sys; r=json.load(open('$T/res/receipt.json')); sys.exit(not (len(r['losses']) == 2 and r['losses'][-1] < 1.0))"; then
+if "$MT" train $HY $COMMON --set mamba_chunk=3 --steps 32 --resume "$W/run" --out "$W/res" >"$W/res.log" 2>&1 && \
+   python3 -c "import json,sys; r=json.load(open('$W/res/receipt.json')); sys.exit(not (len(r['losses']) == 2 and r['losses'][-1] < 1.0))"; then
     ok "resume with another mamba_chunk continues (2 steps)"
-else bad "resume with another mamba_chunk"; tail -3 "$T/res.log"; fi
-"$MT" train $HY $COMMON --set mamba_d_state=4 --steps 32 --resume "$T/run" --out "$T/res2" >/dev/null 2>"$T/res2.err"; rc=$?
-if [ $rc -eq 2 ] && [ "$(wc -l <"$T/res2.err")" = 1 ] && [ ! -e "$T/res2" ]; then
-    ok "resume with another mamba_d_state refused ($(cat "$T/res2.err"))"
-else bad "resume with another mamba_d_state: rc=$rc"; cat "$T/res2.err"; fi
+else bad "resume with another mamba_chunk"; tail -3 "$W/res.log"; fi
+"$MT" train $HY $COMMON --set mamba_d_state=4 --steps 32 --resume "$W/run" --out "$W/res2" >/dev/null 2>"$W/res2.err"; rc=$?
+if [ $rc -eq 2 ] && [ "$(wc -l <"$W/res2.err")" = 1 ] && [ ! -e "$W/res2" ]; then
+    ok "resume with another mamba_d_state refused ($(cat "$W/res2.err"))"
+else bad "resume with another mamba_d_state: rc=$rc"; cat "$W/res2.err"; fi
 
 # ---- 3: greedy decoding == argmax of the full forward ----
 PROMPT="5,9,2,40"
-if "$MT" sample --ckpt "$T/run" --prompt-ids "$PROMPT" --tokens 11 --temperature 0 >"$T/sample.txt" 2>"$T/sample.err"; then
-    ids=$(tr ' ' ',' <"$T/sample.txt")
-    if "$MT" logits --ckpt "$T/run" --ids "$ids" --out "$T/lg.safetensors" >/dev/null 2>"$T/lg.err" && \
-       python3 - "$T/lg.safetensors" "$ids" 4 <<'PY'
+if "$MT" sample --ckpt "$W/run" --prompt-ids "$PROMPT" --tokens 11 --temperature 0 >"$W/sample.txt" 2>"$W/sample.err"; then
+    ids=$(tr ' ' ',' <"$W/sample.txt")
+    if "$MT" logits --ckpt "$W/run" --ids "$ids" --out "$W/lg.safetensors" >/dev/null 2>"$W/lg.err" && \
+       python3 - "$W/lg.safetensors" "$ids" 4 <<'PY'
 import json, struct, sys
 raw = open(sys.argv[1], "rb").read(); n = struct.unpack("<Q", raw[:8])[0]; h = json.loads(raw[8:8 + n])
 t = h["logits"]; rows, V = t["shape"]; a, b = t["data_offsets"]
@@ -93,12 +86,12 @@ for i in range(p - 1, len(ids) - 1):
 print("   generated %s: each is the argmax of the full forward" % ids[p:])
 PY
     then ok "greedy sample on AMEM == argmax of the full forward at every generated position"
-    else bad "greedy sample vs logits"; cat "$T/lg.err"; fi
-else bad "sample on a hybrid checkpoint"; cat "$T/sample.err"; fi
+    else bad "greedy sample vs logits"; cat "$W/lg.err"; fi
+else bad "sample on a hybrid checkpoint"; cat "$W/sample.err"; fi
 
 # ---- 4: export / import ----
-if "$MT" export --ckpt "$T/run" --out "$T/hf" >/dev/null 2>"$T/exp.err" && grep -q "MeshtrainHybrid" "$T/exp.err" && \
-   python3 - "$T/hf" <<'PY'
+if "$MT" export --ckpt "$W/run" --out "$W/hf" >/dev/null 2>"$W/exp.err" && grep -q "MeshtrainHybrid" "$W/exp.err" && \
+   python3 - "$W/hf" <<'PY'
 import json, struct, sys
 d = sys.argv[1]; c = json.load(open(d + "/config.json"))
 assert c["architectures"] == ["MeshtrainHybrid"] and c["model_type"] == "meshtrain_hybrid", c["architectures"]
@@ -117,11 +110,10 @@ assert "model.layers.0.self_attn.q_proj.weight" in h and "model.layers.2.mlp.exp
 print("   %d tensors, M layers under model.layers.{l}.mixer.*" % (len(h) - ("__metadata__" in h)))
 PY
 then ok "export writes the hybrid's weights under documented names, config.json says MeshtrainHybrid"
-else bad "hybrid export"; cat "$T/exp.err"; fi
-"$MT" import --hf "$T/hf" --out "$T/imp" >/dev/null 2>"$T/imp.err"; rc=$?
-if [ $rc -eq 2 ] && grep -q "meshtrain_hybrid is not supported" "$T/imp.err" && [ ! -e "$T/imp" ]; then
+else bad "hybrid export"; cat "$W/exp.err"; fi
+"$MT" import --hf "$W/hf" --out "$W/imp" >/dev/null 2>"$W/imp.err"; rc=$?
+if [ $rc -eq 2 ] && grep -q "meshtrain_hybrid is not supported" "$W/imp.err" && [ ! -e "$W/imp" ]; then
     ok "import of a MeshtrainHybrid export is refused (exit 2, nothing written)"
-else bad "import of a hybrid export: rc=$rc"; cat "$T/imp.err"; fi
+else bad "import of a hybrid export: rc=$rc"; cat "$W/imp.err"; fi
 
-echo "$passes passed, $fails failed"
-[ $fails -eq 0 ]
+finish

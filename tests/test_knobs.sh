@@ -14,15 +14,8 @@
 #      are refused (exit 2) with a message naming both 80GiB and 80GB.
 set -u
 BUILD=${1:?build dir}
-MT="$BUILD/meshtrain"
-HERE=$(cd "$(dirname "$0")" && pwd)
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-fails=0; passes=0
-ok()   { passes=$((passes+1)); echo "PASS $1"; }
-bad()  { fails=$((fails+1)); echo "FAIL $1"; }
+. "$(dirname "$0")/cli_lib.sh"
 if [ ! -x "$MT" ]; then echo "FAIL: $MT not built"; exit 1; fi
-export OMP_NUM_THREADS=1
 unset MT_ZERO_OVERLAP MT_FAULT MT_TEST_FORCE_ROUTING MT_CUDA_PRECISION
 python3 "$HERE/make_shard.py" "$W/train.bin" 4000 64 pattern >/dev/null
 TINY="--set vocab_size=64 --set n_layer=2 --set d_model=32 --set n_head=4 --set n_kv_head=2 --set seq_len=16 --set batch_size=4 --peak-flops 1e11 --quiet --data $W/train.bin --steps 2"

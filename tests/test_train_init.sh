@@ -5,15 +5,8 @@
 # refused (exit 2); --init-from loads weights only (step 0, fresh optimizer),
 # from a checkpoint or from a Hugging Face folder, with the same result.
 set -u
-B=${1:?build dir}
-MT="$B/meshtrain"
-HERE=$(cd "$(dirname "$0")" && pwd)
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-export OMP_NUM_THREADS=1
-fails=0; passes=0
-ok()  { passes=$((passes+1)); echo "PASS $1"; }
-bad() { fails=$((fails+1)); echo "FAIL $1"; }
+BUILD=${1:?build dir}
+. "$(dirname "$0")/cli_lib.sh"
 P="--peak-flops 1e11 --quiet"
 python3 "$HERE/make_shard.py" "$W/train.bin" 20000 64 pattern >/dev/null
 cat > "$W/tiny.json" <<'J'
@@ -85,5 +78,4 @@ for args in "--init-from $W/full --set d_model=64" "--init-from $W/full --resume
         bad "bad: $args (rc $rc: $(cat "$W/err"))"
 done
 
-echo "$passes passed, $fails failed"
-[ $fails -eq 0 ]
+finish

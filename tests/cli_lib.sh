@@ -1,0 +1,13 @@
+# cli_lib.sh — shared by the one-rank CLI test scripts (sourced, not run): the
+# binary, a scratch dir removed on exit, one OpenMP thread, PASS/FAIL counters.
+# Callers set BUILD before sourcing and end with `finish`. (The MPI scripts
+# source dist_lib.sh, which sets up the same and the mpirun helpers.)
+MT="$BUILD/meshtrain"
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+export OMP_NUM_THREADS=1
+fails=0; passes=0
+ok()  { passes=$((passes+1)); echo "PASS $1"; }
+bad() { fails=$((fails+1)); echo "FAIL $1"; }
+finish() { echo "$passes passed, $fails failed"; [ $fails -eq 0 ]; }
