@@ -160,6 +160,7 @@ enum mt_status mt_train_setup_local(struct mt_ctx *ctx, struct mt_config *cfg, c
     }
     /* the startup contract, before any allocation; identical on every rank */
     MT_CHECK(mt_mesh_check_contract(ctx, dims, cfg, world, cfg->microbatches));
+    mt_mesh_dims_set_sp(dims, cfg);   /* the layout rules read it */
     /* the pipeline cut, by hand (--pp-layers) or balanced by cost; before any allocation */
     MT_CHECK(mt_layout_pipeline_cut(ctx, cfg, dims->pp, opts->pp_layers, rs->first_layer));
 
