@@ -27,7 +27,7 @@ static void train_usage(FILE *f)
     fprintf(f,
             "usage: meshtrain train --data PATH --out DIR [options]\n\n"
             "options:\n"
-            "  --config FILE        JSON config (keys below)                      default: none\n"
+            "  --config FILE        JSON config (keys below; a \"knobs\" object sets knobs)  default: none\n"
             "  --set KEY=VALUE      override one config key (repeatable)\n"
             "  --data PATH          token shards: a file, a directory or a glob   (required)\n"
             "  --val-data PATH      validation shards      default: the *val* files of a --data dir\n"
@@ -50,7 +50,8 @@ static void train_usage(FILE *f)
             "  --knob NAME=VALUE    set a runtime tunable (repeatable; echoed in the receipt's \"knobs\")\n"
             "  --quiet              no progress output (the step-0 mesh trace line stays: SPEC.md section 2\n"
             "                       makes it part of every run, and the distributed tests read it)\n\n"
-            "knobs (--knob; each also read from its environment alias; TEST HOOKs are for the test suite):\n");
+            "knobs (precedence: --knob, then the config's \"knobs\": {\"NAME\": VALUE}, then the environment\n"
+            "alias, then the default; TEST HOOKs are for the test suite):\n");
     char kh[2048];
     mt_knobs_help(kh, sizeof kh);
     fputs(kh, f);
@@ -177,7 +178,7 @@ static int train_main(int argc, char **argv, int world, int rank)
     struct mt_ctx ctx;
     mt_ctx_init(&ctx);
     ctx.rank = rank;
-    struct mt_knobs knobs;   /* the tunables: defaults, env aliases, then --knob */
+    struct mt_knobs knobs;   /* the tunables: defaults, env aliases, then --config's "knobs", then --knob */
     mt_knobs_init(&knobs);
     ctx.knobs = &knobs;
     struct mt_config cfg;
@@ -265,7 +266,7 @@ static int train_args(struct mt_ctx *ctx, struct mt_knobs *knobs, struct mt_conf
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--config")) {
             if (i + 1 >= argc) { fprintf(stderr, "meshtrain train: --config needs a file\n"); return 2; }
-            if (mt_config_load_file(ctx, cfg, argv[i + 1]) != MT_OK) {
+            if (mt_config_load_file_knobs(ctx, cfg, knobs, argv[i + 1]) != MT_OK) {
                 fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(ctx));
                 return 2;
             }

@@ -19,6 +19,7 @@
  */
 #define _GNU_SOURCE
 #include "mt_config.h"
+#include "mt_knobs.h"
 #include "../model/mt_blocks.h"   /* pattern letters: the block-kind table */
 
 #include <cjson/cJSON.h>
@@ -345,6 +346,12 @@ static enum mt_status json_where(struct mt_ctx *ctx, const char *text, const cha
  * every key was accepted. */
 enum mt_status mt_config_apply_json(struct mt_ctx *ctx, struct mt_config *cfg, const char *json_text)
 {
+    return mt_config_apply_json_knobs(ctx, cfg, NULL, json_text);
+}
+
+enum mt_status mt_config_apply_json_knobs(struct mt_ctx *ctx, struct mt_config *cfg, struct mt_knobs *knobs,
+                                          const char *json_text)
+{
     if (!json_text) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "config: no JSON text");
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithOpts(json_text, &end, 0);
@@ -354,6 +361,9 @@ enum mt_status mt_config_apply_json(struct mt_ctx *ctx, struct mt_config *cfg, c
     }
     enum mt_status rc = MT_OK;
     struct mt_config tmp = *cfg;
+    struct mt_knobs ktmp;   /* knobs too are all or nothing (checked even when not kept) */
+    if (knobs) ktmp = *knobs;
+    else mt_knobs_init(&ktmp);
     /* one object and nothing after it but white space: cJSON stops at the
      * end of the first value and would ignore the rest */
     while (end && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')) end++;
@@ -366,8 +376,9 @@ enum mt_status mt_config_apply_json(struct mt_ctx *ctx, struct mt_config *cfg, c
         goto done;
     }
     for (const cJSON *it = root->child; it; it = it->next) {
-        const struct key *k = find_key(it->string, strlen(it->string));
-        if (!k) {
+        const int is_knobs = !strcmp(it->string, "knobs");
+        const struct key *k = is_knobs ? NULL : find_key(it->string, strlen(it->string));
+        if (!k && !is_knobs) {
             rc = unknown_key(ctx, it->string, strlen(it->string));
             goto done;
         }
@@ -377,15 +388,23 @@ enum mt_status mt_config_apply_json(struct mt_ctx *ctx, struct mt_config *cfg, c
                 rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "config: duplicate config key '%s'", it->string);
                 goto done;
             }
-        MT_CHECK_GOTO(set_json(ctx, &tmp, k, it), rc, done);
+        if (is_knobs) MT_CHECK_GOTO(mt_knobs_apply_json(ctx, &ktmp, it), rc, done);
+        else MT_CHECK_GOTO(set_json(ctx, &tmp, k, it), rc, done);
     }
     *cfg = tmp;
+    if (knobs) *knobs = ktmp;
 done:
     cJSON_Delete(root);
     return rc;
 }
 
 enum mt_status mt_config_load_file(struct mt_ctx *ctx, struct mt_config *cfg, const char *path)
+{
+    return mt_config_load_file_knobs(ctx, cfg, NULL, path);
+}
+
+enum mt_status mt_config_load_file_knobs(struct mt_ctx *ctx, struct mt_config *cfg, struct mt_knobs *knobs,
+                                         const char *path)
 {
     FILE *f = fopen(path, "rb");
     if (!f) return mt_ctx_error(ctx, MT_ERR_IO, "cannot open config file '%s'", path);
@@ -417,7 +436,7 @@ enum mt_status mt_config_load_file(struct mt_ctx *ctx, struct mt_config *cfg, co
     const char *nul = memchr(buf, '\0', len);
     enum mt_status rc = nul ? mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "config: NUL byte at offset %zu (not a text file?)",
                                            (size_t)(nul - buf))
-                            : mt_config_apply_json(ctx, cfg, buf);
+                            : mt_config_apply_json_knobs(ctx, cfg, knobs, buf);
     free(buf);
     if (rc != MT_OK) {
         /* prefix the file name, keeping the key-naming message */
