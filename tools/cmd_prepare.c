@@ -137,18 +137,7 @@ static enum mt_status commit(struct mt_ctx *ctx, const char *dir, const struct s
 
 static enum mt_status write_text(struct mt_ctx *ctx, const char *path, const char *text)
 {
-    char tmp[4300];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= sizeof tmp)
-        return mt_ctx_error(ctx, MT_ERR_IO, "path too long: %s", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return mt_ctx_error(ctx, MT_ERR_IO, "cannot write %s: %s", path, strerror(errno));
-    int bad = fputs(text, f) < 0;
-    bad |= fclose(f) != 0;
-    if (bad || rename(tmp, path) != 0) {
-        unlink(tmp);
-        return mt_ctx_error(ctx, MT_ERR_IO, "cannot write %s: %s", path, strerror(errno));
-    }
-    return MT_OK;
+    return mt_file_write_atomic(ctx, path, text, strlen(text), 0, MT_ERR_IO);
 }
 
 static void hex64(char *out, uint64_t v) { snprintf(out, 17, "%016llx", (unsigned long long)v); }

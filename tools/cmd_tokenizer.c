@@ -20,6 +20,7 @@
 #include <unistd.h>
 #include "cmd.h"
 #include "tok/mt_tok.h"
+#include "core/mt_fileio.h"
 
 #define MAX_INPUTS 4096
 
@@ -77,30 +78,23 @@ static enum mt_status read_all(struct mt_ctx *ctx, const char *path, uint8_t **b
     return MT_OK;
 }
 
-/* Open the output: stdout, or a temporary next to path (renamed by finish_out). */
-static FILE *open_out(struct mt_ctx *ctx, const char *path, char *tmp, size_t tmp_len)
+/* Open the output: stdout, or an atomic replace of path (mt_file_atomic,
+ * committed by finish_out). */
+static FILE *open_out(struct mt_ctx *ctx, const char *path, struct mt_file_atomic *a)
 {
     if (!path) return stdout;
-    snprintf(tmp, tmp_len, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f) mt_ctx_error(ctx, MT_ERR_IO, "cannot write %s: %s", path, strerror(errno));
-    return f;
+    return mt_file_atomic_open(ctx, a, path, 0, MT_ERR_IO) == MT_OK ? a->f : NULL;
 }
 
-static enum mt_status finish_out(struct mt_ctx *ctx, FILE *f, const char *path, const char *tmp, int ok)
+/* ok = 0: the command failed, the file is left as it was. */
+static enum mt_status finish_out(struct mt_ctx *ctx, const char *path, struct mt_file_atomic *a, int ok)
 {
     if (!path) {
         if (fflush(stdout) != 0) return mt_ctx_error(ctx, MT_ERR_IO, "cannot write stdout: %s", strerror(errno));
         return MT_OK;
     }
-    int bad = fflush(f) != 0;
-    bad |= fclose(f) != 0;
-    if (!ok) { remove(tmp); return MT_OK; }
-    if (bad || rename(tmp, path) != 0) {
-        remove(tmp);
-        return mt_ctx_error(ctx, MT_ERR_IO, "cannot write %s: %s", path, strerror(errno));
-    }
-    return MT_OK;
+    if (!ok) { mt_file_atomic_discard(a); return MT_OK; }
+    return mt_file_atomic_commit(ctx, a, 1);
 }
 
 static int cmd_train(int argc, char **argv)
@@ -200,14 +194,14 @@ static int cmd_codec(int argc, char **argv, int encode)
     size_t n = 0;
     struct mt_tok_ids ids = {0};
     FILE *f = NULL;
-    char tmp[4096];
+    struct mt_file_atomic atom;
     enum mt_status rc;
     MT_CHECK_GOTO(mt_tok_load(&ctx, tok_path, &tok), rc, done);
     MT_CHECK_GOTO(read_all(&ctx, in, &text, &n), rc, done);
     if (encode) {
         struct mt_tok_ids body = {0};
         MT_CHECK_GOTO(mt_tok_encode(&ctx, tok, text, n, &body), rc, done);
-        f = open_out(&ctx, out, tmp, sizeof tmp);
+        f = open_out(&ctx, out, &atom);
         if (!f) { mt_tok_ids_free(&ctx, &body); rc = MT_ERR_IO; goto done; }
         if (bos) fprintf(f, "%d%s", mt_tok_bos_id(tok), body.n ? " " : "");
         for (size_t i = 0; i < body.n; i++) fprintf(f, i ? " %u" : "%u", body.ids[i]);
@@ -241,14 +235,14 @@ static int cmd_codec(int argc, char **argv, int encode)
         }
         size_t m;
         MT_CHECK_GOTO(mt_tok_decode(&ctx, tok, ids.ids, ids.n, &dec, &m), rc, done);
-        f = open_out(&ctx, out, tmp, sizeof tmp);
+        f = open_out(&ctx, out, &atom);
         if (!f) { rc = MT_ERR_IO; goto done; }
         fwrite(dec, 1, m, f);
     }
-    rc = finish_out(&ctx, f, out, tmp, 1);
+    rc = finish_out(&ctx, out, &atom, 1);
     f = NULL;
 done:
-    if (f) finish_out(&ctx, f, out, tmp, 0);
+    if (f) finish_out(&ctx, out, &atom, 0);
     mt_free(&ctx, ids.ids);
     mt_free(&ctx, dec);
     free(text);

@@ -342,6 +342,27 @@ static enum mt_status json_where(struct mt_ctx *ctx, const char *text, const cha
                         line, col, off, near);
 }
 
+/* The config's "knobs" object: each member a knob name, its value a bool,
+ * number or string (mt_knobs_set_from, source CONFIG). Here and not in
+ * knobs.c so that the knobs table needs no JSON library (comm_nccl.c reads
+ * it in archives linked without cJSON). */
+static enum mt_status apply_knobs(struct mt_ctx *ctx, struct mt_knobs *k, const cJSON *obj)
+{
+    if (!cJSON_IsObject(obj))
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "config knobs: expected an object of NAME: VALUE");
+    for (const cJSON *it = obj->child; it; it = it->next) {
+        char v[MT_KNOB_VALUE_LEN + 1];
+        if (cJSON_IsBool(it)) snprintf(v, sizeof v, "%d", cJSON_IsTrue(it) ? 1 : 0);
+        else if (cJSON_IsNumber(it)) snprintf(v, sizeof v, "%.17g", it->valuedouble);
+        else if (cJSON_IsString(it)) snprintf(v, sizeof v, "%s", it->valuestring);
+        else
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "config knobs.%s: expected a bool, number or string",
+                                it->string);
+        MT_CHECK(mt_knobs_set_from(ctx, k, it->string, strlen(it->string), v, MT_KNOB_CONFIG));
+    }
+    return MT_OK;
+}
+
 /* All-or-nothing: the keys are applied to a copy, which replaces *cfg only if
  * every key was accepted. */
 enum mt_status mt_config_apply_json(struct mt_ctx *ctx, struct mt_config *cfg, const char *json_text)
@@ -388,7 +409,7 @@ enum mt_status mt_config_apply_json_knobs(struct mt_ctx *ctx, struct mt_config *
                 rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "config: duplicate config key '%s'", it->string);
                 goto done;
             }
-        if (is_knobs) MT_CHECK_GOTO(mt_knobs_apply_json(ctx, &ktmp, it), rc, done);
+        if (is_knobs) MT_CHECK_GOTO(apply_knobs(ctx, &ktmp, it), rc, done);
         else MT_CHECK_GOTO(set_json(ctx, &tmp, k, it), rc, done);
     }
     *cfg = tmp;

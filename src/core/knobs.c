@@ -3,7 +3,6 @@
  */
 #include "mt_knobs.h"
 
-#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -114,23 +113,6 @@ enum mt_status mt_knobs_set(struct mt_ctx *ctx, struct mt_knobs *k, const char *
     }
     size_t nl = eq ? (size_t)(eq - arg) : strlen(arg);
     return mt_knobs_set_from(ctx, k, arg, nl, eq ? eq + 1 : "", MT_KNOB_CLI);
-}
-
-enum mt_status mt_knobs_apply_json(struct mt_ctx *ctx, struct mt_knobs *k, const struct cJSON *obj)
-{
-    if (!cJSON_IsObject(obj))
-        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "config knobs: expected an object of NAME: VALUE");
-    for (const cJSON *it = obj->child; it; it = it->next) {
-        char v[MT_KNOB_VALUE_LEN + 1];
-        if (cJSON_IsBool(it)) snprintf(v, sizeof v, "%d", cJSON_IsTrue(it) ? 1 : 0);
-        else if (cJSON_IsNumber(it)) snprintf(v, sizeof v, "%.17g", it->valuedouble);
-        else if (cJSON_IsString(it)) snprintf(v, sizeof v, "%s", it->valuestring);
-        else
-            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "config knobs.%s: expected a bool, number or string",
-                                it->string);
-        MT_CHECK(mt_knobs_set_from(ctx, k, it->string, strlen(it->string), v, MT_KNOB_CONFIG));
-    }
-    return MT_OK;
 }
 
 const char *mt_knob_str(const struct mt_ctx *ctx, enum mt_knob_id id)

@@ -6,7 +6,7 @@
  * environment variable kept as an alias, the file that reads it, and
  * whether it is a test-only hook. A value comes from (highest first) the
  * command line (`meshtrain train --knob NAME=VALUE`), the config file's
- * "knobs" object (`{"knobs": {"zero_overlap": 0}}`, mt_knobs_apply_json),
+ * "knobs" object (`{"knobs": {"zero_overlap": 0}}`, read by config.c),
  * its environment alias, the default: a lower source never overrides a
  * higher one, whatever the order they are applied in. Library code reads a knob through the context it is given
  * (mt_knob_str / mt_knob_int), never getenv; a context without a knob set
@@ -75,11 +75,6 @@ enum mt_status mt_knobs_set(struct mt_ctx *ctx, struct mt_knobs *k, const char *
  * stored only when no higher source set it already. */
 enum mt_status mt_knobs_set_from(struct mt_ctx *ctx, struct mt_knobs *k, const char *name, size_t name_len,
                                  const char *value, enum mt_knob_source source);
-/* The config file's "knobs" object (a cJSON object): each member a knob
- * name, its value a bool, number or string; source CONFIG. An unknown name
- * or a bad value -> MT_ERR_INVALID_ARG naming it ("config knobs: ..."). */
-struct cJSON;
-enum mt_status mt_knobs_apply_json(struct mt_ctx *ctx, struct mt_knobs *k, const struct cJSON *obj);
 
 /* The value in force for ctx (ctx->knobs, else the alias, else the default). */
 const char *mt_knob_str(const struct mt_ctx *ctx, enum mt_knob_id id);
