@@ -88,17 +88,11 @@ static void watchdog_expired(void)
     _exit(1);
 }
 
-/* The options that take a value: an unknown option is reported as unknown,
- * not as "needs a value", even when it is the last argument. */
-static int train_option_takes_value(const char *a)
-{
-    static const char *const opts[] = {"--config", "--set",   "--backend",   "--data",  "--val-data",
-                                        "--out",    "--resume", "--init-from", "--mesh",  "--pp-layers",
-                                        "--steps",  "--zero",   "--peak-flops", "--knob", "--lora"};
-    for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++)
-        if (!strcmp(a, opts[k])) return 1;
-    return 0;
-}
+/* The options that take a value (mt_cmd_option). */
+static const char *const train_valued[] = {"--config", "--set",   "--backend",   "--data",  "--val-data",
+                                           "--out",    "--resume", "--init-from", "--mesh",  "--pp-layers",
+                                           "--steps",  "--zero",   "--peak-flops", "--knob", "--lora", NULL};
+static const char *const train_flags[] = {"--quiet", NULL};
 
 /* Under mpirun: MPI up first (every rank parses the same flags and fails the
  * same way on bad input: one line, exit 2, no collective entered). A failure
@@ -194,7 +188,9 @@ static int train_main(int argc, char **argv, int world, int rank)
     }
     opts.command_line = cmdline;
 
-    /* --resume / --init-from: the checkpoint's config is the base */
+    /* --resume / --init-from: the checkpoint's config is the base, so they
+     * are read here, before train_args applies --config and --set on top
+     * (the one place they are read; train_args only steps over them) */
     const char *resume_arg = NULL, *init_arg = NULL;
     for (int i = 1; i + 1 < argc; i++) {
         if (!strcmp(argv[i], "--resume")) resume_arg = argv[i + 1];
@@ -276,9 +272,9 @@ static int train_args(struct mt_ctx *ctx, struct mt_knobs *knobs, struct mt_conf
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { train_usage(stdout); return 0; }
-        if (!strcmp(a, "--quiet")) { opts->quiet = 1; continue; }
-        if (!train_option_takes_value(a)) { fprintf(stderr, "meshtrain train: unknown option '%s' (see --help)\n", a); return 2; }
-        if (!v) { fprintf(stderr, "meshtrain train: %s needs a value (see --help)\n", a); return 2; }
+        const int kind = mt_cmd_option("train", train_flags, train_valued, argc, argv, i);
+        if (kind < 0) return 2;
+        if (kind == 0) { opts->quiet = 1; continue; }   /* --quiet */
         char *end = NULL;
         if (!strcmp(a, "--config")) { /* done above */ }
         else if (!strcmp(a, "--set")) {
@@ -331,8 +327,7 @@ static int train_args(struct mt_ctx *ctx, struct mt_knobs *knobs, struct mt_conf
         else if (!strcmp(a, "--data")) opts->data_path = v;
         else if (!strcmp(a, "--val-data")) opts->val_path = v;
         else if (!strcmp(a, "--out")) opts->out_dir = v;
-        else if (!strcmp(a, "--resume")) opts->resume = v;
-        else if (!strcmp(a, "--init-from")) opts->init_from = v;
+        else if (!strcmp(a, "--resume") || !strcmp(a, "--init-from")) { /* train_main's base scan */ }
         else if (!strcmp(a, "--mesh")) opts->mesh = v;
         else if (!strcmp(a, "--pp-layers")) opts->pp_layers = v;
         else if (!strcmp(a, "--steps") || !strcmp(a, "--zero")) {
@@ -351,7 +346,6 @@ static int train_args(struct mt_ctx *ctx, struct mt_knobs *knobs, struct mt_conf
                 return 2;
             }
         }
-        else { fprintf(stderr, "meshtrain train: unknown option '%s' (see --help)\n", a); return 2; }
         i++;
     }
     return -1;
