@@ -583,18 +583,10 @@ void mt_config_print_help(void *file)
         if (!(cond)) return mt_ctx_error(ctx, MT_ERR_CONFIG, __VA_ARGS__); \
     } while (0)
 
-/*
- * Derivations:
- *   head_dim      = D / H                          (D % H must be 0)
- *   mlp_hidden    = 64 * ceil(ceil(8D/3) / 64)
- *   expert_hidden = F / 4
- *   pattern       = "A" x L
- *   total_steps   = run_steps
- */
-enum mt_status mt_config_resolve(struct mt_ctx *ctx, struct mt_config *cfg, int run_steps)
+/* Every table key within its table range / allowed set (the struct may
+ * have been edited directly rather than through set/apply_json). */
+static enum mt_status resolve_ranges(struct mt_ctx *ctx, const struct mt_config *cfg)
 {
-    /* Every table key within its table range / allowed set (the struct may
-     * have been edited directly rather than through set/apply_json). */
     for (int i = 0; i < N_KEYS; i++) {
         const struct key *k = &keys[i];
         const void *p = cfield(cfg, k);
@@ -617,7 +609,12 @@ enum mt_status mt_config_resolve(struct mt_ctx *ctx, struct mt_config *cfg, int 
             }
         }
     }
+    return MT_OK;
+}
 
+/* Vocabulary, dimensions, heads; head_dim and mlp_hidden derived. */
+static enum mt_status resolve_dims(struct mt_ctx *ctx, struct mt_config *cfg)
+{
     RULE(cfg->vocab_size != 0,
          "vocab_size is not set (give it in the config or train on a prepared data dir with a tokenizer)");
     RULE(cfg->vocab_size >= 2 && cfg->vocab_size <= 65536, "vocab_size in [2, 65536] (vocab_size=%d)",
@@ -642,8 +639,14 @@ enum mt_status mt_config_resolve(struct mt_ctx *ctx, struct mt_config *cfg, int 
         RULE(f <= (1 << 24), "derived mlp_hidden too large (d_model=%d)", cfg->d_model);
         cfg->mlp_hidden = (int)f;
     }
+    return MT_OK;
+}
 
-    /* pattern */
+/* The block pattern ("A" x L when empty), the routed experts
+ * (expert_hidden derived) and the Mamba-3 shape; *n_moe: the layers with
+ * routed experts. */
+static enum mt_status resolve_pattern(struct mt_ctx *ctx, struct mt_config *cfg, int *n_moe_out)
+{
     size_t plen = strlen(cfg->pattern);
     if (plen == 0) {
         memset(cfg->pattern, 'A', (size_t)cfg->n_layer);
@@ -681,7 +684,13 @@ enum mt_status mt_config_resolve(struct mt_ctx *ctx, struct mt_config *cfg, int 
         RULE(nh % cfg->mamba_ngroups == 0, "mamba_ngroups must divide nheads = d_inner / mamba_headdim (mamba_ngroups=%d, nheads=%lld)",
              cfg->mamba_ngroups, (long long)nh);
     }
+    *n_moe_out = n_moe;
+    return MT_OK;
+}
 
+/* Batch split and optimizer constants. */
+static enum mt_status resolve_training(struct mt_ctx *ctx, const struct mt_config *cfg)
+{
     RULE(cfg->batch_size > 0 && cfg->microbatches > 0, "batch_size, microbatches > 0 (batch_size=%d, microbatches=%d)",
          cfg->batch_size, cfg->microbatches);
     RULE(cfg->batch_size % cfg->microbatches == 0, "batch_size %% microbatches != 0 (batch_size=%d, microbatches=%d)",
@@ -694,9 +703,14 @@ enum mt_status mt_config_resolve(struct mt_ctx *ctx, struct mt_config *cfg, int 
     RULE(cfg->adam_beta2 >= 0 && cfg->adam_beta2 < 1, "adam_beta2 in [0, 1) (adam_beta2=%g)", (double)cfg->adam_beta2);
     RULE(cfg->muon_momentum >= 0 && cfg->muon_momentum < 1, "muon_momentum in [0, 1) (muon_momentum=%g)",
          (double)cfg->muon_momentum);
+    return MT_OK;
+}
 
-    /* LoRA: known targets, and r <= min(in, out) of every targeted matrix
-     * (a rank-r update of a matrix with a smaller side is not low-rank) */
+/* LoRA: known targets, and r <= min(in, out) of every targeted matrix
+ * (a rank-r update of a matrix with a smaller side is not low-rank);
+ * lora_alpha defaults to the rank. */
+static enum mt_status resolve_lora(struct mt_ctx *ctx, struct mt_config *cfg, int n_moe)
+{
     if (cfg->lora_rank > 0) {
         char bad[64];
         unsigned mask = 0;
@@ -714,7 +728,26 @@ enum mt_status mt_config_resolve(struct mt_ctx *ctx, struct mt_config *cfg, int 
              cfg->lora_rank, (long long)lim);
         if (cfg->lora_alpha == 0) cfg->lora_alpha = (float)cfg->lora_rank;
     }
+    return MT_OK;
+}
 
+/*
+ * In steps (each a function above), the first broken rule returned.
+ * Derivations:
+ *   head_dim      = D / H                          (D % H must be 0)
+ *   mlp_hidden    = 64 * ceil(ceil(8D/3) / 64)
+ *   expert_hidden = F / 4
+ *   pattern       = "A" x L
+ *   total_steps   = run_steps
+ */
+enum mt_status mt_config_resolve(struct mt_ctx *ctx, struct mt_config *cfg, int run_steps)
+{
+    int n_moe = 0;
+    MT_CHECK(resolve_ranges(ctx, cfg));
+    MT_CHECK(resolve_dims(ctx, cfg));
+    MT_CHECK(resolve_pattern(ctx, cfg, &n_moe));
+    MT_CHECK(resolve_training(ctx, cfg));
+    MT_CHECK(resolve_lora(ctx, cfg, n_moe));
     RULE(run_steps >= 0, "run steps >= 0 (steps=%d)", run_steps);
     if (cfg->total_steps == 0) cfg->total_steps = run_steps;
     return MT_OK;
