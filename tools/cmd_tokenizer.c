@@ -103,15 +103,21 @@ static int cmd_train(int argc, char **argv)
     int n_inputs = 0, vocab = 8192;
     long long max_bytes = -1;
     const char *out = NULL;
+    static const char *const valued[] = {"--input", "--vocab", "--out", "--max-bytes", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (mt_cmd_option("tokenizer", NULL, valued, argc, argv, i) < 0) return 2;
         if (!strcmp(a, "--input")) {
-            if (i + 1 >= argc || argv[i + 1][0] == '-') return usage_error("--input needs a path", NULL);
+            if (argv[i + 1][0] == '-') return usage_error("--input needs a path", NULL);
             while (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) {
                 if (n_inputs == MAX_INPUTS) return usage_error("too many --input paths", NULL);
                 inputs[n_inputs++] = argv[++i];
             }
-        } else if (!strcmp(a, "--vocab") && i + 1 < argc) {
+        } else if (!strcmp(a, "--vocab")) {
             char *end;
             long v = strtol(argv[++i], &end, 10);
             if (*end || end == argv[i]) return usage_error("bad --vocab", argv[i]);
@@ -121,16 +127,11 @@ static int cmd_train(int argc, char **argv)
                 return 2;
             }
             vocab = (int)v;
-        } else if (!strcmp(a, "--out") && i + 1 < argc) {
+        } else if (!strcmp(a, "--out")) {
             out = argv[++i];
-        } else if (!strcmp(a, "--max-bytes") && i + 1 < argc) {
+        } else {   /* --max-bytes */
             max_bytes = mt_cmd_size_arg("tokenizer", argv[++i]);
             if (max_bytes < 0) return 2;   /* mt_cmd_size_arg said why */
-        } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            return 0;
-        } else {
-            return usage_error("unknown or incomplete option", a);
         }
     }
     if (!out) return usage_error("train needs --out FILE", NULL);
@@ -177,14 +178,18 @@ static int cmd_codec(int argc, char **argv, int encode)
 {
     const char *tok_path = NULL, *in = NULL, *out = NULL;
     int bos = 0;
+    static const char *const valued[] = {"--tokenizer", "--input", "--output", NULL};
+    static const char *const enc_flags[] = {"--bos", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "--tokenizer") && i + 1 < argc) tok_path = argv[++i];
-        else if (!strcmp(a, "--input") && i + 1 < argc) in = argv[++i];
-        else if (!strcmp(a, "--output") && i + 1 < argc) out = argv[++i];
-        else if (encode && !strcmp(a, "--bos")) bos = 1;
-        else if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
-        else return usage_error("unknown or incomplete option", a);
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
+        const int kind = mt_cmd_option("tokenizer", encode ? enc_flags : NULL, valued, argc, argv, i);
+        if (kind < 0) return 2;
+        if (kind == 0) { bos = 1; continue; }   /* --bos (encode) */
+        if (!strcmp(a, "--tokenizer")) tok_path = argv[i + 1];
+        else if (!strcmp(a, "--input")) in = argv[i + 1];
+        else out = argv[i + 1];   /* --output */
+        i++;
     }
     if (!tok_path) return usage_error(encode ? "encode needs --tokenizer FILE" : "decode needs --tokenizer FILE", NULL);
     struct mt_ctx ctx;
