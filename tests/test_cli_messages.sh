@@ -6,8 +6,9 @@
 #  - trailing text after the object, a duplicate key, text after a NUL byte:
 #    refused (cJSON alone accepts all three silently);
 #  - an unknown option, even as the last argument, is "unknown option", not
-#    "needs a value" (train and sample); a known one without its value still
-#    "needs a value".
+#    "needs a value" (train, sample, plan, logits, prepare, tokenizer: one
+#    checker, mt_cmd_option); a known one without its value still "needs a
+#    value".
 set -u
 BUILD=${1:?usage: test_cli_messages.sh BUILD_DIR}
 . "$(dirname "$0")/cli_lib.sh"
@@ -53,5 +54,17 @@ refuse "sample: an unknown last option is unknown" "^meshtrain sample: unknown o
     "$MT" sample --ckpt "$W/none" --bogus
 refuse "sample: a known option without value needs a value" "^meshtrain sample: --prompt needs a value" \
     "$MT" sample --ckpt "$W/none" --prompt
+# the other tools share the checker (tools/meshtrain.c mt_cmd_option)
+refuse "plan: an unknown last option is unknown" "^meshtrain plan: unknown option '--bogus'" "$MT" plan --json --bogus
+refuse "logits: a known option without value needs a value" "^meshtrain logits: --ckpt needs a value" \
+    "$MT" logits --ckpt
+refuse "prepare: an unknown option is unknown" "^meshtrain prepare: unknown option '--bogus'" \
+    "$MT" prepare --out "$W/out" --bogus
+refuse "prepare: a known option without value needs a value" "^meshtrain prepare: --out needs a value" \
+    "$MT" prepare --tokenizer "$W/none.bin" --out
+refuse "tokenizer train: a known option without value needs a value" "^meshtrain tokenizer: --out needs a value" \
+    "$MT" tokenizer train --out
+refuse "tokenizer decode: --bos is an encode flag" "^meshtrain tokenizer: unknown option '--bos'" \
+    "$MT" tokenizer decode --tokenizer "$W/none.bin" --bos
 
 finish

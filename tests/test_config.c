@@ -1,6 +1,9 @@
 /*
  * test_config.c — the config table: defaults, --set parsing, JSON apply and
- * round trip, resolve rules, same_model, help. Exits non-zero on failure.
+ * round trip, resolve rules, same_model, help; the config's "knobs" object
+ * (stored with source config, precedence over env but never over the command
+ * line whatever the order, all or nothing with the config keys, not part of
+ * the config's JSON). Exits non-zero on failure.
  */
 #include <math.h>
 #include <cjson/cJSON.h>
@@ -10,6 +13,7 @@
 #include <unistd.h>
 
 #include "core/mt_config.h"
+#include "core/mt_knobs.h"
 
 static int n_fail = 0;
 
@@ -363,6 +367,40 @@ static void test_messages(void)
     mt_ctx_free(&ctx);
 }
 
+static void test_knobs_object(void)
+{
+    struct mt_ctx ctx;
+    mt_ctx_init(&ctx);
+    unsetenv("MT_ZERO_OVERLAP");
+    setenv("MT_NCCL_TIMEOUT_S", "99", 1);
+    struct mt_config c;
+    mt_config_defaults(&c);
+    struct mt_knobs k;
+    mt_knobs_init(&k);
+    EXPECT(k.source[MT_KNOB_NCCL_TIMEOUT] == MT_KNOB_ENV && !strcmp(k.value[MT_KNOB_NCCL_TIMEOUT], "99"));
+    EXPECT(mt_knobs_set(&ctx, &k, "zero_overlap=0") == MT_OK);
+    /* the config comes after --knob here: the command line still wins; the config beats env */
+    EXPECT(mt_config_apply_json_knobs(&ctx, &c, &k, "{\"seed\": 7, \"knobs\": {\"zero_overlap\": true, "
+                                                    "\"nccl_timeout_s\": 2.5}}") == MT_OK);
+    EXPECT(c.seed == 7);
+    EXPECT(!strcmp(k.value[MT_KNOB_ZERO_OVERLAP], "0") && k.source[MT_KNOB_ZERO_OVERLAP] == MT_KNOB_CLI);
+    EXPECT(!strcmp(k.value[MT_KNOB_NCCL_TIMEOUT], "2.5") && k.source[MT_KNOB_NCCL_TIMEOUT] == MT_KNOB_CONFIG);
+    /* all or nothing: a bad knob leaves config and knobs as they were */
+    EXPECT_ERR(mt_config_apply_json_knobs(&ctx, &c, &k, "{\"seed\": 8, \"knobs\": {\"test_fault\": \"0:1:nan\", "
+                                                        "\"nope\": 1}}"), MT_ERR_INVALID_ARG, "config knobs: 'nope': unknown knob");
+    EXPECT(c.seed == 7 && k.source[MT_KNOB_TEST_FAULT] == MT_KNOB_DEFAULT);
+    EXPECT_ERR(mt_config_apply_json_knobs(&ctx, &c, &k, "{\"knobs\": 3}"), MT_ERR_INVALID_ARG, "config knobs");
+    /* without a knob set the object is still checked */
+    EXPECT_ERR(mt_config_apply_json(&ctx, &c, "{\"knobs\": {\"zero_overlap\": 2}}"), MT_ERR_INVALID_ARG,
+               "config knobs.zero_overlap: expected 0 or 1");
+    EXPECT(mt_config_apply_json(&ctx, &c, "{\"knobs\": {\"zero_overlap\": 0}}") == MT_OK);
+    char *j = mt_config_to_json(&c);
+    EXPECT(j && !strstr(j, "knobs"));
+    free(j);
+    unsetenv("MT_NCCL_TIMEOUT_S");
+    mt_ctx_free(&ctx);
+}
+
 int main(void)
 {
     test_defaults();
@@ -371,6 +409,7 @@ int main(void)
     test_messages();
     test_resolve_rules();
     test_same_model_and_help();
+    test_knobs_object();
     if (n_fail) {
         fprintf(stderr, "test_config: %d check(s) failed\n", n_fail);
         return 1;

@@ -11,7 +11,11 @@
  *      fails (short file);
  *   4. read_text: the content; a file over the cap, a directory and a file
  *      with a NUL byte are MT_ERR_FORMAT, a missing file MT_ERR_IO;
- *   5. copy: the bytes arrive; dir_of gives the parent or the directory.
+ *   5. copy: the bytes arrive; dir_of gives the parent or the directory;
+ *   6. atomic replace: a new file and a replaced one hold exactly the new
+ *      bytes and no PATH.tmp is left; a failed writer (ok = 0) and a rename
+ *      onto a directory leave the old content, no PATH.tmp, and return the
+ *      caller's error code; discard leaves the old content.
  * Exits non-zero on failure.
  */
 #include <fcntl.h>
@@ -115,12 +119,52 @@ static void test_files(const char *root)
     mt_ctx_free(&ctx);
 }
 
+static int has(const char *path, const char *want)
+{
+    struct mt_ctx ctx;
+    mt_ctx_init(&ctx);
+    char *text = NULL;
+    int ok = mt_file_read_text(&ctx, path, 1024, &text) == MT_OK && !strcmp(text, want);
+    mt_free(&ctx, text);
+    mt_ctx_free(&ctx);
+    return ok;
+}
+
+static void test_atomic(const char *root)
+{
+    struct mt_ctx ctx;
+    mt_ctx_init(&ctx);
+    char p[1024], t[1040];
+    snprintf(p, sizeof p, "%s/atomic.txt", root);
+    snprintf(t, sizeof t, "%s.tmp", p);
+    EXPECT(mt_file_write_atomic(&ctx, p, "one", 3, MT_FILE_SYNC | MT_FILE_SYNC_DIR, MT_ERR_IO) == MT_OK &&
+           has(p, "one") && access(t, F_OK) != 0, "new file");
+    EXPECT(mt_file_write_atomic(&ctx, p, "two!", 4, 0, MT_ERR_IO) == MT_OK && has(p, "two!") && access(t, F_OK) != 0,
+           "replaced");
+    struct mt_file_atomic a;
+    EXPECT(mt_file_atomic_open(&ctx, &a, p, 0, MT_ERR_RUNTIME) == MT_OK, "open");
+    fputs("half", a.f);
+    EXPECT(mt_file_atomic_commit(&ctx, &a, 0) == MT_ERR_RUNTIME && has(p, "two!") && access(t, F_OK) != 0,
+           "failed writer: old content kept, caller's code");
+    EXPECT(mt_file_atomic_open(&ctx, &a, p, 0, MT_ERR_IO) == MT_OK, "open 2");
+    fputs("gone", a.f);
+    mt_file_atomic_discard(&a);
+    EXPECT(has(p, "two!") && access(t, F_OK) != 0, "discard");
+    snprintf(p, sizeof p, "%s/adir", root);
+    snprintf(t, sizeof t, "%s.tmp", p);
+    EXPECT(mt_file_mkdir_p(p) == 0, "mkdir");
+    EXPECT(mt_file_write_atomic(&ctx, p, "x", 1, 0, MT_ERR_IO) == MT_ERR_IO && mt_file_is_dir(p) && access(t, F_OK) != 0 &&
+           strstr(mt_ctx_last_error(&ctx), p), "rename onto a directory: %s", mt_ctx_last_error(&ctx));
+    mt_ctx_free(&ctx);
+}
+
 int main(void)
 {
     char root[] = "/tmp/mt_fileio_XXXXXX";
     if (!mkdtemp(root)) { perror("mkdtemp"); return 1; }
     test_sizes();
     test_files(root);
+    test_atomic(root);
     mt_file_rm_rf(root);
     if (n_fail) fprintf(stderr, "test_fileio: %d failure(s)\n", n_fail);
     else printf("test_fileio: ok\n");

@@ -2,12 +2,14 @@
 # Knobs and sizes (issue 14 items 4-5), one rank, no MPI:
 #   1. every knob of the table is listed by `train --help`;
 #   2. the receipt's "knobs" echoes every knob with value and source:
-#      default, env alias (MT_ZERO_OVERLAP=0), command line (--knob) — and the
-#      value set on the command line reaches the library (ZeRO's overlap,
-#      distributed.tunables.MT_ZERO_OVERLAP), the command line beating env;
+#      default, env alias (MT_ZERO_OVERLAP=0), config file ("knobs" object),
+#      command line (--knob) — and the value reaches the library (ZeRO's
+#      overlap, distributed.tunables.MT_ZERO_OVERLAP); precedence command
+#      line > config > env > default, whatever the order of the flags;
 #   3. runtime_mode says fp32 on the cpu backend;
-#   4. a bad knob (unknown name, bad bool, bad choice) is exit 2, one line,
-#      nothing written under --out;
+#   4. a bad knob (unknown name, bad bool, bad choice, bad seconds), on the
+#      command line or in the config's "knobs", is exit 2, one line, nothing
+#      written under --out;
 #   5. the test hook set by --knob test_fault=0:1:error fails the run at step 1
 #      (exit 1, the injected message);
 #   6. one size parser: `plan --mem-per-rank 80G` and `prepare --max-bytes 1G`
@@ -16,14 +18,14 @@ set -u
 BUILD=${1:?build dir}
 . "$(dirname "$0")/cli_lib.sh"
 if [ ! -x "$MT" ]; then echo "FAIL: $MT not built"; exit 1; fi
-unset MT_ZERO_OVERLAP MT_FAULT MT_TEST_FORCE_ROUTING MT_CUDA_PRECISION
+unset MT_ZERO_OVERLAP MT_FAULT MT_TEST_FORCE_ROUTING MT_CUDA_PRECISION MT_NCCL_TIMEOUT_S
 python3 "$HERE/make_shard.py" "$W/train.bin" 4000 64 pattern >/dev/null
 TINY="--set vocab_size=64 --set n_layer=2 --set d_model=32 --set n_head=4 --set n_kv_head=2 --set seq_len=16 --set batch_size=4 --peak-flops 1e11 --quiet --data $W/train.bin --steps 2"
 
 # 1. --help lists the knobs
 H=$($MT train --help)
 miss=""
-for k in zero_overlap cuda_precision test_fault test_force_routing; do
+for k in zero_overlap cuda_precision nccl_timeout_s test_fault test_force_routing; do
   echo "$H" | grep -q "^  $k " || miss="$miss $k"
 done
 [ -z "$miss" ] && ok "help lists every knob" || bad "help lacks:$miss"
@@ -34,7 +36,7 @@ check() {  # name out zero_overlap_value source
 import json, sys
 r = json.load(open(sys.argv[1]))
 k = r["knobs"]
-assert set(k) == {"zero_overlap", "cuda_precision", "test_fault", "test_force_routing"}, k.keys()
+assert set(k) == {"zero_overlap", "cuda_precision", "nccl_timeout_s", "test_fault", "test_force_routing"}, k.keys()
 assert k["zero_overlap"]["value"] == sys.argv[2] and k["zero_overlap"]["source"] == sys.argv[3], k["zero_overlap"]
 assert k["zero_overlap"]["env_alias"] == "MT_ZERO_OVERLAP" and k["test_fault"]["test_hook"] is True
 assert r["distributed"]["tunables"]["MT_ZERO_OVERLAP"] == int(sys.argv[2]), r["distributed"]["tunables"]
@@ -45,14 +47,31 @@ $MT train $TINY --out "$W/d" > /dev/null 2>&1 && check x "$W/d" 1 default && ok 
 MT_ZERO_OVERLAP=0 $MT train $TINY --out "$W/e" > /dev/null 2>&1 && check x "$W/e" 0 env && ok "env alias in receipt" || bad "env alias in receipt"
 MT_ZERO_OVERLAP=1 $MT train $TINY --knob zero_overlap=0 --out "$W/c" > /dev/null 2>&1 && check x "$W/c" 0 "command line" \
   && ok "--knob reaches the library and the receipt" || bad "--knob reaches the library and the receipt"
+# the config file's "knobs": reaches the library; beats env; loses to --knob (given before or after --config)
+printf '{"knobs": {"zero_overlap": 0, "nccl_timeout_s": 30}}\n' > "$W/k0.json"
+MT_ZERO_OVERLAP=1 $MT train $TINY --config "$W/k0.json" --out "$W/g" > /dev/null 2>&1 && check x "$W/g" 0 config \
+  && python3 -c "import json,sys; k=json.load(open(sys.argv[1]))['knobs']['nccl_timeout_s']; assert k == {**k, 'value': '30', 'source': 'config'}, k" "$W/g/receipt.json" \
+  && ok "config knobs reach the library and the receipt, beating env" || bad "config knobs reach the library and the receipt"
+$MT train $TINY --knob zero_overlap=1 --config "$W/k0.json" --out "$W/h" > /dev/null 2>&1 && check x "$W/h" 1 "command line" \
+  && ok "--knob beats the config's knobs" || bad "--knob beats the config's knobs"
 
 # 4. bad knobs: exit 2, one line, nothing written
-for kv in nope=1 zero_overlap=2 cuda_precision=fp16 zero_overlap; do
+for kv in nope=1 zero_overlap=2 cuda_precision=fp16 zero_overlap nccl_timeout_s=0 nccl_timeout_s=x; do
   $MT train $TINY --knob "$kv" --out "$W/bad" > /dev/null 2> "$W/err"; rc=$?
   if [ $rc -eq 2 ] && [ "$(wc -l < "$W/err")" -eq 1 ] && grep -q -- "--knob" "$W/err" && [ ! -e "$W/bad" ]; then
     ok "bad knob $kv refused"
   else
     bad "bad knob $kv: rc=$rc $(cat "$W/err")"
+  fi
+done
+
+for kj in '"nope": 1' '"zero_overlap": 2' '"cuda_precision": "fp16"' '"nccl_timeout_s": -1' '"zero_overlap": [1]'; do
+  printf '{"knobs": {%s}}\n' "$kj" > "$W/kb.json"
+  $MT train $TINY --config "$W/kb.json" --out "$W/bad" > /dev/null 2> "$W/err"; rc=$?
+  if [ $rc -eq 2 ] && [ "$(wc -l < "$W/err")" -eq 1 ] && grep -q "config knobs" "$W/err" && [ ! -e "$W/bad" ]; then
+    ok "bad config knob $kj refused"
+  else
+    bad "bad config knob $kj: rc=$rc $(cat "$W/err")"
   fi
 done
 

@@ -13,7 +13,8 @@
  *   4. layout rules: the pipeline cut is the brute-force optimum of the max
  *      stage cost, covers every layer once, and a bad spec is refused; the
  *      sequence ownership covers the global batch exactly once; the
- *      replica rule and the count rule on a tp=2 mesh; the host bytes are
+ *      reduction group, the count rule and the replica rule per layout class
+ *      on five meshes (with and without SP, EP, PP); the host bytes are
  *      the sum of the listed arrays (= mt_train_host_bytes).
  * Exits non-zero on failure.
  */
@@ -154,7 +155,7 @@ static void test_find_max(void)
     tiny(&cfg, 1);
     struct mt_ctx ctx;
     mt_ctx_init(&ctx);
-    struct mt_mesh_dims d = {1, 2, 1, 1};
+    struct mt_mesh_dims d = {1, 2, 1, 1, 0};
     struct mt_plan_setup su;
     memset(&su, 0, sizeof su);
     su.dims = d;
@@ -240,21 +241,51 @@ static void test_layout(void)
             }
     for (int s = 0; s < G; s++) EXPECT(hit[s] == 1, "sequence %d owned %d times", s, hit[s]);
 
-    /* 3. replica and count rules on pp=1 dp=2 ep=1 tp=2 (rank = data*2 + model) */
-    struct mt_mesh_dims d = {1, 2, 1, 2};
-    EXPECT(mt_layout_replicas_agree(&d, MT_SPLIT_NONE, 0, 1), "replicated: all agree");
-    EXPECT(!mt_layout_replicas_agree(&d, MT_SPLIT_ROWS, 0, 1), "split: model ranks differ");
-    EXPECT(mt_layout_replicas_agree(&d, MT_SPLIT_ROWS, 1, 3), "split: same model rank agrees");
+    /* 3. the rules per layout class, on several meshes. The parameter
+     * carries only its class (p.layout): split and reduce_model stay 0, so
+     * a rule reading them instead of the class fails here. */
+    enum { DE = MT_MESH_GROUP_DATA_EXPERT, ST = MT_MESH_GROUP_STAGE, DA = MT_MESH_GROUP_DATA,
+           DM = MT_MESH_GROUP_DATA_MODEL };
+    static const struct {
+        struct mt_mesh_dims d;
+        int group[MT_LAYOUT_COUNT];   /* reduction group per class: RESIDUAL TP_ROWS TP_COLS MODEL_PARTIAL EXPERT */
+    } meshes[] = {
+        {{1, 2, 1, 1, 0}, {DE, DE, DE, DE, DE}},   /* data only                      */
+        {{1, 2, 1, 2, 0}, {DE, DE, DE, ST, ST}},   /* tp 2 without SP                */
+        {{1, 2, 1, 2, 1}, {ST, DE, DE, ST, ST}},   /* tp 2 with SP: residual partial */
+        {{1, 1, 2, 1, 0}, {DE, DE, DE, DE, DA}},   /* ep 2                           */
+        {{2, 1, 2, 2, 1}, {ST, DE, DE, ST, DM}},   /* pp 2 x ep 2 x tp 2, SP         */
+    };
+    for (size_t m = 0; m < sizeof meshes / sizeof meshes[0]; m++) {
+        const struct mt_mesh_dims *md = &meshes[m].d;
+        for (int l = 0; l < MT_LAYOUT_COUNT; l++) {
+            struct mt_param p;
+            memset(&p, 0, sizeof p);
+            p.layout = l;
+            enum mt_layout_engine e = mt_layout_param_engine(&p, md);
+            EXPECT((int)e < mt_layout_n_engines(md), "mesh %zu %s: engine %d of %d", m, mt_layout_name(l), (int)e,
+                   mt_layout_n_engines(md));
+            EXPECT((int)mt_layout_engine_group(md, e) == meshes[m].group[l], "mesh %zu %s: group %s, want %s", m,
+                   mt_layout_name(l), mt_mesh_group_name(mt_layout_engine_group(md, e)),
+                   mt_mesh_group_name((enum mt_mesh_group)meshes[m].group[l]));
+            /* counted: every model rank, except a whole tensor reduced without
+             * the model group (model rank 0 alone) */
+            const int whole_dense = md->tp > 1 && meshes[m].group[l] == DE && l != MT_LAYOUT_TP_ROWS &&
+                                    l != MT_LAYOUT_TP_COLS;
+            for (int tr = 0; tr < md->tp; tr++)
+                EXPECT(mt_layout_param_counted(&p, md, tr) == (tr == 0 || !whole_dense), "mesh %zu %s: counted on "
+                       "model rank %d", m, mt_layout_name(l), tr);
+            /* replicas: ranks 0 and 1 differ in the model coordinate when tp > 1 */
+            const int sliced = md->tp > 1 && (l == MT_LAYOUT_TP_ROWS || l == MT_LAYOUT_TP_COLS);
+            EXPECT(mt_layout_replicas_agree(md, &p, 0, 1) == !sliced, "mesh %zu %s: ranks 0, 1 agree", m,
+                   mt_layout_name(l));
+        }
+    }
+    /* same model rank, different data rank: a slice agrees (pp1 dp2 tp2: rank = data*2 + model) */
     struct mt_param p;
     memset(&p, 0, sizeof p);
-    p.split = MT_SPLIT_NONE;
-    EXPECT(mt_layout_param_counted(&p, &d, 0) && !mt_layout_param_counted(&p, &d, 1), "replicated: model rank 0 only");
-    p.split = MT_SPLIT_ROWS;
-    EXPECT(mt_layout_param_counted(&p, &d, 1), "split: every model rank counts its slice");
-    p.split = MT_SPLIT_NONE;
-    p.reduce_model = 1;
-    EXPECT(mt_layout_param_engine(&p, &d) == MT_LAYOUT_ENGINE_PARTIAL && mt_layout_param_counted(&p, &d, 1),
-           "partial over the model axis: its own engine, counted everywhere");
+    p.layout = MT_LAYOUT_TP_ROWS;
+    EXPECT(mt_layout_replicas_agree(&meshes[1].d, &p, 1, 3), "split: same model rank agrees");
 
     /* 4. host bytes */
     size_t b[MT_HOST_N], sum = 0;

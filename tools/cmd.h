@@ -23,4 +23,13 @@ int mt_cmd_parse_ids(const char *s, int32_t **ids, int *n);
  * 80GB decimal, a bare 80G refused); -1 after printing why to stderr. */
 long long mt_cmd_size_arg(const char *tool, const char *s);
 
+/* One command-line option, argv[i], against the tool's lists (each
+ * NULL-terminated; either may be NULL): `flags` take no value, `valued`
+ * take argv[i + 1]. Returns 0 for a flag, 1 for a valued option (its value
+ * is argv[i + 1]), -1 after printing the one line for bad input (the
+ * caller exits 2): "meshtrain TOOL: unknown option 'X' (see --help)" —
+ * also for an unknown last argument, never "needs a value" — or
+ * "meshtrain TOOL: X needs a value (see --help)". */
+int mt_cmd_option(const char *tool, const char *const *flags, const char *const *valued, int argc, char **argv, int i);
+
 #endif

@@ -65,14 +65,11 @@ static void logits_usage(FILE *f)
 int mt_cmd_logits(int argc, char **argv)
 {
     const char *ckpt = NULL, *ids_arg = NULL, *out = NULL;
+    static const char *const valued[] = {"--ckpt", "--ids", "--out", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { logits_usage(stdout); return 0; }
-        if (strcmp(a, "--ckpt") && strcmp(a, "--ids") && strcmp(a, "--out")) {
-            fprintf(stderr, "meshtrain logits: unknown option '%s' (see --help)\n", a);
-            return 2;
-        }
-        if (!v) { fprintf(stderr, "meshtrain logits: %s needs a value (see --help)\n", a); return 2; }
+        if (mt_cmd_option("logits", NULL, valued, argc, argv, i) < 0) return 2;
         if (!strcmp(a, "--ckpt")) ckpt = v;
         else if (!strcmp(a, "--ids")) ids_arg = v;
         else out = v;

@@ -657,24 +657,21 @@ int mt_cmd_plan(int argc, char **argv)
             }
         }
     }
-    static const char *flags0[] = {"--json", "--auto", "--verbose", "--verify"};
-    static const char *flags1[] = {"--config", "--set", "--world", "--mesh", "--zero", "--pp-layers", "--steps",
-                                   "--profile", "--mem-per-rank", "--top", "--find-max", "--data", "--verify-steps",
-                                   "--threads"};
+    static const char *const flags0[] = {"--json", "--auto", "--verbose", "--verify", NULL};
+    static const char *const flags1[] = {"--config", "--set", "--world", "--mesh", "--zero", "--pp-layers", "--steps",
+                                         "--profile", "--mem-per-rank", "--top", "--find-max", "--data",
+                                         "--verify-steps", "--threads", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int is0 = 0, is1 = 0;
-        for (size_t k = 0; k < sizeof flags0 / sizeof flags0[0]; k++) is0 |= !strcmp(a, flags0[k]);
-        for (size_t k = 0; k < sizeof flags1 / sizeof flags1[0]; k++) is1 |= !strcmp(a, flags1[k]);
-        if (!is0 && !is1) { fprintf(stderr, "meshtrain plan: unknown option '%s' (see --help)\n", a); return 2; }
-        if (is0) {
+        const int kind = mt_cmd_option("plan", flags0, flags1, argc, argv, i);
+        if (kind < 0) return 2;
+        if (kind == 0) {
             if (!strcmp(a, "--json")) o.json = 1;
             if (!strcmp(a, "--auto")) o.autofit = 1;
             if (!strcmp(a, "--verbose")) o.verbose = 1;
             if (!strcmp(a, "--verify")) o.verify = 1;
             continue;
         }
-        if (!v) { fprintf(stderr, "meshtrain plan: %s needs a value (see --help)\n", a); return 2; }
         i++;
         if (!strcmp(a, "--set")) {
             if (mt_config_set(&ctx, &cfg, v) != MT_OK) {

@@ -137,18 +137,7 @@ static enum mt_status commit(struct mt_ctx *ctx, const char *dir, const struct s
 
 static enum mt_status write_text(struct mt_ctx *ctx, const char *path, const char *text)
 {
-    char tmp[4300];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= sizeof tmp)
-        return mt_ctx_error(ctx, MT_ERR_IO, "path too long: %s", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return mt_ctx_error(ctx, MT_ERR_IO, "cannot write %s: %s", path, strerror(errno));
-    int bad = fputs(text, f) < 0;
-    bad |= fclose(f) != 0;
-    if (bad || rename(tmp, path) != 0) {
-        unlink(tmp);
-        return mt_ctx_error(ctx, MT_ERR_IO, "cannot write %s: %s", path, strerror(errno));
-    }
-    return MT_OK;
+    return mt_file_write_atomic(ctx, path, text, strlen(text), 0, MT_ERR_IO);
 }
 
 static void hex64(char *out, uint64_t v) { snprintf(out, 17, "%016llx", (unsigned long long)v); }
@@ -160,36 +149,38 @@ int mt_cmd_prepare(int argc, char **argv)
     const char *tok_path = NULL, *out = NULL;
     long long shard_tokens = 100000000, max_bytes = -1;
     double val_frac = 0.01;
+    static const char *const valued[] = {"--input", "--tokenizer", "--out", "--shard-tokens", "--val-frac",
+                                         "--max-bytes", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (mt_cmd_option("prepare", NULL, valued, argc, argv, i) < 0) return 2;
         if (!strcmp(a, "--input")) {
-            if (i + 1 >= argc || !strncmp(argv[i + 1], "--", 2)) return usage_error("--input needs a path", NULL);
+            if (!strncmp(argv[i + 1], "--", 2)) return usage_error("--input needs a path", NULL);
             while (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) {
                 if (n_inputs == MAX_INPUTS) return usage_error("too many --input paths", NULL);
                 inputs[n_inputs++] = argv[++i];
             }
-        } else if (!strcmp(a, "--tokenizer") && i + 1 < argc) {
+        } else if (!strcmp(a, "--tokenizer")) {
             tok_path = argv[++i];
-        } else if (!strcmp(a, "--out") && i + 1 < argc) {
+        } else if (!strcmp(a, "--out")) {
             out = argv[++i];
-        } else if (!strcmp(a, "--shard-tokens") && i + 1 < argc) {
+        } else if (!strcmp(a, "--shard-tokens")) {
             shard_tokens = mt_cmd_size_arg("prepare", argv[++i]);
             if (shard_tokens < 0) return 2;   /* mt_cmd_size_arg said why */
             if (shard_tokens < 1 || shard_tokens > 2147483647LL)
                 return usage_error("--shard-tokens must be in [1, 2147483647], got", argv[i]);
-        } else if (!strcmp(a, "--val-frac") && i + 1 < argc) {
+        } else if (!strcmp(a, "--val-frac")) {
             char *end;
             val_frac = strtod(argv[++i], &end);
             if (*end || end == argv[i] || !(val_frac >= 0 && val_frac <= 0.5))
                 return usage_error("--val-frac must be in [0, 0.5], got", argv[i]);
-        } else if (!strcmp(a, "--max-bytes") && i + 1 < argc) {
+        } else {   /* --max-bytes */
             max_bytes = mt_cmd_size_arg("prepare", argv[++i]);
             if (max_bytes < 0) return 2;   /* mt_cmd_size_arg said why */
-        } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            return 0;
-        } else {
-            return usage_error("unknown or incomplete option", a);
         }
     }
     if (!tok_path) return usage_error("--tokenizer FILE is required", NULL);

@@ -70,15 +70,12 @@ int mt_cmd_sample(int argc, char **argv)
     int n_tokens = 64, top_k = 40;
     float temperature = 0.8f;
     uint64_t seed = 1;
+    static const char *const valued[] = {"--ckpt", "--prompt", "--prompt-ids", "--tokenizer", "--tokens",
+                                         "--top-k", "--temperature", "--seed", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { sample_usage(stdout); return 0; }
-        if (strcmp(a, "--ckpt") && strcmp(a, "--prompt") && strcmp(a, "--prompt-ids") && strcmp(a, "--tokenizer") && strcmp(a, "--tokens") &&
-            strcmp(a, "--top-k") && strcmp(a, "--temperature") && strcmp(a, "--seed")) {
-            fprintf(stderr, "meshtrain sample: unknown option '%s' (see --help)\n", a);
-            return 2;
-        }
-        if (!v) { fprintf(stderr, "meshtrain sample: %s needs a value (see --help)\n", a); return 2; }
+        if (mt_cmd_option("sample", NULL, valued, argc, argv, i) < 0) return 2;
         char *end = NULL;
         if (!strcmp(a, "--ckpt")) ckpt = v;
         else if (!strcmp(a, "--prompt")) prompt = v;
@@ -88,7 +85,6 @@ int mt_cmd_sample(int argc, char **argv)
         else if (!strcmp(a, "--top-k")) { top_k = (int)strtol(v, &end, 10); if (*end || top_k < 0) goto bad; }
         else if (!strcmp(a, "--temperature")) { temperature = strtof(v, &end); if (*end || !(temperature >= 0)) goto bad; }
         else if (!strcmp(a, "--seed")) { seed = strtoull(v, &end, 10); if (*end) goto bad; }
-        else { fprintf(stderr, "meshtrain sample: unknown option '%s' (see --help)\n", a); return 2; }
         i++;
         continue;
     bad:

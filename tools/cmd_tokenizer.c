@@ -20,6 +20,7 @@
 #include <unistd.h>
 #include "cmd.h"
 #include "tok/mt_tok.h"
+#include "core/mt_fileio.h"
 
 #define MAX_INPUTS 4096
 
@@ -77,30 +78,23 @@ static enum mt_status read_all(struct mt_ctx *ctx, const char *path, uint8_t **b
     return MT_OK;
 }
 
-/* Open the output: stdout, or a temporary next to path (renamed by finish_out). */
-static FILE *open_out(struct mt_ctx *ctx, const char *path, char *tmp, size_t tmp_len)
+/* Open the output: stdout, or an atomic replace of path (mt_file_atomic,
+ * committed by finish_out). */
+static FILE *open_out(struct mt_ctx *ctx, const char *path, struct mt_file_atomic *a)
 {
     if (!path) return stdout;
-    snprintf(tmp, tmp_len, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f) mt_ctx_error(ctx, MT_ERR_IO, "cannot write %s: %s", path, strerror(errno));
-    return f;
+    return mt_file_atomic_open(ctx, a, path, 0, MT_ERR_IO) == MT_OK ? a->f : NULL;
 }
 
-static enum mt_status finish_out(struct mt_ctx *ctx, FILE *f, const char *path, const char *tmp, int ok)
+/* ok = 0: the command failed, the file is left as it was. */
+static enum mt_status finish_out(struct mt_ctx *ctx, const char *path, struct mt_file_atomic *a, int ok)
 {
     if (!path) {
         if (fflush(stdout) != 0) return mt_ctx_error(ctx, MT_ERR_IO, "cannot write stdout: %s", strerror(errno));
         return MT_OK;
     }
-    int bad = fflush(f) != 0;
-    bad |= fclose(f) != 0;
-    if (!ok) { remove(tmp); return MT_OK; }
-    if (bad || rename(tmp, path) != 0) {
-        remove(tmp);
-        return mt_ctx_error(ctx, MT_ERR_IO, "cannot write %s: %s", path, strerror(errno));
-    }
-    return MT_OK;
+    if (!ok) { mt_file_atomic_discard(a); return MT_OK; }
+    return mt_file_atomic_commit(ctx, a, 1);
 }
 
 static int cmd_train(int argc, char **argv)
@@ -109,15 +103,21 @@ static int cmd_train(int argc, char **argv)
     int n_inputs = 0, vocab = 8192;
     long long max_bytes = -1;
     const char *out = NULL;
+    static const char *const valued[] = {"--input", "--vocab", "--out", "--max-bytes", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (mt_cmd_option("tokenizer", NULL, valued, argc, argv, i) < 0) return 2;
         if (!strcmp(a, "--input")) {
-            if (i + 1 >= argc || argv[i + 1][0] == '-') return usage_error("--input needs a path", NULL);
+            if (argv[i + 1][0] == '-') return usage_error("--input needs a path", NULL);
             while (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) {
                 if (n_inputs == MAX_INPUTS) return usage_error("too many --input paths", NULL);
                 inputs[n_inputs++] = argv[++i];
             }
-        } else if (!strcmp(a, "--vocab") && i + 1 < argc) {
+        } else if (!strcmp(a, "--vocab")) {
             char *end;
             long v = strtol(argv[++i], &end, 10);
             if (*end || end == argv[i]) return usage_error("bad --vocab", argv[i]);
@@ -127,16 +127,11 @@ static int cmd_train(int argc, char **argv)
                 return 2;
             }
             vocab = (int)v;
-        } else if (!strcmp(a, "--out") && i + 1 < argc) {
+        } else if (!strcmp(a, "--out")) {
             out = argv[++i];
-        } else if (!strcmp(a, "--max-bytes") && i + 1 < argc) {
+        } else {   /* --max-bytes */
             max_bytes = mt_cmd_size_arg("tokenizer", argv[++i]);
             if (max_bytes < 0) return 2;   /* mt_cmd_size_arg said why */
-        } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            return 0;
-        } else {
-            return usage_error("unknown or incomplete option", a);
         }
     }
     if (!out) return usage_error("train needs --out FILE", NULL);
@@ -183,14 +178,18 @@ static int cmd_codec(int argc, char **argv, int encode)
 {
     const char *tok_path = NULL, *in = NULL, *out = NULL;
     int bos = 0;
+    static const char *const valued[] = {"--tokenizer", "--input", "--output", NULL};
+    static const char *const enc_flags[] = {"--bos", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "--tokenizer") && i + 1 < argc) tok_path = argv[++i];
-        else if (!strcmp(a, "--input") && i + 1 < argc) in = argv[++i];
-        else if (!strcmp(a, "--output") && i + 1 < argc) out = argv[++i];
-        else if (encode && !strcmp(a, "--bos")) bos = 1;
-        else if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
-        else return usage_error("unknown or incomplete option", a);
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
+        const int kind = mt_cmd_option("tokenizer", encode ? enc_flags : NULL, valued, argc, argv, i);
+        if (kind < 0) return 2;
+        if (kind == 0) { bos = 1; continue; }   /* --bos (encode) */
+        if (!strcmp(a, "--tokenizer")) tok_path = argv[i + 1];
+        else if (!strcmp(a, "--input")) in = argv[i + 1];
+        else out = argv[i + 1];   /* --output */
+        i++;
     }
     if (!tok_path) return usage_error(encode ? "encode needs --tokenizer FILE" : "decode needs --tokenizer FILE", NULL);
     struct mt_ctx ctx;
@@ -200,14 +199,14 @@ static int cmd_codec(int argc, char **argv, int encode)
     size_t n = 0;
     struct mt_tok_ids ids = {0};
     FILE *f = NULL;
-    char tmp[4096];
+    struct mt_file_atomic atom;
     enum mt_status rc;
     MT_CHECK_GOTO(mt_tok_load(&ctx, tok_path, &tok), rc, done);
     MT_CHECK_GOTO(read_all(&ctx, in, &text, &n), rc, done);
     if (encode) {
         struct mt_tok_ids body = {0};
         MT_CHECK_GOTO(mt_tok_encode(&ctx, tok, text, n, &body), rc, done);
-        f = open_out(&ctx, out, tmp, sizeof tmp);
+        f = open_out(&ctx, out, &atom);
         if (!f) { mt_tok_ids_free(&ctx, &body); rc = MT_ERR_IO; goto done; }
         if (bos) fprintf(f, "%d%s", mt_tok_bos_id(tok), body.n ? " " : "");
         for (size_t i = 0; i < body.n; i++) fprintf(f, i ? " %u" : "%u", body.ids[i]);
@@ -241,14 +240,14 @@ static int cmd_codec(int argc, char **argv, int encode)
         }
         size_t m;
         MT_CHECK_GOTO(mt_tok_decode(&ctx, tok, ids.ids, ids.n, &dec, &m), rc, done);
-        f = open_out(&ctx, out, tmp, sizeof tmp);
+        f = open_out(&ctx, out, &atom);
         if (!f) { rc = MT_ERR_IO; goto done; }
         fwrite(dec, 1, m, f);
     }
-    rc = finish_out(&ctx, f, out, tmp, 1);
+    rc = finish_out(&ctx, out, &atom, 1);
     f = NULL;
 done:
-    if (f) finish_out(&ctx, f, out, tmp, 0);
+    if (f) finish_out(&ctx, out, &atom, 0);
     mt_free(&ctx, ids.ids);
     mt_free(&ctx, dec);
     free(text);

@@ -27,7 +27,7 @@ static void train_usage(FILE *f)
     fprintf(f,
             "usage: meshtrain train --data PATH --out DIR [options]\n\n"
             "options:\n"
-            "  --config FILE        JSON config (keys below)                      default: none\n"
+            "  --config FILE        JSON config (keys below; a \"knobs\" object sets knobs)  default: none\n"
             "  --set KEY=VALUE      override one config key (repeatable)\n"
             "  --data PATH          token shards: a file, a directory or a glob   (required)\n"
             "  --val-data PATH      validation shards      default: the *val* files of a --data dir\n"
@@ -50,7 +50,8 @@ static void train_usage(FILE *f)
             "  --knob NAME=VALUE    set a runtime tunable (repeatable; echoed in the receipt's \"knobs\")\n"
             "  --quiet              no progress output (the step-0 mesh trace line stays: SPEC.md section 2\n"
             "                       makes it part of every run, and the distributed tests read it)\n\n"
-            "knobs (--knob; each also read from its environment alias; TEST HOOKs are for the test suite):\n");
+            "knobs (precedence: --knob, then the config's \"knobs\": {\"NAME\": VALUE}, then the environment\n"
+            "alias, then the default; TEST HOOKs are for the test suite):\n");
     char kh[2048];
     mt_knobs_help(kh, sizeof kh);
     fputs(kh, f);
@@ -87,17 +88,11 @@ static void watchdog_expired(void)
     _exit(1);
 }
 
-/* The options that take a value: an unknown option is reported as unknown,
- * not as "needs a value", even when it is the last argument. */
-static int train_option_takes_value(const char *a)
-{
-    static const char *const opts[] = {"--config", "--set",   "--backend",   "--data",  "--val-data",
-                                        "--out",    "--resume", "--init-from", "--mesh",  "--pp-layers",
-                                        "--steps",  "--zero",   "--peak-flops", "--knob", "--lora"};
-    for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++)
-        if (!strcmp(a, opts[k])) return 1;
-    return 0;
-}
+/* The options that take a value (mt_cmd_option). */
+static const char *const train_valued[] = {"--config", "--set",   "--backend",   "--data",  "--val-data",
+                                           "--out",    "--resume", "--init-from", "--mesh",  "--pp-layers",
+                                           "--steps",  "--zero",   "--peak-flops", "--knob", "--lora", NULL};
+static const char *const train_flags[] = {"--quiet", NULL};
 
 /* Under mpirun: MPI up first (every rank parses the same flags and fails the
  * same way on bad input: one line, exit 2, no collective entered). A failure
@@ -177,7 +172,7 @@ static int train_main(int argc, char **argv, int world, int rank)
     struct mt_ctx ctx;
     mt_ctx_init(&ctx);
     ctx.rank = rank;
-    struct mt_knobs knobs;   /* the tunables: defaults, env aliases, then --knob */
+    struct mt_knobs knobs;   /* the tunables: defaults, env aliases, then --config's "knobs", then --knob */
     mt_knobs_init(&knobs);
     ctx.knobs = &knobs;
     struct mt_config cfg;
@@ -193,7 +188,9 @@ static int train_main(int argc, char **argv, int world, int rank)
     }
     opts.command_line = cmdline;
 
-    /* --resume / --init-from: the checkpoint's config is the base */
+    /* --resume / --init-from: the checkpoint's config is the base, so they
+     * are read here, before train_args applies --config and --set on top
+     * (the one place they are read; train_args only steps over them) */
     const char *resume_arg = NULL, *init_arg = NULL;
     for (int i = 1; i + 1 < argc; i++) {
         if (!strcmp(argv[i], "--resume")) resume_arg = argv[i + 1];
@@ -265,7 +262,7 @@ static int train_args(struct mt_ctx *ctx, struct mt_knobs *knobs, struct mt_conf
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--config")) {
             if (i + 1 >= argc) { fprintf(stderr, "meshtrain train: --config needs a file\n"); return 2; }
-            if (mt_config_load_file(ctx, cfg, argv[i + 1]) != MT_OK) {
+            if (mt_config_load_file_knobs(ctx, cfg, knobs, argv[i + 1]) != MT_OK) {
                 fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(ctx));
                 return 2;
             }
@@ -275,9 +272,9 @@ static int train_args(struct mt_ctx *ctx, struct mt_knobs *knobs, struct mt_conf
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { train_usage(stdout); return 0; }
-        if (!strcmp(a, "--quiet")) { opts->quiet = 1; continue; }
-        if (!train_option_takes_value(a)) { fprintf(stderr, "meshtrain train: unknown option '%s' (see --help)\n", a); return 2; }
-        if (!v) { fprintf(stderr, "meshtrain train: %s needs a value (see --help)\n", a); return 2; }
+        const int kind = mt_cmd_option("train", train_flags, train_valued, argc, argv, i);
+        if (kind < 0) return 2;
+        if (kind == 0) { opts->quiet = 1; continue; }   /* --quiet */
         char *end = NULL;
         if (!strcmp(a, "--config")) { /* done above */ }
         else if (!strcmp(a, "--set")) {
@@ -330,8 +327,7 @@ static int train_args(struct mt_ctx *ctx, struct mt_knobs *knobs, struct mt_conf
         else if (!strcmp(a, "--data")) opts->data_path = v;
         else if (!strcmp(a, "--val-data")) opts->val_path = v;
         else if (!strcmp(a, "--out")) opts->out_dir = v;
-        else if (!strcmp(a, "--resume")) opts->resume = v;
-        else if (!strcmp(a, "--init-from")) opts->init_from = v;
+        else if (!strcmp(a, "--resume") || !strcmp(a, "--init-from")) { /* train_main's base scan */ }
         else if (!strcmp(a, "--mesh")) opts->mesh = v;
         else if (!strcmp(a, "--pp-layers")) opts->pp_layers = v;
         else if (!strcmp(a, "--steps") || !strcmp(a, "--zero")) {
@@ -350,7 +346,6 @@ static int train_args(struct mt_ctx *ctx, struct mt_knobs *knobs, struct mt_conf
                 return 2;
             }
         }
-        else { fprintf(stderr, "meshtrain train: unknown option '%s' (see --help)\n", a); return 2; }
         i++;
     }
     return -1;

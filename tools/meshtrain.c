@@ -56,3 +56,25 @@ long long mt_cmd_size_arg(const char *tool, const char *s)
     }
     return (long long)v;
 }
+
+static int in_list(const char *const *list, const char *a)
+{
+    for (; list && *list; list++)
+        if (!strcmp(*list, a)) return 1;
+    return 0;
+}
+
+int mt_cmd_option(const char *tool, const char *const *flags, const char *const *valued, int argc, char **argv, int i)
+{
+    const char *a = argv[i];
+    if (in_list(flags, a)) return 0;
+    if (!in_list(valued, a)) {
+        fprintf(stderr, "meshtrain %s: unknown option '%s' (see --help)\n", tool, a);
+        return -1;
+    }
+    if (i + 1 >= argc) {
+        fprintf(stderr, "meshtrain %s: %s needs a value (see --help)\n", tool, a);
+        return -1;
+    }
+    return 1;
+}

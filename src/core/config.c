@@ -19,6 +19,7 @@
  */
 #define _GNU_SOURCE
 #include "mt_config.h"
+#include "mt_knobs.h"
 #include "../model/mt_blocks.h"   /* pattern letters: the block-kind table */
 
 #include <cjson/cJSON.h>
@@ -341,9 +342,36 @@ static enum mt_status json_where(struct mt_ctx *ctx, const char *text, const cha
                         line, col, off, near);
 }
 
+/* The config's "knobs" object: each member a knob name, its value a bool,
+ * number or string (mt_knobs_set_from, source CONFIG). Here and not in
+ * knobs.c so that the knobs table needs no JSON library (comm_nccl.c reads
+ * it in archives linked without cJSON). */
+static enum mt_status apply_knobs(struct mt_ctx *ctx, struct mt_knobs *k, const cJSON *obj)
+{
+    if (!cJSON_IsObject(obj))
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "config knobs: expected an object of NAME: VALUE");
+    for (const cJSON *it = obj->child; it; it = it->next) {
+        char v[MT_KNOB_VALUE_LEN + 1];
+        if (cJSON_IsBool(it)) snprintf(v, sizeof v, "%d", cJSON_IsTrue(it) ? 1 : 0);
+        else if (cJSON_IsNumber(it)) snprintf(v, sizeof v, "%.17g", it->valuedouble);
+        else if (cJSON_IsString(it)) snprintf(v, sizeof v, "%s", it->valuestring);
+        else
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "config knobs.%s: expected a bool, number or string",
+                                it->string);
+        MT_CHECK(mt_knobs_set_from(ctx, k, it->string, strlen(it->string), v, MT_KNOB_CONFIG));
+    }
+    return MT_OK;
+}
+
 /* All-or-nothing: the keys are applied to a copy, which replaces *cfg only if
  * every key was accepted. */
 enum mt_status mt_config_apply_json(struct mt_ctx *ctx, struct mt_config *cfg, const char *json_text)
+{
+    return mt_config_apply_json_knobs(ctx, cfg, NULL, json_text);
+}
+
+enum mt_status mt_config_apply_json_knobs(struct mt_ctx *ctx, struct mt_config *cfg, struct mt_knobs *knobs,
+                                          const char *json_text)
 {
     if (!json_text) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "config: no JSON text");
     const char *end = NULL;
@@ -354,6 +382,9 @@ enum mt_status mt_config_apply_json(struct mt_ctx *ctx, struct mt_config *cfg, c
     }
     enum mt_status rc = MT_OK;
     struct mt_config tmp = *cfg;
+    struct mt_knobs ktmp;   /* knobs too are all or nothing (checked even when not kept) */
+    if (knobs) ktmp = *knobs;
+    else mt_knobs_init(&ktmp);
     /* one object and nothing after it but white space: cJSON stops at the
      * end of the first value and would ignore the rest */
     while (end && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')) end++;
@@ -366,8 +397,9 @@ enum mt_status mt_config_apply_json(struct mt_ctx *ctx, struct mt_config *cfg, c
         goto done;
     }
     for (const cJSON *it = root->child; it; it = it->next) {
-        const struct key *k = find_key(it->string, strlen(it->string));
-        if (!k) {
+        const int is_knobs = !strcmp(it->string, "knobs");
+        const struct key *k = is_knobs ? NULL : find_key(it->string, strlen(it->string));
+        if (!k && !is_knobs) {
             rc = unknown_key(ctx, it->string, strlen(it->string));
             goto done;
         }
@@ -377,15 +409,23 @@ enum mt_status mt_config_apply_json(struct mt_ctx *ctx, struct mt_config *cfg, c
                 rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "config: duplicate config key '%s'", it->string);
                 goto done;
             }
-        MT_CHECK_GOTO(set_json(ctx, &tmp, k, it), rc, done);
+        if (is_knobs) MT_CHECK_GOTO(apply_knobs(ctx, &ktmp, it), rc, done);
+        else MT_CHECK_GOTO(set_json(ctx, &tmp, k, it), rc, done);
     }
     *cfg = tmp;
+    if (knobs) *knobs = ktmp;
 done:
     cJSON_Delete(root);
     return rc;
 }
 
 enum mt_status mt_config_load_file(struct mt_ctx *ctx, struct mt_config *cfg, const char *path)
+{
+    return mt_config_load_file_knobs(ctx, cfg, NULL, path);
+}
+
+enum mt_status mt_config_load_file_knobs(struct mt_ctx *ctx, struct mt_config *cfg, struct mt_knobs *knobs,
+                                         const char *path)
 {
     FILE *f = fopen(path, "rb");
     if (!f) return mt_ctx_error(ctx, MT_ERR_IO, "cannot open config file '%s'", path);
@@ -417,7 +457,7 @@ enum mt_status mt_config_load_file(struct mt_ctx *ctx, struct mt_config *cfg, co
     const char *nul = memchr(buf, '\0', len);
     enum mt_status rc = nul ? mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "config: NUL byte at offset %zu (not a text file?)",
                                            (size_t)(nul - buf))
-                            : mt_config_apply_json(ctx, cfg, buf);
+                            : mt_config_apply_json_knobs(ctx, cfg, knobs, buf);
     free(buf);
     if (rc != MT_OK) {
         /* prefix the file name, keeping the key-naming message */
@@ -543,18 +583,10 @@ void mt_config_print_help(void *file)
         if (!(cond)) return mt_ctx_error(ctx, MT_ERR_CONFIG, __VA_ARGS__); \
     } while (0)
 
-/*
- * Derivations:
- *   head_dim      = D / H                          (D % H must be 0)
- *   mlp_hidden    = 64 * ceil(ceil(8D/3) / 64)
- *   expert_hidden = F / 4
- *   pattern       = "A" x L
- *   total_steps   = run_steps
- */
-enum mt_status mt_config_resolve(struct mt_ctx *ctx, struct mt_config *cfg, int run_steps)
+/* Every table key within its table range / allowed set (the struct may
+ * have been edited directly rather than through set/apply_json). */
+static enum mt_status resolve_ranges(struct mt_ctx *ctx, const struct mt_config *cfg)
 {
-    /* Every table key within its table range / allowed set (the struct may
-     * have been edited directly rather than through set/apply_json). */
     for (int i = 0; i < N_KEYS; i++) {
         const struct key *k = &keys[i];
         const void *p = cfield(cfg, k);
@@ -577,7 +609,12 @@ enum mt_status mt_config_resolve(struct mt_ctx *ctx, struct mt_config *cfg, int 
             }
         }
     }
+    return MT_OK;
+}
 
+/* Vocabulary, dimensions, heads; head_dim and mlp_hidden derived. */
+static enum mt_status resolve_dims(struct mt_ctx *ctx, struct mt_config *cfg)
+{
     RULE(cfg->vocab_size != 0,
          "vocab_size is not set (give it in the config or train on a prepared data dir with a tokenizer)");
     RULE(cfg->vocab_size >= 2 && cfg->vocab_size <= 65536, "vocab_size in [2, 65536] (vocab_size=%d)",
@@ -602,8 +639,14 @@ enum mt_status mt_config_resolve(struct mt_ctx *ctx, struct mt_config *cfg, int 
         RULE(f <= (1 << 24), "derived mlp_hidden too large (d_model=%d)", cfg->d_model);
         cfg->mlp_hidden = (int)f;
     }
+    return MT_OK;
+}
 
-    /* pattern */
+/* The block pattern ("A" x L when empty), the routed experts
+ * (expert_hidden derived) and the Mamba-3 shape; *n_moe: the layers with
+ * routed experts. */
+static enum mt_status resolve_pattern(struct mt_ctx *ctx, struct mt_config *cfg, int *n_moe_out)
+{
     size_t plen = strlen(cfg->pattern);
     if (plen == 0) {
         memset(cfg->pattern, 'A', (size_t)cfg->n_layer);
@@ -641,7 +684,13 @@ enum mt_status mt_config_resolve(struct mt_ctx *ctx, struct mt_config *cfg, int 
         RULE(nh % cfg->mamba_ngroups == 0, "mamba_ngroups must divide nheads = d_inner / mamba_headdim (mamba_ngroups=%d, nheads=%lld)",
              cfg->mamba_ngroups, (long long)nh);
     }
+    *n_moe_out = n_moe;
+    return MT_OK;
+}
 
+/* Batch split and optimizer constants. */
+static enum mt_status resolve_training(struct mt_ctx *ctx, const struct mt_config *cfg)
+{
     RULE(cfg->batch_size > 0 && cfg->microbatches > 0, "batch_size, microbatches > 0 (batch_size=%d, microbatches=%d)",
          cfg->batch_size, cfg->microbatches);
     RULE(cfg->batch_size % cfg->microbatches == 0, "batch_size %% microbatches != 0 (batch_size=%d, microbatches=%d)",
@@ -654,9 +703,14 @@ enum mt_status mt_config_resolve(struct mt_ctx *ctx, struct mt_config *cfg, int 
     RULE(cfg->adam_beta2 >= 0 && cfg->adam_beta2 < 1, "adam_beta2 in [0, 1) (adam_beta2=%g)", (double)cfg->adam_beta2);
     RULE(cfg->muon_momentum >= 0 && cfg->muon_momentum < 1, "muon_momentum in [0, 1) (muon_momentum=%g)",
          (double)cfg->muon_momentum);
+    return MT_OK;
+}
 
-    /* LoRA: known targets, and r <= min(in, out) of every targeted matrix
-     * (a rank-r update of a matrix with a smaller side is not low-rank) */
+/* LoRA: known targets, and r <= min(in, out) of every targeted matrix
+ * (a rank-r update of a matrix with a smaller side is not low-rank);
+ * lora_alpha defaults to the rank. */
+static enum mt_status resolve_lora(struct mt_ctx *ctx, struct mt_config *cfg, int n_moe)
+{
     if (cfg->lora_rank > 0) {
         char bad[64];
         unsigned mask = 0;
@@ -674,7 +728,26 @@ enum mt_status mt_config_resolve(struct mt_ctx *ctx, struct mt_config *cfg, int 
              cfg->lora_rank, (long long)lim);
         if (cfg->lora_alpha == 0) cfg->lora_alpha = (float)cfg->lora_rank;
     }
+    return MT_OK;
+}
 
+/*
+ * In steps (each a function above), the first broken rule returned.
+ * Derivations:
+ *   head_dim      = D / H                          (D % H must be 0)
+ *   mlp_hidden    = 64 * ceil(ceil(8D/3) / 64)
+ *   expert_hidden = F / 4
+ *   pattern       = "A" x L
+ *   total_steps   = run_steps
+ */
+enum mt_status mt_config_resolve(struct mt_ctx *ctx, struct mt_config *cfg, int run_steps)
+{
+    int n_moe = 0;
+    MT_CHECK(resolve_ranges(ctx, cfg));
+    MT_CHECK(resolve_dims(ctx, cfg));
+    MT_CHECK(resolve_pattern(ctx, cfg, &n_moe));
+    MT_CHECK(resolve_training(ctx, cfg));
+    MT_CHECK(resolve_lora(ctx, cfg, n_moe));
     RULE(run_steps >= 0, "run steps >= 0 (steps=%d)", run_steps);
     if (cfg->total_steps == 0) cfg->total_steps = run_steps;
     return MT_OK;

@@ -167,3 +167,54 @@ void mt_file_dir_of(const char *path, char *dir, size_t n)
     if (slash) *slash = 0;
     else snprintf(dir, n, ".");
 }
+
+enum mt_status mt_file_atomic_open(struct mt_ctx *ctx, struct mt_file_atomic *a, const char *path, unsigned flags,
+                                   enum mt_status err)
+{
+    memset(a, 0, sizeof *a);
+    a->flags = flags;
+    a->err = err;
+    if ((size_t)snprintf(a->path, sizeof a->path, "%s", path) >= sizeof a->path)
+        return mt_ctx_error(ctx, err, "path too long: %s", path);
+    snprintf(a->tmp, sizeof a->tmp, "%s.tmp", a->path);
+    a->f = fopen(a->tmp, "wb");
+    if (!a->f) return mt_ctx_error(ctx, err, "cannot write %s: %s", a->tmp, strerror(errno));
+    return MT_OK;
+}
+
+void mt_file_atomic_discard(struct mt_file_atomic *a)
+{
+    if (a->f) fclose(a->f);
+    a->f = NULL;
+    unlink(a->tmp);
+}
+
+enum mt_status mt_file_atomic_commit(struct mt_ctx *ctx, struct mt_file_atomic *a, int ok)
+{
+    /* errno of the first failure: the writes', else flush, sync, close, rename */
+    int e = ok ? 0 : (errno ? errno : EIO);
+    if (ok && fflush(a->f) != 0) ok = 0, e = errno;
+    if (ok && (a->flags & MT_FILE_SYNC) && fsync(fileno(a->f)) != 0) ok = 0, e = errno;
+    if (fclose(a->f) != 0 && ok) ok = 0, e = errno;
+    a->f = NULL;
+    if (ok && rename(a->tmp, a->path) != 0) ok = 0, e = errno;
+    if (!ok) {
+        unlink(a->tmp);
+        return mt_ctx_error(ctx, a->err, "cannot write %s: %s", a->path, strerror(e));
+    }
+    if (a->flags & MT_FILE_SYNC_DIR) {
+        char dir[4096];
+        mt_file_dir_of(a->path, dir, sizeof dir);
+        int fd = open(dir, O_RDONLY | O_DIRECTORY);
+        if (fd >= 0) { fsync(fd); close(fd); }
+    }
+    return MT_OK;
+}
+
+enum mt_status mt_file_write_atomic(struct mt_ctx *ctx, const char *path, const void *data, size_t n, unsigned flags,
+                                    enum mt_status err)
+{
+    struct mt_file_atomic a;
+    MT_CHECK(mt_file_atomic_open(ctx, &a, path, flags, err));
+    return mt_file_atomic_commit(ctx, &a, n == 0 || fwrite(data, 1, n, a.f) == n);
+}

@@ -3,6 +3,7 @@
  */
 #include "mt_knobs.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,9 @@ static const struct mt_knob_def knob_table[MT_KNOB_COUNT] = {
     [MT_KNOB_CUDA_PRECISION] = {
         "cuda_precision", MT_KNOB_STRING, "fp32", "MT_CUDA_PRECISION", "src/ops/cuda/ops_cuda.cu", "fp32|bf16", 0,
         "GEMM precision of the cuda backend (bf16 inputs, fp32 accumulate); no effect on cpu"},
+    [MT_KNOB_NCCL_TIMEOUT] = {
+        "nccl_timeout_s", MT_KNOB_SECONDS, "600", "MT_NCCL_TIMEOUT_S", "src/dist/comm_nccl.c", NULL, 0,
+        "seconds one NCCL collective may wait before its communicator is aborted (nccl builds only)"},
     [MT_KNOB_TEST_FAULT] = {
         "test_fault", MT_KNOB_STRING, "", "MT_FAULT", "src/train/test_hooks.c", NULL, 1,
         "test hook RANK:STEP:KIND, KIND nan|error|signal|stop|replica|oom: inject a fault"},
@@ -30,7 +34,7 @@ const struct mt_knob_def *mt_knob_def(enum mt_knob_id id)
 
 const char *mt_knob_source_name(enum mt_knob_source s)
 {
-    return s == MT_KNOB_CLI ? "command line" : s == MT_KNOB_ENV ? "env" : "default";
+    return s == MT_KNOB_CLI ? "command line" : s == MT_KNOB_CONFIG ? "config" : s == MT_KNOB_ENV ? "env" : "default";
 }
 
 /* the alias if set and non-empty, else NULL */
@@ -49,41 +53,66 @@ void mt_knobs_init(struct mt_knobs *k)
     }
 }
 
-enum mt_status mt_knobs_set(struct mt_ctx *ctx, struct mt_knobs *k, const char *arg)
+/* v is one of d's '|'-separated choices */
+static int in_choices(const struct mt_knob_def *d, const char *v)
 {
-    const char *eq = strchr(arg, '=');
-    size_t nl = eq ? (size_t)(eq - arg) : strlen(arg);
+    size_t vl = strlen(v);
+    for (const char *c = d->choices; *c;) {
+        size_t cl = strcspn(c, "|");
+        if (cl == vl && !strncmp(c, v, vl)) return 1;
+        c += cl + (c[cl] == '|');
+    }
+    return 0;
+}
+
+/* How an error names where the value came from: "--knob zero_overlap",
+ * "config knobs.zero_overlap". */
+static const char *origin(enum mt_knob_source source) { return source == MT_KNOB_CONFIG ? "config knobs." : "--knob "; }
+
+enum mt_status mt_knobs_set_from(struct mt_ctx *ctx, struct mt_knobs *k, const char *name, size_t nl,
+                                 const char *v, enum mt_knob_source source)
+{
+    const char *o = origin(source);
     for (int i = 0; i < MT_KNOB_COUNT; i++) {
         const struct mt_knob_def *d = &knob_table[i];
-        if (strlen(d->name) != nl || strncmp(d->name, arg, nl)) continue;
-        if (!eq) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--knob %s: expected NAME=VALUE", arg);
-        const char *v = eq + 1;
+        if (strlen(d->name) != nl || strncmp(d->name, name, nl)) continue;
         if (d->type == MT_KNOB_BOOL && strcmp(v, "0") && strcmp(v, "1"))
-            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--knob %s: expected 0 or 1 (got '%s')", d->name, v);
-        if (d->choices) {
-            /* v must be one of the '|'-separated choices */
-            size_t vl = strlen(v);
-            const char *c = d->choices;
-            int ok = 0;
-            while (*c && !ok) {
-                size_t cl = strcspn(c, "|");
-                ok = cl == vl && !strncmp(c, v, vl);
-                c += cl + (c[cl] == '|');
-            }
-            if (!ok) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--knob %s: expected %s (got '%s')", d->name,
-                                         d->choices, v);
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s%s: expected 0 or 1 (got '%s')", o, d->name, v);
+        if (d->type == MT_KNOB_SECONDS) {
+            char *end = NULL;
+            double x = strtod(v, &end);
+            if (end == v || *end || !isfinite(x) || !(x > 0))
+                return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s%s: expected a positive number of seconds (got '%s')",
+                                    o, d->name, v);
         }
+        if (d->choices && !in_choices(d, v))
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s%s: expected %s (got '%s')", o, d->name, d->choices, v);
         if (strlen(v) >= MT_KNOB_VALUE_LEN)
-            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--knob %s: value longer than %d characters", d->name,
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s%s: value longer than %d characters", o, d->name,
                                 MT_KNOB_VALUE_LEN - 1);
+        if (k->source[i] > source) return MT_OK;   /* a higher source set it: precedence, not order */
         snprintf(k->value[i], sizeof k->value[i], "%s", v);
-        k->source[i] = MT_KNOB_CLI;
+        k->source[i] = source;
         return MT_OK;
     }
     char names[256] = "";
     for (int i = 0; i < MT_KNOB_COUNT; i++)
         snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "", knob_table[i].name);
-    return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--knob '%.*s': unknown knob (known: %s)", (int)nl, arg, names);
+    return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s'%.*s': unknown knob (known: %s)",
+                        source == MT_KNOB_CONFIG ? "config knobs: " : "--knob ", (int)nl, name, names);
+}
+
+enum mt_status mt_knobs_set(struct mt_ctx *ctx, struct mt_knobs *k, const char *arg)
+{
+    const char *eq = strchr(arg, '=');
+    if (!eq) {
+        /* a known name without a value is a syntax error, an unknown one is unknown */
+        for (int i = 0; i < MT_KNOB_COUNT; i++)
+            if (!strcmp(knob_table[i].name, arg))
+                return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--knob %s: expected NAME=VALUE", arg);
+    }
+    size_t nl = eq ? (size_t)(eq - arg) : strlen(arg);
+    return mt_knobs_set_from(ctx, k, arg, nl, eq ? eq + 1 : "", MT_KNOB_CLI);
 }
 
 const char *mt_knob_str(const struct mt_ctx *ctx, enum mt_knob_id id)
@@ -112,7 +141,7 @@ void mt_knobs_help(char *buf, size_t n)
     for (int i = 0; i < MT_KNOB_COUNT && at < n; i++) {
         const struct mt_knob_def *d = &knob_table[i];
         at += (size_t)snprintf(buf + at, n - at, "  %-20s %s (default '%s'; env %s%s): %s\n", d->name,
-                               d->type == MT_KNOB_BOOL ? "0|1" : d->choices ? d->choices : "text", d->def, d->env,
+                               d->type == MT_KNOB_BOOL ? "0|1" : d->type == MT_KNOB_SECONDS ? "seconds" : d->choices ? d->choices : "text", d->def, d->env,
                                d->test_only ? "; TEST HOOK" : "", d->help);
     }
 }

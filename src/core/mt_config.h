@@ -80,9 +80,17 @@ struct mt_config {
 void mt_config_defaults(struct mt_config *cfg);
 
 /* Apply a JSON object (file contents). Unknown key, wrong type or value out of
- * range -> MT_ERR_INVALID_ARG with a message naming the key. */
+ * range -> MT_ERR_INVALID_ARG with a message naming the key. All or nothing.
+ * A top-level "knobs" object holds runtime tunables, not config
+ * (mt_knobs.h): they are checked always and stored into knobs when it is
+ * not NULL (source "config"). */
+struct mt_knobs;
 enum mt_status mt_config_apply_json(struct mt_ctx *ctx, struct mt_config *cfg, const char *json_text);
+enum mt_status mt_config_apply_json_knobs(struct mt_ctx *ctx, struct mt_config *cfg, struct mt_knobs *knobs,
+                                          const char *json_text);
 enum mt_status mt_config_load_file(struct mt_ctx *ctx, struct mt_config *cfg, const char *path);
+enum mt_status mt_config_load_file_knobs(struct mt_ctx *ctx, struct mt_config *cfg, struct mt_knobs *knobs,
+                                         const char *path);
 
 /* Apply one "key=value" override. Same errors as above. */
 enum mt_status mt_config_set(struct mt_ctx *ctx, struct mt_config *cfg, const char *key_eq_value);

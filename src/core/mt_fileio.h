@@ -16,6 +16,7 @@
 #define MT_FILEIO_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 #include "mt_core.h"
@@ -46,6 +47,40 @@ enum mt_status mt_file_read_text(struct mt_ctx *ctx, const char *path, size_t ma
 /* Copy src to dst (created or truncated, 0644) and fsync dst. Errors are
  * MT_ERR_RUNTIME naming the file (a writer's failure, not bad input). */
 enum mt_status mt_file_copy(struct mt_ctx *ctx, const char *src, const char *dst);
+
+/* ---- atomic replace: write a temporary, then rename it over the file ----
+ * The bytes go to PATH.tmp; on commit it is flushed (fsync'ed with
+ * MT_FILE_SYNC) and renamed over PATH (PATH's directory fsync'ed with
+ * MT_FILE_SYNC_DIR, so the rename itself is durable). A reader sees the old
+ * file or the new one, never a part. On any failure PATH.tmp is removed and
+ * PATH is as it was; the error is `err` naming PATH and errno's reason:
+ * MT_ERR_IO for a tool's output, MT_ERR_RUNTIME for what a run writes at its
+ * end (receipt, checkpoint: exit 1). A stale PATH.tmp of a killed writer is
+ * truncated by the next one.
+ *
+ *     struct mt_file_atomic a;
+ *     MT_CHECK(mt_file_atomic_open(ctx, &a, path, MT_FILE_SYNC, MT_ERR_IO));
+ *     int ok = fwrite(buf, 1, n, a.f) == n;
+ *     MT_CHECK(mt_file_atomic_commit(ctx, &a, ok));   // ok == 0: discarded, error
+ */
+enum { MT_FILE_SYNC = 1, MT_FILE_SYNC_DIR = 2 };
+struct mt_file_atomic {
+    FILE          *f;          /* write here (binary mode) */
+    char           path[4096];
+    char           tmp[4104];
+    unsigned       flags;
+    enum mt_status err;
+};
+enum mt_status mt_file_atomic_open(struct mt_ctx *ctx, struct mt_file_atomic *a, const char *path, unsigned flags,
+                                   enum mt_status err);
+/* ok: the writes into a->f succeeded (0: discard the temporary and return
+ * the error with errno's reason). Closes a->f either way. */
+enum mt_status mt_file_atomic_commit(struct mt_ctx *ctx, struct mt_file_atomic *a, int ok);
+/* Give up without an error (the caller reports its own): close, remove the temporary. */
+void mt_file_atomic_discard(struct mt_file_atomic *a);
+/* The whole pattern for one buffer of n bytes. */
+enum mt_status mt_file_write_atomic(struct mt_ctx *ctx, const char *path, const void *data, size_t n, unsigned flags,
+                                    enum mt_status err);
 
 /* The directory holding `path`: the path itself if it is a directory, else
  * its parent ("." for a bare name). */

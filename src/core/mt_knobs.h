@@ -5,8 +5,10 @@
  * the model config lives in ONE table: its name, type, default, the
  * environment variable kept as an alias, the file that reads it, and
  * whether it is a test-only hook. A value comes from (highest first) the
- * command line (`meshtrain train --knob NAME=VALUE`), its environment alias,
- * the default. Library code reads a knob through the context it is given
+ * command line (`meshtrain train --knob NAME=VALUE`), the config file's
+ * "knobs" object (`{"knobs": {"zero_overlap": 0}}`, read by config.c),
+ * its environment alias, the default: a lower source never overrides a
+ * higher one, whatever the order they are applied in. Library code reads a knob through the context it is given
  * (mt_knob_str / mt_knob_int), never getenv; a context without a knob set
  * (ctx->knobs NULL: tests, tools that do not train) falls back to the alias
  * and the default, as before the table existed. Every receipt echoes every
@@ -29,12 +31,17 @@
 enum mt_knob_id {
     MT_KNOB_ZERO_OVERLAP = 0,     /* src/train/zero.c                        */
     MT_KNOB_CUDA_PRECISION,       /* src/ops/cuda/ops_cuda.cu (via setup.c)  */
+    MT_KNOB_NCCL_TIMEOUT,         /* src/dist/comm_nccl.c                    */
     MT_KNOB_TEST_FAULT,           /* src/train/test_hooks.c (test only)      */
     MT_KNOB_TEST_FORCE_ROUTING,   /* src/model/model.c (test only)           */
     MT_KNOB_COUNT
 };
 
-enum mt_knob_type { MT_KNOB_BOOL, MT_KNOB_STRING };
+enum mt_knob_type {
+    MT_KNOB_BOOL,      /* 0 or 1                     */
+    MT_KNOB_STRING,    /* free text, or one of choices */
+    MT_KNOB_SECONDS,   /* a positive finite number     */
+};
 
 struct mt_knob_def {
     const char       *name;      /* "zero_overlap": the --knob name        */
@@ -47,7 +54,8 @@ struct mt_knob_def {
     const char       *help;      /* one line                               */
 };
 
-enum mt_knob_source { MT_KNOB_DEFAULT = 0, MT_KNOB_ENV, MT_KNOB_CLI };
+/* In precedence order: a higher source wins. */
+enum mt_knob_source { MT_KNOB_DEFAULT = 0, MT_KNOB_ENV, MT_KNOB_CONFIG, MT_KNOB_CLI };
 
 #define MT_KNOB_VALUE_LEN 64
 struct mt_knobs {
@@ -56,13 +64,17 @@ struct mt_knobs {
 };
 
 const struct mt_knob_def *mt_knob_def(enum mt_knob_id id);
-const char *mt_knob_source_name(enum mt_knob_source s);   /* "default", "env", "command line" */
+const char *mt_knob_source_name(enum mt_knob_source s);   /* "default", "env", "config", "command line" */
 
 /* Every knob at its environment alias or default. */
 void mt_knobs_init(struct mt_knobs *k);
 /* "NAME=VALUE" from the command line: MT_ERR_INVALID_ARG naming the knob and
  * what it accepts for an unknown name or a bad value (bool: 0 or 1). */
 enum mt_status mt_knobs_set(struct mt_ctx *ctx, struct mt_knobs *k, const char *name_eq_value);
+/* The knob `name` = value from `source` (CONFIG or CLI): checked as above;
+ * stored only when no higher source set it already. */
+enum mt_status mt_knobs_set_from(struct mt_ctx *ctx, struct mt_knobs *k, const char *name, size_t name_len,
+                                 const char *value, enum mt_knob_source source);
 
 /* The value in force for ctx (ctx->knobs, else the alias, else the default). */
 const char *mt_knob_str(const struct mt_ctx *ctx, enum mt_knob_id id);

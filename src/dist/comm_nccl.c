@@ -33,6 +33,7 @@
 #define _GNU_SOURCE
 #include "comm_nccl.h"
 #include "comm_impl.h"
+#include "../core/mt_knobs.h"
 
 #ifdef MT_WITH_NCCL
 
@@ -57,9 +58,10 @@
 #define MT_NCCL_SPLIT_BY_ID 1
 #endif
 
-/* Runtime tunable, declared at its point of use: how long one wait may
- * last before the communicator is declared dead and aborted. Read once,
- * when the world is created; splits inherit it. */
+/* Runtime tunable (knob nccl_timeout_s in src/core/knobs.c, env alias
+ * below): how long one wait may last before the communicator is declared
+ * dead and aborted. Read once, when the world is created; splits inherit it.
+ * The default here matches the knob table's. */
 #define MT_NCCL_TIMEOUT_ENV       "MT_NCCL_TIMEOUT_S"
 #define MT_NCCL_TIMEOUT_DEFAULT_S 600.0
 
@@ -780,8 +782,10 @@ static enum mt_status comm_alloc(struct mt_ctx *ctx, int device, double timeout_
 
 static enum mt_status read_timeout(struct mt_ctx *ctx, double *out)
 {
+    /* knob nccl_timeout_s (env alias MT_NCCL_TIMEOUT_S): a command-line or
+     * config value was checked when set; the alias's text is checked here */
     *out = MT_NCCL_TIMEOUT_DEFAULT_S;
-    const char *s = getenv(MT_NCCL_TIMEOUT_ENV);
+    const char *s = mt_knob_str(ctx, MT_KNOB_NCCL_TIMEOUT);
     if (!s || !s[0]) return MT_OK;
     char *end = NULL;
     double v = strtod(s, &end);

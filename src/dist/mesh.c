@@ -90,6 +90,11 @@ const char *mt_mesh_group_name(enum mt_mesh_group g)
     return (g >= 0 && g < MT_MESH_GROUP_COUNT) ? group_info[g].name : "?";
 }
 
+void mt_mesh_dims_set_sp(struct mt_mesh_dims *d, const struct mt_config *cfg)
+{
+    d->sp = d->tp > 1 && (cfg ? cfg->sequence_parallel != 0 : 1);
+}
+
 long long mt_mesh_dims_world(const struct mt_mesh_dims *d)
 {
     return (long long)d->pp * d->dp * d->ep * d->tp;
@@ -425,6 +430,7 @@ static enum mt_status mesh_build(struct mt_ctx *ctx, const struct mt_mesh_dims *
     m->ctx = ctx;
     m->has_dev = dev != NULL;
     m->dims = *d;
+    mt_mesh_dims_set_sp(&m->dims, cfg);
     m->rank = rank;
     m->world = world;
     mt_mesh_coord_of(d, rank, &m->coord);

@@ -52,8 +52,14 @@
 /* Upper bound on one degree (parse rejects more). */
 #define MT_MESH_MAX_DEGREE 65536
 
+/* Degrees of the four axes, and whether sequence parallelism is on: sp = 1
+ * iff tp > 1 and the config's sequence_parallel (mt_mesh_dims_set_sp). The
+ * layout rules read sp (a residual-row parameter's grad is a partial sum
+ * over the model group only under SP). mt_mesh_parse leaves sp 0; sp is not
+ * part of the mesh string (mt_mesh_dims_str). */
 struct mt_mesh_dims {
     int pp, dp, ep, tp;
+    int sp;
 };
 
 struct mt_mesh_coord {
@@ -99,6 +105,9 @@ enum mt_status mt_mesh_parse(struct mt_ctx *ctx, const char *spec, int world, st
 
 /* "pp=1,dp=2,ep=1,tp=2" (the checkpoint manifest's mesh string). */
 void mt_mesh_dims_str(const struct mt_mesh_dims *d, char *buf, size_t n);
+/* d->sp = tp > 1 && cfg->sequence_parallel (cfg NULL: taken as on, as in
+ * mt_mesh_derive_preds). */
+void mt_mesh_dims_set_sp(struct mt_mesh_dims *d, const struct mt_config *cfg);
 /* pp*dp*ep*tp (as long long: no overflow for valid degrees). */
 long long mt_mesh_dims_world(const struct mt_mesh_dims *d);
 

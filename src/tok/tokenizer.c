@@ -15,6 +15,7 @@
  */
 #define _GNU_SOURCE
 #include "mt_tok.h"
+#include "../core/mt_fileio.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -376,19 +377,7 @@ enum mt_status mt_tok_save(struct mt_ctx *ctx, const struct mt_tok *t, const cha
     uint8_t *buf;
     size_t n;
     MT_CHECK(mt_tok_serialize(ctx, t, &buf, &n));
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    enum mt_status rc = MT_OK;
-    FILE *f = fopen(tmp, "wb");
-    if (!f) { rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot write %s: %s", tmp, strerror(errno)); goto done; }
-    int bad = fwrite(buf, 1, n, f) != n;
-    bad |= fflush(f) != 0;
-    bad |= fclose(f) != 0;
-    if (bad || rename(tmp, path) != 0) {
-        rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot write %s: %s", path, strerror(errno));
-        remove(tmp);
-    }
-done:
+    enum mt_status rc = mt_file_write_atomic(ctx, path, buf, n, 0, MT_ERR_IO);
     mt_free(ctx, buf);
     return rc;
 }

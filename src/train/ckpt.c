@@ -725,20 +725,10 @@ static enum mt_status add_file(struct mt_ctx *ctx, cJSON *files, const char *dir
  * dir. The .tmp is removed on failure. MT_ERR_RUNTIME on failure. */
 static enum mt_status write_atomic(struct mt_ctx *ctx, const char *dir, const char *name, const char *text)
 {
-    char path[PATH_MAX], tmp[PATH_MAX + 8];
+    char path[PATH_MAX];
     if (join_path(path, sizeof path, dir, name) != 0)
         return mt_ctx_error(ctx, MT_ERR_RUNTIME, "path too long: %s/%s", dir, name);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0 || mt_file_pwrite_all(fd, text, strlen(text), 0) != 0 || fsync(fd) != 0 || close(fd) != 0 || (fd = -1, 0) ||
-        rename(tmp, path) != 0) {
-        int err = errno;
-        if (fd >= 0) close(fd);
-        unlink(tmp);
-        return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot write %s: %s", path, strerror(err));
-    }
-    fsync_path(dir);
-    return MT_OK;
+    return mt_file_write_atomic(ctx, path, text, strlen(text), MT_FILE_SYNC | MT_FILE_SYNC_DIR, MT_ERR_RUNTIME);
 }
 
 /* Phase 4, rank 0: tokenizer copy, checksums, manifest.json LAST (with its

@@ -23,6 +23,7 @@
  */
 #define _GNU_SOURCE
 #include "mt_data.h"
+#include "../core/mt_fileio.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -374,30 +375,15 @@ enum mt_status mt_data_write_shard(struct mt_ctx *ctx, const char *path, const u
 {
     if (n > 2147483647u)
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "shard '%s': %zu tokens exceed the int32 header count", path, n);
-    char tmp[4096];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= sizeof tmp)
-        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "shard path too long: '%s'", path);
+    if (strlen(path) >= 4096) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "shard path too long: '%s'", path);
     int32_t header[HEADER_INTS] = {0};
     header[0] = MT_SHARD_MAGIC;
     header[1] = MT_SHARD_VERSION;
     header[2] = (int32_t)n;
 
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return mt_ctx_error(ctx, MT_ERR_IO, "cannot create '%s': %s", tmp, strerror(errno));
-    int ok = fwrite(header, sizeof header, 1, f) == 1;
-    if (ok && n) ok = fwrite(tokens, sizeof(uint16_t), n, f) == n;
-    ok = (fflush(f) == 0) && ok;
-    ok = (fsync(fileno(f)) == 0) && ok;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok) {
-        int e = errno;
-        unlink(tmp);
-        return mt_ctx_error(ctx, MT_ERR_IO, "cannot write shard '%s': %s", path, strerror(e));
-    }
-    if (rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return mt_ctx_error(ctx, MT_ERR_IO, "cannot rename '%s' to '%s': %s", tmp, path, strerror(e));
-    }
-    return MT_OK;
+    struct mt_file_atomic a;
+    MT_CHECK(mt_file_atomic_open(ctx, &a, path, MT_FILE_SYNC, MT_ERR_IO));
+    int ok = fwrite(header, sizeof header, 1, a.f) == 1;
+    if (ok && n) ok = fwrite(tokens, sizeof(uint16_t), n, a.f) == n;
+    return mt_file_atomic_commit(ctx, &a, ok);
 }

@@ -895,6 +895,96 @@ done:
     return rc;
 }
 
+/* The output folder: absent, or a directory that is empty, a previous
+ * export, or written into under --force. */
+static enum mt_status check_out_dir(struct mt_ctx *ctx, const char *out_dir, int previous, int force)
+{
+    struct stat sb;
+    if (stat(out_dir, &sb) != 0) return MT_OK;
+    if (!S_ISDIR(sb.st_mode))
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "output %s exists and is not a directory", out_dir);
+    if (!previous && !force && !dir_is_empty(out_dir))
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "output %s is not empty and is not a previous export: "
+                            "refusing to write into it (--force writes only the export's files there)", out_dir);
+    return MT_OK;
+}
+
+/* The tokenizer: given (tok_arg), or the checkpoint's own copy, or none (a
+ * warning). Loaded into *tok; texts[0] tokenizer.json, texts[1]
+ * tokenizer_config.json (malloc'ed); *bos its BOS id unless already set. */
+static enum mt_status export_tokenizer(struct mt_ctx *ctx, const char *ckpt_dir, const char *tok_arg,
+                                       const struct mt_config *cfg, struct mt_tok **tok, int *bos, char **texts,
+                                       char *warn, size_t warn_len)
+{
+    char path[PATH_MAX + 64];
+    const char *tok_path = tok_arg;
+    if (!tok_path) {
+        snprintf(path, sizeof path, "%s/tokenizer.bin", ckpt_dir);
+        if (access(path, F_OK) == 0) tok_path = path;
+    }
+    if (!tok_path) {
+        warnf(warn, warn_len, "no tokenizer (no tokenizer.bin in %s, no --tokenizer): tokenizer.json not written, "
+              "AutoTokenizer will not load this folder", ckpt_dir);
+        return MT_OK;
+    }
+    MT_CHECK(mt_tok_load(ctx, tok_path, tok));
+    /* a model vocabulary padded beyond the tokenizer's is fine (HF models do it too) */
+    if (mt_tok_vocab_size(*tok) > cfg->vocab_size)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "tokenizer %s has vocab %d, more than the model's %d", tok_path,
+                            mt_tok_vocab_size(*tok), cfg->vocab_size);
+    if (*bos < 0) *bos = mt_tok_bos_id(*tok);
+    MT_CHECK(mt_tok_hf_json(ctx, *tok, &texts[0]));
+    size_t bl = 0;
+    const uint8_t *bn = mt_tok_token_bytes(*tok, (uint32_t)mt_tok_bos_id(*tok), &bl);
+    char bos_name[64];
+    snprintf(bos_name, sizeof bos_name, "%.*s", (int)bl, (const char *)bn);
+    texts[1] = tokenizer_config(bos_name, cfg->seq_len);
+    return texts[1] ? MT_OK : MT_ERR_OOM;
+}
+
+/* Write everything into out/.meshtrain_export.tmp (its path in tmp), then
+ * rename file by file: model.safetensors first, config.json last, so a
+ * folder with the new config.json has every new file. text[4]: config,
+ * generation_config, tokenizer, tokenizer_config (NULL: not written; in a
+ * previous export the old file is removed). *made_out / *made_tmp say what
+ * the caller removes on failure. */
+static enum mt_status write_export(struct mt_ctx *ctx, const char *out_dir, struct mt_st_tensor *st, int nx,
+                                   const char *const *text, int previous, char *tmp, size_t tmp_len, int *made_out,
+                                   int *made_tmp)
+{
+    char path[PATH_MAX + 64], dst[PATH_MAX + 64];
+    if (access(out_dir, F_OK) != 0) {
+        if (mkdir(out_dir, 0755) != 0) return mt_ctx_error(ctx, MT_ERR_IO, "cannot create %s: %s", out_dir, strerror(errno));
+        *made_out = 1;
+    }
+    if (snprintf(tmp, tmp_len, "%s/.meshtrain_export.tmp", out_dir) >= (int)tmp_len)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "path too long: %s", out_dir);
+    if (mt_file_rm_rf(tmp) != 0 || mkdir(tmp, 0755) != 0)
+        return mt_ctx_error(ctx, MT_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+    *made_tmp = 1;
+    snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+    MT_CHECK(mt_safetensors_write(ctx, path, st, nx));
+    static const int text_file[4] = {0, 2, 3, 4};   /* text[i] -> mt_export_hf_files[text_file[i]] */
+    for (int i = 0; i < 4; i++) {
+        if (!text[i]) continue;
+        snprintf(path, sizeof path, "%s/%s", tmp, mt_export_hf_files[text_file[i]]);
+        MT_CHECK(write_text(ctx, path, text[i]));
+    }
+    static const int order[5] = {1, 2, 3, 4, 0};
+    for (int k = 0; k < 5; k++) {
+        const char *f = mt_export_hf_files[order[k]];
+        snprintf(path, sizeof path, "%s/%s", tmp, f);
+        snprintf(dst, sizeof dst, "%s/%s", out_dir, f);
+        if (access(path, F_OK) == 0) {
+            if (rename(path, dst) != 0)
+                return mt_ctx_error(ctx, MT_ERR_IO, "cannot rename %s to %s: %s", path, dst, strerror(errno));
+        } else if (previous) {
+            unlink(dst);   /* an export's file this export does not write (no tokenizer now) */
+        }
+    }
+    return MT_OK;
+}
+
 enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char *out_dir,
                             const struct mt_export_opts *opts, char *warn, size_t warn_len)
 {
@@ -907,7 +997,7 @@ enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char
     struct mt_tok *tok = NULL;
     char *text[4] = {NULL, NULL, NULL, NULL};   /* config, generation_config, tokenizer, tokenizer_config */
     int nct = 0, nx = 0, fd = -1, made_out = 0, made_tmp = 0;
-    char tmp[PATH_MAX], path[PATH_MAX + 64], dst[PATH_MAX + 64], what[1024] = "";
+    char tmp[PATH_MAX] = "", path[PATH_MAX + 64], what[1024] = "";
     enum mt_status rc;
     const struct mt_export_opts defaults = {.bos_token_id = -1};
     if (!opts) opts = &defaults;
@@ -951,48 +1041,10 @@ enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char
         nx = k;
     }
     int previous = is_previous_export(ctx, out_dir);
-    {
-        struct stat sb;
-        if (stat(out_dir, &sb) == 0) {
-            if (!S_ISDIR(sb.st_mode)) {
-                rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "output %s exists and is not a directory", out_dir);
-                goto done;
-            }
-            if (!previous && !opts->force && !dir_is_empty(out_dir)) {
-                rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "output %s is not empty and is not a previous export: "
-                                  "refusing to write into it (--force writes only the export's files there)", out_dir);
-                goto done;
-            }
-        }
-    }
-
-    /* the tokenizer: given, or the checkpoint's own copy */
-    const char *tok_path = opts->tokenizer;
-    if (!tok_path) {
-        snprintf(path, sizeof path, "%s/tokenizer.bin", ckpt_dir);
-        if (access(path, F_OK) == 0) tok_path = path;
-    }
+    MT_CHECK_GOTO(check_out_dir(ctx, out_dir, previous, opts->force), rc, done);
     int bos = opts->bos_token_id;
-    if (tok_path) {
-        MT_CHECK_GOTO(mt_tok_load(ctx, tok_path, &tok), rc, done);
-        /* a model vocabulary padded beyond the tokenizer's is fine (HF models do it too) */
-        if (mt_tok_vocab_size(tok) > cfg.vocab_size) {
-            rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "tokenizer %s has vocab %d, more than the model's %d", tok_path,
-                              mt_tok_vocab_size(tok), cfg.vocab_size);
-            goto done;
-        }
-        if (bos < 0) bos = mt_tok_bos_id(tok);
-        MT_CHECK_GOTO(mt_tok_hf_json(ctx, tok, &text[2]), rc, done);
-        size_t bl = 0;
-        const uint8_t *bn = mt_tok_token_bytes(tok, (uint32_t)mt_tok_bos_id(tok), &bl);
-        char bos_name[64];
-        snprintf(bos_name, sizeof bos_name, "%.*s", (int)bl, (const char *)bn);
-        text[3] = tokenizer_config(bos_name, cfg.seq_len);
-        if (!text[3]) { rc = MT_ERR_OOM; goto done; }
-    } else {
-        warnf(warn, warn_len, "no tokenizer (no tokenizer.bin in %s, no --tokenizer): tokenizer.json not written, "
-              "AutoTokenizer will not load this folder", ckpt_dir);
-    }
+    MT_CHECK_GOTO(export_tokenizer(ctx, ckpt_dir, opts->tokenizer, &cfg, &tok, &bos, &text[2], warn, warn_len), rc,
+                  done);
 
     /* every tensor of the model, with its shape; nothing else */
     st = mt_alloc(ctx, (size_t)nx * sizeof *st, MT_BUCKET_OTHER);
@@ -1029,42 +1081,8 @@ enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char
     text[1] = generation_config(bos);
     if (!text[0] || !text[1]) { rc = mt_ctx_error(ctx, MT_ERR_OOM, "cannot build config.json"); goto done; }
 
-    /* write everything into out/.meshtrain_export.tmp, then rename file by file */
-    if (access(out_dir, F_OK) != 0) {
-        if (mkdir(out_dir, 0755) != 0) { rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot create %s: %s", out_dir, strerror(errno)); goto done; }
-        made_out = 1;
-    }
-    if (snprintf(tmp, sizeof tmp, "%s/.meshtrain_export.tmp", out_dir) >= (int)sizeof tmp) {
-        rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "path too long: %s", out_dir);
-        goto done;
-    }
-    if (mt_file_rm_rf(tmp) != 0 || mkdir(tmp, 0755) != 0) {
-        rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
-        goto done;
-    }
-    made_tmp = 1;
-    snprintf(path, sizeof path, "%s/model.safetensors", tmp);
-    MT_CHECK_GOTO(mt_safetensors_write(ctx, path, st, nx), rc, done);
-    static const int text_file[4] = {0, 2, 3, 4};   /* text[i] -> mt_export_hf_files[text_file[i]] */
-    for (int i = 0; i < 4; i++) {
-        if (!text[i]) continue;
-        snprintf(path, sizeof path, "%s/%s", tmp, mt_export_hf_files[text_file[i]]);
-        MT_CHECK_GOTO(write_text(ctx, path, text[i]), rc, done);
-    }
-    /* model.safetensors first, config.json last: a folder with the new
-     * config.json has every new file */
-    static const int order[5] = {1, 2, 3, 4, 0};
-    for (int k = 0; k < 5; k++) {
-        const char *f = mt_export_hf_files[order[k]];
-        snprintf(path, sizeof path, "%s/%s", tmp, f);
-        snprintf(dst, sizeof dst, "%s/%s", out_dir, f);
-        if (access(path, F_OK) == 0) {
-            if (rename(path, dst) != 0) { rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot rename %s to %s: %s", path, dst, strerror(errno)); goto done; }
-        } else if (previous) {
-            unlink(dst);   /* an export's file this export does not write (no tokenizer now) */
-        }
-    }
-    rc = MT_OK;
+    MT_CHECK_GOTO(write_export(ctx, out_dir, st, nx, (const char *const *)text, previous, tmp, sizeof tmp, &made_out,
+                               &made_tmp), rc, done);
     if (n_lossy > 0) {
         for (char *p = what; *p;) {
             char *nl = strchr(p, '\n');

@@ -10,14 +10,21 @@
 
 /* ---- reduction group per tensor ---- */
 
-/* The expert class is read from the tensor's layout class (enum mt_layout);
- * the partial rule still from reduce_model, which folds in SP (the mesh dims
- * do not carry it). */
+/* Every rule below reads the tensor's layout class (enum mt_layout, set by
+ * the block table) and the mesh (degrees and sp), never the derived
+ * split / reduce_model fields: the class is the one statement of the rule. */
+static enum mt_layout param_class(const struct mt_param *p) { return (enum mt_layout)p->layout; }
+
+enum mt_layout_engine mt_layout_class_engine(enum mt_layout l, const struct mt_mesh_dims *d)
+{
+    if (d->ep > 1 && l == MT_LAYOUT_EXPERT) return MT_LAYOUT_ENGINE_EXPERT;
+    if (mt_layout_reduce_model(l, d->tp, d->sp)) return MT_LAYOUT_ENGINE_PARTIAL;
+    return MT_LAYOUT_ENGINE_DENSE;
+}
+
 enum mt_layout_engine mt_layout_param_engine(const struct mt_param *p, const struct mt_mesh_dims *d)
 {
-    if (d->ep > 1 && p->layout == MT_LAYOUT_EXPERT) return MT_LAYOUT_ENGINE_EXPERT;
-    if (d->tp > 1 && p->reduce_model) return MT_LAYOUT_ENGINE_PARTIAL;
-    return MT_LAYOUT_ENGINE_DENSE;
+    return mt_layout_class_engine(param_class(p), d);
 }
 
 int mt_layout_n_engines(const struct mt_mesh_dims *d) { return d->ep > 1 ? 3 : (d->tp > 1 ? 2 : 1); }
@@ -52,13 +59,14 @@ int mt_layout_group_rank(const struct mt_mesh_dims *d, int rank, enum mt_mesh_gr
 
 int mt_layout_param_counted(const struct mt_param *p, const struct mt_mesh_dims *d, int tp_rank)
 {
-    return !(d->tp > 1 && mt_layout_param_engine(p, d) == MT_LAYOUT_ENGINE_DENSE && p->split == MT_SPLIT_NONE &&
+    const enum mt_layout l = param_class(p);
+    return !(d->tp > 1 && mt_layout_class_engine(l, d) == MT_LAYOUT_ENGINE_DENSE && mt_layout_split(l) == MT_SPLIT_NONE &&
              tp_rank != 0);
 }
 
-int mt_layout_replicas_agree(const struct mt_mesh_dims *d, int split, int rank_a, int rank_b)
+int mt_layout_replicas_agree(const struct mt_mesh_dims *d, const struct mt_param *p, int rank_a, int rank_b)
 {
-    if (split == MT_SPLIT_NONE || d->tp <= 1) return 1;
+    if (mt_layout_split(param_class(p)) == MT_SPLIT_NONE || d->tp <= 1) return 1;
     struct mt_mesh_coord ca, cb;
     mt_mesh_coord_of(d, rank_a, &ca);
     mt_mesh_coord_of(d, rank_b, &cb);

@@ -27,6 +27,7 @@
 #include "../core/mt_core.h"
 #include "../core/mt_param.h"
 #include "../dist/mt_mesh.h"
+#include "../model/mt_blocks.h"
 #include "../model/mt_model.h"
 
 /* ---- reduction group per tensor ------------------------------------------ */
@@ -38,7 +39,13 @@ enum mt_layout_engine {
     MT_LAYOUT_ENGINE_EXPERT,      /* data (x model under TP) (ep > 1): this rank's experts         */
     MT_LAYOUT_ENGINE_COUNT
 };
-/* Engine of a parameter (as the model registered it) on this mesh. */
+/* Engine of a layout class on this mesh (d->sp set: mt_mesh_dims_set_sp):
+ *   EXPERT   ep > 1 and class EXPERT;
+ *   PARTIAL  tp > 1 and the class's grad is partial over the model group
+ *            (MODEL_PARTIAL, EXPERT without EP, RESIDUAL under SP);
+ *   DENSE    everything else (TP_ROWS / TP_COLS: complete grads). */
+enum mt_layout_engine mt_layout_class_engine(enum mt_layout l, const struct mt_mesh_dims *d);
+/* Engine of a parameter (its class, p->layout, as the model registered it). */
 enum mt_layout_engine mt_layout_param_engine(const struct mt_param *p, const struct mt_mesh_dims *d);
 /* Engines the trainer creates: 1, 2 (tp > 1) or 3 (ep > 1). */
 int mt_layout_n_engines(const struct mt_mesh_dims *d);
@@ -56,9 +63,9 @@ int mt_layout_group_rank(const struct mt_mesh_dims *d, int rank, enum mt_mesh_gr
  * (mt_zero_owner). */
 int mt_layout_param_counted(const struct mt_param *p, const struct mt_mesh_dims *d, int tp_rank);
 /* Must ranks a and b hold bit-identical copies of a parameter both hold?
- * Yes unless it is TP-split (split != NONE, tp > 1) and they are different
- * model ranks (different slices). */
-int mt_layout_replicas_agree(const struct mt_mesh_dims *d, int split, int rank_a, int rank_b);
+ * Yes unless its class is TP-split (TP_ROWS / TP_COLS, tp > 1) and they
+ * are different model ranks (different slices). */
+int mt_layout_replicas_agree(const struct mt_mesh_dims *d, const struct mt_param *p, int rank_a, int rank_b);
 
 /* ---- sequences ------------------------------------------------------------ */
 

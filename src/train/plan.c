@@ -486,6 +486,8 @@ enum mt_status mt_plan_create(struct mt_ctx *ctx, const struct mt_config *cfg, c
     if (!p) return MT_ERR_OOM;
     p->cfg = *cfg;
     p->su = *su;
+    mt_mesh_dims_set_sp(&p->su.dims, cfg);   /* the layout rules read it */
+    d = &p->su.dims;
     p->world = (int)world;
     if (su->runtime) p->rt = *su->runtime;
     else mt_plan_runtime_default(&p->rt);

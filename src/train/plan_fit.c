@@ -31,7 +31,7 @@ int mt_plan_fit_meshes(int world, struct mt_mesh_dims *out, int cap)
             if ((world / pp) % tp) continue;
             for (int ep = 1; ep <= world / pp / tp; ep++) {
                 if ((world / pp / tp) % ep) continue;
-                if (out && n < cap) out[n] = (struct mt_mesh_dims){pp, world / pp / tp / ep, ep, tp};
+                if (out && n < cap) out[n] = (struct mt_mesh_dims){.pp = pp, .dp = world / pp / tp / ep, .ep = ep, .tp = tp};   /* sp: mt_plan_create */
                 n++;
             }
         }

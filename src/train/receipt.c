@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #include "mt_receipt.h"
 #include "../model/mt_blocks.h"   /* pattern letters: the flops convention of M layers */
+#include "../core/mt_fileio.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -185,24 +186,11 @@ enum mt_status mt_receipt_write(struct mt_ctx *ctx, const char *path, const stru
     char *text = cJSON_Print(root);
     cJSON_Delete(root);
     if (!text) return mt_ctx_error(ctx, MT_ERR_OOM, "out of memory serialising the receipt");
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
     /* a failure here is the disk's (full, quota, a directory in the way), at
      * the end of a run: a runtime failure (exit 1), and no .tmp is left */
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        int err = errno;
-        free(text);
-        return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot write %s: %s", tmp, strerror(err));
-    }
-    int ok = fputs(text, f) >= 0 && fputc('\n', f) != EOF && fflush(f) == 0;
-    int err = errno;
-    ok = (fclose(f) == 0) && ok;
-    if (ok && rename(tmp, path) != 0) { ok = 0; err = errno; }
+    struct mt_file_atomic a;
+    enum mt_status rc = mt_file_atomic_open(ctx, &a, path, 0, MT_ERR_RUNTIME);
+    if (rc == MT_OK) rc = mt_file_atomic_commit(ctx, &a, fputs(text, a.f) >= 0 && fputc('\n', a.f) != EOF);
     free(text);
-    if (!ok) {
-        unlink(tmp);
-        return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cannot write %s: %s", path, strerror(err));
-    }
-    return MT_OK;
+    return rc;
 }

@@ -102,7 +102,7 @@ static enum mt_status replica_hash_check(struct mt_ctx *ctx, const struct mt_ops
             for (int a = 0; a < W; a++)
                 for (int b = a + 1; b < W; b++) {
                     if (!all[(size_t)a * ng + g] || !all[(size_t)b * ng + g]) continue;
-                    if (!mt_layout_replicas_agree(d, glob[g].split, a, b)) continue;
+                    if (!mt_layout_replicas_agree(d, &glob[g], a, b)) continue;
                     pairs++;
                     if (all[(size_t)a * ng + g] != all[(size_t)b * ng + g]) {
                         n_bad++;
@@ -119,7 +119,7 @@ static enum mt_status replica_hash_check(struct mt_ctx *ctx, const struct mt_ops
             for (int a = 0; a < W && first < 0; a++) {
                 if (!all[(size_t)a * ng + bad]) continue;
                 for (int b = a + 1; b < W; b++) {
-                    if (!all[(size_t)b * ng + bad] || !mt_layout_replicas_agree(d, glob[bad].split, a, b)) continue;
+                    if (!all[(size_t)b * ng + bad] || !mt_layout_replicas_agree(d, &glob[bad], a, b)) continue;
                     if (all[(size_t)b * ng + bad] == all[(size_t)a * ng + bad]) continue;
                     if (first < 0) first = a;
                     if (at < sizeof who) at += (size_t)snprintf(who + at, sizeof who - at, "%s%d", at ? "," : "", b);

@@ -160,6 +160,7 @@ enum mt_status mt_train_setup_local(struct mt_ctx *ctx, struct mt_config *cfg, c
     }
     /* the startup contract, before any allocation; identical on every rank */
     MT_CHECK(mt_mesh_check_contract(ctx, dims, cfg, world, cfg->microbatches));
+    mt_mesh_dims_set_sp(dims, cfg);   /* the layout rules read it */
     /* the pipeline cut, by hand (--pp-layers) or balanced by cost; before any allocation */
     MT_CHECK(mt_layout_pipeline_cut(ctx, cfg, dims->pp, opts->pp_layers, rs->first_layer));
 
@@ -175,8 +176,8 @@ enum mt_status mt_train_setup_local(struct mt_ctx *ctx, struct mt_config *cfg, c
         if (!rs->ops)
             return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "backend 'cuda' is not available: %s (use backend=cpu)", why);
 #ifdef MT_WITH_CUDA
-        /* knob cuda_precision from the command line (its env alias was read by mt_ops_cuda) */
-        if (mt_knob_source(ctx, MT_KNOB_CUDA_PRECISION) == MT_KNOB_CLI) {
+        /* knob cuda_precision from the command line or config (its env alias was read by mt_ops_cuda) */
+        if (mt_knob_source(ctx, MT_KNOB_CUDA_PRECISION) >= MT_KNOB_CONFIG) {
             enum mt_cuda_precision p;
             MT_CHECK(mt_ops_cuda_precision_parse(mt_knob_str(ctx, MT_KNOB_CUDA_PRECISION), &p));
             MT_CHECK(mt_ops_cuda_set_precision(p));

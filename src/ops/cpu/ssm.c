@@ -245,7 +245,19 @@ void mt_cpu_ssm_scan_forward(float *y, const float *x, const float *Bm, const fl
 /* Backward of one head (derivation: docs/mamba3.md §4). Sall holds the state
  * entering each chunk (recomputed here, nc x P x N). dx, dBm are zeroed for
  * this head first and then accumulated (the beta sources of chunk c feed the
- * last token of chunk c-1); dCm is overwritten per chunk. */
+ * last token of chunk c-1); dCm is overwritten per chunk.
+ *
+ * Why one long function (~135 lines, over the ~120 guideline): each chunk's
+ * step in reverse is one pass over shared state — the chunk's gathered
+ * tables in s (Bc, Xc, w, E, cum), the carried dS, and the per-chunk
+ * gradients dwt/dcum that the intra, through-S_out and inter parts all add
+ * into before the scatter and the scalar pass read them. Split into
+ * functions, each part would take a dozen of these as arguments with no
+ * boundary a reader gains from; and the order of the float accumulations
+ * is part of the result (the Mamba-3 references in tests/test_mamba3.c and
+ * the bit checks compare it). The parts are labelled in order instead:
+ * 1. states entering each chunk; 2. chunks in reverse: intra, through
+ * S_out, inter, scatter of the sources, scalars. */
 static void scan_backward_head(float *dx, float *dBm, float *dCm, float *ddt, float *dlam,
                                float *dA, float *dD, const float *dy, const float *x,
                                const float *Bm, const float *Cm, const float *dt, const float *lam,
