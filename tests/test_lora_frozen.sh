@@ -12,7 +12,8 @@
 #     measured too;
 #  2. the gradient collectives carry the adapters only: the all-reduce
 #     (one rank) and the reduce-scatter (ZeRO-3) move exactly 4 x the padded
-#     adapter elements per step (no byte of a frozen tensor), while the ZeRO-3
+#     adapter elements per step (no byte of a frozen tensor), in one call per
+#     unit with adapters (none for the embedding and head units), while the ZeRO-3
 #     all-gather still moves the whole model (frozen tensors included);
 #  3. the base does not move: after N steps from --init-from a full-training
 #     checkpoint, every base tensor of the final params.bin (dp=2 x ZeRO-3) is
@@ -68,7 +69,11 @@ allp = 4 * sum(pad(numel(e)) for e in lay)
 kind = "allreduce" if zero <= 1 else "reduce_scatter"
 print("   %s %d bytes/step (adapters %d, whole model %d); allgather %d" % (kind, c[kind]["measured"], ad, allp,
       c["allgather"]["measured"]))
+units = {e["name"].split(".")[2] for e in train}   # model.layers.N.: one unit per layer with adapters
+print("   %s calls/step %g (units with adapters %d; embedding and head have none)" % (kind, c[kind]["calls_per_step"],
+      len(units)))
 assert c[kind]["measured"] == ad, (kind, c[kind]["measured"], ad)
+assert c[kind]["calls_per_step"] == len(units), (kind, c[kind]["calls_per_step"], len(units))
 if zero == 3:
     assert c["allgather"]["measured"] >= allp, c["allgather"]   # the frozen base is still gathered
 PY
