@@ -16,8 +16,9 @@
 #     unit with adapters (none for the embedding and head units), while the ZeRO-3
 #     all-gather still moves the whole model (frozen tensors included);
 #  3. the base does not move: after N steps from --init-from a full-training
-#     checkpoint, every base tensor of the final params.bin (dp=2 x ZeRO-3) is
-#     byte-identical to the base checkpoint, and every adapter moved;
+#     checkpoint, every base tensor of the final params.bin (dp=2 x ZeRO-3,
+#     and ZeRO-1, whose first sync must still gather the loaded base units)
+#     is byte-identical to the base checkpoint, and every adapter moved;
 #  4. only dead work was removed: LoRA dp=2 x ZeRO-3 equals LoRA dp=2 x ZeRO-0
 #     bit for bit (params; fp64 norm sums re-associated), and, when
 #     MT_BASE_MESHTRAIN names a build from before this change, LoRA dp=2 x
@@ -96,8 +97,10 @@ for spec in "1 dp=1 0 full1" "2 dp=2 3 full3"; do
     else bad "LoRA --mesh $mesh --zero $zero: frozen base memory / collectives"; fi
 done
 
-# ---- 3: the base does not move (dp=2 x ZeRO-3 from a base checkpoint) ----
-if run 2 "$W/lb" $DENSE $LORA --steps $STEPS --mesh dp=2 --zero 3 --init-from "$W/full1" && python3 - "$W/lb" "$W/full1" "$HERE" <<'PY'
+# ---- 3: the base does not move (dp=2 x ZeRO-3 and ZeRO-1 from a base checkpoint) ----
+for zero in 3 1; do
+if run 2 "$W/lb$zero" $DENSE $LORA --steps $STEPS --mesh dp=2 --zero $zero --init-from "$W/full1" \
+    && python3 - "$W/lb$zero" "$W/full1" "$HERE" <<'PY'
 import sys
 sys.path.insert(0, sys.argv[3])
 from equiv import last_ckpt, tensors
@@ -111,8 +114,9 @@ print("   %d/%d base tensors byte-identical to the --init-from checkpoint, %d/%d
       % (len(same), len(base), len(moved), len(ad)))
 assert len(base) == len(b) > 0 and len(same) == len(base) and len(ad) == 14 and len(moved) == len(ad)
 PY
-then ok "dp=2 x ZeRO-3: the frozen base is byte-identical after $STEPS steps, the adapters moved"
-else bad "dp=2 x ZeRO-3: base moved or adapters did not"; fi
+then ok "dp=2 x ZeRO-$zero: the frozen base is byte-identical after $STEPS steps, the adapters moved, replicas agree"
+else bad "dp=2 x ZeRO-$zero: base moved or adapters did not"; tail -2 "$W/lb$zero.log"; fi
+done
 
 # ---- 4: only dead work was removed ----
 if run 2 "$W/l_z0" $DENSE $LORA --steps $STEPS --mesh dp=2 --zero 0 && close "$W/l_z0" "$W/l_3" bit64; then

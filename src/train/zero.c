@@ -18,6 +18,14 @@
  *   - owned storage (stage 3 data, stage 2/3 grads) is the concatenation over
  *     units of this rank's segments.
  *
+ * Gradients have their own packing (zlayout.g) with the same owners, over
+ * the trainable parameters only; the data packing (zlayout.d) holds them
+ * all. Without frozen parameters the two are equal offset for offset (the
+ * same buffers, collectives and sums as ever). A frozen LoRA base tensor
+ * has no gradient float (full, owned or scratch) and joins no reduction; a
+ * unit with nothing trainable has no gradient collective (and no ZeRO-1/2
+ * post-update all-gather), but ZeRO-3 still gathers it for its compute.
+ *
  * HOW IT WORKS — overlap. Backward calls post_backward(u) as soon as unit
  * u's gradients are final; we check them for non-finite values (before any
  * reduction, so the message names the rank and parameter that produced
@@ -112,6 +120,7 @@ struct mt_zero {
     int   last_mb, step;
     int   nan_step, nan_unit;
     int   overlap;               /* MT_ZERO_OVERLAP (default 1): 0 waits for every collective at once */
+    int   synced;                /* stages 1/2: a sync gathered every unit (after a load)    */
     struct mt_zero_stats st;
 };
 
@@ -784,10 +793,12 @@ enum mt_status mt_zero_sync_params(struct mt_ctx *ctx, struct mt_zero *z)
     }
     if (z->stage == 0 || l->size == 1) return MT_OK;
     /* stages 1/2: the owners updated their parameters inside `full`; in
-     * place. A unit with nothing trainable did not change: not gathered. */
+     * place. The first sync gathers every unit (after a load each rank
+     * holds only what it owns); later, a unit with nothing trainable did
+     * not change (a LoRA base unit): not gathered again. */
     const struct zpack *d = &l->d;
     for (int u = 0; u < l->n_units; u++) {
-        if (d->unit_size[u] > 0 && l->g.unit_size[u] == 0) continue;
+        if (z->synced && d->unit_size[u] > 0 && l->g.unit_size[u] == 0) continue;
         float *ub = z->full + d->unit_base[u];
         struct mt_comm_req *req = NULL;
         count_coll(z, MT_ZERO_ALLGATHER, d->unit_size[u]);
@@ -800,6 +811,7 @@ enum mt_status mt_zero_sync_params(struct mt_ctx *ctx, struct mt_zero *z)
     for (int k = 0; k < z->n_ar; k++)
         if ((r = timed_wait(ctx, z, &z->ar[k].req)) != MT_OK && rc == MT_OK) rc = r;
     z->n_ar = 0;
+    z->synced = rc == MT_OK;
     return rc;
 }
 
