@@ -105,11 +105,38 @@ static void mamba_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, stru
     ly->x_mid = carve_f(c, A, Nr * D);
 }
 
+/* LoRA: the frozen mixer's vectors (dt_bias, A_log, D: H; B/C norms: N;
+ * B/C biases: H N; gated norm: E) have no gradient buffer, but the fused
+ * SSM kernels compute their gradients alongside dx: they land in this
+ * sink (each slice 16-float aligned), zeroed per backward and never read.
+ * The frozen matrices' weight gradients are skipped (mamba3.c). */
+static size_t sink_slice(size_t n) { return (n + 15) / 16 * 16; }
+
+static size_t mamba_sink_floats(const struct mt_mamba3_dims *d)
+{
+    size_t H = (size_t)d->H, N = (size_t)d->N;
+    return 3 * sink_slice(H) + 2 * sink_slice(N) + 2 * sink_slice(H * N) + sink_slice(H * (size_t)d->P);
+}
+
+static void mamba_sink(const struct mt_ops_i *ops, struct mt_mamba3_weights *g, float *sink,
+                       const struct mt_mamba3_dims *d)
+{
+    size_t H = (size_t)d->H, N = (size_t)d->N;
+    float **v[] = {&g->dt_bias, &g->A_log, &g->Dsk, &g->gB, &g->gC, &g->B_bias, &g->C_bias, &g->g_out};
+    const size_t n[] = {H, H, H, N, N, H * N, H * N, H * (size_t)d->P};
+    ops->fill(sink, 0.0f, mamba_sink_floats(d));
+    for (size_t k = 0; k < sizeof n / sizeof n[0]; k++) {
+        if (!*v[k]) *v[k] = sink;
+        sink += sink_slice(n[k]);
+    }
+}
+
 /* backward scratch (WORKSPACE), shared by every M layer */
 static void mamba_carve_scratch(struct mt_model *m, struct mt_carver *c)
 {
     float *s = carve_f(c, MT_BUCKET_WORKSPACE, mt_mamba3_scratch_floats(&m->mdims, m->N));
     if (s) mt_mamba3_scratch_bind(&m->mb_s, s, &m->mdims, m->N);
+    if (m->cfg.lora_rank > 0) m->mb_s.sink = carve_f(c, MT_BUCKET_WORKSPACE, mamba_sink_floats(&m->mdims));
 }
 
 /* the mixer's weights (use_grad 0) or their gradients (1) as mamba3.c wants them */
@@ -172,6 +199,7 @@ static enum mt_status mamba_backward(struct mt_ctx *ctx, const struct mt_piece_c
     struct mt_mamba3_weights w, g;
     mamba_weights(&ly->w, 0, &w);
     mamba_weights(&ly->w, 1, &g);
+    if (pc->mb_s->sink) mamba_sink(ops, &g, pc->mb_s->sink, pc->mdims);   /* LoRA: frozen vectors */
     /* the TP exit's conjugate: SP gathers the rows of d x_mid; without SP dx is already whole */
     const float *dy = pc->dx;
     if (pc->tp.sp) {

@@ -119,7 +119,7 @@ static void in_backward(const struct mt_ops_i *ops, float *dh, int accumulate, s
 {
     const int W = mt_mamba3_in_width(d);
     if (w->win) {
-        ops->gemm(1, 0, W, d->D, n, 1.0f, dproj, W, h, d->D, 1.0f, g->win, d->D);
+        if (g->win) ops->gemm(1, 0, W, d->D, n, 1.0f, dproj, W, h, d->D, 1.0f, g->win, d->D);
         ops->gemm(0, 0, n, d->D, W, 1.0f, dproj, W, w->win, d->D, accumulate ? 1.0f : 0.0f, dh, d->D);
         return;
     }
@@ -127,7 +127,8 @@ static void in_backward(const struct mt_ops_i *ops, float *dh, int accumulate, s
     in_blocks(d, rows);
     for (int b = 0; b < 7; b++) {
         if (rows[b] > 0) {
-            ops->gemm(1, 0, rows[b], d->D, n, 1.0f, dproj + off, W, h, d->D, 1.0f, g->win_part[b], d->D);
+            if (g->win_part[b])   /* NULL: a frozen block (LoRA) has no weight gradient */
+                ops->gemm(1, 0, rows[b], d->D, n, 1.0f, dproj + off, W, h, d->D, 1.0f, g->win_part[b], d->D);
             ops->gemm(0, 0, n, d->D, rows[b], 1.0f, dproj + off, W, w->win_part[b], d->D,
                       (accumulate || !first) ? 1.0f : 0.0f, dh, d->D);
             first = 0;
@@ -158,7 +159,7 @@ void mt_mamba3_backward(const struct mt_ops_i *ops, float *dh, int accumulate, s
 {
     const int n = B * T, E = d->H * d->P, W = mt_mamba3_in_width(d);
     /* term 1 */
-    ops->gemm(1, 0, d->D, E, n, 1.0f, dout, d->D, a->yn, E, 1.0f, g->wout, E);
+    if (g->wout) ops->gemm(1, 0, d->D, E, n, 1.0f, dout, d->D, a->yn, E, 1.0f, g->wout, E);  /* NULL: frozen */
     ops->gemm(0, 0, n, E, d->D, 1.0f, dout, d->D, w->wout, E, 0.0f, s->dyn, E);
     /* term 2: dz lands in dproj's z columns */
     ops->ssm_gate_norm_backward(s->dys, s->dproj, g->g_out, s->dyn, a->ys, a->proj, W, w->g_out,

@@ -58,6 +58,9 @@ struct mt_mamba3_scratch {
     float *dBh, *dCh;  /* (n, H, N) */
     float *ddt, *dlam; /* (n, H) */
     float *dA;         /* (H) */
+    float *sink;       /* LoRA (frozen mixer): where the SSM kernels put the frozen vectors'
+                        * gradients, which they compute alongside dx; not in
+                        * mt_mamba3_scratch_floats (mamba.c carves it, LoRA only) */
 };
 
 int    mt_mamba3_in_width(const struct mt_mamba3_dims *d);

@@ -81,7 +81,8 @@ struct mt_ops_i {
      * backward: with xhat = x*rstd,
      *   dw   += sum_n dout*xhat                                     (+=)
      *   dx    = rstd * (dout*w - xhat * mean_c(dout*w*xhat))      (= or += per accumulate)
-     * QK-norm is this op with rows N*H (or N*K) and C = hd, w shared by heads. */
+     * QK-norm is this op with rows N*H (or N*K) and C = hd, w shared by heads.
+     * dweight NULL: dx only (a frozen gain has no gradient buffer). */
     void (*rmsnorm_forward)(float *out, float *rstd, const float *inp, const float *weight,
                             int N, int C, float eps);
     void (*rmsnorm_backward)(float *dinp, float *dweight, const float *dout, const float *inp,

@@ -19,6 +19,10 @@
  *   2      full, replicated  owned only (reduce-scatter)   owned only; updated params all-gathered
  *   3      owned only        owned only (reduce-scatter)   owned only; units all-gathered before use
  *
+ * A frozen parameter (a LoRA base tensor, mt_param.frozen) is in the params
+ * column only: no gradient storage at any stage (its grad is NULL), no part
+ * in any reduction, no optimizer state (docs/lora.md, "Memory").
+ *
  * See docs/zero.md for the layout, the overlap and the bytes moved per step.
  */
 #ifndef MT_ZERO_H

@@ -111,7 +111,8 @@ enum mt_status mt_optim_create(struct mt_ctx *ctx, const struct mt_ops_i *ops, c
                             ops->name);
     for (int i = 0; i < n_params; i++) {
         const struct mt_param *p = &params[i];
-        if (!p->data || !p->grad)
+        /* a frozen parameter (LoRA base) has no gradient buffer: no state, never stepped */
+        if (!p->data || (!p->grad && !p->frozen))
             return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "optimizer: parameter %s has no data/grad buffer", p->name);
         if (p->optim != MT_OPTIM_MUON) continue;
         if (p->ndim != 2)

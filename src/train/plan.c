@@ -1053,7 +1053,8 @@ char *mt_plan_json(const struct mt_plan *p, const struct mt_plan_profile *prof, 
             n = mt_plan_param_ranks(p, i, MT_PLAN_OPTIMIZERS, ranks);
             mt_plan_ranks_str(ranks, n, rs, 4096);
             cJSON_AddStringToObject(z, "optimizer_ranks", rs);
-            cJSON_AddStringToObject(o, "optimizer", pp->g.optim == MT_OPTIM_MUON ? "muon" : "adamw");
+            /* "frozen": a LoRA base tensor (no gradient, no optimizer state), as in the text table */
+            cJSON_AddStringToObject(o, "optimizer", pp->g.frozen ? "frozen" : pp->g.optim == MT_OPTIM_MUON ? "muon" : "adamw");
             cJSON_AddItemToArray(lay, o);
         }
         free(ranks);

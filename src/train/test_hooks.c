@@ -47,11 +47,12 @@ enum mt_status mt_train_fault_before_step(struct mt_ctx *ctx, struct run_state *
     if (!strcmp(kind, "nan")) {
         /* the last parameter this rank holds, in its own engine and unit: the
          * model's last unit is absent on pipeline stage 0, and under TP its
-         * parameters are not in the dense engine (issue 13) */
+         * parameters are not in the dense engine (issue 13); under LoRA the
+         * last trainable one (a frozen tensor has no gradient) */
         int n_params;
-        mt_model_params(rs->model, &n_params);
+        const struct mt_param *pr = mt_model_params(rs->model, &n_params);
         int i = n_params - 1;
-        while (i > 0 && rs->eng_of[i] >= rs->zset.n) i--;
+        while (i > 0 && (rs->eng_of[i] >= rs->zset.n || pr[i].frozen)) i--;
         mt_zero_inject_nan(rs->zset.z[rs->eng_of[i]], step, mt_model_param_unit(rs->model, i));
     }
     return MT_OK;

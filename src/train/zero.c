@@ -18,6 +18,14 @@
  *   - owned storage (stage 3 data, stage 2/3 grads) is the concatenation over
  *     units of this rank's segments.
  *
+ * Gradients have their own packing (zlayout.g) with the same owners, over
+ * the trainable parameters only; the data packing (zlayout.d) holds them
+ * all. Without frozen parameters the two are equal offset for offset (the
+ * same buffers, collectives and sums as ever). A frozen LoRA base tensor
+ * has no gradient float (full, owned or scratch) and joins no reduction; a
+ * unit with nothing trainable has no gradient collective (and no ZeRO-1/2
+ * post-update all-gather), but ZeRO-3 still gathers it for its compute.
+ *
  * HOW IT WORKS — overlap. Backward calls post_backward(u) as soon as unit
  * u's gradients are final; we check them for non-finite values (before any
  * reduction, so the message names the rank and parameter that produced
@@ -48,10 +56,11 @@
 
 static size_t zalign(size_t n) { return (n + ZALIGN - 1) / ZALIGN * ZALIGN; }
 
-struct zlayout {
-    int     n_params, n_units, size, rank;
-    int    *owner;        /* (P) comm rank owning param i                       */
-    int    *unit;         /* (P) unit of param i                                */
+/* One packing of the units: which parameters it holds, where. The data
+ * packing holds every parameter of the engine; the gradient packing only
+ * the trainable ones (a LoRA base is frozen: no gradient storage, no
+ * reduction). Without frozen parameters the two are equal, offset for offset. */
+struct zpack {
     size_t *uoff;         /* (P) offset of param i inside its unit's packed buf */
     size_t *ooff;         /* (P) offset of param i in its owner's storage       */
     size_t *seg_count;    /* (U*size) floats of rank r's segment of unit u      */
@@ -62,6 +71,19 @@ struct zlayout {
     size_t *own_all;      /* (size) owned floats of every group rank            */
     size_t  full_total, own_total, max_unit, max_seg;
 };
+
+struct zlayout {
+    int     n_params, n_units, size, rank;
+    int    *owner;        /* (P) comm rank owning param i                       */
+    int    *unit;         /* (P) unit of param i                                */
+    struct zpack d, g;    /* data packing (every param), gradient packing (trainable) */
+};
+
+/* Is parameter i in the gradient packing? In the engine and not frozen. */
+static int has_grad(const struct zlayout *l, const struct mt_param *p, int i)
+{
+    return l->owner[i] >= 0 && !p[i].frozen;
+}
 
 struct pending {
     struct mt_comm_req *req;
@@ -98,6 +120,7 @@ struct mt_zero {
     int   last_mb, step;
     int   nan_step, nan_unit;
     int   overlap;               /* MT_ZERO_OVERLAP (default 1): 0 waits for every collective at once */
+    int   synced;                /* stages 1/2: a sync gathered every unit (after a load)    */
     struct mt_zero_stats st;
 };
 
@@ -105,18 +128,25 @@ struct mt_zero {
 /* layout (pure)                                                      */
 /* ------------------------------------------------------------------ */
 
+static void pack_free(struct mt_ctx *ctx, struct zpack *k)
+{
+    mt_free(ctx, k->uoff);
+    mt_free(ctx, k->ooff);
+    mt_free(ctx, k->seg_count);
+    mt_free(ctx, k->seg_displ);
+    mt_free(ctx, k->unit_size);
+    mt_free(ctx, k->unit_base);
+    mt_free(ctx, k->own_base);
+    mt_free(ctx, k->own_all);
+    memset(k, 0, sizeof *k);
+}
+
 static void layout_free(struct mt_ctx *ctx, struct zlayout *l)
 {
     mt_free(ctx, l->owner);
     mt_free(ctx, l->unit);
-    mt_free(ctx, l->uoff);
-    mt_free(ctx, l->ooff);
-    mt_free(ctx, l->seg_count);
-    mt_free(ctx, l->seg_displ);
-    mt_free(ctx, l->unit_size);
-    mt_free(ctx, l->unit_base);
-    mt_free(ctx, l->own_base);
-    mt_free(ctx, l->own_all);
+    pack_free(ctx, &l->d);
+    pack_free(ctx, &l->g);
     memset(l, 0, sizeof *l);
 }
 
@@ -164,11 +194,76 @@ static void assign_owners(const struct mt_param *p, int P, const unsigned char *
     }
 }
 
-/* Host bytes (bucket OTHER) of the layout arrays layout_build keeps. */
+/* Host bytes (bucket OTHER) of one packing's arrays, and of the layout
+ * arrays layout_build keeps (owner, unit, two packings). */
+static size_t pack_other_bytes(int P, int U, int size)
+{
+    return (size_t)P * 2 * sizeof(size_t) + (size_t)U * (size_t)size * 2 * sizeof(size_t) +
+           (size_t)U * 3 * sizeof(size_t) + (size_t)size * sizeof(size_t);
+}
+
 static size_t layout_other_bytes(int P, int U, int size)
 {
-    return (size_t)P * (2 * sizeof(int) + 2 * sizeof(size_t)) + (size_t)U * (size_t)size * 2 * sizeof(size_t) +
-           (size_t)U * 3 * sizeof(size_t) + (size_t)size * sizeof(size_t);
+    return (size_t)P * 2 * sizeof(int) + 2 * pack_other_bytes(P, U, size);
+}
+
+static int pack_alloc(struct mt_ctx *ctx, struct zpack *k, int P, int U, int size)
+{
+    k->uoff = mt_alloc(ctx, (size_t)P * sizeof(size_t), MT_BUCKET_OTHER);
+    k->ooff = mt_alloc(ctx, (size_t)P * sizeof(size_t), MT_BUCKET_OTHER);
+    k->seg_count = mt_alloc(ctx, (size_t)U * size * sizeof(size_t), MT_BUCKET_OTHER);
+    k->seg_displ = mt_alloc(ctx, (size_t)U * size * sizeof(size_t), MT_BUCKET_OTHER);
+    k->unit_size = mt_alloc(ctx, (size_t)U * sizeof(size_t), MT_BUCKET_OTHER);
+    k->unit_base = mt_alloc(ctx, (size_t)U * sizeof(size_t), MT_BUCKET_OTHER);
+    k->own_base = mt_alloc(ctx, (size_t)U * sizeof(size_t), MT_BUCKET_OTHER);
+    k->own_all = mt_alloc(ctx, (size_t)size * sizeof(size_t), MT_BUCKET_OTHER);
+    return k->uoff && k->ooff && k->seg_count && k->seg_displ && k->unit_size && k->unit_base && k->own_base &&
+           k->own_all;
+}
+
+/* One packing of the parameters `in` marks (owners already assigned): per
+ * unit, segment sizes by owner, then offsets in (owner, index) order.
+ * O(P + U*size): the parameters of unit u are the index range [i0, i1).
+ * cursor: (size) scratch. */
+static void pack_build(const struct zlayout *l, const struct mt_param *p, const unsigned char *in, size_t *cursor,
+                       struct zpack *k)
+{
+    const int P = l->n_params, U = l->n_units, size = l->size, rank = l->rank;
+    for (int r = 0; r < size; r++) k->own_all[r] = 0;
+    k->max_unit = k->max_seg = 0;
+    size_t base = 0;
+    for (int u = 0, i0 = 0; u < U; u++) {
+        int i1 = i0;
+        while (i1 < P && l->unit[i1] == u) i1++;
+        size_t *cnt = k->seg_count + (size_t)u * size, *dis = k->seg_displ + (size_t)u * size;
+        for (int r = 0; r < size; r++) cnt[r] = 0;
+        for (int i = i0; i < i1; i++)
+            if (in[i]) cnt[l->owner[i]] += zalign(p[i].numel);
+        size_t off = 0;
+        for (int r = 0; r < size; r++) {
+            dis[r] = off;
+            cursor[r] = off;
+            if (r == rank) k->own_base[u] = k->own_all[r];
+            off += cnt[r];
+            if (cnt[r] > k->max_seg) k->max_seg = cnt[r];
+        }
+        for (int i = i0; i < i1; i++) {
+            k->uoff[i] = k->ooff[i] = 0;
+            if (!in[i]) continue;
+            int r = l->owner[i];
+            k->uoff[i] = cursor[r];
+            k->ooff[i] = k->own_all[r] + (cursor[r] - dis[r]);
+            cursor[r] += zalign(p[i].numel);
+        }
+        for (int r = 0; r < size; r++) k->own_all[r] += cnt[r];
+        k->unit_size[u] = off;
+        k->unit_base[u] = base;
+        base += off;
+        if (off > k->max_unit) k->max_unit = off;
+        i0 = i1;
+    }
+    k->full_total = base;
+    k->own_total = k->own_all[rank];
 }
 
 static enum mt_status layout_build(struct mt_ctx *ctx, const struct mt_model *m, const struct mt_param *p, int P,
@@ -182,95 +277,64 @@ static enum mt_status layout_build(struct mt_ctx *ctx, const struct mt_model *m,
     l->rank = rank;
     l->owner = mt_alloc(ctx, (size_t)P * sizeof(int), MT_BUCKET_OTHER);
     l->unit = mt_alloc(ctx, (size_t)P * sizeof(int), MT_BUCKET_OTHER);
-    l->uoff = mt_alloc(ctx, (size_t)P * sizeof(size_t), MT_BUCKET_OTHER);
-    l->ooff = mt_alloc(ctx, (size_t)P * sizeof(size_t), MT_BUCKET_OTHER);
-    l->seg_count = mt_alloc(ctx, (size_t)U * size * sizeof(size_t), MT_BUCKET_OTHER);
-    l->seg_displ = mt_alloc(ctx, (size_t)U * size * sizeof(size_t), MT_BUCKET_OTHER);
-    l->unit_size = mt_alloc(ctx, (size_t)U * sizeof(size_t), MT_BUCKET_OTHER);
-    l->unit_base = mt_alloc(ctx, (size_t)U * sizeof(size_t), MT_BUCKET_OTHER);
-    l->own_base = mt_alloc(ctx, (size_t)U * sizeof(size_t), MT_BUCKET_OTHER);
-    l->own_all = mt_alloc(ctx, (size_t)size * sizeof(size_t), MT_BUCKET_OTHER);
+    int ok = pack_alloc(ctx, &l->d, P, U, size);
+    ok = pack_alloc(ctx, &l->g, P, U, size) && ok;
     /* temporaries */
     size_t *load = mt_alloc(ctx, (size_t)size * sizeof(size_t), MT_BUCKET_OTHER);
     size_t *cursor = mt_alloc(ctx, (size_t)size * sizeof(size_t), MT_BUCKET_OTHER);
     int *heap = mt_alloc(ctx, (size_t)size * sizeof(int), MT_BUCKET_OTHER);
     struct okey *order = mt_alloc(ctx, (size_t)(P > 0 ? P : 1) * sizeof(struct okey), MT_BUCKET_OTHER);
-    if (!l->owner || !l->unit || !l->uoff || !l->ooff || !l->seg_count || !l->seg_displ || !l->unit_size ||
-        !l->unit_base || !l->own_base || !l->own_all || !load || !cursor || !heap || !order) {
+    unsigned char *in = mt_alloc(ctx, (size_t)(P > 0 ? P : 1), MT_BUCKET_OTHER);
+    if (!ok || !l->owner || !l->unit || !load || !cursor || !heap || !order || !in) {
         mt_free(ctx, load);
         mt_free(ctx, cursor);
         mt_free(ctx, heap);
         mt_free(ctx, order);
+        mt_free(ctx, in);
         layout_free(ctx, l);
         return MT_ERR_OOM;
     }
+    /* ownership over every parameter of the engine, frozen or not: the data
+     * layout (and so the gathers) is the same as without LoRA's freezing */
     assign_owners(p, P, select, size, l->owner, load, heap, order);
     for (int i = 0; i < P; i++) {
         l->unit[i] = mt_model_param_unit(m, i);
         MT_ASSERT(l->unit[i] >= 0 && l->unit[i] < U);
         MT_ASSERT(i == 0 || l->unit[i] >= l->unit[i - 1]); /* units are contiguous in model order */
     }
-    /* per unit: segment sizes by owner, then offsets in (owner, index) order.
-     * O(P + U*size): the parameters of unit u are the index range [i0, i1). */
-    for (int r = 0; r < size; r++) l->own_all[r] = 0;
-    size_t base = 0;
-    for (int u = 0, i0 = 0; u < U; u++) {
-        int i1 = i0;
-        while (i1 < P && l->unit[i1] == u) i1++;
-        size_t *cnt = l->seg_count + (size_t)u * size, *dis = l->seg_displ + (size_t)u * size;
-        for (int r = 0; r < size; r++) cnt[r] = 0;
-        for (int i = i0; i < i1; i++)
-            if (l->owner[i] >= 0) cnt[l->owner[i]] += zalign(p[i].numel);
-        size_t off = 0;
-        for (int r = 0; r < size; r++) {
-            dis[r] = off;
-            cursor[r] = off;
-            if (r == rank) l->own_base[u] = l->own_all[r];
-            off += cnt[r];
-            if (cnt[r] > l->max_seg) l->max_seg = cnt[r];
-        }
-        for (int i = i0; i < i1; i++) {
-            int r = l->owner[i];
-            if (r < 0) continue;
-            l->uoff[i] = cursor[r];
-            l->ooff[i] = l->own_all[r] + (cursor[r] - dis[r]);
-            cursor[r] += zalign(p[i].numel);
-        }
-        for (int r = 0; r < size; r++) l->own_all[r] += cnt[r];
-        l->unit_size[u] = off;
-        l->unit_base[u] = base;
-        base += off;
-        if (off > l->max_unit) l->max_unit = off;
-        i0 = i1;
-    }
-    l->full_total = base;
-    l->own_total = l->own_all[rank];
+    for (int i = 0; i < P; i++) in[i] = l->owner[i] >= 0;
+    pack_build(l, p, in, cursor, &l->d);
+    for (int i = 0; i < P; i++) in[i] = (unsigned char)has_grad(l, p, i);
+    pack_build(l, p, in, cursor, &l->g);
     mt_free(ctx, load);
     mt_free(ctx, cursor);
     mt_free(ctx, heap);
     mt_free(ctx, order);
+    mt_free(ctx, in);
     return MT_OK;
 }
 
-/* Buffer sizes per bucket for one stage (floats), shared by plan and create;
- * own = the floats this rank owns (l->own_all[rank]). */
+/* Buffer sizes per bucket for one stage (floats) of group rank r, shared
+ * by plan and create. Parameters follow the data packing, gradients (and
+ * their reduce-scatter scratch) the gradient packing: a frozen parameter
+ * has no gradient float anywhere. */
 struct zsizes { size_t full, full_bucket, gfull, own_data, own_grad, gbuf, gscr, grecv; };
 
-static struct zsizes zero_sizes(const struct zlayout *l, size_t own, int stage, int reshard)
+static struct zsizes zero_sizes(const struct zlayout *l, int r, int stage, int reshard)
 {
     struct zsizes s;
     memset(&s, 0, sizeof s);
-    if (stage <= 2) { s.full = l->full_total; s.full_bucket = MT_BUCKET_PARAMS; }
-    if (stage <= 1) s.gfull = l->full_total;
+    if (stage <= 2) { s.full = l->d.full_total; s.full_bucket = MT_BUCKET_PARAMS; }
+    if (stage <= 1) s.gfull = l->g.full_total;
     if (stage == 3) {
-        s.own_data = own;
-        if (reshard) s.gbuf = l->max_unit;
-        else { s.full = l->full_total; s.full_bucket = MT_BUCKET_COMM; }
+        s.own_data = l->d.own_all[r];
+        if (reshard) s.gbuf = l->d.max_unit;
+        else { s.full = l->d.full_total; s.full_bucket = MT_BUCKET_COMM; }
     }
     if (stage >= 2) {
-        s.own_grad = own;
-        s.gscr = l->max_unit;
-        s.grecv = l->max_seg;
+        s.own_grad = l->g.own_all[r];
+        s.gscr = l->g.max_unit;
+        s.grecv = l->g.max_seg;
     }
     return s;
 }
@@ -314,7 +378,7 @@ enum mt_status mt_zero_plan_all(struct mt_ctx *ctx, const struct mt_model *model
         for (int r = 0; r < group_size; r++) {
             size_t *b = bytes + ((size_t)(st - s0) * group_size + r) * MT_BUCKET_COUNT;
             for (int k = 0; k < MT_BUCKET_COUNT; k++) b[k] = 0;
-            struct zsizes s = zero_sizes(&l, l.own_all[r], st, reshard_after_forward);
+            struct zsizes s = zero_sizes(&l, r, st, reshard_after_forward);
             add_sizes(&s, b);
             b[MT_BUCKET_OTHER] += other;
         }
@@ -333,7 +397,7 @@ void mt_zero_plan_bytes(const struct mt_model *model, const unsigned char *selec
     struct mt_param *p = mt_model_params((struct mt_model *)model, &P);
     struct zlayout l;
     if (layout_build(&tmp, model, p, P, select, group_size, group_rank, &l) != MT_OK) return;
-    struct zsizes s = zero_sizes(&l, l.own_total, stage, reshard_after_forward);
+    struct zsizes s = zero_sizes(&l, group_rank, stage, reshard_after_forward);
     add_sizes(&s, bytes);
     bytes[MT_BUCKET_OTHER] += engine_other_bytes(P, l.n_units, group_size);
     layout_free(&tmp, &l);
@@ -343,9 +407,15 @@ void mt_zero_plan_bytes(const struct mt_model *model, const unsigned char *selec
 /* helpers                                                            */
 /* ------------------------------------------------------------------ */
 
-static const size_t *counts_of(const struct mt_zero *z, int u) { return z->lay.seg_count + (size_t)u * z->lay.size; }
-static const size_t *displs_of(const struct mt_zero *z, int u) { return z->lay.seg_displ + (size_t)u * z->lay.size; }
-static size_t my_count(const struct mt_zero *z, int u) { return counts_of(z, u)[z->lay.rank]; }
+/* unit u's segment counts / displacements in packing k (z->lay.d or z->lay.g) */
+static const size_t *counts_of(const struct mt_zero *z, const struct zpack *k, int u)
+{
+    return k->seg_count + (size_t)u * z->lay.size;
+}
+static const size_t *displs_of(const struct mt_zero *z, const struct zpack *k, int u)
+{
+    return k->seg_displ + (size_t)u * z->lay.size;
+}
 
 static enum mt_status timed_wait(struct mt_ctx *ctx, struct mt_zero *z, struct mt_comm_req **req)
 {
@@ -367,13 +437,15 @@ static void count_coll(struct mt_zero *z, enum mt_zero_coll k, size_t floats)
 static void point_data(struct mt_zero *z, int u, float *packed)
 {
     for (int i = 0; i < z->lay.n_params; i++)
-        if (z->lay.unit[i] == u && z->lay.owner[i] >= 0) z->params[i].data = packed + z->lay.uoff[i];
+        if (z->lay.unit[i] == u && z->lay.owner[i] >= 0) z->params[i].data = packed + z->lay.d.uoff[i];
 }
 
+/* Point unit u's trainable parameters' grads at a packed unit gradient
+ * buffer (gradient packing); a frozen parameter's grad stays NULL. */
 static void point_grad(struct mt_zero *z, int u, float *packed)
 {
     for (int i = 0; i < z->lay.n_params; i++)
-        if (z->lay.unit[i] == u && z->lay.owner[i] >= 0) z->params[i].grad = packed + z->lay.uoff[i];
+        if (z->lay.unit[i] == u && has_grad(&z->lay, z->params, i)) z->params[i].grad = packed + z->lay.g.uoff[i];
 }
 
 /* ------------------------------------------------------------------ */
@@ -383,9 +455,10 @@ static void point_grad(struct mt_zero *z, int u, float *packed)
 static enum mt_status start_gather(struct mt_ctx *ctx, struct mt_zero *z, int u, float *dst,
                                    struct mt_comm_req **req)
 {
-    count_coll(z, MT_ZERO_ALLGATHER, z->lay.unit_size[u]);
-    return mt_comm_iallgatherv(ctx, z->comm, dst, z->own_data + z->lay.own_base[u], counts_of(z, u), displs_of(z, u),
-                               MT_DTYPE_F32, req);
+    const struct zpack *d = &z->lay.d;
+    count_coll(z, MT_ZERO_ALLGATHER, d->unit_size[u]);
+    return mt_comm_iallgatherv(ctx, z->comm, dst, z->own_data + d->own_base[u], counts_of(z, d, u),
+                               displs_of(z, d, u), MT_DTYPE_F32, req);
 }
 
 /* Make unit u's parameters available (stage 3) and prefetch unit u+dir. */
@@ -396,11 +469,11 @@ static enum mt_status ensure_unit(struct mt_ctx *ctx, struct mt_zero *z, int u, 
         /* keep every gathered unit for the rest of the step: one gather per unit per step */
         if (!z->gathered[u]) {
             struct mt_comm_req *req = NULL;
-            MT_CHECK(start_gather(ctx, z, u, z->full + z->lay.unit_base[u], &req));
+            MT_CHECK(start_gather(ctx, z, u, z->full + z->lay.d.unit_base[u], &req));
             MT_CHECK(timed_wait(ctx, z, &req));
             z->gathered[u] = 1;
         }
-        point_data(z, u, z->full + z->lay.unit_base[u]);
+        point_data(z, u, z->full + z->lay.d.unit_base[u]);
         return MT_OK;
     }
     int b = z->gholds[0] == u ? 0 : (z->gholds[1] == u ? 1 : -1);
@@ -431,9 +504,10 @@ static enum mt_status finish_rs(struct mt_ctx *ctx, struct mt_zero *z, int s)
 {
     if (z->rs[s].unit < 0) return MT_OK;
     MT_CHECK(timed_wait(ctx, z, &z->rs[s].req));
+    const struct zpack *g = &z->lay.g;
     int u = z->rs[s].unit;
-    size_t n = my_count(z, u);
-    if (n) z->ops->axpby(z->own_grad + z->lay.own_base[u], z->grecv[s], 1.0f, 1.0f, n);
+    size_t n = counts_of(z, g, u)[z->lay.rank];
+    if (n) z->ops->axpby(z->own_grad + g->own_base[u], z->grecv[s], 1.0f, 1.0f, n);
     z->rs[s].unit = -1;
     return MT_OK;
 }
@@ -445,20 +519,23 @@ static enum mt_status finish_rs(struct mt_ctx *ctx, struct mt_zero *z, int s)
 static enum mt_status hook_pre_forward(struct mt_ctx *ctx, void *user, int u)
 {
     struct mt_zero *z = user;
-    if (z->lay.unit_size[u] == 0) return MT_OK;   /* no parameter of this engine in unit u */
+    if (z->lay.d.unit_size[u] == 0) return MT_OK;   /* no parameter of this engine in unit u */
     return z->stage == 3 ? ensure_unit(ctx, z, u, +1) : MT_OK;
 }
 
+/* A unit whose parameters are all frozen (LoRA: the embedding, the head,
+ * a layer without adapters) is still gathered (stage 3: its forward and
+ * backward need the weights) but has no gradient scratch and no reduction. */
 static enum mt_status hook_pre_backward(struct mt_ctx *ctx, void *user, int u)
 {
     struct mt_zero *z = user;
-    if (z->lay.unit_size[u] == 0) return MT_OK;
+    if (z->lay.d.unit_size[u] == 0) return MT_OK;
     if (z->stage == 3) MT_CHECK(ensure_unit(ctx, z, u, -1));
-    if (z->stage >= 2) {
+    if (z->stage >= 2 && z->lay.g.unit_size[u] > 0) {
         int s = z->gslot;
         z->gslot = 1 - s;
         MT_CHECK(finish_rs(ctx, z, s));
-        z->ops->fill(z->gscr[s], 0.0f, z->lay.unit_size[u]);
+        z->ops->fill(z->gscr[s], 0.0f, z->lay.g.unit_size[u]);
         point_grad(z, u, z->gscr[s]);
     }
     return MT_OK;
@@ -467,23 +544,24 @@ static enum mt_status hook_pre_backward(struct mt_ctx *ctx, void *user, int u)
 static enum mt_status hook_post_backward(struct mt_ctx *ctx, void *user, int u)
 {
     struct mt_zero *z = user;
-    if (z->lay.unit_size[u] == 0) return MT_OK;
+    const struct zpack *gp = &z->lay.g;
+    if (gp->unit_size[u] == 0) return MT_OK;   /* nothing of this engine in u trains */
     const struct mt_ops_i *ops = z->ops;
     /* the unit's packed gradient buffer for this microbatch (or accumulation) */
-    float *g = z->stage >= 2 ? z->gscr[1 - z->gslot] : z->gfull + z->lay.unit_base[u];
+    float *g = z->stage >= 2 ? z->gscr[1 - z->gslot] : z->gfull + gp->unit_base[u];
     if (z->nan_step == z->step && z->nan_unit == u) {
         float nan = NAN;
         for (int i = 0; i < z->lay.n_params; i++)
-            if (z->lay.unit[i] == u && z->lay.owner[i] >= 0) {
+            if (z->lay.unit[i] == u && has_grad(&z->lay, z->params, i)) {
                 ops->copy_from_host(z->params[i].grad, &nan, sizeof nan);
                 break;
             }
     }
     /* non-finite check BEFORE the reduction: the culprit is this rank */
-    if (!ops->all_finite(g, z->lay.unit_size[u])) {
+    if (!ops->all_finite(g, gp->unit_size[u])) {
         const char *name = "(padding)";
         for (int i = 0; i < z->lay.n_params; i++)
-            if (z->lay.unit[i] == u && z->lay.owner[i] >= 0 &&
+            if (z->lay.unit[i] == u && has_grad(&z->lay, z->params, i) &&
                 !ops->all_finite(z->params[i].grad, z->params[i].numel)) {
                 name = z->params[i].name;
                 break;
@@ -495,16 +573,16 @@ static enum mt_status hook_post_backward(struct mt_ctx *ctx, void *user, int u)
     if (z->stage >= 2) {
         int s = 1 - z->gslot;
         z->rs[s].unit = u;
-        count_coll(z, MT_ZERO_REDUCE_SCATTER, z->lay.unit_size[u]);
-        MT_CHECK(mt_comm_ireduce_scatterv(ctx, z->comm, z->grecv[s], g, counts_of(z, u), displs_of(z, u),
+        count_coll(z, MT_ZERO_REDUCE_SCATTER, gp->unit_size[u]);
+        MT_CHECK(mt_comm_ireduce_scatterv(ctx, z->comm, z->grecv[s], g, counts_of(z, gp, u), displs_of(z, gp, u),
                                           MT_DTYPE_F32, &z->rs[s].req));
         return z->overlap ? MT_OK : finish_rs(ctx, z, s);
     }
     if (!z->last_mb) return MT_OK;
     struct pending *pd = &z->ar[z->n_ar++];
     pd->unit = u;
-    count_coll(z, MT_ZERO_ALLREDUCE, z->lay.unit_size[u]);
-    MT_CHECK(mt_comm_iallreduce(ctx, z->comm, g, z->lay.unit_size[u], MT_DTYPE_F32, MT_REDOP_SUM, &pd->req));
+    count_coll(z, MT_ZERO_ALLREDUCE, gp->unit_size[u]);
+    MT_CHECK(mt_comm_iallreduce(ctx, z->comm, g, gp->unit_size[u], MT_DTYPE_F32, MT_REDOP_SUM, &pd->req));
     return z->overlap ? MT_OK : timed_wait(ctx, z, &pd->req);
 }
 
@@ -552,7 +630,7 @@ enum mt_status mt_zero_create(struct mt_ctx *ctx, const struct mt_ops_i *ops, st
     enum mt_status rc = layout_build(ctx, model, z->params, P, select, mt_comm_size(comm), mt_comm_rank(comm), &z->lay);
     if (rc != MT_OK) { mt_free(ctx, z); return rc; }
     const struct zlayout *l = &z->lay;
-    struct zsizes s = zero_sizes(l, l->own_total, stage, reshard_after_forward);
+    struct zsizes s = zero_sizes(l, l->rank, stage, reshard_after_forward);
     int fail = 0;
     z->full = zbuf(ctx, ops, s.full, (enum mt_bucket)s.full_bucket, &fail);
     z->gfull = zbuf(ctx, ops, s.gfull, MT_BUCKET_GRADS, &fail);
@@ -573,12 +651,13 @@ enum mt_status mt_zero_create(struct mt_ctx *ctx, const struct mt_ops_i *ops, st
     }
     memset(z->gathered, 0, (size_t)l->n_units * sizeof(int));
 
-    /* model pointers: stages 0-2 data in full; stages 0/1 grads in gfull */
+    /* model pointers: stages 0-2 data in full; stages 0/1 grads in gfull
+     * (a frozen parameter has none: its grad stays NULL at every stage) */
     for (int i = 0; i < P; i++) {
         if (l->owner[i] < 0) continue;   /* another engine's parameter */
-        size_t at = l->unit_base[l->unit[i]] + l->uoff[i];
-        z->params[i].data = stage <= 2 ? z->full + at : NULL;
-        z->params[i].grad = stage <= 1 ? z->gfull + at : NULL;
+        int u = l->unit[i];
+        z->params[i].data = stage <= 2 ? z->full + l->d.unit_base[u] + l->d.uoff[i] : NULL;
+        z->params[i].grad = stage <= 1 && has_grad(l, z->params, i) ? z->gfull + l->g.unit_base[u] + l->g.uoff[i] : NULL;
     }
     /* optimizer views: stage 0 every parameter, else the owned ones */
     for (int i = 0; i < P; i++) {
@@ -586,8 +665,8 @@ enum mt_status mt_zero_create(struct mt_ctx *ctx, const struct mt_ops_i *ops, st
         z->view_param[z->n_views] = i;
         struct mt_param *v = &z->views[z->n_views++];
         *v = z->params[i];
-        if (stage >= 2) v->grad = z->own_grad + l->ooff[i];
-        if (stage == 3) v->data = z->own_data + l->ooff[i];
+        if (stage >= 2) v->grad = has_grad(l, z->params, i) ? z->own_grad + l->g.ooff[i] : NULL;
+        if (stage == 3) v->data = z->own_data + l->d.ooff[i];
     }
 #ifndef NDEBUG
     {
@@ -644,8 +723,8 @@ const float *mt_zero_param_data(const struct mt_zero *z, int i)
 {
     const struct zlayout *l = &z->lay;
     if (l->owner[i] < 0) return NULL;
-    if (z->stage <= 2) return z->full + l->unit_base[l->unit[i]] + l->uoff[i];
-    return l->owner[i] == l->rank ? z->own_data + l->ooff[i] : NULL;
+    if (z->stage <= 2) return z->full + l->d.unit_base[l->unit[i]] + l->d.uoff[i];
+    return l->owner[i] == l->rank ? z->own_data + l->d.ooff[i] : NULL;
 }
 
 enum mt_status mt_zero_init_params(struct mt_ctx *ctx, struct mt_zero *z, uint64_t seed)
@@ -670,8 +749,8 @@ void mt_zero_begin_step(struct mt_zero *z, int step)
 {
     z->step = step;
     z->last_mb = 1;
-    if (z->gfull) z->ops->fill(z->gfull, 0.0f, z->lay.full_total);
-    if (z->own_grad) z->ops->fill(z->own_grad, 0.0f, z->lay.own_total);
+    if (z->gfull) z->ops->fill(z->gfull, 0.0f, z->lay.g.full_total);
+    if (z->own_grad) z->ops->fill(z->own_grad, 0.0f, z->lay.g.own_total);
 }
 
 void mt_zero_set_last_microbatch(struct mt_zero *z, int last) { z->last_mb = last; }
@@ -713,13 +792,18 @@ enum mt_status mt_zero_sync_params(struct mt_ctx *ctx, struct mt_zero *z)
         return MT_OK;
     }
     if (z->stage == 0 || l->size == 1) return MT_OK;
-    /* stages 1/2: the owners updated their parameters inside `full`; in place */
+    /* stages 1/2: the owners updated their parameters inside `full`; in
+     * place. The first sync gathers every unit (after a load each rank
+     * holds only what it owns); later, a unit with nothing trainable did
+     * not change (a LoRA base unit): not gathered again. */
+    const struct zpack *d = &l->d;
     for (int u = 0; u < l->n_units; u++) {
-        float *ub = z->full + l->unit_base[u];
+        if (z->synced && d->unit_size[u] > 0 && l->g.unit_size[u] == 0) continue;
+        float *ub = z->full + d->unit_base[u];
         struct mt_comm_req *req = NULL;
-        count_coll(z, MT_ZERO_ALLGATHER, l->unit_size[u]);
-        MT_CHECK(mt_comm_iallgatherv(ctx, z->comm, ub, ub + displs_of(z, u)[l->rank], counts_of(z, u),
-                                     displs_of(z, u), MT_DTYPE_F32, &req));
+        count_coll(z, MT_ZERO_ALLGATHER, d->unit_size[u]);
+        MT_CHECK(mt_comm_iallgatherv(ctx, z->comm, ub, ub + displs_of(z, d, u)[l->rank], counts_of(z, d, u),
+                                     displs_of(z, d, u), MT_DTYPE_F32, &req));
         z->ar[z->n_ar].req = req;
         z->ar[z->n_ar++].unit = u;
     }
@@ -727,6 +811,7 @@ enum mt_status mt_zero_sync_params(struct mt_ctx *ctx, struct mt_zero *z)
     for (int k = 0; k < z->n_ar; k++)
         if ((r = timed_wait(ctx, z, &z->ar[k].req)) != MT_OK && rc == MT_OK) rc = r;
     z->n_ar = 0;
+    z->synced = rc == MT_OK;
     return rc;
 }
 

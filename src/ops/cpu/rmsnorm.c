@@ -52,8 +52,9 @@ void mt_cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, con
                 for (int c = 0; c < C; c++) dx[c] = r * (g[c] * weight[c] - x[c] * r * mean);
             }
         }
+        /* dweight NULL: a frozen gain (LoRA base) has no gradient buffer; dx alone */
         #pragma omp for schedule(static)
-        for (int cb = 0; cb < ncb; cb++) {
+        for (int cb = 0; cb < (dweight ? ncb : 0); cb++) {
             int c0 = cb * CB, c1 = c0 + CB < C ? c0 + CB : C;
             float acc[CB] = {0};
             for (int n = 0; n < N; n++) {

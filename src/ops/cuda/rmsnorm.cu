@@ -95,6 +95,7 @@ extern "C" void mt_cuda_rmsnorm_backward(float *dinp, float *dweight, const floa
     MT_LAUNCH(rms_bwd_dx_k, (N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK, ROWS_PER_BLOCK * MT_WARP, 0)
         (dinp, dout, inp, weight, rstd, N, C, accumulate);
     MT_CUDA_KCHECK();
+    if (!dweight) return;   /* a frozen gain (LoRA base) has no gradient buffer: dx alone */
     dim3 g1((unsigned)((C + DW_THREADS - 1) / DW_THREADS), (unsigned)nchunk);
     MT_LAUNCH(rms_bwd_dw1_k, g1, DW_THREADS, 0)(partial, dout, inp, rstd, N, C, rows);
     MT_CUDA_KCHECK();
