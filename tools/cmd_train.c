@@ -199,17 +199,14 @@ static int train_main(int argc, char **argv, int world, int rank)
         if (!strcmp(argv[i], "--resume")) resume_arg = argv[i + 1];
         if (!strcmp(argv[i], "--init-from")) init_arg = argv[i + 1];
     }
-    if (resume_arg && init_arg) {
-        fprintf(stderr, "meshtrain train: --resume and --init-from exclude each other\n");
-        return refuse_args(world, MT_ERR_INVALID_ARG);
-    }
-    static char base_dir[4200], hf_tmp[4096];
+    /* both: --init-from names the base of an adapter-only checkpoint (setup checks it is one) */
+    static char base_dir[4200], hf_tmp[4096], lora_base_dir[4200];
     struct mt_config saved;
     hf_tmp[0] = 0;
     if (resume_arg || init_arg) {
         const char *arg = resume_arg ? resume_arg : init_arg;
         enum mt_status st;
-        if (init_arg && !mt_file_exists_in(arg, "manifest.json") && mt_file_exists_in(arg, "config.json") &&
+        if (init_arg && !resume_arg && !mt_file_exists_in(arg, "manifest.json") && mt_file_exists_in(arg, "config.json") &&
             mt_file_exists_in(arg, "model.safetensors")) {
             /* a Hugging Face folder: import it (this rank, a private temporary dir) */
             const char *td = getenv("TMPDIR");
@@ -226,6 +223,8 @@ static int train_main(int argc, char **argv, int world, int rank)
             st = train_ckpt_dir(&ctx, arg, base_dir, sizeof base_dir);
         }
         if (st == MT_OK) st = mt_ckpt_read_meta(&ctx, base_dir, &cfg, NULL);
+        if (st == MT_OK && resume_arg && init_arg)
+            st = train_ckpt_dir(&ctx, init_arg, lora_base_dir, sizeof lora_base_dir);
         if (st != MT_OK) {
             fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(&ctx));
             if (hf_tmp[0]) mt_file_rm_rf(hf_tmp);
@@ -239,12 +238,14 @@ static int train_main(int argc, char **argv, int world, int rank)
         /* the schedule: a fine-tune from --init-from is a new run (total_steps =
          * its --steps); a resume keeps the checkpoint's schedule unless the run
          * goes past it. Either way only when --config/--set left it alone. */
-        if (cfg.total_steps == saved.total_steps && (init_arg || opts.steps > saved.total_steps)) cfg.total_steps = 0;
-        if (init_arg) opts.init_from = base_dir;
-        else opts.resume = base_dir;
+        if (cfg.total_steps == saved.total_steps && (!resume_arg || opts.steps > saved.total_steps)) cfg.total_steps = 0;
+        if (resume_arg) opts.resume = base_dir;
+        else opts.init_from = base_dir;
+        if (resume_arg && init_arg) opts.init_from = lora_base_dir;
+        opts.init_from_import = hf_tmp[0] != 0;
         struct mt_config shown = cfg;
         if (shown.total_steps == 0) shown.total_steps = opts.steps;
-        const char *bad = config_diff(&saved, &shown, src, rank == 0, init_arg != NULL);
+        const char *bad = config_diff(&saved, &shown, src, rank == 0, resume_arg == NULL);
         if (bad) {
             fprintf(stderr, "meshtrain train: --init-from %s: %s may not change (it sets a tensor shape; the "
                     "weights could not load)\n", init_arg, bad);
