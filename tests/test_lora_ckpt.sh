@@ -15,6 +15,7 @@
 #  3. resharding on load like full checkpoints: 1 rank -> tp=2 and dp=2 x
 #     ZeRO-3 at step 6 (tests/equiv.py bounds), each mesh -> itself at step 9
 #     bit-exact (series, params.bin, optim.bin), tp=2 -> 1 rank at step 9;
+#     pp=2 x ZeRO-1 likewise; MoE with expert adapters 1 rank -> ep=2;
 #  4. refusals (one line, exit 2, nothing written, on every rank): a base
 #     with another manifest hash; LoRA rank, alpha or targets changed on
 #     resume; --init-from with --resume of a full checkpoint;
@@ -40,11 +41,12 @@ run 1 "$W/base" $DENSE --steps 4 || { bad "base run"; cat "$W/base.log"; finish;
 BASE="$W/base/ckpt/step_000004"
 run 1 "$W/ref" $DENSE $LORA --steps 12 --init-from "$W/base" || { bad "LoRA reference"; cat "$W/ref.log"; finish; exit 1; }
 
-# adapter_only RUN BASE_DIR : every checkpoint of RUN is adapter-only and names BASE_DIR
+# adapter_only RUN BASE_DIR [N] : every checkpoint of RUN is adapter-only, names
+# BASE_DIR and holds N adapters (default 28: 2 layers x 7 targets x (A, B))
 adapter_only() {
-    python3 - "$1" "$2" <<'PY'
+    python3 - "$1" "$2" "${3:-28}" <<'PY'
 import json, os, sys
-run, base = sys.argv[1], os.path.realpath(sys.argv[2])
+run, base, want = sys.argv[1], os.path.realpath(sys.argv[2]), int(sys.argv[3])
 mb = json.load(open(base + "/manifest.json"))
 cks = sorted(d for d in os.listdir(run + "/ckpt") if d.startswith("step_"))
 for d in cks:
@@ -52,10 +54,10 @@ for d in cks:
     p = [t["name"] for t in m["tensors"] if t["file"] == "params.bin"]
     o = [t["name"] for t in m["tensors"] if t["file"] == "optim.bin"]
     assert m["version"] == 3 and m["base"] == {"manifest_hash": mb["manifest_xxh64"], "path": base}, (d, m.get("base"))
-    assert len(p) == 28 and all(".lora_" in n for n in p), (d, len(p))   # 2 layers x 7 targets x (A, B)
+    assert len(p) == want and all(".lora_" in n for n in p), (d, len(p))
     assert sorted(o) == sorted(n + s for n in p for s in (".exp_avg", ".exp_avg_sq")), (d, len(o))
-print("   %d checkpoints: version 3, base %s (%s), 28 adapters + 56 AdamW states" % (len(cks), mb["manifest_xxh64"], base))
-assert len(cks) >= 2
+print("   %d checkpoints: version 3, base %s (%s), %d adapters + their AdamW states" % (len(cks), mb["manifest_xxh64"], base, want))
+assert len(cks) >= 1
 PY
 }
 
@@ -119,7 +121,18 @@ while read -r np mesh zero back; do
 done <<'LIST'
 2 tp=2 0 1
 2 dp=2 3 0
+2 pp=2 1 0
 LIST
+
+# MoE: the routed experts' frozen weights load from the base by EP subset,
+# their adapters from the adapter checkpoint (1 rank -> ep=2 at step 3)
+MOE="$DENSE --set pattern=AE --set n_experts=4 --set top_k=2 --set expert_hidden=32 --set shared_expert_hidden=16 --set microbatches=2"
+MLORA="--lora 4:8:q,v,expert --set total_steps=6 --set save_every=3"
+if run 1 "$W/mbase" $MOE --steps 3 && run 1 "$W/mref" $MOE $MLORA --steps 6 --init-from "$W/mbase" \
+   && run 2 "$W/mep" $MOE $MLORA --steps 6 --mesh ep=2 --resume "$W/mref/ckpt/step_000003" && close "$W/mref" "$W/mep" 1e-6 3 \
+   && adapter_only "$W/mep" "$W/mbase/ckpt/step_000003" 32; then
+    ok "MoE (expert adapters): 1 rank -> ep=2 at step 3 continues like the uninterrupted run (adapter-only checkpoints)"
+else bad "MoE adapter-only 1 rank -> ep=2"; tail -3 "$W/mep.log"; fi
 
 # ---- 4: refusals ----
 run 1 "$W/base2" $DENSE --steps 5 || bad "second base"
