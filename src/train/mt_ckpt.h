@@ -13,6 +13,9 @@
  *                   per file: size and xxh64 checksum; and "manifest_xxh64",
  *                   the xxh64 of the manifest's own canonical text (every
  *                   other key, printed unformatted). Written LAST.
+ *                   Version 3 (adapter-only LoRA): also "base": {manifest_hash,
+ *                   path}; the tensors are the adapters and their optimizer
+ *                   state, every other parameter is the base's (mt_ckpt_load_base).
  * A checkpoint that belongs to a training run (non-empty run id) also
  * updates DIR/../latest ("step_NNNNNN\nRUN_ID\n", written atomically after
  * the commit); mt_ckpt_resolve follows it. See docs/checkpoint.md.
