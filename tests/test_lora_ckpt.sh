@@ -18,7 +18,8 @@
 #     pp=2 x ZeRO-1 likewise; MoE with expert adapters 1 rank -> ep=2;
 #  4. refusals (one line, exit 2, nothing written, on every rank): a base
 #     with another manifest hash; LoRA rank, alpha or targets changed on
-#     resume; --init-from with --resume of a full checkpoint;
+#     resume; --init-from with --resume of a full checkpoint; a LoRA run
+#     into the --out that holds its base;
 #  5. export --merge of an adapter-only checkpoint: the numpy reference
 #     forward of the merged folder equals `meshtrain logits` of the
 #     checkpoint (which loads its base), untargeted tensors are the base's
@@ -148,6 +149,13 @@ done <<'LIST'
 LIST
 refuse 1 "$W/bad_full" "--resume and --init-from exclude each other .* is a full checkpoint" \
     $DENSE --steps 6 --resume "$W/base" --init-from "$W/base2"
+# a LoRA run whose --out holds its base: its own step_N could replace the base
+ls -lAR --time-style=full-iso "$W/base" > "$W/base.before"
+"$MT" train $DENSE --lora 2:4:q,v --steps 2 --init-from "$W/base" $COMMON --out "$W/base" >/dev/null 2>"$W/inout.err"
+rc=$?; ls -lAR --time-style=full-iso "$W/base" > "$W/base.after"
+if [ $rc -eq 2 ] && [ "$(grep -c . "$W/inout.err")" -eq 1 ] && grep -q -- "--out .* holds the LoRA base checkpoint" "$W/inout.err" \
+   && cmp -s "$W/base.before" "$W/base.after"; then ok "refused: a LoRA run into the --out that holds its base (exit 2, nothing written)"
+else bad "LoRA run into its base's --out (rc=$rc)"; cat "$W/inout.err"; diff "$W/base.before" "$W/base.after"; fi
 
 # ---- 5: export ----
 PY=""

@@ -104,12 +104,21 @@ size_t mt_train_host_bytes(const struct mt_config *cfg, int n_params, int Bm, in
     return mt_layout_host_bytes(cfg, n_params, Bm, n_steps, world);
 }
 
-/* rs->base_path: the absolute path of base checkpoint `dir`. */
-static enum mt_status set_base_path(struct mt_ctx *ctx, const char *dir, struct run_state *rs)
+/* rs->base_path: the absolute path of base checkpoint `dir`. A base inside
+ * OUT/ckpt is refused: the run's own step_N (or a pruned sibling) could
+ * replace it, and every adapter checkpoint would lose its base. */
+static enum mt_status set_base_path(struct mt_ctx *ctx, const char *dir, const struct mt_train_opts *opts,
+                                    struct run_state *rs)
 {
-    char full[PATH_MAX];
+    char full[PATH_MAX], out[PATH_MAX];
     if (!realpath(dir, full) || strlen(full) >= sizeof rs->base_path)
         return mt_ctx_error(ctx, MT_ERR_IO, "cannot resolve the base checkpoint path %s", dir);
+    if (realpath(opts->out_dir, out)) {
+        size_t n = strlen(out);
+        if (!strncmp(full, out, n) && !strncmp(full + n, "/ckpt/", 6))
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--out %s holds the LoRA base checkpoint %s: this run's "
+                                "adapter-only checkpoints could replace it (use another --out)", opts->out_dir, full);
+    }
     snprintf(rs->base_path, sizeof rs->base_path, "%s", full);
     return MT_OK;
 }
@@ -128,7 +137,7 @@ static enum mt_status lora_base(struct mt_ctx *ctx, const struct mt_train_opts *
         b = m.base_path;
     }
     MT_CHECK(mt_ckpt_manifest_hash(ctx, b, rs->base_hash));
-    return set_base_path(ctx, b, rs);
+    return set_base_path(ctx, b, opts, rs);
 }
 
 /* A resume keeps the LoRA settings (rank, alpha, targets) it was saved with:
@@ -162,7 +171,7 @@ static enum mt_status resume_base(struct mt_ctx *ctx, const struct mt_config *cf
     }
     MT_CHECK(mt_ckpt_base_check(ctx, resume_dir, meta, opts->init_from));
     snprintf(rs->base_hash, sizeof rs->base_hash, "%s", meta->base_hash);
-    return set_base_path(ctx, opts->init_from ? opts->init_from : meta->base_path, rs);
+    return set_base_path(ctx, opts->init_from ? opts->init_from : meta->base_path, opts, rs);
 }
 
 /* Setup steps 1-3 of one rank, with no collective: flags, mesh shape,
