@@ -207,8 +207,8 @@ static int train_main(int argc, char **argv, int world, int rank)
     if (resume_arg || init_arg) {
         const char *arg = resume_arg ? resume_arg : init_arg;
         enum mt_status st;
-        if (init_arg && !resume_arg && !mt_file_exists_in(arg, "manifest.json") && mt_file_exists_in(arg, "config.json") &&
-            mt_file_exists_in(arg, "model.safetensors")) {
+        if (init_arg && !resume_arg && !mt_file_exists_in(arg, "manifest.json") &&
+            mt_file_exists_in(arg, "config.json") && mt_file_exists_in(arg, "model.safetensors")) {
             /* a Hugging Face folder: import it (this rank, a private temporary dir) */
             const char *td = getenv("TMPDIR");
             snprintf(hf_tmp, sizeof hf_tmp, "%s/meshtrain_init_XXXXXX", td && *td ? td : "/tmp");
@@ -239,7 +239,8 @@ static int train_main(int argc, char **argv, int world, int rank)
         /* the schedule: a fine-tune from --init-from is a new run (total_steps =
          * its --steps); a resume keeps the checkpoint's schedule unless the run
          * goes past it. Either way only when --config/--set left it alone. */
-        if (cfg.total_steps == saved.total_steps && (!resume_arg || opts.steps > saved.total_steps)) cfg.total_steps = 0;
+        if (cfg.total_steps == saved.total_steps && (!resume_arg || opts.steps > saved.total_steps))
+            cfg.total_steps = 0;
         if (resume_arg) opts.resume = base_dir;
         else opts.init_from = base_dir;
         if (resume_arg && init_arg) opts.init_from = lora_base_dir;

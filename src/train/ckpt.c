@@ -1097,7 +1097,8 @@ enum mt_status mt_ckpt_base_check(struct mt_ctx *ctx, const char *dir, const str
     snprintf(mpath, sizeof mpath, "%s/manifest.json", b);
     if (stat(mpath, &sb) != 0)
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "adapter-only checkpoint %s: its base checkpoint %s is missing "
-                            "(no manifest.json there; a train --resume names a base that moved with --init-from)", dir, b);
+                            "(no manifest.json there; a train --resume names a base that moved with --init-from)",
+                            dir, b);
     struct manifest mf;
     enum mt_status rc = manifest_read(ctx, b, &mf);
     if (rc != MT_OK)

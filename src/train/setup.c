@@ -159,8 +159,9 @@ static enum mt_status resume_base(struct mt_ctx *ctx, const struct mt_config *cf
             return mt_ctx_error(ctx, MT_ERR_CONFIG,
                                 "cannot resume from %s: it was trained with LoRA rank %d alpha %g targets %s, this run "
                                 "asks rank %d alpha %g targets %s (keep --lora as saved)", resume_dir,
-                                saved->lora_rank, (double)saved->lora_alpha, saved->lora_rank ? saved->lora_targets : "-",
-                                cfg->lora_rank, (double)cfg->lora_alpha, cfg->lora_rank ? cfg->lora_targets : "-");
+                                saved->lora_rank, (double)saved->lora_alpha,
+                                saved->lora_rank ? saved->lora_targets : "-", cfg->lora_rank, (double)cfg->lora_alpha,
+                                cfg->lora_rank ? cfg->lora_targets : "-");
     }
     if (!meta->base_hash[0]) {
         if (opts->init_from)
@@ -364,7 +365,8 @@ static enum mt_status load_params(struct mt_ctx *ctx, struct run_state *rs, cons
             int nb = 0;
             for (int i = 0; i < nv; i++)
                 if (v[i].frozen) b[nb++] = v[i];
-            enum mt_status st = mt_ckpt_load(ctx, rs->ops, rs->base_path[0] ? rs->base_path : opts->init_from, b, nb, NULL);
+            const char *from = rs->base_path[0] ? rs->base_path : opts->init_from;   /* adapter-only: its base */
+            enum mt_status st = mt_ckpt_load(ctx, rs->ops, from, b, nb, NULL);
             mt_free(ctx, b);
             MT_CHECK(st);
         } else {
