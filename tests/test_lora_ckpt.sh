@@ -27,7 +27,11 @@
 #     the base gone: exit 2, nothing written;
 #  6. --init-from an adapter-only checkpoint + LoRA: new adapters on the same
 #     base (step-0 loss = the base's), the new checkpoints name the base, not
-#     the adapter checkpoint.
+#     the adapter checkpoint;
+#  7. a Hugging Face base folder: the checkpoints name the folder and the
+#     manifest hash of its import; resume (1 rank bit-exact, tp=2), logits
+#     and export --merge re-import and check it; another folder and a
+#     missing one are refused; a moved folder is named with --init-from.
 # Skips (exit 77, SKIPPED) without mpirun or in a build without MPI.
 set -u
 BUILD=${1:?usage: test_lora_ckpt.sh BUILD_DIR}
@@ -42,13 +46,14 @@ run 1 "$W/base" $DENSE --steps 4 || { bad "base run"; cat "$W/base.log"; finish;
 BASE="$W/base/ckpt/step_000004"
 run 1 "$W/ref" $DENSE $LORA --steps 12 --init-from "$W/base" || { bad "LoRA reference"; cat "$W/ref.log"; finish; exit 1; }
 
-# adapter_only RUN BASE_DIR [N] : every checkpoint of RUN is adapter-only, names
-# BASE_DIR and holds N adapters (default 28: 2 layers x 7 targets x (A, B))
+# adapter_only RUN BASE_DIR [N [HASH_DIR]] : every checkpoint of RUN is
+# adapter-only, names BASE_DIR (with the manifest hash of HASH_DIR, default
+# BASE_DIR) and holds N adapters (default 28: 2 layers x 7 targets x (A, B))
 adapter_only() {
-    python3 - "$1" "$2" "${3:-28}" <<'PY'
+    python3 - "$1" "$2" "${3:-28}" "${4:-$2}" <<'PY'
 import json, os, sys
 run, base, want = sys.argv[1], os.path.realpath(sys.argv[2]), int(sys.argv[3])
-mb = json.load(open(base + "/manifest.json"))
+mb = json.load(open(sys.argv[4] + "/manifest.json"))
 cks = sorted(d for d in os.listdir(run + "/ckpt") if d.startswith("step_"))
 for d in cks:
     m = json.load(open("%s/ckpt/%s/manifest.json" % (run, d)))
@@ -220,6 +225,34 @@ PY
     then ok "--init-from an adapter-only checkpoint + LoRA: the base's step-0 loss, checkpoints name the base itself"
     else bad "--init-from an adapter-only checkpoint: base reference"; fi
 else bad "--init-from an adapter-only checkpoint"; tail -3 "$W/chain.log"; fi
+
+# ---- 7: a Hugging Face base folder ----
+# the checkpoints name the folder and the manifest hash of its (deterministic)
+# import; resume, logits and export --merge import it again and check the hash
+"$MT" export --ckpt "$BASE" --out "$W/hf" >/dev/null 2>&1 && "$MT" import --hf "$W/hf" --out "$W/hf.imp" >/dev/null 2>&1 \
+    && "$MT" export --ckpt "$W/base2" --out "$W/hf2" >/dev/null 2>&1 || bad "HF folders of the bases"
+HLORA="--lora 4:8:q,k,v,o,gate,up,down --set total_steps=6 --set save_every=3"
+if run 1 "$W/href" $DENSE $HLORA --steps 6 --init-from "$W/hf" && adapter_only "$W/href" "$W/hf" 28 "$W/hf.imp"; then
+    ok "LoRA from a Hugging Face folder: adapter-only checkpoints naming the folder and its import's manifest hash"
+else bad "LoRA from a Hugging Face folder"; tail -3 "$W/href.log"; fi
+if run 1 "$W/hres" $DENSE $HLORA --steps 6 --resume "$W/href/ckpt/step_000003" && close "$W/href" "$W/hres" 0 3 \
+   && cmp "$W/href/ckpt/step_000006/optim.bin" "$W/hres/ckpt/step_000006/optim.bin" \
+   && run 2 "$W/htp" $DENSE $HLORA --steps 6 --mesh tp=2 --resume "$W/href/ckpt/step_000003" && close "$W/href" "$W/htp" 1e-6 3; then
+    ok "HF base: resume bit-exact (1 rank), resharded to tp=2 like the uninterrupted run"
+else bad "HF base resume"; tail -3 "$W/hres.log" "$W/htp.log"; fi
+if [ -n "$PY" ] && "$MT" export --ckpt "$W/href" --out "$W/hmerged" --merge >/dev/null 2>&1 \
+   && "$MT" logits --ckpt "$W/href" --ids "$IDS" --out "$W/href.logits" >/dev/null 2>&1 \
+   && $PY "$HERE/hf/ref_forward.py" compare "$W/hmerged" "$W/href.logits" "$IDS" --atol 5e-6 >/dev/null; then
+    ok "HF base: export --merge reference forward == meshtrain logits (5e-6)"
+elif [ -n "$PY" ]; then bad "HF base: export --merge / logits"; fi
+refuse 1 "$W/bad_hf" "the Hugging Face folder .*hf2 imports with manifest hash [0-9a-f]{16}: not the same base" \
+    $DENSE $HLORA --steps 6 --resume "$W/href/ckpt/step_000003" --init-from "$W/hf2"
+mv "$W/hf" "$W/hf.moved"
+refuse 1 "$W/hf_gone" "its base checkpoint .*/hf is missing" $DENSE $HLORA --steps 6 --resume "$W/href/ckpt/step_000003"
+if run 1 "$W/hmv" $DENSE $HLORA --steps 6 --resume "$W/href/ckpt/step_000003" --init-from "$W/hf.moved" \
+   && close "$W/href" "$W/hmv" 0 3 && adapter_only "$W/hmv" "$W/hf.moved" 28 "$W/hf.imp"; then
+    ok "HF base moved: --resume + --init-from MOVED_FOLDER bit-exact, new checkpoints name the new folder"
+else bad "HF base moved"; tail -3 "$W/hmv.log"; fi
 
 if [ "${skipped_part:-0}" = 1 ] && [ $fails -eq 0 ]; then echo "$passes passed; SKIPPED (part needs numpy)"; exit 77; fi
 finish

@@ -128,6 +128,25 @@ static enum mt_status train_ckpt_dir(struct mt_ctx *ctx, const char *arg, char *
     return st;
 }
 
+/* --resume of an adapter-only LoRA checkpoint (meta m): the base to load,
+ * --init-from or else the recorded path (docs/checkpoint.md). A Hugging Face
+ * folder is imported into the private temporary dir tmp and *hf names it; a
+ * checkpoint given with --init-from is resolved like --init-from alone.
+ * dir stays "" when setup takes the recorded path itself (and checks it). */
+static enum mt_status resume_base_dir(struct mt_ctx *ctx, const char *init_arg, const struct mt_ckpt_meta *m,
+                                      char *dir, size_t n, char *tmp, size_t tmp_n, const char **hf)
+{
+    dir[0] = 0;
+    *hf = NULL;
+    const char *b = init_arg ? init_arg : m->base_hash[0] ? m->base_path : NULL;
+    if (b && m->base_hash[0] && mt_import_hf_is_folder(b)) {
+        char warn[2048] = "";
+        *hf = b;
+        return mt_import_hf_temp(ctx, b, tmp, tmp_n, dir, n, warn, sizeof warn);
+    }
+    return init_arg ? train_ckpt_dir(ctx, init_arg, dir, n) : MT_OK;
+}
+
 /* Keys that set a tensor's shape: init-from may change any other key. */
 static const char *const shape_keys[] = {"vocab_size", "n_layer", "d_model", "n_head", "n_kv_head", "head_dim",
                                          "mlp_hidden", "pattern", "n_experts", "expert_hidden",
@@ -202,6 +221,8 @@ static int train_main(int argc, char **argv, int world, int rank)
     }
     /* both: --init-from names the base of an adapter-only checkpoint (setup checks it is one) */
     static char base_dir[4200], hf_tmp[4096], lora_base_dir[4200];
+    static struct mt_ckpt_meta rmeta;   /* the resume checkpoint's: its base reference */
+    const char *base_hf = NULL;
     struct mt_config saved;
     hf_tmp[0] = 0;
     if (resume_arg || init_arg) {
@@ -223,9 +244,10 @@ static int train_main(int argc, char **argv, int world, int rank)
         } else {
             st = train_ckpt_dir(&ctx, arg, base_dir, sizeof base_dir);
         }
-        if (st == MT_OK) st = mt_ckpt_read_meta(&ctx, base_dir, &cfg, NULL);
-        if (st == MT_OK && resume_arg && init_arg)
-            st = train_ckpt_dir(&ctx, init_arg, lora_base_dir, sizeof lora_base_dir);
+        if (st == MT_OK) st = mt_ckpt_read_meta(&ctx, base_dir, &cfg, &rmeta);
+        if (st == MT_OK && resume_arg)
+            st = resume_base_dir(&ctx, init_arg, &rmeta, lora_base_dir, sizeof lora_base_dir, hf_tmp, sizeof hf_tmp,
+                                 &base_hf);
         if (st != MT_OK) {
             fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(&ctx));
             if (hf_tmp[0]) mt_file_rm_rf(hf_tmp);
@@ -235,7 +257,7 @@ static int train_main(int argc, char **argv, int world, int rank)
     }
     int code = train_args(&ctx, &knobs, &cfg, &opts, argc, argv);
     if (code < 0 && (resume_arg || init_arg)) {
-        const char *src = hf_tmp[0] ? init_arg : base_dir;
+        const char *src = hf_tmp[0] && !resume_arg ? init_arg : base_dir;
         /* the schedule: a fine-tune from --init-from is a new run (total_steps =
          * its --steps); a resume keeps the checkpoint's schedule unless the run
          * goes past it. Either way only when --config/--set left it alone. */
@@ -243,8 +265,8 @@ static int train_main(int argc, char **argv, int world, int rank)
             cfg.total_steps = 0;
         if (resume_arg) opts.resume = base_dir;
         else opts.init_from = base_dir;
-        if (resume_arg && init_arg) opts.init_from = lora_base_dir;
-        opts.init_from_import = hf_tmp[0] != 0;
+        if (resume_arg && lora_base_dir[0]) opts.init_from = lora_base_dir;
+        opts.init_from_hf = !hf_tmp[0] ? NULL : resume_arg ? base_hf : init_arg;
         struct mt_config shown = cfg;
         if (shown.total_steps == 0) shown.total_steps = opts.steps;
         const char *bad = config_diff(&saved, &shown, src, rank == 0, resume_arg == NULL);

@@ -773,10 +773,24 @@ static const struct mt_ckpt_tensor *ckpt_find(const struct mt_ckpt_tensor *ct, i
     return NULL;
 }
 
+/* mt_ckpt_base_check of ck, the import of meta's Hugging Face base folder:
+ * a mismatch names the folder, not the temporary import. */
+static enum mt_status hf_base_check(struct mt_ctx *ctx, const char *dir, const struct mt_ckpt_meta *meta, const char *ck)
+{
+    char h[MT_CKPT_RUN_ID_LEN];
+    MT_CHECK(mt_ckpt_manifest_hash(ctx, ck, h));
+    if (strcmp(h, meta->base_hash))
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "adapter-only checkpoint %s was trained on the base with manifest "
+                            "hash %s; the Hugging Face folder %s imports with manifest hash %s: not the same base", dir,
+                            meta->base_hash, meta->base_path, h);
+    return mt_ckpt_base_check(ctx, dir, meta, ck);
+}
+
 /* An adapter-only checkpoint's base (docs/checkpoint.md): its params.bin
  * tensors (*bt, checksum verified) and an open fd (*bfd), after checking
  * the base is the one the adapters were trained on; nothing for a full
- * checkpoint (*bfd = -1). */
+ * checkpoint (*bfd = -1). A Hugging Face base folder is imported into a
+ * temporary directory, removed once params.bin is open. */
 static enum mt_status lora_base_tensors(struct mt_ctx *ctx, const char *ckpt_dir, const struct mt_ckpt_meta *meta,
                                         struct mt_ckpt_tensor **bt, int *nbt, int *bfd)
 {
@@ -784,14 +798,23 @@ static enum mt_status lora_base_tensors(struct mt_ctx *ctx, const char *ckpt_dir
     *nbt = 0;
     *bfd = -1;
     if (!meta->base_hash[0]) return MT_OK;
-    MT_CHECK(mt_ckpt_base_check(ctx, ckpt_dir, meta, NULL));
-    MT_CHECK(mt_ckpt_read_tensors(ctx, meta->base_path, "params.bin", bt, nbt));
-    char path[PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/params.bin", meta->base_path);
-    *bfd = open(path, O_RDONLY);
-    if (*bfd < 0) return mt_ctx_error(ctx, MT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-    qsort(*bt, (size_t)*nbt, sizeof **bt, cmp_ckpt_name);
-    return MT_OK;
+    char tmp[PATH_MAX] = "", ck[PATH_MAX + 8], path[PATH_MAX + 32], warn[1024] = "";
+    const char *b = meta->base_path;
+    enum mt_status rc = MT_OK;
+    if (mt_import_hf_is_folder(b)) {
+        rc = mt_import_hf_temp(ctx, b, tmp, sizeof tmp, ck, sizeof ck, warn, sizeof warn);
+        b = ck;
+    }
+    if (rc == MT_OK) rc = tmp[0] ? hf_base_check(ctx, ckpt_dir, meta, b) : mt_ckpt_base_check(ctx, ckpt_dir, meta, b);
+    if (rc == MT_OK) rc = mt_ckpt_read_tensors(ctx, b, "params.bin", bt, nbt);
+    if (rc == MT_OK) {
+        snprintf(path, sizeof path, "%s/params.bin", b);
+        *bfd = open(path, O_RDONLY);
+        if (*bfd < 0) rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+        else qsort(*bt, (size_t)*nbt, sizeof **bt, cmp_ckpt_name);
+    }
+    if (tmp[0]) mt_file_rm_rf(tmp);   /* an open params.bin stays readable */
+    return rc;
 }
 
 static enum mt_status read_f32(struct mt_ctx *ctx, int fd, const struct mt_ckpt_tensor *t, float **out)
@@ -1200,5 +1223,41 @@ done:
     mt_free(ctx, ps);
     mt_free(ctx, x);
     mt_safetensors_close(ctx, sf);
+    return rc;
+}
+
+int mt_import_hf_is_folder(const char *dir)
+{
+    return !mt_file_exists_in(dir, "manifest.json") && mt_file_exists_in(dir, "config.json") &&
+           mt_file_exists_in(dir, "model.safetensors");
+}
+
+enum mt_status mt_import_hf_temp(struct mt_ctx *ctx, const char *hf_dir, char *tmp, size_t tmp_n, char *ckpt,
+                                 size_t ckpt_n, char *warn, size_t warn_len)
+{
+    const char *td = getenv("TMPDIR");
+    if (!td || !*td) td = "/tmp";
+    tmp[0] = 0;
+    if (snprintf(tmp, tmp_n, "%s/meshtrain_base_XXXXXX", td) >= (int)tmp_n || !mkdtemp(tmp)) {
+        tmp[0] = 0;
+        return mt_ctx_error(ctx, MT_ERR_IO, "cannot create a temporary directory in %s", td);
+    }
+    if (snprintf(ckpt, ckpt_n, "%s/ckpt", tmp) >= (int)ckpt_n)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "path too long: %s", tmp);
+    return mt_import_hf(ctx, hf_dir, ckpt, 0, 0, warn, warn_len);
+}
+
+enum mt_status mt_import_ckpt_load(struct mt_ctx *ctx, const struct mt_ops_i *ops, const char *dir,
+                                   struct mt_param *params, int n_params)
+{
+    struct mt_ckpt_meta m;
+    MT_CHECK(mt_ckpt_read_meta(ctx, dir, NULL, &m));
+    if (!m.base_hash[0] || !mt_import_hf_is_folder(m.base_path))
+        return mt_ckpt_load(ctx, ops, dir, params, n_params, NULL);
+    char tmp[PATH_MAX] = "", ck[PATH_MAX + 8], warn[1024] = "";
+    enum mt_status rc = mt_import_hf_temp(ctx, m.base_path, tmp, sizeof tmp, ck, sizeof ck, warn, sizeof warn);
+    if (rc == MT_OK) rc = hf_base_check(ctx, dir, &m, ck);
+    if (rc == MT_OK) rc = mt_ckpt_load_base(ctx, ops, dir, ck, params, n_params, NULL);
+    if (tmp[0]) mt_file_rm_rf(tmp);
     return rc;
 }

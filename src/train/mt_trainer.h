@@ -21,8 +21,8 @@ struct mt_train_opts {
     const char *init_from;     /* --init-from: checkpoint dir whose parameters start the run
                                 * (step 0, fresh optimizer, data from the start); NULL = init.
                                 * With --resume: the base of an adapter-only checkpoint */
-    int         init_from_import; /* init_from is a temporary import (a Hugging Face folder):
-                                   * no base a LoRA checkpoint could name (full checkpoints) */
+    const char *init_from_hf;  /* init_from is a temporary import of this Hugging Face folder:
+                                * the base an adapter-only LoRA checkpoint names; NULL = none */
     int         steps;         /* --steps: the step to reach (0: initial ckpt only)    */
     const char *mesh;          /* --mesh, NULL = one rank                             */
     const char *pp_layers;     /* --pp-layers "n0,n1,...": layers per stage (NULL: balanced) */

@@ -104,15 +104,19 @@ size_t mt_train_host_bytes(const struct mt_config *cfg, int n_params, int Bm, in
     return mt_layout_host_bytes(cfg, n_params, Bm, n_steps, world);
 }
 
-/* rs->base_path: the absolute path of base checkpoint `dir`. A base inside
- * OUT/ckpt is refused: the run's own step_N (or a pruned sibling) could
- * replace it, and every adapter checkpoint would lose its base. */
+/* rs->base_load: base checkpoint `dir`; rs->base_path: the absolute path of
+ * the base the checkpoints name (`dir`, or the Hugging Face folder it was
+ * imported from). A base inside OUT/ckpt is refused: the run's own step_N
+ * (or a pruned sibling) could replace it, and every adapter checkpoint
+ * would lose its base. */
 static enum mt_status set_base_path(struct mt_ctx *ctx, const char *dir, const struct mt_train_opts *opts,
                                     struct run_state *rs)
 {
     char full[PATH_MAX], out[PATH_MAX];
-    if (!realpath(dir, full) || strlen(full) >= sizeof rs->base_path)
-        return mt_ctx_error(ctx, MT_ERR_IO, "cannot resolve the base checkpoint path %s", dir);
+    const char *named = opts->init_from_hf ? opts->init_from_hf : dir;
+    snprintf(rs->base_load, sizeof rs->base_load, "%s", dir);
+    if (!realpath(named, full) || strlen(full) >= sizeof rs->base_path)
+        return mt_ctx_error(ctx, MT_ERR_IO, "cannot resolve the base checkpoint path %s", named);
     if (realpath(opts->out_dir, out)) {
         size_t n = strlen(out);
         if (!strncmp(full, out, n) && !strncmp(full + n, "/ckpt/", 6))
@@ -169,6 +173,15 @@ static enum mt_status resume_base(struct mt_ctx *ctx, const struct mt_config *cf
                                 "with --resume names the base of an adapter-only checkpoint; %s is a full checkpoint)",
                                 resume_dir);
         return MT_OK;
+    }
+    if (opts->init_from_hf) {
+        /* a Hugging Face base: name the folder, not its temporary import */
+        char h[MT_CKPT_RUN_ID_LEN];
+        MT_CHECK(mt_ckpt_manifest_hash(ctx, opts->init_from, h));
+        if (strcmp(h, meta->base_hash))
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "adapter-only checkpoint %s was trained on the base with "
+                                "manifest hash %s; the Hugging Face folder %s imports with manifest hash %s: not the "
+                                "same base", resume_dir, meta->base_hash, opts->init_from_hf, h);
     }
     MT_CHECK(mt_ckpt_base_check(ctx, resume_dir, meta, opts->init_from));
     snprintf(rs->base_hash, sizeof rs->base_hash, "%s", meta->base_hash);
@@ -228,7 +241,7 @@ enum mt_status mt_train_setup_local(struct mt_ctx *ctx, struct mt_config *cfg, c
         MT_CHECK(resume_base(ctx, cfg, &saved, opts, resume_dir, resume_meta, rs));
     } else {
         MT_CHECK(mt_config_resolve(ctx, cfg, opts->steps));
-        if (opts->init_from && cfg->lora_rank > 0 && !opts->init_from_import) MT_CHECK(lora_base(ctx, opts, rs));
+        if (opts->init_from && cfg->lora_rank > 0) MT_CHECK(lora_base(ctx, opts, rs));
     }
     /* the startup contract, before any allocation; identical on every rank */
     MT_CHECK(mt_mesh_check_contract(ctx, dims, cfg, world, cfg->microbatches));
@@ -355,7 +368,7 @@ static enum mt_status load_params(struct mt_ctx *ctx, struct run_state *rs, cons
         struct mt_param *v = mt_zero_opt_params(rs->zset.z[k], &nv);
         if (resume_dir[0]) {
             /* adapter-only: the frozen base from its checked base checkpoint */
-            MT_CHECK(mt_ckpt_load_base(ctx, rs->ops, resume_dir, rs->base_hash[0] ? rs->base_path : NULL, v, nv,
+            MT_CHECK(mt_ckpt_load_base(ctx, rs->ops, resume_dir, rs->base_hash[0] ? rs->base_load : NULL, v, nv,
                                        rs->zset.opt[k]));
             mt_optim_set_t(rs->zset.opt[k], resume_meta->adam_t);
         } else if (lora_base) {
@@ -365,7 +378,7 @@ static enum mt_status load_params(struct mt_ctx *ctx, struct run_state *rs, cons
             int nb = 0;
             for (int i = 0; i < nv; i++)
                 if (v[i].frozen) b[nb++] = v[i];
-            const char *from = rs->base_path[0] ? rs->base_path : opts->init_from;   /* adapter-only: its base */
+            const char *from = rs->base_load[0] ? rs->base_load : opts->init_from;   /* adapter-only: its base */
             enum mt_status st = mt_ckpt_load(ctx, rs->ops, from, b, nb, NULL);
             mt_free(ctx, b);
             MT_CHECK(st);
