@@ -590,6 +590,140 @@ static void test_resolve(struct mt_ctx *ctx, const struct mt_ops_i *ops, const c
     EXPECT_ERR_AT(ctx, mt_ckpt_lock(ctx, path, &f1), MT_ERR_IO, "cannot create output directory");
 }
 
+/* ------------------------------------------------------------------ */
+/* adapter-only checkpoints (LoRA): the base by manifest hash          */
+/* ------------------------------------------------------------------ */
+
+enum base_edit { BE_DROP, BE_VERSION2, BE_HASH, BE_PATH_EMPTY, BE_N };
+
+/* One edit of DIR/manifest.json's base reference, restamped: only the
+ * field checks can catch it. */
+static void edit_base(const char *dir, enum base_edit ed)
+{
+    char path[700];
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    long n = 0;
+    char *text = slurp(path, &n);
+    cJSON *m = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    if (!m) { n_fail++; return; }
+    cJSON *b = cJSON_GetObjectItem(m, "base");
+    switch (ed) {
+    case BE_DROP:       cJSON_DeleteItemFromObject(m, "base"); break;
+    case BE_VERSION2:   cJSON_SetNumberHelper(cJSON_GetObjectItem(m, "version"), 2); break;
+    case BE_HASH:       cJSON_ReplaceItemInObject(b, "manifest_hash", cJSON_CreateString("0123456789abcdeg")); break;
+    case BE_PATH_EMPTY: cJSON_ReplaceItemInObject(b, "path", cJSON_CreateString("")); break;
+    case BE_N: break;
+    }
+    restamp(m);
+    char *out = cJSON_Print(m);
+    spit(path, out);
+    free(out);
+    cJSON_Delete(m);
+}
+
+/* The frozen base (f[0], f[1]) is saved once; the adapter-only checkpoint
+ * holds f[2] and its AdamW state and names the base. Loading the adapter
+ * checkpoint fills every parameter (the base's from the base) and the
+ * optimizer bit for bit; a base with another hash, a missing one, a chain,
+ * and malformed references are refused. */
+static void test_adapter(struct mt_ctx *ctx, const struct mt_ops_i *ops, const char *root, const struct mt_config *cfg,
+                         const struct mt_param *a)
+{
+    char base[600], other[600], ad[600], chain[600], gone[600], path[700];
+    snprintf(base, sizeof base, "%s/ad/base", root);
+    snprintf(other, sizeof other, "%s/ad/other", root);
+    snprintf(ad, sizeof ad, "%s/ad/adapter", root);
+    snprintf(chain, sizeof chain, "%s/ad/chain", root);
+    snprintf(gone, sizeof gone, "%s/ad/base.moved", root);
+    struct mt_param f[NP], g[NP];
+    mkset(ctx, f);
+    mkset(ctx, g);
+    for (int i = 0; i < NP; i++) memcpy(f[i].data, a[i].data, a[i].numel * sizeof(float));
+    f[0].frozen = f[1].frozen = g[0].frozen = g[1].frozen = 1;
+    struct mt_ckpt_meta m0 = {.seed = 1};
+    snprintf(m0.mesh, sizeof m0.mesh, "pp=1,dp=1,ep=1,tp=1");
+    EXPECT_ERR_AT(ctx, mt_ckpt_save(ctx, ops, base, cfg, &m0, f, NP, NULL), MT_OK, NULL);
+    m0.seed = 2;   /* another manifest, the same tensors */
+    EXPECT_ERR_AT(ctx, mt_ckpt_save(ctx, ops, other, cfg, &m0, f, NP, NULL), MT_OK, NULL);
+    char h[MT_CKPT_RUN_ID_LEN], ho[MT_CKPT_RUN_ID_LEN];
+    EXPECT_ERR_AT(ctx, mt_ckpt_manifest_hash(ctx, base, h), MT_OK, NULL);
+    EXPECT_ERR_AT(ctx, mt_ckpt_manifest_hash(ctx, other, ho), MT_OK, NULL);
+    EXPECT(strlen(h) == 16 && strcmp(h, ho) != 0);
+
+    /* train the adapter (f[2]) 2 steps; the frozen ones get no state */
+    struct mt_optim *of = NULL, *og = NULL;
+    EXPECT(mt_optim_create(ctx, ops, cfg, f, NP, &of) == MT_OK && mt_optim_state_count(of) == 2);
+    unsigned s = 5;
+    for (int step = 0; step < 2; step++) {
+        for (size_t k = 0; k < f[2].numel; k++) f[2].grad[k] = rnd(&s);
+        EXPECT(mt_optim_step(ctx, of, step, 1.0) == MT_OK);
+    }
+    struct mt_ckpt_meta ma = {.step = 2, .data_pos = 2, .seed = 1, .adam_t = 2};
+    snprintf(ma.mesh, sizeof ma.mesh, "pp=1,dp=1,ep=1,tp=1");
+    /* a malformed reference is never written */
+    snprintf(ma.base_hash, sizeof ma.base_hash, "not-hex-digits!!");
+    snprintf(ma.base_path, sizeof ma.base_path, "%s", base);
+    EXPECT_ERR_AT(ctx, mt_ckpt_save(ctx, ops, ad, cfg, &ma, &f[2], 1, of), MT_ERR_INVALID_ARG, "base reference");
+    EXPECT(!exists(ad, ""));
+    snprintf(ma.base_hash, sizeof ma.base_hash, "%s", h);
+    EXPECT_ERR_AT(ctx, mt_ckpt_save(ctx, ops, ad, cfg, &ma, &f[2], 1, of), MT_OK, NULL);
+    struct mt_ckpt_meta mr;
+    EXPECT_ERR_AT(ctx, mt_ckpt_read_meta(ctx, ad, NULL, &mr), MT_OK, NULL);
+    EXPECT(!strcmp(mr.base_hash, h) && !strcmp(mr.base_path, base));
+    struct mt_ckpt_tensor *t = NULL;
+    int nt = 0;
+    EXPECT_ERR_AT(ctx, mt_ckpt_read_tensors(ctx, ad, "params.bin", &t, &nt), MT_OK, NULL);
+    EXPECT(nt == 1 && t && !strcmp(t[0].name, "lm_head.weight"));
+    mt_free(ctx, t);
+
+    /* load: the base's tensors from the base, the adapter and its state from ad */
+    EXPECT(mt_optim_create(ctx, ops, cfg, g, NP, &og) == MT_OK);
+    EXPECT_ERR_AT(ctx, mt_ckpt_load(ctx, ops, ad, g, NP, og), MT_OK, NULL);
+    for (int i = 0; i < NP; i++) EXPECT(same_bits(f[i].data, g[i].data, f[i].numel));
+    EXPECT(mt_optim_get_t(og) == 2);
+    for (int i = 0; i < mt_optim_state_count(og); i++) {
+        struct mt_optim_state x, y;
+        mt_optim_state_get(of, i, &x);
+        mt_optim_state_get(og, i, &y);
+        EXPECT(!strcmp(x.name, y.name) && same_bits(x.data, y.data, x.param->numel));
+    }
+    /* refusals: another base, a full checkpoint given a base, a missing base
+     * (then found where it moved), a chain */
+    EXPECT_ERR_AT(ctx, mt_ckpt_load_base(ctx, ops, ad, other, g, NP, og), MT_ERR_INVALID_ARG, "not the same base");
+    EXPECT_ERR_AT(ctx, mt_ckpt_load_base(ctx, ops, base, other, g, NP, NULL), MT_ERR_INVALID_ARG, "full checkpoint");
+    EXPECT(rename(base, gone) == 0);
+    EXPECT_ERR_AT(ctx, mt_ckpt_load(ctx, ops, ad, g, NP, og), MT_ERR_INVALID_ARG, "is missing");
+    memset(g[0].data, 0, g[0].numel * sizeof(float));
+    EXPECT_ERR_AT(ctx, mt_ckpt_load_base(ctx, ops, ad, gone, g, NP, og), MT_OK, NULL);
+    EXPECT(same_bits(f[0].data, g[0].data, f[0].numel));
+    EXPECT(rename(gone, base) == 0);
+    char ha[MT_CKPT_RUN_ID_LEN];
+    EXPECT_ERR_AT(ctx, mt_ckpt_manifest_hash(ctx, ad, ha), MT_OK, NULL);
+    snprintf(ma.base_hash, sizeof ma.base_hash, "%s", ha);
+    snprintf(ma.base_path, sizeof ma.base_path, "%s", ad);
+    EXPECT_ERR_AT(ctx, mt_ckpt_save(ctx, ops, chain, cfg, &ma, &f[2], 1, of), MT_OK, NULL);
+    EXPECT_ERR_AT(ctx, mt_ckpt_load(ctx, ops, chain, g, NP, og), MT_ERR_INVALID_ARG, "itself adapter-only");
+
+    /* the reference is validated like every field (version 3 <=> a base) */
+    snprintf(path, sizeof path, "%s/manifest.json", ad);
+    long n0 = 0;
+    char *orig = slurp(path, &n0);
+    static const char *const want[BE_N] = {"present iff version is 3", "present iff version is 3", "16 hex digits",
+                                           "16 hex digits"};
+    for (int ed = 0; orig && ed < BE_N; ed++) {
+        edit_base(ad, (enum base_edit)ed);
+        EXPECT_ERR_AT(ctx, mt_ckpt_read_meta(ctx, ad, NULL, &mr), MT_ERR_FORMAT, want[ed]);
+        spit(path, orig);
+    }
+    EXPECT_ERR_AT(ctx, mt_ckpt_load(ctx, ops, ad, g, NP, og), MT_OK, NULL);   /* restored: fine again */
+    free(orig);
+    mt_optim_destroy(ctx, of);
+    mt_optim_destroy(ctx, og);
+    freeset(ctx, f, NP);
+    freeset(ctx, g, NP);
+}
+
 int main(void)
 {
     const struct mt_ops_i *ops = mt_ops_cpu();
@@ -775,6 +909,8 @@ int main(void)
     /* ---- manifest validation, tokenizer; resolve, remove, lock ---- */
     test_manifest(&ctx, ops, root, &cfg, a, oa);
     test_resolve(&ctx, ops, root, &cfg, a, oa);
+    /* ---- adapter-only checkpoints: the base by manifest hash ---- */
+    test_adapter(&ctx, ops, root, &cfg, a);
 
     /* ---- injected allocation failures: an error, nothing leaks ---- */
     {

@@ -110,7 +110,7 @@ int mt_cmd_logits(int argc, char **argv)
     mt_model_keep_logits(m, 1);   /* the logits are read after a forward with targets */
     int n_params;
     struct mt_param *params = mt_model_params(m, &n_params);
-    MT_CHECK_GOTO(mt_ckpt_load(&ctx, ops, dir, params, n_params, NULL), rc, done);
+    MT_CHECK_GOTO(mt_import_ckpt_load(&ctx, ops, dir, params, n_params), rc, done);   /* an HF LoRA base too */
     const size_t V = (size_t)cfg.vocab_size;
     targets = mt_alloc(&ctx, (size_t)n * sizeof *targets, MT_BUCKET_OTHER);
     logits = mt_alloc(&ctx, (size_t)n * V * sizeof *logits, MT_BUCKET_OTHER);

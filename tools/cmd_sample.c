@@ -17,6 +17,7 @@
 #include "ops/mt_ops.h"
 #include "tok/mt_tok.h"
 #include "train/mt_ckpt.h"
+#include "train/mt_export.h"
 
 static void sample_usage(FILE *f)
 {
@@ -148,7 +149,7 @@ int mt_cmd_sample(int argc, char **argv)
     MT_CHECK_GOTO(mt_model_create(&ctx, ops, &cfg, 1, &m), rc, done);
     int n_params;
     struct mt_param *params = mt_model_params(m, &n_params);
-    MT_CHECK_GOTO(mt_ckpt_load(&ctx, ops, dir, params, n_params, NULL), rc, done);
+    MT_CHECK_GOTO(mt_import_ckpt_load(&ctx, ops, dir, params, n_params), rc, done);   /* an HF LoRA base too */
 
     /* prompt ids: as given, or BOS + encoded text keeping the tail if it is too long */
     uint32_t bos = tok ? (uint32_t)mt_tok_bos_id(tok) : 0;

@@ -38,7 +38,8 @@ static void train_usage(FILE *f)
             "                       config is the base, --config/--set go on top (model keys may not change)\n"
             "  --init-from DIR      weights only (step 0, fresh optimizer) from a checkpoint dir, a previous\n"
             "                       --out, or a Hugging Face folder (config.json + model.safetensors);\n"
-            "                       its config is the base (tensor shapes may not change)\n"
+            "                       its config is the base (tensor shapes may not change); with --resume:\n"
+            "                       the base of an adapter-only LoRA checkpoint that moved (docs/checkpoint.md)\n"
             "  --lora R[:ALPHA[:T]]  LoRA fine-tuning: lora_rank=R, lora_alpha=ALPHA, lora_targets=T (comma\n"
             "                       list of q,k,v,o,gate,up,down,expert); the base is frozen (docs/lora.md)\n"
             "  --mesh SPEC          pp=..,dp=..,ep=..,tp=.. (omitted axes 1, dp derived from the world)  default: all 1\n"
@@ -122,6 +123,25 @@ static enum mt_status train_ckpt_dir(struct mt_ctx *ctx, const char *arg, char *
     return st;
 }
 
+/* --resume of an adapter-only LoRA checkpoint (meta m): the base to load,
+ * --init-from or else the recorded path (docs/checkpoint.md). A Hugging Face
+ * folder is imported into the private temporary dir tmp and *hf names it; a
+ * checkpoint given with --init-from is resolved like --init-from alone.
+ * dir stays "" when setup takes the recorded path itself (and checks it). */
+static enum mt_status resume_base_dir(struct mt_ctx *ctx, const char *init_arg, const struct mt_ckpt_meta *m,
+                                      char *dir, size_t n, char *tmp, size_t tmp_n, const char **hf)
+{
+    dir[0] = 0;
+    *hf = NULL;
+    const char *b = init_arg ? init_arg : m->base_hash[0] ? m->base_path : NULL;
+    if (b && m->base_hash[0] && mt_import_hf_is_folder(b)) {
+        char warn[2048] = "";
+        *hf = b;
+        return mt_import_hf_temp(ctx, b, tmp, tmp_n, dir, n, warn, sizeof warn);
+    }
+    return init_arg ? train_ckpt_dir(ctx, init_arg, dir, n) : MT_OK;
+}
+
 /* Keys that set a tensor's shape: init-from may change any other key. */
 static const char *const shape_keys[] = {"vocab_size", "n_layer", "d_model", "n_head", "n_kv_head", "head_dim",
                                          "mlp_hidden", "pattern", "n_experts", "expert_hidden",
@@ -196,18 +216,17 @@ static int train_main(int argc, char **argv, int world, int rank)
         if (!strcmp(argv[i], "--resume")) resume_arg = argv[i + 1];
         if (!strcmp(argv[i], "--init-from")) init_arg = argv[i + 1];
     }
-    if (resume_arg && init_arg) {
-        fprintf(stderr, "meshtrain train: --resume and --init-from exclude each other\n");
-        return refuse_args(world, MT_ERR_INVALID_ARG);
-    }
-    static char base_dir[4200], hf_tmp[4096];
+    /* both: --init-from names the base of an adapter-only checkpoint (setup checks it is one) */
+    static char base_dir[4200], hf_tmp[4096], lora_base_dir[4200];
+    static struct mt_ckpt_meta rmeta;   /* the resume checkpoint's: its base reference */
+    const char *base_hf = NULL;
     struct mt_config saved;
     hf_tmp[0] = 0;
     if (resume_arg || init_arg) {
         const char *arg = resume_arg ? resume_arg : init_arg;
         enum mt_status st;
-        if (init_arg && !mt_file_exists_in(arg, "manifest.json") && mt_file_exists_in(arg, "config.json") &&
-            mt_file_exists_in(arg, "model.safetensors")) {
+        if (init_arg && !resume_arg && !mt_file_exists_in(arg, "manifest.json") &&
+            mt_file_exists_in(arg, "config.json") && mt_file_exists_in(arg, "model.safetensors")) {
             /* a Hugging Face folder: import it (this rank, a private temporary dir) */
             const char *td = getenv("TMPDIR");
             snprintf(hf_tmp, sizeof hf_tmp, "%s/meshtrain_init_XXXXXX", td && *td ? td : "/tmp");
@@ -222,7 +241,10 @@ static int train_main(int argc, char **argv, int world, int rank)
         } else {
             st = train_ckpt_dir(&ctx, arg, base_dir, sizeof base_dir);
         }
-        if (st == MT_OK) st = mt_ckpt_read_meta(&ctx, base_dir, &cfg, NULL);
+        if (st == MT_OK) st = mt_ckpt_read_meta(&ctx, base_dir, &cfg, &rmeta);
+        if (st == MT_OK && resume_arg)
+            st = resume_base_dir(&ctx, init_arg, &rmeta, lora_base_dir, sizeof lora_base_dir, hf_tmp, sizeof hf_tmp,
+                                 &base_hf);
         if (st != MT_OK) {
             fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(&ctx));
             if (hf_tmp[0]) mt_file_rm_rf(hf_tmp);
@@ -232,16 +254,19 @@ static int train_main(int argc, char **argv, int world, int rank)
     }
     int code = train_args(&ctx, &knobs, &cfg, &opts, argc, argv);
     if (code < 0 && (resume_arg || init_arg)) {
-        const char *src = hf_tmp[0] ? init_arg : base_dir;
+        const char *src = hf_tmp[0] && !resume_arg ? init_arg : base_dir;
         /* the schedule: a fine-tune from --init-from is a new run (total_steps =
          * its --steps); a resume keeps the checkpoint's schedule unless the run
          * goes past it. Either way only when --config/--set left it alone. */
-        if (cfg.total_steps == saved.total_steps && (init_arg || opts.steps > saved.total_steps)) cfg.total_steps = 0;
-        if (init_arg) opts.init_from = base_dir;
-        else opts.resume = base_dir;
+        if (cfg.total_steps == saved.total_steps && (!resume_arg || opts.steps > saved.total_steps))
+            cfg.total_steps = 0;
+        if (resume_arg) opts.resume = base_dir;
+        else opts.init_from = base_dir;
+        if (resume_arg && lora_base_dir[0]) opts.init_from = lora_base_dir;
+        opts.init_from_hf = !hf_tmp[0] ? NULL : resume_arg ? base_hf : init_arg;
         struct mt_config shown = cfg;
         if (shown.total_steps == 0) shown.total_steps = opts.steps;
-        const char *bad = config_diff(&saved, &shown, src, rank == 0, init_arg != NULL);
+        const char *bad = config_diff(&saved, &shown, src, rank == 0, resume_arg == NULL);
         if (bad) {
             fprintf(stderr, "meshtrain train: --init-from %s: %s may not change (it sets a tensor shape; the "
                     "weights could not load)\n", init_arg, bad);

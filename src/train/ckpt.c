@@ -53,6 +53,9 @@
 
 #define CKPT_FORMAT   "meshtrain-checkpoint"
 #define CKPT_VERSION  2   /* 2: manifest checksum, run id, tokenizer.bin listed */
+#define CKPT_VERSION_ADAPTER 3   /* 3: adapter-only (LoRA): version 2 + a "base" reference; a
+                                    build that reads only 2 refuses it instead of failing on
+                                    the missing base tensors */
 #define CKPT_ALIGN    64
 #define CKPT_MAX_FILES 4
 
@@ -162,6 +165,7 @@ struct manifest {
     struct file_entry      files[CKPT_MAX_FILES];
     int                    n_files;
     struct mt_ckpt_meta    meta;
+    char                   hash[17];   /* its manifest_xxh64, verified */
 };
 
 static void manifest_free(struct mt_ctx *ctx, struct manifest *mf)
@@ -258,9 +262,10 @@ static enum mt_status manifest_read(struct mt_ctx *ctx, const char *dir, struct 
         rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: not a meshtrain checkpoint manifest", path);
         goto fail;
     }
-    if (ver != CKPT_VERSION) {
-        rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: checkpoint format version %lld, this build reads %d%s", path,
-                          (long long)ver, CKPT_VERSION, ver == 1 ? " (version 1 has no manifest checksum)" : "");
+    if (ver != CKPT_VERSION && ver != CKPT_VERSION_ADAPTER) {
+        rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: checkpoint format version %lld, this build reads %d and %d%s", path,
+                          (long long)ver, CKPT_VERSION, CKPT_VERSION_ADAPTER,
+                          ver == 1 ? " (version 1 has no manifest checksum)" : "");
         goto fail;
     }
     {
@@ -276,8 +281,28 @@ static enum mt_status manifest_read(struct mt_ctx *ctx, const char *dir, struct 
             rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s fails its manifest checksum (xxh64 %s, stored %.20s): edited or damaged",
                               path, hex, sum->valuestring);
         }
+        if (rc == MT_OK) snprintf(mf->hash, sizeof mf->hash, "%s", hex);
         cJSON_Delete(sum);
         if (rc != MT_OK) goto fail;
+    }
+    {
+        /* version 3 <=> a base reference {manifest_hash: 16 hex, path: non-empty} */
+        const cJSON *b = cJSON_GetObjectItemCaseSensitive(mf->root, "base");
+        const cJSON *bh = cJSON_GetObjectItemCaseSensitive(b, "manifest_hash");
+        const cJSON *bp = cJSON_GetObjectItemCaseSensitive(b, "path");
+        int has = b != NULL;
+        if (has != (ver == CKPT_VERSION_ADAPTER) ||
+            (has && (!cJSON_IsObject(b) || !cJSON_IsString(bh) || !is_hex16(bh->valuestring) || !cJSON_IsString(bp) ||
+                     !*bp->valuestring || strlen(bp->valuestring) >= sizeof mf->meta.base_path))) {
+            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: \"base\" %s", path,
+                              has != (ver == CKPT_VERSION_ADAPTER) ? "must be present iff version is 3 (adapter-only)"
+                                                                   : "must be {manifest_hash: 16 hex digits, path}");
+            goto fail;
+        }
+        if (has) {
+            snprintf(mf->meta.base_hash, sizeof mf->meta.base_hash, "%s", bh->valuestring);
+            snprintf(mf->meta.base_path, sizeof mf->meta.base_path, "%s", bp->valuestring);
+        }
     }
 
     const cJSON *meta = cJSON_GetObjectItemCaseSensitive(mf->root, "meta");
@@ -593,7 +618,7 @@ static enum mt_status manifest_build(struct mt_ctx *ctx, const struct mt_config 
     cJSON *root = cJSON_CreateObject();
     if (!root) return mt_ctx_error(ctx, MT_ERR_OOM, "checkpoint: out of memory building the manifest");
     cJSON_AddStringToObject(root, "format", CKPT_FORMAT);
-    cJSON_AddNumberToObject(root, "version", CKPT_VERSION);
+    cJSON_AddNumberToObject(root, "version", meta->base_hash[0] ? CKPT_VERSION_ADAPTER : CKPT_VERSION);
     char *cfg_json = mt_config_to_json(cfg);
     cJSON *cj = cfg_json ? cJSON_Parse(cfg_json) : NULL;
     free(cfg_json);
@@ -611,6 +636,12 @@ static enum mt_status manifest_build(struct mt_ctx *ctx, const struct mt_config 
     cJSON_AddNumberToObject(mj, "adam_t", (double)meta->adam_t);
     cJSON_AddStringToObject(mj, "mesh", meta->mesh);
     cJSON_AddStringToObject(mj, "run_id", meta->run_id);
+    if (meta->base_hash[0]) {
+        /* adapter-only: the frozen base is another checkpoint, by hash */
+        cJSON *bj = cJSON_AddObjectToObject(root, "base");
+        cJSON_AddStringToObject(bj, "manifest_hash", meta->base_hash);
+        cJSON_AddStringToObject(bj, "path", meta->base_path);
+    }
     cJSON *arr = cJSON_AddArrayToObject(root, "tensors");
     for (int i = 0; i < n; i++) {
         cJSON *t = cJSON_CreateObject();
@@ -857,6 +888,10 @@ enum mt_status mt_ckpt_save_group(struct mt_ctx *ctx, const struct mt_ops_i *ops
                               where, meta->step, (long long)meta->data_pos, meta->adam_t);
         else if (memchr(meta->run_id, 0, sizeof meta->run_id) == NULL || !is_run_id(meta->run_id))
             rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "checkpoint %s: malformed run id", where);
+        else if (memchr(meta->base_hash, 0, sizeof meta->base_hash) == NULL ||
+                 memchr(meta->base_path, 0, sizeof meta->base_path) == NULL ||
+                 (meta->base_hash[0] && (!is_hex16(meta->base_hash) || !meta->base_path[0])))
+            rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "checkpoint %s: malformed base reference", where);
     }
     if (rc == MT_OK && rank == 0 && meta->tokenizer) {
         struct stat sb;
@@ -1023,22 +1058,113 @@ static int open_in(const char *dir, const char *fname)
     return open(path, O_RDONLY);
 }
 
+enum mt_status mt_ckpt_manifest_hash(struct mt_ctx *ctx, const char *dir, char hash[MT_CKPT_RUN_ID_LEN])
+{
+    struct manifest mf;
+    MT_CHECK(manifest_read(ctx, dir, &mf));
+    snprintf(hash, MT_CKPT_RUN_ID_LEN, "%s", mf.hash);
+    manifest_free(ctx, &mf);
+    return MT_OK;
+}
+
+/*
+ * The base of an adapter-only checkpoint is identified by its manifest hash
+ * alone: manifest_xxh64 covers the config, the meta, every tensor's name,
+ * shape and offset and every file's xxh64, so an equal hash means the same
+ * bytes (up to xxh64 collisions) wherever the base now lives; the recorded
+ * path is only where to look first. A base that is itself adapter-only is
+ * refused: the chain would need its own base (saving follows the chain, so
+ * a trainer never writes one).
+ */
+enum mt_status mt_ckpt_base_check(struct mt_ctx *ctx, const char *dir, const struct mt_ckpt_meta *m,
+                                  const char *base_dir)
+{
+    if (!m->base_hash[0])
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "checkpoint %s is a full checkpoint: it has no base", dir);
+    const char *b = base_dir ? base_dir : m->base_path;
+    char mpath[PATH_MAX + 32];
+    struct stat sb;
+    snprintf(mpath, sizeof mpath, "%s/manifest.json", b);
+    if (stat(mpath, &sb) != 0)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "adapter-only checkpoint %s: its base checkpoint %s is missing "
+                            "(no manifest.json there; a train --resume names a base that moved with --init-from)",
+                            dir, b);
+    struct manifest mf;
+    enum mt_status rc = manifest_read(ctx, b, &mf);
+    if (rc != MT_OK)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "adapter-only checkpoint %s: its base %s: %s", dir, b,
+                            mt_ctx_last_error(ctx));
+    if (mf.meta.base_hash[0])
+        rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "adapter-only checkpoint %s: its base %s is itself adapter-only "
+                          "(pass the full checkpoint its adapters were trained on)", dir, b);
+    else if (strcmp(mf.hash, m->base_hash))
+        rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "adapter-only checkpoint %s was trained on the base with manifest "
+                          "hash %s; %s has manifest hash %s: not the same base", dir, m->base_hash, b, mf.hash);
+    manifest_free(ctx, &mf);
+    return rc;
+}
+
 enum mt_status mt_ckpt_load(struct mt_ctx *ctx, const struct mt_ops_i *ops, const char *dir,
                             struct mt_param *params, int n_params, struct mt_optim *o)
 {
-    if (!dir || n_params < 0 || (n_params > 0 && !params))
+    return mt_ckpt_load_base(ctx, ops, dir, NULL, params, n_params, o);
+}
+
+/* Adapter-only checkpoint: the parameters it does not hold (the frozen
+ * base) go to *rest (mt_alloc'ed, *n_rest of them) after its base is
+ * checked; the others stay in params (compacted, *n_own). */
+static enum mt_status split_base(struct mt_ctx *ctx, const char *dir, const struct manifest *mf, const char *base_dir,
+                                 struct mt_param *params, int n_params, int *n_own, struct mt_param **rest, int *n_rest)
+{
+    *rest = NULL;
+    *n_rest = 0;
+    *n_own = n_params;
+    if (!mf->meta.base_hash[0]) {
+        if (base_dir)
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "checkpoint %s is a full checkpoint: it takes no base (%s)",
+                                dir, base_dir);
+        return MT_OK;
+    }
+    MT_CHECK(mt_ckpt_base_check(ctx, dir, &mf->meta, base_dir));
+    *rest = mt_alloc(ctx, (size_t)(n_params > 0 ? n_params : 1) * sizeof **rest, MT_BUCKET_OTHER);
+    if (!*rest) return MT_ERR_OOM;
+    int k = 0;
+    for (int i = 0; i < n_params; i++) {
+        struct mt_ckpt_tensor key;
+        snprintf(key.name, sizeof key.name, "%s", params[i].name);
+        if (bsearch(&key, mf->t, (size_t)mf->n, sizeof *mf->t, cmp_tensor_name)) params[k++] = params[i];
+        else (*rest)[(*n_rest)++] = params[i];
+    }
+    *n_own = k;
+    return MT_OK;
+}
+
+enum mt_status mt_ckpt_load_base(struct mt_ctx *ctx, const struct mt_ops_i *ops, const char *dir, const char *base_dir,
+                                 struct mt_param *params_in, int n_params, struct mt_optim *o)
+{
+    if (!dir || n_params < 0 || (n_params > 0 && !params_in))
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "mt_ckpt_load: missing argument");
     struct manifest mf;
     MT_CHECK(manifest_read(ctx, dir, &mf));
     enum mt_status rc = MT_OK;
     float *stage = NULL;
-    int fd = -1;
+    int fd = -1, n_rest = 0;
+    struct mt_param *rest = NULL, *params = NULL;
     qsort(mf.t, (size_t)mf.n, sizeof *mf.t, cmp_tensor_name);
     for (int i = 1; i < mf.n; i++)
         if (!strcmp(mf.t[i - 1].name, mf.t[i].name)) {
             rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "checkpoint %s lists tensor %s twice", dir, mf.t[i].name);
             goto done;
         }
+    /* the caller's list is not reordered: work on a copy (boxes point at the same data) */
+    params = mt_alloc(ctx, (size_t)(n_params > 0 ? n_params : 1) * sizeof *params, MT_BUCKET_OTHER);
+    if (!params) { rc = MT_ERR_OOM; goto done; }
+    if (n_params > 0) memcpy(params, params_in, (size_t)n_params * sizeof *params);
+    MT_CHECK_GOTO(split_base(ctx, dir, &mf, base_dir, params, n_params, &n_params, &rest, &n_rest), rc, done);
+    /* the frozen base first, from its own (full) checkpoint: no optimizer state there */
+    if (n_rest > 0)
+        MT_CHECK_GOTO(mt_ckpt_load_base(ctx, ops, base_dir ? base_dir : mf.meta.base_path, NULL, rest, n_rest, NULL),
+                      rc, done);
 
     size_t max_numel = 0;
     for (int i = 0; i < n_params; i++) {
@@ -1093,6 +1219,8 @@ enum mt_status mt_ckpt_load(struct mt_ctx *ctx, const struct mt_ops_i *ops, cons
 done:
     if (fd >= 0) close(fd);
     mt_free(ctx, stage);
+    mt_free(ctx, rest);
+    mt_free(ctx, params);
     manifest_free(ctx, &mf);
     return rc;
 }

@@ -773,6 +773,50 @@ static const struct mt_ckpt_tensor *ckpt_find(const struct mt_ckpt_tensor *ct, i
     return NULL;
 }
 
+/* mt_ckpt_base_check of ck, the import of meta's Hugging Face base folder:
+ * a mismatch names the folder, not the temporary import. */
+static enum mt_status hf_base_check(struct mt_ctx *ctx, const char *dir, const struct mt_ckpt_meta *meta, const char *ck)
+{
+    char h[MT_CKPT_RUN_ID_LEN];
+    MT_CHECK(mt_ckpt_manifest_hash(ctx, ck, h));
+    if (strcmp(h, meta->base_hash))
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "adapter-only checkpoint %s was trained on the base with manifest "
+                            "hash %s; the Hugging Face folder %s imports with manifest hash %s: not the same base", dir,
+                            meta->base_hash, meta->base_path, h);
+    return mt_ckpt_base_check(ctx, dir, meta, ck);
+}
+
+/* An adapter-only checkpoint's base (docs/checkpoint.md): its params.bin
+ * tensors (*bt, checksum verified) and an open fd (*bfd), after checking
+ * the base is the one the adapters were trained on; nothing for a full
+ * checkpoint (*bfd = -1). A Hugging Face base folder is imported into a
+ * temporary directory, removed once params.bin is open. */
+static enum mt_status lora_base_tensors(struct mt_ctx *ctx, const char *ckpt_dir, const struct mt_ckpt_meta *meta,
+                                        struct mt_ckpt_tensor **bt, int *nbt, int *bfd)
+{
+    *bt = NULL;
+    *nbt = 0;
+    *bfd = -1;
+    if (!meta->base_hash[0]) return MT_OK;
+    char tmp[PATH_MAX] = "", ck[PATH_MAX + 8], path[PATH_MAX + 32], warn[1024] = "";
+    const char *b = meta->base_path;
+    enum mt_status rc = MT_OK;
+    if (mt_import_hf_is_folder(b)) {
+        rc = mt_import_hf_temp(ctx, b, tmp, sizeof tmp, ck, sizeof ck, warn, sizeof warn);
+        b = ck;
+    }
+    if (rc == MT_OK) rc = tmp[0] ? hf_base_check(ctx, ckpt_dir, meta, b) : mt_ckpt_base_check(ctx, ckpt_dir, meta, b);
+    if (rc == MT_OK) rc = mt_ckpt_read_tensors(ctx, b, "params.bin", bt, nbt);
+    if (rc == MT_OK) {
+        snprintf(path, sizeof path, "%s/params.bin", b);
+        *bfd = open(path, O_RDONLY);
+        if (*bfd < 0) rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+        else qsort(*bt, (size_t)*nbt, sizeof **bt, cmp_ckpt_name);
+    }
+    if (tmp[0]) mt_file_rm_rf(tmp);   /* an open params.bin stays readable */
+    return rc;
+}
+
 static enum mt_status read_f32(struct mt_ctx *ctx, int fd, const struct mt_ckpt_tensor *t, float **out)
 {
     size_t n = (size_t)t->shape[0] * (size_t)(t->ndim == 2 ? t->shape[1] : 1);
@@ -785,7 +829,9 @@ static enum mt_status read_f32(struct mt_ctx *ctx, int fd, const struct mt_ckpt_
 
 /* If base tensor s has adapters in the checkpoint, *out = W + (alpha/r) B A
  * (out, in), summed in double per element and rounded once, and s->data
- * points at it; else nothing. */
+ * points at it; else nothing. W is read where s points (s->src_fd: the
+ * checkpoint's params.bin, or its base's for an adapter-only one), A and B
+ * from the checkpoint's `fd`. */
 static enum mt_status merge_lora(struct mt_ctx *ctx, const struct mt_config *cfg, int fd,
                                  const struct mt_ckpt_tensor *ct, int nct, struct mt_st_tensor *s, float **out)
 {
@@ -794,13 +840,16 @@ static enum mt_status merge_lora(struct mt_ctx *ctx, const struct mt_config *cfg
     if (L < 7 || strcmp(s->name + L - 7, ".weight")) return MT_OK;
     snprintf(na, sizeof na, "%.*s.lora_A.weight", (int)(L - 7), s->name);
     snprintf(nb, sizeof nb, "%.*s.lora_B.weight", (int)(L - 7), s->name);
-    const struct mt_ckpt_tensor *ta = ckpt_find(ct, nct, na), *tb = ckpt_find(ct, nct, nb), *tw = ckpt_find(ct, nct, s->name);
+    const struct mt_ckpt_tensor *ta = ckpt_find(ct, nct, na), *tb = ckpt_find(ct, nct, nb);
     if (!ta || !tb) return MT_OK;
+    struct mt_ckpt_tensor tw_at = {.offset = s->src_offset, .ndim = s->ndim, .shape = {s->shape[0], s->shape[1]}};
+    snprintf(tw_at.name, sizeof tw_at.name, "%s", s->name);
+    const struct mt_ckpt_tensor *tw = &tw_at;
     const int64_t R = s->shape[0], C = s->shape[1], r = ta->shape[0];
     if (ta->shape[1] != C || tb->shape[0] != R || tb->shape[1] != r)
         return mt_ctx_error(ctx, MT_ERR_FORMAT, "adapters of %s have shapes that do not match it", s->name);
     float *w = NULL, *a = NULL, *b = NULL;
-    enum mt_status rc = read_f32(ctx, fd, tw, &w);
+    enum mt_status rc = read_f32(ctx, s->src_fd, tw, &w);
     if (rc == MT_OK) rc = read_f32(ctx, fd, ta, &a);
     if (rc == MT_OK) rc = read_f32(ctx, fd, tb, &b);
     if (rc == MT_OK) {
@@ -990,10 +1039,11 @@ enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char
 {
     struct mt_config cfg;
     struct mt_ckpt_meta meta;
-    struct mt_ckpt_tensor *ct = NULL;
+    struct mt_ckpt_tensor *ct = NULL, *bt = NULL;   /* bt: an adapter-only checkpoint's base */
     struct xtensor *x = NULL;
     struct mt_st_tensor *st = NULL;
-    float **merged = NULL;                      /* (nx) LoRA --merge: W + s B A per base tensor, or NULL */
+    float **merged = NULL;
+    int nbt = 0, bfd = -1;                      /* (nx) LoRA --merge: W + s B A per base tensor, or NULL */
     struct mt_tok *tok = NULL;
     char *text[4] = {NULL, NULL, NULL, NULL};   /* config, generation_config, tokenizer, tokenizer_config */
     int nct = 0, nx = 0, fd = -1, made_out = 0, made_tmp = 0;
@@ -1033,6 +1083,7 @@ enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char
                             "weights W + alpha/r B A) or --adapter (PEFT adapter files)", ckpt_dir, cfg.lora_rank);
     MT_CHECK(mt_ckpt_read_tensors(ctx, ckpt_dir, "params.bin", &ct, &nct));   /* checksum verified */
     MT_CHECK_GOTO(expected_alloc(ctx, &cfg, &x, &nx), rc, done);
+    MT_CHECK_GOTO(lora_base_tensors(ctx, ckpt_dir, &meta, &bt, &nbt, &bfd), rc, done);
     if (cfg.lora_rank > 0) {
         /* --merge: the base tensors only (the adapters fold into them below) */
         int k = 0;
@@ -1059,6 +1110,8 @@ enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char
         struct mt_ckpt_tensor key;
         memcpy(key.name, x[i].name, sizeof key.name);
         const struct mt_ckpt_tensor *t = bsearch(&key, ct, (size_t)nct, sizeof *ct, cmp_ckpt_name);
+        const struct mt_ckpt_tensor *tb = t || !bt ? NULL : bsearch(&key, bt, (size_t)nbt, sizeof *bt, cmp_ckpt_name);
+        if (tb) t = tb;   /* adapter-only: the frozen base's tensor */
         if (!t) { rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "checkpoint %s has no tensor %s", ckpt_dir, x[i].name); goto done; }
         if (t->ndim != x[i].ndim || t->shape[0] != x[i].shape[0] || t->shape[1] != x[i].shape[1]) {
             rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "checkpoint %s: tensor %s has shape [%lld,%lld], its config implies [%lld,%lld]",
@@ -1071,7 +1124,7 @@ enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char
         st[i].shape[0] = t->shape[0];
         st[i].shape[1] = t->shape[1];
         st[i].dtype = MT_ST_F32;
-        st[i].src_fd = fd;
+        st[i].src_fd = tb ? bfd : fd;
         st[i].src_offset = t->offset;
         if (cfg.lora_rank > 0) MT_CHECK_GOTO(merge_lora(ctx, &cfg, fd, ct, nct, &st[i], &merged[i]), rc, done);
     }
@@ -1095,6 +1148,8 @@ done:
     if (made_tmp) mt_file_rm_rf(tmp);
     if (rc != MT_OK && made_out) rmdir(out_dir);   /* only if still empty */
     if (fd >= 0) close(fd);
+    if (bfd >= 0) close(bfd);
+    mt_free(ctx, bt);
     for (int i = 0; i < 4; i++) free(text[i]);
     mt_tok_destroy(ctx, tok);
     if (merged)
@@ -1186,5 +1241,41 @@ done:
     mt_free(ctx, ps);
     mt_free(ctx, x);
     mt_safetensors_close(ctx, sf);
+    return rc;
+}
+
+int mt_import_hf_is_folder(const char *dir)
+{
+    return !mt_file_exists_in(dir, "manifest.json") && mt_file_exists_in(dir, "config.json") &&
+           mt_file_exists_in(dir, "model.safetensors");
+}
+
+enum mt_status mt_import_hf_temp(struct mt_ctx *ctx, const char *hf_dir, char *tmp, size_t tmp_n, char *ckpt,
+                                 size_t ckpt_n, char *warn, size_t warn_len)
+{
+    const char *td = getenv("TMPDIR");
+    if (!td || !*td) td = "/tmp";
+    tmp[0] = 0;
+    if (snprintf(tmp, tmp_n, "%s/meshtrain_base_XXXXXX", td) >= (int)tmp_n || !mkdtemp(tmp)) {
+        tmp[0] = 0;
+        return mt_ctx_error(ctx, MT_ERR_IO, "cannot create a temporary directory in %s", td);
+    }
+    if (snprintf(ckpt, ckpt_n, "%s/ckpt", tmp) >= (int)ckpt_n)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "path too long: %s", tmp);
+    return mt_import_hf(ctx, hf_dir, ckpt, 0, 0, warn, warn_len);
+}
+
+enum mt_status mt_import_ckpt_load(struct mt_ctx *ctx, const struct mt_ops_i *ops, const char *dir,
+                                   struct mt_param *params, int n_params)
+{
+    struct mt_ckpt_meta m;
+    MT_CHECK(mt_ckpt_read_meta(ctx, dir, NULL, &m));
+    if (!m.base_hash[0] || !mt_import_hf_is_folder(m.base_path))
+        return mt_ckpt_load(ctx, ops, dir, params, n_params, NULL);
+    char tmp[PATH_MAX] = "", ck[PATH_MAX + 8], warn[1024] = "";
+    enum mt_status rc = mt_import_hf_temp(ctx, m.base_path, tmp, sizeof tmp, ck, sizeof ck, warn, sizeof warn);
+    if (rc == MT_OK) rc = hf_base_check(ctx, dir, &m, ck);
+    if (rc == MT_OK) rc = mt_ckpt_load_base(ctx, ops, dir, ck, params, n_params, NULL);
+    if (tmp[0]) mt_file_rm_rf(tmp);
     return rc;
 }

@@ -13,6 +13,9 @@
  *                   per file: size and xxh64 checksum; and "manifest_xxh64",
  *                   the xxh64 of the manifest's own canonical text (every
  *                   other key, printed unformatted). Written LAST.
+ *                   Version 3 (adapter-only LoRA): also "base": {manifest_hash,
+ *                   path}; the tensors are the adapters and their optimizer
+ *                   state, every other parameter is the base's (mt_ckpt_load_base).
  * A checkpoint that belongs to a training run (non-empty run id) also
  * updates DIR/../latest ("step_NNNNNN\nRUN_ID\n", written atomically after
  * the commit); mt_ckpt_resolve follows it. See docs/checkpoint.md.
@@ -58,6 +61,12 @@ struct mt_ckpt_meta {
                                               it); "" = none (import): no `latest`   */
     const char *tokenizer;  /* save only (rank 0): a file copied in as tokenizer.bin
                                before the commit, NULL = none; NULL after a read     */
+    /* An adapter-only LoRA checkpoint (docs/checkpoint.md) holds the adapters
+     * and their optimizer state; the frozen base lives in another checkpoint,
+     * named here: its manifest hash (manifest_xxh64, what is checked) and
+     * its absolute path (a hint: resume may name it with --init-from). */
+    char     base_hash[MT_CKPT_RUN_ID_LEN];   /* 16 hex digits; "" = a full checkpoint */
+    char     base_path[4096];
 };
 
 struct mt_comm;   /* the collectives interface, ../dist/mt_comm.h */
@@ -126,6 +135,27 @@ enum mt_status mt_ckpt_read_meta(struct mt_ctx *ctx, const char *dir, struct mt_
  * mismatch -> MT_ERR_FORMAT naming the tensor / file. */
 enum mt_status mt_ckpt_load(struct mt_ctx *ctx, const struct mt_ops_i *ops, const char *dir,
                             struct mt_param *params, int n_params, struct mt_optim *o);
+
+/* mt_ckpt_load of an adapter-only checkpoint `dir` (meta base_hash set):
+ * the parameters it holds (adapters) and the optimizer states come from
+ * dir, every other parameter from its base: `base_dir`, or the recorded
+ * base_path when base_dir is NULL, after mt_ckpt_base_check. For a full
+ * checkpoint base_dir must be NULL and this is mt_ckpt_load (which is this
+ * call with base_dir NULL). */
+enum mt_status mt_ckpt_load_base(struct mt_ctx *ctx, const struct mt_ops_i *ops, const char *dir, const char *base_dir,
+                                 struct mt_param *params, int n_params, struct mt_optim *o);
+
+/* The manifest hash of checkpoint `dir` (its validated manifest_xxh64, 16
+ * lowercase hex digits + NUL): what an adapter-only checkpoint records of
+ * its base. Errors of mt_ckpt_read_meta. */
+enum mt_status mt_ckpt_manifest_hash(struct mt_ctx *ctx, const char *dir, char hash[MT_CKPT_RUN_ID_LEN]);
+
+/* The base of adapter-only checkpoint `dir` (its meta `m`) is `base_dir`
+ * (NULL: m->base_path): a full checkpoint there (not itself adapter-only)
+ * whose manifest hash is m->base_hash. MT_ERR_INVALID_ARG (one line) when
+ * the base is missing, has another hash or is adapter-only. */
+enum mt_status mt_ckpt_base_check(struct mt_ctx *ctx, const char *dir, const struct mt_ckpt_meta *m,
+                                  const char *base_dir);
 
 /* One tensor of a checkpoint manifest (for export and tools that read a
  * checkpoint without building a model). */

@@ -26,6 +26,8 @@
 #include <stdint.h>
 #include "../core/mt_core.h"
 #include "../core/mt_config.h"
+#include "../core/mt_param.h"
+#include "../ops/mt_ops.h"
 
 #define MT_ST_MAX_DIM 4
 
@@ -157,5 +159,25 @@ enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char
  * empty is refused unless force; out_dir overlapping hf_dir is refused. */
 enum mt_status mt_import_hf(struct mt_ctx *ctx, const char *hf_dir, const char *out_dir, int seq_len, int force,
                             char *warn, size_t warn_len);
+
+/* dir is a Hugging Face folder: config.json + model.safetensors, no
+ * manifest.json. */
+int mt_import_hf_is_folder(const char *dir);
+
+/* mt_import_hf of hf_dir (seq_len from the folder) into a fresh private
+ * temporary directory (mkdtemp under $TMPDIR, else /tmp): tmp is that
+ * directory (the caller removes it, mt_file_rm_rf; "" when none was made),
+ * ckpt = tmp/ckpt, the checkpoint. The import is deterministic, so its
+ * manifest hash identifies the folder's weights: an adapter-only LoRA
+ * checkpoint names an HF base by it (docs/checkpoint.md). */
+enum mt_status mt_import_hf_temp(struct mt_ctx *ctx, const char *hf_dir, char *tmp, size_t tmp_n, char *ckpt,
+                                 size_t ckpt_n, char *warn, size_t warn_len);
+
+/* mt_ckpt_load (no optimizer) for the tools that read a checkpoint's model
+ * (logits, sample): an adapter-only checkpoint whose base is a Hugging Face
+ * folder reads the base from the folder's temporary import (checked by its
+ * manifest hash like any base). */
+enum mt_status mt_import_ckpt_load(struct mt_ctx *ctx, const struct mt_ops_i *ops, const char *dir,
+                                   struct mt_param *params, int n_params);
 
 #endif /* MT_EXPORT_H */

@@ -19,7 +19,10 @@ struct mt_train_opts {
     const char *out_dir;       /* --out (required)                                    */
     const char *resume;        /* --resume: checkpoint dir or a previous OUT           */
     const char *init_from;     /* --init-from: checkpoint dir whose parameters start the run
-                                * (step 0, fresh optimizer, data from the start); NULL = init */
+                                * (step 0, fresh optimizer, data from the start); NULL = init.
+                                * With --resume: the base of an adapter-only checkpoint */
+    const char *init_from_hf;  /* init_from is a temporary import of this Hugging Face folder:
+                                * the base an adapter-only LoRA checkpoint names; NULL = none */
     int         steps;         /* --steps: the step to reach (0: initial ckpt only)    */
     const char *mesh;          /* --mesh, NULL = one rank                             */
     const char *pp_layers;     /* --pp-layers "n0,n1,...": layers per stage (NULL: balanced) */

@@ -12,6 +12,7 @@
  */
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,6 +104,90 @@ size_t mt_train_host_bytes(const struct mt_config *cfg, int n_params, int Bm, in
     return mt_layout_host_bytes(cfg, n_params, Bm, n_steps, world);
 }
 
+/* rs->base_load: base checkpoint `dir`; rs->base_path: the absolute path of
+ * the base the checkpoints name (`dir`, or the Hugging Face folder it was
+ * imported from). A base inside OUT/ckpt is refused: the run's own step_N
+ * (or a pruned sibling) could replace it, and every adapter checkpoint
+ * would lose its base. */
+static enum mt_status set_base_path(struct mt_ctx *ctx, const char *dir, const struct mt_train_opts *opts,
+                                    struct run_state *rs)
+{
+    char full[PATH_MAX], out[PATH_MAX];
+    const char *named = opts->init_from_hf ? opts->init_from_hf : dir;
+    snprintf(rs->base_load, sizeof rs->base_load, "%s", dir);
+    if (!realpath(named, full) || strlen(full) >= sizeof rs->base_path)
+        return mt_ctx_error(ctx, MT_ERR_IO, "cannot resolve the base checkpoint path %s", named);
+    if (realpath(opts->out_dir, out)) {
+        size_t n = strlen(out);
+        if (!strncmp(full, out, n) && !strncmp(full + n, "/ckpt/", 6))
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--out %s holds the LoRA base checkpoint %s: this run's "
+                                "adapter-only checkpoints could replace it (use another --out)", opts->out_dir, full);
+    }
+    snprintf(rs->base_path, sizeof rs->base_path, "%s", full);
+    return MT_OK;
+}
+
+/* LoRA from a meshtrain checkpoint (docs/lora.md): the run's checkpoints
+ * will be adapter-only and name the base by its manifest hash. An
+ * adapter-only --init-from hands on its own (checked) base: new adapters on
+ * the same frozen weights. */
+static enum mt_status lora_base(struct mt_ctx *ctx, const struct mt_train_opts *opts, struct run_state *rs)
+{
+    struct mt_ckpt_meta m;
+    MT_CHECK(mt_ckpt_read_meta(ctx, opts->init_from, NULL, &m));
+    const char *b = opts->init_from;
+    if (m.base_hash[0]) {
+        MT_CHECK(mt_ckpt_base_check(ctx, opts->init_from, &m, NULL));
+        b = m.base_path;
+    }
+    MT_CHECK(mt_ckpt_manifest_hash(ctx, b, rs->base_hash));
+    return set_base_path(ctx, b, opts, rs);
+}
+
+/* A resume keeps the LoRA settings (rank, alpha, targets) it was saved with:
+ * other adapters would not fit the saved ones, another alpha would silently
+ * rescale them. An adapter-only checkpoint also needs its base: --init-from
+ * (the only use of --init-from with --resume), else the recorded path, with
+ * the recorded manifest hash (mt_ckpt_base_check). */
+static enum mt_status resume_base(struct mt_ctx *ctx, const struct mt_config *cfg, const struct mt_config *saved,
+                                  const struct mt_train_opts *opts, const char *resume_dir,
+                                  const struct mt_ckpt_meta *meta, struct run_state *rs)
+{
+    if (saved->lora_rank > 0 || cfg->lora_rank > 0) {
+        unsigned ms = 0, mc = 0;
+        char bad[64];
+        mt_config_lora_mask(saved->lora_targets, &ms, bad, sizeof bad);
+        mt_config_lora_mask(cfg->lora_targets, &mc, bad, sizeof bad);
+        if (saved->lora_rank != cfg->lora_rank ||
+            (cfg->lora_rank > 0 && (saved->lora_alpha != cfg->lora_alpha || ms != mc)))
+            return mt_ctx_error(ctx, MT_ERR_CONFIG,
+                                "cannot resume from %s: it was trained with LoRA rank %d alpha %g targets %s, this run "
+                                "asks rank %d alpha %g targets %s (keep --lora as saved)", resume_dir,
+                                saved->lora_rank, (double)saved->lora_alpha,
+                                saved->lora_rank ? saved->lora_targets : "-", cfg->lora_rank, (double)cfg->lora_alpha,
+                                cfg->lora_rank ? cfg->lora_targets : "-");
+    }
+    if (!meta->base_hash[0]) {
+        if (opts->init_from)
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--resume and --init-from exclude each other (--init-from "
+                                "with --resume names the base of an adapter-only checkpoint; %s is a full checkpoint)",
+                                resume_dir);
+        return MT_OK;
+    }
+    if (opts->init_from_hf) {
+        /* a Hugging Face base: name the folder, not its temporary import */
+        char h[MT_CKPT_RUN_ID_LEN];
+        MT_CHECK(mt_ckpt_manifest_hash(ctx, opts->init_from, h));
+        if (strcmp(h, meta->base_hash))
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "adapter-only checkpoint %s was trained on the base with "
+                                "manifest hash %s; the Hugging Face folder %s imports with manifest hash %s: not the "
+                                "same base", resume_dir, meta->base_hash, opts->init_from_hf, h);
+    }
+    MT_CHECK(mt_ckpt_base_check(ctx, resume_dir, meta, opts->init_from));
+    snprintf(rs->base_hash, sizeof rs->base_hash, "%s", meta->base_hash);
+    return set_base_path(ctx, opts->init_from ? opts->init_from : meta->base_path, opts, rs);
+}
+
 /* Setup steps 1-3 of one rank, with no collective: flags, mesh shape,
  * config (and the resume checkpoint's metadata), startup contract, pipeline
  * cut, backend, data. Its status goes to mt_comm_agree: a rank that fails here
@@ -122,8 +207,6 @@ enum mt_status mt_train_setup_local(struct mt_ctx *ctx, struct mt_config *cfg, c
 
     /* ---- 1. config (vocab may come from the data dir) ---- */
     MT_CHECK(resolve_vocab(ctx, cfg, opts->data_path));
-    if (opts->resume && opts->init_from)
-        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--resume and --init-from exclude each other");
     if (opts->resume) {
         /* latest of the run, or its previous intact checkpoint (said on stderr) */
         char note[2048];
@@ -155,8 +238,10 @@ enum mt_status mt_train_setup_local(struct mt_ctx *ctx, struct mt_config *cfg, c
             return mt_ctx_error(ctx, MT_ERR_FORMAT, "cannot resume from %s: data_pos %lld is not step %d x batch_size %d",
                                 resume_dir, (long long)resume_meta->data_pos, resume_meta->step, saved.batch_size);
         snprintf(rs->run_id, sizeof rs->run_id, "%s", resume_meta->run_id);   /* the run continues */
+        MT_CHECK(resume_base(ctx, cfg, &saved, opts, resume_dir, resume_meta, rs));
     } else {
         MT_CHECK(mt_config_resolve(ctx, cfg, opts->steps));
+        if (opts->init_from && cfg->lora_rank > 0) MT_CHECK(lora_base(ctx, opts, rs));
     }
     /* the startup contract, before any allocation; identical on every rank */
     MT_CHECK(mt_mesh_check_contract(ctx, dims, cfg, world, cfg->microbatches));
@@ -283,7 +368,9 @@ static enum mt_status load_params(struct mt_ctx *ctx, struct run_state *rs, cons
         int nv;
         struct mt_param *v = mt_zero_opt_params(rs->zset.z[k], &nv);
         if (resume_dir[0]) {
-            MT_CHECK(mt_ckpt_load(ctx, rs->ops, resume_dir, v, nv, rs->zset.opt[k]));
+            /* adapter-only: the frozen base from its checked base checkpoint */
+            MT_CHECK(mt_ckpt_load_base(ctx, rs->ops, resume_dir, rs->base_hash[0] ? rs->base_load : NULL, v, nv,
+                                       rs->zset.opt[k]));
             mt_optim_set_t(rs->zset.opt[k], resume_meta->adam_t);
         } else if (lora_base) {
             /* views are copies pointing at the engine's buffers: load the base ones */
@@ -292,7 +379,8 @@ static enum mt_status load_params(struct mt_ctx *ctx, struct run_state *rs, cons
             int nb = 0;
             for (int i = 0; i < nv; i++)
                 if (v[i].frozen) b[nb++] = v[i];
-            enum mt_status st = mt_ckpt_load(ctx, rs->ops, opts->init_from, b, nb, NULL);
+            const char *from = rs->base_load[0] ? rs->base_load : opts->init_from;   /* adapter-only: its base */
+            enum mt_status st = mt_ckpt_load(ctx, rs->ops, from, b, nb, NULL);
             mt_free(ctx, b);
             MT_CHECK(st);
         } else {

@@ -23,6 +23,14 @@ static const float *state_data(const struct mt_optim_state *st, int n_states, co
     return NULL;
 }
 
+/* Adapter-only checkpoints (a LoRA run from a meshtrain base) leave the
+ * frozen base out: it is the base checkpoint's, unchanged (docs/lora.md).
+ * Frozen tensors have no optimizer state, so the states need no filter. */
+static int skip_frozen(const struct run_state *rs, const struct mt_param *p)
+{
+    return rs->base_hash[0] && p->frozen;
+}
+
 /* keep_last: delete this command's oldest checkpoints beyond N (rank 0,
  * after the commit; never one it did not write, never the newest). A
  * failed deletion costs disk, not correctness: a warning, not an error. */
@@ -63,6 +71,8 @@ static void fill_meta(const struct mt_train_opts *opts, const struct run_state *
     meta->data_pos = (int64_t)step * rs->cfg->batch_size;
     meta->seed = rs->cfg->seed;
     meta->adam_t = mt_optim_get_t(rs->zset.opt[0]);
+    snprintf(meta->base_hash, sizeof meta->base_hash, "%s", rs->base_hash);
+    snprintf(meta->base_path, sizeof meta->base_path, "%s", rs->base_path);
     mt_mesh_dims_str(mt_mesh_get_dims(rs->mesh), meta->mesh, sizeof meta->mesh);
 }
 
@@ -85,7 +95,7 @@ enum mt_status mt_train_save_checkpoint(struct mt_ctx *ctx, const struct mt_trai
     int n_ent = 0;
     if (glob) {
         mt_model_registry(cfg, glob, ng);
-        for (int g = 0; g < ng; g++) n_ent += 1 + mt_optim_param_n_states(&glob[g]);
+        for (int g = 0; g < ng; g++) n_ent += !skip_frozen(rs, &glob[g]) + mt_optim_param_n_states(&glob[g]);
     }
     struct mt_ckpt_entry *ent = mt_alloc(ctx, (size_t)(n_ent + 1) * sizeof *ent, MT_BUCKET_OTHER);
     char (*names)[160] = mt_alloc(ctx, (size_t)(n_ent + 1) * 160, MT_BUCKET_OTHER);
@@ -110,6 +120,7 @@ enum mt_status mt_train_save_checkpoint(struct mt_ctx *ctx, const struct mt_trai
             int mine = i >= 0 && rs->count[i] && mt_zero_owner(z, i) == mt_zero_group_rank(z);
             const struct mt_param *shape = i >= 0 ? &params[i] : &glob[g];
             if (pass == 0) {
+                if (skip_frozen(rs, &glob[g])) continue;
                 ent[e++] = (struct mt_ckpt_entry){glob[g].name, 0, shape, mine ? mt_zero_param_data(z, i) : NULL};
                 continue;
             }

@@ -77,6 +77,13 @@ struct run_state {
     /* checkpoints: the run id they carry (kept by a resume), and the steps this
      * command committed, oldest first (rank 0; keep_last prunes from these only) */
     char     run_id[MT_CKPT_RUN_ID_LEN];
+    /* LoRA from a base (docs/checkpoint.md): checkpoints are adapter-only
+     * and name this base (its manifest hash, absolute path: a checkpoint or
+     * a Hugging Face folder); base_load is the checkpoint the base is read
+     * from (the folder's import); "" = full checkpoints */
+    char     base_hash[MT_CKPT_RUN_ID_LEN];
+    char     base_path[4096];
+    char     base_load[4096];
     int     *saved;             /* (keep_last + 1) */
     int      n_saved;
 };
