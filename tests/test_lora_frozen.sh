@@ -15,10 +15,11 @@
 #     adapter elements per step (no byte of a frozen tensor), in one call per
 #     unit with adapters (none for the embedding and head units), while the ZeRO-3
 #     all-gather still moves the whole model (frozen tensors included);
-#  3. the base does not move: after N steps from --init-from a full-training
-#     checkpoint, every base tensor of the final params.bin (dp=2 x ZeRO-3,
-#     and ZeRO-1, whose first sync must still gather the loaded base units)
-#     is byte-identical to the base checkpoint, and every adapter moved;
+#  3. the base does not move: after N steps from the seeded init, every base
+#     tensor of the final params.bin (dp=2 x ZeRO-3 and ZeRO-1) is
+#     byte-identical to a 0-learning-rate run's, and every adapter moved;
+#     from --init-from (adapter-only checkpoints) the replica check passes,
+#     so ZeRO-1's first sync gathered the loaded base units;
 #  4. only dead work was removed: LoRA dp=2 x ZeRO-3 equals LoRA dp=2 x ZeRO-0
 #     bit for bit (params; fp64 norm sums re-associated), and, when
 #     MT_BASE_MESHTRAIN names a build from before this change, LoRA dp=2 x
@@ -97,10 +98,16 @@ for spec in "1 dp=1 0 full1" "2 dp=2 3 full3"; do
     else bad "LoRA --mesh $mesh --zero $zero: frozen base memory / collectives"; fi
 done
 
-# ---- 3: the base does not move (dp=2 x ZeRO-3 and ZeRO-1 from a base checkpoint) ----
+# ---- 3: the base does not move ----
+# A LoRA run from the seeded init writes full checkpoints (docs/checkpoint.md):
+# its base tensors must equal those of a 0-learning-rate run (dp=2 x ZeRO-3 and
+# ZeRO-1). From --init-from a base checkpoint the run writes adapter-only
+# checkpoints naming the base, and the end-of-run replica check (which fails the
+# run) proves every non-owner received the loaded base units at the first sync.
+run 1 "$W/lr0" $DENSE $LORA --steps $STEPS --set lr=0 || bad "lr=0 run"
 for zero in 3 1; do
-if run 2 "$W/lb$zero" $DENSE $LORA --steps $STEPS --mesh dp=2 --zero $zero --init-from "$W/full1" \
-    && python3 - "$W/lb$zero" "$W/full1" "$HERE" <<'PY'
+if run 2 "$W/lb$zero" $DENSE $LORA --steps $STEPS --mesh dp=2 --zero $zero \
+    && python3 - "$W/lb$zero" "$W/lr0" "$HERE" <<'PY'
 import sys
 sys.path.insert(0, sys.argv[3])
 from equiv import last_ckpt, tensors
@@ -108,14 +115,18 @@ _, a = tensors(last_ckpt(sys.argv[1]))
 _, b = tensors(last_ckpt(sys.argv[2]))
 base = [n for n in a if ".lora_" not in n]
 ad = [n for n in a if ".lora_B" in n]
-same = [n for n in base if a[n][1].tobytes() == b[n][1].tobytes()]
+same = [n for n in base if n in b and a[n][1].tobytes() == b[n][1].tobytes()]
 moved = [n for n in ad if any(x != 0 for x in a[n][1])]
-print("   %d/%d base tensors byte-identical to the --init-from checkpoint, %d/%d lora_B moved off 0"
+print("   %d/%d base tensors byte-identical to the lr=0 run's, %d/%d lora_B moved off 0"
       % (len(same), len(base), len(moved), len(ad)))
-assert len(base) == len(b) > 0 and len(same) == len(base) and len(ad) == 14 and len(moved) == len(ad)
+assert len(base) > 0 and len(same) == len(base) and len(ad) == 14 and len(moved) == len(ad)
 PY
-then ok "dp=2 x ZeRO-$zero: the frozen base is byte-identical after $STEPS steps, the adapters moved, replicas agree"
+then ok "dp=2 x ZeRO-$zero: the frozen base is byte-identical after $STEPS steps, the adapters moved"
 else bad "dp=2 x ZeRO-$zero: base moved or adapters did not"; tail -2 "$W/lb$zero.log"; fi
+if run 2 "$W/li$zero" $DENSE $LORA --steps $STEPS --mesh dp=2 --zero $zero --init-from "$W/full1" \
+    && grep -q '"base"' "$(ls -d "$W/li$zero"/*/step_* 2>/dev/null | tail -1)/manifest.json" 2>/dev/null; then
+    ok "dp=2 x ZeRO-$zero from --init-from: replicas agree (the loaded base reached every rank), adapter-only checkpoint"
+else bad "dp=2 x ZeRO-$zero from --init-from"; tail -2 "$W/li$zero.log"; fi
 done
 
 # ---- 4: only dead work was removed ----
