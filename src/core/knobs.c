@@ -15,6 +15,9 @@ static const struct mt_knob_def knob_table[MT_KNOB_COUNT] = {
     [MT_KNOB_CUDA_PRECISION] = {
         "cuda_precision", MT_KNOB_STRING, "fp32", "MT_CUDA_PRECISION", "src/ops/cuda/ops_cuda.cu", "fp32|bf16", 0,
         "GEMM precision of the cuda backend (bf16 inputs, fp32 accumulate); no effect on cpu"},
+    [MT_KNOB_MOE_GROUPED] = {
+        "moe_grouped", MT_KNOB_BOOL, "1", "MT_MOE_GROUPED", "src/model/model.c", NULL, 0,
+        "1: the MoE experts run as one grouped GEMM per projection; 0: one GEMM per expert (same bits on cpu)"},
     [MT_KNOB_TEST_FAULT] = {
         "test_fault", MT_KNOB_STRING, "", "MT_FAULT", "src/train/test_hooks.c", NULL, 1,
         "test hook RANK:STEP:KIND, KIND nan|error|signal|stop|replica|oom: inject a fault"},
