@@ -86,13 +86,13 @@ static enum mt_status mlp_piece_forward(struct mt_ctx *ctx, const struct mt_piec
     ffn_norm_fwd(pc, x_out, n);
     if (pc->tp.tp == 1) {
         mlp_forward(pc->ops, pc->s_lora, x_out, 1, ly->mg, ly->mu, pc->s_act, ly->h_mlp, ly->w.wg, ly->w.wu, ly->w.wd,
-                   n, D, pc->F);
+                    n, D, pc->F);
         return MT_OK;
     }
     /* TP region: this rank's F/tp hidden units over all N rows */
     if (pc->tp.sp) MT_CHECK(tpa_gather_rows(ctx, &pc->tp, ly->h_mlp, ly->h_mlp_n, n / pc->tp.tp, D));
     mlp_forward(pc->ops, pc->s_lora, pc->s_red, 0, ly->mg, ly->mu, pc->s_act, ly->h_mlp, ly->w.wg, ly->w.wu, ly->w.wd,
-               n, D, pc->F);
+                n, D, pc->F);
     return tpa_exit_add(ctx, &pc->tp, x_out, pc->s_red, pc->s_full);
 }
 
@@ -109,7 +109,7 @@ static enum mt_status mlp_piece_backward(struct mt_ctx *ctx, const struct mt_pie
         dy = pc->s_full;
     }
     mlp_backward(pc->ops, pc->s_lora, pc->s_dlora, pc->dh, 0, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du, dy,
-               ly->h_mlp, ly->mg, ly->mu, w->wg, w->wu, w->wd, N, D, pc->F);
+                 ly->h_mlp, ly->mg, ly->mu, w->wg, w->wu, w->wd, N, D, pc->F);
     /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
     const float *dhr = pc->dh;   /* d h_mlp_n (Nr, D) */
     if (pc->tp.sp) {
