@@ -10,7 +10,7 @@
 #  and each loop run's receipt says moe_grouped=0 from the command line (the
 #  switch was applied), the grouped one the default 1.
 # Frozen experts getting weight gradients is caught by test_model_grad (its
-# MoE LoRA check runs the grouped path: the default).
+# MoE LoRA check runs the grouped path: the default) and test_moe_experts.
 # Skips (exit 77, SKIPPED) without mpirun or in a build without MPI.
 set -u
 BUILD=${1:?usage: test_moe_grouped.sh BUILD_DIR}

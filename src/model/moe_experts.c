@@ -78,6 +78,25 @@ static void grouped(const struct mt_ops_i *ops, int ta, int tb, int n, const int
     for (int i = 0; i < n; i++) ops->gemm(ta, tb, M[i], N[i], K[i], alpha, A[i], lda, B[i], ldb, beta, C[i], ldc);
 }
 
+/* As grouped(), for outputs several groups may share: an expert's weight or
+ * adapter gradient when ep > 1 (one group per source rank sends rows to the
+ * same local expert). gemm_grouped wants distinct C[g] (a GPU runs the
+ * groups concurrently), so the groups go in runs without a repeated C, in
+ * group order: each C still sums its terms in that order (the loop's bits). */
+static void grouped_acc(const struct mt_ops_i *ops, int ta, int tb, int n, const int *M, const int *N, const int *K,
+                        float alpha, const float *const *A, int lda, const float *const *B, int ldb, float beta,
+                        float *const *C, int ldc)
+{
+    int i0 = 0;
+    for (int i = i0 + 1; i <= n; i++) {
+        int repeat = 0;
+        for (int j = i0; j < i && i < n; j++) repeat |= C[j] == C[i];
+        if (i < n && !repeat) continue;
+        grouped(ops, ta, tb, i - i0, M + i0, N + i0, K + i0, alpha, A + i0, lda, B + i0, ldb, beta, C + i0, ldc);
+        i0 = i;
+    }
+}
+
 /* The chunk's groups (pick: their indices into s) whose projection p has
  * adapters (adapters 1) or whose weight p takes a gradient, i.e. is not
  * frozen (adapters 0). Returns the count. */
@@ -166,7 +185,7 @@ static void adapter_bwd(const struct mt_piece_ctx *pc, const struct group_set *s
         g.b[j] = t + s->r0[i] * r;
         g.c[j] = s->w[i][p].lora_b->grad;
     }
-    grouped(ops, 1, 0, n, OUT, R, rows, sc, g.a, out, g.b, r, 1.0f, g.c, r);
+    grouped_acc(ops, 1, 0, n, OUT, R, rows, sc, g.a, out, g.b, r, 1.0f, g.c, r);
     /* term 2: dt = s dy B;  dA (r, in) += dt^T x */
     for (int j = 0; j < n; j++) {
         const int i = pick[j];
@@ -180,7 +199,7 @@ static void adapter_bwd(const struct mt_piece_ctx *pc, const struct group_set *s
         g.b[j] = x + s->r0[i] * in;
         g.c[j] = s->w[i][p].lora_a->grad;
     }
-    grouped(ops, 1, 0, n, R, IN, rows, 1.0f, g.a, r, g.b, in, 1.0f, g.c, in);
+    grouped_acc(ops, 1, 0, n, R, IN, rows, 1.0f, g.a, r, g.b, in, 1.0f, g.c, in);
     /* term 3: dx += dt A */
     for (int j = 0; j < n; j++) {
         const int i = pick[j];
@@ -207,7 +226,7 @@ static void weight_grad(const struct mt_piece_ctx *pc, const struct group_set *s
         g.b[j] = x + s->r0[i] * in;
         g.c[j] = s->w[i][p].grad;
     }
-    grouped(pc->ops, 1, 0, n, g.M, g.N, g.K, 1.0f, g.a, out, g.b, in, 1.0f, g.c, in);
+    grouped_acc(pc->ops, 1, 0, n, g.M, g.N, g.K, 1.0f, g.a, out, g.b, in, 1.0f, g.c, in);
 }
 
 void moe_experts_forward(const struct mt_piece_ctx *pc, int n_groups, const int *cnt, int offsets, int ee, float *y,
