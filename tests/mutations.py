@@ -14,11 +14,11 @@ P = {
   "        { const struct mt_mesh_dims *md_ = mt_mesh_get_dims(rs.mesh); int np_; struct mt_param *pr_ = mt_model_params(rs.model, &np_);\n"
   "          if (md_->tp > 1 && !cfg->sequence_parallel && opts->zero_stage <= 1) for (int i = 0; i < np_; i++)\n"
   "            if (strstr(pr_[i].name, \"q_norm\") || strstr(pr_[i].name, \"k_norm\")) for (size_t j = 0; j < pr_[i].numel; j++) pr_[i].grad[j] *= (float)md_->tp; }\n")],
- "z_coef": [("src/model/moe.c", "    *z_sum = (double)m->cfg.z_loss_coef * z;",
-             "    *z_sum = (double)m->cfg.z_loss_coef * (m->tp > 1 ? 1.015 : 1.0) * z;"),
-            ("src/model/moe.c", "        m->h_dlse[i] = (float)(2.0 * (double)m->cfg.z_loss_coef * (double)m->h_rlse[i] / nt);",
-             "        m->h_dlse[i] = (float)(2.0 * (double)m->cfg.z_loss_coef * (m->tp > 1 ? 1.015 : 1.0) * (double)m->h_rlse[i] / nt);")],
- "aux_noreduce": [("src/model/moe.c", "    if (m->tp > 1) MT_CHECK(tp_allreduce_f64(ctx, m, m->h_seq, (size_t)2 * B * E));\n", "")],
+ "z_coef": [("src/model/moe.c", "    *z_sum = (double)pc->moe.z_coef * z;",
+             "    *z_sum = (double)pc->moe.z_coef * (pc->tp.tp > 1 ? 1.015 : 1.0) * z;"),
+            ("src/model/moe.c", "        s->h_dlse[i] = (float)(2.0 * (double)md->z_coef * (double)s->h_rlse[i] / nt);",
+             "        s->h_dlse[i] = (float)(2.0 * (double)md->z_coef * (pc->tp.tp > 1 ? 1.015 : 1.0) * (double)s->h_rlse[i] / nt);")],
+ "aux_noreduce": [("src/model/moe.c", "    if (tp->tp > 1) MT_CHECK(tpa_allreduce_f64(ctx, tp, s->h_seq, (size_t)2 * B * E));\n", "")],
  "gain_noreduce": [("src/train/zero.c",
   "    struct pending *pd = &z->ar[z->n_ar++];\n",
   "    for (int i = 0; i < z->lay.n_params; i++)\n"

@@ -19,6 +19,9 @@ static const struct mt_knob_def knob_table[MT_KNOB_COUNT] = {
     [MT_KNOB_NCCL_TIMEOUT] = {
         "nccl_timeout_s", MT_KNOB_SECONDS, "600", "MT_NCCL_TIMEOUT_S", "src/dist/comm_nccl.c", NULL, 0,
         "seconds one NCCL collective may wait before its communicator is aborted (nccl builds only)"},
+    [MT_KNOB_MOE_GROUPED] = {
+        "moe_grouped", MT_KNOB_BOOL, "1", "MT_MOE_GROUPED", "src/model/model.c", NULL, 0,
+        "1: the MoE experts run as one grouped GEMM per projection; 0: one GEMM per expert (same bits on cpu)"},
     [MT_KNOB_TEST_FAULT] = {
         "test_fault", MT_KNOB_STRING, "", "MT_FAULT", "src/train/test_hooks.c", NULL, 1,
         "test hook RANK:STEP:KIND, KIND nan|error|signal|stop|replica|oom: inject a fault"},

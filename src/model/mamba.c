@@ -61,9 +61,9 @@ static void mamba_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *u
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) fn(user, &p[i]);
 }
 
-static enum mt_status mamba_check(struct mt_ctx *ctx, const struct mt_model *m)
+static enum mt_status mamba_check(struct mt_ctx *ctx, const struct mt_piece_ctx *pc)
 {
-    const struct mt_mamba3_dims *d = &m->mdims;
+    const struct mt_mamba3_dims *d = pc->mdims;
     if (d->H < 1 || d->P < 1 || d->G < 1 || d->N < 2 || d->N % 2 != 0 || d->H % d->G != 0 || d->chunk < 1)
         return mt_ctx_error(ctx, MT_ERR_CONFIG,
                             "model: M blocks need nheads, headdim, chunk >= 1, even mamba_d_state and ngroups | nheads "
@@ -229,13 +229,11 @@ const struct mt_piece mt_piece_mamba = {
     /* .mm_per_token          = */ mamba_mm,
     /* .extra_flops_per_token = */ mamba_extra,
     /* .inactive_params       = */ NULL,
-    /* .carve                 = */ NULL,
     /* .carve_scratch         = */ mamba_carve_scratch,
+    /* .carve_scratch_n       = */ NULL,
     /* .ffn_scratch           = */ NULL,
-    /* .forward               = */ NULL,
-    /* .backward              = */ NULL,
+    /* .carve                 = */ mamba_carve,
+    /* .forward               = */ mamba_forward,
+    /* .backward              = */ mamba_backward,
     /* .undo_recompute        = */ NULL,
-    /* .carve_n               = */ mamba_carve,
-    /* .forward_n             = */ mamba_forward,
-    /* .backward_n            = */ mamba_backward,
 };

@@ -15,10 +15,11 @@
  */
 #include "model_impl.h"
 
-/* The SwiGLU math on the ops table and the LoRA scratch t, dt (s_lora, s_dlora). */
-static void swiglu_fwd(const struct mt_ops_i *ops, float *t, float *out, int accumulate, float *g, float *u,
-                       float *act, const float *h, const struct mt_param *wg, const struct mt_param *wu,
-                       const struct mt_param *wd, int n, int D, int F)
+/* The SwiGLU math on the ops table and the LoRA scratch t, dt (s_lora, s_dlora):
+ * the dense MLP below, and the routed and shared experts of moe.c. */
+void mlp_forward(const struct mt_ops_i *ops, float *t, float *out, int accumulate, float *g, float *u, float *act,
+                 const float *h, const struct mt_param *wg, const struct mt_param *wu, const struct mt_param *wd,
+                 int n, int D, int F)
 {
     if (n <= 0) return;
     proj_fwd(ops, t, g, h, wg, n, D, F, 0.0f);
@@ -27,10 +28,9 @@ static void swiglu_fwd(const struct mt_ops_i *ops, float *t, float *out, int acc
     proj_fwd(ops, t, out, act, wd, n, F, D, accumulate ? 1.0f : 0.0f);
 }
 
-static void swiglu_bwd(const struct mt_ops_i *ops, float *t, float *dt, float *dh, int accumulate, float *act,
-                       float *dact, float *dg, float *du, const float *dout, const float *h, const float *g,
-                       const float *u, struct mt_param *wg, struct mt_param *wu, struct mt_param *wd, int n, int D,
-                       int F)
+void mlp_backward(const struct mt_ops_i *ops, float *t, float *dt, float *dh, int accumulate, float *act, float *dact,
+                  float *dg, float *du, const float *dout, const float *h, const float *g, const float *u,
+                  struct mt_param *wg, struct mt_param *wu, struct mt_param *wd, int n, int D, int F)
 {
     if (n <= 0) return;
     ops->swiglu_forward(act, g, u, (size_t)n * F);
@@ -38,20 +38,6 @@ static void swiglu_bwd(const struct mt_ops_i *ops, float *t, float *dt, float *d
     ops->swiglu_backward(dg, du, dact, g, u, (size_t)n * F);
     proj_bwd(ops, t, dt, dh, accumulate ? 1.0f : 0.0f, wg, dg, h, n, D, F);
     proj_bwd(ops, t, dt, dh, 1.0f, wu, du, h, n, D, F);
-}
-
-void mlp_forward(struct mt_model *m, float *out, int accumulate, float *g, float *u, float *act,
-                 const float *h, const struct mt_param *wg, const struct mt_param *wu, const struct mt_param *wd,
-                 int n, int D, int F)
-{
-    swiglu_fwd(m->ops, m->s_lora, out, accumulate, g, u, act, h, wg, wu, wd, n, D, F);
-}
-
-void mlp_backward(struct mt_model *m, float *dh, int accumulate, float *act, float *dact, float *dg, float *du,
-                  const float *dout, const float *h, const float *g, const float *u,
-                  struct mt_param *wg, struct mt_param *wu, struct mt_param *wd, int n, int D, int F)
-{
-    swiglu_bwd(m->ops, m->s_lora, m->s_dlora, dh, accumulate, act, dact, dg, du, dout, h, g, u, wg, wu, wd, n, D, F);
 }
 
 /* ------------------------------------------------------------------ */
@@ -70,10 +56,10 @@ static void mlp_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *use
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) fn(user, &p[i]);
 }
 
-static enum mt_status mlp_check(struct mt_ctx *ctx, const struct mt_model *m)
+static enum mt_status mlp_check(struct mt_ctx *ctx, const struct mt_piece_ctx *pc)
 {
-    if (m->F < 1)
-        return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: mlp_hidden=%d must be >= 1 (config not resolved?)", m->F);
+    if (pc->F < 1)
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: mlp_hidden=%d must be >= 1 (config not resolved?)", pc->F);
     return MT_OK;
 }
 
@@ -90,7 +76,7 @@ static void mlp_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct
 }
 
 /* the shared SwiGLU scratch (s_act, s_dact, s_dg, s_du) holds N x F/tp */
-static size_t mlp_scratch(const struct mt_model *m) { return (size_t)m->N * (size_t)m->F; }
+static size_t mlp_scratch(const struct mt_piece_ctx *pc) { return (size_t)pc->N * (size_t)pc->F; }
 
 static enum mt_status mlp_piece_forward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a)
 {
@@ -99,14 +85,14 @@ static enum mt_status mlp_piece_forward(struct mt_ctx *ctx, const struct mt_piec
     float *x_out = a->x_out;
     ffn_norm_fwd(pc, x_out, n);
     if (pc->tp.tp == 1) {
-        swiglu_fwd(pc->ops, pc->s_lora, x_out, 1, ly->mg, ly->mu, pc->s_act, ly->h_mlp, ly->w.wg, ly->w.wu, ly->w.wd,
-                   n, D, pc->F);
+        mlp_forward(pc->ops, pc->s_lora, x_out, 1, ly->mg, ly->mu, pc->s_act, ly->h_mlp, ly->w.wg, ly->w.wu, ly->w.wd,
+                    n, D, pc->F);
         return MT_OK;
     }
     /* TP region: this rank's F/tp hidden units over all N rows */
     if (pc->tp.sp) MT_CHECK(tpa_gather_rows(ctx, &pc->tp, ly->h_mlp, ly->h_mlp_n, n / pc->tp.tp, D));
-    swiglu_fwd(pc->ops, pc->s_lora, pc->s_red, 0, ly->mg, ly->mu, pc->s_act, ly->h_mlp, ly->w.wg, ly->w.wu, ly->w.wd,
-               n, D, pc->F);
+    mlp_forward(pc->ops, pc->s_lora, pc->s_red, 0, ly->mg, ly->mu, pc->s_act, ly->h_mlp, ly->w.wg, ly->w.wu, ly->w.wd,
+                n, D, pc->F);
     return tpa_exit_add(ctx, &pc->tp, x_out, pc->s_red, pc->s_full);
 }
 
@@ -122,8 +108,8 @@ static enum mt_status mlp_piece_backward(struct mt_ctx *ctx, const struct mt_pie
         MT_CHECK(tpa_gather_rows(ctx, &pc->tp, pc->s_full, pc->dx, pc->Nr, D));
         dy = pc->s_full;
     }
-    swiglu_bwd(pc->ops, pc->s_lora, pc->s_dlora, pc->dh, 0, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du, dy,
-               ly->h_mlp, ly->mg, ly->mu, w->wg, w->wu, w->wd, N, D, pc->F);
+    mlp_backward(pc->ops, pc->s_lora, pc->s_dlora, pc->dh, 0, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du, dy,
+                 ly->h_mlp, ly->mg, ly->mu, w->wg, w->wu, w->wd, N, D, pc->F);
     /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
     const float *dhr = pc->dh;   /* d h_mlp_n (Nr, D) */
     if (pc->tp.sp) {
@@ -145,13 +131,11 @@ const struct mt_piece mt_piece_mlp = {
     /* .mm_per_token          = */ mlp_mm,
     /* .extra_flops_per_token = */ NULL,
     /* .inactive_params       = */ NULL,
-    /* .carve                 = */ NULL,
     /* .carve_scratch         = */ NULL,
+    /* .carve_scratch_n       = */ NULL,
     /* .ffn_scratch           = */ mlp_scratch,
-    /* .forward               = */ NULL,
-    /* .backward              = */ NULL,
+    /* .carve                 = */ mlp_carve,
+    /* .forward               = */ mlp_piece_forward,
+    /* .backward              = */ mlp_piece_backward,
     /* .undo_recompute        = */ NULL,
-    /* .carve_n               = */ mlp_carve,
-    /* .forward_n             = */ mlp_piece_forward,
-    /* .backward_n            = */ mlp_piece_backward,
 };

@@ -109,7 +109,7 @@ static int model_pieces(const struct mt_model *m, int ffn, const struct mt_piece
     return n;
 }
 
-static enum mt_status check_dims(struct mt_ctx *ctx, const struct mt_model *m)
+static enum mt_status check_dims(struct mt_ctx *ctx, struct mt_model *m)
 {
     if (m->B < 1) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model: B=%d must be >= 1", m->B);
     if (m->N < 1)
@@ -127,11 +127,13 @@ static enum mt_status check_dims(struct mt_ctx *ctx, const struct mt_model *m)
     if (m->hd % 2 != 0)
         return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: head_dim=%d must be even (RoPE)", m->hd);
     /* each piece the model uses checks its own dimensions (mixers, then ffns) */
+    struct mt_piece_ctx pc;
+    model_piece_ctx(m, NULL, &pc);
     for (int half = 0; half < 2; half++) {
         const struct mt_piece *pcs[MT_MAX_BLOCK_KINDS];
         int n = model_pieces(m, half, pcs);
         for (int i = 0; i < n; i++)
-            if (pcs[i]->check) MT_CHECK(pcs[i]->check(ctx, m));
+            if (pcs[i]->check) MT_CHECK(pcs[i]->check(ctx, &pc));
     }
     for (int l = 0; l < m->L; l++) {
         char c = l < (int)strlen(m->cfg.pattern) ? m->cfg.pattern[l] : 'A';
@@ -315,10 +317,7 @@ static void carve_block(struct mt_model *m, struct mt_carver *c, struct mt_layer
     const struct mt_piece *ps[2] = {k->mixer, k->ffn};
     struct mt_piece_ctx pc;
     model_piece_ctx(m, ly, &pc);
-    for (int i = 0; i < 2; i++) {
-        if (ps[i]->carve_n) ps[i]->carve_n(&pc, c, ly);
-        else ps[i]->carve(m, c, ly);
-    }
+    for (int i = 0; i < 2; i++) ps[i]->carve(&pc, c, ly);
 }
 
 void model_piece_ctx(struct mt_model *m, struct mt_layer *ly, struct mt_piece_ctx *pc)
@@ -359,8 +358,14 @@ void model_piece_ctx(struct mt_model *m, struct mt_layer *ly, struct mt_piece_ct
     pc->dv = m->dv;
     pc->mdims = &m->mdims;
     pc->mb_s = &m->mb_s;
-    struct mt_tp_axis a = {m->tp_comm, &m->tp_stats, m->ops, m->tp, m->sp, m->N, m->Nr, m->D};
-    pc->tp = a;
+    pc->moe = (struct mt_moe_dims){m->E, m->top_k, m->Fe, m->Fs, m->L, m->Nm, m->M, m->row0, m->cfg.aux_loss_coef,
+                                   m->cfg.z_loss_coef, m->force_route, m->moe_grouped};
+    pc->moe_s = &m->moe_s;
+    pc->norm = &m->norm;
+    pc->layer = ly ? ly->index : -1;
+    pc->tp = (struct mt_tp_axis){m->tp_comm, &m->tp_stats, m->ops, m->tp, m->sp, m->N, m->Nr, m->D, m->tp_comm_host,
+                                 m->tp_rank};
+    pc->ep = (struct mt_ep_axis){m->ep_comm, m->ep_comm_host, &m->ep_stats, m->ep, m->ep_rank, m->Ee, m->e0};
 }
 
 /* Recompute: layer ly uses the shared internals of blk, keeping its own
@@ -371,16 +376,10 @@ static void share_block(struct mt_layer *ly, const struct mt_layer *blk)
     *ly = *blk;
     ly->kind = keep.kind;
     ly->moe = keep.moe;
+    ly->index = keep.index;
     ly->w = keep.w;
     ly->x_in = keep.x_in;
     ly->r_rows = 0;
-}
-
-void ffn_norm_carve(struct mt_model *m, struct mt_carver *c, struct mt_layer *ly)
-{
-    struct mt_piece_ctx pc;
-    model_piece_ctx(m, ly, &pc);
-    ffn_norm_carve_pc(&pc, c, ly);
 }
 
 void ffn_norm_carve_pc(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly)
@@ -394,8 +393,12 @@ static void carve_piece_scratch(struct mt_model *m, struct mt_carver *c, int ffn
 {
     const struct mt_piece *pcs[MT_MAX_BLOCK_KINDS];
     int n = model_pieces(m, ffn, pcs);
-    for (int i = 0; i < n; i++)
+    struct mt_piece_ctx pc;
+    model_piece_ctx(m, NULL, &pc);
+    for (int i = 0; i < n; i++) {
         if (pcs[i]->carve_scratch) pcs[i]->carve_scratch(m, c);
+        if (pcs[i]->carve_scratch_n) pcs[i]->carve_scratch_n(&pc, c);
+    }
 }
 
 /* 1 when some layer of this stage is of kind k. */
@@ -473,11 +476,13 @@ static void model_layout(struct mt_model *m, struct mt_carver *c)
      * sized for the widest piece (ffn_scratch). A piece uses only what it
      * declares here or what it owns in struct mt_layer. */
     size_t ff = 0;
+    struct mt_piece_ctx pc;
+    model_piece_ctx(m, NULL, &pc);
     for (int half = 0; half < 2; half++) {
         const struct mt_piece *pcs[MT_MAX_BLOCK_KINDS];
         int n = model_pieces(m, half, pcs);
         for (int i = 0; i < n; i++)
-            if (pcs[i]->ffn_scratch && pcs[i]->ffn_scratch(m) > ff) ff = pcs[i]->ffn_scratch(m);
+            if (pcs[i]->ffn_scratch && pcs[i]->ffn_scratch(&pc) > ff) ff = pcs[i]->ffn_scratch(&pc);
     }
     m->dx = carve_f(c, W, Nr * D);
     m->dh = carve_f(c, W, N * D);
@@ -545,7 +550,7 @@ void mt_model_plan_bytes_par(const struct mt_config *cfg, int B, int flags, cons
 /* Every rule create enforces beyond the shapes (check_dims): degrees the
  * model supports and divisibility. Communicators are required only when
  * the model will run (not for a MT_MODEL_NO_ALLOC plan). */
-static enum mt_status check_par(struct mt_ctx *ctx, const struct mt_model *m)
+static enum mt_status check_par(struct mt_ctx *ctx, struct mt_model *m)
 {
     /* without an E block the expert axis is extra data parallelism (SPEC.md
      * section 2): nothing of the model is split over it */
@@ -647,6 +652,7 @@ static void bind_layer_params(struct mt_model *m, struct mt_layer *layers)
     for (int l = m->l0; l < m->l1; l++) {
         layers[l].kind = mt_blocks_layer_kind(&m->cfg, l);
         layers[l].moe = mt_blocks_kind(layers[l].kind)->routed;
+        layers[l].index = l;
         w.ly = &layers[l];
         mt_blocks_layer_params(&m->cfg, &shape, l, spec_bind, &w);
     }
@@ -684,6 +690,7 @@ enum mt_status mt_model_create_par(struct mt_ctx *ctx, const struct mt_ops_i *op
     /* test hook (knob test_force_routing, env MT_TEST_FORCE_ROUTING): 1 sends every
      * token to experts 0..top_k-1 (so that some expert ranks receive no token at all) */
     m->force_route = mt_knob_int(ctx, MT_KNOB_TEST_FORCE_ROUTING) == 1;
+    m->moe_grouped = mt_knob_int(ctx, MT_KNOB_MOE_GROUPED) != 0;   /* the experts' GEMMs grouped (moe_experts.c) */
 
     struct param_sink s = { NULL, 0, 0 };
     build_params(m, sink_param, &s);
@@ -749,10 +756,10 @@ const float *mt_model_logits(const struct mt_model *m) { return m->logits; }
 void mt_model_keep_logits(struct mt_model *m, int keep) { m->keep_logits = keep != 0; }
 
 void mt_model_ep_stats(const struct mt_model *m, struct mt_ep_stats *out) { *out = m->ep_stats; }
-const double *mt_model_moe_load(const struct mt_model *m) { return m->moe_load; }
+const double *mt_model_moe_load(const struct mt_model *m) { return m->moe_s.load; }
 void mt_model_moe_load_reset(struct mt_model *m)
 {
-    if (m->moe_load) memset(m->moe_load, 0, (size_t)m->L * (size_t)m->E * sizeof(double));
+    if (m->moe_s.load) memset(m->moe_s.load, 0, (size_t)m->L * (size_t)m->E * sizeof(double));
 }
 
 void mt_model_set_hooks(struct mt_model *m, const struct mt_model_hooks *h)
@@ -920,20 +927,6 @@ double mt_model_flops_per_token(const struct mt_config *cfg)
 /* forward / backward                                                  */
 /* ------------------------------------------------------------------ */
 
-void ffn_norm_forward(struct mt_model *m, struct mt_layer *ly, float *x_out, int n)
-{
-    struct mt_piece_ctx pc;
-    model_piece_ctx(m, ly, &pc);
-    ffn_norm_fwd(&pc, x_out, n);
-}
-
-void ffn_norm_backward(struct mt_model *m, struct mt_layer *ly, const float *dhr)
-{
-    struct mt_piece_ctx pc;
-    model_piece_ctx(m, ly, &pc);
-    ffn_norm_bwd(&pc, dhr);
-}
-
 void ffn_norm_fwd(const struct mt_piece_ctx *pc, float *x_out, int n)
 {
     const struct mt_layer *ly = pc->ly;
@@ -949,27 +942,14 @@ void ffn_norm_bwd(const struct mt_piece_ctx *pc, const float *dhr)
                               1);
 }
 
-/* One piece's forward / backward: the narrow form when the piece has it. */
-static enum mt_status piece_forward(struct mt_ctx *ctx, struct mt_model *m, const struct mt_piece *p,
-                                    const struct mt_piece_ctx *pc, struct mt_piece_fwd *a)
-{
-    return p->forward_n ? p->forward_n(ctx, pc, a) : p->forward(ctx, m, pc->ly, a);
-}
-
-static enum mt_status piece_backward(struct mt_ctx *ctx, struct mt_model *m, const struct mt_piece *p,
-                                     const struct mt_piece_ctx *pc)
-{
-    return p->backward_n ? p->backward_n(ctx, pc) : p->backward(ctx, m, pc->ly);
-}
-
 enum mt_status model_block_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly,
                                    struct mt_piece_fwd *a)
 {
     const struct mt_block_kind *k = mt_blocks_kind(ly->kind);
     struct mt_piece_ctx pc;
     model_piece_ctx(m, ly, &pc);
-    MT_CHECK(piece_forward(ctx, m, k->mixer, &pc, a));
-    return piece_forward(ctx, m, k->ffn, &pc, a);
+    MT_CHECK(k->mixer->forward(ctx, &pc, a));
+    return k->ffn->forward(ctx, &pc, a);
 }
 
 /* Backward of one block: dx holds d x_out; on return d x_in. */
@@ -978,8 +958,8 @@ static enum mt_status model_block_backward(struct mt_ctx *ctx, struct mt_model *
     const struct mt_block_kind *k = mt_blocks_kind(ly->kind);
     struct mt_piece_ctx pc;
     model_piece_ctx(m, ly, &pc);
-    MT_CHECK(piece_backward(ctx, m, k->ffn, &pc));     /* dx: d x_out -> d x_mid */
-    return piece_backward(ctx, m, k->mixer, &pc);      /* dx: d x_mid -> d x_in  */
+    MT_CHECK(k->ffn->backward(ctx, &pc));     /* dx: d x_out -> d x_mid */
+    return k->mixer->backward(ctx, &pc);      /* dx: d x_mid -> d x_in  */
 }
 
 /* Arguments of a training forward over the microbatch's B x T rows. */
@@ -1107,8 +1087,11 @@ static enum mt_status block_recompute(struct mt_ctx *ctx, struct mt_model *m, st
     struct mt_piece_fwd a = train_fwd(m, m->dh, 1);
     MT_CHECK(model_block_forward(ctx, m, ly, &a));
     const struct mt_block_kind *k = mt_blocks_kind(ly->kind);
-    if (k->mixer->undo_recompute) k->mixer->undo_recompute(m, ly, l);
-    if (k->ffn->undo_recompute) k->ffn->undo_recompute(m, ly, l);
+    struct mt_piece_ctx pc;
+    model_piece_ctx(m, ly, &pc);
+    MT_ASSERT(pc.layer == l);
+    if (k->mixer->undo_recompute) k->mixer->undo_recompute(&pc);
+    if (k->ffn->undo_recompute) k->ffn->undo_recompute(&pc);
     return MT_OK;
 }
 

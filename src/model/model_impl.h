@@ -55,6 +55,7 @@ struct mt_layer_w {
 struct mt_layer {
     int kind;                      /* index into the block-kind table (mt_blocks.h) */
     int moe;                       /* the kind's `routed` flag (routing buffers valid) */
+    int index;                     /* layer number l (its row of the MoE load histogram) */
     struct mt_layer_w w;           /* parameters                                    */
 
     /* saved activations (ACTS) */
@@ -111,6 +112,26 @@ struct mt_slot {
     int have_fwd, have_targets;
 };
 
+/* The MoE piece's own buffers (moe.c carves them, once per model): scratch
+ * shared by every E layer (WORKSPACE), the host staging of routing and the
+ * load histogram (OTHER). Nm rows the block sees, M = Nm*k routed slots. */
+struct mt_moe_scratch {
+    float   *xp, *dxp, *dy;      /* (M, D) permuted inputs / their grads / d expert out          */
+    float   *ry, *rdy, *rdx;     /* (ep*M, D) EP: expert outputs / their grads / d inputs, received side */
+    float   *drl, *dprobs;       /* (Nm, E) d router logits (the logits in forward), d probs (aux) */
+    float   *dgates;             /* (Nm, k)                                                       */
+    float   *dlse;               /* (Nm)                                                          */
+    float   *h_probs, *h_dprobs; /* (Nm, E) host                                                  */
+    float   *h_rlse, *h_dlse;    /* (Nm)                                                          */
+    int32_t *h_topk, *h_pos;     /* (Nm*k)                                                        */
+    int32_t *h_src;              /* (M)                                                           */
+    int     *h_cnt;              /* (E)                                                           */
+    double  *h_seq;              /* (2, B, E) per-sequence routed-slot counts and prob sums (aux) */
+    size_t  *h_a2a;              /* (4*ep) all-to-all send/recv counts and displs                 */
+    int64_t *h_ecnt;             /* (2*E) per-expert slot counts sent / received                  */
+    double  *load;               /* (L*E) routed slots per expert since the last reset (moe_load) */
+};
+
 struct mt_model {
     struct mt_config       cfg;
     int l0, l1, first, last;   /* pipeline stage: layers [l0, l1); has wte / has the head */
@@ -127,10 +148,8 @@ struct mt_model {
     struct mt_comm *ep_comm;
     struct mt_comm *ep_comm_host; /* host counts (mt_model.h); = ep_comm on the cpu backend */
     struct mt_ep_stats ep_stats;
-    double *moe_load;        /* (L*E) routed slots per expert since the last reset  */
-    size_t *h_a2a;           /* (4*ep) host: all-to-all send/recv counts and displs */
-    int64_t *h_ecnt;         /* (2*E) host: per-expert slot counts sent / received  */
     int     force_route;     /* test-only routing override (MT_TEST_FORCE_ROUTING)  */
+    int     moe_grouped;     /* knob moe_grouped: experts as grouped GEMMs (moe_experts.c) */
     int tp, tp_rank, sp, Nr, Nm, row0;
     struct mt_comm *tp_comm;
     struct mt_comm *tp_comm_host; /* host statistics (mt_model.h); = tp_comm on the cpu backend */
@@ -166,22 +185,12 @@ struct mt_model {
     float *dk, *dk2, *dv;        /* (N, KD)                                          */
     float *s_act, *s_dact, *s_dg, *s_du; /* (max(N*F, M*Fe, N*Fs)) SwiGLU scratch    */
     float *s_lora, *s_dlora;             /* (rows, r) LoRA x A^T and its gradient (lora.c) */
-    float *s_xp, *s_dxp, *s_dy;  /* (M, D) permuted inputs / their grads / d expert out */
-    float *s_ry, *s_rdy, *s_rdx; /* (ep*M, D) EP: expert outputs / their grads / d inputs, received side */
-    float *s_drl, *s_dprobs;     /* (N, E) d router logits, d probs (aux)            */
-    float *s_dgates;             /* (N, k)                                           */
-    float *s_dlse;               /* (N)                                              */
+    struct mt_moe_scratch    moe_s;  /* E blocks: routing scratch, host staging, load (moe.c) */
     struct mt_mamba3_dims    mdims;  /* M blocks: the mixer's dims (from cfg)          */
     struct mt_mamba3_scratch mb_s;   /* M blocks: backward scratch (WORKSPACE)          */
 
     /* OTHER: host staging */
     float   *h_losses;           /* (N)      */
-    float   *h_probs, *h_dprobs; /* (N, E)   */
-    float   *h_rlse, *h_dlse;    /* (N)      */
-    int32_t *h_topk, *h_pos;     /* (N*k)    */
-    int32_t *h_src;              /* (M)      */
-    int     *h_cnt;              /* (E)      */
-    double  *h_seq;              /* (2, B, E) per-sequence routed-slot counts and prob sums (aux) */
 
     void  *arena[MT_BUCKET_COUNT];       /* backend arenas (PARAMS..WORKSPACE); OTHER is host */
     size_t arena_bytes[MT_BUCKET_COUNT];
@@ -246,6 +255,21 @@ struct mt_tp_axis {              /* the model (TP / SP) axis                    
     const struct mt_ops_i *ops;
     int tp, sp;                      /* group size; 1: sequence parallel            */
     int N, Nr, D;                    /* rows in a TP region, residual rows, width   */
+    struct mt_comm        *comm_host; /* host statistics (= comm on the cpu backend) */
+    int rank;                        /* this rank in the model group                */
+};
+struct mt_ep_axis {              /* the expert axis (MoE, ep > 1)                   */
+    struct mt_comm     *comm;        /* expert group                                */
+    struct mt_comm     *comm_host;   /* host counts (= comm on the cpu backend)     */
+    struct mt_ep_stats *stats;       /* accounting of the all-to-alls               */
+    int ep, rank, Ee, e0;            /* group size, rank, local experts, first one  */
+};
+struct mt_moe_dims {             /* what an E block's ffn needs beyond the shared dims */
+    int   E, top_k, Fe, Fs, L;       /* experts, routed per token, expert / shared hidden, layers */
+    int   Nm, M, row0;               /* rows the block sees, slots Nm*k, first global row */
+    float aux_coef, z_coef;          /* load-balancing and router z loss coefficients     */
+    int   force_route;               /* test hook test_force_routing                      */
+    int   grouped;                   /* knob moe_grouped: grouped expert GEMMs            */
 };
 struct mt_piece_ctx {
     const struct mt_ops_i *ops;
@@ -262,7 +286,12 @@ struct mt_piece_ctx {
     float *datt, *dq, *dk, *dk2, *dv;  /* attention's declared scratch (its carve_scratch) */
     const struct mt_mamba3_dims *mdims; /* M blocks: the mixer's dims                 */
     struct mt_mamba3_scratch    *mb_s;  /* M blocks: declared backward scratch        */
+    struct mt_moe_dims           moe;   /* E blocks: the ffn's dims and switches      */
+    struct mt_moe_scratch       *moe_s; /* E blocks: declared scratch, staging, load  */
+    const struct mt_loss_norm   *norm;  /* the microbatch's loss normalisation (aux/z) */
+    int   layer;                     /* ly's layer number (-1: ly NULL)             */
     struct mt_tp_axis tp;
+    struct mt_ep_axis ep;
 };
 /* model.c: the narrow context of layer ly (ly may be NULL: dims only). */
 void model_piece_ctx(struct mt_model *m, struct mt_layer *ly, struct mt_piece_ctx *pc);
@@ -278,43 +307,29 @@ void proj_fwd(const struct mt_ops_i *ops, float *t, float *y, const float *x, co
 void proj_bwd(const struct mt_ops_i *ops, float *t, float *dt, float *dx, float beta_dx, struct mt_param *w,
               const float *dy, const float *x, int n, int in, int out);
 
-/* ---- tp.c: the model axis (no-ops are never called: callers check m->tp > 1) ----
- * The pieces call the tpa_ versions on their narrow context's axis; moe, still
- * on the model signature, calls the two model-level ones. */
+/* ---- tp.c: the model axis (no-ops are never called: callers check tp > 1) ---- */
 enum mt_status tpa_gather_rows(struct mt_ctx *ctx, const struct mt_tp_axis *a, float *out, const float *in, int rows,
                                int width);
 enum mt_status tpa_reduce_scatter_rows(struct mt_ctx *ctx, const struct mt_tp_axis *a, float *out, const float *in,
                                        int rows, int width);
 enum mt_status tpa_allreduce(struct mt_ctx *ctx, const struct mt_tp_axis *a, float *buf, size_t n);
 enum mt_status tpa_exit_add(struct mt_ctx *ctx, const struct mt_tp_axis *a, float *x, float *part, float *tmp);
-enum mt_status tp_gather_rows(struct mt_ctx *ctx, struct mt_model *m, float *out, const float *in, int rows, int width);
-enum mt_status tp_allreduce_f64(struct mt_ctx *ctx, struct mt_model *m, double *buf, size_t n);
+/* sum of n doubles over the model group on its host communicator (statistics) */
+enum mt_status tpa_allreduce_f64(struct mt_ctx *ctx, const struct mt_tp_axis *a, double *buf, size_t n);
 
 /* ---- layer files ---- */
 
-/* mlp.c: SwiGLU y = (silu(h Wg^T) * (h Wu^T)) Wd^T over n rows of width D, hidden F.
+/* mlp.c: SwiGLU y = (silu(h Wg^T) * (h Wu^T)) Wd^T over n rows of width D, hidden F,
+ * every projection through proj_fwd (t: the LoRA scratch s_lora).
  * out = y (accumulate 0) or out += y (accumulate 1); g, u (n, F) saved; act (n, F) scratch. */
-void mlp_forward(struct mt_model *m, float *out, int accumulate, float *g, float *u, float *act,
+void mlp_forward(const struct mt_ops_i *ops, float *t, float *out, int accumulate, float *g, float *u, float *act,
                  const float *h, const struct mt_param *wg, const struct mt_param *wu, const struct mt_param *wd,
                  int n, int D, int F);
 /* dh = (accumulate 0) or += (accumulate 1); the weights' grads += (frozen W: none;
- * adapters: +=, lora.c). Scratch act, dact, dg, du (n, F). */
-void mlp_backward(struct mt_model *m, float *dh, int accumulate, float *act, float *dact, float *dg, float *du,
-                  const float *dout, const float *h, const float *g, const float *u,
+ * adapters: +=, lora.c). Scratch act, dact, dg, du (n, F); t, dt the LoRA scratch. */
+void mlp_backward(const struct mt_ops_i *ops, float *t, float *dt, float *dh, int accumulate, float *act, float *dact,
+                  float *dg, float *du, const float *dout, const float *h, const float *g, const float *u,
                   struct mt_param *wg, struct mt_param *wu, struct mt_param *wd, int n, int D, int F);
-
-/* moe.c: out (n, D) += moe(h) for the n rows ly->h_mlp (global rows
- * row0.. of the microbatch under TP, sequences of m->T rows). When want_loss,
- * *aux_sum = sum_s aux_coef*E*sum_e f P (the whole microbatch's sequences,
- * counted on model rank 0 only: per-sequence statistics are all-reduced over
- * the model group) and *z_sum = z_coef * sum over the n rows of lse^2
- * (un-normalised; the model divides by the global counts). */
-enum mt_status moe_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly, float *out,
-                           int n, int want_loss, double *aux_sum, double *z_sum);
-/* dh (n, D) = d h from dout (n, D) = d out, plus the aux/z loss gradients
- * normalised by `norm`; param grads +=. n = m->Nm rows (training). */
-enum mt_status moe_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly, float *dh, const float *dout,
-                            const struct mt_loss_norm *norm);
 
 /* The pieces of the block-kind table (blocks.c). */
 extern const struct mt_piece mt_piece_attention;   /* attention.c */
@@ -322,15 +337,11 @@ extern const struct mt_piece mt_piece_mlp;         /* mlp.c       */
 extern const struct mt_piece mt_piece_moe;         /* moe.c       */
 extern const struct mt_piece mt_piece_mamba;       /* mamba.c     */
 
-/* model.c: the ffn half's shared entry and exit, for every ffn piece.
- * enter: h_mlp_n = rmsnorm(x_mid) * g_post on this rank's Nr rows of n, and
+/* model.c: the ffn half's shared entry and exit, for every ffn piece (pc->ly the layer).
+ * fwd: h_mlp_n = rmsnorm(x_mid) * g_post on this rank's Nr rows of n, and
  * x_out = x_mid (the residual path; the piece adds its branch).
- * exit (backward): dx += rmsnorm_backward(dhr), dhr = d h_mlp_n (Nr, D). */
-void ffn_norm_forward(struct mt_model *m, struct mt_layer *ly, float *x_out, int n);
-void ffn_norm_backward(struct mt_model *m, struct mt_layer *ly, const float *dhr);
-/* model.c: carve what every ffn piece saves first: x_mid's norm (h_mlp_n, rstd_mlp). */
-void ffn_norm_carve(struct mt_model *m, struct mt_carver *c, struct mt_layer *ly);
-/* The same three on a narrow context (pc->ly is the layer). */
+ * bwd: dx += rmsnorm_backward(dhr), dhr = d h_mlp_n (Nr, D).
+ * carve_pc: what every ffn piece saves first: x_mid's norm (h_mlp_n, rstd_mlp). */
 void ffn_norm_fwd(const struct mt_piece_ctx *pc, float *x_out, int n);
 void ffn_norm_bwd(const struct mt_piece_ctx *pc, const float *dhr);
 void ffn_norm_carve_pc(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly);

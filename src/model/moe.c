@@ -33,13 +33,15 @@
 #include <string.h>
 
 /* Counting sort of the N*k slots by expert, stable in slot order. */
-static void route_slots(struct mt_model *m, struct mt_layer *ly, int n)
+static void route_slots(const struct mt_piece_ctx *pc, int n)
 {
-    const int E = m->E, k = m->top_k;
-    int *cnt = m->h_cnt;
+    struct mt_moe_scratch *s = pc->moe_s;
+    struct mt_layer *ly = pc->ly;
+    const int E = pc->moe.E, k = pc->moe.top_k;
+    int *cnt = s->h_cnt;
     memset(cnt, 0, (size_t)E * sizeof(int));
     for (int i = 0; i < n * k; i++) {
-        int e = m->h_topk[i];
+        int e = s->h_topk[i];
         MT_ASSERT(e >= 0 && e < E);
         cnt[e]++;
     }
@@ -49,10 +51,10 @@ static void route_slots(struct mt_model *m, struct mt_layer *ly, int n)
         cnt[e] = 0;
     }
     for (int i = 0; i < n * k; i++) {
-        int e = m->h_topk[i];
+        int e = s->h_topk[i];
         int r = ly->e_off[e] + cnt[e]++;
-        m->h_pos[i] = r;
-        m->h_src[r] = i / k;
+        s->h_pos[i] = r;
+        s->h_src[r] = i / k;
     }
 }
 
@@ -71,10 +73,10 @@ static void route_slots(struct mt_model *m, struct mt_layer *ly, int n)
  */
 
 /* counts / displacements in rows: send side from the sorted slots, receive side from r_cnt */
-static void ep_counts(const struct mt_model *m, const struct mt_layer *ly, size_t *scnt, size_t *sdis,
+static void ep_counts(const struct mt_ep_axis *ea, const struct mt_layer *ly, size_t *scnt, size_t *sdis,
                       size_t *rcnt, size_t *rdis)
 {
-    const int ep = m->ep, Ee = m->Ee;
+    const int ep = ea->ep, Ee = ea->Ee;
     size_t off = 0;
     for (int r = 0; r < ep; r++) {
         sdis[r] = (size_t)ly->e_off[r * Ee];
@@ -88,127 +90,149 @@ static void ep_counts(const struct mt_model *m, const struct mt_layer *ly, size_
 }
 
 /* all-to-all of rows of `width` floats; (s*) describe what we send, (r*) what we get */
-static enum mt_status ep_a2a(struct mt_ctx *ctx, struct mt_model *m, float *recv, const float *send,
+static enum mt_status ep_a2a(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, float *recv, const float *send,
                              const size_t *scnt, const size_t *sdis, const size_t *rcnt, const size_t *rdis, int width)
 {
-    const int ep = m->ep;
-    size_t *e = m->h_a2a; /* element counts: 4 arrays of ep */
+    const struct mt_ep_axis *ea = &pc->ep;
+    const int ep = ea->ep;
+    size_t *e = pc->moe_s->h_a2a; /* element counts: 4 arrays of ep */
     double rows = 0;
     for (int r = 0; r < ep; r++) {
         e[r] = scnt[r] * (size_t)width;
         e[ep + r] = sdis[r] * (size_t)width;
         e[2 * ep + r] = rcnt[r] * (size_t)width;
         e[3 * ep + r] = rdis[r] * (size_t)width;
-        if (r != m->ep_rank) rows += (double)scnt[r] + (double)rcnt[r];
+        if (r != ea->rank) rows += (double)scnt[r] + (double)rcnt[r];
     }
     double t0 = mt_time_sec();
-    enum mt_status rc = mt_comm_alltoallv(ctx, m->ep_comm, send, e, e + ep, recv, e + 2 * ep, e + 3 * ep, MT_DTYPE_F32);
-    m->ep_stats.a2a_s += mt_time_sec() - t0;
-    m->ep_stats.a2a_calls++;
-    m->ep_stats.dispatch_bytes += rows * width * sizeof(float);
+    enum mt_status rc = mt_comm_alltoallv(ctx, ea->comm, send, e, e + ep, recv, e + 2 * ep, e + 3 * ep, MT_DTYPE_F32);
+    ea->stats->a2a_s += mt_time_sec() - t0;
+    ea->stats->a2a_calls++;
+    ea->stats->dispatch_bytes += rows * width * sizeof(float);
     return rc;
 }
 
 /* The auxiliary losses of the n rows just routed (forward with targets):
  * *aux_sum (model rank 0 only under TP) and *z_sum, and ly->f_share for
  * the backward. */
-static enum mt_status moe_losses(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly, int n, double *aux_sum,
+static enum mt_status moe_losses(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, int n, double *aux_sum,
                                  double *z_sum)
 {
-    const struct mt_ops_i *ops = m->ops;
-    const int E = m->E, k = m->top_k;
+    const struct mt_ops_i *ops = pc->ops;
+    const struct mt_tp_axis *tp = &pc->tp;
+    struct mt_moe_scratch *s = pc->moe_s;
+    struct mt_layer *ly = pc->ly;
+    const int E = pc->moe.E, k = pc->moe.top_k;
     /* aux: per sequence of the microbatch, f from the routing and P from the
      * probs (host, double sums). Under TP our n rows are the global rows
      * row0.. (sequences of T rows may straddle ranks): the per-sequence sums
      * meet in one all-reduce over the model group, and model rank 0 alone
      * reports the aux loss (every rank needs f for the backward). */
-    ops->copy_to_host(m->h_probs, ly->probs, (size_t)n * E * sizeof(float));
-    ops->copy_to_host(m->h_rlse, ly->rlse, (size_t)n * sizeof(float));
-    const int B = m->B, T = m->T, g0 = m->tp > 1 ? m->row0 : 0;
-    double *cnt = m->h_seq, *psum = m->h_seq + (size_t)B * E;
-    memset(m->h_seq, 0, (size_t)2 * B * E * sizeof(double));
+    ops->copy_to_host(s->h_probs, ly->probs, (size_t)n * E * sizeof(float));
+    ops->copy_to_host(s->h_rlse, ly->rlse, (size_t)n * sizeof(float));
+    const int B = pc->B, T = pc->T, g0 = tp->tp > 1 ? pc->moe.row0 : 0;
+    double *cnt = s->h_seq, *psum = s->h_seq + (size_t)B * E;
+    memset(s->h_seq, 0, (size_t)2 * B * E * sizeof(double));
     for (int i = 0; i < n; i++) {
-        int s = (g0 + i) / T;
-        MT_ASSERT(s < B);
-        for (int j = 0; j < k; j++) cnt[(size_t)s * E + m->h_topk[(size_t)i * k + j]] += 1.0;
-        for (int e = 0; e < E; e++) psum[(size_t)s * E + e] += (double)m->h_probs[(size_t)i * E + e];
+        int q = (g0 + i) / T;
+        MT_ASSERT(q < B);
+        for (int j = 0; j < k; j++) cnt[(size_t)q * E + s->h_topk[(size_t)i * k + j]] += 1.0;
+        for (int e = 0; e < E; e++) psum[(size_t)q * E + e] += (double)s->h_probs[(size_t)i * E + e];
     }
-    if (m->tp > 1) MT_CHECK(tp_allreduce_f64(ctx, m, m->h_seq, (size_t)2 * B * E));
+    if (tp->tp > 1) MT_CHECK(tpa_allreduce_f64(ctx, tp, s->h_seq, (size_t)2 * B * E));
     double aux = 0.0;
-    for (int s = 0; s < B; s++) {
-        float *f = ly->f_share + (size_t)s * E;
+    for (int q = 0; q < B; q++) {
+        float *f = ly->f_share + (size_t)q * E;
         double acc = 0.0;
         for (int e = 0; e < E; e++) {
-            f[e] = (float)(cnt[(size_t)s * E + e] / ((double)T * k));
-            acc += (double)f[e] * (psum[(size_t)s * E + e] / (double)T);
+            f[e] = (float)(cnt[(size_t)q * E + e] / ((double)T * k));
+            acc += (double)f[e] * (psum[(size_t)q * E + e] / (double)T);
         }
-        aux += (double)m->cfg.aux_loss_coef * E * acc;
+        aux += (double)pc->moe.aux_coef * E * acc;
     }
-    if (m->tp > 1 && m->tp_rank != 0) aux = 0.0;
+    if (tp->tp > 1 && tp->rank != 0) aux = 0.0;
     double z = 0.0;
-    for (int i = 0; i < n; i++) z += (double)m->h_rlse[i] * (double)m->h_rlse[i];
+    for (int i = 0; i < n; i++) z += (double)s->h_rlse[i] * (double)s->h_rlse[i];
     *aux_sum = aux;
-    *z_sum = (double)m->cfg.z_loss_coef * z;
+    *z_sum = (double)pc->moe.z_coef * z;
     return MT_OK;
 }
 
-
-enum mt_status moe_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly, float *out,
-                           int n, int want_loss, double *aux_sum, double *z_sum)
+/* test hook (knob test_force_routing): every token to experts 0..k-1, gates
+ * renormalised over them; the gates are staged in h_dprobs (free until backward) */
+static void force_routing(const struct mt_piece_ctx *pc, int n)
 {
-    const struct mt_ops_i *ops = m->ops;
-    const int D = m->D, E = m->E, k = m->top_k, Fe = m->Fe;
+    const struct mt_ops_i *ops = pc->ops;
+    struct mt_moe_scratch *s = pc->moe_s;
+    struct mt_layer *ly = pc->ly;
+    const int E = pc->moe.E, k = pc->moe.top_k;
+    ops->copy_to_host(s->h_probs, ly->probs, (size_t)n * E * sizeof(float));
+    float *hg = s->h_dprobs;
+    for (int i = 0; i < n; i++) {
+        double sum = 0;
+        for (int j = 0; j < k; j++) sum += s->h_probs[(size_t)i * E + j];
+        for (int j = 0; j < k; j++) {
+            s->h_topk[(size_t)i * k + j] = j;
+            hg[(size_t)i * k + j] = (float)(s->h_probs[(size_t)i * E + j] / sum);
+        }
+    }
+    ops->copy_from_host(ly->topk, s->h_topk, (size_t)n * k * sizeof(int32_t));
+    ops->copy_from_host(ly->gates, hg, (size_t)n * k * sizeof(float));
+}
+
+/* out (n, D) += moe(h) for the n rows ly->h_mlp (global rows row0.. of the
+ * microbatch under TP, sequences of T rows). When want_loss, *aux_sum =
+ * sum_s aux_coef*E*sum_e f P (the whole microbatch's sequences, counted on
+ * model rank 0 only: per-sequence statistics are all-reduced over the model
+ * group) and *z_sum = z_coef * sum over the n rows of lse^2 (un-normalised;
+ * the model divides by the global counts). */
+static enum mt_status moe_forward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, float *out, int n,
+                                  int want_loss, double *aux_sum, double *z_sum)
+{
+    const struct mt_ops_i *ops = pc->ops;
+    const struct mt_moe_dims *md = &pc->moe;
+    const struct mt_ep_axis *ea = &pc->ep;
+    struct mt_moe_scratch *s = pc->moe_s;
+    struct mt_layer *ly = pc->ly;
+    const int D = pc->D, E = md->E, k = md->top_k, Fe = md->Fe;
     const int M = n * k;
+    float *t = pc->s_lora;
 
     /* router: logits into the (free in forward) d-router-logits scratch */
-    linear_forward(ops, m->s_drl, ly->h_mlp, ly->w.router->data, n, D, E, 0.0f);
-    ops->router_forward(ly->probs, ly->rlse, ly->topk, ly->gates, m->s_drl, n, E, k);
+    linear_forward(ops, s->drl, ly->h_mlp, ly->w.router->data, n, D, E, 0.0f);
+    ops->router_forward(ly->probs, ly->rlse, ly->topk, ly->gates, s->drl, n, E, k);
 
-    ops->copy_to_host(m->h_topk, ly->topk, (size_t)M * sizeof(int32_t));
-    if (m->force_route) {
-        /* test-only: every token to experts 0..k-1, gates renormalised over them */
-        ops->copy_to_host(m->h_probs, ly->probs, (size_t)n * E * sizeof(float));
-        float *hg = m->h_dprobs; /* free until backward */
-        for (int i = 0; i < n; i++) {
-            double sum = 0;
-            for (int j = 0; j < k; j++) sum += m->h_probs[(size_t)i * E + j];
-            for (int j = 0; j < k; j++) {
-                m->h_topk[(size_t)i * k + j] = j;
-                hg[(size_t)i * k + j] = (float)(m->h_probs[(size_t)i * E + j] / sum);
-            }
-        }
-        ops->copy_from_host(ly->topk, m->h_topk, (size_t)M * sizeof(int32_t));
-        ops->copy_from_host(ly->gates, hg, (size_t)M * sizeof(float));
-    }
-    route_slots(m, ly, n);
-    ops->copy_from_host(ly->pos, m->h_pos, (size_t)M * sizeof(int32_t));
-    ops->copy_from_host(ly->src_row, m->h_src, (size_t)M * sizeof(int32_t));
-    if (m->moe_load) {
-        double *load = m->moe_load + (size_t)(ly - m->layers) * E;
+    ops->copy_to_host(s->h_topk, ly->topk, (size_t)M * sizeof(int32_t));
+    if (md->force_route) force_routing(pc, n);
+    route_slots(pc, n);
+    ops->copy_from_host(ly->pos, s->h_pos, (size_t)M * sizeof(int32_t));
+    ops->copy_from_host(ly->src_row, s->h_src, (size_t)M * sizeof(int32_t));
+    if (s->load) {
+        double *load = s->load + (size_t)pc->layer * E;
         for (int e = 0; e < E; e++) load[e] += ly->e_off[e + 1] - ly->e_off[e];
     }
 
-    ops->moe_permute(m->s_xp, ly->h_mlp, ly->src_row, M, D);
-    const int grouped = moe_experts_grouped(m);   /* one grouped GEMM per projection (moe_experts.c) */
-    if (m->ep == 1) {
-        if (grouped) moe_experts_forward(m, ly, E, ly->e_off, 1, E, ly->ey, m->s_xp);
+    ops->moe_permute(s->xp, ly->h_mlp, ly->src_row, M, D);
+    const int grouped = md->grouped;   /* one grouped GEMM per projection (moe_experts.c) */
+    if (ea->ep == 1) {
+        if (grouped) moe_experts_forward(pc, E, ly->e_off, 1, E, ly->ey, s->xp);
         for (int e = 0; e < E && !grouped; e++) {
             int r0 = ly->e_off[e], c = ly->e_off[e + 1] - r0;
             if (c == 0) continue;
             const struct mt_param *w = &ly->w.experts[3 * e];
-            mlp_forward(m, ly->ey + (size_t)r0 * D, 0, ly->eg + (size_t)r0 * Fe, ly->eu + (size_t)r0 * Fe,
-                        m->s_act, m->s_xp + (size_t)r0 * D, &w[0], &w[1], &w[2], c, D, Fe);
+            mlp_forward(ops, t, ly->ey + (size_t)r0 * D, 0, ly->eg + (size_t)r0 * Fe, ly->eu + (size_t)r0 * Fe,
+                        pc->s_act, s->xp + (size_t)r0 * D, &w[0], &w[1], &w[2], c, D, Fe);
         }
     } else {
         /* per-expert counts first (every rank, even with nothing to send) */
-        const int ep = m->ep, Ee = m->Ee;
-        int64_t *sc = m->h_ecnt, *rc = m->h_ecnt + E;
+        const int ep = ea->ep, Ee = ea->Ee;
+        int64_t *sc = s->h_ecnt, *rc = s->h_ecnt + E;
         for (int e = 0; e < E; e++) sc[e] = ly->e_off[e + 1] - ly->e_off[e];
-        size_t *a = m->h_a2a;
+        size_t *a = s->h_a2a;
         for (int r = 0; r < ep; r++) { a[r] = (size_t)Ee; a[ep + r] = (size_t)r * Ee; }
         double t0 = mt_time_sec();
-        enum mt_status st = mt_comm_alltoallv(ctx, m->ep_comm_host, sc, a, a + ep, rc, a, a + ep, MT_DTYPE_I64);
-        m->ep_stats.a2a_s += mt_time_sec() - t0;
+        enum mt_status st = mt_comm_alltoallv(ctx, ea->comm_host, sc, a, a + ep, rc, a, a + ep, MT_DTYPE_I64);
+        ea->stats->a2a_s += mt_time_sec() - t0;
         MT_CHECK(st);
         ly->r_rows = 0;
         for (int i = 0; i < ep * Ee; i++) {
@@ -217,96 +241,101 @@ enum mt_status moe_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_lay
         }
         MT_ASSERT(ly->r_rows <= ep * M);
         size_t scnt[MT_MAX_EP] = {0}, sdis[MT_MAX_EP] = {0}, rcnt[MT_MAX_EP] = {0}, rdis[MT_MAX_EP] = {0};
-        ep_counts(m, ly, scnt, sdis, rcnt, rdis);
-        MT_CHECK(ep_a2a(ctx, m, ly->rx, m->s_xp, scnt, sdis, rcnt, rdis, D));
-        if (grouped) moe_experts_forward(m, ly, ep * Ee, ly->r_cnt, 0, Ee, m->s_ry, ly->rx);
+        ep_counts(ea, ly, scnt, sdis, rcnt, rdis);
+        MT_CHECK(ep_a2a(ctx, pc, ly->rx, s->xp, scnt, sdis, rcnt, rdis, D));
+        if (grouped) moe_experts_forward(pc, ep * Ee, ly->r_cnt, 0, Ee, s->ry, ly->rx);
         size_t o = 0;
         for (int src = 0; src < ep && !grouped; src++)
             for (int j = 0; j < Ee; j++) {
                 int c = ly->r_cnt[src * Ee + j];
                 const struct mt_param *w = &ly->w.experts[3 * j];
                 if (c > 0)
-                    mlp_forward(m, m->s_ry + o * D, 0, ly->eg + o * Fe, ly->eu + o * Fe, m->s_act, ly->rx + o * D,
-                                &w[0], &w[1], &w[2], c, D, Fe);
+                    mlp_forward(ops, t, s->ry + o * D, 0, ly->eg + o * Fe, ly->eu + o * Fe, pc->s_act,
+                                ly->rx + o * D, &w[0], &w[1], &w[2], c, D, Fe);
                 o += (size_t)c;
             }
-        MT_CHECK(ep_a2a(ctx, m, ly->ey, m->s_ry, rcnt, rdis, scnt, sdis, D));   /* back to the sources */
+        MT_CHECK(ep_a2a(ctx, pc, ly->ey, s->ry, rcnt, rdis, scnt, sdis, D));   /* back to the sources */
     }
     ops->moe_combine(out, ly->ey, ly->pos, ly->gates, n, k, D);
-    if (m->Fs > 0)
-        mlp_forward(m, out, 1, ly->sgp, ly->sup, m->s_act, ly->h_mlp, ly->w.sg, ly->w.su, ly->w.sd, n, D, m->Fs);
+    if (md->Fs > 0)
+        mlp_forward(ops, t, out, 1, ly->sgp, ly->sup, pc->s_act, ly->h_mlp, ly->w.sg, ly->w.su, ly->w.sd, n, D,
+                    md->Fs);
 
     *aux_sum = 0.0;
     *z_sum = 0.0;
-    return want_loss ? moe_losses(ctx, m, ly, n, aux_sum, z_sum) : MT_OK;
+    return want_loss ? moe_losses(ctx, pc, n, aux_sum, z_sum) : MT_OK;
 }
 
-enum mt_status moe_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly, float *dh, const float *dout,
-                            const struct mt_loss_norm *norm)
+/* dh (n, D) = d h from dout (n, D) = d out, plus the aux/z loss gradients
+ * normalised by pc->norm; param grads +=. n = Nm rows (training). */
+static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, float *dh, const float *dout)
 {
-    const struct mt_ops_i *ops = m->ops;
-    const int T = m->T, n = m->Nm, D = m->D, E = m->E, k = m->top_k, Fe = m->Fe;
-    const int M = n * k, g0 = m->tp > 1 ? m->row0 : 0;
+    const struct mt_ops_i *ops = pc->ops;
+    const struct mt_moe_dims *md = &pc->moe;
+    const struct mt_ep_axis *ea = &pc->ep;
+    struct mt_moe_scratch *s = pc->moe_s;
+    const struct mt_layer *ly = pc->ly;
+    const int T = pc->T, n = md->Nm, D = pc->D, E = md->E, k = md->top_k, Fe = md->Fe;
+    const int M = n * k, g0 = pc->tp.tp > 1 ? md->row0 : 0;
+    float *t = pc->s_lora, *dt = pc->s_dlora;
 
-    const int grouped = moe_experts_grouped(m);
+    const int grouped = md->grouped;
     /* term 1: combine */
-    ops->moe_combine_backward(m->s_dy, m->s_dgates, dout, ly->ey, ly->pos, ly->gates, n, k, D);
+    ops->moe_combine_backward(s->dy, s->dgates, dout, ly->ey, ly->pos, ly->gates, n, k, D);
     /* term 2: experts on their row ranges (inputs re-permuted, not saved) */
-    if (m->ep == 1) {
-        ops->moe_permute(m->s_xp, ly->h_mlp, ly->src_row, M, D);
-        if (grouped) moe_experts_backward(m, ly, E, ly->e_off, 1, E, m->s_dxp, m->s_dy, m->s_xp);
+    if (ea->ep == 1) {
+        ops->moe_permute(s->xp, ly->h_mlp, ly->src_row, M, D);
+        if (grouped) moe_experts_backward(pc, E, ly->e_off, 1, E, s->dxp, s->dy, s->xp);
         for (int e = 0; e < E && !grouped; e++) {
             int r0 = ly->e_off[e], c = ly->e_off[e + 1] - r0;
             if (c == 0) continue;
             struct mt_param *w = &ly->w.experts[3 * e];
-            mlp_backward(m, m->s_dxp + (size_t)r0 * D, 0, m->s_act, m->s_dact, m->s_dg, m->s_du,
-                         m->s_dy + (size_t)r0 * D, m->s_xp + (size_t)r0 * D,
-                         ly->eg + (size_t)r0 * Fe, ly->eu + (size_t)r0 * Fe, &w[0], &w[1], &w[2], c, D, Fe);
+            mlp_backward(ops, t, dt, s->dxp + (size_t)r0 * D, 0, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du,
+                         s->dy + (size_t)r0 * D, s->xp + (size_t)r0 * D, ly->eg + (size_t)r0 * Fe,
+                         ly->eu + (size_t)r0 * Fe, &w[0], &w[1], &w[2], c, D, Fe);
         }
     } else {
-        const int ep = m->ep, Ee = m->Ee;
+        const int ep = ea->ep, Ee = ea->Ee;
         size_t scnt[MT_MAX_EP] = {0}, sdis[MT_MAX_EP] = {0}, rcnt[MT_MAX_EP] = {0}, rdis[MT_MAX_EP] = {0};
-        ep_counts(m, ly, scnt, sdis, rcnt, rdis);
-        enum mt_status st = ep_a2a(ctx, m, m->s_rdy, m->s_dy, scnt, sdis, rcnt, rdis, D);
-        if (st != MT_OK) return st;
-        if (grouped) moe_experts_backward(m, ly, ep * Ee, ly->r_cnt, 0, Ee, m->s_rdx, m->s_rdy, ly->rx);
+        ep_counts(ea, ly, scnt, sdis, rcnt, rdis);
+        MT_CHECK(ep_a2a(ctx, pc, s->rdy, s->dy, scnt, sdis, rcnt, rdis, D));
+        if (grouped) moe_experts_backward(pc, ep * Ee, ly->r_cnt, 0, Ee, s->rdx, s->rdy, ly->rx);
         size_t o = 0;
         for (int src = 0; src < ep && !grouped; src++)
             for (int j = 0; j < Ee; j++) {
                 int c = ly->r_cnt[src * Ee + j];
                 struct mt_param *w = &ly->w.experts[3 * j];
                 if (c > 0)
-                    mlp_backward(m, m->s_rdx + o * D, 0, m->s_act, m->s_dact, m->s_dg, m->s_du,
-                                 m->s_rdy + o * D, ly->rx + o * D, ly->eg + o * Fe, ly->eu + o * Fe,
-                                 &w[0], &w[1], &w[2], c, D, Fe);
+                    mlp_backward(ops, t, dt, s->rdx + o * D, 0, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du,
+                                 s->rdy + o * D, ly->rx + o * D, ly->eg + o * Fe, ly->eu + o * Fe, &w[0], &w[1],
+                                 &w[2], c, D, Fe);
                 o += (size_t)c;
             }
-        st = ep_a2a(ctx, m, m->s_dxp, m->s_rdx, rcnt, rdis, scnt, sdis, D);
-        if (st != MT_OK) return st;
+        MT_CHECK(ep_a2a(ctx, pc, s->dxp, s->rdx, rcnt, rdis, scnt, sdis, D));
     }
     ops->fill(dh, 0.0f, (size_t)n * D);
-    ops->moe_permute_backward(dh, m->s_dxp, ly->pos, n, k, D);
-    if (m->Fs > 0)
-        mlp_backward(m, dh, 1, m->s_act, m->s_dact, m->s_dg, m->s_du, dout, ly->h_mlp, ly->sgp, ly->sup,
-                     ly->w.sg, ly->w.su, ly->w.sd, n, D, m->Fs);
+    ops->moe_permute_backward(dh, s->dxp, ly->pos, n, k, D);
+    if (md->Fs > 0)
+        mlp_backward(ops, t, dt, dh, 1, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du, dout, ly->h_mlp, ly->sgp, ly->sup,
+                     ly->w.sg, ly->w.su, ly->w.sd, n, D, md->Fs);
 
     /* term 3: aux and z gradients, on the host */
-    double ns = norm->n_sequences > 0 ? norm->n_sequences : 1.0;
-    double nt = norm->n_tokens > 0 ? norm->n_tokens : 1.0;
+    double ns = pc->norm->n_sequences > 0 ? pc->norm->n_sequences : 1.0;
+    double nt = pc->norm->n_tokens > 0 ? pc->norm->n_tokens : 1.0;
     for (int i = 0; i < n; i++) {
         const float *f = ly->f_share + (size_t)((g0 + i) / T) * E;
         for (int e = 0; e < E; e++)
-            m->h_dprobs[(size_t)i * E + e] = (float)((double)m->cfg.aux_loss_coef * E * (double)f[e] / (double)T / ns);
+            s->h_dprobs[(size_t)i * E + e] = (float)((double)md->aux_coef * E * (double)f[e] / (double)T / ns);
     }
-    ops->copy_to_host(m->h_rlse, ly->rlse, (size_t)n * sizeof(float));
+    ops->copy_to_host(s->h_rlse, ly->rlse, (size_t)n * sizeof(float));
     for (int i = 0; i < n; i++)
-        m->h_dlse[i] = (float)(2.0 * (double)m->cfg.z_loss_coef * (double)m->h_rlse[i] / nt);
-    ops->copy_from_host(m->s_dprobs, m->h_dprobs, (size_t)n * E * sizeof(float));
-    ops->copy_from_host(m->s_dlse, m->h_dlse, (size_t)n * sizeof(float));
+        s->h_dlse[i] = (float)(2.0 * (double)md->z_coef * (double)s->h_rlse[i] / nt);
+    ops->copy_from_host(s->dprobs, s->h_dprobs, (size_t)n * E * sizeof(float));
+    ops->copy_from_host(s->dlse, s->h_dlse, (size_t)n * sizeof(float));
 
     /* term 4: router */
-    ops->router_backward(m->s_drl, m->s_dgates, m->s_dprobs, m->s_dlse, ly->probs, ly->topk, ly->gates, n, E, k);
-    linear_backward(ops, dh, 1.0f, ly->w.router->frozen ? NULL : ly->w.router->grad, m->s_drl, ly->h_mlp,
+    ops->router_backward(s->drl, s->dgates, s->dprobs, s->dlse, ly->probs, ly->topk, ly->gates, n, E, k);
+    linear_backward(ops, dh, 1.0f, ly->w.router->frozen ? NULL : ly->w.router->grad, s->drl, ly->h_mlp,
                     ly->w.router->data, n, D, E);   /* LoRA: a frozen router computes dx only */
     return MT_OK;
 }
@@ -345,12 +374,14 @@ static void moe_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *use
     for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++) fn(user, &sh[i]);
 }
 
-static enum mt_status moe_check(struct mt_ctx *ctx, const struct mt_model *m)
+static enum mt_status moe_check(struct mt_ctx *ctx, const struct mt_piece_ctx *pc)
 {
-    if (m->E < 1 || m->top_k < 1 || m->top_k > m->E)
-        return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: need 1 <= top_k <= n_experts (top_k=%d E=%d)", m->top_k, m->E);
-    if (m->Fe < 1) return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: expert_hidden=%d must be >= 1", m->Fe);
-    if (m->Fs < 0) return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: shared_expert_hidden=%d < 0", m->Fs);
+    const struct mt_moe_dims *md = &pc->moe;
+    if (md->E < 1 || md->top_k < 1 || md->top_k > md->E)
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: need 1 <= top_k <= n_experts (top_k=%d E=%d)", md->top_k,
+                            md->E);
+    if (md->Fe < 1) return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: expert_hidden=%d must be >= 1", md->Fe);
+    if (md->Fs < 0) return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: shared_expert_hidden=%d < 0", md->Fs);
     return MT_OK;
 }
 
@@ -368,94 +399,100 @@ static double moe_inactive(const struct mt_block_shape *s)
 
 /* Saved: routing (probs, lse, top-k, gates, slot positions), expert
  * pre-activations (on the receiving side under EP) and outputs. */
-static void moe_carve(struct mt_model *m, struct mt_carver *c, struct mt_layer *ly)
+static void moe_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly)
 {
-    const size_t D = (size_t)m->D, Nm = (size_t)m->Nm, E = (size_t)m->E, k = (size_t)m->top_k, M = (size_t)m->M;
+    const struct mt_moe_dims *md = &pc->moe;
+    const size_t D = (size_t)pc->D, Nm = (size_t)md->Nm, E = (size_t)md->E, k = (size_t)md->top_k;
+    const size_t M = (size_t)md->M, Fe = (size_t)md->Fe, ep = (size_t)pc->ep.ep;
     const enum mt_bucket A = MT_BUCKET_ACTS, O = MT_BUCKET_OTHER;
-    ffn_norm_carve(m, c, ly);
+    ffn_norm_carve_pc(pc, c, ly);
     /* the experts see Nm rows: SP or one rank: all of h_mlp_n; TP without SP: our slice of it */
-    ly->h_mlp = (m->tp > 1 && !m->sp && ly->h_mlp_n) ? ly->h_mlp_n + (size_t)m->row0 * D : ly->h_mlp_n;
+    ly->h_mlp = (pc->tp.tp > 1 && !pc->tp.sp && ly->h_mlp_n) ? ly->h_mlp_n + (size_t)md->row0 * D : ly->h_mlp_n;
     ly->probs = carve_f(c, A, Nm * E);
     ly->rlse = carve_f(c, A, Nm);
     ly->topk = carve_i(c, A, Nm * k);
     ly->gates = carve_f(c, A, Nm * k);
     ly->pos = carve_i(c, A, Nm * k);
     ly->src_row = carve_i(c, A, M);
-    if (m->ep == 1) {
-        ly->eg = carve_f(c, A, M * (size_t)m->Fe);
-        ly->eu = carve_f(c, A, M * (size_t)m->Fe);
+    if (ep == 1) {
+        ly->eg = carve_f(c, A, M * Fe);
+        ly->eu = carve_f(c, A, M * Fe);
     }
     ly->ey = carve_f(c, A, M * D);
-    if (m->Fs > 0) {
-        ly->sgp = carve_f(c, A, Nm * (size_t)m->Fs);
-        ly->sup = carve_f(c, A, Nm * (size_t)m->Fs);
+    if (md->Fs > 0) {
+        ly->sgp = carve_f(c, A, Nm * (size_t)md->Fs);
+        ly->sup = carve_f(c, A, Nm * (size_t)md->Fs);
     }
     ly->e_off = carve(c, O, (E + 1) * sizeof(int));
-    ly->f_share = carve_f(c, O, (size_t)m->B * E);
-    if (m->ep > 1) {
+    ly->f_share = carve_f(c, O, (size_t)pc->B * E);
+    if (ep > 1) {
         /* dropless: every rank of the expert group may send all its M slots here */
-        size_t cap = (size_t)m->ep * M;
-        ly->r_cnt = carve(c, O, (size_t)m->ep * (size_t)m->Ee * sizeof(int));
+        size_t cap = ep * M;
+        ly->r_cnt = carve(c, O, ep * (size_t)pc->ep.Ee * sizeof(int));
         ly->rx = carve_f(c, A, cap * D);
-        ly->eg = carve_f(c, A, cap * (size_t)m->Fe);   /* expert activations live on the receiving side */
-        ly->eu = carve_f(c, A, cap * (size_t)m->Fe);
+        ly->eg = carve_f(c, A, cap * Fe);   /* expert activations live on the receiving side */
+        ly->eu = carve_f(c, A, cap * Fe);
     }
 }
 
-/* Scratch of every MoE layer (WORKSPACE), and the host staging of routing (OTHER). */
-static void moe_carve_scratch(struct mt_model *m, struct mt_carver *c)
+/* Scratch of every MoE layer (WORKSPACE), the host staging of routing and
+ * the load histogram (OTHER): the piece's own struct mt_moe_scratch. */
+static void moe_carve_scratch(const struct mt_piece_ctx *pc, struct mt_carver *c)
 {
-    const size_t D = (size_t)m->D, Nm = (size_t)m->Nm, E = (size_t)m->E, k = (size_t)m->top_k, M = (size_t)m->M;
+    const struct mt_moe_dims *md = &pc->moe;
+    struct mt_moe_scratch *s = pc->moe_s;
+    const size_t D = (size_t)pc->D, Nm = (size_t)md->Nm, E = (size_t)md->E, k = (size_t)md->top_k;
+    const size_t M = (size_t)md->M, ep = (size_t)pc->ep.ep;
     const enum mt_bucket W = MT_BUCKET_WORKSPACE, O = MT_BUCKET_OTHER;
-    m->s_xp = carve_f(c, W, M * D);
-    m->s_dxp = carve_f(c, W, M * D);
-    m->s_dy = carve_f(c, W, M * D);
-    if (m->ep > 1) {
-        m->s_ry = carve_f(c, W, (size_t)m->ep * M * D);
-        m->s_rdy = carve_f(c, W, (size_t)m->ep * M * D);
-        m->s_rdx = carve_f(c, W, (size_t)m->ep * M * D);
+    s->xp = carve_f(c, W, M * D);
+    s->dxp = carve_f(c, W, M * D);
+    s->dy = carve_f(c, W, M * D);
+    if (ep > 1) {
+        s->ry = carve_f(c, W, ep * M * D);
+        s->rdy = carve_f(c, W, ep * M * D);
+        s->rdx = carve_f(c, W, ep * M * D);
     }
-    m->moe_load = (double *)carve(c, O, (size_t)m->L * E * sizeof(double));
-    m->h_a2a = carve(c, O, 4 * (size_t)m->ep * sizeof(size_t));
-    m->h_ecnt = carve(c, O, 2 * E * sizeof(int64_t));
-    m->s_drl = carve_f(c, W, Nm * E);
-    m->s_dprobs = carve_f(c, W, Nm * E);
-    m->s_dgates = carve_f(c, W, Nm * k);
-    m->s_dlse = carve_f(c, W, Nm);
-    m->h_probs = carve_f(c, O, Nm * E);
-    m->h_dprobs = carve_f(c, O, Nm * E);
-    m->h_rlse = carve_f(c, O, Nm);
-    m->h_dlse = carve_f(c, O, Nm);
-    m->h_topk = carve_i(c, O, Nm * k);
-    m->h_pos = carve_i(c, O, Nm * k);
-    m->h_src = carve_i(c, O, M);
-    m->h_cnt = carve(c, O, E * sizeof(int));
-    m->h_seq = carve(c, O, (size_t)m->B * E * 2 * sizeof(double));
+    s->load = (double *)carve(c, O, (size_t)md->L * E * sizeof(double));
+    s->h_a2a = carve(c, O, 4 * ep * sizeof(size_t));
+    s->h_ecnt = carve(c, O, 2 * E * sizeof(int64_t));
+    s->drl = carve_f(c, W, Nm * E);
+    s->dprobs = carve_f(c, W, Nm * E);
+    s->dgates = carve_f(c, W, Nm * k);
+    s->dlse = carve_f(c, W, Nm);
+    s->h_probs = carve_f(c, O, Nm * E);
+    s->h_dprobs = carve_f(c, O, Nm * E);
+    s->h_rlse = carve_f(c, O, Nm);
+    s->h_dlse = carve_f(c, O, Nm);
+    s->h_topk = carve_i(c, O, Nm * k);
+    s->h_pos = carve_i(c, O, Nm * k);
+    s->h_src = carve_i(c, O, M);
+    s->h_cnt = carve(c, O, E * sizeof(int));
+    s->h_seq = carve(c, O, (size_t)pc->B * E * 2 * sizeof(double));
 }
 
 /* the shared SwiGLU scratch: the widest expert batch (all slots of the
  * expert group may land here) or the shared expert over Nm rows */
-static size_t moe_scratch(const struct mt_model *m)
+static size_t moe_scratch(const struct mt_piece_ctx *pc)
 {
-    size_t a = (size_t)m->ep * (size_t)m->M * (size_t)m->Fe, b = (size_t)m->Nm * (size_t)m->Fs;
+    size_t a = (size_t)pc->ep.ep * (size_t)pc->moe.M * (size_t)pc->moe.Fe, b = (size_t)pc->moe.Nm * (size_t)pc->moe.Fs;
     return a > b ? a : b;
 }
 
-static enum mt_status moe_piece_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly,
-                                        struct mt_piece_fwd *a)
+static enum mt_status moe_piece_forward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a)
 {
-    const struct mt_ops_i *ops = m->ops;
-    const int n = a->B * a->T, D = m->D;
+    const struct mt_ops_i *ops = pc->ops;
+    const struct mt_tp_axis *tp = &pc->tp;
+    const int n = a->B * a->T, D = pc->D, Nm = pc->moe.Nm;
     double aux = 0, z = 0;
-    ffn_norm_forward(m, ly, a->x_out, n);
-    if (m->tp > 1 && !m->sp) {
+    ffn_norm_fwd(pc, a->x_out, n);
+    if (tp->tp > 1 && !tp->sp) {
         /* MoE in the SP region without SP: our Nm rows, then gather every rank's output */
-        ops->fill(m->s_red, 0.0f, (size_t)m->Nm * D);
-        MT_CHECK(moe_forward(ctx, m, ly, m->s_red, m->Nm, a->want_loss, &aux, &z));
-        MT_CHECK(tp_gather_rows(ctx, m, m->s_full, m->s_red, m->Nm, D));
-        ops->axpby(a->x_out, m->s_full, 1.0f, 1.0f, (size_t)n * D);
+        ops->fill(pc->s_red, 0.0f, (size_t)Nm * D);
+        MT_CHECK(moe_forward(ctx, pc, pc->s_red, Nm, a->want_loss, &aux, &z));
+        MT_CHECK(tpa_gather_rows(ctx, tp, pc->s_full, pc->s_red, Nm, D));
+        ops->axpby(a->x_out, pc->s_full, 1.0f, 1.0f, (size_t)n * D);
     } else {
-        MT_CHECK(moe_forward(ctx, m, ly, a->x_out, m->tp > 1 ? m->Nm : n, a->want_loss, &aux, &z));
+        MT_CHECK(moe_forward(ctx, pc, a->x_out, tp->tp > 1 ? Nm : n, a->want_loss, &aux, &z));
     }
     a->aux += aux;
     a->z += z;
@@ -463,26 +500,27 @@ static enum mt_status moe_piece_forward(struct mt_ctx *ctx, struct mt_model *m, 
 }
 
 /* dx is d x_out = d x_mid (identity) + d branch */
-static enum mt_status moe_piece_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly)
+static enum mt_status moe_piece_backward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc)
 {
-    const int D = m->D;
-    const int tp_nosp = m->tp > 1 && !m->sp;   /* our Nm rows of a whole dx */
-    const float *dhr = m->dh;
-    MT_CHECK(moe_backward(ctx, m, ly, m->dh, m->dx + (tp_nosp ? (size_t)m->row0 * D : 0), &m->norm));
+    const int D = pc->D, Nm = pc->moe.Nm;
+    const int tp_nosp = pc->tp.tp > 1 && !pc->tp.sp;   /* our Nm rows of a whole dx */
+    const float *dhr = pc->dh;
+    MT_CHECK(moe_backward(ctx, pc, pc->dh, pc->dx + (tp_nosp ? (size_t)pc->moe.row0 * D : 0)));
     if (tp_nosp) {
-        MT_CHECK(tp_gather_rows(ctx, m, m->s_full, m->dh, m->Nm, D));
-        dhr = m->s_full;
+        MT_CHECK(tpa_gather_rows(ctx, &pc->tp, pc->s_full, pc->dh, Nm, D));
+        dhr = pc->s_full;
     }
-    ffn_norm_backward(m, ly, dhr);
+    ffn_norm_bwd(pc, dhr);
     return MT_OK;
 }
 
 /* a recompute re-routed the layer: take its slots back out of the load histogram */
-static void moe_undo_recompute(struct mt_model *m, struct mt_layer *ly, int l)
+static void moe_undo_recompute(const struct mt_piece_ctx *pc)
 {
-    if (!m->moe_load) return;
-    double *load = m->moe_load + (size_t)l * (size_t)m->E;
-    for (int e = 0; e < m->E; e++) load[e] -= ly->e_off[e + 1] - ly->e_off[e];
+    const int E = pc->moe.E;
+    if (!pc->moe_s->load) return;
+    double *load = pc->moe_s->load + (size_t)pc->layer * (size_t)E;
+    for (int e = 0; e < E; e++) load[e] -= pc->ly->e_off[e + 1] - pc->ly->e_off[e];
 }
 
 const struct mt_piece mt_piece_moe = {
@@ -494,13 +532,11 @@ const struct mt_piece mt_piece_moe = {
     /* .mm_per_token          = */ moe_mm,
     /* .extra_flops_per_token = */ NULL,
     /* .inactive_params       = */ moe_inactive,
-    /* .carve                 = */ moe_carve,
-    /* .carve_scratch         = */ moe_carve_scratch,
+    /* .carve_scratch         = */ NULL,
+    /* .carve_scratch_n       = */ moe_carve_scratch,
     /* .ffn_scratch           = */ moe_scratch,
+    /* .carve                 = */ moe_carve,
     /* .forward               = */ moe_piece_forward,
     /* .backward              = */ moe_piece_backward,
     /* .undo_recompute        = */ moe_undo_recompute,
-    /* .carve_n               = */ NULL,
-    /* .forward_n             = */ NULL,
-    /* .backward_n            = */ NULL,
 };

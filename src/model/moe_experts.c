@@ -1,6 +1,6 @@
 /*
  * moe_experts.c — the expert SwiGLU MLPs of an MoE block over their row
- * ranges, one grouped GEMM per projection (issue 19 item 3).
+ * ranges, one grouped GEMM per projection (issue 19 item 3), LoRA included.
  *
  * The sorted buffer holds each group's rows back to back (a group = an
  * expert when ep == 1; a (source rank, local expert) pair when ep > 1), so
@@ -14,15 +14,26 @@
  *             dWg_e += dg_e^T x_e, dx_e = dg_e Wg_e; dWu_e += du_e^T x_e,
  *             dx_e += du_e Wu_e                    (six grouped calls)
  *
+ * Under LoRA (docs/lora.md) the expert weights are frozen: their weight
+ * gradient calls leave the frozen groups out (dx only, as proj_bwd does), and
+ * where 'expert' is a target each projection's adapter follows its base call
+ * exactly as proj_fwd / proj_bwd (lora.c) order it, one grouped call per
+ * term, s = alpha/r:
+ *   forward   t_e = x_e A_e^T;  y_e += s t_e B_e^T
+ *   backward  t_e = x_e A_e^T;  dB_e += s dy_e^T t_e;  dt_e = s dy_e B_e;
+ *             dA_e += dt_e^T x_e;  dx_e += dt_e A_e
+ * with t, dt at each group's own rows of the (ep*M, r) LoRA scratch.
+ *
  * These are exactly the gemm calls of mlp_forward / mlp_backward per expert
- * (same arguments, each group's scratch at its own rows of the (ep*M, Fe)
- * scratch instead of all at row 0), reordered projection-major: the groups
- * are independent, so on the cpu table — whose grouped entry IS those gemm
- * calls — the numbers are bit-identical to the per-expert loop. swiglu stays
- * one call per group: the cpu kernel's SIMD body and scalar tail round
- * differently, so one call over all rows would move the tails.
- * Groups are taken 64 at a time (host arrays on the stack); MoE layers have
- * fewer experts than that in practice.
+ * (same arguments, each group's scratch at its own rows instead of all at
+ * row 0), reordered projection-major: every output element (a group's rows
+ * of y, dx, dact, or one expert's dW, dA, dB over its groups in group order)
+ * receives the same terms in the same order, so on the cpu table — whose
+ * grouped entry IS those gemm calls — the numbers are bit-identical to the
+ * per-expert loop. swiglu stays one call per group: the cpu kernel's SIMD
+ * body and scalar tail round differently, so one call over all rows would
+ * move the tails. Groups are taken 64 at a time (host arrays on the stack);
+ * MoE layers have fewer experts than that in practice.
  */
 #include "model_impl.h"
 #include "moe_experts.h"
@@ -33,7 +44,7 @@ struct group_set {
     int n;
     int rows[GROUP_CHUNK];
     size_t r0[GROUP_CHUNK];             /* first row in the sorted buffer */
-    const struct mt_param *w[GROUP_CHUNK];
+    struct mt_param *w[GROUP_CHUNK];    /* the group's expert: [0] gate, [1] up, [2] down */
 };
 
 /* the next chunk of non-empty groups from g (returns the g to resume at) */
@@ -54,31 +65,176 @@ static int next_chunk(const struct mt_layer *ly, int n_groups, const int *cnt, i
     return g;
 }
 
-/* one projection over the chunk: C_i = op(A_i) op(B_i) (+ beta C_i) */
+/* one projection over n groups: C_i = alpha op(A_i) op(B_i) + beta C_i */
 static void grouped(const struct mt_ops_i *ops, int ta, int tb, int n, const int *M, const int *N, const int *K,
-                    const float *const *A, int lda, const float *const *B, int ldb, float beta, float *const *C,
-                    int ldc)
+                    float alpha, const float *const *A, int lda, const float *const *B, int ldb, float beta,
+                    float *const *C, int ldc)
 {
+    if (n <= 0) return;
     if (ops->gemm_grouped) {
-        ops->gemm_grouped(ta, tb, n, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+        ops->gemm_grouped(ta, tb, n, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
-    for (int i = 0; i < n; i++) ops->gemm(ta, tb, M[i], N[i], K[i], 1.0f, A[i], lda, B[i], ldb, beta, C[i], ldc);
+    for (int i = 0; i < n; i++) ops->gemm(ta, tb, M[i], N[i], K[i], alpha, A[i], lda, B[i], ldb, beta, C[i], ldc);
 }
 
-/* The grouped path runs the plain base GEMMs and writes every expert weight
- * gradient: under LoRA (frozen experts, possibly with adapters, docs/lora.md)
- * the per-expert loops in moe.c run instead, through lora.c. */
-int moe_experts_grouped(const struct mt_model *m)
+/* As grouped(), for outputs several groups may share: an expert's weight or
+ * adapter gradient when ep > 1 (one group per source rank sends rows to the
+ * same local expert). gemm_grouped wants distinct C[g] (a GPU runs the
+ * groups concurrently), so the groups go in runs without a repeated C, in
+ * group order: each C still sums its terms in that order (the loop's bits). */
+static void grouped_acc(const struct mt_ops_i *ops, int ta, int tb, int n, const int *M, const int *N, const int *K,
+                        float alpha, const float *const *A, int lda, const float *const *B, int ldb, float beta,
+                        float *const *C, int ldc)
 {
-    return m->cfg.lora_rank == 0;
+    int i0 = 0;
+    for (int i = i0 + 1; i <= n; i++) {
+        int repeat = 0;
+        for (int j = i0; j < i && i < n; j++) repeat |= C[j] == C[i];
+        if (i < n && !repeat) continue;
+        grouped(ops, ta, tb, i - i0, M + i0, N + i0, K + i0, alpha, A + i0, lda, B + i0, ldb, beta, C + i0, ldc);
+        i0 = i;
+    }
 }
 
-void moe_experts_forward(struct mt_model *m, struct mt_layer *ly, int n_groups, const int *cnt, int offsets, int ee,
-                         float *y, const float *x)
+/* The chunk's groups (pick: their indices into s) whose projection p has
+ * adapters (adapters 1) or whose weight p takes a gradient, i.e. is not
+ * frozen (adapters 0). Returns the count. */
+static int select_groups(const struct group_set *s, int p, int adapters, int *pick)
 {
-    const struct mt_ops_i *ops = m->ops;
-    const int D = m->D, Fe = m->Fe;
+    int n = 0;
+    for (int i = 0; i < s->n; i++)
+        if (adapters ? s->w[i][p].lora_a != NULL : !s->w[i][p].frozen) pick[n++] = i;
+    return n;
+}
+
+/* Per-call arrays of a chunk: sizes and pointers of each entry. */
+struct gcall {
+    int M[GROUP_CHUNK], N[GROUP_CHUNK], K[GROUP_CHUNK];
+    const float *a[GROUP_CHUNK], *b[GROUP_CHUNK];
+    float *c[GROUP_CHUNK];
+};
+
+/* y_i += s (x_i A^T) B^T for the adapted groups of projection p; x (rows, in), y (rows, out) */
+static void adapter_fwd(const struct mt_piece_ctx *pc, const struct group_set *s, int p, const float *x, int in,
+                        float *y, int out)
+{
+    int pick[GROUP_CHUNK];
+    const int n = select_groups(s, p, 1, pick);
+    if (n == 0) return;
+    const int r = (int)s->w[pick[0]][p].lora_a->len[0];
+    const float sc = s->w[pick[0]][p].lora_scale;
+    float *t = pc->s_lora;
+    struct gcall g;
+    for (int j = 0; j < n; j++) {
+        const int i = pick[j];
+        MT_ASSERT((int)s->w[i][p].lora_a->len[0] == r && s->w[i][p].lora_scale == sc);
+        g.M[j] = s->rows[i];
+        g.N[j] = r;
+        g.K[j] = in;
+        g.a[j] = x + s->r0[i] * in;
+        g.b[j] = s->w[i][p].lora_a->data;
+        g.c[j] = t + s->r0[i] * r;
+    }
+    grouped(pc->ops, 0, 1, n, g.M, g.N, g.K, 1.0f, g.a, in, g.b, in, 0.0f, g.c, r);        /* t = x A^T    */
+    for (int j = 0; j < n; j++) {
+        const int i = pick[j];
+        g.N[j] = out;
+        g.K[j] = r;
+        g.a[j] = t + s->r0[i] * r;
+        g.b[j] = s->w[i][p].lora_b->data;
+        g.c[j] = y + s->r0[i] * out;
+    }
+    grouped(pc->ops, 0, 1, n, g.M, g.N, g.K, sc, g.a, r, g.b, r, 1.0f, g.c, out);          /* y += s t B^T */
+}
+
+/* The adapter terms of proj_bwd for the adapted groups of projection p:
+ * x (rows, in) the input, dy (rows, out) d output, dx (rows, in) +=. */
+static void adapter_bwd(const struct mt_piece_ctx *pc, const struct group_set *s, int p, const float *x, int in,
+                        const float *dy, int out, float *dx)
+{
+    int pick[GROUP_CHUNK];
+    const int n = select_groups(s, p, 1, pick);
+    if (n == 0) return;
+    const int r = (int)s->w[pick[0]][p].lora_a->len[0];
+    const float sc = s->w[pick[0]][p].lora_scale;
+    float *t = pc->s_lora, *dt = pc->s_dlora;
+    const struct mt_ops_i *ops = pc->ops;
+    struct gcall g;
+    int rows[GROUP_CHUNK], R[GROUP_CHUNK], IN[GROUP_CHUNK], OUT[GROUP_CHUNK];
+    for (int j = 0; j < n; j++) {
+        const int i = pick[j];
+        MT_ASSERT((int)s->w[i][p].lora_a->len[0] == r && s->w[i][p].lora_scale == sc);
+        rows[j] = s->rows[i];
+        R[j] = r;
+        IN[j] = in;
+        OUT[j] = out;
+    }
+    /* t = x A^T */
+    for (int j = 0; j < n; j++) {
+        const int i = pick[j];
+        g.a[j] = x + s->r0[i] * in;
+        g.b[j] = s->w[i][p].lora_a->data;
+        g.c[j] = t + s->r0[i] * r;
+    }
+    grouped(ops, 0, 1, n, rows, R, IN, 1.0f, g.a, in, g.b, in, 0.0f, g.c, r);
+    /* term 1: dB (out, r) += s dy^T t */
+    for (int j = 0; j < n; j++) {
+        const int i = pick[j];
+        g.a[j] = dy + s->r0[i] * out;
+        g.b[j] = t + s->r0[i] * r;
+        g.c[j] = s->w[i][p].lora_b->grad;
+    }
+    grouped_acc(ops, 1, 0, n, OUT, R, rows, sc, g.a, out, g.b, r, 1.0f, g.c, r);
+    /* term 2: dt = s dy B;  dA (r, in) += dt^T x */
+    for (int j = 0; j < n; j++) {
+        const int i = pick[j];
+        g.b[j] = s->w[i][p].lora_b->data;
+        g.c[j] = dt + s->r0[i] * r;
+    }
+    grouped(ops, 0, 0, n, rows, R, OUT, sc, g.a, out, g.b, r, 0.0f, g.c, r);
+    for (int j = 0; j < n; j++) {
+        const int i = pick[j];
+        g.a[j] = dt + s->r0[i] * r;
+        g.b[j] = x + s->r0[i] * in;
+        g.c[j] = s->w[i][p].lora_a->grad;
+    }
+    grouped_acc(ops, 1, 0, n, R, IN, rows, 1.0f, g.a, r, g.b, in, 1.0f, g.c, in);
+    /* term 3: dx += dt A */
+    for (int j = 0; j < n; j++) {
+        const int i = pick[j];
+        g.b[j] = s->w[i][p].lora_a->data;
+        g.c[j] = dx + s->r0[i] * in;
+    }
+    grouped(ops, 0, 0, n, rows, IN, R, 1.0f, g.a, r, g.b, in, 1.0f, g.c, in);
+}
+
+/* dW_p (out, in) += d^T x for the groups whose weight p is not frozen
+ * (LoRA: none of them); d (rows, out), x (rows, in). */
+static void weight_grad(const struct mt_piece_ctx *pc, const struct group_set *s, int p, const float *d, int out,
+                        const float *x, int in)
+{
+    int pick[GROUP_CHUNK];
+    const int n = select_groups(s, p, 0, pick);
+    struct gcall g;
+    for (int j = 0; j < n; j++) {
+        const int i = pick[j];
+        g.M[j] = out;
+        g.N[j] = in;
+        g.K[j] = s->rows[i];
+        g.a[j] = d + s->r0[i] * out;
+        g.b[j] = x + s->r0[i] * in;
+        g.c[j] = s->w[i][p].grad;
+    }
+    grouped_acc(pc->ops, 1, 0, n, g.M, g.N, g.K, 1.0f, g.a, out, g.b, in, 1.0f, g.c, in);
+}
+
+void moe_experts_forward(const struct mt_piece_ctx *pc, int n_groups, const int *cnt, int offsets, int ee, float *y,
+                         const float *x)
+{
+    const struct mt_ops_i *ops = pc->ops;
+    struct mt_layer *ly = pc->ly;
+    const int D = pc->D, Fe = pc->moe.Fe;
     struct group_set s;
     size_t row = 0;
     int ND[GROUP_CHUNK], NF[GROUP_CHUNK];   /* every group's D and Fe; its rows are s.rows */
@@ -91,26 +247,30 @@ void moe_experts_forward(struct mt_model *m, struct mt_layer *ly, int n_groups, 
         if (s.n == 0) continue;
         for (int i = 0; i < s.n; i++) a[i] = x + s.r0[i] * D;
         for (int i = 0; i < s.n; i++) { b[i] = s.w[i][0].data; c[i] = ly->eg + s.r0[i] * Fe; }
-        grouped(ops, 0, 1, s.n, Mr, NF, ND, a, D, b, D, 0.0f, c, Fe);                /* gate */
+        grouped(ops, 0, 1, s.n, Mr, NF, ND, 1.0f, a, D, b, D, 0.0f, c, Fe);                /* gate */
+        adapter_fwd(pc, &s, 0, x, D, ly->eg, Fe);
         for (int i = 0; i < s.n; i++) { b[i] = s.w[i][1].data; c[i] = ly->eu + s.r0[i] * Fe; }
-        grouped(ops, 0, 1, s.n, Mr, NF, ND, a, D, b, D, 0.0f, c, Fe);                /* up */
+        grouped(ops, 0, 1, s.n, Mr, NF, ND, 1.0f, a, D, b, D, 0.0f, c, Fe);                /* up */
+        adapter_fwd(pc, &s, 1, x, D, ly->eu, Fe);
         for (int i = 0; i < s.n; i++)
-            ops->swiglu_forward(m->s_act + s.r0[i] * Fe, ly->eg + s.r0[i] * Fe, ly->eu + s.r0[i] * Fe,
+            ops->swiglu_forward(pc->s_act + s.r0[i] * Fe, ly->eg + s.r0[i] * Fe, ly->eu + s.r0[i] * Fe,
                                 (size_t)s.rows[i] * Fe);
         for (int i = 0; i < s.n; i++) {
-            a[i] = m->s_act + s.r0[i] * Fe;
+            a[i] = pc->s_act + s.r0[i] * Fe;
             b[i] = s.w[i][2].data;
             c[i] = y + s.r0[i] * D;
         }
-        grouped(ops, 0, 1, s.n, Mr, ND, NF, a, Fe, b, Fe, 0.0f, c, D);               /* down */
+        grouped(ops, 0, 1, s.n, Mr, ND, NF, 1.0f, a, Fe, b, Fe, 0.0f, c, D);               /* down */
+        adapter_fwd(pc, &s, 2, pc->s_act, Fe, y, D);
     }
 }
 
-void moe_experts_backward(struct mt_model *m, struct mt_layer *ly, int n_groups, const int *cnt, int offsets, int ee,
-                          float *dx, const float *dy, const float *x)
+void moe_experts_backward(const struct mt_piece_ctx *pc, int n_groups, const int *cnt, int offsets, int ee, float *dx,
+                          const float *dy, const float *x)
 {
-    const struct mt_ops_i *ops = m->ops;
-    const int D = m->D, Fe = m->Fe;
+    const struct mt_ops_i *ops = pc->ops;
+    struct mt_layer *ly = pc->ly;
+    const int D = pc->D, Fe = pc->moe.Fe;
     struct group_set s;
     size_t row = 0;
     int ND[GROUP_CHUNK], NF[GROUP_CHUNK];   /* every group's D and Fe; its rows are s.rows */
@@ -122,31 +282,31 @@ void moe_experts_backward(struct mt_model *m, struct mt_layer *ly, int n_groups,
         g = next_chunk(ly, n_groups, cnt, offsets, ee, g, &row, &s);
         if (s.n == 0) continue;
         for (int i = 0; i < s.n; i++)
-            ops->swiglu_forward(m->s_act + s.r0[i] * Fe, ly->eg + s.r0[i] * Fe, ly->eu + s.r0[i] * Fe,
+            ops->swiglu_forward(pc->s_act + s.r0[i] * Fe, ly->eg + s.r0[i] * Fe, ly->eu + s.r0[i] * Fe,
                                 (size_t)s.rows[i] * Fe);
-        /* down: dWd (D, Fe) += dy^T act; dact (rows, Fe) = dy Wd */
+        /* down: dWd (D, Fe) += dy^T act (not frozen); dact (rows, Fe) = dy Wd (+ the adapter's path) */
+        weight_grad(pc, &s, 2, dy, D, pc->s_act, Fe);
         for (int i = 0; i < s.n; i++) {
             a[i] = dy + s.r0[i] * D;
-            b[i] = m->s_act + s.r0[i] * Fe;
-            c[i] = s.w[i][2].grad;
+            b[i] = s.w[i][2].data;
+            c[i] = pc->s_dact + s.r0[i] * Fe;
         }
-        grouped(ops, 1, 0, s.n, ND, NF, Mr, a, D, b, Fe, 1.0f, c, Fe);
-        for (int i = 0; i < s.n; i++) { b[i] = s.w[i][2].data; c[i] = m->s_dact + s.r0[i] * Fe; }
-        grouped(ops, 0, 0, s.n, Mr, NF, ND, a, D, b, Fe, 0.0f, c, Fe);
+        grouped(ops, 0, 0, s.n, Mr, NF, ND, 1.0f, a, D, b, Fe, 0.0f, c, Fe);
+        adapter_bwd(pc, &s, 2, pc->s_act, Fe, dy, D, pc->s_dact);
         for (int i = 0; i < s.n; i++)
-            ops->swiglu_backward(m->s_dg + s.r0[i] * Fe, m->s_du + s.r0[i] * Fe, m->s_dact + s.r0[i] * Fe,
+            ops->swiglu_backward(pc->s_dg + s.r0[i] * Fe, pc->s_du + s.r0[i] * Fe, pc->s_dact + s.r0[i] * Fe,
                                  ly->eg + s.r0[i] * Fe, ly->eu + s.r0[i] * Fe, (size_t)s.rows[i] * Fe);
-        /* gate then up: dW (Fe, D) += d^T x; dx (rows, D) = dg Wg, then += du Wu */
+        /* gate then up: dW (Fe, D) += d^T x; dx (rows, D) = dg Wg, then += du Wu (each + its adapter's path) */
         for (int p = 0; p < 2; p++) {
-            float *d = p == 0 ? m->s_dg : m->s_du;
+            float *d = p == 0 ? pc->s_dg : pc->s_du;
+            weight_grad(pc, &s, p, d, Fe, x, D);
             for (int i = 0; i < s.n; i++) {
                 a[i] = d + s.r0[i] * Fe;
-                b[i] = x + s.r0[i] * D;
-                c[i] = s.w[i][p].grad;
+                b[i] = s.w[i][p].data;
+                c[i] = dx + s.r0[i] * D;
             }
-            grouped(ops, 1, 0, s.n, NF, ND, Mr, a, Fe, b, D, 1.0f, c, D);
-            for (int i = 0; i < s.n; i++) { b[i] = s.w[i][p].data; c[i] = dx + s.r0[i] * D; }
-            grouped(ops, 0, 0, s.n, Mr, ND, NF, a, Fe, b, D, p == 0 ? 0.0f : 1.0f, c, D);
+            grouped(ops, 0, 0, s.n, Mr, ND, NF, 1.0f, a, Fe, b, D, p == 0 ? 0.0f : 1.0f, c, D);
+            adapter_bwd(pc, &s, p, x, D, d, Fe, dx);
         }
     }
 }

@@ -3,24 +3,20 @@
  * (moe_experts.c). Groups are row ranges of the sorted buffer, back to back
  * from row 0: group g has cnt[g] rows (offsets = 0) or cnt[g+1] - cnt[g]
  * rows (offsets = 1: e.g. ly->e_off), and the weights of local expert g % ee.
- * y/dx, dy and x are (rows, D); eg, eu (the saved gate/up) and the
- * (ep*M, Fe) scratch are used at each group's own rows.
+ * y/dx, dy and x are (rows, D); eg, eu (the saved gate/up), the (ep*M, Fe)
+ * SwiGLU scratch and the (ep*M, r) LoRA scratch are used at each group's own
+ * rows. moe.c runs them when pc->moe.grouped (knob moe_grouped), else its
+ * per-expert mlp_forward / mlp_backward loop: the same bits on the cpu table,
+ * with or without LoRA.
  */
 #ifndef MT_MOE_EXPERTS_H
 #define MT_MOE_EXPERTS_H
 
-struct mt_model;
-struct mt_layer;
+struct mt_piece_ctx;
 
-/* 1: moe.c runs the experts through moe_experts_forward/backward; 0: its
- * per-expert mlp loop, which goes through proj_fwd/proj_bwd. 0 under LoRA
- * (frozen expert weights, possibly with adapters): the grouped path
- * computes plain base GEMMs and writes every dW. */
-int moe_experts_grouped(const struct mt_model *m);
-
-void moe_experts_forward(struct mt_model *m, struct mt_layer *ly, int n_groups, const int *cnt, int offsets, int ee,
-                         float *y, const float *x);
-void moe_experts_backward(struct mt_model *m, struct mt_layer *ly, int n_groups, const int *cnt, int offsets, int ee,
-                          float *dx, const float *dy, const float *x);
+void moe_experts_forward(const struct mt_piece_ctx *pc, int n_groups, const int *cnt, int offsets, int ee, float *y,
+                         const float *x);
+void moe_experts_backward(const struct mt_piece_ctx *pc, int n_groups, const int *cnt, int offsets, int ee, float *dx,
+                          const float *dy, const float *x);
 
 #endif /* MT_MOE_EXPERTS_H */

@@ -140,13 +140,14 @@ struct mt_piece_fwd {
 };
 
 /*
- * A sub-layer. params is required, and of each pair carve / carve_n,
- * forward / forward_n, backward / backward_n exactly one: the _n entries
- * take the narrow context (struct mt_piece_ctx, model_impl.h: ops, the
- * layer, dims, shared scratch, the axis handle) instead of the whole model,
- * and model.c prefers them. The other entries may be NULL where the piece
- * has nothing of that sort (check, FLOPs beyond its matmuls, scratch,
- * undo_recompute).
+ * A sub-layer. params, carve, forward and backward are required; the other
+ * entries may be NULL where the piece has nothing of that sort (check, FLOPs
+ * beyond its matmuls, scratch, undo_recompute). Everything but the shape
+ * functions takes the narrow context (struct mt_piece_ctx, model_impl.h: ops,
+ * the layer, dims, scratch, the axis handles), never the whole model; the one
+ * exception is carve_scratch, which sets the shared scratch fields of the
+ * model (attention, mamba) — a piece with its own scratch struct in the
+ * context (moe) uses carve_scratch_n instead.
  */
 struct mt_piece {
     const char *name;                                     /* "attention", "mlp", "moe"            */
@@ -157,29 +158,28 @@ struct mt_piece {
     int         tp_regions, sp_gathers;
     /* parameters in registry order (the piece's input norm first) */
     void   (*params)(const struct mt_block_shape *s, mt_pspec_fn fn, void *user);
-    /* the piece's own dimension rules (model_dims filled); NULL: none */
-    enum mt_status (*check)(struct mt_ctx *ctx, const struct mt_model *m);
+    /* the piece's own dimension rules (dims filled, pc->ly NULL); NULL: none */
+    enum mt_status (*check)(struct mt_ctx *ctx, const struct mt_piece_ctx *pc);
     /* matmul parameters active per token (x6 for training FLOPs) */
     double (*mm_per_token)(const struct mt_block_shape *s);
     /* training FLOPs per token beyond 6 x matmul params (attention scores) */
     double (*extra_flops_per_token)(const struct mt_block_shape *s);
     /* parameters a token does not use (routed experts it is not sent to) */
     double (*inactive_params)(const struct mt_block_shape *s);
-    /* carve this piece's saved activations into ly (c NULL-based: sizes only) */
-    void   (*carve)(struct mt_model *m, struct mt_carver *c, struct mt_layer *ly);
-    /* carve scratch this piece needs beyond the shared set (once per model) */
+    /* carve scratch this piece needs beyond the shared set (once per model):
+     * into the model's fields, or (_n, at most one of the two) into the
+     * piece's own scratch struct the context points at */
     void   (*carve_scratch)(struct mt_model *m, struct mt_carver *c);
+    void   (*carve_scratch_n)(const struct mt_piece_ctx *pc, struct mt_carver *c);
     /* widest SwiGLU-style hidden activation (elements) this piece needs in the shared scratch */
-    size_t (*ffn_scratch)(const struct mt_model *m);
-    enum mt_status (*forward)(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly, struct mt_piece_fwd *a);
+    size_t (*ffn_scratch)(const struct mt_piece_ctx *pc);
+    /* carve this piece's saved activations into ly (c NULL-based: sizes only); pc->ly == ly */
+    void   (*carve)(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly);
+    enum mt_status (*forward)(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a);
     /* reads dx = d(piece output); ACCUMULATES d(piece input) into dx; param grads += */
-    enum mt_status (*backward)(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly);
-    /* recompute=block re-ran forward of layer l: undo its side effects (load histograms) */
-    void   (*undo_recompute)(struct mt_model *m, struct mt_layer *ly, int l);
-    /* narrow forms of carve, forward, backward (same contracts); pc->ly == ly */
-    void   (*carve_n)(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly);
-    enum mt_status (*forward_n)(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a);
-    enum mt_status (*backward_n)(struct mt_ctx *ctx, const struct mt_piece_ctx *pc);
+    enum mt_status (*backward)(struct mt_ctx *ctx, const struct mt_piece_ctx *pc);
+    /* recompute=block re-ran forward of layer pc->layer: undo its side effects (load histograms) */
+    void   (*undo_recompute)(const struct mt_piece_ctx *pc);
 };
 
 /* One pattern letter. */

@@ -16,13 +16,6 @@
 
 #include "../dist/mt_comm.h"
 
-/* The model's axis as a handle (the narrow pieces get the same from model_piece_ctx). */
-static struct mt_tp_axis axis_of(struct mt_model *m)
-{
-    struct mt_tp_axis a = {m->tp_comm, &m->tp_stats, m->ops, m->tp, m->sp, m->N, m->Nr, m->D};
-    return a;
-}
-
 /* Accounting: payload bytes (the full buffer each call covers) and time spent
  * in the call, which is exposed: TP collectives block the layer that needs them. */
 static enum mt_status account(const struct mt_tp_axis *a, enum mt_tp_coll k, size_t bytes, double t0,
@@ -76,18 +69,11 @@ enum mt_status tpa_exit_add(struct mt_ctx *ctx, const struct mt_tp_axis *a, floa
     return MT_OK;
 }
 
-enum mt_status tp_gather_rows(struct mt_ctx *ctx, struct mt_model *m, float *out, const float *in, int rows, int width)
+enum mt_status tpa_allreduce_f64(struct mt_ctx *ctx, const struct mt_tp_axis *a, double *buf, size_t n)
 {
-    struct mt_tp_axis a = axis_of(m);
-    return tpa_gather_rows(ctx, &a, out, in, rows, width);
-}
-
-enum mt_status tp_allreduce_f64(struct mt_ctx *ctx, struct mt_model *m, double *buf, size_t n)
-{
-    struct mt_tp_axis a = axis_of(m);
     double t0 = mt_time_sec();
-    return account(&a, MT_TP_ALLREDUCE, n * sizeof(double), t0,
-                   mt_comm_allreduce(ctx, m->tp_comm_host, buf, n, MT_DTYPE_F64, MT_REDOP_SUM));
+    return account(a, MT_TP_ALLREDUCE, n * sizeof(double), t0,
+                   mt_comm_allreduce(ctx, a->comm_host, buf, n, MT_DTYPE_F64, MT_REDOP_SUM));
 }
 
 void mt_model_tp_stats(const struct mt_model *m, struct mt_tp_stats *out) { *out = m->tp_stats; }
