@@ -264,10 +264,19 @@ viol 1 dp=1 "lora_targets: unknown target 'qq'" $DENSE --lora 2:4:qq
 viol 1 dp=1 "--lora 0: the rank must be an integer >= 1" $DENSE --lora 0
 # the M blocks' targets: only on a pattern with M blocks; their rank limit
 # (min(in, out) of Win stacked (W, D) and Wout (D, d_inner): D); 'in' is no target
-viol 1 dp=1 "lora_targets: in_proj / out_proj are the Mamba-3 mixer's projections: the pattern has no M block" \
-    $DENSE --lora 2:4:q,in_proj
-viol 1 dp=1 "lora_rank=33 exceeds min\(in, out\)=32" $HY --set lora_rank=33 --set lora_targets=out_proj
-viol 1 dp=1 "lora_targets: unknown target 'in'" $HY --lora 2:4:in,out_proj
+# (one rank, no mpirun: a config rule, checked before any communicator)
+while IFS='|' read -r cfg args expect; do
+    rm -rf "$W/bad"
+    "$MT" train ${!cfg} $args $COMMON --steps 2 --out "$W/bad" >/dev/null 2>"$W/bad.err"
+    rc=$?
+    if [ $rc -eq 2 ] && [ "$(wc -l <"$W/bad.err")" = 1 ] && grep -qE -e "$expect" "$W/bad.err" && [ ! -e "$W/bad" ]; then
+        ok "bad input: $expect (exit 2, one line)"
+    else bad "bad input $args: rc=$rc"; cat "$W/bad.err"; fi
+done <<'LIST'
+DENSE|--lora 2:4:q,in_proj|lora_targets: in_proj / out_proj are the Mamba-3 mixer's projections: the pattern has no M block
+HY|--set lora_rank=33 --set lora_targets=out_proj|lora_rank=33 exceeds min\(in, out\)=32
+HY|--lora 2:4:in,out_proj|lora_targets: unknown target 'in'
+LIST
 
 if [ "${skipped_part:-0}" = 1 ] && [ $fails -eq 0 ]; then echo "$passes passed; SKIPPED (part needs numpy)"; exit 77; fi
 finish
