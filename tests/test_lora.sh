@@ -121,6 +121,28 @@ PY
 then ok "plan: adapter tensors with spec, holders and reduction group (tp=2)"
 else bad "plan layout table of adapters"; cat "$W/plan.txt" | head -5; fi
 
+# the M block's adapters (hybrid AM, tp=2): one in_proj A, whole, reduced over
+# the model group; each in-projection block's B split by rows; out_proj's A
+# split by columns, its B whole and reduced
+"$MT" plan --config "$W/empty.json" $HY $HY_LORA --world 2 --mesh tp=2 >"$W/plan_hy.txt" 2>&1
+if python3 - "$W/plan_hy.txt" <<'PY'
+import re, sys
+rows = {}
+for line in open(sys.argv[1]):
+    f = re.split(r"\s{2,}", line.strip())
+    if f and ".mixer." in f[0] and ".lora_" in f[0]:
+        rows[f[0].replace("model.layers.1.mixer.", "")] = f
+print("   %d M-block adapter rows in the plan's table" % len(rows))
+assert len(rows) == 10 and rows["in_proj.lora_A.weight"][1:4] == ["[4, 32]", "[-, -]", "[4, 32]"]
+assert rows["in_proj.lora_A.weight"][6] == "stage(2)" and rows["out_proj.lora_B.weight"][6] == "stage(2)"
+assert rows["out_proj.lora_A.weight"][1:4] == ["[4, 64]", "[-, model]", "[4, 32]"]
+for b, n in (("z", 64), ("x", 64), ("B", 16), ("C", 16), ("dt", 4), ("theta", 16), ("lam", 4)):
+    f = rows["in_proj_%s.lora_B.weight" % b]
+    assert f[1:4] == ["[%d, 4]" % n, "[model, -]", "[%d, 4]" % (n // 2)] and f[6] == "data_expert(1)", f
+PY
+then ok "plan: the M block's adapters with their TP rule (one whole in_proj A, B blocks split; out_proj A split)"
+else bad "plan layout of M-block adapters"; head -5 "$W/plan_hy.txt"; fi
+
 # ---- 3: equivalence on every mesh ----
 run 1 "$W/MOE_ref" $MOE $LORA --steps $STEPS || { bad "MoE LoRA reference"; cat "$W/MOE_ref.log"; }
 # recompute=block re-runs the same projections: bit for bit
@@ -129,6 +151,9 @@ if run 1 "$W/MOE_rc" $MOE $LORA --steps $STEPS --set recompute=block && close "$
 else bad "MoE LoRA recompute=block"; fi
 run 1 "$W/DENSE4_ref" $DENSE4 $LORA --steps $STEPS || { bad "DENSE4 LoRA reference"; cat "$W/DENSE4_ref.log"; }
 run 1 "$W/HY_ref" $HY $HY_LORA --steps $STEPS || { bad "hybrid LoRA reference"; cat "$W/HY_ref.log"; }
+if run 1 "$W/HY_rc" $HY $HY_LORA --steps $STEPS --set recompute=block && close "$W/HY_ref" "$W/HY_rc" 0; then
+    ok "hybrid LoRA (M adapters) recompute=block == no recompute, bit for bit"
+else bad "hybrid LoRA recompute=block"; fi
 i=0
 # hash: 1 where the mesh holds replicas (pp=2 alone and ZeRO-3 hold none: 0 pairs)
 while read -r name np mesh zero hash extra; do
