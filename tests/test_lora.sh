@@ -154,12 +154,29 @@ run 1 "$W/HY_ref" $HY $HY_LORA --steps $STEPS || { bad "hybrid LoRA reference"; 
 if run 1 "$W/HY_rc" $HY $HY_LORA --steps $STEPS --set recompute=block && close "$W/HY_ref" "$W/HY_rc" 0; then
     ok "hybrid LoRA (M adapters) recompute=block == no recompute, bit for bit"
 else bad "hybrid LoRA recompute=block"; fi
+# close REF RUN 1e-6 and (HASH 1) hash_ok RUN in one python process: the same
+# checks as dist_lib.sh's (tests/equiv.py, tests/replica_pairs.py), two
+# interpreter starts fewer per row
+close_hash() {
+    python3 - "$HERE" "$@" <<'PY'
+import json, re, sys
+sys.path.insert(0, sys.argv[1])
+import equiv, replica_pairs
+ref, out, hash_ = sys.argv[2:5]
+if equiv.main([ref, out, "--tol", "1e-6"]) != 0:
+    sys.exit(1)
+if hash_ == "1":
+    h = json.load(open(out + "/receipt.json"))["replica_hash_check"]; want = replica_pairs.main(out)
+    m = re.fullmatch(r"ok: \d+ tensors bit-identical \(xxh64\) on every rank that holds them \((\d+) rank pairs\)", h)
+    print("   %s (expected %d pairs)" % (h, want))
+    assert m and want > 0 and int(m.group(1)) == want
+PY
+}
 i=0
 # hash: 1 where the mesh holds replicas (pp=2 alone and ZeRO-3 hold none: 0 pairs)
 while read -r name np mesh zero hash extra; do
     i=$((i+1)); o="$W/${name}_$i"; cfg=${!name}; lv=${name}_LORA; lora=${!lv:-$LORA}
-    if run "$np" "$o" $cfg $lora --steps $STEPS --mesh "$mesh" --zero "$zero" $extra && close "$W/${name}_ref" "$o" 1e-6 \
-        && { [ "$hash" = 0 ] || hash_ok "$o"; }; then
+    if run "$np" "$o" $cfg $lora --steps $STEPS --mesh "$mesh" --zero "$zero" $extra && close_hash "$W/${name}_ref" "$o" "$hash"; then
         ok "$name LoRA --mesh $mesh zero=$zero $extra equals one rank, replicas bit-identical"
     else bad "$name LoRA --mesh $mesh zero=$zero $extra"; tail -5 "$o.log"; fi
 done <<'LIST'
