@@ -409,8 +409,26 @@ static void lora_zero_start(int moe)
     mt_ctx_free(&ctx);
 }
 
+/* Every LoRA target of every block kind has a layout rule (blocks.c,
+ * mt_blocks_lora_rule; a target without one is refused at config time). */
+static void lora_rules(void)
+{
+    struct mt_ctx ctx;
+    mt_ctx_init(&ctx);
+    const unsigned all = MT_LORA_Q | MT_LORA_K | MT_LORA_V | MT_LORA_O | MT_LORA_GATE | MT_LORA_UP | MT_LORA_DOWN |
+                         MT_LORA_EXPERT | MT_LORA_IN_PROJ | MT_LORA_OUT_PROJ;
+    for (int moe = 0; moe < 3; moe++) {
+        struct mt_config cfg;
+        base_config(&cfg, &ctx, moe, 0.0f, 6);
+        const char *bad = mt_blocks_lora_rule(&cfg, all);
+        EXPECT(bad == NULL, "lora rules (moe=%d): %s has no adapter layout rule", moe, bad ? bad : "");
+    }
+    mt_ctx_free(&ctx);
+}
+
 int main(void)
 {
+    lora_rules();
     gradcheck("dense softcap=0", 0, 0.0f);
     gradcheck("dense softcap=15", 0, 15.0f);
     gradcheck("moe", 1, 0.0f);
