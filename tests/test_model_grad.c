@@ -89,7 +89,10 @@ static void base_config(struct mt_config *cfg, struct mt_ctx *ctx, int moe, floa
         /* hybrid: the M blocks' in / out projections (one A on the stacked Win)
          * next to a column- and a row-parallel attention and MLP target (the
          * experts' adapters are the moe check's; here they would only add
-         * routing flips to this deeper model) */
+         * routing flips to this deeper model). Measured: with in_proj,out_proj
+         * alone the point has a high curvature (C's norm, theta's angles):
+         * 2 central differences at eps 2e-3 miss by O(eps^2) (off 5x less at
+         * eps 1e-3, converging on the analytic value), not a wrong gradient */
         snprintf(cfg->lora_targets, sizeof cfg->lora_targets, "%s",
                  moe == 2 ? "q,o,down,in_proj,out_proj" : "q,k,v,o,gate,up,down,expert");
     }
