@@ -1,8 +1,8 @@
 /*
  * mt_mamba3.h — the Mamba-3 SISO mixer (SPEC §1c, docs/mamba3.md) as a
  * standalone layer: forward and backward against the ops table, with its own
- * narrow context (dims, weights, saved activations). Not yet registered as a
- * block kind: the pattern letter `M` wires it into the model later.
+ * narrow context (dims, weights, saved activations). The model's `M` block
+ * (src/model/mamba.c) wraps it; with LoRA it runs the stages below.
  *
  * Shapes (docs/glossary.md letters, plus the mixer's): n = B*T rows, D model
  * dim, E = H*P inner dim (H heads of headdim P), G groups, N state (even),
