@@ -12,9 +12,14 @@ Who holds a tensor (mesh rank = ((pipe * dp + data) * ep + expert) * tp + model)
   - every data and model rank; a TP-split tensor (q/k/v/o_proj, the dense MLP's
     gate/up/down_proj) is a different slice per model rank, so only ranks with
     the same model coordinate hold the same copy;
-  - LoRA adapters (docs/lora.md): on a column-parallel W (q, k, v, gate, up)
-    lora_B is split and lora_A whole; on a row-parallel W (o, down) lora_A is
-    split and lora_B whole; experts' adapters live with their expert.
+  - an M block's mixer (docs/mamba3.md) splits by heads: the in-projection
+    blocks, out_proj, dt_bias, A_log, D, B_bias, C_bias, norm.weight; its B/C
+    norm gains are whole;
+  - LoRA adapters (docs/lora.md): on a column-parallel W (q, k, v, gate, up,
+    the mixer's in-projection blocks) lora_B is split and lora_A whole (the
+    in-projection's one shared mixer.in_proj.lora_A too); on a row-parallel W
+    (o, down, the mixer's out_proj) lora_A is split and lora_B whole; experts'
+    adapters live with their expert.
 Two ranks holding the same copy form one comparison. ZeRO-3 and one rank: 0.
 Prints the count."""
 import json
@@ -61,6 +66,8 @@ def main(run):
         if tp > 1 and not em and "shared_expert" not in n:
             split = split or re.search(r"\.(self_attn\.[qkv]_proj|mlp\.(gate|up)_proj)\.lora_B\.weight$", n) \
                 is not None or re.search(r"\.(self_attn\.o_proj|mlp\.down_proj)\.lora_A\.weight$", n) is not None
+            split = split or re.search(r"\.mixer\.(in_proj_\w+\.weight|out_proj\.weight|dt_bias|A_log|D|[BC]_bias|"
+                                       r"norm\.weight|in_proj_\w+\.lora_B\.weight|out_proj\.lora_A\.weight)$", n) is not None
         holders = [c for c in map(coord, range(W)) if c[0] == stage and (erank is None or c[2] == erank)]
         for i in range(len(holders)):
             for j in range(i + 1, len(holders)):

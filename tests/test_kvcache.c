@@ -18,6 +18,7 @@
 #include "ops/mt_ops.h"
 
 static int g_fail = 0;
+static const char *g_lora = NULL;   /* LoRA targets (rank 2, every parameter random: B != 0), or NULL */
 
 /* kv_T: seq_len of the model used for decoding. kv_T < T makes prefills longer
  * than the model's activation buffers (chunked) and a cache longer than the
@@ -50,6 +51,11 @@ static void run(const char *label, const char *pattern, float softcap, int kv_T,
     cfg.mamba_ngroups = 2;
     cfg.mamba_d_state = 8;
     cfg.mamba_chunk = 4;
+    if (g_lora) {
+        cfg.lora_rank = 2;
+        cfg.lora_alpha = 4.0f;
+        snprintf(cfg.lora_targets, sizeof cfg.lora_targets, "%s", g_lora);
+    }
     if (mt_config_resolve(&ctx, &cfg, 1) != MT_OK) {
         fprintf(stderr, "config: %s\n", mt_ctx_last_error(&ctx));
         exit(1);
@@ -127,6 +133,11 @@ int main(void)
     run("moe chunked prefill (7 tokens, N=3)", "EA", 0.0f, 3, 7);
     run("hybrid (recurrent state)", "MA", 0.0f, 9, 3);
     run("hybrid chunked prefill (7 tokens, N=3)", "AM", 15.0f, 3, 7);
+    /* LoRA on the M projections (and q): decoding runs the adapters like the forward */
+    g_lora = "q,in_proj,out_proj";
+    run("hybrid lora (recurrent state)", "MA", 0.0f, 9, 3);
+    run("hybrid lora chunked prefill (7 tokens, N=3)", "AM", 0.0f, 3, 7);
+    g_lora = NULL;
     if (g_fail) {
         fprintf(stderr, "test_kvcache: FAILED\n");
         return 1;

@@ -11,7 +11,10 @@
 #  3. MoE LoRA with recompute=block is bit-identical to no recompute;
 #     equivalence with the single-rank LoRA run (tests/equiv.py bounds,
 #     docs/testing.md): tp=2 with SP on and off, pp=2, dp=2 x ZeRO-3 (dense),
-#     ep=2 and tp=2 (MoE, experts' adapters too); every replicated tensor,
+#     tp=4 with SP on and off, pp=2 x tp=2 x dp=2 (dense and MoE), ep=2 and
+#     tp=2 (MoE, experts' adapters too), and a hybrid AM model with adapters
+#     on the M block's in / out projections (tp=2 with SP on and off,
+#     pp=2 x dp=2, dp=2 x ZeRO-3); every replicated tensor,
 #     adapters included, hashes the same on every rank that holds it after the
 #     number of comparisons the mesh implies (tests/replica_pairs.py);
 #  4. --init-from a checkpoint + LoRA starts at the base's loss exactly and
@@ -20,8 +23,9 @@
 #  5. export: a LoRA checkpoint needs --merge or --adapter; --merge's folder
 #     run by the numpy reference (tests/hf/ref_forward.py) equals `meshtrain
 #     logits` of the adapters (5e-6: fp32 vs fp64); --adapter writes PEFT names and config;
-#  6. bad input: an unknown target, a rank larger than min(in, out): one line,
-#     exit 2, nothing written.
+#  6. bad input: an unknown target, a rank larger than min(in, out), the M
+#     blocks' targets on a model without M blocks: one line, exit 2, nothing
+#     written.
 # Skips (exit 77, SKIPPED) without mpirun or in a build without MPI.
 set -u
 BUILD=${1:?usage: test_lora.sh BUILD_DIR}
@@ -31,6 +35,13 @@ python3 "$HERE/make_shard.py" "$W/train.bin" 20000 64 pattern
 DENSE="--set vocab_size=64 --set n_layer=2 --set d_model=32 --set n_head=4 --set n_kv_head=2 --set seq_len=16 --set batch_size=8 --set lr=0.01 --set warmup_steps=2 --set total_steps=20"
 MOE="$DENSE --set pattern=AE --set n_experts=4 --set top_k=2 --set expert_hidden=32 --set shared_expert_hidden=16 --set microbatches=2"
 LORA="--set lora_rank=4 --set lora_alpha=8 --set lora_targets=q,k,v,o,gate,up,down,expert"
+# tp=4 divides the kv heads (the contract) with n_kv_head=4
+DENSE4="$DENSE --set n_kv_head=4"
+# hybrid AM: a Mamba-3 block (4 heads of 16, 2 groups: tp=2 cuts both) after an
+# attention block; grad_clip=0 and lr 0.003 keep the one-rank floor (microbatches
+# 1 vs 2) at 1e-8 (lr 0.01 makes this run chaotic: floor 4e-6 on the loss)
+HY="$DENSE --set pattern=AM --set mamba_d_state=8 --set mamba_headdim=16 --set mamba_ngroups=2 --set mamba_chunk=8 --set grad_clip=0 --set lr=0.003"
+HY_LORA="--set lora_rank=4 --set lora_alpha=8 --set lora_targets=q,k,v,o,gate,up,down,in_proj,out_proj"
 COMMON="--peak-flops 1e11 --quiet --data $W/train.bin"
 STEPS=8
 
@@ -111,18 +122,62 @@ PY
 then ok "plan: adapter tensors with spec, holders and reduction group (tp=2)"
 else bad "plan layout table of adapters"; cat "$W/plan.txt" | head -5; fi
 
+# the M block's adapters (hybrid AM, tp=2): one in_proj A, whole, reduced over
+# the model group; each in-projection block's B split by rows; out_proj's A
+# split by columns, its B whole and reduced
+"$MT" plan --config "$W/empty.json" $HY $HY_LORA --world 2 --mesh tp=2 >"$W/plan_hy.txt" 2>&1
+if python3 - "$W/plan_hy.txt" <<'PY'
+import re, sys
+rows = {}
+for line in open(sys.argv[1]):
+    f = re.split(r"\s{2,}", line.strip())
+    if f and ".mixer." in f[0] and ".lora_" in f[0]:
+        rows[f[0].replace("model.layers.1.mixer.", "")] = f
+print("   %d M-block adapter rows in the plan's table" % len(rows))
+assert len(rows) == 10 and rows["in_proj.lora_A.weight"][1:4] == ["[4, 32]", "[-, -]", "[4, 32]"]
+assert rows["in_proj.lora_A.weight"][6] == "stage(2)" and rows["out_proj.lora_B.weight"][6] == "stage(2)"
+assert rows["out_proj.lora_A.weight"][1:4] == ["[4, 64]", "[-, model]", "[4, 32]"]
+for b, n in (("z", 64), ("x", 64), ("B", 16), ("C", 16), ("dt", 4), ("theta", 16), ("lam", 4)):
+    f = rows["in_proj_%s.lora_B.weight" % b]
+    assert f[1:4] == ["[%d, 4]" % n, "[model, -]", "[%d, 4]" % (n // 2)] and f[6] == "data_expert(1)", f
+PY
+then ok "plan: the M block's adapters with their TP rule (one whole in_proj A, B blocks split; out_proj A split)"
+else bad "plan layout of M-block adapters"; head -5 "$W/plan_hy.txt"; fi
+
 # ---- 3: equivalence on every mesh ----
 run 1 "$W/MOE_ref" $MOE $LORA --steps $STEPS || { bad "MoE LoRA reference"; cat "$W/MOE_ref.log"; }
 # recompute=block re-runs the same projections: bit for bit
 if run 1 "$W/MOE_rc" $MOE $LORA --steps $STEPS --set recompute=block && close "$W/MOE_ref" "$W/MOE_rc" 0; then
     ok "MoE LoRA recompute=block == no recompute, bit for bit"
 else bad "MoE LoRA recompute=block"; fi
+run 1 "$W/DENSE4_ref" $DENSE4 $LORA --steps $STEPS || { bad "DENSE4 LoRA reference"; cat "$W/DENSE4_ref.log"; }
+run 1 "$W/HY_ref" $HY $HY_LORA --steps $STEPS || { bad "hybrid LoRA reference"; cat "$W/HY_ref.log"; }
+if run 1 "$W/HY_rc" $HY $HY_LORA --steps $STEPS --set recompute=block && close "$W/HY_ref" "$W/HY_rc" 0; then
+    ok "hybrid LoRA (M adapters) recompute=block == no recompute, bit for bit"
+else bad "hybrid LoRA recompute=block"; fi
+# close REF RUN 1e-6 and (HASH 1) hash_ok RUN in one python process: the same
+# checks as dist_lib.sh's (tests/equiv.py, tests/replica_pairs.py), two
+# interpreter starts fewer per row
+close_hash() {
+    python3 - "$HERE" "$@" <<'PY'
+import json, re, sys
+sys.path.insert(0, sys.argv[1])
+import equiv, replica_pairs
+ref, out, hash_ = sys.argv[2:5]
+if equiv.main([ref, out, "--tol", "1e-6"]) != 0:
+    sys.exit(1)
+if hash_ == "1":
+    h = json.load(open(out + "/receipt.json"))["replica_hash_check"]; want = replica_pairs.main(out)
+    m = re.fullmatch(r"ok: \d+ tensors bit-identical \(xxh64\) on every rank that holds them \((\d+) rank pairs\)", h)
+    print("   %s (expected %d pairs)" % (h, want))
+    assert m and want > 0 and int(m.group(1)) == want
+PY
+}
 i=0
 # hash: 1 where the mesh holds replicas (pp=2 alone and ZeRO-3 hold none: 0 pairs)
 while read -r name np mesh zero hash extra; do
-    i=$((i+1)); o="$W/${name}_$i"; cfg=${!name}
-    if run "$np" "$o" $cfg $LORA --steps $STEPS --mesh "$mesh" --zero "$zero" $extra && close "$W/${name}_ref" "$o" 1e-6 \
-        && { [ "$hash" = 0 ] || hash_ok "$o"; }; then
+    i=$((i+1)); o="$W/${name}_$i"; cfg=${!name}; lv=${name}_LORA; lora=${!lv:-$LORA}
+    if run "$np" "$o" $cfg $lora --steps $STEPS --mesh "$mesh" --zero "$zero" $extra && close_hash "$W/${name}_ref" "$o" "$hash"; then
         ok "$name LoRA --mesh $mesh zero=$zero $extra equals one rank, replicas bit-identical"
     else bad "$name LoRA --mesh $mesh zero=$zero $extra"; tail -5 "$o.log"; fi
 done <<'LIST'
@@ -133,9 +188,16 @@ DENSE 2 dp=2 3 0
 DENSE 4 pp=2,tp=2 2 1
 DENSE 2 dp=2 1 1
 DENSE 8 pp=2,tp=2,dp=2 1 1
+DENSE4 4 tp=4 0 1
+DENSE4 4 tp=4 0 1 --set sequence_parallel=false
 MOE 2 ep=2 0 1
 MOE 2 tp=2 0 1
 MOE 4 ep=2,tp=2 3 0
+MOE 8 pp=2,tp=2,dp=2 1 1
+HY 2 tp=2 0 1
+HY 2 tp=2 0 1 --set sequence_parallel=false
+HY 4 pp=2,dp=2 1 1
+HY 2 dp=2 3 0
 LIST
 
 # ---- 4: from a real base; resume ----
@@ -205,11 +267,64 @@ PY
 then ok "export --adapter: PEFT names, config, the checkpoint's adapters byte for byte"
 else bad "export --adapter"; fi
 
+# hybrid: --merge folds the M blocks' adapters too (each in-projection block
+# W_b + s B_b A with the one shared A; Wout + s B A), --adapter is refused (no
+# PEFT names for a hybrid: exit 2, nothing written)
+if [ -z "$PY" ]; then skipped_part=1; echo "SKIPPED hybrid merged-export check (no numpy)"
+elif "$MT" export --ckpt "$W/HY_ref" --out "$W/hy.merged" --merge >/dev/null 2>"$W/hy.err" && $PY - "$W/HY_ref" "$W/hy.merged" "$HERE" <<'PY'
+import json, struct, sys
+import numpy as np
+sys.path.insert(0, sys.argv[3])
+from equiv import last_ckpt, tensors
+_, ck = tensors(last_ckpt(sys.argv[1]))
+b = open(sys.argv[2] + "/model.safetensors", "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n]); h.pop("__metadata__", None)
+get = lambda k: np.frombuffer(b[8 + n + h[k]["data_offsets"][0]:8 + n + h[k]["data_offsets"][1]], "<f4").reshape(h[k]["shape"])
+arr = lambda k: np.asarray(ck[k][1], dtype=np.float64).reshape(ck[k][0])
+s, pre, worst, done = 8 / 4, "model.layers.1.mixer.", 0.0, 0
+A_in = arr(pre + "in_proj.lora_A.weight")
+assert not any(".lora_" in k for k in h)
+for blk in ("z", "x", "B", "C", "dt", "theta", "lam", None):
+    nm = pre + ("in_proj_%s" % blk if blk else "out_proj")
+    A = A_in if blk else arr(nm + ".lora_A.weight")
+    want = arr(nm + ".weight") + s * arr(nm + ".lora_B.weight") @ A
+    d = np.abs(get(nm + ".weight") - want).max() / np.abs(want).max()
+    assert np.abs(get(nm + ".weight") - arr(nm + ".weight")).max() > 0, nm   # the adapters moved it
+    worst, done = max(worst, d), done + 1
+print("   %d M projections merged, max rel |merged - (W + s B A)| %.2g" % (done, worst))
+assert done == 8 and worst < 1e-6
+PY
+then ok "export --merge of a hybrid: every M projection is W + s B A (the in-projection's blocks share A)"
+else bad "hybrid export --merge"; cat "$W/hy.err"; fi
+if "$MT" export --ckpt "$W/HY_ref" --out "$W/hy.adapter" --adapter >/dev/null 2>"$W/hy.err"; then bad "hybrid --adapter accepted"
+elif [ $? -eq 2 ] && [ "$(wc -l <"$W/hy.err")" = 1 ] && grep -q "no PEFT names" "$W/hy.err" && [ ! -e "$W/hy.adapter" ]; then
+    ok "export --adapter of M-block adapters refused (exit 2, one line, nothing written)"
+else bad "hybrid --adapter refusal: $(cat "$W/hy.err")"; fi
+
 # ---- 6: bad input ----
 viol 1 dp=1 "lora_targets: unknown target 'router'" $DENSE --set lora_rank=2 --set lora_targets=q,router
 viol 1 dp=1 "lora_rank=64 exceeds min\(in, out\)=16" $DENSE --set lora_rank=64
 viol 1 dp=1 "lora_targets: unknown target 'qq'" $DENSE --lora 2:4:qq
 viol 1 dp=1 "--lora 0: the rank must be an integer >= 1" $DENSE --lora 0
+# the M blocks' targets: only on a pattern with M blocks; their rank limit
+# (min(in, out) of Win stacked (W, D) and Wout (D, d_inner): D); 'in' is no target
+# the M block's in-projection under tp=4 with 2 groups: B/C would have to be
+# replicated, a split with no adapter rule (nor a mixer one): the contract refuses it
+viol 4 tp=4 'mesh contract: mamba_ngroups % tp != 0 \(mamba_ngroups=2, tp=4\)' $HY --set n_kv_head=4 $HY_LORA
+# (one rank, no mpirun: a config rule, checked before any communicator)
+while IFS='|' read -r cfg args expect; do
+    rm -rf "$W/bad"
+    "$MT" train ${!cfg} $args $COMMON --steps 2 --out "$W/bad" >/dev/null 2>"$W/bad.err"
+    rc=$?
+    if [ $rc -eq 2 ] && [ "$(wc -l <"$W/bad.err")" = 1 ] && grep -qE -e "$expect" "$W/bad.err" && [ ! -e "$W/bad" ]; then
+        ok "bad input: $expect (exit 2, one line)"
+    else bad "bad input $args: rc=$rc"; cat "$W/bad.err"; fi
+done <<'LIST'
+DENSE|--lora 2:4:q,in_proj|lora_targets: in_proj / out_proj are the Mamba-3 mixer's projections: the pattern has no M block
+HY|--set lora_rank=33 --set lora_targets=out_proj|lora_rank=33 exceeds min\(in, out\)=32
+HY|--lora 2:4:in,out_proj|lora_targets: unknown target 'in'
+LIST
 
 if [ "${skipped_part:-0}" = 1 ] && [ $fails -eq 0 ]; then echo "$passes passed; SKIPPED (part needs numpy)"; exit 77; fi
 finish

@@ -102,7 +102,7 @@ static const struct key keys[] = {
     {"backend",      KT_STRING, OFF(backend), SZ(backend), "cpu", 0, 0, "cpu|cuda", 0, "compute backend"},
     {"lora_rank",    KT_INT,   OFF(lora_rank),    0, "0",     0, 65536, NULL, 0, "LoRA rank r; 0 = off (full training). r > 0 freezes the base (docs/lora.md)"},
     {"lora_alpha",   KT_FLOAT, OFF(lora_alpha),   0, "0",     0, FMAXV, NULL, 0, "LoRA scale numerator: y += (alpha / r) (x A^T) B^T; 0 = r"},
-    {"lora_targets", KT_STRING, OFF(lora_targets), SZ(lora_targets), "q,v", 0, 0, NULL, 0, "comma list of q,k,v,o,gate,up,down,expert (the router never)"},
+    {"lora_targets", KT_STRING, OFF(lora_targets), SZ(lora_targets), "q,v", 0, 0, NULL, 0, "comma list of q,k,v,o,gate,up,down,expert,in_proj,out_proj (M blocks; the router never)"},
     {"recompute",    KT_STRING, OFF(recompute), SZ(recompute), "none", 0, 0, "none|block", 0, "activation recomputation"},
     {"sequence_parallel", KT_BOOL, OFF(sequence_parallel), 0, "true", 0, 1, NULL, 0, "sequence parallelism when tp > 1"},
     {"reshard_after_forward", KT_BOOL, OFF(reshard_after_forward), 0, "true", 0, 1, NULL, 0, "ZeRO-3: free gathered params after forward"},
@@ -715,8 +715,13 @@ static enum mt_status resolve_lora(struct mt_ctx *ctx, struct mt_config *cfg, in
         char bad[64];
         unsigned mask = 0;
         RULE(mt_config_lora_mask(cfg->lora_targets, &mask, bad, sizeof bad) == 0,
-             "lora_targets: unknown target '%s' (one of q,k,v,o,gate,up,down,expert)", bad);
-        RULE(mask != 0, "lora_targets is empty (one or more of q,k,v,o,gate,up,down,expert)");
+             "lora_targets: unknown target '%s' (one of q,k,v,o,gate,up,down,expert,in_proj,out_proj)", bad);
+        RULE(mask != 0, "lora_targets is empty (one or more of q,k,v,o,gate,up,down,expert,in_proj,out_proj)");
+        const int has_m = mt_blocks_pattern_has(cfg, 'M');
+        RULE(has_m || !(mask & (MT_LORA_IN_PROJ | MT_LORA_OUT_PROJ)),
+             "lora_targets: in_proj / out_proj are the Mamba-3 mixer's projections: the pattern has no M block");
+        const char *norule = mt_blocks_lora_rule(cfg, mask);
+        RULE(!norule, "lora_targets: %s has no adapter layout rule for its split (docs/lora.md)", norule ? norule : "");
         const int64_t D = cfg->d_model, QD = (int64_t)cfg->n_head * cfg->head_dim,
                       KD = (int64_t)cfg->n_kv_head * cfg->head_dim;
         int64_t lim = D;
@@ -724,6 +729,9 @@ static enum mt_status resolve_lora(struct mt_ctx *ctx, struct mt_config *cfg, in
         if (mask & (MT_LORA_K | MT_LORA_V)) lim = KD < lim ? KD : lim;
         if ((mask & (MT_LORA_GATE | MT_LORA_UP | MT_LORA_DOWN)) && cfg->mlp_hidden < lim) lim = cfg->mlp_hidden;
         if ((mask & MT_LORA_EXPERT) && n_moe > 0 && cfg->expert_hidden < lim) lim = cfg->expert_hidden;
+        /* M blocks: Win stacked (W, D), Wout (D, d_inner); W > d_inner >= D */
+        if ((mask & (MT_LORA_IN_PROJ | MT_LORA_OUT_PROJ)) && has_m && (int64_t)cfg->mamba_expand * D < lim)
+            lim = (int64_t)cfg->mamba_expand * D;
         RULE(cfg->lora_rank <= lim, "lora_rank=%d exceeds min(in, out)=%lld of a targeted matrix",
              cfg->lora_rank, (long long)lim);
         if (cfg->lora_alpha == 0) cfg->lora_alpha = (float)cfg->lora_rank;
@@ -757,13 +765,14 @@ enum mt_status mt_config_resolve(struct mt_ctx *ctx, struct mt_config *cfg, int 
  * unknown name in bad. */
 int mt_config_lora_mask(const char *list, unsigned *mask, char *bad, size_t bad_len)
 {
-    static const char *const names[] = {"q", "k", "v", "o", "gate", "up", "down", "expert"};
+    static const char *const names[] = {"q", "k", "v", "o", "gate", "up", "down", "expert", "in_proj", "out_proj"};
+    const int nn = (int)(sizeof names / sizeof names[0]);
     *mask = 0;
     const char *p = list;
     while (*p) {
         size_t n = strcspn(p, ",");
         int hit = -1;
-        for (int i = 0; i < 8; i++)
+        for (int i = 0; i < nn; i++)
             if (strlen(names[i]) == n && !strncmp(p, names[i], n)) hit = i;
         if (hit < 0) {
             snprintf(bad, bad_len, "%.*s", (int)n, p);

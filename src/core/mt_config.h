@@ -68,7 +68,7 @@ struct mt_config {
     char  backend[16];           /* "cpu" | "cuda"                                 */
     int   lora_rank;             /* r > 0: LoRA adapters on lora_targets, base frozen (docs/lora.md) */
     float lora_alpha;            /* scale = alpha / r; 0 = r (scale 1)             */
-    char  lora_targets[64];      /* comma list of q,k,v,o,gate,up,down,expert      */
+    char  lora_targets[64];      /* comma list of q,k,v,o,gate,up,down,expert,in_proj,out_proj */
     char  recompute[16];         /* "none" | "block"                               */
     int   sequence_parallel;     /* bool, default 1 (used when tp > 1)             */
     int   reshard_after_forward; /* bool, default 1 (ZeRO-3)                       */
@@ -100,9 +100,10 @@ enum mt_status mt_config_set(struct mt_ctx *ctx, struct mt_config *cfg, const ch
  * pattern of length L over {A,E}, top_k in [1, n_experts] when any E block,
  * vocab_size in [2, 65536], ... -> MT_ERR_CONFIG naming the rule and numbers.
  * `run_steps` fills total_steps when it is 0. */
-/* LoRA target bits (lora_targets: q,k,v,o,gate,up,down,expert). */
+/* LoRA target bits (lora_targets: q,k,v,o,gate,up,down,expert,in_proj,out_proj;
+ * the last two are the Mamba-3 mixer's projections of M blocks). */
 enum { MT_LORA_Q = 1, MT_LORA_K = 2, MT_LORA_V = 4, MT_LORA_O = 8, MT_LORA_GATE = 16, MT_LORA_UP = 32,
-       MT_LORA_DOWN = 64, MT_LORA_EXPERT = 128 };
+       MT_LORA_DOWN = 64, MT_LORA_EXPERT = 128, MT_LORA_IN_PROJ = 256, MT_LORA_OUT_PROJ = 512 };
 /* Bits of a comma list; 0, or -1 with the first unknown name in bad. */
 int mt_config_lora_mask(const char *list, unsigned *mask, char *bad, size_t bad_len);
 

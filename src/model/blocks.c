@@ -59,48 +59,92 @@ void mt_blocks_shape(const struct mt_config *cfg, struct mt_block_shape *s)
  *   W tp_cols (row-parallel, columns split): A columns split (tp_cols);
  *     B whole, grad partial over the model group (model_partial);
  *   W expert: both expert (whole, with their expert's rank).
- * The router and the shared expert are never targets.
+ * The router and the shared expert are never targets. A target with a
+ * shared A (the Mamba-3 in-projection's seven row blocks: one adapter on the
+ * stacked Win) emits its A once, named after the stack ("mixer.in_proj"),
+ * before the first block's B; each block has its own B (its rows of the
+ * stacked B). The model binds each B to the nearest A before it.
  */
 struct lora_walk {
     mt_pspec_fn fn;
     void       *user;
     unsigned    mask;
     int         r;
+    const char *shared;   /* the shared A already emitted in this walk, or NULL */
 };
 
-static unsigned lora_target_bit(const struct mt_pspec *b)
+struct lora_target {
+    const char *suffix;   /* the base matrix' suffix, or its prefix when prefix != 0 */
+    unsigned    bit;
+    int         prefix;
+    const char *shared;   /* the shared A's name (without ".lora_A.weight"), or NULL */
+};
+
+static const struct lora_target *lora_target_of(const struct mt_pspec *b)
 {
-    static const struct { const char *suffix; unsigned bit; } t[] = {
-        {"self_attn.q_proj.weight", MT_LORA_Q},   {"self_attn.k_proj.weight", MT_LORA_K},
-        {"self_attn.v_proj.weight", MT_LORA_V},   {"self_attn.o_proj.weight", MT_LORA_O},
-        {"mlp.gate_proj.weight", MT_LORA_GATE},   {"mlp.up_proj.weight", MT_LORA_UP},
-        {"mlp.down_proj.weight", MT_LORA_DOWN},
+    static const struct lora_target t[] = {
+        {"self_attn.q_proj.weight", MT_LORA_Q, 0, NULL},   {"self_attn.k_proj.weight", MT_LORA_K, 0, NULL},
+        {"self_attn.v_proj.weight", MT_LORA_V, 0, NULL},   {"self_attn.o_proj.weight", MT_LORA_O, 0, NULL},
+        {"mlp.gate_proj.weight", MT_LORA_GATE, 0, NULL},   {"mlp.up_proj.weight", MT_LORA_UP, 0, NULL},
+        {"mlp.down_proj.weight", MT_LORA_DOWN, 0, NULL},
+        {"mixer.in_proj_", MT_LORA_IN_PROJ, 1, "mixer.in_proj"},
+        {"mixer.out_proj.weight", MT_LORA_OUT_PROJ, 0, NULL},
     };
-    if (b->ndim != 2) return 0;
-    if (b->role == MT_ROLE_EXPERT) return MT_LORA_EXPERT;
+    static const struct lora_target expert = {"", MT_LORA_EXPERT, 1, NULL};
+    if (b->ndim != 2) return NULL;
+    if (b->role == MT_ROLE_EXPERT) return &expert;
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
-        if (!strcmp(b->suffix, t[i].suffix)) return t[i].bit;
-    return 0;
+        if (t[i].prefix ? !strncmp(b->suffix, t[i].suffix, strlen(t[i].suffix)) : !strcmp(b->suffix, t[i].suffix))
+            return &t[i];
+    return NULL;
+}
+
+/* The layout classes of A and B for a base of layout l; -1: no rule (the
+ * model refuses such a target at startup, mt_blocks_lora_rule). */
+static int lora_layouts(enum mt_layout l, enum mt_layout *la, enum mt_layout *lb)
+{
+    switch (l) {
+    case MT_LAYOUT_TP_ROWS: *la = MT_LAYOUT_MODEL_PARTIAL; *lb = MT_LAYOUT_TP_ROWS; return 0;
+    case MT_LAYOUT_TP_COLS: *la = MT_LAYOUT_TP_COLS; *lb = MT_LAYOUT_MODEL_PARTIAL; return 0;
+    case MT_LAYOUT_EXPERT:  *la = *lb = l; return 0;
+    default:                *la = *lb = l; return -1;
+    }
 }
 
 static void lora_emit(void *user, const struct mt_pspec *b)
 {
     struct lora_walk *w = user;
-    if (!(lora_target_bit(b) & w->mask)) return;
+    const struct lora_target *tg = lora_target_of(b);
+    if (!tg || !(tg->bit & w->mask)) return;
     enum mt_layout la, lb;
-    switch (b->layout) {
-    case MT_LAYOUT_TP_ROWS: la = MT_LAYOUT_MODEL_PARTIAL; lb = MT_LAYOUT_TP_ROWS; break;
-    case MT_LAYOUT_TP_COLS: la = MT_LAYOUT_TP_COLS; lb = MT_LAYOUT_MODEL_PARTIAL; break;
-    default:                la = lb = b->layout; break;
-    }
+    (void)lora_layouts(b->layout, &la, &lb);
     char sa[96], sb[96];
     size_t n = strlen(b->suffix) - strlen(".weight");
-    snprintf(sa, sizeof sa, "%.*s.lora_A.weight", (int)n, b->suffix);
     snprintf(sb, sizeof sb, "%.*s.lora_B.weight", (int)n, b->suffix);
+    if (tg->shared) snprintf(sa, sizeof sa, "%s.lora_A.weight", tg->shared);
+    else snprintf(sa, sizeof sa, "%.*s.lora_A.weight", (int)n, b->suffix);
     const struct mt_pspec a = {sa, b->expert, 2, w->r, b->cols, MT_SCALE_LORA_A, b->role, la, -1};
     const struct mt_pspec bb = {sb, b->expert, 2, b->rows, w->r, MT_SCALE_ZEROS, b->role, lb, -1};
-    w->fn(w->user, &a);
+    if (!tg->shared || w->shared != tg->shared) w->fn(w->user, &a);
+    w->shared = tg->shared;
     w->fn(w->user, &bb);
+}
+
+/* mt_blocks_lora_rule: the first targeted base tensor whose layout class has
+ * no adapter rule (e.g. a replicated matrix whose gradient is a partial sum
+ * over the model group: neither A nor B could be split or left whole
+ * consistently), for the startup check. */
+struct lora_rule_walk {
+    unsigned    mask;
+    const char *bad;
+};
+
+static void lora_rule_visit(void *user, const struct mt_pspec *b)
+{
+    struct lora_rule_walk *w = user;
+    const struct lora_target *tg = lora_target_of(b);
+    enum mt_layout la, lb;
+    if (!w->bad && tg && (tg->bit & w->mask) && lora_layouts(b->layout, &la, &lb) != 0) w->bad = b->suffix;
 }
 
 static void piece_params(const struct mt_config *cfg, const struct mt_piece *pc, const struct mt_block_shape *s,
@@ -108,7 +152,7 @@ static void piece_params(const struct mt_config *cfg, const struct mt_piece *pc,
 {
     pc->params(s, fn, user);
     if (cfg->lora_rank <= 0) return;
-    struct lora_walk w = { fn, user, 0, cfg->lora_rank };
+    struct lora_walk w = { fn, user, 0, cfg->lora_rank, NULL };
     char bad[64];
     if (mt_config_lora_mask(cfg->lora_targets, &w.mask, bad, sizeof bad) != 0) return;   /* resolve refused it */
     pc->params(s, lora_emit, &w);
@@ -120,6 +164,19 @@ void mt_blocks_layer_params(const struct mt_config *cfg, const struct mt_block_s
     const struct mt_block_kind *k = &kinds[mt_blocks_layer_kind(cfg, l)];
     piece_params(cfg, k->mixer, s, fn, user);
     piece_params(cfg, k->ffn, s, fn, user);
+}
+
+const char *mt_blocks_lora_rule(const struct mt_config *cfg, unsigned mask)
+{
+    struct mt_block_shape s;
+    mt_blocks_shape(cfg, &s);
+    struct lora_rule_walk w = { mask, NULL };
+    for (int l = 0; l < cfg->n_layer && !w.bad; l++) {
+        const struct mt_block_kind *k = &kinds[mt_blocks_layer_kind(cfg, l)];
+        k->mixer->params(&s, lora_rule_visit, &w);
+        k->ffn->params(&s, lora_rule_visit, &w);
+    }
+    return w.bad;
 }
 
 void mt_blocks_comm_counts(const struct mt_config *cfg, int l0, int l1, struct mt_blocks_comm *out)

@@ -24,28 +24,56 @@
  */
 #include "model_impl.h"
 
+/*
+ * One A shared by nb base matrices W_b (rows_b, in) stacked into one
+ * projection (the Mamba-3 in-projection's seven row blocks, docs/lora.md):
+ * B_b (rows_b, r) are the row blocks of the stacked B. y_b are column slices
+ * of y (n, ldy), in block order. With nb = 1 this is the plain adapter.
+ *     t = x A^T (once);  y_b += s t B_b^T
+ * Backward (t recomputed):
+ *     dB_b += s dy_b^T t;  dt = s sum_b dy_b B_b;  dA += dt^T x;  dx += dt A
+ */
+void lora_fwd_add(const struct mt_ops_i *ops, float *t, float *y, int ldy, const float *x,
+                  const struct mt_param *const *w, const int *rows, int nb, int n, int in)
+{
+    if (n <= 0 || !w[0]->lora_a) return;
+    const struct mt_param *A = w[0]->lora_a;
+    const int r = (int)A->len[0];
+    linear_forward(ops, t, x, A->data, n, in, r, 0.0f);                                  /* t = x A^T      */
+    for (int b = 0, off = 0; b < nb; off += rows[b], b++)
+        if (rows[b] > 0)
+            ops->gemm(0, 1, n, rows[b], r, w[b]->lora_scale, t, r, w[b]->lora_b->data, r, 1.0f, y + off, ldy);
+}
+
+void lora_bwd_add(const struct mt_ops_i *ops, float *t, float *dt, float *dx, const float *dy, int ldy, const float *x,
+                  struct mt_param *const *w, const int *rows, int nb, int n, int in)
+{
+    if (n <= 0 || !w[0]->lora_a) return;
+    struct mt_param *A = w[0]->lora_a;
+    const int r = (int)A->len[0];
+    linear_forward(ops, t, x, A->data, n, in, r, 0.0f);                                  /* t = x A^T      */
+    for (int b = 0, off = 0, first = 1; b < nb; off += rows[b], b++) {
+        if (rows[b] <= 0) continue;
+        struct mt_param *B = w[b]->lora_b;
+        const float s = w[b]->lora_scale;
+        ops->gemm(1, 0, rows[b], r, n, s, dy + off, ldy, t, r, 1.0f, B->grad, r);         /* term 1         */
+        ops->gemm(0, 0, n, r, rows[b], s, dy + off, ldy, B->data, r, first ? 0.0f : 1.0f, dt, r);   /* dt */
+        first = 0;
+    }
+    ops->gemm(1, 0, r, in, n, 1.0f, dt, r, x, in, 1.0f, A->grad, in);                    /* term 2: dA     */
+    if (dx) ops->gemm(0, 0, n, in, r, 1.0f, dt, r, A->data, in, 1.0f, dx, in);           /* term 3         */
+}
+
 void proj_fwd(const struct mt_ops_i *ops, float *t, float *y, const float *x, const struct mt_param *w, int n, int in,
               int out, float beta)
 {
     linear_forward(ops, y, x, w->data, n, in, out, beta);
-    if (!w->lora_a || n <= 0) return;
-    const struct mt_param *A = w->lora_a, *B = w->lora_b;
-    const int r = (int)A->len[0];
-    linear_forward(ops, t, x, A->data, n, in, r, 0.0f);                            /* t = x A^T      */
-    ops->gemm(0, 1, n, out, r, w->lora_scale, t, r, B->data, r, 1.0f, y, out);     /* y += s t B^T   */
+    lora_fwd_add(ops, t, y, out, x, &w, &out, 1, n, in);
 }
 
 void proj_bwd(const struct mt_ops_i *ops, float *t, float *dt, float *dx, float beta_dx, struct mt_param *w,
               const float *dy, const float *x, int n, int in, int out)
 {
     linear_backward(ops, dx, beta_dx, w->frozen ? NULL : w->grad, dy, x, w->data, n, in, out);
-    if (!w->lora_a || n <= 0) return;
-    struct mt_param *A = w->lora_a, *B = w->lora_b;
-    const int r = (int)A->len[0];
-    const float s = w->lora_scale;
-    linear_forward(ops, t, x, A->data, n, in, r, 0.0f);                            /* t = x A^T      */
-    ops->gemm(1, 0, out, r, n, s, dy, out, t, r, 1.0f, B->grad, r);                /* term 1         */
-    ops->gemm(0, 0, n, r, out, s, dy, out, B->data, r, 0.0f, dt, r);               /* term 2: dt     */
-    ops->gemm(1, 0, r, in, n, 1.0f, dt, r, x, in, 1.0f, A->grad, in);              /*         dA     */
-    if (dx) ops->gemm(0, 0, n, in, r, 1.0f, dt, r, A->data, in, 1.0f, dx, in);     /* term 3         */
+    lora_bwd_add(ops, t, dt, dx, dy, out, x, &w, &out, 1, n, in);
 }

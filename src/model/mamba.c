@@ -157,6 +157,55 @@ static void mamba_weights(const struct mt_layer_w *w, int use_grad, struct mt_ma
 #undef MB_PICK
 }
 
+/*
+ * LoRA (docs/lora.md): the in-projection's seven blocks share one adapter A
+ * (r, D) -- one low-rank update of the stacked Win, as SPEC 1d's "in
+ * projection" -- with B cut into the blocks' rows (mixer.in_proj_<blk>.lora_B);
+ * the out-projection has its own A, B (proj_fwd / proj_bwd). The mixer runs in
+ * stages (mt_mamba3.h) so the adapters' terms join proj / dyn / dh:
+ *     proj_b += s (h A_in^T) B_b^T;   out = yn Wout^T + s (yn A_out^T) B_out^T
+ * Under TP: h is whole, A_in whole (its gradient partial over the model
+ * group), B_b this rank's rows of each block; yn holds this rank's heads'
+ * channels, A_out their columns, B_out whole (gradient partial), and the
+ * adapter's output joins the partial sum the TP exit reduces.
+ */
+static void in_rows(const struct mt_layer_w *w, int rows[7])
+{
+    for (int b = 0; b < 7; b++) rows[b] = (int)w->mwin[b]->len[0];
+}
+
+static void mixer_fwd_lora(const struct mt_piece_ctx *pc, float *out, const float *h, const struct mt_mamba3_weights *w,
+                           float *state, int B, int T, int pos0)
+{
+    const struct mt_ops_i *ops = pc->ops;
+    struct mt_layer *ly = pc->ly;
+    const int n = B * T, D = pc->D, E = pc->mdims->H * pc->mdims->P, W = mt_mamba3_in_width(pc->mdims);
+    int rows[7];
+    in_rows(&ly->w, rows);
+    mt_mamba3_in_forward(ops, ly->mb.proj, h, w, pc->mdims, n);
+    lora_fwd_add(ops, pc->s_lora, ly->mb.proj, W, h, (const struct mt_param *const *)ly->w.mwin, rows, 7, n, D);
+    if (state) mt_mamba3_decode_mix(ops, &ly->mb, state, w, pc->mdims, T, pos0);
+    else mt_mamba3_mix_forward(ops, &ly->mb, w, pc->mdims, B, T);
+    proj_fwd(ops, pc->s_lora, out, ly->mb.yn, ly->w.mwout, n, E, D, 0.0f);
+}
+
+static void mixer_bwd_lora(const struct mt_piece_ctx *pc, const float *dy, const struct mt_mamba3_weights *w,
+                           struct mt_mamba3_weights *g)
+{
+    const struct mt_ops_i *ops = pc->ops;
+    struct mt_layer *ly = pc->ly;
+    struct mt_mamba3_scratch *s = pc->mb_s;
+    const int n = pc->B * pc->T, D = pc->D, E = pc->mdims->H * pc->mdims->P, W = mt_mamba3_in_width(pc->mdims);
+    int rows[7];
+    in_rows(&ly->w, rows);
+    for (int b = 0; b < 7; b++)
+        if (ly->w.mwin[b]->frozen) g->win_part[b] = NULL;   /* no weight gradient for the frozen base */
+    proj_bwd(ops, pc->s_lora, pc->s_dlora, s->dyn, 0.0f, ly->w.mwout, dy, ly->mb.yn, n, E, D);
+    mt_mamba3_mix_backward(ops, g, s, &ly->mb, w, pc->mdims, pc->B, pc->T);
+    mt_mamba3_in_backward(ops, pc->dh, 0, g, s->dproj, ly->h_attn, w, pc->mdims, n);
+    lora_bwd_add(ops, pc->s_lora, pc->s_dlora, pc->dh, s->dproj, W, ly->h_attn, ly->w.mwin, rows, 7, n, D);
+}
+
 static enum mt_status mamba_forward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a)
 {
     const struct mt_ops_i *ops = pc->ops;
@@ -169,7 +218,8 @@ static enum mt_status mamba_forward(struct mt_ctx *ctx, const struct mt_piece_ct
         struct mt_mamba3_weights w;
         mamba_weights(&ly->w, 0, &w);
         ops->rmsnorm_forward(ly->h_attn_n, ly->rstd_attn, ly->x_in, ly->w.ln1->data, n, D, pc->norm_eps);
-        mt_mamba3_decode(ops, ly->x_mid, &ly->mb, a->kcache, ly->h_attn_n, &w, pc->mdims, a->T, a->pos0);
+        if (pc->lora) mixer_fwd_lora(pc, ly->x_mid, ly->h_attn_n, &w, a->kcache, 1, a->T, a->pos0);
+        else mt_mamba3_decode(ops, ly->x_mid, &ly->mb, a->kcache, ly->h_attn_n, &w, pc->mdims, a->T, a->pos0);
         ops->axpby(ly->x_mid, ly->x_in, 1.0f, 1.0f, (size_t)n * D);
         return MT_OK;
     }
@@ -179,14 +229,16 @@ static enum mt_status mamba_forward(struct mt_ctx *ctx, const struct mt_piece_ct
     ops->rmsnorm_forward(ly->h_attn_n, ly->rstd_attn, ly->x_in, ly->w.ln1->data, Nr, D, pc->norm_eps);
     if (pc->tp.tp == 1) {
         /* x_mid = mamba3(h), then += x_in (the residual path) */
-        mt_mamba3_forward(ops, ly->x_mid, &ly->mb, ly->h_attn_n, &w, pc->mdims, a->B, a->T);
+        if (pc->lora) mixer_fwd_lora(pc, ly->x_mid, ly->h_attn_n, &w, NULL, a->B, a->T, 0);
+        else mt_mamba3_forward(ops, ly->x_mid, &ly->mb, ly->h_attn_n, &w, pc->mdims, a->B, a->T);
         ops->axpby(ly->x_mid, ly->x_in, 1.0f, 1.0f, (size_t)n * D);
         return MT_OK;
     }
     /* TP region, like attention: this rank's heads and groups over all n rows;
      * Wout holds their columns, so the output is a partial sum (TP exit) */
     if (pc->tp.sp) MT_CHECK(tpa_gather_rows(ctx, &pc->tp, ly->h_attn, ly->h_attn_n, Nr, D));
-    mt_mamba3_forward(ops, pc->s_red, &ly->mb, ly->h_attn, &w, pc->mdims, a->B, a->T);
+    if (pc->lora) mixer_fwd_lora(pc, pc->s_red, ly->h_attn, &w, NULL, a->B, a->T, 0);
+    else mt_mamba3_forward(ops, pc->s_red, &ly->mb, ly->h_attn, &w, pc->mdims, a->B, a->T);
     ops->copy(ly->x_mid, ly->x_in, (size_t)Nr * D * sizeof(float));
     return tpa_exit_add(ctx, &pc->tp, ly->x_mid, pc->s_red, pc->s_full);
 }
@@ -207,7 +259,8 @@ static enum mt_status mamba_backward(struct mt_ctx *ctx, const struct mt_piece_c
         dy = pc->s_full;
     }
     /* dh = d h (overwritten; under TP this rank's heads' partial sum), every mixer gradient += */
-    mt_mamba3_backward(ops, pc->dh, 0, &g, pc->mb_s, dy, ly->h_attn, &ly->mb, &w, pc->mdims, pc->B, pc->T);
+    if (pc->lora) mixer_bwd_lora(pc, dy, &w, &g);
+    else mt_mamba3_backward(ops, pc->dh, 0, &g, pc->mb_s, dy, ly->h_attn, &ly->mb, &w, pc->mdims, pc->B, pc->T);
     /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
     const float *dhr = pc->dh;
     if (pc->tp.sp) {

@@ -99,7 +99,7 @@ static void in_blocks(const struct mt_mamba3_dims *d, int rows[7])
 }
 
 /* proj (n, W) = h Win^T, from the whole Win or its seven blocks (column slices of proj) */
-static void in_forward(const struct mt_ops_i *ops, float *proj, const float *h, const struct mt_mamba3_weights *w,
+void mt_mamba3_in_forward(const struct mt_ops_i *ops, float *proj, const float *h, const struct mt_mamba3_weights *w,
                        const struct mt_mamba3_dims *d, int n)
 {
     const int W = mt_mamba3_in_width(d);
@@ -113,7 +113,7 @@ static void in_forward(const struct mt_ops_i *ops, float *proj, const float *h, 
 }
 
 /* dWin += dproj^T h;  dh (=/+=) dproj Win, whole or by blocks */
-static void in_backward(const struct mt_ops_i *ops, float *dh, int accumulate, struct mt_mamba3_weights *g,
+void mt_mamba3_in_backward(const struct mt_ops_i *ops, float *dh, int accumulate, struct mt_mamba3_weights *g,
                         const float *dproj, const float *h, const struct mt_mamba3_weights *w,
                         const struct mt_mamba3_dims *d, int n)
 {
@@ -140,8 +140,16 @@ static void in_backward(const struct mt_ops_i *ops, float *dh, int accumulate, s
 void mt_mamba3_forward(const struct mt_ops_i *ops, float *out, struct mt_mamba3_acts *a, const float *h,
                        const struct mt_mamba3_weights *w, const struct mt_mamba3_dims *d, int B, int T)
 {
+    const int n = B * T, E = d->H * d->P;
+    mt_mamba3_in_forward(ops, a->proj, h, w, d, n);
+    mt_mamba3_mix_forward(ops, a, w, d, B, T);
+    ops->gemm(0, 1, n, d->D, E, 1.0f, a->yn, E, w->wout, E, 0.0f, out, d->D);
+}
+
+void mt_mamba3_mix_forward(const struct mt_ops_i *ops, struct mt_mamba3_acts *a, const struct mt_mamba3_weights *w,
+                           const struct mt_mamba3_dims *d, int B, int T)
+{
     const int n = B * T, E = d->H * d->P, W = mt_mamba3_in_width(d);
-    in_forward(ops, a->proj, h, w, d, n);
     ops->ssm_prep_forward(a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, a->rstd_bc, NULL, a->proj, w->dt_bias,
                           w->A_log, w->gB, w->gC, w->B_bias, w->C_bias, B, T, d->H, d->P, d->G, d->N,
                           d->eps_bc);
@@ -149,7 +157,6 @@ void mt_mamba3_forward(const struct mt_ops_i *ops, float *out, struct mt_mamba3_
                           d->chunk);
     /* z is the first E columns of proj */
     ops->ssm_gate_norm_forward(a->yn, a->rstd_o, a->ys, a->proj, W, w->g_out, n, E, d->G, d->eps_out);
-    ops->gemm(0, 1, n, d->D, E, 1.0f, a->yn, E, w->wout, E, 0.0f, out, d->D);
 }
 
 void mt_mamba3_backward(const struct mt_ops_i *ops, float *dh, int accumulate, struct mt_mamba3_weights *g,
@@ -157,10 +164,20 @@ void mt_mamba3_backward(const struct mt_ops_i *ops, float *dh, int accumulate, s
                         const struct mt_mamba3_acts *a, const struct mt_mamba3_weights *w,
                         const struct mt_mamba3_dims *d, int B, int T)
 {
-    const int n = B * T, E = d->H * d->P, W = mt_mamba3_in_width(d);
+    const int n = B * T, E = d->H * d->P;
     /* term 1 */
     if (g->wout) ops->gemm(1, 0, d->D, E, n, 1.0f, dout, d->D, a->yn, E, 1.0f, g->wout, E);  /* NULL: frozen */
     ops->gemm(0, 0, n, E, d->D, 1.0f, dout, d->D, w->wout, E, 0.0f, s->dyn, E);
+    mt_mamba3_mix_backward(ops, g, s, a, w, d, B, T);
+    /* term 5 */
+    mt_mamba3_in_backward(ops, dh, accumulate, g, s->dproj, h, w, d, n);
+}
+
+void mt_mamba3_mix_backward(const struct mt_ops_i *ops, struct mt_mamba3_weights *g, struct mt_mamba3_scratch *s,
+                            const struct mt_mamba3_acts *a, const struct mt_mamba3_weights *w,
+                            const struct mt_mamba3_dims *d, int B, int T)
+{
+    const int n = B * T, E = d->H * d->P, W = mt_mamba3_in_width(d);
     /* term 2: dz lands in dproj's z columns */
     ops->ssm_gate_norm_backward(s->dys, s->dproj, g->g_out, s->dyn, a->ys, a->proj, W, w->g_out,
                                 a->rstd_o, n, E, d->G);
@@ -173,8 +190,6 @@ void mt_mamba3_backward(const struct mt_ops_i *ops, float *dh, int accumulate, s
                            s->dBh, s->dCh, s->ddt, s->dlam, s->dA, a->Bh, a->Ch, a->lam, a->A,
                            a->rstd_bc, a->proj, w->dt_bias, w->gB, w->gC, B, T, d->H, d->P, d->G,
                            d->N, d->eps_bc);
-    /* term 5 */
-    in_backward(ops, dh, accumulate, g, s->dproj, h, w, d, n);
 }
 
 size_t mt_mamba3_state_floats(const struct mt_mamba3_dims *d)
@@ -187,9 +202,17 @@ void mt_mamba3_decode(const struct mt_ops_i *ops, float *out, struct mt_mamba3_a
                       const float *h, const struct mt_mamba3_weights *w, const struct mt_mamba3_dims *d, int T,
                       int pos0)
 {
+    const int E = d->H * d->P;
+    mt_mamba3_in_forward(ops, a->proj, h, w, d, T);
+    mt_mamba3_decode_mix(ops, a, state, w, d, T, pos0);
+    ops->gemm(0, 1, T, d->D, E, 1.0f, a->yn, E, w->wout, E, 0.0f, out, d->D);
+}
+
+void mt_mamba3_decode_mix(const struct mt_ops_i *ops, struct mt_mamba3_acts *a, float *state,
+                          const struct mt_mamba3_weights *w, const struct mt_mamba3_dims *d, int T, int pos0)
+{
     const int E = d->H * d->P, W = mt_mamba3_in_width(d), HN = d->H * d->N;
     float *S = state, *xprev = S + (size_t)HN * d->P, *Bprev = xprev + E, *ang = Bprev + HN;
-    in_forward(ops, a->proj, h, w, d, T);
     /* the rotary cumsum continues from the carried angles (and writes them back) */
     ops->ssm_prep_forward(a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, a->rstd_bc, ang, a->proj, w->dt_bias,
                           w->A_log, w->gB, w->gC, w->B_bias, w->C_bias, 1, T, d->H, d->P, d->G, d->N, d->eps_bc);
@@ -198,5 +221,4 @@ void mt_mamba3_decode(const struct mt_ops_i *ops, float *out, struct mt_mamba3_a
                            a->Ch + (size_t)t * HN, a->dt + (size_t)t * d->H, a->lam + (size_t)t * d->H, a->A,
                            w->Dsk, 1, d->H, d->P, d->N, pos0 + t == 0);
     ops->ssm_gate_norm_forward(a->yn, a->rstd_o, a->ys, a->proj, W, w->g_out, T, E, d->G, d->eps_out);
-    ops->gemm(0, 1, T, d->D, E, 1.0f, a->yn, E, w->wout, E, 0.0f, out, d->D);
 }

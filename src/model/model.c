@@ -618,22 +618,25 @@ void mt_model_destroy(struct mt_ctx *ctx, struct mt_model *m)
 }
 
 /* LoRA: point each targeted base matrix at its adapters (registry entries
- * "<W>.lora_A.weight", "<W>.lora_B.weight" follow their piece's own
- * parameters, so the base is found by name, searching back). */
+ * "<W>.lora_B.weight" follow their piece's own parameters, each after its A:
+ * "<W>.lora_A.weight", or one A shared by a stack of blocks, blocks.c; so
+ * the base is found by name searching back, the A as the nearest before). */
 static void bind_lora(struct mt_model *m)
 {
     if (m->cfg.lora_rank <= 0) return;
     const float scale = m->cfg.lora_alpha / (float)m->cfg.lora_rank;
-    for (int i = 0; i + 1 < m->n_params; i++) {
-        struct mt_param *a = &m->params[i];
-        const char *tag = strstr(a->name, ".lora_A.weight");
-        if (!tag) continue;
+    struct mt_param *a = NULL;
+    for (int i = 0; i < m->n_params; i++) {
+        struct mt_param *b = &m->params[i];
+        if (strstr(b->name, ".lora_A.weight")) a = b;
+        const char *tag = strstr(b->name, ".lora_B.weight");
+        if (!tag || !a) continue;
         char base[128];
-        snprintf(base, sizeof base, "%.*s.weight", (int)(tag - a->name), a->name);
+        snprintf(base, sizeof base, "%.*s.weight", (int)(tag - b->name), b->name);
         for (int j = i - 1; j >= 0; j--)
             if (!strcmp(m->params[j].name, base)) {
                 m->params[j].lora_a = a;
-                m->params[j].lora_b = &m->params[i + 1];
+                m->params[j].lora_b = b;
                 m->params[j].lora_scale = scale;
                 break;
             }

@@ -306,6 +306,14 @@ void proj_fwd(const struct mt_ops_i *ops, float *t, float *y, const float *x, co
               int out, float beta);
 void proj_bwd(const struct mt_ops_i *ops, float *t, float *dt, float *dx, float beta_dx, struct mt_param *w,
               const float *dy, const float *x, int n, int in, int out);
+/* The adapter half alone, for one A shared by nb stacked base matrices w[b]
+ * (rows[b], in) whose outputs are column slices of y / dy (row stride ldy):
+ * y_b += s (x A^T) B_b^T; backward dB_b, dA +=, dx += (the base's GEMMs are
+ * the caller's). w[0]->lora_a is the A; nothing happens without one. */
+void lora_fwd_add(const struct mt_ops_i *ops, float *t, float *y, int ldy, const float *x,
+                  const struct mt_param *const *w, const int *rows, int nb, int n, int in);
+void lora_bwd_add(const struct mt_ops_i *ops, float *t, float *dt, float *dx, const float *dy, int ldy, const float *x,
+                  struct mt_param *const *w, const int *rows, int nb, int n, int in);
 
 /* ---- tp.c: the model axis (no-ops are never called: callers check tp > 1) ---- */
 enum mt_status tpa_gather_rows(struct mt_ctx *ctx, const struct mt_tp_axis *a, float *out, const float *in, int rows,

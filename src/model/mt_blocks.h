@@ -219,6 +219,10 @@ int mt_blocks_pattern_has(const struct mt_config *cfg, char letter);
 /* Global shape of cfg as pieces see it (one rank: e0 = 0, Ee = E). */
 void mt_blocks_shape(const struct mt_config *cfg, struct mt_block_shape *s);
 
+/* LoRA: the suffix of the first tensor targeted by `mask` whose layout
+ * class has no adapter rule (docs/lora.md), or NULL when every one has. */
+const char *mt_blocks_lora_rule(const struct mt_config *cfg, unsigned mask);
+
 /* Walk the parameters of block l, in registry order (mixer then ffn). */
 void mt_blocks_layer_params(const struct mt_config *cfg, const struct mt_block_shape *s, int l, mt_pspec_fn fn,
                             void *user);

@@ -1,8 +1,8 @@
 /*
  * mt_mamba3.h — the Mamba-3 SISO mixer (SPEC §1c, docs/mamba3.md) as a
  * standalone layer: forward and backward against the ops table, with its own
- * narrow context (dims, weights, saved activations). Not yet registered as a
- * block kind: the pattern letter `M` wires it into the model later.
+ * narrow context (dims, weights, saved activations). The model's `M` block
+ * (src/model/mamba.c) wraps it; with LoRA it runs the stages below.
  *
  * Shapes (docs/glossary.md letters, plus the mixer's): n = B*T rows, D model
  * dim, E = H*P inner dim (H heads of headdim P), G groups, N state (even),
@@ -81,6 +81,25 @@ void mt_mamba3_backward(const struct mt_ops_i *ops, float *dh, int accumulate, s
                         const struct mt_mamba3_acts *a, const struct mt_mamba3_weights *w,
                         const struct mt_mamba3_dims *d, int B, int T);
 
+/* The same forward / backward in stages, for a caller that adds to the
+ * projections (the model's LoRA adapters, src/model/mamba.c):
+ *   forward  = in_forward (proj = h Win^T) + mix_forward (proj -> yn) + out = yn Wout^T
+ *   backward = dWout += dout^T yn, dyn = dout Wout (into s->dyn)
+ *              + mix_backward (s->dyn -> s->dproj; mixer gradients +=)
+ *              + in_backward (dWin += dproj^T h, skipped for a NULL g->win_part[b];
+ *                dh =/+= dproj Win)
+ * mt_mamba3_forward / _backward are exactly these calls in this order. */
+void mt_mamba3_in_forward(const struct mt_ops_i *ops, float *proj, const float *h, const struct mt_mamba3_weights *w,
+                          const struct mt_mamba3_dims *d, int n);
+void mt_mamba3_mix_forward(const struct mt_ops_i *ops, struct mt_mamba3_acts *a, const struct mt_mamba3_weights *w,
+                           const struct mt_mamba3_dims *d, int B, int T);
+void mt_mamba3_mix_backward(const struct mt_ops_i *ops, struct mt_mamba3_weights *g, struct mt_mamba3_scratch *s,
+                            const struct mt_mamba3_acts *a, const struct mt_mamba3_weights *w,
+                            const struct mt_mamba3_dims *d, int B, int T);
+void mt_mamba3_in_backward(const struct mt_ops_i *ops, float *dh, int accumulate, struct mt_mamba3_weights *g,
+                           const float *dproj, const float *h, const struct mt_mamba3_weights *w,
+                           const struct mt_mamba3_dims *d, int n);
+
 /* Decoding (one sequence): the recurrent state of one layer, floats: the
  * scan state S (H, P, N), the previous token's x (H, P) and B (H, N) (the
  * trapezoid's beta term) and the carried rotary angles (H, N/2). Zero = the
@@ -93,5 +112,10 @@ size_t mt_mamba3_state_floats(const struct mt_mamba3_dims *d);
 void mt_mamba3_decode(const struct mt_ops_i *ops, float *out, struct mt_mamba3_acts *a, float *state,
                       const float *h, const struct mt_mamba3_weights *w, const struct mt_mamba3_dims *d, int T,
                       int pos0);
+
+/* mt_mamba3_decode's middle: a->proj (T, W) given, a->yn (T, E) out (the
+ * caller runs the projections: in_forward before, yn Wout^T after). */
+void mt_mamba3_decode_mix(const struct mt_ops_i *ops, struct mt_mamba3_acts *a, float *state,
+                          const struct mt_mamba3_weights *w, const struct mt_mamba3_dims *d, int T, int pos0);
 
 #endif /* MT_MAMBA3_H */

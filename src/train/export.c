@@ -841,6 +841,13 @@ static enum mt_status merge_lora(struct mt_ctx *ctx, const struct mt_config *cfg
     snprintf(na, sizeof na, "%.*s.lora_A.weight", (int)(L - 7), s->name);
     snprintf(nb, sizeof nb, "%.*s.lora_B.weight", (int)(L - 7), s->name);
     const struct mt_ckpt_tensor *ta = ckpt_find(ct, nct, na), *tb = ckpt_find(ct, nct, nb);
+    const char *us = strrchr(s->name, '_');
+    if (!ta && tb && us) {
+        /* a block of a stack with one shared A ("<stack>_<blk>.weight" -> "<stack>.lora_A.weight":
+         * the M blocks' in-projection, docs/lora.md) */
+        snprintf(na, sizeof na, "%.*s.lora_A.weight", (int)(us - s->name), s->name);
+        ta = ckpt_find(ct, nct, na);
+    }
     if (!ta || !tb) return MT_OK;
     struct mt_ckpt_tensor tw_at = {.offset = s->src_offset, .ndim = s->ndim, .shape = {s->shape[0], s->shape[1]}};
     snprintf(tw_at.name, sizeof tw_at.name, "%s", s->name);
@@ -882,6 +889,15 @@ enum mt_status mt_export_lora_adapter(struct mt_ctx *ctx, const char *ckpt_dir, 
     if (cfg.lora_rank <= 0)
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s is not a LoRA checkpoint (lora_rank=0): nothing to export "
                             "with --adapter", ckpt_dir);
+    {
+        /* the M blocks' adapters have no PEFT module names: a hybrid has no Hugging Face architecture */
+        unsigned m0 = 0;
+        char b0[64];
+        mt_config_lora_mask(cfg.lora_targets, &m0, b0, sizeof b0);
+        if (m0 & (MT_LORA_IN_PROJ | MT_LORA_OUT_PROJ))
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s has adapters on the M blocks' in_proj / out_proj: no PEFT "
+                                "names (a hybrid has no Hugging Face architecture); export --merge", ckpt_dir);
+    }
     MT_CHECK(check_overlap(ctx, ckpt_dir, out_dir, "checkpoint"));
     if (!force && access(out_dir, F_OK) == 0 && !dir_is_empty(out_dir) && !mt_file_exists_in(out_dir, "adapter_config.json"))
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "output %s is not empty and is not a previous adapter export "
