@@ -73,6 +73,7 @@ extern "C" {
 struct mt_cuda_lt_plan {
     int                     used;
     int                     ta, tb, m, n, k, lda, ldb, ldc, align_c;  /* the key (row-major view) */
+    int                     align_a, align_b; /* + operand alignments (256: packed scratch)   */
     int                     ok;         /* 0: no algorithm: the tile falls back to sgemm */
     cublasLtMatmulDesc_t    desc;
     cublasLtMatrixLayout_t  la, lb, lc; /* cuBLASLt's A (= our B), B (= our A), C = D     */
@@ -211,6 +212,9 @@ void mt_cuda_lt_plans_release(void);
 void mt_cuda_gemm(int transA, int transB, int M, int N, int K, float alpha,
                   const float *A, int lda, const float *B, int ldb,
                   float beta, float *C, int ldc);
+void mt_cuda_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, const void *A, enum mt_elem a_type,
+                       int lda, const void *B, enum mt_elem b_type, int ldb, float beta, float *C, int ldc);
+void mt_cuda_cast_bf16(mt_bf16 *dst, const float *src, size_t n);
 void mt_cuda_gemm_grouped(int transA, int transB, int n, const int *M, const int *N, const int *K, float alpha,
                           const float *const *A, int lda, const float *const *B, int ldb, float beta,
                           float *const *C, int ldc);

@@ -77,6 +77,8 @@ static const struct mt_ops_i cuda_ops = {
     /* .all_finite           = */ .all_finite           = mt_cuda_all_finite,
     /* .gemm                 = */ .gemm                 = mt_cuda_gemm,
     /* .gemm_grouped         = */ .gemm_grouped         = mt_cuda_gemm_grouped,
+    /* .gemm_bf16            = */ .gemm_bf16            = mt_cuda_gemm_bf16,
+    /* .cast_bf16            = */ .cast_bf16            = mt_cuda_cast_bf16,
     /* .embed_forward        = */ .embed_forward        = mt_cuda_embed_forward,
     /* .embed_backward       = */ .embed_backward       = mt_cuda_embed_backward,
     /* .rmsnorm_forward      = */ .rmsnorm_forward      = mt_cuda_rmsnorm_forward,
