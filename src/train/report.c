@@ -525,6 +525,10 @@ static char *gpu_json(const struct run_state *rs, const struct mt_receipt *r)
     cJSON_AddStringToObject(g, "precision_source", in.precision_source);
     cJSON_AddNumberToObject(g, "gemm_bf16_calls", (double)in.gemm_bf16_calls);
     cJSON_AddNumberToObject(g, "gemm_bf16_fallbacks", (double)in.gemm_bf16_fallbacks);
+    /* precision=bf16: matmuls on operands as stored (the shadows), and the
+     * fp32 operand elements still rounded inside GEMM calls (activations) */
+    cJSON_AddNumberToObject(g, "gemm_bf16_direct", (double)in.gemm_bf16_direct);
+    cJSON_AddNumberToObject(g, "gemm_bf16_cast_elems", (double)in.gemm_bf16_cast_elems);
     cJSON_AddNumberToObject(g, "gemm_grouped_calls", (double)in.gemm_grouped_calls);
     cJSON_AddNumberToObject(g, "gemm_grouped_loops", (double)in.gemm_grouped_loops);
     /* memory: the allocator's peaks (device buffers, by bucket; the plan
