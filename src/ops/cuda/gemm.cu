@@ -1,6 +1,6 @@
 /*
  * gemm.cu — C = alpha op(A) op(B) + beta C (row-major), fp32 through
- * cublasSgemm or bf16 through cuBLASLt, as mt_cuda_g.precision says.
+ * cublasSgemm or bf16 through cuBLASLt, as mt_cuda_be->precision says.
  *
  * Row-major onto column-major: a row-major (R, S) matrix with leading
  * dimension ld is, byte for byte, the column-major (S, R) matrix (its
@@ -99,7 +99,7 @@ static inline int align_of(const void *p)
 static void sgemm(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
                   int ldb, float beta, float *C, int ldc)
 {
-    MT_CUBLAS_CHECK(cublasSgemm(mt_cuda_g.blas, transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N,
+    MT_CUBLAS_CHECK(cublasSgemm(mt_cuda_be->blas, transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N,
                                 N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc));
 }
 
@@ -116,8 +116,8 @@ static void plan_release(struct mt_cuda_lt_plan *p)
 
 extern "C" void mt_cuda_lt_plans_release(void)
 {
-    for (int i = 0; i < MT_CUDA_LT_PLANS; i++) plan_release(&mt_cuda_g.plans[i]);
-    mt_cuda_g.plan_next = 0;
+    for (int i = 0; i < MT_CUDA_LT_PLANS; i++) plan_release(&mt_cuda_be->plans[i]);
+    mt_cuda_be->plan_next = 0;
 }
 
 /* Descriptors and algorithm for one bf16 tile, in the column-major view:
@@ -158,7 +158,7 @@ static int plan_build(struct mt_cuda_lt_plan *p)
         int n_res = 0;
         memset(&res, 0, sizeof res);
         /* "no algorithm" is an answer, not an error: the tile falls back */
-        cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(mt_cuda_g.lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1,
+        cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(mt_cuda_be->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1,
                                                            &res, &n_res);
         if (st == CUBLAS_STATUS_SUCCESS && n_res > 0 && res.state == CUBLAS_STATUS_SUCCESS &&
             res.workspaceSize <= MT_CUDA_LT_WS_BYTES) {
@@ -177,13 +177,13 @@ static struct mt_cuda_lt_plan *plan_get(int ta, int tb, int m, int n, int k, int
                                         int align_a, int align_b)
 {
     for (int i = 0; i < MT_CUDA_LT_PLANS; i++) {
-        struct mt_cuda_lt_plan *p = &mt_cuda_g.plans[i];
+        struct mt_cuda_lt_plan *p = &mt_cuda_be->plans[i];
         if (p->used && p->ta == ta && p->tb == tb && p->m == m && p->n == n && p->k == k && p->lda == lda &&
             p->ldb == ldb && p->ldc == ldc && p->align_c == align_c && p->align_a == align_a && p->align_b == align_b)
             return p;
     }
-    struct mt_cuda_lt_plan *p = &mt_cuda_g.plans[mt_cuda_g.plan_next];
-    mt_cuda_g.plan_next = (mt_cuda_g.plan_next + 1) % MT_CUDA_LT_PLANS;
+    struct mt_cuda_lt_plan *p = &mt_cuda_be->plans[mt_cuda_be->plan_next];
+    mt_cuda_be->plan_next = (mt_cuda_be->plan_next + 1) % MT_CUDA_LT_PLANS;
     plan_release(p);
     p->ta = ta; p->tb = tb; p->m = m; p->n = n; p->k = k;
     p->lda = lda; p->ldb = ldb; p->ldc = ldc; p->align_c = align_c;
@@ -205,7 +205,7 @@ static void to_bf16(__nv_bfloat16 *dst, int ldd, const void *src, enum mt_elem t
         MT_LAUNCH(to_bf16_k<__nv_bfloat16>, mt_cuda_blocks((size_t)rows * (size_t)cols, 256), 256, 0)(
             dst, ldd, (const __nv_bfloat16 *)src, lds, rows, cols);
     } else {
-        mt_cuda_g.info.gemm_bf16_cast_elems += (long)rows * (long)cols;
+        mt_cuda_be->info.gemm_bf16_cast_elems += (long)rows * (long)cols;
         MT_LAUNCH(to_bf16_k<float>, mt_cuda_blocks((size_t)rows * (size_t)cols, 256), 256, 0)(
             dst, ldd, (const float *)src, lds, rows, cols);
     }
@@ -234,7 +234,7 @@ static int fit_rows(size_t avail, size_t per_row, int total)
 static void gemm_bf16(int ta, int tb, int M, int N, int K, float alpha, const void *A, enum mt_elem at, int lda,
                       const void *B, enum mt_elem bt, int ldb, float beta, float *C, int ldc)
 {
-    const size_t cap = mt_cuda_g.bf16_cap;
+    const size_t cap = mt_cuda_be->bf16_cap;
     const size_t per_a = (size_t)2 * (size_t)(ta ? K : pad8(K)), per_b = (size_t)2 * (size_t)(tb ? pad8(K) : K);
     int mc = M, nc = N;
     if (bytes_a(ta, M, K) + bytes_b(tb, N, K) > cap) {
@@ -270,13 +270,13 @@ static void gemm_bf16(int ta, int tb, int M, int N, int K, float alpha, const vo
                     MT_CUDA_UNSUPPORTED("cuBLASLt has no bf16 algorithm for a tile with a bf16 operand");
                     return;
                 }
-                mt_cuda_g.info.gemm_bf16_fallbacks++;
+                mt_cuda_be->info.gemm_bf16_fallbacks++;
                 sgemm(ta, tb, mm, nn, K, alpha, (const float *)a0, lda, (const float *)b0, ldb, beta, c0, ldc);
                 continue;
             }
-            mt_cuda_g.info.gemm_bf16_calls++;
-            MT_CUBLASLT_OK(cublasLtMatmul(mt_cuda_g.lt, p->desc, &alpha, sb, p->la, sa, p->lb, &beta, c0, p->lc, c0,
-                                          p->lc, &p->algo, mt_cuda_g.lt_ws, p->ws, mt_cuda_g.stream));
+            mt_cuda_be->info.gemm_bf16_calls++;
+            MT_CUBLASLT_OK(cublasLtMatmul(mt_cuda_be->lt, p->desc, &alpha, sb, p->la, sa, p->lb, &beta, c0, p->lc, c0,
+                                          p->lc, &p->algo, mt_cuda_be->lt_ws, p->ws, mt_cuda_be->stream));
         }
     }
 }
@@ -292,7 +292,7 @@ extern "C" void mt_cuda_gemm(int transA, int transB, int M, int N, int K, float 
         MT_CUDA_KCHECK();
         return;
     }
-    if (mt_cuda_g.precision == MT_CUDA_PRECISION_BF16)
+    if (mt_cuda_be->precision == MT_CUDA_PRECISION_BF16)
         gemm_bf16(transA, transB, M, N, K, alpha, A, MT_ELEM_F32, lda, B, MT_ELEM_F32, ldb, beta, C, ldc);
     else
         sgemm(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -307,7 +307,7 @@ extern "C" void mt_cuda_gemm(int transA, int transB, int M, int N, int K, float 
  * the operands are packed (bf16 copied, fp32 rounded: counted in
  * gemm_bf16_cast_elems) into the padded scratch of the per-call path above.
  * The numbers are the same either way: bf16 products, fp32 accumulation,
- * K never split. Independent of mt_cuda_g.precision (the plain gemm entry
+ * K never split. Independent of mt_cuda_be->precision (the plain gemm entry
  * stays fp32 unless MT_CUDA_PRECISION=bf16 asks otherwise). */
 extern "C" void mt_cuda_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, const void *A,
                                   enum mt_elem a_type, int lda, const void *B, enum mt_elem b_type, int ldb,
@@ -325,10 +325,10 @@ extern "C" void mt_cuda_gemm_bf16(int transA, int transB, int M, int N, int K, f
                                              align_of(B));
         if (!p) return;  /* descriptor failure recorded */
         if (p->ok) {
-            mt_cuda_g.info.gemm_bf16_calls++;
-            mt_cuda_g.info.gemm_bf16_direct++;
-            MT_CUBLASLT_OK(cublasLtMatmul(mt_cuda_g.lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C,
-                                          p->lc, &p->algo, mt_cuda_g.lt_ws, p->ws, mt_cuda_g.stream));
+            mt_cuda_be->info.gemm_bf16_calls++;
+            mt_cuda_be->info.gemm_bf16_direct++;
+            MT_CUBLASLT_OK(cublasLtMatmul(mt_cuda_be->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C,
+                                          p->lc, &p->algo, mt_cuda_be->lt_ws, p->ws, mt_cuda_be->stream));
             return;
         }
     }
@@ -373,8 +373,8 @@ static void grouped_loop(int transA, int transB, int n, const int *M, const int 
                          const float *const *A, int lda, const float *const *B, int ldb, float beta,
                          float *const *C, int ldc, const char *why)
 {
-    mt_cuda_g.info.gemm_grouped_loops++;
-    snprintf(mt_cuda_g.info.gemm_grouped_fallback, sizeof mt_cuda_g.info.gemm_grouped_fallback, "%s", why);
+    mt_cuda_be->info.gemm_grouped_loops++;
+    snprintf(mt_cuda_be->info.gemm_grouped_fallback, sizeof mt_cuda_be->info.gemm_grouped_fallback, "%s", why);
     for (int g = 0; g < n; g++) mt_cuda_gemm(transA, transB, M[g], N[g], K[g], alpha, A[g], lda, B[g], ldb, beta, C[g], ldc);
 }
 
@@ -382,9 +382,9 @@ extern "C" void mt_cuda_gemm_grouped(int transA, int transB, int n, const int *M
                                      float alpha, const float *const *A, int lda, const float *const *B, int ldb,
                                      float beta, float *const *C, int ldc)
 {
-    mt_cuda_g.info.gemm_grouped_calls++;
+    mt_cuda_be->info.gemm_grouped_calls++;
     if (n <= 0) return;
-    if (mt_cuda_g.precision == MT_CUDA_PRECISION_BF16) {
+    if (mt_cuda_be->precision == MT_CUDA_PRECISION_BF16) {
         grouped_loop(transA, transB, n, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
                      "bf16 mode: grouped GEMM runs as a loop of cuBLASLt bf16 matmuls (no grouped Lt path yet)");
         return;
@@ -427,7 +427,7 @@ extern "C" void mt_cuda_gemm_grouped(int transA, int transB, int n, const int *M
         if (!dptr) return;   /* recorded (sticky OOM) */
         MT_LAUNCH(grouped_ptrs_k, 1, 3 * MT_CUDA_GROUP_CHUNK, 0)(pt, dptr, 3 * ng);
         MT_CUDA_KCHECK();
-        MT_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(mt_cuda_g.blas, ta, tb, m, nn, k, al, dptr, CUDA_R_32F, la,
+        MT_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(mt_cuda_be->blas, ta, tb, m, nn, k, al, dptr, CUDA_R_32F, la,
                                                    dptr + ng, CUDA_R_32F, lb, be, (void *const *)(dptr + 2 * ng),
                                                    CUDA_R_32F, lc, ng, gs, CUBLAS_COMPUTE_32F));
     }
