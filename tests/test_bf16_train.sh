@@ -9,7 +9,8 @@
 #   2. the bf16 shadows are device (backend) memory of the plan: the params
 #      bucket of the plan grows by exactly 2 bytes per shadowed weight (the
 #      attention/MLP matrices and the lm head: not the gains, not the
-#      embedding), and the measured params peak equals the plan;
+#      embedding), the acts bucket by the final norm's bf16 output (the lm
+#      head's operand), and the measured peaks equal the plan;
 #   3. the shadows are refreshed after every update and ZeRO-3 gather: dp=2
 #      with --zero 3 (weights gathered per unit), pp=2 (units on two stages)
 #      and tp=2 (sliced weights) in bf16 start equal to the one-rank bf16 run
@@ -54,6 +55,13 @@ assert pb - pa == want, (pb - pa, want)
 assert mb == pb, (mb, pb)
 assert b["memory"]["plan_bytes"]["grads"] == a["memory"]["plan_bytes"]["grads"]
 assert b["memory"]["plan_bytes"]["optim"] == a["memory"]["plan_bytes"]["optim"]   # fp32 master state unchanged
+# the lm head's bf16 operand, written by the final norm: (rows of a microbatch, D) bf16
+rows = c["batch_size"] // c["microbatches"] * c["seq_len"]
+twin = -(-2 * rows * D // 64) * 64
+da = b["memory"]["plan_bytes"]["acts"] - a["memory"]["plan_bytes"]["acts"]
+print("   plan acts +%d (h_final twin %d); measured bf16 acts %d" % (da, twin, b["memory"]["measured_peak_bytes"]["acts"]))
+assert da == twin, (da, twin)
+assert b["memory"]["measured_peak_bytes"]["acts"] == b["memory"]["plan_bytes"]["acts"]
 PY
 then ok "plan params bucket counts the bf16 shadows (2 bytes per shadowed weight); measured = plan"
 else bad "plan params bucket counts the bf16 shadows"; fi

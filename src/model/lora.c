@@ -27,7 +27,7 @@
 void proj_fwd(const struct mt_ops_i *ops, float *t, float *y, const float *x, const struct mt_param *w, int n, int in,
               int out, float beta)
 {
-    wlinear_forward(ops, y, x, w, n, in, out, beta);
+    wlinear_forward(ops, y, x, NULL, w, n, in, out, beta);
     if (!w->lora_a || n <= 0) return;
     const struct mt_param *A = w->lora_a, *B = w->lora_b;
     const int r = (int)A->len[0];
@@ -38,7 +38,7 @@ void proj_fwd(const struct mt_ops_i *ops, float *t, float *y, const float *x, co
 void proj_bwd(const struct mt_ops_i *ops, float *t, float *dt, float *dx, float beta_dx, struct mt_param *w,
               const float *dy, const float *x, int n, int in, int out)
 {
-    wlinear_backward(ops, dx, beta_dx, w->frozen ? NULL : w->grad, dy, x, w, n, in, out);
+    wlinear_backward(ops, dx, beta_dx, w->frozen ? NULL : w->grad, dy, x, NULL, w, n, in, out);
     if (!w->lora_a || n <= 0) return;
     struct mt_param *A = w->lora_a, *B = w->lora_b;
     const int r = (int)A->len[0];

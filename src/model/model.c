@@ -468,6 +468,8 @@ static void model_layout(struct mt_model *m, struct mt_carver *c)
         S->x_final = carve_f(c, A, Nr * D);
         if (m->last) {
             S->h_final = carve_f(c, A, Nr * D);
+            /* the twin only where the norm kernel can write it (plan: ops unknown, counted) */
+            if (m->bf16 && (!m->ops || m->ops->rmsnorm_forward_bf16)) S->h_final_bf16 = carve(c, A, Nr * D * 2);
             S->rstd_final = carve_f(c, A, Nr);
             S->logits = carve_f(c, A, Nr * (size_t)m->V);
             S->losses = carve_f(c, A, Nr);
@@ -1061,6 +1063,7 @@ void mt_model_set_slot(struct mt_model *m, int k)
     m->targets = S->targets;
     m->x_final = S->x_final;
     m->h_final = S->h_final;
+    m->h_final_bf16 = S->h_final_bf16;
     m->rstd_final = S->rstd_final;
     m->logits = S->logits;
     m->losses = S->losses;

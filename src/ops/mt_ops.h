@@ -109,6 +109,12 @@ struct mt_ops_i {
                             int N, int C, float eps);
     void (*rmsnorm_backward)(float *dinp, float *dweight, const float *dout, const float *inp,
                              const float *weight, const float *rstd, int N, int C, int accumulate);
+    /* precision=bf16: rmsnorm_forward (same out, same rstd) that also writes
+     * out_bf16 = bf16(out) (nearest even) from the same kernel: the GEMM
+     * operand, so the GEMMs reading the norm output convert nothing.
+     * Optional (NULL: the GEMMs round out per call). */
+    void (*rmsnorm_forward_bf16)(float *out, mt_bf16 *out_bf16, float *rstd, const float *inp,
+                                 const float *weight, int N, int C, float eps);
 
     /* ---- RoPE, rotate-half, in place allowed (out == inp) ----
      * x viewed as (N, nh, hd); row n has position pos0 + n % T.

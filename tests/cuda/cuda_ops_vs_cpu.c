@@ -206,7 +206,7 @@ static void test_table(void)
         E(attention_forward), E(attention_backward), E(swiglu_forward), E(swiglu_backward),
         E(xent_forward), E(xent_backward), E(router_forward), E(router_backward),
         E(moe_permute), E(moe_permute_backward), E(moe_combine), E(moe_combine_backward),
-        E(adamw_update), E(muon_momentum), E(transpose), E(gemm_bf16), E(cast_bf16),
+        E(adamw_update), E(muon_momentum), E(transpose), E(gemm_bf16), E(cast_bf16), E(rmsnorm_forward_bf16),
 #undef E
     };
     int missing = 0;
@@ -581,6 +581,36 @@ static void test_bf16_operands(void)
         report("bf16_operands", "cpu cast_bf16 = round to nearest even (differing)", (double)bad_host, 0);
         for (int p = 0; p < 3; p++) free(r[p]);
         free(x);
+    }
+    /* rmsnorm_forward_bf16: out and rstd as rmsnorm_forward (1e-5 vs cpu),
+     * and the twin is exactly the rounding of the out the kernel wrote */
+    {
+        const int N = 37, C = 200;
+        float *x = rnd((size_t)N * C, -2, 2), *w = rnd(C, 0.5, 1.5);
+        float *o[3], *rs[3];
+        uint16_t *ob[3];
+        for (int p = 0; p < 3; p++) {
+            struct be *b = BE(p);
+            float *dx = upf(b, x, (size_t)N * C), *dw = upf(b, w, C), *dout = upf(b, x, (size_t)N * C);
+            float *drs = upf(b, w, N);
+            uint16_t *dob = dalloc(b, (size_t)N * C * 2);
+            b->ops->rmsnorm_forward_bf16(dout, dob, drs, dx, dw, N, C, 1e-6f);
+            o[p] = downf(b, dout, (size_t)N * C);
+            rs[p] = downf(b, drs, N);
+            ob[p] = xmalloc((size_t)N * C * 2);
+            b->ops->copy_to_host(ob[p], dob, (size_t)N * C * 2);
+            release(b);
+        }
+        size_t bad = 0;
+        for (size_t i = 0; i < (size_t)N * C; i++) bad += ob[1][i] != host_bf16(o[1][i]) || ob[0][i] != host_bf16(o[0][i]);
+        report("bf16_operands", "rmsnorm_forward_bf16 out vs cpu", rel_err(o[1], o[0], (size_t)N * C), TOL);
+        report("bf16_operands", "rmsnorm_forward_bf16 rstd vs cpu", rel_err(rs[1], rs[0], N), TOL);
+        report("bf16_operands", "rmsnorm_forward_bf16 twin = bf16(out) (differing)", (double)bad, 0);
+        report("bf16_operands", "rmsnorm_forward_bf16 deterministic (differing)",
+               (double)(ndiff(o[1], o[2], (size_t)N * C) + ndiff(ob[1], ob[2], (size_t)N * C / 2)), 0);
+        for (int p = 0; p < 3; p++) { free(o[p]); free(rs[p]); free(ob[p]); }
+        free(x);
+        free(w);
     }
     struct { int tA, tB, M, N, K, pad; float alpha, beta; } cs[] = {
         {0, 1, 64, 96, 128, 0, 1.0f, 0.0f},  {1, 0, 96, 64, 256, 0, 1.0f, 1.0f}, {0, 0, 40, 48, 56, 0, 0.5f, 0.5f},

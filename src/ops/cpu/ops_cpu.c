@@ -132,6 +132,13 @@ static void p_rmsnorm_forward(float *out, float *rstd, const float *inp, const f
 {
     PROF(MT_OPK_NORM, mt_cpu_rmsnorm_forward(out, rstd, inp, weight, N, C, eps));
 }
+/* the same rmsnorm, then its output rounded (the cpu backend has no fused form: same numbers) */
+static void p_rmsnorm_forward_bf16(float *out, mt_bf16 *out_bf16, float *rstd, const float *inp, const float *weight,
+                                   int N, int C, float eps)
+{
+    PROF(MT_OPK_NORM, mt_cpu_rmsnorm_forward(out, rstd, inp, weight, N, C, eps);
+         mt_cpu_cast_bf16(out_bf16, out, (size_t)N * (size_t)C));
+}
 static void p_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
                                const float *weight, const float *rstd, int N, int C, int accumulate)
 {
@@ -302,6 +309,7 @@ static const struct mt_ops_i cpu_ops = {
     /* .embed_backward       = */ .embed_backward       = p_embed_backward,
     /* .rmsnorm_forward      = */ .rmsnorm_forward      = p_rmsnorm_forward,
     /* .rmsnorm_backward     = */ .rmsnorm_backward     = p_rmsnorm_backward,
+    /* .rmsnorm_forward_bf16 = */ .rmsnorm_forward_bf16 = p_rmsnorm_forward_bf16,
     /* .rope_forward         = */ .rope_forward         = p_rope_forward,
     /* .rope_backward        = */ .rope_backward        = p_rope_backward,
     /* .attention_forward    = */ .attention_forward    = p_attention_forward,

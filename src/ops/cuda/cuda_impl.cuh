@@ -231,6 +231,8 @@ void mt_cuda_embed_backward(float *dwte, const float *dout, const int32_t *idx, 
 /* ---- rmsnorm.cu ---- */
 void mt_cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
                              int N, int C, float eps);
+void mt_cuda_rmsnorm_forward_bf16(float *out, mt_bf16 *out_bf16, float *rstd, const float *inp,
+                                  const float *weight, int N, int C, float eps);
 void mt_cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
                               const float *weight, const float *rstd, int N, int C, int accumulate);
 

@@ -87,6 +87,7 @@ static const struct mt_ops_i cuda_ops = {
     /* .embed_forward        = */ .embed_forward        = mt_cuda_embed_forward,
     /* .embed_backward       = */ .embed_backward       = mt_cuda_embed_backward,
     /* .rmsnorm_forward      = */ .rmsnorm_forward      = mt_cuda_rmsnorm_forward,
+    /* .rmsnorm_forward_bf16 = */ .rmsnorm_forward_bf16 = mt_cuda_rmsnorm_forward_bf16,
     /* .rmsnorm_backward     = */ .rmsnorm_backward     = mt_cuda_rmsnorm_backward,
     /* .rope_forward         = */ .rope_forward         = mt_cuda_rope_forward,
     /* .rope_backward        = */ .rope_backward        = mt_cuda_rope_backward,
