@@ -77,8 +77,20 @@ RULES = [
     ("src/train/setup.c", "mt_ops_cuda_stream(), rs->ops->copy};", "mt_ops_cuda_stream(), rs->ops->copy, rs->ops->be};"),
     ("tests/cuda/mesh_device.c", "static void copy_counted(void *dst, const void *src, size_t bytes)",
      "static void copy_counted(void *be, void *dst, const void *src, size_t bytes)"),
+    ("tests/cuda/mesh_device.c", "    g_ops->copy(g_ops->be, dst, src, bytes);", "    g_ops->copy(be, dst, src, bytes);"),
     ("tests/cuda/mesh_device.c", "{0, mt_ops_cuda_stream(), copy_counted};", "{0, mt_ops_cuda_stream(), copy_counted, g_ops->be};"),
+    ("tests/test_nccl_build.sh", "struct mt_mesh_nccl_opts o = {0, NULL, host_copy};",
+     "struct mt_mesh_nccl_opts o = {0, NULL, host_copy, NULL};"),
+    ("tests/cuda/mesh_device.c", "struct mt_mesh_nccl_opts bad = {0, NULL, NULL};",
+     "struct mt_mesh_nccl_opts bad = {0, NULL, NULL, NULL};"),
+    ("tests/test_nccl_build.sh",
+     "static void host_copy(void *dst, const void *src, size_t bytes) { n_copies++; memcpy(dst, src, bytes); }",
+     "static void host_copy(void *be, void *dst, const void *src, size_t bytes)\n"
+     "{\n    (void)be;\n    n_copies++;\n    memcpy(dst, src, bytes);\n}"),
     ("src/ops/cuda/ops_cuda.cu", "static const struct mt_ops_i cuda_ops = {", "static struct mt_ops_i cuda_ops = {"),
+    ("src/ops/cuda/ops_cuda.cu", '    /* .name                 = */ .name                 = "cuda",\n',
+     '    /* .name                 = */ .name                 = "cuda",\n'
+     '    /* .be                   = */ .be                   = NULL,   /* set by mt_ops_cuda() */\n'),
     ("src/ops/cuda/ops_cuda.cu", "    if (why && why_len) why[0] = 0;\n    return &cuda_ops;",
      "    if (why && why_len) why[0] = 0;\n    cuda_ops.be = mt_cuda_be;   /* the instance every entry receives */\n"
      "    return &cuda_ops;"),
@@ -255,7 +267,8 @@ def rules(root, dry):
         if old not in s:
             problems.append("%s: text not found, apply by hand: %r -> %r" % (f, old, new))
             continue
-        write(p, s.replace(old, new, 1), dry)
+        # `old` may occur more than once (test_nccl_build.sh's two meshes)
+        write(p, s.replace(old, new), dry)
         n += 1
     return n
 

@@ -393,7 +393,7 @@ extern "C" void mt_cuda_gemm_grouped(int transA, int transB, int n, const int *M
     cublasOperation_t ta[MT_CUDA_GROUP_CHUNK], tb[MT_CUDA_GROUP_CHUNK];
     int m[MT_CUDA_GROUP_CHUNK], nn[MT_CUDA_GROUP_CHUNK], k[MT_CUDA_GROUP_CHUNK], la[MT_CUDA_GROUP_CHUNK],
         lb[MT_CUDA_GROUP_CHUNK], lc[MT_CUDA_GROUP_CHUNK], gs[MT_CUDA_GROUP_CHUNK];
-    float al[MT_CUDA_GROUP_CHUNK], be[MT_CUDA_GROUP_CHUNK];
+    float al[MT_CUDA_GROUP_CHUNK], bg[MT_CUDA_GROUP_CHUNK];
     struct grouped_ptrs pt;
     const void *tmp[3][MT_CUDA_GROUP_CHUNK];
     int g = 0;
@@ -415,7 +415,7 @@ extern "C" void mt_cuda_gemm_grouped(int transA, int transB, int n, const int *M
             lc[ng] = ldc;
             gs[ng] = 1;
             al[ng] = alpha;
-            be[ng] = beta;
+            bg[ng] = beta;
             tmp[0][ng] = B[g];
             tmp[1][ng] = A[g];
             tmp[2][ng] = C[g];
@@ -428,7 +428,7 @@ extern "C" void mt_cuda_gemm_grouped(int transA, int transB, int n, const int *M
         MT_LAUNCH(grouped_ptrs_k, 1, 3 * MT_CUDA_GROUP_CHUNK, 0)(pt, dptr, 3 * ng);
         MT_CUDA_KCHECK();
         MT_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(mt_cuda_be->blas, ta, tb, m, nn, k, al, dptr, CUDA_R_32F, la,
-                                                   dptr + ng, CUDA_R_32F, lb, be, (void *const *)(dptr + 2 * ng),
+                                                   dptr + ng, CUDA_R_32F, lb, bg, (void *const *)(dptr + 2 * ng),
                                                    CUDA_R_32F, lc, ng, gs, CUBLAS_COMPUTE_32F));
     }
 #else
