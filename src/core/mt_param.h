@@ -75,6 +75,12 @@ struct mt_param {
     int     frozen;
     struct mt_param *lora_a, *lora_b;
     float   lora_scale;    /* lora_alpha / lora_rank */
+    /* precision=bf16 (docs/cuda.md): the weight's bf16 shadow (len[0] x len[1]
+     * bf16 values, backend memory, model-owned; NULL: no shadow, the GEMMs
+     * read `data`) and whether it holds bf16(data) now. Written by the model
+     * at the unit's first forward after mt_model_bf16_invalidate. */
+    uint16_t *bf16;
+    int       bf16_ok;
 };
 
 static inline size_t mt_param_global_numel(const struct mt_param *p)

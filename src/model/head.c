@@ -20,8 +20,13 @@
 double head_forward(struct mt_model *m, int n, int with_loss)
 {
     const struct mt_ops_i *ops = m->ops;
-    ops->rmsnorm_forward(m->h_final, m->rstd_final, m->x_final, m->norm_f->data, n, m->D, m->cfg.norm_eps);
-    linear_forward(ops, m->logits, m->h_final, m->lm_head->data, n, m->D, m->V, 0.0f);
+    /* precision=bf16: the norm kernel writes the lm head's bf16 operand too */
+    if (m->h_final_bf16)
+        ops->rmsnorm_forward_bf16(m->h_final, m->h_final_bf16, m->rstd_final, m->x_final, m->norm_f->data, n, m->D,
+                                  m->cfg.norm_eps);
+    else
+        ops->rmsnorm_forward(m->h_final, m->rstd_final, m->x_final, m->norm_f->data, n, m->D, m->cfg.norm_eps);
+    wlinear_forward(ops, m->logits, m->h_final, m->h_final_bf16, m->lm_head, n, m->D, m->V, 0.0f);
     if (!with_loss) return 0.0;
     /* one pass over the logits when the backend can: loss and dlogits together
      * (dscale as head_backward has it), the backward then starts at term 2 */
@@ -47,7 +52,7 @@ void head_backward(struct mt_model *m, float dscale)
         ops->xent_backward(m->logits, m->logits, m->xlse, m->targets + (m->sp ? m->row0 : 0), dscale, N, V,
                            m->cfg.logit_softcap);
     /* LoRA: a frozen lm_head computes dx only */
-    linear_backward(ops, m->dh, 0.0f, m->lm_head->frozen ? NULL : m->lm_head->grad, m->logits, m->h_final,
-                    m->lm_head->data, N, D, V);
+    wlinear_backward(ops, m->dh, 0.0f, m->lm_head->frozen ? NULL : m->lm_head->grad, m->logits, m->h_final,
+                     m->h_final_bf16, m->lm_head, N, D, V);
     ops->rmsnorm_backward(m->dx, m->norm_f->grad, m->dh, m->x_final, m->norm_f->data, m->rstd_final, N, D, 0);
 }

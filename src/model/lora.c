@@ -67,13 +67,13 @@ void lora_bwd_add(const struct mt_ops_i *ops, float *t, float *dt, float *dx, co
 void proj_fwd(const struct mt_ops_i *ops, float *t, float *y, const float *x, const struct mt_param *w, int n, int in,
               int out, float beta)
 {
-    linear_forward(ops, y, x, w->data, n, in, out, beta);
+    wlinear_forward(ops, y, x, NULL, w, n, in, out, beta);
     lora_fwd_add(ops, t, y, out, x, &w, &out, 1, n, in);
 }
 
 void proj_bwd(const struct mt_ops_i *ops, float *t, float *dt, float *dx, float beta_dx, struct mt_param *w,
               const float *dy, const float *x, int n, int in, int out)
 {
-    linear_backward(ops, dx, beta_dx, w->frozen ? NULL : w->grad, dy, x, w->data, n, in, out);
+    wlinear_backward(ops, dx, beta_dx, w->frozen ? NULL : w->grad, dy, x, NULL, w, n, in, out);
     lora_bwd_add(ops, t, dt, dx, dy, out, x, &w, &out, 1, n, in);
 }

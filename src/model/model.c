@@ -89,6 +89,7 @@ static void model_dims_par(struct mt_model *m, const struct mt_config *cfg, int 
     m->row0 = m->tp_rank * (m->N / m->tp);
     m->M = m->any_moe ? m->Nm * m->top_k : 0;
     m->recompute = strcmp(cfg->recompute, "block") == 0;
+    m->bf16 = strcmp(cfg->precision, "bf16") == 0;
     /* M blocks (SPEC 1c): eps 1e-5 for the B/C and gated norms, as the reference */
     m->mdims = (struct mt_mamba3_dims){(int)g.D, (int)g.mH / m->tp, (int)g.mP, (int)g.mG / m->tp, (int)g.mN,
                                        cfg->mamba_chunk, 1e-5f, 1e-5f};   /* this rank's heads and groups */
@@ -410,6 +411,17 @@ static int stage_has_kind(const struct mt_model *m, int k)
 }
 
 
+/* precision=bf16: the matrices that get a bf16 shadow — those whose GEMMs
+ * run through proj_fwd / proj_bwd (attention, dense MLP, shared expert) and
+ * the lm head. Not the router (fp32 by design), routed experts (the grouped
+ * GEMM has no bf16 operand form yet: fp32), Mamba-3's projections (direct
+ * gemm calls, fp32), LoRA adapters (small; fp32). */
+static int bf16_shadowed(const struct mt_param *p)
+{
+    if (p->ndim != 2 || strstr(p->name, ".lora_")) return 0;
+    return p->role == MT_ROLE_HEAD || (p->role == MT_ROLE_DENSE && !strstr(p->name, "mixer."));
+}
+
 /* Carve every buffer. With NULL bases only the offsets (sizes) advance;
  * m->params / m->layers may be NULL then (param sizes come from the registry).
  *
@@ -434,6 +446,11 @@ static void model_layout(struct mt_model *m, struct mt_carver *c)
             m->params[i].grad = carve_f(c, MT_BUCKET_GRADS, m->params[i].numel);
         }
     }
+    /* bf16 shadows: model-owned even when the engines own data (ZeRO), after
+     * the params in PARAMS (plan_bytes carves them in the same order) */
+    if (m->params && m->bf16)
+        for (int i = 0; i < m->n_params; i++)
+            if (bf16_shadowed(&m->params[i])) m->params[i].bf16 = carve(c, MT_BUCKET_PARAMS, m->params[i].numel * 2);
 
     m->rope_cos = carve_f(c, W, (size_t)m->T * (size_t)(m->hd / 2));
     m->rope_sin = carve_f(c, W, (size_t)m->T * (size_t)(m->hd / 2));
@@ -454,6 +471,8 @@ static void model_layout(struct mt_model *m, struct mt_carver *c)
         S->x_final = carve_f(c, A, Nr * D);
         if (m->last) {
             S->h_final = carve_f(c, A, Nr * D);
+            /* the twin only where the norm kernel can write it (plan: ops unknown, counted) */
+            if (m->bf16 && (!m->ops || m->ops->rmsnorm_forward_bf16)) S->h_final_bf16 = carve(c, A, Nr * D * 2);
             S->rstd_final = carve_f(c, A, Nr);
             S->logits = carve_f(c, A, Nr * (size_t)m->V);
             S->losses = carve_f(c, A, Nr);
@@ -508,6 +527,12 @@ static void model_layout(struct mt_model *m, struct mt_carver *c)
 
 struct plan_visit { struct mt_carver *c; };
 
+static void plan_shadow(void *user, const struct mt_param *p)
+{
+    struct plan_visit *pv = user;
+    if (bf16_shadowed(p)) carve(pv->c, MT_BUCKET_PARAMS, p->numel * 2);
+}
+
 static void plan_param(void *user, const struct mt_param *p)
 {
     struct plan_visit *pv = user;
@@ -536,6 +561,7 @@ void mt_model_plan_bytes_par(const struct mt_config *cfg, int B, int flags, cons
     struct plan_visit pv = { &c };
     if (!(flags & MT_MODEL_EXTERNAL_PARAMS))
         build_params(&m, plan_param, &pv);   /* same carves as the params loop of model_layout */
+    if (m.bf16) build_params(&m, plan_shadow, &pv);   /* the bf16 shadows: device bytes in PARAMS */
     model_layout(&m, &c);                /* params == NULL: the registry branch carves nothing */
     for (int b = 0; b < MT_BUCKET_COUNT; b++) bytes[b] = c.off[b];
     /* host bookkeeping arrays allocated by create next to the OTHER arena */
@@ -689,6 +715,10 @@ enum mt_status mt_model_create_par(struct mt_ctx *ctx, const struct mt_ops_i *op
     m->ops = ops;
     m->no_alloc = (flags & MT_MODEL_NO_ALLOC) != 0;
     MT_CHECK_GOTO(check_par(ctx, m), rc, fail);
+    if (m->bf16 && ops && (!mt_ops_supports(ops, gemm_bf16) || !mt_ops_supports(ops, cast_bf16))) {
+        rc = mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "precision=bf16: backend %s has no bf16 GEMM", ops->name);
+        goto fail;
+    }
     m->external_params = (flags & (MT_MODEL_EXTERNAL_PARAMS | MT_MODEL_NO_ALLOC)) != 0;
     /* test hook (knob test_force_routing, env MT_TEST_FORCE_ROUTING): 1 sends every
      * token to experts 0..top_k-1 (so that some expert ranks receive no token at all) */
@@ -784,6 +814,27 @@ static inline enum mt_status hook(struct mt_ctx *ctx, struct mt_model *m,
                                   enum mt_status (*fn)(struct mt_ctx *, void *, int), int unit)
 {
     return fn ? fn(ctx, m->hooks.user, unit) : MT_OK;
+}
+
+void mt_model_bf16_invalidate(struct mt_model *m)
+{
+    for (int i = 0; m->bf16 && i < m->n_params; i++) m->params[i].bf16_ok = 0;
+}
+
+/* precision=bf16: write the stale shadows of unit u from their fp32 weights.
+ * Called right after the unit's pre_forward hook, where its weights are
+ * valid (a ZeRO-3 gather has just run), so each shadow is written once per
+ * step (the first microbatch's forward after the update); backward and the
+ * later microbatches read it as is. Every pass over the registry is
+ * host-only bookkeeping; the casts are one kernel per stale matrix. */
+static void bf16_refresh(struct mt_model *m, int u)
+{
+    for (int i = 0; m->bf16 && i < m->n_params; i++) {
+        struct mt_param *p = &m->params[i];
+        if (!p->bf16 || p->bf16_ok || mt_model_param_unit(m, i) != u) continue;
+        m->ops->cast_bf16(p->bf16, p->data, p->numel);
+        p->bf16_ok = 1;
+    }
 }
 
 void mt_model_zero_grad(struct mt_model *m)
@@ -995,6 +1046,7 @@ void mt_model_set_slot(struct mt_model *m, int k)
     m->targets = S->targets;
     m->x_final = S->x_final;
     m->h_final = S->h_final;
+    m->h_final_bf16 = S->h_final_bf16;
     m->rstd_final = S->rstd_final;
     m->logits = S->logits;
     m->losses = S->losses;
@@ -1044,6 +1096,7 @@ enum mt_status mt_model_forward_stage(struct mt_ctx *ctx, struct mt_model *m, co
     const int r0 = m->sp ? m->row0 : 0;
     if (m->first) {
         MT_CHECK(hook(ctx, m, m->hooks.pre_forward, 0));
+        bf16_refresh(m, 0);
         ops->embed_forward(m->layers[m->l0].x_in, m->idx + r0, m->wte->data, m->Nr, m->D);
     } else {
         ops->copy(m->layers[m->l0].x_in, x_in, (size_t)m->Nr * m->D * sizeof(float));
@@ -1053,6 +1106,7 @@ enum mt_status mt_model_forward_stage(struct mt_ctx *ctx, struct mt_model *m, co
         struct mt_layer *ly = &m->layers[l];
         float *x_out = l + 1 < m->l1 ? m->layers[l + 1].x_in : m->x_final;
         MT_CHECK(hook(ctx, m, m->hooks.pre_forward, 1 + l));
+        bf16_refresh(m, 1 + l);
         struct mt_piece_fwd a = train_fwd(m, x_out, targets != NULL);
         MT_CHECK(model_block_forward(ctx, m, ly, &a));
         aux += a.aux;
@@ -1062,6 +1116,7 @@ enum mt_status mt_model_forward_stage(struct mt_ctx *ctx, struct mt_model *m, co
     if (targets) m->norm = *norm;   /* the head's fused cross-entropy needs dscale now */
     if (m->last) {
         MT_CHECK(hook(ctx, m, m->hooks.pre_forward, m->L + 1));
+        bf16_refresh(m, m->L + 1);
         lm = head_forward(m, m->Nr, targets != NULL);
         /* TP without SP: every model rank computed the same whole-batch loss; count it once */
         if (m->tp > 1 && !m->sp && m->tp_rank != 0) lm = 0.0;

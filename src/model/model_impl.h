@@ -107,6 +107,7 @@ struct mt_layer {
 struct mt_slot {
     int32_t *idx, *targets;
     float   *x_final, *h_final, *rstd_final, *logits, *losses, *xlse;
+    mt_bf16 *h_final_bf16;     /* precision=bf16: bf16(h_final), the lm head's GEMM operand */
     struct mt_layer *layers;   /* (L), only [l0, l1) carved */
     struct mt_loss_norm norm;
     int have_fwd, have_targets;
@@ -171,6 +172,7 @@ struct mt_model {
     int32_t *idx, *targets;      /* (N) backend copies of the inputs                 */
     float   *x_final;            /* (Nr, D) residual stream after the last block     */
     float   *h_final;            /* (Nr, D) rmsnorm(x_final) * g_final               */
+    mt_bf16 *h_final_bf16;       /* (Nr, D) bf16(h_final), precision=bf16 only       */
     float   *rstd_final;         /* (Nr)                                             */
     float   *logits;             /* (Nr, V) raw logits; dlogits in place in backward */
     float   *losses, *xlse;      /* (Nr) per-row CE and logsumexp of (capped) logits */
@@ -205,6 +207,9 @@ struct mt_model {
     /* head: keep_logits (mt_model_keep_logits) turns the fused cross-entropy
      * off; dlogits_ready: the last forward with targets left dlogits in logits */
     int                 keep_logits, dlogits_ready;
+    /* precision=bf16: shadows carved (PARAMS bucket) for the matrices
+     * bf16_shadowed() selects; refreshed per unit after its pre_forward hook */
+    int                 bf16;
 };
 
 /* ---- carving (model_layout and the pieces' carve functions) ---- */
@@ -242,6 +247,34 @@ static inline void linear_backward(const struct mt_ops_i *ops, float *dx, float 
     if (n <= 0) return;
     if (dw) ops->gemm(1, 0, out, in, n, 1.0f, dy, out, x, in, 1.0f, dw, in);
     if (dx) ops->gemm(0, 0, n, in, out, 1.0f, dy, out, w, in, beta_dx, dx, in);
+}
+
+/* The same two helpers on a parameter: with a bf16 shadow (precision=bf16)
+ * the GEMMs run on bf16 operands with fp32 accumulation (ops->gemm_bf16):
+ * the weight as its shadow when that is fresh (no conversion), else rounded
+ * in the call; x and dy are fp32 buffers, rounded in the call. */
+static inline void wlinear_forward(const struct mt_ops_i *ops, float *y, const float *x, const mt_bf16 *xb,
+                                   const struct mt_param *w, int n, int in, int out, float beta)
+{
+    if (!w->bf16) { linear_forward(ops, y, x, w->data, n, in, out, beta); return; }
+    if (n <= 0) return;
+    const void *W = w->bf16_ok ? (const void *)w->bf16 : (const void *)w->data;
+    ops->gemm_bf16(0, 1, n, out, in, 1.0f, xb ? (const void *)xb : (const void *)x, xb ? MT_ELEM_BF16 : MT_ELEM_F32,
+                   in, W, w->bf16_ok ? MT_ELEM_BF16 : MT_ELEM_F32, in, beta, y, out);
+}
+/* xb: NULL, or x's bf16 twin (written by its producer: bf16(x) exactly, the same operand values) */
+static inline void wlinear_backward(const struct mt_ops_i *ops, float *dx, float beta_dx, float *dw,
+                                    const float *dy, const float *x, const mt_bf16 *xb, const struct mt_param *w,
+                                    int n, int in, int out)
+{
+    if (!w->bf16) { linear_backward(ops, dx, beta_dx, dw, dy, x, w->data, n, in, out); return; }
+    if (n <= 0) return;
+    const void *W = w->bf16_ok ? (const void *)w->bf16 : (const void *)w->data;
+    if (dw)
+        ops->gemm_bf16(1, 0, out, in, n, 1.0f, dy, MT_ELEM_F32, out, xb ? (const void *)xb : (const void *)x,
+                       xb ? MT_ELEM_BF16 : MT_ELEM_F32, in, 1.0f, dw, in);
+    if (dx) ops->gemm_bf16(0, 0, n, in, out, 1.0f, dy, MT_ELEM_F32, out, W, w->bf16_ok ? MT_ELEM_BF16 : MT_ELEM_F32, in,
+                           beta_dx, dx, in);
 }
 
 /* ---- the narrow context of a piece (docs/architecture.md, "Block kinds") ----

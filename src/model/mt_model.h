@@ -214,6 +214,13 @@ enum mt_status mt_model_forward(struct mt_ctx *ctx, struct mt_model *m,
 enum mt_status mt_model_backward(struct mt_ctx *ctx, struct mt_model *m);
 
 void mt_model_zero_grad(struct mt_model *m);
+/* precision=bf16: the weights changed (optimizer update, load, any write to
+ * a parameter's data). Marks every bf16 shadow stale; a stale shadow is
+ * rewritten at its unit's next forward (until then the GEMMs round the fp32
+ * weight per call). Shadows start stale. A caller that writes parameters
+ * after a forward must call this before the next one, or the GEMMs read
+ * the old weights' shadows. No-op in fp32. */
+void mt_model_bf16_invalidate(struct mt_model *m);
 
 /* Logits (B, T, V) of the last forward, backend memory; raw (before softcap).
  * Valid until the next forward/backward. After a forward WITH targets the

@@ -28,6 +28,11 @@
 #include <stdint.h>
 #include "../core/mt_core.h"
 
+/* Element types of the bf16 mode's operands (every other buffer is fp32).
+ * mt_bf16 is bf16 storage: the upper 16 bits of an IEEE fp32. */
+enum mt_elem { MT_ELEM_F32 = 0, MT_ELEM_BF16 = 1 };
+typedef uint16_t mt_bf16;
+
 struct mt_ops_i {
     const char *name;  /* "cpu", "cuda" */
 
@@ -69,6 +74,24 @@ struct mt_ops_i {
     void (*gemm_grouped)(int transA, int transB, int n, const int *M, const int *N, const int *K, float alpha,
                          const float *const *A, int lda, const float *const *B, int ldb, float beta,
                          float *const *C, int ldc);
+    /* ---- bf16 GEMM (precision=bf16, docs/cuda.md "bf16 mixed precision") ----
+     * C (M,N) fp32 = alpha * op(A) op(B) + beta * C with the gemm contract,
+     * each operand given as fp32 (MT_ELEM_F32) or as bf16 storage (MT_ELEM_BF16:
+     * mt_bf16 elements, lda/ldb in elements). The product runs on bf16
+     * values with fp32 accumulation: an fp32 operand is rounded to bf16
+     * (nearest even) inside the call — a counted per-call conversion
+     * (mt_ops_cuda_info.gemm_bf16_cast_elems on cuda); a bf16 operand is
+     * used as stored. C is read and written in fp32 (beta = 1 accumulation
+     * never rounds to bf16). cpu: the operands rounded into fp32 scratch,
+     * then sgemm (the same products: a product of two bf16 values is exact
+     * in fp32). NULL: the backend has no bf16 mode (callers refuse
+     * precision=bf16, never fall back). */
+    void (*gemm_bf16)(int transA, int transB, int M, int N, int K, float alpha,
+                      const void *A, enum mt_elem a_type, int lda, const void *B, enum mt_elem b_type, int ldb,
+                      float beta, float *C, int ldc);
+    /* dst[i] = bf16(src[i]), round to nearest even (NaN stays NaN): the
+     * bf16 shadows of the weights, written once per step. */
+    void (*cast_bf16)(mt_bf16 *dst, const float *src, size_t n);
 
     /* ---- embedding ---- */
     /* out (N,C) = wte[idx[n]] ; idx (N) int32 in [0,V) */
@@ -87,6 +110,12 @@ struct mt_ops_i {
                             int N, int C, float eps);
     void (*rmsnorm_backward)(float *dinp, float *dweight, const float *dout, const float *inp,
                              const float *weight, const float *rstd, int N, int C, int accumulate);
+    /* precision=bf16: rmsnorm_forward (same out, same rstd) that also writes
+     * out_bf16 = bf16(out) (nearest even) from the same kernel: the GEMM
+     * operand, so the GEMMs reading the norm output convert nothing.
+     * Optional (NULL: the GEMMs round out per call). */
+    void (*rmsnorm_forward_bf16)(float *out, mt_bf16 *out_bf16, float *rstd, const float *inp,
+                                 const float *weight, int N, int C, float eps);
 
     /* ---- RoPE, rotate-half, in place allowed (out == inp) ----
      * x viewed as (N, nh, hd); row n has position pos0 + n % T.

@@ -79,6 +79,7 @@ enum mt_status mt_train_step(struct mt_ctx *ctx, struct run_state *rs, int step,
                             isfinite(out->loss) ? "gradient norm" : "loss", step, ctx->rank);
     MT_CHECK(mt_zero_set_step(ctx, &rs->zset, step, out->grad_norm));   /* update (clipped) */
     MT_CHECK(mt_zero_set_sync(ctx, &rs->zset));
+    mt_model_bf16_invalidate(rs->model);   /* precision=bf16: shadows rewritten at the next forward */
     return MT_OK;
 }
 

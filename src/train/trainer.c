@@ -36,7 +36,7 @@ static double peak_flops(const struct mt_train_opts *opts, const struct run_stat
     /* a known GPU: MFU against its datasheet peak for the GEMM precision */
     struct mt_ops_cuda_info ci;
     if (!strcmp(rs->ops->name, "cuda") && mt_ops_cuda_get_info(&ci) == MT_OK) {
-        double dp = mt_gpu_datasheet_peak(ci.device, ci.precision, src, n);
+        double dp = mt_gpu_datasheet_peak(ci.device, strcmp(rs->cfg->precision, "bf16") ? ci.precision : "bf16", src, n);
         if (dp > 0) return dp * world;
     }
 #endif

@@ -206,7 +206,7 @@ static void test_table(void)
         E(attention_forward), E(attention_backward), E(swiglu_forward), E(swiglu_backward),
         E(xent_forward), E(xent_backward), E(router_forward), E(router_backward),
         E(moe_permute), E(moe_permute_backward), E(moe_combine), E(moe_combine_backward),
-        E(adamw_update), E(muon_momentum), E(transpose),
+        E(adamw_update), E(muon_momentum), E(transpose), E(gemm_bf16), E(cast_bf16), E(rmsnorm_forward_bf16),
 #undef E
     };
     int missing = 0;
@@ -533,6 +533,165 @@ static void test_gemm_bf16(void)
         free(B);
         free(C0);
     }
+}
+
+/* ---- gemm_bf16 / cast_bf16: the entries of precision=bf16 ----
+ * The cpu table's gemm_bf16 rounds the operands to bf16 and runs sgemm: the
+ * same bf16 products, fp32 sums in another order. So cuda = cpu within the
+ * accumulation term of the bound alone, 2K 2^-24 T + 2^-22 |beta c| (no
+ * operand-rounding term: both round identically), for every combination of
+ * operand types; bf16 x bf16 with aligned operands must take the direct
+ * path (counted, no conversion), and cast_bf16 must equal the cpu's
+ * rounding bit for bit (ties to even, NaN, infinities, subnormals). */
+static uint16_t host_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static void test_bf16_operands(void)
+{
+    if (!selected("bf16_operands")) return;
+    /* cast: random values plus the edge cases */
+    {
+        const size_t n = 4099;
+        float *x = rnd(n, -3, 3);
+        const uint32_t edge[] = {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x7f800000u, 0xff800000u, 0x7fc00001u,
+                                 0x00000001u, 0x80400000u, 0x7f7fffffu, 0x00000000u, 0x80000000u};
+        for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++) memcpy(&x[i * 7], &edge[i], 4);
+        uint16_t *r[3];
+        for (int p = 0; p < 3; p++) {
+            struct be *b = BE(p);
+            float *dx = upf(b, x, n);
+            uint16_t *dy = dalloc(b, n * 2);
+            b->ops->cast_bf16(dy, dx, n);
+            r[p] = xmalloc(n * 2);
+            b->ops->copy_to_host(r[p], dy, n * 2);
+            release(b);
+        }
+        size_t bad = 0, bad_host = 0;
+        for (size_t i = 0; i < n; i++) {
+            bad += r[0][i] != r[1][i] || r[1][i] != r[2][i];
+            bad_host += r[0][i] != host_bf16(x[i]);
+        }
+        report("bf16_operands", "cast_bf16 = cpu bit for bit (differing, of 4099)", (double)bad, 0);
+        report("bf16_operands", "cpu cast_bf16 = round to nearest even (differing)", (double)bad_host, 0);
+        for (int p = 0; p < 3; p++) free(r[p]);
+        free(x);
+    }
+    /* rmsnorm_forward_bf16: out and rstd as rmsnorm_forward (1e-5 vs cpu),
+     * and the twin is exactly the rounding of the out the kernel wrote */
+    {
+        const int N = 37, C = 200;
+        float *x = rnd((size_t)N * C, -2, 2), *w = rnd(C, 0.5, 1.5);
+        float *o[3], *rs[3];
+        uint16_t *ob[3];
+        for (int p = 0; p < 3; p++) {
+            struct be *b = BE(p);
+            float *dx = upf(b, x, (size_t)N * C), *dw = upf(b, w, C), *dout = upf(b, x, (size_t)N * C);
+            float *drs = upf(b, w, N);
+            uint16_t *dob = dalloc(b, (size_t)N * C * 2);
+            b->ops->rmsnorm_forward_bf16(dout, dob, drs, dx, dw, N, C, 1e-6f);
+            o[p] = downf(b, dout, (size_t)N * C);
+            rs[p] = downf(b, drs, N);
+            ob[p] = xmalloc((size_t)N * C * 2);
+            b->ops->copy_to_host(ob[p], dob, (size_t)N * C * 2);
+            release(b);
+        }
+        size_t bad = 0;
+        for (size_t i = 0; i < (size_t)N * C; i++) bad += ob[1][i] != host_bf16(o[1][i]) || ob[0][i] != host_bf16(o[0][i]);
+        report("bf16_operands", "rmsnorm_forward_bf16 out vs cpu", rel_err(o[1], o[0], (size_t)N * C), TOL);
+        report("bf16_operands", "rmsnorm_forward_bf16 rstd vs cpu", rel_err(rs[1], rs[0], N), TOL);
+        report("bf16_operands", "rmsnorm_forward_bf16 twin = bf16(out) (differing)", (double)bad, 0);
+        report("bf16_operands", "rmsnorm_forward_bf16 deterministic (differing)",
+               (double)(ndiff(o[1], o[2], (size_t)N * C) + ndiff(ob[1], ob[2], (size_t)N * C / 2)), 0);
+        for (int p = 0; p < 3; p++) { free(o[p]); free(rs[p]); free(ob[p]); }
+        free(x);
+        free(w);
+    }
+    struct { int tA, tB, M, N, K, pad; float alpha, beta; } cs[] = {
+        {0, 1, 64, 96, 128, 0, 1.0f, 0.0f},  {1, 0, 96, 64, 256, 0, 1.0f, 1.0f}, {0, 0, 40, 48, 56, 0, 0.5f, 0.5f},
+        {0, 1, 37, 29, 51, 3, 1.0f, 0.0f},   {1, 1, 33, 65, 17, 1, -1.0f, 0.25f},
+    };
+    const enum mt_elem ty[3][2] = {{MT_ELEM_BF16, MT_ELEM_BF16}, {MT_ELEM_F32, MT_ELEM_BF16}, {MT_ELEM_F32, MT_ELEM_F32}};
+    struct mt_ops_cuda_info i0, i1;
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++)
+        for (int t = 0; t < 3; t++) {
+            int M = cs[c].M, N = cs[c].N, K = cs[c].K, pad = cs[c].pad;
+            int ar = cs[c].tA ? K : M, ac = cs[c].tA ? M : K, br = cs[c].tB ? N : K, bc = cs[c].tB ? K : N;
+            int lda = ac + pad, ldb = bc + pad, ldc = N;
+            size_t na = (size_t)ar * lda, nb = (size_t)br * ldb, nc = (size_t)M * ldc;
+            float *A = rnd(na, -1, 1), *B = rnd(nb, -1, 1), *C0 = rnd(nc, -1, 1);
+            uint16_t *Ah = xmalloc(na * 2), *Bh = xmalloc(nb * 2);
+            for (size_t e = 0; e < na; e++) Ah[e] = host_bf16(A[e]);
+            for (size_t e = 0; e < nb; e++) Bh[e] = host_bf16(B[e]);
+            float *r[3];
+            mt_ops_cuda_get_info(&i0);
+            for (int p = 0; p < 3; p++) {
+                struct be *b = BE(p);
+                const void *dA, *dB;
+                if (ty[t][0] == MT_ELEM_BF16) {
+                    void *d = dalloc(b, na * 2);
+                    b->ops->copy_from_host(d, Ah, na * 2);
+                    dA = d;
+                } else {
+                    dA = upf(b, A, na);
+                }
+                if (ty[t][1] == MT_ELEM_BF16) {
+                    void *d = dalloc(b, nb * 2);
+                    b->ops->copy_from_host(d, Bh, nb * 2);
+                    dB = d;
+                } else {
+                    dB = upf(b, B, nb);
+                }
+                float *dC = upf(b, C0, nc);
+                b->ops->gemm_bf16(cs[c].tA, cs[c].tB, M, N, K, cs[c].alpha, dA, ty[t][0], lda, dB, ty[t][1], ldb,
+                                  cs[c].beta, dC, ldc);
+                r[p] = downf(b, dC, nc);
+                release(b);
+            }
+            mt_ops_cuda_get_info(&i1);
+            double worst = 0.0;
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < N; j++) {
+                    double T = 0.0;
+                    for (int k = 0; k < K; k++) T += fabs(opel(A, cs[c].tA, lda, i, k) * opel(B, cs[c].tB, ldb, k, j));
+                    size_t e = (size_t)i * ldc + j;
+                    double bound = fabs((double)cs[c].alpha) * 2.0 * K * 0x1.0p-24 * T * 1.01 +
+                                   0x1.0p-22 * fabs((double)cs[c].beta * C0[e]) + 1e-30;
+                    double d = fabs((double)r[1][e] - (double)r[0][e]);
+                    if (!(d == d)) d = INFINITY;
+                    if (d / bound > worst) worst = d / bound;
+                }
+            char w[160];
+            const char *tn[2] = {"f32", "bf16"};
+            snprintf(w, sizeof w, "A %s B %s tA=%d tB=%d M=%d N=%d K=%d pad=%d: cuda vs cpu (err/acc. bound)",
+                     tn[ty[t][0]], tn[ty[t][1]], cs[c].tA, cs[c].tB, M, N, K, pad);
+            report("bf16_operands", w, worst, 1.0);
+            snprintf(w, sizeof w, "A %s B %s M=%d N=%d K=%d: deterministic (differing elements)", tn[ty[t][0]],
+                     tn[ty[t][1]], M, N, K);
+            report("bf16_operands", w, (double)ndiff(r[1], r[2], nc), 0);
+            /* both bf16 and aligned (pad 0, K and N multiples of 8): the direct
+             * path, twice, with no element converted */
+            if (t == 0 && pad == 0 && K % 8 == 0 && N % 8 == 0 && M % 8 == 0) {
+                snprintf(w, sizeof w, "bf16 x bf16 M=%d N=%d K=%d: direct matmuls (of 2), elements cast", M, N, K);
+                report("bf16_operands", w,
+                       (double)(i1.gemm_bf16_direct - i0.gemm_bf16_direct != 2) +
+                           (double)(i1.gemm_bf16_cast_elems - i0.gemm_bf16_cast_elems),
+                       0);
+            }
+            if (t == 2) {
+                snprintf(w, sizeof w, "f32 x f32 M=%d N=%d K=%d: operand elements counted as cast", M, N, K);
+                report("bf16_operands", w,
+                       (double)(i1.gemm_bf16_cast_elems - i0.gemm_bf16_cast_elems != 2 * (long)(na - (size_t)pad * ar + nb - (size_t)pad * br)),
+                       0);
+            }
+            for (int p = 0; p < 3; p++) free(r[p]);
+            free(A); free(B); free(C0); free(Ah); free(Bh);
+        }
 }
 
 static void test_precision_api(void)
@@ -998,6 +1157,7 @@ int main(int argc, char **argv)
     g_rng = 15; test_precision_api();
     g_rng = 16; test_gemm_bf16();
     g_rng = 18; test_gemm_grouped(1);
+    g_rng = 19; test_bf16_operands();   /* independent of the plain entry's precision */
     struct mt_ops_cuda_info after;
     if (mt_ops_cuda_get_info(&after) == MT_OK)
         printf("cuda bf16: %ld cuBLASLt matmuls, %ld sgemm fallbacks\n", after.gemm_bf16_calls,

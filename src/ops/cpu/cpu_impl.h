@@ -13,6 +13,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "../mt_ops.h"   /* enum mt_elem (gemm_bf16) */
 
 /* ---- exp for the hot loops (Cephes expf polynomial, ~1 ulp on [-87, 88]) ----
  * exp(x) = 2^n * p(r), n = round(x / ln2), r = x - n ln2 (two-part ln2).
@@ -105,6 +106,12 @@ void   mt_cpu_transpose(float *out, const float *in, int rows, int cols);
 void mt_cpu_gemm(int transA, int transB, int M, int N, int K, float alpha,
                  const float *A, int lda, const float *B, int ldb,
                  float beta, float *C, int ldc);
+/* bf16 mode: operands rounded to bf16 into fp32 scratch, then sgemm */
+void mt_cpu_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, const void *A, enum mt_elem a_type,
+                      int lda, const void *B, enum mt_elem b_type, int ldb, float beta, float *C, int ldc);
+void mt_cpu_cast_bf16(uint16_t *dst, const float *src, size_t n);
+uint16_t mt_cpu_f32_to_bf16(float f);   /* round to nearest even */
+float    mt_cpu_bf16_to_f32(uint16_t h);
 
 /* ---- embed.c ---- */
 void mt_cpu_embed_forward(float *out, const int32_t *idx, const float *wte, int N, int C);

@@ -8,6 +8,9 @@
 #include "cpu_impl.h"
 
 #include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 void mt_cpu_gemm(int transA, int transB, int M, int N, int K, float alpha,
                  const float *A, int lda, const float *B, int ldb,
@@ -23,4 +26,78 @@ void mt_cpu_gemm(int transA, int transB, int M, int N, int K, float alpha,
     }
     cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans,
                 M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+/* ---- bf16 mode (mt_ops.h gemm_bf16 / cast_bf16) ----
+ * The cpu backend has no bf16 arithmetic; it reproduces the mode's numbers:
+ * each operand is rounded to bf16 (nearest even) and widened back into fp32
+ * scratch, then multiplied by sgemm. A product of two bf16 values (8
+ * significant bits each) is exact in fp32, so this is "bf16 operands, fp32
+ * accumulation" — the tensor-core contract — up to the order of the fp32
+ * sums. It is the reference the cuda bf16 path is checked against and lets
+ * precision=bf16 train on cpu (slower than fp32: a conversion per call). */
+
+uint16_t mt_cpu_f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);  /* NaN stays a (quiet) NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);                                             /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+float mt_cpu_bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+void mt_cpu_cast_bf16(uint16_t *dst, const float *src, size_t n)
+{
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) dst[i] = mt_cpu_f32_to_bf16(src[i]);
+}
+
+/* dense (rows, cols) fp32 copy of a stored operand, every value a bf16 value */
+static void round_operand(float *dst, const void *src, enum mt_elem t, int ld, int rows, int cols)
+{
+    #pragma omp parallel for schedule(static)
+    for (int i = 0; i < rows; i++) {
+        float *d = dst + (size_t)i * (size_t)cols;
+        if (t == MT_ELEM_BF16) {
+            const uint16_t *s = (const uint16_t *)src + (size_t)i * (size_t)ld;
+            for (int j = 0; j < cols; j++) d[j] = mt_cpu_bf16_to_f32(s[j]);
+        } else {
+            const float *s = (const float *)src + (size_t)i * (size_t)ld;
+            for (int j = 0; j < cols; j++) d[j] = mt_cpu_bf16_to_f32(mt_cpu_f32_to_bf16(s[j]));
+        }
+    }
+}
+
+void mt_cpu_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, const void *A, enum mt_elem a_type,
+                      int lda, const void *B, enum mt_elem b_type, int ldb, float beta, float *C, int ldc)
+{
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0 || alpha == 0.0f) {
+        mt_cpu_gemm(transA, transB, M, N, K, alpha, NULL, 1, NULL, 1, beta, C, ldc);
+        return;
+    }
+    const int ar = transA ? K : M, ac = transA ? M : K, br = transB ? N : K, bc = transB ? K : N;
+    float *a = malloc((size_t)ar * (size_t)ac * sizeof(float));
+    float *b = malloc((size_t)br * (size_t)bc * sizeof(float));
+    if (!a || !b) {
+        /* kernels return void (mt_ops.h): poison C so the trainer's finite check stops the run */
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) C[(size_t)i * (size_t)ldc + j] = NAN;
+        free(a);
+        free(b);
+        return;
+    }
+    round_operand(a, A, a_type, lda, ar, ac);
+    round_operand(b, B, b_type, ldb, br, bc);
+    mt_cpu_gemm(transA, transB, M, N, K, alpha, a, ac, b, bc, beta, C, ldc);
+    free(a);
+    free(b);
 }

@@ -112,6 +112,13 @@ static void p_gemm_grouped(int transA, int transB, int n, const int *M, const in
         if (M[g] > 0 && N[g] > 0)
             p_gemm(transA, transB, M[g], N[g], K[g], alpha, A[g], lda, B[g], ldb, beta, C[g], ldc);
 }
+static void p_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, const void *A,
+                        enum mt_elem a_type, int lda, const void *B, enum mt_elem b_type, int ldb, float beta, float *C,
+                        int ldc)
+{
+    PROF(MT_OPK_GEMM, mt_cpu_gemm_bf16(transA, transB, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, beta, C, ldc));
+}
+static void p_cast_bf16(mt_bf16 *dst, const float *src, size_t n) { PROF(MT_OPK_ELEMENTWISE, mt_cpu_cast_bf16(dst, src, n)); }
 static void p_embed_forward(float *out, const int32_t *idx, const float *wte, int N, int C)
 {
     PROF(MT_OPK_ELEMENTWISE, mt_cpu_embed_forward(out, idx, wte, N, C));
@@ -124,6 +131,13 @@ static void p_rmsnorm_forward(float *out, float *rstd, const float *inp, const f
                               float eps)
 {
     PROF(MT_OPK_NORM, mt_cpu_rmsnorm_forward(out, rstd, inp, weight, N, C, eps));
+}
+/* the same rmsnorm, then its output rounded (the cpu backend has no fused form: same numbers) */
+static void p_rmsnorm_forward_bf16(float *out, mt_bf16 *out_bf16, float *rstd, const float *inp, const float *weight,
+                                   int N, int C, float eps)
+{
+    PROF(MT_OPK_NORM, mt_cpu_rmsnorm_forward(out, rstd, inp, weight, N, C, eps);
+         mt_cpu_cast_bf16(out_bf16, out, (size_t)N * (size_t)C));
 }
 static void p_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
                                const float *weight, const float *rstd, int N, int C, int accumulate)
@@ -289,10 +303,13 @@ static const struct mt_ops_i cpu_ops = {
     /* .all_finite           = */ .all_finite           = p_all_finite,
     /* .gemm                 = */ .gemm                 = p_gemm,
     /* .gemm_grouped         = */ .gemm_grouped         = p_gemm_grouped,
+    /* .gemm_bf16            = */ .gemm_bf16            = p_gemm_bf16,
+    /* .cast_bf16            = */ .cast_bf16            = p_cast_bf16,
     /* .embed_forward        = */ .embed_forward        = p_embed_forward,
     /* .embed_backward       = */ .embed_backward       = p_embed_backward,
     /* .rmsnorm_forward      = */ .rmsnorm_forward      = p_rmsnorm_forward,
     /* .rmsnorm_backward     = */ .rmsnorm_backward     = p_rmsnorm_backward,
+    /* .rmsnorm_forward_bf16 = */ .rmsnorm_forward_bf16 = p_rmsnorm_forward_bf16,
     /* .rope_forward         = */ .rope_forward         = p_rope_forward,
     /* .rope_backward        = */ .rope_backward        = p_rope_backward,
     /* .attention_forward    = */ .attention_forward    = p_attention_forward,

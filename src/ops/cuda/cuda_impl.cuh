@@ -9,12 +9,16 @@
  * plain C entry points; templates and kernels stay inside the .cu files.
  *
  * Process state. The table's entries take no handle (sync(void), gemm(...)),
- * so the backend keeps one state object, `mt_cuda_g`: the stream every op is
- * queued on, the cuBLAS and cuBLASLt handles, the GEMM precision (fp32 or
- * bf16) and the cached cuBLASLt plans, fixed reduction scratch, a grow-only
- * workspace and the sticky error. It is the one exception to "no mutable
- * globals" (STYLE.md 7), forced by the table's signatures; it is written only
- * by mt_ops_cuda() (init), mt_ops_cuda_shutdown() and the error boundary.
+ * so the backend's state is one object, `struct mt_cuda_backend` (the stream
+ * every op is queued on, the cuBLAS and cuBLASLt handles, the GEMM precision
+ * (fp32 or bf16) and the cached cuBLASLt plans, fixed reduction scratch, a
+ * grow-only workspace and the sticky error): one heap instance made at init,
+ * reached through the pointer `mt_cuda_be`. That pointer is the one
+ * exception to "no mutable globals" (STYLE.md 7), forced by the table's
+ * signatures; it goes when the entries receive the instance as their first
+ * argument (docs/cuda.md, "The backend handle"). The instance is written only
+ * by mt_ops_cuda() (init), mt_ops_cuda_shutdown(), set_precision and the
+ * error boundary.
  *
  * Errors. Kernels return void (mt_ops.h). Every CUDA runtime / cuBLAS status
  * goes through MT_CUDA_CHECK_GEN (ggml's CUDA_CHECK_GEN) which turns a
@@ -73,6 +77,7 @@ extern "C" {
 struct mt_cuda_lt_plan {
     int                     used;
     int                     ta, tb, m, n, k, lda, ldb, ldc, align_c;  /* the key (row-major view) */
+    int                     align_a, align_b; /* + operand alignments (256: packed scratch)   */
     int                     ok;         /* 0: no algorithm: the tile falls back to sgemm */
     cublasLtMatmulDesc_t    desc;
     cublasLtMatrixLayout_t  la, lb, lc; /* cuBLASLt's A (= our B), B (= our A), C = D     */
@@ -80,7 +85,7 @@ struct mt_cuda_lt_plan {
     size_t                  ws;         /* workspace the algorithm needs                  */
 };
 
-struct mt_cuda_state {
+struct mt_cuda_backend {
     int            ready;          /* 1 after a successful mt_ops_cuda()        */
     int            device;         /* cudaGetDevice() at init                    */
     cudaStream_t   stream;         /* every op is queued here, in call order     */
@@ -107,7 +112,8 @@ struct mt_cuda_state {
     size_t         ws_bytes;
     struct mt_ops_cuda_info info;
 };
-extern struct mt_cuda_state mt_cuda_g;
+/* the instance the handle-less entries act on (ops_cuda.cu); NULL before init */
+extern struct mt_cuda_backend *mt_cuda_be;
 
 /* After an allocation: the device's used bytes (cudaMemGetInfo: total -
  * free, every allocation of the process and the context) into the peak the
@@ -120,8 +126,8 @@ static inline void mt_cuda_note_mem(void)
         (void)cudaGetLastError();
         return;
     }
-    mt_cuda_g.info.mem_free_now = fr;
-    if (tot - fr > mt_cuda_g.info.mem_used_peak) mt_cuda_g.info.mem_used_peak = tot - fr;
+    mt_cuda_be->info.mem_free_now = fr;
+    if (tot - fr > mt_cuda_be->info.mem_used_peak) mt_cuda_be->info.mem_used_peak = tot - fr;
 }
 
 /* Record a failure (sticky, first one kept). Returns 0 for use in conditions. */
@@ -158,7 +164,7 @@ void *mt_cuda_workspace(size_t bytes);
 #define MT_LAUNCH(kern, grid, block, smem) mt_emu_launcher((kern), dim3(grid), dim3(block), (size_t)(smem))
 #define MT_DYN_SMEM(type, name) type *name = (type *)mt_emu_dyn_smem()
 #else
-#define MT_LAUNCH(kern, grid, block, smem) kern<<<(grid), (block), (smem), mt_cuda_g.stream>>>
+#define MT_LAUNCH(kern, grid, block, smem) kern<<<(grid), (block), (smem), mt_cuda_be->stream>>>
 #define MT_DYN_SMEM(type, name) extern __shared__ __align__(16) type name[]
 #endif
 
@@ -211,6 +217,9 @@ void mt_cuda_lt_plans_release(void);
 void mt_cuda_gemm(int transA, int transB, int M, int N, int K, float alpha,
                   const float *A, int lda, const float *B, int ldb,
                   float beta, float *C, int ldc);
+void mt_cuda_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, const void *A, enum mt_elem a_type,
+                       int lda, const void *B, enum mt_elem b_type, int ldb, float beta, float *C, int ldc);
+void mt_cuda_cast_bf16(mt_bf16 *dst, const float *src, size_t n);
 void mt_cuda_gemm_grouped(int transA, int transB, int n, const int *M, const int *N, const int *K, float alpha,
                           const float *const *A, int lda, const float *const *B, int ldb, float beta,
                           float *const *C, int ldc);
@@ -222,6 +231,8 @@ void mt_cuda_embed_backward(float *dwte, const float *dout, const int32_t *idx, 
 /* ---- rmsnorm.cu ---- */
 void mt_cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
                              int N, int C, float eps);
+void mt_cuda_rmsnorm_forward_bf16(float *out, mt_bf16 *out_bf16, float *rstd, const float *inp,
+                                  const float *weight, int N, int C, float eps);
 void mt_cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
                               const float *weight, const float *rstd, int N, int C, int accumulate);
 

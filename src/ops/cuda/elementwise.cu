@@ -77,7 +77,7 @@ extern "C" void mt_cuda_fill(float *x, float value, size_t n)
 {
     if (!n) return;
     if (value == 0.0f) {
-        MT_CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), mt_cuda_g.stream));
+        MT_CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), mt_cuda_be->stream));
         return;
     }
     MT_LAUNCH(fill_k, mt_cuda_blocks(n, THREADS), THREADS, 0)(x, value, n);
@@ -89,7 +89,7 @@ extern "C" void mt_cuda_axpby(float *y, const float *x, float a, float b, size_t
 {
     if (!n) return;
     if (!x && b == 0.0f) {
-        MT_CUDA_CHECK(cudaMemsetAsync(y, 0, n * sizeof(float), mt_cuda_g.stream));
+        MT_CUDA_CHECK(cudaMemsetAsync(y, 0, n * sizeof(float), mt_cuda_be->stream));
         return;
     }
     int mode = !x ? 0 : (b == 0.0f ? 1 : 2);
@@ -99,29 +99,29 @@ extern "C" void mt_cuda_axpby(float *y, const float *x, float a, float b, size_t
 
 extern "C" double mt_cuda_sumsq(const float *x, size_t n)
 {
-    if (mt_cuda_g.err != MT_OK) return NAN;
+    if (mt_cuda_be->err != MT_OK) return NAN;
     if (!n) return 0.0;
     size_t bs = (n + MT_CUDA_RED_BLOCKS - 1) / MT_CUDA_RED_BLOCKS;
-    MT_LAUNCH(sumsq_pass1_k, MT_CUDA_RED_BLOCKS, MT_CUDA_RED_THREADS, 0)(mt_cuda_g.red_partial, x, n, bs);
+    MT_LAUNCH(sumsq_pass1_k, MT_CUDA_RED_BLOCKS, MT_CUDA_RED_THREADS, 0)(mt_cuda_be->red_partial, x, n, bs);
     MT_CUDA_KCHECK();
-    MT_LAUNCH(sumsq_pass2_k, 1, MT_CUDA_RED_THREADS, 0)(mt_cuda_g.red_partial, MT_CUDA_RED_BLOCKS);
+    MT_LAUNCH(sumsq_pass2_k, 1, MT_CUDA_RED_THREADS, 0)(mt_cuda_be->red_partial, MT_CUDA_RED_BLOCKS);
     MT_CUDA_KCHECK();
     double r = NAN;
-    MT_CUDA_CHECK(cudaMemcpyAsync(&r, mt_cuda_g.red_partial + MT_CUDA_RED_BLOCKS, sizeof r,
-                                  cudaMemcpyDeviceToHost, mt_cuda_g.stream));
-    MT_CUDA_CHECK(cudaStreamSynchronize(mt_cuda_g.stream));
-    return mt_cuda_g.err != MT_OK ? NAN : r;
+    MT_CUDA_CHECK(cudaMemcpyAsync(&r, mt_cuda_be->red_partial + MT_CUDA_RED_BLOCKS, sizeof r,
+                                  cudaMemcpyDeviceToHost, mt_cuda_be->stream));
+    MT_CUDA_CHECK(cudaStreamSynchronize(mt_cuda_be->stream));
+    return mt_cuda_be->err != MT_OK ? NAN : r;
 }
 
 extern "C" int mt_cuda_all_finite(const float *x, size_t n)
 {
-    if (mt_cuda_g.err != MT_OK) return 0;
+    if (mt_cuda_be->err != MT_OK) return 0;
     if (!n) return 1;
-    MT_CUDA_CHECK(cudaMemsetAsync(mt_cuda_g.red_flag, 0, sizeof(int), mt_cuda_g.stream));
-    MT_LAUNCH(nonfinite_k, mt_cuda_blocks(n, THREADS), THREADS, 0)(mt_cuda_g.red_flag, x, n);
+    MT_CUDA_CHECK(cudaMemsetAsync(mt_cuda_be->red_flag, 0, sizeof(int), mt_cuda_be->stream));
+    MT_LAUNCH(nonfinite_k, mt_cuda_blocks(n, THREADS), THREADS, 0)(mt_cuda_be->red_flag, x, n);
     MT_CUDA_KCHECK();
     int bad = 1;
-    MT_CUDA_CHECK(cudaMemcpyAsync(&bad, mt_cuda_g.red_flag, sizeof bad, cudaMemcpyDeviceToHost, mt_cuda_g.stream));
-    MT_CUDA_CHECK(cudaStreamSynchronize(mt_cuda_g.stream));
-    return mt_cuda_g.err == MT_OK && bad == 0;
+    MT_CUDA_CHECK(cudaMemcpyAsync(&bad, mt_cuda_be->red_flag, sizeof bad, cudaMemcpyDeviceToHost, mt_cuda_be->stream));
+    MT_CUDA_CHECK(cudaStreamSynchronize(mt_cuda_be->stream));
+    return mt_cuda_be->err == MT_OK && bad == 0;
 }

@@ -1,6 +1,6 @@
 /*
  * gemm.cu — C = alpha op(A) op(B) + beta C (row-major), fp32 through
- * cublasSgemm or bf16 through cuBLASLt, as mt_cuda_g.precision says.
+ * cublasSgemm or bf16 through cuBLASLt, as mt_cuda_be->precision says.
  *
  * Row-major onto column-major: a row-major (R, S) matrix with leading
  * dimension ld is, byte for byte, the column-major (S, R) matrix (its
@@ -63,14 +63,25 @@ static __global__ void scale_k(float *C, int M, int N, int ldc, float beta)
     }
 }
 
-/* dst (rows, cols; ldd) = bf16(src (rows, cols; lds)), round to nearest even */
-static __global__ void to_bf16_k(__nv_bfloat16 *dst, int ldd, const float *src, int lds, int rows, int cols)
+/* dst (rows, cols; ldd) = bf16(src (rows, cols; lds)), round to nearest even
+ * (a bf16 source is copied as is: the packing of a bf16 operand) */
+static __device__ __forceinline__ __nv_bfloat16 as_bf16(float x) { return __float2bfloat16_rn(x); }
+static __device__ __forceinline__ __nv_bfloat16 as_bf16(__nv_bfloat16 x) { return x; }
+template <typename T>
+static __global__ void to_bf16_k(__nv_bfloat16 *dst, int ldd, const T *src, int lds, int rows, int cols)
 {
     size_t total = (size_t)rows * (size_t)cols;
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
         size_t i = e / (size_t)cols, j = e % (size_t)cols;
-        dst[i * (size_t)ldd + j] = __float2bfloat16_rn(src[i * (size_t)lds + j]);
+        dst[i * (size_t)ldd + j] = as_bf16(src[i * (size_t)lds + j]);
     }
+}
+
+/* the weights' shadows: dst[i] = bf16(src[i]) */
+static __global__ void cast_bf16_k(__nv_bfloat16 *dst, const float *src, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __float2bfloat16_rn(src[i]);
 }
 
 static inline int pad8(int x) { return (x + 7) & ~7; }
@@ -88,7 +99,7 @@ static inline int align_of(const void *p)
 static void sgemm(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
                   int ldb, float beta, float *C, int ldc)
 {
-    MT_CUBLAS_CHECK(cublasSgemm(mt_cuda_g.blas, transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N,
+    MT_CUBLAS_CHECK(cublasSgemm(mt_cuda_be->blas, transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N,
                                 N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc));
 }
 
@@ -105,8 +116,8 @@ static void plan_release(struct mt_cuda_lt_plan *p)
 
 extern "C" void mt_cuda_lt_plans_release(void)
 {
-    for (int i = 0; i < MT_CUDA_LT_PLANS; i++) plan_release(&mt_cuda_g.plans[i]);
-    mt_cuda_g.plan_next = 0;
+    for (int i = 0; i < MT_CUDA_LT_PLANS; i++) plan_release(&mt_cuda_be->plans[i]);
+    mt_cuda_be->plan_next = 0;
 }
 
 /* Descriptors and algorithm for one bf16 tile, in the column-major view:
@@ -129,14 +140,15 @@ static int plan_build(struct mt_cuda_lt_plan *p)
         return 0;
     cublasLtMatmulPreference_t pref = NULL;
     const uint64_t max_ws = MT_CUDA_LT_WS_BYTES;
-    const uint32_t al_ab = 256, al_c = (uint32_t)p->align_c;
+    /* Lt's A is our B, Lt's B our A (the mapping above) */
+    const uint32_t al_a = (uint32_t)p->align_b, al_b = (uint32_t)p->align_a, al_c = (uint32_t)p->align_c;
     int ok = MT_CUBLASLT_OK(cublasLtMatmulPreferenceCreate(&pref)) &&
              MT_CUBLASLT_OK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_ws,
                                                                  sizeof max_ws)) &&
-             MT_CUBLASLT_OK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_ab,
-                                                                 sizeof al_ab)) &&
-             MT_CUBLASLT_OK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_ab,
-                                                                 sizeof al_ab)) &&
+             MT_CUBLASLT_OK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
+                                                                 sizeof al_a)) &&
+             MT_CUBLASLT_OK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
+                                                                 sizeof al_b)) &&
              MT_CUBLASLT_OK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c,
                                                                  sizeof al_c)) &&
              MT_CUBLASLT_OK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
@@ -146,7 +158,7 @@ static int plan_build(struct mt_cuda_lt_plan *p)
         int n_res = 0;
         memset(&res, 0, sizeof res);
         /* "no algorithm" is an answer, not an error: the tile falls back */
-        cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(mt_cuda_g.lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1,
+        cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(mt_cuda_be->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1,
                                                            &res, &n_res);
         if (st == CUBLAS_STATUS_SUCCESS && n_res > 0 && res.state == CUBLAS_STATUS_SUCCESS &&
             res.workspaceSize <= MT_CUDA_LT_WS_BYTES) {
@@ -161,19 +173,21 @@ static int plan_build(struct mt_cuda_lt_plan *p)
     return ok;
 }
 
-static struct mt_cuda_lt_plan *plan_get(int ta, int tb, int m, int n, int k, int lda, int ldb, int ldc, int align_c)
+static struct mt_cuda_lt_plan *plan_get(int ta, int tb, int m, int n, int k, int lda, int ldb, int ldc, int align_c,
+                                        int align_a, int align_b)
 {
     for (int i = 0; i < MT_CUDA_LT_PLANS; i++) {
-        struct mt_cuda_lt_plan *p = &mt_cuda_g.plans[i];
+        struct mt_cuda_lt_plan *p = &mt_cuda_be->plans[i];
         if (p->used && p->ta == ta && p->tb == tb && p->m == m && p->n == n && p->k == k && p->lda == lda &&
-            p->ldb == ldb && p->ldc == ldc && p->align_c == align_c)
+            p->ldb == ldb && p->ldc == ldc && p->align_c == align_c && p->align_a == align_a && p->align_b == align_b)
             return p;
     }
-    struct mt_cuda_lt_plan *p = &mt_cuda_g.plans[mt_cuda_g.plan_next];
-    mt_cuda_g.plan_next = (mt_cuda_g.plan_next + 1) % MT_CUDA_LT_PLANS;
+    struct mt_cuda_lt_plan *p = &mt_cuda_be->plans[mt_cuda_be->plan_next];
+    mt_cuda_be->plan_next = (mt_cuda_be->plan_next + 1) % MT_CUDA_LT_PLANS;
     plan_release(p);
     p->ta = ta; p->tb = tb; p->m = m; p->n = n; p->k = k;
     p->lda = lda; p->ldb = ldb; p->ldc = ldc; p->align_c = align_c;
+    p->align_a = align_a; p->align_b = align_b;
     if (!plan_build(p)) {
         plan_release(p);  /* error recorded; nothing cached */
         return NULL;
@@ -184,10 +198,24 @@ static struct mt_cuda_lt_plan *plan_get(int ta, int tb, int m, int n, int k, int
 
 /* ---- bf16 ---- */
 
-static void to_bf16(__nv_bfloat16 *dst, int ldd, const float *src, int lds, int rows, int cols)
+/* pack a stored operand (fp32: rounded and counted; bf16: copied) */
+static void to_bf16(__nv_bfloat16 *dst, int ldd, const void *src, enum mt_elem t, int lds, int rows, int cols)
 {
-    MT_LAUNCH(to_bf16_k, mt_cuda_blocks((size_t)rows * (size_t)cols, 256), 256, 0)(dst, ldd, src, lds, rows, cols);
+    if (t == MT_ELEM_BF16) {
+        MT_LAUNCH(to_bf16_k<__nv_bfloat16>, mt_cuda_blocks((size_t)rows * (size_t)cols, 256), 256, 0)(
+            dst, ldd, (const __nv_bfloat16 *)src, lds, rows, cols);
+    } else {
+        mt_cuda_be->info.gemm_bf16_cast_elems += (long)rows * (long)cols;
+        MT_LAUNCH(to_bf16_k<float>, mt_cuda_blocks((size_t)rows * (size_t)cols, 256), 256, 0)(
+            dst, ldd, (const float *)src, lds, rows, cols);
+    }
     MT_CUDA_KCHECK();
+}
+
+/* element offset into a stored operand of type t */
+static inline const void *elem_at(const void *p, enum mt_elem t, size_t off)
+{
+    return t == MT_ELEM_BF16 ? (const void *)((const __nv_bfloat16 *)p + off) : (const void *)((const float *)p + off);
 }
 
 /* scratch bytes of op(A)'s rows [.., +mm) and op(B)'s columns [.., +nn) */
@@ -203,10 +231,10 @@ static int fit_rows(size_t avail, size_t per_row, int total)
     return r >= (size_t)total ? total : (int)r;
 }
 
-static void gemm_bf16(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
-                      int ldb, float beta, float *C, int ldc)
+static void gemm_bf16(int ta, int tb, int M, int N, int K, float alpha, const void *A, enum mt_elem at, int lda,
+                      const void *B, enum mt_elem bt, int ldb, float beta, float *C, int ldc)
 {
-    const size_t cap = mt_cuda_g.bf16_cap;
+    const size_t cap = mt_cuda_be->bf16_cap;
     const size_t per_a = (size_t)2 * (size_t)(ta ? K : pad8(K)), per_b = (size_t)2 * (size_t)(tb ? pad8(K) : K);
     int mc = M, nc = N;
     if (bytes_a(ta, M, K) + bytes_b(tb, N, K) > cap) {
@@ -222,28 +250,33 @@ static void gemm_bf16(int ta, int tb, int M, int N, int K, float alpha, const fl
         const int mm = M - m0 < mc ? M - m0 : mc;
         /* op(A) rows m0..: stored rows (ta = 0) or stored columns (ta = 1) */
         const int lda_s = ta ? pad8(mm) : pad8(K);
-        const float *a0 = ta ? A + m0 : A + (size_t)m0 * (size_t)lda;
-        if (ta) to_bf16(sa, lda_s, a0, lda, K, mm);
-        else    to_bf16(sa, lda_s, a0, lda, mm, K);
+        const void *a0 = elem_at(A, at, ta ? (size_t)m0 : (size_t)m0 * (size_t)lda);
+        if (ta) to_bf16(sa, lda_s, a0, at, lda, K, mm);
+        else    to_bf16(sa, lda_s, a0, at, lda, mm, K);
         for (int n0 = 0; n0 < N; n0 += nc) {
             const int nn = N - n0 < nc ? N - n0 : nc;
             const int ldb_s = tb ? pad8(K) : pad8(nn);
-            const float *b0 = tb ? B + (size_t)n0 * (size_t)ldb : B + n0;
+            const void *b0 = elem_at(B, bt, tb ? (size_t)n0 * (size_t)ldb : (size_t)n0);
             if (m0 == 0 || nc < N) {
-                if (tb) to_bf16(sb, ldb_s, b0, ldb, nn, K);
-                else    to_bf16(sb, ldb_s, b0, ldb, K, nn);
+                if (tb) to_bf16(sb, ldb_s, b0, bt, ldb, nn, K);
+                else    to_bf16(sb, ldb_s, b0, bt, ldb, K, nn);
             }
             float *c0 = C + (size_t)m0 * (size_t)ldc + n0;
-            struct mt_cuda_lt_plan *p = plan_get(ta, tb, mm, nn, K, lda_s, ldb_s, ldc, align_of(c0));
+            struct mt_cuda_lt_plan *p = plan_get(ta, tb, mm, nn, K, lda_s, ldb_s, ldc, align_of(c0), 256, 256);
             if (!p) return;  /* descriptor failure recorded */
             if (!p->ok) {
-                mt_cuda_g.info.gemm_bf16_fallbacks++;
-                sgemm(ta, tb, mm, nn, K, alpha, a0, lda, b0, ldb, beta, c0, ldc);
+                if (at != MT_ELEM_F32 || bt != MT_ELEM_F32) {
+                    /* no fp32 original to fall back on: an error, never a silent substitute */
+                    MT_CUDA_UNSUPPORTED("cuBLASLt has no bf16 algorithm for a tile with a bf16 operand");
+                    return;
+                }
+                mt_cuda_be->info.gemm_bf16_fallbacks++;
+                sgemm(ta, tb, mm, nn, K, alpha, (const float *)a0, lda, (const float *)b0, ldb, beta, c0, ldc);
                 continue;
             }
-            mt_cuda_g.info.gemm_bf16_calls++;
-            MT_CUBLASLT_OK(cublasLtMatmul(mt_cuda_g.lt, p->desc, &alpha, sb, p->la, sa, p->lb, &beta, c0, p->lc, c0,
-                                          p->lc, &p->algo, mt_cuda_g.lt_ws, p->ws, mt_cuda_g.stream));
+            mt_cuda_be->info.gemm_bf16_calls++;
+            MT_CUBLASLT_OK(cublasLtMatmul(mt_cuda_be->lt, p->desc, &alpha, sb, p->la, sa, p->lb, &beta, c0, p->lc, c0,
+                                          p->lc, &p->algo, mt_cuda_be->lt_ws, p->ws, mt_cuda_be->stream));
         }
     }
 }
@@ -259,10 +292,54 @@ extern "C" void mt_cuda_gemm(int transA, int transB, int M, int N, int K, float 
         MT_CUDA_KCHECK();
         return;
     }
-    if (mt_cuda_g.precision == MT_CUDA_PRECISION_BF16)
-        gemm_bf16(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (mt_cuda_be->precision == MT_CUDA_PRECISION_BF16)
+        gemm_bf16(transA, transB, M, N, K, alpha, A, MT_ELEM_F32, lda, B, MT_ELEM_F32, ldb, beta, C, ldc);
     else
         sgemm(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+/* gemm_bf16 entry (precision=bf16): operands typed per call. Two bf16
+ * operands are first tried AS STORED (the caller's pointers, leading
+ * dimensions and alignments declared to the heuristic): one cuBLASLt matmul,
+ * no conversion, no scratch — the path of a bf16 weight shadow times a bf16
+ * operand. When the heuristic has no algorithm for that layout (e.g. a
+ * leading dimension that is not a multiple of 8), or an operand is fp32,
+ * the operands are packed (bf16 copied, fp32 rounded: counted in
+ * gemm_bf16_cast_elems) into the padded scratch of the per-call path above.
+ * The numbers are the same either way: bf16 products, fp32 accumulation,
+ * K never split. Independent of mt_cuda_be->precision (the plain gemm entry
+ * stays fp32 unless MT_CUDA_PRECISION=bf16 asks otherwise). */
+extern "C" void mt_cuda_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, const void *A,
+                                  enum mt_elem a_type, int lda, const void *B, enum mt_elem b_type, int ldb,
+                                  float beta, float *C, int ldc)
+{
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0 || alpha == 0.0f) {
+        if (beta == 1.0f) return;
+        MT_LAUNCH(scale_k, mt_cuda_blocks((size_t)M * (size_t)N, 256), 256, 0)(C, M, N, ldc, beta);
+        MT_CUDA_KCHECK();
+        return;
+    }
+    if (a_type == MT_ELEM_BF16 && b_type == MT_ELEM_BF16) {
+        struct mt_cuda_lt_plan *p = plan_get(transA, transB, M, N, K, lda, ldb, ldc, align_of(C), align_of(A),
+                                             align_of(B));
+        if (!p) return;  /* descriptor failure recorded */
+        if (p->ok) {
+            mt_cuda_be->info.gemm_bf16_calls++;
+            mt_cuda_be->info.gemm_bf16_direct++;
+            MT_CUBLASLT_OK(cublasLtMatmul(mt_cuda_be->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C,
+                                          p->lc, &p->algo, mt_cuda_be->lt_ws, p->ws, mt_cuda_be->stream));
+            return;
+        }
+    }
+    gemm_bf16(transA, transB, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, beta, C, ldc);
+}
+
+extern "C" void mt_cuda_cast_bf16(mt_bf16 *dst, const float *src, size_t n)
+{
+    if (n == 0) return;
+    MT_LAUNCH(cast_bf16_k, mt_cuda_blocks(n, 256), 256, 0)((__nv_bfloat16 *)dst, src, n);
+    MT_CUDA_KCHECK();
 }
 
 /* ---- grouped GEMM (MoE experts) ----
@@ -296,8 +373,8 @@ static void grouped_loop(int transA, int transB, int n, const int *M, const int 
                          const float *const *A, int lda, const float *const *B, int ldb, float beta,
                          float *const *C, int ldc, const char *why)
 {
-    mt_cuda_g.info.gemm_grouped_loops++;
-    snprintf(mt_cuda_g.info.gemm_grouped_fallback, sizeof mt_cuda_g.info.gemm_grouped_fallback, "%s", why);
+    mt_cuda_be->info.gemm_grouped_loops++;
+    snprintf(mt_cuda_be->info.gemm_grouped_fallback, sizeof mt_cuda_be->info.gemm_grouped_fallback, "%s", why);
     for (int g = 0; g < n; g++) mt_cuda_gemm(transA, transB, M[g], N[g], K[g], alpha, A[g], lda, B[g], ldb, beta, C[g], ldc);
 }
 
@@ -305,9 +382,9 @@ extern "C" void mt_cuda_gemm_grouped(int transA, int transB, int n, const int *M
                                      float alpha, const float *const *A, int lda, const float *const *B, int ldb,
                                      float beta, float *const *C, int ldc)
 {
-    mt_cuda_g.info.gemm_grouped_calls++;
+    mt_cuda_be->info.gemm_grouped_calls++;
     if (n <= 0) return;
-    if (mt_cuda_g.precision == MT_CUDA_PRECISION_BF16) {
+    if (mt_cuda_be->precision == MT_CUDA_PRECISION_BF16) {
         grouped_loop(transA, transB, n, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
                      "bf16 mode: grouped GEMM runs as a loop of cuBLASLt bf16 matmuls (no grouped Lt path yet)");
         return;
@@ -316,7 +393,7 @@ extern "C" void mt_cuda_gemm_grouped(int transA, int transB, int n, const int *M
     cublasOperation_t ta[MT_CUDA_GROUP_CHUNK], tb[MT_CUDA_GROUP_CHUNK];
     int m[MT_CUDA_GROUP_CHUNK], nn[MT_CUDA_GROUP_CHUNK], k[MT_CUDA_GROUP_CHUNK], la[MT_CUDA_GROUP_CHUNK],
         lb[MT_CUDA_GROUP_CHUNK], lc[MT_CUDA_GROUP_CHUNK], gs[MT_CUDA_GROUP_CHUNK];
-    float al[MT_CUDA_GROUP_CHUNK], be[MT_CUDA_GROUP_CHUNK];
+    float al[MT_CUDA_GROUP_CHUNK], bg[MT_CUDA_GROUP_CHUNK];
     struct grouped_ptrs pt;
     const void *tmp[3][MT_CUDA_GROUP_CHUNK];
     int g = 0;
@@ -338,7 +415,7 @@ extern "C" void mt_cuda_gemm_grouped(int transA, int transB, int n, const int *M
             lc[ng] = ldc;
             gs[ng] = 1;
             al[ng] = alpha;
-            be[ng] = beta;
+            bg[ng] = beta;
             tmp[0][ng] = B[g];
             tmp[1][ng] = A[g];
             tmp[2][ng] = C[g];
@@ -350,8 +427,8 @@ extern "C" void mt_cuda_gemm_grouped(int transA, int transB, int n, const int *M
         if (!dptr) return;   /* recorded (sticky OOM) */
         MT_LAUNCH(grouped_ptrs_k, 1, 3 * MT_CUDA_GROUP_CHUNK, 0)(pt, dptr, 3 * ng);
         MT_CUDA_KCHECK();
-        MT_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(mt_cuda_g.blas, ta, tb, m, nn, k, al, dptr, CUDA_R_32F, la,
-                                                   dptr + ng, CUDA_R_32F, lb, be, (void *const *)(dptr + 2 * ng),
+        MT_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(mt_cuda_be->blas, ta, tb, m, nn, k, al, dptr, CUDA_R_32F, la,
+                                                   dptr + ng, CUDA_R_32F, lb, bg, (void *const *)(dptr + 2 * ng),
                                                    CUDA_R_32F, lc, ng, gs, CUBLAS_COMPUTE_32F));
     }
 #else

@@ -62,12 +62,12 @@ extern "C" void *mt_cuda_buf_alloc(struct mt_ctx *ctx, size_t bytes, enum mt_buc
         return NULL;
     }
     struct buf_header h = {(uint64_t)bytes, (uint64_t)bucket, MT_CUDA_MAGIC};
-    int ok = MT_CUDA_OK(cudaMemsetAsync(base + MT_CUDA_HDR, 0, bytes, mt_cuda_g.stream)) &&
-             MT_CUDA_OK(cudaMemcpyAsync(base, &h, sizeof h, cudaMemcpyHostToDevice, mt_cuda_g.stream)) &&
-             MT_CUDA_OK(cudaStreamSynchronize(mt_cuda_g.stream));  /* h lives on this stack frame */
+    int ok = MT_CUDA_OK(cudaMemsetAsync(base + MT_CUDA_HDR, 0, bytes, mt_cuda_be->stream)) &&
+             MT_CUDA_OK(cudaMemcpyAsync(base, &h, sizeof h, cudaMemcpyHostToDevice, mt_cuda_be->stream)) &&
+             MT_CUDA_OK(cudaStreamSynchronize(mt_cuda_be->stream));  /* h lives on this stack frame */
     if (!ok) {
         cudaFree(base);
-        if (ctx) mt_ctx_error(ctx, MT_ERR_RUNTIME, "cuda buffer setup failed: %s", mt_cuda_g.errmsg);
+        if (ctx) mt_ctx_error(ctx, MT_ERR_RUNTIME, "cuda buffer setup failed: %s", mt_cuda_be->errmsg);
         return NULL;
     }
     account(ctx, bytes, (int)bucket, 1);
@@ -82,8 +82,8 @@ extern "C" void mt_cuda_buf_free(struct mt_ctx *ctx, void *p)
     char *base = (char *)p - MT_CUDA_HDR;
     struct buf_header h;
     memset(&h, 0, sizeof h);
-    if (MT_CUDA_OK(cudaMemcpyAsync(&h, base, sizeof h, cudaMemcpyDeviceToHost, mt_cuda_g.stream)) &&
-        MT_CUDA_OK(cudaStreamSynchronize(mt_cuda_g.stream))) {
+    if (MT_CUDA_OK(cudaMemcpyAsync(&h, base, sizeof h, cudaMemcpyDeviceToHost, mt_cuda_be->stream)) &&
+        MT_CUDA_OK(cudaStreamSynchronize(mt_cuda_be->stream))) {
         if (h.magic == MT_CUDA_MAGIC && h.bucket < MT_BUCKET_COUNT)
             account(ctx, (size_t)h.bytes, (int)h.bucket, 0);
         else
@@ -98,31 +98,31 @@ extern "C" void mt_cuda_buf_free(struct mt_ctx *ctx, void *p)
 extern "C" void mt_cuda_copy_to_host(void *dst_host, const void *src, size_t bytes)
 {
     if (!bytes) return;
-    MT_CUDA_CHECK(cudaMemcpyAsync(dst_host, src, bytes, cudaMemcpyDeviceToHost, mt_cuda_g.stream));
-    MT_CUDA_CHECK(cudaStreamSynchronize(mt_cuda_g.stream));
+    MT_CUDA_CHECK(cudaMemcpyAsync(dst_host, src, bytes, cudaMemcpyDeviceToHost, mt_cuda_be->stream));
+    MT_CUDA_CHECK(cudaStreamSynchronize(mt_cuda_be->stream));
 }
 
 extern "C" void mt_cuda_copy_from_host(void *dst, const void *src_host, size_t bytes)
 {
     if (!bytes) return;
-    MT_CUDA_CHECK(cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, mt_cuda_g.stream));
-    MT_CUDA_CHECK(cudaStreamSynchronize(mt_cuda_g.stream));
+    MT_CUDA_CHECK(cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, mt_cuda_be->stream));
+    MT_CUDA_CHECK(cudaStreamSynchronize(mt_cuda_be->stream));
 }
 
 /* device to device, queued (ordered with the kernels around it) */
 extern "C" void mt_cuda_copy(void *dst, const void *src, size_t bytes)
 {
     if (!bytes || dst == src) return;
-    MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, mt_cuda_g.stream));
+    MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, mt_cuda_be->stream));
 }
 
 /* Wait for every queued op; the first recorded error is printed once. */
 extern "C" void mt_cuda_sync(void)
 {
-    MT_CUDA_CHECK(cudaStreamSynchronize(mt_cuda_g.stream));
+    MT_CUDA_CHECK(cudaStreamSynchronize(mt_cuda_be->stream));
     MT_CUDA_KCHECK();
-    if (mt_cuda_g.err != MT_OK && !mt_cuda_g.err_reported) {
-        mt_cuda_g.err_reported = 1;
-        fprintf(stderr, "meshtrain cuda backend error: %s\n", mt_cuda_g.errmsg);
+    if (mt_cuda_be->err != MT_OK && !mt_cuda_be->err_reported) {
+        mt_cuda_be->err_reported = 1;
+        fprintf(stderr, "meshtrain cuda backend error: %s\n", mt_cuda_be->errmsg);
     }
 }

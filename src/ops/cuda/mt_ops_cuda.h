@@ -67,6 +67,11 @@ struct mt_ops_cuda_info {
     long   gemm_bf16_calls;    /* cuBLASLt bf16 matmuls run (tiles counted)       */
     long   gemm_bf16_fallbacks;/* tiles cuBLASLt had no algorithm for, run by
                                   cublasSgemm in fp32 instead (named, counted)    */
+    /* gemm_bf16 entry (precision=bf16, operands typed per call): */
+    long   gemm_bf16_direct;   /* matmuls on the caller's bf16 operands as stored
+                                  (weights' shadows: no conversion at all)        */
+    long   gemm_bf16_cast_elems; /* fp32 operand elements rounded to bf16 inside
+                                  gemm / gemm_bf16 (the per-call conversions left) */
     long   gemm_grouped_calls; /* grouped GEMM entries called                      */
     long   gemm_grouped_loops; /* ... of those, run as a loop of gemm calls        */
     char   gemm_grouped_fallback[128]; /* why the last loop ran ("" = never)     */

@@ -4,7 +4,7 @@
  * reduction scratch), the sticky error and the workspace.
  *
  * Invariant: mt_ops_cuda() returns the table only when the state is fully
- * initialised (`ready`); every entry then queues work on mt_cuda_g.stream in
+ * initialised (`ready`); every entry then queues work on mt_cuda_be->stream in
  * call order, so a single stream orders all kernels, copies and GEMMs.
  */
 #include "cuda_impl.cuh"
@@ -12,15 +12,20 @@
 #include <stdio.h>
 #include <string.h>
 
-struct mt_cuda_state mt_cuda_g;
+/* The backend object (stream, cuBLAS/cuBLASLt handles, precision, plans,
+ * scratch, workspace, sticky error): one heap instance made by init_state,
+ * NULL before it and after shutdown. The table's entries take no handle yet
+ * (docs/cuda.md, "The backend handle"), so they reach it through this one
+ * pointer; with the handle each entry receives it as its first argument. */
+struct mt_cuda_backend *mt_cuda_be;
 
 int mt_cuda_record(enum mt_status st, const char *call, const char *reason, const char *file, int line)
 {
-    mt_cuda_g.n_errors++;
-    if (mt_cuda_g.err == MT_OK) {
+    mt_cuda_be->n_errors++;
+    if (mt_cuda_be->err == MT_OK) {
         const char *base = strrchr(file, '/');
-        mt_cuda_g.err = st;
-        snprintf(mt_cuda_g.errmsg, sizeof mt_cuda_g.errmsg, "%s:%d: %s: %s", base ? base + 1 : file, line,
+        mt_cuda_be->err = st;
+        snprintf(mt_cuda_be->errmsg, sizeof mt_cuda_be->errmsg, "%s:%d: %s: %s", base ? base + 1 : file, line,
                  call, reason ? reason : "?");
     }
     return 0;
@@ -28,15 +33,15 @@ int mt_cuda_record(enum mt_status st, const char *call, const char *reason, cons
 
 void *mt_cuda_workspace(size_t bytes)
 {
-    if (bytes <= mt_cuda_g.ws_bytes) return mt_cuda_g.ws;
+    if (bytes <= mt_cuda_be->ws_bytes) return mt_cuda_be->ws;
     size_t want = bytes + bytes / 4;  /* grow by 25% more than asked: fewer regrowths */
     want = (want + 255) & ~(size_t)255;
-    if (mt_cuda_g.ws) {
+    if (mt_cuda_be->ws) {
         /* cudaFree waits for the device: no queued kernel still reads the old buffer */
-        MT_CUDA_CHECK(cudaFree(mt_cuda_g.ws));
-        mt_cuda_g.ws = NULL;
-        mt_cuda_g.ws_bytes = 0;
-        mt_cuda_g.info.workspace_bytes = MT_CUDA_LT_WS_BYTES;
+        MT_CUDA_CHECK(cudaFree(mt_cuda_be->ws));
+        mt_cuda_be->ws = NULL;
+        mt_cuda_be->ws_bytes = 0;
+        mt_cuda_be->info.workspace_bytes = MT_CUDA_LT_WS_BYTES;
     }
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, want);
@@ -47,9 +52,9 @@ void *mt_cuda_workspace(size_t bytes)
         mt_cuda_record(MT_ERR_OOM, "cudaMalloc", why, __FILE__, __LINE__);
         return NULL;
     }
-    mt_cuda_g.ws = p;
-    mt_cuda_g.ws_bytes = want;
-    mt_cuda_g.info.workspace_bytes = MT_CUDA_LT_WS_BYTES + want;
+    mt_cuda_be->ws = p;
+    mt_cuda_be->ws_bytes = want;
+    mt_cuda_be->info.workspace_bytes = MT_CUDA_LT_WS_BYTES + want;
     mt_cuda_note_mem();
     return p;
 }
@@ -77,10 +82,13 @@ static const struct mt_ops_i cuda_ops = {
     /* .all_finite           = */ .all_finite           = mt_cuda_all_finite,
     /* .gemm                 = */ .gemm                 = mt_cuda_gemm,
     /* .gemm_grouped         = */ .gemm_grouped         = mt_cuda_gemm_grouped,
+    /* .gemm_bf16            = */ .gemm_bf16            = mt_cuda_gemm_bf16,
+    /* .cast_bf16            = */ .cast_bf16            = mt_cuda_cast_bf16,
     /* .embed_forward        = */ .embed_forward        = mt_cuda_embed_forward,
     /* .embed_backward       = */ .embed_backward       = mt_cuda_embed_backward,
     /* .rmsnorm_forward      = */ .rmsnorm_forward      = mt_cuda_rmsnorm_forward,
     /* .rmsnorm_backward     = */ .rmsnorm_backward     = mt_cuda_rmsnorm_backward,
+    /* .rmsnorm_forward_bf16 = */ .rmsnorm_forward_bf16 = mt_cuda_rmsnorm_forward_bf16,
     /* .rope_forward         = */ .rope_forward         = mt_cuda_rope_forward,
     /* .rope_backward        = */ .rope_backward        = mt_cuda_rope_backward,
     /* .attention_forward    = */ .attention_forward    = mt_cuda_attention_forward,
@@ -108,19 +116,21 @@ static const struct mt_ops_i cuda_ops = {
     /* .xent_fused           = */ .xent_fused           = cuda_xent_fused,
 };
 
-/* Undo a partial init; the state returns to all-zero. */
+/* Undo a (partial) init: release what the instance holds and free it. */
 static void release_state(void)
 {
+    if (!mt_cuda_be) return;
     mt_cuda_lt_plans_release();
-    if (mt_cuda_g.lt) cublasLtDestroy(mt_cuda_g.lt);
-    if (mt_cuda_g.lt_ws) cudaFree(mt_cuda_g.lt_ws);
-    if (mt_cuda_g.blas) cublasDestroy(mt_cuda_g.blas);
-    if (mt_cuda_g.red_partial) cudaFree(mt_cuda_g.red_partial);
-    if (mt_cuda_g.red_flag) cudaFree(mt_cuda_g.red_flag);
-    if (mt_cuda_g.ws) cudaFree(mt_cuda_g.ws);
-    if (mt_cuda_g.stream) cudaStreamDestroy(mt_cuda_g.stream);
+    if (mt_cuda_be->lt) cublasLtDestroy(mt_cuda_be->lt);
+    if (mt_cuda_be->lt_ws) cudaFree(mt_cuda_be->lt_ws);
+    if (mt_cuda_be->blas) cublasDestroy(mt_cuda_be->blas);
+    if (mt_cuda_be->red_partial) cudaFree(mt_cuda_be->red_partial);
+    if (mt_cuda_be->red_flag) cudaFree(mt_cuda_be->red_flag);
+    if (mt_cuda_be->ws) cudaFree(mt_cuda_be->ws);
+    if (mt_cuda_be->stream) cudaStreamDestroy(mt_cuda_be->stream);
     (void)cudaGetLastError();
-    memset(&mt_cuda_g, 0, sizeof mt_cuda_g);
+    free(mt_cuda_be);
+    mt_cuda_be = NULL;
 }
 
 static int init_fail(char *why, size_t why_len, const char *step, const char *reason)
@@ -149,9 +159,9 @@ extern "C" enum mt_status mt_ops_cuda_precision_parse(const char *s, enum mt_cud
 
 static void set_precision(enum mt_cuda_precision p, const char *source)
 {
-    mt_cuda_g.precision = p;
-    snprintf(mt_cuda_g.info.precision, sizeof mt_cuda_g.info.precision, "%s", mt_ops_cuda_precision_name(p));
-    snprintf(mt_cuda_g.info.precision_source, sizeof mt_cuda_g.info.precision_source, "%s", source);
+    mt_cuda_be->precision = p;
+    snprintf(mt_cuda_be->info.precision, sizeof mt_cuda_be->info.precision, "%s", mt_ops_cuda_precision_name(p));
+    snprintf(mt_cuda_be->info.precision_source, sizeof mt_cuda_be->info.precision_source, "%s", source);
 }
 
 /* The runtime tunables of the table, read once at creation (declared in
@@ -198,7 +208,8 @@ static int init_state(char *why, size_t why_len)
         return init_fail(why, why_len, "no usable CUDA device (cudaGetDeviceCount)", cudaGetErrorString(e));
     }
     if (n < 1) return init_fail(why, why_len, "no CUDA device", "cudaGetDeviceCount returned 0");
-    memset(&mt_cuda_g, 0, sizeof mt_cuda_g);
+    mt_cuda_be = (struct mt_cuda_backend *)calloc(1, sizeof *mt_cuda_be);
+    if (!mt_cuda_be) return init_fail(why, why_len, "backend object", "out of host memory");
     int dev = 0;
     if ((e = cudaGetDevice(&dev)) != cudaSuccess) return init_fail(why, why_len, "cudaGetDevice", cudaGetErrorString(e));
     cudaDeviceProp prop;
@@ -206,8 +217,8 @@ static int init_state(char *why, size_t why_len)
         return init_fail(why, why_len, "cudaGetDeviceProperties", cudaGetErrorString(e));
     if (prop.major < 7)
         return init_fail(why, why_len, "device too old", "compute capability >= 7.0 required");
-    mt_cuda_g.device = dev;
-    struct mt_ops_cuda_info *in = &mt_cuda_g.info;
+    mt_cuda_be->device = dev;
+    struct mt_ops_cuda_info *in = &mt_cuda_be->info;
     snprintf(in->device, sizeof in->device, "%s", prop.name);
     in->ordinal = dev;
     in->cc_major = prop.major;
@@ -221,63 +232,67 @@ static int init_state(char *why, size_t why_len)
     in->emulated = 1;
 #endif
 
-    if ((e = cudaStreamCreateWithFlags(&mt_cuda_g.stream, cudaStreamNonBlocking)) != cudaSuccess)
+    if ((e = cudaStreamCreateWithFlags(&mt_cuda_be->stream, cudaStreamNonBlocking)) != cudaSuccess)
         return init_fail(why, why_len, "cudaStreamCreate", cudaGetErrorString(e));
-    cublasStatus_t bs = cublasCreate(&mt_cuda_g.blas);
+    cublasStatus_t bs = cublasCreate(&mt_cuda_be->blas);
     if (bs != CUBLAS_STATUS_SUCCESS) {
-        mt_cuda_g.blas = NULL;
+        mt_cuda_be->blas = NULL;
         return init_fail(why, why_len, "cublasCreate", cublasGetStatusString(bs));
     }
     /* fp32 mode: plain IEEE fp32 GEMMs (no TF32), the same numbers the cpu
      * backend is checked against; deterministic on one GPU model. */
-    if ((bs = cublasSetStream(mt_cuda_g.blas, mt_cuda_g.stream)) != CUBLAS_STATUS_SUCCESS ||
-        (bs = cublasSetMathMode(mt_cuda_g.blas, CUBLAS_DEFAULT_MATH)) != CUBLAS_STATUS_SUCCESS ||
-        (bs = cublasGetVersion(mt_cuda_g.blas, &in->cublas_version)) != CUBLAS_STATUS_SUCCESS)
+    if ((bs = cublasSetStream(mt_cuda_be->blas, mt_cuda_be->stream)) != CUBLAS_STATUS_SUCCESS ||
+        (bs = cublasSetMathMode(mt_cuda_be->blas, CUBLAS_DEFAULT_MATH)) != CUBLAS_STATUS_SUCCESS ||
+        (bs = cublasGetVersion(mt_cuda_be->blas, &in->cublas_version)) != CUBLAS_STATUS_SUCCESS)
         return init_fail(why, why_len, "cublas setup", cublasGetStatusString(bs));
-    if ((e = cudaMalloc((void **)&mt_cuda_g.red_partial, (MT_CUDA_RED_BLOCKS + 1) * sizeof(double))) != cudaSuccess ||
-        (e = cudaMalloc((void **)&mt_cuda_g.red_flag, sizeof(int))) != cudaSuccess)
+    if ((e = cudaMalloc((void **)&mt_cuda_be->red_partial, (MT_CUDA_RED_BLOCKS + 1) * sizeof(double))) != cudaSuccess ||
+        (e = cudaMalloc((void **)&mt_cuda_be->red_flag, sizeof(int))) != cudaSuccess)
         return init_fail(why, why_len, "cudaMalloc (reduction scratch)", cudaGetErrorString(e));
     /* bf16 mode: cuBLASLt and its workspace exist whatever the precision, so
      * that mt_ops_cuda_set_precision() can switch at any time */
-    if ((bs = cublasLtCreate(&mt_cuda_g.lt)) != CUBLAS_STATUS_SUCCESS) {
-        mt_cuda_g.lt = NULL;
+    if ((bs = cublasLtCreate(&mt_cuda_be->lt)) != CUBLAS_STATUS_SUCCESS) {
+        mt_cuda_be->lt = NULL;
         return init_fail(why, why_len, "cublasLtCreate", cublasGetStatusString(bs));
     }
-    if ((e = cudaMalloc(&mt_cuda_g.lt_ws, MT_CUDA_LT_WS_BYTES)) != cudaSuccess)
+    if ((e = cudaMalloc(&mt_cuda_be->lt_ws, MT_CUDA_LT_WS_BYTES)) != cudaSuccess)
         return init_fail(why, why_len, "cudaMalloc (cuBLASLt workspace)", cudaGetErrorString(e));
     in->cublaslt_version = cublasLtGetVersion();
     in->workspace_bytes = MT_CUDA_LT_WS_BYTES;
-    mt_cuda_g.bf16_cap = cap;
+    mt_cuda_be->bf16_cap = cap;
     in->bf16_scratch_cap = cap;
     set_precision(prec, prec_src);
-    mt_cuda_g.ready = 1;
+    mt_cuda_be->ready = 1;
     return 1;
 }
 
 extern "C" const struct mt_ops_i *mt_ops_cuda(char *why, size_t why_len)
 {
-    if (!mt_cuda_g.ready && !init_state(why, why_len)) return NULL;
+    if (!(mt_cuda_be && mt_cuda_be->ready) && !init_state(why, why_len)) return NULL;
     if (why && why_len) why[0] = 0;
     return &cuda_ops;
 }
 
 extern "C" enum mt_status mt_ops_cuda_status(char *msg, size_t msg_len)
 {
-    if (msg && msg_len) {
-        if (mt_cuda_g.err == MT_OK) msg[0] = 0;
-        else if (mt_cuda_g.n_errors > 1)
-            snprintf(msg, msg_len, "%s (+%ld more)", mt_cuda_g.errmsg, mt_cuda_g.n_errors - 1);
-        else
-            snprintf(msg, msg_len, "%s", mt_cuda_g.errmsg);
+    if (!mt_cuda_be) {   /* no instance: nothing failed */
+        if (msg && msg_len) msg[0] = 0;
+        return MT_OK;
     }
-    return mt_cuda_g.err;
+    if (msg && msg_len) {
+        if (mt_cuda_be->err == MT_OK) msg[0] = 0;
+        else if (mt_cuda_be->n_errors > 1)
+            snprintf(msg, msg_len, "%s (+%ld more)", mt_cuda_be->errmsg, mt_cuda_be->n_errors - 1);
+        else
+            snprintf(msg, msg_len, "%s", mt_cuda_be->errmsg);
+    }
+    return mt_cuda_be->err;
 }
 
 extern "C" enum mt_status mt_ops_cuda_get_info(struct mt_ops_cuda_info *info)
 {
-    if (!mt_cuda_g.ready) return MT_ERR_UNSUPPORTED;
+    if (!(mt_cuda_be && mt_cuda_be->ready)) return MT_ERR_UNSUPPORTED;
     mt_cuda_note_mem();
-    *info = mt_cuda_g.info;
+    *info = mt_cuda_be->info;
     return MT_OK;
 }
 
@@ -289,13 +304,13 @@ extern "C" enum mt_status mt_ops_cuda_use_device(int local_rank)
         return MT_ERR_UNSUPPORTED;
     }
     int want = (local_rank < 0 ? 0 : local_rank) % n;
-    if (mt_cuda_g.ready) return mt_cuda_g.device == want ? MT_OK : MT_ERR_UNSUPPORTED;
+    if (mt_cuda_be && mt_cuda_be->ready) return mt_cuda_be->device == want ? MT_OK : MT_ERR_UNSUPPORTED;
     return cudaSetDevice(want) == cudaSuccess ? MT_OK : MT_ERR_UNSUPPORTED;
 }
 
 extern "C" enum mt_status mt_ops_cuda_set_precision(enum mt_cuda_precision p)
 {
-    if (!mt_cuda_g.ready) return MT_ERR_UNSUPPORTED;
+    if (!(mt_cuda_be && mt_cuda_be->ready)) return MT_ERR_UNSUPPORTED;
     if (p != MT_CUDA_PRECISION_FP32 && p != MT_CUDA_PRECISION_BF16) return MT_ERR_INVALID_ARG;
     set_precision(p, "set by caller");
     return MT_OK;
@@ -303,17 +318,17 @@ extern "C" enum mt_status mt_ops_cuda_set_precision(enum mt_cuda_precision p)
 
 extern "C" enum mt_cuda_precision mt_ops_cuda_get_precision(void)
 {
-    return mt_cuda_g.ready ? mt_cuda_g.precision : MT_CUDA_PRECISION_FP32;
+    return mt_cuda_be && mt_cuda_be->ready ? mt_cuda_be->precision : MT_CUDA_PRECISION_FP32;
 }
 
 extern "C" void *mt_ops_cuda_stream(void)
 {
-    return mt_cuda_g.ready ? (void *)mt_cuda_g.stream : NULL;
+    return mt_cuda_be && mt_cuda_be->ready ? (void *)mt_cuda_be->stream : NULL;
 }
 
 extern "C" void mt_ops_cuda_shutdown(void)
 {
-    if (!mt_cuda_g.ready) return;
-    cudaStreamSynchronize(mt_cuda_g.stream);
+    if (!(mt_cuda_be && mt_cuda_be->ready)) return;
+    cudaStreamSynchronize(mt_cuda_be->stream);
     release_state();
 }

@@ -19,7 +19,9 @@
 #define DW_ROWS        64  /* rows per dw partial (more when N > 65535 * 64) */
 #define DW_THREADS     128
 
-static __global__ void rms_fwd_k(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps)
+/* ob: NULL, or the bf16 copy of out written by the same store loop (precision=bf16) */
+static __global__ void rms_fwd_k(float *out, __nv_bfloat16 *ob, float *rstd, const float *inp, const float *w, int N,
+                                 int C, float eps)
 {
     int n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / MT_WARP, lane = threadIdx.x % MT_WARP;
     if (n >= N) return;
@@ -30,7 +32,16 @@ static __global__ void rms_fwd_k(float *out, float *rstd, const float *inp, cons
     ss = mt_warp_sum(ss);
     float r = 1.0f / sqrtf(ss / (float)C + eps);
     if (lane == 0) rstd[n] = r;
-    for (int c = lane; c < C; c += MT_WARP) o[c] = x[c] * r * w[c];
+    if (!ob) {
+        for (int c = lane; c < C; c += MT_WARP) o[c] = x[c] * r * w[c];
+        return;
+    }
+    __nv_bfloat16 *b = ob + (size_t)n * (size_t)C;
+    for (int c = lane; c < C; c += MT_WARP) {
+        float v = x[c] * r * w[c];
+        o[c] = v;
+        b[c] = __float2bfloat16_rn(v);
+    }
 }
 
 static __global__ void rms_bwd_dx_k(float *dinp, const float *dout, const float *inp, const float *w,
@@ -79,7 +90,16 @@ extern "C" void mt_cuda_rmsnorm_forward(float *out, float *rstd, const float *in
 {
     if (N <= 0 || C <= 0) return;
     MT_LAUNCH(rms_fwd_k, (N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK, ROWS_PER_BLOCK * MT_WARP, 0)
-        (out, rstd, inp, weight, N, C, eps);
+        (out, (__nv_bfloat16 *)NULL, rstd, inp, weight, N, C, eps);
+    MT_CUDA_KCHECK();
+}
+
+extern "C" void mt_cuda_rmsnorm_forward_bf16(float *out, mt_bf16 *out_bf16, float *rstd, const float *inp,
+                                             const float *weight, int N, int C, float eps)
+{
+    if (N <= 0 || C <= 0) return;
+    MT_LAUNCH(rms_fwd_k, (N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK, ROWS_PER_BLOCK * MT_WARP, 0)
+        (out, (__nv_bfloat16 *)out_bf16, rstd, inp, weight, N, C, eps);
     MT_CUDA_KCHECK();
 }
 
