@@ -143,6 +143,17 @@ void mt_cpu_xent_backward(float *dlogits, const float *logits, const float *lse,
 void mt_cpu_xent_fused(float *losses, float *lse_out, float *logits, const int32_t *targets, float dscale,
                        int N, int V, float softcap);
 
+/* ---- fused.c (fused elementwise chains) ---- */
+void mt_cpu_rmsnorm_resid_forward(float *out, float *rstd, float *resid, const float *inp, const float *weight,
+                                  int N, int C, float eps);
+void mt_cpu_qk_norm_rope_forward(float *q, float *k, float *rstd_q, float *rstd_k, const float *q_raw,
+                                 const float *k_raw, const float *wq, const float *wk, const float *cos_tab,
+                                 const float *sin_tab, int N, int T, int pos0, int H, int K, int hd, float eps);
+void mt_cpu_qk_norm_rope_backward(float *dq_raw, float *dk_raw, float *dwq, float *dwk, const float *dq,
+                                  const float *dk, const float *q_raw, const float *k_raw, const float *wq,
+                                  const float *wk, const float *rstd_q, const float *rstd_k, const float *cos_tab,
+                                  const float *sin_tab, int N, int T, int H, int K, int hd);
+
 /* ---- moe.c ---- */
 void mt_cpu_router_forward(float *probs, float *lse, int32_t *topk_idx, float *gates,
                            const float *logits, int N, int E, int k);
