@@ -13,6 +13,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <math.h>
 
 /* ---- exp for the hot loops (Cephes expf polynomial, ~1 ulp on [-87, 88]) ----
  * exp(x) = 2^n * p(r), n = round(x / ln2), r = x - n ln2 (two-part ln2).
@@ -90,6 +91,14 @@ static inline float mt_cpu_hsum8(__m256 v)
     return _mm_cvtss_f32(s);
 }
 #endif
+
+/* ---- RoPE's rotation of one pair (rope.c, fused.c) ----
+ * lo = a c - b s, hi = b c + a s, written as explicit FMAs (the first product
+ * fused, the second rounded) so the rounding does not depend on the
+ * compiler's contraction setting (-ffp-contract): every kernel that rotates
+ * calls these and gets the same bits. */
+static inline float mt_cpu_rot_lo(float a, float b, float c, float s) { return fmaf(a, c, -(b * s)); }
+static inline float mt_cpu_rot_hi(float a, float b, float c, float s) { return fmaf(b, c, a * s); }
 
 /* 1 when the CPU has AVX-512 F/BW/DQ/VL and MT_NO_AVX512 is unset (ops_cpu.c) */
 int mt_cpu_have_avx512(void);

@@ -18,9 +18,10 @@
  *       dwq += sum_rows g * xhat with g recomputed (k likewise).
  *
  * Numerics: every value is computed by the same float operations in the same
- * order as the unfused ops (rmsnorm.c, rope.c; the loops are written the same
- * way), so fused == unfused bit for bit (test_ops checks it on every
- * backend). In particular dw keeps rmsnorm_backward's 16-column blocks, each
+ * order as the unfused ops (rmsnorm.c's loops are written the same way; the
+ * rotation is cpu_impl.h's mt_cpu_rot_lo/hi, shared with rope.c), so fused ==
+ * unfused bit for bit under any contraction setting (test_ops checks it on
+ * the cpu backend). In particular dw keeps rmsnorm_backward's 16-column blocks, each
  * summed over rows 0..N-1 in order by one thread (thread-count independent).
  */
 #include "cpu_impl.h"
@@ -48,13 +49,6 @@ void mt_cpu_rmsnorm_resid_forward(float *out, float *rstd, float *resid, const f
     }
 }
 
-/* The rotation of one pair, written as the FMAs the compiler makes of
- * rope.c's `a*c - b*s` and `b*c + a*s` (-ffp-contract=fast, x86-64-v3: the
- * first product fused, the second rounded; see the disassembly of
- * rope_apply), spelled out so every site here rounds the same way. */
-static inline float rot_lo(float a, float b, float c, float s) { return fmaf(a, c, -(b * s)); }
-static inline float rot_hi(float a, float b, float c, float s) { return fmaf(b, c, a * s); }
-
 /* One head (hd values at x) normed into o, then rotated in place; the
  * rotation reads each pair (i, i+half) of o before writing it. */
 static inline void head_norm_rope(float *o, float *rstd, const float *x, const float *w, const float *cs,
@@ -69,8 +63,8 @@ static inline void head_norm_rope(float *o, float *rstd, const float *x, const f
     for (int c = 0; c < hd; c++) o[c] = x[c] * r * w[c];
     for (int i = 0; i < half; i++) {
         float a = o[i], b = o[i + half];
-        o[i]        = rot_lo(a, b, cs[i], sn[i]);
-        o[i + half] = rot_hi(a, b, cs[i], sn[i]);
+        o[i]        = mt_cpu_rot_lo(a, b, cs[i], sn[i]);
+        o[i + half] = mt_cpu_rot_hi(a, b, cs[i], sn[i]);
     }
 }
 
@@ -98,9 +92,9 @@ void mt_cpu_qk_norm_rope_forward(float *q, float *k, float *rstd_q, float *rstd_
 /* element c of g = R^T d for one head (backward rotation: s -> -s) */
 static inline float rot_back(const float *d, const float *cs, const float *sn, int half, int c)
 {
-    if (c < half) return rot_lo(d[c], d[c + half], cs[c], -sn[c]);
+    if (c < half) return mt_cpu_rot_lo(d[c], d[c + half], cs[c], -sn[c]);
     int i = c - half;
-    return rot_hi(d[i], d[c], cs[i], -sn[i]);
+    return mt_cpu_rot_hi(d[i], d[c], cs[i], -sn[i]);
 }
 
 /* One head: dx (=) the gradient of the raw head from d (the gradient after
@@ -110,8 +104,8 @@ static inline void head_rope_norm_bwd(float *dx, const float *d, const float *x,
 {
     int half = hd / 2;
     for (int i = 0; i < half; i++) {
-        dx[i]        = rot_lo(d[i], d[i + half], cs[i], -sn[i]);
-        dx[i + half] = rot_hi(d[i], d[i + half], cs[i], -sn[i]);
+        dx[i]        = mt_cpu_rot_lo(d[i], d[i + half], cs[i], -sn[i]);
+        dx[i + half] = mt_cpu_rot_hi(d[i], d[i + half], cs[i], -sn[i]);
     }
     float dot = 0.0f;
     #pragma omp simd reduction(+:dot)
