@@ -1627,14 +1627,18 @@ static void qkr_case(struct harness *h, int B, int T, int pos0, int H, int K, in
     checkf(h, "qk_norm_rope_bwd", err_rel(h, gotk, gkr, nk), TOL_BWD, "%s dk_raw (=)", cs);
     checkf(h, "qk_norm_rope_bwd", err_rel(h, gotwq, plus(h, dwq0, gwq, hd), hd), TOL_BWD, "%s dwq (+=)", cs);
     checkf(h, "qk_norm_rope_bwd", err_rel(h, gotwk, plus(h, dwk0, gwk, hd), hd), TOL_BWD, "%s dwk (+=)", cs);
-    checkf(h, "qk_norm_rope_bwd", ndiff(down_f(h, dgq, nq), Wq, nq) + ndiff(down_f(h, dgk, nk), Wk, nk), 0,
-           "%s dq, dk read only", cs);
-    /* the unfused chain: rope_backward then rmsnorm_backward (accumulate 0) */
-    float *tq = up_f(h, nan_f(h, nq), nq), *tk = up_f(h, nan_f(h, nk), nk);
+    /* dq, dk hold R^T of their input on return (=) */
+    float *gotgq = down_f(h, dgq, nq), *gotgk = down_f(h, dgk, nk);
+    checkf(h, "qk_norm_rope_bwd", err_rel(h, gotgq, gq, nq) + err_rel(h, gotgk, gk, nk), TOL_BWD,
+           "%s dq, dk = R^T (in place)", cs);
+    /* the unfused chain: rope_backward in place then rmsnorm_backward (accumulate 0) */
+    float *tq = up_f(h, Wq, nq), *tk = up_f(h, Wk, nk);
     float *uqr = up_f(h, nan_f(h, nq), nq), *ukr = up_f(h, nan_f(h, nk), nk);
     float *uwq = up_f(h, dwq0, hd), *uwk = up_f(h, dwk0, hd);
-    o->rope_backward(tq, dgq, dcos, dsin, N, T, 0, H, hd);
-    o->rope_backward(tk, dgk, dcos, dsin, N, T, 0, K, hd);
+    o->rope_backward(tq, tq, dcos, dsin, N, T, 0, H, hd);
+    o->rope_backward(tk, tk, dcos, dsin, N, T, 0, K, hd);
+    checkf(h, "qk_norm_rope_bwd", ndiff(gotgq, down_f(h, tq, nq), nq) + ndiff(gotgk, down_f(h, tk, nk), nk), 0,
+           "%s dq, dk bits == rope_backward", cs);
     o->rmsnorm_backward(uqr, uwq, tq, dqr, dwq, drq, (int)NH, hd, 0);
     o->rmsnorm_backward(ukr, uwk, tk, dkr, dwk, drk, (int)NK, hd, 0);
     float *uqrh = down_f(h, uqr, nq), *ukrh = down_f(h, ukr, nk);
@@ -1646,8 +1650,8 @@ static void qkr_case(struct harness *h, int B, int T, int pos0, int H, int K, in
            err_rel(h, gotwq, to_d(h, uwqh, hd), hd) + err_rel(h, gotwk, to_d(h, uwkh, hd), hd),
            fused_tol(h, TOL_BWD), "%s dwq, dwk == rope + rmsnorm bwd (cpu: bits)", cs);
     float *ddqr2 = up_f(h, nan_f(h, nq), nq), *ddkr2 = up_f(h, nan_f(h, nk), nk);
-    float *ddwq2 = up_f(h, dwq0, hd), *ddwk2 = up_f(h, dwk0, hd);
-    o->qk_norm_rope_backward(ddqr2, ddkr2, ddwq2, ddwk2, dgq, dgk, dqr, dkr, dwq, dwk, drq, drk, dcos, dsin, N, T, H,
+    float *ddwq2 = up_f(h, dwq0, hd), *ddwk2 = up_f(h, dwk0, hd), *dgq2 = up_f(h, Wq, nq), *dgk2 = up_f(h, Wk, nk);
+    o->qk_norm_rope_backward(ddqr2, ddkr2, ddwq2, ddwk2, dgq2, dgk2, dqr, dkr, dwq, dwk, drq, drk, dcos, dsin, N, T, H,
                              K, hd);
     checkf(h, "qk_norm_rope_bwd",
            ndiff(gotq, down_f(h, ddqr2, nq), nq) + ndiff(gotk, down_f(h, ddkr2, nk), nk) +

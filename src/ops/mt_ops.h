@@ -251,16 +251,17 @@ struct mt_ops_i {
      * qk_norm_rope_forward: q = rope(rmsnorm_hd(q_raw) * wq) over rows N*H,
      *   k likewise over N*K, positions pos0 + n % T: exactly rmsnorm_forward
      *   (rows N*H, C = hd) then rope_forward in place, for q and for k.
-     * qk_norm_rope_backward: dq, dk: d q, d k (after RoPE, read only);
-     *   dq_raw, dk_raw (=), dwq, dwk (+=): exactly rope_backward then
+     * qk_norm_rope_backward: dq, dk in: d q, d k (after RoPE); out: R^T of
+     *   them (OVERWRITTEN: the gradients of the normed heads); dq_raw, dk_raw
+     *   (=), dwq, dwk (+=): exactly rope_backward in place then
      *   rmsnorm_backward(accumulate 0), for q and for k (training: pos0 = 0). */
     void (*rmsnorm_resid_forward)(float *out, float *rstd, float *resid, const float *inp, const float *weight,
                                   int N, int C, float eps);
     void (*qk_norm_rope_forward)(float *q, float *k, float *rstd_q, float *rstd_k, const float *q_raw,
                                  const float *k_raw, const float *wq, const float *wk, const float *cos_tab,
                                  const float *sin_tab, int N, int T, int pos0, int H, int K, int hd, float eps);
-    void (*qk_norm_rope_backward)(float *dq_raw, float *dk_raw, float *dwq, float *dwk, const float *dq,
-                                  const float *dk, const float *q_raw, const float *k_raw, const float *wq,
+    void (*qk_norm_rope_backward)(float *dq_raw, float *dk_raw, float *dwq, float *dwk, float *dq,
+                                  float *dk, const float *q_raw, const float *k_raw, const float *wq,
                                   const float *wk, const float *rstd_q, const float *rstd_k, const float *cos_tab,
                                   const float *sin_tab, int N, int T, int H, int K, int hd);
 };

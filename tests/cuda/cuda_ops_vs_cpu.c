@@ -701,7 +701,7 @@ static void test_fused(void)
     float *wq = rnd((size_t)hd, 0.5, 1.5), *wk = rnd((size_t)hd, 0.5, 1.5);
     float *gq = rnd(nq, -1, 1), *gk = rnd(nk, -1, 1), *dwq0 = rnd((size_t)hd, -1, 1), *dwk0 = rnd((size_t)hd, -1, 1);
     float *nq_ = nans(nq), *nk_ = nans(nk);
-    float *rq[3], *rk[3], *rrq[3], *rrk[3], *rdq[3], *rdk[3], *rwq[3], *rwk[3], *rq5[3];
+    float *rq[3], *rk[3], *rrq[3], *rrk[3], *rdq[3], *rdk[3], *rwq[3], *rwk[3], *rq5[3], *rgq[3], *rgk[3];
     for (int p = 0; p < 3; p++) {
         struct be *b = BE(p);
         float *dc = upf(b, cs, (size_t)Tmax * half), *ds = upf(b, sn, (size_t)Tmax * half);
@@ -723,6 +723,8 @@ static void test_fused(void)
         rdk[p] = downf(b, dxk, nk);
         rwq[p] = downf(b, ddwq, (size_t)hd);
         rwk[p] = downf(b, ddwk, (size_t)hd);
+        rgq[p] = downf(b, dg, nq);    /* R^T of the input, in place */
+        rgk[p] = downf(b, dgk, nk);
         /* the decoding form: positions from pos0 = 5 */
         b->ops->qk_norm_rope_forward(q, k, sq, sk, dqr, dkr, dwq, dwk, dc, ds, N, T, 5, H, K, hd, 1e-6f);
         rq5[p] = downf(b, q, nq);
@@ -737,6 +739,8 @@ static void test_fused(void)
     check3("qk_norm_rope_backward", "dk_raw (=, NaN prefill)", rdk, nk);
     check3("qk_norm_rope_backward", "dwq (+=)", rwq, (size_t)hd);
     check3("qk_norm_rope_backward", "dwk (+=)", rwk, (size_t)hd);
+    check3("qk_norm_rope_backward", "dq = R^T dq (in place)", rgq, nq);
+    check3("qk_norm_rope_backward", "dk = R^T dk (in place)", rgk, nk);
     free(cs); free(sn); free(qr); free(kr); free(wq); free(wk); free(gq); free(gk); free(dwq0); free(dwk0);
     free(nq_); free(nk_);
 }

@@ -13,9 +13,10 @@
  *   qk_norm_rope_forward   q = rope(rmsnorm_hd(q_raw) * wq), k likewise
  *       Per row n: its H query heads and K key heads are normed and rotated
  *       while the head (hd floats) is in registers/L1.
- *   qk_norm_rope_backward  per row: g = R^T dq, dq_raw = rmsnorm_backward_hd(g)
- *       (=); and in the same region (no barrier: both read only inputs)
- *       dwq += sum_rows g * xhat with g recomputed (k likewise).
+ *   qk_norm_rope_backward  per row: g = R^T dq (written back into dq, as
+ *       rope_backward in place), dq_raw = rmsnorm_backward_hd(g) (=) while
+ *       the head is in L1; then, after one barrier in the same region,
+ *       dwq += sum_rows g * xhat (k likewise).
  *
  * Numerics: every value is computed by the same float operations in the same
  * order as the unfused ops (rmsnorm.c's loops are written the same way; the
@@ -49,10 +50,9 @@ void mt_cpu_rmsnorm_resid_forward(float *out, float *rstd, float *resid, const f
     }
 }
 
-/* One head (hd values at x) normed into o, then rotated in place; the
- * rotation reads each pair (i, i+half) of o before writing it. */
-static inline void head_norm_rope(float *o, float *rstd, const float *x, const float *w, const float *cs,
-                                  const float *sn, int hd, float eps)
+/* One head (hd values at x) normed and rotated into o, pair by pair. */
+static inline void head_norm_rope(float *restrict o, float *rstd, const float *restrict x, const float *restrict w,
+                                  const float *restrict cs, const float *restrict sn, int hd, float eps)
 {
     int half = hd / 2;
     float ss = 0.0f;
@@ -60,9 +60,8 @@ static inline void head_norm_rope(float *o, float *rstd, const float *x, const f
     for (int c = 0; c < hd; c++) ss += x[c] * x[c];
     float r = 1.0f / sqrtf(ss / (float)hd + eps);
     *rstd = r;
-    for (int c = 0; c < hd; c++) o[c] = x[c] * r * w[c];
     for (int i = 0; i < half; i++) {
-        float a = o[i], b = o[i + half];
+        float a = x[i] * r * w[i], b = x[i + half] * r * w[i + half];   /* the normed pair, as rmsnorm.c */
         o[i]        = mt_cpu_rot_lo(a, b, cs[i], sn[i]);
         o[i + half] = mt_cpu_rot_hi(a, b, cs[i], sn[i]);
     }
@@ -89,64 +88,51 @@ void mt_cpu_qk_norm_rope_forward(float *q, float *k, float *rstd_q, float *rstd_
     }
 }
 
-/* element c of g = R^T d for one head (backward rotation: s -> -s) */
-static inline float rot_back(const float *d, const float *cs, const float *sn, int half, int c)
-{
-    if (c < half) return mt_cpu_rot_lo(d[c], d[c + half], cs[c], -sn[c]);
-    int i = c - half;
-    return mt_cpu_rot_hi(d[i], d[c], cs[i], -sn[i]);
-}
-
-/* One head: dx (=) the gradient of the raw head from d (the gradient after
- * RoPE). g = R^T d is staged in dx, then turned into dx in place. */
-static inline void head_rope_norm_bwd(float *dx, const float *d, const float *x, const float *w, float r,
-                                      const float *cs, const float *sn, int hd)
+/* One head: d (in: the gradient after RoPE; out: g = R^T of it, the
+ * gradient of the normed head, as rope_backward in place), dx (=) the
+ * gradient of the raw head from g, as rmsnorm_backward. */
+static inline void head_rope_norm_bwd(float *restrict dx, float *restrict d, const float *restrict x,
+                                      const float *restrict w, float r, const float *restrict cs,
+                                      const float *restrict sn, int hd)
 {
     int half = hd / 2;
     for (int i = 0; i < half; i++) {
-        dx[i]        = mt_cpu_rot_lo(d[i], d[i + half], cs[i], -sn[i]);
-        dx[i + half] = mt_cpu_rot_hi(d[i], d[i + half], cs[i], -sn[i]);
+        float a = d[i], b = d[i + half];
+        d[i]        = mt_cpu_rot_lo(a, b, cs[i], -sn[i]);
+        d[i + half] = mt_cpu_rot_hi(a, b, cs[i], -sn[i]);
     }
     float dot = 0.0f;
     #pragma omp simd reduction(+:dot)
-    for (int c = 0; c < hd; c++) dot += dx[c] * w[c] * x[c];
+    for (int c = 0; c < hd; c++) dot += d[c] * w[c] * x[c];
     float mean = dot * r / (float)hd;   /* mean_c(g*w*xhat) */
-    for (int c = 0; c < hd; c++) dx[c] = r * (dx[c] * w[c] - x[c] * r * mean);
+    for (int c = 0; c < hd; c++) dx[c] = r * (d[c] * w[c] - x[c] * r * mean);
 }
 
-/* dw[c0, c1) += sum over rows (n, h) in order of g * x * rstd, g = R^T d
- * recomputed per element (the same bits as in the row pass) */
-static void dw_block(float *dw, const float *d, const float *x, const float *rstd, const float *cos_tab,
-                     const float *sin_tab, int N, int T, int nh, int hd, int c0, int c1)
+/* dw[c0, c1) += sum over rows 0..rows-1, in order, of g * x * rstd (rmsnorm.c's dw loop) */
+static void dw_block(float *dw, const float *g, const float *x, const float *rstd, size_t rows, int hd, int c0,
+                     int c1)
 {
     enum { CB = 16 };
-    int half = hd / 2;
     float acc[CB] = {0};
-    for (int n = 0; n < N; n++) {
-        int p = n % T;
-        const float *cs = cos_tab + (size_t)p * (size_t)half;
-        const float *sn = sin_tab + (size_t)p * (size_t)half;
-        for (int h = 0; h < nh; h++) {
-            size_t row = (size_t)n * (size_t)nh + (size_t)h;
-            const float *dr = d + row * (size_t)hd, *xr = x + row * (size_t)hd;
-            float r = rstd[row];
-            for (int c = c0; c < c1; c++) acc[c - c0] += rot_back(dr, cs, sn, half, c) * xr[c] * r;
-        }
+    for (size_t n = 0; n < rows; n++) {
+        const float *xr = x + n * (size_t)hd;
+        const float *gr = g + n * (size_t)hd;
+        float r = rstd[n];
+        for (int c = c0; c < c1; c++) acc[c - c0] += gr[c] * xr[c] * r;
     }
     for (int c = c0; c < c1; c++) dw[c] += acc[c - c0];
 }
 
-void mt_cpu_qk_norm_rope_backward(float *dq_raw, float *dk_raw, float *dwq, float *dwk, const float *dq,
-                                  const float *dk, const float *q_raw, const float *k_raw, const float *wq,
-                                  const float *wk, const float *rstd_q, const float *rstd_k, const float *cos_tab,
+void mt_cpu_qk_norm_rope_backward(float *dq_raw, float *dk_raw, float *dwq, float *dwk, float *dq, float *dk,
+                                  const float *q_raw, const float *k_raw, const float *wq, const float *wk,
+                                  const float *rstd_q, const float *rstd_k, const float *cos_tab,
                                   const float *sin_tab, int N, int T, int H, int K, int hd)
 {
     enum { CB = 16 };
     int half = hd / 2, ncb = (hd + CB - 1) / CB;
     #pragma omp parallel
     {
-        /* rows and column sums read only inputs: no barrier between them */
-        #pragma omp for schedule(static) nowait
+        #pragma omp for schedule(static)
         for (int n = 0; n < N; n++) {
             int p = n % T;
             const float *cs = cos_tab + (size_t)p * (size_t)half;
@@ -160,11 +146,12 @@ void mt_cpu_qk_norm_rope_backward(float *dq_raw, float *dk_raw, float *dwq, floa
                 head_rope_norm_bwd(dk_raw + off, dk + off, k_raw + off, wk, rstd_k[row], cs, sn, hd);
             }
         }
+        /* (the barrier above) the column sums read every row's g */
         #pragma omp for schedule(static)
         for (int j = 0; j < 2 * ncb; j++) {
             int cb = j % ncb, c0 = cb * CB, c1 = c0 + CB < hd ? c0 + CB : hd;
-            if (j < ncb) dw_block(dwq, dq, q_raw, rstd_q, cos_tab, sin_tab, N, T, H, hd, c0, c1);
-            else         dw_block(dwk, dk, k_raw, rstd_k, cos_tab, sin_tab, N, T, K, hd, c0, c1);
+            if (j < ncb) dw_block(dwq, dq, q_raw, rstd_q, (size_t)N * (size_t)H, hd, c0, c1);
+            else         dw_block(dwk, dk, k_raw, rstd_k, (size_t)N * (size_t)K, hd, c0, c1);
         }
     }
 }

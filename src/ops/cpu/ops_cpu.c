@@ -281,8 +281,8 @@ static void p_qk_norm_rope_forward(float *q, float *k, float *rstd_q, float *rst
     PROF(MT_OPK_NORM, mt_cpu_qk_norm_rope_forward(q, k, rstd_q, rstd_k, q_raw, k_raw, wq, wk, cos_tab, sin_tab, N, T,
                                                   pos0, H, K, hd, eps));
 }
-static void p_qk_norm_rope_backward(float *dq_raw, float *dk_raw, float *dwq, float *dwk, const float *dq,
-                                    const float *dk, const float *q_raw, const float *k_raw, const float *wq,
+static void p_qk_norm_rope_backward(float *dq_raw, float *dk_raw, float *dwq, float *dwk, float *dq,
+                                    float *dk, const float *q_raw, const float *k_raw, const float *wq,
                                     const float *wk, const float *rstd_q, const float *rstd_k, const float *cos_tab,
                                     const float *sin_tab, int N, int T, int H, int K, int hd)
 {

@@ -4,17 +4,18 @@
  *
  *   rmsnorm_resid_forward  out = rmsnorm(x) * w, rstd;  resid = x
  *   qk_norm_rope_forward   q = rope(rmsnorm_hd(q_raw) * wq), k likewise
- *   qk_norm_rope_backward  g = R^T dq; dq_raw = rmsnorm_backward_hd(g) (=);
- *                          dwq += sum_rows g * xhat (k likewise)
+ *   qk_norm_rope_backward  g = R^T dq (into dq, in place); dq_raw =
+ *                          rmsnorm_backward_hd(g) (=); dwq += sum_rows g * xhat
+ *                          (k likewise)
  *
  * One warp per row (a residual row, or one head of q or k: rows 0..N*H-1 are
  * q's heads, N*H..N*H+N*K-1 k's, one launch for both), lane-strided sums and
  * the butterfly combine of rmsnorm.cu, so the norms round as rmsnorm.cu's.
  * The rotation is written as the FMAs fused.c uses (fmaf(a,c,-(b s)),
  * fmaf(b,c,a s)). dw is rmsnorm.cu's fixed-order two-pass column reduction
- * (chunks of DW_ROWS rows in row order, then the chunks in order), q's and
- * k's in the same two launches (blockIdx.z), with g recomputed per element.
- * Deterministic, no atomics; dq, dk are read only.
+ * (chunks of DW_ROWS rows in row order, then the chunks in order) over the
+ * g left in dq, dk, q's and k's in the same two launches (blockIdx.z).
+ * Deterministic, no atomics.
  */
 #include "cuda_impl.cuh"
 
@@ -86,52 +87,54 @@ static __global__ void qk_fwd_k(float *q, float *k, float *rstd_q, float *rstd_k
     }
 }
 
-/* element c of g = R^T d for one head */
-static __device__ __forceinline__ float rot_back(const float *d, const float *cs, const float *sn, int half, int c)
-{
-    if (c < half) return rot_lo(d[c], d[c + half], cs[c], -sn[c]);
-    int i = c - half;
-    return rot_hi(d[i], d[c], cs[i], -sn[i]);
-}
-
-static __global__ void qk_bwd_dx_k(float *dq_raw, float *dk_raw, const float *dq, const float *dk,
-                                   const float *q_raw, const float *k_raw, const float *wq, const float *wk,
-                                   const float *rstd_q, const float *rstd_k, const float *cos_tab,
-                                   const float *sin_tab, int N, int T, int H, int K, int hd)
+/* One warp per head: lane l owns the pairs (i, i+half), i = l + 32 j, so it
+ * reads both elements of a pair before writing g = R^T d back (in place, no
+ * other lane touches them), sums its terms of mean_c(g w xhat) and later
+ * reads back only its own g. */
+static __global__ void qk_bwd_dx_k(float *dq_raw, float *dk_raw, float *dq, float *dk, const float *q_raw,
+                                   const float *k_raw, const float *wq, const float *wk, const float *rstd_q,
+                                   const float *rstd_k, const float *cos_tab, const float *sin_tab, int N, int T,
+                                   int H, int K, int hd)
 {
     int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / MT_WARP, lane = threadIdx.x % MT_WARP;
     if (row >= N * (H + K)) return;
     qk_row l = qk_locate(row, N, H, K, hd);
-    const float *d = (l.is_k ? dk : dq) + l.off, *x = (l.is_k ? k_raw : q_raw) + l.off, *w = l.is_k ? wk : wq;
-    float *dx = (l.is_k ? dk_raw : dq_raw) + l.off;
+    float *d = (l.is_k ? dk : dq) + l.off, *dx = (l.is_k ? dk_raw : dq_raw) + l.off;
+    const float *x = (l.is_k ? k_raw : q_raw) + l.off, *w = l.is_k ? wk : wq;
     float r = l.is_k ? rstd_k[row - N * H] : rstd_q[row];
     int half = hd / 2, p = l.n % T;
     const float *cs = cos_tab + (size_t)p * (size_t)half, *sn = sin_tab + (size_t)p * (size_t)half;
     float dot = 0.0f;
-    for (int c = lane; c < hd; c += MT_WARP) dot += rot_back(d, cs, sn, half, c) * w[c] * x[c];
+    for (int i = lane; i < half; i += MT_WARP) {
+        float a = d[i], b = d[i + half];
+        float g0 = rot_lo(a, b, cs[i], -sn[i]), g1 = rot_hi(a, b, cs[i], -sn[i]);
+        d[i] = g0;
+        d[i + half] = g1;
+        dot += g0 * w[i] * x[i];
+        dot += g1 * w[i + half] * x[i + half];
+    }
     dot = mt_warp_sum(dot);
     float mean = dot * r / (float)hd;  /* mean_c(g*w*xhat) */
-    for (int c = lane; c < hd; c += MT_WARP) dx[c] = r * (rot_back(d, cs, sn, half, c) * w[c] - x[c] * r * mean);
+    for (int i = lane; i < half; i += MT_WARP) {
+        dx[i] = r * (d[i] * w[i] - x[i] * r * mean);
+        dx[i + half] = r * (d[i + half] * w[i + half] - x[i + half] * r * mean);
+    }
 }
 
 /* partial[z][chunk][c] = sum over the chunk's rows (in order) of g*x*rstd; z = 0: q, 1: k */
-static __global__ void qk_bwd_dw1_k(float *partial, const float *dq, const float *dk, const float *q_raw,
-                                    const float *k_raw, const float *rstd_q, const float *rstd_k,
-                                    const float *cos_tab, const float *sin_tab, int N, int T, int H, int K, int hd,
-                                    int rows_q, int rows_k, int nchunk_q)
+static __global__ void qk_bwd_dw1_k(float *partial, const float *gq, const float *gk, const float *q_raw,
+                                    const float *k_raw, const float *rstd_q, const float *rstd_k, int N, int H,
+                                    int K, int hd, int rows_q, int rows_k, int nchunk_q)
 {
     int c = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y, z = blockIdx.z;
-    int nh = z ? K : H, rows = z ? rows_k : rows_q, nrow = N * nh;
+    int nrow = N * (z ? K : H), rows = z ? rows_k : rows_q;
     int n0 = chunk * rows, n1 = n0 + rows < nrow ? n0 + rows : nrow;
     if (c >= hd || n0 >= nrow) return;
-    const float *d = z ? dk : dq, *x = z ? k_raw : q_raw, *rs = z ? rstd_k : rstd_q;
-    int half = hd / 2;
+    const float *g = z ? gk : gq, *x = z ? k_raw : q_raw, *rs = z ? rstd_k : rstd_q;
     float acc = 0.0f;
     for (int row = n0; row < n1; row++) {
-        int p = (row / nh) % T;
-        size_t off = (size_t)row * (size_t)hd;
-        float g = rot_back(d + off, cos_tab + (size_t)p * half, sin_tab + (size_t)p * half, half, c);
-        acc += g * x[off + (size_t)c] * rs[row];
+        size_t e = (size_t)row * (size_t)hd + (size_t)c;
+        acc += g[e] * x[e] * rs[row];
     }
     partial[((size_t)(z ? nchunk_q : 0) + (size_t)chunk) * (size_t)hd + (size_t)c] = acc;
 }
@@ -175,8 +178,8 @@ static int dw_rows(int nrow)
     return rows;
 }
 
-extern "C" void mt_cuda_qk_norm_rope_backward(float *dq_raw, float *dk_raw, float *dwq, float *dwk, const float *dq,
-                                              const float *dk, const float *q_raw, const float *k_raw,
+extern "C" void mt_cuda_qk_norm_rope_backward(float *dq_raw, float *dk_raw, float *dwq, float *dwk, float *dq,
+                                              float *dk, const float *q_raw, const float *k_raw,
                                               const float *wq, const float *wk, const float *rstd_q,
                                               const float *rstd_k, const float *cos_tab, const float *sin_tab,
                                               int N, int T, int H, int K, int hd)
@@ -192,7 +195,7 @@ extern "C" void mt_cuda_qk_norm_rope_backward(float *dq_raw, float *dk_raw, floa
     MT_CUDA_KCHECK();
     dim3 g1((unsigned)((hd + DW_THREADS - 1) / DW_THREADS), (unsigned)(ncq > nck ? ncq : nck), 2u);
     MT_LAUNCH(qk_bwd_dw1_k, g1, DW_THREADS, 0)
-        (partial, dq, dk, q_raw, k_raw, rstd_q, rstd_k, cos_tab, sin_tab, N, T, H, K, hd, rq, rk, ncq);
+        (partial, dq, dk, q_raw, k_raw, rstd_q, rstd_k, N, H, K, hd, rq, rk, ncq);
     MT_CUDA_KCHECK();
     dim3 g2((unsigned)((hd + DW_THREADS - 1) / DW_THREADS), 2u);
     MT_LAUNCH(qk_bwd_dw2_k, g2, DW_THREADS, 0)(dwq, dwk, partial, ncq, nck, hd);
