@@ -146,8 +146,9 @@ void mt_cpu_qk_norm_rope_backward(float *dq_raw, float *dk_raw, float *dwq, floa
                 head_rope_norm_bwd(dk_raw + off, dk + off, k_raw + off, wk, rstd_k[row], cs, sn, hd);
             }
         }
-        /* (the barrier above) the column sums read every row's g */
-        #pragma omp for schedule(static)
+        /* (the barrier above) the column sums read every row's g; q's blocks
+         * (N*H rows) and k's (N*K) dealt round-robin so threads get both */
+        #pragma omp for schedule(static, 1)
         for (int j = 0; j < 2 * ncb; j++) {
             int cb = j % ncb, c0 = cb * CB, c1 = c0 + CB < hd ? c0 + CB : hd;
             if (j < ncb) dw_block(dwq, dq, q_raw, rstd_q, (size_t)N * (size_t)H, hd, c0, c1);
