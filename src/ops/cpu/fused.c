@@ -22,8 +22,9 @@
  * order as the unfused ops (rmsnorm.c's loops are written the same way; the
  * rotation is cpu_impl.h's mt_cpu_rot_lo/hi, shared with rope.c), so fused ==
  * unfused bit for bit under any contraction setting (test_ops checks it on
- * the cpu backend). In particular dw keeps rmsnorm_backward's 16-column blocks, each
- * summed over rows 0..N-1 in order by one thread (thread-count independent).
+ * the cpu backend). In particular dw keeps rmsnorm_backward's 16-column
+ * blocks, each summed over rows 0..N-1 in order by one thread (independent
+ * of the thread count).
  */
 #include "cpu_impl.h"
 
