@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Issue 18 item 3: A/B of two builds on configs (a) dense and (b) MoE, 1 and 2
 # threads, REPS interleaved rounds (old, new, old, new, ... in one run, so a
-# noisy shared machine hits both alike); prints each pair's tokens/s ratio
-# new/old, the median ratio per (config, threads), and the median per-op
-# profile (receipt timing.op_profile_s_per_step, ms per steady step) of each.
+# noisy shared machine hits both alike; the order alternates per round);
+# prints each pair's tokens/s ratio new/old, the median ratio per (config,
+# threads), the median per-op profile (receipt timing.op_profile_s_per_step,
+# ms per steady step) of each, and (norm + elementwise) / gemm per run: the
+# fused chains change only norm and elementwise, and gemm (unchanged code)
+# slows down with the machine's load like they do, so the quotient is the
+# load-robust comparison.
 # Usage: bench/fused_ab.sh OLD_MESHTRAIN NEW_MESHTRAIN [REPS] [STEPS] -> bench/out/fused_ab/summary.json
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +18,8 @@ OUT=bench/out/fused_ab; mkdir -p "$OUT"
 for r in $(seq 1 "$REPS"); do
   for c in a_dense b_moe; do
     for th in 1 2; do
-      for b in old new; do
+      order="old new"; [ $((r % 2)) -eq 0 ] && order="new old"   # alternate who runs first
+      for b in $order; do
         bin=$OLD; [ $b = new ] && bin=$NEW
         d="$OUT/$c.t$th.$b.$r"; rm -rf "$d"
         OMP_NUM_THREADS=$th "$bin" train --config bench/configs/$c.json --data bench/out/data8k.bin --out "$d" \
@@ -49,5 +54,14 @@ for c in ("a_dense", "b_moe"):
             med = {b: statistics.median(p[k] for p in prof[b]) for b in prof}
             summary[f"{c}.t{th}"].setdefault("profile_ms", {})[k] = {b: 1e3 * med[b] for b in med}
             print(f"| {k} | {1e3 * med['old']:.1f} | {1e3 * med['new']:.1f} |")
+print("\n(norm + elementwise) / gemm per run, median over rounds (load-robust)\n")
+print("| config | threads | old | new | new/old |\n| --- | ---: | ---: | ---: | ---: |")
+for c in ("a_dense", "b_moe"):
+    for th in (1, 2):
+        q = {b: statistics.median((p["norm"] + p["elementwise"]) / p["gemm"]
+                                  for p in (rec(c, th, b, r)["op_profile_s_per_step"] for r in range(1, reps + 1)))
+             for b in ("old", "new")}
+        summary[f"{c}.t{th}"]["norm_elem_over_gemm"] = q
+        print(f"| {c} | {th} | {q['old']:.4f} | {q['new']:.4f} | {q['new'] / q['old']:.3f} |")
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=2)
 PY
