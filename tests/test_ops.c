@@ -1491,6 +1491,189 @@ static int run_muon(struct harness *h)
 }
 
 /* ------------------------------------------------------------------------ */
+/* fused chains: rmsnorm_resid, qk_norm_rope                                */
+/* Reference = the composition of the unfused fp64 references above. On the
+ * cpu backend the fused op must also equal the unfused ops' composition bit
+ * for bit (the bitcheck gate relies on it); elsewhere to TOL_FWD / TOL_BWD
+ * (another compiler may contract a*c - b*s differently in the two kernels). */
+
+static double fused_tol(struct harness *h, double tol) { return strcmp(h->bname, "cpu") ? tol : 0; }
+
+static void rms_resid_case(struct harness *h, int N, int C, float eps)
+{
+    size_t n = (size_t)N * C;
+    float *x = rand_f(h, n, -2, 2), *w = rand_f(h, C, 0.5, 1.5);
+    char cs[64];
+    snprintf(cs, sizeof cs, "N=%d C=%d", N, C);
+    double *rout = new_d(h, n), *rrstd = new_d(h, N);
+    ref_rms_fwd(rout, rrstd, to_d(h, x, n), to_d(h, w, C), N, C, eps);
+    if (!h->ops) return;   /* its backward is rmsnorm_backward (checked there) */
+    if (!has(h, "rmsnorm_resid_forward", h->ops->rmsnorm_resid_forward != NULL)) return;
+    float *dxi = up_f(h, x, n), *dwi = up_f(h, w, C);
+    float *dout = up_f(h, nan_f(h, n), n), *drstd = up_f(h, nan_f(h, N), N), *dres = up_f(h, nan_f(h, n), n);
+    h->ops->rmsnorm_resid_forward(dout, drstd, dres, dxi, dwi, N, C, eps);
+    float *out = down_f(h, dout, n), *rstd = down_f(h, drstd, N), *res = down_f(h, dres, n);
+    checkf(h, "rmsnorm_resid_forward", err_rel(h, out, rout, n), TOL_FWD, "%s out", cs);
+    checkf(h, "rmsnorm_resid_forward", err_rel(h, rstd, rrstd, N), TOL_FWD, "%s rstd", cs);
+    checkf(h, "rmsnorm_resid_forward", ndiff(res, x, n), 0, "%s resid == inp (=)", cs);
+    /* the unfused pair on the same backend */
+    float *uout = up_f(h, nan_f(h, n), n), *urstd = up_f(h, nan_f(h, N), N);
+    h->ops->rmsnorm_forward(uout, urstd, dxi, dwi, N, C, eps);
+    float *uo = down_f(h, uout, n), *ur = down_f(h, urstd, N);
+    checkf(h, "rmsnorm_resid_forward", ndiff(out, uo, n) + ndiff(rstd, ur, N), 0, "%s bits == rmsnorm_forward", cs);
+    /* resid aliasing inp (allowed): inp unchanged, same out */
+    float *dinpl = up_f(h, x, n), *dout2 = up_f(h, nan_f(h, n), n), *drstd2 = up_f(h, nan_f(h, N), N);
+    h->ops->rmsnorm_resid_forward(dout2, drstd2, dinpl, dinpl, dwi, N, C, eps);
+    checkf(h, "rmsnorm_resid_forward", ndiff(down_f(h, dinpl, n), x, n) + ndiff(down_f(h, dout2, n), out, n) +
+           ndiff(down_f(h, drstd2, N), rstd, N), 0, "%s resid == inp in place, determinism", cs);
+}
+
+struct qkr_case {
+    int N, T, pos0, H, K, hd;
+    double eps;
+    const double *cs, *sn;
+    double *q_raw, *k_raw, *wq, *wk, *Wq, *Wk;      /* inputs, loss weights */
+    double *qn, *kn, *q, *k, *rq, *rk;              /* normed, rotated, rstd */
+};
+static void ref_qkr_fwd(struct qkr_case *r)
+{
+    ref_rms_fwd(r->qn, r->rq, r->q_raw, r->wq, r->N * r->H, r->hd, r->eps);
+    ref_rms_fwd(r->kn, r->rk, r->k_raw, r->wk, r->N * r->K, r->hd, r->eps);
+    ref_rope_fwd(r->q, r->qn, r->cs, r->sn, r->N, r->T, r->pos0, r->H, r->hd);
+    ref_rope_fwd(r->k, r->kn, r->cs, r->sn, r->N, r->T, r->pos0, r->K, r->hd);
+}
+static double qkr_loss(void *ud)
+{
+    struct qkr_case *r = ud;
+    ref_qkr_fwd(r);
+    return wsum(r->q, r->Wq, (size_t)r->N * r->H * r->hd) + wsum(r->k, r->Wk, (size_t)r->N * r->K * r->hd);
+}
+
+static void qkr_case(struct harness *h, int B, int T, int pos0, int H, int K, int hd)
+{
+    const float eps = 1e-6f;
+    int N = B * T, half = hd / 2, Tmax = pos0 + T;
+    size_t nq = (size_t)N * H * hd, nk = (size_t)N * K * hd, nt = (size_t)Tmax * half;
+    size_t NH = (size_t)N * H, NK = (size_t)N * K;
+    float *cosf_ = new_f(h, nt), *sinf_ = new_f(h, nt);
+    for (int p = 0; p < Tmax; p++)
+        for (int i = 0; i < half; i++) {
+            double inv_freq = pow(10000.0, -2.0 * i / hd);
+            cosf_[(size_t)p * half + i] = (float)cos(p * inv_freq);
+            sinf_[(size_t)p * half + i] = (float)sin(p * inv_freq);
+        }
+    float *qr = rand_f(h, nq, -2, 2), *kr = rand_f(h, nk, -2, 2), *wq = rand_f(h, hd, 0.5, 1.5);
+    float *wk = rand_f(h, hd, 0.5, 1.5), *Wq = rand_f(h, nq, -1, 1), *Wk = rand_f(h, nk, -1, 1);
+    float *dwq0 = rand_f(h, hd, -1, 1), *dwk0 = rand_f(h, hd, -1, 1);
+    char cs[80];
+    snprintf(cs, sizeof cs, "B=%d T=%d pos0=%d H=%d K=%d hd=%d", B, T, pos0, H, K, hd);
+    struct qkr_case r = {N, T, pos0, H, K, hd, eps, to_d(h, cosf_, nt), to_d(h, sinf_, nt), to_d(h, qr, nq),
+                         to_d(h, kr, nk), to_d(h, wq, hd), to_d(h, wk, hd), to_d(h, Wq, nq), to_d(h, Wk, nk),
+                         new_d(h, nq), new_d(h, nk), new_d(h, nq), new_d(h, nk), new_d(h, NH), new_d(h, NK)};
+    ref_qkr_fwd(&r);
+    /* backward reference: R^T then the norm's backward (pos0 as the forward's) */
+    double *gq = new_d(h, nq), *gk = new_d(h, nk), *gqr = new_d(h, nq), *gkr = new_d(h, nk);
+    double *gwq = new_d(h, hd), *gwk = new_d(h, hd);
+    ref_rope_bwd(gq, r.Wq, r.cs, r.sn, N, T, pos0, H, hd);
+    ref_rope_bwd(gk, r.Wk, r.cs, r.sn, N, T, pos0, K, hd);
+    ref_rms_bwd(gqr, gwq, gq, r.q_raw, r.wq, r.rq, (int)NH, hd);
+    ref_rms_bwd(gkr, gwk, gk, r.k_raw, r.wk, r.rk, (int)NK, hd);
+    if (!h->ops) {
+        checkf(h, "qk_norm_rope_bwd", fd_err(r.q_raw, nq, gqr, qkr_loss, &r), TOL_FD, "%s fd dq_raw", cs);
+        checkf(h, "qk_norm_rope_bwd", fd_err(r.k_raw, nk, gkr, qkr_loss, &r), TOL_FD, "%s fd dk_raw", cs);
+        checkf(h, "qk_norm_rope_bwd", fd_err(r.wq, hd, gwq, qkr_loss, &r), TOL_FD, "%s fd dwq", cs);
+        checkf(h, "qk_norm_rope_bwd", fd_err(r.wk, hd, gwk, qkr_loss, &r), TOL_FD, "%s fd dwk", cs);
+        return;
+    }
+    const struct mt_ops_i *o = h->ops;
+    if (!has(h, "qk_norm_rope_forward", o->qk_norm_rope_forward != NULL)) return;
+    float *dcos = up_f(h, cosf_, nt), *dsin = up_f(h, sinf_, nt);
+    float *dqr = up_f(h, qr, nq), *dkr = up_f(h, kr, nk), *dwq = up_f(h, wq, hd), *dwk = up_f(h, wk, hd);
+    float *dq = up_f(h, nan_f(h, nq), nq), *dk = up_f(h, nan_f(h, nk), nk);
+    float *drq = up_f(h, nan_f(h, NH), NH), *drk = up_f(h, nan_f(h, NK), NK);
+    o->qk_norm_rope_forward(dq, dk, drq, drk, dqr, dkr, dwq, dwk, dcos, dsin, N, T, pos0, H, K, hd, eps);
+    float *q = down_f(h, dq, nq), *k = down_f(h, dk, nk), *rq = down_f(h, drq, NH), *rk = down_f(h, drk, NK);
+    checkf(h, "qk_norm_rope_forward", err_rel(h, q, r.q, nq), TOL_FWD, "%s q", cs);
+    checkf(h, "qk_norm_rope_forward", err_rel(h, k, r.k, nk), TOL_FWD, "%s k", cs);
+    checkf(h, "qk_norm_rope_forward", err_rel(h, rq, r.rq, NH) + err_rel(h, rk, r.rk, NK), TOL_FWD, "%s rstd q, k",
+           cs);
+    /* the unfused chain on the same backend: rmsnorm_forward then rope_forward in place */
+    float *uq = up_f(h, nan_f(h, nq), nq), *uk = up_f(h, nan_f(h, nk), nk);
+    float *urq = up_f(h, nan_f(h, NH), NH), *urk = up_f(h, nan_f(h, NK), NK);
+    o->rmsnorm_forward(uq, urq, dqr, dwq, (int)NH, hd, eps);
+    o->rmsnorm_forward(uk, urk, dkr, dwk, (int)NK, hd, eps);
+    o->rope_forward(uq, uq, dcos, dsin, N, T, pos0, H, hd);
+    o->rope_forward(uk, uk, dcos, dsin, N, T, pos0, K, hd);
+    float *uqh = down_f(h, uq, nq), *ukh = down_f(h, uk, nk);
+    checkf(h, "qk_norm_rope_forward", err_rel(h, q, to_d(h, uqh, nq), nq) + err_rel(h, k, to_d(h, ukh, nk), nk),
+           fused_tol(h, TOL_FWD), "%s == rmsnorm + rope (cpu: bits)", cs);
+    checkf(h, "qk_norm_rope_forward", ndiff(rq, down_f(h, urq, NH), NH) + ndiff(rk, down_f(h, urk, NK), NK), 0,
+           "%s rstd bits == rmsnorm_forward", cs);
+    float *dq2 = up_f(h, nan_f(h, nq), nq), *dk2 = up_f(h, nan_f(h, nk), nk);
+    o->qk_norm_rope_forward(dq2, dk2, drq, drk, dqr, dkr, dwq, dwk, dcos, dsin, N, T, pos0, H, K, hd, eps);
+    checkf(h, "qk_norm_rope_forward", ndiff(q, down_f(h, dq2, nq), nq) + ndiff(k, down_f(h, dk2, nk), nk), 0,
+           "%s determinism", cs);
+
+    if (pos0 != 0) return;   /* the backward is the training form (positions from 0) */
+    if (!has(h, "qk_norm_rope_backward", o->qk_norm_rope_backward != NULL)) return;
+    float *dgq = up_f(h, Wq, nq), *dgk = up_f(h, Wk, nk);
+    float *ddqr = up_f(h, nan_f(h, nq), nq), *ddkr = up_f(h, nan_f(h, nk), nk);
+    float *ddwq = up_f(h, dwq0, hd), *ddwk = up_f(h, dwk0, hd);
+    o->qk_norm_rope_backward(ddqr, ddkr, ddwq, ddwk, dgq, dgk, dqr, dkr, dwq, dwk, drq, drk, dcos, dsin, N, T, H, K,
+                             hd);
+    float *gotq = down_f(h, ddqr, nq), *gotk = down_f(h, ddkr, nk);
+    float *gotwq = down_f(h, ddwq, hd), *gotwk = down_f(h, ddwk, hd);
+    checkf(h, "qk_norm_rope_bwd", err_rel(h, gotq, gqr, nq), TOL_BWD, "%s dq_raw (=)", cs);
+    checkf(h, "qk_norm_rope_bwd", err_rel(h, gotk, gkr, nk), TOL_BWD, "%s dk_raw (=)", cs);
+    checkf(h, "qk_norm_rope_bwd", err_rel(h, gotwq, plus(h, dwq0, gwq, hd), hd), TOL_BWD, "%s dwq (+=)", cs);
+    checkf(h, "qk_norm_rope_bwd", err_rel(h, gotwk, plus(h, dwk0, gwk, hd), hd), TOL_BWD, "%s dwk (+=)", cs);
+    /* dq, dk hold R^T of their input on return (=) */
+    float *gotgq = down_f(h, dgq, nq), *gotgk = down_f(h, dgk, nk);
+    checkf(h, "qk_norm_rope_bwd", err_rel(h, gotgq, gq, nq) + err_rel(h, gotgk, gk, nk), TOL_BWD,
+           "%s dq, dk = R^T (in place)", cs);
+    /* the unfused chain: rope_backward in place then rmsnorm_backward (accumulate 0) */
+    float *tq = up_f(h, Wq, nq), *tk = up_f(h, Wk, nk);
+    float *uqr = up_f(h, nan_f(h, nq), nq), *ukr = up_f(h, nan_f(h, nk), nk);
+    float *uwq = up_f(h, dwq0, hd), *uwk = up_f(h, dwk0, hd);
+    o->rope_backward(tq, tq, dcos, dsin, N, T, 0, H, hd);
+    o->rope_backward(tk, tk, dcos, dsin, N, T, 0, K, hd);
+    checkf(h, "qk_norm_rope_bwd",
+           err_rel(h, gotgq, to_d(h, down_f(h, tq, nq), nq), nq) +
+               err_rel(h, gotgk, to_d(h, down_f(h, tk, nk), nk), nk),
+           fused_tol(h, TOL_BWD), "%s dq, dk == rope_backward (cpu: bits)", cs);
+    o->rmsnorm_backward(uqr, uwq, tq, dqr, dwq, drq, (int)NH, hd, 0);
+    o->rmsnorm_backward(ukr, uwk, tk, dkr, dwk, drk, (int)NK, hd, 0);
+    float *uqrh = down_f(h, uqr, nq), *ukrh = down_f(h, ukr, nk);
+    float *uwqh = down_f(h, uwq, hd), *uwkh = down_f(h, uwk, hd);
+    checkf(h, "qk_norm_rope_bwd",
+           err_rel(h, gotq, to_d(h, uqrh, nq), nq) + err_rel(h, gotk, to_d(h, ukrh, nk), nk),
+           fused_tol(h, TOL_BWD), "%s dq_raw, dk_raw == rope + rmsnorm bwd (cpu: bits)", cs);
+    checkf(h, "qk_norm_rope_bwd",
+           err_rel(h, gotwq, to_d(h, uwqh, hd), hd) + err_rel(h, gotwk, to_d(h, uwkh, hd), hd),
+           fused_tol(h, TOL_BWD), "%s dwq, dwk == rope + rmsnorm bwd (cpu: bits)", cs);
+    float *ddqr2 = up_f(h, nan_f(h, nq), nq), *ddkr2 = up_f(h, nan_f(h, nk), nk);
+    float *ddwq2 = up_f(h, dwq0, hd), *ddwk2 = up_f(h, dwk0, hd), *dgq2 = up_f(h, Wq, nq), *dgk2 = up_f(h, Wk, nk);
+    o->qk_norm_rope_backward(ddqr2, ddkr2, ddwq2, ddwk2, dgq2, dgk2, dqr, dkr, dwq, dwk, drq, drk, dcos, dsin, N, T, H,
+                             K, hd);
+    checkf(h, "qk_norm_rope_bwd",
+           ndiff(gotq, down_f(h, ddqr2, nq), nq) + ndiff(gotk, down_f(h, ddkr2, nk), nk) +
+               ndiff(gotwq, down_f(h, ddwq2, hd), hd) + ndiff(gotwk, down_f(h, ddwk2, hd), hd),
+           0, "%s determinism", cs);
+}
+
+static int run_fused(struct harness *h)
+{
+    int f0 = h->n_fail;
+    rms_resid_case(h, 5, 13, 1e-6f);
+    rms_resid_case(h, 64, 256, 1e-5f);
+    qkr_case(h, 2, 5, 0, 3, 1, 8);
+    qkr_case(h, 2, 5, 3, 3, 1, 8);      /* forward at an offset (decoding) */
+    qkr_case(h, 1, 7, 0, 2, 2, 40);     /* a 16-column dw block straddles the two halves */
+    qkr_case(h, 2, 32, 0, 4, 2, 64);    /* the bench's head shape */
+    return h->n_fail == f0;
+}
+
+/* ------------------------------------------------------------------------ */
 /* the table                                                                */
 
 struct op_test {
@@ -1515,6 +1698,7 @@ static const struct op_test op_tests[] = {
     {"moe", run_moe},
     {"adamw_update", run_adamw},
     {"muon_momentum", run_muon},
+    {"fused", run_fused},
 };
 
 /* inputs depend only on the op's name: every backend sees the same bits */

@@ -40,16 +40,15 @@ static enum mt_status attn_piece_forward(struct mt_ctx *ctx, const struct mt_pie
     const float eps = pc->norm_eps;
     float *t = pc->s_lora;
 
-    ops->rmsnorm_forward(ly->h_attn_n, ly->rstd_attn, ly->x_in, ly->w.ln1->data, Nr, D, eps);
+    /* the input norm and the residual's seed (x_mid = x_in, Wo's GEMM adds onto it) in one pass */
+    ops->rmsnorm_resid_forward(ly->h_attn_n, ly->rstd_attn, ly->x_mid, ly->x_in, ly->w.ln1->data, Nr, D, eps);
     if (tp->sp) MT_CHECK(tpa_gather_rows(ctx, tp, ly->h_attn, ly->h_attn_n, Nr, D));   /* SP entry */
     /* this rank's heads (H, K are local under TP) over all N rows */
     proj_fwd(ops, t, ly->q_raw, ly->h_attn, ly->w.wq, N, D, QD, 0.0f);
     proj_fwd(ops, t, ly->k_raw, ly->h_attn, ly->w.wk, N, D, KD, 0.0f);
     proj_fwd(ops, t, ly->v, ly->h_attn, ly->w.wv, N, D, KD, 0.0f);
-    ops->rmsnorm_forward(ly->q, ly->rstd_q, ly->q_raw, ly->w.qn->data, N * H, hd, eps);
-    ops->rmsnorm_forward(ly->k, ly->rstd_k, ly->k_raw, ly->w.kn->data, N * K, hd, eps);
-    ops->rope_forward(ly->q, ly->q, a->cos_tab, a->sin_tab, N, T, pos0, H, hd);
-    ops->rope_forward(ly->k, ly->k, a->cos_tab, a->sin_tab, N, T, pos0, K, hd);
+    ops->qk_norm_rope_forward(ly->q, ly->k, ly->rstd_q, ly->rstd_k, ly->q_raw, ly->k_raw, ly->w.qn->data,
+                              ly->w.kn->data, a->cos_tab, a->sin_tab, N, T, pos0, H, K, hd, eps);
     if (a->kcache) {
         /* inference, B == 1, one rank: append the new K/V rows, attend over the whole cache */
         MT_ASSERT(B == 1 && tp->tp == 1);
@@ -59,7 +58,6 @@ static enum mt_status attn_piece_forward(struct mt_ctx *ctx, const struct mt_pie
     } else {
         ops->attention_forward(ly->att, ly->lse, ly->q, ly->k, ly->v, B, T, T, 0, H, K, hd);
     }
-    ops->copy(ly->x_mid, ly->x_in, (size_t)Nr * D * sizeof(float));
     if (tp->tp == 1) {
         proj_fwd(ops, t, ly->x_mid, ly->att, ly->w.wo, N, QD, D, 1.0f);
         return MT_OK;
@@ -90,11 +88,10 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
     /* term 2: attention core (dq, dk, dv overwritten) */
     ops->attention_backward(pc->dq, pc->dk, pc->dv, pc->datt, ly->q, ly->k, ly->v, ly->att, ly->lse,
                             B, T, H, K, hd);
-    /* term 3: RoPE (in place), then QK-norm; datt is free now and takes dq' */
-    ops->rope_backward(pc->dq, pc->dq, pc->rope_cos, pc->rope_sin, N, T, 0, H, hd);
-    ops->rope_backward(pc->dk, pc->dk, pc->rope_cos, pc->rope_sin, N, T, 0, K, hd);
-    ops->rmsnorm_backward(pc->datt, ly->w.qn->grad, pc->dq, ly->q_raw, ly->w.qn->data, ly->rstd_q, N * H, hd, 0);
-    ops->rmsnorm_backward(pc->dk2, ly->w.kn->grad, pc->dk, ly->k_raw, ly->w.kn->data, ly->rstd_k, N * K, hd, 0);
+    /* term 3: RoPE, then QK-norm, one fused pass; datt is free now and takes dq' */
+    ops->qk_norm_rope_backward(pc->datt, pc->dk2, ly->w.qn->grad, ly->w.kn->grad, pc->dq, pc->dk, ly->q_raw,
+                               ly->k_raw, ly->w.qn->data, ly->w.kn->data, ly->rstd_q, ly->rstd_k, pc->rope_cos,
+                               pc->rope_sin, N, T, H, K, hd);
     /* term 4: projections (under TP dh is this rank's partial sum over its heads) */
     proj_bwd(ops, t, dt, pc->dh, 0.0f, ly->w.wq, pc->datt, ly->h_attn, N, D, QD);
     proj_bwd(ops, t, dt, pc->dh, 1.0f, ly->w.wk, pc->dk2, ly->h_attn, N, D, KD);

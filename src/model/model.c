@@ -985,8 +985,9 @@ void ffn_norm_fwd(const struct mt_piece_ctx *pc, float *x_out, int n)
 {
     const struct mt_layer *ly = pc->ly;
     const int Nr = pc->tp.sp ? n / pc->tp.tp : n;
-    pc->ops->rmsnorm_forward(ly->h_mlp_n, ly->rstd_mlp, ly->x_mid, ly->w.ln2->data, Nr, pc->D, pc->norm_eps);
-    pc->ops->copy(x_out, ly->x_mid, (size_t)Nr * pc->D * sizeof(float));
+    /* the ffn's input norm and the residual's seed (x_out = x_mid) in one pass */
+    pc->ops->rmsnorm_resid_forward(ly->h_mlp_n, ly->rstd_mlp, x_out, ly->x_mid, ly->w.ln2->data, Nr, pc->D,
+                                   pc->norm_eps);
 }
 
 void ffn_norm_bwd(const struct mt_piece_ctx *pc, const float *dhr)

@@ -270,6 +270,30 @@ struct mt_ops_i {
      * Optional (NULL: the model runs xent_forward then xent_backward). */
     void (*xent_fused)(float *losses, float *lse_out, float *logits, const int32_t *targets, float dscale,
                        int N, int V, float softcap);
+
+    /* ---- fused elementwise chains (one pass, one parallel region each) ----
+     * Same bits as the unfused ops they replace (named below).
+     * rmsnorm_resid_forward: out, rstd = rmsnorm_forward(inp); resid = inp (=)
+     *   (the residual stream's seed, which the branch's output GEMM then adds
+     *   onto with beta 1: the norm and the residual share one read of inp).
+     *   resid may alias inp. Its backward is rmsnorm_backward with accumulate
+     *   1 onto the residual gradient (d inp = d resid + the norm's term).
+     * qk_norm_rope_forward: q = rope(rmsnorm_hd(q_raw) * wq) over rows N*H,
+     *   k likewise over N*K, positions pos0 + n % T: exactly rmsnorm_forward
+     *   (rows N*H, C = hd) then rope_forward in place, for q and for k.
+     * qk_norm_rope_backward: dq, dk in: d q, d k (after RoPE); out: R^T of
+     *   them (OVERWRITTEN: the gradients of the normed heads); dq_raw, dk_raw
+     *   (=), dwq, dwk (+=): exactly rope_backward in place then
+     *   rmsnorm_backward(accumulate 0), for q and for k (training: pos0 = 0). */
+    void (*rmsnorm_resid_forward)(float *out, float *rstd, float *resid, const float *inp, const float *weight,
+                                  int N, int C, float eps);
+    void (*qk_norm_rope_forward)(float *q, float *k, float *rstd_q, float *rstd_k, const float *q_raw,
+                                 const float *k_raw, const float *wq, const float *wk, const float *cos_tab,
+                                 const float *sin_tab, int N, int T, int pos0, int H, int K, int hd, float eps);
+    void (*qk_norm_rope_backward)(float *dq_raw, float *dk_raw, float *dwq, float *dwk, float *dq,
+                                  float *dk, const float *q_raw, const float *k_raw, const float *wq,
+                                  const float *wk, const float *rstd_q, const float *rstd_k, const float *cos_tab,
+                                  const float *sin_tab, int N, int T, int H, int K, int hd);
 };
 
 /* Backends. mt_ops_cpu() never fails. mt_ops_cuda() returns NULL when the
@@ -300,7 +324,8 @@ void mt_ops_cpu_pin_coretype(int argc, char **argv);
 /* ---- per-op profile (cpu backend) ----
  * Every entry of the cpu table runs through a thin wrapper that, when the
  * profile is on, adds its wall time to the op's kind (one predictable branch
- * when off). Kinds: gemm (gemm, transpose), attention, xent, norm (rmsnorm),
+ * when off). Kinds: gemm (gemm, transpose), attention, xent, norm (rmsnorm and
+ * the fused norm chains rmsnorm_resid, qk_norm_rope),
  * elementwise (rope, swiglu, embed, fill/axpby/sumsq/all_finite, MoE router
  * and permute/combine), optimizer (adamw, muon momentum); communication is
  * not an op: the trainer adds its exposed communication time with

@@ -207,6 +207,7 @@ static void test_table(void)
         E(xent_forward), E(xent_backward), E(router_forward), E(router_backward),
         E(moe_permute), E(moe_permute_backward), E(moe_combine), E(moe_combine_backward),
         E(adamw_update), E(muon_momentum), E(transpose), E(gemm_bf16), E(cast_bf16), E(rmsnorm_forward_bf16),
+        E(rmsnorm_resid_forward), E(qk_norm_rope_forward), E(qk_norm_rope_backward),
 #undef E
     };
     int missing = 0;
@@ -820,6 +821,89 @@ static void test_rope(void)
     free(cs); free(sn); free(x); free(nn);
 }
 
+/* ---- fused chains: rmsnorm_resid, qk_norm_rope ---- */
+static void test_fused(void)
+{
+    if (!selected("fused")) return;
+    {
+        const int N = 37, C = 200;
+        size_t nx = (size_t)N * C;
+        float *x = rnd(nx, -2, 2), *w = rnd((size_t)C, 0.5, 1.5), *nx_ = nans(nx), *nN = nans((size_t)N);
+        float *ro[3], *rr[3], *rs[3];
+        for (int p = 0; p < 3; p++) {
+            struct be *b = BE(p);
+            float *dx = upf(b, x, nx), *dw = upf(b, w, (size_t)C), *o = upf(b, nx_, nx), *r = upf(b, nN, (size_t)N);
+            float *res = upf(b, nx_, nx);
+            b->ops->rmsnorm_resid_forward(o, r, res, dx, dw, N, C, 1e-5f);
+            ro[p] = downf(b, o, nx);
+            rr[p] = downf(b, r, (size_t)N);
+            rs[p] = downf(b, res, nx);
+            release(b);
+        }
+        check3("rmsnorm_resid_forward", "N=37 C=200 out", ro, nx);
+        check3("rmsnorm_resid_forward", "N=37 C=200 rstd", rr, (size_t)N);
+        report("rmsnorm_resid_forward", "resid == inp (differing elements)", (double)ndiff(rs[1], x, nx), 0);
+        check3("rmsnorm_resid_forward", "N=37 C=200 resid", rs, nx);
+        free(x); free(w); free(nx_); free(nN);
+    }
+    /* hd = 40: a lane's elements and a dw column block straddle the halves; K = 2 < H = 3 */
+    const int B = 2, T = 11, H = 3, K = 2, hd = 40, half = hd / 2, Tmax = 16, N = B * T;
+    size_t nq = (size_t)N * H * hd, nk = (size_t)N * K * hd, NH = (size_t)N * H, NK = (size_t)N * K;
+    float *cs = xmalloc(sizeof(float) * Tmax * half), *sn = xmalloc(sizeof(float) * Tmax * half);
+    for (int p = 0; p < Tmax; p++)
+        for (int i = 0; i < half; i++) {
+            double f = pow(10000.0, -2.0 * i / hd);
+            cs[p * half + i] = (float)cos(p * f);
+            sn[p * half + i] = (float)sin(p * f);
+        }
+    float *qr = rnd(nq, -2, 2), *kr = rnd(nk, -2, 2);
+    float *wq = rnd((size_t)hd, 0.5, 1.5), *wk = rnd((size_t)hd, 0.5, 1.5);
+    float *gq = rnd(nq, -1, 1), *gk = rnd(nk, -1, 1), *dwq0 = rnd((size_t)hd, -1, 1), *dwk0 = rnd((size_t)hd, -1, 1);
+    float *nq_ = nans(nq), *nk_ = nans(nk);
+    float *rq[3], *rk[3], *rrq[3], *rrk[3], *rdq[3], *rdk[3], *rwq[3], *rwk[3], *rq5[3], *rgq[3], *rgk[3];
+    for (int p = 0; p < 3; p++) {
+        struct be *b = BE(p);
+        float *dc = upf(b, cs, (size_t)Tmax * half), *ds = upf(b, sn, (size_t)Tmax * half);
+        float *dqr = upf(b, qr, nq), *dkr = upf(b, kr, nk);
+        float *dwq = upf(b, wq, (size_t)hd), *dwk = upf(b, wk, (size_t)hd);
+        float *q = upf(b, nq_, nq), *k = upf(b, nk_, nk), *sq = upf(b, nq_, NH), *sk = upf(b, nk_, NK);
+        b->ops->qk_norm_rope_forward(q, k, sq, sk, dqr, dkr, dwq, dwk, dc, ds, N, T, 0, H, K, hd, 1e-6f);
+        rq[p] = downf(b, q, nq);
+        rk[p] = downf(b, k, nk);
+        rrq[p] = downf(b, sq, NH);
+        rrk[p] = downf(b, sk, NK);
+        /* backward from the cpu's rstd so both backends see the same saved buffers */
+        float *sqc = upf(b, rrq[0], NH), *skc = upf(b, rrk[0], NK);
+        float *dg = upf(b, gq, nq), *dgk = upf(b, gk, nk), *dx = upf(b, nq_, nq), *dxk = upf(b, nk_, nk);
+        float *ddwq = upf(b, dwq0, (size_t)hd), *ddwk = upf(b, dwk0, (size_t)hd);
+        b->ops->qk_norm_rope_backward(dx, dxk, ddwq, ddwk, dg, dgk, dqr, dkr, dwq, dwk, sqc, skc, dc, ds, N, T, H, K,
+                                      hd);
+        rdq[p] = downf(b, dx, nq);
+        rdk[p] = downf(b, dxk, nk);
+        rwq[p] = downf(b, ddwq, (size_t)hd);
+        rwk[p] = downf(b, ddwk, (size_t)hd);
+        rgq[p] = downf(b, dg, nq);    /* R^T of the input, in place */
+        rgk[p] = downf(b, dgk, nk);
+        /* the decoding form: positions from pos0 = 5 */
+        b->ops->qk_norm_rope_forward(q, k, sq, sk, dqr, dkr, dwq, dwk, dc, ds, N, T, 5, H, K, hd, 1e-6f);
+        rq5[p] = downf(b, q, nq);
+        release(b);
+    }
+    check3("qk_norm_rope_forward", "hd=40 H=3 K=2 q", rq, nq);
+    check3("qk_norm_rope_forward", "hd=40 H=3 K=2 k", rk, nk);
+    check3("qk_norm_rope_forward", "rstd q", rrq, NH);
+    check3("qk_norm_rope_forward", "rstd k", rrk, NK);
+    check3("qk_norm_rope_forward", "pos0=5 q", rq5, nq);
+    check3("qk_norm_rope_backward", "dq_raw (=, NaN prefill)", rdq, nq);
+    check3("qk_norm_rope_backward", "dk_raw (=, NaN prefill)", rdk, nk);
+    check3("qk_norm_rope_backward", "dwq (+=)", rwq, (size_t)hd);
+    check3("qk_norm_rope_backward", "dwk (+=)", rwk, (size_t)hd);
+    check3("qk_norm_rope_backward", "dq = R^T dq (in place)", rgq, nq);
+    check3("qk_norm_rope_backward", "dk = R^T dk (in place)", rgk, nk);
+    free(cs); free(sn); free(qr); free(kr); free(wq); free(wk); free(gq); free(gk); free(dwq0); free(dwk0);
+    free(nq_); free(nk_);
+}
+
 /* ---- attention ---- */
 static void test_attention(void)
 {
@@ -1152,6 +1236,7 @@ int main(int argc, char **argv)
     g_rng = 12; test_router();
     g_rng = 13; test_moe();
     g_rng = 14; test_optim();
+    g_rng = 19; test_fused();
 
     /* ---- bf16 mode: gemm to the derived bound ---- */
     g_rng = 15; test_precision_api();

@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "../mt_ops.h"   /* enum mt_elem (gemm_bf16) */
+#include <math.h>
 
 /* ---- exp for the hot loops (Cephes expf polynomial, ~1 ulp on [-87, 88]) ----
  * exp(x) = 2^n * p(r), n = round(x / ln2), r = x - n ln2 (two-part ln2).
@@ -92,6 +93,14 @@ static inline float mt_cpu_hsum8(__m256 v)
 }
 #endif
 
+/* ---- RoPE's rotation of one pair (rope.c, fused.c) ----
+ * lo = a c - b s, hi = b c + a s, written as explicit FMAs (the first product
+ * fused, the second rounded) so the rounding does not depend on the
+ * compiler's contraction setting (-ffp-contract): every kernel that rotates
+ * calls these and gets the same bits. */
+static inline float mt_cpu_rot_lo(float a, float b, float c, float s) { return fmaf(a, c, -(b * s)); }
+static inline float mt_cpu_rot_hi(float a, float b, float c, float s) { return fmaf(b, c, a * s); }
+
 /* 1 when the CPU has AVX-512 F/BW/DQ/VL and MT_NO_AVX512 is unset (ops_cpu.c) */
 int mt_cpu_have_avx512(void);
 
@@ -149,6 +158,17 @@ void mt_cpu_xent_backward(float *dlogits, const float *logits, const float *lse,
                           const int32_t *targets, float dscale, int N, int V, float softcap);
 void mt_cpu_xent_fused(float *losses, float *lse_out, float *logits, const int32_t *targets, float dscale,
                        int N, int V, float softcap);
+
+/* ---- fused.c (fused elementwise chains) ---- */
+void mt_cpu_rmsnorm_resid_forward(float *out, float *rstd, float *resid, const float *inp, const float *weight,
+                                  int N, int C, float eps);
+void mt_cpu_qk_norm_rope_forward(float *q, float *k, float *rstd_q, float *rstd_k, const float *q_raw,
+                                 const float *k_raw, const float *wq, const float *wk, const float *cos_tab,
+                                 const float *sin_tab, int N, int T, int pos0, int H, int K, int hd, float eps);
+void mt_cpu_qk_norm_rope_backward(float *dq_raw, float *dk_raw, float *dwq, float *dwk, float *dq,
+                                  float *dk, const float *q_raw, const float *k_raw, const float *wq,
+                                  const float *wk, const float *rstd_q, const float *rstd_k, const float *cos_tab,
+                                  const float *sin_tab, int N, int T, int H, int K, int hd);
 
 /* ---- moe.c ---- */
 void mt_cpu_router_forward(float *probs, float *lse, int32_t *topk_idx, float *gates,

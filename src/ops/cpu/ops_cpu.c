@@ -282,6 +282,28 @@ static void p_ssm_scan_step(float *y, float *S, float *xprev, float *Bprev, cons
     PROF(MT_OPK_SCAN, mt_cpu_ssm_scan_step(y, S, xprev, Bprev, x, Bm, Cm, dt, lam, A, Dsk, B, H, P, N, first));
 }
 
+/* the fused chains (fused.c) count as norm: each is a norm with its neighbours folded in */
+static void p_rmsnorm_resid_forward(float *out, float *rstd, float *resid, const float *inp, const float *weight,
+                                    int N, int C, float eps)
+{
+    PROF(MT_OPK_NORM, mt_cpu_rmsnorm_resid_forward(out, rstd, resid, inp, weight, N, C, eps));
+}
+static void p_qk_norm_rope_forward(float *q, float *k, float *rstd_q, float *rstd_k, const float *q_raw,
+                                   const float *k_raw, const float *wq, const float *wk, const float *cos_tab,
+                                   const float *sin_tab, int N, int T, int pos0, int H, int K, int hd, float eps)
+{
+    PROF(MT_OPK_NORM, mt_cpu_qk_norm_rope_forward(q, k, rstd_q, rstd_k, q_raw, k_raw, wq, wk, cos_tab, sin_tab, N, T,
+                                                  pos0, H, K, hd, eps));
+}
+static void p_qk_norm_rope_backward(float *dq_raw, float *dk_raw, float *dwq, float *dwk, float *dq,
+                                    float *dk, const float *q_raw, const float *k_raw, const float *wq,
+                                    const float *wk, const float *rstd_q, const float *rstd_k, const float *cos_tab,
+                                    const float *sin_tab, int N, int T, int H, int K, int hd)
+{
+    PROF(MT_OPK_NORM, mt_cpu_qk_norm_rope_backward(dq_raw, dk_raw, dwq, dwk, dq, dk, q_raw, k_raw, wq, wk, rstd_q,
+                                                   rstd_k, cos_tab, sin_tab, N, T, H, K, hd));
+}
+
 static const struct mt_ops_i cpu_ops = {
     /* .name                 = */ .name                 = "cpu",
     /* .buf_alloc            = */ .buf_alloc            = cpu_buf_alloc,
@@ -328,6 +350,9 @@ static const struct mt_ops_i cpu_ops = {
     /* .muon_momentum        = */ .muon_momentum        = p_muon_momentum,
     /* .transpose            = */ .transpose            = p_transpose,
     /* .xent_fused           = */ .xent_fused           = p_xent_fused,
+    /* .rmsnorm_resid_forward = */ .rmsnorm_resid_forward = p_rmsnorm_resid_forward,
+    /* .qk_norm_rope_forward  = */ .qk_norm_rope_forward  = p_qk_norm_rope_forward,
+    /* .qk_norm_rope_backward = */ .qk_norm_rope_backward = p_qk_norm_rope_backward,
 };
 
 const struct mt_ops_i *mt_ops_cpu(void)

@@ -27,8 +27,8 @@ static void rope_apply(float *out, const float *inp, const float *cos_tab, const
             for (int i = 0; i < half; i++) {
                 float a = x[i], b = x[i + half];
                 float c = cs[i], s = sign * sn[i];
-                o[i]        = a * c - b * s;
-                o[i + half] = b * c + a * s;
+                o[i]        = mt_cpu_rot_lo(a, b, c, s);
+                o[i + half] = mt_cpu_rot_hi(a, b, c, s);
             }
         }
     }

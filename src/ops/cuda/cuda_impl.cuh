@@ -307,6 +307,16 @@ void mt_cuda_ssm_gate_norm_forward(float *out, float *rstd, const float *y, cons
 void mt_cuda_ssm_gate_norm_backward(float *dy, float *dz, float *dw, const float *dout, const float *y,
                                     const float *z, int ldz, const float *w, const float *rstd,
                                     int n, int E, int G);
+/* fused.cu — the fused elementwise chains (mt_ops.h) */
+void mt_cuda_rmsnorm_resid_forward(float *out, float *rstd, float *resid, const float *inp, const float *weight,
+                                   int N, int C, float eps);
+void mt_cuda_qk_norm_rope_forward(float *q, float *k, float *rstd_q, float *rstd_k, const float *q_raw,
+                                  const float *k_raw, const float *wq, const float *wk, const float *cos_tab,
+                                  const float *sin_tab, int N, int T, int pos0, int H, int K, int hd, float eps);
+void mt_cuda_qk_norm_rope_backward(float *dq_raw, float *dk_raw, float *dwq, float *dwk, float *dq,
+                                   float *dk, const float *q_raw, const float *k_raw, const float *wq,
+                                   const float *wk, const float *rstd_q, const float *rstd_k, const float *cos_tab,
+                                   const float *sin_tab, int N, int T, int H, int K, int hd);
 
 #ifdef __cplusplus
 }

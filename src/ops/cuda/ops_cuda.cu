@@ -114,6 +114,9 @@ static const struct mt_ops_i cuda_ops = {
     /* .ssm_gate_norm_bwd    = */ .ssm_gate_norm_backward = mt_cuda_ssm_gate_norm_backward,
     /* .ssm_scan_step        = */ .ssm_scan_step        = mt_cuda_ssm_scan_step,
     /* .xent_fused           = */ .xent_fused           = cuda_xent_fused,
+    /* .rmsnorm_resid_forward = */ .rmsnorm_resid_forward = mt_cuda_rmsnorm_resid_forward,
+    /* .qk_norm_rope_forward  = */ .qk_norm_rope_forward  = mt_cuda_qk_norm_rope_forward,
+    /* .qk_norm_rope_backward = */ .qk_norm_rope_backward = mt_cuda_qk_norm_rope_backward,
 };
 
 /* Undo a (partial) init: release what the instance holds and free it. */
