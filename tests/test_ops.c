@@ -1585,13 +1585,12 @@ static void qkr_case(struct harness *h, int B, int T, int pos0, int H, int K, in
         checkf(h, "qk_norm_rope_bwd", fd_err(r.wk, hd, gwk, qkr_loss, &r), TOL_FD, "%s fd dwk", cs);
         return;
     }
-    const struct mt_ops_i *o = h->ops;
-    if (!has(h, "qk_norm_rope_forward", o->qk_norm_rope_forward != NULL)) return;
+    if (!has(h, "qk_norm_rope_forward", h->ops->qk_norm_rope_forward != NULL)) return;
     float *dcos = up_f(h, cosf_, nt), *dsin = up_f(h, sinf_, nt);
     float *dqr = up_f(h, qr, nq), *dkr = up_f(h, kr, nk), *dwq = up_f(h, wq, hd), *dwk = up_f(h, wk, hd);
     float *dq = up_f(h, nan_f(h, nq), nq), *dk = up_f(h, nan_f(h, nk), nk);
     float *drq = up_f(h, nan_f(h, NH), NH), *drk = up_f(h, nan_f(h, NK), NK);
-    o->qk_norm_rope_forward(dq, dk, drq, drk, dqr, dkr, dwq, dwk, dcos, dsin, N, T, pos0, H, K, hd, eps);
+    h->ops->qk_norm_rope_forward(dq, dk, drq, drk, dqr, dkr, dwq, dwk, dcos, dsin, N, T, pos0, H, K, hd, eps);
     float *q = down_f(h, dq, nq), *k = down_f(h, dk, nk), *rq = down_f(h, drq, NH), *rk = down_f(h, drk, NK);
     checkf(h, "qk_norm_rope_forward", err_rel(h, q, r.q, nq), TOL_FWD, "%s q", cs);
     checkf(h, "qk_norm_rope_forward", err_rel(h, k, r.k, nk), TOL_FWD, "%s k", cs);
@@ -1600,26 +1599,26 @@ static void qkr_case(struct harness *h, int B, int T, int pos0, int H, int K, in
     /* the unfused chain on the same backend: rmsnorm_forward then rope_forward in place */
     float *uq = up_f(h, nan_f(h, nq), nq), *uk = up_f(h, nan_f(h, nk), nk);
     float *urq = up_f(h, nan_f(h, NH), NH), *urk = up_f(h, nan_f(h, NK), NK);
-    o->rmsnorm_forward(uq, urq, dqr, dwq, (int)NH, hd, eps);
-    o->rmsnorm_forward(uk, urk, dkr, dwk, (int)NK, hd, eps);
-    o->rope_forward(uq, uq, dcos, dsin, N, T, pos0, H, hd);
-    o->rope_forward(uk, uk, dcos, dsin, N, T, pos0, K, hd);
+    h->ops->rmsnorm_forward(uq, urq, dqr, dwq, (int)NH, hd, eps);
+    h->ops->rmsnorm_forward(uk, urk, dkr, dwk, (int)NK, hd, eps);
+    h->ops->rope_forward(uq, uq, dcos, dsin, N, T, pos0, H, hd);
+    h->ops->rope_forward(uk, uk, dcos, dsin, N, T, pos0, K, hd);
     float *uqh = down_f(h, uq, nq), *ukh = down_f(h, uk, nk);
     checkf(h, "qk_norm_rope_forward", err_rel(h, q, to_d(h, uqh, nq), nq) + err_rel(h, k, to_d(h, ukh, nk), nk),
            fused_tol(h, TOL_FWD), "%s == rmsnorm + rope (cpu: bits)", cs);
     checkf(h, "qk_norm_rope_forward", ndiff(rq, down_f(h, urq, NH), NH) + ndiff(rk, down_f(h, urk, NK), NK), 0,
            "%s rstd bits == rmsnorm_forward", cs);
     float *dq2 = up_f(h, nan_f(h, nq), nq), *dk2 = up_f(h, nan_f(h, nk), nk);
-    o->qk_norm_rope_forward(dq2, dk2, drq, drk, dqr, dkr, dwq, dwk, dcos, dsin, N, T, pos0, H, K, hd, eps);
+    h->ops->qk_norm_rope_forward(dq2, dk2, drq, drk, dqr, dkr, dwq, dwk, dcos, dsin, N, T, pos0, H, K, hd, eps);
     checkf(h, "qk_norm_rope_forward", ndiff(q, down_f(h, dq2, nq), nq) + ndiff(k, down_f(h, dk2, nk), nk), 0,
            "%s determinism", cs);
 
     if (pos0 != 0) return;   /* the backward is the training form (positions from 0) */
-    if (!has(h, "qk_norm_rope_backward", o->qk_norm_rope_backward != NULL)) return;
+    if (!has(h, "qk_norm_rope_backward", h->ops->qk_norm_rope_backward != NULL)) return;
     float *dgq = up_f(h, Wq, nq), *dgk = up_f(h, Wk, nk);
     float *ddqr = up_f(h, nan_f(h, nq), nq), *ddkr = up_f(h, nan_f(h, nk), nk);
     float *ddwq = up_f(h, dwq0, hd), *ddwk = up_f(h, dwk0, hd);
-    o->qk_norm_rope_backward(ddqr, ddkr, ddwq, ddwk, dgq, dgk, dqr, dkr, dwq, dwk, drq, drk, dcos, dsin, N, T, H, K,
+    h->ops->qk_norm_rope_backward(ddqr, ddkr, ddwq, ddwk, dgq, dgk, dqr, dkr, dwq, dwk, drq, drk, dcos, dsin, N, T, H, K,
                              hd);
     float *gotq = down_f(h, ddqr, nq), *gotk = down_f(h, ddkr, nk);
     float *gotwq = down_f(h, ddwq, hd), *gotwk = down_f(h, ddwk, hd);
@@ -1635,14 +1634,14 @@ static void qkr_case(struct harness *h, int B, int T, int pos0, int H, int K, in
     float *tq = up_f(h, Wq, nq), *tk = up_f(h, Wk, nk);
     float *uqr = up_f(h, nan_f(h, nq), nq), *ukr = up_f(h, nan_f(h, nk), nk);
     float *uwq = up_f(h, dwq0, hd), *uwk = up_f(h, dwk0, hd);
-    o->rope_backward(tq, tq, dcos, dsin, N, T, 0, H, hd);
-    o->rope_backward(tk, tk, dcos, dsin, N, T, 0, K, hd);
+    h->ops->rope_backward(tq, tq, dcos, dsin, N, T, 0, H, hd);
+    h->ops->rope_backward(tk, tk, dcos, dsin, N, T, 0, K, hd);
     checkf(h, "qk_norm_rope_bwd",
            err_rel(h, gotgq, to_d(h, down_f(h, tq, nq), nq), nq) +
                err_rel(h, gotgk, to_d(h, down_f(h, tk, nk), nk), nk),
            fused_tol(h, TOL_BWD), "%s dq, dk == rope_backward (cpu: bits)", cs);
-    o->rmsnorm_backward(uqr, uwq, tq, dqr, dwq, drq, (int)NH, hd, 0);
-    o->rmsnorm_backward(ukr, uwk, tk, dkr, dwk, drk, (int)NK, hd, 0);
+    h->ops->rmsnorm_backward(uqr, uwq, tq, dqr, dwq, drq, (int)NH, hd, 0);
+    h->ops->rmsnorm_backward(ukr, uwk, tk, dkr, dwk, drk, (int)NK, hd, 0);
     float *uqrh = down_f(h, uqr, nq), *ukrh = down_f(h, ukr, nk);
     float *uwqh = down_f(h, uwq, hd), *uwkh = down_f(h, uwk, hd);
     checkf(h, "qk_norm_rope_bwd",
@@ -1653,7 +1652,7 @@ static void qkr_case(struct harness *h, int B, int T, int pos0, int H, int K, in
            fused_tol(h, TOL_BWD), "%s dwq, dwk == rope + rmsnorm bwd (cpu: bits)", cs);
     float *ddqr2 = up_f(h, nan_f(h, nq), nq), *ddkr2 = up_f(h, nan_f(h, nk), nk);
     float *ddwq2 = up_f(h, dwq0, hd), *ddwk2 = up_f(h, dwk0, hd), *dgq2 = up_f(h, Wq, nq), *dgk2 = up_f(h, Wk, nk);
-    o->qk_norm_rope_backward(ddqr2, ddkr2, ddwq2, ddwk2, dgq2, dgk2, dqr, dkr, dwq, dwk, drq, drk, dcos, dsin, N, T, H,
+    h->ops->qk_norm_rope_backward(ddqr2, ddkr2, ddwq2, ddwk2, dgq2, dgk2, dqr, dkr, dwq, dwk, drq, drk, dcos, dsin, N, T, H,
                              K, hd);
     checkf(h, "qk_norm_rope_bwd",
            ndiff(gotq, down_f(h, ddqr2, nq), nq) + ndiff(gotk, down_f(h, ddkr2, nk), nk) +
