@@ -152,7 +152,8 @@ case_() {
         passes=$((passes+1)); echo "PASS $cfgvar $* : backend cuda (emulated NCCL) = cpu to 1e-5, replicas agree ($(( $(date +%s) - t ))s)"
     else
         fails=$((fails+1)); echo "FAIL $cfgvar $*"
-        tail -n 4 "$W/${name}_cpu.log" "$W/${name}_cuda.log"
+        grep -h -m2 -e '^cuda emu:' -e 'error' -e 'failed' "$W/${name}_cpu.log" "$W/${name}_cuda.log"
+        tail -n 2 "$W/${name}_cpu.log" "$W/${name}_cuda.log"
     fi
 }
 
