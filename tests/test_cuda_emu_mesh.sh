@@ -20,8 +20,10 @@
 #      trace a device communicator "dev=nccl" (so NCCL, not the host comm,
 #      carried the device buffers); losses, lm, aux and z losses equal the
 #      cpu run's to 1e-5 relative (docs/cuda.md, fp32 mode; an all-zero
-#      term stays exactly 0); the run's own replica hash check passed
-#      ("ok: ...", every rank pair that holds a copy bit-identical).
+#      term stays exactly 0); both runs' own replica hash checks passed:
+#      "ok: ..." after exactly the rank pairs tests/replica_pairs.py derives
+#      from the mesh, or "not applicable" where it derives none (pp=2,
+#      ZeRO-3).
 #   MT_EMU_MESH_CASES=dp2z0,ep2 (the names in the table below) runs a subset.
 #   The device-memory guard is on in every emulated run: a host (MPI) comm
 #   handed a device buffer faults, as it would crash on a GPU.
