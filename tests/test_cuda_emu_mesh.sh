@@ -28,9 +28,10 @@
 #   The device-memory guard is on in every emulated run: a host (MPI) comm
 #   handed a device buffer faults, as it would crash on a GPU.
 #
-# Runtime: the emulator dominates (each fp32 gradient norm is a fixed
-# 1024 x 256-thread launch of fibers): ~110 s of CPU for the 10 cases, plus
-# the one-time build (~150 s of CPU; reused while the sources are unchanged).
+# Runtime: the emulator dominates (every sumsq, i.e. each gradient-norm term
+# and each Muon normalisation, is a fixed 1024 x 256-thread launch of
+# fibers): ~190 s of CPU for the 10 cases (4.2 min on 2 cores at load ~9),
+# plus the first build (~40 s there; later runs rebuild what changed).
 # Skips (exit 77, "SKIPPED (reason)"): no g++/gcc on x86-64, no mpicc/mpirun.
 set -u
 BUILD=${1:?usage: test_cuda_emu_mesh.sh BUILD_DIR}
