@@ -305,7 +305,12 @@ enum mt_status mt_train_setup_mesh(struct mt_ctx *ctx, struct run_state *rs, con
 {
 #ifdef MT_WITH_CUDA
     if (!strcmp(rs->ops->name, "cuda")) {
-        struct mt_mesh_nccl_opts no = {local_rank_env(), mt_ops_cuda_stream(), rs->ops->copy};
+        /* the device the backend bound (local rank mod the visible devices),
+         * not the raw local rank: with one visible device per process
+         * (CUDA_VISIBLE_DEVICES, the emulator) the local rank is no ordinal */
+        struct mt_ops_cuda_info ci;
+        int device = mt_ops_cuda_get_info(&ci) == MT_OK ? ci.ordinal : local_rank_env();
+        struct mt_mesh_nccl_opts no = {device, mt_ops_cuda_stream(), rs->ops->copy};
         MT_CHECK(mt_mesh_create_nccl(ctx, dims, rs->cfg, opts->zero_stage, &no, &rs->mesh));
     } else
 #endif
