@@ -283,8 +283,9 @@ struct mt_ops_i {
      *   (rows N*H, C = hd) then rope_forward in place, for q and for k.
      * qk_norm_rope_backward: dq, dk in: d q, d k (after RoPE); out: R^T of
      *   them (OVERWRITTEN: the gradients of the normed heads); dq_raw, dk_raw
-     *   (=), dwq, dwk (+=): exactly rope_backward in place then
-     *   rmsnorm_backward(accumulate 0), for q and for k (training: pos0 = 0). */
+     *   (=), dwq, dwk (+=; either may be NULL: a frozen gain, dx only): exactly
+     *   rope_backward in place then rmsnorm_backward(accumulate 0), for q and
+     *   for k (training: pos0 = 0). */
     void (*rmsnorm_resid_forward)(float *out, float *rstd, float *resid, const float *inp, const float *weight,
                                   int N, int C, float eps);
     void (*qk_norm_rope_forward)(float *q, float *k, float *rstd_q, float *rstd_k, const float *q_raw,

@@ -152,8 +152,9 @@ void mt_cpu_qk_norm_rope_backward(float *dq_raw, float *dk_raw, float *dwq, floa
         #pragma omp for schedule(static, 1)
         for (int j = 0; j < 2 * ncb; j++) {
             int cb = j % ncb, c0 = cb * CB, c1 = c0 + CB < hd ? c0 + CB : hd;
-            if (j < ncb) dw_block(dwq, dq, q_raw, rstd_q, (size_t)N * (size_t)H, hd, c0, c1);
-            else         dw_block(dwk, dk, k_raw, rstd_k, (size_t)N * (size_t)K, hd, c0, c1);
+            /* a NULL dw: the gain is frozen (LoRA) and has no gradient storage */
+            if (j < ncb) { if (dwq) dw_block(dwq, dq, q_raw, rstd_q, (size_t)N * (size_t)H, hd, c0, c1); }
+            else if (dwk) dw_block(dwk, dk, k_raw, rstd_k, (size_t)N * (size_t)K, hd, c0, c1);
         }
     }
 }

@@ -142,11 +142,12 @@ static __global__ void qk_bwd_dw1_k(float *partial, const float *gq, const float
 static __global__ void qk_bwd_dw2_k(float *dwq, float *dwk, const float *partial, int nchunk_q, int nchunk_k, int hd)
 {
     int c = blockIdx.x * blockDim.x + threadIdx.x, z = blockIdx.y;
-    if (c >= hd) return;
+    float *dw = z ? dwk : dwq;
+    if (c >= hd || !dw) return;   /* NULL: a frozen gain (LoRA), no gradient storage */
     int k0 = z ? nchunk_q : 0, nk = z ? nchunk_k : nchunk_q;
     float acc = 0.0f;
     for (int k = 0; k < nk; k++) acc += partial[(size_t)(k0 + k) * (size_t)hd + (size_t)c];
-    (z ? dwk : dwq)[c] += acc;
+    dw[c] += acc;
 }
 
 extern "C" void mt_cuda_rmsnorm_resid_forward(float *out, float *rstd, float *resid, const float *inp,
@@ -193,6 +194,7 @@ extern "C" void mt_cuda_qk_norm_rope_backward(float *dq_raw, float *dk_raw, floa
     MT_LAUNCH(qk_bwd_dx_k, (rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK, ROWS_PER_BLOCK * MT_WARP, 0)
         (dq_raw, dk_raw, dq, dk, q_raw, k_raw, wq, wk, rstd_q, rstd_k, cos_tab, sin_tab, N, T, H, K, hd);
     MT_CUDA_KCHECK();
+    if (!dwq && !dwk) return;   /* both gains frozen (LoRA): dx only */
     dim3 g1((unsigned)((hd + DW_THREADS - 1) / DW_THREADS), (unsigned)(ncq > nck ? ncq : nck), 2u);
     MT_LAUNCH(qk_bwd_dw1_k, g1, DW_THREADS, 0)
         (partial, dq, dk, q_raw, k_raw, rstd_q, rstd_k, N, H, K, hd, rq, rk, ncq);
