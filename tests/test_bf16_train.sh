@@ -9,8 +9,10 @@
 #   2. the bf16 shadows are device (backend) memory of the plan: the params
 #      bucket of the plan grows by exactly 2 bytes per shadowed weight (the
 #      attention/MLP matrices and the lm head: not the gains, not the
-#      embedding), the acts bucket by the final norm's bf16 output (the lm
-#      head's operand), and the measured peaks equal the plan;
+#      embedding), the acts bucket by the bf16 twins of the GEMM operands
+#      (the final norm's output for the lm head; per layer the two input
+#      norms' outputs and the attention output), the workspace bucket by the
+#      SwiGLU output's twin, and the measured peaks equal the plan;
 #   3. the shadows are refreshed after every update and ZeRO-3 gather: dp=2
 #      with --zero 3 (weights gathered per unit), pp=2 (units on two stages)
 #      and tp=2 (sliced weights) in bf16 start equal to the one-rank bf16 run
@@ -55,13 +57,23 @@ assert pb - pa == want, (pb - pa, want)
 assert mb == pb, (mb, pb)
 assert b["memory"]["plan_bytes"]["grads"] == a["memory"]["plan_bytes"]["grads"]
 assert b["memory"]["plan_bytes"]["optim"] == a["memory"]["plan_bytes"]["optim"]   # fp32 master state unchanged
-# the lm head's bf16 operand, written by the final norm: (rows of a microbatch, D) bf16
+# the GEMMs' bf16 operands, each written by its producer (rows of a microbatch):
+# the lm head's (final norm, h_final twin) and per layer the attention input
+# norm's (q/k/v), the attention output's (Wo), the ffn input norm's (gate/up),
+# all saved (ACTS); the SwiGLU output's (down) is recomputed in backward: WORKSPACE
 rows = c["batch_size"] // c["microbatches"] * c["seq_len"]
-twin = -(-2 * rows * D // 64) * 64
+carve = lambda n: -(-n // 64) * 64
+twin = carve(2 * rows * D)
+per_layer_twins = carve(2 * rows * D) + carve(2 * rows * H * hd) + carve(2 * rows * D)
 da = b["memory"]["plan_bytes"]["acts"] - a["memory"]["plan_bytes"]["acts"]
-print("   plan acts +%d (h_final twin %d); measured bf16 acts %d" % (da, twin, b["memory"]["measured_peak_bytes"]["acts"]))
-assert da == twin, (da, twin)
+print("   plan acts +%d (h_final twin %d + %d layers x %d); measured bf16 acts %d"
+      % (da, twin, L, per_layer_twins, b["memory"]["measured_peak_bytes"]["acts"]))
+assert da == twin + L * per_layer_twins, (da, twin, per_layer_twins)
 assert b["memory"]["measured_peak_bytes"]["acts"] == b["memory"]["plan_bytes"]["acts"]
+dw = b["memory"]["plan_bytes"]["workspace"] - a["memory"]["plan_bytes"]["workspace"]
+print("   plan workspace +%d (SwiGLU output twin %d); measured bf16 workspace %d"
+      % (dw, carve(2 * rows * F), b["memory"]["measured_peak_bytes"]["workspace"]))
+assert dw == carve(2 * rows * F), (dw, carve(2 * rows * F))   # (measured workspace adds the backend's own scratch)
 PY
 then ok "plan params bucket counts the bf16 shadows (2 bytes per shadowed weight); measured = plan"
 else bad "plan params bucket counts the bf16 shadows"; fi

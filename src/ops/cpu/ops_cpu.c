@@ -288,6 +288,17 @@ static void p_rmsnorm_resid_forward(float *out, float *rstd, float *resid, const
 {
     PROF(MT_OPK_NORM, mt_cpu_rmsnorm_resid_forward(out, rstd, resid, inp, weight, N, C, eps));
 }
+/* the bf16 twins: the fp32 op, then its output rounded (the cpu backend has no fused form: same numbers) */
+static void p_rmsnorm_resid_forward_bf16(float *out, mt_bf16 *out_bf16, float *rstd, float *resid, const float *inp,
+                                         const float *weight, int N, int C, float eps)
+{
+    PROF(MT_OPK_NORM, mt_cpu_rmsnorm_resid_forward(out, rstd, resid, inp, weight, N, C, eps);
+         mt_cpu_cast_bf16(out_bf16, out, (size_t)N * (size_t)C));
+}
+static void p_swiglu_forward_bf16(float *out, mt_bf16 *out_bf16, const float *gate, const float *up, size_t n)
+{
+    PROF(MT_OPK_ELEMENTWISE, mt_cpu_swiglu_forward(out, gate, up, n); mt_cpu_cast_bf16(out_bf16, out, n));
+}
 static void p_qk_norm_rope_forward(float *q, float *k, float *rstd_q, float *rstd_k, const float *q_raw,
                                    const float *k_raw, const float *wq, const float *wk, const float *cos_tab,
                                    const float *sin_tab, int N, int T, int pos0, int H, int K, int hd, float eps)
@@ -353,6 +364,8 @@ static const struct mt_ops_i cpu_ops = {
     /* .rmsnorm_resid_forward = */ .rmsnorm_resid_forward = p_rmsnorm_resid_forward,
     /* .qk_norm_rope_forward  = */ .qk_norm_rope_forward  = p_qk_norm_rope_forward,
     /* .qk_norm_rope_backward = */ .qk_norm_rope_backward = p_qk_norm_rope_backward,
+    /* .rmsnorm_resid_forward_bf16 = */ .rmsnorm_resid_forward_bf16 = p_rmsnorm_resid_forward_bf16,
+    /* .swiglu_forward_bf16        = */ .swiglu_forward_bf16        = p_swiglu_forward_bf16,
 };
 
 const struct mt_ops_i *mt_ops_cpu(void)

@@ -252,6 +252,7 @@ void mt_cuda_attention_backward(float *dq, float *dk, float *dv, const float *do
 
 /* ---- swiglu.cu ---- */
 void mt_cuda_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
+void mt_cuda_swiglu_forward_bf16(float *out, mt_bf16 *out_bf16, const float *gate, const float *up, size_t n);
 void mt_cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                              const float *up, size_t n);
 
@@ -310,6 +311,8 @@ void mt_cuda_ssm_gate_norm_backward(float *dy, float *dz, float *dw, const float
 /* fused.cu — the fused elementwise chains (mt_ops.h) */
 void mt_cuda_rmsnorm_resid_forward(float *out, float *rstd, float *resid, const float *inp, const float *weight,
                                    int N, int C, float eps);
+void mt_cuda_rmsnorm_resid_forward_bf16(float *out, mt_bf16 *out_bf16, float *rstd, float *resid, const float *inp,
+                                        const float *weight, int N, int C, float eps);
 void mt_cuda_qk_norm_rope_forward(float *q, float *k, float *rstd_q, float *rstd_k, const float *q_raw,
                                   const float *k_raw, const float *wq, const float *wk, const float *cos_tab,
                                   const float *sin_tab, int N, int T, int pos0, int H, int K, int hd, float eps);
