@@ -818,6 +818,8 @@ static inline enum mt_status hook(struct mt_ctx *ctx, struct mt_model *m,
     return fn ? fn(ctx, m->hooks.user, unit) : MT_OK;
 }
 
+const struct mt_config *mt_model_cfg(const struct mt_model *m) { return &m->cfg; }
+
 void mt_model_bf16_invalidate(struct mt_model *m)
 {
     for (int i = 0; m->bf16 && i < m->n_params; i++) m->params[i].bf16_ok = 0;

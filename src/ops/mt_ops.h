@@ -303,6 +303,10 @@ struct mt_ops_i {
     void (*rmsnorm_resid_forward_bf16)(float *out, mt_bf16 *out_bf16, float *rstd, float *resid, const float *inp,
                                        const float *weight, int N, int C, float eps);
     void (*swiglu_forward_bf16)(float *out, mt_bf16 *out_bf16, const float *gate, const float *up, size_t n);
+    /* dst[i] = (float)src[i] (exact: every bf16 value is an fp32 value): the
+     * way back of a bf16 gradient reduction (grad_reduce_dtype=bf16). NULL:
+     * the backend refuses grad_reduce_dtype=bf16. */
+    void (*widen_bf16)(float *dst, const mt_bf16 *src, size_t n);
 };
 
 /* Backends. mt_ops_cpu() never fails. mt_ops_cuda() returns NULL when the

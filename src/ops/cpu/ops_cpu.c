@@ -119,6 +119,10 @@ static void p_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha
     PROF(MT_OPK_GEMM, mt_cpu_gemm_bf16(transA, transB, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, beta, C, ldc));
 }
 static void p_cast_bf16(mt_bf16 *dst, const float *src, size_t n) { PROF(MT_OPK_ELEMENTWISE, mt_cpu_cast_bf16(dst, src, n)); }
+static void p_widen_bf16(float *dst, const mt_bf16 *src, size_t n)
+{
+    PROF(MT_OPK_ELEMENTWISE, for (size_t i = 0; i < n; i++) dst[i] = mt_cpu_bf16_to_f32(src[i]));
+}
 static void p_embed_forward(float *out, const int32_t *idx, const float *wte, int N, int C)
 {
     PROF(MT_OPK_ELEMENTWISE, mt_cpu_embed_forward(out, idx, wte, N, C));
@@ -366,6 +370,7 @@ static const struct mt_ops_i cpu_ops = {
     /* .qk_norm_rope_backward = */ .qk_norm_rope_backward = p_qk_norm_rope_backward,
     /* .rmsnorm_resid_forward_bf16 = */ .rmsnorm_resid_forward_bf16 = p_rmsnorm_resid_forward_bf16,
     /* .swiglu_forward_bf16        = */ .swiglu_forward_bf16        = p_swiglu_forward_bf16,
+    /* .widen_bf16                 = */ .widen_bf16                 = p_widen_bf16,
 };
 
 const struct mt_ops_i *mt_ops_cpu(void)

@@ -220,6 +220,7 @@ void mt_cuda_gemm(int transA, int transB, int M, int N, int K, float alpha,
 void mt_cuda_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, const void *A, enum mt_elem a_type,
                        int lda, const void *B, enum mt_elem b_type, int ldb, float beta, float *C, int ldc);
 void mt_cuda_cast_bf16(mt_bf16 *dst, const float *src, size_t n);
+void mt_cuda_widen_bf16(float *dst, const mt_bf16 *src, size_t n);
 void mt_cuda_gemm_grouped(int transA, int transB, int n, const int *M, const int *N, const int *K, float alpha,
                           const float *const *A, int lda, const float *const *B, int ldb, float beta,
                           float *const *C, int ldc);
