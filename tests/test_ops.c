@@ -1714,6 +1714,29 @@ static void bf16_twin_case(struct harness *h, int N, int C)
     }
 }
 
+/* widen_bf16 (grad_reduce_dtype=bf16's way back): exact, every bf16 pattern
+ * (NaNs: a NaN), then cast_bf16 of the result gives the pattern back */
+static void widen_case(struct harness *h)
+{
+    if (!h->ops || !has(h, "widen_bf16", h->ops->widen_bf16 != NULL)) return;
+    const size_t n = 65536;
+    uint16_t *p = (uint16_t *)new_f(h, n / 2);
+    for (size_t i = 0; i < n; i++) p[i] = (uint16_t)i;
+    uint16_t *dp = dalloc(h, n * sizeof(uint16_t));
+    h->ops->copy_from_host(dp, p, n * sizeof(uint16_t));
+    float *dw = up_f(h, nan_f(h, n), n);
+    h->ops->widen_bf16(dw, dp, n);
+    float *w = down_f(h, dw, n);
+    long bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &w[i], sizeof u);
+        int nan = (p[i] & 0x7fffu) > 0x7f80u;
+        bad += nan ? !isnan(w[i]) : u != (uint32_t)p[i] << 16;
+    }
+    checkf(h, "widen_bf16", (double)bad, 0, "all 65536 patterns exact (NaN: NaN)");
+}
+
 static int run_fused(struct harness *h)
 {
     int f0 = h->n_fail;
@@ -1721,6 +1744,7 @@ static int run_fused(struct harness *h)
     rms_resid_case(h, 64, 256, 1e-5f);
     bf16_twin_case(h, 5, 13);
     bf16_twin_case(h, 37, 200);
+    widen_case(h);
     qkr_case(h, 2, 5, 0, 3, 1, 8);
     qkr_case(h, 2, 5, 3, 3, 1, 8);      /* forward at an offset (decoding) */
     qkr_case(h, 1, 7, 0, 2, 2, 40);     /* a 16-column dw block straddles the two halves */

@@ -208,7 +208,7 @@ static void test_table(void)
         E(moe_permute), E(moe_permute_backward), E(moe_combine), E(moe_combine_backward),
         E(adamw_update), E(muon_momentum), E(transpose), E(gemm_bf16), E(cast_bf16), E(rmsnorm_forward_bf16),
         E(rmsnorm_resid_forward), E(qk_norm_rope_forward), E(qk_norm_rope_backward), E(rmsnorm_resid_forward_bf16),
-        E(swiglu_forward_bf16),
+        E(swiglu_forward_bf16), E(widen_bf16),
 #undef E
     };
     int missing = 0;
@@ -581,6 +581,28 @@ static void test_bf16_operands(void)
         }
         report("bf16_operands", "cast_bf16 = cpu bit for bit (differing, of 4099)", (double)bad, 0);
         report("bf16_operands", "cpu cast_bf16 = round to nearest even (differing)", (double)bad_host, 0);
+        /* widen_bf16 of the rounded values (grad_reduce_dtype=bf16's way back): exact, = cpu bit for bit */
+        float *wd[3];
+        for (int p = 0; p < 3; p++) {
+            struct be *b = BE(p);
+            uint16_t *dh = dalloc(b, n * 2);
+            b->ops->copy_from_host(dh, r[0], n * 2);
+            float *dw = upf(b, x, n);
+            b->ops->widen_bf16(dw, dh, n);
+            wd[p] = downf(b, dw, n);
+            release(b);
+        }
+        size_t wbad = 0;
+        for (size_t i = 0; i < n; i++) {
+            uint32_t u;
+            memcpy(&u, &wd[1][i], 4);
+            int nan = (r[0][i] & 0x7fffu) > 0x7f80u;
+            wbad += nan ? wd[1][i] == wd[1][i] : u != (uint32_t)r[0][i] << 16;
+        }
+        report("bf16_operands", "widen_bf16 exact (differing, of 4099)", (double)wbad, 0);
+        report("bf16_operands", "widen_bf16 = cpu, deterministic (differing)",
+               (double)(ndiff(wd[1], wd[0], n) + ndiff(wd[1], wd[2], n)), 0);
+        for (int p = 0; p < 3; p++) free(wd[p]);
         for (int p = 0; p < 3; p++) free(r[p]);
         free(x);
     }
