@@ -1687,15 +1687,14 @@ static void bf16_twin_case(struct harness *h, int N, int C)
     size_t n = (size_t)N * C;
     char cs[64];
     snprintf(cs, sizeof cs, "N=%d C=%d", N, C);
-    const struct mt_ops_i *o = h->ops;
     float *x = rand_f(h, n, -3, 3), *w = rand_f(h, C, 0.5, 1.5), *u = rand_f(h, n, -3, 3);
     float *dx = up_f(h, x, n), *dw = up_f(h, w, C), *du = up_f(h, u, n);
-    if (has(h, "rmsnorm_resid_forward_bf16", o->rmsnorm_resid_forward_bf16 != NULL)) {
+    if (has(h, "rmsnorm_resid_forward_bf16", h->ops->rmsnorm_resid_forward_bf16 != NULL)) {
         float *dout = up_f(h, nan_f(h, n), n), *drs = up_f(h, nan_f(h, N), N), *dres = up_f(h, nan_f(h, n), n);
         uint16_t *db = dalloc(h, n * sizeof(uint16_t));
-        o->rmsnorm_resid_forward_bf16(dout, db, drs, dres, dx, dw, N, C, 1e-5f);
+        h->ops->rmsnorm_resid_forward_bf16(dout, db, drs, dres, dx, dw, N, C, 1e-5f);
         float *uout = up_f(h, nan_f(h, n), n), *urs = up_f(h, nan_f(h, N), N), *ures = up_f(h, nan_f(h, n), n);
-        o->rmsnorm_resid_forward(uout, urs, ures, dx, dw, N, C, 1e-5f);
+        h->ops->rmsnorm_resid_forward(uout, urs, ures, dx, dw, N, C, 1e-5f);
         float *out = down_f(h, dout, n);
         checkf(h, "rmsnorm_resid_forward_bf16",
                ndiff(out, down_f(h, uout, n), n) + ndiff(down_f(h, drs, N), down_f(h, urs, N), N) +
@@ -1703,11 +1702,11 @@ static void bf16_twin_case(struct harness *h, int N, int C)
                0, "%s out, rstd, resid == rmsnorm_resid_forward (bits)", cs);
         checkf(h, "rmsnorm_resid_forward_bf16", (double)twin_diff(h, db, out, n), 0, "%s twin == bf16(out)", cs);
     }
-    if (has(h, "swiglu_forward_bf16", o->swiglu_forward_bf16 != NULL)) {
+    if (has(h, "swiglu_forward_bf16", h->ops->swiglu_forward_bf16 != NULL)) {
         float *dout = up_f(h, nan_f(h, n), n), *uout = up_f(h, nan_f(h, n), n);
         uint16_t *db = dalloc(h, n * sizeof(uint16_t));
-        o->swiglu_forward_bf16(dout, db, dx, du, n);
-        o->swiglu_forward(uout, dx, du, n);
+        h->ops->swiglu_forward_bf16(dout, db, dx, du, n);
+        h->ops->swiglu_forward(uout, dx, du, n);
         float *out = down_f(h, dout, n);
         checkf(h, "swiglu_forward_bf16", ndiff(out, down_f(h, uout, n), n), 0, "%s out == swiglu_forward (bits)", cs);
         checkf(h, "swiglu_forward_bf16", (double)twin_diff(h, db, out, n), 0, "%s twin == bf16(out)", cs);
