@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bf16_curve.py FP32_RECEIPT BF16_RECEIPT [--other OTHER_BF16_RECEIPT]
+"""bf16_curve.py FP32_RECEIPT BF16_RECEIPT [--other OTHER_BF16_RECEIPT] [--grad-reduce]
 
 A precision=bf16 run follows the fp32 loss curve (docs/cuda.md, "bf16
 training runs: the step tolerance"). For every step t, with L the fp32 run's
@@ -18,6 +18,9 @@ stays within the same bound of it on every step. Not closer: after the first
 update the two runs' fp32 weights differ by re-association noise (~1e-7),
 which flips the bf16 rounding of the weights it lands next to, a difference
 of u in those elements — the same kind of error the bound is for.
+With --grad-reduce: the two runs have the same precision and differ in
+grad_reduce_dtype (fp32, bf16): the bf16 reduction's rounding of the
+gradients is the same kind of error as the drift term, held to the same bound.
 Prints the worst ratio to the bound; exit 1 on any failure.
 """
 import json
@@ -29,12 +32,19 @@ C = 6 * 0.82
 
 
 def main(argv):
+    reduce = "--grad-reduce" in argv
+    if reduce:
+        argv = [x for x in argv if x != "--grad-reduce"]
     if len(argv) not in (3, 5) or (len(argv) == 5 and argv[3] != "--other"):
         print(__doc__.strip().splitlines()[0], file=sys.stderr)
         return 2
     a, b = (json.load(open(p)) for p in argv[1:3])
-    assert a["backend"]["runtime_mode"] == "fp32", a["backend"]
-    assert b["backend"]["runtime_mode"] == "bf16", b["backend"]
+    if reduce:   # the same precision, the gradients reduced in fp32 / bf16
+        assert a["backend"]["runtime_mode"] == b["backend"]["runtime_mode"], (a["backend"], b["backend"])
+        assert (a["config"]["grad_reduce_dtype"], b["config"]["grad_reduce_dtype"]) == ("fp32", "bf16")
+    else:
+        assert a["backend"]["runtime_mode"] == "fp32", a["backend"]
+        assert b["backend"]["runtime_mode"] == "bf16", b["backend"]
     la, lb = a["losses"], b["losses"]
     assert len(la) == len(lb) >= 2, (len(la), len(lb))
     n = a["batch"]["tokens_per_step"]

@@ -9,8 +9,10 @@
 #   2. the bf16 shadows are device (backend) memory of the plan: the params
 #      bucket of the plan grows by exactly 2 bytes per shadowed weight (the
 #      attention/MLP matrices and the lm head: not the gains, not the
-#      embedding), the acts bucket by the final norm's bf16 output (the lm
-#      head's operand), and the measured peaks equal the plan;
+#      embedding), the acts bucket by the bf16 twins of the GEMM operands
+#      (the final norm's output for the lm head; per layer the two input
+#      norms' outputs and the attention output), the workspace bucket by the
+#      SwiGLU output's twin, and the measured peaks equal the plan;
 #   3. the shadows are refreshed after every update and ZeRO-3 gather: dp=2
 #      with --zero 3 (weights gathered per unit), pp=2 (units on two stages)
 #      and tp=2 (sliced weights) in bf16 start equal to the one-rank bf16 run
@@ -19,8 +21,11 @@
 #      roundings, so not 1e-6 as in fp32); pp=2 is even bit-identical;
 #   4. MoE (pattern=AE): the routed experts stay fp32 and the receipt's
 #      fallback_reason says so; the run follows its fp32 curve;
-#   5. grad_reduce_dtype=bf16 is refused (not implemented), precision=fp16
-#      is a config error (exit 2), both writing nothing.
+#   5. grad_reduce_dtype=bf16 (gradients reduced over the data group in
+#      bf16, fp32 accumulation per pair) on dp=2, ZeRO-0 and ZeRO-2: follows
+#      the fp32-reduction curve within the step tolerance and differs from it;
+#      the receipt names the dtype, the bytes on the wire halve;
+#   6. precision=fp16 is a config error (exit 2), writing nothing.
 set -u
 BUILD=${1:?usage: test_bf16_train.sh BUILD_DIR}
 BUILD=$(cd "$BUILD" && pwd)
@@ -55,13 +60,23 @@ assert pb - pa == want, (pb - pa, want)
 assert mb == pb, (mb, pb)
 assert b["memory"]["plan_bytes"]["grads"] == a["memory"]["plan_bytes"]["grads"]
 assert b["memory"]["plan_bytes"]["optim"] == a["memory"]["plan_bytes"]["optim"]   # fp32 master state unchanged
-# the lm head's bf16 operand, written by the final norm: (rows of a microbatch, D) bf16
+# the GEMMs' bf16 operands, each written by its producer (rows of a microbatch):
+# the lm head's (final norm, h_final twin) and per layer the attention input
+# norm's (q/k/v), the attention output's (Wo), the ffn input norm's (gate/up),
+# all saved (ACTS); the SwiGLU output's (down) is recomputed in backward: WORKSPACE
 rows = c["batch_size"] // c["microbatches"] * c["seq_len"]
-twin = -(-2 * rows * D // 64) * 64
+carve = lambda n: -(-n // 64) * 64
+twin = carve(2 * rows * D)
+per_layer_twins = carve(2 * rows * D) + carve(2 * rows * H * hd) + carve(2 * rows * D)
 da = b["memory"]["plan_bytes"]["acts"] - a["memory"]["plan_bytes"]["acts"]
-print("   plan acts +%d (h_final twin %d); measured bf16 acts %d" % (da, twin, b["memory"]["measured_peak_bytes"]["acts"]))
-assert da == twin, (da, twin)
+print("   plan acts +%d (h_final twin %d + %d layers x %d); measured bf16 acts %d"
+      % (da, twin, L, per_layer_twins, b["memory"]["measured_peak_bytes"]["acts"]))
+assert da == twin + L * per_layer_twins, (da, twin, per_layer_twins)
 assert b["memory"]["measured_peak_bytes"]["acts"] == b["memory"]["plan_bytes"]["acts"]
+dw = b["memory"]["plan_bytes"]["workspace"] - a["memory"]["plan_bytes"]["workspace"]
+print("   plan workspace +%d (SwiGLU output twin %d); measured bf16 workspace %d"
+      % (dw, carve(2 * rows * F), b["memory"]["measured_peak_bytes"]["workspace"]))
+assert dw == carve(2 * rows * F), (dw, carve(2 * rows * F))   # (measured workspace adds the backend's own scratch)
 PY
 then ok "plan params bucket counts the bf16 shadows (2 bytes per shadowed weight); measured = plan"
 else bad "plan params bucket counts the bf16 shadows"; fi
@@ -83,11 +98,39 @@ if run 1 "$W/moe32" $MOE && run 1 "$W/moe16" $MOE --set precision=bf16 &&
     ok "MoE bf16 follows its fp32 curve; fallback_reason names the fp32 routed experts"
 else bad "MoE bf16"; fi
 
-# 5. refusals
-"$MT" train $DENSE --set grad_reduce_dtype=bf16 $COMMON --out "$W/grbf16" >"$W/grbf16.log" 2>&1; rc=$?
-if [ $rc -eq 1 ] && grep -q 'grad_reduce_dtype=bf16 is not implemented yet' "$W/grbf16.log" && [ ! -e "$W/grbf16" ]; then
-    ok "grad_reduce_dtype=bf16 refused (exit 1, nothing written)"
-else bad "grad_reduce_dtype=bf16 refused (exit $rc)"; cat "$W/grbf16.log" | tail -2; fi
+# 5. grad_reduce_dtype=bf16 over dp=2 (ZeRO-0 all-reduce and ZeRO-2
+#    reduce-scatter): follows the fp32-reduction dp=2 run within the step
+#    tolerance, differs from it (the bf16 reduction ran), the receipt says the
+#    dtype and counts 2 bytes per reduced element, and the COMM plan holds the
+#    bf16 staging (measured = plan, per rank)
+for c in "z0 --zero 0" "z2 --zero 2"; do
+    set -- $c; name=$1; shift
+    if run 2 "$W/gr32_$name" $DENSE "$@" && run 2 "$W/gr16_$name" $DENSE --set grad_reduce_dtype=bf16 "$@" &&
+       python3 "$HERE/bf16_curve.py" "$W/gr32_$name/receipt.json" "$W/gr16_$name/receipt.json" --grad-reduce &&
+       python3 - "$W/gr32_$name/receipt.json" "$W/gr16_$name/receipt.json" "$name" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+la, lb = a["losses"], b["losses"]
+assert la[0] == lb[0], ("step 1 is computed before any reduction", la[0], lb[0])
+assert la != lb, "grad_reduce_dtype=bf16 changed nothing: the bf16 reduction did not run"
+assert b["config"]["grad_reduce_dtype"] == "bf16", b["config"]["grad_reduce_dtype"]
+cb = b["distributed"]["collective_bytes_per_step"]
+ca = a["distributed"]["collective_bytes_per_step"]
+assert cb["grad_reduce_dtype"] == "bf16" and ca["grad_reduce_dtype"] == "fp32", (cb["grad_reduce_dtype"], ca["grad_reduce_dtype"])
+k = "allreduce" if sys.argv[3] == "z0" else "reduce_scatter"
+assert cb[k]["measured"] * 2 == ca[k]["measured"] > 0, (k, cb[k], ca[k])
+assert cb[k]["analytic"] * 2 == ca[k]["analytic"], (k, cb[k], ca[k])
+pa, pb = a["memory"]["plan_bytes"], b["memory"]["plan_bytes"]
+assert pb["comm"] > pa["comm"], (pa["comm"], pb["comm"])
+ma, mb = a["memory"]["measured_peak_bytes"]["comm"], b["memory"]["measured_peak_bytes"]["comm"]
+assert mb - ma == pb["comm"] - pa["comm"], (mb - ma, pb["comm"] - pa["comm"])   # the staging is planned
+print("   %s: %s bytes/step fp32 %d bf16 %d; comm plan +%d, measured +%d" % (sys.argv[3], k, ca[k]["measured"], cb[k]["measured"], pb["comm"] - pa["comm"], mb - ma))
+PY
+    then ok "grad_reduce_dtype=bf16 dp=2 $name follows the fp32-reduction curve, differs from it, bf16 on the wire"
+    else bad "grad_reduce_dtype=bf16 dp=2 $name"; tail -3 "$W/gr16_$name.log"; fi
+done
+
+# 6. refusals
 "$MT" train $DENSE --set precision=fp16 $COMMON --out "$W/fp16" >"$W/fp16.log" 2>&1; rc=$?
 if [ $rc -eq 2 ] && grep -q 'precision' "$W/fp16.log" && [ ! -e "$W/fp16" ]; then
     ok "precision=fp16 is a config error (exit 2, nothing written)"

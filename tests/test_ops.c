@@ -1660,11 +1660,89 @@ static void qkr_case(struct harness *h, int B, int T, int pos0, int H, int K, in
            0, "%s determinism", cs);
 }
 
+/* bf16(x), round to nearest even, as the test's own reference (finite inputs) */
+static uint16_t ref_bf16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+/* elements of the device bf16 buffer d (n) that differ from ref_bf16(out[i]) */
+static long twin_diff(struct harness *h, const uint16_t *d, const float *out, size_t n)
+{
+    uint16_t *b = (uint16_t *)new_f(h, (n + 1) / 2);
+    h->ops->sync();
+    h->ops->copy_to_host(b, d, n * sizeof(uint16_t));
+    long bad = 0;
+    for (size_t i = 0; i < n; i++) bad += b[i] != ref_bf16(out[i]);
+    return bad;
+}
+
+/* precision=bf16 twins (mt_ops.h "bf16 activation twins"): the fp32 outputs
+ * are the plain op's bits, the twin is bf16(out) nearest even, element by element */
+static void bf16_twin_case(struct harness *h, int N, int C)
+{
+    if (!h->ops) return;
+    size_t n = (size_t)N * C;
+    char cs[64];
+    snprintf(cs, sizeof cs, "N=%d C=%d", N, C);
+    float *x = rand_f(h, n, -3, 3), *w = rand_f(h, C, 0.5, 1.5), *u = rand_f(h, n, -3, 3);
+    float *dx = up_f(h, x, n), *dw = up_f(h, w, C), *du = up_f(h, u, n);
+    if (has(h, "rmsnorm_resid_forward_bf16", h->ops->rmsnorm_resid_forward_bf16 != NULL)) {
+        float *dout = up_f(h, nan_f(h, n), n), *drs = up_f(h, nan_f(h, N), N), *dres = up_f(h, nan_f(h, n), n);
+        uint16_t *db = dalloc(h, n * sizeof(uint16_t));
+        h->ops->rmsnorm_resid_forward_bf16(dout, db, drs, dres, dx, dw, N, C, 1e-5f);
+        float *uout = up_f(h, nan_f(h, n), n), *urs = up_f(h, nan_f(h, N), N), *ures = up_f(h, nan_f(h, n), n);
+        h->ops->rmsnorm_resid_forward(uout, urs, ures, dx, dw, N, C, 1e-5f);
+        float *out = down_f(h, dout, n);
+        checkf(h, "rmsnorm_resid_forward_bf16",
+               ndiff(out, down_f(h, uout, n), n) + ndiff(down_f(h, drs, N), down_f(h, urs, N), N) +
+                   ndiff(down_f(h, dres, n), x, n),
+               0, "%s out, rstd, resid == rmsnorm_resid_forward (bits)", cs);
+        checkf(h, "rmsnorm_resid_forward_bf16", (double)twin_diff(h, db, out, n), 0, "%s twin == bf16(out)", cs);
+    }
+    if (has(h, "swiglu_forward_bf16", h->ops->swiglu_forward_bf16 != NULL)) {
+        float *dout = up_f(h, nan_f(h, n), n), *uout = up_f(h, nan_f(h, n), n);
+        uint16_t *db = dalloc(h, n * sizeof(uint16_t));
+        h->ops->swiglu_forward_bf16(dout, db, dx, du, n);
+        h->ops->swiglu_forward(uout, dx, du, n);
+        float *out = down_f(h, dout, n);
+        checkf(h, "swiglu_forward_bf16", ndiff(out, down_f(h, uout, n), n), 0, "%s out == swiglu_forward (bits)", cs);
+        checkf(h, "swiglu_forward_bf16", (double)twin_diff(h, db, out, n), 0, "%s twin == bf16(out)", cs);
+    }
+}
+
+/* widen_bf16 (grad_reduce_dtype=bf16's way back): exact, every bf16 pattern
+ * (NaNs: a NaN), then cast_bf16 of the result gives the pattern back */
+static void widen_case(struct harness *h)
+{
+    if (!h->ops || !has(h, "widen_bf16", h->ops->widen_bf16 != NULL)) return;
+    const size_t n = 65536;
+    uint16_t *p = (uint16_t *)new_f(h, n / 2);
+    for (size_t i = 0; i < n; i++) p[i] = (uint16_t)i;
+    uint16_t *dp = dalloc(h, n * sizeof(uint16_t));
+    h->ops->copy_from_host(dp, p, n * sizeof(uint16_t));
+    float *dw = up_f(h, nan_f(h, n), n);
+    h->ops->widen_bf16(dw, dp, n);
+    float *w = down_f(h, dw, n);
+    long bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &w[i], sizeof u);
+        int nan = (p[i] & 0x7fffu) > 0x7f80u;
+        bad += nan ? !isnan(w[i]) : u != (uint32_t)p[i] << 16;
+    }
+    checkf(h, "widen_bf16", (double)bad, 0, "all 65536 patterns exact (NaN: NaN)");
+}
+
 static int run_fused(struct harness *h)
 {
     int f0 = h->n_fail;
     rms_resid_case(h, 5, 13, 1e-6f);
     rms_resid_case(h, 64, 256, 1e-5f);
+    bf16_twin_case(h, 5, 13);
+    bf16_twin_case(h, 37, 200);
+    widen_case(h);
     qkr_case(h, 2, 5, 0, 3, 1, 8);
     qkr_case(h, 2, 5, 3, 3, 1, 8);      /* forward at an offset (decoding) */
     qkr_case(h, 1, 7, 0, 2, 2, 40);     /* a 16-column dw block straddles the two halves */

@@ -71,7 +71,7 @@ struct mt_config {
     char  lora_targets[64];      /* comma list of q,k,v,o,gate,up,down,expert,in_proj,out_proj */
     char  recompute[16];         /* "none" | "block"                               */
     char  precision[8];          /* "fp32" | "bf16" (bf16 weight shadows, docs/cuda.md) */
-    char  grad_reduce_dtype[8];  /* "fp32" (bf16: refused, not implemented yet)    */
+    char  grad_reduce_dtype[8];  /* "fp32" | "bf16" (zero.c: reductions in bf16)   */
     int   sequence_parallel;     /* bool, default 1 (used when tp > 1)             */
     int   reshard_after_forward; /* bool, default 1 (ZeRO-3)                       */
     int   threads;               /* 0 = OMP_NUM_THREADS or all cores               */

@@ -28,6 +28,7 @@ size_t mt_dtype_size(enum mt_dtype dt)
     case MT_DTYPE_I32: return 4;
     case MT_DTYPE_I64: return 8;
     case MT_DTYPE_U8:  return 1;
+    case MT_DTYPE_BF16: return 2;
     }
     return 0;
 }
@@ -126,6 +127,8 @@ enum mt_status mt_comm_allreduce(struct mt_ctx *ctx, struct mt_comm *c, void *bu
     MT_CHECK(check_buf(ctx, buf, count, dt, "allreduce", "buffer"));
     if (op != MT_REDOP_SUM && op != MT_REDOP_MAX && op != MT_REDOP_MIN)
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "allreduce: unknown reduction %d", (int)op);
+    if (dt == MT_DTYPE_BF16 && op != MT_REDOP_SUM)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "allreduce: bf16 reduces by sum only (got reduction %d)", (int)op);
     if (!c->iface->allreduce) return unsupported(ctx, c, "allreduce");
     GUARDED(c, "allreduce", c->iface->allreduce(ctx, c, buf, count, dt, op));
 }
@@ -215,6 +218,8 @@ enum mt_status mt_comm_iallreduce(struct mt_ctx *ctx, struct mt_comm *c, void *b
     MT_CHECK(check_buf(ctx, buf, count, dt, "iallreduce", "buffer"));
     if (op != MT_REDOP_SUM && op != MT_REDOP_MAX && op != MT_REDOP_MIN)
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "iallreduce: unknown reduction %d", (int)op);
+    if (dt == MT_DTYPE_BF16 && op != MT_REDOP_SUM)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "iallreduce: bf16 reduces by sum only (got reduction %d)", (int)op);
     if (!c->iface->iallreduce) return unsupported(ctx, c, "iallreduce");
     return named(c->iface->iallreduce(ctx, c, buf, count, dt, op, req), req, "iallreduce");
 }

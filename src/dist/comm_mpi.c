@@ -104,12 +104,44 @@ static MPI_Datatype mpi_dtype(enum mt_dtype dt)
     case MT_DTYPE_I32: return MPI_INT32_T;
     case MT_DTYPE_I64: return MPI_INT64_T;
     case MT_DTYPE_U8:  return MPI_UINT8_T;
+    case MT_DTYPE_BF16: return MPI_UINT16_T;   /* bf16 storage, summed by the user op below */
     }
     return MPI_DATATYPE_NULL;
 }
 
-static MPI_Op mpi_op(enum mt_redop op)
+/* bf16 sum, element by element: inout = bf16(f32(in) + f32(inout)), round
+ * to nearest even (NaN stays a quiet NaN): fp32 accumulation per pair, the
+ * result stored in bf16 as NCCL's ncclBfloat16 sum does. */
+static float bf16_widen(uint16_t h)
 {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+static uint16_t bf16_round(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);   /* NaN: quiet */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static void bf16_sum_fn(void *in, void *inout, int *len, MPI_Datatype *dt)
+{
+    (void)dt;
+    const uint16_t *a = in;
+    uint16_t *b = inout;
+    for (int i = 0; i < *len; i++) b[i] = bf16_round(bf16_widen(a[i]) + bf16_widen(b[i]));
+}
+static MPI_Op g_bf16_sum = MPI_OP_NULL;   /* created on first use (commutative), freed by MPI_Finalize */
+
+/* the reduction op for dtype dt: bf16 sums through the user op (comm.c allows SUM only) */
+static MPI_Op mpi_op(enum mt_redop op, enum mt_dtype dt)
+{
+    if (dt == MT_DTYPE_BF16) {
+        if (g_bf16_sum == MPI_OP_NULL && MPI_Op_create(bf16_sum_fn, 1, &g_bf16_sum) != MPI_SUCCESS) return MPI_OP_NULL;
+        return g_bf16_sum;
+    }
     switch (op) {
     case MT_REDOP_SUM: return MPI_SUM;
     case MT_REDOP_MAX: return MPI_MAX;
@@ -153,7 +185,7 @@ static enum mt_status mpi_allreduce(struct mt_ctx *ctx, struct mt_comm *c, void 
     size_t es = mt_dtype_size(dt);
     for (size_t off = 0; off < count;) {
         size_t n = count - off < (size_t)INT_MAX ? count - off : (size_t)INT_MAX;
-        MPI_CHECK(ctx, MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * es, (int)n, mpi_dtype(dt), mpi_op(op), c->mpi));
+        MPI_CHECK(ctx, MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * es, (int)n, mpi_dtype(dt), mpi_op(op, dt), c->mpi));
         off += n;
     }
     return MT_OK;
@@ -163,7 +195,7 @@ static enum mt_status mpi_reduce_scatter(struct mt_ctx *ctx, struct mt_comm *c, 
                                          size_t count, enum mt_dtype dt)
 {
     MT_CHECK(check_int_count(ctx, count, "reduce_scatter"));
-    MPI_CHECK(ctx, MPI_Reduce_scatter_block(send, recv, (int)count, mpi_dtype(dt), MPI_SUM, c->mpi));
+    MPI_CHECK(ctx, MPI_Reduce_scatter_block(send, recv, (int)count, mpi_dtype(dt), mpi_op(MT_REDOP_SUM, dt), c->mpi));
     return MT_OK;
 }
 
@@ -340,7 +372,7 @@ static enum mt_status mpi_reduce_scatterv(struct mt_ctx *ctx, struct mt_comm *c,
     int *ic;
     const void *sp;
     MT_CHECK(reduce_scatterv_prep(ctx, c, send, counts, displs, dt, "reduce_scatterv", &scratch, &ic, &sp));
-    int mrc = MPI_Reduce_scatter(sp, recv, ic, mpi_dtype(dt), MPI_SUM, c->mpi);
+    int mrc = MPI_Reduce_scatter(sp, recv, ic, mpi_dtype(dt), mpi_op(MT_REDOP_SUM, dt), c->mpi);
     mt_free(ctx, scratch);
     MPI_CHECK(ctx, mrc);
     return MT_OK;
@@ -372,7 +404,7 @@ static enum mt_status mpi_iallreduce(struct mt_ctx *ctx, struct mt_comm *c, void
     MT_CHECK(check_int_count(ctx, count, "iallreduce"));
     struct mt_comm_req *r;
     MT_CHECK(req_new(ctx, c, &r));
-    MPI_POST(ctx, r, MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, mpi_dtype(dt), mpi_op(op), c->mpi, &r->mpi));
+    MPI_POST(ctx, r, MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, mpi_dtype(dt), mpi_op(op, dt), c->mpi, &r->mpi));
     *req = r;
     return MT_OK;
 }
@@ -383,7 +415,7 @@ static enum mt_status mpi_ireduce_scatter(struct mt_ctx *ctx, struct mt_comm *c,
     MT_CHECK(check_int_count(ctx, count, "ireduce_scatter"));
     struct mt_comm_req *r;
     MT_CHECK(req_new(ctx, c, &r));
-    MPI_POST(ctx, r, MPI_Ireduce_scatter_block(send, recv, (int)count, mpi_dtype(dt), MPI_SUM, c->mpi, &r->mpi));
+    MPI_POST(ctx, r, MPI_Ireduce_scatter_block(send, recv, (int)count, mpi_dtype(dt), mpi_op(MT_REDOP_SUM, dt), c->mpi, &r->mpi));
     *req = r;
     return MT_OK;
 }
@@ -440,7 +472,7 @@ static enum mt_status mpi_ireduce_scatterv(struct mt_ctx *ctx, struct mt_comm *c
         return st;
     }
     r->scratch = scratch;
-    MPI_POST(ctx, r, MPI_Ireduce_scatter(sp, recv, ic, mpi_dtype(dt), MPI_SUM, c->mpi, &r->mpi));
+    MPI_POST(ctx, r, MPI_Ireduce_scatter(sp, recv, ic, mpi_dtype(dt), mpi_op(MT_REDOP_SUM, dt), c->mpi, &r->mpi));
     *req = r;
     return MT_OK;
 }

@@ -166,6 +166,15 @@ static ncclDataType_t nccl_dtype(enum mt_dtype dt)
     case MT_DTYPE_I32: return ncclInt32;
     case MT_DTYPE_I64: return ncclInt64;
     case MT_DTYPE_U8:  return ncclUint8;
+    case MT_DTYPE_BF16:
+        /* ncclBfloat16 (= 9 since NCCL 2.10; its enum name is declared only
+         * when cuda_bf16.h was seen before nccl.h on NCCL < 2.19, hence the
+         * value): the sum accumulates each pair in fp32, stored in bf16 */
+#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+        return (ncclDataType_t)9;
+#else
+        return ncclNumTypes;   /* no bf16 in this NCCL: the call fails, named */
+#endif
     }
     return ncclNumTypes; /* unreachable: comm.c checked dt; NCCL would refuse it */
 }

@@ -21,7 +21,11 @@
 #include <stdint.h>
 #include "../core/mt_core.h"
 
-enum mt_dtype { MT_DTYPE_F32 = 0, MT_DTYPE_F64, MT_DTYPE_I32, MT_DTYPE_I64, MT_DTYPE_U8 };
+/* MT_DTYPE_BF16: bf16 storage (uint16, the upper half of an fp32), for
+ * grad_reduce_dtype=bf16; reductions: SUM only, each pairwise combine
+ * widens both operands to fp32, adds and rounds to nearest even (MPI: a
+ * user op; NCCL: ncclBfloat16, which does the same). */
+enum mt_dtype { MT_DTYPE_F32 = 0, MT_DTYPE_F64, MT_DTYPE_I32, MT_DTYPE_I64, MT_DTYPE_U8, MT_DTYPE_BF16 };
 enum mt_redop { MT_REDOP_SUM = 0, MT_REDOP_MAX, MT_REDOP_MIN };
 
 size_t mt_dtype_size(enum mt_dtype dt);

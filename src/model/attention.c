@@ -41,12 +41,16 @@ static enum mt_status attn_piece_forward(struct mt_ctx *ctx, const struct mt_pie
     float *t = pc->s_lora;
 
     /* the input norm and the residual's seed (x_mid = x_in, Wo's GEMM adds onto it) in one pass */
-    ops->rmsnorm_resid_forward(ly->h_attn_n, ly->rstd_attn, ly->x_mid, ly->x_in, ly->w.ln1->data, Nr, D, eps);
+    if (ly->h_attn_b)   /* precision=bf16: + the bf16 twin, the q/k/v GEMMs' operand */
+        ops->rmsnorm_resid_forward_bf16(ly->h_attn_n, ly->h_attn_b, ly->rstd_attn, ly->x_mid, ly->x_in,
+                                        ly->w.ln1->data, Nr, D, eps);
+    else
+        ops->rmsnorm_resid_forward(ly->h_attn_n, ly->rstd_attn, ly->x_mid, ly->x_in, ly->w.ln1->data, Nr, D, eps);
     if (tp->sp) MT_CHECK(tpa_gather_rows(ctx, tp, ly->h_attn, ly->h_attn_n, Nr, D));   /* SP entry */
     /* this rank's heads (H, K are local under TP) over all N rows */
-    proj_fwd(ops, t, ly->q_raw, ly->h_attn, ly->w.wq, N, D, QD, 0.0f);
-    proj_fwd(ops, t, ly->k_raw, ly->h_attn, ly->w.wk, N, D, KD, 0.0f);
-    proj_fwd(ops, t, ly->v, ly->h_attn, ly->w.wv, N, D, KD, 0.0f);
+    proj_fwd_b(ops, t, ly->q_raw, ly->h_attn, ly->h_attn_b, ly->w.wq, N, D, QD, 0.0f);
+    proj_fwd_b(ops, t, ly->k_raw, ly->h_attn, ly->h_attn_b, ly->w.wk, N, D, KD, 0.0f);
+    proj_fwd_b(ops, t, ly->v, ly->h_attn, ly->h_attn_b, ly->w.wv, N, D, KD, 0.0f);
     ops->qk_norm_rope_forward(ly->q, ly->k, ly->rstd_q, ly->rstd_k, ly->q_raw, ly->k_raw, ly->w.qn->data,
                               ly->w.kn->data, a->cos_tab, a->sin_tab, N, T, pos0, H, K, hd, eps);
     if (a->kcache) {
@@ -58,12 +62,14 @@ static enum mt_status attn_piece_forward(struct mt_ctx *ctx, const struct mt_pie
     } else {
         ops->attention_forward(ly->att, ly->lse, ly->q, ly->k, ly->v, B, T, T, 0, H, K, hd);
     }
+    /* precision=bf16: Wo's operand, rounded once here for the forward and the backward (dWo) GEMMs */
+    if (ly->att_b) ops->cast_bf16(ly->att_b, ly->att, (size_t)N * (size_t)QD);
     if (tp->tp == 1) {
-        proj_fwd(ops, t, ly->x_mid, ly->att, ly->w.wo, N, QD, D, 1.0f);
+        proj_fwd_b(ops, t, ly->x_mid, ly->att, ly->att_b, ly->w.wo, N, QD, D, 1.0f);
         return MT_OK;
     }
     /* Wo holds this rank's columns: a partial sum over the model group (TP exit) */
-    proj_fwd(ops, t, pc->s_red, ly->att, ly->w.wo, N, QD, D, 0.0f);
+    proj_fwd_b(ops, t, pc->s_red, ly->att, ly->att_b, ly->w.wo, N, QD, D, 0.0f);
     return tpa_exit_add(ctx, tp, ly->x_mid, pc->s_red, pc->s_full);
 }
 
@@ -84,7 +90,7 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
         dy = pc->s_full;
     }
     /* term 1: o_proj */
-    proj_bwd(ops, t, dt, pc->datt, 0.0f, ly->w.wo, dy, ly->att, N, QD, D);
+    proj_bwd_b(ops, t, dt, pc->datt, 0.0f, ly->w.wo, dy, ly->att, ly->att_b, N, QD, D);
     /* term 2: attention core (dq, dk, dv overwritten) */
     ops->attention_backward(pc->dq, pc->dk, pc->dv, pc->datt, ly->q, ly->k, ly->v, ly->att, ly->lse,
                             B, T, H, K, hd);
@@ -93,9 +99,9 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
                                ly->k_raw, ly->w.qn->data, ly->w.kn->data, ly->rstd_q, ly->rstd_k, pc->rope_cos,
                                pc->rope_sin, N, T, H, K, hd);
     /* term 4: projections (under TP dh is this rank's partial sum over its heads) */
-    proj_bwd(ops, t, dt, pc->dh, 0.0f, ly->w.wq, pc->datt, ly->h_attn, N, D, QD);
-    proj_bwd(ops, t, dt, pc->dh, 1.0f, ly->w.wk, pc->dk2, ly->h_attn, N, D, KD);
-    proj_bwd(ops, t, dt, pc->dh, 1.0f, ly->w.wv, pc->dv, ly->h_attn, N, D, KD);
+    proj_bwd_b(ops, t, dt, pc->dh, 0.0f, ly->w.wq, pc->datt, ly->h_attn, ly->h_attn_b, N, D, QD);
+    proj_bwd_b(ops, t, dt, pc->dh, 1.0f, ly->w.wk, pc->dk2, ly->h_attn, ly->h_attn_b, N, D, KD);
+    proj_bwd_b(ops, t, dt, pc->dh, 1.0f, ly->w.wv, pc->dv, ly->h_attn, ly->h_attn_b, N, D, KD);
     /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
     const float *dhr = pc->dh;
     if (tp->sp) {
@@ -159,6 +165,11 @@ static void attn_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struc
     ly->k = carve_f(c, A, N * KD);
     ly->v = carve_f(c, A, N * KD);
     ly->att = carve_f(c, A, N * QD);
+    /* precision=bf16: the GEMM operands' bf16 twins (the norm's: not under SP, whose gathered rows are fp32) */
+    ly->h_attn_b = ly->att_b = NULL;
+    if (pc->bf16 && !pc->tp.sp && (!pc->ops || pc->ops->rmsnorm_resid_forward_bf16))
+        ly->h_attn_b = carve(c, A, Nr * D * 2);
+    if (pc->bf16) ly->att_b = carve(c, A, N * QD * 2);
     ly->lse = carve_f(c, A, N * (size_t)pc->H);
     ly->x_mid = carve_f(c, A, Nr * D);
 }

@@ -64,16 +64,28 @@ void lora_bwd_add(const struct mt_ops_i *ops, float *t, float *dt, float *dx, co
     if (dx) ops->gemm(0, 0, n, in, r, 1.0f, dt, r, A->data, in, 1.0f, dx, in);           /* term 3         */
 }
 
+void proj_fwd_b(const struct mt_ops_i *ops, float *t, float *y, const float *x, const mt_bf16 *xb,
+                const struct mt_param *w, int n, int in, int out, float beta)
+{
+    wlinear_forward(ops, y, x, xb, w, n, in, out, beta);
+    lora_fwd_add(ops, t, y, out, x, &w, &out, 1, n, in);   /* the adapters stay fp32: x */
+}
+
+void proj_bwd_b(const struct mt_ops_i *ops, float *t, float *dt, float *dx, float beta_dx, struct mt_param *w,
+                const float *dy, const float *x, const mt_bf16 *xb, int n, int in, int out)
+{
+    wlinear_backward(ops, dx, beta_dx, w->frozen ? NULL : w->grad, dy, x, xb, w, n, in, out);
+    lora_bwd_add(ops, t, dt, dx, dy, out, x, &w, &out, 1, n, in);
+}
+
 void proj_fwd(const struct mt_ops_i *ops, float *t, float *y, const float *x, const struct mt_param *w, int n, int in,
               int out, float beta)
 {
-    wlinear_forward(ops, y, x, NULL, w, n, in, out, beta);
-    lora_fwd_add(ops, t, y, out, x, &w, &out, 1, n, in);
+    proj_fwd_b(ops, t, y, x, NULL, w, n, in, out, beta);
 }
 
 void proj_bwd(const struct mt_ops_i *ops, float *t, float *dt, float *dx, float beta_dx, struct mt_param *w,
               const float *dy, const float *x, int n, int in, int out)
 {
-    wlinear_backward(ops, dx, beta_dx, w->frozen ? NULL : w->grad, dy, x, NULL, w, n, in, out);
-    lora_bwd_add(ops, t, dt, dx, dy, out, x, &w, &out, 1, n, in);
+    proj_bwd_b(ops, t, dt, dx, beta_dx, w, dy, x, NULL, n, in, out);
 }

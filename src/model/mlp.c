@@ -17,27 +17,51 @@
 
 /* The SwiGLU math on the ops table and the LoRA scratch t, dt (s_lora, s_dlora):
  * the dense MLP below, and the routed and shared experts of moe.c. */
+/* SwiGLU act = silu(g) * u, and its bf16 twin act_b from the same kernel when given */
+static void swiglu_act(const struct mt_ops_i *ops, float *act, mt_bf16 *act_b, const float *g, const float *u,
+                       size_t n)
+{
+    if (act_b) ops->swiglu_forward_bf16(act, act_b, g, u, n);
+    else ops->swiglu_forward(act, g, u, n);
+}
+
+/* hb: h's bf16 twin, act_b: the scratch for act's (precision=bf16, dense MLP; else NULL) */
+static void mlp_fwd_b(const struct mt_ops_i *ops, float *t, float *out, int accumulate, float *g, float *u, float *act,
+                      mt_bf16 *act_b, const float *h, const mt_bf16 *hb, const struct mt_param *wg,
+                      const struct mt_param *wu, const struct mt_param *wd, int n, int D, int F)
+{
+    if (n <= 0) return;
+    proj_fwd_b(ops, t, g, h, hb, wg, n, D, F, 0.0f);
+    proj_fwd_b(ops, t, u, h, hb, wu, n, D, F, 0.0f);
+    swiglu_act(ops, act, act_b, g, u, (size_t)n * F);
+    proj_fwd_b(ops, t, out, act, act_b, wd, n, F, D, accumulate ? 1.0f : 0.0f);
+}
+
+static void mlp_bwd_b(const struct mt_ops_i *ops, float *t, float *dt, float *dh, int accumulate, float *act,
+                      mt_bf16 *act_b, float *dact, float *dg, float *du, const float *dout, const float *h,
+                      const mt_bf16 *hb, const float *g, const float *u, struct mt_param *wg, struct mt_param *wu,
+                      struct mt_param *wd, int n, int D, int F)
+{
+    if (n <= 0) return;
+    swiglu_act(ops, act, act_b, g, u, (size_t)n * F);
+    proj_bwd_b(ops, t, dt, dact, 0.0f, wd, dout, act, act_b, n, F, D);
+    ops->swiglu_backward(dg, du, dact, g, u, (size_t)n * F);
+    proj_bwd_b(ops, t, dt, dh, accumulate ? 1.0f : 0.0f, wg, dg, h, hb, n, D, F);
+    proj_bwd_b(ops, t, dt, dh, 1.0f, wu, du, h, hb, n, D, F);
+}
+
 void mlp_forward(const struct mt_ops_i *ops, float *t, float *out, int accumulate, float *g, float *u, float *act,
                  const float *h, const struct mt_param *wg, const struct mt_param *wu, const struct mt_param *wd,
                  int n, int D, int F)
 {
-    if (n <= 0) return;
-    proj_fwd(ops, t, g, h, wg, n, D, F, 0.0f);
-    proj_fwd(ops, t, u, h, wu, n, D, F, 0.0f);
-    ops->swiglu_forward(act, g, u, (size_t)n * F);
-    proj_fwd(ops, t, out, act, wd, n, F, D, accumulate ? 1.0f : 0.0f);
+    mlp_fwd_b(ops, t, out, accumulate, g, u, act, NULL, h, NULL, wg, wu, wd, n, D, F);
 }
 
 void mlp_backward(const struct mt_ops_i *ops, float *t, float *dt, float *dh, int accumulate, float *act, float *dact,
                   float *dg, float *du, const float *dout, const float *h, const float *g, const float *u,
                   struct mt_param *wg, struct mt_param *wu, struct mt_param *wd, int n, int D, int F)
 {
-    if (n <= 0) return;
-    ops->swiglu_forward(act, g, u, (size_t)n * F);
-    proj_bwd(ops, t, dt, dact, 0.0f, wd, dout, act, n, F, D);
-    ops->swiglu_backward(dg, du, dact, g, u, (size_t)n * F);
-    proj_bwd(ops, t, dt, dh, accumulate ? 1.0f : 0.0f, wg, dg, h, n, D, F);
-    proj_bwd(ops, t, dt, dh, 1.0f, wu, du, h, n, D, F);
+    mlp_bwd_b(ops, t, dt, dh, accumulate, act, NULL, dact, dg, du, dout, h, NULL, g, u, wg, wu, wd, n, D, F);
 }
 
 /* ------------------------------------------------------------------ */
@@ -71,12 +95,24 @@ static void mlp_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct
     const size_t N = (size_t)pc->N, D = (size_t)pc->D;
     ffn_norm_carve_pc(pc, c, ly);
     ly->h_mlp = pc->tp.sp ? carve_f(c, MT_BUCKET_ACTS, N * D) : ly->h_mlp_n;
+    /* precision=bf16: the norm's bf16 twin (gate/up's operand), not under SP (the gathered rows are fp32) */
+    ly->h_mlp_b = NULL;
+    if (pc->bf16 && !pc->tp.sp && (!pc->ops || pc->ops->rmsnorm_resid_forward_bf16))
+        ly->h_mlp_b = carve(c, MT_BUCKET_ACTS, (size_t)pc->Nr * D * 2);
     ly->mg = carve_f(c, MT_BUCKET_ACTS, N * (size_t)pc->F);
     ly->mu = carve_f(c, MT_BUCKET_ACTS, N * (size_t)pc->F);
 }
 
 /* the shared SwiGLU scratch (s_act, s_dact, s_dg, s_du) holds N x F/tp */
 static size_t mlp_scratch(const struct mt_piece_ctx *pc) { return (size_t)pc->N * (size_t)pc->F; }
+
+/* precision=bf16: the SwiGLU output's bf16 twin (down's operand), N x F/tp, WORKSPACE
+ * (act is recomputed in backward, and so is its twin) */
+static void mlp_carve_scratch(struct mt_model *m, struct mt_carver *c)
+{
+    if (m->bf16 && (!m->ops || m->ops->swiglu_forward_bf16))
+        m->s_act_b = carve(c, MT_BUCKET_WORKSPACE, (size_t)m->N * (size_t)m->F * 2);
+}
 
 static enum mt_status mlp_piece_forward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a)
 {
@@ -85,14 +121,14 @@ static enum mt_status mlp_piece_forward(struct mt_ctx *ctx, const struct mt_piec
     float *x_out = a->x_out;
     ffn_norm_fwd(pc, x_out, n);
     if (pc->tp.tp == 1) {
-        mlp_forward(pc->ops, pc->s_lora, x_out, 1, ly->mg, ly->mu, pc->s_act, ly->h_mlp, ly->w.wg, ly->w.wu, ly->w.wd,
-                    n, D, pc->F);
+        mlp_fwd_b(pc->ops, pc->s_lora, x_out, 1, ly->mg, ly->mu, pc->s_act, pc->s_act_b, ly->h_mlp, ly->h_mlp_b,
+                  ly->w.wg, ly->w.wu, ly->w.wd, n, D, pc->F);
         return MT_OK;
     }
     /* TP region: this rank's F/tp hidden units over all N rows */
     if (pc->tp.sp) MT_CHECK(tpa_gather_rows(ctx, &pc->tp, ly->h_mlp, ly->h_mlp_n, n / pc->tp.tp, D));
-    mlp_forward(pc->ops, pc->s_lora, pc->s_red, 0, ly->mg, ly->mu, pc->s_act, ly->h_mlp, ly->w.wg, ly->w.wu, ly->w.wd,
-                n, D, pc->F);
+    mlp_fwd_b(pc->ops, pc->s_lora, pc->s_red, 0, ly->mg, ly->mu, pc->s_act, pc->s_act_b, ly->h_mlp, ly->h_mlp_b,
+              ly->w.wg, ly->w.wu, ly->w.wd, n, D, pc->F);
     return tpa_exit_add(ctx, &pc->tp, x_out, pc->s_red, pc->s_full);
 }
 
@@ -108,8 +144,8 @@ static enum mt_status mlp_piece_backward(struct mt_ctx *ctx, const struct mt_pie
         MT_CHECK(tpa_gather_rows(ctx, &pc->tp, pc->s_full, pc->dx, pc->Nr, D));
         dy = pc->s_full;
     }
-    mlp_backward(pc->ops, pc->s_lora, pc->s_dlora, pc->dh, 0, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du, dy,
-                 ly->h_mlp, ly->mg, ly->mu, w->wg, w->wu, w->wd, N, D, pc->F);
+    mlp_bwd_b(pc->ops, pc->s_lora, pc->s_dlora, pc->dh, 0, pc->s_act, pc->s_act_b, pc->s_dact, pc->s_dg, pc->s_du, dy,
+              ly->h_mlp, ly->h_mlp_b, ly->mg, ly->mu, w->wg, w->wu, w->wd, N, D, pc->F);
     /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
     const float *dhr = pc->dh;   /* d h_mlp_n (Nr, D) */
     if (pc->tp.sp) {
@@ -131,7 +167,7 @@ const struct mt_piece mt_piece_mlp = {
     /* .mm_per_token          = */ mlp_mm,
     /* .extra_flops_per_token = */ NULL,
     /* .inactive_params       = */ NULL,
-    /* .carve_scratch         = */ NULL,
+    /* .carve_scratch         = */ mlp_carve_scratch,
     /* .carve_scratch_n       = */ NULL,
     /* .ffn_scratch           = */ mlp_scratch,
     /* .carve                 = */ mlp_carve,

@@ -347,6 +347,8 @@ void model_piece_ctx(struct mt_model *m, struct mt_layer *ly, struct mt_piece_ct
     pc->s_full = m->s_full;
     pc->s_red = m->s_red;
     pc->s_act = m->s_act;
+    pc->s_act_b = m->s_act_b;
+    pc->bf16 = m->bf16;
     pc->s_dact = m->s_dact;
     pc->s_dg = m->s_dg;
     pc->s_du = m->s_du;
@@ -816,6 +818,8 @@ static inline enum mt_status hook(struct mt_ctx *ctx, struct mt_model *m,
     return fn ? fn(ctx, m->hooks.user, unit) : MT_OK;
 }
 
+const struct mt_config *mt_model_cfg(const struct mt_model *m) { return &m->cfg; }
+
 void mt_model_bf16_invalidate(struct mt_model *m)
 {
     for (int i = 0; m->bf16 && i < m->n_params; i++) m->params[i].bf16_ok = 0;
@@ -986,8 +990,12 @@ void ffn_norm_fwd(const struct mt_piece_ctx *pc, float *x_out, int n)
     const struct mt_layer *ly = pc->ly;
     const int Nr = pc->tp.sp ? n / pc->tp.tp : n;
     /* the ffn's input norm and the residual's seed (x_out = x_mid) in one pass */
-    pc->ops->rmsnorm_resid_forward(ly->h_mlp_n, ly->rstd_mlp, x_out, ly->x_mid, ly->w.ln2->data, Nr, pc->D,
-                                   pc->norm_eps);
+    if (ly->h_mlp_b)   /* precision=bf16, dense MLP: + the bf16 twin, gate/up's operand */
+        pc->ops->rmsnorm_resid_forward_bf16(ly->h_mlp_n, ly->h_mlp_b, ly->rstd_mlp, x_out, ly->x_mid,
+                                            ly->w.ln2->data, Nr, pc->D, pc->norm_eps);
+    else
+        pc->ops->rmsnorm_resid_forward(ly->h_mlp_n, ly->rstd_mlp, x_out, ly->x_mid, ly->w.ln2->data, Nr, pc->D,
+                                       pc->norm_eps);
 }
 
 void ffn_norm_bwd(const struct mt_piece_ctx *pc, const float *dhr)

@@ -71,6 +71,11 @@ struct mt_layer {
     float *k;          /* (N, KD) after QK-norm and RoPE                            */
     float *v;          /* (N, KD)                                                   */
     float *att;        /* (N, QD) attention output, before o_proj                   */
+    /* precision=bf16: the bf16 twins of the GEMM operands above (written by their
+     * producer once, read by the forward and backward GEMMs); NULL: none */
+    mt_bf16 *h_attn_b; /* (Nr, D) bf16(h_attn_n), not under SP                      */
+    mt_bf16 *att_b;    /* (N, QD) bf16(att)                                         */
+    mt_bf16 *h_mlp_b;  /* (Nr, D) bf16(h_mlp_n), dense MLP only, not under SP       */
     float *lse;        /* (B, H, T) attention logsumexp (no T x T matrix is kept)   */
     float *x_mid;      /* (Nr, D) x_in + att Wo^T                                   */
     float *h_mlp_n;    /* (Nr, D) rmsnorm(x_mid) * g_mlp (this rank's rows)         */
@@ -186,6 +191,7 @@ struct mt_model {
     float *dq;                   /* (N, QD)                                          */
     float *dk, *dk2, *dv;        /* (N, KD)                                          */
     float *s_act, *s_dact, *s_dg, *s_du; /* (max(N*F, M*Fe, N*Fs)) SwiGLU scratch    */
+    mt_bf16 *s_act_b;            /* (N*F) precision=bf16: bf16(s_act) of the dense MLP */
     float *s_lora, *s_dlora;             /* (rows, r) LoRA x A^T and its gradient (lora.c) */
     struct mt_moe_scratch    moe_s;  /* E blocks: routing scratch, host staging, load (moe.c) */
     struct mt_mamba3_dims    mdims;  /* M blocks: the mixer's dims (from cfg)          */
@@ -316,6 +322,8 @@ struct mt_piece_ctx {
     /* shared WORKSPACE scratch (see struct mt_model) */
     float *dx, *dh, *s_full, *s_red;
     float *s_act, *s_dact, *s_dg, *s_du, *s_lora, *s_dlora;
+    mt_bf16 *s_act_b;                /* precision=bf16: bf16(s_act), dense MLP (or NULL) */
+    int   bf16;                      /* precision=bf16: carve the activation twins  */
     float *datt, *dq, *dk, *dk2, *dv;  /* attention's declared scratch (its carve_scratch) */
     const struct mt_mamba3_dims *mdims; /* M blocks: the mixer's dims                 */
     struct mt_mamba3_scratch    *mb_s;  /* M blocks: declared backward scratch        */
@@ -339,6 +347,11 @@ void proj_fwd(const struct mt_ops_i *ops, float *t, float *y, const float *x, co
               int out, float beta);
 void proj_bwd(const struct mt_ops_i *ops, float *t, float *dt, float *dx, float beta_dx, struct mt_param *w,
               const float *dy, const float *x, int n, int in, int out);
+/* the same with x's bf16 twin xb (NULL: none): the base GEMMs read xb (wlinear_*) */
+void proj_fwd_b(const struct mt_ops_i *ops, float *t, float *y, const float *x, const mt_bf16 *xb,
+                const struct mt_param *w, int n, int in, int out, float beta);
+void proj_bwd_b(const struct mt_ops_i *ops, float *t, float *dt, float *dx, float beta_dx, struct mt_param *w,
+                const float *dy, const float *x, const mt_bf16 *xb, int n, int in, int out);
 /* The adapter half alone, for one A shared by nb stacked base matrices w[b]
  * (rows[b], in) whose outputs are column slices of y / dy (row stride ldy):
  * y_b += s (x A^T) B_b^T; backward dB_b, dA +=, dx += (the base's GEMMs are

@@ -106,6 +106,7 @@ float *mt_model_stage_dinput(struct mt_model *m);   /* (Nr, D) after a backward 
 int  mt_model_stage_rows(const struct mt_model *m); /* Nr: rows of the tensors stages exchange   */
 void mt_model_set_slot(struct mt_model *m, int k);
 int  mt_model_n_slots(const struct mt_model *m);
+const struct mt_config *mt_model_cfg(const struct mt_model *m);   /* the resolved config it was built with */
 /* The cost of layer l per token, training FLOPs (an E block: attention +
  * router + top_k experts + shared expert; an A block: attention + dense MLP),
  * and of the head (6 V D): what the pipeline cut balances

@@ -295,6 +295,19 @@ struct mt_ops_i {
                                   float *dk, const float *q_raw, const float *k_raw, const float *wq,
                                   const float *wk, const float *rstd_q, const float *rstd_k, const float *cos_tab,
                                   const float *sin_tab, int N, int T, int H, int K, int hd);
+
+    /* ---- bf16 activation twins (precision=bf16, docs/cuda.md "bf16 activations") ----
+     * The op above of the same name with the same fp32 outputs (same bits),
+     * that also writes out_bf16 = bf16(out) (nearest even) from the same
+     * kernel: the block's GEMM operands, so no GEMM converts them per call.
+     * Optional (NULL: the model leaves the twin out and the GEMMs round out). */
+    void (*rmsnorm_resid_forward_bf16)(float *out, mt_bf16 *out_bf16, float *rstd, float *resid, const float *inp,
+                                       const float *weight, int N, int C, float eps);
+    void (*swiglu_forward_bf16)(float *out, mt_bf16 *out_bf16, const float *gate, const float *up, size_t n);
+    /* dst[i] = (float)src[i] (exact: every bf16 value is an fp32 value): the
+     * way back of a bf16 gradient reduction (grad_reduce_dtype=bf16). NULL:
+     * the backend refuses grad_reduce_dtype=bf16. */
+    void (*widen_bf16)(float *dst, const mt_bf16 *src, size_t n);
 };
 
 /* Backends. mt_ops_cpu() never fails. mt_ops_cuda() returns NULL when the

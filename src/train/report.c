@@ -212,14 +212,18 @@ static void dist_collectives(cJSON *d, const struct run_state *rs, const struct 
     static const char *kinds[MT_ZERO_COLL_COUNT] = {"allreduce", "reduce_scatter", "allgather"};
     double an[MT_ZERO_COLL_COUNT] = {0, 0, 0};
     int single = rs->dp_size == 1;
+    /* grad_reduce_dtype=bf16: the gradient reductions move 2 bytes per element */
+    int red16 = !strcmp(rs->cfg->grad_reduce_dtype, "bf16") && !single;
+    double rf = red16 ? 0.5 : 1.0;
     if (!single) {
-        if (stage <= 1) an[MT_ZERO_ALLREDUCE] = param_bytes;
+        if (stage <= 1) an[MT_ZERO_ALLREDUCE] = param_bytes * rf;
         if (stage >= 1 && stage <= 2) an[MT_ZERO_ALLGATHER] = param_bytes;
-        if (stage >= 2) an[MT_ZERO_REDUCE_SCATTER] = param_bytes * microbatches;
+        if (stage >= 2) an[MT_ZERO_REDUCE_SCATTER] = param_bytes * microbatches * rf;
     }
     if (stage == 3 && !single)   /* forward + backward per microbatch (an upper bound), or once per step */
         an[MT_ZERO_ALLGATHER] = reshard ? param_bytes * (2.0 * microbatches) : param_bytes;
     cJSON *c = cJSON_AddObjectToObject(d, "collective_bytes_per_step");
+    cJSON_AddStringToObject(c, "grad_reduce_dtype", red16 ? "bf16" : "fp32");
     for (int k = 0; k < MT_ZERO_COLL_COUNT; k++) {
         cJSON *o = cJSON_AddObjectToObject(c, kinds[k]);
         cJSON_AddNumberToObject(o, "measured", steps > 0 ? zs->bytes[k] / steps : 0);

@@ -249,12 +249,6 @@ enum mt_status mt_train_setup_local(struct mt_ctx *ctx, struct mt_config *cfg, c
     /* the pipeline cut, by hand (--pp-layers) or balanced by cost; before any allocation */
     MT_CHECK(mt_layout_pipeline_cut(ctx, cfg, dims->pp, opts->pp_layers, rs->first_layer));
 
-    /* precision=bf16 reduces gradients in fp32 (docs/cuda.md); a bf16
-     * reduction is an option of issue 19 not implemented yet: refused, not ignored */
-    if (!strcmp(cfg->grad_reduce_dtype, "bf16"))
-        return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "grad_reduce_dtype=bf16 is not implemented yet (gradients reduce "
-                                                     "in fp32; use grad_reduce_dtype=fp32)");
-
     /* ---- 2. backend ---- */
     if (!strcmp(cfg->backend, "cuda")) {
         char why[200] = "";

@@ -113,6 +113,11 @@ struct mt_zero {
     int    gslot;                /* next scratch slot                                        */
     struct pending *ar;          /* (U) stages 0/1 pending all-reduces                       */
     int    n_ar;
+    /* grad_reduce_dtype=bf16 (group size > 1): the reductions run on bf16
+     * copies (cast before, widened back into the fp32 buffer after) */
+    int       red16;
+    uint16_t *ar16;              /* stages 0/1: (full_total) COMM, bf16 of gfull             */
+    uint16_t *rs16s[2], *rs16r[2]; /* stages 2/3: (max_unit) send, (max_seg) recv, COMM       */
 
     struct mt_param *views;      /* optimizer views (n_views)                                */
     int             *view_param; /* (n_views) model index of each view                      */
@@ -318,12 +323,20 @@ static enum mt_status layout_build(struct mt_ctx *ctx, const struct mt_model *m,
  * by plan and create. Parameters follow the data packing, gradients (and
  * their reduce-scatter scratch) the gradient packing: a frozen parameter
  * has no gradient float anywhere. */
-struct zsizes { size_t full, full_bucket, gfull, own_data, own_grad, gbuf, gscr, grecv; };
+struct zsizes { size_t full, full_bucket, gfull, own_data, own_grad, gbuf, gscr, grecv, ar16, rs16s, rs16r; };
 
-static struct zsizes zero_sizes(const struct zlayout *l, int r, int stage, int reshard)
+/* grad_reduce_dtype=bf16 and a group to reduce over (one rank reduces nothing: no rounding) */
+static int reduce_bf16(const struct mt_model *model, int group_size)
+{
+    return group_size > 1 && !strcmp(mt_model_cfg(model)->grad_reduce_dtype, "bf16");
+}
+
+static struct zsizes zero_sizes(const struct zlayout *l, int r, int stage, int reshard, int red16)
 {
     struct zsizes s;
     memset(&s, 0, sizeof s);
+    if (red16 && stage <= 1) s.ar16 = l->g.full_total;
+    if (red16 && stage >= 2) { s.rs16s = l->g.max_unit; s.rs16r = l->g.max_seg; }
     if (stage <= 2) { s.full = l->d.full_total; s.full_bucket = MT_BUCKET_PARAMS; }
     if (stage <= 1) s.gfull = l->g.full_total;
     if (stage == 3) {
@@ -356,6 +369,7 @@ static void add_sizes(const struct zsizes *s, size_t bytes[MT_BUCKET_COUNT])
     bytes[MT_BUCKET_GRADS] += s->gfull * f + s->own_grad * f;
     bytes[MT_BUCKET_PARAMS] += s->own_data * f;
     bytes[MT_BUCKET_COMM] += 2 * (s->gbuf + s->gscr + s->grecv) * f;
+    bytes[MT_BUCKET_COMM] += (s->ar16 + 2 * (s->rs16s + s->rs16r)) * sizeof(uint16_t);
 }
 
 int mt_zero_runs_optimizer(int owner, int group_rank, int stage)
@@ -378,7 +392,7 @@ enum mt_status mt_zero_plan_all(struct mt_ctx *ctx, const struct mt_model *model
         for (int r = 0; r < group_size; r++) {
             size_t *b = bytes + ((size_t)(st - s0) * group_size + r) * MT_BUCKET_COUNT;
             for (int k = 0; k < MT_BUCKET_COUNT; k++) b[k] = 0;
-            struct zsizes s = zero_sizes(&l, r, st, reshard_after_forward);
+            struct zsizes s = zero_sizes(&l, r, st, reshard_after_forward, reduce_bf16(model, group_size));
             add_sizes(&s, b);
             b[MT_BUCKET_OTHER] += other;
         }
@@ -397,7 +411,7 @@ void mt_zero_plan_bytes(const struct mt_model *model, const unsigned char *selec
     struct mt_param *p = mt_model_params((struct mt_model *)model, &P);
     struct zlayout l;
     if (layout_build(&tmp, model, p, P, select, group_size, group_rank, &l) != MT_OK) return;
-    struct zsizes s = zero_sizes(&l, group_rank, stage, reshard_after_forward);
+    struct zsizes s = zero_sizes(&l, group_rank, stage, reshard_after_forward, reduce_bf16(model, group_size));
     add_sizes(&s, bytes);
     bytes[MT_BUCKET_OTHER] += engine_other_bytes(P, l.n_units, group_size);
     layout_free(&tmp, &l);
@@ -429,7 +443,8 @@ static enum mt_status timed_wait(struct mt_ctx *ctx, struct mt_zero *z, struct m
 
 static void count_coll(struct mt_zero *z, enum mt_zero_coll k, size_t floats)
 {
-    z->st.bytes[k] += (double)floats * sizeof(float);
+    /* the reductions move bf16 under grad_reduce_dtype=bf16 */
+    z->st.bytes[k] += (double)floats * (z->red16 && k != MT_ZERO_ALLGATHER ? sizeof(uint16_t) : sizeof(float));
     z->st.calls[k]++;
 }
 
@@ -499,6 +514,19 @@ static enum mt_status ensure_unit(struct mt_ctx *ctx, struct mt_zero *z, int u, 
 /* stages 2/3: gradient reduce-scatter                                */
 /* ------------------------------------------------------------------ */
 
+/* Complete a pending gradient all-reduce (stages 0/1); under bf16 widen the
+ * reduced copy back into the unit's fp32 gradients. */
+static enum mt_status finish_ar(struct mt_ctx *ctx, struct mt_zero *z, struct pending *pd)
+{
+    int had = pd->req != NULL;
+    MT_CHECK(timed_wait(ctx, z, &pd->req));
+    if (had && z->red16) {
+        const struct zpack *g = &z->lay.g;
+        z->ops->widen_bf16(z->gfull + g->unit_base[pd->unit], z->ar16 + g->unit_base[pd->unit], g->unit_size[pd->unit]);
+    }
+    return MT_OK;
+}
+
 /* Complete the reduce-scatter pending on slot s and add it into owned grads. */
 static enum mt_status finish_rs(struct mt_ctx *ctx, struct mt_zero *z, int s)
 {
@@ -507,6 +535,7 @@ static enum mt_status finish_rs(struct mt_ctx *ctx, struct mt_zero *z, int s)
     const struct zpack *g = &z->lay.g;
     int u = z->rs[s].unit;
     size_t n = counts_of(z, g, u)[z->lay.rank];
+    if (n && z->red16) z->ops->widen_bf16(z->grecv[s], z->rs16r[s], n);   /* the bf16 sum, back in fp32 */
     if (n) z->ops->axpby(z->own_grad + g->own_base[u], z->grecv[s], 1.0f, 1.0f, n);
     z->rs[s].unit = -1;
     return MT_OK;
@@ -574,16 +603,28 @@ static enum mt_status hook_post_backward(struct mt_ctx *ctx, void *user, int u)
         int s = 1 - z->gslot;
         z->rs[s].unit = u;
         count_coll(z, MT_ZERO_REDUCE_SCATTER, gp->unit_size[u]);
-        MT_CHECK(mt_comm_ireduce_scatterv(ctx, z->comm, z->grecv[s], g, counts_of(z, gp, u), displs_of(z, gp, u),
-                                          MT_DTYPE_F32, &z->rs[s].req));
+        if (z->red16) {   /* bf16 on the wire: finish_rs widens the sum */
+            ops->cast_bf16(z->rs16s[s], g, gp->unit_size[u]);
+            MT_CHECK(mt_comm_ireduce_scatterv(ctx, z->comm, z->rs16r[s], z->rs16s[s], counts_of(z, gp, u),
+                                              displs_of(z, gp, u), MT_DTYPE_BF16, &z->rs[s].req));
+        } else {
+            MT_CHECK(mt_comm_ireduce_scatterv(ctx, z->comm, z->grecv[s], g, counts_of(z, gp, u), displs_of(z, gp, u),
+                                              MT_DTYPE_F32, &z->rs[s].req));
+        }
         return z->overlap ? MT_OK : finish_rs(ctx, z, s);
     }
     if (!z->last_mb) return MT_OK;
     struct pending *pd = &z->ar[z->n_ar++];
     pd->unit = u;
     count_coll(z, MT_ZERO_ALLREDUCE, gp->unit_size[u]);
-    MT_CHECK(mt_comm_iallreduce(ctx, z->comm, g, gp->unit_size[u], MT_DTYPE_F32, MT_REDOP_SUM, &pd->req));
-    return z->overlap ? MT_OK : timed_wait(ctx, z, &pd->req);
+    if (z->red16) {   /* bf16 on the wire: finish_ar widens the sum back into g */
+        ops->cast_bf16(z->ar16 + gp->unit_base[u], g, gp->unit_size[u]);
+        MT_CHECK(mt_comm_iallreduce(ctx, z->comm, z->ar16 + gp->unit_base[u], gp->unit_size[u], MT_DTYPE_BF16,
+                                    MT_REDOP_SUM, &pd->req));
+    } else {
+        MT_CHECK(mt_comm_iallreduce(ctx, z->comm, g, gp->unit_size[u], MT_DTYPE_F32, MT_REDOP_SUM, &pd->req));
+    }
+    return z->overlap ? MT_OK : finish_ar(ctx, z, pd);
 }
 
 /* ------------------------------------------------------------------ */
@@ -596,6 +637,15 @@ static float *zbuf(struct mt_ctx *ctx, const struct mt_ops_i *ops, size_t n, enu
     float *p = ops->buf_alloc(ctx, n * sizeof(float), b);
     if (!p) *fail = 1;
     else ops->fill(p, 0.0f, n);
+    return p;
+}
+
+/* a bf16 staging buffer (COMM) of n elements; written before every use */
+static uint16_t *zbuf16(struct mt_ctx *ctx, const struct mt_ops_i *ops, size_t n, int *fail)
+{
+    if (n == 0 || *fail) return NULL;
+    uint16_t *p = ops->buf_alloc(ctx, n * sizeof(uint16_t), MT_BUCKET_COMM);
+    if (!p) *fail = 1;
     return p;
 }
 
@@ -630,7 +680,13 @@ enum mt_status mt_zero_create(struct mt_ctx *ctx, const struct mt_ops_i *ops, st
     enum mt_status rc = layout_build(ctx, model, z->params, P, select, mt_comm_size(comm), mt_comm_rank(comm), &z->lay);
     if (rc != MT_OK) { mt_free(ctx, z); return rc; }
     const struct zlayout *l = &z->lay;
-    struct zsizes s = zero_sizes(l, l->rank, stage, reshard_after_forward);
+    z->red16 = reduce_bf16(model, l->size);
+    if (z->red16 && (!mt_ops_supports(ops, cast_bf16) || !mt_ops_supports(ops, widen_bf16))) {
+        mt_zero_destroy(ctx, z);
+        return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "grad_reduce_dtype=bf16: backend %s has no bf16 conversions",
+                            ops->name);
+    }
+    struct zsizes s = zero_sizes(l, l->rank, stage, reshard_after_forward, z->red16);
     int fail = 0;
     z->full = zbuf(ctx, ops, s.full, (enum mt_bucket)s.full_bucket, &fail);
     z->gfull = zbuf(ctx, ops, s.gfull, MT_BUCKET_GRADS, &fail);
@@ -640,7 +696,10 @@ enum mt_status mt_zero_create(struct mt_ctx *ctx, const struct mt_ops_i *ops, st
         z->gbuf[b] = zbuf(ctx, ops, s.gbuf, MT_BUCKET_COMM, &fail);
         z->gscr[b] = zbuf(ctx, ops, s.gscr, MT_BUCKET_COMM, &fail);
         z->grecv[b] = zbuf(ctx, ops, s.grecv, MT_BUCKET_COMM, &fail);
+        z->rs16s[b] = zbuf16(ctx, ops, s.rs16s, &fail);
+        z->rs16r[b] = zbuf16(ctx, ops, s.rs16r, &fail);
     }
+    z->ar16 = zbuf16(ctx, ops, s.ar16, &fail);
     z->ar = mt_alloc(ctx, (size_t)l->n_units * sizeof(struct pending), MT_BUCKET_OTHER);
     z->gathered = mt_alloc(ctx, (size_t)l->n_units * sizeof(int), MT_BUCKET_OTHER);
     z->views = mt_alloc(ctx, (size_t)(P > 0 ? P : 1) * sizeof(struct mt_param), MT_BUCKET_OTHER);
@@ -695,6 +754,9 @@ void mt_zero_destroy(struct mt_ctx *ctx, struct mt_zero *z)
                      z->gscr[0], z->gscr[1], z->grecv[0], z->grecv[1]};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) z->ops->buf_free(ctx, bufs[i]);
+    uint16_t *b16[] = {z->ar16, z->rs16s[0], z->rs16s[1], z->rs16r[0], z->rs16r[1]};
+    for (size_t i = 0; i < sizeof b16 / sizeof b16[0]; i++)
+        if (b16[i]) z->ops->buf_free(ctx, b16[i]);
     if (z->params)
         for (int i = 0; i < z->lay.n_params; i++)
             if (z->lay.owner && z->lay.owner[i] >= 0) z->params[i].data = z->params[i].grad = NULL;
@@ -759,7 +821,7 @@ enum mt_status mt_zero_finish_grads(struct mt_ctx *ctx, struct mt_zero *z)
 {
     enum mt_status rc = MT_OK, r;
     for (int k = 0; k < z->n_ar; k++)
-        if ((r = timed_wait(ctx, z, &z->ar[k].req)) != MT_OK && rc == MT_OK) rc = r;
+        if ((r = finish_ar(ctx, z, &z->ar[k])) != MT_OK && rc == MT_OK) rc = r;
     z->n_ar = 0;
     for (int s = 0; s < 2; s++)
         if ((r = finish_rs(ctx, z, s)) != MT_OK && rc == MT_OK) rc = r;

@@ -207,7 +207,8 @@ static void test_table(void)
         E(xent_forward), E(xent_backward), E(router_forward), E(router_backward),
         E(moe_permute), E(moe_permute_backward), E(moe_combine), E(moe_combine_backward),
         E(adamw_update), E(muon_momentum), E(transpose), E(gemm_bf16), E(cast_bf16), E(rmsnorm_forward_bf16),
-        E(rmsnorm_resid_forward), E(qk_norm_rope_forward), E(qk_norm_rope_backward),
+        E(rmsnorm_resid_forward), E(qk_norm_rope_forward), E(qk_norm_rope_backward), E(rmsnorm_resid_forward_bf16),
+        E(swiglu_forward_bf16), E(widen_bf16),
 #undef E
     };
     int missing = 0;
@@ -580,6 +581,28 @@ static void test_bf16_operands(void)
         }
         report("bf16_operands", "cast_bf16 = cpu bit for bit (differing, of 4099)", (double)bad, 0);
         report("bf16_operands", "cpu cast_bf16 = round to nearest even (differing)", (double)bad_host, 0);
+        /* widen_bf16 of the rounded values (grad_reduce_dtype=bf16's way back): exact, = cpu bit for bit */
+        float *wd[3];
+        for (int p = 0; p < 3; p++) {
+            struct be *b = BE(p);
+            uint16_t *dh = dalloc(b, n * 2);
+            b->ops->copy_from_host(dh, r[0], n * 2);
+            float *dw = upf(b, x, n);
+            b->ops->widen_bf16(dw, dh, n);
+            wd[p] = downf(b, dw, n);
+            release(b);
+        }
+        size_t wbad = 0;
+        for (size_t i = 0; i < n; i++) {
+            uint32_t u;
+            memcpy(&u, &wd[1][i], 4);
+            int nan = (r[0][i] & 0x7fffu) > 0x7f80u;
+            wbad += nan ? wd[1][i] == wd[1][i] : u != (uint32_t)r[0][i] << 16;
+        }
+        report("bf16_operands", "widen_bf16 exact (differing, of 4099)", (double)wbad, 0);
+        report("bf16_operands", "widen_bf16 = cpu, deterministic (differing)",
+               (double)(ndiff(wd[1], wd[0], n) + ndiff(wd[1], wd[2], n)), 0);
+        for (int p = 0; p < 3; p++) free(wd[p]);
         for (int p = 0; p < 3; p++) free(r[p]);
         free(x);
     }
@@ -612,6 +635,59 @@ static void test_bf16_operands(void)
         for (int p = 0; p < 3; p++) { free(o[p]); free(rs[p]); free(ob[p]); }
         free(x);
         free(w);
+    }
+    /* the block's twins (precision=bf16): rmsnorm_resid_forward_bf16 and
+     * swiglu_forward_bf16 write the plain op's fp32 outputs (the same bits
+     * as the plain cuda op) and bf16(out) exactly, deterministic */
+    {
+        const int N = 37, C = 200;
+        const size_t n = (size_t)N * C;
+        float *x = rnd(n, -2, 2), *w = rnd(C, 0.5, 1.5), *u = rnd(n, -3, 3);
+        float *o[3], *po[3], *rs[3], *res[3], *so[3], *pso[3];
+        uint16_t *ob[3], *sb[3];
+        for (int p = 0; p < 3; p++) {
+            struct be *b = BE(p);
+            float *dx = upf(b, x, n), *dw = upf(b, w, C), *du = upf(b, u, n), *dout = upf(b, x, n), *dres = upf(b, u, n);
+            float *drs = upf(b, w, N), *pout = upf(b, x, n), *pres = upf(b, u, n), *prs = upf(b, w, N);
+            float *sout = upf(b, x, n), *psout = upf(b, u, n);
+            uint16_t *dob = dalloc(b, n * 2), *dsb = dalloc(b, n * 2);
+            b->ops->rmsnorm_resid_forward_bf16(dout, dob, drs, dres, dx, dw, N, C, 1e-5f);
+            b->ops->rmsnorm_resid_forward(pout, prs, pres, dx, dw, N, C, 1e-5f);
+            b->ops->swiglu_forward_bf16(sout, dsb, dx, du, n);
+            b->ops->swiglu_forward(psout, dx, du, n);
+            o[p] = downf(b, dout, n);
+            po[p] = downf(b, pout, n);
+            rs[p] = downf(b, drs, N);
+            res[p] = downf(b, dres, n);
+            so[p] = downf(b, sout, n);
+            pso[p] = downf(b, psout, n);
+            ob[p] = xmalloc(n * 2);
+            sb[p] = xmalloc(n * 2);
+            b->ops->copy_to_host(ob[p], dob, n * 2);
+            b->ops->copy_to_host(sb[p], dsb, n * 2);
+            release(b);
+        }
+        size_t bad = 0, sbad = 0;
+        for (size_t i = 0; i < n; i++) {
+            bad += ob[1][i] != host_bf16(o[1][i]) || ob[0][i] != host_bf16(o[0][i]);
+            sbad += sb[1][i] != host_bf16(so[1][i]) || sb[0][i] != host_bf16(so[0][i]);
+        }
+        report("bf16_operands", "rmsnorm_resid_forward_bf16 out vs cpu", rel_err(o[1], o[0], n), TOL);
+        report("bf16_operands", "rmsnorm_resid_forward_bf16 out, resid = the plain op's bits (differing)",
+               (double)(ndiff(o[1], po[1], n) + ndiff(res[1], x, n)), 0);
+        report("bf16_operands", "rmsnorm_resid_forward_bf16 rstd vs cpu", rel_err(rs[1], rs[0], N), TOL);
+        report("bf16_operands", "rmsnorm_resid_forward_bf16 twin = bf16(out) (differing)", (double)bad, 0);
+        report("bf16_operands", "swiglu_forward_bf16 out vs cpu", rel_err(so[1], so[0], n), TOL);
+        report("bf16_operands", "swiglu_forward_bf16 out = the plain op's bits (differing)",
+               (double)ndiff(so[1], pso[1], n), 0);
+        report("bf16_operands", "swiglu_forward_bf16 twin = bf16(out) (differing)", (double)sbad, 0);
+        report("bf16_operands", "bf16 twins deterministic (differing)",
+               (double)(ndiff(o[1], o[2], n) + ndiff(ob[1], ob[2], n / 2) + ndiff(so[1], so[2], n) +
+                        ndiff(sb[1], sb[2], n / 2)), 0);
+        for (int p = 0; p < 3; p++) {
+            free(o[p]); free(po[p]); free(rs[p]); free(res[p]); free(so[p]); free(pso[p]); free(ob[p]); free(sb[p]);
+        }
+        free(x); free(w); free(u);
     }
     struct { int tA, tB, M, N, K, pad; float alpha, beta; } cs[] = {
         {0, 1, 64, 96, 128, 0, 1.0f, 0.0f},  {1, 0, 96, 64, 256, 0, 1.0f, 1.0f}, {0, 0, 40, 48, 56, 0, 0.5f, 0.5f},

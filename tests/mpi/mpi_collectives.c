@@ -213,6 +213,34 @@ static void test_world(struct mt_ctx *c_, int W, int R)
         }
     }
 
+    /* bf16 (grad_reduce_dtype=bf16): sum only, each pair widened to fp32,
+     * added, rounded to nearest even. x_r = 1 + 2^-7 (0x3f81, 1.0 + 1 ulp):
+     * W (1 + 2^-7) is a bf16 value for W = 1, 2, 4 (the ulp doubles with
+     * the exponent), so every pairwise sum is exact; 256 (0x4380) sums to
+     * 256 W; rank 0's 1.0 plus the others' 0 stays 1.0 */
+    {
+        uint16_t h[3] = {0x3f81, 0x4380, (uint16_t)(R == 0 ? 0x3f80 : 0x0000)};   /* 1+2^-8, 256, 1 or 0 */
+        EXPECT_OK(mt_comm_allreduce(&ctx, w, h, 3, MT_DTYPE_BF16, MT_REDOP_SUM));
+        float v[3];
+        for (int i = 0; i < 3; i++) {
+            uint32_t u = (uint32_t)h[i] << 16;
+            memcpy(&v[i], &u, 4);
+        }
+        EXPECT(v[0] == (float)W * (1.0f + 1.0f / 128.0f) || (W != 1 && W != 2 && W != 4));
+        EXPECT(v[1] == 256.0f * (float)W);
+        EXPECT(v[2] == 1.0f);
+        uint16_t s16[64], r16[2];
+        for (int j = 0; j < 2 * W; j++) s16[j] = 0x3f80;   /* 1.0 */
+        EXPECT_OK(mt_comm_reduce_scatter(&ctx, w, r16, s16, 2, MT_DTYPE_BF16));
+        for (int k = 0; k < 2; k++) {
+            uint32_t u = (uint32_t)r16[k] << 16;
+            float x;
+            memcpy(&x, &u, 4);
+            EXPECT(x == (float)W);
+        }
+        EXPECT(mt_comm_allreduce(&ctx, w, h, 3, MT_DTYPE_BF16, MT_REDOP_MAX) == MT_ERR_INVALID_ARG);
+    }
+
     /* reduce_scatter: send[j] = 100*r + j (j < W*2); recv[k] = sum_r send[R*2+k] */
     float send[64], recv[2];
     for (int j = 0; j < 2 * W; j++) send[j] = (float)(100 * R + j);

@@ -119,6 +119,10 @@ static void p_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha
     PROF(MT_OPK_GEMM, mt_cpu_gemm_bf16(transA, transB, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, beta, C, ldc));
 }
 static void p_cast_bf16(mt_bf16 *dst, const float *src, size_t n) { PROF(MT_OPK_ELEMENTWISE, mt_cpu_cast_bf16(dst, src, n)); }
+static void p_widen_bf16(float *dst, const mt_bf16 *src, size_t n)
+{
+    PROF(MT_OPK_ELEMENTWISE, for (size_t i = 0; i < n; i++) dst[i] = mt_cpu_bf16_to_f32(src[i]));
+}
 static void p_embed_forward(float *out, const int32_t *idx, const float *wte, int N, int C)
 {
     PROF(MT_OPK_ELEMENTWISE, mt_cpu_embed_forward(out, idx, wte, N, C));
@@ -288,6 +292,17 @@ static void p_rmsnorm_resid_forward(float *out, float *rstd, float *resid, const
 {
     PROF(MT_OPK_NORM, mt_cpu_rmsnorm_resid_forward(out, rstd, resid, inp, weight, N, C, eps));
 }
+/* the bf16 twins: the fp32 op, then its output rounded (the cpu backend has no fused form: same numbers) */
+static void p_rmsnorm_resid_forward_bf16(float *out, mt_bf16 *out_bf16, float *rstd, float *resid, const float *inp,
+                                         const float *weight, int N, int C, float eps)
+{
+    PROF(MT_OPK_NORM, mt_cpu_rmsnorm_resid_forward(out, rstd, resid, inp, weight, N, C, eps);
+         mt_cpu_cast_bf16(out_bf16, out, (size_t)N * (size_t)C));
+}
+static void p_swiglu_forward_bf16(float *out, mt_bf16 *out_bf16, const float *gate, const float *up, size_t n)
+{
+    PROF(MT_OPK_ELEMENTWISE, mt_cpu_swiglu_forward(out, gate, up, n); mt_cpu_cast_bf16(out_bf16, out, n));
+}
 static void p_qk_norm_rope_forward(float *q, float *k, float *rstd_q, float *rstd_k, const float *q_raw,
                                    const float *k_raw, const float *wq, const float *wk, const float *cos_tab,
                                    const float *sin_tab, int N, int T, int pos0, int H, int K, int hd, float eps)
@@ -353,6 +368,9 @@ static const struct mt_ops_i cpu_ops = {
     /* .rmsnorm_resid_forward = */ .rmsnorm_resid_forward = p_rmsnorm_resid_forward,
     /* .qk_norm_rope_forward  = */ .qk_norm_rope_forward  = p_qk_norm_rope_forward,
     /* .qk_norm_rope_backward = */ .qk_norm_rope_backward = p_qk_norm_rope_backward,
+    /* .rmsnorm_resid_forward_bf16 = */ .rmsnorm_resid_forward_bf16 = p_rmsnorm_resid_forward_bf16,
+    /* .swiglu_forward_bf16        = */ .swiglu_forward_bf16        = p_swiglu_forward_bf16,
+    /* .widen_bf16                 = */ .widen_bf16                 = p_widen_bf16,
 };
 
 const struct mt_ops_i *mt_ops_cpu(void)

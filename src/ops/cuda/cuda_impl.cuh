@@ -220,6 +220,7 @@ void mt_cuda_gemm(int transA, int transB, int M, int N, int K, float alpha,
 void mt_cuda_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, const void *A, enum mt_elem a_type,
                        int lda, const void *B, enum mt_elem b_type, int ldb, float beta, float *C, int ldc);
 void mt_cuda_cast_bf16(mt_bf16 *dst, const float *src, size_t n);
+void mt_cuda_widen_bf16(float *dst, const mt_bf16 *src, size_t n);
 void mt_cuda_gemm_grouped(int transA, int transB, int n, const int *M, const int *N, const int *K, float alpha,
                           const float *const *A, int lda, const float *const *B, int ldb, float beta,
                           float *const *C, int ldc);
@@ -252,6 +253,7 @@ void mt_cuda_attention_backward(float *dq, float *dk, float *dv, const float *do
 
 /* ---- swiglu.cu ---- */
 void mt_cuda_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
+void mt_cuda_swiglu_forward_bf16(float *out, mt_bf16 *out_bf16, const float *gate, const float *up, size_t n);
 void mt_cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                              const float *up, size_t n);
 
@@ -310,6 +312,8 @@ void mt_cuda_ssm_gate_norm_backward(float *dy, float *dz, float *dw, const float
 /* fused.cu — the fused elementwise chains (mt_ops.h) */
 void mt_cuda_rmsnorm_resid_forward(float *out, float *rstd, float *resid, const float *inp, const float *weight,
                                    int N, int C, float eps);
+void mt_cuda_rmsnorm_resid_forward_bf16(float *out, mt_bf16 *out_bf16, float *rstd, float *resid, const float *inp,
+                                        const float *weight, int N, int C, float eps);
 void mt_cuda_qk_norm_rope_forward(float *q, float *k, float *rstd_q, float *rstd_k, const float *q_raw,
                                   const float *k_raw, const float *wq, const float *wk, const float *cos_tab,
                                   const float *sin_tab, int N, int T, int pos0, int H, int K, int hd, float eps);

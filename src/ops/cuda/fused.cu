@@ -28,8 +28,9 @@
 static __device__ __forceinline__ float rot_lo(float a, float b, float c, float s) { return fmaf(a, c, -(b * s)); }
 static __device__ __forceinline__ float rot_hi(float a, float b, float c, float s) { return fmaf(b, c, a * s); }
 
-static __global__ void rms_resid_k(float *out, float *rstd, float *resid, const float *inp, const float *w, int N,
-                                   int C, float eps)
+/* ob: NULL, or the bf16 twin of out written by the same store loop (precision=bf16) */
+static __global__ void rms_resid_k(float *out, __nv_bfloat16 *ob, float *rstd, float *resid, const float *inp,
+                                   const float *w, int N, int C, float eps)
 {
     int n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / MT_WARP, lane = threadIdx.x % MT_WARP;
     if (n >= N) return;
@@ -42,8 +43,10 @@ static __global__ void rms_resid_k(float *out, float *rstd, float *resid, const 
     if (lane == 0) rstd[n] = r;
     for (int c = lane; c < C; c += MT_WARP) {
         float v = x[c];   /* the lane reads its element before writing it: resid may alias inp */
-        o[c] = v * r * w[c];
+        float y = v * r * w[c];
+        o[c] = y;
         s[c] = v;
+        if (ob) ob[(size_t)n * (size_t)C + (size_t)c] = __float2bfloat16_rn(y);
     }
 }
 
@@ -155,7 +158,16 @@ extern "C" void mt_cuda_rmsnorm_resid_forward(float *out, float *rstd, float *re
 {
     if (N <= 0 || C <= 0) return;
     MT_LAUNCH(rms_resid_k, (N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK, ROWS_PER_BLOCK * MT_WARP, 0)
-        (out, rstd, resid, inp, weight, N, C, eps);
+        (out, (__nv_bfloat16 *)NULL, rstd, resid, inp, weight, N, C, eps);
+    MT_CUDA_KCHECK();
+}
+
+extern "C" void mt_cuda_rmsnorm_resid_forward_bf16(float *out, mt_bf16 *out_bf16, float *rstd, float *resid,
+                                                   const float *inp, const float *weight, int N, int C, float eps)
+{
+    if (N <= 0 || C <= 0) return;
+    MT_LAUNCH(rms_resid_k, (N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK, ROWS_PER_BLOCK * MT_WARP, 0)
+        (out, (__nv_bfloat16 *)out_bf16, rstd, resid, inp, weight, N, C, eps);
     MT_CUDA_KCHECK();
 }
 

@@ -342,6 +342,19 @@ extern "C" void mt_cuda_cast_bf16(mt_bf16 *dst, const float *src, size_t n)
     MT_CUDA_KCHECK();
 }
 
+static __global__ void widen_bf16_k(float *dst, const __nv_bfloat16 *src, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __bfloat162float(src[i]);
+}
+
+extern "C" void mt_cuda_widen_bf16(float *dst, const mt_bf16 *src, size_t n)
+{
+    if (n == 0) return;
+    MT_LAUNCH(widen_bf16_k, mt_cuda_blocks(n, 256), 256, 0)(dst, (const __nv_bfloat16 *)src, n);
+    MT_CUDA_KCHECK();
+}
+
 /* ---- grouped GEMM (MoE experts) ----
  *
  * HOW IT WORKS: fp32 mode sends the non-empty groups to ONE

@@ -117,6 +117,9 @@ static const struct mt_ops_i cuda_ops = {
     /* .rmsnorm_resid_forward = */ .rmsnorm_resid_forward = mt_cuda_rmsnorm_resid_forward,
     /* .qk_norm_rope_forward  = */ .qk_norm_rope_forward  = mt_cuda_qk_norm_rope_forward,
     /* .qk_norm_rope_backward = */ .qk_norm_rope_backward = mt_cuda_qk_norm_rope_backward,
+    /* .rmsnorm_resid_forward_bf16 = */ .rmsnorm_resid_forward_bf16 = mt_cuda_rmsnorm_resid_forward_bf16,
+    /* .swiglu_forward_bf16        = */ .swiglu_forward_bf16        = mt_cuda_swiglu_forward_bf16,
+    /* .widen_bf16                 = */ .widen_bf16                 = mt_cuda_widen_bf16,
 };
 
 /* Undo a (partial) init: release what the instance holds and free it. */

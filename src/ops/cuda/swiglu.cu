@@ -11,12 +11,15 @@
 
 #define THREADS 256
 
-static __global__ void swiglu_fwd_k(float *out, const float *gate, const float *up, size_t n)
+/* ob: NULL, or the bf16 twin of out written by the same thread (precision=bf16) */
+static __global__ void swiglu_fwd_k(float *out, __nv_bfloat16 *ob, const float *gate, const float *up, size_t n)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float g = gate[i];
         float s = 1.0f / (1.0f + expf(-g));
-        out[i] = g * s * up[i];
+        float y = g * s * up[i];
+        out[i] = y;
+        if (ob) ob[i] = __float2bfloat16_rn(y);
     }
 }
 
@@ -35,7 +38,14 @@ static __global__ void swiglu_bwd_k(float *dgate, float *dup, const float *dout,
 extern "C" void mt_cuda_swiglu_forward(float *out, const float *gate, const float *up, size_t n)
 {
     if (!n) return;
-    MT_LAUNCH(swiglu_fwd_k, mt_cuda_blocks(n, THREADS), THREADS, 0)(out, gate, up, n);
+    MT_LAUNCH(swiglu_fwd_k, mt_cuda_blocks(n, THREADS), THREADS, 0)(out, (__nv_bfloat16 *)NULL, gate, up, n);
+    MT_CUDA_KCHECK();
+}
+
+extern "C" void mt_cuda_swiglu_forward_bf16(float *out, mt_bf16 *out_bf16, const float *gate, const float *up, size_t n)
+{
+    if (!n) return;
+    MT_LAUNCH(swiglu_fwd_k, mt_cuda_blocks(n, THREADS), THREADS, 0)(out, (__nv_bfloat16 *)out_bf16, gate, up, n);
     MT_CUDA_KCHECK();
 }
 
