@@ -132,7 +132,6 @@ const struct mt_piece mt_piece_mlp = {
     /* .extra_flops_per_token = */ NULL,
     /* .inactive_params       = */ NULL,
     /* .carve_scratch         = */ NULL,
-    /* .carve_scratch_n       = */ NULL,
     /* .ffn_scratch           = */ mlp_scratch,
     /* .carve                 = */ mlp_carve,
     /* .forward               = */ mlp_piece_forward,

@@ -351,11 +351,12 @@ void model_piece_ctx(struct mt_model *m, struct mt_layer *ly, struct mt_piece_ct
     pc->s_du = m->s_du;
     pc->s_lora = m->s_lora;
     pc->s_dlora = m->s_dlora;
-    pc->datt = m->datt;
-    pc->dq = m->dq;
-    pc->dk = m->dk;
-    pc->dk2 = m->dk2;
-    pc->dv = m->dv;
+    pc->attn_s = &m->attn_s;
+    pc->datt = m->attn_s.datt;
+    pc->dq = m->attn_s.dq;
+    pc->dk = m->attn_s.dk;
+    pc->dk2 = m->attn_s.dk2;
+    pc->dv = m->attn_s.dv;
     pc->mdims = &m->mdims;
     pc->mb_s = &m->mb_s;
     pc->moe = (struct mt_moe_dims){m->E, m->top_k, m->Fe, m->Fs, m->L, m->Nm, m->M, m->row0, m->cfg.aux_loss_coef,
@@ -395,10 +396,8 @@ static void carve_piece_scratch(struct mt_model *m, struct mt_carver *c, int ffn
     int n = model_pieces(m, ffn, pcs);
     struct mt_piece_ctx pc;
     model_piece_ctx(m, NULL, &pc);
-    for (int i = 0; i < n; i++) {
-        if (pcs[i]->carve_scratch) pcs[i]->carve_scratch(m, c);
-        if (pcs[i]->carve_scratch_n) pcs[i]->carve_scratch_n(&pc, c);
-    }
+    for (int i = 0; i < n; i++)
+        if (pcs[i]->carve_scratch) pcs[i]->carve_scratch(&pc, c);
 }
 
 /* 1 when some layer of this stage is of kind k. */
