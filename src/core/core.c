@@ -139,6 +139,21 @@ void mt_free(struct mt_ctx *ctx, void *p)
     free(h);
 }
 
+enum mt_status mt_grow(struct mt_ctx *ctx, void **p, size_t *cap, size_t need, size_t elem, size_t first,
+                       enum mt_bucket bucket)
+{
+    if (need <= *cap) return MT_OK;
+    size_t nc = *cap ? *cap : first;
+    while (nc < need) nc *= 2;
+    void *q = mt_alloc(ctx, nc * elem, bucket);
+    if (!q) return MT_ERR_OOM;
+    if (*p) memcpy(q, *p, *cap * elem);
+    mt_free(ctx, *p);
+    *p = q;
+    *cap = nc;
+    return MT_OK;
+}
+
 size_t mt_peak_rss_bytes(void)
 {
     FILE *f = fopen("/proc/self/status", "r");

@@ -89,6 +89,12 @@ void        mt_ctx_clear_error(struct mt_ctx *ctx);
  * valid unique pointer. Caller frees with mt_free; mt_free(ctx, NULL) no-op. */
 void *mt_alloc(struct mt_ctx *ctx, size_t bytes, enum mt_bucket bucket);
 void  mt_free(struct mt_ctx *ctx, void *p);
+/* Growable array: make *p (capacity *cap elements of elem bytes) hold at
+ * least need, doubling from `first` (0: no elements yet) and keeping the
+ * contents; the new block comes from mt_alloc in `bucket`. MT_ERR_OOM (set on
+ * the context) leaves *p and *cap as they were. */
+enum mt_status mt_grow(struct mt_ctx *ctx, void **p, size_t *cap, size_t need, size_t elem, size_t first,
+                       enum mt_bucket bucket);
 
 /* Peak resident set size of this process in bytes (from /proc), 0 if unknown. */
 size_t mt_peak_rss_bytes(void);
