@@ -109,6 +109,13 @@ static int model_pieces(const struct mt_model *m, int ffn, const struct mt_piece
     return n;
 }
 
+/* model_pieces of both halves: the mixers, then the ffns (out: 2 x MT_MAX_BLOCK_KINDS). */
+static int model_all_pieces(const struct mt_model *m, const struct mt_piece **out)
+{
+    int n = model_pieces(m, 0, out);
+    return n + model_pieces(m, 1, out + n);
+}
+
 static enum mt_status check_dims(struct mt_ctx *ctx, struct mt_model *m)
 {
     if (m->B < 1) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model: B=%d must be >= 1", m->B);
@@ -129,12 +136,10 @@ static enum mt_status check_dims(struct mt_ctx *ctx, struct mt_model *m)
     /* each piece the model uses checks its own dimensions (mixers, then ffns) */
     struct mt_piece_ctx pc;
     model_piece_ctx(m, NULL, &pc);
-    for (int half = 0; half < 2; half++) {
-        const struct mt_piece *pcs[MT_MAX_BLOCK_KINDS];
-        int n = model_pieces(m, half, pcs);
-        for (int i = 0; i < n; i++)
-            if (pcs[i]->check) MT_CHECK(pcs[i]->check(ctx, &pc));
-    }
+    const struct mt_piece *pcs[2 * MT_MAX_BLOCK_KINDS];
+    int n = model_all_pieces(m, pcs);
+    for (int i = 0; i < n; i++)
+        if (pcs[i]->check) MT_CHECK(pcs[i]->check(ctx, &pc));
     for (int l = 0; l < m->L; l++) {
         char c = l < (int)strlen(m->cfg.pattern) ? m->cfg.pattern[l] : 'A';
         char letters[4 * MT_MAX_BLOCK_KINDS];
@@ -477,12 +482,10 @@ static void model_layout(struct mt_model *m, struct mt_carver *c)
     size_t ff = 0;
     struct mt_piece_ctx pc;
     model_piece_ctx(m, NULL, &pc);
-    for (int half = 0; half < 2; half++) {
-        const struct mt_piece *pcs[MT_MAX_BLOCK_KINDS];
-        int n = model_pieces(m, half, pcs);
-        for (int i = 0; i < n; i++)
-            if (pcs[i]->ffn_scratch && pcs[i]->ffn_scratch(&pc) > ff) ff = pcs[i]->ffn_scratch(&pc);
-    }
+    const struct mt_piece *pcs[2 * MT_MAX_BLOCK_KINDS];
+    int n = model_all_pieces(m, pcs);
+    for (int i = 0; i < n; i++)
+        if (pcs[i]->ffn_scratch && pcs[i]->ffn_scratch(&pc) > ff) ff = pcs[i]->ffn_scratch(&pc);
     m->dx = carve_f(c, W, Nr * D);
     m->dh = carve_f(c, W, N * D);
     if (m->tp > 1) {
