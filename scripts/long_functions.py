@@ -7,8 +7,9 @@ function is a top-level definition as the project's style writes it: the
 signature starts in column 0, the body opens with `{` in column 0 (or at the
 end of the signature line) and closes with `}` in column 0. Its length counts
 the lines from the signature's first line to the closing brace. It "says why"
-when the 5 lines above the signature hold a comment containing "why" or
-"long" (case-insensitive), e.g. `/* long: one pass over ... because ... */`.
+when a comment ending within the 5 lines above the signature contains "why"
+or "long" (case-insensitive; the whole comment counts, however many lines),
+e.g. `/* Long on purpose: one pass over ... because ... */`.
 
 Usage: scripts/long_functions.py [--limit N] [--all] [DIR ...]   (default: src)
 Prints `path:line  name  lines  ok|NO-WHY`; exits 1 when some function over the
@@ -27,7 +28,7 @@ def functions(lines):
     i, n = 0, len(lines)
     while i < n:
         m = SIG.match(lines[i])
-        if not m or m.group(1) in KEYWORDS or lines[i].startswith(('typedef', 'struct', 'enum', 'union', '#')):
+        if not m or m.group(1) in KEYWORDS or lines[i].startswith(('typedef', '#')):
             i += 1
             continue
         # the signature may span lines; find the body's `{` before any `;`
