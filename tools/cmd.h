@@ -23,6 +23,12 @@ int mt_cmd_parse_ids(const char *s, int32_t **ids, int *n);
  * 80GB decimal, a bare 80G refused); -1 after printing why to stderr. */
 long long mt_cmd_size_arg(const char *tool, const char *s);
 
+/* The corpus rule `prepare` and `tokenizer train` share: no --input means the
+ * built-in corpus (MT_TOK_DEFAULT_CORPUS, appended to inputs) capped at
+ * MT_TOK_DEFAULT_MAX_BYTES unless --max-bytes was given; an unset
+ * max_bytes (< 0) is then 0 (no cap). Returns 1 when the default was used. */
+int mt_cmd_corpus_inputs(const char **inputs, int *n_inputs, long long *max_bytes);
+
 /* One command-line option, argv[i], against the tool's lists (each
  * NULL-terminated; either may be NULL): `flags` take no value, `valued`
  * take argv[i + 1]. Returns 0 for a flag, 1 for a valued option (its value

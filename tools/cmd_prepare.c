@@ -185,12 +185,7 @@ int mt_cmd_prepare(int argc, char **argv)
     }
     if (!tok_path) return usage_error("--tokenizer FILE is required", NULL);
     if (!out) return usage_error("--out DIR is required", NULL);
-    int default_corpus = n_inputs == 0;
-    if (default_corpus) {
-        inputs[n_inputs++] = MT_TOK_DEFAULT_CORPUS;
-        if (max_bytes < 0) max_bytes = (long long)MT_TOK_DEFAULT_MAX_BYTES;
-    }
-    if (max_bytes < 0) max_bytes = 0;
+    int default_corpus = mt_cmd_corpus_inputs(inputs, &n_inputs, &max_bytes);
 
     struct mt_ctx ctx;
     mt_ctx_init(&ctx);

@@ -135,11 +135,7 @@ static int cmd_train(int argc, char **argv)
         }
     }
     if (!out) return usage_error("train needs --out FILE", NULL);
-    if (n_inputs == 0) {
-        inputs[n_inputs++] = MT_TOK_DEFAULT_CORPUS;
-        if (max_bytes < 0) max_bytes = (long long)MT_TOK_DEFAULT_MAX_BYTES;
-    }
-    if (max_bytes < 0) max_bytes = 0;
+    mt_cmd_corpus_inputs(inputs, &n_inputs, &max_bytes);
 
     struct mt_ctx ctx;
     mt_ctx_init(&ctx);

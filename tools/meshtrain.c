@@ -6,6 +6,7 @@
 #include "cmd.h"
 #include "core/mt_core.h"
 #include "ops/mt_ops.h"
+#include "tok/mt_tok.h"
 
 struct subcommand {
     const char *name;
@@ -55,6 +56,17 @@ long long mt_cmd_size_arg(const char *tool, const char *s)
         return -1;
     }
     return (long long)v;
+}
+
+int mt_cmd_corpus_inputs(const char **inputs, int *n_inputs, long long *max_bytes)
+{
+    int dflt = *n_inputs == 0;
+    if (dflt) {
+        inputs[(*n_inputs)++] = MT_TOK_DEFAULT_CORPUS;
+        if (*max_bytes < 0) *max_bytes = (long long)MT_TOK_DEFAULT_MAX_BYTES;
+    }
+    if (*max_bytes < 0) *max_bytes = 0;
+    return dflt;
 }
 
 static int in_list(const char *const *list, const char *a)

@@ -97,17 +97,36 @@ struct block_header {
     char   pad[64 - sizeof(size_t) - sizeof(int)];
 };
 
+int mt_ctx_alloc_check(struct mt_ctx *ctx, size_t bytes, enum mt_bucket bucket, const char *what)
+{
+    if (!ctx) return 1;
+    ctx->n_allocs++;
+    if (ctx->fail_after > 0 && --ctx->fail_after == 0) {
+        mt_ctx_error(ctx, MT_ERR_OOM, "out of %s allocating %zu bytes for %s (injected failure)", what, bytes,
+                     mt_bucket_name(bucket));
+        return 0;
+    }
+    return 1;
+}
+
+void mt_ctx_account(struct mt_ctx *ctx, size_t bytes, enum mt_bucket bucket, int add)
+{
+    if (!ctx) return;
+    if (add) {
+        ctx->bytes_live[bucket] += bytes;
+        if (ctx->bytes_live[bucket] > ctx->bytes_peak[bucket]) ctx->bytes_peak[bucket] = ctx->bytes_live[bucket];
+        ctx->bytes_live_total += bytes;
+        if (ctx->bytes_live_total > ctx->bytes_peak_total) ctx->bytes_peak_total = ctx->bytes_live_total;
+    } else {
+        ctx->bytes_live[bucket] -= bytes;
+        ctx->bytes_live_total -= bytes;
+    }
+}
+
 void *mt_alloc(struct mt_ctx *ctx, size_t bytes, enum mt_bucket bucket)
 {
     if (bucket < 0 || bucket >= MT_BUCKET_COUNT) bucket = MT_BUCKET_OTHER;
-    if (ctx) {
-        ctx->n_allocs++;
-        if (ctx->fail_after > 0 && --ctx->fail_after == 0) {
-            mt_ctx_error(ctx, MT_ERR_OOM, "out of memory allocating %zu bytes for %s (injected failure)",
-                         bytes, mt_bucket_name(bucket));
-            return NULL;
-        }
-    }
+    if (!mt_ctx_alloc_check(ctx, bytes, bucket, "memory")) return NULL;
     void *raw = NULL;
     size_t total = bytes + sizeof(struct block_header);
     if (total < bytes || posix_memalign(&raw, 64, total) != 0) {
@@ -119,12 +138,7 @@ void *mt_alloc(struct mt_ctx *ctx, size_t bytes, enum mt_bucket bucket)
     struct block_header *h = raw;
     h->bytes = bytes;
     h->bucket = (int)bucket;
-    if (ctx) {
-        ctx->bytes_live[bucket] += bytes;
-        if (ctx->bytes_live[bucket] > ctx->bytes_peak[bucket]) ctx->bytes_peak[bucket] = ctx->bytes_live[bucket];
-        ctx->bytes_live_total += bytes;
-        if (ctx->bytes_live_total > ctx->bytes_peak_total) ctx->bytes_peak_total = ctx->bytes_live_total;
-    }
+    mt_ctx_account(ctx, bytes, bucket, 1);
     return h + 1;
 }
 
@@ -132,11 +146,23 @@ void mt_free(struct mt_ctx *ctx, void *p)
 {
     if (!p) return;
     struct block_header *h = (struct block_header *)p - 1;
-    if (ctx) {
-        ctx->bytes_live[h->bucket] -= h->bytes;
-        ctx->bytes_live_total -= h->bytes;
-    }
+    mt_ctx_account(ctx, h->bytes, (enum mt_bucket)h->bucket, 0);
     free(h);
+}
+
+enum mt_status mt_grow(struct mt_ctx *ctx, void **p, size_t *cap, size_t need, size_t elem, size_t first,
+                       enum mt_bucket bucket)
+{
+    if (need <= *cap) return MT_OK;
+    size_t nc = *cap ? *cap : first;
+    while (nc < need) nc *= 2;
+    void *q = mt_alloc(ctx, nc * elem, bucket);
+    if (!q) return MT_ERR_OOM;
+    if (*p) memcpy(q, *p, *cap * elem);
+    mt_free(ctx, *p);
+    *p = q;
+    *cap = nc;
+    return MT_OK;
 }
 
 size_t mt_peak_rss_bytes(void)

@@ -89,6 +89,21 @@ void        mt_ctx_clear_error(struct mt_ctx *ctx);
  * valid unique pointer. Caller frees with mt_free; mt_free(ctx, NULL) no-op. */
 void *mt_alloc(struct mt_ctx *ctx, size_t bytes, enum mt_bucket bucket);
 void  mt_free(struct mt_ctx *ctx, void *p);
+/* The bookkeeping every accounted allocator shares (mt_alloc here, the cuda
+ * backend's device buffers): mt_ctx_alloc_check counts the request in
+ * n_allocs and runs the test hook fail_after — 0 with MT_ERR_OOM set ("out
+ * of <what> allocating ... (injected failure)") when this request is the one
+ * to fail, 1 otherwise; mt_ctx_account adds (add 1) or removes (0) a block's
+ * bytes in its bucket and the total, raising the peaks. A NULL ctx counts
+ * nothing. */
+int  mt_ctx_alloc_check(struct mt_ctx *ctx, size_t bytes, enum mt_bucket bucket, const char *what);
+void mt_ctx_account(struct mt_ctx *ctx, size_t bytes, enum mt_bucket bucket, int add);
+/* Growable array: make *p (capacity *cap elements of elem bytes) hold at
+ * least need, doubling from `first` (0: no elements yet) and keeping the
+ * contents; the new block comes from mt_alloc in `bucket`. MT_ERR_OOM (set on
+ * the context) leaves *p and *cap as they were. */
+enum mt_status mt_grow(struct mt_ctx *ctx, void **p, size_t *cap, size_t need, size_t elem, size_t first,
+                       enum mt_bucket bucket);
 
 /* Peak resident set size of this process in bytes (from /proc), 0 if unknown. */
 size_t mt_peak_rss_bytes(void);

@@ -175,15 +175,16 @@ static void attn_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struc
 }
 
 /* backward scratch of the mixer (WORKSPACE), shared by every attention layer */
-static void attn_carve_scratch(struct mt_model *m, struct mt_carver *c)
+static void attn_carve_scratch(const struct mt_piece_ctx *pc, struct mt_carver *c)
 {
-    const size_t N = (size_t)m->N, QD = (size_t)m->QD, KD = (size_t)m->KD;
+    const size_t N = (size_t)pc->N, QD = (size_t)pc->QD, KD = (size_t)pc->KD;
     const enum mt_bucket W = MT_BUCKET_WORKSPACE;
-    m->datt = carve_f(c, W, N * QD);
-    m->dq = carve_f(c, W, N * QD);
-    m->dk = carve_f(c, W, N * KD);
-    m->dk2 = carve_f(c, W, N * KD);
-    m->dv = carve_f(c, W, N * KD);
+    struct mt_attn_scratch *s = pc->attn_s;
+    s->datt = carve_f(c, W, N * QD);
+    s->dq = carve_f(c, W, N * QD);
+    s->dk = carve_f(c, W, N * KD);
+    s->dk2 = carve_f(c, W, N * KD);
+    s->dv = carve_f(c, W, N * KD);
 }
 
 const struct mt_piece mt_piece_attention = {
@@ -196,7 +197,6 @@ const struct mt_piece mt_piece_attention = {
     /* .extra_flops_per_token = */ attn_extra,
     /* .inactive_params       = */ NULL,
     /* .carve_scratch         = */ attn_carve_scratch,
-    /* .carve_scratch_n       = */ NULL,
     /* .ffn_scratch           = */ NULL,
     /* .carve                 = */ attn_carve,
     /* .forward               = */ attn_piece_forward,

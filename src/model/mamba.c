@@ -132,11 +132,11 @@ static void mamba_sink(const struct mt_ops_i *ops, struct mt_mamba3_weights *g, 
 }
 
 /* backward scratch (WORKSPACE), shared by every M layer */
-static void mamba_carve_scratch(struct mt_model *m, struct mt_carver *c)
+static void mamba_carve_scratch(const struct mt_piece_ctx *pc, struct mt_carver *c)
 {
-    float *s = carve_f(c, MT_BUCKET_WORKSPACE, mt_mamba3_scratch_floats(&m->mdims, m->N));
-    if (s) mt_mamba3_scratch_bind(&m->mb_s, s, &m->mdims, m->N);
-    if (m->cfg.lora_rank > 0) m->mb_s.sink = carve_f(c, MT_BUCKET_WORKSPACE, mamba_sink_floats(&m->mdims));
+    float *s = carve_f(c, MT_BUCKET_WORKSPACE, mt_mamba3_scratch_floats(pc->mdims, pc->N));
+    if (s) mt_mamba3_scratch_bind(pc->mb_s, s, pc->mdims, pc->N);
+    if (pc->lora) pc->mb_s->sink = carve_f(c, MT_BUCKET_WORKSPACE, mamba_sink_floats(pc->mdims));
 }
 
 /* the mixer's weights (use_grad 0) or their gradients (1) as mamba3.c wants them */
@@ -283,7 +283,6 @@ const struct mt_piece mt_piece_mamba = {
     /* .extra_flops_per_token = */ mamba_extra,
     /* .inactive_params       = */ NULL,
     /* .carve_scratch         = */ mamba_carve_scratch,
-    /* .carve_scratch_n       = */ NULL,
     /* .ffn_scratch           = */ NULL,
     /* .carve                 = */ mamba_carve,
     /* .forward               = */ mamba_forward,

@@ -108,10 +108,10 @@ static size_t mlp_scratch(const struct mt_piece_ctx *pc) { return (size_t)pc->N 
 
 /* precision=bf16: the SwiGLU output's bf16 twin (down's operand), N x F/tp, WORKSPACE
  * (act is recomputed in backward, and so is its twin) */
-static void mlp_carve_scratch(struct mt_model *m, struct mt_carver *c)
+static void mlp_carve_scratch(const struct mt_piece_ctx *pc, struct mt_carver *c)
 {
-    if (m->bf16 && (!m->ops || m->ops->swiglu_forward_bf16))
-        m->s_act_b = carve(c, MT_BUCKET_WORKSPACE, (size_t)m->N * (size_t)m->F * 2);
+    if (pc->bf16 && (!pc->ops || pc->ops->swiglu_forward_bf16))
+        *pc->s_act_b_at = carve(c, MT_BUCKET_WORKSPACE, (size_t)pc->N * (size_t)pc->F * 2);
 }
 
 static enum mt_status mlp_piece_forward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a)
@@ -168,7 +168,6 @@ const struct mt_piece mt_piece_mlp = {
     /* .extra_flops_per_token = */ NULL,
     /* .inactive_params       = */ NULL,
     /* .carve_scratch         = */ mlp_carve_scratch,
-    /* .carve_scratch_n       = */ NULL,
     /* .ffn_scratch           = */ mlp_scratch,
     /* .carve                 = */ mlp_carve,
     /* .forward               = */ mlp_piece_forward,

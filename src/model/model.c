@@ -110,6 +110,13 @@ static int model_pieces(const struct mt_model *m, int ffn, const struct mt_piece
     return n;
 }
 
+/* model_pieces of both halves: the mixers, then the ffns (out: 2 x MT_MAX_BLOCK_KINDS). */
+static int model_all_pieces(const struct mt_model *m, const struct mt_piece **out)
+{
+    int n = model_pieces(m, 0, out);
+    return n + model_pieces(m, 1, out + n);
+}
+
 static enum mt_status check_dims(struct mt_ctx *ctx, struct mt_model *m)
 {
     if (m->B < 1) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model: B=%d must be >= 1", m->B);
@@ -130,12 +137,10 @@ static enum mt_status check_dims(struct mt_ctx *ctx, struct mt_model *m)
     /* each piece the model uses checks its own dimensions (mixers, then ffns) */
     struct mt_piece_ctx pc;
     model_piece_ctx(m, NULL, &pc);
-    for (int half = 0; half < 2; half++) {
-        const struct mt_piece *pcs[MT_MAX_BLOCK_KINDS];
-        int n = model_pieces(m, half, pcs);
-        for (int i = 0; i < n; i++)
-            if (pcs[i]->check) MT_CHECK(pcs[i]->check(ctx, &pc));
-    }
+    const struct mt_piece *pcs[2 * MT_MAX_BLOCK_KINDS];
+    int n = model_all_pieces(m, pcs);
+    for (int i = 0; i < n; i++)
+        if (pcs[i]->check) MT_CHECK(pcs[i]->check(ctx, &pc));
     for (int l = 0; l < m->L; l++) {
         char c = l < (int)strlen(m->cfg.pattern) ? m->cfg.pattern[l] : 'A';
         char letters[4 * MT_MAX_BLOCK_KINDS];
@@ -348,17 +353,19 @@ void model_piece_ctx(struct mt_model *m, struct mt_layer *ly, struct mt_piece_ct
     pc->s_red = m->s_red;
     pc->s_act = m->s_act;
     pc->s_act_b = m->s_act_b;
+    pc->s_act_b_at = &m->s_act_b;
     pc->bf16 = m->bf16;
     pc->s_dact = m->s_dact;
     pc->s_dg = m->s_dg;
     pc->s_du = m->s_du;
     pc->s_lora = m->s_lora;
     pc->s_dlora = m->s_dlora;
-    pc->datt = m->datt;
-    pc->dq = m->dq;
-    pc->dk = m->dk;
-    pc->dk2 = m->dk2;
-    pc->dv = m->dv;
+    pc->attn_s = &m->attn_s;
+    pc->datt = m->attn_s.datt;
+    pc->dq = m->attn_s.dq;
+    pc->dk = m->attn_s.dk;
+    pc->dk2 = m->attn_s.dk2;
+    pc->dv = m->attn_s.dv;
     pc->mdims = &m->mdims;
     pc->mb_s = &m->mb_s;
     pc->moe = (struct mt_moe_dims){m->E, m->top_k, m->Fe, m->Fs, m->L, m->Nm, m->M, m->row0, m->cfg.aux_loss_coef,
@@ -398,10 +405,8 @@ static void carve_piece_scratch(struct mt_model *m, struct mt_carver *c, int ffn
     int n = model_pieces(m, ffn, pcs);
     struct mt_piece_ctx pc;
     model_piece_ctx(m, NULL, &pc);
-    for (int i = 0; i < n; i++) {
-        if (pcs[i]->carve_scratch) pcs[i]->carve_scratch(m, c);
-        if (pcs[i]->carve_scratch_n) pcs[i]->carve_scratch_n(&pc, c);
-    }
+    for (int i = 0; i < n; i++)
+        if (pcs[i]->carve_scratch) pcs[i]->carve_scratch(&pc, c);
 }
 
 /* 1 when some layer of this stage is of kind k. */
@@ -499,12 +504,10 @@ static void model_layout(struct mt_model *m, struct mt_carver *c)
     size_t ff = 0;
     struct mt_piece_ctx pc;
     model_piece_ctx(m, NULL, &pc);
-    for (int half = 0; half < 2; half++) {
-        const struct mt_piece *pcs[MT_MAX_BLOCK_KINDS];
-        int n = model_pieces(m, half, pcs);
-        for (int i = 0; i < n; i++)
-            if (pcs[i]->ffn_scratch && pcs[i]->ffn_scratch(&pc) > ff) ff = pcs[i]->ffn_scratch(&pc);
-    }
+    const struct mt_piece *pcs[2 * MT_MAX_BLOCK_KINDS];
+    int n = model_all_pieces(m, pcs);
+    for (int i = 0; i < n; i++)
+        if (pcs[i]->ffn_scratch && pcs[i]->ffn_scratch(&pc) > ff) ff = pcs[i]->ffn_scratch(&pc);
     m->dx = carve_f(c, W, Nr * D);
     m->dh = carve_f(c, W, N * D);
     if (m->tp > 1) {

@@ -121,6 +121,13 @@ struct mt_slot {
 /* The MoE piece's own buffers (moe.c carves them, once per model): scratch
  * shared by every E layer (WORKSPACE), the host staging of routing and the
  * load histogram (OTHER). Nm rows the block sees, M = Nm*k routed slots. */
+/* Attention's backward scratch (WORKSPACE), shared by every A layer; its
+ * carve_scratch fills it through the narrow context. */
+struct mt_attn_scratch {
+    float *datt;                 /* (N, QD) d att; then d q_raw                      */
+    float *dq;                   /* (N, QD)                                          */
+    float *dk, *dk2, *dv;        /* (N, KD)                                          */
+};
 struct mt_moe_scratch {
     float   *xp, *dxp, *dy;      /* (M, D) permuted inputs / their grads / d expert out          */
     float   *ry, *rdy, *rdx;     /* (ep*M, D) EP: expert outputs / their grads / d inputs, received side */
@@ -187,12 +194,10 @@ struct mt_model {
     float *dh;                   /* (N, D) gradient w.r.t. a normed input            */
     float *s_full;               /* (N, D) TP: gathered rows (tp > 1 only)           */
     float *s_red;                /* (N, D) TP: partial sums / reduce-scatter output  */
-    float *datt;                 /* (N, QD) d att; then d q_raw                      */
-    float *dq;                   /* (N, QD)                                          */
-    float *dk, *dk2, *dv;        /* (N, KD)                                          */
     float *s_act, *s_dact, *s_dg, *s_du; /* (max(N*F, M*Fe, N*Fs)) SwiGLU scratch    */
     mt_bf16 *s_act_b;            /* (N*F) precision=bf16: bf16(s_act) of the dense MLP */
     float *s_lora, *s_dlora;             /* (rows, r) LoRA x A^T and its gradient (lora.c) */
+    struct mt_attn_scratch   attn_s; /* A blocks: backward scratch (attention.c)        */
     struct mt_moe_scratch    moe_s;  /* E blocks: routing scratch, host staging, load (moe.c) */
     struct mt_mamba3_dims    mdims;  /* M blocks: the mixer's dims (from cfg)          */
     struct mt_mamba3_scratch mb_s;   /* M blocks: backward scratch (WORKSPACE)          */
@@ -323,8 +328,10 @@ struct mt_piece_ctx {
     float *dx, *dh, *s_full, *s_red;
     float *s_act, *s_dact, *s_dg, *s_du, *s_lora, *s_dlora;
     mt_bf16 *s_act_b;                /* precision=bf16: bf16(s_act), dense MLP (or NULL) */
+    mt_bf16 **s_act_b_at;            /* where the mlp's carve_scratch stores s_act_b (the model's field) */
     int   bf16;                      /* precision=bf16: carve the activation twins  */
-    float *datt, *dq, *dk, *dk2, *dv;  /* attention's declared scratch (its carve_scratch) */
+    struct mt_attn_scratch      *attn_s; /* A blocks: declared backward scratch (carve_scratch fills it) */
+    float *datt, *dq, *dk, *dk2, *dv;  /* A blocks: *attn_s's buffers, for the backward */
     const struct mt_mamba3_dims *mdims; /* M blocks: the mixer's dims                 */
     struct mt_mamba3_scratch    *mb_s;  /* M blocks: declared backward scratch        */
     struct mt_moe_dims           moe;   /* E blocks: the ffn's dims and switches      */

@@ -144,10 +144,9 @@ struct mt_piece_fwd {
  * entries may be NULL where the piece has nothing of that sort (check, FLOPs
  * beyond its matmuls, scratch, undo_recompute). Everything but the shape
  * functions takes the narrow context (struct mt_piece_ctx, model_impl.h: ops,
- * the layer, dims, scratch, the axis handles), never the whole model; the one
- * exception is carve_scratch, which sets the shared scratch fields of the
- * model (attention, mamba) — a piece with its own scratch struct in the
- * context (moe) uses carve_scratch_n instead.
+ * the layer, dims, scratch, the axis handles), never the whole model. A
+ * piece's own scratch is a struct in the model that the context points at
+ * (attn_s, mb_s, moe_s); its carve_scratch fills it through that pointer.
  */
 struct mt_piece {
     const char *name;                                     /* "attention", "mlp", "moe"            */
@@ -166,11 +165,9 @@ struct mt_piece {
     double (*extra_flops_per_token)(const struct mt_block_shape *s);
     /* parameters a token does not use (routed experts it is not sent to) */
     double (*inactive_params)(const struct mt_block_shape *s);
-    /* carve scratch this piece needs beyond the shared set (once per model):
-     * into the model's fields, or (_n, at most one of the two) into the
-     * piece's own scratch struct the context points at */
-    void   (*carve_scratch)(struct mt_model *m, struct mt_carver *c);
-    void   (*carve_scratch_n)(const struct mt_piece_ctx *pc, struct mt_carver *c);
+    /* carve scratch this piece needs beyond the shared set (once per model)
+     * into the piece's own scratch struct the context points at */
+    void   (*carve_scratch)(const struct mt_piece_ctx *pc, struct mt_carver *c);
     /* widest SwiGLU-style hidden activation (elements) this piece needs in the shared scratch */
     size_t (*ffn_scratch)(const struct mt_piece_ctx *pc);
     /* carve this piece's saved activations into ly (c NULL-based: sizes only); pc->ly == ly */

@@ -48,16 +48,7 @@ struct mt_tok_trainer {
 
 static enum mt_status grow(struct mt_ctx *ctx, void **p, size_t *cap, size_t need, size_t elem)
 {
-    if (need <= *cap) return MT_OK;
-    size_t nc = *cap ? *cap : 1024;
-    while (nc < need) nc *= 2;
-    void *q = mt_alloc(ctx, nc * elem, MT_BUCKET_WORKSPACE);
-    if (!q) return MT_ERR_OOM;
-    if (*p) memcpy(q, *p, *cap * elem);
-    mt_free(ctx, *p);
-    *p = q;
-    *cap = nc;
-    return MT_OK;
+    return mt_grow(ctx, p, cap, need, elem, 1024, MT_BUCKET_WORKSPACE);
 }
 
 enum mt_status mt_tok_trainer_create(struct mt_ctx *ctx, struct mt_tok_trainer **out)

@@ -220,53 +220,26 @@ static int is_hex16(const char *s)
 /* A run id: "" or 16 lowercase hex digits. */
 static int is_run_id(const char *s) { return !*s || is_hex16(s); }
 
-/*
- * Read and validate DIR/manifest.json: nothing in it is trusted.
- *   - its own checksum (manifest_xxh64) matches its canonical text;
- *   - format/version; meta: step in [0, 1e8], data_pos >= 0, seed a u64 in
- *     decimal, mesh and run id well-formed, adam_t in [0, step] and >= 1 when
- *     step > 0 and an optim.bin is listed (0 when step == 0);
- *   - files: only params.bin (required), optim.bin, tokenizer.bin, each once,
- *     with an integer size >= 0 and a 16-hex-digit xxh64;
- *   - tensors: unique names, F32, ndim 1 or 2, integer dims (second dim 1
- *     for 1-D), file params.bin or optim.bin, and OFFSETS EQUAL TO THE
- *     LAYOUT save computes (in manifest order, 64-byte aligned); each bin
- *     file's size equals the end of its last tensor, and optim.bin is listed
- *     iff a tensor lives in it.
- * MT_ERR_IO if the manifest cannot be opened, else MT_ERR_FORMAT naming the
- * field.
- */
-/* Long on purpose (~180 lines): one straight pass over the manifest, each
- * field checked where it is read with its own message; split, the checks
- * would lose the order the format documents. */
-static enum mt_status manifest_read(struct mt_ctx *ctx, const char *dir, struct manifest *mf)
-{
-    memset(mf, 0, sizeof *mf);
-    char path[PATH_MAX];
-    if (snprintf(path, sizeof path, "%s/manifest.json", dir) >= (int)sizeof path)
-        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "path too long: %s", dir);
-    char *text;
-    enum mt_status rc = mt_file_read_text(ctx, path, CKPT_MANIFEST_MAX, &text);
-    if (rc == MT_ERR_IO) return mt_ctx_error(ctx, MT_ERR_IO, "no checkpoint at %s (cannot read manifest.json)", dir);
-    if (rc != MT_OK) return rc;
-    mf->root = cJSON_Parse(text);
-    mt_free(ctx, text);
-    if (!cJSON_IsObject(mf->root)) {
-        rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: not valid JSON", path);
-        goto fail;
-    }
+/* manifest_read's steps, in the order docs/checkpoint.md documents the
+ * fields; each checks what it reads with its own message (MT_ERR_FORMAT
+ * naming the field) and leaves what it allocated in mf for manifest_free.
+ * path: the manifest's path, for the messages. */
 
+/* format, version, the manifest's own checksum, the base reference */
+static enum mt_status manifest_header(struct mt_ctx *ctx, const char *path, struct manifest *mf)
+{
+    enum mt_status rc = MT_OK;
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(mf->root, "format");
     int64_t ver = 0;
     if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, CKPT_FORMAT) || json_int64(mf->root, "version", &ver)) {
         rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: not a meshtrain checkpoint manifest", path);
-        goto fail;
+        return rc;
     }
     if (ver != CKPT_VERSION && ver != CKPT_VERSION_ADAPTER) {
         rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: checkpoint format version %lld, this build reads %d and %d%s", path,
                           (long long)ver, CKPT_VERSION, CKPT_VERSION_ADAPTER,
                           ver == 1 ? " (version 1 has no manifest checksum)" : "");
-        goto fail;
+        return rc;
     }
     {
         cJSON *sum = cJSON_DetachItemFromObjectCaseSensitive(mf->root, "manifest_xxh64");
@@ -283,7 +256,7 @@ static enum mt_status manifest_read(struct mt_ctx *ctx, const char *dir, struct 
         }
         if (rc == MT_OK) snprintf(mf->hash, sizeof mf->hash, "%s", hex);
         cJSON_Delete(sum);
-        if (rc != MT_OK) goto fail;
+        if (rc != MT_OK) return rc;
     }
     {
         /* version 3 <=> a base reference {manifest_hash: 16 hex, path: non-empty} */
@@ -297,14 +270,20 @@ static enum mt_status manifest_read(struct mt_ctx *ctx, const char *dir, struct 
             rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: \"base\" %s", path,
                               has != (ver == CKPT_VERSION_ADAPTER) ? "must be present iff version is 3 (adapter-only)"
                                                                    : "must be {manifest_hash: 16 hex digits, path}");
-            goto fail;
+            return rc;
         }
         if (has) {
             snprintf(mf->meta.base_hash, sizeof mf->meta.base_hash, "%s", bh->valuestring);
             snprintf(mf->meta.base_path, sizeof mf->meta.base_path, "%s", bp->valuestring);
         }
     }
+    return MT_OK;
+}
 
+/* meta: step, data_pos, adam_t, seed, mesh, run_id */
+static enum mt_status manifest_meta(struct mt_ctx *ctx, const char *path, struct manifest *mf)
+{
+    enum mt_status rc;
     const cJSON *meta = cJSON_GetObjectItemCaseSensitive(mf->root, "meta");
     int64_t step, pos, t;
     const cJSON *seed = cJSON_GetObjectItemCaseSensitive(meta, "seed");
@@ -312,19 +291,19 @@ static enum mt_status manifest_read(struct mt_ctx *ctx, const char *dir, struct 
     const cJSON *rid = cJSON_GetObjectItemCaseSensitive(meta, "run_id");
     if (!cJSON_IsObject(meta) || !cJSON_IsString(seed) || !cJSON_IsString(mesh) || !cJSON_IsString(rid)) {
         rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: missing or malformed \"meta\"", path);
-        goto fail;
+        return rc;
     }
     if (json_int64(meta, "step", &step) || step < 0 || step > CKPT_MAX_STEP) {
         rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: meta.step must be an integer in [0, %d]", path, CKPT_MAX_STEP);
-        goto fail;
+        return rc;
     }
     if (json_int64(meta, "data_pos", &pos) || pos < 0) {
         rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: meta.data_pos must be a non-negative integer", path);
-        goto fail;
+        return rc;
     }
     if (json_int64(meta, "adam_t", &t) || t < 0 || t > step) {
         rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: meta.adam_t must be an integer in [0, step = %lld]", path, (long long)step);
-        goto fail;
+        return rc;
     }
     {
         const char *sv = seed->valuestring;
@@ -333,23 +312,29 @@ static enum mt_status manifest_read(struct mt_ctx *ctx, const char *dir, struct 
         unsigned long long u = strtoull(sv, &end, 10);
         if (!*sv || *sv < '0' || *sv > '9' || *end || errno) {
             rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: meta.seed must be a decimal u64 string", path);
-            goto fail;
+            return rc;
         }
         mf->meta.seed = (uint64_t)u;
     }
     if (strlen(mesh->valuestring) >= sizeof mf->meta.mesh || !is_run_id(rid->valuestring)) {
         rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: meta.mesh or meta.run_id is malformed", path);
-        goto fail;
+        return rc;
     }
     mf->meta.step = (int)step;
     mf->meta.data_pos = pos;
     mf->meta.adam_t = (long)t;
     snprintf(mf->meta.mesh, sizeof mf->meta.mesh, "%s", mesh->valuestring);
     snprintf(mf->meta.run_id, sizeof mf->meta.run_id, "%s", rid->valuestring);
+    return MT_OK;
+}
 
+/* files: the bin files and the tokenizer with their size and xxh64 */
+static enum mt_status manifest_files(struct mt_ctx *ctx, const char *path, struct manifest *mf)
+{
+    enum mt_status rc;
     const cJSON *files = cJSON_GetObjectItemCaseSensitive(mf->root, "files");
     const cJSON *f;
-    if (!cJSON_IsObject(files)) { rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: missing \"files\"", path); goto fail; }
+    if (!cJSON_IsObject(files)) { rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: missing \"files\"", path); return rc; }
     cJSON_ArrayForEach(f, files) {
         const cJSON *h = cJSON_GetObjectItemCaseSensitive(f, "xxh64");
         struct file_entry *fe = &mf->files[mf->n_files];
@@ -358,20 +343,27 @@ static enum mt_status manifest_read(struct mt_ctx *ctx, const char *dir, struct 
         if (mf->n_files == CKPT_MAX_FILES || !known || !cJSON_IsString(h) || !is_hex16(h->valuestring) ||
             json_int64(f, "size", &fe->size) || fe->size < 0) {
             rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: malformed, unknown or repeated \"files\" entry %s", path, f->string);
-            goto fail;
+            return rc;
         }
         snprintf(fe->name, sizeof fe->name, "%s", f->string);
         fe->xxh64 = strtoull(h->valuestring, NULL, 16);
         mf->n_files++;
     }
+    return MT_OK;
+}
 
+/* tensors: name, file, dtype, shape, offset at the layout save computes;
+ * then each bin file's size against its tensors' end. n_in: tensors per bin file. */
+static enum mt_status manifest_tensors(struct mt_ctx *ctx, const char *path, struct manifest *mf,
+                                       int n_in[CKPT_N_BIN])
+{
+    enum mt_status rc;
     const cJSON *tensors = cJSON_GetObjectItemCaseSensitive(mf->root, "tensors");
-    if (!cJSON_IsArray(tensors)) { rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: missing \"tensors\"", path); goto fail; }
+    if (!cJSON_IsArray(tensors)) { rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: missing \"tensors\"", path); return rc; }
     int n = cJSON_GetArraySize(tensors);
     mf->t = mt_alloc(ctx, (size_t)(n > 0 ? n : 1) * sizeof *mf->t, MT_BUCKET_OTHER);
-    if (!mf->t) { rc = MT_ERR_OOM; goto fail; }
+    if (!mf->t) { rc = MT_ERR_OOM; return rc; }
     int64_t end_of[CKPT_N_BIN] = {0, 0};   /* the layout save computes: running end per file */
-    int     n_in[CKPT_N_BIN] = {0, 0};
     const cJSON *e;
     cJSON_ArrayForEach(e, tensors) {
         struct mt_ckpt_tensor *ct = &mf->t[mf->n];
@@ -384,19 +376,19 @@ static enum mt_status manifest_read(struct mt_ctx *ctx, const char *dir, struct 
             !cJSON_IsArray(sh) || json_int64(e, "offset", &ct->offset) || nd < 1 || nd > 2 ||
             strlen(nm->valuestring) >= sizeof ct->name || strlen(fl->valuestring) >= sizeof ct->file) {
             rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: malformed tensor entry %d", path, mf->n);
-            goto fail;
+            return rc;
         }
         if (strcmp(dt->valuestring, "F32")) {
             rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: tensor %s has dtype %s (only F32 is stored)", path,
                               nm->valuestring, dt->valuestring);
-            goto fail;
+            return rc;
         }
         snprintf(ct->name, sizeof ct->name, "%s", nm->valuestring);
         snprintf(ct->file, sizeof ct->file, "%s", fl->valuestring);
         int k = !strcmp(ct->file, bin_name[0]) ? 0 : !strcmp(ct->file, bin_name[1]) ? 1 : -1;
         if (k < 0) {
             rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: tensor %s is in file %s (params.bin or optim.bin)", path, ct->name, ct->file);
-            goto fail;
+            return rc;
         }
         ct->ndim = nd;
         ct->shape[1] = 1;
@@ -405,7 +397,7 @@ static enum mt_status manifest_read(struct mt_ctx *ctx, const char *dir, struct 
             double v = cJSON_IsNumber(x) ? x->valuedouble : -1;
             if (!(v >= (d == 1 ? 1 : 0) && v <= 2147483647.0) || v != floor(v)) {
                 rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: tensor %s has a bad shape", path, ct->name);
-                goto fail;
+                return rc;
             }
             ct->shape[d] = (int64_t)v;
         }
@@ -415,7 +407,7 @@ static enum mt_status manifest_read(struct mt_ctx *ctx, const char *dir, struct 
         if (ct->offset != want) {
             rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: tensor %s has offset %lld in %s, the layout puts it at %lld", path,
                               ct->name, (long long)ct->offset, ct->file, (long long)want);
-            goto fail;
+            return rc;
         }
         end_of[k] = want + bytes;
         n_in[k]++;
@@ -430,18 +422,51 @@ static enum mt_status manifest_read(struct mt_ctx *ctx, const char *dir, struct 
             rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: file %s %s (its tensors end at byte %lld)", path, bin_name[k],
                               !fe ? "is not listed" : need ? "has the wrong size" : "is listed but holds no tensor",
                               (long long)end_of[k]);
-            goto fail;
+            return rc;
         }
     }
-    /* step > 0 with optimizer state: the optimizer has stepped at least once */
-    if ((step == 0 && t != 0) || (step > 0 && n_in[1] > 0 && t < 1)) {
-        rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: meta.adam_t %lld does not fit step %lld", path, (long long)t,
-                          (long long)step);
-        goto fail;
-    }
     return MT_OK;
-fail:
-    manifest_free(ctx, mf);
+}
+
+/*
+ * Read and validate DIR/manifest.json: nothing in it is trusted.
+ *   - its own checksum (manifest_xxh64) matches its canonical text;
+ *   - format/version; meta: step in [0, 1e8], data_pos >= 0, seed a u64 in
+ *     decimal, mesh and run id well-formed, adam_t in [0, step] and >= 1 when
+ *     step > 0 and an optim.bin is listed (0 when step == 0);
+ *   - files: only params.bin (required), optim.bin, tokenizer.bin, each once,
+ *     with an integer size >= 0 and a 16-hex-digit xxh64;
+ *   - tensors: unique names, F32, ndim 1 or 2, integer dims (second dim 1
+ *     for 1-D), file params.bin or optim.bin, and OFFSETS EQUAL TO THE
+ *     LAYOUT save computes (in manifest order, 64-byte aligned); each bin
+ *     file's size equals the end of its last tensor, and optim.bin is listed
+ *     iff a tensor lives in it.
+ * MT_ERR_IO if the manifest cannot be opened, else MT_ERR_FORMAT naming the
+ * field.
+ */
+static enum mt_status manifest_read(struct mt_ctx *ctx, const char *dir, struct manifest *mf)
+{
+    memset(mf, 0, sizeof *mf);
+    char path[PATH_MAX];
+    if (snprintf(path, sizeof path, "%s/manifest.json", dir) >= (int)sizeof path)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "path too long: %s", dir);
+    char *text;
+    enum mt_status rc = mt_file_read_text(ctx, path, CKPT_MANIFEST_MAX, &text);
+    if (rc == MT_ERR_IO) return mt_ctx_error(ctx, MT_ERR_IO, "no checkpoint at %s (cannot read manifest.json)", dir);
+    if (rc != MT_OK) return rc;
+    mf->root = cJSON_Parse(text);
+    mt_free(ctx, text);
+    int n_in[CKPT_N_BIN] = {0, 0};
+    if (!cJSON_IsObject(mf->root)) rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: not valid JSON", path);
+    if (rc == MT_OK) rc = manifest_header(ctx, path, mf);
+    if (rc == MT_OK) rc = manifest_meta(ctx, path, mf);
+    if (rc == MT_OK) rc = manifest_files(ctx, path, mf);
+    if (rc == MT_OK) rc = manifest_tensors(ctx, path, mf, n_in);
+    /* step > 0 with optimizer state: the optimizer has stepped at least once */
+    const long long step = mf->meta.step, t = mf->meta.adam_t;
+    if (rc == MT_OK && ((step == 0 && t != 0) || (step > 0 && n_in[1] > 0 && t < 1)))
+        rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: meta.adam_t %lld does not fit step %lld", path, t, step);
+    if (rc != MT_OK) manifest_free(ctx, mf);
     return rc;
 }
 

@@ -1050,6 +1050,70 @@ static enum mt_status write_export(struct mt_ctx *ctx, const char *out_dir, stru
     return MT_OK;
 }
 
+/* The no-silent-loss rule: a hybrid exports with a warning; what Hugging
+ * Face cannot represent (n_lossy features, one per line in what) is refused
+ * unless --allow-lossy. */
+static enum mt_status export_lossy_check(struct mt_ctx *ctx, const struct mt_config *cfg,
+                                         const struct mt_export_opts *opts, char *what, size_t what_len, int *n_lossy,
+                                         char *warn, size_t warn_len)
+{
+    /* a hybrid (M layers) has no HF architecture: its export is the weights
+     * under their documented names and a config.json that says so
+     * (MeshtrainHybrid, every model key as meshtrain_*); nothing is lost that
+     * a Qwen3 reader could have kept, so the lossy rule does not apply */
+    const int hybrid = mt_export_hf_hybrid(cfg);
+    if (hybrid)
+        warnf(warn, warn_len, "pattern %s has Mamba-3 (M) layers: no Hugging Face architecture matches; config.json "
+              "says MeshtrainHybrid (transformers cannot load it), the weights keep meshtrain's names", cfg->pattern);
+    /* no silent loss: what HF cannot represent is refused unless asked for */
+    *n_lossy = hybrid ? 0 : mt_export_hf_lossy(cfg, what, what_len);
+    if (*n_lossy > 0 && !opts->allow_lossy) {
+        char line[1100];   /* one line: the features joined by "; " */
+        size_t o = 0;
+        for (const char *p = what; *p && o + 3 < sizeof line; p++) {
+            if (*p != '\n') { line[o++] = *p; continue; }
+            if (p[1]) { line[o++] = ';'; line[o++] = ' '; }
+        }
+        line[o] = 0;
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "cannot export exactly: %s; use --allow-lossy to export "
+                            "anyway (the Hugging Face model would differ)", line);
+    }
+    return MT_OK;
+}
+
+/* Each tensor the model expects (x), found by name in the checkpoint (ct,
+ * sorted here) or, adapter-only, its base (bt), with the config's shape:
+ * st[i] says where to read it (fd or bfd); LoRA --merge folds the adapters
+ * into merged[i]. */
+static enum mt_status export_match_tensors(struct mt_ctx *ctx, const char *ckpt_dir, const struct mt_config *cfg,
+                                           const struct xtensor *x, int nx, struct mt_ckpt_tensor *ct, int nct,
+                                           const struct mt_ckpt_tensor *bt, int nbt, int fd, int bfd,
+                                           struct mt_st_tensor *st, float **merged)
+{
+    qsort(ct, (size_t)nct, sizeof *ct, cmp_ckpt_name);
+    for (int i = 0; i < nx; i++) {
+        struct mt_ckpt_tensor key;
+        memcpy(key.name, x[i].name, sizeof key.name);
+        const struct mt_ckpt_tensor *t = bsearch(&key, ct, (size_t)nct, sizeof *ct, cmp_ckpt_name);
+        const struct mt_ckpt_tensor *tb = t || !bt ? NULL : bsearch(&key, bt, (size_t)nbt, sizeof *bt, cmp_ckpt_name);
+        if (tb) t = tb;   /* adapter-only: the frozen base's tensor */
+        if (!t) return mt_ctx_error(ctx, MT_ERR_FORMAT, "checkpoint %s has no tensor %s", ckpt_dir, x[i].name);
+        if (t->ndim != x[i].ndim || t->shape[0] != x[i].shape[0] || t->shape[1] != x[i].shape[1])
+            return mt_ctx_error(ctx, MT_ERR_FORMAT, "checkpoint %s: tensor %s has shape [%lld,%lld], its config implies [%lld,%lld]",
+                                ckpt_dir, t->name, (long long)t->shape[0], (long long)t->shape[1],
+                                (long long)x[i].shape[0], (long long)x[i].shape[1]);
+        snprintf(st[i].name, sizeof st[i].name, "%s", t->name);
+        st[i].ndim = t->ndim;
+        st[i].shape[0] = t->shape[0];
+        st[i].shape[1] = t->shape[1];
+        st[i].dtype = MT_ST_F32;
+        st[i].src_fd = tb ? bfd : fd;
+        st[i].src_offset = t->offset;
+        if (cfg->lora_rank > 0) MT_CHECK(merge_lora(ctx, cfg, fd, ct, nct, &st[i], &merged[i]));
+    }
+    return MT_OK;
+}
+
 enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char *out_dir,
                             const struct mt_export_opts *opts, char *warn, size_t warn_len)
 {
@@ -1071,27 +1135,8 @@ enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char
     MT_CHECK(mt_ckpt_read_meta(ctx, ckpt_dir, &cfg, &meta));
     if (cfg.head_dim == 0 || cfg.mlp_hidden == 0 || !cfg.pattern[0])
         MT_CHECK(mt_config_resolve(ctx, &cfg, cfg.total_steps));
-    /* a hybrid (M layers) has no HF architecture: its export is the weights
-     * under their documented names and a config.json that says so
-     * (MeshtrainHybrid, every model key as meshtrain_*); nothing is lost that
-     * a Qwen3 reader could have kept, so the lossy rule does not apply */
-    const int hybrid = mt_export_hf_hybrid(&cfg);
-    if (hybrid)
-        warnf(warn, warn_len, "pattern %s has Mamba-3 (M) layers: no Hugging Face architecture matches; config.json "
-              "says MeshtrainHybrid (transformers cannot load it), the weights keep meshtrain's names", cfg.pattern);
-    /* no silent loss: what HF cannot represent is refused unless asked for */
-    int n_lossy = hybrid ? 0 : mt_export_hf_lossy(&cfg, what, sizeof what);
-    if (n_lossy > 0 && !opts->allow_lossy) {
-        char line[1100];   /* one line: the features joined by "; " */
-        size_t o = 0;
-        for (const char *p = what; *p && o + 3 < sizeof line; p++) {
-            if (*p != '\n') { line[o++] = *p; continue; }
-            if (p[1]) { line[o++] = ';'; line[o++] = ' '; }
-        }
-        line[o] = 0;
-        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "cannot export exactly: %s; use --allow-lossy to export "
-                            "anyway (the Hugging Face model would differ)", line);
-    }
+    int n_lossy = 0;
+    MT_CHECK(export_lossy_check(ctx, &cfg, opts, what, sizeof what, &n_lossy, warn, warn_len));
     MT_CHECK(check_overlap(ctx, ckpt_dir, out_dir, "checkpoint"));
     if (opts->tokenizer) MT_CHECK(check_overlap(ctx, opts->tokenizer, out_dir, "tokenizer"));
     if (cfg.lora_rank > 0 && !opts->merge)
@@ -1121,29 +1166,7 @@ enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char
     snprintf(path, sizeof path, "%s/params.bin", ckpt_dir);
     fd = open(path, O_RDONLY);
     if (fd < 0) { rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot open %s: %s", path, strerror(errno)); goto done; }
-    qsort(ct, (size_t)nct, sizeof *ct, cmp_ckpt_name);
-    for (int i = 0; i < nx; i++) {
-        struct mt_ckpt_tensor key;
-        memcpy(key.name, x[i].name, sizeof key.name);
-        const struct mt_ckpt_tensor *t = bsearch(&key, ct, (size_t)nct, sizeof *ct, cmp_ckpt_name);
-        const struct mt_ckpt_tensor *tb = t || !bt ? NULL : bsearch(&key, bt, (size_t)nbt, sizeof *bt, cmp_ckpt_name);
-        if (tb) t = tb;   /* adapter-only: the frozen base's tensor */
-        if (!t) { rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "checkpoint %s has no tensor %s", ckpt_dir, x[i].name); goto done; }
-        if (t->ndim != x[i].ndim || t->shape[0] != x[i].shape[0] || t->shape[1] != x[i].shape[1]) {
-            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "checkpoint %s: tensor %s has shape [%lld,%lld], its config implies [%lld,%lld]",
-                              ckpt_dir, t->name, (long long)t->shape[0], (long long)t->shape[1],
-                              (long long)x[i].shape[0], (long long)x[i].shape[1]);
-            goto done;
-        }
-        snprintf(st[i].name, sizeof st[i].name, "%s", t->name);
-        st[i].ndim = t->ndim;
-        st[i].shape[0] = t->shape[0];
-        st[i].shape[1] = t->shape[1];
-        st[i].dtype = MT_ST_F32;
-        st[i].src_fd = tb ? bfd : fd;
-        st[i].src_offset = t->offset;
-        if (cfg.lora_rank > 0) MT_CHECK_GOTO(merge_lora(ctx, &cfg, fd, ct, nct, &st[i], &merged[i]), rc, done);
-    }
+    MT_CHECK_GOTO(export_match_tensors(ctx, ckpt_dir, &cfg, x, nx, ct, nct, bt, nbt, fd, bfd, st, merged), rc, done);
     if (nct != nx && cfg.lora_rank <= 0) warnf(warn, warn_len, "checkpoint holds %d tensors, the model %d: extra ones not exported", nct, nx);
 
     text[0] = mt_export_hf_config(&cfg, bos);

@@ -980,18 +980,14 @@ static cJSON *shape_arr(int ndim, const int64_t *s)
     return a;
 }
 
-/* Long on purpose (~140 lines): the schema meshtrain.plan/1 written field by
- * field in the order of docs/plan.md, so the golden files read like it. */
-char *mt_plan_json(const struct mt_plan *p, const struct mt_plan_profile *prof, const struct mt_plan_cost *cost)
+/* mt_plan_json's sections, each appended to root in the order of docs/plan.md
+ * (meshtrain.plan/1), so the golden files read like the document. */
+
+/* "mesh" (sizes, groups, pipeline stages), "batch" and "parameters" */
+static void plan_json_mesh(cJSON *root, const struct mt_plan *p)
 {
     const struct mt_config *cfg = &p->cfg;
     const struct mt_mesh_dims *d = &p->su.dims;
-    cJSON *root = cJSON_CreateObject();
-    cJSON_AddStringToObject(root, "schema", "meshtrain.plan/1");
-    char *cj = mt_config_to_json(cfg);
-    cJSON *cfgj = cj ? cJSON_Parse(cj) : NULL;
-    free(cj);
-    cJSON_AddItemToObject(root, "config", cfgj ? cfgj : cJSON_CreateNull());
     cJSON *m = cJSON_AddObjectToObject(root, "mesh");
     cJSON_AddNumberToObject(m, "world", p->world);
     cJSON_AddNumberToObject(m, "pp", d->pp);
@@ -1023,43 +1019,52 @@ char *mt_plan_json(const struct mt_plan *p, const struct mt_plan_profile *prof, 
     cJSON *pc = cJSON_AddObjectToObject(root, "parameters");
     cJSON_AddNumberToObject(pc, "total", (double)total);
     cJSON_AddNumberToObject(pc, "active_per_token", (double)active);
-    if (p->n_params) {
-        cJSON *lay = cJSON_AddArrayToObject(root, "layout");
-        int *ranks = malloc((size_t)p->world * sizeof(int));
-        char *rs = malloc(4096);
-        for (int i = 0; ranks && rs && i < p->n_params; i++) {
-            const struct mt_plan_param *pp = &p->params[i];
-            cJSON *o = cJSON_CreateObject();
-            char spec[64];
-            mt_plan_param_spec(p, i, spec, sizeof spec);
-            cJSON_AddStringToObject(o, "name", pp->g.name);
-            cJSON_AddItemToObject(o, "global_shape", shape_arr(pp->g.ndim, pp->g.shape));
-            cJSON_AddStringToObject(o, "spec", spec);
-            cJSON_AddItemToObject(o, "local_shape", shape_arr(pp->g.ndim, pp->local));
-            cJSON_AddNumberToObject(o, "stage", pp->stage);
-            if (pp->expert_rank >= 0) cJSON_AddNumberToObject(o, "expert_rank", pp->expert_rank);
-            else cJSON_AddNullToObject(o, "expert_rank");
-            int n = mt_plan_param_ranks(p, i, MT_PLAN_HOLDERS, ranks);
-            mt_plan_ranks_str(ranks, n, rs, 4096);
-            cJSON_AddStringToObject(o, "holders", rs);
-            cJSON_AddNumberToObject(o, "n_holders", n);
-            cJSON_AddStringToObject(o, "reduce_group", mt_mesh_group_name((enum mt_mesh_group)pp->group));
-            cJSON_AddNumberToObject(o, "reduce_group_size", pp->group_size);
-            cJSON_AddBoolToObject(o, "partial_over_model", pp->reduce_model);
-            cJSON *z = cJSON_AddObjectToObject(o, "zero");
-            cJSON_AddStringToObject(z, "sharded", p->zero == 0 ? "none" : p->zero == 1 ? "optim" :
-                                                  p->zero == 2 ? "optim+grads" : "optim+grads+params");
-            cJSON_AddNumberToObject(z, "owner_group_rank", pp->owner);
-            n = mt_plan_param_ranks(p, i, MT_PLAN_OPTIMIZERS, ranks);
-            mt_plan_ranks_str(ranks, n, rs, 4096);
-            cJSON_AddStringToObject(z, "optimizer_ranks", rs);
-            /* "frozen": a LoRA base tensor (no gradient, no optimizer state), as in the text table */
-            cJSON_AddStringToObject(o, "optimizer", pp->g.frozen ? "frozen" : pp->g.optim == MT_OPTIM_MUON ? "muon" : "adamw");
-            cJSON_AddItemToArray(lay, o);
-        }
-        free(ranks);
-        free(rs);
+}
+
+/* "layout": one entry per parameter (shapes, holders, reduction, ZeRO owner) */
+static void plan_json_layout(cJSON *root, const struct mt_plan *p)
+{
+    cJSON *lay = cJSON_AddArrayToObject(root, "layout");
+    int *ranks = malloc((size_t)p->world * sizeof(int));
+    char *rs = malloc(4096);
+    for (int i = 0; ranks && rs && i < p->n_params; i++) {
+        const struct mt_plan_param *pp = &p->params[i];
+        cJSON *o = cJSON_CreateObject();
+        char spec[64];
+        mt_plan_param_spec(p, i, spec, sizeof spec);
+        cJSON_AddStringToObject(o, "name", pp->g.name);
+        cJSON_AddItemToObject(o, "global_shape", shape_arr(pp->g.ndim, pp->g.shape));
+        cJSON_AddStringToObject(o, "spec", spec);
+        cJSON_AddItemToObject(o, "local_shape", shape_arr(pp->g.ndim, pp->local));
+        cJSON_AddNumberToObject(o, "stage", pp->stage);
+        if (pp->expert_rank >= 0) cJSON_AddNumberToObject(o, "expert_rank", pp->expert_rank);
+        else cJSON_AddNullToObject(o, "expert_rank");
+        int n = mt_plan_param_ranks(p, i, MT_PLAN_HOLDERS, ranks);
+        mt_plan_ranks_str(ranks, n, rs, 4096);
+        cJSON_AddStringToObject(o, "holders", rs);
+        cJSON_AddNumberToObject(o, "n_holders", n);
+        cJSON_AddStringToObject(o, "reduce_group", mt_mesh_group_name((enum mt_mesh_group)pp->group));
+        cJSON_AddNumberToObject(o, "reduce_group_size", pp->group_size);
+        cJSON_AddBoolToObject(o, "partial_over_model", pp->reduce_model);
+        cJSON *z = cJSON_AddObjectToObject(o, "zero");
+        cJSON_AddStringToObject(z, "sharded", p->zero == 0 ? "none" : p->zero == 1 ? "optim" :
+                                              p->zero == 2 ? "optim+grads" : "optim+grads+params");
+        cJSON_AddNumberToObject(z, "owner_group_rank", pp->owner);
+        n = mt_plan_param_ranks(p, i, MT_PLAN_OPTIMIZERS, ranks);
+        mt_plan_ranks_str(ranks, n, rs, 4096);
+        cJSON_AddStringToObject(z, "optimizer_ranks", rs);
+        /* "frozen": a LoRA base tensor (no gradient, no optimizer state), as in the text table */
+        cJSON_AddStringToObject(o, "optimizer", pp->g.frozen ? "frozen" : pp->g.optim == MT_OPTIM_MUON ? "muon" : "adamw");
+        cJSON_AddItemToArray(lay, o);
     }
+    free(ranks);
+    free(rs);
+}
+
+/* "memory": bytes and runtime terms per rank, the runtime model, the maximum */
+static void plan_json_memory(cJSON *root, const struct mt_plan *p)
+{
+    const struct mt_mesh_dims *d = &p->su.dims;
     cJSON *mem = cJSON_AddObjectToObject(root, "memory");
     cJSON *per = cJSON_AddArrayToObject(mem, "per_rank");
     for (int r = 0; r < p->world; r++) {
@@ -1102,25 +1107,42 @@ char *mt_plan_json(const struct mt_plan *p, const struct mt_plan_profile *prof, 
     size_t mt = mt_plan_max_total(p, &mx);
     cJSON_AddNumberToObject(mem, "max_rank", mx);
     cJSON_AddNumberToObject(mem, "max_total", (double)mt);
-    if (cost && prof) {
-        cJSON *c = cJSON_AddObjectToObject(root, "cost");
-        cJSON_AddStringToObject(c, "profile", prof->name);
-        cJSON_AddNumberToObject(c, "peak_flops_per_rank", cost->peak_per_rank);
-        cJSON_AddNumberToObject(c, "efficiency", prof->efficiency);
-        cJSON_AddNumberToObject(c, "flops_per_step", cost->flops_per_step);
-        cJSON_AddNumberToObject(c, "busiest_rank_flops", cost->rank_flops);
-        cJSON_AddNumberToObject(c, "optimizer_flops", cost->optimizer_flops);
-        cJSON_AddNumberToObject(c, "compute_s", cost->compute_s);
-        cJSON_AddNumberToObject(c, "tp_comm_s", cost->tp_s);
-        cJSON_AddNumberToObject(c, "ep_comm_s", cost->ep_s);
-        cJSON_AddNumberToObject(c, "pp_comm_s", cost->pp_s);
-        cJSON_AddNumberToObject(c, "dp_comm_s", cost->dp_s);
-        cJSON_AddNumberToObject(c, "dp_exposed_s", cost->dp_exposed_s);
-        cJSON_AddNumberToObject(c, "bubble_s", cost->bubble_s);
-        cJSON_AddNumberToObject(c, "step_s", cost->step_s);
-        cJSON_AddNumberToObject(c, "tokens_per_s", cost->tokens_per_s);
-        cJSON_AddNumberToObject(c, "mfu", cost->mfu);
-    }
+}
+
+/* "cost": the time model's terms */
+static void plan_json_cost(cJSON *root, const struct mt_plan_profile *prof, const struct mt_plan_cost *cost)
+{
+    cJSON *c = cJSON_AddObjectToObject(root, "cost");
+    cJSON_AddStringToObject(c, "profile", prof->name);
+    cJSON_AddNumberToObject(c, "peak_flops_per_rank", cost->peak_per_rank);
+    cJSON_AddNumberToObject(c, "efficiency", prof->efficiency);
+    cJSON_AddNumberToObject(c, "flops_per_step", cost->flops_per_step);
+    cJSON_AddNumberToObject(c, "busiest_rank_flops", cost->rank_flops);
+    cJSON_AddNumberToObject(c, "optimizer_flops", cost->optimizer_flops);
+    cJSON_AddNumberToObject(c, "compute_s", cost->compute_s);
+    cJSON_AddNumberToObject(c, "tp_comm_s", cost->tp_s);
+    cJSON_AddNumberToObject(c, "ep_comm_s", cost->ep_s);
+    cJSON_AddNumberToObject(c, "pp_comm_s", cost->pp_s);
+    cJSON_AddNumberToObject(c, "dp_comm_s", cost->dp_s);
+    cJSON_AddNumberToObject(c, "dp_exposed_s", cost->dp_exposed_s);
+    cJSON_AddNumberToObject(c, "bubble_s", cost->bubble_s);
+    cJSON_AddNumberToObject(c, "step_s", cost->step_s);
+    cJSON_AddNumberToObject(c, "tokens_per_s", cost->tokens_per_s);
+    cJSON_AddNumberToObject(c, "mfu", cost->mfu);
+}
+
+char *mt_plan_json(const struct mt_plan *p, const struct mt_plan_profile *prof, const struct mt_plan_cost *cost)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "schema", "meshtrain.plan/1");
+    char *cj = mt_config_to_json(&p->cfg);
+    cJSON *cfgj = cj ? cJSON_Parse(cj) : NULL;
+    free(cj);
+    cJSON_AddItemToObject(root, "config", cfgj ? cfgj : cJSON_CreateNull());
+    plan_json_mesh(root, p);
+    if (p->n_params) plan_json_layout(root, p);
+    plan_json_memory(root, p);
+    if (cost && prof) plan_json_cost(root, prof, cost);
     char *txt = cJSON_Print(root);
     cJSON_Delete(root);
     return txt;

@@ -33,14 +33,12 @@ static cJSON *bucket_object(const size_t bytes[MT_BUCKET_COUNT])
     return o;
 }
 
-/* Long on purpose (~135 lines): the receipt schema (SPEC.md section 5)
- * written field by field in its documented order; no logic. */
-enum mt_status mt_receipt_write(struct mt_ctx *ctx, const char *path, const struct mt_receipt *r)
-{
-    cJSON *root = cJSON_CreateObject();
-    cJSON_AddStringToObject(root, "meshtrain_receipt_version", "1");
-    cJSON_AddStringToObject(root, "command", r->command_line ? r->command_line : "");
+/* mt_receipt_write's sections, each appended to root in the order of the
+ * receipt schema (SPEC.md section 5), field by field; no logic. */
 
+/* "backend", "mesh", "zero_stage" */
+static void receipt_backend_mesh(cJSON *root, const struct mt_receipt *r)
+{
     cJSON *be = cJSON_AddObjectToObject(root, "backend");
     cJSON_AddStringToObject(be, "requested", r->backend_requested);
     cJSON_AddStringToObject(be, "actual", r->backend_actual);
@@ -66,7 +64,11 @@ enum mt_status mt_receipt_write(struct mt_ctx *ctx, const char *path, const stru
     cJSON_AddNumberToObject(groups, "data_x_expert", r->dp * r->ep);
     cJSON_AddNumberToObject(groups, "pipe", r->pp);
     cJSON_AddNumberToObject(root, "zero_stage", r->zero_stage);
+}
 
+/* "config", "batch", "data", "parameters", "memory" */
+static void receipt_run(cJSON *root, const struct mt_receipt *r)
+{
     if (r->cfg) {
         char *cj = mt_config_to_json(r->cfg);
         cJSON *c = cj ? cJSON_Parse(cj) : NULL;
@@ -100,7 +102,11 @@ enum mt_status mt_receipt_write(struct mt_ctx *ctx, const char *path, const stru
     cJSON_AddStringToObject(mem, "measured_how",
                             "per-bucket peak of live bytes allocated through mt_alloc; RSS from /proc VmHWM (whole "
                             "run, and the step loop alone); plan_total_bytes: the buckets + the runtime bucket");
+}
 
+/* "timing": step time split, FLOPs, MFU and its roof, the op profile */
+static void receipt_timing(cJSON *root, const struct mt_receipt *r)
+{
     cJSON *t = cJSON_AddObjectToObject(root, "timing");
     cJSON_AddNumberToObject(t, "start_step", r->start_step);
     cJSON_AddNumberToObject(t, "steps_run", r->steps_run);
@@ -147,7 +153,11 @@ enum mt_status mt_receipt_write(struct mt_ctx *ctx, const char *path, const stru
         cJSON_AddNumberToObject(op, "step", step);
     }
     cJSON_AddItemToObject(t, "step_times_s", num_array(r->step_times, r->n_steps));
+}
 
+/* per-step series, evaluations, replica check, resume and run id */
+static void receipt_series(cJSON *root, const struct mt_receipt *r)
+{
     cJSON *steps = cJSON_CreateArray();
     for (int i = 0; i < r->n_steps; i++) cJSON_AddItemToArray(steps, cJSON_CreateNumber(r->step_index[i]));
     cJSON_AddItemToObject(root, "steps", steps);
@@ -169,7 +179,11 @@ enum mt_status mt_receipt_write(struct mt_ctx *ctx, const char *path, const stru
     else cJSON_AddNullToObject(root, "resumed_from");
     if (r->run_id[0]) cJSON_AddStringToObject(root, "run_id", r->run_id);
     else cJSON_AddNullToObject(root, "run_id");
+}
 
+/* "knobs", "gpu", "distributed": JSON texts made elsewhere */
+static void receipt_attached(cJSON *root, const struct mt_receipt *r)
+{
     if (r->knobs_json) {
         cJSON *k = cJSON_Parse(r->knobs_json);
         cJSON_AddItemToObject(root, "knobs", k ? k : cJSON_CreateNull());
@@ -182,7 +196,18 @@ enum mt_status mt_receipt_write(struct mt_ctx *ctx, const char *path, const stru
         cJSON *d = cJSON_Parse(r->distributed_json);
         cJSON_AddItemToObject(root, "distributed", d ? d : cJSON_CreateNull());
     }
+}
 
+enum mt_status mt_receipt_write(struct mt_ctx *ctx, const char *path, const struct mt_receipt *r)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "meshtrain_receipt_version", "1");
+    cJSON_AddStringToObject(root, "command", r->command_line ? r->command_line : "");
+    receipt_backend_mesh(root, r);
+    receipt_run(root, r);
+    receipt_timing(root, r);
+    receipt_series(root, r);
+    receipt_attached(root, r);
     char *text = cJSON_Print(root);
     cJSON_Delete(root);
     if (!text) return mt_ctx_error(ctx, MT_ERR_OOM, "out of memory serialising the receipt");

@@ -1,10 +1,9 @@
 /*
  * memory.cu — device buffers accounted on the ctx buckets, copies, sync.
  *
- * Accounting follows mt_alloc (src/core/core.c) exactly: n_allocs counts
- * every request, `fail_after` fails the Nth one, bytes_live/peak per bucket
- * and in total. core.c keeps its helpers private, so the same bookkeeping is
- * repeated here (account()); the ctx fields are the contract.
+ * Accounting is mt_alloc's (src/core/core.c), through the same helpers:
+ * mt_ctx_alloc_check counts every request and runs the test hook
+ * `fail_after`, mt_ctx_account keeps bytes_live/peak per bucket and in total.
  *
  * Invariant: every live buffer starts MT_CUDA_HDR bytes after the pointer
  * cudaMalloc returned; those bytes (device memory) hold {bytes, bucket,
@@ -26,32 +25,11 @@ struct buf_header {
     uint64_t magic;
 };
 
-static void account(struct mt_ctx *ctx, size_t bytes, int bucket, int add)
-{
-    if (!ctx) return;
-    if (add) {
-        ctx->bytes_live[bucket] += bytes;
-        if (ctx->bytes_live[bucket] > ctx->bytes_peak[bucket]) ctx->bytes_peak[bucket] = ctx->bytes_live[bucket];
-        ctx->bytes_live_total += bytes;
-        if (ctx->bytes_live_total > ctx->bytes_peak_total) ctx->bytes_peak_total = ctx->bytes_live_total;
-    } else {
-        ctx->bytes_live[bucket] -= bytes;
-        ctx->bytes_live_total -= bytes;
-    }
-}
-
 /* Zero-filled device buffer; NULL + MT_ERR_OOM on the ctx on failure. */
 extern "C" void *mt_cuda_buf_alloc(struct mt_ctx *ctx, size_t bytes, enum mt_bucket bucket)
 {
     if ((int)bucket < 0 || bucket >= MT_BUCKET_COUNT) bucket = MT_BUCKET_OTHER;
-    if (ctx) {
-        ctx->n_allocs++;
-        if (ctx->fail_after > 0 && --ctx->fail_after == 0) {
-            mt_ctx_error(ctx, MT_ERR_OOM, "out of device memory allocating %zu bytes for %s (injected failure)",
-                         bytes, mt_bucket_name(bucket));
-            return NULL;
-        }
-    }
+    if (!mt_ctx_alloc_check(ctx, bytes, bucket, "device memory")) return NULL;
     size_t total = bytes + MT_CUDA_HDR;
     char *base = NULL;
     cudaError_t e = total < bytes ? cudaErrorMemoryAllocation : cudaMalloc((void **)&base, total);
@@ -70,7 +48,7 @@ extern "C" void *mt_cuda_buf_alloc(struct mt_ctx *ctx, size_t bytes, enum mt_buc
         if (ctx) mt_ctx_error(ctx, MT_ERR_RUNTIME, "cuda buffer setup failed: %s", mt_cuda_be->errmsg);
         return NULL;
     }
-    account(ctx, bytes, (int)bucket, 1);
+    mt_ctx_account(ctx, bytes, bucket, 1);
     mt_cuda_note_mem();
     return base + MT_CUDA_HDR;
 }
@@ -85,7 +63,7 @@ extern "C" void mt_cuda_buf_free(struct mt_ctx *ctx, void *p)
     if (MT_CUDA_OK(cudaMemcpyAsync(&h, base, sizeof h, cudaMemcpyDeviceToHost, mt_cuda_be->stream)) &&
         MT_CUDA_OK(cudaStreamSynchronize(mt_cuda_be->stream))) {
         if (h.magic == MT_CUDA_MAGIC && h.bucket < MT_BUCKET_COUNT)
-            account(ctx, (size_t)h.bytes, (int)h.bucket, 0);
+            mt_ctx_account(ctx, (size_t)h.bytes, (enum mt_bucket)h.bucket, 0);
         else
             mt_cuda_record(MT_ERR_RUNTIME, "buf_free", "pointer was not returned by buf_alloc (bad header)",
                            __FILE__, __LINE__);

@@ -92,6 +92,15 @@ static __device__ void step_row(float *s, float al, float gx, float bx, const fl
     }
 }
 
+/* One block per (sequence, head), thread p owns state row p. Why one long
+ * kernel (~120 lines): the reverse pass keeps the carried dS, the chunk's
+ * recomputed states and the x / B carries in shared memory across every
+ * time step, with __syncthreads between the row and column phases; split
+ * into kernels, that state would round-trip through global memory each
+ * step, and into __device__ helpers each would take most of the locals.
+ * The phases are labelled instead: 1. checkpoints of S per chunk; 2. chunks
+ * in reverse: recompute the chunk's states, then per step the row phase
+ * (dS, dx), the column phase (dB, dC) and the scalars (ddt, dlam, dA, dD). */
 static __global__ void scan_bwd_k(float *dx, float *dBm, float *dCm, float *ddt, float *dlam, float *part,
                                   float *ws, const float *dy, const float *x, const float *Bm, const float *Cm,
                                   const float *dt, const float *lam, const float *A, const float *Dsk,
