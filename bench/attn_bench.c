@@ -30,9 +30,9 @@ int main(int argc, char **argv)
     double *tf = malloc(reps * sizeof(double)), *tb = malloc(reps * sizeof(double));
     for (int r = -1; r < reps; r++) {
         double t0 = mt_time_sec();
-        ops->attention_forward(o, lse, q, k, v, B, T, T, 0, H, K, hd);
+        ops->attention_forward(ops->be, o, lse, q, k, v, B, T, T, 0, H, K, hd);
         double t1 = mt_time_sec();
-        ops->attention_backward(dq, dk, dv, g, q, k, v, o, lse, B, T, H, K, hd);
+        ops->attention_backward(ops->be, dq, dk, dv, g, q, k, v, o, lse, B, T, H, K, hd);
         double t2 = mt_time_sec();
         if (r >= 0) { tf[r] = t1 - t0; tb[r] = t2 - t1; }
     }

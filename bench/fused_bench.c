@@ -38,36 +38,36 @@ static float *rnd(size_t n, float lo, float hi)
 __attribute__((noinline)) static void chain_resid_unfused(void)
 {
     int N = B * T;
-    ops->rmsnorm_forward(h1, r1, x, w, N, D, 1e-6f);
-    ops->copy(res1, x, (size_t)N * D * sizeof(float));
+    ops->rmsnorm_forward(ops->be, h1, r1, x, w, N, D, 1e-6f);
+    ops->copy(ops->be, res1, x, (size_t)N * D * sizeof(float));
 }
 __attribute__((noinline)) static void chain_resid_fused(void)
 {
-    ops->rmsnorm_resid_forward(h2, r2, res2, x, w, B * T, D, 1e-6f);
+    ops->rmsnorm_resid_forward(ops->be, h2, r2, res2, x, w, B * T, D, 1e-6f);
 }
 __attribute__((noinline)) static void chain_qkf_unfused(void)
 {
     int N = B * T;
-    ops->rmsnorm_forward(q1, rq, qr, wq, N * H, hd, 1e-6f);
-    ops->rmsnorm_forward(k1, rk, kr, wk, N * K, hd, 1e-6f);
-    ops->rope_forward(q1, q1, cs, sn, N, T, 0, H, hd);
-    ops->rope_forward(k1, k1, cs, sn, N, T, 0, K, hd);
+    ops->rmsnorm_forward(ops->be, q1, rq, qr, wq, N * H, hd, 1e-6f);
+    ops->rmsnorm_forward(ops->be, k1, rk, kr, wk, N * K, hd, 1e-6f);
+    ops->rope_forward(ops->be, q1, q1, cs, sn, N, T, 0, H, hd);
+    ops->rope_forward(ops->be, k1, k1, cs, sn, N, T, 0, K, hd);
 }
 __attribute__((noinline)) static void chain_qkf_fused(void)
 {
-    ops->qk_norm_rope_forward(q2, k2, rq, rk, qr, kr, wq, wk, cs, sn, B * T, T, 0, H, K, hd, 1e-6f);
+    ops->qk_norm_rope_forward(ops->be, q2, k2, rq, rk, qr, kr, wq, wk, cs, sn, B * T, T, 0, H, K, hd, 1e-6f);
 }
 __attribute__((noinline)) static void chain_qkb_unfused(void)
 {
     int N = B * T;
-    ops->rope_backward(gq1, gq1, cs, sn, N, T, 0, H, hd);   /* in place, as the model ran it */
-    ops->rope_backward(gk1, gk1, cs, sn, N, T, 0, K, hd);
-    ops->rmsnorm_backward(dq1, dw1, gq1, qr, wq, rq, N * H, hd, 0);
-    ops->rmsnorm_backward(dk1, dw1 + hd, gk1, kr, wk, rk, N * K, hd, 0);
+    ops->rope_backward(ops->be, gq1, gq1, cs, sn, N, T, 0, H, hd);   /* in place, as the model ran it */
+    ops->rope_backward(ops->be, gk1, gk1, cs, sn, N, T, 0, K, hd);
+    ops->rmsnorm_backward(ops->be, dq1, dw1, gq1, qr, wq, rq, N * H, hd, 0);
+    ops->rmsnorm_backward(ops->be, dk1, dw1 + hd, gk1, kr, wk, rk, N * K, hd, 0);
 }
 __attribute__((noinline)) static void chain_qkb_fused(void)
 {
-    ops->qk_norm_rope_backward(dq2, dk2, dw2, dw2 + hd, gq2, gk2, qr, kr, wq, wk, rq, rk, cs, sn, B * T, T, H, K, hd);
+    ops->qk_norm_rope_backward(ops->be, dq2, dk2, dw2, dw2 + hd, gq2, gk2, qr, kr, wq, wk, rq, rk, cs, sn, B * T, T, H, K, hd);
 }
 
 int main(int argc, char **argv)

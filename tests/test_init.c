@@ -116,13 +116,13 @@ static void test_model_box(void)
     struct mt_param *p = find(m, "model.layers.0.self_attn.o_proj.weight");
     size_t n = p->numel;
     float *full = malloc(n * sizeof(float)), *part = malloc(n * sizeof(float));
-    ops->copy_to_host(full, p->data, n * sizeof(float));
+    ops->copy_to_host(ops->be, full, p->data, n * sizeof(float));
     struct mt_param saved = *p;
     p->off[1] = 16; p->len[1] = 32;        /* TP-style column split, second of 2 ranks */
     p->off[0] = 8;  p->len[0] = 40;
     p->numel = (size_t)(p->len[0] * p->len[1]);
     MT_ASSERT(mt_model_init_params(&ctx, m, 1234) == MT_OK);
-    ops->copy_to_host(part, p->data, p->numel * sizeof(float));
+    ops->copy_to_host(ops->be, part, p->data, p->numel * sizeof(float));
     int same = 1;
     for (int64_t i = 0; i < p->len[0]; i++)
         for (int64_t j = 0; j < p->len[1]; j++)
@@ -139,7 +139,7 @@ static void stats(struct mt_model *m, const char *name, double want_std)
 {
     struct mt_param *p = find(m, name);
     float *h = malloc(p->numel * sizeof(float));
-    m->ops->copy_to_host(h, p->data, p->numel * sizeof(float));
+    m->ops->copy_to_host(m->ops->be, h, p->data, p->numel * sizeof(float));
     double s = 0, s2 = 0;
     for (size_t i = 0; i < p->numel; i++) { s += h[i]; s2 += (double)h[i] * h[i]; }
     double mean = s / p->numel, sd = sqrt(s2 / p->numel - mean * mean);
@@ -187,7 +187,7 @@ static void test_determinism_and_stats(void)
     for (int i = 0; i < n; i++) {
         if (pa[i].ndim != 1) continue;
         float *h = malloc(pa[i].numel * sizeof(float));
-        ops->copy_to_host(h, pa[i].data, pa[i].numel * sizeof(float));
+        ops->copy_to_host(ops->be, h, pa[i].data, pa[i].numel * sizeof(float));
         int ones = 1;
         for (size_t e = 0; e < pa[i].numel; e++) ones &= h[e] == 1.0f;
         EXPECT(ones, "gain %s is not all ones", pa[i].name);

@@ -70,7 +70,7 @@ static void run(const char *label, const char *pattern, float softcap, int kv_T,
         uint64_t st = mt_rng_stream(ps[i].name);
         for (size_t e = 0; e < ps[i].numel; e++)
             h[e] = ps[i].ndim == 1 ? (float)(1 + 0.2 * mt_rng_normal(3, st, e)) : (float)(0.3 * mt_rng_normal(3, st, e));
-        ops->copy_from_host(ps[i].data, h, ps[i].numel * sizeof(float));
+        ops->copy_from_host(ops->be, ps[i].data, h, ps[i].numel * sizeof(float));
         free(h);
     }
     int32_t tok[64];
@@ -78,7 +78,7 @@ static void run(const char *label, const char *pattern, float softcap, int kv_T,
 
     MT_ASSERT(mt_model_forward(&ctx, m, tok, NULL, NULL, NULL) == MT_OK);
     float *ref = malloc((size_t)T * V * sizeof(float));
-    ops->copy_to_host(ref, mt_model_logits(m), (size_t)T * V * sizeof(float));
+    ops->copy_to_host(ops->be, ref, mt_model_logits(m), (size_t)T * V * sizeof(float));
     double scale = 0;
     for (int i = 0; i < T * V; i++) {
         if (softcap > 0) ref[i] = (float)(softcap * tanh((double)ref[i] / softcap));
@@ -91,7 +91,7 @@ static void run(const char *label, const char *pattern, float softcap, int kv_T,
         kcfg.seq_len = kv_T;
         MT_ASSERT(mt_model_create(&ctx, ops, &kcfg, 1, &mk) == MT_OK);
         struct mt_param *kp = mt_model_params(mk, &np);
-        for (int i = 0; i < np; i++) ops->copy(kp[i].data, ps[i].data, ps[i].numel * sizeof(float));
+        for (int i = 0; i < np; i++) ops->copy(ops->be, kp[i].data, ps[i].data, ps[i].numel * sizeof(float));
     }
     struct mt_kv_cache *c = NULL;
     MT_ASSERT(mt_model_kv_create(&ctx, mk, T, &c) == MT_OK);

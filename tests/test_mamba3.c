@@ -180,8 +180,8 @@ static void bench(const struct mt_ops_i *ops)
         mt_mamba3_backward(ops, dh, 0, &g, &s, out, h, &a, &w, &d, B, T);
         tm = fmin(tm, now_s() - t0);
         t0 = now_s();
-        ops->ssm_scan_forward(a.ys, a.x, a.Bh, a.Ch, a.dt, a.lam, a.A, w.Dsk, B, T, d.H, d.P, d.N, d.chunk);
-        ops->ssm_scan_backward(s.dx, s.dBh, s.dCh, s.ddt, s.dlam, s.dA, g.Dsk, s.dys, a.x, a.Bh, a.Ch, a.dt, a.lam,
+        ops->ssm_scan_forward(ops->be, a.ys, a.x, a.Bh, a.Ch, a.dt, a.lam, a.A, w.Dsk, B, T, d.H, d.P, d.N, d.chunk);
+        ops->ssm_scan_backward(ops->be, s.dx, s.dBh, s.dCh, s.ddt, s.dlam, s.dA, g.Dsk, s.dys, a.x, a.Bh, a.Ch, a.dt, a.lam,
                                a.A, w.Dsk, B, T, d.H, d.P, d.N, d.chunk);
         tscan = fmin(tscan, now_s() - t0);
     }
@@ -193,30 +193,30 @@ static void bench(const struct mt_ops_i *ops)
         for (int r = 0; r < 3; r++) {
             double t[10];
             t[0] = now_s();
-            ops->gemm(0, 1, n, W, D, 1.0f, h, D, w.win, D, 0.0f, a.proj, W);
+            ops->gemm(ops->be, 0, 1, n, W, D, 1.0f, h, D, w.win, D, 0.0f, a.proj, W);
             t[1] = now_s();
-            ops->ssm_prep_forward(a.x, a.Bh, a.Ch, a.dt, a.lam, a.A, a.rstd_bc, NULL, a.proj, w.dt_bias, w.A_log, w.gB,
+            ops->ssm_prep_forward(ops->be, a.x, a.Bh, a.Ch, a.dt, a.lam, a.A, a.rstd_bc, NULL, a.proj, w.dt_bias, w.A_log, w.gB,
                                   w.gC, w.B_bias, w.C_bias, B, T, d.H, d.P, d.G, d.N, d.eps_bc);
             t[2] = now_s();
-            ops->ssm_scan_forward(a.ys, a.x, a.Bh, a.Ch, a.dt, a.lam, a.A, w.Dsk, B, T, d.H, d.P, d.N, d.chunk);
+            ops->ssm_scan_forward(ops->be, a.ys, a.x, a.Bh, a.Ch, a.dt, a.lam, a.A, w.Dsk, B, T, d.H, d.P, d.N, d.chunk);
             t[3] = now_s();
-            ops->ssm_gate_norm_forward(a.yn, a.rstd_o, a.ys, a.proj, W, w.g_out, n, E, d.G, d.eps_out);
-            ops->gemm(0, 1, n, D, E, 1.0f, a.yn, E, w.wout, E, 0.0f, out, D);
+            ops->ssm_gate_norm_forward(ops->be, a.yn, a.rstd_o, a.ys, a.proj, W, w.g_out, n, E, d.G, d.eps_out);
+            ops->gemm(ops->be, 0, 1, n, D, E, 1.0f, a.yn, E, w.wout, E, 0.0f, out, D);
             t[4] = now_s();
-            ops->gemm(1, 0, D, E, n, 1.0f, out, D, a.yn, E, 1.0f, g.wout, E);
-            ops->gemm(0, 0, n, E, D, 1.0f, out, D, w.wout, E, 0.0f, s.dyn, E);
+            ops->gemm(ops->be, 1, 0, D, E, n, 1.0f, out, D, a.yn, E, 1.0f, g.wout, E);
+            ops->gemm(ops->be, 0, 0, n, E, D, 1.0f, out, D, w.wout, E, 0.0f, s.dyn, E);
             t[5] = now_s();
-            ops->ssm_gate_norm_backward(s.dys, s.dproj, g.g_out, s.dyn, a.ys, a.proj, W, w.g_out, a.rstd_o, n, E, d.G);
+            ops->ssm_gate_norm_backward(ops->be, s.dys, s.dproj, g.g_out, s.dyn, a.ys, a.proj, W, w.g_out, a.rstd_o, n, E, d.G);
             t[6] = now_s();
-            ops->ssm_scan_backward(s.dx, s.dBh, s.dCh, s.ddt, s.dlam, s.dA, g.Dsk, s.dys, a.x, a.Bh, a.Ch, a.dt,
+            ops->ssm_scan_backward(ops->be, s.dx, s.dBh, s.dCh, s.ddt, s.dlam, s.dA, g.Dsk, s.dys, a.x, a.Bh, a.Ch, a.dt,
                                    a.lam, a.A, w.Dsk, B, T, d.H, d.P, d.N, d.chunk);
             t[7] = now_s();
-            ops->ssm_prep_backward(s.dproj, g.dt_bias, g.A_log, g.gB, g.gC, g.B_bias, g.C_bias, s.dx, s.dBh, s.dCh,
+            ops->ssm_prep_backward(ops->be, s.dproj, g.dt_bias, g.A_log, g.gB, g.gC, g.B_bias, g.C_bias, s.dx, s.dBh, s.dCh,
                                    s.ddt, s.dlam, s.dA, a.Bh, a.Ch, a.lam, a.A, a.rstd_bc, a.proj, w.dt_bias, w.gB,
                                    w.gC, B, T, d.H, d.P, d.G, d.N, d.eps_bc);
             t[8] = now_s();
-            ops->gemm(1, 0, W, D, n, 1.0f, s.dproj, W, h, D, 1.0f, g.win, D);
-            ops->gemm(0, 0, n, D, W, 1.0f, s.dproj, W, w.win, D, 0.0f, dh, D);
+            ops->gemm(ops->be, 1, 0, W, D, n, 1.0f, s.dproj, W, h, D, 1.0f, g.win, D);
+            ops->gemm(ops->be, 0, 0, n, D, W, 1.0f, s.dproj, W, w.win, D, 0.0f, dh, D);
             t[9] = now_s();
             for (int k = 0; k < 9; k++) st[k] = fmin(st[k], t[k + 1] - t[k]);
         }
@@ -237,20 +237,20 @@ static void bench(const struct mt_ops_i *ops)
     double ta = 1e30;
     for (int r = 0; r < 3; r++) {
         double t0 = now_s();
-        ops->gemm(0, 1, n, Oq, D, 1.0f, h, D, wq, D, 0.0f, q, Oq);
-        ops->gemm(0, 1, n, Okv, D, 1.0f, h, D, wq + (size_t)Oq * D, D, 0.0f, k, Okv);
-        ops->gemm(0, 1, n, Okv, D, 1.0f, h, D, wq + (size_t)(Oq + Okv) * D, D, 0.0f, v, Okv);
-        ops->attention_forward(att, lse, q, k, v, B, T, T, 0, H, K, hd);
-        ops->gemm(0, 1, n, D, Oq, 1.0f, att, Oq, wo, Oq, 0.0f, out, D);
-        ops->gemm(1, 0, D, Oq, n, 1.0f, out, D, att, Oq, 1.0f, dwo, Oq);
-        ops->gemm(0, 0, n, Oq, D, 1.0f, out, D, wo, Oq, 0.0f, datt, Oq);
-        ops->attention_backward(dq, dk, dv, datt, q, k, v, att, lse, B, T, H, K, hd);
-        ops->gemm(1, 0, Oq, D, n, 1.0f, dq, Oq, h, D, 1.0f, dwq, D);
-        ops->gemm(1, 0, Okv, D, n, 1.0f, dk, Okv, h, D, 1.0f, dwq + (size_t)Oq * D, D);
-        ops->gemm(1, 0, Okv, D, n, 1.0f, dv, Okv, h, D, 1.0f, dwq + (size_t)(Oq + Okv) * D, D);
-        ops->gemm(0, 0, n, D, Oq, 1.0f, dq, Oq, wq, D, 0.0f, dh, D);
-        ops->gemm(0, 0, n, D, Okv, 1.0f, dk, Okv, wq + (size_t)Oq * D, D, 1.0f, dh, D);
-        ops->gemm(0, 0, n, D, Okv, 1.0f, dv, Okv, wq + (size_t)(Oq + Okv) * D, D, 1.0f, dh, D);
+        ops->gemm(ops->be, 0, 1, n, Oq, D, 1.0f, h, D, wq, D, 0.0f, q, Oq);
+        ops->gemm(ops->be, 0, 1, n, Okv, D, 1.0f, h, D, wq + (size_t)Oq * D, D, 0.0f, k, Okv);
+        ops->gemm(ops->be, 0, 1, n, Okv, D, 1.0f, h, D, wq + (size_t)(Oq + Okv) * D, D, 0.0f, v, Okv);
+        ops->attention_forward(ops->be, att, lse, q, k, v, B, T, T, 0, H, K, hd);
+        ops->gemm(ops->be, 0, 1, n, D, Oq, 1.0f, att, Oq, wo, Oq, 0.0f, out, D);
+        ops->gemm(ops->be, 1, 0, D, Oq, n, 1.0f, out, D, att, Oq, 1.0f, dwo, Oq);
+        ops->gemm(ops->be, 0, 0, n, Oq, D, 1.0f, out, D, wo, Oq, 0.0f, datt, Oq);
+        ops->attention_backward(ops->be, dq, dk, dv, datt, q, k, v, att, lse, B, T, H, K, hd);
+        ops->gemm(ops->be, 1, 0, Oq, D, n, 1.0f, dq, Oq, h, D, 1.0f, dwq, D);
+        ops->gemm(ops->be, 1, 0, Okv, D, n, 1.0f, dk, Okv, h, D, 1.0f, dwq + (size_t)Oq * D, D);
+        ops->gemm(ops->be, 1, 0, Okv, D, n, 1.0f, dv, Okv, h, D, 1.0f, dwq + (size_t)(Oq + Okv) * D, D);
+        ops->gemm(ops->be, 0, 0, n, D, Oq, 1.0f, dq, Oq, wq, D, 0.0f, dh, D);
+        ops->gemm(ops->be, 0, 0, n, D, Okv, 1.0f, dk, Okv, wq + (size_t)Oq * D, D, 1.0f, dh, D);
+        ops->gemm(ops->be, 0, 0, n, D, Okv, 1.0f, dv, Okv, wq + (size_t)(Oq + Okv) * D, D, 1.0f, dh, D);
         ta = fmin(ta, now_s() - t0);
     }
     printf("bench B=%d T=%d D=%d: M mixer fwd+bwd %.1f ms (%.2f us/token; scan fwd+bwd %.1f ms = %.0f%%), "

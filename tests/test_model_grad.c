@@ -118,7 +118,7 @@ static void spread_params(struct mt_model *m, uint64_t seed)
             /* Mamba-3 dt_bias: dt = softplus(-2 + ...) ~ 0.13, the init's range, not ~1.3 */
             if (strstr(p->name, "dt_bias")) h[e] = (float)(-2.0 + 0.3 * z);
         }
-        ops->copy_from_host(p->data, h, p->numel * sizeof(float));
+        ops->copy_from_host(ops->be, p->data, h, p->numel * sizeof(float));
         free(h);
     }
 }
@@ -156,7 +156,7 @@ static void routing_snapshot(struct mt_model *m, int32_t *out)
     size_t o = 0;
     for (int l = 0; l < m->L; l++) {
         if (!m->layers[l].moe) continue;
-        m->ops->copy_to_host(out + o, m->layers[l].topk, (size_t)m->N * m->top_k * sizeof(int32_t));
+        m->ops->copy_to_host(m->ops->be, out + o, m->layers[l].topk, (size_t)m->N * m->top_k * sizeof(int32_t));
         o += (size_t)m->N * m->top_k;
     }
 }
@@ -198,7 +198,7 @@ static void gradcheck(const char *label, int moe, float softcap)
     for (int i = 0; i < np; i++) {
         struct mt_param *p = &ps[i];
         float *ga = malloc(p->numel * sizeof(float));
-        ops->copy_to_host(ga, p->grad, p->numel * sizeof(float));
+        ops->copy_to_host(ops->be, ga, p->grad, p->numel * sizeof(float));
         double gscale = 0;
         for (size_t e = 0; e < p->numel; e++) gscale = fmax(gscale, fabs(ga[e]));
         if (g_lora && p->frozen) {
@@ -218,17 +218,17 @@ static void gradcheck(const char *label, int moe, float softcap)
         for (int s = 0; s < ns; s++) {
             size_t e = p->numel <= 20 ? (size_t)s : (size_t)(mt_rng_splitmix64(1000 * (uint64_t)i + s) % p->numel);
             float orig, v;
-            ops->copy_to_host(&orig, p->data + e, sizeof(float));
+            ops->copy_to_host(ops->be, &orig, p->data + e, sizeof(float));
             v = orig + eps;
-            ops->copy_from_host(p->data + e, &v, sizeof(float));
+            ops->copy_from_host(ops->be, p->data + e, &v, sizeof(float));
             double lp = total_loss(&ctx, m, idx, tgt, &norm);
             int flip = 0;
             if (moe) { routing_snapshot(m, r1); flip |= memcmp(r0, r1, nroute * sizeof(int32_t)) != 0; }
             v = orig - eps;
-            ops->copy_from_host(p->data + e, &v, sizeof(float));
+            ops->copy_from_host(ops->be, p->data + e, &v, sizeof(float));
             double lm = total_loss(&ctx, m, idx, tgt, &norm);
             if (moe) { routing_snapshot(m, r1); flip |= memcmp(r0, r1, nroute * sizeof(int32_t)) != 0; }
-            ops->copy_from_host(p->data + e, &orig, sizeof(float));
+            ops->copy_from_host(ops->be, p->data + e, &orig, sizeof(float));
             if (flip) { skipped++; continue; }
             /* the actual step, as rounded in fp32 */
             double h = ((double)(orig + eps) - (double)(orig - eps));
@@ -289,14 +289,14 @@ static void accumulation(int moe)
     float **g1 = calloc((size_t)np, sizeof(float *));
     for (int i = 0; i < np; i++) {
         g1[i] = malloc(ps[i].numel * sizeof(float));
-        ops->copy_to_host(g1[i], ps[i].grad, ps[i].numel * sizeof(float));
+        ops->copy_to_host(ops->be, g1[i], ps[i].grad, ps[i].numel * sizeof(float));
     }
     total_loss(&ctx, m, idx, tgt, &norm);
     MT_ASSERT(mt_model_backward(&ctx, m) == MT_OK);
     double worst = 0;
     for (int i = 0; i < np; i++) {
         float *g2 = malloc(ps[i].numel * sizeof(float));
-        ops->copy_to_host(g2, ps[i].grad, ps[i].numel * sizeof(float));
+        ops->copy_to_host(ops->be, g2, ps[i].grad, ps[i].numel * sizeof(float));
         for (size_t e = 0; e < ps[i].numel; e++)
             worst = fmax(worst, fabs((double)g2[e] - 2.0 * g1[i][e]) / (1e-6 + fabs(2.0 * g1[i][e])));
         free(g2);
@@ -308,7 +308,7 @@ static void accumulation(int moe)
     /* zero_grad clears */
     mt_model_zero_grad(m);
     float g;
-    ops->copy_to_host(&g, ps[1].grad, sizeof g);
+    ops->copy_to_host(ops->be, &g, ps[1].grad, sizeof g);
     EXPECT(g == 0.0f, "zero_grad left %g", (double)g);
     mt_model_destroy(&ctx, m);
     mt_ctx_free(&ctx);
@@ -349,8 +349,8 @@ static void microbatch_split(int moe)
     double worst = 0;
     for (int i = 0; i < np; i++) {
         float *ga = malloc(a[i].numel * sizeof(float)), *gb = malloc(a[i].numel * sizeof(float));
-        ops->copy_to_host(ga, a[i].grad, a[i].numel * sizeof(float));
-        ops->copy_to_host(gb, b[i].grad, b[i].numel * sizeof(float));
+        ops->copy_to_host(ops->be, ga, a[i].grad, a[i].numel * sizeof(float));
+        ops->copy_to_host(ops->be, gb, b[i].grad, b[i].numel * sizeof(float));
         double sc = 0;
         for (size_t e = 0; e < a[i].numel; e++) sc = fmax(sc, fabs(ga[e]));
         for (size_t e = 0; e < a[i].numel; e++) worst = fmax(worst, fabs((double)ga[e] - gb[e]) / (sc + 1e-12));
@@ -396,7 +396,7 @@ static void lora_zero_start(int moe)
             for (int i = 0; i < np; i++) {
                 if (!strstr(ps[i].name, ".lora_B.")) continue;
                 float *g = malloc(ps[i].numel * sizeof(float));
-                ops->copy_to_host(g, ps[i].grad, ps[i].numel * sizeof(float));
+                ops->copy_to_host(ops->be, g, ps[i].grad, ps[i].numel * sizeof(float));
                 double mx = 0;
                 for (size_t e = 0; e < ps[i].numel; e++) mx = fmax(mx, fabs(g[e]));
                 nb += mx > 0;

@@ -32,7 +32,7 @@ static const struct mt_ops_i *g_cpu;
 static int g_overlaps, g_calls;
 
 /* gemm_grouped of the cpu table, after checking that no two C[g] overlap */
-static void checked_grouped(int ta, int tb, int n, const int *M, const int *N, const int *K, float alpha,
+static void checked_grouped(void *backend, int ta, int tb, int n, const int *M, const int *N, const int *K, float alpha,
                             const float *const *A, int lda, const float *const *B, int ldb, float beta,
                             float *const *C, int ldc)
 {
@@ -43,7 +43,7 @@ static void checked_grouped(int ta, int tb, int n, const int *M, const int *N, c
             const float *bi = C[j], *be = C[j] + (size_t)(M[j] - 1) * ldc + N[j];
             if (ai < be && bi < ae) g_overlaps++;
         }
-    g_cpu->gemm_grouped(ta, tb, n, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    g_cpu->gemm_grouped(backend, ta, tb, n, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 static float frand(uint64_t *s)

@@ -69,7 +69,12 @@ cat >"$OUT/nccl_link_check.c" <<'END_OF_C'
 #include "dist/comm_nccl.h"
 #include "dist/mt_mesh.h"
 static long n_copies;
-static void host_copy(void *dst, const void *src, size_t bytes) { n_copies++; memcpy(dst, src, bytes); }
+static void host_copy(void *be, void *dst, const void *src, size_t bytes)
+{
+    (void)be;
+    n_copies++;
+    memcpy(dst, src, bytes);
+}
 static int mesh_check(void)
 {
     struct mt_ctx ctx;
@@ -80,7 +85,7 @@ static int mesh_check(void)
     printf("set_input_stream on self: %s: %s\n", mt_status_str(st), mt_ctx_last_error(&ctx));
     mt_comm_destroy(self);
     struct mt_mesh_dims d = {1, 1, 1, 1, 0};
-    struct mt_mesh_nccl_opts o = {0, NULL, host_copy};
+    struct mt_mesh_nccl_opts o = {0, NULL, host_copy, NULL};
     struct mt_mesh *m = NULL;
     st = mt_mesh_create_nccl(&ctx, &d, NULL, 0, &o, &m);
     printf("mesh_create_nccl: %s\n", mt_status_str(st));
@@ -105,7 +110,7 @@ static int mesh_world(int argc, char **argv)
     struct mt_ctx ctx;
     mt_ctx_init(&ctx);
     struct mt_mesh_dims d = {1, world, 1, 1, 0};
-    struct mt_mesh_nccl_opts o = {0, NULL, host_copy};
+    struct mt_mesh_nccl_opts o = {0, NULL, host_copy, NULL};
     struct mt_mesh *m = NULL;
     enum mt_status st = mt_mesh_create_nccl(&ctx, &d, NULL, 0, &o, &m);
     printf("rank %d of %d: mesh_create_nccl: %s: %s\n", rank, world, mt_status_str(st),

@@ -113,7 +113,7 @@ static double *plus(struct harness *h, const float *init, const double *ref, siz
 
 static void *dalloc(struct harness *h, size_t bytes)
 {
-    void *p = h->ops->buf_alloc(&h->ctx, bytes ? bytes : 4, MT_BUCKET_OTHER);
+    void *p = h->ops->buf_alloc(h->ops->be, &h->ctx, bytes ? bytes : 4, MT_BUCKET_OTHER);
     if (!p || h->n_dbufs == MAX_BUFS) {
         fprintf(stderr, "test_ops: %s buf_alloc(%zu) failed: %s\n", h->bname, bytes,
                 mt_ctx_last_error(&h->ctx));
@@ -125,33 +125,33 @@ static void *dalloc(struct harness *h, size_t bytes)
 static float *up_f(struct harness *h, const float *x, size_t n)
 {
     float *p = dalloc(h, n * sizeof(float));
-    if (n) h->ops->copy_from_host(p, x, n * sizeof(float));
+    if (n) h->ops->copy_from_host(h->ops->be, p, x, n * sizeof(float));
     return p;
 }
 static int32_t *up_i(struct harness *h, const int32_t *x, size_t n)
 {
     int32_t *p = dalloc(h, n * sizeof(int32_t));
-    if (n) h->ops->copy_from_host(p, x, n * sizeof(int32_t));
+    if (n) h->ops->copy_from_host(h->ops->be, p, x, n * sizeof(int32_t));
     return p;
 }
 static float *down_f(struct harness *h, const float *d, size_t n)
 {
     float *x = new_f(h, n);
-    h->ops->sync();
-    if (n) h->ops->copy_to_host(x, d, n * sizeof(float));
+    h->ops->sync(h->ops->be);
+    if (n) h->ops->copy_to_host(h->ops->be, x, d, n * sizeof(float));
     return x;
 }
 static int32_t *down_i(struct harness *h, const int32_t *d, size_t n)
 {
     int32_t *x = new_i(h, n);
-    h->ops->sync();
-    if (n) h->ops->copy_to_host(x, d, n * sizeof(int32_t));
+    h->ops->sync(h->ops->be);
+    if (n) h->ops->copy_to_host(h->ops->be, x, d, n * sizeof(int32_t));
     return x;
 }
 
 static void reset(struct harness *h)
 {
-    for (int i = 0; i < h->n_dbufs; i++) h->ops->buf_free(&h->ctx, h->dbufs[i]);
+    for (int i = 0; i < h->n_dbufs; i++) h->ops->buf_free(h->ops->be, &h->ctx, h->dbufs[i]);
     for (int i = 0; i < h->n_hbufs; i++) mt_free(&h->ctx, h->hbufs[i]);
     h->n_dbufs = h->n_hbufs = 0;
 }
@@ -279,7 +279,7 @@ static void gemm_case(struct harness *h, int tA, int tB, int M, int N, int K, in
     double *Cr = beta == 0 ? new_d(h, nc) : to_d(h, C0, nc);
     ref_gemm(tA, tB, M, N, K, alpha, to_d(h, A, na), lda, to_d(h, B, nb), ldb, beta, Cr, ldc);
     float *dA = up_f(h, A, na), *dB = up_f(h, B, nb), *dC = up_f(h, C0, nc);
-    h->ops->gemm(tA, tB, M, N, K, alpha, dA, lda, dB, ldb, beta, dC, ldc);
+    h->ops->gemm(h->ops->be, tA, tB, M, N, K, alpha, dA, lda, dB, ldb, beta, dC, ldc);
     float *C = down_f(h, dC, nc);
 
     float *got = new_f(h, (size_t)M * N);
@@ -295,7 +295,7 @@ static void gemm_case(struct harness *h, int tA, int tB, int M, int N, int K, in
     checkf(h, op, err_rel(h, got, ref, (size_t)M * N), TOL_FWD, "%s", cs);
     checkf(h, op, pad_diff, 0, "%s ldc pad kept", cs);
     float *dC2 = up_f(h, C0, nc);
-    h->ops->gemm(tA, tB, M, N, K, alpha, dA, lda, dB, ldb, beta, dC2, ldc);
+    h->ops->gemm(h->ops->be, tA, tB, M, N, K, alpha, dA, lda, dB, ldb, beta, dC2, ldc);
     checkf(h, op, ndiff(C, down_f(h, dC2, nc), nc), 0, "%s determinism", cs);
 }
 
@@ -324,7 +324,7 @@ static int run_fill(struct harness *h)
         size_t n = ns[c];
         float *x0 = rand_f(h, n + 1, -1, 1);
         float *dx = up_f(h, x0, n + 1);
-        h->ops->fill(dx, 3.25f, n);
+        h->ops->fill(h->ops->be, dx, 3.25f, n);
         float *x = down_f(h, dx, n + 1);
         double bad = 0;
         for (size_t i = 0; i < n; i++) bad += x[i] != 3.25f;
@@ -342,11 +342,11 @@ static void axpby_case(struct harness *h, size_t n, int with_x, float a, float b
     double *ref = new_d(h, n);
     for (size_t i = 0; i < n; i++) ref[i] = (with_x ? (double)a * x[i] : 0) + (double)b * y0[i];
     float *dx = with_x ? up_f(h, x, n) : NULL, *dy = up_f(h, y0, n);
-    h->ops->axpby(dy, dx, a, b, n);
+    h->ops->axpby(h->ops->be, dy, dx, a, b, n);
     float *y = down_f(h, dy, n);
     checkf(h, op, err_rel(h, y, ref, n), TOL_FWD, "n=%zu x=%s a=%g b=%g", n, with_x ? "yes" : "NULL", a, b);
     float *dy2 = up_f(h, y0, n);
-    h->ops->axpby(dy2, dx, a, b, n);
+    h->ops->axpby(h->ops->be, dy2, dx, a, b, n);
     checkf(h, op, ndiff(y, down_f(h, dy2, n), n), 0, "n=%zu x=%s determinism", n, with_x ? "yes" : "NULL");
 }
 
@@ -375,7 +375,7 @@ static int run_sumsq(struct harness *h)
         double ref = 0;
         for (size_t i = 0; i < n; i++) ref += (double)x[i] * x[i];
         float *dx = up_f(h, x, n ? n : 1);
-        double s1 = h->ops->sumsq(dx, n), s2 = h->ops->sumsq(dx, n);
+        double s1 = h->ops->sumsq(h->ops->be, dx, n), s2 = h->ops->sumsq(h->ops->be, dx, n);
         checkf(h, op, fabs(s1 - ref) / (ref > 0 ? ref : 1), 1e-6, "n=%zu", n);
         checkf(h, op, ndiff(&s1, &s2, 2) > 0, 0, "n=%zu determinism", n);
     }
@@ -406,7 +406,7 @@ static int run_all_finite(struct harness *h)
         if (cs[c].at >= 0) x[cs[c].at] = cs[c].val;
         x[n] = NAN;  /* past the end: must not be read */
         float *dx = up_f(h, x, n + 1);
-        int r = h->ops->all_finite(dx, n);
+        int r = h->ops->all_finite(h->ops->be, dx, n);
         checkf(h, op, r != cs[c].expect, 0, "%s (want %d got %d)", cs[c].name, cs[c].expect, r);
     }
     return h->n_fail == f0;
@@ -423,7 +423,7 @@ static int run_transpose(struct harness *h)
         float *in = rand_f(h, n, -1, 1);
         if (!h->ops || !has(h, op, h->ops->transpose != NULL)) continue;
         float *din = up_f(h, in, n), *dout = up_f(h, nan_f(h, n), n);
-        h->ops->transpose(dout, din, R, Cc);
+        h->ops->transpose(h->ops->be, dout, din, R, Cc);
         float *out = down_f(h, dout, n);
         double bad = 0;
         for (int i = 0; i < R; i++)
@@ -482,16 +482,16 @@ static void embed_case(struct harness *h, int N, int C, int V, int vrange)
     float *dwte = up_f(h, wte, nw);
     if (has(h, "embed_forward", h->ops->embed_forward != NULL)) {
         float *dout = up_f(h, nan_f(h, no), no);
-        h->ops->embed_forward(dout, didx, dwte, N, C);
+        h->ops->embed_forward(h->ops->be, dout, didx, dwte, N, C);
         checkf(h, "embed_forward", err_rel(h, down_f(h, dout, no), e.out, no), 0, "%s exact", cs);
     }
     (void)op;
     if (has(h, "embed_backward", h->ops->embed_backward != NULL)) {
         float *dW = up_f(h, W, no), *ddw = up_f(h, dw0, nw), *ddw2 = up_f(h, dw0, nw);
-        h->ops->embed_backward(ddw, dW, didx, N, C, V);
+        h->ops->embed_backward(h->ops->be, ddw, dW, didx, N, C, V);
         float *got = down_f(h, ddw, nw);
         checkf(h, "embed_backward", err_rel(h, got, plus(h, dw0, gw, nw), nw), TOL_BWD, "%s dwte (+=)", cs);
-        h->ops->embed_backward(ddw2, dW, didx, N, C, V);
+        h->ops->embed_backward(h->ops->be, ddw2, dW, didx, N, C, V);
         checkf(h, "embed_backward", ndiff(got, down_f(h, ddw2, nw), nw), 0, "%s determinism", cs);
     }
 }
@@ -567,12 +567,12 @@ static void rms_case(struct harness *h, int N, int C, float eps)
     if (!has(h, "rmsnorm_forward", h->ops->rmsnorm_forward != NULL)) return;
     float *dxi = up_f(h, x, n), *dwi = up_f(h, w, C);
     float *dout = up_f(h, nan_f(h, n), n), *drstd = up_f(h, nan_f(h, N), N);
-    h->ops->rmsnorm_forward(dout, drstd, dxi, dwi, N, C, eps);
+    h->ops->rmsnorm_forward(h->ops->be, dout, drstd, dxi, dwi, N, C, eps);
     float *out = down_f(h, dout, n), *rstd = down_f(h, drstd, N);
     checkf(h, "rmsnorm_forward", err_rel(h, out, r.out, n), TOL_FWD, "%s out", cs);
     checkf(h, "rmsnorm_forward", err_rel(h, rstd, r.rstd, N), TOL_FWD, "%s rstd", cs);
     float *dout2 = up_f(h, nan_f(h, n), n), *drstd2 = up_f(h, nan_f(h, N), N);
-    h->ops->rmsnorm_forward(dout2, drstd2, dxi, dwi, N, C, eps);
+    h->ops->rmsnorm_forward(h->ops->be, dout2, drstd2, dxi, dwi, N, C, eps);
     checkf(h, "rmsnorm_forward", ndiff(out, down_f(h, dout2, n), n) + ndiff(rstd, down_f(h, drstd2, N), N), 0,
            "%s determinism", cs);
 
@@ -581,14 +581,14 @@ static void rms_case(struct harness *h, int N, int C, float eps)
     for (int acc = 0; acc <= 1; acc++) {
         float *gx0 = acc ? dx0 : nan_f(h, n);
         float *ddx = up_f(h, gx0, n), *ddw = up_f(h, dw0, C);
-        h->ops->rmsnorm_backward(ddx, ddw, dW, dxi, dwi, drstd, N, C, acc);
+        h->ops->rmsnorm_backward(h->ops->be, ddx, ddw, dW, dxi, dwi, drstd, N, C, acc);
         float *gotx = down_f(h, ddx, n), *gotw = down_f(h, ddw, C);
         checkf(h, "rmsnorm_backward", err_rel(h, gotx, acc ? plus(h, dx0, gx, n) : gx, n), TOL_BWD,
                "%s acc=%d dx (%s)", cs, acc, acc ? "+=" : "=");
         checkf(h, "rmsnorm_backward", err_rel(h, gotw, plus(h, dw0, gw, C), C), TOL_BWD, "%s acc=%d dw (+=)", cs,
                acc);
         float *ddx2 = up_f(h, gx0, n), *ddw2 = up_f(h, dw0, C);
-        h->ops->rmsnorm_backward(ddx2, ddw2, dW, dxi, dwi, drstd, N, C, acc);
+        h->ops->rmsnorm_backward(h->ops->be, ddx2, ddw2, dW, dxi, dwi, drstd, N, C, acc);
         checkf(h, "rmsnorm_backward", ndiff(gotx, down_f(h, ddx2, n), n) + ndiff(gotw, down_f(h, ddw2, C), C), 0,
                "%s acc=%d determinism", cs, acc);
     }
@@ -679,21 +679,21 @@ static void rope_case(struct harness *h, int B, int T, int pos0, int nh, int hd,
     float *dcos = up_f(h, cosf_, nt), *dsin = up_f(h, sinf_, nt);
     if (has(h, "rope_forward", h->ops->rope_forward != NULL)) {
         float *dx = up_f(h, x, n), *dout = up_f(h, nan_f(h, n), n), *dinpl = up_f(h, x, n);
-        h->ops->rope_forward(dout, dx, dcos, dsin, N, T, pos0, nh, hd);
+        h->ops->rope_forward(h->ops->be, dout, dx, dcos, dsin, N, T, pos0, nh, hd);
         float *out = down_f(h, dout, n);
         checkf(h, "rope_forward", err_rel(h, out, r.out, n), TOL_FWD, "%s out", cs);
-        h->ops->rope_forward(dinpl, dinpl, dcos, dsin, N, T, pos0, nh, hd);
+        h->ops->rope_forward(h->ops->be, dinpl, dinpl, dcos, dsin, N, T, pos0, nh, hd);
         checkf(h, "rope_forward", ndiff(out, down_f(h, dinpl, n), n), 0, "%s in place == out of place", cs);
         float *dout2 = up_f(h, nan_f(h, n), n);
-        h->ops->rope_forward(dout2, dx, dcos, dsin, N, T, pos0, nh, hd);
+        h->ops->rope_forward(h->ops->be, dout2, dx, dcos, dsin, N, T, pos0, nh, hd);
         checkf(h, "rope_forward", ndiff(out, down_f(h, dout2, n), n), 0, "%s determinism", cs);
     }
     if (has(h, "rope_backward", h->ops->rope_backward != NULL)) {
         float *dg = up_f(h, W, n), *ddx = up_f(h, nan_f(h, n), n), *dinpl = up_f(h, W, n);
-        h->ops->rope_backward(ddx, dg, dcos, dsin, N, T, pos0, nh, hd);
+        h->ops->rope_backward(h->ops->be, ddx, dg, dcos, dsin, N, T, pos0, nh, hd);
         float *got = down_f(h, ddx, n);
         checkf(h, "rope_backward", err_rel(h, got, gx, n), TOL_BWD, "%s dx (=)", cs);
-        h->ops->rope_backward(dinpl, dinpl, dcos, dsin, N, T, pos0, nh, hd);
+        h->ops->rope_backward(h->ops->be, dinpl, dinpl, dcos, dsin, N, T, pos0, nh, hd);
         checkf(h, "rope_backward", ndiff(got, down_f(h, dinpl, n), n), 0, "%s in place == out of place", cs);
     }
 }
@@ -838,12 +838,12 @@ static void attn_case(struct harness *h, int B, int T, int H, int K, int hd)
     if (!has(h, opf, h->ops->attention_forward != NULL)) return;
     float *dq = up_f(h, q, nq), *dk = up_f(h, k, nk), *dv = up_f(h, v, nk);
     float *dout = up_f(h, nan_f(h, nq), nq), *dlse = up_f(h, nan_f(h, nl), nl);
-    h->ops->attention_forward(dout, dlse, dq, dk, dv, B, T, T, 0, H, K, hd);
+    h->ops->attention_forward(h->ops->be, dout, dlse, dq, dk, dv, B, T, T, 0, H, K, hd);
     float *out = down_f(h, dout, nq), *lse = down_f(h, dlse, nl);
     checkf(h, opf, err_rel(h, out, a.out, nq), TOL_FWD, "%s train out", cs);
     checkf(h, opf, err_rel(h, lse, a.lse, nl), TOL_FWD, "%s train lse", cs);
     float *dout2 = up_f(h, nan_f(h, nq), nq), *dlse2 = up_f(h, nan_f(h, nl), nl);
-    h->ops->attention_forward(dout2, dlse2, dq, dk, dv, B, T, T, 0, H, K, hd);
+    h->ops->attention_forward(h->ops->be, dout2, dlse2, dq, dk, dv, B, T, T, 0, H, K, hd);
     checkf(h, opf, ndiff(out, down_f(h, dout2, nq), nq) + ndiff(lse, down_f(h, dlse2, nl), nl), 0,
            "%s train determinism", cs);
 
@@ -856,7 +856,7 @@ static void attn_case(struct harness *h, int B, int T, int H, int K, int hd)
         size_t nqq = (size_t)B * Tq * H * hd, nll = (size_t)B * H * Tq;
         float *dqq = up_f(h, rows_f(h, q, B, T, H, hd, p0, Tq), nqq);
         float *doo = up_f(h, nan_f(h, nqq), nqq), *dll = up_f(h, nan_f(h, nll), nll);
-        h->ops->attention_forward(doo, dll, dqq, dk, dv, B, Tq, T, p0, H, K, hd);
+        h->ops->attention_forward(h->ops->be, doo, dll, dqq, dk, dv, B, Tq, T, p0, H, K, hd);
         checkf(h, opf, err_rel(h, down_f(h, doo, nqq), rows_d(h, a.out, B, T, H, hd, p0, Tq), nqq), TOL_FWD,
                "%s Tq=%d q_pos0=%d out", cs, Tq, p0);
         checkf(h, opf, err_rel(h, down_f(h, dll, nll), lse_rows_d(h, a.lse, B, T, H, p0, Tq), nll), TOL_FWD,
@@ -866,7 +866,7 @@ static void attn_case(struct harness *h, int B, int T, int H, int K, int hd)
     if (!has(h, opb, h->ops->attention_backward != NULL)) return;
     float *dg = up_f(h, W, nq);
     float *ddq = up_f(h, nan_f(h, nq), nq), *ddk = up_f(h, nan_f(h, nk), nk), *ddv = up_f(h, nan_f(h, nk), nk);
-    h->ops->attention_backward(ddq, ddk, ddv, dg, dq, dk, dv, dout, dlse, B, T, H, K, hd);
+    h->ops->attention_backward(h->ops->be, ddq, ddk, ddv, dg, dq, dk, dv, dout, dlse, B, T, H, K, hd);
     float *gotq = down_f(h, ddq, nq), *gotk = down_f(h, ddk, nk), *gotv = down_f(h, ddv, nk);
     checkf(h, opb, err_rel(h, gotq, gq, nq), TOL_BWD, "%s dq (=)", cs);
     checkf(h, opb, err_rel(h, gotk, gk, nk), TOL_BWD, "%s dk (=)", cs);
@@ -874,7 +874,7 @@ static void attn_case(struct harness *h, int B, int T, int H, int K, int hd)
     /* overwrite with finite garbage too (a kernel that accumulates into NaN fails above anyway) */
     float *g7 = rand_f(h, nq, 5, 9);
     float *ddq2 = up_f(h, g7, nq), *ddk2 = up_f(h, g7, nk), *ddv2 = up_f(h, g7, nk);
-    h->ops->attention_backward(ddq2, ddk2, ddv2, dg, dq, dk, dv, dout, dlse, B, T, H, K, hd);
+    h->ops->attention_backward(h->ops->be, ddq2, ddk2, ddv2, dg, dq, dk, dv, dout, dlse, B, T, H, K, hd);
     checkf(h, opb, ndiff(gotq, down_f(h, ddq2, nq), nq) + ndiff(gotk, down_f(h, ddk2, nk), nk) +
                        ndiff(gotv, down_f(h, ddv2, nk), nk), 0,
            "%s determinism (prefill ignored)", cs);
@@ -934,20 +934,20 @@ static void swiglu_case(struct harness *h, size_t n)
     float *dgt = up_f(h, g, n), *dup = up_f(h, u, n);
     if (has(h, "swiglu_forward", h->ops->swiglu_forward != NULL)) {
         float *dout = up_f(h, nan_f(h, n), n), *dout2 = up_f(h, nan_f(h, n), n);
-        h->ops->swiglu_forward(dout, dgt, dup, n);
+        h->ops->swiglu_forward(h->ops->be, dout, dgt, dup, n);
         float *out = down_f(h, dout, n);
         checkf(h, "swiglu_forward", err_rel(h, out, c.out, n), TOL_FWD, "n=%zu out", n);
-        h->ops->swiglu_forward(dout2, dgt, dup, n);
+        h->ops->swiglu_forward(h->ops->be, dout2, dgt, dup, n);
         checkf(h, "swiglu_forward", ndiff(out, down_f(h, dout2, n), n), 0, "n=%zu determinism", n);
     }
     if (has(h, "swiglu_backward", h->ops->swiglu_backward != NULL)) {
         float *dW = up_f(h, W, n), *ddg = up_f(h, nan_f(h, n), n), *ddu = up_f(h, nan_f(h, n), n);
-        h->ops->swiglu_backward(ddg, ddu, dW, dgt, dup, n);
+        h->ops->swiglu_backward(h->ops->be, ddg, ddu, dW, dgt, dup, n);
         float *got_g = down_f(h, ddg, n), *got_u = down_f(h, ddu, n);
         checkf(h, "swiglu_backward", err_rel(h, got_g, gg, n), TOL_BWD, "n=%zu dgate (=)", n);
         checkf(h, "swiglu_backward", err_rel(h, got_u, gu, n), TOL_BWD, "n=%zu dup (=)", n);
         float *ddg2 = up_f(h, nan_f(h, n), n), *ddu2 = up_f(h, nan_f(h, n), n);
-        h->ops->swiglu_backward(ddg2, ddu2, dW, dgt, dup, n);
+        h->ops->swiglu_backward(h->ops->be, ddg2, ddu2, dW, dgt, dup, n);
         checkf(h, "swiglu_backward", ndiff(got_g, down_f(h, ddg2, n), n) + ndiff(got_u, down_f(h, ddu2, n), n), 0,
                "n=%zu determinism", n);
     }
@@ -1037,7 +1037,7 @@ static void xent_case(struct harness *h, int N, int V, float cap, double zr)
     float *dz = up_f(h, z, nz);
     int32_t *dt = up_i(h, t, N);
     float *dloss = up_f(h, nan_f(h, N), N), *dlse = up_f(h, nan_f(h, N), N);
-    h->ops->xent_forward(dloss, dlse, dz, dt, N, V, cap);
+    h->ops->xent_forward(h->ops->be, dloss, dlse, dz, dt, N, V, cap);
     float *loss = down_f(h, dloss, N), *lse = down_f(h, dlse, N);
     checkf(h, "xent_forward", err_rel(h, loss, x.loss, N), TOL_FWD, "%s losses", cs);
     /* lse on rows with a target (what backward reads), then on ignored rows */
@@ -1051,30 +1051,30 @@ static void xent_case(struct harness *h, int N, int V, float cap, double zr)
     checkf(h, "xent_forward", err_rel(h, lv, rv, nv), TOL_FWD, "%s lse", cs);
     checkf(h, "xent_forward", err_rel(h, li, ri, ni), TOL_FWD, "%s lse rows target=-1", cs);
     float *dloss2 = up_f(h, nan_f(h, N), N), *dlse2 = up_f(h, nan_f(h, N), N);
-    h->ops->xent_forward(dloss2, dlse2, dz, dt, N, V, cap);
+    h->ops->xent_forward(h->ops->be, dloss2, dlse2, dz, dt, N, V, cap);
     checkf(h, "xent_forward", ndiff(loss, down_f(h, dloss2, N), N) + ndiff(lse, down_f(h, dlse2, N), N), 0,
            "%s determinism", cs);
 
     if (!has(h, "xent_backward", h->ops->xent_backward != NULL)) return;
     float *ddz = up_f(h, nan_f(h, nz), nz);
-    h->ops->xent_backward(ddz, dz, dlse, dt, dscale, N, V, cap);
+    h->ops->xent_backward(h->ops->be, ddz, dz, dlse, dt, dscale, N, V, cap);
     float *got = down_f(h, ddz, nz);
     checkf(h, "xent_backward", err_rel(h, got, gz, nz), TOL_BWD, "%s dlogits (=)", cs);
     float *inpl = up_f(h, z, nz);
-    h->ops->xent_backward(inpl, inpl, dlse, dt, dscale, N, V, cap);
+    h->ops->xent_backward(h->ops->be, inpl, inpl, dlse, dt, dscale, N, V, cap);
     checkf(h, "xent_backward", ndiff(got, down_f(h, inpl, nz), nz), 0, "%s in place (dlogits == logits)", cs);
 
     /* one pass: losses and lse as the forward's reference, dlogits (written over
      * the logits) as the backward's; deterministic */
     if (!has(h, "xent_fused", h->ops->xent_fused != NULL)) return;
     float *fz = up_f(h, z, nz), *fl = up_f(h, nan_f(h, N), N), *fs = up_f(h, nan_f(h, N), N);
-    h->ops->xent_fused(fl, fs, fz, dt, dscale, N, V, cap);
+    h->ops->xent_fused(h->ops->be, fl, fs, fz, dt, dscale, N, V, cap);
     checkf(h, "xent_fused", err_rel(h, down_f(h, fl, N), x.loss, N), TOL_FWD, "%s losses", cs);
     checkf(h, "xent_fused", err_rel(h, down_f(h, fs, N), x.lse, N), TOL_FWD, "%s lse", cs);
     float *fg = down_f(h, fz, nz);
     checkf(h, "xent_fused", err_rel(h, fg, gz, nz), TOL_BWD, "%s dlogits (in place)", cs);
     float *fz2 = up_f(h, z, nz), *fl2 = up_f(h, nan_f(h, N), N), *fs2 = up_f(h, nan_f(h, N), N);
-    h->ops->xent_fused(fl2, fs2, fz2, dt, dscale, N, V, cap);
+    h->ops->xent_fused(h->ops->be, fl2, fs2, fz2, dt, dscale, N, V, cap);
     checkf(h, "xent_fused", ndiff(fg, down_f(h, fz2, nz), nz) + ndiff(down_f(h, fl, N), down_f(h, fl2, N), N), 0,
            "%s determinism", cs);
 }
@@ -1211,7 +1211,7 @@ static void router_case(struct harness *h, int N, int E, int k, int tie)
     float *dz = up_f(h, z, nz), *dprobs = up_f(h, nan_f(h, nz), nz), *dlse = up_f(h, nan_f(h, N), N);
     float *dgates = up_f(h, nan_f(h, ng), ng);
     int32_t *dtopk = up_i(h, new_i(h, ng), ng);
-    h->ops->router_forward(dprobs, dlse, dtopk, dgates, dz, N, E, k);
+    h->ops->router_forward(h->ops->be, dprobs, dlse, dtopk, dgates, dz, N, E, k);
     float *probs = down_f(h, dprobs, nz), *lse = down_f(h, dlse, N), *gates = down_f(h, dgates, ng);
     int32_t *topk = down_i(h, dtopk, ng);
     checkf(h, "router_forward", err_rel(h, probs, r.probs, nz), TOL_FWD, "%s probs", cs);
@@ -1220,7 +1220,7 @@ static void router_case(struct harness *h, int N, int E, int k, int tie)
     checkf(h, "router_forward", err_rel(h, gates, r.gates, ng), TOL_FWD, "%s gates", cs);
     float *dprobs2 = up_f(h, nan_f(h, nz), nz), *dlse2 = up_f(h, nan_f(h, N), N), *dgates2 = up_f(h, nan_f(h, ng), ng);
     int32_t *dtopk2 = up_i(h, new_i(h, ng), ng);
-    h->ops->router_forward(dprobs2, dlse2, dtopk2, dgates2, dz, N, E, k);
+    h->ops->router_forward(h->ops->be, dprobs2, dlse2, dtopk2, dgates2, dz, N, E, k);
     checkf(h, "router_forward",
            ndiff(probs, down_f(h, dprobs2, nz), nz) + ndiff(lse, down_f(h, dlse2, N), N) +
                ndiff(gates, down_f(h, dgates2, ng), ng) + ndiff_i(topk, down_i(h, dtopk2, ng), ng),
@@ -1233,11 +1233,11 @@ static void router_case(struct harness *h, int N, int E, int k, int tie)
         double *gz = new_d(h, nz);
         ref_router_bwd(gz, dWg, use_p ? dWp : NULL, use_l ? dWl : NULL, r.probs, r.topk, r.gates, dpscr, N, E, k);
         float *ddz = up_f(h, nan_f(h, nz), nz), *ddz2 = up_f(h, nan_f(h, nz), nz);
-        h->ops->router_backward(ddz, dWgd, use_p ? dWpd : NULL, use_l ? dWld : NULL, dprobs, dtopk, dgates, N, E, k);
+        h->ops->router_backward(h->ops->be, ddz, dWgd, use_p ? dWpd : NULL, use_l ? dWld : NULL, dprobs, dtopk, dgates, N, E, k);
         float *got = down_f(h, ddz, nz);
         checkf(h, "router_backward", err_rel(h, got, gz, nz), TOL_BWD, "%s dprobs=%s dlse=%s dlogits (=)", cs,
                use_p ? "yes" : "NULL", use_l ? "yes" : "NULL");
-        h->ops->router_backward(ddz2, dWgd, use_p ? dWpd : NULL, use_l ? dWld : NULL, dprobs, dtopk, dgates, N, E,
+        h->ops->router_backward(h->ops->be, ddz2, dWgd, use_p ? dWpd : NULL, use_l ? dWld : NULL, dprobs, dtopk, dgates, N, E,
                                 k);
         checkf(h, "router_backward", ndiff(got, down_f(h, ddz2, nz), nz), 0, "%s dprobs=%s dlse=%s determinism", cs,
                use_p ? "yes" : "NULL", use_l ? "yes" : "NULL");
@@ -1359,34 +1359,34 @@ static void moe_case(struct harness *h, int N, int k, int E, int C)
     float *dhh = up_f(h, hh, nh), *dy = up_f(h, y, nm), *dg = up_f(h, g, ng);
     if (has(h, "moe_permute", h->ops->moe_permute != NULL)) {
         float *dxp = up_f(h, nan_f(h, nm), nm);
-        h->ops->moe_permute(dxp, dhh, dsrc, M, C);
+        h->ops->moe_permute(h->ops->be, dxp, dhh, dsrc, M, C);
         checkf(h, "moe_permute", err_rel(h, down_f(h, dxp, nm), xp, nm), 0, "%s xp (=) exact", cs);
     }
     if (has(h, "moe_permute_backward", h->ops->moe_permute_backward != NULL)) {
         float *dW = up_f(h, Wh, nm), *ddh = up_f(h, init_h, nh), *ddh2 = up_f(h, init_h, nh);
-        h->ops->moe_permute_backward(ddh, dW, dpos, N, k, C);
+        h->ops->moe_permute_backward(h->ops->be, ddh, dW, dpos, N, k, C);
         float *got = down_f(h, ddh, nh);
         checkf(h, "moe_permute_backward", err_rel(h, got, plus(h, init_h, gh, nh), nh), TOL_BWD, "%s dh (+=)", cs);
-        h->ops->moe_permute_backward(ddh2, dW, dpos, N, k, C);
+        h->ops->moe_permute_backward(h->ops->be, ddh2, dW, dpos, N, k, C);
         checkf(h, "moe_permute_backward", ndiff(got, down_f(h, ddh2, nh), nh), 0, "%s determinism", cs);
     }
     if (has(h, "moe_combine", h->ops->moe_combine != NULL)) {
         float *dout = up_f(h, init_h, nh), *dout2 = up_f(h, init_h, nh);
-        h->ops->moe_combine(dout, dy, dpos, dg, N, k, C);
+        h->ops->moe_combine(h->ops->be, dout, dy, dpos, dg, N, k, C);
         float *got = down_f(h, dout, nh);
         checkf(h, "moe_combine", err_rel(h, got, plus(h, init_h, out, nh), nh), TOL_FWD, "%s out (+=)", cs);
-        h->ops->moe_combine(dout2, dy, dpos, dg, N, k, C);
+        h->ops->moe_combine(h->ops->be, dout2, dy, dpos, dg, N, k, C);
         checkf(h, "moe_combine", ndiff(got, down_f(h, dout2, nh), nh), 0, "%s determinism", cs);
     }
     if (has(h, "moe_combine_backward", h->ops->moe_combine_backward != NULL)) {
         float *dWo = up_f(h, Wo, nh);
         float *ddy = up_f(h, nan_f(h, nm), nm), *ddg = up_f(h, nan_f(h, ng), ng);
-        h->ops->moe_combine_backward(ddy, ddg, dWo, dy, dpos, dg, N, k, C);
+        h->ops->moe_combine_backward(h->ops->be, ddy, ddg, dWo, dy, dpos, dg, N, k, C);
         float *goty = down_f(h, ddy, nm), *gotg = down_f(h, ddg, ng);
         checkf(h, "moe_combine_backward", err_rel(h, goty, gy, nm), TOL_BWD, "%s dy (=)", cs);
         checkf(h, "moe_combine_backward", err_rel(h, gotg, gg, ng), TOL_BWD, "%s dgates (=)", cs);
         float *ddy2 = up_f(h, nan_f(h, nm), nm), *ddg2 = up_f(h, nan_f(h, ng), ng);
-        h->ops->moe_combine_backward(ddy2, ddg2, dWo, dy, dpos, dg, N, k, C);
+        h->ops->moe_combine_backward(h->ops->be, ddy2, ddg2, dWo, dy, dpos, dg, N, k, C);
         checkf(h, "moe_combine_backward", ndiff(goty, down_f(h, ddy2, nm), nm) + ndiff(gotg, down_f(h, ddg2, ng), ng),
                0, "%s determinism", cs);
     }
@@ -1427,7 +1427,7 @@ static void adamw_case(struct harness *h, size_t n, int t, int fresh, double gsc
         rp[i] -= (double)lr * (rm[i] / bc1) / (sqrt(rv[i] / bc2) + eps);
     }
     float *dp = up_f(h, p, n), *dg = up_f(h, g, n), *dm = up_f(h, m, n), *dv = up_f(h, v, n);
-    h->ops->adamw_update(dp, dg, dm, dv, n, lr, b1, b2, eps, wd, bc1, bc2);
+    h->ops->adamw_update(h->ops->be, dp, dg, dm, dv, n, lr, b1, b2, eps, wd, bc1, bc2);
     float *gp = down_f(h, dp, n), *gm = down_f(h, dm, n), *gv = down_f(h, dv, n);
     checkf(h, op, err_rel(h, gp, rp, n), TOL_FWD, "%s p", cs);
     checkf(h, op, err_rel(h, gm, rm, n), TOL_FWD, "%s m", cs);
@@ -1441,7 +1441,7 @@ static void adamw_case(struct harness *h, size_t n, int t, int fresh, double gsc
     /* loose: p's own float rounding (|p| < 1) is up to 6e-5 of an lr=1e-3 update */
     checkf(h, op, err_rel_d(gdel, rdel, n), 1e-3, "%s p - p0", cs);
     float *dp2 = up_f(h, p, n), *dm2 = up_f(h, m, n), *dv2 = up_f(h, v, n);
-    h->ops->adamw_update(dp2, dg, dm2, dv2, n, lr, b1, b2, eps, wd, bc1, bc2);
+    h->ops->adamw_update(h->ops->be, dp2, dg, dm2, dv2, n, lr, b1, b2, eps, wd, bc1, bc2);
     checkf(h, op, ndiff(gp, down_f(h, dp2, n), n) + ndiff(gm, down_f(h, dm2, n), n) + ndiff(gv, down_f(h, dv2, n), n),
            0, "%s determinism", cs);
 }
@@ -1470,12 +1470,12 @@ static void muon_case(struct harness *h, size_t n, int alias)
         rd[i] = g[i] + (double)mu * rm[i];
     }
     float *dg = up_f(h, g, n), *dm = up_f(h, m, n), *dd = alias ? dg : up_f(h, nan_f(h, n), n);
-    h->ops->muon_momentum(dd, dm, dg, mu, n);
+    h->ops->muon_momentum(h->ops->be, dd, dm, dg, mu, n);
     float *gd = down_f(h, dd, n), *gm = down_f(h, dm, n);
     checkf(h, op, err_rel(h, gm, rm, n), TOL_FWD, "n=%zu%s m", n, alias ? " d==g" : "");
     checkf(h, op, err_rel(h, gd, rd, n), TOL_FWD, "n=%zu%s d", n, alias ? " d==g" : "");
     float *dg2 = up_f(h, g, n), *dm2 = up_f(h, m, n), *dd2 = alias ? dg2 : up_f(h, nan_f(h, n), n);
-    h->ops->muon_momentum(dd2, dm2, dg2, mu, n);
+    h->ops->muon_momentum(h->ops->be, dd2, dm2, dg2, mu, n);
     checkf(h, op, ndiff(gd, down_f(h, dd2, n), n) + ndiff(gm, down_f(h, dm2, n), n), 0, "n=%zu%s determinism", n,
            alias ? " d==g" : "");
 }
@@ -1511,19 +1511,19 @@ static void rms_resid_case(struct harness *h, int N, int C, float eps)
     if (!has(h, "rmsnorm_resid_forward", h->ops->rmsnorm_resid_forward != NULL)) return;
     float *dxi = up_f(h, x, n), *dwi = up_f(h, w, C);
     float *dout = up_f(h, nan_f(h, n), n), *drstd = up_f(h, nan_f(h, N), N), *dres = up_f(h, nan_f(h, n), n);
-    h->ops->rmsnorm_resid_forward(dout, drstd, dres, dxi, dwi, N, C, eps);
+    h->ops->rmsnorm_resid_forward(h->ops->be, dout, drstd, dres, dxi, dwi, N, C, eps);
     float *out = down_f(h, dout, n), *rstd = down_f(h, drstd, N), *res = down_f(h, dres, n);
     checkf(h, "rmsnorm_resid_forward", err_rel(h, out, rout, n), TOL_FWD, "%s out", cs);
     checkf(h, "rmsnorm_resid_forward", err_rel(h, rstd, rrstd, N), TOL_FWD, "%s rstd", cs);
     checkf(h, "rmsnorm_resid_forward", ndiff(res, x, n), 0, "%s resid == inp (=)", cs);
     /* the unfused pair on the same backend */
     float *uout = up_f(h, nan_f(h, n), n), *urstd = up_f(h, nan_f(h, N), N);
-    h->ops->rmsnorm_forward(uout, urstd, dxi, dwi, N, C, eps);
+    h->ops->rmsnorm_forward(h->ops->be, uout, urstd, dxi, dwi, N, C, eps);
     float *uo = down_f(h, uout, n), *ur = down_f(h, urstd, N);
     checkf(h, "rmsnorm_resid_forward", ndiff(out, uo, n) + ndiff(rstd, ur, N), 0, "%s bits == rmsnorm_forward", cs);
     /* resid aliasing inp (allowed): inp unchanged, same out */
     float *dinpl = up_f(h, x, n), *dout2 = up_f(h, nan_f(h, n), n), *drstd2 = up_f(h, nan_f(h, N), N);
-    h->ops->rmsnorm_resid_forward(dout2, drstd2, dinpl, dinpl, dwi, N, C, eps);
+    h->ops->rmsnorm_resid_forward(h->ops->be, dout2, drstd2, dinpl, dinpl, dwi, N, C, eps);
     checkf(h, "rmsnorm_resid_forward", ndiff(down_f(h, dinpl, n), x, n) + ndiff(down_f(h, dout2, n), out, n) +
            ndiff(down_f(h, drstd2, N), rstd, N), 0, "%s resid == inp in place, determinism", cs);
 }
@@ -1590,7 +1590,7 @@ static void qkr_case(struct harness *h, int B, int T, int pos0, int H, int K, in
     float *dqr = up_f(h, qr, nq), *dkr = up_f(h, kr, nk), *dwq = up_f(h, wq, hd), *dwk = up_f(h, wk, hd);
     float *dq = up_f(h, nan_f(h, nq), nq), *dk = up_f(h, nan_f(h, nk), nk);
     float *drq = up_f(h, nan_f(h, NH), NH), *drk = up_f(h, nan_f(h, NK), NK);
-    h->ops->qk_norm_rope_forward(dq, dk, drq, drk, dqr, dkr, dwq, dwk, dcos, dsin, N, T, pos0, H, K, hd, eps);
+    h->ops->qk_norm_rope_forward(h->ops->be, dq, dk, drq, drk, dqr, dkr, dwq, dwk, dcos, dsin, N, T, pos0, H, K, hd, eps);
     float *q = down_f(h, dq, nq), *k = down_f(h, dk, nk), *rq = down_f(h, drq, NH), *rk = down_f(h, drk, NK);
     checkf(h, "qk_norm_rope_forward", err_rel(h, q, r.q, nq), TOL_FWD, "%s q", cs);
     checkf(h, "qk_norm_rope_forward", err_rel(h, k, r.k, nk), TOL_FWD, "%s k", cs);
@@ -1599,17 +1599,17 @@ static void qkr_case(struct harness *h, int B, int T, int pos0, int H, int K, in
     /* the unfused chain on the same backend: rmsnorm_forward then rope_forward in place */
     float *uq = up_f(h, nan_f(h, nq), nq), *uk = up_f(h, nan_f(h, nk), nk);
     float *urq = up_f(h, nan_f(h, NH), NH), *urk = up_f(h, nan_f(h, NK), NK);
-    h->ops->rmsnorm_forward(uq, urq, dqr, dwq, (int)NH, hd, eps);
-    h->ops->rmsnorm_forward(uk, urk, dkr, dwk, (int)NK, hd, eps);
-    h->ops->rope_forward(uq, uq, dcos, dsin, N, T, pos0, H, hd);
-    h->ops->rope_forward(uk, uk, dcos, dsin, N, T, pos0, K, hd);
+    h->ops->rmsnorm_forward(h->ops->be, uq, urq, dqr, dwq, (int)NH, hd, eps);
+    h->ops->rmsnorm_forward(h->ops->be, uk, urk, dkr, dwk, (int)NK, hd, eps);
+    h->ops->rope_forward(h->ops->be, uq, uq, dcos, dsin, N, T, pos0, H, hd);
+    h->ops->rope_forward(h->ops->be, uk, uk, dcos, dsin, N, T, pos0, K, hd);
     float *uqh = down_f(h, uq, nq), *ukh = down_f(h, uk, nk);
     checkf(h, "qk_norm_rope_forward", err_rel(h, q, to_d(h, uqh, nq), nq) + err_rel(h, k, to_d(h, ukh, nk), nk),
            fused_tol(h, TOL_FWD), "%s == rmsnorm + rope (cpu: bits)", cs);
     checkf(h, "qk_norm_rope_forward", ndiff(rq, down_f(h, urq, NH), NH) + ndiff(rk, down_f(h, urk, NK), NK), 0,
            "%s rstd bits == rmsnorm_forward", cs);
     float *dq2 = up_f(h, nan_f(h, nq), nq), *dk2 = up_f(h, nan_f(h, nk), nk);
-    h->ops->qk_norm_rope_forward(dq2, dk2, drq, drk, dqr, dkr, dwq, dwk, dcos, dsin, N, T, pos0, H, K, hd, eps);
+    h->ops->qk_norm_rope_forward(h->ops->be, dq2, dk2, drq, drk, dqr, dkr, dwq, dwk, dcos, dsin, N, T, pos0, H, K, hd, eps);
     checkf(h, "qk_norm_rope_forward", ndiff(q, down_f(h, dq2, nq), nq) + ndiff(k, down_f(h, dk2, nk), nk), 0,
            "%s determinism", cs);
 
@@ -1618,7 +1618,7 @@ static void qkr_case(struct harness *h, int B, int T, int pos0, int H, int K, in
     float *dgq = up_f(h, Wq, nq), *dgk = up_f(h, Wk, nk);
     float *ddqr = up_f(h, nan_f(h, nq), nq), *ddkr = up_f(h, nan_f(h, nk), nk);
     float *ddwq = up_f(h, dwq0, hd), *ddwk = up_f(h, dwk0, hd);
-    h->ops->qk_norm_rope_backward(ddqr, ddkr, ddwq, ddwk, dgq, dgk, dqr, dkr, dwq, dwk, drq, drk, dcos, dsin, N, T, H, K,
+    h->ops->qk_norm_rope_backward(h->ops->be, ddqr, ddkr, ddwq, ddwk, dgq, dgk, dqr, dkr, dwq, dwk, drq, drk, dcos, dsin, N, T, H, K,
                              hd);
     float *gotq = down_f(h, ddqr, nq), *gotk = down_f(h, ddkr, nk);
     float *gotwq = down_f(h, ddwq, hd), *gotwk = down_f(h, ddwk, hd);
@@ -1634,14 +1634,14 @@ static void qkr_case(struct harness *h, int B, int T, int pos0, int H, int K, in
     float *tq = up_f(h, Wq, nq), *tk = up_f(h, Wk, nk);
     float *uqr = up_f(h, nan_f(h, nq), nq), *ukr = up_f(h, nan_f(h, nk), nk);
     float *uwq = up_f(h, dwq0, hd), *uwk = up_f(h, dwk0, hd);
-    h->ops->rope_backward(tq, tq, dcos, dsin, N, T, 0, H, hd);
-    h->ops->rope_backward(tk, tk, dcos, dsin, N, T, 0, K, hd);
+    h->ops->rope_backward(h->ops->be, tq, tq, dcos, dsin, N, T, 0, H, hd);
+    h->ops->rope_backward(h->ops->be, tk, tk, dcos, dsin, N, T, 0, K, hd);
     checkf(h, "qk_norm_rope_bwd",
            err_rel(h, gotgq, to_d(h, down_f(h, tq, nq), nq), nq) +
                err_rel(h, gotgk, to_d(h, down_f(h, tk, nk), nk), nk),
            fused_tol(h, TOL_BWD), "%s dq, dk == rope_backward (cpu: bits)", cs);
-    h->ops->rmsnorm_backward(uqr, uwq, tq, dqr, dwq, drq, (int)NH, hd, 0);
-    h->ops->rmsnorm_backward(ukr, uwk, tk, dkr, dwk, drk, (int)NK, hd, 0);
+    h->ops->rmsnorm_backward(h->ops->be, uqr, uwq, tq, dqr, dwq, drq, (int)NH, hd, 0);
+    h->ops->rmsnorm_backward(h->ops->be, ukr, uwk, tk, dkr, dwk, drk, (int)NK, hd, 0);
     float *uqrh = down_f(h, uqr, nq), *ukrh = down_f(h, ukr, nk);
     float *uwqh = down_f(h, uwq, hd), *uwkh = down_f(h, uwk, hd);
     checkf(h, "qk_norm_rope_bwd",
@@ -1652,7 +1652,7 @@ static void qkr_case(struct harness *h, int B, int T, int pos0, int H, int K, in
            fused_tol(h, TOL_BWD), "%s dwq, dwk == rope + rmsnorm bwd (cpu: bits)", cs);
     float *ddqr2 = up_f(h, nan_f(h, nq), nq), *ddkr2 = up_f(h, nan_f(h, nk), nk);
     float *ddwq2 = up_f(h, dwq0, hd), *ddwk2 = up_f(h, dwk0, hd), *dgq2 = up_f(h, Wq, nq), *dgk2 = up_f(h, Wk, nk);
-    h->ops->qk_norm_rope_backward(ddqr2, ddkr2, ddwq2, ddwk2, dgq2, dgk2, dqr, dkr, dwq, dwk, drq, drk, dcos, dsin, N, T, H,
+    h->ops->qk_norm_rope_backward(h->ops->be, ddqr2, ddkr2, ddwq2, ddwk2, dgq2, dgk2, dqr, dkr, dwq, dwk, drq, drk, dcos, dsin, N, T, H,
                              K, hd);
     checkf(h, "qk_norm_rope_bwd",
            ndiff(gotq, down_f(h, ddqr2, nq), nq) + ndiff(gotk, down_f(h, ddkr2, nk), nk) +
@@ -1671,8 +1671,8 @@ static uint16_t ref_bf16(float x)
 static long twin_diff(struct harness *h, const uint16_t *d, const float *out, size_t n)
 {
     uint16_t *b = (uint16_t *)new_f(h, (n + 1) / 2);
-    h->ops->sync();
-    h->ops->copy_to_host(b, d, n * sizeof(uint16_t));
+    h->ops->sync(h->ops->be);
+    h->ops->copy_to_host(h->ops->be, b, d, n * sizeof(uint16_t));
     long bad = 0;
     for (size_t i = 0; i < n; i++) bad += b[i] != ref_bf16(out[i]);
     return bad;
@@ -1691,9 +1691,9 @@ static void bf16_twin_case(struct harness *h, int N, int C)
     if (has(h, "rmsnorm_resid_forward_bf16", h->ops->rmsnorm_resid_forward_bf16 != NULL)) {
         float *dout = up_f(h, nan_f(h, n), n), *drs = up_f(h, nan_f(h, N), N), *dres = up_f(h, nan_f(h, n), n);
         uint16_t *db = dalloc(h, n * sizeof(uint16_t));
-        h->ops->rmsnorm_resid_forward_bf16(dout, db, drs, dres, dx, dw, N, C, 1e-5f);
+        h->ops->rmsnorm_resid_forward_bf16(h->ops->be, dout, db, drs, dres, dx, dw, N, C, 1e-5f);
         float *uout = up_f(h, nan_f(h, n), n), *urs = up_f(h, nan_f(h, N), N), *ures = up_f(h, nan_f(h, n), n);
-        h->ops->rmsnorm_resid_forward(uout, urs, ures, dx, dw, N, C, 1e-5f);
+        h->ops->rmsnorm_resid_forward(h->ops->be, uout, urs, ures, dx, dw, N, C, 1e-5f);
         float *out = down_f(h, dout, n);
         checkf(h, "rmsnorm_resid_forward_bf16",
                ndiff(out, down_f(h, uout, n), n) + ndiff(down_f(h, drs, N), down_f(h, urs, N), N) +
@@ -1704,8 +1704,8 @@ static void bf16_twin_case(struct harness *h, int N, int C)
     if (has(h, "swiglu_forward_bf16", h->ops->swiglu_forward_bf16 != NULL)) {
         float *dout = up_f(h, nan_f(h, n), n), *uout = up_f(h, nan_f(h, n), n);
         uint16_t *db = dalloc(h, n * sizeof(uint16_t));
-        h->ops->swiglu_forward_bf16(dout, db, dx, du, n);
-        h->ops->swiglu_forward(uout, dx, du, n);
+        h->ops->swiglu_forward_bf16(h->ops->be, dout, db, dx, du, n);
+        h->ops->swiglu_forward(h->ops->be, uout, dx, du, n);
         float *out = down_f(h, dout, n);
         checkf(h, "swiglu_forward_bf16", ndiff(out, down_f(h, uout, n), n), 0, "%s out == swiglu_forward (bits)", cs);
         checkf(h, "swiglu_forward_bf16", (double)twin_diff(h, db, out, n), 0, "%s twin == bf16(out)", cs);
@@ -1721,9 +1721,9 @@ static void widen_case(struct harness *h)
     uint16_t *p = (uint16_t *)new_f(h, n / 2);
     for (size_t i = 0; i < n; i++) p[i] = (uint16_t)i;
     uint16_t *dp = dalloc(h, n * sizeof(uint16_t));
-    h->ops->copy_from_host(dp, p, n * sizeof(uint16_t));
+    h->ops->copy_from_host(h->ops->be, dp, p, n * sizeof(uint16_t));
     float *dw = up_f(h, nan_f(h, n), n);
-    h->ops->widen_bf16(dw, dp, n);
+    h->ops->widen_bf16(h->ops->be, dw, dp, n);
     float *w = down_f(h, dw, n);
     long bad = 0;
     for (size_t i = 0; i < n; i++) {

@@ -112,8 +112,8 @@ static void test_attention(const struct mt_ops_i *ops, int B, int T, int H, int 
     for (size_t i = 0; i < nk; i++) { k[i] = 2.0f * frand(&s); v[i] = frand(&s); }
     char name[128];
     if (!decode) {
-        ops->attention_forward(o, lse, q, k, v, B, T, T, 0, H, K, hd);
-        ops->attention_backward(dq, dk, dv, g, q, k, v, o, lse, B, T, H, K, hd);
+        ops->attention_forward(ops->be, o, lse, q, k, v, B, T, T, 0, H, K, hd);
+        ops->attention_backward(ops->be, dq, dk, dv, g, q, k, v, o, lse, B, T, H, K, hd);
         ref_attention(ro, rl, rdq, rdk, rdv, q, k, v, g, B, T, T, 0, H, K, hd);
         snprintf(name, sizeof(name), "attention B=%d T=%d H=%d K=%d hd=%d out", B, T, H, K, hd);
         check(name, o, ro, nq, 1e-5);
@@ -131,7 +131,7 @@ static void test_attention(const struct mt_ops_i *ops, int B, int T, int H, int 
         float *qd = malloc((size_t)B * Tq * H * hd * 4);
         for (int b = 0; b < B; b++)
             memcpy(qd + (size_t)b * Tq * H * hd, q + ((size_t)b * T + pos0) * H * hd, (size_t)Tq * H * hd * 4);
-        ops->attention_forward(o, lse, qd, k, v, B, Tq, T, pos0, H, K, hd);
+        ops->attention_forward(ops->be, o, lse, qd, k, v, B, Tq, T, pos0, H, K, hd);
         ref_attention(ro, rl, NULL, NULL, NULL, qd, k, v, NULL, B, Tq, T, pos0, H, K, hd);
         snprintf(name, sizeof(name), "attention decode B=%d Tk=%d Tq=%d H=%d K=%d hd=%d out", B, T, Tq, H, K, hd);
         check(name, o, ro, (size_t)B * Tq * H * hd, 1e-5);
@@ -175,10 +175,10 @@ static void test_xent(const struct mt_ops_i *ops, int N, int V, float softcap)
         }
     }
     char name[128];
-    ops->xent_forward(loss, lse, z, t, N, V, softcap);
+    ops->xent_forward(ops->be, loss, lse, z, t, N, V, softcap);
     snprintf(name, sizeof(name), "xent N=%d V=%d softcap=%g losses", N, V, softcap);
     check(name, loss, rl, (size_t)N, 1e-5);
-    ops->xent_backward(z, z, lse, t, dscale, N, V, softcap);  /* in place */
+    ops->xent_backward(ops->be, z, z, lse, t, dscale, N, V, softcap);  /* in place */
     snprintf(name, sizeof(name), "xent N=%d V=%d softcap=%g dlogits in place", N, V, softcap);
     check(name, z, rd, n, 1e-6);
     free(z); free(loss); free(lse); free(rl); free(rd); free(t);
@@ -194,9 +194,9 @@ static void bench(const struct mt_ops_i *ops)
     unsigned s = 5u;
     for (size_t i = 0; i < nq; i++) { q[i] = frand(&s); k[i] = frand(&s); v[i] = frand(&s); g[i] = frand(&s); }
     double t0 = mt_time_sec();
-    ops->attention_forward(o, lse, q, k, v, B, T, T, 0, H, H, hd);
+    ops->attention_forward(ops->be, o, lse, q, k, v, B, T, T, 0, H, H, hd);
     double t1 = mt_time_sec();
-    ops->attention_backward(dq, dk, dv, g, q, k, v, o, lse, B, T, H, H, hd);
+    ops->attention_backward(ops->be, dq, dk, dv, g, q, k, v, o, lse, B, T, H, H, hd);
     double t2 = mt_time_sec();
     double fl = 4.0 * B * H * (double)T * T / 2 * hd;  /* causal: half of 4 T^2 hd */
     printf("bench attention fwd %.3f s (%.1f GFLOP/s)  bwd %.3f s (%.1f GFLOP/s)\n", t1 - t0,
@@ -206,9 +206,9 @@ static void bench(const struct mt_ops_i *ops)
     int32_t *t = calloc((size_t)N, 4);
     for (size_t i = 0; i < (size_t)N * V; i++) z[i] = frand(&s);
     t0 = mt_time_sec();
-    ops->xent_forward(loss, l2, z, t, N, V, 0.0f);
+    ops->xent_forward(ops->be, loss, l2, z, t, N, V, 0.0f);
     t1 = mt_time_sec();
-    ops->xent_backward(z, z, l2, t, 1.0f / N, N, V, 0.0f);
+    ops->xent_backward(ops->be, z, z, l2, t, 1.0f / N, N, V, 0.0f);
     t2 = mt_time_sec();
     double lm = 2.0 * N * V * 768.0 * 3;
     printf("bench xent N=%d V=%d fwd %.3f s bwd %.3f s (lm-head gemm fwd+bwd = %.1f GFLOP)\n", N, V, t1 - t0,
@@ -216,9 +216,9 @@ static void bench(const struct mt_ops_i *ops)
     size_t n = (size_t)N * 3072;
     float *a = realloc(z, n * 4 * 3);
     t0 = mt_time_sec();
-    ops->swiglu_forward(a, a + n, a + 2 * n, n);
+    ops->swiglu_forward(ops->be, a, a + n, a + 2 * n, n);
     t1 = mt_time_sec();
-    ops->swiglu_backward(a, a + n, a + 2 * n, a, a + n, n);
+    ops->swiglu_backward(ops->be, a, a + n, a + 2 * n, a, a + n, n);
     t2 = mt_time_sec();
     printf("bench swiglu n=%zu fwd %.4f s bwd %.4f s\n", n, t1 - t0, t2 - t1);
     free(a); free(loss); free(l2); free(t);

@@ -121,23 +121,23 @@ static float *to_dev(const double *src, size_t n)
 {
     float *h = falloc(n);
     for (size_t i = 0; i < n; i++) h[i] = (float)src[i];
-    float *d = g_ops->buf_alloc(&g_ctx, (n ? n : 1) * sizeof(float), MT_BUCKET_OTHER);
+    float *d = g_ops->buf_alloc(g_ops->be, &g_ctx, (n ? n : 1) * sizeof(float), MT_BUCKET_OTHER);
     if (!d) { fprintf(stderr, "test_ssm: buf_alloc failed\n"); exit(1); }
-    g_ops->copy_from_host(d, h, n * sizeof(float));
+    g_ops->copy_from_host(g_ops->be, d, h, n * sizeof(float));
     free(h);
     return d;
 }
 static float *dev_zero(size_t n)
 {
-    float *d = g_ops->buf_alloc(&g_ctx, (n ? n : 1) * sizeof(float), MT_BUCKET_OTHER);
+    float *d = g_ops->buf_alloc(g_ops->be, &g_ctx, (n ? n : 1) * sizeof(float), MT_BUCKET_OTHER);
     if (!d) { fprintf(stderr, "test_ssm: buf_alloc failed\n"); exit(1); }
     return d;
 }
 static float *to_host(const float *d, size_t n)
 {
     float *h = falloc(n);
-    g_ops->sync();
-    g_ops->copy_to_host(h, d, n * sizeof(float));
+    g_ops->sync(g_ops->be);
+    g_ops->copy_to_host(g_ops->be, h, d, n * sizeof(float));
     return h;
 }
 
@@ -154,7 +154,7 @@ static void upload(struct dev *d, const struct inputs *in)
 static void release(struct dev *d)
 {
     float *p[] = {d->x, d->R, d->Bm, d->Cm, d->dt, d->lam, d->A, d->D};
-    for (size_t i = 0; i < sizeof(p) / sizeof(p[0]); i++) g_ops->buf_free(&g_ctx, p[i]);
+    for (size_t i = 0; i < sizeof(p) / sizeof(p[0]); i++) g_ops->buf_free(g_ops->be, &g_ctx, p[i]);
 }
 
 /* max |a - ref| / max(1, max |ref|) */
@@ -181,15 +181,15 @@ static void test_forward(const struct inputs *in, int chunk)
     struct dev d;
     upload(&d, in);
     float *y = dev_zero(nx(in)), *y2 = dev_zero(nx(in));
-    g_ops->ssm_scan_forward(y, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, in->B, in->T, in->H, in->P, in->N, chunk);
-    g_ops->ssm_scan_forward(y2, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, in->B, in->T, in->H, in->P, in->N, chunk);
+    g_ops->ssm_scan_forward(g_ops->be, y, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, in->B, in->T, in->H, in->P, in->N, chunk);
+    g_ops->ssm_scan_forward(g_ops->be, y2, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, in->B, in->T, in->H, in->P, in->N, chunk);
     float *yh = to_host(y, nx(in)), *yh2 = to_host(y2, nx(in));
     double e = rel_err(yh, yr, nx(in));
     check(e < 2e-5, chunk > 0 ? "ssm_scan_forward chunked vs fp64" : "ssm_scan_forward recurrence vs fp64", tag, e, 2e-5);
     int same = memcmp(yh, yh2, nx(in) * sizeof(float)) == 0;
     check(same, "ssm_scan_forward deterministic", tag, same ? 0.0 : 1.0, 0);
     free(yh); free(yh2); free(yr);
-    g_ops->buf_free(&g_ctx, y); g_ops->buf_free(&g_ctx, y2);
+    g_ops->buf_free(g_ops->be, &g_ctx, y); g_ops->buf_free(g_ops->be, &g_ctx, y2);
     release(&d);
 }
 
@@ -221,9 +221,9 @@ static void test_backward(struct inputs *in, int chunk)
     for (int h = 0; h < H; h++) half[h] = 0.5;
     float *dA = to_dev(half, (size_t)H), *dD = to_dev(half, (size_t)H);
     /* garbage in the overwritten outputs: the kernel must not read them */
-    g_ops->fill(dx, 1e3f, nx(in)); g_ops->fill(dB, 1e3f, nb(in)); g_ops->fill(dC, 1e3f, nb(in));
-    g_ops->fill(ddt, 1e3f, nd(in)); g_ops->fill(dlam, 1e3f, nd(in));
-    g_ops->ssm_scan_backward(dx, dB, dC, ddt, dlam, dA, dD, d.R, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D,
+    g_ops->fill(g_ops->be, dx, 1e3f, nx(in)); g_ops->fill(g_ops->be, dB, 1e3f, nb(in)); g_ops->fill(g_ops->be, dC, 1e3f, nb(in));
+    g_ops->fill(g_ops->be, ddt, 1e3f, nd(in)); g_ops->fill(g_ops->be, dlam, 1e3f, nd(in));
+    g_ops->ssm_scan_backward(g_ops->be, dx, dB, dC, ddt, dlam, dA, dD, d.R, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D,
                              in->B, in->T, in->H, in->P, in->N, chunk);
     struct { const char *name; float *dev; double *v; size_t n; double off; } g[] = {
         {"dx", dx, in->x, nx(in), 0}, {"dB", dB, in->Bm, nb(in), 0}, {"dC", dC, in->Cm, nb(in), 0},
@@ -242,7 +242,7 @@ static void test_backward(struct inputs *in, int chunk)
         free(fd); free(an);
     }
     float *p[] = {dx, dB, dC, ddt, dlam, dA, dD};
-    for (size_t i = 0; i < sizeof(p) / sizeof(p[0]); i++) g_ops->buf_free(&g_ctx, p[i]);
+    for (size_t i = 0; i < sizeof(p) / sizeof(p[0]); i++) g_ops->buf_free(g_ops->be, &g_ctx, p[i]);
     release(&d);
 }
 
@@ -265,9 +265,9 @@ static float *host_rand(size_t n, float mu, float sd)
 
 static float *up(const struct mt_ops_i *ops, const float *h, size_t n)
 {
-    float *d = ops->buf_alloc(&g_ctx, (n ? n : 1) * sizeof(float), MT_BUCKET_OTHER);
+    float *d = ops->buf_alloc(ops->be, &g_ctx, (n ? n : 1) * sizeof(float), MT_BUCKET_OTHER);
     if (!d) { fprintf(stderr, "test_ssm: buf_alloc failed\n"); exit(1); }
-    ops->copy_from_host(d, h, n * sizeof(float));
+    ops->copy_from_host(ops->be, d, h, n * sizeof(float));
     return d;
 }
 
@@ -281,19 +281,19 @@ static void glue_run(const struct mt_ops_i *ops, struct glue_io *io)
     float *x = up(ops, io->dx, nx_), *Bh = up(ops, io->dBh, nb_), *Ch = up(ops, io->dCh, nb_);
     float *dt = up(ops, io->ddt, nd_), *lam = up(ops, io->dlam, nd_), *A = up(ops, io->dA, H);
     float *rstd = up(ops, io->ddt, (size_t)n * 2 * G);
-    ops->ssm_prep_forward(x, Bh, Ch, dt, lam, A, rstd, NULL, proj, dtb, Alog, gB, gC, Bb, Cb, io->B, io->T, H, io->P, G,
+    ops->ssm_prep_forward(ops->be, x, Bh, Ch, dt, lam, A, rstd, NULL, proj, dtb, Alog, gB, gC, Bb, Cb, io->B, io->T, H, io->P, G,
                           N, 1e-5f);
     float *dx = up(ops, io->dx, nx_), *dBh = up(ops, io->dBh, nb_), *dCh = up(ops, io->dCh, nb_);
     float *ddt = up(ops, io->ddt, nd_), *dlam = up(ops, io->dlam, nd_), *dA = up(ops, io->dA, H);
     float *dproj = up(ops, io->proj, (size_t)n * W);   /* every column overwritten below */
     float *gz = up(ops, io->dtb, H), *gl = up(ops, io->Alog, H), *ggB = up(ops, io->gB, N), *ggC = up(ops, io->gC, N);
     float *gBb = up(ops, io->Bb, (size_t)H * N), *gCb = up(ops, io->Cb, (size_t)H * N);
-    ops->ssm_prep_backward(dproj, gz, gl, ggB, ggC, gBb, gCb, dx, dBh, dCh, ddt, dlam, dA, Bh, Ch, lam, A, rstd,
+    ops->ssm_prep_backward(ops->be, dproj, gz, gl, ggB, ggC, gBb, gCb, dx, dBh, dCh, ddt, dlam, dA, Bh, Ch, lam, A, rstd,
                            proj, dtb, gB, gC, io->B, io->T, H, io->P, G, N, 1e-5f);
     float *ys = up(ops, io->ys, nx_), *yn = up(ops, io->ys, nx_), *ro = up(ops, io->ys, (size_t)n * G);
     float *dyn = up(ops, io->dyn, nx_), *dys = up(ops, io->ys, nx_), *ggo = up(ops, io->gout, E);
-    ops->ssm_gate_norm_forward(yn, ro, ys, proj, W, gout, n, E, G, 1e-5f);
-    ops->ssm_gate_norm_backward(dys, dproj, ggo, dyn, ys, proj, W, gout, ro, n, E, G);
+    ops->ssm_gate_norm_forward(ops->be, yn, ro, ys, proj, W, gout, n, E, G, 1e-5f);
+    ops->ssm_gate_norm_backward(ops->be, dys, dproj, ggo, dyn, ys, proj, W, gout, ro, n, E, G);
     float *res[] = {x, Bh, Ch, dt, lam, A, rstd, dproj, gz, gl, ggB, ggC, gBb, gCb, yn, dys};
     size_t rn[] = {nx_, nb_, nb_, nd_, nd_, (size_t)H, (size_t)n * 2 * G, (size_t)n * W, (size_t)H, (size_t)H,
                    (size_t)N, (size_t)N, (size_t)H * N, (size_t)H * N, nx_, nx_};
@@ -301,12 +301,12 @@ static void glue_run(const struct mt_ops_i *ops, struct glue_io *io)
     for (int k = 0; k < 16; k++) {
         io->outn[k] = rn[k];
         io->out[k] = falloc(rn[k]);
-        ops->sync();
-        ops->copy_to_host(io->out[k], res[k], rn[k] * sizeof(float));
+        ops->sync(ops->be);
+        ops->copy_to_host(ops->be, io->out[k], res[k], rn[k] * sizeof(float));
     }
     float *all[] = {proj, dtb, Alog, gB, gC, Bb, Cb, gout, x, Bh, Ch, dt, lam, A, rstd, dx, dBh, dCh, ddt, dlam, dA,
                     dproj, gz, gl, ggB, ggC, gBb, gCb, ys, yn, ro, dyn, dys, ggo};
-    for (size_t k = 0; k < sizeof(all) / sizeof(all[0]); k++) ops->buf_free(&g_ctx, all[k]);
+    for (size_t k = 0; k < sizeof(all) / sizeof(all[0]); k++) ops->buf_free(ops->be, &g_ctx, all[k]);
 }
 
 static void test_glue_vs_cpu(void)
@@ -351,7 +351,7 @@ static void test_decode(const struct inputs *in)
     struct dev d;
     upload(&d, in);
     float *yf = dev_zero(nx(in));
-    g_ops->ssm_scan_forward(yf, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, B, T, H, P, N, 0);
+    g_ops->ssm_scan_forward(g_ops->be, yf, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, B, T, H, P, N, 0);
     float *yref = to_host(yf, nx(in));
     float *xh = to_host(d.x, nx(in)), *bh = to_host(d.Bm, nb(in)), *ch = to_host(d.Cm, nb(in));
     float *dth = to_host(d.dt, nd(in)), *lh = to_host(d.lam, nd(in));
@@ -369,10 +369,10 @@ static void test_decode(const struct inputs *in)
             memcpy(td + (size_t)b * H, dth + r * H, (size_t)H * sizeof(float));
             memcpy(tl + (size_t)b * H, lh + r * H, (size_t)H * sizeof(float));
         }
-        g_ops->copy_from_host(dx, tx, sx * sizeof(float)); g_ops->copy_from_host(db, tb, sb * sizeof(float));
-        g_ops->copy_from_host(dc, tc, sb * sizeof(float)); g_ops->copy_from_host(dd, td, sd * sizeof(float));
-        g_ops->copy_from_host(dl, tl, sd * sizeof(float));
-        g_ops->ssm_scan_step(y, S, xp, bp, dx, db, dc, dd, dl, d.A, d.D, B, H, P, N, t == 0);
+        g_ops->copy_from_host(g_ops->be, dx, tx, sx * sizeof(float)); g_ops->copy_from_host(g_ops->be, db, tb, sb * sizeof(float));
+        g_ops->copy_from_host(g_ops->be, dc, tc, sb * sizeof(float)); g_ops->copy_from_host(g_ops->be, dd, td, sd * sizeof(float));
+        g_ops->copy_from_host(g_ops->be, dl, tl, sd * sizeof(float));
+        g_ops->ssm_scan_step(g_ops->be, y, S, xp, bp, dx, db, dc, dd, dl, d.A, d.D, B, H, P, N, t == 0);
         float *yh = to_host(y, sx);
         for (int b = 0; b < B; b++)
             for (int k = 0; k < H * P; k++) {
@@ -386,7 +386,7 @@ static void test_decode(const struct inputs *in)
     free(yref); free(xh); free(bh); free(ch); free(dth); free(lh);
     free(tx); free(tb); free(tc); free(td); free(tl);
     float *p[] = {yf, S, xp, bp, y, dx, db, dc, dd, dl};
-    for (size_t k = 0; k < sizeof(p) / sizeof(p[0]); k++) g_ops->buf_free(&g_ctx, p[k]);
+    for (size_t k = 0; k < sizeof(p) / sizeof(p[0]); k++) g_ops->buf_free(g_ops->be, &g_ctx, p[k]);
     release(&d);
 
     /* prep: whole sequence vs token by token with ang_state */
@@ -400,7 +400,7 @@ static void test_decode(const struct inputs *in)
     float *ox = dev_zero((size_t)n * H * P), *oB = dev_zero((size_t)n * H * N), *oC = dev_zero((size_t)n * H * N);
     float *odt = dev_zero((size_t)n * H), *olam = dev_zero((size_t)n * H), *oA = dev_zero(H);
     float *orstd = dev_zero((size_t)n * 2 * G), *ang = dev_zero((size_t)B * H * N / 2);
-    g_ops->ssm_prep_forward(ox, oB, oC, odt, olam, oA, orstd, NULL, pj, pdtb, pAl, pgB, pgC, pBb, pCb, B, T, H, P, G,
+    g_ops->ssm_prep_forward(g_ops->be, ox, oB, oC, odt, olam, oA, orstd, NULL, pj, pdtb, pAl, pgB, pgC, pBb, pCb, B, T, H, P, G,
                             N, 1e-5f);
     float *fullB = to_host(oB, (size_t)n * H * N), *fullC = to_host(oC, (size_t)n * H * N);
     float *row = falloc((size_t)B * W);
@@ -408,8 +408,8 @@ static void test_decode(const struct inputs *in)
     e = 0.0; m = 1.0;
     for (int t = 0; t < T; t++) {
         for (int b = 0; b < B; b++) memcpy(row + (size_t)b * W, proj + ((size_t)b * T + t) * W, (size_t)W * sizeof(float));
-        g_ops->copy_from_host(prow, row, (size_t)B * W * sizeof(float));
-        g_ops->ssm_prep_forward(ox, oB, oC, odt, olam, oA, orstd, ang, prow, pdtb, pAl, pgB, pgC, pBb, pCb, B, 1, H, P,
+        g_ops->copy_from_host(g_ops->be, prow, row, (size_t)B * W * sizeof(float));
+        g_ops->ssm_prep_forward(g_ops->be, ox, oB, oC, odt, olam, oA, orstd, ang, prow, pdtb, pAl, pgB, pgC, pBb, pCb, B, 1, H, P,
                                 G, N, 1e-5f);
         float *sB = to_host(oB, (size_t)B * H * N), *sC = to_host(oC, (size_t)B * H * N);
         for (int b = 0; b < B; b++)
@@ -423,7 +423,7 @@ static void test_decode(const struct inputs *in)
     check(e / m < 1e-6, "ssm_prep_forward token by token (ang_state)", g_ops->name, e / m, 1e-6);
     free(fullB); free(fullC); free(row); free(proj); free(dtb); free(Alog); free(gB); free(gC); free(Bb); free(Cb);
     float *q[] = {pj, pdtb, pAl, pgB, pgC, pBb, pCb, ox, oB, oC, odt, olam, oA, orstd, ang, prow};
-    for (size_t k = 0; k < sizeof(q) / sizeof(q[0]); k++) g_ops->buf_free(&g_ctx, q[k]);
+    for (size_t k = 0; k < sizeof(q) / sizeof(q[0]); k++) g_ops->buf_free(g_ops->be, &g_ctx, q[k]);
 }
 
 static double now(void)
@@ -450,17 +450,17 @@ static void bench(int only)
         double tf = 1e30, tb = 0.0;
         for (int r = 0; r < 10; r++) {
             double t0 = now();
-            g_ops->ssm_scan_forward(y, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, B, T, H, P, N, chunks[c]);
-            g_ops->sync();
+            g_ops->ssm_scan_forward(g_ops->be, y, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, B, T, H, P, N, chunks[c]);
+            g_ops->sync(g_ops->be);
             tf = fmin(tf, now() - t0);
         }
         if (chunks[c] > 0) {
             tb = 1e30;
             for (int r = 0; r < 10; r++) {
                 double t0 = now();
-                g_ops->ssm_scan_backward(dx, dB, dC, ddt, dlam, dA, dD, y, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A,
+                g_ops->ssm_scan_backward(g_ops->be, dx, dB, dC, ddt, dlam, dA, dD, y, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A,
                                          d.D, B, T, H, P, N, chunks[c]);
-                g_ops->sync();
+                g_ops->sync(g_ops->be);
                 tb = fmin(tb, now() - t0);
             }
         }

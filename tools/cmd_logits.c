@@ -119,7 +119,7 @@ int mt_cmd_logits(int argc, char **argv)
     struct mt_loss_norm norm = {.n_targets = n - 1, .n_sequences = 1, .n_tokens = n};
     struct mt_loss_parts parts;
     MT_CHECK_GOTO(mt_model_forward(&ctx, m, ids, targets, &norm, &parts), rc, done);
-    ops->copy_to_host(logits, mt_model_logits(m), (size_t)n * V * sizeof *logits);
+    ops->copy_to_host(ops->be, logits, mt_model_logits(m), (size_t)n * V * sizeof *logits);
     if (cfg.logit_softcap > 0) {
         const float c = cfg.logit_softcap;
         for (size_t k = 0; k < (size_t)n * V; k++) logits[k] = c * tanhf(logits[k] / c);

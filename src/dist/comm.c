@@ -370,7 +370,7 @@ enum mt_status mt_comm_agree(struct mt_ctx *ctx, struct mt_comm *comm, enum mt_s
 /* Host memory: memmove; backend memory (self_dev): the backend's copy. */
 static void self_move(const struct mt_comm *c, void *dst, const void *src, size_t bytes)
 {
-    if (c->copy) c->copy(dst, src, bytes);
+    if (c->copy) c->copy(c->copy_be, dst, src, bytes);
     else memmove(dst, src, bytes);
 }
 
@@ -537,7 +537,7 @@ static enum mt_status self_split(struct mt_ctx *ctx, struct mt_comm *parent, int
                                  struct mt_comm **out)
 {
     if (colour == MT_COMM_UNDEFINED) return MT_OK;
-    if (parent->copy) return mt_comm_create_self_dev(ctx, parent->copy, out);
+    if (parent->copy) return mt_comm_create_self_dev(ctx, parent->copy, parent->copy_be, out);
     return mt_comm_create_self(ctx, out);
 }
 
@@ -605,7 +605,8 @@ const struct mt_comm_i mt_comm_self_dev_iface = {
     /* .destroy          = */ self_destroy,
 };
 
-enum mt_status mt_comm_create_self_dev(struct mt_ctx *ctx, mt_comm_copy_fn copy, struct mt_comm **out)
+enum mt_status mt_comm_create_self_dev(struct mt_ctx *ctx, mt_comm_copy_fn copy, void *copy_be,
+                                       struct mt_comm **out)
 {
     if (!out) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "create_self_dev: NULL output");
     *out = NULL;
@@ -613,5 +614,6 @@ enum mt_status mt_comm_create_self_dev(struct mt_ctx *ctx, mt_comm_copy_fn copy,
     MT_CHECK(mt_comm_create_self(ctx, out));
     (*out)->iface = &mt_comm_self_dev_iface;
     (*out)->copy = copy;
+    (*out)->copy_be = copy_be;
     return MT_OK;
 }

@@ -80,13 +80,14 @@ struct mt_comm_i {
 
 /* A backend copy (the signature of mt_ops_i.copy): bytes from src to dst,
  * both in the backend's memory; regions do not overlap. */
-typedef void (*mt_comm_copy_fn)(void *dst, const void *src, size_t bytes);
+typedef void (*mt_comm_copy_fn)(void *be, void *dst, const void *src, size_t bytes);
 
 struct mt_comm {
     const struct mt_comm_i *iface;
     int                     size;
     int                     rank;
     struct mt_ctx          *ctx;   /* allocator owner; must outlive the comm */
+    void                   *copy_be;  /* the backend instance `copy` receives */
     mt_comm_copy_fn         copy;  /* self_dev: how data moves; NULL elsewhere (host memmove) */
 #ifdef MT_WITH_MPI
     MPI_Comm                mpi;   /* MPI_COMM_NULL for the self implementation */
@@ -117,7 +118,8 @@ extern const struct mt_comm_i mt_comm_self_iface;
  * backend's next kernel or copy_to_host needs. Splits keep the copy. Never
  * fails except OOM / NULL arguments. Free with mt_comm_destroy. */
 extern const struct mt_comm_i mt_comm_self_dev_iface;
-enum mt_status mt_comm_create_self_dev(struct mt_ctx *ctx, mt_comm_copy_fn copy, struct mt_comm **out);
+enum mt_status mt_comm_create_self_dev(struct mt_ctx *ctx, mt_comm_copy_fn copy, void *copy_be,
+                                       struct mt_comm **out);
 
 /* comm.c: allocate a completed request (for implementations with nothing pending). */
 enum mt_status mt_comm_req_done(struct mt_ctx *ctx, struct mt_comm *c, struct mt_comm_req **req);

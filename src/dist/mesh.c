@@ -387,7 +387,7 @@ static enum mt_status device_world(struct mt_ctx *ctx, struct mt_comm *wc, const
                                    struct mt_comm **out)
 {
     *out = NULL;
-    if (mt_comm_size(wc) == 1) return mt_comm_create_self_dev(ctx, o->copy, out);
+    if (mt_comm_size(wc) == 1) return mt_comm_create_self_dev(ctx, o->copy, o->copy_be, out);
 #ifdef MT_WITH_NCCL
     MT_CHECK(mt_comm_nccl_create_world(ctx, wc, o->device, out));
     enum mt_status st = mt_comm_nccl_set_input_stream(ctx, *out, o->stream);
@@ -475,7 +475,7 @@ static enum mt_status mesh_build(struct mt_ctx *ctx, const struct mt_mesh_dims *
             continue;
         }
         if (n == 1) MT_CHECK_GOTO(mt_comm_create_self(ctx, &nc), rc, fail);
-        if (n == 1 && dw) MT_CHECK_GOTO(mt_comm_create_self_dev(ctx, dev->copy, &dc), rc, fail);
+        if (n == 1 && dw) MT_CHECK_GOTO(mt_comm_create_self_dev(ctx, dev->copy, dev->copy_be, &dc), rc, fail);
         if (!nc || mt_comm_size(nc) != n || members[mt_comm_rank(nc)] != rank ||
             (dw && (!dc || mt_comm_size(dc) != n || mt_comm_rank(dc) != mt_comm_rank(nc)))) {
             rc = mt_ctx_error(ctx, MT_ERR_COMM, "mesh: %s group came out with %d ranks (rank %d; device %d, rank %d), "

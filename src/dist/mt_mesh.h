@@ -167,9 +167,10 @@ struct mt_mesh_nccl_opts {
                         collectives read — the cuda backend's mt_ops_cuda_stream();
                         every NCCL operation waits for the work queued there
                         (NULL: the legacy default stream only)                   */
-    void (*copy)(void *dst, const void *src, size_t bytes);
+    void (*copy)(void *be, void *dst, const void *src, size_t bytes);
                      /* the backend's copy (ops->copy), required: the single-rank
                         groups move backend buffers with it, never with memmove */
+    void  *copy_be;  /* the backend instance copy receives (ops->be) */
 };
 
 /* mt_mesh_create, plus one device communicator per group for collectives on

@@ -42,28 +42,28 @@ static enum mt_status attn_piece_forward(struct mt_ctx *ctx, const struct mt_pie
 
     /* the input norm and the residual's seed (x_mid = x_in, Wo's GEMM adds onto it) in one pass */
     if (ly->h_attn_b)   /* precision=bf16: + the bf16 twin, the q/k/v GEMMs' operand */
-        ops->rmsnorm_resid_forward_bf16(ly->h_attn_n, ly->h_attn_b, ly->rstd_attn, ly->x_mid, ly->x_in,
+        ops->rmsnorm_resid_forward_bf16(ops->be, ly->h_attn_n, ly->h_attn_b, ly->rstd_attn, ly->x_mid, ly->x_in,
                                         ly->w.ln1->data, Nr, D, eps);
     else
-        ops->rmsnorm_resid_forward(ly->h_attn_n, ly->rstd_attn, ly->x_mid, ly->x_in, ly->w.ln1->data, Nr, D, eps);
+        ops->rmsnorm_resid_forward(ops->be, ly->h_attn_n, ly->rstd_attn, ly->x_mid, ly->x_in, ly->w.ln1->data, Nr, D, eps);
     if (tp->sp) MT_CHECK(tpa_gather_rows(ctx, tp, ly->h_attn, ly->h_attn_n, Nr, D));   /* SP entry */
     /* this rank's heads (H, K are local under TP) over all N rows */
     proj_fwd_b(ops, t, ly->q_raw, ly->h_attn, ly->h_attn_b, ly->w.wq, N, D, QD, 0.0f);
     proj_fwd_b(ops, t, ly->k_raw, ly->h_attn, ly->h_attn_b, ly->w.wk, N, D, KD, 0.0f);
     proj_fwd_b(ops, t, ly->v, ly->h_attn, ly->h_attn_b, ly->w.wv, N, D, KD, 0.0f);
-    ops->qk_norm_rope_forward(ly->q, ly->k, ly->rstd_q, ly->rstd_k, ly->q_raw, ly->k_raw, ly->w.qn->data,
+    ops->qk_norm_rope_forward(ops->be, ly->q, ly->k, ly->rstd_q, ly->rstd_k, ly->q_raw, ly->k_raw, ly->w.qn->data,
                               ly->w.kn->data, a->cos_tab, a->sin_tab, N, T, pos0, H, K, hd, eps);
     if (a->kcache) {
         /* inference, B == 1, one rank: append the new K/V rows, attend over the whole cache */
         MT_ASSERT(B == 1 && tp->tp == 1);
-        ops->copy(a->kcache + (size_t)pos0 * KD, ly->k, (size_t)T * KD * sizeof(float));
-        ops->copy(a->vcache + (size_t)pos0 * KD, ly->v, (size_t)T * KD * sizeof(float));
-        ops->attention_forward(ly->att, ly->lse, ly->q, a->kcache, a->vcache, 1, T, pos0 + T, pos0, H, K, hd);
+        ops->copy(ops->be, a->kcache + (size_t)pos0 * KD, ly->k, (size_t)T * KD * sizeof(float));
+        ops->copy(ops->be, a->vcache + (size_t)pos0 * KD, ly->v, (size_t)T * KD * sizeof(float));
+        ops->attention_forward(ops->be, ly->att, ly->lse, ly->q, a->kcache, a->vcache, 1, T, pos0 + T, pos0, H, K, hd);
     } else {
-        ops->attention_forward(ly->att, ly->lse, ly->q, ly->k, ly->v, B, T, T, 0, H, K, hd);
+        ops->attention_forward(ops->be, ly->att, ly->lse, ly->q, ly->k, ly->v, B, T, T, 0, H, K, hd);
     }
     /* precision=bf16: Wo's operand, rounded once here for the forward and the backward (dWo) GEMMs */
-    if (ly->att_b) ops->cast_bf16(ly->att_b, ly->att, (size_t)N * (size_t)QD);
+    if (ly->att_b) ops->cast_bf16(ops->be, ly->att_b, ly->att, (size_t)N * (size_t)QD);
     if (tp->tp == 1) {
         proj_fwd_b(ops, t, ly->x_mid, ly->att, ly->att_b, ly->w.wo, N, QD, D, 1.0f);
         return MT_OK;
@@ -92,10 +92,10 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
     /* term 1: o_proj */
     proj_bwd_b(ops, t, dt, pc->datt, 0.0f, ly->w.wo, dy, ly->att, ly->att_b, N, QD, D);
     /* term 2: attention core (dq, dk, dv overwritten) */
-    ops->attention_backward(pc->dq, pc->dk, pc->dv, pc->datt, ly->q, ly->k, ly->v, ly->att, ly->lse,
+    ops->attention_backward(ops->be, pc->dq, pc->dk, pc->dv, pc->datt, ly->q, ly->k, ly->v, ly->att, ly->lse,
                             B, T, H, K, hd);
     /* term 3: RoPE, then QK-norm, one fused pass; datt is free now and takes dq' */
-    ops->qk_norm_rope_backward(pc->datt, pc->dk2, ly->w.qn->grad, ly->w.kn->grad, pc->dq, pc->dk, ly->q_raw,
+    ops->qk_norm_rope_backward(ops->be, pc->datt, pc->dk2, ly->w.qn->grad, ly->w.kn->grad, pc->dq, pc->dk, ly->q_raw,
                                ly->k_raw, ly->w.qn->data, ly->w.kn->data, ly->rstd_q, ly->rstd_k, pc->rope_cos,
                                pc->rope_sin, N, T, H, K, hd);
     /* term 4: projections (under TP dh is this rank's partial sum over its heads) */
@@ -111,7 +111,7 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
         MT_CHECK(tpa_allreduce(ctx, tp, pc->dh, (size_t)N * D));
     }
     /* term 5: input rmsnorm, accumulated into the residual gradient */
-    ops->rmsnorm_backward(pc->dx, ly->w.ln1->grad, dhr, ly->x_in, ly->w.ln1->data, ly->rstd_attn, Nr, D, 1);
+    ops->rmsnorm_backward(ops->be, pc->dx, ly->w.ln1->grad, dhr, ly->x_in, ly->w.ln1->data, ly->rstd_attn, Nr, D, 1);
     return MT_OK;
 }
 

@@ -22,23 +22,23 @@ double head_forward(struct mt_model *m, int n, int with_loss)
     const struct mt_ops_i *ops = m->ops;
     /* precision=bf16: the norm kernel writes the lm head's bf16 operand too */
     if (m->h_final_bf16)
-        ops->rmsnorm_forward_bf16(m->h_final, m->h_final_bf16, m->rstd_final, m->x_final, m->norm_f->data, n, m->D,
+        ops->rmsnorm_forward_bf16(ops->be, m->h_final, m->h_final_bf16, m->rstd_final, m->x_final, m->norm_f->data, n, m->D,
                                   m->cfg.norm_eps);
     else
-        ops->rmsnorm_forward(m->h_final, m->rstd_final, m->x_final, m->norm_f->data, n, m->D, m->cfg.norm_eps);
+        ops->rmsnorm_forward(ops->be, m->h_final, m->rstd_final, m->x_final, m->norm_f->data, n, m->D, m->cfg.norm_eps);
     wlinear_forward(ops, m->logits, m->h_final, m->h_final_bf16, m->lm_head, n, m->D, m->V, 0.0f);
     if (!with_loss) return 0.0;
     /* one pass over the logits when the backend can: loss and dlogits together
      * (dscale as head_backward has it), the backward then starts at term 2 */
     m->dlogits_ready = mt_ops_supports(ops, xent_fused) && !m->keep_logits;
     if (m->dlogits_ready)
-        ops->xent_fused(m->losses, m->xlse, m->logits, m->targets + (m->sp ? m->row0 : 0),
+        ops->xent_fused(ops->be, m->losses, m->xlse, m->logits, m->targets + (m->sp ? m->row0 : 0),
                         m->norm.n_targets > 0 ? (float)(1.0 / m->norm.n_targets) : 0.0f, n, m->V,
                         m->cfg.logit_softcap);
     else
-        ops->xent_forward(m->losses, m->xlse, m->logits, m->targets + (m->sp ? m->row0 : 0), n, m->V,
+        ops->xent_forward(ops->be, m->losses, m->xlse, m->logits, m->targets + (m->sp ? m->row0 : 0), n, m->V,
                           m->cfg.logit_softcap);
-    ops->copy_to_host(m->h_losses, m->losses, (size_t)n * sizeof(float));
+    ops->copy_to_host(ops->be, m->h_losses, m->losses, (size_t)n * sizeof(float));
     double sum = 0.0;
     for (int i = 0; i < n; i++) sum += (double)m->h_losses[i];
     return sum;
@@ -49,10 +49,10 @@ void head_backward(struct mt_model *m, float dscale)
     const struct mt_ops_i *ops = m->ops;
     const int N = m->Nr, D = m->D, V = m->V;   /* this rank's rows (all N without SP) */
     if (!m->dlogits_ready)
-        ops->xent_backward(m->logits, m->logits, m->xlse, m->targets + (m->sp ? m->row0 : 0), dscale, N, V,
+        ops->xent_backward(ops->be, m->logits, m->logits, m->xlse, m->targets + (m->sp ? m->row0 : 0), dscale, N, V,
                            m->cfg.logit_softcap);
     /* LoRA: a frozen lm_head computes dx only */
     wlinear_backward(ops, m->dh, 0.0f, m->lm_head->frozen ? NULL : m->lm_head->grad, m->logits, m->h_final,
                      m->h_final_bf16, m->lm_head, N, D, V);
-    ops->rmsnorm_backward(m->dx, m->norm_f->grad, m->dh, m->x_final, m->norm_f->data, m->rstd_final, N, D, 0);
+    ops->rmsnorm_backward(ops->be, m->dx, m->norm_f->grad, m->dh, m->x_final, m->norm_f->data, m->rstd_final, N, D, 0);
 }

@@ -46,7 +46,7 @@ enum mt_status mt_model_kv_create(struct mt_ctx *ctx, struct mt_model *m, int t_
     size_t per_layers = 0;
     for (int l = 0; l < m->L; l++) per_layers += m->layers[l].kind == m_kind ? mstate : 2 * kv;
     c->arena_bytes = (2 * tab + per_layers) * sizeof(float);
-    c->arena = (c->k && c->v) ? m->ops->buf_alloc(ctx, c->arena_bytes, MT_BUCKET_ACTS) : NULL;
+    c->arena = (c->k && c->v) ? m->ops->buf_alloc(m->ops->be, ctx, c->arena_bytes, MT_BUCKET_ACTS) : NULL;
     if (!c->arena) {
         mt_model_kv_destroy(ctx, m, c);
         return MT_ERR_OOM;
@@ -75,7 +75,7 @@ enum mt_status mt_model_kv_create(struct mt_ctx *ctx, struct mt_model *m, int t_
 void mt_model_kv_destroy(struct mt_ctx *ctx, struct mt_model *m, struct mt_kv_cache *c)
 {
     if (!c) return;
-    if (c->arena) m->ops->buf_free(ctx, c->arena);
+    if (c->arena) m->ops->buf_free(m->ops->be, ctx, c->arena);
     mt_free(ctx, c->k);
     mt_free(ctx, c->v);
     mt_free(ctx, c);
@@ -100,8 +100,8 @@ enum mt_status mt_model_kv_step(struct mt_ctx *ctx, struct mt_model *m, struct m
     int last = 0;
     for (int done = 0; done < n;) {
         int cn = n - done < m->N ? n - done : m->N;
-        ops->copy_from_host(m->idx, tokens + done, (size_t)cn * sizeof(int32_t));
-        ops->embed_forward(m->layers[0].x_in, m->idx, m->wte->data, cn, D);
+        ops->copy_from_host(ops->be, m->idx, tokens + done, (size_t)cn * sizeof(int32_t));
+        ops->embed_forward(ops->be, m->layers[0].x_in, m->idx, m->wte->data, cn, D);
         for (int l = 0; l < m->L; l++) {
             struct mt_layer *ly = &m->layers[l];
             float *x_out = l + 1 < m->L ? m->layers[l + 1].x_in : m->x_final;
@@ -114,10 +114,10 @@ enum mt_status mt_model_kv_step(struct mt_ctx *ctx, struct mt_model *m, struct m
         last = cn - 1;
     }
     /* head on the last row only */
-    ops->rmsnorm_forward(m->h_final, m->rstd_final, m->x_final + (size_t)last * D, m->norm_f->data, 1, D,
+    ops->rmsnorm_forward(ops->be, m->h_final, m->rstd_final, m->x_final + (size_t)last * D, m->norm_f->data, 1, D,
                          m->cfg.norm_eps);
     linear_forward(ops, m->logits, m->h_final, m->lm_head->data, 1, D, V, 0.0f);
-    ops->copy_to_host(logits_host, m->logits, (size_t)V * sizeof(float));
+    ops->copy_to_host(ops->be, logits_host, m->logits, (size_t)V * sizeof(float));
     float cap = m->cfg.logit_softcap;
     if (cap > 0)
         for (int i = 0; i < V; i++) logits_host[i] = (float)(cap * tanh((double)logits_host[i] / cap));

@@ -42,7 +42,7 @@ void lora_fwd_add(const struct mt_ops_i *ops, float *t, float *y, int ldy, const
     linear_forward(ops, t, x, A->data, n, in, r, 0.0f);                                  /* t = x A^T      */
     for (int b = 0, off = 0; b < nb; off += rows[b], b++)
         if (rows[b] > 0)
-            ops->gemm(0, 1, n, rows[b], r, w[b]->lora_scale, t, r, w[b]->lora_b->data, r, 1.0f, y + off, ldy);
+            ops->gemm(ops->be, 0, 1, n, rows[b], r, w[b]->lora_scale, t, r, w[b]->lora_b->data, r, 1.0f, y + off, ldy);
 }
 
 void lora_bwd_add(const struct mt_ops_i *ops, float *t, float *dt, float *dx, const float *dy, int ldy, const float *x,
@@ -56,12 +56,12 @@ void lora_bwd_add(const struct mt_ops_i *ops, float *t, float *dt, float *dx, co
         if (rows[b] <= 0) continue;
         struct mt_param *B = w[b]->lora_b;
         const float s = w[b]->lora_scale;
-        ops->gemm(1, 0, rows[b], r, n, s, dy + off, ldy, t, r, 1.0f, B->grad, r);         /* term 1         */
-        ops->gemm(0, 0, n, r, rows[b], s, dy + off, ldy, B->data, r, first ? 0.0f : 1.0f, dt, r);   /* dt */
+        ops->gemm(ops->be, 1, 0, rows[b], r, n, s, dy + off, ldy, t, r, 1.0f, B->grad, r);         /* term 1         */
+        ops->gemm(ops->be, 0, 0, n, r, rows[b], s, dy + off, ldy, B->data, r, first ? 0.0f : 1.0f, dt, r);   /* dt */
         first = 0;
     }
-    ops->gemm(1, 0, r, in, n, 1.0f, dt, r, x, in, 1.0f, A->grad, in);                    /* term 2: dA     */
-    if (dx) ops->gemm(0, 0, n, in, r, 1.0f, dt, r, A->data, in, 1.0f, dx, in);           /* term 3         */
+    ops->gemm(ops->be, 1, 0, r, in, n, 1.0f, dt, r, x, in, 1.0f, A->grad, in);                    /* term 2: dA     */
+    if (dx) ops->gemm(ops->be, 0, 0, n, in, r, 1.0f, dt, r, A->data, in, 1.0f, dx, in);           /* term 3         */
 }
 
 void proj_fwd_b(const struct mt_ops_i *ops, float *t, float *y, const float *x, const mt_bf16 *xb,

@@ -124,7 +124,7 @@ static void mamba_sink(const struct mt_ops_i *ops, struct mt_mamba3_weights *g, 
     size_t H = (size_t)d->H, N = (size_t)d->N;
     float **v[] = {&g->dt_bias, &g->A_log, &g->Dsk, &g->gB, &g->gC, &g->B_bias, &g->C_bias, &g->g_out};
     const size_t n[] = {H, H, H, N, N, H * N, H * N, H * (size_t)d->P};
-    ops->fill(sink, 0.0f, mamba_sink_floats(d));
+    ops->fill(ops->be, sink, 0.0f, mamba_sink_floats(d));
     for (size_t k = 0; k < sizeof n / sizeof n[0]; k++) {
         if (!*v[k]) *v[k] = sink;
         sink += sink_slice(n[k]);
@@ -217,21 +217,21 @@ static enum mt_status mamba_forward(struct mt_ctx *ctx, const struct mt_piece_ct
         MT_ASSERT(a->B == 1 && pc->tp.tp == 1);
         struct mt_mamba3_weights w;
         mamba_weights(&ly->w, 0, &w);
-        ops->rmsnorm_forward(ly->h_attn_n, ly->rstd_attn, ly->x_in, ly->w.ln1->data, n, D, pc->norm_eps);
+        ops->rmsnorm_forward(ops->be, ly->h_attn_n, ly->rstd_attn, ly->x_in, ly->w.ln1->data, n, D, pc->norm_eps);
         if (pc->lora) mixer_fwd_lora(pc, ly->x_mid, ly->h_attn_n, &w, a->kcache, 1, a->T, a->pos0);
         else mt_mamba3_decode(ops, ly->x_mid, &ly->mb, a->kcache, ly->h_attn_n, &w, pc->mdims, a->T, a->pos0);
-        ops->axpby(ly->x_mid, ly->x_in, 1.0f, 1.0f, (size_t)n * D);
+        ops->axpby(ops->be, ly->x_mid, ly->x_in, 1.0f, 1.0f, (size_t)n * D);
         return MT_OK;
     }
     const int Nr = pc->tp.sp ? n / pc->tp.tp : n;     /* residual rows on this rank */
     struct mt_mamba3_weights w;
     mamba_weights(&ly->w, 0, &w);
-    ops->rmsnorm_forward(ly->h_attn_n, ly->rstd_attn, ly->x_in, ly->w.ln1->data, Nr, D, pc->norm_eps);
+    ops->rmsnorm_forward(ops->be, ly->h_attn_n, ly->rstd_attn, ly->x_in, ly->w.ln1->data, Nr, D, pc->norm_eps);
     if (pc->tp.tp == 1) {
         /* x_mid = mamba3(h), then += x_in (the residual path) */
         if (pc->lora) mixer_fwd_lora(pc, ly->x_mid, ly->h_attn_n, &w, NULL, a->B, a->T, 0);
         else mt_mamba3_forward(ops, ly->x_mid, &ly->mb, ly->h_attn_n, &w, pc->mdims, a->B, a->T);
-        ops->axpby(ly->x_mid, ly->x_in, 1.0f, 1.0f, (size_t)n * D);
+        ops->axpby(ops->be, ly->x_mid, ly->x_in, 1.0f, 1.0f, (size_t)n * D);
         return MT_OK;
     }
     /* TP region, like attention: this rank's heads and groups over all n rows;
@@ -239,7 +239,7 @@ static enum mt_status mamba_forward(struct mt_ctx *ctx, const struct mt_piece_ct
     if (pc->tp.sp) MT_CHECK(tpa_gather_rows(ctx, &pc->tp, ly->h_attn, ly->h_attn_n, Nr, D));
     if (pc->lora) mixer_fwd_lora(pc, pc->s_red, ly->h_attn, &w, NULL, a->B, a->T, 0);
     else mt_mamba3_forward(ops, pc->s_red, &ly->mb, ly->h_attn, &w, pc->mdims, a->B, a->T);
-    ops->copy(ly->x_mid, ly->x_in, (size_t)Nr * D * sizeof(float));
+    ops->copy(ops->be, ly->x_mid, ly->x_in, (size_t)Nr * D * sizeof(float));
     return tpa_exit_add(ctx, &pc->tp, ly->x_mid, pc->s_red, pc->s_full);
 }
 
@@ -269,7 +269,7 @@ static enum mt_status mamba_backward(struct mt_ctx *ctx, const struct mt_piece_c
     } else if (pc->tp.tp > 1) {
         MT_CHECK(tpa_allreduce(ctx, &pc->tp, pc->dh, (size_t)pc->N * D));
     }
-    ops->rmsnorm_backward(pc->dx, ly->w.ln1->grad, dhr, ly->x_in, ly->w.ln1->data, ly->rstd_attn, Nr, D, 1);
+    ops->rmsnorm_backward(ops->be, pc->dx, ly->w.ln1->grad, dhr, ly->x_in, ly->w.ln1->data, ly->rstd_attn, Nr, D, 1);
     return MT_OK;
 }
 

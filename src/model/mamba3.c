@@ -103,11 +103,11 @@ void mt_mamba3_in_forward(const struct mt_ops_i *ops, float *proj, const float *
                        const struct mt_mamba3_dims *d, int n)
 {
     const int W = mt_mamba3_in_width(d);
-    if (w->win) { ops->gemm(0, 1, n, W, d->D, 1.0f, h, d->D, w->win, d->D, 0.0f, proj, W); return; }
+    if (w->win) { ops->gemm(ops->be, 0, 1, n, W, d->D, 1.0f, h, d->D, w->win, d->D, 0.0f, proj, W); return; }
     int rows[7], off = 0;
     in_blocks(d, rows);
     for (int b = 0; b < 7; b++) {
-        if (rows[b] > 0) ops->gemm(0, 1, n, rows[b], d->D, 1.0f, h, d->D, w->win_part[b], d->D, 0.0f, proj + off, W);
+        if (rows[b] > 0) ops->gemm(ops->be, 0, 1, n, rows[b], d->D, 1.0f, h, d->D, w->win_part[b], d->D, 0.0f, proj + off, W);
         off += rows[b];
     }
 }
@@ -119,8 +119,8 @@ void mt_mamba3_in_backward(const struct mt_ops_i *ops, float *dh, int accumulate
 {
     const int W = mt_mamba3_in_width(d);
     if (w->win) {
-        if (g->win) ops->gemm(1, 0, W, d->D, n, 1.0f, dproj, W, h, d->D, 1.0f, g->win, d->D);
-        ops->gemm(0, 0, n, d->D, W, 1.0f, dproj, W, w->win, d->D, accumulate ? 1.0f : 0.0f, dh, d->D);
+        if (g->win) ops->gemm(ops->be, 1, 0, W, d->D, n, 1.0f, dproj, W, h, d->D, 1.0f, g->win, d->D);
+        ops->gemm(ops->be, 0, 0, n, d->D, W, 1.0f, dproj, W, w->win, d->D, accumulate ? 1.0f : 0.0f, dh, d->D);
         return;
     }
     int rows[7], off = 0, first = 1;
@@ -128,8 +128,8 @@ void mt_mamba3_in_backward(const struct mt_ops_i *ops, float *dh, int accumulate
     for (int b = 0; b < 7; b++) {
         if (rows[b] > 0) {
             if (g->win_part[b])   /* NULL: a frozen block (LoRA) has no weight gradient */
-                ops->gemm(1, 0, rows[b], d->D, n, 1.0f, dproj + off, W, h, d->D, 1.0f, g->win_part[b], d->D);
-            ops->gemm(0, 0, n, d->D, rows[b], 1.0f, dproj + off, W, w->win_part[b], d->D,
+                ops->gemm(ops->be, 1, 0, rows[b], d->D, n, 1.0f, dproj + off, W, h, d->D, 1.0f, g->win_part[b], d->D);
+            ops->gemm(ops->be, 0, 0, n, d->D, rows[b], 1.0f, dproj + off, W, w->win_part[b], d->D,
                       (accumulate || !first) ? 1.0f : 0.0f, dh, d->D);
             first = 0;
         }
@@ -143,20 +143,20 @@ void mt_mamba3_forward(const struct mt_ops_i *ops, float *out, struct mt_mamba3_
     const int n = B * T, E = d->H * d->P;
     mt_mamba3_in_forward(ops, a->proj, h, w, d, n);
     mt_mamba3_mix_forward(ops, a, w, d, B, T);
-    ops->gemm(0, 1, n, d->D, E, 1.0f, a->yn, E, w->wout, E, 0.0f, out, d->D);
+    ops->gemm(ops->be, 0, 1, n, d->D, E, 1.0f, a->yn, E, w->wout, E, 0.0f, out, d->D);
 }
 
 void mt_mamba3_mix_forward(const struct mt_ops_i *ops, struct mt_mamba3_acts *a, const struct mt_mamba3_weights *w,
                            const struct mt_mamba3_dims *d, int B, int T)
 {
     const int n = B * T, E = d->H * d->P, W = mt_mamba3_in_width(d);
-    ops->ssm_prep_forward(a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, a->rstd_bc, NULL, a->proj, w->dt_bias,
+    ops->ssm_prep_forward(ops->be, a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, a->rstd_bc, NULL, a->proj, w->dt_bias,
                           w->A_log, w->gB, w->gC, w->B_bias, w->C_bias, B, T, d->H, d->P, d->G, d->N,
                           d->eps_bc);
-    ops->ssm_scan_forward(a->ys, a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N,
+    ops->ssm_scan_forward(ops->be, a->ys, a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N,
                           d->chunk);
     /* z is the first E columns of proj */
-    ops->ssm_gate_norm_forward(a->yn, a->rstd_o, a->ys, a->proj, W, w->g_out, n, E, d->G, d->eps_out);
+    ops->ssm_gate_norm_forward(ops->be, a->yn, a->rstd_o, a->ys, a->proj, W, w->g_out, n, E, d->G, d->eps_out);
 }
 
 void mt_mamba3_backward(const struct mt_ops_i *ops, float *dh, int accumulate, struct mt_mamba3_weights *g,
@@ -166,8 +166,8 @@ void mt_mamba3_backward(const struct mt_ops_i *ops, float *dh, int accumulate, s
 {
     const int n = B * T, E = d->H * d->P;
     /* term 1 */
-    if (g->wout) ops->gemm(1, 0, d->D, E, n, 1.0f, dout, d->D, a->yn, E, 1.0f, g->wout, E);  /* NULL: frozen */
-    ops->gemm(0, 0, n, E, d->D, 1.0f, dout, d->D, w->wout, E, 0.0f, s->dyn, E);
+    if (g->wout) ops->gemm(ops->be, 1, 0, d->D, E, n, 1.0f, dout, d->D, a->yn, E, 1.0f, g->wout, E);  /* NULL: frozen */
+    ops->gemm(ops->be, 0, 0, n, E, d->D, 1.0f, dout, d->D, w->wout, E, 0.0f, s->dyn, E);
     mt_mamba3_mix_backward(ops, g, s, a, w, d, B, T);
     /* term 5 */
     mt_mamba3_in_backward(ops, dh, accumulate, g, s->dproj, h, w, d, n);
@@ -179,14 +179,14 @@ void mt_mamba3_mix_backward(const struct mt_ops_i *ops, struct mt_mamba3_weights
 {
     const int n = B * T, E = d->H * d->P, W = mt_mamba3_in_width(d);
     /* term 2: dz lands in dproj's z columns */
-    ops->ssm_gate_norm_backward(s->dys, s->dproj, g->g_out, s->dyn, a->ys, a->proj, W, w->g_out,
+    ops->ssm_gate_norm_backward(ops->be, s->dys, s->dproj, g->g_out, s->dyn, a->ys, a->proj, W, w->g_out,
                                 a->rstd_o, n, E, d->G);
     /* term 3 */
-    ops->fill(s->dA, 0.0f, (size_t)d->H);
-    ops->ssm_scan_backward(s->dx, s->dBh, s->dCh, s->ddt, s->dlam, s->dA, g->Dsk, s->dys, a->x, a->Bh,
+    ops->fill(ops->be, s->dA, 0.0f, (size_t)d->H);
+    ops->ssm_scan_backward(ops->be, s->dx, s->dBh, s->dCh, s->ddt, s->dlam, s->dA, g->Dsk, s->dys, a->x, a->Bh,
                            a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk);
     /* term 4 */
-    ops->ssm_prep_backward(s->dproj, g->dt_bias, g->A_log, g->gB, g->gC, g->B_bias, g->C_bias, s->dx,
+    ops->ssm_prep_backward(ops->be, s->dproj, g->dt_bias, g->A_log, g->gB, g->gC, g->B_bias, g->C_bias, s->dx,
                            s->dBh, s->dCh, s->ddt, s->dlam, s->dA, a->Bh, a->Ch, a->lam, a->A,
                            a->rstd_bc, a->proj, w->dt_bias, w->gB, w->gC, B, T, d->H, d->P, d->G,
                            d->N, d->eps_bc);
@@ -205,7 +205,7 @@ void mt_mamba3_decode(const struct mt_ops_i *ops, float *out, struct mt_mamba3_a
     const int E = d->H * d->P;
     mt_mamba3_in_forward(ops, a->proj, h, w, d, T);
     mt_mamba3_decode_mix(ops, a, state, w, d, T, pos0);
-    ops->gemm(0, 1, T, d->D, E, 1.0f, a->yn, E, w->wout, E, 0.0f, out, d->D);
+    ops->gemm(ops->be, 0, 1, T, d->D, E, 1.0f, a->yn, E, w->wout, E, 0.0f, out, d->D);
 }
 
 void mt_mamba3_decode_mix(const struct mt_ops_i *ops, struct mt_mamba3_acts *a, float *state,
@@ -214,11 +214,11 @@ void mt_mamba3_decode_mix(const struct mt_ops_i *ops, struct mt_mamba3_acts *a, 
     const int E = d->H * d->P, W = mt_mamba3_in_width(d), HN = d->H * d->N;
     float *S = state, *xprev = S + (size_t)HN * d->P, *Bprev = xprev + E, *ang = Bprev + HN;
     /* the rotary cumsum continues from the carried angles (and writes them back) */
-    ops->ssm_prep_forward(a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, a->rstd_bc, ang, a->proj, w->dt_bias,
+    ops->ssm_prep_forward(ops->be, a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, a->rstd_bc, ang, a->proj, w->dt_bias,
                           w->A_log, w->gB, w->gC, w->B_bias, w->C_bias, 1, T, d->H, d->P, d->G, d->N, d->eps_bc);
     for (int t = 0; t < T; t++)
-        ops->ssm_scan_step(a->ys + (size_t)t * E, S, xprev, Bprev, a->x + (size_t)t * E, a->Bh + (size_t)t * HN,
+        ops->ssm_scan_step(ops->be, a->ys + (size_t)t * E, S, xprev, Bprev, a->x + (size_t)t * E, a->Bh + (size_t)t * HN,
                            a->Ch + (size_t)t * HN, a->dt + (size_t)t * d->H, a->lam + (size_t)t * d->H, a->A,
                            w->Dsk, 1, d->H, d->P, d->N, pos0 + t == 0);
-    ops->ssm_gate_norm_forward(a->yn, a->rstd_o, a->ys, a->proj, W, w->g_out, T, E, d->G, d->eps_out);
+    ops->ssm_gate_norm_forward(ops->be, a->yn, a->rstd_o, a->ys, a->proj, W, w->g_out, T, E, d->G, d->eps_out);
 }

@@ -21,8 +21,8 @@
 static void swiglu_act(const struct mt_ops_i *ops, float *act, mt_bf16 *act_b, const float *g, const float *u,
                        size_t n)
 {
-    if (act_b) ops->swiglu_forward_bf16(act, act_b, g, u, n);
-    else ops->swiglu_forward(act, g, u, n);
+    if (act_b) ops->swiglu_forward_bf16(ops->be, act, act_b, g, u, n);
+    else ops->swiglu_forward(ops->be, act, g, u, n);
 }
 
 /* hb: h's bf16 twin, act_b: the scratch for act's (precision=bf16, dense MLP; else NULL) */
@@ -45,7 +45,7 @@ static void mlp_bwd_b(const struct mt_ops_i *ops, float *t, float *dt, float *dh
     if (n <= 0) return;
     swiglu_act(ops, act, act_b, g, u, (size_t)n * F);
     proj_bwd_b(ops, t, dt, dact, 0.0f, wd, dout, act, act_b, n, F, D);
-    ops->swiglu_backward(dg, du, dact, g, u, (size_t)n * F);
+    ops->swiglu_backward(ops->be, dg, du, dact, g, u, (size_t)n * F);
     proj_bwd_b(ops, t, dt, dh, accumulate ? 1.0f : 0.0f, wg, dg, h, hb, n, D, F);
     proj_bwd_b(ops, t, dt, dh, 1.0f, wu, du, h, hb, n, D, F);
 }

@@ -621,8 +621,8 @@ static void rope_tables(struct mt_ctx *ctx, const struct mt_ops_i *ops, float *c
             host[(size_t)tmax * h2 + (size_t)p * h2 + i] = (float)sin(a);
         }
     }
-    ops->copy_from_host(cos_dev, host, (size_t)tmax * h2 * sizeof(float));
-    ops->copy_from_host(sin_dev, host + (size_t)tmax * h2, (size_t)tmax * h2 * sizeof(float));
+    ops->copy_from_host(ops->be, cos_dev, host, (size_t)tmax * h2 * sizeof(float));
+    ops->copy_from_host(ops->be, sin_dev, host + (size_t)tmax * h2, (size_t)tmax * h2 * sizeof(float));
 }
 
 enum mt_status model_rope_build(struct mt_ctx *ctx, const struct mt_model *m, float *cos_dev, float *sin_dev, int tmax)
@@ -641,7 +641,7 @@ void mt_model_destroy(struct mt_ctx *ctx, struct mt_model *m)
     for (int b = 0; b < MT_BUCKET_COUNT; b++) {
         if (!m->arena[b]) continue;
         if (b == MT_BUCKET_OTHER) mt_free(ctx, m->arena[b]);
-        else m->ops->buf_free(ctx, m->arena[b]);
+        else m->ops->buf_free(m->ops->be, ctx, m->arena[b]);
     }
     mt_free(ctx, m->params);
     for (int k = 0; k < m->n_slots && k < MT_MAX_SLOTS; k++) mt_free(ctx, m->slots[k].layers);
@@ -765,7 +765,7 @@ enum mt_status mt_model_create_par(struct mt_ctx *ctx, const struct mt_ops_i *op
         if (c.off[b] == 0) continue;
         m->arena_bytes[b] = c.off[b];
         m->arena[b] = b == MT_BUCKET_OTHER ? mt_alloc(ctx, c.off[b], (enum mt_bucket)b)
-                                           : ops->buf_alloc(ctx, c.off[b], (enum mt_bucket)b);
+                                           : ops->buf_alloc(ops->be, ctx, c.off[b], (enum mt_bucket)b);
         if (!m->arena[b]) { rc = MT_ERR_OOM; goto fail; }
     }
     struct mt_carver c2;
@@ -839,7 +839,7 @@ static void bf16_refresh(struct mt_model *m, int u)
     for (int i = 0; m->bf16 && i < m->n_params; i++) {
         struct mt_param *p = &m->params[i];
         if (!p->bf16 || p->bf16_ok || mt_model_param_unit(m, i) != u) continue;
-        m->ops->cast_bf16(p->bf16, p->data, p->numel);
+        m->ops->cast_bf16(m->ops->be, p->bf16, p->data, p->numel);
         p->bf16_ok = 1;
     }
 }
@@ -847,7 +847,7 @@ static void bf16_refresh(struct mt_model *m, int u)
 void mt_model_zero_grad(struct mt_model *m)
 {
     if (m->arena[MT_BUCKET_GRADS])
-        m->ops->fill(m->arena[MT_BUCKET_GRADS], 0.0f, m->arena_bytes[MT_BUCKET_GRADS] / sizeof(float));
+        m->ops->fill(m->ops->be, m->arena[MT_BUCKET_GRADS], 0.0f, m->arena_bytes[MT_BUCKET_GRADS] / sizeof(float));
 }
 
 /* ------------------------------------------------------------------ */
@@ -898,7 +898,7 @@ enum mt_status mt_model_init_params(struct mt_ctx *ctx, struct mt_model *m, uint
         struct mt_param *p = &m->params[i];
         if (!p->data) continue;   /* external storage this rank does not hold */
         model_param_fill(p, seed, host);
-        m->ops->copy_from_host(p->data, host, p->numel * sizeof(float));
+        m->ops->copy_from_host(m->ops->be, p->data, host, p->numel * sizeof(float));
     }
     mt_free(ctx, host);
     return MT_OK;
@@ -994,17 +994,17 @@ void ffn_norm_fwd(const struct mt_piece_ctx *pc, float *x_out, int n)
     const int Nr = pc->tp.sp ? n / pc->tp.tp : n;
     /* the ffn's input norm and the residual's seed (x_out = x_mid) in one pass */
     if (ly->h_mlp_b)   /* precision=bf16, dense MLP: + the bf16 twin, gate/up's operand */
-        pc->ops->rmsnorm_resid_forward_bf16(ly->h_mlp_n, ly->h_mlp_b, ly->rstd_mlp, x_out, ly->x_mid,
+        pc->ops->rmsnorm_resid_forward_bf16(pc->ops->be, ly->h_mlp_n, ly->h_mlp_b, ly->rstd_mlp, x_out, ly->x_mid,
                                             ly->w.ln2->data, Nr, pc->D, pc->norm_eps);
     else
-        pc->ops->rmsnorm_resid_forward(ly->h_mlp_n, ly->rstd_mlp, x_out, ly->x_mid, ly->w.ln2->data, Nr, pc->D,
+        pc->ops->rmsnorm_resid_forward(pc->ops->be, ly->h_mlp_n, ly->rstd_mlp, x_out, ly->x_mid, ly->w.ln2->data, Nr, pc->D,
                                        pc->norm_eps);
 }
 
 void ffn_norm_bwd(const struct mt_piece_ctx *pc, const float *dhr)
 {
     const struct mt_layer *ly = pc->ly;
-    pc->ops->rmsnorm_backward(pc->dx, ly->w.ln2->grad, dhr, ly->x_mid, ly->w.ln2->data, ly->rstd_mlp, pc->Nr, pc->D,
+    pc->ops->rmsnorm_backward(pc->ops->be, pc->dx, ly->w.ln2->grad, dhr, ly->x_mid, ly->w.ln2->data, ly->rstd_mlp, pc->Nr, pc->D,
                               1);
 }
 
@@ -1101,17 +1101,17 @@ enum mt_status mt_model_forward_stage(struct mt_ctx *ctx, struct mt_model *m, co
             return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model forward: target %d at position %d not in [-1, %d)",
                                 (int)targets[i], i, m->V);
     }
-    if (idx) ops->copy_from_host(m->idx, idx, (size_t)N * sizeof(int32_t));
-    if (targets) ops->copy_from_host(m->targets, targets, (size_t)N * sizeof(int32_t));
+    if (idx) ops->copy_from_host(ops->be, m->idx, idx, (size_t)N * sizeof(int32_t));
+    if (targets) ops->copy_from_host(ops->be, m->targets, targets, (size_t)N * sizeof(int32_t));
 
     /* under SP the embedding and the head see this rank's Nr rows only */
     const int r0 = m->sp ? m->row0 : 0;
     if (m->first) {
         MT_CHECK(hook(ctx, m, m->hooks.pre_forward, 0));
         bf16_refresh(m, 0);
-        ops->embed_forward(m->layers[m->l0].x_in, m->idx + r0, m->wte->data, m->Nr, m->D);
+        ops->embed_forward(ops->be, m->layers[m->l0].x_in, m->idx + r0, m->wte->data, m->Nr, m->D);
     } else {
-        ops->copy(m->layers[m->l0].x_in, x_in, (size_t)m->Nr * m->D * sizeof(float));
+        ops->copy(ops->be, m->layers[m->l0].x_in, x_in, (size_t)m->Nr * m->D * sizeof(float));
     }
     double aux = 0, z = 0;
     for (int l = m->l0; l < m->l1; l++) {
@@ -1186,7 +1186,7 @@ enum mt_status mt_model_backward_stage(struct mt_ctx *ctx, struct mt_model *m, c
         head_backward(m, dscale);                   /* dx = d x_final */
         MT_CHECK(hook(ctx, m, m->hooks.post_backward, m->L + 1));
     } else {
-        ops->copy(m->dx, dy_out, (size_t)m->Nr * D * sizeof(float));
+        ops->copy(ops->be, m->dx, dy_out, (size_t)m->Nr * D * sizeof(float));
     }
     for (int l = m->l1 - 1; l >= m->l0; l--) {
         struct mt_layer *ly = &m->layers[l];
@@ -1198,7 +1198,7 @@ enum mt_status mt_model_backward_stage(struct mt_ctx *ctx, struct mt_model *m, c
     if (m->first) {
         MT_CHECK(hook(ctx, m, m->hooks.pre_backward, 0));
         if (!m->wte->frozen)   /* LoRA: the frozen embedding needs no gradient */
-            ops->embed_backward(m->wte->grad, m->dx, m->idx + (m->sp ? m->row0 : 0), m->Nr, D, m->V);
+            ops->embed_backward(ops->be, m->wte->grad, m->dx, m->idx + (m->sp ? m->row0 : 0), m->Nr, D, m->V);
         MT_CHECK(hook(ctx, m, m->hooks.post_backward, 0));
     }
     return MT_OK;

@@ -247,7 +247,7 @@ static inline void linear_forward(const struct mt_ops_i *ops, float *y, const fl
                                   const float *w, int n, int in, int out, float beta)
 {
     if (n <= 0) return;
-    ops->gemm(0, 1, n, out, in, 1.0f, x, in, w, in, beta, y, out);
+    ops->gemm(ops->be, 0, 1, n, out, in, 1.0f, x, in, w, in, beta, y, out);
 }
 
 /* dW (out, in) += dy^T x;  dx (n, in) = dy W + beta_dx * dx  (dw / dx NULL: skipped). */
@@ -256,8 +256,8 @@ static inline void linear_backward(const struct mt_ops_i *ops, float *dx, float 
                                    int n, int in, int out)
 {
     if (n <= 0) return;
-    if (dw) ops->gemm(1, 0, out, in, n, 1.0f, dy, out, x, in, 1.0f, dw, in);
-    if (dx) ops->gemm(0, 0, n, in, out, 1.0f, dy, out, w, in, beta_dx, dx, in);
+    if (dw) ops->gemm(ops->be, 1, 0, out, in, n, 1.0f, dy, out, x, in, 1.0f, dw, in);
+    if (dx) ops->gemm(ops->be, 0, 0, n, in, out, 1.0f, dy, out, w, in, beta_dx, dx, in);
 }
 
 /* The same two helpers on a parameter: with a bf16 shadow (precision=bf16)
@@ -270,7 +270,7 @@ static inline void wlinear_forward(const struct mt_ops_i *ops, float *y, const f
     if (!w->bf16) { linear_forward(ops, y, x, w->data, n, in, out, beta); return; }
     if (n <= 0) return;
     const void *W = w->bf16_ok ? (const void *)w->bf16 : (const void *)w->data;
-    ops->gemm_bf16(0, 1, n, out, in, 1.0f, xb ? (const void *)xb : (const void *)x, xb ? MT_ELEM_BF16 : MT_ELEM_F32,
+    ops->gemm_bf16(ops->be, 0, 1, n, out, in, 1.0f, xb ? (const void *)xb : (const void *)x, xb ? MT_ELEM_BF16 : MT_ELEM_F32,
                    in, W, w->bf16_ok ? MT_ELEM_BF16 : MT_ELEM_F32, in, beta, y, out);
 }
 /* xb: NULL, or x's bf16 twin (written by its producer: bf16(x) exactly, the same operand values) */
@@ -282,9 +282,9 @@ static inline void wlinear_backward(const struct mt_ops_i *ops, float *dx, float
     if (n <= 0) return;
     const void *W = w->bf16_ok ? (const void *)w->bf16 : (const void *)w->data;
     if (dw)
-        ops->gemm_bf16(1, 0, out, in, n, 1.0f, dy, MT_ELEM_F32, out, xb ? (const void *)xb : (const void *)x,
+        ops->gemm_bf16(ops->be, 1, 0, out, in, n, 1.0f, dy, MT_ELEM_F32, out, xb ? (const void *)xb : (const void *)x,
                        xb ? MT_ELEM_BF16 : MT_ELEM_F32, in, 1.0f, dw, in);
-    if (dx) ops->gemm_bf16(0, 0, n, in, out, 1.0f, dy, MT_ELEM_F32, out, W, w->bf16_ok ? MT_ELEM_BF16 : MT_ELEM_F32, in,
+    if (dx) ops->gemm_bf16(ops->be, 0, 0, n, in, out, 1.0f, dy, MT_ELEM_F32, out, W, w->bf16_ok ? MT_ELEM_BF16 : MT_ELEM_F32, in,
                            beta_dx, dx, in);
 }
 

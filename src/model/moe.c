@@ -128,8 +128,8 @@ static enum mt_status moe_losses(struct mt_ctx *ctx, const struct mt_piece_ctx *
      * row0.. (sequences of T rows may straddle ranks): the per-sequence sums
      * meet in one all-reduce over the model group, and model rank 0 alone
      * reports the aux loss (every rank needs f for the backward). */
-    ops->copy_to_host(s->h_probs, ly->probs, (size_t)n * E * sizeof(float));
-    ops->copy_to_host(s->h_rlse, ly->rlse, (size_t)n * sizeof(float));
+    ops->copy_to_host(ops->be, s->h_probs, ly->probs, (size_t)n * E * sizeof(float));
+    ops->copy_to_host(ops->be, s->h_rlse, ly->rlse, (size_t)n * sizeof(float));
     const int B = pc->B, T = pc->T, g0 = tp->tp > 1 ? pc->moe.row0 : 0;
     double *cnt = s->h_seq, *psum = s->h_seq + (size_t)B * E;
     memset(s->h_seq, 0, (size_t)2 * B * E * sizeof(double));
@@ -166,7 +166,7 @@ static void force_routing(const struct mt_piece_ctx *pc, int n)
     struct mt_moe_scratch *s = pc->moe_s;
     struct mt_layer *ly = pc->ly;
     const int E = pc->moe.E, k = pc->moe.top_k;
-    ops->copy_to_host(s->h_probs, ly->probs, (size_t)n * E * sizeof(float));
+    ops->copy_to_host(ops->be, s->h_probs, ly->probs, (size_t)n * E * sizeof(float));
     float *hg = s->h_dprobs;
     for (int i = 0; i < n; i++) {
         double sum = 0;
@@ -176,8 +176,8 @@ static void force_routing(const struct mt_piece_ctx *pc, int n)
             hg[(size_t)i * k + j] = (float)(s->h_probs[(size_t)i * E + j] / sum);
         }
     }
-    ops->copy_from_host(ly->topk, s->h_topk, (size_t)n * k * sizeof(int32_t));
-    ops->copy_from_host(ly->gates, hg, (size_t)n * k * sizeof(float));
+    ops->copy_from_host(ops->be, ly->topk, s->h_topk, (size_t)n * k * sizeof(int32_t));
+    ops->copy_from_host(ops->be, ly->gates, hg, (size_t)n * k * sizeof(float));
 }
 
 /* out (n, D) += moe(h) for the n rows ly->h_mlp (global rows row0.. of the
@@ -200,19 +200,19 @@ static enum mt_status moe_forward(struct mt_ctx *ctx, const struct mt_piece_ctx 
 
     /* router: logits into the (free in forward) d-router-logits scratch */
     linear_forward(ops, s->drl, ly->h_mlp, ly->w.router->data, n, D, E, 0.0f);
-    ops->router_forward(ly->probs, ly->rlse, ly->topk, ly->gates, s->drl, n, E, k);
+    ops->router_forward(ops->be, ly->probs, ly->rlse, ly->topk, ly->gates, s->drl, n, E, k);
 
-    ops->copy_to_host(s->h_topk, ly->topk, (size_t)M * sizeof(int32_t));
+    ops->copy_to_host(ops->be, s->h_topk, ly->topk, (size_t)M * sizeof(int32_t));
     if (md->force_route) force_routing(pc, n);
     route_slots(pc, n);
-    ops->copy_from_host(ly->pos, s->h_pos, (size_t)M * sizeof(int32_t));
-    ops->copy_from_host(ly->src_row, s->h_src, (size_t)M * sizeof(int32_t));
+    ops->copy_from_host(ops->be, ly->pos, s->h_pos, (size_t)M * sizeof(int32_t));
+    ops->copy_from_host(ops->be, ly->src_row, s->h_src, (size_t)M * sizeof(int32_t));
     if (s->load) {
         double *load = s->load + (size_t)pc->layer * E;
         for (int e = 0; e < E; e++) load[e] += ly->e_off[e + 1] - ly->e_off[e];
     }
 
-    ops->moe_permute(s->xp, ly->h_mlp, ly->src_row, M, D);
+    ops->moe_permute(ops->be, s->xp, ly->h_mlp, ly->src_row, M, D);
     const int grouped = md->grouped;   /* one grouped GEMM per projection (moe_experts.c) */
     if (ea->ep == 1) {
         if (grouped) moe_experts_forward(pc, E, ly->e_off, 1, E, ly->ey, s->xp);
@@ -256,7 +256,7 @@ static enum mt_status moe_forward(struct mt_ctx *ctx, const struct mt_piece_ctx 
             }
         MT_CHECK(ep_a2a(ctx, pc, ly->ey, s->ry, rcnt, rdis, scnt, sdis, D));   /* back to the sources */
     }
-    ops->moe_combine(out, ly->ey, ly->pos, ly->gates, n, k, D);
+    ops->moe_combine(ops->be, out, ly->ey, ly->pos, ly->gates, n, k, D);
     if (md->Fs > 0)
         mlp_forward(ops, t, out, 1, ly->sgp, ly->sup, pc->s_act, ly->h_mlp, ly->w.sg, ly->w.su, ly->w.sd, n, D,
                     md->Fs);
@@ -281,10 +281,10 @@ static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx
 
     const int grouped = md->grouped;
     /* term 1: combine */
-    ops->moe_combine_backward(s->dy, s->dgates, dout, ly->ey, ly->pos, ly->gates, n, k, D);
+    ops->moe_combine_backward(ops->be, s->dy, s->dgates, dout, ly->ey, ly->pos, ly->gates, n, k, D);
     /* term 2: experts on their row ranges (inputs re-permuted, not saved) */
     if (ea->ep == 1) {
-        ops->moe_permute(s->xp, ly->h_mlp, ly->src_row, M, D);
+        ops->moe_permute(ops->be, s->xp, ly->h_mlp, ly->src_row, M, D);
         if (grouped) moe_experts_backward(pc, E, ly->e_off, 1, E, s->dxp, s->dy, s->xp);
         for (int e = 0; e < E && !grouped; e++) {
             int r0 = ly->e_off[e], c = ly->e_off[e + 1] - r0;
@@ -313,8 +313,8 @@ static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx
             }
         MT_CHECK(ep_a2a(ctx, pc, s->dxp, s->rdx, rcnt, rdis, scnt, sdis, D));
     }
-    ops->fill(dh, 0.0f, (size_t)n * D);
-    ops->moe_permute_backward(dh, s->dxp, ly->pos, n, k, D);
+    ops->fill(ops->be, dh, 0.0f, (size_t)n * D);
+    ops->moe_permute_backward(ops->be, dh, s->dxp, ly->pos, n, k, D);
     if (md->Fs > 0)
         mlp_backward(ops, t, dt, dh, 1, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du, dout, ly->h_mlp, ly->sgp, ly->sup,
                      ly->w.sg, ly->w.su, ly->w.sd, n, D, md->Fs);
@@ -327,14 +327,14 @@ static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx
         for (int e = 0; e < E; e++)
             s->h_dprobs[(size_t)i * E + e] = (float)((double)md->aux_coef * E * (double)f[e] / (double)T / ns);
     }
-    ops->copy_to_host(s->h_rlse, ly->rlse, (size_t)n * sizeof(float));
+    ops->copy_to_host(ops->be, s->h_rlse, ly->rlse, (size_t)n * sizeof(float));
     for (int i = 0; i < n; i++)
         s->h_dlse[i] = (float)(2.0 * (double)md->z_coef * (double)s->h_rlse[i] / nt);
-    ops->copy_from_host(s->dprobs, s->h_dprobs, (size_t)n * E * sizeof(float));
-    ops->copy_from_host(s->dlse, s->h_dlse, (size_t)n * sizeof(float));
+    ops->copy_from_host(ops->be, s->dprobs, s->h_dprobs, (size_t)n * E * sizeof(float));
+    ops->copy_from_host(ops->be, s->dlse, s->h_dlse, (size_t)n * sizeof(float));
 
     /* term 4: router */
-    ops->router_backward(s->drl, s->dgates, s->dprobs, s->dlse, ly->probs, ly->topk, ly->gates, n, E, k);
+    ops->router_backward(ops->be, s->drl, s->dgates, s->dprobs, s->dlse, ly->probs, ly->topk, ly->gates, n, E, k);
     linear_backward(ops, dh, 1.0f, ly->w.router->frozen ? NULL : ly->w.router->grad, s->drl, ly->h_mlp,
                     ly->w.router->data, n, D, E);   /* LoRA: a frozen router computes dx only */
     return MT_OK;
@@ -487,10 +487,10 @@ static enum mt_status moe_piece_forward(struct mt_ctx *ctx, const struct mt_piec
     ffn_norm_fwd(pc, a->x_out, n);
     if (tp->tp > 1 && !tp->sp) {
         /* MoE in the SP region without SP: our Nm rows, then gather every rank's output */
-        ops->fill(pc->s_red, 0.0f, (size_t)Nm * D);
+        ops->fill(ops->be, pc->s_red, 0.0f, (size_t)Nm * D);
         MT_CHECK(moe_forward(ctx, pc, pc->s_red, Nm, a->want_loss, &aux, &z));
         MT_CHECK(tpa_gather_rows(ctx, tp, pc->s_full, pc->s_red, Nm, D));
-        ops->axpby(a->x_out, pc->s_full, 1.0f, 1.0f, (size_t)n * D);
+        ops->axpby(ops->be, a->x_out, pc->s_full, 1.0f, 1.0f, (size_t)n * D);
     } else {
         MT_CHECK(moe_forward(ctx, pc, a->x_out, tp->tp > 1 ? Nm : n, a->want_loss, &aux, &z));
     }

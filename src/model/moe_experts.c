@@ -72,10 +72,10 @@ static void grouped(const struct mt_ops_i *ops, int ta, int tb, int n, const int
 {
     if (n <= 0) return;
     if (ops->gemm_grouped) {
-        ops->gemm_grouped(ta, tb, n, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        ops->gemm_grouped(ops->be, ta, tb, n, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
-    for (int i = 0; i < n; i++) ops->gemm(ta, tb, M[i], N[i], K[i], alpha, A[i], lda, B[i], ldb, beta, C[i], ldc);
+    for (int i = 0; i < n; i++) ops->gemm(ops->be, ta, tb, M[i], N[i], K[i], alpha, A[i], lda, B[i], ldb, beta, C[i], ldc);
 }
 
 /* As grouped(), for outputs several groups may share: an expert's weight or
@@ -253,7 +253,7 @@ void moe_experts_forward(const struct mt_piece_ctx *pc, int n_groups, const int 
         grouped(ops, 0, 1, s.n, Mr, NF, ND, 1.0f, a, D, b, D, 0.0f, c, Fe);                /* up */
         adapter_fwd(pc, &s, 1, x, D, ly->eu, Fe);
         for (int i = 0; i < s.n; i++)
-            ops->swiglu_forward(pc->s_act + s.r0[i] * Fe, ly->eg + s.r0[i] * Fe, ly->eu + s.r0[i] * Fe,
+            ops->swiglu_forward(ops->be, pc->s_act + s.r0[i] * Fe, ly->eg + s.r0[i] * Fe, ly->eu + s.r0[i] * Fe,
                                 (size_t)s.rows[i] * Fe);
         for (int i = 0; i < s.n; i++) {
             a[i] = pc->s_act + s.r0[i] * Fe;
@@ -282,7 +282,7 @@ void moe_experts_backward(const struct mt_piece_ctx *pc, int n_groups, const int
         g = next_chunk(ly, n_groups, cnt, offsets, ee, g, &row, &s);
         if (s.n == 0) continue;
         for (int i = 0; i < s.n; i++)
-            ops->swiglu_forward(pc->s_act + s.r0[i] * Fe, ly->eg + s.r0[i] * Fe, ly->eu + s.r0[i] * Fe,
+            ops->swiglu_forward(ops->be, pc->s_act + s.r0[i] * Fe, ly->eg + s.r0[i] * Fe, ly->eu + s.r0[i] * Fe,
                                 (size_t)s.rows[i] * Fe);
         /* down: dWd (D, Fe) += dy^T act (not frozen); dact (rows, Fe) = dy Wd (+ the adapter's path) */
         weight_grad(pc, &s, 2, dy, D, pc->s_act, Fe);
@@ -294,7 +294,7 @@ void moe_experts_backward(const struct mt_piece_ctx *pc, int n_groups, const int
         grouped(ops, 0, 0, s.n, Mr, NF, ND, 1.0f, a, D, b, Fe, 0.0f, c, Fe);
         adapter_bwd(pc, &s, 2, pc->s_act, Fe, dy, D, pc->s_dact);
         for (int i = 0; i < s.n; i++)
-            ops->swiglu_backward(pc->s_dg + s.r0[i] * Fe, pc->s_du + s.r0[i] * Fe, pc->s_dact + s.r0[i] * Fe,
+            ops->swiglu_backward(ops->be, pc->s_dg + s.r0[i] * Fe, pc->s_du + s.r0[i] * Fe, pc->s_dact + s.r0[i] * Fe,
                                  ly->eg + s.r0[i] * Fe, ly->eu + s.r0[i] * Fe, (size_t)s.rows[i] * Fe);
         /* gate then up: dW (Fe, D) += d^T x; dx (rows, D) = dg Wg, then += du Wu (each + its adapter's path) */
         for (int p = 0; p < 2; p++) {

@@ -61,10 +61,10 @@ enum mt_status tpa_exit_add(struct mt_ctx *ctx, const struct mt_tp_axis *a, floa
     const size_t D = (size_t)a->D;
     if (a->sp) {
         MT_CHECK(tpa_reduce_scatter_rows(ctx, a, tmp, part, a->Nr, a->D));
-        a->ops->axpby(x, tmp, 1.0f, 1.0f, (size_t)a->Nr * D);
+        a->ops->axpby(a->ops->be, x, tmp, 1.0f, 1.0f, (size_t)a->Nr * D);
     } else {
         MT_CHECK(tpa_allreduce(ctx, a, part, (size_t)a->N * D));
-        a->ops->axpby(x, part, 1.0f, 1.0f, (size_t)a->N * D);
+        a->ops->axpby(a->ops->be, x, part, 1.0f, 1.0f, (size_t)a->N * D);
     }
     return MT_OK;
 }

@@ -35,31 +35,32 @@ typedef uint16_t mt_bf16;
 
 struct mt_ops_i {
     const char *name;  /* "cpu", "cuda" */
+    void       *be;    /* the backend instance: every entry receives it first, ops->gemm(ops->be, ...) */
 
     /* ---- memory ---- */
     /* Zero-filled backend buffer tagged with a bucket (accounted on ctx). NULL + MT_ERR_OOM on failure. */
-    void *(*buf_alloc)(struct mt_ctx *ctx, size_t bytes, enum mt_bucket bucket);
-    void  (*buf_free)(struct mt_ctx *ctx, void *p);
-    void  (*copy_to_host)(void *dst_host, const void *src, size_t bytes);
-    void  (*copy_from_host)(void *dst, const void *src_host, size_t bytes);
-    void  (*copy)(void *dst, const void *src, size_t bytes);      /* backend to backend */
-    void  (*sync)(void);                                            /* wait for queued work */
+    void *(*buf_alloc)(void *be, struct mt_ctx *ctx, size_t bytes, enum mt_bucket bucket);
+    void  (*buf_free)(void *be, struct mt_ctx *ctx, void *p);
+    void  (*copy_to_host)(void *be, void *dst_host, const void *src, size_t bytes);
+    void  (*copy_from_host)(void *be, void *dst, const void *src_host, size_t bytes);
+    void  (*copy)(void *be, void *dst, const void *src, size_t bytes);      /* backend to backend */
+    void  (*sync)(void *be);                                            /* wait for queued work */
 
     /* ---- elementwise / reductions ---- */
-    void   (*fill)(float *x, float value, size_t n);
+    void   (*fill)(void *be, float *x, float value, size_t n);
     /* y = a*x + b*y  (x may be NULL: y = b*y) */
-    void   (*axpby)(float *y, const float *x, float a, float b, size_t n);
+    void   (*axpby)(void *be, float *y, const float *x, float a, float b, size_t n);
     /* sum of squares accumulated in double; result returned on the host */
-    double (*sumsq)(const float *x, size_t n);
+    double (*sumsq)(void *be, const float *x, size_t n);
     /* 1 if every element is finite */
-    int    (*all_finite)(const float *x, size_t n);
+    int    (*all_finite)(void *be, const float *x, size_t n);
 
     /* ---- GEMM ----
      * C (M,N) = alpha * op(A) op(B) + beta * C, row-major;
      * op(A) is (M,K): A is (M,K) with lda >= K, or (K,M) if transA with lda >= M.
      * op(B) is (K,N): B is (K,N) with ldb >= N, or (N,K) if transB with ldb >= K.
      * Linear layer y = x W^T with W (O,I): gemm(0,1, N,O,I, 1, x,I, W,I, 0, y,O). */
-    void (*gemm)(int transA, int transB, int M, int N, int K, float alpha,
+    void (*gemm)(void *be, int transA, int transB, int M, int N, int K, float alpha,
                  const float *A, int lda, const float *B, int ldb,
                  float beta, float *C, int ldc);
     /* Grouped GEMM (the MoE experts: one call per projection instead of one
@@ -71,7 +72,7 @@ struct mt_ops_i {
      * cublasGemmGroupedBatchedEx in fp32 mode (a counted loop otherwise,
      * mt_ops_cuda_info.gemm_grouped_fallback says why). May be NULL in a
      * table that has no grouped form: callers loop over gemm then. */
-    void (*gemm_grouped)(int transA, int transB, int n, const int *M, const int *N, const int *K, float alpha,
+    void (*gemm_grouped)(void *be, int transA, int transB, int n, const int *M, const int *N, const int *K, float alpha,
                          const float *const *A, int lda, const float *const *B, int ldb, float beta,
                          float *const *C, int ldc);
     /* ---- bf16 GEMM (precision=bf16, docs/cuda.md "bf16 mixed precision") ----
@@ -86,18 +87,18 @@ struct mt_ops_i {
      * then sgemm (the same products: a product of two bf16 values is exact
      * in fp32). NULL: the backend has no bf16 mode (callers refuse
      * precision=bf16, never fall back). */
-    void (*gemm_bf16)(int transA, int transB, int M, int N, int K, float alpha,
+    void (*gemm_bf16)(void *be, int transA, int transB, int M, int N, int K, float alpha,
                       const void *A, enum mt_elem a_type, int lda, const void *B, enum mt_elem b_type, int ldb,
                       float beta, float *C, int ldc);
     /* dst[i] = bf16(src[i]), round to nearest even (NaN stays NaN): the
      * bf16 shadows of the weights, written once per step. */
-    void (*cast_bf16)(mt_bf16 *dst, const float *src, size_t n);
+    void (*cast_bf16)(void *be, mt_bf16 *dst, const float *src, size_t n);
 
     /* ---- embedding ---- */
     /* out (N,C) = wte[idx[n]] ; idx (N) int32 in [0,V) */
-    void (*embed_forward)(float *out, const int32_t *idx, const float *wte, int N, int C);
+    void (*embed_forward)(void *be, float *out, const int32_t *idx, const float *wte, int N, int C);
     /* dwte (V,C) += ; rows scattered in a fixed order (deterministic) */
-    void (*embed_backward)(float *dwte, const float *dout, const int32_t *idx, int N, int C, int V);
+    void (*embed_backward)(void *be, float *dwte, const float *dout, const int32_t *idx, int N, int C, int V);
 
     /* ---- RMSNorm: out = x / sqrt(mean(x^2) + eps) * w ----
      * rows N of width C; rstd (N) saved for backward.
@@ -106,15 +107,15 @@ struct mt_ops_i {
      *   dx    = rstd * (dout*w - xhat * mean_c(dout*w*xhat))      (= or += per accumulate)
      * QK-norm is this op with rows N*H (or N*K) and C = hd, w shared by heads.
      * dweight NULL: dx only (a frozen gain has no gradient buffer). */
-    void (*rmsnorm_forward)(float *out, float *rstd, const float *inp, const float *weight,
+    void (*rmsnorm_forward)(void *be, float *out, float *rstd, const float *inp, const float *weight,
                             int N, int C, float eps);
-    void (*rmsnorm_backward)(float *dinp, float *dweight, const float *dout, const float *inp,
+    void (*rmsnorm_backward)(void *be, float *dinp, float *dweight, const float *dout, const float *inp,
                              const float *weight, const float *rstd, int N, int C, int accumulate);
     /* precision=bf16: rmsnorm_forward (same out, same rstd) that also writes
      * out_bf16 = bf16(out) (nearest even) from the same kernel: the GEMM
      * operand, so the GEMMs reading the norm output convert nothing.
      * Optional (NULL: the GEMMs round out per call). */
-    void (*rmsnorm_forward_bf16)(float *out, mt_bf16 *out_bf16, float *rstd, const float *inp,
+    void (*rmsnorm_forward_bf16)(void *be, float *out, mt_bf16 *out_bf16, float *rstd, const float *inp,
                                  const float *weight, int N, int C, float eps);
 
     /* ---- RoPE, rotate-half, in place allowed (out == inp) ----
@@ -123,9 +124,9 @@ struct mt_ops_i {
      *   out_i        = x_i cos - x_{i+hd/2} sin
      *   out_{i+hd/2} = x_{i+hd/2} cos + x_i sin
      * backward is the inverse rotation (dinp = R^T dout), in place allowed, (=). */
-    void (*rope_forward)(float *out, const float *inp, const float *cos_tab, const float *sin_tab,
+    void (*rope_forward)(void *be, float *out, const float *inp, const float *cos_tab, const float *sin_tab,
                          int N, int T, int pos0, int nh, int hd);
-    void (*rope_backward)(float *dinp, const float *dout, const float *cos_tab, const float *sin_tab,
+    void (*rope_backward)(void *be, float *dinp, const float *dout, const float *cos_tab, const float *sin_tab,
                           int N, int T, int pos0, int nh, int hd);
 
     /* ---- causal attention, GQA, flash style (no T x T matrix kept) ----
@@ -138,9 +139,9 @@ struct mt_ops_i {
      *   D_i = sum_d dout_i * out_i;  dS = P * (dout v^T - D);
      *   dq = scale dS k; dk = scale dS^T q (summed over the heads sharing a kv head); dv = P^T dout
      *   dq, dk, dv all OVERWRITE (=). */
-    void (*attention_forward)(float *out, float *lse, const float *q, const float *k, const float *v,
+    void (*attention_forward)(void *be, float *out, float *lse, const float *q, const float *k, const float *v,
                               int B, int Tq, int Tk, int q_pos0, int H, int K, int hd);
-    void (*attention_backward)(float *dq, float *dk, float *dv, const float *dout,
+    void (*attention_backward)(void *be, float *dq, float *dk, float *dv, const float *dout,
                                const float *q, const float *k, const float *v,
                                const float *out, const float *lse,
                                int B, int T, int H, int K, int hd);
@@ -148,8 +149,8 @@ struct mt_ops_i {
     /* ---- SwiGLU: out = silu(g) * u, rows N of width F ----
      * backward: dg = dout * u * silu'(g), du = dout * silu(g)   (both =)
      * silu(x) = x*sigmoid(x), silu'(x) = s + x*s*(1-s) */
-    void (*swiglu_forward)(float *out, const float *gate, const float *up, size_t n);
-    void (*swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate,
+    void (*swiglu_forward)(void *be, float *out, const float *gate, const float *up, size_t n);
+    void (*swiglu_backward)(void *be, float *dgate, float *dup, const float *dout, const float *gate,
                             const float *up, size_t n);
 
     /* ---- fused (optional softcap) softmax cross-entropy ----
@@ -159,9 +160,9 @@ struct mt_ops_i {
      * backward: dlogits[n,:] = dscale * (softmax(s_n) - onehot(target)) * ds/dz
      *           (0 for rows with target -1); ds/dz = 1 - tanh^2(z/c) with softcap.
      *           OVERWRITES; may alias logits (in place) to save V*N memory. */
-    void (*xent_forward)(float *losses, float *lse_out, const float *logits, const int32_t *targets,
+    void (*xent_forward)(void *be, float *losses, float *lse_out, const float *logits, const int32_t *targets,
                          int N, int V, float softcap);
-    void (*xent_backward)(float *dlogits, const float *logits, const float *lse,
+    void (*xent_backward)(void *be, float *dlogits, const float *logits, const float *lse,
                           const int32_t *targets, float dscale, int N, int V, float softcap);
 
     /* ---- MoE router (fp32) ----
@@ -173,9 +174,9 @@ struct mt_ops_i {
      *   dprobs (N,E)  extra gradient w.r.t. probs (aux loss), may be NULL,
      *   dlse (N)      gradient w.r.t. lse (z-loss), may be NULL,
      *   then softmax backward: dlogit_e = p_e (dp_e - sum_e' p_e' dp_e') + dlse * p_e. */
-    void (*router_forward)(float *probs, float *lse, int32_t *topk_idx, float *gates,
+    void (*router_forward)(void *be, float *probs, float *lse, int32_t *topk_idx, float *gates,
                            const float *logits, int N, int E, int k);
-    void (*router_backward)(float *dlogits, const float *dgates, const float *dprobs,
+    void (*router_backward)(void *be, float *dlogits, const float *dgates, const float *dprobs,
                             const float *dlse, const float *probs, const int32_t *topk_idx,
                             const float *gates, int N, int E, int k);
 
@@ -187,23 +188,23 @@ struct mt_ops_i {
      * combine:          out[n] += sum_j gates[n,j] * y[pos[n*k+j]]  (+=)
      * combine_backward: dy[pos[n*k+j]] = gates[n,j] * dout[n]       (=)
      *                   dgates[n,j]   = dot(dout[n], y[pos[n*k+j]]) (=) */
-    void (*moe_permute)(float *xp, const float *h, const int32_t *src_row, int M, int C);
-    void (*moe_permute_backward)(float *dh, const float *dxp, const int32_t *pos, int N, int k, int C);
-    void (*moe_combine)(float *out, const float *y, const int32_t *pos, const float *gates,
+    void (*moe_permute)(void *be, float *xp, const float *h, const int32_t *src_row, int M, int C);
+    void (*moe_permute_backward)(void *be, float *dh, const float *dxp, const int32_t *pos, int N, int k, int C);
+    void (*moe_combine)(void *be, float *out, const float *y, const int32_t *pos, const float *gates,
                         int N, int k, int C);
-    void (*moe_combine_backward)(float *dy, float *dgates, const float *dout, const float *y,
+    void (*moe_combine_backward)(void *be, float *dy, float *dgates, const float *dout, const float *y,
                                  const int32_t *pos, const float *gates, int N, int k, int C);
 
     /* ---- optimizers ----
      * AdamW (PyTorch): m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
      *   p *= 1 - lr*wd;  p -= lr * (m / bc1) / (sqrt(v / bc2) + eps)
      *   with bc1 = 1 - b1^t, bc2 = 1 - b2^t (t from 1). */
-    void (*adamw_update)(float *p, const float *g, float *m, float *v, size_t n,
+    void (*adamw_update)(void *be, float *p, const float *g, float *m, float *v, size_t n,
                          float lr, float b1, float b2, float eps, float wd, float bc1, float bc2);
     /* Muon momentum: m = mu*m + g; d = g + mu*m (Nesterov direction), d may alias g. */
-    void (*muon_momentum)(float *d, float *m, const float *g, float mu, size_t n);
+    void (*muon_momentum)(void *be, float *d, float *m, const float *g, float mu, size_t n);
     /* out (cols, rows) = transpose of in (rows, cols) */
-    void (*transpose)(float *out, const float *in, int rows, int cols);
+    void (*transpose)(void *be, float *out, const float *in, int rows, int cols);
 
     /* ---- Mamba-3 SISO scan (trapezoidal; docs/mamba3.md) ----
      * x (B,T,H,P); Bm, Cm (B,T,H,N), per head (already normed, biased and
@@ -216,10 +217,10 @@ struct mt_ops_i {
      * the chunked SSD form (GEMM-bound; equal up to fp32 rounding).
      * backward (chunked; chunk <= 0 means 64): dx, dBm, dCm, ddt, dlam (=);
      *   dA, dDsk (+=, reduced over sequences in a fixed order). */
-    void (*ssm_scan_forward)(float *y, const float *x, const float *Bm, const float *Cm,
+    void (*ssm_scan_forward)(void *be, float *y, const float *x, const float *Bm, const float *Cm,
                              const float *dt, const float *lam, const float *A, const float *Dsk,
                              int B, int T, int H, int P, int N, int chunk);
-    void (*ssm_scan_backward)(float *dx, float *dBm, float *dCm, float *ddt, float *dlam,
+    void (*ssm_scan_backward)(void *be, float *dx, float *dBm, float *dCm, float *ddt, float *dlam,
                               float *dA, float *dDsk, const float *dy, const float *x,
                               const float *Bm, const float *Cm, const float *dt, const float *lam,
                               const float *A, const float *Dsk, int B, int T, int H, int P, int N,
@@ -238,21 +239,21 @@ struct mt_ops_i {
      *   dgC, dB_bias, dC_bias (+=). dA is the scan's dA.
      * gate_norm: out (n,E) = rmsnorm over each of G groups of (y silu(z)) * w,
      *   z and dz with row stride ldz; rstd (n,G). backward: dy, dz (=), dw (+=). */
-    void (*ssm_prep_forward)(float *x, float *Bh, float *Ch, float *dt, float *lam, float *A,
+    void (*ssm_prep_forward)(void *be, float *x, float *Bh, float *Ch, float *dt, float *lam, float *A,
                              float *rstd, float *ang_state, const float *proj, const float *dt_bias,
                              const float *A_log, const float *gB, const float *gC,
                              const float *B_bias, const float *C_bias,
                              int B, int T, int H, int P, int G, int N, float eps);
-    void (*ssm_prep_backward)(float *dproj, float *ddt_bias, float *dA_log, float *dgB, float *dgC,
+    void (*ssm_prep_backward)(void *be, float *dproj, float *ddt_bias, float *dA_log, float *dgB, float *dgC,
                               float *dB_bias, float *dC_bias, const float *dx, const float *dBh,
                               const float *dCh, const float *ddt, const float *dlam, const float *dA,
                               const float *Bh, const float *Ch, const float *lam, const float *A,
                               const float *rstd, const float *proj, const float *dt_bias,
                               const float *gB, const float *gC, int B, int T, int H, int P, int G,
                               int N, float eps);
-    void (*ssm_gate_norm_forward)(float *out, float *rstd, const float *y, const float *z, int ldz,
+    void (*ssm_gate_norm_forward)(void *be, float *out, float *rstd, const float *y, const float *z, int ldz,
                                   const float *w, int n, int E, int G, float eps);
-    void (*ssm_gate_norm_backward)(float *dy, float *dz, float *dw, const float *dout, const float *y,
+    void (*ssm_gate_norm_backward)(void *be, float *dy, float *dz, float *dw, const float *dout, const float *y,
                                    const float *z, int ldz, const float *w, const float *rstd,
                                    int n, int E, int G);
     /* One step of the scan for decoding (the recurrence, O(1) per token):
@@ -260,7 +261,7 @@ struct mt_ops_i {
      * Bm, Cm (B,H,N), dt, lam (B,H) the new token. first != 0: the token is a
      * sequence's first (S and the beta term taken as 0). y (B,H,P) (=).
      * T steps equal ssm_scan_forward(chunk 0) over the T tokens. */
-    void (*ssm_scan_step)(float *y, float *S, float *xprev, float *Bprev, const float *x,
+    void (*ssm_scan_step)(void *be, float *y, float *S, float *xprev, float *Bprev, const float *x,
                           const float *Bm, const float *Cm, const float *dt, const float *lam,
                           const float *A, const float *Dsk, int B, int H, int P, int N, int first);
     /* ---- cross-entropy forward and backward in one pass over the logits ----
@@ -268,7 +269,7 @@ struct mt_ops_i {
      * xent_backward's dlogits for dscale (OVERWRITES). One exp per element
      * instead of two (the backward does not recompute softmax over V).
      * Optional (NULL: the model runs xent_forward then xent_backward). */
-    void (*xent_fused)(float *losses, float *lse_out, float *logits, const int32_t *targets, float dscale,
+    void (*xent_fused)(void *be, float *losses, float *lse_out, float *logits, const int32_t *targets, float dscale,
                        int N, int V, float softcap);
 
     /* ---- fused elementwise chains (one pass, one parallel region each) ----
@@ -286,12 +287,12 @@ struct mt_ops_i {
      *   (=), dwq, dwk (+=; either may be NULL: a frozen gain, dx only): exactly
      *   rope_backward in place then rmsnorm_backward(accumulate 0), for q and
      *   for k (training: pos0 = 0). */
-    void (*rmsnorm_resid_forward)(float *out, float *rstd, float *resid, const float *inp, const float *weight,
+    void (*rmsnorm_resid_forward)(void *be, float *out, float *rstd, float *resid, const float *inp, const float *weight,
                                   int N, int C, float eps);
-    void (*qk_norm_rope_forward)(float *q, float *k, float *rstd_q, float *rstd_k, const float *q_raw,
+    void (*qk_norm_rope_forward)(void *be, float *q, float *k, float *rstd_q, float *rstd_k, const float *q_raw,
                                  const float *k_raw, const float *wq, const float *wk, const float *cos_tab,
                                  const float *sin_tab, int N, int T, int pos0, int H, int K, int hd, float eps);
-    void (*qk_norm_rope_backward)(float *dq_raw, float *dk_raw, float *dwq, float *dwk, float *dq,
+    void (*qk_norm_rope_backward)(void *be, float *dq_raw, float *dk_raw, float *dwq, float *dwk, float *dq,
                                   float *dk, const float *q_raw, const float *k_raw, const float *wq,
                                   const float *wk, const float *rstd_q, const float *rstd_k, const float *cos_tab,
                                   const float *sin_tab, int N, int T, int H, int K, int hd);
@@ -301,13 +302,13 @@ struct mt_ops_i {
      * that also writes out_bf16 = bf16(out) (nearest even) from the same
      * kernel: the block's GEMM operands, so no GEMM converts them per call.
      * Optional (NULL: the model leaves the twin out and the GEMMs round out). */
-    void (*rmsnorm_resid_forward_bf16)(float *out, mt_bf16 *out_bf16, float *rstd, float *resid, const float *inp,
+    void (*rmsnorm_resid_forward_bf16)(void *be, float *out, mt_bf16 *out_bf16, float *rstd, float *resid, const float *inp,
                                        const float *weight, int N, int C, float eps);
-    void (*swiglu_forward_bf16)(float *out, mt_bf16 *out_bf16, const float *gate, const float *up, size_t n);
+    void (*swiglu_forward_bf16)(void *be, float *out, mt_bf16 *out_bf16, const float *gate, const float *up, size_t n);
     /* dst[i] = (float)src[i] (exact: every bf16 value is an fp32 value): the
      * way back of a bf16 gradient reduction (grad_reduce_dtype=bf16). NULL:
      * the backend refuses grad_reduce_dtype=bf16. */
-    void (*widen_bf16)(float *dst, const mt_bf16 *src, size_t n);
+    void (*widen_bf16)(void *be, float *dst, const mt_bf16 *src, size_t n);
 };
 
 /* Backends. mt_ops_cpu() never fails. mt_ops_cuda() returns NULL when the

@@ -734,7 +734,7 @@ static enum mt_status write_boxes(struct mt_ctx *ctx, const struct mt_ops_i *ops
             const struct mt_param *p = e[i].p;
             const float *host = e[i].data;
             if (ops) {
-                ops->copy_to_host(stage, e[i].data, p->numel * sizeof(float));
+                ops->copy_to_host(ops->be, stage, e[i].data, p->numel * sizeof(float));
                 host = stage;
             }
             size_t at = first_non_finite(host, p->numel);
@@ -1072,7 +1072,7 @@ static enum mt_status load_one(struct mt_ctx *ctx, const struct mt_ops_i *ops, c
     float *host = ops ? stage : data;
     if (box_io(fd, t->offset, p->shape, p->off, p->len, host, 0) != 0)
         return mt_ctx_error(ctx, MT_ERR_IO, "cannot read tensor %s from %s/%s: %s", name, dir, fname, strerror(errno));
-    if (ops) ops->copy_from_host(data, stage, p->numel * sizeof(float));
+    if (ops) ops->copy_from_host(ops->be, data, stage, p->numel * sizeof(float));
     return MT_OK;
 }
 
@@ -1225,7 +1225,7 @@ enum mt_status mt_ckpt_load_base(struct mt_ctx *ctx, const struct mt_ops_i *ops,
             for (int i = 0; i < ns; i++) {
                 struct mt_optim_state s;
                 mt_optim_state_get(o, i, &s);
-                if (ops) ops->fill(s.data, 0.0f, s.param->numel);
+                if (ops) ops->fill(ops->be, s.data, 0.0f, s.param->numel);
                 else memset(s.data, 0, s.param->numel * sizeof(float));
             }
             mt_optim_set_t(o, 0);

@@ -96,7 +96,7 @@ void mt_optim_plan_bytes(const struct mt_config *cfg, const struct mt_param *par
 
 static float *ws_alloc(struct mt_ctx *ctx, const struct mt_ops_i *ops, size_t n, enum mt_bucket b)
 {
-    return ops->buf_alloc(ctx, n * sizeof(float), b);
+    return ops->buf_alloc(ops->be, ctx, n * sizeof(float), b);
 }
 
 enum mt_status mt_optim_create(struct mt_ctx *ctx, const struct mt_ops_i *ops, const struct mt_config *cfg,
@@ -172,14 +172,14 @@ void mt_optim_destroy(struct mt_ctx *ctx, struct mt_optim *o)
     const struct mt_ops_i *ops = o->ops;
     if (o->ps) {
         for (int i = 0; i < o->n_params; i++) {
-            if (o->ps[i].m) ops->buf_free(ctx, o->ps[i].m);
-            if (o->ps[i].v) ops->buf_free(ctx, o->ps[i].v);
+            if (o->ps[i].m) ops->buf_free(ops->be, ctx, o->ps[i].m);
+            if (o->ps[i].v) ops->buf_free(ops->be, ctx, o->ps[i].v);
         }
         mt_free(ctx, o->ps);
     }
     float *ws[6] = {o->ws_d, o->ws_x, o->ws_y, o->ws_a, o->ws_b, o->ws_g};
     for (int i = 0; i < 6; i++)
-        if (ws[i]) ops->buf_free(ctx, ws[i]);
+        if (ws[i]) ops->buf_free(ops->be, ctx, ws[i]);
     mt_free(ctx, o);
 }
 
@@ -208,7 +208,7 @@ double mt_optim_grad_sumsq(struct mt_optim *o)
 {
     double s = 0.0;
     for (int i = 0; i < o->n_params; i++)
-        if (!o->ps[i].p->frozen) s += o->ops->sumsq(o->ps[i].p->grad, o->ps[i].p->numel);
+        if (!o->ps[i].p->frozen) s += o->ops->sumsq(o->ops->be, o->ps[i].p->grad, o->ps[i].p->numel);
     return s;
 }
 
@@ -231,7 +231,7 @@ static enum mt_status muon_update(struct mt_ctx *ctx, struct mt_optim *o, struct
     const int s = tr ? C : R, l = tr ? R : C;
 
     if (!split) {
-        ops->muon_momentum(o->ws_d, st->m, p->grad, o->cfg.muon_momentum, n);
+        ops->muon_momentum(ops->be, o->ws_d, st->m, p->grad, o->cfg.muon_momentum, n);
     } else {
         /* TP: the momentum stays sharded (elementwise); the direction is
          * gathered over the model group so that every model rank runs
@@ -240,7 +240,7 @@ static enum mt_status muon_update(struct mt_ctx *ctx, struct mt_optim *o, struct
             return mt_ctx_error(ctx, MT_ERR_RUNTIME, "optimizer: %s is TP-split but no matching model group is set",
                                 p->name);
         int tp = mt_comm_size(o->tp_comm);
-        ops->muon_momentum(o->ws_g, st->m, p->grad, o->cfg.muon_momentum, nl);
+        ops->muon_momentum(ops->be, o->ws_g, st->m, p->grad, o->cfg.muon_momentum, nl);
         if (p->split == MT_SPLIT_ROWS) {
             MT_CHECK(mt_comm_allgather(ctx, o->tp_comm, o->ws_d, o->ws_g, nl, MT_DTYPE_F32));
         } else {
@@ -249,25 +249,25 @@ static enum mt_status muon_update(struct mt_ctx *ctx, struct mt_optim *o, struct
             MT_CHECK(mt_comm_allgather(ctx, o->tp_comm, o->ws_y, o->ws_g, nl, MT_DTYPE_F32));
             for (int r = 0; r < tp; r++)
                 for (int i = 0; i < R; i++)
-                    ops->copy(o->ws_d + (size_t)i * C + (size_t)r * Cl, o->ws_y + ((size_t)r * R + i) * Cl,
+                    ops->copy(ops->be, o->ws_d + (size_t)i * C + (size_t)r * Cl, o->ws_y + ((size_t)r * R + i) * Cl,
                               (size_t)Cl * sizeof(float));
         }
     }
     float *x = o->ws_x, *y = o->ws_y, *a = o->ws_a, *b = o->ws_b;
-    if (tr) ops->transpose(x, o->ws_d, R, C);
-    else    ops->copy(x, o->ws_d, n * sizeof(float));
-    double nrm = sqrt(ops->sumsq(x, n));
-    ops->axpby(x, NULL, 0.0f, (float)(1.0 / (nrm + 1e-7)), n);
+    if (tr) ops->transpose(ops->be, x, o->ws_d, R, C);
+    else    ops->copy(ops->be, x, o->ws_d, n * sizeof(float));
+    double nrm = sqrt(ops->sumsq(ops->be, x, n));
+    ops->axpby(ops->be, x, NULL, 0.0f, (float)(1.0 / (nrm + 1e-7)), n);
     for (int it = 0; it < NS_STEPS; it++) {
-        ops->gemm(0, 1, s, s, l, 1.0f, x, l, x, l, 0.0f, a, s);      /* A = X X^T       */
-        ops->gemm(0, 0, s, s, s, NS_C, a, s, a, s, 0.0f, b, s);     /* B = c A A       */
-        ops->axpby(b, a, NS_B, 1.0f, (size_t)s * (size_t)s);        /* B += b A        */
-        ops->copy(y, x, n * sizeof(float));
-        ops->gemm(0, 0, s, l, s, 1.0f, b, s, x, l, NS_A, y, l);     /* Y = a X + B X   */
+        ops->gemm(ops->be, 0, 1, s, s, l, 1.0f, x, l, x, l, 0.0f, a, s);      /* A = X X^T       */
+        ops->gemm(ops->be, 0, 0, s, s, s, NS_C, a, s, a, s, 0.0f, b, s);     /* B = c A A       */
+        ops->axpby(ops->be, b, a, NS_B, 1.0f, (size_t)s * (size_t)s);        /* B += b A        */
+        ops->copy(ops->be, y, x, n * sizeof(float));
+        ops->gemm(ops->be, 0, 0, s, l, s, 1.0f, b, s, x, l, NS_A, y, l);     /* Y = a X + B X   */
         float *t = x; x = y; y = t;
     }
     float *upd = x;
-    if (tr) { ops->transpose(o->ws_d, x, C, R); upd = o->ws_d; }
+    if (tr) { ops->transpose(ops->be, o->ws_d, x, C, R); upd = o->ws_d; }
     double scale = sqrt(R > C ? (double)R / (double)C : 1.0);
     if (split) {
         /* this rank's box of the full update */
@@ -276,11 +276,11 @@ static enum mt_status muon_update(struct mt_ctx *ctx, struct mt_optim *o, struct
         } else {
             const int Cl = (int)p->len[1];
             for (int i = 0; i < R; i++)
-                ops->copy(o->ws_g + (size_t)i * Cl, upd + (size_t)i * C + (size_t)p->off[1], (size_t)Cl * sizeof(float));
+                ops->copy(ops->be, o->ws_g + (size_t)i * Cl, upd + (size_t)i * C + (size_t)p->off[1], (size_t)Cl * sizeof(float));
             upd = o->ws_g;
         }
     }
-    ops->axpby(p->data, upd, (float)(-(double)lr * scale), 1.0f - lr * wd, nl);
+    ops->axpby(ops->be, p->data, upd, (float)(-(double)lr * scale), 1.0f - lr * wd, nl);
     return MT_OK;
 }
 
@@ -298,7 +298,7 @@ enum mt_status mt_optim_step(struct mt_ctx *ctx, struct mt_optim *o, int step, d
         double sc = cfg->grad_clip / (grad_norm + 1e-6);
         if (sc < 1.0)
             for (int i = 0; i < o->n_params; i++)
-                if (!o->ps[i].p->frozen) ops->axpby(o->ps[i].p->grad, NULL, 0.0f, (float)sc, o->ps[i].p->numel);
+                if (!o->ps[i].p->frozen) ops->axpby(ops->be, o->ps[i].p->grad, NULL, 0.0f, (float)sc, o->ps[i].p->numel);
     }
 
     double f = mt_optim_lr_factor(cfg, step);
@@ -315,7 +315,7 @@ enum mt_status mt_optim_step(struct mt_ctx *ctx, struct mt_optim *o, int step, d
         if (p->optim == MT_OPTIM_MUON)
             MT_CHECK(muon_update(ctx, o, st, muon_lr, wd));
         else
-            ops->adamw_update(p->data, p->grad, st->m, st->v, p->numel, lr, cfg->adam_beta1, cfg->adam_beta2,
+            ops->adamw_update(ops->be, p->data, p->grad, st->m, st->v, p->numel, lr, cfg->adam_beta1, cfg->adam_beta2,
                               cfg->adam_eps, wd, bc1, bc2);
     }
     return MT_OK;

@@ -84,7 +84,7 @@ static enum mt_status replica_hash_check(struct mt_ctx *ctx, const struct mt_ops
     for (int g = 0, i = 0; g < ng; g++) {
         h[g] = 0;
         if (i < n && !strcmp(glob[g].name, params[i].name)) {
-            ops->copy_to_host(host, mt_zero_param_data(rs->zset.z[rs->eng_of[i]], i), params[i].numel * sizeof(float));
+            ops->copy_to_host(ops->be, host, mt_zero_param_data(rs->zset.z[rs->eng_of[i]], i), params[i].numel * sizeof(float));
             h[g] = (int64_t)(XXH64(host, params[i].numel * sizeof(float), 0) | 1);   /* never 0 */
             i++;
         }

@@ -304,7 +304,7 @@ enum mt_status mt_train_setup_mesh(struct mt_ctx *ctx, struct run_state *rs, con
          * (CUDA_VISIBLE_DEVICES, the emulator) the local rank is no ordinal */
         struct mt_ops_cuda_info ci;
         int device = mt_ops_cuda_get_info(&ci) == MT_OK ? ci.ordinal : local_rank_env();
-        struct mt_mesh_nccl_opts no = {device, mt_ops_cuda_stream(), rs->ops->copy};
+        struct mt_mesh_nccl_opts no = {device, mt_ops_cuda_stream(), rs->ops->copy, rs->ops->be};
         MT_CHECK(mt_mesh_create_nccl(ctx, dims, rs->cfg, opts->zero_stage, &no, &rs->mesh));
     } else
 #endif
@@ -417,8 +417,8 @@ enum mt_status mt_train_setup_model(struct mt_ctx *ctx, struct run_state *rs, co
     struct mt_param *params = mt_model_params(rs->model, &n_params);
     if (dims->pp > 1) {
         size_t nb = mt_layout_stage_io_bytes(rs->model, cfg, dims->pp);
-        rs->act_in = rs->ops->buf_alloc(ctx, nb, MT_BUCKET_COMM);
-        rs->grad_in = rs->ops->buf_alloc(ctx, nb, MT_BUCKET_COMM);
+        rs->act_in = rs->ops->buf_alloc(rs->ops->be, ctx, nb, MT_BUCKET_COMM);
+        rs->grad_in = rs->ops->buf_alloc(rs->ops->be, ctx, nb, MT_BUCKET_COMM);
         if (!rs->act_in || !rs->grad_in) return MT_ERR_OOM;
     }
     MT_CHECK(alloc_host_arrays(ctx, rs, n_params, n_steps, world));
@@ -445,8 +445,8 @@ void mt_train_free(struct mt_ctx *ctx, struct run_state *rs)
     mt_free(ctx, rs->times);
     mt_free(ctx, rs->eval_losses);
     mt_zero_set_destroy(ctx, &rs->zset);
-    if (rs->act_in) rs->ops->buf_free(ctx, rs->act_in);
-    if (rs->grad_in) rs->ops->buf_free(ctx, rs->grad_in);
+    if (rs->act_in) rs->ops->buf_free(rs->ops->be, ctx, rs->act_in);
+    if (rs->grad_in) rs->ops->buf_free(rs->ops->be, ctx, rs->grad_in);
     mt_free(ctx, rs->eng_of);
     mt_free(ctx, rs->sel[0]);
     mt_free(ctx, rs->sel[1]);

@@ -74,9 +74,9 @@ enum mt_status mt_train_fault_after_update(struct mt_ctx *ctx, struct run_state 
         float *d = (float *)mt_zero_param_data(rs->zset.z[rs->eng_of[i]], i);
         if (params[i].role != MT_ROLE_GAIN || !d) continue;
         float v;
-        ops->copy_to_host(&v, d, sizeof v);
+        ops->copy_to_host(ops->be, &v, d, sizeof v);
         v = nextafterf(v, INFINITY);
-        ops->copy_from_host(d, &v, sizeof v);
+        ops->copy_from_host(ops->be, d, &v, sizeof v);
         fprintf(stderr, "MT_FAULT: rank %d moved %s[0] by one ulp after step %d\n", ctx->rank, params[i].name, step);
         return MT_OK;
     }

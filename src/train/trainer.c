@@ -118,7 +118,7 @@ static enum mt_status step_loop(struct mt_ctx *ctx, struct run_state *rs, const 
         struct mt_train_step_out so;
         MT_CHECK(mt_train_step(ctx, rs, step, &so));
         if (mt_train_fault_armed(rs, step)) MT_CHECK(mt_train_fault_after_update(ctx, rs, step));
-        rs->ops->sync();
+        rs->ops->sync(rs->ops->be);
         double dt = mt_time_sec() - t0;
         ri->comm_total += mt_train_exposed_comm_s(rs) - comm0;
         ri->idle_total += so.idle_s;

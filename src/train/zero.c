@@ -522,7 +522,7 @@ static enum mt_status finish_ar(struct mt_ctx *ctx, struct mt_zero *z, struct pe
     MT_CHECK(timed_wait(ctx, z, &pd->req));
     if (had && z->red16) {
         const struct zpack *g = &z->lay.g;
-        z->ops->widen_bf16(z->gfull + g->unit_base[pd->unit], z->ar16 + g->unit_base[pd->unit], g->unit_size[pd->unit]);
+        z->ops->widen_bf16(z->ops->be, z->gfull + g->unit_base[pd->unit], z->ar16 + g->unit_base[pd->unit], g->unit_size[pd->unit]);
     }
     return MT_OK;
 }
@@ -535,8 +535,8 @@ static enum mt_status finish_rs(struct mt_ctx *ctx, struct mt_zero *z, int s)
     const struct zpack *g = &z->lay.g;
     int u = z->rs[s].unit;
     size_t n = counts_of(z, g, u)[z->lay.rank];
-    if (n && z->red16) z->ops->widen_bf16(z->grecv[s], z->rs16r[s], n);   /* the bf16 sum, back in fp32 */
-    if (n) z->ops->axpby(z->own_grad + g->own_base[u], z->grecv[s], 1.0f, 1.0f, n);
+    if (n && z->red16) z->ops->widen_bf16(z->ops->be, z->grecv[s], z->rs16r[s], n);   /* the bf16 sum, back in fp32 */
+    if (n) z->ops->axpby(z->ops->be, z->own_grad + g->own_base[u], z->grecv[s], 1.0f, 1.0f, n);
     z->rs[s].unit = -1;
     return MT_OK;
 }
@@ -564,7 +564,7 @@ static enum mt_status hook_pre_backward(struct mt_ctx *ctx, void *user, int u)
         int s = z->gslot;
         z->gslot = 1 - s;
         MT_CHECK(finish_rs(ctx, z, s));
-        z->ops->fill(z->gscr[s], 0.0f, z->lay.g.unit_size[u]);
+        z->ops->fill(z->ops->be, z->gscr[s], 0.0f, z->lay.g.unit_size[u]);
         point_grad(z, u, z->gscr[s]);
     }
     return MT_OK;
@@ -582,16 +582,16 @@ static enum mt_status hook_post_backward(struct mt_ctx *ctx, void *user, int u)
         float nan = NAN;
         for (int i = 0; i < z->lay.n_params; i++)
             if (z->lay.unit[i] == u && has_grad(&z->lay, z->params, i)) {
-                ops->copy_from_host(z->params[i].grad, &nan, sizeof nan);
+                ops->copy_from_host(ops->be, z->params[i].grad, &nan, sizeof nan);
                 break;
             }
     }
     /* non-finite check BEFORE the reduction: the culprit is this rank */
-    if (!ops->all_finite(g, gp->unit_size[u])) {
+    if (!ops->all_finite(ops->be, g, gp->unit_size[u])) {
         const char *name = "(padding)";
         for (int i = 0; i < z->lay.n_params; i++)
             if (z->lay.unit[i] == u && has_grad(&z->lay, z->params, i) &&
-                !ops->all_finite(z->params[i].grad, z->params[i].numel)) {
+                !ops->all_finite(ops->be, z->params[i].grad, z->params[i].numel)) {
                 name = z->params[i].name;
                 break;
             }
@@ -604,7 +604,7 @@ static enum mt_status hook_post_backward(struct mt_ctx *ctx, void *user, int u)
         z->rs[s].unit = u;
         count_coll(z, MT_ZERO_REDUCE_SCATTER, gp->unit_size[u]);
         if (z->red16) {   /* bf16 on the wire: finish_rs widens the sum */
-            ops->cast_bf16(z->rs16s[s], g, gp->unit_size[u]);
+            ops->cast_bf16(ops->be, z->rs16s[s], g, gp->unit_size[u]);
             MT_CHECK(mt_comm_ireduce_scatterv(ctx, z->comm, z->rs16r[s], z->rs16s[s], counts_of(z, gp, u),
                                               displs_of(z, gp, u), MT_DTYPE_BF16, &z->rs[s].req));
         } else {
@@ -618,7 +618,7 @@ static enum mt_status hook_post_backward(struct mt_ctx *ctx, void *user, int u)
     pd->unit = u;
     count_coll(z, MT_ZERO_ALLREDUCE, gp->unit_size[u]);
     if (z->red16) {   /* bf16 on the wire: finish_ar widens the sum back into g */
-        ops->cast_bf16(z->ar16 + gp->unit_base[u], g, gp->unit_size[u]);
+        ops->cast_bf16(ops->be, z->ar16 + gp->unit_base[u], g, gp->unit_size[u]);
         MT_CHECK(mt_comm_iallreduce(ctx, z->comm, z->ar16 + gp->unit_base[u], gp->unit_size[u], MT_DTYPE_BF16,
                                     MT_REDOP_SUM, &pd->req));
     } else {
@@ -634,9 +634,9 @@ static enum mt_status hook_post_backward(struct mt_ctx *ctx, void *user, int u)
 static float *zbuf(struct mt_ctx *ctx, const struct mt_ops_i *ops, size_t n, enum mt_bucket b, int *fail)
 {
     if (n == 0 || *fail) return NULL;
-    float *p = ops->buf_alloc(ctx, n * sizeof(float), b);
+    float *p = ops->buf_alloc(ops->be, ctx, n * sizeof(float), b);
     if (!p) *fail = 1;
-    else ops->fill(p, 0.0f, n);
+    else ops->fill(ops->be, p, 0.0f, n);
     return p;
 }
 
@@ -644,7 +644,7 @@ static float *zbuf(struct mt_ctx *ctx, const struct mt_ops_i *ops, size_t n, enu
 static uint16_t *zbuf16(struct mt_ctx *ctx, const struct mt_ops_i *ops, size_t n, int *fail)
 {
     if (n == 0 || *fail) return NULL;
-    uint16_t *p = ops->buf_alloc(ctx, n * sizeof(uint16_t), MT_BUCKET_COMM);
+    uint16_t *p = ops->buf_alloc(ops->be, ctx, n * sizeof(uint16_t), MT_BUCKET_COMM);
     if (!p) *fail = 1;
     return p;
 }
@@ -753,10 +753,10 @@ void mt_zero_destroy(struct mt_ctx *ctx, struct mt_zero *z)
     float *bufs[] = {z->full, z->gfull, z->own_data, z->own_grad, z->gbuf[0], z->gbuf[1],
                      z->gscr[0], z->gscr[1], z->grecv[0], z->grecv[1]};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-        if (bufs[i]) z->ops->buf_free(ctx, bufs[i]);
+        if (bufs[i]) z->ops->buf_free(z->ops->be, ctx, bufs[i]);
     uint16_t *b16[] = {z->ar16, z->rs16s[0], z->rs16s[1], z->rs16r[0], z->rs16r[1]};
     for (size_t i = 0; i < sizeof b16 / sizeof b16[0]; i++)
-        if (b16[i]) z->ops->buf_free(ctx, b16[i]);
+        if (b16[i]) z->ops->buf_free(z->ops->be, ctx, b16[i]);
     if (z->params)
         for (int i = 0; i < z->lay.n_params; i++)
             if (z->lay.owner && z->lay.owner[i] >= 0) z->params[i].data = z->params[i].grad = NULL;
@@ -801,7 +801,7 @@ enum mt_status mt_zero_init_params(struct mt_ctx *ctx, struct mt_zero *z, uint64
         float *dst = (float *)mt_zero_param_data(z, i);
         if (!dst) continue;
         mt_model_param_values(&z->params[i], seed, host);
-        z->ops->copy_from_host(dst, host, z->params[i].numel * sizeof(float));
+        z->ops->copy_from_host(z->ops->be, dst, host, z->params[i].numel * sizeof(float));
     }
     mt_free(ctx, host);
     return MT_OK;
@@ -811,8 +811,8 @@ void mt_zero_begin_step(struct mt_zero *z, int step)
 {
     z->step = step;
     z->last_mb = 1;
-    if (z->gfull) z->ops->fill(z->gfull, 0.0f, z->lay.g.full_total);
-    if (z->own_grad) z->ops->fill(z->own_grad, 0.0f, z->lay.g.own_total);
+    if (z->gfull) z->ops->fill(z->ops->be, z->gfull, 0.0f, z->lay.g.full_total);
+    if (z->own_grad) z->ops->fill(z->ops->be, z->own_grad, 0.0f, z->lay.g.own_total);
 }
 
 void mt_zero_set_last_microbatch(struct mt_zero *z, int last) { z->last_mb = last; }
@@ -835,7 +835,7 @@ double mt_zero_grad_sumsq_local(const struct mt_zero *z, const unsigned char *co
     for (int k = 0; k < z->n_views; k++) {
         int i = z->view_param[k];
         if (z->lay.owner[i] != z->lay.rank || (count && !count[i]) || z->views[k].frozen) continue;
-        s += z->ops->sumsq(z->views[k].grad, z->views[k].numel);
+        s += z->ops->sumsq(z->ops->be, z->views[k].grad, z->views[k].numel);
     }
     return s;
 }

@@ -101,7 +101,7 @@ static float *nans(size_t n)
 /* ---- backend buffers ---- */
 static void *dalloc(struct be *b, size_t bytes)
 {
-    void *p = b->ops->buf_alloc(&b->ctx, bytes ? bytes : 4, MT_BUCKET_ACTS);
+    void *p = b->ops->buf_alloc(b->ops->be, &b->ctx, bytes ? bytes : 4, MT_BUCKET_ACTS);
     if (!p || b->nbufs == MAX_BUFS) {
         fprintf(stderr, "cuda_ops_vs_cpu: %s buf_alloc(%zu) failed: %s\n", b->name, bytes,
                 mt_ctx_last_error(&b->ctx));
@@ -113,33 +113,33 @@ static void *dalloc(struct be *b, size_t bytes)
 static float *upf(struct be *b, const float *x, size_t n)
 {
     float *p = dalloc(b, n * sizeof(float));
-    if (n) b->ops->copy_from_host(p, x, n * sizeof(float));
+    if (n) b->ops->copy_from_host(b->ops->be, p, x, n * sizeof(float));
     return p;
 }
 static int32_t *upi(struct be *b, const int32_t *x, size_t n)
 {
     int32_t *p = dalloc(b, n * sizeof(int32_t));
-    if (n) b->ops->copy_from_host(p, x, n * sizeof(int32_t));
+    if (n) b->ops->copy_from_host(b->ops->be, p, x, n * sizeof(int32_t));
     return p;
 }
 /* host copy of n floats of d (malloc'd; the caller frees) */
 static float *downf(struct be *b, const float *d, size_t n)
 {
     float *x = xmalloc(n * sizeof(float));
-    b->ops->sync();
-    if (n) b->ops->copy_to_host(x, d, n * sizeof(float));
+    b->ops->sync(b->ops->be);
+    if (n) b->ops->copy_to_host(b->ops->be, x, d, n * sizeof(float));
     return x;
 }
 static int32_t *downi(struct be *b, const int32_t *d, size_t n)
 {
     int32_t *x = xmalloc(n * sizeof(int32_t));
-    b->ops->sync();
-    if (n) b->ops->copy_to_host(x, d, n * sizeof(int32_t));
+    b->ops->sync(b->ops->be);
+    if (n) b->ops->copy_to_host(b->ops->be, x, d, n * sizeof(int32_t));
     return x;
 }
 static void release(struct be *b)
 {
-    for (int i = 0; i < b->nbufs; i++) b->ops->buf_free(&b->ctx, b->bufs[i]);
+    for (int i = 0; i < b->nbufs; i++) b->ops->buf_free(b->ops->be, &b->ctx, b->bufs[i]);
     b->nbufs = 0;
 }
 
@@ -228,7 +228,7 @@ static void test_memory(void)
     struct mt_ctx *ctx = &b->ctx;
     size_t n = 1000;
     size_t live0 = ctx->bytes_live[MT_BUCKET_GRADS], total0 = ctx->bytes_live_total;
-    float *d = b->ops->buf_alloc(ctx, n * sizeof(float), MT_BUCKET_GRADS);
+    float *d = b->ops->buf_alloc(b->ops->be, ctx, n * sizeof(float), MT_BUCKET_GRADS);
     report("buf_alloc", "returns a buffer", d ? 0 : 1, 0);
     if (!d) return;
     report("buf_alloc", "bucket grads accounted (bytes off)",
@@ -237,26 +237,26 @@ static void test_memory(void)
     report("buf_alloc", "zero-filled (differing elements)", (double)ndiff(h, zero, n), 0);
     free(h);
     float *x = rnd(n, -1, 1);
-    float *d2 = b->ops->buf_alloc(ctx, n * sizeof(float), MT_BUCKET_ACTS);
-    b->ops->copy_from_host(d, x, n * sizeof(float));
-    b->ops->copy(d2, d, n * sizeof(float));
+    float *d2 = b->ops->buf_alloc(b->ops->be, ctx, n * sizeof(float), MT_BUCKET_ACTS);
+    b->ops->copy_from_host(b->ops->be, d, x, n * sizeof(float));
+    b->ops->copy(b->ops->be, d2, d, n * sizeof(float));
     h = downf(b, d2, n);
     report("copy", "host -> dev -> dev -> host round trip (differing)", (double)ndiff(h, x, n), 0);
     free(h);
-    b->ops->buf_free(ctx, d2);
-    b->ops->buf_free(ctx, d);
-    b->ops->buf_free(ctx, NULL);
+    b->ops->buf_free(b->ops->be, ctx, d2);
+    b->ops->buf_free(b->ops->be, ctx, d);
+    b->ops->buf_free(b->ops->be, ctx, NULL);
     report("buf_free", "accounting back to start (bytes off)",
            fabs((double)ctx->bytes_live_total - (double)total0) +
                fabs((double)ctx->bytes_live[MT_BUCKET_GRADS] - (double)live0), 0);
-    void *z = b->ops->buf_alloc(ctx, 0, MT_BUCKET_OTHER);
+    void *z = b->ops->buf_alloc(b->ops->be, ctx, 0, MT_BUCKET_OTHER);
     report("buf_alloc", "0 bytes gives a valid pointer", z ? 0 : 1, 0);
-    b->ops->buf_free(ctx, z);
+    b->ops->buf_free(b->ops->be, ctx, z);
     ctx->fail_after = 1;
-    void *f = b->ops->buf_alloc(ctx, 64, MT_BUCKET_OTHER);
+    void *f = b->ops->buf_alloc(b->ops->be, ctx, 64, MT_BUCKET_OTHER);
     report("buf_alloc", "injected failure: NULL + MT_ERR_OOM",
            (f == NULL && ctx->last_status == MT_ERR_OOM) ? 0 : 1, 0);
-    if (f) b->ops->buf_free(ctx, f);
+    if (f) b->ops->buf_free(b->ops->be, ctx, f);
     ctx->fail_after = 0;
     mt_ctx_clear_error(ctx);
     free(x);
@@ -275,7 +275,7 @@ static void test_fill_axpby(void)
         for (int p = 0; p < 3; p++) {
             struct be *b = BE(p);
             float *d = upf(b, ny, n);
-            b->ops->fill(d, v, n);
+            b->ops->fill(b->ops->be, d, v, n);
             r[p] = downf(b, d, n);
             release(b);
         }
@@ -293,7 +293,7 @@ static void test_fill_axpby(void)
             struct be *b = BE(p);
             float *dy = upf(b, cs[c].nan_y ? ny : y, n);
             float *dx = cs[c].hasx ? upf(b, x, n) : NULL;
-            b->ops->axpby(dy, dx, cs[c].a, cs[c].bb, n);
+            b->ops->axpby(b->ops->be, dy, dx, cs[c].a, cs[c].bb, n);
             r[p] = downf(b, dy, n);
             release(b);
         }
@@ -316,15 +316,15 @@ static void test_reductions(void)
         for (int p = 0; p < 3; p++) {
             struct be *b = BE(p);
             float *d = upf(b, x, n);
-            s[p] = b->ops->sumsq(d, n);
-            f[p][0] = b->ops->all_finite(d, n);
+            s[p] = b->ops->sumsq(b->ops->be, d, n);
+            f[p][0] = b->ops->all_finite(b->ops->be, d, n);
             float bad = INFINITY;
-            b->ops->copy_from_host(d + n - 1, &bad, sizeof bad);        /* +inf at the end */
-            f[p][1] = b->ops->all_finite(d, n);
-            b->ops->copy_from_host(d + n - 1, &x[n - 1], sizeof(float));  /* restore the end */
+            b->ops->copy_from_host(b->ops->be, d + n - 1, &bad, sizeof bad);        /* +inf at the end */
+            f[p][1] = b->ops->all_finite(b->ops->be, d, n);
+            b->ops->copy_from_host(b->ops->be, d + n - 1, &x[n - 1], sizeof(float));  /* restore the end */
             bad = NAN;
-            b->ops->copy_from_host(d + n / 2, &bad, sizeof bad);        /* NaN in the middle */
-            f[p][2] = b->ops->all_finite(d, n);
+            b->ops->copy_from_host(b->ops->be, d + n / 2, &bad, sizeof bad);        /* NaN in the middle */
+            f[p][2] = b->ops->all_finite(b->ops->be, d, n);
             release(b);
         }
         char w[96];
@@ -341,8 +341,8 @@ static void test_reductions(void)
     }
     struct be *b = &g_be[1];
     float *d = dalloc(b, 4);
-    report("sumsq", "n = 0 is 0", b->ops->sumsq(d, 0) != 0.0, 0);
-    report("all_finite", "n = 0 is 1", b->ops->all_finite(d, 0) != 1, 0);
+    report("sumsq", "n = 0 is 0", b->ops->sumsq(b->ops->be, d, 0) != 0.0, 0);
+    report("all_finite", "n = 0 is 1", b->ops->all_finite(b->ops->be, d, 0) != 1, 0);
     release(b);
 }
 
@@ -372,7 +372,7 @@ static void test_gemm(void)
         for (int p = 0; p < 3; p++) {
             struct be *b = BE(p);
             float *dA = upf(b, A, na), *dB = upf(b, B, nb), *dC = upf(b, C0, nc);
-            b->ops->gemm(cs[c].tA, cs[c].tB, M, N, K, cs[c].alpha, dA, lda > 0 ? lda : 1, dB, ldb > 0 ? ldb : 1,
+            b->ops->gemm(b->ops->be, cs[c].tA, cs[c].tB, M, N, K, cs[c].alpha, dA, lda > 0 ? lda : 1, dB, ldb > 0 ? ldb : 1,
                          cs[c].beta, dC, ldc);
             r[p] = downf(b, dC, nc);
             release(b);
@@ -427,9 +427,9 @@ static void test_gemm_grouped(int bf16)
             float beta = shape == 0 ? 0.0f : 1.0f;
             if (p == 3) {
                 for (int g = 0; g < G; g++)
-                    if (M[g] > 0) b->ops->gemm(tA, tB, M[g], N[g], K[g], 1.0f, A[g], lda, B[g], D, beta, C[g], ldc);
+                    if (M[g] > 0) b->ops->gemm(b->ops->be, tA, tB, M[g], N[g], K[g], 1.0f, A[g], lda, B[g], D, beta, C[g], ldc);
             } else {
-                b->ops->gemm_grouped(tA, tB, G, M, N, K, 1.0f, A, lda, B, D, beta, C, ldc);
+                b->ops->gemm_grouped(b->ops->be, tA, tB, G, M, N, K, 1.0f, A, lda, B, D, beta, C, ldc);
             }
             r[p] = downf(b, dC, nc);
             release(b);
@@ -492,7 +492,7 @@ static void test_gemm_bf16(void)
         for (int p = 0; p < 3; p++) {
             struct be *b = BE(p);
             float *dA = upf(b, A, na), *dB = upf(b, B, nb), *dC = upf(b, C0, nc + (size_t)co);
-            b->ops->gemm(cs[c].tA, cs[c].tB, M, N, K, cs[c].alpha, dA, lda > 0 ? lda : 1, dB, ldb > 0 ? ldb : 1,
+            b->ops->gemm(b->ops->be, cs[c].tA, cs[c].tB, M, N, K, cs[c].alpha, dA, lda > 0 ? lda : 1, dB, ldb > 0 ? ldb : 1,
                          cs[c].beta, dC + co, ldc);
             r[p] = downf(b, dC + co, nc);
             release(b);
@@ -569,9 +569,9 @@ static void test_bf16_operands(void)
             struct be *b = BE(p);
             float *dx = upf(b, x, n);
             uint16_t *dy = dalloc(b, n * 2);
-            b->ops->cast_bf16(dy, dx, n);
+            b->ops->cast_bf16(b->ops->be, dy, dx, n);
             r[p] = xmalloc(n * 2);
-            b->ops->copy_to_host(r[p], dy, n * 2);
+            b->ops->copy_to_host(b->ops->be, r[p], dy, n * 2);
             release(b);
         }
         size_t bad = 0, bad_host = 0;
@@ -586,9 +586,9 @@ static void test_bf16_operands(void)
         for (int p = 0; p < 3; p++) {
             struct be *b = BE(p);
             uint16_t *dh = dalloc(b, n * 2);
-            b->ops->copy_from_host(dh, r[0], n * 2);
+            b->ops->copy_from_host(b->ops->be, dh, r[0], n * 2);
             float *dw = upf(b, x, n);
-            b->ops->widen_bf16(dw, dh, n);
+            b->ops->widen_bf16(b->ops->be, dw, dh, n);
             wd[p] = downf(b, dw, n);
             release(b);
         }
@@ -618,11 +618,11 @@ static void test_bf16_operands(void)
             float *dx = upf(b, x, (size_t)N * C), *dw = upf(b, w, C), *dout = upf(b, x, (size_t)N * C);
             float *drs = upf(b, w, N);
             uint16_t *dob = dalloc(b, (size_t)N * C * 2);
-            b->ops->rmsnorm_forward_bf16(dout, dob, drs, dx, dw, N, C, 1e-6f);
+            b->ops->rmsnorm_forward_bf16(b->ops->be, dout, dob, drs, dx, dw, N, C, 1e-6f);
             o[p] = downf(b, dout, (size_t)N * C);
             rs[p] = downf(b, drs, N);
             ob[p] = xmalloc((size_t)N * C * 2);
-            b->ops->copy_to_host(ob[p], dob, (size_t)N * C * 2);
+            b->ops->copy_to_host(b->ops->be, ob[p], dob, (size_t)N * C * 2);
             release(b);
         }
         size_t bad = 0;
@@ -651,10 +651,10 @@ static void test_bf16_operands(void)
             float *drs = upf(b, w, N), *pout = upf(b, x, n), *pres = upf(b, u, n), *prs = upf(b, w, N);
             float *sout = upf(b, x, n), *psout = upf(b, u, n);
             uint16_t *dob = dalloc(b, n * 2), *dsb = dalloc(b, n * 2);
-            b->ops->rmsnorm_resid_forward_bf16(dout, dob, drs, dres, dx, dw, N, C, 1e-5f);
-            b->ops->rmsnorm_resid_forward(pout, prs, pres, dx, dw, N, C, 1e-5f);
-            b->ops->swiglu_forward_bf16(sout, dsb, dx, du, n);
-            b->ops->swiglu_forward(psout, dx, du, n);
+            b->ops->rmsnorm_resid_forward_bf16(b->ops->be, dout, dob, drs, dres, dx, dw, N, C, 1e-5f);
+            b->ops->rmsnorm_resid_forward(b->ops->be, pout, prs, pres, dx, dw, N, C, 1e-5f);
+            b->ops->swiglu_forward_bf16(b->ops->be, sout, dsb, dx, du, n);
+            b->ops->swiglu_forward(b->ops->be, psout, dx, du, n);
             o[p] = downf(b, dout, n);
             po[p] = downf(b, pout, n);
             rs[p] = downf(b, drs, N);
@@ -663,8 +663,8 @@ static void test_bf16_operands(void)
             pso[p] = downf(b, psout, n);
             ob[p] = xmalloc(n * 2);
             sb[p] = xmalloc(n * 2);
-            b->ops->copy_to_host(ob[p], dob, n * 2);
-            b->ops->copy_to_host(sb[p], dsb, n * 2);
+            b->ops->copy_to_host(b->ops->be, ob[p], dob, n * 2);
+            b->ops->copy_to_host(b->ops->be, sb[p], dsb, n * 2);
             release(b);
         }
         size_t bad = 0, sbad = 0;
@@ -712,20 +712,20 @@ static void test_bf16_operands(void)
                 const void *dA, *dB;
                 if (ty[t][0] == MT_ELEM_BF16) {
                     void *d = dalloc(b, na * 2);
-                    b->ops->copy_from_host(d, Ah, na * 2);
+                    b->ops->copy_from_host(b->ops->be, d, Ah, na * 2);
                     dA = d;
                 } else {
                     dA = upf(b, A, na);
                 }
                 if (ty[t][1] == MT_ELEM_BF16) {
                     void *d = dalloc(b, nb * 2);
-                    b->ops->copy_from_host(d, Bh, nb * 2);
+                    b->ops->copy_from_host(b->ops->be, d, Bh, nb * 2);
                     dB = d;
                 } else {
                     dB = upf(b, B, nb);
                 }
                 float *dC = upf(b, C0, nc);
-                b->ops->gemm_bf16(cs[c].tA, cs[c].tB, M, N, K, cs[c].alpha, dA, ty[t][0], lda, dB, ty[t][1], ldb,
+                b->ops->gemm_bf16(b->ops->be, cs[c].tA, cs[c].tB, M, N, K, cs[c].alpha, dA, ty[t][0], lda, dB, ty[t][1], ldb,
                                   cs[c].beta, dC, ldc);
                 r[p] = downf(b, dC, nc);
                 release(b);
@@ -804,10 +804,10 @@ static void test_embed(void)
         struct be *b = BE(p);
         float *dw = upf(b, wte, (size_t)V * C), *o = upf(b, nout, (size_t)N * C);
         int32_t *di = upi(b, idx, N);
-        b->ops->embed_forward(o, di, dw, N, C);
+        b->ops->embed_forward(b->ops->be, o, di, dw, N, C);
         rf[p] = downf(b, o, (size_t)N * C);
         float *g = upf(b, dout, (size_t)N * C), *dwte = upf(b, dw0, (size_t)V * C);
-        b->ops->embed_backward(dwte, g, di, N, C, V);
+        b->ops->embed_backward(b->ops->be, dwte, g, di, N, C, V);
         rb[p] = downf(b, dwte, (size_t)V * C);
         release(b);
     }
@@ -834,16 +834,16 @@ static void test_rmsnorm(void)
         for (int p = 0; p < 3; p++) {
             struct be *b = BE(p);
             float *dxin = upf(b, x, nx), *dw = upf(b, w, (size_t)C), *o = upf(b, nx_, nx), *rs = upf(b, nN, (size_t)N);
-            b->ops->rmsnorm_forward(o, rs, dxin, dw, N, C, 1e-5f);
+            b->ops->rmsnorm_forward(b->ops->be, o, rs, dxin, dw, N, C, 1e-5f);
             ro[p] = downf(b, o, nx);
             rr[p] = downf(b, rs, (size_t)N);
             /* backward from the cpu's rstd so both backends see the same saved buffer */
             float *rsc = upf(b, rr[0], (size_t)N);
             float *g = upf(b, dout, nx), *ddx = upf(b, nx_, nx), *ddw = upf(b, dw0, (size_t)C);
-            b->ops->rmsnorm_backward(ddx, ddw, g, dxin, dw, rsc, N, C, 0);
+            b->ops->rmsnorm_backward(b->ops->be, ddx, ddw, g, dxin, dw, rsc, N, C, 0);
             rdx[p] = downf(b, ddx, nx);
             float *ddx2 = upf(b, dx0, nx);
-            b->ops->rmsnorm_backward(ddx2, ddw, g, dxin, dw, rsc, N, C, 1);
+            b->ops->rmsnorm_backward(b->ops->be, ddx2, ddw, g, dxin, dw, rsc, N, C, 1);
             rdxa[p] = downf(b, ddx2, nx);
             rdw[p] = downf(b, ddw, (size_t)C);  /* dw0 + 2 * sum */
             release(b);
@@ -883,11 +883,11 @@ static void test_rope(void)
         struct be *b = BE(p);
         float *dc = upf(b, cs, (size_t)Tmax * half), *ds = upf(b, sn, (size_t)Tmax * half);
         float *dx = upf(b, x, n), *o = upf(b, nn, n);
-        b->ops->rope_forward(o, dx, dc, ds, N, T, pos0, nh, hd);
+        b->ops->rope_forward(b->ops->be, o, dx, dc, ds, N, T, pos0, nh, hd);
         rf[p] = downf(b, o, n);
-        b->ops->rope_forward(dx, dx, dc, ds, N, T, pos0, nh, hd);  /* in place */
+        b->ops->rope_forward(b->ops->be, dx, dx, dc, ds, N, T, pos0, nh, hd);  /* in place */
         ri[p] = downf(b, dx, n);
-        b->ops->rope_backward(dx, dx, dc, ds, N, T, pos0, nh, hd); /* in place, inverse */
+        b->ops->rope_backward(b->ops->be, dx, dx, dc, ds, N, T, pos0, nh, hd); /* in place, inverse */
         rb[p] = downf(b, dx, n);
         release(b);
     }
@@ -910,7 +910,7 @@ static void test_fused(void)
             struct be *b = BE(p);
             float *dx = upf(b, x, nx), *dw = upf(b, w, (size_t)C), *o = upf(b, nx_, nx), *r = upf(b, nN, (size_t)N);
             float *res = upf(b, nx_, nx);
-            b->ops->rmsnorm_resid_forward(o, r, res, dx, dw, N, C, 1e-5f);
+            b->ops->rmsnorm_resid_forward(b->ops->be, o, r, res, dx, dw, N, C, 1e-5f);
             ro[p] = downf(b, o, nx);
             rr[p] = downf(b, r, (size_t)N);
             rs[p] = downf(b, res, nx);
@@ -943,7 +943,7 @@ static void test_fused(void)
         float *dqr = upf(b, qr, nq), *dkr = upf(b, kr, nk);
         float *dwq = upf(b, wq, (size_t)hd), *dwk = upf(b, wk, (size_t)hd);
         float *q = upf(b, nq_, nq), *k = upf(b, nk_, nk), *sq = upf(b, nq_, NH), *sk = upf(b, nk_, NK);
-        b->ops->qk_norm_rope_forward(q, k, sq, sk, dqr, dkr, dwq, dwk, dc, ds, N, T, 0, H, K, hd, 1e-6f);
+        b->ops->qk_norm_rope_forward(b->ops->be, q, k, sq, sk, dqr, dkr, dwq, dwk, dc, ds, N, T, 0, H, K, hd, 1e-6f);
         rq[p] = downf(b, q, nq);
         rk[p] = downf(b, k, nk);
         rrq[p] = downf(b, sq, NH);
@@ -952,7 +952,7 @@ static void test_fused(void)
         float *sqc = upf(b, rrq[0], NH), *skc = upf(b, rrk[0], NK);
         float *dg = upf(b, gq, nq), *dgk = upf(b, gk, nk), *dx = upf(b, nq_, nq), *dxk = upf(b, nk_, nk);
         float *ddwq = upf(b, dwq0, (size_t)hd), *ddwk = upf(b, dwk0, (size_t)hd);
-        b->ops->qk_norm_rope_backward(dx, dxk, ddwq, ddwk, dg, dgk, dqr, dkr, dwq, dwk, sqc, skc, dc, ds, N, T, H, K,
+        b->ops->qk_norm_rope_backward(b->ops->be, dx, dxk, ddwq, ddwk, dg, dgk, dqr, dkr, dwq, dwk, sqc, skc, dc, ds, N, T, H, K,
                                       hd);
         rdq[p] = downf(b, dx, nq);
         rdk[p] = downf(b, dxk, nk);
@@ -961,7 +961,7 @@ static void test_fused(void)
         rgq[p] = downf(b, dg, nq);    /* R^T of the input, in place */
         rgk[p] = downf(b, dgk, nk);
         /* the decoding form: positions from pos0 = 5 */
-        b->ops->qk_norm_rope_forward(q, k, sq, sk, dqr, dkr, dwq, dwk, dc, ds, N, T, 5, H, K, hd, 1e-6f);
+        b->ops->qk_norm_rope_forward(b->ops->be, q, k, sq, sk, dqr, dkr, dwq, dwk, dc, ds, N, T, 5, H, K, hd, 1e-6f);
         rq5[p] = downf(b, q, nq);
         release(b);
     }
@@ -1002,14 +1002,14 @@ static void test_attention(void)
             struct be *b = BE(p);
             float *dq_ = upf(b, q, nq), *dk_ = upf(b, k, nk), *dv_ = upf(b, v, nk);
             float *o = upf(b, nQ, nq), *l = upf(b, nL, nl);
-            b->ops->attention_forward(o, l, dq_, dk_, dv_, B, Tq, Tk, cs[c].q_pos0, H, K, hd);
+            b->ops->attention_forward(b->ops->be, o, l, dq_, dk_, dv_, B, Tq, Tk, cs[c].q_pos0, H, K, hd);
             ro[p] = downf(b, o, nq);
             rl[p] = downf(b, l, nl);
             if (cs[c].bwd) {
                 /* backward from the cpu's out/lse: both backends see the same saved buffers */
                 float *oc = upf(b, ro[0], nq), *lc = upf(b, rl[0], nl), *g = upf(b, dout, nq);
                 float *gq = upf(b, nQ, nq), *gk = upf(b, nK, nk), *gv = upf(b, nK, nk);
-                b->ops->attention_backward(gq, gk, gv, g, dq_, dk_, dv_, oc, lc, B, Tq, H, K, hd);
+                b->ops->attention_backward(b->ops->be, gq, gk, gv, g, dq_, dk_, dv_, oc, lc, B, Tq, H, K, hd);
                 rdq[p] = downf(b, gq, nq);
                 rdk[p] = downf(b, gk, nk);
                 rdv[p] = downf(b, gv, nk);
@@ -1043,13 +1043,13 @@ static void test_swiglu(void)
     for (int p = 0; p < 3; p++) {
         struct be *b = BE(p);
         float *dg = upf(b, g, n), *du = upf(b, u, n), *o = upf(b, nn, n), *dd = upf(b, dout, n);
-        b->ops->swiglu_forward(o, dg, du, n);
+        b->ops->swiglu_forward(b->ops->be, o, dg, du, n);
         rf[p] = downf(b, o, n);
         float *gg = upf(b, nn, n), *gu = upf(b, nn, n);
-        b->ops->swiglu_backward(gg, gu, dd, dg, du, n);
+        b->ops->swiglu_backward(b->ops->be, gg, gu, dd, dg, du, n);
         rg[p] = downf(b, gg, n);
         ru[p] = downf(b, gu, n);
-        b->ops->swiglu_backward(dg, du, dd, dg, du, n);  /* in place: dgate = gate, dup = up */
+        b->ops->swiglu_backward(b->ops->be, dg, du, dd, dg, du, n);  /* in place: dgate = gate, dup = up */
         rgi[p] = downf(b, dg, n);
         rui[p] = downf(b, du, n);
         release(b);
@@ -1079,13 +1079,13 @@ static void test_xent(void)
             struct be *b = BE(p);
             float *dz = upf(b, z, nz), *loss = upf(b, nN, (size_t)N), *lse = upf(b, nN, (size_t)N);
             int32_t *dt = upi(b, t, N);
-            b->ops->xent_forward(loss, lse, dz, dt, N, V, cs[c].cap);
+            b->ops->xent_forward(b->ops->be, loss, lse, dz, dt, N, V, cs[c].cap);
             rl[p] = downf(b, loss, (size_t)N);
             rs[p] = downf(b, lse, (size_t)N);
             float *lc = upf(b, rs[0], (size_t)N), *g = upf(b, nz_, nz);
-            b->ops->xent_backward(g, dz, lc, dt, dscale, N, V, cs[c].cap);
+            b->ops->xent_backward(b->ops->be, g, dz, lc, dt, dscale, N, V, cs[c].cap);
             rd[p] = downf(b, g, nz);
-            b->ops->xent_backward(dz, dz, lc, dt, dscale, N, V, cs[c].cap);  /* in place */
+            b->ops->xent_backward(b->ops->be, dz, dz, lc, dt, dscale, N, V, cs[c].cap);  /* in place */
             ri[p] = downf(b, dz, nz);
             release(b);
         }
@@ -1131,7 +1131,7 @@ static void test_router(void)
             struct be *b = BE(p);
             float *dz = upf(b, z, ne), *pr = upf(b, nE, ne), *ls = upf(b, nN, (size_t)N), *gt = upf(b, nK, nk);
             int32_t *ix = upi(b, nI, nk);
-            b->ops->router_forward(pr, ls, ix, gt, dz, N, E, k);
+            b->ops->router_forward(b->ops->be, pr, ls, ix, gt, dz, N, E, k);
             rp[p] = downf(b, pr, ne);
             rl[p] = downf(b, ls, (size_t)N);
             rg[p] = downf(b, gt, nk);
@@ -1141,8 +1141,8 @@ static void test_router(void)
             int32_t *ic = upi(b, ri[0], nk);
             float *ddg = upf(b, dg, nk), *ddp = upf(b, dp, ne), *ddl = upf(b, dl, (size_t)N);
             float *out1 = upf(b, nE, ne), *out2 = upf(b, nE, ne);
-            b->ops->router_backward(out1, ddg, ddp, ddl, pc, ic, gc, N, E, k);
-            b->ops->router_backward(out2, ddg, NULL, NULL, pc, ic, gc, N, E, k);
+            b->ops->router_backward(b->ops->be, out1, ddg, ddp, ddl, pc, ic, gc, N, E, k);
+            b->ops->router_backward(b->ops->be, out2, ddg, NULL, NULL, pc, ic, gc, N, E, k);
             rd1[p] = downf(b, out1, ne);
             rd2[p] = downf(b, out2, ne);
             release(b);
@@ -1185,16 +1185,16 @@ static void test_moe(void)
         struct be *b = BE(p);
         int32_t *dpos = upi(b, pos, M), *dsrc = upi(b, src, M);
         float *dh = upf(b, h, (size_t)N * C), *xp = upf(b, nM, (size_t)M * C);
-        b->ops->moe_permute(xp, dh, dsrc, M, C);
+        b->ops->moe_permute(b->ops->be, xp, dh, dsrc, M, C);
         rp[p] = downf(b, xp, (size_t)M * C);
         float *ddh = upf(b, dh0, (size_t)N * C), *ddxp = upf(b, dxp, (size_t)M * C);
-        b->ops->moe_permute_backward(ddh, ddxp, dpos, N, k, C);
+        b->ops->moe_permute_backward(b->ops->be, ddh, ddxp, dpos, N, k, C);
         rpb[p] = downf(b, ddh, (size_t)N * C);
         float *dy_ = upf(b, y, (size_t)M * C), *dg_ = upf(b, gates, (size_t)M), *o = upf(b, out0, (size_t)N * C);
-        b->ops->moe_combine(o, dy_, dpos, dg_, N, k, C);
+        b->ops->moe_combine(b->ops->be, o, dy_, dpos, dg_, N, k, C);
         rc[p] = downf(b, o, (size_t)N * C);
         float *gy = upf(b, nM, (size_t)M * C), *gg = upf(b, nS, (size_t)M), *dd = upf(b, dout, (size_t)N * C);
-        b->ops->moe_combine_backward(gy, gg, dd, dy_, dpos, dg_, N, k, C);
+        b->ops->moe_combine_backward(b->ops->be, gy, gg, dd, dy_, dpos, dg_, N, k, C);
         rdy[p] = downf(b, gy, (size_t)M * C);
         rdg[p] = downf(b, gg, (size_t)M);
         release(b);
@@ -1218,16 +1218,16 @@ static void test_optim(void)
     for (int p = 0; p < 3; p++) {
         struct be *b = BE(p);
         float *dp = upf(b, p0, n), *dg = upf(b, g, n), *dm = upf(b, m0, n), *dv = upf(b, v0, n);
-        b->ops->adamw_update(dp, dg, dm, dv, n, 3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f - 0.9f * 0.9f * 0.9f,
+        b->ops->adamw_update(b->ops->be, dp, dg, dm, dv, n, 3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f - 0.9f * 0.9f * 0.9f,
                              1.0f - 0.95f * 0.95f * 0.95f);
         rp[p] = downf(b, dp, n);
         rm[p] = downf(b, dm, n);
         rv[p] = downf(b, dv, n);
         float *dd = upf(b, nn, n), *mm = upf(b, m0, n);
-        b->ops->muon_momentum(dd, mm, dg, 0.95f, n);
+        b->ops->muon_momentum(b->ops->be, dd, mm, dg, 0.95f, n);
         rd[p] = downf(b, dd, n);
         rmm[p] = downf(b, mm, n);
-        b->ops->muon_momentum(dg, mm, dg, 0.95f, n);  /* d aliases g */
+        b->ops->muon_momentum(b->ops->be, dg, mm, dg, 0.95f, n);  /* d aliases g */
         ra[p] = downf(b, dg, n);
         release(b);
     }
@@ -1245,7 +1245,7 @@ static void test_optim(void)
         for (int p = 0; p < 3; p++) {
             struct be *b = BE(p);
             float *dx = upf(b, x, nt), *o = upf(b, nt_, nt);
-            b->ops->transpose(o, dx, R, Cc);
+            b->ops->transpose(b->ops->be, o, dx, R, Cc);
             rt[p] = downf(b, o, nt);
             release(b);
         }
@@ -1326,7 +1326,7 @@ int main(int argc, char **argv)
     mt_ops_cuda_set_precision(MT_CUDA_PRECISION_FP32);
 
     char msg[512];
-    cuda->sync();
+    cuda->sync(cuda->be);
     enum mt_status st = mt_ops_cuda_status(msg, sizeof msg);
     report("status", st == MT_OK ? "no CUDA error recorded" : msg, st != MT_OK, 0);
     report("accounting", "cuda ctx bytes live after all frees", (double)g_be[1].ctx.bytes_live_total, 0);

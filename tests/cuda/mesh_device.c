@@ -33,10 +33,10 @@
 static const struct mt_ops_i *g_ops;
 static long g_copies, g_fail, g_pass;
 
-static void copy_counted(void *dst, const void *src, size_t bytes)
+static void copy_counted(void *be, void *dst, const void *src, size_t bytes)
 {
     g_copies++;
-    g_ops->copy(dst, src, bytes);
+    g_ops->copy(be, dst, src, bytes);
 }
 
 static void check(int ok, const char *what)
@@ -49,16 +49,16 @@ static void check(int ok, const char *what)
 /* n floats: upload x (n may be 0) */
 static float *up(struct mt_ctx *ctx, const float *x, size_t n)
 {
-    float *d = g_ops->buf_alloc(ctx, (n ? n : 1) * sizeof(float), MT_BUCKET_ACTS);
+    float *d = g_ops->buf_alloc(g_ops->be, ctx, (n ? n : 1) * sizeof(float), MT_BUCKET_ACTS);
     if (!d) { fprintf(stderr, "mesh_device: buf_alloc failed\n"); exit(2); }
-    if (n) g_ops->copy_from_host(d, x, n * sizeof(float));
+    if (n) g_ops->copy_from_host(g_ops->be, d, x, n * sizeof(float));
     return d;
 }
 static int equal(const float *d, const float *want, size_t n)
 {
     float *h = malloc(n * sizeof(float));
-    g_ops->sync();
-    g_ops->copy_to_host(h, d, n * sizeof(float));
+    g_ops->sync(g_ops->be);
+    g_ops->copy_to_host(g_ops->be, h, d, n * sizeof(float));
     int ok = memcmp(h, want, n * sizeof(float)) == 0;
     free(h);
     return ok;
@@ -90,25 +90,25 @@ static void test_collectives(struct mt_ctx *ctx, struct mt_comm *c)
     EXPECT(0, mt_comm_barrier(ctx, c), "barrier");
     EXPECT(1, mt_comm_reduce_scatter(ctx, c, dy, dx, N, MT_DTYPE_F32), "reduce_scatter");
     check(equal(dy, x, N), "reduce_scatter: recv = send");
-    g_ops->copy_from_host(dy, nanv, 2 * N * sizeof(float));
+    g_ops->copy_from_host(g_ops->be, dy, nanv, 2 * N * sizeof(float));
     EXPECT(1, mt_comm_allgather(ctx, c, dy, dx, N, MT_DTYPE_F32), "allgather");
     check(equal(dy, x, N), "allgather: recv = send");
     EXPECT(0, mt_comm_allgather(ctx, c, dy, dy, N, MT_DTYPE_F32), "allgather in place (no copy)");
-    g_ops->copy_from_host(dy, nanv, 2 * N * sizeof(float));
+    g_ops->copy_from_host(g_ops->be, dy, nanv, 2 * N * sizeof(float));
     EXPECT(1, mt_comm_allgatherv(ctx, c, dy, dx, counts, displs, MT_DTYPE_F32), "allgatherv (displacement 7)");
     check(equal(dy + 7, x, N) && equal(dy, nanv, 7), "allgatherv: block at 7, gap untouched");
     EXPECT(1, mt_comm_reduce_scatterv(ctx, c, dx, dy, counts, displs, MT_DTYPE_F32), "reduce_scatterv");
     check(equal(dx, x, N), "reduce_scatterv: recv = send block");
     size_t sc[1] = {N}, sd[1] = {0}, rc[1] = {N}, rd[1] = {N};
-    g_ops->copy_from_host(dy, nanv, 2 * N * sizeof(float));
+    g_ops->copy_from_host(g_ops->be, dy, nanv, 2 * N * sizeof(float));
     EXPECT(1, mt_comm_alltoallv(ctx, c, dx, sc, sd, dy, rc, rd, MT_DTYPE_F32), "alltoallv");
     check(equal(dy + N, x, N) && equal(dy, nanv, N), "alltoallv: own block moved");
     struct mt_comm_req *req = NULL;
-    g_ops->copy_from_host(dy, y, 2 * N * sizeof(float));
+    g_ops->copy_from_host(g_ops->be, dy, y, 2 * N * sizeof(float));
     EXPECT(1, mt_comm_iallgather(ctx, c, dy, dx, N, MT_DTYPE_F32, &req), "iallgather");
     EXPECT(0, mt_comm_wait(ctx, req), "wait");
     check(equal(dy, x, N), "iallgather + wait: recv = send");
-    g_ops->copy_from_host(dx, nanv, N * sizeof(float));
+    g_ops->copy_from_host(g_ops->be, dx, nanv, N * sizeof(float));
     EXPECT(1, mt_comm_ireduce_scatterv(ctx, c, dx, dy, counts, sd, MT_DTYPE_F32, &req), "ireduce_scatterv");
     EXPECT(0, mt_comm_wait(ctx, req), "wait");
     check(equal(dx, x, N), "ireduce_scatterv + wait");
@@ -116,15 +116,15 @@ static void test_collectives(struct mt_ctx *ctx, struct mt_comm *c)
                   ? mt_comm_reduce_scatter(ctx, c, dy, dx, N, MT_DTYPE_F32) : MT_ERR_COMM,
            "iallreduce (identity) + reduce_scatter");
     EXPECT(0, mt_comm_wait(ctx, req), "wait");
-    g_ops->copy_from_host(dy, nanv, 2 * N * sizeof(float));
+    g_ops->copy_from_host(g_ops->be, dy, nanv, 2 * N * sizeof(float));
     struct mt_p2p_op ops[2] = {
         {MT_P2P_RECV, 0, dy + 3, N, MT_DTYPE_F32, 5},
         {MT_P2P_SEND, 0, dx, N, MT_DTYPE_F32, 5},
     };
     EXPECT(1, mt_comm_sendrecv_batch(ctx, c, 2, ops), "sendrecv_batch (send to self)");
     check(equal(dy + 3, x, N), "sendrecv_batch: received what was sent");
-    g_ops->buf_free(ctx, dx);
-    g_ops->buf_free(ctx, dy);
+    g_ops->buf_free(g_ops->be, ctx, dx);
+    g_ops->buf_free(g_ops->be, ctx, dy);
 #undef EXPECT
 }
 
@@ -149,7 +149,7 @@ int main(int argc, char **argv)
         printf("reduce_scatter through the host self comm on device buffers (expected to crash)\n");
         fflush(stdout);
         mt_comm_reduce_scatter(&ctx, mt_mesh_comm(hm, MT_MESH_GROUP_DATA), dy, dx, 256, MT_DTYPE_F32);
-        g_ops->sync();
+        g_ops->sync(g_ops->be);
         printf("returned: the host self comm touched device memory without a fault\n");
         return 0;
     }
@@ -166,7 +166,7 @@ int main(int argc, char **argv)
     mt_mesh_destroy(hm);
 
     /* the device mesh */
-    struct mt_mesh_nccl_opts o = {0, mt_ops_cuda_stream(), copy_counted};
+    struct mt_mesh_nccl_opts o = {0, mt_ops_cuda_stream(), copy_counted, g_ops->be};
     struct mt_mesh *m = NULL;
     enum mt_status st = mt_mesh_create_nccl(&ctx, &d, NULL, 0, &o, &m);
     check(st == MT_OK && m && mt_mesh_has_device_comms(m), "mt_mesh_create_nccl on one rank (no NCCL, no MPI needed)");
@@ -193,7 +193,7 @@ int main(int argc, char **argv)
     /* argument errors */
     m = (struct mt_mesh *)&ctx;
     check(mt_mesh_create_nccl(&ctx, &d, NULL, 0, NULL, &m) == MT_ERR_INVALID_ARG && m == NULL, "NULL options refused");
-    struct mt_mesh_nccl_opts bad = {0, NULL, NULL};
+    struct mt_mesh_nccl_opts bad = {0, NULL, NULL, NULL};
     check(mt_mesh_create_nccl(&ctx, &d, NULL, 0, &bad, &m) == MT_ERR_INVALID_ARG && m == NULL, "NULL copy refused");
     mt_ctx_clear_error(&ctx);
 

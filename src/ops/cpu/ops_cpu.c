@@ -17,23 +17,27 @@
 #include <string.h>
 #include <unistd.h>
 
-static void *cpu_buf_alloc(struct mt_ctx *ctx, size_t bytes, enum mt_bucket bucket)
+static void *cpu_buf_alloc(void *be, struct mt_ctx *ctx, size_t bytes, enum mt_bucket bucket)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     return mt_alloc(ctx, bytes, bucket);
 }
 
-static void cpu_buf_free(struct mt_ctx *ctx, void *p)
+static void cpu_buf_free(void *be, struct mt_ctx *ctx, void *p)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     mt_free(ctx, p);
 }
 
-static void cpu_copy(void *dst, const void *src, size_t bytes)
+static void cpu_copy(void *be, void *dst, const void *src, size_t bytes)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     if (bytes && dst != src) memcpy(dst, src, bytes);
 }
 
-static void cpu_sync(void)
+static void cpu_sync(void *be)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
 }
 
 /* ---- per-op profile: thin wrappers (see mt_ops.h) ----
@@ -91,230 +95,274 @@ const char *mt_ops_profile_kind_name(enum mt_op_kind kind)
     return (int)kind >= 0 && kind < MT_OPK_COUNT ? names[kind] : "?";
 }
 
-static void p_fill(float *x, float value, size_t n) { PROF(MT_OPK_ELEMENTWISE, mt_cpu_fill(x, value, n)); }
-static void p_axpby(float *y, const float *x, float a, float b, size_t n)
+static void p_fill(void *be, float *x, float value, size_t n) {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */ PROF(MT_OPK_ELEMENTWISE, mt_cpu_fill(x, value, n)); }
+static void p_axpby(void *be, float *y, const float *x, float a, float b, size_t n)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_ELEMENTWISE, mt_cpu_axpby(y, x, a, b, n));
 }
-static double p_sumsq(const float *x, size_t n) { PROF_RET(MT_OPK_ELEMENTWISE, double, mt_cpu_sumsq(x, n)); }
-static int p_all_finite(const float *x, size_t n) { PROF_RET(MT_OPK_ELEMENTWISE, int, mt_cpu_all_finite(x, n)); }
-static void p_gemm(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
+static double p_sumsq(void *be, const float *x, size_t n) {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */ PROF_RET(MT_OPK_ELEMENTWISE, double, mt_cpu_sumsq(x, n)); }
+static int p_all_finite(void *be, const float *x, size_t n) {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */ PROF_RET(MT_OPK_ELEMENTWISE, int, mt_cpu_all_finite(x, n)); }
+static void p_gemm(void *be, int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
                    const float *B, int ldb, float beta, float *C, int ldc)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_GEMM, mt_cpu_gemm(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc));
 }
 /* the n gemm calls themselves, in group order: bit-identical to the loop it replaces */
-static void p_gemm_grouped(int transA, int transB, int n, const int *M, const int *N, const int *K, float alpha,
+static void p_gemm_grouped(void *be, int transA, int transB, int n, const int *M, const int *N, const int *K, float alpha,
                            const float *const *A, int lda, const float *const *B, int ldb, float beta,
                            float *const *C, int ldc)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     for (int g = 0; g < n; g++)
         if (M[g] > 0 && N[g] > 0)
-            p_gemm(transA, transB, M[g], N[g], K[g], alpha, A[g], lda, B[g], ldb, beta, C[g], ldc);
+            p_gemm(be, transA, transB, M[g], N[g], K[g], alpha, A[g], lda, B[g], ldb, beta, C[g], ldc);
 }
-static void p_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, const void *A,
+static void p_gemm_bf16(void *be, int transA, int transB, int M, int N, int K, float alpha, const void *A,
                         enum mt_elem a_type, int lda, const void *B, enum mt_elem b_type, int ldb, float beta, float *C,
                         int ldc)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_GEMM, mt_cpu_gemm_bf16(transA, transB, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, beta, C, ldc));
 }
-static void p_cast_bf16(mt_bf16 *dst, const float *src, size_t n) { PROF(MT_OPK_ELEMENTWISE, mt_cpu_cast_bf16(dst, src, n)); }
-static void p_widen_bf16(float *dst, const mt_bf16 *src, size_t n)
+static void p_cast_bf16(void *be, mt_bf16 *dst, const float *src, size_t n) {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */ PROF(MT_OPK_ELEMENTWISE, mt_cpu_cast_bf16(dst, src, n)); }
+static void p_widen_bf16(void *be, float *dst, const mt_bf16 *src, size_t n)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_ELEMENTWISE, for (size_t i = 0; i < n; i++) dst[i] = mt_cpu_bf16_to_f32(src[i]));
 }
-static void p_embed_forward(float *out, const int32_t *idx, const float *wte, int N, int C)
+static void p_embed_forward(void *be, float *out, const int32_t *idx, const float *wte, int N, int C)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_ELEMENTWISE, mt_cpu_embed_forward(out, idx, wte, N, C));
 }
-static void p_embed_backward(float *dwte, const float *dout, const int32_t *idx, int N, int C, int V)
+static void p_embed_backward(void *be, float *dwte, const float *dout, const int32_t *idx, int N, int C, int V)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_ELEMENTWISE, mt_cpu_embed_backward(dwte, dout, idx, N, C, V));
 }
-static void p_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N, int C,
+static void p_rmsnorm_forward(void *be, float *out, float *rstd, const float *inp, const float *weight, int N, int C,
                               float eps)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_NORM, mt_cpu_rmsnorm_forward(out, rstd, inp, weight, N, C, eps));
 }
 /* the same rmsnorm, then its output rounded (the cpu backend has no fused form: same numbers) */
-static void p_rmsnorm_forward_bf16(float *out, mt_bf16 *out_bf16, float *rstd, const float *inp, const float *weight,
+static void p_rmsnorm_forward_bf16(void *be, float *out, mt_bf16 *out_bf16, float *rstd, const float *inp, const float *weight,
                                    int N, int C, float eps)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_NORM, mt_cpu_rmsnorm_forward(out, rstd, inp, weight, N, C, eps);
          mt_cpu_cast_bf16(out_bf16, out, (size_t)N * (size_t)C));
 }
-static void p_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+static void p_rmsnorm_backward(void *be, float *dinp, float *dweight, const float *dout, const float *inp,
                                const float *weight, const float *rstd, int N, int C, int accumulate)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_NORM, mt_cpu_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C, accumulate));
 }
-static void p_rope_forward(float *out, const float *inp, const float *cos_tab, const float *sin_tab, int N,
+static void p_rope_forward(void *be, float *out, const float *inp, const float *cos_tab, const float *sin_tab, int N,
                            int T, int pos0, int nh, int hd)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_ELEMENTWISE, mt_cpu_rope_forward(out, inp, cos_tab, sin_tab, N, T, pos0, nh, hd));
 }
-static void p_rope_backward(float *dinp, const float *dout, const float *cos_tab, const float *sin_tab, int N,
+static void p_rope_backward(void *be, float *dinp, const float *dout, const float *cos_tab, const float *sin_tab, int N,
                             int T, int pos0, int nh, int hd)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_ELEMENTWISE, mt_cpu_rope_backward(dinp, dout, cos_tab, sin_tab, N, T, pos0, nh, hd));
 }
-static void p_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B,
+static void p_attention_forward(void *be, float *out, float *lse, const float *q, const float *k, const float *v, int B,
                                 int Tq, int Tk, int q_pos0, int H, int K, int hd)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_ATTENTION, mt_cpu_attention_forward(out, lse, q, k, v, B, Tq, Tk, q_pos0, H, K, hd));
 }
-static void p_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
+static void p_attention_backward(void *be, float *dq, float *dk, float *dv, const float *dout, const float *q,
                                  const float *k, const float *v, const float *out, const float *lse, int B,
                                  int T, int H, int K, int hd)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_ATTENTION, mt_cpu_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, hd));
 }
-static void p_swiglu_forward(float *out, const float *gate, const float *up, size_t n)
+static void p_swiglu_forward(void *be, float *out, const float *gate, const float *up, size_t n)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_ELEMENTWISE, mt_cpu_swiglu_forward(out, gate, up, n));
 }
-static void p_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+static void p_swiglu_backward(void *be, float *dgate, float *dup, const float *dout, const float *gate, const float *up,
                               size_t n)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_ELEMENTWISE, mt_cpu_swiglu_backward(dgate, dup, dout, gate, up, n));
 }
-static void p_xent_forward(float *losses, float *lse_out, const float *logits, const int32_t *targets, int N,
+static void p_xent_forward(void *be, float *losses, float *lse_out, const float *logits, const int32_t *targets, int N,
                            int V, float softcap)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_XENT, mt_cpu_xent_forward(losses, lse_out, logits, targets, N, V, softcap));
 }
-static void p_xent_backward(float *dlogits, const float *logits, const float *lse, const int32_t *targets,
+static void p_xent_backward(void *be, float *dlogits, const float *logits, const float *lse, const int32_t *targets,
                             float dscale, int N, int V, float softcap)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_XENT, mt_cpu_xent_backward(dlogits, logits, lse, targets, dscale, N, V, softcap));
 }
-static void p_xent_fused(float *losses, float *lse_out, float *logits, const int32_t *targets, float dscale,
+static void p_xent_fused(void *be, float *losses, float *lse_out, float *logits, const int32_t *targets, float dscale,
                          int N, int V, float softcap)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_XENT, mt_cpu_xent_fused(losses, lse_out, logits, targets, dscale, N, V, softcap));
 }
-static void p_router_forward(float *probs, float *lse, int32_t *topk_idx, float *gates, const float *logits,
+static void p_router_forward(void *be, float *probs, float *lse, int32_t *topk_idx, float *gates, const float *logits,
                              int N, int E, int k)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_ELEMENTWISE, mt_cpu_router_forward(probs, lse, topk_idx, gates, logits, N, E, k));
 }
-static void p_router_backward(float *dlogits, const float *dgates, const float *dprobs, const float *dlse,
+static void p_router_backward(void *be, float *dlogits, const float *dgates, const float *dprobs, const float *dlse,
                               const float *probs, const int32_t *topk_idx, const float *gates, int N, int E,
                               int k)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_ELEMENTWISE,
          mt_cpu_router_backward(dlogits, dgates, dprobs, dlse, probs, topk_idx, gates, N, E, k));
 }
-static void p_moe_permute(float *xp, const float *h, const int32_t *src_row, int M, int C)
+static void p_moe_permute(void *be, float *xp, const float *h, const int32_t *src_row, int M, int C)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_ELEMENTWISE, mt_cpu_moe_permute(xp, h, src_row, M, C));
 }
-static void p_moe_permute_backward(float *dh, const float *dxp, const int32_t *pos, int N, int k, int C)
+static void p_moe_permute_backward(void *be, float *dh, const float *dxp, const int32_t *pos, int N, int k, int C)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_ELEMENTWISE, mt_cpu_moe_permute_backward(dh, dxp, pos, N, k, C));
 }
-static void p_moe_combine(float *out, const float *y, const int32_t *pos, const float *gates, int N, int k, int C)
+static void p_moe_combine(void *be, float *out, const float *y, const int32_t *pos, const float *gates, int N, int k, int C)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_ELEMENTWISE, mt_cpu_moe_combine(out, y, pos, gates, N, k, C));
 }
-static void p_moe_combine_backward(float *dy, float *dgates, const float *dout, const float *y,
+static void p_moe_combine_backward(void *be, float *dy, float *dgates, const float *dout, const float *y,
                                    const int32_t *pos, const float *gates, int N, int k, int C)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_ELEMENTWISE, mt_cpu_moe_combine_backward(dy, dgates, dout, y, pos, gates, N, k, C));
 }
-static void p_adamw_update(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
+static void p_adamw_update(void *be, float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
                            float eps, float wd, float bc1, float bc2)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_OPTIMIZER, mt_cpu_adamw_update(p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2));
 }
-static void p_muon_momentum(float *d, float *m, const float *g, float mu, size_t n)
+static void p_muon_momentum(void *be, float *d, float *m, const float *g, float mu, size_t n)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_OPTIMIZER, mt_cpu_muon_momentum(d, m, g, mu, n));
 }
-static void p_transpose(float *out, const float *in, int rows, int cols)
+static void p_transpose(void *be, float *out, const float *in, int rows, int cols)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_GEMM, mt_cpu_transpose(out, in, rows, cols));
 }
 
-static void p_ssm_scan_forward(float *y, const float *x, const float *Bm, const float *Cm, const float *dt,
+static void p_ssm_scan_forward(void *be, float *y, const float *x, const float *Bm, const float *Cm, const float *dt,
                                const float *lam, const float *A, const float *Dsk, int B, int T, int H, int P,
                                int N, int chunk)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_SCAN, mt_cpu_ssm_scan_forward(y, x, Bm, Cm, dt, lam, A, Dsk, B, T, H, P, N, chunk));
 }
-static void p_ssm_scan_backward(float *dx, float *dBm, float *dCm, float *ddt, float *dlam, float *dA, float *dDsk,
+static void p_ssm_scan_backward(void *be, float *dx, float *dBm, float *dCm, float *ddt, float *dlam, float *dA, float *dDsk,
                                 const float *dy, const float *x, const float *Bm, const float *Cm, const float *dt,
                                 const float *lam, const float *A, const float *Dsk, int B, int T, int H, int P,
                                 int N, int chunk)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_SCAN, mt_cpu_ssm_scan_backward(dx, dBm, dCm, ddt, dlam, dA, dDsk, dy, x, Bm, Cm, dt, lam, A, Dsk,
                                                B, T, H, P, N, chunk));
 }
-static void p_ssm_prep_forward(float *x, float *Bh, float *Ch, float *dt, float *lam, float *A, float *rstd,
+static void p_ssm_prep_forward(void *be, float *x, float *Bh, float *Ch, float *dt, float *lam, float *A, float *rstd,
                                float *ang_state, const float *proj, const float *dt_bias, const float *A_log,
                                const float *gB, const float *gC, const float *B_bias, const float *C_bias, int B,
                                int T, int H, int P, int G, int N, float eps)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_ELEMENTWISE, mt_cpu_ssm_prep_forward(x, Bh, Ch, dt, lam, A, rstd, ang_state, proj, dt_bias, A_log,
                                                      gB, gC, B_bias, C_bias, B, T, H, P, G, N, eps));
 }
-static void p_ssm_prep_backward(float *dproj, float *ddt_bias, float *dA_log, float *dgB, float *dgC,
+static void p_ssm_prep_backward(void *be, float *dproj, float *ddt_bias, float *dA_log, float *dgB, float *dgC,
                                 float *dB_bias, float *dC_bias, const float *dx, const float *dBh, const float *dCh,
                                 const float *ddt, const float *dlam, const float *dA, const float *Bh,
                                 const float *Ch, const float *lam, const float *A, const float *rstd,
                                 const float *proj, const float *dt_bias, const float *gB, const float *gC, int B,
                                 int T, int H, int P, int G, int N, float eps)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_ELEMENTWISE,
          mt_cpu_ssm_prep_backward(dproj, ddt_bias, dA_log, dgB, dgC, dB_bias, dC_bias, dx, dBh, dCh, ddt, dlam, dA,
                                   Bh, Ch, lam, A, rstd, proj, dt_bias, gB, gC, B, T, H, P, G, N, eps));
 }
-static void p_ssm_gate_norm_forward(float *out, float *rstd, const float *y, const float *z, int ldz,
+static void p_ssm_gate_norm_forward(void *be, float *out, float *rstd, const float *y, const float *z, int ldz,
                                     const float *w, int n, int E, int G, float eps)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_NORM, mt_cpu_ssm_gate_norm_forward(out, rstd, y, z, ldz, w, n, E, G, eps));
 }
-static void p_ssm_gate_norm_backward(float *dy, float *dz, float *dw, const float *dout, const float *y,
+static void p_ssm_gate_norm_backward(void *be, float *dy, float *dz, float *dw, const float *dout, const float *y,
                                      const float *z, int ldz, const float *w, const float *rstd, int n, int E, int G)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_NORM, mt_cpu_ssm_gate_norm_backward(dy, dz, dw, dout, y, z, ldz, w, rstd, n, E, G));
 }
-static void p_ssm_scan_step(float *y, float *S, float *xprev, float *Bprev, const float *x, const float *Bm,
+static void p_ssm_scan_step(void *be, float *y, float *S, float *xprev, float *Bprev, const float *x, const float *Bm,
                             const float *Cm, const float *dt, const float *lam, const float *A, const float *Dsk,
                             int B, int H, int P, int N, int first)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_SCAN, mt_cpu_ssm_scan_step(y, S, xprev, Bprev, x, Bm, Cm, dt, lam, A, Dsk, B, H, P, N, first));
 }
 
 /* the fused chains (fused.c) count as norm: each is a norm with its neighbours folded in */
-static void p_rmsnorm_resid_forward(float *out, float *rstd, float *resid, const float *inp, const float *weight,
+static void p_rmsnorm_resid_forward(void *be, float *out, float *rstd, float *resid, const float *inp, const float *weight,
                                     int N, int C, float eps)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_NORM, mt_cpu_rmsnorm_resid_forward(out, rstd, resid, inp, weight, N, C, eps));
 }
 /* the bf16 twins: the fp32 op, then its output rounded (the cpu backend has no fused form: same numbers) */
-static void p_rmsnorm_resid_forward_bf16(float *out, mt_bf16 *out_bf16, float *rstd, float *resid, const float *inp,
+static void p_rmsnorm_resid_forward_bf16(void *be, float *out, mt_bf16 *out_bf16, float *rstd, float *resid, const float *inp,
                                          const float *weight, int N, int C, float eps)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_NORM, mt_cpu_rmsnorm_resid_forward(out, rstd, resid, inp, weight, N, C, eps);
          mt_cpu_cast_bf16(out_bf16, out, (size_t)N * (size_t)C));
 }
-static void p_swiglu_forward_bf16(float *out, mt_bf16 *out_bf16, const float *gate, const float *up, size_t n)
+static void p_swiglu_forward_bf16(void *be, float *out, mt_bf16 *out_bf16, const float *gate, const float *up, size_t n)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_ELEMENTWISE, mt_cpu_swiglu_forward(out, gate, up, n); mt_cpu_cast_bf16(out_bf16, out, n));
 }
-static void p_qk_norm_rope_forward(float *q, float *k, float *rstd_q, float *rstd_k, const float *q_raw,
+static void p_qk_norm_rope_forward(void *be, float *q, float *k, float *rstd_q, float *rstd_k, const float *q_raw,
                                    const float *k_raw, const float *wq, const float *wk, const float *cos_tab,
                                    const float *sin_tab, int N, int T, int pos0, int H, int K, int hd, float eps)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_NORM, mt_cpu_qk_norm_rope_forward(q, k, rstd_q, rstd_k, q_raw, k_raw, wq, wk, cos_tab, sin_tab, N, T,
                                                   pos0, H, K, hd, eps));
 }
-static void p_qk_norm_rope_backward(float *dq_raw, float *dk_raw, float *dwq, float *dwk, float *dq,
+static void p_qk_norm_rope_backward(void *be, float *dq_raw, float *dk_raw, float *dwq, float *dwk, float *dq,
                                     float *dk, const float *q_raw, const float *k_raw, const float *wq,
                                     const float *wk, const float *rstd_q, const float *rstd_k, const float *cos_tab,
                                     const float *sin_tab, int N, int T, int H, int K, int hd)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_NORM, mt_cpu_qk_norm_rope_backward(dq_raw, dk_raw, dwq, dwk, dq, dk, q_raw, k_raw, wq, wk, rstd_q,
                                                    rstd_k, cos_tab, sin_tab, N, T, H, K, hd));
 }

@@ -28,22 +28,22 @@ double mt_ops_measure_roof(const struct mt_ops_i *ops, const int *sizes, int n_s
     struct mt_ctx tmp;
     mt_ctx_init(&tmp);
     size_t elems = (size_t)nmax * (size_t)nmax;
-    float *a = ops->buf_alloc(&tmp, elems * sizeof(float), MT_BUCKET_OTHER);
-    float *b = ops->buf_alloc(&tmp, elems * sizeof(float), MT_BUCKET_OTHER);
-    float *c = ops->buf_alloc(&tmp, elems * sizeof(float), MT_BUCKET_OTHER);
+    float *a = ops->buf_alloc(ops->be, &tmp, elems * sizeof(float), MT_BUCKET_OTHER);
+    float *b = ops->buf_alloc(ops->be, &tmp, elems * sizeof(float), MT_BUCKET_OTHER);
+    float *c = ops->buf_alloc(ops->be, &tmp, elems * sizeof(float), MT_BUCKET_OTHER);
     double *runs = malloc((size_t)reps * sizeof(double));
     if (a && b && c && runs && nmax > 0) {
-        ops->fill(a, 0.5f, elems);
-        ops->fill(b, 0.25f, elems);
+        ops->fill(ops->be, a, 0.5f, elems);
+        ops->fill(ops->be, b, 0.25f, elems);
         for (int s = 0; s < n_sizes; s++) {
             int n = sizes[s];
             if (n <= 0) continue;
-            ops->gemm(0, 1, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n); /* warm-up: pages, BLAS buffers */
-            ops->sync();
+            ops->gemm(ops->be, 0, 1, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n); /* warm-up: pages, BLAS buffers */
+            ops->sync(ops->be);
             for (int r = 0; r < reps; r++) {
                 double t0 = mt_time_sec();
-                ops->gemm(0, 1, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
-                ops->sync();
+                ops->gemm(ops->be, 0, 1, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+                ops->sync(ops->be);
                 double dt = mt_time_sec() - t0;
                 runs[r] = dt > 0 ? 2.0 * n * (double)n * n / dt : 0;
             }
@@ -58,9 +58,9 @@ double mt_ops_measure_roof(const struct mt_ops_i *ops, const int *sizes, int n_s
         }
     }
     free(runs);
-    ops->buf_free(&tmp, a);
-    ops->buf_free(&tmp, b);
-    ops->buf_free(&tmp, c);
+    ops->buf_free(ops->be, &tmp, a);
+    ops->buf_free(ops->be, &tmp, b);
+    ops->buf_free(ops->be, &tmp, c);
     best.runs = reps;
     if (out) *out = best;
     return best.flops;

@@ -395,9 +395,10 @@ static void bwd_launch(float *dq, float *dk, float *dv, const float *dout, const
     MT_CUDA_KCHECK();
 }
 
-extern "C" void mt_cuda_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+extern "C" void mt_cuda_attention_forward(void *be, float *out, float *lse, const float *q, const float *k, const float *v,
                                           int B, int Tq, int Tk, int q_pos0, int H, int K, int hd)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     if (B <= 0 || Tq <= 0 || H <= 0) return;
     if (!check_shape(H, K, hd)) return;
     if (hd <= 64)       fwd_launch<2>(out, lse, q, k, v, B, Tq, Tk, q_pos0, H, K, hd);
@@ -405,11 +406,12 @@ extern "C" void mt_cuda_attention_forward(float *out, float *lse, const float *q
     else                fwd_launch<8>(out, lse, q, k, v, B, Tq, Tk, q_pos0, H, K, hd);
 }
 
-extern "C" void mt_cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout,
+extern "C" void mt_cuda_attention_backward(void *be, float *dq, float *dk, float *dv, const float *dout,
                                            const float *q, const float *k, const float *v,
                                            const float *out, const float *lse,
                                            int B, int T, int H, int K, int hd)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     if (B <= 0 || T <= 0 || H <= 0) return;
     if (!check_shape(H, K, hd)) return;
     const size_t rows = (size_t)B * (size_t)T * (size_t)H;

@@ -198,126 +198,126 @@ extern "C" {
 #endif
 
 /* ---- memory.cu ---- */
-void *mt_cuda_buf_alloc(struct mt_ctx *ctx, size_t bytes, enum mt_bucket bucket);
-void  mt_cuda_buf_free(struct mt_ctx *ctx, void *p);
-void  mt_cuda_copy_to_host(void *dst_host, const void *src, size_t bytes);
-void  mt_cuda_copy_from_host(void *dst, const void *src_host, size_t bytes);
-void  mt_cuda_copy(void *dst, const void *src, size_t bytes);
-void  mt_cuda_sync(void);
+void *mt_cuda_buf_alloc(void *be, struct mt_ctx *ctx, size_t bytes, enum mt_bucket bucket);
+void  mt_cuda_buf_free(void *be, struct mt_ctx *ctx, void *p);
+void  mt_cuda_copy_to_host(void *be, void *dst_host, const void *src, size_t bytes);
+void  mt_cuda_copy_from_host(void *be, void *dst, const void *src_host, size_t bytes);
+void  mt_cuda_copy(void *be, void *dst, const void *src, size_t bytes);
+void  mt_cuda_sync(void *be);
 
 /* ---- elementwise.cu ---- */
-void   mt_cuda_fill(float *x, float value, size_t n);
-void   mt_cuda_axpby(float *y, const float *x, float a, float b, size_t n);
-double mt_cuda_sumsq(const float *x, size_t n);
-int    mt_cuda_all_finite(const float *x, size_t n);
+void   mt_cuda_fill(void *be, float *x, float value, size_t n);
+void   mt_cuda_axpby(void *be, float *y, const float *x, float a, float b, size_t n);
+double mt_cuda_sumsq(void *be, const float *x, size_t n);
+int    mt_cuda_all_finite(void *be, const float *x, size_t n);
 
 /* ---- gemm.cu ---- */
 /* release every cached cuBLASLt plan (shutdown) */
 void mt_cuda_lt_plans_release(void);
-void mt_cuda_gemm(int transA, int transB, int M, int N, int K, float alpha,
+void mt_cuda_gemm(void *be, int transA, int transB, int M, int N, int K, float alpha,
                   const float *A, int lda, const float *B, int ldb,
                   float beta, float *C, int ldc);
-void mt_cuda_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, const void *A, enum mt_elem a_type,
+void mt_cuda_gemm_bf16(void *be, int transA, int transB, int M, int N, int K, float alpha, const void *A, enum mt_elem a_type,
                        int lda, const void *B, enum mt_elem b_type, int ldb, float beta, float *C, int ldc);
-void mt_cuda_cast_bf16(mt_bf16 *dst, const float *src, size_t n);
-void mt_cuda_widen_bf16(float *dst, const mt_bf16 *src, size_t n);
-void mt_cuda_gemm_grouped(int transA, int transB, int n, const int *M, const int *N, const int *K, float alpha,
+void mt_cuda_cast_bf16(void *be, mt_bf16 *dst, const float *src, size_t n);
+void mt_cuda_widen_bf16(void *be, float *dst, const mt_bf16 *src, size_t n);
+void mt_cuda_gemm_grouped(void *be, int transA, int transB, int n, const int *M, const int *N, const int *K, float alpha,
                           const float *const *A, int lda, const float *const *B, int ldb, float beta,
                           float *const *C, int ldc);
 
 /* ---- embed.cu ---- */
-void mt_cuda_embed_forward(float *out, const int32_t *idx, const float *wte, int N, int C);
-void mt_cuda_embed_backward(float *dwte, const float *dout, const int32_t *idx, int N, int C, int V);
+void mt_cuda_embed_forward(void *be, float *out, const int32_t *idx, const float *wte, int N, int C);
+void mt_cuda_embed_backward(void *be, float *dwte, const float *dout, const int32_t *idx, int N, int C, int V);
 
 /* ---- rmsnorm.cu ---- */
-void mt_cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
+void mt_cuda_rmsnorm_forward(void *be, float *out, float *rstd, const float *inp, const float *weight,
                              int N, int C, float eps);
-void mt_cuda_rmsnorm_forward_bf16(float *out, mt_bf16 *out_bf16, float *rstd, const float *inp,
+void mt_cuda_rmsnorm_forward_bf16(void *be, float *out, mt_bf16 *out_bf16, float *rstd, const float *inp,
                                   const float *weight, int N, int C, float eps);
-void mt_cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+void mt_cuda_rmsnorm_backward(void *be, float *dinp, float *dweight, const float *dout, const float *inp,
                               const float *weight, const float *rstd, int N, int C, int accumulate);
 
 /* ---- rope.cu ---- */
-void mt_cuda_rope_forward(float *out, const float *inp, const float *cos_tab, const float *sin_tab,
+void mt_cuda_rope_forward(void *be, float *out, const float *inp, const float *cos_tab, const float *sin_tab,
                           int N, int T, int pos0, int nh, int hd);
-void mt_cuda_rope_backward(float *dinp, const float *dout, const float *cos_tab, const float *sin_tab,
+void mt_cuda_rope_backward(void *be, float *dinp, const float *dout, const float *cos_tab, const float *sin_tab,
                            int N, int T, int pos0, int nh, int hd);
 
 /* ---- attention.cu ---- */
-void mt_cuda_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+void mt_cuda_attention_forward(void *be, float *out, float *lse, const float *q, const float *k, const float *v,
                                int B, int Tq, int Tk, int q_pos0, int H, int K, int hd);
-void mt_cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout,
+void mt_cuda_attention_backward(void *be, float *dq, float *dk, float *dv, const float *dout,
                                 const float *q, const float *k, const float *v,
                                 const float *out, const float *lse,
                                 int B, int T, int H, int K, int hd);
 
 /* ---- swiglu.cu ---- */
-void mt_cuda_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
-void mt_cuda_swiglu_forward_bf16(float *out, mt_bf16 *out_bf16, const float *gate, const float *up, size_t n);
-void mt_cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+void mt_cuda_swiglu_forward(void *be, float *out, const float *gate, const float *up, size_t n);
+void mt_cuda_swiglu_forward_bf16(void *be, float *out, mt_bf16 *out_bf16, const float *gate, const float *up, size_t n);
+void mt_cuda_swiglu_backward(void *be, float *dgate, float *dup, const float *dout, const float *gate,
                              const float *up, size_t n);
 
 /* ---- xent.cu ---- */
-void mt_cuda_xent_forward(float *losses, float *lse_out, const float *logits, const int32_t *targets,
+void mt_cuda_xent_forward(void *be, float *losses, float *lse_out, const float *logits, const int32_t *targets,
                           int N, int V, float softcap);
-void mt_cuda_xent_backward(float *dlogits, const float *logits, const float *lse,
+void mt_cuda_xent_backward(void *be, float *dlogits, const float *logits, const float *lse,
                            const int32_t *targets, float dscale, int N, int V, float softcap);
 
 /* ---- moe.cu ---- */
-void mt_cuda_router_forward(float *probs, float *lse, int32_t *topk_idx, float *gates,
+void mt_cuda_router_forward(void *be, float *probs, float *lse, int32_t *topk_idx, float *gates,
                             const float *logits, int N, int E, int k);
-void mt_cuda_router_backward(float *dlogits, const float *dgates, const float *dprobs,
+void mt_cuda_router_backward(void *be, float *dlogits, const float *dgates, const float *dprobs,
                              const float *dlse, const float *probs, const int32_t *topk_idx,
                              const float *gates, int N, int E, int k);
-void mt_cuda_moe_permute(float *xp, const float *h, const int32_t *src_row, int M, int C);
-void mt_cuda_moe_permute_backward(float *dh, const float *dxp, const int32_t *pos, int N, int k, int C);
-void mt_cuda_moe_combine(float *out, const float *y, const int32_t *pos, const float *gates,
+void mt_cuda_moe_permute(void *be, float *xp, const float *h, const int32_t *src_row, int M, int C);
+void mt_cuda_moe_permute_backward(void *be, float *dh, const float *dxp, const int32_t *pos, int N, int k, int C);
+void mt_cuda_moe_combine(void *be, float *out, const float *y, const int32_t *pos, const float *gates,
                          int N, int k, int C);
-void mt_cuda_moe_combine_backward(float *dy, float *dgates, const float *dout, const float *y,
+void mt_cuda_moe_combine_backward(void *be, float *dy, float *dgates, const float *dout, const float *y,
                                   const int32_t *pos, const float *gates, int N, int k, int C);
 
 /* ---- optim_kernels.cu ---- */
-void mt_cuda_adamw_update(float *p, const float *g, float *m, float *v, size_t n,
+void mt_cuda_adamw_update(void *be, float *p, const float *g, float *m, float *v, size_t n,
                           float lr, float b1, float b2, float eps, float wd, float bc1, float bc2);
-void mt_cuda_muon_momentum(float *d, float *m, const float *g, float mu, size_t n);
-void mt_cuda_transpose(float *out, const float *in, int rows, int cols);
+void mt_cuda_muon_momentum(void *be, float *d, float *m, const float *g, float mu, size_t n);
+void mt_cuda_transpose(void *be, float *out, const float *in, int rows, int cols);
 /* ssm.cu — Mamba-3 scan and mixer glue (docs/mamba3.md) */
-void mt_cuda_ssm_scan_forward(float *y, const float *x, const float *Bm, const float *Cm,
+void mt_cuda_ssm_scan_forward(void *be, float *y, const float *x, const float *Bm, const float *Cm,
                               const float *dt, const float *lam, const float *A, const float *Dsk,
                               int B, int T, int H, int P, int N, int chunk);
-void mt_cuda_ssm_scan_backward(float *dx, float *dBm, float *dCm, float *ddt, float *dlam,
+void mt_cuda_ssm_scan_backward(void *be, float *dx, float *dBm, float *dCm, float *ddt, float *dlam,
                                float *dA, float *dDsk, const float *dy, const float *x,
                                const float *Bm, const float *Cm, const float *dt, const float *lam,
                                const float *A, const float *Dsk, int B, int T, int H, int P, int N,
                                int chunk);
-void mt_cuda_ssm_scan_step(float *y, float *S, float *xprev, float *Bprev, const float *x,
+void mt_cuda_ssm_scan_step(void *be, float *y, float *S, float *xprev, float *Bprev, const float *x,
                          const float *Bm, const float *Cm, const float *dt, const float *lam,
                          const float *A, const float *Dsk, int B, int H, int P, int N, int first);
-void mt_cuda_ssm_prep_forward(float *x, float *Bh, float *Ch, float *dt, float *lam, float *A,
+void mt_cuda_ssm_prep_forward(void *be, float *x, float *Bh, float *Ch, float *dt, float *lam, float *A,
                               float *rstd, float *ang_state, const float *proj, const float *dt_bias, const float *A_log,
                               const float *gB, const float *gC, const float *B_bias, const float *C_bias,
                               int B, int T, int H, int P, int G, int N, float eps);
-void mt_cuda_ssm_prep_backward(float *dproj, float *ddt_bias, float *dA_log, float *dgB, float *dgC,
+void mt_cuda_ssm_prep_backward(void *be, float *dproj, float *ddt_bias, float *dA_log, float *dgB, float *dgC,
                                float *dB_bias, float *dC_bias, const float *dx, const float *dBh,
                                const float *dCh, const float *ddt, const float *dlam, const float *dA,
                                const float *Bh, const float *Ch, const float *lam, const float *A,
                                const float *rstd, const float *proj, const float *dt_bias,
                                const float *gB, const float *gC, int B, int T, int H, int P, int G,
                                int N, float eps);
-void mt_cuda_ssm_gate_norm_forward(float *out, float *rstd, const float *y, const float *z, int ldz,
+void mt_cuda_ssm_gate_norm_forward(void *be, float *out, float *rstd, const float *y, const float *z, int ldz,
                                    const float *w, int n, int E, int G, float eps);
-void mt_cuda_ssm_gate_norm_backward(float *dy, float *dz, float *dw, const float *dout, const float *y,
+void mt_cuda_ssm_gate_norm_backward(void *be, float *dy, float *dz, float *dw, const float *dout, const float *y,
                                     const float *z, int ldz, const float *w, const float *rstd,
                                     int n, int E, int G);
 /* fused.cu — the fused elementwise chains (mt_ops.h) */
-void mt_cuda_rmsnorm_resid_forward(float *out, float *rstd, float *resid, const float *inp, const float *weight,
+void mt_cuda_rmsnorm_resid_forward(void *be, float *out, float *rstd, float *resid, const float *inp, const float *weight,
                                    int N, int C, float eps);
-void mt_cuda_rmsnorm_resid_forward_bf16(float *out, mt_bf16 *out_bf16, float *rstd, float *resid, const float *inp,
+void mt_cuda_rmsnorm_resid_forward_bf16(void *be, float *out, mt_bf16 *out_bf16, float *rstd, float *resid, const float *inp,
                                         const float *weight, int N, int C, float eps);
-void mt_cuda_qk_norm_rope_forward(float *q, float *k, float *rstd_q, float *rstd_k, const float *q_raw,
+void mt_cuda_qk_norm_rope_forward(void *be, float *q, float *k, float *rstd_q, float *rstd_k, const float *q_raw,
                                   const float *k_raw, const float *wq, const float *wk, const float *cos_tab,
                                   const float *sin_tab, int N, int T, int pos0, int H, int K, int hd, float eps);
-void mt_cuda_qk_norm_rope_backward(float *dq_raw, float *dk_raw, float *dwq, float *dwk, float *dq,
+void mt_cuda_qk_norm_rope_backward(void *be, float *dq_raw, float *dk_raw, float *dwq, float *dwk, float *dq,
                                    float *dk, const float *q_raw, const float *k_raw, const float *wq,
                                    const float *wk, const float *rstd_q, const float *rstd_k, const float *cos_tab,
                                    const float *sin_tab, int N, int T, int H, int K, int hd);

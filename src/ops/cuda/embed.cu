@@ -59,16 +59,18 @@ static __global__ void embed_bwd_k(float *dwte, const float *dout, const uint64_
 }
 
 /* out (N,C) = wte (V,C) [idx[n]]   (=) */
-extern "C" void mt_cuda_embed_forward(float *out, const int32_t *idx, const float *wte, int N, int C)
+extern "C" void mt_cuda_embed_forward(void *be, float *out, const int32_t *idx, const float *wte, int N, int C)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     if (N <= 0 || C <= 0) return;
     MT_LAUNCH(embed_fwd_k, N, THREADS, 0)(out, idx, wte, N, C);
     MT_CUDA_KCHECK();
 }
 
 /* dwte[idx[n], :] += dout[n, :]   (+=, token order) */
-extern "C" void mt_cuda_embed_backward(float *dwte, const float *dout, const int32_t *idx, int N, int C, int V)
+extern "C" void mt_cuda_embed_backward(void *be, float *dwte, const float *dout, const int32_t *idx, int N, int C, int V)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     (void)V;
     if (N <= 0 || C <= 0) return;
     size_t P = 1;

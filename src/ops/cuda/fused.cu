@@ -153,29 +153,32 @@ static __global__ void qk_bwd_dw2_k(float *dwq, float *dwk, const float *partial
     dw[c] += acc;
 }
 
-extern "C" void mt_cuda_rmsnorm_resid_forward(float *out, float *rstd, float *resid, const float *inp,
+extern "C" void mt_cuda_rmsnorm_resid_forward(void *be, float *out, float *rstd, float *resid, const float *inp,
                                               const float *weight, int N, int C, float eps)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     if (N <= 0 || C <= 0) return;
     MT_LAUNCH(rms_resid_k, (N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK, ROWS_PER_BLOCK * MT_WARP, 0)
         (out, (__nv_bfloat16 *)NULL, rstd, resid, inp, weight, N, C, eps);
     MT_CUDA_KCHECK();
 }
 
-extern "C" void mt_cuda_rmsnorm_resid_forward_bf16(float *out, mt_bf16 *out_bf16, float *rstd, float *resid,
+extern "C" void mt_cuda_rmsnorm_resid_forward_bf16(void *be, float *out, mt_bf16 *out_bf16, float *rstd, float *resid,
                                                    const float *inp, const float *weight, int N, int C, float eps)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     if (N <= 0 || C <= 0) return;
     MT_LAUNCH(rms_resid_k, (N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK, ROWS_PER_BLOCK * MT_WARP, 0)
         (out, (__nv_bfloat16 *)out_bf16, rstd, resid, inp, weight, N, C, eps);
     MT_CUDA_KCHECK();
 }
 
-extern "C" void mt_cuda_qk_norm_rope_forward(float *q, float *k, float *rstd_q, float *rstd_k, const float *q_raw,
+extern "C" void mt_cuda_qk_norm_rope_forward(void *be, float *q, float *k, float *rstd_q, float *rstd_k, const float *q_raw,
                                              const float *k_raw, const float *wq, const float *wk,
                                              const float *cos_tab, const float *sin_tab, int N, int T, int pos0,
                                              int H, int K, int hd, float eps)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     int rows = N * (H + K);
     if (rows <= 0 || hd <= 0) return;
     MT_LAUNCH(qk_fwd_k, (rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK, ROWS_PER_BLOCK * MT_WARP, 0)
@@ -191,12 +194,13 @@ static int dw_rows(int nrow)
     return rows;
 }
 
-extern "C" void mt_cuda_qk_norm_rope_backward(float *dq_raw, float *dk_raw, float *dwq, float *dwk, float *dq,
+extern "C" void mt_cuda_qk_norm_rope_backward(void *be, float *dq_raw, float *dk_raw, float *dwq, float *dwk, float *dq,
                                               float *dk, const float *q_raw, const float *k_raw,
                                               const float *wq, const float *wk, const float *rstd_q,
                                               const float *rstd_k, const float *cos_tab, const float *sin_tab,
                                               int N, int T, int H, int K, int hd)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     int rows = N * (H + K);
     if (rows <= 0 || hd <= 0) return;
     int rq = dw_rows(N * H), rk = dw_rows(N * K);

@@ -281,10 +281,11 @@ static void gemm_bf16(int ta, int tb, int M, int N, int K, float alpha, const vo
     }
 }
 
-extern "C" void mt_cuda_gemm(int transA, int transB, int M, int N, int K, float alpha,
+extern "C" void mt_cuda_gemm(void *be, int transA, int transB, int M, int N, int K, float alpha,
                              const float *A, int lda, const float *B, int ldb,
                              float beta, float *C, int ldc)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     if (M <= 0 || N <= 0) return;
     if (K <= 0 || alpha == 0.0f) {
         if (beta == 1.0f) return;
@@ -309,10 +310,11 @@ extern "C" void mt_cuda_gemm(int transA, int transB, int M, int N, int K, float 
  * The numbers are the same either way: bf16 products, fp32 accumulation,
  * K never split. Independent of mt_cuda_be->precision (the plain gemm entry
  * stays fp32 unless MT_CUDA_PRECISION=bf16 asks otherwise). */
-extern "C" void mt_cuda_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, const void *A,
+extern "C" void mt_cuda_gemm_bf16(void *be, int transA, int transB, int M, int N, int K, float alpha, const void *A,
                                   enum mt_elem a_type, int lda, const void *B, enum mt_elem b_type, int ldb,
                                   float beta, float *C, int ldc)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     if (M <= 0 || N <= 0) return;
     if (K <= 0 || alpha == 0.0f) {
         if (beta == 1.0f) return;
@@ -335,8 +337,9 @@ extern "C" void mt_cuda_gemm_bf16(int transA, int transB, int M, int N, int K, f
     gemm_bf16(transA, transB, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, beta, C, ldc);
 }
 
-extern "C" void mt_cuda_cast_bf16(mt_bf16 *dst, const float *src, size_t n)
+extern "C" void mt_cuda_cast_bf16(void *be, mt_bf16 *dst, const float *src, size_t n)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     if (n == 0) return;
     MT_LAUNCH(cast_bf16_k, mt_cuda_blocks(n, 256), 256, 0)((__nv_bfloat16 *)dst, src, n);
     MT_CUDA_KCHECK();
@@ -348,8 +351,9 @@ static __global__ void widen_bf16_k(float *dst, const __nv_bfloat16 *src, size_t
         dst[i] = __bfloat162float(src[i]);
 }
 
-extern "C" void mt_cuda_widen_bf16(float *dst, const mt_bf16 *src, size_t n)
+extern "C" void mt_cuda_widen_bf16(void *be, float *dst, const mt_bf16 *src, size_t n)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     if (n == 0) return;
     MT_LAUNCH(widen_bf16_k, mt_cuda_blocks(n, 256), 256, 0)(dst, (const __nv_bfloat16 *)src, n);
     MT_CUDA_KCHECK();
@@ -388,13 +392,14 @@ static void grouped_loop(int transA, int transB, int n, const int *M, const int 
 {
     mt_cuda_be->info.gemm_grouped_loops++;
     snprintf(mt_cuda_be->info.gemm_grouped_fallback, sizeof mt_cuda_be->info.gemm_grouped_fallback, "%s", why);
-    for (int g = 0; g < n; g++) mt_cuda_gemm(transA, transB, M[g], N[g], K[g], alpha, A[g], lda, B[g], ldb, beta, C[g], ldc);
+    for (int g = 0; g < n; g++) mt_cuda_gemm(mt_cuda_be, transA, transB, M[g], N[g], K[g], alpha, A[g], lda, B[g], ldb, beta, C[g], ldc);
 }
 
-extern "C" void mt_cuda_gemm_grouped(int transA, int transB, int n, const int *M, const int *N, const int *K,
+extern "C" void mt_cuda_gemm_grouped(void *be, int transA, int transB, int n, const int *M, const int *N, const int *K,
                                      float alpha, const float *const *A, int lda, const float *const *B, int ldb,
                                      float beta, float *const *C, int ldc)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     mt_cuda_be->info.gemm_grouped_calls++;
     if (n <= 0) return;
     if (mt_cuda_be->precision == MT_CUDA_PRECISION_BF16) {
@@ -415,7 +420,7 @@ extern "C" void mt_cuda_gemm_grouped(int transA, int transB, int n, const int *M
         for (; g < n && ng < MT_CUDA_GROUP_CHUNK; g++) {
             if (M[g] <= 0 || N[g] <= 0) continue;
             if (K[g] <= 0 || alpha == 0.0f) {   /* C = beta C: the scale kernel */
-                mt_cuda_gemm(transA, transB, M[g], N[g], K[g], alpha, A[g], lda, B[g], ldb, beta, C[g], ldc);
+                mt_cuda_gemm(mt_cuda_be, transA, transB, M[g], N[g], K[g], alpha, A[g], lda, B[g], ldb, beta, C[g], ldc);
                 continue;
             }
             ta[ng] = transB ? CUBLAS_OP_T : CUBLAS_OP_N;

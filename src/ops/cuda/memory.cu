@@ -26,8 +26,9 @@ struct buf_header {
 };
 
 /* Zero-filled device buffer; NULL + MT_ERR_OOM on the ctx on failure. */
-extern "C" void *mt_cuda_buf_alloc(struct mt_ctx *ctx, size_t bytes, enum mt_bucket bucket)
+extern "C" void *mt_cuda_buf_alloc(void *be, struct mt_ctx *ctx, size_t bytes, enum mt_bucket bucket)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     if ((int)bucket < 0 || bucket >= MT_BUCKET_COUNT) bucket = MT_BUCKET_OTHER;
     if (!mt_ctx_alloc_check(ctx, bytes, bucket, "device memory")) return NULL;
     size_t total = bytes + MT_CUDA_HDR;
@@ -54,8 +55,9 @@ extern "C" void *mt_cuda_buf_alloc(struct mt_ctx *ctx, size_t bytes, enum mt_buc
 }
 
 /* No-op on NULL. Waits for queued work (cudaFree does anyway). */
-extern "C" void mt_cuda_buf_free(struct mt_ctx *ctx, void *p)
+extern "C" void mt_cuda_buf_free(void *be, struct mt_ctx *ctx, void *p)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     if (!p) return;
     char *base = (char *)p - MT_CUDA_HDR;
     struct buf_header h;
@@ -73,30 +75,34 @@ extern "C" void mt_cuda_buf_free(struct mt_ctx *ctx, void *p)
 
 /* Host copies are synchronous: the host buffer may be read or reused as
  * soon as the call returns. */
-extern "C" void mt_cuda_copy_to_host(void *dst_host, const void *src, size_t bytes)
+extern "C" void mt_cuda_copy_to_host(void *be, void *dst_host, const void *src, size_t bytes)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     if (!bytes) return;
     MT_CUDA_CHECK(cudaMemcpyAsync(dst_host, src, bytes, cudaMemcpyDeviceToHost, mt_cuda_be->stream));
     MT_CUDA_CHECK(cudaStreamSynchronize(mt_cuda_be->stream));
 }
 
-extern "C" void mt_cuda_copy_from_host(void *dst, const void *src_host, size_t bytes)
+extern "C" void mt_cuda_copy_from_host(void *be, void *dst, const void *src_host, size_t bytes)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     if (!bytes) return;
     MT_CUDA_CHECK(cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, mt_cuda_be->stream));
     MT_CUDA_CHECK(cudaStreamSynchronize(mt_cuda_be->stream));
 }
 
 /* device to device, queued (ordered with the kernels around it) */
-extern "C" void mt_cuda_copy(void *dst, const void *src, size_t bytes)
+extern "C" void mt_cuda_copy(void *be, void *dst, const void *src, size_t bytes)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     if (!bytes || dst == src) return;
     MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, mt_cuda_be->stream));
 }
 
 /* Wait for every queued op; the first recorded error is printed once. */
-extern "C" void mt_cuda_sync(void)
+extern "C" void mt_cuda_sync(void *be)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     MT_CUDA_CHECK(cudaStreamSynchronize(mt_cuda_be->stream));
     MT_CUDA_KCHECK();
     if (mt_cuda_be->err != MT_OK && !mt_cuda_be->err_reported) {

@@ -4,11 +4,11 @@
  * The table itself comes from mt_ops_cuda() (src/ops/mt_ops.h). Its entries
  * return void, so a CUDA or cuBLAS failure inside one is recorded as a
  * sticky error (the first failure is kept) instead of aborting; callers that
- * want to know ask here, typically after ops->sync():
+ * want to know ask here, typically after ops->sync(ops->be):
  *
  *     const struct mt_ops_i *ops = mt_ops_cuda(why, sizeof why);
  *     ... queue work ...
- *     ops->sync();
+ *     ops->sync(ops->be);
  *     char msg[384];
  *     if (mt_ops_cuda_status(msg, sizeof msg) != MT_OK)
  *         return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cuda backend: %s", msg);

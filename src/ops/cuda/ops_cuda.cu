@@ -61,15 +61,17 @@ void *mt_cuda_workspace(size_t bytes)
 
 /* xent_fused on the device: the forward kernel, then the backward kernel in
  * place (two passes over the logits; the contract of mt_ops.h holds). */
-static void cuda_xent_fused(float *losses, float *lse_out, float *logits, const int32_t *targets, float dscale,
+static void cuda_xent_fused(void *be, float *losses, float *lse_out, float *logits, const int32_t *targets, float dscale,
                             int N, int V, float softcap)
 {
-    mt_cuda_xent_forward(losses, lse_out, logits, targets, N, V, softcap);
-    mt_cuda_xent_backward(logits, logits, lse_out, targets, dscale, N, V, softcap);
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    mt_cuda_xent_forward(mt_cuda_be, losses, lse_out, logits, targets, N, V, softcap);
+    mt_cuda_xent_backward(mt_cuda_be, logits, logits, lse_out, targets, dscale, N, V, softcap);
 }
 
-static const struct mt_ops_i cuda_ops = {
+static struct mt_ops_i cuda_ops = {
     /* .name                 = */ .name                 = "cuda",
+    /* .be                   = */ .be                   = NULL,   /* set by mt_ops_cuda() */
     /* .buf_alloc            = */ .buf_alloc            = mt_cuda_buf_alloc,
     /* .buf_free             = */ .buf_free             = mt_cuda_buf_free,
     /* .copy_to_host         = */ .copy_to_host         = mt_cuda_copy_to_host,
@@ -275,6 +277,7 @@ extern "C" const struct mt_ops_i *mt_ops_cuda(char *why, size_t why_len)
 {
     if (!(mt_cuda_be && mt_cuda_be->ready) && !init_state(why, why_len)) return NULL;
     if (why && why_len) why[0] = 0;
+    cuda_ops.be = mt_cuda_be;   /* the instance every entry receives */
     return &cuda_ops;
 }
 

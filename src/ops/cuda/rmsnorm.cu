@@ -85,27 +85,30 @@ static __global__ void rms_bwd_dw2_k(float *dweight, const float *partial, int n
     dweight[c] += acc;
 }
 
-extern "C" void mt_cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
+extern "C" void mt_cuda_rmsnorm_forward(void *be, float *out, float *rstd, const float *inp, const float *weight,
                                         int N, int C, float eps)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     if (N <= 0 || C <= 0) return;
     MT_LAUNCH(rms_fwd_k, (N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK, ROWS_PER_BLOCK * MT_WARP, 0)
         (out, (__nv_bfloat16 *)NULL, rstd, inp, weight, N, C, eps);
     MT_CUDA_KCHECK();
 }
 
-extern "C" void mt_cuda_rmsnorm_forward_bf16(float *out, mt_bf16 *out_bf16, float *rstd, const float *inp,
+extern "C" void mt_cuda_rmsnorm_forward_bf16(void *be, float *out, mt_bf16 *out_bf16, float *rstd, const float *inp,
                                              const float *weight, int N, int C, float eps)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     if (N <= 0 || C <= 0) return;
     MT_LAUNCH(rms_fwd_k, (N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK, ROWS_PER_BLOCK * MT_WARP, 0)
         (out, (__nv_bfloat16 *)out_bf16, rstd, inp, weight, N, C, eps);
     MT_CUDA_KCHECK();
 }
 
-extern "C" void mt_cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+extern "C" void mt_cuda_rmsnorm_backward(void *be, float *dinp, float *dweight, const float *dout, const float *inp,
                                          const float *weight, const float *rstd, int N, int C, int accumulate)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     if (N <= 0 || C <= 0) return;
     int rows = DW_ROWS;
     while ((N + rows - 1) / rows > 65535) rows *= 2;  /* grid.y limit */

@@ -68,10 +68,11 @@ static __global__ void scan_fwd_k(float *y, const float *x, const float *Bm, con
     }
 }
 
-extern "C" void mt_cuda_ssm_scan_forward(float *y, const float *x, const float *Bm, const float *Cm,
+extern "C" void mt_cuda_ssm_scan_forward(void *be, float *y, const float *x, const float *Bm, const float *Cm,
                                          const float *dt, const float *lam, const float *A, const float *Dsk,
                                          int B, int T, int H, int P, int N, int chunk)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     (void)chunk;
     if (B * H == 0 || T == 0) return;
     if (P > 1024) { MT_CUDA_UNSUPPORTED("ssm scan: headdim > 1024"); return; }
@@ -235,12 +236,13 @@ static __global__ void scan_bwd_reduce_k(float *dA, float *dD, const float *part
     dD[h] += d;
 }
 
-extern "C" void mt_cuda_ssm_scan_backward(float *dx, float *dBm, float *dCm, float *ddt, float *dlam,
+extern "C" void mt_cuda_ssm_scan_backward(void *be, float *dx, float *dBm, float *dCm, float *ddt, float *dlam,
                                           float *dA, float *dDsk, const float *dy, const float *x,
                                           const float *Bm, const float *Cm, const float *dt, const float *lam,
                                           const float *A, const float *Dsk, int B, int T, int H, int P, int N,
                                           int chunk)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     if (B * H == 0 || T == 0) return;
     if (P > 1024) { MT_CUDA_UNSUPPORTED("ssm scan: headdim > 1024"); return; }
     int Q = chunk > 0 ? chunk : 64;
@@ -309,11 +311,12 @@ static __global__ void prep_fwd_k(float *x, float *Bh, float *Ch, float *dt, flo
         for (int k = 0; k < half; k++) as[k] = ang[k];
 }
 
-extern "C" void mt_cuda_ssm_prep_forward(float *x, float *Bh, float *Ch, float *dt, float *lam, float *A,
+extern "C" void mt_cuda_ssm_prep_forward(void *be, float *x, float *Bh, float *Ch, float *dt, float *lam, float *A,
                                          float *rstd, float *ang_state, const float *proj, const float *dt_bias, const float *A_log,
                                          const float *gB, const float *gC, const float *B_bias,
                                          const float *C_bias, int B, int T, int H, int P, int G, int N, float eps)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     if (N > 256) { MT_CUDA_UNSUPPORTED("ssm prep: d_state > 256"); return; }
     int n = B * H > 0 ? B * H : 1;
     MT_LAUNCH(prep_fwd_k, (n + GLUE_THREADS - 1) / GLUE_THREADS, GLUE_THREADS, 0)(
@@ -414,7 +417,7 @@ static __global__ void prep_bwd_reduce_k(float *ddt_bias, float *dgB, float *dgC
     else dC_bias[i - H - 2 * N - (size_t)H * N] += acc;
 }
 
-extern "C" void mt_cuda_ssm_prep_backward(float *dproj, float *ddt_bias, float *dA_log, float *dgB, float *dgC,
+extern "C" void mt_cuda_ssm_prep_backward(void *be, float *dproj, float *ddt_bias, float *dA_log, float *dgB, float *dgC,
                                           float *dB_bias, float *dC_bias, const float *dx, const float *dBh,
                                           const float *dCh, const float *ddt, const float *dlam, const float *dA,
                                           const float *Bh, const float *Ch, const float *lam, const float *A,
@@ -422,6 +425,7 @@ extern "C" void mt_cuda_ssm_prep_backward(float *dproj, float *ddt_bias, float *
                                           const float *gB, const float *gC, int B, int T, int H, int P, int G,
                                           int N, float eps)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     (void)eps;
     if (N > 256) { MT_CUDA_UNSUPPORTED("ssm prep: d_state > 256"); return; }
     size_t np = (size_t)H + 2 * (size_t)N + 2 * (size_t)H * N;
@@ -497,19 +501,21 @@ static __global__ void gate_bwd_dw_k(float *dw, const float *dout, const float *
     dw[c] += acc;
 }
 
-extern "C" void mt_cuda_ssm_gate_norm_forward(float *out, float *rstd, const float *y, const float *z, int ldz,
+extern "C" void mt_cuda_ssm_gate_norm_forward(void *be, float *out, float *rstd, const float *y, const float *z, int ldz,
                                               const float *w, int n, int E, int G, float eps)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     if (n * G == 0) return;
     MT_LAUNCH(gate_fwd_k, (n * G + GLUE_THREADS - 1) / GLUE_THREADS, GLUE_THREADS, 0)(out, rstd, y, z, ldz, w, n,
                                                                                      E, G, eps);
     MT_CUDA_KCHECK();
 }
 
-extern "C" void mt_cuda_ssm_gate_norm_backward(float *dy, float *dz, float *dw, const float *dout, const float *y,
+extern "C" void mt_cuda_ssm_gate_norm_backward(void *be, float *dy, float *dz, float *dw, const float *dout, const float *y,
                                                const float *z, int ldz, const float *w, const float *rstd,
                                                int n, int E, int G)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     if (n * G == 0) return;
     MT_LAUNCH(gate_bwd_k, (n * G + GLUE_THREADS - 1) / GLUE_THREADS, GLUE_THREADS, 0)(dy, dz, dout, y, z, ldz, w,
                                                                                      rstd, n, E, G);
@@ -551,10 +557,11 @@ static __global__ void scan_step_shift_k(float *xprev, float *Bprev, const float
     if (i < nb) Bprev[i] = Bm[i];
 }
 
-extern "C" void mt_cuda_ssm_scan_step(float *y, float *S, float *xprev, float *Bprev, const float *x,
+extern "C" void mt_cuda_ssm_scan_step(void *be, float *y, float *S, float *xprev, float *Bprev, const float *x,
                                       const float *Bm, const float *Cm, const float *dt, const float *lam,
                                       const float *A, const float *Dsk, int B, int H, int P, int N, int first)
 {
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
     int n = B * H * P, nb = B * H * N, m = n > nb ? n : nb;
     if (m == 0) return;
     MT_LAUNCH(scan_step_k, (n + GLUE_THREADS - 1) / GLUE_THREADS, GLUE_THREADS, 0)(y, S, xprev, Bprev, x, Bm, Cm, dt,
