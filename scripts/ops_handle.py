@@ -22,6 +22,9 @@ checkout), meant to be applied once after the wave's branches are merged:
      of those functions inside a backend pass `be` (cpu) or `mt_cuda_be`
      (cuda). The cuda table becomes non-const and carries its instance
      (`cuda_ops.be = mt_cuda_be` in mt_ops_cuda()).
+     [Since applied and superseded for the cuda side: the entries bind
+     their `be` (MT_CUDA_BIND) and mt_ops_cuda() hands out its default
+     instance, so a rerun reports that explicit rule as unmatched.]
   4. Entries used as values rather than called (today only `copy`, handed
      to the device mesh): the dist layer's copy callback carries its `be`
      next to it (explicit rules below, each checked).

@@ -771,6 +771,97 @@ static void test_bf16_operands(void)
         }
 }
 
+/* ---- instances (docs/cuda.md, "The backend handle"): the default table in
+ * fp32 and a second one made by mt_ops_cuda_create() in bf16, calls
+ * interleaved. Each must give its own mode's GEMM (fp32: 1e-5 from cpu; bf16:
+ * 1e-5 from cpu on bf16-rounded operands, and visibly not fp32), count only
+ * its own bf16 matmuls, keep its own stream and precision, and the default
+ * must keep working after the second is destroyed. A backend that acted on
+ * one process-wide instance fails the first interleaved pair. */
+static void test_instances(void)
+{
+    if (!selected("instances")) return;
+    char why[256] = "";
+    report("instances", "create(precision 42) refused", mt_ops_cuda_create((enum mt_cuda_precision)42, why, sizeof why) != NULL, 0);
+    const struct mt_ops_i *oa = g_be[1].ops, *ob = mt_ops_cuda_create(MT_CUDA_PRECISION_BF16, why, sizeof why);
+    if (!ob) {
+        report("instances", why[0] ? why : "mt_ops_cuda_create returned NULL", 1, 0);
+        return;
+    }
+    struct be bb = {.ops = ob, .name = "cuda2"};
+    mt_ctx_init(&bb.ctx);
+    mt_ops_cuda_set_precision_of(oa->be, MT_CUDA_PRECISION_FP32);
+    report("instances", "distinct instance, stream; precisions fp32 / bf16",
+           (ob->be == oa->be) + (mt_ops_cuda_stream_of(ob->be) == mt_ops_cuda_stream_of(oa->be)) +
+               (mt_ops_cuda_get_precision_of(oa->be) != MT_CUDA_PRECISION_FP32) +
+               (mt_ops_cuda_get_precision_of(ob->be) != MT_CUDA_PRECISION_BF16) +
+               (mt_ops_cuda_get_precision() != MT_CUDA_PRECISION_FP32),
+           0);
+    const int M = 24, N = 40, K = 64;
+    float *A = rnd((size_t)M * K, -1, 1), *B = rnd((size_t)K * N, -1, 1);
+    float *Ar = xmalloc((size_t)M * K * 4), *Br = xmalloc((size_t)K * N * 4);
+    for (int i = 0; i < M * K; i++) { uint32_t u = (uint32_t)host_bf16(A[i]) << 16; memcpy(&Ar[i], &u, 4); }
+    for (int i = 0; i < K * N; i++) { uint32_t u = (uint32_t)host_bf16(B[i]) << 16; memcpy(&Br[i], &u, 4); }
+    /* references on the cpu: fp32 operands, bf16-rounded operands */
+    float *ref[2];
+    for (int r = 0; r < 2; r++) {
+        float *dA = upf(BE(0), r ? Ar : A, (size_t)M * K), *dB = upf(BE(0), r ? Br : B, (size_t)K * N);
+        float *dC = dalloc(BE(0), (size_t)M * N * 4);
+        BE(0)->ops->gemm(BE(0)->ops->be, 0, 0, M, N, K, 1.0f, dA, K, dB, N, 0.0f, dC, N);
+        ref[r] = downf(BE(0), dC, (size_t)M * N);
+        release(BE(0));
+    }
+    struct mt_ops_cuda_info ia0, ib0, ia1, ib1;
+    mt_ops_cuda_get_info_of(oa->be, &ia0);
+    mt_ops_cuda_get_info_of(ob->be, &ib0);
+    /* interleaved: a, b, a, b, each on its own buffers; results read last */
+    float *dC[4];
+    for (int c = 0; c < 4; c++) {
+        struct be *b = c % 2 ? &bb : BE(1);
+        float *dA = upf(b, A, (size_t)M * K), *dB = upf(b, B, (size_t)K * N);
+        dC[c] = dalloc(b, (size_t)M * N * 4);
+        b->ops->gemm(b->ops->be, 0, 0, M, N, K, 1.0f, dA, K, dB, N, 0.0f, dC[c], N);
+    }
+    float *got[4];
+    for (int c = 0; c < 4; c++) got[c] = downf(c % 2 ? &bb : BE(1), dC[c], (size_t)M * N);
+    mt_ops_cuda_get_info_of(oa->be, &ia1);
+    mt_ops_cuda_get_info_of(ob->be, &ib1);
+    for (int c = 0; c < 4; c++) {
+        char w[120];
+        snprintf(w, sizeof w, "call %d on %s: %s gemm vs cpu (rel)", c, c % 2 ? "created" : "default",
+                 c % 2 ? "bf16 (rounded operands)" : "fp32");
+        report("instances", w, rel_err(got[c], ref[c % 2], (size_t)M * N), 1e-5);
+    }
+    report("instances", "created instance's result is not fp32 (rel diff > 1e-4)",
+           rel_err(got[1], ref[0], (size_t)M * N) > 1e-4 ? 0 : 1, 0);
+    report("instances", "bf16 matmuls counted: default +0, created +2",
+           (double)(ia1.gemm_bf16_calls - ia0.gemm_bf16_calls != 0) + (double)(ib1.gemm_bf16_calls - ib0.gemm_bf16_calls != 2), 0);
+    report("instances", "info precision: default fp32, created bf16 (set by caller)",
+           strcmp(ia1.precision, "fp32") != 0 || strcmp(ib1.precision, "bf16") != 0 ||
+               strcmp(ib1.precision_source, "set by caller") != 0, 0);
+    for (int c = 0; c < 4; c++) free(got[c]);
+    release(BE(1));
+    release(&bb);
+    char msg[384];
+    report("instances", "created instance: no CUDA error", mt_ops_cuda_status_of(ob->be, msg, sizeof msg) != MT_OK, 0);
+    report("instances", "created instance: ctx bytes live after frees", (double)bb.ctx.bytes_live_total, 0);
+    mt_ops_cuda_destroy(ob);
+    mt_ctx_free(&bb.ctx);
+    /* the default after the destroy: still fp32, still working */
+    {
+        struct be *b = BE(1);
+        float *dA = upf(b, A, (size_t)M * K), *dB = upf(b, B, (size_t)K * N), *dc = dalloc(b, (size_t)M * N * 4);
+        b->ops->gemm(b->ops->be, 0, 0, M, N, K, 1.0f, dA, K, dB, N, 0.0f, dc, N);
+        float *g = downf(b, dc, (size_t)M * N);
+        release(b);
+        report("instances", "default after destroying the other: fp32 gemm vs cpu (rel)", rel_err(g, ref[0], (size_t)M * N), 1e-5);
+        free(g);
+    }
+    report("instances", "default after destroy: no CUDA error, stream live",
+           (mt_ops_cuda_status(msg, sizeof msg) != MT_OK) + (mt_ops_cuda_stream() == NULL), 0);
+    free(ref[0]); free(ref[1]); free(A); free(B); free(Ar); free(Br);
+}
+
 static void test_precision_api(void)
 {
     report("precision", "set(bf16) ok, get() == bf16",
@@ -1319,6 +1410,7 @@ int main(int argc, char **argv)
     g_rng = 16; test_gemm_bf16();
     g_rng = 18; test_gemm_grouped(1);
     g_rng = 19; test_bf16_operands();   /* independent of the plain entry's precision */
+    g_rng = 20; test_instances();      /* a second instance (bf16) beside the default (fp32) */
     struct mt_ops_cuda_info after;
     if (mt_ops_cuda_get_info(&after) == MT_OK)
         printf("cuda bf16: %ld cuBLASLt matmuls, %ld sgemm fallbacks\n", after.gemm_bf16_calls,

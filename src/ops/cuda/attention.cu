@@ -398,7 +398,7 @@ static void bwd_launch(float *dq, float *dk, float *dv, const float *dout, const
 extern "C" void mt_cuda_attention_forward(void *be, float *out, float *lse, const float *q, const float *k, const float *v,
                                           int B, int Tq, int Tk, int q_pos0, int H, int K, int hd)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (B <= 0 || Tq <= 0 || H <= 0) return;
     if (!check_shape(H, K, hd)) return;
     if (hd <= 64)       fwd_launch<2>(out, lse, q, k, v, B, Tq, Tk, q_pos0, H, K, hd);
@@ -411,7 +411,7 @@ extern "C" void mt_cuda_attention_backward(void *be, float *dq, float *dk, float
                                            const float *out, const float *lse,
                                            int B, int T, int H, int K, int hd)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (B <= 0 || T <= 0 || H <= 0) return;
     if (!check_shape(H, K, hd)) return;
     const size_t rows = (size_t)B * (size_t)T * (size_t)H;

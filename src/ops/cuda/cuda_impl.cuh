@@ -8,17 +8,23 @@
  * them in the table. They are extern "C" so the table (and a C caller) sees
  * plain C entry points; templates and kernels stay inside the .cu files.
  *
- * Process state. The table's entries take no handle (sync(void), gemm(...)),
- * so the backend's state is one object, `struct mt_cuda_backend` (the stream
- * every op is queued on, the cuBLAS and cuBLASLt handles, the GEMM precision
- * (fp32 or bf16) and the cached cuBLASLt plans, fixed reduction scratch, a
- * grow-only workspace and the sticky error): one heap instance made at init,
- * reached through the pointer `mt_cuda_be`. That pointer is the one
- * exception to "no mutable globals" (STYLE.md 7), forced by the table's
- * signatures; it goes when the entries receive the instance as their first
- * argument (docs/cuda.md, "The backend handle"). The instance is written only
- * by mt_ops_cuda() (init), mt_ops_cuda_shutdown(), set_precision and the
- * error boundary.
+ * Process state. The backend's state is an instance, `struct
+ * mt_cuda_backend` (the stream every op is queued on, the cuBLAS and
+ * cuBLASLt handles, the GEMM precision (fp32 or bf16) and the cached
+ * cuBLASLt plans, fixed reduction scratch, a grow-only workspace, the
+ * counters and the sticky error, and the table that hands it out as `be`).
+ * mt_ops_cuda() makes the default one; mt_ops_cuda_create() makes more, each
+ * independent. Every table entry receives its instance as `be` and binds it
+ * first thing (MT_CUDA_BIND): that sets `mt_cuda_be`, a *thread-local*
+ * "current instance" pointer, which the helpers below (sticky error,
+ * workspace, MT_LAUNCH's stream, the plan cache) read. Why a bound pointer
+ * rather than threading B through every helper: the helpers are called from
+ * ~50 entries and their kernels' launch macros; the pointer is set on entry
+ * from the argument, so no state outlives a call's choice of instance, and
+ * thread-local so two host threads driving two instances do not race
+ * (docs/cuda.md, "The backend handle"). Calls from outside the table
+ * (mt_ops_cuda_status(), _get_info(), ...) bind the instance they are given
+ * (or the default one) the same way.
  *
  * Errors. Kernels return void (mt_ops.h). Every CUDA runtime / cuBLAS status
  * goes through MT_CUDA_CHECK_GEN (ggml's CUDA_CHECK_GEN) which turns a
@@ -111,9 +117,12 @@ struct mt_cuda_backend {
     void          *ws;
     size_t         ws_bytes;
     struct mt_ops_cuda_info info;
+    struct mt_ops_i table;         /* the table handing out this instance as be */
 };
-/* the instance the handle-less entries act on (ops_cuda.cu); NULL before init */
-extern struct mt_cuda_backend *mt_cuda_be;
+/* The instance the current call acts on (ops_cuda.cu): set from the entry's
+ * `be` by MT_CUDA_BIND, per host thread; NULL before any instance exists. */
+extern thread_local struct mt_cuda_backend *mt_cuda_be;
+#define MT_CUDA_BIND(be) ((void)(mt_cuda_be = (struct mt_cuda_backend *)(be)))
 
 /* After an allocation: the device's used bytes (cudaMemGetInfo: total -
  * free, every allocation of the process and the context) into the peak the
@@ -212,7 +221,7 @@ double mt_cuda_sumsq(void *be, const float *x, size_t n);
 int    mt_cuda_all_finite(void *be, const float *x, size_t n);
 
 /* ---- gemm.cu ---- */
-/* release every cached cuBLASLt plan (shutdown) */
+/* release every cached cuBLASLt plan of the bound instance (destroy) */
 void mt_cuda_lt_plans_release(void);
 void mt_cuda_gemm(void *be, int transA, int transB, int M, int N, int K, float alpha,
                   const float *A, int lda, const float *B, int ldb,

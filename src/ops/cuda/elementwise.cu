@@ -75,7 +75,7 @@ static __global__ void nonfinite_k(int *flag, const float *x, size_t n)
 
 extern "C" void mt_cuda_fill(void *be, float *x, float value, size_t n)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (!n) return;
     if (value == 0.0f) {
         MT_CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), mt_cuda_be->stream));
@@ -88,7 +88,7 @@ extern "C" void mt_cuda_fill(void *be, float *x, float value, size_t n)
 /* y = a*x + b*y; x == NULL: y = b*y. b == 0 does not read y (BLAS rule). */
 extern "C" void mt_cuda_axpby(void *be, float *y, const float *x, float a, float b, size_t n)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (!n) return;
     if (!x && b == 0.0f) {
         MT_CUDA_CHECK(cudaMemsetAsync(y, 0, n * sizeof(float), mt_cuda_be->stream));
@@ -101,7 +101,7 @@ extern "C" void mt_cuda_axpby(void *be, float *y, const float *x, float a, float
 
 extern "C" double mt_cuda_sumsq(void *be, const float *x, size_t n)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (mt_cuda_be->err != MT_OK) return NAN;
     if (!n) return 0.0;
     size_t bs = (n + MT_CUDA_RED_BLOCKS - 1) / MT_CUDA_RED_BLOCKS;
@@ -118,7 +118,7 @@ extern "C" double mt_cuda_sumsq(void *be, const float *x, size_t n)
 
 extern "C" int mt_cuda_all_finite(void *be, const float *x, size_t n)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (mt_cuda_be->err != MT_OK) return 0;
     if (!n) return 1;
     MT_CUDA_CHECK(cudaMemsetAsync(mt_cuda_be->red_flag, 0, sizeof(int), mt_cuda_be->stream));

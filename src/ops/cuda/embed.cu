@@ -61,7 +61,7 @@ static __global__ void embed_bwd_k(float *dwte, const float *dout, const uint64_
 /* out (N,C) = wte (V,C) [idx[n]]   (=) */
 extern "C" void mt_cuda_embed_forward(void *be, float *out, const int32_t *idx, const float *wte, int N, int C)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (N <= 0 || C <= 0) return;
     MT_LAUNCH(embed_fwd_k, N, THREADS, 0)(out, idx, wte, N, C);
     MT_CUDA_KCHECK();
@@ -70,7 +70,7 @@ extern "C" void mt_cuda_embed_forward(void *be, float *out, const int32_t *idx, 
 /* dwte[idx[n], :] += dout[n, :]   (+=, token order) */
 extern "C" void mt_cuda_embed_backward(void *be, float *dwte, const float *dout, const int32_t *idx, int N, int C, int V)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     (void)V;
     if (N <= 0 || C <= 0) return;
     size_t P = 1;

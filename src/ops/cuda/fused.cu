@@ -156,7 +156,7 @@ static __global__ void qk_bwd_dw2_k(float *dwq, float *dwk, const float *partial
 extern "C" void mt_cuda_rmsnorm_resid_forward(void *be, float *out, float *rstd, float *resid, const float *inp,
                                               const float *weight, int N, int C, float eps)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (N <= 0 || C <= 0) return;
     MT_LAUNCH(rms_resid_k, (N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK, ROWS_PER_BLOCK * MT_WARP, 0)
         (out, (__nv_bfloat16 *)NULL, rstd, resid, inp, weight, N, C, eps);
@@ -166,7 +166,7 @@ extern "C" void mt_cuda_rmsnorm_resid_forward(void *be, float *out, float *rstd,
 extern "C" void mt_cuda_rmsnorm_resid_forward_bf16(void *be, float *out, mt_bf16 *out_bf16, float *rstd, float *resid,
                                                    const float *inp, const float *weight, int N, int C, float eps)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (N <= 0 || C <= 0) return;
     MT_LAUNCH(rms_resid_k, (N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK, ROWS_PER_BLOCK * MT_WARP, 0)
         (out, (__nv_bfloat16 *)out_bf16, rstd, resid, inp, weight, N, C, eps);
@@ -178,7 +178,7 @@ extern "C" void mt_cuda_qk_norm_rope_forward(void *be, float *q, float *k, float
                                              const float *cos_tab, const float *sin_tab, int N, int T, int pos0,
                                              int H, int K, int hd, float eps)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     int rows = N * (H + K);
     if (rows <= 0 || hd <= 0) return;
     MT_LAUNCH(qk_fwd_k, (rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK, ROWS_PER_BLOCK * MT_WARP, 0)
@@ -200,7 +200,7 @@ extern "C" void mt_cuda_qk_norm_rope_backward(void *be, float *dq_raw, float *dk
                                               const float *rstd_k, const float *cos_tab, const float *sin_tab,
                                               int N, int T, int H, int K, int hd)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     int rows = N * (H + K);
     if (rows <= 0 || hd <= 0) return;
     int rq = dw_rows(N * H), rk = dw_rows(N * K);

@@ -285,7 +285,7 @@ extern "C" void mt_cuda_gemm(void *be, int transA, int transB, int M, int N, int
                              const float *A, int lda, const float *B, int ldb,
                              float beta, float *C, int ldc)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (M <= 0 || N <= 0) return;
     if (K <= 0 || alpha == 0.0f) {
         if (beta == 1.0f) return;
@@ -314,7 +314,7 @@ extern "C" void mt_cuda_gemm_bf16(void *be, int transA, int transB, int M, int N
                                   enum mt_elem a_type, int lda, const void *B, enum mt_elem b_type, int ldb,
                                   float beta, float *C, int ldc)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (M <= 0 || N <= 0) return;
     if (K <= 0 || alpha == 0.0f) {
         if (beta == 1.0f) return;
@@ -339,7 +339,7 @@ extern "C" void mt_cuda_gemm_bf16(void *be, int transA, int transB, int M, int N
 
 extern "C" void mt_cuda_cast_bf16(void *be, mt_bf16 *dst, const float *src, size_t n)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (n == 0) return;
     MT_LAUNCH(cast_bf16_k, mt_cuda_blocks(n, 256), 256, 0)((__nv_bfloat16 *)dst, src, n);
     MT_CUDA_KCHECK();
@@ -353,7 +353,7 @@ static __global__ void widen_bf16_k(float *dst, const __nv_bfloat16 *src, size_t
 
 extern "C" void mt_cuda_widen_bf16(void *be, float *dst, const mt_bf16 *src, size_t n)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (n == 0) return;
     MT_LAUNCH(widen_bf16_k, mt_cuda_blocks(n, 256), 256, 0)(dst, (const __nv_bfloat16 *)src, n);
     MT_CUDA_KCHECK();
@@ -399,7 +399,7 @@ extern "C" void mt_cuda_gemm_grouped(void *be, int transA, int transB, int n, co
                                      float alpha, const float *const *A, int lda, const float *const *B, int ldb,
                                      float beta, float *const *C, int ldc)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     mt_cuda_be->info.gemm_grouped_calls++;
     if (n <= 0) return;
     if (mt_cuda_be->precision == MT_CUDA_PRECISION_BF16) {

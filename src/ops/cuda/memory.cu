@@ -28,7 +28,7 @@ struct buf_header {
 /* Zero-filled device buffer; NULL + MT_ERR_OOM on the ctx on failure. */
 extern "C" void *mt_cuda_buf_alloc(void *be, struct mt_ctx *ctx, size_t bytes, enum mt_bucket bucket)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if ((int)bucket < 0 || bucket >= MT_BUCKET_COUNT) bucket = MT_BUCKET_OTHER;
     if (!mt_ctx_alloc_check(ctx, bytes, bucket, "device memory")) return NULL;
     size_t total = bytes + MT_CUDA_HDR;
@@ -57,7 +57,7 @@ extern "C" void *mt_cuda_buf_alloc(void *be, struct mt_ctx *ctx, size_t bytes, e
 /* No-op on NULL. Waits for queued work (cudaFree does anyway). */
 extern "C" void mt_cuda_buf_free(void *be, struct mt_ctx *ctx, void *p)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (!p) return;
     char *base = (char *)p - MT_CUDA_HDR;
     struct buf_header h;
@@ -77,7 +77,7 @@ extern "C" void mt_cuda_buf_free(void *be, struct mt_ctx *ctx, void *p)
  * soon as the call returns. */
 extern "C" void mt_cuda_copy_to_host(void *be, void *dst_host, const void *src, size_t bytes)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (!bytes) return;
     MT_CUDA_CHECK(cudaMemcpyAsync(dst_host, src, bytes, cudaMemcpyDeviceToHost, mt_cuda_be->stream));
     MT_CUDA_CHECK(cudaStreamSynchronize(mt_cuda_be->stream));
@@ -85,7 +85,7 @@ extern "C" void mt_cuda_copy_to_host(void *be, void *dst_host, const void *src, 
 
 extern "C" void mt_cuda_copy_from_host(void *be, void *dst, const void *src_host, size_t bytes)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (!bytes) return;
     MT_CUDA_CHECK(cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, mt_cuda_be->stream));
     MT_CUDA_CHECK(cudaStreamSynchronize(mt_cuda_be->stream));
@@ -94,7 +94,7 @@ extern "C" void mt_cuda_copy_from_host(void *be, void *dst, const void *src_host
 /* device to device, queued (ordered with the kernels around it) */
 extern "C" void mt_cuda_copy(void *be, void *dst, const void *src, size_t bytes)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (!bytes || dst == src) return;
     MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, mt_cuda_be->stream));
 }
@@ -102,7 +102,7 @@ extern "C" void mt_cuda_copy(void *be, void *dst, const void *src, size_t bytes)
 /* Wait for every queued op; the first recorded error is printed once. */
 extern "C" void mt_cuda_sync(void *be)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     MT_CUDA_CHECK(cudaStreamSynchronize(mt_cuda_be->stream));
     MT_CUDA_KCHECK();
     if (mt_cuda_be->err != MT_OK && !mt_cuda_be->err_reported) {

@@ -154,7 +154,7 @@ static __global__ void combine_bwd_dg_k(float *dgates, const float *dout, const 
 extern "C" void mt_cuda_router_forward(void *be, float *probs, float *lse, int32_t *topk_idx, float *gates,
                                        const float *logits, int N, int E, int k)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (N <= 0) return;
     MT_LAUNCH(router_fwd_k, (N + 127) / 128, 128, 0)(probs, lse, topk_idx, gates, logits, N, E, k);
     MT_CUDA_KCHECK();
@@ -164,7 +164,7 @@ extern "C" void mt_cuda_router_backward(void *be, float *dlogits, const float *d
                                         const float *dlse, const float *probs, const int32_t *topk_idx,
                                         const float *gates, int N, int E, int k)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (N <= 0) return;
     MT_LAUNCH(router_bwd_k, (N + 127) / 128, 128, 0)(dlogits, dgates, dprobs, dlse, probs, topk_idx, gates, N, E, k);
     MT_CUDA_KCHECK();
@@ -172,7 +172,7 @@ extern "C" void mt_cuda_router_backward(void *be, float *dlogits, const float *d
 
 extern "C" void mt_cuda_moe_permute(void *be, float *xp, const float *h, const int32_t *src_row, int M, int C)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     size_t total = (size_t)M * (size_t)C;
     if (M <= 0 || C <= 0) return;
     MT_LAUNCH(permute_k, mt_cuda_blocks(total, THREADS), THREADS, 0)(xp, h, src_row, M, C);
@@ -181,7 +181,7 @@ extern "C" void mt_cuda_moe_permute(void *be, float *xp, const float *h, const i
 
 extern "C" void mt_cuda_moe_permute_backward(void *be, float *dh, const float *dxp, const int32_t *pos, int N, int k, int C)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (N <= 0 || C <= 0) return;
     MT_LAUNCH(permute_bwd_k, mt_cuda_blocks((size_t)N * (size_t)C, THREADS), THREADS, 0)(dh, dxp, pos, N, k, C);
     MT_CUDA_KCHECK();
@@ -190,7 +190,7 @@ extern "C" void mt_cuda_moe_permute_backward(void *be, float *dh, const float *d
 extern "C" void mt_cuda_moe_combine(void *be, float *out, const float *y, const int32_t *pos, const float *gates,
                                     int N, int k, int C)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (N <= 0 || C <= 0) return;
     MT_LAUNCH(combine_k, mt_cuda_blocks((size_t)N * (size_t)C, THREADS), THREADS, 0)(out, y, pos, gates, N, k, C);
     MT_CUDA_KCHECK();
@@ -199,7 +199,7 @@ extern "C" void mt_cuda_moe_combine(void *be, float *out, const float *y, const 
 extern "C" void mt_cuda_moe_combine_backward(void *be, float *dy, float *dgates, const float *dout, const float *y,
                                              const int32_t *pos, const float *gates, int N, int k, int C)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (N <= 0 || k <= 0) return;
     if (C > 0) {
         MT_LAUNCH(combine_bwd_dy_k, mt_cuda_blocks((size_t)N * (size_t)k * (size_t)C, THREADS), THREADS, 0)

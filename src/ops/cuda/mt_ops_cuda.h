@@ -38,7 +38,7 @@ extern "C" {
  *         and every buffer of the table (weights, grads, optimizer state,
  *         activations) stays fp32. Everything that goes through gemm is bf16,
  *         Muon's Newton-Schulz included; no other op changes.
- * Chosen when the table is created (first mt_ops_cuda()) from the runtime
+ * Chosen when the default table is created (first mt_ops_cuda()) from the runtime
  * tunable MT_CUDA_PRECISION=fp32|bf16 (default fp32; another value makes
  * mt_ops_cuda() return NULL with the reason), changeable afterwards with
  * mt_ops_cuda_set_precision(). */
@@ -86,7 +86,10 @@ struct mt_ops_cuda_info {
                                   cuBLAS; next to the allocator's bucket peaks)   */
 };
 
-/* MT_OK while no CUDA/cuBLAS call has failed; otherwise the first failure's
+/* The plain queries below act on the default instance (mt_ops_cuda());
+ * their _of forms (end of file) take an instance.
+ *
+ * MT_OK while no CUDA/cuBLAS call has failed; otherwise the first failure's
  * status and, in msg, "file:line: call: reason (+N more)". msg may be NULL. */
 enum mt_status mt_ops_cuda_status(char *msg, size_t msg_len);
 
@@ -115,9 +118,33 @@ enum mt_status mt_ops_cuda_precision_parse(const char *s, enum mt_cuda_precision
  * device). MT_ERR_UNSUPPORTED after init on another device or without one. */
 enum mt_status mt_ops_cuda_use_device(int local_rank);
 
-/* Release the stream, cuBLAS handle and scratch. Buffers from buf_alloc
- * must be freed before. A later mt_ops_cuda() initialises again. */
+/* Release the default instance's stream, cuBLAS handle and scratch. Buffers
+ * from buf_alloc must be freed before. A later mt_ops_cuda() initialises
+ * again. Instances from mt_ops_cuda_create() are not touched. */
 void mt_ops_cuda_shutdown(void);
+
+/* More instances (docs/cuda.md, "The backend handle"). mt_ops_cuda() is the
+ * default instance; mt_ops_cuda_create() returns another table whose `be` is
+ * a new, independent instance: its own stream, cuBLAS and cuBLASLt handles
+ * and plans, scratch and workspace, GEMM precision `p` (source "set by
+ * caller"; MT_CUDA_BF16_SCRATCH_MB is read as for the default), counters and
+ * sticky error. Entries of each table act on their own instance only, so two
+ * models (or two streams) coexist in one process; the device is the current
+ * one (mt_ops_cuda_use_device()). NULL with the reason in `why` on failure.
+ * Device buffers may be passed between instances only after a sync() of the
+ * writer (the two streams are not ordered with each other). */
+const struct mt_ops_i *mt_ops_cuda_create(enum mt_cuda_precision p, char *why, size_t why_len);
+/* Synchronise and release the instance of `ops` and the table itself (the
+ * pointer is invalid after). The default table goes through shutdown.
+ * Buffers it allocated must be freed before. NULL: nothing. */
+void mt_ops_cuda_destroy(const struct mt_ops_i *ops);
+/* The per-instance forms of the queries above, given ops->be (NULL = the
+ * default instance): what the plain forms report for the default. */
+enum mt_status mt_ops_cuda_status_of(void *be, char *msg, size_t msg_len);
+enum mt_status mt_ops_cuda_get_info_of(void *be, struct mt_ops_cuda_info *info);
+enum mt_status mt_ops_cuda_set_precision_of(void *be, enum mt_cuda_precision p);
+enum mt_cuda_precision mt_ops_cuda_get_precision_of(void *be);
+void *mt_ops_cuda_stream_of(void *be);
 
 #ifdef __cplusplus
 }

@@ -3,21 +3,24 @@
  * (device check, stream, cuBLAS and cuBLASLt handles, the GEMM precision,
  * reduction scratch), the sticky error and the workspace.
  *
- * Invariant: mt_ops_cuda() returns the table only when the state is fully
- * initialised (`ready`); every entry then queues work on mt_cuda_be->stream in
- * call order, so a single stream orders all kernels, copies and GEMMs.
+ * Invariant: mt_ops_cuda() / mt_ops_cuda_create() return a table only when
+ * its instance is fully initialised (`ready`); every entry of that table
+ * binds the instance (MT_CUDA_BIND) and queues work on its stream in call
+ * order, so one stream orders all kernels, copies and GEMMs of one instance.
  */
 #include "cuda_impl.cuh"
 
 #include <stdio.h>
 #include <string.h>
 
-/* The backend object (stream, cuBLAS/cuBLASLt handles, precision, plans,
- * scratch, workspace, sticky error): one heap instance made by init_state,
- * NULL before it and after shutdown. The table's entries take no handle yet
- * (docs/cuda.md, "The backend handle"), so they reach it through this one
- * pointer; with the handle each entry receives it as its first argument. */
-struct mt_cuda_backend *mt_cuda_be;
+/* The instance the current call acts on: every entry sets it from its `be`
+ * on entry (MT_CUDA_BIND), so it carries no choice from one call to the
+ * next; thread-local so that two host threads may drive two instances. */
+thread_local struct mt_cuda_backend *mt_cuda_be;
+/* The default instance (mt_ops_cuda()), NULL before it and after shutdown:
+ * what the instance-less queries (mt_ops_cuda_status(), ...) report on. The
+ * one process-wide pointer left; it holds no state of its own. */
+static struct mt_cuda_backend *cuda_default;
 
 int mt_cuda_record(enum mt_status st, const char *call, const char *reason, const char *file, int line)
 {
@@ -64,9 +67,8 @@ void *mt_cuda_workspace(size_t bytes)
 static void cuda_xent_fused(void *be, float *losses, float *lse_out, float *logits, const int32_t *targets, float dscale,
                             int N, int V, float softcap)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
-    mt_cuda_xent_forward(mt_cuda_be, losses, lse_out, logits, targets, N, V, softcap);
-    mt_cuda_xent_backward(mt_cuda_be, logits, logits, lse_out, targets, dscale, N, V, softcap);
+    mt_cuda_xent_forward(be, losses, lse_out, logits, targets, N, V, softcap);
+    mt_cuda_xent_backward(be, logits, logits, lse_out, targets, dscale, N, V, softcap);
 }
 
 static struct mt_ops_i cuda_ops = {
@@ -124,7 +126,7 @@ static struct mt_ops_i cuda_ops = {
     /* .widen_bf16                 = */ .widen_bf16                 = mt_cuda_widen_bf16,
 };
 
-/* Undo a (partial) init: release what the instance holds and free it. */
+/* Undo a (partial) init: release what the bound instance holds and free it. */
 static void release_state(void)
 {
     if (!mt_cuda_be) return;
@@ -208,6 +210,7 @@ static int init_state(char *why, size_t why_len)
     enum mt_cuda_precision prec;
     const char *prec_src;
     size_t cap;
+    mt_cuda_be = NULL;   /* a failure below must release only the new instance */
     if (!read_tunables(why, why_len, &prec, &prec_src, &cap)) return 0;
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
@@ -269,40 +272,92 @@ static int init_state(char *why, size_t why_len)
     mt_cuda_be->bf16_cap = cap;
     in->bf16_scratch_cap = cap;
     set_precision(prec, prec_src);
+    mt_cuda_be->table = cuda_ops;
+    mt_cuda_be->table.be = mt_cuda_be;   /* the instance every entry of its table receives */
     mt_cuda_be->ready = 1;
     return 1;
 }
 
 extern "C" const struct mt_ops_i *mt_ops_cuda(char *why, size_t why_len)
 {
-    if (!(mt_cuda_be && mt_cuda_be->ready) && !init_state(why, why_len)) return NULL;
+    if (!(cuda_default && cuda_default->ready)) {
+        if (!init_state(why, why_len)) return NULL;
+        cuda_default = mt_cuda_be;
+    }
     if (why && why_len) why[0] = 0;
-    cuda_ops.be = mt_cuda_be;   /* the instance every entry receives */
+    cuda_ops.be = cuda_default;   /* the static table hands out the default instance */
     return &cuda_ops;
 }
 
-extern "C" enum mt_status mt_ops_cuda_status(char *msg, size_t msg_len)
+/* The instance `be` (NULL: the default one), bound; NULL if it is not live. */
+static struct mt_cuda_backend *bind_instance(void *be)
 {
-    if (!mt_cuda_be) {   /* no instance: nothing failed */
+    struct mt_cuda_backend *B = be ? (struct mt_cuda_backend *)be : cuda_default;
+    if (!(B && B->ready)) return NULL;
+    MT_CUDA_BIND(B);
+    return B;
+}
+
+extern "C" const struct mt_ops_i *mt_ops_cuda_create(enum mt_cuda_precision p, char *why, size_t why_len)
+{
+    if (p != MT_CUDA_PRECISION_FP32 && p != MT_CUDA_PRECISION_BF16) {
+        if (why && why_len) snprintf(why, why_len, "precision %d: expected fp32 or bf16", (int)p);
+        return NULL;
+    }
+    if (!init_state(why, why_len)) return NULL;
+    set_precision(p, "set by caller");
+    if (why && why_len) why[0] = 0;
+    return &mt_cuda_be->table;
+}
+
+extern "C" void mt_ops_cuda_destroy(const struct mt_ops_i *ops)
+{
+    if (!ops || !ops->be) return;
+    struct mt_cuda_backend *B = (struct mt_cuda_backend *)ops->be;
+    if (B == cuda_default) {   /* the default instance goes through shutdown */
+        mt_ops_cuda_shutdown();
+        return;
+    }
+    if (!B->ready) return;
+    MT_CUDA_BIND(B);
+    cudaStreamSynchronize(B->stream);
+    release_state();   /* frees B and with it the table `ops` points into */
+}
+
+extern "C" enum mt_status mt_ops_cuda_status_of(void *be, char *msg, size_t msg_len)
+{
+    struct mt_cuda_backend *B = bind_instance(be);
+    if (!B) {   /* no instance: nothing failed */
         if (msg && msg_len) msg[0] = 0;
         return MT_OK;
     }
     if (msg && msg_len) {
-        if (mt_cuda_be->err == MT_OK) msg[0] = 0;
-        else if (mt_cuda_be->n_errors > 1)
-            snprintf(msg, msg_len, "%s (+%ld more)", mt_cuda_be->errmsg, mt_cuda_be->n_errors - 1);
+        if (B->err == MT_OK) msg[0] = 0;
+        else if (B->n_errors > 1)
+            snprintf(msg, msg_len, "%s (+%ld more)", B->errmsg, B->n_errors - 1);
         else
-            snprintf(msg, msg_len, "%s", mt_cuda_be->errmsg);
+            snprintf(msg, msg_len, "%s", B->errmsg);
     }
-    return mt_cuda_be->err;
+    return B->err;
+}
+
+extern "C" enum mt_status mt_ops_cuda_status(char *msg, size_t msg_len)
+{
+    return mt_ops_cuda_status_of(NULL, msg, msg_len);
+}
+
+extern "C" enum mt_status mt_ops_cuda_get_info_of(void *be, struct mt_ops_cuda_info *info)
+{
+    struct mt_cuda_backend *B = bind_instance(be);
+    if (!B) return MT_ERR_UNSUPPORTED;
+    mt_cuda_note_mem();
+    *info = B->info;
+    return MT_OK;
 }
 
 extern "C" enum mt_status mt_ops_cuda_get_info(struct mt_ops_cuda_info *info)
 {
-    if (!(mt_cuda_be && mt_cuda_be->ready)) return MT_ERR_UNSUPPORTED;
-    mt_cuda_note_mem();
-    *info = mt_cuda_be->info;
-    return MT_OK;
+    return mt_ops_cuda_get_info_of(NULL, info);
 }
 
 extern "C" enum mt_status mt_ops_cuda_use_device(int local_rank)
@@ -313,31 +368,51 @@ extern "C" enum mt_status mt_ops_cuda_use_device(int local_rank)
         return MT_ERR_UNSUPPORTED;
     }
     int want = (local_rank < 0 ? 0 : local_rank) % n;
-    if (mt_cuda_be && mt_cuda_be->ready) return mt_cuda_be->device == want ? MT_OK : MT_ERR_UNSUPPORTED;
+    if (cuda_default && cuda_default->ready) return cuda_default->device == want ? MT_OK : MT_ERR_UNSUPPORTED;
     return cudaSetDevice(want) == cudaSuccess ? MT_OK : MT_ERR_UNSUPPORTED;
 }
 
-extern "C" enum mt_status mt_ops_cuda_set_precision(enum mt_cuda_precision p)
+extern "C" enum mt_status mt_ops_cuda_set_precision_of(void *be, enum mt_cuda_precision p)
 {
-    if (!(mt_cuda_be && mt_cuda_be->ready)) return MT_ERR_UNSUPPORTED;
+    if (!bind_instance(be)) return MT_ERR_UNSUPPORTED;
     if (p != MT_CUDA_PRECISION_FP32 && p != MT_CUDA_PRECISION_BF16) return MT_ERR_INVALID_ARG;
     set_precision(p, "set by caller");
     return MT_OK;
 }
 
+extern "C" enum mt_status mt_ops_cuda_set_precision(enum mt_cuda_precision p)
+{
+    return mt_ops_cuda_set_precision_of(NULL, p);
+}
+
+extern "C" enum mt_cuda_precision mt_ops_cuda_get_precision_of(void *be)
+{
+    struct mt_cuda_backend *B = bind_instance(be);
+    return B ? B->precision : MT_CUDA_PRECISION_FP32;
+}
+
 extern "C" enum mt_cuda_precision mt_ops_cuda_get_precision(void)
 {
-    return mt_cuda_be && mt_cuda_be->ready ? mt_cuda_be->precision : MT_CUDA_PRECISION_FP32;
+    return mt_ops_cuda_get_precision_of(NULL);
+}
+
+extern "C" void *mt_ops_cuda_stream_of(void *be)
+{
+    struct mt_cuda_backend *B = bind_instance(be);
+    return B ? (void *)B->stream : NULL;
 }
 
 extern "C" void *mt_ops_cuda_stream(void)
 {
-    return mt_cuda_be && mt_cuda_be->ready ? (void *)mt_cuda_be->stream : NULL;
+    return mt_ops_cuda_stream_of(NULL);
 }
 
 extern "C" void mt_ops_cuda_shutdown(void)
 {
-    if (!(mt_cuda_be && mt_cuda_be->ready)) return;
-    cudaStreamSynchronize(mt_cuda_be->stream);
+    if (!(cuda_default && cuda_default->ready)) return;
+    MT_CUDA_BIND(cuda_default);
+    cudaStreamSynchronize(cuda_default->stream);
     release_state();
+    cuda_default = NULL;
+    cuda_ops.be = NULL;
 }

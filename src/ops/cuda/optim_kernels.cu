@@ -59,7 +59,7 @@ static __global__ void transpose_k(float *out, const float *in, int rows, int co
 extern "C" void mt_cuda_adamw_update(void *be, float *p, const float *g, float *m, float *v, size_t n,
                                      float lr, float b1, float b2, float eps, float wd, float bc1, float bc2)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (!n) return;
     float decay = 1.0f - lr * wd;
     MT_LAUNCH(adamw_k, mt_cuda_blocks(n, THREADS), THREADS, 0)(p, g, m, v, n, lr, b1, b2, eps, decay, bc1, bc2);
@@ -68,7 +68,7 @@ extern "C" void mt_cuda_adamw_update(void *be, float *p, const float *g, float *
 
 extern "C" void mt_cuda_muon_momentum(void *be, float *d, float *m, const float *g, float mu, size_t n)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (!n) return;
     MT_LAUNCH(muon_momentum_k, mt_cuda_blocks(n, THREADS), THREADS, 0)(d, m, g, mu, n);
     MT_CUDA_KCHECK();
@@ -76,7 +76,7 @@ extern "C" void mt_cuda_muon_momentum(void *be, float *d, float *m, const float 
 
 extern "C" void mt_cuda_transpose(void *be, float *out, const float *in, int rows, int cols)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (rows <= 0 || cols <= 0) return;
     dim3 grid((unsigned)((cols + TB - 1) / TB), (unsigned)((rows + TB - 1) / TB));
     MT_LAUNCH(transpose_k, grid, dim3(TB, 8), 0)(out, in, rows, cols);

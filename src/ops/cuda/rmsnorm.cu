@@ -88,7 +88,7 @@ static __global__ void rms_bwd_dw2_k(float *dweight, const float *partial, int n
 extern "C" void mt_cuda_rmsnorm_forward(void *be, float *out, float *rstd, const float *inp, const float *weight,
                                         int N, int C, float eps)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (N <= 0 || C <= 0) return;
     MT_LAUNCH(rms_fwd_k, (N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK, ROWS_PER_BLOCK * MT_WARP, 0)
         (out, (__nv_bfloat16 *)NULL, rstd, inp, weight, N, C, eps);
@@ -98,7 +98,7 @@ extern "C" void mt_cuda_rmsnorm_forward(void *be, float *out, float *rstd, const
 extern "C" void mt_cuda_rmsnorm_forward_bf16(void *be, float *out, mt_bf16 *out_bf16, float *rstd, const float *inp,
                                              const float *weight, int N, int C, float eps)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (N <= 0 || C <= 0) return;
     MT_LAUNCH(rms_fwd_k, (N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK, ROWS_PER_BLOCK * MT_WARP, 0)
         (out, (__nv_bfloat16 *)out_bf16, rstd, inp, weight, N, C, eps);
@@ -108,7 +108,7 @@ extern "C" void mt_cuda_rmsnorm_forward_bf16(void *be, float *out, mt_bf16 *out_
 extern "C" void mt_cuda_rmsnorm_backward(void *be, float *dinp, float *dweight, const float *dout, const float *inp,
                                          const float *weight, const float *rstd, int N, int C, int accumulate)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (N <= 0 || C <= 0) return;
     int rows = DW_ROWS;
     while ((N + rows - 1) / rows > 65535) rows *= 2;  /* grid.y limit */

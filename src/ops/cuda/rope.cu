@@ -43,13 +43,13 @@ static void rope_apply(float *out, const float *inp, const float *cos_tab, const
 extern "C" void mt_cuda_rope_forward(void *be, float *out, const float *inp, const float *cos_tab, const float *sin_tab,
                                      int N, int T, int pos0, int nh, int hd)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     rope_apply(out, inp, cos_tab, sin_tab, N, T, pos0, nh, hd, 1.0f);
 }
 
 extern "C" void mt_cuda_rope_backward(void *be, float *dinp, const float *dout, const float *cos_tab, const float *sin_tab,
                                       int N, int T, int pos0, int nh, int hd)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     rope_apply(dinp, dout, cos_tab, sin_tab, N, T, pos0, nh, hd, -1.0f);
 }

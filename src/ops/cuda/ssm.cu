@@ -72,7 +72,7 @@ extern "C" void mt_cuda_ssm_scan_forward(void *be, float *y, const float *x, con
                                          const float *dt, const float *lam, const float *A, const float *Dsk,
                                          int B, int T, int H, int P, int N, int chunk)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     (void)chunk;
     if (B * H == 0 || T == 0) return;
     if (P > 1024) { MT_CUDA_UNSUPPORTED("ssm scan: headdim > 1024"); return; }
@@ -242,7 +242,7 @@ extern "C" void mt_cuda_ssm_scan_backward(void *be, float *dx, float *dBm, float
                                           const float *A, const float *Dsk, int B, int T, int H, int P, int N,
                                           int chunk)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (B * H == 0 || T == 0) return;
     if (P > 1024) { MT_CUDA_UNSUPPORTED("ssm scan: headdim > 1024"); return; }
     int Q = chunk > 0 ? chunk : 64;
@@ -316,7 +316,7 @@ extern "C" void mt_cuda_ssm_prep_forward(void *be, float *x, float *Bh, float *C
                                          const float *gB, const float *gC, const float *B_bias,
                                          const float *C_bias, int B, int T, int H, int P, int G, int N, float eps)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (N > 256) { MT_CUDA_UNSUPPORTED("ssm prep: d_state > 256"); return; }
     int n = B * H > 0 ? B * H : 1;
     MT_LAUNCH(prep_fwd_k, (n + GLUE_THREADS - 1) / GLUE_THREADS, GLUE_THREADS, 0)(
@@ -425,7 +425,7 @@ extern "C" void mt_cuda_ssm_prep_backward(void *be, float *dproj, float *ddt_bia
                                           const float *gB, const float *gC, int B, int T, int H, int P, int G,
                                           int N, float eps)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     (void)eps;
     if (N > 256) { MT_CUDA_UNSUPPORTED("ssm prep: d_state > 256"); return; }
     size_t np = (size_t)H + 2 * (size_t)N + 2 * (size_t)H * N;
@@ -504,7 +504,7 @@ static __global__ void gate_bwd_dw_k(float *dw, const float *dout, const float *
 extern "C" void mt_cuda_ssm_gate_norm_forward(void *be, float *out, float *rstd, const float *y, const float *z, int ldz,
                                               const float *w, int n, int E, int G, float eps)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (n * G == 0) return;
     MT_LAUNCH(gate_fwd_k, (n * G + GLUE_THREADS - 1) / GLUE_THREADS, GLUE_THREADS, 0)(out, rstd, y, z, ldz, w, n,
                                                                                      E, G, eps);
@@ -515,7 +515,7 @@ extern "C" void mt_cuda_ssm_gate_norm_backward(void *be, float *dy, float *dz, f
                                                const float *z, int ldz, const float *w, const float *rstd,
                                                int n, int E, int G)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (n * G == 0) return;
     MT_LAUNCH(gate_bwd_k, (n * G + GLUE_THREADS - 1) / GLUE_THREADS, GLUE_THREADS, 0)(dy, dz, dout, y, z, ldz, w,
                                                                                      rstd, n, E, G);
@@ -561,7 +561,7 @@ extern "C" void mt_cuda_ssm_scan_step(void *be, float *y, float *S, float *xprev
                                       const float *Bm, const float *Cm, const float *dt, const float *lam,
                                       const float *A, const float *Dsk, int B, int H, int P, int N, int first)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     int n = B * H * P, nb = B * H * N, m = n > nb ? n : nb;
     if (m == 0) return;
     MT_LAUNCH(scan_step_k, (n + GLUE_THREADS - 1) / GLUE_THREADS, GLUE_THREADS, 0)(y, S, xprev, Bprev, x, Bm, Cm, dt,

@@ -37,7 +37,7 @@ static __global__ void swiglu_bwd_k(float *dgate, float *dup, const float *dout,
 
 extern "C" void mt_cuda_swiglu_forward(void *be, float *out, const float *gate, const float *up, size_t n)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (!n) return;
     MT_LAUNCH(swiglu_fwd_k, mt_cuda_blocks(n, THREADS), THREADS, 0)(out, (__nv_bfloat16 *)NULL, gate, up, n);
     MT_CUDA_KCHECK();
@@ -45,7 +45,7 @@ extern "C" void mt_cuda_swiglu_forward(void *be, float *out, const float *gate, 
 
 extern "C" void mt_cuda_swiglu_forward_bf16(void *be, float *out, mt_bf16 *out_bf16, const float *gate, const float *up, size_t n)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (!n) return;
     MT_LAUNCH(swiglu_fwd_k, mt_cuda_blocks(n, THREADS), THREADS, 0)(out, (__nv_bfloat16 *)out_bf16, gate, up, n);
     MT_CUDA_KCHECK();
@@ -54,7 +54,7 @@ extern "C" void mt_cuda_swiglu_forward_bf16(void *be, float *out, mt_bf16 *out_b
 extern "C" void mt_cuda_swiglu_backward(void *be, float *dgate, float *dup, const float *dout, const float *gate,
                                         const float *up, size_t n)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (!n) return;
     MT_LAUNCH(swiglu_bwd_k, mt_cuda_blocks(n, THREADS), THREADS, 0)(dgate, dup, dout, gate, up, n);
     MT_CUDA_KCHECK();

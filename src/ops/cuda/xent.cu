@@ -101,7 +101,7 @@ xent_bwd_k(float *dlogits, const float *logits, const float *lse, const int32_t 
 extern "C" void mt_cuda_xent_forward(void *be, float *losses, float *lse_out, const float *logits, const int32_t *targets,
                                      int N, int V, float softcap)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (N <= 0) return;
     MT_LAUNCH(xent_fwd_k, N, THREADS, 0)(losses, lse_out, logits, targets, V, softcap);
     MT_CUDA_KCHECK();
@@ -110,7 +110,7 @@ extern "C" void mt_cuda_xent_forward(void *be, float *losses, float *lse_out, co
 extern "C" void mt_cuda_xent_backward(void *be, float *dlogits, const float *logits, const float *lse,
                                       const int32_t *targets, float dscale, int N, int V, float softcap)
 {
-    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (N <= 0) return;
     MT_LAUNCH(xent_bwd_k, N, THREADS, 0)(dlogits, logits, lse, targets, dscale, V, softcap);
     MT_CUDA_KCHECK();
