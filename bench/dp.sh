@@ -33,7 +33,7 @@ for z in range(4):
     rows[f"dp2_zero{z}"] = {"tokens_per_s": a["timing"]["tokens_per_s"], "tokens_per_s_no_overlap": b["timing"]["tokens_per_s"],
                             "exposed_comm_s": ex_a, "comm_s_without_overlap": ex_b, "hidden_share": hidden,
                             "exposed_share_of_step": ex_a / st if st else 0, "idle_s": a["timing"]["step_time_split_s"]["idle"],
-                            "bytes_per_step": {k: v["measured"] for k, v in a["distributed"]["collective_bytes_per_step"].items() if k != "convention"},
+                            "bytes_per_step": {k: v["measured"] for k, v in a["distributed"]["collective_bytes_per_step"].items() if isinstance(v, dict)},
                             "ratio_to_single": a["timing"]["tokens_per_s"] / s["timing"]["tokens_per_s"]}
     r = rows[f"dp2_zero{z}"]
     print(f"dp=2 ZeRO-{z}: {r['tokens_per_s']:8.0f} tok/s (no overlap {r['tokens_per_s_no_overlap']:6.0f}), "
