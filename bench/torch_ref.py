@@ -100,12 +100,10 @@ class Model(torch.nn.Module):
             q = rope(rms((h @ m.wq.t()).view(B, T, H, hd), m.gq, eps), self.cos, self.sin)
             k = rope(rms((h @ m.wk.t()).view(B, T, K, hd), m.gk, eps), self.cos, self.sin)
             v = (h @ m.wv.t()).view(B, T, K, hd)
-            k = k.repeat_interleave(H // K, 2)
-            v = v.repeat_interleave(H // K, 2)
-            # torch 1.13 has no scaled_dot_product_attention: the plain softmax(q k^T) v form
-            att = (q.transpose(1, 2) @ k.permute(0, 2, 3, 1)) * (1.0 / math.sqrt(hd))
-            att = att.masked_fill(self.mask[:T, :T], float("-inf")).softmax(-1)
-            y = att @ v.transpose(1, 2)
+            if H != K:
+                k = k.repeat_interleave(H // K, 2)
+                v = v.repeat_interleave(H // K, 2)
+            y = self.attend(q, k, v)
             x = x + y.transpose(1, 2).reshape(B, T, H * hd) @ m.wo.t()
             h = rms(x, m.g2, eps)
             if self.pattern[l] == "E":
@@ -118,7 +116,18 @@ class Model(torch.nn.Module):
         sc = c["logit_softcap"]
         if sc > 0:
             z = sc * torch.tanh(z / sc)
-        return F.cross_entropy(z.view(-1, z.shape[-1]), tgt.view(-1)) + extra
+        return self.xent(z.view(-1, z.shape[-1]), tgt.view(-1)) + extra
+
+    def attend(self, q, k, v):
+        """Causal attention, q k v (B, T, H, hd) -> (B, H, T, hd). torch 1.13 has no
+        scaled_dot_product_attention: the plain softmax(q k^T) v form (bench/torch_gpu.py overrides it)."""
+        T, hd = q.shape[1], q.shape[3]
+        att = (q.transpose(1, 2) @ k.permute(0, 2, 3, 1)) * (1.0 / math.sqrt(hd))
+        att = att.masked_fill(self.mask[:T, :T], float("-inf")).softmax(-1)
+        return att @ v.transpose(1, 2)
+
+    def xent(self, logits, tgt):
+        return F.cross_entropy(logits, tgt)
 
 
 def newton_schulz(d):
