@@ -281,18 +281,25 @@ static void gemm_bf16(int ta, int tb, int M, int N, int K, float alpha, const vo
     }
 }
 
+/* The shapes with nothing to multiply: an empty C, or K = 0 / alpha = 0
+ * where C = beta C (cuBLAS would read A and B anyway). 1 when handled. */
+static int gemm_degenerate(int M, int N, int K, float alpha, float beta, float *C, int ldc)
+{
+    if (M <= 0 || N <= 0) return 1;
+    if (K > 0 && alpha != 0.0f) return 0;
+    if (beta != 1.0f) {
+        MT_LAUNCH(scale_k, mt_cuda_blocks((size_t)M * (size_t)N, 256), 256, 0)(C, M, N, ldc, beta);
+        MT_CUDA_KCHECK();
+    }
+    return 1;
+}
+
 extern "C" void mt_cuda_gemm(void *be, int transA, int transB, int M, int N, int K, float alpha,
                              const float *A, int lda, const float *B, int ldb,
                              float beta, float *C, int ldc)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
-    if (M <= 0 || N <= 0) return;
-    if (K <= 0 || alpha == 0.0f) {
-        if (beta == 1.0f) return;
-        MT_LAUNCH(scale_k, mt_cuda_blocks((size_t)M * (size_t)N, 256), 256, 0)(C, M, N, ldc, beta);
-        MT_CUDA_KCHECK();
-        return;
-    }
+    if (gemm_degenerate(M, N, K, alpha, beta, C, ldc)) return;
     if (mt_cuda_be->precision == MT_CUDA_PRECISION_BF16)
         gemm_bf16(transA, transB, M, N, K, alpha, A, MT_ELEM_F32, lda, B, MT_ELEM_F32, ldb, beta, C, ldc);
     else
@@ -315,13 +322,7 @@ extern "C" void mt_cuda_gemm_bf16(void *be, int transA, int transB, int M, int N
                                   float beta, float *C, int ldc)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
-    if (M <= 0 || N <= 0) return;
-    if (K <= 0 || alpha == 0.0f) {
-        if (beta == 1.0f) return;
-        MT_LAUNCH(scale_k, mt_cuda_blocks((size_t)M * (size_t)N, 256), 256, 0)(C, M, N, ldc, beta);
-        MT_CUDA_KCHECK();
-        return;
-    }
+    if (gemm_degenerate(M, N, K, alpha, beta, C, ldc)) return;
     if (a_type == MT_ELEM_BF16 && b_type == MT_ELEM_BF16) {
         struct mt_cuda_lt_plan *p = plan_get(transA, transB, M, N, K, lda, ldb, ldc, align_of(C), align_of(A),
                                              align_of(B));
