@@ -111,7 +111,7 @@ static size_t mlp_scratch(const struct mt_piece_ctx *pc) { return (size_t)pc->N 
 static void mlp_carve_scratch(const struct mt_piece_ctx *pc, struct mt_carver *c)
 {
     if (pc->bf16 && (!pc->ops || pc->ops->swiglu_forward_bf16))
-        *pc->s_act_b_at = carve(c, MT_BUCKET_WORKSPACE, (size_t)pc->N * (size_t)pc->F * 2);
+        pc->mlp_s->act_b = carve(c, MT_BUCKET_WORKSPACE, (size_t)pc->N * (size_t)pc->F * 2);
 }
 
 static enum mt_status mlp_piece_forward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a)
@@ -121,13 +121,13 @@ static enum mt_status mlp_piece_forward(struct mt_ctx *ctx, const struct mt_piec
     float *x_out = a->x_out;
     ffn_norm_fwd(pc, x_out, n);
     if (pc->tp.tp == 1) {
-        mlp_fwd_b(pc->ops, pc->s_lora, x_out, 1, ly->mg, ly->mu, pc->s_act, pc->s_act_b, ly->h_mlp, ly->h_mlp_b,
+        mlp_fwd_b(pc->ops, pc->s_lora, x_out, 1, ly->mg, ly->mu, pc->s_act, pc->mlp_s->act_b, ly->h_mlp, ly->h_mlp_b,
                   ly->w.wg, ly->w.wu, ly->w.wd, n, D, pc->F);
         return MT_OK;
     }
     /* TP region: this rank's F/tp hidden units over all N rows */
     if (pc->tp.sp) MT_CHECK(tpa_gather_rows(ctx, &pc->tp, ly->h_mlp, ly->h_mlp_n, n / pc->tp.tp, D));
-    mlp_fwd_b(pc->ops, pc->s_lora, pc->s_red, 0, ly->mg, ly->mu, pc->s_act, pc->s_act_b, ly->h_mlp, ly->h_mlp_b,
+    mlp_fwd_b(pc->ops, pc->s_lora, pc->s_red, 0, ly->mg, ly->mu, pc->s_act, pc->mlp_s->act_b, ly->h_mlp, ly->h_mlp_b,
               ly->w.wg, ly->w.wu, ly->w.wd, n, D, pc->F);
     return tpa_exit_add(ctx, &pc->tp, x_out, pc->s_red, pc->s_full);
 }
@@ -144,7 +144,7 @@ static enum mt_status mlp_piece_backward(struct mt_ctx *ctx, const struct mt_pie
         MT_CHECK(tpa_gather_rows(ctx, &pc->tp, pc->s_full, pc->dx, pc->Nr, D));
         dy = pc->s_full;
     }
-    mlp_bwd_b(pc->ops, pc->s_lora, pc->s_dlora, pc->dh, 0, pc->s_act, pc->s_act_b, pc->s_dact, pc->s_dg, pc->s_du, dy,
+    mlp_bwd_b(pc->ops, pc->s_lora, pc->s_dlora, pc->dh, 0, pc->s_act, pc->mlp_s->act_b, pc->s_dact, pc->s_dg, pc->s_du, dy,
               ly->h_mlp, ly->h_mlp_b, ly->mg, ly->mu, w->wg, w->wu, w->wd, N, D, pc->F);
     /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
     const float *dhr = pc->dh;   /* d h_mlp_n (Nr, D) */

@@ -352,8 +352,7 @@ void model_piece_ctx(struct mt_model *m, struct mt_layer *ly, struct mt_piece_ct
     pc->s_full = m->s_full;
     pc->s_red = m->s_red;
     pc->s_act = m->s_act;
-    pc->s_act_b = m->s_act_b;
-    pc->s_act_b_at = &m->s_act_b;
+    pc->mlp_s = &m->mlp_s;
     pc->bf16 = m->bf16;
     pc->s_dact = m->s_dact;
     pc->s_dg = m->s_dg;

@@ -118,9 +118,13 @@ struct mt_slot {
     int have_fwd, have_targets;
 };
 
-/* The MoE piece's own buffers (moe.c carves them, once per model): scratch
- * shared by every E layer (WORKSPACE), the host staging of routing and the
- * load histogram (OTHER). Nm rows the block sees, M = Nm*k routed slots. */
+/* The dense MLP's declared scratch (WORKSPACE): precision=bf16 only, the
+ * bf16 twin of the SwiGLU output that the down projection reads (NULL in
+ * fp32). Its carve_scratch fills it through the narrow context. */
+struct mt_mlp_scratch {
+    mt_bf16 *act_b;   /* (N*F) bf16(s_act) */
+};
+
 /* Attention's backward scratch (WORKSPACE), shared by every A layer; its
  * carve_scratch fills it through the narrow context. */
 struct mt_attn_scratch {
@@ -128,6 +132,10 @@ struct mt_attn_scratch {
     float *dq;                   /* (N, QD)                                          */
     float *dk, *dk2, *dv;        /* (N, KD)                                          */
 };
+
+/* The MoE piece's own buffers (moe.c carves them, once per model): scratch
+ * shared by every E layer (WORKSPACE), the host staging of routing and the
+ * load histogram (OTHER). Nm rows the block sees, M = Nm*k routed slots. */
 struct mt_moe_scratch {
     float   *xp, *dxp, *dy;      /* (M, D) permuted inputs / their grads / d expert out          */
     float   *ry, *rdy, *rdx;     /* (ep*M, D) EP: expert outputs / their grads / d inputs, received side */
@@ -195,9 +203,9 @@ struct mt_model {
     float *s_full;               /* (N, D) TP: gathered rows (tp > 1 only)           */
     float *s_red;                /* (N, D) TP: partial sums / reduce-scatter output  */
     float *s_act, *s_dact, *s_dg, *s_du; /* (max(N*F, M*Fe, N*Fs)) SwiGLU scratch    */
-    mt_bf16 *s_act_b;            /* (N*F) precision=bf16: bf16(s_act) of the dense MLP */
     float *s_lora, *s_dlora;             /* (rows, r) LoRA x A^T and its gradient (lora.c) */
     struct mt_attn_scratch   attn_s; /* A blocks: backward scratch (attention.c)        */
+    struct mt_mlp_scratch    mlp_s;  /* dense MLP: bf16 twin of the SwiGLU output (mlp.c) */
     struct mt_moe_scratch    moe_s;  /* E blocks: routing scratch, host staging, load (moe.c) */
     struct mt_mamba3_dims    mdims;  /* M blocks: the mixer's dims (from cfg)          */
     struct mt_mamba3_scratch mb_s;   /* M blocks: backward scratch (WORKSPACE)          */
@@ -327,8 +335,7 @@ struct mt_piece_ctx {
     /* shared WORKSPACE scratch (see struct mt_model) */
     float *dx, *dh, *s_full, *s_red;
     float *s_act, *s_dact, *s_dg, *s_du, *s_lora, *s_dlora;
-    mt_bf16 *s_act_b;                /* precision=bf16: bf16(s_act), dense MLP (or NULL) */
-    mt_bf16 **s_act_b_at;            /* where the mlp's carve_scratch stores s_act_b (the model's field) */
+    struct mt_mlp_scratch       *mlp_s;  /* dense MLP: its declared scratch (carve_scratch fills it) */
     int   bf16;                      /* precision=bf16: carve the activation twins  */
     struct mt_attn_scratch      *attn_s; /* A blocks: declared backward scratch (carve_scratch fills it) */
     float *datt, *dq, *dk, *dk2, *dv;  /* A blocks: *attn_s's buffers, for the backward */
