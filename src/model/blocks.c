@@ -9,6 +9,7 @@
  */
 #include "model_impl.h"
 
+#include <stdio.h>
 #include <string.h>
 
 static const struct mt_block_kind kinds[] = {
