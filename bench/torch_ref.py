@@ -11,6 +11,7 @@ and excluded, as in meshtrain's receipt (warmup_steps_excluded = 2 for >= 4 step
 """
 import json
 import math
+import os
 import sys
 import time
 
@@ -178,7 +179,8 @@ def main():
     steady = sum(times[warm:])
     print(json.dumps({"tokens_per_s": B * T * (steps - warm) / steady, "step_times_s": times,
                       "loss_last": float(loss), "torch": torch.__version__,
-                      "threads": torch.get_num_threads()}))
+                      "threads": torch.get_num_threads(),
+                      "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE")}))
 
 
 if __name__ == "__main__":
