@@ -73,12 +73,17 @@ done
 # this trajectory switches the clip factor around gn = 1 at steps 9-17 and its
 # own one-rank floor reaches 5.6e-5 on the grad norms (the floor check below
 # keeps that honest); chunk 8 with ngroups 2 (the model axis splits groups).
+# HYB_TOL 2e-6 (bounds: loss 2e-6, grad norms 2e-5): without clipping the
+# hybrid trajectory still amplifies the grad norm's association noise at
+# steps 7-13 to 3-7.5e-6 one-rank (AVX-512 kernels), past half of 1e-5
+# (docs/testing.md); the loss floor stays at 3e-7
+HYB_TOL=2e-6
 HYB="$DENSE --set n_layer=4 --set pattern=AMEM --set n_experts=4 --set top_k=2 --set expert_hidden=32 --set mamba_d_state=8 --set mamba_headdim=16 --set mamba_ngroups=2 --set mamba_chunk=8 --set microbatches=2 --set grad_clip=0"
 if run 1 "$W/HYB_ref" $HYB --steps 20; then
-    floor "$W/HYB_ref" 4 $HYB --steps 20
+    TOL=$HYB_TOL floor "$W/HYB_ref" 4 $HYB --steps 20
     for z in 0 1 2 3; do
         o="$W/HYB_np2_z$z"
-        if run 2 "$o" $HYB --steps 20 --zero $z && close "$W/HYB_ref" "$o" 1e-6; then
+        if run 2 "$o" $HYB --steps 20 --zero $z && close "$W/HYB_ref" "$o" $HYB_TOL; then
             ok "HYB (AMEM) np=2 zero=$z equals the single-rank losses"
         else bad "HYB (AMEM) np=2 zero=$z equals the single-rank losses"; tail -5 "$o.log"; fi
     done
