@@ -9,18 +9,23 @@
 #    "needs a value" (train, sample, plan, logits, prepare, tokenizer: one
 #    checker, mt_cmd_option); a known one without its value still "needs a
 #    value".
+#  - `logits --backend`: a value other than cpu|cuda is refused (exit 2);
+#    cuda in a build without CUDA is refused with train's message and exit
+#    code (1: MT_ERR_UNSUPPORTED), one line, before reading the checkpoint,
+#    writing nothing.
 set -u
 BUILD=${1:?usage: test_cli_messages.sh BUILD_DIR}
 . "$(dirname "$0")/cli_lib.sh"
 
-# refuse NAME REGEX CMD... : exit 2, exactly one stderr line matching REGEX, $W/out not created
+# refuse NAME REGEX CMD... : exit 2 (RC=n refuse ...: exit n), exactly one stderr line matching REGEX,
+# $W/out not created
 refuse() {
-    local name=$1 expect=$2; shift 2
+    local name=$1 expect=$2 want=${RC:-2}; shift 2
     rm -rf "$W/out"
     "$@" >"$W/stdout" 2>"$W/stderr"
     local rc=$? nl
     nl=$(wc -l <"$W/stderr")
-    if [ $rc -eq 2 ] && [ "$nl" -eq 1 ] && grep -Eq -e "$expect" "$W/stderr" && [ ! -e "$W/out" ]; then ok "$name"
+    if [ $rc -eq "$want" ] && [ "$nl" -eq 1 ] && grep -Eq -e "$expect" "$W/stderr" && [ ! -e "$W/out" ]; then ok "$name"
     else bad "$name (rc=$rc, $nl lines)"; cat "$W/stderr"; fi
 }
 
@@ -58,6 +63,16 @@ refuse "sample: a known option without value needs a value" "^meshtrain sample: 
 refuse "plan: an unknown last option is unknown" "^meshtrain plan: unknown option '--bogus'" "$MT" plan --json --bogus
 refuse "logits: a known option without value needs a value" "^meshtrain logits: --ckpt needs a value" \
     "$MT" logits --ckpt
+refuse "logits: --backend foo is refused" "^meshtrain logits: --backend expects cpu or cuda \(got 'foo'\)$" \
+    "$MT" logits --ckpt "$W/none" --ids 1,2 --out "$W/out" --backend foo
+if grep -q '^MT_WITH_CUDA:BOOL=ON' "$BUILD/CMakeCache.txt" 2>/dev/null; then
+    echo "NOTE: a CUDA build: logits --backend cuda without CUDA not checked here (tests/test_cuda_build.sh runs it)"
+else
+    # the same lookup as train's (mt_train_backend_ops): its message and exit code
+    RC=1 refuse "logits: --backend cuda in a build without CUDA is refused as train refuses it" \
+        "^meshtrain logits: backend 'cuda' is not available: built without CUDA \(use backend=cpu\)$" \
+        "$MT" logits --ckpt "$W/none" --ids 1,2 --out "$W/out" --backend cuda
+fi
 refuse "prepare: an unknown option is unknown" "^meshtrain prepare: unknown option '--bogus'" \
     "$MT" prepare --out "$W/out" --bogus
 refuse "prepare: a known option without value needs a value" "^meshtrain prepare: --out needs a value" \

@@ -46,6 +46,9 @@
 #           (tests/bf16_curve.py), starts equal to the cpu bf16 run (1e-5)
 #           and stays within the tolerance of it, and its receipt shows the
 #           GEMMs on the weights' bf16 shadows as stored (gemm_bf16_direct);
+#        c3. `meshtrain logits --backend cuda` on the cpu runs' dense and MoE
+#           checkpoints == the CPU build's `meshtrain logits` to 1e-5 (logits
+#           relative to the largest, lm/aux/z each relative);
 #        d. tests/cuda/mesh_device.c: a one-rank mesh with device
 #           communicators (mt_mesh_create_nccl: every group one self_dev
 #           comm copying through the backend's copy) runs every collective
@@ -335,6 +338,44 @@ PY
 sys.exit(not (g['gemm_bf16_direct'] > 0 and g['gemm_bf16_fallbacks'] == 0))" "$EMU/run_bf16_cuda/receipt.json"; then
         echo "PASS emulated train precision=bf16: cuda follows the fp32 curve within the step tolerance, starts equal to cpu bf16, shadows used as stored ($(( $(date +%s) - t2 ))s)"
     else echo "FAIL: emulated train precision=bf16"; fail=1; fi
+    # c3. `meshtrain logits --backend cuda` (issue 20 item 5, meshtrain's side): the
+    #     dense and MoE checkpoints of the cpu runs of c, one forward on the
+    #     emulated cuda backend == the CPU build's `logits` (default --backend
+    #     cpu) to 1e-5: logits relative to the largest one, lm/aux/z each
+    #     relative (the MoE's aux and z non-zero: compared, not skipped)
+    LIDS="3,17,42,5,63,0,8,8,21,34,55,1,2,9,30,12,7,44,61,18"
+    CPU_MT=$BUILD/meshtrain
+    [ -x "$CPU_MT" ] || CPU_MT=$EMU/meshtrain
+    for c in cpu moe_cpu; do
+        if [ $run_ok -eq 1 ] &&
+           OMP_NUM_THREADS=1 "$CPU_MT" logits --ckpt "$EMU/run_$c" --ids "$LIDS" --out "$EMU/logits_$c.st" \
+               >"$EMU/logits_$c.log" 2>&1 &&
+           OMP_NUM_THREADS=1 "$EMU/meshtrain" logits --backend cuda --ckpt "$EMU/run_$c" --ids "$LIDS" \
+               --out "$EMU/logits_${c}_cuda.st" >>"$EMU/logits_$c.log" 2>&1 &&
+           python3 - "$EMU/logits_$c.st" "$EMU/logits_${c}_cuda.st" 1e-5 "$c" <<'PY'
+import json, struct, sys
+def st(p):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); out = {}
+    for k, e in h.items():
+        if k != "__metadata__":
+            lo, hi = e["data_offsets"]
+            out[k] = struct.unpack("<%df" % ((hi - lo) // 4), b[8 + n + lo:8 + n + hi])
+    return out
+a, b, tol = st(sys.argv[1]), st(sys.argv[2]), float(sys.argv[3])
+la, lb = a["logits"], b["logits"]
+assert len(la) == len(lb) == 20 * 64, (len(la), len(lb))
+rel = max(abs(x - y) for x, y in zip(la, lb)) / max(abs(x) for x in la)
+terms = {k: (a[k][0], b[k][0]) for k in ("lm_loss", "aux_loss", "z_loss")}
+tr = {k: abs(x - y) / abs(x) if x != 0 else (0.0 if y == 0 else float("inf")) for k, (x, y) in terms.items()}
+desc = ", ".join("%s %.7g rel %.1e" % (k, terms[k][1], tr[k]) for k in tr)
+print("   %s: logits max rel %.2e, %s (tol %g)" % (sys.argv[4], rel, desc, tol))
+assert rel <= tol and all(t <= tol for t in tr.values()), (rel, tr)
+if sys.argv[4].startswith("moe"):
+    assert terms["aux_loss"][0] > 0 and terms["z_loss"][0] > 0, terms
+PY
+        then echo "PASS emulated logits --backend cuda == cpu build's logits ($c checkpoint) to 1e-5"
+        else tail -3 "$EMU/logits_$c.log"; echo "FAIL: emulated logits --backend cuda vs cpu ($c)"; fail=1; fi
+    done
 fi
 
 # d. device communicators of a one-rank mesh, on emulated device memory

@@ -2,7 +2,9 @@
  * cmd_logits.c — `meshtrain logits`: one forward over given token ids, the
  * model's logits (softcap applied: what the model predicts) and its loss
  * terms written as safetensors. The reference point for comparing meshtrain
- * with any other implementation of the model (tests/hf/).
+ * with any other implementation of the model (tests/hf/), and of the cuda
+ * backend with the cpu one (--backend: the same checkpoint, the same
+ * forward; tests/test_cuda_build.sh, bench/gpu.sh stage hf).
  *
  * Output tensors (F32): "logits" (n, V); "lm_loss", "aux_loss", "z_loss" (1):
  * the forward's terms for the one sequence with targets ids[t+1] (the last
@@ -22,6 +24,7 @@
 #include "ops/mt_ops.h"
 #include "train/mt_ckpt.h"
 #include "train/mt_export.h"
+#include "train/mt_trainer.h"
 
 int mt_cmd_parse_ids(const char *s, int32_t **ids, int *n)
 {
@@ -55,24 +58,32 @@ int mt_cmd_parse_ids(const char *s, int32_t **ids, int *n)
 
 static void logits_usage(FILE *f)
 {
-    fprintf(f, "usage: meshtrain logits --ckpt DIR --ids \"ID,ID,...\" --out FILE.safetensors\n\n"
+    fprintf(f, "usage: meshtrain logits --ckpt DIR --ids \"ID,ID,...\" --out FILE.safetensors [--backend cpu|cuda]\n\n"
                "  --ckpt DIR     checkpoint dir or a training --out dir (latest step)   (required)\n"
                "  --ids LIST     token ids, comma or space separated, at least 2       (required)\n"
                "  --out FILE     safetensors with logits (n, V) after softcap, lm_loss, aux_loss, z_loss\n"
+               "  --backend B    cpu or cuda (as train's: cuda needs a CUDA build and a GPU, GEMM precision\n"
+               "                 from MT_CUDA_PRECISION=fp32|bf16)                       default: cpu\n"
                "exit codes: 0 ok, 2 bad input, 1 runtime failure\n");
 }
 
 int mt_cmd_logits(int argc, char **argv)
 {
-    const char *ckpt = NULL, *ids_arg = NULL, *out = NULL;
-    static const char *const valued[] = {"--ckpt", "--ids", "--out", NULL};
+    const char *ckpt = NULL, *ids_arg = NULL, *out = NULL, *backend = "cpu";
+    static const char *const valued[] = {"--ckpt", "--ids", "--out", "--backend", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { logits_usage(stdout); return 0; }
         if (mt_cmd_option("logits", NULL, valued, argc, argv, i) < 0) return 2;
         if (!strcmp(a, "--ckpt")) ckpt = v;
         else if (!strcmp(a, "--ids")) ids_arg = v;
-        else out = v;
+        else if (!strcmp(a, "--backend")) {
+            if (strcmp(v, "cpu") && strcmp(v, "cuda")) {
+                fprintf(stderr, "meshtrain logits: --backend expects cpu or cuda (got '%s')\n", v);
+                return 2;
+            }
+            backend = v;
+        } else out = v;
         i++;
     }
     if (!ckpt || !ids_arg || !out) { fprintf(stderr, "meshtrain logits: --ckpt, --ids and --out are required\n"); return 2; }
@@ -90,11 +101,13 @@ int mt_cmd_logits(int argc, char **argv)
     struct mt_model *m = NULL;
     float *logits = NULL;
     int32_t *targets = NULL;
-    const struct mt_ops_i *ops = mt_ops_cpu();
+    const struct mt_ops_i *ops = NULL;
     char dir[4096];
     struct mt_config cfg;
     struct mt_ckpt_meta meta;
     mt_config_defaults(&cfg);
+    /* the backend first: a build or machine without it refuses before any work (as train does) */
+    MT_CHECK_GOTO(mt_train_backend_ops(&ctx, backend, &ops), rc, done);
     MT_CHECK_GOTO(mt_ckpt_find(&ctx, ckpt, dir, sizeof dir), rc, done);
     MT_CHECK_GOTO(mt_ckpt_read_meta(&ctx, dir, &cfg, &meta), rc, done);
     for (int i = 0; i < n; i++)
@@ -120,6 +133,7 @@ int mt_cmd_logits(int argc, char **argv)
     struct mt_loss_parts parts;
     MT_CHECK_GOTO(mt_model_forward(&ctx, m, ids, targets, &norm, &parts), rc, done);
     ops->copy_to_host(ops->be, logits, mt_model_logits(m), (size_t)n * V * sizeof *logits);
+    MT_CHECK_GOTO(mt_train_backend_status(&ctx, ops), rc, done);   /* a failed kernel or copy: no output */
     if (cfg.logit_softcap > 0) {
         const float c = cfg.logit_softcap;
         for (size_t k = 0; k < (size_t)n * V; k++) logits[k] = c * tanhf(logits[k] / c);

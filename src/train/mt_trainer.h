@@ -13,6 +13,8 @@
 #include "../core/mt_core.h"
 #include "../core/mt_config.h"
 
+struct mt_ops_i;
+
 struct mt_train_opts {
     const char *data_path;     /* --data: shard file, dir or glob (required)          */
     const char *val_path;      /* --val-data: default: the "val" split of a data dir   */
@@ -46,6 +48,21 @@ struct mt_train_result {
  * with a one-line message on ctx. */
 enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const struct mt_train_opts *opts,
                             struct mt_train_result *res);
+
+/* The ops table of backend `name` ("cpu" or "cuda"), chosen the way training
+ * chooses it, for every command that runs the model (train, logits): cuda
+ * binds the node-local rank's GPU (the launcher's LOCAL_RANK variables) and
+ * takes the default instance, GEMM precision from MT_CUDA_PRECISION or the
+ * knob cuda_precision when the config or command line set it. Errors:
+ * MT_ERR_UNSUPPORTED "backend 'cuda' is not available: <why> (use
+ * backend=cpu)" for a build without CUDA or no device, MT_ERR_INVALID_ARG
+ * for another name. */
+enum mt_status mt_train_backend_ops(struct mt_ctx *ctx, const char *name, const struct mt_ops_i **ops);
+
+/* After a backend's work: sync it and report its first recorded failure
+ * (the cuda entries return void and keep a sticky error, mt_ops_cuda.h) as
+ * MT_ERR_RUNTIME "cuda backend: ..."; MT_OK on cpu. */
+enum mt_status mt_train_backend_status(struct mt_ctx *ctx, const struct mt_ops_i *ops);
 
 /* Bytes (bucket OTHER) of the trainer's own host arrays on a rank holding
  * n_params parameters, with microbatches of Bm sequences, running n_steps

@@ -42,6 +42,48 @@ static int local_rank_env(void)
 }
 #endif
 
+enum mt_status mt_train_backend_ops(struct mt_ctx *ctx, const char *name, const struct mt_ops_i **ops)
+{
+    *ops = NULL;
+    if (!strcmp(name, "cpu")) {
+        *ops = mt_ops_cpu();
+        return MT_OK;
+    }
+    if (strcmp(name, "cuda"))
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "backend '%s' is unknown (cpu or cuda)", name);
+    char why[200] = "";
+#ifdef MT_WITH_CUDA
+    /* one GPU per process: bind the node-local rank's device before the
+     * backend initialises on the current one (a no-op on one device) */
+    (void)mt_ops_cuda_use_device(local_rank_env());
+#endif
+    const struct mt_ops_i *t = mt_ops_cuda(why, sizeof why);
+    if (!t)
+        return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "backend 'cuda' is not available: %s (use backend=cpu)", why);
+#ifdef MT_WITH_CUDA
+    /* knob cuda_precision from the command line or config (its env alias was read by mt_ops_cuda) */
+    if (mt_knob_source(ctx, MT_KNOB_CUDA_PRECISION) >= MT_KNOB_CONFIG) {
+        enum mt_cuda_precision p;
+        MT_CHECK(mt_ops_cuda_precision_parse(mt_knob_str(ctx, MT_KNOB_CUDA_PRECISION), &p));
+        MT_CHECK(mt_ops_cuda_set_precision(p));
+    }
+#endif
+    *ops = t;
+    return MT_OK;
+}
+
+enum mt_status mt_train_backend_status(struct mt_ctx *ctx, const struct mt_ops_i *ops)
+{
+    if (!ops || strcmp(ops->name, "cuda")) return MT_OK;
+    ops->sync(ops->be);
+#ifdef MT_WITH_CUDA
+    char msg[384];
+    if (mt_ops_cuda_status_of(ops->be, msg, sizeof msg) != MT_OK)
+        return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cuda backend: %s", msg);
+#endif
+    return MT_OK;
+}
+
 static enum mt_status resolve_vocab(struct mt_ctx *ctx, struct mt_config *cfg, const char *data_path)
 {
     if (cfg->vocab_size != 0) return MT_OK;
@@ -250,27 +292,7 @@ enum mt_status mt_train_setup_local(struct mt_ctx *ctx, struct mt_config *cfg, c
     MT_CHECK(mt_layout_pipeline_cut(ctx, cfg, dims->pp, opts->pp_layers, rs->first_layer));
 
     /* ---- 2. backend ---- */
-    if (!strcmp(cfg->backend, "cuda")) {
-        char why[200] = "";
-#ifdef MT_WITH_CUDA
-        /* one GPU per process: bind the node-local rank's device before the
-         * backend initialises on the current one (a no-op on one device) */
-        (void)mt_ops_cuda_use_device(local_rank_env());
-#endif
-        rs->ops = mt_ops_cuda(why, sizeof why);
-        if (!rs->ops)
-            return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "backend 'cuda' is not available: %s (use backend=cpu)", why);
-#ifdef MT_WITH_CUDA
-        /* knob cuda_precision from the command line or config (its env alias was read by mt_ops_cuda) */
-        if (mt_knob_source(ctx, MT_KNOB_CUDA_PRECISION) >= MT_KNOB_CONFIG) {
-            enum mt_cuda_precision p;
-            MT_CHECK(mt_ops_cuda_precision_parse(mt_knob_str(ctx, MT_KNOB_CUDA_PRECISION), &p));
-            MT_CHECK(mt_ops_cuda_set_precision(p));
-        }
-#endif
-    } else {
-        rs->ops = mt_ops_cpu();
-    }
+    MT_CHECK(mt_train_backend_ops(ctx, cfg->backend, &rs->ops));
 
     /* ---- 3. data (every rank opens the stream; it reads only its sequences) ---- */
     const int T = cfg->seq_len;
