@@ -397,7 +397,7 @@ PY
            --out "$EMU/emu-calib.json" >>"$EMU/calib.log" 2>&1 &&
        "$BUILD/meshtrain" plan --config "$SRC/bench/configs/gpu_d2048_dense.json" --world 8 --mesh dp=8 \
            --profile "$EMU/emu-calib.json" >"$EMU/calib_plan.log" 2>&1 &&
-       grep -q 'emu-calib' "$EMU/calib_plan.log"; then
+       grep -q '^cost model (profile emu-calib: ' "$EMU/calib_plan.log"; then
         echo "PASS emulated cuda_calib --quick: gemm check, JSON fields," \
              "gpu_profile.py -> a profile meshtrain plan loads"
     else

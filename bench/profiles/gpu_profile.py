@@ -47,6 +47,7 @@ PEAKS = [
     ("H100", 989.4e12, 66.9e12, "NVIDIA H100 SXM5 datasheet: 989.4 TFLOPS bf16 dense, 66.9 TFLOPS fp32"),
     ("H200 NVL", 835e12, 60.0e12, "NVIDIA H200 NVL datasheet: 835 TFLOPS bf16 dense, 60 TFLOPS fp32"),
     ("H200", 989.4e12, 66.9e12, "NVIDIA H200 SXM datasheet: 989.4 TFLOPS bf16 dense, 66.9 TFLOPS fp32"),
+    ("A100", 312e12, 19.5e12, "NVIDIA A100 datasheet: 312 TFLOPS bf16 dense, 19.5 TFLOPS fp32"),
 ]
 
 
