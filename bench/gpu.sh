@@ -36,6 +36,10 @@
 #           (float32, no TF32, eager attention): its logits vs `meshtrain
 #           logits --backend cuda` and `--backend cpu` (bench/hf_logits_gpu.py:
 #           HF <= 1e-4, cuda vs cpu <= 1e-5 relative to the largest logit)
+#   calib   NOT in the default list (a second device call: `bash bench/gpu.sh hf calib`):
+#           bench/cuda_calib.c (GEMM fp32/bf16, attention, one-rank all-reduce or
+#           device copy) and bench/profiles/gpu_profile.py -> $RES/h100-measured.json,
+#           the planner's profile calibrated on this GPU (docs/cuda.md)
 #   summary summary.md + summary.json: pass/fail per check, tokens/s, MFU,
 #           ratios to PyTorch and llm.c (always runs)
 # Results: $GPU_SH_RESULTS, default $OUT/<date>-gpu on the device (the tool
@@ -60,14 +64,15 @@ if [ "${1:-}" = prepare ]; then
     [ -x "$NVCC" ] || { echo "prepare: no nvcc at $NVCC" >&2; exit 2; }
     BG=${GPU_SH_BUILD:-build-gpu}   # e.g. BUILD/cuda-build of tests/test_cuda_build.sh (same options)
     cmake -S . -B "$BG" -DMT_WITH_CUDA=ON -DMT_WITH_MPI=OFF -DMT_WERROR=ON -DCMAKE_CUDA_COMPILER="$NVCC" >/dev/null
-    nice cmake --build "$BG" -j2 --target meshtrain cuda_ops_vs_cpu cuda_mesh_device test_ops
+    nice cmake --build "$BG" -j2 --target meshtrain cuda_ops_vs_cpu cuda_mesh_device test_ops cuda_calib
     rm -rf "$CARRY/bin" "$CARRY/lib"
     mkdir -p "$CARRY/bin" "$CARRY/lib"
-    cp "$BG/meshtrain" "$BG/cuda_ops_vs_cpu" "$BG/cuda_mesh_device" "$BG/test_ops" "$CARRY/bin/"
+    cp "$BG/meshtrain" "$BG/cuda_ops_vs_cpu" "$BG/cuda_mesh_device" "$BG/test_ops" "$BG/cuda_calib" "$CARRY/bin/"
     if [ "${GPU_SH_NCCL:-1}" = 1 ] && [ -f /usr/include/nccl.h -o -f /usr/local/cuda/include/nccl.h ]; then
         cmake -S . -B build-gpu-nccl -DMT_WITH_CUDA=ON -DMT_WITH_NCCL=ON -DMT_WITH_MPI=OFF -DCMAKE_CUDA_COMPILER="$NVCC" >/dev/null
-        nice cmake --build build-gpu-nccl -j2 --target cuda_mesh_device
+        nice cmake --build build-gpu-nccl -j2 --target cuda_mesh_device cuda_calib
         cp build-gpu-nccl/cuda_mesh_device "$CARRY/bin/cuda_mesh_device_nccl"
+        cp build-gpu-nccl/cuda_calib "$CARRY/bin/cuda_calib_nccl"   # the calib stage's one-rank NCCL all-reduce
     fi
     for l in $(ldd "$BG/meshtrain" | awk '/=>/ {print $3}' | grep -E 'openblas|gfortran|quadmath|cjson|xxhash|gomp'); do
         cp -L "$l" "$CARRY/lib/"
@@ -75,6 +80,10 @@ if [ "${1:-}" = prepare ]; then
     cp /work/shared/peers/llm.c.tar.gz /work/shared/peers/gen_llmc_inputs.c "$CARRY/" 2>/dev/null ||
         echo "prepare: llm.c snapshot not found (/work/shared/peers): the llmc stage will be SKIPPED"
     strip "$CARRY"/bin/* "$CARRY"/lib/* 2>/dev/null || true   # symbols only; the device code stays
+    # the NCCL calib binary is optional: dropped first if the carry runs over
+    if [ "$(du -sm "$CARRY" | cut -f1)" -ge 64 ] && [ -f "$CARRY/bin/cuda_calib_nccl" ]; then
+        rm -f "$CARRY/bin/cuda_calib_nccl"; echo "prepare: cuda_calib_nccl dropped (carry over 64 MiB)"
+    fi
     git check-ignore -q gpu_carry || { echo "prepare: gpu_carry/ is not ignored (.gitignore)" >&2; exit 1; }
     du -sh "$CARRY"
     mb=$(du -sm "$CARRY" | cut -f1)
@@ -391,6 +400,34 @@ stage_hf() {
 }
 export -f stage_hf
 
+stage_calib() {
+    local cal=$BIN/cuda_calib
+    [ -x "$BIN/cuda_calib_nccl" ] && cal=$BIN/cuda_calib_nccl   # one-rank NCCL all-reduce; else self_dev (none)
+    [ -x "$cal" ] || { echo "SKIPPED (calib: no cuda_calib carried: bash bench/gpu.sh prepare)"; return 77; }
+    echo "calib binary: $cal"
+    "$cal" --out "$RES/calib.json" > "$RES/logs/calib_stdout.json" 2> "$RES/logs/calib.err"
+    local rc=$?
+    [ $rc -eq 0 ] || { tail -5 "$RES/logs/calib.err"; echo "RESULT calib: cuda_calib exit $rc"; return 1; }
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader,nounits | head -1 > "$RES/logs/calib_smi.csv"
+    python3 "$ROOT/bench/profiles/gpu_profile.py" "$RES/calib.json" --smi "$RES/logs/calib_smi.csv" \
+        --name h100-measured --out "$RES/h100-measured.json" ||
+        { echo "RESULT calib: gpu_profile.py failed"; return 1; }
+    # the profile loads in the planner (bench/configs/gpu_d2048_dense.json on 8 ranks)
+    "$MT" plan --config "$ROOT/bench/configs/gpu_d2048_dense.json" --world 8 --mesh dp=8 \
+        --profile "$RES/h100-measured.json" > "$RES/logs/calib_plan.txt" 2>&1 ||
+        { tail -3 "$RES/logs/calib_plan.txt"; echo "RESULT calib: meshtrain plan refused the profile"; return 1; }
+    python3 - "$RES/calib.json" "$RES/h100-measured.json" <<'PY'
+import json, sys
+c, p = (json.load(open(x)) for x in sys.argv[1:3])
+g, ar = c["gemm_best_flop_per_s"], c["allreduce"]
+arw = "%.1f GB/s (one rank, %s)" % (ar["best_algbw_bytes_per_s"] / 1e9, ar["comm"]) if ar.get("available") \
+    else "n/a (%s: no NCCL in this build)" % ar.get("comm")
+print("RESULT calib: gemm bf16 %.1f TF/s, fp32 %.1f TF/s, attention %.1f TF/s, allreduce %s; profile efficiency %.3f"
+      % (g["bf16"] / 1e12, g["fp32"] / 1e12, c["attention_best_fwd_bwd_flop_per_s"] / 1e12, arw, p["efficiency"]))
+PY
+}
+export -f stage_calib
+
 stage_summary() {
     python3 - "$RES" <<'PY'
 import json, os, re, sys
@@ -443,6 +480,7 @@ stage speed 150 1
 stage torch 120 1
 stage llmc 60 1
 stage hf 90 1
+stage calib 120 1
 [ -n "$LLMC_BUILD_PID" ] && kill "$LLMC_BUILD_PID" 2>/dev/null
 STAGES="$STAGES summary" stage summary 30 0
 rm -rf "$WORK"

@@ -12,7 +12,8 @@
 #     them); .cu files get -Wall -Wextra through the host compiler, and with
 #     MT_WERROR nvcc's and the host compiler's warnings become errors;
 #   - the op harness tests/cuda/cuda_ops_vs_cpu.c and the device-mesh test
-#     tests/cuda/mesh_device.c are built and registered with ctest (each
+#     tests/cuda/mesh_device.c are built and registered with ctest, and
+#     bench/cuda_calib.c with a --quick ctest (each
 #     prints "SKIP: no GPU" and exits 0 where no device is present).
 option(MT_WITH_CUDA "Build the CUDA backend" OFF)
 if(NOT MT_WITH_CUDA)
@@ -67,3 +68,11 @@ add_executable(cuda_mesh_device ${CMAKE_SOURCE_DIR}/tests/cuda/mesh_device.c)
 target_link_libraries(cuda_mesh_device PRIVATE meshtrain_lib)
 add_test(NAME cuda_mesh_device COMMAND cuda_mesh_device)
 set_tests_properties(cuda_mesh_device PROPERTIES ENVIRONMENT "OMP_NUM_THREADS=2" TIMEOUT 120 SKIP_RETURN_CODE 77)
+
+# bench/cuda_calib.c: measured GEMM / attention / one-rank all-reduce rates
+# for the planner's GPU profile (docs/cuda.md, "Calibrating the planner's GPU
+# profile"); the ctest runs only its --quick sizes (skipped without a GPU).
+add_executable(cuda_calib ${CMAKE_SOURCE_DIR}/bench/cuda_calib.c)
+target_link_libraries(cuda_calib PRIVATE meshtrain_lib)
+add_test(NAME cuda_calib_quick COMMAND cuda_calib --quick)
+set_tests_properties(cuda_calib_quick PROPERTIES ENVIRONMENT "OMP_NUM_THREADS=2" TIMEOUT 120 SKIP_RETURN_CODE 77)

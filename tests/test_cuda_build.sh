@@ -54,7 +54,11 @@
 #           comm copying through the backend's copy) runs every collective
 #           on emulated device memory; the host mesh is unchanged; and the
 #           HOST self comm used on device buffers is caught by the
-#           emulator's device-memory guard (a crash on a GPU).
+#           emulator's device-memory guard (a crash on a GPU);
+#        e. bench/cuda_calib.c --quick (built with warnings as errors): its
+#           gemm check passes, its JSON has the fields
+#           bench/profiles/gpu_profile.py reads, and the profile written from
+#           it loads in `BUILD/meshtrain plan --profile FILE`.
 #      Every emulated run has the device-memory guard on: device buffers
 #      are inaccessible to host code outside kernels, copies and cuBLAS
 #      calls (tests/cuda/emu/emu.cc), so a host dereference of a device
@@ -395,6 +399,54 @@ if [ -f "$EMU/lib/src_dist_mesh.c.o" ] && compile "$SRC/tests/cuda/mesh_device.c
     fi
 else
     tail -20 "$EMU/mesh_device.log"; echo "FAIL: emulated mesh_device build"; fail=1
+fi
+# e. bench/cuda_calib.c --quick on emulated device memory (its numbers mean
+#    nothing here): built with the project's warnings as errors, its gemm
+#    check passes, the JSON has every field bench/profiles/gpu_profile.py
+#    reads, and the profile gpu_profile.py writes from it loads in
+#    `meshtrain plan --profile FILE` of the CPU build (BUILD/meshtrain)
+calib_cf="$CF -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter -Werror"
+if [ -f "$EMU/lib/src_dist_mesh.c.o" ] &&
+   gcc $calib_cf -c "$SRC/bench/cuda_calib.c" -o "$EMU/cuda_calib.o" >"$EMU/calib.log" 2>&1 &&
+   g++ -fopenmp "$EMU/cuda_calib.o" "$EMU"/lib/src_*.o "$EMU"/cu/*.o \
+       -lopenblas -lcjson -lxxhash -lm -o "$EMU/cuda_calib" >>"$EMU/calib.log" 2>&1; then
+    if "$EMU/cuda_calib" --quick --out "$EMU/calib.json" >"$EMU/calib_stdout.json" 2>>"$EMU/calib.log" &&
+       cmp -s "$EMU/calib.json" "$EMU/calib_stdout.json" &&
+       python3 - "$EMU/calib.json" <<'PY' >>"$EMU/calib.log" 2>&1 &&
+import json, math, sys
+c = json.load(open(sys.argv[1]))
+assert c["tool"] == "cuda_calib" and c["quick"] is True and c["device"]["emulated"] is True, c["device"]
+ck = c["check"]
+assert ck["ok"] is True and ck["fp32_max_rel"] <= 1e-5 and ck["bf16_max_rel"] <= 1e-4, ck
+kinds = {"fp32", "bf16", "bf16_fp32_operands"}
+assert len(c["gemm"]) >= 3 and {g["precision"] for g in c["gemm"]} == kinds, c["gemm"]
+for g in c["gemm"]:
+    assert g["flops"] == 2.0 * g["m"] * g["n"] * g["k"] and g["median_s"] > 0 and g["min_s"] <= g["median_s"], g
+    assert math.isclose(g["flop_per_s"], g["flops"] / g["median_s"], rel_tol=1e-5), g
+assert set(c["gemm_best_flop_per_s"]) == kinds and min(c["gemm_best_flop_per_s"].values()) > 0
+for a in c["attention"]:
+    ff = 2.0 * a["b"] * a["h"] * a["t"] ** 2 * a["hd"]   # 4 B H T^2 hd, causal half
+    assert a["causal"] and a["fwd_flops"] == ff and a["bwd_flops"] == 2.5 * ff and a["fwd_bwd_flop_per_s"] > 0, a
+assert len(c["attention"]) >= 1 and c["attention_best_fwd_bwd_flop_per_s"] > 0
+ar = c["allreduce"]
+assert ar["available"] == c["build"]["nccl"] and (ar["available"] or "identity" in ar["why"]), ar
+assert len(c["device_copy"]["sizes"]) >= 1 and c["device_copy"]["best_bytes_per_s"] > 0
+print("calib json ok: %d gemm rows, %d attention rows, allreduce available=%s" %
+      (len(c["gemm"]), len(c["attention"]), ar["available"]))
+PY
+       python3 "$SRC/bench/profiles/gpu_profile.py" "$EMU/calib.json" --datasheet H100 --name emu-calib \
+           --out "$EMU/emu-calib.json" >>"$EMU/calib.log" 2>&1 &&
+       "$BUILD/meshtrain" plan --config "$SRC/bench/configs/gpu_d2048_dense.json" --world 8 --mesh dp=8 \
+           --profile "$EMU/emu-calib.json" >"$EMU/calib_plan.log" 2>&1 &&
+       grep -q '^cost model (profile emu-calib: ' "$EMU/calib_plan.log"; then
+        echo "PASS emulated cuda_calib --quick: gemm check, JSON fields," \
+             "gpu_profile.py -> a profile meshtrain plan loads"
+    else
+        tail -15 "$EMU/calib.log"; tail -3 "$EMU/calib_plan.log" 2>/dev/null
+        echo "FAIL: emulated cuda_calib / gpu_profile.py / plan --profile"; fail=1
+    fi
+else
+    tail -20 "$EMU/calib.log"; echo "FAIL: emulated cuda_calib build"; fail=1
 fi
 echo "emulation stage: $(( $(date +%s) - t1 ))s; total $(( $(date +%s) - t0 ))s"
 [ $fail -ne 0 ] && { echo "test_cuda_build: FAILED"; exit 1; }

@@ -1,0 +1,568 @@
+/*
+ * cuda_calib.c — measured GEMM, attention and one-rank all-reduce rates of
+ * the cuda backend, for the planner's GPU profile (docs/cuda.md,
+ * "Calibrating the planner's GPU profile"; bench/profiles/gpu_profile.py
+ * turns the output into a profile).
+ *
+ *   cuda_calib [--quick] [--reps N] [--warmup N] [--gemm MxNxK,...]
+ *              [--attn BxTxHxD,...] [--allreduce-mib A,B,...] [--out FILE]
+ *
+ * Everything goes through the ops table (src/ops/mt_ops.h) of the default
+ * cuda instance, as the trainer does: gemm in fp32 precision (cublasSgemm,
+ * IEEE fp32), gemm in bf16 precision with fp32 operands (rounded per call,
+ * as the plain gemm entry does in MT_CUDA_PRECISION=bf16), gemm_bf16 on
+ * bf16 operands as stored (the weights' shadows: the tensor-core rate), and
+ * attention_forward / attention_backward (causal). Every timed run is one
+ * call followed by ops->sync: the wall time of the queued work. The figure
+ * is the median of --reps runs after --warmup untimed ones.
+ *
+ * FLOP counts: gemm 2*M*N*K. Attention (the flash-attention papers' count):
+ * forward 4*B*H*T*T*hd, halved for the causal mask; backward 2.5x the
+ * forward (five T x T x hd products instead of two).
+ *
+ * All-reduce: with NCCL in the build (MT_WITH_NCCL) a one-rank NCCL world
+ * (mt_comm_nccl_create_world with no MPI world), mt_comm_allreduce in place
+ * over 1..256 MiB; bandwidth = bytes / time ("algbw"; a one-rank ring moves
+ * nothing over a link, so this is not a link figure). Without NCCL the
+ * one-rank device comm is self_dev, whose all-reduce is the identity: the
+ * JSON says so and times a device copy (ops->copy) of the same sizes
+ * instead (bytes / time, one read and one write of each byte).
+ *
+ * Before timing, one small gemm per precision is checked against a double
+ * reference on the host (fp32 to 1e-5 of max|C|; bf16 on bf16-rounded
+ * operands to 1e-4), so a broken kernel is not timed: exit 1 with
+ * "check": {"ok": false} in the JSON. Exit 77 with "SKIPPED (no GPU: ...)"
+ * where there is no device. --quick: tiny sizes (the CPU emulator of
+ * tests/test_cuda_build.sh; its numbers are meaningless, the run checks
+ * that the program works and writes valid JSON).
+ */
+#define _POSIX_C_SOURCE 200809L  /* clock_gettime under -std=c11 */
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/mt_core.h"
+#include "dist/mt_comm.h"
+#include "dist/mt_mesh.h"
+#include "ops/mt_ops.h"
+#include "ops/cuda/mt_ops_cuda.h"
+#ifdef MT_WITH_NCCL
+#include "dist/comm_nccl.h"
+#endif
+
+#define CAL_MAX_SHAPES 32
+
+struct cal_gemm_shape { int m, n, k; const char *set; };
+struct cal_attn_shape { int b, t, h, hd; };
+
+static const struct mt_ops_i *g_ops;
+static struct mt_ctx g_ctx;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static float frand(void)  /* uniform in [-1, 1) */
+{
+    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+    return (float)((double)(g_rng >> 11) * (2.0 / 9007199254740992.0) - 1.0);
+}
+
+/* bf16 round to nearest even, back in fp32 (finite inputs only here) */
+static float round_bf16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+static mt_bf16 to_bf16(float x)
+{
+    float r = round_bf16(x);
+    uint32_t u;
+    memcpy(&u, &r, 4);
+    return (mt_bf16)(u >> 16);
+}
+
+static void *dev_alloc(size_t bytes)
+{
+    void *p = g_ops->buf_alloc(g_ops->be, &g_ctx, bytes ? bytes : 4, MT_BUCKET_WORKSPACE);
+    if (!p) {
+        fprintf(stderr, "cuda_calib: device allocation of %zu bytes failed: %s\n", bytes, mt_ctx_last_error(&g_ctx));
+        exit(1);
+    }
+    return p;
+}
+
+/* a device buffer of n floats uniform in [-1, 1) (uploaded in 16 MiB pieces) */
+static float *dev_rand(size_t n)
+{
+    float *d = dev_alloc(n * sizeof(float));
+    size_t piece = (size_t)1 << 22;
+    float *h = malloc((n < piece ? n : piece) * sizeof(float));
+    if (!h) { fprintf(stderr, "cuda_calib: out of host memory\n"); exit(1); }
+    for (size_t i = 0; i < n; i += piece) {
+        size_t c = n - i < piece ? n - i : piece;
+        for (size_t j = 0; j < c; j++) h[j] = frand();
+        g_ops->copy_from_host(g_ops->be, d + i, h, c * sizeof(float));
+    }
+    g_ops->sync(g_ops->be);
+    free(h);
+    return d;
+}
+
+/* fails (exit 1) on a sticky CUDA error, naming the phase */
+static void check_status(const char *phase)
+{
+    char msg[512];
+    g_ops->sync(g_ops->be);
+    if (mt_ops_cuda_status_of(g_ops->be, msg, sizeof msg) != MT_OK) {
+        fprintf(stderr, "cuda_calib: CUDA error during %s: %s\n", phase, msg);
+        exit(1);
+    }
+}
+
+/* ---------------------------------------------------------------- timing */
+
+enum cal_gemm_kind { CAL_FP32, CAL_BF16_F32IN, CAL_BF16 };
+static const char *const k_kind_name[] = {"fp32", "bf16_fp32_operands", "bf16"};
+
+struct cal_gemm_ctx {
+    enum cal_gemm_kind kind;
+    int m, n, k;
+    const float *a, *b;
+    const mt_bf16 *a16, *b16;
+    float *c;
+};
+
+static void run_gemm(const struct cal_gemm_ctx *g)
+{
+    /* y = x W^T, the linear layer's form: A (M,K), B (N,K) transposed */
+    if (g->kind == CAL_BF16)
+        g_ops->gemm_bf16(g_ops->be, 0, 1, g->m, g->n, g->k, 1.0f, g->a16, MT_ELEM_BF16, g->k, g->b16, MT_ELEM_BF16,
+                         g->k, 0.0f, g->c, g->n);
+    else
+        g_ops->gemm(g_ops->be, 0, 1, g->m, g->n, g->k, 1.0f, g->a, g->k, g->b, g->k, 0.0f, g->c, g->n);
+}
+
+/* median and min of reps timed runs after warmup untimed ones */
+struct cal_time { double median, min; };
+typedef void (*cal_fn)(const void *arg);
+
+static struct cal_time time_runs(cal_fn fn, const void *arg, int warmup, int reps)
+{
+    double t[256];
+    if (reps > 256) reps = 256;
+    for (int i = 0; i < warmup; i++) fn(arg);
+    g_ops->sync(g_ops->be);
+    for (int i = 0; i < reps; i++) {
+        double t0 = now_s();
+        fn(arg);
+        g_ops->sync(g_ops->be);
+        t[i] = now_s() - t0;
+    }
+    qsort(t, (size_t)reps, sizeof t[0], cmp_double);
+    struct cal_time r = {reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]), t[0]};
+    return r;
+}
+
+static void gemm_fn(const void *arg) { run_gemm(arg); }
+
+/* --------------------------------------------------------------- checks */
+
+/* one small gemm per kind against a double host reference. Returns the
+ * worst error relative to max|C_ref|. */
+static double check_gemm(enum cal_gemm_kind kind, int m, int n, int k)
+{
+    size_t na = (size_t)m * k, nb = (size_t)n * k, nc = (size_t)m * n;
+    float *ha = malloc(na * 4), *hb = malloc(nb * 4), *hc = malloc(nc * 4);
+    mt_bf16 *ha16 = malloc(na * 2), *hb16 = malloc(nb * 2);
+    if (!ha || !hb || !hc || !ha16 || !hb16) { fprintf(stderr, "cuda_calib: out of host memory\n"); exit(1); }
+    for (size_t i = 0; i < na; i++) ha[i] = frand();
+    for (size_t i = 0; i < nb; i++) hb[i] = frand();
+    int bf = kind != CAL_FP32;
+    /* the reference sees the operands the kernel multiplies: bf16-rounded in bf16 precision */
+    double worst = 0, cmax = 0;
+    double *ref = malloc(nc * sizeof(double));
+    if (!ref) { fprintf(stderr, "cuda_calib: out of host memory\n"); exit(1); }
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            double s = 0;
+            for (int p = 0; p < k; p++) {
+                float x = ha[(size_t)i * k + p], y = hb[(size_t)j * k + p];
+                if (bf) x = round_bf16(x), y = round_bf16(y);
+                s += (double)x * (double)y;
+            }
+            ref[(size_t)i * n + j] = s;
+            if (fabs(s) > cmax) cmax = fabs(s);
+        }
+    for (size_t i = 0; i < na; i++) ha16[i] = to_bf16(ha[i]);
+    for (size_t i = 0; i < nb; i++) hb16[i] = to_bf16(hb[i]);
+    struct cal_gemm_ctx g = {kind, m, n, k, NULL, NULL, NULL, NULL, NULL};
+    float *da = dev_alloc(na * 4), *db = dev_alloc(nb * 4), *dc = dev_alloc(nc * 4);
+    mt_bf16 *da16 = dev_alloc(na * 2), *db16 = dev_alloc(nb * 2);
+    g_ops->copy_from_host(g_ops->be, da, ha, na * 4);
+    g_ops->copy_from_host(g_ops->be, db, hb, nb * 4);
+    g_ops->copy_from_host(g_ops->be, da16, ha16, na * 2);
+    g_ops->copy_from_host(g_ops->be, db16, hb16, nb * 2);
+    g.a = da, g.b = db, g.a16 = da16, g.b16 = db16, g.c = dc;
+    run_gemm(&g);
+    g_ops->sync(g_ops->be);
+    g_ops->copy_to_host(g_ops->be, hc, dc, nc * 4);
+    for (size_t i = 0; i < nc; i++) {
+        double e = fabs((double)hc[i] - ref[i]);
+        if (!(e <= worst)) worst = e;  /* NaN sticks */
+    }
+    g_ops->buf_free(g_ops->be, &g_ctx, da), g_ops->buf_free(g_ops->be, &g_ctx, db);
+    g_ops->buf_free(g_ops->be, &g_ctx, dc), g_ops->buf_free(g_ops->be, &g_ctx, da16);
+    g_ops->buf_free(g_ops->be, &g_ctx, db16);
+    free(ha), free(hb), free(hc), free(ha16), free(hb16), free(ref);
+    return cmax > 0 ? worst / cmax : worst;
+}
+
+/* ------------------------------------------------------------- attention */
+
+struct cal_attn_ctx {
+    int b, t, h, hd, fwd;
+    float *q, *k, *v, *out, *lse, *dout, *dq, *dk, *dv;
+};
+
+static void attn_fn(const void *arg)
+{
+    const struct cal_attn_ctx *a = arg;
+    if (a->fwd)
+        g_ops->attention_forward(g_ops->be, a->out, a->lse, a->q, a->k, a->v, a->b, a->t, a->t, 0, a->h, a->h, a->hd);
+    else
+        g_ops->attention_backward(g_ops->be, a->dq, a->dk, a->dv, a->dout, a->q, a->k, a->v, a->out, a->lse, a->b,
+                                  a->t, a->h, a->h, a->hd);
+}
+
+/* --------------------------------------------------------- copy / comm */
+
+struct cal_copy_ctx { void *dst, *src; size_t bytes; };
+static void copy_fn(const void *arg)
+{
+    const struct cal_copy_ctx *c = arg;
+    g_ops->copy(g_ops->be, c->dst, c->src, c->bytes);
+}
+
+#ifdef MT_WITH_NCCL
+struct cal_ar_ctx { struct mt_comm *c; float *buf; size_t n; int failed; };
+static void allreduce_fn(const void *arg)
+{
+    struct cal_ar_ctx *a = (struct cal_ar_ctx *)arg;
+    if (mt_comm_allreduce(&g_ctx, a->c, a->buf, a->n, MT_DTYPE_F32, MT_REDOP_SUM) != MT_OK) a->failed = 1;
+}
+#endif
+
+/* ------------------------------------------------------------------ args */
+
+static int parse_list3(const char *s, struct cal_gemm_shape *out, int max, const char *set)
+{
+    int n = 0;
+    while (s && *s && n < max) {
+        int m, nn, k, used = 0;
+        if (sscanf(s, "%dx%dx%d%n", &m, &nn, &k, &used) != 3 || m < 1 || nn < 1 || k < 1) return -1;
+        out[n++] = (struct cal_gemm_shape){m, nn, k, set};
+        s += used;
+        if (*s == ',') s++;
+        else if (*s) return -1;
+    }
+    return n;
+}
+
+static int parse_list4(const char *s, struct cal_attn_shape *out, int max)
+{
+    int n = 0;
+    while (s && *s && n < max) {
+        int b, t, h, d, used = 0;
+        if (sscanf(s, "%dx%dx%dx%d%n", &b, &t, &h, &d, &used) != 4 || b < 1 || t < 1 || h < 1 || d < 1) return -1;
+        out[n++] = (struct cal_attn_shape){b, t, h, d};
+        s += used;
+        if (*s == ',') s++;
+        else if (*s) return -1;
+    }
+    return n;
+}
+
+static int parse_sizes(const char *s, double *out, int max)
+{
+    int n = 0;
+    while (s && *s && n < max) {
+        char *end;
+        double v = strtod(s, &end);
+        if (end == s || !(v > 0)) return -1;
+        out[n++] = v;
+        s = end;
+        if (*s == ',') s++;
+        else if (*s) return -1;
+    }
+    return n;
+}
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: cuda_calib [--quick] [--reps N] [--warmup N] [--gemm MxNxK,...] [--attn BxTxHxD,...]\n"
+                    "                  [--allreduce-mib A,B,...] [--out FILE]\n");
+}
+
+/* ------------------------------------------------------------------ JSON */
+
+/* every piece of the JSON goes to stdout and, with --out, to the file too */
+static FILE *g_out2;
+static void emit(FILE *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void emit(FILE *f, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(f, fmt, ap);
+    va_end(ap);
+    if (g_out2) {
+        va_start(ap, fmt);
+        vfprintf(g_out2, fmt, ap);
+        va_end(ap);
+    }
+}
+
+static void json_str(FILE *f, const char *s)  /* a JSON string of s (control characters dropped) */
+{
+    emit(f, "\"");
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\') emit(f, "\\%c", *s);
+        else if ((unsigned char)*s >= 0x20) emit(f, "%c", *s);
+    }
+    emit(f, "\"");
+}
+
+int main(int argc, char **argv)
+{
+    int quick = 0, reps = 20, warmup = 3;
+    const char *gemm_arg = NULL, *attn_arg = NULL, *ar_arg = NULL, *out_path = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--quick")) quick = 1;
+        else if (!strcmp(a, "--reps") && v) reps = atoi(argv[++i]);
+        else if (!strcmp(a, "--warmup") && v) warmup = atoi(argv[++i]);
+        else if (!strcmp(a, "--gemm") && v) gemm_arg = argv[++i];
+        else if (!strcmp(a, "--attn") && v) attn_arg = argv[++i];
+        else if (!strcmp(a, "--allreduce-mib") && v) ar_arg = argv[++i];
+        else if (!strcmp(a, "--out") && v) out_path = argv[++i];
+        else { usage(); return 2; }
+    }
+    if (reps < 1 || reps > 256 || warmup < 0) {
+        fprintf(stderr, "cuda_calib: --reps in [1,256], --warmup >= 0\n");
+        return 2;
+    }
+    if (quick && reps == 20) reps = 3, warmup = warmup == 3 ? 1 : warmup;
+
+    /* default sizes: square 4096^3, a wide 8192x8192x2048, and the GEMMs of
+     * one d_model 2048 layer (bench/configs/gpu_d2048_dense.json: 8192
+     * tokens, 16 heads of 64, mlp_hidden 5504) in the y = x W^T form */
+    struct cal_gemm_shape gs[CAL_MAX_SHAPES];
+    int n_gs;
+    if (gemm_arg) n_gs = parse_list3(gemm_arg, gs, CAL_MAX_SHAPES, "given");
+    else if (quick) n_gs = parse_list3("64x64x64,96x32x48", gs, CAL_MAX_SHAPES, "square");
+    else {
+        n_gs = parse_list3("4096x4096x4096,8192x8192x2048", gs, CAL_MAX_SHAPES, "square");
+        n_gs += parse_list3("8192x6144x2048,8192x2048x2048,8192x5504x2048,8192x2048x5504", gs + n_gs,
+                            CAL_MAX_SHAPES - n_gs, "layer_d2048");
+    }
+    struct cal_attn_shape as[CAL_MAX_SHAPES];
+    int n_as = parse_list4(attn_arg ? attn_arg : quick ? "1x32x2x16,1x32x1x32"
+                                                       : "8x1024x32x64,8x1024x16x128,4x2048x32x64,4x2048x16x128",
+                           as, CAL_MAX_SHAPES);
+    double ar_mib[CAL_MAX_SHAPES];
+    int n_ar = parse_sizes(ar_arg ? ar_arg : quick ? "0.015625,0.0625" : "1,4,16,64,256", ar_mib, CAL_MAX_SHAPES);
+    if (n_gs < 0 || n_as < 0 || n_ar < 0) {
+        fprintf(stderr, "cuda_calib: bad size list\n");
+        usage();
+        return 2;
+    }
+
+    char why[256] = "";
+    g_ops = mt_ops_cuda(why, sizeof why);
+    if (!g_ops) {
+        if (!strncmp(why, "MT_CUDA_", 8)) { fprintf(stderr, "cuda_calib: %s\n", why); return 1; }
+        printf("SKIPPED (no GPU: %s)\n", why[0] ? why : "mt_ops_cuda returned NULL");
+        return 77;
+    }
+    if (!g_ops->gemm_bf16 || !g_ops->cast_bf16 || !g_ops->attention_forward || !g_ops->attention_backward) {
+        fprintf(stderr, "cuda_calib: the cuda table lacks gemm_bf16, cast_bf16 or attention\n");
+        return 1;
+    }
+    mt_ctx_init(&g_ctx);
+    struct mt_ops_cuda_info info;
+    memset(&info, 0, sizeof info);
+    mt_ops_cuda_get_info_of(g_ops->be, &info);
+
+    FILE *f = stdout;
+    if (out_path && !(g_out2 = fopen(out_path, "w"))) {
+        fprintf(stderr, "cuda_calib: cannot write %s\n", out_path);
+        return 1;
+    }
+
+    /* ---- checks before any timing ---- */
+    mt_ops_cuda_set_precision_of(g_ops->be, MT_CUDA_PRECISION_FP32);
+    double e32 = check_gemm(CAL_FP32, 37, 29, 70);
+    mt_ops_cuda_set_precision_of(g_ops->be, MT_CUDA_PRECISION_BF16);
+    double e16m = check_gemm(CAL_BF16_F32IN, 37, 29, 70);
+    double e16 = check_gemm(CAL_BF16, 37, 29, 70);
+    check_status("the checks");
+    /* fp32: sgemm vs double on K=70, |x| < 1: well inside 1e-5 of max|C|;
+     * bf16: the operands are rounded the same way on both sides, products
+     * exact in fp32, fp32 accumulation: 1e-4 leaves room for its order */
+    int ok = e32 <= 1e-5 && e16m <= 1e-4 && e16 <= 1e-4;
+
+    emit(f, "{\n \"tool\": \"cuda_calib\", \"version\": 1, \"quick\": %s, \"reps\": %d, \"warmup\": %d,\n",
+         quick ? "true" : "false", reps, warmup);
+    emit(f, " \"device\": {\"name\": ");
+    json_str(f, info.device);
+    emit(f, ", \"emulated\": %s, \"cc\": \"%d.%d\", \"sm_count\": %d, \"mem_total_bytes\": %zu, "
+            "\"runtime_version\": %d, \"driver_version\": %d, \"cublas_version\": %d},\n",
+         info.emulated ? "true" : "false", info.cc_major, info.cc_minor, info.sm_count, info.mem_total,
+         info.runtime_version, info.driver_version, info.cublas_version);
+#ifdef MT_WITH_NCCL
+    emit(f, " \"build\": {\"nccl\": true},\n");
+#else
+    emit(f, " \"build\": {\"nccl\": false},\n");
+#endif
+    emit(f, " \"check\": {\"ok\": %s, \"shape\": \"37x29x70\", \"fp32_max_rel\": %.3e, "
+            "\"bf16_fp32_operands_max_rel\": %.3e, "
+            "\"bf16_max_rel\": %.3e, \"tol_fp32\": 1e-5, \"tol_bf16\": 1e-4}",
+         ok ? "true" : "false", e32, e16m, e16);
+    if (!ok) {
+        emit(f, "\n}\n");
+        fprintf(stderr, "cuda_calib: gemm check FAILED (fp32 %.3e, bf16 fp32-operands %.3e, bf16 %.3e): "
+                        "nothing timed\n",
+                e32, e16m, e16);
+        if (g_out2) fclose(g_out2);
+        return 1;
+    }
+
+    /* ---- gemm ---- */
+    emit(f, ",\n \"gemm\": [");
+    double best[3] = {0, 0, 0};
+    for (int s = 0; s < n_gs; s++) {
+        size_t na = (size_t)gs[s].m * gs[s].k, nb = (size_t)gs[s].n * gs[s].k, nc = (size_t)gs[s].m * gs[s].n;
+        float *a = dev_rand(na), *b = dev_rand(nb), *c = dev_alloc(nc * 4);
+        mt_bf16 *a16 = dev_alloc(na * 2), *b16 = dev_alloc(nb * 2);
+        g_ops->cast_bf16(g_ops->be, a16, a, na);
+        g_ops->cast_bf16(g_ops->be, b16, b, nb);
+        double flops = 2.0 * gs[s].m * gs[s].n * (double)gs[s].k;
+        for (int kd = 0; kd < 3; kd++) {
+            mt_ops_cuda_set_precision_of(g_ops->be, kd == CAL_FP32 ? MT_CUDA_PRECISION_FP32 : MT_CUDA_PRECISION_BF16);
+            struct cal_gemm_ctx g = {(enum cal_gemm_kind)kd, gs[s].m, gs[s].n, gs[s].k, a, b, a16, b16, c};
+            struct cal_time t = time_runs(gemm_fn, &g, warmup, reps);
+            check_status("gemm");
+            double r = flops / t.median;
+            if (r > best[kd]) best[kd] = r;
+            emit(f, "%s\n  {\"m\": %d, \"n\": %d, \"k\": %d, \"set\": \"%s\", \"precision\": \"%s\", \"flops\": %.6g, "
+                    "\"median_s\": %.6e, \"min_s\": %.6e, \"flop_per_s\": %.6e}",
+                 s || kd ? "," : "", gs[s].m, gs[s].n, gs[s].k, gs[s].set, k_kind_name[kd], flops, t.median, t.min, r);
+        }
+        g_ops->buf_free(g_ops->be, &g_ctx, a), g_ops->buf_free(g_ops->be, &g_ctx, b);
+        g_ops->buf_free(g_ops->be, &g_ctx, c), g_ops->buf_free(g_ops->be, &g_ctx, a16);
+        g_ops->buf_free(g_ops->be, &g_ctx, b16);
+    }
+    mt_ops_cuda_set_precision_of(g_ops->be, MT_CUDA_PRECISION_FP32);
+    emit(f, "\n ],\n \"gemm_best_flop_per_s\": {\"fp32\": %.6e, \"bf16_fp32_operands\": %.6e, \"bf16\": %.6e},\n",
+         best[0], best[1], best[2]);
+
+    /* ---- attention (causal, H = K: no GQA sharing) ---- */
+    emit(f, " \"attention\": [");
+    double best_fb = 0;
+    for (int s = 0; s < n_as; s++) {
+        struct cal_attn_ctx a = {as[s].b, as[s].t, as[s].h, as[s].hd, 1, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                                 NULL, NULL};
+        size_t n = (size_t)a.b * a.t * a.h * a.hd;
+        a.q = dev_rand(n), a.k = dev_rand(n), a.v = dev_rand(n), a.dout = dev_rand(n);
+        a.out = dev_alloc(n * 4), a.dq = dev_alloc(n * 4), a.dk = dev_alloc(n * 4), a.dv = dev_alloc(n * 4);
+        a.lse = dev_alloc((size_t)a.b * a.h * a.t * 4);
+        /* 4*B*H*T^2*hd for the two products, halved by the causal mask */
+        double ff = 2.0 * a.b * a.h * (double)a.t * a.t * a.hd, fb = 2.5 * ff;
+        struct cal_time tf = time_runs(attn_fn, &a, warmup, reps);
+        a.fwd = 0;
+        struct cal_time tb = time_runs(attn_fn, &a, warmup, reps);
+        check_status("attention");
+        double rfb = (ff + fb) / (tf.median + tb.median);
+        if (rfb > best_fb) best_fb = rfb;
+        emit(f, "%s\n  {\"b\": %d, \"t\": %d, \"h\": %d, \"hd\": %d, \"causal\": true, \"fwd_flops\": %.6g, "
+                "\"bwd_flops\": %.6g, \"fwd_median_s\": %.6e, \"bwd_median_s\": %.6e, \"fwd_flop_per_s\": %.6e, "
+                "\"bwd_flop_per_s\": %.6e, \"fwd_bwd_flop_per_s\": %.6e}",
+             s ? "," : "", a.b, a.t, a.h, a.hd, ff, fb, tf.median, tb.median, ff / tf.median, fb / tb.median, rfb);
+        float *bufs[] = {a.q, a.k, a.v, a.dout, a.out, a.dq, a.dk, a.dv, a.lse};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) g_ops->buf_free(g_ops->be, &g_ctx, bufs[i]);
+    }
+    emit(f, "\n ],\n \"attention_best_fwd_bwd_flop_per_s\": %.6e, \"attention_precision\": \"fp32\",\n", best_fb);
+
+    /* ---- one-rank all-reduce (NCCL) or device copy ---- */
+    int ar_ok = 1;
+#ifdef MT_WITH_NCCL
+    double best_bw = 0;
+    struct mt_comm *nc = NULL;
+    if (mt_comm_nccl_create_world(&g_ctx, NULL, info.ordinal, &nc) != MT_OK ||
+        mt_comm_nccl_set_input_stream(&g_ctx, nc, mt_ops_cuda_stream_of(g_ops->be)) != MT_OK) {
+        emit(f, " \"allreduce\": {\"available\": false, \"comm\": \"nccl\", \"why\": ");
+        json_str(f, mt_ctx_last_error(&g_ctx));
+        emit(f, "},\n");  /* not a failure of the run: the profile keeps its datasheet links */
+        mt_ctx_clear_error(&g_ctx);
+        mt_comm_destroy(nc);  /* NULL: nothing */
+    } else {
+        emit(f, " \"allreduce\": {\"available\": true, \"comm\": \"nccl\", \"ranks\": 1, \"dtype\": \"f32\", "
+                "\"note\": \"one rank: bytes/time of an in-place ncclAllReduce on one GPU; no link is crossed\", "
+                "\"sizes\": [");
+        for (int s = 0; s < n_ar; s++) {
+            size_t bytes = ((size_t)(ar_mib[s] * 1048576.0) + 3) & ~(size_t)3;
+            struct cal_ar_ctx a = {nc, dev_rand(bytes / 4), bytes / 4, 0};
+            struct cal_time t = time_runs(allreduce_fn, &a, warmup, reps);
+            if (a.failed) ar_ok = 0;
+            double bw = (double)bytes / t.median;
+            if (bw > best_bw) best_bw = bw;
+            emit(f, "%s{\"bytes\": %zu, \"median_s\": %.6e, \"algbw_bytes_per_s\": %.6e}", s ? ", " : "", bytes,
+                 t.median, bw);
+            g_ops->buf_free(g_ops->be, &g_ctx, a.buf);
+        }
+        emit(f, "], \"ok\": %s, \"best_algbw_bytes_per_s\": %.6e},\n", ar_ok ? "true" : "false", best_bw);
+        mt_comm_destroy(nc);
+    }
+#else
+    emit(f, " \"allreduce\": {\"available\": false, \"comm\": \"self_dev\", \"why\": \"this build has no NCCL "
+            "(MT_WITH_NCCL off): the one-rank device comm is self_dev, whose all-reduce is the identity (no data "
+            "moves), so there is nothing to time\"},\n");
+#endif
+    emit(f, " \"device_copy\": {\"note\": \"ops->copy device to device; bytes/time (each byte read once and written "
+            "once)\", \"sizes\": [");
+    double best_copy = 0;
+    for (int s = 0; s < n_ar; s++) {
+        size_t bytes = ((size_t)(ar_mib[s] * 1048576.0) + 3) & ~(size_t)3;
+        struct cal_copy_ctx c = {dev_alloc(bytes), dev_rand(bytes / 4), bytes};
+        struct cal_time t = time_runs(copy_fn, &c, warmup, reps);
+        double bw = (double)bytes / t.median;
+        if (bw > best_copy) best_copy = bw;
+        emit(f, "%s{\"bytes\": %zu, \"median_s\": %.6e, \"bytes_per_s\": %.6e}", s ? ", " : "", bytes, t.median, bw);
+        g_ops->buf_free(g_ops->be, &g_ctx, c.dst), g_ops->buf_free(g_ops->be, &g_ctx, c.src);
+    }
+    check_status("copies");
+    emit(f, "], \"best_bytes_per_s\": %.6e}\n}\n", best_copy);
+    if (g_out2) fclose(g_out2);
+    size_t live = g_ctx.bytes_live_total;
+    mt_ctx_free(&g_ctx);
+    if (live) fprintf(stderr, "cuda_calib: %zu device bytes still accounted live at exit\n", live);
+    return ar_ok && !live ? 0 : 1;
+}
