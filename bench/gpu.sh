@@ -413,7 +413,7 @@ stage_calib() {
         --name h100-measured --out "$RES/h100-measured.json" ||
         { echo "RESULT calib: gpu_profile.py failed"; return 1; }
     # the profile loads in the planner (bench/configs/gpu_d2048_dense.json on 8 ranks)
-    "$MT" plan --config "$ROOT/bench/configs/gpu_d2048_dense.json" --world 8 --mesh dp=8 \
+    "$MT" plan --config "$ROOT/bench/configs/gpu_d2048_dense.json" --set batch_size=32 --world 8 --mesh dp=8 \
         --profile "$RES/h100-measured.json" > "$RES/logs/calib_plan.txt" 2>&1 ||
         { tail -3 "$RES/logs/calib_plan.txt"; echo "RESULT calib: meshtrain plan refused the profile"; return 1; }
     python3 - "$RES/calib.json" "$RES/h100-measured.json" <<'PY'

@@ -436,7 +436,7 @@ print("calib json ok: %d gemm rows, %d attention rows, allreduce available=%s" %
 PY
        python3 "$SRC/bench/profiles/gpu_profile.py" "$EMU/calib.json" --datasheet H100 --name emu-calib \
            --out "$EMU/emu-calib.json" >>"$EMU/calib.log" 2>&1 &&
-       "$BUILD/meshtrain" plan --config "$SRC/bench/configs/gpu_d2048_dense.json" --world 8 --mesh dp=8 \
+       "$BUILD/meshtrain" plan --config "$SRC/bench/configs/gpu_d2048_dense.json" --set batch_size=32 --world 8 --mesh dp=8 \
            --profile "$EMU/emu-calib.json" >"$EMU/calib_plan.log" 2>&1 &&
        grep -q '^cost model (profile emu-calib: ' "$EMU/calib_plan.log"; then
         echo "PASS emulated cuda_calib --quick: gemm check, JSON fields," \

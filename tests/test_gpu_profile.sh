@@ -81,7 +81,7 @@ else cat "$W/fp32.log"; bad "fp32 profile"; fi
 
 # the planner loads both
 for t in bf16 fp32; do
-    if "$MT" plan --config "$ROOT/bench/configs/gpu_d2048_dense.json" --world 8 --mesh dp=8 \
+    if "$MT" plan --config "$ROOT/bench/configs/gpu_d2048_dense.json" --set batch_size=32 --world 8 --mesh dp=8 \
             --profile "$W/$t.json" > "$W/plan_$t.log" 2>&1 &&
        grep -q "^cost model (profile t-$t: " "$W/plan_$t.log"; then
         ok "meshtrain plan --profile loads the $t profile: $(grep '^cost model' "$W/plan_$t.log")"
