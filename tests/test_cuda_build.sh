@@ -305,6 +305,23 @@ PY
     }
     if [ $run_ok -eq 1 ] && cmp_losses cpu cuda 1e-5; then echo "PASS emulated train: 3 steps dense, backend=cuda losses (lm/aux/z) equal backend=cpu to 1e-5"
     else echo "FAIL: emulated train cpu vs cuda"; fail=1; fi
+    # the receipt names the device that ran (issue 20 item 4): the emulator's
+    # UUID bytes "meshtrain-emu-00" in nvidia-smi's form, its PCI address,
+    # ECC, clocks and bus width, the peak bandwidth derived from them (2 x
+    # 2619 MHz x 5120 bit / 8), and the collective libraries (no MPI here)
+    if [ $run_ok -eq 1 ] && python3 - "$EMU/run_cuda/receipt.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+g = r["gpu"]
+want = "GPU-" + "-".join(b"meshtrain-emu-00"[a:b].hex() for a, b in ((0, 4), (4, 6), (6, 8), (8, 10), (10, 16)))
+assert g["uuid"] == want, (g["uuid"], want)
+assert g["pci_bus_id"] == "0000:00:00.0" and g["ecc_enabled"] == 0, g
+assert g["sm_clock_peak_khz"] == 1980000 and g["mem_clock_peak_khz"] == 2619000 and g["mem_bus_width_bits"] == 5120, g
+assert abs(g["mem_bandwidth_peak_bytes_per_s"] - 2 * 2619e6 * 5120 / 8) < 1e3, g["mem_bandwidth_peak_bytes_per_s"]
+assert r["distributed"]["comm_libraries"] == "no MPI (single-rank build)", r["distributed"]["comm_libraries"]
+PY
+    then echo "PASS emulated receipt: gpu uuid, pci_bus_id, ecc, clocks, bus width, derived bandwidth; comm_libraries"
+    else echo "FAIL: emulated receipt's device identity fields"; fail=1; fi
     if [ $run_ok -eq 1 ] && cmp_losses cpu cuda_bf16 1e-3 1e-6; then
         echo "PASS emulated train: 3 steps dense, --backend cuda with MT_CUDA_PRECISION=bf16 within 1e-3 of cpu (and not fp32-equal: > 1e-6)"
     else echo "FAIL: emulated train cpu vs cuda bf16"; fail=1; fi

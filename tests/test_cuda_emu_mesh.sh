@@ -126,6 +126,9 @@ log = open(sys.argv[3]).read()
 assert a["backend"]["actual"] == "cpu", a["backend"]
 assert b["backend"]["actual"] == "cuda", b["backend"]
 assert re.search(r"dev=nccl", log), "no NCCL device communicator in the cuda run's mesh trace"
+# the receipt names the libraries: the MPI's own line, then the (emulated: 0.0.0) NCCL
+libs = b["distributed"]["comm_libraries"]
+assert libs.endswith("; NCCL 0.0.0") and not libs.startswith("no MPI"), libs
 worst = {}
 for key in ("losses", "lm_losses", "aux_losses", "z_losses"):
     la, lb = a[key], b[key]

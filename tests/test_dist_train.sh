@@ -113,6 +113,8 @@ assert tot(1, "optim") < 0.4 * tot(0, "optim")              # stage 1: optimizer
 assert abs(tot(1, "params") - P0) < 1e-9 * P0 + 1           # params still full
 assert tot(2, "grads") < 0.6 * tot(1, "grads")              # stage 2: owned grads + 2 unit scratch buffers
 assert tot(3, "params") < 0.4 * P0                          # stage 3: owned params only
+libs = json.load(open(sys.argv[1]))["distributed"]["comm_libraries"]   # the MPI library's own line
+assert libs and not libs.startswith("no MPI") and "NCCL" not in libs, libs
 PY
 
 # ---- 5: resume and resharding ----

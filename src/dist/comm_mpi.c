@@ -19,6 +19,7 @@
  */
 #define _GNU_SOURCE
 #include "comm_impl.h"
+#include "comm_nccl.h"
 
 #include <limits.h>
 #include <malloc.h>
@@ -626,3 +627,25 @@ void mt_dist_abort(int code)
 }
 
 #endif /* MT_WITH_MPI */
+
+void mt_dist_libraries(char *buf, size_t n)
+{
+    if (!buf || !n) return;
+#ifdef MT_WITH_MPI
+    char lib[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len = 0;
+    /* one of the calls MPI allows before MPI_Init */
+    if (MPI_Get_library_version(lib, &len) != MPI_SUCCESS) snprintf(lib, sizeof lib, "MPI (version query failed)");
+    lib[strcspn(lib, "\r\n")] = 0;   /* its first line */
+    snprintf(buf, n, "%s", lib);
+#else
+    snprintf(buf, n, "no MPI (single-rank build)");
+#endif
+#ifdef MT_WITH_NCCL
+    size_t used = strlen(buf);
+    if (used + 2 < n) {
+        snprintf(buf + used, n - used, "; ");
+        mt_comm_nccl_version(buf + used + 2, n - used - 2);
+    }
+#endif
+}

@@ -1003,4 +1003,13 @@ int mt_comm_is_nccl(const struct mt_comm *c)
     return c && c->iface == &nccl_iface;
 }
 
+void mt_comm_nccl_version(char *buf, size_t n)
+{
+    int v = 0;
+    if (ncclGetVersion(&v) != ncclSuccess || v < 0) { snprintf(buf, n, "NCCL (version query failed)"); return; }
+    /* NCCL >= 2.9 encodes major*10000 + minor*100 + patch, older ones major*1000 + minor*100 + patch */
+    const int major = v >= 10000 ? v / 10000 : v / 1000, rest = v >= 10000 ? v % 10000 : v % 1000;
+    snprintf(buf, n, "NCCL %d.%d.%d", major, rest / 100, rest % 100);
+}
+
 #endif /* MT_WITH_NCCL */

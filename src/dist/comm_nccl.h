@@ -23,6 +23,10 @@
 
 #ifdef MT_WITH_NCCL
 
+/* "NCCL major.minor.patch" from ncclGetVersion (the library loaded at run
+ * time, not the header's), or "NCCL (version query failed)". */
+void mt_comm_nccl_version(char *buf, size_t n);
+
 /* The NCCL world: one NCCL rank per rank of `mpi_world`, same rank order,
  * on CUDA device `device` (made current on the calling thread). Collective
  * over mpi_world: rank 0 calls ncclGetUniqueId and broadcasts it with

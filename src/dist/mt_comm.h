@@ -147,6 +147,11 @@ enum mt_status mt_dist_init(int *argc, char ***argv, int *world, int *rank);
  * the startup contract is checked with it, identically on every rank. */
 void mt_comm_world_info(int *world, int *rank);
 void mt_dist_finalize(void);     /* MPI_Finalize if MPI was initialised; else nothing */
+/* One line for the receipt naming the collective libraries this build
+ * links, with the versions they report: the MPI library's own first line
+ * (MPI_Get_library_version, e.g. "Open MPI v4.1.4, package: ...") or
+ * "no MPI (single-rank build)", then "; NCCL 2.27.3" in an NCCL build. */
+void mt_dist_libraries(char *buf, size_t n);
 
 /* Agreement on a phase with no collective in it (docs/mesh.md "Hangs"):
  * every rank of comm (NULL: a world group made for the call, freed before

@@ -332,6 +332,9 @@ static char *dist_json(const struct run_state *rs, const char *trace, const doub
     const int NB = MEM_SLOTS;   /* buckets + total + RSS, twice per rank: whole run, step loop */
     cJSON *d = cJSON_CreateObject();
     cJSON_AddStringToObject(d, "trace_rank0", trace);
+    char libs[512];
+    mt_dist_libraries(libs, sizeof libs);
+    cJSON_AddStringToObject(d, "comm_libraries", libs);
     cJSON *g = cJSON_AddObjectToObject(d, "group_sizes");
     for (int k = 0; k < MT_MESH_GROUP_COUNT; k++)
         cJSON_AddNumberToObject(g, mt_mesh_group_name((enum mt_mesh_group)k),
@@ -521,6 +524,18 @@ static char *gpu_json(const struct run_state *rs, const struct mt_receipt *r)
     snprintf(cc, sizeof cc, "%d.%d", in.cc_major, in.cc_minor);
     cJSON_AddStringToObject(g, "compute_capability", cc);
     cJSON_AddNumberToObject(g, "sm_count", in.sm_count);
+    /* which physical GPU: the UUID and PCI address nvidia-smi shows */
+    cJSON_AddStringToObject(g, "uuid", in.uuid);
+    cJSON_AddStringToObject(g, "pci_bus_id", in.pci_bus_id);
+    cJSON_AddNumberToObject(g, "ecc_enabled", in.ecc_enabled);
+    cJSON_AddNumberToObject(g, "sm_clock_peak_khz", in.sm_clock_khz);
+    cJSON_AddNumberToObject(g, "mem_clock_peak_khz", in.mem_clock_khz);
+    cJSON_AddNumberToObject(g, "mem_bus_width_bits", in.mem_bus_width_bits);
+    /* double data rate: two transfers per memory clock */
+    if (in.mem_clock_khz > 0 && in.mem_bus_width_bits > 0)
+        cJSON_AddNumberToObject(g, "mem_bandwidth_peak_bytes_per_s",
+                                2.0 * in.mem_clock_khz * 1e3 * in.mem_bus_width_bits / 8.0);
+    else cJSON_AddNullToObject(g, "mem_bandwidth_peak_bytes_per_s");
     cJSON_AddNumberToObject(g, "driver_version", in.driver_version);
     cJSON_AddNumberToObject(g, "runtime_version", in.runtime_version);
     cJSON_AddNumberToObject(g, "cublas_version", in.cublas_version);

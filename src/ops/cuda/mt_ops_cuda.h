@@ -84,6 +84,14 @@ struct mt_ops_cuda_info {
     size_t mem_used_peak;      /* max of total - free after every allocation (the
                                   device's view: every process, the CUDA context,
                                   cuBLAS; next to the allocator's bucket peaks)   */
+    /* which physical device ran (issue 20 item 4); "" / -1 where the query failed */
+    char   uuid[48];           /* cudaDeviceProp.uuid as nvidia-smi -L prints it:
+                                  "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"      */
+    char   pci_bus_id[32];     /* cudaDeviceGetPCIBusId, e.g. "0000:18:00.0"      */
+    int    ecc_enabled;        /* cudaDevAttrEccEnabled (0/1)                      */
+    int    sm_clock_khz;       /* cudaDevAttrClockRate: the SM's peak clock       */
+    int    mem_clock_khz;      /* cudaDevAttrMemoryClockRate: peak memory clock   */
+    int    mem_bus_width_bits; /* cudaDevAttrGlobalMemoryBusWidth                 */
 };
 
 /* The plain queries below act on the default instance (mt_ops_cuda());

@@ -205,6 +205,28 @@ static int read_tunables(char *why, size_t why_len, enum mt_cuda_precision *prec
     return 1;
 }
 
+/* The receipt's device identity (struct mt_ops_cuda_info): UUID and PCI
+ * address name the physical GPU, clocks and bus width its peak bandwidth
+ * (2 x memory clock x bus width / 8: the memory is double data rate). A
+ * query that fails leaves "" or -1 and is not an init failure. */
+static void device_identity(struct mt_ops_cuda_info *in, const cudaDeviceProp *prop, int dev)
+{
+    const unsigned char *u = (const unsigned char *)prop->uuid.bytes;
+    snprintf(in->uuid, sizeof in->uuid,
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1], u[2], u[3],
+             u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+    if (cudaDeviceGetPCIBusId(in->pci_bus_id, (int)sizeof in->pci_bus_id, dev) != cudaSuccess) in->pci_bus_id[0] = 0;
+    const struct { enum cudaDeviceAttr attr; int *out; } q[] = {
+        {cudaDevAttrEccEnabled, &in->ecc_enabled},
+        {cudaDevAttrClockRate, &in->sm_clock_khz},
+        {cudaDevAttrMemoryClockRate, &in->mem_clock_khz},
+        {cudaDevAttrGlobalMemoryBusWidth, &in->mem_bus_width_bits},
+    };
+    for (size_t k = 0; k < sizeof q / sizeof q[0]; k++)
+        if (cudaDeviceGetAttribute(q[k].out, q[k].attr, dev) != cudaSuccess) *q[k].out = -1;
+    (void)cudaGetLastError();   /* a failed query is not a sticky error of the backend */
+}
+
 static int init_state(char *why, size_t why_len)
 {
     enum mt_cuda_precision prec;
@@ -239,6 +261,7 @@ static int init_state(char *why, size_t why_len)
     cudaRuntimeGetVersion(&in->runtime_version);
     cudaDriverGetVersion(&in->driver_version);
     in->device_count = n;
+    device_identity(in, &prop, dev);
 #ifdef MT_CUDA_EMU
     in->emulated = 1;
 #endif

@@ -60,10 +60,19 @@ enum cudaMemcpyKind {
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 #define cudaStreamNonBlocking 0x01
 
+struct cudaUUID_t { char bytes[16]; };
 struct cudaDeviceProp {
     char   name[256];
+    cudaUUID_t uuid;
     int    major, minor, multiProcessorCount;
     size_t totalGlobalMem;
+};
+/* the attributes the backend reads (values as in CUDA's driver_types.h) */
+enum cudaDeviceAttr {
+    cudaDevAttrClockRate = 13,
+    cudaDevAttrEccEnabled = 32,
+    cudaDevAttrMemoryClockRate = 36,
+    cudaDevAttrGlobalMemoryBusWidth = 37,
 };
 
 const char *cudaGetErrorString(cudaError_t e);
@@ -71,6 +80,8 @@ cudaError_t cudaGetLastError(void);
 cudaError_t cudaGetDeviceCount(int *n);
 cudaError_t cudaGetDevice(int *d);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d);
+cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int d);
+cudaError_t cudaDeviceGetPCIBusId(char *id, int len, int d);
 cudaError_t cudaRuntimeGetVersion(int *v);
 cudaError_t cudaDriverGetVersion(int *v);
 cudaError_t cudaSetDevice(int d);

@@ -179,7 +179,28 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d)
     p->minor = 0;
     p->multiProcessorCount = 1;
     p->totalGlobalMem = (size_t)1 << 32;
+    memcpy(p->uuid.bytes, "meshtrain-emu-00", 16);   /* GPU-6d657368-... in the receipt */
     return d == 0 ? cudaSuccess : fail(cudaErrorInvalidValue);
+}
+/* made-up but plausible numbers (an H100 SXM's clocks and bus), so the
+ * receipt's derived bandwidth has something to compute; an attribute the
+ * emulator does not know fails like an invalid one */
+cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int d)
+{
+    if (d != 0) return fail(cudaErrorInvalidValue);
+    switch (attr) {
+    case cudaDevAttrClockRate: *value = 1980000; return cudaSuccess;
+    case cudaDevAttrEccEnabled: *value = 0; return cudaSuccess;
+    case cudaDevAttrMemoryClockRate: *value = 2619000; return cudaSuccess;
+    case cudaDevAttrGlobalMemoryBusWidth: *value = 5120; return cudaSuccess;
+    }
+    return fail(cudaErrorInvalidValue);
+}
+cudaError_t cudaDeviceGetPCIBusId(char *id, int len, int d)
+{
+    if (d != 0 || len < 1) return fail(cudaErrorInvalidValue);
+    snprintf(id, (size_t)len, "0000:00:00.0");
+    return cudaSuccess;
 }
 cudaError_t cudaRuntimeGetVersion(int *v) { *v = 13000; return cudaSuccess; }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
