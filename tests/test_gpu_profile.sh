@@ -9,7 +9,8 @@
 #     memory_bytes from the nvidia-smi line, links kept from the base
 #     profile, and "sources" has an entry for every number it wrote;
 #   - fp32: the fp32 peak and the fp32 rows;
-#   - the plan loads it (its cost header names the profile, with the rate);
+#   - the plan loads it (its cost header names the profile, with the rate)
+#     and times a config by its own precision (by_precision: fp32 and bf16);
 #   - refused (exit 1, no file): a calibration whose gemm check failed, a
 #     device not in the datasheet table without --datasheet.
 # The emulated end-to-end run (cuda_calib --quick -> this script -> plan)
@@ -79,14 +80,35 @@ assert p["memory_bytes"] == 85017624576, p["memory_bytes"]' "$W/fp32.json"; then
     ok "fp32 profile: fp32 peak, fp32 layer rows, memory from the device properties without --smi"
 else cat "$W/fp32.log"; bad "fp32 profile"; fi
 
-# the planner loads both
+# the planner loads both and times a config by its own precision: both
+# profiles carry by_precision (fp32 rows 4e13 / 66.9e12, bf16 rows 5e14 /
+# 989.4e12), so an fp32 config gets the fp32 peak and efficiency from either
+# profile and a precision=bf16 config the bf16 ones (JSON cost section)
 for t in bf16 fp32; do
-    if "$MT" plan --config "$ROOT/bench/configs/gpu_d2048_dense.json" --set batch_size=32 --world 8 --mesh dp=8 \
-            --profile "$W/$t.json" > "$W/plan_$t.log" 2>&1 &&
-       grep -q "^cost model (profile t-$t: " "$W/plan_$t.log"; then
-        ok "meshtrain plan --profile loads the $t profile: $(grep '^cost model' "$W/plan_$t.log")"
-    else tail -3 "$W/plan_$t.log"; bad "plan --profile $t"; fi
+    for prec in fp32 bf16; do
+        if "$MT" plan --config "$ROOT/bench/configs/gpu_d2048_dense.json" --set batch_size=32 --set precision=$prec \
+                --world 8 --mesh dp=8 --profile "$W/$t.json" > "$W/plan_${t}_$prec.log" 2>&1 &&
+           grep -q "^cost model (profile t-$t: .*peak for $prec)" "$W/plan_${t}_$prec.log" &&
+           "$MT" plan --config "$ROOT/bench/configs/gpu_d2048_dense.json" --set batch_size=32 --set precision=$prec \
+                --world 8 --mesh dp=8 --profile "$W/$t.json" --json > "$W/plan_${t}_$prec.json" 2>&1 &&
+           python3 - "$W/plan_${t}_$prec.json" "$prec" <<'PY'
+import json, math, sys
+c = json.load(open(sys.argv[1]))["cost"]
+peak, eff = {"fp32": (66.9e12, 4e13 / 66.9e12), "bf16": (989.4e12, 5e14 / 989.4e12)}[sys.argv[2]]
+assert c["peak_basis"] == sys.argv[2] and c["peak_flops_per_rank"] == peak, c
+assert math.isclose(c["efficiency"], eff, rel_tol=1e-5), c
+PY
+        then ok "plan --profile $t, precision=$prec config: $(grep '^cost model' "$W/plan_${t}_$prec.log")"
+        else tail -3 "$W/plan_${t}_$prec.log"; bad "plan --profile $t precision=$prec"; fi
+    done
 done
+# a by_precision entry without a peak is refused, naming the key
+python3 -c 'import json,sys; p=json.load(open(sys.argv[1])); p["by_precision"]["bf16"]={"efficiency": 0.5}
+json.dump(p, open(sys.argv[2], "w"))' "$W/bf16.json" "$W/badbyp.json"
+out=$("$MT" plan --config "$ROOT/bench/configs/gpu_d2048_dense.json" --set batch_size=32 --world 8 --mesh dp=8 \
+      --profile "$W/badbyp.json" 2>&1); rc=$?
+if [ $rc -ne 0 ] && echo "$out" | grep -q "by_precision must be an object"; then ok "a bad by_precision is refused: $out"
+else echo "$out"; bad "bad by_precision not refused (exit $rc)"; fi
 
 # refusals
 sed 's/"check": {"ok": true/"check": {"ok": false/' "$W/calib.json" > "$W/badcheck.json"

@@ -13,6 +13,10 @@ Writes a profile in the format `meshtrain plan --profile FILE` loads
                  src/train/gpu_info.c, which the receipt's mfu_device uses):
                  bf16 tensor cores, or IEEE fp32 (meshtrain's fp32 mode is
                  cublasSgemm without TF32);
+  by_precision   {"fp32": {peak_flops, efficiency}, "bf16": {...}}: both GEMM
+                 precisions cuda_calib timed, so that `plan` times a config
+                 by its own precision (src/train/plan.c); the top-level
+                 peak_flops / efficiency are --precision's;
   efficiency     measured GEMM FLOP/s / peak_flops: the FLOP-weighted rate
                  (sum FLOPs / sum median times) over the d_model 2048 layer
                  shapes of cuda_calib (every shape when it ran none). That is
@@ -106,21 +110,28 @@ def main():
     peak = bf16_peak if a.precision == "bf16" else fp32_peak
     emulated = bool(dev.get("emulated"))
 
-    # GEMM rate of the precision: cuda_calib's "bf16" (operands as stored, the
+    # GEMM rate of a precision: cuda_calib's "bf16" (operands as stored, the
     # weights' shadows) or "fp32" rows; layer shapes when there are any
+    def gemm_rate(kind):
+        rows = [g for g in cal["gemm"] if g["precision"] == kind]
+        if not rows:
+            return None, None
+        layer = [g for g in rows if g["set"].startswith("layer")]
+        use = layer or rows
+        return (sum(g["flops"] for g in use) / sum(g["median_s"] for g in use),
+                ", ".join("%dx%dx%d" % (g["m"], g["n"], g["k"]) for g in use))
+
+    def eff_source(kind, rate, shapes, e):
+        return ("measured: %s GEMM %.4g FLOP/s (sum FLOPs / sum median time over %s, y = x W^T, cuda_calib %s) / "
+                "peak = %.4f. A GEMM ceiling: the end-to-end rate (attention, elementwise ops, optimizer) is lower"
+                % (kind, rate, shapes, "on the CPU emulator: NOT a GPU figure" if emulated else "on " + name, e))
+
     kind = "bf16" if a.precision == "bf16" else "fp32"
-    rows = [g for g in cal["gemm"] if g["precision"] == kind]
-    if not rows:
+    rate, shapes = gemm_rate(kind)
+    if rate is None:
         fail("no %s gemm rows in %s" % (kind, a.calib))
-    layer = [g for g in rows if g["set"].startswith("layer")]
-    use = layer or rows
-    rate = sum(g["flops"] for g in use) / sum(g["median_s"] for g in use)
-    shapes = ", ".join("%dx%dx%d" % (g["m"], g["n"], g["k"]) for g in use)
     gemm_eff = rate / peak
-    eff, eff_src = gemm_eff, (
-        "measured: %s GEMM %.4g FLOP/s (sum FLOPs / sum median time over %s, y = x W^T, cuda_calib %s) / "
-        "peak_flops = %.4f. A GEMM ceiling: the end-to-end rate (attention, elementwise ops, optimizer) is lower"
-        % (kind, rate, shapes, "on the CPU emulator: NOT a GPU figure" if emulated else "on " + name, gemm_eff))
+    eff, eff_src = gemm_eff, eff_source(kind, rate, shapes, gemm_eff)
     if a.receipt:
         r = json.load(open(a.receipt))
         mfps = (r.get("timing") or {}).get("model_flops_per_s")
@@ -158,6 +169,16 @@ def main():
     }
     if prof["runtime_memory"] is None:
         del prof["runtime_memory"]
+    # both precisions cuda_calib measured: the planner picks the entry of the
+    # config's precision (a bf16 profile must not time an fp32 run)
+    prof["by_precision"] = {}
+    for k, pk in (("fp32", fp32_peak), ("bf16", bf16_peak)):
+        r_k, sh_k = gemm_rate(k)
+        if k == kind:
+            prof["by_precision"][k] = {"peak_flops": pk, "efficiency": round(eff, 6), "source": eff_src}
+        elif r_k is not None:
+            prof["by_precision"][k] = {"peak_flops": pk, "efficiency": round(r_k / pk, 6),
+                                       "source": eff_source(k, r_k, sh_k, r_k / pk)}
     ar = cal.get("allreduce", {})
     att = cal.get("attention") or []
     prof["measured"] = {

@@ -239,6 +239,10 @@ struct mt_plan_profile {
     double peak_flops;        /* one rank alone on a node (FLOP/s)                          */
     double node_peak_flops;   /* a whole node: ranks on a node share it                     */
     double efficiency;        /* fraction of peak the model's kernels reach end to end      */
+    /* optional "by_precision": {"fp32": {peak_flops, efficiency}, "bf16": {...}}: a
+     * device whose GEMM peak depends on the config's precision (a GPU: CUDA-core
+     * fp32 vs tensor-core bf16). 0 = not given: the top-level numbers apply. */
+    double peak_fp32, efficiency_fp32, peak_bf16, efficiency_bf16;
     double memory_bytes;      /* per rank (0: unknown)                                      */
     double overlap;           /* fraction of overlappable collective time hidden by compute */
     int    ranks_per_node;
@@ -255,6 +259,8 @@ struct mt_plan_cost {
     double rank_flops;         /* model FLOPs the busiest rank runs (its stage, recompute)      */
     double optimizer_flops;    /* Newton–Schulz FLOPs of the Muon updates it runs               */
     double peak_per_rank;      /* FLOP/s one rank has (profile, ranks sharing a node)           */
+    double efficiency;         /* the fraction of it reached (profile, for the precision)       */
+    const char *peak_basis;    /* "fp32" / "bf16" (by_precision entry used) or "profile"        */
     double compute_s;          /* busiest rank's compute: microbatches + optimizer              */
     double tp_s, ep_s, pp_s;   /* model / expert / pipe axis collectives (blocking: exposed)    */
     double dp_s;               /* ZeRO / data-parallel collectives, all of them                 */

@@ -742,6 +742,18 @@ enum mt_status mt_plan_profile_load(struct mt_ctx *ctx, const char *path, struct
     prof->ranks_per_node = (int)num_or(j, "ranks_per_node", 1, &miss);
     prof->cores_per_node = (int)num_or(j, "cores_per_node", 0, NULL);
     prof->oversubscribed_latency = num_or(j, "oversubscribed_latency_s", 0, NULL);
+    const cJSON *byp = cJSON_GetObjectItemCaseSensitive(j, "by_precision");
+    const cJSON *bp[2] = {byp ? cJSON_GetObjectItemCaseSensitive(byp, "fp32") : NULL,
+                          byp ? cJSON_GetObjectItemCaseSensitive(byp, "bf16") : NULL};
+    double *bpeak[2] = {&prof->peak_fp32, &prof->peak_bf16};
+    double *beff[2] = {&prof->efficiency_fp32, &prof->efficiency_bf16};
+    int bad_byp = byp && !cJSON_IsObject(byp);
+    for (int k = 0; k < 2; k++) {
+        if (!bp[k]) continue;
+        *bpeak[k] = num_or(bp[k], "peak_flops", 0, &bad_byp);
+        *beff[k] = num_or(bp[k], "efficiency", prof->efficiency, NULL);
+        if (*bpeak[k] <= 0 || *beff[k] <= 0) bad_byp = 1;
+    }
     const cJSON *links = cJSON_GetObjectItemCaseSensitive(j, "links");
     const cJSON *in = links ? cJSON_GetObjectItemCaseSensitive(links, "intra_node") : NULL;
     const cJSON *ex = links ? cJSON_GetObjectItemCaseSensitive(links, "inter_node") : NULL;
@@ -757,6 +769,9 @@ enum mt_status mt_plan_profile_load(struct mt_ctx *ctx, const char *path, struct
         dst[k]->large_reduce_bandwidth = num_or(lk[k], "large_reduce_bandwidth_bytes_per_s", dst[k]->large_bandwidth, NULL);
     }
     cJSON_Delete(j);
+    if (bad_byp)
+        return mt_ctx_error(ctx, MT_ERR_FORMAT, "device profile '%s': by_precision must be an object whose fp32 and "
+                            "bf16 entries each have peak_flops > 0 (and optionally efficiency > 0)", path);
     if (miss || prof->peak_flops <= 0 || prof->efficiency <= 0 || prof->ranks_per_node < 1 ||
         prof->intra.bandwidth <= 0 || prof->inter.bandwidth <= 0 || prof->overlap < 0 || prof->overlap > 1)
         return mt_ctx_error(ctx, MT_ERR_FORMAT,
@@ -838,9 +853,16 @@ void mt_plan_cost(const struct mt_plan *p, const struct mt_plan_profile *prof, s
     const double T = cfg->seq_len, D = cfg->d_model, N = (double)p->Bm * T;   /* rows of one microbatch */
     const double f = sizeof(float);
     int on_node = p->world < prof->ranks_per_node ? p->world : prof->ranks_per_node;
-    double peak = prof->node_peak_flops / on_node;
-    if (peak > prof->peak_flops) peak = prof->peak_flops;
-    const double rate = peak * prof->efficiency;
+    /* the GEMM precision picks the peak where the profile distinguishes them;
+     * ranks on a node share the node's peak in the same proportion */
+    const int bf16 = !strcmp(cfg->precision, "bf16");
+    const double by_peak = bf16 ? prof->peak_bf16 : prof->peak_fp32;
+    const double scale = by_peak > 0 ? by_peak / prof->peak_flops : 1.0;
+    out->efficiency = by_peak > 0 ? (bf16 ? prof->efficiency_bf16 : prof->efficiency_fp32) : prof->efficiency;
+    out->peak_basis = by_peak > 0 ? (bf16 ? "bf16" : "fp32") : "profile";
+    double peak = prof->node_peak_flops * scale / on_node;
+    if (peak > prof->peak_flops * scale) peak = prof->peak_flops * scale;
+    const double rate = peak * out->efficiency;
     out->peak_per_rank = peak;
     out->flops_per_step = mt_model_flops_per_token(cfg) * cfg->batch_size * T;
 
@@ -1115,7 +1137,8 @@ static void plan_json_cost(cJSON *root, const struct mt_plan_profile *prof, cons
     cJSON *c = cJSON_AddObjectToObject(root, "cost");
     cJSON_AddStringToObject(c, "profile", prof->name);
     cJSON_AddNumberToObject(c, "peak_flops_per_rank", cost->peak_per_rank);
-    cJSON_AddNumberToObject(c, "efficiency", prof->efficiency);
+    cJSON_AddStringToObject(c, "peak_basis", cost->peak_basis);
+    cJSON_AddNumberToObject(c, "efficiency", cost->efficiency);
     cJSON_AddNumberToObject(c, "flops_per_step", cost->flops_per_step);
     cJSON_AddNumberToObject(c, "busiest_rank_flops", cost->rank_flops);
     cJSON_AddNumberToObject(c, "optimizer_flops", cost->optimizer_flops);
