@@ -38,7 +38,7 @@
 #           HF <= 1e-4, cuda vs cpu <= 1e-5 relative to the largest logit)
 #   calib   NOT in the default list (a second device call: `bash bench/gpu.sh hf calib`):
 #           bench/cuda_calib.c (GEMM fp32/bf16, attention, one-rank all-reduce or
-#           device copy) and bench/profiles/gpu_profile.py -> $RES/h100-measured.json,
+#           device copy) and bench/profiles/gpu_profile.py -> $RES/h100-measured.json (h200-),
 #           the planner's profile calibrated on this GPU (docs/cuda.md)
 #   summary summary.md + summary.json: pass/fail per check, tokens/s, MFU,
 #           ratios to PyTorch and llm.c (always runs)
@@ -409,14 +409,18 @@ stage_calib() {
     local rc=$?
     [ $rc -eq 0 ] || { tail -5 "$RES/logs/calib.err"; echo "RESULT calib: cuda_calib exit $rc"; return 1; }
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader,nounits | head -1 > "$RES/logs/calib_smi.csv"
+    # named after the card that ran (an H200 is lent too): h200-measured, h100-measured, else gpu-measured
+    local pname
+    pname=$(awk -F, 'NR == 1 { n = tolower($1); print (n ~ /h200/ ? "h200" : n ~ /h100/ ? "h100" : "gpu") "-measured" }' \
+        "$RES/logs/calib_smi.csv")
     python3 "$ROOT/bench/profiles/gpu_profile.py" "$RES/calib.json" --smi "$RES/logs/calib_smi.csv" \
-        --name h100-measured --out "$RES/h100-measured.json" ||
+        --name "$pname" --out "$RES/$pname.json" ||
         { echo "RESULT calib: gpu_profile.py failed"; return 1; }
     # the profile loads in the planner (bench/configs/gpu_d2048_dense.json on 8 ranks)
     "$MT" plan --config "$ROOT/bench/configs/gpu_d2048_dense.json" --set batch_size=32 --world 8 --mesh dp=8 \
-        --profile "$RES/h100-measured.json" > "$RES/logs/calib_plan.txt" 2>&1 ||
+        --profile "$RES/$pname.json" > "$RES/logs/calib_plan.txt" 2>&1 ||
         { tail -3 "$RES/logs/calib_plan.txt"; echo "RESULT calib: meshtrain plan refused the profile"; return 1; }
-    python3 - "$RES/calib.json" "$RES/h100-measured.json" <<'PY'
+    python3 - "$RES/calib.json" "$RES/$pname.json" <<'PY'
 import json, sys
 c, p = (json.load(open(x)) for x in sys.argv[1:3])
 g, ar = c["gemm_best_flop_per_s"], c["allreduce"]
