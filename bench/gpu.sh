@@ -30,13 +30,14 @@
 #           autocast, fused AdamW), eager and torch.compile
 #   llmc    llm.c's train_gpt2cu (built in the background from the start of
 #           the run) on the GPT-2 shape, 20 steps
-#   hf      (not in the default list: `bash bench/gpu.sh hf` in a second call)
+#   hf      (after llmc: runs when the budget leaves room, else SKIPPED (out of budget):
+#           then `bash bench/gpu.sh hf calib` in a second call)
 #           the tiny dense and MoE configs trained on the GPU (--backend cuda,
 #           fp32, 20 steps), exported, loaded by the image's transformers
 #           (float32, no TF32, eager attention): its logits vs `meshtrain
 #           logits --backend cuda` and `--backend cpu` (bench/hf_logits_gpu.py:
 #           HF <= 1e-4, cuda vs cpu <= 1e-5 relative to the largest logit)
-#   calib   NOT in the default list (a second device call: `bash bench/gpu.sh hf calib`):
+#   calib   last (like hf, a second call when the first ran out of budget):
 #           bench/cuda_calib.c (GEMM fp32/bf16, attention, one-rank all-reduce or
 #           device copy) and bench/profiles/gpu_profile.py -> $RES/h100-measured.json (h200-),
 #           the planner's profile calibrated on this GPU (docs/cuda.md)
@@ -117,7 +118,7 @@ EMU=${GPU_SH_EMU:-}
 EQ_STEPS=${GPU_SH_EQUIV_STEPS:-20}
 export ROOT RES WORK BIN MT HAVE_GPU EMU EQ_STEPS
 
-STAGES="env ops san equiv speed torch llmc"
+STAGES="env ops san equiv speed torch llmc hf calib"
 [ $# -gt 0 ] && STAGES="$*"
 
 # llm.c builds on the CPU while the GPU stages run (it takes a minute of nvcc)
