@@ -463,9 +463,25 @@ if os.path.exists(lp):
         S["llmc_tokens_per_s"] = sorted(toks[2:] or toks)[len(toks[2:] or toks) // 2]
         if "c_gpt2" in sp: sp["c_gpt2"]["ratio_vs_llmc"] = sp["c_gpt2"]["tokens_per_s"] / S["llmc_tokens_per_s"]
 S["speed"] = sp
+# the device that ran, from the first receipt of this call (every meshtrain run keeps one)
+rdir = os.path.join(res, "receipts")
+for name in sorted(os.listdir(rdir)) if os.path.isdir(rdir) else []:
+    try: r = json.load(open(os.path.join(rdir, name)))
+    except ValueError: continue
+    g = r.get("gpu") or {}
+    if g:
+        S["device"] = {k: g.get(k) for k in ("device", "uuid", "pci_bus_id", "compute_capability", "sm_count",
+                                              "driver_version", "runtime_version", "cublas_version", "ecc_enabled",
+                                              "sm_clock_peak_khz", "mem_bandwidth_peak_bytes_per_s", "emulated")}
+        S["device"]["comm_libraries"] = (r.get("distributed") or {}).get("comm_libraries")
+        S["device"]["from_receipt"] = name
+        break
 json.dump(S, open(os.path.join(res, "summary.json"), "w"), indent=1)
 with open(os.path.join(res, "summary.md"), "w") as f:
-    f.write("# bench/gpu.sh results\n\n## Stages\n\n")
+    f.write("# bench/gpu.sh results\n\n")
+    if "device" in S:
+        f.write("Device: %s\n\n" % ", ".join("%s %s" % kv for kv in S["device"].items()))
+    f.write("## Stages\n\n")
     for s in S["stages"]: f.write("- %s\n" % s)
     f.write("\n## Speed (bf16)\n\n| config | tok/s | MFU | vs torch eager | vs torch compiled | vs llm.c |\n|---|---|---|---|---|---|\n")
     for n, v in sp.items():
