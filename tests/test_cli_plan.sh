@@ -97,6 +97,24 @@ assert 68.9e9 < n < 69.1e9 and len(j["memory"]["per_rank"]) == 1024 and dt < 20
 PY
 else bad "70B plan ($(cat "$W/err"))"; fi
 
+# 5b. grad_reduce_dtype=bf16: the cost model's gradient reductions move half the bytes (the
+#     per-call latencies stay): data-axis time strictly between half and all of the fp32 one for
+#     ZeRO-0 (all-reduce) and ZeRO-3 (reduce-scatter; its parameter gathers stay fp32)
+for z in 0 3; do
+  if $MT plan --config "$W/70b.json" --world 1024 --mesh pp=8,dp=16,tp=8 --zero $z --set recompute=block --json \
+        --profile h100-8x-nvlink-ib > "$W/g32.$z" 2> "$W/err" &&
+     $MT plan --config "$W/70b.json" --world 1024 --mesh pp=8,dp=16,tp=8 --zero $z --set recompute=block --json \
+        --profile h100-8x-nvlink-ib --set grad_reduce_dtype=bf16 > "$W/g16.$z" 2>> "$W/err"; then
+    python3 - "$W/g32.$z" "$W/g16.$z" "$z" <<'PY' && ok "ZeRO-$z: grad_reduce_dtype=bf16 halves the reduction bytes in the cost" || bad "ZeRO-$z bf16 reduce cost"
+import json, sys
+a, b = (json.load(open(p))["cost"] for p in sys.argv[1:3])
+print("   ZeRO-%s data-axis comm %.4g s -> %.4g s" % (sys.argv[3], a["dp_comm_s"], b["dp_comm_s"]))
+assert 0.5 * a["dp_comm_s"] < b["dp_comm_s"] < 0.9 * a["dp_comm_s"], (a["dp_comm_s"], b["dp_comm_s"])
+assert b["compute_s"] == a["compute_s"] and b["tp_comm_s"] == a["tp_comm_s"]
+PY
+  else bad "bf16 reduce plans ($(cat "$W/err"))"; fi
+done
+
 # 6. auto-fit and find-max (cpu-local profile)
 if $MT plan --config "$W/c.json" --world 4 --auto --mem-per-rank 1GiB > "$W/auto" 2> "$W/err"; then
   grep -q "^best by predicted step time:" "$W/auto" && grep -qE "^  1 +pp=" "$W/auto" && \

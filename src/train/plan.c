@@ -924,8 +924,11 @@ void mt_plan_cost(const struct mt_plan *p, const struct mt_plan_profile *prof, s
             if (g > 1 && W > 0) {
                 /* one call per unit: the per-call latencies of a sweep */
                 double ag = t_gather(W, g, l) + calls * (g - 1) * l.latency;
-                double rs = t_reduce_scatter(W, g, l) + calls * (g - 1) * l.latency;
-                double ar = t_allreduce(W, g, l) + calls * 2 * (g - 1) * l.latency;
+                /* grad_reduce_dtype=bf16: the gradient reductions move 2 bytes per element
+                 * (zero.c); the parameter gathers stay fp32 */
+                const double Wr = strcmp(cfg->grad_reduce_dtype, "bf16") ? W : 0.5 * W;
+                double rs = t_reduce_scatter(Wr, g, l) + calls * (g - 1) * l.latency;
+                double ar = t_allreduce(Wr, g, l) + calls * 2 * (g - 1) * l.latency;
                 if (z <= 1) ov_ar += ar;                 /* during the last microbatch's backward */
                 if (z == 1 || z == 2) nov += ag;        /* after the optimizer step: nothing to hide behind */
                 if (z >= 2) ov_mb += M * rs;            /* reduce-scatter per microbatch, in its backward */
