@@ -48,8 +48,9 @@
 # bench/results/<date>-gpu. Budget: GPU_SH_BUDGET seconds (default 570) for
 # everything; each stage gets min(its box, what is left).
 # CPU check of the script itself: GPU_SH_EMU=path/to/emulated/meshtrain runs
-# the equiv stage's cuda runs under the CPU emulator (tests/test_cuda_build.sh
+# the equiv and hf stages' cuda runs under the CPU emulator (tests/test_cuda_build.sh
 # builds one at BUILD/cuda-build/emu/meshtrain); its results say "emulated".
+# hf needs torch 2.x + transformers on the CPU (docs/cuda.md), else SKIPPED.
 # GPU_SH_BIN=dir (binaries, default gpu_carry/bin, else build-gpu),
 # GPU_SH_EQUIV_STEPS=n (default 20; 3 keeps an emulated check short) and
 # GPU_SH_BOX_<stage>=seconds (a stage's box; the budget still caps it).
@@ -142,7 +143,8 @@ fi
 stage() {
     local name=$1 box=$2 gpu=$3
     echo " $STAGES " | grep -q " $name " || return 0
-    if [ "$gpu" = 1 ] && [ $HAVE_GPU = 0 ] && { [ "$name" != equiv ] || [ -z "$EMU" ]; }; then
+    # without a GPU, equiv and hf can run their cuda side under the emulator (GPU_SH_EMU)
+    if [ "$gpu" = 1 ] && [ $HAVE_GPU = 0 ] && { { [ "$name" != equiv ] && [ "$name" != hf ]; } || [ -z "$EMU" ]; }; then
         echo "SKIPPED ($name: no GPU: nvidia-smi -L failed)" | tee -a "$SUMMARY"
         return 0
     fi
