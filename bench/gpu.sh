@@ -325,8 +325,11 @@ stage_torch() {
     python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null || { echo "SKIPPED (torch: no CUDA torch)"; return 77; }
     : > "$RES/torch.jsonl"
     local c mode line
-    for c in gpu_c_gpt2 gpu_d2048_dense gpu_moe8; do
-        for mode in eager compiled; do
+    # every eager run first (seconds each), then the compiled ones (compilation takes most of a
+    # minute per model): a box that runs out loses compiled runs, not the eager baselines;
+    # d2048 first in each mode, the MFU shape
+    for mode in eager compiled; do
+        for c in gpu_d2048_dense gpu_c_gpt2 gpu_moe8; do
             local flag=""; [ $mode = compiled ] && flag=--compile
             # the batch meshtrain ran with (its receipt), so tokens/s compare like for like
             local cfg=$ROOT/bench/configs/$c.json

@@ -12,7 +12,7 @@ on random tokens with the config's batch and prints ONE JSON line:
 A failure (OOM, compile error) is reported in "error" with exit 0, so the
 caller's other stages run on.
 
-Usage: python3 bench/torch_gpu.py CONFIG.json [--steps N] [--compile] [--fp32]
+Usage: python3 bench/torch_gpu.py CONFIG.json [--steps N] [--compile] [--fp32] [--device cpu]
 Steps before `warm` (2 eager, 4 compiled: compilation happens in the first
 steps) are excluded from tokens_per_s.
 """
@@ -40,8 +40,10 @@ class GpuModel(torch_ref.Model):
         return F.cross_entropy(logits.float(), tgt)   # bf16 autocast logits: the loss in fp32
 
 
-def run(cfg, steps, compile_, bf16):
-    dev = torch.device("cuda")
+def run(cfg, steps, compile_, bf16, device="cuda"):
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     torch.manual_seed(1337)
     # the model's constructor builds its buffers on the CPU, then moves
     model = GpuModel(cfg).to(dev)
@@ -50,21 +52,22 @@ def run(cfg, steps, compile_, bf16):
                             fused=True)
     fwd = torch.compile(model) if compile_ else model
     times, loss = [], None
-    torch.cuda.reset_peak_memory_stats()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     for _ in range(steps):
         idx = torch.randint(0, V, (B, T), device=dev)
         tgt = torch.randint(0, V, (B, T), device=dev)
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
             loss = fwd(idx, tgt)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
         opt.step()
-        torch.cuda.synchronize()
+        sync()
         times.append(time.perf_counter() - t0)
-    return times, float(loss), torch.cuda.max_memory_allocated()
+    return times, float(loss), torch.cuda.max_memory_allocated() if cuda else 0
 
 
 def main():
@@ -73,6 +76,7 @@ def main():
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--fp32", action="store_true", help="no autocast (fp32 everywhere)")
+    ap.add_argument("--device", default="cuda", help="cpu: a check of the script on a tiny config (no timing claim)")
     a = ap.parse_args()
     cfg = dict(torch_ref.DEF)
     cfg.update(json.load(open(a.config)))
@@ -80,10 +84,13 @@ def main():
     out = {"config": os.path.basename(a.config), "mode": mode, "precision": "fp32" if a.fp32 else "bf16-autocast",
            "torch": torch.__version__, "device": None, "error": None}
     try:
-        if not torch.cuda.is_available():
-            raise RuntimeError("torch.cuda.is_available() is False")
-        out["device"] = torch.cuda.get_device_name(0)
-        times, loss, peak = run(cfg, a.steps, a.compile, not a.fp32)
+        if a.device == "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError("torch.cuda.is_available() is False")
+            out["device"] = torch.cuda.get_device_name(0)
+        else:
+            out["device"] = a.device
+        times, loss, peak = run(cfg, a.steps, a.compile, not a.fp32, a.device)
         warm = 4 if a.compile else 2
         warm = min(warm, len(times) - 1)
         B, T = cfg["batch_size"], cfg["seq_len"]
