@@ -127,12 +127,19 @@ LLMC_DIR=$WORK/llmc
 if [ $HAVE_GPU = 1 ] && echo " $STAGES " | grep -q ' llmc ' && [ -f "$CARRY/llm.c.tar.gz" ]; then
     (
         mkdir -p "$LLMC_DIR" && tar xzf "$CARRY/llm.c.tar.gz" -C "$LLMC_DIR" && cd "$LLMC_DIR/llm.c" || exit 1
+        export PATH=/usr/local/cuda/bin:$PATH   # nvcc for the version test and the Makefile's `which nvcc`
         # CUDA 13: cudaMemAdvise takes a cudaMemLocation (peers/README.md)
         if nvcc --version 2>/dev/null | grep -qE 'release 1[3-9]'; then
             sed -i 's/cudaMemAdviseSetPreferredLocation, cudaCpuDeviceId)/cudaMemAdviseSetPreferredLocation, cudaMemLocation{cudaMemLocationTypeHost, 0})/' llmc/cuda_utils.cuh
         fi
+        # the Makefile links -lnvidia-ml; a driver install may ship only libnvidia-ml.so.1 (no
+        # unversioned .so): give the linker one through LIBRARY_PATH (harmless when it exists)
+        mkdir -p nvml
+        so1=$(ldconfig -p 2>/dev/null | awk '/libnvidia-ml\.so\.1 / {print $NF; exit}')
+        [ -n "$so1" ] && ln -sf "$so1" nvml/libnvidia-ml.so
         gcc -O2 -o gen "$CARRY/gen_llmc_inputs.c" -lm && ./gen . >/dev/null &&
-            PATH=/usr/local/cuda/bin:$PATH nice make train_gpt2cu NO_MULTI_GPU=1 USE_CUDNN=0 GPU_COMPUTE_CAPABILITY=90
+            LIBRARY_PATH=$PWD/nvml${LIBRARY_PATH:+:$LIBRARY_PATH} \
+            nice make train_gpt2cu NO_MULTI_GPU=1 USE_CUDNN=0 GPU_COMPUTE_CAPABILITY=90
     ) > "$RES/logs/llmc_build.log" 2>&1 &
     LLMC_BUILD_PID=$!
 else
