@@ -443,6 +443,9 @@ char *mt_export_hf_config(const struct mt_config *c, int bos_token_id)
     cJSON_AddNumberToObject(o, "initializer_range", 0.02);
     cJSON_AddBoolToObject(o, "use_cache", 1);
     cJSON_AddBoolToObject(o, "use_sliding_window", 0);
+    /* null, not transformers' default 4096: its Qwen3 attention warns "Sliding Window
+     * Attention is enabled" on any non-null window even with use_sliding_window false */
+    cJSON_AddNullToObject(o, "sliding_window");
     cJSON_AddNullToObject(o, "rope_scaling");
     cJSON_AddStringToObject(o, "torch_dtype", "float32");
     if (bos_token_id >= 0) {
