@@ -33,6 +33,27 @@ assert r["memory"]["plan_bytes"]["total"] > 0
 PY
 else bad "train tiny ($(cat "$W/err"))"; fi
 
+# 1b. the receipt says which binary ran where: build.git is this checkout's commit (the
+#     binary was built from it; "-dirty" allowed), the build type and options, and
+#     machine.cpu_model / logical_cpus are /proc/cpuinfo's and getconf's (nproc obeys OMP_NUM_THREADS)
+if [ -f "$W/run1/receipt.json" ]; then
+  SRC=$(cd "$HERE/.." && pwd)
+  head=$(git -C "$SRC" rev-parse --short=12 HEAD 2>/dev/null || echo "")
+  python3 - "$W/run1/receipt.json" "$head" "$(getconf _NPROCESSORS_ONLN)" <<'PY' && ok "receipt build + machine identity" || bad "receipt build + machine identity"
+import json, re, sys
+r = json.load(open(sys.argv[1])); head = sys.argv[2]
+b, m = r["build"], r["machine"]
+print("   build", b, "\n   machine", m)
+if head:   # a git checkout: the commit the binary was built from
+    assert re.fullmatch(r"[0-9a-f]{12}(-dirty)?", b["git"]) and b["git"][:12] == head, (b["git"], head)
+else:
+    assert b["git"].startswith("unknown"), b["git"]
+assert b["build_type"] and b["compiler"].startswith(("gcc ", "clang ")) and b["cuda"] in (True, False), b
+model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "")
+assert m["cpu_model"] == model and m["logical_cpus"] == int(sys.argv[3]) and m["hostname"] and m["os"].startswith("Linux"), m
+PY
+fi
+
 # 2. --steps 0 writes the initial checkpoint only
 if $MT train $TINY $P --data "$W/train.bin" --out "$W/run0" --steps 0 2>"$W/err" && [ -f "$W/run0/ckpt/step_000000/manifest.json" ]; then
   ok "steps 0 writes initial checkpoint"; else bad "steps 0 writes initial checkpoint ($(cat "$W/err"))"; fi

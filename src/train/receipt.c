@@ -6,6 +6,7 @@
 #include "mt_receipt.h"
 #include "../model/mt_blocks.h"   /* pattern letters: the flops convention of M layers */
 #include "../core/mt_fileio.h"
+#include "../core/mt_build.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -35,6 +36,28 @@ static cJSON *bucket_object(const size_t bytes[MT_BUCKET_COUNT])
 
 /* mt_receipt_write's sections, each appended to root in the order of the
  * receipt schema (SPEC.md section 5), field by field; no logic. */
+
+/* "build", "machine": which binary ran where (the same on every rank of one
+ * launch except hostname; rank 0's) */
+static void receipt_build_machine(cJSON *root)
+{
+    struct mt_build_info b;
+    struct mt_machine_info m;
+    mt_build_info(&b);
+    mt_machine_info(&m);
+    cJSON *bo = cJSON_AddObjectToObject(root, "build");
+    cJSON_AddStringToObject(bo, "git", b.git);
+    cJSON_AddStringToObject(bo, "build_type", b.build_type);
+    cJSON_AddStringToObject(bo, "compiler", b.compiler);
+    cJSON_AddBoolToObject(bo, "mpi", b.mpi);
+    cJSON_AddBoolToObject(bo, "cuda", b.cuda);
+    cJSON_AddBoolToObject(bo, "nccl", b.nccl);
+    cJSON *mo = cJSON_AddObjectToObject(root, "machine");
+    cJSON_AddStringToObject(mo, "hostname", m.hostname);
+    cJSON_AddStringToObject(mo, "cpu_model", m.cpu_model);
+    cJSON_AddNumberToObject(mo, "logical_cpus", m.logical_cpus);
+    cJSON_AddStringToObject(mo, "os", m.os);
+}
 
 /* "backend", "mesh", "zero_stage" */
 static void receipt_backend_mesh(cJSON *root, const struct mt_receipt *r)
@@ -203,6 +226,7 @@ enum mt_status mt_receipt_write(struct mt_ctx *ctx, const char *path, const stru
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "meshtrain_receipt_version", "1");
     cJSON_AddStringToObject(root, "command", r->command_line ? r->command_line : "");
+    receipt_build_machine(root);
     receipt_backend_mesh(root, r);
     receipt_run(root, r);
     receipt_timing(root, r);
