@@ -486,6 +486,7 @@ for name in sorted(os.listdir(rdir)) if os.path.isdir(rdir) else []:
                                               "driver_version", "runtime_version", "cublas_version", "ecc_enabled",
                                               "sm_clock_peak_khz", "mem_bandwidth_peak_bytes_per_s", "emulated")}
         S["device"]["comm_libraries"] = (r.get("distributed") or {}).get("comm_libraries")
+        S["device"]["meshtrain_build"] = (r.get("build") or {}).get("git")
         S["device"]["from_receipt"] = name
         break
 json.dump(S, open(os.path.join(res, "summary.json"), "w"), indent=1)
