@@ -36,14 +36,12 @@
  * tests/test_cuda_build.sh; its numbers are meaningless, the run checks
  * that the program works and writes valid JSON).
  */
-#define _POSIX_C_SOURCE 200809L  /* clock_gettime under -std=c11 */
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "core/mt_core.h"
 #include "dist/mt_comm.h"
@@ -61,19 +59,6 @@ struct cal_attn_shape { int b, t, h, hd; };
 
 static const struct mt_ops_i *g_ops;
 static struct mt_ctx g_ctx;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
 static float frand(void)  /* uniform in [-1, 1) */
@@ -172,13 +157,14 @@ static struct cal_time time_runs(cal_fn fn, const void *arg, int warmup, int rep
     for (int i = 0; i < warmup; i++) fn(arg);
     g_ops->sync(g_ops->be);
     for (int i = 0; i < reps; i++) {
-        double t0 = now_s();
+        double t0 = mt_time_sec();
         fn(arg);
         g_ops->sync(g_ops->be);
-        t[i] = now_s() - t0;
+        t[i] = mt_time_sec() - t0;
     }
-    qsort(t, (size_t)reps, sizeof t[0], cmp_double);
-    struct cal_time r = {reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]), t[0]};
+    struct cal_time r;
+    r.median = mt_sort_median(t, reps);   /* sorts t: t[0] is the minimum */
+    r.min = t[0];
     return r;
 }
 

@@ -184,6 +184,19 @@ double mt_time_sec(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double mt_sort_median(double *v, int n)
+{
+    if (n < 1) return 0;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 int mt_size_parse(const char *s, double *out, char *why, size_t why_n)
 {
     static const struct { const char *u; double m; } units[] = {

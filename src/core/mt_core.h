@@ -109,6 +109,9 @@ enum mt_status mt_grow(struct mt_ctx *ctx, void **p, size_t *cap, size_t need, s
 size_t mt_peak_rss_bytes(void);
 /* Monotonic wall clock in seconds. */
 double mt_time_sec(void);
+/* Sorts v[0..n) ascending and returns its median (mean of the middle two for
+ * even n; 0 for n < 1): the timing statistic of the roof and the benches. */
+double mt_sort_median(double *v, int n);
 
 /* A byte size from the command line or a config: a plain number
  * ("85899345920", "8e10") or a number with a unit, binary (KiB MiB GiB TiB

@@ -12,12 +12,6 @@
 
 #include <stdlib.h>
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 double mt_ops_measure_roof(const struct mt_ops_i *ops, const int *sizes, int n_sizes, int reps,
                            struct mt_ops_roof *out)
 {
@@ -47,8 +41,7 @@ double mt_ops_measure_roof(const struct mt_ops_i *ops, const int *sizes, int n_s
                 double dt = mt_time_sec() - t0;
                 runs[r] = dt > 0 ? 2.0 * n * (double)n * n / dt : 0;
             }
-            qsort(runs, (size_t)reps, sizeof(double), cmp_double);
-            double med = reps % 2 ? runs[reps / 2] : 0.5 * (runs[reps / 2 - 1] + runs[reps / 2]);
+            double med = mt_sort_median(runs, reps);   /* runs sorted: [0] min, [reps-1] max */
             if (med > best.flops) {
                 best.flops = med;
                 best.lo = runs[0];
