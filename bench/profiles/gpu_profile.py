@@ -41,18 +41,26 @@ is missing a field.
 import argparse
 import json
 import os
+import re
 import sys
 
-# src/train/gpu_info.c PEAKS, same order (first substring match wins):
-# name, bf16 dense, fp32 (non-tensor), source
-PEAKS = [
-    ("H100 NVL", 835e12, 60.0e12, "NVIDIA H100 NVL datasheet: 835 TFLOPS bf16 dense, 60 TFLOPS fp32"),
-    ("H100 PCIe", 756e12, 51.2e12, "NVIDIA H100 PCIe datasheet: 756 TFLOPS bf16 dense, 51.2 TFLOPS fp32"),
-    ("H100", 989.4e12, 66.9e12, "NVIDIA H100 SXM5 datasheet: 989.4 TFLOPS bf16 dense, 66.9 TFLOPS fp32"),
-    ("H200 NVL", 835e12, 60.0e12, "NVIDIA H200 NVL datasheet: 835 TFLOPS bf16 dense, 60 TFLOPS fp32"),
-    ("H200", 989.4e12, 66.9e12, "NVIDIA H200 SXM datasheet: 989.4 TFLOPS bf16 dense, 66.9 TFLOPS fp32"),
-    ("A100", 312e12, 19.5e12, "NVIDIA A100 datasheet: 312 TFLOPS bf16 dense, 19.5 TFLOPS fp32"),
-]
+# The datasheet table is src/train/gpu_info.c's PEAKS (the receipt's mfu_device
+# uses it), read from the source rather than copied: one table, first substring
+# match wins. Rows: {"match", bf16 dense, fp32, "source"},
+PEAK_ROW = re.compile(r'\{"([^"]+)",\s*([0-9.eE+]+),\s*([0-9.eE+]+),\s*"([^"]+)"\}')
+
+
+def peaks_table():
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src", "train", "gpu_info.c")
+    try:
+        text = open(src).read()
+    except OSError as e:
+        fail("cannot read the datasheet table: %s" % e)
+    body = text[text.index("PEAKS[]"):] if "PEAKS[]" in text else ""
+    rows = [(k, float(b), float(f), sv) for k, b, f, sv in PEAK_ROW.findall(body[:body.find("};") + 1])]
+    if not rows:
+        fail("no datasheet rows found in %s (PEAKS)" % src)
+    return rows
 
 
 def fail(msg):
@@ -61,7 +69,7 @@ def fail(msg):
 
 
 def datasheet(name):
-    for key, bf16, fp32, src in PEAKS:
+    for key, bf16, fp32, src in peaks_table():
         if key in name:
             return key, bf16, fp32, src
     return None
@@ -173,10 +181,11 @@ def main():
     # config's precision (a bf16 profile must not time an fp32 run)
     prof["by_precision"] = {}
     for k, pk in (("fp32", fp32_peak), ("bf16", bf16_peak)):
-        r_k, sh_k = gemm_rate(k)
-        if k == kind:
+        if k == kind:   # --precision's entry: the efficiency chosen above (GEMM or --receipt)
             prof["by_precision"][k] = {"peak_flops": pk, "efficiency": round(eff, 6), "source": eff_src}
-        elif r_k is not None:
+            continue
+        r_k, sh_k = gemm_rate(k)
+        if r_k is not None:
             prof["by_precision"][k] = {"peak_flops": pk, "efficiency": round(r_k / pk, 6),
                                        "source": eff_source(k, r_k, sh_k, r_k / pk)}
     ar = cal.get("allreduce", {})
