@@ -146,12 +146,12 @@ else
     LLMC_BUILD_PID=
 fi
 
-# stage NAME BOX NEEDS_GPU: run stage_NAME under timeout; one line in stages.txt
+# stage NAME BOX GPU: run stage_NAME under timeout; one line in stages.txt. GPU: 0 runs
+# anywhere, 1 needs a GPU, emu needs a GPU or the CPU emulator (GPU_SH_EMU: its cuda runs)
 stage() {
     local name=$1 box=$2 gpu=$3
     echo " $STAGES " | grep -q " $name " || return 0
-    # without a GPU, equiv and hf can run their cuda side under the emulator (GPU_SH_EMU)
-    if [ "$gpu" = 1 ] && [ $HAVE_GPU = 0 ] && { { [ "$name" != equiv ] && [ "$name" != hf ]; } || [ -z "$EMU" ]; }; then
+    if [ "$gpu" != 0 ] && [ $HAVE_GPU = 0 ] && { [ "$gpu" != emu ] || [ -z "$EMU" ]; }; then
         echo "SKIPPED ($name: no GPU: nvidia-smi -L failed)" | tee -a "$SUMMARY"
         return 0
     fi
@@ -422,10 +422,10 @@ stage_calib() {
     local rc=$?
     [ $rc -eq 0 ] || { tail -5 "$RES/logs/calib.err"; echo "RESULT calib: cuda_calib exit $rc"; return 1; }
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader,nounits | head -1 > "$RES/logs/calib_smi.csv"
-    # named after the card that ran (an H200 is lent too): h200-measured, h100-measured, else gpu-measured
+    # named after the card that ran: "NVIDIA H200 ..." -> h200-measured (an H100 or an H200 is lent)
     local pname
-    pname=$(awk -F, 'NR == 1 { n = tolower($1); print (n ~ /h200/ ? "h200" : n ~ /h100/ ? "h100" : "gpu") "-measured" }' \
-        "$RES/logs/calib_smi.csv")
+    pname=$(awk -F, 'NR == 1 { n = tolower($1); sub(/^nvidia +/, "", n); split(n, w, " ");
+                               print (w[1] ~ /^[a-z0-9]+$/ ? w[1] : "gpu") "-measured" }' "$RES/logs/calib_smi.csv")
     python3 "$ROOT/bench/profiles/gpu_profile.py" "$RES/calib.json" --smi "$RES/logs/calib_smi.csv" \
         --name "$pname" --out "$RES/$pname.json" ||
         { echo "RESULT calib: gpu_profile.py failed"; return 1; }
@@ -509,11 +509,11 @@ export -f stage_summary
 stage env 15 0
 stage ops 60 1
 stage san 80 1
-stage equiv 70 1
+stage equiv 70 emu
 stage speed 150 1
 stage torch 120 1
 stage llmc 60 1
-stage hf 90 1
+stage hf 90 emu
 stage calib 120 1
 [ -n "$LLMC_BUILD_PID" ] && kill "$LLMC_BUILD_PID" 2>/dev/null
 STAGES="$STAGES summary" stage summary 30 0

@@ -253,9 +253,9 @@ static void print_text(const struct mt_plan *p, const struct mt_plan_profile *pr
     if (o->mem > 0)
         printf("fits --mem-per-rank %s: %s\n", human(o->mem, h, sizeof h), (double)mt <= o->mem ? "yes" : "no");
     if (cost) {
+        const int by_prec = strcmp(cost->peak_basis, "profile") != 0;   /* a by_precision entry applied */
         printf("\ncost model (profile %s: %.4g FLOP/s per rank x efficiency %.2f%s%s):\n", prof->name,
-               cost->peak_per_rank, cost->efficiency, strcmp(cost->peak_basis, "profile") ? ", peak for " : "",
-               strcmp(cost->peak_basis, "profile") ? cost->peak_basis : "");
+               cost->peak_per_rank, cost->efficiency, by_prec ? ", peak for " : "", by_prec ? cost->peak_basis : "");
         printf("  compute %.4g s, model-axis comm %.4g s, expert-axis comm %.4g s, pipe comm %.4g s,\n",
                cost->compute_s, cost->tp_s, cost->ep_s, cost->pp_s);
         printf("  data-axis comm %.4g s (exposed %.4g s), pipeline bubble %.4g s\n", cost->dp_s, cost->dp_exposed_s,
