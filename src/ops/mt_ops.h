@@ -309,6 +309,22 @@ struct mt_ops_i {
      * way back of a bf16 gradient reduction (grad_reduce_dtype=bf16). NULL:
      * the backend refuses grad_reduce_dtype=bf16. */
     void (*widen_bf16)(void *be, float *dst, const mt_bf16 *src, size_t n);
+
+    /* ---- attention in bf16 (precision=bf16; docs/cuda.md "Attention on tensor cores") ----
+     * attention_forward/backward's contract for training shapes (Tq == Tk == T,
+     * q_pos0 = 0) with bf16 operands and fp32 accumulation, rounded (nearest
+     * even) at these points only: q, k, v, dout on entry; p_ij = exp(s_ij -
+     * lse_i) (normalised, fp32) before P V and P^T dout; ds_ij = scale p_ij
+     * (dp_ij - D_i) before dS k and dS^T q. s, lse, dp, D and every output
+     * are fp32. out_bf16 (may be NULL) = bf16(out): the Wo GEMM's operand.
+     * dq, dk, dv OVERWRITE. Optional (NULL: the model runs the fp32 entries).
+     * cpu: the reference of the mode (same rounding points); cuda: wmma
+     * tensor-core tiles (attention_tc.cu). */
+    void (*attention_forward_bf16)(void *be, float *out, mt_bf16 *out_bf16, float *lse, const float *q,
+                                   const float *k, const float *v, int B, int T, int H, int K, int hd);
+    void (*attention_backward_bf16)(void *be, float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                    const float *k, const float *v, const float *out, const float *lse,
+                                    int B, int T, int H, int K, int hd);
 };
 
 /* Backends. mt_ops_cpu() never fails. mt_ops_cuda() returns NULL when the

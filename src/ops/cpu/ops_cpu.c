@@ -191,6 +191,19 @@ static void p_attention_backward(void *be, float *dq, float *dk, float *dv, cons
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_ATTENTION, mt_cpu_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, hd));
 }
+static void p_attention_forward_bf16(void *be, float *out, mt_bf16 *out_bf16, float *lse, const float *q,
+                                     const float *k, const float *v, int B, int T, int H, int K, int hd)
+{
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    PROF(MT_OPK_ATTENTION, mt_cpu_attention_forward_bf16(out, out_bf16, lse, q, k, v, B, T, H, K, hd));
+}
+static void p_attention_backward_bf16(void *be, float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                      const float *k, const float *v, const float *out, const float *lse, int B,
+                                      int T, int H, int K, int hd)
+{
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    PROF(MT_OPK_ATTENTION, mt_cpu_attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, hd));
+}
 static void p_swiglu_forward(void *be, float *out, const float *gate, const float *up, size_t n)
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
@@ -419,6 +432,8 @@ static const struct mt_ops_i cpu_ops = {
     /* .rmsnorm_resid_forward_bf16 = */ .rmsnorm_resid_forward_bf16 = p_rmsnorm_resid_forward_bf16,
     /* .swiglu_forward_bf16        = */ .swiglu_forward_bf16        = p_swiglu_forward_bf16,
     /* .widen_bf16                 = */ .widen_bf16                 = p_widen_bf16,
+    /* .attention_forward_bf16     = */ .attention_forward_bf16     = p_attention_forward_bf16,
+    /* .attention_backward_bf16    = */ .attention_backward_bf16    = p_attention_backward_bf16,
 };
 
 const struct mt_ops_i *mt_ops_cpu(void)

@@ -395,6 +395,13 @@ static void bwd_launch(float *dq, float *dk, float *dv, const float *dout, const
     MT_CUDA_KCHECK();
 }
 
+extern "C" void mt_cuda_attention_rowdot(float *D, const float *dout, const float *out, int B, int T, int H, int hd)
+{
+    const size_t rows = (size_t)B * (size_t)T * (size_t)H;
+    MT_LAUNCH(attn_bwd_d_k, (unsigned)((rows + NWARPS - 1) / NWARPS), THREADS, 0)(D, dout, out, B, T, H, hd);
+    MT_CUDA_KCHECK();
+}
+
 extern "C" void mt_cuda_attention_forward(void *be, float *out, float *lse, const float *q, const float *k, const float *v,
                                           int B, int Tq, int Tk, int q_pos0, int H, int K, int hd)
 {
@@ -417,8 +424,7 @@ extern "C" void mt_cuda_attention_backward(void *be, float *dq, float *dk, float
     const size_t rows = (size_t)B * (size_t)T * (size_t)H;
     float *D = (float *)mt_cuda_workspace(rows * sizeof(float));
     if (!D) return;
-    MT_LAUNCH(attn_bwd_d_k, (unsigned)((rows + NWARPS - 1) / NWARPS), THREADS, 0)(D, dout, out, B, T, H, hd);
-    MT_CUDA_KCHECK();
+    mt_cuda_attention_rowdot(D, dout, out, B, T, H, hd);
     if (hd <= 64)       bwd_launch<2>(dq, dk, dv, dout, q, k, v, lse, D, B, T, H, K, hd);
     else if (hd <= 128) bwd_launch<4>(dq, dk, dv, dout, q, k, v, lse, D, B, T, H, K, hd);
     else                bwd_launch<8>(dq, dk, dv, dout, q, k, v, lse, D, B, T, H, K, hd);

@@ -259,6 +259,14 @@ void mt_cuda_attention_backward(void *be, float *dq, float *dk, float *dv, const
                                 const float *q, const float *k, const float *v,
                                 const float *out, const float *lse,
                                 int B, int T, int H, int K, int hd);
+/* D (B,H,T) = rowwise dout . out (fp32), on the bound instance's stream */
+void mt_cuda_attention_rowdot(float *D, const float *dout, const float *out, int B, int T, int H, int hd);
+/* ---- attention_tc.cu ---- */
+void mt_cuda_attention_forward_bf16(void *be, float *out, mt_bf16 *out_bf16, float *lse, const float *q,
+                                    const float *k, const float *v, int B, int T, int H, int K, int hd);
+void mt_cuda_attention_backward_bf16(void *be, float *dq, float *dk, float *dv, const float *dout,
+                                     const float *q, const float *k, const float *v, const float *out,
+                                     const float *lse, int B, int T, int H, int K, int hd);
 
 /* ---- swiglu.cu ---- */
 void mt_cuda_swiglu_forward(void *be, float *out, const float *gate, const float *up, size_t n);

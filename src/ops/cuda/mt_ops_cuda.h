@@ -75,6 +75,9 @@ struct mt_ops_cuda_info {
     long   gemm_grouped_calls; /* grouped GEMM entries called                      */
     long   gemm_grouped_loops; /* ... of those, run as a loop of gemm calls        */
     char   gemm_grouped_fallback[128]; /* why the last loop ran ("" = never)     */
+    /* attention_forward_bf16 / _backward_bf16 (precision=bf16, attention_tc.cu): */
+    long   attention_tc_calls;        /* calls run on tensor cores (wmma bf16)     */
+    long   attention_fp32_fallbacks;  /* calls run by the fp32 kernels (hd > 128)  */
     /* receipt fields (issue 19 item 5) */
     int    device_count;       /* cudaGetDeviceCount at init                       */
     int    driver_version;     /* cudaDriverGetVersion, e.g. 13000                 */

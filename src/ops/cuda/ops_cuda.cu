@@ -124,6 +124,8 @@ static struct mt_ops_i cuda_ops = {
     /* .rmsnorm_resid_forward_bf16 = */ .rmsnorm_resid_forward_bf16 = mt_cuda_rmsnorm_resid_forward_bf16,
     /* .swiglu_forward_bf16        = */ .swiglu_forward_bf16        = mt_cuda_swiglu_forward_bf16,
     /* .widen_bf16                 = */ .widen_bf16                 = mt_cuda_widen_bf16,
+    /* .attention_forward_bf16     = */ .attention_forward_bf16     = mt_cuda_attention_forward_bf16,
+    /* .attention_backward_bf16    = */ .attention_backward_bf16    = mt_cuda_attention_backward_bf16,
 };
 
 /* Undo a (partial) init: release what the bound instance holds and free it. */

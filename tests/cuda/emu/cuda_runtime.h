@@ -102,6 +102,7 @@ static inline cudaError_t cudaFuncSetAttribute(F *kern, cudaFuncAttribute attr, 
 
 /* ---- device side ---- */
 void __syncthreads(void);
+void __syncwarp(unsigned mask = 0xffffffffu);
 /* all live lanes of the calling warp exchange `size` bytes: out = lane src's value */
 void mt_emu_warp_exchange(const void *mine, void *out, int src_lane, size_t size);
 int  mt_emu_lane(void);

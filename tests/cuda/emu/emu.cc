@@ -343,6 +343,7 @@ struct fiber {
     dim3     tid;
     int      state, warp, lane;
     unsigned nexch;  /* warp exchanges done: double-buffer phase */
+    unsigned nwload, nwstore; /* wmma loads / stores done (mma.h): their sequence numbers */
     void    *site;   /* call site of the barrier it waits at (divergence check) */
 };
 
@@ -352,7 +353,29 @@ static std::vector<fiber>           g_f;
 static std::vector<char>            g_stacks;
 static std::vector<int>             g_warp_live, g_warp_arrived;
 static std::vector<unsigned char>   g_slots;  /* [warp][phase 2][lane 32][8 bytes] */
-static std::vector<unsigned char>   g_dyn;
+/* dynamic shared memory: 128-byte aligned like the device's (wmma tiles
+ * need 32-byte alignment; a std::vector's data has only malloc's 16) */
+struct dyn_smem {
+    unsigned char *p = nullptr;
+    size_t n = 0;
+    void resize(size_t want)
+    {
+        if (want <= n) return;
+        free(p);
+        p = (unsigned char *)aligned_alloc(128, (want + 127) & ~(size_t)127);
+        if (!p) abort();
+        n = want;
+    }
+    unsigned char *data() { return p; }
+    size_t size() const { return n; }
+};
+static dyn_smem g_dyn;
+/* wmma tiles in flight (mma.h): a load is done by the FIRST lane of the
+ * warp to reach it and handed to the others, a store by the LAST (see
+ * mt_emu_wmma_load_first); per warp, keyed by the op's sequence number */
+struct wmma_tile { float x[256]; int left; };
+static std::vector<std::map<unsigned, wmma_tile>> g_wmma_loads;
+static std::vector<std::map<unsigned, int>>       g_wmma_stores;
 static int                          g_cur, g_live, g_block_arrived;
 static const std::function<void()> *g_body;
 
@@ -434,6 +457,54 @@ __attribute__((noinline)) void mt_emu_warp_exchange(const void *mine, void *out,
 
 void *mt_emu_dyn_smem(void) { return g_dyn.data(); }
 
+/* wmma (mma.h). On the device a fragment op is one warp-wide instruction;
+ * here every lane runs it, one after the other between switch points (lane
+ * 0 first). The first lane to reach its n-th load reads memory and hands
+ * the tile to the rest; the last lane to reach its n-th store writes it. So
+ * a lane's shared-memory writes reach a wmma load only through a barrier
+ * (__syncwarp / __syncthreads) before it, and a wmma store reaches other
+ * lanes' reads only through a barrier after it — as on the device, where a
+ * missing __syncwarp is a race. Without this a missing barrier would pass:
+ * the last lane, which runs after every write, would publish right tiles. */
+int mt_emu_wmma_load_first(float *x)
+{
+    fiber &f = g_f[g_cur];
+    const unsigned seq = f.nwload++;
+    auto &m = g_wmma_loads[f.warp];
+    auto it = m.find(seq);
+    if (it == m.end()) return 1;
+    memcpy(x, it->second.x, sizeof it->second.x);
+    if (--it->second.left == 0) m.erase(it);
+    return 0;
+}
+void mt_emu_wmma_load_publish(const float *x)
+{
+    fiber &f = g_f[g_cur];
+    const int others = g_warp_live[f.warp] - 1;
+    if (others <= 0) return;
+    wmma_tile &t = g_wmma_loads[f.warp][f.nwload - 1];
+    memcpy(t.x, x, sizeof t.x);
+    t.left = others;
+}
+int mt_emu_wmma_store_last(void)
+{
+    fiber &f = g_f[g_cur];
+    const unsigned seq = f.nwstore++;
+    auto &m = g_wmma_stores[f.warp];
+    if (++m[seq] < g_warp_live[f.warp]) return 0;
+    m.erase(seq);
+    return 1;
+}
+
+/* a warp barrier: every live lane of the warp arrives before any goes on
+ * (and, as on the device, orders their shared-memory accesses) */
+void __syncwarp(unsigned mask)
+{
+    (void)mask;
+    int dummy = 0, out;
+    mt_emu_warp_exchange(&dummy, &out, mt_emu_lane(), sizeof dummy);
+}
+
 static void fiber_entry(void)
 {
     (*g_body)();
@@ -484,6 +555,8 @@ void mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std:
     g_warp_live.assign(nw, 0);
     g_warp_arrived.assign(nw, 0);
     g_slots.assign((size_t)nw * 2 * 32 * 8, 0);
+    g_wmma_loads.assign((size_t)nw, {});
+    g_wmma_stores.assign((size_t)nw, {});
     g_dyn.resize(smem ? smem : 16);
     g_body = &body;
     gridDim = grid;
@@ -501,6 +574,7 @@ void mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std:
                     f.warp = (int)(t / 32);
                     f.lane = (int)(t % 32);
                     f.nexch = 0;
+                    f.nwload = f.nwstore = 0;
                     f.sp = fiber_stack_init(&g_stacks[t * STACK_BYTES], STACK_BYTES);
                 }
                 for (int w = 0; w < nw; w++) {

@@ -1,0 +1,511 @@
+/*
+ * attention_tc.cu — causal GQA attention on tensor cores for precision=bf16
+ * (mt_ops.h attention_forward_bf16 / attention_backward_bf16): bf16
+ * operands, fp32 accumulation, softmax statistics in fp32. Same layouts as
+ * attention.cu: q, out, dout, dq (B,T,H,hd); k, v, dk, dv (B,T,K,hd); lse
+ * (B,H,T); query head h reads kv head h / (H/K) (K/V are never repeated in
+ * memory); scale = 1/sqrt(hd); training shapes (Tq == Tk == T, q_pos0 = 0).
+ *
+ * Rounding points (the cpu twin, src/ops/cpu/attention_bf16.c, rounds at
+ * the same ones; docs/cuda.md "Attention on tensor cores" bounds the error):
+ *   q, k, v, dout  -> bf16 once per call (cast into the workspace)
+ *   s_ij = scale * sum_d q_id k_jd           (fp32 accumulation)
+ *   p_ij = exp(s_ij - lse_i)                 (fp32; bf16(p) feeds P V and P^T dO)
+ *   o_i  = sum_j bf16(p_ij) v_j              (fp32 accumulation; out fp32, + bf16 twin)
+ *   dp_ij = sum_d dout_id v_jd;  D_i = dout_i . out_i (fp32 operands)
+ *   ds_ij = scale p_ij (dp_ij - D_i)         (bf16(ds) feeds dS K and dS^T Q)
+ *   dv_j = sum_i bf16(p_ij) dout_i;  dk_j = sum_i bf16(ds_ij) q_i;  dq_i = sum_j bf16(ds_ij) k_j
+ *
+ * HOW IT WORKS
+ *
+ * Tiles of 64 queries x 64 keys; a block is 4 warps (128 threads); a warp
+ * owns 16 rows of the tile and multiplies with nvcuda::wmma 16x16x16 bf16
+ * fragments. Every fragment moves only through load/store/mma/fill, never
+ * by element, so nothing depends on the (unspecified) fragment layout: the
+ * CPU emulator (tests/cuda/emu/mma.h) runs the same code exactly. The head
+ * dim is padded with zeros to hd16 = a multiple of 16 in shared memory;
+ * shared rows are padded by 8 bf16 / 4 floats against bank conflicts (and
+ * keep wmma's 32-byte alignment).
+ *
+ * Forward, block = (query tile, head, batch), two passes over the visible
+ * key tiles (causal: tiles up to the diagonal):
+ *   1. S_w = Q_w K^T per tile; two lanes per row keep the running max m and
+ *      sum l (l = l e^(m-m') + sum e^(s-m')); lse = m + log l.
+ *   2. S_w again (the same products, the same bits), P = bf16(exp(s - lse))
+ *      already normalised, O_w += P V in accumulator fragments.
+ * Two passes instead of FlashAttention's rescaled single pass: rescaling
+ * O by a per-row factor needs the fragment layout (or a round trip of O
+ * through shared memory per tile); the second QK^T costs +50% forward
+ * FLOPs, ~11% of forward+backward.
+ * Backward (no atomics, fixed order: deterministic), after D = rowdot(dout, out):
+ *   dK/dV: block = (key tile, kv head, batch); warp w owns keys 16w..16w+15;
+ *     for each head of the group, each query tile from the diagonal:
+ *     S^T = K_w Q^T, P^T (kept in registers, bf16 copy in smem), dP^T = V_w dO^T,
+ *     dS^T, then dV_w += P^T dO, dK_w += dS^T Q (accumulators in fragments).
+ *   dQ: block = (query tile, head, batch); per key tile up to the diagonal:
+ *     S = Q_w K^T, P, dP = dO_w V^T, dS, dQ_w += dS K.
+ * P and dP are recomputed in both (the price of no atomics, as attention.cu).
+ * Head dims above 128 run the fp32 kernels of attention.cu (named in
+ * mt_ops_cuda_info.attention_fp32_fallbacks).
+ */
+#include "cuda_impl.cuh"
+
+#include <math.h>
+#include <mma.h>
+
+using namespace nvcuda;
+
+#define TC_B     64            /* rows of a query tile = keys of a key tile */
+#define TC_WARPS 4
+#define TC_THREADS (TC_WARPS * MT_WARP)
+#define TC_LDS   (TC_B + 4)    /* row stride of a warp's fp32 score tile */
+#define TC_LDP   (TC_B + 8)    /* row stride of a warp's bf16 P / dS tile */
+
+typedef __nv_bfloat16 bf16;
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> frag_a;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> frag_b_row;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> frag_b_col;
+typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> frag_c;
+
+struct alignas(16) tc_u128 { uint32_t w[4]; };
+
+static __host__ __device__ inline int tc_hd16(int hd) { return (hd + 15) & ~15; }
+
+/* rows [r0, r0 + 64) of one head of a (B,T,nh,hd) bf16 tensor into a shared
+ * tile (64, ld) zero-padded past T and past hd. vec: hd % 8 == 0 and the
+ * tensor 16-byte aligned, 16-byte copies. */
+static __device__ void tc_load_tile(bf16 *dst, int ld, const bf16 *src, int b, int r0, int T, int nh, int head,
+                                    int hd, int hd16, bool vec)
+{
+    const size_t rstride = (size_t)nh * (size_t)hd;
+    const bf16 *base = src + ((size_t)b * (size_t)T) * rstride + (size_t)head * (size_t)hd;
+    if (vec) {
+        const int cpr = hd16 / 8;  /* 16-byte chunks per row */
+        for (int e = threadIdx.x; e < TC_B * cpr; e += TC_THREADS) {
+            const int r = e / cpr, c8 = (e - r * cpr) * 8;
+            tc_u128 val = {{0u, 0u, 0u, 0u}};
+            if (r0 + r < T && c8 < hd) val = *(const tc_u128 *)(base + (size_t)(r0 + r) * rstride + c8);
+            *(tc_u128 *)(dst + r * ld + c8) = val;
+        }
+    } else {
+        const bf16 zero = __float2bfloat16_rn(0.0f);
+        for (int e = threadIdx.x; e < TC_B * hd16; e += TC_THREADS) {
+            const int r = e / hd16, c = e - r * hd16;
+            dst[r * ld + c] = (r0 + r < T && c < hd) ? base[(size_t)(r0 + r) * rstride + c] : zero;
+        }
+    }
+}
+
+/* acc[f] (16 x 16 f) = rows of A (16 x hd16 at a, lda) times B^T, B the 64
+ * rows of a shared tile (ldb): S = A B^T, accumulated over hd16 / 16 steps */
+static __device__ __forceinline__ void tc_abt(frag_c acc[4], const bf16 *a, int lda, const bf16 *bt, int ldb,
+                                              int hd16)
+{
+#pragma unroll
+    for (int f = 0; f < 4; f++) wmma::fill_fragment(acc[f], 0.0f);
+    for (int kk = 0; kk < hd16; kk += 16) {
+        frag_a fa;
+        wmma::load_matrix_sync(fa, a + kk, (unsigned)lda);
+#pragma unroll
+        for (int f = 0; f < 4; f++) {
+            frag_b_col fb;  /* B^T: element (d, n) = B[n][d] */
+            wmma::load_matrix_sync(fb, bt + (size_t)(16 * f) * (size_t)ldb + kk, (unsigned)ldb);
+            wmma::mma_sync(acc[f], fa, fb, acc[f]);
+        }
+    }
+}
+
+/* out[f] += P (16 x 64 at p, ldp) times the 64 rows of a shared tile (ldb),
+ * f over the hd16 / 16 column blocks */
+template <int NF>
+static __device__ __forceinline__ void tc_pv(frag_c out[NF], const bf16 *p, int ldp, const bf16 *b, int ldb, int nf)
+{
+#pragma unroll
+    for (int kk = 0; kk < TC_B; kk += 16) {
+        frag_a fa;
+        wmma::load_matrix_sync(fa, p + kk, (unsigned)ldp);
+#pragma unroll
+        for (int f = 0; f < NF; f++) {
+            if (f >= nf) break;
+            frag_b_row fb;
+            wmma::load_matrix_sync(fb, b + (size_t)kk * (size_t)ldb + 16 * f, (unsigned)ldb);
+            wmma::mma_sync(out[f], fa, fb, out[f]);
+        }
+    }
+}
+
+static __device__ __forceinline__ void tc_store4(float *s, const frag_c acc[4])
+{
+#pragma unroll
+    for (int f = 0; f < 4; f++) wmma::store_matrix_sync(s + 16 * f, acc[f], TC_LDS, wmma::mem_row_major);
+}
+
+/* a warp's accumulators (16 x hd16) -> rows of a (B,T,nh,hd) fp32 tensor
+ * (and its bf16 twin), through the warp's staging tile (16, hd16 + 4) */
+template <int NF>
+static __device__ void tc_write_rows(float *dst, bf16 *dst_b, float *stage, const frag_c acc[NF], int nf, int b,
+                                     int r0, int T, int nh, int head, int hd, int hd16)
+{
+    const int lds = hd16 + 4, lane = threadIdx.x % MT_WARP;
+#pragma unroll
+    for (int f = 0; f < NF; f++) {
+        if (f >= nf) break;
+        wmma::store_matrix_sync(stage + 16 * f, acc[f], (unsigned)lds, wmma::mem_row_major);
+    }
+    __syncwarp();
+    const size_t rstride = (size_t)nh * (size_t)hd;
+    for (int e = lane; e < 16 * hd; e += MT_WARP) {
+        const int r = e / hd, c = e - r * hd;
+        if (r0 + r >= T) continue;
+        const size_t at = ((size_t)b * (size_t)T + (size_t)(r0 + r)) * rstride + (size_t)head * (size_t)hd + c;
+        const float v = stage[r * lds + c];
+        dst[at] = v;
+        if (dst_b) dst_b[at] = __float2bfloat16_rn(v);
+    }
+    __syncwarp();
+}
+
+/* ---- forward ---- */
+template <int NF>
+static __global__ void __launch_bounds__(TC_THREADS)
+attn_tc_fwd_k(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int T, int H,
+              int K, int hd, float scale, int vec)
+{
+    MT_DYN_SMEM(unsigned char, sm);
+    const int hd16 = tc_hd16(hd), nf = hd16 / 16, ldh = hd16 + 8;
+    bf16 *Qs = (bf16 *)sm;
+    bf16 *Ks = Qs + TC_B * ldh;
+    bf16 *Vs = Ks + TC_B * ldh;
+    float *Ss = (float *)(Vs + TC_B * ldh);
+    bf16 *Ps = (bf16 *)(Ss + TC_WARPS * 16 * TC_LDS);
+    const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / (H / K);
+    const int warp = threadIdx.x / MT_WARP, lane = threadIdx.x % MT_WARP;
+    const int i0 = qt * TC_B;
+    float *Sw = Ss + warp * 16 * TC_LDS;
+    bf16 *Pw = Ps + warp * 16 * TC_LDP;
+    const int r = lane >> 1, c0 = (lane & 1) * 32;  /* two lanes per row, 32 columns each */
+    const int qi = i0 + 16 * warp + r;              /* this lane's query */
+
+    tc_load_tile(Qs, ldh, q, b, i0, T, H, h, hd, hd16, vec != 0);
+    const int n_kt = qt + 1;  /* key tiles up to the diagonal */
+    float m = -INFINITY, l = 0.0f;
+    frag_c acc[4];
+    for (int pass = 0; pass < 2; pass++) {
+        frag_c o[NF];
+#pragma unroll
+        for (int f = 0; f < NF; f++) wmma::fill_fragment(o[f], 0.0f);
+        const float lse_i = m + logf(l);
+        for (int kt = 0; kt < n_kt; kt++) {
+            const int j0 = kt * TC_B;
+            __syncthreads();  /* the previous tile is consumed (and Q is loaded) */
+            tc_load_tile(Ks, ldh, k, b, j0, T, K, kvh, hd, hd16, vec != 0);
+            if (pass == 1) tc_load_tile(Vs, ldh, v, b, j0, T, K, kvh, hd, hd16, vec != 0);
+            __syncthreads();
+            tc_abt(acc, Qs + (16 * warp) * ldh, ldh, Ks, ldh, hd16);
+            tc_store4(Sw, acc);
+            __syncwarp();
+            const float *srow = Sw + r * TC_LDS + c0;
+            if (pass == 0) {
+                float mx = -INFINITY;
+                for (int c = 0; c < 32; c++) {
+                    const int j = j0 + c0 + c;
+                    if (j <= qi && j < T) mx = fmaxf(mx, srow[c] * scale);
+                }
+                mx = fmaxf(mx, __shfl_xor_sync(MT_FULL_MASK, mx, 1));
+                /* every lane shuffles (full mask); a row with no visible key
+                 * in this tile (mnew = -inf only before its first) keeps m, l */
+                const float mnew = fmaxf(m, mx);
+                float sum = 0.0f;
+                for (int c = 0; c < 32; c++) {
+                    const int j = j0 + c0 + c;
+                    if (j <= qi && j < T) sum += expf(srow[c] * scale - mnew);
+                }
+                sum += __shfl_xor_sync(MT_FULL_MASK, sum, 1);
+                if (mnew != -INFINITY) {
+                    l = l * expf(m - mnew) + sum;
+                    m = mnew;
+                }
+            } else {
+                bf16 *prow = Pw + r * TC_LDP + c0;
+                for (int c = 0; c < 32; c++) {
+                    const int j = j0 + c0 + c;
+                    const float p = (j <= qi && j < T) ? expf(srow[c] * scale - lse_i) : 0.0f;
+                    prow[c] = __float2bfloat16_rn(p);
+                }
+                __syncwarp();
+                tc_pv<NF>(o, Pw, TC_LDP, Vs, ldh, nf);
+            }
+            __syncwarp();  /* the score tile is read before the next tile overwrites it */
+        }
+        if (pass == 1) {
+            if ((lane & 1) == 0 && qi < T) lse[((size_t)b * (size_t)H + (size_t)h) * (size_t)T + (size_t)qi] = lse_i;
+            __syncthreads();  /* every warp is done with K and V: they become the staging tiles */
+            float *stage = (float *)Ks + warp * 16 * (hd16 + 4);
+            tc_write_rows<NF>(out, out_b, stage, o, nf, b, i0 + 16 * warp, T, H, h, hd, hd16);
+        }
+    }
+}
+
+/* ---- backward: dK, dV ---- */
+template <int NF>
+static __global__ void __launch_bounds__(TC_THREADS)
+attn_tc_dkdv_k(float *dk, float *dv, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *g, const float *lse,
+               const float *D, int T, int H, int K, int hd, float scale, int vec)
+{
+    MT_DYN_SMEM(unsigned char, sm);
+    const int hd16 = tc_hd16(hd), nf = hd16 / 16, ldh = hd16 + 8;
+    bf16 *Ks = (bf16 *)sm;
+    bf16 *Vs = Ks + TC_B * ldh;
+    bf16 *Qs = Vs + TC_B * ldh;
+    bf16 *Gs = Qs + TC_B * ldh;
+    float *Ss = (float *)(Gs + TC_B * ldh);
+    bf16 *Ps = (bf16 *)(Ss + TC_WARPS * 16 * TC_LDS);
+    bf16 *DSs = Ps + TC_WARPS * 16 * TC_LDP;
+    float *Ls = (float *)(DSs + TC_WARPS * 16 * TC_LDP);
+    float *Dsh = Ls + TC_B;
+    const int kt = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, grp = H / K;
+    const int warp = threadIdx.x / MT_WARP, lane = threadIdx.x % MT_WARP;
+    const int j0 = kt * TC_B;
+    float *Sw = Ss + warp * 16 * TC_LDS;
+    bf16 *Pw = Ps + warp * 16 * TC_LDP, *DSw = DSs + warp * 16 * TC_LDP;
+    const int r = lane >> 1, c0 = (lane & 1) * 32;
+    const int kj = j0 + 16 * warp + r;  /* this lane's key */
+
+    tc_load_tile(Ks, ldh, k, b, j0, T, K, kvh, hd, hd16, vec != 0);
+    tc_load_tile(Vs, ldh, v, b, j0, T, K, kvh, hd, hd16, vec != 0);
+    frag_c dka[NF], dva[NF], acc[4];
+#pragma unroll
+    for (int f = 0; f < NF; f++) {
+        wmma::fill_fragment(dka[f], 0.0f);
+        wmma::fill_fragment(dva[f], 0.0f);
+    }
+    const int n_qt = (T + TC_B - 1) / TC_B;
+    for (int gi = 0; gi < grp; gi++) {
+        const int h = kvh * grp + gi;
+        const size_t lrow = ((size_t)b * (size_t)H + (size_t)h) * (size_t)T;
+        for (int qt = kt; qt < n_qt; qt++) {  /* query tiles from the diagonal on */
+            const int i0 = qt * TC_B;
+            __syncthreads();
+            tc_load_tile(Qs, ldh, q, b, i0, T, H, h, hd, hd16, vec != 0);
+            tc_load_tile(Gs, ldh, g, b, i0, T, H, h, hd, hd16, vec != 0);
+            if (threadIdx.x < TC_B) {
+                const int i = i0 + (int)threadIdx.x;
+                Ls[threadIdx.x] = i < T ? lse[lrow + (size_t)i] : 0.0f;
+                Dsh[threadIdx.x] = i < T ? D[lrow + (size_t)i] : 0.0f;
+            }
+            __syncthreads();
+            /* S^T = K_w Q^T -> P^T (registers, and bf16 in smem) */
+            tc_abt(acc, Ks + (16 * warp) * ldh, ldh, Qs, ldh, hd16);
+            tc_store4(Sw, acc);
+            __syncwarp();
+            float p[32];
+            const float *srow = Sw + r * TC_LDS + c0;
+            bf16 *prow = Pw + r * TC_LDP + c0;
+            for (int c = 0; c < 32; c++) {
+                const int i = i0 + c0 + c;
+                p[c] = (i >= kj && i < T && kj < T) ? expf(srow[c] * scale - Ls[c0 + c]) : 0.0f;
+                prow[c] = __float2bfloat16_rn(p[c]);
+            }
+            __syncwarp();
+            /* dP^T = V_w dO^T -> dS^T */
+            tc_abt(acc, Vs + (16 * warp) * ldh, ldh, Gs, ldh, hd16);
+            tc_store4(Sw, acc);
+            __syncwarp();
+            bf16 *dsrow = DSw + r * TC_LDP + c0;
+            for (int c = 0; c < 32; c++)
+                dsrow[c] = __float2bfloat16_rn(scale * p[c] * (srow[c] - Dsh[c0 + c]));
+            __syncwarp();
+            tc_pv<NF>(dva, Pw, TC_LDP, Gs, ldh, nf);   /* dV_w += P^T dO */
+            tc_pv<NF>(dka, DSw, TC_LDP, Qs, ldh, nf);  /* dK_w += dS^T Q */
+        }
+    }
+    __syncthreads();  /* Q and dO become the staging tiles */
+    float *stage = (float *)Qs + warp * 16 * (hd16 + 4);
+    tc_write_rows<NF>(dk, NULL, stage, dka, nf, b, j0 + 16 * warp, T, K, kvh, hd, hd16);
+    tc_write_rows<NF>(dv, NULL, stage, dva, nf, b, j0 + 16 * warp, T, K, kvh, hd, hd16);
+}
+
+/* ---- backward: dQ ---- */
+template <int NF>
+static __global__ void __launch_bounds__(TC_THREADS)
+attn_tc_dq_k(float *dq, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *g, const float *lse,
+             const float *D, int T, int H, int K, int hd, float scale, int vec)
+{
+    MT_DYN_SMEM(unsigned char, sm);
+    const int hd16 = tc_hd16(hd), nf = hd16 / 16, ldh = hd16 + 8;
+    bf16 *Qs = (bf16 *)sm;
+    bf16 *Gs = Qs + TC_B * ldh;
+    bf16 *Ks = Gs + TC_B * ldh;
+    bf16 *Vs = Ks + TC_B * ldh;
+    float *Ss = (float *)(Vs + TC_B * ldh);
+    bf16 *DSs = (bf16 *)(Ss + TC_WARPS * 16 * TC_LDS);
+    const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / (H / K);
+    const int warp = threadIdx.x / MT_WARP, lane = threadIdx.x % MT_WARP;
+    const int i0 = qt * TC_B;
+    float *Sw = Ss + warp * 16 * TC_LDS;
+    bf16 *DSw = DSs + warp * 16 * TC_LDP;
+    const int r = lane >> 1, c0 = (lane & 1) * 32;
+    const int qi = i0 + 16 * warp + r;
+    const size_t lrow = ((size_t)b * (size_t)H + (size_t)h) * (size_t)T;
+    const float L = qi < T ? lse[lrow + (size_t)qi] : 0.0f, Di = qi < T ? D[lrow + (size_t)qi] : 0.0f;
+
+    tc_load_tile(Qs, ldh, q, b, i0, T, H, h, hd, hd16, vec != 0);
+    tc_load_tile(Gs, ldh, g, b, i0, T, H, h, hd, hd16, vec != 0);
+    frag_c dqa[NF], acc[4];
+#pragma unroll
+    for (int f = 0; f < NF; f++) wmma::fill_fragment(dqa[f], 0.0f);
+    for (int kt = 0; kt <= qt; kt++) {
+        const int j0 = kt * TC_B;
+        __syncthreads();
+        tc_load_tile(Ks, ldh, k, b, j0, T, K, kvh, hd, hd16, vec != 0);
+        tc_load_tile(Vs, ldh, v, b, j0, T, K, kvh, hd, hd16, vec != 0);
+        __syncthreads();
+        tc_abt(acc, Qs + (16 * warp) * ldh, ldh, Ks, ldh, hd16);  /* S = Q_w K^T */
+        tc_store4(Sw, acc);
+        __syncwarp();
+        float p[32];
+        const float *srow = Sw + r * TC_LDS + c0;
+        for (int c = 0; c < 32; c++) {
+            const int j = j0 + c0 + c;
+            p[c] = (j <= qi && j < T && qi < T) ? expf(srow[c] * scale - L) : 0.0f;
+        }
+        __syncwarp();
+        tc_abt(acc, Gs + (16 * warp) * ldh, ldh, Vs, ldh, hd16);  /* dP = dO_w V^T */
+        tc_store4(Sw, acc);
+        __syncwarp();
+        bf16 *dsrow = DSw + r * TC_LDP + c0;
+        for (int c = 0; c < 32; c++) dsrow[c] = __float2bfloat16_rn(scale * p[c] * (srow[c] - Di));
+        __syncwarp();
+        tc_pv<NF>(dqa, DSw, TC_LDP, Ks, ldh, nf);  /* dQ_w += dS K */
+    }
+    __syncthreads();
+    float *stage = (float *)Ks + warp * 16 * (hd16 + 4);
+    tc_write_rows<NF>(dq, NULL, stage, dqa, nf, b, i0 + 16 * warp, T, H, h, hd, hd16);
+}
+
+/* ---- host side ---- */
+static size_t tc_up256(size_t b) { return (b + 255) & ~(size_t)255; }
+
+static size_t tc_smem_fwd(int hd16)
+{
+    return (size_t)3 * TC_B * (hd16 + 8) * 2 + (size_t)TC_WARPS * 16 * TC_LDS * 4 + (size_t)TC_WARPS * 16 * TC_LDP * 2;
+}
+static size_t tc_smem_dkdv(int hd16)
+{
+    return (size_t)4 * TC_B * (hd16 + 8) * 2 + (size_t)TC_WARPS * 16 * TC_LDS * 4 +
+           (size_t)2 * TC_WARPS * 16 * TC_LDP * 2 + (size_t)2 * TC_B * 4;
+}
+static size_t tc_smem_dq(int hd16)
+{
+    return (size_t)4 * TC_B * (hd16 + 8) * 2 + (size_t)TC_WARPS * 16 * TC_LDS * 4 + (size_t)TC_WARPS * 16 * TC_LDP * 2;
+}
+
+template <typename F>
+static int tc_smem_opt_in(F *kern, size_t bytes)
+{
+    if (bytes <= 48 * 1024) return 1;
+    return MT_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+/* bf16 copies of the call's operands in the workspace, each 256-byte aligned */
+struct tc_operands {
+    bf16 *q, *k, *v, *g;
+    float *D;
+    int vec;
+};
+static int tc_stage(struct tc_operands *o, const float *q, const float *k, const float *v, const float *dout,
+                    int B, int T, int H, int K, int hd)
+{
+    const size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * K * hd;
+    const size_t bq = tc_up256(nq * 2), bk = tc_up256(nk * 2), bd = dout ? tc_up256((size_t)B * H * T * 4) : 0;
+    unsigned char *ws = (unsigned char *)mt_cuda_workspace(bq + 2 * bk + (dout ? bq : 0) + bd);
+    if (!ws) return 0;
+    o->q = (bf16 *)ws;
+    o->k = (bf16 *)(ws + bq);
+    o->v = (bf16 *)(ws + bq + bk);
+    o->g = dout ? (bf16 *)(ws + bq + 2 * bk) : NULL;
+    o->D = dout ? (float *)(ws + 2 * bq + 2 * bk) : NULL;
+    o->vec = hd % 8 == 0;  /* the workspace is 256-byte aligned: rows start on 16 bytes when hd % 8 == 0 */
+    mt_cuda_cast_bf16(mt_cuda_be, (mt_bf16 *)o->q, q, nq);
+    mt_cuda_cast_bf16(mt_cuda_be, (mt_bf16 *)o->k, k, nk);
+    mt_cuda_cast_bf16(mt_cuda_be, (mt_bf16 *)o->v, v, nk);
+    if (dout) mt_cuda_cast_bf16(mt_cuda_be, (mt_bf16 *)o->g, dout, nq);
+    return 1;
+}
+
+template <int NF>
+static void tc_fwd_launch(float *out, bf16 *out_b, float *lse, const struct tc_operands *o, int B, int T, int H,
+                          int K, int hd)
+{
+    const size_t smem = tc_smem_fwd(tc_hd16(hd));
+    if (!tc_smem_opt_in(attn_tc_fwd_k<NF>, smem)) return;
+    dim3 grid((unsigned)((T + TC_B - 1) / TC_B), (unsigned)H, (unsigned)B);
+    MT_LAUNCH(attn_tc_fwd_k<NF>, grid, TC_THREADS, smem)(out, out_b, lse, o->q, o->k, o->v, T, H, K, hd,
+                                                         1.0f / sqrtf((float)hd), o->vec);
+    MT_CUDA_KCHECK();
+}
+
+template <int NF>
+static void tc_bwd_launch(float *dq, float *dk, float *dv, const float *lse, const struct tc_operands *o, int B,
+                          int T, int H, int K, int hd)
+{
+    const int hd16 = tc_hd16(hd);
+    const float scale = 1.0f / sqrtf((float)hd);
+    const size_t s_kv = tc_smem_dkdv(hd16), s_q = tc_smem_dq(hd16);
+    if (!tc_smem_opt_in(attn_tc_dkdv_k<NF>, s_kv) || !tc_smem_opt_in(attn_tc_dq_k<NF>, s_q)) return;
+    const unsigned nt = (unsigned)((T + TC_B - 1) / TC_B);
+    MT_LAUNCH(attn_tc_dkdv_k<NF>, dim3(nt, (unsigned)K, (unsigned)B), TC_THREADS, s_kv)(
+        dk, dv, o->q, o->k, o->v, o->g, lse, o->D, T, H, K, hd, scale, o->vec);
+    MT_CUDA_KCHECK();
+    MT_LAUNCH(attn_tc_dq_k<NF>, dim3(nt, (unsigned)H, (unsigned)B), TC_THREADS, s_q)(
+        dq, o->q, o->k, o->v, o->g, lse, o->D, T, H, K, hd, scale, o->vec);
+    MT_CUDA_KCHECK();
+}
+
+static int tc_shape_ok(int H, int K, int hd)
+{
+    if (hd < 1 || K < 1 || H % K != 0) {
+        MT_CUDA_UNSUPPORTED("attention (bf16): head dim must be >= 1 and H a multiple of K");
+        return 0;
+    }
+    return 1;
+}
+
+extern "C" void mt_cuda_attention_forward_bf16(void *be, float *out, mt_bf16 *out_bf16, float *lse, const float *q,
+                                               const float *k, const float *v, int B, int T, int H, int K, int hd)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    if (B <= 0 || T <= 0 || H <= 0) return;
+    if (!tc_shape_ok(H, K, hd)) return;
+    if (hd > 128) {  /* no tensor-core tiles for it: the fp32 kernels, counted */
+        mt_cuda_be->info.attention_fp32_fallbacks++;
+        mt_cuda_attention_forward(be, out, lse, q, k, v, B, T, T, 0, H, K, hd);
+        if (out_bf16) mt_cuda_cast_bf16(be, out_bf16, out, (size_t)B * T * H * hd);
+        return;
+    }
+    struct tc_operands o;
+    if (!tc_stage(&o, q, k, v, NULL, B, T, H, K, hd)) return;
+    mt_cuda_be->info.attention_tc_calls++;
+    if (hd <= 64) tc_fwd_launch<4>(out, (bf16 *)out_bf16, lse, &o, B, T, H, K, hd);
+    else          tc_fwd_launch<8>(out, (bf16 *)out_bf16, lse, &o, B, T, H, K, hd);
+}
+
+extern "C" void mt_cuda_attention_backward_bf16(void *be, float *dq, float *dk, float *dv, const float *dout,
+                                                const float *q, const float *k, const float *v, const float *out,
+                                                const float *lse, int B, int T, int H, int K, int hd)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    if (B <= 0 || T <= 0 || H <= 0) return;
+    if (!tc_shape_ok(H, K, hd)) return;
+    if (hd > 128) {
+        mt_cuda_be->info.attention_fp32_fallbacks++;
+        mt_cuda_attention_backward(be, dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, hd);
+        return;
+    }
+    struct tc_operands o;
+    if (!tc_stage(&o, q, k, v, dout, B, T, H, K, hd)) return;
+    mt_cuda_attention_rowdot(o.D, dout, out, B, T, H, hd);
+    mt_cuda_be->info.attention_tc_calls++;
+    if (hd <= 64) tc_bwd_launch<4>(dq, dk, dv, lse, &o, B, T, H, K, hd);
+    else          tc_bwd_launch<8>(dq, dk, dv, lse, &o, B, T, H, K, hd);
+}

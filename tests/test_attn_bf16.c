@@ -1,0 +1,359 @@
+/*
+ * test_attn_bf16.c — op harness of attention in precision=bf16 (mt_ops.h
+ * attention_forward_bf16 / attention_backward_bf16): the cpu reference of
+ * the mode, and with -b cuda the tensor-core kernels (attention_tc.cu; under
+ * the CPU emulator in CI, tests/test_cuda_build.sh stage b3).
+ *
+ * Checks, per shape (GQA ratios 1, 2, 8; T a multiple of the 64-row tile,
+ * not one, and below one; hd 64, 128, 40 (padded to 48) and 20 (no 16-byte
+ * rows)):
+ *   1. out, lse, dq, dk, dv against a double-precision reference of the
+ *      exact math on the unrounded inputs, element by element within the
+ *      first-order worst-case bound of the mode's roundings (derived in
+ *      docs/cuda.md, "Attention on tensor cores"; computed here per element
+ *      from the reference's own sums); reports the largest err / bound;
+ *   2. bf16 really ran: out differs from the reference by more than fp32
+ *      could (> 1e-5 of max|out|) somewhere;
+ *   3. out_bf16 == bf16(out) bit for bit; a NULL out_bf16 is allowed;
+ *   4. determinism: a second call gives the same bits (forward and backward);
+ *   5. with -b cuda: the outputs equal the cpu reference of the mode within
+ *      the same bound (both are rounded at the same points).
+ * Usage: test_attn_bf16 [-b cpu|cuda]; exits 1 if any check fails, 77 if the
+ * backend is not available.
+ */
+#include "ops/mt_ops.h"
+#include "core/mt_core.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int g_fail = 0, g_pass = 0;
+static const struct mt_ops_i *g_ops, *g_cpu;
+static struct mt_ctx g_ctx;
+
+static uint64_t g_rng = 0x243f6a8885a308d3ull;
+static double nrand(void)
+{
+    double a[2];
+    for (int t = 0; t < 2; t++) {
+        g_rng ^= g_rng << 13; g_rng ^= g_rng >> 7; g_rng ^= g_rng << 17;
+        a[t] = (double)(g_rng >> 11) * (1.0 / 9007199254740992.0);
+    }
+    return sqrt(-2.0 * log(a[0] + 1e-12)) * cos(6.283185307179586 * a[1]);
+}
+
+static void check(int ok, const char *what, const char *detail)
+{
+    printf("%s  %-58s %s\n", ok ? "ok  " : "FAIL", what, detail);
+    if (ok) g_pass++; else g_fail++;
+}
+
+static void *xalloc(size_t bytes)
+{
+    void *p = calloc(bytes ? bytes : 1, 1);
+    if (!p) { fprintf(stderr, "test_attn_bf16: out of memory\n"); exit(1); }
+    return p;
+}
+
+/* device buffers of the backend under test */
+static void *dev(const struct mt_ops_i *ops, size_t bytes)
+{
+    void *d = ops->buf_alloc(ops->be, &g_ctx, bytes ? bytes : 4, MT_BUCKET_OTHER);
+    if (!d) { fprintf(stderr, "test_attn_bf16: buf_alloc failed\n"); exit(1); }
+    return d;
+}
+static void *up(const struct mt_ops_i *ops, const void *h, size_t bytes)
+{
+    void *d = dev(ops, bytes);
+    ops->copy_from_host(ops->be, d, h, bytes);
+    return d;
+}
+static void down(const struct mt_ops_i *ops, void *h, const void *d, size_t bytes)
+{
+    ops->sync(ops->be);
+    ops->copy_to_host(ops->be, h, d, bytes);
+}
+
+struct shape { int B, T, H, K, hd; };
+
+/* the reference in double and the per-element bounds */
+struct ref {
+    double *out, *lse, *dq, *dk, *dv;
+    double *b_out, *b_lse, *b_dq, *b_dk, *b_dv;
+};
+
+static const double U16 = 1.0 / 256.0;         /* bf16 unit roundoff 2^-8 */
+static const double U32 = 1.0 / 16777216.0;    /* fp32 unit roundoff 2^-24 */
+
+/* Forward and backward in double with the bound terms (docs/cuda.md):
+ *   e_s  = (2u + (hd+2)u32) scale sum_d |q k|           (score error)
+ *   e_lse = max_j e_s + (T+2) u32                          (forward)
+ *   eps_p = e_s + e_lse + u + 4u32                         (bf16(p) relative)
+ *   out: sum_j p |v| (eps_p + u + (T+2)u32)
+ *   backward (out, lse given as fp32 values of the reference's):
+ *   eps_p' = e_s + u32 (|lse| + 6); e_dp = (2u + (hd+2)u32) sum_d |dO v|
+ *   e_D = (hd+2) u32 sum_d |dO out|
+ *   E_ds = scale p (eps_p' |dp - D| + e_dp + e_D) + u |ds| + 4u32 |ds|
+ *   dq: sum_j (E_ds |k| + |ds| |k| (u + (T+2)u32)); dk likewise with q
+ *   dv: sum_i p |dO| (eps_p' + 2u + (T+2)u32) */
+static void reference(struct ref *r, const struct shape *s, const float *q, const float *k, const float *v,
+                      const float *g)
+{
+    const int B = s->B, T = s->T, H = s->H, K = s->K, hd = s->hd, grp = H / K;
+    const size_t qld = (size_t)H * hd, kld = (size_t)K * hd;
+    const size_t nq = (size_t)B * T * qld, nk = (size_t)B * T * kld, nl = (size_t)B * H * T;
+    const double scale = 1.0 / sqrt((double)hd), es_c = 2 * U16 + (hd + 2) * U32;
+    r->out = xalloc(nq * 8); r->lse = xalloc(nl * 8); r->dq = xalloc(nq * 8); r->dk = xalloc(nk * 8);
+    r->dv = xalloc(nk * 8); r->b_out = xalloc(nq * 8); r->b_lse = xalloc(nl * 8); r->b_dq = xalloc(nq * 8);
+    r->b_dk = xalloc(nk * 8); r->b_dv = xalloc(nk * 8);
+    double *sv = xalloc((size_t)T * 8), *es = xalloc((size_t)T * 8), *p = xalloc((size_t)T * 8);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            const size_t kb = (size_t)b * T * kld + (size_t)(h / grp) * hd;
+            for (int i = 0; i < T; i++) {
+                const size_t at = ((size_t)b * T + i) * qld + (size_t)h * hd, li = ((size_t)b * H + h) * T + i;
+                double m = -INFINITY, emax = 0;
+                for (int j = 0; j <= i; j++) {
+                    double d = 0, a = 0;
+                    for (int c = 0; c < hd; c++) {
+                        d += (double)q[at + c] * k[kb + (size_t)j * kld + c];
+                        a += fabs((double)q[at + c] * k[kb + (size_t)j * kld + c]);
+                    }
+                    sv[j] = d * scale;
+                    es[j] = es_c * scale * a;
+                    if (sv[j] > m) m = sv[j];
+                    if (es[j] > emax) emax = es[j];
+                }
+                double l = 0;
+                for (int j = 0; j <= i; j++) l += exp(sv[j] - m);
+                const double L = m + log(l), e_lse = emax + (T + 2) * U32;
+                r->lse[li] = L;
+                r->b_lse[li] = e_lse + 4 * U32 * fabs(L);
+                for (int j = 0; j <= i; j++) p[j] = exp(sv[j] - L);
+                for (int c = 0; c < hd; c++) {
+                    double o = 0, bo = 0;
+                    for (int j = 0; j <= i; j++) {
+                        const double vv = v[kb + (size_t)j * kld + c];
+                        o += p[j] * vv;
+                        bo += p[j] * fabs(vv) * (es[j] + e_lse + 2 * U16 + (T + 6) * U32);
+                    }
+                    r->out[at + c] = o;
+                    r->b_out[at + c] = bo;
+                }
+            }
+        }
+    /* backward with out and lse as the fp32 values the kernel receives */
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            const size_t kb = (size_t)b * T * kld + (size_t)(h / grp) * hd;
+            for (int i = 0; i < T; i++) {
+                const size_t at = ((size_t)b * T + i) * qld + (size_t)h * hd, li = ((size_t)b * H + h) * T + i;
+                const double L = (float)r->lse[li];
+                double D = 0, eD = 0;
+                for (int c = 0; c < hd; c++) {
+                    const double o = (float)r->out[at + c];
+                    D += (double)g[at + c] * o;
+                    eD += fabs((double)g[at + c] * o);
+                }
+                eD *= (hd + 2) * U32;
+                for (int j = 0; j <= i; j++) {
+                    const size_t kj = kb + (size_t)j * kld;
+                    double sd = 0, a = 0, dp = 0, adp = 0;
+                    for (int c = 0; c < hd; c++) {
+                        sd += (double)q[at + c] * k[kj + c];
+                        a += fabs((double)q[at + c] * k[kj + c]);
+                        dp += (double)g[at + c] * v[kj + c];
+                        adp += fabs((double)g[at + c] * v[kj + c]);
+                    }
+                    const double pij = exp(sd * scale - L);
+                    const double eps_p = es_c * scale * a + U32 * (fabs(L) + 6);
+                    const double ds = scale * pij * (dp - D);
+                    const double E_ds = scale * pij * (eps_p * fabs(dp - D) + es_c * adp + eD) +
+                                        (U16 + 4 * U32) * fabs(ds);
+                    for (int c = 0; c < hd; c++) {
+                        const double kk = k[kj + c], qq = q[at + c], gg = g[at + c];
+                        r->dq[at + c] += ds * kk;
+                        r->b_dq[at + c] += E_ds * fabs(kk) + fabs(ds * kk) * (U16 + (T + 2) * U32);
+                        r->dk[kj + c] += ds * qq;
+                        r->b_dk[kj + c] += E_ds * fabs(qq) + fabs(ds * qq) * (U16 + (T * grp + 2) * U32);
+                        r->dv[kj + c] += pij * gg;
+                        r->b_dv[kj + c] += pij * fabs(gg) * (eps_p + 2 * U16 + (T * grp + 6) * U32);
+                    }
+                }
+            }
+        }
+    free(sv); free(es); free(p);
+}
+
+static void ref_free(struct ref *r)
+{
+    free(r->out); free(r->lse); free(r->dq); free(r->dk); free(r->dv);
+    free(r->b_out); free(r->b_lse); free(r->b_dq); free(r->b_dk); free(r->b_dv);
+}
+
+/* worst err / bound over n elements (err = |got - want|); bound floor:
+ * 1e-30; a non-finite output is an infinite ratio */
+static double worst_ratio(const float *got, const double *want, const double *bound, size_t n, double slack)
+{
+    double w = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(got[i])) return INFINITY;
+        double e = fabs((double)got[i] - want[i]) / (slack * bound[i] + 1e-30);
+        if (e > w) w = e;
+    }
+    return w;
+}
+
+struct outs { float *out, *lse, *dq, *dk, *dv; uint16_t *outb; };
+
+/* one forward + backward on `ops`, results on the host */
+static void run(const struct mt_ops_i *ops, const struct shape *s, const float *q, const float *k, const float *v,
+                const float *g, const float *out_in, const float *lse_in, struct outs *o)
+{
+    const size_t nq = (size_t)s->B * s->T * s->H * s->hd, nk = (size_t)s->B * s->T * s->K * s->hd;
+    const size_t nl = (size_t)s->B * s->H * s->T;
+    float *dq_ = up(ops, q, nq * 4), *dk_ = up(ops, k, nk * 4), *dv_ = up(ops, v, nk * 4), *dg = up(ops, g, nq * 4);
+    float *dout = dev(ops, nq * 4), *dlse = dev(ops, nl * 4);
+    uint16_t *doutb = dev(ops, nq * 2);
+    ops->attention_forward_bf16(ops->be, dout, doutb, dlse, dq_, dk_, dv_, s->B, s->T, s->H, s->K, s->hd);
+    o->out = xalloc(nq * 4); o->lse = xalloc(nl * 4); o->outb = xalloc(nq * 2);
+    down(ops, o->out, dout, nq * 4); down(ops, o->lse, dlse, nl * 4); down(ops, o->outb, doutb, nq * 2);
+    /* backward from the reference's out and lse (fp32), so its bound is the backward's own */
+    float *oin = up(ops, out_in, nq * 4), *lin = up(ops, lse_in, nl * 4);
+    float *gq = dev(ops, nq * 4), *gk = dev(ops, nk * 4), *gv = dev(ops, nk * 4);
+    ops->attention_backward_bf16(ops->be, gq, gk, gv, dg, dq_, dk_, dv_, oin, lin, s->B, s->T, s->H, s->K, s->hd);
+    o->dq = xalloc(nq * 4); o->dk = xalloc(nk * 4); o->dv = xalloc(nk * 4);
+    down(ops, o->dq, gq, nq * 4); down(ops, o->dk, gk, nk * 4); down(ops, o->dv, gv, nk * 4);
+    void *bufs[] = {dq_, dk_, dv_, dg, dout, dlse, doutb, oin, lin, gq, gk, gv};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ops->buf_free(ops->be, &g_ctx, bufs[i]);
+}
+
+static void outs_free(struct outs *o)
+{
+    free(o->out); free(o->lse); free(o->dq); free(o->dk); free(o->dv); free(o->outb);
+}
+
+static int same_bits(const struct outs *a, const struct outs *b, const struct shape *s)
+{
+    const size_t nq = (size_t)s->B * s->T * s->H * s->hd, nk = (size_t)s->B * s->T * s->K * s->hd;
+    const size_t nl = (size_t)s->B * s->H * s->T;
+    return !memcmp(a->out, b->out, nq * 4) && !memcmp(a->lse, b->lse, nl * 4) && !memcmp(a->dq, b->dq, nq * 4) &&
+           !memcmp(a->dk, b->dk, nk * 4) && !memcmp(a->dv, b->dv, nk * 4) && !memcmp(a->outb, b->outb, nq * 2);
+}
+
+/* every output within slack x its bound of the reference; returns the worst ratio */
+static double vs_bound(const struct outs *o, const struct ref *r, const struct shape *s, double slack, char *why,
+                       size_t len)
+{
+    const size_t nq = (size_t)s->B * s->T * s->H * s->hd, nk = (size_t)s->B * s->T * s->K * s->hd;
+    const size_t nl = (size_t)s->B * s->H * s->T;
+    double w[5] = {worst_ratio(o->out, r->out, r->b_out, nq, slack), worst_ratio(o->lse, r->lse, r->b_lse, nl, slack),
+                   worst_ratio(o->dq, r->dq, r->b_dq, nq, slack), worst_ratio(o->dk, r->dk, r->b_dk, nk, slack),
+                   worst_ratio(o->dv, r->dv, r->b_dv, nk, slack)};
+    double m = 0;
+    for (int i = 0; i < 5; i++) if (w[i] > m) m = w[i];
+    snprintf(why, len, "err/bound out %.3f lse %.3f dq %.3f dk %.3f dv %.3f", w[0], w[1], w[2], w[3], w[4]);
+    return m;
+}
+
+static void test_shape(const struct shape *s)
+{
+    const size_t nq = (size_t)s->B * s->T * s->H * s->hd, nk = (size_t)s->B * s->T * s->K * s->hd;
+    const size_t nl = (size_t)s->B * s->H * s->T;
+    float *q = xalloc(nq * 4), *k = xalloc(nk * 4), *v = xalloc(nk * 4), *g = xalloc(nq * 4);
+    /* QK-normed heads have entries ~1: scores of a few units, peaked rows */
+    for (size_t i = 0; i < nq; i++) { q[i] = (float)(1.5 * nrand()); g[i] = (float)nrand(); }
+    for (size_t i = 0; i < nk; i++) { k[i] = (float)(1.5 * nrand()); v[i] = (float)nrand(); }
+    struct ref r;
+    reference(&r, s, q, k, v, g);
+    float *out_in = xalloc(nq * 4), *lse_in = xalloc(nl * 4);
+    for (size_t i = 0; i < nq; i++) out_in[i] = (float)r.out[i];
+    for (size_t i = 0; i < nl; i++) lse_in[i] = (float)r.lse[i];
+
+    char name[96], why[200];
+    snprintf(name, sizeof name, "%s B%d T%d H%d K%d hd%d", g_ops->name, s->B, s->T, s->H, s->K, s->hd);
+    struct outs a, b;
+    run(g_ops, s, q, k, v, g, out_in, lse_in, &a);
+    double worst = vs_bound(&a, &r, s, 1.0, why, sizeof why);
+    char what[160];
+    snprintf(what, sizeof what, "%s: within the bf16 bound", name);
+    check(worst <= 1.0, what, why);
+
+    double maxo = 0, maxe = 0;
+    for (size_t i = 0; i < nq; i++) {
+        if (fabs(r.out[i]) > maxo) maxo = fabs(r.out[i]);
+        if (fabs(a.out[i] - r.out[i]) > maxe) maxe = fabs(a.out[i] - r.out[i]);
+    }
+    snprintf(what, sizeof what, "%s: bf16 ran (out err > 1e-5 max|out|)", name);
+    snprintf(why, sizeof why, "max err %.3g, max|out| %.3g", maxe, maxo);
+    check(maxe > 1e-5 * maxo, what, why);
+
+    int twin = 1;
+    for (size_t i = 0; i < nq && twin; i++) {
+        float x = a.out[i];
+        uint32_t u;
+        memcpy(&u, &x, 4);
+        uint16_t want = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  /* nearest even; finite here */
+        twin = a.outb[i] == want;
+    }
+    snprintf(what, sizeof what, "%s: out_bf16 == bf16(out)", name);
+    check(twin, what, "");
+
+    run(g_ops, s, q, k, v, g, out_in, lse_in, &b);
+    snprintf(what, sizeof what, "%s: deterministic (second call, same bits)", name);
+    check(same_bits(&a, &b, s), what, "");
+    outs_free(&b);
+
+    if (g_ops != g_cpu) {
+        struct outs c;
+        run(g_cpu, s, q, k, v, g, out_in, lse_in, &c);
+        /* cpu twin vs this backend: the same roundings, so well inside one bound */
+        struct ref rc = r;
+        rc.out = xalloc(nq * 8); rc.lse = xalloc(nl * 8); rc.dq = xalloc(nq * 8);
+        rc.dk = xalloc(nk * 8); rc.dv = xalloc(nk * 8);
+        for (size_t i = 0; i < nq; i++) { rc.out[i] = c.out[i]; rc.dq[i] = c.dq[i]; }
+        for (size_t i = 0; i < nk; i++) { rc.dk[i] = c.dk[i]; rc.dv[i] = c.dv[i]; }
+        for (size_t i = 0; i < nl; i++) rc.lse[i] = c.lse[i];
+        worst = vs_bound(&a, &rc, s, 1.0, why, sizeof why);
+        snprintf(what, sizeof what, "%s: == cpu reference of the mode within the bound", name);
+        check(worst <= 1.0, what, why);
+        free(rc.out); free(rc.lse); free(rc.dq); free(rc.dk); free(rc.dv);
+        outs_free(&c);
+    }
+    outs_free(&a);
+    ref_free(&r);
+    free(q); free(k); free(v); free(g); free(out_in); free(lse_in);
+}
+
+int main(int argc, char **argv)
+{
+    const char *backend = "cpu";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-b") && i + 1 < argc) backend = argv[++i];
+        else { fprintf(stderr, "usage: test_attn_bf16 [-b cpu|cuda]\n"); return 2; }
+    }
+    mt_ctx_init(&g_ctx);
+    g_cpu = mt_ops_cpu();
+    if (!strcmp(backend, "cpu")) g_ops = g_cpu;
+    else if (!strcmp(backend, "cuda")) {
+        char why[256];
+        g_ops = mt_ops_cuda(why, sizeof why);
+        if (!g_ops) { printf("SKIPPED (cuda backend: %s)\n", why); return 77; }
+    } else { fprintf(stderr, "test_attn_bf16: unknown backend %s\n", backend); return 2; }
+    if (!g_ops->attention_forward_bf16 || !g_ops->attention_backward_bf16) {
+        printf("FAIL %s backend has no attention_*_bf16 entries\n", g_ops->name);
+        return 1;
+    }
+    const struct shape shapes[] = {
+        {2, 100, 4, 4, 64},   /* GQA 1, T = 64 + 36: a partial tile */
+        {1, 130, 4, 2, 128},  /* GQA 2, hd 128, three tiles (the last of 2 rows) */
+        {1, 64, 8, 1, 64},    /* GQA 8, exactly one tile */
+        {1, 37, 2, 1, 40},    /* hd 40: padded to 48 in the tiles; T below one tile */
+        {1, 50, 2, 2, 20},    /* hd 20: rows not 16-byte multiples (scalar loads) */
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) test_shape(&shapes[i]);
+    printf("test_attn_bf16: %d passed, %d failed\n", g_pass, g_fail);
+    return g_fail ? 1 : 0;
+}
