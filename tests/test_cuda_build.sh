@@ -26,6 +26,9 @@
 #           the cpu backend passes in the same harness binary (test_ops
 #           -b cpu), so a backend that is "not available" or a check that
 #           went missing fails;
+#        b3. tests/test_attn_bf16.c -b cuda: the tensor-core attention
+#           (precision=bf16) within its derived bf16 bound of an fp64
+#           reference, deterministic, equal to the cpu reference of the mode;
 #        b2. tests/test_ssm.c -b cuda (the Mamba-3 scan against an fp64
 #           recurrence and finite differences; the mixer glue against the
 #           cpu backend): "all checks passed" with at least 100 ok lines;
@@ -156,6 +159,7 @@ t1=$(date +%s)
     echo "$SRC/tests/cuda/cuda_ops_vs_cpu.c $EMU/cuda_ops_vs_cpu.o"
     echo "$SRC/tests/test_ops.c $EMU/test_ops.o"
     echo "$SRC/tests/test_ssm.c $EMU/test_ssm.o"
+    echo "$SRC/tests/test_attn_bf16.c $EMU/test_attn_bf16.o"
 } | xargs -P2 -n2 bash -c 'compile "$0" "$1"' >"$EMU/compile.log" 2>&1
 if [ $? -ne 0 ]; then
     head -40 "$EMU/compile.log"; echo "FAIL: emulated build of src/ops/cuda"; exit 1
@@ -163,7 +167,8 @@ fi
 LIBS="-lopenblas -lm"
 if ! g++ -fopenmp "$EMU"/cu/*.o "$EMU"/ref/*.o "$EMU/cuda_ops_vs_cpu.o" $LIBS -o "$EMU/cuda_ops_vs_cpu" ||
    ! g++ -fopenmp "$EMU"/cu/*.o "$EMU"/ref/*.o "$EMU/test_ops.o" $LIBS -o "$EMU/test_ops" ||
-   ! g++ -fopenmp "$EMU"/cu/*.o "$EMU"/ref/*.o "$EMU/test_ssm.o" $LIBS -o "$EMU/test_ssm"; then
+   ! g++ -fopenmp "$EMU"/cu/*.o "$EMU"/ref/*.o "$EMU/test_ssm.o" $LIBS -o "$EMU/test_ssm" ||
+   ! g++ -fopenmp "$EMU"/cu/*.o "$EMU"/ref/*.o "$EMU/test_attn_bf16.o" $LIBS -o "$EMU/test_attn_bf16"; then
     echo "FAIL: emulated link"; exit 1
 fi
 export OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=1
@@ -235,6 +240,19 @@ if [ $rc -eq 0 ] && [ "$n_ssm" -ge 100 ] && grep -q '^test_ssm: all checks passe
 else
     grep -E 'FAIL|emu' "$EMU/test_ssm.log" | head -20; tail -2 "$EMU/test_ssm.log"
     echo "FAIL: emulated test_ssm -b cuda exited $rc ($n_ssm ok lines)"; fail=1
+fi
+
+# b3. attention on tensor cores (precision=bf16; wmma under tests/cuda/emu/mma.h):
+#     fp64 reference within the derived bound, bf16 ran, the out twin's bits,
+#     determinism, equal to the cpu reference of the mode; every check passes
+"$EMU/test_attn_bf16" -b cuda >"$EMU/test_attn_bf16.log" 2>&1
+rc=$?
+n_att=$(grep -c '^ok  ' "$EMU/test_attn_bf16.log")
+if [ $rc -eq 0 ] && [ "$n_att" -ge 25 ] && grep -q '^test_attn_bf16: [0-9]* passed, 0 failed$' "$EMU/test_attn_bf16.log"; then
+    echo "PASS emulated test_attn_bf16 -b cuda: $n_att checks (tensor-core attention, $(grep -o 'err/bound out [0-9.]*' "$EMU/test_attn_bf16.log" | sort -k3 -g | tail -1) worst on out)"
+else
+    grep -E 'FAIL|emu' "$EMU/test_attn_bf16.log" | head -20; tail -2 "$EMU/test_attn_bf16.log"
+    echo "FAIL: emulated test_attn_bf16 -b cuda exited $rc ($n_att ok lines)"; fail=1
 fi
 
 # c. tiny training runs, cpu vs emulated cuda: dense (fp32, bf16) and MoE (fp32)
@@ -356,8 +374,8 @@ PY
        python3 "$SRC/tests/bf16_curve.py" "$EMU/run_bf16ref_cpu/receipt.json" "$EMU/run_bf16_cuda/receipt.json" \
            --other "$EMU/run_bf16_cpu/receipt.json" &&
        python3 -c "import json,sys; g=json.load(open(sys.argv[1]))['gpu']; print('   gpu:', {k: g[k] for k in g if k.startswith('gemm_bf16')}); \
-sys.exit(not (g['gemm_bf16_direct'] > 0 and g['gemm_bf16_fallbacks'] == 0))" "$EMU/run_bf16_cuda/receipt.json"; then
-        echo "PASS emulated train precision=bf16: cuda follows the fp32 curve within the step tolerance, starts equal to cpu bf16, shadows used as stored ($(( $(date +%s) - t2 ))s)"
+sys.exit(not (g['gemm_bf16_direct'] > 0 and g['gemm_bf16_fallbacks'] == 0 and g['attention_tc_calls'] > 0 and g['attention_fp32_fallbacks'] == 0))" "$EMU/run_bf16_cuda/receipt.json"; then
+        echo "PASS emulated train precision=bf16: cuda follows the fp32 curve within the step tolerance, starts equal to cpu bf16, shadows used as stored, attention on tensor cores ($(( $(date +%s) - t2 ))s)"
     else echo "FAIL: emulated train precision=bf16"; fail=1; fi
     # c3. `meshtrain logits --backend cuda` (issue 20 item 5, meshtrain's side): the
     #     dense and MoE checkpoints of the cpu runs of c, one forward on the
@@ -445,6 +463,9 @@ for a in c["attention"]:
     ff = 2.0 * a["b"] * a["h"] * a["t"] ** 2 * a["hd"]   # 4 B H T^2 hd, causal half
     assert a["causal"] and a["fwd_flops"] == ff and a["bwd_flops"] == 2.5 * ff and a["fwd_bwd_flop_per_s"] > 0, a
 assert len(c["attention"]) >= 1 and c["attention_best_fwd_bwd_flop_per_s"] > 0
+# each shape in fp32 and in precision=bf16 (the tensor-core kernels)
+assert {a["precision"] for a in c["attention"]} == {"fp32", "bf16"}, c["attention"]
+assert c["attention_bf16_best_fwd_bwd_flop_per_s"] > 0
 ar = c["allreduce"]
 assert ar["available"] == c["build"]["nccl"] and (ar["available"] or "identity" in ar["why"]), ar
 assert len(c["device_copy"]["sizes"]) >= 1 and c["device_copy"]["best_bytes_per_s"] > 0

@@ -198,10 +198,12 @@ def main():
         "attention_fwd_bwd_flop_per_s": cal.get("attention_best_fwd_bwd_flop_per_s"),
         "attention_precision": cal.get("attention_precision"),
         "attention_fraction_of_peak_fp32": (cal.get("attention_best_fwd_bwd_flop_per_s") or 0) / fp32_peak,
+        # precision=bf16's attention (tensor cores); None from a calib run before it existed
+        "attention_bf16_fwd_bwd_flop_per_s": cal.get("attention_bf16_best_fwd_bwd_flop_per_s"),
         "allreduce_one_rank": ({"comm": ar.get("comm"), "best_algbw_bytes_per_s": ar.get("best_algbw_bytes_per_s")}
                                if ar.get("available") else {"available": False, "why": ar.get("why")}),
         "device_copy_bytes_per_s": (cal.get("device_copy") or {}).get("best_bytes_per_s"),
-        "attention_shapes": ["%dx%dx%dx%d" % (x["b"], x["t"], x["h"], x["hd"]) for x in att],
+        "attention_shapes": sorted({"%dx%dx%dx%d" % (x["b"], x["t"], x["h"], x["hd"]) for x in att}),
     }
     node_src = "peak_flops x ranks_per_node (%d, from %s)" % (rpn, os.path.basename(base_path))
     bsrc = base.get("sources", {})

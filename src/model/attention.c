@@ -10,7 +10,8 @@
  *     x_mid = x_in + att Wo^T
  * Backward (chain rule, in reverse):
  *     term 1: dWo += dx^T att;  datt = dx Wo
- *     term 2: dq, dk, dv from the flash-style kernel (recomputes P from lse)
+ *     term 2: dq, dk, dv from the flash-style kernel (recomputes P from lse);
+ *             precision=bf16: the bf16 kernel (bf16 operands, fp32 statistics)
  *     term 3: RoPE is a rotation: dq_n = R^T dq; QK-norm backward -> dq', dk'
  *     term 4: dWq += dq'^T h, dWk += dk'^T h, dWv += dv^T h;  dh = dq' Wq + dk' Wk + dv Wv
  *     term 5: dx += rmsnorm_backward(dh)  (residual: the identity path is already in dx)
@@ -24,6 +25,14 @@
  * backward runs the conjugates. The residual rows are Nr (N/tp under SP).
  */
 #include "model_impl.h"
+
+/* precision=bf16 runs the attention core on the backend's bf16 entries
+ * (mt_ops.h attention_*_bf16: bf16 operands, fp32 accumulation and
+ * statistics) when it has them; fp32 mode keeps the fp32 kernels (bits unchanged). */
+static int attn_bf16(const struct mt_piece_ctx *pc)
+{
+    return pc->bf16 && pc->ops->attention_forward_bf16 && pc->ops->attention_backward_bf16;
+}
 
 /* x_mid = x_in + attn(rmsnorm(x_in)) Wo^T for N = B*T rows (a->B, a->T).
  * Training: kcache == NULL, positions 0..T-1 per sequence. Inference
@@ -59,11 +68,15 @@ static enum mt_status attn_piece_forward(struct mt_ctx *ctx, const struct mt_pie
         ops->copy(ops->be, a->kcache + (size_t)pos0 * KD, ly->k, (size_t)T * KD * sizeof(float));
         ops->copy(ops->be, a->vcache + (size_t)pos0 * KD, ly->v, (size_t)T * KD * sizeof(float));
         ops->attention_forward(ops->be, ly->att, ly->lse, ly->q, a->kcache, a->vcache, 1, T, pos0 + T, pos0, H, K, hd);
+    } else if (attn_bf16(pc)) {
+        /* precision=bf16: bf16 operands on tensor cores; the kernel also writes
+         * att's bf16 twin, Wo's operand in the forward and dWo GEMMs */
+        ops->attention_forward_bf16(ops->be, ly->att, ly->att_b, ly->lse, ly->q, ly->k, ly->v, B, T, H, K, hd);
     } else {
         ops->attention_forward(ops->be, ly->att, ly->lse, ly->q, ly->k, ly->v, B, T, T, 0, H, K, hd);
     }
-    /* precision=bf16: Wo's operand, rounded once here for the forward and the backward (dWo) GEMMs */
-    if (ly->att_b) ops->cast_bf16(ops->be, ly->att_b, ly->att, (size_t)N * (size_t)QD);
+    /* precision=bf16 without the bf16 attention entry (or decoding): Wo's operand, rounded once here */
+    if (ly->att_b && (a->kcache || !attn_bf16(pc))) ops->cast_bf16(ops->be, ly->att_b, ly->att, (size_t)N * (size_t)QD);
     if (tp->tp == 1) {
         proj_fwd_b(ops, t, ly->x_mid, ly->att, ly->att_b, ly->w.wo, N, QD, D, 1.0f);
         return MT_OK;
@@ -92,8 +105,12 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
     /* term 1: o_proj */
     proj_bwd_b(ops, t, dt, pc->datt, 0.0f, ly->w.wo, dy, ly->att, ly->att_b, N, QD, D);
     /* term 2: attention core (dq, dk, dv overwritten) */
-    ops->attention_backward(ops->be, pc->dq, pc->dk, pc->dv, pc->datt, ly->q, ly->k, ly->v, ly->att, ly->lse,
-                            B, T, H, K, hd);
+    if (attn_bf16(pc))
+        ops->attention_backward_bf16(ops->be, pc->dq, pc->dk, pc->dv, pc->datt, ly->q, ly->k, ly->v, ly->att,
+                                     ly->lse, B, T, H, K, hd);
+    else
+        ops->attention_backward(ops->be, pc->dq, pc->dk, pc->dv, pc->datt, ly->q, ly->k, ly->v, ly->att, ly->lse,
+                                B, T, H, K, hd);
     /* term 3: RoPE, then QK-norm, one fused pass; datt is free now and takes dq' */
     ops->qk_norm_rope_backward(ops->be, pc->datt, pc->dk2, ly->w.qn->grad, ly->w.kn->grad, pc->dq, pc->dk, ly->q_raw,
                                ly->k_raw, ly->w.qn->data, ly->w.kn->data, ly->rstd_q, ly->rstd_k, pc->rope_cos,

@@ -502,8 +502,12 @@ static void cuda_fallback_reason(const struct mt_ops_cuda_info *in, char *out, s
                                        "(cublasSgemm)", in->gemm_bf16_fallbacks,
                                in->gemm_bf16_calls + in->gemm_bf16_fallbacks);
     if (in->gemm_grouped_loops > 0 && len < n)
-        snprintf(out + len, n - len, "%sgrouped expert GEMMs: %ld of %ld calls ran as a loop (%s)", len ? "; " : "",
-                 in->gemm_grouped_loops, in->gemm_grouped_calls, in->gemm_grouped_fallback);
+        len += (size_t)snprintf(out + len, n - len, "%sgrouped expert GEMMs: %ld of %ld calls ran as a loop (%s)",
+                                len ? "; " : "", in->gemm_grouped_loops, in->gemm_grouped_calls,
+                                in->gemm_grouped_fallback);
+    if (in->attention_fp32_fallbacks > 0 && len < n)
+        snprintf(out + len, n - len, "%sbf16 attention: %ld calls ran the fp32 kernels (head dim > 128)",
+                 len ? "; " : "", in->attention_fp32_fallbacks);
 }
 
 
@@ -550,6 +554,9 @@ static char *gpu_json(const struct run_state *rs, const struct mt_receipt *r)
     cJSON_AddNumberToObject(g, "gemm_bf16_cast_elems", (double)in.gemm_bf16_cast_elems);
     cJSON_AddNumberToObject(g, "gemm_grouped_calls", (double)in.gemm_grouped_calls);
     cJSON_AddNumberToObject(g, "gemm_grouped_loops", (double)in.gemm_grouped_loops);
+    /* precision=bf16: attention calls on tensor cores / on the fp32 kernels */
+    cJSON_AddNumberToObject(g, "attention_tc_calls", (double)in.attention_tc_calls);
+    cJSON_AddNumberToObject(g, "attention_fp32_fallbacks", (double)in.attention_fp32_fallbacks);
     /* memory: the allocator's peaks (device buffers, by bucket; the plan
      * predicts these) next to the device's own view */
     cJSON *m = cJSON_AddObjectToObject(g, "memory");
