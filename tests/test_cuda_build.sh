@@ -245,15 +245,20 @@ fi
 # b3. attention on tensor cores (precision=bf16; wmma under tests/cuda/emu/mma.h):
 #     fp64 reference within the derived bound, bf16 ran, the out twin's bits,
 #     determinism, equal to the cpu reference of the mode; every check passes
-"$EMU/test_attn_bf16" -b cuda >"$EMU/test_attn_bf16.log" 2>&1
-rc=$?
-n_att=$(grep -c '^ok  ' "$EMU/test_attn_bf16.log")
-if [ $rc -eq 0 ] && [ "$n_att" -ge 25 ] && grep -q '^test_attn_bf16: [0-9]* passed, 0 failed$' "$EMU/test_attn_bf16.log"; then
-    echo "PASS emulated test_attn_bf16 -b cuda: $n_att checks (tensor-core attention, $(grep -o 'err/bound out [0-9.]*' "$EMU/test_attn_bf16.log" | sort -k3 -g | tail -1) worst on out)"
-else
-    grep -E 'FAIL|emu' "$EMU/test_attn_bf16.log" | head -20; tail -2 "$EMU/test_attn_bf16.log"
-    echo "FAIL: emulated test_attn_bf16 -b cuda exited $rc ($n_att ok lines)"; fail=1
-fi
+#     Twice: dQ from the dS tiles the dK/dV kernel stores (default), and with
+#     MT_CUDA_ATTN_DS_MB=0 (no room for them: dQ recomputes P and dP)
+for ds_mb in default 0; do
+    if [ $ds_mb = default ]; then "$EMU/test_attn_bf16" -b cuda >"$EMU/test_attn_bf16.log" 2>&1
+    else MT_CUDA_ATTN_DS_MB=$ds_mb "$EMU/test_attn_bf16" -b cuda >"$EMU/test_attn_bf16.log" 2>&1; fi
+    rc=$?
+    n_att=$(grep -c '^ok  ' "$EMU/test_attn_bf16.log")
+    if [ $rc -eq 0 ] && [ "$n_att" -ge 25 ] && grep -q '^test_attn_bf16: [0-9]* passed, 0 failed$' "$EMU/test_attn_bf16.log"; then
+        echo "PASS emulated test_attn_bf16 -b cuda (MT_CUDA_ATTN_DS_MB=$ds_mb): $n_att checks (tensor-core attention, $(grep -o 'err/bound dq [0-9.]*' "$EMU/test_attn_bf16.log" | sort -k3 -g | tail -1) worst on dq)"
+    else
+        grep -E 'FAIL|emu' "$EMU/test_attn_bf16.log" | head -20; tail -2 "$EMU/test_attn_bf16.log"
+        echo "FAIL: emulated test_attn_bf16 -b cuda (MT_CUDA_ATTN_DS_MB=$ds_mb) exited $rc ($n_att ok lines)"; fail=1
+    fi
+done
 
 # c. tiny training runs, cpu vs emulated cuda: dense (fp32, bf16) and MoE (fp32)
 ls "$SRC"/src/*/*.c "$SRC"/src/ops/cpu/*.c "$SRC"/tools/*.c | grep -v -e '/comm_nccl\.c$' |

@@ -557,6 +557,7 @@ static char *gpu_json(const struct run_state *rs, const struct mt_receipt *r)
     /* precision=bf16: attention calls on tensor cores / on the fp32 kernels */
     cJSON_AddNumberToObject(g, "attention_tc_calls", (double)in.attention_tc_calls);
     cJSON_AddNumberToObject(g, "attention_fp32_fallbacks", (double)in.attention_fp32_fallbacks);
+    cJSON_AddNumberToObject(g, "attention_dq_recompute", (double)in.attention_dq_recompute);
     /* memory: the allocator's peaks (device buffers, by bucket; the plan
      * predicts these) next to the device's own view */
     cJSON *m = cJSON_AddObjectToObject(g, "memory");

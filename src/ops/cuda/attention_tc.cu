@@ -41,16 +41,20 @@
  *   dK/dV: block = (key tile, kv head, batch); warp w owns keys 16w..16w+15;
  *     for each head of the group, each query tile from the diagonal:
  *     S^T = K_w Q^T, P^T (kept in registers, bf16 copy in smem), dP^T = V_w dO^T,
- *     dS^T, then dV_w += P^T dO, dK_w += dS^T Q (accumulators in fragments).
+ *     dS^T, then dV_w += P^T dO, dK_w += dS^T Q (accumulators in fragments);
+ *     each dS^T tile is also stored (bf16) for dQ.
  *   dQ: block = (query tile, head, batch); per key tile up to the diagonal:
- *     S = Q_w K^T, P, dP = dO_w V^T, dS, dQ_w += dS K.
- * P and dP are recomputed in both (the price of no atomics, as attention.cu).
+ *     dQ_w += dS K, dS read column-major from the stored tile.
+ * dQ = dS K reads the dS tiles the dK/dV kernel stored (bf16, packed causal
+ * tiles in the workspace): no float atomics, no second recompute; over
+ * MT_CUDA_ATTN_DS_MB the dQ kernel recomputes S, P, dP per tile instead.
  * Head dims above 128 run the fp32 kernels of attention.cu (named in
  * mt_ops_cuda_info.attention_fp32_fallbacks).
  */
 #include "cuda_impl.cuh"
 
 #include <math.h>
+#include <stdlib.h>
 #include <mma.h>
 
 using namespace nvcuda;
@@ -246,11 +250,31 @@ attn_tc_fwd_k(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k,
     }
 }
 
+/* The dS^T tiles of the backward, kept for the dQ product (bf16): per
+ * (b, h) the causal tiles (qt >= kt) packed row by row, tile (qt, kt) at
+ * index qt (qt+1)/2 + kt, each 64 keys x 64 queries, key-major. */
+static __device__ __forceinline__ size_t tc_ds_tile(int b, int h, int H, int qt, int kt, int n_qt)
+{
+    const size_t ntri = (size_t)n_qt * (size_t)(n_qt + 1) / 2;
+    return (((size_t)b * (size_t)H + (size_t)h) * ntri + (size_t)qt * (size_t)(qt + 1) / 2 + (size_t)kt) *
+           (size_t)(TC_B * TC_B);
+}
+/* a warp's 16 rows (keys) of dS^T from its shared tile (ld TC_LDP) into the
+ * global tile, 16-byte copies (the rows were written before a __syncwarp) */
+static __device__ void tc_store_ds(bf16 *dsg, const bf16 *DSw, int b, int h, int H, int qt, int kt, int n_qt)
+{
+    bf16 *tile = dsg + tc_ds_tile(b, h, H, qt, kt, n_qt) + (size_t)(16 * (threadIdx.x / MT_WARP)) * TC_B;
+    for (int e = threadIdx.x % MT_WARP; e < 16 * TC_B / 8; e += MT_WARP) {
+        const int r = e / (TC_B / 8), c8 = (e - r * (TC_B / 8)) * 8;
+        *(tc_u128 *)(tile + r * TC_B + c8) = *(const tc_u128 *)(DSw + r * TC_LDP + c8);
+    }
+}
+
 /* ---- backward: dK, dV ---- */
 template <int NF>
 static __global__ void __launch_bounds__(TC_THREADS)
-attn_tc_dkdv_k(float *dk, float *dv, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *g, const float *lse,
-               const float *D, int T, int H, int K, int hd, float scale, int vec)
+attn_tc_dkdv_k(float *dk, float *dv, bf16 *dsg, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *g,
+               const float *lse, const float *D, int T, int H, int K, int hd, float scale, int vec)
 {
     MT_DYN_SMEM(unsigned char, sm);
     const int hd16 = tc_hd16(hd), nf = hd16 / 16, ldh = hd16 + 8;
@@ -317,6 +341,7 @@ attn_tc_dkdv_k(float *dk, float *dv, const bf16 *q, const bf16 *k, const bf16 *v
             __syncwarp();
             tc_pv<NF>(dva, Pw, TC_LDP, Gs, ldh, nf);   /* dV_w += P^T dO */
             tc_pv<NF>(dka, DSw, TC_LDP, Qs, ldh, nf);  /* dK_w += dS^T Q */
+            if (dsg) tc_store_ds(dsg, DSw, b, h, H, qt, kt, n_qt);  /* for the dQ product */
         }
     }
     __syncthreads();  /* Q and dO become the staging tiles */
@@ -383,6 +408,48 @@ attn_tc_dq_k(float *dq, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 
     tc_write_rows<NF>(dq, NULL, stage, dqa, nf, b, i0 + 16 * warp, T, H, h, hd, hd16);
 }
 
+/* ---- backward: dQ from the stored dS tiles (one product per tile) ---- */
+template <int NF>
+static __global__ void __launch_bounds__(TC_THREADS)
+attn_tc_dq_ds_k(float *dq, const bf16 *dsg, const bf16 *k, int T, int H, int K, int hd, int vec)
+{
+    MT_DYN_SMEM(unsigned char, sm);
+    const int hd16 = tc_hd16(hd), nf = hd16 / 16, ldh = hd16 + 8;
+    bf16 *Ks = (bf16 *)sm;
+    bf16 *DSt = Ks + TC_B * ldh;  /* (64 keys, TC_LDP) dS^T */
+    const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / (H / K);
+    const int warp = threadIdx.x / MT_WARP, n_qt = (T + TC_B - 1) / TC_B;
+    frag_c dqa[NF];
+#pragma unroll
+    for (int f = 0; f < NF; f++) wmma::fill_fragment(dqa[f], 0.0f);
+    for (int kt = 0; kt <= qt; kt++) {
+        __syncthreads();
+        tc_load_tile(Ks, ldh, k, b, kt * TC_B, T, K, kvh, hd, hd16, vec != 0);
+        const bf16 *tile = dsg + tc_ds_tile(b, h, H, qt, kt, n_qt);
+        for (int e = threadIdx.x; e < TC_B * TC_B / 8; e += TC_THREADS) {
+            const int r = e / (TC_B / 8), c8 = (e - r * (TC_B / 8)) * 8;
+            *(tc_u128 *)(DSt + r * TC_LDP + c8) = *(const tc_u128 *)(tile + r * TC_B + c8);
+        }
+        __syncthreads();
+        /* dQ_w += dS (16 queries x 64 keys: dS^T read column-major) K */
+#pragma unroll
+        for (int kk = 0; kk < TC_B; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::col_major> fa;
+            wmma::load_matrix_sync(fa, DSt + kk * TC_LDP + 16 * warp, TC_LDP);
+#pragma unroll
+            for (int f = 0; f < NF; f++) {
+                if (f >= nf) break;
+                frag_b_row fb;
+                wmma::load_matrix_sync(fb, Ks + (size_t)kk * (size_t)ldh + 16 * f, (unsigned)ldh);
+                wmma::mma_sync(dqa[f], fa, fb, dqa[f]);
+            }
+        }
+    }
+    __syncthreads();
+    float *stage = (float *)sm + warp * 16 * (hd16 + 4);
+    tc_write_rows<NF>(dq, NULL, stage, dqa, nf, b, qt * TC_B + 16 * warp, T, H, h, hd, hd16);
+}
+
 /* ---- host side ---- */
 static size_t tc_up256(size_t b) { return (b + 255) & ~(size_t)255; }
 
@@ -394,6 +461,13 @@ static size_t tc_smem_dkdv(int hd16)
 {
     return (size_t)4 * TC_B * (hd16 + 8) * 2 + (size_t)TC_WARPS * 16 * TC_LDS * 4 +
            (size_t)2 * TC_WARPS * 16 * TC_LDP * 2 + (size_t)2 * TC_B * 4;
+}
+static size_t tc_smem_dq_ds(int hd16)
+{
+    /* K tile + dS^T tile; the epilogue's staging (4 x 16 x (hd16+4) floats) fits in both */
+    size_t tiles = (size_t)TC_B * (hd16 + 8) * 2 + (size_t)TC_B * TC_LDP * 2;
+    size_t stage = (size_t)TC_WARPS * 16 * (hd16 + 4) * 4;
+    return tiles > stage ? tiles : stage;
 }
 static size_t tc_smem_dq(int hd16)
 {
@@ -411,15 +485,35 @@ static int tc_smem_opt_in(F *kern, size_t bytes)
 struct tc_operands {
     bf16 *q, *k, *v, *g;
     float *D;
+    bf16 *ds;  /* backward: the dS^T tiles for dQ (NULL: dQ recomputes P and dP) */
     int vec;
 };
+
+/* Bytes of the dS^T tiles of a backward call, and the cap above which dQ
+ * recomputes them instead (MT_CUDA_ATTN_DS_MB, default 2048 MiB; 0: always
+ * recompute — the tests run both paths). */
+static size_t tc_ds_bytes(int B, int T, int H)
+{
+    const size_t nt = (size_t)(T + TC_B - 1) / TC_B;
+    return (size_t)B * (size_t)H * (nt * (nt + 1) / 2) * TC_B * TC_B * 2;
+}
+static size_t tc_ds_cap(void)
+{
+    const char *s = getenv("MT_CUDA_ATTN_DS_MB");
+    char *end = NULL;
+    long v = s && s[0] ? strtol(s, &end, 10) : -1;
+    if (v < 0 || (end && *end)) return (size_t)2048 << 20;
+    return (size_t)v << 20;
+}
 static int tc_stage(struct tc_operands *o, const float *q, const float *k, const float *v, const float *dout,
                     int B, int T, int H, int K, int hd)
 {
     const size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * K * hd;
     const size_t bq = tc_up256(nq * 2), bk = tc_up256(nk * 2), bd = dout ? tc_up256((size_t)B * H * T * 4) : 0;
-    unsigned char *ws = (unsigned char *)mt_cuda_workspace(bq + 2 * bk + (dout ? bq : 0) + bd);
+    const size_t bds = dout && tc_ds_bytes(B, T, H) <= tc_ds_cap() ? tc_up256(tc_ds_bytes(B, T, H)) : 0;
+    unsigned char *ws = (unsigned char *)mt_cuda_workspace(bq + 2 * bk + (dout ? bq : 0) + bd + bds);
     if (!ws) return 0;
+    o->ds = bds ? (bf16 *)(ws + 2 * bq + 2 * bk + bd) : NULL;
     o->q = (bf16 *)ws;
     o->k = (bf16 *)(ws + bq);
     o->v = (bf16 *)(ws + bq + bk);
@@ -451,14 +545,21 @@ static void tc_bwd_launch(float *dq, float *dk, float *dv, const float *lse, con
 {
     const int hd16 = tc_hd16(hd);
     const float scale = 1.0f / sqrtf((float)hd);
-    const size_t s_kv = tc_smem_dkdv(hd16), s_q = tc_smem_dq(hd16);
-    if (!tc_smem_opt_in(attn_tc_dkdv_k<NF>, s_kv) || !tc_smem_opt_in(attn_tc_dq_k<NF>, s_q)) return;
+    const size_t s_kv = tc_smem_dkdv(hd16), s_q = o->ds ? tc_smem_dq_ds(hd16) : tc_smem_dq(hd16);
+    if (!tc_smem_opt_in(attn_tc_dkdv_k<NF>, s_kv)) return;
+    if (o->ds ? !tc_smem_opt_in(attn_tc_dq_ds_k<NF>, s_q) : !tc_smem_opt_in(attn_tc_dq_k<NF>, s_q)) return;
     const unsigned nt = (unsigned)((T + TC_B - 1) / TC_B);
     MT_LAUNCH(attn_tc_dkdv_k<NF>, dim3(nt, (unsigned)K, (unsigned)B), TC_THREADS, s_kv)(
-        dk, dv, o->q, o->k, o->v, o->g, lse, o->D, T, H, K, hd, scale, o->vec);
+        dk, dv, o->ds, o->q, o->k, o->v, o->g, lse, o->D, T, H, K, hd, scale, o->vec);
     MT_CUDA_KCHECK();
-    MT_LAUNCH(attn_tc_dq_k<NF>, dim3(nt, (unsigned)H, (unsigned)B), TC_THREADS, s_q)(
-        dq, o->q, o->k, o->v, o->g, lse, o->D, T, H, K, hd, scale, o->vec);
+    if (o->ds) {  /* dQ = dS K from the tiles the dK/dV kernel stored */
+        MT_LAUNCH(attn_tc_dq_ds_k<NF>, dim3(nt, (unsigned)H, (unsigned)B), TC_THREADS, s_q)(
+            dq, o->ds, o->k, T, H, K, hd, o->vec);
+    } else {      /* over the cap: recompute S, P, dP per tile */
+        mt_cuda_be->info.attention_dq_recompute++;
+        MT_LAUNCH(attn_tc_dq_k<NF>, dim3(nt, (unsigned)H, (unsigned)B), TC_THREADS, s_q)(
+            dq, o->q, o->k, o->v, o->g, lse, o->D, T, H, K, hd, scale, o->vec);
+    }
     MT_CUDA_KCHECK();
 }
 

@@ -78,6 +78,8 @@ struct mt_ops_cuda_info {
     /* attention_forward_bf16 / _backward_bf16 (precision=bf16, attention_tc.cu): */
     long   attention_tc_calls;        /* calls run on tensor cores (wmma bf16)     */
     long   attention_fp32_fallbacks;  /* calls run by the fp32 kernels (hd > 128)  */
+    long   attention_dq_recompute;    /* backward calls whose dS tiles were over
+                                         MT_CUDA_ATTN_DS_MB: dQ recomputed P, dP   */
     /* receipt fields (issue 19 item 5) */
     int    device_count;       /* cudaGetDeviceCount at init                       */
     int    driver_version;     /* cudaDriverGetVersion, e.g. 13000                 */
