@@ -503,6 +503,9 @@ int main(int argc, char **argv)
     struct { int B, T, H, P, N; int chunks[5]; } cases[] = {
         {2, 37, 3, 4, 6, {0, 8, 16, 37, 64}},   /* 8 and 16 do not divide 37; 64 > T */
         {1, 64, 2, 8, 4, {0, 64, 16, 1, 7}},    /* one chunk; dividing; single-token chunks */
+        /* several query-row tiles per chunk on cuda (16 rows a block): 64 leaves a
+         * partial chunk of 36, 30 a last chunk of 10, 100 is one chunk of 7 tiles */
+        {1, 100, 2, 8, 4, {0, 64, 30, 100, 7}},
     };
     if (strcmp(g_ops->name, "cpu") != 0) {
         if (!g_ops->ssm_prep_forward || !g_ops->ssm_prep_backward || !g_ops->ssm_gate_norm_forward ||

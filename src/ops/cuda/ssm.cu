@@ -28,6 +28,253 @@
 
 #define GLUE_THREADS 64
 
+/* ---------------- chunked (SSD) form: shared pieces ----------------
+ *
+ * HOW IT WORKS (forward; math in docs/mamba3.md §3, mirrored from
+ * src/ops/cpu/ssm.c). Per (b, h) the sequence is cut into nc chunks of
+ * Q tokens (the last one q = T - t0 <= Q). Chunk c has 2q sources: j < q is
+ * (x_t, B_t) with weight w_j = gamma_t at time t = t0+j, j = q+i is
+ * (x_{t-1}, B_{t-1}) with weight beta_t at time t0+i (none at t = 0).
+ * cum_i = sum_{r=t0}^{t0+i} a_r (inclusive, inside the chunk).
+ *   1. ssd_cum_k      cum per chunk: a block-level scan over the chunk
+ *   2. ssd_state_k    Sloc_c = Xc^T diag(w_j exp(cum_last - cum_s(j))) Bc   (P x N per chunk)
+ *   3. ssd_pass_k     S_in_0 = 0, S_in_{c+1} = exp(cum_last_c) S_in_c + Sloc_c
+ *                     (the only loop along the sequence: nc steps, one thread per (b, h, p, n))
+ *   4. ssd_out_k      Y = (C Bc^T o L) Xc + diag(exp cum) C S_in^T + D x,
+ *                     L[i,j] = w_j exp(cum_i - cum_s(j)) for s(j) <= i
+ * Steps 2 and 4 are the intra-chunk matrix products, tiled per (b, h, chunk,
+ * tile); fp32 with fp32 accumulation, every sum in a fixed order (no
+ * atomics), so reruns are bit-identical. The backward (below) runs the same
+ * pieces plus the adjoint's products; its only sequential loops are the
+ * chunk passes (nc steps) and the chunk-local ones (q or 2q terms). */
+
+#define SSD_QMAX 256          /* chunks above this run as 256 (same result to rounding) */
+#define SSD_RT 16             /* query rows per block of ssd_out_k */
+#define SSD_SCAN_THREADS 128  /* block of the chunk scans */
+
+struct ssd_dims {
+    int B, T, H, P, N, Q, nc;
+};
+
+static inline struct ssd_dims ssd_dims_make(int B, int T, int H, int P, int N, int chunk)
+{
+    struct ssd_dims d = {B, T, H, P, N, 0, 0};
+    d.Q = chunk < T ? chunk : T;
+    if (d.Q > SSD_QMAX) d.Q = SSD_QMAX;
+    d.nc = (T + d.Q - 1) / d.Q;
+    return d;
+}
+
+/* threads for a block over n items: a power of two in [32, cap] */
+static inline unsigned pow2_threads(int n, unsigned cap)
+{
+    unsigned t = 32;
+    while (t < (unsigned)n && t < cap) t <<= 1;
+    return t;
+}
+
+/* In-place inclusive prefix sum (reverse: suffix sum) of a[0..n) in shared
+ * memory by the whole block: thread k sums its contiguous segment in order,
+ * the segment totals are scanned (Hillis-Steele, log2 blockDim steps, in
+ * tot[blockDim]), then each segment adds its offset. The order of additions
+ * depends only on n and blockDim: deterministic. Every thread must call it. */
+static __device__ void block_scan(float *a, float *tot, int n, int reverse)
+{
+    int nt = (int)blockDim.x, k = (int)threadIdx.x, seg = (n + nt - 1) / nt;
+    int lo = k * seg, hi = lo + seg < n ? lo + seg : n;
+    float s = 0.0f;
+    for (int i = lo; i < hi; i++) {
+        int ix = reverse ? n - 1 - i : i;
+        s += a[ix];
+        a[ix] = s;
+    }
+    tot[k] = s;
+    __syncthreads();
+    for (int o = 1; o < nt; o <<= 1) {
+        float v = k >= o ? tot[k - o] : 0.0f;
+        __syncthreads();
+        tot[k] += v;
+        __syncthreads();
+    }
+    float off = k > 0 ? tot[k - 1] : 0.0f;
+    if (k > 0)
+        for (int i = lo; i < hi; i++) a[reverse ? n - 1 - i : i] += off;
+    __syncthreads();
+}
+
+/* Sum of v over the block (blockDim a power of two), tree order fixed by
+ * thread numbers; every thread gets the result. red: blockDim entries. */
+template <typename F>
+static __device__ F block_sum(F v, F *red)
+{
+    int k = (int)threadIdx.x;
+    red[k] = v;
+    __syncthreads();
+    for (int s = (int)blockDim.x / 2; s > 0; s >>= 1) {
+        if (k < s) red[k] += red[k + s];
+        __syncthreads();
+    }
+    F r = red[0];
+    __syncthreads();
+    return r;
+}
+
+/* weight of source j of a chunk at time t: gamma_t (own) or beta_t (0 at t = 0) */
+static __device__ __forceinline__ float ssd_w(int own, const float *dt, const float *lam, float Ah, size_t r, int t)
+{
+    float d = dt[r], l = lam[r];
+    return own ? l * d : (t > 0 ? (1.0f - l) * d * expf(d * Ah) : 0.0f);
+}
+
+/* 1. cum[(b*H + h)*T + t]: per chunk inclusive sum of a = dt A */
+static __global__ void ssd_cum_k(float *cum, const float *dt, const float *A, struct ssd_dims d)
+{
+    MT_DYN_SMEM(float, sm);   /* a (Q), tot (blockDim) */
+    int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H;
+    int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q;
+    float *a = sm, *tot = sm + d.Q, Ah = A[h];
+    for (int i = (int)threadIdx.x; i < q; i += (int)blockDim.x) a[i] = dt[((size_t)b * d.T + t0 + i) * d.H + h] * Ah;
+    __syncthreads();
+    block_scan(a, tot, q, 0);
+    for (int i = (int)threadIdx.x; i < q; i += (int)blockDim.x) cum[(size_t)bh * d.T + t0 + i] = a[i];
+}
+
+/* 2. Sst[ci] = sum_j x_tok(j) (v_j B_tok(j))^T, v_j = w_j exp(cum_last - cum_s(j)),
+ * for the full chunks c < nc-1 (grid x: (b, h, c), y: tiles of P*N) */
+static __global__ void ssd_state_k(float *Sst, const float *cum, const float *x, const float *Bm, const float *dt,
+                                   const float *lam, const float *A, struct ssd_dims d)
+{
+    MT_DYN_SMEM(float, v);    /* 2Q */
+    int bh = (int)blockIdx.x / (d.nc - 1), c = (int)blockIdx.x % (d.nc - 1), b = bh / d.H, h = bh % d.H;
+    int t0 = c * d.Q, q = d.Q;
+    const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, PN = (size_t)d.P * d.N;
+    const float *cm = cum + (size_t)bh * d.T + t0, Ah = A[h];
+    float cl = cm[q - 1];
+    for (int i = (int)threadIdx.x; i < q; i += (int)blockDim.x) {
+        size_t r = ((size_t)b * d.T + t0 + i) * d.H + h;
+        float ex = expf(cl - cm[i]);
+        v[i] = ssd_w(1, dt, lam, Ah, r, t0 + i) * ex;
+        v[q + i] = ssd_w(0, dt, lam, Ah, r, t0 + i) * ex;
+    }
+    __syncthreads();
+    size_t e = (size_t)blockIdx.y * blockDim.x + threadIdx.x;
+    if (e >= PN) return;
+    int p = (int)(e / d.N), n = (int)(e % d.N);
+    const float *xb = x + (size_t)b * d.T * xld + (size_t)h * d.P + p, *Bb = Bm + (size_t)b * d.T * bld + (size_t)h * d.N + n;
+    float acc = 0.0f;
+    for (int i = 0; i < q; i++) {
+        int t = t0 + i;
+        acc += xb[(size_t)t * xld] * (v[i] * Bb[(size_t)t * bld]);
+    }
+    for (int i = 0; i < q; i++) {
+        int t = t0 + i;
+        if (t > 0) acc += xb[(size_t)(t - 1) * xld] * (v[q + i] * Bb[(size_t)(t - 1) * bld]);
+    }
+    Sst[((size_t)bh * d.nc + c) * PN + e] = acc;
+}
+
+/* 3. in place: Sst[c] (the chunk's own state) -> the state entering chunk c.
+ * One thread per (b, h, p, n), nc steps. */
+static __global__ void ssd_pass_k(float *Sst, const float *cum, struct ssd_dims d)
+{
+    const size_t PN = (size_t)d.P * d.N, i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)d.B * d.H * PN) return;
+    size_t bh = i / PN, e = i % PN;
+    float s = 0.0f;
+    for (int c = 0; c < d.nc; c++) {
+        float *slot = Sst + (bh * d.nc + c) * PN + e;
+        float loc = c + 1 < d.nc ? *slot : 0.0f;
+        *slot = s;
+        if (c + 1 < d.nc) s = expf(cum[bh * d.T + (size_t)c * d.Q + d.Q - 1]) * s + loc;
+    }
+}
+
+/* 4. Y rows [i0, i0+RT) of chunk ci (grid x: (b, h, c), y: row tiles):
+ * G = C Bc^T o L in shared memory, then Y = G Xc + exp(cum_i) C_i S_in^T + D x */
+static __global__ void ssd_out_k(float *y, const float *Sst, const float *cum, const float *x, const float *Bm,
+                                 const float *Cm, const float *dt, const float *lam, const float *A,
+                                 const float *Dsk, struct ssd_dims d)
+{
+    MT_DYN_SMEM(float, sm);   /* w (2Q), cum (Q), G (RT x 2Q) */
+    int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H;
+    int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q, i0 = (int)blockIdx.y * SSD_RT;
+    if (i0 >= q) return;
+    int ni = q - i0 < SSD_RT ? q - i0 : SSD_RT, q2 = 2 * q, nt = (int)blockDim.x;
+    const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, PN = (size_t)d.P * d.N, ob = (size_t)b * d.T;
+    float *w = sm, *cm = w + 2 * d.Q, *G = cm + d.Q, Ah = A[h], Dh = Dsk[h];
+    for (int i = (int)threadIdx.x; i < q; i += nt) {
+        size_t r = (ob + t0 + i) * d.H + h;
+        w[i] = ssd_w(1, dt, lam, Ah, r, t0 + i);
+        w[q + i] = ssd_w(0, dt, lam, Ah, r, t0 + i);
+        cm[i] = cum[(size_t)bh * d.T + t0 + i];
+    }
+    __syncthreads();
+    for (int k = (int)threadIdx.x; k < ni * q2; k += nt) {
+        int il = k / q2, j = k % q2, i = i0 + il, sj = j < q ? j : j - q, tok = t0 + sj - (j < q ? 0 : 1);
+        float g = 0.0f;
+        if (sj <= i && tok >= 0) {
+            const float *cr = Cm + (ob + t0 + i) * bld + (size_t)h * d.N, *br = Bm + (ob + tok) * bld + (size_t)h * d.N;
+            for (int n = 0; n < d.N; n++) g += cr[n] * br[n];
+            g *= w[j] * expf(cm[i] - cm[sj]);
+        }
+        G[il * q2 + j] = g;
+    }
+    __syncthreads();
+    const float *xh = x + ob * xld + (size_t)h * d.P;
+    for (int k = (int)threadIdx.x; k < ni * d.P; k += nt) {
+        int il = k / d.P, p = k % d.P, i = i0 + il, t = t0 + i;
+        const float *g = G + (size_t)il * q2;
+        float acc = 0.0f;
+        for (int j = 0; j <= i; j++) acc += g[j] * xh[(size_t)(t0 + j) * xld + p];
+        for (int j = 0; j <= i; j++)
+            if (t0 + j > 0) acc += g[q + j] * xh[(size_t)(t0 + j - 1) * xld + p];
+        if (c > 0) {
+            const float *cr = Cm + (ob + t) * bld + (size_t)h * d.N, *S = Sst + (size_t)ci * PN + (size_t)p * d.N;
+            float e = expf(cm[i]), s2 = 0.0f;
+            for (int n = 0; n < d.N; n++) s2 += (e * cr[n]) * S[n];
+            acc += s2;
+        }
+        y[(ob + t) * xld + (size_t)h * d.P + p] = acc + Dh * xh[(size_t)t * xld + p];
+    }
+}
+
+/* the states entering each chunk into Sst (steps 1-3); cum must hold step 1 */
+static void ssd_states(float *Sst, const float *cum, const float *x, const float *Bm, const float *dt,
+                       const float *lam, const float *A, struct ssd_dims d)
+{
+    const size_t PN = (size_t)d.P * d.N;
+    if (d.nc > 1) {
+        MT_LAUNCH(ssd_state_k, dim3((unsigned)(d.B * d.H * (d.nc - 1)), (unsigned)((PN + 255) / 256)), 256,
+                  2 * (size_t)d.Q * sizeof(float))(Sst, cum, x, Bm, dt, lam, A, d);
+        MT_CUDA_KCHECK();
+    }
+    size_t n = (size_t)d.B * d.H * PN;
+    MT_LAUNCH(ssd_pass_k, (unsigned)((n + 255) / 256), 256, 0)(Sst, cum, d);
+    MT_CUDA_KCHECK();
+}
+
+static void ssd_cum(float *cum, const float *dt, const float *A, struct ssd_dims d)
+{
+    MT_LAUNCH(ssd_cum_k, (unsigned)(d.B * d.H * d.nc), SSD_SCAN_THREADS,
+              ((size_t)d.Q + SSD_SCAN_THREADS) * sizeof(float))(cum, dt, A, d);
+    MT_CUDA_KCHECK();
+}
+
+static void ssd_forward(float *y, const float *x, const float *Bm, const float *Cm, const float *dt,
+                        const float *lam, const float *A, const float *Dsk, struct ssd_dims d)
+{
+    const size_t PN = (size_t)d.P * d.N, nbh = (size_t)d.B * d.H;
+    float *ws = (float *)mt_cuda_workspace((nbh * d.T + nbh * d.nc * PN) * sizeof(float));
+    if (!ws) return;
+    float *cum = ws, *Sst = ws + nbh * d.T;
+    ssd_cum(cum, dt, A, d);
+    ssd_states(Sst, cum, x, Bm, dt, lam, A, d);
+    size_t smem = (3 * (size_t)d.Q + (size_t)SSD_RT * 2 * d.Q) * sizeof(float);
+    MT_LAUNCH(ssd_out_k, dim3((unsigned)(nbh * d.nc), (unsigned)((d.Q + SSD_RT - 1) / SSD_RT)), 128, smem)(
+        y, Sst, cum, x, Bm, Cm, dt, lam, A, Dsk, d);
+    MT_CUDA_KCHECK();
+}
+
 /* ---------------- scan forward (recurrence) ---------------- */
 
 static __global__ void scan_fwd_k(float *y, const float *x, const float *Bm, const float *Cm, const float *dt,
@@ -73,8 +320,11 @@ extern "C" void mt_cuda_ssm_scan_forward(void *be, float *y, const float *x, con
                                          int B, int T, int H, int P, int N, int chunk)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
-    (void)chunk;
     if (B * H == 0 || T == 0) return;
+    if (chunk > 0) {
+        ssd_forward(y, x, Bm, Cm, dt, lam, A, Dsk, ssd_dims_make(B, T, H, P, N, chunk));
+        return;
+    }
     if (P > 1024) { MT_CUDA_UNSUPPORTED("ssm scan: headdim > 1024"); return; }
     size_t smem = ((size_t)P * N + 3 * (size_t)N) * sizeof(float);
     MT_LAUNCH(scan_fwd_k, B * H, P, smem)(y, x, Bm, Cm, dt, lam, A, Dsk, T, H, P, N);
