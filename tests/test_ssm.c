@@ -8,7 +8,7 @@
  *   2. backward (chunked) against central finite differences of that double
  *      recurrence, for every input (x, B, C, dt, lam, A, D) of a loss
  *      sum(R o y) with R random; dA and dD accumulate (+=);
- *   3. determinism: two calls give the same bits;
+ *   3. determinism: two calls give the same bits (forward and backward);
  *   3b. decoding: T calls of ssm_scan_step equal the chunk-0 forward, and
  *      ssm_prep_forward token by token with ang_state equals one call;
  *   4. with -b cuda: the mixer glue (ssm_prep_*, ssm_gate_norm_*) forward and
@@ -241,6 +241,22 @@ static void test_backward(struct inputs *in, int chunk)
         check(e < 2e-5, what, tag, e, 2e-5);
         free(fd); free(an);
     }
+    /* determinism: a second call into fresh buffers gives the same bits */
+    float *dx2 = dev_zero(nx(in)), *dB2 = dev_zero(nb(in)), *dC2 = dev_zero(nb(in));
+    float *ddt2 = dev_zero(nd(in)), *dlam2 = dev_zero(nd(in));
+    float *dA2 = to_dev(half, (size_t)H), *dD2 = to_dev(half, (size_t)H);
+    g_ops->ssm_scan_backward(g_ops->be, dx2, dB2, dC2, ddt2, dlam2, dA2, dD2, d.R, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A,
+                             d.D, in->B, in->T, in->H, in->P, in->N, chunk);
+    float *one[] = {dx, dB, dC, ddt, dlam, dA, dD}, *two[] = {dx2, dB2, dC2, ddt2, dlam2, dA2, dD2};
+    size_t len[] = {nx(in), nb(in), nb(in), nd(in), nd(in), (size_t)H, (size_t)H};
+    int same = 1;
+    for (size_t k = 0; k < sizeof(one) / sizeof(one[0]); k++) {
+        float *a = to_host(one[k], len[k]), *b = to_host(two[k], len[k]);
+        same &= memcmp(a, b, len[k] * sizeof(float)) == 0;
+        free(a); free(b);
+        g_ops->buf_free(g_ops->be, &g_ctx, two[k]);
+    }
+    check(same, "ssm_scan_backward deterministic", tag, same ? 0.0 : 1.0, 0);
     float *p[] = {dx, dB, dC, ddt, dlam, dA, dD};
     for (size_t i = 0; i < sizeof(p) / sizeof(p[0]); i++) g_ops->buf_free(g_ops->be, &g_ctx, p[i]);
     release(&d);

@@ -275,6 +275,349 @@ static void ssd_forward(float *y, const float *x, const float *Bm, const float *
     MT_CUDA_KCHECK();
 }
 
+/* ---------------- chunked (SSD) backward ----------------
+ *
+ * HOW IT WORKS (derivation: docs/mamba3.md §4; same terms as the cpu's
+ * scan_backward_head). With the states entering each chunk S_in (forward
+ * steps 1-3) and the gradient leaving each chunk dS_out, every chunk is
+ * independent, so the chunks run in parallel:
+ *   5. ssd_dloc_k    Dloc_c = (diag(exp cum) dY)^T C          (P x N, chunks c >= 1)
+ *   6. ssd_dpass_k   dS_out_{nc-1} = 0, dS_out_{c-1} = exp(cum_last_c) dS_out_c + Dloc_c
+ *                    (nc steps, one thread per (b, h, p, n))
+ *   7. ssd_gm_k      per query row i: G = C_i Bc^T, dM = dY_i Xc^T; M = G o L,
+ *                    dG = dM o L, dLE = dM o G o E (the decay's gradient) and its
+ *                    row sum with w (dcum_i's intra term)
+ *   8. ssd_dxc_k     dXc_j = M^T dY + v_j (Bc dS_out^T)_j            (per source j)
+ *      ssd_dbc_k     dBc_j = dG^T C + v_j (Xc dS_out)_j, q_j = (Xc dS_out)_j . Bc_j
+ *      ssd_dc_k      dC_i = dG Bc + e_i (dY S_in)_i, and e_i (dY S_in)_i . C_i
+ *   9. ssd_scal_k    dw_j, dcum_i, the reverse scan da = suffix sums of dcum in the
+ *                    chunk, then ddt, dlam and the chunk's dA, dD partials
+ *  10. ssd_scatter_k dx_t = dXc(own) + dXc(beta source of t+1) + D dy_t; dB alike
+ *  11. ssd_reduce_k  dA, dD += the partials, per head over (b, chunk) in order
+ * Workspace: cum, S_in, dS_out, M, dG, dLE (q x 2q per chunk), dXc, dBc and
+ * the per-row / per-source scalars (ssd_bwd_floats). */
+
+/* 5. dSo[ci] = sum_i (exp(cum_i) dY_i) C_i^T for chunks c >= 1 (grid x: (b, h, c-1), y: PN tiles) */
+static __global__ void ssd_dloc_k(float *dSo, const float *cum, const float *dy, const float *Cm, struct ssd_dims d)
+{
+    MT_DYN_SMEM(float, e);    /* Q */
+    int bh = (int)blockIdx.x / (d.nc - 1), c = 1 + (int)blockIdx.x % (d.nc - 1), b = bh / d.H, h = bh % d.H;
+    int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q;
+    const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, PN = (size_t)d.P * d.N;
+    for (int i = (int)threadIdx.x; i < q; i += (int)blockDim.x) e[i] = expf(cum[(size_t)bh * d.T + t0 + i]);
+    __syncthreads();
+    size_t k = (size_t)blockIdx.y * blockDim.x + threadIdx.x;
+    if (k >= PN) return;
+    int p = (int)(k / d.N), n = (int)(k % d.N);
+    const float *dyb = dy + (size_t)b * d.T * xld + (size_t)h * d.P + p, *Cb = Cm + (size_t)b * d.T * bld + (size_t)h * d.N + n;
+    float acc = 0.0f;
+    for (int i = 0; i < q; i++) acc += (e[i] * dyb[(size_t)(t0 + i) * xld]) * Cb[(size_t)(t0 + i) * bld];
+    dSo[((size_t)bh * d.nc + c) * PN + k] = acc;
+}
+
+/* 6. in place: dSo[c] (Dloc_c) -> dS_out of chunk c, in reverse chunk order */
+static __global__ void ssd_dpass_k(float *dSo, const float *cum, struct ssd_dims d)
+{
+    const size_t PN = (size_t)d.P * d.N, i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)d.B * d.H * PN) return;
+    size_t bh = i / PN, e = i % PN;
+    float s = 0.0f;
+    for (int c = d.nc - 1; c >= 0; c--) {
+        float *slot = dSo + (bh * d.nc + c) * PN + e;
+        float loc = c > 0 ? *slot : 0.0f;
+        *slot = s;
+        int tl = (c + 1) * d.Q < d.T ? (c + 1) * d.Q - 1 : d.T - 1;
+        if (c > 0) s = expf(cum[bh * d.T + tl]) * s + loc;
+    }
+}
+
+/* 7. one block per (b, h, c, query row i), threads over the 2q sources.
+ * M, dG, dLE rows at ((ci*Q + i)*2Q + j); rs[ci*Q + i] = sum_j w_j dLE[i,j]. */
+static __global__ void ssd_gm_k(float *M, float *dG, float *dLE, float *rs, const float *cum, const float *dy,
+                                const float *x, const float *Bm, const float *Cm, const float *dt, const float *lam,
+                                const float *A, struct ssd_dims d)
+{
+    MT_DYN_SMEM(float, red);  /* blockDim */
+    int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H, i = (int)blockIdx.y;
+    int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q;
+    if (i >= q) return;
+    const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, ob = (size_t)b * d.T;
+    const size_t row = ((size_t)ci * d.Q + i) * 2 * d.Q;
+    const float *cm = cum + (size_t)bh * d.T + t0, Ah = A[h];
+    const float *cr = Cm + (ob + t0 + i) * bld + (size_t)h * d.N, *dyr = dy + (ob + t0 + i) * xld + (size_t)h * d.P;
+    float rsum = 0.0f;
+    for (int j = (int)threadIdx.x; j < 2 * q; j += (int)blockDim.x) {
+        int sj = j < q ? j : j - q, tok = t0 + sj - (j < q ? 0 : 1);
+        float m = 0.0f, dg = 0.0f, dle = 0.0f;
+        if (sj <= i && tok >= 0) {
+            const float *br = Bm + (ob + tok) * bld + (size_t)h * d.N, *xr = x + (ob + tok) * xld + (size_t)h * d.P;
+            float g = 0.0f, dm = 0.0f;
+            for (int n = 0; n < d.N; n++) g += cr[n] * br[n];
+            for (int p = 0; p < d.P; p++) dm += dyr[p] * xr[p];
+            float w = ssd_w(j < q, dt, lam, Ah, (ob + t0 + sj) * d.H + h, t0 + sj), ex = expf(cm[i] - cm[sj]);
+            float dmg = dm * g, l = w * ex;
+            dle = dmg * ex;
+            rsum += dmg * w * ex;
+            m = g * l;
+            dg = dm * l;
+        }
+        M[row + j] = m;
+        dG[row + j] = dg;
+        dLE[row + j] = dle;
+    }
+    float s = block_sum(rsum, red);
+    if (threadIdx.x == 0) rs[(size_t)ci * d.Q + i] = s;
+}
+
+/* 8a. one block per (b, h, c, source j), threads over p */
+static __global__ void ssd_dxc_k(float *dXc, const float *M, const float *dSo, const float *cum, const float *dy,
+                                 const float *Bm, const float *dt, const float *lam, const float *A, struct ssd_dims d)
+{
+    int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H, j = (int)blockIdx.y;
+    int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q;
+    if (j >= 2 * q) return;
+    int sj = j < q ? j : j - q, tok = t0 + sj - (j < q ? 0 : 1);
+    const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, PN = (size_t)d.P * d.N, ob = (size_t)b * d.T;
+    const float *cm = cum + (size_t)bh * d.T + t0, *Mc = M + (size_t)ci * d.Q * 2 * d.Q + j;
+    float v = 0.0f;
+    if (c + 1 < d.nc && tok >= 0)
+        v = ssd_w(j < q, dt, lam, A[h], (ob + t0 + sj) * d.H + h, t0 + sj) * expf(cm[q - 1] - cm[sj]);
+    for (int p = (int)threadIdx.x; p < d.P; p += (int)blockDim.x) {
+        float acc = 0.0f;
+        if (tok >= 0) {
+            const float *dyh = dy + ob * xld + (size_t)h * d.P + p;
+            for (int i = sj; i < q; i++) acc += Mc[(size_t)i * 2 * d.Q] * dyh[(size_t)(t0 + i) * xld];
+            if (c + 1 < d.nc) {
+                const float *br = Bm + (ob + tok) * bld + (size_t)h * d.N, *ds = dSo + (size_t)ci * PN + (size_t)p * d.N;
+                float t2 = 0.0f;
+                for (int n = 0; n < d.N; n++) t2 += br[n] * ds[n];
+                acc += v * t2;
+            }
+        }
+        dXc[((size_t)ci * 2 * d.Q + j) * d.P + p] = acc;
+    }
+}
+
+/* 8b. one block per (b, h, c, source j), threads over n; qj[ci*2Q + j] */
+static __global__ void ssd_dbc_k(float *dBc, float *qj, const float *dG, const float *dSo, const float *cum,
+                                 const float *x, const float *Bm, const float *Cm, const float *dt, const float *lam,
+                                 const float *A, struct ssd_dims d)
+{
+    MT_DYN_SMEM(float, red);  /* blockDim */
+    int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H, j = (int)blockIdx.y;
+    int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q;
+    if (j >= 2 * q) return;
+    int sj = j < q ? j : j - q, tok = t0 + sj - (j < q ? 0 : 1);
+    const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, PN = (size_t)d.P * d.N, ob = (size_t)b * d.T;
+    const float *cm = cum + (size_t)bh * d.T + t0, *dGc = dG + (size_t)ci * d.Q * 2 * d.Q + j;
+    float v = 0.0f, qpart = 0.0f;
+    if (c + 1 < d.nc && tok >= 0)
+        v = ssd_w(j < q, dt, lam, A[h], (ob + t0 + sj) * d.H + h, t0 + sj) * expf(cm[q - 1] - cm[sj]);
+    for (int n = (int)threadIdx.x; n < d.N; n += (int)blockDim.x) {
+        float acc = 0.0f;
+        if (tok >= 0) {
+            const float *ch = Cm + ob * bld + (size_t)h * d.N + n;
+            for (int i = sj; i < q; i++) acc += dGc[(size_t)i * 2 * d.Q] * ch[(size_t)(t0 + i) * bld];
+            if (c + 1 < d.nc) {
+                const float *xr = x + (ob + tok) * xld + (size_t)h * d.P, *ds = dSo + (size_t)ci * PN + n;
+                float t1 = 0.0f;
+                for (int p = 0; p < d.P; p++) t1 += xr[p] * ds[(size_t)p * d.N];
+                qpart += t1 * Bm[(ob + tok) * bld + (size_t)h * d.N + n];
+                acc += v * t1;
+            }
+        }
+        dBc[((size_t)ci * 2 * d.Q + j) * d.N + n] = acc;
+    }
+    float s = block_sum(qpart, red);
+    if (threadIdx.x == 0) qj[(size_t)ci * 2 * d.Q + j] = s;
+}
+
+/* 8c. one block per (b, h, c, query row i), threads over n: dC (=) and the
+ * inter term of dcum_i, inter[ci*Q + i] = e_i (dY_i S_in) . C_i */
+static __global__ void ssd_dc_k(float *dCm, float *inter, const float *dG, const float *Sst, const float *cum,
+                                const float *dy, const float *Bm, const float *Cm, struct ssd_dims d)
+{
+    MT_DYN_SMEM(float, red);  /* blockDim */
+    int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H, i = (int)blockIdx.y;
+    int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q;
+    if (i >= q) return;
+    const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, PN = (size_t)d.P * d.N, ob = (size_t)b * d.T;
+    const float *dGr = dG + ((size_t)ci * d.Q + i) * 2 * d.Q, *cr = Cm + (ob + t0 + i) * bld + (size_t)h * d.N;
+    const float *dyr = dy + (ob + t0 + i) * xld + (size_t)h * d.P;
+    float e = expf(cum[(size_t)bh * d.T + t0 + i]), de = 0.0f;
+    for (int n = (int)threadIdx.x; n < d.N; n += (int)blockDim.x) {
+        const float *bh_ = Bm + ob * bld + (size_t)h * d.N + n;
+        float acc = 0.0f;
+        for (int j = 0; j <= i; j++) acc += dGr[j] * bh_[(size_t)(t0 + j) * bld];
+        for (int j = 0; j <= i; j++)
+            if (t0 + j > 0) acc += dGr[q + j] * bh_[(size_t)(t0 + j - 1) * bld];
+        if (c > 0) {
+            const float *S = Sst + (size_t)ci * PN + n;
+            float ds = 0.0f;
+            for (int p = 0; p < d.P; p++) ds += dyr[p] * S[(size_t)p * d.N];
+            de += ds * cr[n];
+            acc += e * ds;
+        }
+        dCm[(ob + t0 + i) * bld + (size_t)h * d.N + n] = acc;
+    }
+    float s = block_sum(de, red);
+    if (threadIdx.x == 0) inter[(size_t)ci * d.Q + i] = s * e;
+}
+
+/* 9. one block per (b, h, c): dw_j, dcum_i, da = reverse scan of dcum in the
+ * chunk, ddt and dlam (=), and the chunk's dA, dD partials (double) */
+static __global__ void ssd_scal_k(float *ddt, float *dlam, double *part, const float *dLE, const float *rs,
+                                  const float *qj, const float *inter, const float *Sst, const float *dSo,
+                                  const float *cum, const float *dy, const float *x, const float *dt,
+                                  const float *lam, const float *A, struct ssd_dims d)
+{
+    MT_DYN_SMEM(double, dred);   /* blockDim doubles, then dcum (Q), dw (2Q), tot (blockDim) floats */
+    float *dcum = (float *)(dred + blockDim.x), *dw = dcum + d.Q, *tot = dw + 2 * d.Q;
+    int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H, nt = (int)blockDim.x;
+    int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q, has_next = c + 1 < d.nc;
+    const size_t xld = (size_t)d.H * d.P, PN = (size_t)d.P * d.N, ob = (size_t)b * d.T, Q2 = 2 * (size_t)d.Q;
+    const float *cm = cum + (size_t)bh * d.T + t0, *dL = dLE + (size_t)ci * d.Q * Q2, Ah = A[h];
+    const float *qc = qj + (size_t)ci * Q2;
+    /* dw_j = sum_{i >= s(j)} dLE[i,j] (+ q_j E[q-1, s(j)] through S_out) */
+    for (int j = (int)threadIdx.x; j < 2 * q; j += nt) {
+        int sj = j < q ? j : j - q;
+        float a = 0.0f;
+        for (int i = sj; i < q; i++) a += dL[(size_t)i * Q2 + j];
+        if (has_next) a += qc[j] * expf(cm[q - 1] - cm[sj]);
+        dw[j] = a;
+    }
+    /* through S_out: dcum_{q-1} += sum_j q_j v_j; the <dS_out, S_in> term */
+    double sq = 0.0, sd = 0.0;
+    if (has_next)
+        for (int j = (int)threadIdx.x; j < 2 * q; j += nt) {
+            int sj = j < q ? j : j - q;
+            sq += (double)(qc[j] * ssd_w(j < q, dt, lam, Ah, (ob + t0 + sj) * d.H + h, t0 + sj) * expf(cm[q - 1] - cm[sj]));
+        }
+    if (c > 0)
+        for (size_t k = threadIdx.x; k < PN; k += (size_t)nt)
+            sd += (double)dSo[(size_t)ci * PN + k] * (double)Sst[(size_t)ci * PN + k];
+    sq = block_sum(sq, dred);
+    sd = block_sum(sd, dred);
+    /* dcum_i = rowsum_i - sum_{i' >= i} w dLE[i', src(i)] - q_j v_j (both sources of time i) + inter_i */
+    for (int i = (int)threadIdx.x; i < q; i += nt) {
+        size_t r = (ob + t0 + i) * d.H + h;
+        float w0 = ssd_w(1, dt, lam, Ah, r, t0 + i), w1 = ssd_w(0, dt, lam, Ah, r, t0 + i), col = 0.0f;
+        for (int k = i; k < q; k++) col += w0 * dL[(size_t)k * Q2 + i] + w1 * dL[(size_t)k * Q2 + q + i];
+        float v = rs[(size_t)ci * d.Q + i] - col;
+        if (has_next) {
+            float el = expf(cm[q - 1] - cm[i]);
+            v -= qc[i] * (w0 * el) + qc[q + i] * (w1 * el);
+        }
+        if (c > 0) v += inter[(size_t)ci * d.Q + i];
+        if (i == q - 1) v += (float)sq + (c > 0 ? (float)sd * expf(cm[q - 1]) : 0.0f);
+        dcum[i] = v;
+    }
+    __syncthreads();
+    block_scan(dcum, tot, q, 1);
+    double pa = 0.0, pd = 0.0;
+    for (int i = (int)threadIdx.x; i < q; i += nt) {
+        int t = t0 + i;
+        size_t r = (ob + t) * d.H + h;
+        float dd = dt[r], l = lam[r], al = expf(dd * Ah), run = dcum[i], dg = dw[i], db = t > 0 ? dw[q + i] : 0.0f;
+        float beta = (1.0f - l) * dd * al;
+        ddt[r] = run * Ah + dg * l + db * (1.0f - l) * al * (1.0f + dd * Ah);
+        dlam[r] = dg * dd - db * dd * al;
+        pa += (double)run * dd + (double)db * beta * dd;
+        const float *dyr = dy + (ob + t) * xld + (size_t)h * d.P, *xr = x + (ob + t) * xld + (size_t)h * d.P;
+        float s = 0.0f;
+        for (int p = 0; p < d.P; p++) s += dyr[p] * xr[p];
+        pd += s;
+    }
+    pa = block_sum(pa, dred);
+    pd = block_sum(pd, dred);
+    if (threadIdx.x == 0) { part[2 * (size_t)ci] = pa; part[2 * (size_t)ci + 1] = pd; }
+}
+
+/* 10. one thread per (b, t, h, p or n): the own source plus the beta source
+ * of token t+1 (in the next chunk for a chunk's last token) */
+static __global__ void ssd_scatter_k(float *dx, float *dBm, const float *dXc, const float *dBc, const float *dy,
+                                     const float *Dsk, struct ssd_dims d)
+{
+    const size_t PN1 = (size_t)d.P + d.N, i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)d.B * d.T * d.H * PN1) return;
+    size_t rh = i / PN1;
+    int k = (int)(i % PN1), h = (int)(rh % d.H);
+    size_t bt = rh / d.H;
+    int t = (int)(bt % d.T), b = (int)(bt / d.T), bh = b * d.H + h, own = k < d.P, m = own ? k : k - d.P;
+    int width = own ? d.P : d.N;
+    const float *src = own ? dXc : dBc;
+    size_t ci = (size_t)bh * d.nc + t / d.Q;
+    float v = src[(ci * 2 * d.Q + (size_t)(t % d.Q)) * width + m];
+    if (own) v += Dsk[h] * dy[rh * d.P + m];
+    if (t + 1 < d.T) {
+        int c1 = (t + 1) / d.Q, t01 = c1 * d.Q, q1 = d.T - t01 < d.Q ? d.T - t01 : d.Q;
+        v += src[(((size_t)bh * d.nc + c1) * 2 * d.Q + (size_t)q1 + (t + 1 - t01)) * width + m];
+    }
+    if (own) dx[rh * d.P + m] = v;
+    else dBm[rh * d.N + m] = v;
+}
+
+/* 11. dA, dDsk (+=): per head, the (b, chunk) partials in order */
+static __global__ void ssd_reduce_k(float *dA, float *dDsk, const double *part, struct ssd_dims d)
+{
+    int h = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (h >= d.H) return;
+    double a = 0.0, s = 0.0;
+    for (int b = 0; b < d.B; b++)
+        for (int c = 0; c < d.nc; c++) {
+            size_t ci = ((size_t)b * d.H + h) * d.nc + c;
+            a += part[2 * ci];
+            s += part[2 * ci + 1];
+        }
+    dA[h] += (float)a;
+    dDsk[h] += (float)s;
+}
+
+static void ssd_backward(float *dx, float *dBm, float *dCm, float *ddt, float *dlam, float *dA, float *dDsk,
+                         const float *dy, const float *x, const float *Bm, const float *Cm, const float *dt,
+                         const float *lam, const float *A, const float *Dsk, struct ssd_dims d)
+{
+    const size_t PN = (size_t)d.P * d.N, nbh = (size_t)d.B * d.H, nch = nbh * d.nc, Q2 = 2 * (size_t)d.Q;
+    const size_t nf = nbh * d.T + 2 * nch * PN + 3 * nch * d.Q * Q2 + nch * Q2 * ((size_t)d.P + d.N + 1)
+                    + 2 * nch * d.Q;
+    double *part = (double *)mt_cuda_workspace(2 * nch * sizeof(double) + nf * sizeof(float));
+    if (!part) return;
+    float *cum = (float *)(part + 2 * nch), *Sst = cum + nbh * d.T, *dSo = Sst + nch * PN;
+    float *M = dSo + nch * PN, *dG = M + nch * d.Q * Q2, *dLE = dG + nch * d.Q * Q2;
+    float *dXc = dLE + nch * d.Q * Q2, *dBc = dXc + nch * Q2 * d.P, *qj = dBc + nch * Q2 * d.N;
+    float *rs = qj + nch * Q2, *inter = rs + nch * d.Q;
+    ssd_cum(cum, dt, A, d);
+    ssd_states(Sst, cum, x, Bm, dt, lam, A, d);
+    if (d.nc > 1) {
+        MT_LAUNCH(ssd_dloc_k, dim3((unsigned)(nbh * (d.nc - 1)), (unsigned)((PN + 255) / 256)), 256,
+                  (size_t)d.Q * sizeof(float))(dSo, cum, dy, Cm, d);
+        MT_CUDA_KCHECK();
+    }
+    MT_LAUNCH(ssd_dpass_k, (unsigned)((nbh * PN + 255) / 256), 256, 0)(dSo, cum, d);
+    MT_CUDA_KCHECK();
+    unsigned tj = pow2_threads(2 * d.Q, 256), tp = pow2_threads(d.P, 256), tn = pow2_threads(d.N, 256);
+    MT_LAUNCH(ssd_gm_k, dim3((unsigned)nch, (unsigned)d.Q), tj, tj * sizeof(float))(M, dG, dLE, rs, cum, dy, x, Bm, Cm,
+                                                                                    dt, lam, A, d);
+    MT_CUDA_KCHECK();
+    MT_LAUNCH(ssd_dxc_k, dim3((unsigned)nch, (unsigned)Q2), tp, 0)(dXc, M, dSo, cum, dy, Bm, dt, lam, A, d);
+    MT_CUDA_KCHECK();
+    MT_LAUNCH(ssd_dbc_k, dim3((unsigned)nch, (unsigned)Q2), tn, tn * sizeof(float))(dBc, qj, dG, dSo, cum, x, Bm, Cm,
+                                                                                    dt, lam, A, d);
+    MT_CUDA_KCHECK();
+    MT_LAUNCH(ssd_dc_k, dim3((unsigned)nch, (unsigned)d.Q), tn, tn * sizeof(float))(dCm, inter, dG, Sst, cum, dy, Bm,
+                                                                                   Cm, d);
+    MT_CUDA_KCHECK();
+    unsigned ts = SSD_SCAN_THREADS;
+    MT_LAUNCH(ssd_scal_k, (unsigned)nch, ts, ts * sizeof(double) + (3 * (size_t)d.Q + ts) * sizeof(float))(
+        ddt, dlam, part, dLE, rs, qj, inter, Sst, dSo, cum, dy, x, dt, lam, A, d);
+    MT_CUDA_KCHECK();
+    size_t ns = (size_t)d.B * d.T * d.H * ((size_t)d.P + d.N);
+    MT_LAUNCH(ssd_scatter_k, (unsigned)((ns + 255) / 256), 256, 0)(dx, dBm, dXc, dBc, dy, Dsk, d);
+    MT_CUDA_KCHECK();
+    MT_LAUNCH(ssd_reduce_k, (unsigned)((d.H + 63) / 64), 64, 0)(dA, dDsk, part, d);
+    MT_CUDA_KCHECK();
+}
+
 /* ---------------- scan forward (recurrence) ---------------- */
 
 static __global__ void scan_fwd_k(float *y, const float *x, const float *Bm, const float *Cm, const float *dt,
@@ -494,8 +837,13 @@ extern "C" void mt_cuda_ssm_scan_backward(void *be, float *dx, float *dBm, float
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (B * H == 0 || T == 0) return;
+    if (chunk > 0) {
+        ssd_backward(dx, dBm, dCm, ddt, dlam, dA, dDsk, dy, x, Bm, Cm, dt, lam, A, Dsk,
+                     ssd_dims_make(B, T, H, P, N, chunk));
+        return;
+    }
     if (P > 1024) { MT_CUDA_UNSUPPORTED("ssm scan: headdim > 1024"); return; }
-    int Q = chunk > 0 ? chunk : 64;
+    int Q = 64;
     if (Q > T) Q = T;
     int nc = (T + Q - 1) / Q;
     size_t PN = (size_t)P * N, per = (size_t)(nc + Q) * PN;
