@@ -859,54 +859,99 @@ extern "C" void mt_cuda_ssm_scan_backward(void *be, float *dx, float *dBm, float
     MT_CUDA_KCHECK();
 }
 
-/* ---------------- prep (split, softplus, sigmoid, B/C norm + bias + rotary) ---------------- */
+/* ---------------- prep (split, softplus, sigmoid, B/C norm + bias + rotary) ----------------
+ *
+ * HOW IT WORKS. The rotary angles are a cumulative sum over the sequence:
+ * ang_scan_k runs it as a block-level scan per (b, h, pair k), over the
+ * sequence in tiles of ANG_TILE positions (the running total carried from
+ * tile to tile), so a thread adds at most ANG_SEG values in order plus
+ * log2(blockDim) steps per tile. Everything else is per row: prep_rows_k
+ * (one thread per (row, head)), and in the backward prep_bwd_head_k (per
+ * (row, head): rotation's inverse, dang, the dt / lam / x columns),
+ * prep_bwd_group_k (one block per (row, group, B or C), threads over N: the
+ * heads' sum and the rmsnorm backward), ang_scan_k in reverse for
+ * dtheta, and the parameter gradients as column sums over rows in two
+ * passes of fixed order (colsum_*_k: blocks of COL_RB rows, then the blocks
+ * in order). No atomics: reruns are bit-identical. */
+
+#define ANG_SEG 4
+#define ANG_THREADS 256
+#define ANG_TILE (ANG_SEG * ANG_THREADS)
+#define COL_RB 128
 
 static __device__ __forceinline__ float softplus_d(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
 static __device__ __forceinline__ float sigmoid_d(float v) { return 1.0f / (1.0f + expf(-v)); }
 
-static __global__ void prep_fwd_k(float *x, float *Bh, float *Ch, float *dt, float *lam, float *A, float *rstd,
-                                  float *ang_state, const float *proj, const float *dt_bias, const float *A_log, const float *gB,
-                                  const float *gC, const float *B_bias, const float *C_bias, int B, int T, int H,
-                                  int P, int G, int N, float eps)
+/* One block per (b, h, k): dst[t] = sum_{r<=t} src[r] (reverse: sum_{r>=t}),
+ * src at src[(b*T + t)*sld + h*shs + k], dst likewise (may alias src). With
+ * ang_state (forward only) the sum starts from it and the total is written
+ * back. */
+static __global__ void ang_scan_k(float *dst, size_t dld, int dhs, const float *src, size_t sld, int shs,
+                                  float *ang_state, int T, int H, int half, int reverse)
 {
-    int task = blockIdx.x * blockDim.x + threadIdx.x;
-    if (task == 0)
-        for (int h = 0; h < H; h++) A[h] = -expf(A_log[h]);
-    if (task >= B * H) return;
-    int b = task / H, h = task % H, g = h / (H / G), half = N / 2, E = H * P, GN = G * N;
+    MT_DYN_SMEM(float, a);    /* ANG_TILE, then tot (blockDim) */
+    float *tot = a + ANG_TILE;
+    int k = (int)blockIdx.x % half, bh = (int)blockIdx.x / half, h = bh % H, b = bh / H, nt = (int)blockDim.x;
+    float carry = ang_state ? ang_state[(size_t)bh * half + k] : 0.0f;
+    for (int s0 = 0; s0 < T; s0 += ANG_TILE) {
+        int n = T - s0 < ANG_TILE ? T - s0 : ANG_TILE;
+        for (int i = (int)threadIdx.x; i < n; i += nt) {
+            int t = reverse ? T - 1 - (s0 + i) : s0 + i;
+            a[i] = src[((size_t)b * T + t) * sld + (size_t)h * shs + k] + (i == 0 ? carry : 0.0f);
+        }
+        __syncthreads();
+        block_scan(a, tot, n, 0);
+        for (int i = (int)threadIdx.x; i < n; i += nt) {
+            int t = reverse ? T - 1 - (s0 + i) : s0 + i;
+            dst[((size_t)b * T + t) * dld + (size_t)h * dhs + k] = a[i];
+        }
+        carry = a[n - 1];
+        __syncthreads();
+    }
+    if (ang_state && threadIdx.x == 0) ang_state[(size_t)bh * half + k] = carry;
+}
+
+/* One thread per (row, head); the angles wait in Bh's first N/2 slots (ang_scan_k) */
+static __global__ void prep_rows_k(float *x, float *Bh, float *Ch, float *dt, float *lam, float *A, float *rstd,
+                                   const float *proj, const float *dt_bias, const float *A_log, const float *gB,
+                                   const float *gC, const float *B_bias, const float *C_bias, int nrow, int H,
+                                   int P, int G, int N, float eps)
+{
+    size_t task = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (task < (size_t)H) A[task] = -expf(A_log[task]);
+    if (task >= (size_t)nrow * H) return;
+    size_t n = task / H, r = task;
+    int h = (int)(task % H), g = h / (H / G), half = N / 2, E = H * P, GN = G * N;
     const size_t W = 2 * (size_t)E + 2 * (size_t)GN + H + (size_t)H * half + H;
     const size_t oB = 2 * (size_t)E, oC = oB + GN, odt = oC + GN, oth = odt + H, olam = oth + (size_t)H * half;
-    const int first = h % (H / G) == 0;  /* the group's first head writes its rstd */
-    float ang[128];                      /* N <= 256 (checked by the caller) */
-    float *as = ang_state ? ang_state + ((size_t)b * H + h) * half : NULL;
-    for (int k = 0; k < half; k++) ang[k] = as ? as[k] : 0.0f;
-    for (int t = 0; t < T; t++) {
-        size_t n = (size_t)b * T + t, r = n * H + h;
-        const float *row = proj + n * W;
-        const float *br = row + oB + (size_t)g * N, *cr = row + oC + (size_t)g * N;
-        double sb = 0.0, sc = 0.0;
-        for (int k = 0; k < N; k++) { sb += (double)br[k] * br[k]; sc += (double)cr[k] * cr[k]; }
-        float rb = (float)(1.0 / sqrt(sb / N + eps)), rc = (float)(1.0 / sqrt(sc / N + eps));
-        if (first) { rstd[n * 2 * G + g] = rb; rstd[n * 2 * G + G + g] = rc; }
-        for (int p = 0; p < P; p++) x[r * P + p] = row[E + (size_t)h * P + p];
-        dt[r] = softplus_d(row[odt + h] + dt_bias[h]);
-        lam[r] = sigmoid_d(row[olam + h]);
-        const float *th = row + oth + (size_t)h * half;
-        for (int k = 0; k < half; k++) {
-            ang[k] += th[k];
-            float c = cosf(ang[k]), s = sinf(ang[k]);
-            float u1 = br[k] * rb * gB[k] + B_bias[(size_t)h * N + k];
-            float u2 = br[k + half] * rb * gB[k + half] + B_bias[(size_t)h * N + k + half];
-            Bh[r * N + k] = u1 * c - u2 * s;
-            Bh[r * N + k + half] = u1 * s + u2 * c;
-            u1 = cr[k] * rc * gC[k] + C_bias[(size_t)h * N + k];
-            u2 = cr[k + half] * rc * gC[k + half] + C_bias[(size_t)h * N + k + half];
-            Ch[r * N + k] = u1 * c - u2 * s;
-            Ch[r * N + k + half] = u1 * s + u2 * c;
-        }
+    const float *row = proj + n * W, *br = row + oB + (size_t)g * N, *cr = row + oC + (size_t)g * N;
+    double sb = 0.0, sc = 0.0;
+    for (int k = 0; k < N; k++) { sb += (double)br[k] * br[k]; sc += (double)cr[k] * cr[k]; }
+    float rb = (float)(1.0 / sqrt(sb / N + eps)), rc = (float)(1.0 / sqrt(sc / N + eps));
+    if (h % (H / G) == 0) { rstd[n * 2 * G + g] = rb; rstd[n * 2 * G + G + g] = rc; }  /* the group's first head */
+    for (int p = 0; p < P; p++) x[r * P + p] = row[E + (size_t)h * P + p];
+    dt[r] = softplus_d(row[odt + h] + dt_bias[h]);
+    lam[r] = sigmoid_d(row[olam + h]);
+    (void)oth;
+    for (int k = 0; k < half; k++) {
+        float ang = Bh[r * N + k], c = cosf(ang), s = sinf(ang);
+        float u1 = br[k] * rb * gB[k] + B_bias[(size_t)h * N + k];
+        float u2 = br[k + half] * rb * gB[k + half] + B_bias[(size_t)h * N + k + half];
+        Bh[r * N + k] = u1 * c - u2 * s;
+        Bh[r * N + k + half] = u1 * s + u2 * c;
+        u1 = cr[k] * rc * gC[k] + C_bias[(size_t)h * N + k];
+        u2 = cr[k + half] * rc * gC[k + half] + C_bias[(size_t)h * N + k + half];
+        Ch[r * N + k] = u1 * c - u2 * s;
+        Ch[r * N + k + half] = u1 * s + u2 * c;
     }
-    if (as)
-        for (int k = 0; k < half; k++) as[k] = ang[k];
+}
+
+static void ang_scan(float *dst, size_t dld, int dhs, const float *src, size_t sld, int shs, float *ang_state,
+                     int B, int T, int H, int half, int reverse)
+{
+    MT_LAUNCH(ang_scan_k, (unsigned)((size_t)B * H * half), ANG_THREADS, (ANG_TILE + ANG_THREADS) * sizeof(float))(
+        dst, dld, dhs, src, sld, shs, ang_state, T, H, half, reverse);
+    MT_CUDA_KCHECK();
 }
 
 extern "C" void mt_cuda_ssm_prep_forward(void *be, float *x, float *Bh, float *Ch, float *dt, float *lam, float *A,
@@ -915,104 +960,113 @@ extern "C" void mt_cuda_ssm_prep_forward(void *be, float *x, float *Bh, float *C
                                          const float *C_bias, int B, int T, int H, int P, int G, int N, float eps)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
-    if (N > 256) { MT_CUDA_UNSUPPORTED("ssm prep: d_state > 256"); return; }
-    int n = B * H > 0 ? B * H : 1;
-    MT_LAUNCH(prep_fwd_k, (n + GLUE_THREADS - 1) / GLUE_THREADS, GLUE_THREADS, 0)(
-        x, Bh, Ch, dt, lam, A, rstd, ang_state, proj, dt_bias, A_log, gB, gC, B_bias, C_bias, B, T, H, P, G, N, eps);
+    int half = N / 2, E = H * P, GN = G * N;
+    const size_t W = 2 * (size_t)E + 2 * (size_t)GN + H + (size_t)H * half + H, oth = 2 * (size_t)E + 2 * (size_t)GN + H;
+    if (B * T > 0 && half > 0)
+        ang_scan(Bh, (size_t)H * N, N, proj + oth, W, half, ang_state, B, T, H, half, 0);
+    size_t n = (size_t)B * T * H > (size_t)H ? (size_t)B * T * H : (size_t)H;
+    MT_LAUNCH(prep_rows_k, (unsigned)((n + GLUE_THREADS - 1) / GLUE_THREADS), GLUE_THREADS, 0)(
+        x, Bh, Ch, dt, lam, A, rstd, proj, dt_bias, A_log, gB, gC, B_bias, C_bias, B * T, H, P, G, N, eps);
     MT_CUDA_KCHECK();
 }
 
-/* One thread per (b, g); partials per task: dt_bias (H), gB (N), gC (N),
- * B_bias (H*N), C_bias (H*N); scratch per task: the heads' running angles
- * (H/G * N/2) and dBn, dCn (2N). Same order of operations as the cpu kernel. */
-static __global__ void prep_bwd_k(float *dproj, float *part, float *scr, const float *dx, const float *dBh,
-                                  const float *dCh, const float *ddt, const float *dlam, const float *Bh,
-                                  const float *Ch, const float *lam, const float *rstd, const float *proj,
-                                  const float *dt_bias, const float *gB, const float *gC, int B, int T, int H,
-                                  int P, int G, int N)
+/* One thread per (row, head): the x, dt and lam columns of dproj; the
+ * rotation's inverse u = R^T dO into du (B's, then C's: (rows, H, N) each);
+ * dang into the theta column, which holds the angles on entry. */
+static __global__ void prep_bwd_head_k(float *dproj, float *du, const float *dx, const float *dBh, const float *dCh,
+                                       const float *ddt, const float *dlam, const float *Bh, const float *Ch,
+                                       const float *lam, const float *proj, const float *dt_bias, int nrow, int H,
+                                       int P, int G, int N)
 {
-    int task = blockIdx.x * blockDim.x + threadIdx.x;
-    if (task >= B * G) return;
-    int b = task / G, g = task % G, half = N / 2, hpg = H / G, E = H * P, GN = G * N;
+    size_t r = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (r >= (size_t)nrow * H) return;
+    size_t n = r / H, nbh = (size_t)nrow * H * N;
+    int h = (int)(r % H), half = N / 2, E = H * P, GN = G * N;
     const size_t W = 2 * (size_t)E + 2 * (size_t)GN + H + (size_t)H * half + H;
-    const size_t oB = 2 * (size_t)E, oC = oB + GN, odt = oC + GN, oth = odt + H, olam = oth + (size_t)H * half;
-    const size_t np = (size_t)H + 2 * (size_t)N + 2 * (size_t)H * N;
-    float *pb = part + (size_t)task * np;
-    float *p_dtb = pb, *p_gB = pb + H, *p_gC = p_gB + N, *p_Bb = p_gC + N, *p_Cb = p_Bb + (size_t)H * N;
-    float *ang = scr + (size_t)task * ((size_t)hpg * half + 2 * (size_t)N), *dn = ang + (size_t)hpg * half;
-    for (size_t i = 0; i < np; i++) pb[i] = 0.0f;
-    for (int i = 0; i < hpg * half; i++) ang[i] = 0.0f;
-    for (int t = 0; t < T; t++) {
-        size_t n = (size_t)b * T + t;
-        const float *row = proj + n * W;
-        float *drow = dproj + n * W;
-        for (int k = 0; k < 2 * N; k++) dn[k] = 0.0f;
-        for (int j = 0; j < hpg; j++) {
-            int h = g * hpg + j;
-            size_t r = n * H + h;
-            for (int p = 0; p < P; p++) drow[E + (size_t)h * P + p] = dx[r * P + p];
-            float gdt = ddt[r] * sigmoid_d(row[odt + h] + dt_bias[h]);
-            drow[odt + h] = gdt;
-            p_dtb[h] += gdt;
-            drow[olam + h] = dlam[r] * lam[r] * (1.0f - lam[r]);
-            float *a = ang + (size_t)j * half, *dth = drow + oth + (size_t)h * half;
-            const float *th = row + oth + (size_t)h * half;
-            for (int k = 0; k < half; k++) {
-                a[k] += th[k];
-                float c = cosf(a[k]), s = sinf(a[k]), dang = 0.0f;
-                for (int pass = 0; pass < 2; pass++) {
-                    const float *o = (pass ? Ch : Bh) + r * N, *dO = (pass ? dCh : dBh) + r * N;
-                    float *pbias = (pass ? p_Cb : p_Bb) + (size_t)h * N, *acc = dn + (size_t)pass * N;
-                    float d1 = dO[k], d2 = dO[k + half];
-                    dang += -d1 * o[k + half] + d2 * o[k];
-                    float u1 = d1 * c + d2 * s, u2 = -d1 * s + d2 * c;
-                    pbias[k] += u1; pbias[k + half] += u2;
-                    acc[k] += u1; acc[k + half] += u2;
-                }
-                dth[k] = dang;
-            }
-        }
+    const size_t odt = 2 * (size_t)E + 2 * (size_t)GN, oth = odt + H, olam = oth + (size_t)H * half;
+    const float *row = proj + n * W;
+    float *drow = dproj + n * W, *dth = drow + oth + (size_t)h * half;
+    for (int p = 0; p < P; p++) drow[E + (size_t)h * P + p] = dx[r * P + p];
+    drow[odt + h] = ddt[r] * sigmoid_d(row[odt + h] + dt_bias[h]);
+    drow[olam + h] = dlam[r] * lam[r] * (1.0f - lam[r]);
+    for (int k = 0; k < half; k++) {
+        float a = dth[k], c = cosf(a), s = sinf(a), dang = 0.0f;
         for (int pass = 0; pass < 2; pass++) {
-            const float *raw = row + (pass ? oC : oB) + (size_t)g * N, *gw = pass ? gC : gB;
-            float rs = rstd[n * 2 * G + (size_t)pass * G + g], *pg = pass ? p_gC : p_gB;
-            const float *d = dn + (size_t)pass * N;
-            float *dr = drow + (pass ? oC : oB) + (size_t)g * N;
-            double m = 0.0;
-            for (int k = 0; k < N; k++) {
-                float xh = raw[k] * rs;
-                pg[k] += d[k] * xh;
-                m += (double)d[k] * gw[k] * xh;
-            }
-            float mean = (float)(m / N);
-            for (int k = 0; k < N; k++) dr[k] = rs * (d[k] * gw[k] - raw[k] * rs * mean);
+            const float *o = (pass ? Ch : Bh) + r * N, *dO = (pass ? dCh : dBh) + r * N;
+            float *u = du + (size_t)pass * nbh + r * N;
+            float d1 = dO[k], d2 = dO[k + half];
+            dang += -d1 * o[k + half] + d2 * o[k];
+            u[k] = d1 * c + d2 * s;
+            u[k + half] = -d1 * s + d2 * c;
         }
-    }
-    for (int j = 0; j < hpg; j++) {
-        int h = g * hpg + j;
-        float *run = ang + (size_t)j * half;
-        for (int k = 0; k < half; k++) run[k] = 0.0f;
-        for (int t = T - 1; t >= 0; t--) {
-            float *dth = dproj + ((size_t)b * T + t) * W + oth + (size_t)h * half;
-            for (int k = 0; k < half; k++) { run[k] += dth[k]; dth[k] = run[k]; }
-        }
+        dth[k] = dang;
     }
 }
 
-static __global__ void prep_bwd_reduce_k(float *ddt_bias, float *dgB, float *dgC, float *dB_bias, float *dC_bias,
-                                         float *dA_log, const float *dA, const float *A, const float *part,
-                                         int ntask, int H, int N)
+/* One block per (row, group, pass = B or C), threads over N: dBn = the
+ * group's heads' du summed in head order; the rmsnorm backward into dproj's
+ * B / C columns; dBn * xhat into gs (pass, rows, G, N) for the gain. */
+static __global__ void prep_bwd_group_k(float *dproj, float *gs, const float *du, const float *rstd,
+                                        const float *proj, const float *gB, const float *gC, int nrow, int H,
+                                        int P, int G, int N)
 {
-    size_t np = (size_t)H + 2 * (size_t)N + 2 * (size_t)H * N;
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i < (size_t)H) dA_log[i] += dA[i] * A[i];
-    if (i >= np) return;
+    MT_DYN_SMEM(double, dred);  /* blockDim doubles, then dn (N floats) */
+    float *dn = (float *)(dred + blockDim.x);
+    int pass = (int)blockIdx.x % 2, g = (int)(blockIdx.x / 2) % G, hpg = H / G, half = N / 2, E = H * P, GN = G * N;
+    size_t n = blockIdx.x / 2 / G, nbh = (size_t)nrow * H * N;
+    const size_t W = 2 * (size_t)E + 2 * (size_t)GN + H + (size_t)H * half + H, oc = 2 * (size_t)E + (pass ? GN : 0);
+    const float *raw = proj + n * W + oc + (size_t)g * N, *gw = pass ? gC : gB;
+    float rs = rstd[n * 2 * G + (size_t)pass * G + g];
+    double m = 0.0;
+    for (int k = (int)threadIdx.x; k < N; k += (int)blockDim.x) {
+        float v = 0.0f;
+        for (int j = 0; j < hpg; j++) v += du[(size_t)pass * nbh + (n * H + (size_t)g * hpg + j) * N + k];
+        dn[k] = v;
+        float xh = raw[k] * rs;
+        gs[(size_t)pass * nrow * GN + (n * G + g) * N + k] = v * xh;
+        m += (double)v * gw[k] * xh;
+    }
+    m = block_sum(m, dred);
+    float mean = (float)(m / N), *dr = dproj + n * W + oc + (size_t)g * N;
+    for (int k = (int)threadIdx.x; k < N; k += (int)blockDim.x) dr[k] = rs * (dn[k] * gw[k] - raw[k] * rs * mean);
+}
+
+/* column sums over rows, pass 1: part[rb][col] = sum of rows [rb*COL_RB, ...) in order */
+static __global__ void colsum_part_k(float *part, const float *X, size_t ld, int R, int ncol)
+{
+    int col = (int)(blockIdx.x * blockDim.x + threadIdx.x), rb = (int)blockIdx.y;
+    if (col >= ncol) return;
+    int r1 = (rb + 1) * COL_RB < R ? (rb + 1) * COL_RB : R;
     float acc = 0.0f;
-    for (int t = 0; t < ntask; t++) acc += part[(size_t)t * np + i];
-    if (i < (size_t)H) ddt_bias[i] += acc;
-    else if (i < (size_t)H + N) dgB[i - H] += acc;
-    else if (i < (size_t)H + 2 * N) dgC[i - H - N] += acc;
-    else if (i < (size_t)H + 2 * N + (size_t)H * N) dB_bias[i - H - 2 * N] += acc;
-    else dC_bias[i - H - 2 * N - (size_t)H * N] += acc;
+    for (int r = rb * COL_RB; r < r1; r++) acc += X[(size_t)r * ld + col];
+    part[(size_t)rb * ncol + col] = acc;
+}
+
+/* pass 2: out[col] += the row blocks' sums in order */
+static __global__ void colsum_final_k(float *out, const float *part, int nrb, int ncol)
+{
+    int col = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (col >= ncol) return;
+    float acc = 0.0f;
+    for (int rb = 0; rb < nrb; rb++) acc += part[(size_t)rb * ncol + col];
+    out[col] += acc;
+}
+
+/* out (ncol) += sum over R rows of X (row stride ld); part: ceil(R/COL_RB)*ncol floats */
+static void colsum(float *out, float *part, const float *X, size_t ld, int R, int ncol)
+{
+    int nrb = (R + COL_RB - 1) / COL_RB;
+    if (nrb == 0 || ncol == 0) return;
+    MT_LAUNCH(colsum_part_k, dim3((unsigned)((ncol + 127) / 128), (unsigned)nrb), 128, 0)(part, X, ld, R, ncol);
+    MT_CUDA_KCHECK();
+    MT_LAUNCH(colsum_final_k, (unsigned)((ncol + 127) / 128), 128, 0)(out, part, nrb, ncol);
+    MT_CUDA_KCHECK();
+}
+
+static __global__ void prep_bwd_alog_k(float *dA_log, const float *dA, const float *A, int H)
+{
+    int h = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (h < H) dA_log[h] += dA[h] * A[h];
 }
 
 extern "C" void mt_cuda_ssm_prep_backward(void *be, float *dproj, float *ddt_bias, float *dA_log, float *dgB, float *dgC,
@@ -1025,22 +1079,34 @@ extern "C" void mt_cuda_ssm_prep_backward(void *be, float *dproj, float *ddt_bia
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     (void)eps;
-    if (N > 256) { MT_CUDA_UNSUPPORTED("ssm prep: d_state > 256"); return; }
-    size_t np = (size_t)H + 2 * (size_t)N + 2 * (size_t)H * N;
-    size_t nscr = (size_t)(H / G) * (N / 2) + 2 * (size_t)N;
-    int ntask = B * G;
-    size_t nt = (size_t)(ntask > 0 ? ntask : 1);
-    float *part = (float *)mt_cuda_workspace(nt * (np + nscr) * sizeof(float));
-    if (!part) return;
-    float *scr = part + nt * np;
-    if (ntask > 0) {
-        MT_LAUNCH(prep_bwd_k, (ntask + GLUE_THREADS - 1) / GLUE_THREADS, GLUE_THREADS, 0)(
-            dproj, part, scr, dx, dBh, dCh, ddt, dlam, Bh, Ch, lam, rstd, proj, dt_bias, gB, gC, B, T, H, P, G, N);
-        MT_CUDA_KCHECK();
-    }
-    MT_LAUNCH(prep_bwd_reduce_k, (unsigned)((np + 127) / 128), 128, 0)(ddt_bias, dgB, dgC, dB_bias, dC_bias, dA_log,
-                                                                    dA, A, part, ntask, H, N);
+    int nrow = B * T, half = N / 2, E = H * P, GN = G * N;
+    const size_t W = 2 * (size_t)E + 2 * (size_t)GN + H + (size_t)H * half + H;
+    const size_t odt = 2 * (size_t)E + 2 * (size_t)GN, oth = odt + H;
+    MT_LAUNCH(prep_bwd_alog_k, (unsigned)((H + 63) / 64), 64, 0)(dA_log, dA, A, H);
     MT_CUDA_KCHECK();
+    if (nrow == 0) return;
+    size_t nbh = (size_t)nrow * H * N, ngs = (size_t)nrow * GN, nrb = ((size_t)nrow + COL_RB - 1) / COL_RB;
+    size_t npart = nrb * ((size_t)H * N > (size_t)GN ? (size_t)H * N : (size_t)GN);
+    float *du = (float *)mt_cuda_workspace((2 * nbh + 2 * ngs + npart) * sizeof(float));
+    if (!du) return;
+    float *gs = du + 2 * nbh, *part = gs + 2 * ngs;
+    /* the angles (the forward's scan, bit-identical) into dproj's theta columns */
+    if (half > 0) ang_scan(dproj + oth, W, half, proj + oth, W, half, NULL, B, T, H, half, 0);
+    size_t nr = (size_t)nrow * H;
+    MT_LAUNCH(prep_bwd_head_k, (unsigned)((nr + GLUE_THREADS - 1) / GLUE_THREADS), GLUE_THREADS, 0)(
+        dproj, du, dx, dBh, dCh, ddt, dlam, Bh, Ch, lam, proj, dt_bias, nrow, H, P, G, N);
+    MT_CUDA_KCHECK();
+    unsigned tn = pow2_threads(N, 256);
+    MT_LAUNCH(prep_bwd_group_k, (unsigned)((size_t)nrow * G * 2), tn, tn * sizeof(double) + (size_t)N * sizeof(float))(
+        dproj, gs, du, rstd, proj, gB, gC, nrow, H, P, G, N);
+    MT_CUDA_KCHECK();
+    /* dtheta = reverse cumsum of dang over the sequence */
+    if (half > 0) ang_scan(dproj + oth, W, half, dproj + oth, W, half, NULL, B, T, H, half, 1);
+    colsum(ddt_bias, part, dproj + odt, W, nrow, H);
+    colsum(dB_bias, part, du, (size_t)H * N, nrow, H * N);
+    colsum(dC_bias, part, du + nbh, (size_t)H * N, nrow, H * N);
+    colsum(dgB, part, gs, (size_t)N, nrow * G, N);
+    colsum(dgC, part, gs + ngs, (size_t)N, nrow * G, N);
 }
 
 /* ---------------- gated grouped RMSNorm ---------------- */
