@@ -267,8 +267,8 @@ struct glue_io {
     int B, T, H, P, G, N, n, W, E;
     float *proj, *dtb, *Alog, *gB, *gC, *Bb, *Cb, *gout;          /* inputs  */
     float *dx, *dBh, *dCh, *ddt, *dlam, *dA, *ys, *dyn;            /* upstream grads + scan output */
-    float *out[16];                                                /* results */
-    size_t outn[16];
+    float *out[17];                                                /* results */
+    size_t outn[17];
     int nout;
 };
 
@@ -310,11 +310,11 @@ static void glue_run(const struct mt_ops_i *ops, struct glue_io *io)
     float *dyn = up(ops, io->dyn, nx_), *dys = up(ops, io->ys, nx_), *ggo = up(ops, io->gout, E);
     ops->ssm_gate_norm_forward(ops->be, yn, ro, ys, proj, W, gout, n, E, G, 1e-5f);
     ops->ssm_gate_norm_backward(ops->be, dys, dproj, ggo, dyn, ys, proj, W, gout, ro, n, E, G);
-    float *res[] = {x, Bh, Ch, dt, lam, A, rstd, dproj, gz, gl, ggB, ggC, gBb, gCb, yn, dys};
+    float *res[] = {x, Bh, Ch, dt, lam, A, rstd, dproj, gz, gl, ggB, ggC, gBb, gCb, yn, dys, ggo};
     size_t rn[] = {nx_, nb_, nb_, nd_, nd_, (size_t)H, (size_t)n * 2 * G, (size_t)n * W, (size_t)H, (size_t)H,
-                   (size_t)N, (size_t)N, (size_t)H * N, (size_t)H * N, nx_, nx_};
-    io->nout = 16;
-    for (int k = 0; k < 16; k++) {
+                   (size_t)N, (size_t)N, (size_t)H * N, (size_t)H * N, nx_, nx_, (size_t)E};
+    io->nout = 17;
+    for (int k = 0; k < 17; k++) {
         io->outn[k] = rn[k];
         io->out[k] = falloc(rn[k]);
         ops->sync(ops->be);
@@ -327,8 +327,8 @@ static void glue_run(const struct mt_ops_i *ops, struct glue_io *io)
 
 static void test_glue_vs_cpu(int B, int T, int H, int P, int G, int N, float theta_scale)
 {
-    static const char *names[16] = {"x", "Bh", "Ch", "dt", "lam", "A", "rstd_bc", "dproj", "ddt_bias", "dA_log",
-                                    "dgB", "dgC", "dB_bias", "dC_bias", "gate yn", "gate dy"};
+    static const char *names[17] = {"x", "Bh", "Ch", "dt", "lam", "A", "rstd_bc", "dproj", "ddt_bias", "dA_log",
+                                    "dgB", "dgC", "dB_bias", "dC_bias", "gate yn", "gate dy", "gate dw"};
     struct glue_io io = {.B = B, .T = T, .H = H, .P = P, .G = G, .N = N};
     char tag[64];
     snprintf(tag, sizeof tag, "%s T=%d", g_ops->name, T);

@@ -1109,40 +1109,45 @@ extern "C" void mt_cuda_ssm_prep_backward(void *be, float *dproj, float *ddt_bia
     colsum(dgC, part, gs + ngs, (size_t)N, nrow * G, N);
 }
 
-/* ---------------- gated grouped RMSNorm ---------------- */
+/* ---------------- gated grouped RMSNorm ----------------
+ * One block per (row, group), threads over the group's E/G channels, the
+ * sums of squares and the backward's mean term as fixed-order block
+ * reductions in double; dw as two-pass column sums over blocks of COL_RB
+ * rows (gate_dw_part_k, then colsum_final_k). */
 
 static __global__ void gate_fwd_k(float *out, float *rstd, const float *y, const float *z, int ldz, const float *w,
-                                  int n, int E, int G, float eps)
+                                  int E, int G, float eps)
 {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n * G) return;
-    int row = i / G, g = i % G, cg = E / G;
+    MT_DYN_SMEM(double, dred);  /* blockDim */
+    int i = (int)blockIdx.x, row = i / G, g = i % G, cg = E / G, nt = (int)blockDim.x;
     const float *yr = y + (size_t)row * E, *zr = z + (size_t)row * ldz;
     float *o = out + (size_t)row * E;
     double ss = 0.0;
-    for (int c = g * cg; c < (g + 1) * cg; c++) {
+    for (int c = g * cg + (int)threadIdx.x; c < (g + 1) * cg; c += nt) {
         float v = yr[c] * zr[c] * sigmoid_d(zr[c]);
         o[c] = v;
         ss += (double)v * v;
     }
+    ss = block_sum(ss, dred);
     float rs = (float)(1.0 / sqrt(ss / cg + eps));
-    rstd[i] = rs;
-    for (int c = g * cg; c < (g + 1) * cg; c++) o[c] *= rs * w[c];
+    if (threadIdx.x == 0) rstd[i] = rs;
+    for (int c = g * cg + (int)threadIdx.x; c < (g + 1) * cg; c += nt) o[c] *= rs * w[c];
 }
 
 static __global__ void gate_bwd_k(float *dy, float *dz, const float *dout, const float *y, const float *z, int ldz,
-                                  const float *w, const float *rstd, int n, int E, int G)
+                                  const float *w, const float *rstd, int E, int G)
 {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n * G) return;
-    int row = i / G, g = i % G, cg = E / G;
+    MT_DYN_SMEM(double, dred);  /* blockDim */
+    int i = (int)blockIdx.x, row = i / G, g = i % G, cg = E / G, nt = (int)blockDim.x;
     const float *yr = y + (size_t)row * E, *zr = z + (size_t)row * ldz, *d = dout + (size_t)row * E;
     float *dyr = dy + (size_t)row * E, *dzr = dz + (size_t)row * ldz;
     float rs = rstd[i];
     double m = 0.0;
-    for (int c = g * cg; c < (g + 1) * cg; c++) m += (double)d[c] * w[c] * (yr[c] * zr[c] * sigmoid_d(zr[c]) * rs);
+    for (int c = g * cg + (int)threadIdx.x; c < (g + 1) * cg; c += nt)
+        m += (double)d[c] * w[c] * (yr[c] * zr[c] * sigmoid_d(zr[c]) * rs);
+    m = block_sum(m, dred);
     float mean = (float)(m / cg);
-    for (int c = g * cg; c < (g + 1) * cg; c++) {
+    for (int c = g * cg + (int)threadIdx.x; c < (g + 1) * cg; c += nt) {
         float s = sigmoid_d(zr[c]), si = zr[c] * s, vh = yr[c] * si * rs;
         float dv = rs * (d[c] * w[c] - vh * mean);
         dyr[c] = dv * si;
@@ -1150,19 +1155,19 @@ static __global__ void gate_bwd_k(float *dy, float *dz, const float *dout, const
     }
 }
 
-/* dw[c] += sum over rows (in order) of dout * vhat */
-static __global__ void gate_bwd_dw_k(float *dw, const float *dout, const float *y, const float *z, int ldz,
-                                     const float *rstd, int n, int E, int G)
+/* dw pass 1: part[rb][c] = sum over rows of block rb (in order) of dout * vhat */
+static __global__ void gate_dw_part_k(float *part, const float *dout, const float *y, const float *z, int ldz,
+                                      const float *rstd, int n, int E, int G)
 {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    int c = (int)(blockIdx.x * blockDim.x + threadIdx.x), rb = (int)blockIdx.y;
     if (c >= E) return;
-    int g = c / (E / G);
+    int g = c / (E / G), r1 = (rb + 1) * COL_RB < n ? (rb + 1) * COL_RB : n;
     float acc = 0.0f;
-    for (int row = 0; row < n; row++) {
+    for (int row = rb * COL_RB; row < r1; row++) {
         float zv = z[(size_t)row * ldz + c];
         acc += dout[(size_t)row * E + c] * y[(size_t)row * E + c] * zv * sigmoid_d(zv) * rstd[(size_t)row * G + g];
     }
-    dw[c] += acc;
+    part[(size_t)rb * E + c] = acc;
 }
 
 extern "C" void mt_cuda_ssm_gate_norm_forward(void *be, float *out, float *rstd, const float *y, const float *z, int ldz,
@@ -1170,8 +1175,8 @@ extern "C" void mt_cuda_ssm_gate_norm_forward(void *be, float *out, float *rstd,
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (n * G == 0) return;
-    MT_LAUNCH(gate_fwd_k, (n * G + GLUE_THREADS - 1) / GLUE_THREADS, GLUE_THREADS, 0)(out, rstd, y, z, ldz, w, n,
-                                                                                     E, G, eps);
+    unsigned t = pow2_threads(E / G, 256);
+    MT_LAUNCH(gate_fwd_k, (unsigned)((size_t)n * G), t, t * sizeof(double))(out, rstd, y, z, ldz, w, E, G, eps);
     MT_CUDA_KCHECK();
 }
 
@@ -1181,11 +1186,16 @@ extern "C" void mt_cuda_ssm_gate_norm_backward(void *be, float *dy, float *dz, f
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (n * G == 0) return;
-    MT_LAUNCH(gate_bwd_k, (n * G + GLUE_THREADS - 1) / GLUE_THREADS, GLUE_THREADS, 0)(dy, dz, dout, y, z, ldz, w,
-                                                                                     rstd, n, E, G);
+    unsigned t = pow2_threads(E / G, 256);
+    MT_LAUNCH(gate_bwd_k, (unsigned)((size_t)n * G), t, t * sizeof(double))(dy, dz, dout, y, z, ldz, w, rstd, E, G);
     MT_CUDA_KCHECK();
-    MT_LAUNCH(gate_bwd_dw_k, (E + GLUE_THREADS - 1) / GLUE_THREADS, GLUE_THREADS, 0)(dw, dout, y, z, ldz, rstd, n,
-                                                                                    E, G);
+    int nrb = (n + COL_RB - 1) / COL_RB;
+    float *part = (float *)mt_cuda_workspace((size_t)nrb * E * sizeof(float));
+    if (!part) return;
+    MT_LAUNCH(gate_dw_part_k, dim3((unsigned)((E + 127) / 128), (unsigned)nrb), 128, 0)(part, dout, y, z, ldz, rstd,
+                                                                                       n, E, G);
+    MT_CUDA_KCHECK();
+    MT_LAUNCH(colsum_final_k, (unsigned)((E + 127) / 128), 128, 0)(dw, part, nrb, E);
     MT_CUDA_KCHECK();
 }
 
