@@ -1,26 +1,31 @@
 /*
  * ssm.cu — the Mamba-3 scan and the mixer's glue on the cuda backend
- * (mt_ops.h ssm_scan_*, ssm_prep_*, ssm_gate_norm_*; math in docs/mamba3.md).
+ * (mt_ops.h ssm_scan_*, ssm_prep_*, ssm_gate_norm_*; math in docs/mamba3.md,
+ * launch geometry in docs/cuda.md "Mamba-3 on cuda").
  *
- * First version, correctness first (checked under the CPU emulator):
- * - scan forward: the recurrence, one block per (b, h), one thread per row p
- *   of the state S (P, N) held in shared memory; B_t, B_{t-1}, C_t staged in
- *   shared memory each step. `chunk` does not change the result (the contract
- *   allows fp32 rounding differences only), so every chunk value runs the
- *   recurrence here; the chunked SSD form on tensor cores is future work.
- * - scan backward: the recurrence's adjoint in reverse time. States are
- *   recomputed per chunk of Q steps from checkpoints (S before each chunk),
- *   kept in the workspace (nc + Q states of P x N per (b, h)). dS lives in
- *   shared memory; reductions over p go through shared memory in a fixed
- *   order (thread 0 sums), so results are deterministic.
+ * - scan, chunk > 0: the chunked (SSD) form of src/ops/cpu/ssm.c, every chunk
+ *   of every (b, h) in parallel: a block-level scan for the chunk's
+ *   cumulative log decay, the intra-chunk products as tiled kernels over
+ *   (b, h, chunk, rows or sources), and the state carried between chunks by
+ *   one short pass over the T/Q chunks per (b, h, p, n) (forward: S_in;
+ *   backward: dS_out, in reverse). See the HOW IT WORKS blocks below.
+ * - scan, chunk <= 0: the plain recurrence, kept as the fp32 reference
+ *   (mt_ops.h): one block per (b, h), one thread per state row p, S in
+ *   shared memory; its backward is the recurrence's adjoint in reverse time,
+ *   states recomputed per 64 steps from checkpoints, reductions over p in a
+ *   fixed order:
  *     dS += dy_t C_t^T;  dC_t = S_t^T dy_t
  *     dx_t = gamma_t dS B_t + [carry from t+1: beta_{t+1} dS_{t+1} B_t] + D dy_t
  *     dB_t = gamma_t dS^T x_t + [carry: beta_{t+1} dS_{t+1}^T x_t]
  *     dalpha_t = <dS, S_{t-1}>, dgamma_t = x_t . dS B_t, dbeta_t = x_{t-1} . dS B_{t-1}
  *     dS <- alpha_t dS
- * - glue: one thread per (b, g) (prep, sequential in t for the cumsum), one
- *   thread per (row, group) (gate norm); parameter gradients as per-task
- *   partials in the workspace, reduced in task order by a second kernel.
+ * - prep: the rotary angles' cumulative sum as a block-level scan per
+ *   (b, h, pair) over tiles of T; the rest per (row, head) and per (row,
+ *   group); parameter gradients as two-pass column sums.
+ * - gate norm: one block per (row, group); dw as two-pass column sums.
+ * No atomics anywhere: every sum has a fixed order, reruns are bit-identical.
+ * fp32 throughout (bf16 operands in precision=bf16 are not done: the scan
+ * and glue read and write fp32 in both modes).
  */
 #include "cuda_impl.cuh"
 
