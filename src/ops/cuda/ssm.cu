@@ -928,7 +928,7 @@ static __global__ void prep_rows_k(float *x, float *Bh, float *Ch, float *dt, fl
     size_t n = task / H, r = task;
     int h = (int)(task % H), g = h / (H / G), half = N / 2, E = H * P, GN = G * N;
     const size_t W = 2 * (size_t)E + 2 * (size_t)GN + H + (size_t)H * half + H;
-    const size_t oB = 2 * (size_t)E, oC = oB + GN, odt = oC + GN, oth = odt + H, olam = oth + (size_t)H * half;
+    const size_t oB = 2 * (size_t)E, oC = oB + GN, odt = oC + GN, olam = odt + H + (size_t)H * half;
     const float *row = proj + n * W, *br = row + oB + (size_t)g * N, *cr = row + oC + (size_t)g * N;
     double sb = 0.0, sc = 0.0;
     for (int k = 0; k < N; k++) { sb += (double)br[k] * br[k]; sc += (double)cr[k] * cr[k]; }
@@ -937,7 +937,6 @@ static __global__ void prep_rows_k(float *x, float *Bh, float *Ch, float *dt, fl
     for (int p = 0; p < P; p++) x[r * P + p] = row[E + (size_t)h * P + p];
     dt[r] = softplus_d(row[odt + h] + dt_bias[h]);
     lam[r] = sigmoid_d(row[olam + h]);
-    (void)oth;
     for (int k = 0; k < half; k++) {
         float ang = Bh[r * N + k], c = cosf(ang), s = sinf(ang);
         float u1 = br[k] * rb * gB[k] + B_bias[(size_t)h * N + k];
