@@ -54,7 +54,7 @@
  * chunk passes (nc steps) and the chunk-local ones (q or 2q terms). */
 
 #define SSD_QMAX 256          /* chunks above this run as 256 (same result to rounding) */
-#define SSD_RT 16             /* query rows per block of ssd_out_k */
+#define SSD_RT 16             /* query rows (or sources) per block of ssd_out_k and the backward kernels */
 #define SSD_SCAN_THREADS 128  /* block of the chunk scans */
 
 struct ssd_dims {
@@ -336,137 +336,152 @@ static __global__ void ssd_dpass_k(float *dSo, const float *cum, struct ssd_dims
     }
 }
 
-/* 7. one block per (b, h, c, query row i), threads over the 2q sources.
+/* 7-8: each block takes SSD_RT consecutive query rows or sources of one
+ * chunk, so the chunk's operands it re-reads (B and x rows, dY, C, S_in,
+ * dS_out) come from L1 after the first of them: a sixteenth of the L2
+ * traffic of one block per row. */
+
+/* 7. per (b, h, c, tile of query rows i), threads over the 2q sources.
  * M, dG, dLE rows at ((ci*Q + i)*2Q + j); rs[ci*Q + i] = sum_j w_j dLE[i,j]. */
 static __global__ void ssd_gm_k(float *M, float *dG, float *dLE, float *rs, const float *cum, const float *dy,
                                 const float *x, const float *Bm, const float *Cm, const float *dt, const float *lam,
                                 const float *A, struct ssd_dims d)
 {
     MT_DYN_SMEM(float, red);  /* blockDim */
-    int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H, i = (int)blockIdx.y;
+    int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H, i0 = (int)blockIdx.y * SSD_RT;
     int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q;
-    if (i >= q) return;
+    if (i0 >= q) return;
     const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, ob = (size_t)b * d.T;
-    const size_t row = ((size_t)ci * d.Q + i) * 2 * d.Q;
     const float *cm = cum + (size_t)bh * d.T + t0, Ah = A[h];
-    const float *cr = Cm + (ob + t0 + i) * bld + (size_t)h * d.N, *dyr = dy + (ob + t0 + i) * xld + (size_t)h * d.P;
-    float rsum = 0.0f;
-    for (int j = (int)threadIdx.x; j < 2 * q; j += (int)blockDim.x) {
-        int sj = j < q ? j : j - q, tok = t0 + sj - (j < q ? 0 : 1);
-        float m = 0.0f, dg = 0.0f, dle = 0.0f;
-        if (sj <= i && tok >= 0) {
-            const float *br = Bm + (ob + tok) * bld + (size_t)h * d.N, *xr = x + (ob + tok) * xld + (size_t)h * d.P;
-            float g = 0.0f, dm = 0.0f;
-            for (int n = 0; n < d.N; n++) g += cr[n] * br[n];
-            for (int p = 0; p < d.P; p++) dm += dyr[p] * xr[p];
-            float w = ssd_w(j < q, dt, lam, Ah, (ob + t0 + sj) * d.H + h, t0 + sj), ex = expf(cm[i] - cm[sj]);
-            float dmg = dm * g, l = w * ex;
-            dle = dmg * ex;
-            rsum += dmg * w * ex;
-            m = g * l;
-            dg = dm * l;
+    for (int i = i0; i < i0 + SSD_RT && i < q; i++) {
+        const size_t row = ((size_t)ci * d.Q + i) * 2 * d.Q;
+        const float *cr = Cm + (ob + t0 + i) * bld + (size_t)h * d.N, *dyr = dy + (ob + t0 + i) * xld + (size_t)h * d.P;
+        float rsum = 0.0f;
+        for (int j = (int)threadIdx.x; j < 2 * q; j += (int)blockDim.x) {
+            int sj = j < q ? j : j - q, tok = t0 + sj - (j < q ? 0 : 1);
+            float m = 0.0f, dg = 0.0f, dle = 0.0f;
+            if (sj <= i && tok >= 0) {
+                const float *br = Bm + (ob + tok) * bld + (size_t)h * d.N, *xr = x + (ob + tok) * xld + (size_t)h * d.P;
+                float g = 0.0f, dm = 0.0f;
+                for (int n = 0; n < d.N; n++) g += cr[n] * br[n];
+                for (int p = 0; p < d.P; p++) dm += dyr[p] * xr[p];
+                float w = ssd_w(j < q, dt, lam, Ah, (ob + t0 + sj) * d.H + h, t0 + sj), ex = expf(cm[i] - cm[sj]);
+                float dmg = dm * g, l = w * ex;
+                dle = dmg * ex;
+                rsum += dmg * w * ex;
+                m = g * l;
+                dg = dm * l;
+            }
+            M[row + j] = m;
+            dG[row + j] = dg;
+            dLE[row + j] = dle;
         }
-        M[row + j] = m;
-        dG[row + j] = dg;
-        dLE[row + j] = dle;
+        float s = block_sum(rsum, red);
+        if (threadIdx.x == 0) rs[(size_t)ci * d.Q + i] = s;
     }
-    float s = block_sum(rsum, red);
-    if (threadIdx.x == 0) rs[(size_t)ci * d.Q + i] = s;
 }
 
-/* 8a. one block per (b, h, c, source j), threads over p */
+/* 8a. per (b, h, c, tile of sources j), threads over p */
 static __global__ void ssd_dxc_k(float *dXc, const float *M, const float *dSo, const float *cum, const float *dy,
                                  const float *Bm, const float *dt, const float *lam, const float *A, struct ssd_dims d)
 {
-    int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H, j = (int)blockIdx.y;
+    int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H, j0 = (int)blockIdx.y * SSD_RT;
     int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q;
-    if (j >= 2 * q) return;
-    int sj = j < q ? j : j - q, tok = t0 + sj - (j < q ? 0 : 1);
+    if (j0 >= 2 * q) return;
     const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, PN = (size_t)d.P * d.N, ob = (size_t)b * d.T;
-    const float *cm = cum + (size_t)bh * d.T + t0, *Mc = M + (size_t)ci * d.Q * 2 * d.Q + j;
-    float v = 0.0f;
-    if (c + 1 < d.nc && tok >= 0)
-        v = ssd_w(j < q, dt, lam, A[h], (ob + t0 + sj) * d.H + h, t0 + sj) * expf(cm[q - 1] - cm[sj]);
-    for (int p = (int)threadIdx.x; p < d.P; p += (int)blockDim.x) {
-        float acc = 0.0f;
-        if (tok >= 0) {
-            const float *dyh = dy + ob * xld + (size_t)h * d.P + p;
-            for (int i = sj; i < q; i++) acc += Mc[(size_t)i * 2 * d.Q] * dyh[(size_t)(t0 + i) * xld];
-            if (c + 1 < d.nc) {
-                const float *br = Bm + (ob + tok) * bld + (size_t)h * d.N, *ds = dSo + (size_t)ci * PN + (size_t)p * d.N;
-                float t2 = 0.0f;
-                for (int n = 0; n < d.N; n++) t2 += br[n] * ds[n];
-                acc += v * t2;
+    const float *cm = cum + (size_t)bh * d.T + t0;
+    for (int j = j0; j < j0 + SSD_RT && j < 2 * q; j++) {
+        int sj = j < q ? j : j - q, tok = t0 + sj - (j < q ? 0 : 1);
+        const float *Mc = M + (size_t)ci * d.Q * 2 * d.Q + j;
+        float v = 0.0f;
+        if (c + 1 < d.nc && tok >= 0)
+            v = ssd_w(j < q, dt, lam, A[h], (ob + t0 + sj) * d.H + h, t0 + sj) * expf(cm[q - 1] - cm[sj]);
+        for (int p = (int)threadIdx.x; p < d.P; p += (int)blockDim.x) {
+            float acc = 0.0f;
+            if (tok >= 0) {
+                const float *dyh = dy + ob * xld + (size_t)h * d.P + p;
+                for (int i = sj; i < q; i++) acc += Mc[(size_t)i * 2 * d.Q] * dyh[(size_t)(t0 + i) * xld];
+                if (c + 1 < d.nc) {
+                    const float *br = Bm + (ob + tok) * bld + (size_t)h * d.N, *ds = dSo + (size_t)ci * PN + (size_t)p * d.N;
+                    float t2 = 0.0f;
+                    for (int n = 0; n < d.N; n++) t2 += br[n] * ds[n];
+                    acc += v * t2;
+                }
             }
+            dXc[((size_t)ci * 2 * d.Q + j) * d.P + p] = acc;
         }
-        dXc[((size_t)ci * 2 * d.Q + j) * d.P + p] = acc;
     }
 }
 
-/* 8b. one block per (b, h, c, source j), threads over n; qj[ci*2Q + j] */
+/* 8b. per (b, h, c, tile of sources j), threads over n; qj[ci*2Q + j] */
 static __global__ void ssd_dbc_k(float *dBc, float *qj, const float *dG, const float *dSo, const float *cum,
                                  const float *x, const float *Bm, const float *Cm, const float *dt, const float *lam,
                                  const float *A, struct ssd_dims d)
 {
     MT_DYN_SMEM(float, red);  /* blockDim */
-    int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H, j = (int)blockIdx.y;
+    int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H, j0 = (int)blockIdx.y * SSD_RT;
     int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q;
-    if (j >= 2 * q) return;
-    int sj = j < q ? j : j - q, tok = t0 + sj - (j < q ? 0 : 1);
+    if (j0 >= 2 * q) return;
     const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, PN = (size_t)d.P * d.N, ob = (size_t)b * d.T;
-    const float *cm = cum + (size_t)bh * d.T + t0, *dGc = dG + (size_t)ci * d.Q * 2 * d.Q + j;
-    float v = 0.0f, qpart = 0.0f;
-    if (c + 1 < d.nc && tok >= 0)
-        v = ssd_w(j < q, dt, lam, A[h], (ob + t0 + sj) * d.H + h, t0 + sj) * expf(cm[q - 1] - cm[sj]);
-    for (int n = (int)threadIdx.x; n < d.N; n += (int)blockDim.x) {
-        float acc = 0.0f;
-        if (tok >= 0) {
-            const float *ch = Cm + ob * bld + (size_t)h * d.N + n;
-            for (int i = sj; i < q; i++) acc += dGc[(size_t)i * 2 * d.Q] * ch[(size_t)(t0 + i) * bld];
-            if (c + 1 < d.nc) {
-                const float *xr = x + (ob + tok) * xld + (size_t)h * d.P, *ds = dSo + (size_t)ci * PN + n;
-                float t1 = 0.0f;
-                for (int p = 0; p < d.P; p++) t1 += xr[p] * ds[(size_t)p * d.N];
-                qpart += t1 * Bm[(ob + tok) * bld + (size_t)h * d.N + n];
-                acc += v * t1;
+    const float *cm = cum + (size_t)bh * d.T + t0;
+    for (int j = j0; j < j0 + SSD_RT && j < 2 * q; j++) {
+        int sj = j < q ? j : j - q, tok = t0 + sj - (j < q ? 0 : 1);
+        const float *dGc = dG + (size_t)ci * d.Q * 2 * d.Q + j;
+        float v = 0.0f, qpart = 0.0f;
+        if (c + 1 < d.nc && tok >= 0)
+            v = ssd_w(j < q, dt, lam, A[h], (ob + t0 + sj) * d.H + h, t0 + sj) * expf(cm[q - 1] - cm[sj]);
+        for (int n = (int)threadIdx.x; n < d.N; n += (int)blockDim.x) {
+            float acc = 0.0f;
+            if (tok >= 0) {
+                const float *ch = Cm + ob * bld + (size_t)h * d.N + n;
+                for (int i = sj; i < q; i++) acc += dGc[(size_t)i * 2 * d.Q] * ch[(size_t)(t0 + i) * bld];
+                if (c + 1 < d.nc) {
+                    const float *xr = x + (ob + tok) * xld + (size_t)h * d.P, *ds = dSo + (size_t)ci * PN + n;
+                    float t1 = 0.0f;
+                    for (int p = 0; p < d.P; p++) t1 += xr[p] * ds[(size_t)p * d.N];
+                    qpart += t1 * Bm[(ob + tok) * bld + (size_t)h * d.N + n];
+                    acc += v * t1;
+                }
             }
+            dBc[((size_t)ci * 2 * d.Q + j) * d.N + n] = acc;
         }
-        dBc[((size_t)ci * 2 * d.Q + j) * d.N + n] = acc;
+        float s = block_sum(qpart, red);
+        if (threadIdx.x == 0) qj[(size_t)ci * 2 * d.Q + j] = s;
     }
-    float s = block_sum(qpart, red);
-    if (threadIdx.x == 0) qj[(size_t)ci * 2 * d.Q + j] = s;
 }
 
-/* 8c. one block per (b, h, c, query row i), threads over n: dC (=) and the
+/* 8c. per (b, h, c, tile of query rows i), threads over n: dC (=) and the
  * inter term of dcum_i, inter[ci*Q + i] = e_i (dY_i S_in) . C_i */
 static __global__ void ssd_dc_k(float *dCm, float *inter, const float *dG, const float *Sst, const float *cum,
                                 const float *dy, const float *Bm, const float *Cm, struct ssd_dims d)
 {
     MT_DYN_SMEM(float, red);  /* blockDim */
-    int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H, i = (int)blockIdx.y;
+    int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H, i0 = (int)blockIdx.y * SSD_RT;
     int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q;
-    if (i >= q) return;
+    if (i0 >= q) return;
     const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, PN = (size_t)d.P * d.N, ob = (size_t)b * d.T;
-    const float *dGr = dG + ((size_t)ci * d.Q + i) * 2 * d.Q, *cr = Cm + (ob + t0 + i) * bld + (size_t)h * d.N;
-    const float *dyr = dy + (ob + t0 + i) * xld + (size_t)h * d.P;
-    float e = expf(cum[(size_t)bh * d.T + t0 + i]), de = 0.0f;
-    for (int n = (int)threadIdx.x; n < d.N; n += (int)blockDim.x) {
-        const float *bh_ = Bm + ob * bld + (size_t)h * d.N + n;
-        float acc = 0.0f;
-        for (int j = 0; j <= i; j++) acc += dGr[j] * bh_[(size_t)(t0 + j) * bld];
-        for (int j = 0; j <= i; j++)
-            if (t0 + j > 0) acc += dGr[q + j] * bh_[(size_t)(t0 + j - 1) * bld];
-        if (c > 0) {
-            const float *S = Sst + (size_t)ci * PN + n;
-            float ds = 0.0f;
-            for (int p = 0; p < d.P; p++) ds += dyr[p] * S[(size_t)p * d.N];
-            de += ds * cr[n];
-            acc += e * ds;
+    for (int i = i0; i < i0 + SSD_RT && i < q; i++) {
+        const float *dGr = dG + ((size_t)ci * d.Q + i) * 2 * d.Q, *cr = Cm + (ob + t0 + i) * bld + (size_t)h * d.N;
+        const float *dyr = dy + (ob + t0 + i) * xld + (size_t)h * d.P;
+        float e = expf(cum[(size_t)bh * d.T + t0 + i]), de = 0.0f;
+        for (int n = (int)threadIdx.x; n < d.N; n += (int)blockDim.x) {
+            const float *bcol = Bm + ob * bld + (size_t)h * d.N + n;
+            float acc = 0.0f;
+            for (int j = 0; j <= i; j++) acc += dGr[j] * bcol[(size_t)(t0 + j) * bld];
+            for (int j = 0; j <= i; j++)
+                if (t0 + j > 0) acc += dGr[q + j] * bcol[(size_t)(t0 + j - 1) * bld];
+            if (c > 0) {
+                const float *S = Sst + (size_t)ci * PN + n;
+                float ds = 0.0f;
+                for (int p = 0; p < d.P; p++) ds += dyr[p] * S[(size_t)p * d.N];
+                de += ds * cr[n];
+                acc += e * ds;
+            }
+            dCm[(ob + t0 + i) * bld + (size_t)h * d.N + n] = acc;
         }
-        dCm[(ob + t0 + i) * bld + (size_t)h * d.N + n] = acc;
+        float s = block_sum(de, red);
+        if (threadIdx.x == 0) inter[(size_t)ci * d.Q + i] = s * e;
     }
-    float s = block_sum(de, red);
-    if (threadIdx.x == 0) inter[(size_t)ci * d.Q + i] = s * e;
 }
 
 /* 9. one block per (b, h, c): dw_j, dcum_i, da = reverse scan of dcum in the
@@ -601,15 +616,16 @@ static void ssd_backward(float *dx, float *dBm, float *dCm, float *ddt, float *d
     MT_LAUNCH(ssd_dpass_k, (unsigned)((nbh * PN + 255) / 256), 256, 0)(dSo, cum, d);
     MT_CUDA_KCHECK();
     unsigned tj = pow2_threads(2 * d.Q, 256), tp = pow2_threads(d.P, 256), tn = pow2_threads(d.N, 256);
-    MT_LAUNCH(ssd_gm_k, dim3((unsigned)nch, (unsigned)d.Q), tj, tj * sizeof(float))(M, dG, dLE, rs, cum, dy, x, Bm, Cm,
+    unsigned rt = (unsigned)((d.Q + SSD_RT - 1) / SSD_RT), st = (unsigned)((Q2 + SSD_RT - 1) / SSD_RT);
+    MT_LAUNCH(ssd_gm_k, dim3((unsigned)nch, rt), tj, tj * sizeof(float))(M, dG, dLE, rs, cum, dy, x, Bm, Cm,
                                                                                     dt, lam, A, d);
     MT_CUDA_KCHECK();
-    MT_LAUNCH(ssd_dxc_k, dim3((unsigned)nch, (unsigned)Q2), tp, 0)(dXc, M, dSo, cum, dy, Bm, dt, lam, A, d);
+    MT_LAUNCH(ssd_dxc_k, dim3((unsigned)nch, st), tp, 0)(dXc, M, dSo, cum, dy, Bm, dt, lam, A, d);
     MT_CUDA_KCHECK();
-    MT_LAUNCH(ssd_dbc_k, dim3((unsigned)nch, (unsigned)Q2), tn, tn * sizeof(float))(dBc, qj, dG, dSo, cum, x, Bm, Cm,
+    MT_LAUNCH(ssd_dbc_k, dim3((unsigned)nch, st), tn, tn * sizeof(float))(dBc, qj, dG, dSo, cum, x, Bm, Cm,
                                                                                     dt, lam, A, d);
     MT_CUDA_KCHECK();
-    MT_LAUNCH(ssd_dc_k, dim3((unsigned)nch, (unsigned)d.Q), tn, tn * sizeof(float))(dCm, inter, dG, Sst, cum, dy, Bm,
+    MT_LAUNCH(ssd_dc_k, dim3((unsigned)nch, rt), tn, tn * sizeof(float))(dCm, inter, dG, Sst, cum, dy, Bm,
                                                                                    Cm, d);
     MT_CUDA_KCHECK();
     unsigned ts = SSD_SCAN_THREADS;
