@@ -271,7 +271,7 @@ static void ssd_forward(float *y, const float *x, const float *Bm, const float *
     const size_t PN = (size_t)d.P * d.N, nbh = (size_t)d.B * d.H;
     float *ws = (float *)mt_cuda_workspace((nbh * d.T + nbh * d.nc * PN) * sizeof(float));
     if (!ws) return;
-    float *cum = ws, *Sst = ws + nbh * d.T;
+    float *cum = ws, *Sst = ws + nbh * d.T;   /* cum (B H, T); Sst: S_in (B H nc, P, N) */
     ssd_cum(cum, dt, A, d);
     ssd_states(Sst, cum, x, Bm, dt, lam, A, d);
     size_t smem = (3 * (size_t)d.Q + (size_t)SSD_RT * 2 * d.Q) * sizeof(float);
@@ -602,6 +602,9 @@ static void ssd_backward(float *dx, float *dBm, float *dCm, float *ddt, float *d
                     + 2 * nch * d.Q;
     double *part = (double *)mt_cuda_workspace(2 * nch * sizeof(double) + nf * sizeof(float));
     if (!part) return;
+    /* part (B H nc, 2) doubles; cum (B H, T); Sst = S_in, dSo = dS_out (B H nc, P, N);
+     * M, dG, dLE (B H nc, Q, 2Q); dXc (B H nc, 2Q, P); dBc (B H nc, 2Q, N);
+     * qj (B H nc, 2Q); rs, inter (B H nc, Q) */
     float *cum = (float *)(part + 2 * nch), *Sst = cum + nbh * d.T, *dSo = Sst + nch * PN;
     float *M = dSo + nch * PN, *dG = M + nch * d.Q * Q2, *dLE = dG + nch * d.Q * Q2;
     float *dXc = dLE + nch * d.Q * Q2, *dBc = dXc + nch * Q2 * d.P, *qj = dBc + nch * Q2 * d.N;
