@@ -40,7 +40,9 @@
 #           backend=cuda`; and the tiny MoE config (pattern=AE, 4 experts,
 #           top-2, a shared expert: the router, permute/combine kernels and
 #           their backwards inside a training loop) in fp32, lm/aux/z
-#           losses equal to the cpu run's to 1e-5 relative; `--backend cuda
+#           losses equal to the cpu run's to 1e-5 relative; the tiny hybrid
+#           (pattern=AM, Mamba-3 chunk 5: the chunked scan, prep and gate
+#           kernels) in fp32 to 1e-6 relative; `--backend cuda
 #           --zero 1|2|3` (dense) and `--zero 3` (MoE) on the one-GPU device
 #           mesh (self_dev comms) equal the cpu runs to 1e-5. Every run's exit
 #           status is checked (those run in the background too);
@@ -273,6 +275,10 @@ else
     # MoE: one A and one E block (router, 4 experts top-2, shared expert);
     # aux and z at their default coefficients, compared on their own too
     MOE="$TINY --set pattern=AE --set n_experts=4 --set top_k=2 --set expert_hidden=32 --set shared_expert_hidden=16"
+    # hybrid: an A and an M block (Mamba-3: 4 heads of 16, 2 groups, chunk 5
+    # over 16 positions: the chunked scan with a partial last chunk, the
+    # parallel rotary cumsum, the prep/gate kernels, forward and backward)
+    HYB="$TINY --set pattern=AM --set mamba_d_state=8 --set mamba_headdim=16 --set mamba_ngroups=2 --set mamba_chunk=5"
     # run NAME PRECISION FLAGS... : 3 steps; exit status 1 (and the log's tail) on failure
     run() {
         local name=$1 prec=$2; shift 2
@@ -286,11 +292,13 @@ else
     run_ok=1
     run cpu fp32 $TINY --set backend=cpu || run_ok=0
     run moe_cpu fp32 $MOE --set backend=cpu || run_ok=0
+    run hyb_cpu fp32 $HYB --set backend=cpu || run_ok=0
     run cuda fp32 $TINY --set backend=cuda & pid_fp32=$!
     run moe_cuda fp32 $MOE --set backend=cuda & pid_moe=$!
     run cuda_bf16 bf16 $TINY --backend cuda || run_ok=0
     wait $pid_fp32 || run_ok=0
     wait $pid_moe || run_ok=0
+    run hyb_cuda fp32 $HYB --set backend=cuda & pid_hyb=$!
     # ZeRO 1-3 on the one-GPU mesh: the engines reduce and gather device
     # buffers through the device communicators (self_dev: copies through the
     # backend); the host self comm would memmove device memory and fault
@@ -302,6 +310,7 @@ else
     run cuda_z3 fp32 $TINY --backend cuda --zero 3 & pid_z3=$!
     run moe_cuda_z3 fp32 $MOE --backend cuda --zero 3 || zero_ok=0
     wait $pid_z3 || zero_ok=0
+    wait $pid_hyb || run_ok=0
     # cmp_losses REF RUN TOL [MIN]: RUN's receipt says backend cuda, 3 steps, and
     # its losses, lm_losses, aux_losses and z_losses are each within TOL
     # relative of REF's; with MIN, the total losses also differ by more than
@@ -353,6 +362,9 @@ PY
            "$EMU/run_moe_cpu/receipt.json"; then
         echo "PASS emulated train: 3 steps MoE (pattern=AE, 4 experts top-2, shared expert), backend=cuda lm/aux/z losses equal backend=cpu to 1e-5"
     else echo "FAIL: emulated train MoE cpu vs cuda"; fail=1; fi
+    if [ $run_ok -eq 1 ] && cmp_losses hyb_cpu hyb_cuda 1e-6; then
+        echo "PASS emulated train: 3 steps hybrid (pattern=AM, Mamba-3 chunk 5 of seq 16: the chunked scan), backend=cuda losses equal backend=cpu to 1e-6"
+    else echo "FAIL: emulated train hybrid cpu vs cuda"; fail=1; fi
     if [ $zero_ok -eq 1 ] && cmp_losses cpu cuda_z1 1e-5 && cmp_losses cpu cuda_z2 1e-5 && cmp_losses cpu cuda_z3 1e-5 &&
        cmp_losses moe_cpu moe_cuda_z3 1e-5 &&
        python3 -c "import json,sys; [json.load(open(p))['zero_stage'] == int(p.split('_z')[-1][0]) or sys.exit(p) for p in sys.argv[1:]]" \

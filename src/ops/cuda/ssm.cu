@@ -1,32 +1,646 @@
 /*
  * ssm.cu — the Mamba-3 scan and the mixer's glue on the cuda backend
- * (mt_ops.h ssm_scan_*, ssm_prep_*, ssm_gate_norm_*; math in docs/mamba3.md).
+ * (mt_ops.h ssm_scan_*, ssm_prep_*, ssm_gate_norm_*; math in docs/mamba3.md,
+ * launch geometry in docs/cuda.md "Mamba-3 on cuda").
  *
- * First version, correctness first (checked under the CPU emulator):
- * - scan forward: the recurrence, one block per (b, h), one thread per row p
- *   of the state S (P, N) held in shared memory; B_t, B_{t-1}, C_t staged in
- *   shared memory each step. `chunk` does not change the result (the contract
- *   allows fp32 rounding differences only), so every chunk value runs the
- *   recurrence here; the chunked SSD form on tensor cores is future work.
- * - scan backward: the recurrence's adjoint in reverse time. States are
- *   recomputed per chunk of Q steps from checkpoints (S before each chunk),
- *   kept in the workspace (nc + Q states of P x N per (b, h)). dS lives in
- *   shared memory; reductions over p go through shared memory in a fixed
- *   order (thread 0 sums), so results are deterministic.
+ * - scan, chunk > 0: the chunked (SSD) form of src/ops/cpu/ssm.c, every chunk
+ *   of every (b, h) in parallel: a block-level scan for the chunk's
+ *   cumulative log decay, the intra-chunk products as tiled kernels over
+ *   (b, h, chunk, rows or sources), and the state carried between chunks by
+ *   one short pass over the T/Q chunks per (b, h, p, n) (forward: S_in;
+ *   backward: dS_out, in reverse). See the HOW IT WORKS blocks below.
+ * - scan, chunk <= 0: the plain recurrence, kept as the fp32 reference
+ *   (mt_ops.h): one block per (b, h), one thread per state row p, S in
+ *   shared memory; its backward is the recurrence's adjoint in reverse time,
+ *   states recomputed per 64 steps from checkpoints, reductions over p in a
+ *   fixed order:
  *     dS += dy_t C_t^T;  dC_t = S_t^T dy_t
  *     dx_t = gamma_t dS B_t + [carry from t+1: beta_{t+1} dS_{t+1} B_t] + D dy_t
  *     dB_t = gamma_t dS^T x_t + [carry: beta_{t+1} dS_{t+1}^T x_t]
  *     dalpha_t = <dS, S_{t-1}>, dgamma_t = x_t . dS B_t, dbeta_t = x_{t-1} . dS B_{t-1}
  *     dS <- alpha_t dS
- * - glue: one thread per (b, g) (prep, sequential in t for the cumsum), one
- *   thread per (row, group) (gate norm); parameter gradients as per-task
- *   partials in the workspace, reduced in task order by a second kernel.
+ * - prep: the rotary angles' cumulative sum as a block-level scan per
+ *   (b, h, pair) over tiles of T; the rest per (row, head) and per (row,
+ *   group); parameter gradients as two-pass column sums.
+ * - gate norm: one block per (row, group); dw as two-pass column sums.
+ * No atomics anywhere: every sum has a fixed order, reruns are bit-identical.
+ * fp32 throughout (bf16 operands in precision=bf16 are not done: the scan
+ * and glue read and write fp32 in both modes).
  */
 #include "cuda_impl.cuh"
 
 #include <math.h>
 
 #define GLUE_THREADS 64
+
+/* ---------------- chunked (SSD) form: shared pieces ----------------
+ *
+ * HOW IT WORKS (forward; math in docs/mamba3.md §3, mirrored from
+ * src/ops/cpu/ssm.c). Per (b, h) the sequence is cut into nc chunks of
+ * Q tokens (the last one q = T - t0 <= Q). Chunk c has 2q sources: j < q is
+ * (x_t, B_t) with weight w_j = gamma_t at time t = t0+j, j = q+i is
+ * (x_{t-1}, B_{t-1}) with weight beta_t at time t0+i (none at t = 0).
+ * cum_i = sum_{r=t0}^{t0+i} a_r (inclusive, inside the chunk).
+ *   1. ssd_cum_k      cum per chunk: a block-level scan over the chunk
+ *   2. ssd_state_k    Sloc_c = Xc^T diag(w_j exp(cum_last - cum_s(j))) Bc   (P x N per chunk)
+ *   3. ssd_pass_k     S_in_0 = 0, S_in_{c+1} = exp(cum_last_c) S_in_c + Sloc_c
+ *                     (the only loop along the sequence: nc steps, one thread per (b, h, p, n))
+ *   4. ssd_out_k      Y = (C Bc^T o L) Xc + diag(exp cum) C S_in^T + D x,
+ *                     L[i,j] = w_j exp(cum_i - cum_s(j)) for s(j) <= i
+ * Steps 2 and 4 are the intra-chunk matrix products, tiled per (b, h, chunk,
+ * tile); fp32 with fp32 accumulation, every sum in a fixed order (no
+ * atomics), so reruns are bit-identical. The backward (below) runs the same
+ * pieces plus the adjoint's products; its only sequential loops are the
+ * chunk passes (nc steps) and the chunk-local ones (q or 2q terms). */
+
+#define SSD_QMAX 256          /* chunks above this run as 256 (same result to rounding) */
+#define SSD_RT 16             /* query rows (or sources) per block of ssd_out_k and the backward kernels */
+#define SSD_SCAN_THREADS 128  /* block of the chunk scans */
+
+struct ssd_dims {
+    int B, T, H, P, N, Q, nc;
+};
+
+static inline struct ssd_dims ssd_dims_make(int B, int T, int H, int P, int N, int chunk)
+{
+    struct ssd_dims d = {B, T, H, P, N, 0, 0};
+    d.Q = chunk < T ? chunk : T;
+    if (d.Q > SSD_QMAX) d.Q = SSD_QMAX;
+    d.nc = (T + d.Q - 1) / d.Q;
+    return d;
+}
+
+/* threads for a block over n items: a power of two in [32, cap] */
+static inline unsigned pow2_threads(int n, unsigned cap)
+{
+    unsigned t = 32;
+    while (t < (unsigned)n && t < cap) t <<= 1;
+    return t;
+}
+
+/* In-place inclusive prefix sum (reverse: suffix sum) of a[0..n) in shared
+ * memory by the whole block: thread k sums its contiguous segment in order,
+ * the segment totals are scanned (Hillis-Steele, log2 blockDim steps, in
+ * tot[blockDim]), then each segment adds its offset. The order of additions
+ * depends only on n and blockDim: deterministic. Every thread must call it. */
+static __device__ void block_scan(float *a, float *tot, int n, int reverse)
+{
+    int nt = (int)blockDim.x, k = (int)threadIdx.x, seg = (n + nt - 1) / nt;
+    int lo = k * seg, hi = lo + seg < n ? lo + seg : n;
+    float s = 0.0f;
+    for (int i = lo; i < hi; i++) {
+        int ix = reverse ? n - 1 - i : i;
+        s += a[ix];
+        a[ix] = s;
+    }
+    tot[k] = s;
+    __syncthreads();
+    for (int o = 1; o < nt; o <<= 1) {
+        float v = k >= o ? tot[k - o] : 0.0f;
+        __syncthreads();
+        tot[k] += v;
+        __syncthreads();
+    }
+    float off = k > 0 ? tot[k - 1] : 0.0f;
+    if (k > 0)
+        for (int i = lo; i < hi; i++) a[reverse ? n - 1 - i : i] += off;
+    __syncthreads();
+}
+
+/* Sum of v over the block (blockDim a power of two), tree order fixed by
+ * thread numbers; every thread gets the result. red: blockDim entries. */
+template <typename F>
+static __device__ F block_sum(F v, F *red)
+{
+    int k = (int)threadIdx.x;
+    red[k] = v;
+    __syncthreads();
+    for (int s = (int)blockDim.x / 2; s > 0; s >>= 1) {
+        if (k < s) red[k] += red[k + s];
+        __syncthreads();
+    }
+    F r = red[0];
+    __syncthreads();
+    return r;
+}
+
+/* weight of source j of a chunk at time t: gamma_t (own) or beta_t (0 at t = 0) */
+static __device__ __forceinline__ float ssd_w(int own, const float *dt, const float *lam, float Ah, size_t r, int t)
+{
+    float d = dt[r], l = lam[r];
+    return own ? l * d : (t > 0 ? (1.0f - l) * d * expf(d * Ah) : 0.0f);
+}
+
+/* 1. cum[(b*H + h)*T + t]: per chunk inclusive sum of a = dt A */
+static __global__ void ssd_cum_k(float *cum, const float *dt, const float *A, struct ssd_dims d)
+{
+    MT_DYN_SMEM(float, sm);   /* a (Q), tot (blockDim) */
+    int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H;
+    int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q;
+    float *a = sm, *tot = sm + d.Q, Ah = A[h];
+    for (int i = (int)threadIdx.x; i < q; i += (int)blockDim.x) a[i] = dt[((size_t)b * d.T + t0 + i) * d.H + h] * Ah;
+    __syncthreads();
+    block_scan(a, tot, q, 0);
+    for (int i = (int)threadIdx.x; i < q; i += (int)blockDim.x) cum[(size_t)bh * d.T + t0 + i] = a[i];
+}
+
+/* 2. Sst[ci] = sum_j x_tok(j) (v_j B_tok(j))^T, v_j = w_j exp(cum_last - cum_s(j)),
+ * for the full chunks c < nc-1 (grid x: (b, h, c), y: tiles of P*N) */
+static __global__ void ssd_state_k(float *Sst, const float *cum, const float *x, const float *Bm, const float *dt,
+                                   const float *lam, const float *A, struct ssd_dims d)
+{
+    MT_DYN_SMEM(float, v);    /* 2Q */
+    int bh = (int)blockIdx.x / (d.nc - 1), c = (int)blockIdx.x % (d.nc - 1), b = bh / d.H, h = bh % d.H;
+    int t0 = c * d.Q, q = d.Q;
+    const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, PN = (size_t)d.P * d.N;
+    const float *cm = cum + (size_t)bh * d.T + t0, Ah = A[h];
+    float cl = cm[q - 1];
+    for (int i = (int)threadIdx.x; i < q; i += (int)blockDim.x) {
+        size_t r = ((size_t)b * d.T + t0 + i) * d.H + h;
+        float ex = expf(cl - cm[i]);
+        v[i] = ssd_w(1, dt, lam, Ah, r, t0 + i) * ex;
+        v[q + i] = ssd_w(0, dt, lam, Ah, r, t0 + i) * ex;
+    }
+    __syncthreads();
+    size_t e = (size_t)blockIdx.y * blockDim.x + threadIdx.x;
+    if (e >= PN) return;
+    int p = (int)(e / d.N), n = (int)(e % d.N);
+    const float *xb = x + (size_t)b * d.T * xld + (size_t)h * d.P + p, *Bb = Bm + (size_t)b * d.T * bld + (size_t)h * d.N + n;
+    float acc = 0.0f;
+    for (int i = 0; i < q; i++) {
+        int t = t0 + i;
+        acc += xb[(size_t)t * xld] * (v[i] * Bb[(size_t)t * bld]);
+    }
+    for (int i = 0; i < q; i++) {
+        int t = t0 + i;
+        if (t > 0) acc += xb[(size_t)(t - 1) * xld] * (v[q + i] * Bb[(size_t)(t - 1) * bld]);
+    }
+    Sst[((size_t)bh * d.nc + c) * PN + e] = acc;
+}
+
+/* 3. in place: Sst[c] (the chunk's own state) -> the state entering chunk c.
+ * One thread per (b, h, p, n), nc steps. */
+static __global__ void ssd_pass_k(float *Sst, const float *cum, struct ssd_dims d)
+{
+    const size_t PN = (size_t)d.P * d.N, i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)d.B * d.H * PN) return;
+    size_t bh = i / PN, e = i % PN;
+    float s = 0.0f;
+    for (int c = 0; c < d.nc; c++) {
+        float *slot = Sst + (bh * d.nc + c) * PN + e;
+        float loc = c + 1 < d.nc ? *slot : 0.0f;
+        *slot = s;
+        if (c + 1 < d.nc) s = expf(cum[bh * d.T + (size_t)c * d.Q + d.Q - 1]) * s + loc;
+    }
+}
+
+/* 4. Y rows [i0, i0+RT) of chunk ci (grid x: (b, h, c), y: row tiles):
+ * G = C Bc^T o L in shared memory, then Y = G Xc + exp(cum_i) C_i S_in^T + D x */
+static __global__ void ssd_out_k(float *y, const float *Sst, const float *cum, const float *x, const float *Bm,
+                                 const float *Cm, const float *dt, const float *lam, const float *A,
+                                 const float *Dsk, struct ssd_dims d)
+{
+    MT_DYN_SMEM(float, sm);   /* w (2Q), cum (Q), G (RT x 2Q) */
+    int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H;
+    int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q, i0 = (int)blockIdx.y * SSD_RT;
+    if (i0 >= q) return;
+    int ni = q - i0 < SSD_RT ? q - i0 : SSD_RT, q2 = 2 * q, nt = (int)blockDim.x;
+    const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, PN = (size_t)d.P * d.N, ob = (size_t)b * d.T;
+    float *w = sm, *cm = w + 2 * d.Q, *G = cm + d.Q, Ah = A[h], Dh = Dsk[h];
+    for (int i = (int)threadIdx.x; i < q; i += nt) {
+        size_t r = (ob + t0 + i) * d.H + h;
+        w[i] = ssd_w(1, dt, lam, Ah, r, t0 + i);
+        w[q + i] = ssd_w(0, dt, lam, Ah, r, t0 + i);
+        cm[i] = cum[(size_t)bh * d.T + t0 + i];
+    }
+    __syncthreads();
+    for (int k = (int)threadIdx.x; k < ni * q2; k += nt) {
+        int il = k / q2, j = k % q2, i = i0 + il, sj = j < q ? j : j - q, tok = t0 + sj - (j < q ? 0 : 1);
+        float g = 0.0f;
+        if (sj <= i && tok >= 0) {
+            const float *cr = Cm + (ob + t0 + i) * bld + (size_t)h * d.N, *br = Bm + (ob + tok) * bld + (size_t)h * d.N;
+            for (int n = 0; n < d.N; n++) g += cr[n] * br[n];
+            g *= w[j] * expf(cm[i] - cm[sj]);
+        }
+        G[il * q2 + j] = g;
+    }
+    __syncthreads();
+    const float *xh = x + ob * xld + (size_t)h * d.P;
+    for (int k = (int)threadIdx.x; k < ni * d.P; k += nt) {
+        int il = k / d.P, p = k % d.P, i = i0 + il, t = t0 + i;
+        const float *g = G + (size_t)il * q2;
+        float acc = 0.0f;
+        for (int j = 0; j <= i; j++) acc += g[j] * xh[(size_t)(t0 + j) * xld + p];
+        for (int j = 0; j <= i; j++)
+            if (t0 + j > 0) acc += g[q + j] * xh[(size_t)(t0 + j - 1) * xld + p];
+        if (c > 0) {
+            const float *cr = Cm + (ob + t) * bld + (size_t)h * d.N, *S = Sst + (size_t)ci * PN + (size_t)p * d.N;
+            float e = expf(cm[i]), s2 = 0.0f;
+            for (int n = 0; n < d.N; n++) s2 += (e * cr[n]) * S[n];
+            acc += s2;
+        }
+        y[(ob + t) * xld + (size_t)h * d.P + p] = acc + Dh * xh[(size_t)t * xld + p];
+    }
+}
+
+/* the states entering each chunk into Sst (steps 1-3); cum must hold step 1 */
+static void ssd_states(float *Sst, const float *cum, const float *x, const float *Bm, const float *dt,
+                       const float *lam, const float *A, struct ssd_dims d)
+{
+    const size_t PN = (size_t)d.P * d.N;
+    if (d.nc > 1) {
+        MT_LAUNCH(ssd_state_k, dim3((unsigned)(d.B * d.H * (d.nc - 1)), (unsigned)((PN + 255) / 256)), 256,
+                  2 * (size_t)d.Q * sizeof(float))(Sst, cum, x, Bm, dt, lam, A, d);
+        MT_CUDA_KCHECK();
+    }
+    size_t n = (size_t)d.B * d.H * PN;
+    MT_LAUNCH(ssd_pass_k, (unsigned)((n + 255) / 256), 256, 0)(Sst, cum, d);
+    MT_CUDA_KCHECK();
+}
+
+static void ssd_cum(float *cum, const float *dt, const float *A, struct ssd_dims d)
+{
+    MT_LAUNCH(ssd_cum_k, (unsigned)(d.B * d.H * d.nc), SSD_SCAN_THREADS,
+              ((size_t)d.Q + SSD_SCAN_THREADS) * sizeof(float))(cum, dt, A, d);
+    MT_CUDA_KCHECK();
+}
+
+static void ssd_forward(float *y, const float *x, const float *Bm, const float *Cm, const float *dt,
+                        const float *lam, const float *A, const float *Dsk, struct ssd_dims d)
+{
+    const size_t PN = (size_t)d.P * d.N, nbh = (size_t)d.B * d.H;
+    float *ws = (float *)mt_cuda_workspace((nbh * d.T + nbh * d.nc * PN) * sizeof(float));
+    if (!ws) return;
+    float *cum = ws, *Sst = ws + nbh * d.T;   /* cum (B H, T); Sst: S_in (B H nc, P, N) */
+    ssd_cum(cum, dt, A, d);
+    ssd_states(Sst, cum, x, Bm, dt, lam, A, d);
+    size_t smem = (3 * (size_t)d.Q + (size_t)SSD_RT * 2 * d.Q) * sizeof(float);
+    MT_LAUNCH(ssd_out_k, dim3((unsigned)(nbh * d.nc), (unsigned)((d.Q + SSD_RT - 1) / SSD_RT)), 128, smem)(
+        y, Sst, cum, x, Bm, Cm, dt, lam, A, Dsk, d);
+    MT_CUDA_KCHECK();
+}
+
+/* ---------------- chunked (SSD) backward ----------------
+ *
+ * HOW IT WORKS (derivation: docs/mamba3.md §4; same terms as the cpu's
+ * scan_backward_head). With the states entering each chunk S_in (forward
+ * steps 1-3) and the gradient leaving each chunk dS_out, every chunk is
+ * independent, so the chunks run in parallel:
+ *   5. ssd_dloc_k    Dloc_c = (diag(exp cum) dY)^T C          (P x N, chunks c >= 1)
+ *   6. ssd_dpass_k   dS_out_{nc-1} = 0, dS_out_{c-1} = exp(cum_last_c) dS_out_c + Dloc_c
+ *                    (nc steps, one thread per (b, h, p, n))
+ *   7. ssd_gm_k      per query row i: G = C_i Bc^T, dM = dY_i Xc^T; M = G o L,
+ *                    dG = dM o L, dLE = dM o G o E (the decay's gradient) and its
+ *                    row sum with w (dcum_i's intra term)
+ *   8. ssd_dxc_k     dXc_j = M^T dY + v_j (Bc dS_out^T)_j            (per source j)
+ *      ssd_dbc_k     dBc_j = dG^T C + v_j (Xc dS_out)_j, q_j = (Xc dS_out)_j . Bc_j
+ *      ssd_dc_k      dC_i = dG Bc + e_i (dY S_in)_i, and e_i (dY S_in)_i . C_i
+ *   9. ssd_scal_k    dw_j, dcum_i, the reverse scan da = suffix sums of dcum in the
+ *                    chunk, then ddt, dlam and the chunk's dA, dD partials
+ *  10. ssd_scatter_k dx_t = dXc(own) + dXc(beta source of t+1) + D dy_t; dB alike
+ *  11. ssd_reduce_k  dA, dD += the partials, per head over (b, chunk) in order
+ * Workspace: cum, S_in, dS_out, M, dG, dLE (q x 2q per chunk), dXc, dBc and
+ * the per-row / per-source scalars (ssd_bwd_floats). */
+
+/* 5. dSo[ci] = sum_i (exp(cum_i) dY_i) C_i^T for chunks c >= 1 (grid x: (b, h, c-1), y: PN tiles) */
+static __global__ void ssd_dloc_k(float *dSo, const float *cum, const float *dy, const float *Cm, struct ssd_dims d)
+{
+    MT_DYN_SMEM(float, e);    /* Q */
+    int bh = (int)blockIdx.x / (d.nc - 1), c = 1 + (int)blockIdx.x % (d.nc - 1), b = bh / d.H, h = bh % d.H;
+    int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q;
+    const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, PN = (size_t)d.P * d.N;
+    for (int i = (int)threadIdx.x; i < q; i += (int)blockDim.x) e[i] = expf(cum[(size_t)bh * d.T + t0 + i]);
+    __syncthreads();
+    size_t k = (size_t)blockIdx.y * blockDim.x + threadIdx.x;
+    if (k >= PN) return;
+    int p = (int)(k / d.N), n = (int)(k % d.N);
+    const float *dyb = dy + (size_t)b * d.T * xld + (size_t)h * d.P + p, *Cb = Cm + (size_t)b * d.T * bld + (size_t)h * d.N + n;
+    float acc = 0.0f;
+    for (int i = 0; i < q; i++) acc += (e[i] * dyb[(size_t)(t0 + i) * xld]) * Cb[(size_t)(t0 + i) * bld];
+    dSo[((size_t)bh * d.nc + c) * PN + k] = acc;
+}
+
+/* 6. in place: dSo[c] (Dloc_c) -> dS_out of chunk c, in reverse chunk order */
+static __global__ void ssd_dpass_k(float *dSo, const float *cum, struct ssd_dims d)
+{
+    const size_t PN = (size_t)d.P * d.N, i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)d.B * d.H * PN) return;
+    size_t bh = i / PN, e = i % PN;
+    float s = 0.0f;
+    for (int c = d.nc - 1; c >= 0; c--) {
+        float *slot = dSo + (bh * d.nc + c) * PN + e;
+        float loc = c > 0 ? *slot : 0.0f;
+        *slot = s;
+        int tl = (c + 1) * d.Q < d.T ? (c + 1) * d.Q - 1 : d.T - 1;
+        if (c > 0) s = expf(cum[bh * d.T + tl]) * s + loc;
+    }
+}
+
+/* 7-8: each block takes SSD_RT consecutive query rows or sources of one
+ * chunk, so the chunk's operands it re-reads (B and x rows, dY, C, S_in,
+ * dS_out) come from L1 after the first of them: a sixteenth of the L2
+ * traffic of one block per row. */
+
+/* 7. per (b, h, c, tile of query rows i), threads over the 2q sources.
+ * M, dG, dLE rows at ((ci*Q + i)*2Q + j); rs[ci*Q + i] = sum_j w_j dLE[i,j]. */
+static __global__ void ssd_gm_k(float *M, float *dG, float *dLE, float *rs, const float *cum, const float *dy,
+                                const float *x, const float *Bm, const float *Cm, const float *dt, const float *lam,
+                                const float *A, struct ssd_dims d)
+{
+    MT_DYN_SMEM(float, red);  /* blockDim */
+    int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H, i0 = (int)blockIdx.y * SSD_RT;
+    int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q;
+    if (i0 >= q) return;
+    const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, ob = (size_t)b * d.T;
+    const float *cm = cum + (size_t)bh * d.T + t0, Ah = A[h];
+    for (int i = i0; i < i0 + SSD_RT && i < q; i++) {
+        const size_t row = ((size_t)ci * d.Q + i) * 2 * d.Q;
+        const float *cr = Cm + (ob + t0 + i) * bld + (size_t)h * d.N, *dyr = dy + (ob + t0 + i) * xld + (size_t)h * d.P;
+        float rsum = 0.0f;
+        for (int j = (int)threadIdx.x; j < 2 * q; j += (int)blockDim.x) {
+            int sj = j < q ? j : j - q, tok = t0 + sj - (j < q ? 0 : 1);
+            float m = 0.0f, dg = 0.0f, dle = 0.0f;
+            if (sj <= i && tok >= 0) {
+                const float *br = Bm + (ob + tok) * bld + (size_t)h * d.N, *xr = x + (ob + tok) * xld + (size_t)h * d.P;
+                float g = 0.0f, dm = 0.0f;
+                for (int n = 0; n < d.N; n++) g += cr[n] * br[n];
+                for (int p = 0; p < d.P; p++) dm += dyr[p] * xr[p];
+                float w = ssd_w(j < q, dt, lam, Ah, (ob + t0 + sj) * d.H + h, t0 + sj), ex = expf(cm[i] - cm[sj]);
+                float dmg = dm * g, l = w * ex;
+                dle = dmg * ex;
+                rsum += dmg * w * ex;
+                m = g * l;
+                dg = dm * l;
+            }
+            M[row + j] = m;
+            dG[row + j] = dg;
+            dLE[row + j] = dle;
+        }
+        float s = block_sum(rsum, red);
+        if (threadIdx.x == 0) rs[(size_t)ci * d.Q + i] = s;
+    }
+}
+
+/* 8a. per (b, h, c, tile of sources j), threads over p */
+static __global__ void ssd_dxc_k(float *dXc, const float *M, const float *dSo, const float *cum, const float *dy,
+                                 const float *Bm, const float *dt, const float *lam, const float *A, struct ssd_dims d)
+{
+    int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H, j0 = (int)blockIdx.y * SSD_RT;
+    int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q;
+    if (j0 >= 2 * q) return;
+    const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, PN = (size_t)d.P * d.N, ob = (size_t)b * d.T;
+    const float *cm = cum + (size_t)bh * d.T + t0;
+    for (int j = j0; j < j0 + SSD_RT && j < 2 * q; j++) {
+        int sj = j < q ? j : j - q, tok = t0 + sj - (j < q ? 0 : 1);
+        const float *Mc = M + (size_t)ci * d.Q * 2 * d.Q + j;
+        float v = 0.0f;
+        if (c + 1 < d.nc && tok >= 0)
+            v = ssd_w(j < q, dt, lam, A[h], (ob + t0 + sj) * d.H + h, t0 + sj) * expf(cm[q - 1] - cm[sj]);
+        for (int p = (int)threadIdx.x; p < d.P; p += (int)blockDim.x) {
+            float acc = 0.0f;
+            if (tok >= 0) {
+                const float *dyh = dy + ob * xld + (size_t)h * d.P + p;
+                for (int i = sj; i < q; i++) acc += Mc[(size_t)i * 2 * d.Q] * dyh[(size_t)(t0 + i) * xld];
+                if (c + 1 < d.nc) {
+                    const float *br = Bm + (ob + tok) * bld + (size_t)h * d.N, *ds = dSo + (size_t)ci * PN + (size_t)p * d.N;
+                    float t2 = 0.0f;
+                    for (int n = 0; n < d.N; n++) t2 += br[n] * ds[n];
+                    acc += v * t2;
+                }
+            }
+            dXc[((size_t)ci * 2 * d.Q + j) * d.P + p] = acc;
+        }
+    }
+}
+
+/* 8b. per (b, h, c, tile of sources j), threads over n; qj[ci*2Q + j] */
+static __global__ void ssd_dbc_k(float *dBc, float *qj, const float *dG, const float *dSo, const float *cum,
+                                 const float *x, const float *Bm, const float *Cm, const float *dt, const float *lam,
+                                 const float *A, struct ssd_dims d)
+{
+    MT_DYN_SMEM(float, red);  /* blockDim */
+    int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H, j0 = (int)blockIdx.y * SSD_RT;
+    int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q;
+    if (j0 >= 2 * q) return;
+    const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, PN = (size_t)d.P * d.N, ob = (size_t)b * d.T;
+    const float *cm = cum + (size_t)bh * d.T + t0;
+    for (int j = j0; j < j0 + SSD_RT && j < 2 * q; j++) {
+        int sj = j < q ? j : j - q, tok = t0 + sj - (j < q ? 0 : 1);
+        const float *dGc = dG + (size_t)ci * d.Q * 2 * d.Q + j;
+        float v = 0.0f, qpart = 0.0f;
+        if (c + 1 < d.nc && tok >= 0)
+            v = ssd_w(j < q, dt, lam, A[h], (ob + t0 + sj) * d.H + h, t0 + sj) * expf(cm[q - 1] - cm[sj]);
+        for (int n = (int)threadIdx.x; n < d.N; n += (int)blockDim.x) {
+            float acc = 0.0f;
+            if (tok >= 0) {
+                const float *ch = Cm + ob * bld + (size_t)h * d.N + n;
+                for (int i = sj; i < q; i++) acc += dGc[(size_t)i * 2 * d.Q] * ch[(size_t)(t0 + i) * bld];
+                if (c + 1 < d.nc) {
+                    const float *xr = x + (ob + tok) * xld + (size_t)h * d.P, *ds = dSo + (size_t)ci * PN + n;
+                    float t1 = 0.0f;
+                    for (int p = 0; p < d.P; p++) t1 += xr[p] * ds[(size_t)p * d.N];
+                    qpart += t1 * Bm[(ob + tok) * bld + (size_t)h * d.N + n];
+                    acc += v * t1;
+                }
+            }
+            dBc[((size_t)ci * 2 * d.Q + j) * d.N + n] = acc;
+        }
+        float s = block_sum(qpart, red);
+        if (threadIdx.x == 0) qj[(size_t)ci * 2 * d.Q + j] = s;
+    }
+}
+
+/* 8c. per (b, h, c, tile of query rows i), threads over n: dC (=) and the
+ * inter term of dcum_i, inter[ci*Q + i] = e_i (dY_i S_in) . C_i */
+static __global__ void ssd_dc_k(float *dCm, float *inter, const float *dG, const float *Sst, const float *cum,
+                                const float *dy, const float *Bm, const float *Cm, struct ssd_dims d)
+{
+    MT_DYN_SMEM(float, red);  /* blockDim */
+    int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H, i0 = (int)blockIdx.y * SSD_RT;
+    int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q;
+    if (i0 >= q) return;
+    const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, PN = (size_t)d.P * d.N, ob = (size_t)b * d.T;
+    for (int i = i0; i < i0 + SSD_RT && i < q; i++) {
+        const float *dGr = dG + ((size_t)ci * d.Q + i) * 2 * d.Q, *cr = Cm + (ob + t0 + i) * bld + (size_t)h * d.N;
+        const float *dyr = dy + (ob + t0 + i) * xld + (size_t)h * d.P;
+        float e = expf(cum[(size_t)bh * d.T + t0 + i]), de = 0.0f;
+        for (int n = (int)threadIdx.x; n < d.N; n += (int)blockDim.x) {
+            const float *bcol = Bm + ob * bld + (size_t)h * d.N + n;
+            float acc = 0.0f;
+            for (int j = 0; j <= i; j++) acc += dGr[j] * bcol[(size_t)(t0 + j) * bld];
+            for (int j = 0; j <= i; j++)
+                if (t0 + j > 0) acc += dGr[q + j] * bcol[(size_t)(t0 + j - 1) * bld];
+            if (c > 0) {
+                const float *S = Sst + (size_t)ci * PN + n;
+                float ds = 0.0f;
+                for (int p = 0; p < d.P; p++) ds += dyr[p] * S[(size_t)p * d.N];
+                de += ds * cr[n];
+                acc += e * ds;
+            }
+            dCm[(ob + t0 + i) * bld + (size_t)h * d.N + n] = acc;
+        }
+        float s = block_sum(de, red);
+        if (threadIdx.x == 0) inter[(size_t)ci * d.Q + i] = s * e;
+    }
+}
+
+/* 9. one block per (b, h, c): dw_j, dcum_i, da = reverse scan of dcum in the
+ * chunk, ddt and dlam (=), and the chunk's dA, dD partials (double) */
+static __global__ void ssd_scal_k(float *ddt, float *dlam, double *part, const float *dLE, const float *rs,
+                                  const float *qj, const float *inter, const float *Sst, const float *dSo,
+                                  const float *cum, const float *dy, const float *x, const float *dt,
+                                  const float *lam, const float *A, struct ssd_dims d)
+{
+    MT_DYN_SMEM(double, dred);   /* blockDim doubles, then dcum (Q), dw (2Q), tot (blockDim) floats */
+    float *dcum = (float *)(dred + blockDim.x), *dw = dcum + d.Q, *tot = dw + 2 * d.Q;
+    int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H, nt = (int)blockDim.x;
+    int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q, has_next = c + 1 < d.nc;
+    const size_t xld = (size_t)d.H * d.P, PN = (size_t)d.P * d.N, ob = (size_t)b * d.T, Q2 = 2 * (size_t)d.Q;
+    const float *cm = cum + (size_t)bh * d.T + t0, *dL = dLE + (size_t)ci * d.Q * Q2, Ah = A[h];
+    const float *qc = qj + (size_t)ci * Q2;
+    /* dw_j = sum_{i >= s(j)} dLE[i,j] (+ q_j E[q-1, s(j)] through S_out) */
+    for (int j = (int)threadIdx.x; j < 2 * q; j += nt) {
+        int sj = j < q ? j : j - q;
+        float a = 0.0f;
+        for (int i = sj; i < q; i++) a += dL[(size_t)i * Q2 + j];
+        if (has_next) a += qc[j] * expf(cm[q - 1] - cm[sj]);
+        dw[j] = a;
+    }
+    /* through S_out: dcum_{q-1} += sum_j q_j v_j; the <dS_out, S_in> term */
+    double sq = 0.0, sd = 0.0;
+    if (has_next)
+        for (int j = (int)threadIdx.x; j < 2 * q; j += nt) {
+            int sj = j < q ? j : j - q;
+            sq += (double)(qc[j] * ssd_w(j < q, dt, lam, Ah, (ob + t0 + sj) * d.H + h, t0 + sj) * expf(cm[q - 1] - cm[sj]));
+        }
+    if (c > 0)
+        for (size_t k = threadIdx.x; k < PN; k += (size_t)nt)
+            sd += (double)dSo[(size_t)ci * PN + k] * (double)Sst[(size_t)ci * PN + k];
+    sq = block_sum(sq, dred);
+    sd = block_sum(sd, dred);
+    /* dcum_i = rowsum_i - sum_{i' >= i} w dLE[i', src(i)] - q_j v_j (both sources of time i) + inter_i */
+    for (int i = (int)threadIdx.x; i < q; i += nt) {
+        size_t r = (ob + t0 + i) * d.H + h;
+        float w0 = ssd_w(1, dt, lam, Ah, r, t0 + i), w1 = ssd_w(0, dt, lam, Ah, r, t0 + i), col = 0.0f;
+        for (int k = i; k < q; k++) col += w0 * dL[(size_t)k * Q2 + i] + w1 * dL[(size_t)k * Q2 + q + i];
+        float v = rs[(size_t)ci * d.Q + i] - col;
+        if (has_next) {
+            float el = expf(cm[q - 1] - cm[i]);
+            v -= qc[i] * (w0 * el) + qc[q + i] * (w1 * el);
+        }
+        if (c > 0) v += inter[(size_t)ci * d.Q + i];
+        if (i == q - 1) v += (float)sq + (c > 0 ? (float)sd * expf(cm[q - 1]) : 0.0f);
+        dcum[i] = v;
+    }
+    __syncthreads();
+    block_scan(dcum, tot, q, 1);
+    double pa = 0.0, pd = 0.0;
+    for (int i = (int)threadIdx.x; i < q; i += nt) {
+        int t = t0 + i;
+        size_t r = (ob + t) * d.H + h;
+        float dd = dt[r], l = lam[r], al = expf(dd * Ah), run = dcum[i], dg = dw[i], db = t > 0 ? dw[q + i] : 0.0f;
+        float beta = (1.0f - l) * dd * al;
+        ddt[r] = run * Ah + dg * l + db * (1.0f - l) * al * (1.0f + dd * Ah);
+        dlam[r] = dg * dd - db * dd * al;
+        pa += (double)run * dd + (double)db * beta * dd;
+        const float *dyr = dy + (ob + t) * xld + (size_t)h * d.P, *xr = x + (ob + t) * xld + (size_t)h * d.P;
+        float s = 0.0f;
+        for (int p = 0; p < d.P; p++) s += dyr[p] * xr[p];
+        pd += s;
+    }
+    pa = block_sum(pa, dred);
+    pd = block_sum(pd, dred);
+    if (threadIdx.x == 0) { part[2 * (size_t)ci] = pa; part[2 * (size_t)ci + 1] = pd; }
+}
+
+/* 10. one thread per (b, t, h, p or n): the own source plus the beta source
+ * of token t+1 (in the next chunk for a chunk's last token) */
+static __global__ void ssd_scatter_k(float *dx, float *dBm, const float *dXc, const float *dBc, const float *dy,
+                                     const float *Dsk, struct ssd_dims d)
+{
+    const size_t PN1 = (size_t)d.P + d.N, i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)d.B * d.T * d.H * PN1) return;
+    size_t rh = i / PN1;
+    int k = (int)(i % PN1), h = (int)(rh % d.H);
+    size_t bt = rh / d.H;
+    int t = (int)(bt % d.T), b = (int)(bt / d.T), bh = b * d.H + h, own = k < d.P, m = own ? k : k - d.P;
+    int width = own ? d.P : d.N;
+    const float *src = own ? dXc : dBc;
+    size_t ci = (size_t)bh * d.nc + t / d.Q;
+    float v = src[(ci * 2 * d.Q + (size_t)(t % d.Q)) * width + m];
+    if (own) v += Dsk[h] * dy[rh * d.P + m];
+    if (t + 1 < d.T) {
+        int c1 = (t + 1) / d.Q, t01 = c1 * d.Q, q1 = d.T - t01 < d.Q ? d.T - t01 : d.Q;
+        v += src[(((size_t)bh * d.nc + c1) * 2 * d.Q + (size_t)q1 + (t + 1 - t01)) * width + m];
+    }
+    if (own) dx[rh * d.P + m] = v;
+    else dBm[rh * d.N + m] = v;
+}
+
+/* 11. dA, dDsk (+=): per head, the (b, chunk) partials in order */
+static __global__ void ssd_reduce_k(float *dA, float *dDsk, const double *part, struct ssd_dims d)
+{
+    int h = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (h >= d.H) return;
+    double a = 0.0, s = 0.0;
+    for (int b = 0; b < d.B; b++)
+        for (int c = 0; c < d.nc; c++) {
+            size_t ci = ((size_t)b * d.H + h) * d.nc + c;
+            a += part[2 * ci];
+            s += part[2 * ci + 1];
+        }
+    dA[h] += (float)a;
+    dDsk[h] += (float)s;
+}
+
+static void ssd_backward(float *dx, float *dBm, float *dCm, float *ddt, float *dlam, float *dA, float *dDsk,
+                         const float *dy, const float *x, const float *Bm, const float *Cm, const float *dt,
+                         const float *lam, const float *A, const float *Dsk, struct ssd_dims d)
+{
+    const size_t PN = (size_t)d.P * d.N, nbh = (size_t)d.B * d.H, nch = nbh * d.nc, Q2 = 2 * (size_t)d.Q;
+    const size_t nf = nbh * d.T + 2 * nch * PN + 3 * nch * d.Q * Q2 + nch * Q2 * ((size_t)d.P + d.N + 1)
+                    + 2 * nch * d.Q;
+    double *part = (double *)mt_cuda_workspace(2 * nch * sizeof(double) + nf * sizeof(float));
+    if (!part) return;
+    /* part (B H nc, 2) doubles; cum (B H, T); Sst = S_in, dSo = dS_out (B H nc, P, N);
+     * M, dG, dLE (B H nc, Q, 2Q); dXc (B H nc, 2Q, P); dBc (B H nc, 2Q, N);
+     * qj (B H nc, 2Q); rs, inter (B H nc, Q) */
+    float *cum = (float *)(part + 2 * nch), *Sst = cum + nbh * d.T, *dSo = Sst + nch * PN;
+    float *M = dSo + nch * PN, *dG = M + nch * d.Q * Q2, *dLE = dG + nch * d.Q * Q2;
+    float *dXc = dLE + nch * d.Q * Q2, *dBc = dXc + nch * Q2 * d.P, *qj = dBc + nch * Q2 * d.N;
+    float *rs = qj + nch * Q2, *inter = rs + nch * d.Q;
+    ssd_cum(cum, dt, A, d);
+    ssd_states(Sst, cum, x, Bm, dt, lam, A, d);
+    if (d.nc > 1) {
+        MT_LAUNCH(ssd_dloc_k, dim3((unsigned)(nbh * (d.nc - 1)), (unsigned)((PN + 255) / 256)), 256,
+                  (size_t)d.Q * sizeof(float))(dSo, cum, dy, Cm, d);
+        MT_CUDA_KCHECK();
+    }
+    MT_LAUNCH(ssd_dpass_k, (unsigned)((nbh * PN + 255) / 256), 256, 0)(dSo, cum, d);
+    MT_CUDA_KCHECK();
+    unsigned tj = pow2_threads(2 * d.Q, 256), tp = pow2_threads(d.P, 256), tn = pow2_threads(d.N, 256);
+    unsigned rt = (unsigned)((d.Q + SSD_RT - 1) / SSD_RT), st = (unsigned)((Q2 + SSD_RT - 1) / SSD_RT);
+    MT_LAUNCH(ssd_gm_k, dim3((unsigned)nch, rt), tj, tj * sizeof(float))(M, dG, dLE, rs, cum, dy, x, Bm, Cm,
+                                                                                    dt, lam, A, d);
+    MT_CUDA_KCHECK();
+    MT_LAUNCH(ssd_dxc_k, dim3((unsigned)nch, st), tp, 0)(dXc, M, dSo, cum, dy, Bm, dt, lam, A, d);
+    MT_CUDA_KCHECK();
+    MT_LAUNCH(ssd_dbc_k, dim3((unsigned)nch, st), tn, tn * sizeof(float))(dBc, qj, dG, dSo, cum, x, Bm, Cm,
+                                                                                    dt, lam, A, d);
+    MT_CUDA_KCHECK();
+    MT_LAUNCH(ssd_dc_k, dim3((unsigned)nch, rt), tn, tn * sizeof(float))(dCm, inter, dG, Sst, cum, dy, Bm,
+                                                                                   Cm, d);
+    MT_CUDA_KCHECK();
+    unsigned ts = SSD_SCAN_THREADS;
+    MT_LAUNCH(ssd_scal_k, (unsigned)nch, ts, ts * sizeof(double) + (3 * (size_t)d.Q + ts) * sizeof(float))(
+        ddt, dlam, part, dLE, rs, qj, inter, Sst, dSo, cum, dy, x, dt, lam, A, d);
+    MT_CUDA_KCHECK();
+    size_t ns = (size_t)d.B * d.T * d.H * ((size_t)d.P + d.N);
+    MT_LAUNCH(ssd_scatter_k, (unsigned)((ns + 255) / 256), 256, 0)(dx, dBm, dXc, dBc, dy, Dsk, d);
+    MT_CUDA_KCHECK();
+    MT_LAUNCH(ssd_reduce_k, (unsigned)((d.H + 63) / 64), 64, 0)(dA, dDsk, part, d);
+    MT_CUDA_KCHECK();
+}
 
 /* ---------------- scan forward (recurrence) ---------------- */
 
@@ -73,8 +687,11 @@ extern "C" void mt_cuda_ssm_scan_forward(void *be, float *y, const float *x, con
                                          int B, int T, int H, int P, int N, int chunk)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
-    (void)chunk;
     if (B * H == 0 || T == 0) return;
+    if (chunk > 0) {
+        ssd_forward(y, x, Bm, Cm, dt, lam, A, Dsk, ssd_dims_make(B, T, H, P, N, chunk));
+        return;
+    }
     if (P > 1024) { MT_CUDA_UNSUPPORTED("ssm scan: headdim > 1024"); return; }
     size_t smem = ((size_t)P * N + 3 * (size_t)N) * sizeof(float);
     MT_LAUNCH(scan_fwd_k, B * H, P, smem)(y, x, Bm, Cm, dt, lam, A, Dsk, T, H, P, N);
@@ -244,8 +861,13 @@ extern "C" void mt_cuda_ssm_scan_backward(void *be, float *dx, float *dBm, float
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (B * H == 0 || T == 0) return;
+    if (chunk > 0) {
+        ssd_backward(dx, dBm, dCm, ddt, dlam, dA, dDsk, dy, x, Bm, Cm, dt, lam, A, Dsk,
+                     ssd_dims_make(B, T, H, P, N, chunk));
+        return;
+    }
     if (P > 1024) { MT_CUDA_UNSUPPORTED("ssm scan: headdim > 1024"); return; }
-    int Q = chunk > 0 ? chunk : 64;
+    int Q = 64;
     if (Q > T) Q = T;
     int nc = (T + Q - 1) / Q;
     size_t PN = (size_t)P * N, per = (size_t)(nc + Q) * PN;
@@ -261,54 +883,98 @@ extern "C" void mt_cuda_ssm_scan_backward(void *be, float *dx, float *dBm, float
     MT_CUDA_KCHECK();
 }
 
-/* ---------------- prep (split, softplus, sigmoid, B/C norm + bias + rotary) ---------------- */
+/* ---------------- prep (split, softplus, sigmoid, B/C norm + bias + rotary) ----------------
+ *
+ * HOW IT WORKS. The rotary angles are a cumulative sum over the sequence:
+ * ang_scan_k runs it as a block-level scan per (b, h, pair k), over the
+ * sequence in tiles of ANG_TILE positions (the running total carried from
+ * tile to tile), so a thread adds at most ANG_SEG values in order plus
+ * log2(blockDim) steps per tile. Everything else is per row: prep_rows_k
+ * (one thread per (row, head)), and in the backward prep_bwd_head_k (per
+ * (row, head): rotation's inverse, dang, the dt / lam / x columns),
+ * prep_bwd_group_k (one block per (row, group, B or C), threads over N: the
+ * heads' sum and the rmsnorm backward), ang_scan_k in reverse for
+ * dtheta, and the parameter gradients as column sums over rows in two
+ * passes of fixed order (colsum_*_k: blocks of COL_RB rows, then the blocks
+ * in order). No atomics: reruns are bit-identical. */
+
+#define ANG_SEG 4
+#define ANG_THREADS 256
+#define ANG_TILE (ANG_SEG * ANG_THREADS)
+#define COL_RB 128
 
 static __device__ __forceinline__ float softplus_d(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
 static __device__ __forceinline__ float sigmoid_d(float v) { return 1.0f / (1.0f + expf(-v)); }
 
-static __global__ void prep_fwd_k(float *x, float *Bh, float *Ch, float *dt, float *lam, float *A, float *rstd,
-                                  float *ang_state, const float *proj, const float *dt_bias, const float *A_log, const float *gB,
-                                  const float *gC, const float *B_bias, const float *C_bias, int B, int T, int H,
-                                  int P, int G, int N, float eps)
+/* One block per (b, h, k): dst[t] = sum_{r<=t} src[r] (reverse: sum_{r>=t}),
+ * src at src[(b*T + t)*sld + h*shs + k], dst likewise (may alias src). With
+ * ang_state (forward only) the sum starts from it and the total is written
+ * back. */
+static __global__ void ang_scan_k(float *dst, size_t dld, int dhs, const float *src, size_t sld, int shs,
+                                  float *ang_state, int T, int H, int half, int reverse)
 {
-    int task = blockIdx.x * blockDim.x + threadIdx.x;
-    if (task == 0)
-        for (int h = 0; h < H; h++) A[h] = -expf(A_log[h]);
-    if (task >= B * H) return;
-    int b = task / H, h = task % H, g = h / (H / G), half = N / 2, E = H * P, GN = G * N;
-    const size_t W = 2 * (size_t)E + 2 * (size_t)GN + H + (size_t)H * half + H;
-    const size_t oB = 2 * (size_t)E, oC = oB + GN, odt = oC + GN, oth = odt + H, olam = oth + (size_t)H * half;
-    const int first = h % (H / G) == 0;  /* the group's first head writes its rstd */
-    float ang[128];                      /* N <= 256 (checked by the caller) */
-    float *as = ang_state ? ang_state + ((size_t)b * H + h) * half : NULL;
-    for (int k = 0; k < half; k++) ang[k] = as ? as[k] : 0.0f;
-    for (int t = 0; t < T; t++) {
-        size_t n = (size_t)b * T + t, r = n * H + h;
-        const float *row = proj + n * W;
-        const float *br = row + oB + (size_t)g * N, *cr = row + oC + (size_t)g * N;
-        double sb = 0.0, sc = 0.0;
-        for (int k = 0; k < N; k++) { sb += (double)br[k] * br[k]; sc += (double)cr[k] * cr[k]; }
-        float rb = (float)(1.0 / sqrt(sb / N + eps)), rc = (float)(1.0 / sqrt(sc / N + eps));
-        if (first) { rstd[n * 2 * G + g] = rb; rstd[n * 2 * G + G + g] = rc; }
-        for (int p = 0; p < P; p++) x[r * P + p] = row[E + (size_t)h * P + p];
-        dt[r] = softplus_d(row[odt + h] + dt_bias[h]);
-        lam[r] = sigmoid_d(row[olam + h]);
-        const float *th = row + oth + (size_t)h * half;
-        for (int k = 0; k < half; k++) {
-            ang[k] += th[k];
-            float c = cosf(ang[k]), s = sinf(ang[k]);
-            float u1 = br[k] * rb * gB[k] + B_bias[(size_t)h * N + k];
-            float u2 = br[k + half] * rb * gB[k + half] + B_bias[(size_t)h * N + k + half];
-            Bh[r * N + k] = u1 * c - u2 * s;
-            Bh[r * N + k + half] = u1 * s + u2 * c;
-            u1 = cr[k] * rc * gC[k] + C_bias[(size_t)h * N + k];
-            u2 = cr[k + half] * rc * gC[k + half] + C_bias[(size_t)h * N + k + half];
-            Ch[r * N + k] = u1 * c - u2 * s;
-            Ch[r * N + k + half] = u1 * s + u2 * c;
+    MT_DYN_SMEM(float, a);    /* ANG_TILE, then tot (blockDim) */
+    float *tot = a + ANG_TILE;
+    int k = (int)blockIdx.x % half, bh = (int)blockIdx.x / half, h = bh % H, b = bh / H, nt = (int)blockDim.x;
+    float carry = ang_state ? ang_state[(size_t)bh * half + k] : 0.0f;
+    for (int s0 = 0; s0 < T; s0 += ANG_TILE) {
+        int n = T - s0 < ANG_TILE ? T - s0 : ANG_TILE;
+        for (int i = (int)threadIdx.x; i < n; i += nt) {
+            int t = reverse ? T - 1 - (s0 + i) : s0 + i;
+            a[i] = src[((size_t)b * T + t) * sld + (size_t)h * shs + k] + (i == 0 ? carry : 0.0f);
         }
+        __syncthreads();
+        block_scan(a, tot, n, 0);
+        for (int i = (int)threadIdx.x; i < n; i += nt) {
+            int t = reverse ? T - 1 - (s0 + i) : s0 + i;
+            dst[((size_t)b * T + t) * dld + (size_t)h * dhs + k] = a[i];
+        }
+        carry = a[n - 1];
+        __syncthreads();
     }
-    if (as)
-        for (int k = 0; k < half; k++) as[k] = ang[k];
+    if (ang_state && threadIdx.x == 0) ang_state[(size_t)bh * half + k] = carry;
+}
+
+/* One thread per (row, head); the angles wait in Bh's first N/2 slots (ang_scan_k) */
+static __global__ void prep_rows_k(float *x, float *Bh, float *Ch, float *dt, float *lam, float *A, float *rstd,
+                                   const float *proj, const float *dt_bias, const float *A_log, const float *gB,
+                                   const float *gC, const float *B_bias, const float *C_bias, int nrow, int H,
+                                   int P, int G, int N, float eps)
+{
+    size_t task = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (task < (size_t)H) A[task] = -expf(A_log[task]);
+    if (task >= (size_t)nrow * H) return;
+    size_t n = task / H, r = task;
+    int h = (int)(task % H), g = h / (H / G), half = N / 2, E = H * P, GN = G * N;
+    const size_t W = 2 * (size_t)E + 2 * (size_t)GN + H + (size_t)H * half + H;
+    const size_t oB = 2 * (size_t)E, oC = oB + GN, odt = oC + GN, olam = odt + H + (size_t)H * half;
+    const float *row = proj + n * W, *br = row + oB + (size_t)g * N, *cr = row + oC + (size_t)g * N;
+    double sb = 0.0, sc = 0.0;
+    for (int k = 0; k < N; k++) { sb += (double)br[k] * br[k]; sc += (double)cr[k] * cr[k]; }
+    float rb = (float)(1.0 / sqrt(sb / N + eps)), rc = (float)(1.0 / sqrt(sc / N + eps));
+    if (h % (H / G) == 0) { rstd[n * 2 * G + g] = rb; rstd[n * 2 * G + G + g] = rc; }  /* the group's first head */
+    for (int p = 0; p < P; p++) x[r * P + p] = row[E + (size_t)h * P + p];
+    dt[r] = softplus_d(row[odt + h] + dt_bias[h]);
+    lam[r] = sigmoid_d(row[olam + h]);
+    for (int k = 0; k < half; k++) {
+        float ang = Bh[r * N + k], c = cosf(ang), s = sinf(ang);
+        float u1 = br[k] * rb * gB[k] + B_bias[(size_t)h * N + k];
+        float u2 = br[k + half] * rb * gB[k + half] + B_bias[(size_t)h * N + k + half];
+        Bh[r * N + k] = u1 * c - u2 * s;
+        Bh[r * N + k + half] = u1 * s + u2 * c;
+        u1 = cr[k] * rc * gC[k] + C_bias[(size_t)h * N + k];
+        u2 = cr[k + half] * rc * gC[k + half] + C_bias[(size_t)h * N + k + half];
+        Ch[r * N + k] = u1 * c - u2 * s;
+        Ch[r * N + k + half] = u1 * s + u2 * c;
+    }
+}
+
+static void ang_scan(float *dst, size_t dld, int dhs, const float *src, size_t sld, int shs, float *ang_state,
+                     int B, int T, int H, int half, int reverse)
+{
+    MT_LAUNCH(ang_scan_k, (unsigned)((size_t)B * H * half), ANG_THREADS, (ANG_TILE + ANG_THREADS) * sizeof(float))(
+        dst, dld, dhs, src, sld, shs, ang_state, T, H, half, reverse);
+    MT_CUDA_KCHECK();
 }
 
 extern "C" void mt_cuda_ssm_prep_forward(void *be, float *x, float *Bh, float *Ch, float *dt, float *lam, float *A,
@@ -317,104 +983,113 @@ extern "C" void mt_cuda_ssm_prep_forward(void *be, float *x, float *Bh, float *C
                                          const float *C_bias, int B, int T, int H, int P, int G, int N, float eps)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
-    if (N > 256) { MT_CUDA_UNSUPPORTED("ssm prep: d_state > 256"); return; }
-    int n = B * H > 0 ? B * H : 1;
-    MT_LAUNCH(prep_fwd_k, (n + GLUE_THREADS - 1) / GLUE_THREADS, GLUE_THREADS, 0)(
-        x, Bh, Ch, dt, lam, A, rstd, ang_state, proj, dt_bias, A_log, gB, gC, B_bias, C_bias, B, T, H, P, G, N, eps);
+    int half = N / 2, E = H * P, GN = G * N;
+    const size_t W = 2 * (size_t)E + 2 * (size_t)GN + H + (size_t)H * half + H, oth = 2 * (size_t)E + 2 * (size_t)GN + H;
+    if (B * T > 0 && half > 0)
+        ang_scan(Bh, (size_t)H * N, N, proj + oth, W, half, ang_state, B, T, H, half, 0);
+    size_t n = (size_t)B * T * H > (size_t)H ? (size_t)B * T * H : (size_t)H;
+    MT_LAUNCH(prep_rows_k, (unsigned)((n + GLUE_THREADS - 1) / GLUE_THREADS), GLUE_THREADS, 0)(
+        x, Bh, Ch, dt, lam, A, rstd, proj, dt_bias, A_log, gB, gC, B_bias, C_bias, B * T, H, P, G, N, eps);
     MT_CUDA_KCHECK();
 }
 
-/* One thread per (b, g); partials per task: dt_bias (H), gB (N), gC (N),
- * B_bias (H*N), C_bias (H*N); scratch per task: the heads' running angles
- * (H/G * N/2) and dBn, dCn (2N). Same order of operations as the cpu kernel. */
-static __global__ void prep_bwd_k(float *dproj, float *part, float *scr, const float *dx, const float *dBh,
-                                  const float *dCh, const float *ddt, const float *dlam, const float *Bh,
-                                  const float *Ch, const float *lam, const float *rstd, const float *proj,
-                                  const float *dt_bias, const float *gB, const float *gC, int B, int T, int H,
-                                  int P, int G, int N)
+/* One thread per (row, head): the x, dt and lam columns of dproj; the
+ * rotation's inverse u = R^T dO into du (B's, then C's: (rows, H, N) each);
+ * dang into the theta column, which holds the angles on entry. */
+static __global__ void prep_bwd_head_k(float *dproj, float *du, const float *dx, const float *dBh, const float *dCh,
+                                       const float *ddt, const float *dlam, const float *Bh, const float *Ch,
+                                       const float *lam, const float *proj, const float *dt_bias, int nrow, int H,
+                                       int P, int G, int N)
 {
-    int task = blockIdx.x * blockDim.x + threadIdx.x;
-    if (task >= B * G) return;
-    int b = task / G, g = task % G, half = N / 2, hpg = H / G, E = H * P, GN = G * N;
+    size_t r = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (r >= (size_t)nrow * H) return;
+    size_t n = r / H, nbh = (size_t)nrow * H * N;
+    int h = (int)(r % H), half = N / 2, E = H * P, GN = G * N;
     const size_t W = 2 * (size_t)E + 2 * (size_t)GN + H + (size_t)H * half + H;
-    const size_t oB = 2 * (size_t)E, oC = oB + GN, odt = oC + GN, oth = odt + H, olam = oth + (size_t)H * half;
-    const size_t np = (size_t)H + 2 * (size_t)N + 2 * (size_t)H * N;
-    float *pb = part + (size_t)task * np;
-    float *p_dtb = pb, *p_gB = pb + H, *p_gC = p_gB + N, *p_Bb = p_gC + N, *p_Cb = p_Bb + (size_t)H * N;
-    float *ang = scr + (size_t)task * ((size_t)hpg * half + 2 * (size_t)N), *dn = ang + (size_t)hpg * half;
-    for (size_t i = 0; i < np; i++) pb[i] = 0.0f;
-    for (int i = 0; i < hpg * half; i++) ang[i] = 0.0f;
-    for (int t = 0; t < T; t++) {
-        size_t n = (size_t)b * T + t;
-        const float *row = proj + n * W;
-        float *drow = dproj + n * W;
-        for (int k = 0; k < 2 * N; k++) dn[k] = 0.0f;
-        for (int j = 0; j < hpg; j++) {
-            int h = g * hpg + j;
-            size_t r = n * H + h;
-            for (int p = 0; p < P; p++) drow[E + (size_t)h * P + p] = dx[r * P + p];
-            float gdt = ddt[r] * sigmoid_d(row[odt + h] + dt_bias[h]);
-            drow[odt + h] = gdt;
-            p_dtb[h] += gdt;
-            drow[olam + h] = dlam[r] * lam[r] * (1.0f - lam[r]);
-            float *a = ang + (size_t)j * half, *dth = drow + oth + (size_t)h * half;
-            const float *th = row + oth + (size_t)h * half;
-            for (int k = 0; k < half; k++) {
-                a[k] += th[k];
-                float c = cosf(a[k]), s = sinf(a[k]), dang = 0.0f;
-                for (int pass = 0; pass < 2; pass++) {
-                    const float *o = (pass ? Ch : Bh) + r * N, *dO = (pass ? dCh : dBh) + r * N;
-                    float *pbias = (pass ? p_Cb : p_Bb) + (size_t)h * N, *acc = dn + (size_t)pass * N;
-                    float d1 = dO[k], d2 = dO[k + half];
-                    dang += -d1 * o[k + half] + d2 * o[k];
-                    float u1 = d1 * c + d2 * s, u2 = -d1 * s + d2 * c;
-                    pbias[k] += u1; pbias[k + half] += u2;
-                    acc[k] += u1; acc[k + half] += u2;
-                }
-                dth[k] = dang;
-            }
-        }
+    const size_t odt = 2 * (size_t)E + 2 * (size_t)GN, oth = odt + H, olam = oth + (size_t)H * half;
+    const float *row = proj + n * W;
+    float *drow = dproj + n * W, *dth = drow + oth + (size_t)h * half;
+    for (int p = 0; p < P; p++) drow[E + (size_t)h * P + p] = dx[r * P + p];
+    drow[odt + h] = ddt[r] * sigmoid_d(row[odt + h] + dt_bias[h]);
+    drow[olam + h] = dlam[r] * lam[r] * (1.0f - lam[r]);
+    for (int k = 0; k < half; k++) {
+        float a = dth[k], c = cosf(a), s = sinf(a), dang = 0.0f;
         for (int pass = 0; pass < 2; pass++) {
-            const float *raw = row + (pass ? oC : oB) + (size_t)g * N, *gw = pass ? gC : gB;
-            float rs = rstd[n * 2 * G + (size_t)pass * G + g], *pg = pass ? p_gC : p_gB;
-            const float *d = dn + (size_t)pass * N;
-            float *dr = drow + (pass ? oC : oB) + (size_t)g * N;
-            double m = 0.0;
-            for (int k = 0; k < N; k++) {
-                float xh = raw[k] * rs;
-                pg[k] += d[k] * xh;
-                m += (double)d[k] * gw[k] * xh;
-            }
-            float mean = (float)(m / N);
-            for (int k = 0; k < N; k++) dr[k] = rs * (d[k] * gw[k] - raw[k] * rs * mean);
+            const float *o = (pass ? Ch : Bh) + r * N, *dO = (pass ? dCh : dBh) + r * N;
+            float *u = du + (size_t)pass * nbh + r * N;
+            float d1 = dO[k], d2 = dO[k + half];
+            dang += -d1 * o[k + half] + d2 * o[k];
+            u[k] = d1 * c + d2 * s;
+            u[k + half] = -d1 * s + d2 * c;
         }
-    }
-    for (int j = 0; j < hpg; j++) {
-        int h = g * hpg + j;
-        float *run = ang + (size_t)j * half;
-        for (int k = 0; k < half; k++) run[k] = 0.0f;
-        for (int t = T - 1; t >= 0; t--) {
-            float *dth = dproj + ((size_t)b * T + t) * W + oth + (size_t)h * half;
-            for (int k = 0; k < half; k++) { run[k] += dth[k]; dth[k] = run[k]; }
-        }
+        dth[k] = dang;
     }
 }
 
-static __global__ void prep_bwd_reduce_k(float *ddt_bias, float *dgB, float *dgC, float *dB_bias, float *dC_bias,
-                                         float *dA_log, const float *dA, const float *A, const float *part,
-                                         int ntask, int H, int N)
+/* One block per (row, group, pass = B or C), threads over N: dBn = the
+ * group's heads' du summed in head order; the rmsnorm backward into dproj's
+ * B / C columns; dBn * xhat into gs (pass, rows, G, N) for the gain. */
+static __global__ void prep_bwd_group_k(float *dproj, float *gs, const float *du, const float *rstd,
+                                        const float *proj, const float *gB, const float *gC, int nrow, int H,
+                                        int P, int G, int N)
 {
-    size_t np = (size_t)H + 2 * (size_t)N + 2 * (size_t)H * N;
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i < (size_t)H) dA_log[i] += dA[i] * A[i];
-    if (i >= np) return;
+    MT_DYN_SMEM(double, dred);  /* blockDim doubles, then dn (N floats) */
+    float *dn = (float *)(dred + blockDim.x);
+    int pass = (int)blockIdx.x % 2, g = (int)(blockIdx.x / 2) % G, hpg = H / G, half = N / 2, E = H * P, GN = G * N;
+    size_t n = blockIdx.x / 2 / G, nbh = (size_t)nrow * H * N;
+    const size_t W = 2 * (size_t)E + 2 * (size_t)GN + H + (size_t)H * half + H, oc = 2 * (size_t)E + (pass ? GN : 0);
+    const float *raw = proj + n * W + oc + (size_t)g * N, *gw = pass ? gC : gB;
+    float rs = rstd[n * 2 * G + (size_t)pass * G + g];
+    double m = 0.0;
+    for (int k = (int)threadIdx.x; k < N; k += (int)blockDim.x) {
+        float v = 0.0f;
+        for (int j = 0; j < hpg; j++) v += du[(size_t)pass * nbh + (n * H + (size_t)g * hpg + j) * N + k];
+        dn[k] = v;
+        float xh = raw[k] * rs;
+        gs[(size_t)pass * nrow * GN + (n * G + g) * N + k] = v * xh;
+        m += (double)v * gw[k] * xh;
+    }
+    m = block_sum(m, dred);
+    float mean = (float)(m / N), *dr = dproj + n * W + oc + (size_t)g * N;
+    for (int k = (int)threadIdx.x; k < N; k += (int)blockDim.x) dr[k] = rs * (dn[k] * gw[k] - raw[k] * rs * mean);
+}
+
+/* column sums over rows, pass 1: part[rb][col] = sum of rows [rb*COL_RB, ...) in order */
+static __global__ void colsum_part_k(float *part, const float *X, size_t ld, int R, int ncol)
+{
+    int col = (int)(blockIdx.x * blockDim.x + threadIdx.x), rb = (int)blockIdx.y;
+    if (col >= ncol) return;
+    int r1 = (rb + 1) * COL_RB < R ? (rb + 1) * COL_RB : R;
     float acc = 0.0f;
-    for (int t = 0; t < ntask; t++) acc += part[(size_t)t * np + i];
-    if (i < (size_t)H) ddt_bias[i] += acc;
-    else if (i < (size_t)H + N) dgB[i - H] += acc;
-    else if (i < (size_t)H + 2 * N) dgC[i - H - N] += acc;
-    else if (i < (size_t)H + 2 * N + (size_t)H * N) dB_bias[i - H - 2 * N] += acc;
-    else dC_bias[i - H - 2 * N - (size_t)H * N] += acc;
+    for (int r = rb * COL_RB; r < r1; r++) acc += X[(size_t)r * ld + col];
+    part[(size_t)rb * ncol + col] = acc;
+}
+
+/* pass 2: out[col] += the row blocks' sums in order */
+static __global__ void colsum_final_k(float *out, const float *part, int nrb, int ncol)
+{
+    int col = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (col >= ncol) return;
+    float acc = 0.0f;
+    for (int rb = 0; rb < nrb; rb++) acc += part[(size_t)rb * ncol + col];
+    out[col] += acc;
+}
+
+/* out (ncol) += sum over R rows of X (row stride ld); part: ceil(R/COL_RB)*ncol floats */
+static void colsum(float *out, float *part, const float *X, size_t ld, int R, int ncol)
+{
+    int nrb = (R + COL_RB - 1) / COL_RB;
+    if (nrb == 0 || ncol == 0) return;
+    MT_LAUNCH(colsum_part_k, dim3((unsigned)((ncol + 127) / 128), (unsigned)nrb), 128, 0)(part, X, ld, R, ncol);
+    MT_CUDA_KCHECK();
+    MT_LAUNCH(colsum_final_k, (unsigned)((ncol + 127) / 128), 128, 0)(out, part, nrb, ncol);
+    MT_CUDA_KCHECK();
+}
+
+static __global__ void prep_bwd_alog_k(float *dA_log, const float *dA, const float *A, int H)
+{
+    int h = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (h < H) dA_log[h] += dA[h] * A[h];
 }
 
 extern "C" void mt_cuda_ssm_prep_backward(void *be, float *dproj, float *ddt_bias, float *dA_log, float *dgB, float *dgC,
@@ -427,58 +1102,75 @@ extern "C" void mt_cuda_ssm_prep_backward(void *be, float *dproj, float *ddt_bia
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     (void)eps;
-    if (N > 256) { MT_CUDA_UNSUPPORTED("ssm prep: d_state > 256"); return; }
-    size_t np = (size_t)H + 2 * (size_t)N + 2 * (size_t)H * N;
-    size_t nscr = (size_t)(H / G) * (N / 2) + 2 * (size_t)N;
-    int ntask = B * G;
-    size_t nt = (size_t)(ntask > 0 ? ntask : 1);
-    float *part = (float *)mt_cuda_workspace(nt * (np + nscr) * sizeof(float));
-    if (!part) return;
-    float *scr = part + nt * np;
-    if (ntask > 0) {
-        MT_LAUNCH(prep_bwd_k, (ntask + GLUE_THREADS - 1) / GLUE_THREADS, GLUE_THREADS, 0)(
-            dproj, part, scr, dx, dBh, dCh, ddt, dlam, Bh, Ch, lam, rstd, proj, dt_bias, gB, gC, B, T, H, P, G, N);
-        MT_CUDA_KCHECK();
-    }
-    MT_LAUNCH(prep_bwd_reduce_k, (unsigned)((np + 127) / 128), 128, 0)(ddt_bias, dgB, dgC, dB_bias, dC_bias, dA_log,
-                                                                    dA, A, part, ntask, H, N);
+    int nrow = B * T, half = N / 2, E = H * P, GN = G * N;
+    const size_t W = 2 * (size_t)E + 2 * (size_t)GN + H + (size_t)H * half + H;
+    const size_t odt = 2 * (size_t)E + 2 * (size_t)GN, oth = odt + H;
+    MT_LAUNCH(prep_bwd_alog_k, (unsigned)((H + 63) / 64), 64, 0)(dA_log, dA, A, H);
     MT_CUDA_KCHECK();
+    if (nrow == 0) return;
+    size_t nbh = (size_t)nrow * H * N, ngs = (size_t)nrow * GN, nrb = ((size_t)nrow + COL_RB - 1) / COL_RB;
+    size_t npart = nrb * ((size_t)H * N > (size_t)GN ? (size_t)H * N : (size_t)GN);
+    float *du = (float *)mt_cuda_workspace((2 * nbh + 2 * ngs + npart) * sizeof(float));
+    if (!du) return;
+    float *gs = du + 2 * nbh, *part = gs + 2 * ngs;
+    /* the angles (the forward's scan, bit-identical) into dproj's theta columns */
+    if (half > 0) ang_scan(dproj + oth, W, half, proj + oth, W, half, NULL, B, T, H, half, 0);
+    size_t nr = (size_t)nrow * H;
+    MT_LAUNCH(prep_bwd_head_k, (unsigned)((nr + GLUE_THREADS - 1) / GLUE_THREADS), GLUE_THREADS, 0)(
+        dproj, du, dx, dBh, dCh, ddt, dlam, Bh, Ch, lam, proj, dt_bias, nrow, H, P, G, N);
+    MT_CUDA_KCHECK();
+    unsigned tn = pow2_threads(N, 256);
+    MT_LAUNCH(prep_bwd_group_k, (unsigned)((size_t)nrow * G * 2), tn, tn * sizeof(double) + (size_t)N * sizeof(float))(
+        dproj, gs, du, rstd, proj, gB, gC, nrow, H, P, G, N);
+    MT_CUDA_KCHECK();
+    /* dtheta = reverse cumsum of dang over the sequence */
+    if (half > 0) ang_scan(dproj + oth, W, half, dproj + oth, W, half, NULL, B, T, H, half, 1);
+    colsum(ddt_bias, part, dproj + odt, W, nrow, H);
+    colsum(dB_bias, part, du, (size_t)H * N, nrow, H * N);
+    colsum(dC_bias, part, du + nbh, (size_t)H * N, nrow, H * N);
+    colsum(dgB, part, gs, (size_t)N, nrow * G, N);
+    colsum(dgC, part, gs + ngs, (size_t)N, nrow * G, N);
 }
 
-/* ---------------- gated grouped RMSNorm ---------------- */
+/* ---------------- gated grouped RMSNorm ----------------
+ * One block per (row, group), threads over the group's E/G channels, the
+ * sums of squares and the backward's mean term as fixed-order block
+ * reductions in double; dw as two-pass column sums over blocks of COL_RB
+ * rows (gate_dw_part_k, then colsum_final_k). */
 
 static __global__ void gate_fwd_k(float *out, float *rstd, const float *y, const float *z, int ldz, const float *w,
-                                  int n, int E, int G, float eps)
+                                  int E, int G, float eps)
 {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n * G) return;
-    int row = i / G, g = i % G, cg = E / G;
+    MT_DYN_SMEM(double, dred);  /* blockDim */
+    int i = (int)blockIdx.x, row = i / G, g = i % G, cg = E / G, nt = (int)blockDim.x;
     const float *yr = y + (size_t)row * E, *zr = z + (size_t)row * ldz;
     float *o = out + (size_t)row * E;
     double ss = 0.0;
-    for (int c = g * cg; c < (g + 1) * cg; c++) {
+    for (int c = g * cg + (int)threadIdx.x; c < (g + 1) * cg; c += nt) {
         float v = yr[c] * zr[c] * sigmoid_d(zr[c]);
         o[c] = v;
         ss += (double)v * v;
     }
+    ss = block_sum(ss, dred);
     float rs = (float)(1.0 / sqrt(ss / cg + eps));
-    rstd[i] = rs;
-    for (int c = g * cg; c < (g + 1) * cg; c++) o[c] *= rs * w[c];
+    if (threadIdx.x == 0) rstd[i] = rs;
+    for (int c = g * cg + (int)threadIdx.x; c < (g + 1) * cg; c += nt) o[c] *= rs * w[c];
 }
 
 static __global__ void gate_bwd_k(float *dy, float *dz, const float *dout, const float *y, const float *z, int ldz,
-                                  const float *w, const float *rstd, int n, int E, int G)
+                                  const float *w, const float *rstd, int E, int G)
 {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n * G) return;
-    int row = i / G, g = i % G, cg = E / G;
+    MT_DYN_SMEM(double, dred);  /* blockDim */
+    int i = (int)blockIdx.x, row = i / G, g = i % G, cg = E / G, nt = (int)blockDim.x;
     const float *yr = y + (size_t)row * E, *zr = z + (size_t)row * ldz, *d = dout + (size_t)row * E;
     float *dyr = dy + (size_t)row * E, *dzr = dz + (size_t)row * ldz;
     float rs = rstd[i];
     double m = 0.0;
-    for (int c = g * cg; c < (g + 1) * cg; c++) m += (double)d[c] * w[c] * (yr[c] * zr[c] * sigmoid_d(zr[c]) * rs);
+    for (int c = g * cg + (int)threadIdx.x; c < (g + 1) * cg; c += nt)
+        m += (double)d[c] * w[c] * (yr[c] * zr[c] * sigmoid_d(zr[c]) * rs);
+    m = block_sum(m, dred);
     float mean = (float)(m / cg);
-    for (int c = g * cg; c < (g + 1) * cg; c++) {
+    for (int c = g * cg + (int)threadIdx.x; c < (g + 1) * cg; c += nt) {
         float s = sigmoid_d(zr[c]), si = zr[c] * s, vh = yr[c] * si * rs;
         float dv = rs * (d[c] * w[c] - vh * mean);
         dyr[c] = dv * si;
@@ -486,19 +1178,19 @@ static __global__ void gate_bwd_k(float *dy, float *dz, const float *dout, const
     }
 }
 
-/* dw[c] += sum over rows (in order) of dout * vhat */
-static __global__ void gate_bwd_dw_k(float *dw, const float *dout, const float *y, const float *z, int ldz,
-                                     const float *rstd, int n, int E, int G)
+/* dw pass 1: part[rb][c] = sum over rows of block rb (in order) of dout * vhat */
+static __global__ void gate_dw_part_k(float *part, const float *dout, const float *y, const float *z, int ldz,
+                                      const float *rstd, int n, int E, int G)
 {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    int c = (int)(blockIdx.x * blockDim.x + threadIdx.x), rb = (int)blockIdx.y;
     if (c >= E) return;
-    int g = c / (E / G);
+    int g = c / (E / G), r1 = (rb + 1) * COL_RB < n ? (rb + 1) * COL_RB : n;
     float acc = 0.0f;
-    for (int row = 0; row < n; row++) {
+    for (int row = rb * COL_RB; row < r1; row++) {
         float zv = z[(size_t)row * ldz + c];
         acc += dout[(size_t)row * E + c] * y[(size_t)row * E + c] * zv * sigmoid_d(zv) * rstd[(size_t)row * G + g];
     }
-    dw[c] += acc;
+    part[(size_t)rb * E + c] = acc;
 }
 
 extern "C" void mt_cuda_ssm_gate_norm_forward(void *be, float *out, float *rstd, const float *y, const float *z, int ldz,
@@ -506,8 +1198,8 @@ extern "C" void mt_cuda_ssm_gate_norm_forward(void *be, float *out, float *rstd,
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (n * G == 0) return;
-    MT_LAUNCH(gate_fwd_k, (n * G + GLUE_THREADS - 1) / GLUE_THREADS, GLUE_THREADS, 0)(out, rstd, y, z, ldz, w, n,
-                                                                                     E, G, eps);
+    unsigned t = pow2_threads(E / G, 256);
+    MT_LAUNCH(gate_fwd_k, (unsigned)((size_t)n * G), t, t * sizeof(double))(out, rstd, y, z, ldz, w, E, G, eps);
     MT_CUDA_KCHECK();
 }
 
@@ -517,11 +1209,16 @@ extern "C" void mt_cuda_ssm_gate_norm_backward(void *be, float *dy, float *dz, f
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (n * G == 0) return;
-    MT_LAUNCH(gate_bwd_k, (n * G + GLUE_THREADS - 1) / GLUE_THREADS, GLUE_THREADS, 0)(dy, dz, dout, y, z, ldz, w,
-                                                                                     rstd, n, E, G);
+    unsigned t = pow2_threads(E / G, 256);
+    MT_LAUNCH(gate_bwd_k, (unsigned)((size_t)n * G), t, t * sizeof(double))(dy, dz, dout, y, z, ldz, w, rstd, E, G);
     MT_CUDA_KCHECK();
-    MT_LAUNCH(gate_bwd_dw_k, (E + GLUE_THREADS - 1) / GLUE_THREADS, GLUE_THREADS, 0)(dw, dout, y, z, ldz, rstd, n,
-                                                                                    E, G);
+    int nrb = (n + COL_RB - 1) / COL_RB;
+    float *part = (float *)mt_cuda_workspace((size_t)nrb * E * sizeof(float));
+    if (!part) return;
+    MT_LAUNCH(gate_dw_part_k, dim3((unsigned)((E + 127) / 128), (unsigned)nrb), 128, 0)(part, dout, y, z, ldz, rstd,
+                                                                                       n, E, G);
+    MT_CUDA_KCHECK();
+    MT_LAUNCH(colsum_final_k, (unsigned)((E + 127) / 128), 128, 0)(dw, part, nrb, E);
     MT_CUDA_KCHECK();
 }
 
