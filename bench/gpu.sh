@@ -197,7 +197,7 @@ stage() {
         124|137) verdict="TIMEOUT (box ${box}s)" ;;
         *) verdict="FAIL (exit $rc)" ;;
     esac
-    echo "$verdict $name (${dt}s): $(grep -E '^(RESULT|SKIPPED)' "$RES/logs/$name.log" | tr '\n' ';' | cut -c1-900)" | tee -a "$SUMMARY"
+    echo "$verdict $name (${dt}s): $(grep -E '^(RESULT|SKIPPED)' "$RES/logs/$name.log" | tr '\n' ';' | cut -c1-1500)" | tee -a "$SUMMARY"
 }
 
 stage_env() {
@@ -382,10 +382,33 @@ else:
         print("RESULT %s: batch %s %s (%s; last line at %ds: %s)" % (
             name, B, "no step within the box" if rc in (124, 137) else "failed", why, t_last,
             out["last_line"][:80] if log else "no output"))
+pp = os.path.join(res, "speed", name + ".plan.json")   # the planner's prediction of the same run
+if os.path.exists(pp):
+    try:
+        c = json.load(open(pp))["cost"]
+        out["plan"] = {k: c[k] for k in ("profile", "peak_basis", "efficiency", "step_s", "tokens_per_s", "mfu")}
+        print("RESULT %s plan (profile %s, %s): %.3f s/step, %.0f tok/s; measured/plan %s" % (
+            name, c["profile"], c["peak_basis"], c["step_s"], c["tokens_per_s"],
+            "%.1fx the time" % (out["s_per_step"] / c["step_s"]) if out.get("s_per_step") and c["step_s"] else "-"))
+    except (ValueError, KeyError):
+        pass
 json.dump(out, open(os.path.join(res, "speed", name + ".json"), "w"), indent=1)
 PY
 }
 export -f speed_line
+
+# the card's measured planner profile: this call's calib stage, else
+# bench/profiles/<card>-measured.json (h200-measured: the run of 2026-11-26)
+plan_profile() {
+    local card p
+    card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 |
+           awk '{ n = tolower($0); sub(/,.*/, "", n); sub(/^nvidia +/, "", n); split(n, w, " "); print w[1] }')
+    for p in "$RES/$card-measured.json" "$ROOT/bench/profiles/$card-measured.json"; do
+        [ -n "$card" ] && [ -f "$p" ] && { echo "$p"; return 0; }
+    done
+    return 1
+}
+export -f plan_profile
 
 # speed_one NAME CONFIG "BATCH..." [FLAGS...]: precision=bf16, --no-save (no multi-GB final
 # checkpoint inside the box), SPEED_STEPS steps (2 excluded from the receipt's tokens/s) in
@@ -404,6 +427,10 @@ speed_one() {
             --data "$WORK/data50k.bin" --out "$WORK/sp_$name" --steps "${SPEED_STEPS:-10}" 2>&1 | stamp > "$RES/logs/speed_$name.log"
         rc=${PIPESTATUS[0]}
         [ $rc = 0 ] && cp "$WORK/sp_$name/receipt.json" "$RES/receipts/speed_$name.json"
+        local prof
+        rm -f "$RES/speed/$name.plan.json"
+        prof=$(plan_profile) && "$MT" plan --config "$cfg" "$@" $setb --set precision=bf16 --profile "$prof" --json \
+            > "$RES/speed/$name.plan.json" 2> "$RES/logs/plan_$name.err" || rm -f "$RES/speed/$name.plan.json"
         speed_line "$name" "$rc" "$b" "$cfg" || echo "RESULT $name: batch $b exit $rc (speed_line failed)"
         [ $rc = 0 ] && return 0
         # out of its box: a measurement when steps came (slow, not failed), no smaller batch
@@ -598,15 +625,16 @@ with open(os.path.join(res, "summary.md"), "w") as f:
     f.write("## Stages\n\n")
     for s in S["stages"]: f.write("- %s\n" % s)
     f.write("\n## Speed (meshtrain precision=bf16, torch bf16 autocast)\n\n"
-            "| config | batch | meshtrain tok/s | MFU | s/step | from | torch eager | torch compiled | llm.c "
-            "| vs eager | vs compiled | vs llm.c |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+            "| config | batch | meshtrain tok/s | MFU | s/step | from | plan s/step | torch eager | torch compiled "
+            "| llm.c | vs eager | vs compiled | vs llm.c |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     for n, v in sp.items():
         fm = lambda k, f="%.2f": f % v[k] if v.get(k) is not None else "-"
         fr = {"receipt": "receipt", "progress": "progress (%s steps, box ran out)" % v.get("steps_done"),
               "none": "no step in the box"}.get(v.get("source"), "?")
         llmc = "%.0f" % S["llmc_tokens_per_s"] if n == "c_gpt2" and "llmc_tokens_per_s" in S else "-"
-        f.write("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n" % (
-            n, v.get("batch"), fm("tokens_per_s", "%.0f"), fm("mfu", "%.3f"), fm("s_per_step", "%.3f"), fr,
+        pl = "%.3f (%s)" % (v["plan"]["step_s"], v["plan"]["profile"]) if v.get("plan") else "-"
+        f.write("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n" % (
+            n, v.get("batch"), fm("tokens_per_s", "%.0f"), fm("mfu", "%.3f"), fm("s_per_step", "%.3f"), fr, pl,
             fm("torch_eager_tokens_per_s", "%.0f"), fm("torch_compiled_tokens_per_s", "%.0f"), llmc,
             fm("ratio_vs_torch_eager"), fm("ratio_vs_torch_compiled"), fm("ratio_vs_llmc")))
     ops = {n: v["op_profile_s_per_step"] for n, v in sp.items() if v.get("op_profile_s_per_step")}
