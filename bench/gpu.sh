@@ -25,7 +25,8 @@
 #           op (what the emulator cannot see: races, OOB into page slack)
 #   equiv   20-step trainings of the tiny dense, MoE (and hybrid `M` when the
 #           build knows it) configs: cpu vs cuda fp32 (<= 1e-4 relative),
-#           cuda bf16 (<= 1e-2, docs/cuda.md), and --zero 1/2/3 on one GPU
+#           cuda bf16 per call (<= 1e-2, docs/cuda.md), cuda precision=bf16 vs the
+#           cpu run of that mode (<= 1e-2), and --zero 1/2/3 on one GPU
 #   speed   meshtrain precision=bf16 (--set precision=bf16, the plain GEMMs left also
 #           bf16 per call), --no-save: gpu_d2048_dense.json (10 steps),
 #           gpu_c_gpt2.json (GPT-2 124M shape, seq 1024; batch 16, else 8, else 4),
@@ -39,19 +40,20 @@
 #   torch   the same models in PyTorch (bench/torch_gpu.py: SDPA, bf16
 #           autocast, fused AdamW), eager, then torch.compile (~33 s of
 #           compiling per model on the H200)
-#   hf      (after llmc: runs when the budget leaves room, else SKIPPED (out of budget):
-#           then `bash bench/gpu.sh hf calib` in a second call)
+#   hf      (in `rest`; in a run of every stage: when the budget leaves room, else
+#           SKIPPED (out of budget))
 #           the tiny dense and MoE configs trained on the GPU (--backend cuda,
 #           fp32, 20 steps), exported, loaded by the image's transformers
 #           (float32, no TF32, eager attention): its logits vs `meshtrain
 #           logits --backend cuda` and `--backend cpu` (bench/hf_logits_gpu.py:
 #           HF <= 1e-4, cuda vs cpu <= 1e-5 relative to the largest logit)
-#   calib   last (like hf, a second call when the first ran out of budget):
+#   calib   last (in `rest`, like hf):
 #           bench/cuda_calib.c (GEMM fp32/bf16, attention, one-rank all-reduce or
 #           device copy) and bench/profiles/gpu_profile.py -> $RES/h100-measured.json (h200-),
 #           the planner's profile calibrated on this GPU (docs/cuda.md)
-#   summary summary.md + summary.json: pass/fail per check, tokens/s, MFU,
-#           ratios to PyTorch and llm.c (always runs)
+#   summary summary.md + summary.json: pass/fail per check, tokens/s, MFU, the
+#           plan's prediction, ratios to PyTorch and llm.c, each meshtrain run's
+#           per-op profile (always runs)
 # Results: a folder <date>-gpu-<set> (set: quick, rest, all, or custom): on the
 # device (where $OUT is set) it is built under /tmp and travels as ONE archive,
 # $OUT/gpu-<set>.tgz, plus $OUT/summary.md (the device tool brings back at most
@@ -65,7 +67,8 @@
 # hf needs torch 2.x + transformers on the CPU (docs/cuda.md), else SKIPPED.
 # GPU_SH_BIN=dir (binaries, default gpu_carry/bin, else build-gpu),
 # GPU_SH_EQUIV_STEPS=n (default 20; 3 keeps an emulated check short) and
-# GPU_SH_BOX_<stage>=seconds (a stage's box; the budget still caps it).
+# GPU_SH_BOX_<stage>=seconds (a stage's box; the budget still caps it),
+# GPU_SH_SPEED_BOX=seconds (every speed run's box; tests/test_gpu_sh.sh).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT" || exit 1
