@@ -202,11 +202,14 @@ static __device__ __forceinline__ float mt_warp_max(float v)
     return v;
 }
 
-/* fp32 -> bf16, round to nearest even, by bit arithmetic: the one rounding of
- * every cuda kernel that writes bf16 (cast_bf16, the operand copies of
- * gemm, the bf16 twins of rmsnorm/swiglu/the fused block), the same
- * function as the cpu twin mt_cpu_f32_to_bf16, so cuda = cpu bit for bit by
- * construction on every input, whatever the hardware conversion does:
+/* fp32 -> bf16, round to nearest even, by bit arithmetic: the rounding of
+ * the kernels whose bf16 output is a stored tensor (cast_bf16, the operand
+ * copies of gemm, the bf16 twins of rmsnorm/swiglu/the fused block), the
+ * same function as the cpu twin mt_cpu_f32_to_bf16, so cuda = cpu bit for
+ * bit by construction on every input, whatever the hardware conversion
+ * does (the tensor-core attention's inner loops keep __float2bfloat16_rn,
+ * one instruction, which rounds the same way, NaN included; the emulator's
+ * mirrors it):
  *   NaN (any sign, any payload) -> 0x7fff, the canonical NaN that
  *     __float2bfloat16_rn (cvt.rn.bf16.f32) returns on the device: on the
  *     H200 (2026-11-26) the cpu twin's old "payload kept, quiet bit set"
