@@ -663,7 +663,7 @@ stage env 15 0
 stage ops 50 1
 stage san 80 1
 stage equiv 60 emu
-stage speed 210 1
+stage speed 240 1
 stage llmc 60 1
 stage torch 300 1
 stage hf 90 emu
