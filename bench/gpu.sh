@@ -8,8 +8,11 @@
 #                                 # Debian libraries the image lacks (OpenBLAS, cJSON,
 #                                 # xxhash, ...) and llm.c's snapshot into gpu_carry/
 #                                 # (ignored; ~50 MB, under the device tool's 64 MiB)
-#   bash bench/gpu.sh [STAGE...]  # ON THE DEVICE, one `run` call with carry ["gpu_carry"]
-#                                 # (default: every stage, in order; < 10 min in all)
+#   bash bench/gpu.sh quick       # ON THE DEVICE, one `run` call with carry ["gpu_carry"],
+#                                 # timeout_s 600: env ops equiv speed llmc torch (+ summary),
+#                                 # GPU_SH_BUDGET 540 s: fits one 10-minute call with the start
+#   bash bench/gpu.sh rest        # a second call: san hf calib (+ summary), budget 300 s
+#   bash bench/gpu.sh [STAGE...]  # any stages (default: every stage, in order, budget 570 s)
 #
 # Stages (each independent and time-boxed: a failing or hanging stage is
 # recorded and the next one runs; without a GPU the GPU stages print
@@ -22,30 +25,41 @@
 #           op (what the emulator cannot see: races, OOB into page slack)
 #   equiv   20-step trainings of the tiny dense, MoE (and hybrid `M` when the
 #           build knows it) configs: cpu vs cuda fp32 (<= 1e-4 relative),
-#           cuda bf16 (<= 1e-2, docs/cuda.md), and --zero 1/2/3 on one GPU
-#   speed   meshtrain bf16 (10 steps) on bench/configs/gpu_c_gpt2.json (GPT-2 124M shape,
-#           seq 1024; batch 16, else 8, else 4), gpu_d2048_dense.json and
-#           gpu_moe8.json: tokens/s and MFU (receipts kept)
-#   torch   the same models in PyTorch (bench/torch_gpu.py: SDPA, bf16
-#           autocast, fused AdamW), eager and torch.compile
+#           cuda bf16 per call (<= 1e-2, docs/cuda.md), cuda precision=bf16 vs the
+#           cpu run of that mode (<= 1e-2), and --zero 1/2/3 on one GPU
+#   speed   meshtrain precision=bf16 (--set precision=bf16, the plain GEMMs left also
+#           bf16 per call), --no-save: gpu_d2048_dense.json (10 steps),
+#           gpu_c_gpt2.json (GPT-2 124M shape, seq 1024; batch 16, else 8, else 4),
+#           gpu_moe8.json and the d2048 hybrid (pattern MAMA..., 3 steps each):
+#           tokens/s, MFU, the per-op profile when the receipt has one; a run
+#           that runs out of its box still gives a line (tokens/s from its
+#           progress lines, or "no step within the box" with the time of its
+#           last line: every log line is stamped with seconds since start)
 #   llmc    llm.c's train_gpt2cu (built in the background from the start of
 #           the run) on the GPT-2 shape, 20 steps
-#   hf      (after llmc: runs when the budget leaves room, else SKIPPED (out of budget):
-#           then `bash bench/gpu.sh hf calib` in a second call)
+#   torch   the same models in PyTorch (bench/torch_gpu.py: SDPA, bf16
+#           autocast, fused AdamW), eager, then torch.compile (~33 s of
+#           compiling per model on the H200)
+#   hf      (in `rest`; in a run of every stage: when the budget leaves room, else
+#           SKIPPED (out of budget))
 #           the tiny dense and MoE configs trained on the GPU (--backend cuda,
 #           fp32, 20 steps), exported, loaded by the image's transformers
 #           (float32, no TF32, eager attention): its logits vs `meshtrain
 #           logits --backend cuda` and `--backend cpu` (bench/hf_logits_gpu.py:
 #           HF <= 1e-4, cuda vs cpu <= 1e-5 relative to the largest logit)
-#   calib   last (like hf, a second call when the first ran out of budget):
+#   calib   last (in `rest`, like hf):
 #           bench/cuda_calib.c (GEMM fp32/bf16, attention, one-rank all-reduce or
 #           device copy) and bench/profiles/gpu_profile.py -> $RES/h100-measured.json (h200-),
 #           the planner's profile calibrated on this GPU (docs/cuda.md)
-#   summary summary.md + summary.json: pass/fail per check, tokens/s, MFU,
-#           ratios to PyTorch and llm.c (always runs)
-# Results: $GPU_SH_RESULTS, default $OUT/<date>-gpu on the device (the tool
-# brings $OUT back; copy it to bench/results/<date>-gpu/), else
-# bench/results/<date>-gpu. Budget: GPU_SH_BUDGET seconds (default 570) for
+#   summary summary.md + summary.json: pass/fail per check, tokens/s, MFU, the
+#           plan's prediction, ratios to PyTorch and llm.c, each meshtrain run's
+#           per-op profile (always runs)
+# Results: a folder <date>-gpu-<set> (set: quick, rest, all, or custom): on the
+# device (where $OUT is set) it is built under /tmp and travels as ONE archive,
+# $OUT/gpu-<set>.tgz, plus $OUT/summary.md (the device tool brings back at most
+# 8 files, two folders deep); unpack it into bench/results/<date>-<card>/.
+# Elsewhere: $GPU_SH_RESULTS, else bench/results/<date>-gpu-<set>.
+# Budget: GPU_SH_BUDGET seconds (default: quick 540, rest 300, else 570) for
 # everything; each stage gets min(its box, what is left).
 # CPU check of the script itself: GPU_SH_EMU=path/to/emulated/meshtrain runs
 # the equiv and hf stages' cuda runs under the CPU emulator (tests/test_cuda_build.sh
@@ -53,7 +67,8 @@
 # hf needs torch 2.x + transformers on the CPU (docs/cuda.md), else SKIPPED.
 # GPU_SH_BIN=dir (binaries, default gpu_carry/bin, else build-gpu),
 # GPU_SH_EQUIV_STEPS=n (default 20; 3 keeps an emulated check short) and
-# GPU_SH_BOX_<stage>=seconds (a stage's box; the budget still caps it).
+# GPU_SH_BOX_<stage>=seconds (a stage's box; the budget still caps it),
+# GPU_SH_SPEED_BOX=seconds (every speed run's box; tests/test_gpu_sh.sh).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT" || exit 1
@@ -67,10 +82,10 @@ if [ "${1:-}" = prepare ]; then
     BG=${GPU_SH_BUILD:-build-gpu}   # e.g. BUILD/cuda-build of tests/test_cuda_build.sh (same options)
     cmake -S . -B "$BG" -DMT_WITH_CUDA=ON -DMT_WITH_MPI=OFF -DMT_WERROR=ON -DCMAKE_CUDA_COMPILER="$NVCC" >/dev/null
     nice cmake --build "$BG" -j2 --target meshtrain cuda_ops_vs_cpu cuda_mesh_device test_ops cuda_calib
-    rm -rf "$CARRY/bin" "$CARRY/lib"
+    rm -rf "${CARRY:?}/bin" "${CARRY:?}/lib"
     mkdir -p "$CARRY/bin" "$CARRY/lib"
     cp "$BG/meshtrain" "$BG/cuda_ops_vs_cpu" "$BG/cuda_mesh_device" "$BG/test_ops" "$BG/cuda_calib" "$CARRY/bin/"
-    if [ "${GPU_SH_NCCL:-1}" = 1 ] && [ -f /usr/include/nccl.h -o -f /usr/local/cuda/include/nccl.h ]; then
+    if [ "${GPU_SH_NCCL:-1}" = 1 ] && { [ -f /usr/include/nccl.h ] || [ -f /usr/local/cuda/include/nccl.h ]; }; then
         cmake -S . -B build-gpu-nccl -DMT_WITH_CUDA=ON -DMT_WITH_NCCL=ON -DMT_WITH_MPI=OFF -DCMAKE_CUDA_COMPILER="$NVCC" >/dev/null
         nice cmake --build build-gpu-nccl -j2 --target cuda_mesh_device cuda_calib
         cp build-gpu-nccl/cuda_mesh_device "$CARRY/bin/cuda_mesh_device_nccl"
@@ -90,18 +105,28 @@ if [ "${1:-}" = prepare ]; then
     du -sh "$CARRY"
     mb=$(du -sm "$CARRY" | cut -f1)
     [ "$mb" -lt 64 ] || { echo "prepare: gpu_carry is ${mb} MiB, over the device tool's 64 MiB carry limit" >&2; exit 1; }
-    echo "prepare: done. Device call: run(command='bash bench/gpu.sh', carry=['gpu_carry'], timeout_s=600)"
+    echo "prepare: done. Device calls: run(command='bash bench/gpu.sh quick', carry=['gpu_carry'], timeout_s=600),"
+    echo "         then run(command='bash bench/gpu.sh rest', carry=['gpu_carry'], timeout_s=360) (docs/cuda.md)"
     exit 0
 fi
 
 # ---------------------------------------------------------------- run
 T_START=$(date +%s)
-BUDGET=${GPU_SH_BUDGET:-570}
+# stage sets: quick = one 10-minute device call with the machine's start (the
+# issue's speed table and correctness); rest = a second call
+SET=custom BUDGET0=570
+case "${1:-}" in
+    quick) SET=quick BUDGET0=540; set -- env ops equiv speed llmc torch ;;
+    rest)  SET=rest BUDGET0=300; set -- san hf calib ;;
+    "")    SET=all ;;
+esac
+BUDGET=${GPU_SH_BUDGET:-$BUDGET0}
 DATE=$(date -u +%F)
+RES_TMP=""   # where $OUT is set: the results are built here, then packed into $OUT
 if [ -n "${GPU_SH_RESULTS:-}" ]; then RES=$GPU_SH_RESULTS
-elif [ -n "${OUT:-}" ]; then RES=$OUT/$DATE-gpu
-else RES=$ROOT/bench/results/$DATE-gpu; fi
-mkdir -p "$RES/receipts" "$RES/logs"
+elif [ -n "${OUT:-}" ]; then RES_TMP=${TMPDIR:-/tmp}/meshtrain-gpu-res.$$; RES=$RES_TMP/$DATE-gpu-$SET
+else RES=$ROOT/bench/results/$DATE-gpu-$SET; fi
+mkdir -p "$RES/receipts" "$RES/logs" "$RES/speed"
 SUMMARY=$RES/stages.txt
 : > "$SUMMARY"
 WORK=${TMPDIR:-/tmp}/meshtrain-gpu.$$
@@ -117,9 +142,9 @@ HAVE_GPU=0
 nvidia-smi -L >/dev/null 2>&1 && HAVE_GPU=1
 EMU=${GPU_SH_EMU:-}
 EQ_STEPS=${GPU_SH_EQUIV_STEPS:-20}
-export ROOT RES WORK BIN MT HAVE_GPU EMU EQ_STEPS
+export ROOT RES WORK BIN MT HAVE_GPU EMU EQ_STEPS SET
 
-STAGES="env ops san equiv speed torch llmc hf calib"
+STAGES="env ops san equiv speed llmc torch hf calib"
 [ $# -gt 0 ] && STAGES="$*"
 
 # llm.c builds on the CPU while the GPU stages run (it takes a minute of nvcc)
@@ -160,10 +185,11 @@ stage() {
     local left=$(( BUDGET - ($(date +%s) - T_START) - 15 ))
     [ $left -lt $box ] && box=$left
     if [ $box -lt 10 ]; then
-        echo "SKIPPED ($name: out of budget, ${GPU_SH_BUDGET:-570}s)" | tee -a "$SUMMARY"
+        echo "SKIPPED ($name: out of budget, ${BUDGET}s)" | tee -a "$SUMMARY"
         return 0
     fi
-    local t0=$(date +%s) rc
+    local t0 rc
+    t0=$(date +%s)
     echo "== $name (box ${box}s)"
     timeout -k 10 "$box" bash -c "stage_$name" > "$RES/logs/$name.log" 2>&1
     rc=$?
@@ -174,7 +200,7 @@ stage() {
         124|137) verdict="TIMEOUT (box ${box}s)" ;;
         *) verdict="FAIL (exit $rc)" ;;
     esac
-    echo "$verdict $name (${dt}s): $(grep -E '^(RESULT|SKIPPED)' "$RES/logs/$name.log" | tr '\n' ';' | cut -c1-400)" | tee -a "$SUMMARY"
+    echo "$verdict $name (${dt}s): $(grep -E '^(RESULT|SKIPPED)' "$RES/logs/$name.log" | tr '\n' ';' | cut -c1-1500)" | tee -a "$SUMMARY"
 }
 
 stage_env() {
@@ -259,6 +285,9 @@ stage_equiv() {
         train_tiny ${cfg}_cpu "$MT" $TINY $X --backend cpu || bad=1
         MT_CUDA_PRECISION=fp32 train_tiny ${cfg}_cuda "$CB" $TINY $X --backend cuda || bad=1
         MT_CUDA_PRECISION=bf16 train_tiny ${cfg}_cuda_bf16 "$CB" $TINY $X --backend cuda || bad=1
+        # precision=bf16 (the storage mode: bf16 shadows and twins): cuda vs the cpu twin of the mode
+        train_tiny ${cfg}_cpu_bf16s "$MT" $TINY $X --set precision=bf16 --backend cpu || bad=1
+        MT_CUDA_PRECISION=fp32 train_tiny ${cfg}_cuda_bf16s "$CB" $TINY $X --set precision=bf16 --backend cuda || bad=1
     done
     for z in 1 2 3; do MT_CUDA_PRECISION=fp32 train_tiny dense_cuda_z$z "$CB" $TINY --backend cuda --zero $z || bad=1; done
     MT_CUDA_PRECISION=fp32 train_tiny moe_cuda_z3 "$CB" $TINY $MOE --backend cuda --zero 3 || bad=1
@@ -268,12 +297,14 @@ d, cfgs, n_steps = sys.argv[1], sys.argv[2].split(), int(sys.argv[3])
 def L(n):
     p = os.path.join(d, "eq_%s.json" % n)
     return json.load(open(p)) if os.path.exists(p) else None
-# docs/cuda.md: fp32 <= 1e-4 relative over 20 steps; bf16: the proposed 1e-2 bar
-checks = [(c, c + "_cuda", 1e-4) for c in cfgs] + [(c, c + "_cuda_bf16", 1e-2) for c in cfgs]
-checks += [("dense", "dense_cuda_z%d" % z, 1e-4) for z in (1, 2, 3)] + [("moe", "moe_cuda_z3", 1e-4)]
+# docs/cuda.md: fp32 <= 1e-4 relative over 20 steps; bf16: the proposed 1e-2 bar, per-call
+# mode (MT_CUDA_PRECISION=bf16) vs cpu fp32, precision=bf16 vs the cpu run of the same mode
+checks = [(c + "_cpu", c + "_cuda", 1e-4) for c in cfgs] + [(c + "_cpu", c + "_cuda_bf16", 1e-2) for c in cfgs]
+checks += [(c + "_cpu_bf16s", c + "_cuda_bf16s", 1e-2) for c in cfgs]
+checks += [("dense_cpu", "dense_cuda_z%d" % z, 1e-4) for z in (1, 2, 3)] + [("moe_cpu", "moe_cuda_z3", 1e-4)]
 out, ok = [], True
 for ref, run, tol in checks:
-    a, b = L(ref + "_cpu"), L(run)
+    a, b = L(ref), L(run)
     if a is None or b is None:
         out.append({"run": run, "ok": False, "why": "missing receipt"}); ok = False; continue
     worst = 0.0
@@ -281,10 +312,10 @@ for ref, run, tol in checks:
         for x, y in zip(a[key], b[key]):
             worst = max(worst, abs(x - y) / abs(x) if x != 0 else (0.0 if y == 0 else float("inf")))
     good = len(a["losses"]) == len(b["losses"]) == n_steps and worst <= tol
-    out.append({"run": run, "ref": ref + "_cpu", "max_rel": worst, "tol": tol, "ok": good,
+    out.append({"run": run, "ref": ref, "max_rel": worst, "tol": tol, "ok": good,
                 "emulated": bool((b.get("gpu") or {}).get("emulated")),
                 "fallback_reason": b["backend"].get("fallback_reason")})
-    print("RESULT %s vs %s_cpu: max rel %.2e (tol %g) %s" % (run, ref, worst, tol, "ok" if good else "FAIL"),
+    print("RESULT %s vs %s: max rel %.2e (tol %g) %s" % (run, ref, worst, tol, "ok" if good else "FAIL"),
           file=sys.stderr)
     ok = ok and good
 print(json.dumps(out, indent=1))
@@ -294,23 +325,119 @@ PY
 }
 export -f stage_equiv
 
-# speed NAME CONFIG [BATCH...]: bf16, 10 steps (2 warm-up excluded); first batch that runs wins
+# stamp: every line prefixed with the seconds since the pipe opened ("  12s step 3/10 ..."),
+# so a run killed by its box still says when setup ended and when each step came
+stamp() {
+    local t0=$SECONDS l
+    while IFS= read -r l; do printf '%4ds %s\n' $((SECONDS - t0)) "$l"; done
+}
+export -f stamp
+
+# speed_line NAME RC BATCH CONFIG: one RESULT line and $RES/speed/NAME.json, from the
+# receipt when the run wrote one, else from its progress lines (a slow run), else
+# "no step within the box" with the time of the log's last line
+speed_line() {
+    python3 - "$RES" "$1" "$2" "$3" "$4" <<'PY'
+import json, os, re, statistics, sys
+res, name, rc, batch, cfgp = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+cfg = json.load(open(cfgp))
+B = batch or cfg.get("batch_size", 0)
+tok_step = B * cfg.get("seq_len", 0)
+log = open(os.path.join(res, "logs", "speed_%s.log" % name), errors="replace").read().splitlines()
+rp = os.path.join(res, "receipts", "speed_%s.json" % name)
+out = {"name": name, "exit": rc, "batch": B, "tokens_per_step": tok_step, "config": os.path.basename(cfgp)}
+if rc == 0 and os.path.exists(rp):
+    r = json.load(open(rp)); t = r["timing"]; g = r.get("gpu") or {}
+    out.update(source="receipt", tokens_per_s=t["tokens_per_s"], mfu=t["mfu"],
+               s_per_step=tok_step / t["tokens_per_s"] if t["tokens_per_s"] else None,
+               steps_done=t.get("steps_run"), peak_flops_source=t.get("peak_flops_source"),
+               runtime_mode=r["backend"].get("runtime_mode"), fallback_reason=r["backend"].get("fallback_reason"),
+               device_used_peak_bytes=(g.get("memory") or {}).get("device_used_peak_bytes"),
+               allocator_peak_bytes=(g.get("memory") or {}).get("allocator_peak_bytes"),
+               op_profile_s_per_step=t.get("op_profile_s_per_step"))   # cuda receipts: once the backend times its ops
+    print("RESULT %s: batch %s tok/s %.0f mfu %.3f %.3f s/step (%s) device-mem %.1f GiB fallback %s" % (
+        name, B, out["tokens_per_s"], out["mfu"], out["s_per_step"] or 0, out["runtime_mode"],
+        (out["device_used_peak_bytes"] or 0) / 2**30, out["fallback_reason"]))
+    op = out["op_profile_s_per_step"]
+    if op:
+        print("RESULT %s op profile (s/step): %s" % (name, ", ".join("%s %.4f" % kv for kv in op.items())))
+    else:
+        print("RESULT %s op profile: none in the receipt (timing.op_profile_s_per_step)" % name)
+else:
+    steps = []   # (stamp s, step, tok/s, mfu)
+    for l in log:
+        m = re.match(r"\s*(\d+)s step (\d+)/\d+ loss \S+ gnorm \S+ tok/s ([0-9.]+) mfu ([0-9.]+)", l)
+        if m: steps.append((int(m.group(1)), int(m.group(2)), float(m.group(3)), float(m.group(4))))
+    last = re.match(r"\s*(\d+)s", log[-1]) if log else None
+    why = "box ran out" if rc in (124, 137) else "exit %d" % rc
+    if steps:
+        use = steps[1:] or steps   # the first step warms up
+        tps = statistics.median(s[2] for s in use)
+        out.update(source="progress", tokens_per_s=tps, mfu=statistics.median(s[3] for s in use),
+                   s_per_step=tok_step / tps if tps else None, steps_done=len(steps), first_step_at_s=steps[0][0])
+        print("RESULT %s: batch %s tok/s %.0f mfu %.3f %.2f s/step = %.3f steps/s (progress lines: %d steps, "
+              "first at %ds; %s, no receipt)" % (name, B, tps, out["mfu"], out["s_per_step"] or 0,
+              1 / out["s_per_step"] if out["s_per_step"] else 0, len(steps), steps[0][0], why))
+    else:
+        t_last = int(last.group(1)) if last else 0
+        out.update(source="none", tokens_per_s=None, steps_done=0, last_line_at_s=t_last,
+                   last_line=re.sub(r"^\s*\d+s ", "", log[-1])[:200] if log else "")
+        print("RESULT %s: batch %s %s (%s; last line at %ds: %s)" % (
+            name, B, "no step within the box" if rc in (124, 137) else "failed", why, t_last,
+            out["last_line"][:80] if log else "no output"))
+pp = os.path.join(res, "speed", name + ".plan.json")   # the planner's prediction of the same run
+if os.path.exists(pp):
+    try:
+        c = json.load(open(pp))["cost"]
+        out["plan"] = {k: c[k] for k in ("profile", "peak_basis", "efficiency", "step_s", "tokens_per_s", "mfu")}
+        print("RESULT %s plan (profile %s, %s): %.3f s/step, %.0f tok/s; measured/plan %s" % (
+            name, c["profile"], c["peak_basis"], c["step_s"], c["tokens_per_s"],
+            "%.1fx the time" % (out["s_per_step"] / c["step_s"]) if out.get("s_per_step") and c["step_s"] else "-"))
+    except (ValueError, KeyError):
+        pass
+json.dump(out, open(os.path.join(res, "speed", name + ".json"), "w"), indent=1)
+PY
+}
+export -f speed_line
+
+# the card's measured planner profile: this call's calib stage, else
+# bench/profiles/<card>-measured.json (h200-measured: the run of 2026-11-26)
+plan_profile() {
+    local card p
+    card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 |
+           awk '{ n = tolower($0); sub(/,.*/, "", n); sub(/^nvidia +/, "", n); split(n, w, " "); print w[1] }')
+    for p in "$RES/$card-measured.json" "$ROOT/bench/profiles/$card-measured.json"; do
+        [ -n "$card" ] && [ -f "$p" ] && { echo "$p"; return 0; }
+    done
+    return 1
+}
+export -f plan_profile
+
+# speed_one NAME CONFIG "BATCH..." [FLAGS...]: precision=bf16, --no-save (no multi-GB final
+# checkpoint inside the box), SPEED_STEPS steps (2 excluded from the receipt's tokens/s) in
+# SPEED_BOX seconds; the next batch is tried only after a failure (OOM: exit 1, quickly), not
+# after a run that ran out of its box (slow: its progress lines are the result)
+SPEED_PREC="--set precision=bf16 --knob cuda_precision=bf16"
+export SPEED_PREC
 speed_one() {
-    local name=$1 cfg=$2; shift 2
-    local batches="${*:-0}" b
+    local name=$1 cfg=$2 batches=$3 b rc setb
+    shift 3
     for b in $batches; do
-        local setb=""
+        setb=""
         [ "$b" != 0 ] && setb="--set batch_size=$b"
-        if timeout -k 5 "${SPEED_BOX:-150}" env MT_CUDA_PRECISION=bf16 "$MT" train --config "$cfg" $setb --backend cuda \
-                --data "$WORK/data50k.bin" --out "$WORK/sp_$name" --steps "${SPEED_STEPS:-10}" \
-                > "$RES/logs/speed_$name.log" 2>&1; then
-            cp "$WORK/sp_$name/receipt.json" "$RES/receipts/speed_$name.json"
-            python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); t=r["timing"]; g=r.get("gpu") or {}
-print("RESULT %s: batch %s tok/s %.0f mfu %.3f (peak %s) device-mem %.1f GiB fallback %s" % (sys.argv[2], r["config"]["batch_size"] if "config" in r else "?", t["tokens_per_s"], t["mfu"], t["peak_flops_source"][:40], (g.get("memory") or {}).get("device_used_peak_bytes", 0)/2**30, r["backend"].get("fallback_reason")))' \
-                "$RES/receipts/speed_$name.json" "$name" || echo "RESULT $name: ran (receipt unreadable)"
-            return 0
-        fi
-        echo "RESULT $name batch $b: failed ($(tail -1 "$RES/logs/speed_$name.log"))"
+        rm -rf "$WORK/sp_$name" "$RES/receipts/speed_$name.json"
+        timeout -k 5 "${SPEED_BOX:-60}" "$MT" train --config "$cfg" "$@" $setb $SPEED_PREC --backend cuda --no-save \
+            --data "$WORK/data50k.bin" --out "$WORK/sp_$name" --steps "${SPEED_STEPS:-10}" 2>&1 | stamp > "$RES/logs/speed_$name.log"
+        rc=${PIPESTATUS[0]}
+        [ $rc = 0 ] && cp "$WORK/sp_$name/receipt.json" "$RES/receipts/speed_$name.json"
+        local prof
+        rm -f "$RES/speed/$name.plan.json"
+        prof=$(plan_profile) && "$MT" plan --config "$cfg" "$@" $setb --set precision=bf16 --profile "$prof" --json \
+            > "$RES/speed/$name.plan.json" 2> "$RES/logs/plan_$name.err" || rm -f "$RES/speed/$name.plan.json"
+        speed_line "$name" "$rc" "$b" "$cfg" || echo "RESULT $name: batch $b exit $rc (speed_line failed)"
+        [ $rc = 0 ] && return 0
+        # out of its box: a measurement when steps came (slow, not failed), no smaller batch
+        case $rc in 124|137) grep -qE '^ *[0-9]+s step [0-9]+/' "$RES/logs/speed_$name.log"; return $? ;; esac
     done
     return 1
 }
@@ -318,12 +445,15 @@ export -f speed_one
 
 stage_speed() {
     [ -f "$WORK/data50k.bin" ] || python3 "$ROOT/tests/make_shard.py" "$WORK/data50k.bin" 600000 50304 random >/dev/null
-    local bad=0
-    # per try: each model gets its first try inside the stage's box; a
-    # smaller batch is tried only after a failure (OOM: exit 1, quickly)
-    SPEED_BOX=45 speed_one c_gpt2 "$ROOT/bench/configs/gpu_c_gpt2.json" 16 8 4 || bad=1
-    SPEED_BOX=50 speed_one d2048_dense "$ROOT/bench/configs/gpu_d2048_dense.json" 0 2 || bad=1
-    SPEED_BOX=50 speed_one moe8 "$ROOT/bench/configs/gpu_moe8.json" 0 2 || bad=1
+    local bad=0 C=$ROOT/bench/configs
+    # boxes from the H200 run of 2026-11-26 (setup + 10 steps: d2048 0.71 s/step, GPT-2 0.26 s/step);
+    # MoE and the hybrid did not finish one step in 65 s there: 3 steps, and a line whatever happens
+    # (GPU_SH_SPEED_BOX=s: every run's box, for a check of the script)
+    local o=${GPU_SH_SPEED_BOX:-}
+    SPEED_BOX=${o:-60} speed_one d2048_dense "$C/gpu_d2048_dense.json" "0 2" || bad=1
+    SPEED_BOX=${o:-40} speed_one c_gpt2 "$C/gpu_c_gpt2.json" "16 8 4" || bad=1
+    SPEED_BOX=${o:-55} SPEED_STEPS=3 speed_one moe8 "$C/gpu_moe8.json" "0" || bad=1
+    SPEED_BOX=${o:-55} SPEED_STEPS=3 speed_one hyb2048 "$C/gpu_d2048_dense.json" "0" --set pattern=MAMAMAMAMAMAMAMA || bad=1
     return $bad
 }
 export -f stage_speed
@@ -332,9 +462,9 @@ stage_torch() {
     python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null || { echo "SKIPPED (torch: no CUDA torch)"; return 77; }
     : > "$RES/torch.jsonl"
     local c mode line
-    # every eager run first (seconds each), then the compiled ones (compilation takes most of a
-    # minute per model): a box that runs out loses compiled runs, not the eager baselines;
-    # d2048 first in each mode, the issue's MFU shape
+    # every eager run first (~15 s each with the import), then the compiled ones (~33 s of
+    # compiling per model on the H200, 2026-11-26, ~50 s each in all): a box that runs out
+    # loses compiled runs, not the eager baselines; d2048 first in each mode, the issue's MFU shape
     for mode in eager compiled; do
         for c in gpu_d2048_dense gpu_c_gpt2 gpu_moe8; do
             local flag=""; [ $mode = compiled ] && flag=--compile
@@ -346,7 +476,9 @@ stage_torch() {
 c["batch_size"]=r.get("config",{}).get("batch_size",c["batch_size"]); json.dump(c,open(sys.argv[3],"w"))' \
                     "$cfg" "$rcpt" "$WORK/$c.json" 2>/dev/null && cfg=$WORK/$c.json
             fi
-            line=$(timeout -k 5 "$([ $mode = compiled ] && echo 110 || echo 50)" python3 "$ROOT/bench/torch_gpu.py" "$cfg" $flag --steps 10 2>"$RES/logs/torch_${c}_$mode.err" | tail -1)
+            local box=45
+            [ $mode = compiled ] && box=100 && [ $c = gpu_moe8 ] && box=120
+            line=$(timeout -k 5 $box python3 "$ROOT/bench/torch_gpu.py" "$cfg" $flag --steps 10 2>"$RES/logs/torch_${c}_$mode.err" | tail -1)
             [ -n "$line" ] || line="{\"config\": \"$c.json\", \"mode\": \"$mode\", \"error\": \"timeout or crash (see logs/torch_${c}_$mode.err)\"}"
             echo "$line" >> "$RES/torch.jsonl"
             echo "RESULT torch $c $mode: $(echo "$line" | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); print(r.get("error") or "%.0f tok/s" % r["tokens_per_s"])' 2>/dev/null)"
@@ -362,8 +494,10 @@ stage_llmc() {
     [ -x "$exe" ] || { tail -5 "$RES/logs/llmc_build.log"; echo "RESULT llmc: build failed"; return 1; }
     cd "$WORK/llmc/llm.c" || return 1
     local b
+    # -v/-s (val and sample intervals) above the step count: 0 divides by zero in
+    # train_gpt2.cu (step % val_loss_every: SIGFPE on the H200, 2026-11-26)
     for b in 16 8; do
-        if timeout -k 5 80 "$exe" -e d12 -b $b -t 1024 -x 20 -v 0 -s 0 -h 0 \
+        if timeout -k 5 45 "$exe" -e d12 -b $b -t 1024 -x 20 -v 1000 -s 1000 -h 0 \
                 -i dev/data/tinyshakespeare/tiny_shakespeare_train.bin -j dev/data/tinyshakespeare/tiny_shakespeare_val.bin \
                 > "$RES/logs/llmc_run.log" 2>&1; then
             echo "RESULT llmc b=$b: $(grep -E 'step +20/' "$RES/logs/llmc_run.log" | tail -1)"
@@ -451,21 +585,17 @@ import json, os, re, sys
 res = sys.argv[1]
 S = {"stages": open(os.path.join(res, "stages.txt")).read().splitlines()}
 sp = {}
-for n in ("c_gpt2", "d2048_dense", "moe8"):
-    p = os.path.join(res, "receipts", "speed_%s.json" % n)
+# one file per speed run (stage_speed's speed_line): from its receipt, else its progress lines
+for n in ("d2048_dense", "c_gpt2", "moe8", "hyb2048"):
+    p = os.path.join(res, "speed", n + ".json")
     if os.path.exists(p):
-        r = json.load(open(p)); t = r["timing"]; g = r.get("gpu") or {}
-        sp[n] = {"tokens_per_s": t["tokens_per_s"], "mfu": t["mfu"], "peak_flops_source": t["peak_flops_source"],
-                 "device": g.get("device"), "emulated": g.get("emulated"),
-                 "device_used_peak_bytes": (g.get("memory") or {}).get("device_used_peak_bytes"),
-                 "allocator_peak_bytes": (g.get("memory") or {}).get("allocator_peak_bytes"),
-                 "fallback_reason": r["backend"].get("fallback_reason")}
+        sp[n] = json.load(open(p))
 tp = os.path.join(res, "torch.jsonl")
 for line in (open(tp).read().splitlines() if os.path.exists(tp) else []):
     try: r = json.loads(line)
     except ValueError: continue
     n = r.get("config", "").replace("gpu_", "").replace(".json", "")
-    if n in sp and r.get("tokens_per_s"):
+    if n in sp and r.get("tokens_per_s") and sp[n].get("tokens_per_s"):
         sp[n]["torch_%s_tokens_per_s" % r["mode"]] = r["tokens_per_s"]
         sp[n]["ratio_vs_torch_%s" % r["mode"]] = sp[n]["tokens_per_s"] / r["tokens_per_s"]
 lp = os.path.join(res, "logs", "llmc_run.log")
@@ -473,7 +603,8 @@ if os.path.exists(lp):
     toks = [float(m) for m in re.findall(r"\| *([0-9.]+) tok/s", open(lp).read())]
     if toks:
         S["llmc_tokens_per_s"] = sorted(toks[2:] or toks)[len(toks[2:] or toks) // 2]
-        if "c_gpt2" in sp: sp["c_gpt2"]["ratio_vs_llmc"] = sp["c_gpt2"]["tokens_per_s"] / S["llmc_tokens_per_s"]
+        if sp.get("c_gpt2", {}).get("tokens_per_s"):
+            sp["c_gpt2"]["ratio_vs_llmc"] = sp["c_gpt2"]["tokens_per_s"] / S["llmc_tokens_per_s"]
 S["speed"] = sp
 # the device that ran, from the first receipt of this call (every meshtrain run keeps one)
 rdir = os.path.join(res, "receipts")
@@ -496,28 +627,61 @@ with open(os.path.join(res, "summary.md"), "w") as f:
         f.write("Device: %s\n\n" % ", ".join("%s %s" % kv for kv in S["device"].items()))
     f.write("## Stages\n\n")
     for s in S["stages"]: f.write("- %s\n" % s)
-    f.write("\n## Speed (bf16)\n\n| config | tok/s | MFU | vs torch eager | vs torch compiled | vs llm.c |\n|---|---|---|---|---|---|\n")
+    f.write("\n## Speed (meshtrain precision=bf16, torch bf16 autocast)\n\n"
+            "| config | batch | meshtrain tok/s | MFU | s/step | from | plan s/step | torch eager | torch compiled "
+            "| llm.c | vs eager | vs compiled | vs llm.c |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     for n, v in sp.items():
-        fm = lambda k: "%.2f" % v[k] if k in v else "-"
-        f.write("| %s | %.0f | %.3f | %s | %s | %s |\n" % (n, v["tokens_per_s"], v["mfu"], fm("ratio_vs_torch_eager"),
-                fm("ratio_vs_torch_compiled"), fm("ratio_vs_llmc")))
+        fm = lambda k, f="%.2f": f % v[k] if v.get(k) is not None else "-"
+        fr = {"receipt": "receipt", "progress": "progress (%s steps, box ran out)" % v.get("steps_done"),
+              "none": "no step in the box"}.get(v.get("source"), "?")
+        llmc = "%.0f" % S["llmc_tokens_per_s"] if n == "c_gpt2" and "llmc_tokens_per_s" in S else "-"
+        pl = "%.3f (%s)" % (v["plan"]["step_s"], v["plan"]["profile"]) if v.get("plan") else "-"
+        f.write("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n" % (
+            n, v.get("batch"), fm("tokens_per_s", "%.0f"), fm("mfu", "%.3f"), fm("s_per_step", "%.3f"), fr, pl,
+            fm("torch_eager_tokens_per_s", "%.0f"), fm("torch_compiled_tokens_per_s", "%.0f"), llmc,
+            fm("ratio_vs_torch_eager"), fm("ratio_vs_torch_compiled"), fm("ratio_vs_llmc")))
+    ops = {n: v["op_profile_s_per_step"] for n, v in sp.items() if v.get("op_profile_s_per_step")}
+    f.write("\n## Per-op profile of each meshtrain run (s per steady step, receipt timing.op_profile_s_per_step)\n\n")
+    if ops:
+        kinds = []
+        for o in ops.values():
+            kinds += [k for k in o if k not in kinds]
+        f.write("| config | %s |\n|---|%s\n" % (" | ".join(kinds), "---|" * len(kinds)))
+        for n, o in ops.items():
+            f.write("| %s | %s |\n" % (n, " | ".join("%.4f" % o[k] if k in o else "-" for k in kinds)))
+    else:
+        f.write("none: the receipts have no op profile\n")
 print(open(os.path.join(res, "summary.md")).read())
 PY
 }
 export -f stage_summary
 
+# boxes from the H200 run of 2026-11-26 (env 7 s, ops 4 s, san 26 s, equiv 8 s, hf 23 s,
+# calib 6 s; speed and torch as their stages say); llmc before torch, whose compiled
+# runs are the first thing a short budget loses
 stage env 15 0
-stage ops 60 1
+stage ops 50 1
 stage san 80 1
-stage equiv 70 emu
-stage speed 150 1
-stage torch 120 1
+stage equiv 60 emu
+stage speed 240 1
 stage llmc 60 1
+stage torch 300 1
 stage hf 90 emu
 stage calib 120 1
 [ -n "$LLMC_BUILD_PID" ] && kill "$LLMC_BUILD_PID" 2>/dev/null
 STAGES="$STAGES summary" stage summary 30 0
 rm -rf "$WORK"
 echo "results: $RES ($(( $(date +%s) - T_START ))s)"
-grep -q '^FAIL\|^TIMEOUT' "$SUMMARY" && exit 1
-exit 0
+rc=0
+grep -q '^FAIL\|^TIMEOUT' "$SUMMARY" && rc=1
+# on the device: ONE archive + summary.md in $OUT (the tool brings back at most 8 files)
+if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+    if tar czf "$OUT/gpu-$SET.tgz" -C "$(dirname "$RES")" "$(basename "$RES")"; then
+        cp "$RES/summary.md" "$OUT/summary.md" 2>/dev/null
+        echo "packed: $OUT/gpu-$SET.tgz ($(du -k "$OUT/gpu-$SET.tgz" | cut -f1) KiB; unpack into bench/results/<date>-<card>/) + summary.md"
+        [ -n "$RES_TMP" ] && rm -rf "$RES_TMP"
+    else
+        echo "packing into $OUT failed: results left in $RES"
+    fi
+fi
+exit $rc

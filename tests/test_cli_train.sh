@@ -70,6 +70,24 @@ a=json.load(open('$W/full/receipt.json'))['losses'][3:]
 b=json.load(open('$W/rest/receipt.json'))['losses']
 assert a==b,(a,b)"; then ok "resume bit-exact"; else bad "resume bit-exact ($(cat "$W/err"))"; fi
 
+# 3b. no checkpoint on request (bench/gpu.sh: a multi-GB final save must not eat a time box):
+#     --no-save writes the receipt (same losses as the saving run) and no ckpt/, even with a
+#     config's save_every; save_final=false alone keeps the periodic ones and drops the final;
+#     the default saves at the end (run "full" above)
+$MT train $TINY $P --set save_every=2 --data "$W/train.bin" --out "$W/nosave" --steps 6 --no-save 2>"$W/err"
+rc=$?
+if [ $rc -eq 0 ] && [ -f "$W/nosave/receipt.json" ] && [ ! -e "$W/nosave/ckpt" ] &&
+   [ -f "$W/full/ckpt/step_000006/manifest.json" ] && python3 -c "
+import json
+a=json.load(open('$W/full/receipt.json')); b=json.load(open('$W/nosave/receipt.json'))
+assert a['losses']==b['losses'],(a['losses'],b['losses'])
+assert b['config']['save_final'] is False and a['config']['save_final'] is True"; then
+  ok "--no-save: receipt, no ckpt/; default saves"; else bad "--no-save: receipt, no ckpt/ (rc $rc: $(cat "$W/err"))"; fi
+$MT train $TINY $P --set save_every=2 --set save_final=false --data "$W/train.bin" --out "$W/nofinal" --steps 5 2>"$W/err"
+if [ -f "$W/nofinal/receipt.json" ] && [ -f "$W/nofinal/ckpt/step_000004/manifest.json" ] &&
+   [ ! -e "$W/nofinal/ckpt/step_000005" ]; then
+  ok "save_final=false: periodic checkpoints only"; else bad "save_final=false: periodic checkpoints only ($(cat "$W/err"))"; fi
+
 # 4. MoE with shared expert, softcap, microbatches
 if $MT train $TINY $P --set pattern=AE --set n_experts=4 --set top_k=2 --set expert_hidden=16 \
      --set shared_expert_hidden=16 --set logit_softcap=15 --set microbatches=2 \

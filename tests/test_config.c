@@ -53,7 +53,7 @@ static void test_defaults(void)
     EXPECT(c.adam_beta1 == 0.9f && c.adam_beta2 == 0.95f && c.adam_eps == 1e-8f);
     EXPECT(c.weight_decay == 0.f && c.grad_clip == 1.0f && c.warmup_steps == 0 && c.total_steps == 0);
     EXPECT(c.min_lr_frac == 0.f && !strcmp(c.lr_schedule, "cosine") && c.seed == 1337);
-    EXPECT(c.eval_every == 0 && c.eval_batches == 4 && c.save_every == 0);
+    EXPECT(c.eval_every == 0 && c.eval_batches == 4 && c.save_every == 0 && c.save_final == 1);
     EXPECT(!strcmp(c.backend, "cpu") && !strcmp(c.recompute, "none"));
     EXPECT(c.sequence_parallel == 1 && c.reshard_after_forward == 1 && c.threads == 0);
 

@@ -32,6 +32,8 @@ static void train_usage(FILE *f)
             "  --data PATH          token shards: a file, a directory or a glob   (required)\n"
             "  --val-data PATH      validation shards      default: the *val* files of a --data dir\n"
             "  --out DIR            receipt.json and ckpt/ go here               (required)\n"
+            "  --no-save            write no checkpoint (= --set save_final=false --set save_every=0): the\n"
+            "                       receipt only, e.g. for benchmarks of large models\n"
             "  --steps N            the step to reach (0: write the initial checkpoint only)  default: 10\n"
             "  --resume DIR         continue from a checkpoint dir, or a previous --out: its ckpt/latest,\n"
             "                       else that run's previous intact checkpoint (docs/checkpoint.md); its\n"
@@ -94,7 +96,7 @@ static void watchdog_expired(void)
 static const char *const train_valued[] = {"--config", "--set",   "--backend",   "--data",  "--val-data",
                                            "--out",    "--resume", "--init-from", "--mesh",  "--pp-layers",
                                            "--steps",  "--zero",   "--peak-flops", "--knob", "--lora", NULL};
-static const char *const train_flags[] = {"--quiet", NULL};
+static const char *const train_flags[] = {"--quiet", "--no-save", NULL};
 
 /* Under mpirun: MPI up first (every rank parses the same flags and fails the
  * same way on bad input: one line, exit 2, no collective entered). A failure
@@ -300,7 +302,14 @@ static int train_args(struct mt_ctx *ctx, struct mt_knobs *knobs, struct mt_conf
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { train_usage(stdout); return 0; }
         const int kind = mt_cmd_option("train", train_flags, train_valued, argc, argv, i);
         if (kind < 0) return 2;
-        if (kind == 0) { opts->quiet = 1; continue; }   /* --quiet */
+        if (kind == 0 && !strcmp(a, "--quiet")) { opts->quiet = 1; continue; }
+        if (kind == 0) {   /* --no-save: no checkpoint at all, periodic or final (the receipt is written) */
+            if (mt_config_set(ctx, cfg, "save_final=false") != MT_OK || mt_config_set(ctx, cfg, "save_every=0") != MT_OK) {
+                fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(ctx));
+                return 2;
+            }
+            continue;
+        }
         char *end = NULL;
         if (!strcmp(a, "--config")) { /* done above */ }
         else if (!strcmp(a, "--set")) {

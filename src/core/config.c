@@ -98,6 +98,7 @@ static const struct key keys[] = {
     {"eval_every",   KT_INT,   OFF(eval_every),   0, "0",     0, IMAX, NULL, 0, "validation every N steps; 0 = never"},
     {"eval_batches", KT_INT,   OFF(eval_batches), 0, "4",     0, IMAX, NULL, 0, "validation batches per evaluation"},
     {"save_every",   KT_INT,   OFF(save_every),   0, "0",     0, IMAX, NULL, 0, "checkpoint every N steps; 0 = only at the end"},
+    {"save_final",   KT_BOOL,  OFF(save_final),   0, "true",  0, 1, NULL, 0, "write the checkpoint at the end of the run; false = receipt only (benchmarks; --no-save)"},
     {"keep_last",    KT_INT,   OFF(keep_last),    0, "0",     0, IMAX, NULL, 0, "keep this run's newest N checkpoints, delete the older ones it wrote; 0 = keep all"},
     {"backend",      KT_STRING, OFF(backend), SZ(backend), "cpu", 0, 0, "cpu|cuda", 0, "compute backend"},
     {"lora_rank",    KT_INT,   OFF(lora_rank),    0, "0",     0, 65536, NULL, 0, "LoRA rank r; 0 = off (full training). r > 0 freezes the base (docs/lora.md)"},

@@ -64,6 +64,7 @@ struct mt_config {
     int   eval_every;            /* 0 = never                                      */
     int   eval_batches;          /* validation batches per evaluation              */
     int   save_every;            /* 0 = only at the end                            */
+    int   save_final;            /* 1 = checkpoint at the end (default); 0 = none  */
     int   keep_last;             /* newest checkpoints of this command kept; 0 all */
     char  backend[16];           /* "cpu" | "cuda"                                 */
     int   lora_rank;             /* r > 0: LoRA adapters on lora_targets, base frozen (docs/lora.md) */

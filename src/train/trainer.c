@@ -205,7 +205,8 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     ri.total_s = mt_time_sec() - t_run0;
     mt_train_peak_fold(ctx, &train_pk);
     mt_train_peak_restart(ctx, &rs);
-    MT_CHECK_GOTO(mt_train_save_checkpoint(ctx, opts, &rs, opts->steps), rc, done);
+    /* save_final=false (--no-save): the receipt alone, no checkpoint at the end */
+    if (cfg->save_final) MT_CHECK_GOTO(mt_train_save_checkpoint(ctx, opts, &rs, opts->steps), rc, done);
 
     /* ---- 6. checks and receipt ---- */
     ri.run_pk = &run_pk;

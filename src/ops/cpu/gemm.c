@@ -41,7 +41,7 @@ uint16_t mt_cpu_f32_to_bf16(float f)
 {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);  /* NaN stays a (quiet) NaN */
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fffu;   /* NaN: the canonical NaN, as the device (mt_cuda_bf16_rn) */
     u += 0x7fffu + ((u >> 16) & 1u);                                             /* round to nearest even */
     return (uint16_t)(u >> 16);
 }

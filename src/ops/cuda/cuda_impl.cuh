@@ -202,6 +202,28 @@ static __device__ __forceinline__ float mt_warp_max(float v)
     return v;
 }
 
+/* fp32 -> bf16, round to nearest even, by bit arithmetic: the rounding of
+ * the kernels whose bf16 output is a stored tensor (cast_bf16, the operand
+ * copies of gemm, the bf16 twins of rmsnorm/swiglu/the fused block), the
+ * same function as the cpu twin mt_cpu_f32_to_bf16, so cuda = cpu bit for
+ * bit by construction on every input, whatever the hardware conversion
+ * does (the tensor-core attention's inner loops keep __float2bfloat16_rn,
+ * one instruction, which rounds the same way, NaN included; the emulator's
+ * mirrors it):
+ *   NaN (any sign, any payload) -> 0x7fff, the canonical NaN that
+ *     __float2bfloat16_rn (cvt.rn.bf16.f32) returns on the device: on the
+ *     H200 (2026-11-26) the cpu twin's old "payload kept, quiet bit set"
+ *     differed in exactly the harness's one NaN input, 1 of 4099;
+ *   subnormals kept and rounded like any value (no flush to zero);
+ *   overflow past the largest bf16 rounds to infinity; infinities exact. */
+static __device__ __forceinline__ __nv_bfloat16 mt_cuda_bf16_rn(float f)
+{
+    unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return __ushort_as_bfloat16((unsigned short)0x7fffu);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return __ushort_as_bfloat16((unsigned short)(u >> 16));
+}
+
 #ifdef __cplusplus
 extern "C" {
 #endif

@@ -46,7 +46,7 @@ static __global__ void rms_resid_k(float *out, __nv_bfloat16 *ob, float *rstd, f
         float y = v * r * w[c];
         o[c] = y;
         s[c] = v;
-        if (ob) ob[(size_t)n * (size_t)C + (size_t)c] = __float2bfloat16_rn(y);
+        if (ob) ob[(size_t)n * (size_t)C + (size_t)c] = mt_cuda_bf16_rn(y);
     }
 }
 

@@ -65,7 +65,7 @@ static __global__ void scale_k(float *C, int M, int N, int ldc, float beta)
 
 /* dst (rows, cols; ldd) = bf16(src (rows, cols; lds)), round to nearest even
  * (a bf16 source is copied as is: the packing of a bf16 operand) */
-static __device__ __forceinline__ __nv_bfloat16 as_bf16(float x) { return __float2bfloat16_rn(x); }
+static __device__ __forceinline__ __nv_bfloat16 as_bf16(float x) { return mt_cuda_bf16_rn(x); }
 static __device__ __forceinline__ __nv_bfloat16 as_bf16(__nv_bfloat16 x) { return x; }
 template <typename T>
 static __global__ void to_bf16_k(__nv_bfloat16 *dst, int ldd, const T *src, int lds, int rows, int cols)
@@ -81,7 +81,7 @@ static __global__ void to_bf16_k(__nv_bfloat16 *dst, int ldd, const T *src, int 
 static __global__ void cast_bf16_k(__nv_bfloat16 *dst, const float *src, size_t n)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = __float2bfloat16_rn(src[i]);
+        dst[i] = mt_cuda_bf16_rn(src[i]);
 }
 
 static inline int pad8(int x) { return (x + 7) & ~7; }

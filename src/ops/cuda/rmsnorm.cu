@@ -40,7 +40,7 @@ static __global__ void rms_fwd_k(float *out, __nv_bfloat16 *ob, float *rstd, con
     for (int c = lane; c < C; c += MT_WARP) {
         float v = x[c] * r * w[c];
         o[c] = v;
-        b[c] = __float2bfloat16_rn(v);
+        b[c] = mt_cuda_bf16_rn(v);
     }
 }
 

@@ -19,7 +19,7 @@ static __global__ void swiglu_fwd_k(float *out, __nv_bfloat16 *ob, const float *
         float s = 1.0f / (1.0f + expf(-g));
         float y = g * s * up[i];
         out[i] = y;
-        if (ob) ob[i] = __float2bfloat16_rn(y);
+        if (ob) ob[i] = mt_cuda_bf16_rn(y);
     }
 }
 

@@ -103,6 +103,19 @@ static inline cudaError_t cudaFuncSetAttribute(F *kern, cudaFuncAttribute attr, 
 /* ---- device side ---- */
 void __syncthreads(void);
 void __syncwarp(unsigned mask = 0xffffffffu);
+/* bit casts (device_functions.h) */
+static inline unsigned int __float_as_uint(float f)
+{
+    unsigned int u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+static inline float __uint_as_float(unsigned int u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
 /* all live lanes of the calling warp exchange `size` bytes: out = lane src's value */
 void mt_emu_warp_exchange(const void *mine, void *out, int src_lane, size_t size);
 int  mt_emu_lane(void);

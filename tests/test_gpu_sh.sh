@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# test_gpu_sh.sh BUILD_DIR — bench/gpu.sh's device-side logic on the CPU, with
+# stubs (docs/cuda.md, "Verifying on a GPU machine"): a stub nvidia-smi makes
+# the GPU stages run, and a stub meshtrain plays the four speed runs from the
+# receipts of the H200 run (bench/results/2026-11-26-h200/run2-bf16-llmc.tgz):
+#   - d2048 dense: a receipt with an op profile -> its tokens/s and the
+#     profile's line, and a row of the summary's op-profile table;
+#   - GPT-2 batch 16: exit 1 (OOM) -> "failed", then batch 8 -> its receipt;
+#   - MoE: two progress lines, then hangs -> killed by its box, tokens/s from
+#     the progress lines (the median after the first step), "steps/s";
+#   - hybrid: no step -> "no step within the box" with its last line;
+# every speed run got --set precision=bf16 and --no-save (the stub logs its
+# arguments); and with $OUT set the results come back as ONE archive
+# gpu-<set>.tgz plus summary.md, nothing else in $OUT, the temporary folder
+# removed; each run's line is followed by the planner's prediction of it
+# (bench/profiles/h200-measured.json, from the card's name). Also: `bash -n`,
+# and `quick` / `rest` name their stage sets.
+set -u
+BUILD=${1:?usage: test_gpu_sh.sh BUILD_DIR}
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+fails=0
+ok() { echo "PASS $1"; }
+bad() { echo "FAIL $1"; fails=$((fails + 1)); }
+command -v python3 >/dev/null || { echo "SKIPPED (no python3)"; exit 77; }
+[ -x "$BUILD/meshtrain" ] || { echo "SKIPPED (no $BUILD/meshtrain)"; exit 77; }
+
+bash -n "$ROOT/bench/gpu.sh" && ok "bash -n bench/gpu.sh" || bad "bash -n bench/gpu.sh"
+
+mkdir -p "$W/bin" "$W/rx" "$W/out"
+tar xzf "$ROOT/bench/results/2026-11-26-h200/run2-bf16-llmc.tgz" -C "$W/rx" || { bad "unpack run2"; exit 1; }
+cat > "$W/bin/nvidia-smi" <<'EOF'
+#!/usr/bin/env bash
+case "$*" in *query-gpu=name,memory.total*) echo "NVIDIA H200, 143771" ;; *query-gpu=name*) echo "NVIDIA H200" ;;
+  *) echo "GPU 0: NVIDIA H200 (stub)" ;; esac
+EOF
+cat > "$W/bin/meshtrain" <<EOF
+#!/usr/bin/env bash
+[ "\$1" = train ] || exec "$BUILD/meshtrain" "\$@"
+echo "\$*" >> "$W/args.log"
+out=""; prev=""
+for a in "\$@"; do [ "\$prev" = --out ] && out=\$a; prev=\$a; done
+echo "mesh rank=0 (stub)"
+case "\$*" in
+  *pattern=MAMA*) sleep 100 ;;
+  *gpu_moe8*) echo "step 1/3 loss 11.3 gnorm 5.0 tok/s 300 mfu 0.0020 eta_s 60"
+              echo "step 2/3 loss 11.2 gnorm 4.0 tok/s 410 mfu 0.0030 eta_s 30"; sleep 100 ;;
+  *gpu_c_gpt2*batch_size=16*) echo "cuda: out of memory"; exit 1 ;;
+  *gpu_c_gpt2*) mkdir -p "\$out"; cp "$W/rx/r2/gpt2_bf16s.json" "\$out/receipt.json" ;;
+  *) mkdir -p "\$out"; python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))
+r["timing"]["op_profile_s_per_step"] = {"gemm": 0.1, "attention": 0.5, "other": 0.107, "step": 0.707}
+json.dump(r, open(sys.argv[2], "w"))' "$W/rx/r2/d2048_bf16s.json" "\$out/receipt.json" ;;
+esac
+EOF
+chmod +x "$W/bin/nvidia-smi" "$W/bin/meshtrain"
+
+PATH="$W/bin:$PATH" GPU_SH_BIN="$W/bin" OUT="$W/out" TMPDIR="$W" GPU_SH_SPEED_BOX=4 \
+    bash "$ROOT/bench/gpu.sh" speed > "$W/run.log" 2>&1
+grep -q '^FAIL (exit 1) speed' "$W/run.log" || bad "speed stage verdict: FAIL (the hybrid ran no step)"
+mkdir -p "$W/x" && tar xzf "$W/out/gpu-custom.tgz" -C "$W/x"
+S=$(cat "$W"/x/*/logs/speed.log)
+# the four runs' lines
+echo "$S" | grep -q 'RESULT d2048_dense: batch 4 tok/s 11579 mfu 0.073 0.708 s/step' &&
+    echo "$S" | grep -q 'RESULT d2048_dense op profile (s/step): gemm 0.1000, attention 0.5000, other 0.1070, step 0.7070' &&
+    ok "receipt run: tokens/s, s/step, op profile" || bad "receipt run ($S)"
+echo "$S" | grep -q 'RESULT c_gpt2: batch 16 failed (exit 1; last line at [0-9]*s: cuda: out of memory)' &&
+    echo "$S" | grep -q 'RESULT c_gpt2: batch 8 tok/s 65117' && echo "$S" | grep -q 'RESULT c_gpt2 op profile: none' &&
+    ok "OOM at batch 16, batch 8 runs" || bad "OOM then a smaller batch ($S)"
+echo "$S" | grep -q 'RESULT moe8: batch 4 tok/s 410 mfu 0.003 19.98 s/step = 0.050 steps/s (progress lines: 2 steps' &&
+    ok "slow run: a line from its progress output" || bad "slow run from progress lines ($S)"
+echo "$S" | grep -q 'RESULT hyb2048: batch 4 no step within the box (box ran out; last line at [0-9]*s: mesh rank=0 (stub))' &&
+    ok "no step: a line naming the last output" || bad "no step within the box ($S)"
+# the planner's prediction of each run, from bench/profiles/h200-measured.json (the card's name)
+echo "$S" | grep -q 'RESULT d2048_dense plan (profile h200-measured, bf16): 0.072 s/step, 114388 tok/s; measured/plan 9.9x the time' &&
+    echo "$S" | grep -q 'RESULT hyb2048 plan (profile h200-measured, bf16): [0-9.]* s/step, [0-9]* tok/s; measured/plan -' &&
+    ok "plan prediction next to the measurement" || bad "plan prediction ($S)"
+# the flags of every speed run
+n=$(grep -c -- '--set precision=bf16 .*--no-save' "$W/args.log")
+[ "$n" -eq 5 ] && ! grep -q MT_CUDA_PRECISION "$W/args.log" && ok "5 speed runs with precision=bf16 and --no-save" ||
+    bad "speed flags ($n of 5 runs: $(head -1 "$W/args.log"))"
+# one archive + summary.md in $OUT, the summary's table, the temporary folder gone
+ls "$W/out" > "$W/ls.txt"
+if [ "$(cat "$W/ls.txt" | tr '\n' ' ')" = "gpu-custom.tgz summary.md " ] && ! ls -d "$W"/meshtrain-gpu-res.* >/dev/null 2>&1 &&
+   tar tzf "$W/out/gpu-custom.tgz" | grep -q -- '-gpu-custom/speed/moe8.json$' &&
+   grep -q '^| moe8 | 4 | 410 | 0.003 | 19.980 | progress (2 steps, box ran out) | [0-9.]* (h200-measured) |' "$W/out/summary.md" &&
+   grep -q '^| hyb2048 | 4 | - | - | - | no step in the box | [0-9.]* (h200-measured) |' "$W/out/summary.md" &&
+   grep -q '^| d2048_dense | 0.1000 | 0.5000 | 0.1070 | 0.7070 |' "$W/out/summary.md"; then
+    ok "\$OUT: one archive + summary.md (speed table, op profile table)"
+else bad "\$OUT holds $(cat "$W/ls.txt" | tr '\n' ' '); summary: $(grep '^|' "$W/out/summary.md" 2>/dev/null | head -8)"; fi
+
+# the sets: quick and rest run their stages (no GPU here: every GPU stage SKIPPED)
+PATH=/usr/bin:/bin GPU_SH_RESULTS="$W/q" bash "$ROOT/bench/gpu.sh" quick > "$W/quick.log" 2>&1
+PATH=/usr/bin:/bin GPU_SH_RESULTS="$W/r" bash "$ROOT/bench/gpu.sh" rest > "$W/rest.log" 2>&1
+q=$(grep -oE '^(PASS|SKIPPED|FAIL[^ ]*|TIMEOUT) \(?[a-z]+' "$W/q/stages.txt" | awk '{print $NF}' | tr -d '(' | tr '\n' ' ')
+r=$(grep -oE '^(PASS|SKIPPED|FAIL[^ ]*|TIMEOUT) \(?[a-z]+' "$W/r/stages.txt" | awk '{print $NF}' | tr -d '(' | tr '\n' ' ')
+[ "$q" = "env ops equiv speed llmc torch summary " ] && [ "$r" = "san hf calib summary " ] &&
+    ok "quick = env ops equiv speed llmc torch; rest = san hf calib" || bad "stage sets: quick '$q', rest '$r'"
+
+[ $fails -eq 0 ] || { sed -n '1,60p' "$W/run.log"; exit 1; }
+echo "test_gpu_sh: all passed"
