@@ -573,8 +573,10 @@ c, p = (json.load(open(x)) for x in sys.argv[1:3])
 g, ar = c["gemm_best_flop_per_s"], c["allreduce"]
 arw = "%.1f GB/s (one rank, %s)" % (ar["best_algbw_bytes_per_s"] / 1e9, ar["comm"]) if ar.get("available") \
     else "n/a (%s: no NCCL in this build)" % ar.get("comm")
-print("RESULT calib: gemm bf16 %.1f TF/s, fp32 %.1f TF/s, attention %.1f TF/s, allreduce %s; profile efficiency %.3f"
-      % (g["bf16"] / 1e12, g["fp32"] / 1e12, c["attention_best_fwd_bwd_flop_per_s"] / 1e12, arw, p["efficiency"]))
+print("RESULT calib: gemm bf16 %.1f TF/s, fp32 %.1f TF/s, attention fp32 %.1f TF/s, bf16 (tensor cores) %.1f TF/s, "
+      "allreduce %s; profile efficiency %.3f"
+      % (g["bf16"] / 1e12, g["fp32"] / 1e12, c["attention_best_fwd_bwd_flop_per_s"] / 1e12,
+         (c.get("attention_bf16_best_fwd_bwd_flop_per_s") or 0) / 1e12, arw, p["efficiency"]))
 PY
 }
 export -f stage_calib
