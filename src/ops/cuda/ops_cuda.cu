@@ -124,6 +124,11 @@ static struct mt_ops_i cuda_ops = {
     /* .rmsnorm_resid_forward_bf16 = */ .rmsnorm_resid_forward_bf16 = mt_cuda_rmsnorm_resid_forward_bf16,
     /* .swiglu_forward_bf16        = */ .swiglu_forward_bf16        = mt_cuda_swiglu_forward_bf16,
     /* .widen_bf16                 = */ .widen_bf16                 = mt_cuda_widen_bf16,
+    /* MoE device routing */
+    /* .moe_route                  = */ .moe_route                  = mt_cuda_moe_route,
+    /* .moe_seq_stats              = */ .moe_seq_stats              = mt_cuda_moe_seq_stats,
+    /* .moe_aux_loss               = */ .moe_aux_loss               = mt_cuda_moe_aux_loss,
+    /* .moe_aux_backward           = */ .moe_aux_backward           = mt_cuda_moe_aux_backward,
 };
 
 /* Undo a (partial) init: release what the bound instance holds and free it. */
