@@ -366,6 +366,10 @@ static void moe_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct
     /* the experts see Nm rows: SP or one rank: all of h_mlp_n; TP without SP: our slice of it */
     ly->h_mlp = (pc->tp.tp > 1 && !pc->tp.sp && ly->h_mlp_n) ? ly->h_mlp_n + (size_t)md->row0 * D : ly->h_mlp_n;
     ly->probs = carve_f(c, A, Nm * E);
+    /* small, so not the block's last ACTS carve: a carve's end is not padded,
+     * and recompute=block (one shared set, then the slots' inputs) must not
+     * come out larger than the per-layer sets by that tail */
+    ly->f_share = carve_f(c, A, (size_t)pc->B * E);
     ly->rlse = carve_f(c, A, Nm);
     ly->topk = carve_i(c, A, Nm * k);
     ly->gates = carve_f(c, A, Nm * k);
@@ -381,7 +385,6 @@ static void moe_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct
         ly->sup = carve_f(c, A, Nm * (size_t)md->Fs);
     }
     ly->e_off = carve(c, O, (E + 1) * sizeof(int));
-    ly->f_share = carve_f(c, A, (size_t)pc->B * E);
     if (ep > 1) {
         /* dropless: every rank of the expert group may send all its M slots here */
         size_t cap = ep * M;
