@@ -387,8 +387,8 @@ void mt_ops_cpu_pin_coretype(int argc, char **argv);
  * profile is on, adds its wall time to the op's kind (one predictable branch
  * when off). Kinds: gemm (gemm, transpose), attention, xent, norm (rmsnorm and
  * the fused norm chains rmsnorm_resid, qk_norm_rope),
- * elementwise (rope, swiglu, embed, fill/axpby/sumsq/all_finite, MoE router
- * and permute/combine), optimizer (adamw, muon momentum); communication is
+ * elementwise (rope, swiglu, embed, fill/axpby/sumsq/all_finite, MoE router,
+ * permute/combine and the device routing), optimizer (adamw, muon momentum); communication is
  * not an op: the trainer adds its exposed communication time with
  * mt_ops_profile_add. Single-threaded callers only (the kernels are called
  * from one thread; their parallelism is inside). */

@@ -12,6 +12,11 @@
  * Permute/combine: pos (N*k) maps slot (n, j) to its row in the sorted
  * buffer, src_row (M) maps a sorted row back to its token.
  *
+ * Device routing (mt_ops.h "MoE device routing"): the stable counting sort,
+ * the aux loss's per-sequence statistics, the aux/z sums and gradients —
+ * the host code model/moe.c ran before, loop for loop (sequential double
+ * sums in row order: the same bits).
+ *
  * Invariant: every loop is parallel over the index that owns its output
  * rows (pos is a permutation), sums run in j order: race-free, deterministic.
  */

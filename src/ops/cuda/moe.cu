@@ -12,10 +12,16 @@
  * Permute/combine: pos (N*k) maps slot (n, j) to its row in the sorted
  * buffer, src_row (M) maps a sorted row back to its token.
  *
+ * Device routing (docs/cuda.md "MoE on the device"): the stable counting
+ * sort of the slots by expert (per (chunk, expert) counts, a one-block
+ * scan, per (chunk, expert) placement in slot order), the per-sequence
+ * statistics of the aux loss, the aux/z sums and their gradients.
+ *
  * Invariant: every thread owns the output elements it writes (the router
  * is one thread per row — E and k are small —, permute/combine one thread
- * per (row, column), combine's dgates one warp per slot) and sums in j or
- * column order: race-free, deterministic, no atomics.
+ * per (row, column), combine's dgates one warp per slot, the routing one
+ * thread per (chunk, expert)) and sums in j, column or a fixed tree order:
+ * race-free, deterministic, no atomics.
  */
 #include "cuda_impl.cuh"
 
