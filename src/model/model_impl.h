@@ -146,10 +146,9 @@ struct mt_moe_scratch {
     int32_t *route_work;         /* mt_moe_route_work(M, E) moe_route scratch                     */
     double  *seq;                /* (2, B, E) per-sequence routed-slot counts and prob sums (aux) */
     double  *loss;               /* (L, 2) each layer's aux and z sums of the last forward (device) */
-    /* host (OTHER): the test hook's staging, the TP round trip of seq */
+    /* host (OTHER): the test hook's staging, the layers' loss sums */
     float   *h_probs, *h_dprobs; /* (Nm, E) force_routing: probs in, gates out                    */
     int32_t *h_topk;             /* (Nm*k)  force_routing: the forced experts                     */
-    double  *h_seq;              /* (2, B, E) tp > 1: seq through the host model-group all-reduce */
     double  *h_loss;             /* (L, 2) host copy of loss (mt_model_forward_stage)             */
     size_t  *h_a2a;              /* (4*ep) all-to-all send/recv counts and displs                 */
     int64_t *h_ecnt;             /* (2*E) per-expert slot counts sent / received                  */
@@ -385,7 +384,8 @@ enum mt_status tpa_reduce_scatter_rows(struct mt_ctx *ctx, const struct mt_tp_ax
                                        int rows, int width);
 enum mt_status tpa_allreduce(struct mt_ctx *ctx, const struct mt_tp_axis *a, float *buf, size_t n);
 enum mt_status tpa_exit_add(struct mt_ctx *ctx, const struct mt_tp_axis *a, float *x, float *part, float *tmp);
-/* sum of n doubles over the model group on its host communicator (statistics) */
+/* sum of n doubles (backend memory: the MoE routing statistics) over the
+ * model group, on its device communicator (the host one on the cpu backend) */
 enum mt_status tpa_allreduce_f64(struct mt_ctx *ctx, const struct mt_tp_axis *a, double *buf, size_t n);
 
 /* ---- layer files ---- */

@@ -22,8 +22,7 @@
  * forward (the grouped GEMM and the all-to-all-v take host sizes); the
  * backward reuses them (no copy). The layer's aux and z sums stay in
  * moe_s->loss, read by the model once per forward for all layers. Extra
- * copies only under the test hook test_force_routing and, under TP, the
- * per-sequence statistics' host all-reduce.
+ * copies only under the test hook test_force_routing.
  * Backward:
  *     term 1: combine: dy[pos] = g dout;  dg_nj = dout_n . y[pos]
  *     term 2: per-expert SwiGLU backward on its rows -> dxp; dh = sum_j dxp[pos] (+ shared)
@@ -101,8 +100,8 @@ static enum mt_status ep_a2a(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, 
  * the z sum, and ly->f_share for the backward; all on the backend. Under TP
  * our n rows are the global rows row0.. (sequences of T rows may straddle
  * ranks): the per-sequence sums meet in one all-reduce over the model group
- * (through the host: a copy each way), and model rank 0 alone reports the
- * aux loss (every rank needs f for the backward). */
+ * (its device communicator: no host copy), and model rank 0 alone reports
+ * the aux loss (every rank needs f for the backward). */
 static enum mt_status moe_losses(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, int n)
 {
     const struct mt_ops_i *ops = pc->ops;
@@ -112,11 +111,7 @@ static enum mt_status moe_losses(struct mt_ctx *ctx, const struct mt_piece_ctx *
     const int E = pc->moe.E, k = pc->moe.top_k, B = pc->B, T = pc->T, g0 = tp->tp > 1 ? pc->moe.row0 : 0;
     const size_t nseq = (size_t)2 * B * E;
     ops->moe_seq_stats(ops->be, s->seq, ly->probs, ly->topk, n, E, k, B, T, g0);
-    if (tp->tp > 1) {
-        ops->copy_to_host(ops->be, s->h_seq, s->seq, nseq * sizeof(double));
-        MT_CHECK(tpa_allreduce_f64(ctx, tp, s->h_seq, nseq));
-        ops->copy_from_host(ops->be, s->seq, s->h_seq, nseq * sizeof(double));
-    }
+    if (tp->tp > 1) MT_CHECK(tpa_allreduce_f64(ctx, tp, s->seq, nseq));   /* on the device comm */
     ops->moe_aux_loss(ops->be, s->loss + 2 * (size_t)pc->layer, ly->f_share, s->seq, ly->rlse, n, B, E, k, T,
                       pc->moe.aux_coef, pc->moe.z_coef, !(tp->tp > 1 && tp->rank != 0));
     return MT_OK;
@@ -428,7 +423,6 @@ static void moe_carve_scratch(const struct mt_piece_ctx *pc, struct mt_carver *c
         s->h_dprobs = carve_f(c, O, Nm * E);
         s->h_topk = carve_i(c, O, Nm * k);
     }
-    if (pc->tp.tp > 1) s->h_seq = carve(c, O, (size_t)pc->B * E * 2 * sizeof(double));
     s->h_loss = carve(c, O, (size_t)md->L * 2 * sizeof(double));
 }
 

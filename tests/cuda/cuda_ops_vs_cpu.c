@@ -1380,7 +1380,7 @@ static void test_moe_route(void)
             go[p] = downi(b, dof, (size_t)E + 1);
             release(b);
         }
-        char w[128];
+        char w[96];
         snprintf(w, sizeof w, "N=%d k=%d E=%d%s cpu = a plain stable sort (differing)", N, k, E, skew ? " skewed" : "");
         report("moe_route", w,
                (double)(ndiff(gp[0], rp, M) + ndiff(gs[0], rs, M) + ndiff(go[0], ro, (size_t)E + 1)), 0);
@@ -1427,7 +1427,7 @@ static void test_moe_aux(void)
         /* the counts against the routing itself (every slot counted once) */
         double tot = 0;
         for (size_t i = 0; i < nq; i++) tot += rseq[0][i];
-        char w[128];
+        char w[96];
         snprintf(w, sizeof w, "N=%d B=%d T=%d E=%d k=%d g0=%d cpu counts sum to N k (off by)", N, B, T, E, k, g0);
         report("moe_seq_stats", w, fabs(tot - (double)N * k), 0);
         snprintf(w, sizeof w, "N=%d B=%d T=%d E=%d k=%d g0=%d counts, prob sums (=)", N, B, T, E, k, g0);
