@@ -39,8 +39,6 @@
 
 #include "../dist/mt_comm.h"
 
-#include <string.h>
-
 /*
  * HOW IT WORKS — expert parallelism (ep > 1). This rank holds experts
  * [e0, e0+Ee). After routing, its slots are sorted by GLOBAL expert, so the
