@@ -19,8 +19,9 @@
 #      (first loss to 1e-5) and stay within the step tolerance of it
 #      (bf16_curve.py --other: fp32 re-association noise flips bf16
 #      roundings, so not 1e-6 as in fp32); pp=2 is even bit-identical;
-#   4. MoE (pattern=AE): the routed experts stay fp32 and the receipt's
-#      fallback_reason says so; the run follows its fp32 curve;
+#   4. MoE (pattern=AEAE): the routed experts run on bf16 shadows too (the
+#      plan's params bucket counts them), fallback_reason names nothing;
+#      the run follows its fp32 curve;
 #   5. grad_reduce_dtype=bf16 (gradients reduced over the data group in
 #      bf16, fp32 accumulation per pair) on dp=2, ZeRO-0 and ZeRO-2: follows
 #      the fp32-reduction curve within the step tolerance and differs from it;
@@ -91,11 +92,34 @@ for c in "dp2z3 2 --zero 3" "pp2 2 --mesh pp=2" "tp2 2 --mesh tp=2"; do
     else bad "bf16 $name ($*) = bf16 one rank"; tail -3 "$W/bf16_$name.log"; fi
 done
 
-# 4. MoE: experts in fp32, named
+# 4. MoE: the routed experts in bf16 too (bf16 shadows: the params bucket
+#    grows by 2 bytes per element of every expert matrix as well), nothing
+#    named in fallback_reason; the run follows its fp32 curve
 if run 1 "$W/moe32" $MOE && run 1 "$W/moe16" $MOE --set precision=bf16 &&
    python3 "$HERE/bf16_curve.py" "$W/moe32/receipt.json" "$W/moe16/receipt.json" &&
-   python3 -c "import json,sys; r=json.load(open(sys.argv[1])); f=r['backend']['fallback_reason'] or ''; print('   fallback_reason:', f); sys.exit('routed experts' not in f)" "$W/moe16/receipt.json"; then
-    ok "MoE bf16 follows its fp32 curve; fallback_reason names the fp32 routed experts"
+   python3 - "$W/moe32/receipt.json" "$W/moe16/receipt.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+f = b["backend"]["fallback_reason"] or ""
+print("   fallback_reason:", repr(f))
+assert "routed experts" not in f, f
+c = b["config"]
+D, L, V, H, K, E = c["d_model"], c["n_layer"], c["vocab_size"], c["n_head"], c["n_kv_head"], c["n_experts"]
+Fe, Fs, hd = c["expert_hidden"], c["shared_expert_hidden"], D // c["n_head"]
+F = -(-8 * D // 3); F = -(-F // 64) * 64
+att = [H * hd * D, K * hd * D, K * hd * D, D * H * hd]
+shadows = [V * D]
+for l in c["pattern"]:
+    shadows += att + ([F * D] * 3 if l == "A" else [Fe * D] * 3 * E + [Fs * D] * 3)
+want = sum(-(-2 * n // 64) * 64 for n in shadows)
+pa, pb = a["memory"]["plan_bytes"]["params"], b["memory"]["plan_bytes"]["params"]
+print("   plan params fp32 %d bf16 %d (+%d, shadows incl. %d experts x %d layers: %d)"
+      % (pa, pb, pb - pa, E, c["pattern"].count("E"), want))
+assert pb - pa == want, (pb - pa, want)
+assert b["memory"]["measured_peak_bytes"]["params"] == pb
+PY
+then
+    ok "MoE bf16 (routed experts on bf16 shadows) follows its fp32 curve; no fallback_reason"
 else bad "MoE bf16"; fi
 
 # 5. grad_reduce_dtype=bf16 over dp=2 (ZeRO-0 all-reduce and ZeRO-2

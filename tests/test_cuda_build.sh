@@ -46,7 +46,8 @@
 #           --zero 1|2|3` (dense) and `--zero 3` (MoE) on the one-GPU device
 #           mesh (self_dev comms) equal the cpu runs to 1e-5. Every run's exit
 #           status is checked (those run in the background too);
-#        c2. precision=bf16 (6 steps dense): emulated cuda bf16 follows the
+#        c2. precision=bf16 (6 steps dense, then MoE with the routed experts
+#           on bf16 shadows): emulated cuda bf16 follows the
 #           cpu fp32 loss curve within the step tolerance of docs/cuda.md
 #           (tests/bf16_curve.py), starts equal to the cpu bf16 run (1e-5)
 #           and stays within the tolerance of it, and its receipt shows the
@@ -394,6 +395,20 @@ PY
 sys.exit(not (g['gemm_bf16_direct'] > 0 and g['gemm_bf16_fallbacks'] == 0 and g['attention_tc_calls'] > 0 and g['attention_fp32_fallbacks'] == 0))" "$EMU/run_bf16_cuda/receipt.json"; then
         echo "PASS emulated train precision=bf16: cuda follows the fp32 curve within the step tolerance, starts equal to cpu bf16, shadows used as stored, attention on tensor cores ($(( $(date +%s) - t2 ))s)"
     else echo "FAIL: emulated train precision=bf16"; fail=1; fi
+    # c2 MoE: the same with pattern=AE, whose routed experts run on their bf16
+    #     shadows (one gemm_bf16 per expert group, docs/cuda.md "MoE on the
+    #     device"): no fallback_reason, no grouped fp32 GEMM call at all
+    t2=$(date +%s)
+    if run6 bf16ref_moe_cpu $MOE --set backend=cpu && run6 bf16_moe_cpu $MOE --set backend=cpu --set precision=bf16 &&
+       run6 bf16_moe_cuda $MOE --backend cuda --set precision=bf16 &&
+       python3 "$SRC/tests/bf16_curve.py" "$EMU/run_bf16ref_moe_cpu/receipt.json" "$EMU/run_bf16_moe_cuda/receipt.json" \
+           --other "$EMU/run_bf16_moe_cpu/receipt.json" &&
+       python3 -c "import json,sys; r=json.load(open(sys.argv[1])); g=r['gpu']; f=r['backend']['fallback_reason']; \
+print('   gpu:', {k: g[k] for k in g if k.startswith('gemm_bf16') or k.startswith('gemm_grouped')}, 'fallback_reason:', repr(f)); \
+sys.exit(not (g['gemm_bf16_direct'] > 0 and g['gemm_bf16_fallbacks'] == 0 and g['gemm_grouped_calls'] == 0 and not f))" \
+           "$EMU/run_bf16_moe_cuda/receipt.json"; then
+        echo "PASS emulated train precision=bf16, MoE: routed experts on bf16 shadows, cuda follows the fp32 curve, starts equal to cpu bf16 ($(( $(date +%s) - t2 ))s)"
+    else echo "FAIL: emulated train precision=bf16 MoE"; fail=1; fi
     # c3. `meshtrain logits --backend cuda` (issue 20 item 5, meshtrain's side): the
     #     dense and MoE checkpoints of the cpu runs of c, one forward on the
     #     emulated cuda backend == the CPU build's `logits` (default --backend

@@ -15,7 +15,9 @@
 #      --backend cuda (same binary): dense dp=2 x ZeRO 0/1/2/3, tp=2 with
 #      and without sequence parallelism, pp=2 (2 microbatches), dp=2,tp=2
 #      ZeRO-3 (4 ranks); MoE ep=2 with ZeRO 0 and 3 (the all-to-all-v
-#      rows, the expert engine; ep is data for the dense parameters). Every
+#      rows, the expert engine; ep is data for the dense parameters); MoE
+#      tp=2 (the device routing's per-sequence statistics through the
+#      host model-group all-reduce, docs/cuda.md "MoE on the device"). Every
 #      run exits 0; the cuda run's receipt says backend cuda and its mesh
 #      trace a device communicator "dev=nccl" (so NCCL, not the host comm,
 #      carried the device buffers); losses, lm, aux and z losses equal the
@@ -180,6 +182,7 @@ pp2     2 TINY --mesh pp=2 --set microbatches=2
 dp2tp2  4 TINY --mesh dp=2,tp=2 --zero 3
 ep2     2 MOE  --mesh ep=2
 ep2z3   2 MOE  --mesh ep=2 --zero 3
+moetp2  2 MOE  --mesh tp=2
 CASES
 
 echo "$passes passed, $fails failed; $(( $(date +%s) - t0 ))s"

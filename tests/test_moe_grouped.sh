@@ -7,6 +7,9 @@
 #     grad norms, lrs) and every tensor of the final checkpoint bit-identical;
 #  2. LoRA without the expert target (frozen experts, no adapters), one rank;
 #  3. full training (no LoRA), one rank;
+#  4. precision=bf16 (the routed experts on their bf16 shadows, one
+#     gemm_bf16 per group), one rank and ep=2, and with LoRA on every
+#     target (the frozen experts' shadows, fp32 adapters) on one rank;
 #  and each loop run's receipt says moe_grouped=0 from the command line (the
 #  switch was applied), the grouped one the default 1.
 # Frozen experts getting weight gradients is caught by test_model_grad (its
@@ -46,6 +49,10 @@ same "lora np1" 1 $MOE $LORA
 same "lora ep2" 2 $MOE $LORA --mesh ep=2
 same "lora q,v (frozen experts, no adapters) np1" 1 $MOE --set lora_rank=4 --set lora_targets=q,v
 same "full np1" 1 $MOE
+# precision=bf16: the experts on bf16 shadows, one gemm_bf16 per group (wlinear's calls)
+same "bf16 np1" 1 $MOE --set precision=bf16
+same "bf16 ep2" 2 $MOE --set precision=bf16 --mesh ep=2
+same "lora bf16 np1" 1 $MOE $LORA --set precision=bf16
 # the LoRA runs trained their adapters: the loss moved (a frozen no-op would pass the above too)
 python3 - "$W/lora np1_g/receipt.json" <<'PY' && ok "lora np1: the loss moved" || bad "lora np1: the loss moved"
 import json, sys

@@ -1403,6 +1403,164 @@ static int run_moe(struct harness *h)
 }
 
 /* ------------------------------------------------------------------------ */
+/* MoE device routing: moe_route, moe_seq_stats, moe_aux_loss, moe_aux_backward */
+
+/* The aux and z losses as the model normalises them, in fp64, of probs and
+ * lse (f, the routed shares, is a constant: no gradient). */
+struct aux_case {
+    int N, B, T, E, k, g0;
+    const int32_t *topk;
+    double *p, *lse, *f;   /* (N,E), (N), (B,E) */
+    double aux_coef, z_coef, n_seq, n_tok;
+};
+static double aux_loss_ref(void *ud)
+{
+    struct aux_case *a = ud;
+    double aux = 0, z = 0;
+    for (int i = 0; i < a->N; i++) {
+        int q = (a->g0 + i) / a->T;
+        for (int e = 0; e < a->E; e++)
+            aux += a->aux_coef * a->E * a->f[(size_t)q * a->E + e] * a->p[(size_t)i * a->E + e] / a->T;
+        z += a->lse[i] * a->lse[i];
+    }
+    return aux / a->n_seq + a->z_coef * z / a->n_tok;
+}
+
+static void routing_case(struct harness *h, int N, int B, int T, int E, int k, int g0, int skew)
+{
+    const size_t M = (size_t)N * k, ne = (size_t)N * E, nq = (size_t)B * E;
+    char cs[96];
+    snprintf(cs, sizeof cs, "N=%d B=%d T=%d E=%d k=%d g0=%d%s", N, B, T, E, k, g0, skew ? " skewed" : "");
+    /* k distinct experts per row (skewed: mostly the first k+1, the rest empty) */
+    int32_t *topk = new_i(h, M ? M : 1);
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < k; j++) {
+            int e, dup;
+            do {
+                e = skew && irand(h, 4) ? irand(h, k + 1 < E ? k + 1 : E) : irand(h, E);
+                dup = 0;
+                for (int m = 0; m < j; m++) dup |= topk[(size_t)n * k + m] == e;
+            } while (dup);
+            topk[(size_t)n * k + j] = e;
+        }
+    /* the stable sort and the statistics, written out plainly */
+    int32_t *pos = new_i(h, M ? M : 1), *src = new_i(h, M ? M : 1), *off = new_i(h, (size_t)E + 1);
+    int32_t r = 0;
+    for (int e = 0; e < E; e++) {
+        off[e] = r;
+        for (size_t sl = 0; sl < M; sl++)
+            if (topk[sl] == e) {
+                pos[sl] = r;
+                src[r++] = (int32_t)(sl / (size_t)k);
+            }
+    }
+    off[E] = r;
+    float *p = rand_f(h, ne, 0, 1), *lse = rand_f(h, (size_t)N, -3, 3);
+    double *seq = new_d(h, 2 * nq), *f = new_d(h, nq);
+    for (int i = 0; i < N; i++) {
+        int q = (g0 + i) / T;
+        for (int j = 0; j < k; j++) seq[(size_t)q * E + topk[(size_t)i * k + j]] += 1;
+        for (int e = 0; e < E; e++) seq[nq + (size_t)q * E + e] += p[(size_t)i * E + e];
+    }
+    const float ac = 0.01f, zc = 0.001f;
+    const double nseq = 3, ntok = 97;
+    double loss[2] = {0, 0};
+    for (int q = 0; q < B; q++)
+        for (int e = 0; e < E; e++) {
+            f[(size_t)q * E + e] = (float)(seq[(size_t)q * E + e] / ((double)T * k));
+            loss[0] += (double)ac * E * f[(size_t)q * E + e] * seq[nq + (size_t)q * E + e] / T;
+        }
+    for (int i = 0; i < N; i++) loss[1] += (double)zc * lse[i] * lse[i];
+    double *dp = new_d(h, ne), *dl = new_d(h, (size_t)N);
+    for (int i = 0; i < N; i++) {
+        for (int e = 0; e < E; e++) dp[(size_t)i * E + e] = (double)ac * E * f[(size_t)((g0 + i) / T) * E + e] / T / nseq;
+        dl[i] = 2.0 * zc * lse[i] / ntok;
+    }
+    if (!h->ops) {
+        struct aux_case a = {N, B, T, E, k, g0, topk, to_d(h, p, ne), to_d(h, lse, (size_t)N), f, ac, zc, nseq, ntok};
+        checkf(h, "moe_aux_backward", fd_err(a.p, ne, dp, aux_loss_ref, &a), TOL_FD, "%s fd dprobs", cs);
+        checkf(h, "moe_aux_backward", fd_err(a.lse, (size_t)N, dl, aux_loss_ref, &a), TOL_FD, "%s fd dlse", cs);
+        return;
+    }
+    if (has(h, "moe_route", h->ops->moe_route != NULL)) {
+        size_t nw = mt_moe_route_work(M, (size_t)E);
+        int32_t *dt = up_i(h, topk, M), *work = dalloc(h, (nw ? nw : 1) * sizeof(int32_t));
+        int32_t *dpos[2], *dsrc[2], *doff[2];
+        for (int t = 0; t < 2; t++) {
+            dpos[t] = dalloc(h, (M ? M : 1) * sizeof(int32_t));
+            dsrc[t] = dalloc(h, (M ? M : 1) * sizeof(int32_t));
+            doff[t] = dalloc(h, ((size_t)E + 1) * sizeof(int32_t));
+            h->ops->moe_route(h->ops->be, dpos[t], dsrc[t], doff[t], work, dt, N, k, E);
+        }
+        int32_t *gp = down_i(h, dpos[0], M), *gs = down_i(h, dsrc[0], M), *go = down_i(h, doff[0], (size_t)E + 1);
+        checkf(h, "moe_route", ndiff_i(gp, pos, M) + ndiff_i(gs, src, M) + ndiff_i(go, off, (size_t)E + 1), 0,
+               "%s pos, src_row, e_off (=) exact", cs);
+        checkf(h, "moe_route",
+               ndiff_i(gp, down_i(h, dpos[1], M), M) + ndiff_i(gs, down_i(h, dsrc[1], M), M) +
+                   ndiff_i(go, down_i(h, doff[1], (size_t)E + 1), (size_t)E + 1),
+               0, "%s determinism", cs);
+    }
+    if (N == 0) return;
+    float *dpr = up_f(h, p, ne), *dls = up_f(h, lse, (size_t)N);
+    int32_t *dtk = up_i(h, topk, M);
+    double *dseq = dalloc(h, 2 * nq * sizeof(double));
+    double *hseq = new_d(h, 2 * nq), *hseq2 = new_d(h, 2 * nq);
+    if (has(h, "moe_seq_stats", h->ops->moe_seq_stats != NULL)) {
+        h->ops->moe_seq_stats(h->ops->be, dseq, dpr, dtk, N, E, k, B, T, g0);
+        h->ops->sync(h->ops->be);
+        h->ops->copy_to_host(h->ops->be, hseq, dseq, 2 * nq * sizeof(double));
+        checkf(h, "moe_seq_stats", err_rel_d(hseq, seq, nq), 0, "%s counts (=) exact", cs);
+        checkf(h, "moe_seq_stats", err_rel_d(hseq + nq, seq + nq, nq), TOL_FWD, "%s prob sums (=)", cs);
+        h->ops->moe_seq_stats(h->ops->be, dseq, dpr, dtk, N, E, k, B, T, g0);
+        h->ops->sync(h->ops->be);
+        h->ops->copy_to_host(h->ops->be, hseq2, dseq, 2 * nq * sizeof(double));
+        checkf(h, "moe_seq_stats", ndiff(hseq, hseq2, 4 * nq), 0, "%s determinism", cs);
+    }
+    float *fh = new_f(h, nq);
+    for (size_t i = 0; i < nq; i++) fh[i] = (float)f[i];
+    if (has(h, "moe_aux_loss", h->ops->moe_aux_loss != NULL)) {
+        double *dloss = dalloc(h, 2 * sizeof(double)), got[2], got2[2], got0[2];
+        float *df = up_f(h, nan_f(h, nq), nq), *df2 = up_f(h, nan_f(h, nq), nq);
+        h->ops->copy_from_host(h->ops->be, dseq, seq, 2 * nq * sizeof(double));
+        h->ops->moe_aux_loss(h->ops->be, dloss, df, dseq, dls, N, B, E, k, T, ac, zc, 1);
+        h->ops->sync(h->ops->be);
+        h->ops->copy_to_host(h->ops->be, got, dloss, sizeof got);
+        float *gf = down_f(h, df, nq);
+        checkf(h, "moe_aux_loss", err_rel_d(got, loss, 2), TOL_FWD, "%s aux, z sums (=)", cs);
+        checkf(h, "moe_aux_loss", ndiff(gf, fh, nq), 0, "%s f_share (=) exact", cs);
+        h->ops->moe_aux_loss(h->ops->be, dloss, df2, dseq, dls, N, B, E, k, T, ac, zc, 1);
+        h->ops->sync(h->ops->be);
+        h->ops->copy_to_host(h->ops->be, got2, dloss, sizeof got2);
+        checkf(h, "moe_aux_loss", ndiff(got, got2, 4) + ndiff(gf, down_f(h, df2, nq), nq), 0, "%s determinism", cs);
+        h->ops->moe_aux_loss(h->ops->be, dloss, df2, dseq, dls, N, B, E, k, T, ac, zc, 0);
+        h->ops->sync(h->ops->be);
+        h->ops->copy_to_host(h->ops->be, got0, dloss, sizeof got0);
+        checkf(h, "moe_aux_loss", fabs(got0[0]) + ndiff(&got0[1], &got[1], 2), 0, "%s count_aux 0: aux 0, z kept", cs);
+    }
+    if (has(h, "moe_aux_backward", h->ops->moe_aux_backward != NULL)) {
+        float *df = up_f(h, fh, nq), *ddp = up_f(h, nan_f(h, ne), ne), *ddl = up_f(h, nan_f(h, (size_t)N), (size_t)N);
+        h->ops->moe_aux_backward(h->ops->be, ddp, ddl, df, dls, N, E, T, g0, ac, zc, nseq, ntok);
+        float *gp = down_f(h, ddp, ne), *gl = down_f(h, ddl, (size_t)N);
+        checkf(h, "moe_aux_backward", err_rel(h, gp, dp, ne), TOL_BWD, "%s dprobs (=)", cs);
+        checkf(h, "moe_aux_backward", err_rel(h, gl, dl, (size_t)N), TOL_BWD, "%s dlse (=)", cs);
+        h->ops->moe_aux_backward(h->ops->be, ddp, ddl, df, dls, N, E, T, g0, ac, zc, nseq, ntok);
+        checkf(h, "moe_aux_backward", ndiff(gp, down_f(h, ddp, ne), ne) + ndiff(gl, down_f(h, ddl, (size_t)N), (size_t)N),
+               0, "%s determinism", cs);
+    }
+}
+
+static int run_routing(struct harness *h)
+{
+    int f0 = h->n_fail;
+    routing_case(h, 64, 4, 16, 8, 2, 0, 0);      /* one rank: N = B T */
+    routing_case(h, 600, 3, 200, 16, 4, 0, 1);   /* several route chunks, empty experts */
+    routing_case(h, 37, 4, 16, 4, 2, 10, 0);     /* a TP rank's rows straddling sequences */
+    routing_case(h, 5, 1, 5, 70, 2, 0, 0);       /* E above a warp */
+    routing_case(h, 0, 1, 4, 4, 2, 0, 0);        /* no rows */
+    return h->n_fail == f0;
+}
+
+/* ------------------------------------------------------------------------ */
 /* optimizers                                                               */
 
 /* PyTorch AdamW: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p *= 1 - lr wd;
@@ -1773,6 +1931,7 @@ static const struct op_test op_tests[] = {
     {"xent", run_xent},
     {"router", run_router},
     {"moe", run_moe},
+    {"moe_routing", run_routing},
     {"adamw_update", run_adamw},
     {"muon_momentum", run_muon},
     {"fused", run_fused},

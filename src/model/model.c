@@ -418,14 +418,15 @@ static int stage_has_kind(const struct mt_model *m, int k)
 
 
 /* precision=bf16: the matrices that get a bf16 shadow — those whose GEMMs
- * run through proj_fwd / proj_bwd (attention, dense MLP, shared expert) and
- * the lm head. Not the router (fp32 by design), routed experts (the grouped
- * GEMM has no bf16 operand form yet: fp32), Mamba-3's projections (direct
- * gemm calls, fp32), LoRA adapters (small; fp32). */
+ * run through proj_fwd / proj_bwd (attention, dense MLP, shared expert), the
+ * routed experts (moe_experts.c: wlinear's gemm_bf16 calls per group) and
+ * the lm head. Not the router (fp32 by design), Mamba-3's projections
+ * (direct gemm calls, fp32), LoRA adapters (small; fp32). */
 static int bf16_shadowed(const struct mt_param *p)
 {
     if (p->ndim != 2 || strstr(p->name, ".lora_")) return 0;
-    return p->role == MT_ROLE_HEAD || (p->role == MT_ROLE_DENSE && !strstr(p->name, "mixer."));
+    return p->role == MT_ROLE_HEAD || p->role == MT_ROLE_EXPERT ||
+           (p->role == MT_ROLE_DENSE && !strstr(p->name, "mixer."));
 }
 
 /* Carve every buffer. With NULL bases only the offsets (sizes) advance;
@@ -1027,6 +1028,30 @@ static enum mt_status model_block_backward(struct mt_ctx *ctx, struct mt_model *
     return k->mixer->backward(ctx, &pc);      /* dx: d x_mid -> d x_in  */
 }
 
+/* Add the aux and z sums of this stage's MoE layers' last forward (moe.c
+ * leaves them on the backend, in moe_s.loss) to *aux and *z, in layer
+ * order (the order the layers' sums were added in before they moved to the
+ * device: the same bits). One device-to-host copy per forward for all
+ * layers; none for a stage without MoE layers. */
+static void moe_loss_sums(struct mt_model *m, double *aux, double *z)
+{
+    int l0 = -1, l1 = -1;
+    for (int l = m->l0; l < m->l1; l++)
+        if (mt_blocks_kind(m->layers[l].kind)->ffn == &mt_piece_moe) {
+            if (l0 < 0) l0 = l;
+            l1 = l + 1;
+        }
+    if (l0 < 0) return;
+    double *h = m->moe_s.h_loss;
+    m->ops->copy_to_host(m->ops->be, h + 2 * (size_t)l0, m->moe_s.loss + 2 * (size_t)l0,
+                         (size_t)(l1 - l0) * 2 * sizeof(double));
+    for (int l = l0; l < l1; l++)
+        if (mt_blocks_kind(m->layers[l].kind)->ffn == &mt_piece_moe) {
+            *aux += h[2 * (size_t)l];
+            *z += h[2 * (size_t)l + 1];
+        }
+}
+
 /* Arguments of a training forward over the microbatch's B x T rows. */
 static struct mt_piece_fwd train_fwd(const struct mt_model *m, float *x_out, int want_loss)
 {
@@ -1123,6 +1148,7 @@ enum mt_status mt_model_forward_stage(struct mt_ctx *ctx, struct mt_model *m, co
         aux += a.aux;
         z += a.z;
     }
+    if (targets && m->any_moe) moe_loss_sums(m, &aux, &z);
     double lm = 0;
     if (targets) m->norm = *norm;   /* the head's fused cross-entropy needs dscale now */
     if (m->last) {

@@ -100,7 +100,7 @@ struct mt_layer {
     int     *r_cnt;    /* (ep*Ee) rows from source rank s for local expert j: [s*Ee+j] */
     int      r_rows;   /* sum of r_cnt                                               */
     float   *rx;       /* (ep*M, D) received expert inputs (capacity: dropless worst case) */
-    float   *f_share;  /* (B, E)  f[s,e]: share of sequence s's T*k slots (no grad) */
+    float   *f_share;  /* (B, E)  f[s,e]: share of sequence s's T*k slots (no grad; ACTS) */
     /* Mamba-3 (M): the mixer's saved activations (ACTS, one carve); the
      * input norm lives in h_attn_n / rstd_attn, the output in x_mid */
     struct mt_mamba3_acts mb;
@@ -142,12 +142,14 @@ struct mt_moe_scratch {
     float   *drl, *dprobs;       /* (Nm, E) d router logits (the logits in forward), d probs (aux) */
     float   *dgates;             /* (Nm, k)                                                       */
     float   *dlse;               /* (Nm)                                                          */
-    float   *h_probs, *h_dprobs; /* (Nm, E) host                                                  */
-    float   *h_rlse, *h_dlse;    /* (Nm)                                                          */
-    int32_t *h_topk, *h_pos;     /* (Nm*k)                                                        */
-    int32_t *h_src;              /* (M)                                                           */
-    int     *h_cnt;              /* (E)                                                           */
-    double  *h_seq;              /* (2, B, E) per-sequence routed-slot counts and prob sums (aux) */
+    int32_t *e_off_d;            /* (E+1) device expert offsets (moe_route; copied to ly->e_off)   */
+    int32_t *route_work;         /* mt_moe_route_work(M, E) moe_route scratch                     */
+    double  *seq;                /* (2, B, E) per-sequence routed-slot counts and prob sums (aux) */
+    double  *loss;               /* (L, 2) each layer's aux and z sums of the last forward (device) */
+    /* host (OTHER): the test hook's staging, the layers' loss sums */
+    float   *h_probs, *h_dprobs; /* (Nm, E) force_routing: probs in, gates out                    */
+    int32_t *h_topk;             /* (Nm*k)  force_routing: the forced experts                     */
+    double  *h_loss;             /* (L, 2) host copy of loss (mt_model_forward_stage)             */
     size_t  *h_a2a;              /* (4*ep) all-to-all send/recv counts and displs                 */
     int64_t *h_ecnt;             /* (2*E) per-expert slot counts sent / received                  */
     double  *load;               /* (L*E) routed slots per expert since the last reset (moe_load) */
@@ -382,7 +384,8 @@ enum mt_status tpa_reduce_scatter_rows(struct mt_ctx *ctx, const struct mt_tp_ax
                                        int rows, int width);
 enum mt_status tpa_allreduce(struct mt_ctx *ctx, const struct mt_tp_axis *a, float *buf, size_t n);
 enum mt_status tpa_exit_add(struct mt_ctx *ctx, const struct mt_tp_axis *a, float *x, float *part, float *tmp);
-/* sum of n doubles over the model group on its host communicator (statistics) */
+/* sum of n doubles (backend memory: the MoE routing statistics) over the
+ * model group, on its device communicator (the host one on the cpu backend) */
 enum mt_status tpa_allreduce_f64(struct mt_ctx *ctx, const struct mt_tp_axis *a, double *buf, size_t n);
 
 /* ---- layer files ---- */

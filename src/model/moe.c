@@ -10,10 +10,19 @@
  *            f[s,e] = #slots of sequence s routed to e / (T*k)  (a constant: no gradient)
  *            P[s,e] = mean_t p[s,t,e]
  *     z    = z_coef * sum_n lse_n^2                          (normalised by n_tokens)
- * Dispatch: slots (n, j) are stably sorted by expert (host counting sort), so
- * expert e owns the contiguous rows [e_off[e], e_off[e+1]) of the sorted
- * buffer; pos[n*k+j] is the slot's row, src_row[m] its token. Every expert then
- * runs as plain GEMMs on its row range (any expert may get all M rows).
+ * Dispatch: slots (n, j) are stably sorted by expert (ops->moe_route, a
+ * counting sort on the backend), so expert e owns the contiguous rows
+ * [e_off[e], e_off[e+1]) of the sorted buffer; pos[n*k+j] is the slot's row,
+ * src_row[m] its token. Every expert then runs as plain GEMMs on its row
+ * range (any expert may get all M rows).
+ *
+ * Host traffic per MoE layer (docs/cuda.md "MoE on the device"): routing,
+ * the loss statistics and the aux/z gradients stay on the backend. The one
+ * device-to-host copy is the E+1 expert offsets after moe_route, once per
+ * forward (the grouped GEMM and the all-to-all-v take host sizes); the
+ * backward reuses them (no copy). The layer's aux and z sums stay in
+ * moe_s->loss, read by the model once per forward for all layers. Extra
+ * copies only under the test hook test_force_routing.
  * Backward:
  *     term 1: combine: dy[pos] = g dout;  dg_nj = dout_n . y[pos]
  *     term 2: per-expert SwiGLU backward on its rows -> dxp; dh = sum_j dxp[pos] (+ shared)
@@ -29,34 +38,6 @@
 #include "moe_experts.h"
 
 #include "../dist/mt_comm.h"
-
-#include <string.h>
-
-/* Counting sort of the N*k slots by expert, stable in slot order. */
-static void route_slots(const struct mt_piece_ctx *pc, int n)
-{
-    struct mt_moe_scratch *s = pc->moe_s;
-    struct mt_layer *ly = pc->ly;
-    const int E = pc->moe.E, k = pc->moe.top_k;
-    int *cnt = s->h_cnt;
-    memset(cnt, 0, (size_t)E * sizeof(int));
-    for (int i = 0; i < n * k; i++) {
-        int e = s->h_topk[i];
-        MT_ASSERT(e >= 0 && e < E);
-        cnt[e]++;
-    }
-    ly->e_off[0] = 0;
-    for (int e = 0; e < E; e++) {
-        ly->e_off[e + 1] = ly->e_off[e] + cnt[e];
-        cnt[e] = 0;
-    }
-    for (int i = 0; i < n * k; i++) {
-        int e = s->h_topk[i];
-        int r = ly->e_off[e] + cnt[e]++;
-        s->h_pos[i] = r;
-        s->h_src[r] = i / k;
-    }
-}
 
 /*
  * HOW IT WORKS — expert parallelism (ep > 1). This rank holds experts
@@ -113,48 +94,24 @@ static enum mt_status ep_a2a(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, 
 }
 
 /* The auxiliary losses of the n rows just routed (forward with targets):
- * *aux_sum (model rank 0 only under TP) and *z_sum, and ly->f_share for
- * the backward. */
-static enum mt_status moe_losses(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, int n, double *aux_sum,
-                                 double *z_sum)
+ * moe_s->loss[2*layer] = the aux sum (model rank 0 only under TP), [+1] =
+ * the z sum, and ly->f_share for the backward; all on the backend. Under TP
+ * our n rows are the global rows row0.. (sequences of T rows may straddle
+ * ranks): the per-sequence sums meet in one all-reduce over the model group
+ * (its device communicator: no host copy), and model rank 0 alone reports
+ * the aux loss (every rank needs f for the backward). */
+static enum mt_status moe_losses(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, int n)
 {
     const struct mt_ops_i *ops = pc->ops;
     const struct mt_tp_axis *tp = &pc->tp;
     struct mt_moe_scratch *s = pc->moe_s;
     struct mt_layer *ly = pc->ly;
-    const int E = pc->moe.E, k = pc->moe.top_k;
-    /* aux: per sequence of the microbatch, f from the routing and P from the
-     * probs (host, double sums). Under TP our n rows are the global rows
-     * row0.. (sequences of T rows may straddle ranks): the per-sequence sums
-     * meet in one all-reduce over the model group, and model rank 0 alone
-     * reports the aux loss (every rank needs f for the backward). */
-    ops->copy_to_host(ops->be, s->h_probs, ly->probs, (size_t)n * E * sizeof(float));
-    ops->copy_to_host(ops->be, s->h_rlse, ly->rlse, (size_t)n * sizeof(float));
-    const int B = pc->B, T = pc->T, g0 = tp->tp > 1 ? pc->moe.row0 : 0;
-    double *cnt = s->h_seq, *psum = s->h_seq + (size_t)B * E;
-    memset(s->h_seq, 0, (size_t)2 * B * E * sizeof(double));
-    for (int i = 0; i < n; i++) {
-        int q = (g0 + i) / T;
-        MT_ASSERT(q < B);
-        for (int j = 0; j < k; j++) cnt[(size_t)q * E + s->h_topk[(size_t)i * k + j]] += 1.0;
-        for (int e = 0; e < E; e++) psum[(size_t)q * E + e] += (double)s->h_probs[(size_t)i * E + e];
-    }
-    if (tp->tp > 1) MT_CHECK(tpa_allreduce_f64(ctx, tp, s->h_seq, (size_t)2 * B * E));
-    double aux = 0.0;
-    for (int q = 0; q < B; q++) {
-        float *f = ly->f_share + (size_t)q * E;
-        double acc = 0.0;
-        for (int e = 0; e < E; e++) {
-            f[e] = (float)(cnt[(size_t)q * E + e] / ((double)T * k));
-            acc += (double)f[e] * (psum[(size_t)q * E + e] / (double)T);
-        }
-        aux += (double)pc->moe.aux_coef * E * acc;
-    }
-    if (tp->tp > 1 && tp->rank != 0) aux = 0.0;
-    double z = 0.0;
-    for (int i = 0; i < n; i++) z += (double)s->h_rlse[i] * (double)s->h_rlse[i];
-    *aux_sum = aux;
-    *z_sum = (double)pc->moe.z_coef * z;
+    const int E = pc->moe.E, k = pc->moe.top_k, B = pc->B, T = pc->T, g0 = tp->tp > 1 ? pc->moe.row0 : 0;
+    const size_t nseq = (size_t)2 * B * E;
+    ops->moe_seq_stats(ops->be, s->seq, ly->probs, ly->topk, n, E, k, B, T, g0);
+    if (tp->tp > 1) MT_CHECK(tpa_allreduce_f64(ctx, tp, s->seq, nseq));   /* on the device comm */
+    ops->moe_aux_loss(ops->be, s->loss + 2 * (size_t)pc->layer, ly->f_share, s->seq, ly->rlse, n, B, E, k, T,
+                      pc->moe.aux_coef, pc->moe.z_coef, !(tp->tp > 1 && tp->rank != 0));
     return MT_OK;
 }
 
@@ -181,13 +138,14 @@ static void force_routing(const struct mt_piece_ctx *pc, int n)
 }
 
 /* out (n, D) += moe(h) for the n rows ly->h_mlp (global rows row0.. of the
- * microbatch under TP, sequences of T rows). When want_loss, *aux_sum =
- * sum_s aux_coef*E*sum_e f P (the whole microbatch's sequences, counted on
- * model rank 0 only: per-sequence statistics are all-reduced over the model
- * group) and *z_sum = z_coef * sum over the n rows of lse^2 (un-normalised;
- * the model divides by the global counts). */
+ * microbatch under TP, sequences of T rows). When want_loss, the layer's
+ * slot of moe_s->loss (device) gets the aux sum sum_s aux_coef*E*sum_e f P
+ * (the whole microbatch's sequences, counted on model rank 0 only:
+ * per-sequence statistics are all-reduced over the model group) and the z
+ * sum z_coef * sum over the n rows of lse^2 (un-normalised; the model
+ * divides by the global counts: mt_model_forward_stage). */
 static enum mt_status moe_forward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, float *out, int n,
-                                  int want_loss, double *aux_sum, double *z_sum)
+                                  int want_loss)
 {
     const struct mt_ops_i *ops = pc->ops;
     const struct mt_moe_dims *md = &pc->moe;
@@ -202,11 +160,13 @@ static enum mt_status moe_forward(struct mt_ctx *ctx, const struct mt_piece_ctx 
     linear_forward(ops, s->drl, ly->h_mlp, ly->w.router->data, n, D, E, 0.0f);
     ops->router_forward(ops->be, ly->probs, ly->rlse, ly->topk, ly->gates, s->drl, n, E, k);
 
-    ops->copy_to_host(ops->be, s->h_topk, ly->topk, (size_t)M * sizeof(int32_t));
     if (md->force_route) force_routing(pc, n);
-    route_slots(pc, n);
-    ops->copy_from_host(ops->be, ly->pos, s->h_pos, (size_t)M * sizeof(int32_t));
-    ops->copy_from_host(ops->be, ly->src_row, s->h_src, (size_t)M * sizeof(int32_t));
+    ops->moe_route(ops->be, ly->pos, ly->src_row, s->e_off_d, s->route_work, ly->topk, n, k, E);
+    /* the layer's one device-to-host copy: the grouped GEMM's and the
+     * all-to-all-v's host sizes (int32 on both sides: moe_route's contract) */
+    _Static_assert(sizeof(int) == sizeof(int32_t), "e_off is copied as int32");
+    ops->copy_to_host(ops->be, ly->e_off, s->e_off_d, (size_t)(E + 1) * sizeof(int32_t));
+    MT_ASSERT(ly->e_off[0] == 0 && ly->e_off[E] == M);
     if (s->load) {
         double *load = s->load + (size_t)pc->layer * E;
         for (int e = 0; e < E; e++) load[e] += ly->e_off[e + 1] - ly->e_off[e];
@@ -261,9 +221,7 @@ static enum mt_status moe_forward(struct mt_ctx *ctx, const struct mt_piece_ctx 
         mlp_forward(ops, t, out, 1, ly->sgp, ly->sup, pc->s_act, ly->h_mlp, ly->w.sg, ly->w.su, ly->w.sd, n, D,
                     md->Fs);
 
-    *aux_sum = 0.0;
-    *z_sum = 0.0;
-    return want_loss ? moe_losses(ctx, pc, n, aux_sum, z_sum) : MT_OK;
+    return want_loss ? moe_losses(ctx, pc, n) : MT_OK;
 }
 
 /* dh (n, D) = d h from dout (n, D) = d out, plus the aux/z loss gradients
@@ -319,19 +277,11 @@ static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx
         mlp_backward(ops, t, dt, dh, 1, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du, dout, ly->h_mlp, ly->sgp, ly->sup,
                      ly->w.sg, ly->w.su, ly->w.sd, n, D, md->Fs);
 
-    /* term 3: aux and z gradients, on the host */
+    /* term 3: aux and z gradients (on the backend) */
     double ns = pc->norm->n_sequences > 0 ? pc->norm->n_sequences : 1.0;
     double nt = pc->norm->n_tokens > 0 ? pc->norm->n_tokens : 1.0;
-    for (int i = 0; i < n; i++) {
-        const float *f = ly->f_share + (size_t)((g0 + i) / T) * E;
-        for (int e = 0; e < E; e++)
-            s->h_dprobs[(size_t)i * E + e] = (float)((double)md->aux_coef * E * (double)f[e] / (double)T / ns);
-    }
-    ops->copy_to_host(ops->be, s->h_rlse, ly->rlse, (size_t)n * sizeof(float));
-    for (int i = 0; i < n; i++)
-        s->h_dlse[i] = (float)(2.0 * (double)md->z_coef * (double)s->h_rlse[i] / nt);
-    ops->copy_from_host(ops->be, s->dprobs, s->h_dprobs, (size_t)n * E * sizeof(float));
-    ops->copy_from_host(ops->be, s->dlse, s->h_dlse, (size_t)n * sizeof(float));
+    ops->moe_aux_backward(ops->be, s->dprobs, s->dlse, ly->f_share, ly->rlse, n, E, T, g0, md->aux_coef, md->z_coef,
+                          ns, nt);
 
     /* term 4: router */
     ops->router_backward(ops->be, s->drl, s->dgates, s->dprobs, s->dlse, ly->probs, ly->topk, ly->gates, n, E, k);
@@ -409,6 +359,10 @@ static void moe_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct
     /* the experts see Nm rows: SP or one rank: all of h_mlp_n; TP without SP: our slice of it */
     ly->h_mlp = (pc->tp.tp > 1 && !pc->tp.sp && ly->h_mlp_n) ? ly->h_mlp_n + (size_t)md->row0 * D : ly->h_mlp_n;
     ly->probs = carve_f(c, A, Nm * E);
+    /* small, so not the block's last ACTS carve: a carve's end is not padded,
+     * and recompute=block (one shared set, then the slots' inputs) must not
+     * come out larger than the per-layer sets by that tail */
+    ly->f_share = carve_f(c, A, (size_t)pc->B * E);
     ly->rlse = carve_f(c, A, Nm);
     ly->topk = carve_i(c, A, Nm * k);
     ly->gates = carve_f(c, A, Nm * k);
@@ -424,7 +378,6 @@ static void moe_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct
         ly->sup = carve_f(c, A, Nm * (size_t)md->Fs);
     }
     ly->e_off = carve(c, O, (E + 1) * sizeof(int));
-    ly->f_share = carve_f(c, O, (size_t)pc->B * E);
     if (ep > 1) {
         /* dropless: every rank of the expert group may send all its M slots here */
         size_t cap = ep * M;
@@ -459,15 +412,16 @@ static void moe_carve_scratch(const struct mt_piece_ctx *pc, struct mt_carver *c
     s->dprobs = carve_f(c, W, Nm * E);
     s->dgates = carve_f(c, W, Nm * k);
     s->dlse = carve_f(c, W, Nm);
-    s->h_probs = carve_f(c, O, Nm * E);
-    s->h_dprobs = carve_f(c, O, Nm * E);
-    s->h_rlse = carve_f(c, O, Nm);
-    s->h_dlse = carve_f(c, O, Nm);
-    s->h_topk = carve_i(c, O, Nm * k);
-    s->h_pos = carve_i(c, O, Nm * k);
-    s->h_src = carve_i(c, O, M);
-    s->h_cnt = carve(c, O, E * sizeof(int));
-    s->h_seq = carve(c, O, (size_t)pc->B * E * 2 * sizeof(double));
+    s->e_off_d = carve_i(c, W, E + 1);
+    s->route_work = carve_i(c, W, mt_moe_route_work(M, E));
+    s->seq = carve(c, W, (size_t)pc->B * E * 2 * sizeof(double));
+    s->loss = carve(c, W, (size_t)md->L * 2 * sizeof(double));
+    if (md->force_route) {   /* the test hook's host staging */
+        s->h_probs = carve_f(c, O, Nm * E);
+        s->h_dprobs = carve_f(c, O, Nm * E);
+        s->h_topk = carve_i(c, O, Nm * k);
+    }
+    s->h_loss = carve(c, O, (size_t)md->L * 2 * sizeof(double));
 }
 
 /* the shared SwiGLU scratch: the widest expert batch (all slots of the
@@ -483,20 +437,17 @@ static enum mt_status moe_piece_forward(struct mt_ctx *ctx, const struct mt_piec
     const struct mt_ops_i *ops = pc->ops;
     const struct mt_tp_axis *tp = &pc->tp;
     const int n = a->B * a->T, D = pc->D, Nm = pc->moe.Nm;
-    double aux = 0, z = 0;
     ffn_norm_fwd(pc, a->x_out, n);
     if (tp->tp > 1 && !tp->sp) {
         /* MoE in the SP region without SP: our Nm rows, then gather every rank's output */
         ops->fill(ops->be, pc->s_red, 0.0f, (size_t)Nm * D);
-        MT_CHECK(moe_forward(ctx, pc, pc->s_red, Nm, a->want_loss, &aux, &z));
+        MT_CHECK(moe_forward(ctx, pc, pc->s_red, Nm, a->want_loss));
         MT_CHECK(tpa_gather_rows(ctx, tp, pc->s_full, pc->s_red, Nm, D));
         ops->axpby(ops->be, a->x_out, pc->s_full, 1.0f, 1.0f, (size_t)n * D);
     } else {
-        MT_CHECK(moe_forward(ctx, pc, a->x_out, tp->tp > 1 ? Nm : n, a->want_loss, &aux, &z));
+        MT_CHECK(moe_forward(ctx, pc, a->x_out, tp->tp > 1 ? Nm : n, a->want_loss));
     }
-    a->aux += aux;
-    a->z += z;
-    return MT_OK;
+    return MT_OK;   /* aux, z: in moe_s->loss, summed by the model (mt_model_moe_losses) */
 }
 
 /* dx is d x_out = d x_mid (identity) + d branch */

@@ -65,12 +65,26 @@ static int next_chunk(const struct mt_layer *ly, int n_groups, const int *cnt, i
     return g;
 }
 
-/* one projection over n groups: C_i = alpha op(A_i) op(B_i) + beta C_i */
+/* one projection over n groups: C_i = alpha op(A_i) op(B_i) + beta C_i.
+ * W: each group's expert weight of the projection (NULL: an adapter's
+ * call). When it has a bf16 shadow (precision=bf16) the groups run as
+ * wlinear's gemm_bf16 calls, one per group (fp32 operands rounded in the
+ * call, C fp32), with B the weight's fresh shadow where w_is_b; else as
+ * one grouped fp32 call. */
 static void grouped(const struct mt_ops_i *ops, int ta, int tb, int n, const int *M, const int *N, const int *K,
                     float alpha, const float *const *A, int lda, const float *const *B, int ldb, float beta,
-                    float *const *C, int ldc)
+                    float *const *C, int ldc, const struct mt_param *const *W, int w_is_b)
 {
     if (n <= 0) return;
+    if (W && W[0]->bf16) {
+        for (int i = 0; i < n; i++) {
+            const int sh = w_is_b && W[i]->bf16_ok;
+            ops->gemm_bf16(ops->be, ta, tb, M[i], N[i], K[i], alpha, A[i], MT_ELEM_F32, lda,
+                           sh ? (const void *)W[i]->bf16 : (const void *)B[i], sh ? MT_ELEM_BF16 : MT_ELEM_F32, ldb,
+                           beta, C[i], ldc);
+        }
+        return;
+    }
     if (ops->gemm_grouped) {
         ops->gemm_grouped(ops->be, ta, tb, n, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
@@ -85,14 +99,15 @@ static void grouped(const struct mt_ops_i *ops, int ta, int tb, int n, const int
  * group order: each C still sums its terms in that order (the loop's bits). */
 static void grouped_acc(const struct mt_ops_i *ops, int ta, int tb, int n, const int *M, const int *N, const int *K,
                         float alpha, const float *const *A, int lda, const float *const *B, int ldb, float beta,
-                        float *const *C, int ldc)
+                        float *const *C, int ldc, const struct mt_param *const *W)
 {
     int i0 = 0;
     for (int i = i0 + 1; i <= n; i++) {
         int repeat = 0;
         for (int j = i0; j < i && i < n; j++) repeat |= C[j] == C[i];
         if (i < n && !repeat) continue;
-        grouped(ops, ta, tb, i - i0, M + i0, N + i0, K + i0, alpha, A + i0, lda, B + i0, ldb, beta, C + i0, ldc);
+        grouped(ops, ta, tb, i - i0, M + i0, N + i0, K + i0, alpha, A + i0, lda, B + i0, ldb, beta, C + i0, ldc,
+                W ? W + i0 : NULL, 0);
         i0 = i;
     }
 }
@@ -136,7 +151,7 @@ static void adapter_fwd(const struct mt_piece_ctx *pc, const struct group_set *s
         g.b[j] = s->w[i][p].lora_a->data;
         g.c[j] = t + s->r0[i] * r;
     }
-    grouped(pc->ops, 0, 1, n, g.M, g.N, g.K, 1.0f, g.a, in, g.b, in, 0.0f, g.c, r);        /* t = x A^T    */
+    grouped(pc->ops, 0, 1, n, g.M, g.N, g.K, 1.0f, g.a, in, g.b, in, 0.0f, g.c, r, NULL, 0);     /* t = x A^T */
     for (int j = 0; j < n; j++) {
         const int i = pick[j];
         g.N[j] = out;
@@ -145,7 +160,7 @@ static void adapter_fwd(const struct mt_piece_ctx *pc, const struct group_set *s
         g.b[j] = s->w[i][p].lora_b->data;
         g.c[j] = y + s->r0[i] * out;
     }
-    grouped(pc->ops, 0, 1, n, g.M, g.N, g.K, sc, g.a, r, g.b, r, 1.0f, g.c, out);          /* y += s t B^T */
+    grouped(pc->ops, 0, 1, n, g.M, g.N, g.K, sc, g.a, r, g.b, r, 1.0f, g.c, out, NULL, 0);    /* y += s t B^T */
 }
 
 /* The adapter terms of proj_bwd for the adapted groups of projection p:
@@ -177,7 +192,7 @@ static void adapter_bwd(const struct mt_piece_ctx *pc, const struct group_set *s
         g.b[j] = s->w[i][p].lora_a->data;
         g.c[j] = t + s->r0[i] * r;
     }
-    grouped(ops, 0, 1, n, rows, R, IN, 1.0f, g.a, in, g.b, in, 0.0f, g.c, r);
+    grouped(ops, 0, 1, n, rows, R, IN, 1.0f, g.a, in, g.b, in, 0.0f, g.c, r, NULL, 0);
     /* term 1: dB (out, r) += s dy^T t */
     for (int j = 0; j < n; j++) {
         const int i = pick[j];
@@ -185,28 +200,28 @@ static void adapter_bwd(const struct mt_piece_ctx *pc, const struct group_set *s
         g.b[j] = t + s->r0[i] * r;
         g.c[j] = s->w[i][p].lora_b->grad;
     }
-    grouped_acc(ops, 1, 0, n, OUT, R, rows, sc, g.a, out, g.b, r, 1.0f, g.c, r);
+    grouped_acc(ops, 1, 0, n, OUT, R, rows, sc, g.a, out, g.b, r, 1.0f, g.c, r, NULL);
     /* term 2: dt = s dy B;  dA (r, in) += dt^T x */
     for (int j = 0; j < n; j++) {
         const int i = pick[j];
         g.b[j] = s->w[i][p].lora_b->data;
         g.c[j] = dt + s->r0[i] * r;
     }
-    grouped(ops, 0, 0, n, rows, R, OUT, sc, g.a, out, g.b, r, 0.0f, g.c, r);
+    grouped(ops, 0, 0, n, rows, R, OUT, sc, g.a, out, g.b, r, 0.0f, g.c, r, NULL, 0);
     for (int j = 0; j < n; j++) {
         const int i = pick[j];
         g.a[j] = dt + s->r0[i] * r;
         g.b[j] = x + s->r0[i] * in;
         g.c[j] = s->w[i][p].lora_a->grad;
     }
-    grouped_acc(ops, 1, 0, n, R, IN, rows, 1.0f, g.a, r, g.b, in, 1.0f, g.c, in);
+    grouped_acc(ops, 1, 0, n, R, IN, rows, 1.0f, g.a, r, g.b, in, 1.0f, g.c, in, NULL);
     /* term 3: dx += dt A */
     for (int j = 0; j < n; j++) {
         const int i = pick[j];
         g.b[j] = s->w[i][p].lora_a->data;
         g.c[j] = dx + s->r0[i] * in;
     }
-    grouped(ops, 0, 0, n, rows, IN, R, 1.0f, g.a, r, g.b, in, 1.0f, g.c, in);
+    grouped(ops, 0, 0, n, rows, IN, R, 1.0f, g.a, r, g.b, in, 1.0f, g.c, in, NULL, 0);
 }
 
 /* dW_p (out, in) += d^T x for the groups whose weight p is not frozen
@@ -217,8 +232,10 @@ static void weight_grad(const struct mt_piece_ctx *pc, const struct group_set *s
     int pick[GROUP_CHUNK];
     const int n = select_groups(s, p, 0, pick);
     struct gcall g;
+    const struct mt_param *W[GROUP_CHUNK];
     for (int j = 0; j < n; j++) {
         const int i = pick[j];
+        W[j] = &s->w[i][p];
         g.M[j] = out;
         g.N[j] = in;
         g.K[j] = s->rows[i];
@@ -226,7 +243,7 @@ static void weight_grad(const struct mt_piece_ctx *pc, const struct group_set *s
         g.b[j] = x + s->r0[i] * in;
         g.c[j] = s->w[i][p].grad;
     }
-    grouped_acc(pc->ops, 1, 0, n, g.M, g.N, g.K, 1.0f, g.a, out, g.b, in, 1.0f, g.c, in);
+    grouped_acc(pc->ops, 1, 0, n, g.M, g.N, g.K, 1.0f, g.a, out, g.b, in, 1.0f, g.c, in, W);
 }
 
 void moe_experts_forward(const struct mt_piece_ctx *pc, int n_groups, const int *cnt, int offsets, int ee, float *y,
@@ -240,17 +257,20 @@ void moe_experts_forward(const struct mt_piece_ctx *pc, int n_groups, const int 
     int ND[GROUP_CHUNK], NF[GROUP_CHUNK];   /* every group's D and Fe; its rows are s.rows */
     const float *a[GROUP_CHUNK], *b[GROUP_CHUNK];
     float *c[GROUP_CHUNK];
+    const struct mt_param *W[3][GROUP_CHUNK];   /* each group's gate, up, down weight */
     for (int i = 0; i < GROUP_CHUNK; i++) { ND[i] = D; NF[i] = Fe; }
     const int *Mr = s.rows;
     for (int g = 0; g < n_groups;) {
         g = next_chunk(ly, n_groups, cnt, offsets, ee, g, &row, &s);
         if (s.n == 0) continue;
+        for (int i = 0; i < s.n; i++)
+            for (int p = 0; p < 3; p++) W[p][i] = &s.w[i][p];
         for (int i = 0; i < s.n; i++) a[i] = x + s.r0[i] * D;
         for (int i = 0; i < s.n; i++) { b[i] = s.w[i][0].data; c[i] = ly->eg + s.r0[i] * Fe; }
-        grouped(ops, 0, 1, s.n, Mr, NF, ND, 1.0f, a, D, b, D, 0.0f, c, Fe);                /* gate */
+        grouped(ops, 0, 1, s.n, Mr, NF, ND, 1.0f, a, D, b, D, 0.0f, c, Fe, W[0], 1);       /* gate */
         adapter_fwd(pc, &s, 0, x, D, ly->eg, Fe);
         for (int i = 0; i < s.n; i++) { b[i] = s.w[i][1].data; c[i] = ly->eu + s.r0[i] * Fe; }
-        grouped(ops, 0, 1, s.n, Mr, NF, ND, 1.0f, a, D, b, D, 0.0f, c, Fe);                /* up */
+        grouped(ops, 0, 1, s.n, Mr, NF, ND, 1.0f, a, D, b, D, 0.0f, c, Fe, W[1], 1);       /* up */
         adapter_fwd(pc, &s, 1, x, D, ly->eu, Fe);
         for (int i = 0; i < s.n; i++)
             ops->swiglu_forward(ops->be, pc->s_act + s.r0[i] * Fe, ly->eg + s.r0[i] * Fe, ly->eu + s.r0[i] * Fe,
@@ -260,7 +280,7 @@ void moe_experts_forward(const struct mt_piece_ctx *pc, int n_groups, const int 
             b[i] = s.w[i][2].data;
             c[i] = y + s.r0[i] * D;
         }
-        grouped(ops, 0, 1, s.n, Mr, ND, NF, 1.0f, a, Fe, b, Fe, 0.0f, c, D);               /* down */
+        grouped(ops, 0, 1, s.n, Mr, ND, NF, 1.0f, a, Fe, b, Fe, 0.0f, c, D, W[2], 1);      /* down */
         adapter_fwd(pc, &s, 2, pc->s_act, Fe, y, D);
     }
 }
@@ -276,11 +296,14 @@ void moe_experts_backward(const struct mt_piece_ctx *pc, int n_groups, const int
     int ND[GROUP_CHUNK], NF[GROUP_CHUNK];   /* every group's D and Fe; its rows are s.rows */
     const float *a[GROUP_CHUNK], *b[GROUP_CHUNK];
     float *c[GROUP_CHUNK];
+    const struct mt_param *W[3][GROUP_CHUNK];   /* each group's gate, up, down weight */
     for (int i = 0; i < GROUP_CHUNK; i++) { ND[i] = D; NF[i] = Fe; }
     const int *Mr = s.rows;
     for (int g = 0; g < n_groups;) {
         g = next_chunk(ly, n_groups, cnt, offsets, ee, g, &row, &s);
         if (s.n == 0) continue;
+        for (int i = 0; i < s.n; i++)
+            for (int p = 0; p < 3; p++) W[p][i] = &s.w[i][p];
         for (int i = 0; i < s.n; i++)
             ops->swiglu_forward(ops->be, pc->s_act + s.r0[i] * Fe, ly->eg + s.r0[i] * Fe, ly->eu + s.r0[i] * Fe,
                                 (size_t)s.rows[i] * Fe);
@@ -291,7 +314,7 @@ void moe_experts_backward(const struct mt_piece_ctx *pc, int n_groups, const int
             b[i] = s.w[i][2].data;
             c[i] = pc->s_dact + s.r0[i] * Fe;
         }
-        grouped(ops, 0, 0, s.n, Mr, NF, ND, 1.0f, a, D, b, Fe, 0.0f, c, Fe);
+        grouped(ops, 0, 0, s.n, Mr, NF, ND, 1.0f, a, D, b, Fe, 0.0f, c, Fe, W[2], 1);
         adapter_bwd(pc, &s, 2, pc->s_act, Fe, dy, D, pc->s_dact);
         for (int i = 0; i < s.n; i++)
             ops->swiglu_backward(ops->be, pc->s_dg + s.r0[i] * Fe, pc->s_du + s.r0[i] * Fe, pc->s_dact + s.r0[i] * Fe,
@@ -305,7 +328,7 @@ void moe_experts_backward(const struct mt_piece_ctx *pc, int n_groups, const int
                 b[i] = s.w[i][p].data;
                 c[i] = dx + s.r0[i] * D;
             }
-            grouped(ops, 0, 0, s.n, Mr, ND, NF, 1.0f, a, Fe, b, D, p == 0 ? 0.0f : 1.0f, c, D);
+            grouped(ops, 0, 0, s.n, Mr, ND, NF, 1.0f, a, Fe, b, D, p == 0 ? 0.0f : 1.0f, c, D, W[p], 1);
             adapter_bwd(pc, &s, p, x, D, d, Fe, dx);
         }
     }

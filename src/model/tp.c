@@ -73,7 +73,7 @@ enum mt_status tpa_allreduce_f64(struct mt_ctx *ctx, const struct mt_tp_axis *a,
 {
     double t0 = mt_time_sec();
     return account(a, MT_TP_ALLREDUCE, n * sizeof(double), t0,
-                   mt_comm_allreduce(ctx, a->comm_host, buf, n, MT_DTYPE_F64, MT_REDOP_SUM));
+                   mt_comm_allreduce(ctx, a->comm, buf, n, MT_DTYPE_F64, MT_REDOP_SUM));
 }
 
 void mt_model_tp_stats(const struct mt_model *m, struct mt_tp_stats *out) { *out = m->tp_stats; }

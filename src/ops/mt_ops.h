@@ -325,7 +325,53 @@ struct mt_ops_i {
     void (*attention_backward_bf16)(void *be, float *dq, float *dk, float *dv, const float *dout, const float *q,
                                     const float *k, const float *v, const float *out, const float *lse,
                                     int B, int T, int H, int K, int hd);
+
+    /* ---- MoE device routing (issue 28 item 2; docs/cuda.md "MoE on the device") ----
+     * The routing that followed router_forward on the host, as kernels, so
+     * that the routed slots, the loss statistics and the aux/z gradients
+     * never leave the device. Same numbers as the host code they replace
+     * (the cpu twins bit for bit; cuda: the same integers, the double sums
+     * in a fixed tree order). Rows i in [0, N) are global rows g0 + i of a
+     * microbatch of B sequences of T rows (g0 = 0 on one rank; TP: the
+     * rank's first row), row i's sequence q = (g0 + i) / T < B.
+     *
+     * moe_route: the STABLE counting sort of the M = N*k slots s = n*k + j
+     *   by expert e = topk_idx[s] (all =):
+     *     e_off (E+1) int32: exclusive scan of the per-expert slot counts
+     *       (e_off[0] = 0, e_off[E] = M; count of e = e_off[e+1] - e_off[e]);
+     *     pos (M): pos[s] = e_off[e] + #{s' < s : topk_idx[s'] = e};
+     *     src_row (M): src_row[pos[s]] = n.
+     *   One answer: every backend writes the same integers. work: int32
+     *   scratch of mt_moe_route_work(M, E) elements (cuda: per-chunk counts;
+     *   cpu: its first E, the running row of each expert). No atomics: per (chunk, expert) counts,
+     *   a scan, per (chunk, expert) placement.
+     * moe_seq_stats: seq (2, B, E) double (=): seq[0][q][e] = number of the
+     *   slots of q's rows routed to e, seq[1][q][e] = sum over q's rows of
+     *   probs[i][e]; rows in order (cpu), a fixed tree (cuda); sequences
+     *   with no rows here are 0 (TP: the model group all-reduces seq).
+     * moe_aux_loss: from seq (after any all-reduce), f_share (B, E) float
+     *   (=): f = float(cnt / (T k)); loss (2) double (=):
+     *     loss[0] = count_aux ? sum_q aux_coef E sum_e f[q,e] psum[q,e] / T : 0
+     *     loss[1] = z_coef sum_i lse_i^2 over the N rows.
+     * moe_aux_backward (all =): dprobs (N, E) = float(aux_coef E f[q,e] / T / n_seq),
+     *   dlse (N) = float(2 z_coef lse_i / n_tok) (the router_backward inputs). */
+    void (*moe_route)(void *be, int32_t *pos, int32_t *src_row, int32_t *e_off, int32_t *work,
+                      const int32_t *topk_idx, int N, int k, int E);
+    void (*moe_seq_stats)(void *be, double *seq, const float *probs, const int32_t *topk_idx, int N, int E, int k,
+                          int B, int T, int g0);
+    void (*moe_aux_loss)(void *be, double *loss, float *f_share, const double *seq, const float *lse, int N, int B,
+                         int E, int k, int T, float aux_coef, float z_coef, int count_aux);
+    void (*moe_aux_backward)(void *be, float *dprobs, float *dlse, const float *f_share, const float *lse, int N,
+                             int E, int T, int g0, float aux_coef, float z_coef, double n_seq, double n_tok);
 };
+
+/* moe_route's chunk of slots (one (chunk, expert) count per thread) and its
+ * scratch size in int32 elements, for M slots over E experts. */
+#define MT_MOE_ROUTE_CHUNK 256
+static inline size_t mt_moe_route_work(size_t M, size_t E)
+{
+    return (M + MT_MOE_ROUTE_CHUNK - 1) / MT_MOE_ROUTE_CHUNK * E;
+}
 
 /* Backends. mt_ops_cpu() never fails. mt_ops_cuda() returns NULL when the
  * build has no CUDA (MT_WITH_CUDA off) or no device is present; `why` then
@@ -357,8 +403,8 @@ void mt_ops_cpu_pin_coretype(int argc, char **argv);
  * profile is on, adds its wall time to the op's kind (one predictable branch
  * when off). Kinds: gemm (gemm, transpose), attention, xent, norm (rmsnorm and
  * the fused norm chains rmsnorm_resid, qk_norm_rope),
- * elementwise (rope, swiglu, embed, fill/axpby/sumsq/all_finite, MoE router
- * and permute/combine), optimizer (adamw, muon momentum); communication is
+ * elementwise (rope, swiglu, embed, fill/axpby/sumsq/all_finite, MoE router,
+ * permute/combine and the device routing), optimizer (adamw, muon momentum); communication is
  * not an op: the trainer adds its exposed communication time with
  * mt_ops_profile_add. Single-threaded callers only (the kernels are called
  * from one thread; their parallelism is inside). */

@@ -478,17 +478,17 @@ static void runtime_mode(const struct run_state *rs, char *out, size_t n)
 #endif
 }
 
-/* precision=bf16 on a model whose routed experts or Mamba-3 projections
- * have no bf16 path yet: those GEMMs run in fp32 (named, never silent). */
+/* precision=bf16 on a model whose Mamba-3 projections have no bf16 path
+ * yet: those GEMMs run in fp32 (named, never silent). The routed experts
+ * run in bf16 (bf16 shadows, moe_experts.c). */
 static void bf16_fallback_reason(const struct mt_config *cfg, char *out, size_t n)
 {
     if (strcmp(cfg->precision, "bf16")) return;
-    const int moe = mt_blocks_any_routed(cfg), mamba = strchr(cfg->pattern, 'M') != NULL;
-    if (!moe && !mamba) return;
+    if (!strchr(cfg->pattern, 'M')) return;
     size_t len = strlen(out);
     if (len < n)
-        snprintf(out + len, n - len, "%sprecision=bf16: %s GEMMs run in fp32 (no bf16 path yet)", len ? "; " : "",
-                 moe && mamba ? "routed experts' and Mamba-3 projections'" : moe ? "routed experts'" : "Mamba-3 projections'");
+        snprintf(out + len, n - len, "%sprecision=bf16: Mamba-3 projections' GEMMs run in fp32 (no bf16 path yet)",
+                 len ? "; " : "");
 }
 
 #ifdef MT_WITH_CUDA

@@ -209,6 +209,7 @@ static void test_table(void)
         E(adamw_update), E(muon_momentum), E(transpose), E(gemm_bf16), E(cast_bf16), E(rmsnorm_forward_bf16),
         E(rmsnorm_resid_forward), E(qk_norm_rope_forward), E(qk_norm_rope_backward), E(rmsnorm_resid_forward_bf16),
         E(swiglu_forward_bf16), E(widen_bf16),
+        E(moe_route), E(moe_seq_stats), E(moe_aux_loss), E(moe_aux_backward),
 #undef E
     };
     int missing = 0;
@@ -1315,6 +1316,150 @@ static void test_moe(void)
     free(nM); free(nS);
 }
 
+/* ---- MoE device routing (moe_route, moe_seq_stats, moe_aux_loss, moe_aux_backward) ---- */
+/* distinct experts per row; skew > 0 sends most slots to the low experts (empty ones at the top) */
+static int32_t *route_topk(int N, int k, int E, int skew)
+{
+    int32_t *t = xmalloc(sizeof(int32_t) * (size_t)N * (size_t)k);
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < k; j++) {
+            int e, dup;
+            do {
+                e = skew && irand(4) ? irand(k + 1 < E ? k + 1 : E) : irand(E);
+                dup = 0;
+                for (int m = 0; m < j; m++) dup |= t[(size_t)n * k + m] == e;
+            } while (dup);
+            t[(size_t)n * k + j] = e;
+        }
+    return t;
+}
+static double *downd(struct be *b, const double *d, size_t n)
+{
+    double *x = xmalloc(n * sizeof(double));
+    b->ops->sync(b->ops->be);
+    if (n) b->ops->copy_to_host(b->ops->be, x, d, n * sizeof(double));
+    return x;
+}
+static double rel_err_d(const double *got, const double *ref, size_t n)
+{
+    double scale = 0.0, e = 0.0;
+    for (size_t i = 0; i < n; i++)
+        if (fabs(ref[i]) > scale) scale = fabs(ref[i]);
+    if (scale == 0.0) scale = 1.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs(got[i] - ref[i]);
+        if (!isfinite(d)) return INFINITY;
+        if (d > e) e = d;
+    }
+    return e / scale;
+}
+static void check3d(const char *op, const char *what, double *r[3], size_t n)
+{
+    char w[160];
+    report(op, what, rel_err_d(r[1], r[0], n), TOL);
+    snprintf(w, sizeof w, "%s: deterministic (differing elements)", what);
+    report(op, w, (double)ndiff(r[1], r[2], 2 * n), 0);
+    for (int p = 0; p < 3; p++) free(r[p]);
+}
+
+static void test_moe_route(void)
+{
+    if (!selected("moe_route")) return;
+    /* N k E skew: one chunk, several chunks with a partial last one, empty experts, E > the warp */
+    int shapes[][4] = {{70, 2, 8, 0}, {300, 4, 16, 0}, {1000, 1, 3, 1}, {513, 2, 8, 1}, {5, 2, 70, 0}, {0, 2, 4, 0}};
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+        int N = shapes[c][0], k = shapes[c][1], E = shapes[c][2], skew = shapes[c][3];
+        size_t M = (size_t)N * k, nw = mt_moe_route_work(M, (size_t)E);
+        int32_t *topk = route_topk(N, k, E, skew), *neg = xmalloc(sizeof(int32_t) * (M + (size_t)E + 1 + nw));
+        for (size_t i = 0; i < M + (size_t)E + 1 + nw; i++) neg[i] = -7;
+        /* the reference: a stable sort by expert, written out plainly */
+        int32_t *rp = xmalloc(sizeof(int32_t) * (M + 1)), *rs = xmalloc(sizeof(int32_t) * (M + 1));
+        int32_t *ro = xmalloc(sizeof(int32_t) * ((size_t)E + 1));
+        int32_t r = 0;
+        for (int e = 0; e < E; e++) {
+            ro[e] = r;
+            for (size_t s = 0; s < M; s++)
+                if (topk[s] == e) {
+                    rp[s] = r;
+                    rs[r++] = (int32_t)(s / (size_t)k);
+                }
+        }
+        ro[E] = r;
+        int32_t *gp[3], *gs[3], *go[3];
+        for (int p = 0; p < 3; p++) {
+            struct be *b = BE(p);
+            int32_t *dt = upi(b, topk, M), *dp = upi(b, neg, M), *ds = upi(b, neg, M);
+            int32_t *dof = upi(b, neg, (size_t)E + 1), *dw = upi(b, neg, nw ? nw : 1);
+            b->ops->moe_route(b->ops->be, dp, ds, dof, dw, dt, N, k, E);
+            gp[p] = downi(b, dp, M);
+            gs[p] = downi(b, ds, M);
+            go[p] = downi(b, dof, (size_t)E + 1);
+            release(b);
+        }
+        char w[96];
+        snprintf(w, sizeof w, "N=%d k=%d E=%d%s cpu = a plain stable sort (differing)", N, k, E, skew ? " skewed" : "");
+        report("moe_route", w,
+               (double)(ndiff(gp[0], rp, M) + ndiff(gs[0], rs, M) + ndiff(go[0], ro, (size_t)E + 1)), 0);
+        snprintf(w, sizeof w, "N=%d k=%d E=%d%s pos", N, k, E, skew ? " skewed" : "");
+        check3i("moe_route", w, gp, M);
+        snprintf(w, sizeof w, "N=%d k=%d E=%d%s src_row", N, k, E, skew ? " skewed" : "");
+        check3i("moe_route", w, gs, M);
+        snprintf(w, sizeof w, "N=%d k=%d E=%d%s e_off", N, k, E, skew ? " skewed" : "");
+        check3i("moe_route", w, go, (size_t)E + 1);
+        free(topk); free(neg); free(rp); free(rs); free(ro);
+    }
+}
+
+static void test_moe_aux(void)
+{
+    if (!selected("moe_aux") && !selected("moe_seq")) return;
+    /* N B T E k g0: one rank (N = B T); a TP rank's rows straddling sequences */
+    int shapes[][6] = {{64, 4, 16, 8, 2, 0}, {37, 4, 16, 4, 2, 10}, {300, 3, 100, 16, 4, 0}};
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+        int N = shapes[c][0], B = shapes[c][1], T = shapes[c][2], E = shapes[c][3], k = shapes[c][4];
+        int g0 = shapes[c][5];
+        size_t ne = (size_t)N * E, nq = (size_t)B * E;
+        float *probs = rnd(ne, 0, 1), *lse = rnd((size_t)N, -3, 3), *nE = nans(ne), *nN = nans((size_t)N);
+        float *nQ = nans(nq);
+        int32_t *topk = route_topk(N, k, E, 0);
+        double *rseq[3], *rloss[3];
+        float *rf[3], *rdp[3], *rdl[3];
+        for (int p = 0; p < 3; p++) {
+            struct be *b = BE(p);
+            float *dpr = upf(b, probs, ne), *dls = upf(b, lse, (size_t)N), *df = upf(b, nQ, nq);
+            int32_t *dtk = upi(b, topk, (size_t)N * k);
+            double *dseq = dalloc(b, 2 * nq * sizeof(double)), *dloss = dalloc(b, 2 * sizeof(double));
+            b->ops->moe_seq_stats(b->ops->be, dseq, dpr, dtk, N, E, k, B, T, g0);
+            rseq[p] = downd(b, dseq, 2 * nq);
+            b->ops->moe_aux_loss(b->ops->be, dloss, df, dseq, dls, N, B, E, k, T, 0.01f, 0.001f, 1);
+            rloss[p] = downd(b, dloss, 2);
+            rf[p] = downf(b, df, nq);
+            float *ddp = upf(b, nE, ne), *ddl = upf(b, nN, (size_t)N);
+            b->ops->moe_aux_backward(b->ops->be, ddp, ddl, df, dls, N, E, T, g0, 0.01f, 0.001f, 3.0, 123.0);
+            rdp[p] = downf(b, ddp, ne);
+            rdl[p] = downf(b, ddl, (size_t)N);
+            release(b);
+        }
+        /* the counts against the routing itself (every slot counted once) */
+        double tot = 0;
+        for (size_t i = 0; i < nq; i++) tot += rseq[0][i];
+        char w[96];
+        snprintf(w, sizeof w, "N=%d B=%d T=%d E=%d k=%d g0=%d cpu counts sum to N k (off by)", N, B, T, E, k, g0);
+        report("moe_seq_stats", w, fabs(tot - (double)N * k), 0);
+        snprintf(w, sizeof w, "N=%d B=%d T=%d E=%d k=%d g0=%d counts, prob sums (=)", N, B, T, E, k, g0);
+        check3d("moe_seq_stats", w, rseq, 2 * nq);
+        snprintf(w, sizeof w, "N=%d B=%d T=%d E=%d k=%d g0=%d aux, z (=)", N, B, T, E, k, g0);
+        check3d("moe_aux_loss", w, rloss, 2);
+        snprintf(w, sizeof w, "N=%d B=%d T=%d E=%d k=%d g0=%d f_share (=)", N, B, T, E, k, g0);
+        check3("moe_aux_loss", w, rf, nq);
+        snprintf(w, sizeof w, "N=%d B=%d T=%d E=%d k=%d g0=%d dprobs (=)", N, B, T, E, k, g0);
+        check3("moe_aux_backward", w, rdp, ne);
+        snprintf(w, sizeof w, "N=%d B=%d T=%d E=%d k=%d g0=%d dlse (=)", N, B, T, E, k, g0);
+        check3("moe_aux_backward", w, rdl, (size_t)N);
+        free(probs); free(lse); free(nE); free(nN); free(nQ); free(topk);
+    }
+}
+
 /* ---- optimizer kernels ---- */
 static void test_optim(void)
 {
@@ -1418,6 +1563,8 @@ int main(int argc, char **argv)
     g_rng = 11; test_xent();
     g_rng = 12; test_router();
     g_rng = 13; test_moe();
+    g_rng = 21; test_moe_route();
+    g_rng = 22; test_moe_aux();
     g_rng = 14; test_optim();
     g_rng = 19; test_fused();
 

@@ -188,6 +188,15 @@ void mt_cpu_moe_combine(float *out, const float *y, const int32_t *pos, const fl
                         int N, int k, int C);
 void mt_cpu_moe_combine_backward(float *dy, float *dgates, const float *dout, const float *y,
                                  const int32_t *pos, const float *gates, int N, int k, int C);
+/* MoE device routing (mt_ops.h) */
+void mt_cpu_moe_route(int32_t *pos, int32_t *src_row, int32_t *e_off, int32_t *work, const int32_t *topk_idx, int N,
+                      int k, int E);
+void mt_cpu_moe_seq_stats(double *seq, const float *probs, const int32_t *topk_idx, int N, int E, int k, int B, int T,
+                          int g0);
+void mt_cpu_moe_aux_loss(double *loss, float *f_share, const double *seq, const float *lse, int N, int B, int E, int k,
+                         int T, float aux_coef, float z_coef, int count_aux);
+void mt_cpu_moe_aux_backward(float *dprobs, float *dlse, const float *f_share, const float *lse, int N, int E, int T,
+                             int g0, float aux_coef, float z_coef, double n_seq, double n_tok);
 
 /* ---- optim_kernels.c ---- */
 void mt_cpu_adamw_update(float *p, const float *g, float *m, float *v, size_t n,

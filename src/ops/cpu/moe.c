@@ -12,6 +12,11 @@
  * Permute/combine: pos (N*k) maps slot (n, j) to its row in the sorted
  * buffer, src_row (M) maps a sorted row back to its token.
  *
+ * Device routing (mt_ops.h "MoE device routing"): the stable counting sort,
+ * the aux loss's per-sequence statistics, the aux/z sums and gradients —
+ * the host code model/moe.c ran before, loop for loop (sequential double
+ * sums in row order: the same bits).
+ *
  * Invariant: every loop is parallel over the index that owns its output
  * rows (pos is a permutation), sums run in j order: race-free, deterministic.
  */
@@ -143,5 +148,70 @@ void mt_cpu_moe_combine_backward(float *dy, float *dgates, const float *dout, co
             for (int c = 0; c < C; c++) dyr[c] = gj * g[c];
             dgates[s] = dot;
         }
+    }
+}
+
+/* ---- MoE device routing (mt_ops.h): the host code of model/moe.c as it was,
+ * sequential where it sums in double (row order: its bits) ---- */
+
+/* stable counting sort of the N*k slots by expert; work[e]: expert e's next row */
+void mt_cpu_moe_route(int32_t *pos, int32_t *src_row, int32_t *e_off, int32_t *work, const int32_t *topk_idx, int N,
+                      int k, int E)
+{
+    const size_t M = (size_t)N * (size_t)k;
+    for (int e = 0; e <= E; e++) e_off[e] = 0;
+    for (size_t s = 0; s < M; s++) e_off[topk_idx[s] + 1]++;
+    for (int e = 0; e < E; e++) e_off[e + 1] += e_off[e];
+    if (M == 0) return;
+    for (int e = 0; e < E; e++) work[e] = e_off[e];
+    for (size_t s = 0; s < M; s++) {
+        int32_t r = work[topk_idx[s]]++;
+        pos[s] = r;
+        src_row[r] = (int32_t)(s / (size_t)k);
+    }
+}
+
+void mt_cpu_moe_seq_stats(double *seq, const float *probs, const int32_t *topk_idx, int N, int E, int k, int B, int T,
+                          int g0)
+{
+    double *cnt = seq, *psum = seq + (size_t)B * (size_t)E;
+    memset(seq, 0, (size_t)2 * (size_t)B * (size_t)E * sizeof(double));
+    for (int i = 0; i < N; i++) {
+        int q = (g0 + i) / T;
+        if (q >= B) break;   /* cannot happen: the model's rows are the microbatch's */
+        for (int j = 0; j < k; j++) cnt[(size_t)q * E + topk_idx[(size_t)i * k + j]] += 1.0;
+        for (int e = 0; e < E; e++) psum[(size_t)q * E + e] += (double)probs[(size_t)i * E + e];
+    }
+}
+
+void mt_cpu_moe_aux_loss(double *loss, float *f_share, const double *seq, const float *lse, int N, int B, int E, int k,
+                         int T, float aux_coef, float z_coef, int count_aux)
+{
+    const double *cnt = seq, *psum = seq + (size_t)B * (size_t)E;
+    double aux = 0.0;
+    for (int q = 0; q < B; q++) {
+        float *f = f_share + (size_t)q * E;
+        double acc = 0.0;
+        for (int e = 0; e < E; e++) {
+            f[e] = (float)(cnt[(size_t)q * E + e] / ((double)T * k));
+            acc += (double)f[e] * (psum[(size_t)q * E + e] / (double)T);
+        }
+        aux += (double)aux_coef * E * acc;
+    }
+    double z = 0.0;
+    for (int i = 0; i < N; i++) z += (double)lse[i] * (double)lse[i];
+    loss[0] = count_aux ? aux : 0.0;
+    loss[1] = (double)z_coef * z;
+}
+
+void mt_cpu_moe_aux_backward(float *dprobs, float *dlse, const float *f_share, const float *lse, int N, int E, int T,
+                             int g0, float aux_coef, float z_coef, double n_seq, double n_tok)
+{
+    #pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float *f = f_share + (size_t)((g0 + i) / T) * (size_t)E;
+        for (int e = 0; e < E; e++)
+            dprobs[(size_t)i * E + e] = (float)((double)aux_coef * E * (double)f[e] / (double)T / n_seq);
+        dlse[i] = (float)(2.0 * (double)z_coef * (double)lse[i] / n_tok);
     }
 }

@@ -268,6 +268,31 @@ static void p_moe_combine_backward(void *be, float *dy, float *dgates, const flo
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_ELEMENTWISE, mt_cpu_moe_combine_backward(dy, dgates, dout, y, pos, gates, N, k, C));
 }
+static void p_moe_route(void *be, int32_t *pos, int32_t *src_row, int32_t *e_off, int32_t *work,
+                        const int32_t *topk_idx, int N, int k, int E)
+{
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    PROF(MT_OPK_ELEMENTWISE, mt_cpu_moe_route(pos, src_row, e_off, work, topk_idx, N, k, E));
+}
+static void p_moe_seq_stats(void *be, double *seq, const float *probs, const int32_t *topk_idx, int N, int E, int k,
+                            int B, int T, int g0)
+{
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    PROF(MT_OPK_ELEMENTWISE, mt_cpu_moe_seq_stats(seq, probs, topk_idx, N, E, k, B, T, g0));
+}
+static void p_moe_aux_loss(void *be, double *loss, float *f_share, const double *seq, const float *lse, int N, int B,
+                           int E, int k, int T, float aux_coef, float z_coef, int count_aux)
+{
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    PROF(MT_OPK_ELEMENTWISE, mt_cpu_moe_aux_loss(loss, f_share, seq, lse, N, B, E, k, T, aux_coef, z_coef, count_aux));
+}
+static void p_moe_aux_backward(void *be, float *dprobs, float *dlse, const float *f_share, const float *lse, int N,
+                               int E, int T, int g0, float aux_coef, float z_coef, double n_seq, double n_tok)
+{
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    PROF(MT_OPK_ELEMENTWISE,
+         mt_cpu_moe_aux_backward(dprobs, dlse, f_share, lse, N, E, T, g0, aux_coef, z_coef, n_seq, n_tok));
+}
 static void p_adamw_update(void *be, float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
                            float eps, float wd, float bc1, float bc2)
 {
@@ -434,6 +459,11 @@ static const struct mt_ops_i cpu_ops = {
     /* .widen_bf16                 = */ .widen_bf16                 = p_widen_bf16,
     /* .attention_forward_bf16     = */ .attention_forward_bf16     = p_attention_forward_bf16,
     /* .attention_backward_bf16    = */ .attention_backward_bf16    = p_attention_backward_bf16,
+    /* MoE device routing */
+    /* .moe_route                  = */ .moe_route                  = p_moe_route,
+    /* .moe_seq_stats              = */ .moe_seq_stats              = p_moe_seq_stats,
+    /* .moe_aux_loss               = */ .moe_aux_loss               = p_moe_aux_loss,
+    /* .moe_aux_backward           = */ .moe_aux_backward           = p_moe_aux_backward,
 };
 
 const struct mt_ops_i *mt_ops_cpu(void)

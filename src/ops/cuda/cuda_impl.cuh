@@ -314,6 +314,15 @@ void mt_cuda_moe_combine(void *be, float *out, const float *y, const int32_t *po
                          int N, int k, int C);
 void mt_cuda_moe_combine_backward(void *be, float *dy, float *dgates, const float *dout, const float *y,
                                   const int32_t *pos, const float *gates, int N, int k, int C);
+/* MoE device routing (mt_ops.h) */
+void mt_cuda_moe_route(void *be, int32_t *pos, int32_t *src_row, int32_t *e_off, int32_t *work,
+                       const int32_t *topk_idx, int N, int k, int E);
+void mt_cuda_moe_seq_stats(void *be, double *seq, const float *probs, const int32_t *topk_idx, int N, int E, int k,
+                           int B, int T, int g0);
+void mt_cuda_moe_aux_loss(void *be, double *loss, float *f_share, const double *seq, const float *lse, int N, int B,
+                          int E, int k, int T, float aux_coef, float z_coef, int count_aux);
+void mt_cuda_moe_aux_backward(void *be, float *dprobs, float *dlse, const float *f_share, const float *lse, int N,
+                              int E, int T, int g0, float aux_coef, float z_coef, double n_seq, double n_tok);
 
 /* ---- optim_kernels.cu ---- */
 void mt_cuda_adamw_update(void *be, float *p, const float *g, float *m, float *v, size_t n,

@@ -12,10 +12,16 @@
  * Permute/combine: pos (N*k) maps slot (n, j) to its row in the sorted
  * buffer, src_row (M) maps a sorted row back to its token.
  *
+ * Device routing (docs/cuda.md "MoE on the device"): the stable counting
+ * sort of the slots by expert (per (chunk, expert) counts, a one-block
+ * scan, per (chunk, expert) placement in slot order), the per-sequence
+ * statistics of the aux loss, the aux/z sums and their gradients.
+ *
  * Invariant: every thread owns the output elements it writes (the router
  * is one thread per row — E and k are small —, permute/combine one thread
- * per (row, column), combine's dgates one warp per slot) and sums in j or
- * column order: race-free, deterministic, no atomics.
+ * per (row, column), combine's dgates one warp per slot, the routing one
+ * thread per (chunk, expert)) and sums in j, column or a fixed tree order:
+ * race-free, deterministic, no atomics.
  */
 #include "cuda_impl.cuh"
 
@@ -209,5 +215,184 @@ extern "C" void mt_cuda_moe_combine_backward(void *be, float *dy, float *dgates,
     size_t slots = (size_t)N * (size_t)k;
     MT_LAUNCH(combine_bwd_dg_k, (unsigned)((slots + THREADS / MT_WARP - 1) / (THREADS / MT_WARP)), THREADS, 0)
         (dgates, dout, y, pos, N, k, C);
+    MT_CUDA_KCHECK();
+}
+
+/* ------------------------------------------------------------------ */
+/* MoE device routing (mt_ops.h): the counting sort, the aux/z statistics */
+/* and gradients. No atomics: every count and sum has one owner thread    */
+/* or a fixed tree, so reruns give the same bits.                          */
+/* ------------------------------------------------------------------ */
+
+#define CH MT_MOE_ROUTE_CHUNK
+
+/* work[c*E + e] = slots of chunk c routed to e; one thread per (chunk, expert) */
+static __global__ void route_count_k(int32_t *work, const int32_t *topk, int M, int E, int nch)
+{
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= nch * E) return;
+    int c = t / E, e = t % E, lo = c * CH, hi = lo + CH < M ? lo + CH : M, n = 0;
+    for (int s = lo; s < hi; s++) n += topk[s] == e;
+    work[t] = n;
+}
+
+/* one block: e_off = exclusive scan of the expert totals; work[c*E + e]
+ * becomes chunk c's first row for e (e_off[e] + the counts of earlier chunks) */
+static __global__ void route_scan_k(int32_t *e_off, int32_t *work, int E, int nch)
+{
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int32_t n = 0;
+        for (int c = 0; c < nch; c++) n += work[(size_t)c * E + e];
+        e_off[e + 1] = n;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        e_off[0] = 0;
+        for (int e = 0; e < E; e++) e_off[e + 1] += e_off[e];
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int32_t r = e_off[e];
+        for (int c = 0; c < nch; c++) {
+            int32_t n = work[(size_t)c * E + e];
+            work[(size_t)c * E + e] = r;
+            r += n;
+        }
+    }
+}
+
+/* pos / src_row of chunk c's slots of expert e, in slot order (stable) */
+static __global__ void route_place_k(int32_t *pos, int32_t *src_row, const int32_t *work, const int32_t *topk, int M,
+                                     int k, int E, int nch)
+{
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= nch * E) return;
+    int c = t / E, e = t % E, lo = c * CH, hi = lo + CH < M ? lo + CH : M;
+    int32_t r = work[t];
+    for (int s = lo; s < hi; s++)
+        if (topk[s] == e) {
+            pos[s] = r;
+            src_row[r++] = s / k;
+        }
+}
+
+/* one block per (sequence q, expert e): slot count and prob sum over q's rows */
+static __global__ void seq_stats_k(double *seq, const float *probs, const int32_t *topk, int N, int E, int k, int B,
+                                   int T, int g0)
+{
+    __shared__ double sc[MT_CUDA_RED_THREADS], sp[MT_CUDA_RED_THREADS];
+    int q = blockIdx.x / E, e = blockIdx.x % E;
+    long lo = (long)q * T - g0, hi = lo + T;
+    if (lo < 0) lo = 0;
+    if (hi > N) hi = N;
+    double c = 0.0, p = 0.0;
+    for (long i = lo + threadIdx.x; i < hi; i += MT_CUDA_RED_THREADS) {
+        for (int j = 0; j < k; j++) c += topk[i * k + j] == e ? 1.0 : 0.0;
+        p += (double)probs[i * E + e];
+    }
+    sc[threadIdx.x] = c;
+    sp[threadIdx.x] = p;
+    for (int w = MT_CUDA_RED_THREADS / 2; w > 0; w >>= 1) {
+        __syncthreads();
+        if ((int)threadIdx.x < w) {
+            sc[threadIdx.x] += sc[threadIdx.x + w];
+            sp[threadIdx.x] += sp[threadIdx.x + w];
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        seq[(size_t)q * E + e] = sc[0];
+        seq[(size_t)B * E + (size_t)q * E + e] = sp[0];
+    }
+}
+
+/* one block: f_share, the aux sum (sequence order) and the z sum (fixed tree) */
+static __global__ void aux_loss_k(double *loss, float *f_share, const double *seq, const float *lse, int N, int B,
+                                  int E, int k, int T, float aux_coef, float z_coef, int count_aux)
+{
+    __shared__ double s[MT_CUDA_RED_THREADS];
+    const double *cnt = seq, *psum = seq + (size_t)B * E;
+    double z = 0.0;
+    for (int i = threadIdx.x; i < N; i += MT_CUDA_RED_THREADS) z += (double)lse[i] * (double)lse[i];
+    s[threadIdx.x] = z;
+    for (int w = MT_CUDA_RED_THREADS / 2; w > 0; w >>= 1) {
+        __syncthreads();
+        if ((int)threadIdx.x < w) s[threadIdx.x] += s[threadIdx.x + w];
+    }
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    double aux = 0.0;
+    for (int q = 0; q < B; q++) {
+        float *f = f_share + (size_t)q * E;
+        double acc = 0.0;
+        for (int e = 0; e < E; e++) {
+            f[e] = (float)(cnt[(size_t)q * E + e] / ((double)T * k));
+            acc += (double)f[e] * (psum[(size_t)q * E + e] / (double)T);
+        }
+        aux += (double)aux_coef * E * acc;
+    }
+    loss[0] = count_aux ? aux : 0.0;
+    loss[1] = (double)z_coef * s[0];
+}
+
+/* thread per (row, expert); the expert-0 thread of a row writes dlse */
+static __global__ void aux_bwd_k(float *dprobs, float *dlse, const float *f_share, const float *lse, int N, int E,
+                                 int T, int g0, float aux_coef, float z_coef, double n_seq, double n_tok)
+{
+    size_t total = (size_t)N * (size_t)E;
+    for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < total; t += (size_t)gridDim.x * blockDim.x) {
+        size_t i = t / (size_t)E, e = t % (size_t)E;
+        float f = f_share[(size_t)((g0 + (long)i) / T) * E + e];
+        dprobs[t] = (float)((double)aux_coef * E * (double)f / (double)T / n_seq);
+        if (e == 0) dlse[i] = (float)(2.0 * (double)z_coef * (double)lse[i] / n_tok);
+    }
+}
+
+extern "C" void mt_cuda_moe_route(void *be, int32_t *pos, int32_t *src_row, int32_t *e_off, int32_t *work,
+                                  const int32_t *topk_idx, int N, int k, int E)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    if (E <= 0) return;
+    int M = N * k, nch = (M + CH - 1) / CH;
+    if (M <= 0) {
+        MT_CUDA_CHECK(cudaMemsetAsync(e_off, 0, (size_t)(E + 1) * sizeof(int32_t), mt_cuda_be->stream));
+        return;
+    }
+    unsigned blocks = (unsigned)((nch * E + 127) / 128);
+    MT_LAUNCH(route_count_k, blocks, 128, 0)(work, topk_idx, M, E, nch);
+    MT_CUDA_KCHECK();
+    MT_LAUNCH(route_scan_k, 1, E < 256 ? ((E + 31) / 32) * 32 : 256, 0)(e_off, work, E, nch);
+    MT_CUDA_KCHECK();
+    MT_LAUNCH(route_place_k, blocks, 128, 0)(pos, src_row, work, topk_idx, M, k, E, nch);
+    MT_CUDA_KCHECK();
+}
+
+extern "C" void mt_cuda_moe_seq_stats(void *be, double *seq, const float *probs, const int32_t *topk_idx, int N, int E,
+                                      int k, int B, int T, int g0)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    if (B <= 0 || E <= 0) return;
+    MT_LAUNCH(seq_stats_k, (unsigned)(B * E), MT_CUDA_RED_THREADS, 0)(seq, probs, topk_idx, N, E, k, B, T, g0);
+    MT_CUDA_KCHECK();
+}
+
+extern "C" void mt_cuda_moe_aux_loss(void *be, double *loss, float *f_share, const double *seq, const float *lse, int N,
+                                     int B, int E, int k, int T, float aux_coef, float z_coef, int count_aux)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    MT_LAUNCH(aux_loss_k, 1, MT_CUDA_RED_THREADS, 0)(loss, f_share, seq, lse, N, B, E, k, T, aux_coef, z_coef,
+                                                     count_aux);
+    MT_CUDA_KCHECK();
+}
+
+extern "C" void mt_cuda_moe_aux_backward(void *be, float *dprobs, float *dlse, const float *f_share, const float *lse,
+                                         int N, int E, int T, int g0, float aux_coef, float z_coef, double n_seq,
+                                         double n_tok)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    size_t total = (size_t)N * (size_t)E;
+    if (total == 0) return;
+    MT_LAUNCH(aux_bwd_k, mt_cuda_blocks(total, THREADS), THREADS, 0)(dprobs, dlse, f_share, lse, N, E, T, g0, aux_coef,
+                                                                     z_coef, n_seq, n_tok);
     MT_CUDA_KCHECK();
 }

@@ -126,6 +126,11 @@ static struct mt_ops_i cuda_ops = {
     /* .widen_bf16                 = */ .widen_bf16                 = mt_cuda_widen_bf16,
     /* .attention_forward_bf16     = */ .attention_forward_bf16     = mt_cuda_attention_forward_bf16,
     /* .attention_backward_bf16    = */ .attention_backward_bf16    = mt_cuda_attention_backward_bf16,
+    /* MoE device routing */
+    /* .moe_route                  = */ .moe_route                  = mt_cuda_moe_route,
+    /* .moe_seq_stats              = */ .moe_seq_stats              = mt_cuda_moe_seq_stats,
+    /* .moe_aux_loss               = */ .moe_aux_loss               = mt_cuda_moe_aux_loss,
+    /* .moe_aux_backward           = */ .moe_aux_backward           = mt_cuda_moe_aux_backward,
 };
 
 /* Undo a (partial) init: release what the bound instance holds and free it. */
