@@ -596,6 +596,7 @@ static char *gpu_json(const struct run_state *rs, const struct mt_receipt *r)
     cJSON_AddNumberToObject(m, "device_free_at_end_bytes", (double)in.mem_free_now);
     cJSON_AddStringToObject(m, "device_used_source", "cudaMemGetInfo (total - free) after every device allocation and at the end; "
                                                      "includes the CUDA context and cuBLAS");
+    cJSON_AddBoolToObject(g, "op_profile_events", in.op_profile);   /* MT_CUDA_OP_PROFILE */
     step_counters_json(g, rs->ops->be, in.emulated);
     char src[200];
     /* precision=bf16: the model's GEMMs are bf16 whatever the plain entry's mode */
@@ -674,7 +675,10 @@ static void fill_receipt(struct mt_receipt *r, const struct run_state *rs, const
                                 : "host wall clock around each ops-table call";
 #ifdef MT_WITH_CUDA
     struct mt_ops_cuda_info tin;
-    r->timing_emulated = cuda && mt_ops_cuda_get_info_of(rs->ops->be, &tin) == MT_OK && tin.emulated;
+    if (cuda && mt_ops_cuda_get_info_of(rs->ops->be, &tin) == MT_OK) {
+        r->timing_emulated = tin.emulated;
+        if (!tin.op_profile) r->n_op_kinds = 0;   /* MT_CUDA_OP_PROFILE=0: nothing was timed */
+    }
 #endif
     mt_ops_profile_get(r->op_step_s, NULL);
     for (int k = 0; k < r->n_op_kinds; k++) {

@@ -92,6 +92,9 @@ struct mt_ops_cuda_info {
     int    sm_clock_khz;       /* cudaDevAttrClockRate: the SM's peak clock       */
     int    mem_clock_khz;      /* cudaDevAttrMemoryClockRate: peak memory clock   */
     int    mem_bus_width_bits; /* cudaDevAttrGlobalMemoryBusWidth                 */
+    int    op_profile;         /* 1: the table's entries time themselves with event
+                                  pairs while the profile is on (MT_CUDA_OP_PROFILE,
+                                  default 1; 0 = off, for measuring its cost)    */
 };
 
 /* What the backend asked of the device (docs/cuda.md, "Per-op profile and
@@ -116,6 +119,8 @@ struct mt_ops_cuda_counters {
  * line per step mark ("step K begin" / "step K end"); unset: no log. */
 #define MT_CUDA_LAUNCH_LOG_ENV "MT_CUDA_LAUNCH_LOG"
 #define MT_CUDA_STEP_LOG       256   /* steps whose deltas are kept one by one */
+/* Runtime tunable, read at creation: "0" turns the per-op event pairs off. */
+#define MT_CUDA_OP_PROFILE_ENV "MT_CUDA_OP_PROFILE"
 
 /* The plain queries below act on the default instance (mt_ops_cuda());
  * their _of forms (end of file) take an instance.

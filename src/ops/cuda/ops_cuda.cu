@@ -143,8 +143,8 @@ template <enum mt_op_kind K, typename R, typename... A, R (*F)(void *, A...)>
 struct prof<K, F> {
     static R call(void *be, A... a)
     {
-        if (!mt_ops_profile_enabled()) return F(be, a...);
         struct mt_cuda_backend *B = (struct mt_cuda_backend *)be;
+        if (!mt_ops_profile_enabled() || !B->info.op_profile) return F(be, a...);
         MT_CUDA_BIND(be);   /* prof_begin may record a sticky error on this instance */
         const int i = prof_begin(B, K);
         if constexpr (std::is_void_v<R>) {
@@ -433,6 +433,10 @@ static int init_state(char *why, size_t why_len)
     mt_cuda_be->bf16_cap = cap;
     in->bf16_scratch_cap = cap;
     set_precision(prec, prec_src);
+    /* MT_CUDA_OP_PROFILE=0: no event pairs (the receipt then has no op
+     * profile); anything else or unset: on */
+    const char *op = getenv(MT_CUDA_OP_PROFILE_ENV);
+    in->op_profile = !(op && !strcmp(op, "0"));
     /* the launch log (a test tunable): a file that cannot be opened is not an
      * init failure, the log is simply off (said once on stderr) */
     const char *log = getenv(MT_CUDA_LAUNCH_LOG_ENV);
