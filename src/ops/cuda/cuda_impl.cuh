@@ -186,6 +186,8 @@ void *mt_cuda_workspace(size_t bytes);
  * mt_ops_cuda_counters_of() are exact by construction (the emulator's
  * launch log, written from the same place, lists the launches one by one). */
 void mt_cuda_note_launch(const char *name, dim3 grid, dim3 block);
+/* the other device operations in the launch log, when it is on */
+void mt_cuda_log_op(const char *what, size_t bytes);
 static inline void mt_cuda_note_blas(void) { mt_cuda_be->ctr.blas_calls++; }
 static inline cudaError_t mt_cuda_memcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind)
 {
@@ -193,6 +195,9 @@ static inline cudaError_t mt_cuda_memcpy(void *dst, const void *src, size_t byte
     if (kind == cudaMemcpyHostToDevice) c->h2d++, c->h2d_bytes += (long long)bytes;
     else if (kind == cudaMemcpyDeviceToHost) c->d2h++, c->d2h_bytes += (long long)bytes;
     else c->d2d++, c->d2d_bytes += (long long)bytes;
+    if (mt_cuda_be->launch_log)
+        mt_cuda_log_op(kind == cudaMemcpyHostToDevice ? "copy h2d" : kind == cudaMemcpyDeviceToHost ? "copy d2h" : "copy d2d",
+                       bytes);
     return cudaMemcpyAsync(dst, src, bytes, kind, mt_cuda_be->stream);
 }
 static inline cudaError_t mt_cuda_memset(void *dst, int value, size_t bytes)
@@ -204,11 +209,13 @@ static inline cudaError_t mt_cuda_memset(void *dst, int value, size_t bytes)
 static inline cudaError_t mt_cuda_stream_sync(void)
 {
     mt_cuda_be->ctr.syncs++;
+    if (mt_cuda_be->launch_log) mt_cuda_log_op("sync", 0);
     return cudaStreamSynchronize(mt_cuda_be->stream);
 }
 static inline cudaError_t mt_cuda_malloc(void **p, size_t bytes)
 {
     mt_cuda_be->ctr.allocs++;
+    if (mt_cuda_be->launch_log) mt_cuda_log_op("alloc", bytes);
     return cudaMalloc(p, bytes);
 }
 /* cudaFree also waits for the device: counted as a free, not a sync */

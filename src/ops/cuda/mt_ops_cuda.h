@@ -115,8 +115,10 @@ struct mt_ops_cuda_counters {
                                 first step; docs/cuda.md)                        */
 };
 /* Environment variable naming a file the backend appends one line per
- * kernel launch to ("launch NAME grid X Y Z block X Y Z threads N") and a
- * line per step mark ("step K begin" / "step K end"); unset: no log. */
+ * kernel launch to ("launch NAME grid X Y Z block X Y Z threads N"), per
+ * copy ("copy h2d|d2h|d2d BYTES"), host wait ("sync 0") and device
+ * allocation ("alloc BYTES"), and a line per step mark ("step K begin" /
+ * "step K end"); unset: no log. */
 #define MT_CUDA_LAUNCH_LOG_ENV "MT_CUDA_LAUNCH_LOG"
 #define MT_CUDA_STEP_LOG       256   /* steps whose deltas are kept one by one */
 /* Runtime tunable, read at creation: "0" turns the per-op event pairs off. */

@@ -75,6 +75,11 @@ void mt_cuda_note_launch(const char *name, dim3 grid, dim3 block)
             grid.z, block.x, block.y, block.z, threads);
 }
 
+void mt_cuda_log_op(const char *what, size_t bytes)
+{
+    fprintf(mt_cuda_be->launch_log, "%s %zu\n", what, bytes);
+}
+
 /* ---- the per-op profile: event pairs (HOW IT WORKS) ----
  * While mt_ops_profile_enabled() (the trainer's step loop), each table
  * call of the wrapped entries records event 2i on the stream, runs the
