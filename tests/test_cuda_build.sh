@@ -460,7 +460,7 @@ if [ -x "$EMU/meshtrain" ] && [ -f "$EMU/train.bin" ]; then
         grep 'expected host_syncs' "$EMU/prof_dense.txt" | tail -1
     else cat "$EMU/prof_dense.txt" 2>/dev/null; echo "FAIL: device counters / op profile, dense"; fail=1; fi
     if [ $prof_ok -eq 1 ] && python3 "$PC" counters "$EMU/run_prof_moe/receipt.json" "$EMU/launch_moe.log" \
-            --moe-layers 1 >"$EMU/prof_moe.txt" 2>&1; then
+            --moe-layers 1 --moe-host-routing 4 >"$EMU/prof_moe.txt" 2>&1; then  # 4: 0 once routing is on the device
         echo "PASS device counters, MoE pattern=AE (2 steps): $(grep -m1 '^   step 1:' "$EMU/prof_moe.txt" | sed "s/^   step 1: //")"
         grep 'expected host_syncs' "$EMU/prof_moe.txt" | tail -1
     else cat "$EMU/prof_moe.txt" 2>/dev/null; echo "FAIL: device counters / op profile, MoE"; fail=1; fi

@@ -4,7 +4,7 @@ profile and launch geometry, read from an emulated training run
 (tests/test_cuda_build.sh stage f; docs/cuda.md "Per-op profile and
 counters").
 
-  prof_check.py counters RECEIPT LAUNCH_LOG [--moe-layers N] [--microbatches M]
+  prof_check.py counters RECEIPT LAUNCH_LOG [--moe-layers N] [--moe-host-routing K] [--microbatches M]
       The receipt of a `meshtrain train --backend cuda` run under the CPU
       emulator (MT_CUDA_LAUNCH_LOG=LAUNCH_LOG). Fails on:
         - a device allocation or free in any step after the first, or in the
@@ -17,8 +17,9 @@ counters").
             F  all_finite calls: 1 D2H + 1 wait each
             2M the micro-batches' token ids and targets: 1 H2D + 1 wait each
             1  the step's loss scalar: 1 D2H + 1 wait
-            8E host routing of each MoE layer (issue 28 item 2 removes it):
-               4 D2H + 4 H2D + 8 waits per MoE layer
+            2KE host routing of the E MoE layers (issue 28 item 2 removes it:
+               then --moe-host-routing 0): K = 4 D2H + 4 H2D, each waited
+               for, per MoE layer
             1  the trainer's sync at the step's end
           S and F are counted from the launch log (sumsq_pass2_k,
           nonfinite_k), independently of the backend's counters;
@@ -26,8 +27,10 @@ counters").
           the step marks (two counts of the same launches), or steps that
           differ from each other (every step of a static shape is the same);
         - a missing timing field: timing.op_profile_s_per_step with every
-          kind (attention_bwd too) summing to the step, other >= -5% of the
-          step; timing_emulated true (emulated times mean nothing for a GPU).
+          kind (attention_bwd too) summing to the step and |other| <= 5% of
+          it (under the emulator the kernels dwarf the host work between
+          them: a larger remainder is an op outside the wrappers);
+          timing_emulated true (emulated times mean nothing for a GPU).
 
   prof_check.py floor LAUNCH_LOG --floor N --allow FILE
       Every kernel launched inside a step (between the "step K begin/end"
@@ -66,6 +69,7 @@ def counters(argv):
     rec, log = argv[0], argv[1]
     moe_layers = int(argv[argv.index("--moe-layers") + 1]) if "--moe-layers" in argv else 0
     mb = int(argv[argv.index("--microbatches") + 1]) if "--microbatches" in argv else 1
+    hr = int(argv[argv.index("--moe-host-routing") + 1]) if "--moe-host-routing" in argv else 4
     r = json.load(open(rec))
     err = []
     sc = r["gpu"]["step_counters"]
@@ -77,14 +81,14 @@ def counters(argv):
         c = {name: sc[name][k] for name in COUNTERS}
         names = collections.Counter(s[0] for s in steps[k])
         S, F = names["sumsq_pass2_k"], names["nonfinite_k"]
-        exp = {"host_syncs": S + F + 2 * mb + 1 + 8 * moe_layers + 1,
-               "d2h_copies": S + F + 1 + 4 * moe_layers,
-               "h2d_copies": 2 * mb + 4 * moe_layers,
+        exp = {"host_syncs": S + F + 2 * mb + 1 + 2 * hr * moe_layers + 1,
+               "d2h_copies": S + F + 1 + hr * moe_layers,
+               "h2d_copies": 2 * mb + hr * moe_layers,
                "kernel_launches": len(steps[k]),
                "device_allocs": c["workspace_grows"] if k == 0 else 0,
                "device_frees": c["device_frees"] if k == 0 and c["device_frees"] <= c["workspace_grows"] else 0}
         why = ("%d sumsq + %d all_finite + %d input H2D + 1 loss D2H + %d MoE host-routing copies + 1 end-of-step sync"
-               % (S, F, 2 * mb, 8 * moe_layers))
+               % (S, F, 2 * mb, 2 * hr * moe_layers))
         print("   step %d: %s" % (k, ", ".join("%s %d" % (name, c[name]) for name in COUNTERS)))
         print("   step %d: expected host_syncs %d = %s" % (k, exp["host_syncs"], why))
         for name, want in exp.items():
@@ -105,8 +109,11 @@ def counters(argv):
         err.append("op_profile_s_per_step kinds: %s" % (list(p) if p else None))
     else:
         s = sum(p[k] for k in KINDS + ["other"])
-        if abs(s - p["step"]) > 1e-9 * max(1.0, p["step"]) or p["other"] < -0.05 * p["step"]:
-            err.append("profile: kinds + other = %g vs step %g, other %g" % (s, p["step"], p["other"]))
+        if abs(s - p["step"]) > 1e-9 * max(1.0, p["step"]) or abs(p["other"]) > 0.05 * p["step"]:
+            # under the emulator the kernels dwarf the host work between them, so
+            # |other| > 5% means an op ran outside the wrappers (or a wrapper double counts)
+            err.append("profile: kinds + other = %g vs step %g, other %g (|other| must be <= 5%% of the step)"
+                       % (s, p["step"], p["other"]))
         if not (p["gemm"] > 0 and p["attention"] > 0 and p["attention_bwd"] > 0 and p["optimizer"] > 0):
             err.append("profile: a kind that ran has no time: %s" % p)
         print("   op profile (emulated, s/step): %s" % ", ".join("%s %.3g" % (k, p[k]) for k in KINDS + ["other", "step"]))
