@@ -597,6 +597,8 @@ static char *gpu_json(const struct run_state *rs, const struct mt_receipt *r)
     cJSON_AddStringToObject(m, "device_used_source", "cudaMemGetInfo (total - free) after every device allocation and at the end; "
                                                      "includes the CUDA context and cuBLAS");
     cJSON_AddBoolToObject(g, "op_profile_events", in.op_profile);   /* MT_CUDA_OP_PROFILE */
+    if (in.launch_log[0]) cJSON_AddStringToObject(g, "launch_log", in.launch_log);   /* MT_CUDA_LAUNCH_LOG */
+    else cJSON_AddNullToObject(g, "launch_log");
     step_counters_json(g, rs->ops->be, in.emulated);
     char src[200];
     /* precision=bf16: the model's GEMMs are bf16 whatever the plain entry's mode */

@@ -95,6 +95,7 @@ struct mt_ops_cuda_info {
     int    op_profile;         /* 1: the table's entries time themselves with event
                                   pairs while the profile is on (MT_CUDA_OP_PROFILE,
                                   default 1; 0 = off, for measuring its cost)    */
+    char   launch_log[256];    /* MT_CUDA_LAUNCH_LOG's file, "" = no launch log   */
 };
 
 /* What the backend asked of the device (docs/cuda.md, "Per-op profile and

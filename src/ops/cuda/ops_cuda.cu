@@ -447,6 +447,7 @@ static int init_state(char *why, size_t why_len)
     const char *log = getenv(MT_CUDA_LAUNCH_LOG_ENV);
     if (log && log[0] && !(mt_cuda_be->launch_log = fopen(log, "a")))
         fprintf(stderr, "meshtrain cuda backend: %s=%s: cannot open; no launch log\n", MT_CUDA_LAUNCH_LOG_ENV, log);
+    if (mt_cuda_be->launch_log) snprintf(in->launch_log, sizeof in->launch_log, "%s", log);
     mt_cuda_be->table = cuda_ops;
     mt_cuda_be->table.be = mt_cuda_be;   /* the instance every entry of its table receives */
     mt_cuda_be->ready = 1;
