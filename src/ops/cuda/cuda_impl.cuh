@@ -183,8 +183,9 @@ void *mt_cuda_workspace(size_t bytes);
 /* ---- counted device work (docs/cuda.md, "Per-op profile and counters") ----
  * Every kernel launch, cuBLAS call, copy, memset, host wait and device
  * allocation of the backend goes through one of these, so the counters of
- * mt_ops_cuda_counters_of() are exact by construction (the emulator's
- * launch log, written from the same place, lists the launches one by one). */
+ * mt_ops_cuda_counters_of() are exact by construction, on a GPU and under
+ * the emulator alike (the launch log, MT_CUDA_LAUNCH_LOG, written from the
+ * same helpers, lists them one by one). */
 void mt_cuda_note_launch(const char *name, dim3 grid, dim3 block);
 /* the other device operations in the launch log, when it is on */
 void mt_cuda_log_op(const char *what, size_t bytes);
