@@ -38,13 +38,14 @@ err = []
 for path, isa in zip(sys.argv[1:], ("avx512", "avx2")):
     r = json.load(open(path)); t = r["timing"]
     p = t["op_profile_s_per_step"]
-    kinds = ["gemm", "attention", "xent", "norm", "elementwise", "optimizer", "communication", "scan", "other"]
+    kinds = ["gemm", "attention", "xent", "norm", "elementwise", "optimizer", "communication", "scan", "attention_bwd",
+             "other"]
     if list(p) != kinds + ["step"]: err.append(f"kinds {list(p)}")
     steady = t["step_times_s"][t["warmup_steps_excluded"]:]
     step = sum(steady) / len(steady)
     s = sum(p[k] for k in kinds)
     if abs(s - step) > 1e-6 * max(1, step) or abs(p["step"] - step) > 1e-6: err.append(f"sum {s} step {p['step']} vs {step}")
-    if not (p["gemm"] > 0 and p["attention"] > 0 and p["xent"] > 0 and p["optimizer"] > 0): err.append(f"zero kind {p}")
+    if not (p["gemm"] > 0 and p["attention"] > 0 and p["attention_bwd"] > 0 and p["xent"] > 0 and p["optimizer"] > 0): err.append(f"zero kind {p}")
     if p["other"] < -1e-9 or p["other"] > 0.5 * step: err.append(f"other {p['other']} of {step}")
     if r["backend"].get("kernels_isa") != isa: err.append(f"isa {r['backend'].get('kernels_isa')} != {isa}")
     sp = t["peak_flops_spread"]

@@ -65,6 +65,12 @@
 #           gemm check passes, its JSON has the fields
 #           bench/profiles/gpu_profile.py reads, and the profile written from
 #           it loads in `BUILD/meshtrain plan --profile FILE`.
+#        f. per-step device counters (no allocation in a step, only the
+#           expected host waits and copies), the per-op profile's fields,
+#           and the launch floor (threads per kernel launch) of a hybrid +
+#           MoE step (docs/cuda.md, "Per-op profile and counters").
+#      MT_CUDA_BUILD_STAGES=a,b,b2,c,c2,d,e,f (any subset; c3 goes with c)
+#      runs only those emulation stages (the emulated build always runs).
 #      Every emulated run has the device-memory guard on: device buffers
 #      are inaccessible to host code outside kernels, copies and cuBLAS
 #      calls (tests/cuda/emu/emu.cc), so a host dereference of a device
@@ -92,6 +98,8 @@ WERROR=OFF
 grep -q '^MT_WERROR:BOOL=ON' "$BUILD/CMakeCache.txt" 2>/dev/null && WERROR=ON
 fail=0
 skipped=""   # stages that did not run, for the summary
+# want STAGE: the emulation stage runs (MT_CUDA_BUILD_STAGES unset: every one)
+want() { [ -z "${MT_CUDA_BUILD_STAGES:-}" ] || [[ ",$MT_CUDA_BUILD_STAGES," == *",$1,"* ]]; }
 t0=$(date +%s)
 
 if [ -z "$NVCC" ] || [ ! -x "$NVCC" ]; then
@@ -178,6 +186,7 @@ export OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=1
 
 unset MT_CUDA_PRECISION MT_CUDA_BF16_SCRATCH_MB
 
+if want a; then
 # a. the cuda-vs-cpu harness (fp32, then gemm in bf16); bf16 from the
 #    environment with tiled operand copies; a bad precision value
 "$EMU/cuda_ops_vs_cpu" >"$EMU/cuda_ops_vs_cpu.log" 2>&1
@@ -216,7 +225,9 @@ if [ $rc -eq 1 ] && [ "$out" = "FAIL: MT_CUDA_PRECISION=half: expected fp32 or b
 else
     echo "$out" | tail -3; echo "FAIL: MT_CUDA_PRECISION=half: exit $rc"; fail=1
 fi
+fi  # want a
 
+if want b; then
 # b. the project's op harness on the cuda backend
 #    exact pass count: every check the cpu backend passes in the same harness
 #    passes on cuda (the line "cuda  (backend not available ...)" is no pass)
@@ -232,7 +243,9 @@ else
     grep -E 'FAIL|emu|not available' "$EMU/test_ops.log" | head -40; tail -2 "$EMU/test_ops.log"
     echo "FAIL: emulated test_ops -b cuda exited $rc"; fail=1
 fi
+fi  # want b
 
+if want b2; then
 # b2. the Mamba-3 scan harness on the cuda backend (fp64 recurrence, finite
 #     differences, glue vs cpu): every check passes, none missing
 "$EMU/test_ssm" -b cuda >"$EMU/test_ssm.log" 2>&1
@@ -244,6 +257,7 @@ else
     grep -E 'FAIL|emu' "$EMU/test_ssm.log" | head -20; tail -2 "$EMU/test_ssm.log"
     echo "FAIL: emulated test_ssm -b cuda exited $rc ($n_ssm ok lines)"; fail=1
 fi
+fi  # want b2
 
 # b3. attention on tensor cores (precision=bf16; wmma under tests/cuda/emu/mma.h):
 #     fp64 reference within the derived bound, bf16 ran, the out twin's bits,
@@ -288,6 +302,7 @@ else
             tail -5 "$EMU/train_$name.log"; echo "FAIL: emulated train $name exited non-zero"; return 1
         fi
     }
+    if want c; then
     # cpu references first (fast), then the emulated runs side by side (one
     # thread each: 2 cores); every exit status is collected
     run_ok=1
@@ -372,6 +387,8 @@ PY
            "$EMU"/run_cuda_z[123]/receipt.json "$EMU/run_moe_cuda_z3/receipt.json"; then
         echo "PASS emulated train: --backend cuda --zero 1/2/3 (dense) and --zero 3 (MoE) on the one-GPU device mesh equal the cpu runs to 1e-5"
     else echo "FAIL: emulated train cuda ZeRO 1-3 vs cpu"; fail=1; fi
+    fi  # want c
+    if want c2; then
     # c2. precision=bf16 (issue 19 item 2): 6 steps dense, cpu fp32 and bf16,
     #     emulated cuda bf16. The cuda bf16 losses follow the fp32 curve within
     #     the step tolerance of docs/cuda.md and differ from it (bf16 ran);
@@ -409,6 +426,8 @@ sys.exit(not (g['gemm_bf16_direct'] > 0 and g['gemm_bf16_fallbacks'] == 0 and g[
            "$EMU/run_bf16_moe_cuda/receipt.json"; then
         echo "PASS emulated train precision=bf16, MoE: routed experts on bf16 shadows, cuda follows the fp32 curve, starts equal to cpu bf16 ($(( $(date +%s) - t2 ))s)"
     else echo "FAIL: emulated train precision=bf16 MoE"; fail=1; fi
+    fi  # want c2
+    if want c; then
     # c3. `meshtrain logits --backend cuda` (issue 20 item 5, meshtrain's side): the
     #     dense and MoE checkpoints of the cpu runs of c, one forward on the
     #     emulated cuda backend == the CPU build's `logits` (default --backend
@@ -447,8 +466,85 @@ PY
         then echo "PASS emulated logits --backend cuda == cpu build's logits ($c checkpoint) to 1e-5"
         else tail -3 "$EMU/logits_$c.log"; echo "FAIL: emulated logits --backend cuda vs cpu ($c)"; fail=1; fi
     done
+    fi  # want c
 fi
+# f. per-step device counters, the per-op profile and the launch floor
+#    (issue 27 item 1, issue 28 item 4; docs/cuda.md "Per-op profile and
+#    counters"; tests/cuda/prof_check.py): 2 steps of the tiny dense and MoE
+#    (pattern=AE) configs and 1 step of a hybrid + MoE config (pattern=AMEM,
+#    T=128, B=2), each with the backend's launch log on (MT_CUDA_LAUNCH_LOG).
+#    counters: no device allocation or free in a step after the first (in the
+#    first: the grow-only workspace's growth only), host waits and H2D/D2H
+#    copies exactly the expected ones (prof_check.py lists them: sumsq and
+#    all_finite scalars, the inputs, the loss, the MoE layer's host routing,
+#    the end-of-step sync), launches = the log's; timing.op_profile_s_per_step
+#    has every kind (attention_bwd too) and sums to the step; timing_emulated.
+#    floor: every kernel launched in the hybrid + MoE step has >= B x T = 256
+#    threads (grid x block) or is in tests/cuda/launch_floor_allow.txt with
+#    its reason. Then the checker's plants: a receipt with one more host sync,
+#    one with a device allocation in step 1, and a log with a 32-thread
+#    launch must each fail it.
+if want f; then
+if [ -x "$EMU/meshtrain" ] && [ -f "$EMU/train.bin" ]; then
+    t3=$(date +%s)
+    HYB="--set vocab_size=64 --set n_layer=4 --set d_model=32 --set n_head=4 --set n_kv_head=2 --set seq_len=128 --set batch_size=2 --set lr=0.01 --set warmup_steps=2 --set pattern=AMEM --set n_experts=4 --set top_k=2 --set expert_hidden=32 --set mamba_d_state=8 --set mamba_headdim=16 --set mamba_ngroups=2 --set mamba_chunk=8"
+    # prof_run NAME STEPS FLAGS...: fp32, launch log EMU/launch_NAME.log
+    prof_run() {
+        local name=$1 steps=$2; shift 2
+        rm -f "$EMU/launch_$name.log"
+        if ! env MT_CUDA_LAUNCH_LOG="$EMU/launch_$name.log" MT_CUDA_PRECISION=fp32 OMP_NUM_THREADS=1 "$EMU/meshtrain" \
+                train "$@" --backend cuda --peak-flops 1e11 --quiet --data "$EMU/train.bin" --out "$EMU/run_prof_$name" \
+                --steps "$steps" >"$EMU/train_prof_$name.log" 2>&1; then
+            tail -5 "$EMU/train_prof_$name.log"; echo "FAIL: emulated train prof_$name exited non-zero"; return 1
+        fi
+    }
+    PC="$SRC/tests/cuda/prof_check.py"
+    ALLOW="$SRC/tests/cuda/launch_floor_allow.txt"
+    prof_ok=1
+    { prof_run dense 2 $TINY && prof_run moe 2 $MOE; } & pid_prof=$!
+    prof_run hybrid 1 $HYB || prof_ok=0
+    wait $pid_prof || prof_ok=0
+    if [ $prof_ok -eq 1 ] && python3 "$PC" counters "$EMU/run_prof_dense/receipt.json" "$EMU/launch_dense.log" \
+            >"$EMU/prof_dense.txt" 2>&1; then
+        echo "PASS device counters, dense (2 steps): $(grep -m1 '^   step 1:' "$EMU/prof_dense.txt" | sed "s/^   step 1: //")"
+        grep 'expected host_syncs' "$EMU/prof_dense.txt" | tail -1
+    else cat "$EMU/prof_dense.txt" 2>/dev/null; echo "FAIL: device counters / op profile, dense"; fail=1; fi
+    if [ $prof_ok -eq 1 ] && python3 "$PC" counters "$EMU/run_prof_moe/receipt.json" "$EMU/launch_moe.log" \
+            --moe-layers 1 >"$EMU/prof_moe.txt" 2>&1; then
+        echo "PASS device counters, MoE pattern=AE (2 steps): $(grep -m1 '^   step 1:' "$EMU/prof_moe.txt" | sed "s/^   step 1: //")"
+        grep 'expected host_syncs' "$EMU/prof_moe.txt" | tail -1
+    else cat "$EMU/prof_moe.txt" 2>/dev/null; echo "FAIL: device counters / op profile, MoE"; fail=1; fi
+    if [ $prof_ok -eq 1 ] && python3 "$PC" floor "$EMU/launch_hybrid.log" --floor 256 --allow "$ALLOW" \
+            >"$EMU/prof_floor.txt" 2>&1; then
+        echo "PASS launch floor, hybrid + MoE pattern=AMEM step: $(sed -n 's/^   \([0-9]* kernels\).*/\1/p' "$EMU/prof_floor.txt")" \
+             "at >= 256 threads or allow-listed ($(grep -c ALLOWED "$EMU/prof_floor.txt") allowed: $(grep ALLOWED "$EMU/prof_floor.txt" | awk '{print $2}' | tr '\n' ' '))"
+    else cat "$EMU/prof_floor.txt" 2>/dev/null; echo "FAIL: launch floor (a new low-parallelism kernel?)"; fail=1; fi
+    # the checker's own plants: each must fail it
+    if [ $prof_ok -eq 1 ] && python3 - "$EMU/run_prof_dense/receipt.json" "$EMU" <<'PY' &&
+import json, sys
+r = json.load(open(sys.argv[1]))
+for name, key in (("sync", "host_syncs"), ("alloc", "device_allocs")):
+    p = json.loads(json.dumps(r))
+    p["gpu"]["step_counters"][key][1] += 1
+    json.dump(p, open("%s/planted_%s.json" % (sys.argv[2], name), "w"))
+PY
+       ! python3 "$PC" counters "$EMU/planted_sync.json" "$EMU/launch_dense.log" >"$EMU/planted_sync.txt" 2>&1 &&
+       grep -q '^FAIL: step 1: host_syncs = ' "$EMU/planted_sync.txt" &&
+       ! python3 "$PC" counters "$EMU/planted_alloc.json" "$EMU/launch_dense.log" >"$EMU/planted_alloc.txt" 2>&1 &&
+       grep -q '^FAIL: step 1: device_allocs = 1, expected 0' "$EMU/planted_alloc.txt" &&
+       { cat "$EMU/launch_hybrid.log"; printf 'step 1 begin\nlaunch planted_k grid 1 1 1 block 32 1 1 threads 32\nstep 1 end\n'; } \
+           >"$EMU/planted_launch.log" &&
+       ! python3 "$PC" floor "$EMU/planted_launch.log" --floor 256 --allow "$ALLOW" >"$EMU/planted_launch.txt" 2>&1 &&
+       grep -q '^FAIL: planted_k launched with 32 threads' "$EMU/planted_launch.txt"; then
+        echo "PASS planted: one more host sync, a device allocation in step 1, a 32-thread launch: each fails the check"
+    else echo "FAIL: the counter / floor checker missed a planted bug"; fail=1; fi
+    echo "   stage f: $(( $(date +%s) - t3 ))s"
+else
+    echo "FAIL: stage f needs the emulated meshtrain (stage c's build)"; fail=1
+fi
+fi  # want f
 
+if want d; then
 # d. device communicators of a one-rank mesh, on emulated device memory
 if [ -f "$EMU/lib/src_dist_mesh.c.o" ] && compile "$SRC/tests/cuda/mesh_device.c" "$EMU/mesh_device.o" >"$EMU/mesh_device.log" 2>&1 &&
    g++ -fopenmp "$EMU/mesh_device.o" "$EMU"/lib/src_*.o "$EMU"/cu/*.o -lopenblas -lcjson -lxxhash -lm \
@@ -467,6 +563,8 @@ if [ -f "$EMU/lib/src_dist_mesh.c.o" ] && compile "$SRC/tests/cuda/mesh_device.c
 else
     tail -20 "$EMU/mesh_device.log"; echo "FAIL: emulated mesh_device build"; fail=1
 fi
+fi  # want d
+if want e; then
 # e. bench/cuda_calib.c --quick on emulated device memory (its numbers mean
 #    nothing here): built with the project's warnings as errors, its gemm
 #    check passes, the JSON has every field bench/profiles/gpu_profile.py
@@ -518,6 +616,7 @@ PY
 else
     tail -20 "$EMU/calib.log"; echo "FAIL: emulated cuda_calib build"; fail=1
 fi
+fi  # want e
 echo "emulation stage: $(( $(date +%s) - t1 ))s; total $(( $(date +%s) - t0 ))s"
 [ $fail -ne 0 ] && { echo "test_cuda_build: FAILED"; exit 1; }
 if [ -n "$skipped" ]; then

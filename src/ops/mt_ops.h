@@ -363,6 +363,15 @@ struct mt_ops_i {
                          int E, int k, int T, float aux_coef, float z_coef, int count_aux);
     void (*moe_aux_backward)(void *be, float *dprobs, float *dlse, const float *f_share, const float *lse, int N,
                              int E, int T, int g0, float aux_coef, float z_coef, double n_seq, double n_tok);
+
+    /* ---- step marks for the per-op profile and device counters (optional) ----
+     * The trainer calls profile_step(be, 0) as a step begins and
+     * profile_step(be, 1) after the step's final sync(), with the profile
+     * still enabled: a backend that times ops asynchronously (cuda: event
+     * pairs) adds the step's op times to the profile there
+     * (mt_ops_profile_add), once per step, and closes the step's counters.
+     * NULL (cpu): the wrappers time each call on the host as it runs. */
+    void (*profile_step)(void *be, int end);
 };
 
 /* moe_route's chunk of slots (one (chunk, expert) count per thread) and its
@@ -398,10 +407,13 @@ void mt_ops_cpu_set_threads(int n);
  * done or the re-exec failed. */
 void mt_ops_cpu_pin_coretype(int argc, char **argv);
 
-/* ---- per-op profile (cpu backend) ----
+/* ---- per-op profile (cpu and cuda backends) ----
  * Every entry of the cpu table runs through a thin wrapper that, when the
  * profile is on, adds its wall time to the op's kind (one predictable branch
- * when off). Kinds: gemm (gemm, transpose), attention, xent, norm (rmsnorm and
+ * when off); the cuda table's wrappers record a cudaEvent pair around the
+ * call instead and add the pairs' elapsed times at the step's end mark
+ * (profile_step above). Kinds: gemm (gemm, transpose), attention (forward),
+ * attention_bwd, xent, norm (rmsnorm and
  * the fused norm chains rmsnorm_resid, qk_norm_rope),
  * elementwise (rope, swiglu, embed, fill/axpby/sumsq/all_finite, MoE router,
  * permute/combine and the device routing), optimizer (adamw, muon momentum); communication is
@@ -410,9 +422,10 @@ void mt_ops_cpu_pin_coretype(int argc, char **argv);
  * from one thread; their parallelism is inside). */
 enum mt_op_kind {
     MT_OPK_GEMM, MT_OPK_ATTENTION, MT_OPK_XENT, MT_OPK_NORM, MT_OPK_ELEMENTWISE,
-    MT_OPK_OPTIMIZER, MT_OPK_COMM, MT_OPK_SCAN, MT_OPK_COUNT
+    MT_OPK_OPTIMIZER, MT_OPK_COMM, MT_OPK_SCAN, MT_OPK_ATTENTION_BWD, MT_OPK_COUNT
 };
 void        mt_ops_profile_enable(int on);
+int         mt_ops_profile_enabled(void);
 void        mt_ops_profile_reset(void);
 void        mt_ops_profile_add(enum mt_op_kind kind, double seconds);
 /* seconds[k] and calls[k] (either may be NULL) summed since the last reset */

@@ -47,6 +47,9 @@ struct mt_receipt {
     int         n_op_kinds;
     const char *op_kind_names[12];
     double      op_step_s[12];
+    const char *op_profile_source;  /* how the kinds were timed (NULL: not said)            */
+    int         timing_emulated;    /* 1: the cuda backend ran under the CPU emulator: every
+                                       time above is the emulator's, meaningless for a GPU */
     /* losses, one per step run (arrays owned by the trainer) */
     int     n_steps;
     const int    *step_index;

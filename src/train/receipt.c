@@ -168,13 +168,15 @@ static void receipt_timing(cJSON *root, const struct mt_receipt *r)
         cJSON *op = cJSON_AddObjectToObject(t, "op_profile_s_per_step");
         double sum = 0, step = r->tokens_per_s > 0 && r->cfg
                                    ? (double)r->cfg->batch_size * r->cfg->seq_len / r->tokens_per_s : 0;
-        for (int k = 0; k < r->n_op_kinds && k < 8; k++) {
+        for (int k = 0; k < r->n_op_kinds && k < 12; k++) {
             cJSON_AddNumberToObject(op, r->op_kind_names[k], r->op_step_s[k]);
             sum += r->op_step_s[k];
         }
         cJSON_AddNumberToObject(op, "other", step - sum);
         cJSON_AddNumberToObject(op, "step", step);
+        if (r->op_profile_source) cJSON_AddStringToObject(t, "op_profile_source", r->op_profile_source);
     }
+    if (r->timing_emulated) cJSON_AddBoolToObject(t, "timing_emulated", 1);
     cJSON_AddItemToObject(t, "step_times_s", num_array(r->step_times, r->n_steps));
 }
 

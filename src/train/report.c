@@ -511,6 +511,39 @@ static void cuda_fallback_reason(const struct mt_ops_cuda_info *in, char *out, s
 }
 
 
+/* gpu.step_counters: what each step of the loop asked of the device
+ * (mt_ops_cuda_counters, between the trainer's step marks), one array
+ * entry per step; allocations and host waits inside a step are what the
+ * GPU speed work drives to zero (issue 27 item 1). Exact under the
+ * emulator too: counted where the backend calls the runtime. */
+static void step_counters_json(cJSON *g, void *be, int emulated)
+{
+    int n = 0;
+    const struct mt_ops_cuda_counters *c = mt_ops_cuda_step_counters_of(be, &n);
+    if (!c) return;
+    const int m = n < MT_CUDA_STEP_LOG ? n : MT_CUDA_STEP_LOG;
+    cJSON *sc = cJSON_AddObjectToObject(g, "step_counters");
+    cJSON_AddNumberToObject(sc, "steps", n);
+    cJSON_AddNumberToObject(sc, "steps_listed", m);
+    cJSON_AddStringToObject(sc, "how", emulated ? "counted by the cuda backend where it calls the runtime (exact); "
+                                                  "under the CPU emulator: the same calls, the same counts"
+                                                : "counted by the cuda backend where it calls the runtime (exact)");
+    static const char *const names[] = {"kernel_launches", "blas_calls", "memsets", "h2d_copies", "h2d_bytes",
+                                        "d2h_copies", "d2h_bytes", "d2d_copies", "d2d_bytes", "host_syncs",
+                                        "device_allocs", "device_frees", "workspace_grows"};
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        cJSON *a = cJSON_AddArrayToObject(sc, names[k]);
+        for (int i = 0; i < m; i++) {
+            const struct mt_ops_cuda_counters *s = &c[i];
+            const double v[] = {(double)s->launches, (double)s->blas_calls, (double)s->memsets, (double)s->h2d,
+                                (double)s->h2d_bytes, (double)s->d2h, (double)s->d2h_bytes, (double)s->d2d,
+                                (double)s->d2d_bytes, (double)s->syncs, (double)s->allocs, (double)s->frees,
+                                (double)s->ws_grows};
+            cJSON_AddItemToArray(a, cJSON_CreateNumber(v[k]));
+        }
+    }
+}
+
 /* The receipt's "gpu" object (mt_gpu_info.h); NULL off the cuda backend. */
 static char *gpu_json(const struct run_state *rs, const struct mt_receipt *r)
 {
@@ -571,6 +604,10 @@ static char *gpu_json(const struct run_state *rs, const struct mt_receipt *r)
     cJSON_AddNumberToObject(m, "device_free_at_end_bytes", (double)in.mem_free_now);
     cJSON_AddStringToObject(m, "device_used_source", "cudaMemGetInfo (total - free) after every device allocation and at the end; "
                                                      "includes the CUDA context and cuBLAS");
+    cJSON_AddBoolToObject(g, "op_profile_events", in.op_profile);   /* MT_CUDA_OP_PROFILE */
+    if (in.launch_log[0]) cJSON_AddStringToObject(g, "launch_log", in.launch_log);   /* MT_CUDA_LAUNCH_LOG */
+    else cJSON_AddNullToObject(g, "launch_log");
+    step_counters_json(g, rs->ops->be, in.emulated);
     char src[200];
     /* precision=bf16: the model's GEMMs are bf16 whatever the plain entry's mode */
     double peak = mt_gpu_datasheet_peak(in.device, strcmp(rs->cfg->precision, "bf16") ? in.precision : "bf16", src,
@@ -640,7 +677,19 @@ static void fill_receipt(struct mt_receipt *r, const struct run_state *rs, const
     r->peak_flops_lo = ri->roof.lo * ri->world;
     r->peak_flops_hi = ri->roof.hi * ri->world;
     snprintf(r->kernels_isa, sizeof r->kernels_isa, "%s", !strcmp(rs->ops->name, "cpu") ? mt_ops_cpu_isa() : "");
-    r->n_op_kinds = !strcmp(rs->ops->name, "cpu") && n_steady > 0 ? MT_OPK_COUNT : 0;
+    /* cpu: host wall time per call; cuda: cudaEvent pairs per call (ops_cuda.cu) */
+    const int cuda = !strcmp(rs->ops->name, "cuda");
+    r->n_op_kinds = (cuda || !strcmp(rs->ops->name, "cpu")) && n_steady > 0 ? MT_OPK_COUNT : 0;
+    r->op_profile_source = cuda ? "cudaEvent pair around each ops-table call on the backend stream, resolved once per "
+                                  "step; other = the step's wall time outside every op (host work, launch gaps, waits)"
+                                : "host wall clock around each ops-table call";
+#ifdef MT_WITH_CUDA
+    struct mt_ops_cuda_info tin;
+    if (cuda && mt_ops_cuda_get_info_of(rs->ops->be, &tin) == MT_OK) {
+        r->timing_emulated = tin.emulated;
+        if (!tin.op_profile) r->n_op_kinds = 0;   /* MT_CUDA_OP_PROFILE=0: nothing was timed */
+    }
+#endif
     mt_ops_profile_get(r->op_step_s, NULL);
     for (int k = 0; k < r->n_op_kinds; k++) {
         r->op_kind_names[k] = mt_ops_profile_kind_name((enum mt_op_kind)k);

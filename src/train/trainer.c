@@ -112,6 +112,7 @@ static enum mt_status step_loop(struct mt_ctx *ctx, struct run_state *rs, const 
         double t0 = mt_time_sec();
         if (ri->steps_run == prof_warm) mt_ops_profile_reset(); /* the op profile covers the steady steps */
         mt_ops_profile_enable(1);
+        if (rs->ops->profile_step) rs->ops->profile_step(rs->ops->be, 0);
         const double comm0 = mt_train_exposed_comm_s(rs);
         mt_comm_watchdog_set_step(step);
         if (mt_train_fault_armed(rs, step)) MT_CHECK(mt_train_fault_before_step(ctx, rs, step));
@@ -120,6 +121,7 @@ static enum mt_status step_loop(struct mt_ctx *ctx, struct run_state *rs, const 
         if (mt_train_fault_armed(rs, step)) MT_CHECK(mt_train_fault_after_update(ctx, rs, step));
         rs->ops->sync(rs->ops->be);
         double dt = mt_time_sec() - t0;
+        if (rs->ops->profile_step) rs->ops->profile_step(rs->ops->be, 1); /* after dt: resolving is not the step's */
         ri->comm_total += mt_train_exposed_comm_s(rs) - comm0;
         ri->idle_total += so.idle_s;
         mt_ops_profile_add(MT_OPK_COMM, mt_train_exposed_comm_s(rs) - comm0 + so.idle_s);

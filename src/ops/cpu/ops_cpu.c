@@ -66,6 +66,7 @@ static long   prof_calls[MT_OPK_COUNT];
     } while (0)
 
 void mt_ops_profile_enable(int on) { prof_on = on != 0; }
+int  mt_ops_profile_enabled(void) { return prof_on; }
 
 void mt_ops_profile_reset(void)
 {
@@ -91,7 +92,8 @@ void mt_ops_profile_get(double seconds[MT_OPK_COUNT], long calls[MT_OPK_COUNT])
 const char *mt_ops_profile_kind_name(enum mt_op_kind kind)
 {
     static const char *const names[MT_OPK_COUNT] = {"gemm", "attention", "xent", "norm", "elementwise",
-                                                    "optimizer", "communication", "scan"};
+                                                    "optimizer", "communication", "scan",
+                                                    "attention_bwd"};
     return (int)kind >= 0 && kind < MT_OPK_COUNT ? names[kind] : "?";
 }
 
@@ -189,7 +191,7 @@ static void p_attention_backward(void *be, float *dq, float *dk, float *dv, cons
                                  int T, int H, int K, int hd)
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
-    PROF(MT_OPK_ATTENTION, mt_cpu_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, hd));
+    PROF(MT_OPK_ATTENTION_BWD, mt_cpu_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, hd));
 }
 static void p_attention_forward_bf16(void *be, float *out, mt_bf16 *out_bf16, float *lse, const float *q,
                                      const float *k, const float *v, int B, int T, int H, int K, int hd)
@@ -202,7 +204,7 @@ static void p_attention_backward_bf16(void *be, float *dq, float *dk, float *dv,
                                       int T, int H, int K, int hd)
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
-    PROF(MT_OPK_ATTENTION, mt_cpu_attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, hd));
+    PROF(MT_OPK_ATTENTION_BWD, mt_cpu_attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, hd));
 }
 static void p_swiglu_forward(void *be, float *out, const float *gate, const float *up, size_t n)
 {

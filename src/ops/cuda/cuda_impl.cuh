@@ -116,6 +116,18 @@ struct mt_cuda_backend {
      * a ctx bucket (the entries take no ctx); its size is in mt_ops_cuda_info. */
     void          *ws;
     size_t         ws_bytes;
+    /* what the device was asked to do (mt_ops_cuda.h): running totals, and
+     * the per-step deltas between the trainer's step marks (profile_step) */
+    struct mt_ops_cuda_counters ctr, ctr_at_begin;
+    struct mt_ops_cuda_counters step_ctr[MT_CUDA_STEP_LOG];
+    int            n_steps;        /* steps closed (the first MT_CUDA_STEP_LOG logged) */
+    FILE          *launch_log;     /* MT_CUDA_LAUNCH_LOG: one line per launch, or NULL */
+    /* per-op profile (ops_cuda.cu): an event pair around each table call
+     * while mt_ops_profile_enabled(), resolved at the step's end mark */
+    cudaEvent_t   *prof_ev;        /* (2 * prof_cap) start, end, start, end, ...  */
+    unsigned char *prof_kind;      /* (prof_cap) enum mt_op_kind of each pair     */
+    int            prof_n, prof_cap;
+    long           prof_dropped;   /* pairs not recorded (pool could not grow)   */
     struct mt_ops_cuda_info info;
     struct mt_ops_i table;         /* the table handing out this instance as be */
 };
@@ -168,12 +180,60 @@ static inline int mt_cuda_check_gen(S st, S success, F to_string, const char *ca
  * the one stream, so one buffer serves every op. */
 void *mt_cuda_workspace(size_t bytes);
 
+/* ---- counted device work (docs/cuda.md, "Per-op profile and counters") ----
+ * Every kernel launch, cuBLAS call, copy, memset, host wait and device
+ * allocation of the backend goes through one of these, so the counters of
+ * mt_ops_cuda_counters_of() are exact by construction, on a GPU and under
+ * the emulator alike (the launch log, MT_CUDA_LAUNCH_LOG, written from the
+ * same helpers, lists them one by one). */
+void mt_cuda_note_launch(const char *name, dim3 grid, dim3 block);
+/* the other device operations in the launch log, when it is on */
+void mt_cuda_log_op(const char *what, size_t bytes);
+static inline void mt_cuda_note_blas(void) { mt_cuda_be->ctr.blas_calls++; }
+static inline cudaError_t mt_cuda_memcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind)
+{
+    struct mt_ops_cuda_counters *c = &mt_cuda_be->ctr;
+    if (kind == cudaMemcpyHostToDevice) c->h2d++, c->h2d_bytes += (long long)bytes;
+    else if (kind == cudaMemcpyDeviceToHost) c->d2h++, c->d2h_bytes += (long long)bytes;
+    else c->d2d++, c->d2d_bytes += (long long)bytes;
+    if (mt_cuda_be->launch_log)
+        mt_cuda_log_op(kind == cudaMemcpyHostToDevice ? "copy h2d" : kind == cudaMemcpyDeviceToHost ? "copy d2h" : "copy d2d",
+                       bytes);
+    return cudaMemcpyAsync(dst, src, bytes, kind, mt_cuda_be->stream);
+}
+static inline cudaError_t mt_cuda_memset(void *dst, int value, size_t bytes)
+{
+    mt_cuda_be->ctr.memsets++;
+    return cudaMemsetAsync(dst, value, bytes, mt_cuda_be->stream);
+}
+/* the host waits for the stream */
+static inline cudaError_t mt_cuda_stream_sync(void)
+{
+    mt_cuda_be->ctr.syncs++;
+    if (mt_cuda_be->launch_log) mt_cuda_log_op("sync", 0);
+    return cudaStreamSynchronize(mt_cuda_be->stream);
+}
+static inline cudaError_t mt_cuda_malloc(void **p, size_t bytes)
+{
+    mt_cuda_be->ctr.allocs++;
+    if (mt_cuda_be->launch_log) mt_cuda_log_op("alloc", bytes);
+    return cudaMalloc(p, bytes);
+}
+/* cudaFree also waits for the device: counted as a free, not a sync */
+static inline cudaError_t mt_cuda_free(void *p)
+{
+    if (p) mt_cuda_be->ctr.frees++;
+    return cudaFree(p);
+}
+
 /* ---- launches ---- */
 #ifdef MT_CUDA_EMU
-#define MT_LAUNCH(kern, grid, block, smem) mt_emu_launcher((kern), dim3(grid), dim3(block), (size_t)(smem))
+#define MT_LAUNCH(kern, grid, block, smem) \
+    mt_cuda_note_launch(#kern, dim3(grid), dim3(block)), mt_emu_launcher((kern), dim3(grid), dim3(block), (size_t)(smem))
 #define MT_DYN_SMEM(type, name) type *name = (type *)mt_emu_dyn_smem()
 #else
-#define MT_LAUNCH(kern, grid, block, smem) kern<<<(grid), (block), (smem), mt_cuda_be->stream>>>
+#define MT_LAUNCH(kern, grid, block, smem) \
+    mt_cuda_note_launch(#kern, dim3(grid), dim3(block)), kern<<<(grid), (block), (smem), mt_cuda_be->stream>>>
 #define MT_DYN_SMEM(type, name) extern __shared__ __align__(16) type name[]
 #endif
 

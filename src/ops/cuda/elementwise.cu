@@ -78,7 +78,7 @@ extern "C" void mt_cuda_fill(void *be, float *x, float value, size_t n)
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (!n) return;
     if (value == 0.0f) {
-        MT_CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), mt_cuda_be->stream));
+        MT_CUDA_CHECK(mt_cuda_memset(x, 0, n * sizeof(float)));
         return;
     }
     MT_LAUNCH(fill_k, mt_cuda_blocks(n, THREADS), THREADS, 0)(x, value, n);
@@ -91,7 +91,7 @@ extern "C" void mt_cuda_axpby(void *be, float *y, const float *x, float a, float
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (!n) return;
     if (!x && b == 0.0f) {
-        MT_CUDA_CHECK(cudaMemsetAsync(y, 0, n * sizeof(float), mt_cuda_be->stream));
+        MT_CUDA_CHECK(mt_cuda_memset(y, 0, n * sizeof(float)));
         return;
     }
     int mode = !x ? 0 : (b == 0.0f ? 1 : 2);
@@ -110,9 +110,8 @@ extern "C" double mt_cuda_sumsq(void *be, const float *x, size_t n)
     MT_LAUNCH(sumsq_pass2_k, 1, MT_CUDA_RED_THREADS, 0)(mt_cuda_be->red_partial, MT_CUDA_RED_BLOCKS);
     MT_CUDA_KCHECK();
     double r = NAN;
-    MT_CUDA_CHECK(cudaMemcpyAsync(&r, mt_cuda_be->red_partial + MT_CUDA_RED_BLOCKS, sizeof r,
-                                  cudaMemcpyDeviceToHost, mt_cuda_be->stream));
-    MT_CUDA_CHECK(cudaStreamSynchronize(mt_cuda_be->stream));
+    MT_CUDA_CHECK(mt_cuda_memcpy(&r, mt_cuda_be->red_partial + MT_CUDA_RED_BLOCKS, sizeof r, cudaMemcpyDeviceToHost));
+    MT_CUDA_CHECK(mt_cuda_stream_sync());
     return mt_cuda_be->err != MT_OK ? NAN : r;
 }
 
@@ -121,11 +120,11 @@ extern "C" int mt_cuda_all_finite(void *be, const float *x, size_t n)
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (mt_cuda_be->err != MT_OK) return 0;
     if (!n) return 1;
-    MT_CUDA_CHECK(cudaMemsetAsync(mt_cuda_be->red_flag, 0, sizeof(int), mt_cuda_be->stream));
+    MT_CUDA_CHECK(mt_cuda_memset(mt_cuda_be->red_flag, 0, sizeof(int)));
     MT_LAUNCH(nonfinite_k, mt_cuda_blocks(n, THREADS), THREADS, 0)(mt_cuda_be->red_flag, x, n);
     MT_CUDA_KCHECK();
     int bad = 1;
-    MT_CUDA_CHECK(cudaMemcpyAsync(&bad, mt_cuda_be->red_flag, sizeof bad, cudaMemcpyDeviceToHost, mt_cuda_be->stream));
-    MT_CUDA_CHECK(cudaStreamSynchronize(mt_cuda_be->stream));
+    MT_CUDA_CHECK(mt_cuda_memcpy(&bad, mt_cuda_be->red_flag, sizeof bad, cudaMemcpyDeviceToHost));
+    MT_CUDA_CHECK(mt_cuda_stream_sync());
     return mt_cuda_be->err == MT_OK && bad == 0;
 }

@@ -99,6 +99,7 @@ static inline int align_of(const void *p)
 static void sgemm(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
                   int ldb, float beta, float *C, int ldc)
 {
+    mt_cuda_note_blas();
     MT_CUBLAS_CHECK(cublasSgemm(mt_cuda_be->blas, transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N,
                                 N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc));
 }
@@ -275,6 +276,7 @@ static void gemm_bf16(int ta, int tb, int M, int N, int K, float alpha, const vo
                 continue;
             }
             mt_cuda_be->info.gemm_bf16_calls++;
+            mt_cuda_note_blas();
             MT_CUBLASLT_OK(cublasLtMatmul(mt_cuda_be->lt, p->desc, &alpha, sb, p->la, sa, p->lb, &beta, c0, p->lc, c0,
                                           p->lc, &p->algo, mt_cuda_be->lt_ws, p->ws, mt_cuda_be->stream));
         }
@@ -330,6 +332,7 @@ extern "C" void mt_cuda_gemm_bf16(void *be, int transA, int transB, int M, int N
         if (p->ok) {
             mt_cuda_be->info.gemm_bf16_calls++;
             mt_cuda_be->info.gemm_bf16_direct++;
+            mt_cuda_note_blas();
             MT_CUBLASLT_OK(cublasLtMatmul(mt_cuda_be->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C,
                                           p->lc, &p->algo, mt_cuda_be->lt_ws, p->ws, mt_cuda_be->stream));
             return;
@@ -446,6 +449,7 @@ extern "C" void mt_cuda_gemm_grouped(void *be, int transA, int transB, int n, co
         if (!dptr) return;   /* recorded (sticky OOM) */
         MT_LAUNCH(grouped_ptrs_k, 1, 3 * MT_CUDA_GROUP_CHUNK, 0)(pt, dptr, 3 * ng);
         MT_CUDA_KCHECK();
+        mt_cuda_note_blas();
         MT_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(mt_cuda_be->blas, ta, tb, m, nn, k, al, dptr, CUDA_R_32F, la,
                                                    dptr + ng, CUDA_R_32F, lb, bg, (void *const *)(dptr + 2 * ng),
                                                    CUDA_R_32F, lc, ng, gs, CUBLAS_COMPUTE_32F));

@@ -33,7 +33,7 @@ extern "C" void *mt_cuda_buf_alloc(void *be, struct mt_ctx *ctx, size_t bytes, e
     if (!mt_ctx_alloc_check(ctx, bytes, bucket, "device memory")) return NULL;
     size_t total = bytes + MT_CUDA_HDR;
     char *base = NULL;
-    cudaError_t e = total < bytes ? cudaErrorMemoryAllocation : cudaMalloc((void **)&base, total);
+    cudaError_t e = total < bytes ? cudaErrorMemoryAllocation : mt_cuda_malloc((void **)&base, total);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();  /* allocation failures are not sticky in CUDA */
         if (ctx) mt_ctx_error(ctx, MT_ERR_OOM, "out of device memory allocating %zu bytes for %s: %s", bytes,
@@ -41,11 +41,11 @@ extern "C" void *mt_cuda_buf_alloc(void *be, struct mt_ctx *ctx, size_t bytes, e
         return NULL;
     }
     struct buf_header h = {(uint64_t)bytes, (uint64_t)bucket, MT_CUDA_MAGIC};
-    int ok = MT_CUDA_OK(cudaMemsetAsync(base + MT_CUDA_HDR, 0, bytes, mt_cuda_be->stream)) &&
-             MT_CUDA_OK(cudaMemcpyAsync(base, &h, sizeof h, cudaMemcpyHostToDevice, mt_cuda_be->stream)) &&
-             MT_CUDA_OK(cudaStreamSynchronize(mt_cuda_be->stream));  /* h lives on this stack frame */
+    int ok = MT_CUDA_OK(mt_cuda_memset(base + MT_CUDA_HDR, 0, bytes)) &&
+             MT_CUDA_OK(mt_cuda_memcpy(base, &h, sizeof h, cudaMemcpyHostToDevice)) &&
+             MT_CUDA_OK(mt_cuda_stream_sync());  /* h lives on this stack frame */
     if (!ok) {
-        cudaFree(base);
+        mt_cuda_free(base);
         if (ctx) mt_ctx_error(ctx, MT_ERR_RUNTIME, "cuda buffer setup failed: %s", mt_cuda_be->errmsg);
         return NULL;
     }
@@ -62,15 +62,14 @@ extern "C" void mt_cuda_buf_free(void *be, struct mt_ctx *ctx, void *p)
     char *base = (char *)p - MT_CUDA_HDR;
     struct buf_header h;
     memset(&h, 0, sizeof h);
-    if (MT_CUDA_OK(cudaMemcpyAsync(&h, base, sizeof h, cudaMemcpyDeviceToHost, mt_cuda_be->stream)) &&
-        MT_CUDA_OK(cudaStreamSynchronize(mt_cuda_be->stream))) {
+    if (MT_CUDA_OK(mt_cuda_memcpy(&h, base, sizeof h, cudaMemcpyDeviceToHost)) && MT_CUDA_OK(mt_cuda_stream_sync())) {
         if (h.magic == MT_CUDA_MAGIC && h.bucket < MT_BUCKET_COUNT)
             mt_ctx_account(ctx, (size_t)h.bytes, (enum mt_bucket)h.bucket, 0);
         else
             mt_cuda_record(MT_ERR_RUNTIME, "buf_free", "pointer was not returned by buf_alloc (bad header)",
                            __FILE__, __LINE__);
     }
-    MT_CUDA_CHECK(cudaFree(base));
+    MT_CUDA_CHECK(mt_cuda_free(base));
 }
 
 /* Host copies are synchronous: the host buffer may be read or reused as
@@ -79,16 +78,16 @@ extern "C" void mt_cuda_copy_to_host(void *be, void *dst_host, const void *src, 
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (!bytes) return;
-    MT_CUDA_CHECK(cudaMemcpyAsync(dst_host, src, bytes, cudaMemcpyDeviceToHost, mt_cuda_be->stream));
-    MT_CUDA_CHECK(cudaStreamSynchronize(mt_cuda_be->stream));
+    MT_CUDA_CHECK(mt_cuda_memcpy(dst_host, src, bytes, cudaMemcpyDeviceToHost));
+    MT_CUDA_CHECK(mt_cuda_stream_sync());
 }
 
 extern "C" void mt_cuda_copy_from_host(void *be, void *dst, const void *src_host, size_t bytes)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (!bytes) return;
-    MT_CUDA_CHECK(cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, mt_cuda_be->stream));
-    MT_CUDA_CHECK(cudaStreamSynchronize(mt_cuda_be->stream));
+    MT_CUDA_CHECK(mt_cuda_memcpy(dst, src_host, bytes, cudaMemcpyHostToDevice));
+    MT_CUDA_CHECK(mt_cuda_stream_sync());
 }
 
 /* device to device, queued (ordered with the kernels around it) */
@@ -96,14 +95,14 @@ extern "C" void mt_cuda_copy(void *be, void *dst, const void *src, size_t bytes)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (!bytes || dst == src) return;
-    MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, mt_cuda_be->stream));
+    MT_CUDA_CHECK(mt_cuda_memcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
 }
 
 /* Wait for every queued op; the first recorded error is printed once. */
 extern "C" void mt_cuda_sync(void *be)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
-    MT_CUDA_CHECK(cudaStreamSynchronize(mt_cuda_be->stream));
+    MT_CUDA_CHECK(mt_cuda_stream_sync());
     MT_CUDA_KCHECK();
     if (mt_cuda_be->err != MT_OK && !mt_cuda_be->err_reported) {
         mt_cuda_be->err_reported = 1;

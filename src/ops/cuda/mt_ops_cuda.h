@@ -97,7 +97,38 @@ struct mt_ops_cuda_info {
     int    sm_clock_khz;       /* cudaDevAttrClockRate: the SM's peak clock       */
     int    mem_clock_khz;      /* cudaDevAttrMemoryClockRate: peak memory clock   */
     int    mem_bus_width_bits; /* cudaDevAttrGlobalMemoryBusWidth                 */
+    int    op_profile;         /* 1: the table's entries time themselves with event
+                                  pairs while the profile is on (MT_CUDA_OP_PROFILE,
+                                  default 1; 0 = off, for measuring its cost)    */
+    char   launch_log[256];    /* MT_CUDA_LAUNCH_LOG's file, "" = no launch log   */
 };
+
+/* What the backend asked of the device (docs/cuda.md, "Per-op profile and
+ * counters"), counted where the backend calls the runtime, so exact (the
+ * same under the emulator). Running totals since the instance was created;
+ * the trainer's step marks (the table's profile_step) keep per-step deltas. */
+struct mt_ops_cuda_counters {
+    long      launches;      /* our kernels (MT_LAUNCH)                            */
+    long      blas_calls;    /* cuBLAS / cuBLASLt calls that run work (sgemm,
+                                Lt matmul, grouped GEMM): >= 1 kernel each      */
+    long      memsets;       /* cudaMemsetAsync                                   */
+    long      h2d, d2h, d2d; /* cudaMemcpyAsync by direction                      */
+    long long h2d_bytes, d2h_bytes, d2d_bytes;
+    long      syncs;         /* host waits for the stream (cudaStreamSynchronize) */
+    long      allocs, frees; /* cudaMalloc / cudaFree (buffers, workspace growth) */
+    long      ws_grows;      /* of those allocs: growths of the backend's grow-only
+                                workspace (sized by its first users, so in the
+                                first step; docs/cuda.md)                        */
+};
+/* Environment variable naming a file the backend appends one line per
+ * kernel launch to ("launch NAME grid X Y Z block X Y Z threads N"), per
+ * copy ("copy h2d|d2h|d2d BYTES"), host wait ("sync 0") and device
+ * allocation ("alloc BYTES"), and a line per step mark ("step K begin" /
+ * "step K end"); unset: no log. */
+#define MT_CUDA_LAUNCH_LOG_ENV "MT_CUDA_LAUNCH_LOG"
+#define MT_CUDA_STEP_LOG       256   /* steps whose deltas are kept one by one */
+/* Runtime tunable, read at creation: "0" turns the per-op event pairs off. */
+#define MT_CUDA_OP_PROFILE_ENV "MT_CUDA_OP_PROFILE"
 
 /* The plain queries below act on the default instance (mt_ops_cuda());
  * their _of forms (end of file) take an instance.
@@ -158,6 +189,12 @@ enum mt_status mt_ops_cuda_get_info_of(void *be, struct mt_ops_cuda_info *info);
 enum mt_status mt_ops_cuda_set_precision_of(void *be, enum mt_cuda_precision p);
 enum mt_cuda_precision mt_ops_cuda_get_precision_of(void *be);
 void *mt_ops_cuda_stream_of(void *be);
+/* The running counters of instance `be` (NULL = default); zeros without one. */
+void mt_ops_cuda_counters_of(void *be, struct mt_ops_cuda_counters *out);
+/* Steps closed by the step marks so far (*n_steps, all of them) and a
+ * pointer to the first min(n_steps, MT_CUDA_STEP_LOG) per-step deltas
+ * (valid until the instance is destroyed); NULL without an instance. */
+const struct mt_ops_cuda_counters *mt_ops_cuda_step_counters_of(void *be, int *n_steps);
 
 #ifdef __cplusplus
 }

@@ -12,6 +12,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <type_traits>
 
 /* The instance the current call acts on: every entry sets it from its `be`
  * on entry (MT_CUDA_BIND), so it carries no choice from one call to the
@@ -41,13 +42,14 @@ void *mt_cuda_workspace(size_t bytes)
     want = (want + 255) & ~(size_t)255;
     if (mt_cuda_be->ws) {
         /* cudaFree waits for the device: no queued kernel still reads the old buffer */
-        MT_CUDA_CHECK(cudaFree(mt_cuda_be->ws));
+        MT_CUDA_CHECK(mt_cuda_free(mt_cuda_be->ws));
         mt_cuda_be->ws = NULL;
         mt_cuda_be->ws_bytes = 0;
         mt_cuda_be->info.workspace_bytes = MT_CUDA_LT_WS_BYTES;
     }
     void *p = NULL;
-    cudaError_t e = cudaMalloc(&p, want);
+    mt_cuda_be->ctr.ws_grows++;
+    cudaError_t e = mt_cuda_malloc(&p, want);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();  /* an OOM from cudaMalloc is not sticky in CUDA: clear it */
         char why[96];
@@ -60,6 +62,142 @@ void *mt_cuda_workspace(size_t bytes)
     mt_cuda_be->info.workspace_bytes = MT_CUDA_LT_WS_BYTES + want;
     mt_cuda_note_mem();
     return p;
+}
+
+/* ---- counters and the launch log (cuda_impl.cuh, docs/cuda.md) ---- */
+void mt_cuda_note_launch(const char *name, dim3 grid, dim3 block)
+{
+    mt_cuda_be->ctr.launches++;
+    if (!mt_cuda_be->launch_log) return;
+    const unsigned long long threads =
+        (unsigned long long)grid.x * grid.y * grid.z * (unsigned long long)block.x * block.y * block.z;
+    fprintf(mt_cuda_be->launch_log, "launch %s grid %u %u %u block %u %u %u threads %llu\n", name, grid.x, grid.y,
+            grid.z, block.x, block.y, block.z, threads);
+}
+
+void mt_cuda_log_op(const char *what, size_t bytes)
+{
+    fprintf(mt_cuda_be->launch_log, "%s %zu\n", what, bytes);
+}
+
+/* ---- the per-op profile: event pairs (HOW IT WORKS) ----
+ * While mt_ops_profile_enabled() (the trainer's step loop), each table
+ * call of the wrapped entries records event 2i on the stream, runs the
+ * entry, records event 2i+1, and remembers the op kind; nothing waits.
+ * At the step's end mark (profile_step(be, 1), after the trainer's sync,
+ * so every event has completed) the pairs' elapsed times are added to the
+ * kinds with mt_ops_profile_add — once per step, no wait per op. Time
+ * between pairs (host work, launch gaps, waits for the host) is not in any
+ * pair: the receipt's "other". The pool grows (doubling) at the first
+ * steps and is reused after; events are not device allocations. Off (the
+ * profile disabled) a wrapper is one call and one branch. */
+static int prof_grow(struct mt_cuda_backend *B)
+{
+    int cap = B->prof_cap ? 2 * B->prof_cap : 256;
+    if (cap > (1 << 20)) return 0;
+    cudaEvent_t *ev = (cudaEvent_t *)realloc(B->prof_ev, 2 * (size_t)cap * sizeof *ev);
+    if (!ev) return 0;
+    B->prof_ev = ev;
+    unsigned char *kind = (unsigned char *)realloc(B->prof_kind, (size_t)cap);
+    if (!kind) return 0;
+    B->prof_kind = kind;
+    for (int i = 2 * B->prof_cap; i < 2 * cap; i++)
+        if (!MT_CUDA_OK(cudaEventCreate(&B->prof_ev[i]))) {
+            for (int j = 2 * B->prof_cap; j < i; j++) cudaEventDestroy(B->prof_ev[j]);
+            return 0;
+        }
+    B->prof_cap = cap;
+    return 1;
+}
+
+/* record the start of a pair; -1: not recorded (counted as dropped) */
+static int prof_begin(struct mt_cuda_backend *B, enum mt_op_kind kind)
+{
+    if (B->prof_n == B->prof_cap && !prof_grow(B)) {
+        B->prof_dropped++;
+        return -1;
+    }
+    int i = B->prof_n++;
+    B->prof_kind[i] = (unsigned char)kind;
+    MT_CUDA_CHECK(cudaEventRecord(B->prof_ev[2 * i], B->stream));
+    return i;
+}
+
+static void prof_end(struct mt_cuda_backend *B, int i)
+{
+    if (i >= 0) MT_CUDA_CHECK(cudaEventRecord(B->prof_ev[2 * i + 1], B->stream));
+}
+
+/* Add the recorded pairs to the profile and forget them. */
+static void prof_resolve(struct mt_cuda_backend *B)
+{
+    if (B->prof_n == 0) return;
+    /* after the step's sync every event has completed: this returns at once */
+    MT_CUDA_CHECK(cudaEventSynchronize(B->prof_ev[2 * B->prof_n - 1]));
+    for (int i = 0; i < B->prof_n; i++) {
+        float ms = 0;
+        if (MT_CUDA_OK(cudaEventElapsedTime(&ms, B->prof_ev[2 * i], B->prof_ev[2 * i + 1])))
+            mt_ops_profile_add((enum mt_op_kind)B->prof_kind[i], 1e-3 * (double)ms);
+    }
+    B->prof_n = 0;
+}
+
+/* One entry wrapped: prof<KIND, fn>::call has fn's signature. */
+template <enum mt_op_kind K, auto F> struct prof;
+template <enum mt_op_kind K, typename R, typename... A, R (*F)(void *, A...)>
+struct prof<K, F> {
+    static R call(void *be, A... a)
+    {
+        struct mt_cuda_backend *B = (struct mt_cuda_backend *)be;
+        if (!mt_ops_profile_enabled() || !B->info.op_profile) return F(be, a...);
+        MT_CUDA_BIND(be);   /* prof_begin may record a sticky error on this instance */
+        const int i = prof_begin(B, K);
+        if constexpr (std::is_void_v<R>) {
+            F(be, a...);
+            prof_end(B, i);
+        } else {
+            R r = F(be, a...);
+            prof_end(B, i);
+            return r;
+        }
+    }
+};
+#define PROF(kind, fn) (prof<kind, fn>::call)
+
+/* The trainer's step marks (mt_ops.h profile_step): counters since the
+ * begin mark are the step's; the end mark resolves the step's events. */
+static void cuda_profile_step(void *be, int end)
+{
+    struct mt_cuda_backend *B = (struct mt_cuda_backend *)be;
+    MT_CUDA_BIND(be);
+    if (!end) {
+        B->ctr_at_begin = B->ctr;
+        if (B->launch_log) fprintf(B->launch_log, "step %d begin\n", B->n_steps);
+        return;
+    }
+    prof_resolve(B);
+    if (B->n_steps < MT_CUDA_STEP_LOG) {
+        struct mt_ops_cuda_counters *d = &B->step_ctr[B->n_steps];
+        const struct mt_ops_cuda_counters *a = &B->ctr_at_begin, *b = &B->ctr;
+        d->launches = b->launches - a->launches;
+        d->blas_calls = b->blas_calls - a->blas_calls;
+        d->memsets = b->memsets - a->memsets;
+        d->h2d = b->h2d - a->h2d;
+        d->d2h = b->d2h - a->d2h;
+        d->d2d = b->d2d - a->d2d;
+        d->h2d_bytes = b->h2d_bytes - a->h2d_bytes;
+        d->d2h_bytes = b->d2h_bytes - a->d2h_bytes;
+        d->d2d_bytes = b->d2d_bytes - a->d2d_bytes;
+        d->syncs = b->syncs - a->syncs;
+        d->allocs = b->allocs - a->allocs;
+        d->frees = b->frees - a->frees;
+        d->ws_grows = b->ws_grows - a->ws_grows;
+    }
+    if (B->launch_log) {
+        fprintf(B->launch_log, "step %d end\n", B->n_steps);
+        fflush(B->launch_log);
+    }
+    B->n_steps++;
 }
 
 /* xent_fused on the device: the forward kernel, then the backward kernel in
@@ -80,57 +218,58 @@ static struct mt_ops_i cuda_ops = {
     /* .copy_from_host       = */ .copy_from_host       = mt_cuda_copy_from_host,
     /* .copy                 = */ .copy                 = mt_cuda_copy,
     /* .sync                 = */ .sync                 = mt_cuda_sync,
-    /* .fill                 = */ .fill                 = mt_cuda_fill,
-    /* .axpby                = */ .axpby                = mt_cuda_axpby,
-    /* .sumsq                = */ .sumsq                = mt_cuda_sumsq,
-    /* .all_finite           = */ .all_finite           = mt_cuda_all_finite,
-    /* .gemm                 = */ .gemm                 = mt_cuda_gemm,
-    /* .gemm_grouped         = */ .gemm_grouped         = mt_cuda_gemm_grouped,
-    /* .gemm_bf16            = */ .gemm_bf16            = mt_cuda_gemm_bf16,
-    /* .cast_bf16            = */ .cast_bf16            = mt_cuda_cast_bf16,
-    /* .embed_forward        = */ .embed_forward        = mt_cuda_embed_forward,
-    /* .embed_backward       = */ .embed_backward       = mt_cuda_embed_backward,
-    /* .rmsnorm_forward      = */ .rmsnorm_forward      = mt_cuda_rmsnorm_forward,
-    /* .rmsnorm_backward     = */ .rmsnorm_backward     = mt_cuda_rmsnorm_backward,
-    /* .rmsnorm_forward_bf16 = */ .rmsnorm_forward_bf16 = mt_cuda_rmsnorm_forward_bf16,
-    /* .rope_forward         = */ .rope_forward         = mt_cuda_rope_forward,
-    /* .rope_backward        = */ .rope_backward        = mt_cuda_rope_backward,
-    /* .attention_forward    = */ .attention_forward    = mt_cuda_attention_forward,
-    /* .attention_backward   = */ .attention_backward   = mt_cuda_attention_backward,
-    /* .swiglu_forward       = */ .swiglu_forward       = mt_cuda_swiglu_forward,
-    /* .swiglu_backward      = */ .swiglu_backward      = mt_cuda_swiglu_backward,
-    /* .xent_forward         = */ .xent_forward         = mt_cuda_xent_forward,
-    /* .xent_backward        = */ .xent_backward        = mt_cuda_xent_backward,
-    /* .router_forward       = */ .router_forward       = mt_cuda_router_forward,
-    /* .router_backward      = */ .router_backward      = mt_cuda_router_backward,
-    /* .moe_permute          = */ .moe_permute          = mt_cuda_moe_permute,
-    /* .moe_permute_backward = */ .moe_permute_backward = mt_cuda_moe_permute_backward,
-    /* .moe_combine          = */ .moe_combine          = mt_cuda_moe_combine,
-    /* .moe_combine_backward = */ .moe_combine_backward = mt_cuda_moe_combine_backward,
-    /* .adamw_update         = */ .adamw_update         = mt_cuda_adamw_update,
-    /* .muon_momentum        = */ .muon_momentum        = mt_cuda_muon_momentum,
-    /* .transpose            = */ .transpose            = mt_cuda_transpose,
-    /* .ssm_scan_forward     = */ .ssm_scan_forward     = mt_cuda_ssm_scan_forward,
-    /* .ssm_scan_backward    = */ .ssm_scan_backward    = mt_cuda_ssm_scan_backward,
-    /* .ssm_prep_forward     = */ .ssm_prep_forward     = mt_cuda_ssm_prep_forward,
-    /* .ssm_prep_backward    = */ .ssm_prep_backward    = mt_cuda_ssm_prep_backward,
-    /* .ssm_gate_norm_fwd    = */ .ssm_gate_norm_forward  = mt_cuda_ssm_gate_norm_forward,
-    /* .ssm_gate_norm_bwd    = */ .ssm_gate_norm_backward = mt_cuda_ssm_gate_norm_backward,
-    /* .ssm_scan_step        = */ .ssm_scan_step        = mt_cuda_ssm_scan_step,
-    /* .xent_fused           = */ .xent_fused           = cuda_xent_fused,
-    /* .rmsnorm_resid_forward = */ .rmsnorm_resid_forward = mt_cuda_rmsnorm_resid_forward,
-    /* .qk_norm_rope_forward  = */ .qk_norm_rope_forward  = mt_cuda_qk_norm_rope_forward,
-    /* .qk_norm_rope_backward = */ .qk_norm_rope_backward = mt_cuda_qk_norm_rope_backward,
-    /* .rmsnorm_resid_forward_bf16 = */ .rmsnorm_resid_forward_bf16 = mt_cuda_rmsnorm_resid_forward_bf16,
-    /* .swiglu_forward_bf16        = */ .swiglu_forward_bf16        = mt_cuda_swiglu_forward_bf16,
-    /* .widen_bf16                 = */ .widen_bf16                 = mt_cuda_widen_bf16,
-    /* .attention_forward_bf16     = */ .attention_forward_bf16     = mt_cuda_attention_forward_bf16,
-    /* .attention_backward_bf16    = */ .attention_backward_bf16    = mt_cuda_attention_backward_bf16,
+    /* .fill                 = */ .fill                 = PROF(MT_OPK_ELEMENTWISE, mt_cuda_fill),
+    /* .axpby                = */ .axpby                = PROF(MT_OPK_ELEMENTWISE, mt_cuda_axpby),
+    /* .sumsq                = */ .sumsq                = PROF(MT_OPK_ELEMENTWISE, mt_cuda_sumsq),
+    /* .all_finite           = */ .all_finite           = PROF(MT_OPK_ELEMENTWISE, mt_cuda_all_finite),
+    /* .gemm                 = */ .gemm                 = PROF(MT_OPK_GEMM, mt_cuda_gemm),
+    /* .gemm_grouped         = */ .gemm_grouped         = PROF(MT_OPK_GEMM, mt_cuda_gemm_grouped),
+    /* .gemm_bf16            = */ .gemm_bf16            = PROF(MT_OPK_GEMM, mt_cuda_gemm_bf16),
+    /* .cast_bf16            = */ .cast_bf16            = PROF(MT_OPK_ELEMENTWISE, mt_cuda_cast_bf16),
+    /* .embed_forward        = */ .embed_forward        = PROF(MT_OPK_ELEMENTWISE, mt_cuda_embed_forward),
+    /* .embed_backward       = */ .embed_backward       = PROF(MT_OPK_ELEMENTWISE, mt_cuda_embed_backward),
+    /* .rmsnorm_forward      = */ .rmsnorm_forward      = PROF(MT_OPK_NORM, mt_cuda_rmsnorm_forward),
+    /* .rmsnorm_backward     = */ .rmsnorm_backward     = PROF(MT_OPK_NORM, mt_cuda_rmsnorm_backward),
+    /* .rmsnorm_forward_bf16 = */ .rmsnorm_forward_bf16 = PROF(MT_OPK_NORM, mt_cuda_rmsnorm_forward_bf16),
+    /* .rope_forward         = */ .rope_forward         = PROF(MT_OPK_ELEMENTWISE, mt_cuda_rope_forward),
+    /* .rope_backward        = */ .rope_backward        = PROF(MT_OPK_ELEMENTWISE, mt_cuda_rope_backward),
+    /* .attention_forward    = */ .attention_forward    = PROF(MT_OPK_ATTENTION, mt_cuda_attention_forward),
+    /* .attention_backward   = */ .attention_backward   = PROF(MT_OPK_ATTENTION_BWD, mt_cuda_attention_backward),
+    /* .swiglu_forward       = */ .swiglu_forward       = PROF(MT_OPK_ELEMENTWISE, mt_cuda_swiglu_forward),
+    /* .swiglu_backward      = */ .swiglu_backward      = PROF(MT_OPK_ELEMENTWISE, mt_cuda_swiglu_backward),
+    /* .xent_forward         = */ .xent_forward         = PROF(MT_OPK_XENT, mt_cuda_xent_forward),
+    /* .xent_backward        = */ .xent_backward        = PROF(MT_OPK_XENT, mt_cuda_xent_backward),
+    /* .router_forward       = */ .router_forward       = PROF(MT_OPK_ELEMENTWISE, mt_cuda_router_forward),
+    /* .router_backward      = */ .router_backward      = PROF(MT_OPK_ELEMENTWISE, mt_cuda_router_backward),
+    /* .moe_permute          = */ .moe_permute          = PROF(MT_OPK_ELEMENTWISE, mt_cuda_moe_permute),
+    /* .moe_permute_backward = */ .moe_permute_backward = PROF(MT_OPK_ELEMENTWISE, mt_cuda_moe_permute_backward),
+    /* .moe_combine          = */ .moe_combine          = PROF(MT_OPK_ELEMENTWISE, mt_cuda_moe_combine),
+    /* .moe_combine_backward = */ .moe_combine_backward = PROF(MT_OPK_ELEMENTWISE, mt_cuda_moe_combine_backward),
+    /* .adamw_update         = */ .adamw_update         = PROF(MT_OPK_OPTIMIZER, mt_cuda_adamw_update),
+    /* .muon_momentum        = */ .muon_momentum        = PROF(MT_OPK_OPTIMIZER, mt_cuda_muon_momentum),
+    /* .transpose            = */ .transpose            = PROF(MT_OPK_GEMM, mt_cuda_transpose),
+    /* .ssm_scan_forward     = */ .ssm_scan_forward     = PROF(MT_OPK_SCAN, mt_cuda_ssm_scan_forward),
+    /* .ssm_scan_backward    = */ .ssm_scan_backward    = PROF(MT_OPK_SCAN, mt_cuda_ssm_scan_backward),
+    /* .ssm_prep_forward     = */ .ssm_prep_forward     = PROF(MT_OPK_ELEMENTWISE, mt_cuda_ssm_prep_forward),
+    /* .ssm_prep_backward    = */ .ssm_prep_backward    = PROF(MT_OPK_ELEMENTWISE, mt_cuda_ssm_prep_backward),
+    /* .ssm_gate_norm_fwd    = */ .ssm_gate_norm_forward  = PROF(MT_OPK_NORM, mt_cuda_ssm_gate_norm_forward),
+    /* .ssm_gate_norm_bwd    = */ .ssm_gate_norm_backward = PROF(MT_OPK_NORM, mt_cuda_ssm_gate_norm_backward),
+    /* .ssm_scan_step        = */ .ssm_scan_step        = PROF(MT_OPK_SCAN, mt_cuda_ssm_scan_step),
+    /* .xent_fused           = */ .xent_fused           = PROF(MT_OPK_XENT, cuda_xent_fused),
+    /* .rmsnorm_resid_forward = */ .rmsnorm_resid_forward = PROF(MT_OPK_NORM, mt_cuda_rmsnorm_resid_forward),
+    /* .qk_norm_rope_forward  = */ .qk_norm_rope_forward  = PROF(MT_OPK_NORM, mt_cuda_qk_norm_rope_forward),
+    /* .qk_norm_rope_backward = */ .qk_norm_rope_backward = PROF(MT_OPK_NORM, mt_cuda_qk_norm_rope_backward),
+    /* .rmsnorm_resid_forward_bf16 = */ .rmsnorm_resid_forward_bf16 = PROF(MT_OPK_NORM, mt_cuda_rmsnorm_resid_forward_bf16),
+    /* .swiglu_forward_bf16        = */ .swiglu_forward_bf16        = PROF(MT_OPK_ELEMENTWISE, mt_cuda_swiglu_forward_bf16),
+    /* .widen_bf16                 = */ .widen_bf16                 = PROF(MT_OPK_ELEMENTWISE, mt_cuda_widen_bf16),
+    /* .attention_forward_bf16     = */ .attention_forward_bf16     = PROF(MT_OPK_ATTENTION, mt_cuda_attention_forward_bf16),
+    /* .attention_backward_bf16    = */ .attention_backward_bf16    = PROF(MT_OPK_ATTENTION_BWD, mt_cuda_attention_backward_bf16),
     /* MoE device routing */
-    /* .moe_route                  = */ .moe_route                  = mt_cuda_moe_route,
-    /* .moe_seq_stats              = */ .moe_seq_stats              = mt_cuda_moe_seq_stats,
-    /* .moe_aux_loss               = */ .moe_aux_loss               = mt_cuda_moe_aux_loss,
-    /* .moe_aux_backward           = */ .moe_aux_backward           = mt_cuda_moe_aux_backward,
+    /* .moe_route                  = */ .moe_route                  = PROF(MT_OPK_ELEMENTWISE, mt_cuda_moe_route),
+    /* .moe_seq_stats              = */ .moe_seq_stats              = PROF(MT_OPK_ELEMENTWISE, mt_cuda_moe_seq_stats),
+    /* .moe_aux_loss               = */ .moe_aux_loss               = PROF(MT_OPK_ELEMENTWISE, mt_cuda_moe_aux_loss),
+    /* .moe_aux_backward           = */ .moe_aux_backward           = PROF(MT_OPK_ELEMENTWISE, mt_cuda_moe_aux_backward),
+    /* .profile_step               = */ .profile_step               = cuda_profile_step,
 };
 
 /* Undo a (partial) init: release what the bound instance holds and free it. */
@@ -144,6 +283,10 @@ static void release_state(void)
     if (mt_cuda_be->red_partial) cudaFree(mt_cuda_be->red_partial);
     if (mt_cuda_be->red_flag) cudaFree(mt_cuda_be->red_flag);
     if (mt_cuda_be->ws) cudaFree(mt_cuda_be->ws);
+    for (int i = 0; i < 2 * mt_cuda_be->prof_cap; i++) cudaEventDestroy(mt_cuda_be->prof_ev[i]);
+    free(mt_cuda_be->prof_ev);
+    free(mt_cuda_be->prof_kind);
+    if (mt_cuda_be->launch_log) fclose(mt_cuda_be->launch_log);
     if (mt_cuda_be->stream) cudaStreamDestroy(mt_cuda_be->stream);
     (void)cudaGetLastError();
     free(mt_cuda_be);
@@ -302,6 +445,16 @@ static int init_state(char *why, size_t why_len)
     mt_cuda_be->bf16_cap = cap;
     in->bf16_scratch_cap = cap;
     set_precision(prec, prec_src);
+    /* MT_CUDA_OP_PROFILE=0: no event pairs (the receipt then has no op
+     * profile); anything else or unset: on */
+    const char *op = getenv(MT_CUDA_OP_PROFILE_ENV);
+    in->op_profile = !(op && !strcmp(op, "0"));
+    /* the launch log (a test tunable): a file that cannot be opened is not an
+     * init failure, the log is simply off (said once on stderr) */
+    const char *log = getenv(MT_CUDA_LAUNCH_LOG_ENV);
+    if (log && log[0] && !(mt_cuda_be->launch_log = fopen(log, "a")))
+        fprintf(stderr, "meshtrain cuda backend: %s=%s: cannot open; no launch log\n", MT_CUDA_LAUNCH_LOG_ENV, log);
+    if (mt_cuda_be->launch_log) snprintf(in->launch_log, sizeof in->launch_log, "%s", log);
     mt_cuda_be->table = cuda_ops;
     mt_cuda_be->table.be = mt_cuda_be;   /* the instance every entry of its table receives */
     mt_cuda_be->ready = 1;
@@ -435,6 +588,20 @@ extern "C" void *mt_ops_cuda_stream_of(void *be)
 extern "C" void *mt_ops_cuda_stream(void)
 {
     return mt_ops_cuda_stream_of(NULL);
+}
+
+extern "C" void mt_ops_cuda_counters_of(void *be, struct mt_ops_cuda_counters *out)
+{
+    struct mt_cuda_backend *B = bind_instance(be);
+    if (B) *out = B->ctr;
+    else memset(out, 0, sizeof *out);
+}
+
+extern "C" const struct mt_ops_cuda_counters *mt_ops_cuda_step_counters_of(void *be, int *n_steps)
+{
+    struct mt_cuda_backend *B = bind_instance(be);
+    *n_steps = B ? B->n_steps : 0;
+    return B ? B->step_ctr : NULL;
 }
 
 extern "C" void mt_ops_cuda_shutdown(void)

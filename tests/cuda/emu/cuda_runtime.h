@@ -50,6 +50,12 @@ enum cudaError_t {
     cudaErrorLaunchFailure = 719,
 };
 typedef struct mt_emu_stream *cudaStream_t;
+/* Events: the emulator runs every operation when it is queued, so an event
+ * completes when recorded and holds the host's monotonic clock then; an
+ * elapsed time is the emulator's CPU time between two records (meaningless
+ * as a GPU time, but real: the receipt marks it "timing_emulated"). */
+struct mt_emu_event { int magic; double t; };
+typedef struct mt_emu_event *cudaEvent_t;
 enum cudaMemcpyKind {
     cudaMemcpyHostToHost = 0,
     cudaMemcpyHostToDevice = 1,
@@ -93,6 +99,11 @@ cudaError_t cudaMalloc(void **p, size_t bytes);
 cudaError_t cudaFree(void *p);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s);
 cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t s);
+cudaError_t cudaEventCreate(cudaEvent_t *e);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
 cudaError_t mt_emu_func_set_attribute(const void *kern, cudaFuncAttribute attr, int value);
 template <typename F>
 static inline cudaError_t cudaFuncSetAttribute(F *kern, cudaFuncAttribute attr, int value)

@@ -41,9 +41,9 @@ typedef enum cudaMemcpyKind {
     cudaMemcpyDefault = 4,
 } cudaMemcpyKind;
 #define cudaStreamNonBlocking 0x01
+typedef struct mt_emu_event *cudaEvent_t;   /* C++: cuda_runtime.h's */
 #endif
 
-typedef struct mt_emu_event *cudaEvent_t;
 #define cudaEventDisableTiming 0x02
 /* the legacy default stream's handle value, as in the real header */
 #define cudaStreamLegacy ((cudaStream_t)0x1)

@@ -40,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 #include <map>
 #include <vector>
@@ -288,6 +289,40 @@ cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t s)
     }
     dev_scope on;
     memset(dst, value, bytes);
+    return cudaSuccess;
+}
+#define MT_EMU_EV_MAGIC 0x45564e54
+cudaError_t cudaEventCreate(cudaEvent_t *e)
+{
+    *e = new mt_emu_event{MT_EMU_EV_MAGIC, -1.0};
+    return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e)
+{
+    if (!e || e->magic != MT_EMU_EV_MAGIC) return fail(cudaErrorInvalidValue);
+    e->magic = 0;
+    delete e;
+    return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
+{
+    (void)s;
+    if (!e || e->magic != MT_EMU_EV_MAGIC) return fail(cudaErrorInvalidValue);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    e->t = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e)
+{
+    return e && e->magic == MT_EMU_EV_MAGIC ? cudaSuccess : fail(cudaErrorInvalidValue);
+}
+/* as CUDA: both events must have been recorded */
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
+{
+    if (!start || !end || start->magic != MT_EMU_EV_MAGIC || end->magic != MT_EMU_EV_MAGIC || start->t < 0 || end->t < 0)
+        return fail(cudaErrorInvalidValue);
+    *ms = (float)(1e3 * (end->t - start->t));
     return cudaSuccess;
 }
 cudaError_t mt_emu_func_set_attribute(const void *kern, cudaFuncAttribute attr, int value)

@@ -61,8 +61,7 @@
 
 /* ---------------- CUDA runtime shims for C callers ---------------- */
 
-struct mt_emu_event { int magic; };
-#define EV_MAGIC 0x45564e54
+#define EV_MAGIC 0x45564e54   /* = emu.cc's MT_EMU_EV_MAGIC: one event type (cuda_runtime.h) */
 
 extern "C" {
 int mt_emuc_SetDevice(int device) { return (int)cudaSetDevice(device); }
@@ -79,7 +78,7 @@ int mt_emuc_StreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags)
 int mt_emuc_EventCreateWithFlags(cudaEvent_t *e, unsigned flags)
 {
     (void)flags;
-    *e = new mt_emu_event{EV_MAGIC};
+    *e = new mt_emu_event{EV_MAGIC, -1.0};
     return (int)cudaSuccess;
 }
 int mt_emuc_EventDestroy(cudaEvent_t e)
@@ -89,11 +88,7 @@ int mt_emuc_EventDestroy(cudaEvent_t e)
     delete e;
     return (int)cudaSuccess;
 }
-int mt_emuc_EventRecord(cudaEvent_t e, cudaStream_t s)
-{
-    (void)s;
-    return e && e->magic == EV_MAGIC ? (int)cudaSuccess : (int)cudaErrorInvalidValue;
-}
+int mt_emuc_EventRecord(cudaEvent_t e, cudaStream_t s) { return (int)cudaEventRecord(e, s); }
 int mt_emuc_EventQuery(cudaEvent_t e) { return e && e->magic == EV_MAGIC ? (int)cudaSuccess : (int)cudaErrorInvalidValue; }
 int mt_emuc_Malloc(void **p, size_t bytes) { return (int)cudaMalloc(p, bytes); }
 int mt_emuc_Free(void *p) { return (int)cudaFree(p); }
