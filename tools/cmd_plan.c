@@ -144,6 +144,34 @@ static void setup_runtime(struct mt_plan_setup *su, const struct opts *o)
 /* explicit plan                                                       */
 /* ------------------------------------------------------------------ */
 
+/* The step by op kind (mt_plan_cost_kinds): one line per kind, then their
+ * sum; nothing when the profile has no memory bandwidth. */
+static void print_kinds(const struct mt_plan *p, const struct mt_plan_profile *prof, const struct mt_plan_cost *cost)
+{
+    struct mt_plan_kinds k;
+    mt_plan_cost_kinds(p, prof, cost, &k);
+    if (!k.valid) {
+        printf("  by op kind: the profile has no memory bandwidth (memory_bandwidth_bytes_per_s or "
+               "measured.device_copy_bytes_per_s)\n");
+        return;
+    }
+    printf("  by op kind (one rank, stage %d; max(FLOPs / rate, bytes / %.4g B/s), docs/plan.md section 5):\n",
+           k.stage, k.mem_bandwidth);
+    for (int i = 0; i < MT_PLAN_KIND_COUNT; i++) {
+        const double r = i == MT_PLAN_KIND_GEMM || i == MT_PLAN_KIND_OPTIMIZER ? k.gemm_rate
+                         : i == MT_PLAN_KIND_ATTENTION_FWD ? k.attn_fwd_rate
+                         : i == MT_PLAN_KIND_ATTENTION_BWD ? k.attn_bwd_rate : i == MT_PLAN_KIND_SCAN ? k.scan_rate : 0;
+        const char *basis = i == MT_PLAN_KIND_ATTENTION_FWD || i == MT_PLAN_KIND_ATTENTION_BWD ? k.attn_basis
+                            : i == MT_PLAN_KIND_SCAN ? k.scan_basis : "";
+        printf("    %-14s %10.4g s  %10.4g FLOP  %10.4g B", mt_plan_kind_name((enum mt_plan_kind)i), k.s[i], k.flops[i],
+               k.bytes[i]);
+        if (k.flops[i] > 0) printf("  at %.4g FLOP/s%s%s", r, basis[0] ? ", " : "", basis);
+        printf("\n");
+    }
+    printf("    %-14s %10.4g s  (%.4g tokens/s; the cost model's step above counts every FLOP at the GEMM rate)\n",
+           "step", k.step_s, k.step_s > 0 ? cost->tokens_per_s * cost->step_s / k.step_s : 0);
+}
+
 static void print_text(const struct mt_plan *p, const struct mt_plan_profile *prof, const struct mt_plan_cost *cost,
                        const struct opts *o)
 {
@@ -261,6 +289,7 @@ static void print_text(const struct mt_plan *p, const struct mt_plan_profile *pr
         printf("  data-axis comm %.4g s (exposed %.4g s), pipeline bubble %.4g s\n", cost->dp_s, cost->dp_exposed_s,
                cost->bubble_s);
         printf("  step %.4g s, %.4g tokens/s, MFU %.1f%%\n", cost->step_s, cost->tokens_per_s, 100 * cost->mfu);
+        print_kinds(p, prof, cost);
     }
 }
 
