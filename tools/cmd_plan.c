@@ -51,7 +51,8 @@ static void plan_usage(FILE *f)
             "  --steps S            steps of the run (the trainer keeps a few numbers per step)  default: 10\n"
             "  --json               machine-readable output (stable: schema meshtrain.plan/1)\n"
             "  --profile P          device profile: a JSON file or a name in bench/profiles/ (cpu-local,\n"
-            "                       h100-8x-nvlink-ib); 'none' = no cost section     default: cpu-local\n"
+            "                       h100-8x-nvlink-ib, h200-measured: + the step by op kind); 'none' = no\n"
+            "                       cost section                                   default: cpu-local\n"
             "  --auto               enumerate every mesh, ZeRO stage, microbatch count and recompute\n"
             "                       choice that satisfies the contract; best by predicted step time\n"
             "  --mem-per-rank SIZE  memory per rank: bytes, or with a unit: 80GiB (binary), 80GB (decimal)\n"
@@ -66,7 +67,8 @@ static void plan_usage(FILE *f)
             "  --verify-steps S     --verify: steps to run                              default: 3\n\n"
             "Without --auto: checks the startup contract (the same rules and messages as train), then prints\n"
             "the mesh, every parameter (global shape, layout spec, local shape, holders, reduction group,\n"
-            "ZeRO owner), the memory of every rank by bucket, and the cost model's step time.\n"
+            "ZeRO owner), the memory of every rank by bucket, and the cost model's step time (by op kind when\n"
+            "the profile has a memory bandwidth: docs/plan.md section 5).\n"
             "exit codes: 0 ok, 2 bad input or config (or nothing fits), 1 runtime failure\n");
 }
 
