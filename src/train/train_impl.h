@@ -140,8 +140,9 @@ double mt_train_measure_gemm_roof(const struct mt_ops_i *ops, struct mt_ops_roof
 void mt_train_progress(const struct mt_train_opts *opts, int tty, int step, int steps, double loss, double tok_s,
                        double mfu, double eta_s, double gnorm);
 struct mt_train_run_info;
-/* The time-to-first-step line: before step 1 (first_step_s < 0) the setup
- * phases, after it the step and the total from the trainer's entry. */
+/* The time-to-first-step lines: before step 1 (first_step_s < 0) the setup
+ * phases, after it the step and the total from the trainer's entry (tty:
+ * a newline first, ending the step's \r line). */
 void mt_train_progress_startup(const struct mt_train_opts *opts, int tty, const struct mt_train_run_info *ri,
                                double first_step_s);
 

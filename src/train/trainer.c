@@ -140,7 +140,7 @@ static enum mt_status step_loop(struct mt_ctx *ctx, struct run_state *rs, const 
             mt_train_progress(opts, tty, step + 1, opts->steps, so.loss, tok_s,
                               ri->peak > 0 ? tok_s * ri->flops_per_token / ri->peak : 0,
                               dt * (opts->steps - step - 1), so.grad_norm);
-        if (k == 0 && ri->wrank == 0) mt_train_progress_startup(opts, tty, ri, dt);
+        if (k == 0 && ri->wrank == 0) mt_train_progress_startup(opts, tty && step + 1 < opts->steps, ri, dt);
         MT_CHECK(after_step(ctx, rs, opts, step + 1, tty, run_pk, train_pk));
     }
     return MT_OK;
