@@ -8,12 +8,16 @@
  * against a hand-written matrix; the registry under tp 2, SP on and off
  * (boxes, and exactly the SPEC.md parameters partial over the model group);
  * FLOPs per token, active parameters and the planner's TP region counts
- * against the hand formulas for a mixed pattern.
+ * against the hand formulas for a mixed pattern. The parallel fill
+ * (OpenMP chunks) equals the serial one bit for bit and the values pinned
+ * from the serial fill before it was parallel (every init kind).
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <omp.h>
+#include <xxhash.h>
 
 #include "core/mt_core.h"
 #include "core/mt_config.h"
@@ -436,6 +440,40 @@ static void test_mamba_init(void)
     mt_ctx_free(&ctx);
 }
 
+/* The parallel fill == the serial fill, bit for bit, on 1-4 threads, for a
+ * box with offsets spanning several chunks; and both == the xxh64 of the
+ * values the serial fill of build 3cadae5 gave (so the bits are today's). */
+static void test_parallel_fill(void)
+{
+    static const enum mt_init_kind kinds[] = {MT_INIT_NORMAL, MT_INIT_ONES, MT_INIT_DT_BIAS, MT_INIT_A_LOG,
+                                              MT_INIT_ZEROS};
+    static const unsigned long long pinned[] = {0x24d402fede404ce7ull, 0xd04bed4debb7a33cull, 0x0dad8d8748db74b7ull,
+                                                0x4aaf6902850b8518ull, 0xaa806605c5c41938ull};
+    const int threads0 = omp_get_max_threads();
+    for (int k = 0; k < 5; k++) {
+        struct mt_param p;
+        memset(&p, 0, sizeof p);
+        snprintf(p.name, sizeof p.name, "model.layers.1.mixer.test.%d", k);
+        p.ndim = 2;
+        p.shape[0] = 613, p.shape[1] = 331, p.off[0] = 7, p.off[1] = 5, p.len[0] = 600, p.len[1] = 317;
+        p.numel = 600 * 317;   /* 2.9 chunks of 65536 */
+        p.init = kinds[k];
+        p.init_std = 0.02f;
+        float *ser = malloc(p.numel * sizeof(float)), *par = malloc(p.numel * sizeof(float));
+        model_param_fill_serial(&p, 1337, ser);
+        EXPECT(XXH64(ser, p.numel * sizeof(float), 0) == pinned[k], "init kind %d: serial fill changed its bits", k);
+        for (int t = 1; t <= 4; t++) {
+            omp_set_num_threads(t);
+            memset(par, 0xff, p.numel * sizeof(float));
+            model_param_fill(&p, 1337, par);
+            EXPECT(!memcmp(ser, par, p.numel * sizeof(float)), "init kind %d: parallel fill on %d threads differs", k, t);
+        }
+        free(ser);
+        free(par);
+    }
+    omp_set_num_threads(threads0);
+}
+
 int main(void)
 {
     test_slices();
@@ -449,6 +487,7 @@ int main(void)
     test_registry_tp(1);
     test_counts();
     test_mamba_init();
+    test_parallel_fill();
     if (g_fail) {
         fprintf(stderr, "test_init: FAILED\n");
         return 1;

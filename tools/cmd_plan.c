@@ -51,7 +51,8 @@ static void plan_usage(FILE *f)
             "  --steps S            steps of the run (the trainer keeps a few numbers per step)  default: 10\n"
             "  --json               machine-readable output (stable: schema meshtrain.plan/1)\n"
             "  --profile P          device profile: a JSON file or a name in bench/profiles/ (cpu-local,\n"
-            "                       h100-8x-nvlink-ib); 'none' = no cost section     default: cpu-local\n"
+            "                       h100-8x-nvlink-ib, h200-measured: + the step by op kind); 'none' = no\n"
+            "                       cost section                                   default: cpu-local\n"
             "  --auto               enumerate every mesh, ZeRO stage, microbatch count and recompute\n"
             "                       choice that satisfies the contract; best by predicted step time\n"
             "  --mem-per-rank SIZE  memory per rank: bytes, or with a unit: 80GiB (binary), 80GB (decimal)\n"
@@ -66,7 +67,8 @@ static void plan_usage(FILE *f)
             "  --verify-steps S     --verify: steps to run                              default: 3\n\n"
             "Without --auto: checks the startup contract (the same rules and messages as train), then prints\n"
             "the mesh, every parameter (global shape, layout spec, local shape, holders, reduction group,\n"
-            "ZeRO owner), the memory of every rank by bucket, and the cost model's step time.\n"
+            "ZeRO owner), the memory of every rank by bucket, and the cost model's step time (by op kind when\n"
+            "the profile has a memory bandwidth: docs/plan.md section 5).\n"
             "exit codes: 0 ok, 2 bad input or config (or nothing fits), 1 runtime failure\n");
 }
 
@@ -143,6 +145,34 @@ static void setup_runtime(struct mt_plan_setup *su, const struct opts *o)
 /* ------------------------------------------------------------------ */
 /* explicit plan                                                       */
 /* ------------------------------------------------------------------ */
+
+/* The step by op kind (mt_plan_cost_kinds): one line per kind, then their
+ * sum; nothing when the profile has no memory bandwidth. */
+static void print_kinds(const struct mt_plan *p, const struct mt_plan_profile *prof, const struct mt_plan_cost *cost)
+{
+    struct mt_plan_kinds k;
+    mt_plan_cost_kinds(p, prof, cost, &k);
+    if (!k.valid) {
+        printf("  by op kind: the profile has no memory bandwidth (memory_bandwidth_bytes_per_s or "
+               "measured.device_copy_bytes_per_s)\n");
+        return;
+    }
+    printf("  by op kind (one rank, stage %d; max(FLOPs / rate, bytes / %.4g B/s), docs/plan.md section 5):\n",
+           k.stage, k.mem_bandwidth);
+    for (int i = 0; i < MT_PLAN_KIND_COUNT; i++) {
+        const double r = i == MT_PLAN_KIND_GEMM || i == MT_PLAN_KIND_OPTIMIZER ? k.gemm_rate
+                         : i == MT_PLAN_KIND_ATTENTION_FWD ? k.attn_fwd_rate
+                         : i == MT_PLAN_KIND_ATTENTION_BWD ? k.attn_bwd_rate : i == MT_PLAN_KIND_SCAN ? k.scan_rate : 0;
+        const char *basis = i == MT_PLAN_KIND_ATTENTION_FWD || i == MT_PLAN_KIND_ATTENTION_BWD ? k.attn_basis
+                            : i == MT_PLAN_KIND_SCAN ? k.scan_basis : "";
+        printf("    %-14s %10.4g s  %10.4g FLOP  %10.4g B", mt_plan_kind_name((enum mt_plan_kind)i), k.s[i], k.flops[i],
+               k.bytes[i]);
+        if (k.flops[i] > 0) printf("  at %.4g FLOP/s%s%s", r, basis[0] ? ", " : "", basis);
+        printf("\n");
+    }
+    printf("    %-14s %10.4g s  (%.4g tokens/s; the cost model's step above counts every FLOP at the GEMM rate)\n",
+           "step", k.step_s, k.step_s > 0 ? cost->tokens_per_s * cost->step_s / k.step_s : 0);
+}
 
 static void print_text(const struct mt_plan *p, const struct mt_plan_profile *prof, const struct mt_plan_cost *cost,
                        const struct opts *o)
@@ -261,6 +291,7 @@ static void print_text(const struct mt_plan *p, const struct mt_plan_profile *pr
         printf("  data-axis comm %.4g s (exposed %.4g s), pipeline bubble %.4g s\n", cost->dp_s, cost->dp_exposed_s,
                cost->bubble_s);
         printf("  step %.4g s, %.4g tokens/s, MFU %.1f%%\n", cost->step_s, cost->tokens_per_s, 100 * cost->mfu);
+        print_kinds(p, prof, cost);
     }
 }
 

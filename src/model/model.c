@@ -854,32 +854,63 @@ void mt_model_zero_grad(struct mt_model *m)
 /* init                                                                */
 /* ------------------------------------------------------------------ */
 
-/* element (i, j) of the owned box has global index (off0+i)*shape1 + off1+j;
- * value = init_std * normal(seed, xxh64(name), index), in double, rounded once. */
-void model_param_fill(const struct mt_param *p, uint64_t seed, float *out_host)
+/* The init value of global element gi: init_std * normal(seed, stream, gi)
+ * for matrices, in double, rounded once; the Mamba dt bias and A_log
+ * from uniforms; gains 1; the rest 0. */
+static inline float init_value(const struct mt_param *p, uint64_t seed, uint64_t stream, uint64_t gi)
 {
-    uint64_t stream = mt_rng_stream(p->name);
-    for (int64_t i = 0; i < p->len[0]; i++) {
-        for (int64_t j = 0; j < p->len[1]; j++) {
-            size_t li = (size_t)i * (size_t)p->len[1] + (size_t)j;
-            uint64_t gi = (uint64_t)(p->off[0] + i) * (uint64_t)p->shape[1] + (uint64_t)(p->off[1] + j);
-            switch (p->init) {
-            case MT_INIT_NORMAL: out_host[li] = (float)((double)p->init_std * mt_rng_normal(seed, stream, gi)); break;
-            case MT_INIT_ONES:   out_host[li] = 1.0f; break;
-            case MT_INIT_DT_BIAS: {
-                /* dt = exp(u (log 0.1 - log 0.001) + log 0.001) floored at 1e-4;
-                 * dt_bias = softplus^-1(dt) = dt + log(-expm1(-dt)) */
-                double u = mt_rng_uniform(seed, stream, gi);
-                double dt = exp(u * (log(0.1) - log(0.001)) + log(0.001));
-                if (dt < 1e-4) dt = 1e-4;
-                out_host[li] = (float)(dt + log(-expm1(-dt)));
-                break;
-            }
-            case MT_INIT_A_LOG:  out_host[li] = (float)log(1.0 + 15.0 * mt_rng_uniform(seed, stream, gi)); break;
-            default:             out_host[li] = 0.0f; break;
-            }
+    switch (p->init) {
+    case MT_INIT_NORMAL: return (float)((double)p->init_std * mt_rng_normal(seed, stream, gi));
+    case MT_INIT_ONES:   return 1.0f;
+    case MT_INIT_DT_BIAS: {
+        /* dt = exp(u (log 0.1 - log 0.001) + log 0.001) floored at 1e-4;
+         * dt_bias = softplus^-1(dt) = dt + log(-expm1(-dt)) */
+        double u = mt_rng_uniform(seed, stream, gi);
+        double dt = exp(u * (log(0.1) - log(0.001)) + log(0.001));
+        if (dt < 1e-4) dt = 1e-4;
+        return (float)(dt + log(-expm1(-dt)));
+    }
+    case MT_INIT_A_LOG:  return (float)log(1.0 + 15.0 * mt_rng_uniform(seed, stream, gi));
+    default:             return 0.0f;
+    }
+}
+
+/* Elements [b, e) of the owned box, row-major: local (i, j) is global
+ * index (off0+i)*shape1 + off1+j. */
+static void fill_range(const struct mt_param *p, uint64_t seed, uint64_t stream, size_t b, size_t e, float *out)
+{
+    const size_t n1 = (size_t)p->len[1];
+    size_t i = b / n1, j = b % n1;
+    for (size_t li = b; li < e; li++) {
+        uint64_t gi = (uint64_t)(p->off[0] + (int64_t)i) * (uint64_t)p->shape[1] + (uint64_t)(p->off[1] + (int64_t)j);
+        out[li] = init_value(p, seed, stream, gi);
+        if (++j == n1) {
+            j = 0;
+            i++;
         }
     }
+}
+
+/* Every element is a pure function of (seed, name, global index), so the
+ * box is filled in chunks on all OpenMP threads with the bits of a serial
+ * fill (tests/test_init.c compares the two). */
+#define FILL_CHUNK ((size_t)1 << 16)
+void model_param_fill(const struct mt_param *p, uint64_t seed, float *out_host)
+{
+    const size_t n = (size_t)p->len[0] * (size_t)p->len[1];
+    if (n == 0) return;
+    const uint64_t stream = mt_rng_stream(p->name);
+    const size_t n_chunks = (n + FILL_CHUNK - 1) / FILL_CHUNK;
+#pragma omp parallel for schedule(dynamic, 1) if (n_chunks > 1)
+    for (size_t c = 0; c < n_chunks; c++)
+        fill_range(p, seed, stream, c * FILL_CHUNK, c + 1 < n_chunks ? (c + 1) * FILL_CHUNK : n, out_host);
+}
+
+/* The serial reference of model_param_fill (tests only). */
+void model_param_fill_serial(const struct mt_param *p, uint64_t seed, float *out_host)
+{
+    const size_t n = (size_t)p->len[0] * (size_t)p->len[1];
+    if (n) fill_range(p, seed, mt_rng_stream(p->name), 0, n, out_host);
 }
 
 void mt_model_param_values(const struct mt_param *p, uint64_t seed, float *out_host)
@@ -889,16 +920,17 @@ void mt_model_param_values(const struct mt_param *p, uint64_t seed, float *out_h
 
 enum mt_status mt_model_init_params(struct mt_ctx *ctx, struct mt_model *m, uint64_t seed)
 {
+    const int in_place = !strcmp(m->ops->name, "cpu");   /* host memory: no staging (as mt_zero_init_params) */
     size_t maxn = 1;
     for (int i = 0; i < m->n_params; i++)
         if (m->params[i].numel > maxn) maxn = m->params[i].numel;
-    float *host = mt_alloc(ctx, maxn * sizeof(float), MT_BUCKET_WORKSPACE);
-    if (!host) return MT_ERR_OOM;
+    float *host = in_place ? NULL : mt_alloc(ctx, maxn * sizeof(float), MT_BUCKET_WORKSPACE);
+    if (!in_place && !host) return MT_ERR_OOM;
     for (int i = 0; i < m->n_params; i++) {
         struct mt_param *p = &m->params[i];
         if (!p->data) continue;   /* external storage this rank does not hold */
-        model_param_fill(p, seed, host);
-        m->ops->copy_from_host(m->ops->be, p->data, host, p->numel * sizeof(float));
+        model_param_fill(p, seed, in_place ? p->data : host);
+        if (!in_place) m->ops->copy_from_host(m->ops->be, p->data, host, p->numel * sizeof(float));
     }
     mt_free(ctx, host);
     return MT_OK;

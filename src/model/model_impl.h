@@ -425,8 +425,11 @@ double head_forward(struct mt_model *m, int n, int with_loss);
 void head_backward(struct mt_model *m, float dscale);
 
 /* model.c: value of every element of p's owned box, row-major (len0, len1),
- * as a pure function of (seed, p->name, global index). out_host (numel). */
+ * as a pure function of (seed, p->name, global index), on all OpenMP
+ * threads. out_host (numel). model_param_fill_serial: the same on one thread
+ * in index order (the reference the parallel fill is tested against). */
 void model_param_fill(const struct mt_param *p, uint64_t seed, float *out_host);
+void model_param_fill_serial(const struct mt_param *p, uint64_t seed, float *out_host);
 
 /* model.c: cos/sin tables (tmax, hd/2) built in double, rounded to float once. */
 enum mt_status model_rope_build(struct mt_ctx *ctx, const struct mt_model *m, float *cos_dev, float *sin_dev, int tmax);

@@ -249,6 +249,13 @@ struct mt_plan_profile {
     int    cores_per_node;           /* CPU profiles: more ranks than cores on a node ...     */
     double oversubscribed_latency;   /* ... make every collective step this slow (0: ignore) */
     struct mt_plan_link intra, inter;
+    /* optional, for the per-op-kind breakdown (mt_plan_cost_kinds); 0 = not given:
+     * memory_bandwidth_bytes_per_s (bytes read + written per second), else twice
+     * measured.device_copy_bytes_per_s (cuda_calib: each byte read once, written once);
+     * measured.attention_{fwd,bwd,fwd_bwd}_flop_per_s (causal FLOPs, cuda_calib's count);
+     * measured.scan_fwd_bwd_flop_per_s */
+    double mem_bandwidth, attn_fwd_rate, attn_bwd_rate, attn_rate, scan_rate;
+    char   mem_basis[64], attn_precision[16];
 };
 /* Load a profile JSON file. MT_ERR_IO / MT_ERR_FORMAT naming the file and key. */
 enum mt_status mt_plan_profile_load(struct mt_ctx *ctx, const char *path, struct mt_plan_profile *prof);
@@ -270,6 +277,33 @@ struct mt_plan_cost {
     double tokens_per_s, mfu;
 };
 void mt_plan_cost(const struct mt_plan *p, const struct mt_plan_profile *prof, struct mt_plan_cost *out);
+
+/* The predicted step by op kind, one rank of the slowest stage (docs/plan.md
+ * section 5, "By op kind"): each kind's FLOPs and bytes per step from the
+ * model's shapes, its time the roofline max(FLOPs / rate, bytes / memory
+ * bandwidth) with the profile's rates (GEMMs at peak x efficiency for the
+ * precision; attention at its measured rate where the profile has one, else
+ * the GEMM rate; norms, elementwise, cross-entropy and the optimizer's
+ * passes at the memory bandwidth); comm = the cost model's exposed
+ * collectives; bubble = (pp-1) microbatches of the stage. step_s is their
+ * sum. valid = 0 (all zero) when the profile has no memory bandwidth. */
+enum mt_plan_kind {
+    MT_PLAN_KIND_GEMM = 0, MT_PLAN_KIND_ATTENTION_FWD, MT_PLAN_KIND_ATTENTION_BWD, MT_PLAN_KIND_NORM,
+    MT_PLAN_KIND_ELEMENTWISE, MT_PLAN_KIND_XENT, MT_PLAN_KIND_OPTIMIZER, MT_PLAN_KIND_SCAN,
+    MT_PLAN_KIND_COMM, MT_PLAN_KIND_BUBBLE, MT_PLAN_KIND_COUNT
+};
+struct mt_plan_kinds {
+    int    valid, stage;                 /* the stage described                                */
+    double s[MT_PLAN_KIND_COUNT];        /* seconds per step                                   */
+    double flops[MT_PLAN_KIND_COUNT];    /* per step of this rank (0 for comm, bubble)         */
+    double bytes[MT_PLAN_KIND_COUNT];    /* bytes read + written per step of this rank         */
+    double step_s;                       /* sum of s[]                                         */
+    double gemm_rate, attn_fwd_rate, attn_bwd_rate, scan_rate, mem_bandwidth;   /* the rates used */
+    const char *attn_basis, *scan_basis; /* "measured" or "gemm rate"                          */
+};
+const char *mt_plan_kind_name(enum mt_plan_kind k);
+void mt_plan_cost_kinds(const struct mt_plan *p, const struct mt_plan_profile *prof, const struct mt_plan_cost *cost,
+                        struct mt_plan_kinds *out);
 
 /* ---- output -------------------------------------------------------------- */
 

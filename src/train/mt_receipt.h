@@ -37,6 +37,11 @@ struct mt_receipt {
     /* timing */
     int    steps_run, warmup_excluded;
     double compute_s, comm_s, idle_s, total_s;
+    /* time to first step (timing.startup_s): from mt_train_run's entry;
+     * first_step_s / to_first_step_s < 0 when no step ran */
+    struct mt_receipt_startup {
+        double setup_s, param_init_s, roof_s, first_step_s, to_first_step_s;
+    } startup;
     double tokens_per_s, model_flops_per_s, mfu;
     double peak_flops;
     char   peak_flops_source[200];

@@ -25,6 +25,7 @@
 #include "mt_plan.h"
 
 #include <cjson/cJSON.h>
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -717,6 +718,28 @@ static double num_or(const cJSON *o, const char *key, double def, int *missing)
     return def;
 }
 
+/* The optional rates of the per-op-kind breakdown (mt_plan_profile); a
+ * missing or non-positive one stays 0 (its kind falls back to the GEMM rate
+ * or, for the memory bandwidth, the breakdown is off). */
+static void profile_load_rates(const cJSON *j, struct mt_plan_profile *prof)
+{
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(j, "measured");
+    prof->mem_bandwidth = num_or(j, "memory_bandwidth_bytes_per_s", 0, NULL);
+    snprintf(prof->mem_basis, sizeof prof->mem_basis, "memory_bandwidth_bytes_per_s");
+    if (prof->mem_bandwidth <= 0 && m) {
+        prof->mem_bandwidth = 2.0 * num_or(m, "device_copy_bytes_per_s", 0, NULL);
+        snprintf(prof->mem_basis, sizeof prof->mem_basis, "2 x measured.device_copy_bytes_per_s");
+    }
+    if (prof->mem_bandwidth <= 0) prof->mem_bandwidth = 0, prof->mem_basis[0] = 0;
+    if (!m) return;
+    prof->attn_fwd_rate = fmax(0, num_or(m, "attention_fwd_flop_per_s", 0, NULL));
+    prof->attn_bwd_rate = fmax(0, num_or(m, "attention_bwd_flop_per_s", 0, NULL));
+    prof->attn_rate = fmax(0, num_or(m, "attention_fwd_bwd_flop_per_s", 0, NULL));
+    prof->scan_rate = fmax(0, num_or(m, "scan_fwd_bwd_flop_per_s", 0, NULL));
+    const cJSON *ap = cJSON_GetObjectItemCaseSensitive(m, "attention_precision");
+    snprintf(prof->attn_precision, sizeof prof->attn_precision, "%s", cJSON_IsString(ap) ? ap->valuestring : "");
+}
+
 enum mt_status mt_plan_profile_load(struct mt_ctx *ctx, const char *path, struct mt_plan_profile *prof)
 {
     memset(prof, 0, sizeof *prof);
@@ -768,6 +791,7 @@ enum mt_status mt_plan_profile_load(struct mt_ctx *ctx, const char *path, struct
         dst[k]->large_bandwidth = num_or(lk[k], "large_bandwidth_bytes_per_s", dst[k]->bandwidth, NULL);
         dst[k]->large_reduce_bandwidth = num_or(lk[k], "large_reduce_bandwidth_bytes_per_s", dst[k]->large_bandwidth, NULL);
     }
+    profile_load_rates(j, prof);
     cJSON_Delete(j);
     if (bad_byp)
         return mt_ctx_error(ctx, MT_ERR_FORMAT, "device profile '%s': by_precision must be an object whose fp32 and "
@@ -969,6 +993,175 @@ void mt_plan_cost(const struct mt_plan *p, const struct mt_plan_profile *prof, s
 }
 
 /* ------------------------------------------------------------------ */
+/* cost by op kind                                                     */
+/* ------------------------------------------------------------------ */
+
+static const char *const kind_names[MT_PLAN_KIND_COUNT] = {
+    "gemm", "attention_fwd", "attention_bwd", "norm", "elementwise", "xent", "optimizer", "scan", "comm", "bubble",
+};
+const char *mt_plan_kind_name(enum mt_plan_kind k) { return k < MT_PLAN_KIND_COUNT ? kind_names[k] : "?"; }
+
+/* Work per token of one training step (forward + backward): FLOPs f[] and
+ * activation elements read + written e[] (fp32, x 4 bytes later). */
+struct kind_work { double f[MT_PLAN_KIND_COUNT], e[MT_PLAN_KIND_COUNT]; };
+
+/* The mixer of layer l. Attention, causal, as cuda_calib counts it: forward
+ * 2 T H hd per token (QK^T + PV, half the square), backward 2.5 x that.
+ * RMSNorm over w: forward reads x, writes y (2w), backward reads x, dy,
+ * writes dx (3w). Mamba-3: the scan's FLOPs as the receipt counts them, its
+ * bytes x, B, C, dt in and y out, backward twice that; ~12 elements per
+ * inner channel of conv, activations and gating. rc: recompute repeats the
+ * forward. */
+static void mixer_work(const struct mt_config *cfg, const struct mt_block_shape *s, int l, int rc,
+                       struct kind_work *w)
+{
+    const double D = (double)s->D, qk = (double)(s->H + s->K) * (double)s->hd;
+    if (toupper((unsigned char)(l < (int)strlen(cfg->pattern) ? cfg->pattern[l] : 'A')) == 'M') {
+        const double mE = (double)s->mE, io = 2.0 * mE + 2.0 * (double)s->mG * (double)s->mN + (double)s->mH;
+        w->f[MT_PLAN_KIND_SCAN] += mt_blocks_layer_extra(cfg, s, l) * (1.0 + rc / 3.0);
+        w->e[MT_PLAN_KIND_SCAN] += io * (3.0 + rc);
+        w->e[MT_PLAN_KIND_NORM] += 5.0 * D + 6.0 * mE + rc * (2.0 * D + 3.0 * mE);
+        w->e[MT_PLAN_KIND_ELEMENTWISE] += 12.0 * mE + 6.0 * D + rc * (4.0 * mE + 3.0 * D);
+        return;
+    }
+    const double a = 2.0 * (double)s->T * (double)s->H * (double)s->hd;
+    w->f[MT_PLAN_KIND_ATTENTION_FWD] += a * (1.0 + rc);
+    w->f[MT_PLAN_KIND_ATTENTION_BWD] += 2.5 * a;
+    w->e[MT_PLAN_KIND_NORM] += 5.0 * (D + qk) + rc * 2.0 * (D + qk);
+    w->e[MT_PLAN_KIND_ELEMENTWISE] += 4.0 * qk + 6.0 * D + rc * (2.0 * qk + 3.0 * D);   /* RoPE, residual */
+}
+
+/* The FFN of layer l: its norm, SwiGLU (forward reads gate and up, writes
+ * h: 3 per hidden unit; backward 5), the residual; MoE adds the router's
+ * softmax and the permute / combine copies of top_k rows of D. */
+static void ffn_work(const struct mt_config *cfg, const struct mt_block_shape *s, int l, int rc, struct kind_work *w)
+{
+    const double D = (double)s->D;
+    const int moe = toupper((unsigned char)(l < (int)strlen(cfg->pattern) ? cfg->pattern[l] : 'A')) == 'E';
+    const double hid = moe ? (double)s->top_k * (double)s->Fe + (double)s->Fs : (double)s->F;
+    w->e[MT_PLAN_KIND_NORM] += 5.0 * D + rc * 2.0 * D;
+    w->e[MT_PLAN_KIND_ELEMENTWISE] += 8.0 * hid + 6.0 * D + rc * (3.0 * hid + 3.0 * D);
+    if (moe) w->e[MT_PLAN_KIND_ELEMENTWISE] += (8.0 * (double)s->top_k * D + 4.0 * (double)s->E) * (1.0 + rc / 2.0);
+}
+
+/* Layers [l0, l1) of a stage, plus its embedding (first stage: gather
+ * forward, scatter-add backward) and head (last: final norm; the logits'
+ * softmax and loss read them twice and write their gradient: 3 V). */
+static void stage_work(const struct mt_config *cfg, int l0, int l1, int rc, struct kind_work *w)
+{
+    memset(w, 0, sizeof *w);
+    struct mt_block_shape s;
+    mt_blocks_shape(cfg, &s);
+    for (int l = l0; l < l1; l++) {
+        w->f[MT_PLAN_KIND_GEMM] += (6.0 + 2.0 * rc) * mt_blocks_layer_mm(cfg, &s, l);
+        mixer_work(cfg, &s, l, rc, w);
+        ffn_work(cfg, &s, l, rc, w);
+    }
+    if (l0 == 0) w->e[MT_PLAN_KIND_ELEMENTWISE] += 4.0 * (double)s.D;
+    if (l1 == cfg->n_layer) {
+        w->f[MT_PLAN_KIND_GEMM] += 6.0 * (double)cfg->vocab_size * (double)s.D;
+        w->e[MT_PLAN_KIND_NORM] += 5.0 * (double)s.D;
+        w->e[MT_PLAN_KIND_XENT] += 3.0 * (double)cfg->vocab_size;
+    }
+}
+
+/* The optimizer's passes over the parameters group rank 0 updates (every
+ * one at ZeRO-0): AdamW reads p, g, m, v and writes p, m, v (28 bytes per
+ * parameter), Muon's momentum and update 20, the gradient zeroing 4, the
+ * bf16 shadow cast of a matrix (precision=bf16) 6. */
+static double optimizer_bytes(const struct mt_plan *p, const struct stage_plan *sp)
+{
+    int P;
+    const struct mt_param *ps = mt_model_params(sp->model, &P);
+    const int bf16 = !strcmp(p->cfg.precision, "bf16");
+    double b = 0;
+    for (int i = 0; i < P; i++) {
+        const struct eng_plan *e = &sp->eng[sp->engine[i]];
+        if (ps[i].frozen || (p->zero > 0 && e->owner && e->owner[i] != 0)) continue;
+        double per = ps[i].optim == MT_OPTIM_MUON ? 20.0 : 28.0;
+        if (bf16 && ps[i].ndim == 2 && !strstr(ps[i].name, "embed_tokens")) per += 6.0;
+        b += (double)ps[i].numel * (per + 4.0);
+    }
+    return b;
+}
+
+/* The rate each kind runs at (mt_plan_kinds); a kind with none is bytes only. */
+static void kind_rates(const struct mt_plan_profile *prof, const struct mt_plan_cost *cost, struct mt_plan_kinds *out)
+{
+    const double fb = prof->attn_rate;
+    out->gemm_rate = cost->peak_per_rank * cost->efficiency;
+    out->mem_bandwidth = prof->mem_bandwidth;
+    out->attn_fwd_rate = prof->attn_fwd_rate > 0 ? prof->attn_fwd_rate : fb > 0 ? fb : out->gemm_rate;
+    out->attn_bwd_rate = prof->attn_bwd_rate > 0 ? prof->attn_bwd_rate : fb > 0 ? fb : out->gemm_rate;
+    out->attn_basis = prof->attn_fwd_rate > 0 || fb > 0 ? "measured" : "gemm rate";
+    out->scan_rate = prof->scan_rate > 0 ? prof->scan_rate : out->gemm_rate;
+    out->scan_basis = prof->scan_rate > 0 ? "measured" : "gemm rate";
+}
+
+static double kind_rate(const struct mt_plan_kinds *k, int kind)
+{
+    switch (kind) {
+    case MT_PLAN_KIND_GEMM:          return k->gemm_rate;
+    case MT_PLAN_KIND_ATTENTION_FWD: return k->attn_fwd_rate;
+    case MT_PLAN_KIND_ATTENTION_BWD: return k->attn_bwd_rate;
+    case MT_PLAN_KIND_SCAN:          return k->scan_rate;
+    default:                         return 0.0;
+    }
+}
+
+/* One microbatch of stage st on one rank: each kind's FLOPs, bytes and
+ * roofline time; returns the sum of the times. */
+static double stage_kinds(const struct mt_plan *p, const struct mt_plan_kinds *k, int st, double f[], double b[],
+                          double t[])
+{
+    const struct mt_config *cfg = &p->cfg;
+    const double N = (double)p->Bm * cfg->seq_len / p->su.dims.tp;   /* this rank's rows of a microbatch */
+    struct kind_work w;
+    stage_work(cfg, p->su.first_layer[st], p->su.first_layer[st + 1], !strcmp(cfg->recompute, "block"), &w);
+    double sum = 0;
+    for (int i = 0; i < MT_PLAN_KIND_OPTIMIZER; i++) {
+        f[i] = w.f[i] * N;
+        b[i] = w.e[i] * N * sizeof(float);
+        const double r = kind_rate(k, i), tf = r > 0 ? f[i] / r : 0, tb = b[i] / k->mem_bandwidth;
+        t[i] = tf > tb ? tf : tb;
+        sum += t[i];
+    }
+    f[MT_PLAN_KIND_SCAN] = w.f[MT_PLAN_KIND_SCAN] * N;
+    b[MT_PLAN_KIND_SCAN] = w.e[MT_PLAN_KIND_SCAN] * N * sizeof(float);
+    const double ts = f[MT_PLAN_KIND_SCAN] / k->scan_rate, tsb = b[MT_PLAN_KIND_SCAN] / k->mem_bandwidth;
+    t[MT_PLAN_KIND_SCAN] = ts > tsb ? ts : tsb;
+    return sum + t[MT_PLAN_KIND_SCAN];
+}
+
+void mt_plan_cost_kinds(const struct mt_plan *p, const struct mt_plan_profile *prof, const struct mt_plan_cost *cost,
+                        struct mt_plan_kinds *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!prof || prof->mem_bandwidth <= 0 || cost->peak_per_rank <= 0) return;
+    kind_rates(prof, cost, out);
+    const int M = p->cfg.microbatches > 0 ? p->cfg.microbatches : 1, pp = p->su.dims.pp;
+    double best = -1;
+    for (int st = 0; st < pp; st++) {   /* the slowest stage's microbatch */
+        double f[MT_PLAN_KIND_COUNT] = {0}, b[MT_PLAN_KIND_COUNT] = {0}, t[MT_PLAN_KIND_COUNT] = {0};
+        double sum = stage_kinds(p, out, st, f, b, t);
+        if (sum <= best) continue;
+        best = sum;
+        out->stage = st;
+        for (int i = 0; i < MT_PLAN_KIND_COUNT; i++) out->flops[i] = M * f[i], out->bytes[i] = M * b[i], out->s[i] = M * t[i];
+    }
+    /* the optimizer: Newton–Schulz GEMMs, then the elementwise passes */
+    out->flops[MT_PLAN_KIND_OPTIMIZER] = cost->optimizer_flops;
+    out->bytes[MT_PLAN_KIND_OPTIMIZER] = optimizer_bytes(p, &p->st[out->stage]);
+    out->s[MT_PLAN_KIND_OPTIMIZER] = cost->optimizer_flops / out->gemm_rate +
+                                     out->bytes[MT_PLAN_KIND_OPTIMIZER] / out->mem_bandwidth;
+    const double blocking = cost->tp_s + cost->ep_s + cost->pp_s;   /* per step: M microbatches */
+    out->s[MT_PLAN_KIND_COMM] = blocking + cost->dp_exposed_s;
+    out->s[MT_PLAN_KIND_BUBBLE] = (pp - 1) * (best + blocking / M);
+    for (int i = 0; i < MT_PLAN_KIND_COUNT; i++) out->step_s += out->s[i];
+    out->valid = 1;
+}
+
+/* ------------------------------------------------------------------ */
 /* JSON                                                                */
 /* ------------------------------------------------------------------ */
 
@@ -1134,8 +1327,38 @@ static void plan_json_memory(cJSON *root, const struct mt_plan *p)
     cJSON_AddNumberToObject(mem, "max_total", (double)mt);
 }
 
+/* "cost.by_kind": the step by op kind (mt_plan_cost_kinds) when the profile
+ * has a memory bandwidth: seconds (summing to step_s), FLOPs and bytes per
+ * kind, and the rates with where they came from */
+static void plan_json_kinds(cJSON *c, const struct mt_plan *p, const struct mt_plan_profile *prof,
+                            const struct mt_plan_cost *cost)
+{
+    struct mt_plan_kinds k;
+    mt_plan_cost_kinds(p, prof, cost, &k);
+    if (!k.valid) return;
+    cJSON *o = cJSON_AddObjectToObject(c, "by_kind");
+    cJSON *sec = cJSON_AddObjectToObject(o, "seconds"), *fl = cJSON_AddObjectToObject(o, "flops");
+    cJSON *by = cJSON_AddObjectToObject(o, "bytes");
+    for (int i = 0; i < MT_PLAN_KIND_COUNT; i++) {
+        cJSON_AddNumberToObject(sec, mt_plan_kind_name((enum mt_plan_kind)i), k.s[i]);
+        cJSON_AddNumberToObject(fl, mt_plan_kind_name((enum mt_plan_kind)i), k.flops[i]);
+        cJSON_AddNumberToObject(by, mt_plan_kind_name((enum mt_plan_kind)i), k.bytes[i]);
+    }
+    cJSON_AddNumberToObject(o, "step_s", k.step_s);
+    cJSON_AddNumberToObject(o, "stage", k.stage);
+    cJSON_AddNumberToObject(o, "gemm_flop_per_s", k.gemm_rate);
+    cJSON_AddNumberToObject(o, "attention_fwd_flop_per_s", k.attn_fwd_rate);
+    cJSON_AddNumberToObject(o, "attention_bwd_flop_per_s", k.attn_bwd_rate);
+    cJSON_AddStringToObject(o, "attention_basis", k.attn_basis);
+    cJSON_AddNumberToObject(o, "scan_flop_per_s", k.scan_rate);
+    cJSON_AddStringToObject(o, "scan_basis", k.scan_basis);
+    cJSON_AddNumberToObject(o, "memory_bandwidth_bytes_per_s", k.mem_bandwidth);
+    cJSON_AddStringToObject(o, "memory_bandwidth_basis", prof->mem_basis);
+}
+
 /* "cost": the time model's terms */
-static void plan_json_cost(cJSON *root, const struct mt_plan_profile *prof, const struct mt_plan_cost *cost)
+static void plan_json_cost(cJSON *root, const struct mt_plan *p, const struct mt_plan_profile *prof,
+                           const struct mt_plan_cost *cost)
 {
     cJSON *c = cJSON_AddObjectToObject(root, "cost");
     cJSON_AddStringToObject(c, "profile", prof->name);
@@ -1155,6 +1378,7 @@ static void plan_json_cost(cJSON *root, const struct mt_plan_profile *prof, cons
     cJSON_AddNumberToObject(c, "step_s", cost->step_s);
     cJSON_AddNumberToObject(c, "tokens_per_s", cost->tokens_per_s);
     cJSON_AddNumberToObject(c, "mfu", cost->mfu);
+    plan_json_kinds(c, p, prof, cost);
 }
 
 char *mt_plan_json(const struct mt_plan *p, const struct mt_plan_profile *prof, const struct mt_plan_cost *cost)
@@ -1168,7 +1392,7 @@ char *mt_plan_json(const struct mt_plan *p, const struct mt_plan_profile *prof, 
     plan_json_mesh(root, p);
     if (p->n_params) plan_json_layout(root, p);
     plan_json_memory(root, p);
-    if (cost && prof) plan_json_cost(root, prof, cost);
+    if (cost && prof) plan_json_cost(root, p, prof, cost);
     char *txt = cJSON_Print(root);
     cJSON_Delete(root);
     return txt;

@@ -223,6 +223,30 @@ static void receipt_attached(cJSON *root, const struct mt_receipt *r)
     }
 }
 
+static void add_or_null(cJSON *o, const char *key, double v)
+{
+    if (v >= 0) cJSON_AddNumberToObject(o, key, v);
+    else cJSON_AddNullToObject(o, key);
+}
+
+/* "timing.startup_s": time to first step, by phase (docs/architecture.md) */
+static void receipt_startup(cJSON *root, const struct mt_receipt *r)
+{
+    cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "timing");
+    cJSON *s = t ? cJSON_AddObjectToObject(t, "startup_s") : NULL;
+    if (!s) return;
+    cJSON_AddNumberToObject(s, "setup", r->startup.setup_s);
+    cJSON_AddNumberToObject(s, "param_init", r->startup.param_init_s);
+    cJSON_AddNumberToObject(s, "roof", r->startup.roof_s);
+    add_or_null(s, "first_step", r->startup.first_step_s);
+    add_or_null(s, "total_to_first_step", r->startup.to_first_step_s);
+    cJSON_AddStringToObject(s, "measured_how",
+                            "wall clock from the trainer's entry (after command-line parsing): setup = flags, config, "
+                            "data, mesh, model and engine allocation; param_init = counter-based init or checkpoint "
+                            "load + parameter sync; roof = output directory + startup GEMM roof; first_step = step 1 "
+                            "with its device sync; total_to_first_step = entry to the end of step 1 (>= the sum)");
+}
+
 enum mt_status mt_receipt_write(struct mt_ctx *ctx, const char *path, const struct mt_receipt *r)
 {
     cJSON *root = cJSON_CreateObject();
@@ -232,6 +256,7 @@ enum mt_status mt_receipt_write(struct mt_ctx *ctx, const char *path, const stru
     receipt_backend_mesh(root, r);
     receipt_run(root, r);
     receipt_timing(root, r);
+    receipt_startup(root, r);
     receipt_series(root, r);
     receipt_attached(root, r);
     char *text = cJSON_Print(root);

@@ -49,6 +49,19 @@ void mt_train_progress(const struct mt_train_opts *opts, int tty, int step, int 
     fflush(stdout);
 }
 
+void mt_train_progress_startup(const struct mt_train_opts *opts, int tty, const struct mt_train_run_info *ri,
+                               double first_step_s)
+{
+    if (opts->quiet) return;
+    if (first_step_s < 0)
+        fprintf(stdout, "startup: setup %.2f s | param init %.2f s | roof %.2f s | step 1 starts at %.2f s\n",
+                ri->setup_s, ri->param_init_s, ri->roof_s, mt_time_sec() - ri->t_entry);
+    else
+        fprintf(stdout, "%sfirst step %.2f s | %.2f s to first step\n", tty ? "\n" : "", first_step_s,
+                ri->to_first_step_s);
+    fflush(stdout);
+}
+
 /* Replica check: every rank hashes (xxh64) each parameter it holds in full
  * (its TP slice for a split one); the hashes meet over the world and every
  * pair of ranks that hold the same slice must agree bit for bit: a split
@@ -701,6 +714,8 @@ static void fill_receipt(struct mt_receipt *r, const struct run_state *rs, const
     r->idle_s = ri->idle_total;
     r->compute_s = step_sum - ri->comm_total - ri->idle_total;
     r->total_s = ri->total_s;
+    r->startup = (struct mt_receipt_startup){ri->setup_s, ri->param_init_s, ri->roof_s,
+                                              steps_run > 0 ? rs->times[0] : -1, ri->to_first_step_s};
     r->n_steps = steps_run;
     r->step_index = rs->step_index;
     r->losses = rs->losses;

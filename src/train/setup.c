@@ -446,7 +446,10 @@ enum mt_status mt_train_setup_model(struct mt_ctx *ctx, struct run_state *rs, co
     MT_CHECK(alloc_host_arrays(ctx, rs, n_params, n_steps, world));
     assign_engines(rs, dims, params, n_params);
     MT_CHECK(create_engines(ctx, rs, opts, dims));
-    return load_params(ctx, rs, opts, resume_dir, resume_meta);
+    double t0 = mt_time_sec();
+    enum mt_status rc = load_params(ctx, rs, opts, resume_dir, resume_meta);
+    rs->param_init_s = mt_time_sec() - t0;
+    return rc;
 }
 
 /* Everything setup made, in reverse; safe on a partly set-up run. */

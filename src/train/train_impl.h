@@ -73,6 +73,7 @@ struct run_state {
     double  *losses, *lm, *aux, *z, *gnorm, *lrs, *times, *eval_losses;
     int      n_evals;
     int      rss_phased;        /* the step loop's RSS peak is its own (mt_train_peak_restart) */
+    double   param_init_s;      /* setup: the parameters' init or load (timing.startup_s) */
     struct mt_train_fault fault;
     /* checkpoints: the run id they carry (kept by a resume), and the steps this
      * command committed, oldest first (rank 0; keep_last prunes from these only) */
@@ -138,6 +139,12 @@ void mt_train_peak_restart(struct mt_ctx *ctx, struct run_state *rs);
 double mt_train_measure_gemm_roof(const struct mt_ops_i *ops, struct mt_ops_roof *roof);
 void mt_train_progress(const struct mt_train_opts *opts, int tty, int step, int steps, double loss, double tok_s,
                        double mfu, double eta_s, double gnorm);
+struct mt_train_run_info;
+/* The time-to-first-step lines: before step 1 (first_step_s < 0) the setup
+ * phases, after it the step and the total from the trainer's entry (tty:
+ * a newline first, ending the step's \r line). */
+void mt_train_progress_startup(const struct mt_train_opts *opts, int tty, const struct mt_train_run_info *ri,
+                               double first_step_s);
 
 /* Everything the receipt needs that mt_train_run measured. */
 struct mt_train_run_info {
@@ -145,6 +152,9 @@ struct mt_train_run_info {
     const struct mt_mesh_dims  *dims;
     int         world, wrank, threads, start_step, n_steps, steps_run;
     double      flops_per_token, peak, total_s, comm_total, idle_total;
+    /* time to first step (timing.startup_s): t_entry = mt_train_run's entry;
+     * to_first_step_s < 0 until step 1 ends */
+    double      t_entry, setup_s, param_init_s, roof_s, to_first_step_s;
     struct mt_ops_roof roof;                /* the measured roof and its spread (zeros when given) */
     const char *peak_src, *trace, *resume_dir;
     struct mt_train_peaks *run_pk;          /* folded once more by the report */

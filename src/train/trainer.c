@@ -137,10 +137,12 @@ static enum mt_status step_loop(struct mt_ctx *ctx, struct run_state *rs, const 
         rs->lrs[k] = mt_optim_lr_factor(cfg, step);
         rs->times[k] = dt;
         double tok_s = tokens / dt;
+        if (k == 0) ri->to_first_step_s = mt_time_sec() - ri->t_entry;
         if (ri->wrank == 0)
             mt_train_progress(opts, tty, step + 1, opts->steps, so.loss, tok_s,
                               ri->peak > 0 ? tok_s * ri->flops_per_token / ri->peak : 0,
                               dt * (opts->steps - step - 1), so.grad_norm);
+        if (k == 0 && ri->wrank == 0) mt_train_progress_startup(opts, tty && step + 1 < opts->steps, ri, dt);
         MT_CHECK(after_step(ctx, rs, opts, step + 1, tty, run_pk, train_pk));
     }
     return MT_OK;
@@ -165,6 +167,8 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
                                    .resume_dir = resume_dir};
     mt_comm_world_info(&ri.world, &ri.wrank);
     ctx->rank = ri.wrank;
+    ri.t_entry = mt_time_sec();
+    ri.to_first_step_s = -1;
 
     /* ---- 1-3. flags, config, resume metadata, backend, data (local, then agreed) ---- */
     rc = mt_train_setup_local(ctx, cfg, opts, ri.world, &dims, resume_dir, sizeof resume_dir, &resume_meta, &rs);
@@ -189,12 +193,18 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
         if (rc != MT_ERR_COMM) res->collective_started = 0; /* agreed: no abort (a broken comm still aborts) */
         goto done;
     }
+    double t_sync = mt_time_sec();
     if (resume_dir[0] || opts->init_from) MT_CHECK_GOTO(mt_zero_set_sync(ctx, &rs.zset), rc, done);
+    ri.setup_s = t_sync - ri.t_entry - rs.param_init_s;
+    ri.param_init_s = rs.param_init_s + (mt_time_sec() - t_sync);
+    const double t_roof = mt_time_sec();
 
     /* ---- 5. outputs, the roof, the step loop ---- */
     MT_CHECK_GOTO(take_output(ctx, &rs, opts, &out_lock, res), rc, done);
     ri.peak = peak_flops(opts, &rs, ri.threads, ri.world, &ri.roof, peak_src, sizeof peak_src);
     ri.flops_per_token = mt_model_flops_per_token(cfg);
+    ri.roof_s = mt_time_sec() - t_roof;
+    if (ri.wrank == 0) mt_train_progress_startup(opts, 0, &ri, -1);
     double t_run0 = mt_time_sec();
     mt_zero_set_reset_stats(&rs.zset);
     /* memory phases: setup until here, then the step loop (see report.c) */

@@ -789,19 +789,22 @@ const float *mt_zero_param_data(const struct mt_zero *z, int i)
     return l->owner[i] == l->rank ? z->own_data + l->d.ooff[i] : NULL;
 }
 
+/* The cpu backend's buffers are host memory: filled in place (no staging,
+ * no copy); another backend's through one host tensor, one copy each. */
 enum mt_status mt_zero_init_params(struct mt_ctx *ctx, struct mt_zero *z, uint64_t seed)
 {
     const struct zlayout *l = &z->lay;
+    const int in_place = !strcmp(z->ops->name, "cpu");
     size_t maxn = 1;
     for (int i = 0; i < l->n_params; i++)
         if (z->params[i].numel > maxn) maxn = z->params[i].numel;
-    float *host = mt_alloc(ctx, maxn * sizeof(float), MT_BUCKET_WORKSPACE);
-    if (!host) return MT_ERR_OOM;
+    float *host = in_place ? NULL : mt_alloc(ctx, maxn * sizeof(float), MT_BUCKET_WORKSPACE);
+    if (!in_place && !host) return MT_ERR_OOM;
     for (int i = 0; i < l->n_params; i++) {
         float *dst = (float *)mt_zero_param_data(z, i);
         if (!dst) continue;
-        mt_model_param_values(&z->params[i], seed, host);
-        z->ops->copy_from_host(z->ops->be, dst, host, z->params[i].numel * sizeof(float));
+        mt_model_param_values(&z->params[i], seed, in_place ? dst : host);
+        if (!in_place) z->ops->copy_from_host(z->ops->be, dst, host, z->params[i].numel * sizeof(float));
     }
     mt_free(ctx, host);
     return MT_OK;

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# test_plan_kinds.sh BUILD_DIR — the planner's step by op kind (issue 27
+# item 5, docs/plan.md section 5 "By op kind"): with a measured GPU profile
+# (bench/profiles/h200-measured.json) `plan --json` has cost.by_kind whose
+# seconds (gemm, attention_fwd, attention_bwd, norm, elementwise, xent,
+# optimizer, scan, comm, bubble) sum to its step_s, the attention rows at the
+# profile's measured attention rate, and the text output prints one line per
+# kind whose sum is the printed step; a hybrid has a scan row; a pipeline a
+# bubble and TP a comm row; a profile without an attention rate runs
+# attention at the GEMM rate; memory_bandwidth_bytes_per_s overrides the
+# calibrated copy rate; a profile without a memory bandwidth (cpu-local) has
+# no breakdown.
+set -u
+BUILD=${1:?build dir}
+. "$(dirname "$0")/cli_lib.sh"
+CFG="$HERE/../bench/configs/gpu_d2048_dense.json"
+PROF="$HERE/../bench/profiles/h200-measured.json"
+plan() { "$MT" plan --config "$CFG" --set precision=bf16 --profile "$PROF" "$@"; }
+
+# check FILE EXPECT...: python asserts on the plan JSON in FILE
+check() {
+    python3 - "$@" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1])); want = sys.argv[2:]
+k = j["cost"]["by_kind"]; s = k["seconds"]
+kinds = ["gemm", "attention_fwd", "attention_bwd", "norm", "elementwise", "xent", "optimizer", "scan", "comm", "bubble"]
+assert list(s) == kinds, list(s)
+assert all(v >= 0 for v in s.values()), s
+assert abs(sum(s.values()) - k["step_s"]) <= 1e-12 * k["step_s"], (sum(s.values()), k["step_s"])
+assert s["gemm"] > 0 and s["attention_fwd"] > 0 and s["attention_bwd"] > 0, s
+for a in ("fwd", "bwd"):   # attention is compute at its rate (no bytes)
+    r = k["attention_%s_flop_per_s" % a]; f = k["flops"]["attention_" + a]
+    assert abs(s["attention_" + a] - f / r) <= 1e-9 * s["attention_" + a], (a, s, f, r)
+assert abs(k["flops"]["attention_bwd"] - 2.5 * k["flops"]["attention_fwd"]) <= 1e-6 * k["flops"]["attention_bwd"]
+for w in want:
+    key, op, val = w.split(":", 2)
+    got = k.get(key, s.get(key))
+    ok = {"eq": lambda: float(got) == float(val) if isinstance(got, (int, float)) else got == val, "gt": lambda: got > float(val), "zero": lambda: got == 0}[op]()
+    assert ok, (key, op, val, got)
+print("step %.4g s: %s" % (k["step_s"], ", ".join("%s %.3g" % (n, v) for n, v in s.items() if v > 0)))
+PY
+}
+
+# 1. dense d2048, one GPU: the sum, the measured attention rate, no scan / comm / bubble
+if plan --world 1 --json >"$W/d.json" 2>"$W/err" &&
+   msg=$(check "$W/d.json" attention_basis:eq:measured scan:zero: comm:zero: bubble:zero: \
+         memory_bandwidth_basis:eq:"2 x measured.device_copy_bytes_per_s" attention_fwd_flop_per_s:eq:6874423000000.0); then
+    ok "d2048 bf16 on h200-measured: by_kind sums to step_s ($msg)"
+else bad "d2048 by_kind: $(cat "$W/err") $msg"; fi
+
+# 2. the text: one line per kind, the attention rows present, their sum = the printed step (4 digits)
+if plan --world 1 >"$W/d.txt" 2>"$W/err" && python3 - "$W/d.txt" <<'PY'
+import re, sys
+t = open(sys.argv[1]).read()
+rows = dict(re.findall(r"^    (\w+) +([0-9.e+-]+) s", t, re.M))
+kinds = ["gemm", "attention_fwd", "attention_bwd", "norm", "elementwise", "xent", "optimizer", "scan", "comm", "bubble"]
+assert [k for k in rows if k != "step"] == kinds, rows
+total = sum(float(rows[k]) for k in kinds)
+assert abs(total - float(rows["step"])) <= 1e-3 * float(rows["step"]), (total, rows["step"])
+assert float(rows["attention_fwd"]) > 0 and "measured" in t
+PY
+then ok "text: a line per kind incl. attention_fwd/bwd, summing to the printed step"
+else bad "text by kind: $(cat "$W/err") $(sed -n '/by op kind/,$p' "$W/d.txt")"; fi
+
+# 3. hybrid: a scan row (at the GEMM rate: the profile has no scan rate); pipeline + TP: bubble and comm
+if plan --world 1 --json --set pattern=MAMAMAMAMAMAMAMA >"$W/h.json" 2>"$W/err" &&
+   msg=$(check "$W/h.json" scan:gt:0 scan_basis:eq:"gemm rate"); then ok "hybrid: scan row ($msg)"
+else bad "hybrid: $(cat "$W/err") $msg"; fi
+if plan --world 8 --mesh pp=2,dp=2,tp=2 --set microbatches=2 --json >"$W/p.json" 2>"$W/err" &&
+   msg=$(check "$W/p.json" bubble:gt:0 comm:gt:0); then ok "pp=2,dp=2,tp=2: bubble and comm rows ($msg)"
+else bad "pp/tp: $(cat "$W/err") $msg"; fi
+
+# 4. a profile without an attention rate: attention at the GEMM rate; memory_bandwidth_bytes_per_s wins
+python3 - "$PROF" "$W/noatt.json" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1])); del p["measured"]["attention_fwd_bwd_flop_per_s"]
+p["memory_bandwidth_bytes_per_s"] = 4.8e12
+json.dump(p, open(sys.argv[2], "w"))
+PY
+if "$MT" plan --config "$CFG" --set precision=bf16 --profile "$W/noatt.json" --world 1 --json >"$W/n.json" 2>"$W/err" &&
+   msg=$(check "$W/n.json" attention_basis:eq:"gemm rate" memory_bandwidth_bytes_per_s:eq:4800000000000.0 \
+         memory_bandwidth_basis:eq:memory_bandwidth_bytes_per_s); then ok "no attention rate: GEMM rate ($msg)"
+else bad "no attention rate: $(cat "$W/err") $msg"; fi
+
+# 5. cpu-local has no memory bandwidth: no by_kind, a line saying why
+if "$MT" plan --config "$CFG" --world 1 --profile cpu-local --json >"$W/c.json" 2>"$W/err" &&
+   python3 -c 'import json,sys; assert "by_kind" not in json.load(open(sys.argv[1]))["cost"]' "$W/c.json" &&
+   "$MT" plan --config "$CFG" --world 1 --profile cpu-local | grep -q "by op kind: the profile has no memory bandwidth"; then
+    ok "cpu-local: no breakdown, said"
+else bad "cpu-local: $(cat "$W/err")"; fi
+finish
