@@ -82,6 +82,20 @@ if "$MT" plan --config "$CFG" --set precision=bf16 --profile "$W/noatt.json" --w
          memory_bandwidth_basis:eq:memory_bandwidth_bytes_per_s); then ok "no attention rate: GEMM rate ($msg)"
 else bad "no attention rate: $(cat "$W/err") $msg"; fi
 
+# 4b. a profile with the bf16 (tensor-core) attention rate: precision=bf16 uses it,
+#     precision=fp32 keeps the fp32 kernels' rate
+python3 - "$PROF" "$W/tc.json" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1])); p["measured"]["attention_bf16_fwd_bwd_flop_per_s"] = 1.5e14
+json.dump(p, open(sys.argv[2], "w"))
+PY
+if "$MT" plan --config "$CFG" --set precision=bf16 --profile "$W/tc.json" --world 1 --json >"$W/t16.json" 2>"$W/err" &&
+   msg=$(check "$W/t16.json" attention_basis:eq:"measured (bf16 tensor-core kernels)" attention_fwd_flop_per_s:eq:150000000000000.0) &&
+   "$MT" plan --config "$CFG" --profile "$W/tc.json" --world 1 --json >"$W/t32.json" 2>"$W/err" &&
+   msg2=$(check "$W/t32.json" attention_basis:eq:measured attention_fwd_flop_per_s:eq:6874423000000.0); then
+    ok "bf16 attention rate: used by precision=bf16 ($msg), not by fp32 ($msg2)"
+else bad "bf16 attention rate: $(cat "$W/err") $msg ${msg2:-}"; fi
+
 # 5. cpu-local has no memory bandwidth: no by_kind, a line saying why
 if "$MT" plan --config "$CFG" --world 1 --profile cpu-local --json >"$W/c.json" 2>"$W/err" &&
    python3 -c 'import json,sys; assert "by_kind" not in json.load(open(sys.argv[1]))["cost"]' "$W/c.json" &&
