@@ -11,7 +11,8 @@
 #      attention/MLP matrices and the lm head: not the gains, not the
 #      embedding), the acts bucket by the bf16 twins of the GEMM operands
 #      (the final norm's output for the lm head; per layer the two input
-#      norms' outputs and the attention output), the workspace bucket by the
+#      norms' outputs and the attention output; the lm head's dlogits twin
+#      written by xent_fused_bf16), the workspace bucket by the
 #      SwiGLU output's twin, and the measured peaks equal the plan;
 #   3. the shadows are refreshed after every update and ZeRO-3 gather: dp=2
 #      with --zero 3 (weights gathered per unit), pp=2 (units on two stages)
@@ -68,11 +69,12 @@ assert b["memory"]["plan_bytes"]["optim"] == a["memory"]["plan_bytes"]["optim"] 
 rows = c["batch_size"] // c["microbatches"] * c["seq_len"]
 carve = lambda n: -(-n // 64) * 64
 twin = carve(2 * rows * D)
+dlogits_twin = carve(2 * rows * V)   # xent_fused_bf16's bf16(dlogits), the lm head backward's dy
 per_layer_twins = carve(2 * rows * D) + carve(2 * rows * H * hd) + carve(2 * rows * D)
 da = b["memory"]["plan_bytes"]["acts"] - a["memory"]["plan_bytes"]["acts"]
-print("   plan acts +%d (h_final twin %d + %d layers x %d); measured bf16 acts %d"
-      % (da, twin, L, per_layer_twins, b["memory"]["measured_peak_bytes"]["acts"]))
-assert da == twin + L * per_layer_twins, (da, twin, per_layer_twins)
+print("   plan acts +%d (h_final twin %d + dlogits twin %d + %d layers x %d); measured bf16 acts %d"
+      % (da, twin, dlogits_twin, L, per_layer_twins, b["memory"]["measured_peak_bytes"]["acts"]))
+assert da == twin + dlogits_twin + L * per_layer_twins, (da, twin, dlogits_twin, per_layer_twins)
 assert b["memory"]["measured_peak_bytes"]["acts"] == b["memory"]["plan_bytes"]["acts"]
 dw = b["memory"]["plan_bytes"]["workspace"] - a["memory"]["plan_bytes"]["workspace"]
 print("   plan workspace +%d (SwiGLU output twin %d); measured bf16 workspace %d"

@@ -9,7 +9,8 @@
  * Backward (dscale = 1/n_targets):
  *     term 1: dz = dscale (softmax(s) - onehot) ds/dz   (kernel, in place over z; with the
  *             backend's xent_fused the forward already wrote it: one pass over z)
- *     term 2: dWlm += dz^T hf;  dhf = dz Wlm
+ *     term 2: dWlm += dz^T hf;  dhf = dz Wlm   (precision=bf16: dz read as its bf16 twin,
+ *             written by xent_fused_bf16 in the forward's pass: no per-call rounding)
  *     term 3: dx = rmsnorm_backward(dhf)
  *
  * Gradient rule: dWlm, dg_final +=; dlogits (in place) and dx OVERWRITTEN
@@ -31,7 +32,14 @@ double head_forward(struct mt_model *m, int n, int with_loss)
     /* one pass over the logits when the backend can: loss and dlogits together
      * (dscale as head_backward has it), the backward then starts at term 2 */
     m->dlogits_ready = mt_ops_supports(ops, xent_fused) && !m->keep_logits;
-    if (m->dlogits_ready)
+    /* precision=bf16: the same pass writes dlogits' bf16 twin, the backward GEMMs' operand */
+    m->dlogits_twin = m->dlogits_ready && m->dlogits_bf16 && m->lm_head->bf16;
+    if (m->dlogits_twin)
+        ops->xent_fused_bf16(ops->be, m->losses, m->xlse, m->logits, m->dlogits_bf16,
+                             m->targets + (m->sp ? m->row0 : 0),
+                             m->norm.n_targets > 0 ? (float)(1.0 / m->norm.n_targets) : 0.0f, n, m->V,
+                             m->cfg.logit_softcap);
+    else if (m->dlogits_ready)
         ops->xent_fused(ops->be, m->losses, m->xlse, m->logits, m->targets + (m->sp ? m->row0 : 0),
                         m->norm.n_targets > 0 ? (float)(1.0 / m->norm.n_targets) : 0.0f, n, m->V,
                         m->cfg.logit_softcap);
@@ -51,8 +59,9 @@ void head_backward(struct mt_model *m, float dscale)
     if (!m->dlogits_ready)
         ops->xent_backward(ops->be, m->logits, m->logits, m->xlse, m->targets + (m->sp ? m->row0 : 0), dscale, N, V,
                            m->cfg.logit_softcap);
-    /* LoRA: a frozen lm_head computes dx only */
-    wlinear_backward(ops, m->dh, 0.0f, m->lm_head->frozen ? NULL : m->lm_head->grad, m->logits, m->h_final,
-                     m->h_final_bf16, m->lm_head, N, D, V);
+    /* LoRA: a frozen lm_head computes dx only; with the twin the GEMMs read
+     * bf16(dlogits) as stored (logits' contents are unspecified then) */
+    wlinear_backward_db(ops, m->dh, 0.0f, m->lm_head->frozen ? NULL : m->lm_head->grad, m->logits,
+                        m->dlogits_twin ? m->dlogits_bf16 : NULL, m->h_final, m->h_final_bf16, m->lm_head, N, D, V);
     ops->rmsnorm_backward(ops->be, m->dx, m->norm_f->grad, m->dh, m->x_final, m->norm_f->data, m->rstd_final, N, D, 0);
 }

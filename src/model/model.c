@@ -482,6 +482,8 @@ static void model_layout(struct mt_model *m, struct mt_carver *c)
             if (m->bf16 && (!m->ops || m->ops->rmsnorm_forward_bf16)) S->h_final_bf16 = carve(c, A, Nr * D * 2);
             S->rstd_final = carve_f(c, A, Nr);
             S->logits = carve_f(c, A, Nr * (size_t)m->V);
+            /* the dlogits twin where the cross-entropy can write it (plan: ops unknown, counted) */
+            if (m->bf16 && (!m->ops || m->ops->xent_fused_bf16)) S->dlogits_bf16 = carve(c, A, Nr * (size_t)m->V * 2);
             S->losses = carve_f(c, A, Nr);
             S->xlse = carve_f(c, A, Nr);
         }
@@ -1117,6 +1119,7 @@ void mt_model_set_slot(struct mt_model *m, int k)
     m->h_final_bf16 = S->h_final_bf16;
     m->rstd_final = S->rstd_final;
     m->logits = S->logits;
+    m->dlogits_bf16 = S->dlogits_bf16;
     m->losses = S->losses;
     m->xlse = S->xlse;
     m->layers = S->layers;

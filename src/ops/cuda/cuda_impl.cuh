@@ -361,6 +361,8 @@ void mt_cuda_xent_forward(void *be, float *losses, float *lse_out, const float *
                           int N, int V, float softcap);
 void mt_cuda_xent_backward(void *be, float *dlogits, const float *logits, const float *lse,
                            const int32_t *targets, float dscale, int N, int V, float softcap);
+void mt_cuda_xent_fused_bf16(void *be, float *losses, float *lse_out, float *logits, mt_bf16 *dlogits_bf16,
+                             const int32_t *targets, float dscale, int N, int V, float softcap);
 
 /* ---- moe.cu ---- */
 void mt_cuda_router_forward(void *be, float *probs, float *lse, int32_t *topk_idx, float *gates,
