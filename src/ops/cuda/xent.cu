@@ -126,7 +126,7 @@ extern "C" void mt_cuda_xent_backward(void *be, float *dlogits, const float *log
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (N <= 0) return;
-    MT_LAUNCH(xent_bwd_k<false>, N, THREADS, 0)(dlogits, NULL, logits, lse, targets, dscale, V, softcap);
+    MT_LAUNCH(xent_bwd_k<false>, N, THREADS, 0)(dlogits, (__nv_bfloat16 *)NULL, logits, lse, targets, dscale, V, softcap);
     MT_CUDA_KCHECK();
 }
 
@@ -139,7 +139,7 @@ extern "C" void mt_cuda_xent_fused_bf16(void *be, float *losses, float *lse_out,
     if (N <= 0) return;
     MT_LAUNCH(xent_fwd_k, N, THREADS, 0)(losses, lse_out, logits, targets, V, softcap);
     MT_CUDA_KCHECK();
-    MT_LAUNCH(xent_bwd_k<true>, N, THREADS, 0)(NULL, (__nv_bfloat16 *)dlogits_bf16, logits, lse_out, targets, dscale, V,
+    MT_LAUNCH(xent_bwd_k<true>, N, THREADS, 0)((float *)NULL, (__nv_bfloat16 *)dlogits_bf16, logits, lse_out, targets, dscale, V,
                                                softcap);
     MT_CUDA_KCHECK();
 }
