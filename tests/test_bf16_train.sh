@@ -27,7 +27,9 @@
 #      bf16, fp32 accumulation per pair) on dp=2, ZeRO-0 and ZeRO-2: follows
 #      the fp32-reduction curve within the step tolerance and differs from it;
 #      the receipt names the dtype, the bytes on the wire halve;
-#   6. precision=fp16 is a config error (exit 2), writing nothing.
+#   6. precision=fp16 is a config error (exit 2), writing nothing;
+#   7. head_chunk_rows: bf16 bit-identical with the lm head in row chunks, the
+#      fp32 logits bounded in the plan; fp32 untouched.
 set -u
 BUILD=${1:?usage: test_bf16_train.sh BUILD_DIR}
 BUILD=$(cd "$BUILD" && pwd)
@@ -161,5 +163,30 @@ done
 if [ $rc -eq 2 ] && grep -q 'precision' "$W/fp16.log" && [ ! -e "$W/fp16" ]; then
     ok "precision=fp16 is a config error (exit 2, nothing written)"
 else bad "precision=fp16 refused (exit $rc)"; tail -2 "$W/fp16.log"; fi
+# 7. head_chunk_rows (docs/cuda.md "The bf16 twin of dlogits"): in bf16 the lm
+#    head's logits GEMM and cross-entropy run in chunks of 24 of the 64 rows
+#    (24, 24, 16): the same bits as all rows at once, the plan's acts bucket
+#    smaller by the fp32 logits of the rows not kept (measured = plan); in
+#    fp32 the key changes nothing (bits and plan)
+if run 1 "$W/bf16_chunk" $DENSE --set precision=bf16 --set head_chunk_rows=24 &&
+   run 1 "$W/fp32_chunk" $DENSE --set head_chunk_rows=24 &&
+   close "$W/bf16" "$W/bf16_chunk" 0 && close "$W/fp32" "$W/fp32_chunk" 0 &&
+   python3 - "$W/bf16/receipt.json" "$W/bf16_chunk/receipt.json" "$W/fp32/receipt.json" "$W/fp32_chunk/receipt.json" <<'PY'
+import json, sys
+b, bc, f, fc = (json.load(open(p)) for p in sys.argv[1:])
+c = b["config"]
+rows = c["batch_size"] // c["microbatches"] * c["seq_len"]
+carve = lambda n: -(-n // 64) * 64
+want = carve(4 * rows * c["vocab_size"]) - carve(4 * 24 * c["vocab_size"])
+d = b["memory"]["plan_bytes"]["acts"] - bc["memory"]["plan_bytes"]["acts"]
+print("   bf16 plan acts -%d with head_chunk_rows=24 (fp32 logits of %d rows -> 24: %d); measured %d"
+      % (d, rows, want, bc["memory"]["measured_peak_bytes"]["acts"]))
+assert d == want, (d, want)
+assert bc["memory"]["measured_peak_bytes"]["acts"] == bc["memory"]["plan_bytes"]["acts"]
+assert f["memory"]["plan_bytes"] == fc["memory"]["plan_bytes"], "fp32: head_chunk_rows changed the plan"
+PY
+then ok "head_chunk_rows=24: bf16 bit-identical to all rows, logits bounded in the plan; fp32 unchanged"
+else bad "head_chunk_rows"; tail -3 "$W/bf16_chunk.log"; fi
+
 echo "test_bf16_train: $(( $(date +%s) - t0 ))s"
 finish

@@ -1186,8 +1186,12 @@ static void test_vec_elementwise(void)
     struct be *b = BE(1);
     float *o[2], *po[2], *dg[2], *du[2], *ig[2], *iu[2], *wd[2];
     uint16_t *tw[2], *cb[2];
+    float *hg = xmalloc(m * 4), *hu = xmalloc(m * 4), *hd = xmalloc(m * 4);
     for (int off = 0; off < 2; off++) {
-        float *G = upf(b, g, m), *U = upf(b, u, m), *D = upf(b, d, m), *IG = upf(b, g, m), *IU = upf(b, u, m);
+        /* the same n inputs at element `off` of the device buffers */
+        memset(hg, 0, m * 4); memset(hu, 0, m * 4); memset(hd, 0, m * 4);
+        memcpy(hg + off, g, n * 4); memcpy(hu + off, u, n * 4); memcpy(hd + off, d, n * 4);
+        float *G = upf(b, hg, m), *U = upf(b, hu, m), *D = upf(b, hd, m), *IG = upf(b, hg, m), *IU = upf(b, hu, m);
         float *O = dalloc(b, m * 4), *PO = dalloc(b, m * 4), *DG = dalloc(b, m * 4), *DU = dalloc(b, m * 4);
         float *WD = dalloc(b, m * 4);
         uint16_t *TW = dalloc(b, m * 2), *CB = dalloc(b, m * 2);
@@ -1231,7 +1235,7 @@ static void test_vec_elementwise(void)
     for (int k = 0; k < 2; k++) {
         free(o[k]); free(po[k]); free(dg[k]); free(du[k]); free(ig[k]); free(iu[k]); free(wd[k]); free(tw[k]); free(cb[k]);
     }
-    free(g); free(u); free(d);
+    free(g); free(u); free(d); free(hg); free(hu); free(hd);
 }
 
 /* ---- xent ---- */
