@@ -28,8 +28,8 @@
 #      the fp32-reduction curve within the step tolerance and differs from it;
 #      the receipt names the dtype, the bytes on the wire halve;
 #   6. precision=fp16 is a config error (exit 2), writing nothing;
-#   7. head_chunk_rows: bf16 bit-identical with the lm head in row chunks, the
-#      fp32 logits bounded in the plan; fp32 untouched.
+#   7. head_chunk_rows: bf16 with the lm head in row chunks = all rows (step
+#      tolerance), the fp32 logits bounded in the plan; fp32 untouched (bits).
 set -u
 BUILD=${1:?usage: test_bf16_train.sh BUILD_DIR}
 BUILD=$(cd "$BUILD" && pwd)
@@ -165,12 +165,18 @@ if [ $rc -eq 2 ] && grep -q 'precision' "$W/fp16.log" && [ ! -e "$W/fp16" ]; the
 else bad "precision=fp16 refused (exit $rc)"; tail -2 "$W/fp16.log"; fi
 # 7. head_chunk_rows (docs/cuda.md "The bf16 twin of dlogits"): in bf16 the lm
 #    head's logits GEMM and cross-entropy run in chunks of 24 of the 64 rows
-#    (24, 24, 16): the same bits as all rows at once, the plan's acts bucket
+#    (24, 24, 16): within the step tolerance of all rows at once (first loss
+#    to 1e-5; not bits: OpenBLAS picks other kernels for the smaller logits
+#    GEMM, fp32 re-association noise that the bf16 dlogits mostly round
+#    away), the plan's acts bucket
 #    smaller by the fp32 logits of the rows not kept (measured = plan); in
-#    fp32 the key changes nothing (bits and plan)
+#    fp32 the key changes nothing (bits and plan); `meshtrain logits` (every
+#    row's logits: 30 > 24) on the chunked run's checkpoint still works
 if run 1 "$W/bf16_chunk" $DENSE --set precision=bf16 --set head_chunk_rows=24 &&
    run 1 "$W/fp32_chunk" $DENSE --set head_chunk_rows=24 &&
-   close "$W/bf16" "$W/bf16_chunk" 0 && close "$W/fp32" "$W/fp32_chunk" 0 &&
+   python3 "$HERE/bf16_curve.py" "$W/fp32/receipt.json" "$W/bf16/receipt.json" --other "$W/bf16_chunk/receipt.json" &&
+   close "$W/fp32" "$W/fp32_chunk" 0 &&
+   "$MT" logits --ckpt "$W/bf16_chunk" --ids "$(seq -s, 1 30)" --out "$W/chunk_logits.safetensors" >"$W/chunk_logits.log" 2>&1 &&
    python3 - "$W/bf16/receipt.json" "$W/bf16_chunk/receipt.json" "$W/fp32/receipt.json" "$W/fp32_chunk/receipt.json" <<'PY'
 import json, sys
 b, bc, f, fc = (json.load(open(p)) for p in sys.argv[1:])
@@ -185,7 +191,7 @@ assert d == want, (d, want)
 assert bc["memory"]["measured_peak_bytes"]["acts"] == bc["memory"]["plan_bytes"]["acts"]
 assert f["memory"]["plan_bytes"] == fc["memory"]["plan_bytes"], "fp32: head_chunk_rows changed the plan"
 PY
-then ok "head_chunk_rows=24: bf16 bit-identical to all rows, logits bounded in the plan; fp32 unchanged"
+then ok "head_chunk_rows=24: bf16 = all rows at once (step tolerance), logits bounded in the plan; fp32 bit-identical, plan unchanged"
 else bad "head_chunk_rows"; tail -3 "$W/bf16_chunk.log"; fi
 
 echo "test_bf16_train: $(( $(date +%s) - t0 ))s"

@@ -18,6 +18,11 @@
  */
 #include "model_impl.h"
 
+int head_chunked(const struct mt_model *m, int with_loss)
+{
+    return with_loss && !m->keep_logits && mt_ops_supports(m->ops, xent_fused) && m->dlogits_bf16 && m->lm_head->bf16;
+}
+
 double head_forward(struct mt_model *m, int n, int with_loss)
 {
     const struct mt_ops_i *ops = m->ops;
@@ -27,25 +32,32 @@ double head_forward(struct mt_model *m, int n, int with_loss)
                                   m->cfg.norm_eps);
     else
         ops->rmsnorm_forward(ops->be, m->h_final, m->rstd_final, m->x_final, m->norm_f->data, n, m->D, m->cfg.norm_eps);
-    wlinear_forward(ops, m->logits, m->h_final, m->h_final_bf16, m->lm_head, n, m->D, m->V, 0.0f);
-    if (!with_loss) return 0.0;
+    const int32_t *tg = m->targets + (m->sp ? m->row0 : 0);
+    const float dscale = m->norm.n_targets > 0 ? (float)(1.0 / m->norm.n_targets) : 0.0f;
     /* one pass over the logits when the backend can: loss and dlogits together
      * (dscale as head_backward has it), the backward then starts at term 2 */
-    m->dlogits_ready = mt_ops_supports(ops, xent_fused) && !m->keep_logits;
-    /* precision=bf16: the same pass writes dlogits' bf16 twin, the backward GEMMs' operand */
-    m->dlogits_twin = m->dlogits_ready && m->dlogits_bf16 && m->lm_head->bf16;
-    if (m->dlogits_twin)
-        ops->xent_fused_bf16(ops->be, m->losses, m->xlse, m->logits, m->dlogits_bf16,
-                             m->targets + (m->sp ? m->row0 : 0),
-                             m->norm.n_targets > 0 ? (float)(1.0 / m->norm.n_targets) : 0.0f, n, m->V,
-                             m->cfg.logit_softcap);
-    else if (m->dlogits_ready)
-        ops->xent_fused(ops->be, m->losses, m->xlse, m->logits, m->targets + (m->sp ? m->row0 : 0),
-                        m->norm.n_targets > 0 ? (float)(1.0 / m->norm.n_targets) : 0.0f, n, m->V,
-                        m->cfg.logit_softcap);
-    else
-        ops->xent_forward(ops->be, m->losses, m->xlse, m->logits, m->targets + (m->sp ? m->row0 : 0), n, m->V,
-                          m->cfg.logit_softcap);
+    m->dlogits_ready = with_loss && mt_ops_supports(ops, xent_fused) && !m->keep_logits;
+    /* precision=bf16: the same pass writes dlogits' bf16 twin, the backward GEMMs' operand;
+     * then the fp32 logits are scratch, in chunks of logits_rows rows (head_chunk_rows) */
+    m->dlogits_twin = head_chunked(m, with_loss);
+    if (m->dlogits_twin) {
+        for (int r0 = 0; r0 < n; r0 += m->logits_rows) {
+            const int rows = n - r0 < m->logits_rows ? n - r0 : m->logits_rows;
+            const size_t hoff = (size_t)r0 * (size_t)m->D;
+            wlinear_forward(ops, m->logits, m->h_final + hoff, m->h_final_bf16 ? m->h_final_bf16 + hoff : NULL,
+                            m->lm_head, rows, m->D, m->V, 0.0f);
+            ops->xent_fused_bf16(ops->be, m->losses + r0, m->xlse + r0, m->logits,
+                                 m->dlogits_bf16 + (size_t)r0 * (size_t)m->V, tg + r0, dscale, rows, m->V,
+                                 m->cfg.logit_softcap);
+        }
+    } else {
+        wlinear_forward(ops, m->logits, m->h_final, m->h_final_bf16, m->lm_head, n, m->D, m->V, 0.0f);
+        if (!with_loss) return 0.0;
+        if (m->dlogits_ready)
+            ops->xent_fused(ops->be, m->losses, m->xlse, m->logits, tg, dscale, n, m->V, m->cfg.logit_softcap);
+        else
+            ops->xent_forward(ops->be, m->losses, m->xlse, m->logits, tg, n, m->V, m->cfg.logit_softcap);
+    }
     ops->copy_to_host(ops->be, m->h_losses, m->losses, (size_t)n * sizeof(float));
     double sum = 0.0;
     for (int i = 0; i < n; i++) sum += (double)m->h_losses[i];

@@ -231,6 +231,7 @@ struct mt_model {
      * off; dlogits_ready: the last forward with targets left dlogits in logits */
     int                 keep_logits, dlogits_ready;
     int                 dlogits_twin;   /* ...and its bf16 twin in dlogits_bf16 (precision=bf16) */
+    int                 logits_rows;    /* rows of `logits` carved: Nr, or head_chunk_rows (bf16 twin only) */
     /* precision=bf16: shadows carved (PARAMS bucket) for the matrices
      * bf16_shadowed() selects; refreshed per unit after its pre_forward hook */
     int                 bf16;
@@ -433,6 +434,9 @@ void ffn_norm_carve_pc(const struct mt_piece_ctx *pc, struct mt_carver *c, struc
 /* model.c: offsetof-style bind value of a struct mt_layer_w field, for mt_pspec.bind. */
 #define MT_BIND(field) ((int)offsetof(struct mt_layer, w.field))
 
+/* head.c: 1 when a forward (with_loss) can run the head in logits_rows chunks:
+ * the fused cross-entropy with the bf16 twin (every row's dlogits kept in bf16). */
+int head_chunked(const struct mt_model *m, int with_loss);
 /* head.c: h_final, logits (n rows); if targets: per-row CE; returns sum of CE (double). */
 double head_forward(struct mt_model *m, int n, int with_loss);
 /* dlogits in place, dWlm +=, dg_final +=, dx = d x_final (OVERWRITES). */
