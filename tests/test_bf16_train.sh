@@ -11,7 +11,8 @@
 #      attention/MLP matrices and the lm head: not the gains, not the
 #      embedding), the acts bucket by the bf16 twins of the GEMM operands
 #      (the final norm's output for the lm head; per layer the two input
-#      norms' outputs and the attention output), the workspace bucket by the
+#      norms' outputs and the attention output; the lm head's dlogits twin
+#      written by xent_fused_bf16), the workspace bucket by the
 #      SwiGLU output's twin, and the measured peaks equal the plan;
 #   3. the shadows are refreshed after every update and ZeRO-3 gather: dp=2
 #      with --zero 3 (weights gathered per unit), pp=2 (units on two stages)
@@ -26,7 +27,9 @@
 #      bf16, fp32 accumulation per pair) on dp=2, ZeRO-0 and ZeRO-2: follows
 #      the fp32-reduction curve within the step tolerance and differs from it;
 #      the receipt names the dtype, the bytes on the wire halve;
-#   6. precision=fp16 is a config error (exit 2), writing nothing.
+#   6. precision=fp16 is a config error (exit 2), writing nothing;
+#   7. head_chunk_rows: bf16 with the lm head in row chunks = all rows (step
+#      tolerance), the fp32 logits bounded in the plan; fp32 untouched (bits).
 set -u
 BUILD=${1:?usage: test_bf16_train.sh BUILD_DIR}
 BUILD=$(cd "$BUILD" && pwd)
@@ -68,11 +71,12 @@ assert b["memory"]["plan_bytes"]["optim"] == a["memory"]["plan_bytes"]["optim"] 
 rows = c["batch_size"] // c["microbatches"] * c["seq_len"]
 carve = lambda n: -(-n // 64) * 64
 twin = carve(2 * rows * D)
+dlogits_twin = carve(2 * rows * V)   # xent_fused_bf16's bf16(dlogits), the lm head backward's dy
 per_layer_twins = carve(2 * rows * D) + carve(2 * rows * H * hd) + carve(2 * rows * D)
 da = b["memory"]["plan_bytes"]["acts"] - a["memory"]["plan_bytes"]["acts"]
-print("   plan acts +%d (h_final twin %d + %d layers x %d); measured bf16 acts %d"
-      % (da, twin, L, per_layer_twins, b["memory"]["measured_peak_bytes"]["acts"]))
-assert da == twin + L * per_layer_twins, (da, twin, per_layer_twins)
+print("   plan acts +%d (h_final twin %d + dlogits twin %d + %d layers x %d); measured bf16 acts %d"
+      % (da, twin, dlogits_twin, L, per_layer_twins, b["memory"]["measured_peak_bytes"]["acts"]))
+assert da == twin + dlogits_twin + L * per_layer_twins, (da, twin, dlogits_twin, per_layer_twins)
 assert b["memory"]["measured_peak_bytes"]["acts"] == b["memory"]["plan_bytes"]["acts"]
 dw = b["memory"]["plan_bytes"]["workspace"] - a["memory"]["plan_bytes"]["workspace"]
 print("   plan workspace +%d (SwiGLU output twin %d); measured bf16 workspace %d"
@@ -159,5 +163,36 @@ done
 if [ $rc -eq 2 ] && grep -q 'precision' "$W/fp16.log" && [ ! -e "$W/fp16" ]; then
     ok "precision=fp16 is a config error (exit 2, nothing written)"
 else bad "precision=fp16 refused (exit $rc)"; tail -2 "$W/fp16.log"; fi
+# 7. head_chunk_rows (docs/cuda.md "The bf16 twin of dlogits"): in bf16 the lm
+#    head's logits GEMM and cross-entropy run in chunks of 24 of the 64 rows
+#    (24, 24, 16): within the step tolerance of all rows at once (first loss
+#    to 1e-5; not bits: OpenBLAS picks other kernels for the smaller logits
+#    GEMM, fp32 re-association noise that the bf16 dlogits mostly round
+#    away), the plan's acts bucket
+#    smaller by the fp32 logits of the rows not kept (measured = plan); in
+#    fp32 the key changes nothing (bits and plan); `meshtrain logits` (every
+#    row's logits: 30 > 24) on the chunked run's checkpoint still works
+if run 1 "$W/bf16_chunk" $DENSE --set precision=bf16 --set head_chunk_rows=24 &&
+   run 1 "$W/fp32_chunk" $DENSE --set head_chunk_rows=24 &&
+   python3 "$HERE/bf16_curve.py" "$W/fp32/receipt.json" "$W/bf16/receipt.json" --other "$W/bf16_chunk/receipt.json" &&
+   close "$W/fp32" "$W/fp32_chunk" 0 &&
+   "$MT" logits --ckpt "$W/bf16_chunk" --ids "$(seq -s, 1 30)" --out "$W/chunk_logits.safetensors" >"$W/chunk_logits.log" 2>&1 &&
+   python3 - "$W/bf16/receipt.json" "$W/bf16_chunk/receipt.json" "$W/fp32/receipt.json" "$W/fp32_chunk/receipt.json" <<'PY'
+import json, sys
+b, bc, f, fc = (json.load(open(p)) for p in sys.argv[1:])
+c = b["config"]
+rows = c["batch_size"] // c["microbatches"] * c["seq_len"]
+carve = lambda n: -(-n // 64) * 64
+want = carve(4 * rows * c["vocab_size"]) - carve(4 * 24 * c["vocab_size"])
+d = b["memory"]["plan_bytes"]["acts"] - bc["memory"]["plan_bytes"]["acts"]
+print("   bf16 plan acts -%d with head_chunk_rows=24 (fp32 logits of %d rows -> 24: %d); measured %d"
+      % (d, rows, want, bc["memory"]["measured_peak_bytes"]["acts"]))
+assert d == want, (d, want)
+assert bc["memory"]["measured_peak_bytes"]["acts"] == bc["memory"]["plan_bytes"]["acts"]
+assert f["memory"]["plan_bytes"] == fc["memory"]["plan_bytes"], "fp32: head_chunk_rows changed the plan"
+PY
+then ok "head_chunk_rows=24: bf16 = all rows at once (step tolerance), logits bounded in the plan; fp32 bit-identical, plan unchanged"
+else bad "head_chunk_rows"; tail -3 "$W/bf16_chunk.log"; fi
+
 echo "test_bf16_train: $(( $(date +%s) - t0 ))s"
 finish

@@ -49,7 +49,8 @@
 #        c2. precision=bf16 (6 steps dense, then MoE with the routed experts
 #           on bf16 shadows): emulated cuda bf16 follows the
 #           cpu fp32 loss curve within the step tolerance of docs/cuda.md
-#           (tests/bf16_curve.py), starts equal to the cpu bf16 run (1e-5)
+#           (tests/bf16_curve.py), starts equal to the cpu bf16 run (1e-5),
+#           with head_chunk_rows=24 equal to itself without (the same bound),
 #           and stays within the tolerance of it, and its receipt shows the
 #           GEMMs on the weights' bf16 shadows as stored (gemm_bf16_direct);
 #        c3. `meshtrain logits --backend cuda` on the cpu runs' dense and MoE
@@ -412,6 +413,16 @@ PY
 sys.exit(not (g['gemm_bf16_direct'] > 0 and g['gemm_bf16_fallbacks'] == 0 and g['attention_tc_calls'] > 0 and g['attention_fp32_fallbacks'] == 0))" "$EMU/run_bf16_cuda/receipt.json"; then
         echo "PASS emulated train precision=bf16: cuda follows the fp32 curve within the step tolerance, starts equal to cpu bf16, shadows used as stored, attention on tensor cores ($(( $(date +%s) - t2 ))s)"
     else echo "FAIL: emulated train precision=bf16"; fail=1; fi
+    # c2 head_chunk_rows=24 (the lm head's logits GEMM and xent_fused_bf16 in
+    #     row chunks 24, 24, 16 of the 64 on the device, the bf16 dlogits twin
+    #     keeping every row): follows the unchunked cuda bf16 run (first loss to
+    #     1e-5, then the step tolerance)
+    t2=$(date +%s)
+    if run6 bf16_chunk_cuda $TINY --backend cuda --set precision=bf16 --set head_chunk_rows=24 &&
+       python3 "$SRC/tests/bf16_curve.py" "$EMU/run_bf16ref_cpu/receipt.json" "$EMU/run_bf16_cuda/receipt.json" \
+           --other "$EMU/run_bf16_chunk_cuda/receipt.json"; then
+        echo "PASS emulated train precision=bf16 head_chunk_rows=24: = the unchunked cuda bf16 run ($(( $(date +%s) - t2 ))s)"
+    else echo "FAIL: emulated train precision=bf16 head_chunk_rows=24"; fail=1; fi
     # c2 MoE: the same with pattern=AE, whose routed experts run on their bf16
     #     shadows (one gemm_bf16 per expert group, docs/cuda.md "MoE on the
     #     device"): no fallback_reason, no grouped fp32 GEMM call at all

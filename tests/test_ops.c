@@ -1011,6 +1011,8 @@ static double xent_loss(void *ud)
     return x->dscale * s;
 }
 
+static long twin_diff(struct harness *h, const uint16_t *d, const float *out, size_t n);
+
 static void xent_case(struct harness *h, int N, int V, float cap, double zr)
 {
     size_t nz = (size_t)N * V;
@@ -1077,6 +1079,25 @@ static void xent_case(struct harness *h, int N, int V, float cap, double zr)
     h->ops->xent_fused(h->ops->be, fl2, fs2, fz2, dt, dscale, N, V, cap);
     checkf(h, "xent_fused", ndiff(fg, down_f(h, fz2, nz), nz) + ndiff(down_f(h, fl, N), down_f(h, fl2, N), N), 0,
            "%s determinism", cs);
+
+    /* the bf16 twin (lm head, precision=bf16): losses and lse are xent_fused's
+     * bits, the twin is bf16(xent_fused's dlogits) element by element (ignored
+     * rows included: zeros); deterministic. logits is consumed (not checked). */
+    if (!has(h, "xent_fused_bf16", h->ops->xent_fused_bf16 != NULL)) return;
+    float *bz = up_f(h, z, nz), *bl = up_f(h, nan_f(h, N), N), *bs = up_f(h, nan_f(h, N), N);
+    uint16_t *bd = dalloc(h, nz * sizeof(uint16_t));
+    h->ops->xent_fused_bf16(h->ops->be, bl, bs, bz, bd, dt, dscale, N, V, cap);
+    checkf(h, "xent_fused_bf16", ndiff(down_f(h, fl, N), down_f(h, bl, N), N) + ndiff(down_f(h, fs, N), down_f(h, bs, N), N),
+           0, "%s losses, lse == xent_fused (bits)", cs);
+    checkf(h, "xent_fused_bf16", (double)twin_diff(h, bd, fg, nz), 0, "%s twin == bf16(xent_fused dlogits)", cs);
+    float *bz2 = up_f(h, z, nz);
+    uint16_t *bd2 = dalloc(h, nz * sizeof(uint16_t));
+    h->ops->xent_fused_bf16(h->ops->be, bl, bs, bz2, bd2, dt, dscale, N, V, cap);
+    uint16_t *hb = (uint16_t *)new_f(h, (nz + 1) / 2), *hb2 = (uint16_t *)new_f(h, (nz + 1) / 2);
+    h->ops->sync(h->ops->be);
+    h->ops->copy_to_host(h->ops->be, hb, bd, nz * sizeof(uint16_t));
+    h->ops->copy_to_host(h->ops->be, hb2, bd2, nz * sizeof(uint16_t));
+    checkf(h, "xent_fused_bf16", (double)(memcmp(hb, hb2, nz * sizeof(uint16_t)) != 0), 0, "%s determinism", cs);
 }
 
 static int run_xent(struct harness *h)

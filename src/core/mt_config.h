@@ -72,6 +72,7 @@ struct mt_config {
     char  lora_targets[64];      /* comma list of q,k,v,o,gate,up,down,expert,in_proj,out_proj */
     char  recompute[16];         /* "none" | "block"                               */
     char  precision[8];          /* "fp32" | "bf16" (bf16 weight shadows, docs/cuda.md) */
+    int   head_chunk_rows;       /* bf16: the lm head's fp32 logits in chunks of this many rows; 0 = all */
     char  grad_reduce_dtype[8];  /* "fp32" | "bf16" (zero.c: reductions in bf16)   */
     int   sequence_parallel;     /* bool, default 1 (used when tp > 1)             */
     int   reshard_after_forward; /* bool, default 1 (ZeRO-3)                       */

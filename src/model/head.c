@@ -9,13 +9,19 @@
  * Backward (dscale = 1/n_targets):
  *     term 1: dz = dscale (softmax(s) - onehot) ds/dz   (kernel, in place over z; with the
  *             backend's xent_fused the forward already wrote it: one pass over z)
- *     term 2: dWlm += dz^T hf;  dhf = dz Wlm
+ *     term 2: dWlm += dz^T hf;  dhf = dz Wlm   (precision=bf16: dz read as its bf16 twin,
+ *             written by xent_fused_bf16 in the forward's pass: no per-call rounding)
  *     term 3: dx = rmsnorm_backward(dhf)
  *
  * Gradient rule: dWlm, dg_final +=; dlogits (in place) and dx OVERWRITTEN
  * (dx starts the residual-stream gradient of the backward pass).
  */
 #include "model_impl.h"
+
+int head_chunked(const struct mt_model *m, int with_loss)
+{
+    return with_loss && !m->keep_logits && mt_ops_supports(m->ops, xent_fused) && m->dlogits_bf16 && m->lm_head->bf16;
+}
 
 double head_forward(struct mt_model *m, int n, int with_loss)
 {
@@ -26,18 +32,32 @@ double head_forward(struct mt_model *m, int n, int with_loss)
                                   m->cfg.norm_eps);
     else
         ops->rmsnorm_forward(ops->be, m->h_final, m->rstd_final, m->x_final, m->norm_f->data, n, m->D, m->cfg.norm_eps);
-    wlinear_forward(ops, m->logits, m->h_final, m->h_final_bf16, m->lm_head, n, m->D, m->V, 0.0f);
-    if (!with_loss) return 0.0;
+    const int32_t *tg = m->targets + (m->sp ? m->row0 : 0);
+    const float dscale = m->norm.n_targets > 0 ? (float)(1.0 / m->norm.n_targets) : 0.0f;
     /* one pass over the logits when the backend can: loss and dlogits together
      * (dscale as head_backward has it), the backward then starts at term 2 */
-    m->dlogits_ready = mt_ops_supports(ops, xent_fused) && !m->keep_logits;
-    if (m->dlogits_ready)
-        ops->xent_fused(ops->be, m->losses, m->xlse, m->logits, m->targets + (m->sp ? m->row0 : 0),
-                        m->norm.n_targets > 0 ? (float)(1.0 / m->norm.n_targets) : 0.0f, n, m->V,
-                        m->cfg.logit_softcap);
-    else
-        ops->xent_forward(ops->be, m->losses, m->xlse, m->logits, m->targets + (m->sp ? m->row0 : 0), n, m->V,
-                          m->cfg.logit_softcap);
+    m->dlogits_ready = with_loss && mt_ops_supports(ops, xent_fused) && !m->keep_logits;
+    /* precision=bf16: the same pass writes dlogits' bf16 twin, the backward GEMMs' operand;
+     * then the fp32 logits are scratch, in chunks of logits_rows rows (head_chunk_rows) */
+    m->dlogits_twin = head_chunked(m, with_loss);
+    if (m->dlogits_twin) {
+        for (int r0 = 0; r0 < n; r0 += m->logits_rows) {
+            const int rows = n - r0 < m->logits_rows ? n - r0 : m->logits_rows;
+            const size_t hoff = (size_t)r0 * (size_t)m->D;
+            wlinear_forward(ops, m->logits, m->h_final + hoff, m->h_final_bf16 ? m->h_final_bf16 + hoff : NULL,
+                            m->lm_head, rows, m->D, m->V, 0.0f);
+            ops->xent_fused_bf16(ops->be, m->losses + r0, m->xlse + r0, m->logits,
+                                 m->dlogits_bf16 + (size_t)r0 * (size_t)m->V, tg + r0, dscale, rows, m->V,
+                                 m->cfg.logit_softcap);
+        }
+    } else {
+        wlinear_forward(ops, m->logits, m->h_final, m->h_final_bf16, m->lm_head, n, m->D, m->V, 0.0f);
+        if (!with_loss) return 0.0;
+        if (m->dlogits_ready)
+            ops->xent_fused(ops->be, m->losses, m->xlse, m->logits, tg, dscale, n, m->V, m->cfg.logit_softcap);
+        else
+            ops->xent_forward(ops->be, m->losses, m->xlse, m->logits, tg, n, m->V, m->cfg.logit_softcap);
+    }
     ops->copy_to_host(ops->be, m->h_losses, m->losses, (size_t)n * sizeof(float));
     double sum = 0.0;
     for (int i = 0; i < n; i++) sum += (double)m->h_losses[i];
@@ -51,8 +71,9 @@ void head_backward(struct mt_model *m, float dscale)
     if (!m->dlogits_ready)
         ops->xent_backward(ops->be, m->logits, m->logits, m->xlse, m->targets + (m->sp ? m->row0 : 0), dscale, N, V,
                            m->cfg.logit_softcap);
-    /* LoRA: a frozen lm_head computes dx only */
-    wlinear_backward(ops, m->dh, 0.0f, m->lm_head->frozen ? NULL : m->lm_head->grad, m->logits, m->h_final,
-                     m->h_final_bf16, m->lm_head, N, D, V);
+    /* LoRA: a frozen lm_head computes dx only; with the twin the GEMMs read
+     * bf16(dlogits) as stored (logits' contents are unspecified then) */
+    wlinear_backward_db(ops, m->dh, 0.0f, m->lm_head->frozen ? NULL : m->lm_head->grad, m->logits,
+                        m->dlogits_twin ? m->dlogits_bf16 : NULL, m->h_final, m->h_final_bf16, m->lm_head, N, D, V);
     ops->rmsnorm_backward(ops->be, m->dx, m->norm_f->grad, m->dh, m->x_final, m->norm_f->data, m->rstd_final, N, D, 0);
 }

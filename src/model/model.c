@@ -481,7 +481,13 @@ static void model_layout(struct mt_model *m, struct mt_carver *c)
             /* the twin only where the norm kernel can write it (plan: ops unknown, counted) */
             if (m->bf16 && (!m->ops || m->ops->rmsnorm_forward_bf16)) S->h_final_bf16 = carve(c, A, Nr * D * 2);
             S->rstd_final = carve_f(c, A, Nr);
-            S->logits = carve_f(c, A, Nr * (size_t)m->V);
+            /* the dlogits twin where the cross-entropy can write it (plan: ops unknown, counted);
+             * with it, head_chunk_rows bounds the fp32 logits (head.c) */
+            const int twin = m->bf16 && (!m->ops || m->ops->xent_fused_bf16);
+            m->logits_rows = twin && m->cfg.head_chunk_rows > 0 && m->cfg.head_chunk_rows < m->Nr ? m->cfg.head_chunk_rows
+                                                                                              : m->Nr;
+            S->logits = carve_f(c, A, (size_t)m->logits_rows * (size_t)m->V);
+            if (twin) S->dlogits_bf16 = carve(c, A, Nr * (size_t)m->V * 2);
             S->losses = carve_f(c, A, Nr);
             S->xlse = carve_f(c, A, Nr);
         }
@@ -1117,6 +1123,7 @@ void mt_model_set_slot(struct mt_model *m, int k)
     m->h_final_bf16 = S->h_final_bf16;
     m->rstd_final = S->rstd_final;
     m->logits = S->logits;
+    m->dlogits_bf16 = S->dlogits_bf16;
     m->losses = S->losses;
     m->xlse = S->xlse;
     m->layers = S->layers;
@@ -1183,6 +1190,11 @@ enum mt_status mt_model_forward_stage(struct mt_ctx *ctx, struct mt_model *m, co
     if (targets && m->any_moe) moe_loss_sums(m, &aux, &z);
     double lm = 0;
     if (targets) m->norm = *norm;   /* the head's fused cross-entropy needs dscale now */
+    if (m->last && m->logits_rows < m->Nr && !head_chunked(m, targets != NULL))
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG,
+                            "model forward: head_chunk_rows=%d keeps %d rows of logits, and this forward needs all %d "
+                            "(no targets, keep_logits, or no bf16 lm head): set head_chunk_rows=0",
+                            m->cfg.head_chunk_rows, m->logits_rows, m->Nr);
     if (m->last) {
         MT_CHECK(hook(ctx, m, m->hooks.pre_forward, m->L + 1));
         bf16_refresh(m, m->L + 1);

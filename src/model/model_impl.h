@@ -113,6 +113,7 @@ struct mt_slot {
     int32_t *idx, *targets;
     float   *x_final, *h_final, *rstd_final, *logits, *losses, *xlse;
     mt_bf16 *h_final_bf16;     /* precision=bf16: bf16(h_final), the lm head's GEMM operand */
+    mt_bf16 *dlogits_bf16;     /* precision=bf16: bf16(dlogits), the lm head backward's dy operand */
     struct mt_layer *layers;   /* (L), only [l0, l1) carved */
     struct mt_loss_norm norm;
     int have_fwd, have_targets;
@@ -197,6 +198,7 @@ struct mt_model {
     mt_bf16 *h_final_bf16;       /* (Nr, D) bf16(h_final), precision=bf16 only       */
     float   *rstd_final;         /* (Nr)                                             */
     float   *logits;             /* (Nr, V) raw logits; dlogits in place in backward */
+    mt_bf16 *dlogits_bf16;       /* (Nr, V) bf16(dlogits) from xent_fused_bf16, precision=bf16 only */
     float   *losses, *xlse;      /* (Nr) per-row CE and logsumexp of (capped) logits */
 
     /* WORKSPACE: activation-gradient scratch, reused by every layer */
@@ -228,6 +230,8 @@ struct mt_model {
     /* head: keep_logits (mt_model_keep_logits) turns the fused cross-entropy
      * off; dlogits_ready: the last forward with targets left dlogits in logits */
     int                 keep_logits, dlogits_ready;
+    int                 dlogits_twin;   /* ...and its bf16 twin in dlogits_bf16 (precision=bf16) */
+    int                 logits_rows;    /* rows of `logits` carved: Nr, or head_chunk_rows (bf16 twin only) */
     /* precision=bf16: shadows carved (PARAMS bucket) for the matrices
      * bf16_shadowed() selects; refreshed per unit after its pre_forward hook */
     int                 bf16;
@@ -283,19 +287,30 @@ static inline void wlinear_forward(const struct mt_ops_i *ops, float *y, const f
     ops->gemm_bf16(ops->be, 0, 1, n, out, in, 1.0f, xb ? (const void *)xb : (const void *)x, xb ? MT_ELEM_BF16 : MT_ELEM_F32,
                    in, W, w->bf16_ok ? MT_ELEM_BF16 : MT_ELEM_F32, in, beta, y, out);
 }
-/* xb: NULL, or x's bf16 twin (written by its producer: bf16(x) exactly, the same operand values) */
-static inline void wlinear_backward(const struct mt_ops_i *ops, float *dx, float beta_dx, float *dw,
-                                    const float *dy, const float *x, const mt_bf16 *xb, const struct mt_param *w,
-                                    int n, int in, int out)
+/* xb: NULL, or x's bf16 twin (written by its producer: bf16(x) exactly, the same operand values);
+ * dyb: NULL, or dy's bf16 twin (the same rule; the lm head's dlogits from xent_fused_bf16): with a
+ * shadow the GEMMs read it instead of dy (dy is not read then and may be NULL). fp32 mode (no
+ * shadow) reads dy, never the twins. */
+static inline void wlinear_backward_db(const struct mt_ops_i *ops, float *dx, float beta_dx, float *dw,
+                                       const float *dy, const mt_bf16 *dyb, const float *x, const mt_bf16 *xb,
+                                       const struct mt_param *w, int n, int in, int out)
 {
     if (!w->bf16) { linear_backward(ops, dx, beta_dx, dw, dy, x, w->data, n, in, out); return; }
     if (n <= 0) return;
     const void *W = w->bf16_ok ? (const void *)w->bf16 : (const void *)w->data;
+    const void *DY = dyb ? (const void *)dyb : (const void *)dy;
+    const enum mt_elem dyt = dyb ? MT_ELEM_BF16 : MT_ELEM_F32;
     if (dw)
-        ops->gemm_bf16(ops->be, 1, 0, out, in, n, 1.0f, dy, MT_ELEM_F32, out, xb ? (const void *)xb : (const void *)x,
+        ops->gemm_bf16(ops->be, 1, 0, out, in, n, 1.0f, DY, dyt, out, xb ? (const void *)xb : (const void *)x,
                        xb ? MT_ELEM_BF16 : MT_ELEM_F32, in, 1.0f, dw, in);
-    if (dx) ops->gemm_bf16(ops->be, 0, 0, n, in, out, 1.0f, dy, MT_ELEM_F32, out, W, w->bf16_ok ? MT_ELEM_BF16 : MT_ELEM_F32, in,
+    if (dx) ops->gemm_bf16(ops->be, 0, 0, n, in, out, 1.0f, DY, dyt, out, W, w->bf16_ok ? MT_ELEM_BF16 : MT_ELEM_F32, in,
                            beta_dx, dx, in);
+}
+static inline void wlinear_backward(const struct mt_ops_i *ops, float *dx, float beta_dx, float *dw,
+                                    const float *dy, const float *x, const mt_bf16 *xb, const struct mt_param *w,
+                                    int n, int in, int out)
+{
+    wlinear_backward_db(ops, dx, beta_dx, dw, dy, NULL, x, xb, w, n, in, out);
 }
 
 /* ---- the narrow context of a piece (docs/architecture.md, "Block kinds") ----
@@ -419,6 +434,9 @@ void ffn_norm_carve_pc(const struct mt_piece_ctx *pc, struct mt_carver *c, struc
 /* model.c: offsetof-style bind value of a struct mt_layer_w field, for mt_pspec.bind. */
 #define MT_BIND(field) ((int)offsetof(struct mt_layer, w.field))
 
+/* head.c: 1 when a forward (with_loss) can run the head in logits_rows chunks:
+ * the fused cross-entropy with the bf16 twin (every row's dlogits kept in bf16). */
+int head_chunked(const struct mt_model *m, int with_loss);
 /* head.c: h_final, logits (n rows); if targets: per-row CE; returns sum of CE (double). */
 double head_forward(struct mt_model *m, int n, int with_loss);
 /* dlogits in place, dWlm +=, dg_final +=, dx = d x_final (OVERWRITES). */

@@ -372,6 +372,19 @@ struct mt_ops_i {
      * (mt_ops_profile_add), once per step, and closes the step's counters.
      * NULL (cpu): the wrappers time each call on the host as it runs. */
     void (*profile_step)(void *be, int end);
+
+    /* ---- lm head: the bf16 twin of dlogits (issue 27 item 3; docs/cuda.md "Cross-entropy") ----
+     * xent_fused that also writes dlogits_bf16 (N, V) = bf16(dlogits), round
+     * to nearest even (mt_cpu_f32_to_bf16 / mt_cuda_bf16_rn), from the same
+     * pass: the backward GEMMs of the lm head (dW += dz^T h, dh = dz W) read
+     * it as their bf16 operand instead of rounding the fp32 dlogits per call.
+     * losses, lse_out and the twin are exactly xent_fused's (its fp32 dlogits,
+     * then rounded); logits is CONSUMED and its contents on return are
+     * UNSPECIFIED (cpu: xent_fused's fp32 dlogits; cuda: not written, a
+     * store of 4 bytes per element saved). Optional (NULL: xent_fused, and
+     * the GEMMs round per call). */
+    void (*xent_fused_bf16)(void *be, float *losses, float *lse_out, float *logits, mt_bf16 *dlogits_bf16,
+                            const int32_t *targets, float dscale, int N, int V, float softcap);
 };
 
 /* moe_route's chunk of slots (one (chunk, expert) count per thread) and its

@@ -209,7 +209,7 @@ static void test_table(void)
         E(adamw_update), E(muon_momentum), E(transpose), E(gemm_bf16), E(cast_bf16), E(rmsnorm_forward_bf16),
         E(rmsnorm_resid_forward), E(qk_norm_rope_forward), E(qk_norm_rope_backward), E(rmsnorm_resid_forward_bf16),
         E(swiglu_forward_bf16), E(widen_bf16),
-        E(moe_route), E(moe_seq_stats), E(moe_aux_loss), E(moe_aux_backward),
+        E(moe_route), E(moe_seq_stats), E(moe_aux_loss), E(moe_aux_backward), E(xent_fused_bf16),
 #undef E
     };
     int missing = 0;
@@ -1170,6 +1170,74 @@ static void test_swiglu(void)
     free(g); free(u); free(dout); free(nn);
 }
 
+/* ---- vectorised elementwise kernels (docs/cuda.md "Vectorised elementwise kernels") ----
+ * swiglu forward (plain and _bf16), swiglu backward (and in place),
+ * cast_bf16 and widen_bf16 take the 16-byte vector path on aligned buffers
+ * and the scalar form on views one element off: both must give the same
+ * bits (the vector path is a layout change, not new math). n = 10007 leaves
+ * a tail after the 4- and 8-wide groups. cast / widen are also exact
+ * against the host's rounding. */
+static uint16_t host_bf16(float f);
+static void test_vec_elementwise(void)
+{
+    if (!selected("vec")) return;
+    const size_t n = 10007, m = n + 1;
+    float *g = rnd(m, -6, 6), *u = rnd(m, -2, 2), *d = rnd(m, -1, 1);
+    struct be *b = BE(1);
+    float *o[2], *po[2], *dg[2], *du[2], *ig[2], *iu[2], *wd[2];
+    uint16_t *tw[2], *cb[2];
+    float *hg = xmalloc(m * 4), *hu = xmalloc(m * 4), *hd = xmalloc(m * 4);
+    for (int off = 0; off < 2; off++) {
+        /* the same n inputs at element `off` of the device buffers */
+        memset(hg, 0, m * 4); memset(hu, 0, m * 4); memset(hd, 0, m * 4);
+        memcpy(hg + off, g, n * 4); memcpy(hu + off, u, n * 4); memcpy(hd + off, d, n * 4);
+        float *G = upf(b, hg, m), *U = upf(b, hu, m), *D = upf(b, hd, m), *IG = upf(b, hg, m), *IU = upf(b, hu, m);
+        float *O = dalloc(b, m * 4), *PO = dalloc(b, m * 4), *DG = dalloc(b, m * 4), *DU = dalloc(b, m * 4);
+        float *WD = dalloc(b, m * 4);
+        uint16_t *TW = dalloc(b, m * 2), *CB = dalloc(b, m * 2);
+        b->ops->swiglu_forward_bf16(b->ops->be, O + off, TW + off, G + off, U + off, n);
+        b->ops->swiglu_forward(b->ops->be, PO + off, G + off, U + off, n);
+        b->ops->swiglu_backward(b->ops->be, DG + off, DU + off, D + off, G + off, U + off, n);
+        b->ops->swiglu_backward(b->ops->be, IG + off, IU + off, D + off, IG + off, IU + off, n);  /* in place */
+        b->ops->cast_bf16(b->ops->be, CB + off, G + off, n);
+        b->ops->widen_bf16(b->ops->be, WD + off, CB + off, n);
+        o[off] = downf(b, O + off, n);
+        po[off] = downf(b, PO + off, n);
+        dg[off] = downf(b, DG + off, n);
+        du[off] = downf(b, DU + off, n);
+        ig[off] = downf(b, IG + off, n);
+        iu[off] = downf(b, IU + off, n);
+        wd[off] = downf(b, WD + off, n);
+        tw[off] = xmalloc(n * 2);
+        cb[off] = xmalloc(n * 2);
+        b->ops->copy_to_host(b->ops->be, tw[off], TW + off, n * 2);
+        b->ops->copy_to_host(b->ops->be, cb[off], CB + off, n * 2);
+        release(b);
+    }
+    size_t tbad = 0, cbad = 0, wbad = 0;
+    for (size_t i = 0; i < n; i++) {
+        tbad += tw[0][i] != host_bf16(o[0][i]) || tw[1][i] != tw[0][i];
+        cbad += cb[0][i] != host_bf16(g[i]) || cb[1][i] != cb[0][i];
+        uint32_t bits = (uint32_t)cb[0][i] << 16;
+        float f;
+        memcpy(&f, &bits, 4);
+        wbad += memcmp(&wd[0][i], &f, 4) != 0 || memcmp(&wd[1][i], &f, 4) != 0;
+    }
+    report("vec_elementwise", "swiglu_forward vector = scalar path (differing bits, n=10007)",
+           (double)(ndiff(po[0], po[1], n) + ndiff(o[0], o[1], n) + ndiff(o[0], po[0], n)), 0);
+    report("vec_elementwise", "swiglu_forward_bf16 twin = bf16(out), vector = scalar (differing)", (double)tbad, 0);
+    report("vec_elementwise", "swiglu_backward vector = scalar path (differing bits)",
+           (double)(ndiff(dg[0], dg[1], n) + ndiff(du[0], du[1], n)), 0);
+    report("vec_elementwise", "swiglu_backward in place = out of place, both paths (differing bits)",
+           (double)(ndiff(ig[0], dg[0], n) + ndiff(iu[0], du[0], n) + ndiff(ig[1], dg[1], n) + ndiff(iu[1], du[1], n)), 0);
+    report("vec_elementwise", "cast_bf16 = host rounding, vector = scalar (differing)", (double)cbad, 0);
+    report("vec_elementwise", "widen_bf16 exact, vector = scalar (differing)", (double)wbad, 0);
+    for (int k = 0; k < 2; k++) {
+        free(o[k]); free(po[k]); free(dg[k]); free(du[k]); free(ig[k]); free(iu[k]); free(wd[k]); free(tw[k]); free(cb[k]);
+    }
+    free(g); free(u); free(d); free(hg); free(hu); free(hd);
+}
+
 /* ---- xent ---- */
 static void test_xent(void)
 {
@@ -1206,6 +1274,31 @@ static void test_xent(void)
         check3("xent_backward", w, rd, nz);
         snprintf(w, sizeof w, "N=%d V=%d softcap=%g in place", N, V, cs[c].cap);
         check3("xent_backward", w, ri, nz);
+        /* xent_fused_bf16 (the lm head's bf16 dlogits): losses and lse = xent_fused's
+         * bits on the same backend; the twin = bf16(xent_fused's dlogits) exactly */
+        size_t tbad = 0, lbad = 0;
+        for (int p = 0; p < 2; p++) {
+            struct be *b = BE(p);
+            float *fz = upf(b, z, nz), *fl = upf(b, nN, (size_t)N), *fs = upf(b, nN, (size_t)N);
+            float *bz = upf(b, z, nz), *bl = upf(b, nN, (size_t)N), *bs = upf(b, nN, (size_t)N);
+            int32_t *dt = upi(b, t, N);
+            uint16_t *db = dalloc(b, nz * 2);
+            b->ops->xent_fused(b->ops->be, fl, fs, fz, dt, dscale, N, V, cs[c].cap);
+            b->ops->xent_fused_bf16(b->ops->be, bl, bs, bz, db, dt, dscale, N, V, cs[c].cap);
+            float *hf = downf(b, fz, nz), *a1 = downf(b, fl, (size_t)N), *a2 = downf(b, bl, (size_t)N);
+            float *s1 = downf(b, fs, (size_t)N), *s2 = downf(b, bs, (size_t)N);
+            uint16_t *hb = xmalloc(nz * 2);
+            b->ops->copy_to_host(b->ops->be, hb, db, nz * 2);
+            for (size_t i = 0; i < nz; i++) tbad += hb[i] != host_bf16(hf[i]);
+            lbad += ndiff(a1, a2, (size_t)N) + ndiff(s1, s2, (size_t)N);
+            free(hf); free(a1); free(a2); free(s1); free(s2); free(hb);
+            release(b);
+        }
+        snprintf(w, sizeof w, "N=%d V=%d softcap=%g losses, lse = xent_fused (cpu and cuda, differing)", N, V, cs[c].cap);
+        report("xent_fused_bf16", w, (double)lbad, 0);
+        snprintf(w, sizeof w, "N=%d V=%d softcap=%g twin = bf16(xent_fused dlogits) (cpu and cuda, differing)", N, V,
+                 cs[c].cap);
+        report("xent_fused_bf16", w, (double)tbad, 0);
         free(z); free(nz_); free(nN); free(t);
     }
 }
@@ -1560,6 +1653,7 @@ int main(int argc, char **argv)
     g_rng = 8;  test_rope();
     g_rng = 9;  test_attention();
     g_rng = 10; test_swiglu();
+    g_rng = 23; test_vec_elementwise();
     g_rng = 11; test_xent();
     g_rng = 12; test_router();
     g_rng = 13; test_moe();

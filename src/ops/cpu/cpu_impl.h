@@ -164,6 +164,9 @@ void mt_cpu_xent_backward(float *dlogits, const float *logits, const float *lse,
                           const int32_t *targets, float dscale, int N, int V, float softcap);
 void mt_cpu_xent_fused(float *losses, float *lse_out, float *logits, const int32_t *targets, float dscale,
                        int N, int V, float softcap);
+/* the same, plus dlogits_bf16 = bf16(dlogits) from the row's last pass (xent_fused_bf16) */
+void mt_cpu_xent_fused_bf16(float *losses, float *lse_out, float *logits, uint16_t *dlogits_bf16,
+                            const int32_t *targets, float dscale, int N, int V, float softcap);
 
 /* ---- fused.c (fused elementwise chains) ---- */
 void mt_cpu_rmsnorm_resid_forward(float *out, float *rstd, float *resid, const float *inp, const float *weight,

@@ -235,6 +235,12 @@ static void p_xent_fused(void *be, float *losses, float *lse_out, float *logits,
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_XENT, mt_cpu_xent_fused(losses, lse_out, logits, targets, dscale, N, V, softcap));
 }
+static void p_xent_fused_bf16(void *be, float *losses, float *lse_out, float *logits, mt_bf16 *dlogits_bf16,
+                              const int32_t *targets, float dscale, int N, int V, float softcap)
+{
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    PROF(MT_OPK_XENT, mt_cpu_xent_fused_bf16(losses, lse_out, logits, dlogits_bf16, targets, dscale, N, V, softcap));
+}
 static void p_router_forward(void *be, float *probs, float *lse, int32_t *topk_idx, float *gates, const float *logits,
                              int N, int E, int k)
 {
@@ -466,6 +472,8 @@ static const struct mt_ops_i cpu_ops = {
     /* .moe_seq_stats              = */ .moe_seq_stats              = p_moe_seq_stats,
     /* .moe_aux_loss               = */ .moe_aux_loss               = p_moe_aux_loss,
     /* .moe_aux_backward           = */ .moe_aux_backward           = p_moe_aux_backward,
+    /* lm head: the bf16 twin of dlogits */
+    /* .xent_fused_bf16            = */ .xent_fused_bf16            = p_xent_fused_bf16,
 };
 
 const struct mt_ops_i *mt_ops_cpu(void)

@@ -13,6 +13,7 @@
 #include "cpu_impl.h"
 
 #include <math.h>
+#include <string.h>
 
 /* s_v = c tanh(z_v / c) (or z_v): one element, scalar tail form */
 static inline float capf(float z, float c, float ic)
@@ -140,9 +141,11 @@ void mt_cpu_xent_backward(float *dlogits, const float *logits, const float *lse,
  *   pass 3: dz_v = (dscale / sum) q_v, then the target column
  *           dz_t = dscale (e_t/sum - 1) ds/dz_t.
  * The row stays in L1/L2 (V floats) across the three passes.
+ * dlogits_bf16 (may be NULL): then the row's bf16 twin, bf16(dz_v) nearest
+ * even, while the row is still in cache (xent_fused_bf16).
  */
-void mt_cpu_xent_fused(float *losses, float *lse_out, float *logits, const int32_t *targets, float dscale,
-                       int N, int V, float softcap)
+static void fused_rows(float *losses, float *lse_out, float *logits, uint16_t *dlogits_bf16, const int32_t *targets,
+                       float dscale, int N, int V, float softcap)
 {
     const float c = softcap, ic = c > 0.0f ? 1.0f / c : 0.0f;
     #pragma omp parallel for schedule(static)
@@ -154,6 +157,7 @@ void mt_cpu_xent_fused(float *losses, float *lse_out, float *logits, const int32
             lse_out[n] = row_lse(z, V, c);
             losses[n] = 0.0f;
             for (int v = 0; v < V; v++) z[v] = 0.0f;
+            if (dlogits_bf16) memset(dlogits_bf16 + (size_t)n * (size_t)V, 0, (size_t)V * sizeof(uint16_t));
             continue;
         }
         float mx = -INFINITY;
@@ -219,5 +223,21 @@ void mt_cpu_xent_fused(float *losses, float *lse_out, float *logits, const int32
         /* target column: p_t - 1 times ds/dz_t; p_t = exp(s_t - lse) as the backward has it */
         float tht = st * ic, dsdz = c > 0.0f ? 1.0f - tht * tht : 1.0f;
         z[t] = dscale * (expf(st - lse) - 1.0f) * dsdz;
+        if (dlogits_bf16) {
+            uint16_t *zb = dlogits_bf16 + (size_t)n * (size_t)V;
+            for (v = 0; v < V; v++) zb[v] = mt_cpu_f32_to_bf16(z[v]);
+        }
     }
+}
+
+void mt_cpu_xent_fused(float *losses, float *lse_out, float *logits, const int32_t *targets, float dscale,
+                       int N, int V, float softcap)
+{
+    fused_rows(losses, lse_out, logits, NULL, targets, dscale, N, V, softcap);
+}
+
+void mt_cpu_xent_fused_bf16(float *losses, float *lse_out, float *logits, uint16_t *dlogits_bf16,
+                            const int32_t *targets, float dscale, int N, int V, float softcap)
+{
+    fused_rows(losses, lse_out, logits, dlogits_bf16, targets, dscale, N, V, softcap);
 }

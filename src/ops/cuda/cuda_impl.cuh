@@ -284,6 +284,64 @@ static __device__ __forceinline__ __nv_bfloat16 mt_cuda_bf16_rn(float f)
     return __ushort_as_bfloat16((unsigned short)(u >> 16));
 }
 
+/* ---- 16-byte vector access (elementwise kernels; docs/cuda.md "Vectorised elementwise kernels") ----
+ * A kernel that takes the vector path loads/stores 4 floats (float4) or 8
+ * bf16 (uint4), 4 bf16 (uint2) at a time from pointers its host side
+ * checked with mt_cuda_aligned(); elements past the last whole vector go
+ * through the scalar form (the tail), so each element's math is the scalar
+ * kernel's expression: the same bits. The emulator aborts on a misaligned
+ * vector access (a fault on the device). */
+static inline int mt_cuda_aligned(const void *p, size_t bytes) { return ((uintptr_t)p & (bytes - 1)) == 0; }
+#ifdef MT_CUDA_EMU
+#define MT_VEC_CHECK(p, b)                                                                           \
+    do {                                                                                             \
+        if (((uintptr_t)(p) & ((b) - 1)) != 0) {                                                     \
+            fprintf(stderr, "emu: misaligned %d-byte vector access at %p (%s:%d)\n", (int)(b),       \
+                    (const void *)(p), __FILE__, __LINE__);                                          \
+            abort();                                                                                 \
+        }                                                                                            \
+    } while (0)
+#else
+#define MT_VEC_CHECK(p, b) ((void)0)
+#endif
+static __device__ __forceinline__ float4 mt_ld_f4(const float *p)
+{
+    MT_VEC_CHECK(p, 16);
+    return *reinterpret_cast<const float4 *>(p);
+}
+static __device__ __forceinline__ void mt_st_f4(float *p, float4 v)
+{
+    MT_VEC_CHECK(p, 16);
+    *reinterpret_cast<float4 *>(p) = v;
+}
+/* bf16 pairs packed low element first (little-endian, as stored) */
+static __device__ __forceinline__ unsigned mt_pack_bf16x2(float a, float b)
+{
+    return (unsigned)__bfloat16_as_ushort(mt_cuda_bf16_rn(a)) |
+           ((unsigned)__bfloat16_as_ushort(mt_cuda_bf16_rn(b)) << 16);
+}
+/* 4 bf16 = bf16(v) (8 bytes), 8 bf16 = bf16(a), bf16(b) (16 bytes) */
+static __device__ __forceinline__ void mt_st_bf16x4(__nv_bfloat16 *p, float4 v)
+{
+    MT_VEC_CHECK(p, 8);
+    uint2 o;
+    o.x = mt_pack_bf16x2(v.x, v.y);
+    o.y = mt_pack_bf16x2(v.z, v.w);
+    *reinterpret_cast<uint2 *>(p) = o;
+}
+static __device__ __forceinline__ void mt_st_bf16x8(__nv_bfloat16 *p, float4 a, float4 b)
+{
+    MT_VEC_CHECK(p, 16);
+    uint4 o;
+    o.x = mt_pack_bf16x2(a.x, a.y);
+    o.y = mt_pack_bf16x2(a.z, a.w);
+    o.z = mt_pack_bf16x2(b.x, b.y);
+    o.w = mt_pack_bf16x2(b.z, b.w);
+    *reinterpret_cast<uint4 *>(p) = o;
+}
+static __device__ __forceinline__ float mt_bf16_lo(unsigned u) { return __uint_as_float(u << 16); }
+static __device__ __forceinline__ float mt_bf16_hi(unsigned u) { return __uint_as_float(u & 0xffff0000u); }
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -361,6 +419,8 @@ void mt_cuda_xent_forward(void *be, float *losses, float *lse_out, const float *
                           int N, int V, float softcap);
 void mt_cuda_xent_backward(void *be, float *dlogits, const float *logits, const float *lse,
                            const int32_t *targets, float dscale, int N, int V, float softcap);
+void mt_cuda_xent_fused_bf16(void *be, float *losses, float *lse_out, float *logits, mt_bf16 *dlogits_bf16,
+                             const int32_t *targets, float dscale, int N, int V, float softcap);
 
 /* ---- moe.cu ---- */
 void mt_cuda_router_forward(void *be, float *probs, float *lse, int32_t *topk_idx, float *gates,

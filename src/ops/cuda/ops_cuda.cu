@@ -270,6 +270,8 @@ static struct mt_ops_i cuda_ops = {
     /* .moe_aux_loss               = */ .moe_aux_loss               = PROF(MT_OPK_ELEMENTWISE, mt_cuda_moe_aux_loss),
     /* .moe_aux_backward           = */ .moe_aux_backward           = PROF(MT_OPK_ELEMENTWISE, mt_cuda_moe_aux_backward),
     /* .profile_step               = */ .profile_step               = cuda_profile_step,
+    /* lm head: the bf16 twin of dlogits */
+    /* .xent_fused_bf16            = */ .xent_fused_bf16            = PROF(MT_OPK_XENT, mt_cuda_xent_fused_bf16),
 };
 
 /* Undo a (partial) init: release what the bound instance holds and free it. */

@@ -5,41 +5,95 @@
  *   backward: dg = dout * u * silu'(g),  du = dout * silu(g)   (both =)
  *
  * Invariant: one thread per element reads gate, up (and dout) before it
- * writes, so dgate/dup may alias gate/up.
+ * writes, so dgate/dup may alias gate/up (the vector path: one thread per
+ * 4 elements, all read before any is written).
  */
 #include "cuda_impl.cuh"
 
 #define THREADS 256
 
-/* ob: NULL, or the bf16 twin of out written by the same thread (precision=bf16) */
-static __global__ void swiglu_fwd_k(float *out, __nv_bfloat16 *ob, const float *gate, const float *up, size_t n)
+/* one element of each direction: the expressions every path uses (same bits) */
+static __device__ __forceinline__ float swiglu1(float g, float u)
 {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float g = gate[i];
-        float s = 1.0f / (1.0f + expf(-g));
-        float y = g * s * up[i];
+    float s = 1.0f / (1.0f + expf(-g));
+    return g * s * u;
+}
+static __device__ __forceinline__ void swiglu1_bwd(float &dg, float &du, float d, float g, float u)
+{
+    float s = 1.0f / (1.0f + expf(-g));
+    float silu = g * s;
+    dg = d * u * (s + silu * (1.0f - s));
+    du = d * silu;
+}
+
+/* Vector path (docs/cuda.md "Vectorised elementwise kernels"): elements
+ * [0, 4*n4) as float4 (n4 = 0 when a pointer is not 16-byte aligned, or the
+ * twin 8-byte), then the scalar tail [4*n4, n). ob: NULL, or the bf16 twin
+ * of out written by the same thread (precision=bf16). */
+static __global__ void swiglu_fwd_k(float *out, __nv_bfloat16 *ob, const float *gate, const float *up, size_t n4,
+                                    size_t n)
+{
+    const size_t i0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x, st = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = i0; i < n4; i += st) {
+        float4 g = mt_ld_f4(gate + 4 * i), u = mt_ld_f4(up + 4 * i), y;
+        y.x = swiglu1(g.x, u.x);
+        y.y = swiglu1(g.y, u.y);
+        y.z = swiglu1(g.z, u.z);
+        y.w = swiglu1(g.w, u.w);
+        mt_st_f4(out + 4 * i, y);
+        if (ob) mt_st_bf16x4(ob + 4 * i, y);
+    }
+    for (size_t i = 4 * n4 + i0; i < n; i += st) {
+        float y = swiglu1(gate[i], up[i]);
         out[i] = y;
         if (ob) ob[i] = mt_cuda_bf16_rn(y);
     }
 }
 
+/* each thread reads its elements of gate, up, dout before writing them, so
+ * dgate/dup may alias gate/up (vector path: the whole float4 first) */
 static __global__ void swiglu_bwd_k(float *dgate, float *dup, const float *dout, const float *gate,
-                                    const float *up, size_t n)
+                                    const float *up, size_t n4, size_t n)
 {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float g = gate[i], u = up[i], d = dout[i];
-        float s = 1.0f / (1.0f + expf(-g));
-        float silu = g * s;
-        dgate[i] = d * u * (s + silu * (1.0f - s));
-        dup[i]   = d * silu;
+    const size_t i0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x, st = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = i0; i < n4; i += st) {
+        float4 g = mt_ld_f4(gate + 4 * i), u = mt_ld_f4(up + 4 * i), d = mt_ld_f4(dout + 4 * i), rg, ru;
+        swiglu1_bwd(rg.x, ru.x, d.x, g.x, u.x);
+        swiglu1_bwd(rg.y, ru.y, d.y, g.y, u.y);
+        swiglu1_bwd(rg.z, ru.z, d.z, g.z, u.z);
+        swiglu1_bwd(rg.w, ru.w, d.w, g.w, u.w);
+        mt_st_f4(dgate + 4 * i, rg);
+        mt_st_f4(dup + 4 * i, ru);
     }
+    for (size_t i = 4 * n4 + i0; i < n; i += st) {
+        float g = gate[i], u = up[i], d = dout[i], rg, ru;
+        swiglu1_bwd(rg, ru, d, g, u);
+        dgate[i] = rg;
+        dup[i] = ru;
+    }
+}
+
+/* whole float4s of n when every pointer allows them (ob: 8 bytes), else 0;
+ * the launch covers max(vectors, tail) threads */
+static size_t vec4_count(size_t n, const void *a, const void *b, const void *c, const void *d, const void *ob)
+{
+    if (!mt_cuda_aligned(a, 16) || !mt_cuda_aligned(b, 16) || !mt_cuda_aligned(c, 16) || (d && !mt_cuda_aligned(d, 16)) ||
+        (ob && !mt_cuda_aligned(ob, 8)))
+        return 0;
+    return n / 4;
+}
+static unsigned vec4_blocks(size_t n4, size_t n)
+{
+    size_t tail = n - 4 * n4;
+    return mt_cuda_blocks(n4 > tail ? n4 : tail, THREADS);
 }
 
 extern "C" void mt_cuda_swiglu_forward(void *be, float *out, const float *gate, const float *up, size_t n)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (!n) return;
-    MT_LAUNCH(swiglu_fwd_k, mt_cuda_blocks(n, THREADS), THREADS, 0)(out, (__nv_bfloat16 *)NULL, gate, up, n);
+    const size_t n4 = vec4_count(n, out, gate, up, NULL, NULL);
+    MT_LAUNCH(swiglu_fwd_k, vec4_blocks(n4, n), THREADS, 0)(out, (__nv_bfloat16 *)NULL, gate, up, n4, n);
     MT_CUDA_KCHECK();
 }
 
@@ -47,7 +101,8 @@ extern "C" void mt_cuda_swiglu_forward_bf16(void *be, float *out, mt_bf16 *out_b
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (!n) return;
-    MT_LAUNCH(swiglu_fwd_k, mt_cuda_blocks(n, THREADS), THREADS, 0)(out, (__nv_bfloat16 *)out_bf16, gate, up, n);
+    const size_t n4 = vec4_count(n, out, gate, up, NULL, out_bf16);
+    MT_LAUNCH(swiglu_fwd_k, vec4_blocks(n4, n), THREADS, 0)(out, (__nv_bfloat16 *)out_bf16, gate, up, n4, n);
     MT_CUDA_KCHECK();
 }
 
@@ -56,6 +111,7 @@ extern "C" void mt_cuda_swiglu_backward(void *be, float *dgate, float *dup, cons
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (!n) return;
-    MT_LAUNCH(swiglu_bwd_k, mt_cuda_blocks(n, THREADS), THREADS, 0)(dgate, dup, dout, gate, up, n);
+    const size_t n4 = vec4_count(n, dgate, dup, dout, gate, NULL) && mt_cuda_aligned(up, 16) ? n / 4 : 0;
+    MT_LAUNCH(swiglu_bwd_k, vec4_blocks(n4, n), THREADS, 0)(dgate, dup, dout, gate, up, n4, n);
     MT_CUDA_KCHECK();
 }

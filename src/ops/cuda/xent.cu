@@ -13,6 +13,9 @@
  * the THREADS (m, s) pairs in a fixed order: deterministic.
  * Backward: each element is read and then written by the same thread, so
  * dlogits == logits (in place) is safe, the target column included.
+ * xent_fused_bf16: the same backward storing only bf16(dz) (mt_cuda_bf16_rn,
+ * the rounding gemm_bf16 applied per call to the fp32 dz): the lm head's
+ * backward GEMMs read it as stored.
  */
 #include "cuda_impl.cuh"
 
@@ -70,16 +73,23 @@ xent_fwd_k(float *losses, float *lse_out, const float *logits, const int32_t *ta
     }
 }
 
+/* TWIN = 0: dz (fp32, in place allowed); TWIN = 1: only dzb = bf16(dz), the
+ * same value rounded (xent_fused_bf16: the fp32 store is skipped). */
+template <bool TWIN>
 static __global__ void __launch_bounds__(THREADS)
-xent_bwd_k(float *dlogits, const float *logits, const float *lse, const int32_t *targets, float dscale,
-           int V, float softcap)
+xent_bwd_k(float *dlogits, __nv_bfloat16 *dlogits_bf16, const float *logits, const float *lse,
+           const int32_t *targets, float dscale, int V, float softcap)
 {
     const int n = blockIdx.x;
     const float *z = logits + (size_t)n * (size_t)V;
-    float *dz = dlogits + (size_t)n * (size_t)V;
+    float *dz = TWIN ? NULL : dlogits + (size_t)n * (size_t)V;
+    __nv_bfloat16 *dzb = TWIN ? dlogits_bf16 + (size_t)n * (size_t)V : NULL;
     const int t = targets[n];
     if (t < 0) {
-        for (int v = threadIdx.x; v < V; v += THREADS) dz[v] = 0.0f;
+        for (int v = threadIdx.x; v < V; v += THREADS) {
+            if (TWIN) dzb[v] = mt_cuda_bf16_rn(0.0f);
+            else      dz[v] = 0.0f;
+        }
         return;
     }
     const float l = lse[n];
@@ -88,12 +98,16 @@ xent_bwd_k(float *dlogits, const float *logits, const float *lse, const int32_t 
         for (int v = threadIdx.x; v < V; v += THREADS) {
             float th = tanhf(z[v] * ic);
             float p = expf(softcap * th - l) - (v == t ? 1.0f : 0.0f);
-            dz[v] = dscale * p * (1.0f - th * th);
+            float g = dscale * p * (1.0f - th * th);
+            if (TWIN) dzb[v] = mt_cuda_bf16_rn(g);
+            else      dz[v] = g;
         }
     } else {
         for (int v = threadIdx.x; v < V; v += THREADS) {
             float p = expf(z[v] - l) - (v == t ? 1.0f : 0.0f);
-            dz[v] = dscale * p;
+            float g = dscale * p;
+            if (TWIN) dzb[v] = mt_cuda_bf16_rn(g);
+            else      dz[v] = g;
         }
     }
 }
@@ -112,6 +126,20 @@ extern "C" void mt_cuda_xent_backward(void *be, float *dlogits, const float *log
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (N <= 0) return;
-    MT_LAUNCH(xent_bwd_k, N, THREADS, 0)(dlogits, logits, lse, targets, dscale, V, softcap);
+    MT_LAUNCH(xent_bwd_k<false>, N, THREADS, 0)(dlogits, (__nv_bfloat16 *)NULL, logits, lse, targets, dscale, V, softcap);
+    MT_CUDA_KCHECK();
+}
+
+/* xent_fused_bf16 (mt_ops.h): the forward kernel, then the backward kernel
+ * storing only the bf16 twin (logits is read, not written: consumed) */
+extern "C" void mt_cuda_xent_fused_bf16(void *be, float *losses, float *lse_out, float *logits, mt_bf16 *dlogits_bf16,
+                                        const int32_t *targets, float dscale, int N, int V, float softcap)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    if (N <= 0) return;
+    MT_LAUNCH(xent_fwd_k, N, THREADS, 0)(losses, lse_out, logits, targets, V, softcap);
+    MT_CUDA_KCHECK();
+    MT_LAUNCH(xent_bwd_k<true>, N, THREADS, 0)((float *)NULL, (__nv_bfloat16 *)dlogits_bf16, logits, lse_out, targets, dscale, V,
+                                               softcap);
     MT_CUDA_KCHECK();
 }

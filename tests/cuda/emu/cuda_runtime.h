@@ -35,6 +35,11 @@
 #define __shared__ static
 #define __align__(n) alignas(n)
 
+/* the vector types of the elementwise kernels' 16-byte accesses (CUDA's alignments) */
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(16) uint4 { unsigned x, y, z, w; };
+struct alignas(8) uint2 { unsigned x, y; };
+
 struct dim3 {
     unsigned x, y, z;
     constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
