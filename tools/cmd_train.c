@@ -31,7 +31,12 @@ static void train_usage(FILE *f)
             "  --set KEY=VALUE      override one config key (repeatable)\n"
             "  --data PATH          token shards: a file, a directory or a glob   (required)\n"
             "  --val-data PATH      validation shards      default: the *val* files of a --data dir\n"
-            "  --out DIR            receipt.json and ckpt/ go here               (required)\n"
+            "  --out DIR            receipt.json and ckpt/ go here; created with its parents  (required).\n"
+            "                       A DIR that holds another run (receipt.json or ckpt/) is refused\n"
+            "                       (exit 2, nothing touched) unless --resume continues that run\n"
+            "  --overwrite          replace the run in --out: its ckpt/ and receipt.json are removed once\n"
+            "                       setup has succeeded, then training starts there from scratch (--force:\n"
+            "                       the same, the word export and import use)\n"
             "  --no-save            write no checkpoint (= --set save_final=false --set save_every=0): the\n"
             "                       receipt only, e.g. for benchmarks of large models\n"
             "  --steps N            the step to reach (0: write the initial checkpoint only)  default: 10\n"
@@ -96,7 +101,7 @@ static void watchdog_expired(void)
 static const char *const train_valued[] = {"--config", "--set",   "--backend",   "--data",  "--val-data",
                                            "--out",    "--resume", "--init-from", "--mesh",  "--pp-layers",
                                            "--steps",  "--zero",   "--peak-flops", "--knob", "--lora", NULL};
-static const char *const train_flags[] = {"--quiet", "--no-save", NULL};
+static const char *const train_flags[] = {"--quiet", "--no-save", "--overwrite", "--force", NULL};
 
 /* Under mpirun: MPI up first (every rank parses the same flags and fails the
  * same way on bad input: one line, exit 2, no collective entered). A failure
@@ -190,6 +195,56 @@ static const char *config_diff(const struct mt_config *from, const struct mt_con
     return bad;
 }
 
+/* The run id OUT/ckpt/latest names ("step_N\nRUN_ID\n"), "" if none. */
+static void out_latest_run(const char *out, char *run, size_t n)
+{
+    char p[4200], line[256];
+    run[0] = 0;
+    snprintf(p, sizeof p, "%s/ckpt/latest", out);
+    FILE *f = fopen(p, "r");
+    if (!f) return;
+    if (fgets(line, sizeof line, f) && fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\r\n")] = 0;
+        snprintf(run, n, "%s", line);
+    }
+    fclose(f);
+}
+
+/* Is path (resolved) inside dir (resolved)? */
+static int path_inside(const char *path, const char *dir)
+{
+    char a[4096], b[4096];
+    if (!realpath(path, a) || !realpath(dir, b)) return 0;
+    size_t n = strlen(b);
+    return !strncmp(a, b, n) && (a[n] == '/' || a[n] == 0);
+}
+
+/* --out must not silently replace another run: a DIR holding receipt.json or
+ * ckpt/ is refused (exit 2, nothing touched) unless this run continues it
+ * (--resume of a checkpoint inside DIR, or of the run DIR/ckpt/latest names)
+ * or --overwrite says to replace it (opts->overwrite stays 1 only then: the
+ * trainer removes the old ckpt/ and receipt.json once setup has succeeded).
+ * Returns 0 to go on, else 2 (message printed). */
+static int check_out_dir(struct mt_train_opts *opts, const char *resume_dir, const char *resume_run)
+{
+    const char *out = opts->out_dir;
+    if (!out) return 0;
+    const int has_receipt = mt_file_exists_in(out, "receipt.json"), has_ckpt = mt_file_exists_in(out, "ckpt");
+    if (!has_receipt && !has_ckpt) { opts->overwrite = 0; return 0; }
+    if (resume_dir) {
+        char run[256];
+        out_latest_run(out, run, sizeof run);
+        if (path_inside(resume_dir, out) || (run[0] && resume_run && !strcmp(run, resume_run)) || !has_ckpt) {
+            opts->overwrite = 0;   /* the same run continues: nothing to clear */
+            return 0;
+        }
+    }
+    if (opts->overwrite) return 0;
+    fprintf(stderr, "meshtrain train: --out %s already holds a run (%s): use --resume %s to continue it, "
+            "--overwrite to replace it, or another --out\n", out, has_ckpt ? "ckpt/" : "receipt.json", out);
+    return 2;
+}
+
 static int train_main(int argc, char **argv, int world, int rank)
 {
     struct mt_ctx ctx;
@@ -276,6 +331,7 @@ static int train_main(int argc, char **argv, int world, int rank)
             code = 2;
         }
     }
+    if (code < 0) code = check_out_dir(&opts, resume_arg ? base_dir : NULL, resume_arg ? rmeta.run_id : NULL) ? 2 : -1;
     if (code < 0) code = train_run(&ctx, &cfg, &opts, world);
     else if (code > 0) code = refuse_args(world, code == 2 ? MT_ERR_INVALID_ARG : MT_ERR_RUNTIME);
     if (hf_tmp[0]) mt_file_rm_rf(hf_tmp);
@@ -303,6 +359,7 @@ static int train_args(struct mt_ctx *ctx, struct mt_knobs *knobs, struct mt_conf
         const int kind = mt_cmd_option("train", train_flags, train_valued, argc, argv, i);
         if (kind < 0) return 2;
         if (kind == 0 && !strcmp(a, "--quiet")) { opts->quiet = 1; continue; }
+        if (kind == 0 && (!strcmp(a, "--overwrite") || !strcmp(a, "--force"))) { opts->overwrite = 1; continue; }
         if (kind == 0) {   /* --no-save: no checkpoint at all, periodic or final (the receipt is written) */
             if (mt_config_set(ctx, cfg, "save_final=false") != MT_OK || mt_config_set(ctx, cfg, "save_every=0") != MT_OK) {
                 fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(ctx));

@@ -10,6 +10,7 @@
 #define _GNU_SOURCE
 #include "mt_trainer.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -67,6 +68,15 @@ static enum mt_status take_output(struct mt_ctx *ctx, struct run_state *rs, cons
     }
     if (mt_file_mkdir_p(opts->out_dir) != 0)
         return mt_ctx_error(ctx, MT_ERR_IO, "cannot create output directory %s", opts->out_dir);
+    if (opts->overwrite && is_root) {
+        /* --overwrite (tools/cmd_train.c): the run that was in OUT goes, now that setup has succeeded */
+        char p[4200];
+        snprintf(p, sizeof p, "%s/ckpt", opts->out_dir);
+        int bad = mt_file_rm_rf(p) != 0;
+        snprintf(p, sizeof p, "%s/receipt.json", opts->out_dir);
+        bad |= unlink(p) != 0 && errno != ENOENT;
+        if (bad) return mt_ctx_error(ctx, MT_ERR_IO, "--overwrite: cannot remove the previous run in %s", opts->out_dir);
+    }
     return MT_OK;
 }
 
