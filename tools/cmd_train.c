@@ -34,9 +34,9 @@ static void train_usage(FILE *f)
             "  --out DIR            receipt.json and ckpt/ go here; created with its parents  (required).\n"
             "                       A DIR that holds another run (receipt.json or ckpt/) is refused\n"
             "                       (exit 2, nothing touched) unless --resume continues that run\n"
-            "  --overwrite          replace the run in --out: its ckpt/ and receipt.json are removed once\n"
-            "                       setup has succeeded, then training starts there from scratch (--force:\n"
-            "                       the same, the word export and import use)\n"
+            "  --overwrite          start a new run in an --out that holds another run: receipt.json and\n"
+            "                       ckpt/latest become the new run's; the old run's ckpt/step_N stay until\n"
+            "                       a new one of the same step replaces them (--force: the same, export's word)\n"
             "  --no-save            write no checkpoint (= --set save_final=false --set save_every=0): the\n"
             "                       receipt only, e.g. for benchmarks of large models\n"
             "  --steps N            the step to reach (0: write the initial checkpoint only)  default: 10\n"
@@ -219,27 +219,22 @@ static int path_inside(const char *path, const char *dir)
     return !strncmp(a, b, n) && (a[n] == '/' || a[n] == 0);
 }
 
-/* --out must not silently replace another run: a DIR holding receipt.json or
- * ckpt/ is refused (exit 2, nothing touched) unless this run continues it
- * (--resume of a checkpoint inside DIR, or of the run DIR/ckpt/latest names)
- * or --overwrite says to replace it (opts->overwrite stays 1 only then: the
- * trainer removes the old ckpt/ and receipt.json once setup has succeeded).
+/* --out must not silently replace another run (issue 32): a DIR holding
+ * receipt.json or ckpt/ is refused (exit 2, nothing touched) unless this run
+ * continues it (--resume of a checkpoint inside DIR, or of the run that
+ * DIR/ckpt/latest names) or --overwrite says to start a new run there (the
+ * old run's checkpoints stay: run ids keep the two apart, docs/checkpoint.md).
  * Returns 0 to go on, else 2 (message printed). */
-static int check_out_dir(struct mt_train_opts *opts, const char *resume_dir, const char *resume_run)
+static int check_out_dir(const char *out, int overwrite, const char *resume_dir, const char *resume_run)
 {
-    const char *out = opts->out_dir;
-    if (!out) return 0;
+    if (!out || overwrite) return 0;
     const int has_receipt = mt_file_exists_in(out, "receipt.json"), has_ckpt = mt_file_exists_in(out, "ckpt");
-    if (!has_receipt && !has_ckpt) { opts->overwrite = 0; return 0; }
+    if (!has_receipt && !has_ckpt) return 0;
     if (resume_dir) {
         char run[256];
         out_latest_run(out, run, sizeof run);
-        if (path_inside(resume_dir, out) || (run[0] && resume_run && !strcmp(run, resume_run)) || !has_ckpt) {
-            opts->overwrite = 0;   /* the same run continues: nothing to clear */
-            return 0;
-        }
+        if (path_inside(resume_dir, out) || (run[0] && resume_run && !strcmp(run, resume_run)) || !has_ckpt) return 0;
     }
-    if (opts->overwrite) return 0;
     fprintf(stderr, "meshtrain train: --out %s already holds a run (%s): use --resume %s to continue it, "
             "--overwrite to replace it, or another --out\n", out, has_ckpt ? "ckpt/" : "receipt.json", out);
     return 2;
@@ -270,6 +265,9 @@ static int train_main(int argc, char **argv, int world, int rank)
      * are read here, before train_args applies --config and --set on top
      * (the one place they are read; train_args only steps over them) */
     const char *resume_arg = NULL, *init_arg = NULL;
+    int overwrite = 0;   /* --overwrite / --force: a new run into an --out holding another (check_out_dir) */
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--overwrite") || !strcmp(argv[i], "--force")) overwrite = 1;
     for (int i = 1; i + 1 < argc; i++) {
         if (!strcmp(argv[i], "--resume")) resume_arg = argv[i + 1];
         if (!strcmp(argv[i], "--init-from")) init_arg = argv[i + 1];
@@ -331,7 +329,7 @@ static int train_main(int argc, char **argv, int world, int rank)
             code = 2;
         }
     }
-    if (code < 0) code = check_out_dir(&opts, resume_arg ? base_dir : NULL, resume_arg ? rmeta.run_id : NULL) ? 2 : -1;
+    if (code < 0) code = check_out_dir(opts.out_dir, overwrite, resume_arg ? base_dir : NULL, resume_arg ? rmeta.run_id : NULL) ? 2 : -1;
     if (code < 0) code = train_run(&ctx, &cfg, &opts, world);
     else if (code > 0) code = refuse_args(world, code == 2 ? MT_ERR_INVALID_ARG : MT_ERR_RUNTIME);
     if (hf_tmp[0]) mt_file_rm_rf(hf_tmp);
@@ -359,7 +357,7 @@ static int train_args(struct mt_ctx *ctx, struct mt_knobs *knobs, struct mt_conf
         const int kind = mt_cmd_option("train", train_flags, train_valued, argc, argv, i);
         if (kind < 0) return 2;
         if (kind == 0 && !strcmp(a, "--quiet")) { opts->quiet = 1; continue; }
-        if (kind == 0 && (!strcmp(a, "--overwrite") || !strcmp(a, "--force"))) { opts->overwrite = 1; continue; }
+        if (kind == 0 && (!strcmp(a, "--overwrite") || !strcmp(a, "--force"))) continue;   /* train_main's scan */
         if (kind == 0) {   /* --no-save: no checkpoint at all, periodic or final (the receipt is written) */
             if (mt_config_set(ctx, cfg, "save_final=false") != MT_OK || mt_config_set(ctx, cfg, "save_every=0") != MT_OK) {
                 fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(ctx));

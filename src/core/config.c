@@ -96,7 +96,7 @@ static const struct key keys[] = {
     {"data_order",   KT_STRING, OFF(data_order), SZ(data_order), "sequential", 0, 0, "sequential|shuffled", 0, "sequential = SPEC.md section 3 default order; shuffled = a seeded permutation of T-token windows per epoch (mesh-independent)"},
     {"seed",         KT_U64,   OFF(seed),         0, "1337",  0, 0, NULL, 0, "init / data seed"},
     {"eval_every",   KT_INT,   OFF(eval_every),   0, "0",     0, IMAX, NULL, 0, "validation every N steps; 0 = never"},
-    {"eval_batches", KT_INT,   OFF(eval_batches), 0, "4",     0, IMAX, NULL, 0, "validation batches per evaluation"},
+    {"eval_batches", KT_INT,   OFF(eval_batches), 0, "4",     0, IMAX, NULL, 0, "validation batches (of batch_size sequences) per evaluation; 0: the whole val split"},
     {"save_every",   KT_INT,   OFF(save_every),   0, "0",     0, IMAX, NULL, 0, "checkpoint every N steps; 0 = only at the end"},
     {"save_final",   KT_BOOL,  OFF(save_final),   0, "true",  0, 1, NULL, 0, "write the checkpoint at the end of the run; false = receipt only (benchmarks; --no-save)"},
     {"keep_last",    KT_INT,   OFF(keep_last),    0, "0",     0, IMAX, NULL, 0, "keep this run's newest N checkpoints, delete the older ones it wrote; 0 = keep all"},

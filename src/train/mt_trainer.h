@@ -32,8 +32,6 @@ struct mt_train_opts {
     double      peak_flops;    /* --peak-flops, 0 = measure the GEMM roof at startup  */
     const char *command_line;  /* for the receipt                                     */
     int         quiet;
-    int         overwrite;     /* --overwrite: out_dir holds another run; its ckpt/ and
-                                * receipt.json are removed once setup has succeeded */
 };
 
 struct mt_train_result {

@@ -10,7 +10,6 @@
 #define _GNU_SOURCE
 #include "mt_trainer.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -68,15 +67,6 @@ static enum mt_status take_output(struct mt_ctx *ctx, struct run_state *rs, cons
     }
     if (mt_file_mkdir_p(opts->out_dir) != 0)
         return mt_ctx_error(ctx, MT_ERR_IO, "cannot create output directory %s", opts->out_dir);
-    if (opts->overwrite && is_root) {
-        /* --overwrite (tools/cmd_train.c): the run that was in OUT goes, now that setup has succeeded */
-        char p[4200];
-        snprintf(p, sizeof p, "%s/ckpt", opts->out_dir);
-        int bad = mt_file_rm_rf(p) != 0;
-        snprintf(p, sizeof p, "%s/receipt.json", opts->out_dir);
-        bad |= unlink(p) != 0 && errno != ENOENT;
-        if (bad) return mt_ctx_error(ctx, MT_ERR_IO, "--overwrite: cannot remove the previous run in %s", opts->out_dir);
-    }
     return MT_OK;
 }
 
@@ -94,7 +84,8 @@ static enum mt_status after_step(struct mt_ctx *ctx, struct run_state *rs, const
         rs->eval_steps[rs->n_evals] = done_steps;
         rs->eval_losses[rs->n_evals++] = vl;
         if (!opts->quiet && mt_mesh_rank(rs->mesh) == 0) {
-            fprintf(stdout, "%sval step %d loss %.6f\n", tty ? "\n" : "", done_steps, vl);
+            fprintf(stdout, "%sval step %d loss %.6f (%d batches, %.0f tokens scored)\n", tty ? "\n" : "", done_steps,
+                    vl, cfg->eval_batches, (double)cfg->eval_batches * cfg->batch_size * cfg->seq_len);
             fflush(stdout);
         }
     }
@@ -183,6 +174,13 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     /* ---- 1-3. flags, config, resume metadata, backend, data (local, then agreed) ---- */
     rc = mt_train_setup_local(ctx, cfg, opts, ri.world, &dims, resume_dir, sizeof resume_dir, &resume_meta, &rs);
     MT_CHECK_GOTO(mt_comm_agree(ctx, NULL, rc, "setup (flags, config, resume, data)"), rc, done);
+    /* eval_batches 0: every distinct window of the val split (the last batch
+     * that does not wrap: window o = ((b*G+i)*T) mod (N-T-1), docs/architecture.md) */
+    if (cfg->eval_batches == 0 && rs.val) {
+        const size_t n = mt_data_ntokens(rs.val), per = (size_t)cfg->batch_size * (size_t)cfg->seq_len;
+        const size_t nb = n > (size_t)cfg->seq_len + 1 ? (n - (size_t)cfg->seq_len - 1) / per : 0;
+        cfg->eval_batches = nb < 1 ? 1 : nb > 100000 ? 100000 : (int)nb;
+    }
     ri.threads = mt_train_pick_threads(cfg);
     mt_ops_cpu_set_threads(ri.threads);
     rs.Gl = cfg->batch_size / (dims.dp * dims.ep);
