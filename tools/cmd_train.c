@@ -55,7 +55,9 @@ static void train_usage(FILE *f)
             "  --pp-layers N0,N1,.. layers per pipeline stage   default: balanced by cost (E blocks cost more)\n"
             "  --backend cpu|cuda   compute backend (= --set backend=...; cuda needs a CUDA build and a GPU,\n"
             "                       GEMM precision from MT_CUDA_PRECISION=fp32|bf16)  default: cpu\n"
-            "  --peak-flops F       peak FLOP/s for MFU    default: measure the sgemm roof at startup\n"
+            "  --peak-flops F       peak FLOP/s that MFU (a percentage) is of  default: the sgemm roof measured\n"
+            "                       at startup (under the machine's load then; the receipt's\n"
+            "                       timing.peak_flops_source says which)\n"
             "  --knob NAME=VALUE    set a runtime tunable (repeatable; echoed in the receipt's \"knobs\")\n"
             "  --quiet              no progress output (the step-0 mesh trace line stays: SPEC.md section 2\n"
             "                       makes it part of every run, and the distributed tests read it)\n\n"
@@ -64,8 +66,8 @@ static void train_usage(FILE *f)
     char kh[2048];
     mt_knobs_help(kh, sizeof kh);
     fputs(kh, f);
-    fprintf(f, "\nconfig keys (--config / --set):\n");
-    mt_config_print_help(f);
+    fputc('\n', f);
+    mt_config_print_help(f);   /* its own heading; docs/config.md is generated from it */
     fprintf(f, "\nexit codes: 0 ok, 2 bad input or config, 1 runtime failure\n");
 }
 
@@ -329,7 +331,10 @@ static int train_main(int argc, char **argv, int world, int rank)
             code = 2;
         }
     }
-    if (code < 0) code = check_out_dir(opts.out_dir, overwrite, resume_arg ? base_dir : NULL, resume_arg ? rmeta.run_id : NULL) ? 2 : -1;
+    /* a LoRA run from a base inside --out: setup's refusal says why (its step_N could replace the base) */
+    const int lora_base_in_out = cfg.lora_rank > 0 && init_arg && opts.out_dir && path_inside(init_arg, opts.out_dir);
+    if (code < 0 && !lora_base_in_out)
+        code = check_out_dir(opts.out_dir, overwrite, resume_arg ? base_dir : NULL, resume_arg ? rmeta.run_id : NULL) ? 2 : -1;
     if (code < 0) code = train_run(&ctx, &cfg, &opts, world);
     else if (code > 0) code = refuse_args(world, code == 2 ? MT_ERR_INVALID_ARG : MT_ERR_RUNTIME);
     if (hf_tmp[0]) mt_file_rm_rf(hf_tmp);
@@ -458,8 +463,9 @@ static int train_run(struct mt_ctx *ctx, struct mt_config *cfg, struct mt_train_
         return mt_status_exit_code(rc);
     }
     if (!opts->quiet && ctx->rank == 0)
-        printf("done: %d steps, final loss %.6f, %.0f tok/s, MFU %.1f%%, receipt %s/receipt.json\n", res.steps_run,
-               res.final_loss, res.tokens_per_s, 100.0 * res.mfu, opts->out_dir);
+        printf("done: %d steps, final loss %.6f, %.0f tok/s (steady-state mean), MFU %.1f%% (of the peak above), "
+               "receipt %s/receipt.json\n", res.steps_run, res.final_loss, res.tokens_per_s, 100.0 * res.mfu,
+               opts->out_dir);
     mt_ctx_free(ctx);
     return 0;
 }

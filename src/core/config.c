@@ -93,7 +93,7 @@ static const struct key keys[] = {
     {"total_steps",  KT_INT,   OFF(total_steps),  0, "0",     0, IMAX, NULL, 0, "schedule length; 0 = the run's --steps"},
     {"min_lr_frac",  KT_FLOAT, OFF(min_lr_frac),  0, "0.0",   0, 1, NULL, 0, "final lr as a fraction of the peak (0.0 = decay to zero)"},
     {"lr_schedule",  KT_STRING, OFF(lr_schedule), SZ(lr_schedule), "cosine", 0, 0, "cosine|linear|constant", 0, "decay after warmup"},
-    {"data_order",   KT_STRING, OFF(data_order), SZ(data_order), "sequential", 0, 0, "sequential|shuffled", 0, "sequential = SPEC.md section 3 default order; shuffled = a seeded permutation of T-token windows per epoch (mesh-independent)"},
+    {"data_order",   KT_STRING, OFF(data_order), SZ(data_order), "sequential", 0, 0, "sequential|shuffled", 0, "sequential = sequence i of step s starts at token ((s*G+i)*T) mod (N-T-1); shuffled = a seeded permutation of T-token windows per epoch (mesh-independent)"},
     {"seed",         KT_U64,   OFF(seed),         0, "1337",  0, 0, NULL, 0, "init / data seed"},
     {"eval_every",   KT_INT,   OFF(eval_every),   0, "0",     0, IMAX, NULL, 0, "validation every N steps; 0 = never"},
     {"eval_batches", KT_INT,   OFF(eval_batches), 0, "4",     0, IMAX, NULL, 0, "validation batches (of batch_size sequences) per evaluation; 0: the whole val split"},

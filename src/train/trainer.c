@@ -11,6 +11,7 @@
 #include "mt_trainer.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -48,6 +49,21 @@ static double peak_flops(const struct mt_train_opts *opts, const struct run_stat
              "%d threads, coretype %s%s", roof->runs, roof->size, rs->ops->name, threads, info.coretype,
              world > 1 ? ", all ranks at once, x world" : "");
     return mine * world;
+}
+
+/* Ranks on this node x threads per rank above its cores: each rank's
+ * OpenMP team then fights the others' for the cores (slower than fewer
+ * threads). Said once, by rank 0; one thread per rank is the user's choice. */
+static void oversubscribed_warning(const struct mt_config *cfg, int threads, int world, int wrank)
+{
+    const char *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    if (!ls || atoi(ls) < 1) ls = getenv("MPI_LOCALNRANKS");
+    const int local = ls && atoi(ls) > 0 ? atoi(ls) : world;
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (wrank != 0 || threads < 2 || cores < 1 || (long)local * threads <= cores || !strcmp(cfg->backend, "cuda")) return;
+    fprintf(stderr, "meshtrain train: warning: %d rank%s on this node x %d threads = %ld > %ld cores: set "
+            "OMP_NUM_THREADS=%ld (or --set threads=N) so that ranks x threads <= cores\n", local, local > 1 ? "s" : "",
+            threads, (long)local * threads, cores, cores / local > 0 ? cores / local : 1);
 }
 
 /* Stage 5: from here on we write outputs. One trainer per --out: rank 0
@@ -183,6 +199,7 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     }
     ri.threads = mt_train_pick_threads(cfg);
     mt_ops_cpu_set_threads(ri.threads);
+    oversubscribed_warning(cfg, ri.threads, ri.world, ri.wrank);
     rs.Gl = cfg->batch_size / (dims.dp * dims.ep);
     rs.Bm = rs.Gl / cfg->microbatches;
     ri.start_step = resume_dir[0] ? resume_meta.step : 0;
