@@ -14,7 +14,7 @@ BUILD=${1:?usage: test_readme.sh BUILD_DIR}
 ROOT=$(cd "$HERE/.." && pwd)
 BUILD=$(cd "$BUILD" && pwd)
 S="$W/sandbox"; mkdir -p "$S/configs"
-ln -s "$BUILD" "$S/build"; ln -s "$ROOT/src" "$S/src"
+ln -s "$BUILD" "$S/build"; ln -s "$ROOT/src" "$S/src"; ln -s "$ROOT/bench" "$S/bench"
 TINY='"n_layer": 2, "d_model": 32, "n_head": 4, "n_kv_head": 2, "seq_len": 32, "batch_size": 4, "lr": 0.01, "warmup_steps": 2, "eval_every": 10, "eval_batches": 0'
 echo "{$TINY}" >"$S/configs/quickstart.json"
 echo "{$TINY, \"pattern\": \"AE\", \"n_experts\": 4, \"top_k\": 2, \"expert_hidden\": 32}" >"$S/configs/quickstart_moe.json"
