@@ -9,6 +9,9 @@
 #     meta.json (the tokenizer's): refused at train start, one line naming
 #     both numbers; with --init-from a smaller data vocabulary is fine.
 #  3. `export --out a/b/c` creates the parents, as `train --out` does.
+#  5. ranks x threads above the cores: one warning line (none at 1 thread).
+#  6. MFU is a percentage in step lines and the done line; the peak and its
+#     source are said once at startup.
 #  8. `train --data nosuch` names the path, not "vocab_size is not set";
 #     a data dir without meta.json says so; `plan --data DIR` reads the
 #     vocabulary of a prepared dir.
@@ -20,8 +23,9 @@ D="$W/data"; mkdir -p "$D"
 python3 "$HERE/make_shard.py" "$D/train_000.bin" 20000 64 pattern
 python3 "$HERE/make_shard.py" "$D/val_000.bin" 2000 64 pattern
 echo '{"vocab_size": 64}' >"$D/meta.json"
-TINY=(--set n_layer=2 --set d_model=32 --set n_head=4 --set n_kv_head=2 --set seq_len=16 --set batch_size=4
-      --set lr=0.01 --set warmup_steps=2 --set eval_every=0 --peak-flops 1e11 --quiet)
+TINY0=(--set n_layer=2 --set d_model=32 --set n_head=4 --set n_kv_head=2 --set seq_len=16 --set batch_size=4
+      --set lr=0.01 --set warmup_steps=2 --set eval_every=0 --peak-flops 1e11)
+TINY=("${TINY0[@]}" --quiet)
 tree_sum() { (cd "$1" && find . -type f -o -type l | sort | xargs -d '\n' sha256sum) 2>/dev/null | sha256sum; }
 
 # expect2 NAME REGEX DIR CMD...: exit 2, one stderr line matching REGEX, DIR's files unchanged
@@ -97,4 +101,20 @@ else bad "plan --data of a prepared dir"; cat "$W/err"; fi
 if "$MT" export --ckpt "$R" --out "$W/hf/deep/qs" 2>"$W/err" && [ -f "$W/hf/deep/qs/config.json" ]; then
     ok "export --out a/b/c creates the parents"
 else bad "export --out a/b/c creates the parents"; cat "$W/err"; fi
+# ---- 6. MFU one way: a percentage in step lines and the done line, the peak and its source said ----
+if "$MT" train "${TINY0[@]}" --data "$D" --out "$W/runs/mfu" --steps 3 >"$W/mfu.out" 2>"$W/err" \
+   && grep -Eq '^step 3/3 loss [0-9.]+ gnorm [0-9.]+ tok/s [0-9]+ mfu [0-9]+\.[0-9]{2}% eta_s' "$W/mfu.out" \
+   && grep -Eq '^done: 3 steps, .* MFU [0-9.]+% \(of the peak above\)' "$W/mfu.out" \
+   && grep -q '^progress: .* MFU = model FLOP/s as a % of a peak of 100.0 GFLOP/s, given by --peak-flops$' "$W/mfu.out"; then
+    ok "MFU: a percentage in step and done lines, the peak and its source named"
+else bad "MFU convention"; grep -E "^(step|done|progress)" "$W/mfu.out"; cat "$W/err"; fi
+
+# ---- 5. ranks x threads above the cores: one warning line ----
+over=$(( $(getconf _NPROCESSORS_ONLN) + 1 ))
+"$MT" train "${TINY[@]}" --data "$D" --out "$W/runs/thr" --steps 1 --set threads=$over >/dev/null 2>"$W/err"
+if grep -q "^meshtrain train: warning: 1 rank on this node x $over threads = $over > $(getconf _NPROCESSORS_ONLN) cores: set OMP_NUM_THREADS=" "$W/err"; then
+    ok "threads above the cores: warned"
+else bad "threads above the cores: no warning"; cat "$W/err"; fi
+"$MT" train "${TINY[@]}" --data "$D" --out "$W/runs/thr1" --steps 1 --set threads=1 >/dev/null 2>"$W/err"
+[ ! -s "$W/err" ] && ok "one thread: no warning" || { bad "one thread: stderr not empty"; cat "$W/err"; }
 finish
