@@ -59,8 +59,8 @@ static void train_usage(FILE *f)
             "                       at startup (under the machine's load then; the receipt's\n"
             "                       timing.peak_flops_source says which)\n"
             "  --knob NAME=VALUE    set a runtime tunable (repeatable; echoed in the receipt's \"knobs\")\n"
-            "  --quiet              no progress output (the step-0 mesh trace line stays: SPEC.md section 2\n"
-            "                       makes it part of every run, and the distributed tests read it)\n\n"
+            "  --quiet              no progress output (the step-0 mesh trace line stays: every rank's\n"
+            "                       coordinates and groups, docs/mesh.md; the distributed tests read it)\n\n"
             "knobs (precedence: --knob, then the config's \"knobs\": {\"NAME\": VALUE}, then the environment\n"
             "alias, then the default; TEST HOOKs are for the test suite):\n");
     char kh[2048];
