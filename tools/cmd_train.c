@@ -238,7 +238,7 @@ static int check_out_dir(const char *out, int overwrite, const char *resume_dir,
         if (path_inside(resume_dir, out) || (run[0] && resume_run && !strcmp(run, resume_run)) || !has_ckpt) return 0;
     }
     fprintf(stderr, "meshtrain train: --out %s already holds a run (%s): use --resume %s to continue it, "
-            "--overwrite to replace it, or another --out\n", out, has_ckpt ? "ckpt/" : "receipt.json", out);
+            "--overwrite to start a new run there, or another --out\n", out, has_ckpt ? "ckpt/" : "receipt.json", out);
     return 2;
 }
 
