@@ -366,8 +366,10 @@ if rc == 0 and os.path.exists(rp):
 else:
     steps = []   # (stamp s, step, tok/s, mfu)
     for l in log:
-        m = re.match(r"\s*(\d+)s step (\d+)/\d+ loss \S+ gnorm \S+ tok/s ([0-9.]+) mfu ([0-9.]+)", l)
-        if m: steps.append((int(m.group(1)), int(m.group(2)), float(m.group(3)), float(m.group(4))))
+        m = re.match(r"\s*(\d+)s step (\d+)/\d+ loss \S+ gnorm \S+ tok/s ([0-9.]+) mfu ([0-9.]+)(%?)", l)
+        # mfu: a percentage since issue 32 ("mfu 44.71%"), a fraction in older logs
+        if m: steps.append((int(m.group(1)), int(m.group(2)), float(m.group(3)),
+                            float(m.group(4)) / (100.0 if m.group(5) else 1.0)))
     last = re.match(r"\s*(\d+)s", log[-1]) if log else None
     why = "box ran out" if rc in (124, 137) else "exit %d" % rc
     if steps:

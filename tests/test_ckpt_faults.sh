@@ -55,7 +55,7 @@ else bad "non-finite weights refused (rc=$rc: $(cat "$W/err"))"; fi
 # 2. resume follows latest: an older run (seed 1) reached step 6 in OUT, a new
 #    run (seed 2) reached step 3; --resume OUT continues the new run
 train --set seed=1 --out "$W/two" --steps 6 2>/dev/null
-train --set seed=2 --out "$W/two" --steps 3 2>/dev/null
+train --set seed=2 --out "$W/two" --steps 3 --overwrite 2>/dev/null
 if train --set seed=2 --out "$W/two2" --steps 5 --resume "$W/two" 2>"$W/err" &&
    [ "$(resumed_from "$W/two2/receipt.json")" = "$W/two/ckpt/step_000003 3" ]; then
   ok "resume follows latest, not another run's higher step"
@@ -94,7 +94,7 @@ if [ $rc -eq 2 ] && [ ! -e "$W/fb3" ]; then ok "no intact checkpoint left: exit 
 #    step_000008 and a user file stay
 train --set seed=5 --out "$W/keep" --steps 8 2>/dev/null
 echo notes > "$W/keep/ckpt/notes.txt"
-if train --set keep_last=2 --set save_every=1 --out "$W/keep" --steps 5 2>"$W/err" &&
+if train --set keep_last=2 --set save_every=1 --out "$W/keep" --steps 5 --overwrite 2>"$W/err" &&
    [ "$(cd "$W/keep/ckpt" && echo step_*)" = "step_000004 step_000005 step_000008" ] && [ -f "$W/keep/ckpt/notes.txt" ]; then
   ok "keep_last=2 keeps the newest two of this run, and what it did not write"
 else bad "keep_last ($(cd "$W/keep/ckpt" && echo *): $(cat "$W/err"))"; fi
@@ -168,7 +168,7 @@ if [ $rc -eq 2 ] && grep -q "tokenizer.bin" "$W/err"; then ok "emptied tokenizer
 
 # 9. receipt.json cannot be written (a directory in the way): exit 1, no .tmp left
 mkdir -p "$W/rcpt/receipt.json"
-train --out "$W/rcpt" --steps 1 >/dev/null 2>"$W/err"; rc=$?
+train --out "$W/rcpt" --steps 1 --overwrite >/dev/null 2>"$W/err"; rc=$?
 if [ $rc -eq 1 ] && [ ! -e "$W/rcpt/receipt.json.tmp" ]; then ok "receipt write failure: exit 1, no receipt.json.tmp"
 else bad "receipt write failure (rc=$rc, $(ls "$W/rcpt"): $(cat "$W/err"))"; fi
 

@@ -757,6 +757,11 @@ int mt_cmd_plan(int argc, char **argv)
         fprintf(stderr, "meshtrain plan: --auto chooses the mesh itself: drop --mesh / --pp-layers\n");
         return 2;
     }
+    /* a prepared data dir gives the vocabulary, as for train */
+    if (o.data && mt_data_resolve_vocab(&ctx, o.data, &cfg.vocab_size, 0) != MT_OK) {
+        fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(&ctx));
+        return 2;
+    }
     if (mt_config_resolve(&ctx, &cfg, o.steps) != MT_OK) {
         fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(&ctx));
         return 2;

@@ -31,7 +31,12 @@ static void train_usage(FILE *f)
             "  --set KEY=VALUE      override one config key (repeatable)\n"
             "  --data PATH          token shards: a file, a directory or a glob   (required)\n"
             "  --val-data PATH      validation shards      default: the *val* files of a --data dir\n"
-            "  --out DIR            receipt.json and ckpt/ go here               (required)\n"
+            "  --out DIR            receipt.json and ckpt/ go here; created with its parents  (required).\n"
+            "                       A DIR that holds another run (receipt.json or ckpt/) is refused\n"
+            "                       (exit 2, nothing touched) unless --resume continues that run\n"
+            "  --overwrite          start a new run in an --out that holds another run: receipt.json and\n"
+            "                       ckpt/latest become the new run's; the old run's ckpt/step_N stay until\n"
+            "                       a new one of the same step replaces them (--force: the same, export's word)\n"
             "  --no-save            write no checkpoint (= --set save_final=false --set save_every=0): the\n"
             "                       receipt only, e.g. for benchmarks of large models\n"
             "  --steps N            the step to reach (0: write the initial checkpoint only)  default: 10\n"
@@ -50,17 +55,19 @@ static void train_usage(FILE *f)
             "  --pp-layers N0,N1,.. layers per pipeline stage   default: balanced by cost (E blocks cost more)\n"
             "  --backend cpu|cuda   compute backend (= --set backend=...; cuda needs a CUDA build and a GPU,\n"
             "                       GEMM precision from MT_CUDA_PRECISION=fp32|bf16)  default: cpu\n"
-            "  --peak-flops F       peak FLOP/s for MFU    default: measure the sgemm roof at startup\n"
+            "  --peak-flops F       peak FLOP/s that MFU (a percentage) is of  default: the sgemm roof measured\n"
+            "                       at startup (under the machine's load then; the receipt's\n"
+            "                       timing.peak_flops_source says which)\n"
             "  --knob NAME=VALUE    set a runtime tunable (repeatable; echoed in the receipt's \"knobs\")\n"
-            "  --quiet              no progress output (the step-0 mesh trace line stays: SPEC.md section 2\n"
-            "                       makes it part of every run, and the distributed tests read it)\n\n"
+            "  --quiet              no progress output (the step-0 mesh trace line stays: every rank's\n"
+            "                       coordinates and groups, docs/mesh.md; the distributed tests read it)\n\n"
             "knobs (precedence: --knob, then the config's \"knobs\": {\"NAME\": VALUE}, then the environment\n"
             "alias, then the default; TEST HOOKs are for the test suite):\n");
     char kh[2048];
     mt_knobs_help(kh, sizeof kh);
     fputs(kh, f);
-    fprintf(f, "\nconfig keys (--config / --set):\n");
-    mt_config_print_help(f);
+    fputc('\n', f);
+    mt_config_print_help(f);   /* its own heading; docs/config.md is generated from it */
     fprintf(f, "\nexit codes: 0 ok, 2 bad input or config, 1 runtime failure\n");
 }
 
@@ -96,7 +103,7 @@ static void watchdog_expired(void)
 static const char *const train_valued[] = {"--config", "--set",   "--backend",   "--data",  "--val-data",
                                            "--out",    "--resume", "--init-from", "--mesh",  "--pp-layers",
                                            "--steps",  "--zero",   "--peak-flops", "--knob", "--lora", NULL};
-static const char *const train_flags[] = {"--quiet", "--no-save", NULL};
+static const char *const train_flags[] = {"--quiet", "--no-save", "--overwrite", "--force", NULL};
 
 /* Under mpirun: MPI up first (every rank parses the same flags and fails the
  * same way on bad input: one line, exit 2, no collective entered). A failure
@@ -190,6 +197,51 @@ static const char *config_diff(const struct mt_config *from, const struct mt_con
     return bad;
 }
 
+/* The run id OUT/ckpt/latest names ("step_N\nRUN_ID\n"), "" if none. */
+static void out_latest_run(const char *out, char *run, size_t n)
+{
+    char p[4200], line[256];
+    run[0] = 0;
+    snprintf(p, sizeof p, "%s/ckpt/latest", out);
+    FILE *f = fopen(p, "r");
+    if (!f) return;
+    if (fgets(line, sizeof line, f) && fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\r\n")] = 0;
+        snprintf(run, n, "%s", line);
+    }
+    fclose(f);
+}
+
+/* Is path (resolved) inside dir (resolved)? */
+static int path_inside(const char *path, const char *dir)
+{
+    char a[4096], b[4096];
+    if (!realpath(path, a) || !realpath(dir, b)) return 0;
+    size_t n = strlen(b);
+    return !strncmp(a, b, n) && (a[n] == '/' || a[n] == 0);
+}
+
+/* --out must not silently replace another run (issue 32): a DIR holding
+ * receipt.json or ckpt/ is refused (exit 2, nothing touched) unless this run
+ * continues it (--resume of a checkpoint inside DIR, or of the run that
+ * DIR/ckpt/latest names) or --overwrite says to start a new run there (the
+ * old run's checkpoints stay: run ids keep the two apart, docs/checkpoint.md).
+ * Returns 0 to go on, else 2 (message printed). */
+static int check_out_dir(const char *out, int overwrite, const char *resume_dir, const char *resume_run)
+{
+    if (!out || overwrite) return 0;
+    const int has_receipt = mt_file_exists_in(out, "receipt.json"), has_ckpt = mt_file_exists_in(out, "ckpt");
+    if (!has_receipt && !has_ckpt) return 0;
+    if (resume_dir) {
+        char run[256];
+        out_latest_run(out, run, sizeof run);
+        if (path_inside(resume_dir, out) || (run[0] && resume_run && !strcmp(run, resume_run)) || !has_ckpt) return 0;
+    }
+    fprintf(stderr, "meshtrain train: --out %s already holds a run (%s): use --resume %s to continue it, "
+            "--overwrite to start a new run there, or another --out\n", out, has_ckpt ? "ckpt/" : "receipt.json", out);
+    return 2;
+}
+
 static int train_main(int argc, char **argv, int world, int rank)
 {
     struct mt_ctx ctx;
@@ -215,6 +267,9 @@ static int train_main(int argc, char **argv, int world, int rank)
      * are read here, before train_args applies --config and --set on top
      * (the one place they are read; train_args only steps over them) */
     const char *resume_arg = NULL, *init_arg = NULL;
+    int overwrite = 0;   /* --overwrite / --force: a new run into an --out holding another (check_out_dir) */
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--overwrite") || !strcmp(argv[i], "--force")) overwrite = 1;
     for (int i = 1; i + 1 < argc; i++) {
         if (!strcmp(argv[i], "--resume")) resume_arg = argv[i + 1];
         if (!strcmp(argv[i], "--init-from")) init_arg = argv[i + 1];
@@ -276,6 +331,10 @@ static int train_main(int argc, char **argv, int world, int rank)
             code = 2;
         }
     }
+    /* a LoRA run from a base inside --out: setup's refusal says why (its step_N could replace the base) */
+    const int lora_base_in_out = cfg.lora_rank > 0 && init_arg && opts.out_dir && path_inside(init_arg, opts.out_dir);
+    if (code < 0 && !lora_base_in_out)
+        code = check_out_dir(opts.out_dir, overwrite, resume_arg ? base_dir : NULL, resume_arg ? rmeta.run_id : NULL) ? 2 : -1;
     if (code < 0) code = train_run(&ctx, &cfg, &opts, world);
     else if (code > 0) code = refuse_args(world, code == 2 ? MT_ERR_INVALID_ARG : MT_ERR_RUNTIME);
     if (hf_tmp[0]) mt_file_rm_rf(hf_tmp);
@@ -303,6 +362,7 @@ static int train_args(struct mt_ctx *ctx, struct mt_knobs *knobs, struct mt_conf
         const int kind = mt_cmd_option("train", train_flags, train_valued, argc, argv, i);
         if (kind < 0) return 2;
         if (kind == 0 && !strcmp(a, "--quiet")) { opts->quiet = 1; continue; }
+        if (kind == 0 && (!strcmp(a, "--overwrite") || !strcmp(a, "--force"))) continue;   /* train_main's scan */
         if (kind == 0) {   /* --no-save: no checkpoint at all, periodic or final (the receipt is written) */
             if (mt_config_set(ctx, cfg, "save_final=false") != MT_OK || mt_config_set(ctx, cfg, "save_every=0") != MT_OK) {
                 fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(ctx));
@@ -403,8 +463,9 @@ static int train_run(struct mt_ctx *ctx, struct mt_config *cfg, struct mt_train_
         return mt_status_exit_code(rc);
     }
     if (!opts->quiet && ctx->rank == 0)
-        printf("done: %d steps, final loss %.6f, %.0f tok/s, MFU %.1f%%, receipt %s/receipt.json\n", res.steps_run,
-               res.final_loss, res.tokens_per_s, 100.0 * res.mfu, opts->out_dir);
+        printf("done: %d steps, final loss %.6f, %.0f tok/s (steady-state mean), MFU %.1f%% (of the peak above), "
+               "receipt %s/receipt.json\n", res.steps_run, res.final_loss, res.tokens_per_s, 100.0 * res.mfu,
+               opts->out_dir);
     mt_ctx_free(ctx);
     return 0;
 }

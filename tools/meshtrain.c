@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "cmd.h"
+#include "core/mt_build.h"
 #include "core/mt_core.h"
 #include "ops/mt_ops.h"
 #include "tok/mt_tok.h"
@@ -30,6 +31,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: meshtrain <command> [options]   (meshtrain <command> --help for its options)\n\ncommands:\n");
     for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
         fprintf(f, "  %-10s %s\n", subcommands[i].name, subcommands[i].help);
+    fprintf(f, "\n  --version  the build (git commit, build type, compiler, MPI/CUDA/NCCL)\n");
     fprintf(f, "\nexit codes: 0 ok, 2 bad input or config, 1 runtime failure\n");
 }
 
@@ -39,6 +41,13 @@ int main(int argc, char **argv)
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(stdout);
         return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        struct mt_build_info b;
+        mt_build_info(&b);
+        printf("meshtrain %s (%s, %s; MPI %s, CUDA %s, NCCL %s)\n", b.git, b.build_type, b.compiler,
+               b.mpi ? "yes" : "no", b.cuda ? "yes" : "no", b.nccl ? "yes" : "no");
+        return 0;
     }
     for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
         if (!strcmp(argv[1], subcommands[i].name))

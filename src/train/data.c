@@ -25,6 +25,7 @@
 #include "mt_data.h"
 #include "../core/mt_fileio.h"
 
+#include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -219,6 +220,48 @@ static enum mt_status map_shard(struct mt_ctx *ctx, struct shard *s, int vocab_s
                                 (unsigned)s->tok[i], vocab_size, i, s->path);
         }
     }
+    return MT_OK;
+}
+
+static int path_names_something(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) == 0) return 1;
+    glob_t g;
+    int n = glob(path, 0, NULL, &g) == 0 ? (int)g.gl_pathc : 0;
+    globfree(&g);
+    return n > 0;
+}
+
+enum mt_status mt_data_resolve_vocab(struct mt_ctx *ctx, const char *data_path, int *vocab_size, int from_ckpt)
+{
+    if (!data_path) return MT_OK;
+    if (*vocab_size == 0 && !path_names_something(data_path))
+        return mt_ctx_error(ctx, MT_ERR_IO, "--data %s: no such file, directory or glob match", data_path);
+    char dir[2048], meta[2100];
+    mt_file_dir_of(data_path, dir, sizeof dir);
+    snprintf(meta, sizeof meta, "%s/meta.json", dir);
+    if (!mt_file_is_regular(meta)) {
+        if (*vocab_size != 0 || from_ckpt) return MT_OK;
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "vocab_size is not set and %s has no meta.json (a data dir written by "
+                            "`meshtrain prepare` has one): --set vocab_size=N", dir);
+    }
+    char *buf;
+    MT_CHECK(mt_file_read_text(ctx, meta, 1 << 20, &buf));
+    cJSON *j = cJSON_Parse(buf);
+    const cJSON *v = j ? cJSON_GetObjectItemCaseSensitive(j, "vocab_size") : NULL;
+    const int have = cJSON_IsNumber(v), dv = have ? v->valueint : 0;
+    cJSON_Delete(j);
+    mt_free(ctx, buf);
+    if (!have || dv < 1) return mt_ctx_error(ctx, MT_ERR_FORMAT, "%s has no numeric vocab_size", meta);
+    if (*vocab_size == 0) *vocab_size = dv;
+    else if (*vocab_size < dv || (*vocab_size > dv && !from_ckpt))
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "vocab_size %d (%s) is %s than the data's vocabulary %d (%s, its "
+                            "tokenizer's): %s", *vocab_size, from_ckpt ? "the checkpoint's" : "config",
+                            *vocab_size > dv ? "larger" : "smaller", dv, meta,
+                            from_ckpt ? "this data was tokenized for another model"
+                                      : "drop vocab_size from the config (it is then read from meta.json) or set it "
+                                        "to match");
     return MT_OK;
 }
 

@@ -930,7 +930,7 @@ enum mt_status mt_export_lora_adapter(struct mt_ctx *ctx, const char *ckpt_dir, 
         st[n].src_offset = ct[i].offset;
         n++;
     }
-    if (access(out_dir, F_OK) != 0 && mkdir(out_dir, 0755) != 0) {
+    if (access(out_dir, F_OK) != 0 && mt_file_mkdir_p(out_dir) != 0) {
         rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot create %s: %s", out_dir, strerror(errno));
         goto done;
     }
@@ -1022,7 +1022,8 @@ static enum mt_status write_export(struct mt_ctx *ctx, const char *out_dir, stru
 {
     char path[PATH_MAX + 64], dst[PATH_MAX + 64];
     if (access(out_dir, F_OK) != 0) {
-        if (mkdir(out_dir, 0755) != 0) return mt_ctx_error(ctx, MT_ERR_IO, "cannot create %s: %s", out_dir, strerror(errno));
+        /* with its parents, as train's --out (issue 32) */
+        if (mt_file_mkdir_p(out_dir) != 0) return mt_ctx_error(ctx, MT_ERR_IO, "cannot create %s: %s", out_dir, strerror(errno));
         *made_out = 1;
     }
     if (snprintf(tmp, tmp_len, "%s/.meshtrain_export.tmp", out_dir) >= (int)tmp_len)

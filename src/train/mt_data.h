@@ -29,6 +29,20 @@ struct mt_data;
  * (missing/unreadable/empty), MT_ERR_FORMAT (magic, version, count vs size),
  * MT_ERR_INVALID_ARG (token >= vocab_size: names file and position), and a
  * stream shorter than T+2 tokens. */
+/* The model's vocabulary against the data's (train's and plan's --data).
+ * The data's is DIR/meta.json's vocab_size (DIR: data_path's directory;
+ * `meshtrain prepare` writes it from the tokenizer). *vocab_size 0 (unset)
+ * takes it; a set one must equal it (a bigger model wastes rows and
+ * mismatches the tokenizer `sample`/`export` later check; a smaller one
+ * cannot embed the ids), except from_ckpt (--resume/--init-from: the
+ * checkpoint fixes the shape): then only a smaller one is refused. Errors
+ * (one line, MT_ERR_CONFIG): the mismatch, naming both numbers and meta.json;
+ * unset and no meta.json ("vocab_size is not set ..."), unless from_ckpt;
+ * MT_ERR_IO: data_path names no file, directory or glob match (checked
+ * first when unset: the path is the problem, not the config); MT_ERR_FORMAT:
+ * meta.json without a numeric vocab_size. */
+enum mt_status mt_data_resolve_vocab(struct mt_ctx *ctx, const char *data_path, int *vocab_size, int from_ckpt);
+
 enum mt_status mt_data_open(struct mt_ctx *ctx, const char *path, const char *split, int vocab_size,
                             int T, struct mt_data **out);
 void   mt_data_close(struct mt_data *d);  /* no-op on NULL */

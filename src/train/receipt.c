@@ -197,6 +197,8 @@ static void receipt_series(cJSON *root, const struct mt_receipt *r)
         cJSON *e = cJSON_CreateObject();
         cJSON_AddNumberToObject(e, "step", r->eval_steps[i]);
         cJSON_AddNumberToObject(e, "loss", r->eval_losses[i]);
+        if (r->cfg)   /* how many val tokens the loss is the mean over */
+            cJSON_AddNumberToObject(e, "tokens", (double)r->cfg->eval_batches * r->cfg->batch_size * r->cfg->seq_len);
         cJSON_AddItemToArray(ev, e);
     }
     cJSON_AddStringToObject(root, "replica_hash_check", r->replica_hash_check);

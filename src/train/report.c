@@ -43,8 +43,9 @@ void mt_train_progress(const struct mt_train_opts *opts, int tty, int step, int 
                 step, steps, loss, gnorm, tok_s, 100.0 * mfu, eta_s);
         if (step == steps) fputc('\n', stdout);
     } else {
-        fprintf(stdout, "step %d/%d loss %.6f gnorm %.4f tok/s %.0f mfu %.4f eta_s %.0f\n", step, steps, loss,
-                gnorm, tok_s, mfu, eta_s);
+        /* MFU as a percentage everywhere (this line, the terminal's, the done line) */
+        fprintf(stdout, "step %d/%d loss %.6f gnorm %.4f tok/s %.0f mfu %.2f%% eta_s %.0f\n", step, steps, loss,
+                gnorm, tok_s, 100.0 * mfu, eta_s);
     }
     fflush(stdout);
 }
@@ -53,9 +54,15 @@ void mt_train_progress_startup(const struct mt_train_opts *opts, int tty, const 
                                double first_step_s)
 {
     if (opts->quiet) return;
-    if (first_step_s < 0)
+    if (first_step_s < 0) {
         fprintf(stdout, "startup: setup %.2f s | param init %.2f s | roof %.2f s | step 1 starts at %.2f s\n",
                 ri->setup_s, ri->param_init_s, ri->roof_s, mt_time_sec() - ri->t_entry);
+        /* one line on what the progress numbers mean, and the peak behind MFU */
+        fprintf(stdout, "progress: tok/s = global batch tokens / that step's time (the done line: the mean over "
+                "the steps after warm-up); MFU = model FLOP/s as a %% of a peak of %.1f GFLOP/s, %s%s\n",
+                ri->peak / 1e9, ri->peak_src,
+                opts->peak_flops > 0 ? "" : " (it moves with the machine's load: --peak-flops F fixes it)");
+    }
     else
         fprintf(stdout, "%sfirst step %.2f s | %.2f s to first step\n", tty ? "\n" : "", first_step_s,
                 ri->to_first_step_s);

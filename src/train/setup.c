@@ -84,26 +84,9 @@ enum mt_status mt_train_backend_status(struct mt_ctx *ctx, const struct mt_ops_i
     return MT_OK;
 }
 
-static enum mt_status resolve_vocab(struct mt_ctx *ctx, struct mt_config *cfg, const char *data_path)
+static enum mt_status resolve_vocab(struct mt_ctx *ctx, struct mt_config *cfg, const struct mt_train_opts *opts)
 {
-    if (cfg->vocab_size != 0) return MT_OK;
-    char dir[2048], meta[2100];
-    mt_file_dir_of(data_path, dir, sizeof dir);
-    snprintf(meta, sizeof meta, "%s/meta.json", dir);
-    if (!mt_file_is_regular(meta)) return MT_OK; /* resolve() reports "vocab_size is not set" */
-    char *buf;
-    MT_CHECK(mt_file_read_text(ctx, meta, 1 << 20, &buf));
-    cJSON *j = cJSON_Parse(buf);
-    const cJSON *v = j ? cJSON_GetObjectItemCaseSensitive(j, "vocab_size") : NULL;
-    if (!cJSON_IsNumber(v)) {
-        cJSON_Delete(j);
-        mt_free(ctx, buf);
-        return mt_ctx_error(ctx, MT_ERR_FORMAT, "%s has no numeric vocab_size", meta);
-    }
-    cfg->vocab_size = v->valueint;
-    cJSON_Delete(j);
-    mt_free(ctx, buf);
-    return MT_OK;
+    return mt_data_resolve_vocab(ctx, opts->data_path, &cfg->vocab_size, opts->resume || opts->init_from);
 }
 
 int mt_train_pick_threads(const struct mt_config *cfg)
@@ -248,7 +231,7 @@ enum mt_status mt_train_setup_local(struct mt_ctx *ctx, struct mt_config *cfg, c
     MT_CHECK(mt_mesh_parse(ctx, opts->mesh, world, dims));
 
     /* ---- 1. config (vocab may come from the data dir) ---- */
-    MT_CHECK(resolve_vocab(ctx, cfg, opts->data_path));
+    MT_CHECK(resolve_vocab(ctx, cfg, opts));
     if (opts->resume) {
         /* latest of the run, or its previous intact checkpoint (said on stderr) */
         char note[2048];

@@ -11,6 +11,7 @@
 #include "mt_trainer.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -50,6 +51,21 @@ static double peak_flops(const struct mt_train_opts *opts, const struct run_stat
     return mine * world;
 }
 
+/* Ranks on this node x threads per rank above its cores: each rank's
+ * OpenMP team then fights the others' for the cores (slower than fewer
+ * threads). Said once, by rank 0; one thread per rank is the user's choice. */
+static void oversubscribed_warning(const struct mt_config *cfg, int threads, int world, int wrank)
+{
+    const char *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    if (!ls || atoi(ls) < 1) ls = getenv("MPI_LOCALNRANKS");
+    const int local = ls && atoi(ls) > 0 ? atoi(ls) : world;
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (wrank != 0 || threads < 2 || cores < 1 || (long)local * threads <= cores || !strcmp(cfg->backend, "cuda")) return;
+    fprintf(stderr, "meshtrain train: warning: %d rank%s on this node x %d threads = %ld > %ld cores: set "
+            "OMP_NUM_THREADS=%ld (or --set threads=N) so that ranks x threads <= cores\n", local, local > 1 ? "s" : "",
+            threads, (long)local * threads, cores, cores / local > 0 ? cores / local : 1);
+}
+
 /* Stage 5: from here on we write outputs. One trainer per --out: rank 0
  * holds OUT/.lock for the run; every rank learns the outcome (nothing was
  * written before this point), agreed, so the job ends in order instead of
@@ -84,7 +100,8 @@ static enum mt_status after_step(struct mt_ctx *ctx, struct run_state *rs, const
         rs->eval_steps[rs->n_evals] = done_steps;
         rs->eval_losses[rs->n_evals++] = vl;
         if (!opts->quiet && mt_mesh_rank(rs->mesh) == 0) {
-            fprintf(stdout, "%sval step %d loss %.6f\n", tty ? "\n" : "", done_steps, vl);
+            fprintf(stdout, "%sval step %d loss %.6f (%d batches, %.0f tokens scored)\n", tty ? "\n" : "", done_steps,
+                    vl, cfg->eval_batches, (double)cfg->eval_batches * cfg->batch_size * cfg->seq_len);
             fflush(stdout);
         }
     }
@@ -173,8 +190,16 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     /* ---- 1-3. flags, config, resume metadata, backend, data (local, then agreed) ---- */
     rc = mt_train_setup_local(ctx, cfg, opts, ri.world, &dims, resume_dir, sizeof resume_dir, &resume_meta, &rs);
     MT_CHECK_GOTO(mt_comm_agree(ctx, NULL, rc, "setup (flags, config, resume, data)"), rc, done);
+    /* eval_batches 0: every distinct window of the val split (the last batch
+     * that does not wrap: window o = ((b*G+i)*T) mod (N-T-1), docs/architecture.md) */
+    if (cfg->eval_batches == 0 && rs.val) {
+        const size_t n = mt_data_ntokens(rs.val), per = (size_t)cfg->batch_size * (size_t)cfg->seq_len;
+        const size_t nb = n > (size_t)cfg->seq_len + 1 ? (n - (size_t)cfg->seq_len - 1) / per : 0;
+        cfg->eval_batches = nb < 1 ? 1 : nb > 100000 ? 100000 : (int)nb;
+    }
     ri.threads = mt_train_pick_threads(cfg);
     mt_ops_cpu_set_threads(ri.threads);
+    oversubscribed_warning(cfg, ri.threads, ri.world, ri.wrank);
     rs.Gl = cfg->batch_size / (dims.dp * dims.ep);
     rs.Bm = rs.Gl / cfg->microbatches;
     ri.start_step = resume_dir[0] ? resume_meta.step : 0;
