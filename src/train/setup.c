@@ -18,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../core/mt_build.h"
 #include "../core/mt_fileio.h"
 #include "../core/mt_knobs.h"
 #ifdef MT_WITH_CUDA
@@ -309,6 +310,82 @@ enum mt_status mt_train_setup_local(struct mt_ctx *ctx, struct mt_config *cfg, c
         }
     }
     return MT_OK;
+}
+
+/* The keys every rank must agree on, in one fixed order: the resolved
+ * config's keys (except threads, which may differ per node), then the
+ * command line's run shape, the data's identity and the build. */
+#define AGREE_MAX_KEYS 256
+struct agree_list {
+    int         n;
+    const char *names[AGREE_MAX_KEYS];
+    char       *values[AGREE_MAX_KEYS];
+    uint64_t    hashes[AGREE_MAX_KEYS];
+};
+
+static void agree_add(struct agree_list *l, const char *name, const char *value)
+{
+    if (l->n >= AGREE_MAX_KEYS) return;
+    l->names[l->n] = name;
+    l->values[l->n] = strdup(value ? value : "(none)");
+    char tmp[64];
+    snprintf(tmp, sizeof tmp, "%s=", name);
+    l->hashes[l->n] = mt_comm_hash_str(tmp) ^ (mt_comm_hash_str(value ? value : "(none)") * 31u);
+    l->n++;
+}
+
+static void agree_data(struct agree_list *l, const char *name, const struct mt_data *d)
+{
+    char buf[128] = "(none)";
+    if (d) snprintf(buf, sizeof buf, "%zu tokens in %d files, max token %d", mt_data_ntokens(d), mt_data_nfiles(d),
+                    mt_data_max_token(d));
+    agree_add(l, name, buf);
+}
+
+enum mt_status mt_train_setup_agree(struct mt_ctx *ctx, const struct mt_config *cfg, const struct mt_train_opts *opts,
+                                    const struct mt_mesh_dims *dims, const char *resume_dir,
+                                    const struct mt_ckpt_meta *resume_meta, const struct run_state *rs)
+{
+    struct agree_list l;
+    memset(&l, 0, sizeof l);
+    char *js = mt_config_to_json(cfg);
+    cJSON *root = js ? cJSON_Parse(js) : NULL;
+    free(js);
+    if (!root) return mt_ctx_error(ctx, MT_ERR_OOM, "cannot serialise the config for the ranks' agreement");
+    for (const cJSON *it = root->child; it; it = it->next) {
+        if (!it->string || !strcmp(it->string, "threads")) continue;
+        char *v = cJSON_PrintUnformatted(it);
+        agree_add(&l, it->string, v);
+        cJSON_free(v);
+    }
+    char buf[256];
+    snprintf(buf, sizeof buf, "pp=%d dp=%d ep=%d tp=%d sp=%d", dims->pp, dims->dp, dims->ep, dims->tp, dims->sp);
+    agree_add(&l, "--mesh", buf);
+    snprintf(buf, sizeof buf, "%d", opts->zero_stage);
+    agree_add(&l, "--zero", buf);
+    snprintf(buf, sizeof buf, "%d", opts->steps);
+    agree_add(&l, "--steps", buf);
+    agree_add(&l, "--pp-layers", opts->pp_layers);
+    agree_add(&l, "--out", opts->out_dir);
+    agree_add(&l, "--data", opts->data_path);
+    agree_add(&l, "--val-data", opts->val_path);
+    agree_data(&l, "the training data", rs->train);
+    agree_data(&l, "the validation data", rs->val);
+    agree_add(&l, "--init-from", opts->init_from);
+    agree_add(&l, "--resume (resolved checkpoint)", resume_dir[0] ? resume_dir : NULL);
+    if (resume_dir[0]) {
+        snprintf(buf, sizeof buf, "step %d of run %s", resume_meta->step, resume_meta->run_id);
+        agree_add(&l, "the resumed checkpoint", buf);
+    }
+    struct mt_build_info b;
+    mt_build_info(&b);
+    char bb[1024];
+    snprintf(bb, sizeof bb, "%s %s %s mpi=%d cuda=%d nccl=%d", b.git, b.build_type, b.compiler, b.mpi, b.cuda, b.nccl);
+    agree_add(&l, "the build", bb);
+    enum mt_status rc = mt_comm_agree_keys(ctx, NULL, l.n, l.names, (const char *const *)l.values, l.hashes);
+    for (int i = 0; i < l.n; i++) free(l.values[i]);
+    cJSON_Delete(root);   /* owns the config's key names */
+    return rc;
 }
 
 /* The mesh's communicators (collective) and this rank's place in them. On
