@@ -26,6 +26,7 @@
 #endif
 #include "mt_optim.h"
 #include "mt_layout.h"
+#include "mt_plan.h"
 #include "train_impl.h"
 
 /* vocab_size 0 = take it from DATA_DIR/meta.json (written by `meshtrain prepare`). */
@@ -231,6 +232,103 @@ static enum mt_status resume_base(struct mt_ctx *ctx, const struct mt_config *cf
     return set_base_path(ctx, opts->init_from ? opts->init_from : meta->base_path, opts, rs);
 }
 
+/* Bytes the host can still give this process: (MemAvailable + SwapFree) of
+ * /proc/meminfo shared by the launcher's ranks on this node; 0 = unknown. */
+static double host_available_bytes(int *local_ranks)
+{
+    static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"};
+    *local_ranks = 1;
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && atoi(v) > 0) { *local_ranks = atoi(v); break; }
+    }
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    double avail = -1, swap = 0;
+    while (fgets(line, sizeof line, f)) {
+        double kb;
+        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) avail = kb * 1024.0;
+        else if (sscanf(line, "SwapFree: %lf kB", &kb) == 1) swap = kb * 1024.0;
+    }
+    fclose(f);
+    return avail < 0 ? 0 : (avail + swap) / *local_ranks;
+}
+
+static void bucket_line(const size_t *b, int first, int last, char *buf, size_t n)
+{
+    static const char *const names[MT_BUCKET_COUNT] = {"params", "grads", "optim", "acts", "comm", "workspace", "other"};
+    size_t o = 0;
+    buf[0] = 0;
+    for (int k = first; k <= last && o < n; k++)
+        if (b[k]) o += (size_t)snprintf(buf + o, n - o, "%s%s %.2f GiB", o ? ", " : "", names[k], (double)b[k] / 1073741824.0);
+}
+
+/* The plan's bytes for this rank (the planner's size functions, the same
+ * the runtime allocates with) against the memory there is, before any large
+ * allocation (issue 33 item 6): `--set d_model=1048576` used to zero-fill a
+ * 15.9 GB activation buffer before noticing that 24 TB of parameters cannot
+ * fit. cpu: every bucket is host memory; cuda: all but "other" live on the
+ * device, checked against its free memory. MT_ERR_CONFIG (exit 2) with the
+ * numbers. The plan runs on a scratch ctx (outside this run's accounting). */
+static enum mt_status check_memory(struct mt_ctx *ctx, const struct mt_config *cfg, const struct mt_train_opts *opts,
+                                   const struct mt_mesh_dims *dims, int n_steps, const struct run_state *rs)
+{
+    struct mt_plan_setup su;
+    memset(&su, 0, sizeof su);
+    su.dims = *dims;
+    su.zero_stage = opts->zero_stage;
+    su.steps = n_steps;
+    memcpy(su.first_layer, rs->first_layer, sizeof su.first_layer);
+    su.threads = mt_train_pick_threads(cfg);
+    su.data_bytes = 2.0 * ((double)mt_data_ntokens(rs->train) + (rs->val ? (double)mt_data_ntokens(rs->val) : 0));
+    struct mt_ctx pctx;
+    mt_ctx_init(&pctx);
+    struct mt_plan *plan = NULL;
+    if (mt_plan_create(&pctx, cfg, &su, 0, &plan) != MT_OK) {
+        if (pctx.last_status == MT_ERR_OOM)
+            return mt_ctx_error(ctx, MT_ERR_CONFIG, "cannot plan the memory of this model (%s): it is too large for "
+                                "this host", mt_ctx_last_error(&pctx));
+        return mt_ctx_error(ctx, pctx.last_status, "%s", mt_ctx_last_error(&pctx));
+    }
+    int rank = ctx->rank >= 0 && ctx->rank < mt_plan_world(plan) ? ctx->rank : 0;
+    size_t b[MT_BUCKET_COUNT];
+    mt_plan_rank_bytes(plan, rank, b);
+    mt_plan_destroy(&pctx, plan);
+    const int on_device = rs->ops && !strcmp(rs->ops->name, "cuda");
+    double host_need = 0, dev_need = 0;
+    for (int k = 0; k < MT_BUCKET_COUNT; k++) {
+        if (on_device && k != MT_BUCKET_OTHER) dev_need += (double)b[k];
+        else host_need += (double)b[k];
+    }
+    char parts[512];
+    int local = 1;
+    double host = host_available_bytes(&local);
+    if (host > 0 && host_need > host) {
+        bucket_line(b, on_device ? MT_BUCKET_OTHER : 0, MT_BUCKET_OTHER, parts, sizeof parts);
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "the plan needs %.2f GiB of host memory on rank %d (%s) but %.2f GiB "
+                            "are available to it (MemAvailable + SwapFree%s): shrink the model or the batch, or add "
+                            "ranks (meshtrain plan shows where the bytes go)", host_need / 1073741824.0, rank, parts,
+                            host / 1073741824.0, local > 1 ? ", shared by the ranks of this node" : "");
+    }
+#ifdef MT_WITH_CUDA
+    struct mt_ops_cuda_info ci;
+    if (on_device && mt_ops_cuda_get_info(&ci) == MT_OK) {
+        double dev = (double)(ci.mem_free_now ? ci.mem_free_now : ci.mem_total);
+        if (dev > 0 && dev_need > dev) {
+            bucket_line(b, 0, MT_BUCKET_WORKSPACE, parts, sizeof parts);
+            return mt_ctx_error(ctx, MT_ERR_CONFIG, "the plan needs %.2f GiB of device memory on rank %d (%s) but "
+                                "the GPU (%s) has %.2f GiB free: shrink the model or the batch, or add ranks "
+                                "(meshtrain plan shows where the bytes go)", dev_need / 1073741824.0, rank, parts,
+                                ci.device, dev / 1073741824.0);
+        }
+    }
+#else
+    (void)dev_need;
+#endif
+    return MT_OK;
+}
+
 /* Setup steps 1-3 of one rank, with no collective: flags, mesh shape,
  * config (and the resume checkpoint's metadata), startup contract, pipeline
  * cut, backend, data. Its status goes to mt_comm_agree: a rank that fails here
@@ -309,7 +407,8 @@ enum mt_status mt_train_setup_local(struct mt_ctx *ctx, struct mt_config *cfg, c
             rs->val = NULL;
         }
     }
-    return MT_OK;
+    /* ---- 4. the plan's bytes against the memory there is, before any large allocation ---- */
+    return check_memory(ctx, cfg, opts, dims, opts->resume ? opts->steps - resume_meta->step : opts->steps, rs);
 }
 
 /* The keys every rank must agree on, in one fixed order: the resolved
