@@ -32,6 +32,7 @@
 #include "mt_ckpt.h"
 #include "../core/mt_fileio.h"
 #include "../dist/mt_comm.h"
+#include "../model/mt_model.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -1002,6 +1003,64 @@ done:
 /* ------------------------------------------------------------------ */
 /* load                                                               */
 /* ------------------------------------------------------------------ */
+
+/* Every tensor of params.bin is a parameter of the manifest's own config,
+ * with its global shape (issue 33 item 7): a manifest whose config says
+ * n_layer=1 over 2-layer tensors (a forged or hand-edited manifest with its
+ * checksum recomputed) used to resume with rc 0, silently dropping the
+ * second layer, and export wrote a 1-layer model. The other direction (a
+ * parameter with no tensor) is the load's "no tensor" error; an
+ * adapter-only LoRA checkpoint holds a subset, which is fine. */
+static enum mt_status tensors_of_config(struct mt_ctx *ctx, const char *dir, const struct manifest *mf,
+                                        const struct mt_config *saved);
+enum mt_status mt_ckpt_check_tensors(struct mt_ctx *ctx, const char *dir, const struct mt_config *saved)
+{
+    struct manifest mf;
+    MT_CHECK(manifest_read(ctx, dir, &mf));
+    enum mt_status rc = tensors_of_config(ctx, dir, &mf, saved);
+    manifest_free(ctx, &mf);
+    return rc;
+}
+
+static enum mt_status tensors_of_config(struct mt_ctx *ctx, const char *dir, const struct manifest *mf,
+                                        const struct mt_config *saved)
+{
+    struct mt_config c = *saved;
+    struct mt_ctx scratch;
+    mt_ctx_init(&scratch);
+    if (mt_config_resolve(&scratch, &c, c.total_steps > 0 ? c.total_steps : 1) != MT_OK)
+        return mt_ctx_error(ctx, MT_ERR_FORMAT, "%s/manifest.json: its config is invalid: %s", dir,
+                            mt_ctx_last_error(&scratch));
+    int n = mt_model_registry(&c, NULL, 0);
+    struct mt_param *reg = mt_alloc(ctx, (size_t)(n > 0 ? n : 1) * sizeof *reg, MT_BUCKET_OTHER);
+    if (!reg) return MT_ERR_OOM;
+    mt_model_registry(&c, reg, n);
+    enum mt_status rc = MT_OK;
+    int extra = 0;
+    const struct mt_ckpt_tensor *first = NULL;
+    for (int i = 0; i < mf->n && rc == MT_OK; i++) {
+        const struct mt_ckpt_tensor *t = &mf->t[i];
+        if (strcmp(t->file, "params.bin")) continue;
+        const struct mt_param *p = NULL;
+        for (int k = 0; k < n && !p; k++)
+            if (!strcmp(reg[k].name, t->name)) p = &reg[k];
+        if (!p) {
+            if (!extra++) first = t;
+            continue;
+        }
+        int64_t s1 = p->ndim == 2 ? p->shape[1] : 1;
+        if (t->ndim != p->ndim || t->shape[0] != p->shape[0] || (t->ndim == 2 ? t->shape[1] : 1) != s1)
+            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s/manifest.json: tensor %s has shape [%lld,%lld] but the manifest's "
+                              "config makes it [%lld,%lld]", dir, t->name, (long long)t->shape[0],
+                              (long long)(t->ndim == 2 ? t->shape[1] : 1), (long long)p->shape[0], (long long)s1);
+    }
+    if (rc == MT_OK && extra)
+        rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s/manifest.json: %d tensor%s (first: %s) %s not a parameter of the "
+                          "manifest's config (n_layer=%d, pattern \"%s\"): the manifest and its tensors disagree",
+                          dir, extra, extra > 1 ? "s" : "", first->name, extra > 1 ? "are" : "is", c.n_layer, c.pattern);
+    mt_free(ctx, reg);
+    return rc;
+}
 
 enum mt_status mt_ckpt_read_meta(struct mt_ctx *ctx, const char *dir, struct mt_config *cfg,
                                  struct mt_ckpt_meta *meta)

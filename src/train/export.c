@@ -948,6 +948,7 @@ enum mt_status mt_export_lora_adapter(struct mt_ctx *ctx, const char *ckpt_dir, 
     char path[PATH_MAX + 64];
     int nct = 0, fd = -1;
     MT_CHECK(mt_ckpt_read_meta(ctx, ckpt_dir, &cfg, &meta));
+    MT_CHECK(mt_ckpt_check_tensors(ctx, ckpt_dir, &cfg));
     if (cfg.lora_rank <= 0)
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s is not a LoRA checkpoint (lora_rank=0): nothing to export "
                             "with --adapter", ckpt_dir);
@@ -1194,6 +1195,7 @@ enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char
     if (!opts) opts = &defaults;
 
     MT_CHECK(mt_ckpt_read_meta(ctx, ckpt_dir, &cfg, &meta));
+    MT_CHECK(mt_ckpt_check_tensors(ctx, ckpt_dir, &cfg));   /* every tensor accounted for (issue 33) */
     if (cfg.head_dim == 0 || cfg.mlp_hidden == 0 || !cfg.pattern[0])
         MT_CHECK(mt_config_resolve(ctx, &cfg, cfg.total_steps));
     int n_lossy = 0;

@@ -356,6 +356,7 @@ enum mt_status mt_train_setup_local(struct mt_ctx *ctx, struct mt_config *cfg, c
         struct mt_config saved;
         mt_config_defaults(&saved);
         MT_CHECK(mt_ckpt_read_meta(ctx, resume_dir, &saved, resume_meta));
+        MT_CHECK(mt_ckpt_check_tensors(ctx, resume_dir, &saved));   /* every tensor accounted for (issue 33) */
         if (cfg->vocab_size == 0) cfg->vocab_size = saved.vocab_size;
         if (opts->steps < resume_meta->step)
             return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--steps %d is below the checkpoint's step %d (%s)",
