@@ -25,6 +25,7 @@ CK=$(ls -d "$W"/run/ckpt/step_* | tail -1)
 # refused NAME REGEX NOT_CREATED CMD... : exit 2 within 20 s, one line on stderr matching REGEX, NOT_CREATED absent
 refused() {
     local name=$1 re=$2 out=$3; shift 3
+    rm -rf "$out"
     local t0=$SECONDS
     timeout 20 "$@" >/dev/null 2>"$W/err" </dev/null; local rc=$? dt=$((SECONDS - t0))
     if [ $rc -eq 2 ] && [ "$(wc -l <"$W/err")" = 1 ] && grep -Eq "$re" "$W/err" && [ ! -e "$out" ]; then

@@ -471,7 +471,8 @@ enum mt_status mt_train_setup_agree(struct mt_ctx *ctx, const struct mt_config *
     agree_add(&l, "--val-data", opts->val_path);
     agree_data(&l, "the training data", rs->train);
     agree_data(&l, "the validation data", rs->val);
-    agree_add(&l, "--init-from", opts->init_from);
+    /* a Hugging Face --init-from is imported per rank into its own temporary folder: the folder is what agrees */
+    agree_add(&l, "--init-from", opts->init_from_hf ? opts->init_from_hf : opts->init_from);
     agree_add(&l, "--resume (resolved checkpoint)", resume_dir[0] ? resume_dir : NULL);
     if (resume_dir[0]) {
         snprintf(buf, sizeof buf, "step %d of run %s", resume_meta->step, resume_meta->run_id);
