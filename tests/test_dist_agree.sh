@@ -57,6 +57,24 @@ differs "--mesh" dp=2 tp=2 --mesh --mesh dp=2
 differs "--data" "$W/train.bin" "$W/other.bin" --data
 differs "--steps" 3 4 --steps
 
+# the same --data path naming another file on each node (here: another cwd
+# per rank), same size and vocabulary: the data's content hash differs
+mkdir -p "$W/n0" "$W/n1"
+python3 "$HERE/make_shard.py" "$W/n0/tok.bin" 20000 64 pattern
+python3 "$HERE/make_shard.py" "$W/n1/tok.bin" 20000 64 random
+cat >"$W/cdwrap.sh" <<SH
+#!/usr/bin/env bash
+cd "$W/n\${OMPI_COMM_WORLD_RANK:-0}" && exec "\$@"
+SH
+chmod +x "$W/cdwrap.sh"
+rm -rf "$W/o"
+"${MPIRUN[@]}" -np 2 "$W/cdwrap.sh" "$(cd "$(dirname "$MT")" && pwd)/meshtrain" train $DENSE --peak-flops 1e11 --quiet --data tok.bin --out "$W/o" --steps 3 \
+    >"$W/job.log" 2>&1 </dev/null
+rc=$?
+if [ $rc -eq 2 ] && [ "$(grep -c 'ranks disagree on the training data: rank 0 and rank 1' "$W/job.log")" -ge 2 ] && [ ! -e "$W/o" ]; then
+    ok "same --data path, other content on rank 1: exit 2 naming the training data"
+else bad "same --data path, other content (rc=$rc)"; cat "$W/job.log"; fi
+
 # the MPMD form of the issue
 rm -rf "$W/o"
 "${MPIRUN[@]}" -np 1 "$MT" train $DENSE $COMMON --out "$W/o" --steps 3 : \

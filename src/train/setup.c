@@ -434,11 +434,29 @@ static void agree_add(struct agree_list *l, const char *name, const char *value)
     l->n++;
 }
 
-static void agree_data(struct agree_list *l, const char *name, const struct mt_data *d)
+/* A stream's identity: its size, files, largest token, and an xxh64-like
+ * hash (FNV over the ids) of the first sequences of the first and last step
+ * the run reads: the same files in another order, or another shard with the
+ * same size, differ there (cheap: at most 2 x 8 sequences). */
+static void agree_data(struct agree_list *l, const char *name, const struct mt_data *d, const struct mt_config *cfg,
+                       int steps)
 {
-    char buf[128] = "(none)";
-    if (d) snprintf(buf, sizeof buf, "%zu tokens in %d files, max token %d", mt_data_ntokens(d), mt_data_nfiles(d),
-                    mt_data_max_token(d));
+    char buf[192] = "(none)";
+    if (d) {
+        const int T = cfg->seq_len, G = cfg->batch_size;
+        int32_t *inp = malloc((size_t)T * sizeof *inp), *tgt = malloc((size_t)T * sizeof *tgt);
+        uint64_t h = 1469598103934665603ull;
+        for (int k = 0; k < 2 && inp && tgt; k++)
+            for (int64_t i = 0; i < (G < 8 ? G : 8); i++) {
+                mt_data_sequence(d, k == 0 ? 0 : (steps > 0 ? steps - 1 : 0), G, i, T, inp, tgt);
+                for (int t = 0; t < T; t++) h = (h ^ (uint64_t)(uint32_t)inp[t]) * 1099511628211ull;
+                h = (h ^ (uint64_t)(uint32_t)tgt[T - 1]) * 1099511628211ull;
+            }
+        free(inp);
+        free(tgt);
+        snprintf(buf, sizeof buf, "%zu tokens in %d files, max token %d, first sequences %016llx", mt_data_ntokens(d),
+                 mt_data_nfiles(d), mt_data_max_token(d), (unsigned long long)h);
+    }
     agree_add(l, name, buf);
 }
 
@@ -469,8 +487,8 @@ enum mt_status mt_train_setup_agree(struct mt_ctx *ctx, const struct mt_config *
     agree_add(&l, "--out", opts->out_dir);
     agree_add(&l, "--data", opts->data_path);
     agree_add(&l, "--val-data", opts->val_path);
-    agree_data(&l, "the training data", rs->train);
-    agree_data(&l, "the validation data", rs->val);
+    agree_data(&l, "the training data", rs->train, cfg, opts->steps);
+    agree_data(&l, "the validation data", rs->val, cfg, 1);
     /* a Hugging Face --init-from is imported per rank into its own temporary folder: the folder is what agrees */
     agree_add(&l, "--init-from", opts->init_from_hf ? opts->init_from_hf : opts->init_from);
     agree_add(&l, "--resume (resolved checkpoint)", resume_dir[0] ? resume_dir : NULL);
