@@ -56,6 +56,7 @@ differs "--out" "$W/o" "$W/o2" --out
 differs "--mesh" dp=2 tp=2 --mesh --mesh dp=2
 differs "--data" "$W/train.bin" "$W/other.bin" --data
 differs "--steps" 3 4 --steps
+differs "knob zero_overlap" zero_overlap=1 zero_overlap=0 "knob zero_overlap" --knob zero_overlap=1
 
 # the same --data path naming another file on each node (here: another cwd
 # per rank), same size and vocabulary: the data's content hash differs

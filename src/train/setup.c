@@ -476,6 +476,14 @@ enum mt_status mt_train_setup_agree(struct mt_ctx *ctx, const struct mt_config *
         agree_add(&l, it->string, v);
         cJSON_free(v);
     }
+    /* the knobs that change what a rank computes or exchanges (the test hooks may differ per rank) */
+    char kname[MT_KNOB_COUNT][80];
+    for (int i = 0; i < MT_KNOB_COUNT; i++) {
+        const struct mt_knob_def *d = mt_knob_def((enum mt_knob_id)i);
+        if (!d || d->test_only) continue;
+        snprintf(kname[i], sizeof kname[i], "knob %s", d->name);
+        agree_add(&l, kname[i], mt_knob_str(ctx, (enum mt_knob_id)i));
+    }
     char buf[256];
     snprintf(buf, sizeof buf, "pp=%d dp=%d ep=%d tp=%d sp=%d", dims->pp, dims->dp, dims->ep, dims->tp, dims->sp);
     agree_add(&l, "--mesh", buf);
