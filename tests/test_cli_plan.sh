@@ -152,7 +152,8 @@ expect2 "batch split"       "batch_size % (dp*ep*microbatches)" --config "$W/c.j
 expect2 "seq_len % tp (SP)" "seq_len % tp != 0 with sequence parallel" --config "$W/c.json" --world 2 --mesh tp=2 --set seq_len=255
 expect2 "resolve rule"      "n_head % n_kv_head != 0"   --config "$W/c.json" --set n_kv_head=3
 expect2 "unknown key"       "did you mean 'n_layer'"    --config "$W/c.json" --set n_layers=2
-expect2 "unknown key (file)" "unknown config key 'frobs'" --config <(printf '{"vocab_size":512,"frobs":1}')
+printf '{"vocab_size":512,"frobs":1}' >"$W/frobs.json"   # a file: a pipe (<(...)) is no regular file (issue 33)
+expect2 "unknown key (file)" "unknown config key 'frobs'" --config "$W/frobs.json"
 expect2 "no vocab"          "vocab_size is not set"     --world 1
 expect2 "bad axis"          "unknown axis 'xp'"         --config "$W/c.json" --world 2 --mesh xp=2
 expect2 "bad world"         "--world"                   --config "$W/c.json" --world two

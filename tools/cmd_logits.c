@@ -110,6 +110,7 @@ int mt_cmd_logits(int argc, char **argv)
     MT_CHECK_GOTO(mt_train_backend_ops(&ctx, backend, &ops), rc, done);
     MT_CHECK_GOTO(mt_ckpt_find(&ctx, ckpt, dir, sizeof dir), rc, done);
     MT_CHECK_GOTO(mt_ckpt_read_meta(&ctx, dir, &cfg, &meta), rc, done);
+    MT_CHECK_GOTO(mt_ckpt_check_tensors(&ctx, dir, &cfg), rc, done);
     for (int i = 0; i < n; i++)
         if (ids[i] >= cfg.vocab_size) {
             rc = mt_ctx_error(&ctx, MT_ERR_INVALID_ARG, "--ids: id %d at position %d is >= vocab_size %d", ids[i], i,

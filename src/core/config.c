@@ -19,6 +19,7 @@
  */
 #define _GNU_SOURCE
 #include "mt_config.h"
+#include "mt_fileio.h"
 #include "mt_knobs.h"
 #include "../model/mt_blocks.h"   /* pattern letters: the block-kind table */
 
@@ -31,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 enum key_type { KT_INT, KT_FLOAT, KT_STRING, KT_BOOL, KT_U64 };
 
@@ -114,6 +116,7 @@ static const struct key keys[] = {
     {"comm_timeout_s", KT_FLOAT, OFF(comm_timeout_s), 0, "300", 0, FMAXV, NULL, 0, "a collective still waiting for a peer after this many seconds ends the job (watchdog, several ranks only); 0 = off"},
 };
 
+#define MT_CONFIG_MAX_BYTES (16 << 20)   /* a config file: JSON of a few KiB */
 #define N_KEYS ((int)(sizeof keys / sizeof keys[0]))
 
 static const char *type_name(enum key_type t)
@@ -431,8 +434,23 @@ enum mt_status mt_config_load_file(struct mt_ctx *ctx, struct mt_config *cfg, co
 enum mt_status mt_config_load_file_knobs(struct mt_ctx *ctx, struct mt_config *cfg, struct mt_knobs *knobs,
                                          const char *path)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return mt_ctx_error(ctx, MT_ERR_IO, "cannot open config file '%s'", path);
+    /* a regular file of at most MT_CONFIG_MAX_BYTES: /dev/zero or a FIFO
+     * used to grow without end or block forever (issue 33 item 3) */
+    int fd;
+    int64_t fsize;
+    char label[64];
+    snprintf(label, sizeof label, "config file");
+    MT_CHECK(mt_file_open_regular(ctx, path, label, &fd, &fsize));
+    if (fsize > MT_CONFIG_MAX_BYTES) {
+        close(fd);
+        return mt_ctx_error(ctx, MT_ERR_FORMAT, "config file '%s' has %lld bytes (at most %d)", path, (long long)fsize,
+                            MT_CONFIG_MAX_BYTES);
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return mt_ctx_error(ctx, MT_ERR_IO, "cannot open config file '%s'", path);
+    }
     char *buf = NULL;
     size_t len = 0, cap = 0;
     for (;;) {
@@ -449,6 +467,11 @@ enum mt_status mt_config_load_file_knobs(struct mt_ctx *ctx, struct mt_config *c
         size_t got = fread(buf + len, 1, 4096, f);
         len += got;
         if (got < 4096) break;
+        if (len > MT_CONFIG_MAX_BYTES) {   /* grew while read */
+            free(buf);
+            fclose(f);
+            return mt_ctx_error(ctx, MT_ERR_FORMAT, "config file '%s' is over %d bytes", path, MT_CONFIG_MAX_BYTES);
+        }
     }
     int err = ferror(f);
     fclose(f);

@@ -95,22 +95,39 @@ int mt_file_exists_in(const char *dir, const char *name)
     return stat(p, &st) == 0;
 }
 
+enum mt_status mt_file_open_regular(struct mt_ctx *ctx, const char *path, const char *what, int *fd, int64_t *size)
+{
+    *fd = -1;
+    if (size) *size = 0;
+    int f = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    const char *sp = what && *what ? " " : "";
+    if (!what) what = "";
+    if (f < 0) return mt_ctx_error(ctx, MT_ERR_IO, "cannot open %s%s%s: %s", what, sp, path, strerror(errno));
+    struct stat sb;
+    if (fstat(f, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(f);
+        return mt_ctx_error(ctx, MT_ERR_FORMAT, "%s%s%s is not a regular file (a FIFO, device or directory cannot be read "
+                            "as one)", what, sp, path);
+    }
+    int fl = fcntl(f, F_GETFL);
+    if (fl >= 0) (void)fcntl(f, F_SETFL, fl & ~O_NONBLOCK);
+    *fd = f;
+    if (size) *size = (int64_t)sb.st_size;
+    return MT_OK;
+}
+
 enum mt_status mt_file_read_text(struct mt_ctx *ctx, const char *path, size_t max_bytes, char **out)
 {
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return mt_ctx_error(ctx, MT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        close(fd);
-        return mt_ctx_error(ctx, MT_ERR_FORMAT, "%s is not a regular file", path);
-    }
-    if ((unsigned long long)sb.st_size > (unsigned long long)max_bytes) {
+    int fd;
+    int64_t size;
+    MT_CHECK(mt_file_open_regular(ctx, path, NULL, &fd, &size));
+    if ((unsigned long long)size > (unsigned long long)max_bytes) {
         close(fd);
         return mt_ctx_error(ctx, MT_ERR_FORMAT, "%s has %lld bytes (at most %zu expected)", path,
-                            (long long)sb.st_size, max_bytes);
+                            (long long)size, max_bytes);
     }
-    size_t n = (size_t)sb.st_size;
+    size_t n = (size_t)size;
     char *s = mt_alloc(ctx, n + 1, MT_BUCKET_OTHER);
     if (!s) { close(fd); return MT_ERR_OOM; }
     if (mt_file_pread_all(fd, s, n, 0) != 0) {

@@ -38,6 +38,15 @@ int mt_file_is_regular(const char *path);  /* 1: a regular file (links followed)
 /* 1: dir/name exists, of any kind (links followed); 0 also for a path too long. */
 int mt_file_exists_in(const char *dir, const char *name);
 
+/* Open PATH for reading, a regular file only (links followed): opened
+ * O_NONBLOCK so that a FIFO cannot block in open(), checked with fstat, then
+ * made blocking again. A FIFO, device (/dev/zero) or directory is refused
+ * with MT_ERR_FORMAT (exit 2) "WHAT PATH is not a regular file" before a byte
+ * is read (issue 33 item 3); open's failure is MT_ERR_IO "cannot open WHAT
+ * PATH: strerror". *fd: the descriptor (caller closes), -1 on error;
+ * *size: the file's size when not NULL. */
+enum mt_status mt_file_open_regular(struct mt_ctx *ctx, const char *path, const char *what, int *fd, int64_t *size);
+
 /* A whole regular file of at most max_bytes as a NUL-terminated string
  * (bucket OTHER, caller frees with mt_free). A directory, a device, a file
  * over max_bytes or one holding a NUL byte is MT_ERR_FORMAT (before any

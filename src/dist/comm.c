@@ -363,6 +363,70 @@ enum mt_status mt_comm_agree(struct mt_ctx *ctx, struct mt_comm *comm, enum mt_s
                         (int)(v / 256), phase, mt_status_str(st));
 }
 
+uint64_t mt_comm_hash_str(const char *s)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (; s && *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+/* HOW IT WORKS: the common case (every rank agrees) costs one all-gather of
+ * two values per rank; the per-key hashes travel only when something
+ * differs, to name the first differing key and the first rank that differs
+ * from rank 0 (or, when rank 0 agrees with all, the pair that differs). */
+enum mt_status mt_comm_agree_keys(struct mt_ctx *ctx, struct mt_comm *comm, int n, const char *const *names,
+                                  const char *const *values, const uint64_t *hashes)
+{
+    struct mt_comm *made = NULL;
+    if (!comm) MT_CHECK(mt_comm_create_world(ctx, &made));
+    if (!comm) comm = made;
+    const int P = comm->size;
+    enum mt_status rc = MT_OK;
+    int64_t mine[2] = {n, 0};
+    uint64_t total = 1469598103934665603ull;
+    for (int i = 0; i < n; i++) total = (total ^ hashes[i]) * 1099511628211ull;
+    memcpy(&mine[1], &total, sizeof total);
+    int64_t *all = mt_alloc(ctx, (size_t)P * 2 * sizeof *all, MT_BUCKET_OTHER);
+    int64_t *keys = NULL;
+    if (!all) { rc = MT_ERR_OOM; goto done; }
+    MT_CHECK_GOTO(mt_comm_allgather(ctx, comm, all, mine, 2, MT_DTYPE_I64), rc, done);
+    int same = 1, same_n = 1;
+    for (int r = 1; r < P; r++) {
+        if (all[2 * r] != all[0]) same_n = 0;
+        if (all[2 * r] != all[0] || all[2 * r + 1] != all[1]) same = 0;
+    }
+    if (same) goto done;
+    if (!same_n) {
+        int r = 1;
+        while (r < P && all[2 * r] == all[0]) r++;
+        rc = mt_ctx_error(ctx, MT_ERR_CONFIG,
+                          "ranks disagree on the list of keys (another build?): rank 0 has %lld, rank %d has %lld; "
+                          "every rank must run the same build with the same configuration",
+                          (long long)all[0], r, (long long)all[2 * r]);
+        goto done;
+    }
+    keys = mt_alloc(ctx, (size_t)P * (size_t)(n > 0 ? n : 1) * sizeof *keys, MT_BUCKET_OTHER);
+    if (!keys) { rc = MT_ERR_OOM; goto done; }
+    MT_CHECK_GOTO(mt_comm_allgather(ctx, comm, keys, hashes, (size_t)n, MT_DTYPE_I64), rc, done);
+    for (int i = 0; i < n; i++)
+        for (int a = 0; a < P; a++)
+            for (int b = a + 1; b < P; b++) {
+                if (keys[(size_t)a * (size_t)n + (size_t)i] == keys[(size_t)b * (size_t)n + (size_t)i]) continue;
+                rc = mt_ctx_error(ctx, MT_ERR_CONFIG,
+                                  "ranks disagree on %s: rank %d and rank %d were given different values (rank %d's: "
+                                  "%s); every rank must be given the same configuration, mesh, data and --out",
+                                  names[i], a, b, comm->rank, values && values[i] ? values[i] : "?");
+                goto done;
+            }
+    /* the list hashes differ but no key does: cannot happen (same n, same hashes) */
+    rc = mt_ctx_error(ctx, MT_ERR_CONFIG, "ranks disagree on their configuration (hash of the key list)");
+done:
+    mt_free(ctx, keys);
+    mt_free(ctx, all);
+    mt_comm_destroy(made);
+    return rc;
+}
+
 /* ------------------------------------------------------------------ */
 /* the self implementation: one rank                                   */
 /* ------------------------------------------------------------------ */

@@ -164,6 +164,23 @@ void mt_dist_libraries(char *buf, size_t n);
  * would otherwise leave the others waiting in their next collective. */
 enum mt_status mt_comm_agree(struct mt_ctx *ctx, struct mt_comm *comm, enum mt_status local, const char *phase);
 
+/* Agreement on what every rank was given (issue 33): each rank passes the
+ * same ordered list of n keys (names) with a 64-bit hash of its own value of
+ * each (the resolved config's keys, the mesh, --out, the data, the build...).
+ * One all-gather of (n, hash of the list) on comm (NULL: a world group made
+ * for the call); only on a difference a second all-gather of the n hashes
+ * finds the first differing key. Returns MT_OK on every rank iff every rank
+ * has the same list; else MT_ERR_CONFIG on every rank (exit 2) with "ranks
+ * disagree on KEY: rank A and rank B were given different values (this
+ * rank's: VALUE); every rank must be given the same configuration" (values:
+ * this rank's value of each key for the message, may be NULL). Different n
+ * (another build): KEY is "the list of keys (another build?)". MT_ERR_COMM
+ * when the collective fails. */
+enum mt_status mt_comm_agree_keys(struct mt_ctx *ctx, struct mt_comm *comm, int n, const char *const *names,
+                                  const char *const *values, const uint64_t *hashes);
+/* FNV-1a 64 of s (for mt_comm_agree_keys). */
+uint64_t mt_comm_hash_str(const char *s);
+
 /* ---- collective watchdog (watchdog.c; docs/mesh.md "Hangs") ----
  * A blocking collective, a wait on a non-blocking one, a batched P2P or a
  * split on a group of more than one rank that has not returned after

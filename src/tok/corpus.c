@@ -16,7 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <xxhash.h>
+
+#include "../core/mt_fileio.h"
 
 struct plist { char **p; size_t n, cap; };
 
@@ -94,8 +97,13 @@ void mt_tok_corpus_destroy(struct mt_ctx *ctx, struct mt_tok_corpus *c)
 /* Probe a file: 1 if binary (NUL in the first MT_TOK_BINARY_PROBE bytes). */
 static enum mt_status probe(struct mt_ctx *ctx, const char *path, uint64_t *size, int *binary)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return mt_ctx_error(ctx, MT_ERR_IO, "cannot read %s: %s", path, strerror(errno));
+    int fd;
+    MT_CHECK(mt_file_open_regular(ctx, path, NULL, &fd, NULL));   /* not a FIFO (issue 33) */
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return mt_ctx_error(ctx, MT_ERR_IO, "cannot read %s: %s", path, strerror(errno));
+    }
     struct stat st;
     if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
         fclose(f);

@@ -338,8 +338,13 @@ done:
 enum mt_status mt_tok_load(struct mt_ctx *ctx, const char *path, struct mt_tok **out)
 {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return mt_ctx_error(ctx, MT_ERR_IO, "cannot open tokenizer %s: %s", path, strerror(errno));
+    int fd;
+    MT_CHECK(mt_file_open_regular(ctx, path, "tokenizer", &fd, NULL));   /* not a FIFO (issue 33) */
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return mt_ctx_error(ctx, MT_ERR_IO, "cannot open tokenizer %s: %s", path, strerror(errno));
+    }
     uint8_t *buf = NULL;
     size_t n = 0, cap = 0;
     enum mt_status rc = MT_OK;

@@ -32,6 +32,7 @@
 #include "mt_ckpt.h"
 #include "../core/mt_fileio.h"
 #include "../dist/mt_comm.h"
+#include "../model/mt_model.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -116,8 +117,8 @@ static void fsync_path(const char *path)
 /* xxh64 (seed 0) and size of a whole file. */
 static enum mt_status file_hash(struct mt_ctx *ctx, const char *path, uint64_t *hash, int64_t *size)
 {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return mt_ctx_error(ctx, MT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    int fd;
+    MT_CHECK(mt_file_open_regular(ctx, path, NULL, &fd, NULL));   /* a FIFO would block (issue 33) */
     XXH64_state_t *st = XXH64_createState();
     size_t cap = 1 << 20;
     char *buf = mt_alloc(ctx, cap, MT_BUCKET_WORKSPACE);
@@ -452,7 +453,9 @@ static enum mt_status manifest_read(struct mt_ctx *ctx, const char *dir, struct 
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "path too long: %s", dir);
     char *text;
     enum mt_status rc = mt_file_read_text(ctx, path, CKPT_MANIFEST_MAX, &text);
-    if (rc == MT_ERR_IO) return mt_ctx_error(ctx, MT_ERR_IO, "no checkpoint at %s (cannot read manifest.json)", dir);
+    /* a manifest.json that is there but no regular file (a FIFO) keeps its own message */
+    if (rc == MT_ERR_IO && !(access(path, F_OK) == 0 && !mt_file_is_regular(path)))
+        return mt_ctx_error(ctx, MT_ERR_IO, "no checkpoint at %s (cannot read manifest.json)", dir);
     if (rc != MT_OK) return rc;
     mf->root = cJSON_Parse(text);
     mt_free(ctx, text);
@@ -1001,6 +1004,64 @@ done:
 /* load                                                               */
 /* ------------------------------------------------------------------ */
 
+/* Every tensor of params.bin is a parameter of the manifest's own config,
+ * with its global shape (issue 33 item 7): a manifest whose config says
+ * n_layer=1 over 2-layer tensors (a forged or hand-edited manifest with its
+ * checksum recomputed) used to resume with rc 0, silently dropping the
+ * second layer, and export wrote a 1-layer model. The other direction (a
+ * parameter with no tensor) is the load's "no tensor" error; an
+ * adapter-only LoRA checkpoint holds a subset, which is fine. */
+static enum mt_status tensors_of_config(struct mt_ctx *ctx, const char *dir, const struct manifest *mf,
+                                        const struct mt_config *saved);
+enum mt_status mt_ckpt_check_tensors(struct mt_ctx *ctx, const char *dir, const struct mt_config *saved)
+{
+    struct manifest mf;
+    MT_CHECK(manifest_read(ctx, dir, &mf));
+    enum mt_status rc = tensors_of_config(ctx, dir, &mf, saved);
+    manifest_free(ctx, &mf);
+    return rc;
+}
+
+static enum mt_status tensors_of_config(struct mt_ctx *ctx, const char *dir, const struct manifest *mf,
+                                        const struct mt_config *saved)
+{
+    struct mt_config c = *saved;
+    struct mt_ctx scratch;
+    mt_ctx_init(&scratch);
+    if (mt_config_resolve(&scratch, &c, c.total_steps > 0 ? c.total_steps : 1) != MT_OK)
+        return mt_ctx_error(ctx, MT_ERR_FORMAT, "%s/manifest.json: its config is invalid: %s", dir,
+                            mt_ctx_last_error(&scratch));
+    int n = mt_model_registry(&c, NULL, 0);
+    struct mt_param *reg = mt_alloc(ctx, (size_t)(n > 0 ? n : 1) * sizeof *reg, MT_BUCKET_OTHER);
+    if (!reg) return MT_ERR_OOM;
+    mt_model_registry(&c, reg, n);
+    enum mt_status rc = MT_OK;
+    int extra = 0;
+    const struct mt_ckpt_tensor *first = NULL;
+    for (int i = 0; i < mf->n && rc == MT_OK; i++) {
+        const struct mt_ckpt_tensor *t = &mf->t[i];
+        if (strcmp(t->file, "params.bin")) continue;
+        const struct mt_param *p = NULL;
+        for (int k = 0; k < n && !p; k++)
+            if (!strcmp(reg[k].name, t->name)) p = &reg[k];
+        if (!p) {
+            if (!extra++) first = t;
+            continue;
+        }
+        int64_t s1 = p->ndim == 2 ? p->shape[1] : 1;
+        if (t->ndim != p->ndim || t->shape[0] != p->shape[0] || (t->ndim == 2 ? t->shape[1] : 1) != s1)
+            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s/manifest.json: tensor %s has shape [%lld,%lld] but the manifest's "
+                              "config makes it [%lld,%lld]", dir, t->name, (long long)t->shape[0],
+                              (long long)(t->ndim == 2 ? t->shape[1] : 1), (long long)p->shape[0], (long long)s1);
+    }
+    if (rc == MT_OK && extra)
+        rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s/manifest.json: %d tensor%s (first: %s) %s not a parameter of the "
+                          "manifest's config (n_layer=%d, pattern \"%s\"): the manifest and its tensors disagree",
+                          dir, extra, extra > 1 ? "s" : "", first->name, extra > 1 ? "are" : "is", c.n_layer, c.pattern);
+    mt_free(ctx, reg);
+    return rc;
+}
+
 enum mt_status mt_ckpt_read_meta(struct mt_ctx *ctx, const char *dir, struct mt_config *cfg,
                                  struct mt_ckpt_meta *meta)
 {
@@ -1076,11 +1137,12 @@ static enum mt_status load_one(struct mt_ctx *ctx, const struct mt_ops_i *ops, c
     return MT_OK;
 }
 
-static int open_in(const char *dir, const char *fname)
+/* DIR/FNAME for reading, a regular file only (a FIFO would block, issue 33). */
+static enum mt_status open_in(struct mt_ctx *ctx, const char *dir, const char *fname, int *fd)
 {
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/%s", dir, fname);
-    return open(path, O_RDONLY);
+    return mt_file_open_regular(ctx, path, NULL, fd, NULL);
 }
 
 enum mt_status mt_ckpt_manifest_hash(struct mt_ctx *ctx, const char *dir, char hash[MT_CKPT_RUN_ID_LEN])
@@ -1202,8 +1264,7 @@ enum mt_status mt_ckpt_load_base(struct mt_ctx *ctx, const struct mt_ops_i *ops,
     }
 
     MT_CHECK_GOTO(verify_file(ctx, dir, &mf, "params.bin"), rc, done);
-    fd = open_in(dir, "params.bin");
-    if (fd < 0) { rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot open %s/params.bin: %s", dir, strerror(errno)); goto done; }
+    MT_CHECK_GOTO(open_in(ctx, dir, "params.bin", &fd), rc, done);
     for (int i = 0; i < n_params; i++)
         MT_CHECK_GOTO(load_one(ctx, ops, dir, &mf, fd, "params.bin", params[i].name, &params[i], params[i].data, stage),
                       rc, done);
@@ -1231,8 +1292,7 @@ enum mt_status mt_ckpt_load_base(struct mt_ctx *ctx, const struct mt_ops_i *ops,
             mt_optim_set_t(o, 0);
         } else {
             MT_CHECK_GOTO(verify_file(ctx, dir, &mf, "optim.bin"), rc, done);
-            fd = open_in(dir, "optim.bin");
-            if (fd < 0) { rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot open %s/optim.bin: %s", dir, strerror(errno)); goto done; }
+            MT_CHECK_GOTO(open_in(ctx, dir, "optim.bin", &fd), rc, done);
             for (int i = 0; i < ns; i++) {
                 struct mt_optim_state s;
                 mt_optim_state_get(o, i, &s);
@@ -1351,10 +1411,14 @@ enum mt_status mt_ckpt_resolve(struct mt_ctx *ctx, const char *dir_or_out, char 
     if (!dir_or_out || !path) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "mt_ckpt_resolve: missing argument");
     if (snprintf(p, sizeof p, "%s/manifest.json", dir_or_out) >= (int)sizeof p - 64)
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "path too long: %s", dir_or_out);
-    if (lstat(p, &sb) == 0) {   /* a checkpoint dir itself (even a damaged one: load says what is wrong) */
+    if (lstat(p, &sb) == 0) {
+        /* a checkpoint dir itself: the same validation as a checkpoint found
+         * through OUT (manifest, every listed file's size and checksum,
+         * tokenizer.bin included), so naming the folder skips no check
+         * (issue 33 item 5); no fallback: the user named this one */
         if (snprintf(path, path_len, "%s", dir_or_out) >= (int)path_len)
             return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "path too long: %s", dir_or_out);
-        return MT_OK;
+        return ckpt_check(ctx, dir_or_out, NULL);
     }
     snprintf(ck, sizeof ck, "%s/ckpt", dir_or_out);
     if (stat(ck, &sb) != 0 || !S_ISDIR(sb.st_mode))

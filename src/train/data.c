@@ -178,8 +178,8 @@ static uint16_t max_u16(const uint16_t *t, size_t n)
 
 static enum mt_status map_shard(struct mt_ctx *ctx, struct shard *s, int vocab_size)
 {
-    int fd = open(s->path, O_RDONLY);
-    if (fd < 0) return mt_ctx_error(ctx, MT_ERR_IO, "cannot open shard '%s': %s", s->path, strerror(errno));
+    int fd;
+    MT_CHECK(mt_file_open_regular(ctx, s->path, "shard", &fd, NULL));   /* not a FIFO or device (issue 33) */
     struct stat st;
     if (fstat(fd, &st) != 0) {
         close(fd);

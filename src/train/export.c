@@ -181,6 +181,53 @@ static int dtype_of(const char *s, enum mt_st_dtype *dt, size_t *esize)
     return -1;
 }
 
+/* A JSON number that is an exact integer in [0, 2^53] (offsets, dimensions). */
+static int json_is_index(const cJSON *x)
+{
+    if (!cJSON_IsNumber(x)) return 0;
+    double v = x->valuedouble;
+    return v >= 0 && v <= 9007199254740992.0 && v == floor(v);
+}
+
+static int cmp_begin(const void *a, const void *b)
+{
+    const struct mt_st_tensor *x = *(const struct mt_st_tensor *const *)a, *y = *(const struct mt_st_tensor *const *)b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+
+/* The safetensors rule (as the reference loader checks it): the tensors'
+ * [begin, end) ranges, in offset order, tile the data exactly — the first
+ * begins at 0, each begins where the previous ends (no hole, no overlap) and
+ * the last ends at the end of the file. A shifted range (both offsets + 4)
+ * would otherwise read its neighbour's bytes (issue 33 item 2). */
+static enum mt_status check_coverage(struct mt_ctx *ctx, const char *path, const struct mt_safetensors *st,
+                                     int64_t data_size)
+{
+    const struct mt_st_tensor **o = mt_alloc(ctx, (size_t)(st->n > 0 ? st->n : 1) * sizeof *o, MT_BUCKET_OTHER);
+    if (!o) return MT_ERR_OOM;
+    for (int i = 0; i < st->n; i++) o[i] = &st->t[i];
+    qsort(o, (size_t)st->n, sizeof *o, cmp_begin);
+    enum mt_status rc = MT_OK;
+    int64_t at = 0;
+    for (int i = 0; i < st->n && rc == MT_OK; i++) {
+        if (o[i]->begin > at)
+            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: tensor %s: data_offsets [%lld,%lld] leave a hole at byte %lld "
+                              "(the tensors must cover the data contiguously)", path, o[i]->name,
+                              (long long)o[i]->begin, (long long)o[i]->end, (long long)at);
+        else if (o[i]->begin < at)
+            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: tensor %s: data_offsets [%lld,%lld] overlap %s (which ends at %lld)",
+                              path, o[i]->name, (long long)o[i]->begin, (long long)o[i]->end, o[i - 1]->name,
+                              (long long)at);
+        at = o[i]->end;
+    }
+    if (rc == MT_OK && at != data_size)
+        rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: the tensors cover %lld bytes of data but the file holds %lld after "
+                          "the header", path, (long long)at, (long long)data_size);
+    mt_free(ctx, o);
+    return rc;
+}
+
 void mt_safetensors_close(struct mt_ctx *ctx, struct mt_safetensors *st)
 {
     if (!st) return;
@@ -194,17 +241,20 @@ enum mt_status mt_safetensors_open(struct mt_ctx *ctx, const char *path, struct 
     *out = NULL;
     struct mt_safetensors *st = mt_alloc(ctx, sizeof *st, MT_BUCKET_OTHER);
     if (!st) return MT_ERR_OOM;
-    st->fd = open(path, O_RDONLY);
-    if (st->fd < 0) {
+    enum mt_status orc = mt_file_open_regular(ctx, path, NULL, &st->fd, NULL);   /* not a FIFO (issue 33) */
+    if (orc != MT_OK) {
         mt_safetensors_close(ctx, st);
-        return mt_ctx_error(ctx, MT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+        return orc;
     }
     enum mt_status rc = MT_OK;
     char *hdr = NULL;
     cJSON *h = NULL;
     struct stat sb;
     unsigned char lenb[8];
-    fstat(st->fd, &sb);
+    if (fstat(st->fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        rc = mt_ctx_error(ctx, MT_ERR_IO, "%s is not a regular file", path);
+        goto done;
+    }
     st->file_size = sb.st_size;
     if (st->file_size < 8 || mt_file_pread_all(st->fd, lenb, 8, 0) != 0) {
         rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: not a safetensors file (too short)", path);
@@ -251,11 +301,20 @@ enum mt_status mt_safetensors_open(struct mt_ctx *ctx, const char *path, struct 
                 rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: tensor %s has a bad shape", path, t->name);
                 goto done;
             }
+            if (!json_is_index(x)) {
+                rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: tensor %s has a bad shape (not an integer)", path, t->name);
+                goto done;
+            }
             t->shape[d] = (int64_t)x->valuedouble;
         }
         const cJSON *b0 = cJSON_GetArrayItem(of, 0), *b1 = cJSON_GetArrayItem(of, 1);
-        if (!cJSON_IsNumber(b0) || !cJSON_IsNumber(b1)) {
-            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: tensor %s has bad data_offsets", path, t->name);
+        if (!json_is_index(b0) || !json_is_index(b1)) {
+            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: tensor %s has bad data_offsets (not two integers >= 0)", path,
+                              t->name);
+            goto done;
+        }
+        if (mt_safetensors_find(st, t->name)) {
+            rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: tensor %s appears twice in the header", path, t->name);
             goto done;
         }
         t->begin = (int64_t)b0->valuedouble;
@@ -271,6 +330,7 @@ enum mt_status mt_safetensors_open(struct mt_ctx *ctx, const char *path, struct 
         t->src_offset = st->data_start + t->begin;
         st->n++;
     }
+    rc = check_coverage(ctx, path, st, data_size);
 done:
     cJSON_Delete(h);
     mt_free(ctx, hdr);
@@ -812,9 +872,8 @@ static enum mt_status lora_base_tensors(struct mt_ctx *ctx, const char *ckpt_dir
     if (rc == MT_OK) rc = mt_ckpt_read_tensors(ctx, b, "params.bin", bt, nbt);
     if (rc == MT_OK) {
         snprintf(path, sizeof path, "%s/params.bin", b);
-        *bfd = open(path, O_RDONLY);
-        if (*bfd < 0) rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-        else qsort(*bt, (size_t)*nbt, sizeof **bt, cmp_ckpt_name);
+        rc = mt_file_open_regular(ctx, path, NULL, bfd, NULL);
+        if (rc == MT_OK) qsort(*bt, (size_t)*nbt, sizeof **bt, cmp_ckpt_name);
     }
     if (tmp[0]) mt_file_rm_rf(tmp);   /* an open params.bin stays readable */
     return rc;
@@ -889,6 +948,7 @@ enum mt_status mt_export_lora_adapter(struct mt_ctx *ctx, const char *ckpt_dir, 
     char path[PATH_MAX + 64];
     int nct = 0, fd = -1;
     MT_CHECK(mt_ckpt_read_meta(ctx, ckpt_dir, &cfg, &meta));
+    MT_CHECK(mt_ckpt_check_tensors(ctx, ckpt_dir, &cfg));
     if (cfg.lora_rank <= 0)
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s is not a LoRA checkpoint (lora_rank=0): nothing to export "
                             "with --adapter", ckpt_dir);
@@ -911,8 +971,7 @@ enum mt_status mt_export_lora_adapter(struct mt_ctx *ctx, const char *ckpt_dir, 
     st = mt_alloc(ctx, (size_t)(nct > 0 ? nct : 1) * sizeof *st, MT_BUCKET_OTHER);
     if (!st) { rc = MT_ERR_OOM; goto done; }
     snprintf(path, sizeof path, "%s/params.bin", ckpt_dir);
-    fd = open(path, O_RDONLY);
-    if (fd < 0) { rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot open %s: %s", path, strerror(errno)); goto done; }
+    MT_CHECK_GOTO(mt_file_open_regular(ctx, path, NULL, &fd, NULL), rc, done);
     for (int i = 0; i < nct; i++) {
         if (!strstr(ct[i].name, ".lora_")) continue;
         memset(&st[n], 0, sizeof st[n]);
@@ -1137,6 +1196,7 @@ enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char
     if (!opts) opts = &defaults;
 
     MT_CHECK(mt_ckpt_read_meta(ctx, ckpt_dir, &cfg, &meta));
+    MT_CHECK(mt_ckpt_check_tensors(ctx, ckpt_dir, &cfg));   /* every tensor accounted for (issue 33) */
     if (cfg.head_dim == 0 || cfg.mlp_hidden == 0 || !cfg.pattern[0])
         MT_CHECK(mt_config_resolve(ctx, &cfg, cfg.total_steps));
     int n_lossy = 0;
@@ -1168,8 +1228,7 @@ enum mt_status mt_export_hf(struct mt_ctx *ctx, const char *ckpt_dir, const char
     if (!st || !merged) { rc = MT_ERR_OOM; goto done; }
     memset(merged, 0, (size_t)(nx > 0 ? nx : 1) * sizeof *merged);
     snprintf(path, sizeof path, "%s/params.bin", ckpt_dir);
-    fd = open(path, O_RDONLY);
-    if (fd < 0) { rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot open %s: %s", path, strerror(errno)); goto done; }
+    MT_CHECK_GOTO(mt_file_open_regular(ctx, path, NULL, &fd, NULL), rc, done);
     MT_CHECK_GOTO(export_match_tensors(ctx, ckpt_dir, &cfg, x, nx, ct, nct, bt, nbt, fd, bfd, st, merged), rc, done);
     if (nct != nx && cfg.lora_rank <= 0) warnf(warn, warn_len, "checkpoint holds %d tensors, the model %d: extra ones not exported", nct, nx);
 
@@ -1269,6 +1328,14 @@ enum mt_status mt_import_hf(struct mt_ctx *ctx, const char *hf_dir, const char *
         p->data = mt_alloc(ctx, p->numel * sizeof(float), MT_BUCKET_PARAMS);
         if (!p->data) { rc = MT_ERR_OOM; goto done; }
         MT_CHECK_GOTO(mt_safetensors_read_f32(ctx, sf, t, p->data), rc, done);
+        /* bad input, not a runtime failure (issue 33 item 4): exit 2 here,
+         * before the checkpoint writer's own non-finite refusal (exit 1) */
+        for (size_t k = 0; k < p->numel; k++)
+            if (!isfinite(p->data[k])) {
+                rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: tensor %s holds a non-finite value (%g at element %zu): "
+                                  "refusing to import it", path, t->name, (double)p->data[k], k);
+                goto done;
+            }
     }
     if (used < sf->n)
         warnf(warn, warn_len, "%s holds %d tensors not used by the model (ignored)", path, sf->n - used);

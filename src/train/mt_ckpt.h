@@ -159,6 +159,14 @@ enum mt_status mt_ckpt_base_check(struct mt_ctx *ctx, const char *dir, const str
 
 /* One tensor of a checkpoint manifest (for export and tools that read a
  * checkpoint without building a model). */
+/* Every tensor of DIR's params.bin is a parameter of `saved` (the config
+ * mt_ckpt_read_meta read from the same manifest) with the global shape that
+ * config gives it (issue 33 item 7: a manifest saying n_layer=1 over 2-layer
+ * tensors, its checksum recomputed, used to resume silently dropping the
+ * second layer). Called by resume, export and logits. MT_ERR_FORMAT naming
+ * the count and the first stray tensor, or the tensor whose shape differs. */
+enum mt_status mt_ckpt_check_tensors(struct mt_ctx *ctx, const char *dir, const struct mt_config *saved);
+
 struct mt_ckpt_tensor {
     char    name[160];
     char    file[32];     /* "params.bin" | "optim.bin"                   */

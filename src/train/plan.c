@@ -30,7 +30,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "../core/mt_fileio.h"
 #include "../model/mt_blocks.h"
 #include "../model/mt_model.h"
 #include "mt_optim.h"
@@ -670,8 +672,13 @@ void mt_plan_param_spec(const struct mt_plan *p, int i, char *buf, size_t len)
 enum mt_status mt_plan_runtime_load(struct mt_ctx *ctx, const char *path, struct mt_plan_runtime *rt, int *found)
 {
     *found = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return mt_ctx_error(ctx, MT_ERR_IO, "cannot open profile '%s'", path);
+    int fd;
+    MT_CHECK(mt_file_open_regular(ctx, path, "profile", &fd, NULL));   /* not a FIFO (issue 33) */
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return mt_ctx_error(ctx, MT_ERR_IO, "cannot open profile '%s'", path);
+    }
     char buf[1 << 16];
     size_t n = fread(buf, 1, sizeof buf - 1, f);
     fclose(f);
@@ -744,8 +751,13 @@ static void profile_load_rates(const cJSON *j, struct mt_plan_profile *prof)
 enum mt_status mt_plan_profile_load(struct mt_ctx *ctx, const char *path, struct mt_plan_profile *prof)
 {
     memset(prof, 0, sizeof *prof);
-    FILE *f = fopen(path, "rb");
-    if (!f) return mt_ctx_error(ctx, MT_ERR_IO, "cannot open device profile '%s'", path);
+    int fd;
+    MT_CHECK(mt_file_open_regular(ctx, path, "device profile", &fd, NULL));   /* not a FIFO (issue 33) */
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return mt_ctx_error(ctx, MT_ERR_IO, "cannot open device profile '%s'", path);
+    }
     char buf[1 << 16];
     size_t n = fread(buf, 1, sizeof buf - 1, f);
     fclose(f);

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../core/mt_build.h"
 #include "../core/mt_fileio.h"
 #include "../core/mt_knobs.h"
 #ifdef MT_WITH_CUDA
@@ -25,6 +26,7 @@
 #endif
 #include "mt_optim.h"
 #include "mt_layout.h"
+#include "mt_plan.h"
 #include "train_impl.h"
 
 /* vocab_size 0 = take it from DATA_DIR/meta.json (written by `meshtrain prepare`). */
@@ -213,6 +215,103 @@ static enum mt_status resume_base(struct mt_ctx *ctx, const struct mt_config *cf
     return set_base_path(ctx, opts->init_from ? opts->init_from : meta->base_path, opts, rs);
 }
 
+/* Bytes the host can still give this process: (MemAvailable + SwapFree) of
+ * /proc/meminfo shared by the launcher's ranks on this node; 0 = unknown. */
+static double host_available_bytes(int *local_ranks)
+{
+    static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"};
+    *local_ranks = 1;
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && atoi(v) > 0) { *local_ranks = atoi(v); break; }
+    }
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    double avail = -1, swap = 0;
+    while (fgets(line, sizeof line, f)) {
+        double kb;
+        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) avail = kb * 1024.0;
+        else if (sscanf(line, "SwapFree: %lf kB", &kb) == 1) swap = kb * 1024.0;
+    }
+    fclose(f);
+    return avail < 0 ? 0 : (avail + swap) / *local_ranks;
+}
+
+static void bucket_line(const size_t *b, int first, int last, char *buf, size_t n)
+{
+    static const char *const names[MT_BUCKET_COUNT] = {"params", "grads", "optim", "acts", "comm", "workspace", "other"};
+    size_t o = 0;
+    buf[0] = 0;
+    for (int k = first; k <= last && o < n; k++)
+        if (b[k]) o += (size_t)snprintf(buf + o, n - o, "%s%s %.2f GiB", o ? ", " : "", names[k], (double)b[k] / 1073741824.0);
+}
+
+/* The plan's bytes for this rank (the planner's size functions, the same
+ * the runtime allocates with) against the memory there is, before any large
+ * allocation (issue 33 item 6): `--set d_model=1048576` used to zero-fill a
+ * 15.9 GB activation buffer before noticing that 24 TB of parameters cannot
+ * fit. cpu: every bucket is host memory; cuda: all but "other" live on the
+ * device, checked against its free memory. MT_ERR_CONFIG (exit 2) with the
+ * numbers. The plan runs on a scratch ctx (outside this run's accounting). */
+static enum mt_status check_memory(struct mt_ctx *ctx, const struct mt_config *cfg, const struct mt_train_opts *opts,
+                                   const struct mt_mesh_dims *dims, int n_steps, const struct run_state *rs)
+{
+    struct mt_plan_setup su;
+    memset(&su, 0, sizeof su);
+    su.dims = *dims;
+    su.zero_stage = opts->zero_stage;
+    su.steps = n_steps;
+    memcpy(su.first_layer, rs->first_layer, sizeof su.first_layer);
+    su.threads = mt_train_pick_threads(cfg);
+    su.data_bytes = 2.0 * ((double)mt_data_ntokens(rs->train) + (rs->val ? (double)mt_data_ntokens(rs->val) : 0));
+    struct mt_ctx pctx;
+    mt_ctx_init(&pctx);
+    struct mt_plan *plan = NULL;
+    if (mt_plan_create(&pctx, cfg, &su, 0, &plan) != MT_OK) {
+        if (pctx.last_status == MT_ERR_OOM)
+            return mt_ctx_error(ctx, MT_ERR_CONFIG, "cannot plan the memory of this model (%s): it is too large for "
+                                "this host", mt_ctx_last_error(&pctx));
+        return mt_ctx_error(ctx, pctx.last_status, "%s", mt_ctx_last_error(&pctx));
+    }
+    int rank = ctx->rank >= 0 && ctx->rank < mt_plan_world(plan) ? ctx->rank : 0;
+    size_t b[MT_BUCKET_COUNT];
+    mt_plan_rank_bytes(plan, rank, b);
+    mt_plan_destroy(&pctx, plan);
+    const int on_device = rs->ops && !strcmp(rs->ops->name, "cuda");
+    double host_need = 0, dev_need = 0;
+    for (int k = 0; k < MT_BUCKET_COUNT; k++) {
+        if (on_device && k != MT_BUCKET_OTHER) dev_need += (double)b[k];
+        else host_need += (double)b[k];
+    }
+    char parts[512];
+    int local = 1;
+    double host = host_available_bytes(&local);
+    if (host > 0 && host_need > host) {
+        bucket_line(b, on_device ? MT_BUCKET_OTHER : 0, MT_BUCKET_OTHER, parts, sizeof parts);
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "the plan needs %.2f GiB of host memory on rank %d (%s) but %.2f GiB "
+                            "are available to it (MemAvailable + SwapFree%s): shrink the model or the batch, or add "
+                            "ranks (meshtrain plan shows where the bytes go)", host_need / 1073741824.0, rank, parts,
+                            host / 1073741824.0, local > 1 ? ", shared by the ranks of this node" : "");
+    }
+#ifdef MT_WITH_CUDA
+    struct mt_ops_cuda_info ci;
+    if (on_device && mt_ops_cuda_get_info(&ci) == MT_OK) {
+        double dev = (double)(ci.mem_free_now ? ci.mem_free_now : ci.mem_total);
+        if (dev > 0 && dev_need > dev) {
+            bucket_line(b, 0, MT_BUCKET_WORKSPACE, parts, sizeof parts);
+            return mt_ctx_error(ctx, MT_ERR_CONFIG, "the plan needs %.2f GiB of device memory on rank %d (%s) but "
+                                "the GPU (%s) has %.2f GiB free: shrink the model or the batch, or add ranks "
+                                "(meshtrain plan shows where the bytes go)", dev_need / 1073741824.0, rank, parts,
+                                ci.device, dev / 1073741824.0);
+        }
+    }
+#else
+    (void)dev_need;
+#endif
+    return MT_OK;
+}
+
 /* Setup steps 1-3 of one rank, with no collective: flags, mesh shape,
  * config (and the resume checkpoint's metadata), startup contract, pipeline
  * cut, backend, data. Its status goes to mt_comm_agree: a rank that fails here
@@ -240,6 +339,7 @@ enum mt_status mt_train_setup_local(struct mt_ctx *ctx, struct mt_config *cfg, c
         struct mt_config saved;
         mt_config_defaults(&saved);
         MT_CHECK(mt_ckpt_read_meta(ctx, resume_dir, &saved, resume_meta));
+        MT_CHECK(mt_ckpt_check_tensors(ctx, resume_dir, &saved));   /* every tensor accounted for (issue 33) */
         if (cfg->vocab_size == 0) cfg->vocab_size = saved.vocab_size;
         if (opts->steps < resume_meta->step)
             return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--steps %d is below the checkpoint's step %d (%s)",
@@ -291,7 +391,111 @@ enum mt_status mt_train_setup_local(struct mt_ctx *ctx, struct mt_config *cfg, c
             rs->val = NULL;
         }
     }
-    return MT_OK;
+    /* ---- 4. the plan's bytes against the memory there is, before any large allocation ---- */
+    return check_memory(ctx, cfg, opts, dims, opts->resume ? opts->steps - resume_meta->step : opts->steps, rs);
+}
+
+/* The keys every rank must agree on, in one fixed order: the resolved
+ * config's keys (except threads, which may differ per node), then the
+ * command line's run shape, the data's identity and the build. */
+#define AGREE_MAX_KEYS 256
+struct agree_list {
+    int         n;
+    const char *names[AGREE_MAX_KEYS];
+    char       *values[AGREE_MAX_KEYS];
+    uint64_t    hashes[AGREE_MAX_KEYS];
+};
+
+static void agree_add(struct agree_list *l, const char *name, const char *value)
+{
+    if (l->n >= AGREE_MAX_KEYS) return;
+    l->names[l->n] = name;
+    l->values[l->n] = strdup(value ? value : "(none)");
+    char tmp[64];
+    snprintf(tmp, sizeof tmp, "%s=", name);
+    l->hashes[l->n] = mt_comm_hash_str(tmp) ^ (mt_comm_hash_str(value ? value : "(none)") * 31u);
+    l->n++;
+}
+
+/* A stream's identity: its size, files, largest token, and an xxh64-like
+ * hash (FNV over the ids) of the first sequences of the first and last step
+ * the run reads: the same files in another order, or another shard with the
+ * same size, differ there (cheap: at most 2 x 8 sequences). */
+static void agree_data(struct agree_list *l, const char *name, const struct mt_data *d, const struct mt_config *cfg,
+                       int steps)
+{
+    char buf[192] = "(none)";
+    if (d) {
+        const int T = cfg->seq_len, G = cfg->batch_size;
+        int32_t *inp = malloc((size_t)T * sizeof *inp), *tgt = malloc((size_t)T * sizeof *tgt);
+        uint64_t h = 1469598103934665603ull;
+        for (int k = 0; k < 2 && inp && tgt; k++)
+            for (int64_t i = 0; i < (G < 8 ? G : 8); i++) {
+                mt_data_sequence(d, k == 0 ? 0 : (steps > 0 ? steps - 1 : 0), G, i, T, inp, tgt);
+                for (int t = 0; t < T; t++) h = (h ^ (uint64_t)(uint32_t)inp[t]) * 1099511628211ull;
+                h = (h ^ (uint64_t)(uint32_t)tgt[T - 1]) * 1099511628211ull;
+            }
+        free(inp);
+        free(tgt);
+        snprintf(buf, sizeof buf, "%zu tokens in %d files, max token %d, first sequences %016llx", mt_data_ntokens(d),
+                 mt_data_nfiles(d), mt_data_max_token(d), (unsigned long long)h);
+    }
+    agree_add(l, name, buf);
+}
+
+enum mt_status mt_train_setup_agree(struct mt_ctx *ctx, const struct mt_config *cfg, const struct mt_train_opts *opts,
+                                    const struct mt_mesh_dims *dims, const char *resume_dir,
+                                    const struct mt_ckpt_meta *resume_meta, const struct run_state *rs)
+{
+    struct agree_list l;
+    memset(&l, 0, sizeof l);
+    char *js = mt_config_to_json(cfg);
+    cJSON *root = js ? cJSON_Parse(js) : NULL;
+    free(js);
+    if (!root) return mt_ctx_error(ctx, MT_ERR_OOM, "cannot serialise the config for the ranks' agreement");
+    for (const cJSON *it = root->child; it; it = it->next) {
+        if (!it->string || !strcmp(it->string, "threads")) continue;
+        char *v = cJSON_PrintUnformatted(it);
+        agree_add(&l, it->string, v);
+        cJSON_free(v);
+    }
+    /* the knobs that change what a rank computes or exchanges (the test hooks may differ per rank) */
+    char kname[MT_KNOB_COUNT][80];
+    for (int i = 0; i < MT_KNOB_COUNT; i++) {
+        const struct mt_knob_def *d = mt_knob_def((enum mt_knob_id)i);
+        if (!d || d->test_only) continue;
+        snprintf(kname[i], sizeof kname[i], "knob %s", d->name);
+        agree_add(&l, kname[i], mt_knob_str(ctx, (enum mt_knob_id)i));
+    }
+    char buf[256];
+    snprintf(buf, sizeof buf, "pp=%d dp=%d ep=%d tp=%d sp=%d", dims->pp, dims->dp, dims->ep, dims->tp, dims->sp);
+    agree_add(&l, "--mesh", buf);
+    snprintf(buf, sizeof buf, "%d", opts->zero_stage);
+    agree_add(&l, "--zero", buf);
+    snprintf(buf, sizeof buf, "%d", opts->steps);
+    agree_add(&l, "--steps", buf);
+    agree_add(&l, "--pp-layers", opts->pp_layers);
+    agree_add(&l, "--out", opts->out_dir);
+    agree_add(&l, "--data", opts->data_path);
+    agree_add(&l, "--val-data", opts->val_path);
+    agree_data(&l, "the training data", rs->train, cfg, opts->steps);
+    agree_data(&l, "the validation data", rs->val, cfg, 1);
+    /* a Hugging Face --init-from is imported per rank into its own temporary folder: the folder is what agrees */
+    agree_add(&l, "--init-from", opts->init_from_hf ? opts->init_from_hf : opts->init_from);
+    agree_add(&l, "--resume (resolved checkpoint)", resume_dir[0] ? resume_dir : NULL);
+    if (resume_dir[0]) {
+        snprintf(buf, sizeof buf, "step %d of run %s", resume_meta->step, resume_meta->run_id);
+        agree_add(&l, "the resumed checkpoint", buf);
+    }
+    struct mt_build_info b;
+    mt_build_info(&b);
+    char bb[1024];
+    snprintf(bb, sizeof bb, "%s %s %s mpi=%d cuda=%d nccl=%d", b.git, b.build_type, b.compiler, b.mpi, b.cuda, b.nccl);
+    agree_add(&l, "the build", bb);
+    enum mt_status rc = mt_comm_agree_keys(ctx, NULL, l.n, l.names, (const char *const *)l.values, l.hashes);
+    for (int i = 0; i < l.n; i++) free(l.values[i]);
+    cJSON_Delete(root);   /* owns the config's key names */
+    return rc;
 }
 
 /* The mesh's communicators (collective) and this rank's place in them. On

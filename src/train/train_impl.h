@@ -102,6 +102,13 @@ enum mt_status mt_train_setup_local(struct mt_ctx *ctx, struct mt_config *cfg, c
                                     int world, struct mt_mesh_dims *dims, char *resume_dir, size_t resume_n,
                                     struct mt_ckpt_meta *resume_meta, struct run_state *rs);
 int mt_train_pick_threads(const struct mt_config *cfg);
+/* Every rank was given the same resolved config, mesh, data, --out, resume
+ * and build (issue 33), compared with one all-gather on a world group
+ * before the mesh is made; collective. MT_ERR_CONFIG naming the first
+ * differing key and two ranks that differ. */
+enum mt_status mt_train_setup_agree(struct mt_ctx *ctx, const struct mt_config *cfg, const struct mt_train_opts *opts,
+                                    const struct mt_mesh_dims *dims, const char *resume_dir,
+                                    const struct mt_ckpt_meta *resume_meta, const struct run_state *rs);
 enum mt_status mt_train_setup_mesh(struct mt_ctx *ctx, struct run_state *rs, const struct mt_train_opts *opts,
                                    const struct mt_mesh_dims *dims);
 enum mt_status mt_train_setup_model(struct mt_ctx *ctx, struct run_state *rs, const struct mt_train_opts *opts,

@@ -190,6 +190,9 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     /* ---- 1-3. flags, config, resume metadata, backend, data (local, then agreed) ---- */
     rc = mt_train_setup_local(ctx, cfg, opts, ri.world, &dims, resume_dir, sizeof resume_dir, &resume_meta, &rs);
     MT_CHECK_GOTO(mt_comm_agree(ctx, NULL, rc, "setup (flags, config, resume, data)"), rc, done);
+    /* every rank was given the same config, mesh, data, --out and build
+     * (issue 33): before anything is allocated or exchanged by that config */
+    if (ri.world > 1) MT_CHECK_GOTO(mt_train_setup_agree(ctx, cfg, opts, &dims, resume_dir, &resume_meta, &rs), rc, done);
     /* eval_batches 0: every distinct window of the val split (the last batch
      * that does not wrap: window o = ((b*G+i)*T) mod (N-T-1), docs/architecture.md) */
     if (cfg->eval_batches == 0 && rs.val) {

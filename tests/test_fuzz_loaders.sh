@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# test_fuzz_loaders.sh BUILD_DIR — the short CI run of tests/fuzz_loaders.py
+# (issue 33): 40 seeded mutations per loader (config, manifest, safetensors
+# header, tokenizer.bin, token shard); every case must exit 0 or 2 within
+# 20 s, never crash, hang or exit 1. The long run, on demand:
+#   python3 tests/fuzz_loaders.py build --cases 2000 [--seed S]
+set -u
+BUILD=${1:?usage: test_fuzz_loaders.sh BUILD_DIR}
+exec python3 "$(dirname "$0")/fuzz_loaders.py" "$BUILD" --cases "${FUZZ_CASES:-40}" --seed "${FUZZ_SEED:-33}"
