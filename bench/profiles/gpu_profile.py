@@ -200,6 +200,11 @@ def main():
         "attention_fraction_of_peak_fp32": (cal.get("attention_best_fwd_bwd_flop_per_s") or 0) / fp32_peak,
         # precision=bf16's attention (tensor cores); None from a calib run before it existed
         "attention_bf16_fwd_bwd_flop_per_s": cal.get("attention_bf16_best_fwd_bwd_flop_per_s"),
+        # the Mamba-3 chunked scan, fwd+bwd, FLOPs as the recurrence (plan.c's
+        # MT_PLAN_KIND_SCAN rate); None from a calib run before the scan row
+        "scan_fwd_bwd_flop_per_s": cal.get("scan_best_fwd_bwd_flop_per_s"),
+        "scan_shapes": sorted({"%dx%dx%dx%dx%dx%d" % (x["b"], x["t"], x["h"], x["p"], x["n"], x["chunk"])
+                               for x in cal.get("scan") or []}),
         "allreduce_one_rank": ({"comm": ar.get("comm"), "best_algbw_bytes_per_s": ar.get("best_algbw_bytes_per_s")}
                                if ar.get("available") else {"available": False, "why": ar.get("why")}),
         "device_copy_bytes_per_s": (cal.get("device_copy") or {}).get("best_bytes_per_s"),
