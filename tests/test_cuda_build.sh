@@ -64,8 +64,11 @@
 #           emulator's device-memory guard (a crash on a GPU);
 #        e. bench/cuda_calib.c --quick (built with warnings as errors): its
 #           gemm check passes, its JSON has the fields
-#           bench/profiles/gpu_profile.py reads, and the profile written from
-#           it loads in `BUILD/meshtrain plan --profile FILE`.
+#           bench/profiles/gpu_profile.py reads (the Mamba-3 scan row: FLOPs
+#           8/16 BTHPN, rates = FLOPs / median seconds, the layer_core
+#           scan-vs-attention rows), the profile written from it carries
+#           measured.scan_fwd_bwd_flop_per_s and loads in
+#           `BUILD/meshtrain plan --profile FILE`.
 #        f. per-step device counters (no allocation in a step, only the
 #           expected host waits and copies), the per-op profile's fields,
 #           and the launch floor (threads per kernel launch) of a hybrid +
