@@ -470,6 +470,13 @@ stage_torch() {
     # summary pairs it with the speed run hyb2048
     python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); c["pattern"]="MAMAMAMAMAMAMAMA"; json.dump(c,open(sys.argv[2],"w"))' \
         "$ROOT/bench/configs/gpu_d2048_dense.json" "$WORK/gpu_hyb2048.json"
+    # the hybrid's peer model is checked before it is timed: the chunked scan vs the
+    # recurrence and the mixer vs tests/mamba3_ref.py (CPU, float64, a few seconds)
+    if python3 "$ROOT/bench/torch_gpu.py" --check > "$RES/logs/torch_hybrid_check.log" 2>&1; then
+        echo "RESULT torch hybrid check: $(grep -c '^PASS' "$RES/logs/torch_hybrid_check.log") checks passed"
+    else
+        echo "RESULT torch hybrid check: FAILED ($(grep -m1 '^FAIL' "$RES/logs/torch_hybrid_check.log"))"
+    fi
     for mode in eager compiled; do
         for c in gpu_d2048_dense gpu_c_gpt2 gpu_moe8 gpu_hyb2048; do
             local flag=""; [ $mode = compiled ] && flag=--compile
