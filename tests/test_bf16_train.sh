@@ -24,8 +24,9 @@
 #      the run follows its fp32 curve;
 #   4b. hybrid (pattern=MAMA, Mamba-3 M blocks): the mixer's in/out
 #      projections run on bf16 shadows too (the plan's params bucket counts
-#      the seven Win blocks and Wout per M layer; the acts bucket the input
-#      norm's twin, the in-projection's operand), measured = plan,
+#      the seven Win blocks and Wout per M layer; the acts bucket the twins
+#      of their operands: the input norm's output and the gated norm's),
+#      measured = plan,
 #      fallback_reason names nothing; the run follows its fp32 curve;
 #   5. grad_reduce_dtype=bf16 (gradients reduced over the data group in
 #      bf16, fp32 accumulation per pair) on dp=2, ZeRO-0 and ZeRO-2: follows
@@ -157,9 +158,10 @@ print("   plan params fp32 %d bf16 %d (+%d, shadows incl. %d M layers' Win/Wout:
 assert pb - pa == want, (pb - pa, want)
 assert b["memory"]["measured_peak_bytes"]["params"] == pb
 # acts: per layer the input norm's twin (q/k/v or Win) and the ffn norm's
-# twin; A layers also the attention output's; + the h_final twin
+# twin; A layers also the attention output's (Wo), M layers the gated norm
+# output's (Wout, E wide); + the h_final twin
 rows = c["batch_size"] // c["microbatches"] * c["seq_len"]
-want_a = carve(2 * rows * D) + sum(2 * carve(2 * rows * D) + (carve(2 * rows * H * hd) if l == "A" else 0)
+want_a = carve(2 * rows * D) + sum(2 * carve(2 * rows * D) + carve(2 * rows * (H * hd if l == "A" else E))
                                    for l in c["pattern"])
 da = b["memory"]["plan_bytes"]["acts"] - a["memory"]["plan_bytes"]["acts"]
 print("   plan acts +%d (want %d); measured bf16 acts %d plan %d"

@@ -106,6 +106,10 @@ static void mamba_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, stru
     ly->rstd_attn = carve_f(c, A, Nr);
     float *acts = carve_f(c, A, mt_mamba3_acts_floats(pc->mdims, pc->N));
     if (acts) mt_mamba3_acts_bind(&ly->mb, acts, pc->mdims, pc->N);
+    /* precision=bf16: the gated norm output's twin, Wout's operand (forward and
+     * dWout), rounded once per forward by cast_bf16 (this rank's E channels) */
+    ly->yn_b = NULL;
+    if (pc->bf16) ly->yn_b = carve(c, A, N * (size_t)pc->mdims->H * (size_t)pc->mdims->P * 2);
     ly->x_mid = carve_f(c, A, Nr * D);
 }
 
@@ -253,7 +257,8 @@ static void mixer_fwd(const struct mt_piece_ctx *pc, float *out, const float *h,
     const int n = B * T, E = pc->mdims->H * pc->mdims->P;
     in_fwd(pc, ly->mb.proj, h, hb, w, n);
     mt_mamba3_mix_forward(ops, &ly->mb, w, pc->mdims, B, T);
-    wlinear_forward(ops, out, ly->mb.yn, NULL, ly->w.mwout, n, E, pc->D, 0.0f);
+    if (ly->yn_b) ops->cast_bf16(ops->be, ly->yn_b, ly->mb.yn, (size_t)n * (size_t)E);
+    wlinear_forward(ops, out, ly->mb.yn, ly->yn_b, ly->w.mwout, n, E, pc->D, 0.0f);
 }
 
 /* dh = d h (overwritten), the mixer's gradients += : mt_mamba3_backward's stages */
@@ -267,7 +272,7 @@ static void mixer_bwd(const struct mt_piece_ctx *pc, const float *dy, const stru
         return;
     }
     const int n = pc->B * pc->T, E = pc->mdims->H * pc->mdims->P;
-    wlinear_backward(ops, pc->mb_s->dyn, 0.0f, g->wout, dy, ly->mb.yn, NULL, ly->w.mwout, n, E, pc->D);
+    wlinear_backward(ops, pc->mb_s->dyn, 0.0f, g->wout, dy, ly->mb.yn, ly->yn_b, ly->w.mwout, n, E, pc->D);
     mt_mamba3_mix_backward(ops, g, pc->mb_s, &ly->mb, w, pc->mdims, pc->B, pc->T);
     in_bwd(pc, pc->dh, g, pc->mb_s->dproj, ly->h_attn, ly->h_attn_b, w, n);
 }
@@ -284,7 +289,9 @@ static void mixer_fwd_lora(const struct mt_piece_ctx *pc, float *out, const floa
     lora_fwd_add(ops, pc->s_lora, ly->mb.proj, W, h, (const struct mt_param *const *)ly->w.mwin, rows, 7, n, D);
     if (state) mt_mamba3_decode_mix(ops, &ly->mb, state, w, pc->mdims, T, pos0);
     else mt_mamba3_mix_forward(ops, &ly->mb, w, pc->mdims, B, T);
-    proj_fwd(ops, pc->s_lora, out, ly->mb.yn, ly->w.mwout, n, E, D, 0.0f);
+    const mt_bf16 *ynb = state ? NULL : ly->yn_b;   /* decoding: rounded per call */
+    if (ynb) ops->cast_bf16(ops->be, ly->yn_b, ly->mb.yn, (size_t)n * (size_t)E);
+    proj_fwd_b(ops, pc->s_lora, out, ly->mb.yn, ynb, ly->w.mwout, n, E, D, 0.0f);
 }
 
 static void mixer_bwd_lora(const struct mt_piece_ctx *pc, const float *dy, const struct mt_mamba3_weights *w,
@@ -298,7 +305,7 @@ static void mixer_bwd_lora(const struct mt_piece_ctx *pc, const float *dy, const
     in_rows(&ly->w, rows);
     for (int b = 0; b < 7; b++)
         if (ly->w.mwin[b]->frozen) g->win_part[b] = NULL;   /* no weight gradient for the frozen base */
-    proj_bwd(ops, pc->s_lora, pc->s_dlora, s->dyn, 0.0f, ly->w.mwout, dy, ly->mb.yn, n, E, D);
+    proj_bwd_b(ops, pc->s_lora, pc->s_dlora, s->dyn, 0.0f, ly->w.mwout, dy, ly->mb.yn, ly->yn_b, n, E, D);
     mt_mamba3_mix_backward(ops, g, s, &ly->mb, w, pc->mdims, pc->B, pc->T);
     in_bwd(pc, pc->dh, g, s->dproj, ly->h_attn, ly->h_attn_b, w, n);
     lora_bwd_add(ops, pc->s_lora, pc->s_dlora, pc->dh, s->dproj, W, ly->h_attn, ly->w.mwin, rows, 7, n, D);
