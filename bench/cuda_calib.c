@@ -5,7 +5,8 @@
  * turns the output into a profile).
  *
  *   cuda_calib [--quick] [--reps N] [--warmup N] [--gemm MxNxK,...]
- *              [--attn BxTxHxD,...] [--allreduce-mib A,B,...] [--out FILE]
+ *              [--attn BxTxHxD,...] [--scan BxTxHxPxNxQ,...] [--allreduce-mib A,B,...]
+ *              [--out FILE]
  *
  * Everything goes through the ops table (src/ops/mt_ops.h) of the default
  * cuda instance, as the trainer does: gemm in fp32 precision (cublasSgemm,
@@ -20,6 +21,20 @@
  * FLOP counts: gemm 2*M*N*K. Attention (the flash-attention papers' count):
  * forward 4*B*H*T*T*hd, halved for the causal mask; backward 2.5x the
  * forward (five T x T x hd products instead of two).
+ *
+ * Mamba-3 scan (ssm_scan_forward + ssm_scan_backward, the chunked SSD form
+ * at chunk Q; the d_model 2048 hybrid's M layer by default: B 4, T 2048,
+ * H 64 heads of P 64, state N 64, chunk 64): FLOPs counted as the
+ * recurrence, the planner's convention (src/model/mamba.c mamba_extra,
+ * src/train/plan.c): per token and head the state update alpha S + gamma x
+ * B^T + beta x' B'^T (3 P N multiply-adds) and the read S C (P N): forward
+ * 8*B*T*H*P*N, backward twice that (16*B*T*H*P*N), fwd+bwd 24*B*T*H*P*N.
+ * The chunked form's extra intra-chunk products are not counted (as flash
+ * attention's recompute is not), so this is an effective rate, directly
+ * comparable with the planner's MT_PLAN_KIND_SCAN work. "layer_core" puts
+ * the scan's fwd+bwd seconds beside the attention rows' at the same B and T
+ * (the core of an M layer vs that of an A layer; the projections are GEMMs,
+ * timed in the gemm rows).
  *
  * All-reduce: with NCCL in the build (MT_WITH_NCCL) a one-rank NCCL world
  * (mt_comm_nccl_create_world with no MPI world), mt_comm_allreduce in place
@@ -57,6 +72,7 @@
 
 struct cal_gemm_shape { int m, n, k; const char *set; };
 struct cal_attn_shape { int b, t, h, hd; };
+struct cal_scan_shape { int b, t, h, p, n, q; };
 
 static const struct mt_ops_i *g_ops;
 static struct mt_ctx g_ctx;
@@ -108,6 +124,19 @@ static float *dev_rand(size_t n)
         for (size_t j = 0; j < c; j++) h[j] = frand();
         g_ops->copy_from_host(g_ops->be, d + i, h, c * sizeof(float));
     }
+    g_ops->sync(g_ops->be);
+    free(h);
+    return d;
+}
+
+/* a device buffer of n floats uniform in [lo, hi) */
+static float *dev_uniform(size_t n, float lo, float hi)
+{
+    float *d = dev_alloc(n * sizeof(float));
+    float *h = malloc((n ? n : 1) * sizeof(float));
+    if (!h) { fprintf(stderr, "cuda_calib: out of host memory\n"); exit(1); }
+    for (size_t j = 0; j < n; j++) h[j] = lo + (hi - lo) * 0.5f * (frand() + 1.0f);
+    g_ops->copy_from_host(g_ops->be, d, h, n * sizeof(float));
     g_ops->sync(g_ops->be);
     free(h);
     return d;
@@ -246,6 +275,26 @@ static void attn_fn(const void *arg)
                                   a->t, a->h, a->h, a->hd);
 }
 
+/* ------------------------------------------------------------- Mamba-3 scan */
+
+struct cal_scan_ctx {
+    struct cal_scan_shape s;
+    int fwd;
+    float *x, *Bm, *Cm, *dt, *lam, *A, *Dsk, *y, *dy, *dx, *dBm, *dCm, *ddt, *dlam, *dA, *dDsk;
+};
+
+static void scan_fn(const void *arg)
+{
+    const struct cal_scan_ctx *c = arg;
+    const struct cal_scan_shape *s = &c->s;
+    if (c->fwd)
+        g_ops->ssm_scan_forward(g_ops->be, c->y, c->x, c->Bm, c->Cm, c->dt, c->lam, c->A, c->Dsk, s->b, s->t, s->h,
+                                s->p, s->n, s->q);
+    else
+        g_ops->ssm_scan_backward(g_ops->be, c->dx, c->dBm, c->dCm, c->ddt, c->dlam, c->dA, c->dDsk, c->dy, c->x, c->Bm,
+                                 c->Cm, c->dt, c->lam, c->A, c->Dsk, s->b, s->t, s->h, s->p, s->n, s->q);
+}
+
 /* --------------------------------------------------------- copy / comm */
 
 struct cal_copy_ctx { void *dst, *src; size_t bytes; };
@@ -294,6 +343,22 @@ static int parse_list4(const char *s, struct cal_attn_shape *out, int max)
     return n;
 }
 
+static int parse_list6(const char *s, struct cal_scan_shape *out, int max)
+{
+    int n = 0;
+    while (*s && n < max) {
+        int b, t, h, p, st, q, len = 0;
+        if (sscanf(s, "%dx%dx%dx%dx%dx%d%n", &b, &t, &h, &p, &st, &q, &len) != 6 || b < 1 || t < 1 || h < 1 ||
+            p < 1 || st < 1 || q < 1)
+            return -1;
+        out[n++] = (struct cal_scan_shape){b, t, h, p, st, q};
+        s += len;
+        if (*s == ',') s++;
+        else if (*s) return -1;
+    }
+    return n;
+}
+
 static int parse_sizes(const char *s, double *out, int max)
 {
     int n = 0;
@@ -312,7 +377,7 @@ static int parse_sizes(const char *s, double *out, int max)
 static void usage(void)
 {
     fprintf(stderr, "usage: cuda_calib [--quick] [--reps N] [--warmup N] [--gemm MxNxK,...] [--attn BxTxHxD,...]\n"
-                    "                  [--allreduce-mib A,B,...] [--out FILE]\n");
+                    "                  [--scan BxTxHxPxNxQ,...] [--allreduce-mib A,B,...] [--out FILE]\n");
 }
 
 /* ------------------------------------------------------------------ JSON */
@@ -346,7 +411,7 @@ static void json_str(FILE *f, const char *s)  /* a JSON string of s (control cha
 int main(int argc, char **argv)
 {
     int quick = 0, reps = 20, warmup = 3;
-    const char *gemm_arg = NULL, *attn_arg = NULL, *ar_arg = NULL, *out_path = NULL;
+    const char *gemm_arg = NULL, *attn_arg = NULL, *scan_arg = NULL, *ar_arg = NULL, *out_path = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--quick")) quick = 1;
@@ -354,6 +419,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--warmup") && v) warmup = atoi(argv[++i]);
         else if (!strcmp(a, "--gemm") && v) gemm_arg = argv[++i];
         else if (!strcmp(a, "--attn") && v) attn_arg = argv[++i];
+        else if (!strcmp(a, "--scan") && v) scan_arg = argv[++i];
         else if (!strcmp(a, "--allreduce-mib") && v) ar_arg = argv[++i];
         else if (!strcmp(a, "--out") && v) out_path = argv[++i];
         else { usage(); return 2; }
@@ -380,9 +446,13 @@ int main(int argc, char **argv)
     int n_as = parse_list4(attn_arg ? attn_arg : quick ? "1x32x2x16,1x32x1x32"
                                                        : "8x1024x32x64,8x1024x16x128,4x2048x32x64,4x2048x16x128",
                            as, CAL_MAX_SHAPES);
+    /* the d2048 hybrid's M layer (d_inner 4096 = 64 heads of 64, state 64, chunk
+     * 64); --quick: tiny (T 32, chunk 12: T not a multiple of it), the B, T of the quick attention rows */
+    struct cal_scan_shape ss[CAL_MAX_SHAPES];
+    int n_ss = parse_list6(scan_arg ? scan_arg : quick ? "1x32x2x8x8x12" : "4x2048x64x64x64x64", ss, CAL_MAX_SHAPES);
     double ar_mib[CAL_MAX_SHAPES];
     int n_ar = parse_sizes(ar_arg ? ar_arg : quick ? "0.015625,0.0625" : "1,4,16,64,256", ar_mib, CAL_MAX_SHAPES);
-    if (n_gs < 0 || n_as < 0 || n_ar < 0) {
+    if (n_gs < 0 || n_as < 0 || n_ss < 0 || n_ar < 0) {
         fprintf(stderr, "cuda_calib: bad size list\n");
         usage();
         return 2;
@@ -396,8 +466,9 @@ int main(int argc, char **argv)
         return 77;
     }
     if (!g_ops->gemm_bf16 || !g_ops->cast_bf16 || !g_ops->attention_forward || !g_ops->attention_backward ||
-        !g_ops->attention_forward_bf16 || !g_ops->attention_backward_bf16) {
-        fprintf(stderr, "cuda_calib: the cuda table lacks gemm_bf16, cast_bf16 or attention (fp32 or bf16)\n");
+        !g_ops->attention_forward_bf16 || !g_ops->attention_backward_bf16 || !g_ops->ssm_scan_forward ||
+        !g_ops->ssm_scan_backward) {
+        fprintf(stderr, "cuda_calib: the cuda table lacks gemm_bf16, cast_bf16, attention (fp32 or bf16) or the scan\n");
         return 1;
     }
     mt_ctx_init(&g_ctx);
@@ -481,7 +552,7 @@ int main(int argc, char **argv)
     /* ---- attention (causal, H = K: no GQA sharing): the fp32 kernels, then
      * the precision=bf16 ones (tensor cores), each shape ---- */
     emit(f, " \"attention\": [");
-    double best_fb = 0, best_fb16 = 0;
+    double best_fb = 0, best_fb16 = 0, as_s[2 * CAL_MAX_SHAPES] = {0}, ss_s[CAL_MAX_SHAPES] = {0};
     for (int s = 0; s < 2 * n_as; s++) {
         struct cal_attn_ctx a = {as[s / 2].b, as[s / 2].t, as[s / 2].h, as[s / 2].hd, 1, s % 2, NULL, NULL, NULL,
                                  NULL, NULL, NULL, NULL, NULL, NULL};
@@ -496,6 +567,7 @@ int main(int argc, char **argv)
         struct cal_time tb = time_runs(attn_fn, &a, warmup, reps);
         check_status("attention");
         double rfb = (ff + fb) / (tf.median + tb.median);
+        as_s[s] = tf.median + tb.median;   /* [2 a]: fp32, [2 a + 1]: bf16 */
         double *best_at = a.bf16 ? &best_fb16 : &best_fb;
         if (rfb > *best_at) *best_at = rfb;
         emit(f, "%s\n  {\"precision\": \"%s\", \"b\": %d, \"t\": %d, \"h\": %d, \"hd\": %d, \"causal\": true, \"fwd_flops\": %.6g, "
@@ -507,6 +579,56 @@ int main(int argc, char **argv)
     }
     emit(f, "\n ],\n \"attention_best_fwd_bwd_flop_per_s\": %.6e, \"attention_precision\": \"fp32\",\n", best_fb);
     emit(f, " \"attention_bf16_best_fwd_bwd_flop_per_s\": %.6e,\n", best_fb16);
+
+    /* ---- Mamba-3 scan, chunked (fp32 in both precisions today) ---- */
+    emit(f, " \"scan\": [");
+    double best_scan = 0;
+    for (int s = 0; s < n_ss; s++) {
+        struct cal_scan_ctx c;
+        memset(&c, 0, sizeof c);
+        c.s = ss[s], c.fwd = 1;
+        const size_t bt = (size_t)c.s.b * c.s.t, nx = bt * c.s.h * c.s.p, nb = bt * c.s.h * c.s.n,
+                     nh = bt * c.s.h;
+        /* inputs in the mixer's ranges: dt = softplus(.) > 0, lam = sigmoid(.), A < 0 */
+        c.x = dev_rand(nx), c.Bm = dev_rand(nb), c.Cm = dev_rand(nb), c.dy = dev_rand(nx);
+        c.dt = dev_uniform(nh, 0.001f, 0.1f), c.lam = dev_uniform(nh, 0.0f, 1.0f);
+        c.A = dev_uniform((size_t)c.s.h, -8.0f, -1.0f), c.Dsk = dev_rand((size_t)c.s.h);
+        c.y = dev_alloc(nx * 4), c.dx = dev_alloc(nx * 4), c.dBm = dev_alloc(nb * 4), c.dCm = dev_alloc(nb * 4);
+        c.ddt = dev_alloc(nh * 4), c.dlam = dev_alloc(nh * 4);
+        c.dA = dev_uniform((size_t)c.s.h, 0.0f, 0.0f), c.dDsk = dev_uniform((size_t)c.s.h, 0.0f, 0.0f);
+        const double ff = 8.0 * (double)bt * c.s.h * c.s.p * c.s.n, fb = 2.0 * ff;
+        struct cal_time tf = time_runs(scan_fn, &c, warmup, reps);
+        c.fwd = 0;
+        struct cal_time tb = time_runs(scan_fn, &c, warmup, reps);
+        check_status("scan");
+        const double sfb = tf.median + tb.median, r = (ff + fb) / sfb;
+        if (r > best_scan) best_scan = r;
+        emit(f, "%s\n  {\"b\": %d, \"t\": %d, \"h\": %d, \"p\": %d, \"n\": %d, \"chunk\": %d, \"precision\": \"fp32\", "
+                "\"fwd_flops\": %.6g, \"bwd_flops\": %.6g, \"fwd_median_s\": %.6e, \"bwd_median_s\": %.6e, "
+                "\"fwd_bwd_s\": %.6e, \"fwd_flop_per_s\": %.6e, \"bwd_flop_per_s\": %.6e, \"fwd_bwd_flop_per_s\": %.6e}",
+             s ? "," : "", c.s.b, c.s.t, c.s.h, c.s.p, c.s.n, c.s.q, ff, fb, tf.median, tb.median, sfb, ff / tf.median,
+             fb / tb.median, r);
+        float *bufs[] = {c.x, c.Bm, c.Cm, c.dt, c.lam, c.A, c.Dsk, c.y, c.dy, c.dx, c.dBm, c.dCm, c.ddt, c.dlam, c.dA, c.dDsk};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) g_ops->buf_free(g_ops->be, &g_ctx, bufs[i]);
+        ss_s[s] = sfb;
+    }
+    emit(f, "\n ],\n \"scan_best_fwd_bwd_flop_per_s\": %.6e, \"scan_flop_convention\": "
+            "\"recurrence: fwd 8 BTHPN, bwd 16 BTHPN (the planner's)\",\n", best_scan);
+    /* the core of an M layer (scan) beside that of an A layer (attention) at
+     * the same B, T: seconds per fwd+bwd, each attention shape of that B, T */
+    emit(f, " \"layer_core\": [");
+    int nlc = 0;
+    for (int s = 0; s < n_ss; s++)
+        for (int a = 0; a < n_as; a++) {
+            if (as[a].b != ss[s].b || as[a].t != ss[s].t) continue;
+            emit(f, "%s\n  {\"b\": %d, \"t\": %d, \"scan\": \"%dx%dx%dx%dx%dx%d\", \"attention\": \"%dx%dx%dx%d\", "
+                    "\"scan_fwd_bwd_s\": %.6e, \"attention_fp32_fwd_bwd_s\": %.6e, \"attention_bf16_fwd_bwd_s\": %.6e, "
+                    "\"scan_over_attention_bf16\": %.6g}",
+                 nlc++ ? "," : "", ss[s].b, ss[s].t, ss[s].b, ss[s].t, ss[s].h, ss[s].p, ss[s].n, ss[s].q, as[a].b,
+                 as[a].t, as[a].h, as[a].hd, ss_s[s], as_s[2 * a], as_s[2 * a + 1],
+                 as_s[2 * a + 1] > 0 ? ss_s[s] / as_s[2 * a + 1] : 0.0);
+        }
+    emit(f, "\n ],\n");
 
     /* ---- one-rank all-reduce (NCCL) or device copy ---- */
     int ar_ok = 1;

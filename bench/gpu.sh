@@ -467,19 +467,32 @@ stage_torch() {
     # every eager run first (~15 s each with the import), then the compiled ones (~33 s of
     # compiling per model on the H200, 2026-11-26, ~50 s each in all): a box that runs out
     # loses compiled runs, not the eager baselines; d2048 first in each mode, the issue's MFU shape
+    # the hybrid (speed's hyb2048: gpu_d2048_dense.json with pattern=MAMA...; torch_gpu.py's
+    # HybridModel, the scan in chunked SSD form) as its own config file, named so that the
+    # summary pairs it with the speed run hyb2048
+    python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); c["pattern"]="MAMAMAMAMAMAMAMA"; json.dump(c,open(sys.argv[2],"w"))' \
+        "$ROOT/bench/configs/gpu_d2048_dense.json" "$WORK/gpu_hyb2048.json"
+    # the hybrid's peer model is checked before it is timed: the chunked scan vs the
+    # recurrence and the mixer vs tests/mamba3_ref.py (CPU, float64, a few seconds)
+    if python3 "$ROOT/bench/torch_gpu.py" --check > "$RES/logs/torch_hybrid_check.log" 2>&1; then
+        echo "RESULT torch hybrid check: $(grep -c '^PASS' "$RES/logs/torch_hybrid_check.log") checks passed"
+    else
+        echo "RESULT torch hybrid check: FAILED ($(grep -m1 '^FAIL' "$RES/logs/torch_hybrid_check.log"))"
+    fi
     for mode in eager compiled; do
-        for c in gpu_d2048_dense gpu_c_gpt2 gpu_moe8; do
+        for c in gpu_d2048_dense gpu_c_gpt2 gpu_moe8 gpu_hyb2048; do
             local flag=""; [ $mode = compiled ] && flag=--compile
             # the batch meshtrain ran with (its receipt), so tokens/s compare like for like
             local cfg=$ROOT/bench/configs/$c.json
+            [ $c = gpu_hyb2048 ] && cfg=$WORK/gpu_hyb2048.json
             local rcpt=$RES/receipts/speed_${c#gpu_}.json
             if [ -f "$rcpt" ]; then
                 python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); r=json.load(open(sys.argv[2]))
 c["batch_size"]=r.get("config",{}).get("batch_size",c["batch_size"]); json.dump(c,open(sys.argv[3],"w"))' \
-                    "$cfg" "$rcpt" "$WORK/$c.json" 2>/dev/null && cfg=$WORK/$c.json
+                    "$cfg" "$rcpt" "$WORK/$c.b.json" 2>/dev/null && mv "$WORK/$c.b.json" "$WORK/$c.json" && cfg=$WORK/$c.json
             fi
             local box=45
-            [ $mode = compiled ] && box=100 && [ $c = gpu_moe8 ] && box=120
+            [ $mode = compiled ] && box=100 && { [ $c = gpu_moe8 ] || [ $c = gpu_hyb2048 ]; } && box=120
             line=$(timeout -k 5 $box python3 "$ROOT/bench/torch_gpu.py" "$cfg" $flag --steps 10 2>"$RES/logs/torch_${c}_$mode.err" | tail -1)
             [ -n "$line" ] || line="{\"config\": \"$c.json\", \"mode\": \"$mode\", \"error\": \"timeout or crash (see logs/torch_${c}_$mode.err)\"}"
             echo "$line" >> "$RES/torch.jsonl"
@@ -579,6 +592,15 @@ print("RESULT calib: gemm bf16 %.1f TF/s, fp32 %.1f TF/s, attention fp32 %.1f TF
       "allreduce %s; profile efficiency %.3f"
       % (g["bf16"] / 1e12, g["fp32"] / 1e12, c["attention_best_fwd_bwd_flop_per_s"] / 1e12,
          (c.get("attention_bf16_best_fwd_bwd_flop_per_s") or 0) / 1e12, arw, p["efficiency"]))
+# the Mamba-3 scan (FLOPs as the recurrence) and an M layer's core vs an A layer's at the same B, T
+for s in c.get("scan") or []:
+    print("RESULT calib scan %dx%dx%dx%dx%d chunk %d: fwd %.4f s, bwd %.4f s, %.2f TF/s (recurrence FLOPs)"
+          % (s["b"], s["t"], s["h"], s["p"], s["n"], s["chunk"], s["fwd_median_s"], s["bwd_median_s"],
+             s["fwd_bwd_flop_per_s"] / 1e12))
+for x in c.get("layer_core") or []:
+    print("RESULT calib layer core B %d T %d: scan %s %.4f s vs attention %s fp32 %.4f s, bf16 %.4f s (scan/attention bf16 %.2f)"
+          % (x["b"], x["t"], x["scan"], x["scan_fwd_bwd_s"], x["attention"], x["attention_fp32_fwd_bwd_s"],
+             x["attention_bf16_fwd_bwd_s"], x["scan_over_attention_bf16"]))
 PY
 }
 export -f stage_calib
@@ -669,7 +691,7 @@ stage san 80 1
 stage equiv 60 emu
 stage speed 240 1
 stage llmc 60 1
-stage torch 300 1
+stage torch 380 1
 stage hf 90 emu
 stage calib 120 1
 [ -n "$LLMC_BUILD_PID" ] && kill "$LLMC_BUILD_PID" 2>/dev/null

@@ -23,6 +23,12 @@
 #   4. MoE (pattern=AEAE): the routed experts run on bf16 shadows too (the
 #      plan's params bucket counts them), fallback_reason names nothing;
 #      the run follows its fp32 curve;
+#   4b. hybrid (pattern=MAMA, Mamba-3 M blocks): the mixer's in/out
+#      projections run on bf16 shadows too (the plan's params bucket counts
+#      the seven Win blocks and Wout per M layer; the acts bucket the twins
+#      of their operands: the input norm's output and the gated norm's),
+#      measured = plan,
+#      fallback_reason names nothing; the run follows its fp32 curve;
 #   5. grad_reduce_dtype=bf16 (gradients reduced over the data group in
 #      bf16, fp32 accumulation per pair) on dp=2, ZeRO-0 and ZeRO-2: follows
 #      the fp32-reduction curve within the step tolerance and differs from it;
@@ -37,6 +43,7 @@ source "$(dirname "$0")/dist_lib.sh"
 t0=$(date +%s)
 python3 "$HERE/make_shard.py" "$W/train.bin" 20000 64 pattern >/dev/null
 DENSE="--set vocab_size=64 --set n_layer=4 --set d_model=32 --set n_head=4 --set n_kv_head=2 --set seq_len=16 --set batch_size=8 --set lr=0.01 --set warmup_steps=2 --set total_steps=12 --set microbatches=2"
+HYB="$DENSE --set pattern=MAMA --set mamba_d_state=8 --set mamba_headdim=16 --set mamba_ngroups=2 --set mamba_chunk=8"
 MOE="$DENSE --set pattern=AEAE --set n_experts=4 --set top_k=2 --set expert_hidden=32 --set shared_expert_hidden=16"
 COMMON="--peak-flops 1e11 --quiet --data $W/train.bin --steps 12"
 
@@ -125,6 +132,50 @@ PY
 then
     ok "MoE bf16 (routed experts on bf16 shadows) follows its fp32 curve; no fallback_reason"
 else bad "MoE bf16"; fi
+
+# 4b. hybrid: the Mamba-3 projections on bf16 shadows, the input norm's twin
+if run 1 "$W/hyb32" $HYB && run 1 "$W/hyb16" $HYB --set precision=bf16 &&
+   python3 "$HERE/bf16_curve.py" "$W/hyb32/receipt.json" "$W/hyb16/receipt.json" &&
+   python3 - "$W/hyb32/receipt.json" "$W/hyb16/receipt.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+f = b["backend"]["fallback_reason"] or ""
+print("   fallback_reason:", repr(f))
+assert "Mamba" not in f, f
+c = b["config"]
+D, V, H, K = c["d_model"], c["vocab_size"], c["n_head"], c["n_kv_head"]
+hd = D // H
+F = -(-8 * D // 3); F = -(-F // 64) * 64
+E = c["mamba_expand"] * D
+mH, G, N = E // c["mamba_headdim"], c["mamba_ngroups"], c["mamba_d_state"]
+att = [H * hd * D, K * hd * D, K * hd * D, D * H * hd]
+mix = [E * D, E * D, G * N * D, G * N * D, mH * D, mH * (N // 2) * D, mH * D, D * E]   # Win's seven blocks, Wout
+mlp = [F * D] * 3
+shadows = [V * D]
+for l in c["pattern"]:
+    shadows += (att if l == "A" else mix) + mlp
+carve = lambda n: -(-n // 64) * 64
+want = sum(carve(2 * n) for n in shadows)
+pa, pb = a["memory"]["plan_bytes"]["params"], b["memory"]["plan_bytes"]["params"]
+print("   plan params fp32 %d bf16 %d (+%d, shadows incl. %d M layers' Win/Wout: %d)"
+      % (pa, pb, pb - pa, c["pattern"].count("M"), want))
+assert pb - pa == want, (pb - pa, want)
+assert b["memory"]["measured_peak_bytes"]["params"] == pb
+# acts: per layer the input norm's twin (q/k/v or Win) and the ffn norm's
+# twin; A layers also the attention output's (Wo), M layers the gated norm
+# output's (Wout, E wide); + the h_final twin
+rows = c["batch_size"] // c["microbatches"] * c["seq_len"]
+want_a = carve(2 * rows * D) + sum(2 * carve(2 * rows * D) + carve(2 * rows * (H * hd if l == "A" else E))
+                                   for l in c["pattern"])
+da = b["memory"]["plan_bytes"]["acts"] - a["memory"]["plan_bytes"]["acts"]
+print("   plan acts +%d (want %d); measured bf16 acts %d plan %d"
+      % (da, want_a, b["memory"]["measured_peak_bytes"]["acts"], b["memory"]["plan_bytes"]["acts"]))
+assert da == want_a, (da, want_a)
+assert b["memory"]["measured_peak_bytes"]["acts"] == b["memory"]["plan_bytes"]["acts"]
+PY
+then
+    ok "hybrid bf16 (Mamba-3 in/out projections on bf16 shadows, input norm twin) follows its fp32 curve; measured = plan"
+else bad "hybrid bf16"; tail -3 "$W/hyb16.log"; fi
 
 # 5. grad_reduce_dtype=bf16 over dp=2 (ZeRO-0 all-reduce and ZeRO-2
 #    reduce-scatter): follows the fp32-reduction dp=2 run within the step

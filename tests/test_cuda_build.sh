@@ -47,7 +47,8 @@
 #           mesh (self_dev comms) equal the cpu runs to 1e-5. Every run's exit
 #           status is checked (those run in the background too);
 #        c2. precision=bf16 (6 steps dense, then MoE with the routed experts
-#           on bf16 shadows): emulated cuda bf16 follows the
+#           on bf16 shadows, then the hybrid pattern=AM with the Mamba-3
+#           projections on bf16 shadows): emulated cuda bf16 follows the
 #           cpu fp32 loss curve within the step tolerance of docs/cuda.md
 #           (tests/bf16_curve.py), starts equal to the cpu bf16 run (1e-5),
 #           with head_chunk_rows=24 equal to itself without (the same bound),
@@ -64,8 +65,11 @@
 #           emulator's device-memory guard (a crash on a GPU);
 #        e. bench/cuda_calib.c --quick (built with warnings as errors): its
 #           gemm check passes, its JSON has the fields
-#           bench/profiles/gpu_profile.py reads, and the profile written from
-#           it loads in `BUILD/meshtrain plan --profile FILE`.
+#           bench/profiles/gpu_profile.py reads (the Mamba-3 scan row: FLOPs
+#           8/16 BTHPN, rates = FLOPs / median seconds, the layer_core
+#           scan-vs-attention rows), the profile written from it carries
+#           measured.scan_fwd_bwd_flop_per_s and loads in
+#           `BUILD/meshtrain plan --profile FILE`.
 #        f. per-step device counters (no allocation in a step, only the
 #           expected host waits and copies), the per-op profile's fields,
 #           and the launch floor (threads per kernel launch) of a hybrid +
@@ -437,6 +441,20 @@ sys.exit(not (g['gemm_bf16_direct'] > 0 and g['gemm_bf16_fallbacks'] == 0 and g[
            "$EMU/run_bf16_moe_cuda/receipt.json"; then
         echo "PASS emulated train precision=bf16, MoE: routed experts on bf16 shadows, cuda follows the fp32 curve, starts equal to cpu bf16 ($(( $(date +%s) - t2 ))s)"
     else echo "FAIL: emulated train precision=bf16 MoE"; fail=1; fi
+    # c2 hybrid: pattern=AM, the M block's in/out projections on their bf16
+    #     shadows (gemm_bf16 per Win block, Wout) and the input norm's twin;
+    #     the chunked scan and glue stay fp32: no fallback_reason
+    t2=$(date +%s)
+    if run6 bf16ref_hyb_cpu $HYB --set backend=cpu && run6 bf16_hyb_cpu $HYB --set backend=cpu --set precision=bf16 &&
+       run6 bf16_hyb_cuda $HYB --backend cuda --set precision=bf16 &&
+       python3 "$SRC/tests/bf16_curve.py" "$EMU/run_bf16ref_hyb_cpu/receipt.json" "$EMU/run_bf16_hyb_cuda/receipt.json" \
+           --other "$EMU/run_bf16_hyb_cpu/receipt.json" &&
+       python3 -c "import json,sys; r=json.load(open(sys.argv[1])); g=r['gpu']; f=r['backend']['fallback_reason']; \
+print('   gpu:', {k: g[k] for k in g if k.startswith('gemm_bf16')}, 'fallback_reason:', repr(f)); \
+sys.exit(not (g['gemm_bf16_direct'] > 0 and g['gemm_bf16_fallbacks'] == 0 and not f))" \
+           "$EMU/run_bf16_hyb_cuda/receipt.json"; then
+        echo "PASS emulated train precision=bf16, hybrid: Mamba-3 projections on bf16 shadows, cuda follows the fp32 curve, starts equal to cpu bf16 ($(( $(date +%s) - t2 ))s)"
+    else echo "FAIL: emulated train precision=bf16 hybrid"; fail=1; fi
     fi  # want c2
     if want c; then
     # c3. `meshtrain logits --backend cuda` (issue 20 item 5, meshtrain's side): the
@@ -607,14 +625,26 @@ assert len(c["attention"]) >= 1 and c["attention_best_fwd_bwd_flop_per_s"] > 0
 # each shape in fp32 and in precision=bf16 (the tensor-core kernels)
 assert {a["precision"] for a in c["attention"]} == {"fp32", "bf16"}, c["attention"]
 assert c["attention_bf16_best_fwd_bwd_flop_per_s"] > 0
+# the Mamba-3 scan row: FLOPs as the recurrence (fwd 8 BTHPN, bwd 16 BTHPN)
+assert len(c["scan"]) >= 1, c.get("scan")
+for s in c["scan"]:
+    ff = 8.0 * s["b"] * s["t"] * s["h"] * s["p"] * s["n"]
+    assert s["fwd_flops"] == ff and s["bwd_flops"] == 2 * ff and s["fwd_median_s"] > 0 and s["bwd_median_s"] > 0, s
+    assert math.isclose(s["fwd_bwd_s"], s["fwd_median_s"] + s["bwd_median_s"], rel_tol=1e-5), s
+    assert math.isclose(s["fwd_bwd_flop_per_s"], 3 * ff / s["fwd_bwd_s"], rel_tol=1e-5), s
+assert c["scan_best_fwd_bwd_flop_per_s"] == max(s["fwd_bwd_flop_per_s"] for s in c["scan"]) > 0
+assert len(c["layer_core"]) >= 1 and all(x["scan_fwd_bwd_s"] > 0 and x["attention_bf16_fwd_bwd_s"] > 0
+                                         for x in c["layer_core"]), c["layer_core"]
 ar = c["allreduce"]
 assert ar["available"] == c["build"]["nccl"] and (ar["available"] or "identity" in ar["why"]), ar
 assert len(c["device_copy"]["sizes"]) >= 1 and c["device_copy"]["best_bytes_per_s"] > 0
-print("calib json ok: %d gemm rows, %d attention rows, allreduce available=%s" %
-      (len(c["gemm"]), len(c["attention"]), ar["available"]))
+print("calib json ok: %d gemm rows, %d attention rows, %d scan rows, allreduce available=%s" %
+      (len(c["gemm"]), len(c["attention"]), len(c["scan"]), ar["available"]))
 PY
        python3 "$SRC/bench/profiles/gpu_profile.py" "$EMU/calib.json" --datasheet H100 --name emu-calib \
            --out "$EMU/emu-calib.json" >>"$EMU/calib.log" 2>&1 &&
+       python3 -c "import json,sys; m=json.load(open(sys.argv[1]))['measured']; sys.exit(not m['scan_fwd_bwd_flop_per_s'] > 0)" \
+           "$EMU/emu-calib.json" >>"$EMU/calib.log" 2>&1 &&
        "$BUILD/meshtrain" plan --config "$SRC/bench/configs/gpu_d2048_dense.json" --set batch_size=32 --world 8 --mesh dp=8 \
            --profile "$EMU/emu-calib.json" >"$EMU/calib_plan.log" 2>&1 &&
        grep -q '^cost model (profile emu-calib: ' "$EMU/calib_plan.log"; then

@@ -50,6 +50,12 @@ import sys
 PEAK_ROW = re.compile(r'\{"([^"]+)",\s*([0-9.eE+]+),\s*([0-9.eE+]+),\s*"([^"]+)"\}')
 
 
+
+def sig6(v):
+    """6 significant digits (not 6 decimals: an emulated run's efficiency ~1e-7 must not round to 0,
+    which the planner refuses)."""
+    return float("%.6g" % v)
+
 def peaks_table():
     src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src", "train", "gpu_info.c")
     try:
@@ -168,7 +174,7 @@ def main():
                                     else "", os.path.basename(base_path)),
         "peak_flops": peak,
         "node_peak_flops": peak * rpn,
-        "efficiency": round(eff, 6),
+        "efficiency": sig6(eff),
         "memory_bytes": mem,
         "overlap": base.get("overlap", 0),
         "ranks_per_node": rpn,
@@ -182,11 +188,11 @@ def main():
     prof["by_precision"] = {}
     for k, pk in (("fp32", fp32_peak), ("bf16", bf16_peak)):
         if k == kind:   # --precision's entry: the efficiency chosen above (GEMM or --receipt)
-            prof["by_precision"][k] = {"peak_flops": pk, "efficiency": round(eff, 6), "source": eff_src}
+            prof["by_precision"][k] = {"peak_flops": pk, "efficiency": sig6(eff), "source": eff_src}
             continue
         r_k, sh_k = gemm_rate(k)
         if r_k is not None:
-            prof["by_precision"][k] = {"peak_flops": pk, "efficiency": round(r_k / pk, 6),
+            prof["by_precision"][k] = {"peak_flops": pk, "efficiency": sig6(r_k / pk),
                                        "source": eff_source(k, r_k, sh_k, r_k / pk)}
     ar = cal.get("allreduce", {})
     att = cal.get("attention") or []
@@ -194,12 +200,17 @@ def main():
         "device": name, "emulated": emulated, "cc": dev.get("cc"), "sm_count": dev.get("sm_count"),
         "driver_version": dev.get("driver_version"), "runtime_version": dev.get("runtime_version"),
         "gemm_flop_per_s": {k: v for k, v in cal.get("gemm_best_flop_per_s", {}).items()},
-        "gemm_efficiency_used": round(gemm_eff, 6),
+        "gemm_efficiency_used": sig6(gemm_eff),
         "attention_fwd_bwd_flop_per_s": cal.get("attention_best_fwd_bwd_flop_per_s"),
         "attention_precision": cal.get("attention_precision"),
         "attention_fraction_of_peak_fp32": (cal.get("attention_best_fwd_bwd_flop_per_s") or 0) / fp32_peak,
         # precision=bf16's attention (tensor cores); None from a calib run before it existed
         "attention_bf16_fwd_bwd_flop_per_s": cal.get("attention_bf16_best_fwd_bwd_flop_per_s"),
+        # the Mamba-3 chunked scan, fwd+bwd, FLOPs as the recurrence (plan.c's
+        # MT_PLAN_KIND_SCAN rate); None from a calib run before the scan row
+        "scan_fwd_bwd_flop_per_s": cal.get("scan_best_fwd_bwd_flop_per_s"),
+        "scan_shapes": sorted({"%dx%dx%dx%dx%dx%d" % (x["b"], x["t"], x["h"], x["p"], x["n"], x["chunk"])
+                               for x in cal.get("scan") or []}),
         "allreduce_one_rank": ({"comm": ar.get("comm"), "best_algbw_bytes_per_s": ar.get("best_algbw_bytes_per_s")}
                                if ar.get("available") else {"available": False, "why": ar.get("why")}),
         "device_copy_bytes_per_s": (cal.get("device_copy") or {}).get("best_bytes_per_s"),

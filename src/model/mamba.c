@@ -99,9 +99,17 @@ static void mamba_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, stru
     const enum mt_bucket A = MT_BUCKET_ACTS;
     ly->h_attn_n = carve_f(c, A, Nr * D);
     ly->h_attn = pc->tp.sp ? carve_f(c, A, N * D) : ly->h_attn_n;   /* SP: the gathered copy is saved */
+    /* precision=bf16: the in-projection's operand twin, written by the input
+     * norm (not under SP, whose gathered rows are fp32; as attention.c) */
+    ly->h_attn_b = NULL;
+    if (pc->bf16 && !pc->tp.sp && (!pc->ops || pc->ops->rmsnorm_forward_bf16)) ly->h_attn_b = carve(c, A, Nr * D * 2);
     ly->rstd_attn = carve_f(c, A, Nr);
     float *acts = carve_f(c, A, mt_mamba3_acts_floats(pc->mdims, pc->N));
     if (acts) mt_mamba3_acts_bind(&ly->mb, acts, pc->mdims, pc->N);
+    /* precision=bf16: the gated norm output's twin, Wout's operand (forward and
+     * dWout), rounded once per forward by cast_bf16 (this rank's E channels) */
+    ly->yn_b = NULL;
+    if (pc->bf16) ly->yn_b = carve(c, A, N * (size_t)pc->mdims->H * (size_t)pc->mdims->P * 2);
     ly->x_mid = carve_f(c, A, Nr * D);
 }
 
@@ -174,6 +182,101 @@ static void in_rows(const struct mt_layer_w *w, int rows[7])
     for (int b = 0; b < 7; b++) rows[b] = (int)w->mwin[b]->len[0];
 }
 
+/*
+ * precision=bf16 (docs/cuda.md "bf16 mixed precision"): Win's seven blocks
+ * and Wout have bf16 shadows (model.c bf16_shadowed), and their GEMMs run
+ * through gemm_bf16 by wlinear's operand rules (the shadow when fresh, the
+ * fp32 operands rounded in the call; hb = bf16(h) from the input norm, or
+ * NULL). Win's blocks write column slices of proj / read those of dproj
+ * (ld W), so these are wlinear's calls with a stride. fp32 mode (no
+ * shadow) runs mt_mamba3_in_forward / _in_backward unchanged: the same bits.
+ */
+static int mixer_bf16(const struct mt_layer_w *w) { return w->mwout->bf16 != NULL; }
+
+static const void *wop(const struct mt_param *w, enum mt_elem *t)
+{
+    *t = w->bf16_ok ? MT_ELEM_BF16 : MT_ELEM_F32;
+    return w->bf16_ok ? (const void *)w->bf16 : (const void *)w->data;
+}
+
+/* proj (n, W) = h Win^T, block by block */
+static void in_fwd(const struct mt_piece_ctx *pc, float *proj, const float *h, const mt_bf16 *hb,
+                   const struct mt_mamba3_weights *w, int n)
+{
+    const struct mt_ops_i *ops = pc->ops;
+    const struct mt_layer_w *lw = &pc->ly->w;
+    if (!mixer_bf16(lw)) { mt_mamba3_in_forward(ops, proj, h, w, pc->mdims, n); return; }
+    if (n <= 0) return;
+    const int W = mt_mamba3_in_width(pc->mdims), D = pc->D;
+    int rows[7], off = 0;
+    in_rows(lw, rows);
+    for (int b = 0; b < 7; b++) {
+        enum mt_elem tw;
+        const void *Wb = wop(lw->mwin[b], &tw);
+        if (rows[b] > 0)
+            ops->gemm_bf16(ops->be, 0, 1, n, rows[b], D, 1.0f, hb ? (const void *)hb : (const void *)h,
+                           hb ? MT_ELEM_BF16 : MT_ELEM_F32, D, Wb, tw, D, 0.0f, proj + off, W);
+        off += rows[b];
+    }
+}
+
+/* dWin_b += dproj_b^T h (g->win_part[b] NULL: frozen, skipped); dh = sum_b dproj_b Win_b */
+static void in_bwd(const struct mt_piece_ctx *pc, float *dh, struct mt_mamba3_weights *g, const float *dproj,
+                   const float *h, const mt_bf16 *hb, const struct mt_mamba3_weights *w, int n)
+{
+    const struct mt_ops_i *ops = pc->ops;
+    const struct mt_layer_w *lw = &pc->ly->w;
+    if (!mixer_bf16(lw)) { mt_mamba3_in_backward(ops, dh, 0, g, dproj, h, w, pc->mdims, n); return; }
+    if (n <= 0) return;
+    const int W = mt_mamba3_in_width(pc->mdims), D = pc->D;
+    int rows[7], off = 0, first = 1;
+    in_rows(lw, rows);
+    for (int b = 0; b < 7; b++) {
+        if (rows[b] > 0) {
+            enum mt_elem tw;
+            const void *Wb = wop(lw->mwin[b], &tw);
+            if (g->win_part[b])
+                ops->gemm_bf16(ops->be, 1, 0, rows[b], D, n, 1.0f, dproj + off, MT_ELEM_F32, W,
+                               hb ? (const void *)hb : (const void *)h, hb ? MT_ELEM_BF16 : MT_ELEM_F32, D, 1.0f,
+                               g->win_part[b], D);
+            ops->gemm_bf16(ops->be, 0, 0, n, D, rows[b], 1.0f, dproj + off, MT_ELEM_F32, W, Wb, tw, D,
+                           first ? 0.0f : 1.0f, dh, D);
+            first = 0;
+        }
+        off += rows[b];
+    }
+}
+
+/* out (n, D) = mixer(h): mt_mamba3_forward's stages with the projections above */
+static void mixer_fwd(const struct mt_piece_ctx *pc, float *out, const float *h, const mt_bf16 *hb,
+                      const struct mt_mamba3_weights *w, int B, int T)
+{
+    const struct mt_ops_i *ops = pc->ops;
+    struct mt_layer *ly = pc->ly;
+    if (!mixer_bf16(&ly->w)) { mt_mamba3_forward(ops, out, &ly->mb, h, w, pc->mdims, B, T); return; }
+    const int n = B * T, E = pc->mdims->H * pc->mdims->P;
+    in_fwd(pc, ly->mb.proj, h, hb, w, n);
+    mt_mamba3_mix_forward(ops, &ly->mb, w, pc->mdims, B, T);
+    if (ly->yn_b) ops->cast_bf16(ops->be, ly->yn_b, ly->mb.yn, (size_t)n * (size_t)E);
+    wlinear_forward(ops, out, ly->mb.yn, ly->yn_b, ly->w.mwout, n, E, pc->D, 0.0f);
+}
+
+/* dh = d h (overwritten), the mixer's gradients += : mt_mamba3_backward's stages */
+static void mixer_bwd(const struct mt_piece_ctx *pc, const float *dy, const struct mt_mamba3_weights *w,
+                      struct mt_mamba3_weights *g)
+{
+    const struct mt_ops_i *ops = pc->ops;
+    struct mt_layer *ly = pc->ly;
+    if (!mixer_bf16(&ly->w)) {
+        mt_mamba3_backward(ops, pc->dh, 0, g, pc->mb_s, dy, ly->h_attn, &ly->mb, w, pc->mdims, pc->B, pc->T);
+        return;
+    }
+    const int n = pc->B * pc->T, E = pc->mdims->H * pc->mdims->P;
+    wlinear_backward(ops, pc->mb_s->dyn, 0.0f, g->wout, dy, ly->mb.yn, ly->yn_b, ly->w.mwout, n, E, pc->D);
+    mt_mamba3_mix_backward(ops, g, pc->mb_s, &ly->mb, w, pc->mdims, pc->B, pc->T);
+    in_bwd(pc, pc->dh, g, pc->mb_s->dproj, ly->h_attn, ly->h_attn_b, w, n);
+}
+
 static void mixer_fwd_lora(const struct mt_piece_ctx *pc, float *out, const float *h, const struct mt_mamba3_weights *w,
                            float *state, int B, int T, int pos0)
 {
@@ -182,11 +285,13 @@ static void mixer_fwd_lora(const struct mt_piece_ctx *pc, float *out, const floa
     const int n = B * T, D = pc->D, E = pc->mdims->H * pc->mdims->P, W = mt_mamba3_in_width(pc->mdims);
     int rows[7];
     in_rows(&ly->w, rows);
-    mt_mamba3_in_forward(ops, ly->mb.proj, h, w, pc->mdims, n);
+    in_fwd(pc, ly->mb.proj, h, state ? NULL : ly->h_attn_b, w, n);
     lora_fwd_add(ops, pc->s_lora, ly->mb.proj, W, h, (const struct mt_param *const *)ly->w.mwin, rows, 7, n, D);
     if (state) mt_mamba3_decode_mix(ops, &ly->mb, state, w, pc->mdims, T, pos0);
     else mt_mamba3_mix_forward(ops, &ly->mb, w, pc->mdims, B, T);
-    proj_fwd(ops, pc->s_lora, out, ly->mb.yn, ly->w.mwout, n, E, D, 0.0f);
+    const mt_bf16 *ynb = state ? NULL : ly->yn_b;   /* decoding: rounded per call */
+    if (ynb) ops->cast_bf16(ops->be, ly->yn_b, ly->mb.yn, (size_t)n * (size_t)E);
+    proj_fwd_b(ops, pc->s_lora, out, ly->mb.yn, ynb, ly->w.mwout, n, E, D, 0.0f);
 }
 
 static void mixer_bwd_lora(const struct mt_piece_ctx *pc, const float *dy, const struct mt_mamba3_weights *w,
@@ -200,9 +305,9 @@ static void mixer_bwd_lora(const struct mt_piece_ctx *pc, const float *dy, const
     in_rows(&ly->w, rows);
     for (int b = 0; b < 7; b++)
         if (ly->w.mwin[b]->frozen) g->win_part[b] = NULL;   /* no weight gradient for the frozen base */
-    proj_bwd(ops, pc->s_lora, pc->s_dlora, s->dyn, 0.0f, ly->w.mwout, dy, ly->mb.yn, n, E, D);
+    proj_bwd_b(ops, pc->s_lora, pc->s_dlora, s->dyn, 0.0f, ly->w.mwout, dy, ly->mb.yn, ly->yn_b, n, E, D);
     mt_mamba3_mix_backward(ops, g, s, &ly->mb, w, pc->mdims, pc->B, pc->T);
-    mt_mamba3_in_backward(ops, pc->dh, 0, g, s->dproj, ly->h_attn, w, pc->mdims, n);
+    in_bwd(pc, pc->dh, g, s->dproj, ly->h_attn, ly->h_attn_b, w, n);
     lora_bwd_add(ops, pc->s_lora, pc->s_dlora, pc->dh, s->dproj, W, ly->h_attn, ly->w.mwin, rows, 7, n, D);
 }
 
@@ -226,11 +331,14 @@ static enum mt_status mamba_forward(struct mt_ctx *ctx, const struct mt_piece_ct
     const int Nr = pc->tp.sp ? n / pc->tp.tp : n;     /* residual rows on this rank */
     struct mt_mamba3_weights w;
     mamba_weights(&ly->w, 0, &w);
-    ops->rmsnorm_forward(ops->be, ly->h_attn_n, ly->rstd_attn, ly->x_in, ly->w.ln1->data, Nr, D, pc->norm_eps);
+    if (ly->h_attn_b)   /* precision=bf16: + the bf16 twin, the in-projection's operand */
+        ops->rmsnorm_forward_bf16(ops->be, ly->h_attn_n, ly->h_attn_b, ly->rstd_attn, ly->x_in, ly->w.ln1->data, Nr, D,
+                                  pc->norm_eps);
+    else ops->rmsnorm_forward(ops->be, ly->h_attn_n, ly->rstd_attn, ly->x_in, ly->w.ln1->data, Nr, D, pc->norm_eps);
     if (pc->tp.tp == 1) {
         /* x_mid = mamba3(h), then += x_in (the residual path) */
         if (pc->lora) mixer_fwd_lora(pc, ly->x_mid, ly->h_attn_n, &w, NULL, a->B, a->T, 0);
-        else mt_mamba3_forward(ops, ly->x_mid, &ly->mb, ly->h_attn_n, &w, pc->mdims, a->B, a->T);
+        else mixer_fwd(pc, ly->x_mid, ly->h_attn_n, ly->h_attn_b, &w, a->B, a->T);
         ops->axpby(ops->be, ly->x_mid, ly->x_in, 1.0f, 1.0f, (size_t)n * D);
         return MT_OK;
     }
@@ -238,7 +346,7 @@ static enum mt_status mamba_forward(struct mt_ctx *ctx, const struct mt_piece_ct
      * Wout holds their columns, so the output is a partial sum (TP exit) */
     if (pc->tp.sp) MT_CHECK(tpa_gather_rows(ctx, &pc->tp, ly->h_attn, ly->h_attn_n, Nr, D));
     if (pc->lora) mixer_fwd_lora(pc, pc->s_red, ly->h_attn, &w, NULL, a->B, a->T, 0);
-    else mt_mamba3_forward(ops, pc->s_red, &ly->mb, ly->h_attn, &w, pc->mdims, a->B, a->T);
+    else mixer_fwd(pc, pc->s_red, ly->h_attn, ly->h_attn_b, &w, a->B, a->T);
     ops->copy(ops->be, ly->x_mid, ly->x_in, (size_t)Nr * D * sizeof(float));
     return tpa_exit_add(ctx, &pc->tp, ly->x_mid, pc->s_red, pc->s_full);
 }
@@ -260,7 +368,7 @@ static enum mt_status mamba_backward(struct mt_ctx *ctx, const struct mt_piece_c
     }
     /* dh = d h (overwritten; under TP this rank's heads' partial sum), every mixer gradient += */
     if (pc->lora) mixer_bwd_lora(pc, dy, &w, &g);
-    else mt_mamba3_backward(ops, pc->dh, 0, &g, pc->mb_s, dy, ly->h_attn, &ly->mb, &w, pc->mdims, pc->B, pc->T);
+    else mixer_bwd(pc, dy, &w, &g);
     /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
     const float *dhr = pc->dh;
     if (pc->tp.sp) {

@@ -419,14 +419,14 @@ static int stage_has_kind(const struct mt_model *m, int k)
 
 /* precision=bf16: the matrices that get a bf16 shadow — those whose GEMMs
  * run through proj_fwd / proj_bwd (attention, dense MLP, shared expert), the
- * routed experts (moe_experts.c: wlinear's gemm_bf16 calls per group) and
- * the lm head. Not the router (fp32 by design), Mamba-3's projections
- * (direct gemm calls, fp32), LoRA adapters (small; fp32). */
+ * routed experts (moe_experts.c: wlinear's gemm_bf16 calls per group),
+ * Mamba-3's in/out projections (mamba.c: gemm_bf16 per block) and the lm
+ * head. Not the router (fp32 by design; MT_ROLE_DENSE is not its role),
+ * LoRA adapters (small; fp32). */
 static int bf16_shadowed(const struct mt_param *p)
 {
     if (p->ndim != 2 || strstr(p->name, ".lora_")) return 0;
-    return p->role == MT_ROLE_HEAD || p->role == MT_ROLE_EXPERT ||
-           (p->role == MT_ROLE_DENSE && !strstr(p->name, "mixer."));
+    return p->role == MT_ROLE_HEAD || p->role == MT_ROLE_EXPERT || p->role == MT_ROLE_DENSE;
 }
 
 /* Carve every buffer. With NULL bases only the offsets (sizes) advance;

@@ -76,6 +76,7 @@ struct mt_layer {
     mt_bf16 *h_attn_b; /* (Nr, D) bf16(h_attn_n), not under SP                      */
     mt_bf16 *att_b;    /* (N, QD) bf16(att)                                         */
     mt_bf16 *h_mlp_b;  /* (Nr, D) bf16(h_mlp_n), dense MLP only, not under SP       */
+    mt_bf16 *yn_b;     /* (N, E) bf16(mb.yn), M layers: Wout's operand (mamba.c)     */
     float *lse;        /* (B, H, T) attention logsumexp (no T x T matrix is kept)   */
     float *x_mid;      /* (Nr, D) x_in + att Wo^T                                   */
     float *h_mlp_n;    /* (Nr, D) rmsnorm(x_mid) * g_mlp (this rank's rows)         */

@@ -498,19 +498,6 @@ static void runtime_mode(const struct run_state *rs, char *out, size_t n)
 #endif
 }
 
-/* precision=bf16 on a model whose Mamba-3 projections have no bf16 path
- * yet: those GEMMs run in fp32 (named, never silent). The routed experts
- * run in bf16 (bf16 shadows, moe_experts.c). */
-static void bf16_fallback_reason(const struct mt_config *cfg, char *out, size_t n)
-{
-    if (strcmp(cfg->precision, "bf16")) return;
-    if (!strchr(cfg->pattern, 'M')) return;
-    size_t len = strlen(out);
-    if (len < n)
-        snprintf(out + len, n - len, "%sprecision=bf16: Mamba-3 projections' GEMMs run in fp32 (no bf16 path yet)",
-                 len ? "; " : "");
-}
-
 #ifdef MT_WITH_CUDA
 /* What did not run as asked on the cuda backend ("" = everything did). */
 static void cuda_fallback_reason(const struct mt_ops_cuda_info *in, char *out, size_t n)
@@ -663,7 +650,6 @@ static void fill_receipt(struct mt_receipt *r, const struct run_state *rs, const
     if (!strcmp(rs->ops->name, "cuda") && mt_ops_cuda_get_info(&cin) == MT_OK)
         cuda_fallback_reason(&cin, r->fallback_reason, sizeof r->fallback_reason);
 #endif
-    bf16_fallback_reason(cfg, r->fallback_reason, sizeof r->fallback_reason);
     snprintf(r->blas, sizeof r->blas, "%s", info.blas);
     snprintf(r->coretype, sizeof r->coretype, "%s", info.coretype);
     snprintf(r->coretype_source, sizeof r->coretype_source, "%s", info.coretype_source);
