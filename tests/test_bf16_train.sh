@@ -163,9 +163,9 @@ assert pb - pa == want, (pb - pa, want)
 assert b["memory"]["measured_peak_bytes"]["params"] == pb
 # acts: per layer the input norm's twin (q/k/v or Win) and the ffn norm's
 # twin; A layers also the attention output's (Wo), M layers the gated norm
-# output's (Wout, E wide); + the h_final twin
+# output's (Wout, E wide); + the h_final twin and the lm head's dlogits twin
 rows = c["batch_size"] // c["microbatches"] * c["seq_len"]
-want_a = carve(2 * rows * D) + sum(2 * carve(2 * rows * D) + carve(2 * rows * (H * hd if l == "A" else E))
+want_a = carve(2 * rows * D) + carve(2 * rows * c["vocab_size"]) + sum(2 * carve(2 * rows * D) + carve(2 * rows * (H * hd if l == "A" else E))
                                    for l in c["pattern"])
 da = b["memory"]["plan_bytes"]["acts"] - a["memory"]["plan_bytes"]["acts"]
 print("   plan acts +%d (want %d); measured bf16 acts %d plan %d"
