@@ -122,6 +122,8 @@ struct mt_zero {
     struct mt_param *views;      /* optimizer views (n_views)                                */
     int             *view_param; /* (n_views) model index of each view                      */
     int              n_views;
+    const float    **nrm_x;      /* (n_views) the gradient norm's sumsq_multi list (host)    */
+    size_t          *nrm_n;      /* (n_views) its sizes                                      */
     int   last_mb, step;
     int   nan_step, nan_unit;
     int   overlap;               /* MT_ZERO_OVERLAP (default 1): 0 waits for every collective at once */
@@ -358,7 +360,8 @@ static size_t engine_other_bytes(int P, int U, int size)
 {
     size_t p1 = (size_t)(P > 0 ? P : 1);
     return sizeof(struct mt_zero) + layout_other_bytes(P, U, size) + (size_t)U * sizeof(struct pending) +
-           (size_t)U * sizeof(int) + p1 * sizeof(struct mt_param) + p1 * sizeof(int);
+           (size_t)U * sizeof(int) + p1 * sizeof(struct mt_param) + p1 * sizeof(int) +
+           p1 * (sizeof(const float *) + sizeof(size_t));
 }
 
 /* bytes[] += what create allocates for these sizes (zbuf allocates nothing for 0). */
@@ -704,7 +707,9 @@ enum mt_status mt_zero_create(struct mt_ctx *ctx, const struct mt_ops_i *ops, st
     z->gathered = mt_alloc(ctx, (size_t)l->n_units * sizeof(int), MT_BUCKET_OTHER);
     z->views = mt_alloc(ctx, (size_t)(P > 0 ? P : 1) * sizeof(struct mt_param), MT_BUCKET_OTHER);
     z->view_param = mt_alloc(ctx, (size_t)(P > 0 ? P : 1) * sizeof(int), MT_BUCKET_OTHER);
-    if (fail || !z->ar || !z->gathered || !z->views || !z->view_param) {
+    z->nrm_x = mt_alloc(ctx, (size_t)(P > 0 ? P : 1) * sizeof(const float *), MT_BUCKET_OTHER);
+    z->nrm_n = mt_alloc(ctx, (size_t)(P > 0 ? P : 1) * sizeof(size_t), MT_BUCKET_OTHER);
+    if (fail || !z->ar || !z->gathered || !z->views || !z->view_param || !z->nrm_x || !z->nrm_n) {
         mt_zero_destroy(ctx, z);
         return MT_ERR_OOM;
     }
@@ -764,6 +769,8 @@ void mt_zero_destroy(struct mt_ctx *ctx, struct mt_zero *z)
     mt_free(ctx, z->gathered);
     mt_free(ctx, z->views);
     mt_free(ctx, z->view_param);
+    mt_free(ctx, z->nrm_x);
+    mt_free(ctx, z->nrm_n);
     layout_free(ctx, &z->lay);
     mt_free(ctx, z);
 }
@@ -833,14 +840,22 @@ enum mt_status mt_zero_finish_grads(struct mt_ctx *ctx, struct mt_zero *z)
 
 double mt_zero_grad_sumsq_local(const struct mt_zero *z, const unsigned char *count)
 {
-    /* each parameter counted once in the group, by its owner, in model order */
+    /* each parameter counted once in the group, by its owner, in model order:
+     * s = 0 + sumsq(g_0) + sumsq(g_1) + ..., one sumsq_multi (one host wait
+     * on cuda, issue 27 item 3) or the loop it stands for */
     double s = 0;
+    int c = 0;
     for (int k = 0; k < z->n_views; k++) {
         int i = z->view_param[k];
         if (z->lay.owner[i] != z->lay.rank || (count && !count[i]) || z->views[k].frozen) continue;
-        s += z->ops->sumsq(z->ops->be, z->views[k].grad, z->views[k].numel);
+        if (z->ops->sumsq_multi) {
+            z->nrm_x[c] = z->views[k].grad;
+            z->nrm_n[c++] = z->views[k].numel;
+        } else {
+            s += z->ops->sumsq(z->ops->be, z->views[k].grad, z->views[k].numel);
+        }
     }
-    return s;
+    return z->ops->sumsq_multi ? z->ops->sumsq_multi(z->ops->be, z->nrm_x, z->nrm_n, c) : s;
 }
 
 enum mt_status mt_zero_sync_params(struct mt_ctx *ctx, struct mt_zero *z)

@@ -270,6 +270,10 @@ static struct mt_ops_i cuda_ops = {
     /* .moe_aux_loss               = */ .moe_aux_loss               = PROF(MT_OPK_ELEMENTWISE, mt_cuda_moe_aux_loss),
     /* .moe_aux_backward           = */ .moe_aux_backward           = PROF(MT_OPK_ELEMENTWISE, mt_cuda_moe_aux_backward),
     /* .profile_step               = */ .profile_step               = cuda_profile_step,
+    /* step synchronisation (issue 27 item 3) */
+    /* .sumsq_multi                = */ .sumsq_multi                = PROF(MT_OPK_ELEMENTWISE, mt_cuda_sumsq_multi),
+    /* .normalize_fro              = */ .normalize_fro              = PROF(MT_OPK_ELEMENTWISE, mt_cuda_normalize_fro),
+    /* .adamw_multi                = */ .adamw_multi                = PROF(MT_OPK_OPTIMIZER, mt_cuda_adamw_multi),
 };
 
 /* Undo a (partial) init: release what the bound instance holds and free it. */
