@@ -41,6 +41,12 @@ enum mt_status mt_zero_set_clip_norm(struct mt_ctx *ctx, struct mt_zero_set *set
     return MT_OK;
 }
 
+enum mt_status mt_zero_set_nonfinite_culprit(struct mt_ctx *ctx, struct mt_zero_set *set)
+{
+    for (int k = 0; k < set->n; k++) MT_CHECK(mt_zero_nonfinite_culprit(ctx, set->z[k]));
+    return MT_OK;
+}
+
 enum mt_status mt_zero_set_step(struct mt_ctx *ctx, struct mt_zero_set *set, int step, double grad_norm)
 {
     for (int k = 0; k < set->n; k++) MT_CHECK(mt_optim_step(ctx, set->opt[k], step, grad_norm));

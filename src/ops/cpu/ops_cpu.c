@@ -337,6 +337,16 @@ static void p_adamw_multi(void *be, float *const *p, const float *const *g, floa
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_OPTIMIZER, cpu_adamw_multi(p, g, m, v, n, wd, count, lr, b1, b2, eps, bc1, bc2));
 }
+static void cpu_nonfinite_mark(float *flags, const float *const *x, const size_t *n, const int *slot, int count)
+{
+    for (int i = 0; i < count; i++)
+        if (!mt_cpu_all_finite(x[i], n[i])) flags[slot[i]] = NAN;
+}
+static void p_nonfinite_mark(void *be, float *flags, const float *const *x, const size_t *n, const int *slot, int count)
+{
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    PROF(MT_OPK_ELEMENTWISE, cpu_nonfinite_mark(flags, x, n, slot, count));
+}
 static void p_muon_momentum(void *be, float *d, float *m, const float *g, float mu, size_t n)
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
@@ -506,6 +516,7 @@ static const struct mt_ops_i cpu_ops = {
     /* .sumsq_multi                = */ .sumsq_multi                = p_sumsq_multi,
     /* .normalize_fro              = */ .normalize_fro              = p_normalize_fro,
     /* .adamw_multi                = */ .adamw_multi                = p_adamw_multi,
+    /* .nonfinite_mark             = */ .nonfinite_mark             = p_nonfinite_mark,
 };
 
 const struct mt_ops_i *mt_ops_cpu(void)

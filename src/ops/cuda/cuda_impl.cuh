@@ -303,6 +303,7 @@ double mt_cuda_sumsq(void *be, const float *x, size_t n);
 int    mt_cuda_all_finite(void *be, const float *x, size_t n);
 double mt_cuda_sumsq_multi(void *be, const float *const *x, const size_t *n, int count);
 void   mt_cuda_normalize_fro(void *be, float *x, size_t n, double eps);
+void   mt_cuda_nonfinite_mark(void *be, float *flags, const float *const *x, const size_t *n, const int *slot, int count);
 
 /* ---- gemm.cu ---- */
 /* release every cached cuBLASLt plan of the bound instance (destroy) */

@@ -224,3 +224,41 @@ extern "C" void mt_cuda_normalize_fro(void *be, float *x, size_t n, double eps)
                                                                      eps, n);
     MT_CUDA_KCHECK();
 }
+
+struct mark_list {
+    const float *x[MT_OPS_LIST_MAX];
+    size_t       n[MT_OPS_LIST_MAX];
+    int          slot[MT_OPS_LIST_MAX];
+};
+
+/* grid (blocks, c): blockIdx.y the tensor; every writer stores the same NaN (deterministic) */
+static __global__ void nonfinite_mark_k(float *flags, struct mark_list L)
+{
+    const uint32_t *u = (const uint32_t *)L.x[blockIdx.y];
+    const size_t n = L.n[blockIdx.y];
+    int bad = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        bad |= (u[i] & 0x7f800000u) == 0x7f800000u;
+    if (bad) flags[L.slot[blockIdx.y]] = __uint_as_float(0x7fc00000u);
+}
+
+extern "C" void mt_cuda_nonfinite_mark(void *be, float *flags, const float *const *x, const size_t *n, const int *slot,
+                                       int count)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    for (int base = 0; base < count; base += MT_OPS_LIST_MAX) {
+        int c = count - base < MT_OPS_LIST_MAX ? count - base : MT_OPS_LIST_MAX;
+        struct mark_list L;
+        memset(&L, 0, sizeof L);
+        size_t nmax = 0;
+        for (int t = 0; t < c; t++) {
+            L.x[t] = x[base + t];
+            L.n[t] = n[base + t];
+            L.slot[t] = slot[base + t];
+            if (L.n[t] > nmax) nmax = L.n[t];
+        }
+        if (!nmax) continue;
+        MT_LAUNCH(nonfinite_mark_k, dim3(mt_cuda_blocks(nmax, THREADS), (unsigned)c), THREADS, 0)(flags, L);
+        MT_CUDA_KCHECK();
+    }
+}

@@ -274,6 +274,7 @@ static struct mt_ops_i cuda_ops = {
     /* .sumsq_multi                = */ .sumsq_multi                = PROF(MT_OPK_ELEMENTWISE, mt_cuda_sumsq_multi),
     /* .normalize_fro              = */ .normalize_fro              = PROF(MT_OPK_ELEMENTWISE, mt_cuda_normalize_fro),
     /* .adamw_multi                = */ .adamw_multi                = PROF(MT_OPK_OPTIMIZER, mt_cuda_adamw_multi),
+    /* .nonfinite_mark             = */ .nonfinite_mark             = PROF(MT_OPK_ELEMENTWISE, mt_cuda_nonfinite_mark),
 };
 
 /* Undo a (partial) init: release what the bound instance holds and free it. */
