@@ -1718,6 +1718,46 @@ static int run_adamw_multi(struct harness *h)
     return h->n_fail == f0;
 }
 
+static int run_nonfinite_mark(struct harness *h)
+{
+    const char *op = "nonfinite_mark";
+    int f0 = h->n_fail;
+    float *x[MULTI_N];
+    size_t n[MULTI_N];
+    int slot[MULTI_N];
+    for (int i = 0; i < MULTI_N; i++) {
+        x[i] = rand_f(h, (n[i] = multi_size(i)) + 1, -3, 3);
+        x[i][n[i]] = NAN;                       /* past the end: never read */
+        slot[i] = MULTI_N - 1 - i;              /* flags in reverse order */
+    }
+    x[3][65538] = INFINITY;                     /* last element of the large one */
+    x[7][0] = NAN;
+    x[33][n[33] - 1] = -INFINITY;               /* in the second list */
+    if (!h->ops || !has(h, op, h->ops->nonfinite_mark != NULL)) return 1;
+    const float *dx[MULTI_N];
+    for (int i = 0; i < MULTI_N; i++) dx[i] = up_f(h, x[i], n[i] + 1);
+    float *f0h = new_f(h, MULTI_N);
+    f0h[0] = NAN;                               /* an earlier mark stays */
+    float *df = up_f(h, f0h, MULTI_N);
+    h->ops->nonfinite_mark(h->ops->be, df, dx, n, slot, MULTI_N);
+    float *f = down_f(h, df, MULTI_N);
+    double bad = 0;
+    for (int i = 0; i < MULTI_N; i++) {
+        int want_nan = i == 0 || i == MULTI_N - 1 - 3 || i == MULTI_N - 1 - 7 || i == MULTI_N - 1 - 33;
+        bad += want_nan ? !isnan(f[i]) : memcmp(&f[i], &f0h[i], sizeof(float)) != 0;
+    }
+    checkf(h, op, bad, 0, "%d tensors: NaN exactly at the non-finite ones' slots", MULTI_N);
+    /* the flags' sumsq: +0 when clean (adds nothing to a norm), NaN when marked */
+    float *dz = up_f(h, new_f(h, MULTI_N), MULTI_N);
+    h->ops->nonfinite_mark(h->ops->be, dz, dx + 8, n + 8, slot + 8, 20);   /* finite tensors 8..27 */
+    const float *lz[1] = {dz}, *lf[1] = {df};
+    size_t nf[1] = {MULTI_N};
+    double sz = h->ops->sumsq_multi ? h->ops->sumsq_multi(h->ops->be, lz, nf, 1) : 1.0;
+    double sf = h->ops->sumsq_multi ? h->ops->sumsq_multi(h->ops->be, lf, nf, 1) : 0.0;
+    checkf(h, op, (sz != 0.0 || signbit(sz)) + !isnan(sf), 0, "sumsq of the flags: +0 clean, NaN marked");
+    return h->n_fail == f0;
+}
+
 /* m = mu m + g; d = g + mu m (new m); d may alias g */
 static void muon_case(struct harness *h, size_t n, int alias)
 {
@@ -2041,6 +2081,7 @@ static const struct op_test op_tests[] = {
     {"sumsq_multi", run_sumsq_multi},
     {"normalize_fro", run_normalize_fro},
     {"adamw_multi", run_adamw_multi},
+    {"nonfinite_mark", run_nonfinite_mark},
 };
 
 /* inputs depend only on the op's name: every backend sees the same bits */
