@@ -596,7 +596,7 @@ static enum mt_status hook_post_backward(struct mt_ctx *ctx, void *user, int u)
      * nonfinite_mark (issue 27 item 3) the unit's gradients mark their flags
      * on the device, no host wait: the flags join the gradient norm and are
      * read only if it is not finite (mt_zero_set_nonfinite_culprit) */
-    if (ops->nonfinite_mark && z->nf_flags) {
+    if (ops->nonfinite_mark && ops->sumsq_multi && z->nf_flags) {
         int c = 0;
         for (int i = 0; i < z->lay.n_params; i++)
             if (z->lay.unit[i] == u && has_grad(&z->lay, z->params, i)) {
@@ -897,7 +897,7 @@ double mt_zero_grad_sumsq_local(const struct mt_zero *z, const unsigned char *co
     if (!z->ops->sumsq_multi) return s;
     /* the non-finite marks last: + 0.0 (no bit changes) when every gradient
      * was finite before its reduction, NaN otherwise (hook_post_backward) */
-    if (z->nf_flags && z->ops->nonfinite_mark) {
+    if (z->nf_flags && z->ops->nonfinite_mark) {   /* marked: hook_post_backward */
         z->nrm_x[c] = z->nf_flags;
         z->nrm_n[c++] = (size_t)(z->lay.n_params > 0 ? z->lay.n_params : 1);
     }
