@@ -504,15 +504,17 @@ fi
 #    T=128, B=2), each with the backend's launch log on (MT_CUDA_LAUNCH_LOG).
 #    counters: no device allocation or free in a step after the first (in the
 #    first: the grow-only workspace's growth only), host waits and H2D/D2H
-#    copies exactly the expected ones (prof_check.py lists them: sumsq and
-#    all_finite scalars, the inputs, the loss, the MoE layer's host routing,
-#    the end-of-step sync), launches = the log's; timing.op_profile_s_per_step
+#    copies exactly the expected ones (prof_check.py lists them: one
+#    gradient-norm read per engine, the inputs, the loss, the MoE layer's
+#    routing, the end-of-step sync; no per-tensor sumsq or all_finite read,
+#    AdamW multi-tensor: issue 27 item 3), launches = the log's; timing.op_profile_s_per_step
 #    has every kind (attention_bwd too) and sums to the step; timing_emulated.
 #    floor: every kernel launched in the hybrid + MoE step has >= B x T = 256
 #    threads (grid x block) or is in tests/cuda/launch_floor_allow.txt with
 #    its reason. Then the checker's plants: a receipt with one more host sync,
-#    one with a device allocation in step 1, and a log with a 32-thread
-#    launch must each fail it.
+#    one with a device allocation in step 1, a log with a 32-thread launch, a
+#    per-tensor sumsq read in step 1 (receipt consistent with it) and AdamW
+#    as per-tensor adamw_k launches must each fail it.
 if want f; then
 if [ -x "$EMU/meshtrain" ] && [ -f "$EMU/train.bin" ]; then
     t3=$(date +%s)
@@ -564,8 +566,32 @@ PY
        { cat "$EMU/launch_hybrid.log"; printf 'step 1 begin\nlaunch planted_k grid 1 1 1 block 32 1 1 threads 32\nstep 1 end\n'; } \
            >"$EMU/planted_launch.log" &&
        ! python3 "$PC" floor "$EMU/planted_launch.log" --floor 256 --allow "$ALLOW" >"$EMU/planted_launch.txt" 2>&1 &&
-       grep -q '^FAIL: planted_k launched with 32 threads' "$EMU/planted_launch.txt"; then
-        echo "PASS planted: one more host sync, a device allocation in step 1, a 32-thread launch: each fails the check"
+       grep -q '^FAIL: planted_k launched with 32 threads' "$EMU/planted_launch.txt" &&
+       python3 - "$EMU/run_prof_dense/receipt.json" "$EMU/launch_dense.log" "$EMU" <<'PY' &&
+# issue 27 item 3: a per-tensor sumsq read back in step 1 (receipt counts
+# consistent with it), and AdamW back to one launch per tensor
+import json, sys
+r = json.load(open(sys.argv[1]))
+for key, d in (("kernel_launches", 2), ("host_syncs", 1), ("d2h_copies", 1)):
+    r["gpu"]["step_counters"][key][1] += d
+json.dump(r, open("%s/planted_sumsq.json" % sys.argv[3], "w"))
+out, cur = [], None
+for line in open(sys.argv[2]):
+    out.append(line)
+    if line.startswith("step 1 begin"):
+        out += ["launch sumsq_pass1_k grid 1024 1 1 block 256 1 1 threads 262144\n",
+                "launch sumsq_pass2_k grid 1 1 1 block 256 1 1 threads 256\n"]
+open("%s/planted_sumsq.log" % sys.argv[3], "w").writelines(out)
+log = open(sys.argv[2]).read().split("step 1 begin")
+open("%s/planted_adamw.log" % sys.argv[3], "w").write(log[0] + "step 1 begin" +
+                                                      log[1].replace("launch adamw_multi_k ", "launch adamw_k "))
+PY
+       ! python3 "$PC" counters "$EMU/planted_sumsq.json" "$EMU/planted_sumsq.log" >"$EMU/planted_sumsq.txt" 2>&1 &&
+       grep -q '^FAIL: step 1: 1 single-tensor sumsq' "$EMU/planted_sumsq.txt" &&
+       ! python3 "$PC" counters "$EMU/run_prof_dense/receipt.json" "$EMU/planted_adamw.log" >"$EMU/planted_adamw.txt" 2>&1 &&
+       grep -q '^FAIL: step 1: [1-9][0-9]* single-tensor adamw_k and 0 adamw_multi_k' "$EMU/planted_adamw.txt"; then
+        echo "PASS planted: one more host sync, a device allocation in step 1, a 32-thread launch, a per-tensor sumsq" \
+             "read, per-tensor AdamW launches: each fails the check"
     else echo "FAIL: the counter / floor checker missed a planted bug"; fail=1; fi
     echo "   stage f: $(( $(date +%s) - t3 ))s"
 else

@@ -1636,6 +1636,149 @@ static int run_adamw(struct harness *h)
     return h->n_fail == f0;
 }
 
+/* ------------------------------------------------------------------------ */
+/* the multi-tensor entries (issue 27 item 3): each is the loop over its
+ * single-tensor entry on the same backend, bit for bit, over more tensors
+ * than one list (MT_OPS_LIST_MAX) holds, with empty and large ones        */
+
+#define MULTI_N 35
+static size_t multi_size(int i) { return i == 5 ? 0 : i == 3 ? 65539 : (size_t)(1 + (i * 37) % 300); }
+
+static int run_sumsq_multi(struct harness *h)
+{
+    const char *op = "sumsq_multi";
+    int f0 = h->n_fail;
+    float *x[MULTI_N];
+    size_t n[MULTI_N];
+    for (int i = 0; i < MULTI_N; i++) x[i] = rand_f(h, (n[i] = multi_size(i)) + 1, -3, 3);
+    if (!h->ops || !has(h, op, h->ops->sumsq_multi != NULL)) return 1;
+    const float *dx[MULTI_N];
+    double ref = 0, loop = 0;
+    for (int i = 0; i < MULTI_N; i++) {
+        dx[i] = up_f(h, x[i], n[i] + 1);
+        for (size_t j = 0; j < n[i]; j++) ref += (double)x[i][j] * x[i][j];
+        loop += h->ops->sumsq(h->ops->be, dx[i], n[i]);
+    }
+    for (int c = 1; c <= MULTI_N; c += MULTI_N - 1) {   /* one tensor; all of them (two lists) */
+        double r = 0;
+        for (int i = 0; i < c; i++) r += h->ops->sumsq(h->ops->be, dx[i], n[i]);
+        double s = h->ops->sumsq_multi(h->ops->be, dx, n, c);
+        checkf(h, op, ndiff(&s, &r, 2), 0, "%d tensors == the loop over sumsq (bits)", c);
+    }
+    double s = h->ops->sumsq_multi(h->ops->be, dx, n, MULTI_N);
+    checkf(h, op, fabs(s - ref) / ref, 1e-6, "%d tensors vs fp64", MULTI_N);
+    double s2 = h->ops->sumsq_multi(h->ops->be, dx, n, MULTI_N);
+    checkf(h, op, ndiff(&s, &loop, 2) + ndiff(&s, &s2, 2), 0, "%d tensors == the loop, determinism", MULTI_N);
+    double z = h->ops->sumsq_multi(h->ops->be, dx, n, 0);
+    checkf(h, op, z != 0.0, 0, "0 tensors is 0");
+    return h->n_fail == f0;
+}
+
+static int run_normalize_fro(struct harness *h)
+{
+    const char *op = "normalize_fro";
+    int f0 = h->n_fail;
+    const size_t ns[] = {1, 13, 65539};
+    for (int c = 0; c < 3; c++) {
+        size_t n = ns[c];
+        float *x = rand_f(h, n + 1, -3, 3);
+        if (!h->ops || !has(h, op, h->ops->normalize_fro != NULL)) continue;
+        double ss = 0;
+        for (size_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+        double *ref = new_d(h, n);
+        for (size_t i = 0; i < n; i++) ref[i] = x[i] / (sqrt(ss) + 1e-7);
+        float *dx = up_f(h, x, n + 1), *dy = up_f(h, x, n + 1);
+        h->ops->normalize_fro(h->ops->be, dx, n, 1e-7);
+        float *got = down_f(h, dx, n + 1);
+        checkf(h, op, err_rel(h, got, ref, n), TOL_FWD, "n=%zu vs fp64", n);
+        checkf(h, op, ndiff(&got[n], &x[n], 1), 0, "n=%zu x[n] untouched", n);
+        /* what Muon did before: sumsq on the host, then axpby with the rounded scalar */
+        double nrm = sqrt(h->ops->sumsq(h->ops->be, dy, n));
+        h->ops->axpby(h->ops->be, dy, NULL, 0.0f, (float)(1.0 / (nrm + 1e-7)), n);
+        checkf(h, op, ndiff(got, down_f(h, dy, n), n), 0, "n=%zu == sumsq + axpby (bits)", n);
+    }
+    return h->n_fail == f0;
+}
+
+static int run_adamw_multi(struct harness *h)
+{
+    const char *op = "adamw_multi";
+    int f0 = h->n_fail;
+    const float lr = 0.02f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, bc1 = 1 - 0.9f * 0.9f, bc2 = 1 - 0.95f * 0.95f;
+    float *hp[MULTI_N], *hg[MULTI_N], *hm[MULTI_N], *hv[MULTI_N], wd[MULTI_N];
+    size_t n[MULTI_N];
+    for (int i = 0; i < MULTI_N; i++) {
+        n[i] = multi_size(i);
+        size_t k = n[i] + 1;   /* one guard element past each tensor */
+        hp[i] = rand_f(h, k, -1, 1);
+        hg[i] = rand_f(h, k, -1, 1);
+        hm[i] = rand_f(h, k, -0.1, 0.1);
+        hv[i] = rand_f(h, k, 0, 0.01);
+        wd[i] = i % 3 ? 0.1f : 0.0f;
+    }
+    if (!h->ops || !has(h, op, h->ops->adamw_multi != NULL)) return 1;
+    float *p[MULTI_N], *m[MULTI_N], *v[MULTI_N], *p2[MULTI_N], *m2[MULTI_N], *v2[MULTI_N];
+    const float *g[MULTI_N];
+    for (int i = 0; i < MULTI_N; i++) {
+        size_t k = n[i] + 1;
+        p[i] = up_f(h, hp[i], k), m[i] = up_f(h, hm[i], k), v[i] = up_f(h, hv[i], k), g[i] = up_f(h, hg[i], k);
+        p2[i] = up_f(h, hp[i], k), m2[i] = up_f(h, hm[i], k), v2[i] = up_f(h, hv[i], k);
+        h->ops->adamw_update(h->ops->be, p2[i], g[i], m2[i], v2[i], n[i], lr, b1, b2, eps, wd[i], bc1, bc2);
+    }
+    h->ops->adamw_multi(h->ops->be, p, g, m, v, n, wd, MULTI_N, lr, b1, b2, eps, bc1, bc2);
+    double bad = 0, guard = 0;
+    for (int i = 0; i < MULTI_N; i++) {
+        size_t k = n[i] + 1;
+        float *a = down_f(h, p[i], k), *b = down_f(h, p2[i], k);
+        bad += ndiff(a, b, k) + ndiff(down_f(h, m[i], k), down_f(h, m2[i], k), k) +
+               ndiff(down_f(h, v[i], k), down_f(h, v2[i], k), k);
+        guard += ndiff(&a[n[i]], &hp[i][n[i]], 1);
+    }
+    checkf(h, op, bad, 0, "%d tensors == the loop over adamw_update (bits)", MULTI_N);
+    checkf(h, op, guard, 0, "%d tensors: p past n untouched", MULTI_N);
+    return h->n_fail == f0;
+}
+
+static int run_nonfinite_mark(struct harness *h)
+{
+    const char *op = "nonfinite_mark";
+    int f0 = h->n_fail;
+    float *x[MULTI_N];
+    size_t n[MULTI_N];
+    int slot[MULTI_N];
+    for (int i = 0; i < MULTI_N; i++) {
+        x[i] = rand_f(h, (n[i] = multi_size(i)) + 1, -3, 3);
+        x[i][n[i]] = NAN;                       /* past the end: never read */
+        slot[i] = MULTI_N - 1 - i;              /* flags in reverse order */
+    }
+    x[3][65538] = INFINITY;                     /* last element of the large one */
+    x[7][0] = NAN;
+    x[33][n[33] - 1] = -INFINITY;               /* in the second list */
+    if (!h->ops || !has(h, op, h->ops->nonfinite_mark != NULL)) return 1;
+    const float *dx[MULTI_N];
+    for (int i = 0; i < MULTI_N; i++) dx[i] = up_f(h, x[i], n[i] + 1);
+    float *f0h = new_f(h, MULTI_N);
+    f0h[0] = NAN;                               /* an earlier mark stays */
+    float *df = up_f(h, f0h, MULTI_N);
+    h->ops->nonfinite_mark(h->ops->be, df, dx, n, slot, MULTI_N);
+    float *f = down_f(h, df, MULTI_N);
+    double bad = 0;
+    for (int i = 0; i < MULTI_N; i++) {
+        int want_nan = i == 0 || i == MULTI_N - 1 - 3 || i == MULTI_N - 1 - 7 || i == MULTI_N - 1 - 33;
+        bad += want_nan ? !isnan(f[i]) : memcmp(&f[i], &f0h[i], sizeof(float)) != 0;
+    }
+    checkf(h, op, bad, 0, "%d tensors: NaN exactly at the non-finite ones' slots", MULTI_N);
+    /* the flags' sumsq: +0 when clean (adds nothing to a norm), NaN when marked */
+    float *dz = up_f(h, new_f(h, MULTI_N), MULTI_N);
+    h->ops->nonfinite_mark(h->ops->be, dz, dx + 8, n + 8, slot + 8, 20);   /* finite tensors 8..27 */
+    const float *lz[1] = {dz}, *lf[1] = {df};
+    size_t nf[1] = {MULTI_N};
+    double sz = h->ops->sumsq_multi ? h->ops->sumsq_multi(h->ops->be, lz, nf, 1) : 1.0;
+    double sf = h->ops->sumsq_multi ? h->ops->sumsq_multi(h->ops->be, lf, nf, 1) : 0.0;
+    checkf(h, op, (sz != 0.0 || signbit(sz)) + !isnan(sf), 0, "sumsq of the flags: +0 clean, NaN marked");
+    return h->n_fail == f0;
+}
+
 /* m = mu m + g; d = g + mu m (new m); d may alias g */
 static void muon_case(struct harness *h, size_t n, int alias)
 {
@@ -1956,6 +2099,10 @@ static const struct op_test op_tests[] = {
     {"adamw_update", run_adamw},
     {"muon_momentum", run_muon},
     {"fused", run_fused},
+    {"sumsq_multi", run_sumsq_multi},
+    {"normalize_fro", run_normalize_fro},
+    {"adamw_multi", run_adamw_multi},
+    {"nonfinite_mark", run_nonfinite_mark},
 };
 
 /* inputs depend only on the op's name: every backend sees the same bits */

@@ -385,7 +385,39 @@ struct mt_ops_i {
      * the GEMMs round per call). */
     void (*xent_fused_bf16)(void *be, float *losses, float *lse_out, float *logits, mt_bf16 *dlogits_bf16,
                             const int32_t *targets, float dscale, int N, int V, float softcap);
+
+    /* ---- step synchronisation: multi-tensor reductions and updates (issue 27 item 3;
+     * docs/cuda.md "Host waits in the step") ----
+     * Each is the loop over the single-tensor entry it names, in index
+     * order, with the same numbers (cpu: that loop, bit for bit), in fewer
+     * launches and host waits. x, n, p, g, m, v, wd are HOST arrays of count
+     * entries (cuda passes them to the kernels as launch arguments in chunks
+     * of MT_OPS_LIST_MAX: nothing copied, nothing allocated); the tensors are
+     * backend buffers. Optional (NULL: callers loop over the single entry).
+     *
+     * sumsq_multi: s = 0.0; for i in order: s += sumsq(x[i], n[i]); return s
+     *   on the host (one host wait on cuda, not one per tensor). n[i] may be 0
+     *   (adds +0.0: the same s as leaving the tensor out).
+     * normalize_fro: x = (float)(1 / (sqrt(sumsq(x, n)) + eps)) * x (the
+     *   scalar in double, rounded once, then one fp32 multiply per element:
+     *   axpby(x, NULL, 0, that scalar, n)); the norm never leaves the device.
+     * adamw_multi: adamw_update(p[i], g[i], m[i], v[i], n[i], lr, b1, b2, eps,
+     *   wd[i], bc1, bc2) for every i (the tensors must not overlap).
+     * nonfinite_mark: flags[slot[i]] = NaN for every i with all_finite(x[i],
+     *   n[i]) == 0; every other flag untouched (marks accumulate until the
+     *   caller zeroes flags, a backend buffer). No host wait: the trainer adds
+     *   sumsq(flags) (+0.0 when clean, NaN otherwise) to the gradient norm and
+     *   reads the flags only when that norm is not finite. */
+    double (*sumsq_multi)(void *be, const float *const *x, const size_t *n, int count);
+    void   (*normalize_fro)(void *be, float *x, size_t n, double eps);
+    void   (*adamw_multi)(void *be, float *const *p, const float *const *g, float *const *m, float *const *v,
+                          const size_t *n, const float *wd, int count, float lr, float b1, float b2, float eps,
+                          float bc1, float bc2);
+    void   (*nonfinite_mark)(void *be, float *flags, const float *const *x, const size_t *n, const int *slot, int count);
 };
+
+/* Tensors per launch of the multi-tensor entries (their kernel-argument lists). */
+#define MT_OPS_LIST_MAX 32
 
 /* moe_route's chunk of slots (one (chunk, expert) count per thread) and its
  * scratch size in int32 elements, for M slots over E experts. */

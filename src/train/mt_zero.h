@@ -128,6 +128,11 @@ enum mt_status mt_zero_finish_grads(struct mt_ctx *ctx, struct mt_zero *z);
  * the global norm^2 when count leaves out the copies the group does not see
  * (a parameter replicated over the model axis but reduced over data only). */
 double mt_zero_grad_sumsq_local(const struct mt_zero *z, const unsigned char *count);
+/* After a non-finite gradient norm: name (len bytes) = the first parameter
+ * whose gradient was marked non-finite on this rank before its reduction this
+ * step (backends with nonfinite_mark; one host read of the marks); left
+ * untouched when there is none. MT_ERR_OOM or MT_OK. */
+enum mt_status mt_zero_nonfinite_culprit(struct mt_ctx *ctx, struct mt_zero *z, char *name, size_t len);
 /* After the optimizer step: stages 1/2 all-gather the updated parameters;
  * stage 3 marks gathered units stale. */
 enum mt_status mt_zero_sync_params(struct mt_ctx *ctx, struct mt_zero *z);
@@ -155,6 +160,14 @@ enum mt_status mt_zero_set_reduce(struct mt_ctx *ctx, struct mt_zero_set *set);
  * is not. Collective over comm. */
 enum mt_status mt_zero_set_clip_norm(struct mt_ctx *ctx, struct mt_zero_set *set, const unsigned char *count,
                                      struct mt_comm *comm, double *norm);
+/* After a non-finite gradient norm, collective over comm (the norm's): the
+ * lowest rank whose engines marked a gradient non-finite before its
+ * reduction and that parameter, agreed by every rank, so that every rank
+ * returns the same MT_ERR_NUMERIC "non-finite gradient on rank R in
+ * parameter P at step S (found before the reduction)" (whichever prints
+ * first before the job goes down says it); MT_OK when no rank marked one. */
+enum mt_status mt_zero_set_nonfinite_culprit(struct mt_ctx *ctx, struct mt_zero_set *set, struct mt_comm *comm,
+                                             int step);
 /* The optimizer step of every engine (clipped by grad_norm), then the
  * parameter sync of every engine (stages 1/2 all-gather). */
 enum mt_status mt_zero_set_step(struct mt_ctx *ctx, struct mt_zero_set *set, int step, double grad_norm);

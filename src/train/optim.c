@@ -256,8 +256,12 @@ static enum mt_status muon_update(struct mt_ctx *ctx, struct mt_optim *o, struct
     float *x = o->ws_x, *y = o->ws_y, *a = o->ws_a, *b = o->ws_b;
     if (tr) ops->transpose(ops->be, x, o->ws_d, R, C);
     else    ops->copy(ops->be, x, o->ws_d, n * sizeof(float));
-    double nrm = sqrt(ops->sumsq(ops->be, x, n));
-    ops->axpby(ops->be, x, NULL, 0.0f, (float)(1.0 / (nrm + 1e-7)), n);
+    if (ops->normalize_fro) {
+        ops->normalize_fro(ops->be, x, n, 1e-7);   /* the same numbers, the norm kept on the device */
+    } else {
+        double nrm = sqrt(ops->sumsq(ops->be, x, n));
+        ops->axpby(ops->be, x, NULL, 0.0f, (float)(1.0 / (nrm + 1e-7)), n);
+    }
     for (int it = 0; it < NS_STEPS; it++) {
         ops->gemm(ops->be, 0, 1, s, s, l, 1.0f, x, l, x, l, 0.0f, a, s);      /* A = X X^T       */
         ops->gemm(ops->be, 0, 0, s, s, s, NS_C, a, s, a, s, 0.0f, b, s);     /* B = c A A       */
@@ -286,6 +290,24 @@ static enum mt_status muon_update(struct mt_ctx *ctx, struct mt_optim *o, struct
 
 void mt_optim_set_tp_comm(struct mt_optim *o, struct mt_comm *tp_comm) { o->tp_comm = tp_comm; }
 
+/* a list of AdamW tensors for one adamw_multi call (host arrays, on the stack) */
+struct adamw_batch {
+    float       *p[MT_OPS_LIST_MAX], *m[MT_OPS_LIST_MAX], *v[MT_OPS_LIST_MAX];
+    const float *g[MT_OPS_LIST_MAX];
+    size_t       n[MT_OPS_LIST_MAX];
+    float        wd[MT_OPS_LIST_MAX];
+    int          count;
+};
+
+static void adamw_flush(struct mt_optim *o, struct adamw_batch *ab, float lr, float bc1, float bc2)
+{
+    const struct mt_config *cfg = &o->cfg;
+    if (ab->count == 0) return;
+    o->ops->adamw_multi(o->ops->be, ab->p, ab->g, ab->m, ab->v, ab->n, ab->wd, ab->count, lr, cfg->adam_beta1,
+                        cfg->adam_beta2, cfg->adam_eps, bc1, bc2);
+    ab->count = 0;
+}
+
 enum mt_status mt_optim_step(struct mt_ctx *ctx, struct mt_optim *o, int step, double grad_norm)
 {
     const struct mt_ops_i *ops = o->ops;
@@ -307,17 +329,33 @@ enum mt_status mt_optim_step(struct mt_ctx *ctx, struct mt_optim *o, int step, d
     double b1 = cfg->adam_beta1, b2 = cfg->adam_beta2;
     float bc1 = (float)(1.0 - pow(b1, (double)o->t));
     float bc2 = (float)(1.0 - pow(b2, (double)o->t));
+    /* AdamW tensors go to adamw_multi in lists of MT_OPS_LIST_MAX (one launch
+     * each on cuda); the updates are independent of each other and of Muon's,
+     * so the order in which they run changes no bit */
+    struct adamw_batch ab;
+    ab.count = 0;
     for (int i = 0; i < o->n_params; i++) {
         struct pstate *st = &o->ps[i];
         struct mt_param *p = st->p;
         if (p->frozen) continue;   /* LoRA: the base does not move (docs/lora.md) */
         float wd = p->decay ? cfg->weight_decay : 0.0f;
-        if (p->optim == MT_OPTIM_MUON)
+        if (p->optim == MT_OPTIM_MUON) {
             MT_CHECK(muon_update(ctx, o, st, muon_lr, wd));
-        else
+        } else if (ops->adamw_multi) {
+            int c = ab.count++;
+            ab.p[c] = p->data;
+            ab.g[c] = p->grad;
+            ab.m[c] = st->m;
+            ab.v[c] = st->v;
+            ab.n[c] = p->numel;
+            ab.wd[c] = wd;
+            if (ab.count == MT_OPS_LIST_MAX) adamw_flush(o, &ab, lr, bc1, bc2);
+        } else {
             ops->adamw_update(ops->be, p->data, p->grad, st->m, st->v, p->numel, lr, cfg->adam_beta1, cfg->adam_beta2,
                               cfg->adam_eps, wd, bc1, bc2);
+        }
     }
+    adamw_flush(o, &ab, lr, bc1, bc2);
     return MT_OK;
 }
 

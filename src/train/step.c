@@ -74,6 +74,8 @@ enum mt_status mt_train_step(struct mt_ctx *ctx, struct run_state *rs, int step,
     out->loss = part[0] + part[1] + part[2];
 
     MT_CHECK(mt_zero_set_clip_norm(ctx, &rs->zset, rs->count, rs->sumc, &out->grad_norm));
+    /* the norm carries the pre-reduction finiteness marks: name the culprit here */
+    if (!isfinite(out->grad_norm)) MT_CHECK(mt_zero_set_nonfinite_culprit(ctx, &rs->zset, rs->sumc, step));
     if (!isfinite(out->loss) || !isfinite(out->grad_norm))
         return mt_ctx_error(ctx, MT_ERR_NUMERIC, "non-finite %s at step %d on rank %d",
                             isfinite(out->loss) ? "gradient norm" : "loss", step, ctx->rank);

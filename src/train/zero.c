@@ -122,6 +122,11 @@ struct mt_zero {
     struct mt_param *views;      /* optimizer views (n_views)                                */
     int             *view_param; /* (n_views) model index of each view                      */
     int              n_views;
+    const float    **nrm_x;      /* (P + 1) host list: the norm's sumsq_multi, the marks'    */
+    size_t          *nrm_n;      /* (P + 1) its sizes                                        */
+    int             *nf_slot;    /* (P) host: nonfinite_mark's flag index of each tensor     */
+    float           *nf_flags;   /* (P) backend, OTHER: NaN where a parameter's gradient was
+                                  * non-finite before its reduction this step, else 0        */
     int   last_mb, step;
     int   nan_step, nan_unit;
     int   overlap;               /* MT_ZERO_OVERLAP (default 1): 0 waits for every collective at once */
@@ -358,7 +363,8 @@ static size_t engine_other_bytes(int P, int U, int size)
 {
     size_t p1 = (size_t)(P > 0 ? P : 1);
     return sizeof(struct mt_zero) + layout_other_bytes(P, U, size) + (size_t)U * sizeof(struct pending) +
-           (size_t)U * sizeof(int) + p1 * sizeof(struct mt_param) + p1 * sizeof(int);
+           (size_t)U * sizeof(int) + p1 * sizeof(struct mt_param) + p1 * sizeof(int) +
+           (p1 + 1) * (sizeof(const float *) + sizeof(size_t)) + p1 * sizeof(int) + p1 * sizeof(float);
 }
 
 /* bytes[] += what create allocates for these sizes (zbuf allocates nothing for 0). */
@@ -586,8 +592,20 @@ static enum mt_status hook_post_backward(struct mt_ctx *ctx, void *user, int u)
                 break;
             }
     }
-    /* non-finite check BEFORE the reduction: the culprit is this rank */
-    if (!ops->all_finite(ops->be, g, gp->unit_size[u])) {
+    /* non-finite check BEFORE the reduction: the culprit is this rank. With
+     * nonfinite_mark (issue 27 item 3) the unit's gradients mark their flags
+     * on the device, no host wait: the flags join the gradient norm and are
+     * read only if it is not finite (mt_zero_set_nonfinite_culprit) */
+    if (ops->nonfinite_mark && ops->sumsq_multi && z->nf_flags) {
+        int c = 0;
+        for (int i = 0; i < z->lay.n_params; i++)
+            if (z->lay.unit[i] == u && has_grad(&z->lay, z->params, i)) {
+                z->nrm_x[c] = z->params[i].grad;
+                z->nrm_n[c] = z->params[i].numel;
+                z->nf_slot[c++] = i;
+            }
+        ops->nonfinite_mark(ops->be, z->nf_flags, z->nrm_x, z->nrm_n, z->nf_slot, c);
+    } else if (!ops->all_finite(ops->be, g, gp->unit_size[u])) {
         const char *name = "(padding)";
         for (int i = 0; i < z->lay.n_params; i++)
             if (z->lay.unit[i] == u && has_grad(&z->lay, z->params, i) &&
@@ -704,7 +722,11 @@ enum mt_status mt_zero_create(struct mt_ctx *ctx, const struct mt_ops_i *ops, st
     z->gathered = mt_alloc(ctx, (size_t)l->n_units * sizeof(int), MT_BUCKET_OTHER);
     z->views = mt_alloc(ctx, (size_t)(P > 0 ? P : 1) * sizeof(struct mt_param), MT_BUCKET_OTHER);
     z->view_param = mt_alloc(ctx, (size_t)(P > 0 ? P : 1) * sizeof(int), MT_BUCKET_OTHER);
-    if (fail || !z->ar || !z->gathered || !z->views || !z->view_param) {
+    z->nrm_x = mt_alloc(ctx, (size_t)((P > 0 ? P : 1) + 1) * sizeof(const float *), MT_BUCKET_OTHER);
+    z->nrm_n = mt_alloc(ctx, (size_t)((P > 0 ? P : 1) + 1) * sizeof(size_t), MT_BUCKET_OTHER);
+    z->nf_slot = mt_alloc(ctx, (size_t)(P > 0 ? P : 1) * sizeof(int), MT_BUCKET_OTHER);
+    z->nf_flags = zbuf(ctx, ops, (size_t)(P > 0 ? P : 1), MT_BUCKET_OTHER, &fail);
+    if (fail || !z->ar || !z->gathered || !z->views || !z->view_param || !z->nrm_x || !z->nrm_n || !z->nf_slot) {
         mt_zero_destroy(ctx, z);
         return MT_ERR_OOM;
     }
@@ -764,6 +786,10 @@ void mt_zero_destroy(struct mt_ctx *ctx, struct mt_zero *z)
     mt_free(ctx, z->gathered);
     mt_free(ctx, z->views);
     mt_free(ctx, z->view_param);
+    mt_free(ctx, z->nrm_x);
+    mt_free(ctx, z->nrm_n);
+    mt_free(ctx, z->nf_slot);
+    if (z->nf_flags) z->ops->buf_free(z->ops->be, ctx, z->nf_flags);
     layout_free(ctx, &z->lay);
     mt_free(ctx, z);
 }
@@ -816,6 +842,24 @@ void mt_zero_begin_step(struct mt_zero *z, int step)
     z->last_mb = 1;
     if (z->gfull) z->ops->fill(z->ops->be, z->gfull, 0.0f, z->lay.g.full_total);
     if (z->own_grad) z->ops->fill(z->ops->be, z->own_grad, 0.0f, z->lay.g.own_total);
+    if (z->nf_flags) z->ops->fill(z->ops->be, z->nf_flags, 0.0f, (size_t)(z->lay.n_params > 0 ? z->lay.n_params : 1));
+}
+
+enum mt_status mt_zero_nonfinite_culprit(struct mt_ctx *ctx, struct mt_zero *z, char *name, size_t len)
+{
+    const struct mt_ops_i *ops = z->ops;
+    const int P = z->lay.n_params;
+    if (!z->nf_flags || P <= 0) return MT_OK;
+    float *h = mt_alloc(ctx, (size_t)P * sizeof(float), MT_BUCKET_OTHER);
+    if (!h) return MT_ERR_OOM;
+    ops->sync(ops->be);
+    ops->copy_to_host(ops->be, h, z->nf_flags, (size_t)P * sizeof(float));
+    int bad = -1;
+    for (int i = 0; i < P && bad < 0; i++)
+        if (h[i] != 0.0f) bad = i;
+    mt_free(ctx, h);
+    if (bad >= 0) snprintf(name, len, "%s", z->params[bad].name);
+    return MT_OK;
 }
 
 void mt_zero_set_last_microbatch(struct mt_zero *z, int last) { z->last_mb = last; }
@@ -833,14 +877,29 @@ enum mt_status mt_zero_finish_grads(struct mt_ctx *ctx, struct mt_zero *z)
 
 double mt_zero_grad_sumsq_local(const struct mt_zero *z, const unsigned char *count)
 {
-    /* each parameter counted once in the group, by its owner, in model order */
+    /* each parameter counted once in the group, by its owner, in model order:
+     * s = 0 + sumsq(g_0) + sumsq(g_1) + ..., one sumsq_multi (one host wait
+     * on cuda, issue 27 item 3) or the loop it stands for */
     double s = 0;
+    int c = 0;
     for (int k = 0; k < z->n_views; k++) {
         int i = z->view_param[k];
         if (z->lay.owner[i] != z->lay.rank || (count && !count[i]) || z->views[k].frozen) continue;
-        s += z->ops->sumsq(z->ops->be, z->views[k].grad, z->views[k].numel);
+        if (z->ops->sumsq_multi) {
+            z->nrm_x[c] = z->views[k].grad;
+            z->nrm_n[c++] = z->views[k].numel;
+        } else {
+            s += z->ops->sumsq(z->ops->be, z->views[k].grad, z->views[k].numel);
+        }
     }
-    return s;
+    if (!z->ops->sumsq_multi) return s;
+    /* the non-finite marks last: + 0.0 (no bit changes) when every gradient
+     * was finite before its reduction, NaN otherwise (hook_post_backward) */
+    if (z->nf_flags && z->ops->nonfinite_mark) {   /* marked: hook_post_backward */
+        z->nrm_x[c] = z->nf_flags;
+        z->nrm_n[c++] = (size_t)(z->lay.n_params > 0 ? z->lay.n_params : 1);
+    }
+    return z->ops->sumsq_multi(z->ops->be, z->nrm_x, z->nrm_n, c);
 }
 
 enum mt_status mt_zero_sync_params(struct mt_ctx *ctx, struct mt_zero *z)

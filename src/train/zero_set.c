@@ -41,6 +41,25 @@ enum mt_status mt_zero_set_clip_norm(struct mt_ctx *ctx, struct mt_zero_set *set
     return MT_OK;
 }
 
+enum mt_status mt_zero_set_nonfinite_culprit(struct mt_ctx *ctx, struct mt_zero_set *set, struct mt_comm *comm,
+                                             int step)
+{
+    enum { NAME = 128 };
+    char name[NAME] = "";
+    for (int k = 0; k < set->n && !name[0]; k++) MT_CHECK(mt_zero_nonfinite_culprit(ctx, set->z[k], name, NAME));
+    /* who: the lowest culprit rank; then its parameter name, summed from zeros */
+    double who = name[0] ? (double)ctx->rank : 1e300, buf[NAME];
+    MT_CHECK(mt_comm_allreduce(ctx, comm, &who, 1, MT_DTYPE_F64, MT_REDOP_MIN));
+    if (who >= 1e300) return MT_OK;
+    for (int c = 0; c < NAME; c++) buf[c] = who == (double)ctx->rank ? (double)(unsigned char)name[c] : 0.0;
+    MT_CHECK(mt_comm_allreduce(ctx, comm, buf, NAME, MT_DTYPE_F64, MT_REDOP_SUM));
+    for (int c = 0; c < NAME; c++) name[c] = (char)(unsigned char)buf[c];
+    name[NAME - 1] = 0;
+    return mt_ctx_error(ctx, MT_ERR_NUMERIC,
+                        "non-finite gradient on rank %d in parameter %s at step %d (found before the reduction)",
+                        (int)who, name, step);
+}
+
 enum mt_status mt_zero_set_step(struct mt_ctx *ctx, struct mt_zero_set *set, int step, double grad_norm)
 {
     for (int k = 0; k < set->n; k++) MT_CHECK(mt_optim_step(ctx, set->opt[k], step, grad_norm));

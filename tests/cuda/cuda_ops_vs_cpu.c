@@ -210,6 +210,8 @@ static void test_table(void)
         E(rmsnorm_resid_forward), E(qk_norm_rope_forward), E(qk_norm_rope_backward), E(rmsnorm_resid_forward_bf16),
         E(swiglu_forward_bf16), E(widen_bf16),
         E(moe_route), E(moe_seq_stats), E(moe_aux_loss), E(moe_aux_backward), E(xent_fused_bf16),
+        E(sumsq_multi), E(normalize_fro), E(adamw_multi), E(nonfinite_mark), E(attention_forward_bf16),
+        E(attention_backward_bf16),
 #undef E
     };
     int missing = 0;

@@ -4,17 +4,19 @@ profile and launch geometry, read from an emulated training run
 (tests/test_cuda_build.sh stage f; docs/cuda.md "Per-op profile and
 counters").
 
-  prof_check.py counters RECEIPT LAUNCH_LOG [--moe-layers N] [--microbatches M]
+  prof_check.py counters RECEIPT LAUNCH_LOG [--moe-layers N] [--microbatches M] [--engines K]
       The receipt of a `meshtrain train --backend cuda` run under the CPU
       emulator (MT_CUDA_LAUNCH_LOG=LAUNCH_LOG). Fails on:
         - a device allocation or free in any step after the first, or in the
           first step one that is not a growth of the backend's grow-only
           workspace (its first users size it);
         - host waits, host-to-device or device-to-host copies other than the
-          expected ones, which are, per step:
-            S  sumsq calls (one per parameter tensor for the gradient norm,
-               one per Muon matrix for its normalisation): 1 D2H + 1 wait each
-            F  all_finite calls: 1 D2H + 1 wait each
+          expected ones (issue 27 item 3, docs/cuda.md "Host waits in the
+          step"), which are, per step:
+            K  the gradient norm: one sumsq_multi per ZeRO engine (K = 1 on
+               one rank), its partials and the non-finite marks of every
+               unit's gradients (nonfinite_mark, no wait) summed on the
+               device: 1 D2H + 1 wait each
             2M the micro-batches' token ids and targets: 1 H2D + 1 wait each
             1  the step's loss scalar: 1 D2H + 1 wait
             M(E+1) the MoE layers' device routing (docs/cuda.md "MoE on the
@@ -23,8 +25,13 @@ counters").
                D2H of all layers' aux/z sums, each waited for; nothing in
                the backward, no H2D
             1  the trainer's sync at the step's end
-          S and F are counted from the launch log (sumsq_pass2_k,
-          nonfinite_k), independently of the backend's counters;
+          K is counted from the launch log (sumsq_multi_pass2_k) and must
+          equal --engines; a single-tensor sumsq with a host read (the
+          per-tensor gradient norm, Muon's per-matrix norm before
+          normalize_fro: sumsq_pass2_k launches not followed by
+          normalize_fro's scale_rnorm_k) or an all_finite (nonfinite_k) in
+          the step fails, as does a single-tensor AdamW launch (adamw_k: the
+          update is adamw_multi_k, one launch per list of 32 tensors);
         - kernel launches in the receipt != the launch log's lines between
           the step marks (two counts of the same launches), or steps that
           differ from each other (every step of a static shape is the same);
@@ -71,6 +78,7 @@ def counters(argv):
     rec, log = argv[0], argv[1]
     moe_layers = int(argv[argv.index("--moe-layers") + 1]) if "--moe-layers" in argv else 0
     mb = int(argv[argv.index("--microbatches") + 1]) if "--microbatches" in argv else 1
+    engines = int(argv[argv.index("--engines") + 1]) if "--engines" in argv else 1
     # device routing: per micro-batch, one offsets read per MoE layer + one aux/z read
     routing = mb * (moe_layers + 1) if moe_layers > 0 else 0
     r = json.load(open(rec))
@@ -83,15 +91,28 @@ def counters(argv):
     for k in range(min(n, len(steps))):
         c = {name: sc[name][k] for name in COUNTERS}
         names = collections.Counter(s[0] for s in steps[k])
-        S, F = names["sumsq_pass2_k"], names["nonfinite_k"]
-        exp = {"host_syncs": S + F + 2 * mb + 1 + routing + 1,
-               "d2h_copies": S + F + 1 + routing,
+        # K gradient-norm reads; S single-tensor sumsq reads (normalize_fro's
+        # pass 2 has no read: it is followed by its scale_rnorm_k); F all_finite
+        K = names["sumsq_multi_pass2_k"]
+        S = names["sumsq_pass2_k"] - names["scale_rnorm_k"]
+        F = names["nonfinite_k"]
+        exp = {"host_syncs": K + S + F + 2 * mb + 1 + routing + 1,
+               "d2h_copies": K + S + F + 1 + routing,
                "h2d_copies": 2 * mb,
                "kernel_launches": len(steps[k]),
                "device_allocs": c["workspace_grows"] if k == 0 else 0,
                "device_frees": c["device_frees"] if k == 0 and c["device_frees"] <= c["workspace_grows"] else 0}
-        why = ("%d sumsq + %d all_finite + %d input H2D + 1 loss D2H + %d MoE routing D2H (offsets, aux/z) + "
-               "1 end-of-step sync" % (S, F, 2 * mb, routing))
+        why = ("%d gradient-norm read(s) + %d sumsq + %d all_finite + %d input H2D + 1 loss D2H + "
+               "%d MoE routing D2H (offsets, aux/z) + 1 end-of-step sync" % (K, S, F, 2 * mb, routing))
+        if K != engines:
+            err.append("step %d: %d gradient-norm reads (sumsq_multi_pass2_k), expected %d (one per engine)"
+                       % (k, K, engines))
+        if S or F:
+            err.append("step %d: %d single-tensor sumsq and %d all_finite host reads in the step, expected none "
+                       "(the norm is one sumsq_multi, Muon's normalize_fro, the finiteness nonfinite_mark)" % (k, S, F))
+        if names["adamw_k"] or names["adamw_multi_k"] == 0:
+            err.append("step %d: %d single-tensor adamw_k and %d adamw_multi_k launches (AdamW must be multi-tensor)"
+                       % (k, names["adamw_k"], names["adamw_multi_k"]))
         print("   step %d: %s" % (k, ", ".join("%s %d" % (name, c[name]) for name in COUNTERS)))
         print("   step %d: expected host_syncs %d = %s" % (k, exp["host_syncs"], why))
         for name, want in exp.items():

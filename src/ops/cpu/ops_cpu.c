@@ -11,6 +11,7 @@
 #include "cpu_impl.h"
 
 #include <cblas.h>
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -307,6 +308,51 @@ static void p_adamw_update(void *be, float *p, const float *g, float *m, float *
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_OPTIMIZER, mt_cpu_adamw_update(p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2));
 }
+/* step synchronisation (issue 27 item 3): the loops over the single-tensor
+ * kernels the entries are defined by (mt_ops.h), so the bits are theirs */
+static double cpu_sumsq_multi(const float *const *x, const size_t *n, int count)
+{
+    double s = 0.0;
+    for (int i = 0; i < count; i++) s += mt_cpu_sumsq(x[i], n[i]);
+    return s;
+}
+static double p_sumsq_multi(void *be, const float *const *x, const size_t *n, int count)
+{
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    PROF_RET(MT_OPK_ELEMENTWISE, double, cpu_sumsq_multi(x, n, count));
+}
+static void cpu_normalize_fro(float *x, size_t n, double eps)
+{
+    double nrm = sqrt(mt_cpu_sumsq(x, n));
+    mt_cpu_axpby(x, NULL, 0.0f, (float)(1.0 / (nrm + eps)), n);
+}
+static void p_normalize_fro(void *be, float *x, size_t n, double eps)
+{
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    PROF(MT_OPK_ELEMENTWISE, cpu_normalize_fro(x, n, eps));
+}
+static void cpu_adamw_multi(float *const *p, const float *const *g, float *const *m, float *const *v, const size_t *n,
+                            const float *wd, int count, float lr, float b1, float b2, float eps, float bc1, float bc2)
+{
+    for (int i = 0; i < count; i++) mt_cpu_adamw_update(p[i], g[i], m[i], v[i], n[i], lr, b1, b2, eps, wd[i], bc1, bc2);
+}
+static void p_adamw_multi(void *be, float *const *p, const float *const *g, float *const *m, float *const *v,
+                          const size_t *n, const float *wd, int count, float lr, float b1, float b2, float eps,
+                          float bc1, float bc2)
+{
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    PROF(MT_OPK_OPTIMIZER, cpu_adamw_multi(p, g, m, v, n, wd, count, lr, b1, b2, eps, bc1, bc2));
+}
+static void cpu_nonfinite_mark(float *flags, const float *const *x, const size_t *n, const int *slot, int count)
+{
+    for (int i = 0; i < count; i++)
+        if (!mt_cpu_all_finite(x[i], n[i])) flags[slot[i]] = NAN;
+}
+static void p_nonfinite_mark(void *be, float *flags, const float *const *x, const size_t *n, const int *slot, int count)
+{
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    PROF(MT_OPK_ELEMENTWISE, cpu_nonfinite_mark(flags, x, n, slot, count));
+}
 static void p_muon_momentum(void *be, float *d, float *m, const float *g, float mu, size_t n)
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
@@ -474,6 +520,11 @@ static const struct mt_ops_i cpu_ops = {
     /* .moe_aux_backward           = */ .moe_aux_backward           = p_moe_aux_backward,
     /* lm head: the bf16 twin of dlogits */
     /* .xent_fused_bf16            = */ .xent_fused_bf16            = p_xent_fused_bf16,
+    /* step synchronisation (issue 27 item 3) */
+    /* .sumsq_multi                = */ .sumsq_multi                = p_sumsq_multi,
+    /* .normalize_fro              = */ .normalize_fro              = p_normalize_fro,
+    /* .adamw_multi                = */ .adamw_multi                = p_adamw_multi,
+    /* .nonfinite_mark             = */ .nonfinite_mark             = p_nonfinite_mark,
 };
 
 const struct mt_ops_i *mt_ops_cpu(void)

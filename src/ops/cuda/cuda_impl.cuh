@@ -359,6 +359,9 @@ void   mt_cuda_fill(void *be, float *x, float value, size_t n);
 void   mt_cuda_axpby(void *be, float *y, const float *x, float a, float b, size_t n);
 double mt_cuda_sumsq(void *be, const float *x, size_t n);
 int    mt_cuda_all_finite(void *be, const float *x, size_t n);
+double mt_cuda_sumsq_multi(void *be, const float *const *x, const size_t *n, int count);
+void   mt_cuda_normalize_fro(void *be, float *x, size_t n, double eps);
+void   mt_cuda_nonfinite_mark(void *be, float *flags, const float *const *x, const size_t *n, const int *slot, int count);
 
 /* ---- gemm.cu ---- */
 /* release every cached cuBLASLt plan of the bound instance (destroy) */
@@ -448,6 +451,9 @@ void mt_cuda_moe_aux_backward(void *be, float *dprobs, float *dlse, const float 
 void mt_cuda_adamw_update(void *be, float *p, const float *g, float *m, float *v, size_t n,
                           float lr, float b1, float b2, float eps, float wd, float bc1, float bc2);
 void mt_cuda_muon_momentum(void *be, float *d, float *m, const float *g, float mu, size_t n);
+void mt_cuda_adamw_multi(void *be, float *const *p, const float *const *g, float *const *m, float *const *v,
+                         const size_t *n, const float *wd, int count, float lr, float b1, float b2, float eps,
+                         float bc1, float bc2);
 void mt_cuda_transpose(void *be, float *out, const float *in, int rows, int cols);
 /* ssm.cu — Mamba-3 scan and mixer glue (docs/mamba3.md) */
 void mt_cuda_ssm_scan_forward(void *be, float *y, const float *x, const float *Bm, const float *Cm,

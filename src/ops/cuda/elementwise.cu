@@ -8,10 +8,18 @@
  * The order depends only on n: same bits every call, no atomics.
  * all_finite: every thread that sees a non-finite value stores 1 into a
  * zeroed flag (all writers store the same value: deterministic).
+ * sumsq_multi (issue 27 item 3): pass 1 of every tensor in one launch per
+ * MT_OPS_LIST_MAX tensors (blockIdx.y = the tensor, its list a launch
+ * argument), each tensor's partials exactly sumsq's; pass 2 is one block
+ * that reduces tensor i's partials as sumsq's pass 2 does and adds the
+ * results in index order: the host loop over sumsq, one host wait.
+ * normalize_fro: sumsq's two passes, then a scale kernel that reads the sum
+ * from device memory (Muon's X / ||X||_F without a host round trip).
  */
 #include "cuda_impl.cuh"
 
 #include <math.h>
+#include <string.h>
 
 #define THREADS 256
 
@@ -127,4 +135,130 @@ extern "C" int mt_cuda_all_finite(void *be, const float *x, size_t n)
     MT_CUDA_CHECK(mt_cuda_memcpy(&bad, mt_cuda_be->red_flag, sizeof bad, cudaMemcpyDeviceToHost));
     MT_CUDA_CHECK(mt_cuda_stream_sync());
     return mt_cuda_be->err == MT_OK && bad == 0;
+}
+
+/* ---- step synchronisation (issue 27 item 3; docs/cuda.md "Host waits in the step") ---- */
+
+struct sumsq_list {
+    const float *x[MT_OPS_LIST_MAX];
+    size_t       n[MT_OPS_LIST_MAX];
+};
+
+/* grid (MT_CUDA_RED_BLOCKS, c): block (b, t) is sumsq_pass1_k's block b of tensor base + t */
+static __global__ void sumsq_multi_pass1_k(double *partial, struct sumsq_list L, int base)
+{
+    __shared__ double s[MT_CUDA_RED_THREADS];
+    const float *x = L.x[blockIdx.y];
+    size_t n = L.n[blockIdx.y], bs = (n + MT_CUDA_RED_BLOCKS - 1) / MT_CUDA_RED_BLOCKS;
+    size_t lo = blockIdx.x * bs, hi = lo + bs;
+    if (lo > n) lo = n;
+    if (hi > n) hi = n;
+    double acc = 0.0;
+    for (size_t i = lo + threadIdx.x; i < hi; i += MT_CUDA_RED_THREADS) acc += (double)x[i] * (double)x[i];
+    s[threadIdx.x] = acc;
+    block_tree_sum(s);
+    if (threadIdx.x == 0) partial[(size_t)(base + (int)blockIdx.y) * MT_CUDA_RED_BLOCKS + blockIdx.x] = s[0];
+}
+
+/* one block: tensor i's sum as sumsq_pass2_k forms it, then out = 0 + t_0 + t_1 + ... in order */
+static __global__ void sumsq_multi_pass2_k(double *out, const double *partial, int count)
+{
+    __shared__ double s[MT_CUDA_RED_THREADS];
+    double tot = 0.0;
+    for (int t = 0; t < count; t++) {
+        double acc = 0.0;
+        for (int i = threadIdx.x; i < MT_CUDA_RED_BLOCKS; i += MT_CUDA_RED_THREADS)
+            acc += partial[(size_t)t * MT_CUDA_RED_BLOCKS + i];
+        s[threadIdx.x] = acc;
+        block_tree_sum(s);
+        if (threadIdx.x == 0) tot += s[0];
+    }
+    if (threadIdx.x == 0) out[0] = tot;
+}
+
+/* x = (float)(1 / (sqrt(*ss) + eps)) * x: the host's scalar, rounded once, then axpby's y = b*y */
+static __global__ void scale_rnorm_k(float *x, const double *ss, double eps, size_t n)
+{
+    float b = (float)(1.0 / (sqrt(*ss) + eps));
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] = b * x[i];
+}
+
+extern "C" double mt_cuda_sumsq_multi(void *be, const float *const *x, const size_t *n, int count)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    if (mt_cuda_be->err != MT_OK) return NAN;
+    if (count <= 0) return 0.0;
+    double *part = (double *)mt_cuda_workspace(((size_t)count * MT_CUDA_RED_BLOCKS + 1) * sizeof(double));
+    if (!part) return NAN;
+    for (int base = 0; base < count; base += MT_OPS_LIST_MAX) {
+        int c = count - base < MT_OPS_LIST_MAX ? count - base : MT_OPS_LIST_MAX;
+        struct sumsq_list L;
+        memset(&L, 0, sizeof L);
+        for (int t = 0; t < c; t++) {
+            L.x[t] = x[base + t];
+            L.n[t] = n[base + t];
+        }
+        MT_LAUNCH(sumsq_multi_pass1_k, dim3(MT_CUDA_RED_BLOCKS, (unsigned)c), MT_CUDA_RED_THREADS, 0)(part, L, base);
+        MT_CUDA_KCHECK();
+    }
+    double *out = part + (size_t)count * MT_CUDA_RED_BLOCKS;
+    MT_LAUNCH(sumsq_multi_pass2_k, 1, MT_CUDA_RED_THREADS, 0)(out, part, count);
+    MT_CUDA_KCHECK();
+    double r = NAN;
+    MT_CUDA_CHECK(mt_cuda_memcpy(&r, out, sizeof r, cudaMemcpyDeviceToHost));
+    MT_CUDA_CHECK(mt_cuda_stream_sync());
+    return mt_cuda_be->err != MT_OK ? NAN : r;
+}
+
+extern "C" void mt_cuda_normalize_fro(void *be, float *x, size_t n, double eps)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    if (!n) return;
+    size_t bs = (n + MT_CUDA_RED_BLOCKS - 1) / MT_CUDA_RED_BLOCKS;
+    MT_LAUNCH(sumsq_pass1_k, MT_CUDA_RED_BLOCKS, MT_CUDA_RED_THREADS, 0)(mt_cuda_be->red_partial, x, n, bs);
+    MT_CUDA_KCHECK();
+    MT_LAUNCH(sumsq_pass2_k, 1, MT_CUDA_RED_THREADS, 0)(mt_cuda_be->red_partial, MT_CUDA_RED_BLOCKS);
+    MT_CUDA_KCHECK();
+    MT_LAUNCH(scale_rnorm_k, mt_cuda_blocks(n, THREADS), THREADS, 0)(x, mt_cuda_be->red_partial + MT_CUDA_RED_BLOCKS,
+                                                                     eps, n);
+    MT_CUDA_KCHECK();
+}
+
+struct mark_list {
+    const float *x[MT_OPS_LIST_MAX];
+    size_t       n[MT_OPS_LIST_MAX];
+    int          slot[MT_OPS_LIST_MAX];
+};
+
+/* grid (blocks, c): blockIdx.y the tensor; every writer stores the same NaN (deterministic) */
+static __global__ void nonfinite_mark_k(float *flags, struct mark_list L)
+{
+    const uint32_t *u = (const uint32_t *)L.x[blockIdx.y];
+    const size_t n = L.n[blockIdx.y];
+    int bad = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        bad |= (u[i] & 0x7f800000u) == 0x7f800000u;
+    if (bad) flags[L.slot[blockIdx.y]] = __uint_as_float(0x7fc00000u);
+}
+
+extern "C" void mt_cuda_nonfinite_mark(void *be, float *flags, const float *const *x, const size_t *n, const int *slot,
+                                       int count)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    for (int base = 0; base < count; base += MT_OPS_LIST_MAX) {
+        int c = count - base < MT_OPS_LIST_MAX ? count - base : MT_OPS_LIST_MAX;
+        struct mark_list L;
+        memset(&L, 0, sizeof L);
+        size_t nmax = 0;
+        for (int t = 0; t < c; t++) {
+            L.x[t] = x[base + t];
+            L.n[t] = n[base + t];
+            L.slot[t] = slot[base + t];
+            if (L.n[t] > nmax) nmax = L.n[t];
+        }
+        if (!nmax) continue;
+        MT_LAUNCH(nonfinite_mark_k, dim3(mt_cuda_blocks(nmax, THREADS), (unsigned)c), THREADS, 0)(flags, L);
+        MT_CUDA_KCHECK();
+    }
 }

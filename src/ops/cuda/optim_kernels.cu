@@ -13,6 +13,7 @@
 #include "cuda_impl.cuh"
 
 #include <math.h>
+#include <string.h>
 
 #define THREADS 256
 #define TB      32
@@ -64,6 +65,61 @@ extern "C" void mt_cuda_adamw_update(void *be, float *p, const float *g, float *
     float decay = 1.0f - lr * wd;
     MT_LAUNCH(adamw_k, mt_cuda_blocks(n, THREADS), THREADS, 0)(p, g, m, v, n, lr, b1, b2, eps, decay, bc1, bc2);
     MT_CUDA_KCHECK();
+}
+
+/* adamw_multi (issue 27 item 3): adamw_k on up to MT_OPS_LIST_MAX tensors in
+ * one launch, blockIdx.y the tensor (its pointers and decay a launch
+ * argument), the same per-element arithmetic */
+struct adamw_list {
+    float       *p[MT_OPS_LIST_MAX];
+    const float *g[MT_OPS_LIST_MAX];
+    float       *m[MT_OPS_LIST_MAX];
+    float       *v[MT_OPS_LIST_MAX];
+    size_t       n[MT_OPS_LIST_MAX];
+    float        decay[MT_OPS_LIST_MAX];
+};
+
+static __global__ void adamw_multi_k(struct adamw_list L, float lr, float b1, float b2, float eps, float bc1, float bc2)
+{
+    const int t = blockIdx.y;
+    float *p = L.p[t], *m = L.m[t], *v = L.v[t];
+    const float *g = L.g[t];
+    const float decay = L.decay[t];
+    const size_t n = L.n[t];
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float gi = g[i];
+        float mi = b1 * m[i] + (1.0f - b1) * gi;
+        float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = p[i] * decay - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+    }
+}
+
+extern "C" void mt_cuda_adamw_multi(void *be, float *const *p, const float *const *g, float *const *m, float *const *v,
+                                    const size_t *n, const float *wd, int count, float lr, float b1, float b2,
+                                    float eps, float bc1, float bc2)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    for (int base = 0; base < count; base += MT_OPS_LIST_MAX) {
+        int c = count - base < MT_OPS_LIST_MAX ? count - base : MT_OPS_LIST_MAX;
+        struct adamw_list L;
+        memset(&L, 0, sizeof L);
+        size_t nmax = 0;
+        for (int t = 0; t < c; t++) {
+            L.p[t] = p[base + t];
+            L.g[t] = g[base + t];
+            L.m[t] = m[base + t];
+            L.v[t] = v[base + t];
+            L.n[t] = n[base + t];
+            L.decay[t] = 1.0f - lr * wd[base + t];   /* as adamw_update computes it */
+            if (L.n[t] > nmax) nmax = L.n[t];
+        }
+        if (!nmax) continue;
+        MT_LAUNCH(adamw_multi_k, dim3(mt_cuda_blocks(nmax, THREADS), (unsigned)c), THREADS, 0)(L, lr, b1, b2, eps,
+                                                                                               bc1, bc2);
+        MT_CUDA_KCHECK();
+    }
 }
 
 extern "C" void mt_cuda_muon_momentum(void *be, float *d, float *m, const float *g, float mu, size_t n)
