@@ -81,10 +81,12 @@ if [ "${1:-}" = prepare ]; then
     [ -x "$NVCC" ] || { echo "prepare: no nvcc at $NVCC" >&2; exit 2; }
     BG=${GPU_SH_BUILD:-build-gpu}   # e.g. BUILD/cuda-build of tests/test_cuda_build.sh (same options)
     cmake -S . -B "$BG" -DMT_WITH_CUDA=ON -DMT_WITH_MPI=OFF -DMT_WERROR=ON -DCMAKE_CUDA_COMPILER="$NVCC" >/dev/null
-    nice cmake --build "$BG" -j2 --target meshtrain cuda_ops_vs_cpu cuda_mesh_device test_ops cuda_calib
+    nice cmake --build "$BG" -j2 --target meshtrain cuda_ops_vs_cpu cuda_mesh_device test_ops cuda_calib \
+        test_attn_bf16 test_ssm
     rm -rf "${CARRY:?}/bin" "${CARRY:?}/lib"
     mkdir -p "$CARRY/bin" "$CARRY/lib"
-    cp "$BG/meshtrain" "$BG/cuda_ops_vs_cpu" "$BG/cuda_mesh_device" "$BG/test_ops" "$BG/cuda_calib" "$CARRY/bin/"
+    cp "$BG/meshtrain" "$BG/cuda_ops_vs_cpu" "$BG/cuda_mesh_device" "$BG/test_ops" "$BG/cuda_calib" \
+       "$BG/test_attn_bf16" "$BG/test_ssm" "$CARRY/bin/"
     if [ "${GPU_SH_NCCL:-1}" = 1 ] && { [ -f /usr/include/nccl.h ] || [ -f /usr/local/cuda/include/nccl.h ]; }; then
         cmake -S . -B build-gpu-nccl -DMT_WITH_CUDA=ON -DMT_WITH_NCCL=ON -DMT_WITH_MPI=OFF -DCMAKE_CUDA_COMPILER="$NVCC" >/dev/null
         nice cmake --build build-gpu-nccl -j2 --target cuda_mesh_device cuda_calib
@@ -228,6 +230,17 @@ stage_ops() {
     echo "RESULT test_ops -b cuda: $(grep -E 'failed' "$RES/logs/test_ops_cuda.txt" | tail -1)"
     "$BIN/cuda_mesh_device" > "$RES/logs/mesh_device.txt" 2>&1 || bad=1
     echo "RESULT mesh_device (self_dev): $(tail -1 "$RES/logs/mesh_device.txt")"
+    # precision=bf16's tensor-core attention (wmma) against its fp64 bound, both
+    # dQ paths; the chunked Mamba-3 scan against the fp64 recurrence
+    local t
+    for t in "test_attn_bf16" "test_attn_bf16 ds0" "test_ssm"; do
+        set -- $t
+        [ -x "$BIN/$1" ] || { echo "SKIPPED ($1: not carried: bash bench/gpu.sh prepare)"; continue; }
+        if [ "${2:-}" = ds0 ]; then MT_CUDA_ATTN_DS_MB=0 "$BIN/$1" -b cuda > "$RES/logs/$1_ds0.txt" 2>&1 || bad=1
+            echo "RESULT $1 -b cuda (MT_CUDA_ATTN_DS_MB=0): $(tail -1 "$RES/logs/$1_ds0.txt")"
+        else "$BIN/$1" -b cuda > "$RES/logs/$1.txt" 2>&1 || bad=1
+            echo "RESULT $1 -b cuda: $(tail -1 "$RES/logs/$1.txt")"; fi
+    done
     if [ -x "$BIN/cuda_mesh_device_nccl" ]; then
         "$BIN/cuda_mesh_device_nccl" --nccl > "$RES/logs/mesh_device_nccl.txt" 2>&1 || bad=1
         echo "RESULT mesh_device --nccl: $(tail -1 "$RES/logs/mesh_device_nccl.txt")"
@@ -255,6 +268,18 @@ stage_san() {
             *) echo "RESULT $tool $op: FAIL exit $rc: $(grep -m2 -E 'Invalid|Race|hazard|ERROR' "$log" | tr '\n' ' ')"; bad=1 ;;
         esac
     done
+    # the tensor-core attention's warp barriers (its own harness binary)
+    if [ -x "$BIN/test_attn_bf16" ]; then
+        for tool in racecheck memcheck; do
+            log=$RES/logs/san_${tool}_attention_bf16.txt
+            timeout -k 5 60 compute-sanitizer --tool "$tool" --error-exitcode 99 "$BIN/test_attn_bf16" -b cuda > "$log" 2>&1
+            case $? in
+                0) echo "RESULT $tool attention_bf16: clean ($(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log"))" ;;
+                124|137) echo "RESULT $tool attention_bf16: TIMEOUT 60s (not a verdict)" ;;
+                *) echo "RESULT $tool attention_bf16: FAIL: $(grep -m2 -E 'Invalid|Race|hazard|ERROR|FAIL' "$log" | tr '\n' ' ')"; bad=1 ;;
+            esac
+        done
+    fi
     return $bad
 }
 export -f stage_san
@@ -687,7 +712,7 @@ export -f stage_summary
 # runs are the first thing a short budget loses
 stage env 15 0
 stage ops 50 1
-stage san 80 1
+stage san 140 1
 stage equiv 60 emu
 stage speed 240 1
 stage llmc 60 1
