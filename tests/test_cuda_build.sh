@@ -230,6 +230,12 @@ if [ $rc -eq 1 ] && [ "$out" = "FAIL: MT_CUDA_PRECISION=half: expected fp32 or b
 else
     echo "$out" | tail -3; echo "FAIL: MT_CUDA_PRECISION=half: exit $rc"; fail=1
 fi
+out=$(MT_CUDA_ATTN_DS_MB=lots "$EMU/cuda_ops_vs_cpu" -o gemm 2>&1); rc=$?
+if [ $rc -eq 1 ] && [ "$out" = "FAIL: MT_CUDA_ATTN_DS_MB=lots: expected a whole number of MiB in [0, 1048576]" ]; then
+    echo "PASS MT_CUDA_ATTN_DS_MB=lots refused: $out"
+else
+    echo "$out" | tail -3; echo "FAIL: MT_CUDA_ATTN_DS_MB=lots: exit $rc"; fail=1
+fi
 fi  # want a
 
 if want b; then

@@ -21,6 +21,7 @@
  * rows (pos is a permutation), sums run in j order: race-free, deterministic.
  */
 #include "cpu_impl.h"
+#include "../moe_aux_math.h"
 
 #include <math.h>
 #include <string.h>
@@ -187,17 +188,7 @@ void mt_cpu_moe_seq_stats(double *seq, const float *probs, const int32_t *topk_i
 void mt_cpu_moe_aux_loss(double *loss, float *f_share, const double *seq, const float *lse, int N, int B, int E, int k,
                          int T, float aux_coef, float z_coef, int count_aux)
 {
-    const double *cnt = seq, *psum = seq + (size_t)B * (size_t)E;
-    double aux = 0.0;
-    for (int q = 0; q < B; q++) {
-        float *f = f_share + (size_t)q * E;
-        double acc = 0.0;
-        for (int e = 0; e < E; e++) {
-            f[e] = (float)(cnt[(size_t)q * E + e] / ((double)T * k));
-            acc += (double)f[e] * (psum[(size_t)q * E + e] / (double)T);
-        }
-        aux += (double)aux_coef * E * acc;
-    }
+    const double aux = mt_moe_aux_shares(f_share, seq, B, E, k, T, aux_coef);
     double z = 0.0;
     for (int i = 0; i < N; i++) z += (double)lse[i] * (double)lse[i];
     loss[0] = count_aux ? aux : 0.0;

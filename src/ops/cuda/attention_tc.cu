@@ -54,7 +54,6 @@
 #include "cuda_impl.cuh"
 
 #include <math.h>
-#include <stdlib.h>
 #include <mma.h>
 
 using namespace nvcuda;
@@ -489,28 +488,19 @@ struct tc_operands {
     int vec;
 };
 
-/* Bytes of the dS^T tiles of a backward call, and the cap above which dQ
- * recomputes them instead (MT_CUDA_ATTN_DS_MB, default 2048 MiB; 0: always
- * recompute — the tests run both paths). */
+/* Bytes of the dS^T tiles of a backward call; above the instance's cap
+ * (MT_CUDA_ATTN_DS_MB, read at creation; 0: always) dQ recomputes them */
 static size_t tc_ds_bytes(int B, int T, int H)
 {
     const size_t nt = (size_t)(T + TC_B - 1) / TC_B;
     return (size_t)B * (size_t)H * (nt * (nt + 1) / 2) * TC_B * TC_B * 2;
-}
-static size_t tc_ds_cap(void)
-{
-    const char *s = getenv("MT_CUDA_ATTN_DS_MB");
-    char *end = NULL;
-    long v = s && s[0] ? strtol(s, &end, 10) : -1;
-    if (v < 0 || (end && *end)) return (size_t)2048 << 20;
-    return (size_t)v << 20;
 }
 static int tc_stage(struct tc_operands *o, const float *q, const float *k, const float *v, const float *dout,
                     int B, int T, int H, int K, int hd)
 {
     const size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * K * hd;
     const size_t bq = tc_up256(nq * 2), bk = tc_up256(nk * 2), bd = dout ? tc_up256((size_t)B * H * T * 4) : 0;
-    const size_t bds = dout && tc_ds_bytes(B, T, H) <= tc_ds_cap() ? tc_up256(tc_ds_bytes(B, T, H)) : 0;
+    const size_t bds = dout && tc_ds_bytes(B, T, H) <= mt_cuda_be->attn_ds_cap ? tc_up256(tc_ds_bytes(B, T, H)) : 0;
     unsigned char *ws = (unsigned char *)mt_cuda_workspace(bq + 2 * bk + (dout ? bq : 0) + bd + bds);
     if (!ws) return 0;
     o->ds = bds ? (bf16 *)(ws + 2 * bq + 2 * bk + bd) : NULL;

@@ -73,6 +73,8 @@ extern "C" {
 /* runtime tunable: cap on the bf16 operand copies of one gemm call, in MiB */
 #define MT_CUDA_BF16_SCRATCH_ENV        "MT_CUDA_BF16_SCRATCH_MB"
 #define MT_CUDA_BF16_SCRATCH_DEFAULT_MB 256
+#define MT_CUDA_ATTN_DS_ENV             "MT_CUDA_ATTN_DS_MB"
+#define MT_CUDA_ATTN_DS_DEFAULT_MB      2048
 #define MT_CUDA_RED_THREADS 256
 
 /* One cached cuBLASLt bf16 matmul (gemm.cu): the descriptors and the
@@ -101,6 +103,7 @@ struct mt_cuda_backend {
     cublasLtHandle_t lt;
     void          *lt_ws;          /* MT_CUDA_LT_WS_BYTES of device memory       */
     size_t         bf16_cap;       /* operand scratch cap per gemm (bytes)       */
+    size_t         attn_ds_cap;    /* bf16 attention: dS tiles kept up to this   */
     struct mt_cuda_lt_plan plans[MT_CUDA_LT_PLANS];
     int            plan_next;      /* round-robin eviction cursor                */
     /* sticky error: first failure wins; see the file comment */

@@ -49,7 +49,9 @@ static __device__ void block_tree_sum(double *s)
     __syncthreads();
 }
 
-static __global__ void sumsq_pass1_k(double *partial, const float *x, size_t n, size_t bs)
+/* block blockIdx.x's partial of sum x^2 over its span [x*bs, +bs) of n, in
+ * a fixed order (the single- and multi-tensor passes share it: same bits) */
+static __device__ __forceinline__ double sumsq_block(const float *x, size_t n, size_t bs)
 {
     __shared__ double s[MT_CUDA_RED_THREADS];
     size_t lo = blockIdx.x * bs, hi = lo + bs;
@@ -59,7 +61,13 @@ static __global__ void sumsq_pass1_k(double *partial, const float *x, size_t n, 
     for (size_t i = lo + threadIdx.x; i < hi; i += MT_CUDA_RED_THREADS) acc += (double)x[i] * (double)x[i];
     s[threadIdx.x] = acc;
     block_tree_sum(s);
-    if (threadIdx.x == 0) partial[blockIdx.x] = s[0];
+    return s[0];
+}
+
+static __global__ void sumsq_pass1_k(double *partial, const float *x, size_t n, size_t bs)
+{
+    const double s0 = sumsq_block(x, n, bs);
+    if (threadIdx.x == 0) partial[blockIdx.x] = s0;
 }
 
 static __global__ void sumsq_pass2_k(double *partial, int nparts)
@@ -147,17 +155,9 @@ struct sumsq_list {
 /* grid (MT_CUDA_RED_BLOCKS, c): block (b, t) is sumsq_pass1_k's block b of tensor base + t */
 static __global__ void sumsq_multi_pass1_k(double *partial, struct sumsq_list L, int base)
 {
-    __shared__ double s[MT_CUDA_RED_THREADS];
-    const float *x = L.x[blockIdx.y];
-    size_t n = L.n[blockIdx.y], bs = (n + MT_CUDA_RED_BLOCKS - 1) / MT_CUDA_RED_BLOCKS;
-    size_t lo = blockIdx.x * bs, hi = lo + bs;
-    if (lo > n) lo = n;
-    if (hi > n) hi = n;
-    double acc = 0.0;
-    for (size_t i = lo + threadIdx.x; i < hi; i += MT_CUDA_RED_THREADS) acc += (double)x[i] * (double)x[i];
-    s[threadIdx.x] = acc;
-    block_tree_sum(s);
-    if (threadIdx.x == 0) partial[(size_t)(base + (int)blockIdx.y) * MT_CUDA_RED_BLOCKS + blockIdx.x] = s[0];
+    const size_t n = L.n[blockIdx.y];
+    const double s0 = sumsq_block(L.x[blockIdx.y], n, (n + MT_CUDA_RED_BLOCKS - 1) / MT_CUDA_RED_BLOCKS);
+    if (threadIdx.x == 0) partial[(size_t)(base + (int)blockIdx.y) * MT_CUDA_RED_BLOCKS + blockIdx.x] = s0;
 }
 
 /* one block: tensor i's sum as sumsq_pass2_k forms it, then out = 0 + t_0 + t_1 + ... in order */

@@ -24,6 +24,7 @@
  * race-free, deterministic, no atomics.
  */
 #include "cuda_impl.cuh"
+#include "../moe_aux_math.h"
 
 #include <math.h>
 
@@ -311,7 +312,6 @@ static __global__ void aux_loss_k(double *loss, float *f_share, const double *se
                                   int E, int k, int T, float aux_coef, float z_coef, int count_aux)
 {
     __shared__ double s[MT_CUDA_RED_THREADS];
-    const double *cnt = seq, *psum = seq + (size_t)B * E;
     double z = 0.0;
     for (int i = threadIdx.x; i < N; i += MT_CUDA_RED_THREADS) z += (double)lse[i] * (double)lse[i];
     s[threadIdx.x] = z;
@@ -321,16 +321,7 @@ static __global__ void aux_loss_k(double *loss, float *f_share, const double *se
     }
     __syncthreads();
     if (threadIdx.x != 0) return;
-    double aux = 0.0;
-    for (int q = 0; q < B; q++) {
-        float *f = f_share + (size_t)q * E;
-        double acc = 0.0;
-        for (int e = 0; e < E; e++) {
-            f[e] = (float)(cnt[(size_t)q * E + e] / ((double)T * k));
-            acc += (double)f[e] * (psum[(size_t)q * E + e] / (double)T);
-        }
-        aux += (double)aux_coef * E * acc;
-    }
+    const double aux = mt_moe_aux_shares(f_share, seq, B, E, k, T, aux_coef);  /* the cpu twin's code */
     loss[0] = count_aux ? aux : 0.0;
     loss[1] = (double)z_coef * s[0];
 }

@@ -331,11 +331,33 @@ static void set_precision(enum mt_cuda_precision p, const char *source)
     snprintf(mt_cuda_be->info.precision_source, sizeof mt_cuda_be->info.precision_source, "%s", source);
 }
 
+/* A tunable in whole MiB: `name` unset or empty -> dflt; else a number in
+ * [lo, hi] (0 on a bad value, with the reason in why). */
+static int read_mib(const char *name, long dflt, long lo, long hi, size_t *out, char *why, size_t why_len)
+{
+    const char *s = getenv(name);
+    long v = dflt;
+    if (s && s[0]) {
+        char *end = NULL;
+        v = strtol(s, &end, 10);
+        if (*end || v < lo || v > hi) {
+            if (why && why_len)
+                snprintf(why, why_len, "%s=%s: expected a whole number of MiB in [%ld, %ld]", name, s, lo, hi);
+            return 0;
+        }
+    }
+    *out = (size_t)v << 20;
+    return 1;
+}
+
 /* The runtime tunables of the table, read once at creation (declared in
  * mt_ops_cuda.h and cuda_impl.cuh): MT_CUDA_PRECISION=fp32|bf16 (default
- * fp32) and MT_CUDA_BF16_SCRATCH_MB (positive integer, default 256). A bad
- * value refuses the table with the reason, like a missing device. */
-static int read_tunables(char *why, size_t why_len, enum mt_cuda_precision *prec, const char **src, size_t *cap)
+ * fp32), MT_CUDA_BF16_SCRATCH_MB (positive integer, default 256) and
+ * MT_CUDA_ATTN_DS_MB (the bf16 attention backward's dS tiles, default 2048;
+ * 0: dQ always recomputes them). A bad value refuses the table with the
+ * reason, like a missing device. */
+static int read_tunables(char *why, size_t why_len, enum mt_cuda_precision *prec, const char **src, size_t *cap,
+                         size_t *ds_cap)
 {
     const char *s = getenv(MT_CUDA_PRECISION_ENV);
     *prec = MT_CUDA_PRECISION_FP32;
@@ -347,19 +369,8 @@ static int read_tunables(char *why, size_t why_len, enum mt_cuda_precision *prec
         }
         *src = MT_CUDA_PRECISION_ENV;
     }
-    *cap = (size_t)MT_CUDA_BF16_SCRATCH_DEFAULT_MB << 20;
-    s = getenv(MT_CUDA_BF16_SCRATCH_ENV);
-    if (s && s[0]) {
-        char *end = NULL;
-        long v = strtol(s, &end, 10);
-        if (*end || v < 1 || v > (1L << 20)) {
-            if (why && why_len)
-                snprintf(why, why_len, "%s=%s: expected a whole number of MiB in [1, 1048576]", MT_CUDA_BF16_SCRATCH_ENV, s);
-            return 0;
-        }
-        *cap = (size_t)v << 20;
-    }
-    return 1;
+    return read_mib(MT_CUDA_BF16_SCRATCH_ENV, MT_CUDA_BF16_SCRATCH_DEFAULT_MB, 1, 1L << 20, cap, why, why_len) &&
+           read_mib(MT_CUDA_ATTN_DS_ENV, MT_CUDA_ATTN_DS_DEFAULT_MB, 0, 1L << 20, ds_cap, why, why_len);
 }
 
 /* The receipt's device identity (struct mt_ops_cuda_info): UUID and PCI
@@ -388,9 +399,9 @@ static int init_state(char *why, size_t why_len)
 {
     enum mt_cuda_precision prec;
     const char *prec_src;
-    size_t cap;
+    size_t cap, ds_cap;
     mt_cuda_be = NULL;   /* a failure below must release only the new instance */
-    if (!read_tunables(why, why_len, &prec, &prec_src, &cap)) return 0;
+    if (!read_tunables(why, why_len, &prec, &prec_src, &cap, &ds_cap)) return 0;
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
@@ -450,6 +461,7 @@ static int init_state(char *why, size_t why_len)
     in->cublaslt_version = cublasLtGetVersion();
     in->workspace_bytes = MT_CUDA_LT_WS_BYTES;
     mt_cuda_be->bf16_cap = cap;
+    mt_cuda_be->attn_ds_cap = ds_cap;
     in->bf16_scratch_cap = cap;
     set_precision(prec, prec_src);
     /* MT_CUDA_OP_PROFILE=0: no event pairs (the receipt then has no op

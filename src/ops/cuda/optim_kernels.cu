@@ -18,8 +18,10 @@
 #define THREADS 256
 #define TB      32
 
-static __global__ void adamw_k(float *p, const float *g, float *m, float *v, size_t n,
-                               float lr, float b1, float b2, float eps, float decay, float bc1, float bc2)
+/* one tensor's AdamW over a grid-stride loop (mt_ops.h): the single-tensor
+ * kernel and the multi-tensor one run exactly this, so their bits agree */
+static __device__ __forceinline__ void adamw_span(float *p, const float *g, float *m, float *v, size_t n, float lr,
+                                                  float b1, float b2, float eps, float decay, float bc1, float bc2)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float gi = g[i];
@@ -29,6 +31,12 @@ static __global__ void adamw_k(float *p, const float *g, float *m, float *v, siz
         v[i] = vi;
         p[i] = p[i] * decay - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
     }
+}
+
+static __global__ void adamw_k(float *p, const float *g, float *m, float *v, size_t n,
+                               float lr, float b1, float b2, float eps, float decay, float bc1, float bc2)
+{
+    adamw_span(p, g, m, v, n, lr, b1, b2, eps, decay, bc1, bc2);
 }
 
 static __global__ void muon_momentum_k(float *d, float *m, const float *g, float mu, size_t n)
@@ -82,18 +90,7 @@ struct adamw_list {
 static __global__ void adamw_multi_k(struct adamw_list L, float lr, float b1, float b2, float eps, float bc1, float bc2)
 {
     const int t = blockIdx.y;
-    float *p = L.p[t], *m = L.m[t], *v = L.v[t];
-    const float *g = L.g[t];
-    const float decay = L.decay[t];
-    const size_t n = L.n[t];
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float gi = g[i];
-        float mi = b1 * m[i] + (1.0f - b1) * gi;
-        float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        p[i] = p[i] * decay - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
-    }
+    adamw_span(L.p[t], L.g[t], L.m[t], L.v[t], L.n[t], lr, b1, b2, eps, L.decay[t], bc1, bc2);
 }
 
 extern "C" void mt_cuda_adamw_multi(void *be, float *const *p, const float *const *g, float *const *m, float *const *v,
