@@ -107,3 +107,19 @@ PY
     then ok "replica fault on rank 1 ($mesh, ZeRO-$zero): exit 1 naming the tensor, the ranks and the count"
     else bad "replica fault on rank 1 ($mesh, ZeRO-$zero) rc=$rc"; tail -5 "$o.log"; fi
 }
+
+# make_rank_wrapper: writes $W/wrap.sh RANK FROM TO CMD... : on world rank
+# RANK every argument FROM becomes TO, then exec CMD (one rank given other
+# flags than the rest: test_dist_hangs.sh, test_dist_agree.sh)
+make_rank_wrapper() {
+    cat >"$W/wrap.sh" <<'SH'
+#!/usr/bin/env bash
+r=$1 from=$2 to=$3; shift 3
+if [ "${OMPI_COMM_WORLD_RANK:-0}" = "$r" ]; then
+    args=(); for a in "$@"; do [ "$a" = "$from" ] && a=$to; args+=("$a"); done
+    set -- "${args[@]}"
+fi
+exec "$@"
+SH
+    chmod +x "$W/wrap.sh"
+}

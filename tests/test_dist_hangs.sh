@@ -25,17 +25,8 @@ python3 "$HERE/make_shard.py" "$W/train.bin" 20000 64 pattern
 DENSE="--set vocab_size=64 --set n_layer=2 --set d_model=32 --set n_head=4 --set n_kv_head=2 --set seq_len=16 --set batch_size=8 --set lr=0.01 --set warmup_steps=2 --set total_steps=20"
 COMMON="--peak-flops 1e11 --quiet --data $W/train.bin"
 
-# wrap.sh RANK FROM TO CMD... : on world rank RANK, every argument FROM becomes TO
-cat >"$W/wrap.sh" <<'SH'
-#!/usr/bin/env bash
-r=$1 from=$2 to=$3; shift 3
-if [ "${OMPI_COMM_WORLD_RANK:-0}" = "$r" ]; then
-    args=(); for a in "$@"; do [ "$a" = "$from" ] && a=$to; args+=("$a"); done
-    set -- "${args[@]}"
-fi
-exec "$@"
-SH
-chmod +x "$W/wrap.sh"
+# $W/wrap.sh RANK FROM TO CMD... (dist_lib.sh): one rank's argument rewritten
+make_rank_wrapper
 
 # ends NAME MAX_S WANT_RC OUT REGEX... : the last job took <= MAX_S, exited WANT_RC,
 # its output matches every REGEX, and OUT was not created (OUT "-": not checked)
