@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # calibrate_runtime.sh [BUILD_DIR] [PROFILE_JSON] — measure the constants of the
-# planner's runtime bucket (src/train/mt_plan.h, docs/plan.md section 2) on
+# planner's runtime bucket (src/plan/mt_plan.h, docs/plan.md section 2) on
 # this machine and write them into PROFILE_JSON's "runtime_memory" section
 # (default bench/profiles/cpu-local.json). It also prints the #define lines of
-# the built-in default (src/train/plan.c, MT_PLAN_RT_*) to paste when this is
+# the built-in default (src/plan/plan.c, MT_PLAN_RT_*) to paste when this is
 # the machine the defaults describe.
 #
 # Every measurement is a real `meshtrain train` of 2 steps, so the runtime is
@@ -127,7 +127,7 @@ open(prof_path, "w").write(json.dumps(prof, indent=2) + "\n")
 print(f"wrote {prof_path} runtime_memory:")
 for k, v in rt.items():
     if k not in ("how",): print(f"  {k:26s} {v}")
-print("built-in default (src/train/plan.c):")
+print("built-in default (src/plan/plan.c):")
 print("#define MT_PLAN_RT_BASE          %.4ge6" % (rt["base_bytes"] / 1e6))
 print("#define MT_PLAN_RT_PER_THREAD    %.4ge6" % (rt["per_thread_bytes"] / 1e6))
 print("#define MT_PLAN_RT_PER_COLUMN    %.4g" % rt["per_thread_per_column_bytes"])

@@ -26,7 +26,7 @@
  * at chunk Q; the d_model 2048 hybrid's M layer by default: B 4, T 2048,
  * H 64 heads of P 64, state N 64, chunk 64): FLOPs counted as the
  * recurrence, the planner's convention (src/model/mamba.c mamba_extra,
- * src/train/plan.c): per token and head the state update alpha S + gamma x
+ * src/plan/plan.c): per token and head the state update alpha S + gamma x
  * B^T + beta x' B'^T (3 P N multiply-adds) and the read S C (P N): forward
  * 8*B*T*H*P*N, backward twice that (16*B*T*H*P*N), fwd+bwd 24*B*T*H*P*N.
  * The chunked form's extra intra-chunk products are not counted (as flash
@@ -60,12 +60,12 @@
 #include <string.h>
 
 #include "core/mt_core.h"
-#include "dist/mt_comm.h"
-#include "dist/mt_mesh.h"
+#include "parallel/mt_comm.h"
+#include "parallel/mt_mesh.h"
 #include "ops/mt_ops.h"
 #include "ops/cuda/mt_ops_cuda.h"
 #ifdef MT_WITH_NCCL
-#include "dist/comm_nccl.h"
+#include "parallel/comm_nccl.h"
 #endif
 
 #define CAL_MAX_SHAPES 32

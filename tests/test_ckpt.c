@@ -35,9 +35,9 @@
 
 #include "core/mt_config.h"
 #include "core/mt_param.h"
-#include "dist/mt_comm.h"
+#include "parallel/mt_comm.h"
 #include "ops/mt_ops.h"
-#include "train/mt_ckpt.h"
+#include "io/mt_ckpt.h"
 #include "train/mt_optim.h"
 
 static int n_fail = 0;

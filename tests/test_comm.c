@@ -9,7 +9,7 @@
  * the timeout fires once, never before it; completed ones never fire) and
  * the agreement on one rank.
  */
-#include "dist/comm_impl.h" /* a table with NULL v-entries: MT_ERR_UNSUPPORTED */
+#include "parallel/comm_impl.h" /* a table with NULL v-entries: MT_ERR_UNSUPPORTED */
 
 #include <stdatomic.h>
 #include <stdio.h>

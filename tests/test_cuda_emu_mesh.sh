@@ -9,7 +9,7 @@
 #      emulation stage) and whose NCCL is the emulated one
 #      (tests/cuda/emu/nccl_emu.cc: NCCL on MPI, device buffers staged
 #      through the emulator's copies, so the device-memory guard holds);
-#      src/dist/comm_nccl.c is compiled unchanged;
+#      src/parallel/comm_nccl.c is compiled unchanged;
 #   2. tiny dense and MoE configs, 3 steps, under mpirun --oversubscribe
 #      (OMP_NUM_THREADS=1), each mesh once with --backend cpu and once with
 #      --backend cuda (same binary): dense dp=2 x ZeRO 0/1/2/3, tp=2 with

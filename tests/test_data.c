@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "train/mt_data.h"
+#include "io/mt_data.h"
 
 static int n_fail = 0;
 

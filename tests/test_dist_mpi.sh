@@ -17,7 +17,7 @@ fi
 
 EXE="$BUILD/mpi_collectives"
 mpicc -std=c11 -O1 -g -Wall -Wextra -Wno-unused-parameter -DMT_WITH_MPI=1 -I"$SRC/src" \
-    "$SRC/tests/mpi/mpi_collectives.c" "$SRC"/src/dist/*.c "$SRC/src/core/core.c" "$SRC/src/model/block_traits.c" -o "$EXE" || {
+    "$SRC/tests/mpi/mpi_collectives.c" "$SRC"/src/parallel/comm*.c "$SRC"/src/parallel/mesh.c "$SRC"/src/parallel/watchdog.c "$SRC/src/core/core.c" "$SRC/src/model/block_traits.c" -o "$EXE" || {
     echo "FAIL: could not build mpi_collectives"; exit 1; }
 
 export OMP_NUM_THREADS=1 OMPI_MCA_btl_vader_single_copy_mechanism=none

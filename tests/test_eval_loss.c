@@ -36,8 +36,8 @@
 #include "core/mt_config.h"
 #include "core/mt_fileio.h"
 #include "model/mt_model.h"
-#include "train/mt_ckpt.h"
-#include "train/mt_data.h"
+#include "io/mt_ckpt.h"
+#include "io/mt_data.h"
 #include "train/mt_trainer.h"
 
 #include "mt_test.h"

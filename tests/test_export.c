@@ -18,8 +18,8 @@
 #include "core/mt_config.h"
 #include "model/mt_model.h"
 #include "tok/mt_tok.h"
-#include "train/mt_ckpt.h"
-#include "train/mt_export.h"
+#include "io/mt_ckpt.h"
+#include "io/mt_export.h"
 
 static int n_fail = 0;
 

@@ -1,6 +1,6 @@
 /*
  * test_gpu_info.c — the datasheet peaks behind the cuda receipt's MFU
- * (src/train/gpu_info.c): device names as cudaGetDeviceProperties reports
+ * (src/plan/gpu_info.c): device names as cudaGetDeviceProperties reports
  * them map to the right part (the specific variants NVL / PCIe before the
  * plain name), the precision picks the tensor-core bf16 or the CUDA-core
  * fp32 figure, and anything else is 0 with no source (the receipt then says
@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../src/train/mt_gpu_info.h"
+#include "../src/plan/mt_gpu_info.h"
 
 static int g_fail;
 

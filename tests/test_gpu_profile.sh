@@ -4,7 +4,7 @@
 # loads (docs/cuda.md, "Calibrating the planner's GPU profile"), on the CPU
 # build, from a fixed calibration (an H100 run's shape, made-up numbers):
 #   - bf16: peak_flops = the datasheet bf16 dense peak (989.4e12, the table
-#     of src/train/gpu_info.c), efficiency = sum FLOPs / sum median times of
+#     of src/plan/gpu_info.c), efficiency = sum FLOPs / sum median times of
 #     the bf16 layer rows only (not the square ones) / that peak,
 #     memory_bytes from the nvidia-smi line, links kept from the base
 #     profile, and "sources" has an entry for every number it wrote;

@@ -25,7 +25,7 @@
 #include "model/mt_model.h"
 #include "model/model_impl.h"
 #include "ops/mt_ops.h"
-#include "train/mt_layout.h"
+#include "parallel/mt_layout.h"
 
 static int g_fail = 0;
 #define EXPECT(cond, ...)                                                   \

@@ -4,7 +4,7 @@
  * computed exactly for worlds of 8, every startup-contract rule, derived
  * predicates; plus the one-rank mesh object (trace line, OOM cleanup).
  */
-#include "dist/mt_mesh.h"
+#include "parallel/mt_mesh.h"
 
 #include <stdio.h>
 #include <string.h>

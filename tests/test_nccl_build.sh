@@ -66,8 +66,8 @@ cat >"$OUT/nccl_link_check.c" <<'END_OF_C'
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "dist/comm_nccl.h"
-#include "dist/mt_mesh.h"
+#include "parallel/comm_nccl.h"
+#include "parallel/mt_mesh.h"
 static long n_copies;
 static void host_copy(void *be, void *dst, const void *src, size_t bytes)
 {
@@ -187,7 +187,7 @@ if command -v python3 >/dev/null 2>&1; then
     CMD=$(python3 - "$OUT/compile_commands.json" <<'END_OF_PY'
 import json, shlex, sys
 for e in json.load(open(sys.argv[1])):
-    if e["file"].endswith("src/dist/comm_nccl.c"):
+    if e["file"].endswith("src/parallel/comm_nccl.c"):
         args = shlex.split(e["command"])
         if "-o" in args:
             i = args.index("-o")

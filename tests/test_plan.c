@@ -1,5 +1,5 @@
 /*
- * test_plan.c — the planner library (src/train/plan.c) without MPI:
+ * test_plan.c — the planner library (src/plan/plan.c) without MPI:
  *   1. group ranks: mt_plan_group_rank == the position in mt_mesh_group_members;
  *   2. mt_zero_plan_all (all stages, all group ranks, owners) == per-rank
  *      mt_zero_plan_bytes, and ownership == the reference greedy (largest
@@ -20,14 +20,14 @@
 #include <string.h>
 
 #include "core/mt_config.h"
-#include "dist/mt_comm.h"
-#include "dist/mt_mesh.h"
+#include "parallel/mt_comm.h"
+#include "parallel/mt_mesh.h"
 #include "model/mt_model.h"
 #include "ops/mt_ops.h"
 #include "train/mt_optim.h"
-#include "train/mt_plan.h"
+#include "plan/mt_plan.h"
 #include "train/mt_trainer.h"
-#include "train/mt_zero.h"
+#include "parallel/mt_zero.h"
 
 static int n_fail = 0;
 

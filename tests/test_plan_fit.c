@@ -1,6 +1,6 @@
 /*
- * test_plan_fit.c — the layout module (src/train/layout.c) and the auto-fit
- * search (src/train/plan_fit.c), without MPI:
+ * test_plan_fit.c — the layout module (src/parallel/layout.c) and the auto-fit
+ * search (src/plan/plan_fit.c), without MPI:
  *   1. meshes: mt_plan_fit_meshes lists every (pp, dp, ep, tp) with product
  *      world exactly once (brute force over all quadruples);
  *   2. auto-fit on a tiny MoE model: every fitting layout fits the budget, is
@@ -23,8 +23,8 @@
 #include <string.h>
 
 #include "core/mt_config.h"
-#include "train/mt_layout.h"
-#include "train/mt_plan_fit.h"
+#include "parallel/mt_layout.h"
+#include "plan/mt_plan_fit.h"
 #include "train/mt_trainer.h"
 #include "mt_test.h"
 

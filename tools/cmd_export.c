@@ -9,8 +9,8 @@
 
 #include "cmd.h"
 #include "core/mt_core.h"
-#include "train/mt_ckpt.h"
-#include "train/mt_export.h"
+#include "io/mt_ckpt.h"
+#include "io/mt_export.h"
 
 static void export_usage(FILE *f)
 {

@@ -22,8 +22,8 @@
 #include "core/mt_core.h"
 #include "model/mt_model.h"
 #include "ops/mt_ops.h"
-#include "train/mt_ckpt.h"
-#include "train/mt_export.h"
+#include "io/mt_ckpt.h"
+#include "io/mt_export.h"
 #include "train/mt_trainer.h"
 
 int mt_cmd_parse_ids(const char *s, int32_t **ids, int *n)

@@ -11,7 +11,7 @@
  *   meshtrain plan ... --verify [--data PATH] [--verify-steps S]
  *
  * The contract check is train's (mt_mesh_parse + mt_mesh_check_contract:
- * same messages); the numbers come from src/train/plan.c, which uses the
+ * same messages); the numbers come from src/plan/plan.c, which uses the
  * runtime's own size functions. Bad input is one line on stderr and exit 2.
  */
 #define _GNU_SOURCE
@@ -30,11 +30,11 @@
 #include "core/mt_config.h"
 #include "core/mt_core.h"
 #include "core/mt_fileio.h"
-#include "dist/mt_mesh.h"
+#include "parallel/mt_mesh.h"
 #include "model/mt_model.h"
-#include "train/mt_data.h"
-#include "train/mt_plan.h"
-#include "train/mt_plan_fit.h"
+#include "io/mt_data.h"
+#include "plan/mt_plan.h"
+#include "plan/mt_plan_fit.h"
 
 extern char **environ;
 

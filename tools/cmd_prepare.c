@@ -30,7 +30,7 @@
 #include "cmd.h"
 #include "core/mt_fileio.h"
 #include "tok/mt_tok.h"
-#include "train/mt_data.h"
+#include "io/mt_data.h"
 
 #define MAX_INPUTS 4096
 #define MAX_SHARDS 100000

@@ -16,8 +16,8 @@
 #include "model/mt_model.h"
 #include "ops/mt_ops.h"
 #include "tok/mt_tok.h"
-#include "train/mt_ckpt.h"
-#include "train/mt_export.h"
+#include "io/mt_ckpt.h"
+#include "io/mt_export.h"
 
 static void sample_usage(FILE *f)
 {

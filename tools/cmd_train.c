@@ -17,9 +17,9 @@
 #include "core/mt_core.h"
 #include "core/mt_fileio.h"
 #include "core/mt_knobs.h"
-#include "dist/mt_comm.h"
-#include "train/mt_ckpt.h"
-#include "train/mt_export.h"
+#include "parallel/mt_comm.h"
+#include "io/mt_ckpt.h"
+#include "io/mt_export.h"
 #include "train/mt_trainer.h"
 
 static void train_usage(FILE *f)

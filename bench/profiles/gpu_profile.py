@@ -6,16 +6,16 @@
         [--out bench/profiles/h100-measured.json]
 
 Writes a profile in the format `meshtrain plan --profile FILE` loads
-(src/train/plan.c, mt_plan_profile_load), every number's provenance in
+(src/plan/plan.c, mt_plan_profile_load), every number's provenance in
 "sources" (docs/cuda.md, "Calibrating the planner's GPU profile"):
 
   peak_flops     the datasheet dense peak of the GEMM precision (the table of
-                 src/train/gpu_info.c, which the receipt's mfu_device uses):
+                 src/plan/gpu_info.c, which the receipt's mfu_device uses):
                  bf16 tensor cores, or IEEE fp32 (meshtrain's fp32 mode is
                  cublasSgemm without TF32);
   by_precision   {"fp32": {peak_flops, efficiency}, "bf16": {...}}: both GEMM
                  precisions cuda_calib timed, so that `plan` times a config
-                 by its own precision (src/train/plan.c); the top-level
+                 by its own precision (src/plan/plan.c); the top-level
                  peak_flops / efficiency are --precision's;
   efficiency     measured GEMM FLOP/s / peak_flops: the FLOP-weighted rate
                  (sum FLOPs / sum median times) over the d_model 2048 layer
@@ -44,7 +44,7 @@ import os
 import re
 import sys
 
-# The datasheet table is src/train/gpu_info.c's PEAKS (the receipt's mfu_device
+# The datasheet table is src/plan/gpu_info.c's PEAKS (the receipt's mfu_device
 # uses it), read from the source rather than copied: one table, first substring
 # match wins. Rows: {"match", bf16 dense, fp32, "source"},
 PEAK_ROW = re.compile(r'\{"([^"]+)",\s*([0-9.eE+]+),\s*([0-9.eE+]+),\s*"([^"]+)"\}')
@@ -119,7 +119,7 @@ def main():
     name = smi_name or dev["name"]
     row = datasheet(a.datasheet or name)
     if row is None:
-        fail("device '%s' is not in the datasheet table (src/train/gpu_info.c): give --datasheet" % name)
+        fail("device '%s' is not in the datasheet table (src/plan/gpu_info.c): give --datasheet" % name)
     key, bf16_peak, fp32_peak, peak_src = row
     peak = bf16_peak if a.precision == "bf16" else fp32_peak
     emulated = bool(dev.get("emulated"))

@@ -7,7 +7,7 @@
  *   mpicc -O2 bench/profiles/mpi_loopback.c -o mpi_loopback
  *   mpirun -np 2 ./mpi_loopback
  *
- * Convention (the cost model's, src/train/plan.c): a ring all-gather of S
+ * Convention (the cost model's, src/plan/plan.c): a ring all-gather of S
  * bytes over n ranks moves V = (n-1)/n * S per rank, an all-reduce twice
  * that, a send/recv pair S/2 each way. Each collective is timed at sizes
  * 4 KiB .. 64 MiB and t = latency + V / bandwidth is fitted by least

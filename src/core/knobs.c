@@ -10,14 +10,14 @@
 
 static const struct mt_knob_def knob_table[MT_KNOB_COUNT] = {
     [MT_KNOB_ZERO_OVERLAP] = {
-        /* .name      = */ "zero_overlap", MT_KNOB_BOOL, "1", "MT_ZERO_OVERLAP", "src/train/zero.c", NULL, 0,
+        /* .name      = */ "zero_overlap", MT_KNOB_BOOL, "1", "MT_ZERO_OVERLAP", "src/parallel/zero.c", NULL, 0,
         /* .help      = */ "1: ZeRO reductions and gathers overlap compute; 0: each completes at once (measures "
                            "what overlap hides)"},
     [MT_KNOB_CUDA_PRECISION] = {
         "cuda_precision", MT_KNOB_STRING, "fp32", "MT_CUDA_PRECISION", "src/ops/cuda/ops_cuda.cu", "fp32|bf16", 0,
         "GEMM precision of the cuda backend (bf16 inputs, fp32 accumulate); no effect on cpu"},
     [MT_KNOB_NCCL_TIMEOUT] = {
-        "nccl_timeout_s", MT_KNOB_SECONDS, "600", "MT_NCCL_TIMEOUT_S", "src/dist/comm_nccl.c", NULL, 0,
+        "nccl_timeout_s", MT_KNOB_SECONDS, "600", "MT_NCCL_TIMEOUT_S", "src/parallel/comm_nccl.c", NULL, 0,
         "seconds one NCCL collective may wait before its communicator is aborted (nccl builds only)"},
     [MT_KNOB_MOE_GROUPED] = {
         "moe_grouped", MT_KNOB_BOOL, "1", "MT_MOE_GROUPED", "src/model/model.c", NULL, 0,

@@ -29,9 +29,9 @@
 #include "mt_core.h"
 
 enum mt_knob_id {
-    MT_KNOB_ZERO_OVERLAP = 0,     /* src/train/zero.c                        */
+    MT_KNOB_ZERO_OVERLAP = 0,     /* src/parallel/zero.c                        */
     MT_KNOB_CUDA_PRECISION,       /* src/ops/cuda/ops_cuda.cu (via setup.c)  */
-    MT_KNOB_NCCL_TIMEOUT,         /* src/dist/comm_nccl.c                    */
+    MT_KNOB_NCCL_TIMEOUT,         /* src/parallel/comm_nccl.c                    */
     MT_KNOB_MOE_GROUPED,          /* src/model/model.c (moe_experts.c)       */
     MT_KNOB_TEST_FAULT,           /* src/train/test_hooks.c (test only)      */
     MT_KNOB_TEST_FORCE_ROUTING,   /* src/model/model.c (test only)           */

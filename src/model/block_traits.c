@@ -3,7 +3,7 @@
  * letter, routed, Hugging Face equivalent (mt_block_kinds.def).
  *
  * Kept apart from blocks.c (which binds the pieces) so that src/core
- * (config checks) and src/dist (the mesh contract) can ask "is layer l
+ * (config checks) and src/parallel (the mesh contract) can ask "is layer l
  * routed" and link without pulling the layers, the ops and their libraries
  * into a program that only needs a mesh.
  */

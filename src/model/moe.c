@@ -37,7 +37,7 @@
 #include "model_impl.h"
 #include "moe_experts.h"
 
-#include "../dist/mt_comm.h"
+#include "../parallel/mt_comm.h"
 
 /*
  * HOW IT WORKS — expert parallelism (ep > 1). This rank holds experts

@@ -196,7 +196,7 @@ struct mt_block_kind {
 int mt_blocks_find(char letter);
 /* The table: n kinds (the index is what struct mt_layer.kind holds). The
  * functions from mt_blocks_count to mt_blocks_any_routed (block_traits.c)
- * need none of the model's code: src/core and src/dist may call them. */
+ * need none of the model's code: src/core and src/parallel may call them. */
 const struct mt_block_kind *mt_blocks_kind(int index);   /* blocks.c: with its pieces */
 int mt_blocks_count(void);
 /* 1: kind `index` has a Hugging Face equivalent (export). */

@@ -110,7 +110,7 @@ const struct mt_config *mt_model_cfg(const struct mt_model *m);   /* the resolve
 /* The cost of layer l per token, training FLOPs (an E block: attention +
  * router + top_k experts + shared expert; an A block: attention + dense MLP),
  * and of the head (6 V D): what the pipeline cut balances
- * (mt_layout_pipeline_cut in src/train/layout.c). */
+ * (mt_layout_pipeline_cut in src/parallel/layout.c). */
 double mt_model_layer_flops(const struct mt_config *cfg, int l);
 double mt_model_head_flops(const struct mt_config *cfg);
 /* FLOPs per token of stage s given the split (for the receipt). */
@@ -144,7 +144,7 @@ void mt_model_tp_stats(const struct mt_model *m, struct mt_tp_stats *out);
 /* flags for mt_model_create_ex / _par */
 #define MT_MODEL_EXTERNAL_PARAMS 1  /* do not allocate params/grads: every p->data and
                                      * p->grad is NULL until the caller points them at
-                                     * its own storage (the ZeRO engine, src/train/zero.c) */
+                                     * its own storage (the ZeRO engine, src/parallel/zero.c) */
 #define MT_MODEL_NO_ALLOC        2  /* planning only: build the parameter registry of this
                                      * rank (names, global shapes, boxes, units) and run every
                                      * check create runs, but allocate no arena, no layer and

@@ -14,7 +14,7 @@
  */
 #include "model_impl.h"
 
-#include "../dist/mt_comm.h"
+#include "../parallel/mt_comm.h"
 
 /* Accounting: payload bytes (the full buffer each call covers) and time spent
  * in the call, which is exposed: TP collectives block the layer that needs them. */

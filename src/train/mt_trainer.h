@@ -67,7 +67,7 @@ enum mt_status mt_train_backend_status(struct mt_ctx *ctx, const struct mt_ops_i
 /* Bytes (bucket OTHER) of the trainer's own host arrays on a rank holding
  * n_params parameters, with microbatches of Bm sequences, running n_steps
  * steps in a world of `world` ranks: the same table mt_train_run allocates
- * from (for the planner, src/train/plan.c). */
+ * from (for the planner, src/plan/plan.c). */
 size_t mt_train_host_bytes(const struct mt_config *cfg, int n_params, int Bm, int n_steps, int world);
 
 #endif /* MT_TRAINER_H */

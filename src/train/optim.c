@@ -15,7 +15,7 @@
  */
 #include "mt_optim.h"
 
-#include "../dist/mt_comm.h"
+#include "../parallel/mt_comm.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -5,7 +5,7 @@
  */
 #include <stddef.h>
 
-#include "mt_layout.h"
+#include "../parallel/mt_layout.h"
 #include "train_impl.h"
 
 /*

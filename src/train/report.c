@@ -18,10 +18,10 @@
 #include "../model/mt_blocks.h"
 #ifdef MT_WITH_CUDA
 #include "../ops/cuda/mt_ops_cuda.h"
-#include "mt_gpu_info.h"
+#include "../plan/mt_gpu_info.h"
 #endif
-#include "mt_layout.h"
-#include "mt_plan.h"
+#include "../parallel/mt_layout.h"
+#include "../plan/mt_plan.h"
 #include "mt_receipt.h"
 #include "train_impl.h"
 

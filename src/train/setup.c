@@ -25,8 +25,8 @@
 #include "../ops/cuda/mt_ops_cuda.h"
 #endif
 #include "mt_optim.h"
-#include "mt_layout.h"
-#include "mt_plan.h"
+#include "../parallel/mt_layout.h"
+#include "../plan/mt_plan.h"
 #include "train_impl.h"
 
 /* vocab_size 0 = take it from DATA_DIR/meta.json (written by `meshtrain prepare`). */

@@ -18,7 +18,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "mt_layout.h"
+#include "../parallel/mt_layout.h"
 #include "../model/mt_blocks.h"
 #include "mt_optim.h"
 #include "train_impl.h"

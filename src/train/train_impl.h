@@ -23,14 +23,14 @@
 
 #include "../core/mt_config.h"
 #include "../core/mt_core.h"
-#include "../dist/mt_comm.h"
-#include "../dist/mt_mesh.h"
+#include "../parallel/mt_comm.h"
+#include "../parallel/mt_mesh.h"
 #include "../model/mt_model.h"
 #include "../ops/mt_ops.h"
-#include "mt_ckpt.h"
-#include "mt_data.h"
+#include "../io/mt_ckpt.h"
+#include "../io/mt_data.h"
 #include "mt_trainer.h"
-#include "mt_zero.h"
+#include "../parallel/mt_zero.h"
 
 #define MEM_SLOTS (MT_BUCKET_COUNT + 2)   /* memory peaks: buckets, total, peak RSS (struct mt_train_peaks) */
 

@@ -19,7 +19,7 @@
 #include "../core/mt_knobs.h"
 #ifdef MT_WITH_CUDA
 #include "../ops/cuda/mt_ops_cuda.h"
-#include "mt_gpu_info.h"
+#include "../plan/mt_gpu_info.h"
 #endif
 #include "mt_optim.h"
 #include "train_impl.h"

@@ -1,6 +1,6 @@
 /*
  * mesh_device.c — the device communicators of a one-rank mesh on the cuda
- * backend (src/dist/mt_mesh.h, mt_mesh_create_nccl), on a GPU or under the
+ * backend (src/parallel/mt_mesh.h, mt_mesh_create_nccl), on a GPU or under the
  * CPU emulator (tests/test_cuda_build.sh).
  *
  * A one-rank world needs neither MPI nor NCCL: every group's device
@@ -25,8 +25,8 @@
 #include <string.h>
 
 #include "core/mt_core.h"
-#include "dist/mt_comm.h"
-#include "dist/mt_mesh.h"
+#include "parallel/mt_comm.h"
+#include "parallel/mt_mesh.h"
 #include "ops/mt_ops.h"
 #include "ops/cuda/mt_ops_cuda.h"
 

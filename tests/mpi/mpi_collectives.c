@@ -14,7 +14,7 @@
  * Each rank prints "rank R: OK" or "rank R: FAIL ..." lines; exit 0 only if
  * this rank saw no failure.
  */
-#include "dist/mt_mesh.h"
+#include "parallel/mt_mesh.h"
 
 #include <stdio.h>
 #include <string.h>

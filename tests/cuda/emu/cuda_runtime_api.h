@@ -1,6 +1,6 @@
 /*
  * cuda_runtime_api.h (emulation) — the CUDA runtime API as plain C code sees
- * it, for src/dist/comm_nccl.c in the emulated NCCL build
+ * it, for src/parallel/comm_nccl.c in the emulated NCCL build
  * (tests/test_cuda_emu_mesh.sh). Used only with -Itests/cuda/emu.
  *
  * cuda_runtime.h (the emulator proper) is C++ with C++ linkage; a C file

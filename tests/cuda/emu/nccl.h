@@ -1,5 +1,5 @@
 /*
- * nccl.h (emulation) — the subset of NCCL that src/dist/comm_nccl.c uses,
+ * nccl.h (emulation) — the subset of NCCL that src/parallel/comm_nccl.c uses,
  * implemented on MPI by nccl_emu.cc, so multi-rank cuda runs can be checked
  * under the CPU emulator (tests/test_cuda_emu_mesh.sh: one emulated GPU per
  * MPI process). Used only with -Itests/cuda/emu; names, argument lists and

@@ -3,7 +3,7 @@
  * emulated MT_WITH_NCCL + MT_WITH_MPI meshtrain of
  * tests/test_cuda_emu_mesh.sh: one MPI process per emulated GPU, device
  * memory being the emulator's guarded host mappings. Also the extern "C"
- * shims through which the C file src/dist/comm_nccl.c reaches the
+ * shims through which the C file src/parallel/comm_nccl.c reaches the
  * emulator's CUDA runtime (cuda_runtime_api.h).
  *
  * HOW IT WORKS

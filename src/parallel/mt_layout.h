@@ -26,7 +26,7 @@
 #include "../core/mt_config.h"
 #include "../core/mt_core.h"
 #include "../core/mt_param.h"
-#include "../dist/mt_mesh.h"
+#include "mt_mesh.h"
 #include "../model/mt_blocks.h"
 #include "../model/mt_model.h"
 

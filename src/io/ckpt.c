@@ -31,7 +31,7 @@
 #define _GNU_SOURCE
 #include "mt_ckpt.h"
 #include "../core/mt_fileio.h"
-#include "../dist/mt_comm.h"
+#include "../parallel/mt_comm.h"
 #include "../model/mt_model.h"
 
 #include <cjson/cJSON.h>

@@ -1,5 +1,5 @@
 /*
- * comm_impl.h — internals of struct mt_comm (private to src/dist).
+ * comm_impl.h — internals of struct mt_comm (private to src/parallel).
  *
  * A communicator is a size, a rank and an implementation table of function
  * pointers (ggml's ggml_backend_i): the public functions in comm.c check

@@ -35,9 +35,9 @@
 #include "../core/mt_fileio.h"
 #include "../model/mt_blocks.h"
 #include "../model/mt_model.h"
-#include "mt_optim.h"
-#include "mt_layout.h"
-#include "mt_zero.h"
+#include "../train/mt_optim.h"
+#include "../parallel/mt_layout.h"
+#include "../parallel/mt_zero.h"
 
 #define NB MT_BUCKET_COUNT
 #define NZ 4   /* ZeRO stages */

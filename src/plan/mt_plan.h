@@ -41,8 +41,8 @@
 #include "../core/mt_core.h"
 #include "../core/mt_config.h"
 #include "../core/mt_param.h"
-#include "../dist/mt_mesh.h"
-#include "mt_layout.h"
+#include "../parallel/mt_mesh.h"
+#include "../parallel/mt_layout.h"
 
 struct mt_model;
 struct mt_model_par;
@@ -64,7 +64,7 @@ struct mt_plan_setup {
 };
 
 /* ---- the mesh rules --------------------------------------------------------
- * They live in mt_layout.h (src/train/layout.c), shared with the trainer.
+ * They live in mt_layout.h (src/parallel/layout.c), shared with the trainer.
  * The names below are the planner's earlier spellings, kept for callers
  * that still use them. */
 static inline int mt_plan_group_rank(const struct mt_mesh_dims *d, int rank, enum mt_mesh_group g)

@@ -31,7 +31,7 @@
 #include "../core/mt_core.h"
 #include "../core/mt_config.h"
 #include "../core/mt_param.h"
-#include "../dist/mt_comm.h"
+#include "mt_comm.h"
 #include "../model/mt_model.h"
 #include "../ops/mt_ops.h"
 
