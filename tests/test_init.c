@@ -345,7 +345,7 @@ static void test_registry_tp(int sp)
         n_split += d >= 0;
         EXPECT((p->role == MT_ROLE_EXPERT) == (l == MT_LAYOUT_EXPERT), "%s: expert role vs layout", p->name);
         /* the layout module reads the class: ep x tp = 2 x 2 */
-        const struct mt_mesh_dims dims = {1, 1, 2, 2, sp};
+        const struct mt_mesh_dims dims = {.pp = 1, .dp = 1, .ep = 2, .tp = 2, .sp = sp};
         enum mt_layout_engine e = mt_layout_param_engine(p, &dims);
         EXPECT(e == (l == MT_LAYOUT_EXPERT ? MT_LAYOUT_ENGINE_EXPERT
                      : p->reduce_model   ? MT_LAYOUT_ENGINE_PARTIAL : MT_LAYOUT_ENGINE_DENSE),

@@ -25,7 +25,7 @@ static int dims_eq(const struct mt_mesh_dims *d, int pp, int dp, int ep, int tp)
 
 static void expect_parse_ok(struct mt_ctx *ctx, const char *s, int world, int pp, int dp, int ep, int tp)
 {
-    struct mt_mesh_dims d = {0, 0, 0, 0, 0};
+    struct mt_mesh_dims d = {.pp = 0, .dp = 0, .ep = 0, .tp = 0, .sp = 0};
     enum mt_status st = mt_mesh_parse(ctx, s, world, &d);
     if (st != MT_OK || !dims_eq(&d, pp, dp, ep, tp)) {
         fprintf(stderr, "parse '%s' world=%d: st=%d (%s) got %d,%d,%d,%d\n", s ? s : "(null)", world, st,
@@ -37,7 +37,7 @@ static void expect_parse_ok(struct mt_ctx *ctx, const char *s, int world, int pp
 /* bad string: the status and a fragment the message must contain */
 static void expect_parse_bad(struct mt_ctx *ctx, const char *s, int world, enum mt_status want, const char *frag)
 {
-    struct mt_mesh_dims d = {9, 9, 9, 9, 0};
+    struct mt_mesh_dims d = {.pp = 9, .dp = 9, .ep = 9, .tp = 9, .sp = 0};
     enum mt_status st = mt_mesh_parse(ctx, s, world, &d);
     if (st != want || !strstr(mt_ctx_last_error(ctx), frag) || !dims_eq(&d, 9, 9, 9, 9) || strchr(mt_ctx_last_error(ctx), '\n')) {
         fprintf(stderr, "parse '%s' world=%d: st=%d want %d, msg '%s' want '%s'\n", s, world, st, want,
@@ -123,14 +123,14 @@ int main(void)
     expect_parse_bad(&ctx, "dp=3,tp=2", 8, MT_ERR_CONFIG, "pp*dp*ep*tp=6 != world=8");
     expect_parse_bad(&ctx, "tp=3", 4, MT_ERR_CONFIG, "world=4 is not divisible by pp*ep*tp=3");
 
-    struct mt_mesh_dims d8 = {2, 2, 1, 2, 0};
+    struct mt_mesh_dims d8 = {.pp = 2, .dp = 2, .ep = 1, .tp = 2, .sp = 0};
     char s[64];
     mt_mesh_dims_str(&d8, s, sizeof s);
     EXPECT(strcmp(s, "pp=2,dp=2,ep=1,tp=2") == 0);
     EXPECT(mt_mesh_dims_world(&d8) == 8);
 
     /* ---- rank <-> coordinates: model fastest ---- */
-    struct mt_mesh_dims d16 = {2, 2, 2, 2, 0};
+    struct mt_mesh_dims d16 = {.pp = 2, .dp = 2, .ep = 2, .tp = 2, .sp = 0};
     for (int r = 0; r < 16; r++) {
         struct mt_mesh_coord c;
         mt_mesh_coord_of(&d16, r, &c);
@@ -140,8 +140,8 @@ int main(void)
     struct mt_mesh_coord c5;
     mt_mesh_coord_of(&d8, 5, &c5);
     EXPECT(c5.pipe == 1 && c5.data == 0 && c5.expert == 0 && c5.model == 1);
-    struct mt_mesh_dims d3 = {1, 3, 1, 4, 0};
-    struct mt_mesh_coord c7 = {0, 1, 0, 3};
+    struct mt_mesh_dims d3 = {.pp = 1, .dp = 3, .ep = 1, .tp = 4, .sp = 0};
+    struct mt_mesh_coord c7 = {.pipe = 0, .data = 1, .expert = 0, .model = 3};
     EXPECT(mt_mesh_rank_of(&d3, &c7) == 7);
 
     /* ---- groups on pp=2,dp=2,ep=1,tp=2 (world 8), rank 5 = (1,0,0,1) ---- */
@@ -167,7 +167,7 @@ int main(void)
     }
     /* dp=2,ep=2,tp=2 (world 8), rank 3 = (0,0,1,1) */
     {
-        struct mt_mesh_dims d = {1, 2, 2, 2, 0};
+        struct mt_mesh_dims d = {.pp = 1, .dp = 2, .ep = 2, .tp = 2, .sp = 0};
         const int expert[2] = {1, 3}, data[2] = {3, 7}, de[4] = {1, 3, 5, 7}, dm[4] = {2, 3, 6, 7}, model[2] = {2, 3};
         const int w[8] = {0, 1, 2, 3, 4, 5, 6, 7}, self[1] = {3};
         expect_members(&d, 3, MT_MESH_GROUP_MODEL, model, 2, MT_MESH_GROUP_MODEL);
@@ -180,7 +180,7 @@ int main(void)
     }
     /* tp only (world 4): model == world; every single-rank group shares one self comm */
     {
-        struct mt_mesh_dims d = {1, 1, 1, 4, 0};
+        struct mt_mesh_dims d = {.pp = 1, .dp = 1, .ep = 1, .tp = 4, .sp = 0};
         const int w[4] = {0, 1, 2, 3}, self[1] = {2};
         expect_members(&d, 2, MT_MESH_GROUP_MODEL, w, 4, MT_MESH_GROUP_WORLD);
         expect_members(&d, 2, MT_MESH_GROUP_EXPERT, self, 1, MT_MESH_GROUP_EXPERT);
@@ -191,7 +191,7 @@ int main(void)
     }
     /* all ones: everything is the world */
     {
-        struct mt_mesh_dims d = {1, 1, 1, 1, 0};
+        struct mt_mesh_dims d = {.pp = 1, .dp = 1, .ep = 1, .tp = 1, .sp = 0};
         for (int g = 0; g < MT_MESH_GROUP_COUNT; g++)
             EXPECT(mt_mesh_group_source(&d, 0, (enum mt_mesh_group)g) == MT_MESH_GROUP_WORLD);
     }
@@ -199,16 +199,16 @@ int main(void)
     /* ---- the startup contract: each rule, with its numbers ---- */
     struct mt_config cfg;
     base_config(&cfg);
-    struct mt_mesh_dims dtp2 = {1, 2, 1, 2, 0};
+    struct mt_mesh_dims dtp2 = {.pp = 1, .dp = 2, .ep = 1, .tp = 2, .sp = 0};
     expect_contract(&ctx, &cfg, dtp2, 4, 0, NULL);
     expect_contract(&ctx, &cfg, dtp2, 5, 0,
                     "mesh contract: world != pp*dp*ep*tp (world=5, pp=1, dp=2, ep=1, tp=2, product=4)");
-    expect_contract(&ctx, &cfg, (struct mt_mesh_dims){1, 1, 1, 3, 0}, 3, 0,
+    expect_contract(&ctx, &cfg, (struct mt_mesh_dims){.pp = 1, .dp = 1, .ep = 1, .tp = 3, .sp = 0}, 3, 0,
                     "mesh contract: n_head % tp != 0 (n_head=4, tp=3)");
     cfg.n_kv_head = 1;
-    expect_contract(&ctx, &cfg, (struct mt_mesh_dims){1, 1, 1, 4, 0}, 4, 0,
+    expect_contract(&ctx, &cfg, (struct mt_mesh_dims){.pp = 1, .dp = 1, .ep = 1, .tp = 4, .sp = 0}, 4, 0,
                     "mesh contract: (n_head + 2*n_kv_head) % tp != 0 (n_head=4, n_kv_head=1, tp=4)");
-    expect_contract(&ctx, &cfg, (struct mt_mesh_dims){1, 1, 1, 2, 0}, 2, 0,
+    expect_contract(&ctx, &cfg, (struct mt_mesh_dims){.pp = 1, .dp = 1, .ep = 1, .tp = 2, .sp = 0}, 2, 0,
                     "mesh contract: n_kv_head % tp != 0 (n_kv_head=1, tp=2)");
     base_config(&cfg);
     cfg.mlp_hidden = 99;
@@ -219,7 +219,7 @@ int main(void)
     base_config(&cfg);
     strcpy(cfg.pattern, "AEAE");
     cfg.n_experts = 6;
-    struct mt_mesh_dims dep4 = {1, 1, 4, 1, 0};
+    struct mt_mesh_dims dep4 = {.pp = 1, .dp = 1, .ep = 4, .tp = 1, .sp = 0};
     expect_contract(&ctx, &cfg, dep4, 4, 0, "mesh contract: n_experts % ep != 0 (n_experts=6, ep=4)");
     strcpy(cfg.pattern, "AAAA"); /* no MoE block: the expert axis is extra data parallelism */
     expect_contract(&ctx, &cfg, dep4, 4, 0, NULL);
@@ -229,14 +229,14 @@ int main(void)
     expect_contract(&ctx, &cfg, dep4, 4, 0, "mesh contract: top_k > n_experts (top_k=5, n_experts=4)");
     base_config(&cfg);
     cfg.n_layer = 2;
-    expect_contract(&ctx, &cfg, (struct mt_mesh_dims){4, 1, 1, 1, 0}, 4, 0, "mesh contract: n_layer < pp (n_layer=2, pp=4)");
+    expect_contract(&ctx, &cfg, (struct mt_mesh_dims){.pp = 4, .dp = 1, .ep = 1, .tp = 1, .sp = 0}, 4, 0, "mesh contract: n_layer < pp (n_layer=2, pp=4)");
     base_config(&cfg);
     cfg.batch_size = 6;
     expect_contract(&ctx, &cfg, dtp2, 4, 2,
                     "mesh contract: batch_size % (dp*ep*microbatches) != 0 (batch_size=6, dp=2, ep=1, microbatches=2)");
     cfg.microbatches = 3; /* mb argument 0 -> cfg->microbatches */
     cfg.batch_size = 8;
-    expect_contract(&ctx, &cfg, (struct mt_mesh_dims){1, 1, 2, 1, 0}, 2, 0,
+    expect_contract(&ctx, &cfg, (struct mt_mesh_dims){.pp = 1, .dp = 1, .ep = 2, .tp = 1, .sp = 0}, 2, 0,
                     "mesh contract: batch_size % (dp*ep*microbatches) != 0 (batch_size=8, dp=1, ep=2, microbatches=3)");
     base_config(&cfg);
     cfg.seq_len = 255;
@@ -256,14 +256,14 @@ int main(void)
     cfg.sequence_parallel = 0;
     mt_mesh_derive_preds(&d16, &c, &cfg, 0, &p);
     EXPECT(p.sp_on == 0 && p.tp_active == 1 && p.zero_stage == 0);
-    struct mt_mesh_dims dd = {1, 4, 1, 1, 0};
+    struct mt_mesh_dims dd = {.pp = 1, .dp = 4, .ep = 1, .tp = 1, .sp = 0};
     mt_mesh_coord_of(&dd, 3, &c);
     mt_mesh_derive_preds(&dd, &c, NULL, 1, &p);
     EXPECT(p.ep_active == 0 && p.tp_active == 0 && p.sp_on == 0 && p.dp_active == 1 && p.pp_active == 0);
     EXPECT(p.pp_stage == 0 && p.grad_dp == 4);
 
     /* ---- the live mesh on one rank (no MPI initialised) ---- */
-    struct mt_mesh_dims ones = {1, 1, 1, 1, 0};
+    struct mt_mesh_dims ones = {.pp = 1, .dp = 1, .ep = 1, .tp = 1, .sp = 0};
     struct mt_mesh *mesh = NULL;
     EXPECT(mt_mesh_create(&ctx, &ones, &cfg, 2, &mesh) == MT_OK && mesh);
     if (mesh) {

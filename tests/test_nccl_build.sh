@@ -84,7 +84,7 @@ static int mesh_check(void)
     enum mt_status st = mt_comm_nccl_set_input_stream(&ctx, self, NULL);
     printf("set_input_stream on self: %s: %s\n", mt_status_str(st), mt_ctx_last_error(&ctx));
     mt_comm_destroy(self);
-    struct mt_mesh_dims d = {1, 1, 1, 1, 0};
+    struct mt_mesh_dims d = {.pp = 1, .dp = 1, .ep = 1, .tp = 1, .sp = 0};
     struct mt_mesh_nccl_opts o = {0, NULL, host_copy, NULL};
     struct mt_mesh *m = NULL;
     st = mt_mesh_create_nccl(&ctx, &d, NULL, 0, &o, &m);
@@ -109,7 +109,7 @@ static int mesh_world(int argc, char **argv)
     if (mt_dist_init(&argc, &argv, &world, &rank) != MT_OK) return 1;
     struct mt_ctx ctx;
     mt_ctx_init(&ctx);
-    struct mt_mesh_dims d = {1, world, 1, 1, 0};
+    struct mt_mesh_dims d = {.pp = 1, .dp = world, .ep = 1, .tp = 1, .sp = 0};
     struct mt_mesh_nccl_opts o = {0, NULL, host_copy, NULL};
     struct mt_mesh *m = NULL;
     enum mt_status st = mt_mesh_create_nccl(&ctx, &d, NULL, 0, &o, &m);

@@ -54,8 +54,10 @@ static void tiny_moe(struct mt_config *cfg)
 }
 
 static const struct mt_mesh_dims meshes[] = {
-    {1, 1, 1, 1, 0}, {1, 4, 1, 1, 0}, {1, 2, 2, 1, 0}, {1, 2, 1, 2, 0}, {2, 2, 1, 1, 0}, {2, 1, 2, 2, 0}, {1, 1, 4, 2, 0}, {2, 2, 2, 1, 0},
-    {4, 1, 1, 2, 0}, {1, 3, 2, 1, 0},
+    {.pp = 1, .dp = 1, .ep = 1, .tp = 1}, {.pp = 1, .dp = 4, .ep = 1, .tp = 1}, {.pp = 1, .dp = 2, .ep = 2, .tp = 1},
+    {.pp = 1, .dp = 2, .ep = 1, .tp = 2}, {.pp = 2, .dp = 2, .ep = 1, .tp = 1}, {.pp = 2, .dp = 1, .ep = 2, .tp = 2},
+    {.pp = 1, .dp = 1, .ep = 4, .tp = 2}, {.pp = 2, .dp = 2, .ep = 2, .tp = 1}, {.pp = 4, .dp = 1, .ep = 1, .tp = 2},
+    {.pp = 1, .dp = 3, .ep = 2, .tp = 1},
 };
 #define N_MESHES ((int)(sizeof meshes / sizeof meshes[0]))
 
@@ -193,7 +195,7 @@ static void test_one_rank_exact(const char *recompute, int zero)
     mt_ctx_init(&ctx);
     struct mt_plan_setup su;
     memset(&su, 0, sizeof su);
-    su.dims = (struct mt_mesh_dims){1, 1, 1, 1, 0};
+    su.dims = (struct mt_mesh_dims){.pp = 1, .dp = 1, .ep = 1, .tp = 1, .sp = 0};
     su.zero_stage = zero;
     su.steps = 7;
     MT_ASSERT(mt_plan_pipeline_cut(&pctx, &cfg, 1, NULL, su.first_layer) == MT_OK);
@@ -276,7 +278,7 @@ static void test_oom(void)
     tiny_moe(&cfg);
     struct mt_plan_setup su;
     memset(&su, 0, sizeof su);
-    su.dims = (struct mt_mesh_dims){2, 1, 2, 2, 0};
+    su.dims = (struct mt_mesh_dims){.pp = 2, .dp = 1, .ep = 2, .tp = 2, .sp = 0};
     su.zero_stage = 2;
     su.steps = 3;
     struct mt_ctx ctx;

@@ -155,7 +155,7 @@ static void test_find_max(void)
     tiny(&cfg, 1);
     struct mt_ctx ctx;
     mt_ctx_init(&ctx);
-    struct mt_mesh_dims d = {1, 2, 1, 1, 0};
+    struct mt_mesh_dims d = {.pp = 1, .dp = 2, .ep = 1, .tp = 1, .sp = 0};
     struct mt_plan_setup su;
     memset(&su, 0, sizeof su);
     su.dims = d;
@@ -250,11 +250,11 @@ static void test_layout(void)
         struct mt_mesh_dims d;
         int group[MT_LAYOUT_COUNT];   /* reduction group per class: RESIDUAL TP_ROWS TP_COLS MODEL_PARTIAL EXPERT */
     } meshes[] = {
-        {{1, 2, 1, 1, 0}, {DE, DE, DE, DE, DE}},   /* data only                      */
-        {{1, 2, 1, 2, 0}, {DE, DE, DE, ST, ST}},   /* tp 2 without SP                */
-        {{1, 2, 1, 2, 1}, {ST, DE, DE, ST, ST}},   /* tp 2 with SP: residual partial */
-        {{1, 1, 2, 1, 0}, {DE, DE, DE, DE, DA}},   /* ep 2                           */
-        {{2, 1, 2, 2, 1}, {ST, DE, DE, ST, DM}},   /* pp 2 x ep 2 x tp 2, SP         */
+        {{.pp = 1, .dp = 2, .ep = 1, .tp = 1, .sp = 0}, {DE, DE, DE, DE, DE}},   /* data only                      */
+        {{.pp = 1, .dp = 2, .ep = 1, .tp = 2, .sp = 0}, {DE, DE, DE, ST, ST}},   /* tp 2 without SP                */
+        {{.pp = 1, .dp = 2, .ep = 1, .tp = 2, .sp = 1}, {ST, DE, DE, ST, ST}},   /* tp 2 with SP: residual partial */
+        {{.pp = 1, .dp = 1, .ep = 2, .tp = 1, .sp = 0}, {DE, DE, DE, DE, DA}},   /* ep 2                           */
+        {{.pp = 2, .dp = 1, .ep = 2, .tp = 2, .sp = 1}, {ST, DE, DE, ST, DM}},   /* pp 2 x ep 2 x tp 2, SP         */
     };
     for (size_t m = 0; m < sizeof meshes / sizeof meshes[0]; m++) {
         const struct mt_mesh_dims *md = &meshes[m].d;

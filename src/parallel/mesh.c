@@ -69,7 +69,23 @@
 /* axes and groups                                                     */
 /* ------------------------------------------------------------------ */
 
-enum { AX_PIPE = 1, AX_DATA = 2, AX_EXPERT = 4, AX_MODEL = 8, AX_ALL = 15 };
+/* The axis table (enum mt_axis order). `derived`: the degree a mesh string may
+ * leave out, world / (product of the others). A group is a bit set of axes. */
+static const struct {
+    const char *name, *long_name;
+    int         derived;
+} axis_info[MT_AXIS_COUNT] = {
+    [MT_AXIS_PP] = {"pp", "pipe",   0},
+    [MT_AXIS_DP] = {"dp", "data",   1},
+    [MT_AXIS_EP] = {"ep", "expert", 0},
+    [MT_AXIS_TP] = {"tp", "model",  0},
+};
+#define AXBIT(a) (1 << (a))
+enum { AX_PIPE = AXBIT(MT_AXIS_PP), AX_DATA = AXBIT(MT_AXIS_DP), AX_EXPERT = AXBIT(MT_AXIS_EP),
+       AX_MODEL = AXBIT(MT_AXIS_TP), AX_ALL = AXBIT(MT_AXIS_COUNT) - 1 };
+
+const char *mt_axis_name(enum mt_axis a) { return (a >= 0 && a < MT_AXIS_COUNT) ? axis_info[a].name : "?"; }
+const char *mt_axis_long_name(enum mt_axis a) { return (a >= 0 && a < MT_AXIS_COUNT) ? axis_info[a].long_name : "?"; }
 
 static const struct {
     const char *name;
@@ -97,55 +113,64 @@ void mt_mesh_dims_set_sp(struct mt_mesh_dims *d, const struct mt_config *cfg)
 
 long long mt_mesh_dims_world(const struct mt_mesh_dims *d)
 {
-    return (long long)d->pp * d->dp * d->ep * d->tp;
+    long long w = 1;
+    for (int a = 0; a < MT_AXIS_COUNT; a++) w *= d->deg[a];
+    return w;
 }
 
+/* "pp=1,dp=2,ep=1,tp=2": every axis in table order */
 void mt_mesh_dims_str(const struct mt_mesh_dims *d, char *buf, size_t n)
 {
-    snprintf(buf, n, "pp=%d,dp=%d,ep=%d,tp=%d", d->pp, d->dp, d->ep, d->tp);
+    size_t at = 0;
+    if (n) buf[0] = 0;
+    for (int a = 0; a < MT_AXIS_COUNT && at < n; a++) {
+        int w = snprintf(buf + at, n - at, "%s%s=%d", a ? "," : "", axis_info[a].name, d->deg[a]);
+        if (w < 0) break;
+        at += (size_t)w;
+    }
 }
 
-/* rank = ((pipe*dp + data)*ep + expert)*tp + model */
+/* Mixed radix, the first axis outermost: rank = ((pipe*dp + data)*ep + expert)*tp + model */
 int mt_mesh_rank_of(const struct mt_mesh_dims *d, const struct mt_mesh_coord *c)
 {
-    return ((c->pipe * d->dp + c->data) * d->ep + c->expert) * d->tp + c->model;
+    int r = 0;
+    for (int a = 0; a < MT_AXIS_COUNT; a++) r = r * d->deg[a] + c->at[a];
+    return r;
 }
 
 void mt_mesh_coord_of(const struct mt_mesh_dims *d, int rank, struct mt_mesh_coord *c)
 {
-    c->model = rank % d->tp;  rank /= d->tp;
-    c->expert = rank % d->ep; rank /= d->ep;
-    c->data = rank % d->dp;   rank /= d->dp;
-    c->pipe = rank;
+    for (int a = MT_AXIS_COUNT - 1; a > 0; a--) {
+        c->at[a] = rank % d->deg[a];
+        rank /= d->deg[a];
+    }
+    c->at[0] = rank;
 }
 
 /* Axes of degree > 1 among `axes`: two groups of one rank have the same
  * members iff these agree. */
 static int active_axes(const struct mt_mesh_dims *d, int axes)
 {
-    int a = 0;
-    if ((axes & AX_PIPE) && d->pp > 1) a |= AX_PIPE;
-    if ((axes & AX_DATA) && d->dp > 1) a |= AX_DATA;
-    if ((axes & AX_EXPERT) && d->ep > 1) a |= AX_EXPERT;
-    if ((axes & AX_MODEL) && d->tp > 1) a |= AX_MODEL;
-    return a;
+    int on = 0;
+    for (int a = 0; a < MT_AXIS_COUNT; a++)
+        if ((axes & AXBIT(a)) && d->deg[a] > 1) on |= AXBIT(a);
+    return on;
 }
 
 int mt_mesh_group_size(const struct mt_mesh_dims *d, enum mt_mesh_group g)
 {
     int axes = group_info[g].axes, n = 1;
-    if (axes & AX_PIPE) n *= d->pp;
-    if (axes & AX_DATA) n *= d->dp;
-    if (axes & AX_EXPERT) n *= d->ep;
-    if (axes & AX_MODEL) n *= d->tp;
+    for (int a = 0; a < MT_AXIS_COUNT; a++)
+        if (axes & AXBIT(a)) n *= d->deg[a];
     return n;
 }
 
 /* Same coordinates on every axis outside `axes`? */
 static int same_outside(const struct mt_mesh_coord *a, const struct mt_mesh_coord *b, int axes)
 {
-    return ((axes & AX_PIPE) || a->pipe == b->pipe) && ((axes & AX_DATA) || a->data == b->data) &&
-           ((axes & AX_EXPERT) || a->expert == b->expert) && ((axes & AX_MODEL) || a->model == b->model);
+    for (int x = 0; x < MT_AXIS_COUNT; x++)
+        if (!(axes & AXBIT(x)) && a->at[x] != b->at[x]) return 0;
+    return 1;
 }
 
 int mt_mesh_group_members(const struct mt_mesh_dims *d, int rank, enum mt_mesh_group g, int *members)
@@ -175,10 +200,8 @@ enum mt_mesh_group mt_mesh_group_source(const struct mt_mesh_dims *d, int rank, 
 static int group_colour(const struct mt_mesh_dims *d, const struct mt_mesh_coord *c, int axes)
 {
     struct mt_mesh_coord z = *c;
-    if (axes & AX_PIPE) z.pipe = 0;
-    if (axes & AX_DATA) z.data = 0;
-    if (axes & AX_EXPERT) z.expert = 0;
-    if (axes & AX_MODEL) z.model = 0;
+    for (int a = 0; a < MT_AXIS_COUNT; a++)
+        if (axes & AXBIT(a)) z.at[a] = 0;
     return mt_mesh_rank_of(d, &z);
 }
 
@@ -186,14 +209,40 @@ static int group_colour(const struct mt_mesh_dims *d, const struct mt_mesh_coord
 /* parsing                                                             */
 /* ------------------------------------------------------------------ */
 
-/* Axis index 0..3 (pp, dp, ep, tp) of a name, or -1. */
+/* Axis of a short or long name ("tp", "model"), or -1. */
 static int axis_index(const char *s, size_t len)
 {
-    static const char *names[4][2] = {{"pp", "pipe"}, {"dp", "data"}, {"ep", "expert"}, {"tp", "model"}};
-    for (int a = 0; a < 4; a++)
+    for (int a = 0; a < MT_AXIS_COUNT; a++) {
+        const char *names[2] = {axis_info[a].name, axis_info[a].long_name};
         for (int k = 0; k < 2; k++)
-            if (strlen(names[a][k]) == len && strncmp(s, names[a][k], len) == 0) return a;
+            if (strlen(names[k]) == len && strncmp(s, names[k], len) == 0) return a;
+    }
     return -1;
+}
+
+/* "pp*dp*ep*tp" (skip < 0: every axis) or "pp, dp, ep, tp" of the axes in
+ * table order, for the messages; "(pp=1, dp=2, ...)" likewise. */
+static void axis_list(char *buf, size_t n, const char *sep, int skip)
+{
+    size_t at = 0;
+    buf[0] = 0;
+    for (int a = 0; a < MT_AXIS_COUNT && at < n; a++) {
+        if (a == skip) continue;
+        int w = snprintf(buf + at, n - at, "%s%s", at ? sep : "", axis_info[a].name);
+        if (w < 0) break;
+        at += (size_t)w;
+    }
+}
+static void axis_degrees(char *buf, size_t n, const int *deg, int skip)
+{
+    size_t at = 0;
+    buf[0] = 0;
+    for (int a = 0; a < MT_AXIS_COUNT && at < n; a++) {
+        if (a == skip) continue;
+        int w = snprintf(buf + at, n - at, "%s%s=%d", at ? ", " : "", axis_info[a].name, deg[a]);
+        if (w < 0) break;
+        at += (size_t)w;
+    }
 }
 
 static const char *trim(const char *s, const char *e, const char **end)
@@ -206,8 +255,9 @@ static const char *trim(const char *s, const char *e, const char **end)
 
 enum mt_status mt_mesh_parse(struct mt_ctx *ctx, const char *spec, int world, struct mt_mesh_dims *out)
 {
-    static const char *short_names[4] = {"pp", "dp", "ep", "tp"};
-    int deg[4] = {1, 1, 1, 1}, given[4] = {0, 0, 0, 0};
+    int deg[MT_AXIS_COUNT], given[MT_AXIS_COUNT];
+    char names[64];
+    for (int a = 0; a < MT_AXIS_COUNT; a++) deg[a] = 1, given[a] = 0;
     const char *p = spec ? spec : "";
     const char *end_all;
     p = trim(p, p + strlen(p), &end_all);
@@ -223,11 +273,13 @@ enum mt_status mt_mesh_parse(struct mt_ctx *ctx, const char *spec, int world, st
         const char *name = trim(tok, eq, &ne);
         const char *val = trim(eq + 1, te, &ve);
         int a = axis_index(name, (size_t)(ne - name));
-        if (a < 0)
-            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--mesh: unknown axis '%.*s' (axes: pp, dp, ep, tp)",
-                                (int)(ne - name), name);
+        if (a < 0) {
+            axis_list(names, sizeof names, ", ", -1);
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--mesh: unknown axis '%.*s' (axes: %s)", (int)(ne - name),
+                                name, names);
+        }
         if (given[a])
-            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--mesh: axis %s given twice in '%s'", short_names[a], spec);
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--mesh: axis %s given twice in '%s'", axis_info[a].name, spec);
         /* a degree is [0-9]+ with value in [1, MT_MESH_MAX_DEGREE] */
         long v = 0;
         int ok = val < ve, neg = 0;
@@ -239,10 +291,10 @@ enum mt_status mt_mesh_parse(struct mt_ctx *ctx, const char *spec, int world, st
         }
         if (!ok)
             return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--mesh: degree of %s must be a positive integer, got '%.*s'",
-                                short_names[a], (int)(ve - val), val);
+                                axis_info[a].name, (int)(ve - val), val);
         if (neg || v < 1 || v > MT_MESH_MAX_DEGREE)
             return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--mesh: degree of %s must be in [1, %d], got %s%ld",
-                                short_names[a], MT_MESH_MAX_DEGREE, neg ? "-" : "", v);
+                                axis_info[a].name, MT_MESH_MAX_DEGREE, neg ? "-" : "", v);
         deg[a] = (int)v;
         given[a] = 1;
         p = comma ? comma + 1 : end_all;
@@ -250,22 +302,28 @@ enum mt_status mt_mesh_parse(struct mt_ctx *ctx, const char *spec, int world, st
             return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--mesh: trailing ',' in '%s'", spec);
     }
     if (world > 0) {
-        long long rest = (long long)deg[0] * deg[2] * deg[3];
-        if (!given[1]) {
-            if (world % rest != 0)
-                return mt_ctx_error(ctx, MT_ERR_CONFIG,
-                                    "mesh: world=%d is not divisible by pp*ep*tp=%lld (pp=%d, ep=%d, tp=%d): cannot derive dp",
-                                    world, rest, deg[0], deg[2], deg[3]);
-            deg[1] = (int)(world / rest);
-        } else if (rest * deg[1] != world) {
-            return mt_ctx_error(ctx, MT_ERR_CONFIG, "mesh: pp*dp*ep*tp=%lld != world=%d (pp=%d, dp=%d, ep=%d, tp=%d)",
-                                rest * deg[1], world, deg[0], deg[1], deg[2], deg[3]);
+        int dv = -1;                               /* the derived axis (dp) */
+        long long rest = 1;
+        for (int a = 0; a < MT_AXIS_COUNT; a++) {
+            if (axis_info[a].derived) dv = a;
+            else rest *= deg[a];
+        }
+        char prod[64], degs[160];
+        if (!given[dv]) {
+            if (world % rest != 0) {
+                axis_list(prod, sizeof prod, "*", dv);
+                axis_degrees(degs, sizeof degs, deg, dv);
+                return mt_ctx_error(ctx, MT_ERR_CONFIG, "mesh: world=%d is not divisible by %s=%lld (%s): cannot derive %s",
+                                    world, prod, rest, degs, axis_info[dv].name);
+            }
+            deg[dv] = (int)(world / rest);
+        } else if (rest * deg[dv] != world) {
+            axis_list(prod, sizeof prod, "*", -1);
+            axis_degrees(degs, sizeof degs, deg, -1);
+            return mt_ctx_error(ctx, MT_ERR_CONFIG, "mesh: %s=%lld != world=%d (%s)", prod, rest * deg[dv], world, degs);
         }
     }
-    out->pp = deg[0];
-    out->dp = deg[1];
-    out->ep = deg[2];
-    out->tp = deg[3];
+    for (int a = 0; a < MT_AXIS_COUNT; a++) out->deg[a] = deg[a];
     return MT_OK;
 }
 

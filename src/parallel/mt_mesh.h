@@ -52,19 +52,38 @@
 /* Upper bound on one degree (parse rejects more). */
 #define MT_MESH_MAX_DEGREE 65536
 
-/* Degrees of the four axes, and whether sequence parallelism is on: sp = 1
- * iff tp > 1 and the config's sequence_parallel (mt_mesh_dims_set_sp). The
- * layout rules read sp (a residual-row parameter's grad is a partial sum
- * over the model group only under SP). mt_mesh_parse leaves sp 0; sp is not
- * part of the mesh string (mt_mesh_dims_str). */
+/* The axes, outermost first: rank = ((pipe*dp + data)*ep + expert)*tp + model.
+ * An axis is data: its name, its position here and its row in mesh.c's axis
+ * table; the groups (below) are sets of axes. Adding an axis (context
+ * parallel) is one entry here, one table row, the groups that span it and the
+ * collective its layers issue. */
+enum mt_axis { MT_AXIS_PP = 0, MT_AXIS_DP, MT_AXIS_EP, MT_AXIS_TP, MT_AXIS_COUNT };
+
+/* Degrees, indexed by axis (deg[MT_AXIS_TP] is tp), and whether sequence
+ * parallelism is on: sp = 1 iff tp > 1 and the config's sequence_parallel
+ * (mt_mesh_dims_set_sp). The layout rules read sp (a residual-row parameter's
+ * grad is a partial sum over the model group only under SP). mt_mesh_parse
+ * leaves sp 0; sp is not part of the mesh string (mt_mesh_dims_str). The
+ * named members alias the array for the code that reads one axis by name. */
 struct mt_mesh_dims {
-    int pp, dp, ep, tp;
+    union {
+        int deg[MT_AXIS_COUNT];
+        struct { int pp, dp, ep, tp; };
+    };
     int sp;
 };
 
+/* This rank's position on each axis (at[MT_AXIS_TP] is the model coordinate). */
 struct mt_mesh_coord {
-    int pipe, data, expert, model;
+    union {
+        int at[MT_AXIS_COUNT];
+        struct { int pipe, data, expert, model; };
+    };
 };
+
+/* "pp" / "pipe" ... of an axis (short_name NULL-safe: "?" out of range). */
+const char *mt_axis_name(enum mt_axis a);
+const char *mt_axis_long_name(enum mt_axis a);
 
 /* Creation order (also the order of MPI_Comm_split calls and of the trace). */
 enum mt_mesh_group {

@@ -395,7 +395,7 @@ static enum mt_status verify_classes(struct mt_ctx *ctx, const struct mt_plan *p
         for (int e = 0; e < d->ep; e++)
             for (int t = 0; t < d->tp; t++) {
                 if (e == 0 && t == 0) continue;
-                struct mt_mesh_coord c = {s, 0, e, t};
+                struct mt_mesh_coord c = {.pipe = s, .data = 0, .expert = e, .model = t};
                 int rank = mt_mesh_rank_of(d, &c);
                 struct mt_model_par par;
                 mt_layout_model_par(&p->cfg, d, p->su.first_layer, rank, &par);
@@ -503,7 +503,7 @@ enum mt_status mt_plan_create(struct mt_ctx *ctx, const struct mt_config *cfg, c
     if (!p->st || !p->eng_rank || !p->stage_max || !p->stage_arg) { rc = MT_ERR_OOM; goto fail; }
     for (int s = 0; s < d->pp; s++) {
         struct stage_plan *sp = &p->st[s];
-        struct mt_mesh_coord c = {s, 0, 0, 0};
+        struct mt_mesh_coord c = {.pipe = s, .data = 0, .expert = 0, .model = 0};
         sp->rep_rank = mt_mesh_rank_of(d, &c);
         struct mt_model_par par;
         mt_layout_model_par(cfg, d, su->first_layer, sp->rep_rank, &par);

@@ -138,7 +138,7 @@ int main(int argc, char **argv)
     }
     struct mt_ctx ctx;
     mt_ctx_init(&ctx);
-    struct mt_mesh_dims d = {1, 1, 1, 1, 0};
+    struct mt_mesh_dims d = {.pp = 1, .dp = 1, .ep = 1, .tp = 1, .sp = 0};
     char line[4096];
 
     if (argc > 1 && !strcmp(argv[1], "--host-comm")) {

@@ -400,7 +400,7 @@ int main(int argc, char **argv)
         enum mt_status st = mt_mesh_parse(&ctx, "tp=3", W, &d);
         printf("rank %d: badmesh parse -> %s: %s\n", R, mt_status_str(st), mt_ctx_last_error(&ctx));
         EXPECT(st == MT_ERR_CONFIG);
-        struct mt_mesh_dims bad = {1, 1, 1, 3, 0};
+        struct mt_mesh_dims bad = {.pp = 1, .dp = 1, .ep = 1, .tp = 3, .sp = 0};
         struct mt_mesh *mesh = NULL;
         st = mt_mesh_create(&ctx, &bad, NULL, 0, &mesh);
         printf("rank %d: badmesh create -> %s: %s\n", R, mt_status_str(st), mt_ctx_last_error(&ctx));
