@@ -288,6 +288,13 @@ int main(void)
         EXPECT(strstr(line, "ep_active=0 tp_active=0 sp_on=0 dp_active=0 pp_active=0 pp_stage=0 grad_dp=1 zero_stage=2"));
         char small[20];
         EXPECT(mt_mesh_trace_line(mesh, small, sizeof small) == want && strlen(small) == sizeof small - 1);
+        /* the trainer's line for one rank: the same facts, the seven world-reusing groups named once */
+        char brief[1024];
+        size_t nb = mt_mesh_trace_line_brief(mesh, brief, sizeof brief);
+        EXPECT(nb == strlen(brief) && nb < 300 && nb < want / 2);
+        EXPECT(strstr(brief, "mesh rank=0 coord(pipe=0,data=0,expert=0,model=0) world{size=1 members=[0] impl=self reused=no} "
+                             "model,expert,data,data_expert,data_model,stage,pipe{=world} "));
+        EXPECT(strstr(brief, "ep_active=0 tp_active=0 sp_on=0 dp_active=0 pp_active=0 pp_stage=0 grad_dp=1 zero_stage=2"));
     }
     mt_mesh_destroy(mesh);
     mt_mesh_destroy(NULL);

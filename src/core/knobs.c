@@ -28,6 +28,10 @@ static const struct mt_knob_def knob_table[MT_KNOB_COUNT] = {
     [MT_KNOB_TEST_FORCE_ROUTING] = {
         "test_force_routing", MT_KNOB_BOOL, "0", "MT_TEST_FORCE_ROUTING", "src/model/model.c", NULL, 1,
         "test hook: 1 sends every token to experts 0..top_k-1"},
+    [MT_KNOB_PEAK_CACHE] = {
+        "peak_cache", MT_KNOB_STRING, "use", "MT_PEAK_CACHE", "src/train/trainer.c", "use|refresh|off", 0,
+        "the cpu MFU peak: use = read the one measured on this machine before (else measure and keep it), "
+        "refresh = measure again and keep it, off = measure every run, keep nothing"},
 };
 
 const struct mt_knob_def *mt_knob_def(enum mt_knob_id id)

@@ -650,3 +650,24 @@ size_t mt_mesh_trace_line(const struct mt_mesh *mesh, char *buf, size_t n)
               p->ep_active, p->tp_active, p->sp_on, p->dp_active, p->pp_active, p->pp_stage, p->grad_dp, p->zero_stage);
     return s.len;
 }
+
+/* One rank: every group is the world's one-member communicator, so the full
+ * line repeats `{size=1 members=[0] impl=self reused=world}` seven times
+ * (~700 characters on every single-rank run). Said once, same facts. */
+size_t mt_mesh_trace_line_brief(const struct mt_mesh *mesh, char *buf, size_t n)
+{
+    if (mesh->world != 1) return mt_mesh_trace_line(mesh, buf, n);
+    struct sbuf s = {n ? buf : NULL, n, 0};
+    if (s.buf) s.buf[0] = 0;
+    const struct registry_entry *w = &mesh->reg[mesh->entry_of[MT_MESH_GROUP_WORLD]];
+    sb_printf(&s, "mesh rank=0 coord(pipe=0,data=0,expert=0,model=0) world{size=1 members=[0] impl=%s reused=no",
+              w->comm->iface->name);
+    if (mesh->has_dev) sb_printf(&s, " dev=%s", w->dcomm->iface->name);
+    sb_printf(&s, "} ");
+    for (int g = 1; g < MT_MESH_GROUP_COUNT; g++) sb_printf(&s, "%s%s", g > 1 ? "," : "", group_info[g].name);
+    const struct mt_mesh_preds *p = &mesh->preds;
+    sb_printf(&s, "{=world} ep_active=%d tp_active=%d sp_on=%d dp_active=%d pp_active=%d pp_stage=%d grad_dp=%d "
+              "zero_stage=%d", p->ep_active, p->tp_active, p->sp_on, p->dp_active, p->pp_active, p->pp_stage,
+              p->grad_dp, p->zero_stage);
+    return s.len;
+}

@@ -250,5 +250,9 @@ static inline struct mt_comm *mt_mesh_pipe_comm(const struct mt_mesh *m)        
  * " dev=self_dev" before its closing brace. Truncated to n-1 characters;
  * returns the length it wanted (snprintf). */
 size_t mt_mesh_trace_line(const struct mt_mesh *mesh, char *buf, size_t n);
+/* The line the trainer prints: the same as mt_mesh_trace_line, except on a
+ * one-rank mesh, where the seven groups that are all the world's
+ * communicator are named once: "model,expert,...,pipe{=world}". */
+size_t mt_mesh_trace_line_brief(const struct mt_mesh *mesh, char *buf, size_t n);
 
 #endif /* MT_MESH_H */

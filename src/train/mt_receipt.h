@@ -44,7 +44,7 @@ struct mt_receipt {
     } startup;
     double tokens_per_s, model_flops_per_s, mfu;
     double peak_flops;
-    char   peak_flops_source[200];
+    char   peak_flops_source[1024];
     double peak_flops_lo, peak_flops_hi;   /* the roof's spread (min..max run, x world); 0 = not measured */
     char   kernels_isa[16];                /* "avx512" / "avx2": what the cpu kernels dispatched to */
     /* per-op profile of the steady steps (this rank), seconds per step by kind;

@@ -61,7 +61,8 @@ void mt_train_progress_startup(const struct mt_train_opts *opts, int tty, const 
         fprintf(stdout, "progress: tok/s = global batch tokens / that step's time (the done line: the mean over "
                 "the steps after warm-up); MFU = model FLOP/s as a %% of a peak of %.1f GFLOP/s, %s%s\n",
                 ri->peak / 1e9, ri->peak_src,
-                opts->peak_flops > 0 ? "" : " (it moves with the machine's load: --peak-flops F fixes it)");
+                strncmp(ri->peak_src, "measured at startup", 19) ? ""
+                                                                   : " (it moves with the machine's load: --peak-flops F fixes it)");
     }
     else
         fprintf(stdout, "%sfirst step %.2f s | %.2f s to first step\n", tty ? "\n" : "", first_step_s,

@@ -144,6 +144,15 @@ struct mt_train_peaks { double b[MEM_SLOTS]; };
 void mt_train_peak_fold(const struct mt_ctx *ctx, struct mt_train_peaks *acc);
 void mt_train_peak_restart(struct mt_ctx *ctx, struct run_state *rs);
 double mt_train_measure_gemm_roof(const struct mt_ops_i *ops, struct mt_ops_roof *roof);
+/* peak_cache.c: the measured peak kept per machine (knob peak_cache). path:
+ * $XDG_CACHE_HOME or $HOME/.cache + /meshtrain/peak_flops.json (0: neither
+ * set). key: what the peak depends on. get: 1 and the entry's roof and
+ * measurement time when a usable entry exists. put: writes it (atomically). */
+int  mt_train_peak_cache_path(char *path, size_t n);
+void mt_train_peak_cache_key(const char *ops_name, int threads, char *key, size_t n);
+int  mt_train_peak_cache_get(const char *path, const char *key, struct mt_ops_roof *roof, char *when, size_t n);
+enum mt_status mt_train_peak_cache_put(struct mt_ctx *ctx, const char *path, const char *key,
+                                       const struct mt_ops_roof *roof);
 void mt_train_progress(const struct mt_train_opts *opts, int tty, int step, int steps, double loss, double tok_s,
                        double mfu, double eta_s, double gnorm);
 struct mt_train_run_info;

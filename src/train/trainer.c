@@ -26,7 +26,7 @@
 
 /* The GEMM roof MFU is measured against: --peak-flops, or measured now by
  * every rank at once (the run's real contention) and taken x world. */
-static double peak_flops(const struct mt_train_opts *opts, const struct run_state *rs, int threads, int world,
+static double peak_flops(struct mt_ctx *ctx, const struct mt_train_opts *opts, const struct run_state *rs, int threads, int world,
                          struct mt_ops_roof *roof, char *src, size_t n)
 {
     if (opts->peak_flops > 0) {
@@ -43,11 +43,30 @@ static double peak_flops(const struct mt_train_opts *opts, const struct run_stat
 #endif
     struct mt_ops_cpu_info info;
     mt_ops_cpu_info(&info);
+    /* one rank: the peak measured on this machine before (peak_cache.c); with
+     * several ranks every rank measures at once, as their steps will run */
+    const char *mode = mt_knob_str(ctx, MT_KNOB_PEAK_CACHE);
+    char path[4096], key[640], when[64], note[640] = "";
+    const int cache = world == 1 && strcmp(mode, "off") && mt_train_peak_cache_path(path, sizeof path);
+    if (cache) mt_train_peak_cache_key(rs->ops->name, threads, key, sizeof key);
+    if (cache && !strcmp(mode, "use") && mt_train_peak_cache_get(path, key, roof, when, sizeof when)) {
+        snprintf(src, n,
+                 "measured %s on this machine and cached in %.480s: median of %d sgemm %d^3 (best of sizes 768, 1536) "
+                 "through the %s ops table, %d threads, coretype %s (--knob peak_cache=refresh measures again)",
+                 when, path, roof->runs, roof->size, rs->ops->name, threads, info.coretype);
+        return roof->flops;
+    }
     double mine = mt_train_measure_gemm_roof(rs->ops, roof);
+    if (cache) {
+        struct mt_ctx quiet;   /* a cache that cannot be written costs a line of text, never the run */
+        mt_ctx_init(&quiet);
+        if (mt_train_peak_cache_put(&quiet, path, key, roof) == MT_OK) snprintf(note, sizeof note, ", kept in %.480s", path);
+        else snprintf(note, sizeof note, ", not kept (%.100s)", mt_ctx_last_error(&quiet));
+    }
     snprintf(src, n,
              "measured at startup: median of %d sgemm %d^3 (best of sizes 768, 1536) through the %s ops table, "
-             "%d threads, coretype %s%s", roof->runs, roof->size, rs->ops->name, threads, info.coretype,
-             world > 1 ? ", all ranks at once, x world" : "");
+             "%d threads, coretype %s%s%.600s", roof->runs, roof->size, rs->ops->name, threads, info.coretype,
+             world > 1 ? ", all ranks at once, x world" : "", note);
     return mine * world;
 }
 
@@ -175,7 +194,7 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     rs.cfg = cfg;
     rs.rss_phased = 1;
     mt_train_fault_parse(&rs.fault, mt_knob_str(ctx, MT_KNOB_TEST_FAULT));
-    char resume_dir[4096] = "", trace[4096] = "", peak_src[200] = "";
+    char resume_dir[4096] = "", trace[4096] = "", peak_src[1024] = "";
     struct mt_ckpt_meta resume_meta;
     memset(&resume_meta, 0, sizeof resume_meta);
     int out_lock = -1;   /* OUT/.lock, held by rank 0 from stage 5 to the end */
@@ -211,8 +230,10 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     /* ---- 4. mesh (collective), model, ZeRO engines, optimizers, parameters ---- */
     res->collective_started = ri.world > 1; /* mt_mesh_create is collective: a failure inside it aborts */
     MT_CHECK_GOTO(mt_train_setup_mesh(ctx, &rs, opts, &dims), rc, done);
-    mt_mesh_trace_line(rs.mesh, trace, sizeof trace);
-    printf("%s\n", trace);   /* the step-0 trace: one line per rank, whatever --quiet says */
+    mt_mesh_trace_line(rs.mesh, trace, sizeof trace);   /* the receipt keeps the whole line */
+    char brief[1024];
+    mt_mesh_trace_line_brief(rs.mesh, brief, sizeof brief);
+    printf("%s\n", brief);   /* the step-0 trace: one line per rank, whatever --quiet says */
     fflush(stdout);
     rc = mt_train_setup_model(ctx, &rs, opts, &dims, ri.n_steps, resume_dir, &resume_meta);
     /* allocation and the checkpoint load are local too: agree before the
@@ -229,7 +250,7 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
 
     /* ---- 5. outputs, the roof, the step loop ---- */
     MT_CHECK_GOTO(take_output(ctx, &rs, opts, &out_lock, res), rc, done);
-    ri.peak = peak_flops(opts, &rs, ri.threads, ri.world, &ri.roof, peak_src, sizeof peak_src);
+    ri.peak = peak_flops(ctx, opts, &rs, ri.threads, ri.world, &ri.roof, peak_src, sizeof peak_src);
     ri.flops_per_token = mt_model_flops_per_token(cfg);
     ri.roof_s = mt_time_sec() - t_roof;
     if (ri.wrank == 0) mt_train_progress_startup(opts, 0, &ri, -1);
