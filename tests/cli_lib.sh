@@ -7,7 +7,14 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 export OMP_NUM_THREADS=1
+unset MT_ERROR_WHERE   # messages are matched exactly: no " [file:line]" suffix (src/core/core.c)
 fails=0; passes=0
 ok()  { passes=$((passes+1)); echo "PASS $1"; }
 bad() { fails=$((fails+1)); echo "FAIL $1"; }
 finish() { echo "$passes passed, $fails failed"; [ $fails -eq 0 ]; }
+# have_mpi: mpirun is on PATH and BUILD was configured with MPI (a one-rank
+# script with an MPI part runs that part only then, else says SKIPPED)
+have_mpi() {
+    command -v mpirun >/dev/null 2>&1 || return 1
+    ! { [ -f "$BUILD/CMakeCache.txt" ] && ! grep -q '^MT_WITH_MPI:BOOL=ON' "$BUILD/CMakeCache.txt"; }
+}

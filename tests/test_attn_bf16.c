@@ -28,8 +28,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "mt_test.h"
 
-static int g_fail = 0, g_pass = 0;
+static int g_pass = 0;
 static const struct mt_ops_i *g_ops, *g_cpu;
 static struct mt_ctx g_ctx;
 
@@ -47,7 +48,7 @@ static double nrand(void)
 static void check(int ok, const char *what, const char *detail)
 {
     printf("%s  %-58s %s\n", ok ? "ok  " : "FAIL", what, detail);
-    if (ok) g_pass++; else g_fail++;
+    if (ok) g_pass++; else n_fail++;
 }
 
 static void *xalloc(size_t bytes)
@@ -354,6 +355,6 @@ int main(int argc, char **argv)
         {1, 50, 2, 2, 20},    /* hd 20: rows not 16-byte multiples (scalar loads) */
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) test_shape(&shapes[i]);
-    printf("test_attn_bf16: %d passed, %d failed\n", g_pass, g_fail);
-    return g_fail ? 1 : 0;
+    printf("test_attn_bf16: %d passed, %d failed\n", g_pass, n_fail);
+    return n_fail ? 1 : 0;
 }

@@ -39,28 +39,8 @@
 #include "ops/mt_ops.h"
 #include "io/mt_ckpt.h"
 #include "train/mt_optim.h"
+#include "mt_test.h"
 
-static int n_fail = 0;
-
-#define EXPECT(cond)                                                          \
-    do {                                                                      \
-        if (!(cond)) {                                                        \
-            fprintf(stderr, "%s:%d: FAILED: %s\n", __FILE__, __LINE__, #cond); \
-            n_fail++;                                                         \
-        }                                                                     \
-    } while (0)
-
-static void expect_err(int line, struct mt_ctx *ctx, enum mt_status st, enum mt_status want, const char *needle)
-{
-    const char *msg = mt_ctx_last_error(ctx);
-    if (st != want || (needle && !strstr(msg, needle))) {
-        fprintf(stderr, "%s:%d: FAILED: got %s (want %s), message '%s' (want to contain '%s')\n", __FILE__, line,
-                mt_status_str(st), mt_status_str(want), msg, needle ? needle : "");
-        n_fail++;
-    }
-}
-#define EXPECT_ERR_AT(c, st, want, needle) expect_err(__LINE__, (c), (st), (want), (needle))
-#define EXPECT_ERR(st, want, needle) EXPECT_ERR_AT(&ctx, (st), (want), (needle))
 
 #define NP 3
 

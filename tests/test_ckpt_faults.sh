@@ -13,9 +13,7 @@
 # manifest checksum are in test_ckpt.c.
 set -u
 BUILD=${1:?build dir}
-MT="$BUILD/meshtrain"
-HERE=$(cd "$(dirname "$0")" && pwd)
-W=$(mktemp -d)
+. "$(dirname "$0")/cli_lib.sh"
 MNT=""
 BG=""
 cleanup() {
@@ -24,10 +22,6 @@ cleanup() {
   rm -rf "$W"
 }
 trap cleanup EXIT
-export OMP_NUM_THREADS=1
-fails=0; passes=0
-ok()   { passes=$((passes+1)); echo "PASS $1"; }
-bad()  { fails=$((fails+1)); echo "FAIL $1"; }
 
 mkdir -p "$W/data"
 python3 "$HERE/make_shard.py" "$W/data/train.bin" 20000 64 pattern
@@ -186,5 +180,4 @@ kill "$BG" 2>/dev/null; wait "$BG" 2>/dev/null; BG=""
 # ... and once the first is gone the lock is free again
 if train --out "$W/lock" --steps 1 2>"$W/err"; then ok "lock released with the process"; else bad "lock released ($(cat "$W/err"))"; fi
 
-echo "$passes passed, $fails failed"
-[ $fails -eq 0 ]
+finish

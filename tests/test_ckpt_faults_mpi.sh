@@ -7,20 +7,10 @@
 # exit 2. Exits 77 (SKIPPED) without mpirun or an MPI build.
 set -u
 BUILD=${1:?build dir}
-MT="$BUILD/meshtrain"
-HERE=$(cd "$(dirname "$0")" && pwd)
-if ! command -v mpirun >/dev/null 2>&1; then echo "SKIPPED: no mpirun"; exit 77; fi
-if [ -f "$BUILD/CMakeCache.txt" ] && ! grep -q '^MT_WITH_MPI:BOOL=ON' "$BUILD/CMakeCache.txt"; then
-  echo "SKIPPED: built without MPI"; exit 77
-fi
-W=$(mktemp -d)
+. "$(dirname "$0")/dist_lib.sh"
 BG=""
 trap '[ -n "$BG" ] && kill "$BG" 2>/dev/null; rm -rf "$W"' EXIT
-export OMP_NUM_THREADS=1 OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1
-MPIRUN=(timeout 120 mpirun --oversubscribe --allow-run-as-root -np 2)
-fails=0; passes=0
-ok()   { passes=$((passes+1)); echo "PASS $1"; }
-bad()  { fails=$((fails+1)); echo "FAIL $1"; }
+MPIRUN+=(-np 2)
 
 python3 "$HERE/make_shard.py" "$W/train.bin" 20000 64 pattern
 TINY="--set vocab_size=64 --set n_layer=2 --set d_model=32 --set n_head=4 --set n_kv_head=2 --set seq_len=16 --set batch_size=4 --set lr=0.01 --set warmup_steps=2 --peak-flops 1e11 --quiet --data $W/train.bin"
@@ -63,5 +53,4 @@ if [ $rc -eq 2 ] && grep -q "in use by another trainer" "$W/err" && [ ! -e "$W/l
   ok "2 ranks: locked --out refused (exit 2)"
 else bad "2 ranks locked --out (rc=$rc: $(grep meshtrain "$W/err"))"; fi
 
-echo "$passes passed, $fails failed"
-[ $fails -eq 0 ]
+finish

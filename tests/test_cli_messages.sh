@@ -13,6 +13,8 @@
 #    cuda in a build without CUDA is refused with train's message and exit
 #    code (1: MT_ERR_UNSUPPORTED), one line, before reading the checkpoint,
 #    writing nothing.
+#  - MT_ERROR_WHERE=1 appends where the error was raised, still one line;
+#    without it the line has no file:line.
 set -u
 BUILD=${1:?usage: test_cli_messages.sh BUILD_DIR}
 . "$(dirname "$0")/cli_lib.sh"
@@ -43,6 +45,14 @@ refuse "trailing text after the JSON object is refused" \
     "${TRAIN[@]}" --config "$W/trailing.json"
 refuse "a duplicate config key is refused" \
     "dup\.json: config: duplicate config key 'seed'" "${TRAIN[@]}" --config "$W/dup.json"
+# MT_ERROR_WHERE=1 (src/core/core.c): the same one line, plus where the error
+# was raised (" [src/...:N]"; a message that quotes an earlier one keeps that
+# one's place first: origin, then the wrapper)
+refuse "MT_ERROR_WHERE=1: the same line, with file:line" \
+    "dup\.json: config: duplicate config key 'seed'( \[src/[a-z_/]+\.c:[0-9]+\])+$" \
+    env MT_ERROR_WHERE=1 "${TRAIN[@]}" --config "$W/dup.json"
+refuse "without MT_ERROR_WHERE: no file:line" "dup\.json: config: duplicate config key 'seed'$" \
+    "${TRAIN[@]}" --config "$W/dup.json"
 refuse "text after a NUL byte is refused" \
     'nul\.json: config: NUL byte at offset 14' "${TRAIN[@]}" --config "$W/nul.json"
 # the same refusals through `plan`, which shares the loader

@@ -8,12 +8,7 @@
 # rule. No MPI needed.
 set -u
 BUILD=${1:?build dir}
-MT="$BUILD/meshtrain"
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-fails=0; passes=0
-ok()   { passes=$((passes+1)); echo "PASS $1"; }
-bad()  { fails=$((fails+1)); echo "FAIL $1"; }
+. "$(dirname "$0")/cli_lib.sh"
 
 if [ ! -x "$MT" ]; then echo "FAIL: $MT not built"; exit 1; fi
 printf '{"vocab_size": 512, "n_layer": 4, "pattern": "AEAE", "shared_expert_hidden": 64}\n' > "$W/c.json"
@@ -175,5 +170,4 @@ expect2 "no mesh fits"      "no mesh of world=5 satisfies the startup contract" 
 if $MT plan --config "$W/c.json" --world 2 --mesh tp=2 --set seq_len=255 --set sequence_parallel=false > /dev/null 2>&1
 then ok "sp off"; else bad "sp off"; fi
 
-echo "test_cli_plan: $passes passed, $fails failed"
-[ $fails -eq 0 ]
+finish

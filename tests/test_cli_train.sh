@@ -4,14 +4,7 @@
 # line on stderr, and leaves the output directory untouched.
 set -u
 BUILD=${1:?build dir}
-MT="$BUILD/meshtrain"
-HERE=$(cd "$(dirname "$0")" && pwd)
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-export OMP_NUM_THREADS=1
-fails=0; passes=0
-ok()   { passes=$((passes+1)); echo "PASS $1"; }
-bad()  { fails=$((fails+1)); echo "FAIL $1"; }
+. "$(dirname "$0")/cli_lib.sh"
 
 python3 "$HERE/make_shard.py" "$W/train.bin" 20000 64 pattern
 TINY="--set vocab_size=64 --set n_layer=2 --set d_model=32 --set n_head=4 --set n_kv_head=2 --set seq_len=16 --set batch_size=4 --set lr=0.01 --set warmup_steps=2"
@@ -129,5 +122,4 @@ expect_bad "checkpoint checksum"      $TINY --data "$W/train.bin" --steps 6 --re
 expect_bad "resume incompatible cfg"  $TINY --set d_model=64 --data "$W/train.bin" --steps 6 --resume "$W/half"
 expect_bad "resume missing manifest"  $TINY --data "$W/train.bin" --steps 6 --resume "$W/nonexistent"
 
-echo "$passes passed, $fails failed"
-[ $fails -eq 0 ]
+finish

@@ -15,15 +15,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include "mt_test.h"
 
-static int n_fail = 0;
-#define EXPECT(cond)                                                              \
-    do {                                                                          \
-        if (!(cond)) {                                                            \
-            fprintf(stderr, "%s:%d: FAILED: %s\n", __FILE__, __LINE__, #cond);    \
-            n_fail++;                                                             \
-        }                                                                         \
-    } while (0)
 
 /* ---- the collective watchdog and the agreement (issue 13) ---- */
 

@@ -14,28 +14,8 @@
 
 #include "core/mt_config.h"
 #include "core/mt_knobs.h"
+#include "mt_test.h"
 
-static int n_fail = 0;
-
-#define EXPECT(cond)                                                          \
-    do {                                                                      \
-        if (!(cond)) {                                                        \
-            fprintf(stderr, "%s:%d: FAILED: %s\n", __FILE__, __LINE__, #cond); \
-            n_fail++;                                                         \
-        }                                                                     \
-    } while (0)
-
-/* status == want and the message contains `needle` */
-static void expect_err(int line, struct mt_ctx *ctx, enum mt_status st, enum mt_status want, const char *needle)
-{
-    const char *msg = mt_ctx_last_error(ctx);
-    if (st != want || (needle && !strstr(msg, needle))) {
-        fprintf(stderr, "%s:%d: FAILED: got %s (want %s), message '%s' (want to contain '%s')\n", __FILE__, line,
-                mt_status_str(st), mt_status_str(want), msg, needle ? needle : "");
-        n_fail++;
-    }
-}
-#define EXPECT_ERR(st, want, needle) expect_err(__LINE__, &ctx, (st), (want), (needle))
 
 static void test_defaults(void)
 {
@@ -199,7 +179,7 @@ static void expect_rule(int line, const char *const *sets, int n, const char *ne
             n_fail++;
             return;
         }
-    expect_err(line, &ctx, mt_config_resolve(&ctx, &c, 5), MT_ERR_CONFIG, needle);
+    mt_test_expect_err(__FILE__, line, &ctx, mt_config_resolve(&ctx, &c, 5), MT_ERR_CONFIG, needle);
 }
 #define RULE1(a, needle)       do { const char *s_[] = {a}; expect_rule(__LINE__, s_, 1, needle); } while (0)
 #define RULE2(a, b, needle)    do { const char *s_[] = {a, b}; expect_rule(__LINE__, s_, 2, needle); } while (0)

@@ -10,13 +10,10 @@
 #     the path taken, and the roof's spread brackets its median.
 # Skips (77) when the CPU has no AVX-512 (part 2 has nothing to compare).
 set -u
-BUILD=${1:-build}; MT="$BUILD/meshtrain"; HERE=$(cd "$(dirname "$0")" && pwd)
+BUILD=${1:-build}
 grep -q avx512f /proc/cpuinfo || { echo "SKIPPED (no AVX-512 on this CPU: one kernel path only)"; exit 77; }
-W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
+. "$(dirname "$0")/cli_lib.sh"
 export OMP_NUM_THREADS=2
-fails=0
-ok()  { echo "PASS $1"; }
-bad() { fails=$((fails+1)); echo "FAIL $1"; }
 python3 "$HERE/make_shard.py" "$W/d.bin" 20000 512 pattern >/dev/null
 CFG="--set vocab_size=512 --set n_layer=2 --set d_model=128 --set n_head=2 --set n_kv_head=1 --set seq_len=128 --set batch_size=2 --set warmup_steps=1 --set total_steps=4 --set logit_softcap=15"
 MOE="$CFG --set pattern=AE --set n_experts=4 --set top_k=2 --set expert_hidden=64"
@@ -53,4 +50,4 @@ for path, isa in zip(sys.argv[1:], ("avx512", "avx2")):
 for e in err: print("  ", e)
 sys.exit(1 if err else 0)
 PY
-echo "$fails failed"; [ $fails -eq 0 ]
+finish

@@ -15,7 +15,11 @@
  *   6. atomic replace: a new file and a replaced one hold exactly the new
  *      bytes and no PATH.tmp is left; a failed writer (ok = 0) and a rename
  *      onto a directory leave the old content, no PATH.tmp, and return the
- *      caller's error code; discard leaves the old content.
+ *      caller's error code; discard leaves the old content;
+ *   7. the error record (src/core/core.c): mt_ctx_error records the caller's
+ *      file:line (path from tests/ or src/ on: no checkout prefix), shown as
+ *      a " [file:line]" suffix only when err_show_where is set; a raised
+ *      error inside the library names the library's file; clear forgets it.
  * Exits non-zero on failure.
  */
 #include <fcntl.h>
@@ -158,6 +162,33 @@ static void test_atomic(const char *root)
     mt_ctx_free(&ctx);
 }
 
+static void test_error_where(void)
+{
+    struct mt_ctx ctx;
+    char where[128], want[128];
+    mt_ctx_init(&ctx);
+    ctx.err_show_where = 0;
+    EXPECT(!strcmp(mt_ctx_last_where(&ctx, where, sizeof where), ""), "no error, no place: '%s'", where);
+    int line = __LINE__ + 1;
+    mt_ctx_error(&ctx, MT_ERR_IO, "cannot open %s", "x");
+    snprintf(want, sizeof want, "test_fileio.c:%d", line);
+    EXPECT(!strcmp(mt_ctx_last_where(&ctx, where, sizeof where), want), "recorded '%s', want '%s'", where, want);
+    EXPECT(!strcmp(mt_ctx_last_error(&ctx), "cannot open x"), "shown plain: '%s'", mt_ctx_last_error(&ctx));
+    ctx.err_show_where = 1;
+    char shown[256];
+    snprintf(shown, sizeof shown, "cannot open x [%s]", want);
+    EXPECT(!strcmp(mt_ctx_last_error(&ctx), shown), "shown with place: '%s', want '%s'", mt_ctx_last_error(&ctx),
+           shown);
+    /* raised inside the library: the place is the library's file, from src/ on */
+    char *text = NULL;
+    EXPECT(mt_file_read_text(&ctx, "/nonexistent/mt_where", 16, &text) == MT_ERR_IO, "a missing file");
+    mt_ctx_last_where(&ctx, where, sizeof where);
+    EXPECT(!strncmp(where, "src/core/", 9) && strchr(where, ':'), "library place '%s'", where);
+    mt_ctx_clear_error(&ctx);
+    EXPECT(!strcmp(mt_ctx_last_where(&ctx, where, sizeof where), ""), "cleared: '%s'", where);
+    mt_ctx_free(&ctx);
+}
+
 int main(void)
 {
     char root[] = "/tmp/mt_fileio_XXXXXX";
@@ -165,6 +196,7 @@ int main(void)
     test_sizes();
     test_files(root);
     test_atomic(root);
+    test_error_where();
     mt_file_rm_rf(root);
     if (n_fail) fprintf(stderr, "test_fileio: %d failure(s)\n", n_fail);
     else printf("test_fileio: ok\n");

@@ -10,8 +10,7 @@
 #include <string.h>
 
 #include "../src/plan/mt_gpu_info.h"
-
-static int g_fail;
+#include "mt_test.h"
 
 static void expect(const char *dev, const char *prec, double want, const char *src_has)
 {
@@ -19,7 +18,7 @@ static void expect(const char *dev, const char *prec, double want, const char *s
     double got = mt_gpu_datasheet_peak(dev, prec, src, sizeof src);
     int ok = got == want && (src_has ? strstr(src, src_has) != NULL : src[0] == 0);
     printf("%-4s %-28s %-5s -> %.4g (%s)\n", ok ? "ok" : "FAIL", dev ? dev : "(null)", prec ? prec : "(null)", got, src);
-    g_fail += !ok;
+    n_fail += !ok;
 }
 
 int main(void)
@@ -34,6 +33,6 @@ int main(void)
     expect("meshtrain CPU emulation of sm_90", "bf16", 0, NULL);
     expect("NVIDIA H100 80GB HBM3", "fp16", 0, NULL);
     expect(NULL, "bf16", 0, NULL);
-    printf("test_gpu_info: %s\n", g_fail ? "FAILED" : "all checks passed");
-    return g_fail != 0;
+    printf("test_gpu_info: %s\n", n_fail ? "FAILED" : "all checks passed");
+    return n_fail != 0;
 }

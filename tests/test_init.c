@@ -26,17 +26,7 @@
 #include "model/model_impl.h"
 #include "ops/mt_ops.h"
 #include "parallel/mt_layout.h"
-
-static int g_fail = 0;
-#define EXPECT(cond, ...)                                                   \
-    do {                                                                    \
-        if (!(cond)) {                                                      \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);            \
-            fprintf(stderr, __VA_ARGS__);                                   \
-            fprintf(stderr, "\n");                                          \
-            g_fail = 1;                                                     \
-        }                                                                   \
-    } while (0)
+#include "mt_test.h"
 
 static void config(struct mt_config *cfg, struct mt_ctx *ctx, const char *pattern, const char *optimizer)
 {
@@ -488,7 +478,7 @@ int main(void)
     test_counts();
     test_mamba_init();
     test_parallel_fill();
-    if (g_fail) {
+    if (n_fail) {
         fprintf(stderr, "test_init: FAILED\n");
         return 1;
     }

@@ -16,8 +16,8 @@
 #include "core/mt_rng.h"
 #include "model/mt_model.h"
 #include "ops/mt_ops.h"
+#include "mt_test.h"
 
-static int g_fail = 0;
 static const char *g_lora = NULL;   /* LoRA targets (rank 2, every parameter random: B != 0), or NULL */
 
 /* kv_T: seq_len of the model used for decoding. kv_T < T makes prefills longer
@@ -108,14 +108,8 @@ static void run(const char *label, const char *pattern, float softcap, int kv_T,
     enum mt_status st = mt_model_kv_step(&ctx, mk, c, tok, 1, lg);
     printf("%s: max |kv - full| = %.3e (logit scale %.3g), len %d, overflow -> %s\n", label, worst, scale,
            mt_model_kv_len(c), mt_status_str(st));
-    if (!(worst <= 1e-5 * fmax(1.0, scale)) || !okl || st == MT_OK) {
-        fprintf(stderr, "FAIL %s\n", label);
-        g_fail = 1;
-    }
-    if (scale < 0.5) {
-        fprintf(stderr, "FAIL %s: logits too small (%g) for the test to mean anything\n", label, scale);
-        g_fail = 1;
-    }
+    EXPECT(worst <= 1e-5 * fmax(1.0, scale) && okl && st != MT_OK, "%s", label);
+    EXPECT(scale >= 0.5, "%s: logits too small (%g) for the test to mean anything", label, scale);
     free(lg);
     free(ref);
     mt_model_kv_destroy(&ctx, mk, c);
@@ -138,7 +132,7 @@ int main(void)
     run("hybrid lora (recurrent state)", "MA", 0.0f, 9, 3);
     run("hybrid lora chunked prefill (7 tokens, N=3)", "AM", 0.0f, 3, 7);
     g_lora = NULL;
-    if (g_fail) {
+    if (n_fail) {
         fprintf(stderr, "test_kvcache: FAILED\n");
         return 1;
     }

@@ -25,8 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "mt_test.h"
 
-static int g_fail = 0;
 static uint64_t g_rng = 0x2545f4914f6cdd1dull;
 static double urand(void)
 {
@@ -116,7 +116,7 @@ static void grad_check(struct fixture *f, const struct mt_ops_i *ops, const char
         if (err > tol && bad++ < 3) fprintf(stderr, "  %s[%zu]: analytic %.6g fd %.6g\n", name, i, an, fd);
     }
     printf("%s mamba3 grad %-8s n=%-4zu gscale %.3g worst err/tol %.3f\n", bad ? "FAIL" : "ok  ", name, n, gscale, worst);
-    if (bad) g_fail = 1;
+    n_fail += bad != 0;
 }
 
 static int dump(struct fixture *f, const char *dir)
@@ -293,7 +293,7 @@ int main(int argc, char **argv)
         for (size_t i = 0; i < no; i++) { e = fmax(e, fabs(f.out[i] - ref[i])); m = fmax(m, fabs(ref[i])); }
         int ok = e / m < 1e-5;
         printf("%s mamba3 forward chunk %d vs recurrence: rel err %.2e\n", ok ? "ok  " : "FAIL", chunks[c], e / m);
-        if (!ok) g_fail = 1;
+        n_fail += !ok;
     }
     free(ref);
     teardown(&f);
@@ -330,9 +330,9 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < no; i++) e = fmax(e, fabs(f.dh[i] - 2.0f * dh1[i]) / fmax(1.0, fabs(dh1[i])));
     int ok = e < 1e-5;
     printf("%s mamba3 backward twice doubles every gradient (err %.2e)\n", ok ? "ok  " : "FAIL", e);
-    if (!ok) g_fail = 1;
+    n_fail += !ok;
     free(g1); free(dh1);
     teardown(&f);
-    printf("%s\n", g_fail ? "test_mamba3: FAILED" : "test_mamba3: all checks passed");
-    return g_fail;
+    printf("%s\n", n_fail ? "test_mamba3: FAILED" : "test_mamba3: all checks passed");
+    return n_fail ? 1 : 0;
 }

@@ -8,15 +8,8 @@
 
 #include <stdio.h>
 #include <string.h>
+#include "mt_test.h"
 
-static int n_fail = 0;
-#define EXPECT(cond)                                                              \
-    do {                                                                          \
-        if (!(cond)) {                                                            \
-            fprintf(stderr, "%s:%d: FAILED: %s\n", __FILE__, __LINE__, #cond);    \
-            n_fail++;                                                             \
-        }                                                                         \
-    } while (0)
 
 static int dims_eq(const struct mt_mesh_dims *d, int pp, int dp, int ep, int tp)
 {

@@ -38,6 +38,7 @@
 
 #include "core/mt_core.h"
 #include "ops/mt_ops.h"
+#include "mt_test.h"
 
 #define TOL_FWD   1e-5  /* backend forward vs fp64 reference, relative to scale */
 #define TOL_BWD   1e-4  /* backend backward vs fp64 reference backward          */
@@ -51,7 +52,7 @@ struct harness {
     const char *bname;           /* "ref", "cpu", "cuda" */
     struct mt_ctx ctx;
     uint64_t rng;
-    int n_pass, n_fail, n_skip;
+    int n_pass, n_skip;   /* failures: n_fail (mt_test.h) */
     void *dbufs[MAX_BUFS];
     int   n_dbufs;
     void *hbufs[MAX_BUFS];
@@ -197,7 +198,7 @@ static int checkf(struct harness *h, const char *op, double err, double tol, con
     int ok = err <= tol;  /* NaN fails */
     printf("%-4s  %-20s %-56s %10.3e %8.1e  %s\n", h->bname, op, cs, err, tol, ok ? "PASS" : "FAIL");
     if (ok) h->n_pass++;
-    else h->n_fail++;
+    else n_fail++;
     return ok;
 }
 
@@ -208,7 +209,7 @@ static int has(struct harness *h, const char *op, int present)
     int must = strcmp(h->bname, "cpu") == 0;
     printf("%-4s  %-20s %-56s %10s %8s  %s\n", h->bname, op, "(table entry is NULL)", "-", "-",
            must ? "FAIL" : "SKIP");
-    if (must) h->n_fail++;
+    if (must) n_fail++;
     else h->n_skip++;
     return 0;
 }
@@ -301,14 +302,14 @@ static void gemm_case(struct harness *h, int tA, int tB, int M, int N, int K, in
 
 static int run_gemm(struct harness *h)
 {
-    int f0 = h->n_fail;
+    int f0 = n_fail;
     for (int beta = 0; beta <= 1; beta++)
         for (int tA = 0; tA <= 1; tA++)
             for (int tB = 0; tB <= 1; tB++) gemm_case(h, tA, tB, 5, 7, 13, 3, 0.75f, (float)beta);
     for (int tA = 0; tA <= 1; tA++)
         for (int tB = 0; tB <= 1; tB++) gemm_case(h, tA, tB, 67, 45, 130, 5, 1.0f, 1.0f);
     gemm_case(h, 0, 1, 1, 37, 13, 0, 1.0f, 0.0f);  /* one row (decode), tight ld */
-    return h->n_fail == f0;
+    return n_fail == f0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -317,7 +318,7 @@ static int run_gemm(struct harness *h)
 static int run_fill(struct harness *h)
 {
     const char *op = "fill";
-    int f0 = h->n_fail;
+    int f0 = n_fail;
     if (!h->ops || !has(h, op, h->ops->fill != NULL)) return 1;
     const size_t ns[] = {1, 13, 1000, 70001};  /* the last one takes the threaded path */
     for (int c = 0; c < 4; c++) {
@@ -331,7 +332,7 @@ static int run_fill(struct harness *h)
         checkf(h, op, bad, 0, "n=%zu value", n);
         checkf(h, op, ndiff(&x[n], &x0[n], 1), 0, "n=%zu x[n] untouched", n);
     }
-    return h->n_fail == f0;
+    return n_fail == f0;
 }
 
 static void axpby_case(struct harness *h, size_t n, int with_x, float a, float b)
@@ -352,7 +353,7 @@ static void axpby_case(struct harness *h, size_t n, int with_x, float a, float b
 
 static int run_axpby(struct harness *h)
 {
-    int f0 = h->n_fail;
+    int f0 = n_fail;
     axpby_case(h, 13, 1, 0.5f, -1.25f);
     axpby_case(h, 1001, 1, -2.0f, 0.75f);
     axpby_case(h, 13, 1, 1.0f, 0.0f);
@@ -360,13 +361,13 @@ static int run_axpby(struct harness *h)
     axpby_case(h, 13, 0, 0.0f, 0.5f);
     axpby_case(h, 1001, 0, 3.0f, -0.25f);  /* x NULL: a is ignored */
     axpby_case(h, 13, 0, 1.0f, 0.0f);
-    return h->n_fail == f0;
+    return n_fail == f0;
 }
 
 static int run_sumsq(struct harness *h)
 {
     const char *op = "sumsq";
-    int f0 = h->n_fail;
+    int f0 = n_fail;
     const size_t ns[] = {0, 1, 13, 65539};
     for (int c = 0; c < 4; c++) {
         size_t n = ns[c];
@@ -379,13 +380,13 @@ static int run_sumsq(struct harness *h)
         checkf(h, op, fabs(s1 - ref) / (ref > 0 ? ref : 1), 1e-6, "n=%zu", n);
         checkf(h, op, ndiff(&s1, &s2, 2) > 0, 0, "n=%zu determinism", n);
     }
-    return h->n_fail == f0;
+    return n_fail == f0;
 }
 
 static int run_all_finite(struct harness *h)
 {
     const char *op = "all_finite";
-    int f0 = h->n_fail;
+    int f0 = n_fail;
     if (!h->ops || !has(h, op, h->ops->all_finite != NULL)) return 1;
     struct { const char *name; size_t n; long at; float val; int expect; } cs[] = {
         {"n=13 finite", 13, -1, 0, 1},
@@ -409,13 +410,13 @@ static int run_all_finite(struct harness *h)
         int r = h->ops->all_finite(h->ops->be, dx, n);
         checkf(h, op, r != cs[c].expect, 0, "%s (want %d got %d)", cs[c].name, cs[c].expect, r);
     }
-    return h->n_fail == f0;
+    return n_fail == f0;
 }
 
 static int run_transpose(struct harness *h)
 {
     const char *op = "transpose";
-    int f0 = h->n_fail;
+    int f0 = n_fail;
     const int rc[][2] = {{5, 13}, {1, 7}, {13, 1}, {67, 130}};
     for (int c = 0; c < 4; c++) {
         int R = rc[c][0], Cc = rc[c][1];
@@ -430,7 +431,7 @@ static int run_transpose(struct harness *h)
             for (int j = 0; j < Cc; j++) bad += out[(size_t)j * R + i] != in[(size_t)i * Cc + j];
         checkf(h, op, bad, 0, "rows=%d cols=%d", R, Cc);
     }
-    return h->n_fail == f0;
+    return n_fail == f0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -498,11 +499,11 @@ static void embed_case(struct harness *h, int N, int C, int V, int vrange)
 
 static int run_embed(struct harness *h)
 {
-    int f0 = h->n_fail;
+    int f0 = n_fail;
     embed_case(h, 10, 13, 37, 37);
     embed_case(h, 10, 13, 37, 3);   /* heavy repeats */
     embed_case(h, 128, 96, 501, 40);
-    return h->n_fail == f0;
+    return n_fail == f0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -596,11 +597,11 @@ static void rms_case(struct harness *h, int N, int C, float eps)
 
 static int run_rmsnorm(struct harness *h)
 {
-    int f0 = h->n_fail;
+    int f0 = n_fail;
     rms_case(h, 5, 13, 1e-6f);
     rms_case(h, 12, 6, 1e-5f);   /* QK-norm shape: rows N*H, C = hd */
     rms_case(h, 64, 256, 1e-6f);
-    return h->n_fail == f0;
+    return n_fail == f0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -700,12 +701,12 @@ static void rope_case(struct harness *h, int B, int T, int pos0, int nh, int hd,
 
 static int run_rope(struct harness *h)
 {
-    int f0 = h->n_fail;
+    int f0 = n_fail;
     rope_case(h, 2, 5, 3, 3, 6, 10000.0);
     rope_case(h, 1, 7, 0, 2, 8, 10000.0);
     rope_case(h, 3, 4, 11, 1, 2, 500.0);
     rope_case(h, 2, 32, 7, 4, 64, 10000.0);
-    return h->n_fail == f0;
+    return n_fail == f0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -882,13 +883,13 @@ static void attn_case(struct harness *h, int B, int T, int H, int K, int hd)
 
 static int run_attention(struct harness *h)
 {
-    int f0 = h->n_fail;
+    int f0 = n_fail;
     attn_case(h, 2, 5, 4, 2, 6);   /* GQA H/K = 2 */
     attn_case(h, 1, 7, 3, 3, 8);   /* H/K = 1 */
     attn_case(h, 2, 6, 4, 1, 4);   /* MQA H/K = 4 */
     attn_case(h, 1, 1, 2, 1, 6);   /* one token */
     attn_case(h, 2, 64, 4, 2, 32); /* larger */
-    return h->n_fail == f0;
+    return n_fail == f0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -955,12 +956,12 @@ static void swiglu_case(struct harness *h, size_t n)
 
 static int run_swiglu(struct harness *h)
 {
-    int f0 = h->n_fail;
+    int f0 = n_fail;
     swiglu_case(h, 13);
     swiglu_case(h, 1);
     swiglu_case(h, 4099);
     swiglu_case(h, 20001);
-    return h->n_fail == f0;
+    return n_fail == f0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1102,14 +1103,14 @@ static void xent_case(struct harness *h, int N, int V, float cap, double zr)
 
 static int run_xent(struct harness *h)
 {
-    int f0 = h->n_fail;
+    int f0 = n_fail;
     xent_case(h, 6, 37, 0.0f, 4.0);
     xent_case(h, 6, 37, 15.0f, 40.0);
     xent_case(h, 7, 5, 15.0f, 3.0);
     xent_case(h, 32, 1000, 0.0f, 8.0);
     xent_case(h, 32, 1000, 15.0f, 40.0);
     xent_case(h, 9, 8192, 30.0f, 60.0);
-    return h->n_fail == f0;
+    return n_fail == f0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1267,13 +1268,13 @@ static void router_case(struct harness *h, int N, int E, int k, int tie)
 
 static int run_router(struct harness *h)
 {
-    int f0 = h->n_fail;
+    int f0 = n_fail;
     router_case(h, 6, 8, 2, 0);
     router_case(h, 5, 5, 3, 0);
     router_case(h, 7, 4, 1, 0);
     router_case(h, 4, 6, 3, 1);   /* exact ties: first maximum wins, in every round */
     router_case(h, 64, 64, 4, 0);
-    return h->n_fail == f0;
+    return n_fail == f0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1415,12 +1416,12 @@ static void moe_case(struct harness *h, int N, int k, int E, int C)
 
 static int run_moe(struct harness *h)
 {
-    int f0 = h->n_fail;
+    int f0 = n_fail;
     moe_case(h, 7, 2, 5, 13);
     moe_case(h, 5, 3, 4, 6);
     moe_case(h, 6, 1, 3, 8);
     moe_case(h, 64, 4, 16, 96);
-    return h->n_fail == f0;
+    return n_fail == f0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1572,13 +1573,13 @@ static void routing_case(struct harness *h, int N, int B, int T, int E, int k, i
 
 static int run_routing(struct harness *h)
 {
-    int f0 = h->n_fail;
+    int f0 = n_fail;
     routing_case(h, 64, 4, 16, 8, 2, 0, 0);      /* one rank: N = B T */
     routing_case(h, 600, 3, 200, 16, 4, 0, 1);   /* several route chunks, empty experts */
     routing_case(h, 37, 4, 16, 4, 2, 10, 0);     /* a TP rank's rows straddling sequences */
     routing_case(h, 5, 1, 5, 70, 2, 0, 0);       /* E above a warp */
     routing_case(h, 0, 1, 4, 4, 2, 0, 0);        /* no rows */
-    return h->n_fail == f0;
+    return n_fail == f0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1627,13 +1628,13 @@ static void adamw_case(struct harness *h, size_t n, int t, int fresh, double gsc
 
 static int run_adamw(struct harness *h)
 {
-    int f0 = h->n_fail;
+    int f0 = n_fail;
     adamw_case(h, 13, 1, 1, 1.0, 1e-3f, 0.0f);
     adamw_case(h, 1001, 7, 0, 1.0, 0.5f, 0.1f);
     adamw_case(h, 13, 1, 1, 1e-8, 0.5f, 0.0f);   /* eps-dominated: eps outside the sqrt */
     adamw_case(h, 1001, 3, 0, 1e-3, 0.05f, 0.0f);
     adamw_case(h, 20001, 12, 0, 1.0, 0.01f, 0.1f);
-    return h->n_fail == f0;
+    return n_fail == f0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1647,7 +1648,7 @@ static size_t multi_size(int i) { return i == 5 ? 0 : i == 3 ? 65539 : (size_t)(
 static int run_sumsq_multi(struct harness *h)
 {
     const char *op = "sumsq_multi";
-    int f0 = h->n_fail;
+    int f0 = n_fail;
     float *x[MULTI_N];
     size_t n[MULTI_N];
     for (int i = 0; i < MULTI_N; i++) x[i] = rand_f(h, (n[i] = multi_size(i)) + 1, -3, 3);
@@ -1671,13 +1672,13 @@ static int run_sumsq_multi(struct harness *h)
     checkf(h, op, ndiff(&s, &loop, 2) + ndiff(&s, &s2, 2), 0, "%d tensors == the loop, determinism", MULTI_N);
     double z = h->ops->sumsq_multi(h->ops->be, dx, n, 0);
     checkf(h, op, z != 0.0, 0, "0 tensors is 0");
-    return h->n_fail == f0;
+    return n_fail == f0;
 }
 
 static int run_normalize_fro(struct harness *h)
 {
     const char *op = "normalize_fro";
-    int f0 = h->n_fail;
+    int f0 = n_fail;
     const size_t ns[] = {1, 13, 65539};
     for (int c = 0; c < 3; c++) {
         size_t n = ns[c];
@@ -1697,13 +1698,13 @@ static int run_normalize_fro(struct harness *h)
         h->ops->axpby(h->ops->be, dy, NULL, 0.0f, (float)(1.0 / (nrm + 1e-7)), n);
         checkf(h, op, ndiff(got, down_f(h, dy, n), n), 0, "n=%zu == sumsq + axpby (bits)", n);
     }
-    return h->n_fail == f0;
+    return n_fail == f0;
 }
 
 static int run_adamw_multi(struct harness *h)
 {
     const char *op = "adamw_multi";
-    int f0 = h->n_fail;
+    int f0 = n_fail;
     const float lr = 0.02f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, bc1 = 1 - 0.9f * 0.9f, bc2 = 1 - 0.95f * 0.95f;
     float *hp[MULTI_N], *hg[MULTI_N], *hm[MULTI_N], *hv[MULTI_N], wd[MULTI_N];
     size_t n[MULTI_N];
@@ -1736,13 +1737,13 @@ static int run_adamw_multi(struct harness *h)
     }
     checkf(h, op, bad, 0, "%d tensors == the loop over adamw_update (bits)", MULTI_N);
     checkf(h, op, guard, 0, "%d tensors: p past n untouched", MULTI_N);
-    return h->n_fail == f0;
+    return n_fail == f0;
 }
 
 static int run_nonfinite_mark(struct harness *h)
 {
     const char *op = "nonfinite_mark";
-    int f0 = h->n_fail;
+    int f0 = n_fail;
     float *x[MULTI_N];
     size_t n[MULTI_N];
     int slot[MULTI_N];
@@ -1776,7 +1777,7 @@ static int run_nonfinite_mark(struct harness *h)
     double sz = h->ops->sumsq_multi ? h->ops->sumsq_multi(h->ops->be, lz, nf, 1) : 1.0;
     double sf = h->ops->sumsq_multi ? h->ops->sumsq_multi(h->ops->be, lf, nf, 1) : 0.0;
     checkf(h, op, (sz != 0.0 || signbit(sz)) + !isnan(sf), 0, "sumsq of the flags: +0 clean, NaN marked");
-    return h->n_fail == f0;
+    return n_fail == f0;
 }
 
 /* m = mu m + g; d = g + mu m (new m); d may alias g */
@@ -1804,12 +1805,12 @@ static void muon_case(struct harness *h, size_t n, int alias)
 
 static int run_muon(struct harness *h)
 {
-    int f0 = h->n_fail;
+    int f0 = n_fail;
     muon_case(h, 13, 0);
     muon_case(h, 13, 1);
     muon_case(h, 4099, 1);
     muon_case(h, 20001, 0);
-    return h->n_fail == f0;
+    return n_fail == f0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -2059,7 +2060,7 @@ static void widen_case(struct harness *h)
 
 static int run_fused(struct harness *h)
 {
-    int f0 = h->n_fail;
+    int f0 = n_fail;
     rms_resid_case(h, 5, 13, 1e-6f);
     rms_resid_case(h, 64, 256, 1e-5f);
     bf16_twin_case(h, 5, 13);
@@ -2069,7 +2070,7 @@ static int run_fused(struct harness *h)
     qkr_case(h, 2, 5, 3, 3, 1, 8);      /* forward at an offset (decoding) */
     qkr_case(h, 1, 7, 0, 2, 2, 40);     /* a 16-column dw block straddles the two halves */
     qkr_case(h, 2, 32, 0, 4, 2, 64);    /* the bench's head shape */
-    return h->n_fail == f0;
+    return n_fail == f0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -2152,6 +2153,6 @@ int main(int argc, char **argv)
         }
     }
     mt_ctx_free(&h.ctx);
-    printf("test_ops: %d passed, %d failed, %d skipped\n", h.n_pass, h.n_fail, h.n_skip);
-    return h.n_fail ? 1 : 0;
+    printf("test_ops: %d passed, %d failed, %d skipped\n", h.n_pass, n_fail, h.n_skip);
+    return n_fail ? 1 : 0;
 }

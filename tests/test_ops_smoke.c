@@ -13,8 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int g_fail = 0;
+#include "mt_test.h"
 
 static float frand(unsigned *s)
 {
@@ -31,7 +30,7 @@ static void check(const char *what, const float *got, const double *ref, size_t 
     }
     int ok = worst <= tol;
     printf("%-60s %.3e %s\n", what, worst, ok ? "PASS" : "FAIL");
-    if (!ok) g_fail = 1;
+    n_fail += !ok;
 }
 
 /* naive causal GQA attention in double: forward (out, lse) and backward. */
@@ -240,11 +239,12 @@ int main(void)
     mt_ops_cpu_info(&info);
     printf("info: blas='%s' coretype='%s' source='%s' threads=%d\n", info.blas, info.coretype,
            info.coretype_source, info.threads);
-    if (strncmp(info.blas, "OpenBLAS", 8) != 0 || !info.coretype[0]) g_fail = 1;
+    EXPECT(strncmp(info.blas, "OpenBLAS", 8) == 0 && info.coretype[0], "blas '%s', coretype '%s'", info.blas,
+           info.coretype);
     char why[64] = "";
     const struct mt_ops_i *cu = mt_ops_cuda(why, sizeof(why));
     printf("cuda: %p (%s)\n", (const void *)cu, why);
     if (getenv("MT_SMOKE_BENCH")) bench(ops);
-    printf("test_ops_smoke: %s\n", g_fail ? "FAIL" : "PASS");
-    return g_fail;
+    printf("test_ops_smoke: %s\n", n_fail ? "FAIL" : "PASS");
+    return n_fail ? 1 : 0;
 }

@@ -28,18 +28,7 @@
 #include "plan/mt_plan.h"
 #include "train/mt_trainer.h"
 #include "parallel/mt_zero.h"
-
-static int n_fail = 0;
-
-#define EXPECT(cond, ...)                                                          \
-    do {                                                                           \
-        if (!(cond)) {                                                             \
-            fprintf(stderr, "%s:%d: FAILED: %s: ", __FILE__, __LINE__, #cond);     \
-            fprintf(stderr, __VA_ARGS__);                                          \
-            fputc('\n', stderr);                                                   \
-            n_fail++;                                                              \
-        }                                                                          \
-    } while (0)
+#include "mt_test.h"
 
 static void tiny_moe(struct mt_config *cfg)
 {

@@ -11,13 +11,8 @@
 # and say in the commit message why the layout moved.
 set -u
 BUILD=${1:?usage: test_plan_golden.sh BUILD_DIR}
-MT="$BUILD/meshtrain"
-GOLD="$(cd "$(dirname "$0")" && pwd)/golden"
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-fails=0; passes=0
-ok()  { passes=$((passes+1)); echo "PASS $1"; }
-bad() { fails=$((fails+1)); echo "FAIL $1"; }
+. "$(dirname "$0")/cli_lib.sh"
+GOLD="$HERE/golden"
 
 MOE='--set vocab_size=96 --set n_layer=4 --set d_model=32 --set n_head=4 --set n_kv_head=2 --set seq_len=16 --set batch_size=8 --set pattern=AEAE --set n_experts=4 --set top_k=2 --set expert_hidden=24 --set shared_expert_hidden=16'
 DENSE='--set vocab_size=96 --set n_layer=4 --set d_model=32 --set n_head=4 --set n_kv_head=2 --set seq_len=16 --set batch_size=8'
@@ -71,5 +66,4 @@ PY
     else bad "$name: the plan changed (UPDATE_GOLDEN=1 to accept, and explain why):"; cat "$W/$name.diff"; fi
 done <<< "$CASES"
 
-echo "test_plan_golden: $passes passed, $fails failed"
-[ $fails -eq 0 ]
+finish

@@ -16,13 +16,8 @@
 # 77 (skipped) unless something failed (docs/testing.md, "Skips and gates").
 set -u
 BUILD=${1:?usage: test_plan_recompute.sh BUILD_DIR}
-MT="$BUILD/meshtrain"
-HERE=$(cd "$(dirname "$0")" && pwd)
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-fails=0; passes=0; skipped=0
-ok()  { passes=$((passes+1)); echo "PASS $1"; }
-bad() { fails=$((fails+1)); echo "FAIL $1"; }
+. "$(dirname "$0")/cli_lib.sh"
+skipped=0
 
 python3 "$HERE/make_shard.py" "$W/train.bin" 20000 64 pattern
 DENSE="--set vocab_size=64 --set n_layer=4 --set d_model=32 --set n_head=4 --set n_kv_head=4 --set seq_len=16 --set batch_size=8 --set lr=0.01 --set warmup_steps=2 --set total_steps=20"
@@ -62,7 +57,7 @@ for name in DENSE MOE; do
 done
 
 # ---- 2: under mpirun ----
-if ! command -v mpirun >/dev/null 2>&1 || { [ -f "$BUILD/CMakeCache.txt" ] && ! grep -q '^MT_WITH_MPI:BOOL=ON' "$BUILD/CMakeCache.txt"; }; then
+if ! have_mpi; then
     echo "SKIPPED (mpirun part: no mpirun or a build without MPI)"
     skipped=1
 else
@@ -86,6 +81,6 @@ else
 LIST
 fi
 
-echo "test_plan_recompute: $passes passed, $fails failed$([ $skipped -eq 1 ] && echo ", mpirun part skipped")"
-[ $fails -eq 0 ] || exit 1
+[ $skipped -eq 1 ] && echo "(mpirun part skipped)"
+finish || exit 1
 [ $skipped -eq 0 ] || exit 77

@@ -21,15 +21,9 @@
 # the test prints SKIPPED and exits 77.
 set -u
 BUILD=${1:?usage: test_plan_rss.sh BUILD_DIR}
-MT="$BUILD/meshtrain"
-HERE="$(cd "$(dirname "$0")" && pwd)"
+. "$(dirname "$0")/cli_lib.sh"
 ROOT="$(cd "$HERE/.." && pwd)"
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-export OMP_NUM_THREADS=1 OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1
-fails=0; passes=0
-ok()  { passes=$((passes+1)); echo "PASS $1"; }
-bad() { fails=$((fails+1)); echo "FAIL $1"; }
+export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1
 
 python3 "$HERE/make_shard.py" "$W/train.bin" 40000 8192 random >/dev/null
 SMALL="--set vocab_size=8192 --set n_layer=1 --set d_model=128 --set n_head=4 --set n_kv_head=4 --set seq_len=32 --set batch_size=8"
@@ -94,7 +88,7 @@ else bad "bad runtime_memory: rc=$rc $(cat "$W/bad.err")"; fi
 
 # 4. dp=2 ZeRO-0 (MPI, shared-memory transport, all-reduce temporaries)
 skip=0
-if command -v mpirun >/dev/null 2>&1 && ! { [ -f "$BUILD/CMakeCache.txt" ] && ! grep -q '^MT_WITH_MPI:BOOL=ON' "$BUILD/CMakeCache.txt"; }; then
+if have_mpi; then
     if timeout 120 mpirun --oversubscribe --allow-run-as-root -np 2 "$MT" train $SMALL $COMMON --mesh dp=2 --zero 0 \
            --out "$W/dp2" > "$W/dp2.log" 2>&1 < /dev/null &&
        "$MT" plan $SMALL --world 2 --mesh dp=2 --zero 0 --steps 3 --threads 1 --data "$W/train.bin" --json --profile none \
@@ -104,7 +98,6 @@ if command -v mpirun >/dev/null 2>&1 && ! { [ -f "$BUILD/CMakeCache.txt" ] && ! 
     else bad "dp=2: train or plan failed"; tail -3 "$W/dp2.log" "$W/dp2.err"; fi
 else skip=1; fi
 
-echo "passed $passes, failed $fails"
-[ $fails = 0 ] || exit 1
+finish || exit 1
 if [ $skip = 1 ]; then echo "SKIPPED: dp=2 part (no mpirun or a build without MPI)"; exit 77; fi
 exit 0

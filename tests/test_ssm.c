@@ -26,8 +26,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "mt_test.h"
 
-static int g_fail = 0;
 static const struct mt_ops_i *g_ops;
 static struct mt_ctx g_ctx;
 
@@ -169,7 +169,7 @@ static double rel_err(const float *a, const double *ref, size_t n)
 static void check(int ok, const char *what, const char *tag, double err, double tol)
 {
     printf("%s %-40s %-22s err %.2e (tol %.0e)\n", ok ? "ok  " : "FAIL", what, tag, err, tol);
-    if (!ok) g_fail = 1;
+    n_fail += !ok;
 }
 
 static void test_forward(const struct inputs *in, int chunk)
@@ -562,6 +562,6 @@ int main(int argc, char **argv)
         if (cases[c].full) test_backward(&in, 0);
         free_inputs(&in);
     }
-    printf("%s\n", g_fail ? "test_ssm: FAILED" : "test_ssm: all checks passed");
-    return g_fail;
+    printf("%s\n", n_fail ? "test_ssm: FAILED" : "test_ssm: all checks passed");
+    return n_fail ? 1 : 0;
 }

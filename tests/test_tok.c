@@ -9,17 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "tok/mt_tok.h"
-
-static int failures = 0;
-#define EXPECT(cond, ...)                                                   \
-    do {                                                                    \
-        if (!(cond)) {                                                      \
-            fprintf(stderr, "%s:%d: FAILED %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                   \
-            fprintf(stderr, "\n");                                          \
-            failures++;                                                     \
-        }                                                                   \
-    } while (0)
+#include "mt_test.h"
 
 static uint64_t rng_state = 0x1234;
 static uint64_t rnd(void)
@@ -314,8 +304,8 @@ int main(void)
     test_bounds(&ctx);
     EXPECT(ctx.bytes_live_total == 0, "%zu bytes leaked", ctx.bytes_live_total);
     mt_ctx_free(&ctx);
-    if (failures) {
-        fprintf(stderr, "test_tok: %d failure(s)\n", failures);
+    if (n_fail) {
+        fprintf(stderr, "test_tok: %d failure(s)\n", n_fail);
         return 1;
     }
     printf("test_tok: ok\n");

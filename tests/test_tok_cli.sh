@@ -3,14 +3,7 @@
 # bad input of the issue: one line on stderr, exit 2, nothing overwritten.
 set -u
 BUILD=${1:?build dir}
-MT="$BUILD/meshtrain"
-HERE=$(cd "$(dirname "$0")" && pwd)
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-export OMP_NUM_THREADS=1
-fails=0; passes=0
-ok()  { passes=$((passes+1)); echo "PASS $1"; }
-bad() { fails=$((fails+1)); echo "FAIL $1"; }
+. "$(dirname "$0")/cli_lib.sh"
 
 mkdir -p "$W/corpus/sub" "$W/empty" "$W/bin_only"
 for i in 1 2 3 4 5 6; do
@@ -114,5 +107,4 @@ expect_bad "sample id >= vocab"        sample --ckpt "$W/run" --prompt-ids "1,65
 expect_bad "sample prompt and ids"     sample --ckpt "$W/run" --prompt "x" --prompt-ids "1"
 expect_bad "logits one id"             logits --ckpt "$W/run" --ids "1" --out "$W/l.st"
 
-echo "$passes passed, $fails failed"
-[ $fails -eq 0 ]
+finish

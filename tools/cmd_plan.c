@@ -332,94 +332,71 @@ static int find_in_path(const char *prog, char *out, size_t n)
     return -1;
 }
 
-static int verify_run(const struct mt_plan *p, const struct mt_plan_profile *prof, const struct mt_plan_cost *cost,
-                      const struct opts *o)
+/* The training run --verify makes, as an argv: [mpirun -np N ...] exe train
+ * --config F --set ... --mesh M --zero Z --steps S --data D --out O; the
+ * strings it points to live in the struct (or are the caller's). */
+struct verify_cmd {
+    char       *argv[256];
+    int         argc;
+    const char *mp;            /* the mpirun asked for (MT_MPIRUN or "mpirun") */
+    int         have_mpirun;   /* found on PATH, as mpirun[]                   */
+    char        mpirun[2048], np[16], mesh[96], zero[8], steps[16], mb[64], rc[64], omp[64], peak[64];
+};
+static void verify_argv(struct verify_cmd *c, const struct mt_plan *p, const struct mt_plan_profile *prof,
+                        const struct mt_plan_cost *cost, const struct opts *o, char *exe, char *data, char *out)
 {
     const struct mt_config *cfg = mt_plan_config(p);
     const struct mt_plan_setup *su = mt_plan_get_setup(p);
     const int W = mt_plan_world(p);
-    char exe[2048], tmpl[] = "/tmp/meshtrain-verify-XXXXXX";
-    ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (k <= 0) { fprintf(stderr, "meshtrain plan: --verify: cannot find the meshtrain binary\n"); return 1; }
-    exe[k] = 0;
-    char *dir = mkdtemp(tmpl);
-    if (!dir) { fprintf(stderr, "meshtrain plan: --verify: cannot create a temp dir\n"); return 1; }
-    char data[2200], out[2200];
-    if (o->data) snprintf(data, sizeof data, "%s", o->data);
-    else {
-        snprintf(data, sizeof data, "%s/train.bin", dir);
-        long n = (long)(o->verify_steps + 1) * cfg->batch_size * (cfg->seq_len + 1) + cfg->seq_len + 2;
-        if (n > 1L << 27) n = 1L << 27;
-        if (write_shard(data, cfg->vocab_size, n)) {
-            fprintf(stderr, "meshtrain plan: --verify: cannot write %s\n", data);
-            return 1;
-        }
-    }
-    snprintf(out, sizeof out, "%s/run", dir);
-    /* argv: [mpirun -np N ...] exe train --config F --set ... --mesh .. --zero Z --steps S --data D --out O */
-    char *argv[256];
+    char **argv = c->argv;
     int a = 0;
-    char mpirun[2048], np[16], mesh[96], zero[8], steps[16], mb[64], rc[64], omp[64], peak[64];
-    const char *mp = getenv("MT_MPIRUN") ? getenv("MT_MPIRUN") : "mpirun";
-    int have_mpirun = find_in_path(mp, mpirun, sizeof mpirun) == 0;
+    c->mp = getenv("MT_MPIRUN") ? getenv("MT_MPIRUN") : "mpirun";
+    c->have_mpirun = find_in_path(c->mp, c->mpirun, sizeof c->mpirun) == 0;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int threads = cores > W ? (int)(cores / W) : 1;
     if (W > 1) {
-        argv[a++] = have_mpirun ? mpirun : (char *)mp;
+        argv[a++] = c->have_mpirun ? c->mpirun : (char *)c->mp;
         argv[a++] = "-np";
-        snprintf(np, sizeof np, "%d", W);
-        argv[a++] = np;
+        snprintf(c->np, sizeof c->np, "%d", W);
+        argv[a++] = c->np;
         if (cores < W) argv[a++] = "--oversubscribe";
         if (geteuid() == 0) argv[a++] = "--allow-run-as-root";
-        snprintf(omp, sizeof omp, "OMP_NUM_THREADS=%d", threads);
+        snprintf(c->omp, sizeof c->omp, "OMP_NUM_THREADS=%d", threads);
         argv[a++] = "-x";
-        argv[a++] = omp;
+        argv[a++] = c->omp;
     }
     argv[a++] = exe;
     argv[a++] = "train";
     if (o->config) { argv[a++] = "--config"; argv[a++] = (char *)o->config; }
     for (int i = 0; i < o->n_sets && a < 200; i++) { argv[a++] = "--set"; argv[a++] = o->sets[i]; }
-    snprintf(mb, sizeof mb, "microbatches=%d", cfg->microbatches);
-    snprintf(rc, sizeof rc, "recompute=%s", cfg->recompute);
-    argv[a++] = "--set"; argv[a++] = mb;
-    argv[a++] = "--set"; argv[a++] = rc;
-    mesh_str(&su->dims, mesh, sizeof mesh);
-    argv[a++] = "--mesh"; argv[a++] = mesh;
-    snprintf(zero, sizeof zero, "%d", su->zero_stage);
-    argv[a++] = "--zero"; argv[a++] = zero;
+    snprintf(c->mb, sizeof c->mb, "microbatches=%d", cfg->microbatches);
+    snprintf(c->rc, sizeof c->rc, "recompute=%s", cfg->recompute);
+    argv[a++] = "--set"; argv[a++] = c->mb;
+    argv[a++] = "--set"; argv[a++] = c->rc;
+    mesh_str(&su->dims, c->mesh, sizeof c->mesh);
+    argv[a++] = "--mesh"; argv[a++] = c->mesh;
+    snprintf(c->zero, sizeof c->zero, "%d", su->zero_stage);
+    argv[a++] = "--zero"; argv[a++] = c->zero;
     if (o->pp_layers) { argv[a++] = "--pp-layers"; argv[a++] = (char *)o->pp_layers; }
-    snprintf(steps, sizeof steps, "%d", o->verify_steps);
-    argv[a++] = "--steps"; argv[a++] = steps;
+    snprintf(c->steps, sizeof c->steps, "%d", o->verify_steps);
+    argv[a++] = "--steps"; argv[a++] = c->steps;
     argv[a++] = "--data"; argv[a++] = data;
     argv[a++] = "--out"; argv[a++] = out;
     argv[a++] = "--quiet";
     if (prof) {   /* MFU against the profile's peak: no startup roof measurement */
-        snprintf(peak, sizeof peak, "%.6g", cost->peak_per_rank * W);
-        argv[a++] = "--peak-flops"; argv[a++] = peak;
+        snprintf(c->peak, sizeof c->peak, "%.6g", cost->peak_per_rank * W);
+        argv[a++] = "--peak-flops"; argv[a++] = c->peak;
     }
     argv[a] = NULL;
-    char cmd[8192] = "";
-    for (int i = 0; i < a; i++) {
-        size_t l = strlen(cmd);
-        snprintf(cmd + l, sizeof cmd - l, "%s%s", i ? " " : "", argv[i]);
-    }
-    if (W > 1 && !have_mpirun) {
-        printf("\nverify: %s not found, so the run was not made. Run it yourself:\n  %s\n", mp, cmd);
-        printf("then compare %s/receipt.json: distributed.memory_plan.per_rank (plan vs measured_step_loop)\n", out);
-        return 0;
-    }
-    printf("\nverify: %s\n", cmd);
-    fflush(stdout);
-    pid_t pid;
-    int st = posix_spawn(&pid, argv[0], NULL, NULL, argv, environ);
-    if (st != 0) { fprintf(stderr, "meshtrain plan: --verify: cannot start %s: %s\n", argv[0], strerror(st)); return 1; }
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        fprintf(stderr, "meshtrain plan: --verify: the training run failed (exit %d)\n",
-                WIFEXITED(status) ? WEXITSTATUS(status) : -1);
-        return 1;
-    }
+    c->argc = a;
+}
+
+/* The run's receipt (OUT/receipt.json) against the plan: memory per rank
+ * (mt_alloc and peak RSS) and, with a profile, the step time. */
+static int verify_compare(const struct mt_plan *p, const struct mt_plan_profile *prof, const struct mt_plan_cost *cost,
+                          const char *out)
+{
+    const struct mt_config *cfg = mt_plan_config(p);
     char rpath[2300];
     snprintf(rpath, sizeof rpath, "%s/receipt.json", out);
     FILE *f = fopen(rpath, "rb");
@@ -474,6 +451,57 @@ static int verify_run(const struct mt_plan *p, const struct mt_plan_profile *pro
     printf("verify: receipt %s\n", rpath);
     cJSON_Delete(r);
     return 0;
+}
+
+
+static int verify_run(const struct mt_plan *p, const struct mt_plan_profile *prof, const struct mt_plan_cost *cost,
+                      const struct opts *o)
+{
+    const struct mt_config *cfg = mt_plan_config(p);
+    const int W = mt_plan_world(p);
+    char exe[2048], tmpl[] = "/tmp/meshtrain-verify-XXXXXX";
+    ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (k <= 0) { fprintf(stderr, "meshtrain plan: --verify: cannot find the meshtrain binary\n"); return 1; }
+    exe[k] = 0;
+    char *dir = mkdtemp(tmpl);
+    if (!dir) { fprintf(stderr, "meshtrain plan: --verify: cannot create a temp dir\n"); return 1; }
+    char data[2200], out[2200];
+    if (o->data) snprintf(data, sizeof data, "%s", o->data);
+    else {
+        snprintf(data, sizeof data, "%s/train.bin", dir);
+        long n = (long)(o->verify_steps + 1) * cfg->batch_size * (cfg->seq_len + 1) + cfg->seq_len + 2;
+        if (n > 1L << 27) n = 1L << 27;
+        if (write_shard(data, cfg->vocab_size, n)) {
+            fprintf(stderr, "meshtrain plan: --verify: cannot write %s\n", data);
+            return 1;
+        }
+    }
+    snprintf(out, sizeof out, "%s/run", dir);
+    struct verify_cmd c;
+    verify_argv(&c, p, prof, cost, o, exe, data, out);
+    char cmd[8192] = "";
+    for (int i = 0; i < c.argc; i++) {
+        size_t l = strlen(cmd);
+        snprintf(cmd + l, sizeof cmd - l, "%s%s", i ? " " : "", c.argv[i]);
+    }
+    if (W > 1 && !c.have_mpirun) {
+        printf("\nverify: %s not found, so the run was not made. Run it yourself:\n  %s\n", c.mp, cmd);
+        printf("then compare %s/receipt.json: distributed.memory_plan.per_rank (plan vs measured_step_loop)\n", out);
+        return 0;
+    }
+    printf("\nverify: %s\n", cmd);
+    fflush(stdout);
+    pid_t pid;
+    int st = posix_spawn(&pid, c.argv[0], NULL, NULL, c.argv, environ);
+    if (st != 0) { fprintf(stderr, "meshtrain plan: --verify: cannot start %s: %s\n", c.argv[0], strerror(st)); return 1; }
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fprintf(stderr, "meshtrain plan: --verify: the training run failed (exit %d)\n",
+                WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        return 1;
+    }
+    return verify_compare(p, prof, cost, out);
 }
 
 /* ------------------------------------------------------------------ */
@@ -661,6 +689,252 @@ static int run_auto(struct mt_ctx *ctx, struct mt_config *cfg, const struct opts
 /* main                                                                */
 /* ------------------------------------------------------------------ */
 
+/* The steps of mt_cmd_plan return the process's exit code, or GO_ON when
+ * the command continues with the next step. */
+#define GO_ON (-1)
+
+/* The command line into cfg and o: --config first, wherever it is, so that
+ * --set overrides it; then every option through the shared checker. */
+static int plan_args(struct mt_ctx *ctx, struct mt_config *cfg, struct opts *o, int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { plan_usage(stdout); return 0; }
+        if (!strcmp(argv[i], "--config")) {
+            if (i + 1 >= argc) { fprintf(stderr, "meshtrain plan: --config needs a file\n"); return 2; }
+            o->config = argv[i + 1];
+            if (mt_config_load_file(ctx, cfg, argv[i + 1]) != MT_OK) {
+                fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(ctx));
+                return 2;
+            }
+        }
+    }
+    static const char *const flags0[] = {"--json", "--auto", "--verbose", "--verify", NULL};
+    static const char *const flags1[] = {"--config", "--set", "--world", "--mesh", "--zero", "--pp-layers", "--steps",
+                                         "--profile", "--mem-per-rank", "--top", "--find-max", "--data",
+                                         "--verify-steps", "--threads", NULL};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        const int kind = mt_cmd_option("plan", flags0, flags1, argc, argv, i);
+        if (kind < 0) return 2;
+        if (kind == 0) {
+            if (!strcmp(a, "--json")) o->json = 1;
+            if (!strcmp(a, "--auto")) o->autofit = 1;
+            if (!strcmp(a, "--verbose")) o->verbose = 1;
+            if (!strcmp(a, "--verify")) o->verify = 1;
+            continue;
+        }
+        i++;
+        if (!strcmp(a, "--set")) {
+            if (mt_config_set(ctx, cfg, v) != MT_OK) {
+                fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(ctx));
+                return 2;
+            }
+            if (o->n_sets < 120) o->sets[o->n_sets++] = (char *)v;
+        } else if (!strcmp(a, "--world") || !strcmp(a, "--steps") || !strcmp(a, "--top") ||
+                   !strcmp(a, "--verify-steps") || !strcmp(a, "--threads")) {
+            int n;
+            if (parse_pos_int(v, &n)) {
+                fprintf(stderr, "meshtrain plan: %s %s is not a positive integer\n", a, v);
+                return 2;
+            }
+            if (!strcmp(a, "--world")) o->world = n;
+            else if (!strcmp(a, "--steps")) o->steps = n;
+            else if (!strcmp(a, "--top")) o->top = n;
+            else if (!strcmp(a, "--threads")) o->threads = n;
+            else o->verify_steps = n;
+        } else if (!strcmp(a, "--zero")) {
+            if (strlen(v) != 1 || v[0] < '0' || v[0] > '3') {
+                fprintf(stderr, "meshtrain plan: --zero must be 0, 1, 2 or 3 (got '%s')\n", v);
+                return 2;
+            }
+            o->zero = v[0] - '0';
+            o->zero_given = 1;
+        } else if (!strcmp(a, "--mem-per-rank")) {
+            char why[200];
+            if (mt_size_parse(v, &o->mem, why, sizeof why) || o->mem < 1) {
+                fprintf(stderr, "meshtrain plan: --mem-per-rank '%s': %s\n", v,
+                        why[0] ? why : "expected a size of at least 1 byte");
+                return 2;
+            }
+        } else if (!strcmp(a, "--find-max")) {
+            if (strcmp(v, "seq_len") && strcmp(v, "batch_size")) {
+                fprintf(stderr, "meshtrain plan: --find-max '%s': expected seq_len or batch_size\n", v);
+                return 2;
+            }
+            o->find_max = v;
+        }
+        else if (!strcmp(a, "--mesh")) o->mesh = v;
+        else if (!strcmp(a, "--pp-layers")) o->pp_layers = v;
+        else if (!strcmp(a, "--profile")) o->profile = v;
+        else if (!strcmp(a, "--data")) o->data = v;
+    }
+    if (o->world > MT_PLAN_MAX_WORLD) {
+        fprintf(stderr, "meshtrain plan: --world %d is above the planner's %d ranks\n", o->world, MT_PLAN_MAX_WORLD);
+        return 2;
+    }
+    if (o->autofit && (o->mesh || o->pp_layers)) {
+        fprintf(stderr, "meshtrain plan: --auto chooses the mesh itself: drop --mesh / --pp-layers\n");
+        return 2;
+    }
+    return GO_ON;
+}
+
+/* What the options leave open, resolved as train resolves it: the
+ * vocabulary of a prepared data dir, the config's derived values, the
+ * runtime bucket's threads (config, OMP_NUM_THREADS, the cores) and the
+ * bytes of the shards it maps. */
+static int plan_inputs(struct mt_ctx *ctx, struct mt_config *cfg, struct opts *o)
+{
+    /* a prepared data dir gives the vocabulary, as for train */
+    if (o->data && mt_data_resolve_vocab(ctx, o->data, &cfg->vocab_size, 0) != MT_OK) {
+        fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(ctx));
+        return 2;
+    }
+    if (mt_config_resolve(ctx, cfg, o->steps) != MT_OK) {
+        fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(ctx));
+        return 2;
+    }
+    /* the runtime bucket: train's thread rule (config, OMP_NUM_THREADS, the cores), the shards it maps */
+    if (o->threads <= 0) {
+        const char *e = getenv("OMP_NUM_THREADS");
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        o->threads = cfg->threads > 0 ? cfg->threads : (e && atoi(e) > 0) ? atoi(e) : nc > 0 ? (int)nc : 1;
+    }
+    if (o->data) {
+        struct mt_data *dd = NULL;
+        if (mt_data_open(ctx, o->data, NULL, cfg->vocab_size, cfg->seq_len, &dd) != MT_OK) {
+            fprintf(stderr, "meshtrain plan: --data: %s\n", mt_ctx_last_error(ctx));
+            return 2;
+        }
+        o->data_bytes = 2.0 * (double)mt_data_ntokens(dd);
+        mt_data_close(dd);
+    }
+    return GO_ON;
+}
+
+/* The device profile (the cost model; its runtime_memory section, if any,
+ * for the runtime bucket: o->runtime points into *rt), and what --auto and
+ * --find-max need of it. *have is 0 without one (--profile none, or the
+ * default cpu-local not found). */
+static int plan_profile(struct mt_ctx *ctx, struct opts *o, struct mt_plan_profile *prof, struct mt_plan_runtime *rt,
+                        int *have)
+{
+    *have = 0;
+    const char *pname = o->profile ? o->profile : "cpu-local";
+    if (strcmp(pname, "none") != 0) {
+        char path[4096];
+        if (find_profile(pname, path, sizeof path) == 0) {
+            int found = 0;
+            if (mt_plan_profile_load(ctx, path, prof) != MT_OK ||
+                mt_plan_runtime_load(ctx, path, rt, &found) != MT_OK) {
+                fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(ctx));
+                return 2;
+            }
+            if (found) o->runtime = rt;
+            *have = 1;
+        } else if (o->profile) {
+            fprintf(stderr, "meshtrain plan: --profile '%s': no such file (names are looked up in bench/profiles/)\n",
+                    o->profile);
+            return 2;
+        }
+    }
+    if ((o->autofit || o->find_max) && o->mem <= 0) {
+        if (*have && prof->memory_bytes > 0) o->mem = prof->memory_bytes;
+        else {
+            fprintf(stderr, "meshtrain plan: %s needs --mem-per-rank BYTES (or a profile with memory_bytes)\n",
+                    o->autofit ? "--auto" : "--find-max");
+            return 2;
+        }
+    }
+    if (o->autofit && !*have) {
+        fprintf(stderr, "meshtrain plan: --auto ranks layouts by predicted step time and needs a device profile "
+                        "(--profile)\n");
+        return 2;
+    }
+    return GO_ON;
+}
+
+/* --find-max on an explicit layout: the largest seq_len or batch_size whose
+ * plan fits --mem-per-rank. */
+static int plan_find_max(struct mt_ctx *ctx, struct mt_plan *plan, struct mt_config *cfg,
+                         const struct mt_mesh_dims *dims, const struct opts *o)
+{
+    char h1[32], h2[32];
+    int what = strcmp(o->find_max, "seq_len") == 0 ? 0 : 1;
+    long unit;
+    size_t need;
+    long v = mt_plan_fit_find_max(ctx, plan, cfg, dims, o->world, what, o->mem, &unit, &need);
+    if (v == 0) {
+        fprintf(stderr, "meshtrain plan: --mem-per-rank %s is too small for this layout at any %s: the smallest "
+                        "need is %s per rank (%s=%ld)\n", human(o->mem, h1, sizeof h1), o->find_max,
+                human((double)need, h2, sizeof h2), o->find_max, unit);
+        return 2;
+    }
+    char m[96];
+    mesh_str(dims, m, sizeof m);
+    if (o->json) printf("{\"find_max\": \"%s\", \"value\": %ld, \"layout\": \"%s zero=%d microbatches=%d recompute=%s\"}\n",
+                        o->find_max, v, m, o->zero, cfg->microbatches, cfg->recompute);
+    else printf("largest %s that fits %s per rank on %s zero=%d microbatches=%d recompute=%s: %ld\n", o->find_max,
+                human(o->mem, h1, sizeof h1), m, o->zero, cfg->microbatches, cfg->recompute, v);
+    return 0;
+}
+
+/* An explicit mesh (--mesh, --zero, --pp-layers): train's parse and
+ * contract, same messages; then the plan printed (text or --json), checked
+ * against --mem-per-rank, or --find-max, or --verify. prof: NULL without a
+ * profile. */
+static int plan_explicit(struct mt_ctx *ctx, struct mt_config *cfg, const struct opts *o,
+                         const struct mt_plan_profile *prof)
+{
+    struct mt_mesh_dims dims;
+    if (mt_mesh_parse(ctx, o->mesh, o->world, &dims) != MT_OK ||
+        mt_mesh_check_contract(ctx, &dims, cfg, o->world, cfg->microbatches) != MT_OK) {
+        fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(ctx));
+        return 2;
+    }
+    struct mt_plan_setup su;
+    memset(&su, 0, sizeof su);
+    su.dims = dims;
+    su.zero_stage = o->zero;
+    su.steps = o->steps;
+    setup_runtime(&su, o);
+    if (mt_layout_pipeline_cut(ctx, cfg, dims.pp, o->pp_layers, su.first_layer) != MT_OK) {
+        fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(ctx));
+        return 2;
+    }
+    struct mt_plan *plan = NULL;
+    if (mt_plan_create(ctx, cfg, &su, o->find_max ? 0 : MT_PLAN_LAYOUT | MT_PLAN_VERIFY, &plan) != MT_OK) {
+        fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(ctx));
+        return mt_status_exit_code(ctx->last_status);
+    }
+    int code = 0;
+    if (o->find_max) {
+        code = plan_find_max(ctx, plan, cfg, &dims, o);
+        mt_plan_destroy(ctx, plan);
+        return code;
+    }
+    char h1[32], h2[32];
+    struct mt_plan_cost cost;
+    if (prof) mt_plan_cost(plan, prof, &cost);
+    if (o->json) {
+        char *t = mt_plan_json(plan, prof, prof ? &cost : NULL);
+        if (!t) { fprintf(stderr, "meshtrain plan: out of memory\n"); mt_plan_destroy(ctx, plan); return 1; }
+        printf("%s\n", t);
+        free(t);
+    } else {
+        print_text(plan, prof, prof ? &cost : NULL, o);
+    }
+    size_t mx = mt_plan_max_total(plan, NULL);
+    if (o->mem > 0 && (double)mx > o->mem && !o->verify) {
+        fprintf(stderr, "meshtrain plan: does not fit: a rank needs %s, --mem-per-rank is %s\n",
+                human((double)mx, h1, sizeof h1), human(o->mem, h2, sizeof h2));
+        code = 2;
+    }
+    if (o->verify) code = verify_run(plan, prof, prof ? &cost : NULL, o);
+    mt_plan_destroy(ctx, plan);
+    return code;
+}
+
 int mt_cmd_plan(int argc, char **argv)
 {
     struct mt_ctx ctx;
@@ -677,149 +951,15 @@ int mt_cmd_plan(int argc, char **argv)
     char *sets[256];
     o.sets = sets;
 
-    /* --config first, wherever it is, so that --set overrides it */
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { plan_usage(stdout); return 0; }
-        if (!strcmp(argv[i], "--config")) {
-            if (i + 1 >= argc) { fprintf(stderr, "meshtrain plan: --config needs a file\n"); return 2; }
-            o.config = argv[i + 1];
-            if (mt_config_load_file(&ctx, &cfg, argv[i + 1]) != MT_OK) {
-                fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(&ctx));
-                return 2;
-            }
-        }
-    }
-    static const char *const flags0[] = {"--json", "--auto", "--verbose", "--verify", NULL};
-    static const char *const flags1[] = {"--config", "--set", "--world", "--mesh", "--zero", "--pp-layers", "--steps",
-                                         "--profile", "--mem-per-rank", "--top", "--find-max", "--data",
-                                         "--verify-steps", "--threads", NULL};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        const int kind = mt_cmd_option("plan", flags0, flags1, argc, argv, i);
-        if (kind < 0) return 2;
-        if (kind == 0) {
-            if (!strcmp(a, "--json")) o.json = 1;
-            if (!strcmp(a, "--auto")) o.autofit = 1;
-            if (!strcmp(a, "--verbose")) o.verbose = 1;
-            if (!strcmp(a, "--verify")) o.verify = 1;
-            continue;
-        }
-        i++;
-        if (!strcmp(a, "--set")) {
-            if (mt_config_set(&ctx, &cfg, v) != MT_OK) {
-                fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(&ctx));
-                return 2;
-            }
-            if (o.n_sets < 120) sets[o.n_sets++] = (char *)v;
-        } else if (!strcmp(a, "--world") || !strcmp(a, "--steps") || !strcmp(a, "--top") ||
-                   !strcmp(a, "--verify-steps") || !strcmp(a, "--threads")) {
-            int n;
-            if (parse_pos_int(v, &n)) {
-                fprintf(stderr, "meshtrain plan: %s %s is not a positive integer\n", a, v);
-                return 2;
-            }
-            if (!strcmp(a, "--world")) o.world = n;
-            else if (!strcmp(a, "--steps")) o.steps = n;
-            else if (!strcmp(a, "--top")) o.top = n;
-            else if (!strcmp(a, "--threads")) o.threads = n;
-            else o.verify_steps = n;
-        } else if (!strcmp(a, "--zero")) {
-            if (strlen(v) != 1 || v[0] < '0' || v[0] > '3') {
-                fprintf(stderr, "meshtrain plan: --zero must be 0, 1, 2 or 3 (got '%s')\n", v);
-                return 2;
-            }
-            o.zero = v[0] - '0';
-            o.zero_given = 1;
-        } else if (!strcmp(a, "--mem-per-rank")) {
-            char why[200];
-            if (mt_size_parse(v, &o.mem, why, sizeof why) || o.mem < 1) {
-                fprintf(stderr, "meshtrain plan: --mem-per-rank '%s': %s\n", v,
-                        why[0] ? why : "expected a size of at least 1 byte");
-                return 2;
-            }
-        } else if (!strcmp(a, "--find-max")) {
-            if (strcmp(v, "seq_len") && strcmp(v, "batch_size")) {
-                fprintf(stderr, "meshtrain plan: --find-max '%s': expected seq_len or batch_size\n", v);
-                return 2;
-            }
-            o.find_max = v;
-        }
-        else if (!strcmp(a, "--mesh")) o.mesh = v;
-        else if (!strcmp(a, "--pp-layers")) o.pp_layers = v;
-        else if (!strcmp(a, "--profile")) o.profile = v;
-        else if (!strcmp(a, "--data")) o.data = v;
-    }
-    if (o.world > MT_PLAN_MAX_WORLD) {
-        fprintf(stderr, "meshtrain plan: --world %d is above the planner's %d ranks\n", o.world, MT_PLAN_MAX_WORLD);
-        return 2;
-    }
-    if (o.autofit && (o.mesh || o.pp_layers)) {
-        fprintf(stderr, "meshtrain plan: --auto chooses the mesh itself: drop --mesh / --pp-layers\n");
-        return 2;
-    }
-    /* a prepared data dir gives the vocabulary, as for train */
-    if (o.data && mt_data_resolve_vocab(&ctx, o.data, &cfg.vocab_size, 0) != MT_OK) {
-        fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(&ctx));
-        return 2;
-    }
-    if (mt_config_resolve(&ctx, &cfg, o.steps) != MT_OK) {
-        fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(&ctx));
-        return 2;
-    }
-    /* the runtime bucket: train's thread rule (config, OMP_NUM_THREADS, the cores), the shards it maps */
-    if (o.threads <= 0) {
-        const char *e = getenv("OMP_NUM_THREADS");
-        long nc = sysconf(_SC_NPROCESSORS_ONLN);
-        o.threads = cfg.threads > 0 ? cfg.threads : (e && atoi(e) > 0) ? atoi(e) : nc > 0 ? (int)nc : 1;
-    }
-    if (o.data) {
-        struct mt_data *dd = NULL;
-        if (mt_data_open(&ctx, o.data, NULL, cfg.vocab_size, cfg.seq_len, &dd) != MT_OK) {
-            fprintf(stderr, "meshtrain plan: --data: %s\n", mt_ctx_last_error(&ctx));
-            return 2;
-        }
-        o.data_bytes = 2.0 * (double)mt_data_ntokens(dd);
-        mt_data_close(dd);
-    }
-    /* the device profile (cost model; its runtime_memory section, if any, for the runtime bucket) */
     struct mt_plan_profile prof;
     struct mt_plan_runtime prof_rt;
-    int have_prof = 0;
-    const char *pname = o.profile ? o.profile : "cpu-local";
-    if (strcmp(pname, "none") != 0) {
-        char path[4096];
-        if (find_profile(pname, path, sizeof path) == 0) {
-            int found = 0;
-            if (mt_plan_profile_load(&ctx, path, &prof) != MT_OK ||
-                mt_plan_runtime_load(&ctx, path, &prof_rt, &found) != MT_OK) {
-                fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(&ctx));
-                return 2;
-            }
-            if (found) o.runtime = &prof_rt;
-            have_prof = 1;
-        } else if (o.profile) {
-            fprintf(stderr, "meshtrain plan: --profile '%s': no such file (names are looked up in bench/profiles/)\n",
-                    o.profile);
-            return 2;
-        }
-    }
-    if ((o.autofit || o.find_max) && o.mem <= 0) {
-        if (have_prof && prof.memory_bytes > 0) o.mem = prof.memory_bytes;
-        else {
-            fprintf(stderr, "meshtrain plan: %s needs --mem-per-rank BYTES (or a profile with memory_bytes)\n",
-                    o.autofit ? "--auto" : "--find-max");
-            return 2;
-        }
-    }
-    if (o.autofit && !have_prof) {
-        fprintf(stderr, "meshtrain plan: --auto ranks layouts by predicted step time and needs a device profile "
-                        "(--profile)\n");
-        return 2;
-    }
+    int have_prof = 0, code;
+    if ((code = plan_args(&ctx, &cfg, &o, argc, argv)) != GO_ON) return code;
+    if ((code = plan_inputs(&ctx, &cfg, &o)) != GO_ON) return code;
+    if ((code = plan_profile(&ctx, &o, &prof, &prof_rt, &have_prof)) != GO_ON) return code;
 
-    struct mt_plan *plan = NULL;
-    int code = 0;
     if (o.autofit) {
+        struct mt_plan *plan = NULL;
         code = run_auto(&ctx, &cfg, &o, &prof, o.verify ? &plan : NULL);
         if (code || !o.verify) { mt_plan_destroy(&ctx, plan); return code; }
         struct mt_plan_cost cost;
@@ -828,68 +968,7 @@ int mt_cmd_plan(int argc, char **argv)
         mt_plan_destroy(&ctx, plan);
         return code;
     }
-
-    /* an explicit mesh: train's parse and contract, same messages */
-    struct mt_mesh_dims dims;
-    if (mt_mesh_parse(&ctx, o.mesh, o.world, &dims) != MT_OK ||
-        mt_mesh_check_contract(&ctx, &dims, &cfg, o.world, cfg.microbatches) != MT_OK) {
-        fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(&ctx));
-        return 2;
-    }
-    struct mt_plan_setup su;
-    memset(&su, 0, sizeof su);
-    su.dims = dims;
-    su.zero_stage = o.zero;
-    su.steps = o.steps;
-    setup_runtime(&su, &o);
-    if (mt_layout_pipeline_cut(&ctx, &cfg, dims.pp, o.pp_layers, su.first_layer) != MT_OK) {
-        fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(&ctx));
-        return 2;
-    }
-    if (mt_plan_create(&ctx, &cfg, &su, o.find_max ? 0 : MT_PLAN_LAYOUT | MT_PLAN_VERIFY, &plan) != MT_OK) {
-        fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(&ctx));
-        return mt_status_exit_code(ctx.last_status);
-    }
-    char h1[32], h2[32];
-    if (o.find_max) {
-        int what = strcmp(o.find_max, "seq_len") == 0 ? 0 : 1;
-        long unit;
-        size_t need;
-        long v = mt_plan_fit_find_max(&ctx, plan, &cfg, &dims, o.world, what, o.mem, &unit, &need);
-        if (v == 0) {
-            fprintf(stderr, "meshtrain plan: --mem-per-rank %s is too small for this layout at any %s: the smallest "
-                            "need is %s per rank (%s=%ld)\n", human(o.mem, h1, sizeof h1), o.find_max,
-                    human((double)need, h2, sizeof h2), o.find_max, unit);
-            mt_plan_destroy(&ctx, plan);
-            return 2;
-        }
-        char m[96];
-        mesh_str(&dims, m, sizeof m);
-        if (o.json) printf("{\"find_max\": \"%s\", \"value\": %ld, \"layout\": \"%s zero=%d microbatches=%d recompute=%s\"}\n",
-                           o.find_max, v, m, o.zero, cfg.microbatches, cfg.recompute);
-        else printf("largest %s that fits %s per rank on %s zero=%d microbatches=%d recompute=%s: %ld\n", o.find_max,
-                    human(o.mem, h1, sizeof h1), m, o.zero, cfg.microbatches, cfg.recompute, v);
-        mt_plan_destroy(&ctx, plan);
-        return 0;
-    }
-    struct mt_plan_cost cost;
-    if (have_prof) mt_plan_cost(plan, &prof, &cost);
-    if (o.json) {
-        char *t = mt_plan_json(plan, have_prof ? &prof : NULL, have_prof ? &cost : NULL);
-        if (!t) { fprintf(stderr, "meshtrain plan: out of memory\n"); mt_plan_destroy(&ctx, plan); return 1; }
-        printf("%s\n", t);
-        free(t);
-    } else {
-        print_text(plan, have_prof ? &prof : NULL, have_prof ? &cost : NULL, &o);
-    }
-    size_t mx = mt_plan_max_total(plan, NULL);
-    if (o.mem > 0 && (double)mx > o.mem && !o.verify) {
-        fprintf(stderr, "meshtrain plan: does not fit: a rank needs %s, --mem-per-rank is %s\n",
-                human((double)mx, h1, sizeof h1), human(o.mem, h2, sizeof h2));
-        code = 2;
-    }
-    if (o.verify) code = verify_run(plan, have_prof ? &prof : NULL, have_prof ? &cost : NULL, &o);
-    mt_plan_destroy(&ctx, plan);
+    code = plan_explicit(&ctx, &cfg, &o, have_prof ? &prof : NULL);
     mt_ctx_free(&ctx);
     return code;
 }

@@ -142,13 +142,19 @@ static enum mt_status write_text(struct mt_ctx *ctx, const char *path, const cha
 
 static void hex64(char *out, uint64_t v) { snprintf(out, 17, "%016llx", (unsigned long long)v); }
 
-int mt_cmd_prepare(int argc, char **argv)
-{
+/* The command line. prepare_args returns the process's exit code, or
+ * GO_ON when the command continues. */
+#define GO_ON (-1)
+struct prep_opts {
     const char *inputs[MAX_INPUTS];
-    int n_inputs = 0;
-    const char *tok_path = NULL, *out = NULL;
-    long long shard_tokens = 100000000, max_bytes = -1;
-    double val_frac = 0.01;
+    int         n_inputs;
+    const char *tok_path, *out;
+    long long   shard_tokens, max_bytes;   /* max_bytes < 0: not given */
+    double      val_frac;
+    int         default_corpus;            /* no --input: the built-in corpus */
+};
+static int prepare_args(struct prep_opts *po, int argc, char **argv)
+{
     static const char *const valued[] = {"--input", "--tokenizer", "--out", "--shard-tokens", "--val-frac",
                                          "--max-bytes", NULL};
     for (int i = 1; i < argc; i++) {
@@ -161,31 +167,135 @@ int mt_cmd_prepare(int argc, char **argv)
         if (!strcmp(a, "--input")) {
             if (!strncmp(argv[i + 1], "--", 2)) return usage_error("--input needs a path", NULL);
             while (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) {
-                if (n_inputs == MAX_INPUTS) return usage_error("too many --input paths", NULL);
-                inputs[n_inputs++] = argv[++i];
+                if (po->n_inputs == MAX_INPUTS) return usage_error("too many --input paths", NULL);
+                po->inputs[po->n_inputs++] = argv[++i];
             }
         } else if (!strcmp(a, "--tokenizer")) {
-            tok_path = argv[++i];
+            po->tok_path = argv[++i];
         } else if (!strcmp(a, "--out")) {
-            out = argv[++i];
+            po->out = argv[++i];
         } else if (!strcmp(a, "--shard-tokens")) {
-            shard_tokens = mt_cmd_size_arg("prepare", argv[++i]);
-            if (shard_tokens < 0) return 2;   /* mt_cmd_size_arg said why */
-            if (shard_tokens < 1 || shard_tokens > 2147483647LL)
+            po->shard_tokens = mt_cmd_size_arg("prepare", argv[++i]);
+            if (po->shard_tokens < 0) return 2;   /* mt_cmd_size_arg said why */
+            if (po->shard_tokens < 1 || po->shard_tokens > 2147483647LL)
                 return usage_error("--shard-tokens must be in [1, 2147483647], got", argv[i]);
         } else if (!strcmp(a, "--val-frac")) {
             char *end;
-            val_frac = strtod(argv[++i], &end);
-            if (*end || end == argv[i] || !(val_frac >= 0 && val_frac <= 0.5))
+            po->val_frac = strtod(argv[++i], &end);
+            if (*end || end == argv[i] || !(po->val_frac >= 0 && po->val_frac <= 0.5))
                 return usage_error("--val-frac must be in [0, 0.5], got", argv[i]);
         } else {   /* --max-bytes */
-            max_bytes = mt_cmd_size_arg("prepare", argv[++i]);
-            if (max_bytes < 0) return 2;   /* mt_cmd_size_arg said why */
+            po->max_bytes = mt_cmd_size_arg("prepare", argv[++i]);
+            if (po->max_bytes < 0) return 2;   /* mt_cmd_size_arg said why */
         }
     }
-    if (!tok_path) return usage_error("--tokenizer FILE is required", NULL);
-    if (!out) return usage_error("--out DIR is required", NULL);
-    int default_corpus = mt_cmd_corpus_inputs(inputs, &n_inputs, &max_bytes);
+    if (!po->tok_path) return usage_error("--tokenizer FILE is required", NULL);
+    if (!po->out) return usage_error("--out DIR is required", NULL);
+    po->default_corpus = mt_cmd_corpus_inputs(po->inputs, &po->n_inputs, &po->max_bytes);
+    return GO_ON;
+}
+
+/* Document i of the corpus as tokens: <|bos|> then its encoding, in *ids
+ * (reused across documents); *len its bytes. */
+static enum mt_status encode_doc(struct mt_ctx *ctx, struct mt_tok *tok, struct mt_tok_corpus *corpus, int i,
+                                 uint32_t bos, struct mt_tok_ids *ids, size_t *len)
+{
+    uint8_t *text;
+    MT_CHECK(mt_tok_corpus_read(ctx, corpus, i, &text, len));
+    ids->n = 0;
+    enum mt_status rc = mt_tok_encode(ctx, tok, (const uint8_t *)"", 0, ids);  /* no-op; keeps ids allocated */
+    if (rc == MT_OK) {
+        if (ids->cap == 0) {
+            ids->ids = mt_alloc(ctx, 1024 * sizeof(uint32_t), MT_BUCKET_OTHER);
+            ids->cap = ids->ids ? 1024 : 0;
+            if (!ids->ids) rc = MT_ERR_OOM;
+        }
+    }
+    if (rc == MT_OK) {
+        ids->ids[ids->n++] = bos;
+        rc = mt_tok_encode(ctx, tok, text, *len, ids);
+    }
+    mt_free(ctx, text);
+    return rc;
+}
+
+/* Document i of n (its tokens in ids) to its stream: held out iff
+ * floor((i+1) n_val / n) > floor(i n_val / n); a single document's last
+ * val_frac of tokens go to val. cap: the shard size. */
+static enum mt_status route_doc(struct mt_ctx *ctx, const struct mt_tok_ids *ids, int i, int n, int n_val,
+                                double val_frac, struct stream *tr, struct stream *va, size_t cap, const char *out)
+{
+    if (n_val > 0 && (int)((int64_t)(i + 1) * n_val / n) > (int)((int64_t)i * n_val / n)) {
+        MT_CHECK(append(ctx, va, ids->ids, ids->n, cap, out));
+        va->docs++;
+    } else if (n == 1 && val_frac > 0 && ids->n >= 2) {
+        size_t nv = (size_t)llround(val_frac * (double)ids->n);
+        if (nv < 1) nv = 1;
+        MT_CHECK(append(ctx, tr, ids->ids, ids->n - nv, cap, out));
+        MT_CHECK(append(ctx, va, ids->ids + ids->n - nv, nv, cap, out));
+        tr->docs++;
+    } else {
+        MT_CHECK(append(ctx, tr, ids->ids, ids->n, cap, out));
+        tr->docs++;
+    }
+    return MT_OK;
+}
+
+/* meta.json (kept small: the trainer reads it whole), as malloc'd text
+ * (free()); NULL when out of memory. */
+static char *meta_json(const struct prep_opts *po, struct mt_tok *tok, const struct mt_tok_corpus *corpus,
+                       uint32_t bos, uint64_t done_bytes, const struct stream *tr, const struct stream *va)
+{
+    const int n = corpus->n_files;
+    char h_in[17], h_tok[17];
+    hex64(h_in, mt_tok_corpus_hash(corpus));
+    hex64(h_tok, mt_tok_hash(tok));
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "format", "meshtrain-shards");
+    cJSON_AddNumberToObject(j, "version", 1);
+    cJSON_AddNumberToObject(j, "vocab_size", mt_tok_vocab_size(tok));
+    cJSON_AddNumberToObject(j, "bos_id", bos);
+    cJSON_AddStringToObject(j, "tokenizer", "tokenizer.bin");
+    cJSON_AddStringToObject(j, "tokenizer_xxh64", h_tok);
+    cJSON_AddBoolToObject(j, "default_corpus", po->default_corpus);
+    cJSON *in = cJSON_AddArrayToObject(j, "inputs");
+    for (int k = 0; k < po->n_inputs && k < 64; k++) cJSON_AddItemToArray(in, cJSON_CreateString(po->inputs[k]));
+    cJSON_AddNumberToObject(j, "max_bytes", (double)po->max_bytes);
+    cJSON_AddBoolToObject(j, "truncated", corpus->truncated);
+    cJSON_AddNumberToObject(j, "files", n);
+    cJSON_AddNumberToObject(j, "binary_files_skipped", corpus->n_binary);
+    cJSON_AddNumberToObject(j, "empty_files_skipped", corpus->n_empty);
+    cJSON_AddNumberToObject(j, "bytes", (double)done_bytes);
+    cJSON_AddStringToObject(j, "input_xxh64", h_in);
+    cJSON_AddStringToObject(j, "input_hash_covers", "for each file in order: path, NUL, uint64 LE byte count, bytes");
+    cJSON_AddStringToObject(j, "first_file", corpus->paths[0]);
+    cJSON_AddStringToObject(j, "last_file", corpus->paths[n - 1]);
+    cJSON_AddNumberToObject(j, "val_frac", po->val_frac);
+    cJSON_AddNumberToObject(j, "shard_tokens", (double)po->shard_tokens);
+    cJSON_AddNumberToObject(j, "train_docs", tr->docs);
+    cJSON_AddNumberToObject(j, "val_docs", va->docs);
+    cJSON_AddNumberToObject(j, "train_tokens", (double)tr->tokens);
+    cJSON_AddNumberToObject(j, "val_tokens", (double)va->tokens);
+    cJSON_AddNumberToObject(j, "train_shards", tr->n_shards);
+    cJSON_AddNumberToObject(j, "val_shards", va->n_shards);
+    char *json = cJSON_Print(j);
+    cJSON_Delete(j);
+    return json;
+}
+
+/* Check every input, encode each document into its stream's temporary
+ * shards, then rename them all, write tokenizer.bin and meta.json; on a
+ * failure remove the temporaries (nothing of an earlier run is lost). */
+int mt_cmd_prepare(int argc, char **argv)
+{
+    struct prep_opts po;
+    memset(&po, 0, sizeof po);
+    po.shard_tokens = 100000000;
+    po.max_bytes = -1;
+    po.val_frac = 0.01;
+    int code = prepare_args(&po, argc, argv);
+    if (code != GO_ON) return code;
+    const char *out = po.out;
 
     struct mt_ctx ctx;
     mt_ctx_init(&ctx);
@@ -199,8 +309,8 @@ int mt_cmd_prepare(int argc, char **argv)
     double t0 = mt_time_sec(), last = t0;
 
     /* every input is checked before anything is written */
-    MT_CHECK_GOTO(mt_tok_load(&ctx, tok_path, &tok), rc, done);
-    MT_CHECK_GOTO(mt_tok_corpus_gather(&ctx, inputs, n_inputs, (uint64_t)max_bytes, &corpus), rc, done);
+    MT_CHECK_GOTO(mt_tok_load(&ctx, po.tok_path, &tok), rc, done);
+    MT_CHECK_GOTO(mt_tok_corpus_gather(&ctx, po.inputs, po.n_inputs, (uint64_t)po.max_bytes, &corpus), rc, done);
     if (mt_file_mkdir_p(out) != 0) {
         rc = mt_ctx_error(&ctx, MT_ERR_IO, "cannot create output directory %s: %s", out, strerror(errno));
         goto done;
@@ -209,15 +319,15 @@ int mt_cmd_prepare(int argc, char **argv)
     fprintf(stderr, "prepare: %d files, %llu bytes (%d binary skipped, %d empty%s) -> %s\n", n,
             (unsigned long long)corpus->total_bytes, corpus->n_binary, corpus->n_empty,
             corpus->truncated ? ", capped by --max-bytes" : "", out);
-    size_t cap = (size_t)shard_tokens;
+    size_t cap = (size_t)po.shard_tokens;
     /* buffers grow with the data, up to one shard */
     if (corpus->total_bytes + (uint64_t)n + 16 < cap) cap = (size_t)(corpus->total_bytes + (uint64_t)n + 16);
     tr.buf = mt_alloc(&ctx, cap * sizeof(uint16_t), MT_BUCKET_OTHER);
     va.buf = mt_alloc(&ctx, cap * sizeof(uint16_t), MT_BUCKET_OTHER);
     if (!tr.buf || !va.buf) { rc = MT_ERR_OOM; goto done; }
     int n_val = 0;
-    if (val_frac > 0 && n >= 2) {
-        n_val = (int)lround(val_frac * n);
+    if (po.val_frac > 0 && n >= 2) {
+        n_val = (int)lround(po.val_frac * n);
         if (n_val < 1) n_val = 1;
         if (n_val > n - 1) n_val = n - 1;
     }
@@ -225,38 +335,10 @@ int mt_cmd_prepare(int argc, char **argv)
     uint64_t done_bytes = 0;
     wrote = 1;
     for (int i = 0; i < n; i++) {
-        uint8_t *text;
         size_t len;
-        MT_CHECK_GOTO(mt_tok_corpus_read(&ctx, corpus, i, &text, &len), rc, done);
-        ids.n = 0;
-        rc = mt_tok_encode(&ctx, tok, (const uint8_t *)"", 0, &ids);  /* no-op; keeps ids allocated */
-        if (rc == MT_OK) {
-            if (ids.cap == 0) {
-                ids.ids = mt_alloc(&ctx, 1024 * sizeof(uint32_t), MT_BUCKET_OTHER);
-                ids.cap = ids.ids ? 1024 : 0;
-                if (!ids.ids) rc = MT_ERR_OOM;
-            }
-        }
-        if (rc == MT_OK) {
-            ids.ids[ids.n++] = bos;
-            rc = mt_tok_encode(&ctx, tok, text, len, &ids);
-        }
-        mt_free(&ctx, text);
-        if (rc != MT_OK) goto done;
+        MT_CHECK_GOTO(encode_doc(&ctx, tok, corpus, i, bos, &ids, &len), rc, done);
         done_bytes += len;
-        if (n_val > 0 && (int)((int64_t)(i + 1) * n_val / n) > (int)((int64_t)i * n_val / n)) {
-            MT_CHECK_GOTO(append(&ctx, &va, ids.ids, ids.n, cap, out), rc, done);
-            va.docs++;
-        } else if (n == 1 && val_frac > 0 && ids.n >= 2) {
-            size_t nv = (size_t)llround(val_frac * (double)ids.n);
-            if (nv < 1) nv = 1;
-            MT_CHECK_GOTO(append(&ctx, &tr, ids.ids, ids.n - nv, cap, out), rc, done);
-            MT_CHECK_GOTO(append(&ctx, &va, ids.ids + ids.n - nv, nv, cap, out), rc, done);
-            tr.docs++;
-        } else {
-            MT_CHECK_GOTO(append(&ctx, &tr, ids.ids, ids.n, cap, out), rc, done);
-            tr.docs++;
-        }
+        MT_CHECK_GOTO(route_doc(&ctx, &ids, i, n, n_val, po.val_frac, &tr, &va, cap, out), rc, done);
         double now = mt_time_sec();
         if (now - last >= 2.0 || i == n - 1) {
             last = now;
@@ -267,44 +349,8 @@ int mt_cmd_prepare(int argc, char **argv)
     }
     MT_CHECK_GOTO(flush(&ctx, &tr, out), rc, done);
     MT_CHECK_GOTO(flush(&ctx, &va, out), rc, done);
-
-    /* meta.json (kept small: the trainer reads it whole) */
-    {
-        char h_in[17], h_tok[17];
-        hex64(h_in, mt_tok_corpus_hash(corpus));
-        hex64(h_tok, mt_tok_hash(tok));
-        cJSON *j = cJSON_CreateObject();
-        cJSON_AddStringToObject(j, "format", "meshtrain-shards");
-        cJSON_AddNumberToObject(j, "version", 1);
-        cJSON_AddNumberToObject(j, "vocab_size", mt_tok_vocab_size(tok));
-        cJSON_AddNumberToObject(j, "bos_id", bos);
-        cJSON_AddStringToObject(j, "tokenizer", "tokenizer.bin");
-        cJSON_AddStringToObject(j, "tokenizer_xxh64", h_tok);
-        cJSON_AddBoolToObject(j, "default_corpus", default_corpus);
-        cJSON *in = cJSON_AddArrayToObject(j, "inputs");
-        for (int k = 0; k < n_inputs && k < 64; k++) cJSON_AddItemToArray(in, cJSON_CreateString(inputs[k]));
-        cJSON_AddNumberToObject(j, "max_bytes", (double)max_bytes);
-        cJSON_AddBoolToObject(j, "truncated", corpus->truncated);
-        cJSON_AddNumberToObject(j, "files", n);
-        cJSON_AddNumberToObject(j, "binary_files_skipped", corpus->n_binary);
-        cJSON_AddNumberToObject(j, "empty_files_skipped", corpus->n_empty);
-        cJSON_AddNumberToObject(j, "bytes", (double)done_bytes);
-        cJSON_AddStringToObject(j, "input_xxh64", h_in);
-        cJSON_AddStringToObject(j, "input_hash_covers", "for each file in order: path, NUL, uint64 LE byte count, bytes");
-        cJSON_AddStringToObject(j, "first_file", corpus->paths[0]);
-        cJSON_AddStringToObject(j, "last_file", corpus->paths[n - 1]);
-        cJSON_AddNumberToObject(j, "val_frac", val_frac);
-        cJSON_AddNumberToObject(j, "shard_tokens", (double)shard_tokens);
-        cJSON_AddNumberToObject(j, "train_docs", tr.docs);
-        cJSON_AddNumberToObject(j, "val_docs", va.docs);
-        cJSON_AddNumberToObject(j, "train_tokens", (double)tr.tokens);
-        cJSON_AddNumberToObject(j, "val_tokens", (double)va.tokens);
-        cJSON_AddNumberToObject(j, "train_shards", tr.n_shards);
-        cJSON_AddNumberToObject(j, "val_shards", va.n_shards);
-        json = cJSON_Print(j);
-        cJSON_Delete(j);
-        if (!json) { rc = mt_ctx_error(&ctx, MT_ERR_OOM, "out of memory writing meta.json"); goto done; }
-    }
+    json = meta_json(&po, tok, corpus, bos, done_bytes, &tr, &va);
+    if (!json) { rc = mt_ctx_error(&ctx, MT_ERR_OOM, "out of memory writing meta.json"); goto done; }
     MT_CHECK_GOTO(commit(&ctx, out, &tr), rc, done);
     MT_CHECK_GOTO(commit(&ctx, out, &va), rc, done);
     wrote = 0;

@@ -65,12 +65,16 @@ static int pick_token(float *logits, int V, float temperature, int top_k, uint64
     return best;
 }
 
-int mt_cmd_sample(int argc, char **argv)
+/* The command line; sample_args returns the process's exit code, or -1
+ * when the command continues. */
+struct sample_opts {
+    const char *ckpt, *prompt, *tok_path, *prompt_ids;
+    int         n_tokens, top_k;
+    float       temperature;
+    uint64_t    seed;
+};
+static int sample_args(struct sample_opts *so, int argc, char **argv)
 {
-    const char *ckpt = NULL, *prompt = NULL, *tok_path = NULL, *prompt_ids = NULL;
-    int n_tokens = 64, top_k = 40;
-    float temperature = 0.8f;
-    uint64_t seed = 1;
     static const char *const valued[] = {"--ckpt", "--prompt", "--prompt-ids", "--tokenizer", "--tokens",
                                          "--top-k", "--temperature", "--seed", NULL};
     for (int i = 1; i < argc; i++) {
@@ -78,24 +82,36 @@ int mt_cmd_sample(int argc, char **argv)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { sample_usage(stdout); return 0; }
         if (mt_cmd_option("sample", NULL, valued, argc, argv, i) < 0) return 2;
         char *end = NULL;
-        if (!strcmp(a, "--ckpt")) ckpt = v;
-        else if (!strcmp(a, "--prompt")) prompt = v;
-        else if (!strcmp(a, "--prompt-ids")) prompt_ids = v;
-        else if (!strcmp(a, "--tokenizer")) tok_path = v;
-        else if (!strcmp(a, "--tokens")) { n_tokens = (int)strtol(v, &end, 10); if (*end || n_tokens < 0) goto bad; }
-        else if (!strcmp(a, "--top-k")) { top_k = (int)strtol(v, &end, 10); if (*end || top_k < 0) goto bad; }
-        else if (!strcmp(a, "--temperature")) { temperature = strtof(v, &end); if (*end || !(temperature >= 0)) goto bad; }
-        else if (!strcmp(a, "--seed")) { seed = strtoull(v, &end, 10); if (*end) goto bad; }
+        if (!strcmp(a, "--ckpt")) so->ckpt = v;
+        else if (!strcmp(a, "--prompt")) so->prompt = v;
+        else if (!strcmp(a, "--prompt-ids")) so->prompt_ids = v;
+        else if (!strcmp(a, "--tokenizer")) so->tok_path = v;
+        else if (!strcmp(a, "--tokens")) { so->n_tokens = (int)strtol(v, &end, 10); if (*end || so->n_tokens < 0) goto bad; }
+        else if (!strcmp(a, "--top-k")) { so->top_k = (int)strtol(v, &end, 10); if (*end || so->top_k < 0) goto bad; }
+        else if (!strcmp(a, "--temperature")) { so->temperature = strtof(v, &end); if (*end || !(so->temperature >= 0)) goto bad; }
+        else if (!strcmp(a, "--seed")) { so->seed = strtoull(v, &end, 10); if (*end) goto bad; }
         i++;
         continue;
     bad:
         fprintf(stderr, "meshtrain sample: bad value '%s' for %s\n", v, a);
         return 2;
     }
-    if (!ckpt || !prompt == !prompt_ids) {
+    if (!so->ckpt || !so->prompt == !so->prompt_ids) {
         fprintf(stderr, "meshtrain sample: --ckpt and one of --prompt / --prompt-ids are required\n");
         return 2;
     }
+    return -1;
+}
+
+int mt_cmd_sample(int argc, char **argv)
+{
+    struct sample_opts so = {.n_tokens = 64, .top_k = 40, .temperature = 0.8f, .seed = 1};
+    int code = sample_args(&so, argc, argv);
+    if (code >= 0) return code;
+    const char *ckpt = so.ckpt, *prompt = so.prompt, *tok_path = so.tok_path, *prompt_ids = so.prompt_ids;
+    const int n_tokens = so.n_tokens, top_k = so.top_k;
+    const float temperature = so.temperature;
+    const uint64_t seed = so.seed;
     int32_t *pids = NULL;
     int n_pids = 0;
     if (prompt_ids && mt_cmd_parse_ids(prompt_ids, &pids, &n_pids)) {

@@ -56,6 +56,12 @@ const char *mt_bucket_name(enum mt_bucket b)
 void mt_ctx_init(struct mt_ctx *ctx)
 {
     memset(ctx, 0, sizeof *ctx);
+    /* MT_ERROR_WHERE=1: every printed error says where it was raised. Read
+     * here, not through the knob table: it is presentation, not behaviour,
+     * and every context has it, including those of tools that take no knobs
+     * (docs/architecture.md, the environment outside the table) */
+    const char *w = getenv("MT_ERROR_WHERE");
+    ctx->err_show_where = w && *w && strcmp(w, "0") != 0;
 }
 
 void mt_ctx_free(struct mt_ctx *ctx)
@@ -63,7 +69,21 @@ void mt_ctx_free(struct mt_ctx *ctx)
     (void)ctx; /* nothing owned today; kept for the init/free pair */
 }
 
-enum mt_status mt_ctx_error(struct mt_ctx *ctx, enum mt_status st, const char *fmt, ...)
+/* __FILE__ as the build passed it (often absolute: "/home/x/meshtrain/src/a/b.c")
+ * from its last "src/" or "tools/" directory on, so messages do not depend
+ * on where the tree was checked out; other paths keep their base name. */
+static const char *short_file(const char *file)
+{
+    const char *best = NULL;
+    for (const char *p = file; *p; p++)
+        if ((p == file || p[-1] == '/') && (!strncmp(p, "src/", 4) || !strncmp(p, "tools/", 6))) best = p;
+    if (best) return best;
+    const char *slash = strrchr(file, '/');
+    return slash ? slash + 1 : file;
+}
+
+enum mt_status mt_ctx_error_at(const char *file, int line, struct mt_ctx *ctx, enum mt_status st,
+                               const char *fmt, ...)
 {
     if (!ctx) return st;
     /* format into a temporary: the arguments may quote the previous message
@@ -76,19 +96,39 @@ enum mt_status mt_ctx_error(struct mt_ctx *ctx, enum mt_status st, const char *f
     va_end(ap);
     memcpy(ctx->errmsg, msg, sizeof msg);
     ctx->last_status = st;
+    ctx->err_file = file ? short_file(file) : NULL;
+    ctx->err_line = line;
+    /* the shown form, made here so that mt_ctx_last_error stays a read */
+    if (ctx->err_file)
+        snprintf(ctx->errshown, sizeof ctx->errshown, "%s [%s:%d]", ctx->errmsg[0] ? ctx->errmsg : mt_status_str(st),
+                 ctx->err_file, line);
+    else
+        ctx->errshown[0] = 0;
     return st;
 }
 
 const char *mt_ctx_last_error(const struct mt_ctx *ctx)
 {
     if (!ctx || ctx->last_status == MT_OK) return "no error";
+    if (ctx->err_show_where && ctx->err_file) return ctx->errshown;
     return ctx->errmsg[0] ? ctx->errmsg : mt_status_str(ctx->last_status);
+}
+
+const char *mt_ctx_last_where(const struct mt_ctx *ctx, char *buf, size_t n)
+{
+    if (!n) return buf;
+    buf[0] = 0;
+    if (ctx && ctx->last_status != MT_OK && ctx->err_file) snprintf(buf, n, "%s:%d", ctx->err_file, ctx->err_line);
+    return buf;
 }
 
 void mt_ctx_clear_error(struct mt_ctx *ctx)
 {
     ctx->last_status = MT_OK;
     ctx->errmsg[0] = 0;
+    ctx->errshown[0] = 0;
+    ctx->err_file = NULL;
+    ctx->err_line = 0;
 }
 
 /* Header placed before each block: 64 bytes keep the user pointer aligned;

@@ -4,8 +4,24 @@
  * Every library function that can fail returns `enum mt_status` and, on
  * failure, leaves a one-line message on the context (SQLite's
  * sqlite3_errmsg, NCCL's ncclGetLastError). Only tools/ decide how the
- * process exits. There are no mutable globals: everything hangs off a
- * `struct mt_ctx` that the caller owns.
+ * process exits. The error record also carries the file:line where the
+ * error was raised (mt_ctx_error is a macro that captures it; SQLite's
+ * SQLITE_CORRUPT_BKPT records where a fault was detected the same way), and
+ * mt_ctx_last_error shows it as a " [src/x.c:N]" suffix when the
+ * environment has MT_ERROR_WHERE=1 (off by default: a user's message stays
+ * one plain line; on, the line is still one line, for a developer).
+ *
+ * State hangs off a `struct mt_ctx` that the caller owns, not globals. The
+ * mutable process-wide state that is left, each because it belongs to the
+ * process rather than to one run or handle:
+ *   - the collective watchdog (src/dist/watchdog.c, one struct): one thread
+ *     watches every collective of the process, marked from comm.c where no
+ *     context is at hand;
+ *   - the cpu ops table's per-op profile counters (src/ops/cpu/ops_cpu.c,
+ *     mt_ops_profile_*): the table is a const process-wide singleton;
+ *   - write-once caches of process facts: the CPU's AVX-512 support
+ *     (ops_cpu.c), the MPI bf16 sum operator (comm_mpi.c), the cuda
+ *     backend's default instance (ops_cuda.cu).
  *
  * Example:
  *     struct mt_ctx ctx;
@@ -62,6 +78,15 @@ struct mt_knobs;
 struct mt_ctx {
     enum mt_status last_status;
     char           errmsg[512];
+    /* where the last error was raised: __FILE__ from src/ or tools/ on
+     * ("src/core/config.c"; static storage), and its line; NULL/0 when the
+     * status was set without mt_ctx_error */
+    const char    *err_file;
+    int            err_line;
+    /* 1: mt_ctx_last_error appends " [file:line]" (mt_ctx_init: from
+     * MT_ERROR_WHERE, default 0, so user messages stay one plain line) */
+    int            err_show_where;
+    char           errshown[512 + 80];
     /* memory accounting, bytes, per bucket (host allocations via mt_alloc) */
     size_t bytes_live[MT_BUCKET_COUNT];
     size_t bytes_peak[MT_BUCKET_COUNT];
@@ -77,11 +102,20 @@ struct mt_ctx {
 void mt_ctx_init(struct mt_ctx *ctx);
 void mt_ctx_free(struct mt_ctx *ctx);   /* no-op on NULL */
 
-/* Record an error (printf-style one-line message) and return `st`, so that
- * callers can write `return mt_ctx_error(ctx, MT_ERR_IO, "cannot open %s", p);` */
-enum mt_status mt_ctx_error(struct mt_ctx *ctx, enum mt_status st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+/* Record an error (printf-style one-line message) and the file:line of the
+ * call, and return `st`, so that callers can write
+ * `return mt_ctx_error(ctx, MT_ERR_IO, "cannot open %s", p);`. A macro so
+ * that __FILE__/__LINE__ are the caller's (STYLE 7: errors carry file:line);
+ * mt_ctx_error_at is the function behind it (file: a string literal). */
+enum mt_status mt_ctx_error_at(const char *file, int line, struct mt_ctx *ctx, enum mt_status st,
+                               const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+#define mt_ctx_error(ctx, st, ...) mt_ctx_error_at(__FILE__, __LINE__, (ctx), (st), __VA_ARGS__)
+/* The last message ("no error" when none), with " [file:line]" appended
+ * when ctx->err_show_where is set. */
 const char *mt_ctx_last_error(const struct mt_ctx *ctx);
+/* Where the last error was raised, "src/core/config.c:88" (the path from
+ * src/ or tools/ on), written into buf; "" when unknown. Returns buf. */
+const char *mt_ctx_last_where(const struct mt_ctx *ctx, char *buf, size_t n);
 void        mt_ctx_clear_error(struct mt_ctx *ctx);
 
 /* 64-byte aligned, zero-filled host allocation tagged with a bucket. Returns
@@ -122,7 +156,11 @@ double mt_sort_median(double *v, int n);
  * *out, or -1 with the reason in why (why may be NULL). */
 int mt_size_parse(const char *s, double *out, char *why, size_t why_n);
 
-/* Propagate a failing status upward (NCCL's NCCLCHECK). */
+/* Propagate a failing status upward (NCCL's NCCLCHECK). The file:line the
+ * record carries is the mt_ctx_error that raised the error (the origin, the
+ * line worth reading), not each MT_CHECK it passed through: the macro has no
+ * context to write a trail into, and NCCL's trail is a log, which library
+ * code here does not write. */
 #define MT_CHECK(call)                                   \
     do {                                                 \
         enum mt_status mt_rc_ = (call);                  \

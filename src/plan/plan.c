@@ -880,15 +880,13 @@ static double t_allreduce(double S, int n, struct mt_plan_link l)
     return n <= 1 ? 0.0 : 2.0 * (double)(n - 1) / n * S / link_bw(l, S, 1) + 2 * (n - 1) * l.latency;
 }
 
-void mt_plan_cost(const struct mt_plan *p, const struct mt_plan_profile *prof, struct mt_plan_cost *out)
+/* The rate one rank's GEMMs run at (FLOP/s): the profile's peak for the
+ * GEMM precision where it distinguishes them, the node's peak shared by the
+ * ranks on it (never above one rank's), times the efficiency. Fills the
+ * cost's efficiency, peak basis and per-rank peak. */
+static double cost_rate(const struct mt_plan *p, const struct mt_plan_profile *prof, struct mt_plan_cost *out)
 {
-    memset(out, 0, sizeof *out);
     const struct mt_config *cfg = &p->cfg;
-    const struct mt_mesh_dims *d = &p->su.dims;
-    const int M = cfg->microbatches > 0 ? cfg->microbatches : 1, pp = d->pp, tp = d->tp, ep = d->ep;
-    const int rc = strcmp(cfg->recompute, "block") == 0, sp_on = tp > 1 && cfg->sequence_parallel;
-    const double T = cfg->seq_len, D = cfg->d_model, N = (double)p->Bm * T;   /* rows of one microbatch */
-    const double f = sizeof(float);
     int on_node = p->world < prof->ranks_per_node ? p->world : prof->ranks_per_node;
     /* the GEMM precision picks the peak where the profile distinguishes them;
      * ranks on a node share the node's peak in the same proportion */
@@ -899,8 +897,133 @@ void mt_plan_cost(const struct mt_plan *p, const struct mt_plan_profile *prof, s
     out->peak_basis = by_peak > 0 ? (bf16 ? "bf16" : "fp32") : "profile";
     double peak = prof->node_peak_flops * scale / on_node;
     if (peak > prof->peak_flops * scale) peak = prof->peak_flops * scale;
-    const double rate = peak * out->efficiency;
     out->peak_per_rank = peak;
+    return peak * out->efficiency;
+}
+
+/* One microbatch of stage s on one rank, in seconds: compute (fl FLOPs at
+ * `rate`) and the collectives of the model (tp), expert (ep) and pipe (pp)
+ * axes, which do not overlap the compute. */
+struct stage_mb {
+    double fl, comp, tp, ep, pp;
+};
+static void stage_microbatch(const struct mt_plan *p, int s, double rate, struct mt_plan_link lm,
+                             struct mt_plan_link le, struct mt_plan_link lp, struct stage_mb *o)
+{
+    const struct mt_config *cfg = &p->cfg;
+    const struct mt_mesh_dims *d = &p->su.dims;
+    const int pp = d->pp, tp = d->tp, ep = d->ep;
+    const int rc = strcmp(cfg->recompute, "block") == 0, sp_on = tp > 1 && cfg->sequence_parallel;
+    const double T = cfg->seq_len, D = cfg->d_model, N = (double)p->Bm * T;   /* rows of one microbatch */
+    const double f = sizeof(float);
+    const struct stage_plan *st = &p->st[s];
+    struct mt_blocks_comm bc;   /* the stage's layers, per the block-kind table */
+    mt_blocks_comm_counts(cfg, p->su.first_layer[s], p->su.first_layer[s + 1], &bc);
+    const int n_moe = bc.routed;
+    /* compute: this rank's share of the microbatch (TP splits heads, hidden and the MoE rows) */
+    double fl = (st->flops_block * (1.0 + (rc ? 1.0 / 3.0 : 0.0)) + st->flops_head) * N / tp;
+    double comp = fl / rate;
+    /* model axis: per layer, forward (and recompute) + backward, payload N x D floats */
+    double S = N * D * f, tpc = 0;
+    if (tp > 1) {
+        /* a TP region: SP all-gather in + reduce-scatter out, or one all-reduce out without SP */
+        double region = sp_on ? t_gather(S, tp, lm) + t_reduce_scatter(S, tp, lm) : t_allreduce(S, tp, lm);
+        /* mixer regions (attention), ffn regions (the dense FFN); pieces in the SP region
+         * (MoE) need no collective with SP and one all-gather of their output without */
+        double fwd = bc.mixer_regions * region + bc.ffn_regions * region +
+                     bc.sp_gathers * (sp_on ? 0.0 : t_gather(S, tp, lm));
+        tpc = fwd * (2.0 + (rc ? 1.0 : 0.0));   /* backward runs the conjugates; recompute the forward again */
+    }
+    /* expert axis: per MoE layer a count exchange + dispatch + combine forward, two backward */
+    double epc = 0;
+    if (ep > 1 && n_moe) {
+        double Nm = tp > 1 ? N / tp : N, Sa = Nm * cfg->top_k * D * f;
+        double a2a = (double)(ep - 1) / ep * Sa / link_bw(le, Sa, 0) + (ep - 1) * le.latency;
+        double cnt = (ep - 1) * le.latency;
+        epc = n_moe * ((cnt + 2 * a2a) * (1.0 + (rc ? 1.0 : 0.0)) + 2 * a2a);
+    }
+    /* pipe axis: activation out, gradient back (Nr x D floats) */
+    double ppc = 0;
+    if (pp > 1) {
+        double Sr = (sp_on ? N / tp : N) * D * f;
+        ppc = 2 * (Sr / link_bw(lp, Sr, 0) + lp.latency);
+    }
+    o->fl = fl;
+    o->comp = comp;
+    o->tp = tpc;
+    o->ep = epc;
+    o->pp = ppc;
+}
+
+/* Stage s's data axes (its ZeRO engines) and optimizer, on the busiest
+ * group rank, in seconds: `total` the reductions and gathers, `exposed` the
+ * part the backward (`comp`, one microbatch's compute) cannot hide, `opt`
+ * Muon's Newton-Schulz (`opt_flops`) plus the TP gathers of split matrices. */
+struct stage_dp {
+    double total, exposed, opt, opt_flops;
+};
+static void stage_data(const struct mt_plan *p, const struct mt_plan_profile *prof, int s, double comp, double rate,
+                       struct mt_plan_link lm, struct stage_dp *o)
+{
+    const struct mt_config *cfg = &p->cfg;
+    const struct mt_mesh_dims *d = &p->su.dims;
+    const int M = cfg->microbatches > 0 ? cfg->microbatches : 1, tp = d->tp;
+    const struct stage_plan *st = &p->st[s];
+    double dpt = 0, dpx = 0, opt = 0, opt_fl = 0;
+    for (int k = 0; k < mt_layout_n_engines(d); k++) {
+        const struct eng_plan *e = &st->eng[k];
+        const struct mt_plan_link l = group_link(p, prof, (enum mt_mesh_group)e->group);
+        const int g = e->size, z = p->zero;
+        const double W = e->param_bytes, calls = e->units;
+        double ov_ar = 0, ov_mb = 0, nov = 0;
+        if (g > 1 && W > 0) {
+            /* one call per unit: the per-call latencies of a sweep */
+            double ag = t_gather(W, g, l) + calls * (g - 1) * l.latency;
+            /* grad_reduce_dtype=bf16: the gradient reductions move 2 bytes per element
+             * (zero.c); the parameter gathers stay fp32 */
+            const double Wr = strcmp(cfg->grad_reduce_dtype, "bf16") ? W : 0.5 * W;
+            double rs = t_reduce_scatter(Wr, g, l) + calls * (g - 1) * l.latency;
+            double ar = t_allreduce(Wr, g, l) + calls * 2 * (g - 1) * l.latency;
+            if (z <= 1) ov_ar += ar;                 /* during the last microbatch's backward */
+            if (z == 1 || z == 2) nov += ag;        /* after the optimizer step: nothing to hide behind */
+            if (z >= 2) ov_mb += M * rs;            /* reduce-scatter per microbatch, in its backward */
+            if (z == 3) ov_mb += cfg->reshard_after_forward ? 2.0 * M * ag : ag;   /* prefetched gathers */
+        }
+        double win_ar = comp * 2.0 / 3.0, win_mb = M * comp;
+        double ov = ov_ar + ov_mb;
+        double hidden = prof->overlap * ((ov_ar < win_ar ? ov_ar : win_ar) + (ov_mb < win_mb ? ov_mb : win_mb));
+        double last_unit = calls > 0 ? ov / calls : 0;   /* the last unit's reduction has nothing to hide behind */
+        double exposed = ov - hidden;
+        if (exposed < last_unit && ov > 0) exposed = last_unit;
+        dpt += ov + nov;
+        dpx += exposed + nov;
+        /* Newton–Schulz of the matrices the busiest group rank updates (+ TP gathers of split ones) */
+        double mf = 0, mg = 0;
+        for (int r = 0; r < g; r++) {
+            int idx = z == 0 ? r : g + r;
+            if (e->muon_flops[idx] > mf) mf = e->muon_flops[idx];
+            if (e->muon_gather[idx] > mg) mg = e->muon_gather[idx];
+        }
+        opt += mf / rate + (tp > 1 ? t_gather(mg, tp, lm) : 0.0);
+        opt_fl += mf;
+    }
+    o->total = dpt;
+    o->exposed = dpx;
+    o->opt = opt;
+    o->opt_flops = opt_fl;
+}
+
+/* The step time: every stage's microbatch (stage_microbatch) and data axes
+ * (stage_data); the slowest microbatch paces the pipeline, M of them plus
+ * pp - 1 of bubble, then the exposed data-axis time and the optimizer of the
+ * stage where those are largest. */
+void mt_plan_cost(const struct mt_plan *p, const struct mt_plan_profile *prof, struct mt_plan_cost *out)
+{
+    memset(out, 0, sizeof *out);
+    const struct mt_config *cfg = &p->cfg;
+    const int M = cfg->microbatches > 0 ? cfg->microbatches : 1, pp = p->su.dims.pp;
+    const double T = cfg->seq_len;
+    const double rate = cost_rate(p, prof, out), peak = out->peak_per_rank;
     out->flops_per_step = mt_model_flops_per_token(cfg) * cfg->batch_size * T;
 
     const struct mt_plan_link lm = group_link(p, prof, MT_MESH_GROUP_MODEL);
@@ -909,87 +1032,25 @@ void mt_plan_cost(const struct mt_plan *p, const struct mt_plan_profile *prof, s
     double t_mb_max = 0, comp_mb_max = 0, opt_max = 0, dp_total = 0, dp_exposed = 0, rank_flops = 0;
     double tp_mb_max = 0, ep_mb_max = 0, pp_mb_max = 0, opt_flops = 0;
     for (int s = 0; s < pp; s++) {
-        const struct stage_plan *st = &p->st[s];
-        struct mt_blocks_comm bc;   /* the stage's layers, per the block-kind table */
-        mt_blocks_comm_counts(cfg, p->su.first_layer[s], p->su.first_layer[s + 1], &bc);
-        const int n_moe = bc.routed;
-        /* compute: this rank's share of the microbatch (TP splits heads, hidden and the MoE rows) */
-        double fl = (st->flops_block * (1.0 + (rc ? 1.0 / 3.0 : 0.0)) + st->flops_head) * N / tp;
-        double comp = fl / rate;
-        /* model axis: per layer, forward (and recompute) + backward, payload N x D floats */
-        double S = N * D * f, tpc = 0;
-        if (tp > 1) {
-            /* a TP region: SP all-gather in + reduce-scatter out, or one all-reduce out without SP */
-            double region = sp_on ? t_gather(S, tp, lm) + t_reduce_scatter(S, tp, lm) : t_allreduce(S, tp, lm);
-            /* mixer regions (attention), ffn regions (the dense FFN); pieces in the SP region
-             * (MoE) need no collective with SP and one all-gather of their output without */
-            double fwd = bc.mixer_regions * region + bc.ffn_regions * region +
-                         bc.sp_gathers * (sp_on ? 0.0 : t_gather(S, tp, lm));
-            tpc = fwd * (2.0 + (rc ? 1.0 : 0.0));   /* backward runs the conjugates; recompute the forward again */
-        }
-        /* expert axis: per MoE layer a count exchange + dispatch + combine forward, two backward */
-        double epc = 0;
-        if (ep > 1 && n_moe) {
-            double Nm = tp > 1 ? N / tp : N, Sa = Nm * cfg->top_k * D * f;
-            double a2a = (double)(ep - 1) / ep * Sa / link_bw(le, Sa, 0) + (ep - 1) * le.latency;
-            double cnt = (ep - 1) * le.latency;
-            epc = n_moe * ((cnt + 2 * a2a) * (1.0 + (rc ? 1.0 : 0.0)) + 2 * a2a);
-        }
-        /* pipe axis: activation out, gradient back (Nr x D floats) */
-        double ppc = 0;
-        if (pp > 1) {
-            double Sr = (sp_on ? N / tp : N) * D * f;
-            ppc = 2 * (Sr / link_bw(lp, Sr, 0) + lp.latency);
-        }
-        double t_mb = comp + tpc + epc + ppc;
+        struct stage_mb mb;
+        stage_microbatch(p, s, rate, lm, le, lp, &mb);
+        double t_mb = mb.comp + mb.tp + mb.ep + mb.pp;
         if (t_mb > t_mb_max) {
             t_mb_max = t_mb;
-            comp_mb_max = comp;
-            tp_mb_max = tpc;
-            ep_mb_max = epc;
-            pp_mb_max = ppc;
-            rank_flops = fl * M;
+            comp_mb_max = mb.comp;
+            tp_mb_max = mb.tp;
+            ep_mb_max = mb.ep;
+            pp_mb_max = mb.pp;
+            rank_flops = mb.fl * M;
         }
-        /* data axes (ZeRO engines) and the optimizer, busiest group rank */
-        double dpt = 0, dpx = 0, opt = 0, opt_fl = 0;
-        for (int k = 0; k < mt_layout_n_engines(d); k++) {
-            const struct eng_plan *e = &st->eng[k];
-            const struct mt_plan_link l = group_link(p, prof, (enum mt_mesh_group)e->group);
-            const int g = e->size, z = p->zero;
-            const double W = e->param_bytes, calls = e->units;
-            double ov_ar = 0, ov_mb = 0, nov = 0;
-            if (g > 1 && W > 0) {
-                /* one call per unit: the per-call latencies of a sweep */
-                double ag = t_gather(W, g, l) + calls * (g - 1) * l.latency;
-                /* grad_reduce_dtype=bf16: the gradient reductions move 2 bytes per element
-                 * (zero.c); the parameter gathers stay fp32 */
-                const double Wr = strcmp(cfg->grad_reduce_dtype, "bf16") ? W : 0.5 * W;
-                double rs = t_reduce_scatter(Wr, g, l) + calls * (g - 1) * l.latency;
-                double ar = t_allreduce(Wr, g, l) + calls * 2 * (g - 1) * l.latency;
-                if (z <= 1) ov_ar += ar;                 /* during the last microbatch's backward */
-                if (z == 1 || z == 2) nov += ag;        /* after the optimizer step: nothing to hide behind */
-                if (z >= 2) ov_mb += M * rs;            /* reduce-scatter per microbatch, in its backward */
-                if (z == 3) ov_mb += cfg->reshard_after_forward ? 2.0 * M * ag : ag;   /* prefetched gathers */
-            }
-            double win_ar = comp * 2.0 / 3.0, win_mb = M * comp;
-            double ov = ov_ar + ov_mb;
-            double hidden = prof->overlap * ((ov_ar < win_ar ? ov_ar : win_ar) + (ov_mb < win_mb ? ov_mb : win_mb));
-            double last_unit = calls > 0 ? ov / calls : 0;   /* the last unit's reduction has nothing to hide behind */
-            double exposed = ov - hidden;
-            if (exposed < last_unit && ov > 0) exposed = last_unit;
-            dpt += ov + nov;
-            dpx += exposed + nov;
-            /* Newton–Schulz of the matrices the busiest group rank updates (+ TP gathers of split ones) */
-            double mf = 0, mg = 0;
-            for (int r = 0; r < g; r++) {
-                int idx = z == 0 ? r : g + r;
-                if (e->muon_flops[idx] > mf) mf = e->muon_flops[idx];
-                if (e->muon_gather[idx] > mg) mg = e->muon_gather[idx];
-            }
-            opt += mf / rate + (tp > 1 ? t_gather(mg, tp, lm) : 0.0);
-            opt_fl += mf;
+        struct stage_dp dp;
+        stage_data(p, prof, s, mb.comp, rate, lm, &dp);
+        if (s == 0 || dp.exposed + dp.opt > dp_exposed + opt_max) {
+            dp_exposed = dp.exposed;
+            opt_max = dp.opt;
+            dp_total = dp.total;
+            opt_flops = dp.opt_flops;
         }
-        if (s == 0 || dpx + opt > dp_exposed + opt_max) { dp_exposed = dpx; opt_max = opt; dp_total = dpt; opt_flops = opt_fl; }
     }
     out->rank_flops = rank_flops;
     out->optimizer_flops = opt_flops;
