@@ -18,7 +18,11 @@
  * norm stops even if it never calls mt_ops_cuda_status().
  *
  * Declared here only (not in mt_ops.h) because they exist only in builds
- * with MT_WITH_CUDA; C code includes this header under that macro.
+ * with MT_WITH_CUDA. Only src/ops and the cuda tests and bench include this
+ * header (under that macro): the trainer, the receipt and the tools read the
+ * same queries through the table's backend facts (mt_ops.h: status,
+ * device_info, step_counters, queue, gemm_precision, op_profile), which work
+ * in every build (scripts/check_layers.py).
  */
 #ifndef MT_OPS_CUDA_H
 #define MT_OPS_CUDA_H
