@@ -78,7 +78,7 @@ refuse "logits: --backend foo is refused" "^meshtrain logits: --backend expects 
 if grep -q '^MT_WITH_CUDA:BOOL=ON' "$BUILD/CMakeCache.txt" 2>/dev/null; then
     echo "NOTE: a CUDA build: logits --backend cuda without CUDA not checked here (tests/test_cuda_build.sh runs it)"
 else
-    # the same lookup as train's (mt_train_backend_ops): its message and exit code
+    # the same lookup as train's (mt_ops_by_name): its message and exit code
     RC=1 refuse "logits: --backend cuda in a build without CUDA is refused as train refuses it" \
         "^meshtrain logits: backend 'cuda' is not available: built without CUDA \(use backend=cpu\)$" \
         "$MT" logits --ckpt "$W/none" --ids 1,2 --out "$W/out" --backend cuda

@@ -107,7 +107,7 @@ int mt_cmd_logits(int argc, char **argv)
     struct mt_ckpt_meta meta;
     mt_config_defaults(&cfg);
     /* the backend first: a build or machine without it refuses before any work (as train does) */
-    MT_CHECK_GOTO(mt_train_backend_ops(&ctx, backend, &ops), rc, done);
+    MT_CHECK_GOTO(mt_ops_by_name(&ctx, backend, &ops), rc, done);
     MT_CHECK_GOTO(mt_ckpt_find(&ctx, ckpt, dir, sizeof dir), rc, done);
     MT_CHECK_GOTO(mt_ckpt_read_meta(&ctx, dir, &cfg, &meta), rc, done);
     MT_CHECK_GOTO(mt_ckpt_check_tensors(&ctx, dir, &cfg), rc, done);

@@ -15,6 +15,8 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include "../ops/mt_ops.h"
+
 #if defined(__has_include)
 #if __has_include("mt_gitinfo.h")
 #include "mt_gitinfo.h"
@@ -42,9 +44,7 @@ void mt_build_info(struct mt_build_info *b)
 #ifdef MT_WITH_MPI
     b->mpi = 1;
 #endif
-#ifdef MT_WITH_CUDA
-    b->cuda = 1;
-#endif
+    b->cuda = mt_ops_built("cuda");   /* the backends are the ops layer's to know (mt_ops.h) */
 #ifdef MT_WITH_NCCL
     b->nccl = 1;
 #endif

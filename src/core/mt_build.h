@@ -11,7 +11,7 @@ struct mt_build_info {
                                  "unknown (...)" outside a checkout or a CMake build */
     const char *build_type;   /* CMAKE_BUILD_TYPE, e.g. "RelWithDebInfo"                    */
     const char *compiler;     /* the C compiler's version string                            */
-    int mpi, cuda, nccl;      /* compiled in (MT_WITH_MPI / _CUDA / _NCCL)                  */
+    int mpi, cuda, nccl;      /* compiled in (MT_WITH_MPI, the cuda backend: mt_ops_built, MT_WITH_NCCL) */
 };
 void mt_build_info(struct mt_build_info *b);
 

@@ -926,7 +926,7 @@ void mt_model_param_values(const struct mt_param *p, uint64_t seed, float *out_h
 
 enum mt_status mt_model_init_params(struct mt_ctx *ctx, struct mt_model *m, uint64_t seed)
 {
-    const int in_place = !strcmp(m->ops->name, "cpu");   /* host memory: no staging (as mt_zero_init_params) */
+    const int in_place = m->ops->host_memory;   /* host memory: no staging (as mt_zero_init_params) */
     size_t maxn = 1;
     for (int i = 0; i < m->n_params; i++)
         if (m->params[i].numel > maxn) maxn = m->params[i].numel;

@@ -33,6 +33,83 @@
 enum mt_elem { MT_ELEM_F32 = 0, MT_ELEM_BF16 = 1 };
 typedef uint16_t mt_bf16;
 
+/* A device backend's description for the receipt (the table's device_info
+ * entry; filled at init, the memory figures at each call). Every field is
+ * the cuda backend's today; "" / -1 where a query failed. */
+struct mt_ops_device_info {
+    char   device[256];        /* cudaDeviceProp.name, e.g. "NVIDIA H100 80GB HBM3" */
+    int    ordinal;            /* device ordinal in use                           */
+    int    cc_major, cc_minor; /* compute capability                               */
+    int    sm_count;
+    size_t mem_total;          /* bytes                                            */
+    int    runtime_version;    /* cudaRuntimeGetVersion, e.g. 13000                */
+    int    cublas_version;     /* cublasGetVersion, e.g. 130000                    */
+    size_t cublaslt_version;   /* cublasLtGetVersion, e.g. 130000                  */
+    size_t workspace_bytes;    /* backend-private scratch currently held (the
+                                  grow-only workspace + cuBLASLt's workspace)     */
+    char   precision[8];       /* "fp32" or "bf16": the GEMM precision now in use */
+    char   precision_source[40]; /* "default", "MT_CUDA_PRECISION", "set by caller" */
+    size_t bf16_scratch_cap;   /* MT_CUDA_BF16_SCRATCH_MB in bytes: the bf16 copies
+                                  of one GEMM's operands are tiled to fit it      */
+    long   gemm_bf16_calls;    /* cuBLASLt bf16 matmuls run (tiles counted)       */
+    long   gemm_bf16_fallbacks;/* tiles cuBLASLt had no algorithm for, run by
+                                  cublasSgemm in fp32 instead (named, counted)    */
+    /* gemm_bf16 entry (precision=bf16, operands typed per call): */
+    long   gemm_bf16_direct;   /* matmuls on the caller's bf16 operands as stored
+                                  (weights' shadows: no conversion at all)        */
+    long   gemm_bf16_cast_elems; /* fp32 operand elements rounded to bf16 inside
+                                  gemm / gemm_bf16 (the per-call conversions left) */
+    long   gemm_grouped_calls; /* grouped GEMM entries called                      */
+    long   gemm_grouped_loops; /* ... of those, run as a loop of gemm calls        */
+    char   gemm_grouped_fallback[128]; /* why the last loop ran ("" = never)     */
+    /* attention_forward_bf16 / _backward_bf16 (precision=bf16, attention_tc.cu): */
+    long   attention_tc_calls;        /* calls run on tensor cores (wmma bf16)     */
+    long   attention_fp32_fallbacks;  /* calls run by the fp32 kernels (hd > 128)  */
+    long   attention_dq_recompute;    /* backward calls whose dS tiles were over
+                                         MT_CUDA_ATTN_DS_MB: dQ recomputed P, dP   */
+    /* receipt fields (issue 19 item 5) */
+    int    device_count;       /* cudaGetDeviceCount at init                       */
+    int    driver_version;     /* cudaDriverGetVersion, e.g. 13000                 */
+    int    emulated;           /* 1 under the CPU emulator (tests/cuda/emu): every
+                                  device field above is the emulator's, not a GPU's */
+    size_t mem_free_now;       /* cudaMemGetInfo at this call: free bytes         */
+    size_t mem_used_peak;      /* max of total - free after every allocation (the
+                                  device's view: every process, the CUDA context,
+                                  cuBLAS; next to the allocator's bucket peaks)   */
+    /* which physical device ran (issue 20 item 4); "" / -1 where the query failed */
+    char   uuid[48];           /* cudaDeviceProp.uuid as nvidia-smi -L prints it:
+                                  "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"      */
+    char   pci_bus_id[32];     /* cudaDeviceGetPCIBusId, e.g. "0000:18:00.0"      */
+    int    ecc_enabled;        /* cudaDevAttrEccEnabled (0/1)                      */
+    int    sm_clock_khz;       /* cudaDevAttrClockRate: the SM's peak clock       */
+    int    mem_clock_khz;      /* cudaDevAttrMemoryClockRate: peak memory clock   */
+    int    mem_bus_width_bits; /* cudaDevAttrGlobalMemoryBusWidth                 */
+    int    op_profile;         /* 1: the table's entries time themselves with event
+                                  pairs while the profile is on (MT_CUDA_OP_PROFILE,
+                                  default 1; 0 = off, for measuring its cost)    */
+    char   launch_log[256];    /* MT_CUDA_LAUNCH_LOG's file, "" = no launch log   */
+};
+
+/* What a device backend asked of the device (docs/cuda.md, "Per-op profile
+ * and counters"), counted where the backend calls the runtime, so exact (the
+ * same under the emulator). Running totals since the instance was created;
+ * the trainer's step marks (the table's profile_step) keep per-step deltas
+ * (the table's step_counters entry, the first MT_OPS_STEP_LOG steps). */
+struct mt_ops_device_counters {
+    long      launches;      /* our kernels (MT_LAUNCH)                            */
+    long      blas_calls;    /* cuBLAS / cuBLASLt calls that run work (sgemm,
+                                Lt matmul, grouped GEMM): >= 1 kernel each      */
+    long      memsets;       /* cudaMemsetAsync                                   */
+    long      h2d, d2h, d2d; /* cudaMemcpyAsync by direction                      */
+    long long h2d_bytes, d2h_bytes, d2d_bytes;
+    long      syncs;         /* host waits for the stream (cudaStreamSynchronize) */
+    long      allocs, frees; /* cudaMalloc / cudaFree (buffers, workspace growth) */
+    long      ws_grows;      /* of those allocs: growths of the backend's grow-only
+                                workspace (sized by its first users, so in the
+                                first step; docs/cuda.md)                        */
+};
+#define MT_OPS_STEP_LOG 256   /* steps whose counter deltas are kept one by one */
+
 struct mt_ops_i {
     const char *name;  /* "cpu", "cuda" */
     void       *be;    /* the backend instance: every entry receives it first, ops->gemm(ops->be, ...) */
@@ -414,6 +491,49 @@ struct mt_ops_i {
                           const size_t *n, const float *wd, int count, float lr, float b1, float b2, float eps,
                           float bc1, float bc2);
     void   (*nonfinite_mark)(void *be, float *flags, const float *const *x, const size_t *n, const int *slot, int count);
+
+    /* ---- backend facts (issue 30 item 6; docs/architecture.md "The backend behind the table") ----
+     * What code outside src/ops learns about a backend, asked of its table:
+     * nothing there compares the table's name or includes a backend's own
+     * header, so a build without CUDA compiles the same callers. A NULL
+     * entry means "absent on this backend" (the cpu table fills no device
+     * entry); callers report the absence, they never guess.
+     *
+     * host_memory: 1 when buf_alloc's buffers are host memory and the
+     *   kernels run on the host's cores (cpu): a caller may fill a buffer in
+     *   place instead of staging it through copy_from_host, and the ranks of
+     *   a node share those cores. 0: a device's memory and cores (cuda).
+     * status: MT_OK while no kernel, copy or library call of the instance
+     *   has failed; otherwise the first failure's status and, in msg (may be
+     *   NULL), "file:line: call: reason (+N more)" (the entries return void
+     *   and keep a sticky error; call sync() first). NULL: entries cannot fail.
+     * device_info: *info = the device and its libraries for the receipt,
+     *   memory figures as of this call. MT_ERR_UNSUPPORTED without a live
+     *   instance. NULL: no device (cpu).
+     * step_counters: what each step asked of the device, between the step
+     *   marks (profile_step): *n_steps = steps closed so far and the first
+     *   min(*n_steps, MT_OPS_STEP_LOG) per-step deltas (valid while the
+     *   instance lives). NULL: nothing counted.
+     * queue: the native queue every entry runs on in call order (cuda: its
+     *   cudaStream_t as void *), for collectives that read the table's
+     *   buffers (they enqueue there: no extra synchronisation). NULL: host.
+     * gemm_precision: the element type the plain gemm entry computes its
+     *   products in now (cuda: MT_CUDA_PRECISION or the knob cuda_precision,
+     *   MT_ELEM_BF16 = every call rounds its fp32 operands). NULL: always fp32.
+     * kernels_isa: the instruction set the kernels dispatched to at load
+     *   ("avx512" / "avx2"). NULL: not a host ISA choice.
+     * op_profile: 1 when the per-op profile (below) times this table's
+     *   entries, 0 when its timing is switched off (cuda:
+     *   MT_CUDA_OP_PROFILE=0); *how says how they are timed either way.
+     *   NULL: the table has no per-op profile. */
+    int host_memory;
+    enum mt_status (*status)(void *be, char *msg, size_t msg_len);
+    enum mt_status (*device_info)(void *be, struct mt_ops_device_info *info);
+    const struct mt_ops_device_counters *(*step_counters)(void *be, int *n_steps);
+    void *(*queue)(void *be);
+    enum mt_elem (*gemm_precision)(void *be);
+    const char *(*kernels_isa)(void *be);
+    int (*op_profile)(void *be, const char **how);
 };
 
 /* Tensors per launch of the multi-tensor entries (their kernel-argument lists). */
@@ -432,6 +552,23 @@ static inline size_t mt_moe_route_work(size_t M, size_t E)
  * says which. */
 const struct mt_ops_i *mt_ops_cpu(void);
 const struct mt_ops_i *mt_ops_cuda(char *why, size_t why_len);
+
+/* The ops table of backend `name` ("cpu" or "cuda") for a command that runs
+ * the model (train, logits): the one place outside a backend that knows the
+ * names (src/ops/ops.c). cuda binds the node-local rank's GPU
+ * (mt_ops_local_rank) and takes the default instance, its GEMM precision
+ * from MT_CUDA_PRECISION or the knob cuda_precision when ctx's config or
+ * command line set it. Errors: MT_ERR_INVALID_ARG "backend 'X' is unknown
+ * (cpu or cuda)"; MT_ERR_UNSUPPORTED "backend 'cuda' is not available:
+ * <why> (use backend=cpu)" for a build without CUDA or no device. */
+enum mt_status mt_ops_by_name(struct mt_ctx *ctx, const char *name, const struct mt_ops_i **ops);
+/* 1 when backend `name` is compiled into this binary (whether or not a
+ * device is present): cpu always, cuda with MT_WITH_CUDA; 0 otherwise. For
+ * the receipt's build identity (mt_build.h). */
+int mt_ops_built(const char *name);
+/* The node-local rank (which device this process drives): the launcher's
+ * variable (Open MPI, MPICH/Hydra, Slurm, LOCAL_RANK), 0 when none is set. */
+int mt_ops_local_rank(void);
 
 /* Information about the cpu backend's BLAS for the receipt: library, the
  * core type in use (e.g. "SkylakeX"), threads, and how it was chosen. */

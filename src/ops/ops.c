@@ -1,12 +1,23 @@
 /*
- * ops.c — backend lookup that does not depend on a backend being built.
+ * ops.c — choosing a backend by name, and the backend lookup that does not
+ * depend on a backend being built.
  *
  * Invariant: without MT_WITH_CUDA, mt_ops_cuda() always returns NULL and
- * says why; with it, src/ops/cuda/ provides the real mt_ops_cuda().
+ * says why; with it, src/ops/cuda/ provides the real mt_ops_cuda(). This
+ * file and the backends are the only places that know the backends' names
+ * or test MT_WITH_CUDA (scripts/check_layers.py keeps it so): everything
+ * else asks the table (mt_ops.h, "backend facts").
  */
 #include "mt_ops.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/mt_knobs.h"
+#ifdef MT_WITH_CUDA
+#include "cuda/mt_ops_cuda.h"
+#endif
 
 #ifndef MT_WITH_CUDA
 const struct mt_ops_i *mt_ops_cuda(char *why, size_t why_len)
@@ -15,3 +26,52 @@ const struct mt_ops_i *mt_ops_cuda(char *why, size_t why_len)
     return NULL;
 }
 #endif
+
+int mt_ops_built(const char *name)
+{
+    if (!strcmp(name, "cpu")) return 1;
+#ifdef MT_WITH_CUDA
+    if (!strcmp(name, "cuda")) return 1;
+#endif
+    return 0;
+}
+
+int mt_ops_local_rank(void)
+{
+    static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && *v) return atoi(v);
+    }
+    return 0;
+}
+
+enum mt_status mt_ops_by_name(struct mt_ctx *ctx, const char *name, const struct mt_ops_i **ops)
+{
+    *ops = NULL;
+    if (!strcmp(name, "cpu")) {
+        *ops = mt_ops_cpu();
+        return MT_OK;
+    }
+    if (strcmp(name, "cuda"))
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "backend '%s' is unknown (cpu or cuda)", name);
+    char why[200] = "";
+#ifdef MT_WITH_CUDA
+    /* one GPU per process: bind the node-local rank's device before the
+     * backend initialises on the current one (a no-op on one device) */
+    (void)mt_ops_cuda_use_device(mt_ops_local_rank());
+#endif
+    const struct mt_ops_i *t = mt_ops_cuda(why, sizeof why);
+    if (!t)
+        return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "backend 'cuda' is not available: %s (use backend=cpu)", why);
+#ifdef MT_WITH_CUDA
+    /* knob cuda_precision from the command line or config (its env alias was read by mt_ops_cuda) */
+    if (mt_knob_source(ctx, MT_KNOB_CUDA_PRECISION) >= MT_KNOB_CONFIG) {
+        enum mt_cuda_precision p;
+        MT_CHECK(mt_ops_cuda_precision_parse(mt_knob_str(ctx, MT_KNOB_CUDA_PRECISION), &p));
+        MT_CHECK(mt_ops_cuda_set_precision(p));
+    }
+#endif
+    *ops = t;
+    return MT_OK;
+}

@@ -815,12 +815,13 @@ const float *mt_zero_param_data(const struct mt_zero *z, int i)
     return l->owner[i] == l->rank ? z->own_data + l->d.ooff[i] : NULL;
 }
 
-/* The cpu backend's buffers are host memory: filled in place (no staging,
- * no copy); another backend's through one host tensor, one copy each. */
+/* A backend whose buffers are host memory (host_memory: cpu) has them
+ * filled in place (no staging, no copy); another through one host tensor,
+ * one copy each. */
 enum mt_status mt_zero_init_params(struct mt_ctx *ctx, struct mt_zero *z, uint64_t seed)
 {
     const struct zlayout *l = &z->lay;
-    const int in_place = !strcmp(z->ops->name, "cpu");
+    const int in_place = z->ops->host_memory;
     size_t maxn = 1;
     for (int i = 0; i < l->n_params; i++)
         if (z->params[i].numel > maxn) maxn = z->params[i].numel;

@@ -49,19 +49,10 @@ struct mt_train_result {
 enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const struct mt_train_opts *opts,
                             struct mt_train_result *res);
 
-/* The ops table of backend `name` ("cpu" or "cuda"), chosen the way training
- * chooses it, for every command that runs the model (train, logits): cuda
- * binds the node-local rank's GPU (the launcher's LOCAL_RANK variables) and
- * takes the default instance, GEMM precision from MT_CUDA_PRECISION or the
- * knob cuda_precision when the config or command line set it. Errors:
- * MT_ERR_UNSUPPORTED "backend 'cuda' is not available: <why> (use
- * backend=cpu)" for a build without CUDA or no device, MT_ERR_INVALID_ARG
- * for another name. */
-enum mt_status mt_train_backend_ops(struct mt_ctx *ctx, const char *name, const struct mt_ops_i **ops);
-
 /* After a backend's work: sync it and report its first recorded failure
- * (the cuda entries return void and keep a sticky error, mt_ops_cuda.h) as
- * MT_ERR_RUNTIME "cuda backend: ..."; MT_OK on cpu. */
+ * (the table's status entry: the cuda entries return void and keep a sticky
+ * error) as MT_ERR_RUNTIME "<name> backend: ..."; MT_OK on a table without
+ * a status entry (cpu). The table itself comes from mt_ops_by_name (mt_ops.h). */
 enum mt_status mt_train_backend_status(struct mt_ctx *ctx, const struct mt_ops_i *ops);
 
 /* Bytes (bucket OTHER) of the trainer's own host arrays on a rank holding

@@ -16,10 +16,7 @@
 
 #include "../core/mt_knobs.h"
 #include "../model/mt_blocks.h"
-#ifdef MT_WITH_CUDA
-#include "../ops/cuda/mt_ops_cuda.h"
 #include "../plan/mt_gpu_info.h"
-#endif
 #include "../parallel/mt_layout.h"
 #include "../plan/mt_plan.h"
 #include "mt_receipt.h"
@@ -483,9 +480,10 @@ static char *knobs_json(const struct mt_ctx *ctx)
 
 /* What the arithmetic of the run really was: "bf16" for precision=bf16 (the
  * model's GEMMs on bf16 shadows and operands, fp32 accumulation, master
- * weights and optimizer state; either backend), else fp32 on cpu and on
- * cuda the plain GEMM precision in force ("bf16-percall": MT_CUDA_PRECISION
- * =bf16, every GEMM converting its fp32 operands per call). */
+ * weights and optimizer state; either backend), else the plain GEMM
+ * precision the table has in force (its gemm_precision; cpu: always fp32;
+ * "bf16-percall": cuda with MT_CUDA_PRECISION=bf16, every GEMM converting
+ * its fp32 operands per call). */
 static void runtime_mode(const struct run_state *rs, char *out, size_t n)
 {
     snprintf(out, n, "fp32");
@@ -493,15 +491,12 @@ static void runtime_mode(const struct run_state *rs, char *out, size_t n)
         snprintf(out, n, "bf16");
         return;
     }
-#ifdef MT_WITH_CUDA
-    if (!strcmp(rs->ops->name, "cuda") && mt_ops_cuda_get_precision() == MT_CUDA_PRECISION_BF16)
-        snprintf(out, n, "bf16-percall");
-#endif
+    const struct mt_ops_i *ops = rs->ops;
+    if (ops->gemm_precision && ops->gemm_precision(ops->be) == MT_ELEM_BF16) snprintf(out, n, "bf16-percall");
 }
 
-#ifdef MT_WITH_CUDA
-/* What did not run as asked on the cuda backend ("" = everything did). */
-static void cuda_fallback_reason(const struct mt_ops_cuda_info *in, char *out, size_t n)
+/* What did not run as asked on a device backend ("" = everything did). */
+static void device_fallback_reason(const struct mt_ops_device_info *in, char *out, size_t n)
 {
     out[0] = 0;
     size_t len = 0;
@@ -520,16 +515,16 @@ static void cuda_fallback_reason(const struct mt_ops_cuda_info *in, char *out, s
 
 
 /* gpu.step_counters: what each step of the loop asked of the device
- * (mt_ops_cuda_counters, between the trainer's step marks), one array
+ * (the table's step_counters, between the trainer's step marks), one array
  * entry per step; allocations and host waits inside a step are what the
  * GPU speed work drives to zero (issue 27 item 1). Exact under the
  * emulator too: counted where the backend calls the runtime. */
-static void step_counters_json(cJSON *g, void *be, int emulated)
+static void step_counters_json(cJSON *g, const struct mt_ops_i *ops, int emulated)
 {
     int n = 0;
-    const struct mt_ops_cuda_counters *c = mt_ops_cuda_step_counters_of(be, &n);
+    const struct mt_ops_device_counters *c = ops->step_counters ? ops->step_counters(ops->be, &n) : NULL;
     if (!c) return;
-    const int m = n < MT_CUDA_STEP_LOG ? n : MT_CUDA_STEP_LOG;
+    const int m = n < MT_OPS_STEP_LOG ? n : MT_OPS_STEP_LOG;
     cJSON *sc = cJSON_AddObjectToObject(g, "step_counters");
     cJSON_AddNumberToObject(sc, "steps", n);
     cJSON_AddNumberToObject(sc, "steps_listed", m);
@@ -542,7 +537,7 @@ static void step_counters_json(cJSON *g, void *be, int emulated)
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
         cJSON *a = cJSON_AddArrayToObject(sc, names[k]);
         for (int i = 0; i < m; i++) {
-            const struct mt_ops_cuda_counters *s = &c[i];
+            const struct mt_ops_device_counters *s = &c[i];
             const double v[] = {(double)s->launches, (double)s->blas_calls, (double)s->memsets, (double)s->h2d,
                                 (double)s->h2d_bytes, (double)s->d2h, (double)s->d2h_bytes, (double)s->d2d,
                                 (double)s->d2d_bytes, (double)s->syncs, (double)s->allocs, (double)s->frees,
@@ -552,11 +547,12 @@ static void step_counters_json(cJSON *g, void *be, int emulated)
     }
 }
 
-/* The receipt's "gpu" object (mt_gpu_info.h); NULL off the cuda backend. */
+/* The receipt's "gpu" object (mt_gpu_info.h); NULL on a backend without a
+ * device (the table's device_info absent: cpu). */
 static char *gpu_json(const struct run_state *rs, const struct mt_receipt *r)
 {
-    struct mt_ops_cuda_info in;
-    if (strcmp(rs->ops->name, "cuda") || mt_ops_cuda_get_info(&in) != MT_OK) return NULL;
+    struct mt_ops_device_info in;
+    if (!rs->ops->device_info || rs->ops->device_info(rs->ops->be, &in) != MT_OK) return NULL;
     cJSON *g = cJSON_CreateObject();
     cJSON_AddBoolToObject(g, "emulated", in.emulated);
     if (in.emulated)
@@ -615,7 +611,7 @@ static char *gpu_json(const struct run_state *rs, const struct mt_receipt *r)
     cJSON_AddBoolToObject(g, "op_profile_events", in.op_profile);   /* MT_CUDA_OP_PROFILE */
     if (in.launch_log[0]) cJSON_AddStringToObject(g, "launch_log", in.launch_log);   /* MT_CUDA_LAUNCH_LOG */
     else cJSON_AddNullToObject(g, "launch_log");
-    step_counters_json(g, rs->ops->be, in.emulated);
+    step_counters_json(g, rs->ops, in.emulated);
     char src[200];
     /* precision=bf16: the model's GEMMs are bf16 whatever the plain entry's mode */
     double peak = mt_gpu_datasheet_peak(in.device, strcmp(rs->cfg->precision, "bf16") ? in.precision : "bf16", src,
@@ -628,7 +624,6 @@ static char *gpu_json(const struct run_state *rs, const struct mt_receipt *r)
     cJSON_Delete(g);
     return txt;
 }
-#endif
 
 /* The receipt's fields from the run (the distributed JSON and the replica
  * verdict are the caller's). */
@@ -646,11 +641,10 @@ static void fill_receipt(struct mt_receipt *r, const struct run_state *rs, const
     snprintf(r->backend_actual, sizeof r->backend_actual, "%s", rs->ops->name);
     runtime_mode(rs, r->runtime_mode, sizeof r->runtime_mode);
     snprintf(r->fallback_reason, sizeof r->fallback_reason, "%s", "");
-#ifdef MT_WITH_CUDA
-    struct mt_ops_cuda_info cin;
-    if (!strcmp(rs->ops->name, "cuda") && mt_ops_cuda_get_info(&cin) == MT_OK)
-        cuda_fallback_reason(&cin, r->fallback_reason, sizeof r->fallback_reason);
-#endif
+    const struct mt_ops_i *ops = rs->ops;
+    struct mt_ops_device_info dev;
+    const int has_dev = ops->device_info && ops->device_info(ops->be, &dev) == MT_OK;
+    if (has_dev) device_fallback_reason(&dev, r->fallback_reason, sizeof r->fallback_reason);
     snprintf(r->blas, sizeof r->blas, "%s", info.blas);
     snprintf(r->coretype, sizeof r->coretype, "%s", info.coretype);
     snprintf(r->coretype_source, sizeof r->coretype_source, "%s", info.coretype_source);
@@ -683,20 +677,14 @@ static void fill_receipt(struct mt_receipt *r, const struct run_state *rs, const
     snprintf(r->peak_flops_source, sizeof r->peak_flops_source, "%s", ri->peak_src);
     r->peak_flops_lo = ri->roof.lo * ri->world;
     r->peak_flops_hi = ri->roof.hi * ri->world;
-    snprintf(r->kernels_isa, sizeof r->kernels_isa, "%s", !strcmp(rs->ops->name, "cpu") ? mt_ops_cpu_isa() : "");
-    /* cpu: host wall time per call; cuda: cudaEvent pairs per call (ops_cuda.cu) */
-    const int cuda = !strcmp(rs->ops->name, "cuda");
-    r->n_op_kinds = (cuda || !strcmp(rs->ops->name, "cpu")) && n_steady > 0 ? MT_OPK_COUNT : 0;
-    r->op_profile_source = cuda ? "cudaEvent pair around each ops-table call on the backend stream, resolved once per "
-                                  "step; other = the step's wall time outside every op (host work, launch gaps, waits)"
-                                : "host wall clock around each ops-table call";
-#ifdef MT_WITH_CUDA
-    struct mt_ops_cuda_info tin;
-    if (cuda && mt_ops_cuda_get_info_of(rs->ops->be, &tin) == MT_OK) {
-        r->timing_emulated = tin.emulated;
-        if (!tin.op_profile) r->n_op_kinds = 0;   /* MT_CUDA_OP_PROFILE=0: nothing was timed */
-    }
-#endif
+    snprintf(r->kernels_isa, sizeof r->kernels_isa, "%s", ops->kernels_isa ? ops->kernels_isa(ops->be) : "");
+    /* how the table times its entries (cpu: host wall time per call; cuda:
+     * cudaEvent pairs per call, none with MT_CUDA_OP_PROFILE=0) */
+    const char *how = NULL;
+    const int timed = ops->op_profile && ops->op_profile(ops->be, &how);
+    r->n_op_kinds = timed && n_steady > 0 ? MT_OPK_COUNT : 0;
+    r->op_profile_source = how;
+    if (has_dev) r->timing_emulated = dev.emulated;
     mt_ops_profile_get(r->op_step_s, NULL);
     for (int k = 0; k < r->n_op_kinds; k++) {
         r->op_kind_names[k] = mt_ops_profile_kind_name((enum mt_op_kind)k);
@@ -767,10 +755,8 @@ enum mt_status mt_train_report(struct mt_ctx *ctx, struct run_state *rs, const s
     r.distributed_json = djson;
     char *kjson = knobs_json(ctx);
     r.knobs_json = kjson;
-#ifdef MT_WITH_CUDA
     char *gjson = gpu_json(rs, &r);
     r.gpu_json = gjson;
-#endif
     enum mt_status rc = MT_OK;
     if (ri->wrank == 0) {
         char path[4200];
@@ -779,9 +765,7 @@ enum mt_status mt_train_report(struct mt_ctx *ctx, struct run_state *rs, const s
     }
     free(djson);
     free(kjson);
-#ifdef MT_WITH_CUDA
     free(gjson);
-#endif
     MT_CHECK(rc);
     res->steps_run = ri->steps_run;
     res->final_loss = ri->steps_run ? rs->losses[ri->steps_run - 1] : 0;

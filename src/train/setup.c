@@ -21,71 +21,22 @@
 #include "../core/mt_build.h"
 #include "../core/mt_fileio.h"
 #include "../core/mt_knobs.h"
-#ifdef MT_WITH_CUDA
-#include "../ops/cuda/mt_ops_cuda.h"
-#endif
 #include "mt_optim.h"
 #include "../parallel/mt_layout.h"
 #include "../plan/mt_plan.h"
 #include "train_impl.h"
 
-/* vocab_size 0 = take it from DATA_DIR/meta.json (written by `meshtrain prepare`). */
-#ifdef MT_WITH_CUDA
-/* The node-local rank (which GPU this process drives): the launcher's
- * variable (Open MPI, MPICH/Hydra, Slurm), 0 when none is set. */
-static int local_rank_env(void)
-{
-    static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"};
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
-        const char *v = getenv(vars[i]);
-        if (v && *v) return atoi(v);
-    }
-    return 0;
-}
-#endif
-
-enum mt_status mt_train_backend_ops(struct mt_ctx *ctx, const char *name, const struct mt_ops_i **ops)
-{
-    *ops = NULL;
-    if (!strcmp(name, "cpu")) {
-        *ops = mt_ops_cpu();
-        return MT_OK;
-    }
-    if (strcmp(name, "cuda"))
-        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "backend '%s' is unknown (cpu or cuda)", name);
-    char why[200] = "";
-#ifdef MT_WITH_CUDA
-    /* one GPU per process: bind the node-local rank's device before the
-     * backend initialises on the current one (a no-op on one device) */
-    (void)mt_ops_cuda_use_device(local_rank_env());
-#endif
-    const struct mt_ops_i *t = mt_ops_cuda(why, sizeof why);
-    if (!t)
-        return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "backend 'cuda' is not available: %s (use backend=cpu)", why);
-#ifdef MT_WITH_CUDA
-    /* knob cuda_precision from the command line or config (its env alias was read by mt_ops_cuda) */
-    if (mt_knob_source(ctx, MT_KNOB_CUDA_PRECISION) >= MT_KNOB_CONFIG) {
-        enum mt_cuda_precision p;
-        MT_CHECK(mt_ops_cuda_precision_parse(mt_knob_str(ctx, MT_KNOB_CUDA_PRECISION), &p));
-        MT_CHECK(mt_ops_cuda_set_precision(p));
-    }
-#endif
-    *ops = t;
-    return MT_OK;
-}
-
 enum mt_status mt_train_backend_status(struct mt_ctx *ctx, const struct mt_ops_i *ops)
 {
-    if (!ops || strcmp(ops->name, "cuda")) return MT_OK;
+    if (!ops || !ops->status) return MT_OK;   /* entries that cannot fail (cpu) */
     ops->sync(ops->be);
-#ifdef MT_WITH_CUDA
     char msg[384];
-    if (mt_ops_cuda_status_of(ops->be, msg, sizeof msg) != MT_OK)
-        return mt_ctx_error(ctx, MT_ERR_RUNTIME, "cuda backend: %s", msg);
-#endif
+    if (ops->status(ops->be, msg, sizeof msg) != MT_OK)
+        return mt_ctx_error(ctx, MT_ERR_RUNTIME, "%s backend: %s", ops->name, msg);
     return MT_OK;
 }
 
+/* vocab_size 0 = take it from DATA_DIR/meta.json (written by `meshtrain prepare`). */
 static enum mt_status resolve_vocab(struct mt_ctx *ctx, struct mt_config *cfg, const struct mt_train_opts *opts)
 {
     return mt_data_resolve_vocab(ctx, opts->data_path, &cfg->vocab_size, opts->resume || opts->init_from);
@@ -278,7 +229,7 @@ static enum mt_status check_memory(struct mt_ctx *ctx, const struct mt_config *c
     size_t b[MT_BUCKET_COUNT];
     mt_plan_rank_bytes(plan, rank, b);
     mt_plan_destroy(&pctx, plan);
-    const int on_device = rs->ops && !strcmp(rs->ops->name, "cuda");
+    const int on_device = rs->ops && !rs->ops->host_memory;
     double host_need = 0, dev_need = 0;
     for (int k = 0; k < MT_BUCKET_COUNT; k++) {
         if (on_device && k != MT_BUCKET_OTHER) dev_need += (double)b[k];
@@ -294,9 +245,8 @@ static enum mt_status check_memory(struct mt_ctx *ctx, const struct mt_config *c
                             "ranks (meshtrain plan shows where the bytes go)", host_need / 1073741824.0, rank, parts,
                             host / 1073741824.0, local > 1 ? ", shared by the ranks of this node" : "");
     }
-#ifdef MT_WITH_CUDA
-    struct mt_ops_cuda_info ci;
-    if (on_device && mt_ops_cuda_get_info(&ci) == MT_OK) {
+    struct mt_ops_device_info ci;
+    if (on_device && rs->ops->device_info && rs->ops->device_info(rs->ops->be, &ci) == MT_OK) {
         double dev = (double)(ci.mem_free_now ? ci.mem_free_now : ci.mem_total);
         if (dev > 0 && dev_need > dev) {
             bucket_line(b, 0, MT_BUCKET_WORKSPACE, parts, sizeof parts);
@@ -306,9 +256,6 @@ static enum mt_status check_memory(struct mt_ctx *ctx, const struct mt_config *c
                                 ci.device, dev / 1073741824.0);
         }
     }
-#else
-    (void)dev_need;
-#endif
     return MT_OK;
 }
 
@@ -375,7 +322,7 @@ enum mt_status mt_train_setup_local(struct mt_ctx *ctx, struct mt_config *cfg, c
     MT_CHECK(mt_layout_pipeline_cut(ctx, cfg, dims->pp, opts->pp_layers, rs->first_layer));
 
     /* ---- 2. backend ---- */
-    MT_CHECK(mt_train_backend_ops(ctx, cfg->backend, &rs->ops));
+    MT_CHECK(mt_ops_by_name(ctx, cfg->backend, &rs->ops));
 
     /* ---- 3. data (every rank opens the stream; it reads only its sequences) ---- */
     const int T = cfg->seq_len;
@@ -506,17 +453,17 @@ enum mt_status mt_train_setup_agree(struct mt_ctx *ctx, const struct mt_config *
 enum mt_status mt_train_setup_mesh(struct mt_ctx *ctx, struct run_state *rs, const struct mt_train_opts *opts,
                                    const struct mt_mesh_dims *dims)
 {
-#ifdef MT_WITH_CUDA
-    if (!strcmp(rs->ops->name, "cuda")) {
-        /* the device the backend bound (local rank mod the visible devices),
-         * not the raw local rank: with one visible device per process
-         * (CUDA_VISIBLE_DEVICES, the emulator) the local rank is no ordinal */
-        struct mt_ops_cuda_info ci;
-        int device = mt_ops_cuda_get_info(&ci) == MT_OK ? ci.ordinal : local_rank_env();
-        struct mt_mesh_nccl_opts no = {device, mt_ops_cuda_stream(), rs->ops->copy, rs->ops->be};
+    const struct mt_ops_i *ops = rs->ops;
+    if (!ops->host_memory) {
+        /* device memory: the device the backend bound (local rank mod the
+         * visible devices), not the raw local rank: with one visible device
+         * per process (CUDA_VISIBLE_DEVICES, the emulator) the local rank is
+         * no ordinal */
+        struct mt_ops_device_info ci;
+        int device = ops->device_info && ops->device_info(ops->be, &ci) == MT_OK ? ci.ordinal : mt_ops_local_rank();
+        struct mt_mesh_nccl_opts no = {device, ops->queue ? ops->queue(ops->be) : NULL, ops->copy, ops->be};
         MT_CHECK(mt_mesh_create_nccl(ctx, dims, rs->cfg, opts->zero_stage, &no, &rs->mesh));
     } else
-#endif
         MT_CHECK(mt_mesh_create(ctx, dims, rs->cfg, opts->zero_stage, &rs->mesh));
     rs->dpc = mt_mesh_data_expert_comm(rs->mesh);
     rs->lossc = mt_mesh_stage_comm(rs->mesh);

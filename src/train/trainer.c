@@ -17,10 +17,7 @@
 
 #include "../core/mt_fileio.h"
 #include "../core/mt_knobs.h"
-#ifdef MT_WITH_CUDA
-#include "../ops/cuda/mt_ops_cuda.h"
 #include "../plan/mt_gpu_info.h"
-#endif
 #include "mt_optim.h"
 #include "train_impl.h"
 
@@ -33,14 +30,12 @@ static double peak_flops(struct mt_ctx *ctx, const struct mt_train_opts *opts, c
         snprintf(src, n, "given by --peak-flops");
         return opts->peak_flops;
     }
-#ifdef MT_WITH_CUDA
     /* a known GPU: MFU against its datasheet peak for the GEMM precision */
-    struct mt_ops_cuda_info ci;
-    if (!strcmp(rs->ops->name, "cuda") && mt_ops_cuda_get_info(&ci) == MT_OK) {
+    struct mt_ops_device_info ci;
+    if (rs->ops->device_info && rs->ops->device_info(rs->ops->be, &ci) == MT_OK) {
         double dp = mt_gpu_datasheet_peak(ci.device, strcmp(rs->cfg->precision, "bf16") ? ci.precision : "bf16", src, n);
         if (dp > 0) return dp * world;
     }
-#endif
     struct mt_ops_cpu_info info;
     mt_ops_cpu_info(&info);
     /* one rank: the peak measured on this machine before (peak_cache.c); with
@@ -72,14 +67,15 @@ static double peak_flops(struct mt_ctx *ctx, const struct mt_train_opts *opts, c
 
 /* Ranks on this node x threads per rank above its cores: each rank's
  * OpenMP team then fights the others' for the cores (slower than fewer
- * threads). Said once, by rank 0; one thread per rank is the user's choice. */
-static void oversubscribed_warning(const struct mt_config *cfg, int threads, int world, int wrank)
+ * threads). Said once, by rank 0; one thread per rank is the user's choice;
+ * a device backend's kernels do not run on the cores (host_memory 0). */
+static void oversubscribed_warning(const struct mt_ops_i *ops, int threads, int world, int wrank)
 {
     const char *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
     if (!ls || atoi(ls) < 1) ls = getenv("MPI_LOCALNRANKS");
     const int local = ls && atoi(ls) > 0 ? atoi(ls) : world;
     const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    if (wrank != 0 || threads < 2 || cores < 1 || (long)local * threads <= cores || !strcmp(cfg->backend, "cuda")) return;
+    if (wrank != 0 || threads < 2 || cores < 1 || (long)local * threads <= cores || !ops->host_memory) return;
     fprintf(stderr, "meshtrain train: warning: %d rank%s on this node x %d threads = %ld > %ld cores: set "
             "OMP_NUM_THREADS=%ld (or --set threads=N) so that ranks x threads <= cores\n", local, local > 1 ? "s" : "",
             threads, (long)local * threads, cores, cores / local > 0 ? cores / local : 1);
@@ -221,7 +217,7 @@ enum mt_status mt_train_run(struct mt_ctx *ctx, struct mt_config *cfg, const str
     }
     ri.threads = mt_train_pick_threads(cfg);
     mt_ops_cpu_set_threads(ri.threads);
-    oversubscribed_warning(cfg, ri.threads, ri.world, ri.wrank);
+    oversubscribed_warning(rs.ops, ri.threads, ri.world, ri.wrank);
     rs.Gl = cfg->batch_size / (dims.dp * dims.ep);
     rs.Bm = rs.Gl / cfg->microbatches;
     ri.start_step = resume_dir[0] ? resume_meta.step : 0;

@@ -211,7 +211,7 @@ static void test_table(void)
         E(swiglu_forward_bf16), E(widen_bf16),
         E(moe_route), E(moe_seq_stats), E(moe_aux_loss), E(moe_aux_backward), E(xent_fused_bf16),
         E(sumsq_multi), E(normalize_fro), E(adamw_multi), E(nonfinite_mark), E(attention_forward_bf16),
-        E(attention_backward_bf16),
+        E(attention_backward_bf16), E(op_profile),
 #undef E
     };
     int missing = 0;
@@ -221,6 +221,23 @@ static void test_table(void)
             missing++;
         }
     report("table", "entries the cpu table fills (missing)", missing, 0);
+    /* backend facts (mt_ops.h): the cpu table is the host's and has no device
+     * entries; the cuda table is a device's, and its entries are the instance
+     * queries of mt_ops_cuda.h (what the trainer and the receipt read) */
+    struct mt_ops_device_info in;
+    const char *how = NULL;
+    int wrong = (c->host_memory != 1) + (c->device_info != NULL) + (c->status != NULL) + (c->queue != NULL) +
+                (g->host_memory != 0) + !g->status + !g->device_info + !g->step_counters + !g->queue +
+                !g->gemm_precision;
+    if (!wrong) {
+        wrong += g->device_info(g->be, &in) != MT_OK;
+        wrong += g->queue(g->be) != mt_ops_cuda_stream_of(g->be) || !g->queue(g->be);
+        wrong += (g->gemm_precision(g->be) == MT_ELEM_BF16) != (mt_ops_cuda_get_precision_of(g->be) ==
+                                                                 MT_CUDA_PRECISION_BF16);
+        wrong += g->status(g->be, NULL, 0) != mt_ops_cuda_status_of(g->be, NULL, 0);
+        wrong += !c->op_profile(c->be, &how) || !how || (g->op_profile(g->be, &how), !how);
+    }
+    report("table", "backend facts: host/device memory, device entries (wrong)", wrong, 0);
 }
 
 /* ---- memory ---- */

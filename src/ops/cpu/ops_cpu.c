@@ -459,6 +459,21 @@ static void p_qk_norm_rope_backward(void *be, float *dq_raw, float *dk_raw, floa
                                                    rstd_k, cos_tab, sin_tab, N, T, H, K, hd));
 }
 
+/* backend facts: the ISA the kernels dispatched to (mt_ops_cpu_isa), and
+ * the per-op profile's timing, which every entry's wrapper does (PROF) */
+static const char *cpu_kernels_isa(void *be)
+{
+    (void)be;
+    return mt_ops_cpu_isa();
+}
+
+static int cpu_op_profile(void *be, const char **how)
+{
+    (void)be;
+    *how = "host wall clock around each ops-table call";
+    return 1;
+}
+
 static const struct mt_ops_i cpu_ops = {
     /* .name                 = */ .name                 = "cpu",
     /* .buf_alloc            = */ .buf_alloc            = cpu_buf_alloc,
@@ -525,6 +540,10 @@ static const struct mt_ops_i cpu_ops = {
     /* .normalize_fro              = */ .normalize_fro              = p_normalize_fro,
     /* .adamw_multi                = */ .adamw_multi                = p_adamw_multi,
     /* .nonfinite_mark             = */ .nonfinite_mark             = p_nonfinite_mark,
+    /* backend facts (issue 30 item 6): host memory, no device entries */
+    /* .host_memory                = */ .host_memory                = 1,
+    /* .kernels_isa                = */ .kernels_isa                = cpu_kernels_isa,
+    /* .op_profile                 = */ .op_profile                 = cpu_op_profile,
 };
 
 const struct mt_ops_i *mt_ops_cpu(void)

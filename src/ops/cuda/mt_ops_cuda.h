@@ -18,13 +18,18 @@
  * norm stops even if it never calls mt_ops_cuda_status().
  *
  * Declared here only (not in mt_ops.h) because they exist only in builds
- * with MT_WITH_CUDA; C code includes this header under that macro.
+ * with MT_WITH_CUDA. Only src/ops and the cuda tests and bench include this
+ * header (under that macro): the trainer, the receipt and the tools read the
+ * same queries through the table's backend facts (mt_ops.h: status,
+ * device_info, step_counters, queue, gemm_precision, op_profile), which work
+ * in every build (scripts/check_layers.py).
  */
 #ifndef MT_OPS_CUDA_H
 #define MT_OPS_CUDA_H
 
 #include <stddef.h>
 #include "../../core/mt_core.h"
+#include "../mt_ops.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -48,85 +53,22 @@ enum mt_cuda_precision {
 };
 #define MT_CUDA_PRECISION_ENV "MT_CUDA_PRECISION"
 
-/* Device and library description for the receipt (filled at init). */
-struct mt_ops_cuda_info {
-    char   device[256];        /* cudaDeviceProp.name, e.g. "NVIDIA H100 80GB HBM3" */
-    int    ordinal;            /* device ordinal in use                           */
-    int    cc_major, cc_minor; /* compute capability                               */
-    int    sm_count;
-    size_t mem_total;          /* bytes                                            */
-    int    runtime_version;    /* cudaRuntimeGetVersion, e.g. 13000                */
-    int    cublas_version;     /* cublasGetVersion, e.g. 130000                    */
-    size_t cublaslt_version;   /* cublasLtGetVersion, e.g. 130000                  */
-    size_t workspace_bytes;    /* backend-private scratch currently held (the
-                                  grow-only workspace + cuBLASLt's workspace)     */
-    char   precision[8];       /* "fp32" or "bf16": the GEMM precision now in use */
-    char   precision_source[40]; /* "default", "MT_CUDA_PRECISION", "set by caller" */
-    size_t bf16_scratch_cap;   /* MT_CUDA_BF16_SCRATCH_MB in bytes: the bf16 copies
-                                  of one GEMM's operands are tiled to fit it      */
-    long   gemm_bf16_calls;    /* cuBLASLt bf16 matmuls run (tiles counted)       */
-    long   gemm_bf16_fallbacks;/* tiles cuBLASLt had no algorithm for, run by
-                                  cublasSgemm in fp32 instead (named, counted)    */
-    /* gemm_bf16 entry (precision=bf16, operands typed per call): */
-    long   gemm_bf16_direct;   /* matmuls on the caller's bf16 operands as stored
-                                  (weights' shadows: no conversion at all)        */
-    long   gemm_bf16_cast_elems; /* fp32 operand elements rounded to bf16 inside
-                                  gemm / gemm_bf16 (the per-call conversions left) */
-    long   gemm_grouped_calls; /* grouped GEMM entries called                      */
-    long   gemm_grouped_loops; /* ... of those, run as a loop of gemm calls        */
-    char   gemm_grouped_fallback[128]; /* why the last loop ran ("" = never)     */
-    /* attention_forward_bf16 / _backward_bf16 (precision=bf16, attention_tc.cu): */
-    long   attention_tc_calls;        /* calls run on tensor cores (wmma bf16)     */
-    long   attention_fp32_fallbacks;  /* calls run by the fp32 kernels (hd > 128)  */
-    long   attention_dq_recompute;    /* backward calls whose dS tiles were over
-                                         MT_CUDA_ATTN_DS_MB: dQ recomputed P, dP   */
-    /* receipt fields (issue 19 item 5) */
-    int    device_count;       /* cudaGetDeviceCount at init                       */
-    int    driver_version;     /* cudaDriverGetVersion, e.g. 13000                 */
-    int    emulated;           /* 1 under the CPU emulator (tests/cuda/emu): every
-                                  device field above is the emulator's, not a GPU's */
-    size_t mem_free_now;       /* cudaMemGetInfo at this call: free bytes         */
-    size_t mem_used_peak;      /* max of total - free after every allocation (the
-                                  device's view: every process, the CUDA context,
-                                  cuBLAS; next to the allocator's bucket peaks)   */
-    /* which physical device ran (issue 20 item 4); "" / -1 where the query failed */
-    char   uuid[48];           /* cudaDeviceProp.uuid as nvidia-smi -L prints it:
-                                  "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"      */
-    char   pci_bus_id[32];     /* cudaDeviceGetPCIBusId, e.g. "0000:18:00.0"      */
-    int    ecc_enabled;        /* cudaDevAttrEccEnabled (0/1)                      */
-    int    sm_clock_khz;       /* cudaDevAttrClockRate: the SM's peak clock       */
-    int    mem_clock_khz;      /* cudaDevAttrMemoryClockRate: peak memory clock   */
-    int    mem_bus_width_bits; /* cudaDevAttrGlobalMemoryBusWidth                 */
-    int    op_profile;         /* 1: the table's entries time themselves with event
-                                  pairs while the profile is on (MT_CUDA_OP_PROFILE,
-                                  default 1; 0 = off, for measuring its cost)    */
-    char   launch_log[256];    /* MT_CUDA_LAUNCH_LOG's file, "" = no launch log   */
-};
+/* Device and library description for the receipt (filled at init): the
+ * table's struct mt_ops_device_info (mt_ops.h), which code outside the
+ * backend reads through the device_info entry; this name is the backend's. */
+#define mt_ops_cuda_info mt_ops_device_info
 
-/* What the backend asked of the device (docs/cuda.md, "Per-op profile and
- * counters"), counted where the backend calls the runtime, so exact (the
- * same under the emulator). Running totals since the instance was created;
- * the trainer's step marks (the table's profile_step) keep per-step deltas. */
-struct mt_ops_cuda_counters {
-    long      launches;      /* our kernels (MT_LAUNCH)                            */
-    long      blas_calls;    /* cuBLAS / cuBLASLt calls that run work (sgemm,
-                                Lt matmul, grouped GEMM): >= 1 kernel each      */
-    long      memsets;       /* cudaMemsetAsync                                   */
-    long      h2d, d2h, d2d; /* cudaMemcpyAsync by direction                      */
-    long long h2d_bytes, d2h_bytes, d2d_bytes;
-    long      syncs;         /* host waits for the stream (cudaStreamSynchronize) */
-    long      allocs, frees; /* cudaMalloc / cudaFree (buffers, workspace growth) */
-    long      ws_grows;      /* of those allocs: growths of the backend's grow-only
-                                workspace (sized by its first users, so in the
-                                first step; docs/cuda.md)                        */
-};
+/* What the backend asked of the device: the table's struct
+ * mt_ops_device_counters (mt_ops.h, step_counters entry); this name is the
+ * backend's. */
+#define mt_ops_cuda_counters mt_ops_device_counters
 /* Environment variable naming a file the backend appends one line per
  * kernel launch to ("launch NAME grid X Y Z block X Y Z threads N"), per
  * copy ("copy h2d|d2h|d2d BYTES"), host wait ("sync 0") and device
  * allocation ("alloc BYTES"), and a line per step mark ("step K begin" /
  * "step K end"); unset: no log. */
 #define MT_CUDA_LAUNCH_LOG_ENV "MT_CUDA_LAUNCH_LOG"
-#define MT_CUDA_STEP_LOG       256   /* steps whose deltas are kept one by one */
+#define MT_CUDA_STEP_LOG       MT_OPS_STEP_LOG   /* steps whose deltas are kept one by one */
 /* Runtime tunable, read at creation: "0" turns the per-op event pairs off. */
 #define MT_CUDA_OP_PROFILE_ENV "MT_CUDA_OP_PROFILE"
 

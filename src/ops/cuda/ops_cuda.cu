@@ -209,6 +209,23 @@ static void cuda_xent_fused(void *be, float *losses, float *lse_out, float *logi
     mt_cuda_xent_backward(be, logits, logits, lse_out, targets, dscale, N, V, softcap);
 }
 
+/* backend facts (mt_ops.h): the GEMM precision as an element type, and
+ * whether the event pairs time the entries (MT_CUDA_OP_PROFILE; read from
+ * the instance's info, which also notes the device memory as every info
+ * query does) */
+static enum mt_elem cuda_gemm_precision(void *be)
+{
+    return mt_ops_cuda_get_precision_of(be) == MT_CUDA_PRECISION_BF16 ? MT_ELEM_BF16 : MT_ELEM_F32;
+}
+
+static int cuda_op_profile(void *be, const char **how)
+{
+    *how = "cudaEvent pair around each ops-table call on the backend stream, resolved once per step; other = the "
+           "step's wall time outside every op (host work, launch gaps, waits)";
+    struct mt_ops_cuda_info in;
+    return mt_ops_cuda_get_info_of(be, &in) == MT_OK && in.op_profile;
+}
+
 static struct mt_ops_i cuda_ops = {
     /* .name                 = */ .name                 = "cuda",
     /* .be                   = */ .be                   = NULL,   /* set by mt_ops_cuda() */
@@ -277,6 +294,15 @@ static struct mt_ops_i cuda_ops = {
     /* .normalize_fro              = */ .normalize_fro              = PROF(MT_OPK_ELEMENTWISE, mt_cuda_normalize_fro),
     /* .adamw_multi                = */ .adamw_multi                = PROF(MT_OPK_OPTIMIZER, mt_cuda_adamw_multi),
     /* .nonfinite_mark             = */ .nonfinite_mark             = PROF(MT_OPK_ELEMENTWISE, mt_cuda_nonfinite_mark),
+    /* backend facts (issue 30 item 6): device memory, the instance's queries */
+    /* .host_memory                = */ .host_memory                = 0,
+    /* .status                     = */ .status                     = mt_ops_cuda_status_of,
+    /* .device_info                = */ .device_info                = mt_ops_cuda_get_info_of,
+    /* .step_counters              = */ .step_counters              = mt_ops_cuda_step_counters_of,
+    /* .queue                      = */ .queue                      = mt_ops_cuda_stream_of,
+    /* .gemm_precision             = */ .gemm_precision             = cuda_gemm_precision,
+    /* .kernels_isa                = */ .kernels_isa                = NULL,
+    /* .op_profile                 = */ .op_profile                 = cuda_op_profile,
 };
 
 /* Undo a (partial) init: release what the bound instance holds and free it. */
