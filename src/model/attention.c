@@ -35,9 +35,10 @@ static int attn_bf16(const struct mt_piece_ctx *pc)
 }
 
 /* x_mid = x_in + attn(rmsnorm(x_in)) Wo^T for N = B*T rows (a->B, a->T).
- * Training: kcache == NULL, positions 0..T-1 per sequence. Inference
- * (B == 1): k, v of the T new tokens are appended to kcache/vcache (t_max, K, hd)
- * at row pos0 and the queries attend over rows [0, pos0+T). */
+ * Training: a->state == NULL, positions 0..T-1 per sequence. Inference
+ * (B == 1): a->state is this layer's K rows then its V rows, (t_max, K, hd)
+ * each (attn_decode_floats); k, v of the T new tokens are appended at row
+ * pos0 and the queries attend over rows [0, pos0+T). */
 static enum mt_status attn_piece_forward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a)
 {
     const struct mt_ops_i *ops = pc->ops;
@@ -62,12 +63,13 @@ static enum mt_status attn_piece_forward(struct mt_ctx *ctx, const struct mt_pie
     proj_fwd_b(ops, t, ly->v, ly->h_attn, ly->h_attn_b, ly->w.wv, N, D, KD, 0.0f);
     ops->qk_norm_rope_forward(ops->be, ly->q, ly->k, ly->rstd_q, ly->rstd_k, ly->q_raw, ly->k_raw, ly->w.qn->data,
                               ly->w.kn->data, a->cos_tab, a->sin_tab, N, T, pos0, H, K, hd, eps);
-    if (a->kcache) {
+    if (a->state) {
         /* inference, B == 1, one rank: append the new K/V rows, attend over the whole cache */
         MT_ASSERT(B == 1 && tp->tp == 1);
-        ops->copy(ops->be, a->kcache + (size_t)pos0 * KD, ly->k, (size_t)T * KD * sizeof(float));
-        ops->copy(ops->be, a->vcache + (size_t)pos0 * KD, ly->v, (size_t)T * KD * sizeof(float));
-        ops->attention_forward(ops->be, ly->att, ly->lse, ly->q, a->kcache, a->vcache, 1, T, pos0 + T, pos0, H, K, hd);
+        float *kc = a->state, *vc = a->state + (size_t)a->t_max * KD;
+        ops->copy(ops->be, kc + (size_t)pos0 * KD, ly->k, (size_t)T * KD * sizeof(float));
+        ops->copy(ops->be, vc + (size_t)pos0 * KD, ly->v, (size_t)T * KD * sizeof(float));
+        ops->attention_forward(ops->be, ly->att, ly->lse, ly->q, kc, vc, 1, T, pos0 + T, pos0, H, K, hd);
     } else if (attn_bf16(pc)) {
         /* precision=bf16: bf16 operands on tensor cores; the kernel also writes
          * att's bf16 twin, Wo's operand in the forward and dWo GEMMs */
@@ -76,7 +78,7 @@ static enum mt_status attn_piece_forward(struct mt_ctx *ctx, const struct mt_pie
         ops->attention_forward(ops->be, ly->att, ly->lse, ly->q, ly->k, ly->v, B, T, T, 0, H, K, hd);
     }
     /* precision=bf16 without the bf16 attention entry (or decoding): Wo's operand, rounded once here */
-    if (ly->att_b && (a->kcache || !attn_bf16(pc))) ops->cast_bf16(ops->be, ly->att_b, ly->att, (size_t)N * (size_t)QD);
+    if (ly->att_b && (a->state || !attn_bf16(pc))) ops->cast_bf16(ops->be, ly->att_b, ly->att, (size_t)N * (size_t)QD);
     if (tp->tp == 1) {
         proj_fwd_b(ops, t, ly->x_mid, ly->att, ly->att_b, ly->w.wo, N, QD, D, 1.0f);
         return MT_OK;
@@ -204,6 +206,9 @@ static void attn_carve_scratch(const struct mt_piece_ctx *pc, struct mt_carver *
     s->dv = carve_f(c, W, N * KD);
 }
 
+/* the K and V rows of t_max positions */
+static size_t attn_decode_floats(const struct mt_piece_ctx *pc, int t_max) { return 2 * (size_t)t_max * (size_t)pc->KD; }
+
 const struct mt_piece mt_piece_attention = {
     /* .name                  = */ "attention",
     /* .tp_regions            = */ 1,
@@ -219,4 +224,5 @@ const struct mt_piece mt_piece_attention = {
     /* .forward               = */ attn_piece_forward,
     /* .backward              = */ attn_piece_backward,
     /* .undo_recompute        = */ NULL,
+    /* .decode_floats         = */ attn_decode_floats,
 };

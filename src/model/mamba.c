@@ -27,8 +27,8 @@
  * cut into whole heads (z, x, dt, theta, lam) or whole groups (B, C); the
  * per-head vectors and B/C biases are cut by heads, the gated norm's gain by
  * the heads' channels, Wout by columns; the B/C norm gains (shared by every
- * group) are partial sums. Incremental decoding (kcache != NULL, one rank):
- * kcache is the layer's recurrent state (mt_mamba3_decode), not a KV cache.
+ * group) are partial sums. Incremental decoding (a->state != NULL, one rank):
+ * the layer's recurrent state (mt_mamba3_decode), not a KV cache.
  */
 #include "model_impl.h"
 
@@ -316,15 +316,15 @@ static enum mt_status mamba_forward(struct mt_ctx *ctx, const struct mt_piece_ct
     const struct mt_ops_i *ops = pc->ops;
     struct mt_layer *ly = pc->ly;
     const int n = a->B * a->T, D = pc->D;
-    if (a->kcache) {
-        /* decoding, B == 1, one rank: kcache is this layer's recurrent state
-         * (infer.c sizes it with mt_mamba3_state_floats), O(1) per new token */
+    if (a->state) {
+        /* decoding, B == 1, one rank: a->state is this layer's recurrent state
+         * (mamba_decode_floats: no t_max dependence), O(1) per new token */
         MT_ASSERT(a->B == 1 && pc->tp.tp == 1);
         struct mt_mamba3_weights w;
         mamba_weights(&ly->w, 0, &w);
         ops->rmsnorm_forward(ops->be, ly->h_attn_n, ly->rstd_attn, ly->x_in, ly->w.ln1->data, n, D, pc->norm_eps);
-        if (pc->lora) mixer_fwd_lora(pc, ly->x_mid, ly->h_attn_n, &w, a->kcache, 1, a->T, a->pos0);
-        else mt_mamba3_decode(ops, ly->x_mid, &ly->mb, a->kcache, ly->h_attn_n, &w, pc->mdims, a->T, a->pos0);
+        if (pc->lora) mixer_fwd_lora(pc, ly->x_mid, ly->h_attn_n, &w, a->state, 1, a->T, a->pos0);
+        else mt_mamba3_decode(ops, ly->x_mid, &ly->mb, a->state, ly->h_attn_n, &w, pc->mdims, a->T, a->pos0);
         ops->axpby(ops->be, ly->x_mid, ly->x_in, 1.0f, 1.0f, (size_t)n * D);
         return MT_OK;
     }
@@ -381,6 +381,13 @@ static enum mt_status mamba_backward(struct mt_ctx *ctx, const struct mt_piece_c
     return MT_OK;
 }
 
+/* the recurrent state (scan state, previous x and B, rotary angles): O(1) in t_max */
+static size_t mamba_decode_floats(const struct mt_piece_ctx *pc, int t_max)
+{
+    (void)t_max;
+    return mt_mamba3_state_floats(pc->mdims);
+}
+
 const struct mt_piece mt_piece_mamba = {
     /* .name                  = */ "mamba3",
     /* .tp_regions            = */ 1,
@@ -396,4 +403,5 @@ const struct mt_piece mt_piece_mamba = {
     /* .forward               = */ mamba_forward,
     /* .backward              = */ mamba_backward,
     /* .undo_recompute        = */ NULL,
+    /* .decode_floats         = */ mamba_decode_floats,
 };

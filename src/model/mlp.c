@@ -173,4 +173,5 @@ const struct mt_piece mt_piece_mlp = {
     /* .forward               = */ mlp_piece_forward,
     /* .backward              = */ mlp_piece_backward,
     /* .undo_recompute        = */ NULL,
+    /* .decode_floats         = */ NULL,
 };

@@ -141,13 +141,13 @@ static enum mt_status check_dims(struct mt_ctx *ctx, struct mt_model *m)
     int n = model_all_pieces(m, pcs);
     for (int i = 0; i < n; i++)
         if (pcs[i]->check) MT_CHECK(pcs[i]->check(ctx, &pc));
-    for (int l = 0; l < m->L; l++) {
-        char c = l < (int)strlen(m->cfg.pattern) ? m->cfg.pattern[l] : 'A';
-        char letters[4 * MT_MAX_BLOCK_KINDS];
-        if (mt_blocks_find(c) < 0)
-            return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: pattern letter %d is '%c', want one of %s", l, c,
-                                mt_blocks_letters(letters, sizeof letters));
-    }
+    /* letters past the pattern's end are the default kind */
+    const size_t plen = strlen(m->cfg.pattern);
+    const int bad = mt_blocks_pattern_check(m->cfg.pattern, plen < (size_t)m->L ? plen : (size_t)m->L);
+    char letters[4 * MT_MAX_BLOCK_KINDS];
+    if (bad >= 0)
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: pattern letter %d is '%c', want one of %s", bad,
+                            m->cfg.pattern[bad], mt_blocks_letters(letters, sizeof letters));
     return MT_OK;
 }
 
@@ -1052,8 +1052,24 @@ enum mt_status model_block_forward(struct mt_ctx *ctx, struct mt_model *m, struc
     const struct mt_block_kind *k = mt_blocks_kind(ly->kind);
     struct mt_piece_ctx pc;
     model_piece_ctx(m, ly, &pc);
-    MT_CHECK(k->mixer->forward(ctx, &pc, a));
-    return k->ffn->forward(ctx, &pc, a);
+    /* decoding: the layer's state is the mixer's, then the ffn's (model_decode_floats) */
+    float *st = a->state;
+    const size_t mixer_n = st && k->mixer->decode_floats ? k->mixer->decode_floats(&pc, a->t_max) : 0;
+    a->state = mixer_n ? st : NULL;
+    enum mt_status rc = k->mixer->forward(ctx, &pc, a);
+    a->state = st && k->ffn->decode_floats ? st + mixer_n : NULL;
+    if (rc == MT_OK) rc = k->ffn->forward(ctx, &pc, a);
+    a->state = st;
+    return rc;
+}
+
+size_t model_decode_floats(struct mt_model *m, int kind, int t_max)
+{
+    const struct mt_block_kind *k = mt_blocks_kind(kind);
+    struct mt_piece_ctx pc;
+    model_piece_ctx(m, NULL, &pc);
+    return (k->mixer->decode_floats ? k->mixer->decode_floats(&pc, t_max) : 0) +
+           (k->ffn->decode_floats ? k->ffn->decode_floats(&pc, t_max) : 0);
 }
 
 /* Backward of one block: dx holds d x_out; on return d x_in. */

@@ -453,7 +453,11 @@ void model_param_fill_serial(const struct mt_param *p, uint64_t seed, float *out
 /* model.c: cos/sin tables (tmax, hd/2) built in double, rounded to float once. */
 enum mt_status model_rope_build(struct mt_ctx *ctx, const struct mt_model *m, float *cos_dev, float *sin_dev, int tmax);
 
-/* model.c: x_out = block(x_in) for layer ly (its kind's mixer, then its ffn). */
+/* model.c: floats of one layer's decode state for t_max positions (its
+ * mixer's decode_floats, then its ffn's), for infer.c. */
+size_t model_decode_floats(struct mt_model *m, int kind, int t_max);
+/* model.c: x_out = block(x_in) for layer ly (its kind's mixer, then its ffn);
+ * decoding: a->state is the layer's state (model_decode_floats), cut per piece. */
 enum mt_status model_block_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly,
                                    struct mt_piece_fwd *a);
 

@@ -489,4 +489,5 @@ const struct mt_piece mt_piece_moe = {
     /* .forward               = */ moe_piece_forward,
     /* .backward              = */ moe_piece_backward,
     /* .undo_recompute        = */ moe_undo_recompute,
+    /* .decode_floats         = */ NULL,
 };

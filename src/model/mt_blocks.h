@@ -133,7 +133,9 @@ struct mt_piece_ctx;
 struct mt_piece_fwd {
     int          B, T, pos0;            /* rows B*T; first position (decoding: cache length)   */
     const float *cos_tab, *sin_tab;     /* RoPE tables covering positions [0, pos0 + T)         */
-    float       *kcache, *vcache;       /* decoding state of this layer (NULL when training)    */
+    float       *state;                 /* decoding: this piece's state (decode_floats of it for
+                                         * t_max positions); NULL when training                 */
+    int          t_max;                 /* decoding: the positions the state holds              */
     float       *x_out;                 /* ffn: where x_mid + ffn(...) goes (Nr, D)             */
     int          want_loss;             /* ffn: compute auxiliary losses                        */
     double       aux, z;                /* ffn: auxiliary loss sums (added to by the piece)     */
@@ -177,11 +179,15 @@ struct mt_piece {
     enum mt_status (*backward)(struct mt_ctx *ctx, const struct mt_piece_ctx *pc);
     /* recompute=block re-ran forward of layer pc->layer: undo its side effects (load histograms) */
     void   (*undo_recompute)(const struct mt_piece_ctx *pc);
+    /* incremental decoding (infer.c): floats of one layer's decode state for
+     * t_max positions (attention: its K and V rows; Mamba-3: the recurrent
+     * state); NULL: the piece keeps none */
+    size_t (*decode_floats)(const struct mt_piece_ctx *pc, int t_max);
 };
 
 /* One pattern letter. */
 struct mt_block_kind {
-    char                   letter;    /* 'A', 'E'                                       */
+    char                   letter;    /* its pattern letter                             */
     const char            *name;      /* "attention+mlp", ...                           */
     const struct mt_piece *mixer;     /* token mixing, first half of the block          */
     const struct mt_piece *ffn;       /* per-token feed-forward, second half            */
@@ -205,13 +211,23 @@ int mt_blocks_kind_hf(int index);
  * holds them all), for error messages; returns buf. */
 const char *mt_blocks_letters(char *buf, size_t len);
 
-/* Kind index of layer l (the pattern's letter; 'A' past its end). */
+/* Kind index of layer l (the pattern's letter; the table's first kind past its end). */
 int mt_blocks_layer_kind(const struct mt_config *cfg, int l);
 /* 1 when layer l (or, _any, some layer) has routed experts. */
 int mt_blocks_layer_routed(const struct mt_config *cfg, int l);
 int mt_blocks_any_routed(const struct mt_config *cfg);
-/* 1 when some layer's letter is `letter` (config rules of a kind's own keys). */
-int mt_blocks_pattern_has(const struct mt_config *cfg, char letter);
+/* 1 when some layer's kind has the piece `piece` (its name in
+ * mt_block_kinds.def: "attention", "mlp", "moe", "mamba"): the config and
+ * mesh rules of a piece's own keys, without spelling a letter. */
+int mt_blocks_pattern_uses(const struct mt_config *cfg, const char *piece);
+int mt_blocks_layer_uses(const struct mt_config *cfg, int l, const char *piece);   /* the same for layer l */
+/* The letter of kind `index` ('\0' when out of range). */
+char mt_blocks_letter(int index);
+/* pattern (n_layer + 1 chars) = the default kind's letter (the table's first
+ * line) n_layer times: an empty `pattern` key. */
+void mt_blocks_default_pattern(char *pattern, int n_layer);
+/* Index of the first of pattern[0..n) that names no kind, or -1. */
+int mt_blocks_pattern_check(const char *pattern, size_t n);
 
 /* Global shape of cfg as pieces see it (one rank: e0 = 0, Ee = E). */
 void mt_blocks_shape(const struct mt_config *cfg, struct mt_block_shape *s);
