@@ -26,6 +26,22 @@
  */
 #include "model_impl.h"
 
+/* What an attention layer saves for its backward beyond the shared input
+ * norm (struct mt_layer): its ly->state entry (attn_carve fills it). */
+struct attn_state {
+    float   *q_raw;    /* (N, QD) h Wq^T, before QK-norm                            */
+    float   *k_raw;    /* (N, KD) h Wk^T, before QK-norm                            */
+    float   *rstd_q;   /* (N*H)   QK-norm rstd per (token, head)                    */
+    float   *rstd_k;   /* (N*K)                                                     */
+    float   *q;        /* (N, QD) after QK-norm and RoPE                            */
+    float   *k;        /* (N, KD) after QK-norm and RoPE                            */
+    float   *v;        /* (N, KD)                                                   */
+    float   *att;      /* (N, QD) attention output, before o_proj                   */
+    mt_bf16 *att_b;    /* (N, QD) precision=bf16: bf16(att), Wo's operand; else NULL */
+    float   *lse;      /* (B, H, T) attention logsumexp (no T x T matrix is kept)   */
+};
+_Static_assert(sizeof(struct attn_state) <= PIECE_STATE_MAX, "raise PIECE_STATE_MAX");
+
 /* precision=bf16 runs the attention core on the backend's bf16 entries
  * (mt_ops.h attention_*_bf16: bf16 operands, fp32 accumulation and
  * statistics) when it has them; fp32 mode keeps the fp32 kernels (bits unchanged). */
@@ -43,6 +59,7 @@ static enum mt_status attn_piece_forward(struct mt_ctx *ctx, const struct mt_pie
 {
     const struct mt_ops_i *ops = pc->ops;
     struct mt_layer *ly = pc->ly;
+    struct attn_state *st = pc->st;
     const struct mt_tp_axis *tp = &pc->tp;
     const int B = a->B, T = a->T, pos0 = a->pos0;
     const int N = B * T, D = pc->D, H = pc->H, K = pc->K, hd = pc->hd, QD = pc->QD, KD = pc->KD;
@@ -58,33 +75,33 @@ static enum mt_status attn_piece_forward(struct mt_ctx *ctx, const struct mt_pie
         ops->rmsnorm_resid_forward(ops->be, ly->h_attn_n, ly->rstd_attn, ly->x_mid, ly->x_in, ly->w.ln1->data, Nr, D, eps);
     if (tp->sp) MT_CHECK(tpa_gather_rows(ctx, tp, ly->h_attn, ly->h_attn_n, Nr, D));   /* SP entry */
     /* this rank's heads (H, K are local under TP) over all N rows */
-    proj_fwd_b(ops, t, ly->q_raw, ly->h_attn, ly->h_attn_b, ly->w.wq, N, D, QD, 0.0f);
-    proj_fwd_b(ops, t, ly->k_raw, ly->h_attn, ly->h_attn_b, ly->w.wk, N, D, KD, 0.0f);
-    proj_fwd_b(ops, t, ly->v, ly->h_attn, ly->h_attn_b, ly->w.wv, N, D, KD, 0.0f);
-    ops->qk_norm_rope_forward(ops->be, ly->q, ly->k, ly->rstd_q, ly->rstd_k, ly->q_raw, ly->k_raw, ly->w.qn->data,
+    proj_fwd_b(ops, t, st->q_raw, ly->h_attn, ly->h_attn_b, ly->w.wq, N, D, QD, 0.0f);
+    proj_fwd_b(ops, t, st->k_raw, ly->h_attn, ly->h_attn_b, ly->w.wk, N, D, KD, 0.0f);
+    proj_fwd_b(ops, t, st->v, ly->h_attn, ly->h_attn_b, ly->w.wv, N, D, KD, 0.0f);
+    ops->qk_norm_rope_forward(ops->be, st->q, st->k, st->rstd_q, st->rstd_k, st->q_raw, st->k_raw, ly->w.qn->data,
                               ly->w.kn->data, a->cos_tab, a->sin_tab, N, T, pos0, H, K, hd, eps);
     if (a->state) {
         /* inference, B == 1, one rank: append the new K/V rows, attend over the whole cache */
         MT_ASSERT(B == 1 && tp->tp == 1);
         float *kc = a->state, *vc = a->state + (size_t)a->t_max * KD;
-        ops->copy(ops->be, kc + (size_t)pos0 * KD, ly->k, (size_t)T * KD * sizeof(float));
-        ops->copy(ops->be, vc + (size_t)pos0 * KD, ly->v, (size_t)T * KD * sizeof(float));
-        ops->attention_forward(ops->be, ly->att, ly->lse, ly->q, kc, vc, 1, T, pos0 + T, pos0, H, K, hd);
+        ops->copy(ops->be, kc + (size_t)pos0 * KD, st->k, (size_t)T * KD * sizeof(float));
+        ops->copy(ops->be, vc + (size_t)pos0 * KD, st->v, (size_t)T * KD * sizeof(float));
+        ops->attention_forward(ops->be, st->att, st->lse, st->q, kc, vc, 1, T, pos0 + T, pos0, H, K, hd);
     } else if (attn_bf16(pc)) {
         /* precision=bf16: bf16 operands on tensor cores; the kernel also writes
          * att's bf16 twin, Wo's operand in the forward and dWo GEMMs */
-        ops->attention_forward_bf16(ops->be, ly->att, ly->att_b, ly->lse, ly->q, ly->k, ly->v, B, T, H, K, hd);
+        ops->attention_forward_bf16(ops->be, st->att, st->att_b, st->lse, st->q, st->k, st->v, B, T, H, K, hd);
     } else {
-        ops->attention_forward(ops->be, ly->att, ly->lse, ly->q, ly->k, ly->v, B, T, T, 0, H, K, hd);
+        ops->attention_forward(ops->be, st->att, st->lse, st->q, st->k, st->v, B, T, T, 0, H, K, hd);
     }
     /* precision=bf16 without the bf16 attention entry (or decoding): Wo's operand, rounded once here */
-    if (ly->att_b && (a->state || !attn_bf16(pc))) ops->cast_bf16(ops->be, ly->att_b, ly->att, (size_t)N * (size_t)QD);
+    if (st->att_b && (a->state || !attn_bf16(pc))) ops->cast_bf16(ops->be, st->att_b, st->att, (size_t)N * (size_t)QD);
     if (tp->tp == 1) {
-        proj_fwd_b(ops, t, ly->x_mid, ly->att, ly->att_b, ly->w.wo, N, QD, D, 1.0f);
+        proj_fwd_b(ops, t, ly->x_mid, st->att, st->att_b, ly->w.wo, N, QD, D, 1.0f);
         return MT_OK;
     }
     /* Wo holds this rank's columns: a partial sum over the model group (TP exit) */
-    proj_fwd_b(ops, t, pc->s_red, ly->att, ly->att_b, ly->w.wo, N, QD, D, 0.0f);
+    proj_fwd_b(ops, t, pc->s_red, st->att, st->att_b, ly->w.wo, N, QD, D, 0.0f);
     return tpa_exit_add(ctx, tp, ly->x_mid, pc->s_red, pc->s_full);
 }
 
@@ -93,6 +110,7 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
 {
     const struct mt_ops_i *ops = pc->ops;
     const struct mt_layer *ly = pc->ly;
+    const struct attn_state *st = pc->st;
     const struct mt_tp_axis *tp = &pc->tp;
     const int B = pc->B, T = pc->T, N = pc->N, Nr = pc->Nr, D = pc->D, H = pc->H, K = pc->K, hd = pc->hd;
     const int QD = pc->QD, KD = pc->KD;
@@ -105,17 +123,17 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
         dy = pc->s_full;
     }
     /* term 1: o_proj */
-    proj_bwd_b(ops, t, dt, pc->datt, 0.0f, ly->w.wo, dy, ly->att, ly->att_b, N, QD, D);
+    proj_bwd_b(ops, t, dt, pc->datt, 0.0f, ly->w.wo, dy, st->att, st->att_b, N, QD, D);
     /* term 2: attention core (dq, dk, dv overwritten) */
     if (attn_bf16(pc))
-        ops->attention_backward_bf16(ops->be, pc->dq, pc->dk, pc->dv, pc->datt, ly->q, ly->k, ly->v, ly->att,
-                                     ly->lse, B, T, H, K, hd);
+        ops->attention_backward_bf16(ops->be, pc->dq, pc->dk, pc->dv, pc->datt, st->q, st->k, st->v, st->att,
+                                     st->lse, B, T, H, K, hd);
     else
-        ops->attention_backward(ops->be, pc->dq, pc->dk, pc->dv, pc->datt, ly->q, ly->k, ly->v, ly->att, ly->lse,
+        ops->attention_backward(ops->be, pc->dq, pc->dk, pc->dv, pc->datt, st->q, st->k, st->v, st->att, st->lse,
                                 B, T, H, K, hd);
     /* term 3: RoPE, then QK-norm, one fused pass; datt is free now and takes dq' */
-    ops->qk_norm_rope_backward(ops->be, pc->datt, pc->dk2, ly->w.qn->grad, ly->w.kn->grad, pc->dq, pc->dk, ly->q_raw,
-                               ly->k_raw, ly->w.qn->data, ly->w.kn->data, ly->rstd_q, ly->rstd_k, pc->rope_cos,
+    ops->qk_norm_rope_backward(ops->be, pc->datt, pc->dk2, ly->w.qn->grad, ly->w.kn->grad, pc->dq, pc->dk, st->q_raw,
+                               st->k_raw, ly->w.qn->data, ly->w.kn->data, st->rstd_q, st->rstd_k, pc->rope_cos,
                                pc->rope_sin, N, T, H, K, hd);
     /* term 4: projections (under TP dh is this rank's partial sum over its heads) */
     proj_bwd_b(ops, t, dt, pc->dh, 0.0f, ly->w.wq, pc->datt, ly->h_attn, ly->h_attn_b, N, D, QD);
@@ -171,25 +189,26 @@ static double attn_extra(const struct mt_block_shape *s)
  * and x_mid (the residual after the mixer, input of the ffn half). */
 static void attn_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly)
 {
+    struct attn_state *st = pc->st;
     const size_t N = (size_t)pc->N, D = (size_t)pc->D, QD = (size_t)pc->QD, KD = (size_t)pc->KD, Nr = (size_t)pc->Nr;
     const enum mt_bucket A = MT_BUCKET_ACTS;
     ly->h_attn_n = carve_f(c, A, Nr * D);
     ly->h_attn = pc->tp.sp ? carve_f(c, A, N * D) : ly->h_attn_n;   /* SP: the gathered copy is saved */
     ly->rstd_attn = carve_f(c, A, Nr);
-    ly->q_raw = carve_f(c, A, N * QD);
-    ly->k_raw = carve_f(c, A, N * KD);
-    ly->rstd_q = carve_f(c, A, N * (size_t)pc->H);
-    ly->rstd_k = carve_f(c, A, N * (size_t)pc->K);
-    ly->q = carve_f(c, A, N * QD);
-    ly->k = carve_f(c, A, N * KD);
-    ly->v = carve_f(c, A, N * KD);
-    ly->att = carve_f(c, A, N * QD);
+    st->q_raw = carve_f(c, A, N * QD);
+    st->k_raw = carve_f(c, A, N * KD);
+    st->rstd_q = carve_f(c, A, N * (size_t)pc->H);
+    st->rstd_k = carve_f(c, A, N * (size_t)pc->K);
+    st->q = carve_f(c, A, N * QD);
+    st->k = carve_f(c, A, N * KD);
+    st->v = carve_f(c, A, N * KD);
+    st->att = carve_f(c, A, N * QD);
     /* precision=bf16: the GEMM operands' bf16 twins (the norm's: not under SP, whose gathered rows are fp32) */
-    ly->h_attn_b = ly->att_b = NULL;
+    ly->h_attn_b = st->att_b = NULL;
     if (pc->bf16 && !pc->tp.sp && (!pc->ops || pc->ops->rmsnorm_resid_forward_bf16))
         ly->h_attn_b = carve(c, A, Nr * D * 2);
-    if (pc->bf16) ly->att_b = carve(c, A, N * QD * 2);
-    ly->lse = carve_f(c, A, N * (size_t)pc->H);
+    if (pc->bf16) st->att_b = carve(c, A, N * QD * 2);
+    st->lse = carve_f(c, A, N * (size_t)pc->H);
     ly->x_mid = carve_f(c, A, Nr * D);
 }
 
@@ -225,4 +244,5 @@ const struct mt_piece mt_piece_attention = {
     /* .backward              = */ attn_piece_backward,
     /* .undo_recompute        = */ NULL,
     /* .decode_floats         = */ attn_decode_floats,
+    /* .state_bytes           = */ sizeof(struct attn_state),
 };

@@ -32,6 +32,15 @@
  */
 #include "model_impl.h"
 
+/* What a Mamba-3 layer saves beyond the shared input norm (struct mt_layer):
+ * its ly->state entry (mamba_carve fills it). */
+struct mamba_state {
+    struct mt_mamba3_acts mb;   /* the mixer's saved activations (ACTS, one carve)      */
+    mt_bf16 *yn_b;              /* (N, E) precision=bf16: bf16(mb.yn), Wout's operand;
+                                 * else NULL                                            */
+};
+_Static_assert(sizeof(struct mamba_state) <= PIECE_STATE_MAX, "raise PIECE_STATE_MAX");
+
 static void mamba_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *user)
 {
     const int64_t D = s->D, E = s->mE, H = s->mH, G = s->mG, N = s->mN;
@@ -95,6 +104,7 @@ static double mamba_extra(const struct mt_block_shape *s)
  * mt_mamba3_acts_floats), x_mid. */
 static void mamba_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly)
 {
+    struct mamba_state *st = pc->st;
     const size_t D = (size_t)pc->D, Nr = (size_t)pc->Nr, N = (size_t)pc->N;
     const enum mt_bucket A = MT_BUCKET_ACTS;
     ly->h_attn_n = carve_f(c, A, Nr * D);
@@ -105,11 +115,11 @@ static void mamba_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, stru
     if (pc->bf16 && !pc->tp.sp && (!pc->ops || pc->ops->rmsnorm_forward_bf16)) ly->h_attn_b = carve(c, A, Nr * D * 2);
     ly->rstd_attn = carve_f(c, A, Nr);
     float *acts = carve_f(c, A, mt_mamba3_acts_floats(pc->mdims, pc->N));
-    if (acts) mt_mamba3_acts_bind(&ly->mb, acts, pc->mdims, pc->N);
+    if (acts) mt_mamba3_acts_bind(&st->mb, acts, pc->mdims, pc->N);
     /* precision=bf16: the gated norm output's twin, Wout's operand (forward and
      * dWout), rounded once per forward by cast_bf16 (this rank's E channels) */
-    ly->yn_b = NULL;
-    if (pc->bf16) ly->yn_b = carve(c, A, N * (size_t)pc->mdims->H * (size_t)pc->mdims->P * 2);
+    st->yn_b = NULL;
+    if (pc->bf16) st->yn_b = carve(c, A, N * (size_t)pc->mdims->H * (size_t)pc->mdims->P * 2);
     ly->x_mid = carve_f(c, A, Nr * D);
 }
 
@@ -251,52 +261,56 @@ static void in_bwd(const struct mt_piece_ctx *pc, float *dh, struct mt_mamba3_we
 static void mixer_fwd(const struct mt_piece_ctx *pc, float *out, const float *h, const mt_bf16 *hb,
                       const struct mt_mamba3_weights *w, int B, int T)
 {
+    struct mamba_state *st = pc->st;
     const struct mt_ops_i *ops = pc->ops;
     struct mt_layer *ly = pc->ly;
-    if (!mixer_bf16(&ly->w)) { mt_mamba3_forward(ops, out, &ly->mb, h, w, pc->mdims, B, T); return; }
+    if (!mixer_bf16(&ly->w)) { mt_mamba3_forward(ops, out, &st->mb, h, w, pc->mdims, B, T); return; }
     const int n = B * T, E = pc->mdims->H * pc->mdims->P;
-    in_fwd(pc, ly->mb.proj, h, hb, w, n);
-    mt_mamba3_mix_forward(ops, &ly->mb, w, pc->mdims, B, T);
-    if (ly->yn_b) ops->cast_bf16(ops->be, ly->yn_b, ly->mb.yn, (size_t)n * (size_t)E);
-    wlinear_forward(ops, out, ly->mb.yn, ly->yn_b, ly->w.mwout, n, E, pc->D, 0.0f);
+    in_fwd(pc, st->mb.proj, h, hb, w, n);
+    mt_mamba3_mix_forward(ops, &st->mb, w, pc->mdims, B, T);
+    if (st->yn_b) ops->cast_bf16(ops->be, st->yn_b, st->mb.yn, (size_t)n * (size_t)E);
+    wlinear_forward(ops, out, st->mb.yn, st->yn_b, ly->w.mwout, n, E, pc->D, 0.0f);
 }
 
 /* dh = d h (overwritten), the mixer's gradients += : mt_mamba3_backward's stages */
 static void mixer_bwd(const struct mt_piece_ctx *pc, const float *dy, const struct mt_mamba3_weights *w,
                       struct mt_mamba3_weights *g)
 {
+    struct mamba_state *st = pc->st;
     const struct mt_ops_i *ops = pc->ops;
     struct mt_layer *ly = pc->ly;
     if (!mixer_bf16(&ly->w)) {
-        mt_mamba3_backward(ops, pc->dh, 0, g, pc->mb_s, dy, ly->h_attn, &ly->mb, w, pc->mdims, pc->B, pc->T);
+        mt_mamba3_backward(ops, pc->dh, 0, g, pc->mb_s, dy, ly->h_attn, &st->mb, w, pc->mdims, pc->B, pc->T);
         return;
     }
     const int n = pc->B * pc->T, E = pc->mdims->H * pc->mdims->P;
-    wlinear_backward(ops, pc->mb_s->dyn, 0.0f, g->wout, dy, ly->mb.yn, ly->yn_b, ly->w.mwout, n, E, pc->D);
-    mt_mamba3_mix_backward(ops, g, pc->mb_s, &ly->mb, w, pc->mdims, pc->B, pc->T);
+    wlinear_backward(ops, pc->mb_s->dyn, 0.0f, g->wout, dy, st->mb.yn, st->yn_b, ly->w.mwout, n, E, pc->D);
+    mt_mamba3_mix_backward(ops, g, pc->mb_s, &st->mb, w, pc->mdims, pc->B, pc->T);
     in_bwd(pc, pc->dh, g, pc->mb_s->dproj, ly->h_attn, ly->h_attn_b, w, n);
 }
 
 static void mixer_fwd_lora(const struct mt_piece_ctx *pc, float *out, const float *h, const struct mt_mamba3_weights *w,
                            float *state, int B, int T, int pos0)
 {
+    struct mamba_state *st = pc->st;
     const struct mt_ops_i *ops = pc->ops;
     struct mt_layer *ly = pc->ly;
     const int n = B * T, D = pc->D, E = pc->mdims->H * pc->mdims->P, W = mt_mamba3_in_width(pc->mdims);
     int rows[7];
     in_rows(&ly->w, rows);
-    in_fwd(pc, ly->mb.proj, h, state ? NULL : ly->h_attn_b, w, n);
-    lora_fwd_add(ops, pc->s_lora, ly->mb.proj, W, h, (const struct mt_param *const *)ly->w.mwin, rows, 7, n, D);
-    if (state) mt_mamba3_decode_mix(ops, &ly->mb, state, w, pc->mdims, T, pos0);
-    else mt_mamba3_mix_forward(ops, &ly->mb, w, pc->mdims, B, T);
-    const mt_bf16 *ynb = state ? NULL : ly->yn_b;   /* decoding: rounded per call */
-    if (ynb) ops->cast_bf16(ops->be, ly->yn_b, ly->mb.yn, (size_t)n * (size_t)E);
-    proj_fwd_b(ops, pc->s_lora, out, ly->mb.yn, ynb, ly->w.mwout, n, E, D, 0.0f);
+    in_fwd(pc, st->mb.proj, h, state ? NULL : ly->h_attn_b, w, n);
+    lora_fwd_add(ops, pc->s_lora, st->mb.proj, W, h, (const struct mt_param *const *)ly->w.mwin, rows, 7, n, D);
+    if (state) mt_mamba3_decode_mix(ops, &st->mb, state, w, pc->mdims, T, pos0);
+    else mt_mamba3_mix_forward(ops, &st->mb, w, pc->mdims, B, T);
+    const mt_bf16 *ynb = state ? NULL : st->yn_b;   /* decoding: rounded per call */
+    if (ynb) ops->cast_bf16(ops->be, st->yn_b, st->mb.yn, (size_t)n * (size_t)E);
+    proj_fwd_b(ops, pc->s_lora, out, st->mb.yn, ynb, ly->w.mwout, n, E, D, 0.0f);
 }
 
 static void mixer_bwd_lora(const struct mt_piece_ctx *pc, const float *dy, const struct mt_mamba3_weights *w,
                            struct mt_mamba3_weights *g)
 {
+    struct mamba_state *st = pc->st;
     const struct mt_ops_i *ops = pc->ops;
     struct mt_layer *ly = pc->ly;
     struct mt_mamba3_scratch *s = pc->mb_s;
@@ -305,14 +319,15 @@ static void mixer_bwd_lora(const struct mt_piece_ctx *pc, const float *dy, const
     in_rows(&ly->w, rows);
     for (int b = 0; b < 7; b++)
         if (ly->w.mwin[b]->frozen) g->win_part[b] = NULL;   /* no weight gradient for the frozen base */
-    proj_bwd_b(ops, pc->s_lora, pc->s_dlora, s->dyn, 0.0f, ly->w.mwout, dy, ly->mb.yn, ly->yn_b, n, E, D);
-    mt_mamba3_mix_backward(ops, g, s, &ly->mb, w, pc->mdims, pc->B, pc->T);
+    proj_bwd_b(ops, pc->s_lora, pc->s_dlora, s->dyn, 0.0f, ly->w.mwout, dy, st->mb.yn, st->yn_b, n, E, D);
+    mt_mamba3_mix_backward(ops, g, s, &st->mb, w, pc->mdims, pc->B, pc->T);
     in_bwd(pc, pc->dh, g, s->dproj, ly->h_attn, ly->h_attn_b, w, n);
     lora_bwd_add(ops, pc->s_lora, pc->s_dlora, pc->dh, s->dproj, W, ly->h_attn, ly->w.mwin, rows, 7, n, D);
 }
 
 static enum mt_status mamba_forward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a)
 {
+    struct mamba_state *st = pc->st;
     const struct mt_ops_i *ops = pc->ops;
     struct mt_layer *ly = pc->ly;
     const int n = a->B * a->T, D = pc->D;
@@ -324,7 +339,7 @@ static enum mt_status mamba_forward(struct mt_ctx *ctx, const struct mt_piece_ct
         mamba_weights(&ly->w, 0, &w);
         ops->rmsnorm_forward(ops->be, ly->h_attn_n, ly->rstd_attn, ly->x_in, ly->w.ln1->data, n, D, pc->norm_eps);
         if (pc->lora) mixer_fwd_lora(pc, ly->x_mid, ly->h_attn_n, &w, a->state, 1, a->T, a->pos0);
-        else mt_mamba3_decode(ops, ly->x_mid, &ly->mb, a->state, ly->h_attn_n, &w, pc->mdims, a->T, a->pos0);
+        else mt_mamba3_decode(ops, ly->x_mid, &st->mb, a->state, ly->h_attn_n, &w, pc->mdims, a->T, a->pos0);
         ops->axpby(ops->be, ly->x_mid, ly->x_in, 1.0f, 1.0f, (size_t)n * D);
         return MT_OK;
     }
@@ -404,4 +419,5 @@ const struct mt_piece mt_piece_mamba = {
     /* .backward              = */ mamba_backward,
     /* .undo_recompute        = */ NULL,
     /* .decode_floats         = */ mamba_decode_floats,
+    /* .state_bytes           = */ sizeof(struct mamba_state),
 };

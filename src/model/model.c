@@ -323,8 +323,23 @@ static void carve_block(struct mt_model *m, struct mt_carver *c, struct mt_layer
     const struct mt_piece *ps[2] = {k->mixer, k->ffn};
     struct mt_piece_ctx pc;
     model_piece_ctx(m, ly, &pc);
-    for (int i = 0; i < 2; i++) ps[i]->carve(&pc, c, ly);
+    /* sizes only (NULL bases): the piece still fills a state struct, a
+     * throwaway one here; PIECE_STATE_MAX bounds every piece's state_bytes */
+    _Alignas(64) unsigned char tmp[PIECE_STATE_MAX];
+    for (int i = 0; i < 2; i++) {
+        MT_ASSERT(ps[i]->state_bytes <= sizeof tmp);
+        ly->state[i] = ps[i]->state_bytes ? carve(c, MT_BUCKET_OTHER, ps[i]->state_bytes) : NULL;
+        const int sized = ps[i]->state_bytes && !ly->state[i];
+        if (sized) ly->state[i] = tmp;
+        if (ly->state[i]) memset(ly->state[i], 0, ps[i]->state_bytes);   /* fields a carve skips: NULL */
+        pc.st = ly->state[i];
+        ps[i]->carve(&pc, c, ly);
+        if (sized) ly->state[i] = NULL;
+    }
 }
+
+/* pc (built for layer ly) as piece i (MT_PIECE_MIXER / _FFN) of ly's block sees it. */
+static void piece_bind(struct mt_piece_ctx *pc, const struct mt_layer *ly, int i) { pc->st = ly ? ly->state[i] : NULL; }
 
 void model_piece_ctx(struct mt_model *m, struct mt_layer *ly, struct mt_piece_ctx *pc)
 {
@@ -388,7 +403,6 @@ static void share_block(struct mt_layer *ly, const struct mt_layer *blk)
     ly->index = keep.index;
     ly->w = keep.w;
     ly->x_in = keep.x_in;
-    ly->r_rows = 0;
 }
 
 void ffn_norm_carve_pc(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly)
@@ -1056,8 +1070,10 @@ enum mt_status model_block_forward(struct mt_ctx *ctx, struct mt_model *m, struc
     float *st = a->state;
     const size_t mixer_n = st && k->mixer->decode_floats ? k->mixer->decode_floats(&pc, a->t_max) : 0;
     a->state = mixer_n ? st : NULL;
+    piece_bind(&pc, ly, MT_PIECE_MIXER);
     enum mt_status rc = k->mixer->forward(ctx, &pc, a);
     a->state = st && k->ffn->decode_floats ? st + mixer_n : NULL;
+    piece_bind(&pc, ly, MT_PIECE_FFN);
     if (rc == MT_OK) rc = k->ffn->forward(ctx, &pc, a);
     a->state = st;
     return rc;
@@ -1078,7 +1094,9 @@ static enum mt_status model_block_backward(struct mt_ctx *ctx, struct mt_model *
     const struct mt_block_kind *k = mt_blocks_kind(ly->kind);
     struct mt_piece_ctx pc;
     model_piece_ctx(m, ly, &pc);
+    piece_bind(&pc, ly, MT_PIECE_FFN);
     MT_CHECK(k->ffn->backward(ctx, &pc));     /* dx: d x_out -> d x_mid */
+    piece_bind(&pc, ly, MT_PIECE_MIXER);
     return k->mixer->backward(ctx, &pc);      /* dx: d x_mid -> d x_in  */
 }
 
@@ -1245,7 +1263,9 @@ static enum mt_status block_recompute(struct mt_ctx *ctx, struct mt_model *m, st
     struct mt_piece_ctx pc;
     model_piece_ctx(m, ly, &pc);
     MT_ASSERT(pc.layer == l);
+    piece_bind(&pc, ly, MT_PIECE_MIXER);
     if (k->mixer->undo_recompute) k->mixer->undo_recompute(&pc);
+    piece_bind(&pc, ly, MT_PIECE_FFN);
     if (k->ffn->undo_recompute) k->ffn->undo_recompute(&pc);
     return MT_OK;
 }

@@ -58,54 +58,30 @@ struct mt_layer {
     int index;                     /* layer number l (its row of the MoE load histogram) */
     struct mt_layer_w w;           /* parameters                                    */
 
-    /* saved activations (ACTS) */
+    /* saved activations every kind shares (ACTS): the residual stream and
+     * the two input norms (mixer: h_attn*, ffn: h_mlp*) */
     float *x_in;       /* (Nr, D) residual stream entering the block               */
-    float *h_attn_n;   /* (Nr, D) rmsnorm(x_in) * g_attn (this rank's rows)         */
+    float *h_attn_n;   /* (Nr, D) rmsnorm(x_in) * g_in (this rank's rows)           */
     float *h_attn;     /* (N, D)  the same, gathered over TP (== h_attn_n without SP) */
     float *rstd_attn;  /* (Nr)                                                      */
-    float *q_raw;      /* (N, QD) h Wq^T, before QK-norm                            */
-    float *k_raw;      /* (N, KD) h Wk^T, before QK-norm                            */
-    float *rstd_q;     /* (N*H)   QK-norm rstd per (token, head)                    */
-    float *rstd_k;     /* (N*K)                                                     */
-    float *q;          /* (N, QD) after QK-norm and RoPE                            */
-    float *k;          /* (N, KD) after QK-norm and RoPE                            */
-    float *v;          /* (N, KD)                                                   */
-    float *att;        /* (N, QD) attention output, before o_proj                   */
-    /* precision=bf16: the bf16 twins of the GEMM operands above (written by their
-     * producer once, read by the forward and backward GEMMs); NULL: none */
+    /* precision=bf16: the bf16 twins of the norms (GEMM operands, written by the
+     * norm once); NULL: none */
     mt_bf16 *h_attn_b; /* (Nr, D) bf16(h_attn_n), not under SP                      */
-    mt_bf16 *att_b;    /* (N, QD) bf16(att)                                         */
     mt_bf16 *h_mlp_b;  /* (Nr, D) bf16(h_mlp_n), dense MLP only, not under SP       */
-    mt_bf16 *yn_b;     /* (N, E) bf16(mb.yn), M layers: Wout's operand (mamba.c)     */
-    float *lse;        /* (B, H, T) attention logsumexp (no T x T matrix is kept)   */
-    float *x_mid;      /* (Nr, D) x_in + att Wo^T                                   */
-    float *h_mlp_n;    /* (Nr, D) rmsnorm(x_mid) * g_mlp (this rank's rows)         */
+    float *x_mid;      /* (Nr, D) x_in + mixer(h_attn)                              */
+    float *h_mlp_n;    /* (Nr, D) rmsnorm(x_mid) * g_post (this rank's rows)        */
     float *h_mlp;      /* dense: (N, D) gathered over TP (== h_mlp_n without SP);
                         * MoE: (Nm, D) the rows the experts see (a view of h_mlp_n) */
     float *rstd_mlp;   /* (Nr)                                                      */
-    /* dense MLP (A) */
-    float *mg, *mu;    /* (N, F)  gate / up pre-activations                         */
-    /* MoE (E) */
-    float   *probs;    /* (N, E)  router softmax, fp32                              */
-    float   *rlse;     /* (N)     router logsumexp (z-loss)                         */
-    int32_t *topk;     /* (N, k)  chosen experts                                    */
-    float   *gates;    /* (N, k)  renormalised gate weights                         */
-    int32_t *pos;      /* (N*k)   slot (n,j) -> row of the expert-sorted buffer     */
-    int32_t *src_row;  /* (M)     row -> token                                      */
-    float   *eg, *eu;  /* (M, Fe) expert gate / up pre-activations (sorted rows)    */
-    float   *ey;       /* (M, D)  expert outputs before gating (sorted rows)        */
-    float   *sgp, *sup;/* (N, Fs) shared expert gate / up pre-activations           */
-    /* host (OTHER) */
-    int     *e_off;    /* (E+1)   row offset of each expert in the sorted buffer    */
-    /* EP (ep > 1): rows received for this rank's experts, kept for backward */
-    int     *r_cnt;    /* (ep*Ee) rows from source rank s for local expert j: [s*Ee+j] */
-    int      r_rows;   /* sum of r_cnt                                               */
-    float   *rx;       /* (ep*M, D) received expert inputs (capacity: dropless worst case) */
-    float   *f_share;  /* (B, E)  f[s,e]: share of sequence s's T*k slots (no grad; ACTS) */
-    /* Mamba-3 (M): the mixer's saved activations (ACTS, one carve); the
-     * input norm lives in h_attn_n / rstd_attn, the output in x_mid */
-    struct mt_mamba3_acts mb;
+    /* each piece's own saved activations ([MT_PIECE_MIXER], [MT_PIECE_FFN]):
+     * a struct the piece's .c file defines (struct mt_piece.state_bytes),
+     * carved in OTHER by carve_block; NULL when the piece declares none */
+    void *state[2];
 };
+enum { MT_PIECE_MIXER = 0, MT_PIECE_FFN = 1 };
+/* Largest state_bytes a piece may declare (model.c sizes a throwaway state
+ * with it when carving for sizes only; each piece asserts its struct fits). */
+#define PIECE_STATE_MAX 512
 
 /* One microbatch's saved activations (pipeline slots); the model's "current"
  * fields (idx ... xlse, layers, norm, have_*) are copied from the selected slot. */
@@ -344,6 +320,8 @@ struct mt_moe_dims {             /* what an E block's ffn needs beyond the share
 struct mt_piece_ctx {
     const struct mt_ops_i *ops;
     struct mt_layer       *ly;       /* weights (ly->w), saved activations          */
+    void                  *st;       /* this piece's own saved activations (its
+                                      * ly->state[] entry; model.c sets it per call) */
     int   N, Nr, D, F;               /* rows, residual rows, width, local dense hidden */
     int   B, T;                      /* the microbatch (training: N = B*T)          */
     int   H, K, hd, QD, KD;          /* local q / kv heads, head dim, H*hd, K*hd    */
@@ -417,6 +395,9 @@ void mlp_forward(const struct mt_ops_i *ops, float *t, float *out, int accumulat
 void mlp_backward(const struct mt_ops_i *ops, float *t, float *dt, float *dh, int accumulate, float *act, float *dact,
                   float *dg, float *du, const float *dout, const float *h, const float *g, const float *u,
                   struct mt_param *wg, struct mt_param *wu, struct mt_param *wd, int n, int D, int F);
+
+/* moe.c: the top-k experts of an MoE layer's state (its ly->state[MT_PIECE_FFN]), (Nm, k) on the backend; for tests. */
+const int32_t *moe_state_topk(const void *state);
 
 /* The pieces of the block-kind table (blocks.c). */
 extern const struct mt_piece mt_piece_attention;   /* attention.c */

@@ -35,6 +35,30 @@
  * ACCUMULATES in forward (it holds the residual). Scratch is overwritten.
  */
 #include "model_impl.h"
+
+/* What an MoE layer saves beyond the shared ffn norm (struct mt_layer): its
+ * ly->state entry (moe_carve fills it). Nm rows the block sees, M = Nm*k slots. */
+struct moe_state {
+    float   *probs;    /* (Nm, E)  router softmax, fp32                             */
+    float   *rlse;     /* (Nm)     router logsumexp (z-loss)                        */
+    int32_t *topk;     /* (Nm, k)  chosen experts                                   */
+    float   *gates;    /* (Nm, k)  renormalised gate weights                        */
+    int32_t *pos;      /* (Nm*k)   slot (n,j) -> row of the expert-sorted buffer    */
+    int32_t *src_row;  /* (M)      row -> token                                     */
+    float   *eg, *eu;  /* (M, Fe)  expert gate / up pre-activations (sorted rows)   */
+    float   *ey;       /* (M, D)   expert outputs before gating (sorted rows)       */
+    float   *sgp, *sup;/* (Nm, Fs) shared expert gate / up pre-activations          */
+    float   *f_share;  /* (B, E)   f[s,e]: share of sequence s's T*k slots (no grad) */
+    /* host (OTHER) */
+    int     *e_off;    /* (E+1)    row offset of each expert in the sorted buffer   */
+    /* EP (ep > 1): rows received for this rank's experts, kept for backward */
+    int     *r_cnt;    /* (ep*Ee)  rows from source rank s for local expert j: [s*Ee+j] */
+    int      r_rows;   /* sum of r_cnt                                              */
+    float   *rx;       /* (ep*M, D) received expert inputs (capacity: dropless worst case) */
+};
+_Static_assert(sizeof(struct moe_state) <= PIECE_STATE_MAX, "raise PIECE_STATE_MAX");
+
+const int32_t *moe_state_topk(const void *state) { return state ? ((const struct moe_state *)state)->topk : NULL; }
 #include "moe_experts.h"
 
 #include "../dist/mt_comm.h"
@@ -54,16 +78,16 @@
  */
 
 /* counts / displacements in rows: send side from the sorted slots, receive side from r_cnt */
-static void ep_counts(const struct mt_ep_axis *ea, const struct mt_layer *ly, size_t *scnt, size_t *sdis,
+static void ep_counts(const struct mt_ep_axis *ea, const struct moe_state *st, size_t *scnt, size_t *sdis,
                       size_t *rcnt, size_t *rdis)
 {
     const int ep = ea->ep, Ee = ea->Ee;
     size_t off = 0;
     for (int r = 0; r < ep; r++) {
-        sdis[r] = (size_t)ly->e_off[r * Ee];
-        scnt[r] = (size_t)(ly->e_off[(r + 1) * Ee] - ly->e_off[r * Ee]);
+        sdis[r] = (size_t)st->e_off[r * Ee];
+        scnt[r] = (size_t)(st->e_off[(r + 1) * Ee] - st->e_off[r * Ee]);
         size_t c = 0;
-        for (int j = 0; j < Ee; j++) c += (size_t)ly->r_cnt[r * Ee + j];
+        for (int j = 0; j < Ee; j++) c += (size_t)st->r_cnt[r * Ee + j];
         rcnt[r] = c;
         rdis[r] = off;
         off += c;
@@ -95,7 +119,7 @@ static enum mt_status ep_a2a(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, 
 
 /* The auxiliary losses of the n rows just routed (forward with targets):
  * moe_s->loss[2*layer] = the aux sum (model rank 0 only under TP), [+1] =
- * the z sum, and ly->f_share for the backward; all on the backend. Under TP
+ * the z sum, and st->f_share for the backward; all on the backend. Under TP
  * our n rows are the global rows row0.. (sequences of T rows may straddle
  * ranks): the per-sequence sums meet in one all-reduce over the model group
  * (its device communicator: no host copy), and model rank 0 alone reports
@@ -105,12 +129,12 @@ static enum mt_status moe_losses(struct mt_ctx *ctx, const struct mt_piece_ctx *
     const struct mt_ops_i *ops = pc->ops;
     const struct mt_tp_axis *tp = &pc->tp;
     struct mt_moe_scratch *s = pc->moe_s;
-    struct mt_layer *ly = pc->ly;
+    struct moe_state *st = pc->st;
     const int E = pc->moe.E, k = pc->moe.top_k, B = pc->B, T = pc->T, g0 = tp->tp > 1 ? pc->moe.row0 : 0;
     const size_t nseq = (size_t)2 * B * E;
-    ops->moe_seq_stats(ops->be, s->seq, ly->probs, ly->topk, n, E, k, B, T, g0);
+    ops->moe_seq_stats(ops->be, s->seq, st->probs, st->topk, n, E, k, B, T, g0);
     if (tp->tp > 1) MT_CHECK(tpa_allreduce_f64(ctx, tp, s->seq, nseq));   /* on the device comm */
-    ops->moe_aux_loss(ops->be, s->loss + 2 * (size_t)pc->layer, ly->f_share, s->seq, ly->rlse, n, B, E, k, T,
+    ops->moe_aux_loss(ops->be, s->loss + 2 * (size_t)pc->layer, st->f_share, s->seq, st->rlse, n, B, E, k, T,
                       pc->moe.aux_coef, pc->moe.z_coef, !(tp->tp > 1 && tp->rank != 0));
     return MT_OK;
 }
@@ -121,9 +145,9 @@ static void force_routing(const struct mt_piece_ctx *pc, int n)
 {
     const struct mt_ops_i *ops = pc->ops;
     struct mt_moe_scratch *s = pc->moe_s;
-    struct mt_layer *ly = pc->ly;
+    struct moe_state *st = pc->st;
     const int E = pc->moe.E, k = pc->moe.top_k;
-    ops->copy_to_host(ops->be, s->h_probs, ly->probs, (size_t)n * E * sizeof(float));
+    ops->copy_to_host(ops->be, s->h_probs, st->probs, (size_t)n * E * sizeof(float));
     float *hg = s->h_dprobs;
     for (int i = 0; i < n; i++) {
         double sum = 0;
@@ -133,8 +157,8 @@ static void force_routing(const struct mt_piece_ctx *pc, int n)
             hg[(size_t)i * k + j] = (float)(s->h_probs[(size_t)i * E + j] / sum);
         }
     }
-    ops->copy_from_host(ops->be, ly->topk, s->h_topk, (size_t)n * k * sizeof(int32_t));
-    ops->copy_from_host(ops->be, ly->gates, hg, (size_t)n * k * sizeof(float));
+    ops->copy_from_host(ops->be, st->topk, s->h_topk, (size_t)n * k * sizeof(int32_t));
+    ops->copy_from_host(ops->be, st->gates, hg, (size_t)n * k * sizeof(float));
 }
 
 /* out (n, D) += moe(h) for the n rows ly->h_mlp (global rows row0.. of the
@@ -152,73 +176,74 @@ static enum mt_status moe_forward(struct mt_ctx *ctx, const struct mt_piece_ctx 
     const struct mt_ep_axis *ea = &pc->ep;
     struct mt_moe_scratch *s = pc->moe_s;
     struct mt_layer *ly = pc->ly;
+    struct moe_state *st = pc->st;
     const int D = pc->D, E = md->E, k = md->top_k, Fe = md->Fe;
     const int M = n * k;
     float *t = pc->s_lora;
 
     /* router: logits into the (free in forward) d-router-logits scratch */
     linear_forward(ops, s->drl, ly->h_mlp, ly->w.router->data, n, D, E, 0.0f);
-    ops->router_forward(ops->be, ly->probs, ly->rlse, ly->topk, ly->gates, s->drl, n, E, k);
+    ops->router_forward(ops->be, st->probs, st->rlse, st->topk, st->gates, s->drl, n, E, k);
 
     if (md->force_route) force_routing(pc, n);
-    ops->moe_route(ops->be, ly->pos, ly->src_row, s->e_off_d, s->route_work, ly->topk, n, k, E);
+    ops->moe_route(ops->be, st->pos, st->src_row, s->e_off_d, s->route_work, st->topk, n, k, E);
     /* the layer's one device-to-host copy: the grouped GEMM's and the
      * all-to-all-v's host sizes (int32 on both sides: moe_route's contract) */
     _Static_assert(sizeof(int) == sizeof(int32_t), "e_off is copied as int32");
-    ops->copy_to_host(ops->be, ly->e_off, s->e_off_d, (size_t)(E + 1) * sizeof(int32_t));
-    MT_ASSERT(ly->e_off[0] == 0 && ly->e_off[E] == M);
+    ops->copy_to_host(ops->be, st->e_off, s->e_off_d, (size_t)(E + 1) * sizeof(int32_t));
+    MT_ASSERT(st->e_off[0] == 0 && st->e_off[E] == M);
     if (s->load) {
         double *load = s->load + (size_t)pc->layer * E;
-        for (int e = 0; e < E; e++) load[e] += ly->e_off[e + 1] - ly->e_off[e];
+        for (int e = 0; e < E; e++) load[e] += st->e_off[e + 1] - st->e_off[e];
     }
 
-    ops->moe_permute(ops->be, s->xp, ly->h_mlp, ly->src_row, M, D);
+    ops->moe_permute(ops->be, s->xp, ly->h_mlp, st->src_row, M, D);
     const int grouped = md->grouped;   /* one grouped GEMM per projection (moe_experts.c) */
     if (ea->ep == 1) {
-        if (grouped) moe_experts_forward(pc, E, ly->e_off, 1, E, ly->ey, s->xp);
+        if (grouped) moe_experts_forward(pc, E, st->e_off, 1, E, st->eg, st->eu, st->ey, s->xp);
         for (int e = 0; e < E && !grouped; e++) {
-            int r0 = ly->e_off[e], c = ly->e_off[e + 1] - r0;
+            int r0 = st->e_off[e], c = st->e_off[e + 1] - r0;
             if (c == 0) continue;
             const struct mt_param *w = &ly->w.experts[3 * e];
-            mlp_forward(ops, t, ly->ey + (size_t)r0 * D, 0, ly->eg + (size_t)r0 * Fe, ly->eu + (size_t)r0 * Fe,
+            mlp_forward(ops, t, st->ey + (size_t)r0 * D, 0, st->eg + (size_t)r0 * Fe, st->eu + (size_t)r0 * Fe,
                         pc->s_act, s->xp + (size_t)r0 * D, &w[0], &w[1], &w[2], c, D, Fe);
         }
     } else {
         /* per-expert counts first (every rank, even with nothing to send) */
         const int ep = ea->ep, Ee = ea->Ee;
         int64_t *sc = s->h_ecnt, *rc = s->h_ecnt + E;
-        for (int e = 0; e < E; e++) sc[e] = ly->e_off[e + 1] - ly->e_off[e];
+        for (int e = 0; e < E; e++) sc[e] = st->e_off[e + 1] - st->e_off[e];
         size_t *a = s->h_a2a;
         for (int r = 0; r < ep; r++) { a[r] = (size_t)Ee; a[ep + r] = (size_t)r * Ee; }
         double t0 = mt_time_sec();
-        enum mt_status st = mt_comm_alltoallv(ctx, ea->comm_host, sc, a, a + ep, rc, a, a + ep, MT_DTYPE_I64);
+        enum mt_status rcs = mt_comm_alltoallv(ctx, ea->comm_host, sc, a, a + ep, rc, a, a + ep, MT_DTYPE_I64);
         ea->stats->a2a_s += mt_time_sec() - t0;
-        MT_CHECK(st);
-        ly->r_rows = 0;
+        MT_CHECK(rcs);
+        st->r_rows = 0;
         for (int i = 0; i < ep * Ee; i++) {
-            ly->r_cnt[i] = (int)rc[i];
-            ly->r_rows += (int)rc[i];
+            st->r_cnt[i] = (int)rc[i];
+            st->r_rows += (int)rc[i];
         }
-        MT_ASSERT(ly->r_rows <= ep * M);
+        MT_ASSERT(st->r_rows <= ep * M);
         size_t scnt[MT_MAX_EP] = {0}, sdis[MT_MAX_EP] = {0}, rcnt[MT_MAX_EP] = {0}, rdis[MT_MAX_EP] = {0};
-        ep_counts(ea, ly, scnt, sdis, rcnt, rdis);
-        MT_CHECK(ep_a2a(ctx, pc, ly->rx, s->xp, scnt, sdis, rcnt, rdis, D));
-        if (grouped) moe_experts_forward(pc, ep * Ee, ly->r_cnt, 0, Ee, s->ry, ly->rx);
+        ep_counts(ea, st, scnt, sdis, rcnt, rdis);
+        MT_CHECK(ep_a2a(ctx, pc, st->rx, s->xp, scnt, sdis, rcnt, rdis, D));
+        if (grouped) moe_experts_forward(pc, ep * Ee, st->r_cnt, 0, Ee, st->eg, st->eu, s->ry, st->rx);
         size_t o = 0;
         for (int src = 0; src < ep && !grouped; src++)
             for (int j = 0; j < Ee; j++) {
-                int c = ly->r_cnt[src * Ee + j];
+                int c = st->r_cnt[src * Ee + j];
                 const struct mt_param *w = &ly->w.experts[3 * j];
                 if (c > 0)
-                    mlp_forward(ops, t, s->ry + o * D, 0, ly->eg + o * Fe, ly->eu + o * Fe, pc->s_act,
-                                ly->rx + o * D, &w[0], &w[1], &w[2], c, D, Fe);
+                    mlp_forward(ops, t, s->ry + o * D, 0, st->eg + o * Fe, st->eu + o * Fe, pc->s_act,
+                                st->rx + o * D, &w[0], &w[1], &w[2], c, D, Fe);
                 o += (size_t)c;
             }
-        MT_CHECK(ep_a2a(ctx, pc, ly->ey, s->ry, rcnt, rdis, scnt, sdis, D));   /* back to the sources */
+        MT_CHECK(ep_a2a(ctx, pc, st->ey, s->ry, rcnt, rdis, scnt, sdis, D));   /* back to the sources */
     }
-    ops->moe_combine(ops->be, out, ly->ey, ly->pos, ly->gates, n, k, D);
+    ops->moe_combine(ops->be, out, st->ey, st->pos, st->gates, n, k, D);
     if (md->Fs > 0)
-        mlp_forward(ops, t, out, 1, ly->sgp, ly->sup, pc->s_act, ly->h_mlp, ly->w.sg, ly->w.su, ly->w.sd, n, D,
+        mlp_forward(ops, t, out, 1, st->sgp, st->sup, pc->s_act, ly->h_mlp, ly->w.sg, ly->w.su, ly->w.sd, n, D,
                     md->Fs);
 
     return want_loss ? moe_losses(ctx, pc, n) : MT_OK;
@@ -233,58 +258,59 @@ static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx
     const struct mt_ep_axis *ea = &pc->ep;
     struct mt_moe_scratch *s = pc->moe_s;
     const struct mt_layer *ly = pc->ly;
+    const struct moe_state *st = pc->st;
     const int T = pc->T, n = md->Nm, D = pc->D, E = md->E, k = md->top_k, Fe = md->Fe;
     const int M = n * k, g0 = pc->tp.tp > 1 ? md->row0 : 0;
     float *t = pc->s_lora, *dt = pc->s_dlora;
 
     const int grouped = md->grouped;
     /* term 1: combine */
-    ops->moe_combine_backward(ops->be, s->dy, s->dgates, dout, ly->ey, ly->pos, ly->gates, n, k, D);
+    ops->moe_combine_backward(ops->be, s->dy, s->dgates, dout, st->ey, st->pos, st->gates, n, k, D);
     /* term 2: experts on their row ranges (inputs re-permuted, not saved) */
     if (ea->ep == 1) {
-        ops->moe_permute(ops->be, s->xp, ly->h_mlp, ly->src_row, M, D);
-        if (grouped) moe_experts_backward(pc, E, ly->e_off, 1, E, s->dxp, s->dy, s->xp);
+        ops->moe_permute(ops->be, s->xp, ly->h_mlp, st->src_row, M, D);
+        if (grouped) moe_experts_backward(pc, E, st->e_off, 1, E, st->eg, st->eu, s->dxp, s->dy, s->xp);
         for (int e = 0; e < E && !grouped; e++) {
-            int r0 = ly->e_off[e], c = ly->e_off[e + 1] - r0;
+            int r0 = st->e_off[e], c = st->e_off[e + 1] - r0;
             if (c == 0) continue;
             struct mt_param *w = &ly->w.experts[3 * e];
             mlp_backward(ops, t, dt, s->dxp + (size_t)r0 * D, 0, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du,
-                         s->dy + (size_t)r0 * D, s->xp + (size_t)r0 * D, ly->eg + (size_t)r0 * Fe,
-                         ly->eu + (size_t)r0 * Fe, &w[0], &w[1], &w[2], c, D, Fe);
+                         s->dy + (size_t)r0 * D, s->xp + (size_t)r0 * D, st->eg + (size_t)r0 * Fe,
+                         st->eu + (size_t)r0 * Fe, &w[0], &w[1], &w[2], c, D, Fe);
         }
     } else {
         const int ep = ea->ep, Ee = ea->Ee;
         size_t scnt[MT_MAX_EP] = {0}, sdis[MT_MAX_EP] = {0}, rcnt[MT_MAX_EP] = {0}, rdis[MT_MAX_EP] = {0};
-        ep_counts(ea, ly, scnt, sdis, rcnt, rdis);
+        ep_counts(ea, st, scnt, sdis, rcnt, rdis);
         MT_CHECK(ep_a2a(ctx, pc, s->rdy, s->dy, scnt, sdis, rcnt, rdis, D));
-        if (grouped) moe_experts_backward(pc, ep * Ee, ly->r_cnt, 0, Ee, s->rdx, s->rdy, ly->rx);
+        if (grouped) moe_experts_backward(pc, ep * Ee, st->r_cnt, 0, Ee, st->eg, st->eu, s->rdx, s->rdy, st->rx);
         size_t o = 0;
         for (int src = 0; src < ep && !grouped; src++)
             for (int j = 0; j < Ee; j++) {
-                int c = ly->r_cnt[src * Ee + j];
+                int c = st->r_cnt[src * Ee + j];
                 struct mt_param *w = &ly->w.experts[3 * j];
                 if (c > 0)
                     mlp_backward(ops, t, dt, s->rdx + o * D, 0, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du,
-                                 s->rdy + o * D, ly->rx + o * D, ly->eg + o * Fe, ly->eu + o * Fe, &w[0], &w[1],
+                                 s->rdy + o * D, st->rx + o * D, st->eg + o * Fe, st->eu + o * Fe, &w[0], &w[1],
                                  &w[2], c, D, Fe);
                 o += (size_t)c;
             }
         MT_CHECK(ep_a2a(ctx, pc, s->dxp, s->rdx, rcnt, rdis, scnt, sdis, D));
     }
     ops->fill(ops->be, dh, 0.0f, (size_t)n * D);
-    ops->moe_permute_backward(ops->be, dh, s->dxp, ly->pos, n, k, D);
+    ops->moe_permute_backward(ops->be, dh, s->dxp, st->pos, n, k, D);
     if (md->Fs > 0)
-        mlp_backward(ops, t, dt, dh, 1, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du, dout, ly->h_mlp, ly->sgp, ly->sup,
+        mlp_backward(ops, t, dt, dh, 1, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du, dout, ly->h_mlp, st->sgp, st->sup,
                      ly->w.sg, ly->w.su, ly->w.sd, n, D, md->Fs);
 
     /* term 3: aux and z gradients (on the backend) */
     double ns = pc->norm->n_sequences > 0 ? pc->norm->n_sequences : 1.0;
     double nt = pc->norm->n_tokens > 0 ? pc->norm->n_tokens : 1.0;
-    ops->moe_aux_backward(ops->be, s->dprobs, s->dlse, ly->f_share, ly->rlse, n, E, T, g0, md->aux_coef, md->z_coef,
+    ops->moe_aux_backward(ops->be, s->dprobs, s->dlse, st->f_share, st->rlse, n, E, T, g0, md->aux_coef, md->z_coef,
                           ns, nt);
 
     /* term 4: router */
-    ops->router_backward(ops->be, s->drl, s->dgates, s->dprobs, s->dlse, ly->probs, ly->topk, ly->gates, n, E, k);
+    ops->router_backward(ops->be, s->drl, s->dgates, s->dprobs, s->dlse, st->probs, st->topk, st->gates, n, E, k);
     linear_backward(ops, dh, 1.0f, ly->w.router->frozen ? NULL : ly->w.router->grad, s->drl, ly->h_mlp,
                     ly->w.router->data, n, D, E);   /* LoRA: a frozen router computes dx only */
     return MT_OK;
@@ -351,6 +377,7 @@ static double moe_inactive(const struct mt_block_shape *s)
  * pre-activations (on the receiving side under EP) and outputs. */
 static void moe_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly)
 {
+    struct moe_state *st = pc->st;
     const struct mt_moe_dims *md = &pc->moe;
     const size_t D = (size_t)pc->D, Nm = (size_t)md->Nm, E = (size_t)md->E, k = (size_t)md->top_k;
     const size_t M = (size_t)md->M, Fe = (size_t)md->Fe, ep = (size_t)pc->ep.ep;
@@ -358,33 +385,33 @@ static void moe_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct
     ffn_norm_carve_pc(pc, c, ly);
     /* the experts see Nm rows: SP or one rank: all of h_mlp_n; TP without SP: our slice of it */
     ly->h_mlp = (pc->tp.tp > 1 && !pc->tp.sp && ly->h_mlp_n) ? ly->h_mlp_n + (size_t)md->row0 * D : ly->h_mlp_n;
-    ly->probs = carve_f(c, A, Nm * E);
+    st->probs = carve_f(c, A, Nm * E);
     /* small, so not the block's last ACTS carve: a carve's end is not padded,
      * and recompute=block (one shared set, then the slots' inputs) must not
      * come out larger than the per-layer sets by that tail */
-    ly->f_share = carve_f(c, A, (size_t)pc->B * E);
-    ly->rlse = carve_f(c, A, Nm);
-    ly->topk = carve_i(c, A, Nm * k);
-    ly->gates = carve_f(c, A, Nm * k);
-    ly->pos = carve_i(c, A, Nm * k);
-    ly->src_row = carve_i(c, A, M);
+    st->f_share = carve_f(c, A, (size_t)pc->B * E);
+    st->rlse = carve_f(c, A, Nm);
+    st->topk = carve_i(c, A, Nm * k);
+    st->gates = carve_f(c, A, Nm * k);
+    st->pos = carve_i(c, A, Nm * k);
+    st->src_row = carve_i(c, A, M);
     if (ep == 1) {
-        ly->eg = carve_f(c, A, M * Fe);
-        ly->eu = carve_f(c, A, M * Fe);
+        st->eg = carve_f(c, A, M * Fe);
+        st->eu = carve_f(c, A, M * Fe);
     }
-    ly->ey = carve_f(c, A, M * D);
+    st->ey = carve_f(c, A, M * D);
     if (md->Fs > 0) {
-        ly->sgp = carve_f(c, A, Nm * (size_t)md->Fs);
-        ly->sup = carve_f(c, A, Nm * (size_t)md->Fs);
+        st->sgp = carve_f(c, A, Nm * (size_t)md->Fs);
+        st->sup = carve_f(c, A, Nm * (size_t)md->Fs);
     }
-    ly->e_off = carve(c, O, (E + 1) * sizeof(int));
+    st->e_off = carve(c, O, (E + 1) * sizeof(int));
     if (ep > 1) {
         /* dropless: every rank of the expert group may send all its M slots here */
         size_t cap = ep * M;
-        ly->r_cnt = carve(c, O, ep * (size_t)pc->ep.Ee * sizeof(int));
-        ly->rx = carve_f(c, A, cap * D);
-        ly->eg = carve_f(c, A, cap * Fe);   /* expert activations live on the receiving side */
-        ly->eu = carve_f(c, A, cap * Fe);
+        st->r_cnt = carve(c, O, ep * (size_t)pc->ep.Ee * sizeof(int));
+        st->rx = carve_f(c, A, cap * D);
+        st->eg = carve_f(c, A, cap * Fe);   /* expert activations live on the receiving side */
+        st->eu = carve_f(c, A, cap * Fe);
     }
 }
 
@@ -469,9 +496,10 @@ static enum mt_status moe_piece_backward(struct mt_ctx *ctx, const struct mt_pie
 static void moe_undo_recompute(const struct mt_piece_ctx *pc)
 {
     const int E = pc->moe.E;
+    const struct moe_state *st = pc->st;
     if (!pc->moe_s->load) return;
     double *load = pc->moe_s->load + (size_t)pc->layer * (size_t)E;
-    for (int e = 0; e < E; e++) load[e] -= pc->ly->e_off[e + 1] - pc->ly->e_off[e];
+    for (int e = 0; e < E; e++) load[e] -= st->e_off[e + 1] - st->e_off[e];
 }
 
 const struct mt_piece mt_piece_moe = {
@@ -490,4 +518,5 @@ const struct mt_piece mt_piece_moe = {
     /* .backward              = */ moe_piece_backward,
     /* .undo_recompute        = */ moe_undo_recompute,
     /* .decode_floats         = */ NULL,
+    /* .state_bytes           = */ sizeof(struct moe_state),
 };

@@ -183,6 +183,11 @@ struct mt_piece {
      * t_max positions (attention: its K and V rows; Mamba-3: the recurrent
      * state); NULL: the piece keeps none */
     size_t (*decode_floats)(const struct mt_piece_ctx *pc, int t_max);
+    /* sizeof the piece's per-layer state struct (its saved activations,
+     * defined in its .c file): the model carves one per layer (per kind
+     * under recompute=block) and hands it to carve / forward / backward as
+     * pc->st; 0: none */
+    size_t state_bytes;
 };
 
 /* One pattern letter. */
