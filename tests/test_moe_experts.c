@@ -145,10 +145,13 @@ static void one_case(const char *label, int lora, int adapters, const struct mt_
 
     struct mt_piece_ctx pc;
     memset(&pc, 0, sizeof pc);
+    struct moe_own own;   /* the piece's own struct: only the expert hidden is read */
+    memset(&own, 0, sizeof own);
+    own.d.Fe = FE;
     pc.ops = ops;
     pc.ly = &a.ly;
     pc.D = D;
-    pc.moe.Fe = FE;
+    pc.own = &own;
     pc.s_act = a.act, pc.s_dact = a.dact, pc.s_dg = a.dg, pc.s_du = a.du, pc.s_lora = a.t, pc.s_dlora = a.dt;
     g_calls = g_overlaps = 0;
     moe_experts_forward(&pc, NG, CNT, 0, EE, a.eg, a.eu, a.y, a.x);

@@ -42,6 +42,16 @@ struct attn_state {
 };
 _Static_assert(sizeof(struct attn_state) <= PIECE_STATE_MAX, "raise PIECE_STATE_MAX");
 
+/* Attention's per-model struct (its pc->own): the backward scratch
+ * (WORKSPACE) every attention layer shares; attn_carve_scratch fills it. */
+struct attn_own {
+    float *datt;                 /* (N, QD) d att; then d q_raw                      */
+    float *dq;                   /* (N, QD)                                          */
+    float *dk, *dk2, *dv;        /* (N, KD)                                          */
+};
+_Static_assert(sizeof(struct attn_own) <= PIECE_OWN_MAX, "raise PIECE_OWN_MAX");
+static struct attn_own *aown(const struct mt_piece_ctx *pc) { return pc->own; }
+
 /* precision=bf16 runs the attention core on the backend's bf16 entries
  * (mt_ops.h attention_*_bf16: bf16 operands, fp32 accumulation and
  * statistics) when it has them; fp32 mode keeps the fp32 kernels (bits unchanged). */
@@ -123,22 +133,22 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
         dy = pc->s_full;
     }
     /* term 1: o_proj */
-    proj_bwd_b(ops, t, dt, pc->datt, 0.0f, ly->w.wo, dy, st->att, st->att_b, N, QD, D);
+    proj_bwd_b(ops, t, dt, aown(pc)->datt, 0.0f, ly->w.wo, dy, st->att, st->att_b, N, QD, D);
     /* term 2: attention core (dq, dk, dv overwritten) */
     if (attn_bf16(pc))
-        ops->attention_backward_bf16(ops->be, pc->dq, pc->dk, pc->dv, pc->datt, st->q, st->k, st->v, st->att,
+        ops->attention_backward_bf16(ops->be, aown(pc)->dq, aown(pc)->dk, aown(pc)->dv, aown(pc)->datt, st->q, st->k, st->v, st->att,
                                      st->lse, B, T, H, K, hd);
     else
-        ops->attention_backward(ops->be, pc->dq, pc->dk, pc->dv, pc->datt, st->q, st->k, st->v, st->att, st->lse,
+        ops->attention_backward(ops->be, aown(pc)->dq, aown(pc)->dk, aown(pc)->dv, aown(pc)->datt, st->q, st->k, st->v, st->att, st->lse,
                                 B, T, H, K, hd);
     /* term 3: RoPE, then QK-norm, one fused pass; datt is free now and takes dq' */
-    ops->qk_norm_rope_backward(ops->be, pc->datt, pc->dk2, ly->w.qn->grad, ly->w.kn->grad, pc->dq, pc->dk, st->q_raw,
+    ops->qk_norm_rope_backward(ops->be, aown(pc)->datt, aown(pc)->dk2, ly->w.qn->grad, ly->w.kn->grad, aown(pc)->dq, aown(pc)->dk, st->q_raw,
                                st->k_raw, ly->w.qn->data, ly->w.kn->data, st->rstd_q, st->rstd_k, pc->rope_cos,
                                pc->rope_sin, N, T, H, K, hd);
     /* term 4: projections (under TP dh is this rank's partial sum over its heads) */
-    proj_bwd_b(ops, t, dt, pc->dh, 0.0f, ly->w.wq, pc->datt, ly->h_attn, ly->h_attn_b, N, D, QD);
-    proj_bwd_b(ops, t, dt, pc->dh, 1.0f, ly->w.wk, pc->dk2, ly->h_attn, ly->h_attn_b, N, D, KD);
-    proj_bwd_b(ops, t, dt, pc->dh, 1.0f, ly->w.wv, pc->dv, ly->h_attn, ly->h_attn_b, N, D, KD);
+    proj_bwd_b(ops, t, dt, pc->dh, 0.0f, ly->w.wq, aown(pc)->datt, ly->h_attn, ly->h_attn_b, N, D, QD);
+    proj_bwd_b(ops, t, dt, pc->dh, 1.0f, ly->w.wk, aown(pc)->dk2, ly->h_attn, ly->h_attn_b, N, D, KD);
+    proj_bwd_b(ops, t, dt, pc->dh, 1.0f, ly->w.wv, aown(pc)->dv, ly->h_attn, ly->h_attn_b, N, D, KD);
     /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
     const float *dhr = pc->dh;
     if (tp->sp) {
@@ -217,7 +227,7 @@ static void attn_carve_scratch(const struct mt_piece_ctx *pc, struct mt_carver *
 {
     const size_t N = (size_t)pc->N, QD = (size_t)pc->QD, KD = (size_t)pc->KD;
     const enum mt_bucket W = MT_BUCKET_WORKSPACE;
-    struct mt_attn_scratch *s = pc->attn_s;
+    struct attn_own *s = aown(pc);
     s->datt = carve_f(c, W, N * QD);
     s->dq = carve_f(c, W, N * QD);
     s->dk = carve_f(c, W, N * KD);
@@ -245,4 +255,6 @@ const struct mt_piece mt_piece_attention = {
     /* .undo_recompute        = */ NULL,
     /* .decode_floats         = */ attn_decode_floats,
     /* .state_bytes           = */ sizeof(struct attn_state),
+    /* .own_bytes             = */ sizeof(struct attn_own),
+    /* .setup                 = */ NULL,
 };

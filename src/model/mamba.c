@@ -41,6 +41,29 @@ struct mamba_state {
 };
 _Static_assert(sizeof(struct mamba_state) <= PIECE_STATE_MAX, "raise PIECE_STATE_MAX");
 
+/* The Mamba-3 mixer's per-model struct (its pc->own): this rank's dims
+ * (mamba_setup) and the backward scratch every M layer shares (WORKSPACE,
+ * mamba_carve_scratch). */
+struct mamba_own {
+    struct mt_mamba3_dims    d;
+    struct mt_mamba3_scratch s;
+};
+_Static_assert(sizeof(struct mamba_own) <= PIECE_OWN_MAX, "raise PIECE_OWN_MAX");
+static const struct mt_mamba3_dims *mdims(const struct mt_piece_ctx *pc) { return &((struct mamba_own *)pc->own)->d; }
+static struct mt_mamba3_scratch *mb_s(const struct mt_piece_ctx *pc) { return &((struct mamba_own *)pc->own)->s; }
+
+/* this rank's heads and groups (the model axis splits both); eps 1e-5 for
+ * the B/C and gated norms, as the reference (SPEC 1c) */
+static void mamba_setup(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const struct mt_config *cfg)
+{
+    (void)ctx;
+    struct mt_block_shape g;
+    mt_blocks_shape(cfg, &g);
+    const int tp = pc->tp.tp;
+    ((struct mamba_own *)pc->own)->d = (struct mt_mamba3_dims){(int)g.D, (int)g.mH / tp, (int)g.mP, (int)g.mG / tp,
+                                                               (int)g.mN, cfg->mamba_chunk, 1e-5f, 1e-5f};
+}
+
 static void mamba_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *user)
 {
     const int64_t D = s->D, E = s->mE, H = s->mH, G = s->mG, N = s->mN;
@@ -72,7 +95,7 @@ static void mamba_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *u
 
 static enum mt_status mamba_check(struct mt_ctx *ctx, const struct mt_piece_ctx *pc)
 {
-    const struct mt_mamba3_dims *d = pc->mdims;
+    const struct mt_mamba3_dims *d = mdims(pc);
     if (d->H < 1 || d->P < 1 || d->G < 1 || d->N < 2 || d->N % 2 != 0 || d->H % d->G != 0 || d->chunk < 1)
         return mt_ctx_error(ctx, MT_ERR_CONFIG,
                             "model: M blocks need nheads, headdim, chunk >= 1, even mamba_d_state and ngroups | nheads "
@@ -114,12 +137,12 @@ static void mamba_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, stru
     ly->h_attn_b = NULL;
     if (pc->bf16 && !pc->tp.sp && (!pc->ops || pc->ops->rmsnorm_forward_bf16)) ly->h_attn_b = carve(c, A, Nr * D * 2);
     ly->rstd_attn = carve_f(c, A, Nr);
-    float *acts = carve_f(c, A, mt_mamba3_acts_floats(pc->mdims, pc->N));
-    if (acts) mt_mamba3_acts_bind(&st->mb, acts, pc->mdims, pc->N);
+    float *acts = carve_f(c, A, mt_mamba3_acts_floats(mdims(pc), pc->N));
+    if (acts) mt_mamba3_acts_bind(&st->mb, acts, mdims(pc), pc->N);
     /* precision=bf16: the gated norm output's twin, Wout's operand (forward and
      * dWout), rounded once per forward by cast_bf16 (this rank's E channels) */
     st->yn_b = NULL;
-    if (pc->bf16) st->yn_b = carve(c, A, N * (size_t)pc->mdims->H * (size_t)pc->mdims->P * 2);
+    if (pc->bf16) st->yn_b = carve(c, A, N * (size_t)mdims(pc)->H * (size_t)mdims(pc)->P * 2);
     ly->x_mid = carve_f(c, A, Nr * D);
 }
 
@@ -152,9 +175,9 @@ static void mamba_sink(const struct mt_ops_i *ops, struct mt_mamba3_weights *g, 
 /* backward scratch (WORKSPACE), shared by every M layer */
 static void mamba_carve_scratch(const struct mt_piece_ctx *pc, struct mt_carver *c)
 {
-    float *s = carve_f(c, MT_BUCKET_WORKSPACE, mt_mamba3_scratch_floats(pc->mdims, pc->N));
-    if (s) mt_mamba3_scratch_bind(pc->mb_s, s, pc->mdims, pc->N);
-    if (pc->lora) pc->mb_s->sink = carve_f(c, MT_BUCKET_WORKSPACE, mamba_sink_floats(pc->mdims));
+    float *s = carve_f(c, MT_BUCKET_WORKSPACE, mt_mamba3_scratch_floats(mdims(pc), pc->N));
+    if (s) mt_mamba3_scratch_bind(mb_s(pc), s, mdims(pc), pc->N);
+    if (pc->lora) mb_s(pc)->sink = carve_f(c, MT_BUCKET_WORKSPACE, mamba_sink_floats(mdims(pc)));
 }
 
 /* the mixer's weights (use_grad 0) or their gradients (1) as mamba3.c wants them */
@@ -215,9 +238,9 @@ static void in_fwd(const struct mt_piece_ctx *pc, float *proj, const float *h, c
 {
     const struct mt_ops_i *ops = pc->ops;
     const struct mt_layer_w *lw = &pc->ly->w;
-    if (!mixer_bf16(lw)) { mt_mamba3_in_forward(ops, proj, h, w, pc->mdims, n); return; }
+    if (!mixer_bf16(lw)) { mt_mamba3_in_forward(ops, proj, h, w, mdims(pc), n); return; }
     if (n <= 0) return;
-    const int W = mt_mamba3_in_width(pc->mdims), D = pc->D;
+    const int W = mt_mamba3_in_width(mdims(pc)), D = pc->D;
     int rows[7], off = 0;
     in_rows(lw, rows);
     for (int b = 0; b < 7; b++) {
@@ -236,9 +259,9 @@ static void in_bwd(const struct mt_piece_ctx *pc, float *dh, struct mt_mamba3_we
 {
     const struct mt_ops_i *ops = pc->ops;
     const struct mt_layer_w *lw = &pc->ly->w;
-    if (!mixer_bf16(lw)) { mt_mamba3_in_backward(ops, dh, 0, g, dproj, h, w, pc->mdims, n); return; }
+    if (!mixer_bf16(lw)) { mt_mamba3_in_backward(ops, dh, 0, g, dproj, h, w, mdims(pc), n); return; }
     if (n <= 0) return;
-    const int W = mt_mamba3_in_width(pc->mdims), D = pc->D;
+    const int W = mt_mamba3_in_width(mdims(pc)), D = pc->D;
     int rows[7], off = 0, first = 1;
     in_rows(lw, rows);
     for (int b = 0; b < 7; b++) {
@@ -264,10 +287,10 @@ static void mixer_fwd(const struct mt_piece_ctx *pc, float *out, const float *h,
     struct mamba_state *st = pc->st;
     const struct mt_ops_i *ops = pc->ops;
     struct mt_layer *ly = pc->ly;
-    if (!mixer_bf16(&ly->w)) { mt_mamba3_forward(ops, out, &st->mb, h, w, pc->mdims, B, T); return; }
-    const int n = B * T, E = pc->mdims->H * pc->mdims->P;
+    if (!mixer_bf16(&ly->w)) { mt_mamba3_forward(ops, out, &st->mb, h, w, mdims(pc), B, T); return; }
+    const int n = B * T, E = mdims(pc)->H * mdims(pc)->P;
     in_fwd(pc, st->mb.proj, h, hb, w, n);
-    mt_mamba3_mix_forward(ops, &st->mb, w, pc->mdims, B, T);
+    mt_mamba3_mix_forward(ops, &st->mb, w, mdims(pc), B, T);
     if (st->yn_b) ops->cast_bf16(ops->be, st->yn_b, st->mb.yn, (size_t)n * (size_t)E);
     wlinear_forward(ops, out, st->mb.yn, st->yn_b, ly->w.mwout, n, E, pc->D, 0.0f);
 }
@@ -280,13 +303,13 @@ static void mixer_bwd(const struct mt_piece_ctx *pc, const float *dy, const stru
     const struct mt_ops_i *ops = pc->ops;
     struct mt_layer *ly = pc->ly;
     if (!mixer_bf16(&ly->w)) {
-        mt_mamba3_backward(ops, pc->dh, 0, g, pc->mb_s, dy, ly->h_attn, &st->mb, w, pc->mdims, pc->B, pc->T);
+        mt_mamba3_backward(ops, pc->dh, 0, g, mb_s(pc), dy, ly->h_attn, &st->mb, w, mdims(pc), pc->B, pc->T);
         return;
     }
-    const int n = pc->B * pc->T, E = pc->mdims->H * pc->mdims->P;
-    wlinear_backward(ops, pc->mb_s->dyn, 0.0f, g->wout, dy, st->mb.yn, st->yn_b, ly->w.mwout, n, E, pc->D);
-    mt_mamba3_mix_backward(ops, g, pc->mb_s, &st->mb, w, pc->mdims, pc->B, pc->T);
-    in_bwd(pc, pc->dh, g, pc->mb_s->dproj, ly->h_attn, ly->h_attn_b, w, n);
+    const int n = pc->B * pc->T, E = mdims(pc)->H * mdims(pc)->P;
+    wlinear_backward(ops, mb_s(pc)->dyn, 0.0f, g->wout, dy, st->mb.yn, st->yn_b, ly->w.mwout, n, E, pc->D);
+    mt_mamba3_mix_backward(ops, g, mb_s(pc), &st->mb, w, mdims(pc), pc->B, pc->T);
+    in_bwd(pc, pc->dh, g, mb_s(pc)->dproj, ly->h_attn, ly->h_attn_b, w, n);
 }
 
 static void mixer_fwd_lora(const struct mt_piece_ctx *pc, float *out, const float *h, const struct mt_mamba3_weights *w,
@@ -295,13 +318,13 @@ static void mixer_fwd_lora(const struct mt_piece_ctx *pc, float *out, const floa
     struct mamba_state *st = pc->st;
     const struct mt_ops_i *ops = pc->ops;
     struct mt_layer *ly = pc->ly;
-    const int n = B * T, D = pc->D, E = pc->mdims->H * pc->mdims->P, W = mt_mamba3_in_width(pc->mdims);
+    const int n = B * T, D = pc->D, E = mdims(pc)->H * mdims(pc)->P, W = mt_mamba3_in_width(mdims(pc));
     int rows[7];
     in_rows(&ly->w, rows);
     in_fwd(pc, st->mb.proj, h, state ? NULL : ly->h_attn_b, w, n);
     lora_fwd_add(ops, pc->s_lora, st->mb.proj, W, h, (const struct mt_param *const *)ly->w.mwin, rows, 7, n, D);
-    if (state) mt_mamba3_decode_mix(ops, &st->mb, state, w, pc->mdims, T, pos0);
-    else mt_mamba3_mix_forward(ops, &st->mb, w, pc->mdims, B, T);
+    if (state) mt_mamba3_decode_mix(ops, &st->mb, state, w, mdims(pc), T, pos0);
+    else mt_mamba3_mix_forward(ops, &st->mb, w, mdims(pc), B, T);
     const mt_bf16 *ynb = state ? NULL : st->yn_b;   /* decoding: rounded per call */
     if (ynb) ops->cast_bf16(ops->be, st->yn_b, st->mb.yn, (size_t)n * (size_t)E);
     proj_fwd_b(ops, pc->s_lora, out, st->mb.yn, ynb, ly->w.mwout, n, E, D, 0.0f);
@@ -313,14 +336,14 @@ static void mixer_bwd_lora(const struct mt_piece_ctx *pc, const float *dy, const
     struct mamba_state *st = pc->st;
     const struct mt_ops_i *ops = pc->ops;
     struct mt_layer *ly = pc->ly;
-    struct mt_mamba3_scratch *s = pc->mb_s;
-    const int n = pc->B * pc->T, D = pc->D, E = pc->mdims->H * pc->mdims->P, W = mt_mamba3_in_width(pc->mdims);
+    struct mt_mamba3_scratch *s = mb_s(pc);
+    const int n = pc->B * pc->T, D = pc->D, E = mdims(pc)->H * mdims(pc)->P, W = mt_mamba3_in_width(mdims(pc));
     int rows[7];
     in_rows(&ly->w, rows);
     for (int b = 0; b < 7; b++)
         if (ly->w.mwin[b]->frozen) g->win_part[b] = NULL;   /* no weight gradient for the frozen base */
     proj_bwd_b(ops, pc->s_lora, pc->s_dlora, s->dyn, 0.0f, ly->w.mwout, dy, st->mb.yn, st->yn_b, n, E, D);
-    mt_mamba3_mix_backward(ops, g, s, &st->mb, w, pc->mdims, pc->B, pc->T);
+    mt_mamba3_mix_backward(ops, g, s, &st->mb, w, mdims(pc), pc->B, pc->T);
     in_bwd(pc, pc->dh, g, s->dproj, ly->h_attn, ly->h_attn_b, w, n);
     lora_bwd_add(ops, pc->s_lora, pc->s_dlora, pc->dh, s->dproj, W, ly->h_attn, ly->w.mwin, rows, 7, n, D);
 }
@@ -339,7 +362,7 @@ static enum mt_status mamba_forward(struct mt_ctx *ctx, const struct mt_piece_ct
         mamba_weights(&ly->w, 0, &w);
         ops->rmsnorm_forward(ops->be, ly->h_attn_n, ly->rstd_attn, ly->x_in, ly->w.ln1->data, n, D, pc->norm_eps);
         if (pc->lora) mixer_fwd_lora(pc, ly->x_mid, ly->h_attn_n, &w, a->state, 1, a->T, a->pos0);
-        else mt_mamba3_decode(ops, ly->x_mid, &st->mb, a->state, ly->h_attn_n, &w, pc->mdims, a->T, a->pos0);
+        else mt_mamba3_decode(ops, ly->x_mid, &st->mb, a->state, ly->h_attn_n, &w, mdims(pc), a->T, a->pos0);
         ops->axpby(ops->be, ly->x_mid, ly->x_in, 1.0f, 1.0f, (size_t)n * D);
         return MT_OK;
     }
@@ -374,7 +397,7 @@ static enum mt_status mamba_backward(struct mt_ctx *ctx, const struct mt_piece_c
     struct mt_mamba3_weights w, g;
     mamba_weights(&ly->w, 0, &w);
     mamba_weights(&ly->w, 1, &g);
-    if (pc->mb_s->sink) mamba_sink(ops, &g, pc->mb_s->sink, pc->mdims);   /* LoRA: frozen vectors */
+    if (mb_s(pc)->sink) mamba_sink(ops, &g, mb_s(pc)->sink, mdims(pc));   /* LoRA: frozen vectors */
     /* the TP exit's conjugate: SP gathers the rows of d x_mid; without SP dx is already whole */
     const float *dy = pc->dx;
     if (pc->tp.sp) {
@@ -400,7 +423,7 @@ static enum mt_status mamba_backward(struct mt_ctx *ctx, const struct mt_piece_c
 static size_t mamba_decode_floats(const struct mt_piece_ctx *pc, int t_max)
 {
     (void)t_max;
-    return mt_mamba3_state_floats(pc->mdims);
+    return mt_mamba3_state_floats(mdims(pc));
 }
 
 const struct mt_piece mt_piece_mamba = {
@@ -420,4 +443,6 @@ const struct mt_piece mt_piece_mamba = {
     /* .undo_recompute        = */ NULL,
     /* .decode_floats         = */ mamba_decode_floats,
     /* .state_bytes           = */ sizeof(struct mamba_state),
+    /* .own_bytes             = */ sizeof(struct mamba_own),
+    /* .setup                 = */ mamba_setup,
 };

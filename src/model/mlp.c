@@ -22,6 +22,15 @@ struct mlp_state {
 };
 _Static_assert(sizeof(struct mlp_state) <= PIECE_STATE_MAX, "raise PIECE_STATE_MAX");
 
+/* The dense MLP's per-model struct (its pc->own, WORKSPACE): precision=bf16
+ * only, the bf16 twin of the SwiGLU output that the down projection reads
+ * (NULL in fp32); mlp_carve_scratch fills it. */
+struct mlp_own {
+    mt_bf16 *act_b;   /* (N*F) bf16(s_act) */
+};
+_Static_assert(sizeof(struct mlp_own) <= PIECE_OWN_MAX, "raise PIECE_OWN_MAX");
+static struct mlp_own *mown(const struct mt_piece_ctx *pc) { return pc->own; }
+
 /* The SwiGLU math on the ops table and the LoRA scratch t, dt (s_lora, s_dlora):
  * the dense MLP below, and the routed and shared experts of moe.c. */
 /* SwiGLU act = silu(g) * u, and its bf16 twin act_b from the same kernel when given */
@@ -119,7 +128,7 @@ static size_t mlp_scratch(const struct mt_piece_ctx *pc) { return (size_t)pc->N 
 static void mlp_carve_scratch(const struct mt_piece_ctx *pc, struct mt_carver *c)
 {
     if (pc->bf16 && (!pc->ops || pc->ops->swiglu_forward_bf16))
-        pc->mlp_s->act_b = carve(c, MT_BUCKET_WORKSPACE, (size_t)pc->N * (size_t)pc->F * 2);
+        mown(pc)->act_b = carve(c, MT_BUCKET_WORKSPACE, (size_t)pc->N * (size_t)pc->F * 2);
 }
 
 static enum mt_status mlp_piece_forward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a)
@@ -130,13 +139,13 @@ static enum mt_status mlp_piece_forward(struct mt_ctx *ctx, const struct mt_piec
     float *x_out = a->x_out;
     ffn_norm_fwd(pc, x_out, n);
     if (pc->tp.tp == 1) {
-        mlp_fwd_b(pc->ops, pc->s_lora, x_out, 1, st->mg, st->mu, pc->s_act, pc->mlp_s->act_b, ly->h_mlp, ly->h_mlp_b,
+        mlp_fwd_b(pc->ops, pc->s_lora, x_out, 1, st->mg, st->mu, pc->s_act, mown(pc)->act_b, ly->h_mlp, ly->h_mlp_b,
                   ly->w.wg, ly->w.wu, ly->w.wd, n, D, pc->F);
         return MT_OK;
     }
     /* TP region: this rank's F/tp hidden units over all N rows */
     if (pc->tp.sp) MT_CHECK(tpa_gather_rows(ctx, &pc->tp, ly->h_mlp, ly->h_mlp_n, n / pc->tp.tp, D));
-    mlp_fwd_b(pc->ops, pc->s_lora, pc->s_red, 0, st->mg, st->mu, pc->s_act, pc->mlp_s->act_b, ly->h_mlp, ly->h_mlp_b,
+    mlp_fwd_b(pc->ops, pc->s_lora, pc->s_red, 0, st->mg, st->mu, pc->s_act, mown(pc)->act_b, ly->h_mlp, ly->h_mlp_b,
               ly->w.wg, ly->w.wu, ly->w.wd, n, D, pc->F);
     return tpa_exit_add(ctx, &pc->tp, x_out, pc->s_red, pc->s_full);
 }
@@ -154,7 +163,7 @@ static enum mt_status mlp_piece_backward(struct mt_ctx *ctx, const struct mt_pie
         MT_CHECK(tpa_gather_rows(ctx, &pc->tp, pc->s_full, pc->dx, pc->Nr, D));
         dy = pc->s_full;
     }
-    mlp_bwd_b(pc->ops, pc->s_lora, pc->s_dlora, pc->dh, 0, pc->s_act, pc->mlp_s->act_b, pc->s_dact, pc->s_dg, pc->s_du, dy,
+    mlp_bwd_b(pc->ops, pc->s_lora, pc->s_dlora, pc->dh, 0, pc->s_act, mown(pc)->act_b, pc->s_dact, pc->s_dg, pc->s_du, dy,
               ly->h_mlp, ly->h_mlp_b, st->mg, st->mu, w->wg, w->wu, w->wd, N, D, pc->F);
     /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
     const float *dhr = pc->dh;   /* d h_mlp_n (Nr, D) */
@@ -185,4 +194,6 @@ const struct mt_piece mt_piece_mlp = {
     /* .undo_recompute        = */ NULL,
     /* .decode_floats         = */ NULL,
     /* .state_bytes           = */ sizeof(struct mlp_state),
+    /* .own_bytes             = */ sizeof(struct mlp_own),
+    /* .setup                 = */ NULL,
 };

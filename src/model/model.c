@@ -32,6 +32,10 @@
 /* Fill the dimension fields of m from cfg (no allocation). par NULL = one rank. */
 static void model_dims_par(struct mt_model *m, const struct mt_config *cfg, int B, const struct mt_model_par *par);
 
+/* Each distinct piece the model uses: its own struct zeroed and its dims
+ * filled (setup); ctx NULL: test knobs off (planning, checking). */
+static void model_pieces_setup(struct mt_ctx *ctx, struct mt_model *m);
+
 static void model_dims(struct mt_model *m, const struct mt_config *cfg, int B)
 {
     model_dims_par(m, cfg, B, NULL);
@@ -90,9 +94,7 @@ static void model_dims_par(struct mt_model *m, const struct mt_config *cfg, int 
     m->M = m->any_moe ? m->Nm * m->top_k : 0;
     m->recompute = strcmp(cfg->recompute, "block") == 0;
     m->bf16 = strcmp(cfg->precision, "bf16") == 0;
-    /* M blocks (SPEC 1c): eps 1e-5 for the B/C and gated norms, as the reference */
-    m->mdims = (struct mt_mamba3_dims){(int)g.D, (int)g.mH / m->tp, (int)g.mP, (int)g.mG / m->tp, (int)g.mN,
-                                       cfg->mamba_chunk, 1e-5f, 1e-5f};   /* this rank's heads and groups */
+    model_pieces_setup(NULL, m);
 }
 
 /* The distinct mixer (ffn: 1) pieces of the kinds any layer of the model
@@ -117,6 +119,27 @@ static int model_all_pieces(const struct mt_model *m, const struct mt_piece **ou
     return n + model_pieces(m, 1, out + n);
 }
 
+/* Piece p's own struct in m (NULL: p declares none). */
+static void *model_own(struct mt_model *m, const struct mt_piece *p)
+{
+    int i = mt_blocks_piece_index(p);
+    MT_ASSERT(i >= 0 && p->own_bytes <= sizeof m->own[0]);
+    return p->own_bytes ? (void *)m->own[i] : NULL;
+}
+
+static void model_pieces_setup(struct mt_ctx *ctx, struct mt_model *m)
+{
+    const struct mt_piece *pcs[MT_MAX_PIECES];
+    int n = model_all_pieces(m, pcs);
+    struct mt_piece_ctx pc;
+    model_piece_ctx(m, NULL, &pc);
+    for (int i = 0; i < n; i++) {
+        pc.own = model_own(m, pcs[i]);
+        if (pc.own) memset(pc.own, 0, pcs[i]->own_bytes);
+        if (pcs[i]->setup) pcs[i]->setup(ctx, &pc, &m->cfg);
+    }
+}
+
 static enum mt_status check_dims(struct mt_ctx *ctx, struct mt_model *m)
 {
     if (m->B < 1) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model: B=%d must be >= 1", m->B);
@@ -139,8 +162,10 @@ static enum mt_status check_dims(struct mt_ctx *ctx, struct mt_model *m)
     model_piece_ctx(m, NULL, &pc);
     const struct mt_piece *pcs[2 * MT_MAX_BLOCK_KINDS];
     int n = model_all_pieces(m, pcs);
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
+        pc.own = model_own(m, pcs[i]);
         if (pcs[i]->check) MT_CHECK(pcs[i]->check(ctx, &pc));
+    }
     /* letters past the pattern's end are the default kind */
     const size_t plen = strlen(m->cfg.pattern);
     const int bad = mt_blocks_pattern_check(m->cfg.pattern, plen < (size_t)m->L ? plen : (size_t)m->L);
@@ -333,13 +358,20 @@ static void carve_block(struct mt_model *m, struct mt_carver *c, struct mt_layer
         if (sized) ly->state[i] = tmp;
         if (ly->state[i]) memset(ly->state[i], 0, ps[i]->state_bytes);   /* fields a carve skips: NULL */
         pc.st = ly->state[i];
+        pc.own = model_own(m, ps[i]);
         ps[i]->carve(&pc, c, ly);
         if (sized) ly->state[i] = NULL;
     }
 }
 
-/* pc (built for layer ly) as piece i (MT_PIECE_MIXER / _FFN) of ly's block sees it. */
-static void piece_bind(struct mt_piece_ctx *pc, const struct mt_layer *ly, int i) { pc->st = ly ? ly->state[i] : NULL; }
+/* pc (built for layer ly) as piece i (MT_PIECE_MIXER / _FFN) of ly's block
+ * sees it: the layer's state of that piece and the piece's own struct. */
+static void piece_bind(struct mt_model *m, struct mt_piece_ctx *pc, const struct mt_layer *ly, int i)
+{
+    const struct mt_block_kind *k = mt_blocks_kind(ly->kind);
+    pc->st = ly->state[i];
+    pc->own = model_own(m, i == MT_PIECE_FFN ? k->ffn : k->mixer);
+}
 
 void model_piece_ctx(struct mt_model *m, struct mt_layer *ly, struct mt_piece_ctx *pc)
 {
@@ -367,24 +399,12 @@ void model_piece_ctx(struct mt_model *m, struct mt_layer *ly, struct mt_piece_ct
     pc->s_full = m->s_full;
     pc->s_red = m->s_red;
     pc->s_act = m->s_act;
-    pc->mlp_s = &m->mlp_s;
     pc->bf16 = m->bf16;
     pc->s_dact = m->s_dact;
     pc->s_dg = m->s_dg;
     pc->s_du = m->s_du;
     pc->s_lora = m->s_lora;
     pc->s_dlora = m->s_dlora;
-    pc->attn_s = &m->attn_s;
-    pc->datt = m->attn_s.datt;
-    pc->dq = m->attn_s.dq;
-    pc->dk = m->attn_s.dk;
-    pc->dk2 = m->attn_s.dk2;
-    pc->dv = m->attn_s.dv;
-    pc->mdims = &m->mdims;
-    pc->mb_s = &m->mb_s;
-    pc->moe = (struct mt_moe_dims){m->E, m->top_k, m->Fe, m->Fs, m->L, m->Nm, m->M, m->row0, m->cfg.aux_loss_coef,
-                                   m->cfg.z_loss_coef, m->force_route, m->moe_grouped};
-    pc->moe_s = &m->moe_s;
     pc->norm = &m->norm;
     pc->layer = ly ? ly->index : -1;
     pc->tp = (struct mt_tp_axis){m->tp_comm, &m->tp_stats, m->ops, m->tp, m->sp, m->N, m->Nr, m->D, m->tp_comm_host,
@@ -418,8 +438,10 @@ static void carve_piece_scratch(struct mt_model *m, struct mt_carver *c, int ffn
     int n = model_pieces(m, ffn, pcs);
     struct mt_piece_ctx pc;
     model_piece_ctx(m, NULL, &pc);
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
+        pc.own = model_own(m, pcs[i]);
         if (pcs[i]->carve_scratch) pcs[i]->carve_scratch(&pc, c);
+    }
 }
 
 /* 1 when some layer of this stage is of kind k. */
@@ -526,8 +548,10 @@ static void model_layout(struct mt_model *m, struct mt_carver *c)
     model_piece_ctx(m, NULL, &pc);
     const struct mt_piece *pcs[2 * MT_MAX_BLOCK_KINDS];
     int n = model_all_pieces(m, pcs);
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
+        pc.own = model_own(m, pcs[i]);
         if (pcs[i]->ffn_scratch && pcs[i]->ffn_scratch(&pc) > ff) ff = pcs[i]->ffn_scratch(&pc);
+    }
     m->dx = carve_f(c, W, Nr * D);
     m->dh = carve_f(c, W, N * D);
     if (m->tp > 1) {
@@ -745,10 +769,7 @@ enum mt_status mt_model_create_par(struct mt_ctx *ctx, const struct mt_ops_i *op
         goto fail;
     }
     m->external_params = (flags & (MT_MODEL_EXTERNAL_PARAMS | MT_MODEL_NO_ALLOC)) != 0;
-    /* test hook (knob test_force_routing, env MT_TEST_FORCE_ROUTING): 1 sends every
-     * token to experts 0..top_k-1 (so that some expert ranks receive no token at all) */
-    m->force_route = mt_knob_int(ctx, MT_KNOB_TEST_FORCE_ROUTING) == 1;
-    m->moe_grouped = mt_knob_int(ctx, MT_KNOB_MOE_GROUPED) != 0;   /* the experts' GEMMs grouped (moe_experts.c) */
+    model_pieces_setup(ctx, m);   /* again with the knobs the pieces read (moe: forced routing, grouped GEMMs) */
 
     struct param_sink s = { NULL, 0, 0 };
     build_params(m, sink_param, &s);
@@ -814,10 +835,13 @@ const float *mt_model_logits(const struct mt_model *m) { return m->logits; }
 void mt_model_keep_logits(struct mt_model *m, int keep) { m->keep_logits = keep != 0; }
 
 void mt_model_ep_stats(const struct mt_model *m, struct mt_ep_stats *out) { *out = m->ep_stats; }
-const double *mt_model_moe_load(const struct mt_model *m) { return m->moe_s.load; }
+const double *mt_model_moe_load(const struct mt_model *m)
+{
+    return m->any_moe ? moe_own_load(model_own((struct mt_model *)m, &mt_piece_moe)) : NULL;
+}
 void mt_model_moe_load_reset(struct mt_model *m)
 {
-    if (m->moe_s.load) memset(m->moe_s.load, 0, (size_t)m->L * (size_t)m->E * sizeof(double));
+    if (m->any_moe) moe_own_load_reset(model_own(m, &mt_piece_moe));
 }
 
 void mt_model_set_hooks(struct mt_model *m, const struct mt_model_hooks *h)
@@ -1068,12 +1092,12 @@ enum mt_status model_block_forward(struct mt_ctx *ctx, struct mt_model *m, struc
     model_piece_ctx(m, ly, &pc);
     /* decoding: the layer's state is the mixer's, then the ffn's (model_decode_floats) */
     float *st = a->state;
+    piece_bind(m, &pc, ly, MT_PIECE_MIXER);
     const size_t mixer_n = st && k->mixer->decode_floats ? k->mixer->decode_floats(&pc, a->t_max) : 0;
     a->state = mixer_n ? st : NULL;
-    piece_bind(&pc, ly, MT_PIECE_MIXER);
     enum mt_status rc = k->mixer->forward(ctx, &pc, a);
     a->state = st && k->ffn->decode_floats ? st + mixer_n : NULL;
-    piece_bind(&pc, ly, MT_PIECE_FFN);
+    piece_bind(m, &pc, ly, MT_PIECE_FFN);
     if (rc == MT_OK) rc = k->ffn->forward(ctx, &pc, a);
     a->state = st;
     return rc;
@@ -1082,10 +1106,15 @@ enum mt_status model_block_forward(struct mt_ctx *ctx, struct mt_model *m, struc
 size_t model_decode_floats(struct mt_model *m, int kind, int t_max)
 {
     const struct mt_block_kind *k = mt_blocks_kind(kind);
+    const struct mt_piece *ps[2] = {k->mixer, k->ffn};
     struct mt_piece_ctx pc;
     model_piece_ctx(m, NULL, &pc);
-    return (k->mixer->decode_floats ? k->mixer->decode_floats(&pc, t_max) : 0) +
-           (k->ffn->decode_floats ? k->ffn->decode_floats(&pc, t_max) : 0);
+    size_t n = 0;
+    for (int i = 0; i < 2; i++) {
+        pc.own = model_own(m, ps[i]);
+        if (ps[i]->decode_floats) n += ps[i]->decode_floats(&pc, t_max);
+    }
+    return n;
 }
 
 /* Backward of one block: dx holds d x_out; on return d x_in. */
@@ -1094,14 +1123,14 @@ static enum mt_status model_block_backward(struct mt_ctx *ctx, struct mt_model *
     const struct mt_block_kind *k = mt_blocks_kind(ly->kind);
     struct mt_piece_ctx pc;
     model_piece_ctx(m, ly, &pc);
-    piece_bind(&pc, ly, MT_PIECE_FFN);
+    piece_bind(m, &pc, ly, MT_PIECE_FFN);
     MT_CHECK(k->ffn->backward(ctx, &pc));     /* dx: d x_out -> d x_mid */
-    piece_bind(&pc, ly, MT_PIECE_MIXER);
+    piece_bind(m, &pc, ly, MT_PIECE_MIXER);
     return k->mixer->backward(ctx, &pc);      /* dx: d x_mid -> d x_in  */
 }
 
 /* Add the aux and z sums of this stage's MoE layers' last forward (moe.c
- * leaves them on the backend, in moe_s.loss) to *aux and *z, in layer
+ * leaves them on the backend, in its own struct) to *aux and *z, in layer
  * order (the order the layers' sums were added in before they moved to the
  * device: the same bits). One device-to-host copy per forward for all
  * layers; none for a stage without MoE layers. */
@@ -1114,9 +1143,7 @@ static void moe_loss_sums(struct mt_model *m, double *aux, double *z)
             l1 = l + 1;
         }
     if (l0 < 0) return;
-    double *h = m->moe_s.h_loss;
-    m->ops->copy_to_host(m->ops->be, h + 2 * (size_t)l0, m->moe_s.loss + 2 * (size_t)l0,
-                         (size_t)(l1 - l0) * 2 * sizeof(double));
+    const double *h = moe_own_losses(m->ops, model_own(m, &mt_piece_moe), l0, l1);
     for (int l = l0; l < l1; l++)
         if (mt_blocks_kind(m->layers[l].kind)->ffn == &mt_piece_moe) {
             *aux += h[2 * (size_t)l];
@@ -1263,9 +1290,9 @@ static enum mt_status block_recompute(struct mt_ctx *ctx, struct mt_model *m, st
     struct mt_piece_ctx pc;
     model_piece_ctx(m, ly, &pc);
     MT_ASSERT(pc.layer == l);
-    piece_bind(&pc, ly, MT_PIECE_MIXER);
+    piece_bind(m, &pc, ly, MT_PIECE_MIXER);
     if (k->mixer->undo_recompute) k->mixer->undo_recompute(&pc);
-    piece_bind(&pc, ly, MT_PIECE_FFN);
+    piece_bind(m, &pc, ly, MT_PIECE_FFN);
     if (k->ffn->undo_recompute) k->ffn->undo_recompute(&pc);
     return MT_OK;
 }

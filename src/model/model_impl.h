@@ -82,6 +82,9 @@ enum { MT_PIECE_MIXER = 0, MT_PIECE_FFN = 1 };
 /* Largest state_bytes a piece may declare (model.c sizes a throwaway state
  * with it when carving for sizes only; each piece asserts its struct fits). */
 #define PIECE_STATE_MAX 512
+/* Largest own_bytes a piece may declare (struct mt_model holds one of this
+ * size per distinct piece; each piece asserts its struct fits). */
+#define PIECE_OWN_MAX 512
 
 /* One microbatch's saved activations (pipeline slots); the model's "current"
  * fields (idx ... xlse, layers, norm, have_*) are copied from the selected slot. */
@@ -94,43 +97,6 @@ struct mt_slot {
     struct mt_layer *layers;   /* (L), only [l0, l1) carved */
     struct mt_loss_norm norm;
     int have_fwd, have_targets;
-};
-
-/* The dense MLP's declared scratch (WORKSPACE): precision=bf16 only, the
- * bf16 twin of the SwiGLU output that the down projection reads (NULL in
- * fp32). Its carve_scratch fills it through the narrow context. */
-struct mt_mlp_scratch {
-    mt_bf16 *act_b;   /* (N*F) bf16(s_act) */
-};
-
-/* Attention's backward scratch (WORKSPACE), shared by every A layer; its
- * carve_scratch fills it through the narrow context. */
-struct mt_attn_scratch {
-    float *datt;                 /* (N, QD) d att; then d q_raw                      */
-    float *dq;                   /* (N, QD)                                          */
-    float *dk, *dk2, *dv;        /* (N, KD)                                          */
-};
-
-/* The MoE piece's own buffers (moe.c carves them, once per model): scratch
- * shared by every E layer (WORKSPACE), the host staging of routing and the
- * load histogram (OTHER). Nm rows the block sees, M = Nm*k routed slots. */
-struct mt_moe_scratch {
-    float   *xp, *dxp, *dy;      /* (M, D) permuted inputs / their grads / d expert out          */
-    float   *ry, *rdy, *rdx;     /* (ep*M, D) EP: expert outputs / their grads / d inputs, received side */
-    float   *drl, *dprobs;       /* (Nm, E) d router logits (the logits in forward), d probs (aux) */
-    float   *dgates;             /* (Nm, k)                                                       */
-    float   *dlse;               /* (Nm)                                                          */
-    int32_t *e_off_d;            /* (E+1) device expert offsets (moe_route; copied to ly->e_off)   */
-    int32_t *route_work;         /* mt_moe_route_work(M, E) moe_route scratch                     */
-    double  *seq;                /* (2, B, E) per-sequence routed-slot counts and prob sums (aux) */
-    double  *loss;               /* (L, 2) each layer's aux and z sums of the last forward (device) */
-    /* host (OTHER): the test hook's staging, the layers' loss sums */
-    float   *h_probs, *h_dprobs; /* (Nm, E) force_routing: probs in, gates out                    */
-    int32_t *h_topk;             /* (Nm*k)  force_routing: the forced experts                     */
-    double  *h_loss;             /* (L, 2) host copy of loss (mt_model_forward_stage)             */
-    size_t  *h_a2a;              /* (4*ep) all-to-all send/recv counts and displs                 */
-    int64_t *h_ecnt;             /* (2*E) per-expert slot counts sent / received                  */
-    double  *load;               /* (L*E) routed slots per expert since the last reset (moe_load) */
 };
 
 struct mt_model {
@@ -149,8 +115,6 @@ struct mt_model {
     struct mt_comm *ep_comm;
     struct mt_comm *ep_comm_host; /* host counts (mt_model.h); = ep_comm on the cpu backend */
     struct mt_ep_stats ep_stats;
-    int     force_route;     /* test-only routing override (MT_TEST_FORCE_ROUTING)  */
-    int     moe_grouped;     /* knob moe_grouped: experts as grouped GEMMs (moe_experts.c) */
     int tp, tp_rank, sp, Nr, Nm, row0;
     struct mt_comm *tp_comm;
     struct mt_comm *tp_comm_host; /* host statistics (mt_model.h); = tp_comm on the cpu backend */
@@ -185,11 +149,10 @@ struct mt_model {
     float *s_red;                /* (N, D) TP: partial sums / reduce-scatter output  */
     float *s_act, *s_dact, *s_dg, *s_du; /* (max(N*F, M*Fe, N*Fs)) SwiGLU scratch    */
     float *s_lora, *s_dlora;             /* (rows, r) LoRA x A^T and its gradient (lora.c) */
-    struct mt_attn_scratch   attn_s; /* A blocks: backward scratch (attention.c)        */
-    struct mt_mlp_scratch    mlp_s;  /* dense MLP: bf16 twin of the SwiGLU output (mlp.c) */
-    struct mt_moe_scratch    moe_s;  /* E blocks: routing scratch, host staging, load (moe.c) */
-    struct mt_mamba3_dims    mdims;  /* M blocks: the mixer's dims (from cfg)          */
-    struct mt_mamba3_scratch mb_s;   /* M blocks: backward scratch (WORKSPACE)          */
+    /* each distinct piece's own struct (its dims, scratch and staging; the
+     * piece's .c file defines it, own_bytes its size), indexed by
+     * mt_blocks_piece_index; model_own() points the context at it */
+    union mt_piece_own { void *p; double d; int64_t i; } own[MT_MAX_PIECES][PIECE_OWN_MAX / sizeof(union mt_piece_own)];
 
     /* OTHER: host staging */
     float   *h_losses;           /* (N)      */
@@ -310,18 +273,13 @@ struct mt_ep_axis {              /* the expert axis (MoE, ep > 1)               
     struct mt_ep_stats *stats;       /* accounting of the all-to-alls               */
     int ep, rank, Ee, e0;            /* group size, rank, local experts, first one  */
 };
-struct mt_moe_dims {             /* what an E block's ffn needs beyond the shared dims */
-    int   E, top_k, Fe, Fs, L;       /* experts, routed per token, expert / shared hidden, layers */
-    int   Nm, M, row0;               /* rows the block sees, slots Nm*k, first global row */
-    float aux_coef, z_coef;          /* load-balancing and router z loss coefficients     */
-    int   force_route;               /* test hook test_force_routing                      */
-    int   grouped;                   /* knob moe_grouped: grouped expert GEMMs            */
-};
 struct mt_piece_ctx {
     const struct mt_ops_i *ops;
     struct mt_layer       *ly;       /* weights (ly->w), saved activations          */
     void                  *st;       /* this piece's own saved activations (its
                                       * ly->state[] entry; model.c sets it per call) */
+    void                  *own;      /* this piece's per-model struct (dims, scratch,
+                                      * staging: own_bytes; model.c sets it per call) */
     int   N, Nr, D, F;               /* rows, residual rows, width, local dense hidden */
     int   B, T;                      /* the microbatch (training: N = B*T)          */
     int   H, K, hd, QD, KD;          /* local q / kv heads, head dim, H*hd, K*hd    */
@@ -331,14 +289,7 @@ struct mt_piece_ctx {
     /* shared WORKSPACE scratch (see struct mt_model) */
     float *dx, *dh, *s_full, *s_red;
     float *s_act, *s_dact, *s_dg, *s_du, *s_lora, *s_dlora;
-    struct mt_mlp_scratch       *mlp_s;  /* dense MLP: its declared scratch (carve_scratch fills it) */
     int   bf16;                      /* precision=bf16: carve the activation twins  */
-    struct mt_attn_scratch      *attn_s; /* A blocks: declared backward scratch (carve_scratch fills it) */
-    float *datt, *dq, *dk, *dk2, *dv;  /* A blocks: *attn_s's buffers, for the backward */
-    const struct mt_mamba3_dims *mdims; /* M blocks: the mixer's dims                 */
-    struct mt_mamba3_scratch    *mb_s;  /* M blocks: declared backward scratch        */
-    struct mt_moe_dims           moe;   /* E blocks: the ffn's dims and switches      */
-    struct mt_moe_scratch       *moe_s; /* E blocks: declared scratch, staging, load  */
     const struct mt_loss_norm   *norm;  /* the microbatch's loss normalisation (aux/z) */
     int   layer;                     /* ly's layer number (-1: ly NULL)             */
     struct mt_tp_axis tp;
@@ -396,6 +347,13 @@ void mlp_backward(const struct mt_ops_i *ops, float *t, float *dt, float *dh, in
                   float *dg, float *du, const float *dout, const float *h, const float *g, const float *u,
                   struct mt_param *wg, struct mt_param *wu, struct mt_param *wd, int n, int D, int F);
 
+/* moe.c: what the model reads of the MoE piece's own struct (own: its
+ * pc->own, model_own): the load histogram (L, E) and its reset, and the aux
+ * and z sums of layers [l0, l1) of the last forward, copied to the host in
+ * one transfer (returns the host (L, 2) array, rows l0.. valid). */
+const double *moe_own_load(const void *own);
+void moe_own_load_reset(void *own);
+const double *moe_own_losses(const struct mt_ops_i *ops, void *own, int l0, int l1);
 /* moe.c: the top-k experts of an MoE layer's state (its ly->state[MT_PIECE_FFN]), (Nm, k) on the backend; for tests. */
 const int32_t *moe_state_topk(const void *state);
 

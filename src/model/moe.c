@@ -36,6 +36,13 @@
  */
 #include "model_impl.h"
 
+#include "moe_experts.h"
+
+#include <string.h>
+
+#include "../core/mt_knobs.h"
+#include "../dist/mt_comm.h"
+
 /* What an MoE layer saves beyond the shared ffn norm (struct mt_layer): its
  * ly->state entry (moe_carve fills it). Nm rows the block sees, M = Nm*k slots. */
 struct moe_state {
@@ -59,9 +66,6 @@ struct moe_state {
 _Static_assert(sizeof(struct moe_state) <= PIECE_STATE_MAX, "raise PIECE_STATE_MAX");
 
 const int32_t *moe_state_topk(const void *state) { return state ? ((const struct moe_state *)state)->topk : NULL; }
-#include "moe_experts.h"
-
-#include "../dist/mt_comm.h"
 
 /*
  * HOW IT WORKS — expert parallelism (ep > 1). This rank holds experts
@@ -100,7 +104,7 @@ static enum mt_status ep_a2a(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, 
 {
     const struct mt_ep_axis *ea = &pc->ep;
     const int ep = ea->ep;
-    size_t *e = pc->moe_s->h_a2a; /* element counts: 4 arrays of ep */
+    size_t *e = moe_scr(pc)->h_a2a; /* element counts: 4 arrays of ep */
     double rows = 0;
     for (int r = 0; r < ep; r++) {
         e[r] = scnt[r] * (size_t)width;
@@ -128,14 +132,14 @@ static enum mt_status moe_losses(struct mt_ctx *ctx, const struct mt_piece_ctx *
 {
     const struct mt_ops_i *ops = pc->ops;
     const struct mt_tp_axis *tp = &pc->tp;
-    struct mt_moe_scratch *s = pc->moe_s;
+    struct mt_moe_scratch *s = moe_scr(pc);
     struct moe_state *st = pc->st;
-    const int E = pc->moe.E, k = pc->moe.top_k, B = pc->B, T = pc->T, g0 = tp->tp > 1 ? pc->moe.row0 : 0;
+    const int E = moe_dims(pc)->E, k = moe_dims(pc)->top_k, B = pc->B, T = pc->T, g0 = tp->tp > 1 ? moe_dims(pc)->row0 : 0;
     const size_t nseq = (size_t)2 * B * E;
     ops->moe_seq_stats(ops->be, s->seq, st->probs, st->topk, n, E, k, B, T, g0);
     if (tp->tp > 1) MT_CHECK(tpa_allreduce_f64(ctx, tp, s->seq, nseq));   /* on the device comm */
     ops->moe_aux_loss(ops->be, s->loss + 2 * (size_t)pc->layer, st->f_share, s->seq, st->rlse, n, B, E, k, T,
-                      pc->moe.aux_coef, pc->moe.z_coef, !(tp->tp > 1 && tp->rank != 0));
+                      moe_dims(pc)->aux_coef, moe_dims(pc)->z_coef, !(tp->tp > 1 && tp->rank != 0));
     return MT_OK;
 }
 
@@ -144,9 +148,9 @@ static enum mt_status moe_losses(struct mt_ctx *ctx, const struct mt_piece_ctx *
 static void force_routing(const struct mt_piece_ctx *pc, int n)
 {
     const struct mt_ops_i *ops = pc->ops;
-    struct mt_moe_scratch *s = pc->moe_s;
+    struct mt_moe_scratch *s = moe_scr(pc);
     struct moe_state *st = pc->st;
-    const int E = pc->moe.E, k = pc->moe.top_k;
+    const int E = moe_dims(pc)->E, k = moe_dims(pc)->top_k;
     ops->copy_to_host(ops->be, s->h_probs, st->probs, (size_t)n * E * sizeof(float));
     float *hg = s->h_dprobs;
     for (int i = 0; i < n; i++) {
@@ -172,9 +176,9 @@ static enum mt_status moe_forward(struct mt_ctx *ctx, const struct mt_piece_ctx 
                                   int want_loss)
 {
     const struct mt_ops_i *ops = pc->ops;
-    const struct mt_moe_dims *md = &pc->moe;
+    const struct mt_moe_dims *md = moe_dims(pc);
     const struct mt_ep_axis *ea = &pc->ep;
-    struct mt_moe_scratch *s = pc->moe_s;
+    struct mt_moe_scratch *s = moe_scr(pc);
     struct mt_layer *ly = pc->ly;
     struct moe_state *st = pc->st;
     const int D = pc->D, E = md->E, k = md->top_k, Fe = md->Fe;
@@ -254,9 +258,9 @@ static enum mt_status moe_forward(struct mt_ctx *ctx, const struct mt_piece_ctx 
 static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, float *dh, const float *dout)
 {
     const struct mt_ops_i *ops = pc->ops;
-    const struct mt_moe_dims *md = &pc->moe;
+    const struct mt_moe_dims *md = moe_dims(pc);
     const struct mt_ep_axis *ea = &pc->ep;
-    struct mt_moe_scratch *s = pc->moe_s;
+    struct mt_moe_scratch *s = moe_scr(pc);
     const struct mt_layer *ly = pc->ly;
     const struct moe_state *st = pc->st;
     const int T = pc->T, n = md->Nm, D = pc->D, E = md->E, k = md->top_k, Fe = md->Fe;
@@ -350,9 +354,46 @@ static void moe_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *use
     for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++) fn(user, &sh[i]);
 }
 
+/* The block's dims: under TP the experts see the Nm = N/tp rows of the
+ * sequence-parallel region (global rows row0..), M = Nm*k slots; the test
+ * knobs (forced routing, grouped expert GEMMs) are read here, once. */
+static void moe_setup(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const struct mt_config *cfg)
+{
+    struct mt_block_shape g;
+    mt_blocks_shape(cfg, &g);
+    struct mt_moe_dims *md = moe_dims(pc);
+    const int tp = pc->tp.tp;
+    md->E = (int)g.E, md->top_k = (int)g.top_k, md->Fe = (int)g.Fe, md->Fs = (int)g.Fs, md->L = (int)g.L;
+    md->Nm = tp > 1 ? pc->N / tp : pc->N;
+    md->M = md->Nm * md->top_k;
+    md->row0 = pc->tp.rank * (pc->N / tp);
+    md->aux_coef = cfg->aux_loss_coef;
+    md->z_coef = cfg->z_loss_coef;
+    /* test hook (knob test_force_routing, env MT_TEST_FORCE_ROUTING): 1 sends every
+     * token to experts 0..top_k-1 (so that some expert ranks receive no token at all) */
+    md->force_route = ctx && mt_knob_int(ctx, MT_KNOB_TEST_FORCE_ROUTING) == 1;
+    md->grouped = ctx && mt_knob_int(ctx, MT_KNOB_MOE_GROUPED) != 0;   /* the experts' GEMMs grouped (moe_experts.c) */
+}
+
+const double *moe_own_load(const void *own) { return own ? ((const struct moe_own *)own)->s.load : NULL; }
+
+void moe_own_load_reset(void *own)
+{
+    struct moe_own *o = own;
+    if (o && o->s.load) memset(o->s.load, 0, (size_t)o->d.L * (size_t)o->d.E * sizeof(double));
+}
+
+const double *moe_own_losses(const struct mt_ops_i *ops, void *own, int l0, int l1)
+{
+    struct moe_own *o = own;
+    ops->copy_to_host(ops->be, o->s.h_loss + 2 * (size_t)l0, o->s.loss + 2 * (size_t)l0,
+                      (size_t)(l1 - l0) * 2 * sizeof(double));
+    return o->s.h_loss;
+}
+
 static enum mt_status moe_check(struct mt_ctx *ctx, const struct mt_piece_ctx *pc)
 {
-    const struct mt_moe_dims *md = &pc->moe;
+    const struct mt_moe_dims *md = moe_dims(pc);
     if (md->E < 1 || md->top_k < 1 || md->top_k > md->E)
         return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: need 1 <= top_k <= n_experts (top_k=%d E=%d)", md->top_k,
                             md->E);
@@ -378,7 +419,7 @@ static double moe_inactive(const struct mt_block_shape *s)
 static void moe_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly)
 {
     struct moe_state *st = pc->st;
-    const struct mt_moe_dims *md = &pc->moe;
+    const struct mt_moe_dims *md = moe_dims(pc);
     const size_t D = (size_t)pc->D, Nm = (size_t)md->Nm, E = (size_t)md->E, k = (size_t)md->top_k;
     const size_t M = (size_t)md->M, Fe = (size_t)md->Fe, ep = (size_t)pc->ep.ep;
     const enum mt_bucket A = MT_BUCKET_ACTS, O = MT_BUCKET_OTHER;
@@ -419,8 +460,8 @@ static void moe_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct
  * the load histogram (OTHER): the piece's own struct mt_moe_scratch. */
 static void moe_carve_scratch(const struct mt_piece_ctx *pc, struct mt_carver *c)
 {
-    const struct mt_moe_dims *md = &pc->moe;
-    struct mt_moe_scratch *s = pc->moe_s;
+    const struct mt_moe_dims *md = moe_dims(pc);
+    struct mt_moe_scratch *s = moe_scr(pc);
     const size_t D = (size_t)pc->D, Nm = (size_t)md->Nm, E = (size_t)md->E, k = (size_t)md->top_k;
     const size_t M = (size_t)md->M, ep = (size_t)pc->ep.ep;
     const enum mt_bucket W = MT_BUCKET_WORKSPACE, O = MT_BUCKET_OTHER;
@@ -455,7 +496,7 @@ static void moe_carve_scratch(const struct mt_piece_ctx *pc, struct mt_carver *c
  * expert group may land here) or the shared expert over Nm rows */
 static size_t moe_scratch(const struct mt_piece_ctx *pc)
 {
-    size_t a = (size_t)pc->ep.ep * (size_t)pc->moe.M * (size_t)pc->moe.Fe, b = (size_t)pc->moe.Nm * (size_t)pc->moe.Fs;
+    size_t a = (size_t)pc->ep.ep * (size_t)moe_dims(pc)->M * (size_t)moe_dims(pc)->Fe, b = (size_t)moe_dims(pc)->Nm * (size_t)moe_dims(pc)->Fs;
     return a > b ? a : b;
 }
 
@@ -463,7 +504,7 @@ static enum mt_status moe_piece_forward(struct mt_ctx *ctx, const struct mt_piec
 {
     const struct mt_ops_i *ops = pc->ops;
     const struct mt_tp_axis *tp = &pc->tp;
-    const int n = a->B * a->T, D = pc->D, Nm = pc->moe.Nm;
+    const int n = a->B * a->T, D = pc->D, Nm = moe_dims(pc)->Nm;
     ffn_norm_fwd(pc, a->x_out, n);
     if (tp->tp > 1 && !tp->sp) {
         /* MoE in the SP region without SP: our Nm rows, then gather every rank's output */
@@ -480,10 +521,10 @@ static enum mt_status moe_piece_forward(struct mt_ctx *ctx, const struct mt_piec
 /* dx is d x_out = d x_mid (identity) + d branch */
 static enum mt_status moe_piece_backward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc)
 {
-    const int D = pc->D, Nm = pc->moe.Nm;
+    const int D = pc->D, Nm = moe_dims(pc)->Nm;
     const int tp_nosp = pc->tp.tp > 1 && !pc->tp.sp;   /* our Nm rows of a whole dx */
     const float *dhr = pc->dh;
-    MT_CHECK(moe_backward(ctx, pc, pc->dh, pc->dx + (tp_nosp ? (size_t)pc->moe.row0 * D : 0)));
+    MT_CHECK(moe_backward(ctx, pc, pc->dh, pc->dx + (tp_nosp ? (size_t)moe_dims(pc)->row0 * D : 0)));
     if (tp_nosp) {
         MT_CHECK(tpa_gather_rows(ctx, &pc->tp, pc->s_full, pc->dh, Nm, D));
         dhr = pc->s_full;
@@ -495,10 +536,10 @@ static enum mt_status moe_piece_backward(struct mt_ctx *ctx, const struct mt_pie
 /* a recompute re-routed the layer: take its slots back out of the load histogram */
 static void moe_undo_recompute(const struct mt_piece_ctx *pc)
 {
-    const int E = pc->moe.E;
+    const int E = moe_dims(pc)->E;
     const struct moe_state *st = pc->st;
-    if (!pc->moe_s->load) return;
-    double *load = pc->moe_s->load + (size_t)pc->layer * (size_t)E;
+    if (!moe_scr(pc)->load) return;
+    double *load = moe_scr(pc)->load + (size_t)pc->layer * (size_t)E;
     for (int e = 0; e < E; e++) load[e] -= st->e_off[e + 1] - st->e_off[e];
 }
 
@@ -519,4 +560,6 @@ const struct mt_piece mt_piece_moe = {
     /* .undo_recompute        = */ moe_undo_recompute,
     /* .decode_floats         = */ NULL,
     /* .state_bytes           = */ sizeof(struct moe_state),
+    /* .own_bytes             = */ sizeof(struct moe_own),
+    /* .setup                 = */ moe_setup,
 };

@@ -251,7 +251,7 @@ void moe_experts_forward(const struct mt_piece_ctx *pc, int n_groups, const int 
 {
     const struct mt_ops_i *ops = pc->ops;
     struct mt_layer *ly = pc->ly;
-    const int D = pc->D, Fe = pc->moe.Fe;
+    const int D = pc->D, Fe = moe_dims(pc)->Fe;
     struct group_set s;
     size_t row = 0;
     int ND[GROUP_CHUNK], NF[GROUP_CHUNK];   /* every group's D and Fe; its rows are s.rows */
@@ -290,7 +290,7 @@ void moe_experts_backward(const struct mt_piece_ctx *pc, int n_groups, const int
 {
     const struct mt_ops_i *ops = pc->ops;
     struct mt_layer *ly = pc->ly;
-    const int D = pc->D, Fe = pc->moe.Fe;
+    const int D = pc->D, Fe = moe_dims(pc)->Fe;
     struct group_set s;
     size_t row = 0;
     int ND[GROUP_CHUNK], NF[GROUP_CHUNK];   /* every group's D and Fe; its rows are s.rows */

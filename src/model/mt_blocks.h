@@ -147,8 +147,10 @@ struct mt_piece_fwd {
  * beyond its matmuls, scratch, undo_recompute). Everything but the shape
  * functions takes the narrow context (struct mt_piece_ctx, model_impl.h: ops,
  * the layer, dims, scratch, the axis handles), never the whole model. A
- * piece's own scratch is a struct in the model that the context points at
- * (attn_s, mb_s, moe_s); its carve_scratch fills it through that pointer.
+ * piece owns two structs it defines in its .c file and the model only sizes:
+ * per layer its saved activations (state_bytes; pc->st, filled by carve) and
+ * per model its dims, scratch and staging (own_bytes; pc->own, dims filled
+ * by setup, buffers by carve_scratch).
  */
 struct mt_piece {
     const char *name;                                     /* "attention", "mlp", "moe"            */
@@ -188,6 +190,15 @@ struct mt_piece {
      * under recompute=block) and hands it to carve / forward / backward as
      * pc->st; 0: none */
     size_t state_bytes;
+    /* sizeof the piece's per-model struct (its dims, its WORKSPACE scratch,
+     * host staging; defined in its .c file): the model keeps one per
+     * distinct piece (mt_blocks_piece_index) and hands it over as pc->own;
+     * 0: none */
+    size_t own_bytes;
+    /* fill pc->own's dims from cfg and the context's dims and axes (pc->own
+     * zeroed), once per model; ctx NULL when planning or checking (test
+     * knobs off); NULL: nothing to fill */
+    void (*setup)(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const struct mt_config *cfg);
 };
 
 /* One pattern letter. */
@@ -202,6 +213,8 @@ struct mt_block_kind {
 
 /* Most kinds the table may hold (stack arrays indexed by kind). */
 #define MT_MAX_BLOCK_KINDS 8
+/* Most distinct pieces (mixers and ffns of every kind). */
+#define MT_MAX_PIECES (2 * MT_MAX_BLOCK_KINDS)
 
 /* Index of the kind for `letter` in the table, or -1. */
 int mt_blocks_find(char letter);
@@ -209,6 +222,9 @@ int mt_blocks_find(char letter);
  * functions from mt_blocks_count to mt_blocks_any_routed (block_traits.c)
  * need none of the model's code: src/core and src/dist may call them. */
 const struct mt_block_kind *mt_blocks_kind(int index);   /* blocks.c: with its pieces */
+/* blocks.c: index of piece p among the table's distinct pieces (mixers and
+ * ffns in line order, each once), in [0, MT_MAX_PIECES); -1: not in it. */
+int mt_blocks_piece_index(const struct mt_piece *p);
 int mt_blocks_count(void);
 /* 1: kind `index` has a Hugging Face equivalent (export). */
 int mt_blocks_kind_hf(int index);
