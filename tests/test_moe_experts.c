@@ -80,6 +80,7 @@ static void param(struct mt_param *p, int rows, int cols, int frozen, uint64_t *
 struct world {
     struct mt_param w[3 * EE], ad[3 * EE][2];   /* experts; adapters A, B of each */
     struct mt_layer ly;
+    struct moe_w mw;                            /* the piece's parameters: experts only */
     float *eg, *eu;                             /* the saved gate / up pre-activations */
     float *x, *dy, *y, *dx;
     float *act, *dact, *dg, *du, *t, *dt;
@@ -101,7 +102,7 @@ static void world_make(struct world *wd, int lora, int adapters, int rows)
             w->lora_b = &wd->ad[3 * j + p][1];
             w->lora_scale = 1.5f;
         }
-    wd->ly.w.experts = wd->w;
+    wd->mw.experts = wd->w;
     wd->eg = calloc((size_t)rows * FE, sizeof(float));
     wd->eu = calloc((size_t)rows * FE, sizeof(float));
     wd->x = vec((size_t)rows * D, &seed);
@@ -152,6 +153,7 @@ static void one_case(const char *label, int lora, int adapters, const struct mt_
     pc.ly = &a.ly;
     pc.D = D;
     pc.own = &own;
+    pc.pw = &a.mw;
     pc.s_act = a.act, pc.s_dact = a.dact, pc.s_dg = a.dg, pc.s_du = a.du, pc.s_lora = a.t, pc.s_dlora = a.dt;
     g_calls = g_overlaps = 0;
     moe_experts_forward(&pc, NG, CNT, 0, EE, a.eg, a.eu, a.y, a.x);

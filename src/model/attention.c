@@ -42,6 +42,15 @@ struct attn_state {
 };
 _Static_assert(sizeof(struct attn_state) <= PIECE_STATE_MAX, "raise PIECE_STATE_MAX");
 
+/* Attention's parameters beyond the input norm (its pc->pw in the layer). */
+struct attn_w {
+    struct mt_param *wq, *wk, *wv; /* (QD, D), (KD, D), (KD, D)                   */
+    struct mt_param *wo;           /* (D, QD)                                     */
+    struct mt_param *qn, *kn;      /* q_norm, k_norm (hd), shared by heads        */
+};
+_Static_assert(sizeof(struct attn_w) <= PIECE_W_MAX, "raise PIECE_W_MAX");
+static struct attn_w *aw(const struct mt_piece_ctx *pc) { return pc->pw; }
+
 /* Attention's per-model struct (its pc->own): the backward scratch
  * (WORKSPACE) every attention layer shares; attn_carve_scratch fills it. */
 struct attn_own {
@@ -85,11 +94,11 @@ static enum mt_status attn_piece_forward(struct mt_ctx *ctx, const struct mt_pie
         ops->rmsnorm_resid_forward(ops->be, ly->h_attn_n, ly->rstd_attn, ly->x_mid, ly->x_in, ly->w.ln1->data, Nr, D, eps);
     if (tp->sp) MT_CHECK(tpa_gather_rows(ctx, tp, ly->h_attn, ly->h_attn_n, Nr, D));   /* SP entry */
     /* this rank's heads (H, K are local under TP) over all N rows */
-    proj_fwd_b(ops, t, st->q_raw, ly->h_attn, ly->h_attn_b, ly->w.wq, N, D, QD, 0.0f);
-    proj_fwd_b(ops, t, st->k_raw, ly->h_attn, ly->h_attn_b, ly->w.wk, N, D, KD, 0.0f);
-    proj_fwd_b(ops, t, st->v, ly->h_attn, ly->h_attn_b, ly->w.wv, N, D, KD, 0.0f);
-    ops->qk_norm_rope_forward(ops->be, st->q, st->k, st->rstd_q, st->rstd_k, st->q_raw, st->k_raw, ly->w.qn->data,
-                              ly->w.kn->data, a->cos_tab, a->sin_tab, N, T, pos0, H, K, hd, eps);
+    proj_fwd_b(ops, t, st->q_raw, ly->h_attn, ly->h_attn_b, aw(pc)->wq, N, D, QD, 0.0f);
+    proj_fwd_b(ops, t, st->k_raw, ly->h_attn, ly->h_attn_b, aw(pc)->wk, N, D, KD, 0.0f);
+    proj_fwd_b(ops, t, st->v, ly->h_attn, ly->h_attn_b, aw(pc)->wv, N, D, KD, 0.0f);
+    ops->qk_norm_rope_forward(ops->be, st->q, st->k, st->rstd_q, st->rstd_k, st->q_raw, st->k_raw, aw(pc)->qn->data,
+                              aw(pc)->kn->data, a->cos_tab, a->sin_tab, N, T, pos0, H, K, hd, eps);
     if (a->state) {
         /* inference, B == 1, one rank: append the new K/V rows, attend over the whole cache */
         MT_ASSERT(B == 1 && tp->tp == 1);
@@ -107,11 +116,11 @@ static enum mt_status attn_piece_forward(struct mt_ctx *ctx, const struct mt_pie
     /* precision=bf16 without the bf16 attention entry (or decoding): Wo's operand, rounded once here */
     if (st->att_b && (a->state || !attn_bf16(pc))) ops->cast_bf16(ops->be, st->att_b, st->att, (size_t)N * (size_t)QD);
     if (tp->tp == 1) {
-        proj_fwd_b(ops, t, ly->x_mid, st->att, st->att_b, ly->w.wo, N, QD, D, 1.0f);
+        proj_fwd_b(ops, t, ly->x_mid, st->att, st->att_b, aw(pc)->wo, N, QD, D, 1.0f);
         return MT_OK;
     }
     /* Wo holds this rank's columns: a partial sum over the model group (TP exit) */
-    proj_fwd_b(ops, t, pc->s_red, st->att, st->att_b, ly->w.wo, N, QD, D, 0.0f);
+    proj_fwd_b(ops, t, pc->s_red, st->att, st->att_b, aw(pc)->wo, N, QD, D, 0.0f);
     return tpa_exit_add(ctx, tp, ly->x_mid, pc->s_red, pc->s_full);
 }
 
@@ -133,7 +142,7 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
         dy = pc->s_full;
     }
     /* term 1: o_proj */
-    proj_bwd_b(ops, t, dt, aown(pc)->datt, 0.0f, ly->w.wo, dy, st->att, st->att_b, N, QD, D);
+    proj_bwd_b(ops, t, dt, aown(pc)->datt, 0.0f, aw(pc)->wo, dy, st->att, st->att_b, N, QD, D);
     /* term 2: attention core (dq, dk, dv overwritten) */
     if (attn_bf16(pc))
         ops->attention_backward_bf16(ops->be, aown(pc)->dq, aown(pc)->dk, aown(pc)->dv, aown(pc)->datt, st->q, st->k, st->v, st->att,
@@ -142,13 +151,13 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
         ops->attention_backward(ops->be, aown(pc)->dq, aown(pc)->dk, aown(pc)->dv, aown(pc)->datt, st->q, st->k, st->v, st->att, st->lse,
                                 B, T, H, K, hd);
     /* term 3: RoPE, then QK-norm, one fused pass; datt is free now and takes dq' */
-    ops->qk_norm_rope_backward(ops->be, aown(pc)->datt, aown(pc)->dk2, ly->w.qn->grad, ly->w.kn->grad, aown(pc)->dq, aown(pc)->dk, st->q_raw,
-                               st->k_raw, ly->w.qn->data, ly->w.kn->data, st->rstd_q, st->rstd_k, pc->rope_cos,
+    ops->qk_norm_rope_backward(ops->be, aown(pc)->datt, aown(pc)->dk2, aw(pc)->qn->grad, aw(pc)->kn->grad, aown(pc)->dq, aown(pc)->dk, st->q_raw,
+                               st->k_raw, aw(pc)->qn->data, aw(pc)->kn->data, st->rstd_q, st->rstd_k, pc->rope_cos,
                                pc->rope_sin, N, T, H, K, hd);
     /* term 4: projections (under TP dh is this rank's partial sum over its heads) */
-    proj_bwd_b(ops, t, dt, pc->dh, 0.0f, ly->w.wq, aown(pc)->datt, ly->h_attn, ly->h_attn_b, N, D, QD);
-    proj_bwd_b(ops, t, dt, pc->dh, 1.0f, ly->w.wk, aown(pc)->dk2, ly->h_attn, ly->h_attn_b, N, D, KD);
-    proj_bwd_b(ops, t, dt, pc->dh, 1.0f, ly->w.wv, aown(pc)->dv, ly->h_attn, ly->h_attn_b, N, D, KD);
+    proj_bwd_b(ops, t, dt, pc->dh, 0.0f, aw(pc)->wq, aown(pc)->datt, ly->h_attn, ly->h_attn_b, N, D, QD);
+    proj_bwd_b(ops, t, dt, pc->dh, 1.0f, aw(pc)->wk, aown(pc)->dk2, ly->h_attn, ly->h_attn_b, N, D, KD);
+    proj_bwd_b(ops, t, dt, pc->dh, 1.0f, aw(pc)->wv, aown(pc)->dv, ly->h_attn, ly->h_attn_b, N, D, KD);
     /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
     const float *dhr = pc->dh;
     if (tp->sp) {
@@ -171,13 +180,13 @@ static void attn_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *us
     const int64_t D = s->D, QD = s->H * s->hd, KD = s->K * s->hd;
     const struct mt_pspec p[] = {
         {"input_layernorm.weight", -1, 1, D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, MT_BIND(ln1)},
-        {"self_attn.q_proj.weight", -1, 2, QD, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND(wq)},
-        {"self_attn.k_proj.weight", -1, 2, KD, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND(wk)},
-        {"self_attn.v_proj.weight", -1, 2, KD, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND(wv)},
-        {"self_attn.o_proj.weight", -1, 2, D, QD, MT_SCALE_NORMAL_OUT, MT_ROLE_DENSE, MT_LAYOUT_TP_COLS, MT_BIND(wo)},
+        {"self_attn.q_proj.weight", -1, 2, QD, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct attn_w, wq)},
+        {"self_attn.k_proj.weight", -1, 2, KD, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct attn_w, wk)},
+        {"self_attn.v_proj.weight", -1, 2, KD, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct attn_w, wv)},
+        {"self_attn.o_proj.weight", -1, 2, D, QD, MT_SCALE_NORMAL_OUT, MT_ROLE_DENSE, MT_LAYOUT_TP_COLS, MT_BIND_OWN(struct attn_w, wo)},
         /* one hd gain shared by every head: with heads split, each rank's grad is partial */
-        {"self_attn.q_norm.weight", -1, 1, s->hd, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_MODEL_PARTIAL, MT_BIND(qn)},
-        {"self_attn.k_norm.weight", -1, 1, s->hd, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_MODEL_PARTIAL, MT_BIND(kn)},
+        {"self_attn.q_norm.weight", -1, 1, s->hd, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_MODEL_PARTIAL, MT_BIND_OWN(struct attn_w, qn)},
+        {"self_attn.k_norm.weight", -1, 1, s->hd, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_MODEL_PARTIAL, MT_BIND_OWN(struct attn_w, kn)},
     };
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) fn(user, &p[i]);
 }

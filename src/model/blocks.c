@@ -174,12 +174,18 @@ static void piece_params(const struct mt_config *cfg, const struct mt_piece *pc,
     pc->params(s, lora_emit, &w);
 }
 
+void mt_blocks_layer_half_params(const struct mt_config *cfg, const struct mt_block_shape *s, int l, int ffn,
+                                 mt_pspec_fn fn, void *user)
+{
+    const struct mt_block_kind *k = &kinds[mt_blocks_layer_kind(cfg, l)];
+    piece_params(cfg, ffn ? k->ffn : k->mixer, s, fn, user);
+}
+
 void mt_blocks_layer_params(const struct mt_config *cfg, const struct mt_block_shape *s, int l, mt_pspec_fn fn,
                             void *user)
 {
-    const struct mt_block_kind *k = &kinds[mt_blocks_layer_kind(cfg, l)];
-    piece_params(cfg, k->mixer, s, fn, user);
-    piece_params(cfg, k->ffn, s, fn, user);
+    mt_blocks_layer_half_params(cfg, s, l, 0, fn, user);
+    mt_blocks_layer_half_params(cfg, s, l, 1, fn, user);
 }
 
 const char *mt_blocks_lora_rule(const struct mt_config *cfg, unsigned mask)

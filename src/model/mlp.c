@@ -22,6 +22,13 @@ struct mlp_state {
 };
 _Static_assert(sizeof(struct mlp_state) <= PIECE_STATE_MAX, "raise PIECE_STATE_MAX");
 
+/* The dense MLP's parameters beyond its input norm (its pc->pw in the layer). */
+struct mlp_w {
+    struct mt_param *wg, *wu, *wd; /* (F, D), (F, D), (D, F) */
+};
+_Static_assert(sizeof(struct mlp_w) <= PIECE_W_MAX, "raise PIECE_W_MAX");
+static struct mlp_w *mw(const struct mt_piece_ctx *pc) { return pc->pw; }
+
 /* The dense MLP's per-model struct (its pc->own, WORKSPACE): precision=bf16
  * only, the bf16 twin of the SwiGLU output that the down projection reads
  * (NULL in fp32); mlp_carve_scratch fills it. */
@@ -89,9 +96,9 @@ static void mlp_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *use
     const int64_t D = s->D, F = s->F;
     const struct mt_pspec p[] = {
         {"post_attention_layernorm.weight", -1, 1, D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, MT_BIND(ln2)},
-        {"mlp.gate_proj.weight", -1, 2, F, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND(wg)},
-        {"mlp.up_proj.weight", -1, 2, F, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND(wu)},
-        {"mlp.down_proj.weight", -1, 2, D, F, MT_SCALE_NORMAL_OUT, MT_ROLE_DENSE, MT_LAYOUT_TP_COLS, MT_BIND(wd)},
+        {"mlp.gate_proj.weight", -1, 2, F, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mlp_w, wg)},
+        {"mlp.up_proj.weight", -1, 2, F, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mlp_w, wu)},
+        {"mlp.down_proj.weight", -1, 2, D, F, MT_SCALE_NORMAL_OUT, MT_ROLE_DENSE, MT_LAYOUT_TP_COLS, MT_BIND_OWN(struct mlp_w, wd)},
     };
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) fn(user, &p[i]);
 }
@@ -140,13 +147,13 @@ static enum mt_status mlp_piece_forward(struct mt_ctx *ctx, const struct mt_piec
     ffn_norm_fwd(pc, x_out, n);
     if (pc->tp.tp == 1) {
         mlp_fwd_b(pc->ops, pc->s_lora, x_out, 1, st->mg, st->mu, pc->s_act, mown(pc)->act_b, ly->h_mlp, ly->h_mlp_b,
-                  ly->w.wg, ly->w.wu, ly->w.wd, n, D, pc->F);
+                  mw(pc)->wg, mw(pc)->wu, mw(pc)->wd, n, D, pc->F);
         return MT_OK;
     }
     /* TP region: this rank's F/tp hidden units over all N rows */
     if (pc->tp.sp) MT_CHECK(tpa_gather_rows(ctx, &pc->tp, ly->h_mlp, ly->h_mlp_n, n / pc->tp.tp, D));
     mlp_fwd_b(pc->ops, pc->s_lora, pc->s_red, 0, st->mg, st->mu, pc->s_act, mown(pc)->act_b, ly->h_mlp, ly->h_mlp_b,
-              ly->w.wg, ly->w.wu, ly->w.wd, n, D, pc->F);
+              mw(pc)->wg, mw(pc)->wu, mw(pc)->wd, n, D, pc->F);
     return tpa_exit_add(ctx, &pc->tp, x_out, pc->s_red, pc->s_full);
 }
 
@@ -156,7 +163,7 @@ static enum mt_status mlp_piece_backward(struct mt_ctx *ctx, const struct mt_pie
     const struct mt_layer *ly = pc->ly;
     const struct mlp_state *st = pc->st;
     const int N = pc->N, D = pc->D;
-    const struct mt_layer_w *w = &ly->w;
+    const struct mlp_w *w = mw(pc);
     /* the TP exit's conjugate: SP gathers the rows of d x_out; without SP dx is already whole */
     const float *dy = pc->dx;
     if (pc->tp.sp) {

@@ -256,6 +256,7 @@ struct spec_walk {
     int                    layer;
     int                    n;       /* count / registry index                  */
     struct mt_layer       *ly;      /* bind: the layer whose fields are set    */
+    int                    half;    /* bind: MT_PIECE_MIXER / _FFN being walked */
     struct mt_param       *params;  /* bind: the registry                      */
 };
 
@@ -274,7 +275,10 @@ static void spec_count(void *user, const struct mt_pspec *s)
 static void spec_bind(void *user, const struct mt_pspec *s)
 {
     struct spec_walk *w = user;
-    if (s->bind >= 0) *(struct mt_param **)((char *)w->ly + s->bind) = &w->params[w->n];
+    if (s->bind >= 0) {
+        char *base = s->bind & MT_BIND_PIECE ? (char *)w->ly->w_own[w->half] : (char *)w->ly;
+        *(struct mt_param **)(base + (s->bind & ~MT_BIND_PIECE)) = &w->params[w->n];
+    }
     w->n++;
 }
 
@@ -305,7 +309,7 @@ static void build_params(const struct mt_model *m, param_visit_fn fn, void *user
     struct mt_block_shape shape;
     model_shape(m, &shape);
     if (m->first) visit_param(fn, user, m, embed_spec(m, &ps), -1);
-    struct spec_walk w = { m, fn, user, 0, 0, NULL, NULL };
+    struct spec_walk w = { m, fn, user, 0, 0, NULL, 0, NULL };
     for (int l = m->l0; l < m->l1; l++) {
         w.layer = l;
         mt_blocks_layer_params(&m->cfg, &shape, l, spec_build, &w);
@@ -331,7 +335,7 @@ static int model_n_params(const struct mt_model *m)
 {
     struct mt_block_shape shape;
     model_shape(m, &shape);
-    struct spec_walk w = { m, NULL, NULL, 0, 0, NULL, NULL };
+    struct spec_walk w = { m, NULL, NULL, 0, 0, NULL, 0, NULL };
     for (int l = m->l0; l < m->l1; l++) mt_blocks_layer_params(&m->cfg, &shape, l, spec_count, &w);
     return w.n + (m->first ? 1 : 0) + (m->last ? 2 : 0);
 }
@@ -358,6 +362,7 @@ static void carve_block(struct mt_model *m, struct mt_carver *c, struct mt_layer
         if (sized) ly->state[i] = tmp;
         if (ly->state[i]) memset(ly->state[i], 0, ps[i]->state_bytes);   /* fields a carve skips: NULL */
         pc.st = ly->state[i];
+        pc.pw = ly->w_own[i];
         pc.own = model_own(m, ps[i]);
         ps[i]->carve(&pc, c, ly);
         if (sized) ly->state[i] = NULL;
@@ -366,10 +371,11 @@ static void carve_block(struct mt_model *m, struct mt_carver *c, struct mt_layer
 
 /* pc (built for layer ly) as piece i (MT_PIECE_MIXER / _FFN) of ly's block
  * sees it: the layer's state of that piece and the piece's own struct. */
-static void piece_bind(struct mt_model *m, struct mt_piece_ctx *pc, const struct mt_layer *ly, int i)
+static void piece_bind(struct mt_model *m, struct mt_piece_ctx *pc, struct mt_layer *ly, int i)
 {
     const struct mt_block_kind *k = mt_blocks_kind(ly->kind);
     pc->st = ly->state[i];
+    pc->pw = ly->w_own[i];
     pc->own = model_own(m, i == MT_PIECE_FFN ? k->ffn : k->mixer);
 }
 
@@ -422,6 +428,7 @@ static void share_block(struct mt_layer *ly, const struct mt_layer *blk)
     ly->moe = keep.moe;
     ly->index = keep.index;
     ly->w = keep.w;
+    memcpy(ly->w_own, keep.w_own, sizeof ly->w_own);
     ly->x_in = keep.x_in;
 }
 
@@ -725,14 +732,15 @@ static void bind_layer_params(struct mt_model *m, struct mt_layer *layers)
     struct mt_param *p = m->params;
     struct mt_block_shape shape;
     model_shape(m, &shape);
-    struct spec_walk w = { m, NULL, NULL, 0, 0, NULL, p };
+    struct spec_walk w = { m, NULL, NULL, 0, 0, NULL, 0, p };
     m->wte = m->first ? &p[w.n++] : NULL;
     for (int l = m->l0; l < m->l1; l++) {
         layers[l].kind = mt_blocks_layer_kind(&m->cfg, l);
         layers[l].moe = mt_blocks_kind(layers[l].kind)->routed;
         layers[l].index = l;
         w.ly = &layers[l];
-        mt_blocks_layer_params(&m->cfg, &shape, l, spec_bind, &w);
+        for (w.half = MT_PIECE_MIXER; w.half <= MT_PIECE_FFN; w.half++)
+            mt_blocks_layer_half_params(&m->cfg, &shape, l, w.half, spec_bind, &w);
     }
     m->norm_f = m->last ? &p[w.n++] : NULL;
     m->lm_head = m->last ? &p[w.n++] : NULL;

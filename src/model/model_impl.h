@@ -32,31 +32,32 @@
 /* Largest expert-parallel degree (stack arrays of all-to-all counts). */
 #define MT_MAX_EP 256
 
-/* A block's parameters (views into mt_model.params), bound from the
- * registry: each field is named by the `bind` of its mt_pspec (mt_blocks.h).
- * Fields a kind does not have stay NULL. */
+/* The parameters every block has (views into mt_model.params), bound from
+ * the registry: each field is named by the `bind` of its mt_pspec
+ * (MT_BIND, mt_blocks.h). A piece's own parameters are a struct of its own
+ * in the layer (w_own, MT_BIND_OWN). */
 struct mt_layer_w {
-    struct mt_param *ln1;          /* input_layernorm (D)                         */
-    struct mt_param *wq, *wk, *wv; /* (QD, D), (KD, D), (KD, D)                   */
-    struct mt_param *wo;           /* (D, QD)                                     */
-    struct mt_param *qn, *kn;      /* q_norm, k_norm (hd), shared by heads        */
-    struct mt_param *ln2;          /* post_attention_layernorm (D)                */
-    struct mt_param *wg, *wu, *wd; /* dense MLP (F, D), (F, D), (D, F)            */
-    struct mt_param *router;       /* (E, D)                                      */
-    struct mt_param *experts;      /* local expert j (global e0+j): [3j] gate (Fe,D), [3j+1] up, [3j+2] down (D,Fe) */
-    struct mt_param *sg, *su, *sd; /* shared expert (Fs,D),(Fs,D),(D,Fs); NULL if Fs == 0 */
-    /* Mamba-3 mixer (M, SPEC 1c; mt_mamba3.h): in/out projections, per-head
-     * dt_bias, A_log, D skip, B/C norm gains (N), B/C biases (H, N), gated norm gain */
-    struct mt_param *mwin[7];      /* in_proj blocks z, x, B, C, dt, theta, lam (rows, D) */
-    struct mt_param *mwout, *mdt_bias, *ma_log, *md, *mgb, *mgc, *mbb, *mcb, *mgout;
+    struct mt_param *ln1;          /* input_layernorm (D): the mixer's input norm */
+    struct mt_param *ln2;          /* post_attention_layernorm (D): the ffn's     */
 };
+
+/* One slot of a piece's own struct (layer weights, model scratch): aligned
+ * for pointers, doubles and 64-bit integers. */
+union mt_piece_own { void *p; double d; int64_t i; };
+/* Largest struct of weight pointers a piece may bind in a layer (each piece
+ * asserts its struct fits). */
+#define PIECE_W_MAX 256
 
 /* One transformer block: its kind, its parameters and what its forward saves. */
 struct mt_layer {
     int kind;                      /* index into the block-kind table (mt_blocks.h) */
     int moe;                       /* the kind's `routed` flag (routing buffers valid) */
     int index;                     /* layer number l (its row of the MoE load histogram) */
-    struct mt_layer_w w;           /* parameters                                    */
+    struct mt_layer_w w;           /* the parameters every kind has                 */
+    /* each piece's own parameter pointers ([MT_PIECE_MIXER], [MT_PIECE_FFN]):
+     * a struct the piece's .c file defines, bound from the registry
+     * (MT_BIND_OWN) and handed to the piece as pc->pw */
+    union mt_piece_own w_own[2][PIECE_W_MAX / sizeof(union mt_piece_own)];
 
     /* saved activations every kind shares (ACTS): the residual stream and
      * the two input norms (mixer: h_attn*, ffn: h_mlp*) */
@@ -152,7 +153,7 @@ struct mt_model {
     /* each distinct piece's own struct (its dims, scratch and staging; the
      * piece's .c file defines it, own_bytes its size), indexed by
      * mt_blocks_piece_index; model_own() points the context at it */
-    union mt_piece_own { void *p; double d; int64_t i; } own[MT_MAX_PIECES][PIECE_OWN_MAX / sizeof(union mt_piece_own)];
+    union mt_piece_own own[MT_MAX_PIECES][PIECE_OWN_MAX / sizeof(union mt_piece_own)];
 
     /* OTHER: host staging */
     float   *h_losses;           /* (N)      */
@@ -280,6 +281,8 @@ struct mt_piece_ctx {
                                       * ly->state[] entry; model.c sets it per call) */
     void                  *own;      /* this piece's per-model struct (dims, scratch,
                                       * staging: own_bytes; model.c sets it per call) */
+    void                  *pw;       /* this piece's parameters in the layer (its
+                                      * ly->w_own[] entry; model.c sets it per call) */
     int   N, Nr, D, F;               /* rows, residual rows, width, local dense hidden */
     int   B, T;                      /* the microbatch (training: N = B*T)          */
     int   H, K, hd, QD, KD;          /* local q / kv heads, head dim, H*hd, K*hd    */
@@ -371,8 +374,12 @@ extern const struct mt_piece mt_piece_mamba;       /* mamba.c     */
 void ffn_norm_fwd(const struct mt_piece_ctx *pc, float *x_out, int n);
 void ffn_norm_bwd(const struct mt_piece_ctx *pc, const float *dhr);
 void ffn_norm_carve_pc(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly);
-/* model.c: offsetof-style bind value of a struct mt_layer_w field, for mt_pspec.bind. */
+/* mt_pspec.bind values: MT_BIND a field of struct mt_layer_w (what every
+ * kind has), MT_BIND_OWN a field of the piece's own weight struct `type`
+ * (in ly->w_own of the piece's half; flagged by MT_BIND_PIECE). */
 #define MT_BIND(field) ((int)offsetof(struct mt_layer, w.field))
+#define MT_BIND_PIECE 0x40000000
+#define MT_BIND_OWN(type, field) ((int)(MT_BIND_PIECE | offsetof(type, field)))
 
 /* head.c: 1 when a forward (with_loss) can run the head in logits_rows chunks:
  * the fused cross-entropy with the bf16 twin (every row's dlogits kept in bf16). */

@@ -186,7 +186,7 @@ static enum mt_status moe_forward(struct mt_ctx *ctx, const struct mt_piece_ctx 
     float *t = pc->s_lora;
 
     /* router: logits into the (free in forward) d-router-logits scratch */
-    linear_forward(ops, s->drl, ly->h_mlp, ly->w.router->data, n, D, E, 0.0f);
+    linear_forward(ops, s->drl, ly->h_mlp, moe_w(pc)->router->data, n, D, E, 0.0f);
     ops->router_forward(ops->be, st->probs, st->rlse, st->topk, st->gates, s->drl, n, E, k);
 
     if (md->force_route) force_routing(pc, n);
@@ -208,7 +208,7 @@ static enum mt_status moe_forward(struct mt_ctx *ctx, const struct mt_piece_ctx 
         for (int e = 0; e < E && !grouped; e++) {
             int r0 = st->e_off[e], c = st->e_off[e + 1] - r0;
             if (c == 0) continue;
-            const struct mt_param *w = &ly->w.experts[3 * e];
+            const struct mt_param *w = &moe_w(pc)->experts[3 * e];
             mlp_forward(ops, t, st->ey + (size_t)r0 * D, 0, st->eg + (size_t)r0 * Fe, st->eu + (size_t)r0 * Fe,
                         pc->s_act, s->xp + (size_t)r0 * D, &w[0], &w[1], &w[2], c, D, Fe);
         }
@@ -237,7 +237,7 @@ static enum mt_status moe_forward(struct mt_ctx *ctx, const struct mt_piece_ctx 
         for (int src = 0; src < ep && !grouped; src++)
             for (int j = 0; j < Ee; j++) {
                 int c = st->r_cnt[src * Ee + j];
-                const struct mt_param *w = &ly->w.experts[3 * j];
+                const struct mt_param *w = &moe_w(pc)->experts[3 * j];
                 if (c > 0)
                     mlp_forward(ops, t, s->ry + o * D, 0, st->eg + o * Fe, st->eu + o * Fe, pc->s_act,
                                 st->rx + o * D, &w[0], &w[1], &w[2], c, D, Fe);
@@ -247,7 +247,7 @@ static enum mt_status moe_forward(struct mt_ctx *ctx, const struct mt_piece_ctx 
     }
     ops->moe_combine(ops->be, out, st->ey, st->pos, st->gates, n, k, D);
     if (md->Fs > 0)
-        mlp_forward(ops, t, out, 1, st->sgp, st->sup, pc->s_act, ly->h_mlp, ly->w.sg, ly->w.su, ly->w.sd, n, D,
+        mlp_forward(ops, t, out, 1, st->sgp, st->sup, pc->s_act, ly->h_mlp, moe_w(pc)->sg, moe_w(pc)->su, moe_w(pc)->sd, n, D,
                     md->Fs);
 
     return want_loss ? moe_losses(ctx, pc, n) : MT_OK;
@@ -277,7 +277,7 @@ static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx
         for (int e = 0; e < E && !grouped; e++) {
             int r0 = st->e_off[e], c = st->e_off[e + 1] - r0;
             if (c == 0) continue;
-            struct mt_param *w = &ly->w.experts[3 * e];
+            struct mt_param *w = &moe_w(pc)->experts[3 * e];
             mlp_backward(ops, t, dt, s->dxp + (size_t)r0 * D, 0, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du,
                          s->dy + (size_t)r0 * D, s->xp + (size_t)r0 * D, st->eg + (size_t)r0 * Fe,
                          st->eu + (size_t)r0 * Fe, &w[0], &w[1], &w[2], c, D, Fe);
@@ -292,7 +292,7 @@ static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx
         for (int src = 0; src < ep && !grouped; src++)
             for (int j = 0; j < Ee; j++) {
                 int c = st->r_cnt[src * Ee + j];
-                struct mt_param *w = &ly->w.experts[3 * j];
+                struct mt_param *w = &moe_w(pc)->experts[3 * j];
                 if (c > 0)
                     mlp_backward(ops, t, dt, s->rdx + o * D, 0, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du,
                                  s->rdy + o * D, st->rx + o * D, st->eg + o * Fe, st->eu + o * Fe, &w[0], &w[1],
@@ -305,7 +305,7 @@ static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx
     ops->moe_permute_backward(ops->be, dh, s->dxp, st->pos, n, k, D);
     if (md->Fs > 0)
         mlp_backward(ops, t, dt, dh, 1, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du, dout, ly->h_mlp, st->sgp, st->sup,
-                     ly->w.sg, ly->w.su, ly->w.sd, n, D, md->Fs);
+                     moe_w(pc)->sg, moe_w(pc)->su, moe_w(pc)->sd, n, D, md->Fs);
 
     /* term 3: aux and z gradients (on the backend) */
     double ns = pc->norm->n_sequences > 0 ? pc->norm->n_sequences : 1.0;
@@ -315,8 +315,8 @@ static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx
 
     /* term 4: router */
     ops->router_backward(ops->be, s->drl, s->dgates, s->dprobs, s->dlse, st->probs, st->topk, st->gates, n, E, k);
-    linear_backward(ops, dh, 1.0f, ly->w.router->frozen ? NULL : ly->w.router->grad, s->drl, ly->h_mlp,
-                    ly->w.router->data, n, D, E);   /* LoRA: a frozen router computes dx only */
+    linear_backward(ops, dh, 1.0f, moe_w(pc)->router->frozen ? NULL : moe_w(pc)->router->grad, s->drl, ly->h_mlp,
+                    moe_w(pc)->router->data, n, D, E);   /* LoRA: a frozen router computes dx only */
     return MT_OK;
 }
 
@@ -329,13 +329,13 @@ static void moe_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *use
     const int64_t D = s->D, E = s->E, Fe = s->Fe, Fs = s->Fs;
     const struct mt_pspec head[] = {
         {"post_attention_layernorm.weight", -1, 1, D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, MT_BIND(ln2)},
-        {"mlp.gate.weight", -1, 2, E, D, MT_SCALE_NORMAL, MT_ROLE_ROUTER, MT_LAYOUT_MODEL_PARTIAL, MT_BIND(router)},
+        {"mlp.gate.weight", -1, 2, E, D, MT_SCALE_NORMAL, MT_ROLE_ROUTER, MT_LAYOUT_MODEL_PARTIAL, MT_BIND_OWN(struct moe_w, router)},
     };
     for (size_t i = 0; i < sizeof head / sizeof head[0]; i++) fn(user, &head[i]);
     for (int e = s->e0; e < s->e0 + s->Ee; e++) {   /* EP: this rank's experts only; w.experts -> the first */
         const struct mt_pspec x[] = {
             {"mlp.experts.%d.gate_proj.weight", e, 2, Fe, D, MT_SCALE_NORMAL, MT_ROLE_EXPERT, MT_LAYOUT_EXPERT,
-             e == s->e0 ? MT_BIND(experts) : -1},
+             e == s->e0 ? MT_BIND_OWN(struct moe_w, experts) : -1},
             {"mlp.experts.%d.up_proj.weight", e, 2, Fe, D, MT_SCALE_NORMAL, MT_ROLE_EXPERT, MT_LAYOUT_EXPERT, -1},
             {"mlp.experts.%d.down_proj.weight", e, 2, D, Fe, MT_SCALE_NORMAL_OUT, MT_ROLE_EXPERT, MT_LAYOUT_EXPERT, -1},
         };
@@ -345,11 +345,11 @@ static void moe_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *use
     /* experts (shared included) are not split by TP: SPEC.md section 2 */
     const struct mt_pspec sh[] = {
         {"mlp.shared_expert.gate_proj.weight", -1, 2, Fs, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_MODEL_PARTIAL,
-         MT_BIND(sg)},
+         MT_BIND_OWN(struct moe_w, sg)},
         {"mlp.shared_expert.up_proj.weight", -1, 2, Fs, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_MODEL_PARTIAL,
-         MT_BIND(su)},
+         MT_BIND_OWN(struct moe_w, su)},
         {"mlp.shared_expert.down_proj.weight", -1, 2, D, Fs, MT_SCALE_NORMAL_OUT, MT_ROLE_DENSE,
-         MT_LAYOUT_MODEL_PARTIAL, MT_BIND(sd)},
+         MT_LAYOUT_MODEL_PARTIAL, MT_BIND_OWN(struct moe_w, sd)},
     };
     for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++) fn(user, &sh[i]);
 }

@@ -48,7 +48,7 @@ struct group_set {
 };
 
 /* the next chunk of non-empty groups from g (returns the g to resume at) */
-static int next_chunk(const struct mt_layer *ly, int n_groups, const int *cnt, int offsets, int ee, int g,
+static int next_chunk(struct mt_param *experts, int n_groups, const int *cnt, int offsets, int ee, int g,
                       size_t *row, struct group_set *s)
 {
     s->n = 0;
@@ -57,7 +57,7 @@ static int next_chunk(const struct mt_layer *ly, int n_groups, const int *cnt, i
         if (c > 0) {
             s->rows[s->n] = c;
             s->r0[s->n] = *row;
-            s->w[s->n] = &ly->w.experts[3 * (g % ee)];
+            s->w[s->n] = &experts[3 * (g % ee)];
             s->n++;
         }
         *row += (size_t)(c > 0 ? c : 0);
@@ -250,7 +250,6 @@ void moe_experts_forward(const struct mt_piece_ctx *pc, int n_groups, const int 
                          float *eu, float *y, const float *x)
 {
     const struct mt_ops_i *ops = pc->ops;
-    struct mt_layer *ly = pc->ly;
     const int D = pc->D, Fe = moe_dims(pc)->Fe;
     struct group_set s;
     size_t row = 0;
@@ -261,7 +260,7 @@ void moe_experts_forward(const struct mt_piece_ctx *pc, int n_groups, const int 
     for (int i = 0; i < GROUP_CHUNK; i++) { ND[i] = D; NF[i] = Fe; }
     const int *Mr = s.rows;
     for (int g = 0; g < n_groups;) {
-        g = next_chunk(ly, n_groups, cnt, offsets, ee, g, &row, &s);
+        g = next_chunk(moe_w(pc)->experts, n_groups, cnt, offsets, ee, g, &row, &s);
         if (s.n == 0) continue;
         for (int i = 0; i < s.n; i++)
             for (int p = 0; p < 3; p++) W[p][i] = &s.w[i][p];
@@ -289,7 +288,6 @@ void moe_experts_backward(const struct mt_piece_ctx *pc, int n_groups, const int
                           const float *eg, const float *eu, float *dx, const float *dy, const float *x)
 {
     const struct mt_ops_i *ops = pc->ops;
-    struct mt_layer *ly = pc->ly;
     const int D = pc->D, Fe = moe_dims(pc)->Fe;
     struct group_set s;
     size_t row = 0;
@@ -300,7 +298,7 @@ void moe_experts_backward(const struct mt_piece_ctx *pc, int n_groups, const int
     for (int i = 0; i < GROUP_CHUNK; i++) { ND[i] = D; NF[i] = Fe; }
     const int *Mr = s.rows;
     for (int g = 0; g < n_groups;) {
-        g = next_chunk(ly, n_groups, cnt, offsets, ee, g, &row, &s);
+        g = next_chunk(moe_w(pc)->experts, n_groups, cnt, offsets, ee, g, &row, &s);
         if (s.n == 0) continue;
         for (int i = 0; i < s.n; i++)
             for (int p = 0; p < 3; p++) W[p][i] = &s.w[i][p];

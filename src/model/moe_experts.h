@@ -50,6 +50,15 @@ struct mt_moe_dims {             /* what an E block's ffn needs beyond the share
     int   grouped;                   /* knob moe_grouped: grouped expert GEMMs            */
 };
 
+/* The MoE piece's parameters beyond its input norm (its pc->pw in the layer). */
+struct moe_w {
+    struct mt_param *router;       /* (E, D)                                      */
+    struct mt_param *experts;      /* local expert j (global e0+j): [3j] gate (Fe,D), [3j+1] up, [3j+2] down (D,Fe) */
+    struct mt_param *sg, *su, *sd; /* shared expert (Fs,D),(Fs,D),(D,Fs); NULL if Fs == 0 */
+};
+_Static_assert(sizeof(struct moe_w) <= PIECE_W_MAX, "raise PIECE_W_MAX");
+static inline struct moe_w *moe_w(const struct mt_piece_ctx *pc) { return pc->pw; }
+
 struct moe_own {
     struct mt_moe_dims    d;
     struct mt_moe_scratch s;

@@ -17,7 +17,7 @@
  *   - its parameters: HF suffix, global shape, layout class (how the model
  *     and expert axes hold it, see enum mt_layout), init, role (optimizer
  *     class: Muon for block matrices except the router, AdamW otherwise),
- *     and which field of struct mt_layer it binds to;
+ *     and which field it binds to (MT_BIND / MT_BIND_OWN, model_impl.h);
  *   - its FLOPs per token (matmul parameters active per token, plus any
  *     non-parameter FLOPs such as attention scores);
  *   - its saved activations and scratch (carve: one function run with NULL
@@ -106,8 +106,9 @@ struct mt_block_shape {
 
 /* One parameter as a piece declares it. The registry turns it into a
  * struct mt_param named "model.layers.<l>.<suffix>" (suffix printed with
- * `expert` when expert >= 0). bind: byte offset of the struct mt_param *
- * field of struct mt_layer that points at it, or -1 (bound as a range by an
+ * `expert` when expert >= 0). bind: where the layer points at it — MT_BIND
+ * (a field every kind has: the input norms) or MT_BIND_OWN (a field of the
+ * piece's own weight struct; model_impl.h) — or -1 (bound as a range by an
  * earlier entry, e.g. experts[]). */
 struct mt_pspec {
     const char        *suffix;     /* printf format with at most one %d (the expert) */
@@ -117,7 +118,7 @@ struct mt_pspec {
     enum mt_init_scale init;
     enum mt_param_role role;
     enum mt_layout     layout;
-    int                bind;       /* offsetof(struct mt_layer, field) or -1         */
+    int                bind;       /* MT_BIND(field), MT_BIND_OWN(type, field) or -1 */
 };
 
 /* Visitor a piece calls once per parameter, in registry order. */
@@ -257,9 +258,12 @@ void mt_blocks_shape(const struct mt_config *cfg, struct mt_block_shape *s);
  * class has no adapter rule (docs/lora.md), or NULL when every one has. */
 const char *mt_blocks_lora_rule(const struct mt_config *cfg, unsigned mask);
 
-/* Walk the parameters of block l, in registry order (mixer then ffn). */
+/* Walk the parameters of block l, in registry order (mixer then ffn); _half:
+ * of its mixer (ffn 0) or its ffn (ffn 1) alone, adapters included. */
 void mt_blocks_layer_params(const struct mt_config *cfg, const struct mt_block_shape *s, int l, mt_pspec_fn fn,
                             void *user);
+void mt_blocks_layer_half_params(const struct mt_config *cfg, const struct mt_block_shape *s, int l, int ffn,
+                                 mt_pspec_fn fn, void *user);
 
 /* Training FLOPs per token of block l: 6 x matmul params active + extra. */
 double mt_blocks_layer_flops(const struct mt_config *cfg, const struct mt_block_shape *s, int l);
