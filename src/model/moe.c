@@ -21,8 +21,9 @@
  * device-to-host copy is the E+1 expert offsets after moe_route, once per
  * forward (the grouped GEMM and the all-to-all-v take host sizes); the
  * backward reuses them (no copy). The layer's aux and z sums stay in
- * moe_s->loss, read by the model once per forward for all layers. Extra
- * copies only under the test hook test_force_routing.
+ * the piece's own struct (loss), read by the model once per forward for
+ * all layers (moe_own_losses). Extra copies only under the test hook
+ * test_force_routing.
  * Backward:
  *     term 1: combine: dy[pos] = g dout;  dg_nj = dout_n . y[pos]
  *     term 2: per-expert SwiGLU backward on its rows -> dxp; dh = sum_j dxp[pos] (+ shared)
@@ -122,7 +123,7 @@ static enum mt_status ep_a2a(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, 
 }
 
 /* The auxiliary losses of the n rows just routed (forward with targets):
- * moe_s->loss[2*layer] = the aux sum (model rank 0 only under TP), [+1] =
+ * moe_scr(pc)->loss[2*layer] = the aux sum (model rank 0 only under TP), [+1] =
  * the z sum, and st->f_share for the backward; all on the backend. Under TP
  * our n rows are the global rows row0.. (sequences of T rows may straddle
  * ranks): the per-sequence sums meet in one all-reduce over the model group
@@ -167,7 +168,7 @@ static void force_routing(const struct mt_piece_ctx *pc, int n)
 
 /* out (n, D) += moe(h) for the n rows ly->h_mlp (global rows row0.. of the
  * microbatch under TP, sequences of T rows). When want_loss, the layer's
- * slot of moe_s->loss (device) gets the aux sum sum_s aux_coef*E*sum_e f P
+ * slot of moe_scr(pc)->loss (device) gets the aux sum sum_s aux_coef*E*sum_e f P
  * (the whole microbatch's sequences, counted on model rank 0 only:
  * per-sequence statistics are all-reduced over the model group) and the z
  * sum z_coef * sum over the n rows of lse^2 (un-normalised; the model
@@ -332,7 +333,7 @@ static void moe_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *use
         {"mlp.gate.weight", -1, 2, E, D, MT_SCALE_NORMAL, MT_ROLE_ROUTER, MT_LAYOUT_MODEL_PARTIAL, MT_BIND_OWN(struct moe_w, router)},
     };
     for (size_t i = 0; i < sizeof head / sizeof head[0]; i++) fn(user, &head[i]);
-    for (int e = s->e0; e < s->e0 + s->Ee; e++) {   /* EP: this rank's experts only; w.experts -> the first */
+    for (int e = s->e0; e < s->e0 + s->Ee; e++) {   /* EP: this rank's experts only; moe_w.experts -> the first */
         const struct mt_pspec x[] = {
             {"mlp.experts.%d.gate_proj.weight", e, 2, Fe, D, MT_SCALE_NORMAL, MT_ROLE_EXPERT, MT_LAYOUT_EXPERT,
              e == s->e0 ? MT_BIND_OWN(struct moe_w, experts) : -1},
@@ -515,7 +516,7 @@ static enum mt_status moe_piece_forward(struct mt_ctx *ctx, const struct mt_piec
     } else {
         MT_CHECK(moe_forward(ctx, pc, a->x_out, tp->tp > 1 ? Nm : n, a->want_loss));
     }
-    return MT_OK;   /* aux, z: in moe_s->loss, summed by the model (mt_model_moe_losses) */
+    return MT_OK;   /* aux, z: in moe_scr(pc)->loss, summed by the model (moe_own_losses) */
 }
 
 /* dx is d x_out = d x_mid (identity) + d branch */

@@ -21,7 +21,9 @@
  *   - its FLOPs per token (matmul parameters active per token, plus any
  *     non-parameter FLOPs such as attention scores);
  *   - its saved activations and scratch (carve: one function run with NULL
- *     bases for the plan and with arenas for the model, so they agree);
+ *     bases for the plan and with arenas for the model, so they agree), in
+ *     structs of its own the model only sizes (state_bytes per layer,
+ *     own_bytes per model), and its decode state (decode_floats);
  *   - its forward and backward, and what a recompute must undo.
  *
  * The parameter registry of a model (names, boxes, reduction rules, export
@@ -175,7 +177,9 @@ struct mt_piece {
     void   (*carve_scratch)(const struct mt_piece_ctx *pc, struct mt_carver *c);
     /* widest SwiGLU-style hidden activation (elements) this piece needs in the shared scratch */
     size_t (*ffn_scratch)(const struct mt_piece_ctx *pc);
-    /* carve this piece's saved activations into ly (c NULL-based: sizes only); pc->ly == ly */
+    /* carve this piece's saved activations into pc->st (and the shared
+     * fields of ly it writes: its input norm, x_mid); c NULL-based: sizes
+     * only; pc->ly == ly */
     void   (*carve)(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly);
     enum mt_status (*forward)(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a);
     /* reads dx = d(piece output); ACCUMULATES d(piece input) into dx; param grads += */
