@@ -36,13 +36,13 @@
  * ACCUMULATES in forward (it holds the residual). Scratch is overwritten.
  */
 #include "model_impl.h"
-
 #include "moe_experts.h"
+
+#include "../dist/mt_comm.h"
 
 #include <string.h>
 
 #include "../core/mt_knobs.h"
-#include "../dist/mt_comm.h"
 
 /* What an MoE layer saves beyond the shared ffn norm (struct mt_layer): its
  * ly->state entry (moe_carve fills it). Nm rows the block sees, M = Nm*k slots. */
