@@ -156,7 +156,7 @@ static void routing_snapshot(struct mt_model *m, int32_t *out)
     size_t o = 0;
     for (int l = 0; l < m->L; l++) {
         if (!m->layers[l].moe) continue;
-        m->ops->copy_to_host(m->ops->be, out + o, m->layers[l].topk, (size_t)m->N * m->top_k * sizeof(int32_t));
+        m->ops->copy_to_host(m->ops->be, out + o, moe_state_topk(m->layers[l].state[MT_PIECE_FFN]), (size_t)m->N * m->top_k * sizeof(int32_t));
         o += (size_t)m->N * m->top_k;
     }
 }

@@ -4,7 +4,7 @@
  * mlp_backward per group, scratch at row 0), bit for bit, on groups laid out
  * as under expert parallelism: 3 source ranks x 2 local experts, counts
  * {3, 0, 2, 4, 1, 2} (an empty group; each local expert gets rows from
- * several sources), with offsets = 0 as moe.c passes ly->r_cnt.
+ * several sources), with offsets = 0 as moe.c passes the layer's r_cnt.
  *
  *  1. full training: y, the saved gate/up, dx and every weight gradient equal;
  *  2. LoRA, experts frozen with adapters (rank 2, scale 1.5) on all three
@@ -80,6 +80,8 @@ static void param(struct mt_param *p, int rows, int cols, int frozen, uint64_t *
 struct world {
     struct mt_param w[3 * EE], ad[3 * EE][2];   /* experts; adapters A, B of each */
     struct mt_layer ly;
+    struct moe_w mw;                            /* the piece's parameters: experts only */
+    float *eg, *eu;                             /* the saved gate / up pre-activations */
     float *x, *dy, *y, *dx;
     float *act, *dact, *dg, *du, *t, *dt;
 };
@@ -100,9 +102,9 @@ static void world_make(struct world *wd, int lora, int adapters, int rows)
             w->lora_b = &wd->ad[3 * j + p][1];
             w->lora_scale = 1.5f;
         }
-    wd->ly.w.experts = wd->w;
-    wd->ly.eg = calloc((size_t)rows * FE, sizeof(float));
-    wd->ly.eu = calloc((size_t)rows * FE, sizeof(float));
+    wd->mw.experts = wd->w;
+    wd->eg = calloc((size_t)rows * FE, sizeof(float));
+    wd->eu = calloc((size_t)rows * FE, sizeof(float));
     wd->x = vec((size_t)rows * D, &seed);
     wd->dy = vec((size_t)rows * D, &seed);
     wd->y = calloc((size_t)rows * D, sizeof(float));
@@ -125,7 +127,7 @@ static void world_free(struct world *wd)
             free(wd->ad[i][k].grad);
         }
     }
-    float *b[] = {wd->ly.eg, wd->ly.eu, wd->x, wd->dy, wd->y, wd->dx, wd->act, wd->dact, wd->dg, wd->du, wd->t, wd->dt};
+    float *b[] = {wd->eg, wd->eu, wd->x, wd->dy, wd->y, wd->dx, wd->act, wd->dact, wd->dg, wd->du, wd->t, wd->dt};
     for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) free(b[i]);
 }
 
@@ -144,14 +146,18 @@ static void one_case(const char *label, int lora, int adapters, const struct mt_
 
     struct mt_piece_ctx pc;
     memset(&pc, 0, sizeof pc);
+    struct moe_own own;   /* the piece's own struct: only the expert hidden is read */
+    memset(&own, 0, sizeof own);
+    own.d.Fe = FE;
     pc.ops = ops;
     pc.ly = &a.ly;
     pc.D = D;
-    pc.moe.Fe = FE;
+    pc.own = &own;
+    pc.pw = &a.mw;
     pc.s_act = a.act, pc.s_dact = a.dact, pc.s_dg = a.dg, pc.s_du = a.du, pc.s_lora = a.t, pc.s_dlora = a.dt;
     g_calls = g_overlaps = 0;
-    moe_experts_forward(&pc, NG, CNT, 0, EE, a.y, a.x);
-    moe_experts_backward(&pc, NG, CNT, 0, EE, a.dx, a.dy, a.x);
+    moe_experts_forward(&pc, NG, CNT, 0, EE, a.eg, a.eu, a.y, a.x);
+    moe_experts_backward(&pc, NG, CNT, 0, EE, a.eg, a.eu, a.dx, a.dy, a.x);
     EXPECT(g_calls > 0, "%s: gemm_grouped never called", label);
     EXPECT(g_overlaps == 0, "%s: %d overlapping C pairs in gemm_grouped calls", label, g_overlaps);
 
@@ -160,15 +166,15 @@ static void one_case(const char *label, int lora, int adapters, const struct mt_
         int c = CNT[g];
         struct mt_param *w = &b.w[3 * (g % EE)];
         if (c > 0) {
-            mlp_forward(ops, b.t, b.y + o * D, 0, b.ly.eg + o * FE, b.ly.eu + o * FE, b.act, b.x + o * D, &w[0],
+            mlp_forward(ops, b.t, b.y + o * D, 0, b.eg + o * FE, b.eu + o * FE, b.act, b.x + o * D, &w[0],
                         &w[1], &w[2], c, D, FE);
             mlp_backward(ops, b.t, b.dt, b.dx + o * D, 0, b.act, b.dact, b.dg, b.du, b.dy + o * D, b.x + o * D,
-                         b.ly.eg + o * FE, b.ly.eu + o * FE, &w[0], &w[1], &w[2], c, D, FE);
+                         b.eg + o * FE, b.eu + o * FE, &w[0], &w[1], &w[2], c, D, FE);
         }
         o += (size_t)c;
     }
     EXPECT(same(a.y, b.y, (size_t)rows * D), "%s: y differs", label);
-    EXPECT(same(a.ly.eg, b.ly.eg, (size_t)rows * FE) && same(a.ly.eu, b.ly.eu, (size_t)rows * FE),
+    EXPECT(same(a.eg, b.eg, (size_t)rows * FE) && same(a.eu, b.eu, (size_t)rows * FE),
            "%s: saved gate/up differ", label);
     EXPECT(same(a.dx, b.dx, (size_t)rows * D), "%s: dx differs", label);
     int grads = 0, untouched = 0;

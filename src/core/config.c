@@ -676,19 +676,17 @@ static enum mt_status resolve_pattern(struct mt_ctx *ctx, struct mt_config *cfg,
 {
     size_t plen = strlen(cfg->pattern);
     if (plen == 0) {
-        memset(cfg->pattern, 'A', (size_t)cfg->n_layer);
-        cfg->pattern[cfg->n_layer] = '\0';
+        mt_blocks_default_pattern(cfg->pattern, cfg->n_layer);
         plen = (size_t)cfg->n_layer;
     }
     RULE(plen == (size_t)cfg->n_layer, "pattern length != n_layer (pattern length=%zu, n_layer=%d)", plen,
          cfg->n_layer);
-    int n_moe = 0;   /* layers with routed experts */
     char letters[4 * MT_MAX_BLOCK_KINDS];
-    for (size_t l = 0; l < plen; l++) {
-        RULE(mt_blocks_find(cfg->pattern[l]) >= 0, "pattern letters must be one of %s (pattern[%zu]='%c')",
-             mt_blocks_letters(letters, sizeof letters), l, cfg->pattern[l]);
-        n_moe += mt_blocks_layer_routed(cfg, (int)l);
-    }
+    const int bad = mt_blocks_pattern_check(cfg->pattern, plen);
+    RULE(bad < 0, "pattern letters must be one of %s (pattern[%d]='%c')", mt_blocks_letters(letters, sizeof letters),
+         bad, bad >= 0 ? cfg->pattern[bad] : ' ');
+    int n_moe = 0;   /* layers with routed experts */
+    for (size_t l = 0; l < plen; l++) n_moe += mt_blocks_layer_routed(cfg, (int)l);
 
     RULE(cfg->n_experts >= 1, "n_experts >= 1 (n_experts=%d)", cfg->n_experts);
     if (cfg->expert_hidden == 0) cfg->expert_hidden = cfg->mlp_hidden / 4;
@@ -699,7 +697,7 @@ static enum mt_status resolve_pattern(struct mt_ctx *ctx, struct mt_config *cfg,
              cfg->mlp_hidden);
     }
 
-    if (mt_blocks_pattern_has(cfg, 'M')) {
+    if (mt_blocks_pattern_uses(cfg, "mamba")) {
         /* SPEC 1c: d_inner = expand D split into heads of P; rotary pairs need an even N */
         int64_t e = (int64_t)cfg->mamba_expand * cfg->d_model;
         RULE(cfg->mamba_d_state % 2 == 0, "mamba_d_state must be even (mamba_d_state=%d)", cfg->mamba_d_state);
@@ -744,7 +742,7 @@ static enum mt_status resolve_lora(struct mt_ctx *ctx, struct mt_config *cfg, in
         RULE(mt_config_lora_mask(cfg->lora_targets, &mask, bad, sizeof bad) == 0,
              "lora_targets: unknown target '%s' (one of q,k,v,o,gate,up,down,expert,in_proj,out_proj)", bad);
         RULE(mask != 0, "lora_targets is empty (one or more of q,k,v,o,gate,up,down,expert,in_proj,out_proj)");
-        const int has_m = mt_blocks_pattern_has(cfg, 'M');
+        const int has_m = mt_blocks_pattern_uses(cfg, "mamba");
         RULE(has_m || !(mask & (MT_LORA_IN_PROJ | MT_LORA_OUT_PROJ)),
              "lora_targets: in_proj / out_proj are the Mamba-3 mixer's projections: the pattern has no M block");
         const char *norule = mt_blocks_lora_rule(cfg, mask);

@@ -26,6 +26,41 @@
  */
 #include "model_impl.h"
 
+/* What an attention layer saves for its backward beyond the shared input
+ * norm (struct mt_layer): its ly->state entry (attn_carve fills it). */
+struct attn_state {
+    float   *q_raw;    /* (N, QD) h Wq^T, before QK-norm                            */
+    float   *k_raw;    /* (N, KD) h Wk^T, before QK-norm                            */
+    float   *rstd_q;   /* (N*H)   QK-norm rstd per (token, head)                    */
+    float   *rstd_k;   /* (N*K)                                                     */
+    float   *q;        /* (N, QD) after QK-norm and RoPE                            */
+    float   *k;        /* (N, KD) after QK-norm and RoPE                            */
+    float   *v;        /* (N, KD)                                                   */
+    float   *att;      /* (N, QD) attention output, before o_proj                   */
+    mt_bf16 *att_b;    /* (N, QD) precision=bf16: bf16(att), Wo's operand; else NULL */
+    float   *lse;      /* (B, H, T) attention logsumexp (no T x T matrix is kept)   */
+};
+_Static_assert(sizeof(struct attn_state) <= PIECE_STATE_MAX, "raise PIECE_STATE_MAX");
+
+/* Attention's parameters beyond the input norm (its pc->pw in the layer). */
+struct attn_w {
+    struct mt_param *wq, *wk, *wv; /* (QD, D), (KD, D), (KD, D)                   */
+    struct mt_param *wo;           /* (D, QD)                                     */
+    struct mt_param *qn, *kn;      /* q_norm, k_norm (hd), shared by heads        */
+};
+_Static_assert(sizeof(struct attn_w) <= PIECE_W_MAX, "raise PIECE_W_MAX");
+static struct attn_w *aw(const struct mt_piece_ctx *pc) { return pc->pw; }
+
+/* Attention's per-model struct (its pc->own): the backward scratch
+ * (WORKSPACE) every attention layer shares; attn_carve_scratch fills it. */
+struct attn_own {
+    float *datt;                 /* (N, QD) d att; then d q_raw                      */
+    float *dq;                   /* (N, QD)                                          */
+    float *dk, *dk2, *dv;        /* (N, KD)                                          */
+};
+_Static_assert(sizeof(struct attn_own) <= PIECE_OWN_MAX, "raise PIECE_OWN_MAX");
+static struct attn_own *aown(const struct mt_piece_ctx *pc) { return pc->own; }
+
 /* precision=bf16 runs the attention core on the backend's bf16 entries
  * (mt_ops.h attention_*_bf16: bf16 operands, fp32 accumulation and
  * statistics) when it has them; fp32 mode keeps the fp32 kernels (bits unchanged). */
@@ -35,13 +70,15 @@ static int attn_bf16(const struct mt_piece_ctx *pc)
 }
 
 /* x_mid = x_in + attn(rmsnorm(x_in)) Wo^T for N = B*T rows (a->B, a->T).
- * Training: kcache == NULL, positions 0..T-1 per sequence. Inference
- * (B == 1): k, v of the T new tokens are appended to kcache/vcache (t_max, K, hd)
- * at row pos0 and the queries attend over rows [0, pos0+T). */
+ * Training: a->state == NULL, positions 0..T-1 per sequence. Inference
+ * (B == 1): a->state is this layer's K rows then its V rows, (t_max, K, hd)
+ * each (attn_decode_floats); k, v of the T new tokens are appended at row
+ * pos0 and the queries attend over rows [0, pos0+T). */
 static enum mt_status attn_piece_forward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a)
 {
     const struct mt_ops_i *ops = pc->ops;
     struct mt_layer *ly = pc->ly;
+    struct attn_state *st = pc->st;
     const struct mt_tp_axis *tp = &pc->tp;
     const int B = a->B, T = a->T, pos0 = a->pos0;
     const int N = B * T, D = pc->D, H = pc->H, K = pc->K, hd = pc->hd, QD = pc->QD, KD = pc->KD;
@@ -57,32 +94,33 @@ static enum mt_status attn_piece_forward(struct mt_ctx *ctx, const struct mt_pie
         ops->rmsnorm_resid_forward(ops->be, ly->h_attn_n, ly->rstd_attn, ly->x_mid, ly->x_in, ly->w.ln1->data, Nr, D, eps);
     if (tp->sp) MT_CHECK(tpa_gather_rows(ctx, tp, ly->h_attn, ly->h_attn_n, Nr, D));   /* SP entry */
     /* this rank's heads (H, K are local under TP) over all N rows */
-    proj_fwd_b(ops, t, ly->q_raw, ly->h_attn, ly->h_attn_b, ly->w.wq, N, D, QD, 0.0f);
-    proj_fwd_b(ops, t, ly->k_raw, ly->h_attn, ly->h_attn_b, ly->w.wk, N, D, KD, 0.0f);
-    proj_fwd_b(ops, t, ly->v, ly->h_attn, ly->h_attn_b, ly->w.wv, N, D, KD, 0.0f);
-    ops->qk_norm_rope_forward(ops->be, ly->q, ly->k, ly->rstd_q, ly->rstd_k, ly->q_raw, ly->k_raw, ly->w.qn->data,
-                              ly->w.kn->data, a->cos_tab, a->sin_tab, N, T, pos0, H, K, hd, eps);
-    if (a->kcache) {
+    proj_fwd_b(ops, t, st->q_raw, ly->h_attn, ly->h_attn_b, aw(pc)->wq, N, D, QD, 0.0f);
+    proj_fwd_b(ops, t, st->k_raw, ly->h_attn, ly->h_attn_b, aw(pc)->wk, N, D, KD, 0.0f);
+    proj_fwd_b(ops, t, st->v, ly->h_attn, ly->h_attn_b, aw(pc)->wv, N, D, KD, 0.0f);
+    ops->qk_norm_rope_forward(ops->be, st->q, st->k, st->rstd_q, st->rstd_k, st->q_raw, st->k_raw, aw(pc)->qn->data,
+                              aw(pc)->kn->data, a->cos_tab, a->sin_tab, N, T, pos0, H, K, hd, eps);
+    if (a->state) {
         /* inference, B == 1, one rank: append the new K/V rows, attend over the whole cache */
         MT_ASSERT(B == 1 && tp->tp == 1);
-        ops->copy(ops->be, a->kcache + (size_t)pos0 * KD, ly->k, (size_t)T * KD * sizeof(float));
-        ops->copy(ops->be, a->vcache + (size_t)pos0 * KD, ly->v, (size_t)T * KD * sizeof(float));
-        ops->attention_forward(ops->be, ly->att, ly->lse, ly->q, a->kcache, a->vcache, 1, T, pos0 + T, pos0, H, K, hd);
+        float *kc = a->state, *vc = a->state + (size_t)a->t_max * KD;
+        ops->copy(ops->be, kc + (size_t)pos0 * KD, st->k, (size_t)T * KD * sizeof(float));
+        ops->copy(ops->be, vc + (size_t)pos0 * KD, st->v, (size_t)T * KD * sizeof(float));
+        ops->attention_forward(ops->be, st->att, st->lse, st->q, kc, vc, 1, T, pos0 + T, pos0, H, K, hd);
     } else if (attn_bf16(pc)) {
         /* precision=bf16: bf16 operands on tensor cores; the kernel also writes
          * att's bf16 twin, Wo's operand in the forward and dWo GEMMs */
-        ops->attention_forward_bf16(ops->be, ly->att, ly->att_b, ly->lse, ly->q, ly->k, ly->v, B, T, H, K, hd);
+        ops->attention_forward_bf16(ops->be, st->att, st->att_b, st->lse, st->q, st->k, st->v, B, T, H, K, hd);
     } else {
-        ops->attention_forward(ops->be, ly->att, ly->lse, ly->q, ly->k, ly->v, B, T, T, 0, H, K, hd);
+        ops->attention_forward(ops->be, st->att, st->lse, st->q, st->k, st->v, B, T, T, 0, H, K, hd);
     }
     /* precision=bf16 without the bf16 attention entry (or decoding): Wo's operand, rounded once here */
-    if (ly->att_b && (a->kcache || !attn_bf16(pc))) ops->cast_bf16(ops->be, ly->att_b, ly->att, (size_t)N * (size_t)QD);
+    if (st->att_b && (a->state || !attn_bf16(pc))) ops->cast_bf16(ops->be, st->att_b, st->att, (size_t)N * (size_t)QD);
     if (tp->tp == 1) {
-        proj_fwd_b(ops, t, ly->x_mid, ly->att, ly->att_b, ly->w.wo, N, QD, D, 1.0f);
+        proj_fwd_b(ops, t, ly->x_mid, st->att, st->att_b, aw(pc)->wo, N, QD, D, 1.0f);
         return MT_OK;
     }
     /* Wo holds this rank's columns: a partial sum over the model group (TP exit) */
-    proj_fwd_b(ops, t, pc->s_red, ly->att, ly->att_b, ly->w.wo, N, QD, D, 0.0f);
+    proj_fwd_b(ops, t, pc->s_red, st->att, st->att_b, aw(pc)->wo, N, QD, D, 0.0f);
     return tpa_exit_add(ctx, tp, ly->x_mid, pc->s_red, pc->s_full);
 }
 
@@ -91,6 +129,7 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
 {
     const struct mt_ops_i *ops = pc->ops;
     const struct mt_layer *ly = pc->ly;
+    const struct attn_state *st = pc->st;
     const struct mt_tp_axis *tp = &pc->tp;
     const int B = pc->B, T = pc->T, N = pc->N, Nr = pc->Nr, D = pc->D, H = pc->H, K = pc->K, hd = pc->hd;
     const int QD = pc->QD, KD = pc->KD;
@@ -103,22 +142,22 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
         dy = pc->s_full;
     }
     /* term 1: o_proj */
-    proj_bwd_b(ops, t, dt, pc->datt, 0.0f, ly->w.wo, dy, ly->att, ly->att_b, N, QD, D);
+    proj_bwd_b(ops, t, dt, aown(pc)->datt, 0.0f, aw(pc)->wo, dy, st->att, st->att_b, N, QD, D);
     /* term 2: attention core (dq, dk, dv overwritten) */
     if (attn_bf16(pc))
-        ops->attention_backward_bf16(ops->be, pc->dq, pc->dk, pc->dv, pc->datt, ly->q, ly->k, ly->v, ly->att,
-                                     ly->lse, B, T, H, K, hd);
+        ops->attention_backward_bf16(ops->be, aown(pc)->dq, aown(pc)->dk, aown(pc)->dv, aown(pc)->datt, st->q, st->k, st->v, st->att,
+                                     st->lse, B, T, H, K, hd);
     else
-        ops->attention_backward(ops->be, pc->dq, pc->dk, pc->dv, pc->datt, ly->q, ly->k, ly->v, ly->att, ly->lse,
+        ops->attention_backward(ops->be, aown(pc)->dq, aown(pc)->dk, aown(pc)->dv, aown(pc)->datt, st->q, st->k, st->v, st->att, st->lse,
                                 B, T, H, K, hd);
     /* term 3: RoPE, then QK-norm, one fused pass; datt is free now and takes dq' */
-    ops->qk_norm_rope_backward(ops->be, pc->datt, pc->dk2, ly->w.qn->grad, ly->w.kn->grad, pc->dq, pc->dk, ly->q_raw,
-                               ly->k_raw, ly->w.qn->data, ly->w.kn->data, ly->rstd_q, ly->rstd_k, pc->rope_cos,
+    ops->qk_norm_rope_backward(ops->be, aown(pc)->datt, aown(pc)->dk2, aw(pc)->qn->grad, aw(pc)->kn->grad, aown(pc)->dq, aown(pc)->dk, st->q_raw,
+                               st->k_raw, aw(pc)->qn->data, aw(pc)->kn->data, st->rstd_q, st->rstd_k, pc->rope_cos,
                                pc->rope_sin, N, T, H, K, hd);
     /* term 4: projections (under TP dh is this rank's partial sum over its heads) */
-    proj_bwd_b(ops, t, dt, pc->dh, 0.0f, ly->w.wq, pc->datt, ly->h_attn, ly->h_attn_b, N, D, QD);
-    proj_bwd_b(ops, t, dt, pc->dh, 1.0f, ly->w.wk, pc->dk2, ly->h_attn, ly->h_attn_b, N, D, KD);
-    proj_bwd_b(ops, t, dt, pc->dh, 1.0f, ly->w.wv, pc->dv, ly->h_attn, ly->h_attn_b, N, D, KD);
+    proj_bwd_b(ops, t, dt, pc->dh, 0.0f, aw(pc)->wq, aown(pc)->datt, ly->h_attn, ly->h_attn_b, N, D, QD);
+    proj_bwd_b(ops, t, dt, pc->dh, 1.0f, aw(pc)->wk, aown(pc)->dk2, ly->h_attn, ly->h_attn_b, N, D, KD);
+    proj_bwd_b(ops, t, dt, pc->dh, 1.0f, aw(pc)->wv, aown(pc)->dv, ly->h_attn, ly->h_attn_b, N, D, KD);
     /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
     const float *dhr = pc->dh;
     if (tp->sp) {
@@ -141,13 +180,13 @@ static void attn_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *us
     const int64_t D = s->D, QD = s->H * s->hd, KD = s->K * s->hd;
     const struct mt_pspec p[] = {
         {"input_layernorm.weight", -1, 1, D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, MT_BIND(ln1)},
-        {"self_attn.q_proj.weight", -1, 2, QD, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND(wq)},
-        {"self_attn.k_proj.weight", -1, 2, KD, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND(wk)},
-        {"self_attn.v_proj.weight", -1, 2, KD, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND(wv)},
-        {"self_attn.o_proj.weight", -1, 2, D, QD, MT_SCALE_NORMAL_OUT, MT_ROLE_DENSE, MT_LAYOUT_TP_COLS, MT_BIND(wo)},
+        {"self_attn.q_proj.weight", -1, 2, QD, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct attn_w, wq)},
+        {"self_attn.k_proj.weight", -1, 2, KD, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct attn_w, wk)},
+        {"self_attn.v_proj.weight", -1, 2, KD, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct attn_w, wv)},
+        {"self_attn.o_proj.weight", -1, 2, D, QD, MT_SCALE_NORMAL_OUT, MT_ROLE_DENSE, MT_LAYOUT_TP_COLS, MT_BIND_OWN(struct attn_w, wo)},
         /* one hd gain shared by every head: with heads split, each rank's grad is partial */
-        {"self_attn.q_norm.weight", -1, 1, s->hd, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_MODEL_PARTIAL, MT_BIND(qn)},
-        {"self_attn.k_norm.weight", -1, 1, s->hd, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_MODEL_PARTIAL, MT_BIND(kn)},
+        {"self_attn.q_norm.weight", -1, 1, s->hd, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_MODEL_PARTIAL, MT_BIND_OWN(struct attn_w, qn)},
+        {"self_attn.k_norm.weight", -1, 1, s->hd, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_MODEL_PARTIAL, MT_BIND_OWN(struct attn_w, kn)},
     };
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) fn(user, &p[i]);
 }
@@ -169,25 +208,26 @@ static double attn_extra(const struct mt_block_shape *s)
  * and x_mid (the residual after the mixer, input of the ffn half). */
 static void attn_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly)
 {
+    struct attn_state *st = pc->st;
     const size_t N = (size_t)pc->N, D = (size_t)pc->D, QD = (size_t)pc->QD, KD = (size_t)pc->KD, Nr = (size_t)pc->Nr;
     const enum mt_bucket A = MT_BUCKET_ACTS;
     ly->h_attn_n = carve_f(c, A, Nr * D);
     ly->h_attn = pc->tp.sp ? carve_f(c, A, N * D) : ly->h_attn_n;   /* SP: the gathered copy is saved */
     ly->rstd_attn = carve_f(c, A, Nr);
-    ly->q_raw = carve_f(c, A, N * QD);
-    ly->k_raw = carve_f(c, A, N * KD);
-    ly->rstd_q = carve_f(c, A, N * (size_t)pc->H);
-    ly->rstd_k = carve_f(c, A, N * (size_t)pc->K);
-    ly->q = carve_f(c, A, N * QD);
-    ly->k = carve_f(c, A, N * KD);
-    ly->v = carve_f(c, A, N * KD);
-    ly->att = carve_f(c, A, N * QD);
+    st->q_raw = carve_f(c, A, N * QD);
+    st->k_raw = carve_f(c, A, N * KD);
+    st->rstd_q = carve_f(c, A, N * (size_t)pc->H);
+    st->rstd_k = carve_f(c, A, N * (size_t)pc->K);
+    st->q = carve_f(c, A, N * QD);
+    st->k = carve_f(c, A, N * KD);
+    st->v = carve_f(c, A, N * KD);
+    st->att = carve_f(c, A, N * QD);
     /* precision=bf16: the GEMM operands' bf16 twins (the norm's: not under SP, whose gathered rows are fp32) */
-    ly->h_attn_b = ly->att_b = NULL;
+    ly->h_attn_b = st->att_b = NULL;
     if (pc->bf16 && !pc->tp.sp && (!pc->ops || pc->ops->rmsnorm_resid_forward_bf16))
         ly->h_attn_b = carve(c, A, Nr * D * 2);
-    if (pc->bf16) ly->att_b = carve(c, A, N * QD * 2);
-    ly->lse = carve_f(c, A, N * (size_t)pc->H);
+    if (pc->bf16) st->att_b = carve(c, A, N * QD * 2);
+    st->lse = carve_f(c, A, N * (size_t)pc->H);
     ly->x_mid = carve_f(c, A, Nr * D);
 }
 
@@ -196,13 +236,16 @@ static void attn_carve_scratch(const struct mt_piece_ctx *pc, struct mt_carver *
 {
     const size_t N = (size_t)pc->N, QD = (size_t)pc->QD, KD = (size_t)pc->KD;
     const enum mt_bucket W = MT_BUCKET_WORKSPACE;
-    struct mt_attn_scratch *s = pc->attn_s;
+    struct attn_own *s = aown(pc);
     s->datt = carve_f(c, W, N * QD);
     s->dq = carve_f(c, W, N * QD);
     s->dk = carve_f(c, W, N * KD);
     s->dk2 = carve_f(c, W, N * KD);
     s->dv = carve_f(c, W, N * KD);
 }
+
+/* the K and V rows of t_max positions */
+static size_t attn_decode_floats(const struct mt_piece_ctx *pc, int t_max) { return 2 * (size_t)t_max * (size_t)pc->KD; }
 
 const struct mt_piece mt_piece_attention = {
     /* .name                  = */ "attention",
@@ -219,4 +262,8 @@ const struct mt_piece mt_piece_attention = {
     /* .forward               = */ attn_piece_forward,
     /* .backward              = */ attn_piece_backward,
     /* .undo_recompute        = */ NULL,
+    /* .decode_floats         = */ attn_decode_floats,
+    /* .state_bytes           = */ sizeof(struct attn_state),
+    /* .own_bytes             = */ sizeof(struct attn_own),
+    /* .setup                 = */ NULL,
 };

@@ -11,10 +11,12 @@
 
 #include <string.h>
 
-struct block_traits { char letter; const char *name; int routed, hf; };
+/* mixer, ffn: the pieces' table names (mt_piece_<name>) as strings, so that
+ * code without the pieces can ask "does the pattern use the mamba piece". */
+struct block_traits { char letter; const char *name, *mixer, *ffn; int routed, hf; };
 
 static const struct block_traits traits[] = {
-#define MT_BLOCK_KIND(letter, name, mixer, ffn, routed, hf) {letter, name, routed, hf},
+#define MT_BLOCK_KIND(letter, name, mixer, ffn, routed, hf) {letter, name, #mixer, #ffn, routed, hf},
 #include "mt_block_kinds.def"
 #undef MT_BLOCK_KIND
 };
@@ -22,6 +24,14 @@ static const struct block_traits traits[] = {
 _Static_assert(N_KINDS <= MT_MAX_BLOCK_KINDS, "raise MT_MAX_BLOCK_KINDS");
 
 int mt_blocks_count(void) { return N_KINDS; }
+
+char mt_blocks_letter(int index) { return index >= 0 && index < N_KINDS ? traits[index].letter : '\0'; }
+
+void mt_blocks_default_pattern(char *pattern, int n_layer)
+{
+    memset(pattern, traits[0].letter, (size_t)n_layer);
+    pattern[n_layer] = '\0';
+}
 
 int mt_blocks_find(char letter)
 {
@@ -43,8 +53,8 @@ const char *mt_blocks_letters(char *buf, size_t len)
 
 int mt_blocks_layer_kind(const struct mt_config *cfg, int l)
 {
-    char c = l >= 0 && l < (int)strnlen(cfg->pattern, sizeof cfg->pattern) ? cfg->pattern[l] : 'A';
-    int k = mt_blocks_find(c);
+    if (l < 0 || l >= (int)strnlen(cfg->pattern, sizeof cfg->pattern)) return 0;   /* the default kind */
+    int k = mt_blocks_find(cfg->pattern[l]);
     return k >= 0 ? k : 0;   /* unknown letters are rejected by config and model checks */
 }
 
@@ -59,9 +69,22 @@ int mt_blocks_any_routed(const struct mt_config *cfg)
 
 int mt_blocks_kind_hf(int index) { return index >= 0 && index < N_KINDS && traits[index].hf; }
 
-int mt_blocks_pattern_has(const struct mt_config *cfg, char letter)
+int mt_blocks_layer_uses(const struct mt_config *cfg, int l, const char *piece)
+{
+    const struct block_traits *t = &traits[mt_blocks_layer_kind(cfg, l)];
+    return !strcmp(t->mixer, piece) || !strcmp(t->ffn, piece);
+}
+
+int mt_blocks_pattern_uses(const struct mt_config *cfg, const char *piece)
 {
     for (int l = 0; l < cfg->n_layer && l < MT_MAX_LAYERS; l++)
-        if (l < (int)strnlen(cfg->pattern, sizeof cfg->pattern) && cfg->pattern[l] == letter) return 1;
+        if (mt_blocks_layer_uses(cfg, l, piece)) return 1;
     return 0;
+}
+
+int mt_blocks_pattern_check(const char *pattern, size_t n)
+{
+    for (size_t l = 0; l < n; l++)
+        if (mt_blocks_find(pattern[l]) < 0) return (int)l;
+    return -1;
 }

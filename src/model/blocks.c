@@ -20,6 +20,21 @@ static const struct mt_block_kind kinds[] = {
 
 const struct mt_block_kind *mt_blocks_kind(int index) { return &kinds[index]; }
 
+int mt_blocks_piece_index(const struct mt_piece *p)
+{
+    const struct mt_piece *seen[MT_MAX_PIECES];
+    int n = 0;
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
+        for (int h = 0; h < 2; h++) {
+            const struct mt_piece *q = h ? kinds[k].ffn : kinds[k].mixer;
+            int i = 0;
+            while (i < n && seen[i] != q) i++;
+            if (i == n) seen[n++] = q;
+            if (q == p) return i;
+        }
+    return -1;
+}
+
 const char *mt_layout_name(enum mt_layout l)
 {
     static const char *const names[MT_LAYOUT_COUNT] = {"residual", "tp_rows", "tp_cols", "model_partial", "expert"};
@@ -159,12 +174,18 @@ static void piece_params(const struct mt_config *cfg, const struct mt_piece *pc,
     pc->params(s, lora_emit, &w);
 }
 
+void mt_blocks_layer_half_params(const struct mt_config *cfg, const struct mt_block_shape *s, int l, int ffn,
+                                 mt_pspec_fn fn, void *user)
+{
+    const struct mt_block_kind *k = &kinds[mt_blocks_layer_kind(cfg, l)];
+    piece_params(cfg, ffn ? k->ffn : k->mixer, s, fn, user);
+}
+
 void mt_blocks_layer_params(const struct mt_config *cfg, const struct mt_block_shape *s, int l, mt_pspec_fn fn,
                             void *user)
 {
-    const struct mt_block_kind *k = &kinds[mt_blocks_layer_kind(cfg, l)];
-    piece_params(cfg, k->mixer, s, fn, user);
-    piece_params(cfg, k->ffn, s, fn, user);
+    mt_blocks_layer_half_params(cfg, s, l, 0, fn, user);
+    mt_blocks_layer_half_params(cfg, s, l, 1, fn, user);
 }
 
 const char *mt_blocks_lora_rule(const struct mt_config *cfg, unsigned mask)

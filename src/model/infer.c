@@ -9,8 +9,10 @@
  * q_pos0 = len (causal inside the new chunk too). Long prefills are cut into
  * chunks of at most the model's N = B*T rows (the activation buffers).
  *
- * An M (Mamba-3) layer keeps its recurrent state instead (mt_mamba3_decode:
- * scan state, previous x and B, carried rotary angles), O(1) per token.
+ * What a layer keeps is its pieces' (decode_floats, model_decode_floats):
+ * attention its k, v rows; a Mamba-3 mixer its recurrent state instead
+ * (mt_mamba3_decode: scan state, previous x and B, carried rotary angles),
+ * O(1) per token.
  *
  * Invariant: after a step, rows [0, len) of every layer's cache equal the k, v
  * the full forward computes for those positions. A step clobbers the model's
@@ -23,7 +25,7 @@
 struct mt_kv_cache {
     int    t_max, len;
     float *cos_tab, *sin_tab;  /* (t_max, hd/2) */
-    float **k, **v;            /* L pointers to (t_max, K, hd) */
+    float **state;             /* L pointers to each layer's decode state (attention: k then v, (t_max, K, hd) each) */
     void  *arena;              /* backend arena holding all of the above buffers */
     size_t arena_bytes;
 };
@@ -36,17 +38,12 @@ enum mt_status mt_model_kv_create(struct mt_ctx *ctx, struct mt_model *m, int t_
     struct mt_kv_cache *c = mt_alloc(ctx, sizeof *c, MT_BUCKET_OTHER);
     if (!c) return MT_ERR_OOM;
     c->t_max = t_max;
-    c->k = mt_alloc(ctx, (size_t)m->L * sizeof(float *), MT_BUCKET_OTHER);
-    c->v = mt_alloc(ctx, (size_t)m->L * sizeof(float *), MT_BUCKET_OTHER);
-    size_t tab = (size_t)t_max * (size_t)(m->hd / 2), kv = (size_t)t_max * (size_t)m->KD;
-    /* per layer: k and v rows for attention; a recurrent state (no t_max
-     * dependence) for an M (Mamba-3) block, held in k[l] (v[l] NULL) */
-    const int m_kind = mt_blocks_find('M');
-    const size_t mstate = mt_mamba3_state_floats(&m->mdims);
+    c->state = mt_alloc(ctx, (size_t)m->L * sizeof(float *), MT_BUCKET_OTHER);
+    size_t tab = (size_t)t_max * (size_t)(m->hd / 2);
     size_t per_layers = 0;
-    for (int l = 0; l < m->L; l++) per_layers += m->layers[l].kind == m_kind ? mstate : 2 * kv;
+    for (int l = 0; l < m->L; l++) per_layers += model_decode_floats(m, m->layers[l].kind, t_max);
     c->arena_bytes = (2 * tab + per_layers) * sizeof(float);
-    c->arena = (c->k && c->v) ? m->ops->buf_alloc(m->ops->be, ctx, c->arena_bytes, MT_BUCKET_ACTS) : NULL;
+    c->arena = c->state ? m->ops->buf_alloc(m->ops->be, ctx, c->arena_bytes, MT_BUCKET_ACTS) : NULL;
     if (!c->arena) {
         mt_model_kv_destroy(ctx, m, c);
         return MT_ERR_OOM;
@@ -55,13 +52,8 @@ enum mt_status mt_model_kv_create(struct mt_ctx *ctx, struct mt_model *m, int t_
     c->cos_tab = p; p += tab;
     c->sin_tab = p; p += tab;
     for (int l = 0; l < m->L; l++) {
-        if (m->layers[l].kind == m_kind) {
-            c->k[l] = p; p += mstate;
-            c->v[l] = NULL;
-            continue;
-        }
-        c->k[l] = p; p += kv;
-        c->v[l] = p; p += kv;
+        c->state[l] = p;
+        p += model_decode_floats(m, m->layers[l].kind, t_max);
     }
     enum mt_status rc = model_rope_build(ctx, m, c->cos_tab, c->sin_tab, t_max);
     if (rc != MT_OK) {
@@ -76,8 +68,7 @@ void mt_model_kv_destroy(struct mt_ctx *ctx, struct mt_model *m, struct mt_kv_ca
 {
     if (!c) return;
     if (c->arena) m->ops->buf_free(m->ops->be, ctx, c->arena);
-    mt_free(ctx, c->k);
-    mt_free(ctx, c->v);
+    mt_free(ctx, c->state);
     mt_free(ctx, c);
 }
 
@@ -106,7 +97,7 @@ enum mt_status mt_model_kv_step(struct mt_ctx *ctx, struct mt_model *m, struct m
             struct mt_layer *ly = &m->layers[l];
             float *x_out = l + 1 < m->L ? m->layers[l + 1].x_in : m->x_final;
             struct mt_piece_fwd a = {.B = 1, .T = cn, .pos0 = c->len, .cos_tab = c->cos_tab, .sin_tab = c->sin_tab,
-                                     .kcache = c->k[l], .vcache = c->v[l], .x_out = x_out};
+                                     .state = c->state[l], .t_max = c->t_max, .x_out = x_out};
             MT_CHECK(model_block_forward(ctx, m, ly, &a));
         }
         c->len += cn;

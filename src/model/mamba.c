@@ -27,10 +27,52 @@
  * cut into whole heads (z, x, dt, theta, lam) or whole groups (B, C); the
  * per-head vectors and B/C biases are cut by heads, the gated norm's gain by
  * the heads' channels, Wout by columns; the B/C norm gains (shared by every
- * group) are partial sums. Incremental decoding (kcache != NULL, one rank):
- * kcache is the layer's recurrent state (mt_mamba3_decode), not a KV cache.
+ * group) are partial sums. Incremental decoding (a->state != NULL, one rank):
+ * the layer's recurrent state (mt_mamba3_decode), not a KV cache.
  */
 #include "model_impl.h"
+
+/* What a Mamba-3 layer saves beyond the shared input norm (struct mt_layer):
+ * its ly->state entry (mamba_carve fills it). */
+struct mamba_state {
+    struct mt_mamba3_acts mb;   /* the mixer's saved activations (ACTS, one carve)      */
+    mt_bf16 *yn_b;              /* (N, E) precision=bf16: bf16(mb.yn), Wout's operand;
+                                 * else NULL                                            */
+};
+_Static_assert(sizeof(struct mamba_state) <= PIECE_STATE_MAX, "raise PIECE_STATE_MAX");
+
+/* The Mamba-3 mixer's parameters beyond its input norm (its pc->pw in the
+ * layer; SPEC 1c, mt_mamba3.h): in/out projections, per-head dt_bias, A_log,
+ * D skip, B/C norm gains (N), B/C biases (H, N), gated norm gain. */
+struct mamba_w {
+    struct mt_param *mwin[7];      /* in_proj blocks z, x, B, C, dt, theta, lam (rows, D) */
+    struct mt_param *mwout, *mdt_bias, *ma_log, *md, *mgb, *mgc, *mbb, *mcb, *mgout;
+};
+_Static_assert(sizeof(struct mamba_w) <= PIECE_W_MAX, "raise PIECE_W_MAX");
+static struct mamba_w *mbw(const struct mt_piece_ctx *pc) { return pc->pw; }
+
+/* The Mamba-3 mixer's per-model struct (its pc->own): this rank's dims
+ * (mamba_setup) and the backward scratch every M layer shares (WORKSPACE,
+ * mamba_carve_scratch). */
+struct mamba_own {
+    struct mt_mamba3_dims    d;
+    struct mt_mamba3_scratch s;
+};
+_Static_assert(sizeof(struct mamba_own) <= PIECE_OWN_MAX, "raise PIECE_OWN_MAX");
+static const struct mt_mamba3_dims *mdims(const struct mt_piece_ctx *pc) { return &((struct mamba_own *)pc->own)->d; }
+static struct mt_mamba3_scratch *mb_s(const struct mt_piece_ctx *pc) { return &((struct mamba_own *)pc->own)->s; }
+
+/* this rank's heads and groups (the model axis splits both); eps 1e-5 for
+ * the B/C and gated norms, as the reference (SPEC 1c) */
+static void mamba_setup(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const struct mt_config *cfg)
+{
+    (void)ctx;
+    struct mt_block_shape g;
+    mt_blocks_shape(cfg, &g);
+    const int tp = pc->tp.tp;
+    ((struct mamba_own *)pc->own)->d = (struct mt_mamba3_dims){(int)g.D, (int)g.mH / tp, (int)g.mP, (int)g.mG / tp,
+                                                               (int)g.mN, cfg->mamba_chunk, 1e-5f, 1e-5f};
+}
 
 static void mamba_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *user)
 {
@@ -39,31 +81,31 @@ static void mamba_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *u
         {"input_layernorm.weight", -1, 1, D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, MT_BIND(ln1)},
         /* Win as its seven row blocks: each is cut by heads (z, x, dt, theta, lam)
          * or by groups (B, C; mamba_ngroups % tp == 0) over the model axis */
-        {"mixer.in_proj_z.weight", -1, 2, E, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND(mwin[0])},
-        {"mixer.in_proj_x.weight", -1, 2, E, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND(mwin[1])},
-        {"mixer.in_proj_B.weight", -1, 2, G * N, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND(mwin[2])},
-        {"mixer.in_proj_C.weight", -1, 2, G * N, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND(mwin[3])},
-        {"mixer.in_proj_dt.weight", -1, 2, H, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND(mwin[4])},
+        {"mixer.in_proj_z.weight", -1, 2, E, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mamba_w, mwin[0])},
+        {"mixer.in_proj_x.weight", -1, 2, E, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mamba_w, mwin[1])},
+        {"mixer.in_proj_B.weight", -1, 2, G * N, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mamba_w, mwin[2])},
+        {"mixer.in_proj_C.weight", -1, 2, G * N, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mamba_w, mwin[3])},
+        {"mixer.in_proj_dt.weight", -1, 2, H, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mamba_w, mwin[4])},
         {"mixer.in_proj_theta.weight", -1, 2, H * (N / 2), D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS,
-         MT_BIND(mwin[5])},
-        {"mixer.in_proj_lam.weight", -1, 2, H, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND(mwin[6])},
-        {"mixer.out_proj.weight", -1, 2, D, E, MT_SCALE_NORMAL_OUT, MT_ROLE_DENSE, MT_LAYOUT_TP_COLS, MT_BIND(mwout)},
-        {"mixer.dt_bias", -1, 1, H, 1, MT_SCALE_DT_BIAS, MT_ROLE_SSM, MT_LAYOUT_TP_ROWS, MT_BIND(mdt_bias)},
-        {"mixer.A_log", -1, 1, H, 1, MT_SCALE_A_LOG, MT_ROLE_SSM, MT_LAYOUT_TP_ROWS, MT_BIND(ma_log)},
-        {"mixer.D", -1, 1, H, 1, MT_SCALE_ONES, MT_ROLE_SSM, MT_LAYOUT_TP_ROWS, MT_BIND(md)},
+         MT_BIND_OWN(struct mamba_w, mwin[5])},
+        {"mixer.in_proj_lam.weight", -1, 2, H, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mamba_w, mwin[6])},
+        {"mixer.out_proj.weight", -1, 2, D, E, MT_SCALE_NORMAL_OUT, MT_ROLE_DENSE, MT_LAYOUT_TP_COLS, MT_BIND_OWN(struct mamba_w, mwout)},
+        {"mixer.dt_bias", -1, 1, H, 1, MT_SCALE_DT_BIAS, MT_ROLE_SSM, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mamba_w, mdt_bias)},
+        {"mixer.A_log", -1, 1, H, 1, MT_SCALE_A_LOG, MT_ROLE_SSM, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mamba_w, ma_log)},
+        {"mixer.D", -1, 1, H, 1, MT_SCALE_ONES, MT_ROLE_SSM, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mamba_w, md)},
         /* one [N] gain shared by every group and head: partial under a head split */
-        {"mixer.B_norm.weight", -1, 1, N, 1, MT_SCALE_ONES, MT_ROLE_SSM, MT_LAYOUT_MODEL_PARTIAL, MT_BIND(mgb)},
-        {"mixer.C_norm.weight", -1, 1, N, 1, MT_SCALE_ONES, MT_ROLE_SSM, MT_LAYOUT_MODEL_PARTIAL, MT_BIND(mgc)},
-        {"mixer.B_bias", -1, 2, H, N, MT_SCALE_ONES, MT_ROLE_SSM, MT_LAYOUT_TP_ROWS, MT_BIND(mbb)},
-        {"mixer.C_bias", -1, 2, H, N, MT_SCALE_ONES, MT_ROLE_SSM, MT_LAYOUT_TP_ROWS, MT_BIND(mcb)},
-        {"mixer.norm.weight", -1, 1, E, 1, MT_SCALE_ONES, MT_ROLE_SSM, MT_LAYOUT_TP_ROWS, MT_BIND(mgout)},
+        {"mixer.B_norm.weight", -1, 1, N, 1, MT_SCALE_ONES, MT_ROLE_SSM, MT_LAYOUT_MODEL_PARTIAL, MT_BIND_OWN(struct mamba_w, mgb)},
+        {"mixer.C_norm.weight", -1, 1, N, 1, MT_SCALE_ONES, MT_ROLE_SSM, MT_LAYOUT_MODEL_PARTIAL, MT_BIND_OWN(struct mamba_w, mgc)},
+        {"mixer.B_bias", -1, 2, H, N, MT_SCALE_ONES, MT_ROLE_SSM, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mamba_w, mbb)},
+        {"mixer.C_bias", -1, 2, H, N, MT_SCALE_ONES, MT_ROLE_SSM, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mamba_w, mcb)},
+        {"mixer.norm.weight", -1, 1, E, 1, MT_SCALE_ONES, MT_ROLE_SSM, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mamba_w, mgout)},
     };
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) fn(user, &p[i]);
 }
 
 static enum mt_status mamba_check(struct mt_ctx *ctx, const struct mt_piece_ctx *pc)
 {
-    const struct mt_mamba3_dims *d = pc->mdims;
+    const struct mt_mamba3_dims *d = mdims(pc);
     if (d->H < 1 || d->P < 1 || d->G < 1 || d->N < 2 || d->N % 2 != 0 || d->H % d->G != 0 || d->chunk < 1)
         return mt_ctx_error(ctx, MT_ERR_CONFIG,
                             "model: M blocks need nheads, headdim, chunk >= 1, even mamba_d_state and ngroups | nheads "
@@ -95,6 +137,7 @@ static double mamba_extra(const struct mt_block_shape *s)
  * mt_mamba3_acts_floats), x_mid. */
 static void mamba_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly)
 {
+    struct mamba_state *st = pc->st;
     const size_t D = (size_t)pc->D, Nr = (size_t)pc->Nr, N = (size_t)pc->N;
     const enum mt_bucket A = MT_BUCKET_ACTS;
     ly->h_attn_n = carve_f(c, A, Nr * D);
@@ -104,12 +147,12 @@ static void mamba_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, stru
     ly->h_attn_b = NULL;
     if (pc->bf16 && !pc->tp.sp && (!pc->ops || pc->ops->rmsnorm_forward_bf16)) ly->h_attn_b = carve(c, A, Nr * D * 2);
     ly->rstd_attn = carve_f(c, A, Nr);
-    float *acts = carve_f(c, A, mt_mamba3_acts_floats(pc->mdims, pc->N));
-    if (acts) mt_mamba3_acts_bind(&ly->mb, acts, pc->mdims, pc->N);
+    float *acts = carve_f(c, A, mt_mamba3_acts_floats(mdims(pc), pc->N));
+    if (acts) mt_mamba3_acts_bind(&st->mb, acts, mdims(pc), pc->N);
     /* precision=bf16: the gated norm output's twin, Wout's operand (forward and
      * dWout), rounded once per forward by cast_bf16 (this rank's E channels) */
-    ly->yn_b = NULL;
-    if (pc->bf16) ly->yn_b = carve(c, A, N * (size_t)pc->mdims->H * (size_t)pc->mdims->P * 2);
+    st->yn_b = NULL;
+    if (pc->bf16) st->yn_b = carve(c, A, N * (size_t)mdims(pc)->H * (size_t)mdims(pc)->P * 2);
     ly->x_mid = carve_f(c, A, Nr * D);
 }
 
@@ -142,13 +185,13 @@ static void mamba_sink(const struct mt_ops_i *ops, struct mt_mamba3_weights *g, 
 /* backward scratch (WORKSPACE), shared by every M layer */
 static void mamba_carve_scratch(const struct mt_piece_ctx *pc, struct mt_carver *c)
 {
-    float *s = carve_f(c, MT_BUCKET_WORKSPACE, mt_mamba3_scratch_floats(pc->mdims, pc->N));
-    if (s) mt_mamba3_scratch_bind(pc->mb_s, s, pc->mdims, pc->N);
-    if (pc->lora) pc->mb_s->sink = carve_f(c, MT_BUCKET_WORKSPACE, mamba_sink_floats(pc->mdims));
+    float *s = carve_f(c, MT_BUCKET_WORKSPACE, mt_mamba3_scratch_floats(mdims(pc), pc->N));
+    if (s) mt_mamba3_scratch_bind(mb_s(pc), s, mdims(pc), pc->N);
+    if (pc->lora) mb_s(pc)->sink = carve_f(c, MT_BUCKET_WORKSPACE, mamba_sink_floats(mdims(pc)));
 }
 
 /* the mixer's weights (use_grad 0) or their gradients (1) as mamba3.c wants them */
-static void mamba_weights(const struct mt_layer_w *w, int use_grad, struct mt_mamba3_weights *out)
+static void mamba_weights(const struct mamba_w *w, int use_grad, struct mt_mamba3_weights *out)
 {
 #define MB_PICK(p) (use_grad ? (p)->grad : (p)->data)
     out->win = NULL;   /* by blocks */
@@ -177,7 +220,7 @@ static void mamba_weights(const struct mt_layer_w *w, int use_grad, struct mt_ma
  * channels, A_out their columns, B_out whole (gradient partial), and the
  * adapter's output joins the partial sum the TP exit reduces.
  */
-static void in_rows(const struct mt_layer_w *w, int rows[7])
+static void in_rows(const struct mamba_w *w, int rows[7])
 {
     for (int b = 0; b < 7; b++) rows[b] = (int)w->mwin[b]->len[0];
 }
@@ -191,7 +234,7 @@ static void in_rows(const struct mt_layer_w *w, int rows[7])
  * (ld W), so these are wlinear's calls with a stride. fp32 mode (no
  * shadow) runs mt_mamba3_in_forward / _in_backward unchanged: the same bits.
  */
-static int mixer_bf16(const struct mt_layer_w *w) { return w->mwout->bf16 != NULL; }
+static int mixer_bf16(const struct mamba_w *w) { return w->mwout->bf16 != NULL; }
 
 static const void *wop(const struct mt_param *w, enum mt_elem *t)
 {
@@ -204,10 +247,10 @@ static void in_fwd(const struct mt_piece_ctx *pc, float *proj, const float *h, c
                    const struct mt_mamba3_weights *w, int n)
 {
     const struct mt_ops_i *ops = pc->ops;
-    const struct mt_layer_w *lw = &pc->ly->w;
-    if (!mixer_bf16(lw)) { mt_mamba3_in_forward(ops, proj, h, w, pc->mdims, n); return; }
+    const struct mamba_w *lw = mbw(pc);
+    if (!mixer_bf16(lw)) { mt_mamba3_in_forward(ops, proj, h, w, mdims(pc), n); return; }
     if (n <= 0) return;
-    const int W = mt_mamba3_in_width(pc->mdims), D = pc->D;
+    const int W = mt_mamba3_in_width(mdims(pc)), D = pc->D;
     int rows[7], off = 0;
     in_rows(lw, rows);
     for (int b = 0; b < 7; b++) {
@@ -225,10 +268,10 @@ static void in_bwd(const struct mt_piece_ctx *pc, float *dh, struct mt_mamba3_we
                    const float *h, const mt_bf16 *hb, const struct mt_mamba3_weights *w, int n)
 {
     const struct mt_ops_i *ops = pc->ops;
-    const struct mt_layer_w *lw = &pc->ly->w;
-    if (!mixer_bf16(lw)) { mt_mamba3_in_backward(ops, dh, 0, g, dproj, h, w, pc->mdims, n); return; }
+    const struct mamba_w *lw = mbw(pc);
+    if (!mixer_bf16(lw)) { mt_mamba3_in_backward(ops, dh, 0, g, dproj, h, w, mdims(pc), n); return; }
     if (n <= 0) return;
-    const int W = mt_mamba3_in_width(pc->mdims), D = pc->D;
+    const int W = mt_mamba3_in_width(mdims(pc)), D = pc->D;
     int rows[7], off = 0, first = 1;
     in_rows(lw, rows);
     for (int b = 0; b < 7; b++) {
@@ -251,86 +294,90 @@ static void in_bwd(const struct mt_piece_ctx *pc, float *dh, struct mt_mamba3_we
 static void mixer_fwd(const struct mt_piece_ctx *pc, float *out, const float *h, const mt_bf16 *hb,
                       const struct mt_mamba3_weights *w, int B, int T)
 {
+    struct mamba_state *st = pc->st;
     const struct mt_ops_i *ops = pc->ops;
-    struct mt_layer *ly = pc->ly;
-    if (!mixer_bf16(&ly->w)) { mt_mamba3_forward(ops, out, &ly->mb, h, w, pc->mdims, B, T); return; }
-    const int n = B * T, E = pc->mdims->H * pc->mdims->P;
-    in_fwd(pc, ly->mb.proj, h, hb, w, n);
-    mt_mamba3_mix_forward(ops, &ly->mb, w, pc->mdims, B, T);
-    if (ly->yn_b) ops->cast_bf16(ops->be, ly->yn_b, ly->mb.yn, (size_t)n * (size_t)E);
-    wlinear_forward(ops, out, ly->mb.yn, ly->yn_b, ly->w.mwout, n, E, pc->D, 0.0f);
+    if (!mixer_bf16(mbw(pc))) { mt_mamba3_forward(ops, out, &st->mb, h, w, mdims(pc), B, T); return; }
+    const int n = B * T, E = mdims(pc)->H * mdims(pc)->P;
+    in_fwd(pc, st->mb.proj, h, hb, w, n);
+    mt_mamba3_mix_forward(ops, &st->mb, w, mdims(pc), B, T);
+    if (st->yn_b) ops->cast_bf16(ops->be, st->yn_b, st->mb.yn, (size_t)n * (size_t)E);
+    wlinear_forward(ops, out, st->mb.yn, st->yn_b, mbw(pc)->mwout, n, E, pc->D, 0.0f);
 }
 
 /* dh = d h (overwritten), the mixer's gradients += : mt_mamba3_backward's stages */
 static void mixer_bwd(const struct mt_piece_ctx *pc, const float *dy, const struct mt_mamba3_weights *w,
                       struct mt_mamba3_weights *g)
 {
+    struct mamba_state *st = pc->st;
     const struct mt_ops_i *ops = pc->ops;
     struct mt_layer *ly = pc->ly;
-    if (!mixer_bf16(&ly->w)) {
-        mt_mamba3_backward(ops, pc->dh, 0, g, pc->mb_s, dy, ly->h_attn, &ly->mb, w, pc->mdims, pc->B, pc->T);
+    if (!mixer_bf16(mbw(pc))) {
+        mt_mamba3_backward(ops, pc->dh, 0, g, mb_s(pc), dy, ly->h_attn, &st->mb, w, mdims(pc), pc->B, pc->T);
         return;
     }
-    const int n = pc->B * pc->T, E = pc->mdims->H * pc->mdims->P;
-    wlinear_backward(ops, pc->mb_s->dyn, 0.0f, g->wout, dy, ly->mb.yn, ly->yn_b, ly->w.mwout, n, E, pc->D);
-    mt_mamba3_mix_backward(ops, g, pc->mb_s, &ly->mb, w, pc->mdims, pc->B, pc->T);
-    in_bwd(pc, pc->dh, g, pc->mb_s->dproj, ly->h_attn, ly->h_attn_b, w, n);
+    const int n = pc->B * pc->T, E = mdims(pc)->H * mdims(pc)->P;
+    wlinear_backward(ops, mb_s(pc)->dyn, 0.0f, g->wout, dy, st->mb.yn, st->yn_b, mbw(pc)->mwout, n, E, pc->D);
+    mt_mamba3_mix_backward(ops, g, mb_s(pc), &st->mb, w, mdims(pc), pc->B, pc->T);
+    in_bwd(pc, pc->dh, g, mb_s(pc)->dproj, ly->h_attn, ly->h_attn_b, w, n);
 }
 
 static void mixer_fwd_lora(const struct mt_piece_ctx *pc, float *out, const float *h, const struct mt_mamba3_weights *w,
                            float *state, int B, int T, int pos0)
 {
+    struct mamba_state *st = pc->st;
     const struct mt_ops_i *ops = pc->ops;
     struct mt_layer *ly = pc->ly;
-    const int n = B * T, D = pc->D, E = pc->mdims->H * pc->mdims->P, W = mt_mamba3_in_width(pc->mdims);
+    const int n = B * T, D = pc->D, E = mdims(pc)->H * mdims(pc)->P, W = mt_mamba3_in_width(mdims(pc));
     int rows[7];
-    in_rows(&ly->w, rows);
-    in_fwd(pc, ly->mb.proj, h, state ? NULL : ly->h_attn_b, w, n);
-    lora_fwd_add(ops, pc->s_lora, ly->mb.proj, W, h, (const struct mt_param *const *)ly->w.mwin, rows, 7, n, D);
-    if (state) mt_mamba3_decode_mix(ops, &ly->mb, state, w, pc->mdims, T, pos0);
-    else mt_mamba3_mix_forward(ops, &ly->mb, w, pc->mdims, B, T);
-    const mt_bf16 *ynb = state ? NULL : ly->yn_b;   /* decoding: rounded per call */
-    if (ynb) ops->cast_bf16(ops->be, ly->yn_b, ly->mb.yn, (size_t)n * (size_t)E);
-    proj_fwd_b(ops, pc->s_lora, out, ly->mb.yn, ynb, ly->w.mwout, n, E, D, 0.0f);
+    in_rows(mbw(pc), rows);
+    in_fwd(pc, st->mb.proj, h, state ? NULL : ly->h_attn_b, w, n);
+    lora_fwd_add(ops, pc->s_lora, st->mb.proj, W, h, (const struct mt_param *const *)mbw(pc)->mwin, rows, 7, n, D);
+    if (state) mt_mamba3_decode_mix(ops, &st->mb, state, w, mdims(pc), T, pos0);
+    else mt_mamba3_mix_forward(ops, &st->mb, w, mdims(pc), B, T);
+    const mt_bf16 *ynb = state ? NULL : st->yn_b;   /* decoding: rounded per call */
+    if (ynb) ops->cast_bf16(ops->be, st->yn_b, st->mb.yn, (size_t)n * (size_t)E);
+    proj_fwd_b(ops, pc->s_lora, out, st->mb.yn, ynb, mbw(pc)->mwout, n, E, D, 0.0f);
 }
 
 static void mixer_bwd_lora(const struct mt_piece_ctx *pc, const float *dy, const struct mt_mamba3_weights *w,
                            struct mt_mamba3_weights *g)
 {
+    struct mamba_state *st = pc->st;
     const struct mt_ops_i *ops = pc->ops;
     struct mt_layer *ly = pc->ly;
-    struct mt_mamba3_scratch *s = pc->mb_s;
-    const int n = pc->B * pc->T, D = pc->D, E = pc->mdims->H * pc->mdims->P, W = mt_mamba3_in_width(pc->mdims);
+    struct mt_mamba3_scratch *s = mb_s(pc);
+    const int n = pc->B * pc->T, D = pc->D, E = mdims(pc)->H * mdims(pc)->P, W = mt_mamba3_in_width(mdims(pc));
     int rows[7];
-    in_rows(&ly->w, rows);
+    in_rows(mbw(pc), rows);
     for (int b = 0; b < 7; b++)
-        if (ly->w.mwin[b]->frozen) g->win_part[b] = NULL;   /* no weight gradient for the frozen base */
-    proj_bwd_b(ops, pc->s_lora, pc->s_dlora, s->dyn, 0.0f, ly->w.mwout, dy, ly->mb.yn, ly->yn_b, n, E, D);
-    mt_mamba3_mix_backward(ops, g, s, &ly->mb, w, pc->mdims, pc->B, pc->T);
+        if (mbw(pc)->mwin[b]->frozen) g->win_part[b] = NULL;   /* no weight gradient for the frozen base */
+    proj_bwd_b(ops, pc->s_lora, pc->s_dlora, s->dyn, 0.0f, mbw(pc)->mwout, dy, st->mb.yn, st->yn_b, n, E, D);
+    mt_mamba3_mix_backward(ops, g, s, &st->mb, w, mdims(pc), pc->B, pc->T);
     in_bwd(pc, pc->dh, g, s->dproj, ly->h_attn, ly->h_attn_b, w, n);
-    lora_bwd_add(ops, pc->s_lora, pc->s_dlora, pc->dh, s->dproj, W, ly->h_attn, ly->w.mwin, rows, 7, n, D);
+    lora_bwd_add(ops, pc->s_lora, pc->s_dlora, pc->dh, s->dproj, W, ly->h_attn, mbw(pc)->mwin, rows, 7, n, D);
 }
 
 static enum mt_status mamba_forward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a)
 {
+    struct mamba_state *st = pc->st;
     const struct mt_ops_i *ops = pc->ops;
     struct mt_layer *ly = pc->ly;
     const int n = a->B * a->T, D = pc->D;
-    if (a->kcache) {
-        /* decoding, B == 1, one rank: kcache is this layer's recurrent state
-         * (infer.c sizes it with mt_mamba3_state_floats), O(1) per new token */
+    if (a->state) {
+        /* decoding, B == 1, one rank: a->state is this layer's recurrent state
+         * (mamba_decode_floats: no t_max dependence), O(1) per new token */
         MT_ASSERT(a->B == 1 && pc->tp.tp == 1);
         struct mt_mamba3_weights w;
-        mamba_weights(&ly->w, 0, &w);
+        mamba_weights(mbw(pc), 0, &w);
         ops->rmsnorm_forward(ops->be, ly->h_attn_n, ly->rstd_attn, ly->x_in, ly->w.ln1->data, n, D, pc->norm_eps);
-        if (pc->lora) mixer_fwd_lora(pc, ly->x_mid, ly->h_attn_n, &w, a->kcache, 1, a->T, a->pos0);
-        else mt_mamba3_decode(ops, ly->x_mid, &ly->mb, a->kcache, ly->h_attn_n, &w, pc->mdims, a->T, a->pos0);
+        if (pc->lora) mixer_fwd_lora(pc, ly->x_mid, ly->h_attn_n, &w, a->state, 1, a->T, a->pos0);
+        else mt_mamba3_decode(ops, ly->x_mid, &st->mb, a->state, ly->h_attn_n, &w, mdims(pc), a->T, a->pos0);
         ops->axpby(ops->be, ly->x_mid, ly->x_in, 1.0f, 1.0f, (size_t)n * D);
         return MT_OK;
     }
     const int Nr = pc->tp.sp ? n / pc->tp.tp : n;     /* residual rows on this rank */
     struct mt_mamba3_weights w;
-    mamba_weights(&ly->w, 0, &w);
+    mamba_weights(mbw(pc), 0, &w);
     if (ly->h_attn_b)   /* precision=bf16: + the bf16 twin, the in-projection's operand */
         ops->rmsnorm_forward_bf16(ops->be, ly->h_attn_n, ly->h_attn_b, ly->rstd_attn, ly->x_in, ly->w.ln1->data, Nr, D,
                                   pc->norm_eps);
@@ -357,9 +404,9 @@ static enum mt_status mamba_backward(struct mt_ctx *ctx, const struct mt_piece_c
     struct mt_layer *ly = pc->ly;
     const int Nr = pc->Nr, D = pc->D;
     struct mt_mamba3_weights w, g;
-    mamba_weights(&ly->w, 0, &w);
-    mamba_weights(&ly->w, 1, &g);
-    if (pc->mb_s->sink) mamba_sink(ops, &g, pc->mb_s->sink, pc->mdims);   /* LoRA: frozen vectors */
+    mamba_weights(mbw(pc), 0, &w);
+    mamba_weights(mbw(pc), 1, &g);
+    if (mb_s(pc)->sink) mamba_sink(ops, &g, mb_s(pc)->sink, mdims(pc));   /* LoRA: frozen vectors */
     /* the TP exit's conjugate: SP gathers the rows of d x_mid; without SP dx is already whole */
     const float *dy = pc->dx;
     if (pc->tp.sp) {
@@ -381,6 +428,13 @@ static enum mt_status mamba_backward(struct mt_ctx *ctx, const struct mt_piece_c
     return MT_OK;
 }
 
+/* the recurrent state (scan state, previous x and B, rotary angles): O(1) in t_max */
+static size_t mamba_decode_floats(const struct mt_piece_ctx *pc, int t_max)
+{
+    (void)t_max;
+    return mt_mamba3_state_floats(mdims(pc));
+}
+
 const struct mt_piece mt_piece_mamba = {
     /* .name                  = */ "mamba3",
     /* .tp_regions            = */ 1,
@@ -396,4 +450,8 @@ const struct mt_piece mt_piece_mamba = {
     /* .forward               = */ mamba_forward,
     /* .backward              = */ mamba_backward,
     /* .undo_recompute        = */ NULL,
+    /* .decode_floats         = */ mamba_decode_floats,
+    /* .state_bytes           = */ sizeof(struct mamba_state),
+    /* .own_bytes             = */ sizeof(struct mamba_own),
+    /* .setup                 = */ mamba_setup,
 };

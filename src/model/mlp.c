@@ -15,6 +15,29 @@
  */
 #include "model_impl.h"
 
+/* What a dense MLP layer saves beyond the shared ffn norm (struct mt_layer):
+ * its ly->state entry (mlp_carve fills it). */
+struct mlp_state {
+    float *mg, *mu;    /* (N, F) gate / up pre-activations */
+};
+_Static_assert(sizeof(struct mlp_state) <= PIECE_STATE_MAX, "raise PIECE_STATE_MAX");
+
+/* The dense MLP's parameters beyond its input norm (its pc->pw in the layer). */
+struct mlp_w {
+    struct mt_param *wg, *wu, *wd; /* (F, D), (F, D), (D, F) */
+};
+_Static_assert(sizeof(struct mlp_w) <= PIECE_W_MAX, "raise PIECE_W_MAX");
+static struct mlp_w *mw(const struct mt_piece_ctx *pc) { return pc->pw; }
+
+/* The dense MLP's per-model struct (its pc->own, WORKSPACE): precision=bf16
+ * only, the bf16 twin of the SwiGLU output that the down projection reads
+ * (NULL in fp32); mlp_carve_scratch fills it. */
+struct mlp_own {
+    mt_bf16 *act_b;   /* (N*F) bf16(s_act) */
+};
+_Static_assert(sizeof(struct mlp_own) <= PIECE_OWN_MAX, "raise PIECE_OWN_MAX");
+static struct mlp_own *mown(const struct mt_piece_ctx *pc) { return pc->own; }
+
 /* The SwiGLU math on the ops table and the LoRA scratch t, dt (s_lora, s_dlora):
  * the dense MLP below, and the routed and shared experts of moe.c. */
 /* SwiGLU act = silu(g) * u, and its bf16 twin act_b from the same kernel when given */
@@ -73,9 +96,9 @@ static void mlp_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *use
     const int64_t D = s->D, F = s->F;
     const struct mt_pspec p[] = {
         {"post_attention_layernorm.weight", -1, 1, D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, MT_BIND(ln2)},
-        {"mlp.gate_proj.weight", -1, 2, F, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND(wg)},
-        {"mlp.up_proj.weight", -1, 2, F, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND(wu)},
-        {"mlp.down_proj.weight", -1, 2, D, F, MT_SCALE_NORMAL_OUT, MT_ROLE_DENSE, MT_LAYOUT_TP_COLS, MT_BIND(wd)},
+        {"mlp.gate_proj.weight", -1, 2, F, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mlp_w, wg)},
+        {"mlp.up_proj.weight", -1, 2, F, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mlp_w, wu)},
+        {"mlp.down_proj.weight", -1, 2, D, F, MT_SCALE_NORMAL_OUT, MT_ROLE_DENSE, MT_LAYOUT_TP_COLS, MT_BIND_OWN(struct mlp_w, wd)},
     };
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) fn(user, &p[i]);
 }
@@ -92,6 +115,7 @@ static double mlp_mm(const struct mt_block_shape *s) { return 3.0 * (double)s->D
 /* saved: the norm, its TP-gathered copy under SP, the gate/up pre-activations */
 static void mlp_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly)
 {
+    struct mlp_state *st = pc->st;
     const size_t N = (size_t)pc->N, D = (size_t)pc->D;
     ffn_norm_carve_pc(pc, c, ly);
     ly->h_mlp = pc->tp.sp ? carve_f(c, MT_BUCKET_ACTS, N * D) : ly->h_mlp_n;
@@ -99,8 +123,8 @@ static void mlp_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct
     ly->h_mlp_b = NULL;
     if (pc->bf16 && !pc->tp.sp && (!pc->ops || pc->ops->rmsnorm_resid_forward_bf16))
         ly->h_mlp_b = carve(c, MT_BUCKET_ACTS, (size_t)pc->Nr * D * 2);
-    ly->mg = carve_f(c, MT_BUCKET_ACTS, N * (size_t)pc->F);
-    ly->mu = carve_f(c, MT_BUCKET_ACTS, N * (size_t)pc->F);
+    st->mg = carve_f(c, MT_BUCKET_ACTS, N * (size_t)pc->F);
+    st->mu = carve_f(c, MT_BUCKET_ACTS, N * (size_t)pc->F);
 }
 
 /* the shared SwiGLU scratch (s_act, s_dact, s_dg, s_du) holds N x F/tp */
@@ -111,24 +135,25 @@ static size_t mlp_scratch(const struct mt_piece_ctx *pc) { return (size_t)pc->N 
 static void mlp_carve_scratch(const struct mt_piece_ctx *pc, struct mt_carver *c)
 {
     if (pc->bf16 && (!pc->ops || pc->ops->swiglu_forward_bf16))
-        pc->mlp_s->act_b = carve(c, MT_BUCKET_WORKSPACE, (size_t)pc->N * (size_t)pc->F * 2);
+        mown(pc)->act_b = carve(c, MT_BUCKET_WORKSPACE, (size_t)pc->N * (size_t)pc->F * 2);
 }
 
 static enum mt_status mlp_piece_forward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a)
 {
     struct mt_layer *ly = pc->ly;
+    struct mlp_state *st = pc->st;
     const int n = a->B * a->T, D = pc->D;
     float *x_out = a->x_out;
     ffn_norm_fwd(pc, x_out, n);
     if (pc->tp.tp == 1) {
-        mlp_fwd_b(pc->ops, pc->s_lora, x_out, 1, ly->mg, ly->mu, pc->s_act, pc->mlp_s->act_b, ly->h_mlp, ly->h_mlp_b,
-                  ly->w.wg, ly->w.wu, ly->w.wd, n, D, pc->F);
+        mlp_fwd_b(pc->ops, pc->s_lora, x_out, 1, st->mg, st->mu, pc->s_act, mown(pc)->act_b, ly->h_mlp, ly->h_mlp_b,
+                  mw(pc)->wg, mw(pc)->wu, mw(pc)->wd, n, D, pc->F);
         return MT_OK;
     }
     /* TP region: this rank's F/tp hidden units over all N rows */
     if (pc->tp.sp) MT_CHECK(tpa_gather_rows(ctx, &pc->tp, ly->h_mlp, ly->h_mlp_n, n / pc->tp.tp, D));
-    mlp_fwd_b(pc->ops, pc->s_lora, pc->s_red, 0, ly->mg, ly->mu, pc->s_act, pc->mlp_s->act_b, ly->h_mlp, ly->h_mlp_b,
-              ly->w.wg, ly->w.wu, ly->w.wd, n, D, pc->F);
+    mlp_fwd_b(pc->ops, pc->s_lora, pc->s_red, 0, st->mg, st->mu, pc->s_act, mown(pc)->act_b, ly->h_mlp, ly->h_mlp_b,
+              mw(pc)->wg, mw(pc)->wu, mw(pc)->wd, n, D, pc->F);
     return tpa_exit_add(ctx, &pc->tp, x_out, pc->s_red, pc->s_full);
 }
 
@@ -136,16 +161,17 @@ static enum mt_status mlp_piece_forward(struct mt_ctx *ctx, const struct mt_piec
 static enum mt_status mlp_piece_backward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc)
 {
     const struct mt_layer *ly = pc->ly;
+    const struct mlp_state *st = pc->st;
     const int N = pc->N, D = pc->D;
-    const struct mt_layer_w *w = &ly->w;
+    const struct mlp_w *w = mw(pc);
     /* the TP exit's conjugate: SP gathers the rows of d x_out; without SP dx is already whole */
     const float *dy = pc->dx;
     if (pc->tp.sp) {
         MT_CHECK(tpa_gather_rows(ctx, &pc->tp, pc->s_full, pc->dx, pc->Nr, D));
         dy = pc->s_full;
     }
-    mlp_bwd_b(pc->ops, pc->s_lora, pc->s_dlora, pc->dh, 0, pc->s_act, pc->mlp_s->act_b, pc->s_dact, pc->s_dg, pc->s_du, dy,
-              ly->h_mlp, ly->h_mlp_b, ly->mg, ly->mu, w->wg, w->wu, w->wd, N, D, pc->F);
+    mlp_bwd_b(pc->ops, pc->s_lora, pc->s_dlora, pc->dh, 0, pc->s_act, mown(pc)->act_b, pc->s_dact, pc->s_dg, pc->s_du, dy,
+              ly->h_mlp, ly->h_mlp_b, st->mg, st->mu, w->wg, w->wu, w->wd, N, D, pc->F);
     /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
     const float *dhr = pc->dh;   /* d h_mlp_n (Nr, D) */
     if (pc->tp.sp) {
@@ -173,4 +199,8 @@ const struct mt_piece mt_piece_mlp = {
     /* .forward               = */ mlp_piece_forward,
     /* .backward              = */ mlp_piece_backward,
     /* .undo_recompute        = */ NULL,
+    /* .decode_floats         = */ NULL,
+    /* .state_bytes           = */ sizeof(struct mlp_state),
+    /* .own_bytes             = */ sizeof(struct mlp_own),
+    /* .setup                 = */ NULL,
 };

@@ -33,6 +33,10 @@
 /* Fill the dimension fields of m from cfg (no allocation). par NULL = one rank. */
 static void model_dims_par(struct mt_model *m, const struct mt_config *cfg, int B, const struct mt_model_par *par);
 
+/* Each distinct piece the model uses: its own struct zeroed and its dims
+ * filled (setup); ctx NULL: test knobs off (planning, checking). */
+static void model_pieces_setup(struct mt_ctx *ctx, struct mt_model *m);
+
 static void model_dims(struct mt_model *m, const struct mt_config *cfg, int B)
 {
     model_dims_par(m, cfg, B, NULL);
@@ -91,9 +95,7 @@ static void model_dims_par(struct mt_model *m, const struct mt_config *cfg, int 
     m->M = m->any_moe ? m->Nm * m->top_k : 0;
     m->recompute = strcmp(cfg->recompute, "block") == 0;
     m->bf16 = strcmp(cfg->precision, "bf16") == 0;
-    /* M blocks (SPEC 1c): eps 1e-5 for the B/C and gated norms, as the reference */
-    m->mdims = (struct mt_mamba3_dims){(int)g.D, (int)g.mH / m->tp, (int)g.mP, (int)g.mG / m->tp, (int)g.mN,
-                                       cfg->mamba_chunk, 1e-5f, 1e-5f};   /* this rank's heads and groups */
+    model_pieces_setup(NULL, m);
 }
 
 /* The distinct mixer (ffn: 1) pieces of the kinds any layer of the model
@@ -118,6 +120,27 @@ static int model_all_pieces(const struct mt_model *m, const struct mt_piece **ou
     return n + model_pieces(m, 1, out + n);
 }
 
+/* Piece p's own struct in m (NULL: p declares none). */
+static void *model_own(struct mt_model *m, const struct mt_piece *p)
+{
+    int i = mt_blocks_piece_index(p);
+    MT_ASSERT(i >= 0 && p->own_bytes <= sizeof m->own[0]);
+    return p->own_bytes ? (void *)m->own[i] : NULL;
+}
+
+static void model_pieces_setup(struct mt_ctx *ctx, struct mt_model *m)
+{
+    const struct mt_piece *pcs[MT_MAX_PIECES];
+    int n = model_all_pieces(m, pcs);
+    struct mt_piece_ctx pc;
+    model_piece_ctx(m, NULL, &pc);
+    for (int i = 0; i < n; i++) {
+        pc.own = model_own(m, pcs[i]);
+        if (pc.own) memset(pc.own, 0, pcs[i]->own_bytes);
+        if (pcs[i]->setup) pcs[i]->setup(ctx, &pc, &m->cfg);
+    }
+}
+
 static enum mt_status check_dims(struct mt_ctx *ctx, struct mt_model *m)
 {
     if (m->B < 1) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model: B=%d must be >= 1", m->B);
@@ -140,15 +163,17 @@ static enum mt_status check_dims(struct mt_ctx *ctx, struct mt_model *m)
     model_piece_ctx(m, NULL, &pc);
     const struct mt_piece *pcs[2 * MT_MAX_BLOCK_KINDS];
     int n = model_all_pieces(m, pcs);
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
+        pc.own = model_own(m, pcs[i]);
         if (pcs[i]->check) MT_CHECK(pcs[i]->check(ctx, &pc));
-    for (int l = 0; l < m->L; l++) {
-        char c = l < (int)strlen(m->cfg.pattern) ? m->cfg.pattern[l] : 'A';
-        char letters[4 * MT_MAX_BLOCK_KINDS];
-        if (mt_blocks_find(c) < 0)
-            return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: pattern letter %d is '%c', want one of %s", l, c,
-                                mt_blocks_letters(letters, sizeof letters));
     }
+    /* letters past the pattern's end are the default kind */
+    const size_t plen = strlen(m->cfg.pattern);
+    const int bad = mt_blocks_pattern_check(m->cfg.pattern, plen < (size_t)m->L ? plen : (size_t)m->L);
+    char letters[4 * MT_MAX_BLOCK_KINDS];
+    if (bad >= 0)
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: pattern letter %d is '%c', want one of %s", bad,
+                            m->cfg.pattern[bad], mt_blocks_letters(letters, sizeof letters));
     return MT_OK;
 }
 
@@ -228,6 +253,7 @@ struct spec_walk {
     int                    layer;
     int                    n;       /* count / registry index                  */
     struct mt_layer       *ly;      /* bind: the layer whose fields are set    */
+    int                    half;    /* bind: MT_PIECE_MIXER / _FFN being walked */
     struct mt_param       *params;  /* bind: the registry                      */
 };
 
@@ -246,7 +272,10 @@ static void spec_count(void *user, const struct mt_pspec *s)
 static void spec_bind(void *user, const struct mt_pspec *s)
 {
     struct spec_walk *w = user;
-    if (s->bind >= 0) *(struct mt_param **)((char *)w->ly + s->bind) = &w->params[w->n];
+    if (s->bind >= 0) {
+        char *base = s->bind & MT_BIND_PIECE ? (char *)w->ly->w_own[w->half] : (char *)w->ly;
+        *(struct mt_param **)(base + (s->bind & ~MT_BIND_PIECE)) = &w->params[w->n];
+    }
     w->n++;
 }
 
@@ -277,7 +306,7 @@ static void build_params(const struct mt_model *m, param_visit_fn fn, void *user
     struct mt_block_shape shape;
     model_shape(m, &shape);
     if (m->first) visit_param(fn, user, m, embed_spec(m, &ps), -1);
-    struct spec_walk w = { m, fn, user, 0, 0, NULL, NULL };
+    struct spec_walk w = { m, fn, user, 0, 0, NULL, 0, NULL };
     for (int l = m->l0; l < m->l1; l++) {
         w.layer = l;
         mt_blocks_layer_params(&m->cfg, &shape, l, spec_build, &w);
@@ -303,7 +332,7 @@ static int model_n_params(const struct mt_model *m)
 {
     struct mt_block_shape shape;
     model_shape(m, &shape);
-    struct spec_walk w = { m, NULL, NULL, 0, 0, NULL, NULL };
+    struct spec_walk w = { m, NULL, NULL, 0, 0, NULL, 0, NULL };
     for (int l = m->l0; l < m->l1; l++) mt_blocks_layer_params(&m->cfg, &shape, l, spec_count, &w);
     return w.n + (m->first ? 1 : 0) + (m->last ? 2 : 0);
 }
@@ -320,7 +349,31 @@ static void carve_block(struct mt_model *m, struct mt_carver *c, struct mt_layer
     const struct mt_piece *ps[2] = {k->mixer, k->ffn};
     struct mt_piece_ctx pc;
     model_piece_ctx(m, ly, &pc);
-    for (int i = 0; i < 2; i++) ps[i]->carve(&pc, c, ly);
+    /* sizes only (NULL bases): the piece still fills a state struct, a
+     * throwaway one here; PIECE_STATE_MAX bounds every piece's state_bytes */
+    _Alignas(64) unsigned char tmp[PIECE_STATE_MAX];
+    for (int i = 0; i < 2; i++) {
+        MT_ASSERT(ps[i]->state_bytes <= sizeof tmp);
+        ly->state[i] = ps[i]->state_bytes ? carve(c, MT_BUCKET_OTHER, ps[i]->state_bytes) : NULL;
+        const int sized = ps[i]->state_bytes && !ly->state[i];
+        if (sized) ly->state[i] = tmp;
+        if (ly->state[i]) memset(ly->state[i], 0, ps[i]->state_bytes);   /* fields a carve skips: NULL */
+        pc.st = ly->state[i];
+        pc.pw = ly->w_own[i];
+        pc.own = model_own(m, ps[i]);
+        ps[i]->carve(&pc, c, ly);
+        if (sized) ly->state[i] = NULL;
+    }
+}
+
+/* pc (built for layer ly) as piece i (MT_PIECE_MIXER / _FFN) of ly's block
+ * sees it: the layer's state of that piece and the piece's own struct. */
+static void piece_bind(struct mt_model *m, struct mt_piece_ctx *pc, struct mt_layer *ly, int i)
+{
+    const struct mt_block_kind *k = mt_blocks_kind(ly->kind);
+    pc->st = ly->state[i];
+    pc->pw = ly->w_own[i];
+    pc->own = model_own(m, i == MT_PIECE_FFN ? k->ffn : k->mixer);
 }
 
 void model_piece_ctx(struct mt_model *m, struct mt_layer *ly, struct mt_piece_ctx *pc)
@@ -349,24 +402,12 @@ void model_piece_ctx(struct mt_model *m, struct mt_layer *ly, struct mt_piece_ct
     pc->s_full = m->s_full;
     pc->s_red = m->s_red;
     pc->s_act = m->s_act;
-    pc->mlp_s = &m->mlp_s;
     pc->bf16 = m->bf16;
     pc->s_dact = m->s_dact;
     pc->s_dg = m->s_dg;
     pc->s_du = m->s_du;
     pc->s_lora = m->s_lora;
     pc->s_dlora = m->s_dlora;
-    pc->attn_s = &m->attn_s;
-    pc->datt = m->attn_s.datt;
-    pc->dq = m->attn_s.dq;
-    pc->dk = m->attn_s.dk;
-    pc->dk2 = m->attn_s.dk2;
-    pc->dv = m->attn_s.dv;
-    pc->mdims = &m->mdims;
-    pc->mb_s = &m->mb_s;
-    pc->moe = (struct mt_moe_dims){m->E, m->top_k, m->Fe, m->Fs, m->L, m->Nm, m->M, m->row0, m->cfg.aux_loss_coef,
-                                   m->cfg.z_loss_coef, m->force_route, m->moe_grouped};
-    pc->moe_s = &m->moe_s;
     pc->norm = &m->norm;
     pc->layer = ly ? ly->index : -1;
     pc->tp = (struct mt_tp_axis){m->tp_comm, &m->tp_stats, m->ops, m->tp, m->sp, m->N, m->Nr, m->D, m->tp_comm_host,
@@ -384,8 +425,8 @@ static void share_block(struct mt_layer *ly, const struct mt_layer *blk)
     ly->moe = keep.moe;
     ly->index = keep.index;
     ly->w = keep.w;
+    memcpy(ly->w_own, keep.w_own, sizeof ly->w_own);
     ly->x_in = keep.x_in;
-    ly->r_rows = 0;
 }
 
 void ffn_norm_carve_pc(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly)
@@ -401,8 +442,10 @@ static void carve_piece_scratch(struct mt_model *m, struct mt_carver *c, int ffn
     int n = model_pieces(m, ffn, pcs);
     struct mt_piece_ctx pc;
     model_piece_ctx(m, NULL, &pc);
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
+        pc.own = model_own(m, pcs[i]);
         if (pcs[i]->carve_scratch) pcs[i]->carve_scratch(&pc, c);
+    }
 }
 
 /* 1 when some layer of this stage is of kind k. */
@@ -509,8 +552,10 @@ static void model_layout(struct mt_model *m, struct mt_carver *c)
     model_piece_ctx(m, NULL, &pc);
     const struct mt_piece *pcs[2 * MT_MAX_BLOCK_KINDS];
     int n = model_all_pieces(m, pcs);
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
+        pc.own = model_own(m, pcs[i]);
         if (pcs[i]->ffn_scratch && pcs[i]->ffn_scratch(&pc) > ff) ff = pcs[i]->ffn_scratch(&pc);
+    }
     m->dx = carve_f(c, W, Nr * D);
     m->dh = carve_f(c, W, N * D);
     if (m->tp > 1) {
@@ -684,14 +729,15 @@ static void bind_layer_params(struct mt_model *m, struct mt_layer *layers)
     struct mt_param *p = m->params;
     struct mt_block_shape shape;
     model_shape(m, &shape);
-    struct spec_walk w = { m, NULL, NULL, 0, 0, NULL, p };
+    struct spec_walk w = { m, NULL, NULL, 0, 0, NULL, 0, p };
     m->wte = m->first ? &p[w.n++] : NULL;
     for (int l = m->l0; l < m->l1; l++) {
         layers[l].kind = mt_blocks_layer_kind(&m->cfg, l);
         layers[l].moe = mt_blocks_kind(layers[l].kind)->routed;
         layers[l].index = l;
         w.ly = &layers[l];
-        mt_blocks_layer_params(&m->cfg, &shape, l, spec_bind, &w);
+        for (w.half = MT_PIECE_MIXER; w.half <= MT_PIECE_FFN; w.half++)
+            mt_blocks_layer_half_params(&m->cfg, &shape, l, w.half, spec_bind, &w);
     }
     m->norm_f = m->last ? &p[w.n++] : NULL;
     m->lm_head = m->last ? &p[w.n++] : NULL;
@@ -728,10 +774,7 @@ enum mt_status mt_model_create_par(struct mt_ctx *ctx, const struct mt_ops_i *op
         goto fail;
     }
     m->external_params = (flags & (MT_MODEL_EXTERNAL_PARAMS | MT_MODEL_NO_ALLOC)) != 0;
-    /* test hook (knob test_force_routing, env MT_TEST_FORCE_ROUTING): 1 sends every
-     * token to experts 0..top_k-1 (so that some expert ranks receive no token at all) */
-    m->force_route = mt_knob_int(ctx, MT_KNOB_TEST_FORCE_ROUTING) == 1;
-    m->moe_grouped = mt_knob_int(ctx, MT_KNOB_MOE_GROUPED) != 0;   /* the experts' GEMMs grouped (moe_experts.c) */
+    model_pieces_setup(ctx, m);   /* again with the knobs the pieces read (moe: forced routing, grouped GEMMs) */
 
     struct param_sink s = { NULL, 0, 0 };
     build_params(m, sink_param, &s);
@@ -797,10 +840,13 @@ const float *mt_model_logits(const struct mt_model *m) { return m->logits; }
 void mt_model_keep_logits(struct mt_model *m, int keep) { m->keep_logits = keep != 0; }
 
 void mt_model_ep_stats(const struct mt_model *m, struct mt_ep_stats *out) { *out = m->ep_stats; }
-const double *mt_model_moe_load(const struct mt_model *m) { return m->moe_s.load; }
+const double *mt_model_moe_load(const struct mt_model *m)
+{
+    return m->any_moe ? moe_own_load(model_own((struct mt_model *)m, &mt_piece_moe)) : NULL;
+}
 void mt_model_moe_load_reset(struct mt_model *m)
 {
-    if (m->moe_s.load) memset(m->moe_s.load, 0, (size_t)m->L * (size_t)m->E * sizeof(double));
+    if (m->any_moe) moe_own_load_reset(model_own(m, &mt_piece_moe));
 }
 
 void mt_model_set_hooks(struct mt_model *m, const struct mt_model_hooks *h)
@@ -1049,8 +1095,31 @@ enum mt_status model_block_forward(struct mt_ctx *ctx, struct mt_model *m, struc
     const struct mt_block_kind *k = mt_blocks_kind(ly->kind);
     struct mt_piece_ctx pc;
     model_piece_ctx(m, ly, &pc);
-    MT_CHECK(k->mixer->forward(ctx, &pc, a));
-    return k->ffn->forward(ctx, &pc, a);
+    /* decoding: the layer's state is the mixer's, then the ffn's (model_decode_floats) */
+    float *st = a->state;
+    piece_bind(m, &pc, ly, MT_PIECE_MIXER);
+    const size_t mixer_n = st && k->mixer->decode_floats ? k->mixer->decode_floats(&pc, a->t_max) : 0;
+    a->state = mixer_n ? st : NULL;
+    enum mt_status rc = k->mixer->forward(ctx, &pc, a);
+    a->state = st && k->ffn->decode_floats ? st + mixer_n : NULL;
+    piece_bind(m, &pc, ly, MT_PIECE_FFN);
+    if (rc == MT_OK) rc = k->ffn->forward(ctx, &pc, a);
+    a->state = st;
+    return rc;
+}
+
+size_t model_decode_floats(struct mt_model *m, int kind, int t_max)
+{
+    const struct mt_block_kind *k = mt_blocks_kind(kind);
+    const struct mt_piece *ps[2] = {k->mixer, k->ffn};
+    struct mt_piece_ctx pc;
+    model_piece_ctx(m, NULL, &pc);
+    size_t n = 0;
+    for (int i = 0; i < 2; i++) {
+        pc.own = model_own(m, ps[i]);
+        if (ps[i]->decode_floats) n += ps[i]->decode_floats(&pc, t_max);
+    }
+    return n;
 }
 
 /* Backward of one block: dx holds d x_out; on return d x_in. */
@@ -1059,12 +1128,14 @@ static enum mt_status model_block_backward(struct mt_ctx *ctx, struct mt_model *
     const struct mt_block_kind *k = mt_blocks_kind(ly->kind);
     struct mt_piece_ctx pc;
     model_piece_ctx(m, ly, &pc);
+    piece_bind(m, &pc, ly, MT_PIECE_FFN);
     MT_CHECK(k->ffn->backward(ctx, &pc));     /* dx: d x_out -> d x_mid */
+    piece_bind(m, &pc, ly, MT_PIECE_MIXER);
     return k->mixer->backward(ctx, &pc);      /* dx: d x_mid -> d x_in  */
 }
 
 /* Add the aux and z sums of this stage's MoE layers' last forward (moe.c
- * leaves them on the backend, in moe_s.loss) to *aux and *z, in layer
+ * leaves them on the backend, in its own struct) to *aux and *z, in layer
  * order (the order the layers' sums were added in before they moved to the
  * device: the same bits). One device-to-host copy per forward for all
  * layers; none for a stage without MoE layers. */
@@ -1077,9 +1148,7 @@ static void moe_loss_sums(struct mt_model *m, double *aux, double *z)
             l1 = l + 1;
         }
     if (l0 < 0) return;
-    double *h = m->moe_s.h_loss;
-    m->ops->copy_to_host(m->ops->be, h + 2 * (size_t)l0, m->moe_s.loss + 2 * (size_t)l0,
-                         (size_t)(l1 - l0) * 2 * sizeof(double));
+    const double *h = moe_own_losses(m->ops, model_own(m, &mt_piece_moe), l0, l1);
     for (int l = l0; l < l1; l++)
         if (mt_blocks_kind(m->layers[l].kind)->ffn == &mt_piece_moe) {
             *aux += h[2 * (size_t)l];
@@ -1226,7 +1295,9 @@ static enum mt_status block_recompute(struct mt_ctx *ctx, struct mt_model *m, st
     struct mt_piece_ctx pc;
     model_piece_ctx(m, ly, &pc);
     MT_ASSERT(pc.layer == l);
+    piece_bind(m, &pc, ly, MT_PIECE_MIXER);
     if (k->mixer->undo_recompute) k->mixer->undo_recompute(&pc);
+    piece_bind(m, &pc, ly, MT_PIECE_FFN);
     if (k->ffn->undo_recompute) k->ffn->undo_recompute(&pc);
     return MT_OK;
 }

@@ -32,80 +32,60 @@
 /* Largest expert-parallel degree (stack arrays of all-to-all counts). */
 #define MT_MAX_EP 256
 
-/* A block's parameters (views into mt_model.params), bound from the
- * registry: each field is named by the `bind` of its mt_pspec (mt_blocks.h).
- * Fields a kind does not have stay NULL. */
+/* The parameters every block has (views into mt_model.params), bound from
+ * the registry: each field is named by the `bind` of its mt_pspec
+ * (MT_BIND, mt_blocks.h). A piece's own parameters are a struct of its own
+ * in the layer (w_own, MT_BIND_OWN). */
 struct mt_layer_w {
-    struct mt_param *ln1;          /* input_layernorm (D)                         */
-    struct mt_param *wq, *wk, *wv; /* (QD, D), (KD, D), (KD, D)                   */
-    struct mt_param *wo;           /* (D, QD)                                     */
-    struct mt_param *qn, *kn;      /* q_norm, k_norm (hd), shared by heads        */
-    struct mt_param *ln2;          /* post_attention_layernorm (D)                */
-    struct mt_param *wg, *wu, *wd; /* dense MLP (F, D), (F, D), (D, F)            */
-    struct mt_param *router;       /* (E, D)                                      */
-    struct mt_param *experts;      /* local expert j (global e0+j): [3j] gate (Fe,D), [3j+1] up, [3j+2] down (D,Fe) */
-    struct mt_param *sg, *su, *sd; /* shared expert (Fs,D),(Fs,D),(D,Fs); NULL if Fs == 0 */
-    /* Mamba-3 mixer (M, SPEC 1c; mt_mamba3.h): in/out projections, per-head
-     * dt_bias, A_log, D skip, B/C norm gains (N), B/C biases (H, N), gated norm gain */
-    struct mt_param *mwin[7];      /* in_proj blocks z, x, B, C, dt, theta, lam (rows, D) */
-    struct mt_param *mwout, *mdt_bias, *ma_log, *md, *mgb, *mgc, *mbb, *mcb, *mgout;
+    struct mt_param *ln1;          /* input_layernorm (D): the mixer's input norm */
+    struct mt_param *ln2;          /* post_attention_layernorm (D): the ffn's     */
 };
+
+/* One slot of a piece's own struct (layer weights, model scratch): aligned
+ * for pointers, doubles and 64-bit integers. */
+union mt_piece_own { void *p; double d; int64_t i; };
+/* Largest struct of weight pointers a piece may bind in a layer (each piece
+ * asserts its struct fits). */
+#define PIECE_W_MAX 256
 
 /* One transformer block: its kind, its parameters and what its forward saves. */
 struct mt_layer {
     int kind;                      /* index into the block-kind table (mt_blocks.h) */
     int moe;                       /* the kind's `routed` flag (routing buffers valid) */
     int index;                     /* layer number l (its row of the MoE load histogram) */
-    struct mt_layer_w w;           /* parameters                                    */
+    struct mt_layer_w w;           /* the parameters every kind has                 */
+    /* each piece's own parameter pointers ([MT_PIECE_MIXER], [MT_PIECE_FFN]):
+     * a struct the piece's .c file defines, bound from the registry
+     * (MT_BIND_OWN) and handed to the piece as pc->pw */
+    union mt_piece_own w_own[2][PIECE_W_MAX / sizeof(union mt_piece_own)];
 
-    /* saved activations (ACTS) */
+    /* saved activations every kind shares (ACTS): the residual stream and
+     * the two input norms (mixer: h_attn*, ffn: h_mlp*) */
     float *x_in;       /* (Nr, D) residual stream entering the block               */
-    float *h_attn_n;   /* (Nr, D) rmsnorm(x_in) * g_attn (this rank's rows)         */
+    float *h_attn_n;   /* (Nr, D) rmsnorm(x_in) * g_in (this rank's rows)           */
     float *h_attn;     /* (N, D)  the same, gathered over TP (== h_attn_n without SP) */
     float *rstd_attn;  /* (Nr)                                                      */
-    float *q_raw;      /* (N, QD) h Wq^T, before QK-norm                            */
-    float *k_raw;      /* (N, KD) h Wk^T, before QK-norm                            */
-    float *rstd_q;     /* (N*H)   QK-norm rstd per (token, head)                    */
-    float *rstd_k;     /* (N*K)                                                     */
-    float *q;          /* (N, QD) after QK-norm and RoPE                            */
-    float *k;          /* (N, KD) after QK-norm and RoPE                            */
-    float *v;          /* (N, KD)                                                   */
-    float *att;        /* (N, QD) attention output, before o_proj                   */
-    /* precision=bf16: the bf16 twins of the GEMM operands above (written by their
-     * producer once, read by the forward and backward GEMMs); NULL: none */
+    /* precision=bf16: the bf16 twins of the norms (GEMM operands, written by the
+     * norm once); NULL: none */
     mt_bf16 *h_attn_b; /* (Nr, D) bf16(h_attn_n), not under SP                      */
-    mt_bf16 *att_b;    /* (N, QD) bf16(att)                                         */
     mt_bf16 *h_mlp_b;  /* (Nr, D) bf16(h_mlp_n), dense MLP only, not under SP       */
-    mt_bf16 *yn_b;     /* (N, E) bf16(mb.yn), M layers: Wout's operand (mamba.c)     */
-    float *lse;        /* (B, H, T) attention logsumexp (no T x T matrix is kept)   */
-    float *x_mid;      /* (Nr, D) x_in + att Wo^T                                   */
-    float *h_mlp_n;    /* (Nr, D) rmsnorm(x_mid) * g_mlp (this rank's rows)         */
+    float *x_mid;      /* (Nr, D) x_in + mixer(h_attn)                              */
+    float *h_mlp_n;    /* (Nr, D) rmsnorm(x_mid) * g_post (this rank's rows)        */
     float *h_mlp;      /* dense: (N, D) gathered over TP (== h_mlp_n without SP);
                         * MoE: (Nm, D) the rows the experts see (a view of h_mlp_n) */
     float *rstd_mlp;   /* (Nr)                                                      */
-    /* dense MLP (A) */
-    float *mg, *mu;    /* (N, F)  gate / up pre-activations                         */
-    /* MoE (E) */
-    float   *probs;    /* (N, E)  router softmax, fp32                              */
-    float   *rlse;     /* (N)     router logsumexp (z-loss)                         */
-    int32_t *topk;     /* (N, k)  chosen experts                                    */
-    float   *gates;    /* (N, k)  renormalised gate weights                         */
-    int32_t *pos;      /* (N*k)   slot (n,j) -> row of the expert-sorted buffer     */
-    int32_t *src_row;  /* (M)     row -> token                                      */
-    float   *eg, *eu;  /* (M, Fe) expert gate / up pre-activations (sorted rows)    */
-    float   *ey;       /* (M, D)  expert outputs before gating (sorted rows)        */
-    float   *sgp, *sup;/* (N, Fs) shared expert gate / up pre-activations           */
-    /* host (OTHER) */
-    int     *e_off;    /* (E+1)   row offset of each expert in the sorted buffer    */
-    /* EP (ep > 1): rows received for this rank's experts, kept for backward */
-    int     *r_cnt;    /* (ep*Ee) rows from source rank s for local expert j: [s*Ee+j] */
-    int      r_rows;   /* sum of r_cnt                                               */
-    float   *rx;       /* (ep*M, D) received expert inputs (capacity: dropless worst case) */
-    float   *f_share;  /* (B, E)  f[s,e]: share of sequence s's T*k slots (no grad; ACTS) */
-    /* Mamba-3 (M): the mixer's saved activations (ACTS, one carve); the
-     * input norm lives in h_attn_n / rstd_attn, the output in x_mid */
-    struct mt_mamba3_acts mb;
+    /* each piece's own saved activations ([MT_PIECE_MIXER], [MT_PIECE_FFN]):
+     * a struct the piece's .c file defines (struct mt_piece.state_bytes),
+     * carved in OTHER by carve_block; NULL when the piece declares none */
+    void *state[2];
 };
+enum { MT_PIECE_MIXER = 0, MT_PIECE_FFN = 1 };
+/* Largest state_bytes a piece may declare (model.c sizes a throwaway state
+ * with it when carving for sizes only; each piece asserts its struct fits). */
+#define PIECE_STATE_MAX 512
+/* Largest own_bytes a piece may declare (struct mt_model holds one of this
+ * size per distinct piece; each piece asserts its struct fits). */
+#define PIECE_OWN_MAX 512
 
 /* One microbatch's saved activations (pipeline slots); the model's "current"
  * fields (idx ... xlse, layers, norm, have_*) are copied from the selected slot. */
@@ -118,43 +98,6 @@ struct mt_slot {
     struct mt_layer *layers;   /* (L), only [l0, l1) carved */
     struct mt_loss_norm norm;
     int have_fwd, have_targets;
-};
-
-/* The dense MLP's declared scratch (WORKSPACE): precision=bf16 only, the
- * bf16 twin of the SwiGLU output that the down projection reads (NULL in
- * fp32). Its carve_scratch fills it through the narrow context. */
-struct mt_mlp_scratch {
-    mt_bf16 *act_b;   /* (N*F) bf16(s_act) */
-};
-
-/* Attention's backward scratch (WORKSPACE), shared by every A layer; its
- * carve_scratch fills it through the narrow context. */
-struct mt_attn_scratch {
-    float *datt;                 /* (N, QD) d att; then d q_raw                      */
-    float *dq;                   /* (N, QD)                                          */
-    float *dk, *dk2, *dv;        /* (N, KD)                                          */
-};
-
-/* The MoE piece's own buffers (moe.c carves them, once per model): scratch
- * shared by every E layer (WORKSPACE), the host staging of routing and the
- * load histogram (OTHER). Nm rows the block sees, M = Nm*k routed slots. */
-struct mt_moe_scratch {
-    float   *xp, *dxp, *dy;      /* (M, D) permuted inputs / their grads / d expert out          */
-    float   *ry, *rdy, *rdx;     /* (ep*M, D) EP: expert outputs / their grads / d inputs, received side */
-    float   *drl, *dprobs;       /* (Nm, E) d router logits (the logits in forward), d probs (aux) */
-    float   *dgates;             /* (Nm, k)                                                       */
-    float   *dlse;               /* (Nm)                                                          */
-    int32_t *e_off_d;            /* (E+1) device expert offsets (moe_route; copied to ly->e_off)   */
-    int32_t *route_work;         /* mt_moe_route_work(M, E) moe_route scratch                     */
-    double  *seq;                /* (2, B, E) per-sequence routed-slot counts and prob sums (aux) */
-    double  *loss;               /* (L, 2) each layer's aux and z sums of the last forward (device) */
-    /* host (OTHER): the test hook's staging, the layers' loss sums */
-    float   *h_probs, *h_dprobs; /* (Nm, E) force_routing: probs in, gates out                    */
-    int32_t *h_topk;             /* (Nm*k)  force_routing: the forced experts                     */
-    double  *h_loss;             /* (L, 2) host copy of loss (mt_model_forward_stage)             */
-    size_t  *h_a2a;              /* (4*ep) all-to-all send/recv counts and displs                 */
-    int64_t *h_ecnt;             /* (2*E) per-expert slot counts sent / received                  */
-    double  *load;               /* (L*E) routed slots per expert since the last reset (moe_load) */
 };
 
 struct mt_model {
@@ -173,8 +116,6 @@ struct mt_model {
     struct mt_comm *ep_comm;
     struct mt_comm *ep_comm_host; /* host counts (mt_model.h); = ep_comm on the cpu backend */
     struct mt_ep_stats ep_stats;
-    int     force_route;     /* test-only routing override (MT_TEST_FORCE_ROUTING)  */
-    int     moe_grouped;     /* knob moe_grouped: experts as grouped GEMMs (moe_experts.c) */
     int tp, tp_rank, sp, Nr, Nm, row0;
     struct mt_comm *tp_comm;
     struct mt_comm *tp_comm_host; /* host statistics (mt_model.h); = tp_comm on the cpu backend */
@@ -209,11 +150,10 @@ struct mt_model {
     float *s_red;                /* (N, D) TP: partial sums / reduce-scatter output  */
     float *s_act, *s_dact, *s_dg, *s_du; /* (max(N*F, M*Fe, N*Fs)) SwiGLU scratch    */
     float *s_lora, *s_dlora;             /* (rows, r) LoRA x A^T and its gradient (lora.c) */
-    struct mt_attn_scratch   attn_s; /* A blocks: backward scratch (attention.c)        */
-    struct mt_mlp_scratch    mlp_s;  /* dense MLP: bf16 twin of the SwiGLU output (mlp.c) */
-    struct mt_moe_scratch    moe_s;  /* E blocks: routing scratch, host staging, load (moe.c) */
-    struct mt_mamba3_dims    mdims;  /* M blocks: the mixer's dims (from cfg)          */
-    struct mt_mamba3_scratch mb_s;   /* M blocks: backward scratch (WORKSPACE)          */
+    /* each distinct piece's own struct (its dims, scratch and staging; the
+     * piece's .c file defines it, own_bytes its size), indexed by
+     * mt_blocks_piece_index; model_own() points the context at it */
+    union mt_piece_own own[MT_MAX_PIECES][PIECE_OWN_MAX / sizeof(union mt_piece_own)];
 
     /* OTHER: host staging */
     float   *h_losses;           /* (N)      */
@@ -334,16 +274,15 @@ struct mt_ep_axis {              /* the expert axis (MoE, ep > 1)               
     struct mt_ep_stats *stats;       /* accounting of the all-to-alls               */
     int ep, rank, Ee, e0;            /* group size, rank, local experts, first one  */
 };
-struct mt_moe_dims {             /* what an E block's ffn needs beyond the shared dims */
-    int   E, top_k, Fe, Fs, L;       /* experts, routed per token, expert / shared hidden, layers */
-    int   Nm, M, row0;               /* rows the block sees, slots Nm*k, first global row */
-    float aux_coef, z_coef;          /* load-balancing and router z loss coefficients     */
-    int   force_route;               /* test hook test_force_routing                      */
-    int   grouped;                   /* knob moe_grouped: grouped expert GEMMs            */
-};
 struct mt_piece_ctx {
     const struct mt_ops_i *ops;
     struct mt_layer       *ly;       /* weights (ly->w), saved activations          */
+    void                  *st;       /* this piece's own saved activations (its
+                                      * ly->state[] entry; model.c sets it per call) */
+    void                  *own;      /* this piece's per-model struct (dims, scratch,
+                                      * staging: own_bytes; model.c sets it per call) */
+    void                  *pw;       /* this piece's parameters in the layer (its
+                                      * ly->w_own[] entry; model.c sets it per call) */
     int   N, Nr, D, F;               /* rows, residual rows, width, local dense hidden */
     int   B, T;                      /* the microbatch (training: N = B*T)          */
     int   H, K, hd, QD, KD;          /* local q / kv heads, head dim, H*hd, K*hd    */
@@ -353,14 +292,7 @@ struct mt_piece_ctx {
     /* shared WORKSPACE scratch (see struct mt_model) */
     float *dx, *dh, *s_full, *s_red;
     float *s_act, *s_dact, *s_dg, *s_du, *s_lora, *s_dlora;
-    struct mt_mlp_scratch       *mlp_s;  /* dense MLP: its declared scratch (carve_scratch fills it) */
     int   bf16;                      /* precision=bf16: carve the activation twins  */
-    struct mt_attn_scratch      *attn_s; /* A blocks: declared backward scratch (carve_scratch fills it) */
-    float *datt, *dq, *dk, *dk2, *dv;  /* A blocks: *attn_s's buffers, for the backward */
-    const struct mt_mamba3_dims *mdims; /* M blocks: the mixer's dims                 */
-    struct mt_mamba3_scratch    *mb_s;  /* M blocks: declared backward scratch        */
-    struct mt_moe_dims           moe;   /* E blocks: the ffn's dims and switches      */
-    struct mt_moe_scratch       *moe_s; /* E blocks: declared scratch, staging, load  */
     const struct mt_loss_norm   *norm;  /* the microbatch's loss normalisation (aux/z) */
     int   layer;                     /* ly's layer number (-1: ly NULL)             */
     struct mt_tp_axis tp;
@@ -418,6 +350,16 @@ void mlp_backward(const struct mt_ops_i *ops, float *t, float *dt, float *dh, in
                   float *dg, float *du, const float *dout, const float *h, const float *g, const float *u,
                   struct mt_param *wg, struct mt_param *wu, struct mt_param *wd, int n, int D, int F);
 
+/* moe.c: what the model reads of the MoE piece's own struct (own: its
+ * pc->own, model_own): the load histogram (L, E) and its reset, and the aux
+ * and z sums of layers [l0, l1) of the last forward, copied to the host in
+ * one transfer (returns the host (L, 2) array, rows l0.. valid). */
+const double *moe_own_load(const void *own);
+void moe_own_load_reset(void *own);
+const double *moe_own_losses(const struct mt_ops_i *ops, void *own, int l0, int l1);
+/* moe.c: the top-k experts of an MoE layer's state (its ly->state[MT_PIECE_FFN]), (Nm, k) on the backend; for tests. */
+const int32_t *moe_state_topk(const void *state);
+
 /* The pieces of the block-kind table (blocks.c). */
 extern const struct mt_piece mt_piece_attention;   /* attention.c */
 extern const struct mt_piece mt_piece_mlp;         /* mlp.c       */
@@ -432,8 +374,12 @@ extern const struct mt_piece mt_piece_mamba;       /* mamba.c     */
 void ffn_norm_fwd(const struct mt_piece_ctx *pc, float *x_out, int n);
 void ffn_norm_bwd(const struct mt_piece_ctx *pc, const float *dhr);
 void ffn_norm_carve_pc(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly);
-/* model.c: offsetof-style bind value of a struct mt_layer_w field, for mt_pspec.bind. */
+/* mt_pspec.bind values: MT_BIND a field of struct mt_layer_w (what every
+ * kind has), MT_BIND_OWN a field of the piece's own weight struct `type`
+ * (in ly->w_own of the piece's half; flagged by MT_BIND_PIECE). */
 #define MT_BIND(field) ((int)offsetof(struct mt_layer, w.field))
+#define MT_BIND_PIECE 0x40000000
+#define MT_BIND_OWN(type, field) ((int)(MT_BIND_PIECE | offsetof(type, field)))
 
 /* head.c: 1 when a forward (with_loss) can run the head in logits_rows chunks:
  * the fused cross-entropy with the bf16 twin (every row's dlogits kept in bf16). */
@@ -453,7 +399,11 @@ void model_param_fill_serial(const struct mt_param *p, uint64_t seed, float *out
 /* model.c: cos/sin tables (tmax, hd/2) built in double, rounded to float once. */
 enum mt_status model_rope_build(struct mt_ctx *ctx, const struct mt_model *m, float *cos_dev, float *sin_dev, int tmax);
 
-/* model.c: x_out = block(x_in) for layer ly (its kind's mixer, then its ffn). */
+/* model.c: floats of one layer's decode state for t_max positions (its
+ * mixer's decode_floats, then its ffn's), for infer.c. */
+size_t model_decode_floats(struct mt_model *m, int kind, int t_max);
+/* model.c: x_out = block(x_in) for layer ly (its kind's mixer, then its ffn);
+ * decoding: a->state is the layer's state (model_decode_floats), cut per piece. */
 enum mt_status model_block_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly,
                                    struct mt_piece_fwd *a);
 

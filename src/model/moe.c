@@ -21,8 +21,9 @@
  * device-to-host copy is the E+1 expert offsets after moe_route, once per
  * forward (the grouped GEMM and the all-to-all-v take host sizes); the
  * backward reuses them (no copy). The layer's aux and z sums stay in
- * moe_s->loss, read by the model once per forward for all layers. Extra
- * copies only under the test hook test_force_routing.
+ * the piece's own struct (loss), read by the model once per forward for
+ * all layers (moe_own_losses). Extra copies only under the test hook
+ * test_force_routing.
  * Backward:
  *     term 1: combine: dy[pos] = g dout;  dg_nj = dout_n . y[pos]
  *     term 2: per-expert SwiGLU backward on its rows -> dxp; dh = sum_j dxp[pos] (+ shared)
@@ -39,6 +40,34 @@
 
 #include "../parallel/mt_comm.h"
 
+#include <string.h>
+
+#include "../core/mt_knobs.h"
+
+/* What an MoE layer saves beyond the shared ffn norm (struct mt_layer): its
+ * ly->state entry (moe_carve fills it). Nm rows the block sees, M = Nm*k slots. */
+struct moe_state {
+    float   *probs;    /* (Nm, E)  router softmax, fp32                             */
+    float   *rlse;     /* (Nm)     router logsumexp (z-loss)                        */
+    int32_t *topk;     /* (Nm, k)  chosen experts                                   */
+    float   *gates;    /* (Nm, k)  renormalised gate weights                        */
+    int32_t *pos;      /* (Nm*k)   slot (n,j) -> row of the expert-sorted buffer    */
+    int32_t *src_row;  /* (M)      row -> token                                     */
+    float   *eg, *eu;  /* (M, Fe)  expert gate / up pre-activations (sorted rows)   */
+    float   *ey;       /* (M, D)   expert outputs before gating (sorted rows)       */
+    float   *sgp, *sup;/* (Nm, Fs) shared expert gate / up pre-activations          */
+    float   *f_share;  /* (B, E)   f[s,e]: share of sequence s's T*k slots (no grad) */
+    /* host (OTHER) */
+    int     *e_off;    /* (E+1)    row offset of each expert in the sorted buffer   */
+    /* EP (ep > 1): rows received for this rank's experts, kept for backward */
+    int     *r_cnt;    /* (ep*Ee)  rows from source rank s for local expert j: [s*Ee+j] */
+    int      r_rows;   /* sum of r_cnt                                              */
+    float   *rx;       /* (ep*M, D) received expert inputs (capacity: dropless worst case) */
+};
+_Static_assert(sizeof(struct moe_state) <= PIECE_STATE_MAX, "raise PIECE_STATE_MAX");
+
+const int32_t *moe_state_topk(const void *state) { return state ? ((const struct moe_state *)state)->topk : NULL; }
+
 /*
  * HOW IT WORKS — expert parallelism (ep > 1). This rank holds experts
  * [e0, e0+Ee). After routing, its slots are sorted by GLOBAL expert, so the
@@ -54,16 +83,16 @@
  */
 
 /* counts / displacements in rows: send side from the sorted slots, receive side from r_cnt */
-static void ep_counts(const struct mt_ep_axis *ea, const struct mt_layer *ly, size_t *scnt, size_t *sdis,
+static void ep_counts(const struct mt_ep_axis *ea, const struct moe_state *st, size_t *scnt, size_t *sdis,
                       size_t *rcnt, size_t *rdis)
 {
     const int ep = ea->ep, Ee = ea->Ee;
     size_t off = 0;
     for (int r = 0; r < ep; r++) {
-        sdis[r] = (size_t)ly->e_off[r * Ee];
-        scnt[r] = (size_t)(ly->e_off[(r + 1) * Ee] - ly->e_off[r * Ee]);
+        sdis[r] = (size_t)st->e_off[r * Ee];
+        scnt[r] = (size_t)(st->e_off[(r + 1) * Ee] - st->e_off[r * Ee]);
         size_t c = 0;
-        for (int j = 0; j < Ee; j++) c += (size_t)ly->r_cnt[r * Ee + j];
+        for (int j = 0; j < Ee; j++) c += (size_t)st->r_cnt[r * Ee + j];
         rcnt[r] = c;
         rdis[r] = off;
         off += c;
@@ -76,7 +105,7 @@ static enum mt_status ep_a2a(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, 
 {
     const struct mt_ep_axis *ea = &pc->ep;
     const int ep = ea->ep;
-    size_t *e = pc->moe_s->h_a2a; /* element counts: 4 arrays of ep */
+    size_t *e = moe_scr(pc)->h_a2a; /* element counts: 4 arrays of ep */
     double rows = 0;
     for (int r = 0; r < ep; r++) {
         e[r] = scnt[r] * (size_t)width;
@@ -94,8 +123,8 @@ static enum mt_status ep_a2a(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, 
 }
 
 /* The auxiliary losses of the n rows just routed (forward with targets):
- * moe_s->loss[2*layer] = the aux sum (model rank 0 only under TP), [+1] =
- * the z sum, and ly->f_share for the backward; all on the backend. Under TP
+ * moe_scr(pc)->loss[2*layer] = the aux sum (model rank 0 only under TP), [+1] =
+ * the z sum, and st->f_share for the backward; all on the backend. Under TP
  * our n rows are the global rows row0.. (sequences of T rows may straddle
  * ranks): the per-sequence sums meet in one all-reduce over the model group
  * (its device communicator: no host copy), and model rank 0 alone reports
@@ -104,14 +133,14 @@ static enum mt_status moe_losses(struct mt_ctx *ctx, const struct mt_piece_ctx *
 {
     const struct mt_ops_i *ops = pc->ops;
     const struct mt_tp_axis *tp = &pc->tp;
-    struct mt_moe_scratch *s = pc->moe_s;
-    struct mt_layer *ly = pc->ly;
-    const int E = pc->moe.E, k = pc->moe.top_k, B = pc->B, T = pc->T, g0 = tp->tp > 1 ? pc->moe.row0 : 0;
+    struct mt_moe_scratch *s = moe_scr(pc);
+    struct moe_state *st = pc->st;
+    const int E = moe_dims(pc)->E, k = moe_dims(pc)->top_k, B = pc->B, T = pc->T, g0 = tp->tp > 1 ? moe_dims(pc)->row0 : 0;
     const size_t nseq = (size_t)2 * B * E;
-    ops->moe_seq_stats(ops->be, s->seq, ly->probs, ly->topk, n, E, k, B, T, g0);
+    ops->moe_seq_stats(ops->be, s->seq, st->probs, st->topk, n, E, k, B, T, g0);
     if (tp->tp > 1) MT_CHECK(tpa_allreduce_f64(ctx, tp, s->seq, nseq));   /* on the device comm */
-    ops->moe_aux_loss(ops->be, s->loss + 2 * (size_t)pc->layer, ly->f_share, s->seq, ly->rlse, n, B, E, k, T,
-                      pc->moe.aux_coef, pc->moe.z_coef, !(tp->tp > 1 && tp->rank != 0));
+    ops->moe_aux_loss(ops->be, s->loss + 2 * (size_t)pc->layer, st->f_share, s->seq, st->rlse, n, B, E, k, T,
+                      moe_dims(pc)->aux_coef, moe_dims(pc)->z_coef, !(tp->tp > 1 && tp->rank != 0));
     return MT_OK;
 }
 
@@ -120,10 +149,10 @@ static enum mt_status moe_losses(struct mt_ctx *ctx, const struct mt_piece_ctx *
 static void force_routing(const struct mt_piece_ctx *pc, int n)
 {
     const struct mt_ops_i *ops = pc->ops;
-    struct mt_moe_scratch *s = pc->moe_s;
-    struct mt_layer *ly = pc->ly;
-    const int E = pc->moe.E, k = pc->moe.top_k;
-    ops->copy_to_host(ops->be, s->h_probs, ly->probs, (size_t)n * E * sizeof(float));
+    struct mt_moe_scratch *s = moe_scr(pc);
+    struct moe_state *st = pc->st;
+    const int E = moe_dims(pc)->E, k = moe_dims(pc)->top_k;
+    ops->copy_to_host(ops->be, s->h_probs, st->probs, (size_t)n * E * sizeof(float));
     float *hg = s->h_dprobs;
     for (int i = 0; i < n; i++) {
         double sum = 0;
@@ -133,13 +162,13 @@ static void force_routing(const struct mt_piece_ctx *pc, int n)
             hg[(size_t)i * k + j] = (float)(s->h_probs[(size_t)i * E + j] / sum);
         }
     }
-    ops->copy_from_host(ops->be, ly->topk, s->h_topk, (size_t)n * k * sizeof(int32_t));
-    ops->copy_from_host(ops->be, ly->gates, hg, (size_t)n * k * sizeof(float));
+    ops->copy_from_host(ops->be, st->topk, s->h_topk, (size_t)n * k * sizeof(int32_t));
+    ops->copy_from_host(ops->be, st->gates, hg, (size_t)n * k * sizeof(float));
 }
 
 /* out (n, D) += moe(h) for the n rows ly->h_mlp (global rows row0.. of the
  * microbatch under TP, sequences of T rows). When want_loss, the layer's
- * slot of moe_s->loss (device) gets the aux sum sum_s aux_coef*E*sum_e f P
+ * slot of moe_scr(pc)->loss (device) gets the aux sum sum_s aux_coef*E*sum_e f P
  * (the whole microbatch's sequences, counted on model rank 0 only:
  * per-sequence statistics are all-reduced over the model group) and the z
  * sum z_coef * sum over the n rows of lse^2 (un-normalised; the model
@@ -148,77 +177,78 @@ static enum mt_status moe_forward(struct mt_ctx *ctx, const struct mt_piece_ctx 
                                   int want_loss)
 {
     const struct mt_ops_i *ops = pc->ops;
-    const struct mt_moe_dims *md = &pc->moe;
+    const struct mt_moe_dims *md = moe_dims(pc);
     const struct mt_ep_axis *ea = &pc->ep;
-    struct mt_moe_scratch *s = pc->moe_s;
+    struct mt_moe_scratch *s = moe_scr(pc);
     struct mt_layer *ly = pc->ly;
+    struct moe_state *st = pc->st;
     const int D = pc->D, E = md->E, k = md->top_k, Fe = md->Fe;
     const int M = n * k;
     float *t = pc->s_lora;
 
     /* router: logits into the (free in forward) d-router-logits scratch */
-    linear_forward(ops, s->drl, ly->h_mlp, ly->w.router->data, n, D, E, 0.0f);
-    ops->router_forward(ops->be, ly->probs, ly->rlse, ly->topk, ly->gates, s->drl, n, E, k);
+    linear_forward(ops, s->drl, ly->h_mlp, moe_w(pc)->router->data, n, D, E, 0.0f);
+    ops->router_forward(ops->be, st->probs, st->rlse, st->topk, st->gates, s->drl, n, E, k);
 
     if (md->force_route) force_routing(pc, n);
-    ops->moe_route(ops->be, ly->pos, ly->src_row, s->e_off_d, s->route_work, ly->topk, n, k, E);
+    ops->moe_route(ops->be, st->pos, st->src_row, s->e_off_d, s->route_work, st->topk, n, k, E);
     /* the layer's one device-to-host copy: the grouped GEMM's and the
      * all-to-all-v's host sizes (int32 on both sides: moe_route's contract) */
     _Static_assert(sizeof(int) == sizeof(int32_t), "e_off is copied as int32");
-    ops->copy_to_host(ops->be, ly->e_off, s->e_off_d, (size_t)(E + 1) * sizeof(int32_t));
-    MT_ASSERT(ly->e_off[0] == 0 && ly->e_off[E] == M);
+    ops->copy_to_host(ops->be, st->e_off, s->e_off_d, (size_t)(E + 1) * sizeof(int32_t));
+    MT_ASSERT(st->e_off[0] == 0 && st->e_off[E] == M);
     if (s->load) {
         double *load = s->load + (size_t)pc->layer * E;
-        for (int e = 0; e < E; e++) load[e] += ly->e_off[e + 1] - ly->e_off[e];
+        for (int e = 0; e < E; e++) load[e] += st->e_off[e + 1] - st->e_off[e];
     }
 
-    ops->moe_permute(ops->be, s->xp, ly->h_mlp, ly->src_row, M, D);
+    ops->moe_permute(ops->be, s->xp, ly->h_mlp, st->src_row, M, D);
     const int grouped = md->grouped;   /* one grouped GEMM per projection (moe_experts.c) */
     if (ea->ep == 1) {
-        if (grouped) moe_experts_forward(pc, E, ly->e_off, 1, E, ly->ey, s->xp);
+        if (grouped) moe_experts_forward(pc, E, st->e_off, 1, E, st->eg, st->eu, st->ey, s->xp);
         for (int e = 0; e < E && !grouped; e++) {
-            int r0 = ly->e_off[e], c = ly->e_off[e + 1] - r0;
+            int r0 = st->e_off[e], c = st->e_off[e + 1] - r0;
             if (c == 0) continue;
-            const struct mt_param *w = &ly->w.experts[3 * e];
-            mlp_forward(ops, t, ly->ey + (size_t)r0 * D, 0, ly->eg + (size_t)r0 * Fe, ly->eu + (size_t)r0 * Fe,
+            const struct mt_param *w = &moe_w(pc)->experts[3 * e];
+            mlp_forward(ops, t, st->ey + (size_t)r0 * D, 0, st->eg + (size_t)r0 * Fe, st->eu + (size_t)r0 * Fe,
                         pc->s_act, s->xp + (size_t)r0 * D, &w[0], &w[1], &w[2], c, D, Fe);
         }
     } else {
         /* per-expert counts first (every rank, even with nothing to send) */
         const int ep = ea->ep, Ee = ea->Ee;
         int64_t *sc = s->h_ecnt, *rc = s->h_ecnt + E;
-        for (int e = 0; e < E; e++) sc[e] = ly->e_off[e + 1] - ly->e_off[e];
+        for (int e = 0; e < E; e++) sc[e] = st->e_off[e + 1] - st->e_off[e];
         size_t *a = s->h_a2a;
         for (int r = 0; r < ep; r++) { a[r] = (size_t)Ee; a[ep + r] = (size_t)r * Ee; }
         double t0 = mt_time_sec();
-        enum mt_status st = mt_comm_alltoallv(ctx, ea->comm_host, sc, a, a + ep, rc, a, a + ep, MT_DTYPE_I64);
+        enum mt_status rcs = mt_comm_alltoallv(ctx, ea->comm_host, sc, a, a + ep, rc, a, a + ep, MT_DTYPE_I64);
         ea->stats->a2a_s += mt_time_sec() - t0;
-        MT_CHECK(st);
-        ly->r_rows = 0;
+        MT_CHECK(rcs);
+        st->r_rows = 0;
         for (int i = 0; i < ep * Ee; i++) {
-            ly->r_cnt[i] = (int)rc[i];
-            ly->r_rows += (int)rc[i];
+            st->r_cnt[i] = (int)rc[i];
+            st->r_rows += (int)rc[i];
         }
-        MT_ASSERT(ly->r_rows <= ep * M);
+        MT_ASSERT(st->r_rows <= ep * M);
         size_t scnt[MT_MAX_EP] = {0}, sdis[MT_MAX_EP] = {0}, rcnt[MT_MAX_EP] = {0}, rdis[MT_MAX_EP] = {0};
-        ep_counts(ea, ly, scnt, sdis, rcnt, rdis);
-        MT_CHECK(ep_a2a(ctx, pc, ly->rx, s->xp, scnt, sdis, rcnt, rdis, D));
-        if (grouped) moe_experts_forward(pc, ep * Ee, ly->r_cnt, 0, Ee, s->ry, ly->rx);
+        ep_counts(ea, st, scnt, sdis, rcnt, rdis);
+        MT_CHECK(ep_a2a(ctx, pc, st->rx, s->xp, scnt, sdis, rcnt, rdis, D));
+        if (grouped) moe_experts_forward(pc, ep * Ee, st->r_cnt, 0, Ee, st->eg, st->eu, s->ry, st->rx);
         size_t o = 0;
         for (int src = 0; src < ep && !grouped; src++)
             for (int j = 0; j < Ee; j++) {
-                int c = ly->r_cnt[src * Ee + j];
-                const struct mt_param *w = &ly->w.experts[3 * j];
+                int c = st->r_cnt[src * Ee + j];
+                const struct mt_param *w = &moe_w(pc)->experts[3 * j];
                 if (c > 0)
-                    mlp_forward(ops, t, s->ry + o * D, 0, ly->eg + o * Fe, ly->eu + o * Fe, pc->s_act,
-                                ly->rx + o * D, &w[0], &w[1], &w[2], c, D, Fe);
+                    mlp_forward(ops, t, s->ry + o * D, 0, st->eg + o * Fe, st->eu + o * Fe, pc->s_act,
+                                st->rx + o * D, &w[0], &w[1], &w[2], c, D, Fe);
                 o += (size_t)c;
             }
-        MT_CHECK(ep_a2a(ctx, pc, ly->ey, s->ry, rcnt, rdis, scnt, sdis, D));   /* back to the sources */
+        MT_CHECK(ep_a2a(ctx, pc, st->ey, s->ry, rcnt, rdis, scnt, sdis, D));   /* back to the sources */
     }
-    ops->moe_combine(ops->be, out, ly->ey, ly->pos, ly->gates, n, k, D);
+    ops->moe_combine(ops->be, out, st->ey, st->pos, st->gates, n, k, D);
     if (md->Fs > 0)
-        mlp_forward(ops, t, out, 1, ly->sgp, ly->sup, pc->s_act, ly->h_mlp, ly->w.sg, ly->w.su, ly->w.sd, n, D,
+        mlp_forward(ops, t, out, 1, st->sgp, st->sup, pc->s_act, ly->h_mlp, moe_w(pc)->sg, moe_w(pc)->su, moe_w(pc)->sd, n, D,
                     md->Fs);
 
     return want_loss ? moe_losses(ctx, pc, n) : MT_OK;
@@ -229,64 +259,65 @@ static enum mt_status moe_forward(struct mt_ctx *ctx, const struct mt_piece_ctx 
 static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, float *dh, const float *dout)
 {
     const struct mt_ops_i *ops = pc->ops;
-    const struct mt_moe_dims *md = &pc->moe;
+    const struct mt_moe_dims *md = moe_dims(pc);
     const struct mt_ep_axis *ea = &pc->ep;
-    struct mt_moe_scratch *s = pc->moe_s;
+    struct mt_moe_scratch *s = moe_scr(pc);
     const struct mt_layer *ly = pc->ly;
+    const struct moe_state *st = pc->st;
     const int T = pc->T, n = md->Nm, D = pc->D, E = md->E, k = md->top_k, Fe = md->Fe;
     const int M = n * k, g0 = pc->tp.tp > 1 ? md->row0 : 0;
     float *t = pc->s_lora, *dt = pc->s_dlora;
 
     const int grouped = md->grouped;
     /* term 1: combine */
-    ops->moe_combine_backward(ops->be, s->dy, s->dgates, dout, ly->ey, ly->pos, ly->gates, n, k, D);
+    ops->moe_combine_backward(ops->be, s->dy, s->dgates, dout, st->ey, st->pos, st->gates, n, k, D);
     /* term 2: experts on their row ranges (inputs re-permuted, not saved) */
     if (ea->ep == 1) {
-        ops->moe_permute(ops->be, s->xp, ly->h_mlp, ly->src_row, M, D);
-        if (grouped) moe_experts_backward(pc, E, ly->e_off, 1, E, s->dxp, s->dy, s->xp);
+        ops->moe_permute(ops->be, s->xp, ly->h_mlp, st->src_row, M, D);
+        if (grouped) moe_experts_backward(pc, E, st->e_off, 1, E, st->eg, st->eu, s->dxp, s->dy, s->xp);
         for (int e = 0; e < E && !grouped; e++) {
-            int r0 = ly->e_off[e], c = ly->e_off[e + 1] - r0;
+            int r0 = st->e_off[e], c = st->e_off[e + 1] - r0;
             if (c == 0) continue;
-            struct mt_param *w = &ly->w.experts[3 * e];
+            struct mt_param *w = &moe_w(pc)->experts[3 * e];
             mlp_backward(ops, t, dt, s->dxp + (size_t)r0 * D, 0, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du,
-                         s->dy + (size_t)r0 * D, s->xp + (size_t)r0 * D, ly->eg + (size_t)r0 * Fe,
-                         ly->eu + (size_t)r0 * Fe, &w[0], &w[1], &w[2], c, D, Fe);
+                         s->dy + (size_t)r0 * D, s->xp + (size_t)r0 * D, st->eg + (size_t)r0 * Fe,
+                         st->eu + (size_t)r0 * Fe, &w[0], &w[1], &w[2], c, D, Fe);
         }
     } else {
         const int ep = ea->ep, Ee = ea->Ee;
         size_t scnt[MT_MAX_EP] = {0}, sdis[MT_MAX_EP] = {0}, rcnt[MT_MAX_EP] = {0}, rdis[MT_MAX_EP] = {0};
-        ep_counts(ea, ly, scnt, sdis, rcnt, rdis);
+        ep_counts(ea, st, scnt, sdis, rcnt, rdis);
         MT_CHECK(ep_a2a(ctx, pc, s->rdy, s->dy, scnt, sdis, rcnt, rdis, D));
-        if (grouped) moe_experts_backward(pc, ep * Ee, ly->r_cnt, 0, Ee, s->rdx, s->rdy, ly->rx);
+        if (grouped) moe_experts_backward(pc, ep * Ee, st->r_cnt, 0, Ee, st->eg, st->eu, s->rdx, s->rdy, st->rx);
         size_t o = 0;
         for (int src = 0; src < ep && !grouped; src++)
             for (int j = 0; j < Ee; j++) {
-                int c = ly->r_cnt[src * Ee + j];
-                struct mt_param *w = &ly->w.experts[3 * j];
+                int c = st->r_cnt[src * Ee + j];
+                struct mt_param *w = &moe_w(pc)->experts[3 * j];
                 if (c > 0)
                     mlp_backward(ops, t, dt, s->rdx + o * D, 0, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du,
-                                 s->rdy + o * D, ly->rx + o * D, ly->eg + o * Fe, ly->eu + o * Fe, &w[0], &w[1],
+                                 s->rdy + o * D, st->rx + o * D, st->eg + o * Fe, st->eu + o * Fe, &w[0], &w[1],
                                  &w[2], c, D, Fe);
                 o += (size_t)c;
             }
         MT_CHECK(ep_a2a(ctx, pc, s->dxp, s->rdx, rcnt, rdis, scnt, sdis, D));
     }
     ops->fill(ops->be, dh, 0.0f, (size_t)n * D);
-    ops->moe_permute_backward(ops->be, dh, s->dxp, ly->pos, n, k, D);
+    ops->moe_permute_backward(ops->be, dh, s->dxp, st->pos, n, k, D);
     if (md->Fs > 0)
-        mlp_backward(ops, t, dt, dh, 1, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du, dout, ly->h_mlp, ly->sgp, ly->sup,
-                     ly->w.sg, ly->w.su, ly->w.sd, n, D, md->Fs);
+        mlp_backward(ops, t, dt, dh, 1, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du, dout, ly->h_mlp, st->sgp, st->sup,
+                     moe_w(pc)->sg, moe_w(pc)->su, moe_w(pc)->sd, n, D, md->Fs);
 
     /* term 3: aux and z gradients (on the backend) */
     double ns = pc->norm->n_sequences > 0 ? pc->norm->n_sequences : 1.0;
     double nt = pc->norm->n_tokens > 0 ? pc->norm->n_tokens : 1.0;
-    ops->moe_aux_backward(ops->be, s->dprobs, s->dlse, ly->f_share, ly->rlse, n, E, T, g0, md->aux_coef, md->z_coef,
+    ops->moe_aux_backward(ops->be, s->dprobs, s->dlse, st->f_share, st->rlse, n, E, T, g0, md->aux_coef, md->z_coef,
                           ns, nt);
 
     /* term 4: router */
-    ops->router_backward(ops->be, s->drl, s->dgates, s->dprobs, s->dlse, ly->probs, ly->topk, ly->gates, n, E, k);
-    linear_backward(ops, dh, 1.0f, ly->w.router->frozen ? NULL : ly->w.router->grad, s->drl, ly->h_mlp,
-                    ly->w.router->data, n, D, E);   /* LoRA: a frozen router computes dx only */
+    ops->router_backward(ops->be, s->drl, s->dgates, s->dprobs, s->dlse, st->probs, st->topk, st->gates, n, E, k);
+    linear_backward(ops, dh, 1.0f, moe_w(pc)->router->frozen ? NULL : moe_w(pc)->router->grad, s->drl, ly->h_mlp,
+                    moe_w(pc)->router->data, n, D, E);   /* LoRA: a frozen router computes dx only */
     return MT_OK;
 }
 
@@ -299,13 +330,13 @@ static void moe_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *use
     const int64_t D = s->D, E = s->E, Fe = s->Fe, Fs = s->Fs;
     const struct mt_pspec head[] = {
         {"post_attention_layernorm.weight", -1, 1, D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, MT_BIND(ln2)},
-        {"mlp.gate.weight", -1, 2, E, D, MT_SCALE_NORMAL, MT_ROLE_ROUTER, MT_LAYOUT_MODEL_PARTIAL, MT_BIND(router)},
+        {"mlp.gate.weight", -1, 2, E, D, MT_SCALE_NORMAL, MT_ROLE_ROUTER, MT_LAYOUT_MODEL_PARTIAL, MT_BIND_OWN(struct moe_w, router)},
     };
     for (size_t i = 0; i < sizeof head / sizeof head[0]; i++) fn(user, &head[i]);
-    for (int e = s->e0; e < s->e0 + s->Ee; e++) {   /* EP: this rank's experts only; w.experts -> the first */
+    for (int e = s->e0; e < s->e0 + s->Ee; e++) {   /* EP: this rank's experts only; moe_w.experts -> the first */
         const struct mt_pspec x[] = {
             {"mlp.experts.%d.gate_proj.weight", e, 2, Fe, D, MT_SCALE_NORMAL, MT_ROLE_EXPERT, MT_LAYOUT_EXPERT,
-             e == s->e0 ? MT_BIND(experts) : -1},
+             e == s->e0 ? MT_BIND_OWN(struct moe_w, experts) : -1},
             {"mlp.experts.%d.up_proj.weight", e, 2, Fe, D, MT_SCALE_NORMAL, MT_ROLE_EXPERT, MT_LAYOUT_EXPERT, -1},
             {"mlp.experts.%d.down_proj.weight", e, 2, D, Fe, MT_SCALE_NORMAL_OUT, MT_ROLE_EXPERT, MT_LAYOUT_EXPERT, -1},
         };
@@ -315,18 +346,55 @@ static void moe_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *use
     /* experts (shared included) are not split by TP: SPEC.md section 2 */
     const struct mt_pspec sh[] = {
         {"mlp.shared_expert.gate_proj.weight", -1, 2, Fs, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_MODEL_PARTIAL,
-         MT_BIND(sg)},
+         MT_BIND_OWN(struct moe_w, sg)},
         {"mlp.shared_expert.up_proj.weight", -1, 2, Fs, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_MODEL_PARTIAL,
-         MT_BIND(su)},
+         MT_BIND_OWN(struct moe_w, su)},
         {"mlp.shared_expert.down_proj.weight", -1, 2, D, Fs, MT_SCALE_NORMAL_OUT, MT_ROLE_DENSE,
-         MT_LAYOUT_MODEL_PARTIAL, MT_BIND(sd)},
+         MT_LAYOUT_MODEL_PARTIAL, MT_BIND_OWN(struct moe_w, sd)},
     };
     for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++) fn(user, &sh[i]);
 }
 
+/* The block's dims: under TP the experts see the Nm = N/tp rows of the
+ * sequence-parallel region (global rows row0..), M = Nm*k slots; the test
+ * knobs (forced routing, grouped expert GEMMs) are read here, once. */
+static void moe_setup(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const struct mt_config *cfg)
+{
+    struct mt_block_shape g;
+    mt_blocks_shape(cfg, &g);
+    struct mt_moe_dims *md = moe_dims(pc);
+    const int tp = pc->tp.tp;
+    md->E = (int)g.E, md->top_k = (int)g.top_k, md->Fe = (int)g.Fe, md->Fs = (int)g.Fs, md->L = (int)g.L;
+    md->Nm = tp > 1 ? pc->N / tp : pc->N;
+    md->M = md->Nm * md->top_k;
+    md->row0 = pc->tp.rank * (pc->N / tp);
+    md->aux_coef = cfg->aux_loss_coef;
+    md->z_coef = cfg->z_loss_coef;
+    /* test hook (knob test_force_routing, env MT_TEST_FORCE_ROUTING): 1 sends every
+     * token to experts 0..top_k-1 (so that some expert ranks receive no token at all) */
+    md->force_route = ctx && mt_knob_int(ctx, MT_KNOB_TEST_FORCE_ROUTING) == 1;
+    md->grouped = ctx && mt_knob_int(ctx, MT_KNOB_MOE_GROUPED) != 0;   /* the experts' GEMMs grouped (moe_experts.c) */
+}
+
+const double *moe_own_load(const void *own) { return own ? ((const struct moe_own *)own)->s.load : NULL; }
+
+void moe_own_load_reset(void *own)
+{
+    struct moe_own *o = own;
+    if (o && o->s.load) memset(o->s.load, 0, (size_t)o->d.L * (size_t)o->d.E * sizeof(double));
+}
+
+const double *moe_own_losses(const struct mt_ops_i *ops, void *own, int l0, int l1)
+{
+    struct moe_own *o = own;
+    ops->copy_to_host(ops->be, o->s.h_loss + 2 * (size_t)l0, o->s.loss + 2 * (size_t)l0,
+                      (size_t)(l1 - l0) * 2 * sizeof(double));
+    return o->s.h_loss;
+}
+
 static enum mt_status moe_check(struct mt_ctx *ctx, const struct mt_piece_ctx *pc)
 {
-    const struct mt_moe_dims *md = &pc->moe;
+    const struct mt_moe_dims *md = moe_dims(pc);
     if (md->E < 1 || md->top_k < 1 || md->top_k > md->E)
         return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: need 1 <= top_k <= n_experts (top_k=%d E=%d)", md->top_k,
                             md->E);
@@ -351,40 +419,41 @@ static double moe_inactive(const struct mt_block_shape *s)
  * pre-activations (on the receiving side under EP) and outputs. */
 static void moe_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly)
 {
-    const struct mt_moe_dims *md = &pc->moe;
+    struct moe_state *st = pc->st;
+    const struct mt_moe_dims *md = moe_dims(pc);
     const size_t D = (size_t)pc->D, Nm = (size_t)md->Nm, E = (size_t)md->E, k = (size_t)md->top_k;
     const size_t M = (size_t)md->M, Fe = (size_t)md->Fe, ep = (size_t)pc->ep.ep;
     const enum mt_bucket A = MT_BUCKET_ACTS, O = MT_BUCKET_OTHER;
     ffn_norm_carve_pc(pc, c, ly);
     /* the experts see Nm rows: SP or one rank: all of h_mlp_n; TP without SP: our slice of it */
     ly->h_mlp = (pc->tp.tp > 1 && !pc->tp.sp && ly->h_mlp_n) ? ly->h_mlp_n + (size_t)md->row0 * D : ly->h_mlp_n;
-    ly->probs = carve_f(c, A, Nm * E);
+    st->probs = carve_f(c, A, Nm * E);
     /* small, so not the block's last ACTS carve: a carve's end is not padded,
      * and recompute=block (one shared set, then the slots' inputs) must not
      * come out larger than the per-layer sets by that tail */
-    ly->f_share = carve_f(c, A, (size_t)pc->B * E);
-    ly->rlse = carve_f(c, A, Nm);
-    ly->topk = carve_i(c, A, Nm * k);
-    ly->gates = carve_f(c, A, Nm * k);
-    ly->pos = carve_i(c, A, Nm * k);
-    ly->src_row = carve_i(c, A, M);
+    st->f_share = carve_f(c, A, (size_t)pc->B * E);
+    st->rlse = carve_f(c, A, Nm);
+    st->topk = carve_i(c, A, Nm * k);
+    st->gates = carve_f(c, A, Nm * k);
+    st->pos = carve_i(c, A, Nm * k);
+    st->src_row = carve_i(c, A, M);
     if (ep == 1) {
-        ly->eg = carve_f(c, A, M * Fe);
-        ly->eu = carve_f(c, A, M * Fe);
+        st->eg = carve_f(c, A, M * Fe);
+        st->eu = carve_f(c, A, M * Fe);
     }
-    ly->ey = carve_f(c, A, M * D);
+    st->ey = carve_f(c, A, M * D);
     if (md->Fs > 0) {
-        ly->sgp = carve_f(c, A, Nm * (size_t)md->Fs);
-        ly->sup = carve_f(c, A, Nm * (size_t)md->Fs);
+        st->sgp = carve_f(c, A, Nm * (size_t)md->Fs);
+        st->sup = carve_f(c, A, Nm * (size_t)md->Fs);
     }
-    ly->e_off = carve(c, O, (E + 1) * sizeof(int));
+    st->e_off = carve(c, O, (E + 1) * sizeof(int));
     if (ep > 1) {
         /* dropless: every rank of the expert group may send all its M slots here */
         size_t cap = ep * M;
-        ly->r_cnt = carve(c, O, ep * (size_t)pc->ep.Ee * sizeof(int));
-        ly->rx = carve_f(c, A, cap * D);
-        ly->eg = carve_f(c, A, cap * Fe);   /* expert activations live on the receiving side */
-        ly->eu = carve_f(c, A, cap * Fe);
+        st->r_cnt = carve(c, O, ep * (size_t)pc->ep.Ee * sizeof(int));
+        st->rx = carve_f(c, A, cap * D);
+        st->eg = carve_f(c, A, cap * Fe);   /* expert activations live on the receiving side */
+        st->eu = carve_f(c, A, cap * Fe);
     }
 }
 
@@ -392,8 +461,8 @@ static void moe_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct
  * the load histogram (OTHER): the piece's own struct mt_moe_scratch. */
 static void moe_carve_scratch(const struct mt_piece_ctx *pc, struct mt_carver *c)
 {
-    const struct mt_moe_dims *md = &pc->moe;
-    struct mt_moe_scratch *s = pc->moe_s;
+    const struct mt_moe_dims *md = moe_dims(pc);
+    struct mt_moe_scratch *s = moe_scr(pc);
     const size_t D = (size_t)pc->D, Nm = (size_t)md->Nm, E = (size_t)md->E, k = (size_t)md->top_k;
     const size_t M = (size_t)md->M, ep = (size_t)pc->ep.ep;
     const enum mt_bucket W = MT_BUCKET_WORKSPACE, O = MT_BUCKET_OTHER;
@@ -428,7 +497,7 @@ static void moe_carve_scratch(const struct mt_piece_ctx *pc, struct mt_carver *c
  * expert group may land here) or the shared expert over Nm rows */
 static size_t moe_scratch(const struct mt_piece_ctx *pc)
 {
-    size_t a = (size_t)pc->ep.ep * (size_t)pc->moe.M * (size_t)pc->moe.Fe, b = (size_t)pc->moe.Nm * (size_t)pc->moe.Fs;
+    size_t a = (size_t)pc->ep.ep * (size_t)moe_dims(pc)->M * (size_t)moe_dims(pc)->Fe, b = (size_t)moe_dims(pc)->Nm * (size_t)moe_dims(pc)->Fs;
     return a > b ? a : b;
 }
 
@@ -436,7 +505,7 @@ static enum mt_status moe_piece_forward(struct mt_ctx *ctx, const struct mt_piec
 {
     const struct mt_ops_i *ops = pc->ops;
     const struct mt_tp_axis *tp = &pc->tp;
-    const int n = a->B * a->T, D = pc->D, Nm = pc->moe.Nm;
+    const int n = a->B * a->T, D = pc->D, Nm = moe_dims(pc)->Nm;
     ffn_norm_fwd(pc, a->x_out, n);
     if (tp->tp > 1 && !tp->sp) {
         /* MoE in the SP region without SP: our Nm rows, then gather every rank's output */
@@ -447,16 +516,16 @@ static enum mt_status moe_piece_forward(struct mt_ctx *ctx, const struct mt_piec
     } else {
         MT_CHECK(moe_forward(ctx, pc, a->x_out, tp->tp > 1 ? Nm : n, a->want_loss));
     }
-    return MT_OK;   /* aux, z: in moe_s->loss, summed by the model (mt_model_moe_losses) */
+    return MT_OK;   /* aux, z: in moe_scr(pc)->loss, summed by the model (moe_own_losses) */
 }
 
 /* dx is d x_out = d x_mid (identity) + d branch */
 static enum mt_status moe_piece_backward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc)
 {
-    const int D = pc->D, Nm = pc->moe.Nm;
+    const int D = pc->D, Nm = moe_dims(pc)->Nm;
     const int tp_nosp = pc->tp.tp > 1 && !pc->tp.sp;   /* our Nm rows of a whole dx */
     const float *dhr = pc->dh;
-    MT_CHECK(moe_backward(ctx, pc, pc->dh, pc->dx + (tp_nosp ? (size_t)pc->moe.row0 * D : 0)));
+    MT_CHECK(moe_backward(ctx, pc, pc->dh, pc->dx + (tp_nosp ? (size_t)moe_dims(pc)->row0 * D : 0)));
     if (tp_nosp) {
         MT_CHECK(tpa_gather_rows(ctx, &pc->tp, pc->s_full, pc->dh, Nm, D));
         dhr = pc->s_full;
@@ -468,10 +537,11 @@ static enum mt_status moe_piece_backward(struct mt_ctx *ctx, const struct mt_pie
 /* a recompute re-routed the layer: take its slots back out of the load histogram */
 static void moe_undo_recompute(const struct mt_piece_ctx *pc)
 {
-    const int E = pc->moe.E;
-    if (!pc->moe_s->load) return;
-    double *load = pc->moe_s->load + (size_t)pc->layer * (size_t)E;
-    for (int e = 0; e < E; e++) load[e] -= pc->ly->e_off[e + 1] - pc->ly->e_off[e];
+    const int E = moe_dims(pc)->E;
+    const struct moe_state *st = pc->st;
+    if (!moe_scr(pc)->load) return;
+    double *load = moe_scr(pc)->load + (size_t)pc->layer * (size_t)E;
+    for (int e = 0; e < E; e++) load[e] -= st->e_off[e + 1] - st->e_off[e];
 }
 
 const struct mt_piece mt_piece_moe = {
@@ -489,4 +559,8 @@ const struct mt_piece mt_piece_moe = {
     /* .forward               = */ moe_piece_forward,
     /* .backward              = */ moe_piece_backward,
     /* .undo_recompute        = */ moe_undo_recompute,
+    /* .decode_floats         = */ NULL,
+    /* .state_bytes           = */ sizeof(struct moe_state),
+    /* .own_bytes             = */ sizeof(struct moe_own),
+    /* .setup                 = */ moe_setup,
 };

@@ -48,7 +48,7 @@ struct group_set {
 };
 
 /* the next chunk of non-empty groups from g (returns the g to resume at) */
-static int next_chunk(const struct mt_layer *ly, int n_groups, const int *cnt, int offsets, int ee, int g,
+static int next_chunk(struct mt_param *experts, int n_groups, const int *cnt, int offsets, int ee, int g,
                       size_t *row, struct group_set *s)
 {
     s->n = 0;
@@ -57,7 +57,7 @@ static int next_chunk(const struct mt_layer *ly, int n_groups, const int *cnt, i
         if (c > 0) {
             s->rows[s->n] = c;
             s->r0[s->n] = *row;
-            s->w[s->n] = &ly->w.experts[3 * (g % ee)];
+            s->w[s->n] = &experts[3 * (g % ee)];
             s->n++;
         }
         *row += (size_t)(c > 0 ? c : 0);
@@ -246,12 +246,11 @@ static void weight_grad(const struct mt_piece_ctx *pc, const struct group_set *s
     grouped_acc(pc->ops, 1, 0, n, g.M, g.N, g.K, 1.0f, g.a, out, g.b, in, 1.0f, g.c, in, W);
 }
 
-void moe_experts_forward(const struct mt_piece_ctx *pc, int n_groups, const int *cnt, int offsets, int ee, float *y,
-                         const float *x)
+void moe_experts_forward(const struct mt_piece_ctx *pc, int n_groups, const int *cnt, int offsets, int ee, float *eg,
+                         float *eu, float *y, const float *x)
 {
     const struct mt_ops_i *ops = pc->ops;
-    struct mt_layer *ly = pc->ly;
-    const int D = pc->D, Fe = pc->moe.Fe;
+    const int D = pc->D, Fe = moe_dims(pc)->Fe;
     struct group_set s;
     size_t row = 0;
     int ND[GROUP_CHUNK], NF[GROUP_CHUNK];   /* every group's D and Fe; its rows are s.rows */
@@ -261,19 +260,19 @@ void moe_experts_forward(const struct mt_piece_ctx *pc, int n_groups, const int 
     for (int i = 0; i < GROUP_CHUNK; i++) { ND[i] = D; NF[i] = Fe; }
     const int *Mr = s.rows;
     for (int g = 0; g < n_groups;) {
-        g = next_chunk(ly, n_groups, cnt, offsets, ee, g, &row, &s);
+        g = next_chunk(moe_w(pc)->experts, n_groups, cnt, offsets, ee, g, &row, &s);
         if (s.n == 0) continue;
         for (int i = 0; i < s.n; i++)
             for (int p = 0; p < 3; p++) W[p][i] = &s.w[i][p];
         for (int i = 0; i < s.n; i++) a[i] = x + s.r0[i] * D;
-        for (int i = 0; i < s.n; i++) { b[i] = s.w[i][0].data; c[i] = ly->eg + s.r0[i] * Fe; }
+        for (int i = 0; i < s.n; i++) { b[i] = s.w[i][0].data; c[i] = eg + s.r0[i] * Fe; }
         grouped(ops, 0, 1, s.n, Mr, NF, ND, 1.0f, a, D, b, D, 0.0f, c, Fe, W[0], 1);       /* gate */
-        adapter_fwd(pc, &s, 0, x, D, ly->eg, Fe);
-        for (int i = 0; i < s.n; i++) { b[i] = s.w[i][1].data; c[i] = ly->eu + s.r0[i] * Fe; }
+        adapter_fwd(pc, &s, 0, x, D, eg, Fe);
+        for (int i = 0; i < s.n; i++) { b[i] = s.w[i][1].data; c[i] = eu + s.r0[i] * Fe; }
         grouped(ops, 0, 1, s.n, Mr, NF, ND, 1.0f, a, D, b, D, 0.0f, c, Fe, W[1], 1);       /* up */
-        adapter_fwd(pc, &s, 1, x, D, ly->eu, Fe);
+        adapter_fwd(pc, &s, 1, x, D, eu, Fe);
         for (int i = 0; i < s.n; i++)
-            ops->swiglu_forward(ops->be, pc->s_act + s.r0[i] * Fe, ly->eg + s.r0[i] * Fe, ly->eu + s.r0[i] * Fe,
+            ops->swiglu_forward(ops->be, pc->s_act + s.r0[i] * Fe, eg + s.r0[i] * Fe, eu + s.r0[i] * Fe,
                                 (size_t)s.rows[i] * Fe);
         for (int i = 0; i < s.n; i++) {
             a[i] = pc->s_act + s.r0[i] * Fe;
@@ -285,12 +284,11 @@ void moe_experts_forward(const struct mt_piece_ctx *pc, int n_groups, const int 
     }
 }
 
-void moe_experts_backward(const struct mt_piece_ctx *pc, int n_groups, const int *cnt, int offsets, int ee, float *dx,
-                          const float *dy, const float *x)
+void moe_experts_backward(const struct mt_piece_ctx *pc, int n_groups, const int *cnt, int offsets, int ee,
+                          const float *eg, const float *eu, float *dx, const float *dy, const float *x)
 {
     const struct mt_ops_i *ops = pc->ops;
-    struct mt_layer *ly = pc->ly;
-    const int D = pc->D, Fe = pc->moe.Fe;
+    const int D = pc->D, Fe = moe_dims(pc)->Fe;
     struct group_set s;
     size_t row = 0;
     int ND[GROUP_CHUNK], NF[GROUP_CHUNK];   /* every group's D and Fe; its rows are s.rows */
@@ -300,12 +298,12 @@ void moe_experts_backward(const struct mt_piece_ctx *pc, int n_groups, const int
     for (int i = 0; i < GROUP_CHUNK; i++) { ND[i] = D; NF[i] = Fe; }
     const int *Mr = s.rows;
     for (int g = 0; g < n_groups;) {
-        g = next_chunk(ly, n_groups, cnt, offsets, ee, g, &row, &s);
+        g = next_chunk(moe_w(pc)->experts, n_groups, cnt, offsets, ee, g, &row, &s);
         if (s.n == 0) continue;
         for (int i = 0; i < s.n; i++)
             for (int p = 0; p < 3; p++) W[p][i] = &s.w[i][p];
         for (int i = 0; i < s.n; i++)
-            ops->swiglu_forward(ops->be, pc->s_act + s.r0[i] * Fe, ly->eg + s.r0[i] * Fe, ly->eu + s.r0[i] * Fe,
+            ops->swiglu_forward(ops->be, pc->s_act + s.r0[i] * Fe, eg + s.r0[i] * Fe, eu + s.r0[i] * Fe,
                                 (size_t)s.rows[i] * Fe);
         /* down: dWd (D, Fe) += dy^T act (not frozen); dact (rows, Fe) = dy Wd (+ the adapter's path) */
         weight_grad(pc, &s, 2, dy, D, pc->s_act, Fe);
@@ -318,7 +316,7 @@ void moe_experts_backward(const struct mt_piece_ctx *pc, int n_groups, const int
         adapter_bwd(pc, &s, 2, pc->s_act, Fe, dy, D, pc->s_dact);
         for (int i = 0; i < s.n; i++)
             ops->swiglu_backward(ops->be, pc->s_dg + s.r0[i] * Fe, pc->s_du + s.r0[i] * Fe, pc->s_dact + s.r0[i] * Fe,
-                                 ly->eg + s.r0[i] * Fe, ly->eu + s.r0[i] * Fe, (size_t)s.rows[i] * Fe);
+                                 eg + s.r0[i] * Fe, eu + s.r0[i] * Fe, (size_t)s.rows[i] * Fe);
         /* gate then up: dW (Fe, D) += d^T x; dx (rows, D) = dg Wg, then += du Wu (each + its adapter's path) */
         for (int p = 0; p < 2; p++) {
             float *d = p == 0 ? pc->s_dg : pc->s_du;

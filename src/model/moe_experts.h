@@ -2,7 +2,7 @@
  * moe_experts.h — the expert MLPs of an MoE block as grouped GEMMs
  * (moe_experts.c). Groups are row ranges of the sorted buffer, back to back
  * from row 0: group g has cnt[g] rows (offsets = 0) or cnt[g+1] - cnt[g]
- * rows (offsets = 1: e.g. ly->e_off), and the weights of local expert g % ee.
+ * rows (offsets = 1: e.g. the layer's e_off), and the weights of local expert g % ee.
  * y/dx, dy and x are (rows, D); eg, eu (the saved gate/up), the (ep*M, Fe)
  * SwiGLU scratch and the (ep*M, r) LoRA scratch are used at each group's own
  * rows. moe.c runs them when pc->moe.grouped (knob moe_grouped), else its
@@ -12,11 +12,64 @@
 #ifndef MT_MOE_EXPERTS_H
 #define MT_MOE_EXPERTS_H
 
-struct mt_piece_ctx;
+#include <stddef.h>
+#include <stdint.h>
+#include "model_impl.h"
 
-void moe_experts_forward(const struct mt_piece_ctx *pc, int n_groups, const int *cnt, int offsets, int ee, float *y,
-                         const float *x);
-void moe_experts_backward(const struct mt_piece_ctx *pc, int n_groups, const int *cnt, int offsets, int ee, float *dx,
-                          const float *dy, const float *x);
+/* The MoE piece's per-model struct (its pc->own, own_bytes; moe.c's setup
+ * fills the dims, its carve_scratch the buffers): private to moe.c and
+ * moe_experts.c, the two files of the piece. */
+/* The MoE piece's own buffers (moe.c carves them, once per model): scratch
+ * shared by every E layer (WORKSPACE), the host staging of routing and the
+ * load histogram (OTHER). Nm rows the block sees, M = Nm*k routed slots. */
+struct mt_moe_scratch {
+    float   *xp, *dxp, *dy;      /* (M, D) permuted inputs / their grads / d expert out          */
+    float   *ry, *rdy, *rdx;     /* (ep*M, D) EP: expert outputs / their grads / d inputs, received side */
+    float   *drl, *dprobs;       /* (Nm, E) d router logits (the logits in forward), d probs (aux) */
+    float   *dgates;             /* (Nm, k)                                                       */
+    float   *dlse;               /* (Nm)                                                          */
+    int32_t *e_off_d;            /* (E+1) device expert offsets (moe_route; copied to the layer's e_off) */
+    int32_t *route_work;         /* mt_moe_route_work(M, E) moe_route scratch                     */
+    double  *seq;                /* (2, B, E) per-sequence routed-slot counts and prob sums (aux) */
+    double  *loss;               /* (L, 2) each layer's aux and z sums of the last forward (device) */
+    /* host (OTHER): the test hook's staging, the layers' loss sums */
+    float   *h_probs, *h_dprobs; /* (Nm, E) force_routing: probs in, gates out                    */
+    int32_t *h_topk;             /* (Nm*k)  force_routing: the forced experts                     */
+    double  *h_loss;             /* (L, 2) host copy of loss (mt_model_forward_stage)             */
+    size_t  *h_a2a;              /* (4*ep) all-to-all send/recv counts and displs                 */
+    int64_t *h_ecnt;             /* (2*E) per-expert slot counts sent / received                  */
+    double  *load;               /* (L*E) routed slots per expert since the last reset (moe_load) */
+};
+
+
+struct mt_moe_dims {             /* what an E block's ffn needs beyond the shared dims */
+    int   E, top_k, Fe, Fs, L;       /* experts, routed per token, expert / shared hidden, layers */
+    int   Nm, M, row0;               /* rows the block sees, slots Nm*k, first global row */
+    float aux_coef, z_coef;          /* load-balancing and router z loss coefficients     */
+    int   force_route;               /* test hook test_force_routing                      */
+    int   grouped;                   /* knob moe_grouped: grouped expert GEMMs            */
+};
+
+/* The MoE piece's parameters beyond its input norm (its pc->pw in the layer). */
+struct moe_w {
+    struct mt_param *router;       /* (E, D)                                      */
+    struct mt_param *experts;      /* local expert j (global e0+j): [3j] gate (Fe,D), [3j+1] up, [3j+2] down (D,Fe) */
+    struct mt_param *sg, *su, *sd; /* shared expert (Fs,D),(Fs,D),(D,Fs); NULL if Fs == 0 */
+};
+_Static_assert(sizeof(struct moe_w) <= PIECE_W_MAX, "raise PIECE_W_MAX");
+static inline struct moe_w *moe_w(const struct mt_piece_ctx *pc) { return pc->pw; }
+
+struct moe_own {
+    struct mt_moe_dims    d;
+    struct mt_moe_scratch s;
+};
+_Static_assert(sizeof(struct moe_own) <= PIECE_OWN_MAX, "raise PIECE_OWN_MAX");
+static inline struct mt_moe_dims *moe_dims(const struct mt_piece_ctx *pc) { return &((struct moe_own *)pc->own)->d; }
+static inline struct mt_moe_scratch *moe_scr(const struct mt_piece_ctx *pc) { return &((struct moe_own *)pc->own)->s; }
+
+void moe_experts_forward(const struct mt_piece_ctx *pc, int n_groups, const int *cnt, int offsets, int ee, float *eg,
+                         float *eu, float *y, const float *x);
+void moe_experts_backward(const struct mt_piece_ctx *pc, int n_groups, const int *cnt, int offsets, int ee,
+                          const float *eg, const float *eu, float *dx, const float *dy, const float *x);
 
 #endif /* MT_MOE_EXPERTS_H */

@@ -17,11 +17,13 @@
  *   - its parameters: HF suffix, global shape, layout class (how the model
  *     and expert axes hold it, see enum mt_layout), init, role (optimizer
  *     class: Muon for block matrices except the router, AdamW otherwise),
- *     and which field of struct mt_layer it binds to;
+ *     and which field it binds to (MT_BIND / MT_BIND_OWN, model_impl.h);
  *   - its FLOPs per token (matmul parameters active per token, plus any
  *     non-parameter FLOPs such as attention scores);
  *   - its saved activations and scratch (carve: one function run with NULL
- *     bases for the plan and with arenas for the model, so they agree);
+ *     bases for the plan and with arenas for the model, so they agree), in
+ *     structs of its own the model only sizes (state_bytes per layer,
+ *     own_bytes per model), and its decode state (decode_floats);
  *   - its forward and backward, and what a recompute must undo.
  *
  * The parameter registry of a model (names, boxes, reduction rules, export
@@ -106,8 +108,9 @@ struct mt_block_shape {
 
 /* One parameter as a piece declares it. The registry turns it into a
  * struct mt_param named "model.layers.<l>.<suffix>" (suffix printed with
- * `expert` when expert >= 0). bind: byte offset of the struct mt_param *
- * field of struct mt_layer that points at it, or -1 (bound as a range by an
+ * `expert` when expert >= 0). bind: where the layer points at it — MT_BIND
+ * (a field every kind has: the input norms) or MT_BIND_OWN (a field of the
+ * piece's own weight struct; model_impl.h) — or -1 (bound as a range by an
  * earlier entry, e.g. experts[]). */
 struct mt_pspec {
     const char        *suffix;     /* printf format with at most one %d (the expert) */
@@ -117,7 +120,7 @@ struct mt_pspec {
     enum mt_init_scale init;
     enum mt_param_role role;
     enum mt_layout     layout;
-    int                bind;       /* offsetof(struct mt_layer, field) or -1         */
+    int                bind;       /* MT_BIND(field), MT_BIND_OWN(type, field) or -1 */
 };
 
 /* Visitor a piece calls once per parameter, in registry order. */
@@ -133,7 +136,9 @@ struct mt_piece_ctx;
 struct mt_piece_fwd {
     int          B, T, pos0;            /* rows B*T; first position (decoding: cache length)   */
     const float *cos_tab, *sin_tab;     /* RoPE tables covering positions [0, pos0 + T)         */
-    float       *kcache, *vcache;       /* decoding state of this layer (NULL when training)    */
+    float       *state;                 /* decoding: this piece's state (decode_floats of it for
+                                         * t_max positions); NULL when training                 */
+    int          t_max;                 /* decoding: the positions the state holds              */
     float       *x_out;                 /* ffn: where x_mid + ffn(...) goes (Nr, D)             */
     int          want_loss;             /* ffn: compute auxiliary losses                        */
     double       aux, z;                /* ffn: auxiliary loss sums (added to by the piece)     */
@@ -145,8 +150,10 @@ struct mt_piece_fwd {
  * beyond its matmuls, scratch, undo_recompute). Everything but the shape
  * functions takes the narrow context (struct mt_piece_ctx, model_impl.h: ops,
  * the layer, dims, scratch, the axis handles), never the whole model. A
- * piece's own scratch is a struct in the model that the context points at
- * (attn_s, mb_s, moe_s); its carve_scratch fills it through that pointer.
+ * piece owns two structs it defines in its .c file and the model only sizes:
+ * per layer its saved activations (state_bytes; pc->st, filled by carve) and
+ * per model its dims, scratch and staging (own_bytes; pc->own, dims filled
+ * by setup, buffers by carve_scratch).
  */
 struct mt_piece {
     const char *name;                                     /* "attention", "mlp", "moe"            */
@@ -170,18 +177,38 @@ struct mt_piece {
     void   (*carve_scratch)(const struct mt_piece_ctx *pc, struct mt_carver *c);
     /* widest SwiGLU-style hidden activation (elements) this piece needs in the shared scratch */
     size_t (*ffn_scratch)(const struct mt_piece_ctx *pc);
-    /* carve this piece's saved activations into ly (c NULL-based: sizes only); pc->ly == ly */
+    /* carve this piece's saved activations into pc->st (and the shared
+     * fields of ly it writes: its input norm, x_mid); c NULL-based: sizes
+     * only; pc->ly == ly */
     void   (*carve)(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly);
     enum mt_status (*forward)(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a);
     /* reads dx = d(piece output); ACCUMULATES d(piece input) into dx; param grads += */
     enum mt_status (*backward)(struct mt_ctx *ctx, const struct mt_piece_ctx *pc);
     /* recompute=block re-ran forward of layer pc->layer: undo its side effects (load histograms) */
     void   (*undo_recompute)(const struct mt_piece_ctx *pc);
+    /* incremental decoding (infer.c): floats of one layer's decode state for
+     * t_max positions (attention: its K and V rows; Mamba-3: the recurrent
+     * state); NULL: the piece keeps none */
+    size_t (*decode_floats)(const struct mt_piece_ctx *pc, int t_max);
+    /* sizeof the piece's per-layer state struct (its saved activations,
+     * defined in its .c file): the model carves one per layer (per kind
+     * under recompute=block) and hands it to carve / forward / backward as
+     * pc->st; 0: none */
+    size_t state_bytes;
+    /* sizeof the piece's per-model struct (its dims, its WORKSPACE scratch,
+     * host staging; defined in its .c file): the model keeps one per
+     * distinct piece (mt_blocks_piece_index) and hands it over as pc->own;
+     * 0: none */
+    size_t own_bytes;
+    /* fill pc->own's dims from cfg and the context's dims and axes (pc->own
+     * zeroed), once per model; ctx NULL when planning or checking (test
+     * knobs off); NULL: nothing to fill */
+    void (*setup)(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const struct mt_config *cfg);
 };
 
 /* One pattern letter. */
 struct mt_block_kind {
-    char                   letter;    /* 'A', 'E'                                       */
+    char                   letter;    /* its pattern letter                             */
     const char            *name;      /* "attention+mlp", ...                           */
     const struct mt_piece *mixer;     /* token mixing, first half of the block          */
     const struct mt_piece *ffn;       /* per-token feed-forward, second half            */
@@ -191,6 +218,8 @@ struct mt_block_kind {
 
 /* Most kinds the table may hold (stack arrays indexed by kind). */
 #define MT_MAX_BLOCK_KINDS 8
+/* Most distinct pieces (mixers and ffns of every kind). */
+#define MT_MAX_PIECES (2 * MT_MAX_BLOCK_KINDS)
 
 /* Index of the kind for `letter` in the table, or -1. */
 int mt_blocks_find(char letter);
@@ -198,6 +227,9 @@ int mt_blocks_find(char letter);
  * functions from mt_blocks_count to mt_blocks_any_routed (block_traits.c)
  * need none of the model's code: src/core and src/parallel may call them. */
 const struct mt_block_kind *mt_blocks_kind(int index);   /* blocks.c: with its pieces */
+/* blocks.c: index of piece p among the table's distinct pieces (mixers and
+ * ffns in line order, each once), in [0, MT_MAX_PIECES); -1: not in it. */
+int mt_blocks_piece_index(const struct mt_piece *p);
 int mt_blocks_count(void);
 /* 1: kind `index` has a Hugging Face equivalent (export). */
 int mt_blocks_kind_hf(int index);
@@ -205,13 +237,23 @@ int mt_blocks_kind_hf(int index);
  * holds them all), for error messages; returns buf. */
 const char *mt_blocks_letters(char *buf, size_t len);
 
-/* Kind index of layer l (the pattern's letter; 'A' past its end). */
+/* Kind index of layer l (the pattern's letter; the table's first kind past its end). */
 int mt_blocks_layer_kind(const struct mt_config *cfg, int l);
 /* 1 when layer l (or, _any, some layer) has routed experts. */
 int mt_blocks_layer_routed(const struct mt_config *cfg, int l);
 int mt_blocks_any_routed(const struct mt_config *cfg);
-/* 1 when some layer's letter is `letter` (config rules of a kind's own keys). */
-int mt_blocks_pattern_has(const struct mt_config *cfg, char letter);
+/* 1 when some layer's kind has the piece `piece` (its name in
+ * mt_block_kinds.def: "attention", "mlp", "moe", "mamba"): the config and
+ * mesh rules of a piece's own keys, without spelling a letter. */
+int mt_blocks_pattern_uses(const struct mt_config *cfg, const char *piece);
+int mt_blocks_layer_uses(const struct mt_config *cfg, int l, const char *piece);   /* the same for layer l */
+/* The letter of kind `index` ('\0' when out of range). */
+char mt_blocks_letter(int index);
+/* pattern (n_layer + 1 chars) = the default kind's letter (the table's first
+ * line) n_layer times: an empty `pattern` key. */
+void mt_blocks_default_pattern(char *pattern, int n_layer);
+/* Index of the first of pattern[0..n) that names no kind, or -1. */
+int mt_blocks_pattern_check(const char *pattern, size_t n);
 
 /* Global shape of cfg as pieces see it (one rank: e0 = 0, Ee = E). */
 void mt_blocks_shape(const struct mt_config *cfg, struct mt_block_shape *s);
@@ -220,9 +262,12 @@ void mt_blocks_shape(const struct mt_config *cfg, struct mt_block_shape *s);
  * class has no adapter rule (docs/lora.md), or NULL when every one has. */
 const char *mt_blocks_lora_rule(const struct mt_config *cfg, unsigned mask);
 
-/* Walk the parameters of block l, in registry order (mixer then ffn). */
+/* Walk the parameters of block l, in registry order (mixer then ffn); _half:
+ * of its mixer (ffn 0) or its ffn (ffn 1) alone, adapters included. */
 void mt_blocks_layer_params(const struct mt_config *cfg, const struct mt_block_shape *s, int l, mt_pspec_fn fn,
                             void *user);
+void mt_blocks_layer_half_params(const struct mt_config *cfg, const struct mt_block_shape *s, int l, int ffn,
+                                 mt_pspec_fn fn, void *user);
 
 /* Training FLOPs per token of block l: 6 x matmul params active + extra. */
 double mt_blocks_layer_flops(const struct mt_config *cfg, const struct mt_block_shape *s, int l);

@@ -357,7 +357,7 @@ enum mt_status mt_mesh_check_contract(struct mt_ctx *ctx, const struct mt_mesh_d
     if (F % tp) return CONTRACT_FAIL(ctx, "mlp_hidden %% tp != 0 (mlp_hidden=%lld, tp=%d)", F, tp);
     /* M blocks (Mamba-3): heads and B/C groups split over the model axis, each
      * gated-norm group whole on one rank (docs/mamba3.md, "The model axis") */
-    if (tp > 1 && mt_blocks_pattern_has(cfg, 'M')) {
+    if (tp > 1 && mt_blocks_pattern_uses(cfg, "mamba")) {
         long long mh = cfg->mamba_headdim > 0 ? (long long)cfg->mamba_expand * cfg->d_model / cfg->mamba_headdim : 0;
         if (mh % tp) return CONTRACT_FAIL(ctx, "mamba nheads %% tp != 0 (nheads=%lld, tp=%d)", mh, tp);
         if (cfg->mamba_ngroups % tp)

@@ -1084,7 +1084,7 @@ static void mixer_work(const struct mt_config *cfg, const struct mt_block_shape 
                        struct kind_work *w)
 {
     const double D = (double)s->D, qk = (double)(s->H + s->K) * (double)s->hd;
-    if (toupper((unsigned char)(l < (int)strlen(cfg->pattern) ? cfg->pattern[l] : 'A')) == 'M') {
+    if (mt_blocks_layer_uses(cfg, l, "mamba")) {
         const double mE = (double)s->mE, io = 2.0 * mE + 2.0 * (double)s->mG * (double)s->mN + (double)s->mH;
         w->f[MT_PLAN_KIND_SCAN] += mt_blocks_layer_extra(cfg, s, l) * (1.0 + rc / 3.0);
         w->e[MT_PLAN_KIND_SCAN] += io * (3.0 + rc);
@@ -1105,7 +1105,7 @@ static void mixer_work(const struct mt_config *cfg, const struct mt_block_shape 
 static void ffn_work(const struct mt_config *cfg, const struct mt_block_shape *s, int l, int rc, struct kind_work *w)
 {
     const double D = (double)s->D;
-    const int moe = toupper((unsigned char)(l < (int)strlen(cfg->pattern) ? cfg->pattern[l] : 'A')) == 'E';
+    const int moe = mt_blocks_layer_routed(cfg, l);
     const double hid = moe ? (double)s->top_k * (double)s->Fe + (double)s->Fs : (double)s->F;
     w->e[MT_PLAN_KIND_NORM] += 5.0 * D + rc * 2.0 * D;
     w->e[MT_PLAN_KIND_ELEMENTWISE] += 8.0 * hid + 6.0 * D + rc * (3.0 * hid + 3.0 * D);

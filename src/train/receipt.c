@@ -144,7 +144,7 @@ static void receipt_timing(cJSON *root, const struct mt_receipt *r)
     /* M (Mamba-3) layers add their scan, counted as its recurrence (mamba.c);
      * LoRA counts the frozen base's backward for activations only (docs/lora.md) */
     {
-        const int lora = r->cfg && r->cfg->lora_rank > 0, hybrid = r->cfg && mt_blocks_pattern_has(r->cfg, 'M');
+        const int lora = r->cfg && r->cfg->lora_rank > 0, hybrid = r->cfg && mt_blocks_pattern_uses(r->cfg, "mamba");
         char conv[512];
         snprintf(conv, sizeof conv, "%s + 12 x T x H x head_dim per attention layer%s",
                  lora ? "LoRA: 4 x the frozen base's matmul parameters active per token (forward + backward for "
