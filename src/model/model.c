@@ -735,6 +735,11 @@ enum mt_status mt_model_create_par(struct mt_ctx *ctx, const struct mt_ops_i *op
      * token to experts 0..top_k-1 (so that some expert ranks receive no token at all) */
     m->force_route = mt_knob_int(ctx, MT_KNOB_TEST_FORCE_ROUTING) == 1;
     m->moe_grouped = mt_knob_int(ctx, MT_KNOB_MOE_GROUPED) != 0;   /* the experts' GEMMs grouped (moe_experts.c) */
+    /* the loss parts, in the order of mt_model.h: lm, aux, z, extras */
+    m->n_loss = 0;
+    MT_CHECK_GOTO(head_loss_register(ctx, m, 0), rc, fail);
+    moe_loss_register(m);
+    MT_CHECK_GOTO(head_loss_register(ctx, m, 1), rc, fail);
 
     struct param_sink s = { NULL, 0, 0 };
     build_params(m, sink_param, &s);
@@ -1067,11 +1072,11 @@ static enum mt_status model_block_backward(struct mt_ctx *ctx, struct mt_model *
 }
 
 /* Add the aux and z sums of this stage's MoE layers' last forward (moe.c
- * leaves them on the backend, in moe_s.loss) to *aux and *z, in layer
- * order (the order the layers' sums were added in before they moved to the
- * device: the same bits). One device-to-host copy per forward for all
- * layers; none for a stage without MoE layers. */
-static void moe_loss_sums(struct mt_model *m, double *aux, double *z)
+ * leaves them on the backend, in moe_s.loss) to sum[MT_LOSS_AUX] and
+ * sum[MT_LOSS_Z], in layer order (the order the layers' sums were added in
+ * before they moved to the device: the same bits). One device-to-host copy
+ * per forward for all layers; none for a stage without MoE layers. */
+static void moe_loss_sums(struct mt_model *m, double *sum)
 {
     int l0 = -1, l1 = -1;
     for (int l = m->l0; l < m->l1; l++)
@@ -1085,9 +1090,21 @@ static void moe_loss_sums(struct mt_model *m, double *aux, double *z)
                          (size_t)(l1 - l0) * 2 * sizeof(double));
     for (int l = l0; l < l1; l++)
         if (mt_blocks_kind(m->layers[l].kind)->ffn == &mt_piece_moe) {
-            *aux += h[2 * (size_t)l];
-            *z += h[2 * (size_t)l + 1];
+            sum[MT_LOSS_AUX] += h[2 * (size_t)l];
+            sum[MT_LOSS_Z] += h[2 * (size_t)l + 1];
         }
+}
+
+/* The global count a part's sums are divided by (mt_model.h). */
+static double loss_count(const struct mt_loss_norm *norm, enum mt_loss_reduce r)
+{
+    return r == MT_LOSS_PER_SEQUENCE ? norm->n_sequences : r == MT_LOSS_PER_TOKEN ? norm->n_tokens : norm->n_targets;
+}
+
+const struct mt_loss_part *mt_model_loss_parts(const struct mt_model *m, int *n)
+{
+    *n = m->n_loss;
+    return m->loss;
 }
 
 /* Arguments of a training forward over the microbatch's B x T rows. */
@@ -1152,7 +1169,10 @@ enum mt_status mt_model_forward_stage(struct mt_ctx *ctx, struct mt_model *m, co
     const struct mt_ops_i *ops = m->ops;
     const int N = m->N;
     m->have_fwd = 0;
-    if (out) memset(out, 0, sizeof *out);
+    if (out) {
+        memset(out, 0, sizeof *out);
+        out->n = m->n_loss;
+    }
     if (m->first && !idx) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model forward: idx is NULL");
     if (!m->first && !x_in) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model forward: stage input is NULL");
     if (targets && !norm) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model forward: targets given without loss norm");
@@ -1176,7 +1196,7 @@ enum mt_status mt_model_forward_stage(struct mt_ctx *ctx, struct mt_model *m, co
     } else {
         ops->copy(ops->be, m->layers[m->l0].x_in, x_in, (size_t)m->Nr * m->D * sizeof(float));
     }
-    double aux = 0, z = 0;
+    double sum[MT_LOSS_MAX_PARTS] = {0};   /* each loss part's sum over this microbatch, un-normalised */
     for (int l = m->l0; l < m->l1; l++) {
         struct mt_layer *ly = &m->layers[l];
         float *x_out = l + 1 < m->l1 ? m->layers[l + 1].x_in : m->x_final;
@@ -1184,11 +1204,10 @@ enum mt_status mt_model_forward_stage(struct mt_ctx *ctx, struct mt_model *m, co
         bf16_refresh(m, 1 + l);
         struct mt_piece_fwd a = train_fwd(m, x_out, targets != NULL);
         MT_CHECK(model_block_forward(ctx, m, ly, &a));
-        aux += a.aux;
-        z += a.z;
+        sum[MT_LOSS_AUX] += a.aux;
+        sum[MT_LOSS_Z] += a.z;
     }
-    if (targets && m->any_moe) moe_loss_sums(m, &aux, &z);
-    double lm = 0;
+    if (targets && m->any_moe) moe_loss_sums(m, sum);
     if (targets) m->norm = *norm;   /* the head's fused cross-entropy needs dscale now */
     if (m->last && m->logits_rows < m->Nr && !head_chunked(m, targets != NULL))
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG,
@@ -1198,17 +1217,15 @@ enum mt_status mt_model_forward_stage(struct mt_ctx *ctx, struct mt_model *m, co
     if (m->last) {
         MT_CHECK(hook(ctx, m, m->hooks.pre_forward, m->L + 1));
         bf16_refresh(m, m->L + 1);
-        lm = head_forward(m, m->Nr, targets != NULL);
-        /* TP without SP: every model rank computed the same whole-batch loss; count it once */
-        if (m->tp > 1 && !m->sp && m->tp_rank != 0) lm = 0.0;
+        head_forward(m, m->Nr, targets != NULL, sum);
     }
     if (targets) {
         m->norm = *norm;
-        if (out) {
-            out->lm = norm->n_targets > 0 ? lm / norm->n_targets : 0.0;
-            out->aux = norm->n_sequences > 0 ? aux / norm->n_sequences : 0.0;
-            out->z = norm->n_tokens > 0 ? z / norm->n_tokens : 0.0;
-        }
+        if (out)
+            for (int k = 0; k < m->n_loss; k++) {
+                const double c = loss_count(norm, m->loss[k].reduce);
+                out->v[k] = c > 0 ? sum[k] / c : 0.0;
+            }
     }
     m->have_fwd = 1;
     m->have_targets = targets != NULL;
@@ -1250,9 +1267,8 @@ enum mt_status mt_model_backward_stage(struct mt_ctx *ctx, struct mt_model *m, c
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model backward: a stage before the last needs d(output)");
     m->have_fwd = 0;   /* logits will hold dlogits: no second backward of this forward */
     if (m->last) {
-        float dscale = m->norm.n_targets > 0 ? (float)(1.0 / m->norm.n_targets) : 0.0f;
         MT_CHECK(hook(ctx, m, m->hooks.pre_backward, m->L + 1));
-        head_backward(m, dscale);                   /* dx = d x_final */
+        head_backward(m);                           /* dx = d x_final */
         MT_CHECK(hook(ctx, m, m->hooks.post_backward, m->L + 1));
     } else {
         ops->copy(ops->be, m->dx, dy_out, (size_t)m->Nr * D * sizeof(float));

@@ -447,7 +447,21 @@ static enum mt_status moe_piece_forward(struct mt_ctx *ctx, const struct mt_piec
     } else {
         MT_CHECK(moe_forward(ctx, pc, a->x_out, tp->tp > 1 ? Nm : n, a->want_loss));
     }
-    return MT_OK;   /* aux, z: in moe_s->loss, summed by the model (mt_model_moe_losses) */
+    return MT_OK;   /* aux, z: in moe_s->loss, summed by the model (moe_loss_sums) */
+}
+
+/* The router's loss parts (mt_model.h), registered by every model of the
+ * family (a dense model's stay 0 and take no gradient: the receipt keeps
+ * the same series whatever the pattern). */
+void moe_loss_register(struct mt_model *m)
+{
+    const int a = model_loss_add(m, &(struct mt_loss_part){"aux", "moe router", m->cfg.aux_loss_coef,
+                                                            MT_LOSS_PER_SEQUENCE, m->any_moe});
+    const int z = model_loss_add(m, &(struct mt_loss_part){"z", "moe router", m->cfg.z_loss_coef,
+                                                            MT_LOSS_PER_TOKEN, m->any_moe});
+    MT_ASSERT(a == MT_LOSS_AUX && z == MT_LOSS_Z);
+    (void)a;
+    (void)z;
 }
 
 /* dx is d x_out = d x_mid (identity) + d branch */
