@@ -1,5 +1,8 @@
 /*
- * head.c — final rmsnorm, lm_head, optional softcap and cross-entropy.
+ * head.c — the head piece (mt_head, model_impl.h): final rmsnorm, lm_head,
+ * optional softcap and cross-entropy, as one unit that declares its
+ * parameters (model.norm.weight, lm_head.weight), its FLOPs (6 V D per
+ * token) and its loss parts.
  *
  * Math, N rows:
  *     hf = rmsnorm(x_final) * g_final;  z = hf Wlm^T (N,V)
@@ -36,7 +39,7 @@ int model_loss_add(struct mt_model *m, const struct mt_loss_part *p)
     return m->n_loss++;
 }
 
-enum mt_status head_loss_register(struct mt_ctx *ctx, struct mt_model *m, int extras)
+static enum mt_status head_loss_register(struct mt_ctx *ctx, struct mt_model *m, int extras)
 {
     if (!extras) {
         const int k = model_loss_add(m, &(struct mt_loss_part){"lm", "head", 1.0, MT_LOSS_PER_TARGET, 1});
@@ -60,7 +63,7 @@ int head_chunked(const struct mt_model *m, int with_loss)
     return with_loss && !m->keep_logits && mt_ops_supports(m->ops, xent_fused) && m->dlogits_bf16 && m->lm_head->bf16;
 }
 
-void head_forward(struct mt_model *m, int n, int with_loss, double *sum)
+static void head_forward(struct mt_model *m, int n, int with_loss, double *sum)
 {
     const struct mt_ops_i *ops = m->ops;
     /* precision=bf16: the norm kernel writes the lm head's bf16 operand too */
@@ -106,7 +109,7 @@ void head_forward(struct mt_model *m, int n, int with_loss, double *sum)
     if (m->loss_hidden_l2 >= 0) sum[m->loss_hidden_l2] += l2;
 }
 
-void head_backward(struct mt_model *m)
+static void head_backward(struct mt_model *m)
 {
     const struct mt_ops_i *ops = m->ops;
     const int N = m->Nr, D = m->D, V = m->V;   /* this rank's rows (all N without SP) */
@@ -125,3 +128,24 @@ void head_backward(struct mt_model *m)
         ops->axpby(ops->be, m->dx, m->x_final, (float)(2.0 * m->loss[l2].weight / m->norm.n_tokens), 1.0f,
                    (size_t)N * (size_t)D);
 }
+
+/* the final norm's gain, then the untied lm head (registry order) */
+static void head_params(int64_t V, int64_t D, mt_pspec_fn fn, void *user)
+{
+    struct mt_pspec s = {"model.norm.weight", -1, 1, D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, -1};
+    fn(user, &s);
+    s = (struct mt_pspec){"lm_head.weight", -1, 2, V, D, MT_SCALE_NORMAL, MT_ROLE_HEAD, MT_LAYOUT_RESIDUAL, -1};
+    fn(user, &s);
+}
+
+/* lm_head: V D matmul parameters per token (the norm's gain is not a matmul) */
+static double head_mm_per_token(int64_t V, int64_t D) { return (double)V * (double)D; }
+
+const struct mt_head_piece mt_head = {
+    /* .name          = */ "head",
+    /* .params        = */ head_params,
+    /* .mm_per_token  = */ head_mm_per_token,
+    /* .loss_register = */ head_loss_register,
+    /* .forward       = */ head_forward,
+    /* .backward      = */ head_backward,
+};

@@ -260,16 +260,6 @@ static const struct mt_pspec *embed_spec(const struct mt_model *m, struct mt_psp
                            MT_LAYOUT_RESIDUAL, -1};
     return s;
 }
-static const struct mt_pspec *final_norm_spec(const struct mt_model *m, struct mt_pspec *s)
-{
-    *s = (struct mt_pspec){"model.norm.weight", -1, 1, m->D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, -1};
-    return s;
-}
-static const struct mt_pspec *head_spec(const struct mt_model *m, struct mt_pspec *s)
-{
-    *s = (struct mt_pspec){"lm_head.weight", -1, 2, m->V, m->D, MT_SCALE_NORMAL, MT_ROLE_HEAD, MT_LAYOUT_RESIDUAL, -1};
-    return s;
-}
 
 /* Every parameter of this rank's stage, in registry order: wte (first
  * stage), each block's pieces (mixer, then ffn), final norm and head (last
@@ -286,8 +276,8 @@ static void build_params(const struct mt_model *m, param_visit_fn fn, void *user
         mt_blocks_layer_params(&m->cfg, &shape, l, spec_build, &w);
     }
     if (!m->last) return;
-    visit_param(fn, user, m, final_norm_spec(m, &ps), -1);
-    visit_param(fn, user, m, head_spec(m, &ps), -1);
+    w.layer = -1;   /* model-level, as the embedding */
+    mt_head.params(m->V, m->D, spec_build, &w);
 }
 
 struct param_sink { struct mt_param *arr; int n; size_t numel; };
@@ -737,9 +727,9 @@ enum mt_status mt_model_create_par(struct mt_ctx *ctx, const struct mt_ops_i *op
     m->moe_grouped = mt_knob_int(ctx, MT_KNOB_MOE_GROUPED) != 0;   /* the experts' GEMMs grouped (moe_experts.c) */
     /* the loss parts, in the order of mt_model.h: lm, aux, z, extras */
     m->n_loss = 0;
-    MT_CHECK_GOTO(head_loss_register(ctx, m, 0), rc, fail);
+    MT_CHECK_GOTO(mt_head.loss_register(ctx, m, 0), rc, fail);
     moe_loss_register(m);
-    MT_CHECK_GOTO(head_loss_register(ctx, m, 1), rc, fail);
+    MT_CHECK_GOTO(mt_head.loss_register(ctx, m, 1), rc, fail);
 
     struct param_sink s = { NULL, 0, 0 };
     build_params(m, sink_param, &s);
@@ -1012,7 +1002,7 @@ double mt_model_flops_per_token(const struct mt_config *cfg)
     model_dims(&m, cfg, 1);
     struct mt_block_shape shape;
     model_shape(&m, &shape);
-    double mm = (double)m.V * m.D, extra = 0; /* lm_head */
+    double mm = mt_head.mm_per_token(m.V, m.D), extra = 0;
     for (int l = 0; l < m.L; l++) {
         mm += mt_blocks_layer_mm(cfg, &shape, l);
         extra += mt_blocks_layer_extra(cfg, &shape, l);
@@ -1217,7 +1207,7 @@ enum mt_status mt_model_forward_stage(struct mt_ctx *ctx, struct mt_model *m, co
     if (m->last) {
         MT_CHECK(hook(ctx, m, m->hooks.pre_forward, m->L + 1));
         bf16_refresh(m, m->L + 1);
-        head_forward(m, m->Nr, targets != NULL, sum);
+        mt_head.forward(m, m->Nr, targets != NULL, sum);
     }
     if (targets) {
         m->norm = *norm;
@@ -1268,7 +1258,7 @@ enum mt_status mt_model_backward_stage(struct mt_ctx *ctx, struct mt_model *m, c
     m->have_fwd = 0;   /* logits will hold dlogits: no second backward of this forward */
     if (m->last) {
         MT_CHECK(hook(ctx, m, m->hooks.pre_backward, m->L + 1));
-        head_backward(m);                           /* dx = d x_final */
+        mt_head.backward(m);                        /* dx = d x_final */
         MT_CHECK(hook(ctx, m, m->hooks.post_backward, m->L + 1));
     } else {
         ops->copy(ops->be, m->dx, dy_out, (size_t)m->Nr * D * sizeof(float));
@@ -1309,7 +1299,7 @@ double mt_model_stage_flops(const struct mt_config *cfg, int layer0, int layer1)
     model_dims(&m, cfg, 1);
     double f = 0;
     for (int l = layer0; l < layer1; l++) f += block_flops(&m, l);
-    if (layer1 == m.L) f += 6.0 * (double)m.V * m.D;   /* head */
+    if (layer1 == m.L) f += 6.0 * mt_head.mm_per_token(m.V, m.D);
     return f;
 }
 
@@ -1326,5 +1316,5 @@ double mt_model_head_flops(const struct mt_config *cfg)
     struct mt_model m;
     memset(&m, 0, sizeof m);
     model_dims(&m, cfg, 1);
-    return 6.0 * (double)m.V * m.D;
+    return 6.0 * mt_head.mm_per_token(m.V, m.D);
 }

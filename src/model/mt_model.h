@@ -156,7 +156,7 @@ const struct mt_config *mt_model_cfg(const struct mt_model *m);   /* the resolve
  * and of the head (6 V D): what the pipeline cut balances
  * (mt_layout_pipeline_cut in src/train/layout.c). */
 double mt_model_layer_flops(const struct mt_config *cfg, int l);
-double mt_model_head_flops(const struct mt_config *cfg);
+double mt_model_head_flops(const struct mt_config *cfg);   /* 6 x mt_head.mm_per_token (head.c) */
 /* FLOPs per token of stage s given the split (for the receipt). */
 double mt_model_stage_flops(const struct mt_config *cfg, int layer0, int layer1);
 
