@@ -5,7 +5,8 @@
 # test hook's toy hidden_l2 = W * mean |x_final|^2 (--knob test_loss_part=W,
 # src/model/head.c), on a dense and an MoE model:
 #   1. W = 0: the receipt gains "hidden_l2_losses" (zeros) right after
-#      z_losses, and every other bit of training is unchanged: losses, the
+#      z_losses (and a 4th entry in the receipt's "loss_parts" list: weight
+#      0, no backward), and every other bit of training is unchanged: losses, the
 #      lm/aux/z series, grad norms, lrs, params.bin and optim.bin equal the
 #      run without the hook; the progress line names no part (dense) or only
 #      the parts that enter the gradient (MoE: lm aux z, not hidden_l2);
@@ -37,6 +38,10 @@ keys = list(rb)
 assert keys.index("hidden_l2_losses") == keys.index("z_losses") + 1, keys
 assert "hidden_l2_losses" not in ra and len(rb["hidden_l2_losses"]) == 4, rb.get("hidden_l2_losses")
 assert all(v == 0 for v in rb["hidden_l2_losses"]), rb["hidden_l2_losses"]
+lp = rb["loss_parts"]
+assert [p["name"] for p in lp] == ["lm", "aux", "z", "hidden_l2"], lp
+assert lp[3] == {"name": "hidden_l2", "owner": "head", "weight": 0, "divided_by": "tokens", "backward": False}, lp[3]
+assert [p["name"] for p in ra["loss_parts"]] == ["lm", "aux", "z"], ra["loss_parts"]
 for k in ("losses", "lm_losses", "aux_losses", "z_losses", "grad_norms", "lr_factors"):
     assert ra[k] == rb[k], (k, ra[k], rb[k])
 ca, cb = sorted(glob.glob(a + "/ckpt/step_*[0-9]"))[-1], sorted(glob.glob(b + "/ckpt/step_*[0-9]"))[-1]
@@ -52,6 +57,7 @@ summed() {
 import json, sys
 ra, rb = (json.load(open(f + "/receipt.json")) for f in sys.argv[1:])
 h = rb["hidden_l2_losses"]
+assert rb["loss_parts"][3]["weight"] == 0.5 and rb["loss_parts"][3]["backward"] is True, rb["loss_parts"]
 assert len(h) == 4 and all(v > 0 for v in h), h
 for i in range(4):
     s = rb["lm_losses"][i] + rb["aux_losses"][i] + rb["z_losses"][i] + h[i]

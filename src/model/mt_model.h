@@ -77,6 +77,12 @@ struct mt_loss_parts {
     double v[MT_LOSS_MAX_PARTS];   /* part k's share of this microbatch, normalised and weighted */
 };
 
+/* "targets", "sequences", "tokens": what the receipt says a part is divided by. */
+static inline const char *mt_loss_reduce_name(enum mt_loss_reduce r)
+{
+    return r == MT_LOSS_PER_SEQUENCE ? "sequences" : r == MT_LOSS_PER_TOKEN ? "tokens" : "targets";
+}
+
 /* The loss: the parts' sum, added in registration order (lm + aux + z + ...:
  * the order the receipt's "losses" has always been summed in). */
 static inline double mt_loss_parts_total(const double *v, int n)

@@ -211,6 +211,17 @@ static void receipt_series(cJSON *root, const struct mt_receipt *r)
     else cJSON_AddNullToObject(root, "resumed_from");
     if (r->run_id[0]) cJSON_AddStringToObject(root, "run_id", r->run_id);
     else cJSON_AddNullToObject(root, "run_id");
+    /* what each "<name>_losses" series is: the loss is their sum (mt_model.h) */
+    cJSON *lp = cJSON_AddArrayToObject(root, "loss_parts");
+    for (int k = 0; k < r->n_loss_parts; k++) {
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddStringToObject(e, "name", r->loss_part_names[k]);
+        cJSON_AddStringToObject(e, "owner", r->loss_part_owners[k]);
+        cJSON_AddNumberToObject(e, "weight", r->loss_part_weights[k]);
+        cJSON_AddStringToObject(e, "divided_by", r->loss_part_reduce[k]);
+        cJSON_AddBoolToObject(e, "backward", r->loss_part_backward[k]);
+        cJSON_AddItemToArray(lp, e);
+    }
 }
 
 /* "knobs", "gpu", "distributed": JSON texts made elsewhere */

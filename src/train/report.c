@@ -723,7 +723,13 @@ static void fill_receipt(struct mt_receipt *r, const struct run_state *rs, const
     r->losses = rs->losses;
     _Static_assert(MT_LOSS_MAX_PARTS <= MT_RECEIPT_MAX_LOSS_PARTS, "receipt: room for every loss part");
     const struct mt_loss_part *lp = mt_model_loss_parts(rs->model, &r->n_loss_parts);
-    for (int k = 0; k < r->n_loss_parts; k++) r->loss_part_names[k] = lp[k].name;
+    for (int k = 0; k < r->n_loss_parts; k++) {
+        r->loss_part_names[k] = lp[k].name;
+        r->loss_part_owners[k] = lp[k].owner;
+        r->loss_part_reduce[k] = mt_loss_reduce_name(lp[k].reduce);
+        r->loss_part_weights[k] = lp[k].weight;
+        r->loss_part_backward[k] = lp[k].backward;
+    }
     r->loss_parts_stride = MT_LOSS_MAX_PARTS;
     r->loss_parts = rs->loss_parts;
     r->grad_norms = rs->gnorm;
