@@ -36,8 +36,8 @@ check() {  # name out zero_overlap_value source
 import json, sys
 r = json.load(open(sys.argv[1]))
 k = r["knobs"]
-assert set(k) == {"zero_overlap", "cuda_precision", "nccl_timeout_s", "moe_grouped", "test_fault", "test_force_routing",
-                  "test_loss_part"}, k.keys()
+assert k.pop("test_loss_part")["test_hook"] is True, k
+assert set(k) == {"zero_overlap", "cuda_precision", "nccl_timeout_s", "moe_grouped", "test_fault", "test_force_routing"}, k.keys()
 assert k["zero_overlap"]["value"] == sys.argv[2] and k["zero_overlap"]["source"] == sys.argv[3], k["zero_overlap"]
 assert k["zero_overlap"]["env_alias"] == "MT_ZERO_OVERLAP" and k["test_fault"]["test_hook"] is True
 assert r["distributed"]["tunables"]["MT_ZERO_OVERLAP"] == int(sys.argv[2]), r["distributed"]["tunables"]
