@@ -35,8 +35,8 @@ check() {  # name out zero_overlap_value source
   python3 - "$2/receipt.json" "$3" "$4" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
+assert r["knobs"].pop("test_loss_part")["test_hook"] is True, r["knobs"]
 k = r["knobs"]
-assert k.pop("test_loss_part")["test_hook"] is True, k
 assert set(k) == {"zero_overlap", "cuda_precision", "nccl_timeout_s", "moe_grouped", "test_fault", "test_force_routing"}, k.keys()
 assert k["zero_overlap"]["value"] == sys.argv[2] and k["zero_overlap"]["source"] == sys.argv[3], k["zero_overlap"]
 assert k["zero_overlap"]["env_alias"] == "MT_ZERO_OVERLAP" and k["test_fault"]["test_hook"] is True
