@@ -147,7 +147,7 @@ static double total_loss(struct mt_ctx *ctx, struct mt_model *m, const int32_t *
         fprintf(stderr, "forward: %s\n", mt_ctx_last_error(ctx));
         exit(1);
     }
-    return parts.lm + parts.aux + parts.z;
+    return mt_loss_parts_total(parts.v, parts.n);
 }
 
 /* Concatenated chosen experts of every MoE layer (host copy). */
@@ -340,9 +340,11 @@ static void microbatch_split(int moe)
     MT_ASSERT(mt_model_backward(&ctx, m1) == MT_OK);
     MT_ASSERT(mt_model_forward(&ctx, m1, idx + T, tgt + T, &norm, &pb) == MT_OK);
     MT_ASSERT(mt_model_backward(&ctx, m1) == MT_OK);
-    double l2 = p2.lm + p2.aux + p2.z, l1 = pa.lm + pa.aux + pa.z + pb.lm + pb.aux + pb.z;
+    double l2 = mt_loss_parts_total(p2.v, p2.n), l1 = mt_loss_parts_total(pa.v, pa.n) + mt_loss_parts_total(pb.v, pb.n);
     EXPECT(fabs(l2 - l1) < 1e-6 * fmax(1, fabs(l2)), "split loss %.9g vs %.9g", l1, l2);
-    if (moe) EXPECT(p2.aux > 0 && p2.z > 0, "moe losses missing (aux %g z %g)", p2.aux, p2.z);
+    if (moe)
+        EXPECT(p2.v[MT_LOSS_AUX] > 0 && p2.v[MT_LOSS_Z] > 0, "moe losses missing (aux %g z %g)", p2.v[MT_LOSS_AUX],
+               p2.v[MT_LOSS_Z]);
     int np;
     struct mt_param *a = mt_model_params(m2, &np);
     struct mt_param *b = mt_model_params(m1, &np);
@@ -429,8 +431,56 @@ static void lora_rules(void)
     mt_ctx_free(&ctx);
 }
 
+/* The loss-part list (mt_model.h): lm, aux, z always (a dense model's
+ * router parts registered, 0, no gradient); the test hook test_loss_part=W
+ * appends hidden_l2 = W sum |x_final|^2 / n_tokens, with a gradient only
+ * when W > 0; a bad W refuses the model. */
+static void loss_parts(void)
+{
+    struct mt_ctx ctx;
+    mt_ctx_init(&ctx);
+    const struct mt_ops_i *ops = mt_ops_cpu();
+    const char *want[] = {"lm", "aux", "z", "hidden_l2"};
+    for (int moe = 0; moe < 2; moe++)
+        for (int hook = 0; hook < 3; hook++) {   /* none, W = 0.3, W = 0 */
+            if (hook) setenv("MT_TEST_LOSS_PART", hook == 1 ? "0.3" : "0", 1);
+            struct mt_config cfg;
+            base_config(&cfg, &ctx, moe, 0.0f, 6);
+            struct mt_model *m = NULL;
+            EXPECT(mt_model_create(&ctx, ops, &cfg, 2, &m) == MT_OK, "create: %s", mt_ctx_last_error(&ctx));
+            spread_params(m, 3);
+            int n;
+            const struct mt_loss_part *lp = mt_model_loss_parts(m, &n);
+            EXPECT(n == (hook ? 4 : 3), "moe %d hook %d: %d loss parts", moe, hook, n);
+            for (int k = 0; k < n && k < 4; k++) EXPECT(!strcmp(lp[k].name, want[k]), "part %d is %s", k, lp[k].name);
+            EXPECT(lp[MT_LOSS_AUX].backward == moe && lp[MT_LOSS_Z].backward == moe, "router parts' backward");
+            EXPECT(lp[MT_LOSS_AUX].weight == (double)cfg.aux_loss_coef && lp[MT_LOSS_Z].reduce == MT_LOSS_PER_TOKEN,
+                   "router parts' weight / reduce");
+            if (hook)
+                EXPECT(lp[3].weight == (hook == 1 ? 0.3 : 0.0) && lp[3].backward == (hook == 1),
+                       "hidden_l2 weight %g backward %d", lp[3].weight, lp[3].backward);
+            /* a forward gives one value per part; the parts sum to the loss */
+            int32_t idx[12], tgt[12];
+            make_batch(12, cfg.vocab_size, 5, idx, tgt, 0);
+            struct mt_loss_norm norm = batch_norm(tgt, 12, 2, 6);
+            struct mt_loss_parts parts;
+            EXPECT(mt_model_forward(&ctx, m, idx, tgt, &norm, &parts) == MT_OK, "forward");
+            EXPECT(parts.n == n, "forward: %d values for %d parts", parts.n, n);
+            if (hook) EXPECT(hook == 1 ? parts.v[3] > 0 : parts.v[3] == 0, "hidden_l2 = %g", parts.v[3]);
+            mt_model_destroy(&ctx, m);
+            unsetenv("MT_TEST_LOSS_PART");
+        }
+    setenv("MT_TEST_LOSS_PART", "-1", 1);
+    struct mt_config cfg;
+    base_config(&cfg, &ctx, 0, 0.0f, 6);
+    struct mt_model *m = NULL;
+    EXPECT(mt_model_create(&ctx, ops, &cfg, 2, &m) == MT_ERR_CONFIG && !m, "test_loss_part=-1 accepted");
+    unsetenv("MT_TEST_LOSS_PART");
+}
+
 int main(void)
 {
+    loss_parts();
     lora_rules();
     gradcheck("dense softcap=0", 0, 0.0f);
     gradcheck("dense softcap=15", 0, 15.0f);
@@ -441,6 +491,11 @@ int main(void)
     gradcheck("moe lora", 1, 0.0f);
     gradcheck("hybrid AMEM lora", 2, 0.0f);
     g_lora = 0;
+    /* the toy part's gradient (head.c term 4) through the whole model */
+    setenv("MT_TEST_LOSS_PART", "0.3", 1);
+    gradcheck("dense + hidden_l2", 0, 0.0f);
+    gradcheck("moe + hidden_l2", 1, 0.0f);
+    unsetenv("MT_TEST_LOSS_PART");
     lora_zero_start(0);
     lora_zero_start(1);
     lora_zero_start(2);

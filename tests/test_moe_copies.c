@@ -93,7 +93,9 @@ static struct counts run(const struct mt_ops_i *ops, const char *pattern)
     EXPECT(mt_model_backward(&ctx, m) == MT_OK, "%s", mt_ctx_last_error(&ctx));
     c.bd2h = g_d2h;
     c.bh2d = g_h2d;
-    if (strchr(pattern, 'E')) EXPECT(parts.aux > 0 && parts.z > 0, "%s: aux %g z %g", pattern, parts.aux, parts.z);
+    if (strchr(pattern, 'E'))
+        EXPECT(parts.v[MT_LOSS_AUX] > 0 && parts.v[MT_LOSS_Z] > 0, "%s: aux %g z %g", pattern, parts.v[MT_LOSS_AUX],
+               parts.v[MT_LOSS_Z]);
     mt_model_destroy(&ctx, m);
     return c;
 }

@@ -108,7 +108,7 @@ static double loss_of(struct mt_ctx *ctx, struct mt_model *m, const int32_t *idx
 {
     struct mt_loss_parts parts;
     MT_ASSERT(mt_model_forward(ctx, m, idx, tgt, norm, &parts) == MT_OK);
-    return parts.lm;
+    return mt_loss_parts_total(parts.v, parts.n);
 }
 
 int main(void)

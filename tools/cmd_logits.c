@@ -140,7 +140,7 @@ int mt_cmd_logits(int argc, char **argv)
         const float c = cfg.logit_softcap;
         for (size_t k = 0; k < (size_t)n * V; k++) logits[k] = c * tanhf(logits[k] / c);
     }
-    float lm = (float)parts.lm, aux = (float)parts.aux, z = (float)parts.z;
+    float lm = (float)parts.v[MT_LOSS_LM], aux = (float)parts.v[MT_LOSS_AUX], z = (float)parts.v[MT_LOSS_Z];
     struct mt_st_tensor t[4];
     memset(t, 0, sizeof t);
     const char *names[4] = {"logits", "lm_loss", "aux_loss", "z_loss"};

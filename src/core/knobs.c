@@ -25,6 +25,10 @@ static const struct mt_knob_def knob_table[MT_KNOB_COUNT] = {
     [MT_KNOB_TEST_FAULT] = {
         "test_fault", MT_KNOB_STRING, "", "MT_FAULT", "src/train/test_hooks.c", NULL, 1,
         "test hook RANK:STEP:KIND, KIND nan|error|signal|stop|replica|oom: inject a fault"},
+    [MT_KNOB_TEST_LOSS_PART] = {
+        "test_loss_part", MT_KNOB_STRING, "", "MT_TEST_LOSS_PART", "src/model/head.c", NULL, 1,
+        "test hook: W adds the toy loss part hidden_l2 = W mean |x_final|^2 (weight W >= 0; 0: reported, no "
+        "gradient)"},
     [MT_KNOB_TEST_FORCE_ROUTING] = {
         "test_force_routing", MT_KNOB_BOOL, "0", "MT_TEST_FORCE_ROUTING", "src/model/model.c", NULL, 1,
         "test hook: 1 sends every token to experts 0..top_k-1"},

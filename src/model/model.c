@@ -286,16 +286,6 @@ static const struct mt_pspec *embed_spec(const struct mt_model *m, struct mt_psp
                            MT_LAYOUT_RESIDUAL, -1};
     return s;
 }
-static const struct mt_pspec *final_norm_spec(const struct mt_model *m, struct mt_pspec *s)
-{
-    *s = (struct mt_pspec){"model.norm.weight", -1, 1, m->D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, -1};
-    return s;
-}
-static const struct mt_pspec *head_spec(const struct mt_model *m, struct mt_pspec *s)
-{
-    *s = (struct mt_pspec){"lm_head.weight", -1, 2, m->V, m->D, MT_SCALE_NORMAL, MT_ROLE_HEAD, MT_LAYOUT_RESIDUAL, -1};
-    return s;
-}
 
 /* Every parameter of this rank's stage, in registry order: wte (first
  * stage), each block's pieces (mixer, then ffn), final norm and head (last
@@ -312,8 +302,8 @@ static void build_params(const struct mt_model *m, param_visit_fn fn, void *user
         mt_blocks_layer_params(&m->cfg, &shape, l, spec_build, &w);
     }
     if (!m->last) return;
-    visit_param(fn, user, m, final_norm_spec(m, &ps), -1);
-    visit_param(fn, user, m, head_spec(m, &ps), -1);
+    w.layer = -1;   /* model-level, as the embedding */
+    mt_head.params(m->V, m->D, spec_build, &w);
 }
 
 struct param_sink { struct mt_param *arr; int n; size_t numel; };
@@ -775,6 +765,11 @@ enum mt_status mt_model_create_par(struct mt_ctx *ctx, const struct mt_ops_i *op
     }
     m->external_params = (flags & (MT_MODEL_EXTERNAL_PARAMS | MT_MODEL_NO_ALLOC)) != 0;
     model_pieces_setup(ctx, m);   /* again with the knobs the pieces read (moe: forced routing, grouped GEMMs) */
+    /* the loss parts, in the order of mt_model.h: lm, aux, z, extras */
+    m->n_loss = 0;
+    MT_CHECK_GOTO(mt_head.loss_register(ctx, m, 0), rc, fail);
+    moe_loss_register(m);
+    MT_CHECK_GOTO(mt_head.loss_register(ctx, m, 1), rc, fail);
 
     struct param_sink s = { NULL, 0, 0 };
     build_params(m, sink_param, &s);
@@ -1050,7 +1045,7 @@ double mt_model_flops_per_token(const struct mt_config *cfg)
     model_dims(&m, cfg, 1);
     struct mt_block_shape shape;
     model_shape(&m, &shape);
-    double mm = (double)m.V * m.D, extra = 0; /* lm_head */
+    double mm = mt_head.mm_per_token(m.V, m.D), extra = 0;
     for (int l = 0; l < m.L; l++) {
         mm += mt_blocks_layer_mm(cfg, &shape, l);
         extra += mt_blocks_layer_extra(cfg, &shape, l);
@@ -1135,11 +1130,11 @@ static enum mt_status model_block_backward(struct mt_ctx *ctx, struct mt_model *
 }
 
 /* Add the aux and z sums of this stage's MoE layers' last forward (moe.c
- * leaves them on the backend, in its own struct) to *aux and *z, in layer
- * order (the order the layers' sums were added in before they moved to the
- * device: the same bits). One device-to-host copy per forward for all
- * layers; none for a stage without MoE layers. */
-static void moe_loss_sums(struct mt_model *m, double *aux, double *z)
+ * leaves them on the backend, in its own struct) to sum[MT_LOSS_AUX] and
+ * sum[MT_LOSS_Z], in layer order (the order the layers' sums were added in
+ * before they moved to the device: the same bits). One device-to-host copy
+ * per forward for all layers; none for a stage without MoE layers. */
+static void moe_loss_sums(struct mt_model *m, double *sum)
 {
     int l0 = -1, l1 = -1;
     for (int l = m->l0; l < m->l1; l++)
@@ -1151,9 +1146,21 @@ static void moe_loss_sums(struct mt_model *m, double *aux, double *z)
     const double *h = moe_own_losses(m->ops, model_own(m, &mt_piece_moe), l0, l1);
     for (int l = l0; l < l1; l++)
         if (mt_blocks_kind(m->layers[l].kind)->ffn == &mt_piece_moe) {
-            *aux += h[2 * (size_t)l];
-            *z += h[2 * (size_t)l + 1];
+            sum[MT_LOSS_AUX] += h[2 * (size_t)l];
+            sum[MT_LOSS_Z] += h[2 * (size_t)l + 1];
         }
+}
+
+/* The global count a part's sums are divided by (mt_model.h). */
+static double loss_count(const struct mt_loss_norm *norm, enum mt_loss_reduce r)
+{
+    return r == MT_LOSS_PER_SEQUENCE ? norm->n_sequences : r == MT_LOSS_PER_TOKEN ? norm->n_tokens : norm->n_targets;
+}
+
+const struct mt_loss_part *mt_model_loss_parts(const struct mt_model *m, int *n)
+{
+    *n = m->n_loss;
+    return m->loss;
 }
 
 /* Arguments of a training forward over the microbatch's B x T rows. */
@@ -1218,7 +1225,10 @@ enum mt_status mt_model_forward_stage(struct mt_ctx *ctx, struct mt_model *m, co
     const struct mt_ops_i *ops = m->ops;
     const int N = m->N;
     m->have_fwd = 0;
-    if (out) memset(out, 0, sizeof *out);
+    if (out) {
+        memset(out, 0, sizeof *out);
+        out->n = m->n_loss;
+    }
     if (m->first && !idx) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model forward: idx is NULL");
     if (!m->first && !x_in) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model forward: stage input is NULL");
     if (targets && !norm) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model forward: targets given without loss norm");
@@ -1242,7 +1252,7 @@ enum mt_status mt_model_forward_stage(struct mt_ctx *ctx, struct mt_model *m, co
     } else {
         ops->copy(ops->be, m->layers[m->l0].x_in, x_in, (size_t)m->Nr * m->D * sizeof(float));
     }
-    double aux = 0, z = 0;
+    double sum[MT_LOSS_MAX_PARTS] = {0};   /* each loss part's sum over this microbatch, un-normalised */
     for (int l = m->l0; l < m->l1; l++) {
         struct mt_layer *ly = &m->layers[l];
         float *x_out = l + 1 < m->l1 ? m->layers[l + 1].x_in : m->x_final;
@@ -1250,11 +1260,10 @@ enum mt_status mt_model_forward_stage(struct mt_ctx *ctx, struct mt_model *m, co
         bf16_refresh(m, 1 + l);
         struct mt_piece_fwd a = train_fwd(m, x_out, targets != NULL);
         MT_CHECK(model_block_forward(ctx, m, ly, &a));
-        aux += a.aux;
-        z += a.z;
+        sum[MT_LOSS_AUX] += a.aux;
+        sum[MT_LOSS_Z] += a.z;
     }
-    if (targets && m->any_moe) moe_loss_sums(m, &aux, &z);
-    double lm = 0;
+    if (targets && m->any_moe) moe_loss_sums(m, sum);
     if (targets) m->norm = *norm;   /* the head's fused cross-entropy needs dscale now */
     if (m->last && m->logits_rows < m->Nr && !head_chunked(m, targets != NULL))
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG,
@@ -1264,17 +1273,15 @@ enum mt_status mt_model_forward_stage(struct mt_ctx *ctx, struct mt_model *m, co
     if (m->last) {
         MT_CHECK(hook(ctx, m, m->hooks.pre_forward, m->L + 1));
         bf16_refresh(m, m->L + 1);
-        lm = head_forward(m, m->Nr, targets != NULL);
-        /* TP without SP: every model rank computed the same whole-batch loss; count it once */
-        if (m->tp > 1 && !m->sp && m->tp_rank != 0) lm = 0.0;
+        mt_head.forward(m, m->Nr, targets != NULL, sum);
     }
     if (targets) {
         m->norm = *norm;
-        if (out) {
-            out->lm = norm->n_targets > 0 ? lm / norm->n_targets : 0.0;
-            out->aux = norm->n_sequences > 0 ? aux / norm->n_sequences : 0.0;
-            out->z = norm->n_tokens > 0 ? z / norm->n_tokens : 0.0;
-        }
+        if (out)
+            for (int k = 0; k < m->n_loss; k++) {
+                const double c = loss_count(norm, m->loss[k].reduce);
+                out->v[k] = c > 0 ? sum[k] / c : 0.0;
+            }
     }
     m->have_fwd = 1;
     m->have_targets = targets != NULL;
@@ -1318,9 +1325,8 @@ enum mt_status mt_model_backward_stage(struct mt_ctx *ctx, struct mt_model *m, c
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model backward: a stage before the last needs d(output)");
     m->have_fwd = 0;   /* logits will hold dlogits: no second backward of this forward */
     if (m->last) {
-        float dscale = m->norm.n_targets > 0 ? (float)(1.0 / m->norm.n_targets) : 0.0f;
         MT_CHECK(hook(ctx, m, m->hooks.pre_backward, m->L + 1));
-        head_backward(m, dscale);                   /* dx = d x_final */
+        mt_head.backward(m);                        /* dx = d x_final */
         MT_CHECK(hook(ctx, m, m->hooks.post_backward, m->L + 1));
     } else {
         ops->copy(ops->be, m->dx, dy_out, (size_t)m->Nr * D * sizeof(float));
@@ -1361,7 +1367,7 @@ double mt_model_stage_flops(const struct mt_config *cfg, int layer0, int layer1)
     model_dims(&m, cfg, 1);
     double f = 0;
     for (int l = layer0; l < layer1; l++) f += block_flops(&m, l);
-    if (layer1 == m.L) f += 6.0 * (double)m.V * m.D;   /* head */
+    if (layer1 == m.L) f += 6.0 * mt_head.mm_per_token(m.V, m.D);
     return f;
 }
 
@@ -1378,5 +1384,5 @@ double mt_model_head_flops(const struct mt_config *cfg)
     struct mt_model m;
     memset(&m, 0, sizeof m);
     model_dims(&m, cfg, 1);
-    return 6.0 * (double)m.V * m.D;
+    return 6.0 * mt_head.mm_per_token(m.V, m.D);
 }

@@ -165,6 +165,12 @@ struct mt_model {
     int                    external_params;
     struct mt_model_hooks  hooks;
 
+    /* the loss parts (mt_model.h), in order: the head's lm, the router's aux
+     * and z, the head's extras; hidden_l2: the test hook's part (-1: none) */
+    int                 n_loss;
+    struct mt_loss_part loss[MT_LOSS_MAX_PARTS];
+    int                 loss_hidden_l2;
+
     /* state of the last forward */
     int                 have_fwd, have_targets;
     struct mt_loss_norm norm;
@@ -384,10 +390,34 @@ void ffn_norm_carve_pc(const struct mt_piece_ctx *pc, struct mt_carver *c, struc
 /* head.c: 1 when a forward (with_loss) can run the head in logits_rows chunks:
  * the fused cross-entropy with the bf16 twin (every row's dlogits kept in bf16). */
 int head_chunked(const struct mt_model *m, int with_loss);
-/* head.c: h_final, logits (n rows); if targets: per-row CE; returns sum of CE (double). */
-double head_forward(struct mt_model *m, int n, int with_loss);
-/* dlogits in place, dWlm +=, dg_final +=, dx = d x_final (OVERWRITES). */
-void head_backward(struct mt_model *m, float dscale);
+
+/* The head as a piece (head.c): the final norm, lm_head and cross-entropy
+ * as one unit (unit L+1, the last stage's), declaring its parameters (in
+ * registry order: model.norm.weight, lm_head.weight), its FLOPs and its
+ * loss parts, like a block's pieces (mt_blocks.h) do. */
+struct mt_head_piece {
+    const char *name;                                              /* "head"                   */
+    void   (*params)(int64_t V, int64_t D, mt_pspec_fn fn, void *user);
+    double (*mm_per_token)(int64_t V, int64_t D);                  /* matmul params (x6: FLOPs) */
+    /* append its loss parts (mt_model.h): "lm" (extras 0), then after the
+     * router's "aux" and "z" its extra parts (extras 1); MT_ERR_CONFIG for a
+     * bad test hook value */
+    enum mt_status (*loss_register)(struct mt_ctx *ctx, struct mt_model *m, int extras);
+    /* h_final, logits (n rows); with_loss: per-row CE, and sum[k] += the
+     * un-normalised sum of each of its loss parts k (lm: the sum of CE) */
+    void   (*forward)(struct mt_model *m, int n, int with_loss, double *sum);
+    /* dlogits in place, dWlm +=, dg_final +=, dx = d x_final (OVERWRITES):
+     * the gradient of every head part that enters the backward */
+    void   (*backward)(struct mt_model *m);
+};
+extern const struct mt_head_piece mt_head;
+
+/* The loss-part registry (mt_model.h): each piece that computes loss parts
+ * appends them with model_loss_add (head.c; returns the part's index), in
+ * mt_model_create: the head's "lm", moe.c's "aux" and "z"
+ * (moe_loss_register), the head's extras. */
+int  model_loss_add(struct mt_model *m, const struct mt_loss_part *p);
+void moe_loss_register(struct mt_model *m);
 
 /* model.c: value of every element of p's owned box, row-major (len0, len1),
  * as a pure function of (seed, p->name, global index), on all OpenMP

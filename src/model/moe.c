@@ -519,6 +519,20 @@ static enum mt_status moe_piece_forward(struct mt_ctx *ctx, const struct mt_piec
     return MT_OK;   /* aux, z: in moe_scr(pc)->loss, summed by the model (moe_own_losses) */
 }
 
+/* The router's loss parts (mt_model.h), registered by every model of the
+ * family (a dense model's stay 0 and take no gradient: the receipt keeps
+ * the same series whatever the pattern). */
+void moe_loss_register(struct mt_model *m)
+{
+    const int a = model_loss_add(m, &(struct mt_loss_part){"aux", "moe router", m->cfg.aux_loss_coef,
+                                                            MT_LOSS_PER_SEQUENCE, m->any_moe});
+    const int z = model_loss_add(m, &(struct mt_loss_part){"z", "moe router", m->cfg.z_loss_coef,
+                                                            MT_LOSS_PER_TOKEN, m->any_moe});
+    MT_ASSERT(a == MT_LOSS_AUX && z == MT_LOSS_Z);
+    (void)a;
+    (void)z;
+}
+
 /* dx is d x_out = d x_mid (identity) + d branch */
 static enum mt_status moe_piece_backward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc)
 {

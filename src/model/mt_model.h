@@ -14,15 +14,26 @@
  *         mt_model_backward(ctx, m);                                // grads +=
  *     }
  *
- * Loss normalisation (SPEC.md: over the WHOLE global batch): the caller
- * passes global counts in `norm`; each microbatch returns its contribution
- * already divided by them, so summing parts over microbatches (and, later,
- * ranks) gives the global loss, and the gradients sum the same way.
- *   lm  = sum over valid targets of CE / norm->n_targets
+ * Loss parts. The loss is a list of parts (struct mt_loss_part), each
+ * registered by the piece that computes it, in a fixed order: the head's
+ * "lm" first, the MoE router's "aux" and "z" next (registered by every
+ * model of the family, MoE or not: a dense model's are 0, so every receipt
+ * has the same series), then any extra part (the test hook
+ * test_loss_part's "hidden_l2"). mt_model_loss_parts lists them; a forward
+ * returns one value per part in that order. The loss is their sum.
+ *
+ * Normalisation (SPEC.md: over the WHOLE global batch): the caller passes
+ * global counts in `norm`; each microbatch returns part k's contribution
+ * already divided by the count its `reduce` names, so summing parts over
+ * microbatches (and ranks) gives the global loss, and the gradients sum the
+ * same way:
+ *   lm  = sum over valid targets of CE / norm->n_targets          (PER_TARGET)
  *   aux = sum over MoE layers, over this microbatch's sequences s of
- *         aux_coef * E * sum_e f[s,e] P[s,e]  / norm->n_sequences
+ *         aux_coef * E * sum_e f[s,e] P[s,e]  / norm->n_sequences (PER_SEQUENCE)
  *   z   = sum over MoE layers, over this microbatch's tokens of
- *         z_coef * lse(router logits)^2 / norm->n_tokens
+ *         z_coef * lse(router logits)^2 / norm->n_tokens          (PER_TOKEN)
+ *   hidden_l2 = w * sum over tokens of |x_final|^2 / norm->n_tokens (PER_TOKEN)
+ * A part's weight is already inside its value (aux_coef, z_coef, w).
  */
 #ifndef MT_MODEL_H
 #define MT_MODEL_H
@@ -42,9 +53,48 @@ struct mt_loss_norm {
     double n_tokens;     /* global tokens (n_sequences * T)                          */
 };
 
-struct mt_loss_parts {
-    double lm, aux, z;   /* this microbatch's share, already normalised (see above) */
+/* The global count a loss part's sums are divided by (see above). */
+enum mt_loss_reduce {
+    MT_LOSS_PER_TARGET = 0,  /* / norm->n_targets   */
+    MT_LOSS_PER_SEQUENCE,    /* / norm->n_sequences */
+    MT_LOSS_PER_TOKEN,       /* / norm->n_tokens    */
 };
+
+#define MT_LOSS_MAX_PARTS 8
+/* The family's parts, always registered and always first (mt_model_create). */
+enum { MT_LOSS_LM = 0, MT_LOSS_AUX = 1, MT_LOSS_Z = 2, MT_LOSS_FAMILY_PARTS = 3 };
+
+struct mt_loss_part {
+    const char         *name;     /* the receipt series "<name>_losses": "lm", "aux", "z", ...  */
+    const char         *owner;    /* the piece that computes it: "head", "moe router"            */
+    double              weight;   /* its coefficient (already inside the value; 1 for lm)        */
+    enum mt_loss_reduce reduce;   /* how a microbatch's sum is normalised                        */
+    int                 backward; /* 1: its gradient enters the backward (0: reported only)      */
+};
+
+struct mt_loss_parts {
+    int    n;                      /* parts registered (mt_model_loss_parts)                     */
+    double v[MT_LOSS_MAX_PARTS];   /* part k's share of this microbatch, normalised and weighted */
+};
+
+/* "targets", "sequences", "tokens": what the receipt says a part is divided by. */
+static inline const char *mt_loss_reduce_name(enum mt_loss_reduce r)
+{
+    return r == MT_LOSS_PER_SEQUENCE ? "sequences" : r == MT_LOSS_PER_TOKEN ? "tokens" : "targets";
+}
+
+/* The loss: the parts' sum, added in registration order (lm + aux + z + ...:
+ * the order the receipt's "losses" has always been summed in). */
+static inline double mt_loss_parts_total(const double *v, int n)
+{
+    double s = n > 0 ? v[0] : 0.0;
+    for (int k = 1; k < n; k++) s += v[k];
+    return s;
+}
+
+/* The model's loss parts in order (*n of them, 3 <= *n <= MT_LOSS_MAX_PARTS).
+ * Pointer valid until destroy. Works on a MT_MODEL_NO_ALLOC model. */
+const struct mt_loss_part *mt_model_loss_parts(const struct mt_model *m, int *n);
 
 /* Build the model for microbatches of B sequences of cfg->seq_len tokens.
  * cfg must be resolved (mt_config_resolve). Registers every parameter with
@@ -112,7 +162,7 @@ const struct mt_config *mt_model_cfg(const struct mt_model *m);   /* the resolve
  * and of the head (6 V D): what the pipeline cut balances
  * (mt_layout_pipeline_cut in src/parallel/layout.c). */
 double mt_model_layer_flops(const struct mt_config *cfg, int l);
-double mt_model_head_flops(const struct mt_config *cfg);
+double mt_model_head_flops(const struct mt_config *cfg);   /* 6 x mt_head.mm_per_token (head.c) */
 /* FLOPs per token of stage s given the split (for the receipt). */
 double mt_model_stage_flops(const struct mt_config *cfg, int layer0, int layer1);
 

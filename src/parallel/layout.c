@@ -4,6 +4,7 @@
  */
 #include "mt_layout.h"
 #include "../model/mt_blocks.h"
+#include "../model/mt_model.h"   /* MT_LOSS_MAX_PARTS */
 
 #include <stdlib.h>
 #include <string.h>
@@ -205,6 +206,9 @@ void mt_layout_host_sizes(const struct mt_config *cfg, int n_params, int Bm, int
     bytes[MT_HOST_STEP_INDEX] = nh * sizeof(int);
     bytes[MT_HOST_EVAL_STEPS] = (nh + 1) * sizeof(int);
     for (int k = MT_HOST_LOSSES; k <= MT_HOST_TIMES; k++) bytes[k] = nh * sizeof(double);
+    /* room for every loss part a model may register (mt_model_loss_parts: 3 of the
+     * family, more under a test hook the config does not show) */
+    bytes[MT_HOST_LOSS_PARTS] = nh * MT_LOSS_MAX_PARTS * sizeof(double);
     bytes[MT_HOST_EVAL_LOSSES] = (nh + 1) * sizeof(double);
     bytes[MT_HOST_MEM_ALL] = (size_t)world * 2 * MT_LAYOUT_MEM_SLOTS * sizeof(double);
     bytes[MT_HOST_IMBALANCE] = moe ? nh * sizeof(double) : 0;

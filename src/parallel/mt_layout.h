@@ -102,7 +102,7 @@ enum mt_status mt_layout_pipeline_cut(struct mt_ctx *ctx, const struct mt_config
  * ONE list sizes them for the planner and the trainer's allocation. */
 enum mt_layout_host {
     MT_HOST_ENG_OF = 0, MT_HOST_SEL0, MT_HOST_SEL1, MT_HOST_SEL2, MT_HOST_COUNT_MASK, MT_HOST_IDX, MT_HOST_TGT,
-    MT_HOST_STEP_INDEX, MT_HOST_EVAL_STEPS, MT_HOST_LOSSES, MT_HOST_LM, MT_HOST_AUX, MT_HOST_Z, MT_HOST_GNORM,
+    MT_HOST_STEP_INDEX, MT_HOST_EVAL_STEPS, MT_HOST_LOSSES, MT_HOST_LOSS_PARTS, MT_HOST_GNORM,
     MT_HOST_LRS, MT_HOST_TIMES, MT_HOST_EVAL_LOSSES, MT_HOST_MEM_ALL,
     MT_HOST_IMBALANCE, MT_HOST_LOAD_TOTAL, MT_HOST_LOAD_STEP,   /* MoE configs only (0 bytes otherwise) */
     MT_HOST_N

@@ -11,6 +11,8 @@
 #include "../core/mt_core.h"
 #include "../core/mt_config.h"
 
+#define MT_RECEIPT_MAX_LOSS_PARTS 8   /* >= MT_LOSS_MAX_PARTS (mt_model.h; checked in report.c) */
+
 struct mt_receipt {
     const char *command_line;
     /* backend */
@@ -58,7 +60,17 @@ struct mt_receipt {
     /* losses, one per step run (arrays owned by the trainer) */
     int     n_steps;
     const int    *step_index;
-    const double *losses, *lm_losses, *aux_losses, *z_losses, *grad_norms, *lrs, *step_times;
+    const double *losses, *grad_norms, *lrs, *step_times;
+    /* the loss parts (mt_model_loss_parts order): series "<name>_losses" after
+     * "losses", part k of step i at loss_parts[i * loss_parts_stride + k];
+     * and the list "loss_parts" (name, owner, weight, divided by, backward) */
+    int           n_loss_parts, loss_parts_stride;
+    const char   *loss_part_names[MT_RECEIPT_MAX_LOSS_PARTS];
+    const char   *loss_part_owners[MT_RECEIPT_MAX_LOSS_PARTS];
+    const char   *loss_part_reduce[MT_RECEIPT_MAX_LOSS_PARTS];
+    double        loss_part_weights[MT_RECEIPT_MAX_LOSS_PARTS];
+    int           loss_part_backward[MT_RECEIPT_MAX_LOSS_PARTS];
+    const double *loss_parts;
     int     n_evals;
     const int    *eval_steps;
     const double *eval_losses;

@@ -75,7 +75,7 @@ struct sched {
     int    step, M, n_slots, fwd_next, bwd_next, in_flight;
     double busy_s;
     const struct mt_loss_norm *norm;
-    double *part;               /* (3) += loss shares lm, aux, z */
+    double *part;               /* (n parts) += loss shares (mt_model_loss_parts order) */
 };
 
 /* The next microbatch's forward on this stage (its input already received). */
@@ -89,9 +89,7 @@ static enum mt_status sched_forward(struct mt_ctx *ctx, struct run_state *rs, st
     MT_CHECK(mt_model_forward_stage(ctx, rs->model, rs->idx, rs->tgt, rs->stage == 0 ? NULL : rs->act_in, s->norm,
                                     &parts));
     s->busy_s += mt_time_sec() - t;
-    s->part[0] += parts.lm;
-    s->part[1] += parts.aux;
-    s->part[2] += parts.z;
+    for (int k = 0; k < parts.n; k++) s->part[k] += parts.v[k];
     if (++s->in_flight > rs->in_flight_max) rs->in_flight_max = s->in_flight;
     return MT_OK;
 }
@@ -137,11 +135,15 @@ static enum mt_status one_f_one_b(struct mt_ctx *ctx, struct run_state *rs, stru
     return MT_OK;
 }
 
-/* All microbatches of one step, forward and backward; part[3] += loss shares.
+/* All microbatches of one step, forward and backward; part[k] += loss part k's
+ * shares (each microbatch's, already normalised by the global counts; the
+ * world all-reduce in step.c adds the other ranks' and stages'). Only the
+ * last stage computes the head's parts, only stages with MoE layers the
+ * router's: a stage adds 0 for the rest.
  * Gradients accumulate (+=) over the microbatches; the engines reduce after
  * the last one (stages 0/1) or after each (stages 2/3). */
 enum mt_status mt_train_microbatches(struct mt_ctx *ctx, struct run_state *rs, int step,
-                                     const struct mt_loss_norm *norm, double part[3])
+                                     const struct mt_loss_norm *norm, double *part)
 {
     const int M = rs->cfg->microbatches;
     if (rs->pp == 1) {
@@ -151,9 +153,7 @@ enum mt_status mt_train_microbatches(struct mt_ctx *ctx, struct run_state *rs, i
             mt_zero_set_mark_last(&rs->zset, mb == M - 1);
             MT_CHECK(mt_model_forward(ctx, rs->model, rs->idx, rs->tgt, norm, &parts));
             MT_CHECK(mt_model_backward(ctx, rs->model));
-            part[0] += parts.lm;
-            part[1] += parts.aux;
-            part[2] += parts.z;
+            for (int k = 0; k < parts.n; k++) part[k] += parts.v[k];
         }
         rs->in_flight_max = 1;
         return MT_OK;

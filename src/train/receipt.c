@@ -187,9 +187,14 @@ static void receipt_series(cJSON *root, const struct mt_receipt *r)
     for (int i = 0; i < r->n_steps; i++) cJSON_AddItemToArray(steps, cJSON_CreateNumber(r->step_index[i]));
     cJSON_AddItemToObject(root, "steps", steps);
     cJSON_AddItemToObject(root, "losses", num_array(r->losses, r->n_steps));
-    cJSON_AddItemToObject(root, "lm_losses", num_array(r->lm_losses, r->n_steps));
-    cJSON_AddItemToObject(root, "aux_losses", num_array(r->aux_losses, r->n_steps));
-    cJSON_AddItemToObject(root, "z_losses", num_array(r->z_losses, r->n_steps));
+    for (int k = 0; k < r->n_loss_parts; k++) {   /* "lm_losses", "aux_losses", "z_losses", ... */
+        char key[64];
+        snprintf(key, sizeof key, "%s_losses", r->loss_part_names[k]);
+        cJSON *a = cJSON_CreateArray();
+        for (int i = 0; i < r->n_steps; i++)
+            cJSON_AddItemToArray(a, cJSON_CreateNumber(r->loss_parts[(size_t)i * r->loss_parts_stride + k]));
+        cJSON_AddItemToObject(root, key, a);
+    }
     cJSON_AddItemToObject(root, "grad_norms", num_array(r->grad_norms, r->n_steps));
     cJSON_AddItemToObject(root, "lr_factors", num_array(r->lrs, r->n_steps));
     cJSON *ev = cJSON_AddArrayToObject(root, "val_losses");
@@ -206,6 +211,17 @@ static void receipt_series(cJSON *root, const struct mt_receipt *r)
     else cJSON_AddNullToObject(root, "resumed_from");
     if (r->run_id[0]) cJSON_AddStringToObject(root, "run_id", r->run_id);
     else cJSON_AddNullToObject(root, "run_id");
+    /* what each "<name>_losses" series is: the loss is their sum (mt_model.h) */
+    cJSON *lp = cJSON_AddArrayToObject(root, "loss_parts");
+    for (int k = 0; k < r->n_loss_parts; k++) {
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddStringToObject(e, "name", r->loss_part_names[k]);
+        cJSON_AddStringToObject(e, "owner", r->loss_part_owners[k]);
+        cJSON_AddNumberToObject(e, "weight", r->loss_part_weights[k]);
+        cJSON_AddStringToObject(e, "divided_by", r->loss_part_reduce[k]);
+        cJSON_AddBoolToObject(e, "backward", r->loss_part_backward[k]);
+        cJSON_AddItemToArray(lp, e);
+    }
 }
 
 /* "knobs", "gpu", "distributed": JSON texts made elsewhere */

@@ -32,17 +32,26 @@ double mt_train_measure_gemm_roof(const struct mt_ops_i *ops, struct mt_ops_roof
 }
 
 void mt_train_progress(const struct mt_train_opts *opts, int tty, int step, int steps, double loss, double tok_s,
-                       double mfu, double eta_s, double gnorm)
+                       double mfu, double eta_s, double gnorm, const struct mt_loss_part *parts, const double *part,
+                       int n_part)
 {
     if (opts->quiet) return;
+    /* the loss's parts, when more than one enters the gradient (MoE: lm aux z;
+     * a dense model's line shows the loss alone), after the fixed fields */
+    char pl[256] = "";
+    int n_active = 0;
+    for (int k = 0; k < n_part; k++) n_active += parts[k].backward != 0;
+    for (int k = 0, o = 0; n_active > 1 && k < n_part && o < (int)sizeof pl; k++)
+        if (parts[k].backward)
+            o += snprintf(pl + o, sizeof pl - (size_t)o, tty ? " | %s %.4f" : " %s %.6f", parts[k].name, part[k]);
     if (tty) {
-        fprintf(stdout, "\rstep %5d/%d | loss %.4f | gnorm %.3f | %8.0f tok/s | MFU %5.1f%% | ETA %5.0fs   ",
-                step, steps, loss, gnorm, tok_s, 100.0 * mfu, eta_s);
+        fprintf(stdout, "\rstep %5d/%d | loss %.4f | gnorm %.3f | %8.0f tok/s | MFU %5.1f%% | ETA %5.0fs%s   ",
+                step, steps, loss, gnorm, tok_s, 100.0 * mfu, eta_s, pl);
         if (step == steps) fputc('\n', stdout);
     } else {
         /* MFU as a percentage everywhere (this line, the terminal's, the done line) */
-        fprintf(stdout, "step %d/%d loss %.6f gnorm %.4f tok/s %.0f mfu %.2f%% eta_s %.0f\n", step, steps, loss,
-                gnorm, tok_s, 100.0 * mfu, eta_s);
+        fprintf(stdout, "step %d/%d loss %.6f gnorm %.4f tok/s %.0f mfu %.2f%% eta_s %.0f%s\n", step, steps, loss,
+                gnorm, tok_s, 100.0 * mfu, eta_s, pl);
     }
     fflush(stdout);
 }
@@ -701,9 +710,17 @@ static void fill_receipt(struct mt_receipt *r, const struct run_state *rs, const
     r->n_steps = steps_run;
     r->step_index = rs->step_index;
     r->losses = rs->losses;
-    r->lm_losses = rs->lm;
-    r->aux_losses = rs->aux;
-    r->z_losses = rs->z;
+    _Static_assert(MT_LOSS_MAX_PARTS <= MT_RECEIPT_MAX_LOSS_PARTS, "receipt: room for every loss part");
+    const struct mt_loss_part *lp = mt_model_loss_parts(rs->model, &r->n_loss_parts);
+    for (int k = 0; k < r->n_loss_parts; k++) {
+        r->loss_part_names[k] = lp[k].name;
+        r->loss_part_owners[k] = lp[k].owner;
+        r->loss_part_reduce[k] = mt_loss_reduce_name(lp[k].reduce);
+        r->loss_part_weights[k] = lp[k].weight;
+        r->loss_part_backward[k] = lp[k].backward;
+    }
+    r->loss_parts_stride = MT_LOSS_MAX_PARTS;
+    r->loss_parts = rs->loss_parts;
     r->grad_norms = rs->gnorm;
     r->lrs = rs->lrs;
     r->step_times = rs->times;

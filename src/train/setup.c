@@ -63,8 +63,7 @@ static enum mt_status alloc_host_arrays(struct mt_ctx *ctx, struct run_state *rs
         [MT_HOST_COUNT_MASK] = (void **)&rs->count,      [MT_HOST_IDX] = (void **)&rs->idx,
         [MT_HOST_TGT] = (void **)&rs->tgt,               [MT_HOST_STEP_INDEX] = (void **)&rs->step_index,
         [MT_HOST_EVAL_STEPS] = (void **)&rs->eval_steps, [MT_HOST_LOSSES] = (void **)&rs->losses,
-        [MT_HOST_LM] = (void **)&rs->lm,                 [MT_HOST_AUX] = (void **)&rs->aux,
-        [MT_HOST_Z] = (void **)&rs->z,                   [MT_HOST_GNORM] = (void **)&rs->gnorm,
+        [MT_HOST_LOSS_PARTS] = (void **)&rs->loss_parts, [MT_HOST_GNORM] = (void **)&rs->gnorm,
         [MT_HOST_LRS] = (void **)&rs->lrs,               [MT_HOST_TIMES] = (void **)&rs->times,
         [MT_HOST_EVAL_LOSSES] = (void **)&rs->eval_losses, [MT_HOST_MEM_ALL] = (void **)&rs->mem_all,
         [MT_HOST_IMBALANCE] = (void **)&rs->imbalance,   [MT_HOST_LOAD_TOTAL] = (void **)&rs->load_total,
@@ -596,9 +595,7 @@ void mt_train_free(struct mt_ctx *ctx, struct run_state *rs)
     mt_free(ctx, rs->step_index);
     mt_free(ctx, rs->eval_steps);
     mt_free(ctx, rs->losses);
-    mt_free(ctx, rs->lm);
-    mt_free(ctx, rs->aux);
-    mt_free(ctx, rs->z);
+    mt_free(ctx, rs->loss_parts);
     mt_free(ctx, rs->gnorm);
     mt_free(ctx, rs->lrs);
     mt_free(ctx, rs->times);

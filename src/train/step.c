@@ -55,7 +55,11 @@ enum mt_status mt_train_step(struct mt_ctx *ctx, struct run_state *rs, int step,
     const double G = cfg->batch_size, T = cfg->seq_len;
     /* targets are never -1 in the default order; the count stays general */
     const struct mt_loss_norm norm = {.n_targets = G * T, .n_sequences = G, .n_tokens = G * T};
-    double part[3] = {0, 0, 0};   /* loss shares: lm, aux, z */
+    int n_part;   /* loss shares: lm, aux, z, extras (mt_model_loss_parts) */
+    mt_model_loss_parts(rs->model, &n_part);
+    double *part = out->part;
+    memset(out->part, 0, sizeof out->part);
+    out->n_part = n_part;
 
     mt_zero_set_zero_grad(&rs->zset, step);
     mt_model_moe_load_reset(rs->model);
@@ -66,12 +70,9 @@ enum mt_status mt_train_step(struct mt_ctx *ctx, struct run_state *rs, int step,
 
     /* the loss sums meet here: the first point where every rank waits for the slowest (idle) */
     double ti = mt_time_sec();
-    MT_CHECK(mt_comm_allreduce(ctx, rs->sumc, part, 3, MT_DTYPE_F64, MT_REDOP_SUM));
+    MT_CHECK(mt_comm_allreduce(ctx, rs->sumc, part, (size_t)n_part, MT_DTYPE_F64, MT_REDOP_SUM));
     out->idle_s = mt_time_sec() - ti;
-    out->lm = part[0];
-    out->aux = part[1];
-    out->z = part[2];
-    out->loss = part[0] + part[1] + part[2];
+    out->loss = mt_loss_parts_total(part, n_part);
 
     MT_CHECK(mt_zero_set_clip_norm(ctx, &rs->zset, rs->count, rs->sumc, &out->grad_norm));
     /* the norm carries the pre-reduction finiteness marks: name the culprit here */
@@ -101,7 +102,7 @@ enum mt_status mt_train_evaluate(struct mt_ctx *ctx, struct run_state *rs, doubl
                                  rs->idx + (size_t)i * T, rs->tgt + (size_t)i * T);
             struct mt_loss_parts parts;
             MT_CHECK(mt_train_stage_forward_eval(ctx, rs, &norm, &parts));
-            sum += parts.lm;
+            sum += parts.v[MT_LOSS_LM];
         }
     }
     MT_CHECK(mt_comm_allreduce(ctx, rs->sumc, &sum, 1, MT_DTYPE_F64, MT_REDOP_SUM));

@@ -70,7 +70,8 @@ struct run_state {
     struct mt_model *model;
     int32_t *idx, *tgt;         /* (Bm, T) host */
     int     *step_index, *eval_steps;
-    double  *losses, *lm, *aux, *z, *gnorm, *lrs, *times, *eval_losses;
+    double  *losses, *gnorm, *lrs, *times, *eval_losses;
+    double  *loss_parts;        /* (steps, MT_LOSS_MAX_PARTS) each step's loss parts (mt_model_loss_parts order) */
     int      n_evals;
     int      rss_phased;        /* the step loop's RSS peak is its own (mt_train_peak_restart) */
     double   param_init_s;      /* setup: the parameters' init or load (timing.startup_s) */
@@ -91,7 +92,9 @@ struct run_state {
 
 /* What one step measured (step.c). */
 struct mt_train_step_out {
-    double loss, lm, aux, z;    /* world sums of the loss shares */
+    double loss;                /* world sum of the loss: the parts' sum         */
+    double part[MT_LOSS_MAX_PARTS]; /* world sums of each loss part (n_part of them) */
+    int    n_part;
     double grad_norm;
     double idle_s;              /* waiting for the slowest rank at the loss all-reduce */
     double imbalance;           /* MoE: busiest expert / mean, mean over MoE layers (0 dense) */
@@ -118,7 +121,7 @@ void mt_train_free(struct mt_ctx *ctx, struct run_state *rs);
 
 /* ---- pipeline.c ---- */
 enum mt_status mt_train_microbatches(struct mt_ctx *ctx, struct run_state *rs, int step,
-                                     const struct mt_loss_norm *norm, double part[3]);
+                                     const struct mt_loss_norm *norm, double *part);
 enum mt_status mt_train_stage_forward_eval(struct mt_ctx *ctx, struct run_state *rs, const struct mt_loss_norm *norm,
                                            struct mt_loss_parts *parts);
 
@@ -154,7 +157,8 @@ int  mt_train_peak_cache_get(const char *path, const char *key, struct mt_ops_ro
 enum mt_status mt_train_peak_cache_put(struct mt_ctx *ctx, const char *path, const char *key,
                                        const struct mt_ops_roof *roof);
 void mt_train_progress(const struct mt_train_opts *opts, int tty, int step, int steps, double loss, double tok_s,
-                       double mfu, double eta_s, double gnorm);
+                       double mfu, double eta_s, double gnorm, const struct mt_loss_part *parts, const double *part,
+                       int n_part);
 struct mt_train_run_info;
 /* The time-to-first-step lines: before step 1 (first_step_s < 0) the setup
  * phases, after it the step and the total from the trainer's entry (tty:

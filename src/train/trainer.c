@@ -149,6 +149,7 @@ static enum mt_status step_loop(struct mt_ctx *ctx, struct run_state *rs, const 
         mt_comm_watchdog_set_step(step);
         if (mt_train_fault_armed(rs, step)) MT_CHECK(mt_train_fault_before_step(ctx, rs, step));
         struct mt_train_step_out so;
+        int n_part;
         MT_CHECK(mt_train_step(ctx, rs, step, &so));
         if (mt_train_fault_armed(rs, step)) MT_CHECK(mt_train_fault_after_update(ctx, rs, step));
         rs->ops->sync(rs->ops->be);
@@ -162,9 +163,7 @@ static enum mt_status step_loop(struct mt_ctx *ctx, struct run_state *rs, const 
         if (rs->imbalance) rs->imbalance[k] = so.imbalance;
         rs->step_index[k] = step;
         rs->losses[k] = so.loss;
-        rs->lm[k] = so.lm;
-        rs->aux[k] = so.aux;
-        rs->z[k] = so.z;
+        memcpy(rs->loss_parts + (size_t)k * MT_LOSS_MAX_PARTS, so.part, sizeof so.part);
         rs->gnorm[k] = so.grad_norm;
         rs->lrs[k] = mt_optim_lr_factor(cfg, step);
         rs->times[k] = dt;
@@ -173,7 +172,8 @@ static enum mt_status step_loop(struct mt_ctx *ctx, struct run_state *rs, const 
         if (ri->wrank == 0)
             mt_train_progress(opts, tty, step + 1, opts->steps, so.loss, tok_s,
                               ri->peak > 0 ? tok_s * ri->flops_per_token / ri->peak : 0,
-                              dt * (opts->steps - step - 1), so.grad_norm);
+                              dt * (opts->steps - step - 1), so.grad_norm, mt_model_loss_parts(rs->model, &n_part),
+                              so.part, so.n_part);
         if (k == 0 && ri->wrank == 0) mt_train_progress_startup(opts, tty && step + 1 < opts->steps, ri, dt);
         MT_CHECK(after_step(ctx, rs, opts, step + 1, tty, run_pk, train_pk));
     }
