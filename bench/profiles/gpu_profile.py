@@ -57,7 +57,7 @@ def sig6(v):
     return float("%.6g" % v)
 
 def peaks_table():
-    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src", "train", "gpu_info.c")
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src", "plan", "gpu_info.c")
     try:
         text = open(src).read()
     except OSError as e:
