@@ -136,7 +136,7 @@ static void test_group(struct mt_ctx *ctx, const struct mt_ops_i *ops, const cha
     char dg[520], dw[520];
     snprintf(dg, sizeof dg, "%s/group/step_000004", root);
     snprintf(dw, sizeof dw, "%s/wrapper", root);
-    struct mt_ckpt_meta meta = {.step = 4, .data_pos = 77, .seed = cfg->seed, .adam_t = mt_optim_get_t(oa)};
+    struct mt_ckpt_meta meta = {.step = 4, .data_pos = 77, .seed = cfg->seed, .optim_t = mt_optim_get_t(oa)};
     snprintf(meta.mesh, sizeof meta.mesh, "pp=1,dp=2,ep=1,tp=1");
     struct mt_comm *self = NULL;
     EXPECT(mt_comm_create_self(ctx, &self) == MT_OK);
@@ -205,7 +205,7 @@ static void test_group(struct mt_ctx *ctx, const struct mt_ops_i *ops, const cha
     EXPECT(mt_optim_state_count(oc) == 3);   /* momentum_buffer, exp_avg, exp_avg_sq */
     EXPECT_ERR_AT(ctx, mt_ckpt_load(ctx, ops, dg, c, 2, oc), MT_OK, NULL);
     EXPECT(same_bits(c[0].data, a[0].data, a[0].numel) && same_bits(c[1].data, a[2].data, a[2].numel));
-    EXPECT(mt_optim_get_t(oc) == meta.adam_t);
+    EXPECT(mt_optim_get_t(oc) == meta.optim_t);
     int matched = 0;
     for (int i = 0; i < mt_optim_state_count(oc); i++) {
         struct mt_optim_state s;
@@ -238,7 +238,7 @@ static void test_group(struct mt_ctx *ctx, const struct mt_ops_i *ops, const cha
         struct mt_ckpt_meta bad = meta;
         bad.step = -1;
         EXPECT_ERR_AT(ctx, mt_ckpt_save_group(ctx, ops, self, dg, cfg, &bad, e, NE), MT_ERR_INVALID_ARG, "out of range");
-        bad = meta; bad.adam_t = 0;   /* step > 0 with optimizer state but t = 0 */
+        bad = meta; bad.optim_t = 0;   /* step > 0 with optimizer state but t = 0 */
         EXPECT_ERR_AT(ctx, mt_ckpt_save_group(ctx, ops, self, dg, cfg, &bad, e, NE), MT_ERR_INVALID_ARG, "out of range");
         bad = meta; snprintf(bad.run_id, sizeof bad.run_id, "XYZ");
         EXPECT_ERR_AT(ctx, mt_ckpt_save_group(ctx, ops, self, dg, cfg, &bad, e, NE), MT_ERR_INVALID_ARG, "run id");
@@ -400,7 +400,7 @@ static void test_manifest(struct mt_ctx *ctx, const struct mt_ops_i *ops, const 
 {
     char d[600], path[700];
     snprintf(d, sizeof d, "%s/mf/step_000003", root);
-    struct mt_ckpt_meta meta = {.step = 3, .data_pos = 12, .seed = 5, .adam_t = 3};
+    struct mt_ckpt_meta meta = {.step = 3, .data_pos = 12, .seed = 5, .optim_t = 3};
     snprintf(meta.mesh, sizeof meta.mesh, "pp=1,dp=1,ep=1,tp=1");
     EXPECT_ERR_AT(ctx, mt_ckpt_save(ctx, ops, d, cfg, &meta, a, NP, oa), MT_OK, NULL);
     snprintf(path, sizeof path, "%s/manifest.json", d);
@@ -477,7 +477,7 @@ static void save_step(struct mt_ctx *ctx, const struct mt_ops_i *ops, const char
 {
     char d[700];
     snprintf(d, sizeof d, "%s/ckpt/step_%06d", out, step);
-    struct mt_ckpt_meta meta = {.step = step, .data_pos = step, .seed = 1, .adam_t = step};
+    struct mt_ckpt_meta meta = {.step = step, .data_pos = step, .seed = 1, .optim_t = step};
     snprintf(meta.mesh, sizeof meta.mesh, "pp=1,dp=1,ep=1,tp=1");
     snprintf(meta.run_id, sizeof meta.run_id, "%s", run);
     EXPECT_ERR_AT(ctx, mt_ckpt_save(ctx, ops, d, cfg, &meta, a, NP, oa), MT_OK, NULL);
@@ -639,7 +639,7 @@ static void test_adapter(struct mt_ctx *ctx, const struct mt_ops_i *ops, const c
         for (size_t k = 0; k < f[2].numel; k++) f[2].grad[k] = rnd(&s);
         EXPECT(mt_optim_step(ctx, of, step, 1.0) == MT_OK);
     }
-    struct mt_ckpt_meta ma = {.step = 2, .data_pos = 2, .seed = 1, .adam_t = 2};
+    struct mt_ckpt_meta ma = {.step = 2, .data_pos = 2, .seed = 1, .optim_t = 2};
     snprintf(ma.mesh, sizeof ma.mesh, "pp=1,dp=1,ep=1,tp=1");
     /* a malformed reference is never written */
     snprintf(ma.base_hash, sizeof ma.base_hash, "not-hex-digits!!");
@@ -733,16 +733,16 @@ int main(void)
             for (size_t k = 0; k < a[i].numel; k++) a[i].grad[k] = rnd(&s);
         EXPECT(mt_optim_step(&ctx, oa, step, 1.0) == MT_OK);
     }
-    struct mt_ckpt_meta meta = {.step = 2, .data_pos = 1234567, .seed = cfg.seed, .adam_t = mt_optim_get_t(oa)};
+    struct mt_ckpt_meta meta = {.step = 2, .data_pos = 1234567, .seed = cfg.seed, .optim_t = mt_optim_get_t(oa)};
     snprintf(meta.mesh, sizeof meta.mesh, "pp=1,dp=1,ep=1,tp=1");
-    EXPECT(meta.adam_t == 2);
+    EXPECT(meta.optim_t == 2);
     EXPECT_ERR(mt_ckpt_save(&ctx, ops, dir, &cfg, &meta, a, NP, oa), MT_OK, NULL);
 
     /* ---- meta + config round trip ---- */
     struct mt_config c2;
     struct mt_ckpt_meta m2;
     EXPECT_ERR(mt_ckpt_read_meta(&ctx, dir, &c2, &m2), MT_OK, NULL);
-    EXPECT(m2.step == 2 && m2.data_pos == 1234567 && m2.adam_t == 2 && m2.seed == 0xfedcba9876543210ull);
+    EXPECT(m2.step == 2 && m2.data_pos == 1234567 && m2.optim_t == 2 && m2.seed == 0xfedcba9876543210ull);
     EXPECT(!strcmp(m2.mesh, "pp=1,dp=1,ep=1,tp=1"));
     EXPECT(c2.seed == cfg.seed && c2.d_model == cfg.d_model && c2.grad_clip == cfg.grad_clip);
 
@@ -784,7 +784,7 @@ int main(void)
     EXPECT(!strcmp(found, dir));
     EXPECT_ERR(mt_ckpt_find(&ctx, "/nonexistent/out", found, sizeof found), MT_ERR_IO, NULL);
     /* saving over an existing checkpoint with a stale DIR.tmp present */
-    meta.adam_t = mt_optim_get_t(oa);
+    meta.optim_t = mt_optim_get_t(oa);
     meta.step = 3;
     EXPECT_ERR(mt_ckpt_save(&ctx, ops, dir, &cfg, &meta, a, NP, oa), MT_OK, NULL);
     snprintf(path, sizeof path, "%s/ckpt/step_000002.tmp", root);
@@ -859,7 +859,7 @@ int main(void)
     {
         char dir3[520];
         snprintf(dir3, sizeof dir3, "%s/noopt", root);
-        meta.adam_t = 0;
+        meta.optim_t = 0;
         EXPECT_ERR(mt_ckpt_save(&ctx, NULL, dir3, &cfg, &meta, a, NP, NULL), MT_OK, NULL);   /* ops NULL: host */
         snprintf(path, sizeof path, "%s/optim.bin", dir3);
         EXPECT(access(path, F_OK) != 0);

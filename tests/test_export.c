@@ -268,7 +268,7 @@ static void test_roundtrip(struct mt_ctx *ctxp, const char *root)
     struct mt_config c2;
     struct mt_ckpt_meta meta;
     EXPECT_ERR(mt_ckpt_read_meta(&ctx, ck, &c2, &meta), MT_OK, NULL);
-    EXPECT(meta.step == 0 && meta.adam_t == 0);
+    EXPECT(meta.step == 0 && meta.optim_t == 0);
     EXPECT(!strcmp(c2.pattern, "AE") && c2.n_experts == 3 && c2.top_k == 2 && c2.expert_hidden == 8);
     EXPECT(c2.d_model == 16 && c2.n_kv_head == 1 && c2.head_dim == 8 && c2.seq_len == 64 && c2.vocab_size == 32);
     snprintf(path, sizeof path, "%s/optim.bin", ck);

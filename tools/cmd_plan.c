@@ -35,6 +35,7 @@
 #include "io/mt_data.h"
 #include "plan/mt_plan.h"
 #include "plan/mt_plan_fit.h"
+#include "train/mt_optim.h"
 
 extern char **environ;
 
@@ -232,7 +233,7 @@ static void print_text(const struct mt_plan *p, const struct mt_plan_profile *pr
         n = mt_plan_param_ranks(p, i, MT_PLAN_OPTIMIZERS, ranks);
         mt_plan_ranks_str(ranks, n, rs2, sizeof rs2);
         printf("%-52s %-14s %-16s %-14s %-5d %-14s %-20s %-6d %-14s %s\n", pp->g.name, gs, spec, ls, pp->stage, rs, grp,
-               pp->owner, rs2, pp->g.frozen ? "frozen" : pp->g.optim == MT_OPTIM_MUON ? "muon" : "adamw");
+               pp->owner, rs2, pp->g.frozen ? "frozen" : mt_optim_class(pp->g.optim)->name);
     }
     printf("(spec: which mesh axis splits each dimension; @expert: held by one expert rank; holders: ranks\n"
            " storing it between steps; owner: its rank in the reduce group (ZeRO: %s); optimizer on:\n"

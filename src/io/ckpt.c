@@ -323,7 +323,7 @@ static enum mt_status manifest_meta(struct mt_ctx *ctx, const char *path, struct
     }
     mf->meta.step = (int)step;
     mf->meta.data_pos = pos;
-    mf->meta.adam_t = (long)t;
+    mf->meta.optim_t = (long)t;
     snprintf(mf->meta.mesh, sizeof mf->meta.mesh, "%s", mesh->valuestring);
     snprintf(mf->meta.run_id, sizeof mf->meta.run_id, "%s", rid->valuestring);
     return MT_OK;
@@ -466,7 +466,7 @@ static enum mt_status manifest_read(struct mt_ctx *ctx, const char *dir, struct 
     if (rc == MT_OK) rc = manifest_files(ctx, path, mf);
     if (rc == MT_OK) rc = manifest_tensors(ctx, path, mf, n_in);
     /* step > 0 with optimizer state: the optimizer has stepped at least once */
-    const long long step = mf->meta.step, t = mf->meta.adam_t;
+    const long long step = mf->meta.step, t = mf->meta.optim_t;
     if (rc == MT_OK && ((step == 0 && t != 0) || (step > 0 && n_in[1] > 0 && t < 1)))
         rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "%s: meta.adam_t %lld does not fit step %lld", path, t, step);
     if (rc != MT_OK) manifest_free(ctx, mf);
@@ -661,7 +661,7 @@ static enum mt_status manifest_build(struct mt_ctx *ctx, const struct mt_config 
     cJSON_AddNumberToObject(mj, "step", meta->step);
     cJSON_AddNumberToObject(mj, "data_pos", (double)meta->data_pos);
     cJSON_AddStringToObject(mj, "seed", seed);           /* string: a uint64 does not fit a double */
-    cJSON_AddNumberToObject(mj, "adam_t", (double)meta->adam_t);
+    cJSON_AddNumberToObject(mj, "adam_t", (double)meta->optim_t);
     cJSON_AddStringToObject(mj, "mesh", meta->mesh);
     cJSON_AddStringToObject(mj, "run_id", meta->run_id);
     if (meta->base_hash[0]) {
@@ -909,11 +909,11 @@ enum mt_status mt_ckpt_save_group(struct mt_ctx *ctx, const struct mt_ops_i *ops
     }
     if (rc == MT_OK) {
         /* what load would refuse is never written (manifest_read's rules) */
-        int bad_t = meta->adam_t < 0 || meta->adam_t > meta->step || (meta->step == 0 && meta->adam_t != 0) ||
-                    (meta->step > 0 && used[1] && meta->adam_t < 1);
+        int bad_t = meta->optim_t < 0 || meta->optim_t > meta->step || (meta->step == 0 && meta->optim_t != 0) ||
+                    (meta->step > 0 && used[1] && meta->optim_t < 1);
         if (meta->step < 0 || meta->step > CKPT_MAX_STEP || meta->data_pos < 0 || bad_t)
             rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "checkpoint %s: meta out of range (step %d, data_pos %lld, adam_t %ld)",
-                              where, meta->step, (long long)meta->data_pos, meta->adam_t);
+                              where, meta->step, (long long)meta->data_pos, meta->optim_t);
         else if (memchr(meta->run_id, 0, sizeof meta->run_id) == NULL || !is_run_id(meta->run_id))
             rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "checkpoint %s: malformed run id", where);
         else if (memchr(meta->base_hash, 0, sizeof meta->base_hash) == NULL ||
@@ -1298,7 +1298,7 @@ enum mt_status mt_ckpt_load_base(struct mt_ctx *ctx, const struct mt_ops_i *ops,
                 mt_optim_state_get(o, i, &s);
                 MT_CHECK_GOTO(load_one(ctx, ops, dir, &mf, fd, "optim.bin", s.name, s.param, s.data, stage), rc, done);
             }
-            mt_optim_set_t(o, mf.meta.adam_t);
+            mt_optim_set_t(o, mf.meta.optim_t);
         }
     }
 done:

@@ -8,7 +8,7 @@
  *   tokenizer.bin   (optional) the data's tokenizer, copied in before the
  *                   commit and listed with its checksum
  *   manifest.json   format version, config, mesh it was saved from, step,
- *                   data position, rng state (seed), adam t, run id, and per
+ *                   data position, rng state (seed), optimizer steps, run id, and per
  *                   tensor: name, file, offset, global shape, dtype "F32";
  *                   per file: size and xxh64 checksum; and "manifest_xxh64",
  *                   the xxh64 of the manifest's own canonical text (every
@@ -55,7 +55,8 @@ struct mt_ckpt_meta {
     int      step;          /* steps completed, 0 ..= 100000000                          */
     int64_t  data_pos;      /* next global sequence index (= step * batch_size)          */
     uint64_t seed;
-    long     adam_t;        /* optimizer steps taken: 0 at step 0, 1 ..= step after      */
+    long     optim_t;       /* optimizer steps taken: 0 at step 0, 1 ..= step after
+                               (manifest key "adam_t": the format keeps its name) */
     char     mesh[128];     /* "pp=1,dp=1,ep=1,tp=1"                                     */
     char     run_id[MT_CKPT_RUN_ID_LEN];   /* the training run (lineage: a resume keeps
                                               it); "" = none (import): no `latest`   */
@@ -130,7 +131,7 @@ enum mt_status mt_ckpt_read_meta(struct mt_ctx *ctx, const char *dir, struct mt_
  * are read, nothing else is touched. If the checkpoint has no optim.bin and
  * its step is 0 (an import) o's states are zeroed and its t is 0; a step > 0
  * without optim.bin is refused (MT_ERR_FORMAT: a resumed run would silently
- * restart its optimizer). Else t is the saved adam_t.
+ * restart its optimizer). Else t is the saved optim_t.
  * Verifies file checksums and every tensor's shape against the params:
  * mismatch -> MT_ERR_FORMAT naming the tensor / file. */
 enum mt_status mt_ckpt_load(struct mt_ctx *ctx, const struct mt_ops_i *ops, const char *dir,

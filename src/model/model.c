@@ -24,6 +24,7 @@
 
 #include "../core/mt_knobs.h"
 #include "../core/mt_rng.h"
+#include "../train/mt_optim.h"
 
 /* ------------------------------------------------------------------ */
 /* shapes                                                              */
@@ -204,12 +205,8 @@ static void visit_param(param_visit_fn fn, void *user, const struct mt_model *m,
     p.layer = layer;
     p.expert = sp->expert;
     p.decay = sp->ndim == 2 && sp->role != MT_ROLE_SSM;
-    /* nanochat split: Muon for every 2-D matrix inside the blocks except the
-     * router, the Mamba-3 biases (SPEC 1c: AdamW without decay) and LoRA
-     * adapters (AdamW, docs/lora.md); frozen tensors have no optimizer */
-    int muon = sp->ndim == 2 && layer >= 0 && sp->role != MT_ROLE_ROUTER && sp->role != MT_ROLE_SSM && !adapter &&
-               !p.frozen;
-    p.optim = (muon && strcmp(cfg->optimizer, "adamw") != 0) ? MT_OPTIM_MUON : MT_OPTIM_ADAMW;
+    /* the optimizer of its role, by the optimizers' rule (src/train/optim) */
+    p.optim = mt_optim_kind_for(cfg, &p);
     fn(user, &p);
 }
 

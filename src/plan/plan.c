@@ -67,8 +67,8 @@ struct eng_plan {
     /* for the cost model */
     double  param_bytes;  /* fp32 bytes of the engine's parameters on one rank              */
     int     units;        /* units holding any of them (collective calls per sweep)         */
-    double *muon_flops;   /* (2 * size) Newton–Schulz FLOPs per update: [0] stage 0, [1] owners */
-    double *muon_gather;  /* (2 * size) TP: bytes of full matrices gathered for split Muon params */
+    double *opt_flops;    /* (2 * size) optimizer FLOPs per update (Muon: Newton–Schulz): [0] stage 0, [1] owners */
+    double *opt_gather;   /* (2 * size) TP: bytes of full matrices gathered for split whole-matrix params */
 };
 
 struct stage_plan {
@@ -258,8 +258,8 @@ void mt_plan_destroy(struct mt_ctx *ctx, struct mt_plan *p)
         for (int k = 0; k < MT_LAYOUT_ENGINE_COUNT; k++) {
             mt_free(ctx, sp->eng[k].bytes);
             mt_free(ctx, sp->eng[k].owner);
-            mt_free(ctx, sp->eng[k].muon_flops);
-            mt_free(ctx, sp->eng[k].muon_gather);
+            mt_free(ctx, sp->eng[k].opt_flops);
+            mt_free(ctx, sp->eng[k].opt_gather);
         }
         mt_free(ctx, sp->engine);
         mt_model_destroy(ctx, sp->model);
@@ -272,17 +272,18 @@ void mt_plan_destroy(struct mt_ctx *ctx, struct mt_plan *p)
     mt_free(ctx, p);
 }
 
-/* Newton–Schulz FLOPs of one Muon update of a (rows x cols) matrix: 5
- * iterations of A = X X^T, B = bA + cAA, X = aX + BX on the s x l iterate
- * (s = min, l = max): 2 s^2 l + 2 s^3 + 2 s^2 l each. */
-static double muon_ns_flops(const struct mt_param *p)
-{
-    double r = (double)p->shape[0], c = (double)p->shape[1];
-    double s = r < c ? r : c, l = r < c ? c : r;
-    return 5.0 * (4.0 * s * s * l + 2.0 * s * s * s);
-}
-
 static int is_tp_split(const struct mt_param *p) { return p->len[0] != p->shape[0] || p->len[1] != p->shape[1]; }
+
+/* One update of p as its optimizer class declares it: FLOPs beyond the
+ * elementwise pass (Muon: Newton–Schulz) into *flops, and the bytes a
+ * whole-matrix class gathers for a TP-split p (2 x the full matrix) into
+ * *gather; both added to. */
+static void opt_update_cost(const struct mt_param *p, double *flops, double *gather)
+{
+    const struct mt_optim_i *c = mt_optim_class(p->optim);
+    if (c->flops) *flops += c->flops(p);
+    if (c->whole_matrix && is_tp_split(p)) *gather += 2.0 * (double)mt_param_global_numel(p) * sizeof(float);
+}
 
 /* Engine k of stage sp: ZeRO buffers for all stages and group ranks, plus
  * the optimizer of what each group rank updates. */
@@ -298,13 +299,13 @@ static enum mt_status engine_build(struct mt_ctx *ctx, const struct mt_plan *p, 
     const int G = e->size;
     e->bytes = mt_alloc(ctx, (size_t)NZ * G * NB * sizeof(size_t), MT_BUCKET_OTHER);
     e->owner = mt_alloc(ctx, (size_t)(P > 0 ? P : 1) * sizeof(int), MT_BUCKET_OTHER);
-    e->muon_flops = mt_alloc(ctx, (size_t)2 * G * sizeof(double), MT_BUCKET_OTHER);
-    e->muon_gather = mt_alloc(ctx, (size_t)2 * G * sizeof(double), MT_BUCKET_OTHER);
+    e->opt_flops = mt_alloc(ctx, (size_t)2 * G * sizeof(double), MT_BUCKET_OTHER);
+    e->opt_gather = mt_alloc(ctx, (size_t)2 * G * sizeof(double), MT_BUCKET_OTHER);
     unsigned char *sel = mt_alloc(ctx, (size_t)(P > 0 ? P : 1), MT_BUCKET_OTHER);
     struct mt_param *views = mt_alloc(ctx, (size_t)(P > 0 ? P : 1) * sizeof *views, MT_BUCKET_OTHER);
     int *start = mt_alloc(ctx, (size_t)(G + 1) * sizeof(int), MT_BUCKET_OTHER);
     enum mt_status rc = MT_OK;
-    if (!e->bytes || !e->owner || !e->muon_flops || !e->muon_gather || !sel || !views || !start) {
+    if (!e->bytes || !e->owner || !e->opt_flops || !e->opt_gather || !sel || !views || !start) {
         rc = MT_ERR_OOM;
         goto done;
     }
@@ -326,17 +327,14 @@ static enum mt_status engine_build(struct mt_ctx *ctx, const struct mt_plan *p, 
     for (int i = 0; i < P; i++) {
         if (!mt_zero_runs_optimizer(e->owner[i], 0, 0)) continue;
         views[n++] = params[i];
-        if (params[i].optim == MT_OPTIM_MUON) {
-            mf += muon_ns_flops(&params[i]);
-            if (is_tp_split(&params[i])) mg += 2.0 * (double)mt_param_global_numel(&params[i]) * sizeof(float);
-        }
+        opt_update_cost(&params[i], &mf, &mg);
     }
     MT_ASSERT(n == n_sel);
     mt_optim_plan_bytes(&p->cfg, views, n, ob);
     for (int r = 0; r < G; r++) {
         for (int b = 0; b < NB; b++) e->bytes[(size_t)r * NB + b] += ob[b];
-        e->muon_flops[r] = mf;
-        e->muon_gather[r] = mg;
+        e->opt_flops[r] = mf;
+        e->opt_gather[r] = mg;
     }
     /* stages 1-3: the owner alone; views grouped by owner (counting sort, model order kept) */
     for (int r = 0; r <= G; r++) start[r] = 0;
@@ -353,13 +351,9 @@ static enum mt_status engine_build(struct mt_ctx *ctx, const struct mt_plan *p, 
     for (int r = 0; r < G; r++) {
         mt_optim_plan_bytes(&p->cfg, views + start[r], start[r + 1] - start[r], ob);
         double f = 0, g = 0;
-        for (int j = start[r]; j < start[r + 1]; j++)
-            if (views[j].optim == MT_OPTIM_MUON) {
-                f += muon_ns_flops(&views[j]);
-                if (is_tp_split(&views[j])) g += 2.0 * (double)mt_param_global_numel(&views[j]) * sizeof(float);
-            }
-        e->muon_flops[G + r] = f;
-        e->muon_gather[G + r] = g;
+        for (int j = start[r]; j < start[r + 1]; j++) opt_update_cost(&views[j], &f, &g);
+        e->opt_flops[G + r] = f;
+        e->opt_gather[G + r] = g;
         for (int z = 1; z < NZ; z++)
             for (int b = 0; b < NB; b++) e->bytes[((size_t)z * G + r) * NB + b] += ob[b];
     }
@@ -1001,8 +995,8 @@ static void stage_data(const struct mt_plan *p, const struct mt_plan_profile *pr
         double mf = 0, mg = 0;
         for (int r = 0; r < g; r++) {
             int idx = z == 0 ? r : g + r;
-            if (e->muon_flops[idx] > mf) mf = e->muon_flops[idx];
-            if (e->muon_gather[idx] > mg) mg = e->muon_gather[idx];
+            if (e->opt_flops[idx] > mf) mf = e->opt_flops[idx];
+            if (e->opt_gather[idx] > mg) mg = e->opt_gather[idx];
         }
         opt += mf / rate + (tp > 1 ? t_gather(mg, tp, lm) : 0.0);
         opt_fl += mf;
@@ -1140,8 +1134,8 @@ static void stage_work(const struct mt_config *cfg, int l0, int l1, int rc, stru
 }
 
 /* The optimizer's passes over the parameters group rank 0 updates (every
- * one at ZeRO-0): AdamW reads p, g, m, v and writes p, m, v (28 bytes per
- * parameter), Muon's momentum and update 20, the gradient zeroing 4, the
+ * one at ZeRO-0): its class's pass_bytes per parameter (AdamW reads p, g,
+ * m, v and writes p, m, v: 28; Muon's momentum and update 20), the gradient zeroing 4, the
  * bf16 shadow cast of a matrix (precision=bf16) 6. */
 static double optimizer_bytes(const struct mt_plan *p, const struct stage_plan *sp)
 {
@@ -1152,7 +1146,7 @@ static double optimizer_bytes(const struct mt_plan *p, const struct stage_plan *
     for (int i = 0; i < P; i++) {
         const struct eng_plan *e = &sp->eng[sp->engine[i]];
         if (ps[i].frozen || (p->zero > 0 && e->owner && e->owner[i] != 0)) continue;
-        double per = ps[i].optim == MT_OPTIM_MUON ? 20.0 : 28.0;
+        double per = mt_optim_class(ps[i].optim)->pass_bytes;
         if (bf16 && ps[i].ndim == 2 && !strstr(ps[i].name, "embed_tokens")) per += 6.0;
         b += (double)ps[i].numel * (per + 4.0);
     }
@@ -1352,7 +1346,7 @@ static void plan_json_layout(cJSON *root, const struct mt_plan *p)
         mt_plan_ranks_str(ranks, n, rs, 4096);
         cJSON_AddStringToObject(z, "optimizer_ranks", rs);
         /* "frozen": a LoRA base tensor (no gradient, no optimizer state), as in the text table */
-        cJSON_AddStringToObject(o, "optimizer", pp->g.frozen ? "frozen" : pp->g.optim == MT_OPTIM_MUON ? "muon" : "adamw");
+        cJSON_AddStringToObject(o, "optimizer", pp->g.frozen ? "frozen" : mt_optim_class(pp->g.optim)->name);
         cJSON_AddItemToArray(lay, o);
     }
     free(ranks);

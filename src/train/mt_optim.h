@@ -1,13 +1,27 @@
 /*
- * mt_optim.h — AdamW + Muon (nanochat split), global-norm clipping, schedule.
+ * mt_optim.h — the optimizer table (AdamW, Muon), global-norm clipping, schedule.
  *
- * Exactly SPEC.md section 1b. The optimizer owns its state tensors (same box
- * as their parameter, bucket OPTIM) and a Newton–Schulz workspace (bucket
- * WORKSPACE). Muon orthogonalises the FULL matrix; on one rank the local box
- * is the full matrix (later axes gather or assign whole matrices per rank).
+ * Exactly SPEC.md section 1b. An optimizer is a `struct mt_optim_i`, like a
+ * backend is a `struct mt_ops_i`: its name, its per-parameter state tensors
+ * and their checkpoint names, the roles it accepts, the facts the planner
+ * counts, and its update. The built-in table (src/train/optim/optim.c) is
+ * indexed by `enum mt_optim_kind` (`param->optim`); each entry lives in its
+ * own file (src/train/optim/adamw.c, muon.c). The role-to-optimizer rule
+ * (mt_optim_kind_for) lives here too; the model only calls it.
  *
- * State tensor names (checkpoints): "<param>.exp_avg", "<param>.exp_avg_sq"
- * (AdamW), "<param>.momentum_buffer" (Muon).
+ * The optimizer object owns its state tensors (same box as their parameter,
+ * bucket OPTIM) and each class's workspace (bucket WORKSPACE). Muon
+ * orthogonalises the FULL matrix; on one rank the local box is the full
+ * matrix (TP gathers it, mt_optim_set_tp_comm).
+ *
+ * State tensor names (checkpoints): "<param>.<state name>", e.g.
+ * "<param>.exp_avg", "<param>.exp_avg_sq" (AdamW), "<param>.momentum_buffer"
+ * (Muon). The checkpoint's optimizer entries are these, in parameter order.
+ *
+ * Adding an optimizer: a file with its `const struct mt_optim_i`, one line
+ * in the table, its kernels in the ops tables if it needs new ones (and its
+ * name in the `optimizer` config key to make it selectable). A test may
+ * also pass its own table to mt_optim_create_with (tests/test_optim_table.c).
  */
 #ifndef MT_OPTIM_H
 #define MT_OPTIM_H
@@ -19,9 +33,78 @@
 #include "../ops/mt_ops.h"
 
 struct mt_optim;
+struct mt_comm;
+
+#define MT_OPTIM_MAX_STATES  4   /* state tensors per parameter, at most          */
+#define MT_OPTIM_MAX_WS      8   /* workspace buffers per optimizer class, at most */
+#define MT_OPTIM_MAX_CLASSES 8   /* entries of one optimizer table, at most        */
+
+/* One parameter the optimizer updates and its state tensors (s[j]: numel
+ * floats, backend memory; NULL past the class's n_states, all NULL when
+ * the parameter is frozen). */
+struct mt_optim_slot {
+    struct mt_param *p;
+    float           *s[MT_OPTIM_MAX_STATES];
+};
+
+/* What a class's update sees: the same for every class in one step. */
+struct mt_optim_run {
+    const struct mt_ops_i  *ops;
+    const struct mt_config *cfg;
+    struct mt_comm         *tp_comm;            /* model group (TP), or NULL          */
+    long                    t;                  /* this update's number, from 1       */
+    double                  lr_factor;          /* mt_optim_lr_factor of this step    */
+    float                  *ws[MT_OPTIM_MAX_WS]; /* the class's workspace (ws_sizes)  */
+};
+
+/* An optimizer class: one table entry. Hooks may be NULL where noted. */
+struct mt_optim_i {
+    const char *name;                               /* config value and plan column: "adamw"   */
+    int         n_states;                           /* state tensors per parameter (<= MAX)    */
+    const char *state_names[MT_OPTIM_MAX_STATES];   /* checkpoint entry "<param>.<name>"       */
+    unsigned    roles;                              /* roles it accepts: bits 1u << mt_param_role */
+    int         matrices_only;                      /* 1: 2-D parameters only                  */
+    int         whole_matrix;                       /* 1: runs on the FULL matrix: a TP-split
+                                                     * parameter's update is all-gathered over
+                                                     * the model group (planner: 2 x global
+                                                     * numel floats moved)                     */
+    double      pass_bytes;                         /* planner: bytes its elementwise update
+                                                     * reads + writes per parameter element   */
+    /* planner: FLOPs of one update beyond the elementwise pass (NULL: 0) */
+    double (*flops)(const struct mt_param *p);
+    /* floats of each workspace buffer for the parameters of kind `kind`
+     * among params[0..n) (the FULL shapes; 0 = not allocated). Pure; NULL:
+     * no workspace. create allocates exactly these, mt_optim_plan_bytes
+     * counts them. */
+    void (*ws_sizes)(const struct mt_param *params, int n, int kind, size_t floats[MT_OPTIM_MAX_WS]);
+    /* at create, per parameter of this class: the kernels it needs and the
+     * shapes it takes; an error code + message when refused (NULL: none) */
+    enum mt_status (*check)(struct mt_ctx *ctx, const struct mt_ops_i *ops, const struct mt_param *p);
+    /* the states' start (NULL: zeros, as allocated) */
+    enum mt_status (*init)(struct mt_ctx *ctx, const struct mt_ops_i *ops, struct mt_optim_slot *slot);
+    /* one update of n (<= MT_OPS_LIST_MAX) parameters of this class, model
+     * order, gradients already clipped */
+    enum mt_status (*step)(struct mt_ctx *ctx, const struct mt_optim_run *run, struct mt_optim_slot *const *slots,
+                           int n);
+};
+
+/* The built-in class of kind `kind` (enum mt_optim_kind), or NULL. */
+const struct mt_optim_i *mt_optim_class(int kind);
+/* The role-to-optimizer rule: the class cfg->optimizer names where it
+ * accepts p (role, ndim), else MT_OPTIM_ADAMW (accepts every parameter).
+ * A LoRA run (lora_rank > 0) trains its adapters with AdamW and its frozen
+ * base has no optimizer (docs/lora.md); so does a frozen p. Reads p->ndim,
+ * role, frozen. */
+enum mt_optim_kind mt_optim_kind_for(const struct mt_config *cfg, const struct mt_param *p);
 
 enum mt_status mt_optim_create(struct mt_ctx *ctx, const struct mt_ops_i *ops, const struct mt_config *cfg,
                                struct mt_param *params, int n_params, struct mt_optim **out);
+/* The same with a caller's table (classes[param->optim], n_classes <=
+ * MT_OPTIM_MAX_CLASSES): a test's toy optimizer. Not owned; must outlive
+ * the optimizer. */
+enum mt_status mt_optim_create_with(struct mt_ctx *ctx, const struct mt_ops_i *ops, const struct mt_config *cfg,
+                                    const struct mt_optim_i *const *classes, int n_classes, struct mt_param *params,
+                                    int n_params, struct mt_optim **out);
 void mt_optim_destroy(struct mt_ctx *ctx, struct mt_optim *o);  /* no-op on NULL */
 
 /* TP: a Muon matrix split over the model axis (its box is a row or column
@@ -30,7 +113,6 @@ void mt_optim_destroy(struct mt_ctx *ctx, struct mt_optim *o);  /* no-op on NULL
  * same Newton–Schulz) and each rank applies its own block. Every rank of the
  * group must step the same split parameters in the same order (they do: the
  * views are in model order). Not owned; must outlive the optimizer. */
-struct mt_comm;
 void mt_optim_set_tp_comm(struct mt_optim *o, struct mt_comm *tp_comm);
 
 /* Schedule factor for step s (from 0), SPEC.md 1b; scales both lrs. */
@@ -41,11 +123,11 @@ double mt_optim_lr_factor(const struct mt_config *cfg, int step);
 double mt_optim_grad_sumsq(struct mt_optim *o);
 
 /* One update at step `step` (from 0): clip with grad_norm (if grad_clip > 0:
- * g *= min(1, clip/(norm+1e-6))), then AdamW and Muon per parameter kind.
- * Increments the AdamW step counter t (from 1). A non-finite grad_norm ->
- * MT_ERR_NUMERIC before anything is touched. Clipping scales param->grad in
- * place. The schedule's progress is clamped to [0, 1]: steps past
- * total_steps keep the final factor. */
+ * g *= min(1, clip/(norm+1e-6))), then each class's step on its parameters.
+ * Increments the step counter t (from 1; AdamW's bias correction reads it).
+ * A non-finite grad_norm -> MT_ERR_NUMERIC before anything is touched.
+ * Clipping scales param->grad in place. The schedule's progress is clamped
+ * to [0, 1]: steps past total_steps keep the final factor. */
 enum mt_status mt_optim_step(struct mt_ctx *ctx, struct mt_optim *o, int step, double grad_norm);
 
 /* Checkpoint access to the state. */
@@ -55,21 +137,20 @@ struct mt_optim_state {
     float                 *data;       /* backend memory, param->numel floats */
 };
 int  mt_optim_state_count(const struct mt_optim *o);
-/* The state tensors of a parameter of optimizer kind `optim` (enum
- * mt_optim_kind), whether or not this rank holds it: how many (AdamW 2,
- * Muon 1), and the name of the j-th ("<param>.exp_avg", "<param>.exp_avg_sq",
- * "<param>.momentum_buffer"). The checkpoint's global entry list is built
- * from these; mt_optim_state_get names held states the same way. */
-int  mt_optim_class_n_states(int optim);
-/* States of one parameter: its class's, or 0 when frozen (a LoRA base). */
+/* The state tensors of parameter p (built-in table, class p->optim),
+ * whether or not this rank holds it: how many (0 when frozen: a LoRA base),
+ * and the name of the j-th ("<param>.exp_avg", ...). The checkpoint's
+ * global entry list is built from these; mt_optim_state_get names held
+ * states the same way. */
 int  mt_optim_param_n_states(const struct mt_param *p);
-void mt_optim_class_state_name(int optim, const char *param, int j, char *out, size_t n);
+void mt_optim_param_state_name(const struct mt_param *p, int j, char *out, size_t n);
 void mt_optim_state_get(const struct mt_optim *o, int i, struct mt_optim_state *out);
 long mt_optim_get_t(const struct mt_optim *o);
 void mt_optim_set_t(struct mt_optim *o, long t);
 
-/* Pure size function: bytes of optimizer state (bucket OPTIM) and NS
- * workspace (bucket WORKSPACE) for these params; same as create allocates.
+/* Pure size function (built-in table): bytes of optimizer state (bucket
+ * OPTIM: n_states x numel floats per parameter) and the classes' workspace
+ * (bucket WORKSPACE, ws_sizes) for these params; same as create allocates.
  * bytes[] is overwritten (zeroed first); OTHER holds the small host
  * bookkeeping create allocates with mt_alloc. */
 void mt_optim_plan_bytes(const struct mt_config *cfg, const struct mt_param *params, int n_params,

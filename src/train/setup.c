@@ -585,7 +585,7 @@ static enum mt_status load_params(struct mt_ctx *ctx, struct run_state *rs, cons
             /* adapter-only: the frozen base from its checked base checkpoint */
             MT_CHECK(mt_ckpt_load_base(ctx, rs->ops, resume_dir, rs->base_hash[0] ? rs->base_load : NULL, v, nv,
                                        rs->zset.opt[k]));
-            mt_optim_set_t(rs->zset.opt[k], resume_meta->adam_t);
+            mt_optim_set_t(rs->zset.opt[k], resume_meta->optim_t);
         } else if (lora_base) {
             /* views are copies pointing at the engine's buffers: load the base ones */
             struct mt_param *b = mt_alloc(ctx, (size_t)(nv > 0 ? nv : 1) * sizeof *b, MT_BUCKET_OTHER);

@@ -70,7 +70,7 @@ static void fill_meta(const struct mt_train_opts *opts, const struct run_state *
     if (mt_file_is_regular(tok_src)) meta->tokenizer = tok_src;
     meta->data_pos = (int64_t)step * rs->cfg->batch_size;
     meta->seed = rs->cfg->seed;
-    meta->adam_t = mt_optim_get_t(rs->zset.opt[0]);
+    meta->optim_t = mt_optim_get_t(rs->zset.opt[0]);
     snprintf(meta->base_hash, sizeof meta->base_hash, "%s", rs->base_hash);
     snprintf(meta->base_path, sizeof meta->base_path, "%s", rs->base_path);
     mt_mesh_dims_str(mt_mesh_get_dims(rs->mesh), meta->mesh, sizeof meta->mesh);
@@ -125,7 +125,7 @@ enum mt_status mt_train_save_checkpoint(struct mt_ctx *ctx, const struct mt_trai
                 continue;
             }
             for (int j = 0; j < mt_optim_param_n_states(&glob[g]); j++) {
-                mt_optim_class_state_name(glob[g].optim, glob[g].name, j, names[e], 160);
+                mt_optim_param_state_name(&glob[g], j, names[e], 160);
                 ent[e] = (struct mt_ckpt_entry){names[e], 1, shape, mine ? state_data(st, n_states, names[e]) : NULL};
                 e++;
             }

@@ -1,0 +1,73 @@
+/*
+ * adamw.c — AdamW (SPEC.md 1b), the fallback class: it accepts every
+ * parameter, so every parameter no other class takes is AdamW.
+ *
+ * Per element, t = the update's number from 1, lr = cfg->lr x schedule:
+ *   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
+ *   p *= 1 - lr wd;  p -= lr (m / (1-b1^t)) / (sqrt(v) / sqrt(1-b2^t) + eps)
+ * States: exp_avg (m), exp_avg_sq (v), PyTorch's names.
+ */
+#include "optim_impl.h"
+
+#include <math.h>
+
+static enum mt_status adamw_check(struct mt_ctx *ctx, const struct mt_ops_i *ops, const struct mt_param *p)
+{
+    (void)p;
+    /* the update needs this kernel; report, never fall back */
+    if (!ops->adamw_update)
+        return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "backend %s lacks an AdamW kernel (axpby/sumsq/adamw_update)",
+                            ops->name);
+    return MT_OK;
+}
+
+/* The list goes to adamw_multi in one call (one launch on cuda; n <=
+ * MT_OPS_LIST_MAX); the updates are independent of each other and of other
+ * classes', so the order in which they run changes no bit. */
+static enum mt_status adamw_step(struct mt_ctx *ctx, const struct mt_optim_run *run, struct mt_optim_slot *const *slots,
+                                 int n)
+{
+    (void)ctx;
+    const struct mt_ops_i *ops = run->ops;
+    const struct mt_config *cfg = run->cfg;
+    const float lr = (float)(cfg->lr * run->lr_factor);
+    const double b1 = cfg->adam_beta1, b2 = cfg->adam_beta2;
+    const float bc1 = (float)(1.0 - pow(b1, (double)run->t));
+    const float bc2 = (float)(1.0 - pow(b2, (double)run->t));
+    float       *p[MT_OPS_LIST_MAX], *m[MT_OPS_LIST_MAX], *v[MT_OPS_LIST_MAX];
+    const float *g[MT_OPS_LIST_MAX];
+    size_t       nel[MT_OPS_LIST_MAX];
+    float        wd[MT_OPS_LIST_MAX];
+    for (int i = 0; i < n; i++) {
+        const struct mt_param *pa = slots[i]->p;
+        wd[i] = pa->decay ? cfg->weight_decay : 0.0f;
+        if (!ops->adamw_multi) {
+            ops->adamw_update(ops->be, pa->data, pa->grad, slots[i]->s[0], slots[i]->s[1], pa->numel, lr,
+                              cfg->adam_beta1, cfg->adam_beta2, cfg->adam_eps, wd[i], bc1, bc2);
+            continue;
+        }
+        p[i] = pa->data;
+        g[i] = pa->grad;
+        m[i] = slots[i]->s[0];
+        v[i] = slots[i]->s[1];
+        nel[i] = pa->numel;
+    }
+    if (ops->adamw_multi && n > 0)
+        ops->adamw_multi(ops->be, p, g, m, v, nel, wd, n, lr, cfg->adam_beta1, cfg->adam_beta2, cfg->adam_eps, bc1, bc2);
+    return MT_OK;
+}
+
+const struct mt_optim_i mt_optim_adamw = {
+    .name = "adamw",
+    .n_states = 2,
+    .state_names = {"exp_avg", "exp_avg_sq"},
+    .roles = ~0u,
+    .matrices_only = 0,
+    .whole_matrix = 0,
+    .pass_bytes = 28.0,   /* reads p, g, m, v; writes p, m, v: 7 floats */
+    .flops = NULL,
+    .ws_sizes = NULL,
+    .check = adamw_check,
+    .init = NULL,
+    .step = adamw_step,
+};

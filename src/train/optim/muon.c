@@ -1,0 +1,182 @@
+/*
+ * muon.c — Muon (Keller Jordan's, nanochat's split): momentum, then the
+ * Nesterov direction orthogonalised by a quintic Newton–Schulz iteration
+ * on the FULL matrix (GEMM-bound, on ops->gemm). It accepts the block
+ * matrices (roles DENSE and EXPERT, 2-D); the router, the Mamba-3 biases,
+ * gains, embeddings and the head fall back to AdamW (mt_optim_kind_for).
+ * State: momentum_buffer. Workspace (bucket WORKSPACE, sized for the
+ * largest Muon matrix, holds nothing between calls): d, x, y, a, b, and g
+ * for TP-split matrices only.
+ */
+#include "optim_impl.h"
+
+#include "../../parallel/mt_comm.h"
+
+#include <math.h>
+
+/* Quintic Newton–Schulz coefficients (Keller Jordan's Muon / nanochat). */
+#define NS_A     3.4445f
+#define NS_B    (-4.7750f)
+#define NS_C     2.0315f
+#define NS_STEPS 5
+
+/* workspace buffers, s = min(rows, cols), l = max(rows, cols) */
+enum {
+    WS_D, /* (rows*cols) Nesterov direction d                        */
+    WS_X, /* (s*l) iterate X                                         */
+    WS_Y, /* (s*l) next iterate                                      */
+    WS_A, /* (s*s) A = X X^T                                         */
+    WS_B, /* (s*s) B = b A + c A A                                   */
+    WS_G, /* (rows*cols) TP: gathered slices (split Muon params only) */
+};
+
+static int is_split(const struct mt_param *p) { return p->len[0] != p->shape[0] || p->len[1] != p->shape[1]; }
+
+/* Workspace extents over every Muon matrix (kind `kind`): largest numel
+ * and largest s*s of the FULL matrices (Newton–Schulz runs on the whole
+ * matrix), g only when one is TP-split. */
+static void muon_ws_sizes(const struct mt_param *params, int n, int kind, size_t floats[MT_OPTIM_MAX_WS])
+{
+    size_t max_numel = 0, max_ss = 0;
+    int split = 0;
+    for (int i = 0; i < n; i++) {
+        const struct mt_param *p = &params[i];
+        if ((int)p->optim != kind) continue;
+        size_t r = (size_t)p->shape[0], c = (size_t)p->shape[1];
+        size_t s = r < c ? r : c;
+        if (r * c > max_numel) max_numel = r * c;
+        if (s * s > max_ss) max_ss = s * s;
+        split |= is_split(p);
+    }
+    if (max_numel == 0) return;
+    floats[WS_D] = floats[WS_X] = floats[WS_Y] = max_numel;
+    floats[WS_A] = floats[WS_B] = max_ss;
+    floats[WS_G] = split ? max_numel : 0;
+}
+
+/* Newton–Schulz FLOPs of one update of a (rows x cols) matrix: 5
+ * iterations of A = X X^T, B = bA + cAA, X = aX + BX on the s x l iterate
+ * (s = min, l = max): 2 s^2 l + 2 s^3 + 2 s^2 l each. */
+static double muon_flops(const struct mt_param *p)
+{
+    double r = (double)p->shape[0], c = (double)p->shape[1];
+    double s = r < c ? r : c, l = r < c ? c : r;
+    return 5.0 * (4.0 * s * s * l + 2.0 * s * s * s);
+}
+
+static enum mt_status muon_check(struct mt_ctx *ctx, const struct mt_ops_i *ops, const struct mt_param *p)
+{
+    if (p->ndim != 2)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "optimizer: Muon parameter %s is not 2-D", p->name);
+    if (is_split(p) && !(p->split == MT_SPLIT_ROWS ? p->len[1] == p->shape[1] : p->len[0] == p->shape[0]))
+        return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED,
+                            "optimizer: Muon parameter %s holds a box %lldx%lld of %lldx%lld that is not a TP split",
+                            p->name, (long long)p->len[0], (long long)p->len[1], (long long)p->shape[0],
+                            (long long)p->shape[1]);
+    if (!ops->gemm || !ops->muon_momentum || !ops->transpose || !ops->copy)
+        return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "backend %s lacks a Muon kernel (gemm/muon_momentum/transpose)",
+                            ops->name);
+    return MT_OK;
+}
+
+/*
+ * Muon on one matrix P (R, C) with gradient G, momentum M, lr, wd:
+ *   M = mu M + G;  D = G + mu M                       (ops->muon_momentum)
+ *   X = D, or D^T if R > C, so X is (s, l), s <= l
+ *   X = X / (||X||_F + 1e-7)
+ *   5 x:  A = X X^T (s,s);  B = b A + c A A;  X = a X + B X
+ *   X back to (R, C);  P = P (1 - lr wd) - lr sqrt(max(1, R/C)) X
+ */
+static enum mt_status muon_update(struct mt_ctx *ctx, const struct mt_optim_run *run, struct mt_optim_slot *st, float lr,
+                                  float wd)
+{
+    const struct mt_ops_i *ops = run->ops;
+    float *const *ws = run->ws;   /* d, x, y, a, b, g (ws_sizes) */
+    struct mt_param *p = st->p;
+    const int R = (int)p->shape[0], C = (int)p->shape[1];   /* the FULL matrix */
+    const size_t n = (size_t)R * (size_t)C, nl = p->numel;
+    const int split = is_split(p);
+    const int tr = R > C;
+    const int s = tr ? C : R, l = tr ? R : C;
+
+    if (!split) {
+        ops->muon_momentum(ops->be, ws[WS_D], st->s[0], p->grad, run->cfg->muon_momentum, n);
+    } else {
+        /* TP: the momentum stays sharded (elementwise); the direction is
+         * gathered over the model group so that every model rank runs
+         * Newton–Schulz on the same full matrix and keeps its own slice */
+        if (!run->tp_comm || mt_comm_size(run->tp_comm) * nl != n)
+            return mt_ctx_error(ctx, MT_ERR_RUNTIME, "optimizer: %s is TP-split but no matching model group is set",
+                                p->name);
+        int tp = mt_comm_size(run->tp_comm);
+        ops->muon_momentum(ops->be, ws[WS_G], st->s[0], p->grad, run->cfg->muon_momentum, nl);
+        if (p->split == MT_SPLIT_ROWS) {
+            MT_CHECK(mt_comm_allgather(ctx, run->tp_comm, ws[WS_D], ws[WS_G], nl, MT_DTYPE_F32));
+        } else {
+            /* column blocks (R, C/tp) of rank r land at columns [r*C/tp, ...) of every row */
+            const int Cl = (int)p->len[1];
+            MT_CHECK(mt_comm_allgather(ctx, run->tp_comm, ws[WS_Y], ws[WS_G], nl, MT_DTYPE_F32));
+            for (int r = 0; r < tp; r++)
+                for (int i = 0; i < R; i++)
+                    ops->copy(ops->be, ws[WS_D] + (size_t)i * C + (size_t)r * Cl, ws[WS_Y] + ((size_t)r * R + i) * Cl,
+                              (size_t)Cl * sizeof(float));
+        }
+    }
+    float *x = ws[WS_X], *y = ws[WS_Y], *a = ws[WS_A], *b = ws[WS_B];
+    if (tr) ops->transpose(ops->be, x, ws[WS_D], R, C);
+    else    ops->copy(ops->be, x, ws[WS_D], n * sizeof(float));
+    if (ops->normalize_fro) {
+        ops->normalize_fro(ops->be, x, n, 1e-7);   /* the same numbers, the norm kept on the device */
+    } else {
+        double nrm = sqrt(ops->sumsq(ops->be, x, n));
+        ops->axpby(ops->be, x, NULL, 0.0f, (float)(1.0 / (nrm + 1e-7)), n);
+    }
+    for (int it = 0; it < NS_STEPS; it++) {
+        ops->gemm(ops->be, 0, 1, s, s, l, 1.0f, x, l, x, l, 0.0f, a, s);      /* A = X X^T       */
+        ops->gemm(ops->be, 0, 0, s, s, s, NS_C, a, s, a, s, 0.0f, b, s);     /* B = c A A       */
+        ops->axpby(ops->be, b, a, NS_B, 1.0f, (size_t)s * (size_t)s);        /* B += b A        */
+        ops->copy(ops->be, y, x, n * sizeof(float));
+        ops->gemm(ops->be, 0, 0, s, l, s, 1.0f, b, s, x, l, NS_A, y, l);     /* Y = a X + B X   */
+        float *t = x; x = y; y = t;
+    }
+    float *upd = x;
+    if (tr) { ops->transpose(ops->be, ws[WS_D], x, C, R); upd = ws[WS_D]; }
+    double scale = sqrt(R > C ? (double)R / (double)C : 1.0);
+    if (split) {
+        /* this rank's box of the full update */
+        if (p->split == MT_SPLIT_ROWS) {
+            upd += (size_t)p->off[0] * (size_t)C;
+        } else {
+            const int Cl = (int)p->len[1];
+            for (int i = 0; i < R; i++)
+                ops->copy(ops->be, ws[WS_G] + (size_t)i * Cl, upd + (size_t)i * C + (size_t)p->off[1], (size_t)Cl * sizeof(float));
+            upd = ws[WS_G];
+        }
+    }
+    ops->axpby(ops->be, p->data, upd, (float)(-(double)lr * scale), 1.0f - lr * wd, nl);
+    return MT_OK;
+}
+
+static enum mt_status muon_step(struct mt_ctx *ctx, const struct mt_optim_run *run, struct mt_optim_slot *const *slots,
+                                int n)
+{
+    const float lr = (float)(run->cfg->muon_lr * run->lr_factor);
+    for (int i = 0; i < n; i++)
+        MT_CHECK(muon_update(ctx, run, slots[i], lr, slots[i]->p->decay ? run->cfg->weight_decay : 0.0f));
+    return MT_OK;
+}
+
+const struct mt_optim_i mt_optim_muon = {
+    .name = "muon",
+    .n_states = 1,
+    .state_names = {"momentum_buffer"},
+    .roles = 1u << MT_ROLE_DENSE | 1u << MT_ROLE_EXPERT,
+    .matrices_only = 1,
+    .whole_matrix = 1,
+    .pass_bytes = 20.0,   /* the momentum and the update's elementwise passes */
+    .flops = muon_flops,
+    .ws_sizes = muon_ws_sizes,
+    .check = muon_check,
+    .init = NULL,
+    .step = muon_step,
+};
