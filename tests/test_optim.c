@@ -1,7 +1,8 @@
 /*
  * test_optim.c — AdamW and Muon against double-precision references, the
  * Newton–Schulz singular-value band, the lr schedule, clipping, weight decay
- * only on 2-D params, the plan vs real allocation, injected OOM.
+ * only on 2-D params, the plan vs real allocation, injected OOM, the
+ * table (the role rule, state names, the planner's facts).
  * Parameters are built by hand, except in test_adamw_model: optimizer=adamw
  * with weight decay on a real model, end to end against a double reference.
  * Exits non-zero on failure.
@@ -542,6 +543,61 @@ static void test_adamw_model(const struct mt_ops_i *ops)
     mt_ctx_free(&ctx);
 }
 
+/* ---- the table: the role rule, state names, the planner's facts ----
+ * Muon takes the 2-D dense and expert matrices when optimizer=muon; the
+ * router, the Mamba-3 biases (SSM, even 2-D), gains, embeddings, the head,
+ * frozen tensors and everything of a LoRA run are AdamW; optimizer=adamw is
+ * AdamW everywhere. */
+static void test_table(void)
+{
+    struct mt_config cfg;
+    base_cfg(&cfg);
+    const struct mt_optim_i *aw = mt_optim_class(MT_OPTIM_ADAMW), *mu = mt_optim_class(MT_OPTIM_MUON);
+    EXPECT(aw && mu && !mt_optim_class(-1) && !mt_optim_class(2));
+    if (!aw || !mu) return;
+    EXPECT(!strcmp(aw->name, "adamw") && !strcmp(mu->name, "muon"));
+    EXPECT(aw->n_states == 2 && mu->n_states == 1 && aw->pass_bytes == 28.0 && mu->pass_bytes == 20.0);
+    EXPECT(!aw->flops && mu->flops && mu->whole_matrix && !aw->whole_matrix);
+    struct { enum mt_param_role role; int ndim, frozen; enum mt_optim_kind want; } cases[] = {
+        {MT_ROLE_DENSE, 2, 0, MT_OPTIM_MUON},  {MT_ROLE_EXPERT, 2, 0, MT_OPTIM_MUON},
+        {MT_ROLE_ROUTER, 2, 0, MT_OPTIM_ADAMW}, {MT_ROLE_SSM, 2, 0, MT_OPTIM_ADAMW},
+        {MT_ROLE_GAIN, 1, 0, MT_OPTIM_ADAMW},  {MT_ROLE_EMBED, 2, 0, MT_OPTIM_ADAMW},
+        {MT_ROLE_HEAD, 2, 0, MT_OPTIM_ADAMW},  {MT_ROLE_DENSE, 1, 0, MT_OPTIM_ADAMW},
+        {MT_ROLE_DENSE, 2, 1, MT_OPTIM_ADAMW},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct mt_param p;
+        memset(&p, 0, sizeof p);
+        p.role = cases[i].role;
+        p.ndim = cases[i].ndim;
+        p.frozen = cases[i].frozen;
+        EXPECT(mt_optim_kind_for(&cfg, &p) == cases[i].want);
+        if (!p.frozen) {
+            struct mt_config c2 = cfg;
+            c2.lora_rank = 4;   /* a LoRA run: the adapters are AdamW */
+            EXPECT(mt_optim_kind_for(&c2, &p) == MT_OPTIM_ADAMW);
+            snprintf(c2.optimizer, sizeof c2.optimizer, "adamw");
+            c2.lora_rank = 0;
+            EXPECT(mt_optim_kind_for(&c2, &p) == MT_OPTIM_ADAMW);
+        }
+    }
+    /* the checkpoint's names for a parameter: its class's, in order; a frozen one has none */
+    struct mt_param p;
+    memset(&p, 0, sizeof p);
+    snprintf(p.name, sizeof p.name, "lm_head.weight");
+    char nm[160];
+    p.optim = MT_OPTIM_ADAMW;
+    EXPECT(mt_optim_param_n_states(&p) == 2);
+    mt_optim_param_state_name(&p, 1, nm, sizeof nm);
+    EXPECT(!strcmp(nm, "lm_head.weight.exp_avg_sq"));
+    p.optim = MT_OPTIM_MUON;
+    EXPECT(mt_optim_param_n_states(&p) == 1);
+    mt_optim_param_state_name(&p, 0, nm, sizeof nm);
+    EXPECT(!strcmp(nm, "lm_head.weight.momentum_buffer"));
+    p.frozen = 1;
+    EXPECT(mt_optim_param_n_states(&p) == 0);
+}
+
 int main(void)
 {
     const struct mt_ops_i *ops = mt_ops_cpu();
@@ -553,6 +609,7 @@ int main(void)
     test_clip(ops);
     test_plan_and_oom(ops);
     test_adamw_model(ops);
+    test_table();
     if (n_fail) {
         fprintf(stderr, "test_optim: %d check(s) failed\n", n_fail);
         return 1;
