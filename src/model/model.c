@@ -197,7 +197,7 @@ static void visit_param(param_visit_fn fn, void *user, const struct mt_model *m,
                      ? 0.0f
                  : sp->init == MT_SCALE_NORMAL_OUT ? (float)(0.02 / sqrt(2.0 * m->L))
                  : sp->init == MT_SCALE_LORA_A ? (float)(1.0 / sqrt((double)cfg->lora_rank)) : 0.02f;
-    /* LoRA: adapters (A, B) train with AdamW; everything else is frozen */
+    /* LoRA: the adapters (A, B) train (AdamW: mt_optim_kind_for); everything else is frozen */
     const int adapter = sp->init == MT_SCALE_LORA_A || sp->init == MT_SCALE_ZEROS;
     p.frozen = cfg->lora_rank > 0 && !adapter;
     p.role = sp->role;

@@ -18,8 +18,8 @@
  * "<param>.exp_avg", "<param>.exp_avg_sq" (AdamW), "<param>.momentum_buffer"
  * (Muon). The checkpoint's optimizer entries are these, in parameter order.
  *
- * Adding an optimizer: a file with its `const struct mt_optim_i`, one line
- * in the table, its kernels in the ops tables if it needs new ones (and its
+ * Adding an optimizer: a file with its `const struct mt_optim_i`, its
+ * declaration and one line in the table (optim.c), its kernels in the ops tables if it needs new ones (and its
  * name in the `optimizer` config key to make it selectable). A test may
  * also pass its own table to mt_optim_create_with (tests/test_optim_table.c).
  */

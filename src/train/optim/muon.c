@@ -8,7 +8,7 @@
  * largest Muon matrix, holds nothing between calls): d, x, y, a, b, and g
  * for TP-split matrices only.
  */
-#include "optim_impl.h"
+#include "../mt_optim.h"
 
 #include "../../parallel/mt_comm.h"
 

@@ -15,14 +15,16 @@
  * (0 before the first; the update at step() uses t+1, PyTorch's bias
  * correction from 1).
  */
-#include "optim_impl.h"
+#include "../mt_optim.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 /* The built-in table, in enum mt_optim_kind order: entry 0 is the fallback
- * (accepts every parameter). Adding an optimizer adds one line here. */
+ * (accepts every parameter). Each entry is defined in its own file; adding
+ * an optimizer adds its name to the declaration and one line to the table. */
+extern const struct mt_optim_i mt_optim_adamw, mt_optim_muon;   /* adamw.c, muon.c */
 static const struct mt_optim_i *const builtin[] = {
     [MT_OPTIM_ADAMW] = &mt_optim_adamw,
     [MT_OPTIM_MUON]  = &mt_optim_muon,
