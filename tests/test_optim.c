@@ -17,16 +17,7 @@
 #include "model/mt_model.h"
 #include "ops/mt_ops.h"
 #include "train/mt_optim.h"
-
-static int n_fail = 0;
-
-#define EXPECT(cond)                                                          \
-    do {                                                                      \
-        if (!(cond)) {                                                        \
-            fprintf(stderr, "%s:%d: FAILED: %s\n", __FILE__, __LINE__, #cond); \
-            n_fail++;                                                         \
-        }                                                                     \
-    } while (0)
+#include "mt_test.h"
 
 static void mkparam(struct mt_ctx *ctx, struct mt_param *p, const char *name, int ndim, int r, int c,
                     enum mt_optim_kind k, int decay)
