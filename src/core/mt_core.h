@@ -21,7 +21,9 @@
  *     mt_ops_profile_*): the table is a const process-wide singleton;
  *   - write-once caches of process facts: the CPU's AVX-512 support
  *     (ops_cpu.c), the MPI bf16 sum operator (comm_mpi.c), the cuda
- *     backend's default instance (ops_cuda.cu).
+ *     backend's default instance and each thread's bound instance
+ *     (ops_cuda.cu).
+ * No signal handler needs any: the watchdog is a thread, not a handler.
  *
  * Example:
  *     struct mt_ctx ctx;

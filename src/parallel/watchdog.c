@@ -35,8 +35,8 @@
 #include <stdio.h>
 #include <time.h>
 
-/* All of the watchdog's state, in one place: the one piece of mutable
- * process-wide state in src/ (mt_core.h names it). Why not on a handle: the
+/* All of the watchdog's state, in one place: one of the few pieces of
+ * mutable process-wide state, which mt_core.h names. Why not on a handle: the
  * watchdog watches the process (one thread for every communicator, started
  * and stopped by tools/ around the run), collectives mark it from comm.c
  * where no context is at hand, and on_expire takes no argument, so there is
