@@ -38,8 +38,8 @@ steps); in compiled mode the compiling steps are also excluded.
 config and data shard (default: a random shard it writes), loads the initial
 weights into this model, runs the same 3 steps on the same batches (meshtrain's
 sequential data order) and compares loss and gradient norm of every step with
-meshtrain's receipt: |diff| <= tol (loss) and relative <= 10*tol (grad norm), in
-fp32. Steps 1 and 2 see the weights after one and two optimizer steps (Muon,
+meshtrain's receipt: |diff| <= tol (loss, default 2e-5) and relative <= 5*tol
+(grad norm), in fp32 (seen on a_dense and b_moe: 1.2e-6 and 1e-5 relative). Steps 1 and 2 see the weights after one and two optimizer steps (Muon,
 AdamW, clipping, the cosine schedule), so the optimizers are checked as well
 as the forward and backward. Exit 0 when all agree, 1 otherwise.
 """
@@ -383,7 +383,7 @@ def check(args, c):
             idx, tgt = batch(toks, s, cfg["batch_size"], cfg["seq_len"])
             loss, lm, aux, z, gn = (float(v) for v in tr.step(s, idx, tgt))
             ml, mg = rc["losses"][s], rc["grad_norms"][s]
-            good = abs(loss - ml) <= args.tol and abs(gn - mg) <= 10 * args.tol * mg
+            good = abs(loss - ml) <= args.tol and abs(gn - mg) <= 5 * args.tol * mg
             ok &= good
             rows.append(dict(step=s, torch_loss=loss, meshtrain_loss=ml, torch_grad_norm=gn, meshtrain_grad_norm=mg,
                              torch_aux=aux, meshtrain_aux=rc["aux_losses"][s], torch_z=z,
@@ -405,7 +405,7 @@ def main():
     ap.add_argument("--data", help="llm.c token shard (uint16); default: random tokens")
     ap.add_argument("--precision", choices=("fp32", "bf16"), help="default: the config's (fp32)")
     ap.add_argument("--check", metavar="MESHTRAIN", help="compare 3 steps with this meshtrain binary (exit 1 if off)")
-    ap.add_argument("--tol", type=float, default=2e-4, help="--check: loss tolerance (grad norm: 10x, relative)")
+    ap.add_argument("--tol", type=float, default=2e-5, help="--check: loss tolerance (grad norm: 5x, relative)")
     args = ap.parse_args()
     malloc_tuned = keep_freed_memory()
     torch.set_num_threads(args.threads)
