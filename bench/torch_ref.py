@@ -164,22 +164,29 @@ class Model(torch.nn.Module):
         p = logits.softmax(-1)
         g, idx = p.topk(k, -1)  # ties: the lower index first, as meshtrain
         g = g / g.sum(-1, keepdim=True)
-        flat = idx.reshape(-1)
-        order = flat.argsort(stable=True)
-        tok = order // k
-        counts = torch.bincount(flat, minlength=E)
-        xs = x.index_select(0, tok).split(counts.tolist())
-        # unbind: one stacked gradient per weight in backward (m.eg[e] would add E full-size zero-filled ones)
-        ys = [F.linear(F.silu(F.linear(xe, wg)) * F.linear(xe, wu), wd)
-              for xe, wg, wu, wd in zip(xs, m.eg.unbind(0), m.eu.unbind(0), m.ed.unbind(0))]
-        y = torch.cat(ys) * g.reshape(-1).index_select(0, order)[:, None]
-        out = torch.zeros_like(x).index_add_(0, tok, y)
+        out = self.experts(m, x, g, idx)
         f = torch.zeros(B, E, dtype=p.dtype).scatter_add_(
             1, idx.reshape(B, T * k), torch.ones(B, T * k, dtype=p.dtype)) / (T * k)
         P_ = p.reshape(B, T, E).mean(1)
         aux = c["aux_loss_coef"] * E * (f * P_).sum(-1).mean()
         z = c["z_loss_coef"] * torch.logsumexp(logits, -1).pow(2).mean()
         return out.reshape(B, T, D), aux, z
+
+    @torch.compiler.disable
+    def experts(self, m, x, g, idx):
+        """Eager even under --mode compiled: the per-expert token counts change every
+        step, and static-shape graphs would recompile each step (seen: minutes per step)."""
+        k = idx.shape[-1]
+        flat = idx.reshape(-1)
+        order = flat.argsort(stable=True)
+        tok = order // k
+        counts = torch.bincount(flat, minlength=self.c["n_experts"])
+        xs = x.index_select(0, tok).split(counts.tolist())
+        # unbind: one stacked gradient per weight in backward (m.eg[e] would add E full-size zero-filled ones)
+        ys = [F.linear(F.silu(F.linear(xe, wg)) * F.linear(xe, wu), wd)
+              for xe, wg, wu, wd in zip(xs, m.eg.unbind(0), m.eu.unbind(0), m.ed.unbind(0))]
+        y = torch.cat(ys) * g.reshape(-1).index_select(0, order)[:, None]
+        return torch.zeros_like(x).index_add_(0, tok, y)
 
     def forward(self, idx, tgt):
         """-> (loss, lm_loss, aux, z)."""
