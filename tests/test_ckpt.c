@@ -38,7 +38,7 @@
 #include "parallel/mt_comm.h"
 #include "ops/mt_ops.h"
 #include "io/mt_ckpt.h"
-#include "train/mt_optim.h"
+#include "optim/mt_optim.h"
 #include "mt_test.h"
 
 

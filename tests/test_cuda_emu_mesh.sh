@@ -81,14 +81,14 @@ compile() {  # one source -> one object, unless the object is newer
 }
 export -f compile
 { for f in "$SRC"/src/ops/cuda/*.cu "$SRC/tests/cuda/emu/emu.cc" "$SRC/tests/cuda/emu/nccl_emu.cc" \
-           "$SRC"/src/*/*.c "$SRC"/src/train/optim/*.c "$SRC"/src/ops/cpu/*.c "$SRC"/tools/*.c; do
+           "$SRC"/src/*/*.c "$SRC"/src/ops/cpu/*.c "$SRC"/tools/*.c; do
       echo "$f $EM/obj/$(echo "${f#$SRC/}" | tr / _).o"
   done; } | xargs -P2 -n2 bash -c 'compile "$0" "$1"' >"$EM/compile.log" 2>&1
 if [ $? -ne 0 ]; then grep -v '^built ' "$EM/compile.log" | head -40; echo "FAIL: emulated NCCL build"; exit 1; fi
 # objects of sources that no longer exist would link stale code
 for o in "$EM"/obj/*.o; do
     grep -q "^built $o\$" "$EM/compile.log" && continue
-    [ -n "$(ls "$SRC"/src/*/*.c "$SRC"/src/train/optim/*.c "$SRC"/src/ops/*/*.c* "$SRC"/src/ops/cuda/*.cu "$SRC"/tools/*.c "$SRC"/tests/cuda/emu/*.cc |
+    [ -n "$(ls "$SRC"/src/*/*.c "$SRC"/src/ops/*/*.c* "$SRC"/src/ops/cuda/*.cu "$SRC"/tools/*.c "$SRC"/tests/cuda/emu/*.cc |
             sed "s|^$SRC/||; s|/|_|g; s|\$|.o|" | grep -Fx "$(basename "$o")")" ] || rm -f "$o"
 done
 if [ ! -x "$EM/meshtrain" ] || grep -q '^built ' "$EM/compile.log"; then

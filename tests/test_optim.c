@@ -16,7 +16,7 @@
 #include "core/mt_param.h"
 #include "model/mt_model.h"
 #include "ops/mt_ops.h"
-#include "train/mt_optim.h"
+#include "optim/mt_optim.h"
 #include "mt_test.h"
 
 static void mkparam(struct mt_ctx *ctx, struct mt_param *p, const char *name, int ndim, int r, int c,

@@ -27,7 +27,7 @@
 #include "model/mt_model.h"
 #include "ops/mt_ops.h"
 #include "io/mt_ckpt.h"
-#include "train/mt_optim.h"
+#include "optim/mt_optim.h"
 #include "mt_test.h"
 
 /* ---- the toy: its whole definition (what a new optimizer file holds) ---- */

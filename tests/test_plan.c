@@ -24,7 +24,7 @@
 #include "parallel/mt_mesh.h"
 #include "model/mt_model.h"
 #include "ops/mt_ops.h"
-#include "train/mt_optim.h"
+#include "optim/mt_optim.h"
 #include "plan/mt_plan.h"
 #include "train/mt_trainer.h"
 #include "parallel/mt_zero.h"

@@ -35,7 +35,7 @@
 #include "io/mt_data.h"
 #include "plan/mt_plan.h"
 #include "plan/mt_plan_fit.h"
-#include "train/mt_optim.h"
+#include "optim/mt_optim.h"
 
 extern char **environ;
 

@@ -47,7 +47,7 @@
 #include "../core/mt_config.h"
 #include "../core/mt_param.h"
 #include "../ops/mt_ops.h"
-#include "../train/mt_optim.h"
+#include "../optim/mt_optim.h"
 
 #define MT_CKPT_RUN_ID_LEN 17   /* 16 lowercase hex digits + NUL */
 

@@ -24,7 +24,7 @@
 
 #include "../core/mt_knobs.h"
 #include "../core/mt_rng.h"
-#include "../train/mt_optim.h"
+#include "../optim/mt_optim.h"
 
 /* ------------------------------------------------------------------ */
 /* shapes                                                              */
@@ -230,7 +230,7 @@ static void visit_param(param_visit_fn fn, void *user, const struct mt_model *m,
     p.layer = layer;
     p.expert = sp->expert;
     p.decay = sp->ndim == 2 && sp->role != MT_ROLE_SSM;
-    /* the optimizer of its role, by the optimizers' rule (src/train/optim) */
+    /* the optimizer of its role, by the optimizers' rule (src/optim) */
     p.optim = mt_optim_kind_for(cfg, &p);
     fn(user, &p);
 }

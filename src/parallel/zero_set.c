@@ -11,7 +11,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "../train/mt_optim.h"
+#include "../optim/mt_optim.h"
 
 void mt_zero_set_zero_grad(struct mt_zero_set *set, int step)
 {

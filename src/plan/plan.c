@@ -35,7 +35,7 @@
 #include "../core/mt_fileio.h"
 #include "../model/mt_blocks.h"
 #include "../model/mt_model.h"
-#include "../train/mt_optim.h"
+#include "../optim/mt_optim.h"
 #include "../parallel/mt_layout.h"
 #include "../parallel/mt_zero.h"
 

@@ -21,7 +21,7 @@
 #include "../core/mt_build.h"
 #include "../core/mt_fileio.h"
 #include "../core/mt_knobs.h"
-#include "mt_optim.h"
+#include "../optim/mt_optim.h"
 #include "../parallel/mt_layout.h"
 #include "../plan/mt_plan.h"
 #include "train_impl.h"

@@ -20,7 +20,7 @@
 
 #include "../parallel/mt_layout.h"
 #include "../model/mt_blocks.h"
-#include "mt_optim.h"
+#include "../optim/mt_optim.h"
 #include "train_impl.h"
 
 /* Routed slots per expert this step over the whole world: the load

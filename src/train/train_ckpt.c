@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "../core/mt_fileio.h"
-#include "mt_optim.h"
+#include "../optim/mt_optim.h"
 #include "train_impl.h"
 
 /* The data of the held optimizer state called `name`, or NULL. */

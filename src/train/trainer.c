@@ -18,7 +18,7 @@
 #include "../core/mt_fileio.h"
 #include "../core/mt_knobs.h"
 #include "../plan/mt_gpu_info.h"
-#include "mt_optim.h"
+#include "../optim/mt_optim.h"
 #include "train_impl.h"
 
 /* The GEMM roof MFU is measured against: --peak-flops, or measured now by

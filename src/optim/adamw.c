@@ -7,7 +7,7 @@
  *   p *= 1 - lr wd;  p -= lr (m / (1-b1^t)) / (sqrt(v) / sqrt(1-b2^t) + eps)
  * States: exp_avg (m), exp_avg_sq (v), PyTorch's names.
  */
-#include "../mt_optim.h"
+#include "mt_optim.h"
 
 #include <math.h>
 

@@ -8,9 +8,9 @@
  * largest Muon matrix, holds nothing between calls): d, x, y, a, b, and g
  * for TP-split matrices only.
  */
-#include "../mt_optim.h"
+#include "mt_optim.h"
 
-#include "../../parallel/mt_comm.h"
+#include "../parallel/mt_comm.h"
 
 #include <math.h>
 

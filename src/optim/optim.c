@@ -15,7 +15,7 @@
  * (0 before the first; the update at step() uses t+1, PyTorch's bias
  * correction from 1).
  */
-#include "../mt_optim.h"
+#include "mt_optim.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -4,9 +4,9 @@
  * Exactly SPEC.md section 1b. An optimizer is a `struct mt_optim_i`, like a
  * backend is a `struct mt_ops_i`: its name, its per-parameter state tensors
  * and their checkpoint names, the roles it accepts, the facts the planner
- * counts, and its update. The built-in table (src/train/optim/optim.c) is
+ * counts, and its update. The built-in table (src/optim/optim.c) is
  * indexed by `enum mt_optim_kind` (`param->optim`); each entry lives in its
- * own file (src/train/optim/adamw.c, muon.c). The role-to-optimizer rule
+ * own file (src/optim/adamw.c, muon.c). The role-to-optimizer rule
  * (mt_optim_kind_for) lives here too; the model only calls it.
  *
  * The optimizer object owns its state tensors (same box as their parameter,
