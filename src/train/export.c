@@ -939,7 +939,91 @@ static enum mt_status merge_lora(struct mt_ctx *ctx, const struct mt_config *cfg
     return rc;
 }
 
-enum mt_status mt_export_lora_adapter(struct mt_ctx *ctx, const char *ckpt_dir, const char *out_dir, int force)
+/* Which projections of a LoRA checkpoint carry adapters (from its tensor
+ * names): attention (q/k/v/o_proj), the dense layers' MLP and the routed
+ * experts, as bits 0..6 of q,k,v,o,gate,up,down (the experts always adapt
+ * gate, up and down together: the `expert` target). */
+struct adapter_sites {
+    unsigned attn_mlp;   /* bits of q_proj..down_proj on attention / dense MLP */
+    int      expert;     /* adapters on the routed experts                     */
+};
+
+static const char *const peft_leaf[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+
+static void adapter_sites_of(const struct mt_ckpt_tensor *ct, int nct, struct adapter_sites *s)
+{
+    memset(s, 0, sizeof *s);
+    for (int i = 0; i < nct; i++) {
+        const char *l = strstr(ct[i].name, ".lora_");
+        if (!l) continue;
+        if (strstr(ct[i].name, ".mlp.experts.")) { s->expert = 1; continue; }
+        for (int k = 0; k < 7; k++) {
+            size_t n = strlen(peft_leaf[k]);
+            if ((size_t)(l - ct[i].name) > n && !strncmp(l - n, peft_leaf[k], n) && l[-(long)n - 1] == '.')
+                s->attn_mlp |= 1u << k;
+        }
+    }
+}
+
+/* adapter_config.json. target_modules: PEFT matches a list entry as a
+ * module-name suffix, so "gate_proj" would adapt a mixed model's dense MLP
+ * and every expert alike (extra adapters with no tensors); there a regex
+ * (PEFT fullmatches it against module names) names the two apart. The
+ * experts' index is optional so that transformers 5's probe of its fused
+ * "mlp.experts.gate_up_proj" still finds gate_proj / up_proj. */
+static char *adapter_config_text(const struct mt_config *cfg, const struct adapter_sites *s, int mixed,
+                                 const char *base_name)
+{
+    cJSON *root = cJSON_CreateObject(), *tm = NULL;
+    if (!root) return NULL;
+    if (!mixed) {
+        tm = cJSON_CreateArray();
+        for (int k = 0; k < 7 && tm; k++)
+            if ((s->attn_mlp & (1u << k)) || (k >= 4 && s->expert))
+                cJSON_AddItemToArray(tm, cJSON_CreateString(peft_leaf[k]));
+    } else {
+        char re[512] = ".*\\.(", *p = re + strlen(re);
+        const char *sep = "";
+        for (int grp = 0; grp < 2; grp++) {   /* 0: self_attn, 1: dense mlp */
+            const unsigned m = s->attn_mlp & (grp == 0 ? 0x0fu : 0x70u);
+            if (!m) continue;
+            p += sprintf(p, "%s%s\\.(", sep, grp == 0 ? "self_attn" : "mlp");
+            const char *bar = "";
+            for (int k = 0; k < 7; k++)
+                if (m & (1u << k)) { p += sprintf(p, "%s%s", bar, peft_leaf[k]); bar = "|"; }
+            p += sprintf(p, ")");
+            sep = "|";
+        }
+        if (s->expert) p += sprintf(p, "%smlp\\.experts(\\.[0-9]+)?\\.(gate_proj|up_proj|down_proj)", sep);
+        sprintf(p, ")");
+        tm = cJSON_CreateString(re);
+    }
+    cJSON_AddStringToObject(root, "peft_type", "LORA");
+    cJSON_AddStringToObject(root, "task_type", "CAUSAL_LM");
+    cJSON_AddNumberToObject(root, "r", cfg->lora_rank);
+    cJSON_AddNumberToObject(root, "lora_alpha", (double)cfg->lora_alpha);
+    cJSON_AddNumberToObject(root, "lora_dropout", 0.0);
+    cJSON_AddStringToObject(root, "bias", "none");
+    cJSON_AddFalseToObject(root, "fan_in_fan_out");
+    cJSON_AddFalseToObject(root, "use_rslora");
+    cJSON_AddFalseToObject(root, "use_dora");
+    if (tm) cJSON_AddItemToObject(root, "target_modules", tm);
+    if (base_name) cJSON_AddStringToObject(root, "base_model_name_or_path", base_name);
+    else cJSON_AddNullToObject(root, "base_model_name_or_path");
+    char *text = cJSON_Print(root);
+    cJSON_Delete(root);
+    if (!text) return NULL;
+    size_t n = strlen(text);
+    char *out = malloc(n + 2);
+    if (out) { memcpy(out, text, n); out[n] = '\n'; out[n + 1] = 0; }
+    cJSON_free(text);
+    return out;
+}
+
+/* Long (~110 lines): checks, the layout choice and the two files, with one
+ * cleanup path. */
+enum mt_status mt_export_lora_adapter(struct mt_ctx *ctx, const char *ckpt_dir, const char *out_dir,
+                                      const struct mt_adapter_opts *ao, char *note, size_t note_len)
 {
     struct mt_config cfg;
     struct mt_ckpt_meta meta;
@@ -947,6 +1031,7 @@ enum mt_status mt_export_lora_adapter(struct mt_ctx *ctx, const char *ckpt_dir, 
     struct mt_st_tensor *st = NULL;
     char path[PATH_MAX + 64];
     int nct = 0, fd = -1;
+    if (note && note_len) note[0] = 0;
     MT_CHECK(mt_ckpt_read_meta(ctx, ckpt_dir, &cfg, &meta));
     MT_CHECK(mt_ckpt_check_tensors(ctx, ckpt_dir, &cfg));
     if (cfg.lora_rank <= 0)
@@ -961,15 +1046,47 @@ enum mt_status mt_export_lora_adapter(struct mt_ctx *ctx, const char *ckpt_dir, 
             return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s has adapters on the M blocks' in_proj / out_proj: no PEFT "
                                 "names (a hybrid has no Hugging Face architecture); export --merge", ckpt_dir);
     }
+    if (ao->hf_layout != 0 && ao->hf_layout != 4 && ao->hf_layout != 5)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--hf-layout %d: expected 4 or 5 (the transformers major)",
+                            ao->hf_layout);
     MT_CHECK(check_overlap(ctx, ckpt_dir, out_dir, "checkpoint"));
-    if (!force && access(out_dir, F_OK) == 0 && !dir_is_empty(out_dir) && !mt_file_exists_in(out_dir, "adapter_config.json"))
+    if (!ao->force && access(out_dir, F_OK) == 0 && !dir_is_empty(out_dir) &&
+        !mt_file_exists_in(out_dir, "adapter_config.json"))
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "output %s is not empty and is not a previous adapter export "
                             "(--force writes there)", out_dir);
     MT_CHECK(mt_ckpt_read_tensors(ctx, ckpt_dir, "params.bin", &ct, &nct));
     enum mt_status rc = MT_OK;
-    int n = 0;
+    char *text = NULL;
+    struct adapter_sites sites;
+    adapter_sites_of(ct, nct, &sites);
+    int mixed = 0;
+    {
+        struct mt_config c = cfg;
+        struct mt_ctx scratch;
+        mt_ctx_init(&scratch);
+        if (mt_config_resolve(&scratch, &c, c.total_steps > 0 ? c.total_steps : 1) == MT_OK)
+            mixed = strchr(c.pattern, 'A') && strchr(c.pattern, 'E');
+        mt_ctx_free(&scratch);
+    }
+    /* transformers 5 (peft 0.21's conversion of a Qwen3-MoE adapter) moves
+     * every gate/up/down_proj target into the fused experts' target_parameters:
+     * a dense layer's MLP adapters would be dropped without a word */
+    const int cannot5 = mixed && (sites.attn_mlp & 0x70u);
+    const int layout = ao->hf_layout ? ao->hf_layout : !cannot5 ? 0 : ao->installed == 5 ? 5 : 4;
+    if (layout == 5 && cannot5) {
+        rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s: transformers 5 cannot hold this adapter (%s): peft's "
+                          "conversion of a Qwen3-MoE adapter moves every gate/up/down_proj target into the fused "
+                          "experts and drops the dense layers' MLP adapters; use --hf-layout 4 (transformers 4) or "
+                          "--merge", ckpt_dir, ao->hf_layout ? "--hf-layout 5" : "the installed transformers is 5");
+        goto done;
+    }
+    const char *base_name = ao->base_name;
+    if (!base_name && meta.base_hash[0] && mt_import_hf_is_folder(meta.base_path)) base_name = meta.base_path;
     st = mt_alloc(ctx, (size_t)(nct > 0 ? nct : 1) * sizeof *st, MT_BUCKET_OTHER);
     if (!st) { rc = MT_ERR_OOM; goto done; }
+    text = adapter_config_text(&cfg, &sites, mixed, base_name);
+    if (!text) { rc = MT_ERR_OOM; goto done; }
+    int n = 0;
     snprintf(path, sizeof path, "%s/params.bin", ckpt_dir);
     MT_CHECK_GOTO(mt_file_open_regular(ctx, path, NULL, &fd, NULL), rc, done);
     for (int i = 0; i < nct; i++) {
@@ -995,27 +1112,26 @@ enum mt_status mt_export_lora_adapter(struct mt_ctx *ctx, const char *ckpt_dir, 
     }
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", out_dir);
     MT_CHECK_GOTO(mt_safetensors_write(ctx, path, st, n), rc, done);
-    {
-        /* PEFT's LoraConfig: target_modules match module names by suffix */
-        static const char *const tn[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-        unsigned mask = 0;
-        char bad[64], mods[256] = "";
-        mt_config_lora_mask(cfg.lora_targets, &mask, bad, sizeof bad);
-        if (mask & MT_LORA_EXPERT) mask |= MT_LORA_GATE | MT_LORA_UP | MT_LORA_DOWN;
-        for (int k = 0; k < 7; k++)
-            if (mask & (1u << k))
-                snprintf(mods + strlen(mods), sizeof mods - strlen(mods), "%s\"%s\"", mods[0] ? ", " : "", tn[k]);
-        char text[1024];
-        snprintf(text, sizeof text,
-                 "{\n  \"peft_type\": \"LORA\",\n  \"task_type\": \"CAUSAL_LM\",\n  \"r\": %d,\n"
-                 "  \"lora_alpha\": %.9g,\n  \"lora_dropout\": 0.0,\n  \"bias\": \"none\",\n"
-                 "  \"fan_in_fan_out\": false,\n  \"use_rslora\": false,\n  \"target_modules\": [%s],\n"
-                 "  \"base_model_name_or_path\": null\n}\n",
-                 cfg.lora_rank, (double)cfg.lora_alpha, mods);
-        snprintf(path, sizeof path, "%s/adapter_config.json", out_dir);
-        MT_CHECK_GOTO(write_text(ctx, path, text), rc, done);
+    snprintf(path, sizeof path, "%s/adapter_config.json", out_dir);
+    MT_CHECK_GOTO(write_text(ctx, path, text), rc, done);
+    if (note && note_len) {
+        const char *why = ao->hf_layout ? "--hf-layout" : ao->installed ? "the installed transformers" : "no transformers found";
+        if (layout == 0)
+            snprintf(note, note_len, "adapter layout: transformers-4 names (per expert), loads on transformers 4 and 5 "
+                     "(peft 0.21 fuses the experts on load)%s", mixed ? "; target_modules is a regex (dense MLP and "
+                     "experts apart)" : "");
+        else if (layout == 4 && cannot5)
+            snprintf(note, note_len, "adapter layout: transformers 4 (%s%s); transformers 5 cannot hold this mixed "
+                     "model's dense-MLP adapters (docs/lora.md)", why, ao->installed && !ao->hf_layout ? " 4" : "");
+        else
+            snprintf(note, note_len, "adapter layout: transformers %d (%s): the transformers-4 names, which peft 0.21 "
+                     "converts on load", layout, why);
+        if (!base_name)
+            snprintf(note + strlen(note), note_len - strlen(note), "\nbase_model_name_or_path is null: the base is a "
+                     "meshtrain checkpoint; export it (meshtrain export) and pass its folder with --base-name");
     }
 done:
+    free(text);
     if (fd >= 0) close(fd);
     mt_free(ctx, st);
     mt_free(ctx, ct);

@@ -125,9 +125,49 @@ struct mt_export_opts {
     int         merge;         /* LoRA checkpoint: write W + (alpha/r) B A (required for one)    */
 };
 
+/* --adapter options (docs/lora.md, "PEFT layouts"). */
+struct mt_adapter_opts {
+    int         force;       /* write into a non-empty out_dir that is not a previous adapter export  */
+    int         hf_layout;   /* 4 or 5: the transformers major the adapter is for; 0: both where one
+                              * file loads exactly on both, else `installed`                          */
+    int         installed;   /* the transformers major found on this machine (0: none; the tool probes) */
+    const char *base_name;   /* base_model_name_or_path; NULL: the run's Hugging Face base folder     */
+};
+
 /* LoRA checkpoint dir -> out_dir/{adapter_model.safetensors, adapter_config.json}
- * with Hugging Face PEFT names ("base_model.model." + the tensor's name). */
-enum mt_status mt_export_lora_adapter(struct mt_ctx *ctx, const char *ckpt_dir, const char *out_dir, int force);
+ * with Hugging Face PEFT names ("base_model.model." + the tensor's name: the
+ * transformers-4 per-expert layout). target_modules is a list of module
+ * names, or on a model with both dense and MoE layers a regex naming the
+ * dense MLP and the experts apart (a bare "gate_proj" would adapt both).
+ * transformers 5 + peft 0.21 fuses the experts on load and moves every
+ * gate/up/down_proj target of a Qwen3-MoE model into the experts'
+ * target_parameters: a mixed model with adapters on the dense layers' MLP
+ * cannot be held there and is refused for layout 5 (MT_ERR_INVALID_ARG,
+ * nothing written). `note` (may be NULL) gets one line: the layout written
+ * and the transformers majors it loads on, and a warning when
+ * base_model_name_or_path stays null. */
+enum mt_status mt_export_lora_adapter(struct mt_ctx *ctx, const char *ckpt_dir, const char *out_dir,
+                                      const struct mt_adapter_opts *ao, char *note, size_t note_len);
+
+/* The run config of a PEFT LoRA adapter folder (adapter_config.json +
+ * adapter_model.safetensors, transformers-4 names) on the base config cfg
+ * (the --init-from model, resolved or not): sets lora_rank, lora_alpha and
+ * lora_targets (from the tensors the file holds; target_modules must agree).
+ * Refused (MT_ERR_INVALID_ARG / MT_ERR_FORMAT, one line naming the key or
+ * tensor) for what meshtrain cannot honour: peft_type other than LORA,
+ * lora_dropout != 0, bias != "none", use_dora, use_rslora, fan_in_fan_out,
+ * rank_pattern / alpha_pattern, layers_to_transform, modules_to_save,
+ * target_parameters (transformers-5 fused experts), a module meshtrain has
+ * no target for, a target covering only some layers or experts or
+ * projections of `expert`, and a tensor shape the base does not have. */
+enum mt_status mt_peft_config(struct mt_ctx *ctx, const char *adapter_dir, struct mt_config *cfg);
+
+/* The adapter tensors of adapter_dir, checked against the registry of cfg
+ * (the run's config, LoRA keys from mt_peft_config), as a step-0
+ * checkpoint at out_dir holding the adapters only (no base, no optimizer
+ * state): setup loads the run's adapters from it (mt_train_opts.lora_from). */
+enum mt_status mt_peft_import(struct mt_ctx *ctx, const char *adapter_dir, const struct mt_config *cfg,
+                              const char *out_dir);
 
 /* Checkpoint dir -> out_dir/{config.json, model.safetensors,
  * generation_config.json[, tokenizer.json, tokenizer_config.json]}. Reads

@@ -1,0 +1,215 @@
+#!/usr/bin/env bash
+# test_peft.sh BUILD_DIR — LoRA adapters in the PEFT format, both ways, with
+# no torch (issue 34; docs/lora.md "PEFT layouts", "Import"). On a dense and a
+# mixed (pattern=AE) model, and an all-MoE one (EE):
+#   - export --adapter: adapter_config.json (r, alpha, base_model_name_or_path
+#     from --base-name or the Hugging Face base folder, target_modules: a list,
+#     or on the mixed model a regex that PEFT's fullmatch applies to exactly
+#     the modules that have tensors, dense MLP and experts apart) and the
+#     adapter math from the files alone: numpy W + (alpha/r) B A from the
+#     base's safetensors and the adapter equals `export --merge`, and the numpy
+#     reference forward (tests/hf/ref_forward.py) of those merged weights
+#     equals `meshtrain logits` of the LoRA run;
+#   - import: `train --init-from BASE --lora-from ADAPTER --steps 0` gives the
+#     LoRA run's logits bit for bit, its --adapter export is the same file
+#     (byte-identical adapter tensors), training continues from it, and
+#     logits / export work from the result; the base may be the Hugging Face
+#     folder (the adapter names it);
+#   - refusals (exit 2, one line, nothing written): export --hf-layout 5 of
+#     the mixed model's dense-MLP adapters, a bad --hf-layout, --base-name
+#     without --adapter; --lora-from without --init-from, with --resume, with
+#     --lora, lora_dropout, bias, use_dora, use_rslora, rank_pattern,
+#     layers_to_transform, an unsupported target module, a tensor of another
+#     module (lm_head), the experts' gate only, another base shape, another
+#     peft_type, a missing file.
+# The numpy parts skip (exit 77 when nothing failed) without numpy.
+set -u
+BUILD=${1:?usage: test_peft.sh BUILD_DIR}
+source "$(dirname "$0")/cli_lib.sh"
+export HERE
+PY=""
+for p in python3 /usr/bin/python3; do
+    if command -v "$p" >/dev/null && "$p" -c "import numpy" 2>/dev/null; then PY=$p; break; fi
+done
+export MT_HF_PYTHON=/nonexistent   # the default layout must not depend on this machine's transformers
+
+python3 "$HERE/make_shard.py" "$W/train.bin" 20000 64 pattern >/dev/null
+DENSE="--set vocab_size=64 --set n_layer=2 --set d_model=32 --set n_head=4 --set n_kv_head=2 --set seq_len=16 --set batch_size=8 --set lr=0.01 --set warmup_steps=2"
+MOE="--set n_experts=4 --set top_k=2 --set expert_hidden=32"
+COMMON="--peak-flops 1e11 --quiet --data $W/train.bin"
+IDS="1,5,9,2,33,7,12,60,3,3,18,41"
+tr() { "$MT" train $COMMON "$@" >"$W/log" 2>&1; }
+
+# kind pattern lora-targets
+for row in "dense AA q,k,v,o,gate,up,down" "mixed AE q,v,gate,up,down,expert" "moe EE q,k,expert"; do
+    set -- $row; k=$1; pat=$2; tg=$3
+    extra="--set pattern=$pat"; [ $pat != AA ] && extra="$extra $MOE"
+    if ! tr $DENSE $extra --steps 4 --out "$W/$k.base" ||
+       ! "$MT" export --ckpt "$W/$k.base" --out "$W/$k.hf" >/dev/null 2>&1 ||
+       ! tr $DENSE $extra --init-from "$W/$k.hf" --lora 4:8:$tg --steps 6 --set lr=0.03 --out "$W/$k.lora"; then
+        bad "$k: base / LoRA run"; cat "$W/log"; continue; fi
+    "$MT" export --ckpt "$W/$k.lora" --out "$W/$k.ad" --adapter >"$W/$k.ad.out" 2>"$W/$k.ad.err" &&
+    "$MT" export --ckpt "$W/$k.lora" --out "$W/$k.named" --adapter --base-name org/base-7b >/dev/null 2>&1 &&
+    "$MT" export --ckpt "$W/$k.lora" --out "$W/$k.merged" --merge >/dev/null 2>&1 &&
+    "$MT" logits --ckpt "$W/$k.lora" --ids "$IDS" --out "$W/$k.logits" >/dev/null 2>&1 ||
+        { bad "$k: export --adapter / --merge / logits"; cat "$W/$k.ad.err"; continue; }
+    grep -q "adapter layout: transformers" "$W/$k.ad.out" && ok "$k: export --adapter says its layout ($(head -1 "$W/$k.ad.out"))" ||
+        bad "$k: no layout line"
+    # the config: base name, r, alpha, target_modules (PEFT's matching, emulated)
+    if python3 - "$W/$k.ad" "$W/$k.named" "$W/$k.hf" "$pat" <<'PY'
+import json, re, struct, sys, os
+ad, named, hf, pat = sys.argv[1:]
+c, n = json.load(open(f"{ad}/adapter_config.json")), json.load(open(f"{named}/adapter_config.json"))
+assert c["base_model_name_or_path"] == os.path.realpath(hf), c["base_model_name_or_path"]
+assert n["base_model_name_or_path"] == "org/base-7b"
+assert c["r"] == 4 and c["lora_alpha"] == 8 and c["peft_type"] == "LORA" and c["lora_dropout"] == 0
+b = open(f"{ad}/adapter_model.safetensors", "rb").read()
+names = [k for k in json.loads(b[8:8 + struct.unpack("<Q", b[:8])[0]]) if k != "__metadata__"]
+have = {k[len("base_model.model."):].rsplit(".lora_", 1)[0] for k in names}
+# every Linear module of the HF model (transformers 4 names)
+E = 4; mods = []
+for l, kind in enumerate(pat):
+    mods += [f"model.layers.{l}.self_attn.{p}_proj" for p in "qkvo"]
+    if kind == "A": mods += [f"model.layers.{l}.mlp.{p}_proj" for p in ("gate", "up", "down")]
+    else:
+        mods.append(f"model.layers.{l}.mlp.gate")
+        mods += [f"model.layers.{l}.mlp.experts.{e}.{p}_proj" for e in range(E) for p in ("gate", "up", "down")]
+tm = c["target_modules"]
+if isinstance(tm, str): hit = {m for m in mods if re.fullmatch(tm, m)}
+else: hit = {m for m in mods if any(m == t or m.endswith("." + t) for t in tm)}
+assert hit == have, (sorted(hit ^ have), tm)
+assert isinstance(tm, str) == (pat == "AE"), tm
+print(f"   target_modules {tm if isinstance(tm, str) else ','.join(tm)}: {len(have)} modules")
+PY
+    then ok "$k: adapter_config.json (base_model_name_or_path, r, alpha; target_modules adapts exactly the modules with tensors)"
+    else bad "$k: adapter_config.json"; fi
+    if [ -n "$PY" ]; then
+        "$PY" - "$W/$k.ad" "$W/$k.hf" "$W/$k.merged" "$W/$k.numpy" <<'PY' &&
+import json, os, shutil, struct, sys
+import numpy as np
+sys.path.insert(0, os.environ["HERE"] + "/hf")
+from ref_forward import load_safetensors
+ad, hf, merged, out = sys.argv[1:]
+c = json.load(open(f"{ad}/adapter_config.json"))
+s = c["lora_alpha"] / c["r"]
+A = load_safetensors(f"{ad}/adapter_model.safetensors")
+W = load_safetensors(f"{hf}/model.safetensors"); M = load_safetensors(f"{merged}/model.safetensors")
+n, worst = 0, 0.0
+for k, a in A.items():
+    if ".lora_A." not in k: continue
+    mod = k[len("base_model.model."):].rsplit(".lora_A.", 1)[0]
+    bm = A[k.replace(".lora_A.", ".lora_B.")]
+    W[mod + ".weight"] = W[mod + ".weight"] + s * (bm @ a)   # (out, r) (r, in)
+    worst = max(worst, float(np.max(np.abs(W[mod + ".weight"] - M[mod + ".weight"])))); n += 1
+assert set(W) == set(M) and n > 0
+for k in W:
+    if np.max(np.abs(W[k] - M[k])) > 1e-6: raise SystemExit(f"{k}: numpy merge differs from export --merge")
+# the numpy-merged folder for the reference forward
+os.makedirs(out, exist_ok=True); shutil.copy(f"{hf}/config.json", out)
+hdr, off, blobs = {}, 0, []
+for k in sorted(W):
+    x = W[k].astype("<f4").tobytes(); hdr[k] = {"dtype": "F32", "shape": list(W[k].shape), "data_offsets": [off, off + len(x)]}
+    off += len(x); blobs.append(x)
+h = json.dumps(hdr).encode(); h += b" " * (-len(h) % 8)
+open(f"{out}/model.safetensors", "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+print(f"   {n} adapted matrices, numpy merge vs export --merge max |diff| {worst:.3g}")
+PY
+        HERE=$HERE "$PY" "$HERE/hf/ref_forward.py" compare "$W/$k.numpy" "$W/$k.logits" "$IDS" --atol 2e-5 >"$W/ref.log" 2>&1 &&
+            ok "$k: numpy adapter math from the files alone (W + s B A == export --merge; its forward == meshtrain logits: $(grep -o 'max.*' "$W/ref.log" | head -1))" ||
+            { bad "$k: numpy adapter math"; cat "$W/ref.log"; }
+    fi
+    # import: the adapter back onto its base, from the HF folder the config names
+    if tr $DENSE --init-from "$W/$k.hf" --lora-from "$W/$k.ad" --steps 0 --out "$W/$k.imp" &&
+       "$MT" logits --ckpt "$W/$k.imp" --ids "$IDS" --out "$W/$k.imp.logits" >/dev/null 2>&1 &&
+       cmp -s "$W/$k.logits" "$W/$k.imp.logits" &&
+       "$MT" export --ckpt "$W/$k.imp" --out "$W/$k.ad2" --adapter >/dev/null 2>&1 &&
+       cmp -s "$W/$k.ad/adapter_model.safetensors" "$W/$k.ad2/adapter_model.safetensors" &&
+       cmp -s "$W/$k.ad/adapter_config.json" "$W/$k.ad2/adapter_config.json"; then
+        ok "$k: --lora-from imports the adapter: logits bit-identical to the LoRA run's, re-export byte-identical"
+    else bad "$k: --lora-from round trip"; cat "$W/log"; fi
+    # continue training from it; logits and export of the result
+    if tr $DENSE --init-from "$W/$k.hf" --lora-from "$W/$k.ad" --steps 3 --out "$W/$k.cont" &&
+       "$MT" logits --ckpt "$W/$k.cont" --ids "$IDS" --out "$W/$k.cont.logits" >/dev/null 2>&1 &&
+       "$MT" export --ckpt "$W/$k.cont" --out "$W/$k.ad3" --adapter >/dev/null 2>&1 &&
+       ! cmp -s "$W/$k.ad/adapter_model.safetensors" "$W/$k.ad3/adapter_model.safetensors" &&
+       python3 - "$W/$k.cont" "$W/$k.lora" <<'PY'
+import json, sys
+c, l = (json.load(open(d + "/receipt.json")) for d in sys.argv[1:])
+assert c["config"]["lora_rank"] == 4 and c["config"]["lora_alpha"] == 8, c["config"]
+assert c["parameters"]["trainable"] == l["parameters"]["trainable"]
+PY
+    then ok "$k: training continues from the imported adapter (rank, alpha, targets from its config); logits / export of the result"
+    else bad "$k: continue from the imported adapter"; cat "$W/log"; fi
+done
+
+# ---- refusals: exit 2, one line, nothing written ----
+refuse() { # refuse WHAT OUTDIR cmd...
+    local what=$1 out=$2; shift 2
+    "$@" >"$W/r.out" 2>"$W/r.err"; local rc=$?
+    if [ $rc = 2 ] && [ "$(wc -l <"$W/r.err")" = 1 ] && [ ! -e "$out" ]; then ok "refused: $what ($(sed "s|$W/||g" "$W/r.err"))"
+    else bad "$what: exit $rc (want 2, one line, nothing written)"; cat "$W/r.err"; fi
+}
+refuse "export --hf-layout 5 of a mixed model's dense-MLP adapters" "$W/x5" "$MT" export --ckpt "$W/mixed.lora" --out "$W/x5" --adapter --hf-layout 5
+MT_HF_PYTHON="$W/fake_py" refuse "the installed transformers 5 (default layout) with a mixed model's dense-MLP adapters" "$W/x5b" \
+    bash -c "printf '#!/bin/sh\necho 5.24.0\n' > '$W/fake_py'; chmod +x '$W/fake_py'; '$MT' export --ckpt '$W/mixed.lora' --out '$W/x5b' --adapter"
+"$MT" export --ckpt "$W/mixed.lora" --out "$W/x4" --adapter --hf-layout 4 >"$W/r.out" 2>&1 && grep -q "adapter layout: transformers 4" "$W/r.out" &&
+    ok "mixed: --hf-layout 4 written ($(head -1 "$W/r.out"))" || { bad "mixed --hf-layout 4"; cat "$W/r.out"; }
+"$MT" export --ckpt "$W/moe.lora" --out "$W/m5" --adapter --hf-layout 5 >"$W/r.out" 2>&1 && cmp -s "$W/m5/adapter_model.safetensors" "$W/moe.ad/adapter_model.safetensors" &&
+    ok "all-MoE: --hf-layout 5 writes the same files (peft 0.21 converts them)" || { bad "all-MoE --hf-layout 5"; cat "$W/r.out"; }
+refuse "--hf-layout 3" "$W/x3" "$MT" export --ckpt "$W/dense.lora" --out "$W/x3" --adapter --hf-layout 3
+refuse "--base-name without --adapter" "$W/x6" "$MT" export --ckpt "$W/dense.lora" --out "$W/x6" --base-name b --merge
+
+refuse "--lora-from without --init-from" "$W/y1" "$MT" train $COMMON $DENSE --lora-from "$W/dense.ad" --out "$W/y1"
+refuse "--lora-from with --resume" "$W/y2" "$MT" train $COMMON --resume "$W/dense.lora" --lora-from "$W/dense.ad" --out "$W/y2"
+refuse "--lora-from with --lora" "$W/y3" "$MT" train $COMMON --init-from "$W/dense.hf" --lora-from "$W/dense.ad" --lora 2 --out "$W/y3"
+refuse "--lora-from a folder that is not an adapter" "$W/y4" "$MT" train $COMMON --init-from "$W/dense.hf" --lora-from "$W/dense.hf" --out "$W/y4"
+refuse "--lora-from onto another base shape (mixed adapter on the dense base)" "$W/y5" "$MT" train $COMMON --init-from "$W/dense.hf" --lora-from "$W/mixed.ad" --out "$W/y5"
+tr $DENSE --set d_model=48 --steps 0 --out "$W/wide" || bad "wide base"
+refuse "--lora-from onto a base of another width" "$W/y6" "$MT" train $COMMON --init-from "$W/wide" --lora-from "$W/dense.ad" --out "$W/y6"
+# edited copies of the dense adapter: config keys and tensors
+i=0
+while IFS='|' read -r what edit; do
+    i=$((i+1)); d="$W/bad$i"; cp -r "$W/dense.ad" "$d"
+    python3 - "$d" "$edit" <<'PY' || { bad "cannot edit the adapter for: $what"; continue; }
+import json, struct, sys
+d, edit = sys.argv[1:]
+kind, _, arg = edit.partition(":")
+if kind == "cfg":
+    c = json.load(open(f"{d}/adapter_config.json")); c.update(json.loads(arg)); json.dump(c, open(f"{d}/adapter_config.json", "w"))
+else:
+    p = f"{d}/adapter_model.safetensors"; b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n]); data = b[8 + n:]
+    if kind == "add":      # a tensor of another module, same shape as the first
+        k0 = sorted(x for x in h if x != "__metadata__")[0]; lo, hi = h[k0]["data_offsets"]
+        h[arg] = {"dtype": "F32", "shape": h[k0]["shape"], "data_offsets": [len(data), len(data) + hi - lo]}; data += data[lo:hi]
+    elif kind == "drop":   # drop every tensor whose name contains arg
+        h = {k: v for k, v in h.items() if arg not in k}
+    t = json.dumps(h).encode(); t += b" " * (-len(t) % 8)
+    open(p, "wb").write(struct.pack("<Q", len(t)) + t + data)
+PY
+    refuse "--lora-from: $what" "$W/z$i" "$MT" train $COMMON --init-from "$W/dense.hf" --lora-from "$d" --out "$W/z$i"
+done <<'EOF'
+lora_dropout 0.05|cfg:{"lora_dropout": 0.05}
+bias all|cfg:{"bias": "all"}
+use_dora|cfg:{"use_dora": true}
+use_rslora|cfg:{"use_rslora": true}
+rank_pattern|cfg:{"rank_pattern": {"q_proj": 8}}
+layers_to_transform|cfg:{"layers_to_transform": [0]}
+modules_to_save|cfg:{"modules_to_save": ["lm_head"]}
+target module lm_head|cfg:{"target_modules": ["q_proj", "lm_head"]}
+peft_type IA3|cfg:{"peft_type": "IA3"}
+a tensor of lm_head|add:base_model.model.lm_head.lora_A.weight
+a DoRA magnitude tensor|add:base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector
+a layer missing (layer 1's q_proj)|drop:layers.1.self_attn.q_proj
+EOF
+cp -r "$W/moe.ad" "$W/gonly"
+python3 - "$W/gonly/adapter_model.safetensors" <<'PY'
+import json, struct, sys
+p = sys.argv[1]; b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
+h = {k: v for k, v in h.items() if not (".experts." in k and ("up_proj" in k or "down_proj" in k))}
+t = json.dumps(h).encode(); t += b" " * (-len(t) % 8); open(p, "wb").write(struct.pack("<Q", len(t)) + t + b[8 + n:])
+PY
+refuse "--lora-from: the experts' gate_proj only" "$W/z99" "$MT" train $COMMON --init-from "$W/moe.hf" --lora-from "$W/gonly" --out "$W/z99"
+
+if [ -z "$PY" ] && [ $fails -eq 0 ]; then echo "$passes passed; SKIPPED (numpy parts: no numpy)"; exit 77; fi
+finish
