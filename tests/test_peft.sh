@@ -15,13 +15,17 @@
 #     (byte-identical adapter tensors), training continues from it, and
 #     logits / export work from the result; the base may be the Hugging Face
 #     folder (the adapter names it);
-#   - refusals (exit 2, one line, nothing written): export --hf-layout 5 of
-#     the mixed model's dense-MLP adapters, a bad --hf-layout, --base-name
+#   - transformers 5's layout (--hf-layout 5, or the default where the
+#     installed transformers is 5 and one file cannot serve both): the fused
+#     experts hold the per-expert adapters bit for bit (peft 0.21's
+#     conversion), the dense MLP goes by target_parameters; imported back
+#     bit-identical (logits, re-export);
+#   - refusals (exit 2, one line, nothing written): a bad --hf-layout, --base-name
 #     without --adapter; --lora-from without --init-from, with --resume, with
 #     --lora, lora_dropout, bias, use_dora, use_rslora, rank_pattern,
 #     layers_to_transform, an unsupported target module, a tensor of another
 #     module (lm_head), the experts' gate only, another base shape, another
-#     peft_type, a missing file.
+#     peft_type, a missing file, a fused gate_up adapter mixing gate and up.
 # The numpy parts skip (exit 77 when nothing failed) without numpy.
 set -u
 BUILD=${1:?usage: test_peft.sh BUILD_DIR}
@@ -149,13 +153,69 @@ refuse() { # refuse WHAT OUTDIR cmd...
     if [ $rc = 2 ] && [ "$(wc -l <"$W/r.err")" = 1 ] && [ ! -e "$out" ]; then ok "refused: $what ($(sed "s|$W/||g" "$W/r.err"))"
     else bad "$what: exit $rc (want 2, one line, nothing written)"; cat "$W/r.err"; fi
 }
-refuse "export --hf-layout 5 of a mixed model's dense-MLP adapters" "$W/x5" "$MT" export --ckpt "$W/mixed.lora" --out "$W/x5" --adapter --hf-layout 5
-MT_HF_PYTHON="$W/fake_py" refuse "the installed transformers 5 (default layout) with a mixed model's dense-MLP adapters" "$W/x5b" \
-    bash -c "printf '#!/bin/sh\necho 5.24.0\n' > '$W/fake_py'; chmod +x '$W/fake_py'; '$MT' export --ckpt '$W/mixed.lora' --out '$W/x5b' --adapter"
+# ---- transformers 5's layout (--hf-layout 5): fused experts, the dense MLP by parameter ----
+if "$MT" export --ckpt "$W/mixed.lora" --out "$W/mixed.ad5" --adapter --hf-layout 5 >"$W/r.out" 2>&1 &&
+   grep -q "adapter layout: transformers 5" "$W/r.out" &&
+   python3 - "$W/mixed.ad" "$W/mixed.ad5" <<'PY'
+import json, struct, sys
+from array import array
+def st(p):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); out = {}
+    for k, e in h.items():
+        if k == "__metadata__": continue
+        lo, hi = e["data_offsets"]; a = array("f"); a.frombytes(b[8 + n + lo:8 + n + hi]); out[k] = (e["shape"], a)
+    return out
+v4, v5 = st(sys.argv[1] + "/adapter_model.safetensors"), st(sys.argv[2] + "/adapter_model.safetensors")
+c = json.load(open(sys.argv[2] + "/adapter_config.json"))
+assert c["target_modules"] == ["q_proj", "v_proj"], c["target_modules"]
+assert c["target_parameters"] == ["mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+                                  "mlp.experts.gate_up_proj", "mlp.experts.down_proj"], c["target_parameters"]
+assert c["rank_pattern"] == {r".*\.gate_up_proj": 8} and c["alpha_pattern"] == {r".*\.gate_up_proj": 16}, c
+P = "base_model.model.model.layers.1.mlp.experts"
+E, r = 4, 4
+def get(k, i, j): shp, a = v5[k]; return a[i * shp[1] + j]
+n = 0
+for e in range(E):
+    for p, pj in enumerate(("gate_proj", "up_proj", "down_proj")):
+        R = 2 * r if p < 2 else r; j0 = r if p == 1 else 0
+        fa, fb = (P + ".base_layer.lora_A.weight", P + ".base_layer.lora_B.weight") if p < 2 else (P + ".lora_A.weight", P + ".lora_B.weight")
+        (ra, ca), A = v4[f"{P}.{e}.{pj}.lora_A.weight"]; (rb, cb), B = v4[f"{P}.{e}.{pj}.lora_B.weight"]
+        o0 = v4[f"{P}.0.gate_proj.lora_B.weight"][0][0] if p == 1 else 0
+        assert all(A[j * ca + i] == get(fa, e * R + j0 + j, i) for j in range(r) for i in range(ca))
+        assert all(B[o * r + j] == get(fb, o0 + o, (j0 + j) * E + e) for o in range(rb) for j in range(r)); n += 2
+others = {k for k in v4 if ".experts." not in k}
+assert all(v4[k] == v5[k] for k in others) and set(v5) - others == {P + x for x in (".base_layer.lora_A.weight", ".base_layer.lora_B.weight", ".lora_A.weight", ".lora_B.weight")}
+print(f"   {n} per-expert tensors found bit for bit in the fused ones; {len(others)} others unchanged")
+PY
+then ok "mixed: --hf-layout 5 writes transformers 5's layout (fused experts = peft 0.21's conversion, the dense MLP by target_parameters)"
+else bad "mixed --hf-layout 5"; cat "$W/r.out"; fi
+if tr $DENSE --init-from "$W/mixed.hf" --lora-from "$W/mixed.ad5" --steps 0 --out "$W/mixed.imp5" &&
+   "$MT" logits --ckpt "$W/mixed.imp5" --ids "$IDS" --out "$W/mixed.imp5.logits" >/dev/null 2>&1 &&
+   cmp -s "$W/mixed.logits" "$W/mixed.imp5.logits" &&
+   "$MT" export --ckpt "$W/mixed.imp5" --out "$W/mixed.ad5b" --adapter --hf-layout 5 >/dev/null 2>&1 &&
+   cmp -s "$W/mixed.ad5/adapter_model.safetensors" "$W/mixed.ad5b/adapter_model.safetensors"; then
+    ok "mixed: --lora-from the transformers-5 layout: logits bit-identical, re-export byte-identical"
+else bad "mixed: --lora-from the transformers-5 layout"; cat "$W/log"; fi
+MT_HF_PYTHON="$W/fake_py" bash -c "printf '#!/bin/sh\necho 5.24.0\n' > '$W/fake_py'; chmod +x '$W/fake_py'; '$MT' export --ckpt '$W/mixed.lora' --out '$W/x5b' --adapter" >"$W/r.out" 2>&1 &&
+    grep -q "adapter layout: transformers 5 (the installed transformers 5)" "$W/r.out" &&
+    ok "mixed: the installed transformers 5 picks layout 5 ($(head -1 "$W/r.out"))" || { bad "mixed: default layout with transformers 5"; cat "$W/r.out"; }
 "$MT" export --ckpt "$W/mixed.lora" --out "$W/x4" --adapter --hf-layout 4 >"$W/r.out" 2>&1 && grep -q "adapter layout: transformers 4" "$W/r.out" &&
     ok "mixed: --hf-layout 4 written ($(head -1 "$W/r.out"))" || { bad "mixed --hf-layout 4"; cat "$W/r.out"; }
-"$MT" export --ckpt "$W/moe.lora" --out "$W/m5" --adapter --hf-layout 5 >"$W/r.out" 2>&1 && cmp -s "$W/m5/adapter_model.safetensors" "$W/moe.ad/adapter_model.safetensors" &&
-    ok "all-MoE: --hf-layout 5 writes the same files (peft 0.21 converts them)" || { bad "all-MoE --hf-layout 5"; cat "$W/r.out"; }
+"$MT" export --ckpt "$W/moe.lora" --out "$W/m5" --adapter --hf-layout 5 >"$W/r.out" 2>&1 && grep -q "fused experts" "$W/r.out" &&
+    tr $DENSE --init-from "$W/moe.hf" --lora-from "$W/m5" --steps 0 --out "$W/moe.imp5" &&
+    "$MT" export --ckpt "$W/moe.imp5" --out "$W/m4" --adapter --hf-layout 4 >/dev/null 2>&1 &&
+    cmp -s "$W/m4/adapter_model.safetensors" "$W/moe.ad/adapter_model.safetensors" &&
+    ok "all-MoE: --hf-layout 5 -> --lora-from -> --hf-layout 4 gives the per-expert file back byte for byte" || { bad "all-MoE --hf-layout 5 round trip"; cat "$W/r.out" "$W/log"; }
+# a fused gate_up B that mixes gate and up (trained as one rank-2r adapter on transformers 5)
+cp -r "$W/mixed.ad5" "$W/mix5"
+python3 - "$W/mix5/adapter_model.safetensors" <<'PY'
+import json, struct, sys
+p = sys.argv[1]; b = bytearray(open(p, "rb").read()); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
+e = h["base_model.model.model.layers.1.mlp.experts.base_layer.lora_B.weight"]; lo = e["data_offsets"][0]; cols = e["shape"][1]
+j = cols - 1   # row 0 (gate), the last rank slot (up's): off the diagonal block
+struct.pack_into("<f", b, 8 + n + lo + 4 * j, 0.5); open(p, "wb").write(b)
+PY
+refuse "--lora-from: a fused gate_up_proj adapter that mixes gate and up" "$W/z98" "$MT" train $COMMON --init-from "$W/mixed.hf" --lora-from "$W/mix5" --out "$W/z98"
 refuse "--hf-layout 3" "$W/x3" "$MT" export --ckpt "$W/dense.lora" --out "$W/x3" --adapter --hf-layout 3
 refuse "--base-name without --adapter" "$W/x6" "$MT" export --ckpt "$W/dense.lora" --out "$W/x6" --base-name b --merge
 

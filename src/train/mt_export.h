@@ -135,16 +135,18 @@ struct mt_adapter_opts {
 };
 
 /* LoRA checkpoint dir -> out_dir/{adapter_model.safetensors, adapter_config.json}
- * with Hugging Face PEFT names ("base_model.model." + the tensor's name: the
- * transformers-4 per-expert layout). target_modules is a list of module
- * names, or on a model with both dense and MoE layers a regex naming the
- * dense MLP and the experts apart (a bare "gate_proj" would adapt both).
- * transformers 5 + peft 0.21 fuses the experts on load and moves every
- * gate/up/down_proj target of a Qwen3-MoE model into the experts'
- * target_parameters: a mixed model with adapters on the dense layers' MLP
- * cannot be held there and is refused for layout 5 (MT_ERR_INVALID_ARG,
- * nothing written). `note` (may be NULL) gets one line: the layout written
- * and the transformers majors it loads on, and a warning when
+ * with Hugging Face PEFT names ("base_model.model." + the tensor's name +
+ * ".lora_A/B.weight"), in one of two layouts (docs/lora.md, "PEFT layouts"):
+ * transformers 4's per-expert names (target_modules a list, or on a model
+ * with both dense and MoE layers a regex naming the dense MLP and the
+ * experts apart), which peft 0.21 converts on load for transformers 5
+ * except a mixed model's dense-MLP adapters (it drops them); or, for
+ * layout 5 on a model with MoE layers, transformers 5's own: fused experts
+ * (experts[.base_layer].lora_A/B, rank_pattern 2r for gate_up_proj) and the
+ * dense MLP by target_parameters. Layout 0 (ao->hf_layout) writes the
+ * transformers-4 file where it loads exactly on both majors, else the
+ * layout of ao->installed (4 when 0). `note` (may be NULL) gets one line
+ * saying the layout and why, then (after a newline) a warning when
  * base_model_name_or_path stays null. */
 enum mt_status mt_export_lora_adapter(struct mt_ctx *ctx, const char *ckpt_dir, const char *out_dir,
                                       const struct mt_adapter_opts *ao, char *note, size_t note_len);
@@ -156,16 +158,20 @@ enum mt_status mt_export_lora_adapter(struct mt_ctx *ctx, const char *ckpt_dir, 
  * Refused (MT_ERR_INVALID_ARG / MT_ERR_FORMAT, one line naming the key or
  * tensor) for what meshtrain cannot honour: peft_type other than LORA,
  * lora_dropout != 0, bias != "none", use_dora, use_rslora, fan_in_fan_out,
- * rank_pattern / alpha_pattern, layers_to_transform, modules_to_save,
- * target_parameters (transformers-5 fused experts), a module meshtrain has
- * no target for, a target covering only some layers or experts or
- * projections of `expert`, and a tensor shape the base does not have. */
+ * rank_pattern / alpha_pattern other than transformers 5's fused gate_up
+ * (2r, 2 alpha), layers_to_transform, modules_to_save, target_parameters
+ * other than the dense MLP's weights and the fused experts, a module
+ * meshtrain has no target for, and the experts' projections not all three
+ * adapted. Either layout of mt_export_lora_adapter reads. */
 enum mt_status mt_peft_config(struct mt_ctx *ctx, const char *adapter_dir, struct mt_config *cfg);
 
 /* The adapter tensors of adapter_dir, checked against the registry of cfg
- * (the run's config, LoRA keys from mt_peft_config), as a step-0
- * checkpoint at out_dir holding the adapters only (no base, no optimizer
- * state): setup loads the run's adapters from it (mt_train_opts.lora_from). */
+ * (the run's config, LoRA keys from mt_peft_config): every adapter present
+ * (per expert, or unpacked from transformers 5's fused experts, whose
+ * gate_up B must be block-diagonal), with the base's shapes, finite, no
+ * tensor left over; written as a step-0 checkpoint at out_dir holding the
+ * adapters only (no base, no optimizer state): setup loads the run's
+ * adapters from it (mt_train_opts.lora_from). Refusals MT_ERR_INVALID_ARG. */
 enum mt_status mt_peft_import(struct mt_ctx *ctx, const char *adapter_dir, const struct mt_config *cfg,
                               const char *out_dir);
 

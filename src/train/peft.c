@@ -59,6 +59,15 @@ static int classify(const char *name, int *t, int *eleaf, const char **why)
     char leaf[32];
     *why = "a module meshtrain has no LoRA target for (q,k,v,o_proj of self_attn, gate,up,down_proj of the dense "
            "MLP and of the routed experts)";
+    n = 0;
+    if (sscanf(mod, "model.layers.%d.mlp.experts%n", &layer, &n) == 1 &&
+        (!strcmp(mod + n, "") || !strcmp(mod + n, ".base_layer"))) {
+        /* transformers 5's fused experts: down_proj ("experts"), gate_up_proj ("experts.base_layer") */
+        *t = 7;
+        *eleaf = mod[n] ? 5 : 6;
+        return 0;
+    }
+    n = 0;
     if (sscanf(mod, "model.layers.%d.mlp.experts.%d.%31[a-z_]%n", &layer, &e, leaf, &n) == 3 && !mod[n]) {
         *eleaf = leaf_index(leaf, strlen(leaf));
         *t = 7;
@@ -79,9 +88,8 @@ static int classify(const char *name, int *t, int *eleaf, const char **why)
 static const char *unsupported_option(const cJSON *j, char *buf, size_t n)
 {
     static const char *const falsy[] = {"use_dora", "use_rslora", "fan_in_fan_out", "lora_bias", "use_qalora", NULL};
-    static const char *const empty[] = {"rank_pattern", "alpha_pattern", "layers_to_transform", "layers_pattern",
-                                        "modules_to_save", "target_parameters", "trainable_token_indices",
-                                        "megatron_config", NULL};
+    static const char *const empty[] = {"layers_to_transform", "layers_pattern", "modules_to_save",
+                                        "trainable_token_indices", "megatron_config", NULL};
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(j, "lora_dropout");
     if (x && (!cJSON_IsNumber(x) || x->valuedouble != 0.0)) {
         snprintf(buf, n, "lora_dropout %g (meshtrain's adapters have no dropout: training would differ)",
@@ -106,6 +114,46 @@ static const char *unsupported_option(const cJSON *j, char *buf, size_t n)
             !(cJSON_IsString(x) && !x->valuestring[0])) {
             snprintf(buf, n, "%s set (meshtrain has one rank and alpha for every adapted module of every layer)",
                      empty[i]);
+            return buf;
+        }
+    }
+    /* the transformers-5 layout (peft 0.21's conversion, or export --hf-layout 5): the fused
+     * experts' gate_up_proj at rank 2r and alpha 2 alpha (the same scale), the experts and the
+     * dense MLP by parameter; nothing else */
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(j, "r"), *al = cJSON_GetObjectItemCaseSensitive(j, "lora_alpha");
+    const double rv = cJSON_IsNumber(r) ? r->valuedouble : 0, av = cJSON_IsNumber(al) ? al->valuedouble : 0;
+    static const char *const pats[] = {"rank_pattern", "alpha_pattern"};
+    for (int i = 0; i < 2; i++) {
+        const cJSON *it;
+        x = cJSON_GetObjectItemCaseSensitive(j, pats[i]);
+        cJSON_ArrayForEach(it, x) {
+            const size_t L = it->string ? strlen(it->string) : 0;
+            if (!cJSON_IsNumber(it) || L < 12 || strcmp(it->string + L - 12, "gate_up_proj") ||
+                it->valuedouble != 2 * (i == 0 ? rv : av)) {
+                snprintf(buf, n, "%s entry \"%s\" (meshtrain has one rank and alpha for every adapted module; only "
+                         "the fused gate_up_proj's 2r / 2 alpha of transformers 5 is the same adapter)", pats[i],
+                         it->string ? it->string : "?");
+                return buf;
+            }
+        }
+    }
+    const cJSON *it;
+    x = cJSON_GetObjectItemCaseSensitive(j, "target_parameters");
+    cJSON_ArrayForEach(it, x) {
+        const char *v = cJSON_IsString(it) ? it->valuestring : "";
+        const char *dot = strrchr(v, '.'), *leaf = dot ? dot + 1 : v;
+        char mod[160];
+        int dense = 0;
+        if (dot && !strcmp(leaf, "weight") && (size_t)(dot - v) < sizeof mod) {
+            /* "....mlp.gate_proj.weight": a dense MLP matrix */
+            memcpy(mod, v, (size_t)(dot - v));
+            mod[dot - v] = 0;
+            const char *d2 = strrchr(mod, '.'), *pp = d2 ? d2 + 1 : mod;
+            dense = leaf_index(pp, strlen(pp)) >= 4;
+        }
+        if (!dense && strcmp(leaf, "gate_up_proj") && strcmp(leaf, "down_proj")) {
+            snprintf(buf, n, "target_parameters entry \"%s\" (meshtrain adapts parameters only as the dense MLP's "
+                     "and the fused experts' gate_up_proj / down_proj)", v);
             return buf;
         }
     }
@@ -175,7 +223,7 @@ enum mt_status mt_peft_config(struct mt_ctx *ctx, const char *adapter_dir, struc
             rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s: tensor %s: %s", path, sf->t[i].name, w);
         else {
             found |= 1u << t;
-            if (t == 7) eleaves |= 1u << el;
+            if (t == 7) eleaves |= el == 5 ? 0x30u : 1u << el;   /* fused gate_up: gate and up */
         }
     }
     mt_safetensors_close(ctx, sf);
@@ -196,8 +244,80 @@ enum mt_status mt_peft_config(struct mt_ctx *ctx, const char *adapter_dir, struc
     return mt_config_set(ctx, cfg, kv);
 }
 
-/* Long (~80 lines): every registry adapter found, shaped and finite, then
- * the checkpoint, with one cleanup path. */
+/* One expert's adapter out of transformers 5's fused experts (the inverse
+ * of export.c's fuse_experts; peft's ParamWrapper reads A as (E, R, in) and
+ * B as (out, R, E)): p = 0 gate, 1 up (in gate_up_proj, rank R = 2r: gate
+ * on rows 0..I-1 and rank slots 0..r-1, up on the rest), 2 down (R = r).
+ * Off-diagonal blocks of gate_up's B (gate rows on up's slots or back) are
+ * not a per-projection adapter: refused. `f` is the fused tensor (A or B). */
+static enum mt_status unfuse(struct mt_ctx *ctx, const char *path, const char *fname, const float *f, int isb, int p,
+                             int64_t e, const struct mt_config *c, float *dst)
+{
+    const int64_t E = c->n_experts, r = c->lora_rank, D = c->d_model, I = c->expert_hidden;
+    const int64_t R = p < 2 ? 2 * r : r, j0 = p == 1 ? r : 0, o0 = p == 1 ? I : 0;
+    const int64_t in = p < 2 ? D : I, out = p < 2 ? I : D;
+    if (!isb) {
+        for (int64_t j = 0; j < r; j++) memcpy(&dst[j * in], &f[(e * R + j0 + j) * in], (size_t)in * sizeof(float));
+        return MT_OK;
+    }
+    for (int64_t o = 0; o < out; o++)
+        for (int64_t j = 0; j < r; j++) dst[o * r + j] = f[(o0 + o) * (R * E) + (j0 + j) * E + e];
+    if (p == 0)
+        for (int64_t o = 0; o < 2 * I; o++)
+            for (int64_t j = 0; j < 2 * r; j++)
+                if ((o < I) != (j < r) && f[o * (R * E) + j * E + e] != 0.0f)
+                    return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s: %s (expert %lld) mixes gate and up (B is not "
+                                        "block-diagonal): a rank-2r adapter of the fused gate_up_proj, which "
+                                        "meshtrain's per-projection adapters cannot hold", path, fname, (long long)e);
+    return MT_OK;
+}
+
+/* The per-expert adapter `name` (meshtrain's) from the fused tensors of sf
+ * into dst; *used marks the fused tensor consumed. 1: not a fused layout
+ * name / not in sf (nothing done). A one-tensor cache keeps a layer's fused
+ * tensor across its E experts. */
+struct fused_cache {
+    char   name[200];
+    float *data;
+};
+
+static int from_fused(struct mt_ctx *ctx, const char *path, const struct mt_safetensors *sf, const char *name,
+                      const struct mt_config *c, struct fused_cache *fc, char *used, float *dst, enum mt_status *rc)
+{
+    int l, e, n = 0;
+    char pj[32], ab;
+    if (sscanf(name, "model.layers.%d.mlp.experts.%d.%31[a-z_].lora_%c.weight%n", &l, &e, pj, &ab, &n) != 4 || name[n])
+        return 1;
+    const int p = !strcmp(pj, "gate_proj") ? 0 : !strcmp(pj, "up_proj") ? 1 : 2;
+    char fname[200];
+    snprintf(fname, sizeof fname, PEFT_PREFIX "model.layers.%d.mlp.experts%s.lora_%c.weight", l,
+             p < 2 ? ".base_layer" : "", ab);
+    const struct mt_st_tensor *t = mt_safetensors_find(sf, fname);
+    if (!t) return 1;
+    const int64_t E = c->n_experts, r = c->lora_rank, D = c->d_model, I = c->expert_hidden, R = p < 2 ? 2 * r : r;
+    const int64_t want0 = ab == 'A' ? E * R : (p < 2 ? 2 * I : D), want1 = ab == 'A' ? (p < 2 ? D : I) : R * E;
+    if (t->ndim != 2 || t->shape[0] != want0 || t->shape[1] != want1) {
+        *rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s: tensor %s has shape [%lld,%lld], the base (--init-from) "
+                           "needs [%lld,%lld]: the adapter was made for another base shape", path, fname,
+                           (long long)t->shape[0], (long long)(t->ndim > 1 ? t->shape[1] : 0), (long long)want0,
+                           (long long)want1);
+        return 0;
+    }
+    if (strcmp(fc->name, fname)) {
+        mt_free(ctx, fc->data);
+        fc->name[0] = 0;
+        fc->data = mt_alloc(ctx, mt_st_numel(t) * sizeof(float), MT_BUCKET_OTHER);
+        if (!fc->data) { *rc = MT_ERR_OOM; return 0; }
+        if ((*rc = mt_safetensors_read_f32(ctx, sf, t, fc->data)) != MT_OK) return 0;
+        snprintf(fc->name, sizeof fc->name, "%s", fname);
+    }
+    used[t - sf->t] = 1;
+    *rc = unfuse(ctx, path, fname, fc->data, ab == 'B', p, e, c, dst);
+    return 0;
+}
+
+/* Long (~90 lines): every registry adapter found (by name, or in the fused
+ * experts), shaped and finite, then the checkpoint, with one cleanup path. */
 enum mt_status mt_peft_import(struct mt_ctx *ctx, const char *adapter_dir, const struct mt_config *cfg,
                               const char *out_dir)
 {
@@ -210,24 +330,46 @@ enum mt_status mt_peft_import(struct mt_ctx *ctx, const char *adapter_dir, const
     mt_model_registry(&c, reg, nr);
     struct mt_safetensors *sf = NULL;
     struct mt_param *ps = NULL;
+    struct fused_cache fc = {"", NULL};
+    char *used = NULL;
     int n = 0;
     enum mt_status rc;
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", adapter_dir);
     MT_CHECK_GOTO(mt_safetensors_open(ctx, path, &sf), rc, done);
     ps = mt_alloc(ctx, (size_t)(nr > 0 ? nr : 1) * sizeof *ps, MT_BUCKET_OTHER);
-    if (!ps) { rc = MT_ERR_OOM; goto done; }
+    used = mt_alloc(ctx, (size_t)sf->n + 1, MT_BUCKET_OTHER);
+    if (!ps || !used) { rc = MT_ERR_OOM; goto done; }
+    memset(used, 0, (size_t)sf->n + 1);
     memset(ps, 0, (size_t)(nr > 0 ? nr : 1) * sizeof *ps);
     for (int i = 0; i < nr; i++) {
         if (!strstr(reg[i].name, ".lora_")) continue;
         char nm[sizeof reg[i].name + 32];
         snprintf(nm, sizeof nm, PEFT_PREFIX "%s", reg[i].name);
         const struct mt_st_tensor *t = mt_safetensors_find(sf, nm);
-        if (!t) {
-            rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s has no tensor %s: meshtrain's targets adapt every layer "
-                              "(and every expert) of the base", path, nm);
-            goto done;
-        }
         const int64_t r0 = reg[i].shape[0], r1 = reg[i].ndim > 1 ? reg[i].shape[1] : 1;
+        if (!t) {
+            struct mt_param *p = &ps[n];
+            p->data = mt_alloc(ctx, (size_t)(r0 * r1) * sizeof(float), MT_BUCKET_PARAMS);
+            if (!p->data) { rc = MT_ERR_OOM; goto done; }
+            rc = MT_OK;
+            if (from_fused(ctx, path, sf, reg[i].name, &c, &fc, used, p->data, &rc)) {
+                rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s has no tensor %s: meshtrain's targets adapt every layer "
+                                  "(and every expert) of the base", path, nm);
+                n++;   /* freed below */
+                goto done;
+            }
+            n++;
+            if (rc != MT_OK) goto done;
+            snprintf(p->name, sizeof p->name, "%s", reg[i].name);
+            p->ndim = 2;
+            p->shape[0] = p->len[0] = r0;
+            p->shape[1] = p->len[1] = r1;
+            p->numel = (size_t)(r0 * r1);
+            p->layer = -1;
+            p->expert = -1;
+            continue;
+        }
+        used[t - sf->t] = 1;
         if (t->ndim != 2 || t->shape[0] != r0 || t->shape[1] != r1) {
             rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s: tensor %s has shape [%lld,%lld], the base (--init-from) "
                               "needs [%lld,%lld]: the adapter was made for another base shape", path, nm,
@@ -253,14 +395,10 @@ enum mt_status mt_peft_import(struct mt_ctx *ctx, const char *adapter_dir, const
                 goto done;
             }
     }
-    if (n < sf->n) {
+    {
         /* a tensor of a module the base does not have (a layer or expert past its count) */
         for (int i = 0; i < sf->n; i++) {
-            int hit = 0;
-            const char *nm = sf->t[i].name;
-            if (!strncmp(nm, PEFT_PREFIX, strlen(PEFT_PREFIX))) nm += strlen(PEFT_PREFIX);
-            for (int k = 0; k < n && !hit; k++) hit = !strcmp(nm, ps[k].name);
-            if (!hit) {
+            if (!used[i]) {
                 rc = mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s: tensor %s has no module in the base (--init-from): "
                                   "the adapter was made for another base shape", path, sf->t[i].name);
                 goto done;
@@ -273,6 +411,8 @@ enum mt_status mt_peft_import(struct mt_ctx *ctx, const char *adapter_dir, const
     snprintf(meta.mesh, sizeof meta.mesh, "pp=1,dp=1,ep=1,tp=1");
     rc = mt_ckpt_save(ctx, NULL, out_dir, &c, &meta, ps, n, NULL);
 done:
+    mt_free(ctx, fc.data);
+    mt_free(ctx, used);
     if (ps)
         for (int i = 0; i < n; i++) mt_free(ctx, ps[i].data);
     mt_free(ctx, ps);

@@ -55,8 +55,11 @@ BASE="--set n_layer=2 --set d_model=64 --set n_head=4 --set n_kv_head=2 --set se
 IDS=$(python3 -c "
 import struct; b=open('$(ls "$W"/data/*train*.bin | head -1)','rb').read(); print(','.join(str(x) for x in struct.unpack('<24H', b[1024:1072])))")
 
+# MT_HF_STAGES (default 123): the stages to run
+STAGES=${MT_HF_STAGES:-123}
 # ---- 1. meshtrain -> HF ----
 for kind in dense moe; do
+    case $STAGES in *1*) ;; *) continue ;; esac
     extra=""; [ $kind = moe ] && extra="--set pattern=AE --set n_experts=4 --set top_k=2 --set expert_hidden=32"
     if ! $MT train $BASE $extra --data "$W/data" --out "$W/$kind" --steps 30 --quiet --peak-flops 1e11 >/dev/null 2>"$W/err" ||
        ! $MT export --ckpt "$W/$kind" --out "$W/$kind.hf" >/dev/null 2>>"$W/err" ||
@@ -68,6 +71,7 @@ for kind in dense moe; do
         ok "$kind: export == transformers (logits, greedy text)" || bad "$kind: export vs transformers"
 done
 
+case $STAGES in *1*)
 # tokenizer: the texts the two pre-tokenizers split alike (docs/export.md)
 python3 - "$W/texts.json" <<'PY'
 import json, sys
@@ -87,9 +91,11 @@ json.dump(ids, open(sys.argv[2], "w"))
 PY
 "$PY" "$HERE/check_hf.py" tokenizer "$W/dense.hf" "$W/texts.json" "$W/mt_ids.json" &&
     ok "tokenizer.json: AutoTokenizer == meshtrain tokenizer encode" || bad "tokenizer.json vs meshtrain"
+;; esac
 
 # ---- 2. HF -> meshtrain ----
 for kind in dense moe; do
+    case $STAGES in *2*) ;; *) continue ;; esac
     "$PY" "$HERE/check_hf.py" make $kind "$W/hf_$kind" 512 || { bad "$kind: transformers could not save a model"; continue; }
     if $MT import --hf "$W/hf_$kind" --out "$W/imp_$kind" >/dev/null 2>"$W/err" &&
        $MT logits --ckpt "$W/imp_$kind" --ids "$IDS" --out "$W/imp_$kind.logits" >/dev/null 2>>"$W/err"; then
@@ -106,9 +112,11 @@ done
 # ---- 3. PEFT (issue 34): meshtrain LoRA -> PEFT, and PEFT -> meshtrain -> PEFT ----
 # Rows: KIND PATTERN meshtrain-targets PEFT-targets. The adapters' base is the
 # exported Hugging Face folder, so adapter_config.json names it and
-# AutoPeftModelForCausalLM finds it. On transformers 5 the mixed model's
-# dense-MLP adapters are refused by export (exit 2): peft 0.21 would drop them.
+# AutoPeftModelForCausalLM finds it. export --adapter picks its layout from
+# the venv's transformers (MT_HF_PYTHON); the round trip exports with
+# --hf-layout $TMAJ (transformers 5 saves its fused experts).
 if ! "$PY" -c "import peft" 2>/dev/null; then echo "SKIPPED the PEFT stage (no peft in $PY)"
+elif case $STAGES in *3*) false ;; *) true ;; esac; then :
 else
 TMAJ=$("$PY" -c 'import transformers; print(transformers.__version__.split(".")[0])')
 echo "peft $("$PY" -c 'import peft; print(peft.__version__)')"
@@ -121,15 +129,19 @@ while read -r kind pat tg ptg; do
        ! $MT logits --ckpt "$W/l_$kind" --ids "$IDS" --out "$W/l_$kind.logits" >/dev/null 2>>"$W/err"; then
         bad "peft $kind: base / LoRA run ($(cat "$W/err"))"; continue; fi
     MT_HF_PYTHON="$PY" $MT export --ckpt "$W/l_$kind" --out "$W/l_$kind.ad" --adapter >"$W/out" 2>"$W/err"; rc=$?
-    if [ $kind = mixed ] && [ "$TMAJ" -ge 5 ]; then
-        [ $rc = 2 ] && [ ! -e "$W/l_$kind.ad" ] && ok "peft $kind: transformers $TMAJ cannot hold the dense-MLP adapters: export refused ($(cat "$W/err"))" ||
-            bad "peft $kind: export on transformers $TMAJ should be refused (exit $rc)"
-    elif [ $rc != 0 ]; then bad "peft $kind: export --adapter ($(cat "$W/err"))"
+    if [ $rc != 0 ]; then bad "peft $kind: export --adapter ($(cat "$W/err"))"
     else
         echo "  $(head -1 "$W/out")"
         "$PY" "$HERE/check_peft.py" load "$W/l_$kind.ad" "$W/l_$kind.logits" "$IDS" &&
             ok "peft $kind: meshtrain adapter -> AutoPeftModelForCausalLM: no missing keys, logits == meshtrain" ||
             bad "peft $kind: meshtrain adapter in PEFT"
+    fi
+    if [ $kind = mixed ] && [ "$TMAJ" -ge 5 ]; then
+        # the bug of issue 34, kept visible: the transformers-4 file on transformers 5 (this check must fail)
+        $MT export --ckpt "$W/l_$kind" --out "$W/l_$kind.ad4" --adapter --hf-layout 4 >/dev/null 2>&1
+        ! "$PY" "$HERE/check_peft.py" load "$W/l_$kind.ad4" "$W/l_$kind.logits" "$IDS" &&
+            ok "peft $kind: the transformers-4 file on transformers $TMAJ loads wrongly (peft drops the dense MLP adapters): why layout 5" ||
+            bad "peft $kind: the transformers-4 file on transformers $TMAJ was expected to load wrongly"
     fi
     # PEFT -> meshtrain -> PEFT
     mkdir -p "$W/pm_$kind" && echo "$IDS" > "$W/pm_$kind/ids.txt"
@@ -139,7 +151,7 @@ while read -r kind pat tg ptg; do
        $MT logits --ckpt "$W/i_$kind" --ids "$IDS" --out "$W/i_$kind.logits" >/dev/null 2>>"$W/err"; then
         "$PY" "$HERE/check_peft.py" peft_vs_mt "$W/pm_$kind/peft_logits.npy" "$W/i_$kind.logits" &&
             ok "peft $kind: PEFT adapter -> train --lora-from: logits == PEFT's" || bad "peft $kind: --lora-from logits"
-        if MT_HF_PYTHON="$PY" $MT export --ckpt "$W/i_$kind" --out "$W/i_$kind.ad" --adapter >/dev/null 2>"$W/err"; then
+        if $MT export --ckpt "$W/i_$kind" --out "$W/i_$kind.ad" --adapter --hf-layout $TMAJ >/dev/null 2>"$W/err"; then
             "$PY" "$HERE/check_peft.py" same "$W/pm_$kind" "$W/i_$kind.ad" &&
                 ok "peft $kind: PEFT -> meshtrain -> PEFT: adapter tensors bit-identical" || bad "peft $kind: round trip tensors"
         else bad "peft $kind: export of the imported adapter ($(cat "$W/err"))"; fi
