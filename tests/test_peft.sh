@@ -14,7 +14,8 @@
 #     LoRA run's logits bit for bit, its --adapter export is the same file
 #     (byte-identical adapter tensors), training continues from it, and
 #     logits / export work from the result; the base may be the Hugging Face
-#     folder (the adapter names it);
+#     folder (the adapter names it); on tp=2 and ep=2 (2 ranks, when MPI is
+#     built in) too;
 #   - transformers 5's layout (--hf-layout 5, or the default where the
 #     installed transformers is 5 and one file cannot serve both): the fused
 #     experts hold the per-expert adapters bit for bit (peft 0.21's
@@ -153,6 +154,19 @@ refuse() { # refuse WHAT OUTDIR cmd...
     if [ $rc = 2 ] && [ "$(wc -l <"$W/r.err")" = 1 ] && [ ! -e "$out" ]; then ok "refused: $what ($(sed "s|$W/||g" "$W/r.err"))"
     else bad "$what: exit $rc (want 2, one line, nothing written)"; cat "$W/r.err"; fi
 }
+# ---- the import under a mesh: each rank loads its boxes of the adapters (resharded like any checkpoint) ----
+if command -v mpirun >/dev/null 2>&1 && grep -q '^MT_WITH_MPI:BOOL=ON' "$BUILD/CMakeCache.txt" 2>/dev/null; then
+    for mesh in tp=2 ep=2; do
+        if OMPI_MCA_btl_vader_single_copy_mechanism=none timeout 120 mpirun --oversubscribe --allow-run-as-root -np 2 \
+               "$MT" train $COMMON $DENSE --mesh $mesh --init-from "$W/mixed.hf" --lora-from "$W/mixed.ad" --steps 0 \
+               --out "$W/mixed.$mesh" >"$W/log" 2>&1 </dev/null &&
+           "$MT" logits --ckpt "$W/mixed.$mesh" --ids "$IDS" --out "$W/mixed.$mesh.logits" >/dev/null 2>&1 &&
+           cmp -s "$W/mixed.logits" "$W/mixed.$mesh.logits"; then
+            ok "mixed: --lora-from on $mesh (2 ranks): the checkpoint's logits bit-identical to the LoRA run's"
+        else bad "mixed: --lora-from on $mesh"; cat "$W/log"; fi
+    done
+else echo "   (no mpirun / MPI build: the tp=2 / ep=2 rows skipped)"; fi
+
 # ---- transformers 5's layout (--hf-layout 5): fused experts, the dense MLP by parameter ----
 if "$MT" export --ckpt "$W/mixed.lora" --out "$W/mixed.ad5" --adapter --hf-layout 5 >"$W/r.out" 2>&1 &&
    grep -q "adapter layout: transformers 5" "$W/r.out" &&
