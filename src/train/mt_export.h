@@ -152,9 +152,10 @@ enum mt_status mt_export_lora_adapter(struct mt_ctx *ctx, const char *ckpt_dir, 
                                       const struct mt_adapter_opts *ao, char *note, size_t note_len);
 
 /* The run config of a PEFT LoRA adapter folder (adapter_config.json +
- * adapter_model.safetensors, transformers-4 names) on the base config cfg
+ * adapter_model.safetensors, either layout) on the base config cfg
  * (the --init-from model, resolved or not): sets lora_rank, lora_alpha and
- * lora_targets (from the tensors the file holds; target_modules must agree).
+ * lora_targets (from the tensors the file holds; every target_modules entry
+ * must name a module meshtrain has a target for).
  * Refused (MT_ERR_INVALID_ARG / MT_ERR_FORMAT, one line naming the key or
  * tensor) for what meshtrain cannot honour: peft_type other than LORA,
  * lora_dropout != 0, bias != "none", use_dora, use_rslora, fan_in_fan_out,
