@@ -50,6 +50,10 @@ static void train_usage(FILE *f)
             "  --lora R[:ALPHA[:T]]  LoRA fine-tuning: lora_rank=R, lora_alpha=ALPHA, lora_targets=T (comma\n"
             "                       list of q,k,v,o,gate,up,down,expert,in_proj,out_proj); the base is frozen\n"
             "                       (docs/lora.md)\n"
+            "  --lora-from DIR      with --init-from BASE: continue a PEFT LoRA adapter (adapter_config.json +\n"
+            "                       adapter_model.safetensors): rank, alpha, targets from its config; options\n"
+            "                       meshtrain cannot honour (dropout, bias, DoRA, ...) and another base shape\n"
+            "                       are refused (exit 2; docs/lora.md)\n"
             "  --mesh SPEC          pp=..,dp=..,ep=..,tp=.. (omitted axes 1, dp derived from the world)  default: all 1\n"
             "  --zero Z             ZeRO stage 0..3                               default: 0\n"
             "  --pp-layers N0,N1,.. layers per pipeline stage   default: balanced by cost (E blocks cost more)\n"
@@ -102,7 +106,8 @@ static void watchdog_expired(void)
 /* The options that take a value (mt_cmd_option). */
 static const char *const train_valued[] = {"--config", "--set",   "--backend",   "--data",  "--val-data",
                                            "--out",    "--resume", "--init-from", "--mesh",  "--pp-layers",
-                                           "--steps",  "--zero",   "--peak-flops", "--knob", "--lora", NULL};
+                                           "--steps",  "--zero",   "--peak-flops", "--knob", "--lora", "--lora-from",
+                                           NULL};
 static const char *const train_flags[] = {"--quiet", "--no-save", "--overwrite", "--force", NULL};
 
 /* Under mpirun: MPI up first (every rank parses the same flags and fails the
@@ -266,13 +271,28 @@ static int train_main(int argc, char **argv, int world, int rank)
     /* --resume / --init-from: the checkpoint's config is the base, so they
      * are read here, before train_args applies --config and --set on top
      * (the one place they are read; train_args only steps over them) */
-    const char *resume_arg = NULL, *init_arg = NULL;
+    const char *resume_arg = NULL, *init_arg = NULL, *lora_from_arg = NULL;
     int overwrite = 0;   /* --overwrite / --force: a new run into an --out holding another (check_out_dir) */
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--overwrite") || !strcmp(argv[i], "--force")) overwrite = 1;
     for (int i = 1; i + 1 < argc; i++) {
         if (!strcmp(argv[i], "--resume")) resume_arg = argv[i + 1];
         if (!strcmp(argv[i], "--init-from")) init_arg = argv[i + 1];
+        if (!strcmp(argv[i], "--lora-from")) lora_from_arg = argv[i + 1];
+    }
+    /* --lora-from: the adapter's config sets rank, alpha and targets on the --init-from base */
+    for (int i = 1; lora_from_arg && i < argc; i++) {
+        const char *why = NULL;
+        if (resume_arg) why = "--resume continues a meshtrain run; --lora-from starts one from --init-from BASE";
+        else if (!init_arg) why = "--lora-from needs --init-from BASE (the base the adapter was made for)";
+        else if (!strcmp(argv[i], "--lora") || (!strcmp(argv[i], "--set") && i + 1 < argc &&
+                                                !strncmp(argv[i + 1], "lora_", 5)))
+            why = "--lora-from takes lora_rank, lora_alpha and lora_targets from the adapter's config (drop --lora / "
+                  "--set lora_*)";
+        if (why) {
+            fprintf(stderr, "meshtrain train: %s\n", why);
+            return refuse_args(world, MT_ERR_INVALID_ARG);
+        }
     }
     /* both: --init-from names the base of an adapter-only checkpoint (setup checks it is one) */
     static char base_dir[4200], hf_tmp[4096], lora_base_dir[4200];
@@ -311,6 +331,10 @@ static int train_main(int argc, char **argv, int world, int rank)
         saved = cfg;
     }
     int code = train_args(&ctx, &knobs, &cfg, &opts, argc, argv);
+    if (code < 0 && lora_from_arg && mt_peft_config(&ctx, lora_from_arg, &cfg) != MT_OK) {
+        fprintf(stderr, "meshtrain train: --lora-from %s: %s\n", lora_from_arg, mt_ctx_last_error(&ctx));
+        code = 2;
+    }
     if (code < 0 && (resume_arg || init_arg)) {
         const char *src = hf_tmp[0] && !resume_arg ? init_arg : base_dir;
         /* the schedule: a fine-tune from --init-from is a new run (total_steps =
@@ -335,9 +359,31 @@ static int train_main(int argc, char **argv, int world, int rank)
     const int lora_base_in_out = cfg.lora_rank > 0 && init_arg && opts.out_dir && path_inside(init_arg, opts.out_dir);
     if (code < 0 && !lora_base_in_out)
         code = check_out_dir(opts.out_dir, overwrite, resume_arg ? base_dir : NULL, resume_arg ? rmeta.run_id : NULL) ? 2 : -1;
+    /* the adapter's tensors, checked against the run's registry, as a checkpoint setup loads them from
+     * (this rank, a private temporary dir, like a Hugging Face base) */
+    static char peft_tmp[4096], peft_ck[4200];
+    peft_tmp[0] = 0;
+    if (code < 0 && lora_from_arg) {
+        const char *td = getenv("TMPDIR");
+        snprintf(peft_tmp, sizeof peft_tmp, "%s/meshtrain_peft_XXXXXX", td && *td ? td : "/tmp");
+        if (!mkdtemp(peft_tmp)) {
+            fprintf(stderr, "meshtrain train: cannot create a temporary directory in %s\n", td && *td ? td : "/tmp");
+            peft_tmp[0] = 0;
+            code = 1;
+        } else {
+            snprintf(peft_ck, sizeof peft_ck, "%s/ckpt", peft_tmp);
+            if (mt_peft_import(&ctx, lora_from_arg, &cfg, peft_ck) != MT_OK) {
+                fprintf(stderr, "meshtrain train: --lora-from %s: %s\n", lora_from_arg, mt_ctx_last_error(&ctx));
+                code = 2;
+            } else {
+                opts.lora_from = peft_ck;
+            }
+        }
+    }
     if (code < 0) code = train_run(&ctx, &cfg, &opts, world);
     else if (code > 0) code = refuse_args(world, code == 2 ? MT_ERR_INVALID_ARG : MT_ERR_RUNTIME);
     if (hf_tmp[0]) mt_file_rm_rf(hf_tmp);
+    if (peft_tmp[0]) mt_file_rm_rf(peft_tmp);
     return code;
 }
 
@@ -422,7 +468,9 @@ static int train_args(struct mt_ctx *ctx, struct mt_knobs *knobs, struct mt_conf
         else if (!strcmp(a, "--data")) opts->data_path = v;
         else if (!strcmp(a, "--val-data")) opts->val_path = v;
         else if (!strcmp(a, "--out")) opts->out_dir = v;
-        else if (!strcmp(a, "--resume") || !strcmp(a, "--init-from")) { /* train_main's base scan */ }
+        else if (!strcmp(a, "--resume") || !strcmp(a, "--init-from") || !strcmp(a, "--lora-from")) {
+            /* train_main's base scan */
+        }
         else if (!strcmp(a, "--mesh")) opts->mesh = v;
         else if (!strcmp(a, "--pp-layers")) opts->pp_layers = v;
         else if (!strcmp(a, "--steps") || !strcmp(a, "--zero")) {

@@ -939,7 +939,176 @@ static enum mt_status merge_lora(struct mt_ctx *ctx, const struct mt_config *cfg
     return rc;
 }
 
-enum mt_status mt_export_lora_adapter(struct mt_ctx *ctx, const char *ckpt_dir, const char *out_dir, int force)
+/* Which projections of a LoRA checkpoint carry adapters (from its tensor
+ * names): attention (q/k/v/o_proj), the dense layers' MLP and the routed
+ * experts, as bits 0..6 of q,k,v,o,gate,up,down (the experts always adapt
+ * gate, up and down together: the `expert` target). */
+struct adapter_sites {
+    unsigned attn_mlp;   /* bits of q_proj..down_proj on attention / dense MLP */
+    int      expert;     /* adapters on the routed experts                     */
+};
+
+static const char *const peft_leaf[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+
+static void adapter_sites_of(const struct mt_ckpt_tensor *ct, int nct, struct adapter_sites *s)
+{
+    memset(s, 0, sizeof *s);
+    for (int i = 0; i < nct; i++) {
+        const char *l = strstr(ct[i].name, ".lora_");
+        if (!l) continue;
+        if (strstr(ct[i].name, ".mlp.experts.")) { s->expert = 1; continue; }
+        for (int k = 0; k < 7; k++) {
+            size_t n = strlen(peft_leaf[k]);
+            if ((size_t)(l - ct[i].name) > n && !strncmp(l - n, peft_leaf[k], n) && l[-(long)n - 1] == '.')
+                s->attn_mlp |= 1u << k;
+        }
+    }
+}
+
+/* adapter_config.json. target_modules: PEFT matches a list entry as a
+ * module-name suffix, so "gate_proj" would adapt a mixed model's dense MLP
+ * and every expert alike (extra adapters with no tensors); there a regex
+ * (PEFT fullmatches it against module names) names the two apart. The
+ * experts' index is optional so that transformers 5's probe of its fused
+ * "mlp.experts.gate_up_proj" still finds gate_proj / up_proj. */
+static char *adapter_config_text(const struct mt_config *cfg, const struct adapter_sites *s, int mixed, int fused,
+                                 const char *base_name)
+{
+    cJSON *root = cJSON_CreateObject(), *tm = NULL, *tp = NULL;
+    if (!root) return NULL;
+    if (fused) {
+        /* transformers 5: attention by module; the dense MLP and the fused
+         * experts by parameter (ParamWrapper), so that no target_modules entry
+         * names a gate/up/down_proj for peft's conversion to move */
+        tm = cJSON_CreateArray();
+        tp = cJSON_CreateArray();
+        for (int k = 0; k < 4 && tm; k++)
+            if (s->attn_mlp & (1u << k)) cJSON_AddItemToArray(tm, cJSON_CreateString(peft_leaf[k]));
+        for (int k = 4; k < 7 && tp; k++)
+            if (s->attn_mlp & (1u << k)) {
+                char nm[64];
+                snprintf(nm, sizeof nm, "mlp.%s.weight", peft_leaf[k]);
+                cJSON_AddItemToArray(tp, cJSON_CreateString(nm));
+            }
+        if (s->expert && tp) {
+            cJSON_AddItemToArray(tp, cJSON_CreateString("mlp.experts.gate_up_proj"));
+            cJSON_AddItemToArray(tp, cJSON_CreateString("mlp.experts.down_proj"));
+        }
+    } else if (!mixed) {
+        tm = cJSON_CreateArray();
+        for (int k = 0; k < 7 && tm; k++)
+            if ((s->attn_mlp & (1u << k)) || (k >= 4 && s->expert))
+                cJSON_AddItemToArray(tm, cJSON_CreateString(peft_leaf[k]));
+    } else {
+        char re[512] = ".*\\.(", *p = re + strlen(re);
+        const char *sep = "";
+        for (int grp = 0; grp < 2; grp++) {   /* 0: self_attn, 1: dense mlp */
+            const unsigned m = s->attn_mlp & (grp == 0 ? 0x0fu : 0x70u);
+            if (!m) continue;
+            p += sprintf(p, "%s%s\\.(", sep, grp == 0 ? "self_attn" : "mlp");
+            const char *bar = "";
+            for (int k = 0; k < 7; k++)
+                if (m & (1u << k)) { p += sprintf(p, "%s%s", bar, peft_leaf[k]); bar = "|"; }
+            p += sprintf(p, ")");
+            sep = "|";
+        }
+        if (s->expert) p += sprintf(p, "%smlp\\.experts(\\.[0-9]+)?\\.(gate_proj|up_proj|down_proj)", sep);
+        sprintf(p, ")");
+        tm = cJSON_CreateString(re);
+    }
+    cJSON_AddStringToObject(root, "peft_type", "LORA");
+    cJSON_AddStringToObject(root, "task_type", "CAUSAL_LM");
+    cJSON_AddNumberToObject(root, "r", cfg->lora_rank);
+    cJSON_AddNumberToObject(root, "lora_alpha", (double)cfg->lora_alpha);
+    cJSON_AddNumberToObject(root, "lora_dropout", 0.0);
+    cJSON_AddStringToObject(root, "bias", "none");
+    cJSON_AddFalseToObject(root, "fan_in_fan_out");
+    cJSON_AddFalseToObject(root, "use_rslora");
+    cJSON_AddFalseToObject(root, "use_dora");
+    if (tm) cJSON_AddItemToObject(root, "target_modules", tm);
+    if (tp) cJSON_AddItemToObject(root, "target_parameters", tp);
+    if (fused && s->expert) {
+        /* gate_up_proj holds gate and up side by side: rank 2r, alpha 2 alpha (the same scale),
+         * as peft's own conversion writes it */
+        cJSON *rp = cJSON_AddObjectToObject(root, "rank_pattern"), *ap = cJSON_AddObjectToObject(root, "alpha_pattern");
+        if (rp) cJSON_AddNumberToObject(rp, ".*\\.gate_up_proj", 2 * cfg->lora_rank);
+        if (ap) cJSON_AddNumberToObject(ap, ".*\\.gate_up_proj", 2.0 * (double)cfg->lora_alpha);
+    }
+    if (base_name) cJSON_AddStringToObject(root, "base_model_name_or_path", base_name);
+    else cJSON_AddNullToObject(root, "base_model_name_or_path");
+    char *text = cJSON_Print(root);
+    cJSON_Delete(root);
+    if (!text) return NULL;
+    size_t n = strlen(text);
+    char *out = malloc(n + 2);
+    if (out) { memcpy(out, text, n); out[n] = '\n'; out[n + 1] = 0; }
+    cJSON_free(text);
+    return out;
+}
+
+/* Layer l's per-expert adapters as transformers 5's fused experts (what
+ * peft 0.21's conversion makes of them): with E experts, rank r, gate/up
+ * (I, D) and down (D, I) per expert,
+ *   gate_up_proj ("experts.base_layer", rank 2r):
+ *     A (E 2r, D):  row e 2r + j   = gate A_e[j] (j < r), up A_e[j - r]
+ *     B (2I, 2r E): column j E + e = [[gate B_e, 0], [0, up B_e]][:, j]
+ *   down_proj ("experts", rank r):
+ *     A (E r, I):   row e r + j    = down A_e[j]
+ *     B (D, r E):   column j E + e = down B_e[:, j]
+ * (peft's ParamWrapper reads A as (E, R, in) and B as (out, R, E)). The four
+ * buffers go to fz[0..3], their entries to st[0..3], *n += 4. */
+static enum mt_status fuse_experts(struct mt_ctx *ctx, const struct mt_config *c, int l, int fd,
+                                   const struct mt_ckpt_tensor *ct, int nct, float **fz, struct mt_st_tensor *st, int *n)
+{
+    static const char *const pj[] = {"gate_proj", "up_proj", "down_proj"};
+    const int64_t E = c->n_experts, r = c->lora_rank, D = c->d_model, I = c->expert_hidden;
+    const int64_t rows_a[4] = {E * 2 * r, 2 * I, E * r, D}, cols_a[4] = {D, 2 * r * E, I, r * E};
+    static const char *const nm[4] = {"experts.base_layer.lora_A", "experts.base_layer.lora_B", "experts.lora_A",
+                                      "experts.lora_B"};
+    for (int t = 0; t < 4; t++) {
+        fz[t] = mt_alloc(ctx, (size_t)(rows_a[t] * cols_a[t]) * sizeof(float), MT_BUCKET_OTHER);
+        if (!fz[t]) return MT_ERR_OOM;
+        memset(fz[t], 0, (size_t)(rows_a[t] * cols_a[t]) * sizeof(float));
+        memset(&st[t], 0, sizeof st[t]);
+        snprintf(st[t].name, sizeof st[t].name, "base_model.model.model.layers.%d.mlp.%s.weight", l, nm[t]);
+        st[t].ndim = 2;
+        st[t].shape[0] = rows_a[t];
+        st[t].shape[1] = cols_a[t];
+        st[t].dtype = MT_ST_F32;
+        st[t].data = fz[t];
+    }
+    for (int64_t e = 0; e < E; e++)
+        for (int p = 0; p < 3; p++) {
+            char na[200], nb[200];
+            snprintf(na, sizeof na, "model.layers.%d.mlp.experts.%lld.%s.lora_A.weight", l, (long long)e, pj[p]);
+            snprintf(nb, sizeof nb, "model.layers.%d.mlp.experts.%lld.%s.lora_B.weight", l, (long long)e, pj[p]);
+            const struct mt_ckpt_tensor *ta = ckpt_find(ct, nct, na), *tb = ckpt_find(ct, nct, nb);
+            const int64_t in = p < 2 ? D : I, out = p < 2 ? I : D;
+            if (!ta || !tb || ta->shape[0] != r || ta->shape[1] != in || tb->shape[0] != out || tb->shape[1] != r)
+                return mt_ctx_error(ctx, MT_ERR_FORMAT, "layer %d expert %lld: adapters of %s missing or misshaped", l,
+                                    (long long)e, pj[p]);
+            float *a = NULL, *b = NULL;
+            enum mt_status rc = read_f32(ctx, fd, ta, &a);
+            if (rc == MT_OK) rc = read_f32(ctx, fd, tb, &b);
+            if (rc == MT_OK) {
+                float *fa = fz[p < 2 ? 0 : 2], *fb = fz[p < 2 ? 1 : 3];
+                const int64_t R = p < 2 ? 2 * r : r, j0 = p == 1 ? r : 0, o0 = p == 1 ? I : 0;
+                for (int64_t j = 0; j < r; j++) memcpy(&fa[(e * R + j0 + j) * in], &a[j * in], (size_t)in * sizeof(float));
+                for (int64_t o = 0; o < out; o++)
+                    for (int64_t j = 0; j < r; j++) fb[(o0 + o) * (R * E) + (j0 + j) * E + e] = b[o * r + j];
+            }
+            mt_free(ctx, a);
+            mt_free(ctx, b);
+            MT_CHECK(rc);
+        }
+    *n += 4;
+    return MT_OK;
+}
+
+/* Long (~130 lines): checks, the layout choice and the two files, with one
+ * cleanup path. */
+enum mt_status mt_export_lora_adapter(struct mt_ctx *ctx, const char *ckpt_dir, const char *out_dir,
+                                      const struct mt_adapter_opts *ao, char *note, size_t note_len)
 {
     struct mt_config cfg;
     struct mt_ckpt_meta meta;
@@ -947,6 +1116,7 @@ enum mt_status mt_export_lora_adapter(struct mt_ctx *ctx, const char *ckpt_dir, 
     struct mt_st_tensor *st = NULL;
     char path[PATH_MAX + 64];
     int nct = 0, fd = -1;
+    if (note && note_len) note[0] = 0;
     MT_CHECK(mt_ckpt_read_meta(ctx, ckpt_dir, &cfg, &meta));
     MT_CHECK(mt_ckpt_check_tensors(ctx, ckpt_dir, &cfg));
     if (cfg.lora_rank <= 0)
@@ -961,19 +1131,51 @@ enum mt_status mt_export_lora_adapter(struct mt_ctx *ctx, const char *ckpt_dir, 
             return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s has adapters on the M blocks' in_proj / out_proj: no PEFT "
                                 "names (a hybrid has no Hugging Face architecture); export --merge", ckpt_dir);
     }
+    if (ao->hf_layout != 0 && ao->hf_layout != 4 && ao->hf_layout != 5)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "--hf-layout %d: expected 4 or 5 (the transformers major)",
+                            ao->hf_layout);
     MT_CHECK(check_overlap(ctx, ckpt_dir, out_dir, "checkpoint"));
-    if (!force && access(out_dir, F_OK) == 0 && !dir_is_empty(out_dir) && !mt_file_exists_in(out_dir, "adapter_config.json"))
+    if (!ao->force && access(out_dir, F_OK) == 0 && !dir_is_empty(out_dir) &&
+        !mt_file_exists_in(out_dir, "adapter_config.json"))
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "output %s is not empty and is not a previous adapter export "
                             "(--force writes there)", out_dir);
     MT_CHECK(mt_ckpt_read_tensors(ctx, ckpt_dir, "params.bin", &ct, &nct));
     enum mt_status rc = MT_OK;
-    int n = 0;
-    st = mt_alloc(ctx, (size_t)(nct > 0 ? nct : 1) * sizeof *st, MT_BUCKET_OTHER);
+    char *text = NULL;
+    struct adapter_sites sites;
+    adapter_sites_of(ct, nct, &sites);
+    int mixed = 0;
+    struct mt_config rcfg = cfg;   /* resolved: the pattern, expert sizes */
+    {
+        struct mt_ctx scratch;
+        mt_ctx_init(&scratch);
+        if (mt_config_resolve(&scratch, &rcfg, rcfg.total_steps > 0 ? rcfg.total_steps : 1) != MT_OK) rcfg.pattern[0] = 0;
+        mt_ctx_free(&scratch);
+        mixed = strchr(rcfg.pattern, 'A') && strchr(rcfg.pattern, 'E');
+    }
+    float **fz = NULL;   /* the fused experts' tensors (layout 5) */
+    int nfz = 0;
+    /* transformers 5 (peft 0.21's conversion of a Qwen3-MoE adapter) moves
+     * every gate/up/down_proj target into the fused experts' target_parameters:
+     * from the transformers-4 file a dense layer's MLP adapters would be
+     * dropped without a word, so such a model needs one file per major
+     * (layout 0: one file serves both) */
+    const int cannot5 = mixed && (sites.attn_mlp & 0x70u);
+    const int layout = ao->hf_layout ? ao->hf_layout : !cannot5 ? 0 : ao->installed == 5 ? 5 : 4;
+    /* layout 5 of a model with MoE layers: transformers 5's own names (fused experts, target_parameters) */
+    const int fused = layout == 5 && strchr(rcfg.pattern, 'E') != NULL;
+    const char *base_name = ao->base_name;
+    if (!base_name && meta.base_hash[0] && mt_import_hf_is_folder(meta.base_path)) base_name = meta.base_path;
+    /* room for the fused experts' 4 tensors per layer */
+    st = mt_alloc(ctx, (size_t)(nct + 4 * rcfg.n_layer + 1) * sizeof *st, MT_BUCKET_OTHER);
     if (!st) { rc = MT_ERR_OOM; goto done; }
+    text = adapter_config_text(&cfg, &sites, mixed, fused, base_name);
+    if (!text) { rc = MT_ERR_OOM; goto done; }
+    int n = 0;
     snprintf(path, sizeof path, "%s/params.bin", ckpt_dir);
     MT_CHECK_GOTO(mt_file_open_regular(ctx, path, NULL, &fd, NULL), rc, done);
     for (int i = 0; i < nct; i++) {
-        if (!strstr(ct[i].name, ".lora_")) continue;
+        if (!strstr(ct[i].name, ".lora_") || (fused && strstr(ct[i].name, ".mlp.experts."))) continue;
         memset(&st[n], 0, sizeof st[n]);
         if (strlen(ct[i].name) + 17 >= sizeof st[n].name) {
             rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "tensor name too long for the adapter file: %s", ct[i].name);
@@ -989,33 +1191,48 @@ enum mt_status mt_export_lora_adapter(struct mt_ctx *ctx, const char *ckpt_dir, 
         st[n].src_offset = ct[i].offset;
         n++;
     }
+    if (fused && sites.expert) {
+        nfz = 4 * rcfg.n_layer;
+        fz = mt_alloc(ctx, (size_t)nfz * sizeof *fz, MT_BUCKET_OTHER);
+        if (!fz) { rc = MT_ERR_OOM; goto done; }
+        memset(fz, 0, (size_t)nfz * sizeof *fz);
+        for (int l = 0; l < rcfg.n_layer; l++)
+            if (rcfg.pattern[l] == 'E')
+                MT_CHECK_GOTO(fuse_experts(ctx, &rcfg, l, fd, ct, nct, &fz[4 * l], &st[n], &n), rc, done);
+    }
     if (access(out_dir, F_OK) != 0 && mt_file_mkdir_p(out_dir) != 0) {
         rc = mt_ctx_error(ctx, MT_ERR_IO, "cannot create %s: %s", out_dir, strerror(errno));
         goto done;
     }
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", out_dir);
     MT_CHECK_GOTO(mt_safetensors_write(ctx, path, st, n), rc, done);
-    {
-        /* PEFT's LoraConfig: target_modules match module names by suffix */
-        static const char *const tn[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-        unsigned mask = 0;
-        char bad[64], mods[256] = "";
-        mt_config_lora_mask(cfg.lora_targets, &mask, bad, sizeof bad);
-        if (mask & MT_LORA_EXPERT) mask |= MT_LORA_GATE | MT_LORA_UP | MT_LORA_DOWN;
-        for (int k = 0; k < 7; k++)
-            if (mask & (1u << k))
-                snprintf(mods + strlen(mods), sizeof mods - strlen(mods), "%s\"%s\"", mods[0] ? ", " : "", tn[k]);
-        char text[1024];
-        snprintf(text, sizeof text,
-                 "{\n  \"peft_type\": \"LORA\",\n  \"task_type\": \"CAUSAL_LM\",\n  \"r\": %d,\n"
-                 "  \"lora_alpha\": %.9g,\n  \"lora_dropout\": 0.0,\n  \"bias\": \"none\",\n"
-                 "  \"fan_in_fan_out\": false,\n  \"use_rslora\": false,\n  \"target_modules\": [%s],\n"
-                 "  \"base_model_name_or_path\": null\n}\n",
-                 cfg.lora_rank, (double)cfg.lora_alpha, mods);
-        snprintf(path, sizeof path, "%s/adapter_config.json", out_dir);
-        MT_CHECK_GOTO(write_text(ctx, path, text), rc, done);
+    snprintf(path, sizeof path, "%s/adapter_config.json", out_dir);
+    MT_CHECK_GOTO(write_text(ctx, path, text), rc, done);
+    if (note && note_len) {
+        const char *why = ao->hf_layout ? "--hf-layout" : ao->installed ? "the installed transformers" : "no transformers found";
+        if (layout == 0)
+            snprintf(note, note_len, "adapter layout: transformers-4 names (per expert), loads on transformers 4 and 5 "
+                     "(peft 0.21 fuses the experts on load)%s", mixed ? "; target_modules is a regex (dense MLP and "
+                     "experts apart)" : "");
+        else if (layout == 4 && cannot5)
+            snprintf(note, note_len, "adapter layout: transformers 4 (%s%s); for transformers 5 export with "
+                     "--hf-layout 5 (peft 0.21 would drop this mixed model's dense-MLP adapters; docs/lora.md)", why,
+                     ao->installed && !ao->hf_layout ? " 4" : "");
+        else if (fused)
+            snprintf(note, note_len, "adapter layout: transformers 5 (%s%s): fused experts (target_parameters "
+                     "mlp.experts.gate_up_proj / down_proj)%s", why, ao->installed && !ao->hf_layout ? " 5" : "",
+                     (sites.attn_mlp & 0x70u) ? ", the dense MLP by parameter" : "");
+        else
+            snprintf(note, note_len, "adapter layout: transformers %d (%s): the same names on transformers 4 and 5 "
+                     "(no MoE layers)", layout, why);
+        if (!base_name)
+            snprintf(note + strlen(note), note_len - strlen(note), "\nbase_model_name_or_path is null: the base is a "
+                     "meshtrain checkpoint; export it (meshtrain export) and pass its folder with --base-name");
     }
 done:
+    for (int i = 0; i < nfz; i++) mt_free(ctx, fz[i]);
+    mt_free(ctx, fz);
+    free(text);
     if (fd >= 0) close(fd);
     mt_free(ctx, st);
     mt_free(ctx, ct);

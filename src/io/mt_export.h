@@ -125,9 +125,56 @@ struct mt_export_opts {
     int         merge;         /* LoRA checkpoint: write W + (alpha/r) B A (required for one)    */
 };
 
+/* --adapter options (docs/lora.md, "PEFT layouts"). */
+struct mt_adapter_opts {
+    int         force;       /* write into a non-empty out_dir that is not a previous adapter export  */
+    int         hf_layout;   /* 4 or 5: the transformers major the adapter is for; 0: both where one
+                              * file loads exactly on both, else `installed`                          */
+    int         installed;   /* the transformers major found on this machine (0: none; the tool probes) */
+    const char *base_name;   /* base_model_name_or_path; NULL: the run's Hugging Face base folder     */
+};
+
 /* LoRA checkpoint dir -> out_dir/{adapter_model.safetensors, adapter_config.json}
- * with Hugging Face PEFT names ("base_model.model." + the tensor's name). */
-enum mt_status mt_export_lora_adapter(struct mt_ctx *ctx, const char *ckpt_dir, const char *out_dir, int force);
+ * with Hugging Face PEFT names ("base_model.model." + the tensor's name +
+ * ".lora_A/B.weight"), in one of two layouts (docs/lora.md, "PEFT layouts"):
+ * transformers 4's per-expert names (target_modules a list, or on a model
+ * with both dense and MoE layers a regex naming the dense MLP and the
+ * experts apart), which peft 0.21 converts on load for transformers 5
+ * except a mixed model's dense-MLP adapters (it drops them); or, for
+ * layout 5 on a model with MoE layers, transformers 5's own: fused experts
+ * (experts[.base_layer].lora_A/B, rank_pattern 2r for gate_up_proj) and the
+ * dense MLP by target_parameters. Layout 0 (ao->hf_layout) writes the
+ * transformers-4 file where it loads exactly on both majors, else the
+ * layout of ao->installed (4 when 0). `note` (may be NULL) gets one line
+ * saying the layout and why, then (after a newline) a warning when
+ * base_model_name_or_path stays null. */
+enum mt_status mt_export_lora_adapter(struct mt_ctx *ctx, const char *ckpt_dir, const char *out_dir,
+                                      const struct mt_adapter_opts *ao, char *note, size_t note_len);
+
+/* The run config of a PEFT LoRA adapter folder (adapter_config.json +
+ * adapter_model.safetensors, either layout) on the base config cfg
+ * (the --init-from model, resolved or not): sets lora_rank, lora_alpha and
+ * lora_targets (from the tensors the file holds; every target_modules entry
+ * must name a module meshtrain has a target for).
+ * Refused (MT_ERR_INVALID_ARG / MT_ERR_FORMAT, one line naming the key or
+ * tensor) for what meshtrain cannot honour: peft_type other than LORA,
+ * lora_dropout != 0, bias != "none", use_dora, use_rslora, fan_in_fan_out,
+ * rank_pattern / alpha_pattern other than transformers 5's fused gate_up
+ * (2r, 2 alpha), layers_to_transform, modules_to_save, target_parameters
+ * other than the dense MLP's weights and the fused experts, a module
+ * meshtrain has no target for, and the experts' projections not all three
+ * adapted. Either layout of mt_export_lora_adapter reads. */
+enum mt_status mt_peft_config(struct mt_ctx *ctx, const char *adapter_dir, struct mt_config *cfg);
+
+/* The adapter tensors of adapter_dir, checked against the registry of cfg
+ * (the run's config, LoRA keys from mt_peft_config): every adapter present
+ * (per expert, or unpacked from transformers 5's fused experts, whose
+ * gate_up B must be block-diagonal), with the base's shapes, finite, no
+ * tensor left over; written as a step-0 checkpoint at out_dir holding the
+ * adapters only (no base, no optimizer state): setup loads the run's
+ * adapters from it (mt_train_opts.lora_from). Refusals MT_ERR_INVALID_ARG. */
+enum mt_status mt_peft_import(struct mt_ctx *ctx, const char *adapter_dir, const struct mt_config *cfg,
+                              const char *out_dir);
 
 /* Checkpoint dir -> out_dir/{config.json, model.safetensors,
  * generation_config.json[, tokenizer.json, tokenizer_config.json]}. Reads

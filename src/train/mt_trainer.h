@@ -25,6 +25,8 @@ struct mt_train_opts {
                                 * With --resume: the base of an adapter-only checkpoint */
     const char *init_from_hf;  /* init_from is a temporary import of this Hugging Face folder:
                                 * the base an adapter-only LoRA checkpoint names; NULL = none */
+    const char *lora_from;     /* --lora-from: a checkpoint holding the adapters that start a LoRA
+                                * run from init_from (mt_peft_import of a PEFT adapter); NULL = init */
     int         steps;         /* --steps: the step to reach (0: initial ckpt only)    */
     const char *mesh;          /* --mesh, NULL = one rank                             */
     const char *pp_layers;     /* --pp-layers "n0,n1,...": layers per stage (NULL: balanced) */

@@ -541,6 +541,13 @@ static enum mt_status load_params(struct mt_ctx *ctx, struct run_state *rs, cons
                 if (v[i].frozen) b[nb++] = v[i];
             const char *from = rs->base_load[0] ? rs->base_load : opts->init_from;   /* adapter-only: its base */
             enum mt_status st = mt_ckpt_load(ctx, rs->ops, from, b, nb, NULL);
+            /* --lora-from: the adapters start from a PEFT adapter's (docs/lora.md, "Import") */
+            if (st == MT_OK && opts->lora_from) {
+                nb = 0;
+                for (int i = 0; i < nv; i++)
+                    if (!v[i].frozen) b[nb++] = v[i];
+                st = mt_ckpt_load(ctx, rs->ops, opts->lora_from, b, nb, NULL);
+            }
             mt_free(ctx, b);
             MT_CHECK(st);
         } else {

@@ -10,8 +10,14 @@
 #   2. HF -> meshtrain: a random Qwen3 (tied embeddings, no head_dim key) and a
 #      random Qwen3-MoE saved by transformers -> import: logits equal, and
 #      `train --init-from` step-0 loss equal to HF's on the same batch.
+#   3. PEFT (when PYTHON has peft; issue 34, docs/lora.md): dense, all-MoE and
+#      mixed (pattern=AE) LoRA runs -> export --adapter ->
+#      AutoPeftModelForCausalLM: no missing keys, logits == `meshtrain logits`;
+#      a PEFT-made adapter -> `train --lora-from` (logits == PEFT's) -> export
+#      --adapter: tensors bit-identical to PEFT's.
 # Not registered with ctest (it needs a python with torch); run it by hand:
-#   python3 -m venv /tmp/hf4 && /tmp/hf4/bin/pip install 'transformers>=4.57,<5' torch
+#   python3 -m venv /tmp/hf4 && /tmp/hf4/bin/pip install 'transformers>=4.57,<5' 'peft>=0.17,<0.18' torch
+#   (and transformers 5: 'transformers>=5' 'peft>=0.21')
 #   bash tests/hf/check.sh build /tmp/hf4/bin/python
 set -u
 B=${1:?build dir}
@@ -49,8 +55,11 @@ BASE="--set n_layer=2 --set d_model=64 --set n_head=4 --set n_kv_head=2 --set se
 IDS=$(python3 -c "
 import struct; b=open('$(ls "$W"/data/*train*.bin | head -1)','rb').read(); print(','.join(str(x) for x in struct.unpack('<24H', b[1024:1072])))")
 
+# MT_HF_STAGES (default 123): the stages to run
+STAGES=${MT_HF_STAGES:-123}
 # ---- 1. meshtrain -> HF ----
 for kind in dense moe; do
+    case $STAGES in *1*) ;; *) continue ;; esac
     extra=""; [ $kind = moe ] && extra="--set pattern=AE --set n_experts=4 --set top_k=2 --set expert_hidden=32"
     if ! $MT train $BASE $extra --data "$W/data" --out "$W/$kind" --steps 30 --quiet --peak-flops 1e11 >/dev/null 2>"$W/err" ||
        ! $MT export --ckpt "$W/$kind" --out "$W/$kind.hf" >/dev/null 2>>"$W/err" ||
@@ -62,6 +71,7 @@ for kind in dense moe; do
         ok "$kind: export == transformers (logits, greedy text)" || bad "$kind: export vs transformers"
 done
 
+case $STAGES in *1*)
 # tokenizer: the texts the two pre-tokenizers split alike (docs/export.md)
 python3 - "$W/texts.json" <<'PY'
 import json, sys
@@ -81,9 +91,11 @@ json.dump(ids, open(sys.argv[2], "w"))
 PY
 "$PY" "$HERE/check_hf.py" tokenizer "$W/dense.hf" "$W/texts.json" "$W/mt_ids.json" &&
     ok "tokenizer.json: AutoTokenizer == meshtrain tokenizer encode" || bad "tokenizer.json vs meshtrain"
+;; esac
 
 # ---- 2. HF -> meshtrain ----
 for kind in dense moe; do
+    case $STAGES in *2*) ;; *) continue ;; esac
     "$PY" "$HERE/check_hf.py" make $kind "$W/hf_$kind" 512 || { bad "$kind: transformers could not save a model"; continue; }
     if $MT import --hf "$W/hf_$kind" --out "$W/imp_$kind" >/dev/null 2>"$W/err" &&
        $MT logits --ckpt "$W/imp_$kind" --ids "$IDS" --out "$W/imp_$kind.logits" >/dev/null 2>>"$W/err"; then
@@ -96,6 +108,61 @@ for kind in dense moe; do
             ok "$kind: train --init-from the transformers folder: step-0 loss == HF's" || bad "$kind: step-0 loss"
     else bad "$kind: train --init-from ($(cat "$W/err"))"; fi
 done
+
+# ---- 3. PEFT (issue 34): meshtrain LoRA -> PEFT, and PEFT -> meshtrain -> PEFT ----
+# Rows: KIND PATTERN meshtrain-targets PEFT-targets. The adapters' base is the
+# exported Hugging Face folder, so adapter_config.json names it and
+# AutoPeftModelForCausalLM finds it. export --adapter picks its layout from
+# the venv's transformers (MT_HF_PYTHON); the round trip exports with
+# --hf-layout $TMAJ (transformers 5 saves its fused experts).
+if ! "$PY" -c "import peft" 2>/dev/null; then echo "SKIPPED the PEFT stage (no peft in $PY)"
+elif case $STAGES in *3*) false ;; *) true ;; esac; then :
+else
+TMAJ=$("$PY" -c 'import transformers; print(transformers.__version__.split(".")[0])')
+echo "peft $("$PY" -c 'import peft; print(peft.__version__)')"
+while read -r kind pat tg ptg; do
+    extra="--set pattern=$pat"; [ $pat != AA ] && extra="$extra --set n_experts=4 --set top_k=2 --set expert_hidden=32"
+    if ! $MT train $BASE $extra --data "$W/data" --out "$W/p_$kind" --steps 10 --quiet --peak-flops 1e11 >/dev/null 2>"$W/err" ||
+       ! $MT export --ckpt "$W/p_$kind" --out "$W/p_$kind.hf" >/dev/null 2>>"$W/err" ||
+       ! $MT train $BASE --init-from "$W/p_$kind.hf" --lora 4:8:$tg --set lr=0.02 --data "$W/data" --out "$W/l_$kind" \
+             --steps 20 --quiet --peak-flops 1e11 >/dev/null 2>>"$W/err" ||
+       ! $MT logits --ckpt "$W/l_$kind" --ids "$IDS" --out "$W/l_$kind.logits" >/dev/null 2>>"$W/err"; then
+        bad "peft $kind: base / LoRA run ($(cat "$W/err"))"; continue; fi
+    MT_HF_PYTHON="$PY" $MT export --ckpt "$W/l_$kind" --out "$W/l_$kind.ad" --adapter >"$W/out" 2>"$W/err"; rc=$?
+    if [ $rc != 0 ]; then bad "peft $kind: export --adapter ($(cat "$W/err"))"
+    else
+        echo "  $(head -1 "$W/out")"
+        "$PY" "$HERE/check_peft.py" load "$W/l_$kind.ad" "$W/l_$kind.logits" "$IDS" &&
+            ok "peft $kind: meshtrain adapter -> AutoPeftModelForCausalLM: no missing keys, logits == meshtrain" ||
+            bad "peft $kind: meshtrain adapter in PEFT"
+    fi
+    if [ $kind = mixed ] && [ "$TMAJ" -ge 5 ]; then
+        # the bug of issue 34, kept visible: the transformers-4 file on transformers 5 (this check must fail)
+        $MT export --ckpt "$W/l_$kind" --out "$W/l_$kind.ad4" --adapter --hf-layout 4 >/dev/null 2>&1
+        ! "$PY" "$HERE/check_peft.py" load "$W/l_$kind.ad4" "$W/l_$kind.logits" "$IDS" &&
+            ok "peft $kind: the transformers-4 file on transformers $TMAJ loads wrongly (peft drops the dense MLP adapters): why layout 5" ||
+            bad "peft $kind: the transformers-4 file on transformers $TMAJ was expected to load wrongly"
+    fi
+    # PEFT -> meshtrain -> PEFT
+    mkdir -p "$W/pm_$kind" && echo "$IDS" > "$W/pm_$kind/ids.txt"
+    "$PY" "$HERE/check_peft.py" make "$W/p_$kind.hf" "$ptg" "$W/pm_$kind" || { bad "peft $kind: PEFT could not make an adapter"; continue; }
+    if $MT train $BASE --init-from "$W/p_$kind.hf" --lora-from "$W/pm_$kind" --data "$W/data" --out "$W/i_$kind" --steps 0 \
+           --quiet --peak-flops 1e11 >/dev/null 2>"$W/err" &&
+       $MT logits --ckpt "$W/i_$kind" --ids "$IDS" --out "$W/i_$kind.logits" >/dev/null 2>>"$W/err"; then
+        "$PY" "$HERE/check_peft.py" peft_vs_mt "$W/pm_$kind/peft_logits.npy" "$W/i_$kind.logits" &&
+            ok "peft $kind: PEFT adapter -> train --lora-from: logits == PEFT's" || bad "peft $kind: --lora-from logits"
+        if $MT export --ckpt "$W/i_$kind" --out "$W/i_$kind.ad" --adapter --hf-layout $TMAJ >/dev/null 2>"$W/err"; then
+            "$PY" "$HERE/check_peft.py" same "$W/pm_$kind" "$W/i_$kind.ad" &&
+                ok "peft $kind: PEFT -> meshtrain -> PEFT: adapter tensors bit-identical" || bad "peft $kind: round trip tensors"
+        else bad "peft $kind: export of the imported adapter ($(cat "$W/err"))"; fi
+    else bad "peft $kind: train --lora-from the PEFT adapter ($(cat "$W/err"))"; fi
+done <<'ROWS'
+dense AA q,k,v,o,gate,up,down q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj
+moe EE q,v,expert q_proj,v_proj,gate_proj,up_proj,down_proj
+mixed AE q,v,gate,up,down,expert q_proj,v_proj,gate_proj,up_proj,down_proj
+mixed_attn AE q,k,v,o,expert q_proj,k_proj,v_proj,o_proj
+ROWS
+fi
 
 echo "$passes passed, $fails failed"
 [ $fails -eq 0 ]
