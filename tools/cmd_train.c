@@ -247,6 +247,41 @@ static int check_out_dir(const char *out, int overwrite, const char *resume_dir,
     return 2;
 }
 
+/* --lora-from: the adapter's config sets rank, alpha and targets on the
+ * --init-from base, so the flags that would set them too are refused (NULL: fine). */
+static const char *lora_from_refusal(int argc, char **argv, const char *resume_arg, const char *init_arg)
+{
+    if (resume_arg) return "--resume continues a meshtrain run; --lora-from starts one from --init-from BASE";
+    if (!init_arg) return "--lora-from needs --init-from BASE (the base the adapter was made for)";
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--lora") || (!strcmp(argv[i], "--set") && i + 1 < argc && !strncmp(argv[i + 1], "lora_", 5)))
+            return "--lora-from takes lora_rank, lora_alpha and lora_targets from the adapter's config (drop --lora / "
+                   "--set lora_*)";
+    return NULL;
+}
+
+/* The adapter's tensors, checked against the run's registry, staged as a
+ * checkpoint that setup loads (this rank, a private temporary dir, like a
+ * Hugging Face base): -1 to go on (opts->lora_from set), else the exit code. */
+static int lora_from_stage(struct mt_ctx *ctx, const char *adapter, struct mt_config *cfg, struct mt_train_opts *opts,
+                           char *tmp, size_t tmp_n, char *ck, size_t ck_n)
+{
+    const char *td = getenv("TMPDIR");
+    snprintf(tmp, tmp_n, "%s/meshtrain_peft_XXXXXX", td && *td ? td : "/tmp");
+    if (!mkdtemp(tmp)) {
+        fprintf(stderr, "meshtrain train: cannot create a temporary directory in %s\n", td && *td ? td : "/tmp");
+        tmp[0] = 0;
+        return 1;
+    }
+    snprintf(ck, ck_n, "%s/ckpt", tmp);
+    if (mt_peft_import(ctx, adapter, cfg, ck) != MT_OK) {
+        fprintf(stderr, "meshtrain train: --lora-from %s: %s\n", adapter, mt_ctx_last_error(ctx));
+        return 2;
+    }
+    opts->lora_from = ck;
+    return -1;
+}
+
 static int train_main(int argc, char **argv, int world, int rank)
 {
     struct mt_ctx ctx;
@@ -280,19 +315,10 @@ static int train_main(int argc, char **argv, int world, int rank)
         if (!strcmp(argv[i], "--init-from")) init_arg = argv[i + 1];
         if (!strcmp(argv[i], "--lora-from")) lora_from_arg = argv[i + 1];
     }
-    /* --lora-from: the adapter's config sets rank, alpha and targets on the --init-from base */
-    for (int i = 1; lora_from_arg && i < argc; i++) {
-        const char *why = NULL;
-        if (resume_arg) why = "--resume continues a meshtrain run; --lora-from starts one from --init-from BASE";
-        else if (!init_arg) why = "--lora-from needs --init-from BASE (the base the adapter was made for)";
-        else if (!strcmp(argv[i], "--lora") || (!strcmp(argv[i], "--set") && i + 1 < argc &&
-                                                !strncmp(argv[i + 1], "lora_", 5)))
-            why = "--lora-from takes lora_rank, lora_alpha and lora_targets from the adapter's config (drop --lora / "
-                  "--set lora_*)";
-        if (why) {
-            fprintf(stderr, "meshtrain train: %s\n", why);
-            return refuse_args(world, MT_ERR_INVALID_ARG);
-        }
+    const char *why = lora_from_arg ? lora_from_refusal(argc, argv, resume_arg, init_arg) : NULL;
+    if (why) {
+        fprintf(stderr, "meshtrain train: %s\n", why);
+        return refuse_args(world, MT_ERR_INVALID_ARG);
     }
     /* both: --init-from names the base of an adapter-only checkpoint (setup checks it is one) */
     static char base_dir[4200], hf_tmp[4096], lora_base_dir[4200];
@@ -359,27 +385,11 @@ static int train_main(int argc, char **argv, int world, int rank)
     const int lora_base_in_out = cfg.lora_rank > 0 && init_arg && opts.out_dir && path_inside(init_arg, opts.out_dir);
     if (code < 0 && !lora_base_in_out)
         code = check_out_dir(opts.out_dir, overwrite, resume_arg ? base_dir : NULL, resume_arg ? rmeta.run_id : NULL) ? 2 : -1;
-    /* the adapter's tensors, checked against the run's registry, as a checkpoint setup loads them from
-     * (this rank, a private temporary dir, like a Hugging Face base) */
+    /* --lora-from: the adapter staged as a checkpoint for setup (lora_from_stage) */
     static char peft_tmp[4096], peft_ck[4200];
     peft_tmp[0] = 0;
-    if (code < 0 && lora_from_arg) {
-        const char *td = getenv("TMPDIR");
-        snprintf(peft_tmp, sizeof peft_tmp, "%s/meshtrain_peft_XXXXXX", td && *td ? td : "/tmp");
-        if (!mkdtemp(peft_tmp)) {
-            fprintf(stderr, "meshtrain train: cannot create a temporary directory in %s\n", td && *td ? td : "/tmp");
-            peft_tmp[0] = 0;
-            code = 1;
-        } else {
-            snprintf(peft_ck, sizeof peft_ck, "%s/ckpt", peft_tmp);
-            if (mt_peft_import(&ctx, lora_from_arg, &cfg, peft_ck) != MT_OK) {
-                fprintf(stderr, "meshtrain train: --lora-from %s: %s\n", lora_from_arg, mt_ctx_last_error(&ctx));
-                code = 2;
-            } else {
-                opts.lora_from = peft_ck;
-            }
-        }
-    }
+    if (code < 0 && lora_from_arg) code = lora_from_stage(&ctx, lora_from_arg, &cfg, &opts, peft_tmp, sizeof peft_tmp,
+                                                          peft_ck, sizeof peft_ck);
     if (code < 0) code = train_run(&ctx, &cfg, &opts, world);
     else if (code > 0) code = refuse_args(world, code == 2 ? MT_ERR_INVALID_ARG : MT_ERR_RUNTIME);
     if (hf_tmp[0]) mt_file_rm_rf(hf_tmp);
