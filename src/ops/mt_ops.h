@@ -414,6 +414,17 @@ struct mt_ops_i {
                           const size_t *n, const float *wd, int count, float lr, float b1, float b2, float eps,
                           float bc1, float bc2);
     void   (*nonfinite_mark)(void *be, float *flags, const float *const *x, const size_t *n, const int *slot, int count);
+
+    /* ---- CUDA graphs of the step (issue 27 item 4; docs/cuda.md "CUDA graphs") ----
+     * graph_mode(be, on, why_not): the trainer says, before each step,
+     * whether the step may run as graphs (one GPU, static shapes; the
+     * cuda_graphs knob) and, when not, why (kept for the receipt). The
+     * backend then captures the device work between the step's host waits
+     * (between the profile_step marks) once and replays it; results are
+     * bit-identical to eager (same kernels, same arguments; an argument that
+     * changes per step keeps its segment eager). No-op when `on` is
+     * unchanged. NULL (cpu): no graphs. */
+    void   (*graph_mode)(void *be, int on, const char *why_not);
 };
 
 /* Tensors per launch of the multi-tensor entries (their kernel-argument lists). */

@@ -119,7 +119,28 @@ struct mt_ops_cuda_counters {
     long      ws_grows;      /* of those allocs: growths of the backend's grow-only
                                 workspace (sized by its first users, so in the
                                 first step; docs/cuda.md)                        */
+    long      graph_launches;/* cudaGraphLaunch of a captured segment (CUDA graphs) */
+    long      graph_ops;     /* device ops those launches stood for (not counted
+                                in launches/blas_calls/memsets/d2d above)        */
 };
+
+/* CUDA graphs of the step (graph.cu; docs/cuda.md "CUDA graphs"), for the
+ * receipt: whether they ran, and how the step's segments went. */
+struct mt_ops_cuda_graph_info {
+    int  want;              /* graph_mode on (the trainer's decision)           */
+    int  ran;               /* want, no failure, >= 1 segment replayed           */
+    int  failed;            /* a capture or replay failed (sticky error)        */
+    long steps;             /* steps run with graphs wanted                     */
+    long captured_step;     /* graph step of the capture (1), -1: none          */
+    int  segments;          /* segments (between host waits) of the last step   */
+    int  static_segments;   /* ... captured and replayed                        */
+    int  dynamic_segments;  /* ... eager: a by-value argument changed per step  */
+    long graph_ops;         /* device ops inside the static segments            */
+    long graph_nodes;       /* nodes of their graphs                            */
+    char why_not[200];      /* why off ("" when wanted)                         */
+    char why_dynamic[160];  /* the first op that made a segment dynamic         */
+};
+void mt_ops_cuda_graph_info_of(void *be, struct mt_ops_cuda_graph_info *out);
 /* Environment variable naming a file the backend appends one line per
  * kernel launch to ("launch NAME grid X Y Z block X Y Z threads N"), per
  * copy ("copy h2d|d2h|d2d BYTES"), host wait ("sync 0") and device
