@@ -75,7 +75,7 @@
 #           and the launch floor (threads per kernel launch) of a hybrid +
 #           MoE step (docs/cuda.md, "Per-op profile and counters").
 #        g. CUDA graphs: the emulator's stream capture (graph_emu.cc), and
-#           5-step dense (fp32, bf16) and hybrid runs with graphs on = off
+#           4-step dense (fp32, bf16) and hybrid runs with graphs on = off
 #           bit for bit, the replayed ops accounted, MoE off with the reason.
 #      MT_CUDA_BUILD_STAGES=a,b,b2,c,c2,d,e,f,g (any subset; c3 goes with c)
 #      runs only those emulation stages (the emulated build always runs).
@@ -613,16 +613,16 @@ fi  # want f
 #    emulator's stream capture and graphs (tests/cuda/graph_emu.cc: a
 #    captured launch, memset, copy and cuBLAS call run only at cudaGraphLaunch,
 #    with their capture-time values; a host wait, an allocation or a pageable
-#    copy during a capture fails and invalidates it); then 5 steps of the tiny
+#    copy during a capture fails and invalidates it); then 4 steps of the tiny
 #    dense config (fp32, then precision=bf16 with MT_CUDA_PRECISION=bf16, and
 #    the hybrid pattern=AM) with graphs on (the default) and off
 #    (--knob cuda_graphs=0): the loss, lm and grad-norm series equal bit for
 #    bit and the final params.bin and optim.bin identical; the graphs ran
 #    (gpu.cuda_graphs: >= 1 segment replayed from graph step 2 = trainer
-#    step 3); in each replay step every device op was either issued or
+#    step 3, the last); in that replay step every device op was either issued or
 #    replayed (issued + replayed = the eager run's ops), the eager launches
 #    dropped by the replayed ones and host waits and copies are unchanged;
-#    MoE (pattern=AE): off with the reason.
+#    MoE (pattern=AE, 1 step): off with the reason.
 if want g; then
 if [ -x "$EMU/meshtrain" ] && [ -f "$EMU/train.bin" ]; then
     t4=$(date +%s)
@@ -633,22 +633,22 @@ if [ -x "$EMU/meshtrain" ] && [ -f "$EMU/train.bin" ]; then
     else
         grep -E 'FAIL|error' "$EMU/graph_emu.log" | head -20; echo "FAIL: emulated stream capture / graphs"; fail=1
     fi
-    # graph_run NAME PRECISION FLAGS...: 5 steps
+    # graph_run NAME PRECISION STEPS FLAGS...
     graph_run() {
-        local name=$1 prec=$2; shift 2
+        local name=$1 prec=$2 steps=$3; shift 3
         if ! env MT_CUDA_PRECISION=$prec OMP_NUM_THREADS=1 "$EMU/meshtrain" train "$@" --backend cuda --peak-flops 1e11 \
-                --quiet --data "$EMU/train.bin" --out "$EMU/run_graph_$name" --steps 5 >"$EMU/train_graph_$name.log" 2>&1; then
+                --quiet --data "$EMU/train.bin" --out "$EMU/run_graph_$name" --steps $steps >"$EMU/train_graph_$name.log" 2>&1; then
             tail -5 "$EMU/train_graph_$name.log"; echo "FAIL: emulated train graph_$name exited non-zero"; return 1
         fi
     }
     g_ok=1
-    { graph_run dense_on fp32 $TINY && graph_run bf16_on bf16 $TINY && graph_run hyb_on fp32 $HYB; } & pid_g=$!
-    { graph_run dense_off fp32 $TINY --knob cuda_graphs=0 && graph_run bf16_off bf16 $TINY --knob cuda_graphs=0 &&
-      graph_run hyb_off fp32 $HYB --knob cuda_graphs=0 && graph_run moe_on fp32 $MOE; } || g_ok=0
+    { graph_run dense_on fp32 4 $TINY && graph_run bf16_on bf16 4 $TINY && graph_run hyb_on fp32 4 $HYB; } & pid_g=$!
+    { graph_run dense_off fp32 4 $TINY --knob cuda_graphs=0 && graph_run bf16_off bf16 4 $TINY --knob cuda_graphs=0 &&
+      graph_run hyb_off fp32 4 $HYB --knob cuda_graphs=0 && graph_run moe_on fp32 1 $MOE; } || g_ok=0
     wait $pid_g || g_ok=0
     for c in dense bf16 hyb; do
-        if [ $g_ok -eq 1 ] && cmp -s "$EMU/run_graph_${c}_on/ckpt/step_000005/params.bin" "$EMU/run_graph_${c}_off/ckpt/step_000005/params.bin" &&
-           cmp -s "$EMU/run_graph_${c}_on/ckpt/step_000005/optim.bin" "$EMU/run_graph_${c}_off/ckpt/step_000005/optim.bin" &&
+        if [ $g_ok -eq 1 ] && cmp -s "$EMU/run_graph_${c}_on/ckpt/step_000004/params.bin" "$EMU/run_graph_${c}_off/ckpt/step_000004/params.bin" &&
+           cmp -s "$EMU/run_graph_${c}_on/ckpt/step_000004/optim.bin" "$EMU/run_graph_${c}_off/ckpt/step_000004/optim.bin" &&
            python3 - "$EMU/run_graph_${c}_on/receipt.json" "$EMU/run_graph_${c}_off/receipt.json" >"$EMU/graph_$c.txt" 2>&1 <<'PY'
 import json, sys
 on, off = (json.load(open(p)) for p in sys.argv[1:3])
@@ -669,12 +669,12 @@ for s in range(len(a["kernel_launches"])):
         assert a["graph_launches"][s] == g["replayed_segments_per_step"] and a["graph_ops"][s] == g["replayed_ops_per_step"]
         assert a["host_syncs"][s] == b["host_syncs"][s], (s, a["host_syncs"][s], b["host_syncs"][s])
         assert a["kernel_launches"][s] < b["kernel_launches"][s]
-print("losses, lm, grad norms and the final params/optimizer state equal bit for bit; step 4: %d device ops eager -> "
+print("losses, lm, grad norms and the final params/optimizer state equal bit for bit; step 3: %d device ops eager -> "
       "%d issued + %d graph launches (%d ops replayed in %d of %d segments; eager: %s)" %
       (eager, issued, a["graph_launches"][-1], a["graph_ops"][-1], g["replayed_segments_per_step"],
        g["segments_per_step"], g["why_eager"] or "none"))
 PY
-        then echo "PASS CUDA graphs on = off ($c, 5 steps): $(cat "$EMU/graph_$c.txt")"
+        then echo "PASS CUDA graphs on = off ($c, 4 steps): $(cat "$EMU/graph_$c.txt")"
         else cat "$EMU/graph_$c.txt" 2>/dev/null; echo "FAIL: CUDA graphs on vs off ($c)"; fail=1; fi
     done
     if [ $g_ok -eq 1 ] && python3 -c 'import json, sys; g = json.load(open(sys.argv[1]))["gpu"]["cuda_graphs"]
