@@ -225,6 +225,9 @@ void *mt_cuda_workspace(size_t bytes);
  * mt_cuda_graph_boundary first: the segment ends there. */
 int  mt_cuda_graph_op_slow(const char *name, uint64_t sig);
 void mt_cuda_graph_boundary_slow(void);
+/* an allocation or free may move a buffer a captured graph points to (the
+ * grow-only workspace): every graph is dropped and recorded again */
+void mt_cuda_graph_invalidate(void);
 static inline int mt_cuda_graph_op(const char *name, uint64_t sig)
 {
     return mt_cuda_be->graph.active ? mt_cuda_graph_op_slow(name, sig) : 1;
@@ -298,6 +301,7 @@ static inline cudaError_t mt_cuda_stream_sync(void)
 static inline cudaError_t mt_cuda_malloc(void **p, size_t bytes)
 {
     mt_cuda_graph_boundary();
+    if (mt_cuda_be->graph.want && mt_cuda_be->graph.step > 0) mt_cuda_graph_invalidate();
     mt_cuda_be->ctr.allocs++;
     if (mt_cuda_be->launch_log) mt_cuda_log_op("alloc", bytes);
     return cudaMalloc(p, bytes);
@@ -306,6 +310,7 @@ static inline cudaError_t mt_cuda_malloc(void **p, size_t bytes)
 static inline cudaError_t mt_cuda_free(void *p)
 {
     if (p) mt_cuda_graph_boundary();
+    if (p && mt_cuda_be->graph.want && mt_cuda_be->graph.step > 0) mt_cuda_graph_invalidate();
     if (p) mt_cuda_be->ctr.frees++;
     return cudaFree(p);
 }

@@ -29,6 +29,8 @@
  *              segment's end one cudaGraphLaunch runs the whole segment.
  *              DYNAMIC segments run eagerly.
  *
+ * An allocation or free with graphs kept drops them all (the workspace may
+ * have moved): recorded and captured again over the next two steps.
  * A replayed op whose signature differs from its capture (a value the
  * graph would replay stale, a changed shape) cannot be recovered (the ops
  * before it in the segment were not issued): it is a sticky error naming
@@ -126,10 +128,10 @@ static void seg_end(void)
                 s->state = MT_CUDA_SEG_STATIC;
                 if (GR->captured_step < 0) GR->captured_step = GR->step;
             } else {
-                /* a value changed since the recorded step: eager from now on; the
-                 * graph is destroyed once it has run (host wait) */
+                /* a value changed since the recorded step: eager from now on.
+                 * An exec destroyed in flight is freed when it completes (CUDA
+                 * runtime API, cudaGraphExecDestroy): no wait */
                 s->state = MT_CUDA_SEG_DYNAMIC;
-                MT_CUDA_CHECK(mt_cuda_stream_sync());
                 cudaGraphExecDestroy(ex);
                 s->exec = NULL;
             }
@@ -217,6 +219,23 @@ void mt_cuda_graph_release(void)
     GR->n_segs = 0;
     GR->captured_step = -1;
     GR->why_dynamic[0] = 0;
+}
+
+/* An allocation or a free (mt_cuda_malloc / mt_cuda_free) may have moved a
+ * buffer the kept graphs point to (the grow-only workspace is freed and
+ * allocated again when it grows): drop every graph and signature; the next
+ * graph step records again (0), the one after captures. Without this a
+ * replay would hit the signature check (a changed pointer) and fail. Called
+ * with graphs wanted, inside a step or between steps (evaluation). */
+void mt_cuda_graph_invalidate(void)
+{
+    const int in_step = GR->active, seg = GR->seg;
+    if (GR->open) seg_end();   /* the current segment ends at the allocation anyway */
+    mt_cuda_graph_release();
+    if (in_step) {   /* the rest of this step runs eagerly; the next one records */
+        GR->active = 0;
+        GR->seg = seg;
+    }
 }
 
 /* mt_ops.h graph_mode: on = 1 where the trainer's step allows graphs; the
