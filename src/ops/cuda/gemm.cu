@@ -292,7 +292,9 @@ static void gemm_bf16(int ta, int tb, int M, int N, int K, float alpha, const vo
                 continue;
             }
             mt_cuda_be->info.gemm_bf16_calls++;
-            if (!mt_cuda_graph_op("cublasLtMatmul", mt_cuda_sig((const void *)p, p->m, p->n, p->k, p->lda, p->ldb, p->ldc, alpha, sb, sa, beta, c0))) continue;
+            if (!mt_cuda_graph_op("cublasLtMatmul", mt_cuda_sig((const void *)p, p->m, p->n, p->k, p->lda, p->ldb,
+                                                                p->ldc, alpha, sb, sa, beta, c0)))
+                continue;
             mt_cuda_note_blas();
             MT_CUBLASLT_OK(cublasLtMatmul(mt_cuda_be->lt, p->desc, &alpha, sb, p->la, sa, p->lb, &beta, c0, p->lc, c0,
                                           p->lc, &p->algo, mt_cuda_be->lt_ws, p->ws, mt_cuda_be->stream));
@@ -349,7 +351,9 @@ extern "C" void mt_cuda_gemm_bf16(void *be, int transA, int transB, int M, int N
         if (p->ok) {
             mt_cuda_be->info.gemm_bf16_calls++;
             mt_cuda_be->info.gemm_bf16_direct++;
-            if (!mt_cuda_graph_op("cublasLtMatmul", mt_cuda_sig((const void *)p, p->m, p->n, p->k, p->lda, p->ldb, p->ldc, alpha, B, A, beta, C))) return;
+            if (!mt_cuda_graph_op("cublasLtMatmul", mt_cuda_sig((const void *)p, p->m, p->n, p->k, p->lda, p->ldb,
+                                                                p->ldc, alpha, B, A, beta, C)))
+                return;
             mt_cuda_note_blas();
             MT_CUBLASLT_OK(cublasLtMatmul(mt_cuda_be->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C,
                                           p->lc, &p->algo, mt_cuda_be->lt_ws, p->ws, mt_cuda_be->stream));

@@ -77,7 +77,8 @@ static void graph_launch(struct mt_cuda_graph_seg *s, long ops)
 {
     mt_cuda_be->ctr.graph_launches++;
     mt_cuda_be->ctr.graph_ops += ops;
-    if (mt_cuda_be->launch_log) fprintf(mt_cuda_be->launch_log, "graph segment %d ops %ld nodes %ld\n", GR->seg, ops, s->nodes);
+    if (mt_cuda_be->launch_log)
+        fprintf(mt_cuda_be->launch_log, "graph segment %d ops %ld nodes %ld\n", GR->seg, ops, s->nodes);
     MT_CUDA_CHECK(cudaGraphLaunch(s->exec, mt_cuda_be->stream));
 }
 
@@ -114,8 +115,8 @@ static void seg_end(void)
         cudaGraph_t g = NULL;
         cudaGraphExec_t ex = NULL;
         size_t nodes = 0;
-        int ok = MT_CUDA_OK(cudaStreamEndCapture(mt_cuda_be->stream, &g)) && MT_CUDA_OK(cudaGraphInstantiate(&ex, g, 0)) &&
-                 MT_CUDA_OK(cudaGraphGetNodes(g, NULL, &nodes));
+        int ok = MT_CUDA_OK(cudaStreamEndCapture(mt_cuda_be->stream, &g)) &&
+                 MT_CUDA_OK(cudaGraphInstantiate(&ex, g, 0)) && MT_CUDA_OK(cudaGraphGetNodes(g, NULL, &nodes));
         if (g) cudaGraphDestroy(g);
         if (!ok) {   /* the captured ops never ran: this step is lost (sticky error) */
             if (ex) cudaGraphExecDestroy(ex);
@@ -162,8 +163,8 @@ int mt_cuda_graph_op_slow(const char *name, uint64_t sig)
     case MODE_CAPTURE:
         if (i >= GR->prev_n || s->sig[i] != sig) {
             if (GR->match && !GR->why_dynamic[0])
-                snprintf(GR->why_dynamic, sizeof GR->why_dynamic, "segment %d op %d (%s) changed between steps", GR->seg,
-                         i, name);
+                snprintf(GR->why_dynamic, sizeof GR->why_dynamic, "segment %d op %d (%s) changed between steps",
+                         GR->seg, i, name);
             GR->match = 0;
         }
         if (!sig_store(s, i, name, sig)) GR->match = 0, GR->prev_n = -1;
