@@ -642,9 +642,11 @@ if [ -x "$EMU/meshtrain" ] && [ -f "$EMU/train.bin" ]; then
         fi
     }
     g_ok=1
-    { graph_run dense_on fp32 4 $TINY && graph_run bf16_on bf16 4 $TINY && graph_run hyb_on fp32 4 $HYB; } & pid_g=$!
+    # stage c's hybrid (pattern=AM; stage f's HYB has MoE layers, for which graphs are off)
+    GHYB="$TINY --set pattern=AM --set mamba_d_state=8 --set mamba_headdim=16 --set mamba_ngroups=2 --set mamba_chunk=5"
+    { graph_run dense_on fp32 4 $TINY && graph_run bf16_on bf16 4 $TINY && graph_run hyb_on fp32 4 $GHYB; } & pid_g=$!
     { graph_run dense_off fp32 4 $TINY --knob cuda_graphs=0 && graph_run bf16_off bf16 4 $TINY --knob cuda_graphs=0 &&
-      graph_run hyb_off fp32 4 $HYB --knob cuda_graphs=0 && graph_run moe_on fp32 1 $MOE; } || g_ok=0
+      graph_run hyb_off fp32 4 $GHYB --knob cuda_graphs=0 && graph_run moe_on fp32 1 $MOE; } || g_ok=0
     wait $pid_g || g_ok=0
     for c in dense bf16 hyb; do
         if [ $g_ok -eq 1 ] && cmp -s "$EMU/run_graph_${c}_on/ckpt/step_000004/params.bin" "$EMU/run_graph_${c}_off/ckpt/step_000004/params.bin" &&
