@@ -30,7 +30,10 @@
 #   speed   meshtrain precision=bf16 (--set precision=bf16, the plain GEMMs left also
 #           bf16 per call), --no-save: gpu_d2048_dense.json (10 steps),
 #           gpu_c_gpt2.json (GPT-2 124M shape, seq 1024; batch 16, else 8, else 4),
-#           gpu_moe8.json and the d2048 hybrid (pattern MAMA..., 3 steps each):
+#           gpu_moe8.json and the d2048 hybrid (pattern MAMA..., 3 steps each),
+#           with CUDA graphs on (the one-GPU default; each RESULT line says
+#           whether they ran), then GPT-2 again with --knob cuda_graphs=0
+#           (c_gpt2_nographs: the graphs A/B):
 #           tokens/s, MFU, the per-op profile when the receipt has one; a run
 #           that runs out of its box still gives a line (tokens/s from its
 #           progress lines, or "no step within the box" with the time of its
@@ -379,10 +382,15 @@ if rc == 0 and os.path.exists(rp):
                runtime_mode=r["backend"].get("runtime_mode"), fallback_reason=r["backend"].get("fallback_reason"),
                device_used_peak_bytes=(g.get("memory") or {}).get("device_used_peak_bytes"),
                allocator_peak_bytes=(g.get("memory") or {}).get("allocator_peak_bytes"),
-               op_profile_s_per_step=t.get("op_profile_s_per_step"))   # cuda receipts: once the backend times its ops
-    print("RESULT %s: batch %s tok/s %.0f mfu %.3f %.3f s/step (%s) device-mem %.1f GiB fallback %s" % (
+               op_profile_s_per_step=t.get("op_profile_s_per_step"),   # cuda receipts: once the backend times its ops
+               cuda_graphs=g.get("cuda_graphs"))   # whether the step ran as CUDA graphs, and how much of it
+    cg = out["cuda_graphs"] or {}
+    print("RESULT %s: batch %s tok/s %.0f mfu %.3f %.3f s/step (%s) device-mem %.1f GiB fallback %s graphs %s" % (
         name, B, out["tokens_per_s"], out["mfu"], out["s_per_step"] or 0, out["runtime_mode"],
-        (out["device_used_peak_bytes"] or 0) / 2**30, out["fallback_reason"]))
+        (out["device_used_peak_bytes"] or 0) / 2**30, out["fallback_reason"],
+        ("on (%s of %s segments, %s ops replayed per step)" % (cg.get("replayed_segments_per_step"),
+         cg.get("segments_per_step"), cg.get("replayed_ops_per_step"))) if cg.get("ran") else
+        ("off (%s)" % cg.get("why_not") if cg else "-")))
     op = out["op_profile_s_per_step"]
     if op:
         print("RESULT %s op profile (s/step): %s" % (name, ", ".join("%s %.4f" % kv for kv in op.items())))
@@ -457,9 +465,14 @@ speed_one() {
             --data "$WORK/data50k.bin" --out "$WORK/sp_$name" --steps "${SPEED_STEPS:-10}" 2>&1 | stamp > "$RES/logs/speed_$name.log"
         rc=${PIPESTATUS[0]}
         [ $rc = 0 ] && cp "$WORK/sp_$name/receipt.json" "$RES/receipts/speed_$name.json"
-        local prof
+        local prof pargs=() skip=0 a
+        for a in "$@"; do   # plan takes the run's --set flags, not its --knob ones (runtime only)
+            if [ $skip = 1 ]; then skip=0; continue; fi
+            if [ "$a" = --knob ]; then skip=1; continue; fi
+            pargs+=("$a")
+        done
         rm -f "$RES/speed/$name.plan.json"
-        prof=$(plan_profile) && "$MT" plan --config "$cfg" "$@" $setb --set precision=bf16 --profile "$prof" --json \
+        prof=$(plan_profile) && "$MT" plan --config "$cfg" "${pargs[@]}" $setb --set precision=bf16 --profile "$prof" --json \
             > "$RES/speed/$name.plan.json" 2> "$RES/logs/plan_$name.err" || rm -f "$RES/speed/$name.plan.json"
         speed_line "$name" "$rc" "$b" "$cfg" || echo "RESULT $name: batch $b exit $rc (speed_line failed)"
         [ $rc = 0 ] && return 0
@@ -481,6 +494,9 @@ stage_speed() {
     SPEED_BOX=${o:-40} speed_one c_gpt2 "$C/gpu_c_gpt2.json" "16 8 4" || bad=1
     SPEED_BOX=${o:-55} SPEED_STEPS=3 speed_one moe8 "$C/gpu_moe8.json" "0" || bad=1
     SPEED_BOX=${o:-55} SPEED_STEPS=3 speed_one hyb2048 "$C/gpu_d2048_dense.json" "0" --set pattern=MAMAMAMAMAMAMAMA || bad=1
+    # CUDA graphs A/B (issue 27 item 4): every run above has them on (the default on one GPU;
+    # the RESULT line says whether they ran); the launch-bound GPT-2 shape again with them off
+    SPEED_BOX=${o:-40} speed_one c_gpt2_nographs "$C/gpu_c_gpt2.json" "16 8 4" --knob cuda_graphs=0 || bad=1
     return $bad
 }
 export -f stage_speed
@@ -637,7 +653,7 @@ res = sys.argv[1]
 S = {"stages": open(os.path.join(res, "stages.txt")).read().splitlines()}
 sp = {}
 # one file per speed run (stage_speed's speed_line): from its receipt, else its progress lines
-for n in ("d2048_dense", "c_gpt2", "moe8", "hyb2048"):
+for n in ("d2048_dense", "c_gpt2", "moe8", "hyb2048", "c_gpt2_nographs"):
     p = os.path.join(res, "speed", n + ".json")
     if os.path.exists(p):
         sp[n] = json.load(open(p))
@@ -714,7 +730,7 @@ stage env 15 0
 stage ops 50 1
 stage san 140 1
 stage equiv 60 emu
-stage speed 240 1
+stage speed 280 1
 stage llmc 60 1
 stage torch 380 1
 stage hf 90 emu

@@ -74,7 +74,10 @@
 #           expected host waits and copies), the per-op profile's fields,
 #           and the launch floor (threads per kernel launch) of a hybrid +
 #           MoE step (docs/cuda.md, "Per-op profile and counters").
-#      MT_CUDA_BUILD_STAGES=a,b,b2,c,c2,d,e,f (any subset; c3 goes with c)
+#        g. CUDA graphs: the emulator's stream capture (graph_emu.cc), and
+#           4-step dense (fp32, bf16) and hybrid runs with graphs on = off
+#           bit for bit, the replayed ops accounted, MoE off with the reason.
+#      MT_CUDA_BUILD_STAGES=a,b,b2,c,c2,d,e,f,g (any subset; c3 goes with c)
 #      runs only those emulation stages (the emulated build always runs).
 #      Every emulated run has the device-memory guard on: device buffers
 #      are inaccessible to host code outside kernels, copies and cuBLAS
@@ -509,8 +512,9 @@ if [ -x "$EMU/meshtrain" ] && [ -f "$EMU/train.bin" ]; then
     prof_run() {
         local name=$1 steps=$2; shift 2
         rm -f "$EMU/launch_$name.log"
+        # graphs off: these checks count eager launches and time each op (stage g checks graphs)
         if ! env MT_CUDA_LAUNCH_LOG="$EMU/launch_$name.log" MT_CUDA_PRECISION=fp32 OMP_NUM_THREADS=1 "$EMU/meshtrain" \
-                train "$@" --backend cuda --peak-flops 1e11 --quiet --data "$EMU/train.bin" --out "$EMU/run_prof_$name" \
+                train "$@" --backend cuda --knob cuda_graphs=0 --peak-flops 1e11 --quiet --data "$EMU/train.bin" --out "$EMU/run_prof_$name" \
                 --steps "$steps" >"$EMU/train_prof_$name.log" 2>&1; then
             tail -5 "$EMU/train_prof_$name.log"; echo "FAIL: emulated train prof_$name exited non-zero"; return 1
         fi
@@ -584,6 +588,86 @@ else
     echo "FAIL: stage f needs the emulated meshtrain (stage c's build)"; fail=1
 fi
 fi  # want f
+
+# g. CUDA graphs (issue 27 item 4; docs/cuda.md "CUDA graphs"): the
+#    emulator's stream capture and graphs (tests/cuda/graph_emu.cc: a
+#    captured launch, memset, copy and cuBLAS call run only at cudaGraphLaunch,
+#    with their capture-time values; a host wait, an allocation or a pageable
+#    copy during a capture fails and invalidates it); then 4 steps of the tiny
+#    dense config (fp32, then precision=bf16 with MT_CUDA_PRECISION=bf16, and
+#    the hybrid pattern=AM) with graphs on (the default) and off
+#    (--knob cuda_graphs=0): the loss, lm and grad-norm series equal bit for
+#    bit and the final params.bin and optim.bin identical; the graphs ran
+#    (gpu.cuda_graphs: >= 1 segment replayed from graph step 2 = trainer
+#    step 3, the last); in that replay step every device op was either issued or
+#    replayed (issued + replayed = the eager run's ops), the eager launches
+#    dropped by the replayed ones and host waits and copies are unchanged;
+#    MoE (pattern=AE, 1 step): off with the reason.
+if want g; then
+if [ -x "$EMU/meshtrain" ] && [ -f "$EMU/train.bin" ]; then
+    t4=$(date +%s)
+    if g++ $CXXF -x c++ -c "$SRC/tests/cuda/graph_emu.cc" -o "$EMU/graph_emu.o" >"$EMU/graph_emu.log" 2>&1 &&
+       g++ "$EMU/graph_emu.o" "$EMU/cu/emu.cc.o" -o "$EMU/graph_emu" >>"$EMU/graph_emu.log" 2>&1 &&
+       "$EMU/graph_emu" >>"$EMU/graph_emu.log" 2>&1 && grep -q ', 0 failed$' "$EMU/graph_emu.log"; then
+        echo "PASS emulated stream capture and graphs: $(tail -1 "$EMU/graph_emu.log")"
+    else
+        grep -E 'FAIL|error' "$EMU/graph_emu.log" | head -20; echo "FAIL: emulated stream capture / graphs"; fail=1
+    fi
+    # graph_run NAME PRECISION STEPS FLAGS...
+    graph_run() {
+        local name=$1 prec=$2 steps=$3; shift 3
+        if ! env MT_CUDA_PRECISION=$prec OMP_NUM_THREADS=1 "$EMU/meshtrain" train "$@" --backend cuda --peak-flops 1e11 \
+                --quiet --data "$EMU/train.bin" --out "$EMU/run_graph_$name" --steps $steps >"$EMU/train_graph_$name.log" 2>&1; then
+            tail -5 "$EMU/train_graph_$name.log"; echo "FAIL: emulated train graph_$name exited non-zero"; return 1
+        fi
+    }
+    g_ok=1
+    # stage c's hybrid (pattern=AM; stage f's HYB has MoE layers, for which graphs are off)
+    GHYB="$TINY --set pattern=AM --set mamba_d_state=8 --set mamba_headdim=16 --set mamba_ngroups=2 --set mamba_chunk=5"
+    { graph_run dense_on fp32 4 $TINY && graph_run bf16_on bf16 4 $TINY && graph_run hyb_on fp32 4 $GHYB; } & pid_g=$!
+    { graph_run dense_off fp32 4 $TINY --knob cuda_graphs=0 && graph_run bf16_off bf16 4 $TINY --knob cuda_graphs=0 &&
+      graph_run hyb_off fp32 4 $GHYB --knob cuda_graphs=0 && graph_run moe_on fp32 1 $MOE; } || g_ok=0
+    wait $pid_g || g_ok=0
+    for c in dense bf16 hyb; do
+        if [ $g_ok -eq 1 ] && cmp -s "$EMU/run_graph_${c}_on/ckpt/step_000004/params.bin" "$EMU/run_graph_${c}_off/ckpt/step_000004/params.bin" &&
+           cmp -s "$EMU/run_graph_${c}_on/ckpt/step_000004/optim.bin" "$EMU/run_graph_${c}_off/ckpt/step_000004/optim.bin" &&
+           python3 - "$EMU/run_graph_${c}_on/receipt.json" "$EMU/run_graph_${c}_off/receipt.json" >"$EMU/graph_$c.txt" 2>&1 <<'PY'
+import json, sys
+on, off = (json.load(open(p)) for p in sys.argv[1:3])
+for k in ("losses", "lm_losses", "grad_norms", "lr_factors"):
+    assert on[k] == off[k], (k, on[k], off[k])
+g, h = on["gpu"]["cuda_graphs"], off["gpu"]["cuda_graphs"]
+assert g["ran"] is True and g["replayed_segments_per_step"] >= 1 and g["captured_graph_step"] == 1, g
+assert h["ran"] is False and h["why_not"] == "off: cuda_graphs=0", h
+a, b = on["gpu"]["step_counters"], off["gpu"]["step_counters"]
+ops = ("kernel_launches", "blas_calls", "memsets", "d2d_copies")
+for s in range(len(a["kernel_launches"])):
+    issued, eager = sum(a[k][s] for k in ops), sum(b[k][s] for k in ops)
+    assert b["graph_launches"][s] == 0 and b["graph_ops"][s] == 0
+    for k in ("h2d_copies", "d2h_copies", "device_allocs"):
+        assert a[k][s] == b[k][s], (k, s, a[k][s], b[k][s])
+    if s >= 3:   # replay steps: every op issued or replayed, none lost or doubled
+        assert issued + a["graph_ops"][s] == eager, (s, issued, a["graph_ops"][s], eager)
+        assert a["graph_launches"][s] == g["replayed_segments_per_step"] and a["graph_ops"][s] == g["replayed_ops_per_step"]
+        assert a["host_syncs"][s] == b["host_syncs"][s], (s, a["host_syncs"][s], b["host_syncs"][s])
+        assert a["kernel_launches"][s] < b["kernel_launches"][s]
+print("losses, lm, grad norms and the final params/optimizer state equal bit for bit; step 3: %d device ops eager -> "
+      "%d issued + %d graph launches (%d ops replayed in %d of %d segments; eager: %s)" %
+      (eager, issued, a["graph_launches"][-1], a["graph_ops"][-1], g["replayed_segments_per_step"],
+       g["segments_per_step"], g["why_eager"] or "none"))
+PY
+        then echo "PASS CUDA graphs on = off ($c, 4 steps): $(cat "$EMU/graph_$c.txt")"
+        else cat "$EMU/graph_$c.txt" 2>/dev/null; echo "FAIL: CUDA graphs on vs off ($c)"; fail=1; fi
+    done
+    if [ $g_ok -eq 1 ] && python3 -c 'import json, sys; g = json.load(open(sys.argv[1]))["gpu"]["cuda_graphs"]
+assert g["ran"] is False and "MoE" in g["why_not"], g' "$EMU/run_graph_moe_on/receipt.json"; then
+        echo "PASS CUDA graphs off for MoE, with the reason: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["gpu"]["cuda_graphs"]["why_not"])' "$EMU/run_graph_moe_on/receipt.json")"
+    else echo "FAIL: MoE graphs not off with a reason"; fail=1; fi
+    echo "   stage g: $(( $(date +%s) - t4 ))s"
+else
+    echo "FAIL: stage g needs the emulated meshtrain (stage c's build)"; fail=1
+fi
+fi  # want g
 
 if want d; then
 # d. device communicators of a one-rank mesh, on emulated device memory

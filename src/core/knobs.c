@@ -22,6 +22,10 @@ static const struct mt_knob_def knob_table[MT_KNOB_COUNT] = {
     [MT_KNOB_MOE_GROUPED] = {
         "moe_grouped", MT_KNOB_BOOL, "1", "MT_MOE_GROUPED", "src/model/model.c", NULL, 0,
         "1: the MoE experts run as one grouped GEMM per projection; 0: one GEMM per expert (same bits on cpu)"},
+    [MT_KNOB_CUDA_GRAPHS] = {
+        "cuda_graphs", MT_KNOB_BOOL, "1", "MT_CUDA_GRAPHS", "src/train/step.c", NULL, 0,
+        "1: on a one-GPU cuda mesh with static shapes the step's segments between host waits are captured as CUDA "
+        "graphs and replayed (same bits; the receipt's gpu.cuda_graphs says whether they ran); 0: eager launches"},
     [MT_KNOB_TEST_FAULT] = {
         "test_fault", MT_KNOB_STRING, "", "MT_FAULT", "src/train/test_hooks.c", NULL, 1,
         "test hook RANK:STEP:KIND, KIND nan|error|signal|stop|replica|oom: inject a fault"},

@@ -33,6 +33,7 @@ enum mt_knob_id {
     MT_KNOB_CUDA_PRECISION,       /* src/ops/cuda/ops_cuda.cu (via setup.c)  */
     MT_KNOB_NCCL_TIMEOUT,         /* src/parallel/comm_nccl.c                    */
     MT_KNOB_MOE_GROUPED,          /* src/model/model.c (moe_experts.c)       */
+    MT_KNOB_CUDA_GRAPHS,          /* src/train/step.c (src/ops/cuda/graph.cu) */
     MT_KNOB_TEST_FAULT,           /* src/train/test_hooks.c (test only)      */
     MT_KNOB_TEST_LOSS_PART,       /* src/model/head.c (test only)            */
     MT_KNOB_TEST_FORCE_ROUTING,   /* src/model/model.c (test only)           */

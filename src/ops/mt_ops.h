@@ -107,6 +107,26 @@ struct mt_ops_device_counters {
     long      ws_grows;      /* of those allocs: growths of the backend's grow-only
                                 workspace (sized by its first users, so in the
                                 first step; docs/cuda.md)                        */
+    long      graph_launches;/* cudaGraphLaunch of a captured segment (CUDA graphs) */
+    long      graph_ops;     /* device ops those launches stood for (not counted
+                                in launches/blas_calls/memsets/d2d above)        */
+};
+
+/* CUDA graphs of the step (src/ops/cuda/graph.cu; docs/cuda.md "CUDA graphs"),
+ * for the receipt: whether they ran, and how the step's segments went. */
+struct mt_ops_graph_info {
+    int  want;              /* graph_mode on (the trainer's decision)           */
+    int  ran;               /* want, no failure, >= 1 segment replayed           */
+    int  failed;            /* a capture or replay failed (sticky error)        */
+    long steps;             /* steps run with graphs wanted                     */
+    long captured_step;     /* graph step of the capture (1), -1: none          */
+    int  segments;          /* segments (between host waits) of the last step   */
+    int  static_segments;   /* ... captured and replayed                        */
+    int  dynamic_segments;  /* ... eager: a by-value argument changed per step  */
+    long graph_ops;         /* device ops inside the static segments            */
+    long graph_nodes;       /* nodes of their graphs                            */
+    char why_not[200];      /* why off ("" when wanted)                         */
+    char why_dynamic[160];  /* the first op that made a segment dynamic         */
 };
 #define MT_OPS_STEP_LOG 256   /* steps whose counter deltas are kept one by one */
 
@@ -534,6 +554,19 @@ struct mt_ops_i {
     enum mt_elem (*gemm_precision)(void *be);
     const char *(*kernels_isa)(void *be);
     int (*op_profile)(void *be, const char **how);
+    /* ---- CUDA graphs of the step (issue 27 item 4; docs/cuda.md "CUDA graphs") ----
+     * graph_mode(be, on, why_not): the trainer says, before each step,
+     * whether the step may run as graphs (one GPU, static shapes; the
+     * cuda_graphs knob) and, when not, why (kept for the receipt). The
+     * backend then captures the device work between the step's host waits
+     * (between the profile_step marks) once and replays it; results are
+     * bit-identical to eager (same kernels, same arguments; an argument that
+     * changes per step keeps its segment eager). No-op when `on` is
+     * unchanged. NULL (cpu): no graphs. */
+    void   (*graph_mode)(void *be, int on, const char *why_not);
+    /* graph_info(be, out): how the step's graphs went, for the receipt
+     * (struct mt_ops_graph_info above). NULL (cpu): no graphs. */
+    void   (*graph_info)(void *be, struct mt_ops_graph_info *out);
 };
 
 /* Tensors per launch of the multi-tensor entries (their kernel-argument lists). */

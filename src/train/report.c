@@ -542,7 +542,8 @@ static void step_counters_json(cJSON *g, const struct mt_ops_i *ops, int emulate
                                                 : "counted by the cuda backend where it calls the runtime (exact)");
     static const char *const names[] = {"kernel_launches", "blas_calls", "memsets", "h2d_copies", "h2d_bytes",
                                         "d2h_copies", "d2h_bytes", "d2d_copies", "d2d_bytes", "host_syncs",
-                                        "device_allocs", "device_frees", "workspace_grows"};
+                                        "device_allocs", "device_frees", "workspace_grows", "graph_launches",
+                                        "graph_ops"};
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
         cJSON *a = cJSON_AddArrayToObject(sc, names[k]);
         for (int i = 0; i < m; i++) {
@@ -550,7 +551,7 @@ static void step_counters_json(cJSON *g, const struct mt_ops_i *ops, int emulate
             const double v[] = {(double)s->launches, (double)s->blas_calls, (double)s->memsets, (double)s->h2d,
                                 (double)s->h2d_bytes, (double)s->d2h, (double)s->d2h_bytes, (double)s->d2d,
                                 (double)s->d2d_bytes, (double)s->syncs, (double)s->allocs, (double)s->frees,
-                                (double)s->ws_grows};
+                                (double)s->ws_grows, (double)s->graph_launches, (double)s->graph_ops};
             cJSON_AddItemToArray(a, cJSON_CreateNumber(v[k]));
         }
     }
@@ -621,6 +622,25 @@ static char *gpu_json(const struct run_state *rs, const struct mt_receipt *r)
     if (in.launch_log[0]) cJSON_AddStringToObject(g, "launch_log", in.launch_log);   /* MT_CUDA_LAUNCH_LOG */
     else cJSON_AddNullToObject(g, "launch_log");
     step_counters_json(g, rs->ops, in.emulated);
+    /* CUDA graphs (knob cuda_graphs; docs/cuda.md "CUDA graphs") */
+    struct mt_ops_graph_info gi;
+    memset(&gi, 0, sizeof gi);
+    if (rs->ops->graph_info) rs->ops->graph_info(rs->ops->be, &gi);
+    else snprintf(gi.why_not, sizeof gi.why_not, "off: the backend has no graphs");
+    cJSON *cg = cJSON_AddObjectToObject(g, "cuda_graphs");
+    cJSON_AddBoolToObject(cg, "ran", gi.ran);
+    cJSON_AddStringToObject(cg, "why_not", gi.ran ? "" : gi.why_not[0] ? gi.why_not
+                                                   : gi.failed ? "a capture or replay failed (the run's cuda error)"
+                                                               : "no segment was replayed (too few steps: graph step 0 "
+                                                                 "records, 1 captures, 2.. replay)");
+    cJSON_AddNumberToObject(cg, "graph_steps", (double)gi.steps);
+    cJSON_AddNumberToObject(cg, "captured_graph_step", (double)gi.captured_step);
+    cJSON_AddNumberToObject(cg, "segments_per_step", gi.segments);
+    cJSON_AddNumberToObject(cg, "replayed_segments_per_step", gi.static_segments);
+    cJSON_AddNumberToObject(cg, "eager_segments_per_step", gi.dynamic_segments);
+    cJSON_AddNumberToObject(cg, "replayed_ops_per_step", (double)gi.graph_ops);
+    cJSON_AddNumberToObject(cg, "graph_nodes_per_step", (double)gi.graph_nodes);
+    cJSON_AddStringToObject(cg, "why_eager", gi.why_dynamic);
     char src[200];
     /* precision=bf16: the model's GEMMs are bf16 whatever the plain entry's mode */
     double peak = mt_gpu_datasheet_peak(in.device, strcmp(rs->cfg->precision, "bf16") ? in.precision : "bf16", src,

@@ -16,9 +16,11 @@
  * mesh computes the loss of one rank (SPEC.md, equivalence).
  */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "../parallel/mt_layout.h"
+#include "../core/mt_knobs.h"
 #include "../model/mt_blocks.h"
 #include "../optim/mt_optim.h"
 #include "train_impl.h"
@@ -49,6 +51,31 @@ static enum mt_status moe_load_step(struct mt_ctx *ctx, struct run_state *rs, do
     return MT_OK;
 }
 
+/* CUDA graphs (knob cuda_graphs; docs/cuda.md "CUDA graphs"): on for a
+ * one-GPU mesh whose step has static shapes. Off, with the reason the
+ * receipt gives, on several ranks (collectives and their host waits split
+ * the step, and a multi-rank graph needs NCCL captured on every rank) and
+ * with MoE layers (the grouped expert GEMMs take their sizes on the host
+ * from a per-step device-to-host read of the expert offsets: the shapes
+ * change every step). */
+static void graphs_mode(struct mt_ctx *ctx, const struct run_state *rs)
+{
+    if (!rs->ops->graph_mode) return;   /* cpu: no graphs */
+    const struct mt_config *cfg = rs->cfg;
+    const int world = mt_comm_size(rs->sumc);
+    int moe = 0;
+    for (int l = 0; l < cfg->n_layer; l++) moe |= mt_blocks_layer_routed(cfg, l);
+    char why[200] = "";
+    if (!mt_knob_int(ctx, MT_KNOB_CUDA_GRAPHS))
+        snprintf(why, sizeof why, "off: cuda_graphs=0");
+    else if (world > 1)
+        snprintf(why, sizeof why, "off: %d ranks (graphs are for a one-GPU mesh)", world);
+    else if (moe)
+        snprintf(why, sizeof why, "off: MoE layers size the expert GEMMs on the host from a per-step read of the "
+                                  "expert offsets (shapes change every step)");
+    rs->ops->graph_mode(rs->ops->be, why[0] == 0, why);
+}
+
 enum mt_status mt_train_step(struct mt_ctx *ctx, struct run_state *rs, int step, struct mt_train_step_out *out)
 {
     const struct mt_config *cfg = rs->cfg;
@@ -61,6 +88,7 @@ enum mt_status mt_train_step(struct mt_ctx *ctx, struct run_state *rs, int step,
     memset(out->part, 0, sizeof out->part);
     out->n_part = n_part;
 
+    graphs_mode(ctx, rs);
     mt_zero_set_zero_grad(&rs->zset, step);
     mt_model_moe_load_reset(rs->model);
     MT_CHECK(mt_train_microbatches(ctx, rs, step, &norm, part));      /* forward + backward */

@@ -228,7 +228,7 @@ static void test_table(void)
     const char *how = NULL;
     int wrong = (c->host_memory != 1) + (c->device_info != NULL) + (c->status != NULL) + (c->queue != NULL) +
                 (g->host_memory != 0) + !g->status + !g->device_info + !g->step_counters + !g->queue +
-                !g->gemm_precision;
+                !g->gemm_precision + (c->graph_mode != NULL) + (c->graph_info != NULL) + !g->graph_mode + !g->graph_info;
     if (!wrong) {
         wrong += g->device_info(g->be, &in) != MT_OK;
         wrong += g->queue(g->be) != mt_ops_cuda_stream_of(g->be) || !g->queue(g->be);

@@ -59,6 +59,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* the core headers are plain C without extern "C" guards; the system headers
  * they pull in are included above, outside the C-linkage block */
@@ -91,6 +92,34 @@ struct mt_cuda_lt_plan {
     cublasLtMatrixLayout_t  la, lb, lc; /* cuBLASLt's A (= our B), B (= our A), C = D     */
     cublasLtMatmulAlgo_t    algo;
     size_t                  ws;         /* workspace the algorithm needs                  */
+};
+
+/* CUDA graphs (graph.cu, docs/cuda.md "CUDA graphs"): the step's segments
+ * between host waits, by position in the step. */
+#define MT_CUDA_GRAPH_SEGS 256
+enum { MT_CUDA_SEG_NEW = 0, MT_CUDA_SEG_STATIC, MT_CUDA_SEG_DYNAMIC };
+struct mt_cuda_graph_seg {
+    int             state;     /* MT_CUDA_SEG_*                                      */
+    int             n_ops;     /* device ops of its last eager or captured run        */
+    int             sig_cap;
+    uint64_t       *sig;       /* (n_ops) each op's signature (kernel, geometry, arguments) */
+    const char    **name;      /* (n_ops) each op's name, for the mismatch message    */
+    cudaGraphExec_t exec;      /* STATIC: the instantiated capture                    */
+    long            nodes;     /* nodes of the captured graph                          */
+};
+struct mt_cuda_graphs {
+    int   want;                /* graph_mode(be, 1): graphs wherever the step allows  */
+    int   active;              /* inside a step mark with want set                    */
+    int   step;                /* steps run with want set (0: eager, recording)        */
+    int   seg, open, mode;     /* the current segment: index, begun, how it runs      */
+    int   cur_n;               /* its device ops so far                               */
+    int   prev_n, match;       /* capturing: the recorded run's op count; all equal so far */
+    int   n_segs;              /* segments of the last step                           */
+    int   failed;              /* a capture or replay failed: eager from then on      */
+    long  captured_step;       /* graph step at which segments were captured (-1)      */
+    struct mt_cuda_graph_seg segs[MT_CUDA_GRAPH_SEGS];
+    char  why_not[200];        /* why graphs are off, or "" (graph_mode's reason)      */
+    char  why_dynamic[160];    /* the first op that made a segment DYNAMIC             */
 };
 
 struct mt_cuda_backend {
@@ -132,6 +161,7 @@ struct mt_cuda_backend {
     int            prof_n, prof_cap;
     long           prof_dropped;   /* pairs not recorded (pool could not grow)   */
     struct mt_ops_cuda_info info;
+    struct mt_cuda_graphs graph;   /* CUDA graphs of the step's segments (graph.cu) */
     struct mt_ops_i table;         /* the table handing out this instance as be */
 };
 /* The instance the current call acts on (ops_cuda.cu): set from the entry's
@@ -183,6 +213,54 @@ static inline int mt_cuda_check_gen(S st, S success, F to_string, const char *ca
  * the one stream, so one buffer serves every op. */
 void *mt_cuda_workspace(size_t bytes);
 
+/* ---- CUDA graphs (graph.cu; docs/cuda.md "CUDA graphs") ----
+ * While graphs are active (inside a step mark, graph_mode on), every device
+ * operation the stream can capture (kernel launch, memset, device copy,
+ * cuBLAS call) first calls mt_cuda_graph_op with its signature (what it is
+ * and every value it passes: the kernel, its geometry and its arguments as
+ * converted to the kernel's parameters); it returns 0 when the operation is
+ * part of a segment being replayed (do not issue it: the graph does), 1 to
+ * issue it (eagerly, or into a capture). Every operation a capture refuses
+ * (host wait, copy to or from host memory, allocation, free) calls
+ * mt_cuda_graph_boundary first: the segment ends there. */
+int  mt_cuda_graph_op_slow(const char *name, uint64_t sig);
+void mt_cuda_graph_boundary_slow(void);
+/* an allocation or free may move a buffer a captured graph points to (the
+ * grow-only workspace): every graph is dropped and recorded again */
+void mt_cuda_graph_invalidate(void);
+static inline int mt_cuda_graph_op(const char *name, uint64_t sig)
+{
+    return mt_cuda_be->graph.active ? mt_cuda_graph_op_slow(name, sig) : 1;
+}
+static inline void mt_cuda_graph_boundary(void)
+{
+    if (mt_cuda_be->graph.active) mt_cuda_graph_boundary_slow();
+}
+/* FNV-1a over a value's bytes: signatures of by-value arguments */
+#define MT_CUDA_SIG0 1469598103934665603ull
+template <typename T>
+static inline uint64_t mt_cuda_sig_add(uint64_t h, const T &v)
+{
+    unsigned char b[sizeof(T)];
+    memcpy(b, &v, sizeof b);
+    for (size_t i = 0; i < sizeof b; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+template <typename... T>
+static inline uint64_t mt_cuda_sig(const T &...v)
+{
+    uint64_t h = MT_CUDA_SIG0;
+    ((h = mt_cuda_sig_add(h, v)), ...);
+    return h;
+}
+/* host arrays a call reads (cuBLAS's per-group sizes): their contents */
+template <typename T>
+static inline uint64_t mt_cuda_sig_array(uint64_t h, const T *a, int n)
+{
+    for (int i = 0; i < n; i++) h = mt_cuda_sig_add(h, a[i]);
+    return h;
+}
+
 /* ---- counted device work (docs/cuda.md, "Per-op profile and counters") ----
  * Every kernel launch, cuBLAS call, copy, memset, host wait and device
  * allocation of the backend goes through one of these, so the counters of
@@ -195,6 +273,8 @@ void mt_cuda_log_op(const char *what, size_t bytes);
 static inline void mt_cuda_note_blas(void) { mt_cuda_be->ctr.blas_calls++; }
 static inline cudaError_t mt_cuda_memcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind)
 {
+    if (kind != cudaMemcpyDeviceToDevice) mt_cuda_graph_boundary();   /* pageable host memory */
+    else if (!mt_cuda_graph_op("copy d2d", mt_cuda_sig(dst, src, bytes))) return cudaSuccess;
     struct mt_ops_cuda_counters *c = &mt_cuda_be->ctr;
     if (kind == cudaMemcpyHostToDevice) c->h2d++, c->h2d_bytes += (long long)bytes;
     else if (kind == cudaMemcpyDeviceToHost) c->d2h++, c->d2h_bytes += (long long)bytes;
@@ -206,18 +286,22 @@ static inline cudaError_t mt_cuda_memcpy(void *dst, const void *src, size_t byte
 }
 static inline cudaError_t mt_cuda_memset(void *dst, int value, size_t bytes)
 {
+    if (!mt_cuda_graph_op("memset", mt_cuda_sig(dst, value, bytes))) return cudaSuccess;
     mt_cuda_be->ctr.memsets++;
     return cudaMemsetAsync(dst, value, bytes, mt_cuda_be->stream);
 }
 /* the host waits for the stream */
 static inline cudaError_t mt_cuda_stream_sync(void)
 {
+    mt_cuda_graph_boundary();
     mt_cuda_be->ctr.syncs++;
     if (mt_cuda_be->launch_log) mt_cuda_log_op("sync", 0);
     return cudaStreamSynchronize(mt_cuda_be->stream);
 }
 static inline cudaError_t mt_cuda_malloc(void **p, size_t bytes)
 {
+    mt_cuda_graph_boundary();
+    if (mt_cuda_be->graph.want && mt_cuda_be->graph.step > 0) mt_cuda_graph_invalidate();
     mt_cuda_be->ctr.allocs++;
     if (mt_cuda_be->launch_log) mt_cuda_log_op("alloc", bytes);
     return cudaMalloc(p, bytes);
@@ -225,18 +309,51 @@ static inline cudaError_t mt_cuda_malloc(void **p, size_t bytes)
 /* cudaFree also waits for the device: counted as a free, not a sync */
 static inline cudaError_t mt_cuda_free(void *p)
 {
+    if (p) mt_cuda_graph_boundary();
+    if (p && mt_cuda_be->graph.want && mt_cuda_be->graph.step > 0) mt_cuda_graph_invalidate();
     if (p) mt_cuda_be->ctr.frees++;
     return cudaFree(p);
 }
 
-/* ---- launches ---- */
+/* ---- launches ----
+ * MT_LAUNCH(kern, grid, block, smem)(args...): counted (note_launch), then
+ * launched on the bound instance's stream; while graphs are active the
+ * launch's signature (kernel, geometry, the arguments converted to the
+ * kernel's parameter types, as the launch copies them) goes to
+ * mt_cuda_graph_op first, and a launch that a replayed graph stands for is
+ * not issued. */
+template <typename... P>
+struct mt_cuda_launch {
+    void (*kern)(P...);
+    dim3        grid, block;
+    size_t      smem;
+    const char *name;
+    template <typename... A>
+    void operator()(const A &...args) const
+    {
+        if (mt_cuda_be->graph.active) {
+            uint64_t h = mt_cuda_sig((const void *)kern, grid.x, grid.y, grid.z, block.x, block.y, block.z, smem);
+            ((h = mt_cuda_sig_add(h, P(args))), ...);
+            if (!mt_cuda_graph_op(name, h)) return;
+        }
+        mt_cuda_note_launch(name, grid, block);
 #ifdef MT_CUDA_EMU
-#define MT_LAUNCH(kern, grid, block, smem) \
-    mt_cuda_note_launch(#kern, dim3(grid), dim3(block)), mt_emu_launcher((kern), dim3(grid), dim3(block), (size_t)(smem))
+        mt_emu_launcher(kern, grid, block, smem)(args...);
+#else
+        kern<<<grid, block, smem, mt_cuda_be->stream>>>(args...);
+#endif
+    }
+};
+template <typename... P>
+static inline mt_cuda_launch<P...> mt_cuda_launcher(void (*kern)(P...), dim3 grid, dim3 block, size_t smem,
+                                                    const char *name)
+{
+    return mt_cuda_launch<P...>{kern, grid, block, smem, name};
+}
+#define MT_LAUNCH(kern, grid, block, smem) mt_cuda_launcher((kern), dim3(grid), dim3(block), (size_t)(smem), #kern)
+#ifdef MT_CUDA_EMU
 #define MT_DYN_SMEM(type, name) type *name = (type *)mt_emu_dyn_smem()
 #else
-#define MT_LAUNCH(kern, grid, block, smem) \
-    mt_cuda_note_launch(#kern, dim3(grid), dim3(block)), kern<<<(grid), (block), (smem), mt_cuda_be->stream>>>
 #define MT_DYN_SMEM(type, name) extern __shared__ __align__(16) type name[]
 #endif
 
@@ -348,6 +465,11 @@ static __device__ __forceinline__ float mt_bf16_hi(unsigned u) { return __uint_a
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* ---- graph.cu ---- */
+void mt_cuda_graph_step_mark(int end);
+void mt_cuda_graph_release(void);
+void mt_cuda_graph_mode(void *be, int on, const char *why_not);
 
 /* ---- memory.cu ---- */
 void *mt_cuda_buf_alloc(void *be, struct mt_ctx *ctx, size_t bytes, enum mt_bucket bucket);

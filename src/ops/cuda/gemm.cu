@@ -113,6 +113,8 @@ static inline int align_of(const void *p)
 static void sgemm(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
                   int ldb, float beta, float *C, int ldc)
 {
+    if (!mt_cuda_graph_op("cublasSgemm", mt_cuda_sig(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)))
+        return;
     mt_cuda_note_blas();
     MT_CUBLAS_CHECK(cublasSgemm(mt_cuda_be->blas, transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N,
                                 N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc));
@@ -290,6 +292,9 @@ static void gemm_bf16(int ta, int tb, int M, int N, int K, float alpha, const vo
                 continue;
             }
             mt_cuda_be->info.gemm_bf16_calls++;
+            if (!mt_cuda_graph_op("cublasLtMatmul", mt_cuda_sig((const void *)p, p->m, p->n, p->k, p->lda, p->ldb,
+                                                                p->ldc, alpha, sb, sa, beta, c0)))
+                continue;
             mt_cuda_note_blas();
             MT_CUBLASLT_OK(cublasLtMatmul(mt_cuda_be->lt, p->desc, &alpha, sb, p->la, sa, p->lb, &beta, c0, p->lc, c0,
                                           p->lc, &p->algo, mt_cuda_be->lt_ws, p->ws, mt_cuda_be->stream));
@@ -346,6 +351,9 @@ extern "C" void mt_cuda_gemm_bf16(void *be, int transA, int transB, int M, int N
         if (p->ok) {
             mt_cuda_be->info.gemm_bf16_calls++;
             mt_cuda_be->info.gemm_bf16_direct++;
+            if (!mt_cuda_graph_op("cublasLtMatmul", mt_cuda_sig((const void *)p, p->m, p->n, p->k, p->lda, p->ldb,
+                                                                p->ldc, alpha, B, A, beta, C)))
+                return;
             mt_cuda_note_blas();
             MT_CUBLASLT_OK(cublasLtMatmul(mt_cuda_be->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C,
                                           p->lc, &p->algo, mt_cuda_be->lt_ws, p->ws, mt_cuda_be->stream));
@@ -442,7 +450,7 @@ extern "C" void mt_cuda_gemm_grouped(void *be, int transA, int transB, int n, co
     int m[MT_CUDA_GROUP_CHUNK], nn[MT_CUDA_GROUP_CHUNK], k[MT_CUDA_GROUP_CHUNK], la[MT_CUDA_GROUP_CHUNK],
         lb[MT_CUDA_GROUP_CHUNK], lc[MT_CUDA_GROUP_CHUNK], gs[MT_CUDA_GROUP_CHUNK];
     float al[MT_CUDA_GROUP_CHUNK], bg[MT_CUDA_GROUP_CHUNK];
-    struct grouped_ptrs pt;
+    struct grouped_ptrs pt = {};   /* zeroed: the unused tail is part of the launch's signature (graphs) */
     const void *tmp[3][MT_CUDA_GROUP_CHUNK];
     int g = 0;
     while (g < n) {
@@ -475,6 +483,12 @@ extern "C" void mt_cuda_gemm_grouped(void *be, int transA, int transB, int n, co
         if (!dptr) return;   /* recorded (sticky OOM) */
         MT_LAUNCH(grouped_ptrs_k, 1, 3 * MT_CUDA_GROUP_CHUNK, 0)(pt, dptr, 3 * ng);
         MT_CUDA_KCHECK();
+        /* the host arrays are read at the call (a capture keeps their values) */
+        uint64_t h = mt_cuda_sig((const void *)dptr, ng);
+        h = mt_cuda_sig_array(mt_cuda_sig_array(mt_cuda_sig_array(h, m, ng), nn, ng), k, ng);
+        h = mt_cuda_sig_array(mt_cuda_sig_array(mt_cuda_sig_array(h, ta, ng), tb, ng), al, ng);
+        h = mt_cuda_sig_array(mt_cuda_sig_array(mt_cuda_sig_array(h, la, ng), lb, ng), lc, ng);
+        if (!mt_cuda_graph_op("cublasGemmGroupedBatchedEx", mt_cuda_sig_array(h, bg, ng))) continue;
         mt_cuda_note_blas();
         MT_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(mt_cuda_be->blas, ta, tb, m, nn, k, al, dptr, CUDA_R_32F, la,
                                                    dptr + ng, CUDA_R_32F, lb, bg, (void *const *)(dptr + 2 * ng),

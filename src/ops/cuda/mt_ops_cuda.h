@@ -62,6 +62,11 @@ enum mt_cuda_precision {
  * mt_ops_device_counters (mt_ops.h, step_counters entry); this name is the
  * backend's. */
 #define mt_ops_cuda_counters mt_ops_device_counters
+
+/* CUDA graphs of the step: the table's struct mt_ops_graph_info (mt_ops.h,
+ * graph_info entry); this name is the backend's. */
+#define mt_ops_cuda_graph_info mt_ops_graph_info
+void mt_ops_cuda_graph_info_of(void *be, struct mt_ops_cuda_graph_info *out);
 /* Environment variable naming a file the backend appends one line per
  * kernel launch to ("launch NAME grid X Y Z block X Y Z threads N"), per
  * copy ("copy h2d|d2h|d2d BYTES"), host wait ("sync 0") and device

@@ -149,7 +149,8 @@ struct prof<K, F> {
     static R call(void *be, A... a)
     {
         struct mt_cuda_backend *B = (struct mt_cuda_backend *)be;
-        if (!mt_ops_profile_enabled() || !B->info.op_profile) return F(be, a...);
+        /* graphs active: no event pairs (a capture would take them in; a replayed op runs in its graph) */
+        if (!mt_ops_profile_enabled() || !B->info.op_profile || B->graph.active) return F(be, a...);
         MT_CUDA_BIND(be);   /* prof_begin may record a sticky error on this instance */
         const int i = prof_begin(B, K);
         if constexpr (std::is_void_v<R>) {
@@ -173,8 +174,10 @@ static void cuda_profile_step(void *be, int end)
     if (!end) {
         B->ctr_at_begin = B->ctr;
         if (B->launch_log) fprintf(B->launch_log, "step %d begin\n", B->n_steps);
+        mt_cuda_graph_step_mark(0);
         return;
     }
+    mt_cuda_graph_step_mark(1);
     prof_resolve(B);
     if (B->n_steps < MT_CUDA_STEP_LOG) {
         struct mt_ops_cuda_counters *d = &B->step_ctr[B->n_steps];
@@ -192,6 +195,8 @@ static void cuda_profile_step(void *be, int end)
         d->allocs = b->allocs - a->allocs;
         d->frees = b->frees - a->frees;
         d->ws_grows = b->ws_grows - a->ws_grows;
+        d->graph_launches = b->graph_launches - a->graph_launches;
+        d->graph_ops = b->graph_ops - a->graph_ops;
     }
     if (B->launch_log) {
         fprintf(B->launch_log, "step %d end\n", B->n_steps);
@@ -303,12 +308,16 @@ static struct mt_ops_i cuda_ops = {
     /* .gemm_precision             = */ .gemm_precision             = cuda_gemm_precision,
     /* .kernels_isa                = */ .kernels_isa                = NULL,
     /* .op_profile                 = */ .op_profile                 = cuda_op_profile,
+    /* CUDA graphs of the step (issue 27 item 4) */
+    /* .graph_mode                 = */ .graph_mode                 = mt_cuda_graph_mode,
+    /* .graph_info                 = */ .graph_info                 = mt_ops_cuda_graph_info_of,
 };
 
 /* Undo a (partial) init: release what the bound instance holds and free it. */
 static void release_state(void)
 {
     if (!mt_cuda_be) return;
+    mt_cuda_graph_release();
     mt_cuda_lt_plans_release();
     if (mt_cuda_be->lt) cublasLtDestroy(mt_cuda_be->lt);
     if (mt_cuda_be->lt_ws) cudaFree(mt_cuda_be->lt_ws);
@@ -437,6 +446,7 @@ static int init_state(char *why, size_t why_len)
     if (n < 1) return init_fail(why, why_len, "no CUDA device", "cudaGetDeviceCount returned 0");
     mt_cuda_be = (struct mt_cuda_backend *)calloc(1, sizeof *mt_cuda_be);
     if (!mt_cuda_be) return init_fail(why, why_len, "backend object", "out of host memory");
+    mt_cuda_be->graph.captured_step = -1;
     int dev = 0;
     if ((e = cudaGetDevice(&dev)) != cudaSuccess) return init_fail(why, why_len, "cudaGetDevice", cudaGetErrorString(e));
     cudaDeviceProp prop;
@@ -484,6 +494,11 @@ static int init_state(char *why, size_t why_len)
     }
     if ((e = cudaMalloc(&mt_cuda_be->lt_ws, MT_CUDA_LT_WS_BYTES)) != cudaSuccess)
         return init_fail(why, why_len, "cudaMalloc (cuBLASLt workspace)", cudaGetErrorString(e));
+    /* cuBLAS gets the same workspace (its calls and Lt's are ordered on the
+     * one stream): without one it may allocate inside a call, which a
+     * stream capture (CUDA graphs) refuses */
+    if ((bs = cublasSetWorkspace(mt_cuda_be->blas, mt_cuda_be->lt_ws, MT_CUDA_LT_WS_BYTES)) != CUBLAS_STATUS_SUCCESS)
+        return init_fail(why, why_len, "cublasSetWorkspace", cublasGetStatusString(bs));
     in->cublaslt_version = cublasLtGetVersion();
     in->workspace_bytes = MT_CUDA_LT_WS_BYTES;
     mt_cuda_be->bf16_cap = cap;

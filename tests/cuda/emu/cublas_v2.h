@@ -29,6 +29,8 @@ cublasStatus_t cublasCreate(cublasHandle_t *h);
 cublasStatus_t cublasDestroy(cublasHandle_t h);
 cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s);
 cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t m);
+/* the user workspace (the emulator's GEMMs need none: checked, kept nowhere) */
+cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *ws, size_t bytes);
 cublasStatus_t cublasGetVersion(cublasHandle_t h, int *v);
 cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                            const float *alpha, const float *A, int lda, const float *B, int ldb,

@@ -17,6 +17,18 @@
  * cudaMemset or a cuBLAS(Lt) call that touches it faults, with a message
  * naming the buffer and a backtrace (emu.cc; MT_EMU_GUARD=0 turns it off),
  * and cudaMemcpyAsync checks its kind against where the pointers live.
+ *
+ * Stream capture and graphs (cudaStreamBeginCapture ... cudaGraphLaunch):
+ * while a stream captures, every kernel launch, cudaMemsetAsync, device-to-
+ * device cudaMemcpyAsync, event record and cuBLAS(Lt) call is recorded
+ * (the kernel and a copy of its arguments, host scalars such as alpha and
+ * beta copied, as the libraries read them at the call) instead of run;
+ * cudaGraphLaunch runs the recorded calls in order. What a GPU refuses
+ * during a global-mode capture fails the same way here and invalidates it
+ * (cudaErrorStreamCaptureUnsupported; cudaStreamEndCapture then returns
+ * cudaErrorStreamCaptureInvalidated): a host wait (stream or event
+ * synchronize), cudaMalloc / cudaFree, a copy from or to pageable host
+ * memory (the emulator has no pinned memory). cudaStreamIsCapturing tells.
  */
 #ifndef MT_EMU_CUDA_RUNTIME_H
 #define MT_EMU_CUDA_RUNTIME_H
@@ -52,7 +64,10 @@ enum cudaError_t {
     cudaErrorMemoryAllocation = 2,
     cudaErrorInvalidConfiguration = 9,
     cudaErrorNoDevice = 100,
+    cudaErrorIllegalState = 401,
     cudaErrorLaunchFailure = 719,
+    cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorStreamCaptureInvalidated = 901,
 };
 typedef struct mt_emu_stream *cudaStream_t;
 /* Events: the emulator runs every operation when it is queued, so an event
@@ -109,6 +124,33 @@ cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
+/* stream capture and graphs (values as in driver_types.h) */
+enum cudaStreamCaptureMode {
+    cudaStreamCaptureModeGlobal = 0,
+    cudaStreamCaptureModeThreadLocal = 1,
+    cudaStreamCaptureModeRelaxed = 2,
+};
+enum cudaStreamCaptureStatus {
+    cudaStreamCaptureStatusNone = 0,
+    cudaStreamCaptureStatusActive = 1,
+    cudaStreamCaptureStatusInvalidated = 2,
+};
+typedef struct mt_emu_graph *cudaGraph_t;
+typedef struct mt_emu_graph *cudaGraphExec_t;   /* an instantiated graph is a copy of the call list */
+typedef struct mt_emu_graph_node *cudaGraphNode_t;
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g);
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *status);
+cudaError_t cudaGraphGetNodes(cudaGraph_t g, cudaGraphNode_t *nodes, size_t *n);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t g, unsigned long long flags);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
+cudaError_t cudaGraphDestroy(cudaGraph_t g);
+/* emulator internal: while a capture is active, record `call` (a call that
+ * re-issues the captured operation) as the graph's next node and return 1;
+ * otherwise 0 (run the operation now) */
+int mt_emu_capture_record(const std::function<void()> &call);
+
 cudaError_t mt_emu_func_set_attribute(const void *kern, cudaFuncAttribute attr, int value);
 template <typename F>
 static inline cudaError_t cudaFuncSetAttribute(F *kern, cudaFuncAttribute attr, int value)
@@ -162,11 +204,18 @@ struct mt_emu_launch {
     void (*kern)(P...);
     dim3   grid, block;
     size_t smem;
+    /* the arguments are copied, converted to the kernel's parameter types,
+     * when the launch is made (as cudaLaunchKernel does): a captured launch
+     * replays the values of its capture */
     template <typename... A>
     void operator()(A &&...args) const
     {
-        std::function<void()> body = [&]() { kern(args...); };
-        mt_emu_run((const void *)kern, grid, block, smem, body);
+        std::function<void()> body = [k = kern, ... a = P(std::forward<A>(args))]() { k(a...); };
+        const void *kp = (const void *)kern;
+        const dim3 g = grid, b = block;
+        const size_t sm = smem;
+        if (mt_emu_capture_record([kp, g, b, sm, body]() { mt_emu_run(kp, g, b, sm, body); })) return;
+        mt_emu_run(kp, g, b, sm, body);
     }
 };
 template <typename... P>

@@ -150,6 +150,92 @@ static cudaError_t fail(cudaError_t e)
     return e;
 }
 
+/* ---- stream capture (see cuda_runtime.h) ----
+ * One capture at a time (the backend captures its one stream, in global
+ * mode). A node is a call that re-issues the captured operation: replaying
+ * it with no capture active runs the operation with the values it was
+ * captured with. */
+struct mt_emu_graph { int magic; std::vector<std::function<void()>> nodes; };
+#define MT_EMU_GRAPH_MAGIC 0x47524150
+static cudaStream_t g_cap_stream;   /* the capturing stream, or NULL          */
+static int          g_cap_invalid;  /* something the capture refuses happened  */
+static std::vector<std::function<void()>> g_cap_nodes;
+
+int mt_emu_capture_record(const std::function<void()> &call)
+{
+    if (!g_cap_stream) return 0;
+    if (!g_cap_invalid) g_cap_nodes.push_back(call);
+    return 1;
+}
+/* an operation a capture refuses (global mode: any stream) */
+static int capture_refuses(const char *what)
+{
+    if (!g_cap_stream) return 0;
+    if (!g_cap_invalid)
+        fprintf(stderr, "cuda emu: %s while a stream is capturing: not permitted (the capture is invalidated)\n", what);
+    g_cap_invalid = 1;
+    return 1;
+}
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode)
+{
+    (void)mode;
+    if (!s || g_cap_stream) return fail(cudaErrorIllegalState);
+    g_cap_stream = s;
+    g_cap_invalid = 0;
+    g_cap_nodes.clear();
+    return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g)
+{
+    if (!g || !s || s != g_cap_stream) return fail(cudaErrorIllegalState);
+    g_cap_stream = NULL;
+    *g = NULL;
+    if (g_cap_invalid) {
+        g_cap_nodes.clear();
+        return fail(cudaErrorStreamCaptureInvalidated);
+    }
+    *g = new mt_emu_graph{MT_EMU_GRAPH_MAGIC, std::move(g_cap_nodes)};
+    g_cap_nodes.clear();
+    return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *status)
+{
+    if (!status) return fail(cudaErrorInvalidValue);
+    *status = s && s == g_cap_stream ? (g_cap_invalid ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive)
+                                     : cudaStreamCaptureStatusNone;
+    return cudaSuccess;
+}
+static int graph_ok(const mt_emu_graph *g) { return g && g->magic == MT_EMU_GRAPH_MAGIC; }
+cudaError_t cudaGraphGetNodes(cudaGraph_t g, cudaGraphNode_t *nodes, size_t *n)
+{
+    if (!graph_ok(g) || !n || nodes) return fail(cudaErrorInvalidValue);  /* the count only */
+    *n = g->nodes.size();
+    return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t g, unsigned long long flags)
+{
+    if (!exec || !graph_ok(g) || flags) return fail(cudaErrorInvalidValue);
+    *exec = new mt_emu_graph{MT_EMU_GRAPH_MAGIC, g->nodes};
+    return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s)
+{
+    if (!graph_ok(exec) || !s) return fail(cudaErrorInvalidValue);
+    if (capture_refuses("cudaGraphLaunch")) return fail(cudaErrorStreamCaptureUnsupported);
+    for (auto &n : exec->nodes) n();
+    return cudaSuccess;
+}
+static cudaError_t graph_free(mt_emu_graph *g)
+{
+    if (!g) return cudaSuccess;
+    if (!graph_ok(g)) return fail(cudaErrorInvalidValue);
+    g->magic = 0;
+    delete g;
+    return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) { return graph_free(exec); }
+cudaError_t cudaGraphDestroy(cudaGraph_t g) { return graph_free(g); }
+
 const char *cudaGetErrorString(cudaError_t e)
 {
     switch (e) {
@@ -159,6 +245,9 @@ const char *cudaGetErrorString(cudaError_t e)
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
     case cudaErrorLaunchFailure: return "unspecified launch failure";
+    case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
     }
     return "unknown error";
 }
@@ -211,12 +300,18 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
     return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) { free(s); return cudaSuccess; }
-cudaError_t cudaStreamSynchronize(cudaStream_t s) { (void)s; return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t s)
+{
+    (void)s;
+    if (capture_refuses("cudaStreamSynchronize (a host wait)")) return fail(cudaErrorStreamCaptureUnsupported);
+    return cudaSuccess;
+}
 /* one mapping per buffer (page aligned, so cudaMalloc's 256-byte alignment
  * holds), filled with 0xff (NaN) so reads of unwritten memory show */
 cudaError_t cudaMalloc(void **p, size_t bytes)
 {
     install_segv_handler();
+    if (capture_refuses("cudaMalloc")) return fail(cudaErrorStreamCaptureUnsupported);
     size_t page = (size_t)sysconf(_SC_PAGESIZE), len = ((bytes ? bytes : 1) + page - 1) / page * page;
     void *q = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (q == MAP_FAILED) return cudaErrorMemoryAllocation;
@@ -232,6 +327,7 @@ cudaError_t cudaMalloc(void **p, size_t bytes)
 cudaError_t cudaFree(void *p)
 {
     if (!p) return cudaSuccess;
+    if (capture_refuses("cudaFree")) return fail(cudaErrorStreamCaptureUnsupported);
     auto it = g_dev.find((uintptr_t)p);
     if (it == g_dev.end()) {
         fprintf(stderr, "cuda emu: cudaFree(%p): not a pointer cudaMalloc returned\n", p);
@@ -274,6 +370,15 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
                 sd ? "device" : "host", dd ? "device" : "host", bytes);
         return fail(cudaErrorInvalidValue);
     }
+    if (g_cap_stream) {
+        /* device to device: a memcpy node; host memory here is pageable */
+        if (!(sd && dd)) {
+            capture_refuses("cudaMemcpyAsync to or from pageable host memory");
+            return fail(cudaErrorStreamCaptureUnsupported);
+        }
+        mt_emu_capture_record([=]() { cudaMemcpyAsync(dst, src, bytes, kind, s); });
+        return cudaSuccess;
+    }
     dev_scope on;
     memmove(dst, src, bytes);
     return cudaSuccess;
@@ -287,6 +392,7 @@ cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t s)
         fprintf(stderr, "cuda emu: cudaMemsetAsync on host memory %p\n", dst);
         return fail(cudaErrorInvalidValue);
     }
+    if (mt_emu_capture_record([=]() { cudaMemsetAsync(dst, value, bytes, s); })) return cudaSuccess;
     dev_scope on;
     memset(dst, value, bytes);
     return cudaSuccess;
@@ -308,6 +414,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
     (void)s;
     if (!e || e->magic != MT_EMU_EV_MAGIC) return fail(cudaErrorInvalidValue);
+    if (mt_emu_capture_record([=]() { cudaEventRecord(e, s); })) return cudaSuccess;
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     e->t = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
@@ -315,6 +422,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e)
 {
+    if (capture_refuses("cudaEventSynchronize (a host wait)")) return fail(cudaErrorStreamCaptureUnsupported);
     return e && e->magic == MT_EMU_EV_MAGIC ? cudaSuccess : fail(cudaErrorInvalidValue);
 }
 /* as CUDA: both events must have been recorded */
@@ -653,6 +761,11 @@ cublasStatus_t cublasCreate(cublasHandle_t *h) { *h = (cublasHandle_t)malloc(1);
 cublasStatus_t cublasDestroy(cublasHandle_t h) { free(h); return CUBLAS_STATUS_SUCCESS; }
 cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) { (void)h; (void)s; return CUBLAS_STATUS_SUCCESS; }
 cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t m) { (void)h; (void)m; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *ws, size_t bytes)
+{
+    if (!h || (bytes && !is_dev(ws, bytes))) return CUBLAS_STATUS_INVALID_VALUE;
+    return CUBLAS_STATUS_SUCCESS;
+}
 cublasStatus_t cublasGetVersion(cublasHandle_t h, int *v) { (void)h; *v = 130000; return CUBLAS_STATUS_SUCCESS; }
 
 /* column-major: C (m,n) = alpha op(A) op(B) + beta C; op(A) (m,k), op(B) (k,n) */
@@ -665,6 +778,11 @@ cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperati
     if (m < 0 || n < 0 || k < 0 || lda < (arows > 1 ? arows : 1) || ldb < (brows > 1 ? brows : 1) ||
         ldc < (m > 1 ? m : 1))
         return CUBLAS_STATUS_INVALID_VALUE;
+    {   /* captured: alpha and beta are read now (host pointer mode) */
+        const float al = *alpha, be = *beta;
+        if (mt_emu_capture_record([=]() { cublasSgemm(h, ta, tb, m, n, k, &al, A, lda, B, ldb, &be, C, ldc); }))
+            return CUBLAS_STATUS_SUCCESS;
+    }
     dev_scope on;
     for (int j = 0; j < n; j++)
         for (int i = 0; i < m; i++) {
@@ -706,6 +824,22 @@ cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t h, const cublasOperatio
     if (!is_dev(Aarray, pb) || !is_dev(Barray, pb) || !is_dev((const void *)Carray, pb)) {
         fprintf(stderr, "cuda emu: cublasGemmGroupedBatchedEx: the pointer arrays must be device memory\n");
         return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    if (g_cap_stream) {  /* captured: the host arrays are read now, the device pointer arrays at replay */
+        std::vector<cublasOperation_t> tav(transa_array, transa_array + group_count),
+            tbv(transb_array, transb_array + group_count);
+        std::vector<int> mv(m_array, m_array + group_count), nv(n_array, n_array + group_count),
+            kv(k_array, k_array + group_count), lav(lda_array, lda_array + group_count),
+            lbv(ldb_array, ldb_array + group_count), lcv(ldc_array, ldc_array + group_count),
+            gsv(group_size, group_size + group_count);
+        std::vector<float> alv((const float *)alpha_array, (const float *)alpha_array + group_count),
+            bev((const float *)beta_array, (const float *)beta_array + group_count);
+        mt_emu_capture_record([=]() {
+            cublasGemmGroupedBatchedEx(h, tav.data(), tbv.data(), mv.data(), nv.data(), kv.data(), alv.data(), Aarray,
+                                       Atype, lav.data(), Barray, Btype, lbv.data(), bev.data(), Carray, Ctype,
+                                       lcv.data(), group_count, gsv.data(), computeType);
+        });
+        return CUBLAS_STATUS_SUCCESS;
     }
     std::vector<const float *> a(total), b(total);
     std::vector<float *> c(total);
@@ -889,6 +1023,13 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
         (be != 0.0f && !aligned(C, algo->data[ALGO_ALIGN + 2])) || !aligned(D, algo->data[ALGO_ALIGN + 3])) {
         fprintf(stderr, "cuda emu: cublasLtMatmul pointer less aligned than the algorithm's preference\n");
         return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    {   /* captured: alpha, beta and the algorithm are read now; the descriptors must outlive the graph */
+        const cublasLtMatmulAlgo_t al_algo = *algo;
+        if (mt_emu_capture_record([=]() {
+                cublasLtMatmul(h, d, &al, A, a, B, b, &be, C, c, D, dd, &al_algo, workspace, workspace_bytes, stream);
+            }))
+            return CUBLAS_STATUS_SUCCESS;
     }
     dev_scope on;
     const __nv_bfloat16 *Ab = (const __nv_bfloat16 *)A, *Bb = (const __nv_bfloat16 *)B;
