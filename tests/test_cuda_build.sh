@@ -671,7 +671,7 @@ fi  # want g
 
 if want d; then
 # d. device communicators of a one-rank mesh, on emulated device memory
-if [ -f "$EMU/lib/src_dist_mesh.c.o" ] && compile "$SRC/tests/cuda/mesh_device.c" "$EMU/mesh_device.o" >"$EMU/mesh_device.log" 2>&1 &&
+if [ -f "$EMU/lib/src_parallel_mesh.c.o" ] && compile "$SRC/tests/cuda/mesh_device.c" "$EMU/mesh_device.o" >"$EMU/mesh_device.log" 2>&1 &&
    g++ -fopenmp "$EMU/mesh_device.o" "$EMU"/lib/src_*.o "$EMU"/cu/*.o -lopenblas -lcjson -lxxhash -lm \
        -o "$EMU/mesh_device" >>"$EMU/mesh_device.log" 2>&1; then
     if "$EMU/mesh_device" >>"$EMU/mesh_device.log" 2>&1 && grep -q ', 0 failed$' "$EMU/mesh_device.log"; then
@@ -696,7 +696,7 @@ if want e; then
 #    reads, and the profile gpu_profile.py writes from it loads in
 #    `meshtrain plan --profile FILE` of the CPU build (BUILD/meshtrain)
 calib_cf="$CF -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter -Werror"
-if [ -f "$EMU/lib/src_dist_mesh.c.o" ] &&
+if [ -f "$EMU/lib/src_parallel_mesh.c.o" ] &&
    gcc $calib_cf -c "$SRC/bench/cuda_calib.c" -o "$EMU/cuda_calib.o" >"$EMU/calib.log" 2>&1 &&
    g++ -fopenmp "$EMU/cuda_calib.o" "$EMU"/lib/src_*.o "$EMU"/cu/*.o \
        -lopenblas -lcjson -lxxhash -lm -o "$EMU/cuda_calib" >>"$EMU/calib.log" 2>&1; then
