@@ -281,6 +281,18 @@ struct fused_cache {
     float *data;
 };
 
+/* An adapter tensor's entry as the registry declares it: (r0, r1), whole on this rank. */
+static void adapter_param(struct mt_param *p, const char *name, int64_t r0, int64_t r1)
+{
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->ndim = 2;
+    p->shape[0] = p->len[0] = r0;
+    p->shape[1] = p->len[1] = r1;
+    p->numel = (size_t)(r0 * r1);
+    p->layer = -1;
+    p->expert = -1;
+}
+
 static int from_fused(struct mt_ctx *ctx, const char *path, const struct mt_safetensors *sf, const char *name,
                       const struct mt_config *c, struct fused_cache *fc, char *used, float *dst, enum mt_status *rc)
 {
@@ -360,13 +372,7 @@ enum mt_status mt_peft_import(struct mt_ctx *ctx, const char *adapter_dir, const
             }
             n++;
             if (rc != MT_OK) goto done;
-            snprintf(p->name, sizeof p->name, "%s", reg[i].name);
-            p->ndim = 2;
-            p->shape[0] = p->len[0] = r0;
-            p->shape[1] = p->len[1] = r1;
-            p->numel = (size_t)(r0 * r1);
-            p->layer = -1;
-            p->expert = -1;
+            adapter_param(p, reg[i].name, r0, r1);
             continue;
         }
         used[t - sf->t] = 1;
@@ -378,13 +384,7 @@ enum mt_status mt_peft_import(struct mt_ctx *ctx, const char *adapter_dir, const
             goto done;
         }
         struct mt_param *p = &ps[n++];
-        snprintf(p->name, sizeof p->name, "%s", reg[i].name);
-        p->ndim = 2;
-        p->shape[0] = p->len[0] = r0;
-        p->shape[1] = p->len[1] = r1;
-        p->numel = (size_t)(r0 * r1);
-        p->layer = -1;
-        p->expert = -1;
+        adapter_param(p, reg[i].name, r0, r1);
         p->data = mt_alloc(ctx, p->numel * sizeof(float), MT_BUCKET_PARAMS);
         if (!p->data) { rc = MT_ERR_OOM; goto done; }
         MT_CHECK_GOTO(mt_safetensors_read_f32(ctx, sf, t, p->data), rc, done);
