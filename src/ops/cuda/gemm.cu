@@ -64,16 +64,34 @@ static __global__ void scale_k(float *C, int M, int N, int ldc, float beta)
 }
 
 /* dst (rows, cols; ldd) = bf16(src (rows, cols; lds)), round to nearest even
- * (a bf16 source is copied as is: the packing of a bf16 operand) */
+ * (a bf16 source is copied as is: the packing of a bf16 operand).
+ * Row y of a grid-stride over rows, 8 columns a thread: the row's start is
+ * computed once (no 64-bit division per element: the flat-index version of
+ * this kernel spent most of its time in e / cols and e % cols, and packing
+ * is ~4e9 elements per step of the GPT-2 shape), and with vec the 8 columns
+ * move as 16/32-byte loads and one 16-byte store; the columns past the last
+ * group of 8, or every column when not vec, go one by one. */
 static __device__ __forceinline__ __nv_bfloat16 as_bf16(float x) { return mt_cuda_bf16_rn(x); }
 static __device__ __forceinline__ __nv_bfloat16 as_bf16(__nv_bfloat16 x) { return x; }
-template <typename T>
-static __global__ void to_bf16_k(__nv_bfloat16 *dst, int ldd, const T *src, int lds, int rows, int cols)
+static __device__ __forceinline__ void pack8(__nv_bfloat16 *d, const float *s)
 {
-    size_t total = (size_t)rows * (size_t)cols;
-    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
-        size_t i = e / (size_t)cols, j = e % (size_t)cols;
-        dst[i * (size_t)ldd + j] = as_bf16(src[i * (size_t)lds + j]);
+    mt_st_bf16x8(d, mt_ld_f4(s), mt_ld_f4(s + 4));
+}
+static __device__ __forceinline__ void pack8(__nv_bfloat16 *d, const __nv_bfloat16 *s)
+{
+    MT_VEC_CHECK(s, 16);
+    MT_VEC_CHECK(d, 16);
+    *reinterpret_cast<uint4 *>(d) = *reinterpret_cast<const uint4 *>(s);
+}
+template <typename T>
+static __global__ void to_bf16_k(__nv_bfloat16 *dst, int ldd, const T *src, int lds, int rows, int cols, int vec)
+{
+    const int n8 = vec ? cols / 8 : 0, tid = blockIdx.x * blockDim.x + threadIdx.x, st = gridDim.x * blockDim.x;
+    for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+        const T *s = src + (size_t)r * (size_t)lds;
+        __nv_bfloat16 *d = dst + (size_t)r * (size_t)ldd;
+        for (int g = tid; g < n8; g += st) pack8(d + 8 * g, s + 8 * g);
+        for (int c = 8 * n8 + tid; c < cols; c += st) d[c] = as_bf16(s[c]);
     }
 }
 
@@ -215,16 +233,28 @@ static struct mt_cuda_lt_plan *plan_get(int ta, int tb, int m, int n, int k, int
 
 /* ---- bf16 ---- */
 
-/* pack a stored operand (fp32: rounded and counted; bf16: copied) */
+/* pack a stored operand (fp32: rounded and counted; bf16: copied). Launch:
+ * a block per row (up to 65535, then grid-stride), threads for the row's
+ * groups of 8 (rounded to a warp, at most 256): 96 for a 768-wide row. vec
+ * when every row start of src and dst is 16-byte aligned. */
 static void to_bf16(__nv_bfloat16 *dst, int ldd, const void *src, enum mt_elem t, int lds, int rows, int cols)
 {
+    if (rows <= 0 || cols <= 0) return;
+    const size_t es = t == MT_ELEM_BF16 ? 2 : 4;
+    const int vec = mt_cuda_aligned(src, 16) && mt_cuda_aligned(dst, 16) && ((size_t)lds * es) % 16 == 0 &&
+                    (ldd % 8) == 0;
+    const int per_row = vec ? (cols / 8 > cols % 8 ? cols / 8 : cols % 8) : cols;
+    int threads = (per_row + MT_WARP - 1) / MT_WARP * MT_WARP;
+    if (threads > 256) threads = 256;
+    int bx = (per_row + threads - 1) / threads;
+    if (bx > 64) bx = 64;
+    const dim3 grid((unsigned)bx, (unsigned)(rows < 65535 ? rows : 65535));
     if (t == MT_ELEM_BF16) {
-        MT_LAUNCH(to_bf16_k<__nv_bfloat16>, mt_cuda_blocks((size_t)rows * (size_t)cols, 256), 256, 0)(
-            dst, ldd, (const __nv_bfloat16 *)src, lds, rows, cols);
+        MT_LAUNCH(to_bf16_k<__nv_bfloat16>, grid, threads, 0)(dst, ldd, (const __nv_bfloat16 *)src, lds, rows, cols,
+                                                               vec);
     } else {
         mt_cuda_be->info.gemm_bf16_cast_elems += (long)rows * (long)cols;
-        MT_LAUNCH(to_bf16_k<float>, mt_cuda_blocks((size_t)rows * (size_t)cols, 256), 256, 0)(
-            dst, ldd, (const float *)src, lds, rows, cols);
+        MT_LAUNCH(to_bf16_k<float>, grid, threads, 0)(dst, ldd, (const float *)src, lds, rows, cols, vec);
     }
     MT_CUDA_KCHECK();
 }

@@ -23,13 +23,19 @@
 static __device__ __forceinline__ void adamw_span(float *p, const float *g, float *m, float *v, size_t n, float lr,
                                                   float b1, float b2, float eps, float decay, float bc1, float bc2)
 {
+    /* __fmul_rn/__fadd_rn: plain `a * b + c` compiles to PTX mul.f32/add.f32,
+     * which ptxas may fuse into an FMA in one kernel and not in the other (the
+     * H100 run of 2026-11-26: 865 values of adamw_multi differed from the
+     * loop over adamw_update); the _rn forms are never fused, so every
+     * kernel that runs this span rounds the same way */
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float gi = g[i];
-        float mi = b1 * m[i] + (1.0f - b1) * gi;
-        float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+        float mi = __fadd_rn(__fmul_rn(b1, m[i]), __fmul_rn(1.0f - b1, gi));
+        float vi = __fadd_rn(__fmul_rn(b2, v[i]), __fmul_rn(__fmul_rn(1.0f - b2, gi), gi));
         m[i] = mi;
         v[i] = vi;
-        p[i] = p[i] * decay - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+        float step = __fmul_rn(lr, mi / bc1) / __fadd_rn(sqrtf(vi / bc2), eps);
+        p[i] = __fsub_rn(__fmul_rn(p[i], decay), step);
     }
 }
 

@@ -174,6 +174,24 @@ static inline float __uint_as_float(unsigned int u)
     memcpy(&f, &u, sizeof f);
     return f;
 }
+/* round-to-nearest arithmetic the compiler may not contract into an FMA
+ * (math_functions.h): the volatile store keeps gcc from fusing, as ptxas may
+ * not fuse mul.rn/add.rn */
+static inline float __fmul_rn(float a, float b)
+{
+    volatile float r = a * b;
+    return r;
+}
+static inline float __fadd_rn(float a, float b)
+{
+    volatile float r = a + b;
+    return r;
+}
+static inline float __fsub_rn(float a, float b)
+{
+    volatile float r = a - b;
+    return r;
+}
 /* all live lanes of the calling warp exchange `size` bytes: out = lane src's value */
 void mt_emu_warp_exchange(const void *mine, void *out, int src_lane, size_t size);
 int  mt_emu_lane(void);
