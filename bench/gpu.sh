@@ -32,8 +32,9 @@
 #           gpu_c_gpt2.json (GPT-2 124M shape, seq 1024; batch 16, else 8, else 4),
 #           gpu_moe8.json and the d2048 hybrid (pattern MAMA..., 3 steps each),
 #           with CUDA graphs on (the one-GPU default; each RESULT line says
-#           whether they ran), then GPT-2 again with --knob cuda_graphs=0
-#           (c_gpt2_nographs: the graphs A/B):
+#           whether they ran), then GPT-2, d2048 and the hybrid again with
+#           --knob cuda_graphs=0 (*_nographs: the graphs A/B, and the per-op
+#           profile, which a replayed graph cannot split):
 #           tokens/s, MFU, the per-op profile when the receipt has one; a run
 #           that runs out of its box still gives a line (tokens/s from its
 #           progress lines, or "no step within the box" with the time of its
@@ -507,8 +508,12 @@ stage_speed() {
     SPEED_BOX=${o:-55} SPEED_STEPS=3 speed_one moe8 "$C/gpu_moe8.json" "0" || bad=1
     SPEED_BOX=${o:-55} SPEED_STEPS=3 speed_one hyb2048 "$C/gpu_d2048_dense.json" "0" --set pattern=MAMAMAMAMAMAMAMA || bad=1
     # CUDA graphs A/B (issue 27 item 4): every run above has them on (the default on one GPU;
-    # the RESULT line says whether they ran); the launch-bound GPT-2 shape again with them off
+    # the RESULT line says whether they ran); each graphed model again with them off: the A/B,
+    # and the per-op profile (a replayed graph is timed as a whole: its ops all land in "other")
     SPEED_BOX=${o:-40} speed_one c_gpt2_nographs "$C/gpu_c_gpt2.json" "16 8 4" --knob cuda_graphs=0 || bad=1
+    SPEED_BOX=${o:-40} speed_one d2048_dense_nographs "$C/gpu_d2048_dense.json" "0 2" --knob cuda_graphs=0 || bad=1
+    SPEED_BOX=${o:-40} SPEED_STEPS=3 speed_one hyb2048_nographs "$C/gpu_d2048_dense.json" "0" \
+        --set pattern=MAMAMAMAMAMAMAMA --knob cuda_graphs=0 || bad=1
     return $bad
 }
 export -f stage_speed
@@ -665,7 +670,7 @@ res = sys.argv[1]
 S = {"stages": open(os.path.join(res, "stages.txt")).read().splitlines()}
 sp = {}
 # one file per speed run (stage_speed's speed_line): from its receipt, else its progress lines
-for n in ("d2048_dense", "c_gpt2", "moe8", "hyb2048", "c_gpt2_nographs"):
+for n in ("d2048_dense", "c_gpt2", "moe8", "hyb2048", "c_gpt2_nographs", "d2048_dense_nographs", "hyb2048_nographs"):
     p = os.path.join(res, "speed", n + ".json")
     if os.path.exists(p):
         sp[n] = json.load(open(p))

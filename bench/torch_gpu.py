@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """bench/torch_gpu.py — the SPEC.md model in PyTorch on a GPU, for bench/gpu.sh
-(issue 20): the same model as bench/torch_ref.py (whose Model it reuses) with
-the attention replaced by F.scaled_dot_product_attention (causal, flash/
-efficient kernels), bf16 autocast, fused AdamW on every parameter (the gpu
-configs use optimizer=adamw) and, with --compile, torch.compile of the model.
+(issue 20): bench/torch_ref.py's Model as it is (SDPA causal attention with
+enable_gqa, F.rms_norm/F.linear, fp32 logits and loss, MoE on expert-sorted
+tokens; the sizes resolved by torch_ref.resolve), its total loss alone, with
+bf16 autocast, fused AdamW on every parameter (the gpu configs use
+optimizer=adamw; one pass over the whole batch, the config's microbatches
+ignored) and, with --compile, torch.compile of the model.
 
 Not a test: it times full training steps (forward, backward, clip, optimizer)
 on random tokens with the config's batch and prints ONE JSON line:
@@ -13,7 +15,9 @@ A failure (OOM, compile error) is reported in "error" with exit 0, so the
 caller's other stages run on.
 
 Usage: python3 bench/torch_gpu.py CONFIG.json [--steps N] [--compile] [--fp32] [--device cpu]
+                                 [--tiny] [--set KEY=VALUE ...]
        python3 bench/torch_gpu.py --check
+A check of the script on the CPU: --device cpu --tiny (the config's pattern at width 64).
 Steps before `warm` (2 eager, 4 compiled: compilation happens in the first
 steps) are excluded from tokens_per_s.
 
@@ -47,6 +51,25 @@ import torch_ref  # noqa: E402  (the model definition shared with the CPU bench)
 
 
 MAMBA_DEF = dict(mamba_expand=2, mamba_headdim=64, mamba_d_state=64, mamba_ngroups=1, mamba_chunk=64)
+# --tiny: the config's layer pattern at a CPU-sized width (a check of the script, no timing claim)
+TINY = dict(vocab_size=512, d_model=64, n_head=4, n_kv_head=4, head_dim=0, mlp_hidden=128, expert_hidden=64,
+            seq_len=64, batch_size=2, mamba_headdim=16, mamba_d_state=16, mamba_chunk=16)
+
+
+def rms(x, g, eps):
+    """RMSNorm over the last dim, x * rsqrt(mean(x^2) + eps) * g, as torch_ref.Model's F.rms_norm
+    (g a tensor, or 1.0 for no weight)."""
+    return F.rms_norm(x, (x.shape[-1],), g if torch.is_tensor(g) else None, eps)
+
+
+def resolve(c):
+    """torch_ref.resolve (meshtrain's derived sizes), which refuses an `M` in the pattern
+    (torch_ref.Model has no Mamba-3 layer): resolved with the M layers as A, the pattern kept."""
+    pat = c["pattern"]
+    c.update(torch_ref.resolve(dict(c, pattern=pat.replace("M", "A"))))
+    if "M" in pat:
+        c["pattern"] = pat
+    return c
 
 
 def segsum(v):
@@ -138,12 +161,12 @@ def mamba3_mixer(m, h, c, scan=None):
     Bs, T, D = h.shape
     E, H, P, G, N = m.mE, m.mH, c["mamba_headdim"], c["mamba_ngroups"], c["mamba_d_state"]
     hi = lambda v: v if v.dtype == torch.float64 else v.float()   # the glue in fp32 (fp64 in --check)
-    proj = h @ m.win.t()
+    proj = F.linear(h, m.win)
     z, xs, Br, Cr, dt_raw, theta, lam_raw = torch.split(proj, [E, E, G * N, G * N, H, H * (N // 2), H], -1)
     dt = F.softplus(hi(dt_raw + m.dt_bias))
     A = -torch.exp(hi(m.A_log))
     lam = torch.sigmoid(hi(lam_raw))
-    gn = lambda u, g: torch_ref.rms(hi(u).view(Bs, T, G, N), g, 1e-5)
+    gn = lambda u, g: rms(hi(u).view(Bs, T, G, N), g, 1e-5)
     Bh = gn(Br, m.gB).repeat_interleave(H // G, 2) + m.B_bias
     Chh = gn(Cr, m.gC).repeat_interleave(H // G, 2) + m.C_bias
     ang = torch.cumsum(hi(theta).view(Bs, T, H, N // 2), 1)
@@ -157,8 +180,8 @@ def mamba3_mixer(m, h, c, scan=None):
     else:
         y = scan(x, Bh, Chh, dt, lam, A, m.Dsk)
     y = y.reshape(Bs, T, E) * F.silu(z)
-    y = torch_ref.rms(hi(y).view(Bs, T, G, E // G), 1.0, 1e-5).view(Bs, T, E) * m.g_out
-    return y.to(h.dtype) @ m.wout.t()
+    y = rms(hi(y).view(Bs, T, G, E // G), 1.0, 1e-5).view(Bs, T, E) * m.g_out
+    return F.linear(y.to(h.dtype), m.wout)
 
 
 def mamba3_params(m, c, D):
@@ -179,18 +202,35 @@ def mamba3_params(m, c, D):
 
 
 class GpuModel(torch_ref.Model):
-    """torch_ref.Model with SDPA attention and an fp32 loss (the rest is torch_ref's)."""
+    """torch_ref.Model as it is (SDPA causal with enable_gqa, F.rms_norm/F.linear, fp32 logits and
+    loss, MoE on expert-sorted tokens), returning the total loss (lm + aux + z) alone; its MoE
+    statistics built on the tokens' device (torch_ref's `f` is made on the default device, the CPU)."""
 
-    def attend(self, q, k, v):
-        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                              is_causal=True)
+    def forward(self, idx, tgt):
+        return super().forward(idx, tgt)[0]
 
-    def xent(self, logits, tgt):
-        return F.cross_entropy(logits.float(), tgt)   # bf16 autocast logits: the loss in fp32
+    def moe(self, m, h):
+        """torch_ref.Model.moe with the expert load `f` on h's device (the experts are torch_ref's)."""
+        c = self.c
+        B, T, D = h.shape
+        E, k = c["n_experts"], c["top_k"]
+        x = h.reshape(-1, D)
+        logits = F.linear(x, m.wr).float()
+        p = logits.softmax(-1)
+        g, idx = p.topk(k, -1)  # ties: the lower index first, as meshtrain
+        g = g / g.sum(-1, keepdim=True)
+        out = self.experts(m, x, g, idx)
+        f = torch.zeros(B, E, dtype=p.dtype, device=p.device).scatter_add_(
+            1, idx.reshape(B, T * k), torch.ones(B, T * k, dtype=p.dtype, device=p.device)) / (T * k)
+        P_ = p.reshape(B, T, E).mean(1)
+        aux = c["aux_loss_coef"] * E * (f * P_).sum(-1).mean()
+        z = c["z_loss_coef"] * torch.logsumexp(logits, -1).pow(2).mean()
+        return out.reshape(B, T, D), aux, z
 
 
 class HybridModel(GpuModel):
-    """GpuModel with the pattern's `M` layers as Mamba-3 mixer + dense MLP (meshtrain's `M` block)."""
+    """GpuModel with the pattern's `M` layers as Mamba-3 mixer + dense MLP (meshtrain's `M` block);
+    the A and E layers, the head and the loss as torch_ref.Model.forward."""
 
     def __init__(self, c):
         super().__init__(c)
@@ -202,26 +242,35 @@ class HybridModel(GpuModel):
                 mamba3_params(m, c, D)
 
     def forward(self, idx, tgt):
-        c, eps = self.c, self.c["norm_eps"]
+        c, eps = self.c, self.eps
         B, T = idx.shape
         H, K, hd = self.H, self.K, self.hd
-        x = self.wte[idx]
+        x = F.embedding(idx, self.wte)
+        aux = z = x.new_zeros(())
         for l, m in enumerate(self.layers):
-            h = torch_ref.rms(x, m.g1, eps)
+            h = rms(x, m.g1, eps)
             if self.pattern[l] == "M":
                 x = x + mamba3_mixer(m, h, c)
             else:
-                q = torch_ref.rope(torch_ref.rms((h @ m.wq.t()).view(B, T, H, hd), m.gq, eps), self.cos, self.sin)
-                k = torch_ref.rope(torch_ref.rms((h @ m.wk.t()).view(B, T, K, hd), m.gk, eps), self.cos, self.sin)
-                v = (h @ m.wv.t()).view(B, T, K, hd)
-                if H != K:
-                    k = k.repeat_interleave(H // K, 2)
-                    v = v.repeat_interleave(H // K, 2)
-                x = x + self.attend(q, k, v).transpose(1, 2).reshape(B, T, H * hd) @ m.wo.t()
-            h = torch_ref.rms(x, m.g2, eps)
-            x = x + (F.silu(h @ m.wg.t()) * (h @ m.wu.t())) @ m.wd.t()
-        z = torch_ref.rms(x, self.gf, eps) @ self.wlm.t()
-        return self.xent(z.view(-1, z.shape[-1]), tgt.view(-1))
+                q = self.rope(rms(F.linear(h, m.wq).view(B, T, H, hd), m.gq, eps))
+                k = self.rope(rms(F.linear(h, m.wk).view(B, T, K, hd), m.gk, eps))
+                v = F.linear(h, m.wv).view(B, T, K, hd)
+                y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                   is_causal=True, enable_gqa=H != K)
+                x = x + F.linear(y.transpose(1, 2).reshape(B, T, H * hd), m.wo)
+            h = rms(x, m.g2, eps)
+            if self.pattern[l] == "E":
+                y, a, zz = self.moe(m, h)
+                aux, z = aux + a, z + zz
+            else:
+                y = F.linear(F.silu(F.linear(h, m.wg)) * F.linear(h, m.wu), m.wd)
+            x = x + y
+        logits = F.linear(rms(x, self.gf, eps), self.wlm).float()
+        sc = c["logit_softcap"]
+        if sc > 0:
+            logits = sc * torch.tanh(logits / sc)
+        lm = F.cross_entropy(logits.view(-1, logits.shape[-1]), tgt.reshape(-1), ignore_index=-1)
+        return lm + aux + z
 
 
 def run(cfg, steps, compile_, bf16, device="cuda"):
@@ -316,9 +365,20 @@ def main():
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--fp32", action="store_true", help="no autocast (fp32 everywhere)")
     ap.add_argument("--device", default="cuda", help="cpu: a check of the script on a tiny config (no timing claim)")
+    ap.add_argument("--tiny", action="store_true", help="the config's layer pattern at CPU size (TINY; with --device cpu)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a config key (VALUE as JSON, else a string), after --tiny; repeatable")
     a = ap.parse_args()
     cfg = dict(torch_ref.DEF, **MAMBA_DEF)
     cfg.update(json.load(open(a.config)))
+    if a.tiny:
+        cfg.update(TINY)
+    for kv in a.set:
+        k, _, v = kv.partition("=")
+        try:
+            cfg[k] = json.loads(v)
+        except ValueError:
+            cfg[k] = v
     mode = "compiled" if a.compile else "eager"
     out = {"config": os.path.basename(a.config), "mode": mode, "precision": "fp32" if a.fp32 else "bf16-autocast",
            "torch": torch.__version__, "device": None, "error": None}
@@ -329,13 +389,14 @@ def main():
             out["device"] = torch.cuda.get_device_name(0)
         else:
             out["device"] = a.device
+        resolve(cfg)   # head_dim, mlp_hidden, expert_hidden, pattern as meshtrain derives them
         times, loss, peak = run(cfg, a.steps, a.compile, not a.fp32, a.device)
         warm = 4 if a.compile else 2
         warm = min(warm, len(times) - 1)
         B, T = cfg["batch_size"], cfg["seq_len"]
         out.update(tokens_per_s=B * T * (len(times) - warm) / sum(times[warm:]), step_times_s=times,
                    warmup_excluded=warm, loss_last=loss, peak_mem_bytes=peak, batch_size=B, seq_len=T)
-    except Exception as e:  # report, do not stop the caller's other stages
+    except (Exception, SystemExit) as e:  # report, do not stop the caller's other stages
         out["error"] = "%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")
     print(json.dumps(out))
 
