@@ -13,7 +13,9 @@
 #      (the final norm's output for the lm head; per layer the two input
 #      norms' outputs and the attention output; the lm head's dlogits twin
 #      written by xent_fused_bf16), the workspace bucket by the
-#      SwiGLU output's twin, and the measured peaks equal the plan;
+#      SwiGLU output's twin and the dy scratch (struct mt_dyb: a projection's
+#      output gradient rounded once for its two GEMMs), and the measured
+#      peaks equal the plan;
 #   3. the shadows are refreshed after every update and ZeRO-3 gather: dp=2
 #      with --zero 3 (weights gathered per unit), pp=2 (units on two stages)
 #      and tp=2 (sliced weights) in bf16 start equal to the one-rank bf16 run
@@ -86,9 +88,12 @@ print("   plan acts +%d (h_final twin %d + dlogits twin %d + %d layers x %d); me
 assert da == twin + dlogits_twin + L * per_layer_twins, (da, twin, dlogits_twin, per_layer_twins)
 assert b["memory"]["measured_peak_bytes"]["acts"] == b["memory"]["plan_bytes"]["acts"]
 dw = b["memory"]["plan_bytes"]["workspace"] - a["memory"]["plan_bytes"]["workspace"]
-print("   plan workspace +%d (SwiGLU output twin %d); measured bf16 workspace %d"
-      % (dw, carve(2 * rows * F), b["memory"]["measured_peak_bytes"]["workspace"]))
-assert dw == carve(2 * rows * F), (dw, carve(2 * rows * F))   # (measured workspace adds the backend's own scratch)
+# + the scratch of a projection's dy rounded once for its two backward GEMMs (struct mt_dyb):
+# rows x the widest dense projection output
+dyb = carve(2 * rows * max(D, H * hd, K * hd, F))
+print("   plan workspace +%d (SwiGLU output twin %d + dy scratch %d); measured bf16 workspace %d"
+      % (dw, carve(2 * rows * F), dyb, b["memory"]["measured_peak_bytes"]["workspace"]))
+assert dw == carve(2 * rows * F) + dyb, (dw, carve(2 * rows * F), dyb)   # (measured workspace adds the backend's own scratch)
 PY
 then ok "plan params bucket counts the bf16 shadows (2 bytes per shadowed weight); measured = plan"
 else bad "plan params bucket counts the bf16 shadows"; fi

@@ -142,7 +142,7 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
         dy = pc->s_full;
     }
     /* term 1: o_proj */
-    proj_bwd_b(ops, t, dt, aown(pc)->datt, 0.0f, aw(pc)->wo, dy, st->att, st->att_b, N, QD, D);
+    proj_bwd_b(ops, t, dt, aown(pc)->datt, 0.0f, aw(pc)->wo, dy, st->att, st->att_b, N, QD, D, pc->dyb);
     /* term 2: attention core (dq, dk, dv overwritten) */
     if (attn_bf16(pc))
         ops->attention_backward_bf16(ops->be, aown(pc)->dq, aown(pc)->dk, aown(pc)->dv, aown(pc)->datt, st->q, st->k, st->v, st->att,
@@ -155,9 +155,9 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
                                st->k_raw, aw(pc)->qn->data, aw(pc)->kn->data, st->rstd_q, st->rstd_k, pc->rope_cos,
                                pc->rope_sin, N, T, H, K, hd);
     /* term 4: projections (under TP dh is this rank's partial sum over its heads) */
-    proj_bwd_b(ops, t, dt, pc->dh, 0.0f, aw(pc)->wq, aown(pc)->datt, ly->h_attn, ly->h_attn_b, N, D, QD);
-    proj_bwd_b(ops, t, dt, pc->dh, 1.0f, aw(pc)->wk, aown(pc)->dk2, ly->h_attn, ly->h_attn_b, N, D, KD);
-    proj_bwd_b(ops, t, dt, pc->dh, 1.0f, aw(pc)->wv, aown(pc)->dv, ly->h_attn, ly->h_attn_b, N, D, KD);
+    proj_bwd_b(ops, t, dt, pc->dh, 0.0f, aw(pc)->wq, aown(pc)->datt, ly->h_attn, ly->h_attn_b, N, D, QD, pc->dyb);
+    proj_bwd_b(ops, t, dt, pc->dh, 1.0f, aw(pc)->wk, aown(pc)->dk2, ly->h_attn, ly->h_attn_b, N, D, KD, pc->dyb);
+    proj_bwd_b(ops, t, dt, pc->dh, 1.0f, aw(pc)->wv, aown(pc)->dv, ly->h_attn, ly->h_attn_b, N, D, KD, pc->dyb);
     /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
     const float *dhr = pc->dh;
     if (tp->sp) {

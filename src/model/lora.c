@@ -72,9 +72,13 @@ void proj_fwd_b(const struct mt_ops_i *ops, float *t, float *y, const float *x, 
 }
 
 void proj_bwd_b(const struct mt_ops_i *ops, float *t, float *dt, float *dx, float beta_dx, struct mt_param *w,
-                const float *dy, const float *x, const mt_bf16 *xb, int n, int in, int out)
+                const float *dy, const float *x, const mt_bf16 *xb, int n, int in, int out, const struct mt_dyb *dyb)
 {
-    wlinear_backward(ops, dx, beta_dx, w->frozen ? NULL : w->grad, dy, x, xb, w, n, in, out);
+    float *dw = w->frozen ? NULL : w->grad;
+    /* two GEMMs read dy: round it once (struct mt_dyb) */
+    const int once = dyb && dyb->p && w->bf16 && dw && dx && n > 0 && (size_t)n * (size_t)out <= dyb->cap;
+    if (once) ops->cast_bf16(ops->be, dyb->p, dy, (size_t)n * (size_t)out);
+    wlinear_backward_db(ops, dx, beta_dx, dw, dy, once ? dyb->p : NULL, x, xb, w, n, in, out);
     lora_bwd_add(ops, t, dt, dx, dy, out, x, &w, &out, 1, n, in);
 }
 
@@ -87,5 +91,5 @@ void proj_fwd(const struct mt_ops_i *ops, float *t, float *y, const float *x, co
 void proj_bwd(const struct mt_ops_i *ops, float *t, float *dt, float *dx, float beta_dx, struct mt_param *w,
               const float *dy, const float *x, int n, int in, int out)
 {
-    proj_bwd_b(ops, t, dt, dx, beta_dx, w, dy, x, NULL, n, in, out);
+    proj_bwd_b(ops, t, dt, dx, beta_dx, w, dy, x, NULL, n, in, out, NULL);
 }

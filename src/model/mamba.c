@@ -351,7 +351,7 @@ static void mixer_bwd_lora(const struct mt_piece_ctx *pc, const float *dy, const
     in_rows(mbw(pc), rows);
     for (int b = 0; b < 7; b++)
         if (mbw(pc)->mwin[b]->frozen) g->win_part[b] = NULL;   /* no weight gradient for the frozen base */
-    proj_bwd_b(ops, pc->s_lora, pc->s_dlora, s->dyn, 0.0f, mbw(pc)->mwout, dy, st->mb.yn, st->yn_b, n, E, D);
+    proj_bwd_b(ops, pc->s_lora, pc->s_dlora, s->dyn, 0.0f, mbw(pc)->mwout, dy, st->mb.yn, st->yn_b, n, E, D, pc->dyb);
     mt_mamba3_mix_backward(ops, g, s, &st->mb, w, mdims(pc), pc->B, pc->T);
     in_bwd(pc, pc->dh, g, s->dproj, ly->h_attn, ly->h_attn_b, w, n);
     lora_bwd_add(ops, pc->s_lora, pc->s_dlora, pc->dh, s->dproj, W, ly->h_attn, mbw(pc)->mwin, rows, 7, n, D);

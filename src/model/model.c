@@ -398,6 +398,7 @@ void model_piece_ctx(struct mt_model *m, struct mt_layer *ly, struct mt_piece_ct
     pc->s_du = m->s_du;
     pc->s_lora = m->s_lora;
     pc->s_dlora = m->s_dlora;
+    pc->dyb = &m->s_dyb;
     pc->norm = &m->norm;
     pc->layer = ly ? ly->index : -1;
     pc->tp = (struct mt_tp_axis){m->tp_comm, &m->tp_stats, m->ops, m->tp, m->sp, m->N, m->Nr, m->D, m->tp_comm_host,
@@ -563,6 +564,15 @@ static void model_layout(struct mt_model *m, struct mt_carver *c)
         if (em > rows) rows = em;
         m->s_lora = carve_f(c, W, rows * (size_t)m->cfg.lora_rank);
         m->s_dlora = carve_f(c, W, rows * (size_t)m->cfg.lora_rank);
+    }
+    if (m->bf16) {
+        /* the widest dense projection output a proj_bwd_b sees: D, the local q/kv widths, F */
+        size_t w = (size_t)D;
+        if ((size_t)pc.QD > w) w = (size_t)pc.QD;
+        if ((size_t)pc.KD > w) w = (size_t)pc.KD;
+        if ((size_t)pc.F > w) w = (size_t)pc.F;
+        m->s_dyb.cap = N * w;
+        m->s_dyb.p = carve(c, W, m->s_dyb.cap * sizeof(mt_bf16));
     }
     carve_piece_scratch(m, c, 1);   /* ffns */
     m->h_losses = carve_f(c, O, Nr);

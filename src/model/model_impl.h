@@ -100,6 +100,13 @@ struct mt_slot {
     int have_fwd, have_targets;
 };
 
+/* precision=bf16: WORKSPACE scratch for the one rounding of a projection's
+ * output gradient dy (cap elements): proj_bwd_b rounds dy into it once
+ * (ops->cast_bf16) and both GEMMs, dW += dy^T x and dx = dy W, read that
+ * copy, instead of each rounding dy inside gemm_bf16 (the same bf16 values,
+ * round to nearest even both ways: the same bits, half the conversions) */
+struct mt_dyb { mt_bf16 *p; size_t cap; };
+
 struct mt_model {
     struct mt_config       cfg;
     int l0, l1, first, last;   /* pipeline stage: layers [l0, l1); has wte / has the head */
@@ -150,6 +157,7 @@ struct mt_model {
     float *s_red;                /* (N, D) TP: partial sums / reduce-scatter output  */
     float *s_act, *s_dact, *s_dg, *s_du; /* (max(N*F, M*Fe, N*Fs)) SwiGLU scratch    */
     float *s_lora, *s_dlora;             /* (rows, r) LoRA x A^T and its gradient (lora.c) */
+    struct mt_dyb s_dyb;                 /* (N x the widest dense projection) bf16 dy, precision=bf16 */
     /* each distinct piece's own struct (its dims, scratch and staging; the
      * piece's .c file defines it, own_bytes its size), indexed by
      * mt_blocks_piece_index; model_own() points the context at it */
@@ -298,6 +306,7 @@ struct mt_piece_ctx {
     /* shared WORKSPACE scratch (see struct mt_model) */
     float *dx, *dh, *s_full, *s_red;
     float *s_act, *s_dact, *s_dg, *s_du, *s_lora, *s_dlora;
+    const struct mt_dyb *dyb;        /* bf16 dy scratch (precision=bf16; p NULL else) */
     int   bf16;                      /* precision=bf16: carve the activation twins  */
     const struct mt_loss_norm   *norm;  /* the microbatch's loss normalisation (aux/z) */
     int   layer;                     /* ly's layer number (-1: ly NULL)             */
@@ -317,11 +326,12 @@ void proj_fwd(const struct mt_ops_i *ops, float *t, float *y, const float *x, co
               int out, float beta);
 void proj_bwd(const struct mt_ops_i *ops, float *t, float *dt, float *dx, float beta_dx, struct mt_param *w,
               const float *dy, const float *x, int n, int in, int out);
-/* the same with x's bf16 twin xb (NULL: none): the base GEMMs read xb (wlinear_*) */
+/* the same with x's bf16 twin xb (NULL: none): the base GEMMs read xb (wlinear_*);
+ * dyb: NULL, or the scratch above */
 void proj_fwd_b(const struct mt_ops_i *ops, float *t, float *y, const float *x, const mt_bf16 *xb,
                 const struct mt_param *w, int n, int in, int out, float beta);
 void proj_bwd_b(const struct mt_ops_i *ops, float *t, float *dt, float *dx, float beta_dx, struct mt_param *w,
-                const float *dy, const float *x, const mt_bf16 *xb, int n, int in, int out);
+                const float *dy, const float *x, const mt_bf16 *xb, int n, int in, int out, const struct mt_dyb *dyb);
 /* The adapter half alone, for one A shared by nb stacked base matrices w[b]
  * (rows[b], in) whose outputs are column slices of y / dy (row stride ldy):
  * y_b += s (x A^T) B_b^T; backward dB_b, dA +=, dx += (the base's GEMMs are
