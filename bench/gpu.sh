@@ -405,7 +405,11 @@ if rc == 0 and os.path.exists(rp):
          cg.get("segments_per_step"), cg.get("replayed_ops_per_step"))) if cg.get("ran") else
         ("off (%s)" % cg.get("why_not") if cg else "-")))
     op = out["op_profile_s_per_step"]
-    if op:
+    if op and cg.get("ran"):
+        # a replayed graph is timed as a whole: every op of it lands in "other"
+        out["op_profile_s_per_step"] = None
+        print("RESULT %s op profile: not split (CUDA graphs replayed the step; see %s_nographs)" % (name, name))
+    elif op:
         print("RESULT %s op profile (s/step): %s" % (name, ", ".join("%s %.4f" % kv for kv in op.items())))
     else:
         print("RESULT %s op profile: none in the receipt (timing.op_profile_s_per_step)" % name)
@@ -521,7 +525,7 @@ export -f stage_speed
 stage_torch() {
     python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null || { echo "SKIPPED (torch: no CUDA torch)"; return 77; }
     : > "$RES/torch.jsonl"
-    local c mode line
+    local c mode line bad=0
     # every eager run first (~15 s each with the import), then the compiled ones (~33 s of
     # compiling per model on the H200, 2026-11-26, ~50 s each in all): a box that runs out
     # loses compiled runs, not the eager baselines; d2048 first in each mode, the issue's MFU shape
@@ -536,6 +540,7 @@ stage_torch() {
         echo "RESULT torch hybrid check: $(grep -c '^PASS' "$RES/logs/torch_hybrid_check.log") checks passed"
     else
         echo "RESULT torch hybrid check: FAILED ($(grep -m1 '^FAIL' "$RES/logs/torch_hybrid_check.log"))"
+        bad=1
     fi
     for mode in eager compiled; do
         for c in gpu_d2048_dense gpu_c_gpt2 gpu_moe8 gpu_hyb2048; do
@@ -555,8 +560,13 @@ c["batch_size"]=r.get("config",{}).get("batch_size",c["batch_size"]); json.dump(
             [ -n "$line" ] || line="{\"config\": \"$c.json\", \"mode\": \"$mode\", \"error\": \"timeout or crash (see logs/torch_${c}_$mode.err)\"}"
             echo "$line" >> "$RES/torch.jsonl"
             echo "RESULT torch $c $mode: $(echo "$line" | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); print(r.get("error") or "%.0f tok/s" % r["tokens_per_s"])' 2>/dev/null)"
+            echo "$line" | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); sys.exit(0 if r.get("tokens_per_s") and not r.get("error") else 1)' \
+                2>/dev/null || bad=1
         done
     done
+    # a run without a number (error, timeout) or a failed peer check fails the stage: the
+    # H100 run of 2026-11-26 reported "PASS torch" with every row an error
+    return $bad
 }
 export -f stage_torch
 

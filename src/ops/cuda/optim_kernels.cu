@@ -18,25 +18,55 @@
 #define THREADS 256
 #define TB      32
 
+/* one element's AdamW. __fmul_rn/__fadd_rn: plain `a * b + c` compiles to
+ * PTX mul.f32/add.f32, which ptxas may fuse into an FMA in one kernel and
+ * not in the other (the H100 run of 2026-11-26: 865 values of adamw_multi
+ * differed from the loop over adamw_update); the _rn forms are never fused,
+ * so every kernel that runs this rounds the same way */
+static __device__ __forceinline__ void adamw_elem(float &p, float gi, float &m, float &v, float lr, float b1,
+                                                  float b2, float eps, float decay, float bc1, float bc2)
+{
+    float mi = __fadd_rn(__fmul_rn(b1, m), __fmul_rn(1.0f - b1, gi));
+    float vi = __fadd_rn(__fmul_rn(b2, v), __fmul_rn(__fmul_rn(1.0f - b2, gi), gi));
+    m = mi;
+    v = vi;
+    float step = __fmul_rn(lr, mi / bc1) / __fadd_rn(sqrtf(vi / bc2), eps);
+    p = __fsub_rn(__fmul_rn(p, decay), step);
+}
+
 /* one tensor's AdamW over a grid-stride loop (mt_ops.h): the single-tensor
- * kernel and the multi-tensor one run exactly this, so their bits agree */
+ * kernel and the multi-tensor one run exactly this, so their bits agree.
+ * Groups of 4 as float4 loads and stores when all four buffers are 16-byte
+ * aligned (the carver aligns to 64: always, but for views), then the tail;
+ * each element's arithmetic is adamw_elem either way. */
 static __device__ __forceinline__ void adamw_span(float *p, const float *g, float *m, float *v, size_t n, float lr,
                                                   float b1, float b2, float eps, float decay, float bc1, float bc2)
 {
-    /* __fmul_rn/__fadd_rn: plain `a * b + c` compiles to PTX mul.f32/add.f32,
-     * which ptxas may fuse into an FMA in one kernel and not in the other (the
-     * H100 run of 2026-11-26: 865 values of adamw_multi differed from the
-     * loop over adamw_update); the _rn forms are never fused, so every
-     * kernel that runs this span rounds the same way */
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float gi = g[i];
-        float mi = __fadd_rn(__fmul_rn(b1, m[i]), __fmul_rn(1.0f - b1, gi));
-        float vi = __fadd_rn(__fmul_rn(b2, v[i]), __fmul_rn(__fmul_rn(1.0f - b2, gi), gi));
-        m[i] = mi;
-        v[i] = vi;
-        float step = __fmul_rn(lr, mi / bc1) / __fadd_rn(sqrtf(vi / bc2), eps);
-        p[i] = __fsub_rn(__fmul_rn(p[i], decay), step);
+    const size_t i0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x, st = (size_t)gridDim.x * blockDim.x;
+    const int vec = (((uintptr_t)p | (uintptr_t)g | (uintptr_t)m | (uintptr_t)v) & 15) == 0;
+    const size_t n4 = vec ? n / 4 : 0;
+    for (size_t i = i0; i < n4; i += st) {
+        float4 P = mt_ld_f4(p + 4 * i), G = mt_ld_f4(g + 4 * i), M = mt_ld_f4(m + 4 * i), V = mt_ld_f4(v + 4 * i);
+        adamw_elem(P.x, G.x, M.x, V.x, lr, b1, b2, eps, decay, bc1, bc2);
+        adamw_elem(P.y, G.y, M.y, V.y, lr, b1, b2, eps, decay, bc1, bc2);
+        adamw_elem(P.z, G.z, M.z, V.z, lr, b1, b2, eps, decay, bc1, bc2);
+        adamw_elem(P.w, G.w, M.w, V.w, lr, b1, b2, eps, decay, bc1, bc2);
+        mt_st_f4(p + 4 * i, P);
+        mt_st_f4(m + 4 * i, M);
+        mt_st_f4(v + 4 * i, V);
     }
+    for (size_t i = 4 * n4 + i0; i < n; i += st) adamw_elem(p[i], g[i], m[i], v[i], lr, b1, b2, eps, decay, bc1, bc2);
+}
+
+/* blocks of an AdamW launch over n elements: a thread per group of 4, at
+ * most 2048 blocks (16 of 256 threads per SM on a 132-SM H100 and then some:
+ * the grid-stride loop does the rest; adamw_multi launches this many for
+ * EVERY tensor of its list, most of them small, so an uncapped grid was
+ * mostly empty blocks) */
+static unsigned adamw_blocks(size_t n)
+{
+    unsigned b = mt_cuda_blocks((n + 3) / 4, THREADS);
+    return b > 2048 ? 2048 : b;
 }
 
 static __global__ void adamw_k(float *p, const float *g, float *m, float *v, size_t n,
@@ -77,7 +107,7 @@ extern "C" void mt_cuda_adamw_update(void *be, float *p, const float *g, float *
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (!n) return;
     float decay = 1.0f - lr * wd;
-    MT_LAUNCH(adamw_k, mt_cuda_blocks(n, THREADS), THREADS, 0)(p, g, m, v, n, lr, b1, b2, eps, decay, bc1, bc2);
+    MT_LAUNCH(adamw_k, adamw_blocks(n), THREADS, 0)(p, g, m, v, n, lr, b1, b2, eps, decay, bc1, bc2);
     MT_CUDA_KCHECK();
 }
 
@@ -119,7 +149,7 @@ extern "C" void mt_cuda_adamw_multi(void *be, float *const *p, const float *cons
             if (L.n[t] > nmax) nmax = L.n[t];
         }
         if (!nmax) continue;
-        MT_LAUNCH(adamw_multi_k, dim3(mt_cuda_blocks(nmax, THREADS), (unsigned)c), THREADS, 0)(L, lr, b1, b2, eps,
+        MT_LAUNCH(adamw_multi_k, dim3(adamw_blocks(nmax), (unsigned)c), THREADS, 0)(L, lr, b1, b2, eps,
                                                                                                bc1, bc2);
         MT_CUDA_KCHECK();
     }
