@@ -8,14 +8,24 @@
  *                          rmsnorm_backward_hd(g) (=); dwq += sum_rows g * xhat
  *                          (k likewise)
  *
- * One warp per row (a residual row, or one head of q or k: rows 0..N*H-1 are
- * q's heads, N*H..N*H+N*K-1 k's, one launch for both), lane-strided sums and
- * the butterfly combine of rmsnorm.cu, so the norms round as rmsnorm.cu's.
- * The rotation is written as the FMAs fused.c uses (fmaf(a,c,-(b s)),
- * fmaf(b,c,a s)). dw is rmsnorm.cu's fixed-order two-pass column reduction
- * (chunks of DW_ROWS rows in row order, then the chunks in order) over the
- * g left in dq, dk, q's and k's in the same two launches (blockIdx.z).
- * Deterministic, no atomics.
+ * rmsnorm_resid_forward is rmsnorm.cu's forward kernel itself (with its
+ * resid store on): the same bits as rmsnorm_forward by construction.
+ *
+ * QK rows (one head of q or k: rows 0..N*H-1 are q's heads, N*H..N*H+N*K-1
+ * k's, one launch for both) use rmsnorm.cu's row layout: a group of G lanes
+ * per row, G = pow2 >= ceil(hd/4) (hd = 64: 16 lanes, two heads a warp),
+ * lane l owning the columns 4 l + 4 G j + i, squares summed in that order
+ * (fmaf), butterfly over the group: rstd is rmsnorm_forward's to the bit.
+ * Vector path (hd a power of two in 8..128, 16-byte aligned pointers): one
+ * float4 per lane; the RoPE partner of column c (c +- hd/2) is lane l ^ G/2's
+ * same slot, exchanged by shuffle. The backward walks a chunk of R heads of
+ * one side (q or k) per group in row order, writing g in place and dx, and
+ * keeps its columns' dw terms in registers: partial (chunks, hd), q's chunks
+ * then k's, summed by rmsnorm.cu's fixed-order column reduction. Otherwise
+ * (scalar path) the pair loop below, lane-strided over the group, and the
+ * column pass qk_bwd_dw1_k (chunks of DW_ROWS rows). The rotation is written
+ * as the FMAs fused.c uses (fmaf(a,c,-(b s)), fmaf(b,c,a s)). Deterministic,
+ * no atomics.
  */
 #include "cuda_impl.cuh"
 
@@ -28,26 +38,36 @@
 static __device__ __forceinline__ float rot_lo(float a, float b, float c, float s) { return fmaf(a, c, -(b * s)); }
 static __device__ __forceinline__ float rot_hi(float a, float b, float c, float s) { return fmaf(b, c, a * s); }
 
-/* ob: NULL, or the bf16 twin of out written by the same store loop (precision=bf16) */
-static __global__ void rms_resid_k(float *out, __nv_bfloat16 *ob, float *rstd, float *resid, const float *inp,
-                                   const float *w, int N, int C, float eps)
+/* rmsnorm.cu: the forward rows (resid: NULL or the copy of inp), the dw
+ * column reduction, the lanes per row */
+void mt_cuda_rms_rows_forward(float *out, __nv_bfloat16 *ob, float *rstd, float *resid, const float *inp,
+                              const float *w, int N, int C, float eps);
+void mt_cuda_rms_dw_reduce(float *dw0, float *dw1, const float *partial, int nc0, int nc1, int C);
+int  mt_cuda_rms_lanes_log2(int C);
+
+#define QK_THREADS 256
+
+/* as rmsnorm.cu's (the same order, so rstd is rmsnorm_forward's bits) */
+static __device__ __forceinline__ float qk_sq4(float4 v, float ss)
 {
-    int n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / MT_WARP, lane = threadIdx.x % MT_WARP;
-    if (n >= N) return;
-    const float *x = inp + (size_t)n * (size_t)C;
-    float *o = out + (size_t)n * (size_t)C, *s = resid + (size_t)n * (size_t)C;
-    float ss = 0.0f;
-    for (int c = lane; c < C; c += MT_WARP) ss += x[c] * x[c];
-    ss = mt_warp_sum(ss);
-    float r = 1.0f / sqrtf(ss / (float)C + eps);
-    if (lane == 0) rstd[n] = r;
-    for (int c = lane; c < C; c += MT_WARP) {
-        float v = x[c];   /* the lane reads its element before writing it: resid may alias inp */
-        float y = v * r * w[c];
-        o[c] = y;
-        s[c] = v;
-        if (ob) ob[(size_t)n * (size_t)C + (size_t)c] = mt_cuda_bf16_rn(y);
-    }
+    ss = fmaf(v.x, v.x, ss);
+    ss = fmaf(v.y, v.y, ss);
+    ss = fmaf(v.z, v.z, ss);
+    return fmaf(v.w, v.w, ss);
+}
+static __device__ __forceinline__ float qk_group_sum(float v, int G)
+{
+    for (int o = G >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(MT_FULL_MASK, v, o);
+    return v;
+}
+static __device__ __forceinline__ float4 qk_shfl4(float4 v, int o)
+{
+    float4 r;
+    r.x = __shfl_xor_sync(MT_FULL_MASK, v.x, o);
+    r.y = __shfl_xor_sync(MT_FULL_MASK, v.y, o);
+    r.z = __shfl_xor_sync(MT_FULL_MASK, v.z, o);
+    r.w = __shfl_xor_sync(MT_FULL_MASK, v.w, o);
+    return r;
 }
 
 /* The head of row `row` of the concatenated (q rows, k rows) view. */
@@ -67,30 +87,155 @@ static __device__ __forceinline__ qk_row qk_locate(int row, int N, int H, int K,
     return r;
 }
 
-static __global__ void qk_fwd_k(float *q, float *k, float *rstd_q, float *rstd_k, const float *q_raw,
-                                const float *k_raw, const float *wq, const float *wk, const float *cos_tab,
-                                const float *sin_tab, int N, int T, int pos0, int H, int K, int hd, float eps)
+/* Forward, scalar path: a group of G = 1 << lg lanes per head (rmsnorm.cu's
+ * layout and order for the sum), the pairs (i, i+half) lane-strided over the
+ * group. */
+static __global__ void __launch_bounds__(QK_THREADS)
+qk_fwd_k(float *q, float *k, float *rstd_q, float *rstd_k, const float *q_raw, const float *k_raw,
+         const float *wq, const float *wk, const float *cos_tab, const float *sin_tab, int N, int T, int pos0,
+         int H, int K, int hd, int lg, float eps)
 {
-    int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / MT_WARP, lane = threadIdx.x % MT_WARP;
-    if (row >= N * (H + K)) return;
-    qk_row l = qk_locate(row, N, H, K, hd);
-    const float *x = (l.is_k ? k_raw : q_raw) + l.off, *w = l.is_k ? wk : wq;
-    float *o = (l.is_k ? k : q) + l.off;
-    int half = hd / 2, p = pos0 + l.n % T;
-    const float *cs = cos_tab + (size_t)p * (size_t)half, *sn = sin_tab + (size_t)p * (size_t)half;
+    size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int G = 1 << lg, l = (int)(t & (size_t)(G - 1)), rows = N * (H + K);
+    if (((t & ~(size_t)(MT_WARP - 1)) >> lg) >= (size_t)rows) return;   /* the warp's first row: uniform */
+    int row = (int)(t >> lg);
+    bool live = row < rows;
+    qk_row rl = qk_locate(live ? row : 0, N, H, K, hd);
+    const float *x = (rl.is_k ? k_raw : q_raw) + rl.off, *w = rl.is_k ? wk : wq;
     float ss = 0.0f;
-    for (int c = lane; c < hd; c += MT_WARP) ss += x[c] * x[c];
-    ss = mt_warp_sum(ss);
+    if (live)
+        for (int c0 = 4 * l; c0 < hd; c0 += 4 * G)
+            for (int i = 0; i < 4 && c0 + i < hd; i++) ss = fmaf(x[c0 + i], x[c0 + i], ss);
+    ss = qk_group_sum(ss, G);
     float r = 1.0f / sqrtf(ss / (float)hd + eps);
-    if (lane == 0) (l.is_k ? rstd_k : rstd_q)[row - (l.is_k ? N * H : 0)] = r;
-    for (int i = lane; i < half; i += MT_WARP) {
+    if (!live) return;
+    if (l == 0) (rl.is_k ? rstd_k : rstd_q)[row - (rl.is_k ? N * H : 0)] = r;
+    float *o = (rl.is_k ? k : q) + rl.off;
+    int half = hd / 2, p = pos0 + rl.n % T;
+    const float *cs = cos_tab + (size_t)p * (size_t)half, *sn = sin_tab + (size_t)p * (size_t)half;
+    for (int i = l; i < half; i += G) {
         float a = x[i] * r * w[i], b = x[i + half] * r * w[i + half];
         o[i]        = rot_lo(a, b, cs[i], sn[i]);
         o[i + half] = rot_hi(a, b, cs[i], sn[i]);
     }
 }
 
-/* One warp per head: lane l owns the pairs (i, i+half), i = l + 32 j, so it
+/* Forward, vector path: hd = 4 G, one float4 per lane; lanes l < G/2 hold
+ * the first half (a), l ^ G/2 the matching second half (b). */
+static __global__ void __launch_bounds__(QK_THREADS)
+qk_fwd_vec_k(float *q, float *k, float *rstd_q, float *rstd_k, const float *q_raw, const float *k_raw,
+             const float *wq, const float *wk, const float *cos_tab, const float *sin_tab, int N, int T, int pos0,
+             int H, int K, int hd, int lg, float eps)
+{
+    size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int G = 1 << lg, l = (int)(t & (size_t)(G - 1)), rows = N * (H + K);
+    if (((t & ~(size_t)(MT_WARP - 1)) >> lg) >= (size_t)rows) return;
+    int row = (int)(t >> lg);
+    bool live = row < rows;
+    qk_row rl = qk_locate(live ? row : 0, N, H, K, hd);
+    float4 x = {0.0f, 0.0f, 0.0f, 0.0f}, y = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (live) x = mt_ld_f4((rl.is_k ? k_raw : q_raw) + rl.off + 4 * l);
+    float ss = qk_group_sum(qk_sq4(x, 0.0f), G);
+    float r = 1.0f / sqrtf(ss / (float)hd + eps);
+    if (live) {
+        float4 w = mt_ld_f4((rl.is_k ? wk : wq) + 4 * l);
+        y.x = x.x * r * w.x;
+        y.y = x.y * r * w.y;
+        y.z = x.z * r * w.z;
+        y.w = x.w * r * w.w;
+    }
+    float4 yp = qk_shfl4(y, G >> 1);   /* the partner half */
+    if (!live) return;
+    if (l == 0) (rl.is_k ? rstd_k : rstd_q)[row - (rl.is_k ? N * H : 0)] = r;
+    int half = hd / 2, p = pos0 + rl.n % T, lo = l < (G >> 1), i = 4 * (lo ? l : l - (G >> 1));
+    float4 cs = mt_ld_f4(cos_tab + (size_t)p * (size_t)half + i), sn = mt_ld_f4(sin_tab + (size_t)p * (size_t)half + i);
+    float4 o;
+    if (lo) {
+        o.x = rot_lo(y.x, yp.x, cs.x, sn.x);
+        o.y = rot_lo(y.y, yp.y, cs.y, sn.y);
+        o.z = rot_lo(y.z, yp.z, cs.z, sn.z);
+        o.w = rot_lo(y.w, yp.w, cs.w, sn.w);
+    } else {
+        o.x = rot_hi(yp.x, y.x, cs.x, sn.x);
+        o.y = rot_hi(yp.y, y.y, cs.y, sn.y);
+        o.z = rot_hi(yp.z, y.z, cs.z, sn.z);
+        o.w = rot_hi(yp.w, y.w, cs.w, sn.w);
+    }
+    mt_st_f4((rl.is_k ? k : q) + rl.off + 4 * l, o);
+}
+
+/* Backward, vector path (hd = 4 G). Group gi = chunk gi of the concatenated
+ * chunks (q's ncq chunks of R heads, then k's nck): its heads in order; per
+ * head g = R^T d via the partner lane's d, g stored in place (each lane
+ * stores only its own slot, after the exchange), dx = rstd (g w - xhat
+ * mean_c(g w xhat)) (=), dw terms g x rstd in registers, written to
+ * partial[gi] at the end (partial NULL: both gains frozen). */
+static __global__ void __launch_bounds__(QK_THREADS)
+qk_bwd_vec_k(float *dq_raw, float *dk_raw, float *dq, float *dk, float *partial, const float *q_raw,
+             const float *k_raw, const float *wq, const float *wk, const float *rstd_q, const float *rstd_k,
+             const float *cos_tab, const float *sin_tab, int N, int T, int H, int K, int hd, int lg, int R,
+             int ncq, int nck)
+{
+    size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int G = 1 << lg, l = (int)(t & (size_t)(G - 1)), nch = ncq + nck;
+    if (((t & ~(size_t)(MT_WARP - 1)) >> lg) >= (size_t)nch) return;
+    int gi = (int)(t >> lg);
+    bool cl = gi < nch;
+    int is_k = gi >= ncq, lc = is_k ? gi - ncq : gi, per = is_k ? K : H, nrow = N * per;
+    float *d = is_k ? dk : dq, *dx = is_k ? dk_raw : dq_raw;
+    const float *xs = is_k ? k_raw : q_raw, *rs = is_k ? rstd_k : rstd_q;
+    int half = hd / 2, lo = l < (G >> 1), ii = 4 * (lo ? l : l - (G >> 1));
+    float4 w = mt_ld_f4((is_k ? wk : wq) + 4 * l), acc = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int i = 0; i < R; i++) {
+        int hr = lc * R + i;
+        bool live = cl && hr < nrow;
+        size_t e = live ? (size_t)hr * (size_t)hd + (size_t)(4 * l) : 0;
+        float4 dv = {0.0f, 0.0f, 0.0f, 0.0f}, x = {0.0f, 0.0f, 0.0f, 0.0f}, cs = dv, sn = dv, g;
+        float r = 0.0f;
+        if (live) {
+            int p = (hr / per) % T;
+            dv = mt_ld_f4(d + e);
+            x = mt_ld_f4(xs + e);
+            r = rs[hr];
+            cs = mt_ld_f4(cos_tab + (size_t)p * (size_t)half + ii);
+            sn = mt_ld_f4(sin_tab + (size_t)p * (size_t)half + ii);
+        }
+        float4 dp = qk_shfl4(dv, G >> 1);   /* the partner half, read before anyone stores */
+        if (lo) {
+            g.x = rot_lo(dv.x, dp.x, cs.x, -sn.x);
+            g.y = rot_lo(dv.y, dp.y, cs.y, -sn.y);
+            g.z = rot_lo(dv.z, dp.z, cs.z, -sn.z);
+            g.w = rot_lo(dv.w, dp.w, cs.w, -sn.w);
+        } else {
+            g.x = rot_hi(dp.x, dv.x, cs.x, -sn.x);
+            g.y = rot_hi(dp.y, dv.y, cs.y, -sn.y);
+            g.z = rot_hi(dp.z, dv.z, cs.z, -sn.z);
+            g.w = rot_hi(dp.w, dv.w, cs.w, -sn.w);
+        }
+        float dot = 0.0f;
+        dot = fmaf(g.x * w.x, x.x, dot);
+        dot = fmaf(g.y * w.y, x.y, dot);
+        dot = fmaf(g.z * w.z, x.z, dot);
+        dot = fmaf(g.w * w.w, x.w, dot);
+        dot = qk_group_sum(dot, G);
+        if (!live) continue;
+        mt_st_f4(d + e, g);
+        float mean = dot * r / (float)hd;  /* mean_c(g*w*xhat) */
+        float4 v;
+        v.x = r * (g.x * w.x - x.x * r * mean);
+        v.y = r * (g.y * w.y - x.y * r * mean);
+        v.z = r * (g.z * w.z - x.z * r * mean);
+        v.w = r * (g.w * w.w - x.w * r * mean);
+        mt_st_f4(dx + e, v);
+        acc.x += g.x * x.x * r;
+        acc.y += g.y * x.y * r;
+        acc.z += g.z * x.z * r;
+        acc.w += g.w * x.w * r;
+    }
+    if (partial && cl) mt_st_f4(partial + (size_t)gi * (size_t)hd + (size_t)(4 * l), acc);
+}
+
+/* Backward, scalar path. One warp per head: lane l owns the pairs (i, i+half), i = l + 32 j, so it
  * reads both elements of a pair before writing g = R^T d back (in place, no
  * other lane touches them), sums its terms of mean_c(g w xhat) and later
  * reads back only its own g. */
@@ -142,36 +287,22 @@ static __global__ void qk_bwd_dw1_k(float *partial, const float *gq, const float
     partial[((size_t)(z ? nchunk_q : 0) + (size_t)chunk) * (size_t)hd + (size_t)c] = acc;
 }
 
-static __global__ void qk_bwd_dw2_k(float *dwq, float *dwk, const float *partial, int nchunk_q, int nchunk_k, int hd)
-{
-    int c = blockIdx.x * blockDim.x + threadIdx.x, z = blockIdx.y;
-    float *dw = z ? dwk : dwq;
-    if (c >= hd || !dw) return;   /* NULL: a frozen gain (LoRA), no gradient storage */
-    int k0 = z ? nchunk_q : 0, nk = z ? nchunk_k : nchunk_q;
-    float acc = 0.0f;
-    for (int k = 0; k < nk; k++) acc += partial[(size_t)(k0 + k) * (size_t)hd + (size_t)c];
-    dw[c] += acc;
-}
-
 extern "C" void mt_cuda_rmsnorm_resid_forward(void *be, float *out, float *rstd, float *resid, const float *inp,
                                               const float *weight, int N, int C, float eps)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
-    if (N <= 0 || C <= 0) return;
-    MT_LAUNCH(rms_resid_k, (N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK, ROWS_PER_BLOCK * MT_WARP, 0)
-        (out, (__nv_bfloat16 *)NULL, rstd, resid, inp, weight, N, C, eps);
-    MT_CUDA_KCHECK();
+    mt_cuda_rms_rows_forward(out, NULL, rstd, resid, inp, weight, N, C, eps);
 }
 
 extern "C" void mt_cuda_rmsnorm_resid_forward_bf16(void *be, float *out, mt_bf16 *out_bf16, float *rstd, float *resid,
                                                    const float *inp, const float *weight, int N, int C, float eps)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
-    if (N <= 0 || C <= 0) return;
-    MT_LAUNCH(rms_resid_k, (N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK, ROWS_PER_BLOCK * MT_WARP, 0)
-        (out, (__nv_bfloat16 *)out_bf16, rstd, resid, inp, weight, N, C, eps);
-    MT_CUDA_KCHECK();
+    mt_cuda_rms_rows_forward(out, (__nv_bfloat16 *)out_bf16, rstd, resid, inp, weight, N, C, eps);
 }
+
+/* the vector path's shape: hd a power of two, 8..128 (one float4 per lane) */
+static bool qk_vec_hd(int hd) { return hd >= 8 && hd <= 128 && (hd & (hd - 1)) == 0; }
 
 extern "C" void mt_cuda_qk_norm_rope_forward(void *be, float *q, float *k, float *rstd_q, float *rstd_k, const float *q_raw,
                                              const float *k_raw, const float *wq, const float *wk,
@@ -181,8 +312,17 @@ extern "C" void mt_cuda_qk_norm_rope_forward(void *be, float *q, float *k, float
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     int rows = N * (H + K);
     if (rows <= 0 || hd <= 0) return;
-    MT_LAUNCH(qk_fwd_k, (rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK, ROWS_PER_BLOCK * MT_WARP, 0)
-        (q, k, rstd_q, rstd_k, q_raw, k_raw, wq, wk, cos_tab, sin_tab, N, T, pos0, H, K, hd, eps);
+    int lg = mt_cuda_rms_lanes_log2(hd);
+    unsigned blocks = (unsigned)((((size_t)rows << lg) + QK_THREADS - 1) / QK_THREADS);
+    bool vec = qk_vec_hd(hd) && mt_cuda_aligned(q, 16) && mt_cuda_aligned(k, 16) && mt_cuda_aligned(q_raw, 16) &&
+               mt_cuda_aligned(k_raw, 16) && mt_cuda_aligned(wq, 16) && mt_cuda_aligned(wk, 16) &&
+               mt_cuda_aligned(cos_tab, 16) && mt_cuda_aligned(sin_tab, 16);
+    if (vec)
+        MT_LAUNCH(qk_fwd_vec_k, blocks, QK_THREADS, 0)
+            (q, k, rstd_q, rstd_k, q_raw, k_raw, wq, wk, cos_tab, sin_tab, N, T, pos0, H, K, hd, lg, eps);
+    else
+        MT_LAUNCH(qk_fwd_k, blocks, QK_THREADS, 0)
+            (q, k, rstd_q, rstd_k, q_raw, k_raw, wq, wk, cos_tab, sin_tab, N, T, pos0, H, K, hd, lg, eps);
     MT_CUDA_KCHECK();
 }
 
@@ -203,6 +343,35 @@ extern "C" void mt_cuda_qk_norm_rope_backward(void *be, float *dq_raw, float *dk
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     int rows = N * (H + K);
     if (rows <= 0 || hd <= 0) return;
+    bool vec = qk_vec_hd(hd) && mt_cuda_aligned(dq_raw, 16) && mt_cuda_aligned(dk_raw, 16) &&
+               mt_cuda_aligned(dq, 16) && mt_cuda_aligned(dk, 16) && mt_cuda_aligned(q_raw, 16) &&
+               mt_cuda_aligned(k_raw, 16) && mt_cuda_aligned(wq, 16) && mt_cuda_aligned(wk, 16) &&
+               mt_cuda_aligned(cos_tab, 16) && mt_cuda_aligned(sin_tab, 16);
+    if (vec) {
+        /* heads per chunk: 64, halved (down to 8) while fewer than 1024 warps would run */
+        int lg = mt_cuda_rms_lanes_log2(hd), R = 64, ncq, nck;
+        for (;;) {
+            ncq = (N * H + R - 1) / R;
+            nck = (N * K + R - 1) / R;
+            if (R <= 8 || ((size_t)(ncq + nck) << lg) >= (size_t)1024 * MT_WARP) break;
+            R >>= 1;
+        }
+        float *partial = NULL;
+        if (dwq || dwk) {
+            partial = (float *)mt_cuda_workspace((size_t)(ncq + nck) * (size_t)hd * sizeof(float));
+            if (!partial) return;
+            if (!mt_cuda_aligned(partial, 16)) vec = false;
+        }
+        if (vec) {
+            unsigned blocks = (unsigned)((((size_t)(ncq + nck) << lg) + QK_THREADS - 1) / QK_THREADS);
+            MT_LAUNCH(qk_bwd_vec_k, blocks, QK_THREADS, 0)
+                (dq_raw, dk_raw, dq, dk, partial, q_raw, k_raw, wq, wk, rstd_q, rstd_k, cos_tab, sin_tab, N, T, H,
+                 K, hd, lg, R, ncq, nck);
+            MT_CUDA_KCHECK();
+            if (partial) mt_cuda_rms_dw_reduce(dwq, dwk, partial, ncq, nck, hd);
+            return;
+        }
+    }
     int rq = dw_rows(N * H), rk = dw_rows(N * K);
     int ncq = (N * H + rq - 1) / rq, nck = (N * K + rk - 1) / rk;
     float *partial = (float *)mt_cuda_workspace((size_t)(ncq + nck) * (size_t)hd * sizeof(float));
@@ -215,7 +384,5 @@ extern "C" void mt_cuda_qk_norm_rope_backward(void *be, float *dq_raw, float *dk
     MT_LAUNCH(qk_bwd_dw1_k, g1, DW_THREADS, 0)
         (partial, dq, dk, q_raw, k_raw, rstd_q, rstd_k, N, H, K, hd, rq, rk, ncq);
     MT_CUDA_KCHECK();
-    dim3 g2((unsigned)((hd + DW_THREADS - 1) / DW_THREADS), 2u);
-    MT_LAUNCH(qk_bwd_dw2_k, g2, DW_THREADS, 0)(dwq, dwk, partial, ncq, nck, hd);
-    MT_CUDA_KCHECK();
+    mt_cuda_rms_dw_reduce(dwq, dwk, partial, ncq, nck, hd);
 }
