@@ -51,7 +51,8 @@
 #           (float32, no TF32, eager attention): its logits vs `meshtrain
 #           logits --backend cuda` and `--backend cpu` (bench/hf_logits_gpu.py:
 #           HF <= 1e-4, cuda vs cpu <= 1e-5 relative to the largest logit)
-#   calib   last (in `rest`, like hf):
+#   calib   (in `rest`; before speed when a call runs both, so the speed runs'
+#           plan predictions use this card's profile):
 #           bench/cuda_calib.c (GEMM fp32/bf16, attention, one-rank all-reduce or
 #           device copy) and bench/profiles/gpu_profile.py -> $RES/h100-measured.json (h200-),
 #           the planner's profile calibrated on this GPU (docs/cuda.md)
@@ -757,11 +758,13 @@ stage env 15 0
 stage ops 50 1
 stage san 140 1
 stage equiv 60 emu
+# calib before speed: a call that runs both has this card's profile for the speed
+# runs' `plan --profile` predictions (the H100 run of 2026-11-26 had none)
+stage calib 120 1
 stage speed 280 1
 stage llmc 60 1
 stage torch 380 1
 stage hf 90 emu
-stage calib 120 1
 [ -n "$LLMC_BUILD_PID" ] && kill "$LLMC_BUILD_PID" 2>/dev/null
 STAGES="$STAGES summary" stage summary 30 0
 rm -rf "$WORK"

@@ -45,7 +45,7 @@
 #define TOL_FD    1e-6  /* fp64 reference backward vs central differences       */
 #define FD_EPS    1e-6
 #define FD_PROBES 64    /* elements probed per tensor by finite differences    */
-#define MAX_BUFS  512
+#define MAX_BUFS  1024
 
 struct harness {
     const struct mt_ops_i *ops;  /* NULL on the reference (finite-difference) pass */
@@ -601,6 +601,12 @@ static int run_rmsnorm(struct harness *h)
     rms_case(h, 5, 13, 1e-6f);
     rms_case(h, 12, 6, 1e-5f);   /* QK-norm shape: rows N*H, C = hd */
     rms_case(h, 64, 256, 1e-6f);
+    /* the wide rows of the cuda kernels' register paths (rmsnorm.cu: NV float4
+     * a lane, NV = C / 128): GPT-2's 768 (NV 6), 2048 (NV 16, the largest), and
+     * past it (the scalar kernel) */
+    rms_case(h, 9, 768, 1e-6f);
+    rms_case(h, 5, 2048, 1e-5f);
+    rms_case(h, 3, 2052, 1e-5f);
     return n_fail == f0;
 }
 
@@ -2063,6 +2069,8 @@ static int run_fused(struct harness *h)
     int f0 = n_fail;
     rms_resid_case(h, 5, 13, 1e-6f);
     rms_resid_case(h, 64, 256, 1e-5f);
+    rms_resid_case(h, 9, 768, 1e-5f);   /* the register paths of wide rows (run_rmsnorm) */
+    rms_resid_case(h, 3, 2048, 1e-5f);
     bf16_twin_case(h, 5, 13);
     bf16_twin_case(h, 37, 200);
     widen_case(h);
@@ -2070,6 +2078,7 @@ static int run_fused(struct harness *h)
     qkr_case(h, 2, 5, 3, 3, 1, 8);      /* forward at an offset (decoding) */
     qkr_case(h, 1, 7, 0, 2, 2, 40);     /* a 16-column dw block straddles the two halves */
     qkr_case(h, 2, 32, 0, 4, 2, 64);    /* the bench's head shape */
+    qkr_case(h, 2, 16, 0, 4, 2, 128);   /* the widest vector path (a full warp a head) */
     return n_fail == f0;
 }
 
