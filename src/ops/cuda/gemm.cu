@@ -38,7 +38,7 @@
  *   would cost for weights, and activations would need it anyway.
  *   Scratch pointers are 256-byte aligned and the padded leading dimensions
  *   multiples of 8 elements (16 bytes), what the tensor-core kernels want;
- *   C keeps the caller's pointer and ldc, and its actual alignment is told
+ *   C keeps the caller's pointer and ldc, and its alignment (up to 16 bytes) is told
  *   to the heuristic (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C/D_BYTES).
  *   A tile the heuristic has no algorithm for runs through cublasSgemm on
  *   the fp32 operands instead: a named fallback, counted in
@@ -119,11 +119,17 @@ static unsigned vec8_blocks(size_t n8, size_t n)
 static inline int pad8(int x) { return (x + 7) & ~7; }
 static inline size_t up256(size_t b) { return (b + 255) & ~(size_t)255; }
 
-/* largest power of two (<= 256) dividing the address */
+/* largest power of two (<= 16) dividing the address: what the heuristic is
+ * told an operand guarantees. Capped at 16 bytes (a tensor-core kernel's
+ * vector / TMA access needs no more) because the alignments are part of the
+ * plan cache's key: with the exact alignment (up to 256) the same shape on
+ * buffers carved at different 64-byte offsets made up to 27 keys, and the
+ * direct path (every bf16 twin and shadow) could cycle the 64-entry cache,
+ * re-running the heuristic inside the step */
 static inline int align_of(const void *p)
 {
     uintptr_t a = (uintptr_t)p;
-    int al = 256;
+    int al = 16;
     while (al > 1 && (a & (uintptr_t)(al - 1))) al >>= 1;
     return al;
 }
