@@ -11,7 +11,7 @@
 #   bash bench/gpu.sh quick       # ON THE DEVICE, one `run` call with carry ["gpu_carry"],
 #                                 # timeout_s 600: env ops equiv speed llmc torch (+ summary),
 #                                 # GPU_SH_BUDGET 540 s: fits one 10-minute call with the start
-#   bash bench/gpu.sh rest        # a second call: san hf calib (+ summary), budget 300 s
+#   bash bench/gpu.sh rest        # a second call: san calib hf (+ summary), budget 300 s
 #   bash bench/gpu.sh [STAGE...]  # any stages (default: every stage, in order, budget 570 s)
 #
 # Stages (each independent and time-boxed: a failing or hanging stage is
@@ -443,9 +443,17 @@ if os.path.exists(pp):
     try:
         c = json.load(open(pp))["cost"]
         out["plan"] = {k: c[k] for k in ("profile", "peak_basis", "efficiency", "step_s", "tokens_per_s", "mfu")}
-        print("RESULT %s plan (profile %s, %s): %.3f s/step, %.0f tok/s; measured/plan %s" % (
+        # two predictions: the GEMM ceiling (cost.step_s: every FLOP at the measured GEMM rate) and
+        # the sum over op kinds (cost.by_kind: attention and the scan at their measured kernel
+        # rates, the memory-bound ops at the measured bandwidth) when the profile has those rates
+        bk = c.get("by_kind") or {}
+        out["plan"]["by_kind_step_s"] = bk.get("step_s")
+        out["plan"]["by_kind_seconds"] = bk.get("seconds")
+        ratio = lambda p: "%.1fx" % (out["s_per_step"] / p) if out.get("s_per_step") and p else "-"
+        print("RESULT %s plan (profile %s, %s): %.3f s/step, %.0f tok/s at the GEMM ceiling; %s s/step by op kind; "
+              "measured/plan %s the time (by op kind %s)" % (
             name, c["profile"], c["peak_basis"], c["step_s"], c["tokens_per_s"],
-            "%.1fx the time" % (out["s_per_step"] / c["step_s"]) if out.get("s_per_step") and c["step_s"] else "-"))
+            "%.3f" % bk["step_s"] if bk.get("step_s") else "-", ratio(c["step_s"]), ratio(bk.get("step_s"))))
     except (ValueError, KeyError):
         pass
 json.dump(out, open(os.path.join(res, "speed", name + ".json"), "w"), indent=1)
@@ -723,14 +731,15 @@ with open(os.path.join(res, "summary.md"), "w") as f:
     f.write("## Stages\n\n")
     for s in S["stages"]: f.write("- %s\n" % s)
     f.write("\n## Speed (meshtrain precision=bf16, torch bf16 autocast)\n\n"
-            "| config | batch | meshtrain tok/s | MFU | s/step | from | plan s/step | torch eager | torch compiled "
+            "| config | batch | meshtrain tok/s | MFU | s/step | from | plan s/step (GEMM ceiling / by op kind) | torch eager | torch compiled "
             "| llm.c | vs eager | vs compiled | vs llm.c |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     for n, v in sp.items():
         fm = lambda k, f="%.2f": f % v[k] if v.get(k) is not None else "-"
         fr = {"receipt": "receipt", "progress": "progress (%s steps, box ran out)" % v.get("steps_done"),
               "none": "no step in the box"}.get(v.get("source"), "?")
         llmc = "%.0f" % S["llmc_tokens_per_s"] if n == "c_gpt2" and "llmc_tokens_per_s" in S else "-"
-        pl = "%.3f (%s)" % (v["plan"]["step_s"], v["plan"]["profile"]) if v.get("plan") else "-"
+        pl = "%.3f / %s (%s)" % (v["plan"]["step_s"], "%.3f" % v["plan"]["by_kind_step_s"]
+                                 if v["plan"].get("by_kind_step_s") else "-", v["plan"]["profile"]) if v.get("plan") else "-"
         f.write("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n" % (
             n, v.get("batch"), fm("tokens_per_s", "%.0f"), fm("mfu", "%.3f"), fm("s_per_step", "%.3f"), fr, pl,
             fm("torch_eager_tokens_per_s", "%.0f"), fm("torch_compiled_tokens_per_s", "%.0f"), llmc,
