@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # test_plan_kinds.sh BUILD_DIR — the planner's step by op kind (issue 27
 # item 5, docs/plan.md section 5 "By op kind"): with a measured GPU profile
-# (bench/profiles/h200-measured.json) `plan --json` has cost.by_kind whose
+# (tests/data/h200-measured-2026-11-26am.json: the profile of the first H200
+# run, fp32 attention rate, no bf16 attention or scan rate; a fixture, so the
+# numbers below do not move when bench/profiles/ is recalibrated) `plan --json` has cost.by_kind whose
 # seconds (gemm, attention_fwd, attention_bwd, norm, elementwise, xent,
 # optimizer, scan, comm, bubble) sum to its step_s, the attention rows at the
 # profile's measured attention rate, and the text output prints one line per
@@ -14,7 +16,7 @@ set -u
 BUILD=${1:?build dir}
 . "$(dirname "$0")/cli_lib.sh"
 CFG="$HERE/../bench/configs/gpu_d2048_dense.json"
-PROF="$HERE/../bench/profiles/h200-measured.json"
+PROF="$HERE/data/h200-measured-2026-11-26am.json"
 plan() { "$MT" plan --config "$CFG" --set precision=bf16 --profile "$PROF" "$@"; }
 
 # check FILE EXPECT...: python asserts on the plan JSON in FILE
