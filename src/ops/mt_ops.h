@@ -59,6 +59,10 @@ struct mt_ops_device_info {
                                   (weights' shadows: no conversion at all)        */
     long   gemm_bf16_cast_elems; /* fp32 operand elements rounded to bf16 inside
                                   gemm / gemm_bf16 (the per-call conversions left) */
+    long   gemm_plan_heuristics; /* cuBLASLt heuristic queries (a plan built for a
+                                  new shape; host time, ~0.1 ms each)             */
+    long   gemm_plan_algo_reuses; /* new shapes that took the algorithm of a cached
+                                  shape of the same class (checked, no heuristic) */
     long   gemm_grouped_calls; /* grouped GEMM entries called                      */
     long   gemm_grouped_loops; /* ... of those, run as a loop of gemm calls        */
     char   gemm_grouped_fallback[128]; /* why the last loop ran ("" = never)     */

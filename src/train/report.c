@@ -599,6 +599,10 @@ static char *gpu_json(const struct run_state *rs, const struct mt_receipt *r)
      * fp32 operand elements still rounded inside GEMM calls (activations) */
     cJSON_AddNumberToObject(g, "gemm_bf16_direct", (double)in.gemm_bf16_direct);
     cJSON_AddNumberToObject(g, "gemm_bf16_cast_elems", (double)in.gemm_bf16_cast_elems);
+    /* plans built with a heuristic query vs reused from a shape of the same class
+     * (MoE expert GEMMs change shape every step) */
+    cJSON_AddNumberToObject(g, "gemm_plan_heuristics", (double)in.gemm_plan_heuristics);
+    cJSON_AddNumberToObject(g, "gemm_plan_algo_reuses", (double)in.gemm_plan_algo_reuses);
     cJSON_AddNumberToObject(g, "gemm_grouped_calls", (double)in.gemm_grouped_calls);
     cJSON_AddNumberToObject(g, "gemm_grouped_loops", (double)in.gemm_grouped_loops);
     /* precision=bf16: attention calls on tensor cores / on the fp32 kernels */

@@ -805,6 +805,51 @@ static void test_bf16_operands(void)
             for (int p = 0; p < 3; p++) free(r[p]);
             free(A); free(B); free(C0); free(Ah); free(Bh);
         }
+    /* algorithm reuse (gemm.cu): expert-like GEMMs whose row count changes
+     * (M of a forward, K of a weight gradient) within one power-of-two class
+     * query the heuristic once per class and reuse its algorithm after a
+     * check; the products stay within the bound of the cpu's */
+    struct { int tA, tB, N, vary_k; } rc[] = {{0, 1, 48, 0}, {1, 0, 40, 1}};
+    const int sizes[3] = {100, 90, 120};   /* one class: 128 */
+    for (size_t c = 0; c < sizeof rc / sizeof rc[0]; c++) {
+        mt_ops_cuda_get_info(&i0);
+        double worst = 0.0;
+        for (int v = 0; v < 3; v++) {
+            int M = rc[c].vary_k ? 24 : sizes[v], N = rc[c].N, K = rc[c].vary_k ? sizes[v] : 56;
+            int ar = rc[c].tA ? K : M, ac = rc[c].tA ? M : K, br = rc[c].tB ? N : K, bc = rc[c].tB ? K : N;
+            size_t na = (size_t)ar * ac, nb = (size_t)br * bc, nc = (size_t)M * N;
+            float *A = rnd(na, -1, 1), *B = rnd(nb, -1, 1), *r[2];
+            for (int p = 0; p < 2; p++) {
+                struct be *b = BE(p);
+                float *dA = upf(b, A, na), *dB = upf(b, B, nb), *dC = dalloc(b, nc * sizeof(float));
+                b->ops->gemm_bf16(b->ops->be, rc[c].tA, rc[c].tB, M, N, K, 1.0f, dA, MT_ELEM_F32, ac, dB, MT_ELEM_F32, bc,
+                                  0.0f, dC, N);
+                r[p] = downf(b, dC, nc);
+                release(b);
+            }
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < N; j++) {
+                    double T = 0.0;
+                    for (int k = 0; k < K; k++) T += fabs(opel(A, rc[c].tA, ac, i, k) * opel(B, rc[c].tB, bc, k, j));
+                    double d = fabs((double)r[1][(size_t)i * N + j] - (double)r[0][(size_t)i * N + j]);
+                    double bound = 2.0 * K * 0x1.0p-24 * T * 1.01 + 1e-30;
+                    if (!(d == d)) d = INFINITY;
+                    if (d / bound > worst) worst = d / bound;
+                }
+            free(r[0]); free(r[1]); free(A); free(B);
+        }
+        mt_ops_cuda_get_info(&i1);
+        char w[160];
+        snprintf(w, sizeof w, "%s varies 100, 90, 120 (tA=%d tB=%d): cuda vs cpu (err/acc. bound)",
+                 rc[c].vary_k ? "K" : "M", rc[c].tA, rc[c].tB);
+        report("bf16_operands", w, worst, 1.0);
+        snprintf(w, sizeof w, "%s varies in one class: 1 heuristic query, 2 checked reuses (off by)",
+                 rc[c].vary_k ? "K" : "M");
+        report("bf16_operands", w,
+               (double)labs(i1.gemm_plan_heuristics - i0.gemm_plan_heuristics - 1) +
+                   (double)labs(i1.gemm_plan_algo_reuses - i0.gemm_plan_algo_reuses - 2),
+               0);
+    }
 }
 
 /* ---- instances (docs/cuda.md, "The backend handle"): the default table in

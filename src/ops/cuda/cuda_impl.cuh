@@ -94,6 +94,17 @@ struct mt_cuda_lt_plan {
     size_t                  ws;         /* workspace the algorithm needs                  */
 };
 
+/* The algorithm of a shape class (gemm.cu, "Algorithm reuse"): transposes,
+ * N exact, M and K rounded up to a power of two, the operand alignments.
+ * A new shape of a known class takes the class's algorithm after
+ * cublasLtMatmulAlgoCheck instead of a heuristic query. */
+#define MT_CUDA_LT_ALGOS 64
+struct mt_cuda_lt_algo_slot {
+    int                  used;
+    int                  ta, tb, mb, n, kb, align_a, align_b, align_c;
+    cublasLtMatmulAlgo_t algo;
+};
+
 /* CUDA graphs (graph.cu, docs/cuda.md "CUDA graphs"): the step's segments
  * between host waits, by position in the step. */
 #define MT_CUDA_GRAPH_SEGS 256
@@ -135,6 +146,8 @@ struct mt_cuda_backend {
     size_t         attn_ds_cap;    /* bf16 attention: dS tiles kept up to this   */
     struct mt_cuda_lt_plan plans[MT_CUDA_LT_PLANS];
     int            plan_next;      /* round-robin eviction cursor                */
+    struct mt_cuda_lt_algo_slot algos[MT_CUDA_LT_ALGOS];
+    int            algo_next;      /* round-robin eviction cursor of algos[]     */
     /* sticky error: first failure wins; see the file comment */
     enum mt_status err;
     long           n_errors;

@@ -159,6 +159,67 @@ extern "C" void mt_cuda_lt_plans_release(void)
 {
     for (int i = 0; i < MT_CUDA_LT_PLANS; i++) plan_release(&mt_cuda_be->plans[i]);
     mt_cuda_be->plan_next = 0;
+    memset(mt_cuda_be->algos, 0, sizeof mt_cuda_be->algos);
+    mt_cuda_be->algo_next = 0;
+}
+
+/* ---- Algorithm reuse ----
+ * A heuristic query costs the host ~0.1 ms. Dense models meet a few dozen
+ * shapes and query each once (the plan cache), but the routed experts'
+ * GEMMs change shape every step (an expert's row count is M of its forward
+ * and dx GEMMs, K of its weight gradient): the moe8 run of 2026-11-26 built
+ * ~640 plans a step and its GEMMs took 4x the calibrated time. So a plan for
+ * a new shape first asks the algorithm cache for its class (transposes, N,
+ * M and K rounded up to a power of two, alignments: the varying dims of one
+ * expert GEMM across steps stay in one or two classes), and takes that
+ * algorithm when cublasLtMatmulAlgoCheck accepts it for the new layouts and
+ * its workspace fits; else (or on the class's first shape) the heuristic
+ * runs and its answer becomes the class's. Counted: gemm_plan_heuristics,
+ * gemm_plan_algo_reuses. The numbers do not depend on the algorithm (K is
+ * never split: every algorithm of a plan sums each dot product in one
+ * matmul with fp32 accumulation, as the heuristic's own choice does). */
+static int pow2_ceil(int x)
+{
+    int p = 1;
+    while (p < x && p < (1 << 30)) p <<= 1;
+    return p;
+}
+
+static struct mt_cuda_lt_algo_slot *algo_class(const struct mt_cuda_lt_plan *p, int create)
+{
+    const int mb = pow2_ceil(p->m), kb = pow2_ceil(p->k);
+    for (int i = 0; i < MT_CUDA_LT_ALGOS; i++) {
+        struct mt_cuda_lt_algo_slot *a = &mt_cuda_be->algos[i];
+        if (a->used && a->ta == p->ta && a->tb == p->tb && a->mb == mb && a->n == p->n && a->kb == kb &&
+            a->align_a == p->align_a && a->align_b == p->align_b && a->align_c == p->align_c)
+            return a;
+    }
+    if (!create) return NULL;
+    struct mt_cuda_lt_algo_slot *a = &mt_cuda_be->algos[mt_cuda_be->algo_next];
+    mt_cuda_be->algo_next = (mt_cuda_be->algo_next + 1) % MT_CUDA_LT_ALGOS;
+    memset(a, 0, sizeof *a);
+    a->used = 1;
+    a->ta = p->ta; a->tb = p->tb; a->mb = mb; a->n = p->n; a->kb = kb;
+    a->align_a = p->align_a; a->align_b = p->align_b; a->align_c = p->align_c;
+    return a;
+}
+
+/* the class's algorithm for plan p, when cuBLASLt accepts it for p's layouts */
+static int algo_reuse(struct mt_cuda_lt_plan *p)
+{
+    const struct mt_cuda_lt_algo_slot *a = algo_class(p, 0);
+    if (!a) return 0;
+    cublasLtMatmulHeuristicResult_t res;
+    memset(&res, 0, sizeof res);
+    if (cublasLtMatmulAlgoCheck(mt_cuda_be->lt, p->desc, p->la, p->lb, p->lc, p->lc, &a->algo, &res) !=
+            CUBLAS_STATUS_SUCCESS ||
+        res.state != CUBLAS_STATUS_SUCCESS || res.workspaceSize > MT_CUDA_LT_WS_BYTES)
+        return 0;   /* not valid for this shape: the heuristic decides */
+    p->algo = a->algo;
+    p->ws = res.workspaceSize;
+    p->ok = 1;
+    mt_cuda_be->info.gemm_plan_algo_reuses++;
+    return 1;
 }
 
 /* Descriptors and algorithm for one bf16 tile, in the column-major view:
@@ -179,6 +240,8 @@ static int plan_build(struct mt_cuda_lt_plan *p)
         !MT_CUBLASLT_OK(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, b_rows, b_cols, p->lda)) ||
         !MT_CUBLASLT_OK(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, (uint64_t)p->n, (uint64_t)p->m, p->ldc)))
         return 0;
+    if (algo_reuse(p)) return 1;
+    mt_cuda_be->info.gemm_plan_heuristics++;
     cublasLtMatmulPreference_t pref = NULL;
     const uint64_t max_ws = MT_CUDA_LT_WS_BYTES;
     /* Lt's A is our B, Lt's B our A (the mapping above) */
@@ -206,6 +269,7 @@ static int plan_build(struct mt_cuda_lt_plan *p)
             p->algo = res.algo;
             p->ws = res.workspaceSize;
             p->ok = 1;
+            algo_class(p, 1)->algo = res.algo;   /* the class's algorithm from now on */
         } else if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) {
             ok = MT_CUBLASLT_OK(st);
         }

@@ -64,6 +64,11 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
                                               cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
                                               cublasLtMatrixLayout_t dd, cublasLtMatmulPreference_t p, int requested,
                                               cublasLtMatmulHeuristicResult_t results[], int *returned);
+/* the emulator's check: the shape is one it multiplies and the algorithm one
+ * its heuristic returned (magic); result: that algorithm's workspace */
+cublasStatus_t cublasLtMatmulAlgoCheck(cublasLtHandle_t h, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a,
+                                       cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t dd,
+                                       const cublasLtMatmulAlgo_t *algo, cublasLtMatmulHeuristicResult_t *result);
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha, const void *A,
                               cublasLtMatrixLayout_t a, const void *B, cublasLtMatrixLayout_t b, const void *beta,
                               const void *C, cublasLtMatrixLayout_t c, void *D, cublasLtMatrixLayout_t dd,

@@ -975,6 +975,24 @@ static cublasStatus_t lt_shape(const mt_emu_lt_desc *d, const mt_emu_lt_layout *
     return CUBLAS_STATUS_SUCCESS;
 }
 
+cublasStatus_t cublasLtMatmulAlgoCheck(cublasLtHandle_t h, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a,
+                                       cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t dd,
+                                       const cublasLtMatmulAlgo_t *algo, cublasLtMatmulHeuristicResult_t *result)
+{
+    if (!h || !algo || !result) return CUBLAS_STATUS_INVALID_VALUE;
+    uint64_t m, n, k;
+    cublasStatus_t st = lt_shape(d, a, b, c, dd, &m, &n, &k);
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+    const char *none = getenv("MT_EMU_LT_NO_ALGO");
+    if ((none && none[0] == '1') || algo->data[ALGO_MAGIC] != LT_ALGO_MAGIC) return CUBLAS_STATUS_NOT_SUPPORTED;
+    memset(result, 0, sizeof *result);
+    result->algo = *algo;
+    result->workspaceSize = algo->data[ALGO_WS];
+    result->state = CUBLAS_STATUS_SUCCESS;
+    result->wavesCount = 1.0f;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a,
                                               cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
                                               cublasLtMatrixLayout_t dd, cublasLtMatmulPreference_t p, int requested,
