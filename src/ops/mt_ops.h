@@ -650,6 +650,15 @@ void        mt_ops_profile_add(enum mt_op_kind kind, double seconds);
 /* seconds[k] and calls[k] (either may be NULL) summed since the last reset */
 void        mt_ops_profile_get(double seconds[MT_OPK_COUNT], long calls[MT_OPK_COUNT]);
 const char *mt_ops_profile_kind_name(enum mt_op_kind kind);
+/* The same time by table entry (the function that ran: "p_gemm" on cpu,
+ * "mt_cuda_attention_backward_bf16" on cuda), up to MT_OPS_PROFILE_ENTRIES
+ * names (later ones counted in the last slot, "(more)"): which kernel of a
+ * kind the time went to. name must be a string that lives as long as the
+ * process (a literal). */
+#define MT_OPS_PROFILE_ENTRIES 96
+void        mt_ops_profile_add_entry(const char *name, double seconds);
+/* the entries since the last reset, in first-seen order; returns their count */
+int         mt_ops_profile_entries(const char **names, double *seconds, long *calls, int cap);
 
 /* ---- the startup sgemm roof (cpu backend) ----
  * Median FLOP/s of `reps` timed runs per size of square sgemms through `ops`

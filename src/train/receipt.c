@@ -127,6 +127,32 @@ static void receipt_run(cJSON *root, const struct mt_receipt *r)
                             "run, and the step loop alone); plan_total_bytes: the buckets + the runtime bucket");
 }
 
+/* timing.op_profile_by_entry: the kinds' time by the table entry that ran,
+ * largest first ({"name": entry, "s_per_step", "calls_per_step"}; the
+ * backends' prefixes mt_cuda_ / p_ dropped): which kernel a kind's time is */
+static void receipt_op_entries(cJSON *t, const struct mt_receipt *r)
+{
+    int order[96], n = r->n_op_entries < 96 ? r->n_op_entries : 96;
+    for (int i = 0; i < n; i++) order[i] = i;
+    for (int i = 1; i < n; i++)   /* insertion sort by seconds, descending (n <= 96) */
+        for (int j = i; j > 0 && r->op_entry_s[order[j]] > r->op_entry_s[order[j - 1]]; j--) {
+            int tmp = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = tmp;
+        }
+    cJSON *arr = cJSON_AddArrayToObject(t, "op_profile_by_entry");
+    for (int i = 0; i < n; i++) {
+        const char *name = r->op_entry_names[order[i]];
+        if (!strncmp(name, "mt_cuda_", 8)) name += 8;
+        else if (!strncmp(name, "p_", 2)) name += 2;
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddStringToObject(e, "name", name);
+        cJSON_AddNumberToObject(e, "s_per_step", r->op_entry_s[order[i]]);
+        cJSON_AddNumberToObject(e, "calls_per_step", r->op_entry_calls[order[i]]);
+        cJSON_AddItemToArray(arr, e);
+    }
+}
+
 /* "timing": step time split, FLOPs, MFU and its roof, the op profile */
 static void receipt_timing(cJSON *root, const struct mt_receipt *r)
 {
@@ -175,6 +201,7 @@ static void receipt_timing(cJSON *root, const struct mt_receipt *r)
         cJSON_AddNumberToObject(op, "other", step - sum);
         cJSON_AddNumberToObject(op, "step", step);
         if (r->op_profile_source) cJSON_AddStringToObject(t, "op_profile_source", r->op_profile_source);
+        receipt_op_entries(t, r);
     }
     if (r->timing_emulated) cJSON_AddBoolToObject(t, "timing_emulated", 1);
     cJSON_AddItemToObject(t, "step_times_s", num_array(r->step_times, r->n_steps));

@@ -723,6 +723,14 @@ static void fill_receipt(struct mt_receipt *r, const struct run_state *rs, const
         r->op_kind_names[k] = mt_ops_profile_kind_name((enum mt_op_kind)k);
         r->op_step_s[k] /= n_steady;
     }
+    if (r->n_op_kinds > 0) {
+        long calls[96];
+        r->n_op_entries = mt_ops_profile_entries(r->op_entry_names, r->op_entry_s, calls, 96);
+        for (int e = 0; e < r->n_op_entries; e++) {
+            r->op_entry_s[e] /= n_steady;
+            r->op_entry_calls[e] = (double)calls[e] / n_steady;
+        }
+    }
     double step_sum = 0;
     for (int i = 0; i < steps_run; i++) step_sum += rs->times[i];
     r->comm_s = ri->comm_total;

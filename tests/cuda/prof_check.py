@@ -39,7 +39,9 @@ counters").
           kind (attention_bwd too) summing to the step and |other| <= 5% of
           it (under the emulator the kernels dwarf the host work between
           them: a larger remainder is an op outside the wrappers);
-          timing_emulated true (emulated times mean nothing for a GPU).
+          timing_emulated true (emulated times mean nothing for a GPU);
+          timing.op_profile_by_entry: the entries (largest first, no
+          mt_cuda_ prefix, a gemm among them) summing to the kinds.
 
   prof_check.py floor LAUNCH_LOG --floor N --allow FILE
       Every kernel launched inside a step (between the "step K begin/end"
@@ -141,6 +143,18 @@ def counters(argv):
         if not (p["gemm"] > 0 and p["attention"] > 0 and p["attention_bwd"] > 0 and p["optimizer"] > 0):
             err.append("profile: a kind that ran has no time: %s" % p)
         print("   op profile (emulated, s/step): %s" % ", ".join("%s %.3g" % (k, p[k]) for k in KINDS + ["other", "step"]))
+        # the same time by table entry: names without the backend prefix, the
+        # entries summing to the kinds (communication is the trainer's, no entry)
+        ent = t.get("op_profile_by_entry") or []
+        es = sum(e["s_per_step"] for e in ent)
+        ks = sum(p[k] for k in KINDS if k != "communication")
+        names = [e["name"] for e in ent]
+        if not ent or abs(es - ks) > 1e-6 * max(1.0, ks) or any(n.startswith("mt_cuda_") for n in names) or \
+                "gemm_bf16" not in names and "gemm" not in names or \
+                any(ent[i]["s_per_step"] < ent[i + 1]["s_per_step"] for i in range(len(ent) - 1)):
+            err.append("op_profile_by_entry: %d entries summing to %g vs the kinds' %g (names %s)" % (len(ent), es, ks, names))
+        else:
+            print("   by entry (largest 5): %s" % ", ".join("%s %.3g" % (e["name"], e["s_per_step"]) for e in ent[:5]))
     for e in err:
         print("FAIL:", e)
     return 1 if err else 0

@@ -47,22 +47,28 @@ static void cpu_sync(void *be)
 static int    prof_on;
 static double prof_sec[MT_OPK_COUNT];
 static long   prof_calls[MT_OPK_COUNT];
+static struct { const char *name; double sec; long calls; } prof_ent[MT_OPS_PROFILE_ENTRIES];
+static int    prof_n_ent;
 
 #define PROF(kind, call)                              \
     do {                                              \
         if (!prof_on) { call; return; }               \
         double t0_ = mt_time_sec();                   \
         call;                                         \
-        prof_sec[kind] += mt_time_sec() - t0_;        \
+        double dt_ = mt_time_sec() - t0_;             \
+        prof_sec[kind] += dt_;                        \
         prof_calls[kind]++;                           \
+        mt_ops_profile_add_entry(__func__, dt_);      \
     } while (0)
 #define PROF_RET(kind, type, call)                    \
     do {                                              \
         if (!prof_on) return call;                    \
         double t0_ = mt_time_sec();                   \
         type r_ = call;                               \
-        prof_sec[kind] += mt_time_sec() - t0_;        \
+        double dt_ = mt_time_sec() - t0_;             \
+        prof_sec[kind] += dt_;                        \
         prof_calls[kind]++;                           \
+        mt_ops_profile_add_entry(__func__, dt_);      \
         return r_;                                    \
     } while (0)
 
@@ -73,6 +79,37 @@ void mt_ops_profile_reset(void)
 {
     memset(prof_sec, 0, sizeof prof_sec);
     memset(prof_calls, 0, sizeof prof_calls);
+    memset(prof_ent, 0, sizeof prof_ent);
+    prof_n_ent = 0;
+}
+
+void mt_ops_profile_add_entry(const char *name, double seconds)
+{
+    if (!prof_on || !name) return;
+    int i = 0;
+    /* by pointer first (the same literal every call), then by text */
+    while (i < prof_n_ent && prof_ent[i].name != name && strcmp(prof_ent[i].name, name) != 0) i++;
+    if (i == prof_n_ent) {
+        if (prof_n_ent == MT_OPS_PROFILE_ENTRIES) {
+            i = MT_OPS_PROFILE_ENTRIES - 1;
+            prof_ent[i].name = "(more)";
+        } else {
+            prof_ent[prof_n_ent++].name = name;
+        }
+    }
+    prof_ent[i].sec += seconds;
+    prof_ent[i].calls++;
+}
+
+int mt_ops_profile_entries(const char **names, double *seconds, long *calls, int cap)
+{
+    int n = prof_n_ent < cap ? prof_n_ent : cap;
+    for (int i = 0; i < n; i++) {
+        if (names) names[i] = prof_ent[i].name;
+        if (seconds) seconds[i] = prof_ent[i].sec;
+        if (calls) calls[i] = prof_ent[i].calls;
+    }
+    return n;
 }
 
 void mt_ops_profile_add(enum mt_op_kind kind, double seconds)

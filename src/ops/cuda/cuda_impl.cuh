@@ -171,6 +171,7 @@ struct mt_cuda_backend {
      * while mt_ops_profile_enabled(), resolved at the step's end mark */
     cudaEvent_t   *prof_ev;        /* (2 * prof_cap) start, end, start, end, ...  */
     unsigned char *prof_kind;      /* (prof_cap) enum mt_op_kind of each pair     */
+    const char   **prof_name;      /* (prof_cap) the table entry of each pair     */
     int            prof_n, prof_cap;
     long           prof_dropped;   /* pairs not recorded (pool could not grow)   */
     struct mt_ops_cuda_info info;

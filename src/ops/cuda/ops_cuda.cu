@@ -101,6 +101,9 @@ static int prof_grow(struct mt_cuda_backend *B)
     unsigned char *kind = (unsigned char *)realloc(B->prof_kind, (size_t)cap);
     if (!kind) return 0;
     B->prof_kind = kind;
+    const char **name = (const char **)realloc(B->prof_name, (size_t)cap * sizeof *name);
+    if (!name) return 0;
+    B->prof_name = name;
     for (int i = 2 * B->prof_cap; i < 2 * cap; i++)
         if (!MT_CUDA_OK(cudaEventCreate(&B->prof_ev[i]))) {
             for (int j = 2 * B->prof_cap; j < i; j++) cudaEventDestroy(B->prof_ev[j]);
@@ -111,7 +114,7 @@ static int prof_grow(struct mt_cuda_backend *B)
 }
 
 /* record the start of a pair; -1: not recorded (counted as dropped) */
-static int prof_begin(struct mt_cuda_backend *B, enum mt_op_kind kind)
+static int prof_begin(struct mt_cuda_backend *B, enum mt_op_kind kind, const char *name)
 {
     if (B->prof_n == B->prof_cap && !prof_grow(B)) {
         B->prof_dropped++;
@@ -119,6 +122,7 @@ static int prof_begin(struct mt_cuda_backend *B, enum mt_op_kind kind)
     }
     int i = B->prof_n++;
     B->prof_kind[i] = (unsigned char)kind;
+    B->prof_name[i] = name;
     MT_CUDA_CHECK(cudaEventRecord(B->prof_ev[2 * i], B->stream));
     return i;
 }
@@ -137,7 +141,10 @@ static void prof_resolve(struct mt_cuda_backend *B)
     for (int i = 0; i < B->prof_n; i++) {
         float ms = 0;
         if (MT_CUDA_OK(cudaEventElapsedTime(&ms, B->prof_ev[2 * i], B->prof_ev[2 * i + 1])))
+        {
             mt_ops_profile_add((enum mt_op_kind)B->prof_kind[i], 1e-3 * (double)ms);
+            mt_ops_profile_add_entry(B->prof_name[i], 1e-3 * (double)ms);
+        }
     }
     B->prof_n = 0;
 }
@@ -146,13 +153,14 @@ static void prof_resolve(struct mt_cuda_backend *B)
 template <enum mt_op_kind K, auto F> struct prof;
 template <enum mt_op_kind K, typename R, typename... A, R (*F)(void *, A...)>
 struct prof<K, F> {
+    static inline const char *name = "?";   /* the entry's function, set by prof_named */
     static R call(void *be, A... a)
     {
         struct mt_cuda_backend *B = (struct mt_cuda_backend *)be;
         /* graphs active: no event pairs (a capture would take them in; a replayed op runs in its graph) */
         if (!mt_ops_profile_enabled() || !B->info.op_profile || B->graph.active) return F(be, a...);
         MT_CUDA_BIND(be);   /* prof_begin may record a sticky error on this instance */
-        const int i = prof_begin(B, K);
+        const int i = prof_begin(B, K, name);
         if constexpr (std::is_void_v<R>) {
             F(be, a...);
             prof_end(B, i);
@@ -163,7 +171,14 @@ struct prof<K, F> {
         }
     }
 };
-#define PROF(kind, fn) (prof<kind, fn>::call)
+/* the wrapper of fn, named fn for the per-entry profile (the table's
+ * initialiser runs this once at startup) */
+template <enum mt_op_kind K, auto F> static auto prof_named(const char *name)
+{
+    prof<K, F>::name = name;
+    return &prof<K, F>::call;
+}
+#define PROF(kind, fn) (prof_named<kind, fn>(#fn))
 
 /* The trainer's step marks (mt_ops.h profile_step): counters since the
  * begin mark are the step's; the end mark resolves the step's events. */
@@ -328,6 +343,7 @@ static void release_state(void)
     for (int i = 0; i < 2 * mt_cuda_be->prof_cap; i++) cudaEventDestroy(mt_cuda_be->prof_ev[i]);
     free(mt_cuda_be->prof_ev);
     free(mt_cuda_be->prof_kind);
+    free(mt_cuda_be->prof_name);
     if (mt_cuda_be->launch_log) fclose(mt_cuda_be->launch_log);
     if (mt_cuda_be->stream) cudaStreamDestroy(mt_cuda_be->stream);
     (void)cudaGetLastError();
