@@ -397,6 +397,7 @@ if rc == 0 and os.path.exists(rp):
                device_used_peak_bytes=(g.get("memory") or {}).get("device_used_peak_bytes"),
                allocator_peak_bytes=(g.get("memory") or {}).get("allocator_peak_bytes"),
                op_profile_s_per_step=t.get("op_profile_s_per_step"),   # cuda receipts: once the backend times its ops
+               op_profile_by_entry=t.get("op_profile_by_entry"),       # the same by table entry (largest first)
                cuda_graphs=g.get("cuda_graphs"))   # whether the step ran as CUDA graphs, and how much of it
     cg = out["cuda_graphs"] or {}
     print("RESULT %s: batch %s tok/s %.0f mfu %.3f %.3f s/step (%s) device-mem %.1f GiB fallback %s graphs %s" % (
@@ -408,10 +409,14 @@ if rc == 0 and os.path.exists(rp):
     op = out["op_profile_s_per_step"]
     if op and cg.get("ran"):
         # a replayed graph is timed as a whole: every op of it lands in "other"
-        out["op_profile_s_per_step"] = None
+        out["op_profile_s_per_step"] = out["op_profile_by_entry"] = None
         print("RESULT %s op profile: not split (CUDA graphs replayed the step; see %s_nographs)" % (name, name))
     elif op:
         print("RESULT %s op profile (s/step): %s" % (name, ", ".join("%s %.4f" % kv for kv in op.items())))
+        ent = out["op_profile_by_entry"] or []
+        if ent:
+            print("RESULT %s largest entries (s/step, calls/step): %s" % (name, ", ".join(
+                "%s %.4f x%g" % (e["name"], e["s_per_step"], e["calls_per_step"]) for e in ent[:10])))
     else:
         print("RESULT %s op profile: none in the receipt (timing.op_profile_s_per_step)" % name)
 else:
@@ -744,6 +749,12 @@ with open(os.path.join(res, "summary.md"), "w") as f:
             n, v.get("batch"), fm("tokens_per_s", "%.0f"), fm("mfu", "%.3f"), fm("s_per_step", "%.3f"), fr, pl,
             fm("torch_eager_tokens_per_s", "%.0f"), fm("torch_compiled_tokens_per_s", "%.0f"), llmc,
             fm("ratio_vs_torch_eager"), fm("ratio_vs_torch_compiled"), fm("ratio_vs_llmc")))
+    ents = {n: v["op_profile_by_entry"] for n, v in sp.items() if v.get("op_profile_by_entry")}
+    if ents:
+        f.write("\n## Largest table entries of each profiled run (s/step x calls/step, receipt timing.op_profile_by_entry)\n\n")
+        for n, ent in ents.items():
+            f.write("- %s: %s\n" % (n, ", ".join("%s %.4f x%g" % (e["name"], e["s_per_step"], e["calls_per_step"])
+                                                for e in ent[:12])))
     ops = {n: v["op_profile_s_per_step"] for n, v in sp.items() if v.get("op_profile_s_per_step")}
     f.write("\n## Per-op profile of each meshtrain run (s per steady step, receipt timing.op_profile_s_per_step)\n\n")
     if ops:
