@@ -897,9 +897,9 @@ extern "C" void mt_cuda_ssm_scan_backward(void *be, float *dx, float *dBm, float
  * order and the rmsnorm backward), ang_scan_k in reverse for dtheta, and the
  * parameter gradients as column sums over rows in two passes of fixed order
  * (colsum_*_k: blocks of COL_RB rows, then the blocks in order). No atomics:
- * reruns are bit-identical. (Before: one block per (b, h, k) reading a
- * column with the whole projection row as stride, and one thread per
- * (row, head) looping over P and N with strided, uncoalesced accesses.) */
+ * reruns are bit-identical. (Before: ang_scan_k the same, but one thread per
+ * (row, head) for the rest,
+ * looping over P and N with strided, uncoalesced accesses.) */
 
 #define ANG_SEG 4
 #define ANG_THREADS 256
