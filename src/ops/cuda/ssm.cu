@@ -888,19 +888,23 @@ extern "C" void mt_cuda_ssm_scan_backward(void *be, float *dx, float *dBm, float
  * HOW IT WORKS. The rotary angles are a cumulative sum over the sequence:
  * ang_scan_k runs it as a block-level scan per (b, h, pair k), over the
  * sequence in tiles of ANG_TILE positions (the running total carried from
- * tile to tile), so a thread adds at most ANG_SEG values in order plus
- * log2(blockDim) steps per tile. Everything else is per row: prep_rows_k
- * (one thread per (row, head)), and in the backward prep_bwd_head_k (per
- * (row, head): rotation's inverse, dang, the dt / lam / x columns),
- * prep_bwd_group_k (one block per (row, group, B or C), threads over N: the
- * heads' sum and the rmsnorm backward), ang_scan_k in reverse for
- * dtheta, and the parameter gradients as column sums over rows in two
- * passes of fixed order (colsum_*_k: blocks of COL_RB rows, then the blocks
- * in order). No atomics: reruns are bit-identical. */
+ * tile to tile). Everything else is one
+ * block of PREP_THREADS per row (b, t), threads over the row's contiguous
+ * columns: prep_rows_k (the B/C group norms as fixed-order block sums, the x
+ * copy, dt / lam, then one thread per rotary pair (h, k)); in the backward
+ * prep_bwd_row_k (the x / dt / lam columns, the rotation's inverse and dang
+ * per pair (h, k), then per (B or C, group): the heads' du summed in head
+ * order and the rmsnorm backward), ang_scan_k in reverse for dtheta, and the
+ * parameter gradients as column sums over rows in two passes of fixed order
+ * (colsum_*_k: blocks of COL_RB rows, then the blocks in order). No atomics:
+ * reruns are bit-identical. (Before: ang_scan_k the same, but one thread per
+ * (row, head) for the rest,
+ * looping over P and N with strided, uncoalesced accesses.) */
 
 #define ANG_SEG 4
 #define ANG_THREADS 256
 #define ANG_TILE (ANG_SEG * ANG_THREADS)
+#define PREP_THREADS 256
 #define COL_RB 128
 
 static __device__ __forceinline__ float softplus_d(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
@@ -935,28 +939,45 @@ static __global__ void ang_scan_k(float *dst, size_t dld, int dhs, const float *
     if (ang_state && threadIdx.x == 0) ang_state[(size_t)bh * half + k] = carry;
 }
 
-/* One thread per (row, head); the angles wait in Bh's first N/2 slots (ang_scan_k) */
+/* One block per row n = (b, t), threads over its columns; the angles wait in
+ * Bh's first N/2 slots of every head (ang_scan_k). Block 0 also writes A. */
 static __global__ void prep_rows_k(float *x, float *Bh, float *Ch, float *dt, float *lam, float *A, float *rstd,
                                    const float *proj, const float *dt_bias, const float *A_log, const float *gB,
                                    const float *gC, const float *B_bias, const float *C_bias, int nrow, int H,
                                    int P, int G, int N, float eps)
 {
-    size_t task = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (task < (size_t)H) A[task] = -expf(A_log[task]);
-    if (task >= (size_t)nrow * H) return;
-    size_t n = task / H, r = task;
-    int h = (int)(task % H), g = h / (H / G), half = N / 2, E = H * P, GN = G * N;
+    MT_DYN_SMEM(double, dred); /* blockDim doubles, then rs (2G floats) */
+    float *rs = (float *)(dred + blockDim.x);
+    int tid = (int)threadIdx.x, nt = (int)blockDim.x;
+    size_t n = blockIdx.x;
+    if (n == 0)
+        for (int h = tid; h < H; h += nt) A[h] = -expf(A_log[h]);
+    if (n >= (size_t)nrow) return;
+    int half = N / 2, E = H * P, GN = G * N, hpg = H / G;
     const size_t W = 2 * (size_t)E + 2 * (size_t)GN + H + (size_t)H * half + H;
     const size_t oB = 2 * (size_t)E, oC = oB + GN, odt = oC + GN, olam = odt + H + (size_t)H * half;
-    const float *row = proj + n * W, *br = row + oB + (size_t)g * N, *cr = row + oC + (size_t)g * N;
-    double sb = 0.0, sc = 0.0;
-    for (int k = 0; k < N; k++) { sb += (double)br[k] * br[k]; sc += (double)cr[k] * cr[k]; }
-    float rb = (float)(1.0 / sqrt(sb / N + eps)), rc = (float)(1.0 / sqrt(sc / N + eps));
-    if (h % (H / G) == 0) { rstd[n * 2 * G + g] = rb; rstd[n * 2 * G + G + g] = rc; }  /* the group's first head */
-    for (int p = 0; p < P; p++) x[r * P + p] = row[E + (size_t)h * P + p];
-    dt[r] = softplus_d(row[odt + h] + dt_bias[h]);
-    lam[r] = sigmoid_d(row[olam + h]);
-    for (int k = 0; k < half; k++) {
+    const float *row = proj + n * W;
+    /* rms of B's and C's groups (pg = pass*G + g: B's groups, then C's) */
+    for (int pg = 0; pg < 2 * G; pg++) {
+        const float *v = row + oB + (size_t)pg * N;
+        double sq = 0.0;
+        for (int k = tid; k < N; k += nt) sq += (double)v[k] * v[k];
+        sq = block_sum(sq, dred);
+        if (tid == 0) rs[pg] = (float)(1.0 / sqrt(sq / N + eps));
+    }
+    __syncthreads();
+    for (int pg = tid; pg < 2 * G; pg += nt) rstd[n * 2 * G + pg] = rs[pg];
+    for (int e = tid; e < E; e += nt) x[n * E + e] = row[E + e];
+    for (int h = tid; h < H; h += nt) {
+        size_t r = n * H + h;
+        dt[r] = softplus_d(row[odt + h] + dt_bias[h]);
+        lam[r] = sigmoid_d(row[olam + h]);
+    }
+    for (int j = tid; j < H * half; j += nt) {
+        int h = j / half, k = j % half, g = h / hpg;
+        size_t r = n * H + h;
+        const float *br = row + oB + (size_t)g * N, *cr = row + oC + (size_t)g * N;
+        float rb = rs[g], rc = rs[G + g];
         float ang = Bh[r * N + k], c = cosf(ang), s = sinf(ang);
         float u1 = br[k] * rb * gB[k] + B_bias[(size_t)h * N + k];
         float u2 = br[k + half] * rb * gB[k + half] + B_bias[(size_t)h * N + k + half];
@@ -987,33 +1008,47 @@ extern "C" void mt_cuda_ssm_prep_forward(void *be, float *x, float *Bh, float *C
     const size_t W = 2 * (size_t)E + 2 * (size_t)GN + H + (size_t)H * half + H, oth = 2 * (size_t)E + 2 * (size_t)GN + H;
     if (B * T > 0 && half > 0)
         ang_scan(Bh, (size_t)H * N, N, proj + oth, W, half, ang_state, B, T, H, half, 0);
-    size_t n = (size_t)B * T * H > (size_t)H ? (size_t)B * T * H : (size_t)H;
-    MT_LAUNCH(prep_rows_k, (unsigned)((n + GLUE_THREADS - 1) / GLUE_THREADS), GLUE_THREADS, 0)(
+    unsigned nb = B * T > 0 ? (unsigned)(B * T) : 1u;
+    MT_LAUNCH(prep_rows_k, nb, PREP_THREADS, PREP_THREADS * sizeof(double) + 2 * (size_t)G * sizeof(float))(
         x, Bh, Ch, dt, lam, A, rstd, proj, dt_bias, A_log, gB, gC, B_bias, C_bias, B * T, H, P, G, N, eps);
     MT_CUDA_KCHECK();
 }
 
-/* One thread per (row, head): the x, dt and lam columns of dproj; the
- * rotation's inverse u = R^T dO into du (B's, then C's: (rows, H, N) each);
- * dang into the theta column, which holds the angles on entry. */
-static __global__ void prep_bwd_head_k(float *dproj, float *du, const float *dx, const float *dBh, const float *dCh,
-                                       const float *ddt, const float *dlam, const float *Bh, const float *Ch,
-                                       const float *lam, const float *proj, const float *dt_bias, int nrow, int H,
-                                       int P, int G, int N)
+/* One block per row n = (b, t). Phase 1, threads over the row's columns: the
+ * x, dt and lam columns of dproj; per pair (h, k) the rotation's inverse
+ * u = R^T dO into du (B's, then C's: (rows, H, N) each) and dang into the
+ * theta column, which holds the angles on entry. Phase 2 (after the block's
+ * barrier: du of this row is written), per (B or C, group), threads over N:
+ * dBn = the group's heads' du summed in head order; the rmsnorm backward
+ * into dproj's B / C columns; dBn * xhat into gs (pass, rows, G, N). */
+static __global__ void prep_bwd_row_k(float *dproj, float *du, float *gs, const float *dx, const float *dBh,
+                                      const float *dCh, const float *ddt, const float *dlam, const float *Bh,
+                                      const float *Ch, const float *lam, const float *rstd, const float *proj,
+                                      const float *dt_bias, const float *gB, const float *gC, int nrow, int H,
+                                      int P, int G, int N)
 {
-    size_t r = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (r >= (size_t)nrow * H) return;
-    size_t n = r / H, nbh = (size_t)nrow * H * N;
-    int h = (int)(r % H), half = N / 2, E = H * P, GN = G * N;
+    MT_DYN_SMEM(double, dred);  /* blockDim doubles, then dn (N floats) */
+    float *dn = (float *)(dred + blockDim.x);
+    int tid = (int)threadIdx.x, nt = (int)blockDim.x;
+    size_t n = blockIdx.x;
+    if (n >= (size_t)nrow) return;
+    int half = N / 2, E = H * P, GN = G * N, hpg = H / G;
     const size_t W = 2 * (size_t)E + 2 * (size_t)GN + H + (size_t)H * half + H;
     const size_t odt = 2 * (size_t)E + 2 * (size_t)GN, oth = odt + H, olam = oth + (size_t)H * half;
+    const size_t nbh = (size_t)nrow * H * N;
     const float *row = proj + n * W;
-    float *drow = dproj + n * W, *dth = drow + oth + (size_t)h * half;
-    for (int p = 0; p < P; p++) drow[E + (size_t)h * P + p] = dx[r * P + p];
-    drow[odt + h] = ddt[r] * sigmoid_d(row[odt + h] + dt_bias[h]);
-    drow[olam + h] = dlam[r] * lam[r] * (1.0f - lam[r]);
-    for (int k = 0; k < half; k++) {
-        float a = dth[k], c = cosf(a), s = sinf(a), dang = 0.0f;
+    float *drow = dproj + n * W;
+    for (int e = tid; e < E; e += nt) drow[E + e] = dx[n * E + e];
+    for (int h = tid; h < H; h += nt) {
+        size_t r = n * H + h;
+        drow[odt + h] = ddt[r] * sigmoid_d(row[odt + h] + dt_bias[h]);
+        drow[olam + h] = dlam[r] * lam[r] * (1.0f - lam[r]);
+    }
+    for (int j = tid; j < H * half; j += nt) {
+        int h = j / half, k = j % half;
+        size_t r = n * H + h;
+        float *dth = drow + oth + j;
+        float a = *dth, c = cosf(a), s = sinf(a), dang = 0.0f;
         for (int pass = 0; pass < 2; pass++) {
             const float *o = (pass ? Ch : Bh) + r * N, *dO = (pass ? dCh : dBh) + r * N;
             float *u = du + (size_t)pass * nbh + r * N;
@@ -1022,36 +1057,28 @@ static __global__ void prep_bwd_head_k(float *dproj, float *du, const float *dx,
             u[k] = d1 * c + d2 * s;
             u[k + half] = -d1 * s + d2 * c;
         }
-        dth[k] = dang;
+        *dth = dang;
     }
-}
-
-/* One block per (row, group, pass = B or C), threads over N: dBn = the
- * group's heads' du summed in head order; the rmsnorm backward into dproj's
- * B / C columns; dBn * xhat into gs (pass, rows, G, N) for the gain. */
-static __global__ void prep_bwd_group_k(float *dproj, float *gs, const float *du, const float *rstd,
-                                        const float *proj, const float *gB, const float *gC, int nrow, int H,
-                                        int P, int G, int N)
-{
-    MT_DYN_SMEM(double, dred);  /* blockDim doubles, then dn (N floats) */
-    float *dn = (float *)(dred + blockDim.x);
-    int pass = (int)blockIdx.x % 2, g = (int)(blockIdx.x / 2) % G, hpg = H / G, half = N / 2, E = H * P, GN = G * N;
-    size_t n = blockIdx.x / 2 / G, nbh = (size_t)nrow * H * N;
-    const size_t W = 2 * (size_t)E + 2 * (size_t)GN + H + (size_t)H * half + H, oc = 2 * (size_t)E + (pass ? GN : 0);
-    const float *raw = proj + n * W + oc + (size_t)g * N, *gw = pass ? gC : gB;
-    float rs = rstd[n * 2 * G + (size_t)pass * G + g];
-    double m = 0.0;
-    for (int k = (int)threadIdx.x; k < N; k += (int)blockDim.x) {
-        float v = 0.0f;
-        for (int j = 0; j < hpg; j++) v += du[(size_t)pass * nbh + (n * H + (size_t)g * hpg + j) * N + k];
-        dn[k] = v;
-        float xh = raw[k] * rs;
-        gs[(size_t)pass * nrow * GN + (n * G + g) * N + k] = v * xh;
-        m += (double)v * gw[k] * xh;
+    __syncthreads();  /* this row's du, written above by the block, is read below */
+    for (int pg = 0; pg < 2 * G; pg++) {
+        int pass = pg / G, g = pg % G;
+        const size_t oc = 2 * (size_t)E + (pass ? GN : 0);
+        const float *raw = row + oc + (size_t)g * N, *gw = pass ? gC : gB;
+        float rs = rstd[n * 2 * G + pg];
+        double m = 0.0;
+        for (int k = tid; k < N; k += nt) {
+            float v = 0.0f;
+            for (int j = 0; j < hpg; j++) v += du[(size_t)pass * nbh + (n * H + (size_t)g * hpg + j) * N + k];
+            dn[k] = v;
+            float xh = raw[k] * rs;
+            gs[(size_t)pass * nrow * GN + (n * G + g) * N + k] = v * xh;
+            m += (double)v * gw[k] * xh;
+        }
+        m = block_sum(m, dred);
+        float mean = (float)(m / N), *dr = drow + oc + (size_t)g * N;
+        for (int k = tid; k < N; k += nt) dr[k] = rs * (dn[k] * gw[k] - raw[k] * rs * mean);
+        __syncthreads();  /* dn is reused by the next (pass, group) */
     }
-    m = block_sum(m, dred);
-    float mean = (float)(m / N), *dr = dproj + n * W + oc + (size_t)g * N;
-    for (int k = (int)threadIdx.x; k < N; k += (int)blockDim.x) dr[k] = rs * (dn[k] * gw[k] - raw[k] * rs * mean);
 }
 
 /* column sums over rows, pass 1: part[rb][col] = sum of rows [rb*COL_RB, ...) in order */
@@ -1115,13 +1142,8 @@ extern "C" void mt_cuda_ssm_prep_backward(void *be, float *dproj, float *ddt_bia
     float *gs = du + 2 * nbh, *part = gs + 2 * ngs;
     /* the angles (the forward's scan, bit-identical) into dproj's theta columns */
     if (half > 0) ang_scan(dproj + oth, W, half, proj + oth, W, half, NULL, B, T, H, half, 0);
-    size_t nr = (size_t)nrow * H;
-    MT_LAUNCH(prep_bwd_head_k, (unsigned)((nr + GLUE_THREADS - 1) / GLUE_THREADS), GLUE_THREADS, 0)(
-        dproj, du, dx, dBh, dCh, ddt, dlam, Bh, Ch, lam, proj, dt_bias, nrow, H, P, G, N);
-    MT_CUDA_KCHECK();
-    unsigned tn = pow2_threads(N, 256);
-    MT_LAUNCH(prep_bwd_group_k, (unsigned)((size_t)nrow * G * 2), tn, tn * sizeof(double) + (size_t)N * sizeof(float))(
-        dproj, gs, du, rstd, proj, gB, gC, nrow, H, P, G, N);
+    MT_LAUNCH(prep_bwd_row_k, (unsigned)nrow, PREP_THREADS, PREP_THREADS * sizeof(double) + (size_t)N * sizeof(float))(
+        dproj, du, gs, dx, dBh, dCh, ddt, dlam, Bh, Ch, lam, rstd, proj, dt_bias, gB, gC, nrow, H, P, G, N);
     MT_CUDA_KCHECK();
     /* dtheta = reverse cumsum of dang over the sequence */
     if (half > 0) ang_scan(dproj + oth, W, half, dproj + oth, W, half, NULL, B, T, H, half, 1);
