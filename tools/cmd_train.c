@@ -524,6 +524,13 @@ static int train_run(struct mt_ctx *ctx, struct mt_config *cfg, struct mt_train_
         printf("done: %d steps, final loss %.6f, %.0f tok/s (steady-state mean), MFU %.1f%% (of the peak above), "
                "receipt %s/receipt.json\n", res.steps_run, res.final_loss, res.tokens_per_s, 100.0 * res.mfu,
                opts->out_dir);
+    /* above 100% the peak is wrong, not the run: a peak cached while the
+     * machine was loaded (the 2026-11-26 idle re-measurement of issue 32
+     * read 514% against a cache taken at load 20), or a --peak-flops too low */
+    if (!opts->quiet && ctx->rank == 0 && res.mfu > 1.0)
+        printf("note: MFU above 100%%: this run did more FLOP/s than the peak it is measured against (a peak "
+               "cached while the machine was busy, or --peak-flops too low); measure it again with "
+               "--knob peak_cache=refresh\n");
     mt_ctx_free(ctx);
     return 0;
 }
