@@ -86,9 +86,14 @@ void mt_ops_profile_reset(void)
 void mt_ops_profile_add_entry(const char *name, double seconds)
 {
     if (!prof_on || !name) return;
+    /* by pointer (the same literal every call: one pass of compares), then by
+     * text for a name first seen through another pointer */
     int i = 0;
-    /* by pointer first (the same literal every call), then by text */
-    while (i < prof_n_ent && prof_ent[i].name != name && strcmp(prof_ent[i].name, name) != 0) i++;
+    while (i < prof_n_ent && prof_ent[i].name != name) i++;
+    if (i == prof_n_ent) {
+        i = 0;
+        while (i < prof_n_ent && strcmp(prof_ent[i].name, name) != 0) i++;
+    }
     if (i == prof_n_ent) {
         if (prof_n_ent == MT_OPS_PROFILE_ENTRIES) {
             i = MT_OPS_PROFILE_ENTRIES - 1;
