@@ -396,6 +396,31 @@ static __device__ __forceinline__ float mt_warp_max(float v)
     return v;
 }
 
+/* ---- the norms' row groups (rmsnorm.cu, fused.cu) ----
+ * A row of C columns is G = 2^lg lanes (mt_cuda_rms_lanes_log2), each lane
+ * holding float4s. Both files sum squares with mt_rms_sq4 and combine a group
+ * with mt_rms_group_sum, so qk_norm_rope's rstd is rmsnorm_forward's bits. */
+static __device__ __forceinline__ float mt_rms_sq4(float4 v, float ss)
+{
+    ss = fmaf(v.x, v.x, ss);
+    ss = fmaf(v.y, v.y, ss);
+    ss = fmaf(v.z, v.z, ss);
+    return fmaf(v.w, v.w, ss);
+}
+/* butterfly over the G lanes of a row group (full-mask shuffles: every lane
+ * of the warp takes part; xor < G stays inside the group) */
+static __device__ __forceinline__ float mt_rms_group_sum(float v, int G)
+{
+    for (int o = G >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(MT_FULL_MASK, v, o);
+    return v;
+}
+/* rmsnorm.cu's host entries that fused.cu reuses: the forward rows (resid:
+ * NULL or the copy of inp), the dw column reduction, the lanes per row */
+void mt_cuda_rms_rows_forward(float *out, __nv_bfloat16 *ob, float *rstd, float *resid, const float *inp,
+                              const float *w, int N, int C, float eps);
+void mt_cuda_rms_dw_reduce(float *dw0, float *dw1, const float *partial, int nc0, int nc1, int C);
+int  mt_cuda_rms_lanes_log2(int C);
+
 /* fp32 -> bf16, round to nearest even, by bit arithmetic: the rounding of
  * the kernels whose bf16 output is a stored tensor (cast_bf16, the operand
  * copies of gemm, the bf16 twins of rmsnorm/swiglu/the fused block), the

@@ -38,28 +38,8 @@
 static __device__ __forceinline__ float rot_lo(float a, float b, float c, float s) { return fmaf(a, c, -(b * s)); }
 static __device__ __forceinline__ float rot_hi(float a, float b, float c, float s) { return fmaf(b, c, a * s); }
 
-/* rmsnorm.cu: the forward rows (resid: NULL or the copy of inp), the dw
- * column reduction, the lanes per row */
-void mt_cuda_rms_rows_forward(float *out, __nv_bfloat16 *ob, float *rstd, float *resid, const float *inp,
-                              const float *w, int N, int C, float eps);
-void mt_cuda_rms_dw_reduce(float *dw0, float *dw1, const float *partial, int nc0, int nc1, int C);
-int  mt_cuda_rms_lanes_log2(int C);
-
 #define QK_THREADS 256
 
-/* as rmsnorm.cu's (the same order, so rstd is rmsnorm_forward's bits) */
-static __device__ __forceinline__ float qk_sq4(float4 v, float ss)
-{
-    ss = fmaf(v.x, v.x, ss);
-    ss = fmaf(v.y, v.y, ss);
-    ss = fmaf(v.z, v.z, ss);
-    return fmaf(v.w, v.w, ss);
-}
-static __device__ __forceinline__ float qk_group_sum(float v, int G)
-{
-    for (int o = G >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(MT_FULL_MASK, v, o);
-    return v;
-}
 static __device__ __forceinline__ float4 qk_shfl4(float4 v, int o)
 {
     float4 r;
@@ -106,7 +86,7 @@ qk_fwd_k(float *q, float *k, float *rstd_q, float *rstd_k, const float *q_raw, c
     if (live)
         for (int c0 = 4 * l; c0 < hd; c0 += 4 * G)
             for (int i = 0; i < 4 && c0 + i < hd; i++) ss = fmaf(x[c0 + i], x[c0 + i], ss);
-    ss = qk_group_sum(ss, G);
+    ss = mt_rms_group_sum(ss, G);
     float r = 1.0f / sqrtf(ss / (float)hd + eps);
     if (!live) return;
     if (l == 0) (rl.is_k ? rstd_k : rstd_q)[row - (rl.is_k ? N * H : 0)] = r;
@@ -135,7 +115,7 @@ qk_fwd_vec_k(float *q, float *k, float *rstd_q, float *rstd_k, const float *q_ra
     qk_row rl = qk_locate(live ? row : 0, N, H, K, hd);
     float4 x = {0.0f, 0.0f, 0.0f, 0.0f}, y = {0.0f, 0.0f, 0.0f, 0.0f};
     if (live) x = mt_ld_f4((rl.is_k ? k_raw : q_raw) + rl.off + 4 * l);
-    float ss = qk_group_sum(qk_sq4(x, 0.0f), G);
+    float ss = mt_rms_group_sum(mt_rms_sq4(x, 0.0f), G);
     float r = 1.0f / sqrtf(ss / (float)hd + eps);
     if (live) {
         float4 w = mt_ld_f4((rl.is_k ? wk : wq) + 4 * l);
@@ -217,7 +197,7 @@ qk_bwd_vec_k(float *dq_raw, float *dk_raw, float *dq, float *dk, float *partial,
         dot = fmaf(g.y * w.y, x.y, dot);
         dot = fmaf(g.z * w.z, x.z, dot);
         dot = fmaf(g.w * w.w, x.w, dot);
-        dot = qk_group_sum(dot, G);
+        dot = mt_rms_group_sum(dot, G);
         if (!live) continue;
         mt_st_f4(d + e, g);
         float mean = dot * r / (float)hd;  /* mean_c(g*w*xhat) */

@@ -41,12 +41,6 @@
 #define DWR_COLS       32  /* rms_bwd_dw2_k: columns per block */
 #define DWR_SLICES     32  /*                chunk slices per block */
 
-/* shared with fused.cu (rmsnorm_resid_forward, qk_norm_rope_backward's dw) */
-void mt_cuda_rms_rows_forward(float *out, __nv_bfloat16 *ob, float *rstd, float *resid, const float *inp,
-                              const float *w, int N, int C, float eps);
-void mt_cuda_rms_dw_reduce(float *dw0, float *dw1, const float *partial, int nc0, int nc1, int C);
-int  mt_cuda_rms_lanes_log2(int C);
-
 /* log2 of the lanes per row for C columns: G = pow2 >= ceil(C/4), <= 32 */
 int mt_cuda_rms_lanes_log2(int C)
 {
@@ -55,20 +49,6 @@ int mt_cuda_rms_lanes_log2(int C)
     return lg;
 }
 
-static __device__ __forceinline__ float rms_sq4(float4 v, float ss)
-{
-    ss = fmaf(v.x, v.x, ss);
-    ss = fmaf(v.y, v.y, ss);
-    ss = fmaf(v.z, v.z, ss);
-    return fmaf(v.w, v.w, ss);
-}
-/* butterfly over the G lanes of a row group (full-mask shuffles: every lane
- * of the warp takes part; xor < G stays inside the group) */
-static __device__ __forceinline__ float rms_group_sum(float v, int G)
-{
-    for (int o = G >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(MT_FULL_MASK, v, o);
-    return v;
-}
 
 /* Forward, vector path: NV float4 per lane in registers. ob: NULL or the bf16
  * twin; resid: NULL or the copy of inp (may alias inp: a lane loads its
@@ -91,12 +71,12 @@ rms_fwd_vec_k(float *out, __nv_bfloat16 *ob, float *rstd, float *resid, const fl
         int c = 4 * (l + G * j);
         if (live && c < C) {
             xv[j] = mt_ld_f4(inp + base + c);
-            ss = rms_sq4(xv[j], ss);
+            ss = mt_rms_sq4(xv[j], ss);
         } else {
             xv[j] = float4{0.0f, 0.0f, 0.0f, 0.0f};
         }
     }
-    ss = rms_group_sum(ss, G);
+    ss = mt_rms_group_sum(ss, G);
     float r = 1.0f / sqrtf(ss / (float)C + eps);
     if (!live) return;
     if (l == 0) rstd[n] = r;
@@ -130,7 +110,7 @@ rms_fwd_k(float *out, __nv_bfloat16 *ob, float *rstd, float *resid, const float 
     if (live)
         for (int c0 = 4 * l; c0 < C; c0 += 4 * G)
             for (int i = 0; i < 4 && c0 + i < C; i++) ss = fmaf(x[c0 + i], x[c0 + i], ss);
-    ss = rms_group_sum(ss, G);
+    ss = mt_rms_group_sum(ss, G);
     float r = 1.0f / sqrtf(ss / (float)C + eps);
     if (!live) return;
     if (l == 0) rstd[n] = r;
@@ -183,7 +163,7 @@ rms_bwd_vec_k(float *dinp, float *partial, const float *dout, const float *inp, 
                 dot = fmaf(g.w * wv.w, x.w, dot);
             }
         }
-        dot = rms_group_sum(dot, G);
+        dot = mt_rms_group_sum(dot, G);
         if (!live) continue;
         float mean = dot * r / (float)C;  /* mean_c(dout*w*xhat) */
 #pragma unroll
