@@ -203,29 +203,10 @@ def mamba3_params(m, c, D):
 
 class GpuModel(torch_ref.Model):
     """torch_ref.Model as it is (SDPA causal with enable_gqa, F.rms_norm/F.linear, fp32 logits and
-    loss, MoE on expert-sorted tokens), returning the total loss (lm + aux + z) alone; its MoE
-    statistics built on the tokens' device (torch_ref's `f` is made on the default device, the CPU)."""
+    loss, MoE on expert-sorted tokens), returning the total loss (lm + aux + z) alone."""
 
     def forward(self, idx, tgt):
         return super().forward(idx, tgt)[0]
-
-    def moe(self, m, h):
-        """torch_ref.Model.moe with the expert load `f` on h's device (the experts are torch_ref's)."""
-        c = self.c
-        B, T, D = h.shape
-        E, k = c["n_experts"], c["top_k"]
-        x = h.reshape(-1, D)
-        logits = F.linear(x, m.wr).float()
-        p = logits.softmax(-1)
-        g, idx = p.topk(k, -1)  # ties: the lower index first, as meshtrain
-        g = g / g.sum(-1, keepdim=True)
-        out = self.experts(m, x, g, idx)
-        f = torch.zeros(B, E, dtype=p.dtype, device=p.device).scatter_add_(
-            1, idx.reshape(B, T * k), torch.ones(B, T * k, dtype=p.dtype, device=p.device)) / (T * k)
-        P_ = p.reshape(B, T, E).mean(1)
-        aux = c["aux_loss_coef"] * E * (f * P_).sum(-1).mean()
-        z = c["z_loss_coef"] * torch.logsumexp(logits, -1).pow(2).mean()
-        return out.reshape(B, T, D), aux, z
 
 
 class HybridModel(GpuModel):

@@ -165,8 +165,8 @@ class Model(torch.nn.Module):
         g, idx = p.topk(k, -1)  # ties: the lower index first, as meshtrain
         g = g / g.sum(-1, keepdim=True)
         out = self.experts(m, x, g, idx)
-        f = torch.zeros(B, E, dtype=p.dtype).scatter_add_(
-            1, idx.reshape(B, T * k), torch.ones(B, T * k, dtype=p.dtype)) / (T * k)
+        f = torch.zeros(B, E, dtype=p.dtype, device=p.device).scatter_add_(   # on h's device (GPU peer too)
+            1, idx.reshape(B, T * k), torch.ones(B, T * k, dtype=p.dtype, device=p.device)) / (T * k)
         P_ = p.reshape(B, T, E).mean(1)
         aux = c["aux_loss_coef"] * E * (f * P_).sum(-1).mean()
         z = c["z_loss_coef"] * torch.logsumexp(logits, -1).pow(2).mean()
