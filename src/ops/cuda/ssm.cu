@@ -194,53 +194,179 @@ static __global__ void ssd_pass_k(float *Sst, const float *cum, struct ssd_dims 
     }
 }
 
-/* 4. Y rows [i0, i0+RT) of chunk ci (grid x: (b, h, c), y: row tiles):
- * G = C Bc^T o L in shared memory, then Y = G Xc + exp(cum_i) C_i S_in^T + D x */
+/* Staging. The kernels below (4, 7, 8a) read whole rows of B, C, x, dY,
+ * S_in and dS_out per output; a thread reading "its" row straight from
+ * global memory makes every load of a warp touch 32 cache lines (rows are
+ * H*N or H*P floats apart), which serialises the loads one lane at a time
+ * (that was 0.6 TF/s on an H200). So a block stages the rows it shares in
+ * shared memory, SSD_KT columns at a time, with rows padded to SSD_KT + 1
+ * floats (lanes reading one column of consecutive rows hit distinct banks),
+ * and each thread keeps SSD_RT outputs in registers (the block's rows or
+ * sources), so one staged value feeds SSD_RT multiply-adds. Every output is
+ * still summed in the plain order (n, p or i ascending, one accumulator),
+ * so the staging changes no bit of the result. */
+#define SSD_KT 16
+#define SSD_KP (SSD_KT + 1)
+
+/* dynamic shared memory above the default 48 KiB needs the kernel's opt-in */
+template <typename F>
+static int ssd_smem_opt_in(F *kern, size_t bytes)
+{
+    if (bytes <= 48 * 1024) return 1;
+    return MT_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+/* Source j of a chunk (0 <= j < 2q): its time s(j) inside the chunk and the
+ * row of the staged source rows that holds its token, row r <-> token
+ * t0 - 1 + r (own source: token t0 + j; beta source: token t0 + s(j) - 1).
+ * valid: the token exists (the beta source of t = 0 has none). */
+struct ssd_src {
+    int sj, r, valid;
+};
+static __device__ __forceinline__ struct ssd_src ssd_source(int j, int q, int t0)
+{
+    struct ssd_src s;
+    s.sj = j < q ? j : j - q;
+    s.r = j < q ? j + 1 : s.sj;
+    s.valid = t0 - 1 + s.r >= 0;
+    return s;
+}
+
+/* stage rows [0, nr) x columns [c0, c0+kc) of a (b, h) operand into
+ * dst[r * SSD_KP + k]; row r is token t0 - 1 + r (0 when it does not exist) */
+static __device__ void ssd_stage_rows(float *dst, const float *src, size_t ld, int t0, int nr, int c0, int kc)
+{
+    for (int k = (int)threadIdx.x; k < nr * kc; k += (int)blockDim.x) {
+        int r = k / kc, c = k % kc, tok = t0 - 1 + r;
+        dst[r * SSD_KP + c] = tok >= 0 ? src[(size_t)tok * ld + c0 + c] : 0.0f;
+    }
+}
+
+/* stage the RT x kc tile of rows t0+i0.. (ni of them; the rest 0) into dst[il * SSD_KT + c] */
+static __device__ void ssd_stage_tile(float *dst, const float *src, size_t ld, int t, int ni, int c0, int kc)
+{
+    for (int k = (int)threadIdx.x; k < SSD_RT * SSD_KT; k += (int)blockDim.x) {
+        int il = k / SSD_KT, c = k % SSD_KT;
+        dst[k] = il < ni && c < kc ? src[(size_t)(t + il) * ld + c0 + c] : 0.0f;
+    }
+}
+
+/* 4. Y rows [i0, i0+ni) of chunk ci (grid x: (b, h, c), y: row tiles).
+ *   a. thread per source j, the tile's rows in registers:
+ *      G[il][j] = (C_i . B_tok(j)) w_j exp(cum_i - cum_s(j))   (0 where s(j) > i)
+ *   b. thread per column p, rows in registers:
+ *      Y_ip = sum_j G[il][j] x_tok(j),p + e_i C_i . S_in[p] + D x_ip */
 static __global__ void ssd_out_k(float *y, const float *Sst, const float *cum, const float *x, const float *Bm,
                                  const float *Cm, const float *dt, const float *lam, const float *A,
                                  const float *Dsk, struct ssd_dims d)
 {
-    MT_DYN_SMEM(float, sm);   /* w (2Q), cum (Q), G (RT x 2Q) */
+    MT_DYN_SMEM(float, sm);   /* w (2Q), cum (Q), G (RT x 2Q), Ct (RT x KT), stage (max((Q+1), blockDim) x KP) */
     int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H;
     int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q, i0 = (int)blockIdx.y * SSD_RT;
     if (i0 >= q) return;
-    int ni = q - i0 < SSD_RT ? q - i0 : SSD_RT, q2 = 2 * q, nt = (int)blockDim.x;
+    int ni = q - i0 < SSD_RT ? q - i0 : SSD_RT, q2 = 2 * q, nt = (int)blockDim.x, tid = (int)threadIdx.x;
+    int imax = i0 + ni - 1, nr = imax + 2;    /* source rows: tokens t0-1 .. t0+imax */
     const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, PN = (size_t)d.P * d.N, ob = (size_t)b * d.T;
-    float *w = sm, *cm = w + 2 * d.Q, *G = cm + d.Q, Ah = A[h], Dh = Dsk[h];
-    for (int i = (int)threadIdx.x; i < q; i += nt) {
+    float *w = sm, *cm = w + 2 * d.Q, *G = cm + d.Q, *Ct = G + SSD_RT * 2 * d.Q, *St = Ct + SSD_RT * SSD_KT;
+    float Ah = A[h], Dh = Dsk[h];
+    const float *Bh = Bm + ob * bld + (size_t)h * d.N, *Ch = Cm + ob * bld + (size_t)h * d.N;
+    const float *xh = x + ob * xld + (size_t)h * d.P;
+    for (int i = tid; i < q; i += nt) {
         size_t r = (ob + t0 + i) * d.H + h;
         w[i] = ssd_w(1, dt, lam, Ah, r, t0 + i);
         w[q + i] = ssd_w(0, dt, lam, Ah, r, t0 + i);
         cm[i] = cum[(size_t)bh * d.T + t0 + i];
     }
-    __syncthreads();
-    for (int k = (int)threadIdx.x; k < ni * q2; k += nt) {
-        int il = k / q2, j = k % q2, i = i0 + il, sj = j < q ? j : j - q, tok = t0 + sj - (j < q ? 0 : 1);
-        float g = 0.0f;
-        if (sj <= i && tok >= 0) {
-            const float *cr = Cm + (ob + t0 + i) * bld + (size_t)h * d.N, *br = Bm + (ob + tok) * bld + (size_t)h * d.N;
-            for (int n = 0; n < d.N; n++) g += cr[n] * br[n];
-            g *= w[j] * expf(cm[i] - cm[sj]);
+    /* a. G */
+    for (int jb = 0; jb < q2; jb += nt) {
+        int j = jb + tid;
+        struct ssd_src s = ssd_source(j < q2 ? j : 0, q, t0);
+        int live = j < q2 && s.valid && s.sj <= imax;
+        float g[SSD_RT];
+#pragma unroll
+        for (int il = 0; il < SSD_RT; il++) g[il] = 0.0f;
+        for (int n0 = 0; n0 < d.N; n0 += SSD_KT) {
+            int kn = d.N - n0 < SSD_KT ? d.N - n0 : SSD_KT;
+            __syncthreads();
+            ssd_stage_rows(St, Bh, bld, t0, nr, n0, kn);
+            ssd_stage_tile(Ct, Ch, bld, t0 + i0, ni, n0, kn);
+            __syncthreads();
+            if (live)
+                for (int k = 0; k < kn; k++) {
+                    float bv = St[s.r * SSD_KP + k];
+#pragma unroll
+                    for (int il = 0; il < SSD_RT; il++) g[il] += Ct[il * SSD_KT + k] * bv;
+                }
         }
-        G[il * q2 + j] = g;
+        if (j < q2)
+#pragma unroll
+            for (int il = 0; il < SSD_RT; il++) {
+                int i = i0 + il;
+                if (il < ni) G[il * q2 + j] = live && s.sj <= i ? g[il] * (w[j] * expf(cm[i] - cm[s.sj])) : 0.0f;
+            }
     }
-    __syncthreads();
-    const float *xh = x + ob * xld + (size_t)h * d.P;
-    for (int k = (int)threadIdx.x; k < ni * d.P; k += nt) {
-        int il = k / d.P, p = k % d.P, i = i0 + il, t = t0 + i;
-        const float *g = G + (size_t)il * q2;
-        float acc = 0.0f;
-        for (int j = 0; j <= i; j++) acc += g[j] * xh[(size_t)(t0 + j) * xld + p];
-        for (int j = 0; j <= i; j++)
-            if (t0 + j > 0) acc += g[q + j] * xh[(size_t)(t0 + j - 1) * xld + p];
-        if (c > 0) {
-            const float *cr = Cm + (ob + t) * bld + (size_t)h * d.N, *S = Sst + (size_t)ci * PN + (size_t)p * d.N;
-            float e = expf(cm[i]), s2 = 0.0f;
-            for (int n = 0; n < d.N; n++) s2 += (e * cr[n]) * S[n];
-            acc += s2;
+    /* b. Y */
+    float e[SSD_RT];
+#pragma unroll
+    for (int il = 0; il < SSD_RT; il++) e[il] = il < ni ? expf(cm[i0 + il]) : 0.0f;
+    for (int pb = 0; pb < d.P; pb += nt) {
+        int p = pb + tid, live = p < d.P;
+        float acc[SSD_RT];
+#pragma unroll
+        for (int il = 0; il < SSD_RT; il++) acc[il] = 0.0f;
+        __syncthreads();   /* G written; the stage free */
+        if (live) {
+            for (int j = 0; j <= imax; j++) {
+                float xv = xh[(size_t)(t0 + j) * xld + p];
+#pragma unroll
+                for (int il = 0; il < SSD_RT; il++)
+                    if (il < ni && j <= i0 + il) acc[il] += G[il * q2 + j] * xv;
+            }
+            for (int j = 0; j <= imax; j++) {
+                if (t0 + j == 0) continue;
+                float xv = xh[(size_t)(t0 + j - 1) * xld + p];
+#pragma unroll
+                for (int il = 0; il < SSD_RT; il++)
+                    if (il < ni && j <= i0 + il) acc[il] += G[il * q2 + q + j] * xv;
+            }
         }
-        y[(ob + t) * xld + (size_t)h * d.P + p] = acc + Dh * xh[(size_t)t * xld + p];
+        if (c > 0) {   /* + e_i C_i . S_in[p]: S_in rows p of this chunk staged KT columns at a time */
+            float s2[SSD_RT];
+#pragma unroll
+            for (int il = 0; il < SSD_RT; il++) s2[il] = 0.0f;
+            int np = d.P - pb < nt ? d.P - pb : nt;
+            const float *S = Sst + (size_t)ci * PN + (size_t)pb * d.N;
+            for (int n0 = 0; n0 < d.N; n0 += SSD_KT) {
+                int kn = d.N - n0 < SSD_KT ? d.N - n0 : SSD_KT;
+                __syncthreads();
+                for (int k = tid; k < np * kn; k += nt) St[(k / kn) * SSD_KP + k % kn] = S[(size_t)(k / kn) * d.N + n0 + k % kn];
+                ssd_stage_tile(Ct, Ch, bld, t0 + i0, ni, n0, kn);
+                __syncthreads();
+                if (live)
+                    for (int k = 0; k < kn; k++) {
+                        float sv = St[tid * SSD_KP + k];
+#pragma unroll
+                        for (int il = 0; il < SSD_RT; il++) s2[il] += (e[il] * Ct[il * SSD_KT + k]) * sv;
+                    }
+            }
+#pragma unroll
+            for (int il = 0; il < SSD_RT; il++) acc[il] += s2[il];
+        }
+        if (live)
+#pragma unroll
+            for (int il = 0; il < SSD_RT; il++) {
+                if (il >= ni) break;
+                size_t t = (size_t)t0 + i0 + il;
+                y[(ob + t) * xld + (size_t)h * d.P + p] = acc[il] + Dh * xh[t * xld + p];
+            }
     }
+}
+
+/* its shared memory */
+static size_t ssd_out_smem(struct ssd_dims d, unsigned nt)
+{
+    size_t stage = (size_t)((size_t)d.Q + 1 > nt ? (size_t)d.Q + 1 : nt) * SSD_KP;
+    return (3 * (size_t)d.Q + (size_t)SSD_RT * 2 * d.Q + SSD_RT * SSD_KT + stage) * sizeof(float);
 }
 
 /* the states entering each chunk into Sst (steps 1-3); cum must hold step 1 */
@@ -274,7 +400,8 @@ static void ssd_forward(float *y, const float *x, const float *Bm, const float *
     float *cum = ws, *Sst = ws + nbh * d.T;   /* cum (B H, T); Sst: S_in (B H nc, P, N) */
     ssd_cum(cum, dt, A, d);
     ssd_states(Sst, cum, x, Bm, dt, lam, A, d);
-    size_t smem = (3 * (size_t)d.Q + (size_t)SSD_RT * 2 * d.Q) * sizeof(float);
+    size_t smem = ssd_out_smem(d, 128);
+    if (!ssd_smem_opt_in(ssd_out_k, smem)) return;
     MT_LAUNCH(ssd_out_k, dim3((unsigned)(nbh * d.nc), (unsigned)((d.Q + SSD_RT - 1) / SSD_RT)), 128, smem)(
         y, Sst, cum, x, Bm, Cm, dt, lam, A, Dsk, d);
     MT_CUDA_KCHECK();
@@ -337,80 +464,187 @@ static __global__ void ssd_dpass_k(float *dSo, const float *cum, struct ssd_dims
 }
 
 /* 7-8: each block takes SSD_RT consecutive query rows or sources of one
- * chunk, so the chunk's operands it re-reads (B and x rows, dY, C, S_in,
- * dS_out) come from L1 after the first of them: a sixteenth of the L2
- * traffic of one block per row. */
+ * chunk; 7 and 8a stage the rows they share (see "Staging" above), 8b and
+ * 8c read along their threads' contiguous columns already. */
 
-/* 7. per (b, h, c, tile of query rows i), threads over the 2q sources.
- * M, dG, dLE rows at ((ci*Q + i)*2Q + j); rs[ci*Q + i] = sum_j w_j dLE[i,j]. */
+/* 7. per (b, h, c, tile of query rows i), thread per source j, the tile's
+ * rows in registers: G = C_i . B_tok(j) and dM = dY_i . x_tok(j) (B, x rows
+ * and the C, dY tiles staged), then M = G o L, dG = dM o L, dLE = dM o G o E
+ * at ((ci*Q + i)*2Q + j), and rs[ci*Q + i] = sum_j w_j dLE[i,j] (each
+ * thread's j in order, then the block's tree per row: the order of the
+ * one-row-at-a-time kernel). */
 static __global__ void ssd_gm_k(float *M, float *dG, float *dLE, float *rs, const float *cum, const float *dy,
                                 const float *x, const float *Bm, const float *Cm, const float *dt, const float *lam,
                                 const float *A, struct ssd_dims d)
 {
-    MT_DYN_SMEM(float, red);  /* blockDim */
+    MT_DYN_SMEM(float, sm);   /* red (RT x blockDim), Ct, dYt (RT x KT each), Bt, Xt ((Q+1) x KP each) */
     int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H, i0 = (int)blockIdx.y * SSD_RT;
-    int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q;
+    int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q, nt = (int)blockDim.x, tid = (int)threadIdx.x;
     if (i0 >= q) return;
+    int ni = q - i0 < SSD_RT ? q - i0 : SSD_RT, imax = i0 + ni - 1, nr = imax + 2;
     const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, ob = (size_t)b * d.T;
+    float *red = sm, *Ct = red + SSD_RT * nt, *dYt = Ct + SSD_RT * SSD_KT, *Bt = dYt + SSD_RT * SSD_KT;
+    float *Xt = Bt + (d.Q + 1) * SSD_KP;
     const float *cm = cum + (size_t)bh * d.T + t0, Ah = A[h];
-    for (int i = i0; i < i0 + SSD_RT && i < q; i++) {
-        const size_t row = ((size_t)ci * d.Q + i) * 2 * d.Q;
-        const float *cr = Cm + (ob + t0 + i) * bld + (size_t)h * d.N, *dyr = dy + (ob + t0 + i) * xld + (size_t)h * d.P;
-        float rsum = 0.0f;
-        for (int j = (int)threadIdx.x; j < 2 * q; j += (int)blockDim.x) {
-            int sj = j < q ? j : j - q, tok = t0 + sj - (j < q ? 0 : 1);
+    const float *Bh = Bm + ob * bld + (size_t)h * d.N, *Ch = Cm + ob * bld + (size_t)h * d.N;
+    const float *xh = x + ob * xld + (size_t)h * d.P, *dyh = dy + ob * xld + (size_t)h * d.P;
+    float rsum[SSD_RT];
+#pragma unroll
+    for (int il = 0; il < SSD_RT; il++) rsum[il] = 0.0f;
+    for (int jb = 0; jb < 2 * q; jb += nt) {
+        int j = jb + tid;
+        struct ssd_src s = ssd_source(j < 2 * q ? j : 0, q, t0);
+        int live = j < 2 * q && s.valid && s.sj <= imax;
+        float g[SSD_RT], dm[SSD_RT];
+#pragma unroll
+        for (int il = 0; il < SSD_RT; il++) g[il] = dm[il] = 0.0f;
+        for (int n0 = 0; n0 < d.N; n0 += SSD_KT) {
+            int kn = d.N - n0 < SSD_KT ? d.N - n0 : SSD_KT;
+            __syncthreads();
+            ssd_stage_rows(Bt, Bh, bld, t0, nr, n0, kn);
+            ssd_stage_tile(Ct, Ch, bld, t0 + i0, ni, n0, kn);
+            __syncthreads();
+            if (live)
+                for (int k = 0; k < kn; k++) {
+                    float bv = Bt[s.r * SSD_KP + k];
+#pragma unroll
+                    for (int il = 0; il < SSD_RT; il++) g[il] += Ct[il * SSD_KT + k] * bv;
+                }
+        }
+        for (int p0 = 0; p0 < d.P; p0 += SSD_KT) {
+            int kp = d.P - p0 < SSD_KT ? d.P - p0 : SSD_KT;
+            __syncthreads();
+            ssd_stage_rows(Xt, xh, xld, t0, nr, p0, kp);
+            ssd_stage_tile(dYt, dyh, xld, t0 + i0, ni, p0, kp);
+            __syncthreads();
+            if (live)
+                for (int k = 0; k < kp; k++) {
+                    float xv = Xt[s.r * SSD_KP + k];
+#pragma unroll
+                    for (int il = 0; il < SSD_RT; il++) dm[il] += dYt[il * SSD_KT + k] * xv;
+                }
+        }
+        if (j >= 2 * q) continue;
+        float w = live ? ssd_w(j < q, dt, lam, Ah, (ob + t0 + s.sj) * d.H + h, t0 + s.sj) : 0.0f;
+#pragma unroll
+        for (int il = 0; il < SSD_RT; il++) {
+            int i = i0 + il;
+            if (il >= ni) break;
             float m = 0.0f, dg = 0.0f, dle = 0.0f;
-            if (sj <= i && tok >= 0) {
-                const float *br = Bm + (ob + tok) * bld + (size_t)h * d.N, *xr = x + (ob + tok) * xld + (size_t)h * d.P;
-                float g = 0.0f, dm = 0.0f;
-                for (int n = 0; n < d.N; n++) g += cr[n] * br[n];
-                for (int p = 0; p < d.P; p++) dm += dyr[p] * xr[p];
-                float w = ssd_w(j < q, dt, lam, Ah, (ob + t0 + sj) * d.H + h, t0 + sj), ex = expf(cm[i] - cm[sj]);
-                float dmg = dm * g, l = w * ex;
+            if (live && s.sj <= i) {
+                float ex = expf(cm[i] - cm[s.sj]), dmg = dm[il] * g[il], l = w * ex;
                 dle = dmg * ex;
-                rsum += dmg * w * ex;
-                m = g * l;
-                dg = dm * l;
+                rsum[il] += dmg * w * ex;
+                m = g[il] * l;
+                dg = dm[il] * l;
             }
+            const size_t row = ((size_t)ci * d.Q + i) * 2 * d.Q;
             M[row + j] = m;
             dG[row + j] = dg;
             dLE[row + j] = dle;
         }
-        float s = block_sum(rsum, red);
-        if (threadIdx.x == 0) rs[(size_t)ci * d.Q + i] = s;
     }
+    /* rs: block_sum's tree (red[k] += red[k + st], st = nt/2 .. 1) for every
+     * row at once, the RT x st additions of a level spread over the block */
+#pragma unroll
+    for (int il = 0; il < SSD_RT; il++) red[il * nt + tid] = rsum[il];
+    __syncthreads();
+    for (int st = nt / 2; st > 0; st >>= 1) {
+        for (int k = tid; k < SSD_RT * st; k += nt) red[(k / st) * nt + k % st] += red[(k / st) * nt + k % st + st];
+        __syncthreads();
+    }
+    if (tid < ni) rs[(size_t)ci * d.Q + i0 + tid] = red[tid * nt];
 }
 
-/* 8a. per (b, h, c, tile of sources j), threads over p */
+static size_t ssd_gm_smem(struct ssd_dims d, unsigned nt)
+{
+    return ((size_t)SSD_RT * nt + 2 * SSD_RT * SSD_KT + 2 * ((size_t)d.Q + 1) * SSD_KP) * sizeof(float);
+}
+
+/* 8a. per (b, h, c, tile of RT sources j), thread per column p, the tile's
+ * sources in registers: dXc_j = sum_{i >= s(j)} M[i,j] dY_i + v_j (B_tok(j) . dS_out[p])
+ * (the tile's M columns staged once; dS_out rows and the sources' B rows staged KT columns at a time) */
 static __global__ void ssd_dxc_k(float *dXc, const float *M, const float *dSo, const float *cum, const float *dy,
                                  const float *Bm, const float *dt, const float *lam, const float *A, struct ssd_dims d)
 {
+    MT_DYN_SMEM(float, sm);   /* Mt (Q x RT), v (RT), Bt (RT x KT), St (blockDim x KP) */
     int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H, j0 = (int)blockIdx.y * SSD_RT;
-    int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q;
+    int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q, nt = (int)blockDim.x, tid = (int)threadIdx.x;
     if (j0 >= 2 * q) return;
+    int nj = 2 * q - j0 < SSD_RT ? 2 * q - j0 : SSD_RT, has_next = c + 1 < d.nc;
     const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, PN = (size_t)d.P * d.N, ob = (size_t)b * d.T;
+    float *Mt = sm, *v = Mt + d.Q * SSD_RT, *Bt = v + SSD_RT, *St = Bt + SSD_RT * SSD_KT;
     const float *cm = cum + (size_t)bh * d.T + t0;
-    for (int j = j0; j < j0 + SSD_RT && j < 2 * q; j++) {
-        int sj = j < q ? j : j - q, tok = t0 + sj - (j < q ? 0 : 1);
-        const float *Mc = M + (size_t)ci * d.Q * 2 * d.Q + j;
-        float v = 0.0f;
-        if (c + 1 < d.nc && tok >= 0)
-            v = ssd_w(j < q, dt, lam, A[h], (ob + t0 + sj) * d.H + h, t0 + sj) * expf(cm[q - 1] - cm[sj]);
-        for (int p = (int)threadIdx.x; p < d.P; p += (int)blockDim.x) {
-            float acc = 0.0f;
-            if (tok >= 0) {
-                const float *dyh = dy + ob * xld + (size_t)h * d.P + p;
-                for (int i = sj; i < q; i++) acc += Mc[(size_t)i * 2 * d.Q] * dyh[(size_t)(t0 + i) * xld];
-                if (c + 1 < d.nc) {
-                    const float *br = Bm + (ob + tok) * bld + (size_t)h * d.N, *ds = dSo + (size_t)ci * PN + (size_t)p * d.N;
-                    float t2 = 0.0f;
-                    for (int n = 0; n < d.N; n++) t2 += br[n] * ds[n];
-                    acc += v * t2;
-                }
-            }
-            dXc[((size_t)ci * 2 * d.Q + j) * d.P + p] = acc;
-        }
+    const float *Bh = Bm + ob * bld + (size_t)h * d.N;
+    int from[SSD_RT], smin = q;   /* the first query row each source reaches (q: none), and of the tile */
+#pragma unroll
+    for (int jj = 0; jj < SSD_RT; jj++) {
+        struct ssd_src s = ssd_source(j0 + jj < 2 * q ? j0 + jj : 0, q, t0);
+        from[jj] = jj < nj && s.valid ? s.sj : q;
+        smin = from[jj] < smin ? from[jj] : smin;
     }
+    for (int k = tid; k < q * SSD_RT; k += nt) {
+        int i = k / SSD_RT, jj = k % SSD_RT;
+        Mt[k] = jj < nj ? M[((size_t)ci * d.Q + i) * 2 * d.Q + j0 + jj] : 0.0f;
+    }
+    for (int jj = tid; jj < SSD_RT; jj += nt) {
+        int j = j0 + jj;
+        struct ssd_src s = ssd_source(j < 2 * q ? j : 0, q, t0);
+        v[jj] = jj < nj && has_next && s.valid
+              ? ssd_w(j < q, dt, lam, A[h], (ob + t0 + s.sj) * d.H + h, t0 + s.sj) * expf(cm[q - 1] - cm[s.sj]) : 0.0f;
+    }
+    for (int pb = 0; pb < d.P; pb += nt) {
+        int p = pb + tid, live = p < d.P, np = d.P - pb < nt ? d.P - pb : nt;
+        float acc[SSD_RT];
+#pragma unroll
+        for (int jj = 0; jj < SSD_RT; jj++) acc[jj] = 0.0f;
+        __syncthreads();
+        if (live) {
+            const float *dyh = dy + ob * xld + (size_t)h * d.P + p;
+            for (int i = smin; i < q; i++) {
+                float dv = dyh[(size_t)(t0 + i) * xld];
+#pragma unroll
+                for (int jj = 0; jj < SSD_RT; jj++)
+                    if (i >= from[jj]) acc[jj] += Mt[i * SSD_RT + jj] * dv;
+            }
+        }
+        if (has_next) {   /* + v_j B_tok(j) . dS_out[p] */
+            float t2[SSD_RT];
+#pragma unroll
+            for (int jj = 0; jj < SSD_RT; jj++) t2[jj] = 0.0f;
+            const float *S = dSo + (size_t)ci * PN + (size_t)pb * d.N;
+            for (int n0 = 0; n0 < d.N; n0 += SSD_KT) {
+                int kn = d.N - n0 < SSD_KT ? d.N - n0 : SSD_KT;
+                __syncthreads();
+                for (int k = tid; k < np * kn; k += nt) St[(k / kn) * SSD_KP + k % kn] = S[(size_t)(k / kn) * d.N + n0 + k % kn];
+                for (int k = tid; k < SSD_RT * SSD_KT; k += nt) {
+                    int jj = k / SSD_KT, cc = k % SSD_KT;
+                    struct ssd_src s = ssd_source(j0 + jj < 2 * q ? j0 + jj : 0, q, t0);
+                    Bt[k] = jj < nj && s.valid && cc < kn ? Bh[(size_t)(t0 - 1 + s.r) * bld + n0 + cc] : 0.0f;
+                }
+                __syncthreads();
+                if (live)
+                    for (int k = 0; k < kn; k++) {
+                        float sv = St[tid * SSD_KP + k];
+#pragma unroll
+                        for (int jj = 0; jj < SSD_RT; jj++) t2[jj] += Bt[jj * SSD_KT + k] * sv;
+                    }
+            }
+#pragma unroll
+            for (int jj = 0; jj < SSD_RT; jj++) acc[jj] += v[jj] * t2[jj];
+        }
+        if (live)
+#pragma unroll
+            for (int jj = 0; jj < SSD_RT; jj++) {
+                if (jj >= nj) break;
+                dXc[((size_t)ci * 2 * d.Q + j0 + jj) * d.P + p] = acc[jj];
+            }
+    }
+}
+
+static size_t ssd_dxc_smem(struct ssd_dims d, unsigned nt)
+{
+    return ((size_t)d.Q * SSD_RT + SSD_RT + SSD_RT * SSD_KT + (size_t)nt * SSD_KP) * sizeof(float);
 }
 
 /* 8b. per (b, h, c, tile of sources j), threads over n; qj[ci*2Q + j] */
@@ -620,10 +854,11 @@ static void ssd_backward(float *dx, float *dBm, float *dCm, float *ddt, float *d
     MT_CUDA_KCHECK();
     unsigned tj = pow2_threads(2 * d.Q, 256), tp = pow2_threads(d.P, 256), tn = pow2_threads(d.N, 256);
     unsigned rt = (unsigned)((d.Q + SSD_RT - 1) / SSD_RT), st = (unsigned)((Q2 + SSD_RT - 1) / SSD_RT);
-    MT_LAUNCH(ssd_gm_k, dim3((unsigned)nch, rt), tj, tj * sizeof(float))(M, dG, dLE, rs, cum, dy, x, Bm, Cm,
-                                                                                    dt, lam, A, d);
+    size_t gm_smem = ssd_gm_smem(d, tj);
+    if (!ssd_smem_opt_in(ssd_gm_k, gm_smem)) return;
+    MT_LAUNCH(ssd_gm_k, dim3((unsigned)nch, rt), tj, gm_smem)(M, dG, dLE, rs, cum, dy, x, Bm, Cm, dt, lam, A, d);
     MT_CUDA_KCHECK();
-    MT_LAUNCH(ssd_dxc_k, dim3((unsigned)nch, st), tp, 0)(dXc, M, dSo, cum, dy, Bm, dt, lam, A, d);
+    MT_LAUNCH(ssd_dxc_k, dim3((unsigned)nch, st), tp, ssd_dxc_smem(d, tp))(dXc, M, dSo, cum, dy, Bm, dt, lam, A, d);
     MT_CUDA_KCHECK();
     MT_LAUNCH(ssd_dbc_k, dim3((unsigned)nch, st), tn, tn * sizeof(float))(dBc, qj, dG, dSo, cum, x, Bm, Cm,
                                                                                     dt, lam, A, d);
