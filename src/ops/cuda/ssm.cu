@@ -144,16 +144,55 @@ static __global__ void ssd_cum_k(float *cum, const float *dt, const float *A, st
     for (int i = (int)threadIdx.x; i < q; i += (int)blockDim.x) cum[(size_t)bh * d.T + t0 + i] = a[i];
 }
 
+/* Steps 2 and 5 are outer-product sums over a chunk's rows, P x N per chunk:
+ * a block takes a 64 x 64 tile of (p, n), 256 threads as 16 x 16 with 4 x 4
+ * outputs each, and stages SSD_IT rows of the two operands at a time (64
+ * columns each), so one staged pair of float4 feeds 16 multiply-adds.
+ * Each output keeps one accumulator and the plain loop's row order. */
+#define SSD_OT 64
+#define SSD_IT 32
+#define SSD_AL4(n) (((n) + 3) & ~3)   /* floats, rounded up to 16 bytes */
+
+/* stage rows [i0, i0+ni) of two (b, h) operands, tokens t0 + i - shift, the
+ * tile's 64 columns each (0 outside the operand or before token 0) */
+static __device__ void ssd_stage_pair(float *us, float *vs, const float *u, size_t uld, int ucols, int u0,
+                                      const float *v, size_t vld, int vcols, int v0, int t0, int shift, int i0, int ni)
+{
+    for (int k = (int)threadIdx.x; k < ni * SSD_OT; k += (int)blockDim.x) {
+        int r = k / SSD_OT, col = k % SSD_OT, t = t0 + i0 + r - shift;
+        us[k] = t >= 0 && u0 + col < ucols ? u[(size_t)t * uld + u0 + col] : 0.0f;
+        vs[k] = t >= 0 && v0 + col < vcols ? v[(size_t)t * vld + v0 + col] : 0.0f;
+    }
+}
+
+/* write a thread's 4 x 4 outputs of the tile at (p0, n0) into out (P x N) */
+static __device__ void ssd_put_tile(float *out, const float acc[4][4], int p0, int n0, int P, int N)
+{
+    int tp = (int)threadIdx.x / 16, tn = (int)threadIdx.x % 16;
+#pragma unroll
+    for (int a = 0; a < 4; a++)
+#pragma unroll
+        for (int b = 0; b < 4; b++) {
+            int p = p0 + tp * 4 + a, n = n0 + tn * 4 + b;
+            if (p < P && n < N) out[(size_t)p * N + n] = acc[a][b];
+        }
+}
+
 /* 2. Sst[ci] = sum_j x_tok(j) (v_j B_tok(j))^T, v_j = w_j exp(cum_last - cum_s(j)),
- * for the full chunks c < nc-1 (grid x: (b, h, c), y: tiles of P*N) */
+ * own sources (i ascending), then beta sources; the full chunks c < nc-1
+ * (grid x: (b, h, c), y: 64 x 64 tiles of (p, n); 256 threads) */
 static __global__ void ssd_state_k(float *Sst, const float *cum, const float *x, const float *Bm, const float *dt,
                                    const float *lam, const float *A, struct ssd_dims d)
 {
-    MT_DYN_SMEM(float, v);    /* 2Q */
+    MT_DYN_SMEM(float, sm);   /* v (2Q), xs, bs (IT x 64 each) */
     int bh = (int)blockIdx.x / (d.nc - 1), c = (int)blockIdx.x % (d.nc - 1), b = bh / d.H, h = bh % d.H;
-    int t0 = c * d.Q, q = d.Q;
+    int t0 = c * d.Q, q = d.Q, ntn = (d.N + SSD_OT - 1) / SSD_OT;
+    int p0 = (int)blockIdx.y / ntn * SSD_OT, n0 = (int)blockIdx.y % ntn * SSD_OT;
+    int tp = (int)threadIdx.x / 16, tn = (int)threadIdx.x % 16;
     const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, PN = (size_t)d.P * d.N;
+    float *v = sm, *xs = v + SSD_AL4(2 * d.Q), *bs = xs + SSD_IT * SSD_OT;   /* float4 reads: 16-byte aligned */
     const float *cm = cum + (size_t)bh * d.T + t0, Ah = A[h];
+    const float *xh = x + (size_t)b * d.T * xld + (size_t)h * d.P, *Bh = Bm + (size_t)b * d.T * bld + (size_t)h * d.N;
     float cl = cm[q - 1];
     for (int i = (int)threadIdx.x; i < q; i += (int)blockDim.x) {
         size_t r = ((size_t)b * d.T + t0 + i) * d.H + h;
@@ -161,21 +200,35 @@ static __global__ void ssd_state_k(float *Sst, const float *cum, const float *x,
         v[i] = ssd_w(1, dt, lam, Ah, r, t0 + i) * ex;
         v[q + i] = ssd_w(0, dt, lam, Ah, r, t0 + i) * ex;
     }
-    __syncthreads();
-    size_t e = (size_t)blockIdx.y * blockDim.x + threadIdx.x;
-    if (e >= PN) return;
-    int p = (int)(e / d.N), n = (int)(e % d.N);
-    const float *xb = x + (size_t)b * d.T * xld + (size_t)h * d.P + p, *Bb = Bm + (size_t)b * d.T * bld + (size_t)h * d.N + n;
-    float acc = 0.0f;
-    for (int i = 0; i < q; i++) {
-        int t = t0 + i;
-        acc += xb[(size_t)t * xld] * (v[i] * Bb[(size_t)t * bld]);
-    }
-    for (int i = 0; i < q; i++) {
-        int t = t0 + i;
-        if (t > 0) acc += xb[(size_t)(t - 1) * xld] * (v[q + i] * Bb[(size_t)(t - 1) * bld]);
-    }
-    Sst[((size_t)bh * d.nc + c) * PN + e] = acc;
+    float acc[4][4];
+#pragma unroll
+    for (int a = 0; a < 4; a++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[a][e] = 0.0f;
+    for (int pass = 0; pass < 2; pass++)        /* 0: x_t, B_t; 1: x_{t-1}, B_{t-1} */
+        for (int i0 = 0; i0 < q; i0 += SSD_IT) {
+            int ni = q - i0 < SSD_IT ? q - i0 : SSD_IT;
+            __syncthreads();
+            ssd_stage_pair(xs, bs, xh, xld, d.P, p0, Bh, bld, d.N, n0, t0, pass, i0, ni);
+            __syncthreads();
+            for (int r = 0; r < ni; r++) {
+                if (pass && t0 + i0 + r == 0) continue;   /* no beta source at t = 0 */
+                float vv = v[pass * q + i0 + r];
+                float4 xv = *(const float4 *)(xs + r * SSD_OT + tp * 4), bv = *(const float4 *)(bs + r * SSD_OT + tn * 4);
+                float xa[4] = {xv.x, xv.y, xv.z, xv.w}, vb[4] = {vv * bv.x, vv * bv.y, vv * bv.z, vv * bv.w};
+#pragma unroll
+                for (int a = 0; a < 4; a++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) acc[a][e] += xa[a] * vb[e];
+            }
+        }
+    ssd_put_tile(Sst + ((size_t)bh * d.nc + c) * PN, acc, p0, n0, d.P, d.N);
+}
+
+/* both kernels' launch: 64 x 64 tiles of (p, n) on grid y, 256 threads */
+static dim3 ssd_tile_grid(unsigned nx, struct ssd_dims d)
+{
+    return dim3(nx, (unsigned)(((d.P + SSD_OT - 1) / SSD_OT) * ((d.N + SSD_OT - 1) / SSD_OT)));
 }
 
 /* 3. in place: Sst[c] (the chunk's own state) -> the state entering chunk c.
@@ -375,8 +428,8 @@ static void ssd_states(float *Sst, const float *cum, const float *x, const float
 {
     const size_t PN = (size_t)d.P * d.N;
     if (d.nc > 1) {
-        MT_LAUNCH(ssd_state_k, dim3((unsigned)(d.B * d.H * (d.nc - 1)), (unsigned)((PN + 255) / 256)), 256,
-                  2 * (size_t)d.Q * sizeof(float))(Sst, cum, x, Bm, dt, lam, A, d);
+        MT_LAUNCH(ssd_state_k, ssd_tile_grid((unsigned)(d.B * d.H * (d.nc - 1)), d), 256,
+                  (SSD_AL4(2 * (size_t)d.Q) + 2 * SSD_IT * SSD_OT) * sizeof(float))(Sst, cum, x, Bm, dt, lam, A, d);
         MT_CUDA_KCHECK();
     }
     size_t n = (size_t)d.B * d.H * PN;
@@ -429,22 +482,40 @@ static void ssd_forward(float *y, const float *x, const float *Bm, const float *
  * Workspace: cum, S_in, dS_out, M, dG, dLE (q x 2q per chunk), dXc, dBc and
  * the per-row / per-source scalars (ssd_bwd_floats). */
 
-/* 5. dSo[ci] = sum_i (exp(cum_i) dY_i) C_i^T for chunks c >= 1 (grid x: (b, h, c-1), y: PN tiles) */
+/* 5. dSo[ci] = sum_i (exp(cum_i) dY_i) C_i^T for chunks c >= 1, i ascending
+ * (grid x: (b, h, c-1), y: 64 x 64 tiles of (p, n); 256 threads; as step 2) */
 static __global__ void ssd_dloc_k(float *dSo, const float *cum, const float *dy, const float *Cm, struct ssd_dims d)
 {
-    MT_DYN_SMEM(float, e);    /* Q */
+    MT_DYN_SMEM(float, sm);   /* e (Q), ys, cs (IT x 64 each) */
     int bh = (int)blockIdx.x / (d.nc - 1), c = 1 + (int)blockIdx.x % (d.nc - 1), b = bh / d.H, h = bh % d.H;
-    int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q;
+    int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q, ntn = (d.N + SSD_OT - 1) / SSD_OT;
+    int p0 = (int)blockIdx.y / ntn * SSD_OT, n0 = (int)blockIdx.y % ntn * SSD_OT;
+    int tp = (int)threadIdx.x / 16, tn = (int)threadIdx.x % 16;
     const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, PN = (size_t)d.P * d.N;
+    float *e = sm, *ys = e + SSD_AL4(d.Q), *cs = ys + SSD_IT * SSD_OT;
+    const float *dyh = dy + (size_t)b * d.T * xld + (size_t)h * d.P, *Ch = Cm + (size_t)b * d.T * bld + (size_t)h * d.N;
     for (int i = (int)threadIdx.x; i < q; i += (int)blockDim.x) e[i] = expf(cum[(size_t)bh * d.T + t0 + i]);
-    __syncthreads();
-    size_t k = (size_t)blockIdx.y * blockDim.x + threadIdx.x;
-    if (k >= PN) return;
-    int p = (int)(k / d.N), n = (int)(k % d.N);
-    const float *dyb = dy + (size_t)b * d.T * xld + (size_t)h * d.P + p, *Cb = Cm + (size_t)b * d.T * bld + (size_t)h * d.N + n;
-    float acc = 0.0f;
-    for (int i = 0; i < q; i++) acc += (e[i] * dyb[(size_t)(t0 + i) * xld]) * Cb[(size_t)(t0 + i) * bld];
-    dSo[((size_t)bh * d.nc + c) * PN + k] = acc;
+    float acc[4][4];
+#pragma unroll
+    for (int a = 0; a < 4; a++)
+#pragma unroll
+        for (int k = 0; k < 4; k++) acc[a][k] = 0.0f;
+    for (int i0 = 0; i0 < q; i0 += SSD_IT) {
+        int ni = q - i0 < SSD_IT ? q - i0 : SSD_IT;
+        __syncthreads();
+        ssd_stage_pair(ys, cs, dyh, xld, d.P, p0, Ch, bld, d.N, n0, t0, 0, i0, ni);
+        __syncthreads();
+        for (int r = 0; r < ni; r++) {
+            float ev = e[i0 + r];
+            float4 yv = *(const float4 *)(ys + r * SSD_OT + tp * 4), cv = *(const float4 *)(cs + r * SSD_OT + tn * 4);
+            float ey[4] = {ev * yv.x, ev * yv.y, ev * yv.z, ev * yv.w}, ca[4] = {cv.x, cv.y, cv.z, cv.w};
+#pragma unroll
+            for (int a = 0; a < 4; a++)
+#pragma unroll
+                for (int k = 0; k < 4; k++) acc[a][k] += ey[a] * ca[k];
+        }
+    }
+    ssd_put_tile(dSo + ((size_t)bh * d.nc + c) * PN, acc, p0, n0, d.P, d.N);
 }
 
 /* 6. in place: dSo[c] (Dloc_c) -> dS_out of chunk c, in reverse chunk order */
@@ -846,8 +917,8 @@ static void ssd_backward(float *dx, float *dBm, float *dCm, float *ddt, float *d
     ssd_cum(cum, dt, A, d);
     ssd_states(Sst, cum, x, Bm, dt, lam, A, d);
     if (d.nc > 1) {
-        MT_LAUNCH(ssd_dloc_k, dim3((unsigned)(nbh * (d.nc - 1)), (unsigned)((PN + 255) / 256)), 256,
-                  (size_t)d.Q * sizeof(float))(dSo, cum, dy, Cm, d);
+        MT_LAUNCH(ssd_dloc_k, ssd_tile_grid((unsigned)(nbh * (d.nc - 1)), d), 256,
+                  (SSD_AL4((size_t)d.Q) + 2 * SSD_IT * SSD_OT) * sizeof(float))(dSo, cum, dy, Cm, d);
         MT_CUDA_KCHECK();
     }
     MT_LAUNCH(ssd_dpass_k, (unsigned)((nbh * PN + 255) / 256), 256, 0)(dSo, cum, d);
