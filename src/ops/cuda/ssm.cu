@@ -304,6 +304,24 @@ static __device__ void ssd_stage_tile(float *dst, const float *src, size_t ld, i
     }
 }
 
+/* Sums over the block for RT rows at once, in block_sum's tree order:
+ * red[il * nt + k] = val[il] of thread k, then red[k] += red[k + st] for
+ * st = nt/2 .. 1 (nt = blockDim, a power of two), the RT x st additions of
+ * a level spread over the block. Row il's sum ends in red[il * nt]. Every
+ * thread must call it. */
+static __device__ __forceinline__ void ssd_rows_tree(float *red, const float *val)
+{
+    int nt = (int)blockDim.x, tid = (int)threadIdx.x;
+    __syncthreads();   /* red may overlay what the block read last */
+#pragma unroll
+    for (int il = 0; il < SSD_RT; il++) red[il * nt + tid] = val[il];
+    __syncthreads();
+    for (int st = nt / 2; st > 0; st >>= 1) {
+        for (int k = tid; k < SSD_RT * st; k += nt) red[(k / st) * nt + k % st] += red[(k / st) * nt + k % st + st];
+        __syncthreads();
+    }
+}
+
 /* 4. Y rows [i0, i0+ni) of chunk ci (grid x: (b, h, c), y: row tiles).
  *   a. thread per source j, the tile's rows in registers:
  *      G[il][j] = (C_i . B_tok(j)) w_j exp(cum_i - cum_s(j))   (0 where s(j) > i)
@@ -615,15 +633,7 @@ static __global__ void ssd_gm_k(float *M, float *dG, float *dLE, float *rs, cons
             dLE[row + j] = dle;
         }
     }
-    /* rs: block_sum's tree (red[k] += red[k + st], st = nt/2 .. 1) for every
-     * row at once, the RT x st additions of a level spread over the block */
-#pragma unroll
-    for (int il = 0; il < SSD_RT; il++) red[il * nt + tid] = rsum[il];
-    __syncthreads();
-    for (int st = nt / 2; st > 0; st >>= 1) {
-        for (int k = tid; k < SSD_RT * st; k += nt) red[(k / st) * nt + k % st] += red[(k / st) * nt + k % st + st];
-        __syncthreads();
-    }
+    ssd_rows_tree(red, rsum);   /* rs: the tree of block_sum, every row at once */
     if (tid < ni) rs[(size_t)ci * d.Q + i0 + tid] = red[tid * nt];
 }
 
@@ -718,75 +728,189 @@ static size_t ssd_dxc_smem(struct ssd_dims d, unsigned nt)
     return ((size_t)d.Q * SSD_RT + SSD_RT + SSD_RT * SSD_KT + (size_t)nt * SSD_KP) * sizeof(float);
 }
 
-/* 8b. per (b, h, c, tile of sources j), threads over n; qj[ci*2Q + j] */
+/* 8b. per (b, h, c, tile of RT sources j), thread per column n, the tile's
+ * sources in registers: dBc_j = sum_{i >= s(j)} dG[i,j] C_i + v_j t_j with
+ * t_j[n] = x_tok(j) . dS_out[:, n], and qj[ci*2Q + j] = sum_n t_j[n] B_tok(j)[n]
+ * (the tile's dG columns and the sources' x rows staged; C and dS_out read
+ * along n, coalesced) */
 static __global__ void ssd_dbc_k(float *dBc, float *qj, const float *dG, const float *dSo, const float *cum,
                                  const float *x, const float *Bm, const float *Cm, const float *dt, const float *lam,
                                  const float *A, struct ssd_dims d)
 {
-    MT_DYN_SMEM(float, red);  /* blockDim */
+    MT_DYN_SMEM(float, sm);   /* red (RT x blockDim), dGt (Q x RT), v (RT), xt (RT x KT) */
     int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H, j0 = (int)blockIdx.y * SSD_RT;
-    int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q;
+    int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q, nt = (int)blockDim.x, tid = (int)threadIdx.x;
     if (j0 >= 2 * q) return;
+    int nj = 2 * q - j0 < SSD_RT ? 2 * q - j0 : SSD_RT, has_next = c + 1 < d.nc;
     const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, PN = (size_t)d.P * d.N, ob = (size_t)b * d.T;
+    float *red = sm, *dGt = red + SSD_RT * nt, *v = dGt + d.Q * SSD_RT, *xt = v + SSD_RT;
     const float *cm = cum + (size_t)bh * d.T + t0;
-    for (int j = j0; j < j0 + SSD_RT && j < 2 * q; j++) {
-        int sj = j < q ? j : j - q, tok = t0 + sj - (j < q ? 0 : 1);
-        const float *dGc = dG + (size_t)ci * d.Q * 2 * d.Q + j;
-        float v = 0.0f, qpart = 0.0f;
-        if (c + 1 < d.nc && tok >= 0)
-            v = ssd_w(j < q, dt, lam, A[h], (ob + t0 + sj) * d.H + h, t0 + sj) * expf(cm[q - 1] - cm[sj]);
-        for (int n = (int)threadIdx.x; n < d.N; n += (int)blockDim.x) {
-            float acc = 0.0f;
-            if (tok >= 0) {
-                const float *ch = Cm + ob * bld + (size_t)h * d.N + n;
-                for (int i = sj; i < q; i++) acc += dGc[(size_t)i * 2 * d.Q] * ch[(size_t)(t0 + i) * bld];
-                if (c + 1 < d.nc) {
-                    const float *xr = x + (ob + tok) * xld + (size_t)h * d.P, *ds = dSo + (size_t)ci * PN + n;
-                    float t1 = 0.0f;
-                    for (int p = 0; p < d.P; p++) t1 += xr[p] * ds[(size_t)p * d.N];
-                    qpart += t1 * Bm[(ob + tok) * bld + (size_t)h * d.N + n];
-                    acc += v * t1;
-                }
-            }
-            dBc[((size_t)ci * 2 * d.Q + j) * d.N + n] = acc;
-        }
-        float s = block_sum(qpart, red);
-        if (threadIdx.x == 0) qj[(size_t)ci * 2 * d.Q + j] = s;
+    const float *Bh = Bm + ob * bld + (size_t)h * d.N, *Ch = Cm + ob * bld + (size_t)h * d.N;
+    const float *xh = x + ob * xld + (size_t)h * d.P, *S = dSo + (size_t)ci * PN;
+    int from[SSD_RT], tok[SSD_RT], smin = q;   /* first query row (q: none) and token of each source */
+#pragma unroll
+    for (int jj = 0; jj < SSD_RT; jj++) {
+        struct ssd_src s = ssd_source(j0 + jj < 2 * q ? j0 + jj : 0, q, t0);
+        int ok = jj < nj && s.valid;
+        from[jj] = ok ? s.sj : q;
+        tok[jj] = ok ? t0 - 1 + s.r : -1;
+        smin = from[jj] < smin ? from[jj] : smin;
     }
+    for (int k = tid; k < q * SSD_RT; k += nt) {
+        int i = k / SSD_RT, jj = k % SSD_RT;
+        dGt[k] = jj < nj ? dG[((size_t)ci * d.Q + i) * 2 * d.Q + j0 + jj] : 0.0f;
+    }
+    for (int jj = tid; jj < SSD_RT; jj += nt) {
+        int j = j0 + jj;
+        struct ssd_src s = ssd_source(j < 2 * q ? j : 0, q, t0);
+        v[jj] = jj < nj && has_next && s.valid
+              ? ssd_w(j < q, dt, lam, A[h], (ob + t0 + s.sj) * d.H + h, t0 + s.sj) * expf(cm[q - 1] - cm[s.sj]) : 0.0f;
+    }
+    float qp[SSD_RT];
+#pragma unroll
+    for (int jj = 0; jj < SSD_RT; jj++) qp[jj] = 0.0f;
+    for (int nb = 0; nb < d.N; nb += nt) {
+        int n = nb + tid, live = n < d.N;
+        float acc[SSD_RT];
+#pragma unroll
+        for (int jj = 0; jj < SSD_RT; jj++) acc[jj] = 0.0f;
+        __syncthreads();
+        if (live)
+            for (int i = smin; i < q; i++) {
+                float cv = Ch[(size_t)(t0 + i) * bld + n];
+#pragma unroll
+                for (int jj = 0; jj < SSD_RT; jj++)
+                    if (i >= from[jj]) acc[jj] += dGt[i * SSD_RT + jj] * cv;
+            }
+        if (has_next) {
+            float t1[SSD_RT];
+#pragma unroll
+            for (int jj = 0; jj < SSD_RT; jj++) t1[jj] = 0.0f;
+            for (int p0 = 0; p0 < d.P; p0 += SSD_KT) {
+                int kp = d.P - p0 < SSD_KT ? d.P - p0 : SSD_KT;
+                __syncthreads();
+                for (int k = tid; k < SSD_RT * SSD_KT; k += nt) {
+                    int jj = k / SSD_KT, cc = k % SSD_KT, tk = -1;
+#pragma unroll
+                    for (int u = 0; u < SSD_RT; u++) tk = u == jj ? tok[u] : tk;
+                    xt[k] = tk >= 0 && cc < kp ? xh[(size_t)tk * xld + p0 + cc] : 0.0f;
+                }
+                __syncthreads();
+                if (live)
+                    for (int kk = 0; kk < kp; kk++) {
+                        float sv = S[(size_t)(p0 + kk) * d.N + n];
+#pragma unroll
+                        for (int jj = 0; jj < SSD_RT; jj++) t1[jj] += xt[jj * SSD_KT + kk] * sv;
+                    }
+            }
+            if (live)
+#pragma unroll
+                for (int jj = 0; jj < SSD_RT; jj++)
+                    if (tok[jj] >= 0) {
+                        qp[jj] += t1[jj] * Bh[(size_t)tok[jj] * bld + n];
+                        acc[jj] += v[jj] * t1[jj];
+                    }
+        }
+        if (live)
+#pragma unroll
+            for (int jj = 0; jj < SSD_RT; jj++) {
+                if (jj >= nj) break;
+                dBc[((size_t)ci * 2 * d.Q + j0 + jj) * d.N + n] = acc[jj];
+            }
+    }
+    ssd_rows_tree(red, qp);
+    if (tid < nj) qj[(size_t)ci * 2 * d.Q + j0 + tid] = red[tid * nt];
 }
 
-/* 8c. per (b, h, c, tile of query rows i), threads over n: dC (=) and the
- * inter term of dcum_i, inter[ci*Q + i] = e_i (dY_i S_in) . C_i */
+static size_t ssd_dbc_smem(struct ssd_dims d, unsigned nt)
+{
+    return ((size_t)SSD_RT * nt + (size_t)d.Q * SSD_RT + SSD_RT + SSD_RT * SSD_KT) * sizeof(float);
+}
+
+/* 8c. per (b, h, c, tile of RT query rows i), thread per column n, the
+ * tile's rows in registers: dC_i = sum_j dG[i,j] B_tok(j) + e_i ds_i with
+ * ds_i[n] = dY_i . S_in[:, n], and inter[ci*Q + i] = e_i sum_n ds_i[n] C_i[n]
+ * (the tile's dG rows staged transposed, its dY rows KT columns at a time;
+ * B and S_in read along n, coalesced) */
 static __global__ void ssd_dc_k(float *dCm, float *inter, const float *dG, const float *Sst, const float *cum,
                                 const float *dy, const float *Bm, const float *Cm, struct ssd_dims d)
 {
-    MT_DYN_SMEM(float, red);  /* blockDim */
+    MT_DYN_SMEM(float, sm);   /* red (RT x blockDim), dGt (2Q x RT), e (RT), yt (RT x KT) */
     int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H, i0 = (int)blockIdx.y * SSD_RT;
-    int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q;
+    int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q, nt = (int)blockDim.x, tid = (int)threadIdx.x;
     if (i0 >= q) return;
+    int ni = q - i0 < SSD_RT ? q - i0 : SSD_RT, imax = i0 + ni - 1;
     const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, PN = (size_t)d.P * d.N, ob = (size_t)b * d.T;
-    for (int i = i0; i < i0 + SSD_RT && i < q; i++) {
-        const float *dGr = dG + ((size_t)ci * d.Q + i) * 2 * d.Q, *cr = Cm + (ob + t0 + i) * bld + (size_t)h * d.N;
-        const float *dyr = dy + (ob + t0 + i) * xld + (size_t)h * d.P;
-        float e = expf(cum[(size_t)bh * d.T + t0 + i]), de = 0.0f;
-        for (int n = (int)threadIdx.x; n < d.N; n += (int)blockDim.x) {
-            const float *bcol = Bm + ob * bld + (size_t)h * d.N + n;
-            float acc = 0.0f;
-            for (int j = 0; j <= i; j++) acc += dGr[j] * bcol[(size_t)(t0 + j) * bld];
-            for (int j = 0; j <= i; j++)
-                if (t0 + j > 0) acc += dGr[q + j] * bcol[(size_t)(t0 + j - 1) * bld];
-            if (c > 0) {
-                const float *S = Sst + (size_t)ci * PN + n;
-                float ds = 0.0f;
-                for (int p = 0; p < d.P; p++) ds += dyr[p] * S[(size_t)p * d.N];
-                de += ds * cr[n];
-                acc += e * ds;
-            }
-            dCm[(ob + t0 + i) * bld + (size_t)h * d.N + n] = acc;
-        }
-        float s = block_sum(de, red);
-        if (threadIdx.x == 0) inter[(size_t)ci * d.Q + i] = s * e;
+    float *red = sm, *dGt = red + SSD_RT * nt, *e = dGt + 2 * d.Q * SSD_RT, *yt = e + SSD_RT;
+    const float *Bh = Bm + ob * bld + (size_t)h * d.N, *Ch = Cm + ob * bld + (size_t)h * d.N;
+    const float *dyh = dy + ob * xld + (size_t)h * d.P, *S = Sst + (size_t)ci * PN;
+    for (int k = tid; k < 2 * q * SSD_RT; k += nt) {
+        int j = k / SSD_RT, il = k % SSD_RT;
+        dGt[k] = il < ni ? dG[((size_t)ci * d.Q + i0 + il) * 2 * d.Q + j] : 0.0f;
     }
+    for (int il = tid; il < SSD_RT; il += nt) e[il] = il < ni ? expf(cum[(size_t)bh * d.T + t0 + i0 + il]) : 0.0f;
+    float de[SSD_RT];
+#pragma unroll
+    for (int il = 0; il < SSD_RT; il++) de[il] = 0.0f;
+    for (int nb = 0; nb < d.N; nb += nt) {
+        int n = nb + tid, live = n < d.N;
+        float acc[SSD_RT];
+#pragma unroll
+        for (int il = 0; il < SSD_RT; il++) acc[il] = 0.0f;
+        __syncthreads();
+        if (live) {
+            for (int j = 0; j <= imax; j++) {
+                float bv = Bh[(size_t)(t0 + j) * bld + n];
+#pragma unroll
+                for (int il = 0; il < SSD_RT; il++)
+                    if (il < ni && j <= i0 + il) acc[il] += dGt[j * SSD_RT + il] * bv;
+            }
+            for (int j = 0; j <= imax; j++) {
+                if (t0 + j == 0) continue;
+                float bv = Bh[(size_t)(t0 + j - 1) * bld + n];
+#pragma unroll
+                for (int il = 0; il < SSD_RT; il++)
+                    if (il < ni && j <= i0 + il) acc[il] += dGt[(q + j) * SSD_RT + il] * bv;
+            }
+        }
+        if (c > 0) {
+            float ds[SSD_RT];
+#pragma unroll
+            for (int il = 0; il < SSD_RT; il++) ds[il] = 0.0f;
+            for (int p0 = 0; p0 < d.P; p0 += SSD_KT) {
+                int kp = d.P - p0 < SSD_KT ? d.P - p0 : SSD_KT;
+                __syncthreads();
+                ssd_stage_tile(yt, dyh, xld, t0 + i0, ni, p0, kp);
+                __syncthreads();
+                if (live)
+                    for (int kk = 0; kk < kp; kk++) {
+                        float sv = S[(size_t)(p0 + kk) * d.N + n];
+#pragma unroll
+                        for (int il = 0; il < SSD_RT; il++) ds[il] += yt[il * SSD_KT + kk] * sv;
+                    }
+            }
+            if (live)
+#pragma unroll
+                for (int il = 0; il < SSD_RT; il++) {
+                    if (il >= ni) break;
+                    de[il] += ds[il] * Ch[(size_t)(t0 + i0 + il) * bld + n];
+                    acc[il] += e[il] * ds[il];
+                }
+        }
+        if (live)
+#pragma unroll
+            for (int il = 0; il < SSD_RT; il++) {
+                if (il >= ni) break;
+                dCm[(ob + t0 + i0 + il) * bld + (size_t)h * d.N + n] = acc[il];
+            }
+    }
+    ssd_rows_tree(red, de);
+    if (tid < ni) inter[(size_t)ci * d.Q + i0 + tid] = red[tid * nt] * e[tid];
+}
+
+static size_t ssd_dc_smem(struct ssd_dims d, unsigned nt)
+{
+    return ((size_t)SSD_RT * nt + 2 * (size_t)d.Q * SSD_RT + SSD_RT + SSD_RT * SSD_KT) * sizeof(float);
 }
 
 /* 9. one block per (b, h, c): dw_j, dcum_i, da = reverse scan of dcum in the
@@ -931,11 +1055,12 @@ static void ssd_backward(float *dx, float *dBm, float *dCm, float *ddt, float *d
     MT_CUDA_KCHECK();
     MT_LAUNCH(ssd_dxc_k, dim3((unsigned)nch, st), tp, ssd_dxc_smem(d, tp))(dXc, M, dSo, cum, dy, Bm, dt, lam, A, d);
     MT_CUDA_KCHECK();
-    MT_LAUNCH(ssd_dbc_k, dim3((unsigned)nch, st), tn, tn * sizeof(float))(dBc, qj, dG, dSo, cum, x, Bm, Cm,
-                                                                                    dt, lam, A, d);
+    MT_LAUNCH(ssd_dbc_k, dim3((unsigned)nch, st), tn, ssd_dbc_smem(d, tn))(dBc, qj, dG, dSo, cum, x, Bm, Cm, dt,
+                                                                              lam, A, d);
     MT_CUDA_KCHECK();
-    MT_LAUNCH(ssd_dc_k, dim3((unsigned)nch, rt), tn, tn * sizeof(float))(dCm, inter, dG, Sst, cum, dy, Bm,
-                                                                                   Cm, d);
+    size_t dc_smem = ssd_dc_smem(d, tn);
+    if (!ssd_smem_opt_in(ssd_dc_k, dc_smem)) return;
+    MT_LAUNCH(ssd_dc_k, dim3((unsigned)nch, rt), tn, dc_smem)(dCm, inter, dG, Sst, cum, dy, Bm, Cm, d);
     MT_CUDA_KCHECK();
     unsigned ts = SSD_SCAN_THREADS;
     MT_LAUNCH(ssd_scal_k, (unsigned)nch, ts, ts * sizeof(double) + (3 * (size_t)d.Q + ts) * sizeof(float))(
