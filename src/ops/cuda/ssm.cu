@@ -56,6 +56,7 @@
 #define SSD_QMAX 256          /* chunks above this run as 256 (same result to rounding) */
 #define SSD_RT 16             /* query rows (or sources) per block of ssd_out_k and the backward kernels */
 #define SSD_SCAN_THREADS 128  /* block of the chunk scans */
+#define SSD_ROWS_PER_SCAL ((SSD_QMAX + SSD_SCAN_THREADS - 1) / SSD_SCAN_THREADS)   /* chunk rows a thread of ssd_scal_k */
 
 struct ssd_dims {
     int B, T, H, P, N, Q, nc;
@@ -920,8 +921,9 @@ static __global__ void ssd_scal_k(float *ddt, float *dlam, double *part, const f
                                   const float *cum, const float *dy, const float *x, const float *dt,
                                   const float *lam, const float *A, struct ssd_dims d)
 {
-    MT_DYN_SMEM(double, dred);   /* blockDim doubles, then dcum (Q), dw (2Q), tot (blockDim) floats */
+    MT_DYN_SMEM(double, dred);   /* blockDim doubles, then dcum (Q), dw (2Q), tot (blockDim), ys, xs (Q x KP) floats */
     float *dcum = (float *)(dred + blockDim.x), *dw = dcum + d.Q, *tot = dw + 2 * d.Q;
+    float *ys = tot + blockDim.x, *xs = ys + d.Q * SSD_KP;
     int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H, nt = (int)blockDim.x;
     int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q, has_next = c + 1 < d.nc;
     const size_t xld = (size_t)d.H * d.P, PN = (size_t)d.P * d.N, ob = (size_t)b * d.T, Q2 = 2 * (size_t)d.Q;
@@ -963,8 +965,28 @@ static __global__ void ssd_scal_k(float *ddt, float *dlam, double *part, const f
     }
     __syncthreads();
     block_scan(dcum, tot, q, 1);
+    /* dD's terms dY_t . x_t, a row a thread: the chunk's dY and x rows staged
+     * KT columns at a time (rows padded: thread i reads row i conflict-free;
+     * before, each thread read its own row from global memory, uncoalesced) */
+    float sxy[SSD_ROWS_PER_SCAL];
+#pragma unroll
+    for (int u = 0; u < SSD_ROWS_PER_SCAL; u++) sxy[u] = 0.0f;
+    const float *dyh = dy + ob * xld + (size_t)h * d.P, *xh = x + ob * xld + (size_t)h * d.P;
+    for (int p0 = 0; p0 < d.P; p0 += SSD_KT) {
+        int kp = d.P - p0 < SSD_KT ? d.P - p0 : SSD_KT;
+        __syncthreads();
+        ssd_stage_rows(ys, dyh, xld, t0 + 1, q, p0, kp);   /* row i: token t0 + i */
+        ssd_stage_rows(xs, xh, xld, t0 + 1, q, p0, kp);
+        __syncthreads();
+#pragma unroll
+        for (int u = 0; u < SSD_ROWS_PER_SCAL; u++) {
+            int i = (int)threadIdx.x + u * nt;
+            if (i < q)
+                for (int k = 0; k < kp; k++) sxy[u] += ys[i * SSD_KP + k] * xs[i * SSD_KP + k];
+        }
+    }
     double pa = 0.0, pd = 0.0;
-    for (int i = (int)threadIdx.x; i < q; i += nt) {
+    for (int i = (int)threadIdx.x, u = 0; i < q; i += nt, u++) {
         int t = t0 + i;
         size_t r = (ob + t) * d.H + h;
         float dd = dt[r], l = lam[r], al = expf(dd * Ah), run = dcum[i], dg = dw[i], db = t > 0 ? dw[q + i] : 0.0f;
@@ -972,10 +994,10 @@ static __global__ void ssd_scal_k(float *ddt, float *dlam, double *part, const f
         ddt[r] = run * Ah + dg * l + db * (1.0f - l) * al * (1.0f + dd * Ah);
         dlam[r] = dg * dd - db * dd * al;
         pa += (double)run * dd + (double)db * beta * dd;
-        const float *dyr = dy + (ob + t) * xld + (size_t)h * d.P, *xr = x + (ob + t) * xld + (size_t)h * d.P;
-        float s = 0.0f;
-        for (int p = 0; p < d.P; p++) s += dyr[p] * xr[p];
-        pd += s;
+        float sv = 0.0f;
+#pragma unroll
+        for (int w = 0; w < SSD_ROWS_PER_SCAL; w++) sv = w == u ? sxy[w] : sv;
+        pd += sv;
     }
     pa = block_sum(pa, dred);
     pd = block_sum(pd, dred);
@@ -1063,7 +1085,7 @@ static void ssd_backward(float *dx, float *dBm, float *dCm, float *ddt, float *d
     MT_LAUNCH(ssd_dc_k, dim3((unsigned)nch, rt), tn, dc_smem)(dCm, inter, dG, Sst, cum, dy, Bm, Cm, d);
     MT_CUDA_KCHECK();
     unsigned ts = SSD_SCAN_THREADS;
-    MT_LAUNCH(ssd_scal_k, (unsigned)nch, ts, ts * sizeof(double) + (3 * (size_t)d.Q + ts) * sizeof(float))(
+    MT_LAUNCH(ssd_scal_k, (unsigned)nch, ts, ts * sizeof(double) + (3 * (size_t)d.Q + ts + 2 * (size_t)d.Q * SSD_KP) * sizeof(float))(
         ddt, dlam, part, dLE, rs, qj, inter, Sst, dSo, cum, dy, x, dt, lam, A, d);
     MT_CUDA_KCHECK();
     size_t ns = (size_t)d.B * d.T * d.H * ((size_t)d.P + d.N);
