@@ -14,7 +14,10 @@
  * as the plain gemm entry does in MT_CUDA_PRECISION=bf16), gemm_bf16 on
  * bf16 operands as stored (the weights' shadows: the tensor-core rate), and
  * attention_forward / attention_backward (causal), in fp32 and with the
- * precision=bf16 entries (attention_*_bf16: tensor cores). Every timed run is one
+ * precision=bf16 entries (attention_*_bf16: tensor cores) under both of their
+ * kernel sets, v1 (wmma) and v2 (FlashAttention-2-class; knob attn_kernel,
+ * set per row; rows of a head dim v2 lacks say "kernel": "v1" twice and
+ * v2_ran false): three rows per shape. Every timed run is one
  * call followed by ops->sync: the wall time of the queued work. The figure
  * is the median of --reps runs after --warmup untimed ones.
  *
@@ -255,7 +258,7 @@ static double check_gemm(enum cal_gemm_kind kind, int m, int n, int k)
 /* ------------------------------------------------------------- attention */
 
 struct cal_attn_ctx {
-    int b, t, h, hd, fwd, bf16;  /* bf16: the precision=bf16 entries (tensor cores) */
+    int b, t, h, hd, fwd, bf16;  /* bf16: the precision=bf16 entries (tensor cores), 1 = v1, 2 = v2 */
     float *q, *k, *v, *out, *lse, *dout, *dq, *dk, *dv;
 };
 
@@ -443,7 +446,7 @@ int main(int argc, char **argv)
                             CAL_MAX_SHAPES - n_gs, "layer_d2048");
     }
     struct cal_attn_shape as[CAL_MAX_SHAPES];
-    int n_as = parse_list4(attn_arg ? attn_arg : quick ? "1x32x2x16,1x32x1x32"
+    int n_as = parse_list4(attn_arg ? attn_arg : quick ? "1x32x2x16,1x32x1x32,1x70x1x64"
                                                        : "8x1024x32x64,8x1024x16x128,4x2048x32x64,4x2048x16x128",
                            as, CAL_MAX_SHAPES);
     /* the d2048 hybrid's M layer (d_inner 4096 = 64 heads of 64, state 64, chunk
@@ -550,12 +553,19 @@ int main(int argc, char **argv)
          best[0], best[1], best[2]);
 
     /* ---- attention (causal, H = K: no GQA sharing): the fp32 kernels, then
-     * the precision=bf16 ones (tensor cores), each shape ---- */
+     * the precision=bf16 ones (tensor cores) with attn_kernel=v1, then v2
+     * (the default), each shape ---- */
     emit(f, " \"attention\": [");
-    double best_fb = 0, best_fb16 = 0, as_s[2 * CAL_MAX_SHAPES] = {0}, ss_s[CAL_MAX_SHAPES] = {0};
-    for (int s = 0; s < 2 * n_as; s++) {
-        struct cal_attn_ctx a = {as[s / 2].b, as[s / 2].t, as[s / 2].h, as[s / 2].hd, 1, s % 2, NULL, NULL, NULL,
+    double best_fb = 0, best_fb16 = 0, best_fb16_v1 = 0, as_s[3 * CAL_MAX_SHAPES] = {0}, ss_s[CAL_MAX_SHAPES] = {0};
+    for (int s = 0; s < 3 * n_as; s++) {
+        struct cal_attn_ctx a = {as[s / 3].b, as[s / 3].t, as[s / 3].h, as[s / 3].hd, 1, s % 3, NULL, NULL, NULL,
                                  NULL, NULL, NULL, NULL, NULL, NULL};
+        struct mt_ops_cuda_info i0, i1;
+        if (a.bf16 && mt_ops_cuda_set_attn_kernel_of(g_ops->be, a.bf16 == 2 ? "v2" : "v1") != MT_OK) {
+            fprintf(stderr, "cuda_calib: attn_kernel could not be set\n");
+            return 1;
+        }
+        mt_ops_cuda_get_info_of(g_ops->be, &i0);
         size_t n = (size_t)a.b * a.t * a.h * a.hd;
         a.q = dev_rand(n), a.k = dev_rand(n), a.v = dev_rand(n), a.dout = dev_rand(n);
         a.out = dev_alloc(n * 4), a.dq = dev_alloc(n * 4), a.dk = dev_alloc(n * 4), a.dv = dev_alloc(n * 4);
@@ -566,19 +576,27 @@ int main(int argc, char **argv)
         a.fwd = 0;
         struct cal_time tb = time_runs(attn_fn, &a, warmup, reps);
         check_status("attention");
+        mt_ops_cuda_get_info_of(g_ops->be, &i1);
+        const int v2_ran = i1.attention_v2_calls > i0.attention_v2_calls;
         double rfb = (ff + fb) / (tf.median + tb.median);
-        as_s[s] = tf.median + tb.median;   /* [2 a]: fp32, [2 a + 1]: bf16 */
-        double *best_at = a.bf16 ? &best_fb16 : &best_fb;
+        as_s[s] = tf.median + tb.median;   /* [3 a]: fp32, [3 a + 1]: bf16 v1, [3 a + 2]: bf16 v2 */
+        double *best_at = a.bf16 == 2 ? &best_fb16 : a.bf16 ? &best_fb16_v1 : &best_fb;
         if (rfb > *best_at) *best_at = rfb;
-        emit(f, "%s\n  {\"precision\": \"%s\", \"b\": %d, \"t\": %d, \"h\": %d, \"hd\": %d, \"causal\": true, \"fwd_flops\": %.6g, "
+        emit(f, "%s\n  {\"precision\": \"%s\", \"kernel\": \"%s\", \"v2_ran\": %s, \"b\": %d, \"t\": %d, \"h\": %d, "
+                "\"hd\": %d, \"causal\": true, \"fwd_flops\": %.6g, "
                 "\"bwd_flops\": %.6g, \"fwd_median_s\": %.6e, \"bwd_median_s\": %.6e, \"fwd_flop_per_s\": %.6e, "
                 "\"bwd_flop_per_s\": %.6e, \"fwd_bwd_flop_per_s\": %.6e}",
-             s ? "," : "", a.bf16 ? "bf16" : "fp32", a.b, a.t, a.h, a.hd, ff, fb, tf.median, tb.median, ff / tf.median, fb / tb.median, rfb);
+             s ? "," : "", a.bf16 ? "bf16" : "fp32", !a.bf16 ? "fp32" : v2_ran ? "v2" : "v1", v2_ran ? "true" : "false",
+             a.b, a.t, a.h, a.hd, ff, fb, tf.median, tb.median, ff / tf.median, fb / tb.median, rfb);
         float *bufs[] = {a.q, a.k, a.v, a.dout, a.out, a.dq, a.dk, a.dv, a.lse};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) g_ops->buf_free(g_ops->be, &g_ctx, bufs[i]);
     }
     emit(f, "\n ],\n \"attention_best_fwd_bwd_flop_per_s\": %.6e, \"attention_precision\": \"fp32\",\n", best_fb);
-    emit(f, " \"attention_bf16_best_fwd_bwd_flop_per_s\": %.6e,\n", best_fb16);
+    mt_ops_cuda_set_attn_kernel_of(g_ops->be, "v2");  /* the default again */
+    /* bf16 best: the default kernels (attn_kernel=v2; v1 where v2 lacks the
+     * head dim), and v1's beside it (the A/B) */
+    emit(f, " \"attention_bf16_best_fwd_bwd_flop_per_s\": %.6e, \"attention_bf16_v1_best_fwd_bwd_flop_per_s\": %.6e,\n",
+         best_fb16, best_fb16_v1);
 
     /* ---- Mamba-3 scan, chunked (fp32 in both precisions today) ---- */
     emit(f, " \"scan\": [");
@@ -623,10 +641,10 @@ int main(int argc, char **argv)
             if (as[a].b != ss[s].b || as[a].t != ss[s].t) continue;
             emit(f, "%s\n  {\"b\": %d, \"t\": %d, \"scan\": \"%dx%dx%dx%dx%dx%d\", \"attention\": \"%dx%dx%dx%d\", "
                     "\"scan_fwd_bwd_s\": %.6e, \"attention_fp32_fwd_bwd_s\": %.6e, \"attention_bf16_fwd_bwd_s\": %.6e, "
-                    "\"scan_over_attention_bf16\": %.6g}",
+                    "\"attention_bf16_v1_fwd_bwd_s\": %.6e, \"scan_over_attention_bf16\": %.6g}",
                  nlc++ ? "," : "", ss[s].b, ss[s].t, ss[s].b, ss[s].t, ss[s].h, ss[s].p, ss[s].n, ss[s].q, as[a].b,
-                 as[a].t, as[a].h, as[a].hd, ss_s[s], as_s[2 * a], as_s[2 * a + 1],
-                 as_s[2 * a + 1] > 0 ? ss_s[s] / as_s[2 * a + 1] : 0.0);
+                 as[a].t, as[a].h, as[a].hd, ss_s[s], as_s[3 * a], as_s[3 * a + 2], as_s[3 * a + 1],
+                 as_s[3 * a + 2] > 0 ? ss_s[s] / as_s[3 * a + 2] : 0.0);
         }
     emit(f, "\n ],\n");
 

@@ -34,7 +34,9 @@
 #           with CUDA graphs on (the one-GPU default; each RESULT line says
 #           whether they ran), then GPT-2, d2048 and the hybrid again with
 #           --knob cuda_graphs=0 (*_nographs: the graphs A/B, and the per-op
-#           profile, which a replayed graph cannot split):
+#           profile, which a replayed graph cannot split); d2048 once more
+#           with --knob attn_kernel=v1 (d2048_dense_attnv1: the bf16
+#           attention A/B, v1 wmma vs the default v2):
 #           tokens/s, MFU, the per-op profile when the receipt has one; a run
 #           that runs out of its box still gives a line (tokens/s from its
 #           progress lines, or "no step within the box" with the time of its
@@ -522,6 +524,9 @@ stage_speed() {
     # (GPU_SH_SPEED_BOX=s: every run's box, for a check of the script)
     local o=${GPU_SH_SPEED_BOX:-}
     SPEED_BOX=${o:-60} speed_one d2048_dense "$C/gpu_d2048_dense.json" "0 2" || bad=1
+    # bf16 attention A/B (issue 27 item 2): d2048 again with the v1 kernels (wmma, two-pass);
+    # every other run has the default attn_kernel=v2 (receipt gpu.attn_kernel)
+    SPEED_BOX=${o:-35} speed_one d2048_dense_attnv1 "$C/gpu_d2048_dense.json" "0 2" --knob attn_kernel=v1 || bad=1
     SPEED_BOX=${o:-40} speed_one c_gpt2 "$C/gpu_c_gpt2.json" "16 8 4" || bad=1
     SPEED_BOX=${o:-55} SPEED_STEPS=3 speed_one moe8 "$C/gpu_moe8.json" "0" || bad=1
     SPEED_BOX=${o:-55} SPEED_STEPS=3 speed_one hyb2048 "$C/gpu_d2048_dense.json" "0" --set pattern=MAMAMAMAMAMAMAMA || bad=1
@@ -694,7 +699,8 @@ res = sys.argv[1]
 S = {"stages": open(os.path.join(res, "stages.txt")).read().splitlines()}
 sp = {}
 # one file per speed run (stage_speed's speed_line): from its receipt, else its progress lines
-for n in ("d2048_dense", "c_gpt2", "moe8", "hyb2048", "c_gpt2_nographs", "d2048_dense_nographs", "hyb2048_nographs"):
+for n in ("d2048_dense", "d2048_dense_attnv1", "c_gpt2", "moe8", "hyb2048", "c_gpt2_nographs", "d2048_dense_nographs",
+          "hyb2048_nographs"):
     p = os.path.join(res, "speed", n + ".json")
     if os.path.exists(p):
         sp[n] = json.load(open(p))
@@ -781,9 +787,9 @@ stage equiv 60 emu
 # calib before speed: a call that runs both has this card's profile for the speed
 # runs' `plan --profile` predictions (the H100 run of 2026-11-26 had none)
 stage calib 120 1
-stage speed 280 1
+stage speed 300 1
 stage llmc 60 1
-stage torch 380 1
+stage torch 360 1
 stage hf 90 emu
 [ -n "$LLMC_BUILD_PID" ] && kill "$LLMC_BUILD_PID" 2>/dev/null
 STAGES="$STAGES summary" stage summary 30 0

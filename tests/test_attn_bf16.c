@@ -17,7 +17,14 @@
  *   3. out_bf16 == bf16(out) bit for bit; a NULL out_bf16 is allowed;
  *   4. determinism: a second call gives the same bits (forward and backward);
  *   5. with -b cuda: the outputs equal the cpu reference of the mode within
- *      the same bound (both are rounded at the same points).
+ *      the same bound (both are rounded at the same points);
+ *   6. with -b cuda, every shape runs under both kernel sets (knob
+ *      attn_kernel, set per instance): v1 (attention_tc.cu, wmma) and v2
+ *      (attention_v2.cu, mma.sync, one-pass online softmax: P rounded to
+ *      bf16 before normalisation, O rescaled; the same bound holds, derived
+ *      in docs/cuda.md); the receipt counters say which ran: under v2,
+ *      hd 64 and 128 count attention_v2_calls, other head dims count
+ *      attention_v2_fallbacks (run by v1); under v1 neither moves.
  * Usage: test_attn_bf16 [-b cpu|cuda]; exits 1 if any check fails, 77 if the
  * backend is not available.
  */
@@ -29,10 +36,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include "mt_test.h"
+#ifdef MT_WITH_CUDA
+#include "ops/cuda/mt_ops_cuda.h"
+#endif
 
 static int g_pass = 0;
 static const struct mt_ops_i *g_ops, *g_cpu;
 static struct mt_ctx g_ctx;
+static const char *g_kernel = "";  /* -b cuda: the attn_kernel under test, "v1" or "v2" */
 
 static uint64_t g_rng = 0x243f6a8885a308d3ull;
 static double nrand(void)
@@ -274,8 +285,13 @@ static void test_shape(const struct shape *s)
     for (size_t i = 0; i < nl; i++) lse_in[i] = (float)r.lse[i];
 
     char name[96], why[200];
-    snprintf(name, sizeof name, "%s B%d T%d H%d K%d hd%d", g_ops->name, s->B, s->T, s->H, s->K, s->hd);
+    snprintf(name, sizeof name, "%s%s%s%s B%d T%d H%d K%d hd%d", g_ops->name, *g_kernel ? "[" : "", g_kernel,
+             *g_kernel ? "]" : "", s->B, s->T, s->H, s->K, s->hd);
     struct outs a, b;
+#ifdef MT_WITH_CUDA
+    struct mt_ops_cuda_info i0, i1;
+    if (*g_kernel) mt_ops_cuda_get_info_of(g_ops->be, &i0);
+#endif
     run(g_ops, s, q, k, v, g, out_in, lse_in, &a);
     double worst = vs_bound(&a, &r, s, 1.0, why, sizeof why);
     char what[160];
@@ -306,6 +322,23 @@ static void test_shape(const struct shape *s)
     snprintf(what, sizeof what, "%s: deterministic (second call, same bits)", name);
     check(same_bits(&a, &b, s), what, "");
     outs_free(&b);
+
+#ifdef MT_WITH_CUDA
+    if (*g_kernel) {  /* two forward and two backward calls: which kernels ran them */
+        mt_ops_cuda_get_info_of(g_ops->be, &i1);
+        const long dv2 = i1.attention_v2_calls - i0.attention_v2_calls;
+        const long dfb = i1.attention_v2_fallbacks - i0.attention_v2_fallbacks;
+        const int v2_hd = s->hd == 64 || s->hd == 128;
+        const int want_v2 = !strcmp(g_kernel, "v2") && v2_hd;
+        const int ok = !strcmp(i1.attn_kernel, g_kernel) && dv2 == (want_v2 ? 4 : 0) &&
+                       dfb == (!strcmp(g_kernel, "v2") && !v2_hd ? 4 : 0) &&
+                       (dfb == 0 || i1.attention_v2_fallback_hd == s->hd);
+        snprintf(what, sizeof what, "%s: ran %s", name, want_v2 ? "v2" : !strcmp(g_kernel, "v2") ? "v1 (v2 fallback, counted)" : "v1");
+        snprintf(why, sizeof why, "attn_kernel %s, +%ld v2 calls, +%ld v2 fallbacks (hd %d)", i1.attn_kernel, dv2,
+                 dfb, i1.attention_v2_fallback_hd);
+        check(ok, what, why);
+    }
+#endif
 
     if (g_ops != g_cpu) {
         struct outs c;
@@ -353,8 +386,27 @@ int main(int argc, char **argv)
         {1, 64, 8, 1, 64},    /* GQA 8, exactly one tile */
         {1, 37, 2, 1, 40},    /* hd 40: padded to 48 in the tiles; T below one tile */
         {1, 50, 2, 2, 20},    /* hd 20: rows not 16-byte multiples (scalar loads) */
+        {1, 200, 8, 1, 128},  /* GQA 8, hd 128, four tiles (the last of 8 rows) */
+        {1, 257, 2, 2, 64},   /* five tiles, the last of one row */
     };
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) test_shape(&shapes[i]);
+    const size_t n_shapes = sizeof shapes / sizeof shapes[0];
+    if (g_ops == g_cpu) {
+        for (size_t i = 0; i < n_shapes; i++) test_shape(&shapes[i]);
+    } else {
+#ifdef MT_WITH_CUDA
+        /* both kernel sets of the instance (knob attn_kernel), v2 (the default) last */
+        const char *kernels[] = {"v1", "v2"};
+        for (int kk = 0; kk < 2; kk++) {
+            g_kernel = kernels[kk];
+            if (mt_ops_cuda_set_attn_kernel_of(g_ops->be, g_kernel) != MT_OK) {
+                printf("FAIL mt_ops_cuda_set_attn_kernel_of(%s)\n", g_kernel);
+                return 1;
+            }
+            for (size_t i = 0; i < n_shapes; i++) test_shape(&shapes[i]);
+        }
+        check(mt_ops_cuda_set_attn_kernel_of(g_ops->be, "v3") == MT_ERR_INVALID_ARG, "attn_kernel=v3 refused", "");
+#endif
+    }
     printf("test_attn_bf16: %d passed, %d failed\n", g_pass, n_fail);
     return n_fail ? 1 : 0;
 }

@@ -27,8 +27,11 @@
 #           -b cpu), so a backend that is "not available" or a check that
 #           went missing fails;
 #        b3. tests/test_attn_bf16.c -b cuda: the tensor-core attention
-#           (precision=bf16) within its derived bf16 bound of an fp64
-#           reference, deterministic, equal to the cpu reference of the mode;
+#           (precision=bf16), both kernel sets (attn_kernel v1: wmma; v2:
+#           mma.sync FlashAttention-2-class under tests/cuda/emu/mma_ptx.h),
+#           within its derived bf16 bound of an fp64 reference,
+#           deterministic, equal to the cpu reference of the mode, the
+#           counters naming the kernels that ran;
 #        b2. tests/test_ssm.c -b cuda (the Mamba-3 scan against an fp64
 #           recurrence and finite differences; the mixer glue against the
 #           cpu backend): "all checks passed" with at least 100 ok lines;
@@ -219,6 +222,12 @@ if [ $rc -eq 1 ] && [ "$out" = "FAIL: MT_CUDA_ATTN_DS_MB=lots: expected a whole 
 else
     echo "$out" | tail -3; echo "FAIL: MT_CUDA_ATTN_DS_MB=lots: exit $rc"; fail=1
 fi
+out=$(MT_CUDA_ATTN_KERNEL=v3 "$EMU/cuda_ops_vs_cpu" -o gemm 2>&1); rc=$?
+if [ $rc -eq 1 ] && [ "$out" = "FAIL: MT_CUDA_ATTN_KERNEL=v3: expected v1 or v2" ]; then
+    echo "PASS MT_CUDA_ATTN_KERNEL=v3 refused: $out"
+else
+    echo "$out" | tail -3; echo "FAIL: MT_CUDA_ATTN_KERNEL=v3: exit $rc"; fail=1
+fi
 fi  # want a
 
 if want b; then
@@ -253,9 +262,11 @@ else
 fi
 fi  # want b2
 
-# b3. attention on tensor cores (precision=bf16; wmma under tests/cuda/emu/mma.h):
-#     fp64 reference within the derived bound, bf16 ran, the out twin's bits,
-#     determinism, equal to the cpu reference of the mode; every check passes
+# b3. attention on tensor cores (precision=bf16; v1: wmma under
+#     tests/cuda/emu/mma.h, v2: mma.sync/ldmatrix under mma_ptx.h; every
+#     shape under both): fp64 reference within the derived bound, bf16 ran,
+#     the out twin's bits, determinism, equal to the cpu reference of the
+#     mode, which kernels ran (counters); every check passes (>= 85)
 #     Twice: dQ from the dS tiles the dK/dV kernel stores (default), and with
 #     MT_CUDA_ATTN_DS_MB=0 (no room for them: dQ recomputes P and dP)
 for ds_mb in default 0; do
@@ -263,8 +274,8 @@ for ds_mb in default 0; do
     else MT_CUDA_ATTN_DS_MB=$ds_mb "$EMU/test_attn_bf16" -b cuda >"$EMU/test_attn_bf16.log" 2>&1; fi
     rc=$?
     n_att=$(grep -c '^ok  ' "$EMU/test_attn_bf16.log")
-    if [ $rc -eq 0 ] && [ "$n_att" -ge 25 ] && grep -q '^test_attn_bf16: [0-9]* passed, 0 failed$' "$EMU/test_attn_bf16.log"; then
-        echo "PASS emulated test_attn_bf16 -b cuda (MT_CUDA_ATTN_DS_MB=$ds_mb): $n_att checks (tensor-core attention, $(grep -o 'err/bound dq [0-9.]*' "$EMU/test_attn_bf16.log" | sort -k3 -g | tail -1) worst on dq)"
+    if [ $rc -eq 0 ] && [ "$n_att" -ge 85 ] && grep -q '^test_attn_bf16: [0-9]* passed, 0 failed$' "$EMU/test_attn_bf16.log"; then
+        echo "PASS emulated test_attn_bf16 -b cuda (MT_CUDA_ATTN_DS_MB=$ds_mb): $n_att checks (tensor-core attention v1 and v2, $(grep -o 'err/bound dq [0-9.]*' "$EMU/test_attn_bf16.log" | sort -k3 -g | tail -1) worst on dq)"
     else
         grep -E 'FAIL|emu' "$EMU/test_attn_bf16.log" | head -20; tail -2 "$EMU/test_attn_bf16.log"
         echo "FAIL: emulated test_attn_bf16 -b cuda (MT_CUDA_ATTN_DS_MB=$ds_mb) exited $rc ($n_att ok lines)"; fail=1
@@ -720,7 +731,11 @@ for a in c["attention"]:
 assert len(c["attention"]) >= 1 and c["attention_best_fwd_bwd_flop_per_s"] > 0
 # each shape in fp32 and in precision=bf16 (the tensor-core kernels)
 assert {a["precision"] for a in c["attention"]} == {"fp32", "bf16"}, c["attention"]
-assert c["attention_bf16_best_fwd_bwd_flop_per_s"] > 0
+assert c["attention_bf16_best_fwd_bwd_flop_per_s"] > 0 and c["attention_bf16_v1_best_fwd_bwd_flop_per_s"] > 0
+# bf16 rows under attn_kernel v1 and v2 (three rows a shape): v2 runs hd 64 (the quick 1x70x1x64), not hd 16/32
+assert len(c["attention"]) % 3 == 0 and {a["kernel"] for a in c["attention"]} == {"fp32", "v1", "v2"}, c["attention"]
+assert all(a["v2_ran"] == (a["kernel"] == "v2") and (a["kernel"] != "v2" or a["hd"] in (64, 128))
+           for a in c["attention"]), c["attention"]
 # the Mamba-3 scan row: FLOPs as the recurrence (fwd 8 BTHPN, bwd 16 BTHPN)
 assert len(c["scan"]) >= 1, c.get("scan")
 for s in c["scan"]:

@@ -78,18 +78,21 @@ echo "$S" | grep -q 'RESULT d2048_dense plan (profile h200-measured, bf16): 0.07
     echo "$S" | grep -q 'RESULT hyb2048 plan (profile h200-measured, bf16): [0-9.]* s/step, [0-9]* tok/s at the GEMM ceiling; [0-9.]* s/step by op kind; measured/plan - the time (by op kind -)' &&
     ok "plan prediction next to the measurement" || bad "plan prediction ($S)"
 # the flags of every speed run
-# (9: d2048, GPT-2 at batch 16 then 8, MoE, the hybrid, and the graphs A/B with
-# --knob cuda_graphs=0: GPT-2 at 16 then 8, d2048, the hybrid; the others with graphs at
-# their default, on)
+# (10: d2048, d2048 with --knob attn_kernel=v1 (the attention A/B), GPT-2 at batch 16
+# then 8, MoE, the hybrid, and the graphs A/B with --knob cuda_graphs=0: GPT-2 at 16
+# then 8, d2048, the hybrid; the others with graphs at their default, on)
 n=$(grep -c -- '--set precision=bf16 .*--no-save' "$W/args.log")
 n_off=$(grep -c -- 'gpu_c_gpt2.json --knob cuda_graphs=0 .*--no-save' "$W/args.log")
-[ "$n" -eq 9 ] && [ "$n_off" -eq 2 ] && [ "$(grep -c -- 'cuda_graphs' "$W/args.log")" -eq 4 ] &&
+[ "$n" -eq 10 ] && [ "$n_off" -eq 2 ] && [ "$(grep -c -- 'cuda_graphs' "$W/args.log")" -eq 4 ] &&
+    [ "$(grep -c -- 'attn_kernel' "$W/args.log")" -eq 1 ] &&
+    grep -q -- 'gpu_d2048_dense.json --knob attn_kernel=v1 .*--no-save' "$W/args.log" &&
+    echo "$S" | grep -q 'RESULT d2048_dense_attnv1: batch 4 tok/s' &&
     grep -q -- 'gpu_d2048_dense.json --knob cuda_graphs=0 .*--no-save' "$W/args.log" &&
     grep -q -- 'pattern=MAMAMAMAMAMAMAMA --knob cuda_graphs=0 .*--no-save' "$W/args.log" &&
     ! grep -q MT_CUDA_PRECISION "$W/args.log" &&
     echo "$S" | grep -q 'RESULT c_gpt2_nographs: batch 8 tok/s 65117' &&
-    ok "9 speed runs with precision=bf16 and --no-save, 4 of them (the graphs A/B) with cuda_graphs=0" ||
-    bad "speed flags ($n of 9 runs, $n_off GPT-2 with cuda_graphs=0: $(head -1 "$W/args.log"))"
+    ok "10 speed runs with precision=bf16 and --no-save, 4 of them (the graphs A/B) with cuda_graphs=0, 1 (d2048) with attn_kernel=v1" ||
+    bad "speed flags ($n of 10 runs, $n_off GPT-2 with cuda_graphs=0: $(head -1 "$W/args.log"))"
 # one archive + summary.md in $OUT, the summary's table, the temporary folder gone
 ls "$W/out" > "$W/ls.txt"
 if [ "$(cat "$W/ls.txt" | tr '\n' ' ')" = "gpu-custom.tgz summary.md " ] && ! ls -d "$W"/meshtrain-gpu-res.* >/dev/null 2>&1 &&

@@ -40,6 +40,11 @@ static const struct mt_knob_def knob_table[MT_KNOB_COUNT] = {
         "peak_cache", MT_KNOB_STRING, "use", "MT_PEAK_CACHE", "src/train/trainer.c", "use|refresh|off", 0,
         "the cpu MFU peak: use = read the one measured on this machine before (else measure and keep it), "
         "refresh = measure again and keep it, off = measure every run, keep nothing"},
+    [MT_KNOB_ATTN_KERNEL] = {
+        "attn_kernel", MT_KNOB_STRING, "v2", "MT_CUDA_ATTN_KERNEL", "src/ops/cuda/ops_cuda.cu", "v1|v2", 0,
+        "bf16 attention kernels of the cuda backend (precision=bf16): v2 = FlashAttention-2-class (mma.sync, one-pass "
+        "forward; head dims 64 and 128, others run v1), v1 = wmma two-pass; the receipt's gpu.attn_kernel says "
+        "which; no effect on cpu"},
 };
 
 const struct mt_knob_def *mt_knob_def(enum mt_knob_id id)

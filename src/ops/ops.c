@@ -71,6 +71,9 @@ enum mt_status mt_ops_by_name(struct mt_ctx *ctx, const char *name, const struct
         MT_CHECK(mt_ops_cuda_precision_parse(mt_knob_str(ctx, MT_KNOB_CUDA_PRECISION), &p));
         MT_CHECK(mt_ops_cuda_set_precision(p));
     }
+    /* knob attn_kernel likewise (its env alias MT_CUDA_ATTN_KERNEL was read by mt_ops_cuda) */
+    if (mt_knob_source(ctx, MT_KNOB_ATTN_KERNEL) >= MT_KNOB_CONFIG)
+        MT_CHECK(mt_ops_cuda_set_attn_kernel(mt_knob_str(ctx, MT_KNOB_ATTN_KERNEL)));
 #endif
     *ops = t;
     return MT_OK;

@@ -517,6 +517,9 @@ static void device_fallback_reason(const struct mt_ops_device_info *in, char *ou
         len += (size_t)snprintf(out + len, n - len, "%sgrouped expert GEMMs: %ld of %ld calls ran as a loop (%s)",
                                 len ? "; " : "", in->gemm_grouped_loops, in->gemm_grouped_calls,
                                 in->gemm_grouped_fallback);
+    /* (attn_kernel=v2 calls of a head dim v2 lacks run v1: the same bf16
+     * tensor-core contract and bound, so not named here but in the gpu
+     * object: attention_v2_fallbacks and attention_v2_fallback_hd) */
     if (in->attention_fp32_fallbacks > 0 && len < n)
         snprintf(out + len, n - len, "%sbf16 attention: %ld calls ran the fp32 kernels (head dim > 128)",
                  len ? "; " : "", in->attention_fp32_fallbacks);
@@ -609,6 +612,12 @@ static char *gpu_json(const struct run_state *rs, const struct mt_receipt *r)
     cJSON_AddNumberToObject(g, "attention_tc_calls", (double)in.attention_tc_calls);
     cJSON_AddNumberToObject(g, "attention_fp32_fallbacks", (double)in.attention_fp32_fallbacks);
     cJSON_AddNumberToObject(g, "attention_dq_recompute", (double)in.attention_dq_recompute);
+    /* which bf16 attention kernels (knob attn_kernel): calls on v2, v2 chosen but run by v1 */
+    cJSON_AddStringToObject(g, "attn_kernel", in.attn_kernel);
+    cJSON_AddNumberToObject(g, "attention_v2_calls", (double)in.attention_v2_calls);
+    cJSON_AddNumberToObject(g, "attention_v2_fallbacks", (double)in.attention_v2_fallbacks);
+    if (in.attention_v2_fallbacks > 0)   /* the head dim v2 lacked (the last such call's) */
+        cJSON_AddNumberToObject(g, "attention_v2_fallback_hd", (double)in.attention_v2_fallback_hd);
     /* memory: the allocator's peaks (device buffers, by bucket; the plan
      * predicts these) next to the device's own view */
     cJSON *m = cJSON_AddObjectToObject(g, "memory");

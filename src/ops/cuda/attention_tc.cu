@@ -1,6 +1,11 @@
 /*
  * attention_tc.cu — causal GQA attention on tensor cores for precision=bf16
- * (mt_ops.h attention_forward_bf16 / attention_backward_bf16): bf16
+ * (mt_ops.h attention_forward_bf16 / attention_backward_bf16): the entries,
+ * the operand staging and the v1 kernels (knob attn_kernel=v1). With
+ * attn_kernel=v2 (the default) the entries hand head dims 64 and 128 to
+ * attention_v2.cu (FlashAttention-2-class, mma.sync; its header has its
+ * rounding points); other head dims run v1, counted
+ * (mt_ops_cuda_info.attention_v2_fallbacks). bf16
  * operands, fp32 accumulation, softmax statistics in fp32. Same layouts as
  * attention.cu: q, out, dout, dq (B,T,H,hd); k, v, dk, dv (B,T,K,hd); lse
  * (B,H,T); query head h reads kv head h / (H/K) (K/V are never repeated in
@@ -496,11 +501,12 @@ static size_t tc_ds_bytes(int B, int T, int H)
     return (size_t)B * (size_t)H * (nt * (nt + 1) / 2) * TC_B * TC_B * 2;
 }
 static int tc_stage(struct tc_operands *o, const float *q, const float *k, const float *v, const float *dout,
-                    int B, int T, int H, int K, int hd)
+                    int B, int T, int H, int K, int hd, int want_ds = 1)
 {
     const size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * K * hd;
     const size_t bq = tc_up256(nq * 2), bk = tc_up256(nk * 2), bd = dout ? tc_up256((size_t)B * H * T * 4) : 0;
-    const size_t bds = dout && tc_ds_bytes(B, T, H) <= mt_cuda_be->attn_ds_cap ? tc_up256(tc_ds_bytes(B, T, H)) : 0;
+    const size_t bds =
+        want_ds && dout && tc_ds_bytes(B, T, H) <= mt_cuda_be->attn_ds_cap ? tc_up256(tc_ds_bytes(B, T, H)) : 0;
     unsigned char *ws = (unsigned char *)mt_cuda_workspace(bq + 2 * bk + (dout ? bq : 0) + bd + bds);
     if (!ws) return 0;
     o->ds = bds ? (bf16 *)(ws + 2 * bq + 2 * bk + bd) : NULL;
@@ -553,6 +559,20 @@ static void tc_bwd_launch(float *dq, float *dk, float *dv, const float *lse, con
     MT_CUDA_KCHECK();
 }
 
+/* attn_kernel=v2 (the instance's choice) runs attention_v2.cu for head dims
+ * 64 and 128; any other head dim runs v1, counted and named */
+static int tc_use_v2(int hd)
+{
+    if (!mt_cuda_be->attn_v2) return 0;
+    if (mt_attn_v2_supports(hd)) {
+        mt_cuda_be->info.attention_v2_calls++;
+        return 1;
+    }
+    mt_cuda_be->info.attention_v2_fallbacks++;
+    mt_cuda_be->info.attention_v2_fallback_hd = hd;
+    return 0;
+}
+
 static int tc_shape_ok(int H, int K, int hd)
 {
     if (hd < 1 || K < 1 || H % K != 0) {
@@ -577,6 +597,11 @@ extern "C" void mt_cuda_attention_forward_bf16(void *be, float *out, mt_bf16 *ou
     struct tc_operands o;
     if (!tc_stage(&o, q, k, v, NULL, B, T, H, K, hd)) return;
     mt_cuda_be->info.attention_tc_calls++;
+    if (tc_use_v2(hd)) {  /* attention_v2.cu: FlashAttention-2-class, one pass */
+        mt_attn_v2_forward(out, out_bf16, lse, (const mt_bf16 *)o.q, (const mt_bf16 *)o.k, (const mt_bf16 *)o.v, B, T,
+                           H, K, hd);
+        return;
+    }
     if (hd <= 64) tc_fwd_launch<4>(out, (bf16 *)out_bf16, lse, &o, B, T, H, K, hd);
     else          tc_fwd_launch<8>(out, (bf16 *)out_bf16, lse, &o, B, T, H, K, hd);
 }
@@ -594,9 +619,15 @@ extern "C" void mt_cuda_attention_backward_bf16(void *be, float *dq, float *dk, 
         return;
     }
     struct tc_operands o;
-    if (!tc_stage(&o, q, k, v, dout, B, T, H, K, hd)) return;
+    const int v2 = tc_use_v2(hd);
+    if (!tc_stage(&o, q, k, v, dout, B, T, H, K, hd, !v2)) return;
     mt_cuda_attention_rowdot(o.D, dout, out, B, T, H, hd);
     mt_cuda_be->info.attention_tc_calls++;
+    if (v2) {
+        mt_attn_v2_backward(dq, dk, dv, (const mt_bf16 *)o.q, (const mt_bf16 *)o.k, (const mt_bf16 *)o.v,
+                            (const mt_bf16 *)o.g, lse, o.D, B, T, H, K, hd);
+        return;
+    }
     if (hd <= 64) tc_bwd_launch<4>(dq, dk, dv, lse, &o, B, T, H, K, hd);
     else          tc_bwd_launch<8>(dq, dk, dv, lse, &o, B, T, H, K, hd);
 }

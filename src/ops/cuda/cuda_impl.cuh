@@ -76,6 +76,9 @@ extern "C" {
 #define MT_CUDA_BF16_SCRATCH_DEFAULT_MB 256
 #define MT_CUDA_ATTN_DS_ENV             "MT_CUDA_ATTN_DS_MB"
 #define MT_CUDA_ATTN_DS_DEFAULT_MB      2048
+/* runtime tunable (knob attn_kernel): the bf16 attention kernels, v1|v2 */
+#define MT_CUDA_ATTN_KERNEL_ENV         "MT_CUDA_ATTN_KERNEL"
+#define MT_CUDA_ATTN_KERNEL_DEFAULT     "v2"
 #define MT_CUDA_RED_THREADS 256
 
 /* One cached cuBLASLt bf16 matmul (gemm.cu): the descriptors and the
@@ -144,6 +147,8 @@ struct mt_cuda_backend {
     void          *lt_ws;          /* MT_CUDA_LT_WS_BYTES of device memory       */
     size_t         bf16_cap;       /* operand scratch cap per gemm (bytes)       */
     size_t         attn_ds_cap;    /* bf16 attention: dS tiles kept up to this   */
+    int            attn_v2;        /* bf16 attention: 1 = attention_v2.cu (knob
+                                      attn_kernel=v2), 0 = v1 (attention_tc.cu) */
     struct mt_cuda_lt_plan plans[MT_CUDA_LT_PLANS];
     int            plan_next;      /* round-robin eviction cursor                */
     struct mt_cuda_lt_algo_slot algos[MT_CUDA_LT_ALGOS];
@@ -568,6 +573,13 @@ void mt_cuda_attention_backward(void *be, float *dq, float *dk, float *dv, const
                                 int B, int T, int H, int K, int hd);
 /* D (B,H,T) = rowwise dout . out (fp32), on the bound instance's stream */
 void mt_cuda_attention_rowdot(float *D, const float *dout, const float *out, int B, int T, int H, int hd);
+/* ---- attention_v2.cu (called by attention_tc.cu's entries on its staged
+ * bf16 operands; D = rowdot(dout, out)) ---- */
+int  mt_attn_v2_supports(int hd);  /* 64 and 128 */
+void mt_attn_v2_forward(float *out, mt_bf16 *out_b, float *lse, const mt_bf16 *q, const mt_bf16 *k, const mt_bf16 *v,
+                        int B, int T, int H, int K, int hd);
+void mt_attn_v2_backward(float *dq, float *dk, float *dv, const mt_bf16 *q, const mt_bf16 *k, const mt_bf16 *v,
+                         const mt_bf16 *g, const float *lse, const float *D, int B, int T, int H, int K, int hd);
 /* ---- attention_tc.cu ---- */
 void mt_cuda_attention_forward_bf16(void *be, float *out, mt_bf16 *out_bf16, float *lse, const float *q,
                                     const float *k, const float *v, int B, int T, int H, int K, int hd);

@@ -103,6 +103,12 @@ enum mt_cuda_precision mt_ops_cuda_get_precision(void);
 const char *mt_ops_cuda_precision_name(enum mt_cuda_precision p);
 /* Parse "fp32" / "bf16" (exact, lower case): MT_OK or MT_ERR_INVALID_ARG. */
 enum mt_status mt_ops_cuda_precision_parse(const char *s, enum mt_cuda_precision *out);
+/* The bf16 attention kernels (knob attn_kernel; MT_CUDA_ATTN_KERNEL is read
+ * at init): "v1" (attention_tc.cu, wmma, two-pass forward) or "v2"
+ * (attention_v2.cu, FlashAttention-2-class; head dims 64 and 128, others
+ * run v1, counted). MT_ERR_INVALID_ARG for another name, MT_ERR_UNSUPPORTED
+ * before the table exists. */
+enum mt_status mt_ops_cuda_set_attn_kernel(const char *name);
 
 /* Bind this process to device (local_rank mod device count) before the
  * table exists (call it before mt_ops_cuda(): the backend uses the current
@@ -134,6 +140,7 @@ void mt_ops_cuda_destroy(const struct mt_ops_i *ops);
 enum mt_status mt_ops_cuda_status_of(void *be, char *msg, size_t msg_len);
 enum mt_status mt_ops_cuda_get_info_of(void *be, struct mt_ops_cuda_info *info);
 enum mt_status mt_ops_cuda_set_precision_of(void *be, enum mt_cuda_precision p);
+enum mt_status mt_ops_cuda_set_attn_kernel_of(void *be, const char *name);
 enum mt_cuda_precision mt_ops_cuda_get_precision_of(void *be);
 void *mt_ops_cuda_stream_of(void *be);
 /* The running counters of instance `be` (NULL = default); zeros without one. */

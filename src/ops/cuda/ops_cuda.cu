@@ -405,11 +405,30 @@ static int read_mib(const char *name, long dflt, long lo, long hi, size_t *out, 
  * mt_ops_cuda.h and cuda_impl.cuh): MT_CUDA_PRECISION=fp32|bf16 (default
  * fp32), MT_CUDA_BF16_SCRATCH_MB (positive integer, default 256) and
  * MT_CUDA_ATTN_DS_MB (the bf16 attention backward's dS tiles, default 2048;
- * 0: dQ always recomputes them). A bad value refuses the table with the
+ * 0: dQ always recomputes them), MT_CUDA_ATTN_KERNEL=v1|v2 (the bf16
+ * attention kernels, default v2; knob attn_kernel). A bad value refuses the table with the
  * reason, like a missing device. */
-static int read_tunables(char *why, size_t why_len, enum mt_cuda_precision *prec, const char **src, size_t *cap,
-                         size_t *ds_cap)
+/* "v1" / "v2" -> 0 / 1; -1 for anything else */
+static int attn_kernel_parse(const char *s)
 {
+    return !strcmp(s, "v1") ? 0 : !strcmp(s, "v2") ? 1 : -1;
+}
+
+static void set_attn_kernel(int v2)
+{
+    mt_cuda_be->attn_v2 = v2;
+    snprintf(mt_cuda_be->info.attn_kernel, sizeof mt_cuda_be->info.attn_kernel, "%s", v2 ? "v2" : "v1");
+}
+
+static int read_tunables(char *why, size_t why_len, enum mt_cuda_precision *prec, const char **src, size_t *cap,
+                         size_t *ds_cap, int *attn_v2)
+{
+    const char *ak = getenv(MT_CUDA_ATTN_KERNEL_ENV);
+    *attn_v2 = attn_kernel_parse(ak && ak[0] ? ak : MT_CUDA_ATTN_KERNEL_DEFAULT);
+    if (*attn_v2 < 0) {
+        if (why && why_len) snprintf(why, why_len, "%s=%s: expected v1 or v2", MT_CUDA_ATTN_KERNEL_ENV, ak);
+        return 0;
+    }
     const char *s = getenv(MT_CUDA_PRECISION_ENV);
     *prec = MT_CUDA_PRECISION_FP32;
     *src = "default";
@@ -451,8 +470,9 @@ static int init_state(char *why, size_t why_len)
     enum mt_cuda_precision prec;
     const char *prec_src;
     size_t cap, ds_cap;
+    int attn_v2;
     mt_cuda_be = NULL;   /* a failure below must release only the new instance */
-    if (!read_tunables(why, why_len, &prec, &prec_src, &cap, &ds_cap)) return 0;
+    if (!read_tunables(why, why_len, &prec, &prec_src, &cap, &ds_cap, &attn_v2)) return 0;
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
@@ -519,6 +539,7 @@ static int init_state(char *why, size_t why_len)
     in->workspace_bytes = MT_CUDA_LT_WS_BYTES;
     mt_cuda_be->bf16_cap = cap;
     mt_cuda_be->attn_ds_cap = ds_cap;
+    set_attn_kernel(attn_v2);
     in->bf16_scratch_cap = cap;
     set_precision(prec, prec_src);
     /* MT_CUDA_OP_PROFILE=0: no event pairs (the receipt then has no op
@@ -642,6 +663,20 @@ extern "C" enum mt_status mt_ops_cuda_set_precision_of(void *be, enum mt_cuda_pr
 extern "C" enum mt_status mt_ops_cuda_set_precision(enum mt_cuda_precision p)
 {
     return mt_ops_cuda_set_precision_of(NULL, p);
+}
+
+extern "C" enum mt_status mt_ops_cuda_set_attn_kernel_of(void *be, const char *name)
+{
+    if (!bind_instance(be)) return MT_ERR_UNSUPPORTED;
+    const int v2 = name ? attn_kernel_parse(name) : -1;
+    if (v2 < 0) return MT_ERR_INVALID_ARG;
+    set_attn_kernel(v2);
+    return MT_OK;
+}
+
+extern "C" enum mt_status mt_ops_cuda_set_attn_kernel(const char *name)
+{
+    return mt_ops_cuda_set_attn_kernel_of(NULL, name);
 }
 
 extern "C" enum mt_cuda_precision mt_ops_cuda_get_precision_of(void *be)

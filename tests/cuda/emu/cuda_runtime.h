@@ -195,6 +195,12 @@ static inline float __fsub_rn(float a, float b)
 /* all live lanes of the calling warp exchange `size` bytes: out = lane src's value */
 void mt_emu_warp_exchange(const void *mine, void *out, int src_lane, size_t size);
 int  mt_emu_lane(void);
+/* a warp-collective instruction (emu.cc; mma_ptx.h): each lane gives `size`
+ * (<= MT_EMU_COLL_BYTES) bytes, the last lane to arrive runs fn over the 32
+ * slots (each MT_EMU_COLL_BYTES apart) in place, each lane gets out_size bytes of its slot back */
+#define MT_EMU_COLL_BYTES 64
+void mt_emu_warp_collective(const void *mine, size_t size, void *out, size_t out_size,
+                            void (*fn)(unsigned char *slots, size_t stride));
 
 template <typename T>
 static inline T __shfl_sync(unsigned mask, T v, int src)

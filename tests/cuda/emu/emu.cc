@@ -496,6 +496,7 @@ static std::vector<fiber>           g_f;
 static std::vector<char>            g_stacks;
 static std::vector<int>             g_warp_live, g_warp_arrived;
 static std::vector<unsigned char>   g_slots;  /* [warp][phase 2][lane 32][8 bytes] */
+static std::vector<unsigned char>   g_cslots; /* warp collectives: [warp][phase 2][lane 32][MT_EMU_COLL_BYTES] */
 /* dynamic shared memory: 128-byte aligned like the device's (wmma tiles
  * need 32-byte alignment; a std::vector's data has only malloc's 16) */
 struct dyn_smem {
@@ -598,6 +599,39 @@ __attribute__((noinline)) void mt_emu_warp_exchange(const void *mine, void *out,
     memcpy(out, base + (size_t)src_lane * 8, size);
 }
 
+/* A warp-collective instruction (mma_ptx.h: mma.sync, ldmatrix): every
+ * live lane of the warp (all 32, as the full-mask instruction needs) puts
+ * `size` bytes in its slot; the LAST lane to arrive runs fn over the 32
+ * slots (in place: fn leaves each lane's result in its slot) while no lane
+ * has gone on, so fn sees memory as it is at the instruction, then every
+ * lane takes its slot back (out_size bytes). The phase is the lane's exchange count, shared
+ * with shuffles: a lane cannot reach collective n+2 before every lane has
+ * left collective n+1, so slot reuse is safe (as for shuffles). */
+__attribute__((noinline)) void mt_emu_warp_collective(const void *mine, size_t size, void *out, size_t out_size,
+                                                      void (*fn)(unsigned char *slots, size_t stride))
+{
+    fiber &f = g_f[g_cur];
+    f.site = __builtin_return_address(0);
+    int full = (int)(g_f.size() - (size_t)f.warp * 32 < 32 ? g_f.size() - (size_t)f.warp * 32 : 32);
+    if (full != 32 || g_warp_live[f.warp] != 32 || size > MT_EMU_COLL_BYTES ||
+        out_size > MT_EMU_COLL_BYTES) {
+        fprintf(stderr, "cuda emu: warp-collective mma/ldmatrix needs all 32 lanes of the warp live (%d of %d)\n",
+                g_warp_live[f.warp], full);
+        abort();
+    }
+    const bool last = g_warp_arrived[f.warp] + 1 == g_warp_live[f.warp];
+    if (last) check_sites(f.warp, "warp-collective mma/ldmatrix");
+    unsigned phase = f.nexch++ & 1u;
+    unsigned char *base = &g_cslots[((size_t)f.warp * 2 + phase) * 32 * MT_EMU_COLL_BYTES];
+    memcpy(base + (size_t)f.lane * MT_EMU_COLL_BYTES, mine, size);
+    if (last) fn(base, MT_EMU_COLL_BYTES);
+    f.state = WAIT_WARP;
+    g_warp_arrived[f.warp]++;
+    release_warp_if_ready(f.warp);
+    yield_to_sched();
+    memcpy(out, base + (size_t)f.lane * MT_EMU_COLL_BYTES, out_size);
+}
+
 void *mt_emu_dyn_smem(void) { return g_dyn.data(); }
 
 /* wmma (mma.h). On the device a fragment op is one warp-wide instruction;
@@ -698,6 +732,7 @@ void mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std:
     g_warp_live.assign(nw, 0);
     g_warp_arrived.assign(nw, 0);
     g_slots.assign((size_t)nw * 2 * 32 * 8, 0);
+    g_cslots.assign((size_t)nw * 2 * 32 * MT_EMU_COLL_BYTES, 0);
     g_wmma_loads.assign((size_t)nw, {});
     g_wmma_stores.assign((size_t)nw, {});
     g_dyn.resize(smem ? smem : 16);

@@ -1,0 +1,486 @@
+/*
+ * attention_v2.cu — FlashAttention-2-class causal GQA attention for
+ * precision=bf16 (knob attn_kernel=v2, the default; attention_tc.cu holds
+ * v1, the entries and the operand staging). Same layouts and contract as
+ * attention_tc.cu: q, out, dout, dq (B,T,H,hd); k, v, dk, dv (B,T,K,hd); lse
+ * (B,H,T); query head h reads kv head h / (H/K) (K/V never repeated);
+ * scale = 1/sqrt(hd); Tq == Tk == T. Head dims 64 and 128 (a template
+ * parameter HD); others run v1 (counted: attention_v2_fallbacks).
+ *
+ * Rounding points (c = scale log2(e), one fp32 constant; "2^" = exp2f):
+ *   q, k, v, dout -> bf16 once per call (attention_tc.cu stages them)
+ *   x_ij = c sum_d q_id k_jd                  (fp32 accumulation: base-2 score)
+ * forward, one pass (online softmax, m the running row max of x):
+ *   pt_ij = 2^(x_ij - m_i)                    (fp32; bf16(pt) feeds P V)
+ *   l_i  = sum_j pt_ij, O_i = sum_j bf16(pt_ij) v_j, both rescaled by
+ *          2^(m_old - m_new) whenever the max grows (fp32)
+ *   out_i = O_i / l_i;  lse_i = (m_i + log2 l_i) ln 2
+ * backward (as v1, from the stored lse: p normalised, nothing rescaled):
+ *   p_ij = 2^(x_ij - lse_i log2 e)            (bf16(p) feeds P^T dO)
+ *   dp_ij = sum_d dout_id v_jd;  D_i = dout_i . out_i (fp32 operands)
+ *   ds_ij = scale p_ij (dp_ij - D_i)          (bf16(ds) feeds dS K and dS^T Q)
+ * v1 rounds the normalised p to bf16; v2 rounds pt = p l / 2^(...) , the
+ * same value up to a per-row factor: bf16's relative error does not depend
+ * on the scale, so the first-order bound of docs/cuda.md ("Attention on
+ * tensor cores") holds term by term; what v2 adds is fp32 roundoff only
+ * (the rescale factors multiply O and l alike and cancel in O / l to first
+ * order; c = scale log2 e rounded once: |x| u32 relative on p, inside the
+ * score term's (hd+2) u32 |s|). tests/test_attn_bf16.c checks v2 against
+ * the fp64 reference within that bound (docs/cuda.md derives it).
+ *
+ * HOW IT WORKS
+ *
+ * Warp-level mma.sync m16n8k16 (mma_sync.cuh: PTX ISA register layouts,
+ * emulated exactly by tests/cuda/emu/mma_ptx.h) instead of wmma: an
+ * accumulator's elements are known, so the softmax runs on them in
+ * registers and P is re-packed as the A operand of P V without touching
+ * shared memory. Blocks are 4 warps (128 threads) on 64-row tiles; a warp
+ * owns 16 rows; lane l holds rows g = l/4 and g+8 of its warp's 16 and, per
+ * n8 tile, the columns 2t, 2t+1 (t = l%4): a row's max and sum are reduced
+ * over its 4-lane quad with two __shfl_xor_sync. Tiles move global ->
+ * shared by cp.async (16 bytes, rows past T zero-filled), double-buffered:
+ * the next key (or query) tile loads while this one is multiplied; shared
+ * rows are padded by 8 bf16 (row stride = 16 mod 128 bytes: the 8 row
+ * addresses of an ldmatrix hit 8 different bank groups). Operand fragments
+ * come from shared memory by ldmatrix (x4: four 8x8 matrices per
+ * instruction; .trans for operands whose k runs down the rows, V in P V).
+ *
+ * Forward, block = (query tile, head, batch), query tiles launched longest
+ * first: Q's A fragments are re-read from shared memory per key tile (8 of
+ * the 72 ldmatrix of a tile at hd 128; holding them would cost 32 more
+ * registers); per key tile up to the diagonal: S = Q K^T (8 n8 tiles), x = c S, only the diagonal tile
+ * masks (key > query -> -inf; every row sees key i0 <= i, so no row is
+ * empty), m' = max(m, rowmax), alpha = 2^(m - m'), pt = 2^(x - m'), l = alpha
+ * l + sum pt (per lane; the quad sum comes once at the end), O = alpha O +
+ * bf16(pt) V. One QK^T per tile (v1 needed two passes).
+ * Backward (deterministic: no atomics, fixed loop order), D = rowdot(dout,
+ * out) first (attention.cu):
+ *   dK/dV: block = (key tile, kv head, batch); warp w owns keys 16w..16w+15;
+ *     loops over the heads of the GQA group, then query tiles from the
+ *     diagonal, in that fixed order (K/V read once per group, never
+ *     repeated): S^T = K_w Q^T, P^T, dP^T = V_w dO^T, dS^T in registers;
+ *     dV_w += bf16(P^T) dO, dK_w += bf16(dS^T) Q with P^T, dS^T re-packed as
+ *     A operands; Q and dO tiles (and their lse, D) double-buffered.
+ *   dQ: block = (query tile, head, batch); per key tile up to the diagonal:
+ *     S, P, dP, dS recomputed in registers, dQ_w += bf16(dS) K.
+ * dQ recomputes S and dP (7 tile products per (query, key) tile pair in
+ * the backward instead of 5) rather than storing dS (v1) or adding dQ with
+ * float atomics (FlashAttention-2; not deterministic).
+ */
+#include "cuda_impl.cuh"
+#include "mma_sync.cuh"
+
+#include <math.h>
+
+#define V2_B       64   /* rows of a query tile = keys of a key tile */
+#define V2_WARPS   4
+#define V2_THREADS (V2_WARPS * MT_WARP)
+
+typedef __nv_bfloat16 bf16;
+struct alignas(8) v2_f2 { float x, y; };
+
+static const float V2_LOG2E = 1.4426950408889634f;
+static const float V2_LN2 = 0.6931471805599453f;
+
+/* rows [r0, r0 + 64) of one head of a (B,T,nh,HD) bf16 tensor into a shared
+ * tile (64, HD + 8), asynchronously; rows past T are zeros */
+template <int HD>
+static __device__ __forceinline__ void v2_load_tile(bf16 *dst, const bf16 *src, int b, int r0, int T, int nh,
+                                                    int head)
+{
+    constexpr int LD = HD + 8, CPR = HD / 8;
+    const size_t rstride = (size_t)nh * HD;
+    const bf16 *base = src + (size_t)b * (size_t)T * rstride + (size_t)head * HD;
+    for (int e = threadIdx.x; e < V2_B * CPR; e += V2_THREADS) {
+        const int r = e / CPR, c8 = (e - r * CPR) * 8;
+        const bool ok = r0 + r < T;
+        mt_cp_async16(dst + r * LD + c8, ok ? base + (size_t)(r0 + r) * rstride + c8 : base, ok ? 16 : 0);
+    }
+}
+
+/* The ldmatrix x4 row address of lane l for the A operand (16x16) at rows
+ * r0.., columns c0.. of a shared tile: matrices (rows 0-7, c0), (8-15, c0),
+ * (0-7, c0+8), (8-15, c0+8) = a0..a3 */
+template <int LD>
+static __device__ __forceinline__ const bf16 *v2_a_addr(const bf16 *s, int r0, int c0, int lane)
+{
+    const int i = lane >> 3;
+    return s + (r0 + (i & 1) * 8 + (lane & 7)) * LD + c0 + (i >> 1) * 8;
+}
+/* ... for the B operands of two n8 tiles whose n runs down the rows (n0..n0+15)
+ * and k along them (k0..k0+15), non-trans: matrices (n0, k0) (n0, k0+8)
+ * (n0+8, k0) (n0+8, k0+8) = b0, b1 of tile n0, b0, b1 of tile n0+8 */
+template <int LD>
+static __device__ __forceinline__ const bf16 *v2_bn_addr(const bf16 *s, int n0, int k0, int lane)
+{
+    const int i = lane >> 3;
+    return s + (n0 + (i >> 1) * 8 + (lane & 7)) * LD + k0 + (i & 1) * 8;
+}
+/* ... whose k runs down the rows (k0..k0+15) and n along them (n0..n0+15),
+ * .trans: matrices (k0, n0) (k0+8, n0) (k0, n0+8) (k0+8, n0+8) = the same order */
+template <int LD>
+static __device__ __forceinline__ const bf16 *v2_bk_addr(const bf16 *s, int k0, int n0, int lane)
+{
+    const int i = lane >> 3;
+    return s + (k0 + (i & 1) * 8 + (lane & 7)) * LD + n0 + (i >> 1) * 8;
+}
+
+/* acc[8][4] (16 x 64) = A B^T: A the 16 rows at a_row0 of shared tile A, B
+ * the 64 rows of shared tile Bt, both (.., LD) over HD columns */
+template <int HD>
+static __device__ __forceinline__ void v2_abt(float acc[8][4], const bf16 *A, int a_row0, const bf16 *Bt, int lane)
+{
+    constexpr int LD = HD + 8;
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < HD; kk += 16) {
+        uint32_t a[4];
+        mt_ldsm_x4(a, v2_a_addr<LD>(A, a_row0, kk, lane));
+#pragma unroll
+        for (int np = 0; np < 4; np++) {
+            uint32_t r[4];
+            mt_ldsm_x4(r, v2_bn_addr<LD>(Bt, 16 * np, kk, lane));
+            const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+            mt_mma_16816(acc[2 * np], a, b0);
+            mt_mma_16816(acc[2 * np + 1], a, b1);
+        }
+    }
+}
+
+/* out[HD/8][4] (16 x HD) += P B: P (16 x 64) given as accumulator tiles
+ * p[8][4] (rounded to bf16 here: the A operands), B the 64 rows of a shared
+ * tile (64, LD) */
+template <int HD>
+static __device__ __forceinline__ void v2_pv(float out[HD / 8][4], const float p[8][4], const bf16 *Bs, int lane)
+{
+    constexpr int LD = HD + 8;
+#pragma unroll
+    for (int s = 0; s < 4; s++) {
+        const uint32_t a[4] = {mt_pack_bf16(p[2 * s][0], p[2 * s][1]), mt_pack_bf16(p[2 * s][2], p[2 * s][3]),
+                               mt_pack_bf16(p[2 * s + 1][0], p[2 * s + 1][1]),
+                               mt_pack_bf16(p[2 * s + 1][2], p[2 * s + 1][3])};
+#pragma unroll
+        for (int np = 0; np < HD / 16; np++) {
+            uint32_t r[4];
+            mt_ldsm_x4_t(r, v2_bk_addr<LD>(Bs, 16 * s, 16 * np, lane));
+            const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+            mt_mma_16816(out[2 * np], a, b0);
+            mt_mma_16816(out[2 * np + 1], a, b1);
+        }
+    }
+}
+
+/* a warp's accumulator rows (16 x HD at row r0 of a (B,T,nh,HD) fp32 tensor
+ * and its optional bf16 twin), each lane its own pairs; rows past T skipped */
+template <int HD>
+static __device__ __forceinline__ void v2_write_rows(float *dst, bf16 *dst_b, const float acc[HD / 8][4], int b,
+                                                     int r0, int T, int nh, int head, int lane)
+{
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int r = r0 + g + 8 * half;
+        if (r >= T) continue;
+        const size_t at = ((size_t)b * (size_t)T + (size_t)r) * (size_t)nh * HD + (size_t)head * HD + 2 * t;
+#pragma unroll
+        for (int j = 0; j < HD / 8; j++) {
+            v2_f2 v = {acc[j][2 * half], acc[j][2 * half + 1]};
+            *(v2_f2 *)(dst + at + 8 * j) = v;
+            if (dst_b) *(uint32_t *)(dst_b + at + 8 * j) = mt_pack_bf16(v.x, v.y);
+        }
+    }
+}
+
+/* ---- forward ---- */
+template <int HD>
+static __global__ void __launch_bounds__(V2_THREADS)
+attn_v2_fwd_k(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int T, int H, int K,
+              float c)
+{
+    constexpr int LD = HD + 8, TILE = V2_B * LD;
+    MT_DYN_SMEM(unsigned char, sm);
+    bf16 *Qs = (bf16 *)sm;
+    bf16 *Ks = Qs + TILE;      /* 2 buffers */
+    bf16 *Vs = Ks + 2 * TILE;  /* 2 buffers */
+    const int n_qt = (T + V2_B - 1) / V2_B;
+    const int qt = n_qt - 1 - (int)blockIdx.x;  /* the longest rows first */
+    const int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / K);
+    const int warp = threadIdx.x / MT_WARP, lane = threadIdx.x % MT_WARP, g = lane >> 2, t = lane & 3;
+    const int i0 = qt * V2_B, row0 = i0 + 16 * warp + g;  /* this lane's rows: row0, row0 + 8 */
+
+    v2_load_tile<HD>(Qs, q, b, i0, T, H, h);
+    v2_load_tile<HD>(Ks, k, b, 0, T, K, kvh);
+    v2_load_tile<HD>(Vs, v, b, 0, T, K, kvh);
+    mt_cp_async_commit();
+
+    float o[HD / 8][4];
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[j][e] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    for (int kt = 0; kt <= qt; kt++) {
+        const bf16 *Kb = Ks + (kt & 1) * TILE, *Vb = Vs + (kt & 1) * TILE;
+        if (kt < qt) {  /* the next key tile loads while this one is used */
+            v2_load_tile<HD>(Ks + ((kt + 1) & 1) * TILE, k, b, (kt + 1) * V2_B, T, K, kvh);
+            v2_load_tile<HD>(Vs + ((kt + 1) & 1) * TILE, v, b, (kt + 1) * V2_B, T, K, kvh);
+        }
+        mt_cp_async_commit();
+        mt_cp_async_wait<1>();
+        __syncthreads();
+        float s[8][4];
+        v2_abt<HD>(s, Qs, 16 * warp, Kb, lane);
+        const int j0 = kt * V2_B;
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float x = s[j][e] * c;
+                if (kt == qt && j0 + 8 * j + 2 * t + (e & 1) > row0 + 8 * (e >> 1)) x = -INFINITY;
+                s[j][e] = x;
+                mx[e >> 1] = fmaxf(mx[e >> 1], x);
+            }
+        float alpha[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(MT_FULL_MASK, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(MT_FULL_MASK, mx[r], 2));
+            const float mnew = fmaxf(m[r], mx[r]);  /* finite: every row sees a key per tile */
+            alpha[r] = exp2f(m[r] - mnew);          /* 0 on the first tile (m = -inf) */
+            m[r] = mnew;
+            l[r] *= alpha[r];
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float p = exp2f(s[j][e] - m[e >> 1]);
+                s[j][e] = p;
+                l[e >> 1] += p;
+            }
+#pragma unroll
+        for (int j = 0; j < HD / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) o[j][e] *= alpha[e >> 1];
+        v2_pv<HD>(o, s, Vb, lane);
+        __syncthreads();  /* every warp is done with this buffer before it is refilled */
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(MT_FULL_MASK, l[r], 1);
+        l[r] += __shfl_xor_sync(MT_FULL_MASK, l[r], 2);
+    }
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[j][e] = o[j][e] / l[e >> 1];
+    if (t == 0) {
+        const size_t lrow = ((size_t)b * (size_t)H + (size_t)h) * (size_t)T;
+        if (row0 < T) lse[lrow + (size_t)row0] = (m[0] + log2f(l[0])) * V2_LN2;
+        if (row0 + 8 < T) lse[lrow + (size_t)row0 + 8] = (m[1] + log2f(l[1])) * V2_LN2;
+    }
+    v2_write_rows<HD>(out, out_b, o, b, i0 + 16 * warp, T, H, h, lane);
+}
+
+/* ---- backward: dK, dV ---- */
+/* one (head, query tile) item of a dK/dV block into buffer set `buf`:
+ * Q and dO tiles (async), lse (base 2; +inf past T: p = 0) and D (plain) */
+template <int HD>
+static __device__ __forceinline__ void v2_dkdv_fetch(bf16 *Qb, bf16 *Gb, float *Lb, float *Db, const bf16 *q,
+                                                     const bf16 *g, const float *lse, const float *D, int b, int h,
+                                                     int i0, int T, int H)
+{
+    v2_load_tile<HD>(Qb, q, b, i0, T, H, h);
+    v2_load_tile<HD>(Gb, g, b, i0, T, H, h);
+    if (threadIdx.x < V2_B) {
+        const size_t lrow = ((size_t)b * (size_t)H + (size_t)h) * (size_t)T;
+        const int i = i0 + (int)threadIdx.x;
+        Lb[threadIdx.x] = i < T ? lse[lrow + (size_t)i] * V2_LOG2E : INFINITY;
+        Db[threadIdx.x] = i < T ? D[lrow + (size_t)i] : 0.0f;
+    }
+}
+
+template <int HD>
+static __global__ void __launch_bounds__(V2_THREADS)
+attn_v2_dkdv_k(float *dk, float *dv, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *g, const float *lse,
+               const float *D, int T, int H, int K, float scale, float c)
+{
+    constexpr int LD = HD + 8, TILE = V2_B * LD;
+    MT_DYN_SMEM(unsigned char, sm);
+    bf16 *Ks = (bf16 *)sm;
+    bf16 *Vs = Ks + TILE;
+    bf16 *Qs = Vs + TILE;      /* 2 buffers */
+    bf16 *Gs = Qs + 2 * TILE;  /* 2 buffers */
+    float *Ls = (float *)(Gs + 2 * TILE);  /* 2 x 64 */
+    float *Ds = Ls + 2 * V2_B;             /* 2 x 64 */
+    const int kt = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, grp = H / K;  /* kt 0 (the most work) first */
+    const int warp = threadIdx.x / MT_WARP, lane = threadIdx.x % MT_WARP, g4 = lane >> 2, t = lane & 3;
+    const int j0 = kt * V2_B, key0 = j0 + 16 * warp + g4;  /* this lane's keys: key0, key0 + 8 */
+    const int n_qt = (T + V2_B - 1) / V2_B, per_h = n_qt - kt, n_it = grp * per_h;
+
+    v2_load_tile<HD>(Ks, k, b, j0, T, K, kvh);
+    v2_load_tile<HD>(Vs, v, b, j0, T, K, kvh);
+    v2_dkdv_fetch<HD>(Qs, Gs, Ls, Ds, q, g, lse, D, b, kvh * grp, j0, T, H);
+    mt_cp_async_commit();
+
+    float dka[HD / 8][4], dva[HD / 8][4];
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dka[j][e] = dva[j][e] = 0.0f;
+    for (int it = 0; it < n_it; it++) {  /* heads of the group, then query tiles from the diagonal */
+        const int qt = kt + it % per_h, i0 = qt * V2_B, buf = it & 1;
+        const bf16 *Qb = Qs + buf * TILE, *Gb = Gs + buf * TILE;
+        const float *Lb = Ls + buf * V2_B, *Db = Ds + buf * V2_B;
+        if (it + 1 < n_it) {
+            const int nb = (it + 1) & 1;
+            v2_dkdv_fetch<HD>(Qs + nb * TILE, Gs + nb * TILE, Ls + nb * V2_B, Ds + nb * V2_B, q, g, lse, D, b,
+                              kvh * grp + (it + 1) / per_h, (kt + (it + 1) % per_h) * V2_B, T, H);
+        }
+        mt_cp_async_commit();
+        mt_cp_async_wait<1>();
+        __syncthreads();
+        float s[8][4], dp[8][4];
+        v2_abt<HD>(s, Ks, 16 * warp, Qb, lane);   /* S^T = K_w Q^T */
+        v2_abt<HD>(dp, Vs, 16 * warp, Gb, lane);  /* dP^T = V_w dO^T */
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int col = 8 * j + 2 * t + (e & 1);  /* query i0 + col */
+                float p = exp2f(s[j][e] * c - Lb[col]);
+                if (qt == kt && i0 + col < key0 + 8 * (e >> 1)) p = 0.0f;
+                s[j][e] = p;
+                dp[j][e] = scale * p * (dp[j][e] - Db[col]);
+            }
+        v2_pv<HD>(dva, s, Gb, lane);   /* dV_w += P^T dO */
+        v2_pv<HD>(dka, dp, Qb, lane);  /* dK_w += dS^T Q */
+        __syncthreads();  /* the buffer is consumed before it is refilled */
+    }
+    v2_write_rows<HD>(dk, NULL, dka, b, j0 + 16 * warp, T, K, kvh, lane);
+    v2_write_rows<HD>(dv, NULL, dva, b, j0 + 16 * warp, T, K, kvh, lane);
+}
+
+/* ---- backward: dQ ---- */
+template <int HD>
+static __global__ void __launch_bounds__(V2_THREADS)
+attn_v2_dq_k(float *dq, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *g, const float *lse,
+             const float *D, int T, int H, int K, float scale, float c)
+{
+    constexpr int LD = HD + 8, TILE = V2_B * LD;
+    MT_DYN_SMEM(unsigned char, sm);
+    bf16 *Qs = (bf16 *)sm;
+    bf16 *Gs = Qs + TILE;
+    bf16 *Ks = Gs + TILE;      /* 2 buffers */
+    bf16 *Vs = Ks + 2 * TILE;  /* 2 buffers */
+    const int n_qt = (T + V2_B - 1) / V2_B;
+    const int qt = n_qt - 1 - (int)blockIdx.x;  /* the longest rows first */
+    const int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / K);
+    const int warp = threadIdx.x / MT_WARP, lane = threadIdx.x % MT_WARP, g4 = lane >> 2, t = lane & 3;
+    const int i0 = qt * V2_B, row0 = i0 + 16 * warp + g4;
+    const size_t lrow = ((size_t)b * (size_t)H + (size_t)h) * (size_t)T;
+    float L2[2], Dr[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int i = row0 + 8 * r;
+        L2[r] = i < T ? lse[lrow + (size_t)i] * V2_LOG2E : INFINITY;
+        Dr[r] = i < T ? D[lrow + (size_t)i] : 0.0f;
+    }
+
+    v2_load_tile<HD>(Qs, q, b, i0, T, H, h);
+    v2_load_tile<HD>(Gs, g, b, i0, T, H, h);
+    v2_load_tile<HD>(Ks, k, b, 0, T, K, kvh);
+    v2_load_tile<HD>(Vs, v, b, 0, T, K, kvh);
+    mt_cp_async_commit();
+    float dqa[HD / 8][4];
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dqa[j][e] = 0.0f;
+    for (int kt = 0; kt <= qt; kt++) {
+        const bf16 *Kb = Ks + (kt & 1) * TILE, *Vb = Vs + (kt & 1) * TILE;
+        if (kt < qt) {
+            v2_load_tile<HD>(Ks + ((kt + 1) & 1) * TILE, k, b, (kt + 1) * V2_B, T, K, kvh);
+            v2_load_tile<HD>(Vs + ((kt + 1) & 1) * TILE, v, b, (kt + 1) * V2_B, T, K, kvh);
+        }
+        mt_cp_async_commit();
+        mt_cp_async_wait<1>();
+        __syncthreads();
+        float s[8][4], dp[8][4];
+        v2_abt<HD>(s, Qs, 16 * warp, Kb, lane);   /* S = Q_w K^T */
+        v2_abt<HD>(dp, Gs, 16 * warp, Vb, lane);  /* dP = dO_w V^T */
+        const int j0 = kt * V2_B;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float p = exp2f(s[j][e] * c - L2[e >> 1]);
+                if (kt == qt && j0 + 8 * j + 2 * t + (e & 1) > row0 + 8 * (e >> 1)) p = 0.0f;
+                dp[j][e] = scale * p * (dp[j][e] - Dr[e >> 1]);
+            }
+        v2_pv<HD>(dqa, dp, Kb, lane);  /* dQ_w += dS K */
+        __syncthreads();
+    }
+    v2_write_rows<HD>(dq, NULL, dqa, b, i0 + 16 * warp, T, H, h, lane);
+}
+
+/* ---- host side ---- */
+static size_t v2_tile_bytes(int hd) { return (size_t)V2_B * (size_t)(hd + 8) * 2; }
+
+template <typename F>
+static int v2_smem_opt_in(F *kern, size_t bytes)
+{
+    if (bytes <= 48 * 1024) return 1;
+    return MT_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+int mt_attn_v2_supports(int hd) { return hd == 64 || hd == 128; }
+
+template <int HD>
+static void v2_fwd(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T,
+                   int H, int K)
+{
+    const size_t smem = 5 * v2_tile_bytes(HD);
+    if (!v2_smem_opt_in(attn_v2_fwd_k<HD>, smem)) return;
+    const float c = (1.0f / sqrtf((float)HD)) * V2_LOG2E;
+    dim3 grid((unsigned)((T + V2_B - 1) / V2_B), (unsigned)H, (unsigned)B);
+    MT_LAUNCH(attn_v2_fwd_k<HD>, grid, V2_THREADS, smem)(out, out_b, lse, q, k, v, T, H, K, c);
+    MT_CUDA_KCHECK();
+}
+
+template <int HD>
+static void v2_bwd(float *dq, float *dk, float *dv, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *g,
+                   const float *lse, const float *D, int B, int T, int H, int K)
+{
+    const size_t s_kv = 6 * v2_tile_bytes(HD) + 4 * V2_B * sizeof(float), s_q = 6 * v2_tile_bytes(HD);
+    if (!v2_smem_opt_in(attn_v2_dkdv_k<HD>, s_kv) || !v2_smem_opt_in(attn_v2_dq_k<HD>, s_q)) return;
+    const float scale = 1.0f / sqrtf((float)HD), c = scale * V2_LOG2E;
+    const unsigned nt = (unsigned)((T + V2_B - 1) / V2_B);
+    MT_LAUNCH(attn_v2_dkdv_k<HD>, dim3(nt, (unsigned)K, (unsigned)B), V2_THREADS, s_kv)(dk, dv, q, k, v, g, lse, D, T,
+                                                                                       H, K, scale, c);
+    MT_CUDA_KCHECK();
+    MT_LAUNCH(attn_v2_dq_k<HD>, dim3(nt, (unsigned)H, (unsigned)B), V2_THREADS, s_q)(dq, q, k, v, g, lse, D, T, H, K,
+                                                                                   scale, c);
+    MT_CUDA_KCHECK();
+}
+
+void mt_attn_v2_forward(float *out, mt_bf16 *out_b, float *lse, const mt_bf16 *q, const mt_bf16 *k, const mt_bf16 *v,
+                        int B, int T, int H, int K, int hd)
+{
+    if (hd == 64) v2_fwd<64>(out, (bf16 *)out_b, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, B, T, H, K);
+    else v2_fwd<128>(out, (bf16 *)out_b, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, B, T, H, K);
+}
+
+void mt_attn_v2_backward(float *dq, float *dk, float *dv, const mt_bf16 *q, const mt_bf16 *k, const mt_bf16 *v,
+                         const mt_bf16 *g, const float *lse, const float *D, int B, int T, int H, int K, int hd)
+{
+    if (hd == 64)
+        v2_bwd<64>(dq, dk, dv, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (const bf16 *)g, lse, D, B, T, H, K);
+    else
+        v2_bwd<128>(dq, dk, dv, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (const bf16 *)g, lse, D, B, T, H,
+                    K);
+}

@@ -1,0 +1,123 @@
+/*
+ * mma_ptx.h (emulation) — the warp-level PTX instructions that
+ * src/ops/cuda/mma_sync.cuh wraps, with the register layouts the PTX ISA
+ * documents (so code that builds or reads fragments by element, as the
+ * FlashAttention-2 kernel of attention_v2.cu does, runs here exactly as on
+ * the device):
+ *
+ *   mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32  d = a b + c
+ *     groupID g = lane >> 2, threadID_in_group t = lane % 4; a .b32 register
+ *     holds two bf16, the lower-indexed element in the low 16 bits.
+ *     A (16x16, 4 regs): a0 (row g, cols 2t, 2t+1), a1 (row g+8, cols 2t..),
+ *                        a2 (row g, cols 2t+8, 2t+9), a3 (row g+8, cols 2t+8..)
+ *     B (16x8, 2 regs):  b0 (rows 2t, 2t+1, col g), b1 (rows 2t+8, 2t+9, col g)
+ *     C, D (16x8 f32):   c0, c1 (row g, cols 2t, 2t+1), c2, c3 (row g+8, same)
+ *   ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16
+ *     lanes 8i..8i+7 give the 8 row addresses (16-byte aligned) of matrix i;
+ *     register i of lane l holds matrix i's (row l>>2, cols 2(l%4), 2(l%4)+1),
+ *     with .trans (rows 2(l%4), 2(l%4)+1, col l>>2).
+ *
+ * Each instruction is a warp collective (emu.cc mt_emu_warp_collective): all
+ * 32 lanes arrive, the last one computes every lane's registers from the
+ * gathered operands (mma) or from memory as it is at that moment (ldmatrix),
+ * then every lane goes on with its own. A lane's register content is thus
+ * exactly the device's. Products: bf16 x bf16 is exact in fp32; the 16 of a
+ * dot product are added in order (k = 0..15) onto c in fp32, as mma.h does
+ * for wmma (tensor cores add them another way: the fp32 accumulation term
+ * of the tests' bounds covers it).
+ */
+#ifndef MT_EMU_MMA_PTX_H
+#define MT_EMU_MMA_PTX_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_runtime.h"
+
+static inline float mt_emu_bf16_lo(uint32_t r) { return __uint_as_float(r << 16); }
+static inline float mt_emu_bf16_hi(uint32_t r) { return __uint_as_float(r & 0xffff0000u); }
+
+/* slot of a lane: a[4], b[2], c[4] in; d[4] out */
+struct mt_emu_mma_slot { uint32_t a[4], b[2]; float c[4]; };
+
+static inline void mt_emu_mma_16816_fn(unsigned char *slots, size_t stride)
+{
+    float A[16][16], Bm[16][8], C[16][8];
+    for (int l = 0; l < 32; l++) {
+        mt_emu_mma_slot s;
+        memcpy(&s, slots + (size_t)l * stride, sizeof s);
+        const int g = l >> 2, t = l & 3;
+        A[g][2 * t] = mt_emu_bf16_lo(s.a[0]);         A[g][2 * t + 1] = mt_emu_bf16_hi(s.a[0]);
+        A[g + 8][2 * t] = mt_emu_bf16_lo(s.a[1]);     A[g + 8][2 * t + 1] = mt_emu_bf16_hi(s.a[1]);
+        A[g][2 * t + 8] = mt_emu_bf16_lo(s.a[2]);     A[g][2 * t + 9] = mt_emu_bf16_hi(s.a[2]);
+        A[g + 8][2 * t + 8] = mt_emu_bf16_lo(s.a[3]); A[g + 8][2 * t + 9] = mt_emu_bf16_hi(s.a[3]);
+        Bm[2 * t][g] = mt_emu_bf16_lo(s.b[0]);        Bm[2 * t + 1][g] = mt_emu_bf16_hi(s.b[0]);
+        Bm[2 * t + 8][g] = mt_emu_bf16_lo(s.b[1]);    Bm[2 * t + 9][g] = mt_emu_bf16_hi(s.b[1]);
+        C[g][2 * t] = s.c[0]; C[g][2 * t + 1] = s.c[1]; C[g + 8][2 * t] = s.c[2]; C[g + 8][2 * t + 1] = s.c[3];
+    }
+    for (int l = 0; l < 32; l++) {
+        const int g = l >> 2, t = l & 3;
+        float d[4];
+        for (int e = 0; e < 4; e++) {
+            const int r = g + (e >> 1) * 8, c = 2 * t + (e & 1);
+            float acc = C[r][c];
+            for (int k = 0; k < 16; k++) acc += A[r][k] * Bm[k][c];
+            d[e] = acc;
+        }
+        memcpy(slots + (size_t)l * stride, d, sizeof d);
+    }
+}
+
+/* d += a b (the warp's 16x8 tile; d doubles as c) */
+static inline void mt_emu_mma_16816(float d[4], const uint32_t a[4], const uint32_t b[2])
+{
+    mt_emu_mma_slot s;
+    memcpy(s.a, a, sizeof s.a);
+    memcpy(s.b, b, sizeof s.b);
+    memcpy(s.c, d, sizeof s.c);
+    float out[4];
+    mt_emu_warp_collective(&s, sizeof s, out, sizeof out, mt_emu_mma_16816_fn);
+    memcpy(d, out, sizeof out);
+}
+
+template <bool TRANS>
+static inline void mt_emu_ldmatrix_x4_fn(unsigned char *slots, size_t stride)
+{
+    const unsigned char *row[32];
+    for (int l = 0; l < 32; l++) {
+        memcpy(&row[l], slots + (size_t)l * stride, sizeof row[l]);
+        if (((uintptr_t)row[l] & 15u) != 0) {
+            fprintf(stderr, "cuda emu: ldmatrix: lane %d's row address %p is not 16-byte aligned\n", l,
+                    (const void *)row[l]);
+            abort();
+        }
+    }
+    for (int l = 0; l < 32; l++) {
+        const int g = l >> 2, t = l & 3;
+        uint32_t r[4];
+        for (int i = 0; i < 4; i++) {
+            uint16_t e0, e1;
+            if (!TRANS) {
+                memcpy(&e0, row[8 * i + g] + 2 * (2 * t), 2);
+                memcpy(&e1, row[8 * i + g] + 2 * (2 * t + 1), 2);
+            } else {
+                memcpy(&e0, row[8 * i + 2 * t] + 2 * g, 2);
+                memcpy(&e1, row[8 * i + 2 * t + 1] + 2 * g, 2);
+            }
+            r[i] = (uint32_t)e0 | ((uint32_t)e1 << 16);
+        }
+        memcpy(slots + (size_t)l * stride, r, sizeof r);
+    }
+}
+
+template <bool TRANS>
+static inline void mt_emu_ldmatrix_x4(uint32_t r[4], const void *p)
+{
+    uint32_t out[4];
+    mt_emu_warp_collective(&p, sizeof p, out, sizeof out, mt_emu_ldmatrix_x4_fn<TRANS>);
+    memcpy(r, out, sizeof out);
+}
+
+#endif /* MT_EMU_MMA_PTX_H */
