@@ -263,7 +263,10 @@ static void test_letters(void)
     EXPECT(n >= 2 && n <= MT_MAX_BLOCK_KINDS, "kinds %d", n);
     for (int i = 0; i < n; i++) {
         EXPECT(mt_blocks_find(mt_blocks_kind(i)->letter) == i, "kind %d letter not unique", i);
-        EXPECT(mt_blocks_kind(i)->mixer && mt_blocks_kind(i)->ffn, "kind %d has no pieces", i);
+        const struct mt_block_kind *k = mt_blocks_kind(i);
+        EXPECT(k->n_steps >= 1 && k->n_steps <= MT_BLOCK_MAX_PIECES && k->wrap, "kind %d: %d steps", i, k->n_steps);
+        for (int s = 0; s < k->n_steps && s < MT_BLOCK_MAX_PIECES; s++)
+            EXPECT(k->steps[s].piece, "kind %d step %d has no piece", i, s);
     }
     EXPECT(mt_blocks_find('A') >= 0 && mt_blocks_find('E') >= 0, "A and E in the table");
     EXPECT(mt_blocks_find('Z') < 0 && mt_blocks_find('\0') < 0, "unknown letters refused");

@@ -1,23 +1,40 @@
 /*
- * test_toy_kind.c — what adding a block kind costs (issue 30): a toy kind
- * 'S' = a per-channel scale mixer + the dense MLP, added with one piece (in
- * this file) and one line of the kind table, and nothing else.
+ * test_toy_kind.c — what adding a block kind costs (issue 30): toy kinds
+ * added with their pieces (in this file) and one line each of the kind
+ * table, and nothing else. A block is a sequence of steps (mt_blocks.h),
+ * each a piece with a residual policy:
  *
- * The toy mixer: x_mid = x_in + rmsnorm(x_in) * g, g its one parameter (the
- * channel scale, declared as the input norm's gain "input_layernorm.weight").
- * Backward: dg += sum_rows (d x_mid * rmsnorm(x_in)), d x_in += d x_mid +
- * rmsnorm_backward(d x_mid): the norm's backward accumulates onto dx, which
+ *   S = toy_scale (NONE) + mlp (NONE)      the shape of A / E / M: a mixer
+ *       that writes the stream itself, then the dense MLP
+ *   G = toy_gate (ADD)                     ONE piece, no FFN
+ *   T = attention (NONE) + toy_gate (ADD) + mlp (NONE)
+ *                                          three pieces: the table's own
+ *       pieces at other positions (the MLP reads the stream after step 1)
+ *   W = toy_gate (ADD) inside the wrapper toy_wrap: the slot MoD fills; its
+ *       hooks are not driven yet, so the model must refuse it
+ *
+ * toy_scale writes the stream itself: x_out = x_in + rmsnorm(x_in) * g, g
+ * its one parameter ("input_layernorm.weight", the step's norm gain).
+ * Backward: dg += sum_rows (d x_out * rmsnorm(x_in)), d x_in += d x_out +
+ * rmsnorm_backward(d x_out): the norm's backward accumulates onto dx, which
  * already holds the identity path.
  *
- * The line: the table (src/model/mt_block_kinds.def) expands
+ * toy_gate leaves the norm and the residual add to the block (MT_RESID_ADD):
+ * it sees h = rmsnorm(s_i) * g ("gate_norm.weight") and adds
+ * w * silu(h) (w "gate.weight", per channel); its backward writes
+ * dh = dy * w * silu'(h) and dw += sum_rows dy * silu(h); the block runs
+ * the norm's backward. It computes on the host (the cpu backend's buffers
+ * are host memory): a toy needs no kernel.
+ *
+ * The lines: the table (src/model/mt_block_kinds.def) expands
  * MT_BLOCK_KINDS_EXTRA after its own lines; this file defines it and
  * compiles the two files that expand the table (blocks.c, block_traits.c)
  * with it, so the library's copies are not linked and every consumer —
- * config checks, the model, the registry, the planner's counts — sees 'S'.
- * Checks: the pattern "SA" resolves and builds; the registry names of the S
- * layer; a central-difference gradient check of every parameter (the
- * embedding below the toy's layer included) through the whole model
- * (loss = lm).
+ * config checks, the model, the registry, the planner's counts — sees the
+ * toys. Checks: the patterns resolve and build; the registry names of the
+ * toy layers; a central-difference gradient check of every parameter (the
+ * embedding below the toys' layers included) through the whole model
+ * (loss = lm) for the pattern "SGTA"; the wrapper kind refused.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -30,28 +47,34 @@
 #include "ops/mt_ops.h"
 #include "mt_test.h"
 
-extern const struct mt_piece mt_piece_toy_scale;
-#define MT_BLOCK_KINDS_EXTRA MT_BLOCK_KIND('S', "scale+mlp", toy_scale, mlp, 0, 0)
+extern const struct mt_piece mt_piece_toy_scale, mt_piece_toy_gate;
+extern const struct mt_block_wrap mt_block_wrap_toy_wrap;
+#define MT_BLOCK_KINDS_EXTRA                                                                                     \
+    MT_BLOCK_KIND('S', "scale+mlp", 0, 0, none, MT_STEP(toy_scale, NONE), MT_STEP(mlp, NONE))                    \
+    MT_BLOCK_KIND('G', "gate", 0, 0, none, MT_STEP(toy_gate, ADD))                                               \
+    MT_BLOCK_KIND('T', "attention+gate+mlp", 0, 0, none, MT_STEP(attention, NONE), MT_STEP(toy_gate, ADD),      \
+                  MT_STEP(mlp, NONE))                                                                            \
+    MT_BLOCK_KIND('W', "wrapped gate", 0, 0, toy_wrap, MT_STEP(toy_gate, ADD))
 #include "model/blocks.c"
 #include "model/block_traits.c"
 
-/* ---- the piece: its parameters, saved activations, forward, backward ---- */
+/* ---- toy_scale: writes the stream itself (MT_RESID_NONE) ---- */
 
 static void scale_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *user)
 {
     const struct mt_pspec p = {"input_layernorm.weight", -1, 1, s->D, 1, MT_SCALE_ONES, MT_ROLE_GAIN,
-                               MT_LAYOUT_RESIDUAL, MT_BIND(ln1)};
+                               MT_LAYOUT_RESIDUAL, MT_BIND_NORM};
     fn(user, &p);
 }
 
-/* saved: the normed rows (the scaled branch) and their rstd, x_mid; all shared fields */
+/* saved: the normed rows (the scaled branch) and their rstd (the step's norm) */
 static void scale_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly)
 {
+    (void)ly;
     const size_t D = (size_t)pc->D, Nr = (size_t)pc->Nr;
-    ly->h_attn_n = carve_f(c, MT_BUCKET_ACTS, Nr * D);
-    ly->h_attn = ly->h_attn_n;
-    ly->rstd_attn = carve_f(c, MT_BUCKET_ACTS, Nr);
-    ly->x_mid = carve_f(c, MT_BUCKET_ACTS, Nr * D);
+    pc->nm->h_n = carve_f(c, MT_BUCKET_ACTS, Nr * D);
+    pc->nm->h = pc->nm->h_n;
+    pc->nm->rstd = carve_f(c, MT_BUCKET_ACTS, Nr);
 }
 
 /* row-local: this rank's residual rows only, no collective */
@@ -59,11 +82,10 @@ static enum mt_status scale_forward(struct mt_ctx *ctx, const struct mt_piece_ct
 {
     (void)ctx;
     const struct mt_ops_i *ops = pc->ops;
-    struct mt_layer *ly = pc->ly;
     const int n = a->B * a->T, Nr = pc->tp.sp ? n / pc->tp.tp : n, D = pc->D;
-    ops->rmsnorm_resid_forward(ops->be, ly->h_attn_n, ly->rstd_attn, ly->x_mid, ly->x_in, ly->w.ln1->data, Nr, D,
+    ops->rmsnorm_resid_forward(ops->be, pc->nm->h_n, pc->nm->rstd, a->x_out, pc->x_in, pc->g->data, Nr, D,
                                pc->norm_eps);
-    ops->axpby(ops->be, ly->x_mid, ly->h_attn_n, 1.0f, 1.0f, (size_t)Nr * D);
+    ops->axpby(ops->be, a->x_out, pc->nm->h_n, 1.0f, 1.0f, (size_t)Nr * D);
     return MT_OK;
 }
 
@@ -71,12 +93,10 @@ static enum mt_status scale_backward(struct mt_ctx *ctx, const struct mt_piece_c
 {
     (void)ctx;
     const struct mt_ops_i *ops = pc->ops;
-    const struct mt_layer *ly = pc->ly;
     const int Nr = pc->Nr, D = pc->D;
-    /* the norm's backward reads d x_mid while it accumulates into dx: a copy first */
+    /* the norm's backward reads d x_out while it accumulates into dx: a copy first */
     ops->copy(ops->be, pc->dh, pc->dx, (size_t)Nr * D * sizeof(float));
-    ops->rmsnorm_backward(ops->be, pc->dx, ly->w.ln1->grad, pc->dh, ly->x_in, ly->w.ln1->data, ly->rstd_attn, Nr, D,
-                          1);
+    ops->rmsnorm_backward(ops->be, pc->dx, pc->g->grad, pc->dh, pc->x_in, pc->g->data, pc->nm->rstd, Nr, D, 1);
     return MT_OK;
 }
 
@@ -101,6 +121,91 @@ const struct mt_piece mt_piece_toy_scale = {
     /* .setup                 = */ NULL,
 };
 
+/* ---- toy_gate: a branch the block wraps in pre-norm + add (MT_RESID_ADD) ---- */
+
+struct gate_w { struct mt_param *w; };   /* (D) the per-channel gate */
+
+static void gate_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *user)
+{
+    const struct mt_pspec p[] = {
+        {"gate_norm.weight", -1, 1, s->D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, MT_BIND_NORM},
+        {"gate.weight", -1, 1, s->D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, MT_BIND_OWN(struct gate_w, w)},
+    };
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) fn(user, &p[i]);
+}
+
+/* the block carves the norm (MT_RESID_ADD); the branch saves nothing more */
+static void gate_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly)
+{
+    (void)pc, (void)c, (void)ly;
+}
+
+static double silu(double h) { return h / (1.0 + exp(-h)); }
+static double dsilu(double h)
+{
+    const double sg = 1.0 / (1.0 + exp(-h));
+    return sg * (1.0 + h * (1.0 - sg));
+}
+
+/* x_out += w * silu(h), h the block's normed rows (host memory: cpu backend) */
+static enum mt_status gate_forward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a)
+{
+    (void)ctx;
+    const int Nr = a->B * a->T, D = pc->D;
+    const float *h = pc->nm->h_n, *w = ((const struct gate_w *)pc->pw)->w->data;
+    for (int r = 0; r < Nr; r++)
+        for (int j = 0; j < D; j++) a->x_out[(size_t)r * D + j] += (float)(w[j] * silu(h[(size_t)r * D + j]));
+    return MT_OK;
+}
+
+/* dh = dy * w * silu'(h) (OVERWRITES), dw += sum_rows dy * silu(h); dx untouched */
+static enum mt_status gate_backward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc)
+{
+    (void)ctx;
+    const int Nr = pc->Nr, D = pc->D;
+    const float *h = pc->nm->h_n, *dy = pc->dx;
+    struct mt_param *w = ((const struct gate_w *)pc->pw)->w;
+    for (int r = 0; r < Nr; r++)
+        for (int j = 0; j < D; j++) {
+            const size_t e = (size_t)r * D + j;
+            pc->dh[e] = (float)(dy[e] * w->data[j] * dsilu(h[e]));
+            w->grad[j] += (float)(dy[e] * silu(h[e]));
+        }
+    return MT_OK;
+}
+
+const struct mt_piece mt_piece_toy_gate = {
+    /* .name                  = */ "toy_gate",
+    /* .tp_regions            = */ 0,
+    /* .sp_gathers            = */ 0,
+    /* .params                = */ gate_params,
+    /* .check                 = */ NULL,
+    /* .mm_per_token          = */ NULL,
+    /* .extra_flops_per_token = */ NULL,
+    /* .inactive_params       = */ NULL,
+    /* .carve_scratch         = */ NULL,
+    /* .ffn_scratch           = */ NULL,
+    /* .carve                 = */ gate_carve,
+    /* .forward               = */ gate_forward,
+    /* .backward              = */ gate_backward,
+    /* .undo_recompute        = */ NULL,
+    /* .decode_floats         = */ NULL,
+    /* .state_bytes           = */ 0,
+    /* .own_bytes             = */ 0,
+    /* .setup                 = */ NULL,
+};
+
+/* ---- toy_wrap: a wrapper with a hook, which the model does not drive yet ---- */
+
+static enum mt_status wrap_enter(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const struct mt_piece_fwd *a,
+                                 struct mt_piece_fwd *in, float **x_in)
+{
+    (void)ctx, (void)pc, (void)a, (void)in, (void)x_in;
+    return MT_OK;
+}
+
+const struct mt_block_wrap mt_block_wrap_toy_wrap = { .name = "toy_wrap", .enter = wrap_enter };
+
 /* ---- the checks ---- */
 
 static double loss_of(struct mt_ctx *ctx, struct mt_model *m, const int32_t *idx, const int32_t *tgt,
@@ -111,39 +216,32 @@ static double loss_of(struct mt_ctx *ctx, struct mt_model *m, const int32_t *idx
     return mt_loss_parts_total(parts.v, parts.n);
 }
 
-int main(void)
+static void tiny_config(struct mt_config *cfg, const char *pattern)
 {
-    struct mt_ctx ctx;
-    mt_ctx_init(&ctx);
-    const struct mt_ops_i *ops = mt_ops_cpu();
-    char letters[4 * MT_MAX_BLOCK_KINDS];
-    EXPECT(mt_blocks_find('S') >= 0 && !strcmp(mt_blocks_kind(mt_blocks_find('S'))->name, "scale+mlp"),
-           "the table has no S (%s)", mt_blocks_letters(letters, sizeof letters));
+    mt_config_defaults(cfg);
+    cfg->vocab_size = 29;
+    cfg->n_layer = (int)strlen(pattern);
+    cfg->d_model = 16;
+    cfg->n_head = 4;
+    cfg->n_kv_head = 2;
+    cfg->mlp_hidden = 24;
+    cfg->seq_len = 5;
+    cfg->batch_size = 2;
+    cfg->microbatches = 1;
+    snprintf(cfg->pattern, sizeof cfg->pattern, "%s", pattern);
+}
 
-    struct mt_config cfg;
-    mt_config_defaults(&cfg);
-    cfg.vocab_size = 29;
-    cfg.n_layer = 2;
-    cfg.d_model = 16;
-    cfg.n_head = 4;
-    cfg.n_kv_head = 2;
-    cfg.mlp_hidden = 24;
-    cfg.seq_len = 5;
-    cfg.batch_size = 2;
-    cfg.microbatches = 1;
-    snprintf(cfg.pattern, sizeof cfg.pattern, "SA");
-    MT_ASSERT(mt_config_resolve(&ctx, &cfg, 1) == MT_OK);
-    const int B = 2, T = 5, N = B * T;
-    struct mt_model *m = NULL;
-    MT_ASSERT(mt_model_create(&ctx, ops, &cfg, B, &m) == MT_OK);
+/* index of the parameter called name, or -1 */
+static int param_index(struct mt_param *ps, int np, const char *name)
+{
+    for (int i = 0; i < np; i++)
+        if (!strcmp(ps[i].name, name)) return i;
+    return -1;
+}
 
-    /* registry: layer 0 is the toy's gain, then the MLP; parameters drawn
-     * with a spread so that no gradient is near zero */
-    int np;
-    struct mt_param *ps = mt_model_params(m, &np);
-    const char *want[] = {"model.embed_tokens.weight", "model.layers.0.input_layernorm.weight",
-                          "model.layers.0.post_attention_layernorm.weight", "model.layers.0.mlp.gate_proj.weight"};
-    for (int i = 0; i < 4; i++) EXPECT(!strcmp(ps[i].name, want[i]), "param %d is %s, want %s", i, ps[i].name, want[i]);
+/* parameters drawn with a spread so that no gradient is near zero */
+static void spread_params(const struct mt_ops_i *ops, struct mt_param *ps, int np)
+{
     for (int i = 0; i < np; i++) {
         float *h = malloc(ps[i].numel * sizeof(float));
         const uint64_t st = mt_rng_stream(ps[i].name);
@@ -154,6 +252,41 @@ int main(void)
         ops->copy_from_host(ops->be, ps[i].data, h, ps[i].numel * sizeof(float));
         free(h);
     }
+}
+
+int main(void)
+{
+    struct mt_ctx ctx;
+    mt_ctx_init(&ctx);
+    const struct mt_ops_i *ops = mt_ops_cpu();
+    char letters[4 * MT_MAX_BLOCK_KINDS];
+    EXPECT(mt_blocks_find('S') >= 0 && !strcmp(mt_blocks_kind(mt_blocks_find('S'))->name, "scale+mlp"),
+           "the table has no S (%s)", mt_blocks_letters(letters, sizeof letters));
+    EXPECT(mt_blocks_find('G') >= 0 && mt_blocks_kind(mt_blocks_find('G'))->n_steps == 1, "G: one step");
+    EXPECT(mt_blocks_find('T') >= 0 && mt_blocks_kind(mt_blocks_find('T'))->n_steps == 3, "T: three steps");
+
+    struct mt_config cfg;
+    tiny_config(&cfg, "SGTA");
+    MT_ASSERT(mt_config_resolve(&ctx, &cfg, 1) == MT_OK);
+    const int B = 2, T = 5, N = B * T;
+    struct mt_model *m = NULL;
+    MT_ASSERT(mt_model_create(&ctx, ops, &cfg, B, &m) == MT_OK);
+
+    /* registry: the steps' parameters in order, each under its piece's suffixes */
+    int np;
+    struct mt_param *ps = mt_model_params(m, &np);
+    const char *want[] = {"model.embed_tokens.weight", "model.layers.0.input_layernorm.weight",
+                          "model.layers.0.post_attention_layernorm.weight", "model.layers.0.mlp.gate_proj.weight"};
+    for (int i = 0; i < 4; i++) EXPECT(!strcmp(ps[i].name, want[i]), "param %d is %s, want %s", i, ps[i].name, want[i]);
+    const int g1 = param_index(ps, np, "model.layers.1.gate_norm.weight");
+    EXPECT(g1 > 0 && !strcmp(ps[g1 + 1].name, "model.layers.1.gate.weight") &&
+               !strcmp(ps[g1 + 2].name, "model.layers.2.input_layernorm.weight"),
+           "layer 1 (G) is not gate_norm, gate");
+    const int kn = param_index(ps, np, "model.layers.2.self_attn.k_norm.weight");
+    EXPECT(kn > 0 && !strcmp(ps[kn + 1].name, "model.layers.2.gate_norm.weight") &&
+               !strcmp(ps[kn + 3].name, "model.layers.2.post_attention_layernorm.weight"),
+           "layer 2 (T) is not attention, gate, mlp");
+    spread_params(ops, ps, np);
     int32_t idx[16], tgt[16];
     for (int i = 0; i < N; i++) {
         idx[i] = (int32_t)(mt_rng_splitmix64(11 + 2 * (uint64_t)i) % (uint64_t)cfg.vocab_size);
@@ -164,6 +297,24 @@ int main(void)
     mt_model_zero_grad(m);
     loss_of(&ctx, m, idx, tgt, &norm);
     MT_ASSERT(mt_model_backward(&ctx, m) == MT_OK);
+
+    /* recompute=block re-runs each block's steps into one shared set (the
+     * intermediate streams included): the same gradients, bit for bit */
+    struct mt_config rcfg = cfg;
+    snprintf(rcfg.recompute, sizeof rcfg.recompute, "block");
+    struct mt_model *mr = NULL;
+    MT_ASSERT(mt_model_create(&ctx, ops, &rcfg, B, &mr) == MT_OK);
+    int npr;
+    struct mt_param *psr = mt_model_params(mr, &npr);
+    MT_ASSERT(npr == np);
+    for (int i = 0; i < np; i++) ops->copy(ops->be, psr[i].data, ps[i].data, ps[i].numel * sizeof(float));
+    mt_model_zero_grad(mr);
+    loss_of(&ctx, mr, idx, tgt, &norm);
+    MT_ASSERT(mt_model_backward(&ctx, mr) == MT_OK);
+    for (int i = 0; i < np; i++)
+        EXPECT(!memcmp(psr[i].grad, ps[i].grad, ps[i].numel * sizeof(float)), "%s: recompute=block changed its grad",
+               ps[i].name);
+    mt_model_destroy(&ctx, mr);
 
     /* central differences, |ga - gfd| <= 2e-2 max(|ga|, |gfd|) + 5e-3 gscale + 1e-5
      * (test_model_grad.c's rule: fp32 loss noise ~1e-6 / eps) */
@@ -194,12 +345,21 @@ int main(void)
         free(ga);
         free(w);
     }
-    EXPECT(checked > 20, "only %d elements checked", checked);
+    EXPECT(checked > 60, "only %d elements checked", checked);
     mt_model_destroy(&ctx, m);
+
+    /* the wrapper slot: a kind whose wrapper has hooks is refused, not run as if unwrapped */
+    tiny_config(&cfg, "AW");
+    MT_ASSERT(mt_config_resolve(&ctx, &cfg, 1) == MT_OK);
+    m = NULL;
+    EXPECT(mt_model_create(&ctx, ops, &cfg, B, &m) == MT_ERR_UNSUPPORTED && !m, "the wrapped kind W was not refused");
+    mt_model_destroy(&ctx, m);
+
     if (n_fail) {
         fprintf(stderr, "test_toy_kind: FAILED (%d)\n", n_fail);
         return 1;
     }
-    printf("test_toy_kind: ok (%d elements of every parameter, S = a per-channel scale + the dense MLP)\n", checked);
+    printf("test_toy_kind: ok (%d elements of every parameter of SGTA: S = scale + mlp, G = one gate piece, "
+           "T = attention + gate + mlp; recompute bit-equal; the wrapped W refused)\n", checked);
     return 0;
 }

@@ -7,7 +7,7 @@
  *     q   = rope(rmsnorm_hd(q') * g_q);  k = rope(rmsnorm_hd(k') * g_k)
  *           (QK-norm over each head's hd values, one [hd] gain shared by heads)
  *     att = causal_softmax(q k^T / sqrt(hd)) v      query head j reads kv head j/(H/K)
- *     x_mid = x_in + att Wo^T
+ *     x_out = x_in + att Wo^T          (a step that writes the stream itself: MT_RESID_NONE)
  * Backward (chain rule, in reverse):
  *     term 1: dWo += dx^T att;  datt = dx Wo
  *     term 2: dq, dk, dv from the flash-style kernel (recomputes P from lse);
@@ -69,7 +69,8 @@ static int attn_bf16(const struct mt_piece_ctx *pc)
     return pc->bf16 && pc->ops->attention_forward_bf16 && pc->ops->attention_backward_bf16;
 }
 
-/* x_mid = x_in + attn(rmsnorm(x_in)) Wo^T for N = B*T rows (a->B, a->T).
+/* x_out = x_in + attn(rmsnorm(x_in)) Wo^T for N = B*T rows (a->B, a->T)
+ * (x_in, x_out: the step's streams; in the table's kinds x_in -> x_mid).
  * Training: a->state == NULL, positions 0..T-1 per sequence. Inference
  * (B == 1): a->state is this layer's K rows then its V rows, (t_max, K, hd)
  * each (attn_decode_floats); k, v of the T new tokens are appended at row
@@ -77,7 +78,6 @@ static int attn_bf16(const struct mt_piece_ctx *pc)
 static enum mt_status attn_piece_forward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a)
 {
     const struct mt_ops_i *ops = pc->ops;
-    struct mt_layer *ly = pc->ly;
     struct attn_state *st = pc->st;
     const struct mt_tp_axis *tp = &pc->tp;
     const int B = a->B, T = a->T, pos0 = a->pos0;
@@ -86,17 +86,17 @@ static enum mt_status attn_piece_forward(struct mt_ctx *ctx, const struct mt_pie
     const float eps = pc->norm_eps;
     float *t = pc->s_lora;
 
-    /* the input norm and the residual's seed (x_mid = x_in, Wo's GEMM adds onto it) in one pass */
-    if (ly->h_attn_b)   /* precision=bf16: + the bf16 twin, the q/k/v GEMMs' operand */
-        ops->rmsnorm_resid_forward_bf16(ops->be, ly->h_attn_n, ly->h_attn_b, ly->rstd_attn, ly->x_mid, ly->x_in,
-                                        ly->w.ln1->data, Nr, D, eps);
+    /* the input norm and the residual's seed (x_out = x_in, Wo's GEMM adds onto it) in one pass */
+    if (pc->nm->hb)   /* precision=bf16: + the bf16 twin, the q/k/v GEMMs' operand */
+        ops->rmsnorm_resid_forward_bf16(ops->be, pc->nm->h_n, pc->nm->hb, pc->nm->rstd, a->x_out, pc->x_in,
+                                        pc->g->data, Nr, D, eps);
     else
-        ops->rmsnorm_resid_forward(ops->be, ly->h_attn_n, ly->rstd_attn, ly->x_mid, ly->x_in, ly->w.ln1->data, Nr, D, eps);
-    if (tp->sp) MT_CHECK(tpa_gather_rows(ctx, tp, ly->h_attn, ly->h_attn_n, Nr, D));   /* SP entry */
+        ops->rmsnorm_resid_forward(ops->be, pc->nm->h_n, pc->nm->rstd, a->x_out, pc->x_in, pc->g->data, Nr, D, eps);
+    if (tp->sp) MT_CHECK(tpa_gather_rows(ctx, tp, pc->nm->h, pc->nm->h_n, Nr, D));   /* SP entry */
     /* this rank's heads (H, K are local under TP) over all N rows */
-    proj_fwd_b(ops, t, st->q_raw, ly->h_attn, ly->h_attn_b, aw(pc)->wq, N, D, QD, 0.0f);
-    proj_fwd_b(ops, t, st->k_raw, ly->h_attn, ly->h_attn_b, aw(pc)->wk, N, D, KD, 0.0f);
-    proj_fwd_b(ops, t, st->v, ly->h_attn, ly->h_attn_b, aw(pc)->wv, N, D, KD, 0.0f);
+    proj_fwd_b(ops, t, st->q_raw, pc->nm->h, pc->nm->hb, aw(pc)->wq, N, D, QD, 0.0f);
+    proj_fwd_b(ops, t, st->k_raw, pc->nm->h, pc->nm->hb, aw(pc)->wk, N, D, KD, 0.0f);
+    proj_fwd_b(ops, t, st->v, pc->nm->h, pc->nm->hb, aw(pc)->wv, N, D, KD, 0.0f);
     ops->qk_norm_rope_forward(ops->be, st->q, st->k, st->rstd_q, st->rstd_k, st->q_raw, st->k_raw, aw(pc)->qn->data,
                               aw(pc)->kn->data, a->cos_tab, a->sin_tab, N, T, pos0, H, K, hd, eps);
     if (a->state) {
@@ -116,26 +116,25 @@ static enum mt_status attn_piece_forward(struct mt_ctx *ctx, const struct mt_pie
     /* precision=bf16 without the bf16 attention entry (or decoding): Wo's operand, rounded once here */
     if (st->att_b && (a->state || !attn_bf16(pc))) ops->cast_bf16(ops->be, st->att_b, st->att, (size_t)N * (size_t)QD);
     if (tp->tp == 1) {
-        proj_fwd_b(ops, t, ly->x_mid, st->att, st->att_b, aw(pc)->wo, N, QD, D, 1.0f);
+        proj_fwd_b(ops, t, a->x_out, st->att, st->att_b, aw(pc)->wo, N, QD, D, 1.0f);
         return MT_OK;
     }
     /* Wo holds this rank's columns: a partial sum over the model group (TP exit) */
     proj_fwd_b(ops, t, pc->s_red, st->att, st->att_b, aw(pc)->wo, N, QD, D, 0.0f);
-    return tpa_exit_add(ctx, tp, ly->x_mid, pc->s_red, pc->s_full);
+    return tpa_exit_add(ctx, tp, a->x_out, pc->s_red, pc->s_full);
 }
 
-/* Reads dx (Nr, D) = d x_mid; ACCUMULATES d x_in into dx; param grads +=. */
+/* Reads dx (Nr, D) = d x_out; ACCUMULATES d x_in into dx; param grads +=. */
 static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc)
 {
     const struct mt_ops_i *ops = pc->ops;
-    const struct mt_layer *ly = pc->ly;
     const struct attn_state *st = pc->st;
     const struct mt_tp_axis *tp = &pc->tp;
     const int B = pc->B, T = pc->T, N = pc->N, Nr = pc->Nr, D = pc->D, H = pc->H, K = pc->K, hd = pc->hd;
     const int QD = pc->QD, KD = pc->KD;
     float *t = pc->s_lora, *dt = pc->s_dlora;
 
-    /* the TP exit's conjugate: SP gathers the rows of d x_mid; without SP dx is already whole */
+    /* the TP exit's conjugate: SP gathers the rows of d x_out; without SP dx is already whole */
     const float *dy = pc->dx;
     if (tp->sp) {
         MT_CHECK(tpa_gather_rows(ctx, tp, pc->s_full, pc->dx, Nr, D));
@@ -155,9 +154,9 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
                                st->k_raw, aw(pc)->qn->data, aw(pc)->kn->data, st->rstd_q, st->rstd_k, pc->rope_cos,
                                pc->rope_sin, N, T, H, K, hd);
     /* term 4: projections (under TP dh is this rank's partial sum over its heads) */
-    proj_bwd_b(ops, t, dt, pc->dh, 0.0f, aw(pc)->wq, aown(pc)->datt, ly->h_attn, ly->h_attn_b, N, D, QD, pc->dyb);
-    proj_bwd_b(ops, t, dt, pc->dh, 1.0f, aw(pc)->wk, aown(pc)->dk2, ly->h_attn, ly->h_attn_b, N, D, KD, pc->dyb);
-    proj_bwd_b(ops, t, dt, pc->dh, 1.0f, aw(pc)->wv, aown(pc)->dv, ly->h_attn, ly->h_attn_b, N, D, KD, pc->dyb);
+    proj_bwd_b(ops, t, dt, pc->dh, 0.0f, aw(pc)->wq, aown(pc)->datt, pc->nm->h, pc->nm->hb, N, D, QD, pc->dyb);
+    proj_bwd_b(ops, t, dt, pc->dh, 1.0f, aw(pc)->wk, aown(pc)->dk2, pc->nm->h, pc->nm->hb, N, D, KD, pc->dyb);
+    proj_bwd_b(ops, t, dt, pc->dh, 1.0f, aw(pc)->wv, aown(pc)->dv, pc->nm->h, pc->nm->hb, N, D, KD, pc->dyb);
     /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
     const float *dhr = pc->dh;
     if (tp->sp) {
@@ -167,7 +166,7 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
         MT_CHECK(tpa_allreduce(ctx, tp, pc->dh, (size_t)N * D));
     }
     /* term 5: input rmsnorm, accumulated into the residual gradient */
-    ops->rmsnorm_backward(ops->be, pc->dx, ly->w.ln1->grad, dhr, ly->x_in, ly->w.ln1->data, ly->rstd_attn, Nr, D, 1);
+    ops->rmsnorm_backward(ops->be, pc->dx, pc->g->grad, dhr, pc->x_in, pc->g->data, pc->nm->rstd, Nr, D, 1);
     return MT_OK;
 }
 
@@ -179,7 +178,7 @@ static void attn_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *us
 {
     const int64_t D = s->D, QD = s->H * s->hd, KD = s->K * s->hd;
     const struct mt_pspec p[] = {
-        {"input_layernorm.weight", -1, 1, D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, MT_BIND(ln1)},
+        {"input_layernorm.weight", -1, 1, D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, MT_BIND_NORM},
         {"self_attn.q_proj.weight", -1, 2, QD, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct attn_w, wq)},
         {"self_attn.k_proj.weight", -1, 2, KD, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct attn_w, wk)},
         {"self_attn.v_proj.weight", -1, 2, KD, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct attn_w, wv)},
@@ -204,16 +203,16 @@ static double attn_extra(const struct mt_block_shape *s)
 }
 
 /* Saved for backward: the input norm (and its TP-gathered copy under SP),
- * q/k before and after QK-norm + RoPE, v, the output and its logsumexp,
- * and x_mid (the residual after the mixer, input of the ffn half). */
+ * q/k before and after QK-norm + RoPE, v, the output and its logsumexp
+ * (the stream after the step, x_mid for the ffn, is the block's: carve_block). */
 static void attn_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly)
 {
     struct attn_state *st = pc->st;
     const size_t N = (size_t)pc->N, D = (size_t)pc->D, QD = (size_t)pc->QD, KD = (size_t)pc->KD, Nr = (size_t)pc->Nr;
     const enum mt_bucket A = MT_BUCKET_ACTS;
-    ly->h_attn_n = carve_f(c, A, Nr * D);
-    ly->h_attn = pc->tp.sp ? carve_f(c, A, N * D) : ly->h_attn_n;   /* SP: the gathered copy is saved */
-    ly->rstd_attn = carve_f(c, A, Nr);
+    pc->nm->h_n = carve_f(c, A, Nr * D);
+    pc->nm->h = pc->tp.sp ? carve_f(c, A, N * D) : pc->nm->h_n;   /* SP: the gathered copy is saved */
+    pc->nm->rstd = carve_f(c, A, Nr);
     st->q_raw = carve_f(c, A, N * QD);
     st->k_raw = carve_f(c, A, N * KD);
     st->rstd_q = carve_f(c, A, N * (size_t)pc->H);
@@ -223,12 +222,11 @@ static void attn_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struc
     st->v = carve_f(c, A, N * KD);
     st->att = carve_f(c, A, N * QD);
     /* precision=bf16: the GEMM operands' bf16 twins (the norm's: not under SP, whose gathered rows are fp32) */
-    ly->h_attn_b = st->att_b = NULL;
+    pc->nm->hb = st->att_b = NULL;
     if (pc->bf16 && !pc->tp.sp && (!pc->ops || pc->ops->rmsnorm_resid_forward_bf16))
-        ly->h_attn_b = carve(c, A, Nr * D * 2);
+        pc->nm->hb = carve(c, A, Nr * D * 2);
     if (pc->bf16) st->att_b = carve(c, A, N * QD * 2);
     st->lse = carve_f(c, A, N * (size_t)pc->H);
-    ly->x_mid = carve_f(c, A, Nr * D);
 }
 
 /* backward scratch of the mixer (WORKSPACE), shared by every attention layer */

@@ -1,6 +1,7 @@
 /*
  * block_traits.c — what the pattern letters mean without the model's code:
- * letter, routed, Hugging Face equivalent (mt_block_kinds.def).
+ * letter, routed, Hugging Face equivalent, the names of its steps' pieces
+ * (mt_block_kinds.def).
  *
  * Kept apart from blocks.c (which binds the pieces) so that src/core
  * (config checks) and src/parallel (the mesh contract) can ask "is layer l
@@ -11,15 +12,23 @@
 
 #include <string.h>
 
-/* mixer, ffn: the pieces' table names (mt_piece_<name>) as strings, so that
- * code without the pieces can ask "does the pattern use the mamba piece". */
-struct block_traits { char letter; const char *name, *mixer, *ffn; int routed, hf; };
+/* steps: the pieces' table names (mt_piece_<name>) as strings, so that
+ * code without the pieces can ask "does the pattern use the mamba piece";
+ * unused entries NULL. */
+struct block_traits {
+    char        letter;
+    const char *name;
+    int         routed, hf;
+    const char *steps[MT_BLOCK_MAX_PIECES];
+};
 
+#define MT_STEP(piece, resid) #piece
 static const struct block_traits traits[] = {
-#define MT_BLOCK_KIND(letter, name, mixer, ffn, routed, hf) {letter, name, #mixer, #ffn, routed, hf},
+#define MT_BLOCK_KIND(letter, name, routed, hf, wrap, ...) {letter, name, routed, hf, {__VA_ARGS__}},
 #include "mt_block_kinds.def"
 #undef MT_BLOCK_KIND
 };
+#undef MT_STEP
 #define N_KINDS ((int)(sizeof traits / sizeof traits[0]))
 _Static_assert(N_KINDS <= MT_MAX_BLOCK_KINDS, "raise MT_MAX_BLOCK_KINDS");
 
@@ -72,7 +81,9 @@ int mt_blocks_kind_hf(int index) { return index >= 0 && index < N_KINDS && trait
 int mt_blocks_layer_uses(const struct mt_config *cfg, int l, const char *piece)
 {
     const struct block_traits *t = &traits[mt_blocks_layer_kind(cfg, l)];
-    return !strcmp(t->mixer, piece) || !strcmp(t->ffn, piece);
+    for (int i = 0; i < MT_BLOCK_MAX_PIECES && t->steps[i]; i++)
+        if (!strcmp(t->steps[i], piece)) return 1;
+    return 0;
 }
 
 int mt_blocks_pattern_uses(const struct mt_config *cfg, const char *piece)

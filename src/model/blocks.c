@@ -12,11 +12,19 @@
 #include <stdio.h>
 #include <string.h>
 
+const struct mt_block_wrap mt_block_wrap_none = { .name = "none" };
+
+/* A line's steps: MT_STEP(piece, resid) in the order given; n_steps is the
+ * count of them (the initializer list's length, counted by a sizeof). */
+#define MT_STEP(piece, resid) {&mt_piece_##piece, MT_RESID_##resid}
+#define MT_N_STEPS(...) ((int)(sizeof((struct mt_block_step[]){__VA_ARGS__}) / sizeof(struct mt_block_step)))
 static const struct mt_block_kind kinds[] = {
-#define MT_BLOCK_KIND(letter, name, mixer, ffn, routed, hf) {letter, name, &mt_piece_##mixer, &mt_piece_##ffn, routed, hf},
+#define MT_BLOCK_KIND(letter, name, routed, hf, wrap, ...) \
+    {letter, name, routed, hf, &mt_block_wrap_##wrap, MT_N_STEPS(__VA_ARGS__), {__VA_ARGS__}},
 #include "mt_block_kinds.def"
 #undef MT_BLOCK_KIND
 };
+#undef MT_STEP
 
 const struct mt_block_kind *mt_blocks_kind(int index) { return &kinds[index]; }
 
@@ -25,11 +33,14 @@ int mt_blocks_piece_index(const struct mt_piece *p)
     const struct mt_piece *seen[MT_MAX_PIECES];
     int n = 0;
     for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
-        for (int h = 0; h < 2; h++) {
-            const struct mt_piece *q = h ? kinds[k].ffn : kinds[k].mixer;
+        for (int h = 0; h < kinds[k].n_steps; h++) {
+            const struct mt_piece *q = kinds[k].steps[h].piece;
             int i = 0;
             while (i < n && seen[i] != q) i++;
-            if (i == n) seen[n++] = q;
+            if (i == n) {
+                MT_ASSERT(n < MT_MAX_PIECES);
+                seen[n++] = q;
+            }
             if (q == p) return i;
         }
     return -1;
@@ -174,18 +185,18 @@ static void piece_params(const struct mt_config *cfg, const struct mt_piece *pc,
     pc->params(s, lora_emit, &w);
 }
 
-void mt_blocks_layer_half_params(const struct mt_config *cfg, const struct mt_block_shape *s, int l, int ffn,
+void mt_blocks_layer_step_params(const struct mt_config *cfg, const struct mt_block_shape *s, int l, int step,
                                  mt_pspec_fn fn, void *user)
 {
     const struct mt_block_kind *k = &kinds[mt_blocks_layer_kind(cfg, l)];
-    piece_params(cfg, ffn ? k->ffn : k->mixer, s, fn, user);
+    piece_params(cfg, k->steps[step].piece, s, fn, user);
 }
 
 void mt_blocks_layer_params(const struct mt_config *cfg, const struct mt_block_shape *s, int l, mt_pspec_fn fn,
                             void *user)
 {
-    mt_blocks_layer_half_params(cfg, s, l, 0, fn, user);
-    mt_blocks_layer_half_params(cfg, s, l, 1, fn, user);
+    const int n = kinds[mt_blocks_layer_kind(cfg, l)].n_steps;
+    for (int i = 0; i < n; i++) mt_blocks_layer_step_params(cfg, s, l, i, fn, user);
 }
 
 const char *mt_blocks_lora_rule(const struct mt_config *cfg, unsigned mask)
@@ -195,8 +206,7 @@ const char *mt_blocks_lora_rule(const struct mt_config *cfg, unsigned mask)
     struct lora_rule_walk w = { mask, NULL };
     for (int l = 0; l < cfg->n_layer && !w.bad; l++) {
         const struct mt_block_kind *k = &kinds[mt_blocks_layer_kind(cfg, l)];
-        k->mixer->params(&s, lora_rule_visit, &w);
-        k->ffn->params(&s, lora_rule_visit, &w);
+        for (int i = 0; i < k->n_steps; i++) k->steps[i].piece->params(&s, lora_rule_visit, &w);
     }
     return w.bad;
 }
@@ -206,34 +216,45 @@ void mt_blocks_comm_counts(const struct mt_config *cfg, int l0, int l1, struct m
     memset(out, 0, sizeof *out);
     for (int l = l0; l < l1; l++) {
         const struct mt_block_kind *k = &kinds[mt_blocks_layer_kind(cfg, l)];
-        out->mixer_regions += k->mixer->tp_regions;
-        out->ffn_regions += k->ffn->tp_regions;
-        out->sp_gathers += k->mixer->sp_gathers + k->ffn->sp_gathers;
+        for (int i = 0; i < k->n_steps; i++) {
+            *(i == 0 ? &out->mixer_regions : &out->ffn_regions) += k->steps[i].piece->tp_regions;
+            out->sp_gathers += k->steps[i].piece->sp_gathers;
+        }
         out->routed += k->routed;
     }
 }
 
-static double piece_or0(double (*f)(const struct mt_block_shape *), const struct mt_block_shape *s)
+/* The sum over block l's steps of one of their per-token counts (a NULL
+ * entry counts 0). */
+enum step_count { STEP_MM, STEP_EXTRA, STEP_INACTIVE };
+
+static double steps_sum(const struct mt_config *cfg, const struct mt_block_shape *s, int l, enum step_count what)
 {
-    return f ? f(s) : 0.0;
+    const struct mt_block_kind *k = &kinds[mt_blocks_layer_kind(cfg, l)];
+    double sum = 0.0;
+    for (int i = 0; i < k->n_steps; i++) {
+        const struct mt_piece *p = k->steps[i].piece;
+        double (*f)(const struct mt_block_shape *) = what == STEP_MM      ? p->mm_per_token
+                                                     : what == STEP_EXTRA ? p->extra_flops_per_token
+                                                                          : p->inactive_params;
+        sum += f ? f(s) : 0.0;
+    }
+    return sum;
 }
 
 double mt_blocks_layer_mm(const struct mt_config *cfg, const struct mt_block_shape *s, int l)
 {
-    const struct mt_block_kind *k = &kinds[mt_blocks_layer_kind(cfg, l)];
-    return piece_or0(k->mixer->mm_per_token, s) + piece_or0(k->ffn->mm_per_token, s);
+    return steps_sum(cfg, s, l, STEP_MM);
 }
 
 double mt_blocks_layer_extra(const struct mt_config *cfg, const struct mt_block_shape *s, int l)
 {
-    const struct mt_block_kind *k = &kinds[mt_blocks_layer_kind(cfg, l)];
-    return piece_or0(k->mixer->extra_flops_per_token, s) + piece_or0(k->ffn->extra_flops_per_token, s);
+    return steps_sum(cfg, s, l, STEP_EXTRA);
 }
 
 double mt_blocks_layer_inactive(const struct mt_config *cfg, const struct mt_block_shape *s, int l)
 {
-    const struct mt_block_kind *k = &kinds[mt_blocks_layer_kind(cfg, l)];
-    return piece_or0(k->mixer->inactive_params, s) + piece_or0(k->ffn->inactive_params, s);
+    return steps_sum(cfg, s, l, STEP_INACTIVE);
 }
 
 /* FLOP counts are integers below 2^53: every sum here is exact, so the

@@ -5,7 +5,7 @@
  *
  * Math (N = B*T rows, residual stream x_in (N, D)):
  *     h     = rmsnorm(x_in) * g_in                      (input_layernorm)
- *     x_mid = x_in + mamba3(h)                          (mt_mamba3_forward, mamba3.c)
+ *     x_out = x_in + mamba3(h)                          (mt_mamba3_forward, mamba3.c)
  * Backward:
  *     dh  = mamba3_backward(dx)                         (param grads +=, dh overwritten)
  *     dx += rmsnorm_backward(dh)                        (residual: identity already in dx)
@@ -78,7 +78,7 @@ static void mamba_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *u
 {
     const int64_t D = s->D, E = s->mE, H = s->mH, G = s->mG, N = s->mN;
     const struct mt_pspec p[] = {
-        {"input_layernorm.weight", -1, 1, D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, MT_BIND(ln1)},
+        {"input_layernorm.weight", -1, 1, D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, MT_BIND_NORM},
         /* Win as its seven row blocks: each is cut by heads (z, x, dt, theta, lam)
          * or by groups (B, C; mamba_ngroups % tp == 0) over the model axis */
         {"mixer.in_proj_z.weight", -1, 2, E, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mamba_w, mwin[0])},
@@ -134,26 +134,25 @@ static double mamba_extra(const struct mt_block_shape *s)
 }
 
 /* Saved: the input norm and its rstd, the mixer's activations (one block,
- * mt_mamba3_acts_floats), x_mid. */
+ * mt_mamba3_acts_floats). */
 static void mamba_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly)
 {
     struct mamba_state *st = pc->st;
     const size_t D = (size_t)pc->D, Nr = (size_t)pc->Nr, N = (size_t)pc->N;
     const enum mt_bucket A = MT_BUCKET_ACTS;
-    ly->h_attn_n = carve_f(c, A, Nr * D);
-    ly->h_attn = pc->tp.sp ? carve_f(c, A, N * D) : ly->h_attn_n;   /* SP: the gathered copy is saved */
+    pc->nm->h_n = carve_f(c, A, Nr * D);
+    pc->nm->h = pc->tp.sp ? carve_f(c, A, N * D) : pc->nm->h_n;   /* SP: the gathered copy is saved */
     /* precision=bf16: the in-projection's operand twin, written by the input
      * norm (not under SP, whose gathered rows are fp32; as attention.c) */
-    ly->h_attn_b = NULL;
-    if (pc->bf16 && !pc->tp.sp && (!pc->ops || pc->ops->rmsnorm_forward_bf16)) ly->h_attn_b = carve(c, A, Nr * D * 2);
-    ly->rstd_attn = carve_f(c, A, Nr);
+    pc->nm->hb = NULL;
+    if (pc->bf16 && !pc->tp.sp && (!pc->ops || pc->ops->rmsnorm_forward_bf16)) pc->nm->hb = carve(c, A, Nr * D * 2);
+    pc->nm->rstd = carve_f(c, A, Nr);
     float *acts = carve_f(c, A, mt_mamba3_acts_floats(mdims(pc), pc->N));
     if (acts) mt_mamba3_acts_bind(&st->mb, acts, mdims(pc), pc->N);
     /* precision=bf16: the gated norm output's twin, Wout's operand (forward and
      * dWout), rounded once per forward by cast_bf16 (this rank's E channels) */
     st->yn_b = NULL;
     if (pc->bf16) st->yn_b = carve(c, A, N * (size_t)mdims(pc)->H * (size_t)mdims(pc)->P * 2);
-    ly->x_mid = carve_f(c, A, Nr * D);
 }
 
 /* LoRA: the frozen mixer's vectors (dt_bias, A_log, D: H; B/C norms: N;
@@ -310,15 +309,14 @@ static void mixer_bwd(const struct mt_piece_ctx *pc, const float *dy, const stru
 {
     struct mamba_state *st = pc->st;
     const struct mt_ops_i *ops = pc->ops;
-    struct mt_layer *ly = pc->ly;
     if (!mixer_bf16(mbw(pc))) {
-        mt_mamba3_backward(ops, pc->dh, 0, g, mb_s(pc), dy, ly->h_attn, &st->mb, w, mdims(pc), pc->B, pc->T);
+        mt_mamba3_backward(ops, pc->dh, 0, g, mb_s(pc), dy, pc->nm->h, &st->mb, w, mdims(pc), pc->B, pc->T);
         return;
     }
     const int n = pc->B * pc->T, E = mdims(pc)->H * mdims(pc)->P;
     wlinear_backward(ops, mb_s(pc)->dyn, 0.0f, g->wout, dy, st->mb.yn, st->yn_b, mbw(pc)->mwout, n, E, pc->D);
     mt_mamba3_mix_backward(ops, g, mb_s(pc), &st->mb, w, mdims(pc), pc->B, pc->T);
-    in_bwd(pc, pc->dh, g, mb_s(pc)->dproj, ly->h_attn, ly->h_attn_b, w, n);
+    in_bwd(pc, pc->dh, g, mb_s(pc)->dproj, pc->nm->h, pc->nm->hb, w, n);
 }
 
 static void mixer_fwd_lora(const struct mt_piece_ctx *pc, float *out, const float *h, const struct mt_mamba3_weights *w,
@@ -326,11 +324,10 @@ static void mixer_fwd_lora(const struct mt_piece_ctx *pc, float *out, const floa
 {
     struct mamba_state *st = pc->st;
     const struct mt_ops_i *ops = pc->ops;
-    struct mt_layer *ly = pc->ly;
     const int n = B * T, D = pc->D, E = mdims(pc)->H * mdims(pc)->P, W = mt_mamba3_in_width(mdims(pc));
     int rows[7];
     in_rows(mbw(pc), rows);
-    in_fwd(pc, st->mb.proj, h, state ? NULL : ly->h_attn_b, w, n);
+    in_fwd(pc, st->mb.proj, h, state ? NULL : pc->nm->hb, w, n);
     lora_fwd_add(ops, pc->s_lora, st->mb.proj, W, h, (const struct mt_param *const *)mbw(pc)->mwin, rows, 7, n, D);
     if (state) mt_mamba3_decode_mix(ops, &st->mb, state, w, mdims(pc), T, pos0);
     else mt_mamba3_mix_forward(ops, &st->mb, w, mdims(pc), B, T);
@@ -344,7 +341,6 @@ static void mixer_bwd_lora(const struct mt_piece_ctx *pc, const float *dy, const
 {
     struct mamba_state *st = pc->st;
     const struct mt_ops_i *ops = pc->ops;
-    struct mt_layer *ly = pc->ly;
     struct mt_mamba3_scratch *s = mb_s(pc);
     const int n = pc->B * pc->T, D = pc->D, E = mdims(pc)->H * mdims(pc)->P, W = mt_mamba3_in_width(mdims(pc));
     int rows[7];
@@ -353,15 +349,14 @@ static void mixer_bwd_lora(const struct mt_piece_ctx *pc, const float *dy, const
         if (mbw(pc)->mwin[b]->frozen) g->win_part[b] = NULL;   /* no weight gradient for the frozen base */
     proj_bwd_b(ops, pc->s_lora, pc->s_dlora, s->dyn, 0.0f, mbw(pc)->mwout, dy, st->mb.yn, st->yn_b, n, E, D, pc->dyb);
     mt_mamba3_mix_backward(ops, g, s, &st->mb, w, mdims(pc), pc->B, pc->T);
-    in_bwd(pc, pc->dh, g, s->dproj, ly->h_attn, ly->h_attn_b, w, n);
-    lora_bwd_add(ops, pc->s_lora, pc->s_dlora, pc->dh, s->dproj, W, ly->h_attn, mbw(pc)->mwin, rows, 7, n, D);
+    in_bwd(pc, pc->dh, g, s->dproj, pc->nm->h, pc->nm->hb, w, n);
+    lora_bwd_add(ops, pc->s_lora, pc->s_dlora, pc->dh, s->dproj, W, pc->nm->h, mbw(pc)->mwin, rows, 7, n, D);
 }
 
 static enum mt_status mamba_forward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a)
 {
     struct mamba_state *st = pc->st;
     const struct mt_ops_i *ops = pc->ops;
-    struct mt_layer *ly = pc->ly;
     const int n = a->B * a->T, D = pc->D;
     if (a->state) {
         /* decoding, B == 1, one rank: a->state is this layer's recurrent state
@@ -369,45 +364,44 @@ static enum mt_status mamba_forward(struct mt_ctx *ctx, const struct mt_piece_ct
         MT_ASSERT(a->B == 1 && pc->tp.tp == 1);
         struct mt_mamba3_weights w;
         mamba_weights(mbw(pc), 0, &w);
-        ops->rmsnorm_forward(ops->be, ly->h_attn_n, ly->rstd_attn, ly->x_in, ly->w.ln1->data, n, D, pc->norm_eps);
-        if (pc->lora) mixer_fwd_lora(pc, ly->x_mid, ly->h_attn_n, &w, a->state, 1, a->T, a->pos0);
-        else mt_mamba3_decode(ops, ly->x_mid, &st->mb, a->state, ly->h_attn_n, &w, mdims(pc), a->T, a->pos0);
-        ops->axpby(ops->be, ly->x_mid, ly->x_in, 1.0f, 1.0f, (size_t)n * D);
+        ops->rmsnorm_forward(ops->be, pc->nm->h_n, pc->nm->rstd, pc->x_in, pc->g->data, n, D, pc->norm_eps);
+        if (pc->lora) mixer_fwd_lora(pc, a->x_out, pc->nm->h_n, &w, a->state, 1, a->T, a->pos0);
+        else mt_mamba3_decode(ops, a->x_out, &st->mb, a->state, pc->nm->h_n, &w, mdims(pc), a->T, a->pos0);
+        ops->axpby(ops->be, a->x_out, pc->x_in, 1.0f, 1.0f, (size_t)n * D);
         return MT_OK;
     }
     const int Nr = pc->tp.sp ? n / pc->tp.tp : n;     /* residual rows on this rank */
     struct mt_mamba3_weights w;
     mamba_weights(mbw(pc), 0, &w);
-    if (ly->h_attn_b)   /* precision=bf16: + the bf16 twin, the in-projection's operand */
-        ops->rmsnorm_forward_bf16(ops->be, ly->h_attn_n, ly->h_attn_b, ly->rstd_attn, ly->x_in, ly->w.ln1->data, Nr, D,
+    if (pc->nm->hb)   /* precision=bf16: + the bf16 twin, the in-projection's operand */
+        ops->rmsnorm_forward_bf16(ops->be, pc->nm->h_n, pc->nm->hb, pc->nm->rstd, pc->x_in, pc->g->data, Nr, D,
                                   pc->norm_eps);
-    else ops->rmsnorm_forward(ops->be, ly->h_attn_n, ly->rstd_attn, ly->x_in, ly->w.ln1->data, Nr, D, pc->norm_eps);
+    else ops->rmsnorm_forward(ops->be, pc->nm->h_n, pc->nm->rstd, pc->x_in, pc->g->data, Nr, D, pc->norm_eps);
     if (pc->tp.tp == 1) {
-        /* x_mid = mamba3(h), then += x_in (the residual path) */
-        if (pc->lora) mixer_fwd_lora(pc, ly->x_mid, ly->h_attn_n, &w, NULL, a->B, a->T, 0);
-        else mixer_fwd(pc, ly->x_mid, ly->h_attn_n, ly->h_attn_b, &w, a->B, a->T);
-        ops->axpby(ops->be, ly->x_mid, ly->x_in, 1.0f, 1.0f, (size_t)n * D);
+        /* x_out = mamba3(h), then += x_in (the residual path) */
+        if (pc->lora) mixer_fwd_lora(pc, a->x_out, pc->nm->h_n, &w, NULL, a->B, a->T, 0);
+        else mixer_fwd(pc, a->x_out, pc->nm->h_n, pc->nm->hb, &w, a->B, a->T);
+        ops->axpby(ops->be, a->x_out, pc->x_in, 1.0f, 1.0f, (size_t)n * D);
         return MT_OK;
     }
     /* TP region, like attention: this rank's heads and groups over all n rows;
      * Wout holds their columns, so the output is a partial sum (TP exit) */
-    if (pc->tp.sp) MT_CHECK(tpa_gather_rows(ctx, &pc->tp, ly->h_attn, ly->h_attn_n, Nr, D));
-    if (pc->lora) mixer_fwd_lora(pc, pc->s_red, ly->h_attn, &w, NULL, a->B, a->T, 0);
-    else mixer_fwd(pc, pc->s_red, ly->h_attn, ly->h_attn_b, &w, a->B, a->T);
-    ops->copy(ops->be, ly->x_mid, ly->x_in, (size_t)Nr * D * sizeof(float));
-    return tpa_exit_add(ctx, &pc->tp, ly->x_mid, pc->s_red, pc->s_full);
+    if (pc->tp.sp) MT_CHECK(tpa_gather_rows(ctx, &pc->tp, pc->nm->h, pc->nm->h_n, Nr, D));
+    if (pc->lora) mixer_fwd_lora(pc, pc->s_red, pc->nm->h, &w, NULL, a->B, a->T, 0);
+    else mixer_fwd(pc, pc->s_red, pc->nm->h, pc->nm->hb, &w, a->B, a->T);
+    ops->copy(ops->be, a->x_out, pc->x_in, (size_t)Nr * D * sizeof(float));
+    return tpa_exit_add(ctx, &pc->tp, a->x_out, pc->s_red, pc->s_full);
 }
 
 static enum mt_status mamba_backward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc)
 {
     const struct mt_ops_i *ops = pc->ops;
-    struct mt_layer *ly = pc->ly;
     const int Nr = pc->Nr, D = pc->D;
     struct mt_mamba3_weights w, g;
     mamba_weights(mbw(pc), 0, &w);
     mamba_weights(mbw(pc), 1, &g);
     if (mb_s(pc)->sink) mamba_sink(ops, &g, mb_s(pc)->sink, mdims(pc));   /* LoRA: frozen vectors */
-    /* the TP exit's conjugate: SP gathers the rows of d x_mid; without SP dx is already whole */
+    /* the TP exit's conjugate: SP gathers the rows of d x_out; without SP dx is already whole */
     const float *dy = pc->dx;
     if (pc->tp.sp) {
         MT_CHECK(tpa_gather_rows(ctx, &pc->tp, pc->s_full, pc->dx, Nr, D));
@@ -424,7 +418,7 @@ static enum mt_status mamba_backward(struct mt_ctx *ctx, const struct mt_piece_c
     } else if (pc->tp.tp > 1) {
         MT_CHECK(tpa_allreduce(ctx, &pc->tp, pc->dh, (size_t)pc->N * D));
     }
-    ops->rmsnorm_backward(ops->be, pc->dx, ly->w.ln1->grad, dhr, ly->x_in, ly->w.ln1->data, ly->rstd_attn, Nr, D, 1);
+    ops->rmsnorm_backward(ops->be, pc->dx, pc->g->grad, dhr, pc->x_in, pc->g->data, pc->nm->rstd, Nr, D, 1);
     return MT_OK;
 }
 

@@ -95,7 +95,7 @@ static void mlp_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *use
 {
     const int64_t D = s->D, F = s->F;
     const struct mt_pspec p[] = {
-        {"post_attention_layernorm.weight", -1, 1, D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, MT_BIND(ln2)},
+        {"post_attention_layernorm.weight", -1, 1, D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, MT_BIND_NORM},
         {"mlp.gate_proj.weight", -1, 2, F, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mlp_w, wg)},
         {"mlp.up_proj.weight", -1, 2, F, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mlp_w, wu)},
         {"mlp.down_proj.weight", -1, 2, D, F, MT_SCALE_NORMAL_OUT, MT_ROLE_DENSE, MT_LAYOUT_TP_COLS, MT_BIND_OWN(struct mlp_w, wd)},
@@ -118,11 +118,11 @@ static void mlp_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct
     struct mlp_state *st = pc->st;
     const size_t N = (size_t)pc->N, D = (size_t)pc->D;
     ffn_norm_carve_pc(pc, c, ly);
-    ly->h_mlp = pc->tp.sp ? carve_f(c, MT_BUCKET_ACTS, N * D) : ly->h_mlp_n;
+    pc->nm->h = pc->tp.sp ? carve_f(c, MT_BUCKET_ACTS, N * D) : pc->nm->h_n;
     /* precision=bf16: the norm's bf16 twin (gate/up's operand), not under SP (the gathered rows are fp32) */
-    ly->h_mlp_b = NULL;
+    pc->nm->hb = NULL;
     if (pc->bf16 && !pc->tp.sp && (!pc->ops || pc->ops->rmsnorm_resid_forward_bf16))
-        ly->h_mlp_b = carve(c, MT_BUCKET_ACTS, (size_t)pc->Nr * D * 2);
+        pc->nm->hb = carve(c, MT_BUCKET_ACTS, (size_t)pc->Nr * D * 2);
     st->mg = carve_f(c, MT_BUCKET_ACTS, N * (size_t)pc->F);
     st->mu = carve_f(c, MT_BUCKET_ACTS, N * (size_t)pc->F);
 }
@@ -140,27 +140,25 @@ static void mlp_carve_scratch(const struct mt_piece_ctx *pc, struct mt_carver *c
 
 static enum mt_status mlp_piece_forward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a)
 {
-    struct mt_layer *ly = pc->ly;
     struct mlp_state *st = pc->st;
     const int n = a->B * a->T, D = pc->D;
     float *x_out = a->x_out;
     ffn_norm_fwd(pc, x_out, n);
     if (pc->tp.tp == 1) {
-        mlp_fwd_b(pc->ops, pc->s_lora, x_out, 1, st->mg, st->mu, pc->s_act, mown(pc)->act_b, ly->h_mlp, ly->h_mlp_b,
+        mlp_fwd_b(pc->ops, pc->s_lora, x_out, 1, st->mg, st->mu, pc->s_act, mown(pc)->act_b, pc->nm->h, pc->nm->hb,
                   mw(pc)->wg, mw(pc)->wu, mw(pc)->wd, n, D, pc->F);
         return MT_OK;
     }
     /* TP region: this rank's F/tp hidden units over all N rows */
-    if (pc->tp.sp) MT_CHECK(tpa_gather_rows(ctx, &pc->tp, ly->h_mlp, ly->h_mlp_n, n / pc->tp.tp, D));
-    mlp_fwd_b(pc->ops, pc->s_lora, pc->s_red, 0, st->mg, st->mu, pc->s_act, mown(pc)->act_b, ly->h_mlp, ly->h_mlp_b,
+    if (pc->tp.sp) MT_CHECK(tpa_gather_rows(ctx, &pc->tp, pc->nm->h, pc->nm->h_n, n / pc->tp.tp, D));
+    mlp_fwd_b(pc->ops, pc->s_lora, pc->s_red, 0, st->mg, st->mu, pc->s_act, mown(pc)->act_b, pc->nm->h, pc->nm->hb,
               mw(pc)->wg, mw(pc)->wu, mw(pc)->wd, n, D, pc->F);
     return tpa_exit_add(ctx, &pc->tp, x_out, pc->s_red, pc->s_full);
 }
 
-/* dx is d x_out = d x_mid (identity) + d branch */
+/* dx is d x_out = d x_in (identity) + d branch */
 static enum mt_status mlp_piece_backward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc)
 {
-    const struct mt_layer *ly = pc->ly;
     const struct mlp_state *st = pc->st;
     const int N = pc->N, D = pc->D;
     const struct mlp_w *w = mw(pc);
@@ -171,7 +169,7 @@ static enum mt_status mlp_piece_backward(struct mt_ctx *ctx, const struct mt_pie
         dy = pc->s_full;
     }
     mlp_bwd_b(pc->ops, pc->s_lora, pc->s_dlora, pc->dh, 0, pc->s_act, mown(pc)->act_b, pc->s_dact, pc->s_dg, pc->s_du, dy,
-              ly->h_mlp, ly->h_mlp_b, st->mg, st->mu, w->wg, w->wu, w->wd, N, D, pc->F, pc->dyb);
+              pc->nm->h, pc->nm->hb, st->mg, st->mu, w->wg, w->wu, w->wd, N, D, pc->F, pc->dyb);
     /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
     const float *dhr = pc->dh;   /* d h_mlp_n (Nr, D) */
     if (pc->tp.sp) {

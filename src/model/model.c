@@ -7,12 +7,16 @@
  * runs the very same carving with NULL bases, so the plan equals what create
  * allocates, byte for byte. Nothing is allocated in forward/backward.
  *
- * Block (SPEC.md section 1), for the residual stream x (N, D):
+ * Block (SPEC.md section 1), for the residual stream x (N, D): its kind's
+ * steps in order (mt_blocks.h), e.g. A
  *     x_mid = x + attn(rmsnorm(x) * g_attn)                 attention.c
  *     x_out = x_mid + ffn(rmsnorm(x_mid) * g_mlp)           mlp.c (A) / moe.c (E)
- * Backward walks the blocks in reverse with one residual gradient buffer dx:
- * each branch's backward ACCUMULATES into dx (residual rule), parameter grads
- * ACCUMULATE (+=), other activation gradients OVERWRITE (=).
+ * each step either writing the stream itself (MT_RESID_NONE) or with the
+ * pre-norm and the residual add run here around it (MT_RESID_ADD,
+ * step_norm_fwd / step_norm_bwd). Backward walks the blocks and their steps
+ * in reverse with one residual gradient buffer dx: each branch's backward
+ * ACCUMULATES into dx (residual rule), parameter grads ACCUMULATE (+=),
+ * other activation gradients OVERWRITE (=).
  */
 #include "model_impl.h"
 
@@ -98,22 +102,35 @@ static void model_dims_par(struct mt_model *m, const struct mt_config *cfg, int 
     model_pieces_setup(NULL, m);
 }
 
-/* The distinct mixer (ffn: 1) pieces of the kinds any layer of the model
- * uses (every stage: scratch is sized for the model), in table order, each
- * once (attention is the mixer of both A and E). Returns the count. */
-static int model_pieces(const struct mt_model *m, int ffn, const struct mt_piece **out)
+/* 1 when piece p is the first step (the mixer) of a kind the model uses. */
+static int piece_first(const struct mt_model *m, const struct mt_piece *p)
+{
+    for (int b = 0; b < mt_blocks_count(); b++)
+        if ((m->kinds_used >> b & 1u) && mt_blocks_kind(b)->steps[0].piece == p) return 1;
+    return 0;
+}
+
+/* The distinct pieces of the kinds any layer of the model uses (every
+ * stage: scratch is sized for the model), each once, in table order:
+ * later 0, those at the first step of some kind (the mixers; attention is
+ * A's and E's); later 1, the others (the ffns). Returns the count (out:
+ * MT_MAX_PIECES). */
+static int model_pieces(const struct mt_model *m, int later, const struct mt_piece **out)
 {
     int n = 0;
     for (int b = 0; b < mt_blocks_count(); b++) {
-        const struct mt_piece *pc = ffn ? mt_blocks_kind(b)->ffn : mt_blocks_kind(b)->mixer;
-        int seen = 0;
-        for (int i = 0; i < n; i++) seen |= out[i] == pc;
-        if ((m->kinds_used >> b & 1u) && !seen) out[n++] = pc;
+        const struct mt_block_kind *k = mt_blocks_kind(b);
+        for (int i = 0; (m->kinds_used >> b & 1u) && i < k->n_steps; i++) {
+            const struct mt_piece *pc = k->steps[i].piece;
+            int seen = piece_first(m, pc) == later;
+            for (int j = 0; j < n; j++) seen |= out[j] == pc;
+            if (!seen) out[n++] = pc;
+        }
     }
     return n;
 }
 
-/* model_pieces of both halves: the mixers, then the ffns (out: 2 x MT_MAX_BLOCK_KINDS). */
+/* model_pieces of both: the first steps', then the others' (out: MT_MAX_PIECES). */
 static int model_all_pieces(const struct mt_model *m, const struct mt_piece **out)
 {
     int n = model_pieces(m, 0, out);
@@ -158,10 +175,16 @@ static enum mt_status check_dims(struct mt_ctx *ctx, struct mt_model *m)
         return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: n_head %% n_kv_head != 0 (H=%d K=%d)", m->H, m->K);
     if (m->hd % 2 != 0)
         return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: head_dim=%d must be even (RoPE)", m->hd);
-    /* each piece the model uses checks its own dimensions (mixers, then ffns) */
+    /* a wrapper around a kind's steps (MoD) is a slot of the table the model
+     * does not drive yet (mt_blocks.h, struct mt_block_wrap) */
+    for (int b = 0; b < mt_blocks_count(); b++)
+        if ((m->kinds_used >> b & 1u) && mt_blocks_kind(b)->wrap->enter)
+            return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "model: block kind '%c' has the wrapper %s, which this build "
+                                "cannot run", mt_blocks_kind(b)->letter, mt_blocks_kind(b)->wrap->name);
+    /* each piece the model uses checks its own dimensions (first steps, then the others) */
     struct mt_piece_ctx pc;
     model_piece_ctx(m, NULL, &pc);
-    const struct mt_piece *pcs[2 * MT_MAX_BLOCK_KINDS];
+    const struct mt_piece *pcs[MT_MAX_PIECES];
     int n = model_all_pieces(m, pcs);
     for (int i = 0; i < n; i++) {
         pc.own = model_own(m, pcs[i]);
@@ -253,7 +276,7 @@ struct spec_walk {
     int                    layer;
     int                    n;       /* count / registry index                  */
     struct mt_layer       *ly;      /* bind: the layer whose fields are set    */
-    int                    half;    /* bind: MT_PIECE_MIXER / _FFN being walked */
+    int                    step;    /* bind: the step of the block being walked */
     struct mt_param       *params;  /* bind: the registry                      */
 };
 
@@ -272,10 +295,9 @@ static void spec_count(void *user, const struct mt_pspec *s)
 static void spec_bind(void *user, const struct mt_pspec *s)
 {
     struct spec_walk *w = user;
-    if (s->bind >= 0) {
-        char *base = s->bind & MT_BIND_PIECE ? (char *)w->ly->w_own[w->half] : (char *)w->ly;
-        *(struct mt_param **)(base + (s->bind & ~MT_BIND_PIECE)) = &w->params[w->n];
-    }
+    if (s->bind == MT_BIND_NORM) w->ly->w.ln[w->step] = &w->params[w->n];
+    else if (s->bind >= 0)
+        *(struct mt_param **)((char *)w->ly->w_own[w->step] + (s->bind & ~MT_BIND_PIECE)) = &w->params[w->n];
     w->n++;
 }
 
@@ -288,7 +310,7 @@ static const struct mt_pspec *embed_spec(const struct mt_model *m, struct mt_psp
 }
 
 /* Every parameter of this rank's stage, in registry order: wte (first
- * stage), each block's pieces (mixer, then ffn), final norm and head (last
+ * stage), each block's steps in order, final norm and head (last
  * stage). The order is the checkpoint's and the export's. */
 static void build_params(const struct mt_model *m, param_visit_fn fn, void *user)
 {
@@ -331,39 +353,50 @@ static int model_n_params(const struct mt_model *m)
 /* memory plan and carving                                             */
 /* ------------------------------------------------------------------ */
 
-/* Carve one block's saved internals (everything its backward reads except
- * x_in) into ly: its kind's mixer, then its ffn. */
-static void carve_block(struct mt_model *m, struct mt_carver *c, struct mt_layer *ly, int kind)
-{
-    const struct mt_block_kind *k = mt_blocks_kind(kind);
-    const struct mt_piece *ps[2] = {k->mixer, k->ffn};
-    struct mt_piece_ctx pc;
-    model_piece_ctx(m, ly, &pc);
-    /* sizes only (NULL bases): the piece still fills a state struct, a
-     * throwaway one here; PIECE_STATE_MAX bounds every piece's state_bytes */
-    _Alignas(64) unsigned char tmp[PIECE_STATE_MAX];
-    for (int i = 0; i < 2; i++) {
-        MT_ASSERT(ps[i]->state_bytes <= sizeof tmp);
-        ly->state[i] = ps[i]->state_bytes ? carve(c, MT_BUCKET_OTHER, ps[i]->state_bytes) : NULL;
-        const int sized = ps[i]->state_bytes && !ly->state[i];
-        if (sized) ly->state[i] = tmp;
-        if (ly->state[i]) memset(ly->state[i], 0, ps[i]->state_bytes);   /* fields a carve skips: NULL */
-        pc.st = ly->state[i];
-        pc.pw = ly->w_own[i];
-        pc.own = model_own(m, ps[i]);
-        ps[i]->carve(&pc, c, ly);
-        if (sized) ly->state[i] = NULL;
-    }
-}
-
-/* pc (built for layer ly) as piece i (MT_PIECE_MIXER / _FFN) of ly's block
- * sees it: the layer's state of that piece and the piece's own struct. */
+/* pc (built for layer ly) as step i of ly's block sees it: the step's
+ * streams, input norm, state, parameters and the piece's own struct. */
 static void piece_bind(struct mt_model *m, struct mt_piece_ctx *pc, struct mt_layer *ly, int i)
 {
     const struct mt_block_kind *k = mt_blocks_kind(ly->kind);
+    pc->step = i;
+    pc->x_in = i == 0 ? ly->x_in : ly->x_step[i - 1];
+    pc->g = ly->w.ln[i];
+    pc->nm = &ly->nrm[i];
     pc->st = ly->state[i];
     pc->pw = ly->w_own[i];
-    pc->own = model_own(m, i == MT_PIECE_FFN ? k->ffn : k->mixer);
+    pc->own = model_own(m, k->steps[i].piece);
+}
+
+/* Carve one block's saved internals (everything its backward reads except
+ * x_in) into ly, step by step: the step's state struct (OTHER), its input
+ * norm when the block runs it (MT_RESID_ADD), what the piece saves, and the
+ * stream after the step unless it is the last (the next layer's x_in). */
+static void carve_block(struct mt_model *m, struct mt_carver *c, struct mt_layer *ly, int kind)
+{
+    const struct mt_block_kind *k = mt_blocks_kind(kind);
+    const size_t Nr = (size_t)m->Nr, D = (size_t)m->D;
+    struct mt_piece_ctx pc;
+    model_piece_ctx(m, ly, &pc);
+    ly->kind = kind;   /* piece_bind reads it (a recompute set or a plan's dummy has none yet) */
+    /* sizes only (NULL bases): the piece still fills a state struct, a
+     * throwaway one here; PIECE_STATE_MAX bounds every piece's state_bytes */
+    _Alignas(64) unsigned char tmp[PIECE_STATE_MAX];
+    for (int i = 0; i < k->n_steps; i++) {
+        const struct mt_piece *p = k->steps[i].piece;
+        MT_ASSERT(p->state_bytes <= sizeof tmp);
+        ly->state[i] = p->state_bytes ? carve(c, MT_BUCKET_OTHER, p->state_bytes) : NULL;
+        const int sized = p->state_bytes && !ly->state[i];
+        if (sized) ly->state[i] = tmp;
+        if (ly->state[i]) memset(ly->state[i], 0, p->state_bytes);   /* fields a carve skips: NULL */
+        piece_bind(m, &pc, ly, i);
+        if (k->steps[i].resid == MT_RESID_ADD) {
+            ly->nrm[i].h_n = ly->nrm[i].h = carve_f(c, MT_BUCKET_ACTS, Nr * D);
+            ly->nrm[i].rstd = carve_f(c, MT_BUCKET_ACTS, Nr);
+        }
+        p->carve(&pc, c, ly);
+        if (sized) ly->state[i] = NULL;
+        if (i + 1 < k->n_steps) ly->x_step[i] = carve_f(c, MT_BUCKET_ACTS, Nr * D);
+    }
 }
 
 void model_piece_ctx(struct mt_model *m, struct mt_layer *ly, struct mt_piece_ctx *pc)
@@ -422,15 +455,16 @@ static void share_block(struct mt_layer *ly, const struct mt_layer *blk)
 
 void ffn_norm_carve_pc(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly)
 {
-    ly->h_mlp_n = carve_f(c, MT_BUCKET_ACTS, (size_t)pc->Nr * (size_t)pc->D);
-    ly->rstd_mlp = carve_f(c, MT_BUCKET_ACTS, (size_t)pc->Nr);
+    (void)ly;
+    pc->nm->h_n = carve_f(c, MT_BUCKET_ACTS, (size_t)pc->Nr * (size_t)pc->D);
+    pc->nm->rstd = carve_f(c, MT_BUCKET_ACTS, (size_t)pc->Nr);
 }
 
-/* carve_scratch of every distinct mixer (ffn: 1) piece the model uses. */
-static void carve_piece_scratch(struct mt_model *m, struct mt_carver *c, int ffn)
+/* carve_scratch of every distinct first-step (later: other) piece the model uses. */
+static void carve_piece_scratch(struct mt_model *m, struct mt_carver *c, int later)
 {
-    const struct mt_piece *pcs[MT_MAX_BLOCK_KINDS];
-    int n = model_pieces(m, ffn, pcs);
+    const struct mt_piece *pcs[MT_MAX_PIECES];
+    int n = model_pieces(m, later, pcs);
     struct mt_piece_ctx pc;
     model_piece_ctx(m, NULL, &pc);
     for (int i = 0; i < n; i++) {
@@ -541,7 +575,7 @@ static void model_layout(struct mt_model *m, struct mt_carver *c)
     size_t ff = 0;
     struct mt_piece_ctx pc;
     model_piece_ctx(m, NULL, &pc);
-    const struct mt_piece *pcs[2 * MT_MAX_BLOCK_KINDS];
+    const struct mt_piece *pcs[MT_MAX_PIECES];
     int n = model_all_pieces(m, pcs);
     for (int i = 0; i < n; i++) {
         pc.own = model_own(m, pcs[i]);
@@ -736,8 +770,8 @@ static void bind_layer_params(struct mt_model *m, struct mt_layer *layers)
         layers[l].moe = mt_blocks_kind(layers[l].kind)->routed;
         layers[l].index = l;
         w.ly = &layers[l];
-        for (w.half = MT_PIECE_MIXER; w.half <= MT_PIECE_FFN; w.half++)
-            mt_blocks_layer_half_params(&m->cfg, &shape, l, w.half, spec_bind, &w);
+        for (w.step = 0; w.step < mt_blocks_kind(layers[l].kind)->n_steps; w.step++)
+            mt_blocks_layer_step_params(&m->cfg, &shape, l, w.step, spec_bind, &w);
     }
     m->norm_f = m->last ? &p[w.n++] : NULL;
     m->lm_head = m->last ? &p[w.n++] : NULL;
@@ -1076,22 +1110,35 @@ double mt_model_flops_per_token(const struct mt_config *cfg)
 
 void ffn_norm_fwd(const struct mt_piece_ctx *pc, float *x_out, int n)
 {
-    const struct mt_layer *ly = pc->ly;
+    const struct mt_norm_acts *nm = pc->nm;
     const int Nr = pc->tp.sp ? n / pc->tp.tp : n;
-    /* the ffn's input norm and the residual's seed (x_out = x_mid) in one pass */
-    if (ly->h_mlp_b)   /* precision=bf16, dense MLP: + the bf16 twin, gate/up's operand */
-        pc->ops->rmsnorm_resid_forward_bf16(pc->ops->be, ly->h_mlp_n, ly->h_mlp_b, ly->rstd_mlp, x_out, ly->x_mid,
-                                            ly->w.ln2->data, Nr, pc->D, pc->norm_eps);
+    /* the step's input norm and the residual's seed (x_out = x_in) in one pass */
+    if (nm->hb)   /* precision=bf16, dense MLP: + the bf16 twin, gate/up's operand */
+        pc->ops->rmsnorm_resid_forward_bf16(pc->ops->be, nm->h_n, nm->hb, nm->rstd, x_out, pc->x_in, pc->g->data, Nr,
+                                            pc->D, pc->norm_eps);
     else
-        pc->ops->rmsnorm_resid_forward(pc->ops->be, ly->h_mlp_n, ly->rstd_mlp, x_out, ly->x_mid, ly->w.ln2->data, Nr, pc->D,
+        pc->ops->rmsnorm_resid_forward(pc->ops->be, nm->h_n, nm->rstd, x_out, pc->x_in, pc->g->data, Nr, pc->D,
                                        pc->norm_eps);
 }
 
 void ffn_norm_bwd(const struct mt_piece_ctx *pc, const float *dhr)
 {
-    const struct mt_layer *ly = pc->ly;
-    pc->ops->rmsnorm_backward(pc->ops->be, pc->dx, ly->w.ln2->grad, dhr, ly->x_mid, ly->w.ln2->data, ly->rstd_mlp, pc->Nr, pc->D,
+    pc->ops->rmsnorm_backward(pc->ops->be, pc->dx, pc->g->grad, dhr, pc->x_in, pc->g->data, pc->nm->rstd, pc->Nr, pc->D,
                               1);
+}
+
+/* MT_RESID_ADD around a step (mt_blocks.h): before its forward the block
+ * writes h_n = rmsnorm(s_i) * g and s_{i+1} = s_i (the piece then adds its
+ * branch); after its backward, which left d h_n in dh, dx += the norm's
+ * backward (dx holds d s_{i+1}, the identity path, already). */
+static void step_norm_fwd(const struct mt_piece_ctx *pc, const struct mt_piece_fwd *a)
+{
+    ffn_norm_fwd(pc, a->x_out, a->B * a->T);
+}
+
+static void step_norm_bwd(const struct mt_piece_ctx *pc)
+{
+    ffn_norm_bwd(pc, pc->dh);
 }
 
 enum mt_status model_block_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly,
@@ -1100,43 +1147,60 @@ enum mt_status model_block_forward(struct mt_ctx *ctx, struct mt_model *m, struc
     const struct mt_block_kind *k = mt_blocks_kind(ly->kind);
     struct mt_piece_ctx pc;
     model_piece_ctx(m, ly, &pc);
-    /* decoding: the layer's state is the mixer's, then the ffn's (model_decode_floats) */
-    float *st = a->state;
-    piece_bind(m, &pc, ly, MT_PIECE_MIXER);
-    const size_t mixer_n = st && k->mixer->decode_floats ? k->mixer->decode_floats(&pc, a->t_max) : 0;
-    a->state = mixer_n ? st : NULL;
-    enum mt_status rc = k->mixer->forward(ctx, &pc, a);
-    a->state = st && k->ffn->decode_floats ? st + mixer_n : NULL;
-    piece_bind(m, &pc, ly, MT_PIECE_FFN);
-    if (rc == MT_OK) rc = k->ffn->forward(ctx, &pc, a);
+    /* decoding: the layer's state is its steps' states in order (model_decode_floats) */
+    float *st = a->state, *x_out = a->x_out;
+    size_t off = 0;
+    enum mt_status rc = MT_OK;
+    for (int i = 0; i < k->n_steps && rc == MT_OK; i++) {
+        const struct mt_piece *p = k->steps[i].piece;
+        piece_bind(m, &pc, ly, i);
+        const size_t n = st && p->decode_floats ? p->decode_floats(&pc, a->t_max) : 0;
+        a->state = n ? st + off : NULL;
+        off += n;
+        a->x_out = i + 1 < k->n_steps ? ly->x_step[i] : x_out;
+        if (k->steps[i].resid == MT_RESID_ADD) step_norm_fwd(&pc, a);
+        rc = p->forward(ctx, &pc, a);
+    }
     a->state = st;
+    a->x_out = x_out;
     return rc;
 }
 
 size_t model_decode_floats(struct mt_model *m, int kind, int t_max)
 {
     const struct mt_block_kind *k = mt_blocks_kind(kind);
-    const struct mt_piece *ps[2] = {k->mixer, k->ffn};
     struct mt_piece_ctx pc;
     model_piece_ctx(m, NULL, &pc);
     size_t n = 0;
-    for (int i = 0; i < 2; i++) {
-        pc.own = model_own(m, ps[i]);
-        if (ps[i]->decode_floats) n += ps[i]->decode_floats(&pc, t_max);
+    for (int i = 0; i < k->n_steps; i++) {
+        pc.own = model_own(m, k->steps[i].piece);
+        if (k->steps[i].piece->decode_floats) n += k->steps[i].piece->decode_floats(&pc, t_max);
     }
     return n;
 }
 
-/* Backward of one block: dx holds d x_out; on return d x_in. */
+/* Backward of one block: dx holds d x_out; on return d x_in (its steps in
+ * reverse, each turning d s_{i+1} into d s_i). */
 static enum mt_status model_block_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly)
 {
     const struct mt_block_kind *k = mt_blocks_kind(ly->kind);
     struct mt_piece_ctx pc;
     model_piece_ctx(m, ly, &pc);
-    piece_bind(m, &pc, ly, MT_PIECE_FFN);
-    MT_CHECK(k->ffn->backward(ctx, &pc));     /* dx: d x_out -> d x_mid */
-    piece_bind(m, &pc, ly, MT_PIECE_MIXER);
-    return k->mixer->backward(ctx, &pc);      /* dx: d x_mid -> d x_in  */
+    for (int i = k->n_steps - 1; i >= 0; i--) {
+        piece_bind(m, &pc, ly, i);
+        MT_CHECK(k->steps[i].piece->backward(ctx, &pc));
+        if (k->steps[i].resid == MT_RESID_ADD) step_norm_bwd(&pc);
+    }
+    return MT_OK;
+}
+
+/* 1 when kind `kind` has the piece p among its steps. */
+static int kind_has(int kind, const struct mt_piece *p)
+{
+    const struct mt_block_kind *k = mt_blocks_kind(kind);
+    for (int i = 0; i < k->n_steps; i++)
+        if (k->steps[i].piece == p) return 1;
+    return 0;
 }
 
 /* Add the aux and z sums of this stage's MoE layers' last forward (moe.c
@@ -1148,14 +1212,14 @@ static void moe_loss_sums(struct mt_model *m, double *sum)
 {
     int l0 = -1, l1 = -1;
     for (int l = m->l0; l < m->l1; l++)
-        if (mt_blocks_kind(m->layers[l].kind)->ffn == &mt_piece_moe) {
+        if (kind_has(m->layers[l].kind, &mt_piece_moe)) {
             if (l0 < 0) l0 = l;
             l1 = l + 1;
         }
     if (l0 < 0) return;
     const double *h = moe_own_losses(m->ops, model_own(m, &mt_piece_moe), l0, l1);
     for (int l = l0; l < l1; l++)
-        if (mt_blocks_kind(m->layers[l].kind)->ffn == &mt_piece_moe) {
+        if (kind_has(m->layers[l].kind, &mt_piece_moe)) {
             sum[MT_LOSS_AUX] += h[2 * (size_t)l];
             sum[MT_LOSS_Z] += h[2 * (size_t)l + 1];
         }
@@ -1312,10 +1376,10 @@ static enum mt_status block_recompute(struct mt_ctx *ctx, struct mt_model *m, st
     struct mt_piece_ctx pc;
     model_piece_ctx(m, ly, &pc);
     MT_ASSERT(pc.layer == l);
-    piece_bind(m, &pc, ly, MT_PIECE_MIXER);
-    if (k->mixer->undo_recompute) k->mixer->undo_recompute(&pc);
-    piece_bind(m, &pc, ly, MT_PIECE_FFN);
-    if (k->ffn->undo_recompute) k->ffn->undo_recompute(&pc);
+    for (int i = 0; i < k->n_steps; i++) {
+        piece_bind(m, &pc, ly, i);
+        if (k->steps[i].piece->undo_recompute) k->steps[i].piece->undo_recompute(&pc);
+    }
     return MT_OK;
 }
 

@@ -32,13 +32,23 @@
 /* Largest expert-parallel degree (stack arrays of all-to-all counts). */
 #define MT_MAX_EP 256
 
-/* The parameters every block has (views into mt_model.params), bound from
- * the registry: each field is named by the `bind` of its mt_pspec
- * (MT_BIND, mt_blocks.h). A piece's own parameters are a struct of its own
- * in the layer (w_own, MT_BIND_OWN). */
+/* The parameters every step of a block has (views into mt_model.params),
+ * bound from the registry: the step's input norm gain, declared by its piece
+ * with bind MT_BIND_NORM (below). A piece's own parameters are a struct of
+ * its own in the layer (w_own, MT_BIND_OWN). */
 struct mt_layer_w {
-    struct mt_param *ln1;          /* input_layernorm (D): the mixer's input norm */
-    struct mt_param *ln2;          /* post_attention_layernorm (D): the ffn's     */
+    struct mt_param *ln[MT_BLOCK_MAX_PIECES]; /* (D) step i's input norm gain (A: input_layernorm,
+                                               * then post_attention_layernorm); NULL: none */
+};
+
+/* A step's input norm, saved for its backward (struct mt_layer.nrm[i]):
+ * carved by the piece (MT_RESID_NONE) or by the block (MT_RESID_ADD). */
+struct mt_norm_acts {
+    float   *h_n;    /* (Nr, D) rmsnorm(s_i) * g_i (this rank's rows)                      */
+    float   *h;      /* the rows the piece reads: (N, D) gathered over TP (== h_n without
+                      * SP); MoE: (Nm, D), a view of h_n                                   */
+    float   *rstd;   /* (Nr)                                                               */
+    mt_bf16 *hb;     /* (Nr, D) precision=bf16: bf16(h_n), not under SP; NULL: none        */
 };
 
 /* One slot of a piece's own struct (layer weights, model scratch): aligned
@@ -48,37 +58,32 @@ union mt_piece_own { void *p; double d; int64_t i; };
  * asserts its struct fits). */
 #define PIECE_W_MAX 256
 
-/* One transformer block: its kind, its parameters and what its forward saves. */
+/* One block: its kind, its parameters and what its forward saves. Per step
+ * i of its kind (mt_blocks.h): w.ln[i], w_own[i], nrm[i], state[i]; the
+ * stream s_0 = x_in, s_{i+1} = x_step[i] (the last step writes the next
+ * layer's x_in or the stage output instead). */
 struct mt_layer {
     int kind;                      /* index into the block-kind table (mt_blocks.h) */
     int moe;                       /* the kind's `routed` flag (routing buffers valid) */
     int index;                     /* layer number l (its row of the MoE load histogram) */
     struct mt_layer_w w;           /* the parameters every kind has                 */
-    /* each piece's own parameter pointers ([MT_PIECE_MIXER], [MT_PIECE_FFN]):
-     * a struct the piece's .c file defines, bound from the registry
-     * (MT_BIND_OWN) and handed to the piece as pc->pw */
-    union mt_piece_own w_own[2][PIECE_W_MAX / sizeof(union mt_piece_own)];
+    /* each step's own parameter pointers: a struct the piece's .c file
+     * defines, bound from the registry (MT_BIND_OWN) and handed to the
+     * piece as pc->pw */
+    union mt_piece_own w_own[MT_BLOCK_MAX_PIECES][PIECE_W_MAX / sizeof(union mt_piece_own)];
 
     /* saved activations every kind shares (ACTS): the residual stream and
-     * the two input norms (mixer: h_attn*, ffn: h_mlp*) */
-    float *x_in;       /* (Nr, D) residual stream entering the block               */
-    float *h_attn_n;   /* (Nr, D) rmsnorm(x_in) * g_in (this rank's rows)           */
-    float *h_attn;     /* (N, D)  the same, gathered over TP (== h_attn_n without SP) */
-    float *rstd_attn;  /* (Nr)                                                      */
-    /* precision=bf16: the bf16 twins of the norms (GEMM operands, written by the
-     * norm once); NULL: none */
-    mt_bf16 *h_attn_b; /* (Nr, D) bf16(h_attn_n), not under SP                      */
-    mt_bf16 *h_mlp_b;  /* (Nr, D) bf16(h_mlp_n), dense MLP only, not under SP       */
-    float *x_mid;      /* (Nr, D) x_in + mixer(h_attn)                              */
-    float *h_mlp_n;    /* (Nr, D) rmsnorm(x_mid) * g_post (this rank's rows)        */
-    float *h_mlp;      /* dense: (N, D) gathered over TP (== h_mlp_n without SP);
-                        * MoE: (Nm, D) the rows the experts see (a view of h_mlp_n) */
-    float *rstd_mlp;   /* (Nr)                                                      */
-    /* each piece's own saved activations ([MT_PIECE_MIXER], [MT_PIECE_FFN]):
-     * a struct the piece's .c file defines (struct mt_piece.state_bytes),
-     * carved in OTHER by carve_block; NULL when the piece declares none */
-    void *state[2];
+     * each step's input norm */
+    float *x_in;                              /* (Nr, D) s_0, the stream entering the block */
+    float *x_step[MT_BLOCK_MAX_PIECES - 1];   /* (Nr, D) s_{i+1} after step i < n-1 (carve_block);
+                                               * A: x_step[0] = x_in + attn(...), "x_mid"   */
+    struct mt_norm_acts nrm[MT_BLOCK_MAX_PIECES];
+    /* each step's own saved activations: a struct the piece's .c file
+     * defines (struct mt_piece.state_bytes), carved in OTHER by
+     * carve_block; NULL when the piece declares none */
+    void *state[MT_BLOCK_MAX_PIECES];
 };
+/* The steps of the two-step kinds of the table (A, E, M). */
 enum { MT_PIECE_MIXER = 0, MT_PIECE_FFN = 1 };
 /* Largest state_bytes a piece may declare (model.c sizes a throwaway state
  * with it when carving for sizes only; each piece asserts its struct fits). */
@@ -291,6 +296,11 @@ struct mt_ep_axis {              /* the expert axis (MoE, ep > 1)               
 struct mt_piece_ctx {
     const struct mt_ops_i *ops;
     struct mt_layer       *ly;       /* weights (ly->w), saved activations          */
+    /* this step of ly's block (model.c piece_bind sets them per call) */
+    int                    step;     /* its index in the kind's steps               */
+    const float           *x_in;     /* (Nr, D) s_i, the stream entering the step   */
+    struct mt_param       *g;        /* its input norm gain (ly->w.ln[step])        */
+    struct mt_norm_acts   *nm;       /* its saved input norm (&ly->nrm[step])       */
     void                  *st;       /* this piece's own saved activations (its
                                       * ly->state[] entry; model.c sets it per call) */
     void                  *own;      /* this piece's per-model struct (dims, scratch,
@@ -382,18 +392,19 @@ extern const struct mt_piece mt_piece_mlp;         /* mlp.c       */
 extern const struct mt_piece mt_piece_moe;         /* moe.c       */
 extern const struct mt_piece mt_piece_mamba;       /* mamba.c     */
 
-/* model.c: the ffn half's shared entry and exit, for every ffn piece (pc->ly the layer).
- * fwd: h_mlp_n = rmsnorm(x_mid) * g_post on this rank's Nr rows of n, and
- * x_out = x_mid (the residual path; the piece adds its branch).
- * bwd: dx += rmsnorm_backward(dhr), dhr = d h_mlp_n (Nr, D).
- * carve_pc: what every ffn piece saves first: x_mid's norm (h_mlp_n, rstd_mlp). */
+/* model.c: the fused pre-norm of a step that writes the stream itself (the
+ * ffn pieces mlp.c, moe.c; pc bound to the step).
+ * fwd: nm->h_n = rmsnorm(x_in) * g on this rank's Nr rows of n, and
+ * x_out = x_in (the residual path; the piece adds its branch), one pass.
+ * bwd: dx += rmsnorm_backward(dhr), dhr = d nm->h_n (Nr, D).
+ * carve_pc: what such a piece saves first: the norm (nm->h_n, nm->rstd). */
 void ffn_norm_fwd(const struct mt_piece_ctx *pc, float *x_out, int n);
 void ffn_norm_bwd(const struct mt_piece_ctx *pc, const float *dhr);
 void ffn_norm_carve_pc(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly);
-/* mt_pspec.bind values: MT_BIND a field of struct mt_layer_w (what every
- * kind has), MT_BIND_OWN a field of the piece's own weight struct `type`
- * (in ly->w_own of the piece's half; flagged by MT_BIND_PIECE). */
-#define MT_BIND(field) ((int)offsetof(struct mt_layer, w.field))
+/* mt_pspec.bind values: MT_BIND_NORM the step's input norm gain
+ * (ly->w.ln[step], read as pc->g), MT_BIND_OWN a field of the piece's own
+ * weight struct `type` (in ly->w_own[step]; flagged by MT_BIND_PIECE). */
+#define MT_BIND_NORM 0x20000000
 #define MT_BIND_PIECE 0x40000000
 #define MT_BIND_OWN(type, field) ((int)(MT_BIND_PIECE | offsetof(type, field)))
 
@@ -440,10 +451,10 @@ void model_param_fill_serial(const struct mt_param *p, uint64_t seed, float *out
 enum mt_status model_rope_build(struct mt_ctx *ctx, const struct mt_model *m, float *cos_dev, float *sin_dev, int tmax);
 
 /* model.c: floats of one layer's decode state for t_max positions (its
- * mixer's decode_floats, then its ffn's), for infer.c. */
+ * steps' decode_floats in order), for infer.c. */
 size_t model_decode_floats(struct mt_model *m, int kind, int t_max);
-/* model.c: x_out = block(x_in) for layer ly (its kind's mixer, then its ffn);
- * decoding: a->state is the layer's state (model_decode_floats), cut per piece. */
+/* model.c: x_out = block(x_in) for layer ly (its kind's steps in order);
+ * decoding: a->state is the layer's state (model_decode_floats), cut per step. */
 enum mt_status model_block_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly,
                                    struct mt_piece_fwd *a);
 

@@ -166,7 +166,7 @@ static void force_routing(const struct mt_piece_ctx *pc, int n)
     ops->copy_from_host(ops->be, st->gates, hg, (size_t)n * k * sizeof(float));
 }
 
-/* out (n, D) += moe(h) for the n rows ly->h_mlp (global rows row0.. of the
+/* out (n, D) += moe(h) for the n rows pc->nm->h (global rows row0.. of the
  * microbatch under TP, sequences of T rows). When want_loss, the layer's
  * slot of moe_scr(pc)->loss (device) gets the aux sum sum_s aux_coef*E*sum_e f P
  * (the whole microbatch's sequences, counted on model rank 0 only:
@@ -180,14 +180,13 @@ static enum mt_status moe_forward(struct mt_ctx *ctx, const struct mt_piece_ctx 
     const struct mt_moe_dims *md = moe_dims(pc);
     const struct mt_ep_axis *ea = &pc->ep;
     struct mt_moe_scratch *s = moe_scr(pc);
-    struct mt_layer *ly = pc->ly;
     struct moe_state *st = pc->st;
     const int D = pc->D, E = md->E, k = md->top_k, Fe = md->Fe;
     const int M = n * k;
     float *t = pc->s_lora;
 
     /* router: logits into the (free in forward) d-router-logits scratch */
-    linear_forward(ops, s->drl, ly->h_mlp, moe_w(pc)->router->data, n, D, E, 0.0f);
+    linear_forward(ops, s->drl, pc->nm->h, moe_w(pc)->router->data, n, D, E, 0.0f);
     ops->router_forward(ops->be, st->probs, st->rlse, st->topk, st->gates, s->drl, n, E, k);
 
     if (md->force_route) force_routing(pc, n);
@@ -202,7 +201,7 @@ static enum mt_status moe_forward(struct mt_ctx *ctx, const struct mt_piece_ctx 
         for (int e = 0; e < E; e++) load[e] += st->e_off[e + 1] - st->e_off[e];
     }
 
-    ops->moe_permute(ops->be, s->xp, ly->h_mlp, st->src_row, M, D);
+    ops->moe_permute(ops->be, s->xp, pc->nm->h, st->src_row, M, D);
     const int grouped = md->grouped;   /* one grouped GEMM per projection (moe_experts.c) */
     if (ea->ep == 1) {
         if (grouped) moe_experts_forward(pc, E, st->e_off, 1, E, st->eg, st->eu, st->ey, s->xp);
@@ -248,7 +247,7 @@ static enum mt_status moe_forward(struct mt_ctx *ctx, const struct mt_piece_ctx 
     }
     ops->moe_combine(ops->be, out, st->ey, st->pos, st->gates, n, k, D);
     if (md->Fs > 0)
-        mlp_forward(ops, t, out, 1, st->sgp, st->sup, pc->s_act, ly->h_mlp, moe_w(pc)->sg, moe_w(pc)->su, moe_w(pc)->sd, n, D,
+        mlp_forward(ops, t, out, 1, st->sgp, st->sup, pc->s_act, pc->nm->h, moe_w(pc)->sg, moe_w(pc)->su, moe_w(pc)->sd, n, D,
                     md->Fs);
 
     return want_loss ? moe_losses(ctx, pc, n) : MT_OK;
@@ -262,7 +261,6 @@ static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx
     const struct mt_moe_dims *md = moe_dims(pc);
     const struct mt_ep_axis *ea = &pc->ep;
     struct mt_moe_scratch *s = moe_scr(pc);
-    const struct mt_layer *ly = pc->ly;
     const struct moe_state *st = pc->st;
     const int T = pc->T, n = md->Nm, D = pc->D, E = md->E, k = md->top_k, Fe = md->Fe;
     const int M = n * k, g0 = pc->tp.tp > 1 ? md->row0 : 0;
@@ -273,7 +271,7 @@ static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx
     ops->moe_combine_backward(ops->be, s->dy, s->dgates, dout, st->ey, st->pos, st->gates, n, k, D);
     /* term 2: experts on their row ranges (inputs re-permuted, not saved) */
     if (ea->ep == 1) {
-        ops->moe_permute(ops->be, s->xp, ly->h_mlp, st->src_row, M, D);
+        ops->moe_permute(ops->be, s->xp, pc->nm->h, st->src_row, M, D);
         if (grouped) moe_experts_backward(pc, E, st->e_off, 1, E, st->eg, st->eu, s->dxp, s->dy, s->xp);
         for (int e = 0; e < E && !grouped; e++) {
             int r0 = st->e_off[e], c = st->e_off[e + 1] - r0;
@@ -305,7 +303,7 @@ static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx
     ops->fill(ops->be, dh, 0.0f, (size_t)n * D);
     ops->moe_permute_backward(ops->be, dh, s->dxp, st->pos, n, k, D);
     if (md->Fs > 0)
-        mlp_backward(ops, t, dt, dh, 1, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du, dout, ly->h_mlp, st->sgp, st->sup,
+        mlp_backward(ops, t, dt, dh, 1, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du, dout, pc->nm->h, st->sgp, st->sup,
                      moe_w(pc)->sg, moe_w(pc)->su, moe_w(pc)->sd, n, D, md->Fs);
 
     /* term 3: aux and z gradients (on the backend) */
@@ -316,7 +314,7 @@ static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx
 
     /* term 4: router */
     ops->router_backward(ops->be, s->drl, s->dgates, s->dprobs, s->dlse, st->probs, st->topk, st->gates, n, E, k);
-    linear_backward(ops, dh, 1.0f, moe_w(pc)->router->frozen ? NULL : moe_w(pc)->router->grad, s->drl, ly->h_mlp,
+    linear_backward(ops, dh, 1.0f, moe_w(pc)->router->frozen ? NULL : moe_w(pc)->router->grad, s->drl, pc->nm->h,
                     moe_w(pc)->router->data, n, D, E);   /* LoRA: a frozen router computes dx only */
     return MT_OK;
 }
@@ -329,7 +327,7 @@ static void moe_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *use
 {
     const int64_t D = s->D, E = s->E, Fe = s->Fe, Fs = s->Fs;
     const struct mt_pspec head[] = {
-        {"post_attention_layernorm.weight", -1, 1, D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, MT_BIND(ln2)},
+        {"post_attention_layernorm.weight", -1, 1, D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, MT_BIND_NORM},
         {"mlp.gate.weight", -1, 2, E, D, MT_SCALE_NORMAL, MT_ROLE_ROUTER, MT_LAYOUT_MODEL_PARTIAL, MT_BIND_OWN(struct moe_w, router)},
     };
     for (size_t i = 0; i < sizeof head / sizeof head[0]; i++) fn(user, &head[i]);
@@ -426,7 +424,7 @@ static void moe_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct
     const enum mt_bucket A = MT_BUCKET_ACTS, O = MT_BUCKET_OTHER;
     ffn_norm_carve_pc(pc, c, ly);
     /* the experts see Nm rows: SP or one rank: all of h_mlp_n; TP without SP: our slice of it */
-    ly->h_mlp = (pc->tp.tp > 1 && !pc->tp.sp && ly->h_mlp_n) ? ly->h_mlp_n + (size_t)md->row0 * D : ly->h_mlp_n;
+    pc->nm->h = (pc->tp.tp > 1 && !pc->tp.sp && pc->nm->h_n) ? pc->nm->h_n + (size_t)md->row0 * D : pc->nm->h_n;
     st->probs = carve_f(c, A, Nm * E);
     /* small, so not the block's last ACTS carve: a carve's end is not padded,
      * and recompute=block (one shared set, then the slots' inputs) must not
@@ -533,7 +531,7 @@ void moe_loss_register(struct mt_model *m)
     (void)z;
 }
 
-/* dx is d x_out = d x_mid (identity) + d branch */
+/* dx is d x_out = d x_in (identity) + d branch */
 static enum mt_status moe_piece_backward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc)
 {
     const int D = pc->D, Nm = moe_dims(pc)->Nm;

@@ -1,16 +1,27 @@
 /*
  * mt_blocks.h — the block-kind table: what each pattern letter is made of.
  *
- * A block kind (one letter of cfg->pattern) is a composition of two pieces,
- * each a sub-layer on the residual stream:
+ * A block kind (one letter of cfg->pattern) is a SEQUENCE of pieces (steps),
+ * each a sub-layer on the residual stream with its own input norm and a
+ * residual policy, optionally inside a wrapper (a router around the whole
+ * sequence: Mixture-of-Depths). Step i reads the stream s_i and writes
+ * s_{i+1}; s_0 is the block's input, s_n its output:
  *
- *     x_mid = x_in  + mixer(rmsnorm(x_in)  * g_in)      attention (A, E); Mamba-3 (M)
- *     x_out = x_mid + ffn  (rmsnorm(x_mid) * g_post)    dense SwiGLU (A, M); MoE (E)
+ *     MT_RESID_NONE  s_{i+1} = piece(s_i)         the piece writes the stream itself
+ *                                                 (its norm and residual add fused inside)
+ *     MT_RESID_ADD   s_{i+1} = s_i + piece(rmsnorm(s_i) * g_i)
+ *                                                 the block runs the norm and the add; the
+ *                                                 piece sees the normed rows, adds its branch
  *
- *     kind  mixer       ffn         file of the pieces
- *     A     attention   dense MLP   attention.c, mlp.c
- *     E     attention   MoE         attention.c, moe.c
- *     M     Mamba-3     dense MLP   mamba.c (wrapping mamba3.c), mlp.c
+ *     kind  steps (all MT_RESID_NONE)   file of the pieces
+ *     A     attention, dense MLP        attention.c, mlp.c
+ *     E     attention, MoE              attention.c, moe.c
+ *     M     Mamba-3, dense MLP          mamba.c (wrapping mamba3.c), mlp.c
+ *
+ * (The three kinds of the table fuse the norm and the residual add into their
+ * kernels: rmsnorm_resid_forward writes x_in's copy, the output GEMM adds onto
+ * it with beta 1; so they are MT_RESID_NONE, and bit-identical to the time a
+ * block was exactly mixer + ffn.)
  *
  * A piece (struct mt_piece) declares everything the rest of the runtime
  * needs to know about it, in one place:
@@ -31,10 +42,11 @@
  * consumer reads that registry: the model binds its layers from it, the
  * planner sizes from it, checkpoints and export list it, receipts count it.
  *
- * The table is mt_block_kinds.def, one MT_BLOCK_KIND line per letter.
- * Adding a block kind = one piece file (its params, flops, carve, forward,
- * backward), one line in mt_block_kinds.def, and its kernels in the ops
- * table. See docs/architecture.md, "Block kinds".
+ * The table is mt_block_kinds.def, one MT_BLOCK_KIND line per letter listing
+ * its steps. Adding a block kind = one piece file (its params, flops, carve,
+ * forward, backward) or none (a new sequence of existing pieces), one line in
+ * mt_block_kinds.def, and its kernels in the ops table. See
+ * docs/architecture.md, "Block kinds".
  */
 #ifndef MT_BLOCKS_H
 #define MT_BLOCKS_H
@@ -139,21 +151,37 @@ struct mt_piece_fwd {
     float       *state;                 /* decoding: this piece's state (decode_floats of it for
                                          * t_max positions); NULL when training                 */
     int          t_max;                 /* decoding: the positions the state holds              */
-    float       *x_out;                 /* ffn: where x_mid + ffn(...) goes (Nr, D)             */
-    int          want_loss;             /* ffn: compute auxiliary losses                        */
-    double       aux, z;                /* ffn: auxiliary loss sums (added to by the piece)     */
+    float       *x_out;                 /* the step's output stream s_{i+1} (Nr, D): NONE writes
+                                         * it whole; ADD finds s_i there and adds its branch     */
+    int          want_loss;             /* compute auxiliary losses                             */
+    double       aux, z;                /* auxiliary loss sums (added to by the piece)          */
 };
 
 /*
- * A sub-layer. params, carve, forward and backward are required; the other
- * entries may be NULL where the piece has nothing of that sort (check, FLOPs
- * beyond its matmuls, scratch, undo_recompute). Everything but the shape
- * functions takes the narrow context (struct mt_piece_ctx, model_impl.h: ops,
- * the layer, dims, scratch, the axis handles), never the whole model. A
- * piece owns two structs it defines in its .c file and the model only sizes:
- * per layer its saved activations (state_bytes; pc->st, filled by carve) and
- * per model its dims, scratch and staging (own_bytes; pc->own, dims filled
- * by setup, buffers by carve_scratch).
+ * A sub-layer: one step of a block kind. params, carve, forward and backward
+ * are required; the other entries may be NULL where the piece has nothing of
+ * that sort (check, FLOPs beyond its matmuls, scratch, undo_recompute).
+ * Everything but the shape functions takes the narrow context (struct
+ * mt_piece_ctx, model_impl.h: ops, the layer, the step's streams and input
+ * norm, dims, scratch, the axis handles), never the whole model. A piece owns
+ * two structs it defines in its .c file and the model only sizes: per layer
+ * its saved activations (state_bytes; pc->st, filled by carve) and per model
+ * its dims, scratch and staging (own_bytes; pc->own, dims filled by setup,
+ * buffers by carve_scratch).
+ *
+ * The stream contract, by the step's residual policy (enum mt_resid):
+ *   NONE: forward reads pc->x_in (s_i, Nr rows) and writes a->x_out (s_{i+1})
+ *     whole; it runs its own input norm (gain pc->g, saved in pc->nm, which
+ *     its carve carves) and adds the residual itself. backward reads pc->dx =
+ *     d s_{i+1} and turns it into d s_i in place (ACCUMULATES its branch's
+ *     d(input) into dx, which already holds the identity path).
+ *   ADD: the block carves pc->nm (h_n, rstd) and runs h_n = rmsnorm(s_i) * g
+ *     and s_{i+1} = s_i before the piece; forward reads pc->nm->h_n (Nr rows)
+ *     and ADDS its branch into a->x_out. backward reads pc->dx = d s_{i+1}
+ *     (must not change it) and OVERWRITES pc->dh (Nr, D) with d h_n; the
+ *     block then accumulates the norm's backward into dx. TP collectives, if
+ *     the piece splits work over the model axis, are its own (tp.c).
+ * Either way parameter grads ACCUMULATE (+=).
  */
 struct mt_piece {
     const char *name;                                     /* "attention", "mlp", "moe"            */
@@ -177,12 +205,12 @@ struct mt_piece {
     void   (*carve_scratch)(const struct mt_piece_ctx *pc, struct mt_carver *c);
     /* widest SwiGLU-style hidden activation (elements) this piece needs in the shared scratch */
     size_t (*ffn_scratch)(const struct mt_piece_ctx *pc);
-    /* carve this piece's saved activations into pc->st (and the shared
-     * fields of ly it writes: its input norm, x_mid); c NULL-based: sizes
-     * only; pc->ly == ly */
+    /* carve this piece's saved activations into pc->st (NONE: and its input
+     * norm, pc->nm); c NULL-based: sizes only; pc->ly == ly */
     void   (*carve)(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly);
     enum mt_status (*forward)(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a);
-    /* reads dx = d(piece output); ACCUMULATES d(piece input) into dx; param grads += */
+    /* NONE: reads dx = d(step output); ACCUMULATES d(step input) into dx.
+     * ADD: reads dx, OVERWRITES dh (Nr, D) = d(normed input). Param grads += */
     enum mt_status (*backward)(struct mt_ctx *ctx, const struct mt_piece_ctx *pc);
     /* recompute=block re-ran forward of layer pc->layer: undo its side effects (load histograms) */
     void   (*undo_recompute)(const struct mt_piece_ctx *pc);
@@ -206,19 +234,73 @@ struct mt_piece {
     void (*setup)(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const struct mt_config *cfg);
 };
 
-/* One pattern letter. */
-struct mt_block_kind {
-    char                   letter;    /* its pattern letter                             */
-    const char            *name;      /* "attention+mlp", ...                           */
-    const struct mt_piece *mixer;     /* token mixing, first half of the block          */
-    const struct mt_piece *ffn;       /* per-token feed-forward, second half            */
-    int                    routed;    /* 1: has routed experts (load histogram, EP axis) */
-    int                    hf;        /* 1: has a Hugging Face (Qwen3 / Qwen3-MoE) equivalent */
+/* How a step meets the residual stream (the stream contract above). */
+enum mt_resid {
+    MT_RESID_NONE = 0,   /* the piece writes the stream itself (norm + add fused inside) */
+    MT_RESID_ADD,        /* pre-norm + residual add, run by the block around the piece  */
 };
+
+/* Most steps one block kind may list. */
+#define MT_BLOCK_MAX_PIECES 4
+
+/* One step of a block: a piece and how it meets the stream. */
+struct mt_block_step {
+    const struct mt_piece *piece;
+    enum mt_resid          resid;
+};
+
+/*
+ * A wrapper around a block's whole sequence of steps: where a router that
+ * sends only some rows through the block sits (Mixture-of-Depths, SPEC 1e:
+ * lowercase letters). The kind's steps then run on the wrapper's rows
+ * instead of the block's. The slot is the contract MoD fills: every kind of
+ * the table has `none` (mt_block_wrap_none, blocks.c: no hooks), and the
+ * model refuses a kind whose wrapper has hooks (model.c, check_dims) until
+ * MoD drives them:
+ *   params          its own parameters (the router), before the steps'
+ *   state_bytes     its saved state per layer (the selection)
+ *   inner           the dims the steps see (rows N / Nr, B, T of the subset),
+ *                   from the block's: the steps carve and run on those
+ *   carve           its state, the inner input / output streams and their gradient
+ *   enter / leave   forward: choose and gather the rows into the inner input
+ *                   stream (and the inner call's B, T, positions, x_out);
+ *                   combine the inner output into the block's x_out
+ *   leave_backward / enter_backward   their conjugates: d x_out into the inner
+ *                   d output (the steps then run their backward on it), the
+ *                   inner d input scattered (+=) into the block's dx
+ */
+struct mt_block_wrap {
+    const char *name;
+    void   (*params)(const struct mt_block_shape *s, mt_pspec_fn fn, void *user);
+    size_t state_bytes;
+    void   (*inner)(const struct mt_piece_ctx *pc, struct mt_piece_ctx *in);
+    void   (*carve)(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly);
+    enum mt_status (*enter)(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const struct mt_piece_fwd *a,
+                            struct mt_piece_fwd *in, float **x_in);
+    enum mt_status (*leave)(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a,
+                            const struct mt_piece_fwd *in);
+    enum mt_status (*leave_backward)(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const struct mt_piece_ctx *in);
+    enum mt_status (*enter_backward)(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const struct mt_piece_ctx *in);
+};
+
+/* One pattern letter: its steps, in forward order. */
+struct mt_block_kind {
+    char                        letter;    /* its pattern letter                             */
+    const char                 *name;      /* "attention+mlp", ...                           */
+    int                         routed;    /* 1: has routed experts (load histogram, EP axis) */
+    int                         hf;        /* 1: has a Hugging Face (Qwen3 / Qwen3-MoE) equivalent */
+    const struct mt_block_wrap *wrap;      /* &mt_block_wrap_none (no hooks): every row runs
+                                            * through the steps                               */
+    int                         n_steps;   /* in [1, MT_BLOCK_MAX_PIECES]                     */
+    struct mt_block_step        steps[MT_BLOCK_MAX_PIECES];
+};
+
+/* The wrapper of a kind without one (no hooks). */
+extern const struct mt_block_wrap mt_block_wrap_none;
 
 /* Most kinds the table may hold (stack arrays indexed by kind). */
 #define MT_MAX_BLOCK_KINDS 8
-/* Most distinct pieces (mixers and ffns of every kind). */
+/* Most distinct pieces (the steps of every kind). */
 #define MT_MAX_PIECES (2 * MT_MAX_BLOCK_KINDS)
 
 /* Index of the kind for `letter` in the table, or -1. */
@@ -227,8 +309,8 @@ int mt_blocks_find(char letter);
  * functions from mt_blocks_count to mt_blocks_any_routed (block_traits.c)
  * need none of the model's code: src/core and src/parallel may call them. */
 const struct mt_block_kind *mt_blocks_kind(int index);   /* blocks.c: with its pieces */
-/* blocks.c: index of piece p among the table's distinct pieces (mixers and
- * ffns in line order, each once), in [0, MT_MAX_PIECES); -1: not in it. */
+/* blocks.c: index of piece p among the table's distinct pieces (the steps
+ * in line order, each once), in [0, MT_MAX_PIECES); -1: not in it. */
 int mt_blocks_piece_index(const struct mt_piece *p);
 int mt_blocks_count(void);
 /* 1: kind `index` has a Hugging Face equivalent (export). */
@@ -262,17 +344,18 @@ void mt_blocks_shape(const struct mt_config *cfg, struct mt_block_shape *s);
  * class has no adapter rule (docs/lora.md), or NULL when every one has. */
 const char *mt_blocks_lora_rule(const struct mt_config *cfg, unsigned mask);
 
-/* Walk the parameters of block l, in registry order (mixer then ffn); _half:
- * of its mixer (ffn 0) or its ffn (ffn 1) alone, adapters included. */
+/* Walk the parameters of block l, in registry order (its steps in order);
+ * _step: of step i alone, adapters included. */
 void mt_blocks_layer_params(const struct mt_config *cfg, const struct mt_block_shape *s, int l, mt_pspec_fn fn,
                             void *user);
-void mt_blocks_layer_half_params(const struct mt_config *cfg, const struct mt_block_shape *s, int l, int ffn,
+void mt_blocks_layer_step_params(const struct mt_config *cfg, const struct mt_block_shape *s, int l, int step,
                                  mt_pspec_fn fn, void *user);
 
 /* Training FLOPs per token of block l: 6 x matmul params active + extra. */
 double mt_blocks_layer_flops(const struct mt_config *cfg, const struct mt_block_shape *s, int l);
 /* Per-layer TP communication counts of layers [l0, l1), for the planner:
- * mixer TP regions, ffn TP regions, SP-region output gathers, routed layers. */
+ * TP regions of the first step (mixer) and of the later ones (ffn),
+ * SP-region output gathers, routed layers. */
 struct mt_blocks_comm { int mixer_regions, ffn_regions, sp_gathers, routed; };
 void mt_blocks_comm_counts(const struct mt_config *cfg, int l0, int l1, struct mt_blocks_comm *out);
 
