@@ -56,6 +56,7 @@
 #define SSD_QMAX 256          /* chunks above this run as 256 (same result to rounding) */
 #define SSD_RT 16             /* query rows (or sources) per block of ssd_out_k and the backward kernels */
 #define SSD_SCAN_THREADS 128  /* block of the chunk scans */
+#define SSD_AL4(n) (((n) + 3) & ~3)   /* floats, rounded up to 16 bytes (float4 reads) */
 #define SSD_ROWS_PER_SCAL ((SSD_QMAX + SSD_SCAN_THREADS - 1) / SSD_SCAN_THREADS)   /* chunk rows a thread of ssd_scal_k */
 
 struct ssd_dims {
@@ -152,7 +153,6 @@ static __global__ void ssd_cum_k(float *cum, const float *dt, const float *A, st
  * Each output keeps one accumulator and the plain loop's row order. */
 #define SSD_OT 64
 #define SSD_IT 32
-#define SSD_AL4(n) (((n) + 3) & ~3)   /* floats, rounded up to 16 bytes */
 
 /* stage rows [i0, i0+ni) of two (b, h) operands, tokens t0 + i - shift, the
  * tile's 64 columns each (0 outside the operand or before token 0) */
@@ -296,12 +296,25 @@ static __device__ void ssd_stage_rows(float *dst, const float *src, size_t ld, i
     }
 }
 
-/* stage the RT x kc tile of rows t0+i0.. (ni of them; the rest 0) into dst[il * SSD_KT + c] */
-static __device__ void ssd_stage_tile(float *dst, const float *src, size_t ld, int t, int ni, int c0, int kc)
+/* stage the RT x kc tile of rows t+il (ni of them; the rest 0), columns
+ * c0.., TRANSPOSED: dst[c * SSD_RT + il], so that the RT rows of one
+ * column are 16 consecutive floats (ssd_ld_rt reads them as 4 float4) */
+static __device__ void ssd_stage_tile_t(float *dst, const float *src, size_t ld, int t, int ni, int c0, int kc)
 {
     for (int k = (int)threadIdx.x; k < SSD_RT * SSD_KT; k += (int)blockDim.x) {
         int il = k / SSD_KT, c = k % SSD_KT;
-        dst[k] = il < ni && c < kc ? src[(size_t)(t + il) * ld + c0 + c] : 0.0f;
+        dst[c * SSD_RT + il] = il < ni && c < kc ? src[(size_t)(t + il) * ld + c0 + c] : 0.0f;
+    }
+}
+
+/* v[0..RT) = p[0..RT) by 4 float4 loads (p 16-byte aligned): the
+ * broadcast operand of the RT multiply-adds in 4 load instructions, not 16 */
+static __device__ __forceinline__ void ssd_ld_rt(const float *p, float v[SSD_RT])
+{
+#pragma unroll
+    for (int u = 0; u < SSD_RT / 4; u++) {
+        float4 f = ((const float4 *)p)[u];
+        v[4 * u] = f.x; v[4 * u + 1] = f.y; v[4 * u + 2] = f.z; v[4 * u + 3] = f.w;
     }
 }
 
@@ -332,14 +345,14 @@ static __global__ void ssd_out_k(float *y, const float *Sst, const float *cum, c
                                  const float *Cm, const float *dt, const float *lam, const float *A,
                                  const float *Dsk, struct ssd_dims d)
 {
-    MT_DYN_SMEM(float, sm);   /* w (2Q), cum (Q), G (RT x 2Q), Ct (RT x KT), stage (max((Q+1), blockDim) x KP) */
+    MT_DYN_SMEM(float, sm);   /* w (2Q), cum (Q), GT (2Q x RT), CtT (KT x RT), stage (max((Q+1), blockDim) x KP) */
     int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H;
     int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q, i0 = (int)blockIdx.y * SSD_RT;
     if (i0 >= q) return;
     int ni = q - i0 < SSD_RT ? q - i0 : SSD_RT, q2 = 2 * q, nt = (int)blockDim.x, tid = (int)threadIdx.x;
     int imax = i0 + ni - 1, nr = imax + 2;    /* source rows: tokens t0-1 .. t0+imax */
     const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, PN = (size_t)d.P * d.N, ob = (size_t)b * d.T;
-    float *w = sm, *cm = w + 2 * d.Q, *G = cm + d.Q, *Ct = G + SSD_RT * 2 * d.Q, *St = Ct + SSD_RT * SSD_KT;
+    float *w = sm, *cm = w + 2 * d.Q, *GT = sm + SSD_AL4(3 * d.Q), *CtT = GT + SSD_RT * 2 * d.Q, *St = CtT + SSD_RT * SSD_KT;
     float Ah = A[h], Dh = Dsk[h];
     const float *Bh = Bm + ob * bld + (size_t)h * d.N, *Ch = Cm + ob * bld + (size_t)h * d.N;
     const float *xh = x + ob * xld + (size_t)h * d.P;
@@ -361,20 +374,21 @@ static __global__ void ssd_out_k(float *y, const float *Sst, const float *cum, c
             int kn = d.N - n0 < SSD_KT ? d.N - n0 : SSD_KT;
             __syncthreads();
             ssd_stage_rows(St, Bh, bld, t0, nr, n0, kn);
-            ssd_stage_tile(Ct, Ch, bld, t0 + i0, ni, n0, kn);
+            ssd_stage_tile_t(CtT, Ch, bld, t0 + i0, ni, n0, kn);
             __syncthreads();
             if (live)
                 for (int k = 0; k < kn; k++) {
-                    float bv = St[s.r * SSD_KP + k];
+                    float bv = St[s.r * SSD_KP + k], cv[SSD_RT];
+                    ssd_ld_rt(CtT + k * SSD_RT, cv);
 #pragma unroll
-                    for (int il = 0; il < SSD_RT; il++) g[il] += Ct[il * SSD_KT + k] * bv;
+                    for (int il = 0; il < SSD_RT; il++) g[il] += cv[il] * bv;
                 }
         }
         if (j < q2)
 #pragma unroll
             for (int il = 0; il < SSD_RT; il++) {
                 int i = i0 + il;
-                if (il < ni) G[il * q2 + j] = live && s.sj <= i ? g[il] * (w[j] * expf(cm[i] - cm[s.sj])) : 0.0f;
+                GT[j * SSD_RT + il] = il < ni && live && s.sj <= i ? g[il] * (w[j] * expf(cm[i] - cm[s.sj])) : 0.0f;
             }
     }
     /* b. Y */
@@ -389,17 +403,19 @@ static __global__ void ssd_out_k(float *y, const float *Sst, const float *cum, c
         __syncthreads();   /* G written; the stage free */
         if (live) {
             for (int j = 0; j <= imax; j++) {
-                float xv = xh[(size_t)(t0 + j) * xld + p];
+                float xv = xh[(size_t)(t0 + j) * xld + p], gv[SSD_RT];
+                ssd_ld_rt(GT + j * SSD_RT, gv);
 #pragma unroll
                 for (int il = 0; il < SSD_RT; il++)
-                    if (il < ni && j <= i0 + il) acc[il] += G[il * q2 + j] * xv;
+                    if (il < ni && j <= i0 + il) acc[il] += gv[il] * xv;
             }
             for (int j = 0; j <= imax; j++) {
                 if (t0 + j == 0) continue;
-                float xv = xh[(size_t)(t0 + j - 1) * xld + p];
+                float xv = xh[(size_t)(t0 + j - 1) * xld + p], gv[SSD_RT];
+                ssd_ld_rt(GT + (q + j) * SSD_RT, gv);
 #pragma unroll
                 for (int il = 0; il < SSD_RT; il++)
-                    if (il < ni && j <= i0 + il) acc[il] += G[il * q2 + q + j] * xv;
+                    if (il < ni && j <= i0 + il) acc[il] += gv[il] * xv;
             }
         }
         if (c > 0) {   /* + e_i C_i . S_in[p]: S_in rows p of this chunk staged KT columns at a time */
@@ -412,13 +428,14 @@ static __global__ void ssd_out_k(float *y, const float *Sst, const float *cum, c
                 int kn = d.N - n0 < SSD_KT ? d.N - n0 : SSD_KT;
                 __syncthreads();
                 for (int k = tid; k < np * kn; k += nt) St[(k / kn) * SSD_KP + k % kn] = S[(size_t)(k / kn) * d.N + n0 + k % kn];
-                ssd_stage_tile(Ct, Ch, bld, t0 + i0, ni, n0, kn);
+                ssd_stage_tile_t(CtT, Ch, bld, t0 + i0, ni, n0, kn);
                 __syncthreads();
                 if (live)
                     for (int k = 0; k < kn; k++) {
-                        float sv = St[tid * SSD_KP + k];
+                        float sv = St[tid * SSD_KP + k], cv[SSD_RT];
+                        ssd_ld_rt(CtT + k * SSD_RT, cv);
 #pragma unroll
-                        for (int il = 0; il < SSD_RT; il++) s2[il] += (e[il] * Ct[il * SSD_KT + k]) * sv;
+                        for (int il = 0; il < SSD_RT; il++) s2[il] += (e[il] * cv[il]) * sv;
                     }
             }
 #pragma unroll
@@ -438,7 +455,7 @@ static __global__ void ssd_out_k(float *y, const float *Sst, const float *cum, c
 static size_t ssd_out_smem(struct ssd_dims d, unsigned nt)
 {
     size_t stage = (size_t)((size_t)d.Q + 1 > nt ? (size_t)d.Q + 1 : nt) * SSD_KP;
-    return (3 * (size_t)d.Q + (size_t)SSD_RT * 2 * d.Q + SSD_RT * SSD_KT + stage) * sizeof(float);
+    return (SSD_AL4(3 * (size_t)d.Q) + (size_t)SSD_RT * 2 * d.Q + SSD_RT * SSD_KT + stage) * sizeof(float);
 }
 
 /* the states entering each chunk into Sst (steps 1-3); cum must hold step 1 */
@@ -567,13 +584,13 @@ static __global__ void ssd_gm_k(float *M, float *dG, float *dLE, float *rs, cons
                                 const float *x, const float *Bm, const float *Cm, const float *dt, const float *lam,
                                 const float *A, struct ssd_dims d)
 {
-    MT_DYN_SMEM(float, sm);   /* red (RT x blockDim), Ct, dYt (RT x KT each), Bt, Xt ((Q+1) x KP each) */
+    MT_DYN_SMEM(float, sm);   /* red (RT x blockDim), CtT, dYtT (KT x RT each), Bt, Xt ((Q+1) x KP each) */
     int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H, i0 = (int)blockIdx.y * SSD_RT;
     int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q, nt = (int)blockDim.x, tid = (int)threadIdx.x;
     if (i0 >= q) return;
     int ni = q - i0 < SSD_RT ? q - i0 : SSD_RT, imax = i0 + ni - 1, nr = imax + 2;
     const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, ob = (size_t)b * d.T;
-    float *red = sm, *Ct = red + SSD_RT * nt, *dYt = Ct + SSD_RT * SSD_KT, *Bt = dYt + SSD_RT * SSD_KT;
+    float *red = sm, *CtT = red + SSD_RT * nt, *dYtT = CtT + SSD_RT * SSD_KT, *Bt = dYtT + SSD_RT * SSD_KT;
     float *Xt = Bt + (d.Q + 1) * SSD_KP;
     const float *cm = cum + (size_t)bh * d.T + t0, Ah = A[h];
     const float *Bh = Bm + ob * bld + (size_t)h * d.N, *Ch = Cm + ob * bld + (size_t)h * d.N;
@@ -592,26 +609,28 @@ static __global__ void ssd_gm_k(float *M, float *dG, float *dLE, float *rs, cons
             int kn = d.N - n0 < SSD_KT ? d.N - n0 : SSD_KT;
             __syncthreads();
             ssd_stage_rows(Bt, Bh, bld, t0, nr, n0, kn);
-            ssd_stage_tile(Ct, Ch, bld, t0 + i0, ni, n0, kn);
+            ssd_stage_tile_t(CtT, Ch, bld, t0 + i0, ni, n0, kn);
             __syncthreads();
             if (live)
                 for (int k = 0; k < kn; k++) {
-                    float bv = Bt[s.r * SSD_KP + k];
+                    float bv = Bt[s.r * SSD_KP + k], cv[SSD_RT];
+                    ssd_ld_rt(CtT + k * SSD_RT, cv);
 #pragma unroll
-                    for (int il = 0; il < SSD_RT; il++) g[il] += Ct[il * SSD_KT + k] * bv;
+                    for (int il = 0; il < SSD_RT; il++) g[il] += cv[il] * bv;
                 }
         }
         for (int p0 = 0; p0 < d.P; p0 += SSD_KT) {
             int kp = d.P - p0 < SSD_KT ? d.P - p0 : SSD_KT;
             __syncthreads();
             ssd_stage_rows(Xt, xh, xld, t0, nr, p0, kp);
-            ssd_stage_tile(dYt, dyh, xld, t0 + i0, ni, p0, kp);
+            ssd_stage_tile_t(dYtT, dyh, xld, t0 + i0, ni, p0, kp);
             __syncthreads();
             if (live)
                 for (int k = 0; k < kp; k++) {
-                    float xv = Xt[s.r * SSD_KP + k];
+                    float xv = Xt[s.r * SSD_KP + k], yv[SSD_RT];
+                    ssd_ld_rt(dYtT + k * SSD_RT, yv);
 #pragma unroll
-                    for (int il = 0; il < SSD_RT; il++) dm[il] += dYt[il * SSD_KT + k] * xv;
+                    for (int il = 0; il < SSD_RT; il++) dm[il] += yv[il] * xv;
                 }
         }
         if (j >= 2 * q) continue;
@@ -649,13 +668,13 @@ static size_t ssd_gm_smem(struct ssd_dims d, unsigned nt)
 static __global__ void ssd_dxc_k(float *dXc, const float *M, const float *dSo, const float *cum, const float *dy,
                                  const float *Bm, const float *dt, const float *lam, const float *A, struct ssd_dims d)
 {
-    MT_DYN_SMEM(float, sm);   /* Mt (Q x RT), v (RT), Bt (RT x KT), St (blockDim x KP) */
+    MT_DYN_SMEM(float, sm);   /* Mt (Q x RT), v (RT), BtT (KT x RT), St (blockDim x KP) */
     int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H, j0 = (int)blockIdx.y * SSD_RT;
     int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q, nt = (int)blockDim.x, tid = (int)threadIdx.x;
     if (j0 >= 2 * q) return;
     int nj = 2 * q - j0 < SSD_RT ? 2 * q - j0 : SSD_RT, has_next = c + 1 < d.nc;
     const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, PN = (size_t)d.P * d.N, ob = (size_t)b * d.T;
-    float *Mt = sm, *v = Mt + d.Q * SSD_RT, *Bt = v + SSD_RT, *St = Bt + SSD_RT * SSD_KT;
+    float *Mt = sm, *v = Mt + d.Q * SSD_RT, *BtT = v + SSD_RT, *St = BtT + SSD_RT * SSD_KT;
     const float *cm = cum + (size_t)bh * d.T + t0;
     const float *Bh = Bm + ob * bld + (size_t)h * d.N;
     int from[SSD_RT], smin = q;   /* the first query row each source reaches (q: none), and of the tile */
@@ -685,9 +704,11 @@ static __global__ void ssd_dxc_k(float *dXc, const float *M, const float *dSo, c
             const float *dyh = dy + ob * xld + (size_t)h * d.P + p;
             for (int i = smin; i < q; i++) {
                 float dv = dyh[(size_t)(t0 + i) * xld];
+                float mv[SSD_RT];
+                ssd_ld_rt(Mt + i * SSD_RT, mv);
 #pragma unroll
                 for (int jj = 0; jj < SSD_RT; jj++)
-                    if (i >= from[jj]) acc[jj] += Mt[i * SSD_RT + jj] * dv;
+                    if (i >= from[jj]) acc[jj] += mv[jj] * dv;
             }
         }
         if (has_next) {   /* + v_j B_tok(j) . dS_out[p] */
@@ -702,14 +723,15 @@ static __global__ void ssd_dxc_k(float *dXc, const float *M, const float *dSo, c
                 for (int k = tid; k < SSD_RT * SSD_KT; k += nt) {
                     int jj = k / SSD_KT, cc = k % SSD_KT;
                     struct ssd_src s = ssd_source(j0 + jj < 2 * q ? j0 + jj : 0, q, t0);
-                    Bt[k] = jj < nj && s.valid && cc < kn ? Bh[(size_t)(t0 - 1 + s.r) * bld + n0 + cc] : 0.0f;
+                    BtT[cc * SSD_RT + jj] = jj < nj && s.valid && cc < kn ? Bh[(size_t)(t0 - 1 + s.r) * bld + n0 + cc] : 0.0f;
                 }
                 __syncthreads();
                 if (live)
                     for (int k = 0; k < kn; k++) {
-                        float sv = St[tid * SSD_KP + k];
+                        float sv = St[tid * SSD_KP + k], bv[SSD_RT];
+                        ssd_ld_rt(BtT + k * SSD_RT, bv);
 #pragma unroll
-                        for (int jj = 0; jj < SSD_RT; jj++) t2[jj] += Bt[jj * SSD_KT + k] * sv;
+                        for (int jj = 0; jj < SSD_RT; jj++) t2[jj] += bv[jj] * sv;
                     }
             }
 #pragma unroll
@@ -738,13 +760,13 @@ static __global__ void ssd_dbc_k(float *dBc, float *qj, const float *dG, const f
                                  const float *x, const float *Bm, const float *Cm, const float *dt, const float *lam,
                                  const float *A, struct ssd_dims d)
 {
-    MT_DYN_SMEM(float, sm);   /* red (RT x blockDim), dGt (Q x RT), v (RT), xt (RT x KT) */
+    MT_DYN_SMEM(float, sm);   /* red (RT x blockDim), dGt (Q x RT), v (RT), xtT (KT x RT) */
     int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H, j0 = (int)blockIdx.y * SSD_RT;
     int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q, nt = (int)blockDim.x, tid = (int)threadIdx.x;
     if (j0 >= 2 * q) return;
     int nj = 2 * q - j0 < SSD_RT ? 2 * q - j0 : SSD_RT, has_next = c + 1 < d.nc;
     const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, PN = (size_t)d.P * d.N, ob = (size_t)b * d.T;
-    float *red = sm, *dGt = red + SSD_RT * nt, *v = dGt + d.Q * SSD_RT, *xt = v + SSD_RT;
+    float *red = sm, *dGt = red + SSD_RT * nt, *v = dGt + d.Q * SSD_RT, *xtT = v + SSD_RT;
     const float *cm = cum + (size_t)bh * d.T + t0;
     const float *Bh = Bm + ob * bld + (size_t)h * d.N, *Ch = Cm + ob * bld + (size_t)h * d.N;
     const float *xh = x + ob * xld + (size_t)h * d.P, *S = dSo + (size_t)ci * PN;
@@ -779,9 +801,11 @@ static __global__ void ssd_dbc_k(float *dBc, float *qj, const float *dG, const f
         if (live)
             for (int i = smin; i < q; i++) {
                 float cv = Ch[(size_t)(t0 + i) * bld + n];
+                float gv[SSD_RT];
+                ssd_ld_rt(dGt + i * SSD_RT, gv);
 #pragma unroll
                 for (int jj = 0; jj < SSD_RT; jj++)
-                    if (i >= from[jj]) acc[jj] += dGt[i * SSD_RT + jj] * cv;
+                    if (i >= from[jj]) acc[jj] += gv[jj] * cv;
             }
         if (has_next) {
             float t1[SSD_RT];
@@ -794,14 +818,15 @@ static __global__ void ssd_dbc_k(float *dBc, float *qj, const float *dG, const f
                     int jj = k / SSD_KT, cc = k % SSD_KT, tk = -1;
 #pragma unroll
                     for (int u = 0; u < SSD_RT; u++) tk = u == jj ? tok[u] : tk;
-                    xt[k] = tk >= 0 && cc < kp ? xh[(size_t)tk * xld + p0 + cc] : 0.0f;
+                    xtT[cc * SSD_RT + jj] = tk >= 0 && cc < kp ? xh[(size_t)tk * xld + p0 + cc] : 0.0f;
                 }
                 __syncthreads();
                 if (live)
                     for (int kk = 0; kk < kp; kk++) {
-                        float sv = S[(size_t)(p0 + kk) * d.N + n];
+                        float sv = S[(size_t)(p0 + kk) * d.N + n], xv[SSD_RT];
+                        ssd_ld_rt(xtT + kk * SSD_RT, xv);
 #pragma unroll
-                        for (int jj = 0; jj < SSD_RT; jj++) t1[jj] += xt[jj * SSD_KT + kk] * sv;
+                        for (int jj = 0; jj < SSD_RT; jj++) t1[jj] += xv[jj] * sv;
                     }
             }
             if (live)
@@ -836,13 +861,13 @@ static size_t ssd_dbc_smem(struct ssd_dims d, unsigned nt)
 static __global__ void ssd_dc_k(float *dCm, float *inter, const float *dG, const float *Sst, const float *cum,
                                 const float *dy, const float *Bm, const float *Cm, struct ssd_dims d)
 {
-    MT_DYN_SMEM(float, sm);   /* red (RT x blockDim), dGt (2Q x RT), e (RT), yt (RT x KT) */
+    MT_DYN_SMEM(float, sm);   /* red (RT x blockDim), dGt (2Q x RT), e (RT), ytT (KT x RT) */
     int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H, i0 = (int)blockIdx.y * SSD_RT;
     int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q, nt = (int)blockDim.x, tid = (int)threadIdx.x;
     if (i0 >= q) return;
     int ni = q - i0 < SSD_RT ? q - i0 : SSD_RT, imax = i0 + ni - 1;
     const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, PN = (size_t)d.P * d.N, ob = (size_t)b * d.T;
-    float *red = sm, *dGt = red + SSD_RT * nt, *e = dGt + 2 * d.Q * SSD_RT, *yt = e + SSD_RT;
+    float *red = sm, *dGt = red + SSD_RT * nt, *e = dGt + 2 * d.Q * SSD_RT, *ytT = e + SSD_RT;
     const float *Bh = Bm + ob * bld + (size_t)h * d.N, *Ch = Cm + ob * bld + (size_t)h * d.N;
     const float *dyh = dy + ob * xld + (size_t)h * d.P, *S = Sst + (size_t)ci * PN;
     for (int k = tid; k < 2 * q * SSD_RT; k += nt) {
@@ -862,16 +887,20 @@ static __global__ void ssd_dc_k(float *dCm, float *inter, const float *dG, const
         if (live) {
             for (int j = 0; j <= imax; j++) {
                 float bv = Bh[(size_t)(t0 + j) * bld + n];
+                float gv[SSD_RT];
+                ssd_ld_rt(dGt + j * SSD_RT, gv);
 #pragma unroll
                 for (int il = 0; il < SSD_RT; il++)
-                    if (il < ni && j <= i0 + il) acc[il] += dGt[j * SSD_RT + il] * bv;
+                    if (il < ni && j <= i0 + il) acc[il] += gv[il] * bv;
             }
             for (int j = 0; j <= imax; j++) {
                 if (t0 + j == 0) continue;
                 float bv = Bh[(size_t)(t0 + j - 1) * bld + n];
+                float gv[SSD_RT];
+                ssd_ld_rt(dGt + (q + j) * SSD_RT, gv);
 #pragma unroll
                 for (int il = 0; il < SSD_RT; il++)
-                    if (il < ni && j <= i0 + il) acc[il] += dGt[(q + j) * SSD_RT + il] * bv;
+                    if (il < ni && j <= i0 + il) acc[il] += gv[il] * bv;
             }
         }
         if (c > 0) {
@@ -881,13 +910,14 @@ static __global__ void ssd_dc_k(float *dCm, float *inter, const float *dG, const
             for (int p0 = 0; p0 < d.P; p0 += SSD_KT) {
                 int kp = d.P - p0 < SSD_KT ? d.P - p0 : SSD_KT;
                 __syncthreads();
-                ssd_stage_tile(yt, dyh, xld, t0 + i0, ni, p0, kp);
+                ssd_stage_tile_t(ytT, dyh, xld, t0 + i0, ni, p0, kp);
                 __syncthreads();
                 if (live)
                     for (int kk = 0; kk < kp; kk++) {
-                        float sv = S[(size_t)(p0 + kk) * d.N + n];
+                        float sv = S[(size_t)(p0 + kk) * d.N + n], yv[SSD_RT];
+                        ssd_ld_rt(ytT + kk * SSD_RT, yv);
 #pragma unroll
-                        for (int il = 0; il < SSD_RT; il++) ds[il] += yt[il * SSD_KT + kk] * sv;
+                        for (int il = 0; il < SSD_RT; il++) ds[il] += yv[il] * sv;
                     }
             }
             if (live)
