@@ -415,10 +415,14 @@ if rc == 0 and os.path.exists(rp):
         print("RESULT %s op profile: not split (CUDA graphs replayed the step; see %s_nographs)" % (name, name))
     elif op:
         print("RESULT %s op profile (s/step): %s" % (name, ", ".join("%s %.4f" % kv for kv in op.items())))
-        ent = out["op_profile_by_entry"] or []
+        ent = [e for e in out["op_profile_by_entry"] or [] if not e["name"].startswith("kernel:")]
+        ker = [e for e in out["op_profile_by_entry"] or [] if e["name"].startswith("kernel:")]
         if ent:
             print("RESULT %s largest entries (s/step, calls/step): %s" % (name, ", ".join(
                 "%s %.4f x%g" % (e["name"], e["s_per_step"], e["calls_per_step"]) for e in ent[:10])))
+        if ker:   # MT_CUDA_KERNEL_PROFILE=1: every launch timed too
+            print("RESULT %s largest kernels (s/step, launches/step): %s" % (name, ", ".join(
+                "%s %.4f x%g" % (e["name"][7:], e["s_per_step"], e["calls_per_step"]) for e in ker[:16])))
     else:
         print("RESULT %s op profile: none in the receipt (timing.op_profile_s_per_step)" % name)
 else:
@@ -535,7 +539,9 @@ stage_speed() {
     # and the per-op profile (a replayed graph is timed as a whole: its ops all land in "other")
     SPEED_BOX=${o:-40} speed_one c_gpt2_nographs "$C/gpu_c_gpt2.json" "16 8 4" --knob cuda_graphs=0 || bad=1
     SPEED_BOX=${o:-40} speed_one d2048_dense_nographs "$C/gpu_d2048_dense.json" "0 2" --knob cuda_graphs=0 || bad=1
-    SPEED_BOX=${o:-40} SPEED_STEPS=3 speed_one hyb2048_nographs "$C/gpu_d2048_dense.json" "0" \
+    # ... and the hybrid's eager run times every kernel too (MT_CUDA_KERNEL_PROFILE=1: kernel:NAME
+    # entries, ~2-4 us a launch, so its graphs A/B reads ~1-2% low): which scan / prep kernel is slow
+    SPEED_BOX=${o:-40} SPEED_STEPS=3 MT_CUDA_KERNEL_PROFILE=1 speed_one hyb2048_nographs "$C/gpu_d2048_dense.json" "0" \
         --set pattern=MAMAMAMAMAMAMAMA --knob cuda_graphs=0 || bad=1
     return $bad
 }
@@ -759,8 +765,13 @@ with open(os.path.join(res, "summary.md"), "w") as f:
     if ents:
         f.write("\n## Largest table entries of each profiled run (s/step x calls/step, receipt timing.op_profile_by_entry)\n\n")
         for n, ent in ents.items():
+            tab = [e for e in ent if not e["name"].startswith("kernel:")]
+            ker = [e for e in ent if e["name"].startswith("kernel:")]   # MT_CUDA_KERNEL_PROFILE=1 runs
             f.write("- %s: %s\n" % (n, ", ".join("%s %.4f x%g" % (e["name"], e["s_per_step"], e["calls_per_step"])
-                                                for e in ent[:12])))
+                                                for e in tab[:12])))
+            if ker:
+                f.write("  - %s kernels: %s\n" % (n, ", ".join("%s %.4f x%g" % (e["name"][7:], e["s_per_step"],
+                                                                             e["calls_per_step"]) for e in ker[:20])))
     ops = {n: v["op_profile_s_per_step"] for n, v in sp.items() if v.get("op_profile_s_per_step")}
     f.write("\n## Per-op profile of each meshtrain run (s per steady step, receipt timing.op_profile_s_per_step)\n\n")
     if ops:

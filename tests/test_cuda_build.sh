@@ -551,6 +551,13 @@ if [ -x "$EMU/meshtrain" ] && [ -f "$EMU/train.bin" ]; then
         echo "PASS launch floor, hybrid + MoE pattern=AMEM step: $(sed -n 's/^   \([0-9]* kernels\).*/\1/p' "$EMU/prof_floor.txt")" \
              "at >= 256 threads or allow-listed ($(grep -c ALLOWED "$EMU/prof_floor.txt") allowed: $(grep ALLOWED "$EMU/prof_floor.txt" | awk '{print $2}' | tr '\n' ' '))"
     else cat "$EMU/prof_floor.txt" 2>/dev/null; echo "FAIL: launch floor (a new low-parallelism kernel?)"; fail=1; fi
+    # MT_CUDA_KERNEL_PROFILE=1 (bench): every launch timed too, as kernel:NAME
+    # entries beside the table entries; the kinds and the entries' own sum
+    # unchanged by them, and each steady step's kernel calls = its launches
+    if MT_CUDA_KERNEL_PROFILE=1 prof_run hybkp 2 $HYB && python3 "$PC" kernels "$EMU/run_prof_hybkp/receipt.json" \
+            "$EMU/launch_hybkp.log" >"$EMU/prof_kernels.txt" 2>&1; then
+        echo "PASS kernel profile (MT_CUDA_KERNEL_PROFILE=1), hybrid + MoE: $(tail -1 "$EMU/prof_kernels.txt")"
+    else cat "$EMU/prof_kernels.txt" 2>/dev/null; echo "FAIL: kernel profile"; fail=1; fi
     # the checker's own plants: each must fail it
     if [ $prof_ok -eq 1 ] && python3 - "$EMU/run_prof_dense/receipt.json" "$EMU" <<'PY' &&
 import json, sys

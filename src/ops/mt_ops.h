@@ -97,6 +97,7 @@ struct mt_ops_device_info {
                                   pairs while the profile is on (MT_CUDA_OP_PROFILE,
                                   default 1; 0 = off, for measuring its cost)    */
     char   launch_log[256];    /* MT_CUDA_LAUNCH_LOG's file, "" = no launch log   */
+    int    kernel_profile;     /* 1: each kernel launch timed too (MT_CUDA_KERNEL_PROFILE) */
 };
 
 /* What a device backend asked of the device (docs/cuda.md, "Per-op profile
@@ -660,7 +661,7 @@ const char *mt_ops_profile_kind_name(enum mt_op_kind kind);
  * names (later ones counted in the last slot, "(more)"): which kernel of a
  * kind the time went to. name must be a string that lives as long as the
  * process (a literal). */
-#define MT_OPS_PROFILE_ENTRIES 96
+#define MT_OPS_PROFILE_ENTRIES 192
 void        mt_ops_profile_add_entry(const char *name, double seconds);
 /* the entries since the last reset, in first-seen order; returns their count */
 int         mt_ops_profile_entries(const char **names, double *seconds, long *calls, int cap);

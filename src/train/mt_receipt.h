@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include "../core/mt_core.h"
 #include "../core/mt_config.h"
+#include "../ops/mt_ops.h"   /* MT_OPS_PROFILE_ENTRIES */
 
 #define MT_RECEIPT_MAX_LOSS_PARTS 8   /* >= MT_LOSS_MAX_PARTS (mt_model.h; checked in report.c) */
 
@@ -55,12 +56,12 @@ struct mt_receipt {
     const char *op_kind_names[12];
     double      op_step_s[12];
     const char *op_profile_source;  /* how the kinds were timed (NULL: not said)            */
-    /* the same by table entry (mt_ops_profile_entries; up to 96, the ops layer's
+    /* the same by table entry (mt_ops_profile_entries; up to
      * MT_OPS_PROFILE_ENTRIES), seconds per steady step and calls per step */
     int         n_op_entries;
-    const char *op_entry_names[96];
-    double      op_entry_s[96];
-    double      op_entry_calls[96];
+    const char *op_entry_names[MT_OPS_PROFILE_ENTRIES];
+    double      op_entry_s[MT_OPS_PROFILE_ENTRIES];
+    double      op_entry_calls[MT_OPS_PROFILE_ENTRIES];
     int         timing_emulated;    /* 1: the cuda backend ran under the CPU emulator: every
                                        time above is the emulator's, meaningless for a GPU */
     /* losses, one per step run (arrays owned by the trainer) */

@@ -132,9 +132,9 @@ static void receipt_run(cJSON *root, const struct mt_receipt *r)
  * backends' prefixes mt_cuda_ / p_ dropped): which kernel a kind's time is */
 static void receipt_op_entries(cJSON *t, const struct mt_receipt *r)
 {
-    int order[96], n = r->n_op_entries < 96 ? r->n_op_entries : 96;
+    int order[MT_OPS_PROFILE_ENTRIES], n = r->n_op_entries < MT_OPS_PROFILE_ENTRIES ? r->n_op_entries : MT_OPS_PROFILE_ENTRIES;
     for (int i = 0; i < n; i++) order[i] = i;
-    for (int i = 1; i < n; i++)   /* insertion sort by seconds, descending (n <= 96) */
+    for (int i = 1; i < n; i++)   /* insertion sort by seconds, descending (n <= MT_OPS_PROFILE_ENTRIES) */
         for (int j = i; j > 0 && r->op_entry_s[order[j]] > r->op_entry_s[order[j - 1]]; j--) {
             int tmp = order[j];
             order[j] = order[j - 1];

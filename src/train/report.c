@@ -632,6 +632,7 @@ static char *gpu_json(const struct run_state *rs, const struct mt_receipt *r)
     cJSON_AddStringToObject(m, "device_used_source", "cudaMemGetInfo (total - free) after every device allocation and at the end; "
                                                      "includes the CUDA context and cuBLAS");
     cJSON_AddBoolToObject(g, "op_profile_events", in.op_profile);   /* MT_CUDA_OP_PROFILE */
+    cJSON_AddBoolToObject(g, "kernel_profile", in.kernel_profile);  /* MT_CUDA_KERNEL_PROFILE: kernel:NAME entries */
     if (in.launch_log[0]) cJSON_AddStringToObject(g, "launch_log", in.launch_log);   /* MT_CUDA_LAUNCH_LOG */
     else cJSON_AddNullToObject(g, "launch_log");
     step_counters_json(g, rs->ops, in.emulated);
@@ -733,8 +734,8 @@ static void fill_receipt(struct mt_receipt *r, const struct run_state *rs, const
         r->op_step_s[k] /= n_steady;
     }
     if (r->n_op_kinds > 0) {
-        long calls[96];
-        r->n_op_entries = mt_ops_profile_entries(r->op_entry_names, r->op_entry_s, calls, 96);
+        long calls[MT_OPS_PROFILE_ENTRIES];
+        r->n_op_entries = mt_ops_profile_entries(r->op_entry_names, r->op_entry_s, calls, MT_OPS_PROFILE_ENTRIES);
         for (int e = 0; e < r->n_op_entries; e++) {
             r->op_entry_s[e] /= n_steady;
             r->op_entry_calls[e] = (double)calls[e] / n_steady;

@@ -43,6 +43,16 @@ counters").
           timing.op_profile_by_entry: the entries (largest first, no
           mt_cuda_ prefix, a gemm among them) summing to the kinds.
 
+  prof_check.py kernels RECEIPT LAUNCH_LOG
+      A run with MT_CUDA_KERNEL_PROFILE=1 (every launch timed too): the
+      receipt says gpu.kernel_profile; timing.op_profile_by_entry has
+      "kernel:NAME" entries beside the table entries; the table entries
+      alone still sum to the kinds (the kernel pairs are not counted
+      twice); the kernel entries' calls per step equal the launches of a
+      step in the log (every launch of the step timed), and each kernel's
+      calls per step its launches; the kernel times sum to at most the
+      table entries' (a kernel runs inside an entry).
+
   prof_check.py floor LAUNCH_LOG --floor N --allow FILE
       Every kernel launched inside a step (between the "step K begin/end"
       marks) with its thread count (grid x block). Fails on a launch below N
@@ -160,6 +170,46 @@ def counters(argv):
     return 1 if err else 0
 
 
+def kernels(argv):
+    r = json.load(open(argv[0]))
+    steps = read_log(argv[1])
+    err = []
+    t = r.get("timing") or {}
+    if (r.get("gpu") or {}).get("kernel_profile") is not True:
+        err.append("gpu.kernel_profile is not true")
+    ent = t.get("op_profile_by_entry") or []
+    p = t.get("op_profile_s_per_step") or {}
+    kern = [e for e in ent if e["name"].startswith("kernel:")]
+    table = [e for e in ent if not e["name"].startswith("kernel:")]
+    es = sum(e["s_per_step"] for e in table)
+    ks = sum(p.get(k, 0) for k in KINDS if k != "communication")
+    if abs(es - ks) > 1e-6 * max(1.0, ks):
+        err.append("the table entries sum to %g, the kinds to %g (kernel pairs counted in a kind?)" % (es, ks))
+    kt = sum(e["s_per_step"] for e in kern)
+    if not kern or kt > es * (1 + 1e-6):
+        err.append("%d kernel entries, %g s/step vs the entries' %g" % (len(kern), kt, es))
+    if "kernel:(more)" in [e["name"] for e in kern]:
+        err.append("more kernels than the profile labels")
+    if steps:
+        last = steps[max(steps)]
+        per = collections.Counter(x[0] for x in last)
+        calls = {e["name"][7:]: e["calls_per_step"] for e in kern}
+        if abs(sum(calls.values()) - len(last)) > 1e-9:
+            err.append("kernel calls per step %g != %d launches of step %d" % (sum(calls.values()), len(last), max(steps)))
+        for name, c in per.items():
+            if abs(calls.get(name, 0) - c) > 1e-9:
+                err.append("%s: %g calls per step in the profile, %d launches in the log" % (name, calls.get(name, 0), c))
+    else:
+        err.append("no step marks in the launch log")
+    for e in err:
+        print("FAIL:", e)
+    if not err:
+        print("%d kernels timed (%d launches a step) beside %d table entries; largest: %s" % (
+            len(kern), len(steps[max(steps)]), len(table),
+            ", ".join("%s %.3g" % (e["name"], e["s_per_step"]) for e in kern[:4])))
+    return 1 if err else 0
+
+
 def floor(argv):
     log = argv[0]
     fl = int(argv[argv.index("--floor") + 1])
@@ -197,6 +247,6 @@ def floor(argv):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 3 or sys.argv[1] not in ("counters", "floor"):
+    if len(sys.argv) < 3 or sys.argv[1] not in ("counters", "floor", "kernels"):
         sys.exit(__doc__)
-    sys.exit(counters(sys.argv[2:]) if sys.argv[1] == "counters" else floor(sys.argv[2:]))
+    sys.exit({"counters": counters, "floor": floor, "kernels": kernels}[sys.argv[1]](sys.argv[2:]))

@@ -102,6 +102,7 @@ struct mt_cuda_lt_plan {
  * A new shape of a known class takes the class's algorithm after
  * cublasLtMatmulAlgoCheck instead of a heuristic query. */
 #define MT_CUDA_LT_ALGOS 64
+#define MT_CUDA_KPROF_NAMES 160   /* distinct kernels the kernel profile labels (more: counted as "kernel:(more)") */
 struct mt_cuda_lt_algo_slot {
     int                  used;
     int                  ta, tb, mb, n, kb, align_a, align_b, align_c;
@@ -179,6 +180,10 @@ struct mt_cuda_backend {
     const char   **prof_name;      /* (prof_cap) the table entry of each pair     */
     int            prof_n, prof_cap;
     long           prof_dropped;   /* pairs not recorded (pool could not grow)   */
+    /* MT_CUDA_KERNEL_PROFILE: per-launch pairs too, named "kernel:NAME"
+     * (labels made once per kernel name, freed at shutdown) */
+    struct { const char *kern; char *label; } kprof_label[MT_CUDA_KPROF_NAMES];
+    int            kprof_n;
     struct mt_ops_cuda_info info;
     struct mt_cuda_graphs graph;   /* CUDA graphs of the step's segments (graph.cu) */
     struct mt_ops_i table;         /* the table handing out this instance as be */
@@ -334,6 +339,11 @@ static inline cudaError_t mt_cuda_free(void *p)
     return cudaFree(p);
 }
 
+/* per-launch event pairs (MT_CUDA_KERNEL_PROFILE; ops_cuda.cu): the pair's
+ * index, or -1 when not timing (profile off, graphs active, pool full) */
+int  mt_cuda_kprof_begin(const char *kern);
+void mt_cuda_kprof_end(int i);
+
 /* ---- launches ----
  * MT_LAUNCH(kern, grid, block, smem)(args...): counted (note_launch), then
  * launched on the bound instance's stream; while graphs are active the
@@ -356,11 +366,13 @@ struct mt_cuda_launch {
             if (!mt_cuda_graph_op(name, h)) return;
         }
         mt_cuda_note_launch(name, grid, block);
+        const int kp = mt_cuda_be->info.kernel_profile ? mt_cuda_kprof_begin(name) : -1;
 #ifdef MT_CUDA_EMU
         mt_emu_launcher(kern, grid, block, smem)(args...);
 #else
         kern<<<grid, block, smem, mt_cuda_be->stream>>>(args...);
 #endif
+        if (kp >= 0) mt_cuda_kprof_end(kp);
     }
 };
 template <typename... P>

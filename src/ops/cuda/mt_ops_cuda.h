@@ -76,6 +76,14 @@ void mt_ops_cuda_graph_info_of(void *be, struct mt_ops_cuda_graph_info *out);
 #define MT_CUDA_STEP_LOG       MT_OPS_STEP_LOG   /* steps whose deltas are kept one by one */
 /* Runtime tunable, read at creation: "0" turns the per-op event pairs off. */
 #define MT_CUDA_OP_PROFILE_ENV "MT_CUDA_OP_PROFILE"
+/* Runtime tunable (bench), read at creation: "1" also times every kernel
+ * launch of the step with an event pair (eager launches only: a replayed
+ * graph is one unit). Each kernel then appears in the receipt's
+ * timing.op_profile_by_entry as "kernel:NAME" beside the table entries
+ * that launched it (the kinds' totals do not count them twice). The extra
+ * events cost ~2-4 us a launch: for finding the slow kernel, not for
+ * tokens/s. */
+#define MT_CUDA_KERNEL_PROFILE_ENV "MT_CUDA_KERNEL_PROFILE"
 
 /* The plain queries below act on the default instance (mt_ops_cuda());
  * their _of forms (end of file) take an instance.

@@ -132,6 +132,35 @@ static void prof_end(struct mt_cuda_backend *B, int i)
     if (i >= 0) MT_CUDA_CHECK(cudaEventRecord(B->prof_ev[2 * i + 1], B->stream));
 }
 
+/* kind of a per-launch pair: its time goes to the by-entry list only (the
+ * table entry around it already counts it in its kind) */
+#define PROF_KERNEL 0xff
+
+/* the label "kernel:NAME" of a kernel, made once; NULL-safe fallback */
+static const char *kprof_label(struct mt_cuda_backend *B, const char *kern)
+{
+    for (int i = 0; i < B->kprof_n; i++)
+        if (B->kprof_label[i].kern == kern) return B->kprof_label[i].label;
+    if (B->kprof_n == MT_CUDA_KPROF_NAMES) return "kernel:(more)";
+    size_t n = strlen(kern) + 8;
+    char *l = (char *)malloc(n);
+    if (!l) return "kernel:(more)";
+    snprintf(l, n, "kernel:%s", kern);
+    B->kprof_label[B->kprof_n].kern = kern;
+    B->kprof_label[B->kprof_n].label = l;
+    B->kprof_n++;
+    return l;
+}
+
+int mt_cuda_kprof_begin(const char *kern)
+{
+    struct mt_cuda_backend *B = mt_cuda_be;
+    if (!mt_ops_profile_enabled() || !B->info.op_profile || B->graph.active) return -1;
+    return prof_begin(B, (enum mt_op_kind)PROF_KERNEL, kprof_label(B, kern));
+}
+
+void mt_cuda_kprof_end(int i) { prof_end(mt_cuda_be, i); }
+
 /* Add the recorded pairs to the profile and forget them. */
 static void prof_resolve(struct mt_cuda_backend *B)
 {
@@ -142,7 +171,7 @@ static void prof_resolve(struct mt_cuda_backend *B)
         float ms = 0;
         if (MT_CUDA_OK(cudaEventElapsedTime(&ms, B->prof_ev[2 * i], B->prof_ev[2 * i + 1])))
         {
-            mt_ops_profile_add((enum mt_op_kind)B->prof_kind[i], 1e-3 * (double)ms);
+            if (B->prof_kind[i] != PROF_KERNEL) mt_ops_profile_add((enum mt_op_kind)B->prof_kind[i], 1e-3 * (double)ms);
             mt_ops_profile_add_entry(B->prof_name[i], 1e-3 * (double)ms);
         }
     }
@@ -344,6 +373,8 @@ static void release_state(void)
     free(mt_cuda_be->prof_ev);
     free(mt_cuda_be->prof_kind);
     free(mt_cuda_be->prof_name);
+    for (int i = 0; i < mt_cuda_be->kprof_n; i++) free(mt_cuda_be->kprof_label[i].label);
+    mt_cuda_be->kprof_n = 0;
     if (mt_cuda_be->launch_log) fclose(mt_cuda_be->launch_log);
     if (mt_cuda_be->stream) cudaStreamDestroy(mt_cuda_be->stream);
     (void)cudaGetLastError();
@@ -552,6 +583,8 @@ static int init_state(char *why, size_t why_len)
     if (log && log[0] && !(mt_cuda_be->launch_log = fopen(log, "a")))
         fprintf(stderr, "meshtrain cuda backend: %s=%s: cannot open; no launch log\n", MT_CUDA_LAUNCH_LOG_ENV, log);
     if (mt_cuda_be->launch_log) snprintf(in->launch_log, sizeof in->launch_log, "%s", log);
+    const char *kp = getenv(MT_CUDA_KERNEL_PROFILE_ENV);
+    in->kernel_profile = in->op_profile && kp && !strcmp(kp, "1");
     mt_cuda_be->table = cuda_ops;
     mt_cuda_be->table.be = mt_cuda_be;   /* the instance every entry of its table receives */
     mt_cuda_be->ready = 1;
