@@ -14,7 +14,7 @@ MPIRUN+=(-np 4)
 
 EXE="$BUILD/mpi_collectives"
 if ! mpicc -std=c11 -O1 -g -Wall -Wextra -Wno-unused-parameter -DMT_WITH_MPI=1 -I"$SRC/src" \
-    "$SRC/tests/mpi/mpi_collectives.c" "$SRC"/src/parallel/comm*.c "$SRC"/src/parallel/mesh.c "$SRC"/src/parallel/watchdog.c "$SRC/src/core/core.c" "$SRC/src/model/block_traits.c" -o "$EXE"; then
+    "$SRC/tests/mpi/mpi_collectives.c" "$SRC"/src/parallel/comm*.c "$SRC"/src/parallel/mesh.c "$SRC"/src/parallel/watchdog.c "$SRC/src/core/core.c" "$SRC/src/model/block_traits.c" "$SRC/src/model/piece_rules.c" -o "$EXE"; then
     bad "build mpi_collectives"; finish; exit 1
 fi
 LOG="$BUILD/test_dist_mpi.log"

@@ -45,9 +45,11 @@
 #include "core/mt_rng.h"
 #include "model/mt_model.h"
 #include "ops/mt_ops.h"
+#include "parallel/mt_mesh.h"
 #include "mt_test.h"
 
 extern const struct mt_piece mt_piece_toy_scale, mt_piece_toy_gate;
+extern const struct mt_piece_rules mt_piece_rules_toy_scale, mt_piece_rules_toy_gate;
 extern const struct mt_block_wrap mt_block_wrap_toy_wrap;
 #define MT_BLOCK_KINDS_EXTRA                                                                                     \
     MT_BLOCK_KIND('S', "scale+mlp", 0, 0, none, MT_STEP(toy_scale, NONE), MT_STEP(mlp, NONE))                    \
@@ -194,6 +196,30 @@ const struct mt_piece mt_piece_toy_gate = {
     /* .own_bytes             = */ 0,
     /* .setup                 = */ NULL,
 };
+
+/* ---- the toys' rules (struct mt_piece_rules): what config.c and mesh.c ask ---- */
+
+const struct mt_piece_rules mt_piece_rules_toy_scale = {"toy_scale", NULL, NULL};
+
+/* a rule of its own, to show the hook: the config refuses a gate on a
+ * d_model that is not a multiple of 4 when the pattern has a gate */
+static enum mt_status gate_check_config(struct mt_ctx *ctx, const struct mt_config *cfg)
+{
+    if (cfg->d_model % 4)
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "toy_gate: d_model %% 4 != 0 (d_model=%d)", cfg->d_model);
+    return MT_OK;
+}
+
+/* it computes on the host over the rows it is given: no split over the model axis */
+static enum mt_status gate_check_axis(struct mt_ctx *ctx, const struct mt_config *cfg, int axis, int degree)
+{
+    (void)cfg;
+    if (axis == MT_AXIS_TP && degree > 1)
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "mesh contract: toy_gate does not split over tp (tp=%d)", degree);
+    return MT_OK;
+}
+
+const struct mt_piece_rules mt_piece_rules_toy_gate = {"toy_gate", gate_check_config, gate_check_axis};
 
 /* ---- toy_wrap: a wrapper with a hook, which the model does not drive yet ---- */
 
@@ -355,11 +381,39 @@ int main(void)
     EXPECT(mt_model_create(&ctx, ops, &cfg, B, &m) == MT_ERR_UNSUPPORTED && !m, "the wrapped kind W was not refused");
     mt_model_destroy(&ctx, m);
 
+    /* the toy's own rules, through the pieces' rules table: config.c refuses
+     * d_model % 4 != 0 only when a layer has the gate; the mesh
+     * contract refuses tp > 1 for it, after the model's own tp rules */
+    tiny_config(&cfg, "SG");
+    cfg.d_model = 18, cfg.n_head = 3, cfg.n_kv_head = 1;
+    EXPECT(mt_config_resolve(&ctx, &cfg, 1) == MT_ERR_CONFIG &&
+               !strcmp(mt_ctx_last_error(&ctx), "toy_gate: d_model % 4 != 0 (d_model=18)"),
+           "toy_gate's config rule: '%s'", mt_ctx_last_error(&ctx));
+    mt_ctx_clear_error(&ctx);
+    tiny_config(&cfg, "SA");
+    cfg.d_model = 18, cfg.n_head = 3, cfg.n_kv_head = 1;
+    EXPECT(mt_config_resolve(&ctx, &cfg, 1) == MT_OK, "no gate, no gate rule: '%s'", mt_ctx_last_error(&ctx));
+    mt_ctx_clear_error(&ctx);
+    const struct mt_mesh_dims tp2 = {.pp = 1, .dp = 1, .ep = 1, .tp = 2};
+    tiny_config(&cfg, "TA");
+    MT_ASSERT(mt_config_resolve(&ctx, &cfg, 1) == MT_OK);
+    EXPECT(mt_mesh_check_contract(&ctx, &tp2, &cfg, 2, 1) == MT_ERR_CONFIG &&
+               !strcmp(mt_ctx_last_error(&ctx), "mesh contract: toy_gate does not split over tp (tp=2)"),
+           "toy_gate's mesh rule: '%s'", mt_ctx_last_error(&ctx));
+    mt_ctx_clear_error(&ctx);
+    tiny_config(&cfg, "SA");
+    cfg.seq_len = 6;   /* sequence parallel splits the rows over tp */
+    MT_ASSERT(mt_config_resolve(&ctx, &cfg, 1) == MT_OK);
+    EXPECT(mt_mesh_check_contract(&ctx, &tp2, &cfg, 2, 1) == MT_OK, "S, A refused at tp=2: '%s'",
+           mt_ctx_last_error(&ctx));
+    mt_ctx_clear_error(&ctx);
+
     if (n_fail) {
         fprintf(stderr, "test_toy_kind: FAILED (%d)\n", n_fail);
         return 1;
     }
     printf("test_toy_kind: ok (%d elements of every parameter of SGTA: S = scale + mlp, G = one gate piece, "
-           "T = attention + gate + mlp; recompute bit-equal; the wrapped W refused)\n", checked);
+           "T = attention + gate + mlp; recompute bit-equal; the wrapped W refused; the gate's own config and "
+           "mesh rules)\n", checked);
     return 0;
 }

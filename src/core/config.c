@@ -669,9 +669,9 @@ static enum mt_status resolve_dims(struct mt_ctx *ctx, struct mt_config *cfg)
     return MT_OK;
 }
 
-/* The block pattern ("A" x L when empty), the routed experts
- * (expert_hidden derived) and the Mamba-3 shape; *n_moe: the layers with
- * routed experts. */
+/* The block pattern ("A" x L when empty), expert_hidden derived, and the
+ * rules of the pieces the pattern uses; *n_moe: the layers with routed
+ * experts. */
 static enum mt_status resolve_pattern(struct mt_ctx *ctx, struct mt_config *cfg, int *n_moe_out)
 {
     size_t plen = strlen(cfg->pattern);
@@ -690,25 +690,9 @@ static enum mt_status resolve_pattern(struct mt_ctx *ctx, struct mt_config *cfg,
 
     RULE(cfg->n_experts >= 1, "n_experts >= 1 (n_experts=%d)", cfg->n_experts);
     if (cfg->expert_hidden == 0) cfg->expert_hidden = cfg->mlp_hidden / 4;
-    if (n_moe > 0) {
-        RULE(cfg->top_k >= 1 && cfg->top_k <= cfg->n_experts, "top_k in [1, n_experts] (top_k=%d, n_experts=%d)",
-             cfg->top_k, cfg->n_experts);
-        RULE(cfg->expert_hidden > 0, "expert_hidden > 0 (expert_hidden=%d, mlp_hidden=%d)", cfg->expert_hidden,
-             cfg->mlp_hidden);
-    }
-
-    if (mt_blocks_pattern_uses(cfg, "mamba")) {
-        /* SPEC 1c: d_inner = expand D split into heads of P; rotary pairs need an even N */
-        int64_t e = (int64_t)cfg->mamba_expand * cfg->d_model;
-        RULE(cfg->mamba_d_state % 2 == 0, "mamba_d_state must be even (mamba_d_state=%d)", cfg->mamba_d_state);
-        RULE(e <= (1 << 24), "mamba_expand * d_model too large (mamba_expand=%d, d_model=%d)", cfg->mamba_expand,
-             cfg->d_model);
-        RULE(e % cfg->mamba_headdim == 0, "mamba_headdim must divide d_inner = mamba_expand * d_model (mamba_headdim=%d, d_inner=%lld)",
-             cfg->mamba_headdim, (long long)e);
-        int64_t nh = e / cfg->mamba_headdim;
-        RULE(nh % cfg->mamba_ngroups == 0, "mamba_ngroups must divide nheads = d_inner / mamba_headdim (mamba_ngroups=%d, nheads=%lld)",
-             cfg->mamba_ngroups, (long long)nh);
-    }
+    /* the pieces' own rules (piece_rules.c): MoE's top_k / expert_hidden,
+     * Mamba-3's shape, each when the pattern uses the piece */
+    MT_CHECK(mt_blocks_check_config(ctx, cfg));
     *n_moe_out = n_moe;
     return MT_OK;
 }

@@ -1,7 +1,7 @@
 /*
  * block_traits.c — what the pattern letters mean without the model's code:
- * letter, routed, Hugging Face equivalent, the names of its steps' pieces
- * (mt_block_kinds.def).
+ * letter, routed, Hugging Face equivalent, its steps' pieces by their rules
+ * (struct mt_piece_rules: name, config and mesh checks; mt_block_kinds.def).
  *
  * Kept apart from blocks.c (which binds the pieces) so that src/core
  * (config checks) and src/parallel (the mesh contract) can ask "is layer l
@@ -9,20 +9,22 @@
  * into a program that only needs a mesh.
  */
 #include "mt_blocks.h"
+#include "../core/mt_core.h"
 
 #include <string.h>
 
-/* steps: the pieces' table names (mt_piece_<name>) as strings, so that
- * code without the pieces can ask "does the pattern use the mamba piece";
+/* steps: the pieces' rules (mt_piece_rules_<name>, named as the pieces
+ * mt_piece_<name>), so that code without the pieces can ask "does the
+ * pattern use the mamba piece" and run the pieces' config and mesh rules;
  * unused entries NULL. */
 struct block_traits {
-    char        letter;
-    const char *name;
-    int         routed, hf;
-    const char *steps[MT_BLOCK_MAX_PIECES];
+    char                         letter;
+    const char                  *name;
+    int                          routed, hf;
+    const struct mt_piece_rules *steps[MT_BLOCK_MAX_PIECES];
 };
 
-#define MT_STEP(piece, resid) #piece
+#define MT_STEP(piece, resid) &mt_piece_rules_##piece
 static const struct block_traits traits[] = {
 #define MT_BLOCK_KIND(letter, name, routed, hf, wrap, ...) {letter, name, routed, hf, {__VA_ARGS__}},
 #include "mt_block_kinds.def"
@@ -82,7 +84,7 @@ int mt_blocks_layer_uses(const struct mt_config *cfg, int l, const char *piece)
 {
     const struct block_traits *t = &traits[mt_blocks_layer_kind(cfg, l)];
     for (int i = 0; i < MT_BLOCK_MAX_PIECES && t->steps[i]; i++)
-        if (!strcmp(t->steps[i], piece)) return 1;
+        if (!strcmp(t->steps[i]->name, piece)) return 1;
     return 0;
 }
 
@@ -98,4 +100,37 @@ int mt_blocks_pattern_check(const char *pattern, size_t n)
     for (size_t l = 0; l < n; l++)
         if (mt_blocks_find(pattern[l]) < 0) return (int)l;
     return -1;
+}
+
+/* The distinct pieces' rules of the table into out (N_KINDS *
+ * MT_BLOCK_MAX_PIECES entries), in line order, steps in order, each once. */
+static int distinct_rules(const struct mt_piece_rules **out)
+{
+    int n = 0;
+    for (int k = 0; k < N_KINDS; k++)
+        for (int i = 0; i < MT_BLOCK_MAX_PIECES && traits[k].steps[i]; i++) {
+            int seen = 0;
+            for (int j = 0; j < n && !seen; j++) seen = out[j] == traits[k].steps[i];
+            if (!seen) out[n++] = traits[k].steps[i];
+        }
+    return n;
+}
+
+enum mt_status mt_blocks_check_config(struct mt_ctx *ctx, const struct mt_config *cfg)
+{
+    const struct mt_piece_rules *r[N_KINDS * MT_BLOCK_MAX_PIECES];
+    const int n = distinct_rules(r);
+    for (int i = 0; i < n; i++)
+        if (r[i]->check_config && mt_blocks_pattern_uses(cfg, r[i]->name)) MT_CHECK(r[i]->check_config(ctx, cfg));
+    return MT_OK;
+}
+
+enum mt_status mt_blocks_check_axis(struct mt_ctx *ctx, const struct mt_config *cfg, int axis, int degree)
+{
+    const struct mt_piece_rules *r[N_KINDS * MT_BLOCK_MAX_PIECES];
+    const int n = distinct_rules(r);
+    for (int i = 0; i < n; i++)
+        if (r[i]->check_axis && mt_blocks_pattern_uses(cfg, r[i]->name))
+            MT_CHECK(r[i]->check_axis(ctx, cfg, axis, degree));
+    return MT_OK;
 }

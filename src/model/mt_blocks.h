@@ -234,6 +234,39 @@ struct mt_piece {
     void (*setup)(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const struct mt_config *cfg);
 };
 
+/*
+ * What a piece requires of the config and of the mesh, readable without the
+ * piece's code: src/core (mt_config_resolve) and src/parallel (the mesh
+ * contract) call these through block_traits.c, which links without the
+ * layers and the ops. Each piece of the table has one
+ * `const struct mt_piece_rules mt_piece_rules_<name>` (its MT_STEP name),
+ * defined where core links it: piece_rules.c for the table's pieces, the test
+ * file for a test's. A hook runs only when some layer of the pattern uses the
+ * piece, pieces in the table's order (line order, steps in order, each once),
+ * the first failure returned. Its message is the whole line the user sees
+ * (the mesh's with its "mesh contract: " prefix), raised with
+ * mt_ctx_error(ctx, MT_ERR_CONFIG, ...).
+ */
+struct mt_piece_rules {
+    const char *name;   /* the piece's table name: "attention", "mlp", "moe", "mamba" */
+    /* the piece's config rules (its keys' divisibility, what it refuses),
+     * after the pattern is parsed and head_dim, mlp_hidden, expert_hidden
+     * derived; NULL: none */
+    enum mt_status (*check_config)(struct mt_ctx *ctx, const struct mt_config *cfg);
+    /* what it needs of one mesh axis's degree (axis: enum mt_axis, mt_mesh.h);
+     * the contract asks for the model axis, then the expert axis; NULL: none */
+    enum mt_status (*check_axis)(struct mt_ctx *ctx, const struct mt_config *cfg, int axis, int degree);
+};
+
+/* piece_rules.c: the rules of the table's pieces */
+extern const struct mt_piece_rules mt_piece_rules_attention, mt_piece_rules_mlp, mt_piece_rules_moe,
+    mt_piece_rules_mamba;
+
+/* block_traits.c: run check_config / check_axis of every piece the pattern
+ * uses (above); MT_OK when all pass. */
+enum mt_status mt_blocks_check_config(struct mt_ctx *ctx, const struct mt_config *cfg);
+enum mt_status mt_blocks_check_axis(struct mt_ctx *ctx, const struct mt_config *cfg, int axis, int degree);
+
 /* How a step meets the residual stream (the stream contract above). */
 enum mt_resid {
     MT_RESID_NONE = 0,   /* the piece writes the stream itself (norm + add fused inside) */

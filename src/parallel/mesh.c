@@ -331,8 +331,6 @@ enum mt_status mt_mesh_parse(struct mt_ctx *ctx, const char *spec, int world, st
 /* the startup contract and predicates                                 */
 /* ------------------------------------------------------------------ */
 
-static int has_moe_block(const struct mt_config *cfg) { return mt_blocks_any_routed(cfg); }
-
 #define CONTRACT_FAIL(ctx, ...) mt_ctx_error((ctx), MT_ERR_CONFIG, "mesh contract: " __VA_ARGS__)
 
 enum mt_status mt_mesh_check_contract(struct mt_ctx *ctx, const struct mt_mesh_dims *d,
@@ -355,20 +353,10 @@ enum mt_status mt_mesh_check_contract(struct mt_ctx *ctx, const struct mt_mesh_d
     long long F = cfg->mlp_hidden;
     if (F == 0) F = ((8LL * cfg->d_model + 2) / 3 + 63) / 64 * 64; /* ceil(8D/3) rounded up to 64 */
     if (F % tp) return CONTRACT_FAIL(ctx, "mlp_hidden %% tp != 0 (mlp_hidden=%lld, tp=%d)", F, tp);
-    /* M blocks (Mamba-3): heads and B/C groups split over the model axis, each
-     * gated-norm group whole on one rank (docs/mamba3.md, "The model axis") */
-    if (tp > 1 && mt_blocks_pattern_uses(cfg, "mamba")) {
-        long long mh = cfg->mamba_headdim > 0 ? (long long)cfg->mamba_expand * cfg->d_model / cfg->mamba_headdim : 0;
-        if (mh % tp) return CONTRACT_FAIL(ctx, "mamba nheads %% tp != 0 (nheads=%lld, tp=%d)", mh, tp);
-        if (cfg->mamba_ngroups % tp)
-            return CONTRACT_FAIL(ctx, "mamba_ngroups %% tp != 0 (mamba_ngroups=%d, tp=%d)", cfg->mamba_ngroups, tp);
-    }
-    if (has_moe_block(cfg)) {
-        if (cfg->n_experts < 1 || cfg->n_experts % d->ep)
-            return CONTRACT_FAIL(ctx, "n_experts %% ep != 0 (n_experts=%d, ep=%d)", cfg->n_experts, d->ep);
-        if (cfg->top_k > cfg->n_experts)
-            return CONTRACT_FAIL(ctx, "top_k > n_experts (top_k=%d, n_experts=%d)", cfg->top_k, cfg->n_experts);
-    }
+    /* the pieces' own rules (piece_rules.c), the model axis before the
+     * expert axis: Mamba-3's heads and groups % tp, MoE's n_experts % ep */
+    MT_CHECK(mt_blocks_check_axis(ctx, cfg, MT_AXIS_TP, tp));
+    MT_CHECK(mt_blocks_check_axis(ctx, cfg, MT_AXIS_EP, d->ep));
     if (cfg->n_layer < d->pp) return CONTRACT_FAIL(ctx, "n_layer < pp (n_layer=%d, pp=%d)", cfg->n_layer, d->pp);
     int mb = microbatches > 0 ? microbatches : (cfg->microbatches > 0 ? cfg->microbatches : 1);
     long long div = (long long)d->dp * d->ep * mb;
