@@ -49,7 +49,6 @@
 #include "mt_test.h"
 
 extern const struct mt_piece mt_piece_toy_scale, mt_piece_toy_gate;
-extern const struct mt_piece_rules mt_piece_rules_toy_scale, mt_piece_rules_toy_gate;
 extern const struct mt_block_wrap mt_block_wrap_toy_wrap;
 #define MT_BLOCK_KINDS_EXTRA                                                                                     \
     MT_BLOCK_KIND('S', "scale+mlp", 0, 0, none, MT_STEP(toy_scale, NONE), MT_STEP(mlp, NONE))                    \

@@ -24,6 +24,15 @@ struct block_traits {
     const struct mt_piece_rules *steps[MT_BLOCK_MAX_PIECES];
 };
 
+/* each piece's rules, declared from the table itself (a declaration list:
+ * `extern const struct mt_piece_rules mt_piece_rules_attention,
+ * mt_piece_rules_mlp;`), so that a piece's rules need no header line */
+#define MT_STEP(piece, resid) mt_piece_rules_##piece
+#define MT_BLOCK_KIND(letter, name, routed, hf, wrap, ...) extern const struct mt_piece_rules __VA_ARGS__;
+#include "mt_block_kinds.def"
+#undef MT_BLOCK_KIND
+#undef MT_STEP
+
 #define MT_STEP(piece, resid) &mt_piece_rules_##piece
 static const struct block_traits traits[] = {
 #define MT_BLOCK_KIND(letter, name, routed, hf, wrap, ...) {letter, name, routed, hf, {__VA_ARGS__}},

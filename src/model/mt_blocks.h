@@ -239,9 +239,9 @@ struct mt_piece {
  * piece's code: src/core (mt_config_resolve) and src/parallel (the mesh
  * contract) call these through block_traits.c, which links without the
  * layers and the ops. Each piece of the table has one
- * `const struct mt_piece_rules mt_piece_rules_<name>` (its MT_STEP name),
- * defined where core links it: piece_rules.c for the table's pieces, the test
- * file for a test's. A hook runs only when some layer of the pattern uses the
+ * `const struct mt_piece_rules mt_piece_rules_<name>` (its MT_STEP name;
+ * block_traits.c declares it from the table), defined where core links it:
+ * piece_rules.c for the table's pieces, the test file for a test's. A hook runs only when some layer of the pattern uses the
  * piece, pieces in the table's order (line order, steps in order, each once),
  * the first failure returned. Its message is the whole line the user sees
  * (the mesh's with its "mesh contract: " prefix), raised with
@@ -257,10 +257,6 @@ struct mt_piece_rules {
      * the contract asks for the model axis, then the expert axis; NULL: none */
     enum mt_status (*check_axis)(struct mt_ctx *ctx, const struct mt_config *cfg, int axis, int degree);
 };
-
-/* piece_rules.c: the rules of the table's pieces */
-extern const struct mt_piece_rules mt_piece_rules_attention, mt_piece_rules_mlp, mt_piece_rules_moe,
-    mt_piece_rules_mamba;
 
 /* block_traits.c: run check_config / check_axis of every piece the pattern
  * uses (above); MT_OK when all pass. */
