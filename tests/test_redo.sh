@@ -11,6 +11,9 @@
 #     tp=2, ep=2, pp=2 and the 4-rank tp=2 x dp=2 ZeRO-3 and pp=2 x ep=2: the unit lists of
 #     every event equal the single rank's, and the losses, norms and final params are equal
 #     at the suites' tolerance (tests/equiv.py 1e-6);
+#     recompute=block bit-identical with the same units; precision=bf16 on one rank and dp=2
+#     (the first event's units equal; later ones may split on a unit within bf16 noise of tau:
+#     the sums are exact for the activations each mesh has, and bf16 trajectories drift apart);
 #  3. checkpoint / resume across an event: 2 + resume + 7 and 3 (saved right after the
 #     event) + resume + 6 equal 9 straight, bit for bit, units included;
 #  4. the receipt's redo object (per-layer counts per event); no "redo" with redo_every=0;
@@ -56,6 +59,18 @@ done <<'LIST'
 4 tp=2,dp=2 3
 4 pp=2,ep=2 1
 LIST
+
+# ---- 2b: recompute=block (the re-forward adds no score) and precision=bf16 ----
+o="$W/recompute"
+if run 1 "$o" $REDO --steps 9 --set recompute=block && close "$W/ref" "$o" 0 && $CHECK units "$W/ref" "$o"; then
+    ok "recompute=block: bit-identical to the reference, the same units (the re-forward scores nothing)"
+else bad "recompute=block"; tail -3 "$o.log"; fi
+o="$W/bf16"
+if run 1 "$o" $REDO --steps 6 --set precision=bf16 && run 2 "$o.dp2" $REDO --steps 6 --set precision=bf16 --mesh dp=2 \
+    && $CHECK receipt "$o" 2 && $CHECK receipt "$o.dp2" 2 && python3 -c "import json,sys; \
+a,b=(json.load(open(f+'/receipt.json'))['redo']['events'] for f in sys.argv[1:]); assert a[0]==b[0], (a[0], b[0])" "$o" "$o.dp2"; then
+    ok "precision=bf16: events on one rank and dp=2, the same units at the first event"
+else bad "precision=bf16"; tail -3 "$o.log"; fi
 
 # ---- 3: checkpoint / resume across an event ----
 for cut in 2 3; do
