@@ -123,6 +123,9 @@ extern "C" void mt_cuda_swiglu_backward(void *be, float *dgate, float *dup, cons
  * shared memory. Integer sums: any order gives the cpu's integers. No
  * atomics (one block per column group adds into acc). */
 #define REDO_COLS 32
+#ifndef __noinline__   /* nvcc's host_defines.h has it; the CPU emulator's headers do not */
+#define __noinline__ __attribute__((noinline))
+#endif
 #define REDO_LANES 8
 static __device__ __forceinline__ long long redo_fix(float x)
 {
@@ -130,15 +133,22 @@ static __device__ __forceinline__ long long redo_fix(float x)
     if (!(a <= MT_REDO_FIX_CLAMP)) a = MT_REDO_FIX_CLAMP;
     return (long long)(a * MT_REDO_FIX_SCALE);
 }
+/* one thread's share of column j (0 past F); not inlined, so that no
+ * branch of it can be merged with the barrier after it (every thread
+ * reaches the one __syncthreads from the same place) */
+static __device__ __noinline__ long long redo_colsum(const float *act, size_t rows, int F, int j, int lane)
+{
+    long long s = 0;
+    if (j < F)
+        for (size_t i = lane; i < rows; i += REDO_LANES) s += redo_fix(act[i * (size_t)F + (size_t)j]);
+    return s;
+}
 static __global__ void redo_score_k(long long *acc, const float *act, size_t rows, int F)
 {
     __shared__ long long part[REDO_LANES][REDO_COLS];
     const int c = threadIdx.x % REDO_COLS, lane = threadIdx.x / REDO_COLS;
     const int j = blockIdx.x * REDO_COLS + c;
-    long long s = 0;
-    if (j < F)
-        for (size_t i = lane; i < rows; i += REDO_LANES) s += redo_fix(act[i * (size_t)F + (size_t)j]);
-    part[lane][c] = s;
+    part[lane][c] = redo_colsum(act, rows, F, j, lane);
     __syncthreads();
     if (lane == 0 && j < F) {
         long long t = 0;
