@@ -114,6 +114,8 @@ static const struct key keys[] = {
     {"reshard_after_forward", KT_BOOL, OFF(reshard_after_forward), 0, "true", 0, 1, NULL, 0, "ZeRO-3: free gathered params after forward"},
     {"threads",      KT_INT,   OFF(threads),      0, "0",     0, 65536, NULL, 0, "CPU threads; 0 = OMP_NUM_THREADS or all cores"},
     {"comm_timeout_s", KT_FLOAT, OFF(comm_timeout_s), 0, "300", 0, FMAXV, NULL, 0, "a collective still waiting for a peer after this many seconds ends the job (watchdog, several ranks only); 0 = off"},
+    {"redo_every",   KT_INT,   OFF(redo_every),   0, "0",     0, IMAX, NULL, 0, "ReDo: after the update of every N-th step recycle the dormant SwiGLU units (dense MLPs, experts); 0 = off (docs/model.md)"},
+    {"redo_tau",     KT_FLOAT, OFF(redo_tau),     0, "0.025", 0, FMAXV, NULL, 0, "ReDo: a unit whose score (mean |activation| / the layer's mean) is <= tau is recycled"},
 };
 
 #define MT_CONFIG_MAX_BYTES (16 << 20)   /* a config file: JSON of a few KiB */
@@ -781,6 +783,9 @@ enum mt_status mt_config_resolve(struct mt_ctx *ctx, struct mt_config *cfg, int 
     MT_CHECK(resolve_pattern(ctx, cfg, &n_moe));
     MT_CHECK(resolve_training(ctx, cfg));
     MT_CHECK(resolve_lora(ctx, cfg, n_moe));
+    RULE(cfg->redo_every == 0 || cfg->lora_rank == 0,
+         "redo_every=%d needs full training: LoRA freezes the SwiGLU weights it would recycle (lora_rank=%d)",
+         cfg->redo_every, cfg->lora_rank);
     RULE(run_steps >= 0, "run steps >= 0 (steps=%d)", run_steps);
     if (cfg->total_steps == 0) cfg->total_steps = run_steps;
     return MT_OK;

@@ -78,6 +78,8 @@ struct mt_config {
     int   reshard_after_forward; /* bool, default 1 (ZeRO-3)                       */
     int   threads;               /* 0 = OMP_NUM_THREADS or all cores               */
     float comm_timeout_s;        /* collective watchdog, seconds; 0 = off          */
+    int   redo_every;            /* ReDo (SPEC 1e): recycle dormant SwiGLU units every N steps; 0 = off */
+    float redo_tau;              /* ReDo: a unit with normalised score <= tau is recycled */
 };
 
 /* Fill every key with its default. Never fails. */

@@ -434,6 +434,7 @@ void model_piece_ctx(struct mt_model *m, struct mt_layer *ly, struct mt_piece_ct
     pc->dyb = &m->s_dyb;
     pc->norm = &m->norm;
     pc->layer = ly ? ly->index : -1;
+    pc->redo = ly && m->redo_armed ? m->redo_acc + model_redo_offset(m, ly->index) : NULL;
     pc->tp = (struct mt_tp_axis){m->tp_comm, &m->tp_stats, m->ops, m->tp, m->sp, m->N, m->Nr, m->D, m->tp_comm_host,
                                  m->tp_rank};
     pc->ep = (struct mt_ep_axis){m->ep_comm, m->ep_comm_host, &m->ep_stats, m->ep, m->ep_rank, m->Ee, m->e0};
@@ -610,6 +611,7 @@ static void model_layout(struct mt_model *m, struct mt_carver *c)
     }
     carve_piece_scratch(m, c, 1);   /* ffns */
     m->h_losses = carve_f(c, O, Nr);
+    model_redo_carve(m, c);         /* ReDo's score accumulators (redo_every > 0 only) */
 }
 
 struct plan_visit { struct mt_carver *c; };

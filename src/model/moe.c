@@ -277,9 +277,10 @@ static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx
             int r0 = st->e_off[e], c = st->e_off[e + 1] - r0;
             if (c == 0) continue;
             struct mt_param *w = &moe_w(pc)->experts[3 * e];
-            mlp_backward(ops, t, dt, s->dxp + (size_t)r0 * D, 0, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du,
-                         s->dy + (size_t)r0 * D, s->xp + (size_t)r0 * D, st->eg + (size_t)r0 * Fe,
-                         st->eu + (size_t)r0 * Fe, &w[0], &w[1], &w[2], c, D, Fe);
+            mlp_backward_redo(ops, t, dt, s->dxp + (size_t)r0 * D, 0, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du,
+                              s->dy + (size_t)r0 * D, s->xp + (size_t)r0 * D, st->eg + (size_t)r0 * Fe,
+                              st->eu + (size_t)r0 * Fe, &w[0], &w[1], &w[2], c, D, Fe,
+                              pc->redo ? pc->redo + (size_t)e * Fe : NULL);
         }
     } else {
         const int ep = ea->ep, Ee = ea->Ee;
@@ -293,9 +294,9 @@ static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx
                 int c = st->r_cnt[src * Ee + j];
                 struct mt_param *w = &moe_w(pc)->experts[3 * j];
                 if (c > 0)
-                    mlp_backward(ops, t, dt, s->rdx + o * D, 0, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du,
-                                 s->rdy + o * D, st->rx + o * D, st->eg + o * Fe, st->eu + o * Fe, &w[0], &w[1],
-                                 &w[2], c, D, Fe);
+                    mlp_backward_redo(ops, t, dt, s->rdx + o * D, 0, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du,
+                                      s->rdy + o * D, st->rx + o * D, st->eg + o * Fe, st->eu + o * Fe, &w[0], &w[1],
+                                      &w[2], c, D, Fe, pc->redo ? pc->redo + (size_t)j * Fe : NULL);
                 o += (size_t)c;
             }
         MT_CHECK(ep_a2a(ctx, pc, s->dxp, s->rdx, rcnt, rdis, scnt, sdis, D));
@@ -303,8 +304,9 @@ static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx
     ops->fill(ops->be, dh, 0.0f, (size_t)n * D);
     ops->moe_permute_backward(ops->be, dh, s->dxp, st->pos, n, k, D);
     if (md->Fs > 0)
-        mlp_backward(ops, t, dt, dh, 1, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du, dout, pc->nm->h, st->sgp, st->sup,
-                     moe_w(pc)->sg, moe_w(pc)->su, moe_w(pc)->sd, n, D, md->Fs);
+        mlp_backward_redo(ops, t, dt, dh, 1, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du, dout, pc->nm->h, st->sgp,
+                          st->sup, moe_w(pc)->sg, moe_w(pc)->su, moe_w(pc)->sd, n, D, md->Fs,
+                          pc->redo ? pc->redo + (size_t)pc->ep.Ee * Fe : NULL);
 
     /* term 3: aux and z gradients (on the backend) */
     double ns = pc->norm->n_sequences > 0 ? pc->norm->n_sequences : 1.0;

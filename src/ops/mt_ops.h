@@ -577,6 +577,16 @@ struct mt_ops_i {
     /* graph_info(be, out): how the step's graphs went, for the receipt
      * (struct mt_ops_graph_info above). NULL (cpu): no graphs. */
     void   (*graph_info)(void *be, struct mt_ops_graph_info *out);
+
+    /* ---- ReDo scores (SPEC 1e; docs/model.md "ReDo") ----
+     * redo_score_acc: acc[j] += sum over i < rows of q(|act[i*F + j]|) for
+     * j < F (act row-major (rows, F), acc int64 backend memory, +=), with the
+     * fixed point q(x) = (int64)trunc(min(x, 2^16) * 2^24) (NaN: 2^40). Each
+     * term depends on its element alone and integer sums are associative,
+     * so every backend, thread split and mesh gives the same integers (the
+     * exactness the recycling decision needs). Optional (NULL: redo_every
+     * is refused on that backend). */
+    void   (*redo_score_acc)(void *be, int64_t *acc, const float *act, size_t rows, int F);
 };
 
 /* Tensors per launch of the multi-tensor entries (their kernel-argument lists). */
@@ -588,6 +598,18 @@ struct mt_ops_i {
 static inline size_t mt_moe_route_work(size_t M, size_t E)
 {
     return (M + MT_MOE_ROUTE_CHUNK - 1) / MT_MOE_ROUTE_CHUNK * E;
+}
+
+/* ReDo's fixed point (redo_score_acc): |x| clamped to 2^16, times 2^24,
+ * truncated; NaN counts as the clamp. A step's sum per unit stays below
+ * 2^63 while the unit's |activations| sum to less than 2^39. */
+#define MT_REDO_FIX_SCALE 16777216.0   /* 2^24 */
+#define MT_REDO_FIX_CLAMP 65536.0      /* 2^16 */
+static inline int64_t mt_redo_fix(float x)
+{
+    double a = x < 0 ? -(double)x : (double)x;
+    if (!(a <= MT_REDO_FIX_CLAMP)) a = MT_REDO_FIX_CLAMP;   /* NaN too */
+    return (int64_t)(a * MT_REDO_FIX_SCALE);
 }
 
 /* Backends. mt_ops_cpu() never fails. mt_ops_cuda() returns NULL when the

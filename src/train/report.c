@@ -816,6 +816,8 @@ enum mt_status mt_train_report(struct mt_ctx *ctx, struct run_state *rs, const s
     r.knobs_json = kjson;
     char *gjson = gpu_json(rs, &r);
     r.gpu_json = gjson;
+    char *rjson = mt_train_redo_json(rs);
+    r.redo_json = rjson;
     enum mt_status rc = MT_OK;
     if (ri->wrank == 0) {
         char path[4200];
@@ -825,6 +827,7 @@ enum mt_status mt_train_report(struct mt_ctx *ctx, struct run_state *rs, const s
     free(djson);
     free(kjson);
     free(gjson);
+    free(rjson);
     MT_CHECK(rc);
     res->steps_run = ri->steps_run;
     res->final_loss = ri->steps_run ? rs->losses[ri->steps_run - 1] : 0;

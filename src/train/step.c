@@ -89,9 +89,15 @@ enum mt_status mt_train_step(struct mt_ctx *ctx, struct run_state *rs, int step,
     out->n_part = n_part;
 
     graphs_mode(ctx, rs);
+    /* ReDo (redo.c): the step whose update is followed by an event scores its units in its backward passes */
+    const int redo = cfg->redo_every > 0 && (step + 1) % cfg->redo_every == 0;
+    if (redo && !rs->ops->redo_score_acc)
+        return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "redo_every: the %s backend has no redo_score_acc", rs->ops->name);
+    mt_model_redo_arm(rs->model, redo);
     mt_zero_set_zero_grad(&rs->zset, step);
     mt_model_moe_load_reset(rs->model);
     MT_CHECK(mt_train_microbatches(ctx, rs, step, &norm, part));      /* forward + backward */
+    if (redo) mt_model_redo_arm(rs->model, 0);
     MT_CHECK(mt_zero_set_reduce(ctx, &rs->zset));
     out->imbalance = 0;
     if (rs->imbalance) MT_CHECK(moe_load_step(ctx, rs, &out->imbalance));
@@ -109,6 +115,7 @@ enum mt_status mt_train_step(struct mt_ctx *ctx, struct run_state *rs, int step,
         return mt_ctx_error(ctx, MT_ERR_NUMERIC, "non-finite %s at step %d on rank %d",
                             isfinite(out->loss) ? "gradient norm" : "loss", step, ctx->rank);
     MT_CHECK(mt_zero_set_step(ctx, &rs->zset, step, out->grad_norm));   /* update (clipped) */
+    if (redo) MT_CHECK(mt_train_redo_event(ctx, rs, step + 1));      /* before the sync spreads it */
     MT_CHECK(mt_zero_set_sync(ctx, &rs->zset));
     mt_model_bf16_invalidate(rs->model);   /* precision=bf16: shadows rewritten at the next forward */
     return MT_OK;

@@ -211,7 +211,7 @@ static void test_table(void)
         E(swiglu_forward_bf16), E(widen_bf16),
         E(moe_route), E(moe_seq_stats), E(moe_aux_loss), E(moe_aux_backward), E(xent_fused_bf16),
         E(sumsq_multi), E(normalize_fro), E(adamw_multi), E(nonfinite_mark), E(attention_forward_bf16),
-        E(attention_backward_bf16), E(op_profile),
+        E(attention_backward_bf16), E(op_profile), E(redo_score_acc),
 #undef E
     };
     int missing = 0;
@@ -1234,6 +1234,51 @@ static void test_swiglu(void)
     free(g); free(u); free(dout); free(nn);
 }
 
+/* ---- ReDo scores (redo_score_acc): integers, so cuda must equal cpu exactly ----
+ * acc (+=) starts from the same values on both; act has a NaN, values past
+ * the clamp and exact zeros; F = 45 leaves a partial 32-column group, 1001
+ * rows a partial lane; a second call accumulates onto the first. */
+static void test_redo(void)
+{
+    if (!selected("redo")) return;
+    const size_t rows = 1001;
+    const int F = 45;
+    const size_t n = rows * (size_t)F;
+    float *act = rnd(n, -3, 3);
+    act[7] = NAN;
+    act[100] = 1e6f;
+    act[101] = -7e4f;
+    act[200] = 0.0f;
+    act[201] = -0.0f;
+    int64_t init[45], *r[3];
+    for (int j = 0; j < F; j++) init[j] = (int64_t)(next_u64() >> 20);
+    for (int p = 0; p < 3; p++) {
+        struct be *b = BE(p);
+        float *d = upf(b, act, n);
+        int64_t *acc = dalloc(b, sizeof init);
+        b->ops->copy_from_host(b->ops->be, acc, init, sizeof init);
+        b->ops->redo_score_acc(b->ops->be, acc, d, rows, F);
+        b->ops->redo_score_acc(b->ops->be, acc, d + F, rows - 1, F);   /* += again, from row 1 */
+        r[p] = xmalloc(sizeof init);
+        b->ops->sync(b->ops->be);
+        b->ops->copy_to_host(b->ops->be, r[p], acc, sizeof init);
+        release(b);
+    }
+    /* the host reference of the cpu pass: the fixed point of mt_ops.h, row by row */
+    size_t bad = 0;
+    for (int j = 0; j < F; j++) {
+        int64_t e = init[j];
+        for (size_t i = 0; i < rows; i++) e += mt_redo_fix(act[i * F + j]);
+        for (size_t i = 1; i < rows; i++) e += mt_redo_fix(act[i * F + j]);
+        bad += e != r[0][j];
+    }
+    report("redo_score_acc", "cpu = host fixed-point sums (differing units)", (double)bad, 0);
+    report("redo_score_acc", "cuda = cpu, int64 (differing units)", (double)ndiff(r[1], r[0], 2 * (size_t)F), 0);
+    report("redo_score_acc", "deterministic (differing units)", (double)ndiff(r[1], r[2], 2 * (size_t)F), 0);
+    for (int p = 0; p < 3; p++) free(r[p]);
+    free(act);
+}
+
 /* ---- vectorised elementwise kernels (docs/cuda.md "Vectorised elementwise kernels") ----
  * swiglu forward (plain and _bf16), swiglu backward (and in place),
  * cast_bf16 and widen_bf16 take the 16-byte vector path on aligned buffers
@@ -1718,6 +1763,7 @@ int main(int argc, char **argv)
     g_rng = 9;  test_attention();
     g_rng = 10; test_swiglu();
     g_rng = 23; test_vec_elementwise();
+    g_rng = 24; test_redo();
     g_rng = 11; test_xent();
     g_rng = 12; test_router();
     g_rng = 13; test_moe();

@@ -153,6 +153,8 @@ void mt_cpu_attention_backward(float *dq, float *dk, float *dv, const float *dou
                                int B, int T, int H, int K, int hd);
 
 /* ---- swiglu.c ---- */
+/* ReDo: acc[j] += sum_i q(|act[i*F+j]|), the fixed point of mt_ops.h (redo_score_acc) */
+void mt_cpu_redo_score_acc(int64_t *acc, const float *act, size_t rows, int F);
 void mt_cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
 void mt_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                             const float *up, size_t n);

@@ -395,6 +395,11 @@ static void p_nonfinite_mark(void *be, float *flags, const float *const *x, cons
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_ELEMENTWISE, cpu_nonfinite_mark(flags, x, n, slot, count));
 }
+static void p_redo_score_acc(void *be, int64_t *acc, const float *act, size_t rows, int F)
+{
+    (void)be;   /* stateless */
+    PROF(MT_OPK_ELEMENTWISE, mt_cpu_redo_score_acc(acc, act, rows, F));
+}
 static void p_muon_momentum(void *be, float *d, float *m, const float *g, float mu, size_t n)
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
@@ -586,6 +591,8 @@ static const struct mt_ops_i cpu_ops = {
     /* .host_memory                = */ .host_memory                = 1,
     /* .kernels_isa                = */ .kernels_isa                = cpu_kernels_isa,
     /* .op_profile                 = */ .op_profile                 = cpu_op_profile,
+    /* ReDo scores (SPEC 1e) */
+    /* .redo_score_acc             = */ .redo_score_acc             = p_redo_score_acc,
 };
 
 const struct mt_ops_i *mt_ops_cpu(void)

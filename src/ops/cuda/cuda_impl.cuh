@@ -602,6 +602,7 @@ void mt_cuda_attention_backward_bf16(void *be, float *dq, float *dk, float *dv, 
 /* ---- swiglu.cu ---- */
 void mt_cuda_swiglu_forward(void *be, float *out, const float *gate, const float *up, size_t n);
 void mt_cuda_swiglu_forward_bf16(void *be, float *out, mt_bf16 *out_bf16, const float *gate, const float *up, size_t n);
+void mt_cuda_redo_score_acc(void *be, int64_t *acc, const float *act, size_t rows, int F);
 void mt_cuda_swiglu_backward(void *be, float *dgate, float *dup, const float *dout, const float *gate,
                              const float *up, size_t n);
 
