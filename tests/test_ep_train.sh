@@ -116,7 +116,8 @@ viol 2 ep=2 'top_k.*n_experts' $BASE --set top_k=5
 # ep=2, ep=2 x dp=2 ZeRO-3 and ep=2 x tp=2 equal one rank; the receipt's
 # per-layer null share: every slot counted once (experts + null = steps x
 # sequences x T x top_k), a share strictly inside (0, 1), the same counts on
-# every mesh; a checkpoint of ep=2 x dp=2 ZeRO-3 resumes on one rank.
+# every mesh; a checkpoint of ep=2 x dp=2 ZeRO-3 resumes on one rank; a
+# one-rank resume is bit-exact.
 NULLX="$BASE --set n_null_experts=2 --set top_k=3"
 if run 1 "$W/NULLX_ref" $NULLX --steps 20 && differs "$W/NULLX_ref" "$W/BASE_ref"; then
     floor "$W/NULLX_ref" 4 $NULLX --steps 20
@@ -146,6 +147,9 @@ PY
         run 1 "$W/NULLX_cont" $NULLX --steps 20 --resume "$W/NULLX_part" && close "$W/NULLX_ref" "$W/NULLX_cont" 1e-6 10 \
         && ok "NULLX: an ep=2 x dp=2 ZeRO-3 checkpoint (router of E + Z rows) resumes on one rank" \
         || bad "NULLX: ep=2 x dp=2 checkpoint resumes on one rank"
+    run 1 "$W/NULLX_r1" $NULLX --steps 10 && run 1 "$W/NULLX_r1" $NULLX --steps 20 --resume "$W/NULLX_r1" \
+        && close "$W/NULLX_ref" "$W/NULLX_r1" 0 10 && ok "NULLX: 10 steps + save + load + 10 steps == 20 steps, bit for bit (one rank)" \
+        || bad "NULLX: one-rank resume bit-exact"
 else bad "NULLX reference (or null experts changed nothing)"; tail -5 "$W/NULLX_ref.log"; fi
 viol 2 ep=2 'top_k in \[1, n_experts \+ n_null_experts\] \(top_k=7, n_experts=4, n_null_experts=2\)' $BASE --set n_null_experts=2 --set top_k=7
 
