@@ -110,4 +110,16 @@ viol 4 tp=4 'mesh contract: n_kv_head % tp != 0 \(n_kv_head=2, tp=4\)' $DENSE --
 viol 2 tp=2 'mesh contract: mlp_hidden % tp != 0 \(mlp_hidden=129, tp=2\)' $DENSE --set mlp_hidden=129
 viol 2 tp=2 'mesh contract: seq_len % tp != 0 with sequence parallel \(seq_len=15, tp=2\)' $DENSE --set seq_len=15
 
+
+# ---- 6: null experts (SPEC 1e) in the sequence-parallel MoE region: tp=2, SP on and off ----
+NULLX="$MOE --set n_null_experts=2 --set top_k=3"
+if run 1 "$W/NULLX_ref" $NULLX --steps 20 && differs "$W/NULLX_ref" "$W/MOE_ref"; then
+    for sp in true false; do
+        o="$W/NULLX_tp2_$sp"
+        if run 2 "$o" $NULLX --steps 20 --mesh tp=2 --set sequence_parallel=$sp && close "$W/NULLX_ref" "$o" 1e-6; then
+            ok "NULLX (2 null experts) tp=2 sequence_parallel=$sp equals the single-rank losses"
+        else bad "NULLX (2 null experts) tp=2 sequence_parallel=$sp"; tail -5 "$o.log"; fi
+    done
+else bad "NULLX reference (or null experts changed nothing)"; tail -5 "$W/NULLX_ref.log"; fi
+
 finish

@@ -68,6 +68,7 @@ static const struct key keys[] = {
     {"top_k",        KT_INT,   OFF(top_k),        0, "2",     1, 65536, NULL, 1, "experts per token, in [1, n_experts]"},
     {"expert_hidden", KT_INT,  OFF(expert_hidden), 0, "0",    0, 1 << 24, NULL, 1, "SwiGLU hidden of each expert; 0 = F / 4"},
     {"shared_expert_hidden", KT_INT, OFF(shared_expert_hidden), 0, "0", 0, 1 << 24, NULL, 1, "hidden of the shared expert; 0 = none"},
+    {"n_null_experts", KT_INT, OFF(n_null_experts), 0, "0", 0, 65536, NULL, 1, "Z null (zero-computation) experts of each MoE block: the router has n_experts + Z rows, a slot on a null expert adds 0 and moves no data (SPEC 1e)"},
     {"aux_loss_coef", KT_FLOAT, OFF(aux_loss_coef), 0, "0.01", 0, FMAXV, NULL, 1, "MoE load-balancing loss weight"},
     {"z_loss_coef",  KT_FLOAT, OFF(z_loss_coef),  0, "0.001", 0, FMAXV, NULL, 1, "MoE router z-loss weight"},
     {"mamba_d_state", KT_INT,  OFF(mamba_d_state), 0, "64",   2, 65536, NULL, 1, "M blocks: SSM state N per head, even"},
@@ -693,8 +694,9 @@ static enum mt_status resolve_pattern(struct mt_ctx *ctx, struct mt_config *cfg,
     RULE(cfg->n_experts >= 1, "n_experts >= 1 (n_experts=%d)", cfg->n_experts);
     if (cfg->expert_hidden == 0) cfg->expert_hidden = cfg->mlp_hidden / 4;
     if (n_moe > 0) {
-        RULE(cfg->top_k >= 1 && cfg->top_k <= cfg->n_experts, "top_k in [1, n_experts] (top_k=%d, n_experts=%d)",
-             cfg->top_k, cfg->n_experts);
+        RULE(cfg->top_k >= 1 && cfg->top_k <= cfg->n_experts + cfg->n_null_experts,
+             "top_k in [1, n_experts + n_null_experts] (top_k=%d, n_experts=%d, n_null_experts=%d)", cfg->top_k,
+             cfg->n_experts, cfg->n_null_experts);
         RULE(cfg->expert_hidden > 0, "expert_hidden > 0 (expert_hidden=%d, mlp_hidden=%d)", cfg->expert_hidden,
              cfg->mlp_hidden);
     }

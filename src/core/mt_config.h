@@ -34,6 +34,7 @@ struct mt_config {
     int   top_k;
     int   expert_hidden;         /* 0 = F / 4                                      */
     int   shared_expert_hidden;  /* 0 = no shared expert                           */
+    int   n_null_experts;        /* Z zero-computation experts (SPEC 1e); 0 = none */
     float aux_loss_coef;
     float z_loss_coef;
     int   mamba_d_state;         /* M blocks (SPEC 1c): state N, even              */

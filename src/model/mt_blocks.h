@@ -114,6 +114,7 @@ enum mt_init_scale { MT_SCALE_NORMAL = 0, MT_SCALE_NORMAL_OUT, MT_SCALE_ONES,
 struct mt_block_shape {
     int64_t D, T, L, hd, H, K, F;   /* model width, seq, layers, head dim, q / kv heads, dense hidden */
     int64_t E, top_k, Fe, Fs;       /* experts, routed per token, expert / shared-expert hidden       */
+    int64_t Z;                      /* null (zero-computation) experts: router rows E..E+Z-1 (SPEC 1e) */
     int     e0, Ee;                 /* this rank's first expert and expert count                      */
     int64_t mE, mH, mP, mG, mN;     /* Mamba-3 (M): d_inner, heads, headdim, groups, state            */
 };

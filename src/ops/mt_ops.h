@@ -294,7 +294,10 @@ struct mt_ops_i {
      * permute_backward: dh[n] += sum_j dxp[pos[n*k+j]]  (j order)   (+=)
      * combine:          out[n] += sum_j gates[n,j] * y[pos[n*k+j]]  (+=)
      * combine_backward: dy[pos[n*k+j]] = gates[n,j] * dout[n]       (=)
-     *                   dgates[n,j]   = dot(dout[n], y[pos[n*k+j]]) (=) */
+     *                   dgates[n,j]   = dot(dout[n], y[pos[n*k+j]]) (=)
+     * A slot with pos < 0 is a null one (a zero-computation expert, SPEC 1e;
+     * moe_route writes -1): it has no row: no term in permute_backward and
+     * combine, no dy row, and dgates[n,j] = 0. */
     void (*moe_permute)(void *be, float *xp, const float *h, const int32_t *src_row, int M, int C);
     void (*moe_permute_backward)(void *be, float *dh, const float *dxp, const int32_t *pos, int N, int k, int C);
     void (*moe_combine)(void *be, float *out, const float *y, const int32_t *pos, const float *gates,
@@ -448,6 +451,10 @@ struct mt_ops_i {
      *       (e_off[0] = 0, e_off[E] = M; count of e = e_off[e+1] - e_off[e]);
      *     pos (M): pos[s] = e_off[e] + #{s' < s : topk_idx[s'] = e};
      *     src_row (M): src_row[pos[s]] = n.
+     *   The last n_null of the E experts are null (SPEC 1e; 0 = none): they
+     *   sort last and are counted in e_off like the others, but their slots
+     *   get pos[s] = -1 and their rows [e_off[E - n_null], M) of src_row are
+     *   not written (no data moves for them).
      *   One answer: every backend writes the same integers. work: int32
      *   scratch of mt_moe_route_work(M, E) elements (cuda: per-chunk counts;
      *   cpu: its first E, the running row of each expert). No atomics: per (chunk, expert) counts,
@@ -463,7 +470,7 @@ struct mt_ops_i {
      * moe_aux_backward (all =): dprobs (N, E) = float(aux_coef E f[q,e] / T / n_seq),
      *   dlse (N) = float(2 z_coef lse_i / n_tok) (the router_backward inputs). */
     void (*moe_route)(void *be, int32_t *pos, int32_t *src_row, int32_t *e_off, int32_t *work,
-                      const int32_t *topk_idx, int N, int k, int E);
+                      const int32_t *topk_idx, int N, int k, int E, int n_null);
     void (*moe_seq_stats)(void *be, double *seq, const float *probs, const int32_t *topk_idx, int N, int E, int k,
                           int B, int T, int g0);
     void (*moe_aux_loss)(void *be, double *loss, float *f_share, const double *seq, const float *lse, int N, int B,

@@ -366,8 +366,12 @@ enum mt_status mt_mesh_check_contract(struct mt_ctx *ctx, const struct mt_mesh_d
     if (has_moe_block(cfg)) {
         if (cfg->n_experts < 1 || cfg->n_experts % d->ep)
             return CONTRACT_FAIL(ctx, "n_experts %% ep != 0 (n_experts=%d, ep=%d)", cfg->n_experts, d->ep);
-        if (cfg->top_k > cfg->n_experts)
-            return CONTRACT_FAIL(ctx, "top_k > n_experts (top_k=%d, n_experts=%d)", cfg->top_k, cfg->n_experts);
+        if (cfg->top_k > cfg->n_experts + cfg->n_null_experts) {   /* null experts (SPEC 1e) count as choices */
+            if (cfg->n_null_experts == 0)
+                return CONTRACT_FAIL(ctx, "top_k > n_experts (top_k=%d, n_experts=%d)", cfg->top_k, cfg->n_experts);
+            return CONTRACT_FAIL(ctx, "top_k > n_experts + n_null_experts (top_k=%d, n_experts=%d, n_null_experts=%d)",
+                                 cfg->top_k, cfg->n_experts, cfg->n_null_experts);
+        }
     }
     if (cfg->n_layer < d->pp) return CONTRACT_FAIL(ctx, "n_layer < pp (n_layer=%d, pp=%d)", cfg->n_layer, d->pp);
     int mb = microbatches > 0 ? microbatches : (cfg->microbatches > 0 ? cfg->microbatches : 1);

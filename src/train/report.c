@@ -295,8 +295,18 @@ static void dist_moe(cJSON *d, const struct run_state *rs, int steps)
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "layer", l);
         cJSON *arr = cJSON_AddArrayToObject(o, "slots");
-        for (int e = 0; e < cfg->n_experts; e++)
-            cJSON_AddItemToArray(arr, cJSON_CreateNumber(rs->load_total[(size_t)l * cfg->n_experts + e]));
+        const int EZ = cfg->n_experts + cfg->n_null_experts;   /* columns: real experts, then null ones */
+        const double *row = rs->load_total + (size_t)l * EZ;
+        for (int e = 0; e < cfg->n_experts; e++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(row[e]));
+        if (cfg->n_null_experts > 0) {   /* SPEC 1e: the share of the layer's slots routed to a null expert */
+            double nul = 0, all = 0;
+            for (int e = 0; e < EZ; e++) {
+                all += row[e];
+                if (e >= cfg->n_experts) nul += row[e];
+            }
+            cJSON_AddNumberToObject(o, "null_slots", nul);
+            cJSON_AddNumberToObject(o, "null_share", all > 0 ? nul / all : 0);
+        }
         cJSON_AddItemToArray(hist, o);
     }
     cJSON *im = cJSON_AddArrayToObject(mo, "imbalance_max_over_mean_per_step");

@@ -31,7 +31,8 @@
 static enum mt_status moe_load_step(struct mt_ctx *ctx, struct run_state *rs, double *imbalance)
 {
     const struct mt_config *cfg = rs->cfg;
-    const size_t LE = (size_t)cfg->n_layer * (size_t)(cfg->n_experts > 0 ? cfg->n_experts : 1);
+    const int EZ = cfg->n_experts + cfg->n_null_experts;   /* histogram columns: real experts, then null ones */
+    const size_t LE = (size_t)cfg->n_layer * (size_t)(EZ > 0 ? EZ : 1);
     memcpy(rs->load_step, mt_model_moe_load(rs->model), LE * sizeof(double));
     MT_CHECK(mt_comm_allreduce(ctx, mt_mesh_world_comm(rs->mesh), rs->load_step, LE, MT_DTYPE_F64, MT_REDOP_SUM));
     double imb = 0;
@@ -39,9 +40,10 @@ static enum mt_status moe_load_step(struct mt_ctx *ctx, struct run_state *rs, do
     for (int l = 0; l < cfg->n_layer; l++) {
         if (!mt_blocks_layer_routed(cfg, l)) continue;
         double mx = 0, sum = 0;
-        for (int e = 0; e < cfg->n_experts; e++) {
-            double v = rs->load_step[(size_t)l * cfg->n_experts + e];
-            rs->load_total[(size_t)l * cfg->n_experts + e] += v;
+        for (int e = 0; e < EZ; e++) {
+            double v = rs->load_step[(size_t)l * EZ + e];
+            rs->load_total[(size_t)l * EZ + e] += v;
+            if (e >= cfg->n_experts) continue;   /* the imbalance is over the real experts */
             sum += v;
             if (v > mx) mx = v;
         }

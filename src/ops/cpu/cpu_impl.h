@@ -195,7 +195,7 @@ void mt_cpu_moe_combine_backward(float *dy, float *dgates, const float *dout, co
                                  const int32_t *pos, const float *gates, int N, int k, int C);
 /* MoE device routing (mt_ops.h) */
 void mt_cpu_moe_route(int32_t *pos, int32_t *src_row, int32_t *e_off, int32_t *work, const int32_t *topk_idx, int N,
-                      int k, int E);
+                      int k, int E, int n_null);
 void mt_cpu_moe_seq_stats(double *seq, const float *probs, const int32_t *topk_idx, int N, int E, int k, int B, int T,
                           int g0);
 void mt_cpu_moe_aux_loss(double *loss, float *f_share, const double *seq, const float *lse, int N, int B, int E, int k,

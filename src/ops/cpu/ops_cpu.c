@@ -320,10 +320,10 @@ static void p_moe_combine_backward(void *be, float *dy, float *dgates, const flo
     PROF(MT_OPK_ELEMENTWISE, mt_cpu_moe_combine_backward(dy, dgates, dout, y, pos, gates, N, k, C));
 }
 static void p_moe_route(void *be, int32_t *pos, int32_t *src_row, int32_t *e_off, int32_t *work,
-                        const int32_t *topk_idx, int N, int k, int E)
+                        const int32_t *topk_idx, int N, int k, int E, int n_null)
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
-    PROF(MT_OPK_ELEMENTWISE, mt_cpu_moe_route(pos, src_row, e_off, work, topk_idx, N, k, E));
+    PROF(MT_OPK_ELEMENTWISE, mt_cpu_moe_route(pos, src_row, e_off, work, topk_idx, N, k, E, n_null));
 }
 static void p_moe_seq_stats(void *be, double *seq, const float *probs, const int32_t *topk_idx, int N, int E, int k,
                             int B, int T, int g0)

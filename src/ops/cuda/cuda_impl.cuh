@@ -628,7 +628,7 @@ void mt_cuda_moe_combine_backward(void *be, float *dy, float *dgates, const floa
                                   const int32_t *pos, const float *gates, int N, int k, int C);
 /* MoE device routing (mt_ops.h) */
 void mt_cuda_moe_route(void *be, int32_t *pos, int32_t *src_row, int32_t *e_off, int32_t *work,
-                       const int32_t *topk_idx, int N, int k, int E);
+                       const int32_t *topk_idx, int N, int k, int E, int n_null);
 void mt_cuda_moe_seq_stats(void *be, double *seq, const float *probs, const int32_t *topk_idx, int N, int E, int k,
                            int B, int T, int g0);
 void mt_cuda_moe_aux_loss(void *be, double *loss, float *f_share, const double *seq, const float *lse, int N, int B,
