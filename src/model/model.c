@@ -265,6 +265,7 @@ static void model_shape(const struct mt_model *m, struct mt_block_shape *s)
     s->hd = m->hd;
     s->e0 = m->e0;
     s->Ee = m->Ee;
+    s->tp = m->tp;
 }
 
 /* What a piece's declarations turn into: a full mt_param (build), a count

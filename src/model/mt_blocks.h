@@ -116,6 +116,8 @@ struct mt_block_shape {
     int64_t E, top_k, Fe, Fs;       /* experts, routed per token, expert / shared-expert hidden       */
     int     e0, Ee;                 /* this rank's first expert and expert count                      */
     int64_t mE, mH, mP, mG, mN;     /* Mamba-3 (M): d_inner, heads, headdim, groups, state            */
+    int     tp;                     /* the model axis' degree, where a layout class depends on it
+                                     * (Mamba-3 B/C: split or replicated); 0 or 1: none           */
 };
 
 /* One parameter as a piece declares it. The registry turns it into a
