@@ -81,6 +81,12 @@ static const struct mamba_own *mown(const struct mt_piece_ctx *pc) { return pc->
 /* SPEC 1c: B and C split by group when G % tp == 0, otherwise replicated */
 static int bc_replicated(int64_t G, int tp) { return tp > 1 && G % tp != 0; }
 
+const char *mt_mamba_tp_mode(const struct mt_config *cfg, int tp)
+{
+    if (tp <= 1 || !mt_blocks_pattern_uses(cfg, "mamba")) return NULL;
+    return bc_replicated(cfg->mamba_ngroups, tp) ? "replicated" : "split";
+}
+
 static int gcd_i(int a, int b) { return b ? gcd_i(b, a % b) : a; }
 
 /* replicated B/C: the global group local group k reads (its first head's) */

@@ -278,6 +278,14 @@ static void dist_tp(cJSON *d, const struct run_state *rs, int steps)
         cJSON_AddNumberToObject(tb, tkinds[k], steps > 0 ? tps.bytes[k] / steps : 0);
         cJSON_AddNumberToObject(tc, tkinds[k], steps > 0 ? (double)tps.calls[k] / steps : 0);
     }
+    const char *mm = mt_mamba_tp_mode(rs->cfg, rs->tp);
+    if (mm) {   /* which B/C path the M blocks ran (SPEC 1c, docs/mamba3.md §10) */
+        cJSON_AddStringToObject(tpj, "mamba_tp_mode", mm);
+        cJSON_AddStringToObject(tpj, "mamba_tp_mode_note",
+                                "Mamba-3 B/C: split = by group (mamba_ngroups % tp == 0); replicated = whole on "
+                                "every model rank, gradient summed over the model group, gated-norm group sums "
+                                "all-reduced");
+    }
     cJSON_AddNumberToObject(tpj, "comm_s_total", tps.time_s);
     cJSON_AddStringToObject(tpj, "note", "model-axis collectives inside the layers (rank 0), blocking: all exposed; "
                                          "counted in timing.step_time_split_s.communication; steps = steps run "
