@@ -292,9 +292,6 @@ static struct mt_ops_i cuda_ops = {
     /* .ssm_gate_norm_fwd    = */ .ssm_gate_norm_forward  = PROF(MT_OPK_NORM, mt_cuda_ssm_gate_norm_forward),
     /* .ssm_gate_norm_bwd    = */ .ssm_gate_norm_backward = PROF(MT_OPK_NORM, mt_cuda_ssm_gate_norm_backward),
     /* .ssm_scan_step        = */ .ssm_scan_step        = PROF(MT_OPK_SCAN, mt_cuda_ssm_scan_step),
-    /* .ssm_gate_norm_sums   = */ .ssm_gate_norm_sums   = PROF(MT_OPK_NORM, mt_cuda_ssm_gate_norm_sums),
-    /* .ssm_gate_norm_fwd_ext = */ .ssm_gate_norm_forward_ext  = PROF(MT_OPK_NORM, mt_cuda_ssm_gate_norm_forward_ext),
-    /* .ssm_gate_norm_bwd_ext = */ .ssm_gate_norm_backward_ext = PROF(MT_OPK_NORM, mt_cuda_ssm_gate_norm_backward_ext),
     /* .xent_fused           = */ .xent_fused           = PROF(MT_OPK_XENT, cuda_xent_fused),
     /* .rmsnorm_resid_forward = */ .rmsnorm_resid_forward = PROF(MT_OPK_NORM, mt_cuda_rmsnorm_resid_forward),
     /* .qk_norm_rope_forward  = */ .qk_norm_rope_forward  = PROF(MT_OPK_NORM, mt_cuda_qk_norm_rope_forward),
@@ -329,6 +326,10 @@ static struct mt_ops_i cuda_ops = {
     /* CUDA graphs of the step (issue 27 item 4) */
     /* .graph_mode                 = */ .graph_mode                 = mt_cuda_graph_mode,
     /* .graph_info                 = */ .graph_info                 = mt_ops_cuda_graph_info_of,
+    /* the gated norm over groups that span ranks (replicated Mamba-3 B/C under TP) */
+    /* .ssm_gate_norm_sums         = */ .ssm_gate_norm_sums         = PROF(MT_OPK_NORM, mt_cuda_ssm_gate_norm_sums),
+    /* .ssm_gate_norm_forward_ext  = */ .ssm_gate_norm_forward_ext  = PROF(MT_OPK_NORM, mt_cuda_ssm_gate_norm_forward_ext),
+    /* .ssm_gate_norm_backward_ext = */ .ssm_gate_norm_backward_ext = PROF(MT_OPK_NORM, mt_cuda_ssm_gate_norm_backward_ext),
 };
 
 /* Undo a (partial) init: release what the bound instance holds and free it. */
