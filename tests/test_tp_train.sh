@@ -116,6 +116,13 @@ o="$W/HYB_tp4"
 if run 4 "$o" $HYB --steps 20 --mesh tp=4 && close "$W/HYB_ref" "$o" $HYB_TOL && mode_is "$o" replicated; then
     ok "HYB (2 groups) on tp=4 (B/C replicated, each group over two ranks) equals the single-rank losses"
 else bad "HYB (2 groups) on tp=4"; tail -5 "$o.log"; fi
+# 3 groups of 2 heads on tp=2 (3 heads a rank): neither divides the other, a
+# rank reads one group and a half (local groups of gcd(2, 3) = 1 head)
+HYB3="$HYB --set mamba_expand=3 --set mamba_ngroups=3"
+if run 1 "$W/HYB3_ref" $HYB3 --steps 20 && run 2 "$W/HYB3_tp2" $HYB3 --steps 20 --mesh tp=2 && \
+   close "$W/HYB3_ref" "$W/HYB3_tp2" $HYB_TOL && mode_is "$W/HYB3_tp2" replicated; then
+    ok "HYB3 (mamba_ngroups=3, 6 heads) on tp=2 (B/C replicated, groups straddling ranks) equals the single-rank losses"
+else bad "HYB3 (mamba_ngroups=3) on tp=2"; tail -5 "$W/HYB3_tp2.log"; fi
 viol 2 tp=2 'mesh contract: mamba nheads % tp != 0 \(nheads=3 = mamba_expand\*d_model/mamba_headdim, tp=2\): the model axis splits the Mamba-3 mixer by heads' \
     $HYB --set mamba_expand=3 --set mamba_headdim=32 --set mamba_ngroups=1
 
