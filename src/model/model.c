@@ -265,6 +265,7 @@ static void model_shape(const struct mt_model *m, struct mt_block_shape *s)
     s->hd = m->hd;
     s->e0 = m->e0;
     s->Ee = m->Ee;
+    s->tp = m->registry_tp > 1 ? m->registry_tp : m->tp;
 }
 
 /* What a piece's declarations turn into: a full mt_param (build), a count
@@ -1032,9 +1033,15 @@ enum mt_status mt_model_init_params(struct mt_ctx *ctx, struct mt_model *m, uint
 
 int mt_model_registry(const struct mt_config *cfg, struct mt_param *out, int cap)
 {
+    return mt_model_registry_tp(cfg, 1, out, cap);
+}
+
+int mt_model_registry_tp(const struct mt_config *cfg, int tp, struct mt_param *out, int cap)
+{
     struct mt_model m;
     memset(&m, 0, sizeof m);
     model_dims(&m, cfg, 1);
+    m.registry_tp = tp;
     struct param_sink s = { NULL, 0, 0 };
     build_params(&m, sink_param, &s);
     if (!out || cap < s.n) return s.n;

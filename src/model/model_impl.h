@@ -129,6 +129,8 @@ struct mt_model {
     struct mt_comm *ep_comm_host; /* host counts (mt_model.h); = ep_comm on the cpu backend */
     struct mt_ep_stats ep_stats;
     int tp, tp_rank, sp, Nr, Nm, row0;
+    int registry_tp;         /* mt_model_registry_tp: the model axis layout classes are chosen
+                              * for (Mamba-3 B/C) while shapes stay global (tp 1); 0: tp */
     struct mt_comm *tp_comm;
     struct mt_comm *tp_comm_host; /* host statistics (mt_model.h); = tp_comm on the cpu backend */
     struct mt_tp_stats tp_stats;

@@ -307,6 +307,10 @@ void mt_model_keep_logits(struct mt_model *m, int keep);
 /* The GLOBAL parameter list (one rank: every expert, full shapes) in model
  * order, without data. Returns the count; fills out only if cap >= count. */
 int mt_model_registry(const struct mt_config *cfg, struct mt_param *out, int cap);
+/* The same with the layout classes a model axis of degree tp gives (a class
+ * may depend on it: Mamba-3's B/C are split or replicated, SPEC 1c); names,
+ * shapes and boxes are still the one-rank registry's. */
+int mt_model_registry_tp(const struct mt_config *cfg, int tp, struct mt_param *out, int cap);
 
 /* Parameter counts: total, and active per token (MoE: top_k experts + shared). */
 void mt_model_param_counts(const struct mt_config *cfg, size_t *total, size_t *active);

@@ -594,6 +594,28 @@ struct mt_ops_i {
      * exactness the recycling decision needs). Optional (NULL: redo_every
      * is refused on that backend). */
     void   (*redo_score_acc)(void *be, int64_t *acc, const float *act, size_t rows, int F);
+    /* ---- the gated norm of the Mamba-3 mixer when its groups span ranks ----
+     * (replicated B/C under TP, mamba_ngroups % tp != 0: docs/mamba3.md §10).
+     * The rank holds channels [c0, c0 + E) of the global d_inner; groups are
+     * cg channels wide, so local channel c is in local group
+     * j = (c0 + c) / cg - c0 / cg, j < ng = (c0 + E - 1) / cg - c0 / cg + 1.
+     * s points at the rank's first group's column of an (n, lds) table of
+     * per-row group sums (the caller all-reduces it over the model group);
+     * rstd (n, ng).
+     * sums: s (=) per row and local group: dout NULL: sum (y silu z)^2 (the
+     *   forward's); else sum dout w (y silu z) rstd (the backward's mean term).
+     * forward_ext: rstd = 1/sqrt(s/cg + eps); out = (y silu z) rstd w   (=)
+     * backward_ext: ssm_gate_norm_backward with the mean term s/cg: dy, dz
+     *   (=), dw (+=). With c0 = 0, cg = E/G and the local sums, forward_ext
+     *   and backward_ext are ssm_gate_norm_* up to fp32 rounding. */
+    void   (*ssm_gate_norm_sums)(void *be, float *s, int lds, const float *y, const float *z, int ldz, const float *w,
+                                 const float *dout, const float *rstd, int n, int E, int c0, int cg);
+    void   (*ssm_gate_norm_forward_ext)(void *be, float *out, float *rstd, const float *y, const float *z, int ldz,
+                                        const float *w, const float *s, int lds, int n, int E, int c0, int cg,
+                                        float eps);
+    void   (*ssm_gate_norm_backward_ext)(void *be, float *dy, float *dz, float *dw, const float *dout, const float *y,
+                                         const float *z, int ldz, const float *w, const float *rstd, const float *s,
+                                         int lds, int n, int E, int c0, int cg);
 };
 
 /* Tensors per launch of the multi-tensor entries (their kernel-argument lists). */

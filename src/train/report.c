@@ -99,14 +99,15 @@ static enum mt_status replica_hash_check(struct mt_ctx *ctx, const struct mt_ops
     }
     /* hashes indexed by the GLOBAL registry: under PP / EP ranks hold different
      * parameter lists; 0 marks "not held here" */
-    int ng = mt_model_registry(rs->cfg, NULL, 0);
+    const int tp_ = mt_mesh_get_dims(rs->mesh)->tp;   /* the layout classes of this model axis */
+    int ng = mt_model_registry_tp(rs->cfg, tp_, NULL, 0);
     size_t maxn = 1;
     for (int i = 0; i < n; i++) if (params[i].numel > maxn) maxn = params[i].numel;
     float *host = mt_alloc(ctx, maxn * sizeof(float), MT_BUCKET_WORKSPACE);
     int64_t *h = mt_alloc(ctx, (size_t)ng * (size_t)(W + 1) * sizeof(int64_t), MT_BUCKET_OTHER);
     struct mt_param *glob = mt_alloc(ctx, (size_t)ng * sizeof *glob, MT_BUCKET_OTHER);
     if (!host || !h || !glob) { mt_free(ctx, host); mt_free(ctx, h); mt_free(ctx, glob); return MT_ERR_OOM; }
-    mt_model_registry(rs->cfg, glob, ng);
+    mt_model_registry_tp(rs->cfg, tp_, glob, ng);
     int64_t *all = h + ng;
     for (int g = 0, i = 0; g < ng; g++) {
         h[g] = 0;
@@ -277,6 +278,14 @@ static void dist_tp(cJSON *d, const struct run_state *rs, int steps)
     for (int k = 0; k < MT_TP_COLL_COUNT; k++) {
         cJSON_AddNumberToObject(tb, tkinds[k], steps > 0 ? tps.bytes[k] / steps : 0);
         cJSON_AddNumberToObject(tc, tkinds[k], steps > 0 ? (double)tps.calls[k] / steps : 0);
+    }
+    const char *mm = mt_mamba_tp_mode(rs->cfg, rs->tp);
+    if (mm) {   /* which B/C path the M blocks ran (SPEC 1c, docs/mamba3.md §10) */
+        cJSON_AddStringToObject(tpj, "mamba_tp_mode", mm);
+        cJSON_AddStringToObject(tpj, "mamba_tp_mode_note",
+                                "Mamba-3 B/C: split = by group (mamba_ngroups % tp == 0); replicated = whole on "
+                                "every model rank, gradient summed over the model group, gated-norm group sums "
+                                "all-reduced");
     }
     cJSON_AddNumberToObject(tpj, "comm_s_total", tps.time_s);
     cJSON_AddStringToObject(tpj, "note", "model-axis collectives inside the layers (rank 0), blocking: all exposed; "

@@ -237,5 +237,13 @@ void mt_cpu_ssm_gate_norm_forward(float *out, float *rstd, const float *y, const
 void mt_cpu_ssm_gate_norm_backward(float *dy, float *dz, float *dw, const float *dout, const float *y,
                                    const float *z, int ldz, const float *w, const float *rstd,
                                    int n, int E, int G);
+void mt_cpu_ssm_gate_norm_sums(float *s, int lds, const float *y, const float *z, int ldz, const float *w,
+                               const float *dout, const float *rstd, int n, int E, int c0, int cg);
+void mt_cpu_ssm_gate_norm_forward_ext(float *out, float *rstd, const float *y, const float *z, int ldz,
+                                      const float *w, const float *s, int lds, int n, int E, int c0, int cg,
+                                      float eps);
+void mt_cpu_ssm_gate_norm_backward_ext(float *dy, float *dz, float *dw, const float *dout, const float *y,
+                                       const float *z, int ldz, const float *w, const float *rstd, const float *s,
+                                       int lds, int n, int E, int c0, int cg);
 
 #endif /* MT_CPU_IMPL_H */

@@ -460,6 +460,26 @@ static void p_ssm_gate_norm_backward(void *be, float *dy, float *dz, float *dw, 
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_NORM, mt_cpu_ssm_gate_norm_backward(dy, dz, dw, dout, y, z, ldz, w, rstd, n, E, G));
 }
+static void p_ssm_gate_norm_sums(void *be, float *s, int lds, const float *y, const float *z, int ldz, const float *w,
+                                 const float *dout, const float *rstd, int n, int E, int c0, int cg)
+{
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    PROF(MT_OPK_NORM, mt_cpu_ssm_gate_norm_sums(s, lds, y, z, ldz, w, dout, rstd, n, E, c0, cg));
+}
+static void p_ssm_gate_norm_forward_ext(void *be, float *out, float *rstd, const float *y, const float *z, int ldz,
+                                        const float *w, const float *s, int lds, int n, int E, int c0, int cg,
+                                        float eps)
+{
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    PROF(MT_OPK_NORM, mt_cpu_ssm_gate_norm_forward_ext(out, rstd, y, z, ldz, w, s, lds, n, E, c0, cg, eps));
+}
+static void p_ssm_gate_norm_backward_ext(void *be, float *dy, float *dz, float *dw, const float *dout, const float *y,
+                                         const float *z, int ldz, const float *w, const float *rstd, const float *s,
+                                         int lds, int n, int E, int c0, int cg)
+{
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    PROF(MT_OPK_NORM, mt_cpu_ssm_gate_norm_backward_ext(dy, dz, dw, dout, y, z, ldz, w, rstd, s, lds, n, E, c0, cg));
+}
 static void p_ssm_scan_step(void *be, float *y, float *S, float *xprev, float *Bprev, const float *x, const float *Bm,
                             const float *Cm, const float *dt, const float *lam, const float *A, const float *Dsk,
                             int B, int H, int P, int N, int first)
@@ -536,6 +556,9 @@ static const struct mt_ops_i cpu_ops = {
     /* .ssm_gate_norm_fwd    = */ .ssm_gate_norm_forward  = p_ssm_gate_norm_forward,
     /* .ssm_gate_norm_bwd    = */ .ssm_gate_norm_backward = p_ssm_gate_norm_backward,
     /* .ssm_scan_step        = */ .ssm_scan_step        = p_ssm_scan_step,
+    /* .ssm_gate_norm_sums   = */ .ssm_gate_norm_sums   = p_ssm_gate_norm_sums,
+    /* .ssm_gate_norm_fwd_ext = */ .ssm_gate_norm_forward_ext  = p_ssm_gate_norm_forward_ext,
+    /* .ssm_gate_norm_bwd_ext = */ .ssm_gate_norm_backward_ext = p_ssm_gate_norm_backward_ext,
     /* .fill                 = */ .fill                 = p_fill,
     /* .axpby                = */ .axpby                = p_axpby,
     /* .sumsq                = */ .sumsq                = p_sumsq,

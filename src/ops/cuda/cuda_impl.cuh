@@ -672,6 +672,14 @@ void mt_cuda_ssm_gate_norm_forward(void *be, float *out, float *rstd, const floa
 void mt_cuda_ssm_gate_norm_backward(void *be, float *dy, float *dz, float *dw, const float *dout, const float *y,
                                     const float *z, int ldz, const float *w, const float *rstd,
                                     int n, int E, int G);
+void mt_cuda_ssm_gate_norm_sums(void *be, float *s, int lds, const float *y, const float *z, int ldz, const float *w,
+                                const float *dout, const float *rstd, int n, int E, int c0, int cg);
+void mt_cuda_ssm_gate_norm_forward_ext(void *be, float *out, float *rstd, const float *y, const float *z, int ldz,
+                                       const float *w, const float *s, int lds, int n, int E, int c0, int cg,
+                                       float eps);
+void mt_cuda_ssm_gate_norm_backward_ext(void *be, float *dy, float *dz, float *dw, const float *dout, const float *y,
+                                        const float *z, int ldz, const float *w, const float *rstd, const float *s,
+                                        int lds, int n, int E, int c0, int cg);
 /* fused.cu — the fused elementwise chains (mt_ops.h) */
 void mt_cuda_rmsnorm_resid_forward(void *be, float *out, float *rstd, float *resid, const float *inp, const float *weight,
                                    int N, int C, float eps);
