@@ -17,7 +17,8 @@ for l in lines[start + 1:]:
 
 def section(k):
     if k.startswith("mamba_"): return "model: Mamba-3 blocks (`M`)"
-    if k in ("n_experts", "top_k", "expert_hidden", "shared_expert_hidden", "aux_loss_coef", "z_loss_coef"):
+    if k in ("n_experts", "top_k", "expert_hidden", "shared_expert_hidden", "n_null_experts", "aux_loss_coef",
+             "z_loss_coef"):
         return "model: MoE blocks (`E`)"
     if k.startswith("lora_"): return "LoRA fine-tuning"
     if k in ("vocab_size", "n_layer", "d_model", "n_head", "n_kv_head", "head_dim", "mlp_hidden", "seq_len",

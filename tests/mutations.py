@@ -40,6 +40,11 @@ P = {
   "        off_t at = (off_t)(base + (int64_t)((((size_t)(off[0] + i)) * cols + (size_t)off[1]) * sizeof(float)));",
   "        off_t at = (off_t)(base + (int64_t)((((size_t)(off[0] + i)) * cols + (size_t)(write ? off[1] : 0)) * sizeof(float)));")],
  "shuffle_rank": [("src/train/trainer.c", "cfg->seed ^ 0x5eedda7aull);", "cfg->seed ^ 0x5eedda7aull ^ (uint64_t)wrank);")],
+ # issue 31: replicated Mamba-3 B/C, the gated norm's sums of squares on the local channels only
+ "mamba_gate_local": [("src/model/mamba.c",
+  "    ops->ssm_gate_norm_sums(ops->be, s, Gg, a->ys, a->proj, W, w->g_out, NULL, NULL, n, E, c0, cg);\n"
+  "    MT_CHECK(tpa_allreduce(ctx, &pc->tp, mown(pc)->gsum, (size_t)n * Gg));\n",
+  "    ops->ssm_gate_norm_sums(ops->be, s, Gg, a->ys, a->proj, W, w->g_out, NULL, NULL, n, E, c0, cg);\n")],
 }
 if len(sys.argv) != 2 or sys.argv[1] not in list(P) + ["list"]:
     raise SystemExit(__doc__)

@@ -14,7 +14,8 @@ Who holds a tensor (mesh rank = ((pipe * dp + data) * ep + expert) * tp + model)
     the same model coordinate hold the same copy;
   - an M block's mixer (docs/mamba3.md) splits by heads: the in-projection
     blocks, out_proj, dt_bias, A_log, D, B_bias, C_bias, norm.weight; its B/C
-    norm gains are whole;
+    norm gains are whole, and so are in_proj_B / in_proj_C when
+    mamba_ngroups % tp != 0 (replicated B/C, SPEC 1c);
   - LoRA adapters (docs/lora.md): on a column-parallel W (q, k, v, gate, up,
     the mixer's in-projection blocks) lora_B is split and lora_A whole (the
     in-projection's one shared mixer.in_proj.lora_A too); on a row-parallel W
@@ -68,6 +69,9 @@ def main(run):
                 is not None or re.search(r"\.(self_attn\.o_proj|mlp\.down_proj)\.lora_A\.weight$", n) is not None
             split = split or re.search(r"\.mixer\.(in_proj_\w+\.weight|out_proj\.weight|dt_bias|A_log|D|[BC]_bias|"
                                        r"norm\.weight|in_proj_\w+\.lora_B\.weight|out_proj\.lora_A\.weight)$", n) is not None
+        # Mamba-3 B/C under TP: whole on every rank when mamba_ngroups % tp != 0 (SPEC 1c)
+        if split and re.search(r"\.mixer\.in_proj_[BC]\.weight$", n) and cfg.get("mamba_ngroups", 1) % tp:
+            split = False
         holders = [c for c in map(coord, range(W)) if c[0] == stage and (erank is None or c[2] == erank)]
         for i in range(len(holders)):
             for j in range(i + 1, len(holders)):

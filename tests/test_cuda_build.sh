@@ -295,6 +295,8 @@ else
     # MoE: one A and one E block (router, 4 experts top-2, shared expert);
     # aux and z at their default coefficients, compared on their own too
     MOE="$TINY --set pattern=AE --set n_experts=4 --set top_k=2 --set expert_hidden=32 --set shared_expert_hidden=16"
+    # null experts (SPEC 1e): 2 of them, top-3 (about a third of the slots null)
+    NULLX="$MOE --set n_null_experts=2 --set top_k=3"
     # hybrid: an A and an M block (Mamba-3: 4 heads of 16, 2 groups, chunk 5
     # over 16 positions: the chunked scan with a partial last chunk, the
     # parallel rotary cumsum, the prep/gate kernels, forward and backward)
@@ -332,6 +334,9 @@ else
     run moe_cuda_z3 fp32 $MOE --backend cuda --zero 3 || zero_ok=0
     wait $pid_z3 || zero_ok=0
     wait $pid_hyb || run_ok=0
+    null_ok=1
+    run null_cpu fp32 $NULLX --set backend=cpu || null_ok=0
+    run null_cuda fp32 $NULLX --set backend=cuda || null_ok=0
     # cmp_losses REF RUN TOL [MIN]: RUN's receipt says backend cuda, 3 steps, and
     # its losses, lm_losses, aux_losses and z_losses are each within TOL
     # relative of REF's; with MIN, the total losses also differ by more than
@@ -383,6 +388,18 @@ PY
            "$EMU/run_moe_cpu/receipt.json"; then
         echo "PASS emulated train: 3 steps MoE (pattern=AE, 4 experts top-2, shared expert), backend=cuda lm/aux/z losses equal backend=cpu to 1e-5"
     else echo "FAIL: emulated train MoE cpu vs cuda"; fail=1; fi
+    if [ $null_ok -eq 1 ] && cmp_losses null_cpu null_cuda 1e-5 && python3 - "$EMU/run_null_cpu/receipt.json" \
+           "$EMU/run_null_cuda/receipt.json" "$EMU/run_moe_cpu/receipt.json" <<'PY'
+import json, sys
+a, b, m = (json.load(open(p)) for p in sys.argv[1:4])
+ha, hb = (r["distributed"]["moe"]["tokens_per_expert_total"][0] for r in (a, b))
+assert ha["slots"] == hb["slots"] and ha["null_slots"] == hb["null_slots"] and 0 < ha["null_share"] < 1, (ha, hb)
+assert sum(ha["slots"]) + ha["null_slots"] == 3 * 4 * 16 * 3, ha
+assert a["losses"] != m["losses"], "null experts changed nothing"
+print("   null slots cpu %d cuda %d (share %.3f)" % (ha["null_slots"], hb["null_slots"], ha["null_share"]))
+PY
+    then echo "PASS emulated train: 3 steps MoE with 2 null experts (top-3), backend=cuda lm/aux/z losses equal backend=cpu to 1e-5, the same null slots"
+    else echo "FAIL: emulated train MoE with null experts cpu vs cuda"; fail=1; fi
     if [ $run_ok -eq 1 ] && cmp_losses hyb_cpu hyb_cuda 1e-6; then
         echo "PASS emulated train: 3 steps hybrid (pattern=AM, Mamba-3 chunk 5 of seq 16: the chunked scan), backend=cuda losses equal backend=cpu to 1e-6"
     else echo "FAIL: emulated train hybrid cpu vs cuda"; fail=1; fi

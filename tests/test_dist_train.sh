@@ -162,4 +162,17 @@ fault 1:3:nan 'non-finite gradient on rank 1 in parameter model\.norm\.weight at
 fault 1:3:error 'injected failure \(MT_FAULT\) on rank 1 at step 3' "a rank's error brings the job down"
 fault 0:2:signal 'exited on signal 9|killed|Killed' "a killed rank brings the job down"
 
+
+# ---- 8: null experts (SPEC 1e): the router's E + Z rows, dp=2 ZeRO-1 and ZeRO-3 vs one rank ----
+NULLX="$MOE --set n_null_experts=2 --set top_k=3"
+if run 1 "$W/NULLX_ref" $NULLX --steps 20 && differs "$W/NULLX_ref" "$W/MOE_ref"; then
+    floor "$W/NULLX_ref" 4 $NULLX --steps 20
+    for z in 1 3; do
+        o="$W/NULLX_np2_z$z"
+        if run 2 "$o" $NULLX --steps 20 --zero $z && close "$W/NULLX_ref" "$o" 1e-6; then
+            ok "NULLX (2 null experts) np=2 zero=$z equals the single-rank losses"
+        else bad "NULLX (2 null experts) np=2 zero=$z"; tail -5 "$o.log"; fi
+    done
+else bad "NULLX reference (or null experts changed nothing)"; tail -5 "$W/NULLX_ref.log"; fi
+
 finish

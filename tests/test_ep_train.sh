@@ -111,4 +111,46 @@ run 4 "$W/part" $SHARED --steps 10 --mesh dp=2,ep=2 --zero 3 && run 1 "$W/cont" 
 viol 2 ep=2 'n_experts % ep != 0 \(n_experts=3, ep=2\)' $BASE --set n_experts=3
 viol 2 ep=2 'top_k.*n_experts' $BASE --set top_k=5
 
+
+# ---- 7: null experts (SPEC 1e): not sharded, nothing sent for them ----
+# ep=2, ep=2 x dp=2 ZeRO-3 and ep=2 x tp=2 equal one rank; the receipt's
+# per-layer null share: every slot counted once (experts + null = steps x
+# sequences x T x top_k), a share strictly inside (0, 1), the same counts on
+# every mesh; a checkpoint of ep=2 x dp=2 ZeRO-3 resumes on one rank; a
+# one-rank resume is bit-exact.
+NULLX="$BASE --set n_null_experts=2 --set top_k=3"
+if run 1 "$W/NULLX_ref" $NULLX --steps 20 && differs "$W/NULLX_ref" "$W/BASE_ref"; then
+    floor "$W/NULLX_ref" 4 $NULLX --steps 20
+    for mz in "2 ep=2 0" "4 dp=2,ep=2 3" "4 ep=2,tp=2 1"; do
+        set -- $mz; o="$W/NULLX_${2//[=,]/_}"
+        if run "$1" "$o" $NULLX --steps 20 --mesh "$2" --zero "$3" && close "$W/NULLX_ref" "$o" 1e-6; then
+            ok "NULLX (2 null experts) --mesh $2 zero=$3 equals the single-rank losses"
+        else bad "NULLX (2 null experts) --mesh $2 zero=$3"; tail -5 "$o.log"; fi
+    done
+    python3 - "$W/NULLX_ref" "$W/NULLX_ep_2" "$W/NULLX_dp_2_ep_2" "$W/NULLX_ep_2_tp_2" <<'PY' \
+        && ok "receipt: null share per layer, every slot counted once, the same on every mesh" \
+        || bad "receipt: null share per layer"
+import json, sys
+rows = []
+for d in sys.argv[1:]:
+    r = json.load(open(d + "/receipt.json"))
+    h = r["distributed"]["moe"]["tokens_per_expert_total"]
+    assert len(h) == 1 and len(h[0]["slots"]) == 4, h
+    x = h[0]; total = sum(x["slots"]) + x["null_slots"]
+    assert total == 20 * 8 * 16 * 3, (d, total)
+    assert 0 < x["null_share"] < 1 and abs(x["null_share"] - x["null_slots"] / total) < 1e-12, x
+    rows.append((x["slots"], x["null_slots"]))
+print("   layer 1: slots per expert %s, null %d (share %.4f)" % (rows[0][0], rows[0][1], rows[0][1] / (sum(rows[0][0]) + rows[0][1])))
+assert all(r == rows[0] for r in rows), rows
+PY
+    run 4 "$W/NULLX_part" $NULLX --steps 10 --mesh dp=2,ep=2 --zero 3 && \
+        run 1 "$W/NULLX_cont" $NULLX --steps 20 --resume "$W/NULLX_part" && close "$W/NULLX_ref" "$W/NULLX_cont" 1e-6 10 \
+        && ok "NULLX: an ep=2 x dp=2 ZeRO-3 checkpoint (router of E + Z rows) resumes on one rank" \
+        || bad "NULLX: ep=2 x dp=2 checkpoint resumes on one rank"
+    run 1 "$W/NULLX_r1" $NULLX --steps 10 && run 1 "$W/NULLX_r1" $NULLX --steps 20 --resume "$W/NULLX_r1" \
+        && close "$W/NULLX_ref" "$W/NULLX_r1" 0 10 && ok "NULLX: 10 steps + save + load + 10 steps == 20 steps, bit for bit (one rank)" \
+        || bad "NULLX: one-rank resume bit-exact"
+else bad "NULLX reference (or null experts changed nothing)"; tail -5 "$W/NULLX_ref.log"; fi
+viol 2 ep=2 'top_k in \[1, n_experts \+ n_null_experts\] \(top_k=7, n_experts=4, n_null_experts=2\)' $BASE --set n_null_experts=2 --set top_k=7
+
 finish

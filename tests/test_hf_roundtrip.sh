@@ -39,6 +39,9 @@ roundtrip() {  # name, export flags, then train flags
 roundtrip dense ""
 roundtrip moe "" $MOE
 roundtrip moe_shared_softcap "--allow-lossy" $MOE --set shared_expert_hidden=16 --set logit_softcap=2
+# null experts (SPEC 1e): the router's E + Z rows, null slots add nothing (exported with --allow-lossy:
+# transformers cannot run them; the reference reads meshtrain_n_null_experts)
+roundtrip moe_null "--allow-lossy" $MOE --set n_null_experts=3 --set top_k=3
 # a hybrid (M = Mamba-3 blocks, issue 15): exported as MeshtrainHybrid, the reference runs its mixer
 # through tests/mamba3_ref.py; 2 groups, chunk 8 (does not divide the 20 ids)
 roundtrip hybrid "" --set n_layer=4 --set pattern=MEAM --set n_experts=4 --set top_k=2 --set expert_hidden=16 \
@@ -48,6 +51,24 @@ roundtrip hybrid "" --set n_layer=4 --set pattern=MEAM --set n_experts=4 --set t
 $MT export --ckpt "$W/moe_shared_softcap" --out "$W/refused" >/dev/null 2>"$W/err"; rc=$?
 [ $rc = 2 ] && [ "$(wc -l <"$W/err")" = 1 ] && grep -q softcap "$W/err" && grep -q "shared expert" "$W/err" && [ ! -e "$W/refused" ] &&
     ok "lossy export refused: $(cat "$W/err")" || bad "lossy export not refused (rc $rc: $(cat "$W/err"))"
+
+# null experts: refused without --allow-lossy (one line naming them, nothing written); the lossy
+# export keeps them under meshtrain_* keys and says so; import reads them back (same logits)
+$MT export --ckpt "$W/moe_null" --out "$W/refused_null" >/dev/null 2>"$W/err"; rc=$?
+[ $rc = 2 ] && [ "$(wc -l <"$W/err")" = 1 ] && grep -q "null experts (n_null_experts 3" "$W/err" && [ ! -e "$W/refused_null" ] &&
+    ok "null experts: export refused without --allow-lossy: $(cat "$W/err")" || bad "null experts export not refused (rc $rc: $(cat "$W/err"))"
+if [ -d "$W/moe_null.hf" ] && python3 - "$W/moe_null.hf/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+assert c["meshtrain_n_null_experts"] == 3 and c["num_experts"] == 4 and "meshtrain_null_experts_note" in c, c
+PY
+then
+    if $MT import --hf "$W/moe_null.hf" --out "$W/moe_null.imp" >/dev/null 2>"$W/err" &&
+       $MT logits --ckpt "$W/moe_null.imp" --ids "$IDS" --out "$W/moe_null.imp.logits" >/dev/null 2>>"$W/err" &&
+       cmp -s "$W/moe_null.logits" "$W/moe_null.imp.logits"; then
+        ok "null experts: config.json keeps meshtrain_n_null_experts; import reads it back (logits bit-identical)"
+    else bad "null experts: import round trip ($(cat "$W/err"))"; fi
+else bad "null experts: config.json keys"; fi
 
 # hand-computed aux and z: zero the routers of the plain MoE export, import, forward
 if [ -d "$W/moe.hf" ]; then

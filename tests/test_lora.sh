@@ -309,9 +309,9 @@ viol 1 dp=1 "lora_targets: unknown target 'qq'" $DENSE --lora 2:4:qq
 viol 1 dp=1 "--lora 0: the rank must be an integer >= 1" $DENSE --lora 0
 # the M blocks' targets: only on a pattern with M blocks; their rank limit
 # (min(in, out) of Win stacked (W, D) and Wout (D, d_inner): D); 'in' is no target
-# the M block's in-projection under tp=4 with 2 groups: B/C would have to be
-# replicated, a split with no adapter rule (nor a mixer one): the contract refuses it
-viol 4 tp=4 'mesh contract: mamba_ngroups % tp != 0 \(mamba_ngroups=2, tp=4\)' $HY --set n_kv_head=4 $HY_LORA
+# the M block under tp=4 with 2 groups: B/C are replicated (SPEC 1c), a path
+# LoRA does not take (docs/lora.md): refused at startup
+viol 4 tp=4 'model: LoRA on M blocks with B/C replicated over the model axis \(mamba_ngroups % tp != 0: mamba_ngroups=2, tp=4\) is not supported' $HY --set n_kv_head=4 $HY_LORA
 # (one rank, no mpirun: a config rule, checked before any communicator)
 while IFS='|' read -r cfg args expect; do
     rm -rf "$W/bad"

@@ -38,6 +38,7 @@
 
 static int g_fail = 0;
 static int g_lora = 0;   /* 1: the configs carry LoRA adapters on every target (rank 2, alpha 4) */
+static int g_null = 0;   /* > 0: the MoE configs get this many null experts (SPEC 1e), top_k 3 */
 #define EXPECT(cond, ...)                                                   \
     do {                                                                    \
         if (!(cond)) {                                                      \
@@ -80,6 +81,10 @@ static void base_config(struct mt_config *cfg, struct mt_ctx *ctx, int moe, floa
         cfg->shared_expert_hidden = 8;
         cfg->aux_loss_coef = 0.1f;
         cfg->z_loss_coef = 0.01f;
+        if (g_null) {   /* null experts: about half of the slots choose one */
+            cfg->n_null_experts = g_null;
+            cfg->top_k = 3;
+        }
     } else {
         cfg->pattern[0] = '\0';
     }
@@ -188,6 +193,15 @@ static void gradcheck(const char *label, int moe, float softcap)
     int32_t *r0 = calloc(nroute, sizeof(int32_t)), *r1 = calloc(nroute, sizeof(int32_t));
     total_loss(&ctx, m, idx, tgt, &norm);
     routing_snapshot(m, r0);
+    if (g_null && moe) {   /* the point must route slots both to real and to null experts */
+        int nnull = 0, nreal = 0;
+        for (size_t i = 0; i + 1 < nroute && i < (size_t)N * m->top_k; i++) {
+            if (r0[i] >= cfg.n_experts) nnull++;
+            else nreal++;
+        }
+        printf("%s: %d slots to null experts, %d to real ones\n", label, nnull, nreal);
+        EXPECT(nnull > 0 && nreal > 0, "%s: routing has %d null and %d real slots", label, nnull, nreal);
+    }
 
     int np;
     struct mt_param *ps = mt_model_params(m, &np);
@@ -367,6 +381,87 @@ static void microbatch_split(int moe)
     mt_ctx_free(&ctx);
 }
 
+/* Null experts (SPEC 1e) against an independent reading of them: a model
+ * with E = 4 real and Z = 2 null experts equals a model of 6 real experts
+ * whose experts 4 and 5 have a zero down projection (they output 0, so
+ * their gate gradient is 0 and nothing reaches their other weights) and the
+ * same router, in every loss part and in the gradient of every parameter
+ * both have. The second model runs the plain dispatch (every slot a row), so
+ * a null slot that moved data or added a contribution shows here. */
+static struct mt_param *param_named(struct mt_model *m, const char *name)
+{
+    int np;
+    struct mt_param *ps = mt_model_params(m, &np);
+    for (int i = 0; i < np; i++)
+        if (!strcmp(ps[i].name, name)) return &ps[i];
+    return NULL;
+}
+
+static void null_vs_zero_experts(int moe)
+{
+    struct mt_ctx ctx;
+    mt_ctx_init(&ctx);
+    const struct mt_ops_i *ops = mt_ops_cpu();
+    const int B = 2, T = 6, N = B * T;
+    struct mt_config ca, cb;
+    g_null = 2;
+    base_config(&ca, &ctx, moe, 0.0f, T);
+    g_null = 0;
+    base_config(&cb, &ctx, moe, 0.0f, T);
+    cb.n_experts = ca.n_experts + ca.n_null_experts;
+    cb.top_k = ca.top_k;
+    struct mt_model *ma = NULL, *mb = NULL;
+    MT_ASSERT(mt_model_create(&ctx, ops, &ca, B, &ma) == MT_OK);
+    MT_ASSERT(mt_model_create(&ctx, ops, &cb, B, &mb) == MT_OK);
+    spread_params(ma, 13);
+    spread_params(mb, 13);   /* by name and element: the shared names get the same values */
+    int np;
+    struct mt_param *pb = mt_model_params(mb, &np);
+    for (int i = 0; i < np; i++) {
+        int e = -1;
+        if (sscanf(strstr(pb[i].name, "experts.") ? strstr(pb[i].name, "experts.") : "", "experts.%d.", &e) == 1 &&
+            e >= ca.n_experts && strstr(pb[i].name, "down_proj"))
+            ops->fill(ops->be, pb[i].data, 0.0f, pb[i].numel);
+    }
+    int32_t idx[64], tgt[64];
+    make_batch(N, ca.vocab_size, 31, idx, tgt, 1);
+    struct mt_loss_norm norm = batch_norm(tgt, N, B, T);
+    struct mt_loss_parts la, lb;
+    mt_model_zero_grad(ma);
+    mt_model_zero_grad(mb);
+    MT_ASSERT(mt_model_forward(&ctx, ma, idx, tgt, &norm, &la) == MT_OK);
+    MT_ASSERT(mt_model_backward(&ctx, ma) == MT_OK);
+    MT_ASSERT(mt_model_forward(&ctx, mb, idx, tgt, &norm, &lb) == MT_OK);
+    MT_ASSERT(mt_model_backward(&ctx, mb) == MT_OK);
+    double dl = 0;
+    for (int k = 0; k < la.n; k++) dl = fmax(dl, fabs(la.v[k] - lb.v[k]) / fmax(1e-12, fabs(lb.v[k])));
+    struct mt_param *pa = mt_model_params(ma, &np);
+    double worst = 0;
+    int matched = 0;
+    for (int i = 0; i < np; i++) {
+        struct mt_param *q = param_named(mb, pa[i].name);
+        EXPECT(q && q->numel == pa[i].numel, "null vs zero experts: %s missing in the second model", pa[i].name);
+        if (!q || q->numel != pa[i].numel) continue;
+        float *ga = malloc(pa[i].numel * sizeof(float)), *gb = malloc(pa[i].numel * sizeof(float));
+        ops->copy_to_host(ops->be, ga, pa[i].grad, pa[i].numel * sizeof(float));
+        ops->copy_to_host(ops->be, gb, q->grad, q->numel * sizeof(float));
+        double sc = 0;
+        for (size_t e = 0; e < pa[i].numel; e++) sc = fmax(sc, fabs(gb[e]));
+        for (size_t e = 0; e < pa[i].numel; e++) worst = fmax(worst, fabs((double)ga[e] - gb[e]) / (sc + 1e-12));
+        matched++;
+        free(ga);
+        free(gb);
+    }
+    printf("null vs zero experts (%s): lm %.9g vs %.9g, aux %.9g vs %.9g, z %.9g vs %.9g; max rel loss diff %.2e, "
+           "%d params, max grad diff / tensor scale %.2e\n", moe == 2 ? "hybrid" : "moe", la.v[MT_LOSS_LM],
+           lb.v[MT_LOSS_LM], la.v[MT_LOSS_AUX], lb.v[MT_LOSS_AUX], la.v[MT_LOSS_Z], lb.v[MT_LOSS_Z], dl, matched, worst);
+    EXPECT(la.n == lb.n && dl < 1e-6, "null vs zero experts: loss parts differ (%.3g)", dl);
+    EXPECT(worst < 1e-6, "null vs zero experts: gradients differ (%.3g)", worst);
+    mt_model_destroy(&ctx, ma);
+    mt_model_destroy(&ctx, mb);
+    mt_ctx_free(&ctx);
+}
+
 /* LoRA with its real init (B = 0): the loss equals the frozen base's bit
  * for bit (the adapter adds s * t * 0 = +0 to every output), and after one
  * backward the base matrices hold no gradient while B's is non-zero. */
@@ -496,6 +591,13 @@ int main(void)
     gradcheck("dense + hidden_l2", 0, 0.0f);
     gradcheck("moe + hidden_l2", 1, 0.0f);
     unsetenv("MT_TEST_LOSS_PART");
+    g_null = 2;   /* null experts (SPEC 1e): the router's E + Z rows, gates renormalised over both */
+    gradcheck("moe null experts", 1, 0.0f);
+    gradcheck("hybrid AMEM null experts", 2, 0.0f);
+    microbatch_split(1);
+    g_null = 0;
+    null_vs_zero_experts(1);
+    null_vs_zero_experts(2);
     lora_zero_start(0);
     lora_zero_start(1);
     lora_zero_start(2);

@@ -10,6 +10,7 @@
 #  4. precision=bf16 (the routed experts on their bf16 shadows, one
 #     gemm_bf16 per group), one rank and ep=2, and with LoRA on every
 #     target (the frozen experts' shadows, fp32 adapters) on one rank;
+#  5. null experts (n_null_experts=2, top-3): fp32 one rank, bf16 on ep=2;
 #  and each loop run's receipt says moe_grouped=0 from the command line (the
 #  switch was applied), the grouped one the default 1.
 # Frozen experts getting weight gradients is caught by test_model_grad (its
@@ -53,6 +54,9 @@ same "full np1" 1 $MOE
 same "bf16 np1" 1 $MOE --set precision=bf16
 same "bf16 ep2" 2 $MOE --set precision=bf16 --mesh ep=2
 same "lora bf16 np1" 1 $MOE $LORA --set precision=bf16
+# null experts (SPEC 1e): the groups cover only the real rows [0, e_off[E]); fp32 one rank, bf16 on ep=2
+same "null experts np1" 1 $MOE --set n_null_experts=2 --set top_k=3
+same "null experts bf16 ep2" 2 $MOE --set n_null_experts=2 --set top_k=3 --set precision=bf16 --mesh ep=2
 # the LoRA runs trained their adapters: the loss moved (a frozen no-op would pass the above too)
 python3 - "$W/lora np1_g/receipt.json" <<'PY' && ok "lora np1: the loss moved" || bad "lora np1: the loss moved"
 import json, sys

@@ -1287,7 +1287,7 @@ static int run_router(struct harness *h)
 /* MoE permute / combine                                                    */
 
 struct moe_case {
-    int N, k, C;
+    int N, k, C, Mr;   /* Mr: the real slots' rows (null slots have none) */
     const int32_t *pos, *src;
     double *h, *y, *gates, *W, *xp, *out;
 };
@@ -1296,27 +1296,32 @@ static void ref_permute(double *xp, const double *hh, const int32_t *src, int M,
     for (int m = 0; m < M; m++)
         for (int c = 0; c < C; c++) xp[(size_t)m * C + c] = hh[(size_t)src[m] * C + c];
 }
-/* dh[n] += sum_j dxp[pos[n*k+j]] */
+/* dh[n] += sum_j dxp[pos[n*k+j]]; a null slot (pos < 0, SPEC 1e) has no row */
 static void ref_permute_bwd(double *dh, const double *dxp, const int32_t *pos, int N, int k, int C)
 {
     for (int n = 0; n < N; n++)
         for (int j = 0; j < k; j++)
-            for (int c = 0; c < C; c++) dh[(size_t)n * C + c] += dxp[(size_t)pos[(size_t)n * k + j] * C + c];
+            for (int c = 0; c < C && pos[(size_t)n * k + j] >= 0; c++)
+                dh[(size_t)n * C + c] += dxp[(size_t)pos[(size_t)n * k + j] * C + c];
 }
-/* out[n] += sum_j gates[n,j] y[pos[n*k+j]] */
+/* out[n] += sum_j gates[n,j] y[pos[n*k+j]]; a null slot adds nothing */
 static void ref_combine(double *out, const double *y, const int32_t *pos, const double *g, int N, int k, int C)
 {
     for (int n = 0; n < N; n++)
         for (int j = 0; j < k; j++)
-            for (int c = 0; c < C; c++)
+            for (int c = 0; c < C && pos[(size_t)n * k + j] >= 0; c++)
                 out[(size_t)n * C + c] += g[(size_t)n * k + j] * y[(size_t)pos[(size_t)n * k + j] * C + c];
 }
-/* dy[pos] = g dout[n] (=); dgates[n,j] = dout[n].y[pos] (=) */
+/* dy[pos] = g dout[n] (=); dgates[n,j] = dout[n].y[pos] (=), 0 for a null slot */
 static void ref_combine_bwd(double *dy, double *dg, const double *dout, const double *y, const int32_t *pos,
                             const double *g, int N, int k, int C)
 {
     for (int n = 0; n < N; n++)
         for (int j = 0; j < k; j++) {
+            if (pos[(size_t)n * k + j] < 0) {
+                dg[(size_t)n * k + j] = 0;
+                continue;
+            }
             size_t r = (size_t)pos[(size_t)n * k + j];
             double s = 0;
             for (int c = 0; c < C; c++) {
@@ -1329,8 +1334,8 @@ static void ref_combine_bwd(double *dy, double *dg, const double *dout, const do
 static double permute_loss(void *ud)
 {
     struct moe_case *m = ud;
-    ref_permute(m->xp, m->h, m->src, m->N * m->k, m->C);
-    return wsum(m->xp, m->W, (size_t)m->N * m->k * m->C);
+    ref_permute(m->xp, m->h, m->src, m->Mr, m->C);
+    return wsum(m->xp, m->W, (size_t)m->Mr * m->C);
 }
 static double combine_loss(void *ud)
 {
@@ -1340,10 +1345,10 @@ static double combine_loss(void *ud)
     return wsum(m->out, m->W, (size_t)m->N * m->C);
 }
 
-static void moe_case(struct harness *h, int N, int k, int E, int C)
+/* nnull: experts E - nnull.. are null (SPEC 1e): their slots get pos -1 and no row */
+static void moe_case(struct harness *h, int N, int k, int E, int C, int nnull)
 {
     int M = N * k;
-    size_t nh = (size_t)N * C, nm = (size_t)M * C, ng = (size_t)M;
     /* routing as the model does it: k distinct experts per token, then the
      * slots sorted by expert, stable in slot order n*k+j */
     int32_t *expert = new_i(h, M), *pos = new_i(h, M), *src = new_i(h, M);
@@ -1361,17 +1366,23 @@ static void moe_case(struct harness *h, int N, int k, int E, int C)
     for (int e = 0; e < E; e++)
         for (int s = 0; s < M; s++)
             if (expert[s] == e) {
+                if (e >= E - nnull) {
+                    pos[s] = -1;
+                    continue;
+                }
                 pos[s] = m;
                 src[m++] = s / k;
             }
+    const int Mr = m;
+    size_t nh = (size_t)N * C, nm = (size_t)Mr * C, ng = (size_t)M;
     float *hh = rand_f(h, nh, -1, 1), *y = rand_f(h, nm, -1, 1), *g = rand_f(h, ng, 0.05, 1);
     float *Wh = rand_f(h, nm, -1, 1), *Wo = rand_f(h, nh, -1, 1), *init_h = rand_f(h, nh, -1, 1);
     char cs[64];
-    snprintf(cs, sizeof cs, "N=%d k=%d E=%d C=%d", N, k, E, C);
-    struct moe_case mc = {N, k, C, pos, src, to_d(h, hh, nh), to_d(h, y, nm), to_d(h, g, ng), to_d(h, Wh, nm),
+    snprintf(cs, sizeof cs, "N=%d k=%d E=%d C=%d null=%d", N, k, E, C, nnull);
+    struct moe_case mc = {N, k, C, Mr, pos, src, to_d(h, hh, nh), to_d(h, y, nm), to_d(h, g, ng), to_d(h, Wh, nm),
                           new_d(h, nm), new_d(h, nh)};
     double *xp = new_d(h, nm), *gh = new_d(h, nh), *out = new_d(h, nh), *gy = new_d(h, nm), *gg = new_d(h, ng);
-    ref_permute(xp, mc.h, src, M, C);
+    ref_permute(xp, mc.h, src, Mr, C);
     ref_permute_bwd(gh, mc.W, pos, N, k, C);
     ref_combine(out, mc.y, pos, mc.gates, N, k, C);
     double *Wod = to_d(h, Wo, nh);
@@ -1387,7 +1398,7 @@ static void moe_case(struct harness *h, int N, int k, int E, int C)
     float *dhh = up_f(h, hh, nh), *dy = up_f(h, y, nm), *dg = up_f(h, g, ng);
     if (has(h, "moe_permute", h->ops->moe_permute != NULL)) {
         float *dxp = up_f(h, nan_f(h, nm), nm);
-        h->ops->moe_permute(h->ops->be, dxp, dhh, dsrc, M, C);
+        h->ops->moe_permute(h->ops->be, dxp, dhh, dsrc, Mr, C);
         checkf(h, "moe_permute", err_rel(h, down_f(h, dxp, nm), xp, nm), 0, "%s xp (=) exact", cs);
     }
     if (has(h, "moe_permute_backward", h->ops->moe_permute_backward != NULL)) {
@@ -1423,10 +1434,12 @@ static void moe_case(struct harness *h, int N, int k, int E, int C)
 static int run_moe(struct harness *h)
 {
     int f0 = n_fail;
-    moe_case(h, 7, 2, 5, 13);
-    moe_case(h, 5, 3, 4, 6);
-    moe_case(h, 6, 1, 3, 8);
-    moe_case(h, 64, 4, 16, 96);
+    moe_case(h, 7, 2, 5, 13, 0);
+    moe_case(h, 5, 3, 4, 6, 0);
+    moe_case(h, 6, 1, 3, 8, 0);
+    moe_case(h, 64, 4, 16, 96, 0);
+    moe_case(h, 9, 2, 6, 13, 2);    /* null experts (SPEC 1e): no row, dgates 0 */
+    moe_case(h, 33, 3, 5, 40, 3);
     return n_fail == f0;
 }
 
@@ -1454,11 +1467,12 @@ static double aux_loss_ref(void *ud)
     return aux / a->n_seq + a->z_coef * z / a->n_tok;
 }
 
-static void routing_case(struct harness *h, int N, int B, int T, int E, int k, int g0, int skew)
+/* nnull: the last nnull of the E experts are null (SPEC 1e): pos -1, no src_row row */
+static void routing_case(struct harness *h, int N, int B, int T, int E, int k, int g0, int skew, int nnull)
 {
     const size_t M = (size_t)N * k, ne = (size_t)N * E, nq = (size_t)B * E;
     char cs[96];
-    snprintf(cs, sizeof cs, "N=%d B=%d T=%d E=%d k=%d g0=%d%s", N, B, T, E, k, g0, skew ? " skewed" : "");
+    snprintf(cs, sizeof cs, "N=%d B=%d T=%d E=%d k=%d g0=%d null=%d%s", N, B, T, E, k, g0, nnull, skew ? " skewed" : "");
     /* k distinct experts per row (skewed: mostly the first k+1, the rest empty) */
     int32_t *topk = new_i(h, M ? M : 1);
     for (int n = 0; n < N; n++)
@@ -1478,11 +1492,17 @@ static void routing_case(struct harness *h, int N, int B, int T, int E, int k, i
         off[e] = r;
         for (size_t sl = 0; sl < M; sl++)
             if (topk[sl] == e) {
+                if (e >= E - nnull) {
+                    pos[sl] = -1;
+                    r++;
+                    continue;
+                }
                 pos[sl] = r;
                 src[r++] = (int32_t)(sl / (size_t)k);
             }
     }
     off[E] = r;
+    const size_t Mr = (size_t)off[E - nnull];   /* src_row's written rows */
     float *p = rand_f(h, ne, 0, 1), *lse = rand_f(h, (size_t)N, -3, 3);
     double *seq = new_d(h, 2 * nq), *f = new_d(h, nq);
     for (int i = 0; i < N; i++) {
@@ -1518,13 +1538,13 @@ static void routing_case(struct harness *h, int N, int B, int T, int E, int k, i
             dpos[t] = dalloc(h, (M ? M : 1) * sizeof(int32_t));
             dsrc[t] = dalloc(h, (M ? M : 1) * sizeof(int32_t));
             doff[t] = dalloc(h, ((size_t)E + 1) * sizeof(int32_t));
-            h->ops->moe_route(h->ops->be, dpos[t], dsrc[t], doff[t], work, dt, N, k, E);
+            h->ops->moe_route(h->ops->be, dpos[t], dsrc[t], doff[t], work, dt, N, k, E, nnull);
         }
         int32_t *gp = down_i(h, dpos[0], M), *gs = down_i(h, dsrc[0], M), *go = down_i(h, doff[0], (size_t)E + 1);
-        checkf(h, "moe_route", ndiff_i(gp, pos, M) + ndiff_i(gs, src, M) + ndiff_i(go, off, (size_t)E + 1), 0,
+        checkf(h, "moe_route", ndiff_i(gp, pos, M) + ndiff_i(gs, src, Mr) + ndiff_i(go, off, (size_t)E + 1), 0,
                "%s pos, src_row, e_off (=) exact", cs);
         checkf(h, "moe_route",
-               ndiff_i(gp, down_i(h, dpos[1], M), M) + ndiff_i(gs, down_i(h, dsrc[1], M), M) +
+               ndiff_i(gp, down_i(h, dpos[1], M), M) + ndiff_i(gs, down_i(h, dsrc[1], M), Mr) +
                    ndiff_i(go, down_i(h, doff[1], (size_t)E + 1), (size_t)E + 1),
                0, "%s determinism", cs);
     }
@@ -1580,11 +1600,13 @@ static void routing_case(struct harness *h, int N, int B, int T, int E, int k, i
 static int run_routing(struct harness *h)
 {
     int f0 = n_fail;
-    routing_case(h, 64, 4, 16, 8, 2, 0, 0);      /* one rank: N = B T */
-    routing_case(h, 600, 3, 200, 16, 4, 0, 1);   /* several route chunks, empty experts */
-    routing_case(h, 37, 4, 16, 4, 2, 10, 0);     /* a TP rank's rows straddling sequences */
-    routing_case(h, 5, 1, 5, 70, 2, 0, 0);       /* E above a warp */
-    routing_case(h, 0, 1, 4, 4, 2, 0, 0);        /* no rows */
+    routing_case(h, 64, 4, 16, 8, 2, 0, 0, 0);      /* one rank: N = B T */
+    routing_case(h, 600, 3, 200, 16, 4, 0, 1, 0);   /* several route chunks, empty experts */
+    routing_case(h, 37, 4, 16, 4, 2, 10, 0, 0);     /* a TP rank's rows straddling sequences */
+    routing_case(h, 5, 1, 5, 70, 2, 0, 0, 0);       /* E above a warp */
+    routing_case(h, 0, 1, 4, 4, 2, 0, 0, 0);        /* no rows */
+    routing_case(h, 600, 3, 200, 10, 3, 0, 0, 4);   /* null experts (SPEC 1e): pos -1, sorted last */
+    routing_case(h, 64, 4, 16, 6, 2, 0, 1, 1);
     return n_fail == f0;
 }
 

@@ -70,6 +70,7 @@ done <<'LIST'
 1 dp=1 0 HYB
 4 ep=2,tp=2 3 HYB
 2 pp=2 1 HYB --set recompute=block
+2 tp=2 0 HYB --set mamba_ngroups=1
 LIST
 
 # --verify: the planner runs the setup and compares (explicit mesh, then auto-fit)

@@ -106,4 +106,18 @@ p = json.load(open(sys.argv[1]))["distributed"]["pipeline"]
 assert [(s["first_layer"], s["end_layer"]) for s in p["stage_layers"]] == [(0, 3), (3, 4)], p["stage_layers"]
 PY
 
+
+# ---- 5: null experts (SPEC 1e) through the pipeline: pp=2 bit-identical (no clip), pp=2 x ep=2 ----
+NULLX="$MOE --set n_null_experts=2 --set top_k=3"
+if run 1 "$W/NULLX_ref0" $NULLX --set grad_clip=0 --steps 20 && differs "$W/NULLX_ref0" "$W/MOE_ref0"; then
+    o="$W/NULLX_pp2_bit"
+    if run 2 "$o" $NULLX --set grad_clip=0 --steps 20 --mesh pp=2 && close "$W/NULLX_ref0" "$o" bit64; then
+        ok "NULLX (2 null experts) pp=2 (no clipping) is BIT-identical to one rank"
+    else bad "NULLX (2 null experts) pp=2 bit-identical"; tail -5 "$o.log"; fi
+    o="$W/NULLX_pp2ep2"
+    if run 4 "$o" $NULLX --set grad_clip=0 --steps 20 --mesh pp=2,ep=2 --zero 1 && close "$W/NULLX_ref0" "$o" 1e-6; then
+        ok "NULLX (2 null experts) pp=2 x ep=2 ZeRO-1 equals the single-rank losses"
+    else bad "NULLX (2 null experts) pp=2 x ep=2 ZeRO-1"; tail -5 "$o.log"; fi
+else bad "NULLX reference (or null experts changed nothing)"; tail -5 "$W/NULLX_ref0.log"; fi
+
 finish

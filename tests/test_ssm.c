@@ -13,7 +13,11 @@
  *      ssm_prep_forward token by token with ang_state equals one call;
  *   4. with -b cuda: the mixer glue (ssm_prep_*, ssm_gate_norm_*) forward and
  *      backward equal the cpu backend's (1e-5; the cpu glue itself is checked
- *      by finite differences in test_mamba3).
+ *      by finite differences in test_mamba3);
+ *   5. the gated norm over groups that span ranks (ssm_gate_norm_sums /
+ *      _forward_ext / _backward_ext): simulated ranks' slices with their sum
+ *      tables added equal the whole norm of the cpu backend (1e-5), and
+ *      rank-local sums (the issue-31 plant) do not (test_gate_split).
  * Usage: test_ssm [-b cpu|cuda] [-bench [-chunk Q]]; exits 1 if any check fails.
  * -bench times the recurrence against the chunked scan (not a test).
  */
@@ -367,6 +371,143 @@ static void test_glue_vs_cpu(int B, int T, int H, int P, int G, int N, float the
     for (size_t k = 0; k < sizeof(hs) / sizeof(hs[0]); k++) free(hs[k]);
 }
 
+/*
+ * The gated norm over groups that span ranks (ssm_gate_norm_sums / _ext;
+ * replicated B/C under TP, docs/mamba3.md §10): tp simulated ranks hold E/tp
+ * channels each; their group-sum tables (n, G), zero outside a rank's groups,
+ * are added here (the model group's all-reduce), and every rank's forward
+ * (out, rstd) and backward (dy, dz, dw) slice must equal the whole norm of
+ * the cpu backend's ssm_gate_norm_* (finite-difference checked in
+ * test_mamba3). The plant of issue 31 (each rank's own sums, no all-reduce)
+ * must move the forward by far more than the tolerance where a group spans
+ * ranks.
+ */
+static void gate_slice(float *dst, const float *src, int n, int ld_src, int c0, int w, int ld_dst)
+{
+    for (int i = 0; i < n; i++) memcpy(dst + (size_t)i * ld_dst, src + (size_t)i * ld_src + c0, (size_t)w * sizeof(float));
+}
+
+static void test_gate_split(int n, int E, int G, int tp)
+{
+    const struct mt_ops_i *cpu = mt_ops_cpu(), *ops = g_ops;
+    const int ldz = E + 3, El = E / tp, ldzl = El + 2, cg = E / G;
+    const size_t nE = (size_t)n * E, nG = (size_t)n * G, nl = (size_t)n * El;
+    float *y = host_rand(nE, 0.0f, 1.0f), *z = host_rand((size_t)n * ldz, 0.0f, 1.5f), *w = host_rand(E, 1.0f, 0.2f);
+    float *dout = host_rand(nE, 0.0f, 1.0f);
+    /* the whole norm on the cpu backend */
+    float *r_out = falloc(nE), *r_rstd = falloc(nG), *r_dy = falloc(nE), *r_dz = falloc((size_t)n * ldz), *r_dw = falloc(E);
+    cpu->ssm_gate_norm_forward(cpu->be, r_out, r_rstd, y, z, ldz, w, n, E, G, 1e-5f);
+    cpu->ssm_gate_norm_backward(cpu->be, r_dy, r_dz, r_dw, dout, y, z, ldz, w, r_rstd, n, E, G);
+    /* per rank: its slices on the backend under test */
+    float *dy_[8], *dz_[8], *dw_[8], *dd_[8], *rs_[8];
+    float *tab = falloc(nG), *tab2 = falloc(nG), *own = falloc(nG), *hl = falloc((size_t)n * ldzl);
+    float *tdev = up(ops, tab, nG);
+    MT_ASSERT(tp <= 8);
+    for (int r = 0; r < tp; r++) {
+        const int c0 = r * El;
+        gate_slice(hl, y, n, E, c0, El, El); dy_[r] = up(ops, hl, nl);
+        memset(hl, 0, (size_t)n * ldzl * sizeof(float));
+        gate_slice(hl, z, n, ldz, c0, El, ldzl); dz_[r] = up(ops, hl, (size_t)n * ldzl);
+        dw_[r] = up(ops, w + c0, El);
+        gate_slice(hl, dout, n, E, c0, El, El); dd_[r] = up(ops, hl, nl);
+        rs_[r] = up(ops, tab, nG);   /* rstd (n, ng <= G) */
+    }
+    /* forward: the sums of squares, all-reduced; then each rank's slice */
+    for (int pass = 0; pass < 2; pass++) {   /* 0: forward sums; 1: the backward's mean-term sums */
+        float *acc = pass ? tab2 : tab;
+        memset(acc, 0, nG * sizeof(float));
+        for (int r = 0; r < tp; r++) {
+            const int c0 = r * El;
+            ops->fill(ops->be, tdev, 0.0f, nG);
+            ops->ssm_gate_norm_sums(ops->be, tdev + c0 / cg, G, dy_[r], dz_[r], ldzl, dw_[r], pass ? dd_[r] : NULL,
+                                    pass ? rs_[r] : NULL, n, El, c0, cg);
+            float *t = to_host(tdev, nG);
+            for (size_t i = 0; i < nG; i++) acc[i] += t[i];
+            if (r == 0 && !pass) memcpy(own, t, nG * sizeof(float));
+            free(t);
+        }
+        if (pass) break;
+        /* the forward from the reduced table */
+        float *out = falloc(nE), *rstd = falloc(nG);
+        g_ops->copy_from_host(g_ops->be, tdev, tab, nG * sizeof(float));
+        for (int r = 0; r < tp; r++) {
+            const int c0 = r * El, g0 = c0 / cg, ng = (c0 + El - 1) / cg - g0 + 1;
+            float *o = dev_zero(nl);
+            ops->ssm_gate_norm_forward_ext(ops->be, o, rs_[r], dy_[r], dz_[r], ldzl, dw_[r], tdev + g0, G, n, El, c0, cg,
+                                           1e-5f);
+            float *oh = to_host(o, nl), *rh = to_host(rs_[r], (size_t)n * ng);
+            for (int i = 0; i < n; i++) {
+                memcpy(out + (size_t)i * E + c0, oh + (size_t)i * El, (size_t)El * sizeof(float));
+                for (int j = 0; j < ng; j++) rstd[(size_t)i * G + g0 + j] = rh[(size_t)i * ng + j];
+            }
+            free(oh); free(rh);
+            ops->buf_free(ops->be, &g_ctx, o);
+        }
+        double m = 1.0, e = 0.0, er = 0.0, mr = 1.0;
+        for (size_t i = 0; i < nE; i++) { m = fmax(m, fabs(r_out[i])); e = fmax(e, fabs((double)out[i] - r_out[i])); }
+        for (size_t i = 0; i < nG; i++) { mr = fmax(mr, fabs(r_rstd[i])); er = fmax(er, fabs((double)rstd[i] - r_rstd[i])); }
+        char tag[64];
+        snprintf(tag, sizeof tag, "%s n=%d E=%d G=%d tp=%d", g_ops->name, n, E, G, tp);
+        check(e / m < 1e-5, "gate norm split: out vs whole (cpu)", tag, e / m, 1e-5);
+        check(er / mr < 1e-5, "gate norm split: rstd vs whole (cpu)", tag, er / mr, 1e-5);
+        /* the plant: rank 0 normalises by its own sums only */
+        if (cg > El || (El % cg) != 0) {
+            float *o = dev_zero(nl);
+            g_ops->copy_from_host(g_ops->be, tdev, own, nG * sizeof(float));
+            ops->ssm_gate_norm_forward_ext(ops->be, o, rs_[0], dy_[0], dz_[0], ldzl, dw_[0], tdev, G, n, El, 0, cg, 1e-5f);
+            float *oh = to_host(o, nl);
+            double ep = 0.0;
+            for (int i = 0; i < n; i++)
+                for (int c = 0; c < El; c++) ep = fmax(ep, fabs((double)oh[(size_t)i * El + c] - r_out[(size_t)i * E + c]));
+            check(ep / m > 1e-2, "gate norm split: rank-local sums differ", tag, ep / m, 1e-2);
+            free(oh);
+            ops->buf_free(ops->be, &g_ctx, o);
+            /* restore rank 0's rstd for the backward */
+            g_ops->copy_from_host(g_ops->be, tdev, tab, nG * sizeof(float));
+            o = dev_zero(nl);
+            ops->ssm_gate_norm_forward_ext(ops->be, o, rs_[0], dy_[0], dz_[0], ldzl, dw_[0], tdev, G, n, El, 0, cg, 1e-5f);
+            ops->buf_free(ops->be, &g_ctx, o);
+        }
+        free(out); free(rstd);
+    }
+    /* backward from the reduced mean-term table */
+    float *dy = falloc(nE), *dz = falloc((size_t)n * ldz), *dw = falloc(E);
+    g_ops->copy_from_host(g_ops->be, tdev, tab2, nG * sizeof(float));
+    for (int r = 0; r < tp; r++) {
+        const int c0 = r * El, g0 = c0 / cg;
+        float *ddy = dev_zero(nl), *ddz = up(ops, hl, (size_t)n * ldzl), *ddw = up(ops, dw + c0, El);
+        ops->ssm_gate_norm_backward_ext(ops->be, ddy, ddz, ddw, dd_[r], dy_[r], dz_[r], ldzl, dw_[r], rs_[r], tdev + g0,
+                                        G, n, El, c0, cg);
+        float *a = to_host(ddy, nl), *b = to_host(ddz, (size_t)n * ldzl), *c = to_host(ddw, El);
+        for (int i = 0; i < n; i++) {
+            memcpy(dy + (size_t)i * E + c0, a + (size_t)i * El, (size_t)El * sizeof(float));
+            memcpy(dz + (size_t)i * ldz + c0, b + (size_t)i * ldzl, (size_t)El * sizeof(float));
+        }
+        memcpy(dw + c0, c, (size_t)El * sizeof(float));
+        free(a); free(b); free(c);
+        float *p[] = {ddy, ddz, ddw};
+        for (int k = 0; k < 3; k++) ops->buf_free(ops->be, &g_ctx, p[k]);
+    }
+    char tag[64];
+    snprintf(tag, sizeof tag, "%s n=%d E=%d G=%d tp=%d", g_ops->name, n, E, G, tp);
+    const float *got[] = {dy, dz, dw}, *want[] = {r_dy, r_dz, r_dw};
+    const size_t len[] = {nE, (size_t)n * ldz, (size_t)E};
+    const char *nm[] = {"gate norm split: dy vs whole (cpu)", "gate norm split: dz vs whole (cpu)",
+                        "gate norm split: dw vs whole (cpu)"};
+    for (int k = 0; k < 3; k++) {
+        double m = 1.0, e = 0.0;
+        for (size_t i = 0; i < len[k]; i++) { m = fmax(m, fabs(want[k][i])); e = fmax(e, fabs((double)got[k][i] - want[k][i])); }
+        check(e / m < 1e-5, nm[k], tag, e / m, 1e-5);
+    }
+    for (int r = 0; r < tp; r++) {
+        float *p[] = {dy_[r], dz_[r], dw_[r], dd_[r], rs_[r]};
+        for (int k = 0; k < 5; k++) ops->buf_free(ops->be, &g_ctx, p[k]);
+    }
+    ops->buf_free(ops->be, &g_ctx, tdev);
+    float *hp[] = {y, z, w, dout, r_out, r_rstd, r_dy, r_dz, r_dw, tab, tab2, own, hl, dy, dz, dw};
+    for (size_t k = 0; k < sizeof(hp) / sizeof(hp[0]); k++) free(hp[k]);
+}
+
 /* Decoding: T calls of ssm_scan_step equal ssm_scan_forward(chunk 0), and T
  * single-token ssm_prep_forward calls with ang_state equal one call over T. */
 static void test_decode(const struct inputs *in)
@@ -552,6 +693,20 @@ int main(int argc, char **argv)
          * block of rows of the parameter-gradient column sums (128); theta
          * small, as in a trained model (the angle stays O(1) over T) */
         test_glue_vs_cpu(1, 1300, 2, 2, 2, 4, 0.05f);
+    }
+    /* the gated norm over groups that span ranks: one group over 2 ranks; 2
+     * groups over 4; 3 groups over 2 (a rank holds one and a half); groups
+     * whole on a rank; one rank */
+    if (g_ops->ssm_gate_norm_sums && g_ops->ssm_gate_norm_forward_ext && g_ops->ssm_gate_norm_backward_ext) {
+        test_gate_split(7, 24, 1, 2);
+        test_gate_split(5, 32, 2, 4);
+        test_gate_split(5, 36, 3, 2);
+        test_gate_split(6, 16, 4, 2);
+        test_gate_split(4, 20, 2, 1);
+        test_gate_split(300, 512, 1, 2);   /* cuda: several row blocks of the dw column sums */
+    } else {
+        printf("FAIL %s backend has no ssm_gate_norm_sums / _ext entries\n", g_ops->name);
+        n_fail++;
     }
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
         struct inputs in;

@@ -10,7 +10,11 @@
 #  3. the step-0 trace shows sp_on and the model group with its members;
 #  4. a checkpoint saved on tp=2 x dp=2 resumes on one rank with the same losses;
 #  5. contract violations (heads, kv heads, mlp_hidden, seq_len % tp): one
-#     line, exit 2, on every rank.
+#     line, exit 2, on every rank;
+#  1d. hybrid models with Mamba-3 B/C replicated (mamba_ngroups % tp != 0):
+#     equivalence on tp=2/4 (SP on and off), dp2 x tp2 (ZeRO-1, ZeRO-3),
+#     pp2 x tp2, the receipt's mamba_tp_mode, the replica hash; Mamba nheads
+#     % tp still refused.
 # Skips (exit 77, SKIPPED) without mpirun or in a build without MPI.
 set -u
 BUILD=${1:?usage: test_tp_train.sh BUILD_DIR}
@@ -44,7 +48,7 @@ for name in DENSE MOE; do
 LIST
 done
 
-# ---- 1c: hybrid model: M blocks split by heads and groups ----
+# ---- 1c: hybrid model: M blocks split by heads and groups (B/C split path) ----
 # Hybrid (M = Mamba-3 blocks, issue 15): grad_clip=0, because with clipping
 # this trajectory switches the clip factor around gn = 1 at steps 9-17 and its
 # own one-rank floor reaches 5.6e-5 on the grad norms (the floor check below
@@ -66,7 +70,61 @@ if run 1 "$W/HYB_ref" $HYB --steps 20; then
 4 dp=2,tp=2 3
 LIST
 else bad "HYB reference"; cat "$W/HYB_ref.log"; fi
-viol 4 tp=4 'mesh contract: mamba_ngroups % tp != 0 \(mamba_ngroups=2, tp=4\)' $HYB
+
+# ---- 1d: hybrid with B/C replicated over the model axis (mamba_ngroups % tp != 0, SPEC 1c) ----
+# HYB1 = HYB with one group (the default, as the reference model ships): every
+# rank computes B and C whole, each gated-norm group spans the model group
+# (its sums all-reduced, docs/mamba3.md §10); and HYB (2 groups) on tp=4,
+# where each group spans two ranks. Each row's receipt must name the mode
+# that ran (distributed.tensor_parallel.mamba_tp_mode); the tp=2 rows of
+# HYB above ran the split path. Plant (docs/testing.md): the gated norm's sums
+# of squares on the local channels only (no all-reduce) fails these rows.
+mode_is() {
+    python3 -c "import json,sys; t=json.load(open(sys.argv[1]+'/receipt.json'))['distributed']['tensor_parallel']; \
+m=t.get('mamba_tp_mode'); print('   mamba_tp_mode', m); sys.exit(m != sys.argv[2])" "$1" "$2"
+}
+mode_is "$W/HYB_1" split && ok "HYB (2 groups) on tp=2: the receipt says mamba_tp_mode split" || bad "HYB tp=2 mamba_tp_mode split"
+HYB1="$HYB --set mamba_ngroups=1"
+if run 1 "$W/HYB1_ref" $HYB1 --steps 20; then
+    TOL=$HYB_TOL floor "$W/HYB1_ref" 4 $HYB1 --steps 20
+    i=0
+    while read -r np mesh zero extra; do
+        i=$((i+1)); o="$W/HYB1_$i"
+        if run "$np" "$o" $HYB1 --steps 20 --mesh "$mesh" --zero "$zero" $extra && close "$W/HYB1_ref" "$o" $HYB_TOL && \
+           mode_is "$o" replicated; then
+            ok "HYB1 (MEAM, mamba_ngroups=1: B/C replicated) --mesh $mesh zero=$zero $extra equals the single-rank losses"
+        else bad "HYB1 (MEAM, mamba_ngroups=1) --mesh $mesh zero=$zero $extra"; tail -5 "$o.log"; fi
+    done <<'LIST'
+2 tp=2 0
+2 tp=2 0 --set sequence_parallel=false
+4 tp=4 0
+4 tp=4 0 --set sequence_parallel=false
+4 dp=2,tp=2 3
+4 dp=2,tp=2 1
+4 pp=2,tp=2 0
+LIST
+    # replicated B/C rows stay bit-identical across the model group (and data)
+    if hash_ok "$W/HYB1_6" && python3 - "$W/HYB1_6" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1] + "/receipt.json")); h = r["replica_hash_check"]
+assert h.startswith("ok:"), h
+PY
+    then ok "HYB1 dp=2 x tp=2: replicated tensors (in_proj_B/C included) bit-identical on every holder"
+    else bad "HYB1 dp=2 x tp=2 replica hash check"; fi
+else bad "HYB1 reference"; cat "$W/HYB1_ref.log"; fi
+o="$W/HYB_tp4"
+if run 4 "$o" $HYB --steps 20 --mesh tp=4 && close "$W/HYB_ref" "$o" $HYB_TOL && mode_is "$o" replicated; then
+    ok "HYB (2 groups) on tp=4 (B/C replicated, each group over two ranks) equals the single-rank losses"
+else bad "HYB (2 groups) on tp=4"; tail -5 "$o.log"; fi
+# 3 groups of 2 heads on tp=2 (3 heads a rank): neither divides the other, a
+# rank reads one group and a half (local groups of gcd(2, 3) = 1 head)
+HYB3="$HYB --set mamba_expand=3 --set mamba_ngroups=3"
+if run 1 "$W/HYB3_ref" $HYB3 --steps 20 && run 2 "$W/HYB3_tp2" $HYB3 --steps 20 --mesh tp=2 && \
+   close "$W/HYB3_ref" "$W/HYB3_tp2" $HYB_TOL && mode_is "$W/HYB3_tp2" replicated; then
+    ok "HYB3 (mamba_ngroups=3, 6 heads) on tp=2 (B/C replicated, groups straddling ranks) equals the single-rank losses"
+else bad "HYB3 (mamba_ngroups=3) on tp=2"; tail -5 "$W/HYB3_tp2.log"; fi
+viol 2 tp=2 'mesh contract: mamba nheads % tp != 0 \(nheads=3 = mamba_expand\*d_model/mamba_headdim, tp=2\): the model axis splits the Mamba-3 mixer by heads' \
+    $HYB --set mamba_expand=3 --set mamba_headdim=32 --set mamba_ngroups=1
 
 # ---- 1b: shuffled data order and a logit softcap on tp=2 vs one rank ----
 # (the shuffled run stops at 10 steps, as in test_dist_train.sh)
@@ -109,5 +167,17 @@ viol 2 tp=2 'mesh contract: n_head % tp != 0 \(n_head=3, tp=2\)' $DENSE --set n_
 viol 4 tp=4 'mesh contract: n_kv_head % tp != 0 \(n_kv_head=2, tp=4\)' $DENSE --set n_kv_head=2
 viol 2 tp=2 'mesh contract: mlp_hidden % tp != 0 \(mlp_hidden=129, tp=2\)' $DENSE --set mlp_hidden=129
 viol 2 tp=2 'mesh contract: seq_len % tp != 0 with sequence parallel \(seq_len=15, tp=2\)' $DENSE --set seq_len=15
+
+
+# ---- 6: null experts (SPEC 1e) in the sequence-parallel MoE region: tp=2, SP on and off ----
+NULLX="$MOE --set n_null_experts=2 --set top_k=3"
+if run 1 "$W/NULLX_ref" $NULLX --steps 20 && differs "$W/NULLX_ref" "$W/MOE_ref"; then
+    for sp in true false; do
+        o="$W/NULLX_tp2_$sp"
+        if run 2 "$o" $NULLX --steps 20 --mesh tp=2 --set sequence_parallel=$sp && close "$W/NULLX_ref" "$o" 1e-6; then
+            ok "NULLX (2 null experts) tp=2 sequence_parallel=$sp equals the single-rank losses"
+        else bad "NULLX (2 null experts) tp=2 sequence_parallel=$sp"; tail -5 "$o.log"; fi
+    done
+else bad "NULLX reference (or null experts changed nothing)"; tail -5 "$W/NULLX_ref.log"; fi
 
 finish

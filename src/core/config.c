@@ -68,6 +68,7 @@ static const struct key keys[] = {
     {"top_k",        KT_INT,   OFF(top_k),        0, "2",     1, 65536, NULL, 1, "experts per token, in [1, n_experts]"},
     {"expert_hidden", KT_INT,  OFF(expert_hidden), 0, "0",    0, 1 << 24, NULL, 1, "SwiGLU hidden of each expert; 0 = F / 4"},
     {"shared_expert_hidden", KT_INT, OFF(shared_expert_hidden), 0, "0", 0, 1 << 24, NULL, 1, "hidden of the shared expert; 0 = none"},
+    {"n_null_experts", KT_INT, OFF(n_null_experts), 0, "0", 0, 65536, NULL, 1, "Z null (zero-computation) experts of each MoE block: the router has n_experts + Z rows, a slot on a null expert adds 0 and moves no data (SPEC 1e)"},
     {"aux_loss_coef", KT_FLOAT, OFF(aux_loss_coef), 0, "0.01", 0, FMAXV, NULL, 1, "MoE load-balancing loss weight"},
     {"z_loss_coef",  KT_FLOAT, OFF(z_loss_coef),  0, "0.001", 0, FMAXV, NULL, 1, "MoE router z-loss weight"},
     {"mamba_d_state", KT_INT,  OFF(mamba_d_state), 0, "64",   2, 65536, NULL, 1, "M blocks: SSM state N per head, even"},
@@ -114,6 +115,8 @@ static const struct key keys[] = {
     {"reshard_after_forward", KT_BOOL, OFF(reshard_after_forward), 0, "true", 0, 1, NULL, 0, "ZeRO-3: free gathered params after forward"},
     {"threads",      KT_INT,   OFF(threads),      0, "0",     0, 65536, NULL, 0, "CPU threads; 0 = OMP_NUM_THREADS or all cores"},
     {"comm_timeout_s", KT_FLOAT, OFF(comm_timeout_s), 0, "300", 0, FMAXV, NULL, 0, "a collective still waiting for a peer after this many seconds ends the job (watchdog, several ranks only); 0 = off"},
+    {"redo_every",   KT_INT,   OFF(redo_every),   0, "0",     0, IMAX, NULL, 0, "ReDo: after the update of every N-th step recycle the dormant SwiGLU units (dense MLPs, experts); 0 = off (docs/model.md)"},
+    {"redo_tau",     KT_FLOAT, OFF(redo_tau),     0, "0.025", 0, FMAXV, NULL, 0, "ReDo: a unit whose score (mean |activation| / the layer's mean) is <= tau is recycled"},
 };
 
 #define MT_CONFIG_MAX_BYTES (16 << 20)   /* a config file: JSON of a few KiB */
@@ -765,6 +768,9 @@ enum mt_status mt_config_resolve(struct mt_ctx *ctx, struct mt_config *cfg, int 
     MT_CHECK(resolve_pattern(ctx, cfg, &n_moe));
     MT_CHECK(resolve_training(ctx, cfg));
     MT_CHECK(resolve_lora(ctx, cfg, n_moe));
+    RULE(cfg->redo_every == 0 || cfg->lora_rank == 0,
+         "redo_every=%d needs full training: LoRA freezes the SwiGLU weights it would recycle (lora_rank=%d)",
+         cfg->redo_every, cfg->lora_rank);
     RULE(run_steps >= 0, "run steps >= 0 (steps=%d)", run_steps);
     if (cfg->total_steps == 0) cfg->total_steps = run_steps;
     return MT_OK;

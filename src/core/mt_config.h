@@ -34,6 +34,7 @@ struct mt_config {
     int   top_k;
     int   expert_hidden;         /* 0 = F / 4                                      */
     int   shared_expert_hidden;  /* 0 = no shared expert                           */
+    int   n_null_experts;        /* Z zero-computation experts (SPEC 1e); 0 = none */
     float aux_loss_coef;
     float z_loss_coef;
     int   mamba_d_state;         /* M blocks (SPEC 1c): state N, even              */
@@ -78,6 +79,8 @@ struct mt_config {
     int   reshard_after_forward; /* bool, default 1 (ZeRO-3)                       */
     int   threads;               /* 0 = OMP_NUM_THREADS or all cores               */
     float comm_timeout_s;        /* collective watchdog, seconds; 0 = off          */
+    int   redo_every;            /* ReDo (SPEC 1e): recycle dormant SwiGLU units every N steps; 0 = off */
+    float redo_tau;              /* ReDo: a unit with normalised score <= tau is recycled */
 };
 
 /* Fill every key with its default. Never fails. */

@@ -453,6 +453,14 @@ int mt_export_hf_lossy(const struct mt_config *c, char *what, size_t what_len)
               "mlp.shared_expert.*)", c->shared_expert_hidden);
         n++;
     }
+    if (mt_blocks_any_routed(c) && c->n_null_experts > 0) {
+        /* SPEC 1e: transformers has no zero-computation experts; the router
+         * keeps its E + Z rows (null ones last), so the folder round-trips
+         * through meshtrain import but HF cannot load it (docs/export.md) */
+        warnf(what, what_len, "null experts (n_null_experts %d: Qwen3-MoE has none; mlp.gate.weight holds n_experts + "
+              "%d rows, transformers cannot load it)", c->n_null_experts, c->n_null_experts);
+        n++;
+    }
     return n;
 }
 
@@ -524,6 +532,14 @@ char *mt_export_hf_config(const struct mt_config *c, int bos_token_id)
         cJSON_AddNumberToObject(o, "router_aux_loss_coef", fnum(c->aux_loss_coef));
         cJSON_AddBoolToObject(o, "output_router_logits", 0);
         cJSON_AddNumberToObject(o, "meshtrain_shared_expert_hidden", c->shared_expert_hidden);
+        if (c->n_null_experts > 0) {   /* SPEC 1e: a key transformers ignores, and what it means */
+            cJSON_AddNumberToObject(o, "meshtrain_n_null_experts", c->n_null_experts);
+            cJSON_AddStringToObject(o, "meshtrain_null_experts_note",
+                                    "zero-computation experts: each mlp.gate.weight has num_experts + "
+                                    "meshtrain_n_null_experts rows, the null ones last; top-k and the renormalised "
+                                    "gates run over all of them and a slot on a null expert adds 0. transformers "
+                                    "cannot run this: meshtrain import reads it back");
+        }
     } else {
         cJSON_AddNumberToObject(o, "meshtrain_aux_loss_coef", fnum(c->aux_loss_coef));
     }
@@ -646,6 +662,7 @@ enum mt_status mt_export_hf_config_parse(struct mt_ctx *ctx, const char *json_te
     /* meshtrain-only model keys (written by mt_export_hf_config) */
     cfg->logit_softcap = 0.0f;
     cfg->shared_expert_hidden = 0;
+    cfg->n_null_experts = 0;
     if (get_float(o, "meshtrain_logit_softcap", &cfg->logit_softcap) || cfg->logit_softcap < 0) bad = "meshtrain_logit_softcap";
     else if (get_float(o, "meshtrain_z_loss_coef", &cfg->z_loss_coef) || cfg->z_loss_coef < 0) bad = "meshtrain_z_loss_coef";
     else if (get_float(o, "meshtrain_aux_loss_coef", &cfg->aux_loss_coef) || cfg->aux_loss_coef < 0) bad = "meshtrain_aux_loss_coef";
@@ -664,6 +681,8 @@ enum mt_status mt_export_hf_config_parse(struct mt_ctx *ctx, const char *json_te
         else if (get_int(o, "decoder_sparse_step", &step, 0)) bad = "decoder_sparse_step";
         else if (get_int(o, "meshtrain_shared_expert_hidden", &cfg->shared_expert_hidden, 0) ||
                  cfg->shared_expert_hidden < 0) bad = "meshtrain_shared_expert_hidden";
+        else if (get_int(o, "meshtrain_n_null_experts", &cfg->n_null_experts, 0) || cfg->n_null_experts < 0)
+            bad = "meshtrain_n_null_experts";
         else if (get_float(o, "router_aux_loss_coef", &cfg->aux_loss_coef) || cfg->aux_loss_coef < 0) bad = "router_aux_loss_coef";
         if (bad) { rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "config.json: missing or bad %s", bad); goto done; }
         x = cJSON_GetObjectItemCaseSensitive(o, "norm_topk_prob");

@@ -66,6 +66,7 @@ void mt_blocks_shape(const struct mt_config *cfg, struct mt_block_shape *s)
     s->top_k = cfg->top_k;
     s->Fe = cfg->expert_hidden;
     s->Fs = cfg->shared_expert_hidden;
+    s->Z = cfg->n_null_experts;
     s->e0 = 0;
     s->Ee = cfg->n_experts;
     s->mE = (int64_t)cfg->mamba_expand * cfg->d_model;

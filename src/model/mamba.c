@@ -19,16 +19,26 @@
  *     mixer.norm.weight (E)  gated grouped RMSNorm gain                 AdamW, no decay
  * (W = 2E + 2GN + H + H N/2 + H; E = d_inner, H heads of P, G groups, N state.)
  *
- * The model axis (docs/mamba3.md, docs/parallel.md): like attention, a TP
- * region inside the SP region. Each rank runs H/tp heads and G/tp groups
- * (the contract demands mamba_ngroups % tp == 0, so each group's B/C rows
- * and each gated-norm group live on one rank and no norm spans ranks): the
- * in-projection is registered as seven row blocks, each a TP_ROWS tensor
- * cut into whole heads (z, x, dt, theta, lam) or whole groups (B, C); the
- * per-head vectors and B/C biases are cut by heads, the gated norm's gain by
- * the heads' channels, Wout by columns; the B/C norm gains (shared by every
- * group) are partial sums. Incremental decoding (a->state != NULL, one rank):
- * the layer's recurrent state (mt_mamba3_decode), not a KV cache.
+ * The model axis (docs/mamba3.md §10, docs/parallel.md): like attention, a
+ * TP region inside the SP region. Each rank runs H/tp heads (the contract
+ * demands nheads % tp == 0): the in-projection is registered as seven row
+ * blocks, each a TP_ROWS tensor cut into whole heads (z, x, dt, theta, lam);
+ * the per-head vectors and B/C biases are cut by heads, the gated norm's
+ * gain by the heads' channels, Wout by columns; the B/C norm gains (shared
+ * by every group) are partial sums. B and C, two modes (SPEC 1c; the
+ * receipt's mamba_tp_mode):
+ *   split       (mamba_ngroups % tp == 0): B, C cut by whole groups (TP_ROWS),
+ *               G/tp groups a rank, every B/C group and gated-norm group on
+ *               one rank; the mixer's kernels run unchanged on the local dims.
+ *   replicated  (otherwise): B, C whole on every rank (MODEL_PARTIAL: each
+ *               rank's gradient is its heads' share, summed over the model
+ *               group); a rank computes the groups its heads read (sub heads
+ *               per local group, each inside one global group: bc_group);
+ *               a gated-norm group spans ranks, so its per-row sums (of
+ *               squares forward, of the mean term backward) are all-reduced
+ *               over the model group (gate_fwd_rep / gate_bwd_rep).
+ * Incremental decoding (a->state != NULL, one rank): the layer's recurrent
+ * state (mt_mamba3_decode), not a KV cache.
  */
 #include "model_impl.h"
 
@@ -53,14 +63,34 @@ static struct mamba_w *mbw(const struct mt_piece_ctx *pc) { return pc->pw; }
 
 /* The Mamba-3 mixer's per-model struct (its pc->own): this rank's dims
  * (mamba_setup) and the backward scratch every M layer shares (WORKSPACE,
- * mamba_carve_scratch). */
+ * mamba_carve_scratch). Replicated B/C (rep 1, mamba_ngroups % tp != 0):
+ * h0 this rank's first global head, hpg the global heads per group, sub the
+ * heads per local B/C group (d.G = d.H / sub), Gg the global groups; gsum
+ * (N, Gg) WORKSPACE, the gated norm's per-row group sums. */
 struct mamba_own {
     struct mt_mamba3_dims    d;
     struct mt_mamba3_scratch s;
+    int                      rep, h0, hpg, sub, Gg;
+    float                   *gsum;
 };
 _Static_assert(sizeof(struct mamba_own) <= PIECE_OWN_MAX, "raise PIECE_OWN_MAX");
 static const struct mt_mamba3_dims *mdims(const struct mt_piece_ctx *pc) { return &((struct mamba_own *)pc->own)->d; }
 static struct mt_mamba3_scratch *mb_s(const struct mt_piece_ctx *pc) { return &((struct mamba_own *)pc->own)->s; }
+static const struct mamba_own *mown(const struct mt_piece_ctx *pc) { return pc->own; }
+
+/* SPEC 1c: B and C split by group when G % tp == 0, otherwise replicated */
+static int bc_replicated(int64_t G, int tp) { return tp > 1 && G % tp != 0; }
+
+const char *mt_mamba_tp_mode(const struct mt_config *cfg, int tp)
+{
+    if (tp <= 1 || !mt_blocks_pattern_uses(cfg, "mamba")) return NULL;
+    return bc_replicated(cfg->mamba_ngroups, tp) ? "replicated" : "split";
+}
+
+static int gcd_i(int a, int b) { return b ? gcd_i(b, a % b) : a; }
+
+/* replicated B/C: the global group local group k reads (its first head's) */
+static int bc_group(const struct mamba_own *o, int k) { return (o->h0 + k * o->sub) / o->hpg; }
 
 /* this rank's heads and groups (the model axis splits both); eps 1e-5 for
  * the B/C and gated norms, as the reference (SPEC 1c) */
@@ -69,22 +99,35 @@ static void mamba_setup(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const
     (void)ctx;
     struct mt_block_shape g;
     mt_blocks_shape(cfg, &g);
-    const int tp = pc->tp.tp;
-    ((struct mamba_own *)pc->own)->d = (struct mt_mamba3_dims){(int)g.D, (int)g.mH / tp, (int)g.mP, (int)g.mG / tp,
-                                                               (int)g.mN, cfg->mamba_chunk, 1e-5f, 1e-5f};
+    const int tp = pc->tp.tp, Hl = (int)g.mH / tp;
+    struct mamba_own *o = pc->own;
+    o->rep = bc_replicated(g.mG, tp);
+    int Gl = (int)g.mG / tp;
+    if (o->rep) {
+        /* local B/C groups of sub heads: sub divides the heads per global
+         * group and the rank's heads, so none crosses a group's edge */
+        o->hpg = (int)(g.mH / g.mG);
+        o->sub = gcd_i(o->hpg, Hl);
+        o->h0 = pc->tp.rank * Hl;
+        o->Gg = (int)g.mG;
+        Gl = Hl / o->sub;
+    }
+    o->d = (struct mt_mamba3_dims){(int)g.D, Hl, (int)g.mP, Gl, (int)g.mN, cfg->mamba_chunk, 1e-5f, 1e-5f};
 }
 
 static void mamba_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *user)
 {
     const int64_t D = s->D, E = s->mE, H = s->mH, G = s->mG, N = s->mN;
+    /* B, C: cut by groups (split) or whole with a partial gradient (replicated) */
+    const enum mt_layout lbc = bc_replicated(G, s->tp) ? MT_LAYOUT_MODEL_PARTIAL : MT_LAYOUT_TP_ROWS;
     const struct mt_pspec p[] = {
         {"input_layernorm.weight", -1, 1, D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, MT_BIND_NORM},
         /* Win as its seven row blocks: each is cut by heads (z, x, dt, theta, lam)
-         * or by groups (B, C; mamba_ngroups % tp == 0) over the model axis */
+         * or by groups (B, C; mamba_ngroups % tp == 0; else replicated) */
         {"mixer.in_proj_z.weight", -1, 2, E, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mamba_w, mwin[0])},
         {"mixer.in_proj_x.weight", -1, 2, E, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mamba_w, mwin[1])},
-        {"mixer.in_proj_B.weight", -1, 2, G * N, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mamba_w, mwin[2])},
-        {"mixer.in_proj_C.weight", -1, 2, G * N, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mamba_w, mwin[3])},
+        {"mixer.in_proj_B.weight", -1, 2, G * N, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, lbc, MT_BIND_OWN(struct mamba_w, mwin[2])},
+        {"mixer.in_proj_C.weight", -1, 2, G * N, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, lbc, MT_BIND_OWN(struct mamba_w, mwin[3])},
         {"mixer.in_proj_dt.weight", -1, 2, H, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mamba_w, mwin[4])},
         {"mixer.in_proj_theta.weight", -1, 2, H * (N / 2), D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS,
          MT_BIND_OWN(struct mamba_w, mwin[5])},
@@ -111,8 +154,13 @@ static enum mt_status mamba_check(struct mt_ctx *ctx, const struct mt_piece_ctx 
                             "model: M blocks need nheads, headdim, chunk >= 1, even mamba_d_state and ngroups | nheads "
                             "(nheads=%d headdim=%d d_state=%d ngroups=%d chunk=%d)",
                             d->H, d->P, d->N, d->G, d->chunk);
-    (void)0;   /* the model axis: mdims holds this rank's heads / groups; the contract
-                * (mesh.c) guarantees mamba_ngroups % tp == 0 */
+    /* the model axis: mdims holds this rank's heads and (local) groups; the
+     * contract (mesh.c) guarantees nheads % tp == 0 */
+    if (mown(pc)->rep && pc->lora)
+        return mt_ctx_error(ctx, MT_ERR_CONFIG,
+                            "model: LoRA on M blocks with B/C replicated over the model axis (mamba_ngroups %% tp "
+                            "!= 0: mamba_ngroups=%d, tp=%d) is not supported; use mamba_ngroups divisible by tp",
+                            mown(pc)->Gg, pc->tp.tp);
     return MT_OK;
 }
 
@@ -186,6 +234,8 @@ static void mamba_carve_scratch(const struct mt_piece_ctx *pc, struct mt_carver 
 {
     float *s = carve_f(c, MT_BUCKET_WORKSPACE, mt_mamba3_scratch_floats(mdims(pc), pc->N));
     if (s) mt_mamba3_scratch_bind(mb_s(pc), s, mdims(pc), pc->N);
+    if (mown(pc)->rep)   /* the gated norm's per-row group sums (all-reduced) */
+        ((struct mamba_own *)pc->own)->gsum = carve_f(c, MT_BUCKET_WORKSPACE, (size_t)pc->N * (size_t)mown(pc)->Gg);
     if (pc->lora) mb_s(pc)->sink = carve_f(c, MT_BUCKET_WORKSPACE, mamba_sink_floats(mdims(pc)));
 }
 
@@ -289,6 +339,166 @@ static void in_bwd(const struct mt_piece_ctx *pc, float *dh, struct mt_mamba3_we
     }
 }
 
+/*
+ * Replicated B/C (mamba_ngroups % tp != 0): the in-projection by row segments.
+ * Blocks z, x, dt, theta, lam are this rank's rows (one segment each); B and
+ * C are whole on every rank and local group k reads global group
+ * bc_group(k): one N-row segment of the weight per local group, written to
+ * proj's next N columns. fp32 (ops->gemm) or the bf16 shadow (gemm_bf16),
+ * as in_fwd. Backward: dW's segment rows +=, dh = sum of dproj_seg W_seg.
+ */
+static int rep_nseg(const struct mt_piece_ctx *pc, int b) { return b == 2 || b == 3 ? mdims(pc)->G : 1; }
+
+/* segment k of block b: its first weight row and its row count */
+static void rep_seg(const struct mt_piece_ctx *pc, int b, int k, int *r0, int *rows)
+{
+    const int N = mdims(pc)->N;
+    if (b == 2 || b == 3) { *r0 = bc_group(mown(pc), k) * N; *rows = N; }
+    else { *r0 = 0; *rows = (int)mbw(pc)->mwin[b]->len[0]; }
+}
+
+/* the weight operand from row r0 on: its bf16 shadow when fresh, else fp32 */
+static const void *wop_row(const struct mt_param *w, int r0, enum mt_elem *t)
+{
+    const void *p = wop(w, t);
+    const size_t es = *t == MT_ELEM_BF16 ? sizeof(mt_bf16) : sizeof(float);
+    return (const char *)p + (size_t)r0 * (size_t)w->len[1] * es;
+}
+
+static void in_fwd_rep(const struct mt_piece_ctx *pc, float *proj, const float *h, const mt_bf16 *hb, int n)
+{
+    const struct mt_ops_i *ops = pc->ops;
+    const struct mamba_w *lw = mbw(pc);
+    const int W = mt_mamba3_in_width(mdims(pc)), D = pc->D, bf = mixer_bf16(lw);
+    int off = 0;
+    for (int b = 0; b < 7; b++)
+        for (int k = 0; k < rep_nseg(pc, b); k++) {
+            int r0, rows;
+            rep_seg(pc, b, k, &r0, &rows);
+            if (rows > 0 && n > 0) {
+                if (bf) {
+                    enum mt_elem tw;
+                    const void *Wb = wop_row(lw->mwin[b], r0, &tw);
+                    ops->gemm_bf16(ops->be, 0, 1, n, rows, D, 1.0f, hb ? (const void *)hb : (const void *)h,
+                                   hb ? MT_ELEM_BF16 : MT_ELEM_F32, D, Wb, tw, D, 0.0f, proj + off, W);
+                } else {
+                    ops->gemm(ops->be, 0, 1, n, rows, D, 1.0f, h, D, lw->mwin[b]->data + (size_t)r0 * D, D, 0.0f,
+                              proj + off, W);
+                }
+            }
+            off += rows;
+        }
+}
+
+static void in_bwd_rep(const struct mt_piece_ctx *pc, float *dh, const float *dproj, const float *h,
+                       const mt_bf16 *hb, int n)
+{
+    const struct mt_ops_i *ops = pc->ops;
+    const struct mamba_w *lw = mbw(pc);
+    const int W = mt_mamba3_in_width(mdims(pc)), D = pc->D, bf = mixer_bf16(lw);
+    int off = 0, first = 1;
+    for (int b = 0; b < 7; b++)
+        for (int k = 0; k < rep_nseg(pc, b); k++) {
+            int r0, rows;
+            rep_seg(pc, b, k, &r0, &rows);
+            if (rows > 0 && n > 0) {
+                float *gw = lw->mwin[b]->grad + (size_t)r0 * D;
+                if (bf) {
+                    enum mt_elem tw;
+                    const void *Wb = wop_row(lw->mwin[b], r0, &tw);
+                    ops->gemm_bf16(ops->be, 1, 0, rows, D, n, 1.0f, dproj + off, MT_ELEM_F32, W,
+                                   hb ? (const void *)hb : (const void *)h, hb ? MT_ELEM_BF16 : MT_ELEM_F32, D, 1.0f,
+                                   gw, D);
+                    ops->gemm_bf16(ops->be, 0, 0, n, D, rows, 1.0f, dproj + off, MT_ELEM_F32, W, Wb, tw, D,
+                                   first ? 0.0f : 1.0f, dh, D);
+                } else {
+                    ops->gemm(ops->be, 1, 0, rows, D, n, 1.0f, dproj + off, W, h, D, 1.0f, gw, D);
+                    ops->gemm(ops->be, 0, 0, n, D, rows, 1.0f, dproj + off, W, lw->mwin[b]->data + (size_t)r0 * D, D,
+                              first ? 0.0f : 1.0f, dh, D);
+                }
+                first = 0;
+            }
+            off += rows;
+        }
+}
+
+/* The gated norm whose groups span ranks: this rank's channels [c0, c0 + E)
+ * meet the global groups of cg channels; their per-row sums go into columns
+ * [c0 / cg, ...) of gsum (N, Gg), zero elsewhere, and are all-reduced over
+ * the model group before the norm (forward: sums of squares; backward: the
+ * mean term's sums). */
+static void gate_geom(const struct mt_piece_ctx *pc, int *c0, int *cg, float **s)
+{
+    const struct mamba_own *o = mown(pc);
+    *c0 = o->h0 * mdims(pc)->P;
+    *cg = o->hpg * mdims(pc)->P;
+    *s = o->gsum + *c0 / *cg;
+}
+
+static enum mt_status gate_fwd_rep(struct mt_ctx *ctx, const struct mt_piece_ctx *pc,
+                                   const struct mt_mamba3_weights *w, int n)
+{
+    const struct mt_ops_i *ops = pc->ops;
+    struct mt_mamba3_acts *a = &((struct mamba_state *)pc->st)->mb;
+    const int E = mdims(pc)->H * mdims(pc)->P, W = mt_mamba3_in_width(mdims(pc)), Gg = mown(pc)->Gg;
+    int c0, cg;
+    float *s;
+    gate_geom(pc, &c0, &cg, &s);
+    ops->fill(ops->be, mown(pc)->gsum, 0.0f, (size_t)n * Gg);
+    ops->ssm_gate_norm_sums(ops->be, s, Gg, a->ys, a->proj, W, w->g_out, NULL, NULL, n, E, c0, cg);
+    MT_CHECK(tpa_allreduce(ctx, &pc->tp, mown(pc)->gsum, (size_t)n * Gg));
+    ops->ssm_gate_norm_forward_ext(ops->be, a->yn, a->rstd_o, a->ys, a->proj, W, w->g_out, s, Gg, n, E, c0, cg,
+                                   mdims(pc)->eps_out);
+    return MT_OK;
+}
+
+static enum mt_status gate_bwd_rep(struct mt_ctx *ctx, const struct mt_piece_ctx *pc,
+                                   const struct mt_mamba3_weights *w, struct mt_mamba3_weights *g, int n)
+{
+    const struct mt_ops_i *ops = pc->ops;
+    const struct mt_mamba3_acts *a = &((struct mamba_state *)pc->st)->mb;
+    struct mt_mamba3_scratch *sc = mb_s(pc);
+    const int E = mdims(pc)->H * mdims(pc)->P, W = mt_mamba3_in_width(mdims(pc)), Gg = mown(pc)->Gg;
+    int c0, cg;
+    float *s;
+    gate_geom(pc, &c0, &cg, &s);
+    ops->fill(ops->be, mown(pc)->gsum, 0.0f, (size_t)n * Gg);
+    ops->ssm_gate_norm_sums(ops->be, s, Gg, a->ys, a->proj, W, w->g_out, sc->dyn, a->rstd_o, n, E, c0, cg);
+    MT_CHECK(tpa_allreduce(ctx, &pc->tp, mown(pc)->gsum, (size_t)n * Gg));
+    /* dz lands in dproj's z columns, as mt_mamba3_mix_backward */
+    ops->ssm_gate_norm_backward_ext(ops->be, sc->dys, sc->dproj, g->g_out, sc->dyn, a->ys, a->proj, W, w->g_out,
+                                    a->rstd_o, s, Gg, n, E, c0, cg);
+    return MT_OK;
+}
+
+/* the whole mixer with replicated B/C: out (n, D) = mixer(h) / its backward */
+static enum mt_status mixer_fwd_rep(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, float *out, const float *h,
+                                    const mt_bf16 *hb, const struct mt_mamba3_weights *w, int B, int T)
+{
+    struct mamba_state *st = pc->st;
+    const struct mt_ops_i *ops = pc->ops;
+    const int n = B * T, E = mdims(pc)->H * mdims(pc)->P;
+    in_fwd_rep(pc, st->mb.proj, h, hb, n);
+    mt_mamba3_ssm_forward(ops, &st->mb, w, mdims(pc), B, T);
+    MT_CHECK(gate_fwd_rep(ctx, pc, w, n));
+    if (st->yn_b) ops->cast_bf16(ops->be, st->yn_b, st->mb.yn, (size_t)n * (size_t)E);
+    wlinear_forward(ops, out, st->mb.yn, st->yn_b, mbw(pc)->mwout, n, E, pc->D, 0.0f);
+    return MT_OK;
+}
+
+static enum mt_status mixer_bwd_rep(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const float *dy,
+                                    const struct mt_mamba3_weights *w, struct mt_mamba3_weights *g)
+{
+    struct mamba_state *st = pc->st;
+    const struct mt_ops_i *ops = pc->ops;
+    const int n = pc->B * pc->T, E = mdims(pc)->H * mdims(pc)->P;
+    wlinear_backward(ops, mb_s(pc)->dyn, 0.0f, g->wout, dy, st->mb.yn, st->yn_b, mbw(pc)->mwout, n, E, pc->D);
+    MT_CHECK(gate_bwd_rep(ctx, pc, w, g, n));
+    mt_mamba3_ssm_backward(ops, g, mb_s(pc), &st->mb, w, mdims(pc), pc->B, pc->T);
+    in_bwd_rep(pc, pc->dh, mb_s(pc)->dproj, pc->nm->h, pc->nm->hb, n);
+    return MT_OK;
+}
+
 /* out (n, D) = mixer(h): mt_mamba3_forward's stages with the projections above */
 static void mixer_fwd(const struct mt_piece_ctx *pc, float *out, const float *h, const mt_bf16 *hb,
                       const struct mt_mamba3_weights *w, int B, int T)
@@ -387,7 +597,8 @@ static enum mt_status mamba_forward(struct mt_ctx *ctx, const struct mt_piece_ct
     /* TP region, like attention: this rank's heads and groups over all n rows;
      * Wout holds their columns, so the output is a partial sum (TP exit) */
     if (pc->tp.sp) MT_CHECK(tpa_gather_rows(ctx, &pc->tp, pc->nm->h, pc->nm->h_n, Nr, D));
-    if (pc->lora) mixer_fwd_lora(pc, pc->s_red, pc->nm->h, &w, NULL, a->B, a->T, 0);
+    if (mown(pc)->rep) MT_CHECK(mixer_fwd_rep(ctx, pc, pc->s_red, pc->nm->h, pc->nm->hb, &w, a->B, a->T));
+    else if (pc->lora) mixer_fwd_lora(pc, pc->s_red, pc->nm->h, &w, NULL, a->B, a->T, 0);
     else mixer_fwd(pc, pc->s_red, pc->nm->h, pc->nm->hb, &w, a->B, a->T);
     ops->copy(ops->be, a->x_out, pc->x_in, (size_t)Nr * D * sizeof(float));
     return tpa_exit_add(ctx, &pc->tp, a->x_out, pc->s_red, pc->s_full);
@@ -408,7 +619,8 @@ static enum mt_status mamba_backward(struct mt_ctx *ctx, const struct mt_piece_c
         dy = pc->s_full;
     }
     /* dh = d h (overwritten; under TP this rank's heads' partial sum), every mixer gradient += */
-    if (pc->lora) mixer_bwd_lora(pc, dy, &w, &g);
+    if (mown(pc)->rep) MT_CHECK(mixer_bwd_rep(ctx, pc, dy, &w, &g));
+    else if (pc->lora) mixer_bwd_lora(pc, dy, &w, &g);
     else mixer_bwd(pc, dy, &w, &g);
     /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
     const float *dhr = pc->dh;

@@ -150,13 +150,19 @@ void mt_mamba3_mix_forward(const struct mt_ops_i *ops, struct mt_mamba3_acts *a,
                            const struct mt_mamba3_dims *d, int B, int T)
 {
     const int n = B * T, E = d->H * d->P, W = mt_mamba3_in_width(d);
+    mt_mamba3_ssm_forward(ops, a, w, d, B, T);
+    /* z is the first E columns of proj */
+    ops->ssm_gate_norm_forward(ops->be, a->yn, a->rstd_o, a->ys, a->proj, W, w->g_out, n, E, d->G, d->eps_out);
+}
+
+void mt_mamba3_ssm_forward(const struct mt_ops_i *ops, struct mt_mamba3_acts *a, const struct mt_mamba3_weights *w,
+                           const struct mt_mamba3_dims *d, int B, int T)
+{
     ops->ssm_prep_forward(ops->be, a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, a->rstd_bc, NULL, a->proj, w->dt_bias,
                           w->A_log, w->gB, w->gC, w->B_bias, w->C_bias, B, T, d->H, d->P, d->G, d->N,
                           d->eps_bc);
     ops->ssm_scan_forward(ops->be, a->ys, a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N,
                           d->chunk);
-    /* z is the first E columns of proj */
-    ops->ssm_gate_norm_forward(ops->be, a->yn, a->rstd_o, a->ys, a->proj, W, w->g_out, n, E, d->G, d->eps_out);
 }
 
 void mt_mamba3_backward(const struct mt_ops_i *ops, float *dh, int accumulate, struct mt_mamba3_weights *g,
@@ -181,6 +187,13 @@ void mt_mamba3_mix_backward(const struct mt_ops_i *ops, struct mt_mamba3_weights
     /* term 2: dz lands in dproj's z columns */
     ops->ssm_gate_norm_backward(ops->be, s->dys, s->dproj, g->g_out, s->dyn, a->ys, a->proj, W, w->g_out,
                                 a->rstd_o, n, E, d->G);
+    mt_mamba3_ssm_backward(ops, g, s, a, w, d, B, T);
+}
+
+void mt_mamba3_ssm_backward(const struct mt_ops_i *ops, struct mt_mamba3_weights *g, struct mt_mamba3_scratch *s,
+                            const struct mt_mamba3_acts *a, const struct mt_mamba3_weights *w,
+                            const struct mt_mamba3_dims *d, int B, int T)
+{
     /* term 3 */
     ops->fill(ops->be, s->dA, 0.0f, (size_t)d->H);
     ops->ssm_scan_backward(ops->be, s->dx, s->dBh, s->dCh, s->ddt, s->dlam, s->dA, g->Dsk, s->dys, a->x, a->Bh,

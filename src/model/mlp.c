@@ -63,10 +63,12 @@ static void mlp_fwd_b(const struct mt_ops_i *ops, float *t, float *out, int accu
 static void mlp_bwd_b(const struct mt_ops_i *ops, float *t, float *dt, float *dh, int accumulate, float *act,
                       mt_bf16 *act_b, float *dact, float *dg, float *du, const float *dout, const float *h,
                       const mt_bf16 *hb, const float *g, const float *u, struct mt_param *wg, struct mt_param *wu,
-                      struct mt_param *wd, int n, int D, int F, const struct mt_dyb *dyb)
+                      struct mt_param *wd, int n, int D, int F, const struct mt_dyb *dyb, int64_t *redo)
 {
     if (n <= 0) return;
     swiglu_act(ops, act, act_b, g, u, (size_t)n * F);
+    /* ReDo: the forward's activations again (same kernel, same g, u), once per microbatch */
+    if (redo) ops->redo_score_acc(ops->be, redo, act, (size_t)n, F);
     proj_bwd_b(ops, t, dt, dact, 0.0f, wd, dout, act, act_b, n, F, D, dyb);
     ops->swiglu_backward(ops->be, dg, du, dact, g, u, (size_t)n * F);
     proj_bwd_b(ops, t, dt, dh, accumulate ? 1.0f : 0.0f, wg, dg, h, hb, n, D, F, dyb);
@@ -84,7 +86,15 @@ void mlp_backward(const struct mt_ops_i *ops, float *t, float *dt, float *dh, in
                   float *dg, float *du, const float *dout, const float *h, const float *g, const float *u,
                   struct mt_param *wg, struct mt_param *wu, struct mt_param *wd, int n, int D, int F)
 {
-    mlp_bwd_b(ops, t, dt, dh, accumulate, act, NULL, dact, dg, du, dout, h, NULL, g, u, wg, wu, wd, n, D, F, NULL);
+    mlp_bwd_b(ops, t, dt, dh, accumulate, act, NULL, dact, dg, du, dout, h, NULL, g, u, wg, wu, wd, n, D, F, NULL, NULL);
+}
+
+void mlp_backward_redo(const struct mt_ops_i *ops, float *t, float *dt, float *dh, int accumulate, float *act,
+                       float *dact, float *dg, float *du, const float *dout, const float *h, const float *g,
+                       const float *u, struct mt_param *wg, struct mt_param *wu, struct mt_param *wd, int n, int D,
+                       int F, int64_t *redo)
+{
+    mlp_bwd_b(ops, t, dt, dh, accumulate, act, NULL, dact, dg, du, dout, h, NULL, g, u, wg, wu, wd, n, D, F, NULL, redo);
 }
 
 /* ------------------------------------------------------------------ */
@@ -169,7 +179,7 @@ static enum mt_status mlp_piece_backward(struct mt_ctx *ctx, const struct mt_pie
         dy = pc->s_full;
     }
     mlp_bwd_b(pc->ops, pc->s_lora, pc->s_dlora, pc->dh, 0, pc->s_act, mown(pc)->act_b, pc->s_dact, pc->s_dg, pc->s_du, dy,
-              pc->nm->h, pc->nm->hb, st->mg, st->mu, w->wg, w->wu, w->wd, N, D, pc->F, pc->dyb);
+              pc->nm->h, pc->nm->hb, st->mg, st->mu, w->wg, w->wu, w->wd, N, D, pc->F, pc->dyb, pc->redo);
     /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
     const float *dhr = pc->dh;   /* d h_mlp_n (Nr, D) */
     if (pc->tp.sp) {

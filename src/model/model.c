@@ -265,6 +265,7 @@ static void model_shape(const struct mt_model *m, struct mt_block_shape *s)
     s->hd = m->hd;
     s->e0 = m->e0;
     s->Ee = m->Ee;
+    s->tp = m->registry_tp > 1 ? m->registry_tp : m->tp;
 }
 
 /* What a piece's declarations turn into: a full mt_param (build), a count
@@ -434,6 +435,7 @@ void model_piece_ctx(struct mt_model *m, struct mt_layer *ly, struct mt_piece_ct
     pc->dyb = &m->s_dyb;
     pc->norm = &m->norm;
     pc->layer = ly ? ly->index : -1;
+    pc->redo = ly && m->redo_armed ? m->redo_acc + model_redo_offset(m, ly->index) : NULL;
     pc->tp = (struct mt_tp_axis){m->tp_comm, &m->tp_stats, m->ops, m->tp, m->sp, m->N, m->Nr, m->D, m->tp_comm_host,
                                  m->tp_rank};
     pc->ep = (struct mt_ep_axis){m->ep_comm, m->ep_comm_host, &m->ep_stats, m->ep, m->ep_rank, m->Ee, m->e0};
@@ -610,6 +612,7 @@ static void model_layout(struct mt_model *m, struct mt_carver *c)
     }
     carve_piece_scratch(m, c, 1);   /* ffns */
     m->h_losses = carve_f(c, O, Nr);
+    model_redo_carve(m, c);         /* ReDo's score accumulators (redo_every > 0 only) */
 }
 
 struct plan_visit { struct mt_carver *c; };
@@ -1030,9 +1033,15 @@ enum mt_status mt_model_init_params(struct mt_ctx *ctx, struct mt_model *m, uint
 
 int mt_model_registry(const struct mt_config *cfg, struct mt_param *out, int cap)
 {
+    return mt_model_registry_tp(cfg, 1, out, cap);
+}
+
+int mt_model_registry_tp(const struct mt_config *cfg, int tp, struct mt_param *out, int cap)
+{
     struct mt_model m;
     memset(&m, 0, sizeof m);
     model_dims(&m, cfg, 1);
+    m.registry_tp = tp;
     struct param_sink s = { NULL, 0, 0 };
     build_params(&m, sink_param, &s);
     if (!out || cap < s.n) return s.n;

@@ -129,6 +129,8 @@ struct mt_model {
     struct mt_comm *ep_comm_host; /* host counts (mt_model.h); = ep_comm on the cpu backend */
     struct mt_ep_stats ep_stats;
     int tp, tp_rank, sp, Nr, Nm, row0;
+    int registry_tp;         /* mt_model_registry_tp: the model axis layout classes are chosen
+                              * for (Mamba-3 B/C) while shapes stay global (tp 1); 0: tp */
     struct mt_comm *tp_comm;
     struct mt_comm *tp_comm_host; /* host statistics (mt_model.h); = tp_comm on the cpu backend */
     struct mt_tp_stats tp_stats;
@@ -195,6 +197,11 @@ struct mt_model {
     /* precision=bf16: shadows carved (PARAMS bucket) for the matrices
      * bf16_shadowed() selects; refreshed per unit after its pre_forward hook */
     int                 bf16;
+    /* ReDo (redo_every > 0; redo_scores.c): one int64 score accumulator per
+     * SwiGLU unit of the stage's layers (WORKSPACE), layer by layer
+     * (model_redo_local); redo_armed: the backward passes add into them */
+    int64_t            *redo_acc;
+    int                 redo_armed;
 };
 
 /* ---- carving (model_layout and the pieces' carve functions) ---- */
@@ -320,6 +327,10 @@ struct mt_piece_ctx {
     int   bf16;                      /* precision=bf16: carve the activation twins  */
     const struct mt_loss_norm   *norm;  /* the microbatch's loss normalisation (aux/z) */
     int   layer;                     /* ly's layer number (-1: ly NULL)             */
+    /* ReDo (redo_scores.c): while armed, the layer's score accumulators
+     * (int64, backend): mlp [F local]; moe [Ee*Fe local experts][Fs shared].
+     * The backward adds each SwiGLU's |silu(g)*u| (ops->redo_score_acc). NULL: off */
+    int64_t *redo;
     struct mt_tp_axis tp;
     struct mt_ep_axis ep;
 };
@@ -364,6 +375,13 @@ enum mt_status tpa_allreduce_f64(struct mt_ctx *ctx, const struct mt_tp_axis *a,
 
 /* ---- layer files ---- */
 
+/* redo_scores.c: units (score accumulators) layer l holds on this rank (0:
+ * not on this stage, or no SwiGLU); the first accumulator of layer l (its
+ * offset in m->redo_acc); the carve of m->redo_acc (redo_every > 0). */
+size_t model_redo_layer_units(const struct mt_model *m, int l);
+size_t model_redo_offset(const struct mt_model *m, int l);
+void   model_redo_carve(struct mt_model *m, struct mt_carver *c);
+
 /* mlp.c: SwiGLU y = (silu(h Wg^T) * (h Wu^T)) Wd^T over n rows of width D, hidden F,
  * every projection through proj_fwd (t: the LoRA scratch s_lora).
  * out = y (accumulate 0) or out += y (accumulate 1); g, u (n, F) saved; act (n, F) scratch. */
@@ -375,6 +393,11 @@ void mlp_forward(const struct mt_ops_i *ops, float *t, float *out, int accumulat
 void mlp_backward(const struct mt_ops_i *ops, float *t, float *dt, float *dh, int accumulate, float *act, float *dact,
                   float *dg, float *du, const float *dout, const float *h, const float *g, const float *u,
                   struct mt_param *wg, struct mt_param *wu, struct mt_param *wd, int n, int D, int F);
+/* the same, adding the ReDo scores of its F units to redo (int64 (F), +=; NULL: none) */
+void mlp_backward_redo(const struct mt_ops_i *ops, float *t, float *dt, float *dh, int accumulate, float *act,
+                       float *dact, float *dg, float *du, const float *dout, const float *h, const float *g,
+                       const float *u, struct mt_param *wg, struct mt_param *wu, struct mt_param *wd, int n, int D,
+                       int F, int64_t *redo);
 
 /* moe.c: what the model reads of the MoE piece's own struct (own: its
  * pc->own, model_own): the load histogram (L, E) and its reset, and the aux

@@ -32,6 +32,16 @@
  *     term 4: router kernel: dr from dg (through the renormalisation: numerator and
  *             denominator), dp (aux) and dlse (z); then dWr += dr^T h, dh += dr Wr
  *
+ * Null experts (SPEC 1e, n_null_experts Z): the router has E + Z rows
+ * (Er = E + Z columns of r, p; the null ones last), top-k, the gates, the
+ * aux statistics (f, P over Er columns, coefficient aux_coef*Er) and lse over
+ * all of them. moe_route sorts the slots over the Er "experts" and gives a
+ * null slot pos = -1: the real rows are [0, Mr), Mr = e_off[E]; permute,
+ * the experts and the EP all-to-alls see only those, combine and its
+ * backward skip the null slots (dg = 0 there), and the router backward
+ * carries the renormalisation's gradient to the null logits as to any other.
+ * The load histogram has Er columns per layer (the receipt's null share).
+ *
  * Gradient rule: parameter grads +=; dh OVERWRITTEN (moe_backward); out
  * ACCUMULATES in forward (it holds the residual). Scratch is overwritten.
  */
@@ -47,7 +57,7 @@
 /* What an MoE layer saves beyond the shared ffn norm (struct mt_layer): its
  * ly->state entry (moe_carve fills it). Nm rows the block sees, M = Nm*k slots. */
 struct moe_state {
-    float   *probs;    /* (Nm, E)  router softmax, fp32                             */
+    float   *probs;    /* (Nm, Er) router softmax, fp32 (Er = E + Z null experts)    */
     float   *rlse;     /* (Nm)     router logsumexp (z-loss)                        */
     int32_t *topk;     /* (Nm, k)  chosen experts                                   */
     float   *gates;    /* (Nm, k)  renormalised gate weights                        */
@@ -56,9 +66,9 @@ struct moe_state {
     float   *eg, *eu;  /* (M, Fe)  expert gate / up pre-activations (sorted rows)   */
     float   *ey;       /* (M, D)   expert outputs before gating (sorted rows)       */
     float   *sgp, *sup;/* (Nm, Fs) shared expert gate / up pre-activations          */
-    float   *f_share;  /* (B, E)   f[s,e]: share of sequence s's T*k slots (no grad) */
+    float   *f_share;  /* (B, Er)  f[s,e]: share of sequence s's T*k slots (no grad) */
     /* host (OTHER) */
-    int     *e_off;    /* (E+1)    row offset of each expert in the sorted buffer   */
+    int     *e_off;    /* (Er+1)   row offset of each expert in the sorted buffer (nulls last: rows >= e_off[E] unused) */
     /* EP (ep > 1): rows received for this rank's experts, kept for backward */
     int     *r_cnt;    /* (ep*Ee)  rows from source rank s for local expert j: [s*Ee+j] */
     int      r_rows;   /* sum of r_cnt                                              */
@@ -135,7 +145,8 @@ static enum mt_status moe_losses(struct mt_ctx *ctx, const struct mt_piece_ctx *
     const struct mt_tp_axis *tp = &pc->tp;
     struct mt_moe_scratch *s = moe_scr(pc);
     struct moe_state *st = pc->st;
-    const int E = moe_dims(pc)->E, k = moe_dims(pc)->top_k, B = pc->B, T = pc->T, g0 = tp->tp > 1 ? moe_dims(pc)->row0 : 0;
+    const int E = moe_dims(pc)->E + moe_dims(pc)->Z;   /* every router column, null ones included */
+    const int k = moe_dims(pc)->top_k, B = pc->B, T = pc->T, g0 = tp->tp > 1 ? moe_dims(pc)->row0 : 0;
     const size_t nseq = (size_t)2 * B * E;
     ops->moe_seq_stats(ops->be, s->seq, st->probs, st->topk, n, E, k, B, T, g0);
     if (tp->tp > 1) MT_CHECK(tpa_allreduce_f64(ctx, tp, s->seq, nseq));   /* on the device comm */
@@ -151,7 +162,7 @@ static void force_routing(const struct mt_piece_ctx *pc, int n)
     const struct mt_ops_i *ops = pc->ops;
     struct mt_moe_scratch *s = moe_scr(pc);
     struct moe_state *st = pc->st;
-    const int E = moe_dims(pc)->E, k = moe_dims(pc)->top_k;
+    const int E = moe_dims(pc)->E + moe_dims(pc)->Z, k = moe_dims(pc)->top_k;
     ops->copy_to_host(ops->be, s->h_probs, st->probs, (size_t)n * E * sizeof(float));
     float *hg = s->h_dprobs;
     for (int i = 0; i < n; i++) {
@@ -181,27 +192,28 @@ static enum mt_status moe_forward(struct mt_ctx *ctx, const struct mt_piece_ctx 
     const struct mt_ep_axis *ea = &pc->ep;
     struct mt_moe_scratch *s = moe_scr(pc);
     struct moe_state *st = pc->st;
-    const int D = pc->D, E = md->E, k = md->top_k, Fe = md->Fe;
+    const int D = pc->D, E = md->E, Er = md->E + md->Z, k = md->top_k, Fe = md->Fe;
     const int M = n * k;
     float *t = pc->s_lora;
 
-    /* router: logits into the (free in forward) d-router-logits scratch */
-    linear_forward(ops, s->drl, pc->nm->h, moe_w(pc)->router->data, n, D, E, 0.0f);
-    ops->router_forward(ops->be, st->probs, st->rlse, st->topk, st->gates, s->drl, n, E, k);
+    /* router (Er = E + Z rows): logits into the (free in forward) d-router-logits scratch */
+    linear_forward(ops, s->drl, pc->nm->h, moe_w(pc)->router->data, n, D, Er, 0.0f);
+    ops->router_forward(ops->be, st->probs, st->rlse, st->topk, st->gates, s->drl, n, Er, k);
 
     if (md->force_route) force_routing(pc, n);
-    ops->moe_route(ops->be, st->pos, st->src_row, s->e_off_d, s->route_work, st->topk, n, k, E);
+    ops->moe_route(ops->be, st->pos, st->src_row, s->e_off_d, s->route_work, st->topk, n, k, Er, md->Z);
     /* the layer's one device-to-host copy: the grouped GEMM's and the
      * all-to-all-v's host sizes (int32 on both sides: moe_route's contract) */
     _Static_assert(sizeof(int) == sizeof(int32_t), "e_off is copied as int32");
-    ops->copy_to_host(ops->be, st->e_off, s->e_off_d, (size_t)(E + 1) * sizeof(int32_t));
-    MT_ASSERT(st->e_off[0] == 0 && st->e_off[E] == M);
+    ops->copy_to_host(ops->be, st->e_off, s->e_off_d, (size_t)(Er + 1) * sizeof(int32_t));
+    MT_ASSERT(st->e_off[0] == 0 && st->e_off[Er] == M);
     if (s->load) {
-        double *load = s->load + (size_t)pc->layer * E;
-        for (int e = 0; e < E; e++) load[e] += st->e_off[e + 1] - st->e_off[e];
+        double *load = s->load + (size_t)pc->layer * Er;
+        for (int e = 0; e < Er; e++) load[e] += st->e_off[e + 1] - st->e_off[e];
     }
 
-    ops->moe_permute(ops->be, s->xp, pc->nm->h, st->src_row, M, D);
+    /* only the real slots' rows [0, e_off[E]) move (null slots: pos -1, SPEC 1e) */
+    ops->moe_permute(ops->be, s->xp, pc->nm->h, st->src_row, st->e_off[E], D);
     const int grouped = md->grouped;   /* one grouped GEMM per projection (moe_experts.c) */
     if (ea->ep == 1) {
         if (grouped) moe_experts_forward(pc, E, st->e_off, 1, E, st->eg, st->eu, st->ey, s->xp);
@@ -262,8 +274,8 @@ static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx
     const struct mt_ep_axis *ea = &pc->ep;
     struct mt_moe_scratch *s = moe_scr(pc);
     const struct moe_state *st = pc->st;
-    const int T = pc->T, n = md->Nm, D = pc->D, E = md->E, k = md->top_k, Fe = md->Fe;
-    const int M = n * k, g0 = pc->tp.tp > 1 ? md->row0 : 0;
+    const int T = pc->T, n = md->Nm, D = pc->D, E = md->E, Er = md->E + md->Z, k = md->top_k, Fe = md->Fe;
+    const int Mr = st->e_off[E], g0 = pc->tp.tp > 1 ? md->row0 : 0;   /* the real slots' rows */
     float *t = pc->s_lora, *dt = pc->s_dlora;
 
     const int grouped = md->grouped;
@@ -271,15 +283,16 @@ static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx
     ops->moe_combine_backward(ops->be, s->dy, s->dgates, dout, st->ey, st->pos, st->gates, n, k, D);
     /* term 2: experts on their row ranges (inputs re-permuted, not saved) */
     if (ea->ep == 1) {
-        ops->moe_permute(ops->be, s->xp, pc->nm->h, st->src_row, M, D);
+        ops->moe_permute(ops->be, s->xp, pc->nm->h, st->src_row, Mr, D);
         if (grouped) moe_experts_backward(pc, E, st->e_off, 1, E, st->eg, st->eu, s->dxp, s->dy, s->xp);
         for (int e = 0; e < E && !grouped; e++) {
             int r0 = st->e_off[e], c = st->e_off[e + 1] - r0;
             if (c == 0) continue;
             struct mt_param *w = &moe_w(pc)->experts[3 * e];
-            mlp_backward(ops, t, dt, s->dxp + (size_t)r0 * D, 0, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du,
-                         s->dy + (size_t)r0 * D, s->xp + (size_t)r0 * D, st->eg + (size_t)r0 * Fe,
-                         st->eu + (size_t)r0 * Fe, &w[0], &w[1], &w[2], c, D, Fe);
+            mlp_backward_redo(ops, t, dt, s->dxp + (size_t)r0 * D, 0, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du,
+                              s->dy + (size_t)r0 * D, s->xp + (size_t)r0 * D, st->eg + (size_t)r0 * Fe,
+                              st->eu + (size_t)r0 * Fe, &w[0], &w[1], &w[2], c, D, Fe,
+                              pc->redo ? pc->redo + (size_t)e * Fe : NULL);
         }
     } else {
         const int ep = ea->ep, Ee = ea->Ee;
@@ -293,9 +306,9 @@ static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx
                 int c = st->r_cnt[src * Ee + j];
                 struct mt_param *w = &moe_w(pc)->experts[3 * j];
                 if (c > 0)
-                    mlp_backward(ops, t, dt, s->rdx + o * D, 0, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du,
-                                 s->rdy + o * D, st->rx + o * D, st->eg + o * Fe, st->eu + o * Fe, &w[0], &w[1],
-                                 &w[2], c, D, Fe);
+                    mlp_backward_redo(ops, t, dt, s->rdx + o * D, 0, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du,
+                                      s->rdy + o * D, st->rx + o * D, st->eg + o * Fe, st->eu + o * Fe, &w[0], &w[1],
+                                      &w[2], c, D, Fe, pc->redo ? pc->redo + (size_t)j * Fe : NULL);
                 o += (size_t)c;
             }
         MT_CHECK(ep_a2a(ctx, pc, s->dxp, s->rdx, rcnt, rdis, scnt, sdis, D));
@@ -303,19 +316,20 @@ static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx
     ops->fill(ops->be, dh, 0.0f, (size_t)n * D);
     ops->moe_permute_backward(ops->be, dh, s->dxp, st->pos, n, k, D);
     if (md->Fs > 0)
-        mlp_backward(ops, t, dt, dh, 1, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du, dout, pc->nm->h, st->sgp, st->sup,
-                     moe_w(pc)->sg, moe_w(pc)->su, moe_w(pc)->sd, n, D, md->Fs);
+        mlp_backward_redo(ops, t, dt, dh, 1, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du, dout, pc->nm->h, st->sgp,
+                          st->sup, moe_w(pc)->sg, moe_w(pc)->su, moe_w(pc)->sd, n, D, md->Fs,
+                          pc->redo ? pc->redo + (size_t)pc->ep.Ee * Fe : NULL);
 
     /* term 3: aux and z gradients (on the backend) */
     double ns = pc->norm->n_sequences > 0 ? pc->norm->n_sequences : 1.0;
     double nt = pc->norm->n_tokens > 0 ? pc->norm->n_tokens : 1.0;
-    ops->moe_aux_backward(ops->be, s->dprobs, s->dlse, st->f_share, st->rlse, n, E, T, g0, md->aux_coef, md->z_coef,
+    ops->moe_aux_backward(ops->be, s->dprobs, s->dlse, st->f_share, st->rlse, n, Er, T, g0, md->aux_coef, md->z_coef,
                           ns, nt);
 
-    /* term 4: router */
-    ops->router_backward(ops->be, s->drl, s->dgates, s->dprobs, s->dlse, st->probs, st->topk, st->gates, n, E, k);
+    /* term 4: router (a null slot's dg is 0; the renormalisation still reaches its logit) */
+    ops->router_backward(ops->be, s->drl, s->dgates, s->dprobs, s->dlse, st->probs, st->topk, st->gates, n, Er, k);
     linear_backward(ops, dh, 1.0f, moe_w(pc)->router->frozen ? NULL : moe_w(pc)->router->grad, s->drl, pc->nm->h,
-                    moe_w(pc)->router->data, n, D, E);   /* LoRA: a frozen router computes dx only */
+                    moe_w(pc)->router->data, n, D, Er);   /* LoRA: a frozen router computes dx only */
     return MT_OK;
 }
 
@@ -325,10 +339,10 @@ static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx
 
 static void moe_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *user)
 {
-    const int64_t D = s->D, E = s->E, Fe = s->Fe, Fs = s->Fs;
+    const int64_t D = s->D, Er = s->E + s->Z, Fe = s->Fe, Fs = s->Fs;   /* the router: null rows last */
     const struct mt_pspec head[] = {
         {"post_attention_layernorm.weight", -1, 1, D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, MT_BIND_NORM},
-        {"mlp.gate.weight", -1, 2, E, D, MT_SCALE_NORMAL, MT_ROLE_ROUTER, MT_LAYOUT_MODEL_PARTIAL, MT_BIND_OWN(struct moe_w, router)},
+        {"mlp.gate.weight", -1, 2, Er, D, MT_SCALE_NORMAL, MT_ROLE_ROUTER, MT_LAYOUT_MODEL_PARTIAL, MT_BIND_OWN(struct moe_w, router)},
     };
     for (size_t i = 0; i < sizeof head / sizeof head[0]; i++) fn(user, &head[i]);
     for (int e = s->e0; e < s->e0 + s->Ee; e++) {   /* EP: this rank's experts only; moe_w.experts -> the first */
@@ -362,7 +376,7 @@ static void moe_setup(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const s
     mt_blocks_shape(cfg, &g);
     struct mt_moe_dims *md = moe_dims(pc);
     const int tp = pc->tp.tp;
-    md->E = (int)g.E, md->top_k = (int)g.top_k, md->Fe = (int)g.Fe, md->Fs = (int)g.Fs, md->L = (int)g.L;
+    md->E = (int)g.E, md->Z = (int)g.Z, md->top_k = (int)g.top_k, md->Fe = (int)g.Fe, md->Fs = (int)g.Fs, md->L = (int)g.L;
     md->Nm = tp > 1 ? pc->N / tp : pc->N;
     md->M = md->Nm * md->top_k;
     md->row0 = pc->tp.rank * (pc->N / tp);
@@ -379,7 +393,7 @@ const double *moe_own_load(const void *own) { return own ? ((const struct moe_ow
 void moe_own_load_reset(void *own)
 {
     struct moe_own *o = own;
-    if (o && o->s.load) memset(o->s.load, 0, (size_t)o->d.L * (size_t)o->d.E * sizeof(double));
+    if (o && o->s.load) memset(o->s.load, 0, (size_t)o->d.L * (size_t)(o->d.E + o->d.Z) * sizeof(double));
 }
 
 const double *moe_own_losses(const struct mt_ops_i *ops, void *own, int l0, int l1)
@@ -393,19 +407,22 @@ const double *moe_own_losses(const struct mt_ops_i *ops, void *own, int l0, int 
 static enum mt_status moe_check(struct mt_ctx *ctx, const struct mt_piece_ctx *pc)
 {
     const struct mt_moe_dims *md = moe_dims(pc);
-    if (md->E < 1 || md->top_k < 1 || md->top_k > md->E)
-        return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: need 1 <= top_k <= n_experts (top_k=%d E=%d)", md->top_k,
-                            md->E);
+    if (md->E < 1 || md->Z < 0 || md->top_k < 1 || md->top_k > md->E + md->Z)
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: need 1 <= top_k <= n_experts + n_null_experts (top_k=%d E=%d Z=%d)",
+                            md->top_k, md->E, md->Z);
     if (md->Fe < 1) return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: expert_hidden=%d must be >= 1", md->Fe);
     if (md->Fs < 0) return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: shared_expert_hidden=%d < 0", md->Fs);
     return MT_OK;
 }
 
-/* router E D, top_k routed experts 3 D Fe each, the shared expert 3 D Fs */
+/* router (E + Z) D, top_k routed experts 3 D Fe each, the shared expert 3 D Fs.
+ * Convention with null experts (SPEC 1e): every slot counts as a real
+ * expert's (an upper bound; the receipt's null share says how much of it
+ * did not run), so the FLOPs stay a function of the config alone. */
 static double moe_mm(const struct mt_block_shape *s)
 {
     const double D = (double)s->D;
-    return (double)s->E * D + (double)s->top_k * 3.0 * D * (double)s->Fe + 3.0 * D * (double)s->Fs;
+    return (double)(s->E + s->Z) * D + (double)s->top_k * 3.0 * D * (double)s->Fe + 3.0 * D * (double)s->Fs;
 }
 
 static double moe_inactive(const struct mt_block_shape *s)
@@ -419,8 +436,8 @@ static void moe_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct
 {
     struct moe_state *st = pc->st;
     const struct mt_moe_dims *md = moe_dims(pc);
-    const size_t D = (size_t)pc->D, Nm = (size_t)md->Nm, E = (size_t)md->E, k = (size_t)md->top_k;
-    const size_t M = (size_t)md->M, Fe = (size_t)md->Fe, ep = (size_t)pc->ep.ep;
+    const size_t D = (size_t)pc->D, Nm = (size_t)md->Nm, E = (size_t)(md->E + md->Z), k = (size_t)md->top_k;
+    const size_t M = (size_t)md->M, Fe = (size_t)md->Fe, ep = (size_t)pc->ep.ep;   /* E: every router column */
     const enum mt_bucket A = MT_BUCKET_ACTS, O = MT_BUCKET_OTHER;
     ffn_norm_carve_pc(pc, c, ly);
     /* the experts see Nm rows: SP or one rank: all of h_mlp_n; TP without SP: our slice of it */
@@ -461,8 +478,8 @@ static void moe_carve_scratch(const struct mt_piece_ctx *pc, struct mt_carver *c
 {
     const struct mt_moe_dims *md = moe_dims(pc);
     struct mt_moe_scratch *s = moe_scr(pc);
-    const size_t D = (size_t)pc->D, Nm = (size_t)md->Nm, E = (size_t)md->E, k = (size_t)md->top_k;
-    const size_t M = (size_t)md->M, ep = (size_t)pc->ep.ep;
+    const size_t D = (size_t)pc->D, Nm = (size_t)md->Nm, E = (size_t)(md->E + md->Z), k = (size_t)md->top_k;
+    const size_t M = (size_t)md->M, ep = (size_t)pc->ep.ep;   /* E: every router column (h_ecnt: real ones) */
     const enum mt_bucket W = MT_BUCKET_WORKSPACE, O = MT_BUCKET_OTHER;
     s->xp = carve_f(c, W, M * D);
     s->dxp = carve_f(c, W, M * D);
@@ -549,7 +566,7 @@ static enum mt_status moe_piece_backward(struct mt_ctx *ctx, const struct mt_pie
 /* a recompute re-routed the layer: take its slots back out of the load histogram */
 static void moe_undo_recompute(const struct mt_piece_ctx *pc)
 {
-    const int E = moe_dims(pc)->E;
+    const int E = moe_dims(pc)->E + moe_dims(pc)->Z;   /* the histogram's columns */
     const struct moe_state *st = pc->st;
     if (!moe_scr(pc)->load) return;
     double *load = moe_scr(pc)->load + (size_t)pc->layer * (size_t)E;

@@ -305,6 +305,10 @@ void moe_experts_backward(const struct mt_piece_ctx *pc, int n_groups, const int
         for (int i = 0; i < s.n; i++)
             ops->swiglu_forward(ops->be, pc->s_act + s.r0[i] * Fe, eg + s.r0[i] * Fe, eu + s.r0[i] * Fe,
                                 (size_t)s.rows[i] * Fe);
+        /* ReDo: each group's activations into its local expert's score accumulators */
+        for (int i = 0; i < s.n && pc->redo; i++)
+            ops->redo_score_acc(ops->be, pc->redo + (size_t)(s.w[i] - moe_w(pc)->experts) / 3 * Fe,
+                                pc->s_act + s.r0[i] * Fe, (size_t)s.rows[i], Fe);
         /* down: dWd (D, Fe) += dy^T act (not frozen); dact (rows, Fe) = dy Wd (+ the adapter's path) */
         weight_grad(pc, &s, 2, dy, D, pc->s_act, Fe);
         for (int i = 0; i < s.n; i++) {

@@ -44,6 +44,7 @@ struct mt_moe_scratch {
 
 struct mt_moe_dims {             /* what an E block's ffn needs beyond the shared dims */
     int   E, top_k, Fe, Fs, L;       /* experts, routed per token, expert / shared hidden, layers */
+    int   Z;                         /* null experts (SPEC 1e): router columns E..E+Z-1   */
     int   Nm, M, row0;               /* rows the block sees, slots Nm*k, first global row */
     float aux_coef, z_coef;          /* load-balancing and router z loss coefficients     */
     int   force_route;               /* test hook test_force_routing                      */

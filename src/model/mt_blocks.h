@@ -114,8 +114,11 @@ enum mt_init_scale { MT_SCALE_NORMAL = 0, MT_SCALE_NORMAL_OUT, MT_SCALE_ONES,
 struct mt_block_shape {
     int64_t D, T, L, hd, H, K, F;   /* model width, seq, layers, head dim, q / kv heads, dense hidden */
     int64_t E, top_k, Fe, Fs;       /* experts, routed per token, expert / shared-expert hidden       */
+    int64_t Z;                      /* null (zero-computation) experts: router rows E..E+Z-1 (SPEC 1e) */
     int     e0, Ee;                 /* this rank's first expert and expert count                      */
     int64_t mE, mH, mP, mG, mN;     /* Mamba-3 (M): d_inner, heads, headdim, groups, state            */
+    int     tp;                     /* the model axis' degree, where a layout class depends on it
+                                     * (Mamba-3 B/C: split or replicated); 0 or 1: none           */
 };
 
 /* One parameter as a piece declares it. The registry turns it into a
@@ -357,6 +360,10 @@ int mt_blocks_any_routed(const struct mt_config *cfg);
  * mt_block_kinds.def: "attention", "mlp", "moe", "mamba"): the config and
  * mesh rules of a piece's own keys, without spelling a letter. */
 int mt_blocks_pattern_uses(const struct mt_config *cfg, const char *piece);
+/* How the model axis holds Mamba-3's B and C (SPEC 1c; mamba.c): "split" (by
+ * group, mamba_ngroups % tp == 0) or "replicated"; NULL without M blocks or
+ * without a model axis (tp <= 1). For the receipt. */
+const char *mt_mamba_tp_mode(const struct mt_config *cfg, int tp);
 int mt_blocks_layer_uses(const struct mt_config *cfg, int l, const char *piece);   /* the same for layer l */
 /* The letter of kind `index` ('\0' when out of range). */
 char mt_blocks_letter(int index);

@@ -88,12 +88,21 @@ void mt_mamba3_backward(const struct mt_ops_i *ops, float *dh, int accumulate, s
  *              + mix_backward (s->dyn -> s->dproj; mixer gradients +=)
  *              + in_backward (dWin += dproj^T h, skipped for a NULL g->win_part[b];
  *                dh =/+= dproj Win)
- * mt_mamba3_forward / _backward are exactly these calls in this order. */
+ * mt_mamba3_forward / _backward are exactly these calls in this order.
+ * mix_forward = ssm_forward (prep + scan: proj -> ys) + the gated norm (ys -> yn);
+ * mix_backward = the gated norm's backward (s->dyn -> s->dys, dproj's z
+ * columns) + ssm_backward (scan + prep backward: the rest of s->dproj), for a
+ * caller whose gated norm spans ranks (mamba.c, replicated B/C under TP). */
 void mt_mamba3_in_forward(const struct mt_ops_i *ops, float *proj, const float *h, const struct mt_mamba3_weights *w,
                           const struct mt_mamba3_dims *d, int n);
 void mt_mamba3_mix_forward(const struct mt_ops_i *ops, struct mt_mamba3_acts *a, const struct mt_mamba3_weights *w,
                            const struct mt_mamba3_dims *d, int B, int T);
 void mt_mamba3_mix_backward(const struct mt_ops_i *ops, struct mt_mamba3_weights *g, struct mt_mamba3_scratch *s,
+                            const struct mt_mamba3_acts *a, const struct mt_mamba3_weights *w,
+                            const struct mt_mamba3_dims *d, int B, int T);
+void mt_mamba3_ssm_forward(const struct mt_ops_i *ops, struct mt_mamba3_acts *a, const struct mt_mamba3_weights *w,
+                           const struct mt_mamba3_dims *d, int B, int T);
+void mt_mamba3_ssm_backward(const struct mt_ops_i *ops, struct mt_mamba3_weights *g, struct mt_mamba3_scratch *s,
                             const struct mt_mamba3_acts *a, const struct mt_mamba3_weights *w,
                             const struct mt_mamba3_dims *d, int B, int T);
 void mt_mamba3_in_backward(const struct mt_ops_i *ops, float *dh, int accumulate, struct mt_mamba3_weights *g,

@@ -273,6 +273,30 @@ void mt_model_zero_grad(struct mt_model *m);
  * the old weights' shadows. No-op in fp32. */
 void mt_model_bf16_invalidate(struct mt_model *m);
 
+/* ---- ReDo (SPEC 1e; redo_scores.c, docs/model.md "ReDo") ----
+ * A SwiGLU set: the dense MLP of a layer, one routed expert, or a shared
+ * expert, with its units' place in the global score vector (off, in set
+ * order: layers in order, an MoE layer's experts 0..E-1 then its shared
+ * expert) and the names of its Wg, Wu, Wd. */
+enum { MT_REDO_DENSE = -1, MT_REDO_SHARED = -2 };
+struct mt_redo_set {
+    int    layer, expert;     /* expert: >= 0 routed, MT_REDO_DENSE, MT_REDO_SHARED */
+    int    units;             /* its hidden size (global)                             */
+    size_t off;               /* its first unit in the global vector                  */
+    char   name[3][128];      /* Wg, Wu, Wd parameter names                           */
+};
+/* The sets of cfg (out NULL: count only; at most cap written); returns the count. */
+int mt_model_redo_sets(const struct mt_config *cfg, struct mt_redo_set *out, int cap);
+/* on: zero the score accumulators and let the backward passes add into them
+ * (a step whose update is followed by an event); off: stop. No-op when
+ * redo_every is 0 (nothing carved). */
+void mt_model_redo_arm(struct mt_model *m, int on);
+/* global[s.off + j] += this rank's score sums of unit j of set s (int64, the
+ * fixed point of mt_ops.h), for the sets this rank computes (its stage, its
+ * TP rows, its experts): summed over the world they are the single-rank sums. */
+enum mt_status mt_model_redo_scores(struct mt_ctx *ctx, struct mt_model *m, const struct mt_redo_set *sets,
+                                    int n_sets, int64_t *global);
+
 /* Logits (B, T, V) of the last forward, backend memory; raw (before softcap).
  * Valid until the next forward/backward. After a forward WITH targets the
  * buffer holds d(loss)/d(logits) instead (the head's one-pass cross-entropy,
@@ -283,6 +307,10 @@ void mt_model_keep_logits(struct mt_model *m, int keep);
 /* The GLOBAL parameter list (one rank: every expert, full shapes) in model
  * order, without data. Returns the count; fills out only if cap >= count. */
 int mt_model_registry(const struct mt_config *cfg, struct mt_param *out, int cap);
+/* The same with the layout classes a model axis of degree tp gives (a class
+ * may depend on it: Mamba-3's B/C are split or replicated, SPEC 1c); names,
+ * shapes and boxes are still the one-rank registry's. */
+int mt_model_registry_tp(const struct mt_config *cfg, int tp, struct mt_param *out, int cap);
 
 /* Parameter counts: total, and active per token (MoE: top_k experts + shared). */
 void mt_model_param_counts(const struct mt_config *cfg, size_t *total, size_t *active);

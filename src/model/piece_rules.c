@@ -30,13 +30,14 @@
 const struct mt_piece_rules mt_piece_rules_attention = {"attention", NULL, NULL};
 const struct mt_piece_rules mt_piece_rules_mlp = {"mlp", NULL, NULL};
 
-/* ---- moe: routed experts (n_experts, top_k, expert_hidden) ---- */
+/* ---- moe: routed experts (n_experts, n_null_experts, top_k, expert_hidden) ---- */
 
 /* expert_hidden is derived (F / 4 when 0) by config.c before this runs */
 static enum mt_status moe_check_config(struct mt_ctx *ctx, const struct mt_config *cfg)
 {
-    RULE(cfg->top_k >= 1 && cfg->top_k <= cfg->n_experts, "top_k in [1, n_experts] (top_k=%d, n_experts=%d)",
-         cfg->top_k, cfg->n_experts);
+    RULE(cfg->top_k >= 1 && cfg->top_k <= cfg->n_experts + cfg->n_null_experts,
+         "top_k in [1, n_experts + n_null_experts] (top_k=%d, n_experts=%d, n_null_experts=%d)", cfg->top_k,
+         cfg->n_experts, cfg->n_null_experts);
     RULE(cfg->expert_hidden > 0, "expert_hidden > 0 (expert_hidden=%d, mlp_hidden=%d)", cfg->expert_hidden,
          cfg->mlp_hidden);
     return MT_OK;
@@ -48,8 +49,12 @@ static enum mt_status moe_check_axis(struct mt_ctx *ctx, const struct mt_config 
     if (axis == MT_AXIS_EP) {
         if (cfg->n_experts < 1 || cfg->n_experts % degree)
             return CONTRACT_FAIL(ctx, "n_experts %% ep != 0 (n_experts=%d, ep=%d)", cfg->n_experts, degree);
-        if (cfg->top_k > cfg->n_experts)
-            return CONTRACT_FAIL(ctx, "top_k > n_experts (top_k=%d, n_experts=%d)", cfg->top_k, cfg->n_experts);
+        if (cfg->top_k > cfg->n_experts + cfg->n_null_experts) {   /* null experts (SPEC 1e) count as choices */
+            if (cfg->n_null_experts == 0)
+                return CONTRACT_FAIL(ctx, "top_k > n_experts (top_k=%d, n_experts=%d)", cfg->top_k, cfg->n_experts);
+            return CONTRACT_FAIL(ctx, "top_k > n_experts + n_null_experts (top_k=%d, n_experts=%d, n_null_experts=%d)",
+                                 cfg->top_k, cfg->n_experts, cfg->n_null_experts);
+        }
     }
     return MT_OK;
 }
@@ -73,16 +78,19 @@ static enum mt_status mamba_check_config(struct mt_ctx *ctx, const struct mt_con
     return MT_OK;
 }
 
-/* heads and B/C groups split over the model axis, each gated-norm group
- * whole on one rank (docs/mamba3.md, "The model axis") */
+/* heads split over the model axis; B/C groups split when
+ * mamba_ngroups % tp == 0, else computed replicated (SPEC 1c;
+ * docs/mamba3.md, "The model axis") */
 static enum mt_status mamba_check_axis(struct mt_ctx *ctx, const struct mt_config *cfg, int axis, int degree)
 {
     const int tp = degree;
     if (axis == MT_AXIS_TP && tp > 1) {
         long long mh = cfg->mamba_headdim > 0 ? (long long)cfg->mamba_expand * cfg->d_model / cfg->mamba_headdim : 0;
-        if (mh % tp) return CONTRACT_FAIL(ctx, "mamba nheads %% tp != 0 (nheads=%lld, tp=%d)", mh, tp);
-        if (cfg->mamba_ngroups % tp)
-            return CONTRACT_FAIL(ctx, "mamba_ngroups %% tp != 0 (mamba_ngroups=%d, tp=%d)", cfg->mamba_ngroups, tp);
+        if (mh % tp)
+            return CONTRACT_FAIL(ctx,
+                                 "mamba nheads %% tp != 0 (nheads=%lld = mamba_expand*d_model/mamba_headdim, tp=%d): "
+                                 "the model axis splits the Mamba-3 mixer by heads",
+                                 mh, tp);
     }
     return MT_OK;
 }

@@ -294,7 +294,10 @@ struct mt_ops_i {
      * permute_backward: dh[n] += sum_j dxp[pos[n*k+j]]  (j order)   (+=)
      * combine:          out[n] += sum_j gates[n,j] * y[pos[n*k+j]]  (+=)
      * combine_backward: dy[pos[n*k+j]] = gates[n,j] * dout[n]       (=)
-     *                   dgates[n,j]   = dot(dout[n], y[pos[n*k+j]]) (=) */
+     *                   dgates[n,j]   = dot(dout[n], y[pos[n*k+j]]) (=)
+     * A slot with pos < 0 is a null one (a zero-computation expert, SPEC 1e;
+     * moe_route writes -1): it has no row: no term in permute_backward and
+     * combine, no dy row, and dgates[n,j] = 0. */
     void (*moe_permute)(void *be, float *xp, const float *h, const int32_t *src_row, int M, int C);
     void (*moe_permute_backward)(void *be, float *dh, const float *dxp, const int32_t *pos, int N, int k, int C);
     void (*moe_combine)(void *be, float *out, const float *y, const int32_t *pos, const float *gates,
@@ -448,6 +451,10 @@ struct mt_ops_i {
      *       (e_off[0] = 0, e_off[E] = M; count of e = e_off[e+1] - e_off[e]);
      *     pos (M): pos[s] = e_off[e] + #{s' < s : topk_idx[s'] = e};
      *     src_row (M): src_row[pos[s]] = n.
+     *   The last n_null of the E experts are null (SPEC 1e; 0 = none): they
+     *   sort last and are counted in e_off like the others, but their slots
+     *   get pos[s] = -1 and their rows [e_off[E - n_null], M) of src_row are
+     *   not written (no data moves for them).
      *   One answer: every backend writes the same integers. work: int32
      *   scratch of mt_moe_route_work(M, E) elements (cuda: per-chunk counts;
      *   cpu: its first E, the running row of each expert). No atomics: per (chunk, expert) counts,
@@ -463,7 +470,7 @@ struct mt_ops_i {
      * moe_aux_backward (all =): dprobs (N, E) = float(aux_coef E f[q,e] / T / n_seq),
      *   dlse (N) = float(2 z_coef lse_i / n_tok) (the router_backward inputs). */
     void (*moe_route)(void *be, int32_t *pos, int32_t *src_row, int32_t *e_off, int32_t *work,
-                      const int32_t *topk_idx, int N, int k, int E);
+                      const int32_t *topk_idx, int N, int k, int E, int n_null);
     void (*moe_seq_stats)(void *be, double *seq, const float *probs, const int32_t *topk_idx, int N, int E, int k,
                           int B, int T, int g0);
     void (*moe_aux_loss)(void *be, double *loss, float *f_share, const double *seq, const float *lse, int N, int B,
@@ -577,6 +584,38 @@ struct mt_ops_i {
     /* graph_info(be, out): how the step's graphs went, for the receipt
      * (struct mt_ops_graph_info above). NULL (cpu): no graphs. */
     void   (*graph_info)(void *be, struct mt_ops_graph_info *out);
+
+    /* ---- ReDo scores (SPEC 1e; docs/model.md "ReDo") ----
+     * redo_score_acc: acc[j] += sum over i < rows of q(|act[i*F + j]|) for
+     * j < F (act row-major (rows, F), acc int64 backend memory, +=), with the
+     * fixed point q(x) = (int64)trunc(min(x, 2^16) * 2^24) (NaN: 2^40). Each
+     * term depends on its element alone and integer sums are associative,
+     * so every backend, thread split and mesh gives the same integers (the
+     * exactness the recycling decision needs). Optional (NULL: redo_every
+     * is refused on that backend). */
+    void   (*redo_score_acc)(void *be, int64_t *acc, const float *act, size_t rows, int F);
+    /* ---- the gated norm of the Mamba-3 mixer when its groups span ranks ----
+     * (replicated B/C under TP, mamba_ngroups % tp != 0: docs/mamba3.md §10).
+     * The rank holds channels [c0, c0 + E) of the global d_inner; groups are
+     * cg channels wide, so local channel c is in local group
+     * j = (c0 + c) / cg - c0 / cg, j < ng = (c0 + E - 1) / cg - c0 / cg + 1.
+     * s points at the rank's first group's column of an (n, lds) table of
+     * per-row group sums (the caller all-reduces it over the model group);
+     * rstd (n, ng).
+     * sums: s (=) per row and local group: dout NULL: sum (y silu z)^2 (the
+     *   forward's); else sum dout w (y silu z) rstd (the backward's mean term).
+     * forward_ext: rstd = 1/sqrt(s/cg + eps); out = (y silu z) rstd w   (=)
+     * backward_ext: ssm_gate_norm_backward with the mean term s/cg: dy, dz
+     *   (=), dw (+=). With c0 = 0, cg = E/G and the local sums, forward_ext
+     *   and backward_ext are ssm_gate_norm_* up to fp32 rounding. */
+    void   (*ssm_gate_norm_sums)(void *be, float *s, int lds, const float *y, const float *z, int ldz, const float *w,
+                                 const float *dout, const float *rstd, int n, int E, int c0, int cg);
+    void   (*ssm_gate_norm_forward_ext)(void *be, float *out, float *rstd, const float *y, const float *z, int ldz,
+                                        const float *w, const float *s, int lds, int n, int E, int c0, int cg,
+                                        float eps);
+    void   (*ssm_gate_norm_backward_ext)(void *be, float *dy, float *dz, float *dw, const float *dout, const float *y,
+                                         const float *z, int ldz, const float *w, const float *rstd, const float *s,
+                                         int lds, int n, int E, int c0, int cg);
 };
 
 /* Tensors per launch of the multi-tensor entries (their kernel-argument lists). */
@@ -588,6 +627,18 @@ struct mt_ops_i {
 static inline size_t mt_moe_route_work(size_t M, size_t E)
 {
     return (M + MT_MOE_ROUTE_CHUNK - 1) / MT_MOE_ROUTE_CHUNK * E;
+}
+
+/* ReDo's fixed point (redo_score_acc): |x| clamped to 2^16, times 2^24,
+ * truncated; NaN counts as the clamp. A step's sum per unit stays below
+ * 2^63 while the unit's |activations| sum to less than 2^39. */
+#define MT_REDO_FIX_SCALE 16777216.0   /* 2^24 */
+#define MT_REDO_FIX_CLAMP 65536.0      /* 2^16 */
+static inline int64_t mt_redo_fix(float x)
+{
+    double a = x < 0 ? -(double)x : (double)x;
+    if (!(a <= MT_REDO_FIX_CLAMP)) a = MT_REDO_FIX_CLAMP;   /* NaN too */
+    return (int64_t)(a * MT_REDO_FIX_SCALE);
 }
 
 /* Backends. mt_ops_cpu() never fails. mt_ops_cuda() returns NULL when the

@@ -197,7 +197,8 @@ void mt_layout_host_sizes(const struct mt_config *cfg, int n_params, int Bm, int
                           size_t bytes[MT_HOST_N])
 {
     const size_t nh = (size_t)(n_steps > 0 ? n_steps : 1), P = (size_t)n_params, T = (size_t)cfg->seq_len;
-    const size_t LE = (size_t)cfg->n_layer * (size_t)(cfg->n_experts > 0 ? cfg->n_experts : 1);
+    const int EZ = cfg->n_experts + cfg->n_null_experts;   /* the load histogram's columns (null experts last) */
+    const size_t LE = (size_t)cfg->n_layer * (size_t)(EZ > 0 ? EZ : 1);
     const int moe = mt_blocks_any_routed(cfg);
     bytes[MT_HOST_ENG_OF] = P * sizeof(int);
     bytes[MT_HOST_SEL0] = bytes[MT_HOST_SEL1] = bytes[MT_HOST_SEL2] = P;

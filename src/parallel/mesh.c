@@ -354,7 +354,7 @@ enum mt_status mt_mesh_check_contract(struct mt_ctx *ctx, const struct mt_mesh_d
     if (F == 0) F = ((8LL * cfg->d_model + 2) / 3 + 63) / 64 * 64; /* ceil(8D/3) rounded up to 64 */
     if (F % tp) return CONTRACT_FAIL(ctx, "mlp_hidden %% tp != 0 (mlp_hidden=%lld, tp=%d)", F, tp);
     /* the pieces' own rules (piece_rules.c), the model axis before the
-     * expert axis: Mamba-3's heads and groups % tp, MoE's n_experts % ep */
+     * expert axis: Mamba-3's heads % tp, MoE's n_experts % ep */
     MT_CHECK(mt_blocks_check_axis(ctx, cfg, MT_AXIS_TP, tp));
     MT_CHECK(mt_blocks_check_axis(ctx, cfg, MT_AXIS_EP, d->ep));
     if (cfg->n_layer < d->pp) return CONTRACT_FAIL(ctx, "n_layer < pp (n_layer=%d, pp=%d)", cfg->n_layer, d->pp);

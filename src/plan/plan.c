@@ -1109,7 +1109,7 @@ static void ffn_work(const struct mt_config *cfg, const struct mt_block_shape *s
     const double hid = moe ? (double)s->top_k * (double)s->Fe + (double)s->Fs : (double)s->F;
     w->e[MT_PLAN_KIND_NORM] += 5.0 * D + rc * 2.0 * D;
     w->e[MT_PLAN_KIND_ELEMENTWISE] += 8.0 * hid + 6.0 * D + rc * (3.0 * hid + 3.0 * D);
-    if (moe) w->e[MT_PLAN_KIND_ELEMENTWISE] += (8.0 * (double)s->top_k * D + 4.0 * (double)s->E) * (1.0 + rc / 2.0);
+    if (moe) w->e[MT_PLAN_KIND_ELEMENTWISE] += (8.0 * (double)s->top_k * D + 4.0 * (double)(s->E + s->Z)) * (1.0 + rc / 2.0);
 }
 
 /* Layers [l0, l1) of a stage, plus its embedding (first stage: gather

@@ -96,6 +96,8 @@ struct mt_receipt {
     const char *knobs_json;
     /* cuda backend: the "gpu" object (JSON object text, report.c); NULL = none */
     const char *gpu_json;
+    /* ReDo (redo_every > 0): the "redo" object (JSON object text, redo.c); NULL = none */
+    const char *redo_json;
 };
 
 enum mt_status mt_receipt_write(struct mt_ctx *ctx, const char *path, const struct mt_receipt *r);

@@ -99,14 +99,15 @@ static enum mt_status replica_hash_check(struct mt_ctx *ctx, const struct mt_ops
     }
     /* hashes indexed by the GLOBAL registry: under PP / EP ranks hold different
      * parameter lists; 0 marks "not held here" */
-    int ng = mt_model_registry(rs->cfg, NULL, 0);
+    const int tp_ = mt_mesh_get_dims(rs->mesh)->tp;   /* the layout classes of this model axis */
+    int ng = mt_model_registry_tp(rs->cfg, tp_, NULL, 0);
     size_t maxn = 1;
     for (int i = 0; i < n; i++) if (params[i].numel > maxn) maxn = params[i].numel;
     float *host = mt_alloc(ctx, maxn * sizeof(float), MT_BUCKET_WORKSPACE);
     int64_t *h = mt_alloc(ctx, (size_t)ng * (size_t)(W + 1) * sizeof(int64_t), MT_BUCKET_OTHER);
     struct mt_param *glob = mt_alloc(ctx, (size_t)ng * sizeof *glob, MT_BUCKET_OTHER);
     if (!host || !h || !glob) { mt_free(ctx, host); mt_free(ctx, h); mt_free(ctx, glob); return MT_ERR_OOM; }
-    mt_model_registry(rs->cfg, glob, ng);
+    mt_model_registry_tp(rs->cfg, tp_, glob, ng);
     int64_t *all = h + ng;
     for (int g = 0, i = 0; g < ng; g++) {
         h[g] = 0;
@@ -278,6 +279,14 @@ static void dist_tp(cJSON *d, const struct run_state *rs, int steps)
         cJSON_AddNumberToObject(tb, tkinds[k], steps > 0 ? tps.bytes[k] / steps : 0);
         cJSON_AddNumberToObject(tc, tkinds[k], steps > 0 ? (double)tps.calls[k] / steps : 0);
     }
+    const char *mm = mt_mamba_tp_mode(rs->cfg, rs->tp);
+    if (mm) {   /* which B/C path the M blocks ran (SPEC 1c, docs/mamba3.md §10) */
+        cJSON_AddStringToObject(tpj, "mamba_tp_mode", mm);
+        cJSON_AddStringToObject(tpj, "mamba_tp_mode_note",
+                                "Mamba-3 B/C: split = by group (mamba_ngroups % tp == 0); replicated = whole on "
+                                "every model rank, gradient summed over the model group, gated-norm group sums "
+                                "all-reduced");
+    }
     cJSON_AddNumberToObject(tpj, "comm_s_total", tps.time_s);
     cJSON_AddStringToObject(tpj, "note", "model-axis collectives inside the layers (rank 0), blocking: all exposed; "
                                          "counted in timing.step_time_split_s.communication; steps = steps run "
@@ -295,8 +304,18 @@ static void dist_moe(cJSON *d, const struct run_state *rs, int steps)
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "layer", l);
         cJSON *arr = cJSON_AddArrayToObject(o, "slots");
-        for (int e = 0; e < cfg->n_experts; e++)
-            cJSON_AddItemToArray(arr, cJSON_CreateNumber(rs->load_total[(size_t)l * cfg->n_experts + e]));
+        const int EZ = cfg->n_experts + cfg->n_null_experts;   /* columns: real experts, then null ones */
+        const double *row = rs->load_total + (size_t)l * EZ;
+        for (int e = 0; e < cfg->n_experts; e++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(row[e]));
+        if (cfg->n_null_experts > 0) {   /* SPEC 1e: the share of the layer's slots routed to a null expert */
+            double nul = 0, all = 0;
+            for (int e = 0; e < EZ; e++) {
+                all += row[e];
+                if (e >= cfg->n_experts) nul += row[e];
+            }
+            cJSON_AddNumberToObject(o, "null_slots", nul);
+            cJSON_AddNumberToObject(o, "null_share", all > 0 ? nul / all : 0);
+        }
         cJSON_AddItemToArray(hist, o);
     }
     cJSON *im = cJSON_AddArrayToObject(mo, "imbalance_max_over_mean_per_step");
@@ -816,6 +835,8 @@ enum mt_status mt_train_report(struct mt_ctx *ctx, struct run_state *rs, const s
     r.knobs_json = kjson;
     char *gjson = gpu_json(rs, &r);
     r.gpu_json = gjson;
+    char *rjson = mt_train_redo_json(rs);
+    r.redo_json = rjson;
     enum mt_status rc = MT_OK;
     if (ri->wrank == 0) {
         char path[4200];
@@ -825,6 +846,7 @@ enum mt_status mt_train_report(struct mt_ctx *ctx, struct run_state *rs, const s
     free(djson);
     free(kjson);
     free(gjson);
+    free(rjson);
     MT_CHECK(rc);
     res->steps_run = ri->steps_run;
     res->final_loss = ri->steps_run ? rs->losses[ri->steps_run - 1] : 0;

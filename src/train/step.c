@@ -31,7 +31,8 @@
 static enum mt_status moe_load_step(struct mt_ctx *ctx, struct run_state *rs, double *imbalance)
 {
     const struct mt_config *cfg = rs->cfg;
-    const size_t LE = (size_t)cfg->n_layer * (size_t)(cfg->n_experts > 0 ? cfg->n_experts : 1);
+    const int EZ = cfg->n_experts + cfg->n_null_experts;   /* histogram columns: real experts, then null ones */
+    const size_t LE = (size_t)cfg->n_layer * (size_t)(EZ > 0 ? EZ : 1);
     memcpy(rs->load_step, mt_model_moe_load(rs->model), LE * sizeof(double));
     MT_CHECK(mt_comm_allreduce(ctx, mt_mesh_world_comm(rs->mesh), rs->load_step, LE, MT_DTYPE_F64, MT_REDOP_SUM));
     double imb = 0;
@@ -39,9 +40,10 @@ static enum mt_status moe_load_step(struct mt_ctx *ctx, struct run_state *rs, do
     for (int l = 0; l < cfg->n_layer; l++) {
         if (!mt_blocks_layer_routed(cfg, l)) continue;
         double mx = 0, sum = 0;
-        for (int e = 0; e < cfg->n_experts; e++) {
-            double v = rs->load_step[(size_t)l * cfg->n_experts + e];
-            rs->load_total[(size_t)l * cfg->n_experts + e] += v;
+        for (int e = 0; e < EZ; e++) {
+            double v = rs->load_step[(size_t)l * EZ + e];
+            rs->load_total[(size_t)l * EZ + e] += v;
+            if (e >= cfg->n_experts) continue;   /* the imbalance is over the real experts */
             sum += v;
             if (v > mx) mx = v;
         }
@@ -89,9 +91,15 @@ enum mt_status mt_train_step(struct mt_ctx *ctx, struct run_state *rs, int step,
     out->n_part = n_part;
 
     graphs_mode(ctx, rs);
+    /* ReDo (redo.c): the step whose update is followed by an event scores its units in its backward passes */
+    const int redo = cfg->redo_every > 0 && (step + 1) % cfg->redo_every == 0;
+    if (redo && !rs->ops->redo_score_acc)
+        return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "redo_every: the %s backend has no redo_score_acc", rs->ops->name);
+    mt_model_redo_arm(rs->model, redo);
     mt_zero_set_zero_grad(&rs->zset, step);
     mt_model_moe_load_reset(rs->model);
     MT_CHECK(mt_train_microbatches(ctx, rs, step, &norm, part));      /* forward + backward */
+    if (redo) mt_model_redo_arm(rs->model, 0);
     MT_CHECK(mt_zero_set_reduce(ctx, &rs->zset));
     out->imbalance = 0;
     if (rs->imbalance) MT_CHECK(moe_load_step(ctx, rs, &out->imbalance));
@@ -109,6 +117,7 @@ enum mt_status mt_train_step(struct mt_ctx *ctx, struct run_state *rs, int step,
         return mt_ctx_error(ctx, MT_ERR_NUMERIC, "non-finite %s at step %d on rank %d",
                             isfinite(out->loss) ? "gradient norm" : "loss", step, ctx->rank);
     MT_CHECK(mt_zero_set_step(ctx, &rs->zset, step, out->grad_norm));   /* update (clipped) */
+    if (redo) MT_CHECK(mt_train_redo_event(ctx, rs, step + 1));      /* before the sync spreads it */
     MT_CHECK(mt_zero_set_sync(ctx, &rs->zset));
     mt_model_bf16_invalidate(rs->model);   /* precision=bf16: shadows rewritten at the next forward */
     return MT_OK;

@@ -88,6 +88,7 @@ struct run_state {
     char     base_load[4096];
     int     *saved;             /* (keep_last + 1) */
     int      n_saved;
+    struct mt_train_redo *redo; /* ReDo's sets and event log (redo.c); NULL until the first event */
 };
 
 /* What one step measured (step.c). */
@@ -133,6 +134,14 @@ double mt_train_exposed_comm_s(const struct run_state *rs);
 /* ---- train_ckpt.c ---- */
 enum mt_status mt_train_save_checkpoint(struct mt_ctx *ctx, const struct mt_train_opts *opts, struct run_state *rs,
                                         int step);
+
+/* ---- redo.c (SPEC 1e ReDo) ---- */
+/* The event after the update of step `step` (from 1): scores reduced over
+ * the world, units chosen, parameters and optimizer state rewritten (before
+ * the ZeRO sync); logged for the receipt. */
+enum mt_status mt_train_redo_event(struct mt_ctx *ctx, struct run_state *rs, int step);
+char *mt_train_redo_json(const struct run_state *rs);   /* receipt "redo" (malloc'ed; NULL: off) */
+void mt_train_redo_free(struct mt_ctx *ctx, struct run_state *rs);
 
 /* ---- test_hooks.c ---- */
 void mt_train_fault_parse(struct mt_train_fault *f, const char *spec);

@@ -211,7 +211,7 @@ static void test_table(void)
         E(swiglu_forward_bf16), E(widen_bf16),
         E(moe_route), E(moe_seq_stats), E(moe_aux_loss), E(moe_aux_backward), E(xent_fused_bf16),
         E(sumsq_multi), E(normalize_fro), E(adamw_multi), E(nonfinite_mark), E(attention_forward_bf16),
-        E(attention_backward_bf16), E(op_profile),
+        E(attention_backward_bf16), E(op_profile), E(redo_score_acc),
 #undef E
     };
     int missing = 0;
@@ -1234,6 +1234,51 @@ static void test_swiglu(void)
     free(g); free(u); free(dout); free(nn);
 }
 
+/* ---- ReDo scores (redo_score_acc): integers, so cuda must equal cpu exactly ----
+ * acc (+=) starts from the same values on both; act has a NaN, values past
+ * the clamp and exact zeros; F = 45 leaves a partial 32-column group, 1001
+ * rows a partial lane; a second call accumulates onto the first. */
+static void test_redo(void)
+{
+    if (!selected("redo")) return;
+    const size_t rows = 1001;
+    const int F = 45;
+    const size_t n = rows * (size_t)F;
+    float *act = rnd(n, -3, 3);
+    act[7] = NAN;
+    act[100] = 1e6f;
+    act[101] = -7e4f;
+    act[200] = 0.0f;
+    act[201] = -0.0f;
+    int64_t init[45], *r[3];
+    for (int j = 0; j < F; j++) init[j] = (int64_t)(next_u64() >> 20);
+    for (int p = 0; p < 3; p++) {
+        struct be *b = BE(p);
+        float *d = upf(b, act, n);
+        int64_t *acc = dalloc(b, sizeof init);
+        b->ops->copy_from_host(b->ops->be, acc, init, sizeof init);
+        b->ops->redo_score_acc(b->ops->be, acc, d, rows, F);
+        b->ops->redo_score_acc(b->ops->be, acc, d + F, rows - 1, F);   /* += again, from row 1 */
+        r[p] = xmalloc(sizeof init);
+        b->ops->sync(b->ops->be);
+        b->ops->copy_to_host(b->ops->be, r[p], acc, sizeof init);
+        release(b);
+    }
+    /* the host reference of the cpu pass: the fixed point of mt_ops.h, row by row */
+    size_t bad = 0;
+    for (int j = 0; j < F; j++) {
+        int64_t e = init[j];
+        for (size_t i = 0; i < rows; i++) e += mt_redo_fix(act[i * F + j]);
+        for (size_t i = 1; i < rows; i++) e += mt_redo_fix(act[i * F + j]);
+        bad += e != r[0][j];
+    }
+    report("redo_score_acc", "cpu = host fixed-point sums (differing units)", (double)bad, 0);
+    report("redo_score_acc", "cuda = cpu, int64 (differing units)", (double)ndiff(r[1], r[0], 2 * (size_t)F), 0);
+    report("redo_score_acc", "deterministic (differing units)", (double)ndiff(r[1], r[2], 2 * (size_t)F), 0);
+    for (int p = 0; p < 3; p++) free(r[p]);
+    free(act);
+}
+
 /* ---- vectorised elementwise kernels (docs/cuda.md "Vectorised elementwise kernels") ----
  * swiglu forward (plain and _bf16), swiglu backward (and in place),
  * cast_bf16 and widen_bf16 take the 16-byte vector path on aligned buffers
@@ -1430,18 +1475,25 @@ static void test_router(void)
 }
 
 /* ---- MoE permute / combine ---- */
-static void test_moe(void)
+/* null_every > 0: every null_every-th slot is a null one (SPEC 1e): pos -1,
+ * no row; the real slots hold the rows [0, Mr) */
+static void test_moe_case(int null_every)
 {
-    if (!selected("moe")) return;
     const int N = 50, k = 2, C = 24, M = N * k;
     int32_t *pos = xmalloc(sizeof(int32_t) * M), *src = xmalloc(sizeof(int32_t) * M);
-    for (int m = 0; m < M; m++) pos[m] = m;
-    for (int m = M - 1; m > 0; m--) {
-        int j = irand(m + 1), tmp = pos[m];
-        pos[m] = pos[j];
-        pos[j] = tmp;
+    int Mr = 0;
+    for (int s = 0; s < M; s++) pos[s] = null_every > 0 && s % null_every == 0 ? -1 : Mr++;
+    int32_t *perm = xmalloc(sizeof(int32_t) * (Mr ? Mr : 1));
+    for (int m = 0; m < Mr; m++) perm[m] = m;
+    for (int m = Mr - 1; m > 0; m--) {
+        int j = irand(m + 1), tmp = perm[m];
+        perm[m] = perm[j];
+        perm[j] = tmp;
     }
-    for (int s = 0; s < M; s++) src[pos[s]] = s / k;
+    for (int s = 0; s < M; s++)
+        if (pos[s] >= 0) pos[s] = perm[pos[s]];
+    for (int s = 0; s < M; s++)
+        if (pos[s] >= 0) src[pos[s]] = s / k;
     float *h = rnd((size_t)N * C, -1, 1), *dxp = rnd((size_t)M * C, -1, 1), *dh0 = rnd((size_t)N * C, -1, 1);
     float *y = rnd((size_t)M * C, -1, 1), *gates = rnd((size_t)M, 0, 1), *out0 = rnd((size_t)N * C, -1, 1);
     float *dout = rnd((size_t)N * C, -1, 1), *nM = nans((size_t)M * C), *nS = nans((size_t)M);
@@ -1450,7 +1502,7 @@ static void test_moe(void)
         struct be *b = BE(p);
         int32_t *dpos = upi(b, pos, M), *dsrc = upi(b, src, M);
         float *dh = upf(b, h, (size_t)N * C), *xp = upf(b, nM, (size_t)M * C);
-        b->ops->moe_permute(b->ops->be, xp, dh, dsrc, M, C);
+        b->ops->moe_permute(b->ops->be, xp, dh, dsrc, Mr, C);
         rp[p] = downf(b, xp, (size_t)M * C);
         float *ddh = upf(b, dh0, (size_t)N * C), *ddxp = upf(b, dxp, (size_t)M * C);
         b->ops->moe_permute_backward(b->ops->be, ddh, ddxp, dpos, N, k, C);
@@ -1464,13 +1516,33 @@ static void test_moe(void)
         rdg[p] = downf(b, gg, (size_t)M);
         release(b);
     }
-    check3("moe_permute", "xp = h[src_row] (=)", rp, (size_t)M * C);
-    check3("moe_permute_backward", "dh += (j order)", rpb, (size_t)N * C);
-    check3("moe_combine", "out += gates y", rc, (size_t)N * C);
-    check3("moe_combine_backward", "dy (=)", rdy, (size_t)M * C);
-    check3("moe_combine_backward", "dgates (=)", rdg, (size_t)M);
-    free(pos); free(src); free(h); free(dxp); free(dh0); free(y); free(gates); free(out0); free(dout);
+    char w[96];
+    const char *nl = null_every > 0 ? " [null slots]" : "";
+    snprintf(w, sizeof w, "xp = h[src_row] (=)%s", nl);
+    check3("moe_permute", w, rp, (size_t)Mr * C);
+    snprintf(w, sizeof w, "dh += (j order)%s", nl);
+    check3("moe_permute_backward", w, rpb, (size_t)N * C);
+    snprintf(w, sizeof w, "out += gates y%s", nl);
+    check3("moe_combine", w, rc, (size_t)N * C);
+    snprintf(w, sizeof w, "dy (=)%s", nl);
+    check3("moe_combine_backward", w, rdy, (size_t)Mr * C);
+    if (null_every > 0) {   /* a null slot: dgates exactly 0 on every backend (before check3 frees them) */
+        double nz = 0;
+        for (int p = 0; p < 3; p++)
+            for (int s = 0; s < M; s++) nz += pos[s] < 0 && rdg[p][s] != 0.0f;
+        report("moe_combine_backward", "null slots: dgates 0 (nonzero count)", nz, 0);
+    }
+    snprintf(w, sizeof w, "dgates (=)%s", nl);
+    check3("moe_combine_backward", w, rdg, (size_t)M);   /* frees every pass (check3 frees what it checks) */
+    free(pos); free(src); free(perm); free(h); free(dxp); free(dh0); free(y); free(gates); free(out0); free(dout);
     free(nM); free(nS);
+}
+
+static void test_moe(void)
+{
+    if (!selected("moe")) return;
+    test_moe_case(0);
+    test_moe_case(3);   /* null experts (SPEC 1e) */
 }
 
 /* ---- MoE device routing (moe_route, moe_seq_stats, moe_aux_loss, moe_aux_backward) ---- */
@@ -1522,10 +1594,12 @@ static void check3d(const char *op, const char *what, double *r[3], size_t n)
 static void test_moe_route(void)
 {
     if (!selected("moe_route")) return;
-    /* N k E skew: one chunk, several chunks with a partial last one, empty experts, E > the warp */
-    int shapes[][4] = {{70, 2, 8, 0}, {300, 4, 16, 0}, {1000, 1, 3, 1}, {513, 2, 8, 1}, {5, 2, 70, 0}, {0, 2, 4, 0}};
+    /* N k E skew Z: one chunk, several chunks with a partial last one, empty experts, E > the warp;
+     * Z > 0: the last Z experts are null (SPEC 1e: pos -1, no src_row) */
+    int shapes[][5] = {{70, 2, 8, 0, 0}, {300, 4, 16, 0, 0}, {1000, 1, 3, 1, 0}, {513, 2, 8, 1, 0}, {5, 2, 70, 0, 0},
+                       {0, 2, 4, 0, 0}, {600, 3, 10, 0, 4}, {513, 2, 8, 1, 5}};
     for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
-        int N = shapes[c][0], k = shapes[c][1], E = shapes[c][2], skew = shapes[c][3];
+        int N = shapes[c][0], k = shapes[c][1], E = shapes[c][2], skew = shapes[c][3], Z = shapes[c][4];
         size_t M = (size_t)N * k, nw = mt_moe_route_work(M, (size_t)E);
         int32_t *topk = route_topk(N, k, E, skew), *neg = xmalloc(sizeof(int32_t) * (M + (size_t)E + 1 + nw));
         for (size_t i = 0; i < M + (size_t)E + 1 + nw; i++) neg[i] = -7;
@@ -1537,8 +1611,8 @@ static void test_moe_route(void)
             ro[e] = r;
             for (size_t s = 0; s < M; s++)
                 if (topk[s] == e) {
-                    rp[s] = r;
-                    rs[r++] = (int32_t)(s / (size_t)k);
+                    rp[s] = e >= E - Z ? -1 : r;
+                    rs[r++] = e >= E - Z ? -7 : (int32_t)(s / (size_t)k);   /* a null row: not written */
                 }
         }
         ro[E] = r;
@@ -1547,21 +1621,22 @@ static void test_moe_route(void)
             struct be *b = BE(p);
             int32_t *dt = upi(b, topk, M), *dp = upi(b, neg, M), *ds = upi(b, neg, M);
             int32_t *dof = upi(b, neg, (size_t)E + 1), *dw = upi(b, neg, nw ? nw : 1);
-            b->ops->moe_route(b->ops->be, dp, ds, dof, dw, dt, N, k, E);
+            b->ops->moe_route(b->ops->be, dp, ds, dof, dw, dt, N, k, E, Z);
             gp[p] = downi(b, dp, M);
             gs[p] = downi(b, ds, M);
             go[p] = downi(b, dof, (size_t)E + 1);
             release(b);
         }
-        char w[96];
-        snprintf(w, sizeof w, "N=%d k=%d E=%d%s cpu = a plain stable sort (differing)", N, k, E, skew ? " skewed" : "");
+        char w[96], sk[32];
+        snprintf(sk, sizeof sk, "%s%s", skew ? " skewed" : "", Z ? " null" : "");
+        snprintf(w, sizeof w, "N=%d k=%d E=%d%s cpu = a plain stable sort (differing)", N, k, E, sk);
         report("moe_route", w,
                (double)(ndiff(gp[0], rp, M) + ndiff(gs[0], rs, M) + ndiff(go[0], ro, (size_t)E + 1)), 0);
-        snprintf(w, sizeof w, "N=%d k=%d E=%d%s pos", N, k, E, skew ? " skewed" : "");
+        snprintf(w, sizeof w, "N=%d k=%d E=%d%s pos", N, k, E, sk);
         check3i("moe_route", w, gp, M);
-        snprintf(w, sizeof w, "N=%d k=%d E=%d%s src_row", N, k, E, skew ? " skewed" : "");
+        snprintf(w, sizeof w, "N=%d k=%d E=%d%s src_row", N, k, E, sk);
         check3i("moe_route", w, gs, M);
-        snprintf(w, sizeof w, "N=%d k=%d E=%d%s e_off", N, k, E, skew ? " skewed" : "");
+        snprintf(w, sizeof w, "N=%d k=%d E=%d%s e_off", N, k, E, sk);
         check3i("moe_route", w, go, (size_t)E + 1);
         free(topk); free(neg); free(rp); free(rs); free(ro);
     }
@@ -1718,6 +1793,7 @@ int main(int argc, char **argv)
     g_rng = 9;  test_attention();
     g_rng = 10; test_swiglu();
     g_rng = 23; test_vec_elementwise();
+    g_rng = 24; test_redo();
     g_rng = 11; test_xent();
     g_rng = 12; test_router();
     g_rng = 13; test_moe();

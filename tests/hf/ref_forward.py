@@ -110,6 +110,7 @@ def forward(cfg, W, ids):
     moe = cfg["model_type"] == "qwen3_moe" or (pattern is not None and "E" in pattern)
     E = cfg.get("num_experts", cfg.get("num_local_experts", 0)) if moe else 0
     k = cfg.get("num_experts_per_tok", 0)
+    Z = cfg.get("meshtrain_n_null_experts", 0) if moe else 0            # null experts (SPEC 1e): router rows E..E+Z-1
     mlp_only = set(cfg.get("mlp_only_layers") or [])
     step = cfg.get("decoder_sparse_step", 1)
     aux_coef = float(cfg.get("router_aux_loss_coef", 0.0))
@@ -145,12 +146,13 @@ def forward(cfg, W, ids):
         if not sparse:
             x = x + swiglu(h, W[p + "mlp.gate_proj.weight"], W[p + "mlp.up_proj.weight"], W[p + "mlp.down_proj.weight"])
             continue
-        r = h @ W[p + "mlp.gate.weight"].T                               # (T, E) router logits
+        r = h @ W[p + "mlp.gate.weight"].T                               # (T, E + Z) router logits
+        assert r.shape[1] == E + Z, (r.shape, E, Z)
         m = r.max(axis=1, keepdims=True)
         lse = (m + np.log(np.exp(r - m).sum(axis=1, keepdims=True)))[:, 0]
         prob = np.exp(r - lse[:, None])
         out = np.zeros_like(h)
-        f = np.zeros(E)
+        f = np.zeros(E + Z)
         for t in range(T):
             pr = prob[t].copy()
             chosen = []
@@ -160,16 +162,18 @@ def forward(cfg, W, ids):
                 pr[e] = -1.0
             g = prob[t, chosen] / prob[t, chosen].sum()
             for gate, e in zip(g, chosen):
+                f[e] += 1.0
+                if e >= E:                                               # a null expert: no computation, adds 0
+                    continue
                 q_ = f"{p}mlp.experts.{e}."
                 out[t] += gate * swiglu(h[t:t + 1], W[q_ + "gate_proj.weight"], W[q_ + "up_proj.weight"],
                                         W[q_ + "down_proj.weight"])[0]
-                f[e] += 1.0
         if p + "mlp.shared_expert.gate_proj.weight" in W:                # meshtrain's ungated shared expert
             out += swiglu(h, W[p + "mlp.shared_expert.gate_proj.weight"], W[p + "mlp.shared_expert.up_proj.weight"],
                           W[p + "mlp.shared_expert.down_proj.weight"])
         x = x + out
         f /= T * k                                                       # share of the T*k routing slots
-        aux += aux_coef * E * float(np.sum(f * prob.mean(axis=0)))
+        aux += aux_coef * (E + Z) * float(np.sum(f * prob.mean(axis=0)))
         z += z_coef * float(np.mean(lse ** 2))
     h = rmsnorm(x, W["model.norm.weight"], eps)
     logits = h @ W["lm_head.weight"].T

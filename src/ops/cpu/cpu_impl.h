@@ -153,6 +153,8 @@ void mt_cpu_attention_backward(float *dq, float *dk, float *dv, const float *dou
                                int B, int T, int H, int K, int hd);
 
 /* ---- swiglu.c ---- */
+/* ReDo: acc[j] += sum_i q(|act[i*F+j]|), the fixed point of mt_ops.h (redo_score_acc) */
+void mt_cpu_redo_score_acc(int64_t *acc, const float *act, size_t rows, int F);
 void mt_cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
 void mt_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                             const float *up, size_t n);
@@ -193,7 +195,7 @@ void mt_cpu_moe_combine_backward(float *dy, float *dgates, const float *dout, co
                                  const int32_t *pos, const float *gates, int N, int k, int C);
 /* MoE device routing (mt_ops.h) */
 void mt_cpu_moe_route(int32_t *pos, int32_t *src_row, int32_t *e_off, int32_t *work, const int32_t *topk_idx, int N,
-                      int k, int E);
+                      int k, int E, int n_null);
 void mt_cpu_moe_seq_stats(double *seq, const float *probs, const int32_t *topk_idx, int N, int E, int k, int B, int T,
                           int g0);
 void mt_cpu_moe_aux_loss(double *loss, float *f_share, const double *seq, const float *lse, int N, int B, int E, int k,
@@ -235,5 +237,13 @@ void mt_cpu_ssm_gate_norm_forward(float *out, float *rstd, const float *y, const
 void mt_cpu_ssm_gate_norm_backward(float *dy, float *dz, float *dw, const float *dout, const float *y,
                                    const float *z, int ldz, const float *w, const float *rstd,
                                    int n, int E, int G);
+void mt_cpu_ssm_gate_norm_sums(float *s, int lds, const float *y, const float *z, int ldz, const float *w,
+                               const float *dout, const float *rstd, int n, int E, int c0, int cg);
+void mt_cpu_ssm_gate_norm_forward_ext(float *out, float *rstd, const float *y, const float *z, int ldz,
+                                      const float *w, const float *s, int lds, int n, int E, int c0, int cg,
+                                      float eps);
+void mt_cpu_ssm_gate_norm_backward_ext(float *dy, float *dz, float *dw, const float *dout, const float *y,
+                                       const float *z, int ldz, const float *w, const float *rstd, const float *s,
+                                       int lds, int n, int E, int c0, int cg);
 
 #endif /* MT_CPU_IMPL_H */

@@ -10,7 +10,8 @@
  *   dp_e = dprobs_e (or 0);  dp[idx_j] += dg_j / S - sum_m dg_m g_m / S;
  *   dz_e = p_e (dp_e - sum_e' p_e' dp_e') + dlse p_e.
  * Permute/combine: pos (N*k) maps slot (n, j) to its row in the sorted
- * buffer, src_row (M) maps a sorted row back to its token.
+ * buffer, src_row (M) maps a sorted row back to its token. A slot with
+ * pos < 0 is a null one (zero-computation expert, SPEC 1e): skipped, dgate 0.
  *
  * Device routing (mt_ops.h "MoE device routing"): the stable counting sort,
  * the aux loss's per-sequence statistics, the aux/z sums and gradients —
@@ -109,7 +110,9 @@ void mt_cpu_moe_permute_backward(float *dh, const float *dxp, const int32_t *pos
     for (int n = 0; n < N; n++) {
         float *d = dh + (size_t)n * (size_t)C;
         for (int j = 0; j < k; j++) {
-            const float *s = dxp + (size_t)pos[(size_t)n * (size_t)k + (size_t)j] * (size_t)C;
+            const int32_t r = pos[(size_t)n * (size_t)k + (size_t)j];
+            if (r < 0) continue;   /* a null slot: no row */
+            const float *s = dxp + (size_t)r * (size_t)C;
             for (int c = 0; c < C; c++) d[c] += s[c];
         }
     }
@@ -124,6 +127,7 @@ void mt_cpu_moe_combine(float *out, const float *y, const int32_t *pos, const fl
         float *o = out + (size_t)n * (size_t)C;
         for (int j = 0; j < k; j++) {
             size_t s = (size_t)n * (size_t)k + (size_t)j;
+            if (pos[s] < 0) continue;   /* a null slot contributes 0 */
             const float *yr = y + (size_t)pos[s] * (size_t)C;
             float gj = gates[s];
             for (int c = 0; c < C; c++) o[c] += gj * yr[c];
@@ -140,6 +144,10 @@ void mt_cpu_moe_combine_backward(float *dy, float *dgates, const float *dout, co
         const float *g = dout + (size_t)n * (size_t)C;
         for (int j = 0; j < k; j++) {
             size_t s = (size_t)n * (size_t)k + (size_t)j;
+            if (pos[s] < 0) {   /* a null slot: no row, no gate gradient through its (zero) output */
+                dgates[s] = 0.0f;
+                continue;
+            }
             size_t r = (size_t)pos[s] * (size_t)C;
             const float *yr = y + r;
             float *dyr = dy + r;
@@ -155,10 +163,12 @@ void mt_cpu_moe_combine_backward(float *dy, float *dgates, const float *dout, co
 /* ---- MoE device routing (mt_ops.h): the host code of model/moe.c as it was,
  * sequential where it sums in double (row order: its bits) ---- */
 
-/* stable counting sort of the N*k slots by expert; work[e]: expert e's next row */
+/* stable counting sort of the N*k slots by expert; work[e]: expert e's next row.
+ * Experts E - n_null.. are null: counted, sorted last, but pos = -1, no src_row. */
 void mt_cpu_moe_route(int32_t *pos, int32_t *src_row, int32_t *e_off, int32_t *work, const int32_t *topk_idx, int N,
-                      int k, int E)
+                      int k, int E, int n_null)
 {
+    const int Er = E - n_null;   /* the real experts */
     const size_t M = (size_t)N * (size_t)k;
     for (int e = 0; e <= E; e++) e_off[e] = 0;
     for (size_t s = 0; s < M; s++) e_off[topk_idx[s] + 1]++;
@@ -167,6 +177,10 @@ void mt_cpu_moe_route(int32_t *pos, int32_t *src_row, int32_t *e_off, int32_t *w
     for (int e = 0; e < E; e++) work[e] = e_off[e];
     for (size_t s = 0; s < M; s++) {
         int32_t r = work[topk_idx[s]]++;
+        if (topk_idx[s] >= Er) {
+            pos[s] = -1;
+            continue;
+        }
         pos[s] = r;
         src_row[r] = (int32_t)(s / (size_t)k);
     }

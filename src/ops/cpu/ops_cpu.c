@@ -320,10 +320,10 @@ static void p_moe_combine_backward(void *be, float *dy, float *dgates, const flo
     PROF(MT_OPK_ELEMENTWISE, mt_cpu_moe_combine_backward(dy, dgates, dout, y, pos, gates, N, k, C));
 }
 static void p_moe_route(void *be, int32_t *pos, int32_t *src_row, int32_t *e_off, int32_t *work,
-                        const int32_t *topk_idx, int N, int k, int E)
+                        const int32_t *topk_idx, int N, int k, int E, int n_null)
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
-    PROF(MT_OPK_ELEMENTWISE, mt_cpu_moe_route(pos, src_row, e_off, work, topk_idx, N, k, E));
+    PROF(MT_OPK_ELEMENTWISE, mt_cpu_moe_route(pos, src_row, e_off, work, topk_idx, N, k, E, n_null));
 }
 static void p_moe_seq_stats(void *be, double *seq, const float *probs, const int32_t *topk_idx, int N, int E, int k,
                             int B, int T, int g0)
@@ -395,6 +395,11 @@ static void p_nonfinite_mark(void *be, float *flags, const float *const *x, cons
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_ELEMENTWISE, cpu_nonfinite_mark(flags, x, n, slot, count));
 }
+static void p_redo_score_acc(void *be, int64_t *acc, const float *act, size_t rows, int F)
+{
+    (void)be;   /* stateless */
+    PROF(MT_OPK_ELEMENTWISE, mt_cpu_redo_score_acc(acc, act, rows, F));
+}
 static void p_muon_momentum(void *be, float *d, float *m, const float *g, float mu, size_t n)
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
@@ -454,6 +459,26 @@ static void p_ssm_gate_norm_backward(void *be, float *dy, float *dz, float *dw, 
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_NORM, mt_cpu_ssm_gate_norm_backward(dy, dz, dw, dout, y, z, ldz, w, rstd, n, E, G));
+}
+static void p_ssm_gate_norm_sums(void *be, float *s, int lds, const float *y, const float *z, int ldz, const float *w,
+                                 const float *dout, const float *rstd, int n, int E, int c0, int cg)
+{
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    PROF(MT_OPK_NORM, mt_cpu_ssm_gate_norm_sums(s, lds, y, z, ldz, w, dout, rstd, n, E, c0, cg));
+}
+static void p_ssm_gate_norm_forward_ext(void *be, float *out, float *rstd, const float *y, const float *z, int ldz,
+                                        const float *w, const float *s, int lds, int n, int E, int c0, int cg,
+                                        float eps)
+{
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    PROF(MT_OPK_NORM, mt_cpu_ssm_gate_norm_forward_ext(out, rstd, y, z, ldz, w, s, lds, n, E, c0, cg, eps));
+}
+static void p_ssm_gate_norm_backward_ext(void *be, float *dy, float *dz, float *dw, const float *dout, const float *y,
+                                         const float *z, int ldz, const float *w, const float *rstd, const float *s,
+                                         int lds, int n, int E, int c0, int cg)
+{
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    PROF(MT_OPK_NORM, mt_cpu_ssm_gate_norm_backward_ext(dy, dz, dw, dout, y, z, ldz, w, rstd, s, lds, n, E, c0, cg));
 }
 static void p_ssm_scan_step(void *be, float *y, float *S, float *xprev, float *Bprev, const float *x, const float *Bm,
                             const float *Cm, const float *dt, const float *lam, const float *A, const float *Dsk,
@@ -531,6 +556,9 @@ static const struct mt_ops_i cpu_ops = {
     /* .ssm_gate_norm_fwd    = */ .ssm_gate_norm_forward  = p_ssm_gate_norm_forward,
     /* .ssm_gate_norm_bwd    = */ .ssm_gate_norm_backward = p_ssm_gate_norm_backward,
     /* .ssm_scan_step        = */ .ssm_scan_step        = p_ssm_scan_step,
+    /* .ssm_gate_norm_sums   = */ .ssm_gate_norm_sums   = p_ssm_gate_norm_sums,
+    /* .ssm_gate_norm_fwd_ext = */ .ssm_gate_norm_forward_ext  = p_ssm_gate_norm_forward_ext,
+    /* .ssm_gate_norm_bwd_ext = */ .ssm_gate_norm_backward_ext = p_ssm_gate_norm_backward_ext,
     /* .fill                 = */ .fill                 = p_fill,
     /* .axpby                = */ .axpby                = p_axpby,
     /* .sumsq                = */ .sumsq                = p_sumsq,
@@ -586,6 +614,8 @@ static const struct mt_ops_i cpu_ops = {
     /* .host_memory                = */ .host_memory                = 1,
     /* .kernels_isa                = */ .kernels_isa                = cpu_kernels_isa,
     /* .op_profile                 = */ .op_profile                 = cpu_op_profile,
+    /* ReDo scores (SPEC 1e) */
+    /* .redo_score_acc             = */ .redo_score_acc             = p_redo_score_acc,
 };
 
 const struct mt_ops_i *mt_ops_cpu(void)

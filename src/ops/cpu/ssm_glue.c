@@ -276,3 +276,108 @@ void mt_cpu_ssm_gate_norm_backward(float *dy, float *dz, float *dw, const float 
         for (int c = 0; c < E; c++) dw[c] += part[(size_t)t * E + c];
     free(part);
 }
+
+/*
+ * The gated norm when its groups span ranks (replicated B/C under TP,
+ * docs/mamba3.md §10): the per-row group sums as their own pass, so the
+ * caller can all-reduce them over the model group, then the norm and its
+ * backward from the reduced sums. The rank's channels [c0, c0 + E) of the
+ * global d_inner meet the global groups of cg channels in ng local groups;
+ * local group j covers local channels [lo_j, hi_j) (gate_span).
+ */
+static int gate_ng(int E, int c0, int cg) { return (c0 + E - 1) / cg - c0 / cg + 1; }
+
+static void gate_span(int j, int E, int c0, int cg, int *lo, int *hi)
+{
+    int g = c0 / cg + j, a = g * cg - c0, b = (g + 1) * cg - c0;
+    *lo = a > 0 ? a : 0;
+    *hi = b < E ? b : E;
+}
+
+void mt_cpu_ssm_gate_norm_sums(float *s, int lds, const float *y, const float *z, int ldz, const float *w,
+                               const float *dout, const float *rstd, int n, int E, int c0, int cg)
+{
+    const int ng = gate_ng(E, c0, cg);
+    #pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        const float *yr = y + (size_t)i * E, *zr = z + (size_t)i * ldz;
+        for (int j = 0; j < ng; j++) {
+            int lo, hi;
+            gate_span(j, E, c0, cg, &lo, &hi);
+            double acc = 0.0;
+            if (!dout) {
+                for (int c = lo; c < hi; c++) {
+                    float v = yr[c] * zr[c] * sigmoidf_(zr[c]);
+                    acc += (double)v * v;
+                }
+            } else {
+                const float *d = dout + (size_t)i * E;
+                float rs = rstd[(size_t)i * ng + j];
+                for (int c = lo; c < hi; c++) acc += (double)d[c] * w[c] * (yr[c] * zr[c] * sigmoidf_(zr[c]) * rs);
+            }
+            s[(size_t)i * lds + j] = (float)acc;
+        }
+    }
+}
+
+void mt_cpu_ssm_gate_norm_forward_ext(float *out, float *rstd, const float *y, const float *z, int ldz,
+                                      const float *w, const float *s, int lds, int n, int E, int c0, int cg,
+                                      float eps)
+{
+    const int ng = gate_ng(E, c0, cg);
+    #pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        const float *yr = y + (size_t)i * E, *zr = z + (size_t)i * ldz;
+        float *o = out + (size_t)i * E;
+        for (int j = 0; j < ng; j++) {
+            int lo, hi;
+            gate_span(j, E, c0, cg, &lo, &hi);
+            float rs = (float)(1.0 / sqrt((double)s[(size_t)i * lds + j] / cg + eps));
+            rstd[(size_t)i * ng + j] = rs;
+            for (int c = lo; c < hi; c++) o[c] = yr[c] * zr[c] * sigmoidf_(zr[c]) * rs * w[c];
+        }
+    }
+}
+
+void mt_cpu_ssm_gate_norm_backward_ext(float *dy, float *dz, float *dw, const float *dout, const float *y,
+                                       const float *z, int ldz, const float *w, const float *rstd, const float *s,
+                                       int lds, int n, int E, int c0, int cg)
+{
+    const int ng = gate_ng(E, c0, cg);
+    int nt = 1;
+#ifdef _OPENMP
+    nt = omp_get_max_threads();
+#endif
+    float *part = calloc((size_t)nt * E, sizeof(float));
+    MT_ASSERT(part);
+    #pragma omp parallel num_threads(nt)
+    {
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        float *pw = part + (size_t)tid * E;
+        #pragma omp for schedule(static)
+        for (int i = 0; i < n; i++) {
+            const float *yr = y + (size_t)i * E, *zr = z + (size_t)i * ldz, *d = dout + (size_t)i * E;
+            float *dyr = dy + (size_t)i * E, *dzr = dz + (size_t)i * ldz;
+            for (int j = 0; j < ng; j++) {
+                int lo, hi;
+                gate_span(j, E, c0, cg, &lo, &hi);
+                float rs = rstd[(size_t)i * ng + j];
+                float mean = (float)((double)s[(size_t)i * lds + j] / cg);
+                for (int c = lo; c < hi; c++) {
+                    float sg = sigmoidf_(zr[c]), si = zr[c] * sg;
+                    float vh = yr[c] * si * rs;
+                    pw[c] += d[c] * vh;
+                    float dv = rs * (d[c] * w[c] - vh * mean);
+                    dyr[c] = dv * si;
+                    dzr[c] = dv * yr[c] * (sg + si * (1.0f - sg));
+                }
+            }
+        }
+    }
+    for (int t = 0; t < nt; t++)
+        for (int c = 0; c < E; c++) dw[c] += part[(size_t)t * E + c];
+    free(part);
+}

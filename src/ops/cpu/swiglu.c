@@ -69,3 +69,16 @@ void mt_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const f
     for (size_t c = 0; c < nc; c++)
         bwd_range(dgate, dup, dout, gate, up, c * CHUNK, (c + 1) * CHUNK < n ? (c + 1) * CHUNK : n);
 }
+
+/* ReDo scores (mt_ops.h redo_score_acc): each term is a function of its
+ * element alone and the sums are integers, so the column split over
+ * threads cannot change a bit. */
+void mt_cpu_redo_score_acc(int64_t *acc, const float *act, size_t rows, int F)
+{
+    #pragma omp parallel for schedule(static) if (rows * (size_t)F > 65536)
+    for (int j = 0; j < F; j++) {
+        int64_t s = 0;
+        for (size_t i = 0; i < rows; i++) s += mt_redo_fix(act[i * (size_t)F + (size_t)j]);
+        acc[j] += s;
+    }
+}

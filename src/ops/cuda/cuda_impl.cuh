@@ -602,6 +602,7 @@ void mt_cuda_attention_backward_bf16(void *be, float *dq, float *dk, float *dv, 
 /* ---- swiglu.cu ---- */
 void mt_cuda_swiglu_forward(void *be, float *out, const float *gate, const float *up, size_t n);
 void mt_cuda_swiglu_forward_bf16(void *be, float *out, mt_bf16 *out_bf16, const float *gate, const float *up, size_t n);
+void mt_cuda_redo_score_acc(void *be, int64_t *acc, const float *act, size_t rows, int F);
 void mt_cuda_swiglu_backward(void *be, float *dgate, float *dup, const float *dout, const float *gate,
                              const float *up, size_t n);
 
@@ -627,7 +628,7 @@ void mt_cuda_moe_combine_backward(void *be, float *dy, float *dgates, const floa
                                   const int32_t *pos, const float *gates, int N, int k, int C);
 /* MoE device routing (mt_ops.h) */
 void mt_cuda_moe_route(void *be, int32_t *pos, int32_t *src_row, int32_t *e_off, int32_t *work,
-                       const int32_t *topk_idx, int N, int k, int E);
+                       const int32_t *topk_idx, int N, int k, int E, int n_null);
 void mt_cuda_moe_seq_stats(void *be, double *seq, const float *probs, const int32_t *topk_idx, int N, int E, int k,
                            int B, int T, int g0);
 void mt_cuda_moe_aux_loss(void *be, double *loss, float *f_share, const double *seq, const float *lse, int N, int B,
@@ -671,6 +672,14 @@ void mt_cuda_ssm_gate_norm_forward(void *be, float *out, float *rstd, const floa
 void mt_cuda_ssm_gate_norm_backward(void *be, float *dy, float *dz, float *dw, const float *dout, const float *y,
                                     const float *z, int ldz, const float *w, const float *rstd,
                                     int n, int E, int G);
+void mt_cuda_ssm_gate_norm_sums(void *be, float *s, int lds, const float *y, const float *z, int ldz, const float *w,
+                                const float *dout, const float *rstd, int n, int E, int c0, int cg);
+void mt_cuda_ssm_gate_norm_forward_ext(void *be, float *out, float *rstd, const float *y, const float *z, int ldz,
+                                       const float *w, const float *s, int lds, int n, int E, int c0, int cg,
+                                       float eps);
+void mt_cuda_ssm_gate_norm_backward_ext(void *be, float *dy, float *dz, float *dw, const float *dout, const float *y,
+                                        const float *z, int ldz, const float *w, const float *rstd, const float *s,
+                                        int lds, int n, int E, int c0, int cg);
 /* fused.cu — the fused elementwise chains (mt_ops.h) */
 void mt_cuda_rmsnorm_resid_forward(void *be, float *out, float *rstd, float *resid, const float *inp, const float *weight,
                                    int N, int C, float eps);

@@ -10,7 +10,8 @@
  *   dp_e = dprobs_e (or 0);  dp[idx_j] += dg_j / S - sum_m dg_m g_m / S;
  *   dz_e = p_e (dp_e - sum_e' p_e' dp_e') + dlse p_e.
  * Permute/combine: pos (N*k) maps slot (n, j) to its row in the sorted
- * buffer, src_row (M) maps a sorted row back to its token.
+ * buffer, src_row (M) maps a sorted row back to its token. A slot with
+ * pos < 0 is a null one (zero-computation expert, SPEC 1e): skipped, dgate 0.
  *
  * Device routing (docs/cuda.md "MoE on the device"): the stable counting
  * sort of the slots by expert (per (chunk, expert) counts, a one-block
@@ -112,7 +113,10 @@ static __global__ void permute_bwd_k(float *dh, const float *dxp, const int32_t 
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
         size_t n = e / (size_t)C, c = e % (size_t)C;
         float acc = dh[e];
-        for (int j = 0; j < k; j++) acc += dxp[(size_t)pos[n * (size_t)k + (size_t)j] * (size_t)C + c];
+        for (int j = 0; j < k; j++) {
+            const int32_t r = pos[n * (size_t)k + (size_t)j];
+            if (r >= 0) acc += dxp[(size_t)r * (size_t)C + c];   /* r < 0: a null slot */
+        }
         dh[e] = acc;
     }
 }
@@ -127,7 +131,7 @@ static __global__ void combine_k(float *out, const float *y, const int32_t *pos,
         float acc = out[e];
         for (int j = 0; j < k; j++) {
             size_t s = n * (size_t)k + (size_t)j;
-            acc += gates[s] * y[(size_t)pos[s] * (size_t)C + c];
+            if (pos[s] >= 0) acc += gates[s] * y[(size_t)pos[s] * (size_t)C + c];   /* a null slot adds 0 */
         }
         out[e] = acc;
     }
@@ -140,7 +144,7 @@ static __global__ void combine_bwd_dy_k(float *dy, const float *dout, const int3
     size_t total = (size_t)N * (size_t)k * (size_t)C;
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
         size_t s = e / (size_t)C, c = e % (size_t)C, n = s / (size_t)k;
-        dy[(size_t)pos[s] * (size_t)C + c] = gates[s] * dout[n * (size_t)C + c];
+        if (pos[s] >= 0) dy[(size_t)pos[s] * (size_t)C + c] = gates[s] * dout[n * (size_t)C + c];
     }
 }
 
@@ -151,6 +155,10 @@ static __global__ void combine_bwd_dg_k(float *dgates, const float *dout, const 
     size_t s = (size_t)blockIdx.x * (blockDim.x / MT_WARP) + threadIdx.x / MT_WARP;
     int lane = threadIdx.x % MT_WARP;
     if (s >= (size_t)N * (size_t)k) return;
+    if (pos[s] < 0) {   /* a null slot: no row */
+        if (lane == 0) dgates[s] = 0.0f;
+        return;
+    }
     const float *g = dout + (s / (size_t)k) * (size_t)C, *yr = y + (size_t)pos[s] * (size_t)C;
     float acc = 0.0f;
     for (int c = lane; c < C; c += MT_WARP) acc += g[c] * yr[c];
@@ -262,14 +270,20 @@ static __global__ void route_scan_k(int32_t *e_off, int32_t *work, int E, int nc
     }
 }
 
-/* pos / src_row of chunk c's slots of expert e, in slot order (stable) */
+/* pos / src_row of chunk c's slots of expert e, in slot order (stable);
+ * a null expert's slots (e >= Er) get pos -1 and no src_row */
 static __global__ void route_place_k(int32_t *pos, int32_t *src_row, const int32_t *work, const int32_t *topk, int M,
-                                     int k, int E, int nch)
+                                     int k, int E, int nch, int Er)
 {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= nch * E) return;
     int c = t / E, e = t % E, lo = c * CH, hi = lo + CH < M ? lo + CH : M;
     int32_t r = work[t];
+    if (e >= Er) {
+        for (int s = lo; s < hi; s++)
+            if (topk[s] == e) pos[s] = -1;
+        return;
+    }
     for (int s = lo; s < hi; s++)
         if (topk[s] == e) {
             pos[s] = r;
@@ -340,7 +354,7 @@ static __global__ void aux_bwd_k(float *dprobs, float *dlse, const float *f_shar
 }
 
 extern "C" void mt_cuda_moe_route(void *be, int32_t *pos, int32_t *src_row, int32_t *e_off, int32_t *work,
-                                  const int32_t *topk_idx, int N, int k, int E)
+                                  const int32_t *topk_idx, int N, int k, int E, int n_null)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (E <= 0) return;
@@ -354,7 +368,7 @@ extern "C" void mt_cuda_moe_route(void *be, int32_t *pos, int32_t *src_row, int3
     MT_CUDA_KCHECK();
     MT_LAUNCH(route_scan_k, 1, E < 256 ? ((E + 31) / 32) * 32 : 256, 0)(e_off, work, E, nch);
     MT_CUDA_KCHECK();
-    MT_LAUNCH(route_place_k, blocks, 128, 0)(pos, src_row, work, topk_idx, M, k, E, nch);
+    MT_LAUNCH(route_place_k, blocks, 128, 0)(pos, src_row, work, topk_idx, M, k, E, nch, E - n_null);
     MT_CUDA_KCHECK();
 }
 

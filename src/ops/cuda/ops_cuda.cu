@@ -355,6 +355,12 @@ static struct mt_ops_i cuda_ops = {
     /* CUDA graphs of the step (issue 27 item 4) */
     /* .graph_mode                 = */ .graph_mode                 = mt_cuda_graph_mode,
     /* .graph_info                 = */ .graph_info                 = mt_ops_cuda_graph_info_of,
+    /* ReDo scores (SPEC 1e) */
+    /* .redo_score_acc             = */ .redo_score_acc             = PROF(MT_OPK_ELEMENTWISE, mt_cuda_redo_score_acc),
+    /* the gated norm over groups that span ranks (replicated Mamba-3 B/C under TP) */
+    /* .ssm_gate_norm_sums         = */ .ssm_gate_norm_sums         = PROF(MT_OPK_NORM, mt_cuda_ssm_gate_norm_sums),
+    /* .ssm_gate_norm_forward_ext  = */ .ssm_gate_norm_forward_ext  = PROF(MT_OPK_NORM, mt_cuda_ssm_gate_norm_forward_ext),
+    /* .ssm_gate_norm_backward_ext = */ .ssm_gate_norm_backward_ext = PROF(MT_OPK_NORM, mt_cuda_ssm_gate_norm_backward_ext),
 };
 
 /* Undo a (partial) init: release what the bound instance holds and free it. */

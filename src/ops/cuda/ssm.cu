@@ -1727,6 +1727,136 @@ extern "C" void mt_cuda_ssm_gate_norm_backward(void *be, float *dy, float *dz, f
     MT_CUDA_KCHECK();
 }
 
+/* ---------------- the gated norm over groups that span ranks ----------------
+ * (replicated B/C under TP, mt_ops.h ssm_gate_norm_sums / _ext; docs/mamba3.md
+ * §10). Local group j of the rank's channels [c0, c0 + E) covers the local
+ * channels [lo, hi) of gate_span. One block per (row, local group) as above,
+ * the sums as fixed-order block reductions in double; dw as the two-pass
+ * column sums (rstd read at the channel's local group). */
+
+static __device__ __forceinline__ void gate_span_d(int j, int E, int c0, int cg, int *lo, int *hi)
+{
+    int g = c0 / cg + j, a = g * cg - c0, b = (g + 1) * cg - c0;
+    *lo = a > 0 ? a : 0;
+    *hi = b < E ? b : E;
+}
+
+static int gate_ng_h(int E, int c0, int cg) { return (c0 + E - 1) / cg - c0 / cg + 1; }
+
+static __global__ void gate_sums_k(float *s, int lds, const float *y, const float *z, int ldz, const float *w,
+                                   const float *dout, const float *rstd, int E, int c0, int cg, int ng)
+{
+    MT_DYN_SMEM(double, dred);  /* blockDim */
+    int i = (int)blockIdx.x, row = i / ng, j = i % ng, nt = (int)blockDim.x, lo, hi;
+    gate_span_d(j, E, c0, cg, &lo, &hi);
+    const float *yr = y + (size_t)row * E, *zr = z + (size_t)row * ldz;
+    double acc = 0.0;
+    if (!dout) {
+        for (int c = lo + (int)threadIdx.x; c < hi; c += nt) {
+            float v = yr[c] * zr[c] * sigmoid_d(zr[c]);
+            acc += (double)v * v;
+        }
+    } else {
+        const float *d = dout + (size_t)row * E;
+        float rs = rstd[i];
+        for (int c = lo + (int)threadIdx.x; c < hi; c += nt)
+            acc += (double)d[c] * w[c] * (yr[c] * zr[c] * sigmoid_d(zr[c]) * rs);
+    }
+    acc = block_sum(acc, dred);
+    if (threadIdx.x == 0) s[(size_t)row * lds + j] = (float)acc;
+}
+
+static __global__ void gate_fwd_ext_k(float *out, float *rstd, const float *y, const float *z, int ldz, const float *w,
+                                      const float *s, int lds, int E, int c0, int cg, int ng, float eps)
+{
+    int i = (int)blockIdx.x, row = i / ng, j = i % ng, nt = (int)blockDim.x, lo, hi;
+    gate_span_d(j, E, c0, cg, &lo, &hi);
+    const float *yr = y + (size_t)row * E, *zr = z + (size_t)row * ldz;
+    float *o = out + (size_t)row * E;
+    float rs = (float)(1.0 / sqrt((double)s[(size_t)row * lds + j] / cg + eps));
+    if (threadIdx.x == 0) rstd[i] = rs;
+    for (int c = lo + (int)threadIdx.x; c < hi; c += nt) o[c] = yr[c] * zr[c] * sigmoid_d(zr[c]) * rs * w[c];
+}
+
+static __global__ void gate_bwd_ext_k(float *dy, float *dz, const float *dout, const float *y, const float *z, int ldz,
+                                      const float *w, const float *rstd, const float *s, int lds, int E, int c0,
+                                      int cg, int ng)
+{
+    int i = (int)blockIdx.x, row = i / ng, j = i % ng, nt = (int)blockDim.x, lo, hi;
+    gate_span_d(j, E, c0, cg, &lo, &hi);
+    const float *yr = y + (size_t)row * E, *zr = z + (size_t)row * ldz, *d = dout + (size_t)row * E;
+    float *dyr = dy + (size_t)row * E, *dzr = dz + (size_t)row * ldz;
+    float rs = rstd[i], mean = (float)((double)s[(size_t)row * lds + j] / cg);
+    for (int c = lo + (int)threadIdx.x; c < hi; c += nt) {
+        float sg = sigmoid_d(zr[c]), si = zr[c] * sg, vh = yr[c] * si * rs;
+        float dv = rs * (d[c] * w[c] - vh * mean);
+        dyr[c] = dv * si;
+        dzr[c] = dv * yr[c] * (sg + si * (1.0f - sg));
+    }
+}
+
+/* dw pass 1 with the channel's local group (c0, cg) */
+static __global__ void gate_dw_part_ext_k(float *part, const float *dout, const float *y, const float *z, int ldz,
+                                          const float *rstd, int n, int E, int c0, int cg, int ng)
+{
+    int c = (int)(blockIdx.x * blockDim.x + threadIdx.x), rb = (int)blockIdx.y;
+    if (c >= E) return;
+    int j = (c0 + c) / cg - c0 / cg, r1 = (rb + 1) * COL_RB < n ? (rb + 1) * COL_RB : n;
+    float acc = 0.0f;
+    for (int row = rb * COL_RB; row < r1; row++) {
+        float zv = z[(size_t)row * ldz + c];
+        acc += dout[(size_t)row * E + c] * (y[(size_t)row * E + c] * zv * sigmoid_d(zv) * rstd[(size_t)row * ng + j]);
+    }
+    part[(size_t)rb * E + c] = acc;
+}
+
+extern "C" void mt_cuda_ssm_gate_norm_sums(void *be, float *s, int lds, const float *y, const float *z, int ldz,
+                                           const float *w, const float *dout, const float *rstd, int n, int E, int c0,
+                                           int cg)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    int ng = gate_ng_h(E, c0, cg);
+    if (n * ng == 0) return;
+    unsigned t = pow2_threads(cg < E ? cg : E, 256);
+    MT_LAUNCH(gate_sums_k, (unsigned)((size_t)n * ng), t, t * sizeof(double))(s, lds, y, z, ldz, w, dout, rstd, E, c0,
+                                                                               cg, ng);
+    MT_CUDA_KCHECK();
+}
+
+extern "C" void mt_cuda_ssm_gate_norm_forward_ext(void *be, float *out, float *rstd, const float *y, const float *z,
+                                                  int ldz, const float *w, const float *s, int lds, int n, int E,
+                                                  int c0, int cg, float eps)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    int ng = gate_ng_h(E, c0, cg);
+    if (n * ng == 0) return;
+    unsigned t = pow2_threads(cg < E ? cg : E, 256);
+    MT_LAUNCH(gate_fwd_ext_k, (unsigned)((size_t)n * ng), t, 0)(out, rstd, y, z, ldz, w, s, lds, E, c0, cg, ng, eps);
+    MT_CUDA_KCHECK();
+}
+
+extern "C" void mt_cuda_ssm_gate_norm_backward_ext(void *be, float *dy, float *dz, float *dw, const float *dout,
+                                                   const float *y, const float *z, int ldz, const float *w,
+                                                   const float *rstd, const float *s, int lds, int n, int E, int c0,
+                                                   int cg)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    int ng = gate_ng_h(E, c0, cg);
+    if (n * ng == 0) return;
+    unsigned t = pow2_threads(cg < E ? cg : E, 256);
+    MT_LAUNCH(gate_bwd_ext_k, (unsigned)((size_t)n * ng), t, 0)(dy, dz, dout, y, z, ldz, w, rstd, s, lds, E, c0, cg,
+                                                                ng);
+    MT_CUDA_KCHECK();
+    int nrb = (n + COL_RB - 1) / COL_RB;
+    float *part = (float *)mt_cuda_workspace((size_t)nrb * E * sizeof(float));
+    if (!part) return;
+    MT_LAUNCH(gate_dw_part_ext_k, dim3((unsigned)((E + 127) / 128), (unsigned)nrb), 128, 0)(part, dout, y, z, ldz,
+                                                                                           rstd, n, E, c0, cg, ng);
+    MT_CUDA_KCHECK();
+    MT_LAUNCH(colsum_final_k, (unsigned)((E + 127) / 128), 128, 0)(dw, part, nrb, E);
+    MT_CUDA_KCHECK();
+}
+
 /* ---------------- one decoding step ---------------- */
 
 /* One thread per (b, h, p): row p of S; the same operation order as scan_fwd_k. */

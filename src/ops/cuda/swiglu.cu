@@ -115,3 +115,53 @@ extern "C" void mt_cuda_swiglu_backward(void *be, float *dgate, float *dup, cons
     MT_LAUNCH(swiglu_bwd_k, vec4_blocks(n4, n), THREADS, 0)(dgate, dup, dout, gate, up, n4, n);
     MT_CUDA_KCHECK();
 }
+
+/* ---- ReDo scores (mt_ops.h redo_score_acc) ----
+ * A block owns 32 columns; its 8 warps take every 8th row of them (lane =
+ * column: a warp reads 32 adjacent floats of a row), sum the fixed-point
+ * terms of mt_redo_fix in int64, and the 8 partial sums per column meet in
+ * shared memory. Integer sums: any order gives the cpu's integers. No
+ * atomics (one block per column group adds into acc). */
+#define REDO_COLS 32
+#ifndef __noinline__   /* nvcc's host_defines.h has it; the CPU emulator's headers do not */
+#define __noinline__ __attribute__((noinline))
+#endif
+#define REDO_LANES 8
+static __device__ __forceinline__ long long redo_fix(float x)
+{
+    double a = fabs((double)x);
+    if (!(a <= MT_REDO_FIX_CLAMP)) a = MT_REDO_FIX_CLAMP;
+    return (long long)(a * MT_REDO_FIX_SCALE);
+}
+/* one thread's share of column j (0 past F); not inlined, so that no
+ * branch of it can be merged with the barrier after it (every thread
+ * reaches the one __syncthreads from the same place) */
+static __device__ __noinline__ long long redo_colsum(const float *act, size_t rows, int F, int j, int lane)
+{
+    long long s = 0;
+    if (j < F)
+        for (size_t i = lane; i < rows; i += REDO_LANES) s += redo_fix(act[i * (size_t)F + (size_t)j]);
+    return s;
+}
+static __global__ void redo_score_k(long long *acc, const float *act, size_t rows, int F)
+{
+    __shared__ long long part[REDO_LANES][REDO_COLS];
+    const int c = threadIdx.x % REDO_COLS, lane = threadIdx.x / REDO_COLS;
+    const int j = blockIdx.x * REDO_COLS + c;
+    part[lane][c] = redo_colsum(act, rows, F, j, lane);
+    __syncthreads();
+    if (lane == 0 && j < F) {
+        long long t = 0;
+        for (int l = 0; l < REDO_LANES; l++) t += part[l][c];
+        acc[j] += t;
+    }
+}
+
+extern "C" void mt_cuda_redo_score_acc(void *be, int64_t *acc, const float *act, size_t rows, int F)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    if (!rows || F <= 0) return;
+    MT_LAUNCH(redo_score_k, (unsigned)((F + REDO_COLS - 1) / REDO_COLS), REDO_COLS * REDO_LANES, 0)(
+        (long long *)acc, act, rows, F);
+    MT_CUDA_KCHECK();
+}
