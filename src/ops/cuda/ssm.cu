@@ -318,6 +318,40 @@ static __device__ __forceinline__ void ssd_ld_rt(const float *p, float v[SSD_RT]
     }
 }
 
+/* g[il] = C_{i0+il} . B_tok(source s) for the RT query rows of a tile and
+ * this thread's source (ssd_out_k's G and ssd_gm_k's), n ascending: the
+ * chunk's source rows (nr of them) staged in St, the tile's C rows
+ * transposed in CtT, SSD_KT columns at a time. Every thread must call it. */
+static __device__ __forceinline__ void ssd_g_rows(float g[SSD_RT], float *St, float *CtT, const float *Bh,
+                                                  const float *Ch, size_t bld, int N, int t0, int i0, int ni, int nr,
+                                                  int r, int live)
+{
+#pragma unroll
+    for (int il = 0; il < SSD_RT; il++) g[il] = 0.0f;
+    for (int n0 = 0; n0 < N; n0 += SSD_KT) {
+        int kn = N - n0 < SSD_KT ? N - n0 : SSD_KT;
+        __syncthreads();
+        ssd_stage_rows(St, Bh, bld, t0, nr, n0, kn);
+        ssd_stage_tile_t(CtT, Ch, bld, t0 + i0, ni, n0, kn);
+        __syncthreads();
+        if (live)
+            for (int k = 0; k < kn; k++) {
+                float bv = St[r * SSD_KP + k], cv[SSD_RT];
+                ssd_ld_rt(CtT + k * SSD_RT, cv);
+#pragma unroll
+                for (int il = 0; il < SSD_RT; il++) g[il] += cv[il] * bv;
+            }
+    }
+}
+
+/* stage np rows x kn columns [n0, n0+kn) of a P x N state (S_in or dS_out,
+ * rows from S) into St[row * SSD_KP + c] */
+static __device__ __forceinline__ void ssd_stage_state(float *St, const float *S, int N, int np, int n0, int kn)
+{
+    for (int k = (int)threadIdx.x; k < np * kn; k += (int)blockDim.x)
+        St[(k / kn) * SSD_KP + k % kn] = S[(size_t)(k / kn) * N + n0 + k % kn];
+}
+
 /* Sums over the block for RT rows at once, in block_sum's tree order:
  * red[il * nt + k] = val[il] of thread k, then red[k] += red[k + st] for
  * st = nt/2 .. 1 (nt = blockDim, a power of two), the RT x st additions of
@@ -368,22 +402,7 @@ static __global__ void ssd_out_k(float *y, const float *Sst, const float *cum, c
         struct ssd_src s = ssd_source(j < q2 ? j : 0, q, t0);
         int live = j < q2 && s.valid && s.sj <= imax;
         float g[SSD_RT];
-#pragma unroll
-        for (int il = 0; il < SSD_RT; il++) g[il] = 0.0f;
-        for (int n0 = 0; n0 < d.N; n0 += SSD_KT) {
-            int kn = d.N - n0 < SSD_KT ? d.N - n0 : SSD_KT;
-            __syncthreads();
-            ssd_stage_rows(St, Bh, bld, t0, nr, n0, kn);
-            ssd_stage_tile_t(CtT, Ch, bld, t0 + i0, ni, n0, kn);
-            __syncthreads();
-            if (live)
-                for (int k = 0; k < kn; k++) {
-                    float bv = St[s.r * SSD_KP + k], cv[SSD_RT];
-                    ssd_ld_rt(CtT + k * SSD_RT, cv);
-#pragma unroll
-                    for (int il = 0; il < SSD_RT; il++) g[il] += cv[il] * bv;
-                }
-        }
+        ssd_g_rows(g, St, CtT, Bh, Ch, bld, d.N, t0, i0, ni, nr, s.r, live);
         if (j < q2)
 #pragma unroll
             for (int il = 0; il < SSD_RT; il++) {
@@ -427,7 +446,7 @@ static __global__ void ssd_out_k(float *y, const float *Sst, const float *cum, c
             for (int n0 = 0; n0 < d.N; n0 += SSD_KT) {
                 int kn = d.N - n0 < SSD_KT ? d.N - n0 : SSD_KT;
                 __syncthreads();
-                for (int k = tid; k < np * kn; k += nt) St[(k / kn) * SSD_KP + k % kn] = S[(size_t)(k / kn) * d.N + n0 + k % kn];
+                ssd_stage_state(St, S, d.N, np, n0, kn);
                 ssd_stage_tile_t(CtT, Ch, bld, t0 + i0, ni, n0, kn);
                 __syncthreads();
                 if (live)
@@ -603,22 +622,9 @@ static __global__ void ssd_gm_k(float *M, float *dG, float *dLE, float *rs, cons
         struct ssd_src s = ssd_source(j < 2 * q ? j : 0, q, t0);
         int live = j < 2 * q && s.valid && s.sj <= imax;
         float g[SSD_RT], dm[SSD_RT];
+        ssd_g_rows(g, Bt, CtT, Bh, Ch, bld, d.N, t0, i0, ni, nr, s.r, live);
 #pragma unroll
-        for (int il = 0; il < SSD_RT; il++) g[il] = dm[il] = 0.0f;
-        for (int n0 = 0; n0 < d.N; n0 += SSD_KT) {
-            int kn = d.N - n0 < SSD_KT ? d.N - n0 : SSD_KT;
-            __syncthreads();
-            ssd_stage_rows(Bt, Bh, bld, t0, nr, n0, kn);
-            ssd_stage_tile_t(CtT, Ch, bld, t0 + i0, ni, n0, kn);
-            __syncthreads();
-            if (live)
-                for (int k = 0; k < kn; k++) {
-                    float bv = Bt[s.r * SSD_KP + k], cv[SSD_RT];
-                    ssd_ld_rt(CtT + k * SSD_RT, cv);
-#pragma unroll
-                    for (int il = 0; il < SSD_RT; il++) g[il] += cv[il] * bv;
-                }
-        }
+        for (int il = 0; il < SSD_RT; il++) dm[il] = 0.0f;
         for (int p0 = 0; p0 < d.P; p0 += SSD_KT) {
             int kp = d.P - p0 < SSD_KT ? d.P - p0 : SSD_KT;
             __syncthreads();
@@ -719,7 +725,7 @@ static __global__ void ssd_dxc_k(float *dXc, const float *M, const float *dSo, c
             for (int n0 = 0; n0 < d.N; n0 += SSD_KT) {
                 int kn = d.N - n0 < SSD_KT ? d.N - n0 : SSD_KT;
                 __syncthreads();
-                for (int k = tid; k < np * kn; k += nt) St[(k / kn) * SSD_KP + k % kn] = S[(size_t)(k / kn) * d.N + n0 + k % kn];
+                ssd_stage_state(St, S, d.N, np, n0, kn);
                 for (int k = tid; k < SSD_RT * SSD_KT; k += nt) {
                     int jj = k / SSD_KT, cc = k % SSD_KT;
                     struct ssd_src s = ssd_source(j0 + jj < 2 * q ? j0 + jj : 0, q, t0);
@@ -815,9 +821,9 @@ static __global__ void ssd_dbc_k(float *dBc, float *qj, const float *dG, const f
                 int kp = d.P - p0 < SSD_KT ? d.P - p0 : SSD_KT;
                 __syncthreads();
                 for (int k = tid; k < SSD_RT * SSD_KT; k += nt) {
-                    int jj = k / SSD_KT, cc = k % SSD_KT, tk = -1;
-#pragma unroll
-                    for (int u = 0; u < SSD_RT; u++) tk = u == jj ? tok[u] : tk;
+                    int jj = k / SSD_KT, cc = k % SSD_KT;
+                    struct ssd_src s = ssd_source(j0 + jj < 2 * q ? j0 + jj : 0, q, t0);
+                    int tk = jj < nj && s.valid ? t0 - 1 + s.r : -1;   /* = tok[jj] */
                     xtT[cc * SSD_RT + jj] = tk >= 0 && cc < kp ? xh[(size_t)tk * xld + p0 + cc] : 0.0f;
                 }
                 __syncthreads();
