@@ -13,6 +13,9 @@
 #     comparisons the mesh implies (tests/replica_pairs.py); one replica moved
 #     by one ulp (MT_FAULT=rank:step:replica) ends the run with exit 1 naming
 #     the tensor, the ranks and the count (dp, dp x tp, dp x ep, pp x dp);
+#     replica_check_every=10 checks after steps 10..40 too (the receipt's
+#     replica_checks, each equal to the final result), and a moved replica
+#     ends the run at the next periodic check, naming the step;
 #  4. measured per-rank memory: params, grads and optimizer state shrink as
 #     the stage goes up;
 #  5. resume on the same mesh is bit-exact; a checkpoint saved on np=2 ZeRO-3
@@ -90,16 +93,36 @@ if run 1 "$W/HYB_ref" $HYB --steps 20; then
 else bad "HYB single-rank run"; cat "$W/HYB_ref.log"; fi
 
 # ---- 3: replica hashes after 50 steps, and a perturbed replica is caught ----
+# (replica_check_every=10: also after steps 10..40, each result the final one's)
 for z in 0 1 2; do
     o="$W/hash_z$z"
-    if run 4 "$o" $MOE --set total_steps=50 --steps 50 --zero $z && hash_ok "$o"; then
-        ok "replica hashes agree after 50 steps, every expected pair compared (ZeRO-$z)"
-    else bad "replica hashes agree after 50 steps (ZeRO-$z)"; fi
+    if run 4 "$o" $MOE --set total_steps=50 --steps 50 --zero $z --set replica_check_every=10 && hash_ok "$o" &&
+       python3 - "$o/receipt.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1])); c = r["replica_checks"]
+print("   periodic checks after steps", [x["step"] for x in c["checks"]])
+assert c["every"] == 10 and [x["step"] for x in c["checks"]] == [10, 20, 30, 40], c
+assert all(x["result"] == r["replica_hash_check"] for x in c["checks"]), c
+PY
+    then
+        ok "replica hashes agree after 50 steps and every 10, every expected pair compared (ZeRO-$z)"
+    else bad "replica hashes agree after 50 steps and every 10 (ZeRO-$z)"; fi
 done
 hash_fault 2 dp=2 0 $MOE
 hash_fault 4 dp=2,tp=2 1 $MOE
 hash_fault 4 dp=2,ep=2 2 $MOE
 hash_fault 4 pp=2,dp=2 0 $MOE
+# the periodic check ends the run at the check right after the fault (step 3
+# of 9: under ZeRO-1 the next all-gather would overwrite a non-owner's copy),
+# every rank naming the step and the tensor; no receipt (no final check ran)
+o="$W/hfault_periodic"
+MT_FAULT=1:2:replica "${MPIRUN[@]}" -x MT_FAULT -np 4 "$MT" train $MOE $COMMON --out "$o" --steps 9 --mesh dp=2,tp=2 \
+    --zero 1 --set replica_check_every=3 >"$o.log" 2>&1 </dev/null
+rc=$?
+n=$(grep -c "meshtrain train: replica hash check after step 3 failed: MISMATCH: model\.[a-z_.0-9]*weight differs: ranks 1 vs rank 0" "$o.log")
+if [ $rc -eq 1 ] && [ "$n" -ge 1 ] && ! grep -q "after step [69]" "$o.log"; then
+    ok "replica_check_every=3: a replica moved in step 3 of 9 ends the run after it, naming step and tensor"
+else bad "replica_check_every=3 fault (rc=$rc, $n lines)"; tail -5 "$o.log"; fi
 
 # ---- 4: memory shrinks with the stage (measured, rank 0, np=4) ----
 python3 - "$W"/DENSE_np4_z{0,1,2,3}/receipt.json <<'PY' && ok "params/grads/optim shrink with the ZeRO stage" || bad "params/grads/optim shrink with the ZeRO stage"

@@ -117,6 +117,7 @@ static const struct key keys[] = {
     {"comm_timeout_s", KT_FLOAT, OFF(comm_timeout_s), 0, "300", 0, FMAXV, NULL, 0, "a collective still waiting for a peer after this many seconds ends the job (watchdog, several ranks only); 0 = off"},
     {"redo_every",   KT_INT,   OFF(redo_every),   0, "0",     0, IMAX, NULL, 0, "ReDo: after the update of every N-th step recycle the dormant SwiGLU units (dense MLPs, experts); 0 = off (docs/model.md)"},
     {"redo_tau",     KT_FLOAT, OFF(redo_tau),     0, "0.025", 0, FMAXV, NULL, 0, "ReDo: a unit whose score (mean |activation| / the layer's mean) is <= tau is recycled"},
+    {"replica_check_every", KT_INT, OFF(replica_check_every), 0, "0", 0, IMAX, NULL, 0, "run the replica hash check (every copy of a parameter bit-identical on the ranks that hold it) after every N-th step too, not only at the end; a mismatch ends the run at that step; 0 = at the end only"},
 };
 
 #define MT_CONFIG_MAX_BYTES (16 << 20)   /* a config file: JSON of a few KiB */

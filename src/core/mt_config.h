@@ -81,6 +81,7 @@ struct mt_config {
     float comm_timeout_s;        /* collective watchdog, seconds; 0 = off          */
     int   redo_every;            /* ReDo (SPEC 1e): recycle dormant SwiGLU units every N steps; 0 = off */
     float redo_tau;              /* ReDo: a unit with normalised score <= tau is recycled */
+    int   replica_check_every;   /* replica hash check after every N-th step too; 0 = at the end only */
 };
 
 /* Fill every key with its default. Never fails. */

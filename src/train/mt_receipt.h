@@ -98,6 +98,7 @@ struct mt_receipt {
     const char *gpu_json;
     /* ReDo (redo_every > 0): the "redo" object (JSON object text, redo.c); NULL = none */
     const char *redo_json;
+    const char *replica_checks_json; /* the periodic replica checks (replica_check_every), or NULL */
 };
 
 enum mt_status mt_receipt_write(struct mt_ctx *ctx, const char *path, const struct mt_receipt *r);

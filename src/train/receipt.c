@@ -262,6 +262,10 @@ static void receipt_attached(cJSON *root, const struct mt_receipt *r)
         cJSON *g = cJSON_Parse(r->gpu_json);
         cJSON_AddItemToObject(root, "gpu", g ? g : cJSON_CreateNull());
     }
+    if (r->replica_checks_json) {
+        cJSON *x = cJSON_Parse(r->replica_checks_json);
+        cJSON_AddItemToObject(root, "replica_checks", x ? x : cJSON_CreateNull());
+    }
     if (r->redo_json) {
         cJSON *x = cJSON_Parse(r->redo_json);
         cJSON_AddItemToObject(root, "redo", x ? x : cJSON_CreateNull());

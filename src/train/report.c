@@ -81,8 +81,8 @@ void mt_train_progress_startup(const struct mt_train_opts *opts, int tty, const 
  * pair of ranks that hold the same slice must agree bit for bit: a split
  * parameter across its data group, a replicated one across data and model.
  * ZeRO-3 holds one copy of each parameter: nothing to compare. */
-static enum mt_status replica_hash_check(struct mt_ctx *ctx, const struct mt_ops_i *ops, struct run_state *rs,
-                                         int zero_stage, char *out, size_t n_out, int *mismatch)
+enum mt_status mt_train_replica_check(struct mt_ctx *ctx, const struct mt_ops_i *ops, struct run_state *rs,
+                                      int zero_stage, char *out, size_t n_out, int *mismatch)
 {
     *mismatch = 0;
     int n;
@@ -166,6 +166,63 @@ static enum mt_status replica_hash_check(struct mt_ctx *ctx, const struct mt_ops
     mt_free(ctx, host);
     mt_free(ctx, h);
     return rc;
+}
+
+/* The periodic replica check (config replica_check_every = N): after step
+ * `done` when done % N == 0, collective over the world. Each result is kept
+ * for the receipt's "replica_checks"; a mismatch ends the run here, on every
+ * rank (the same verdict everywhere), naming the step. */
+enum mt_status mt_train_replica_check_step(struct mt_ctx *ctx, struct run_state *rs, const struct mt_train_opts *opts,
+                                           int done)
+{
+    const int every = rs->cfg->replica_check_every;
+    if (every <= 0 || done % every != 0) return MT_OK;
+    struct mt_train_replica_log *lg = rs->replica_log;
+    if (!lg) {
+        lg = rs->replica_log = mt_alloc(ctx, sizeof *lg, MT_BUCKET_OTHER);
+        if (!lg) return MT_ERR_OOM;
+        lg->n = 0;
+        lg->cap = opts->steps / every + 1;
+        lg->step = mt_alloc(ctx, (size_t)lg->cap * sizeof *lg->step, MT_BUCKET_OTHER);
+        lg->msg = mt_alloc(ctx, (size_t)lg->cap * sizeof *lg->msg, MT_BUCKET_OTHER);
+        if (!lg->step || !lg->msg) return MT_ERR_OOM;
+    }
+    if (lg->n == lg->cap) return MT_OK;   /* a resume counts from its own start: never more than steps / N */
+    int mismatch = 0;
+    char *msg = lg->msg[lg->n];
+    MT_CHECK(mt_train_replica_check(ctx, rs->ops, rs, opts->zero_stage, msg, sizeof lg->msg[0], &mismatch));
+    lg->step[lg->n++] = done;
+    if (mismatch) return mt_ctx_error(ctx, MT_ERR_RUNTIME, "replica hash check after step %d failed: %s", done, msg);
+    return MT_OK;
+}
+
+void mt_train_replica_log_free(struct mt_ctx *ctx, struct run_state *rs)
+{
+    if (!rs->replica_log) return;
+    mt_free(ctx, rs->replica_log->step);
+    mt_free(ctx, rs->replica_log->msg);
+    mt_free(ctx, rs->replica_log);
+    rs->replica_log = NULL;
+}
+
+/* The receipt's "replica_checks" (JSON text, malloc'ed; NULL when off):
+ * {"every": N, "checks": [{"step": s, "result": "ok: ..."}, ...]} */
+static char *replica_checks_json(const struct run_state *rs)
+{
+    if (rs->cfg->replica_check_every <= 0) return NULL;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "every", rs->cfg->replica_check_every);
+    cJSON *a = cJSON_AddArrayToObject(o, "checks");
+    const struct mt_train_replica_log *lg = rs->replica_log;
+    for (int i = 0; lg && i < lg->n; i++) {
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddNumberToObject(e, "step", lg->step[i]);
+        cJSON_AddStringToObject(e, "result", lg->msg[i]);
+        cJSON_AddItemToArray(a, e);
+    }
+    char *t = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return t;
 }
 
 /* memory_plan: the planner's prediction of every rank next to what the rank measured */
@@ -805,7 +862,7 @@ enum mt_status mt_train_report(struct mt_ctx *ctx, struct run_state *rs, const s
     const struct mt_train_opts *opts = ri->opts;
     char hash_msg[256];
     int mismatch = 0;
-    MT_CHECK(replica_hash_check(ctx, rs->ops, rs, opts->zero_stage, hash_msg, sizeof hash_msg, &mismatch));
+    MT_CHECK(mt_train_replica_check(ctx, rs->ops, rs, opts->zero_stage, hash_msg, sizeof hash_msg, &mismatch));
     /* per rank: the whole run's peaks, then the step loop's (+ total each) */
     mt_train_peak_fold(ctx, ri->run_pk);
     double mine[2 * MEM_SLOTS];
@@ -837,6 +894,8 @@ enum mt_status mt_train_report(struct mt_ctx *ctx, struct run_state *rs, const s
     r.gpu_json = gjson;
     char *rjson = mt_train_redo_json(rs);
     r.redo_json = rjson;
+    char *cjson = replica_checks_json(rs);
+    r.replica_checks_json = cjson;
     enum mt_status rc = MT_OK;
     if (ri->wrank == 0) {
         char path[4200];
@@ -847,6 +906,7 @@ enum mt_status mt_train_report(struct mt_ctx *ctx, struct run_state *rs, const s
     free(kjson);
     free(gjson);
     free(rjson);
+    free(cjson);
     MT_CHECK(rc);
     res->steps_run = ri->steps_run;
     res->final_loss = ri->steps_run ? rs->losses[ri->steps_run - 1] : 0;

@@ -596,6 +596,7 @@ enum mt_status mt_train_setup_model(struct mt_ctx *ctx, struct run_state *rs, co
 void mt_train_free(struct mt_ctx *ctx, struct run_state *rs)
 {
     mt_train_redo_free(ctx, rs);
+    mt_train_replica_log_free(ctx, rs);
     mt_free(ctx, rs->saved);
     mt_free(ctx, rs->mem_all);
     mt_free(ctx, rs->idx);

@@ -89,6 +89,14 @@ struct run_state {
     int     *saved;             /* (keep_last + 1) */
     int      n_saved;
     struct mt_train_redo *redo; /* ReDo's sets and event log (redo.c); NULL until the first event */
+    struct mt_train_replica_log *replica_log; /* the periodic replica checks (report.c); NULL until the first */
+};
+
+/* The periodic replica checks' results (replica_check_every), in step order. */
+struct mt_train_replica_log {
+    int   n, cap;
+    int  *step;                 /* (cap) the step after which check i ran */
+    char (*msg)[256];           /* (cap) its result, as the receipt's replica_hash_check */
 };
 
 /* What one step measured (step.c). */
@@ -140,7 +148,13 @@ enum mt_status mt_train_save_checkpoint(struct mt_ctx *ctx, const struct mt_trai
  * the world, units chosen, parameters and optimizer state rewritten (before
  * the ZeRO sync); logged for the receipt. */
 enum mt_status mt_train_redo_event(struct mt_ctx *ctx, struct run_state *rs, int step);
-char *mt_train_redo_json(const struct run_state *rs);   /* receipt "redo" (malloc'ed; NULL: off) */
+char *mt_train_redo_json(const struct run_state *rs);
+/* ---- report.c: the replica hash check (at the end, and every replica_check_every steps) ---- */
+enum mt_status mt_train_replica_check(struct mt_ctx *ctx, const struct mt_ops_i *ops, struct run_state *rs,
+                                      int zero_stage, char *out, size_t n_out, int *mismatch);
+enum mt_status mt_train_replica_check_step(struct mt_ctx *ctx, struct run_state *rs, const struct mt_train_opts *opts,
+                                           int done);
+void mt_train_replica_log_free(struct mt_ctx *ctx, struct run_state *rs);   /* receipt "redo" (malloc'ed; NULL: off) */
 void mt_train_redo_free(struct mt_ctx *ctx, struct run_state *rs);
 
 /* ---- test_hooks.c ---- */

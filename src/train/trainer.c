@@ -101,7 +101,7 @@ static enum mt_status take_output(struct mt_ctx *ctx, struct run_state *rs, cons
     return MT_OK;
 }
 
-/* After step `done_steps`: the evaluation and the periodic checkpoint when due.
+/* After step `done_steps`: the replica check, the evaluation and the periodic checkpoint when due.
  * The checkpoint writer's staging is not the step loop's memory: the peaks
  * are folded around it. */
 static enum mt_status after_step(struct mt_ctx *ctx, struct run_state *rs, const struct mt_train_opts *opts,
@@ -109,6 +109,8 @@ static enum mt_status after_step(struct mt_ctx *ctx, struct run_state *rs, const
                                  struct mt_train_peaks *train_pk)
 {
     const struct mt_config *cfg = rs->cfg;
+    /* every copy of every parameter still equal (the last step's check is the receipt's own, report.c) */
+    if (done_steps != opts->steps) MT_CHECK(mt_train_replica_check_step(ctx, rs, opts, done_steps));
     if (rs->val && cfg->eval_every > 0 && (done_steps % cfg->eval_every == 0 || done_steps == opts->steps)) {
         double vl;
         MT_CHECK(mt_train_evaluate(ctx, rs, &vl));
