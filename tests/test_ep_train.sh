@@ -113,7 +113,8 @@ viol 2 ep=2 'top_k.*n_experts' $BASE --set top_k=5
 
 
 # ---- 7: null experts (SPEC 1e): not sharded, nothing sent for them ----
-# ep=2, ep=2 x dp=2 ZeRO-3 and ep=2 x tp=2 equal one rank; the receipt's
+# ep=2, ep=2 x dp=2 ZeRO-3, ep=2 x tp=2 and the 8-rank dp2 x ep2 x tp2 ZeRO-1
+# and pp2 x ep2 x tp2 equal one rank; the receipt's
 # per-layer null share: every slot counted once (experts + null = steps x
 # sequences x T x top_k), a share strictly inside (0, 1), the same counts on
 # every mesh; a checkpoint of ep=2 x dp=2 ZeRO-3 resumes on one rank; a
@@ -121,7 +122,7 @@ viol 2 ep=2 'top_k.*n_experts' $BASE --set top_k=5
 NULLX="$BASE --set n_null_experts=2 --set top_k=3"
 if run 1 "$W/NULLX_ref" $NULLX --steps 20 && differs "$W/NULLX_ref" "$W/BASE_ref"; then
     floor "$W/NULLX_ref" 4 $NULLX --steps 20
-    for mz in "2 ep=2 0" "4 dp=2,ep=2 3" "4 ep=2,tp=2 1"; do
+    for mz in "2 ep=2 0" "4 dp=2,ep=2 3" "4 ep=2,tp=2 1" "8 dp=2,ep=2,tp=2 1" "8 pp=2,ep=2,tp=2 0"; do
         set -- $mz; o="$W/NULLX_${2//[=,]/_}"
         if run "$1" "$o" $NULLX --steps 20 --mesh "$2" --zero "$3" && close "$W/NULLX_ref" "$o" 1e-6; then
             ok "NULLX (2 null experts) --mesh $2 zero=$3 equals the single-rank losses"

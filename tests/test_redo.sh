@@ -8,7 +8,8 @@
 #     columns (= 0) and those rows / columns of every optimizer state (= 0); Muon (momentum)
 #     and optimizer=adamw (exp_avg, exp_avg_sq);
 #  2. every mesh recycles the same units: 9 steps (events at 3, 6, 9) on dp=2 ZeRO-0/1/3,
-#     tp=2, ep=2, pp=2 and the 4-rank tp=2 x dp=2 ZeRO-3 and pp=2 x ep=2: the unit lists of
+#     tp=2, ep=2, pp=2, the 4-rank tp=2 x dp=2 ZeRO-3 and pp=2 x ep=2, and the 8-rank
+#     pp=2 x dp=2 x tp=2 ZeRO-1 and dp=2 x ep=2 x tp=2 ZeRO-3: the unit lists of
 #     every event equal the single rank's, and the losses, norms and final params are equal
 #     at the suites' tolerance (tests/equiv.py 1e-6);
 #     recompute=block bit-identical with the same units; precision=bf16 on one rank and dp=2
@@ -58,6 +59,8 @@ done <<'LIST'
 2 pp=2 0
 4 tp=2,dp=2 3
 4 pp=2,ep=2 1
+8 pp=2,dp=2,tp=2 1
+8 dp=2,ep=2,tp=2 3
 LIST
 
 # ---- 2b: recompute=block (the re-forward adds no score) and precision=bf16 ----
