@@ -21,7 +21,14 @@ Who holds a tensor (mesh rank = ((pipe * dp + data) * ep + expert) * tp + model)
     in-projection's one shared mixer.in_proj.lora_A too); on a row-parallel W
     (o, down, the mixer's out_proj) lora_A is split and lora_B whole; experts'
     adapters live with their expert.
-Two ranks holding the same copy form one comparison. ZeRO-3 and one rank: 0.
+Two ranks holding the same copy form one comparison. One rank: 0.
+ZeRO-3 keeps one copy per reduction group, on one owner: only a whole tensor
+whose gradient is reduced over data (x expert) alone has several owners, one
+per model rank — the residual stream's tensors (embed_tokens, the blocks'
+input norms, model.norm, lm_head) when tp > 1 and sequence parallelism is
+off (with SP on they are partial over model, reduced over the whole stage:
+one owner); a TP-split tensor's owners hold different slices; every other
+tensor is partial over model or an expert: one owner.
 Prints the count."""
 import json
 import os
@@ -34,7 +41,7 @@ def main(run):
     m = r["mesh"]
     pp, dp, ep, tp = m["pp"], m["dp"], m["ep"], m["tp"]
     W = pp * dp * ep * tp
-    if W == 1 or r["zero_stage"] == 3:
+    if W == 1:
         return 0
     ck = os.path.join(run, "ckpt", sorted(os.listdir(os.path.join(run, "ckpt")))[-1])
     names = [t["name"] for t in json.load(open(os.path.join(ck, "manifest.json")))["tensors"]
@@ -73,6 +80,12 @@ def main(run):
         if split and re.search(r"\.mixer\.in_proj_[BC]\.weight$", n) and cfg.get("mamba_ngroups", 1) % tp:
             split = False
         holders = [c for c in map(coord, range(W)) if c[0] == stage and (erank is None or c[2] == erank)]
+        if r["zero_stage"] == 3:
+            residual = re.search(r"(^model\.embed_tokens|input_layernorm|post_attention_layernorm|^model\.norm|"
+                                 r"^lm_head)\.weight$", n) is not None
+            if not (residual and tp > 1 and not cfg.get("sequence_parallel", True)):
+                continue
+            holders = [c for c in holders if c[1] == 0 and c[2] == 0]   # one owner per model rank
         for i in range(len(holders)):
             for j in range(i + 1, len(holders)):
                 if not split or holders[i][3] == holders[j][3]:

@@ -13,6 +13,8 @@
 #     comparisons the mesh implies (tests/replica_pairs.py); one replica moved
 #     by one ulp (MT_FAULT=rank:step:replica) ends the run with exit 1 naming
 #     the tensor, the ranks and the count (dp, dp x tp, dp x ep, pp x dp);
+#     ZeRO-3 on dp=2 x tp=2 without SP compares the owners' copies (one per
+#     model rank) of the residual tensors, with SP "not applicable";
 #     replica_check_every=10 checks after steps 10..40 too (the receipt's
 #     replica_checks, each equal to the final result), and a moved replica
 #     ends the run at the next periodic check, naming the step;
@@ -108,6 +110,22 @@ PY
         ok "replica hashes agree after 50 steps and every 10, every expected pair compared (ZeRO-$z)"
     else bad "replica hashes agree after 50 steps and every 10 (ZeRO-$z)"; fi
 done
+# ZeRO-3 hashes the owners' copies: on dp=2 x tp=2 without SP the residual
+# stream's tensors have one owner per model rank (tests/replica_pairs.py
+# derives the pairs); with SP every tensor has one owner: "not applicable"
+o="$W/hash_z3"
+if run 4 "$o" $MOE --set total_steps=10 --steps 10 --zero 3 --mesh dp=2,tp=2 --set sequence_parallel=false \
+    --set replica_check_every=5 && hash_ok "$o" && python3 -c "import json,sys; r=json.load(open(sys.argv[1])); \
+c=r['replica_checks']['checks']; assert [x['step'] for x in c]==[5] and c[0]['result']==r['replica_hash_check'], c" \
+    "$o/receipt.json"; then
+    ok "ZeRO-3 dp=2 x tp=2 without SP: the owners' copies of the residual tensors agree, every expected pair compared"
+else bad "ZeRO-3 dp=2 x tp=2 without SP: replica hashes"; tail -3 "$o.log"; fi
+o="$W/hash_z3sp"
+if run 4 "$o" $MOE --set total_steps=4 --steps 4 --zero 3 --mesh dp=2,tp=2 && python3 -c "import json,sys; \
+h=json.load(open(sys.argv[1]))['replica_hash_check']; print('   '+h); assert h.startswith('not applicable: ZeRO-3') and '(0 rank pairs)' in h" \
+    "$o/receipt.json" && [ "$(python3 "$HERE/replica_pairs.py" "$o")" = 0 ]; then
+    ok "ZeRO-3 dp=2 x tp=2 with SP: one owner per tensor, the check says not applicable (0 pairs derived)"
+else bad "ZeRO-3 dp=2 x tp=2 with SP: not applicable"; fi
 hash_fault 2 dp=2 0 $MOE
 hash_fault 4 dp=2,tp=2 1 $MOE
 hash_fault 4 dp=2,ep=2 2 $MOE

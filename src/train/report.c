@@ -80,7 +80,11 @@ void mt_train_progress_startup(const struct mt_train_opts *opts, int tty, const 
  * (its TP slice for a split one); the hashes meet over the world and every
  * pair of ranks that hold the same slice must agree bit for bit: a split
  * parameter across its data group, a replicated one across data and model.
- * ZeRO-3 holds one copy of each parameter: nothing to compare. */
+ * ZeRO-3 holds one copy of each parameter per reduction group, on its owner:
+ * only the owners' copies are hashed, so what is compared is a tensor whose
+ * group does not span the model axis (a whole tensor reduced over data only,
+ * tp > 1 without SP: one owner per model rank); with no such tensor the
+ * check says so. */
 enum mt_status mt_train_replica_check(struct mt_ctx *ctx, const struct mt_ops_i *ops, struct run_state *rs,
                                       int zero_stage, char *out, size_t n_out, int *mismatch)
 {
@@ -91,10 +95,6 @@ enum mt_status mt_train_replica_check(struct mt_ctx *ctx, const struct mt_ops_i 
     int W = mt_comm_size(wc);
     if (W == 1) {
         snprintf(out, n_out, "not applicable: world=1, every tensor has one copy");
-        return MT_OK;
-    }
-    if (zero_stage == 3) {
-        snprintf(out, n_out, "not applicable: ZeRO-3 keeps one copy of every parameter");
         return MT_OK;
     }
     /* hashes indexed by the GLOBAL registry: under PP / EP ranks hold different
@@ -112,8 +112,11 @@ enum mt_status mt_train_replica_check(struct mt_ctx *ctx, const struct mt_ops_i 
     for (int g = 0, i = 0; g < ng; g++) {
         h[g] = 0;
         if (i < n && !strcmp(glob[g].name, params[i].name)) {
-            ops->copy_to_host(ops->be, host, mt_zero_param_data(rs->zset.z[rs->eng_of[i]], i), params[i].numel * sizeof(float));
-            h[g] = (int64_t)(XXH64(host, params[i].numel * sizeof(float), 0) | 1);   /* never 0 */
+            const float *d = mt_zero_param_data(rs->zset.z[rs->eng_of[i]], i);   /* ZeRO-3: NULL unless owned */
+            if (d) {
+                ops->copy_to_host(ops->be, host, d, params[i].numel * sizeof(float));
+                h[g] = (int64_t)(XXH64(host, params[i].numel * sizeof(float), 0) | 1);   /* never 0 */
+            }
             i++;
         }
     }
@@ -155,6 +158,8 @@ enum mt_status mt_train_replica_check(struct mt_ctx *ctx, const struct mt_ops_i 
             }
             snprintf(out, n_out, "MISMATCH: %s differs: ranks %s vs rank %d (%d of %d rank pairs compared differ)",
                      glob[bad].name, who, first, n_bad, pairs);
+        } else if (pairs == 0 && zero_stage == 3) {
+            snprintf(out, n_out, "not applicable: ZeRO-3 keeps one copy of every parameter on this mesh (0 rank pairs)");
         } else if (pairs == 0) {
             snprintf(out, n_out, "not applicable: no tensor is held by two ranks (0 rank pairs)");
         } else {
