@@ -19,7 +19,7 @@
  * Gradient rule: parameter grads +=; dx (residual) +=; every other buffer (datt,
  * dq, dk, dk2, dv, dh) is scratch and OVERWRITTEN.
  *
- * Under TP (tp.c) this rank runs H/tp query and K/tp kv heads over all N rows:
+ * Under TP (src/parallel/tp_axis.c) this rank runs H/tp query and K/tp kv heads over all N rows:
  * forward enters with an all-gather of the normed rows (SP) and leaves with a
  * reduce-scatter (SP) or all-reduce (no SP) of the o_proj partial sums; the
  * backward runs the conjugates. The residual rows are Nr (N/tp under SP).

@@ -881,6 +881,8 @@ struct mt_param *mt_model_params(struct mt_model *m, int *n_params)
 const float *mt_model_logits(const struct mt_model *m) { return m->logits; }
 void mt_model_keep_logits(struct mt_model *m, int keep) { m->keep_logits = keep != 0; }
 
+void mt_model_tp_stats(const struct mt_model *m, struct mt_tp_stats *out) { *out = m->tp_stats; }
+
 void mt_model_ep_stats(const struct mt_model *m, struct mt_ep_stats *out) { *out = m->ep_stats; }
 const double *mt_model_moe_load(const struct mt_model *m)
 {

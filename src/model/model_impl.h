@@ -284,22 +284,9 @@ static inline void wlinear_backward(const struct mt_ops_i *ops, float *dx, float
  * What a converted piece's carve / forward / backward may touch, instead of
  * the whole struct mt_model: the ops table, the layer (its weights, params and
  * saved activations), the dims it needs, the shared scratch, and the
- * collective handle of its axis. model_piece_ctx builds one per layer call. */
-struct mt_tp_axis {              /* the model (TP / SP) axis                        */
-    struct mt_comm        *comm;     /* model group (tp > 1 only)                   */
-    struct mt_tp_stats    *stats;    /* accounting of the model's TP collectives    */
-    const struct mt_ops_i *ops;
-    int tp, sp;                      /* group size; 1: sequence parallel            */
-    int N, Nr, D;                    /* rows in a TP region, residual rows, width   */
-    struct mt_comm        *comm_host; /* host statistics (= comm on the cpu backend) */
-    int rank;                        /* this rank in the model group                */
-};
-struct mt_ep_axis {              /* the expert axis (MoE, ep > 1)                   */
-    struct mt_comm     *comm;        /* expert group                                */
-    struct mt_comm     *comm_host;   /* host counts (= comm on the cpu backend)     */
-    struct mt_ep_stats *stats;       /* accounting of the all-to-alls               */
-    int ep, rank, Ee, e0;            /* group size, rank, local experts, first one  */
-};
+ * collective handle of its axis (struct mt_tp_axis / mt_ep_axis, whose
+ * collectives live in src/parallel: mt_axis.h). model_piece_ctx builds one
+ * per layer call. */
 struct mt_piece_ctx {
     const struct mt_ops_i *ops;
     struct mt_layer       *ly;       /* weights (ly->w), saved activations          */
@@ -361,17 +348,6 @@ void lora_fwd_add(const struct mt_ops_i *ops, float *t, float *y, int ldy, const
                   const struct mt_param *const *w, const int *rows, int nb, int n, int in);
 void lora_bwd_add(const struct mt_ops_i *ops, float *t, float *dt, float *dx, const float *dy, int ldy, const float *x,
                   struct mt_param *const *w, const int *rows, int nb, int n, int in);
-
-/* ---- tp.c: the model axis (no-ops are never called: callers check tp > 1) ---- */
-enum mt_status tpa_gather_rows(struct mt_ctx *ctx, const struct mt_tp_axis *a, float *out, const float *in, int rows,
-                               int width);
-enum mt_status tpa_reduce_scatter_rows(struct mt_ctx *ctx, const struct mt_tp_axis *a, float *out, const float *in,
-                                       int rows, int width);
-enum mt_status tpa_allreduce(struct mt_ctx *ctx, const struct mt_tp_axis *a, float *buf, size_t n);
-enum mt_status tpa_exit_add(struct mt_ctx *ctx, const struct mt_tp_axis *a, float *x, float *part, float *tmp);
-/* sum of n doubles (backend memory: the MoE routing statistics) over the
- * model group, on its device communicator (the host one on the cpu backend) */
-enum mt_status tpa_allreduce_f64(struct mt_ctx *ctx, const struct mt_tp_axis *a, double *buf, size_t n);
 
 /* ---- layer files ---- */
 

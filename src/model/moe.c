@@ -48,7 +48,6 @@
 #include "model_impl.h"
 #include "moe_experts.h"
 
-#include "../parallel/mt_comm.h"
 
 #include <string.h>
 
@@ -91,46 +90,6 @@ const int32_t *moe_state_topk(const void *state) { return state ? ((const struct
  * all-to-all into the sorted slot order, where combine works as on one rank.
  * Backward sends d(outputs) the same way and the input gradients back.
  */
-
-/* counts / displacements in rows: send side from the sorted slots, receive side from r_cnt */
-static void ep_counts(const struct mt_ep_axis *ea, const struct moe_state *st, size_t *scnt, size_t *sdis,
-                      size_t *rcnt, size_t *rdis)
-{
-    const int ep = ea->ep, Ee = ea->Ee;
-    size_t off = 0;
-    for (int r = 0; r < ep; r++) {
-        sdis[r] = (size_t)st->e_off[r * Ee];
-        scnt[r] = (size_t)(st->e_off[(r + 1) * Ee] - st->e_off[r * Ee]);
-        size_t c = 0;
-        for (int j = 0; j < Ee; j++) c += (size_t)st->r_cnt[r * Ee + j];
-        rcnt[r] = c;
-        rdis[r] = off;
-        off += c;
-    }
-}
-
-/* all-to-all of rows of `width` floats; (s*) describe what we send, (r*) what we get */
-static enum mt_status ep_a2a(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, float *recv, const float *send,
-                             const size_t *scnt, const size_t *sdis, const size_t *rcnt, const size_t *rdis, int width)
-{
-    const struct mt_ep_axis *ea = &pc->ep;
-    const int ep = ea->ep;
-    size_t *e = moe_scr(pc)->h_a2a; /* element counts: 4 arrays of ep */
-    double rows = 0;
-    for (int r = 0; r < ep; r++) {
-        e[r] = scnt[r] * (size_t)width;
-        e[ep + r] = sdis[r] * (size_t)width;
-        e[2 * ep + r] = rcnt[r] * (size_t)width;
-        e[3 * ep + r] = rdis[r] * (size_t)width;
-        if (r != ea->rank) rows += (double)scnt[r] + (double)rcnt[r];
-    }
-    double t0 = mt_time_sec();
-    enum mt_status rc = mt_comm_alltoallv(ctx, ea->comm, send, e, e + ep, recv, e + 2 * ep, e + 3 * ep, MT_DTYPE_F32);
-    ea->stats->a2a_s += mt_time_sec() - t0;
-    ea->stats->a2a_calls++;
-    ea->stats->dispatch_bytes += rows * width * sizeof(float);
-    return rc;
-}
 
 /* The auxiliary losses of the n rows just routed (forward with targets):
  * moe_scr(pc)->loss[2*layer] = the aux sum (model rank 0 only under TP), [+1] =
@@ -229,12 +188,7 @@ static enum mt_status moe_forward(struct mt_ctx *ctx, const struct mt_piece_ctx 
         const int ep = ea->ep, Ee = ea->Ee;
         int64_t *sc = s->h_ecnt, *rc = s->h_ecnt + E;
         for (int e = 0; e < E; e++) sc[e] = st->e_off[e + 1] - st->e_off[e];
-        size_t *a = s->h_a2a;
-        for (int r = 0; r < ep; r++) { a[r] = (size_t)Ee; a[ep + r] = (size_t)r * Ee; }
-        double t0 = mt_time_sec();
-        enum mt_status rcs = mt_comm_alltoallv(ctx, ea->comm_host, sc, a, a + ep, rc, a, a + ep, MT_DTYPE_I64);
-        ea->stats->a2a_s += mt_time_sec() - t0;
-        MT_CHECK(rcs);
+        MT_CHECK(epa_exchange_counts(ctx, ea, sc, rc, s->h_a2a));
         st->r_rows = 0;
         for (int i = 0; i < ep * Ee; i++) {
             st->r_cnt[i] = (int)rc[i];
@@ -242,8 +196,8 @@ static enum mt_status moe_forward(struct mt_ctx *ctx, const struct mt_piece_ctx 
         }
         MT_ASSERT(st->r_rows <= ep * M);
         size_t scnt[MT_MAX_EP] = {0}, sdis[MT_MAX_EP] = {0}, rcnt[MT_MAX_EP] = {0}, rdis[MT_MAX_EP] = {0};
-        ep_counts(ea, st, scnt, sdis, rcnt, rdis);
-        MT_CHECK(ep_a2a(ctx, pc, st->rx, s->xp, scnt, sdis, rcnt, rdis, D));
+        epa_row_counts(ea, st->e_off, st->r_cnt, scnt, sdis, rcnt, rdis);
+        MT_CHECK(epa_alltoallv_rows(ctx, ea, st->rx, s->xp, scnt, sdis, rcnt, rdis, D, s->h_a2a));
         if (grouped) moe_experts_forward(pc, ep * Ee, st->r_cnt, 0, Ee, st->eg, st->eu, s->ry, st->rx);
         size_t o = 0;
         for (int src = 0; src < ep && !grouped; src++)
@@ -255,7 +209,7 @@ static enum mt_status moe_forward(struct mt_ctx *ctx, const struct mt_piece_ctx 
                                 st->rx + o * D, &w[0], &w[1], &w[2], c, D, Fe);
                 o += (size_t)c;
             }
-        MT_CHECK(ep_a2a(ctx, pc, st->ey, s->ry, rcnt, rdis, scnt, sdis, D));   /* back to the sources */
+        MT_CHECK(epa_alltoallv_rows(ctx, ea, st->ey, s->ry, rcnt, rdis, scnt, sdis, D, s->h_a2a));   /* back to the sources */
     }
     ops->moe_combine(ops->be, out, st->ey, st->pos, st->gates, n, k, D);
     if (md->Fs > 0)
@@ -297,8 +251,8 @@ static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx
     } else {
         const int ep = ea->ep, Ee = ea->Ee;
         size_t scnt[MT_MAX_EP] = {0}, sdis[MT_MAX_EP] = {0}, rcnt[MT_MAX_EP] = {0}, rdis[MT_MAX_EP] = {0};
-        ep_counts(ea, st, scnt, sdis, rcnt, rdis);
-        MT_CHECK(ep_a2a(ctx, pc, s->rdy, s->dy, scnt, sdis, rcnt, rdis, D));
+        epa_row_counts(ea, st->e_off, st->r_cnt, scnt, sdis, rcnt, rdis);
+        MT_CHECK(epa_alltoallv_rows(ctx, ea, s->rdy, s->dy, scnt, sdis, rcnt, rdis, D, s->h_a2a));
         if (grouped) moe_experts_backward(pc, ep * Ee, st->r_cnt, 0, Ee, st->eg, st->eu, s->rdx, s->rdy, st->rx);
         size_t o = 0;
         for (int src = 0; src < ep && !grouped; src++)
@@ -311,7 +265,7 @@ static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx
                                       &w[2], c, D, Fe, pc->redo ? pc->redo + (size_t)j * Fe : NULL);
                 o += (size_t)c;
             }
-        MT_CHECK(ep_a2a(ctx, pc, s->dxp, s->rdx, rcnt, rdis, scnt, sdis, D));
+        MT_CHECK(epa_alltoallv_rows(ctx, ea, s->dxp, s->rdx, rcnt, rdis, scnt, sdis, D, s->h_a2a));
     }
     ops->fill(ops->be, dh, 0.0f, (size_t)n * D);
     ops->moe_permute_backward(ops->be, dh, s->dxp, st->pos, n, k, D);

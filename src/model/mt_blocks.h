@@ -183,7 +183,7 @@ struct mt_piece_fwd {
  *     and ADDS its branch into a->x_out. backward reads pc->dx = d s_{i+1}
  *     (must not change it) and OVERWRITES pc->dh (Nr, D) with d h_n; the
  *     block then accumulates the norm's backward into dx. TP collectives, if
- *     the piece splits work over the model axis, are its own (tp.c).
+ *     the piece splits work over the model axis, are its own (tpa_*, mt_axis.h).
  * Either way parameter grads ACCUMULATE (+=).
  */
 struct mt_piece {

@@ -3,8 +3,8 @@
  *
  * A model owns its parameters (data + grad), its saved activations for one
  * microbatch, and scratch buffers, all allocated once at create time through
- * the ops table (backend memory). It calls kernels only through `ops` and,
- * later, collectives only through mt_comm.h.
+ * the ops table (backend memory). It calls kernels only through `ops` and
+ * collectives only through the axis wrappers (src/parallel/mt_axis.h).
  *
  * Typical step on one rank (grad accumulation over microbatches):
  *
@@ -44,6 +44,7 @@
 #include "../core/mt_config.h"
 #include "../core/mt_param.h"
 #include "../ops/mt_ops.h"
+#include "../parallel/mt_axis.h"
 
 struct mt_model;  /* opaque; model_impl.h */
 
@@ -167,11 +168,6 @@ double mt_model_head_flops(const struct mt_config *cfg);   /* 6 x mt_head.mm_per
 double mt_model_stage_flops(const struct mt_config *cfg, int layer0, int layer1);
 
 /* Expert-parallel dispatch statistics (cumulative since create, this rank). */
-struct mt_ep_stats {
-    double dispatch_bytes;   /* rows sent + received by the token all-to-alls, fwd + bwd (bytes) */
-    double a2a_s;            /* time in the all-to-alls (blocking: exposed)                       */
-    long   a2a_calls;
-};
 void mt_model_ep_stats(const struct mt_model *m, struct mt_ep_stats *out);
 /* Routed slots per expert (global index) counted on this rank since the last
  * reset, per MoE layer: load[l*E + e] (layers without MoE stay 0). */
@@ -182,13 +178,8 @@ enum mt_status mt_model_create_par(struct mt_ctx *ctx, const struct mt_ops_i *op
 void mt_model_plan_bytes_par(const struct mt_config *cfg, int B, int flags, const struct mt_model_par *par,
                              size_t bytes[MT_BUCKET_COUNT]);
 
-/* Model-axis collectives issued by the layers (cumulative since create). */
-enum mt_tp_coll { MT_TP_ALLGATHER = 0, MT_TP_REDUCE_SCATTER, MT_TP_ALLREDUCE, MT_TP_COLL_COUNT };
-struct mt_tp_stats {
-    double bytes[MT_TP_COLL_COUNT];  /* payload: the full (gathered / pre-scatter) buffer */
-    long   calls[MT_TP_COLL_COUNT];
-    double time_s;                   /* inside the calls (blocking: all of it is exposed) */
-};
+/* Model-axis collectives issued by the layers (cumulative since create;
+ * struct mt_tp_stats: src/parallel/mt_axis.h). */
 void mt_model_tp_stats(const struct mt_model *m, struct mt_tp_stats *out);
 
 /* flags for mt_model_create_ex / _par */

@@ -1,20 +1,11 @@
 /*
- * tp.c — the model axis's collectives, as the layers use them.
- *
- * Rows are token rows of the microbatch (N = B*T). Under SP each rank holds a
- * contiguous block of Nr = N/tp rows, block r on rank r, so entering a TP
- * region is an all-gather in rank order and leaving it a reduce-scatter: no
- * permutation is ever needed (a [B, T, D] layout sharded on its flattened
- * rows; Megatron's [T, B, D] sharded on T is the same idea).
- *
- *   forward                          backward (the conjugates)
- *   SP entry   all-gather rows       reduce-scatter rows
- *   SP exit    reduce-scatter rows   all-gather rows
- *   no SP exit all-reduce            (entry's conjugate) all-reduce
+ * tp_axis.c — the model axis's collectives, as the layers use them
+ * (mt_axis.h says which collective enters and leaves a TP region).
  */
-#include "model_impl.h"
+#include "mt_axis.h"
 
-#include "../parallel/mt_comm.h"
+#include "../ops/mt_ops.h"
+#include "mt_comm.h"
 
 /* Accounting: payload bytes (the full buffer each call covers) and time spent
  * in the call, which is exposed: TP collectives block the layer that needs them. */
@@ -52,10 +43,6 @@ enum mt_status tpa_allreduce(struct mt_ctx *ctx, const struct mt_tp_axis *a, flo
                    mt_comm_allreduce(ctx, a->comm, buf, n, MT_DTYPE_F32, MT_REDOP_SUM));
 }
 
-/* Leave a TP region: `part` (N, D) holds this rank's partial sum of the
- * region's output; add the full sum of this rank's residual rows into
- * x (Nr, D). SP: reduce-scatter; no SP: all-reduce. `part` is clobbered;
- * `tmp` (Nr, D) is scratch for the SP case. */
 enum mt_status tpa_exit_add(struct mt_ctx *ctx, const struct mt_tp_axis *a, float *x, float *part, float *tmp)
 {
     const size_t D = (size_t)a->D;
@@ -75,5 +62,3 @@ enum mt_status tpa_allreduce_f64(struct mt_ctx *ctx, const struct mt_tp_axis *a,
     return account(a, MT_TP_ALLREDUCE, n * sizeof(double), t0,
                    mt_comm_allreduce(ctx, a->comm, buf, n, MT_DTYPE_F64, MT_REDOP_SUM));
 }
-
-void mt_model_tp_stats(const struct mt_model *m, struct mt_tp_stats *out) { *out = m->tp_stats; }
