@@ -39,6 +39,8 @@
 static int g_fail = 0;
 static int g_lora = 0;   /* 1: the configs carry LoRA adapters on every target (rank 2, alpha 4) */
 static int g_null = 0;   /* > 0: the MoE configs get this many null experts (SPEC 1e), top_k 3 */
+static int g_mtp = 0;    /* > 0: mtp_depth (SPEC 1e), modules of kind g_mtp_block, lambda 0.5 */
+static const char *g_mtp_block = "A";
 #define EXPECT(cond, ...)                                                   \
     do {                                                                    \
         if (!(cond)) {                                                      \
@@ -87,6 +89,11 @@ static void base_config(struct mt_config *cfg, struct mt_ctx *ctx, int moe, floa
         }
     } else {
         cfg->pattern[0] = '\0';
+    }
+    if (g_mtp) {
+        cfg->mtp_depth = g_mtp;
+        cfg->mtp_loss_coef = 0.5f;
+        snprintf(cfg->mtp_block, sizeof cfg->mtp_block, "%s", g_mtp_block);
     }
     if (g_lora) {
         cfg->lora_rank = 2;
@@ -591,6 +598,16 @@ int main(void)
     gradcheck("dense + hidden_l2", 0, 0.0f);
     gradcheck("moe + hidden_l2", 1, 0.0f);
     unsetenv("MT_TEST_LOSS_PART");
+    /* MTP (SPEC 1e): every module parameter, the shared wte / lm_head / x_final paths */
+    g_mtp = 2;
+    gradcheck("dense mtp_depth=2", 0, 0.0f);
+    gradcheck("dense softcap=15 mtp_depth=2", 0, 15.0f);
+    gradcheck("moe mtp_depth=2", 1, 0.0f);
+    g_mtp = 1;
+    g_mtp_block = "M";
+    gradcheck("hybrid AMEM mtp_depth=1 mtp_block=M", 2, 0.0f);
+    g_mtp_block = "A";
+    g_mtp = 0;
     g_null = 2;   /* null experts (SPEC 1e): the router's E + Z rows, gates renormalised over both */
     gradcheck("moe null experts", 1, 0.0f);
     gradcheck("hybrid AMEM null experts", 2, 0.0f);

@@ -69,6 +69,9 @@ static const struct key keys[] = {
     {"expert_hidden", KT_INT,  OFF(expert_hidden), 0, "0",    0, 1 << 24, NULL, 1, "SwiGLU hidden of each expert; 0 = F / 4"},
     {"shared_expert_hidden", KT_INT, OFF(shared_expert_hidden), 0, "0", 0, 1 << 24, NULL, 1, "hidden of the shared expert; 0 = none"},
     {"n_null_experts", KT_INT, OFF(n_null_experts), 0, "0", 0, 65536, NULL, 1, "Z null (zero-computation) experts of each MoE block: the router has n_experts + Z rows, a slot on a null expert adds 0 and moves no data (SPEC 1e)"},
+    {"mtp_depth",    KT_INT,   OFF(mtp_depth),    0, "0",     0, MT_MTP_MAX_DEPTH, NULL, 1, "MTP (multi-token prediction, DeepSeek-V3 style): Dm modules after the last block, module k predicts the token k+1 ahead; 0 = off (docs/model.md)"},
+    {"mtp_loss_coef", KT_FLOAT, OFF(mtp_loss_coef), 0, "0.3", 0, FMAXV, NULL, 1, "MTP: the loss adds (mtp_loss_coef / mtp_depth) x the sum of the modules' cross-entropies"},
+    {"mtp_block",    KT_STRING, OFF(mtp_block), SZ(mtp_block), "A", 0, 0, NULL, 1, "MTP: the block kind (pattern letter) of each module's block; a kind without routed experts"},
     {"aux_loss_coef", KT_FLOAT, OFF(aux_loss_coef), 0, "0.01", 0, FMAXV, NULL, 1, "MoE load-balancing loss weight"},
     {"z_loss_coef",  KT_FLOAT, OFF(z_loss_coef),  0, "0.001", 0, FMAXV, NULL, 1, "MoE router z-loss weight"},
     {"mamba_d_state", KT_INT,  OFF(mamba_d_state), 0, "64",   2, 65536, NULL, 1, "M blocks: SSM state N per head, even"},
@@ -697,6 +700,19 @@ static enum mt_status resolve_pattern(struct mt_ctx *ctx, struct mt_config *cfg,
     /* the pieces' own rules (piece_rules.c): MoE's top_k / expert_hidden,
      * Mamba-3's shape, each when the pattern uses the piece */
     MT_CHECK(mt_blocks_check_config(ctx, cfg));
+    /* MTP's block: a kind of the table without routed experts (its per-sequence
+     * MoE statistics would cover positions past T-k), whose rules ran: the
+     * default kind or one the pattern uses */
+    if (cfg->mtp_depth > 0) {
+        const int kb = strlen(cfg->mtp_block) == 1 ? mt_blocks_find(cfg->mtp_block[0]) : -1;
+        RULE(kb >= 0, "mtp_block must be one pattern letter of %s (mtp_block=\"%s\")",
+             mt_blocks_letters(letters, sizeof letters), cfg->mtp_block);
+        RULE(!mt_blocks_kind_routed(kb), "mtp_block=%s has routed experts: an MTP module's block must not (mtp_depth=%d)",
+             cfg->mtp_block, cfg->mtp_depth);
+        RULE(strchr(cfg->pattern, cfg->mtp_block[0]) || cfg->mtp_block[0] == mt_blocks_letter(0),
+             "mtp_block=%s is not in pattern %s: use a kind the pattern has, or %c", cfg->mtp_block, cfg->pattern,
+             mt_blocks_letter(0));
+    }
     *n_moe_out = n_moe;
     return MT_OK;
 }
@@ -769,6 +785,16 @@ enum mt_status mt_config_resolve(struct mt_ctx *ctx, struct mt_config *cfg, int 
     MT_CHECK(resolve_pattern(ctx, cfg, &n_moe));
     MT_CHECK(resolve_training(ctx, cfg));
     MT_CHECK(resolve_lora(ctx, cfg, n_moe));
+    RULE(cfg->mtp_depth == 0 || cfg->seq_len > cfg->mtp_depth,
+         "mtp_depth=%d needs seq_len > mtp_depth (seq_len=%d): module k predicts the token k+1 ahead",
+         cfg->mtp_depth, cfg->seq_len);
+    RULE(cfg->mtp_depth == 0 || cfg->lora_rank == 0, "mtp_depth=%d with LoRA (lora_rank=%d) is not supported yet",
+         cfg->mtp_depth, cfg->lora_rank);
+    RULE(cfg->mtp_depth == 0 || strcmp(cfg->recompute, "none") == 0,
+         "mtp_depth=%d with recompute=%s is not supported yet: the modules keep their activations (recompute=none)",
+         cfg->mtp_depth, cfg->recompute);
+    RULE(cfg->mtp_depth == 0 || strcmp(cfg->precision, "fp32") == 0,
+         "mtp_depth=%d with precision=%s is not supported yet (precision=fp32)", cfg->mtp_depth, cfg->precision);
     RULE(cfg->redo_every == 0 || cfg->lora_rank == 0,
          "redo_every=%d needs full training: LoRA freezes the SwiGLU weights it would recycle (lora_rank=%d)",
          cfg->redo_every, cfg->lora_rank);

@@ -19,6 +19,9 @@
 
 #define MT_MAX_LAYERS 256
 
+/* Most MTP modules (mtp_depth). */
+#define MT_MTP_MAX_DEPTH 4
+
 struct mt_config {
     /* ---- model (SPEC.md section 1) ---- */
     int   vocab_size;            /* V; 0 = from the tokenizer / data dir          */
@@ -35,6 +38,9 @@ struct mt_config {
     int   expert_hidden;         /* 0 = F / 4                                      */
     int   shared_expert_hidden;  /* 0 = no shared expert                           */
     int   n_null_experts;        /* Z zero-computation experts (SPEC 1e); 0 = none */
+    int   mtp_depth;             /* MTP modules Dm (SPEC 1e); 0 = off               */
+    float mtp_loss_coef;         /* MTP: lambda; the loss adds lambda/Dm sum_k L_k  */
+    char  mtp_block[4];          /* MTP: the module block's pattern letter           */
     float aux_loss_coef;
     float z_loss_coef;
     int   mamba_d_state;         /* M blocks (SPEC 1c): state N, even              */

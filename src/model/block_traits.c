@@ -88,6 +88,7 @@ int mt_blocks_any_routed(const struct mt_config *cfg)
 }
 
 int mt_blocks_kind_hf(int index) { return index >= 0 && index < N_KINDS && traits[index].hf; }
+int mt_blocks_kind_routed(int index) { return index >= 0 && index < N_KINDS && traits[index].routed; }
 
 int mt_blocks_layer_uses(const struct mt_config *cfg, int l, const char *piece)
 {

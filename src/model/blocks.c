@@ -189,8 +189,13 @@ static void piece_params(const struct mt_config *cfg, const struct mt_piece *pc,
 void mt_blocks_layer_step_params(const struct mt_config *cfg, const struct mt_block_shape *s, int l, int step,
                                  mt_pspec_fn fn, void *user)
 {
-    const struct mt_block_kind *k = &kinds[mt_blocks_layer_kind(cfg, l)];
-    piece_params(cfg, k->steps[step].piece, s, fn, user);
+    mt_blocks_kind_step_params(cfg, s, mt_blocks_layer_kind(cfg, l), step, fn, user);
+}
+
+void mt_blocks_kind_step_params(const struct mt_config *cfg, const struct mt_block_shape *s, int kind, int step,
+                                mt_pspec_fn fn, void *user)
+{
+    piece_params(cfg, kinds[kind].steps[step].piece, s, fn, user);
 }
 
 void mt_blocks_layer_params(const struct mt_config *cfg, const struct mt_block_shape *s, int l, mt_pspec_fn fn,
@@ -229,9 +234,9 @@ void mt_blocks_comm_counts(const struct mt_config *cfg, int l0, int l1, struct m
  * entry counts 0). */
 enum step_count { STEP_MM, STEP_EXTRA, STEP_INACTIVE };
 
-static double steps_sum(const struct mt_config *cfg, const struct mt_block_shape *s, int l, enum step_count what)
+static double kind_sum(const struct mt_block_shape *s, int kind, enum step_count what)
 {
-    const struct mt_block_kind *k = &kinds[mt_blocks_layer_kind(cfg, l)];
+    const struct mt_block_kind *k = &kinds[kind];
     double sum = 0.0;
     for (int i = 0; i < k->n_steps; i++) {
         const struct mt_piece *p = k->steps[i].piece;
@@ -245,17 +250,22 @@ static double steps_sum(const struct mt_config *cfg, const struct mt_block_shape
 
 double mt_blocks_layer_mm(const struct mt_config *cfg, const struct mt_block_shape *s, int l)
 {
-    return steps_sum(cfg, s, l, STEP_MM);
+    return kind_sum(s, mt_blocks_layer_kind(cfg, l), STEP_MM);
 }
 
 double mt_blocks_layer_extra(const struct mt_config *cfg, const struct mt_block_shape *s, int l)
 {
-    return steps_sum(cfg, s, l, STEP_EXTRA);
+    return kind_sum(s, mt_blocks_layer_kind(cfg, l), STEP_EXTRA);
 }
 
 double mt_blocks_layer_inactive(const struct mt_config *cfg, const struct mt_block_shape *s, int l)
 {
-    return steps_sum(cfg, s, l, STEP_INACTIVE);
+    return kind_sum(s, mt_blocks_layer_kind(cfg, l), STEP_INACTIVE);
+}
+
+double mt_blocks_kind_flops(const struct mt_block_shape *s, int kind)
+{
+    return 6.0 * kind_sum(s, kind, STEP_MM) + kind_sum(s, kind, STEP_EXTRA);
 }
 
 /* FLOP counts are integers below 2^53: every sum here is exact, so the

@@ -42,7 +42,7 @@ int model_loss_add(struct mt_model *m, const struct mt_loss_part *p)
 static enum mt_status head_loss_register(struct mt_ctx *ctx, struct mt_model *m, int extras)
 {
     if (!extras) {
-        const int k = model_loss_add(m, &(struct mt_loss_part){"lm", "head", 1.0, MT_LOSS_PER_TARGET, 1});
+        const int k = model_loss_add(m, &(struct mt_loss_part){"lm", "head", 1.0, MT_LOSS_PER_TARGET, 1, 0});
         MT_ASSERT(k == MT_LOSS_LM);
         m->loss_hidden_l2 = -1;
         return MT_OK;
@@ -54,7 +54,7 @@ static enum mt_status head_loss_register(struct mt_ctx *ctx, struct mt_model *m,
     const double w = strtod(v, &end);
     if (end == v || *end || !isfinite(w) || w < 0)
         return mt_ctx_error(ctx, MT_ERR_CONFIG, "test_loss_part=%s: want a finite weight >= 0, or empty", v);
-    m->loss_hidden_l2 = model_loss_add(m, &(struct mt_loss_part){"hidden_l2", "head", w, MT_LOSS_PER_TOKEN, w != 0});
+    m->loss_hidden_l2 = model_loss_add(m, &(struct mt_loss_part){"hidden_l2", "head", w, MT_LOSS_PER_TOKEN, w != 0, 0});
     return MT_OK;
 }
 

@@ -66,6 +66,11 @@ static void model_dims_par(struct mt_model *m, const struct mt_config *cfg, int 
     m->any_moe = mt_blocks_any_routed(cfg);   /* the expert axis splits the model only then */
     m->kinds_used = 0;
     for (int l = 0; l < m->L && l < MT_MAX_LAYERS; l++) m->kinds_used |= 1u << mt_blocks_layer_kind(cfg, l);
+    /* MTP (mtp.c): the modules' block kind is used too (its pieces' scratch) */
+    m->mtp_depth = cfg->mtp_depth > 0 && cfg->mtp_depth <= MT_MTP_MAX_DEPTH ? cfg->mtp_depth : 0;
+    m->mtp_kind = m->mtp_depth ? mt_blocks_find(cfg->mtp_block[0]) : -1;
+    if (m->mtp_kind < 0) m->mtp_depth = 0;
+    else m->kinds_used |= 1u << m->mtp_kind;
     /* the model axis: local head / hidden counts, row shares */
     m->tp = par && par->tp > 1 ? par->tp : 1;
     m->tp_rank = m->tp > 1 ? par->tp_rank : 0;
@@ -181,6 +186,10 @@ static enum mt_status check_dims(struct mt_ctx *ctx, struct mt_model *m)
         if ((m->kinds_used >> b & 1u) && mt_blocks_kind(b)->wrap->enter)
             return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "model: block kind '%c' has the wrapper %s, which this build "
                                 "cannot run", mt_blocks_kind(b)->letter, mt_blocks_kind(b)->wrap->name);
+    /* MTP reads and trains wte from the last stage: one stage only, for now */
+    if (m->mtp_depth > 0 && !(m->first && m->last))
+        return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "model: mtp_depth=%d with pipeline stages (pp > 1) is not "
+                            "supported yet: the modules read wte, which lives on the first stage", m->mtp_depth);
     /* each piece the model uses checks its own dimensions (first steps, then the others) */
     struct mt_piece_ctx pc;
     model_piece_ctx(m, NULL, &pc);
@@ -209,12 +218,17 @@ typedef void (*param_visit_fn)(void *user, const struct mt_param *p);
 /* Turn a piece's declaration (or a model-level one: layer -1) into this
  * rank's struct mt_param: HF name, box under TP (from the layout class),
  * reduction rule, init and optimizer class. */
-static void visit_param(param_visit_fn fn, void *user, const struct mt_model *m, const struct mt_pspec *sp, int layer)
+static void visit_param(param_visit_fn fn, void *user, const struct mt_model *m, const struct mt_pspec *sp, int layer,
+                        const char *prefix)
 {
     const struct mt_config *cfg = &m->cfg;
     struct mt_param p;
     memset(&p, 0, sizeof p);
-    if (layer >= 0) {
+    if (prefix) {   /* an MTP module's block: model.mtp.{k-1}.block.<suffix>, in the head's unit */
+        char suffix[96];
+        snprintf(suffix, sizeof suffix, sp->suffix, sp->expert);
+        snprintf(p.name, sizeof p.name, "%s%s", prefix, suffix);
+    } else if (layer >= 0) {
         char suffix[96];
         snprintf(suffix, sizeof suffix, sp->suffix, sp->expert);   /* formats without %d ignore it */
         snprintf(p.name, sizeof p.name, "model.layers.%d.%s", layer, suffix);
@@ -279,12 +293,13 @@ struct spec_walk {
     struct mt_layer       *ly;      /* bind: the layer whose fields are set    */
     int                    step;    /* bind: the step of the block being walked */
     struct mt_param       *params;  /* bind: the registry                      */
+    const char            *prefix;  /* an MTP module's block: its name prefix (layer -1) */
 };
 
 static void spec_build(void *user, const struct mt_pspec *s)
 {
     struct spec_walk *w = user;
-    visit_param(w->fn, w->user, w->m, s, w->layer);
+    visit_param(w->fn, w->user, w->m, s, w->layer, w->prefix);
 }
 
 static void spec_count(void *user, const struct mt_pspec *s)
@@ -310,6 +325,22 @@ static const struct mt_pspec *embed_spec(const struct mt_model *m, struct mt_psp
     return s;
 }
 
+/* The MTP modules' parameters (last stage, after the head's): each
+ * module's own (mtp.c), then its block's under the name prefix. */
+static void mtp_walk(const struct mt_model *m, const struct mt_block_shape *shape, mt_pspec_fn fn, struct spec_walk *w)
+{
+    char prefix[48];
+    for (int k = 1; k <= m->mtp_depth; k++) {
+        w->prefix = NULL;
+        mtp_module_params(m, k, fn, w);
+        snprintf(prefix, sizeof prefix, "model.mtp.%d.block.", k - 1);
+        w->prefix = prefix;
+        for (int i = 0; i < mt_blocks_kind(m->mtp_kind)->n_steps; i++)
+            mt_blocks_kind_step_params(&m->cfg, shape, m->mtp_kind, i, fn, w);
+    }
+    w->prefix = NULL;
+}
+
 /* Every parameter of this rank's stage, in registry order: wte (first
  * stage), each block's steps in order, final norm and head (last
  * stage). The order is the checkpoint's and the export's. */
@@ -318,8 +349,8 @@ static void build_params(const struct mt_model *m, param_visit_fn fn, void *user
     struct mt_pspec ps;
     struct mt_block_shape shape;
     model_shape(m, &shape);
-    if (m->first) visit_param(fn, user, m, embed_spec(m, &ps), -1);
-    struct spec_walk w = { m, fn, user, 0, 0, NULL, 0, NULL };
+    if (m->first) visit_param(fn, user, m, embed_spec(m, &ps), -1, NULL);
+    struct spec_walk w = { m, fn, user, 0, 0, NULL, 0, NULL, NULL };
     for (int l = m->l0; l < m->l1; l++) {
         w.layer = l;
         mt_blocks_layer_params(&m->cfg, &shape, l, spec_build, &w);
@@ -327,6 +358,7 @@ static void build_params(const struct mt_model *m, param_visit_fn fn, void *user
     if (!m->last) return;
     w.layer = -1;   /* model-level, as the embedding */
     mt_head.params(m->V, m->D, spec_build, &w);
+    mtp_walk(m, &shape, spec_build, &w);
 }
 
 struct param_sink { struct mt_param *arr; int n; size_t numel; };
@@ -345,8 +377,9 @@ static int model_n_params(const struct mt_model *m)
 {
     struct mt_block_shape shape;
     model_shape(m, &shape);
-    struct spec_walk w = { m, NULL, NULL, 0, 0, NULL, 0, NULL };
+    struct spec_walk w = { m, NULL, NULL, 0, 0, NULL, 0, NULL, NULL };
     for (int l = m->l0; l < m->l1; l++) mt_blocks_layer_params(&m->cfg, &shape, l, spec_count, &w);
+    if (m->last) mtp_walk(m, &shape, spec_count, &w);
     return w.n + (m->first ? 1 : 0) + (m->last ? 2 : 0);
 }
 
@@ -372,7 +405,7 @@ static void piece_bind(struct mt_model *m, struct mt_piece_ctx *pc, struct mt_la
  * x_in) into ly, step by step: the step's state struct (OTHER), its input
  * norm when the block runs it (MT_RESID_ADD), what the piece saves, and the
  * stream after the step unless it is the last (the next layer's x_in). */
-static void carve_block(struct mt_model *m, struct mt_carver *c, struct mt_layer *ly, int kind)
+void model_carve_block(struct mt_model *m, struct mt_carver *c, struct mt_layer *ly, int kind)
 {
     const struct mt_block_kind *k = mt_blocks_kind(kind);
     const size_t Nr = (size_t)m->Nr, D = (size_t)m->D;
@@ -534,7 +567,7 @@ static void model_layout(struct mt_model *m, struct mt_carver *c)
     memset(blk, 0, sizeof blk);
     if (m->recompute)
         for (int b = 0; b < n_kinds; b++)
-            if (stage_has_kind(m, b)) carve_block(m, c, &blk[b], b);
+            if (stage_has_kind(m, b)) model_carve_block(m, c, &blk[b], b);
 
     for (int sl = 0; sl < m->n_slots; sl++) {
         struct mt_slot dslot;
@@ -557,6 +590,7 @@ static void model_layout(struct mt_model *m, struct mt_carver *c)
             if (twin) S->dlogits_bf16 = carve(c, A, Nr * (size_t)m->V * 2);
             S->losses = carve_f(c, A, Nr);
             S->xlse = carve_f(c, A, Nr);
+            mtp_carve(m, c, S);   /* the MTP modules' (mtp_depth > 0) */
         }
         for (int l = m->l0; l < m->l1; l++) {
             struct mt_layer dummy;
@@ -565,7 +599,7 @@ static void model_layout(struct mt_model *m, struct mt_carver *c)
             int kind = mt_blocks_layer_kind(&m->cfg, l);
             ly->x_in = carve_f(c, A, Nr * D);
             if (m->recompute) share_block(ly, &blk[kind]);
-            else carve_block(m, c, ly, kind);
+            else model_carve_block(m, c, ly, kind);
         }
     }
 
@@ -612,6 +646,12 @@ static void model_layout(struct mt_model *m, struct mt_carver *c)
     }
     carve_piece_scratch(m, c, 1);   /* ffns */
     m->h_losses = carve_f(c, O, Nr);
+    if (m->last && m->mtp_depth > 0) {
+        m->mtp_dsave = carve_f(c, W, Nr * D);
+        m->mtp_carry = carve_f(c, W, Nr * D);
+        m->mtp_tmp = carve_f(c, W, Nr * D);
+        m->mtp_host = carve_i(c, O, 2 * Nr);
+    }
     model_redo_carve(m, c);         /* ReDo's score accumulators (redo_every > 0 only) */
 }
 
@@ -761,12 +801,13 @@ static void bind_lora(struct mt_model *m)
 
 /* Point each layer's weight fields at its registry entries: the same walk
  * as build_params, with a visitor that binds instead of building. */
-static void bind_layer_params(struct mt_model *m, struct mt_layer *layers)
+static void bind_layer_params(struct mt_model *m, struct mt_slot *S)
 {
+    struct mt_layer *layers = S->layers;
     struct mt_param *p = m->params;
     struct mt_block_shape shape;
     model_shape(m, &shape);
-    struct spec_walk w = { m, NULL, NULL, 0, 0, NULL, 0, p };
+    struct spec_walk w = { m, NULL, NULL, 0, 0, NULL, 0, p, NULL };
     m->wte = m->first ? &p[w.n++] : NULL;
     for (int l = m->l0; l < m->l1; l++) {
         layers[l].kind = mt_blocks_layer_kind(&m->cfg, l);
@@ -778,6 +819,21 @@ static void bind_layer_params(struct mt_model *m, struct mt_layer *layers)
     }
     m->norm_f = m->last ? &p[w.n++] : NULL;
     m->lm_head = m->last ? &p[w.n++] : NULL;
+    /* MTP (last stage): each module's gains and eh_proj, then its block (mtp_walk's order) */
+    for (int k = 0; m->last && k < m->mtp_depth; k++) {
+        struct mt_mtp_params *mp = &m->mtp_p[k];
+        mp->enorm = &p[w.n++];
+        mp->hnorm = &p[w.n++];
+        mp->norm = &p[w.n++];
+        mp->eh = &p[w.n++];
+        struct mt_layer *ly = &S->mtp[k].ly;
+        ly->kind = m->mtp_kind;
+        ly->moe = 0;
+        ly->index = -1;
+        w.ly = ly;
+        for (w.step = 0; w.step < mt_blocks_kind(m->mtp_kind)->n_steps; w.step++)
+            mt_blocks_kind_step_params(&m->cfg, &shape, m->mtp_kind, w.step, spec_bind, &w);
+    }
     MT_ASSERT(w.n == m->n_params);
 }
 
@@ -817,6 +873,7 @@ enum mt_status mt_model_create_par(struct mt_ctx *ctx, const struct mt_ops_i *op
     MT_CHECK_GOTO(mt_head.loss_register(ctx, m, 0), rc, fail);
     moe_loss_register(m);
     MT_CHECK_GOTO(mt_head.loss_register(ctx, m, 1), rc, fail);
+    mtp_loss_register(m);
 
     struct param_sink s = { NULL, 0, 0 };
     build_params(m, sink_param, &s);
@@ -843,7 +900,7 @@ enum mt_status mt_model_create_par(struct mt_ctx *ctx, const struct mt_ops_i *op
     s.n = 0;
     build_params(m, sink_param, &s);
     bind_lora(m);
-    for (int k = 0; k < m->n_slots; k++) bind_layer_params(m, m->slots[k].layers);
+    for (int k = 0; k < m->n_slots; k++) bind_layer_params(m, &m->slots[k]);
 
     /* pass 1: sizes; pass 2: carve from the arenas */
     struct mt_carver c;
@@ -1100,7 +1157,7 @@ double mt_model_flops_per_token(const struct mt_config *cfg)
     model_dims(&m, cfg, 1);
     struct mt_block_shape shape;
     model_shape(&m, &shape);
-    double mm = mt_head.mm_per_token(m.V, m.D), extra = 0;
+    double mm = mt_head.mm_per_token(m.V, m.D), extra = mtp_flops_per_token(cfg, &shape);
     for (int l = 0; l < m.L; l++) {
         mm += mt_blocks_layer_mm(cfg, &shape, l);
         extra += mt_blocks_layer_extra(cfg, &shape, l);
@@ -1192,7 +1249,7 @@ size_t model_decode_floats(struct mt_model *m, int kind, int t_max)
 
 /* Backward of one block: dx holds d x_out; on return d x_in (its steps in
  * reverse, each turning d s_{i+1} into d s_i). */
-static enum mt_status model_block_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly)
+enum mt_status model_block_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly)
 {
     const struct mt_block_kind *k = mt_blocks_kind(ly->kind);
     struct mt_piece_ctx pc;
@@ -1237,8 +1294,10 @@ static void moe_loss_sums(struct mt_model *m, double *sum)
 }
 
 /* The global count a part's sums are divided by (mt_model.h). */
-static double loss_count(const struct mt_loss_norm *norm, enum mt_loss_reduce r)
+static double loss_count(const struct mt_loss_norm *norm, const struct mt_loss_part *p)
 {
+    const enum mt_loss_reduce r = p->reduce;
+    if (r == MT_LOSS_PER_TARGET_AHEAD) return norm->n_tokens - (double)p->ahead * norm->n_sequences;
     return r == MT_LOSS_PER_SEQUENCE ? norm->n_sequences : r == MT_LOSS_PER_TOKEN ? norm->n_tokens : norm->n_targets;
 }
 
@@ -1249,7 +1308,7 @@ const struct mt_loss_part *mt_model_loss_parts(const struct mt_model *m, int *n)
 }
 
 /* Arguments of a training forward over the microbatch's B x T rows. */
-static struct mt_piece_fwd train_fwd(const struct mt_model *m, float *x_out, int want_loss)
+struct mt_piece_fwd model_train_fwd(const struct mt_model *m, float *x_out, int want_loss)
 {
     struct mt_piece_fwd a;
     memset(&a, 0, sizeof a);
@@ -1285,6 +1344,7 @@ void mt_model_set_slot(struct mt_model *m, int k)
     m->losses = S->losses;
     m->xlse = S->xlse;
     m->layers = S->layers;
+    m->mtp = m->slots[k].mtp;
     m->norm = S->norm;
     m->have_fwd = S->have_fwd;
     m->have_targets = S->have_targets;
@@ -1334,6 +1394,7 @@ enum mt_status mt_model_forward_stage(struct mt_ctx *ctx, struct mt_model *m, co
         MT_CHECK(hook(ctx, m, m->hooks.pre_forward, 0));
         bf16_refresh(m, 0);
         ops->embed_forward(ops->be, m->layers[m->l0].x_in, m->idx + r0, m->wte->data, m->Nr, m->D);
+        if (targets && m->mtp_depth > 0) mtp_embed_forward(m, targets);   /* read wte in its unit */
     } else {
         ops->copy(ops->be, m->layers[m->l0].x_in, x_in, (size_t)m->Nr * m->D * sizeof(float));
     }
@@ -1343,7 +1404,7 @@ enum mt_status mt_model_forward_stage(struct mt_ctx *ctx, struct mt_model *m, co
         float *x_out = l + 1 < m->l1 ? m->layers[l + 1].x_in : m->x_final;
         MT_CHECK(hook(ctx, m, m->hooks.pre_forward, 1 + l));
         bf16_refresh(m, 1 + l);
-        struct mt_piece_fwd a = train_fwd(m, x_out, targets != NULL);
+        struct mt_piece_fwd a = model_train_fwd(m, x_out, targets != NULL);
         MT_CHECK(model_block_forward(ctx, m, ly, &a));
         sum[MT_LOSS_AUX] += a.aux;
         sum[MT_LOSS_Z] += a.z;
@@ -1359,12 +1420,13 @@ enum mt_status mt_model_forward_stage(struct mt_ctx *ctx, struct mt_model *m, co
         MT_CHECK(hook(ctx, m, m->hooks.pre_forward, m->L + 1));
         bf16_refresh(m, m->L + 1);
         mt_head.forward(m, m->Nr, targets != NULL, sum);
+        if (targets && m->mtp_depth > 0) MT_CHECK(mtp_forward(ctx, m, sum));
     }
     if (targets) {
         m->norm = *norm;
         if (out)
             for (int k = 0; k < m->n_loss; k++) {
-                const double c = loss_count(norm, m->loss[k].reduce);
+                const double c = loss_count(norm, &m->loss[k]);
                 out->v[k] = c > 0 ? sum[k] / c : 0.0;
             }
     }
@@ -1381,7 +1443,7 @@ enum mt_status mt_model_forward_stage(struct mt_ctx *ctx, struct mt_model *m, co
  * histogram is not counted twice: what the recompute added is taken back. */
 static enum mt_status block_recompute(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly, int l)
 {
-    struct mt_piece_fwd a = train_fwd(m, m->dh, 1);
+    struct mt_piece_fwd a = model_train_fwd(m, m->dh, 1);
     MT_CHECK(model_block_forward(ctx, m, ly, &a));
     const struct mt_block_kind *k = mt_blocks_kind(ly->kind);
     struct mt_piece_ctx pc;
@@ -1412,6 +1474,7 @@ enum mt_status mt_model_backward_stage(struct mt_ctx *ctx, struct mt_model *m, c
     if (m->last) {
         MT_CHECK(hook(ctx, m, m->hooks.pre_backward, m->L + 1));
         mt_head.backward(m);                        /* dx = d x_final */
+        if (m->mtp_depth > 0) MT_CHECK(mtp_backward(ctx, m));   /* dx += the modules' d h^0 */
         MT_CHECK(hook(ctx, m, m->hooks.post_backward, m->L + 1));
     } else {
         ops->copy(ops->be, m->dx, dy_out, (size_t)m->Nr * D * sizeof(float));
@@ -1427,6 +1490,7 @@ enum mt_status mt_model_backward_stage(struct mt_ctx *ctx, struct mt_model *m, c
         MT_CHECK(hook(ctx, m, m->hooks.pre_backward, 0));
         if (!m->wte->frozen)   /* LoRA: the frozen embedding needs no gradient */
             ops->embed_backward(ops->be, m->wte->grad, m->dx, m->idx + (m->sp ? m->row0 : 0), m->Nr, D, m->V);
+        if (!m->wte->frozen && m->mtp_depth > 0) mtp_embed_backward(m);
         MT_CHECK(hook(ctx, m, m->hooks.post_backward, 0));
     }
     return MT_OK;
@@ -1452,7 +1516,7 @@ double mt_model_stage_flops(const struct mt_config *cfg, int layer0, int layer1)
     model_dims(&m, cfg, 1);
     double f = 0;
     for (int l = layer0; l < layer1; l++) f += block_flops(&m, l);
-    if (layer1 == m.L) f += 6.0 * mt_head.mm_per_token(m.V, m.D);
+    if (layer1 == m.L) f += mt_model_head_flops(cfg);
     return f;
 }
 
@@ -1469,5 +1533,7 @@ double mt_model_head_flops(const struct mt_config *cfg)
     struct mt_model m;
     memset(&m, 0, sizeof m);
     model_dims(&m, cfg, 1);
-    return 6.0 * mt_head.mm_per_token(m.V, m.D);
+    struct mt_block_shape shape;
+    model_shape(&m, &shape);
+    return 6.0 * mt_head.mm_per_token(m.V, m.D) + mtp_flops_per_token(cfg, &shape);   /* MTP: on the last stage */
 }

@@ -92,6 +92,20 @@ enum { MT_PIECE_MIXER = 0, MT_PIECE_FFN = 1 };
  * size per distinct piece; each piece asserts its struct fits). */
 #define PIECE_OWN_MAX 512
 
+/* One MTP module's saved activations in a slot (mtp.c; the module's block
+ * is a layer of its own kind, carved like a main block). Rows: this rank's
+ * Nr (under SP its block of the microbatch). */
+struct mt_mtp_slot {
+    struct mt_layer ly;          /* the block: x_in = h' (Nr, D), its internals    */
+    int32_t *emb_idx, *tgt;      /* (Nr) tgt[i+k-1] (0 where none), tgt[i+k] (-1 where none) */
+    float   *e_raw, *de_raw;     /* (Nr, D) wte rows of emb_idx; d of them (the embedding's backward) */
+    float   *hn, *hrstd;         /* (Nr, D) rmsnorm(h^{k-1}) * hnorm; (Nr) its rstd */
+    float   *en, *erstd;         /* (Nr, D) rmsnorm(e_raw) * enorm; (Nr)            */
+    float   *out;                /* (Nr, D) h^k, the block's output                 */
+    float   *on, *orstd;         /* (Nr, D) rmsnorm(h^k) * norm; (Nr)               */
+    float   *logits, *losses, *xlse;   /* (Nr, V) logits, then dlogits; (Nr); (Nr) */
+};
+
 /* One microbatch's saved activations (pipeline slots); the model's "current"
  * fields (idx ... xlse, layers, norm, have_*) are copied from the selected slot. */
 #define MT_MAX_SLOTS 64
@@ -101,6 +115,7 @@ struct mt_slot {
     mt_bf16 *h_final_bf16;     /* precision=bf16: bf16(h_final), the lm head's GEMM operand */
     mt_bf16 *dlogits_bf16;     /* precision=bf16: bf16(dlogits), the lm head backward's dy operand */
     struct mt_layer *layers;   /* (L), only [l0, l1) carved */
+    struct mt_mtp_slot mtp[MT_MTP_MAX_DEPTH];   /* the MTP modules' (mtp_depth > 0, last stage) */
     struct mt_loss_norm norm;
     int have_fwd, have_targets;
 };
@@ -202,6 +217,14 @@ struct mt_model {
      * (model_redo_local); redo_armed: the backward passes add into them */
     int64_t            *redo_acc;
     int                 redo_armed;
+    /* MTP (mtp.c, SPEC 1e): Dm modules on the last stage (0: off); their
+     * parameters (bound after the head's) and the current slot's buffers;
+     * loss part of module k: loss_mtp0 + k - 1 */
+    int                 mtp_depth, mtp_kind, loss_mtp0;
+    struct mt_mtp_params { struct mt_param *enorm, *hnorm, *norm, *eh; } mtp_p[MT_MTP_MAX_DEPTH];
+    struct mt_mtp_slot *mtp;
+    float              *mtp_dsave, *mtp_carry, *mtp_tmp;   /* (Nr, D) WORKSPACE: the backward's */
+    int32_t            *mtp_host;                          /* (2 Nr) host: the rows' shifted ids */
 };
 
 /* ---- carving (model_layout and the pieces' carve functions) ---- */
@@ -431,6 +454,28 @@ struct mt_head_piece {
     void   (*backward)(struct mt_model *m);
 };
 extern const struct mt_head_piece mt_head;
+
+/* ---- mtp.c: the MTP modules (SPEC 1e, docs/model.md "MTP") ----
+ * Parameters after the head's (registry order; the head's ZeRO unit):
+ * module k's model.mtp.{k-1}.{enorm,hnorm,norm,eh_proj}.weight
+ * (mtp_module_params, full names), then its block's, named
+ * model.mtp.{k-1}.block.<suffix> (model.c walks the kind's steps). */
+void   mtp_module_params(const struct mt_model *m, int k, mt_pspec_fn fn, void *user);
+void   mtp_loss_register(struct mt_model *m);
+void   mtp_carve(struct mt_model *m, struct mt_carver *c, struct mt_slot *S);
+/* forward, first stage (wte valid: its ZeRO unit): the modules' embedding rows */
+void   mtp_embed_forward(struct mt_model *m, const int32_t *targets_host);
+/* forward, after the head: h' , the blocks, the logits and sum[part] += CE sums */
+enum mt_status mtp_forward(struct mt_ctx *ctx, struct mt_model *m, double *sum);
+/* backward, after the head's (dx = d x_final): dx += the modules' d h^0 */
+enum mt_status mtp_backward(struct mt_ctx *ctx, struct mt_model *m);
+/* backward, first stage: dwte += the modules' embedding rows' gradients */
+void   mtp_embed_backward(struct mt_model *m);
+double mtp_flops_per_token(const struct mt_config *cfg, const struct mt_block_shape *s);
+/* model.c's block calls, for the modules' blocks */
+enum mt_status model_block_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly);
+void model_carve_block(struct mt_model *m, struct mt_carver *c, struct mt_layer *ly, int kind);
+struct mt_piece_fwd model_train_fwd(const struct mt_model *m, float *x_out, int want_loss);
 
 /* The loss-part registry (mt_model.h): each piece that computes loss parts
  * appends them with model_loss_add (head.c; returns the part's index), in

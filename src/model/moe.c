@@ -494,9 +494,9 @@ static enum mt_status moe_piece_forward(struct mt_ctx *ctx, const struct mt_piec
 void moe_loss_register(struct mt_model *m)
 {
     const int a = model_loss_add(m, &(struct mt_loss_part){"aux", "moe router", m->cfg.aux_loss_coef,
-                                                            MT_LOSS_PER_SEQUENCE, m->any_moe});
+                                                            MT_LOSS_PER_SEQUENCE, m->any_moe, 0});
     const int z = model_loss_add(m, &(struct mt_loss_part){"z", "moe router", m->cfg.z_loss_coef,
-                                                            MT_LOSS_PER_TOKEN, m->any_moe});
+                                                            MT_LOSS_PER_TOKEN, m->any_moe, 0});
     MT_ASSERT(a == MT_LOSS_AUX && z == MT_LOSS_Z);
     (void)a;
     (void)z;

@@ -347,6 +347,8 @@ int mt_blocks_piece_index(const struct mt_piece *p);
 int mt_blocks_count(void);
 /* 1: kind `index` has a Hugging Face equivalent (export). */
 int mt_blocks_kind_hf(int index);
+/* 1: kind `index` has routed experts (the table's `routed`). */
+int mt_blocks_kind_routed(int index);
 /* "A, E": the letters of the table into buf (len >= 4 * MT_MAX_BLOCK_KINDS
  * holds them all), for error messages; returns buf. */
 const char *mt_blocks_letters(char *buf, size_t len);
@@ -386,6 +388,11 @@ void mt_blocks_layer_params(const struct mt_config *cfg, const struct mt_block_s
                             void *user);
 void mt_blocks_layer_step_params(const struct mt_config *cfg, const struct mt_block_shape *s, int l, int step,
                                  mt_pspec_fn fn, void *user);
+/* The same for a block of kind `kind` outside the pattern (an MTP module's block). */
+void mt_blocks_kind_step_params(const struct mt_config *cfg, const struct mt_block_shape *s, int kind, int step,
+                                mt_pspec_fn fn, void *user);
+/* FLOPs per token of one block of kind `kind` (6 x matmul params + extra). */
+double mt_blocks_kind_flops(const struct mt_block_shape *s, int kind);
 
 /* Training FLOPs per token of block l: 6 x matmul params active + extra. */
 double mt_blocks_layer_flops(const struct mt_config *cfg, const struct mt_block_shape *s, int l);

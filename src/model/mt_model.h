@@ -59,6 +59,8 @@ enum mt_loss_reduce {
     MT_LOSS_PER_TARGET = 0,  /* / norm->n_targets   */
     MT_LOSS_PER_SEQUENCE,    /* / norm->n_sequences */
     MT_LOSS_PER_TOKEN,       /* / norm->n_tokens    */
+    MT_LOSS_PER_TARGET_AHEAD, /* / (n_tokens - ahead * n_sequences): the rows with a target `ahead`
+                               * more tokens on (MTP module k, ahead = k; every training target is valid) */
 };
 
 #define MT_LOSS_MAX_PARTS 8
@@ -71,6 +73,7 @@ struct mt_loss_part {
     double              weight;   /* its coefficient (already inside the value; 1 for lm)        */
     enum mt_loss_reduce reduce;   /* how a microbatch's sum is normalised                        */
     int                 backward; /* 1: its gradient enters the backward (0: reported only)      */
+    int                 ahead;    /* MT_LOSS_PER_TARGET_AHEAD: how many tokens further (MTP's k)  */
 };
 
 struct mt_loss_parts {
@@ -81,7 +84,8 @@ struct mt_loss_parts {
 /* "targets", "sequences", "tokens": what the receipt says a part is divided by. */
 static inline const char *mt_loss_reduce_name(enum mt_loss_reduce r)
 {
-    return r == MT_LOSS_PER_SEQUENCE ? "sequences" : r == MT_LOSS_PER_TOKEN ? "tokens" : "targets";
+    return r == MT_LOSS_PER_SEQUENCE ? "sequences" : r == MT_LOSS_PER_TOKEN ? "tokens"
+           : r == MT_LOSS_PER_TARGET_AHEAD ? "targets k ahead" : "targets";
 }
 
 /* The loss: the parts' sum, added in registration order (lm + aux + z + ...:
