@@ -5,7 +5,8 @@
 # must equal `meshtrain logits` (logits after softcap, lm/aux/z terms) for a
 # dense model, a MoE with a shared expert and softcap (exported with
 # --allow-lossy: HF cannot run it, the reference can), a plain MoE and a
-# hybrid with Mamba-3 blocks (MeshtrainHybrid, from its export alone). Then
+# hybrid with Mamba-3 blocks (MeshtrainHybrid, from its export alone), MTP
+# models (the mtp_k losses; modules of kind A and M). Then
 # the aux and z terms against values computed by hand for a fixed routing
 # (zero router: uniform probabilities, experts 0..k-1). No transformers needed;
 # numpy is (skipped, exit 77, without it).
@@ -46,6 +47,23 @@ roundtrip moe_null "--allow-lossy" $MOE --set n_null_experts=3 --set top_k=3
 # through tests/mamba3_ref.py; 2 groups, chunk 8 (does not divide the 20 ids)
 roundtrip hybrid "" --set n_layer=4 --set pattern=MEAM --set n_experts=4 --set top_k=2 --set expert_hidden=16 \
     --set mamba_d_state=8 --set mamba_headdim=16 --set mamba_ngroups=2 --set mamba_chunk=8 --set logit_softcap=2
+
+# MTP (SPEC 1e): 2 modules of kind A (dense) and one of kind M (hybrid), exported with --allow-lossy
+# (transformers has no MTP); the reference computes each mtp_k loss from the export alone
+roundtrip mtp "--allow-lossy" --set mtp_depth=2 --set mtp_loss_coef=0.4
+roundtrip mtp_hybrid "--allow-lossy" --set n_layer=2 --set pattern=MA --set mamba_d_state=8 --set mamba_headdim=16 \
+    --set mamba_chunk=8 --set mtp_depth=1 --set mtp_block=M
+$MT export --ckpt "$W/mtp" --out "$W/refused_mtp" >/dev/null 2>"$W/err"; rc=$?
+[ $rc = 2 ] && [ "$(wc -l <"$W/err")" = 1 ] && grep -q "MTP modules (mtp_depth 2" "$W/err" && [ ! -e "$W/refused_mtp" ] &&
+    ok "MTP: export refused without --allow-lossy: $(cat "$W/err")" || bad "MTP export not refused (rc $rc: $(cat "$W/err"))"
+if [ -d "$W/mtp.hf" ] && python3 -c "import json,sys; c=json.load(open(sys.argv[1])); \
+assert c['meshtrain_mtp_depth']==2 and c['meshtrain_mtp_block']=='A' and abs(c['meshtrain_mtp_loss_coef']-0.4)<1e-6 \
+and 'meshtrain_mtp_note' in c, c" "$W/mtp.hf/config.json" &&
+   $MT import --hf "$W/mtp.hf" --out "$W/mtp.imp" >/dev/null 2>"$W/err" &&
+   $MT logits --ckpt "$W/mtp.imp" --ids "$IDS" --out "$W/mtp.imp.logits" >/dev/null 2>>"$W/err" &&
+   cmp -s "$W/mtp.logits" "$W/mtp.imp.logits"; then
+    ok "MTP: config.json keeps meshtrain_mtp_*; import reads them back (logits and mtp losses bit-identical)"
+else bad "MTP: export keys / import round trip ($(cat "$W/err"))"; fi
 
 # the lossy model is refused without --allow-lossy, naming both features, writing nothing
 $MT export --ckpt "$W/moe_shared_softcap" --out "$W/refused" >/dev/null 2>"$W/err"; rc=$?

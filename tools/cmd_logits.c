@@ -6,7 +6,8 @@
  * backend with the cpu one (--backend: the same checkpoint, the same
  * forward; tests/test_cuda_build.sh, bench/gpu.sh stage hf).
  *
- * Output tensors (F32): "logits" (n, V); "lm_loss", "aux_loss", "z_loss" (1):
+ * Output tensors (F32): "logits" (n, V); "lm_loss", "aux_loss", "z_loss" (1),
+ * then "<part>_loss" of the model's extra loss parts (MTP: "mtp_1_loss", ...):
  * the forward's terms for the one sequence with targets ids[t+1] (the last
  * position has none), i.e. lm = mean CE over n-1 targets, aux and z summed
  * over MoE layers (per-sequence aux, z averaged over the n tokens).
@@ -140,20 +141,29 @@ int mt_cmd_logits(int argc, char **argv)
         const float c = cfg.logit_softcap;
         for (size_t k = 0; k < (size_t)n * V; k++) logits[k] = c * tanhf(logits[k] / c);
     }
-    float lm = (float)parts.v[MT_LOSS_LM], aux = (float)parts.v[MT_LOSS_AUX], z = (float)parts.v[MT_LOSS_Z];
-    struct mt_st_tensor t[4];
+    /* "<part>_loss" per loss part after the logits: lm, aux, z, then the
+     * model's extras (an MTP model's mtp_1_loss, ...) */
+    int n_part;
+    const struct mt_loss_part *lp = mt_model_loss_parts(m, &n_part);
+    float pv[MT_LOSS_MAX_PARTS];
+    struct mt_st_tensor t[1 + MT_LOSS_MAX_PARTS];
     memset(t, 0, sizeof t);
-    const char *names[4] = {"logits", "lm_loss", "aux_loss", "z_loss"};
-    const float *data[4] = {logits, &lm, &aux, &z};
-    for (int k = 0; k < 4; k++) {
-        snprintf(t[k].name, sizeof t[k].name, "%s", names[k]);
-        t[k].dtype = MT_ST_F32;
-        t[k].data = data[k];
-        t[k].ndim = k == 0 ? 2 : 1;
-        t[k].shape[0] = k == 0 ? n : 1;
-        t[k].shape[1] = k == 0 ? (int64_t)V : 0;
+    snprintf(t[0].name, sizeof t[0].name, "logits");
+    t[0].dtype = MT_ST_F32;
+    t[0].data = logits;
+    t[0].ndim = 2;
+    t[0].shape[0] = n;
+    t[0].shape[1] = (int64_t)V;
+    for (int k = 0; k < n_part; k++) {
+        pv[k] = (float)parts.v[k];
+        snprintf(t[1 + k].name, sizeof t[1 + k].name, "%s_loss", lp[k].name);
+        t[1 + k].dtype = MT_ST_F32;
+        t[1 + k].data = &pv[k];
+        t[1 + k].ndim = 1;
+        t[1 + k].shape[0] = 1;
     }
-    MT_CHECK_GOTO(mt_safetensors_write(&ctx, out, t, 4), rc, done);
+    const float lm = pv[MT_LOSS_LM], aux = pv[MT_LOSS_AUX], z = pv[MT_LOSS_Z];
+    MT_CHECK_GOTO(mt_safetensors_write(&ctx, out, t, 1 + n_part), rc, done);
     printf("logits (%d, %zu) of %s -> %s: lm_loss %.7g aux_loss %.7g z_loss %.7g\n", n, V, dir, out, (double)lm,
            (double)aux, (double)z);
 

@@ -461,6 +461,14 @@ int mt_export_hf_lossy(const struct mt_config *c, char *what, size_t what_len)
               "%d rows, transformers cannot load it)", c->n_null_experts, c->n_null_experts);
         n++;
     }
+    if (c->mtp_depth > 0) {
+        /* SPEC 1e: transformers' Qwen3 has no MTP modules; their tensors stay
+         * in the folder (model.mtp.*, which transformers ignores with a
+         * warning) and meshtrain_mtp_* say what they are (docs/export.md) */
+        warnf(what, what_len, "MTP modules (mtp_depth %d: Qwen3 has none; model.mtp.* are kept for meshtrain import, "
+              "transformers ignores them)", c->mtp_depth);
+        n++;
+    }
     return n;
 }
 
@@ -545,6 +553,16 @@ char *mt_export_hf_config(const struct mt_config *c, int bos_token_id)
     }
     cJSON_AddNumberToObject(o, "meshtrain_z_loss_coef", fnum(c->z_loss_coef));
     cJSON_AddNumberToObject(o, "meshtrain_logit_softcap", fnum(c->logit_softcap));
+    if (c->mtp_depth > 0) {   /* SPEC 1e: keys transformers ignores, and what they mean */
+        cJSON_AddNumberToObject(o, "meshtrain_mtp_depth", c->mtp_depth);
+        cJSON_AddNumberToObject(o, "meshtrain_mtp_loss_coef", fnum(c->mtp_loss_coef));
+        cJSON_AddStringToObject(o, "meshtrain_mtp_block", c->mtp_block);
+        cJSON_AddStringToObject(o, "meshtrain_mtp_note",
+                                "multi-token prediction modules (DeepSeek-V3 style), training only: module k has "
+                                "model.mtp.{k-1}.{enorm,hnorm,norm,eh_proj}.weight and a block of kind "
+                                "meshtrain_mtp_block named model.mtp.{k-1}.block.*; embed_tokens and lm_head are "
+                                "shared. transformers ignores them; meshtrain import reads them back");
+    }
     cJSON_AddNumberToObject(o, "meshtrain_export", 1);
     char *s = cJSON_Print(o);
     cJSON_Delete(o);
@@ -663,9 +681,19 @@ enum mt_status mt_export_hf_config_parse(struct mt_ctx *ctx, const char *json_te
     cfg->logit_softcap = 0.0f;
     cfg->shared_expert_hidden = 0;
     cfg->n_null_experts = 0;
+    cfg->mtp_depth = 0;
     if (get_float(o, "meshtrain_logit_softcap", &cfg->logit_softcap) || cfg->logit_softcap < 0) bad = "meshtrain_logit_softcap";
+    else if (get_int(o, "meshtrain_mtp_depth", &cfg->mtp_depth, 0) || cfg->mtp_depth < 0 ||
+             cfg->mtp_depth > MT_MTP_MAX_DEPTH) bad = "meshtrain_mtp_depth";
+    else if (get_float(o, "meshtrain_mtp_loss_coef", &cfg->mtp_loss_coef) || cfg->mtp_loss_coef < 0)
+        bad = "meshtrain_mtp_loss_coef";
     else if (get_float(o, "meshtrain_z_loss_coef", &cfg->z_loss_coef) || cfg->z_loss_coef < 0) bad = "meshtrain_z_loss_coef";
     else if (get_float(o, "meshtrain_aux_loss_coef", &cfg->aux_loss_coef) || cfg->aux_loss_coef < 0) bad = "meshtrain_aux_loss_coef";
+    const cJSON *mb = cJSON_GetObjectItemCaseSensitive(o, "meshtrain_mtp_block");
+    if (!bad && mb && !cJSON_IsNull(mb)) {
+        if (!cJSON_IsString(mb) || strlen(mb->valuestring) != 1) bad = "meshtrain_mtp_block";
+        else snprintf(cfg->mtp_block, sizeof cfg->mtp_block, "%s", mb->valuestring);
+    }
     if (bad) { rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "config.json: bad %s", bad); goto done; }
 
     /* layer pattern: HF Qwen3-MoE makes layer l sparse iff l is not in

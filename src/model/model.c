@@ -1297,7 +1297,7 @@ static void moe_loss_sums(struct mt_model *m, double *sum)
 static double loss_count(const struct mt_loss_norm *norm, const struct mt_loss_part *p)
 {
     const enum mt_loss_reduce r = p->reduce;
-    if (r == MT_LOSS_PER_TARGET_AHEAD) return norm->n_tokens - (double)p->ahead * norm->n_sequences;
+    if (r == MT_LOSS_PER_TARGET_AHEAD) return norm->n_targets - (double)p->ahead * norm->n_sequences;
     return r == MT_LOSS_PER_SEQUENCE ? norm->n_sequences : r == MT_LOSS_PER_TOKEN ? norm->n_tokens : norm->n_targets;
 }
 

@@ -59,8 +59,9 @@ enum mt_loss_reduce {
     MT_LOSS_PER_TARGET = 0,  /* / norm->n_targets   */
     MT_LOSS_PER_SEQUENCE,    /* / norm->n_sequences */
     MT_LOSS_PER_TOKEN,       /* / norm->n_tokens    */
-    MT_LOSS_PER_TARGET_AHEAD, /* / (n_tokens - ahead * n_sequences): the rows with a target `ahead`
-                               * more tokens on (MTP module k, ahead = k; every training target is valid) */
+    MT_LOSS_PER_TARGET_AHEAD, /* / (n_targets - ahead * n_sequences): the rows with a target `ahead`
+                               * more tokens on (MTP module k, ahead = k); exact when ignored targets are
+                               * at most a suffix of each sequence (none in training) */
 };
 
 #define MT_LOSS_MAX_PARTS 8

@@ -13,7 +13,9 @@
  *     on  = rmsnorm(h^k) * norm;  z = on Wlm^T;  CE_i = lse(z_i) - z_i[tgt[i+k]]
  *     L_k = sum of CE over rows with t+k < T (and tgt[i+k] != -1) / their global count
  * The loss part "mtp_k" is (lambda/Dm) L_k (its weight inside its value, as
- * every part), reduced per target k ahead: n_tokens - k n_sequences.
+ * every part), reduced per target k ahead: n_targets - k n_sequences (exact
+ * when the ignored targets are at most a suffix of each sequence: none in
+ * training, the last one in `meshtrain logits`).
  *
  * Backward, k = Dm..1 (carry = d h^k from module k+1):
  *     dz = dscale (softmax - onehot) (xent_backward, in place);  dWlm += dz^T on;
@@ -107,7 +109,7 @@ void mtp_embed_forward(struct mt_model *m, const int32_t *targets)
  * global rows with a target k ahead; 1/count scaled by the part's weight. */
 static float mtp_dscale(const struct mt_model *m, int k)
 {
-    const double c = m->norm.n_tokens - (double)k * m->norm.n_sequences;
+    const double c = m->norm.n_targets - (double)k * m->norm.n_sequences;
     return c > 0 ? (float)(m->loss[m->loss_mtp0 + k - 1].weight / c) : 0.0f;
 }
 

@@ -9,7 +9,8 @@ layouts and config keys at once.
 
     ref_forward.py compare HF_DIR MT_LOGITS.safetensors IDS [--atol 1e-5]
         forward over IDS (comma separated) and compare with `meshtrain logits`
-        output: logits (after softcap), lm_loss, aux_loss, z_loss.
+        output: logits (after softcap), lm_loss, aux_loss, z_loss, and an MTP
+        model's mtp_k_loss (meshtrain_mtp_depth, SPEC 1e).
     ref_forward.py uniform HF_DIR MT_LOGITS.safetensors
         the hand-computed case: every router weight is zero, so every token
         routes to experts 0..k-1 (ties go to the lower index), f = 1/k on
@@ -96,14 +97,72 @@ def mamba_mixer(cfg, W, p, h):
     return mamba3_ref.mixer(h, w, D, H, P, G, N, 1, h.shape[0])
 
 
-def forward(cfg, W, ids):
-    """Returns logits (T, V) after softcap, and (lm, aux, z) as meshtrain defines them."""
-    ids = np.asarray(ids)
-    T = len(ids)
+def attention(cfg, W, p, h):
+    """Causal GQA attention with QK-norm and RoPE over the rows of h (T, D); p the layer's name prefix."""
+    T = h.shape[0]
     D, H = cfg["hidden_size"], cfg["num_attention_heads"]
     K = cfg.get("num_key_value_heads", H)
     hd = cfg.get("head_dim") or D // H
     eps, theta = float(cfg["rms_norm_eps"]), rope_theta(cfg)
+    mask = np.triu(np.full((T, T), -np.inf), 1)
+    q = (h @ W[p + "self_attn.q_proj.weight"].T).reshape(T, H, hd)
+    kk = (h @ W[p + "self_attn.k_proj.weight"].T).reshape(T, K, hd)
+    v = (h @ W[p + "self_attn.v_proj.weight"].T).reshape(T, K, hd)
+    q = rope(rmsnorm(q, W[p + "self_attn.q_norm.weight"], eps), theta)
+    kk = rope(rmsnorm(kk, W[p + "self_attn.k_norm.weight"], eps), theta)
+    y = np.empty((T, H, hd))
+    for j in range(H):                                                   # head j reads kv head j / (H/K)
+        kv = j // (H // K)
+        s = q[:, j, :] @ kk[:, kv, :].T / math.sqrt(hd) + mask
+        s = np.exp(s - s.max(axis=1, keepdims=True))
+        y[:, j, :] = (s / s.sum(axis=1, keepdims=True)) @ v[:, kv, :]
+    return y.reshape(T, H * hd) @ W[p + "self_attn.o_proj.weight"].T
+
+
+def ce_rows(logits, tgt):
+    """Cross-entropy per row of logits (T, V) against tgt (T,), -1 ignored: (sum, count)."""
+    m = logits.max(axis=1, keepdims=True)
+    lp = logits - m - np.log(np.exp(logits - m).sum(axis=1, keepdims=True))
+    ok = tgt >= 0
+    return -float(np.sum(lp[np.arange(len(tgt))[ok], tgt[ok]])), int(np.sum(ok))
+
+
+def mtp_losses(cfg, W, ids, h0):
+    """The MTP modules (SPEC 1e) on one sequence: [L_1, ..., L_Dm] as meshtrain reports them,
+    (mtp_loss_coef / Dm) * mean CE over the rows with a target k ahead. h0: the last block's
+    output before the final norm. Module blocks of kind A (attention + MLP) or M."""
+    Dm = cfg.get("meshtrain_mtp_depth", 0)
+    eps, cap = float(cfg["rms_norm_eps"]), float(cfg.get("meshtrain_logit_softcap", 0.0))
+    T, D = h0.shape
+    tgt = np.append(np.asarray(ids)[1:], -1)                            # tgt[i] = ids[i+1], the last none
+    out, h = [], h0
+    for k in range(1, Dm + 1):
+        p = f"model.mtp.{k - 1}."
+        e_ids = np.array([tgt[i + k - 1] if i + k - 1 < T and tgt[i + k - 1] >= 0 else 0 for i in range(T)])
+        t_k = np.array([tgt[i + k] if i + k < T and tgt[i + k - 1] >= 0 else -1 for i in range(T)])
+        hn = rmsnorm(h, W[p + "hnorm.weight"], eps)
+        en = rmsnorm(W["model.embed_tokens.weight"][e_ids], W[p + "enorm.weight"], eps)
+        x = np.concatenate([hn, en], axis=1) @ W[p + "eh_proj.weight"].T   # [h ; e] eh_proj^T
+        b = p + "block."
+        hb = rmsnorm(x, W[b + "input_layernorm.weight"], eps)
+        x = x + (mamba_mixer(cfg, W, b + "mixer.", hb) if cfg.get("meshtrain_mtp_block", "A") == "M"
+                 else attention(cfg, W, b, hb))
+        hb = rmsnorm(x, W[b + "post_attention_layernorm.weight"], eps)
+        x = x + swiglu(hb, W[b + "mlp.gate_proj.weight"], W[b + "mlp.up_proj.weight"], W[b + "mlp.down_proj.weight"])
+        logits = rmsnorm(x, W[p + "norm.weight"], eps) @ W["lm_head.weight"].T
+        if cap > 0:
+            logits = cap * np.tanh(logits / cap)
+        s, c = ce_rows(logits, t_k)
+        out.append(float(cfg["meshtrain_mtp_loss_coef"]) / Dm * s / c)
+        h = x
+    return out
+
+
+def forward(cfg, W, ids):
+    """Returns logits (T, V) after softcap, and (lm, aux, z, [mtp_1, ...]) as meshtrain defines them."""
+    ids = np.asarray(ids)
+    T = len(ids)
+    eps = float(cfg["rms_norm_eps"])
     L = cfg["num_hidden_layers"]
     # a MeshtrainHybrid export (docs/export.md) names each layer's kind in meshtrain_pattern
     pattern = cfg.get("meshtrain_pattern") if cfg["model_type"] == "meshtrain_hybrid" else None
@@ -118,7 +177,6 @@ def forward(cfg, W, ids):
     cap = float(cfg.get("meshtrain_logit_softcap", 0.0))
     aux = z = 0.0
     x = W["model.embed_tokens.weight"][ids]                              # (T, D)
-    mask = np.triu(np.full((T, T), -np.inf), 1)
     for l in range(L):
         p = f"model.layers.{l}."
         h = rmsnorm(x, W[p + "input_layernorm.weight"], eps)
@@ -127,18 +185,7 @@ def forward(cfg, W, ids):
             h = rmsnorm(x, W[p + "post_attention_layernorm.weight"], eps)
             x = x + swiglu(h, W[p + "mlp.gate_proj.weight"], W[p + "mlp.up_proj.weight"], W[p + "mlp.down_proj.weight"])
             continue
-        q = (h @ W[p + "self_attn.q_proj.weight"].T).reshape(T, H, hd)
-        kk = (h @ W[p + "self_attn.k_proj.weight"].T).reshape(T, K, hd)
-        v = (h @ W[p + "self_attn.v_proj.weight"].T).reshape(T, K, hd)
-        q = rope(rmsnorm(q, W[p + "self_attn.q_norm.weight"], eps), theta)
-        kk = rope(rmsnorm(kk, W[p + "self_attn.k_norm.weight"], eps), theta)
-        y = np.empty((T, H, hd))
-        for j in range(H):                                               # head j reads kv head j / (H/K)
-            kv = j // (H // K)
-            s = q[:, j, :] @ kk[:, kv, :].T / math.sqrt(hd) + mask
-            s = np.exp(s - s.max(axis=1, keepdims=True))
-            y[:, j, :] = (s / s.sum(axis=1, keepdims=True)) @ v[:, kv, :]
-        x = x + y.reshape(T, H * hd) @ W[p + "self_attn.o_proj.weight"].T
+        x = x + attention(cfg, W, p, h)
         h = rmsnorm(x, W[p + "post_attention_layernorm.weight"], eps)
         sparse = moe and E > 0 and l not in mlp_only and (l + 1) % step == 0
         if pattern is not None:
@@ -175,6 +222,7 @@ def forward(cfg, W, ids):
         f /= T * k                                                       # share of the T*k routing slots
         aux += aux_coef * (E + Z) * float(np.sum(f * prob.mean(axis=0)))
         z += z_coef * float(np.mean(lse ** 2))
+    mtp = mtp_losses(cfg, W, ids, x) if cfg.get("meshtrain_mtp_depth", 0) else []
     h = rmsnorm(x, W["model.norm.weight"], eps)
     logits = h @ W["lm_head.weight"].T
     if cap > 0:
@@ -182,7 +230,7 @@ def forward(cfg, W, ids):
     m = logits.max(axis=1, keepdims=True)
     lp = logits - m - np.log(np.exp(logits - m).sum(axis=1, keepdims=True))
     lm = -float(np.mean(lp[np.arange(T - 1), ids[1:]]))
-    return logits, (lm, aux, z)
+    return logits, (lm, aux, z) + tuple(mtp)
 
 
 def main():
@@ -197,7 +245,8 @@ def main():
         bad = []
         if not dl <= atol:
             bad.append(f"logits max |diff| {dl:.3g} > {atol}")
-        for name, r in zip(("lm_loss", "aux_loss", "z_loss"), terms):
+        names = ("lm_loss", "aux_loss", "z_loss") + tuple(f"mtp_{k}_loss" for k in range(1, len(terms) - 2))
+        for name, r in zip(names, terms):
             got = float(mt[name][0])
             d = abs(got - r)
             print(f"  {name}: meshtrain {got:.9g} reference {r:.9g} |diff| {d:.2g}")
