@@ -337,6 +337,10 @@ else
     null_ok=1
     run null_cpu fp32 $NULLX --set backend=cpu || null_ok=0
     run null_cuda fp32 $NULLX --set backend=cuda || null_ok=0
+    # MTP (SPEC 1e): 2 modules of kind A after the dense model
+    mtp_ok=1
+    run mtp_cpu fp32 $TINY --set mtp_depth=2 --set backend=cpu || mtp_ok=0
+    run mtp_cuda fp32 $TINY --set mtp_depth=2 --set backend=cuda || mtp_ok=0
     # cmp_losses REF RUN TOL [MIN]: RUN's receipt says backend cuda, 3 steps, and
     # its losses, lm_losses, aux_losses and z_losses are each within TOL
     # relative of REF's; with MIN, the total losses also differ by more than
@@ -400,6 +404,17 @@ print("   null slots cpu %d cuda %d (share %.3f)" % (ha["null_slots"], hb["null_
 PY
     then echo "PASS emulated train: 3 steps MoE with 2 null experts (top-3), backend=cuda lm/aux/z losses equal backend=cpu to 1e-5, the same null slots"
     else echo "FAIL: emulated train MoE with null experts cpu vs cuda"; fail=1; fi
+    if [ $mtp_ok -eq 1 ] && cmp_losses mtp_cpu mtp_cuda 1e-5 && python3 - "$EMU/run_mtp_cpu/receipt.json" \
+           "$EMU/run_mtp_cuda/receipt.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+for k in ("mtp_1_losses", "mtp_2_losses"):
+    d = max(abs(x - y) / abs(x) for x, y in zip(a[k], b[k]))
+    print("   %s cpu %s cuda %s max rel %.2e" % (k, a[k], b[k], d))
+    assert len(a[k]) == len(b[k]) == 3 and d <= 1e-5, k
+PY
+    then echo "PASS emulated train: 3 steps with 2 MTP modules, backend=cuda lm/mtp losses equal backend=cpu to 1e-5"
+    else echo "FAIL: emulated train MTP cpu vs cuda"; fail=1; fi
     if [ $run_ok -eq 1 ] && cmp_losses hyb_cpu hyb_cuda 1e-6; then
         echo "PASS emulated train: 3 steps hybrid (pattern=AM, Mamba-3 chunk 5 of seq 16: the chunked scan), backend=cuda losses equal backend=cpu to 1e-6"
     else echo "FAIL: emulated train hybrid cpu vs cuda"; fail=1; fi

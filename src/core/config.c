@@ -793,8 +793,6 @@ enum mt_status mt_config_resolve(struct mt_ctx *ctx, struct mt_config *cfg, int 
     RULE(cfg->mtp_depth == 0 || strcmp(cfg->recompute, "none") == 0,
          "mtp_depth=%d with recompute=%s is not supported yet: the modules keep their activations (recompute=none)",
          cfg->mtp_depth, cfg->recompute);
-    RULE(cfg->mtp_depth == 0 || strcmp(cfg->precision, "fp32") == 0,
-         "mtp_depth=%d with precision=%s is not supported yet (precision=fp32)", cfg->mtp_depth, cfg->precision);
     RULE(cfg->redo_every == 0 || cfg->lora_rank == 0,
          "redo_every=%d needs full training: LoRA freezes the SwiGLU weights it would recycle (lora_rank=%d)",
          cfg->redo_every, cfg->lora_rank);
