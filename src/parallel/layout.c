@@ -28,7 +28,19 @@ enum mt_layout_engine mt_layout_param_engine(const struct mt_param *p, const str
     return mt_layout_class_engine(param_class(p), d);
 }
 
-int mt_layout_n_engines(const struct mt_mesh_dims *d) { return d->ep > 1 ? 3 : (d->tp > 1 ? 2 : 1); }
+/* Derived from the classes, not listed per axis: one past the highest engine
+ * any layout class reaches on this mesh (engines are indexed by enum; one
+ * below it that no class reaches, PARTIAL under ep > 1 and tp = 1, is
+ * created empty). Gives 1, 2 (tp > 1) or 3 (ep > 1). */
+int mt_layout_n_engines(const struct mt_mesh_dims *d)
+{
+    int n = 1;
+    for (int l = 0; l < MT_LAYOUT_COUNT; l++) {
+        const int e = (int)mt_layout_class_engine((enum mt_layout)l, d);
+        if (e + 1 > n) n = e + 1;
+    }
+    return n;
+}
 
 enum mt_mesh_group mt_layout_engine_group(const struct mt_mesh_dims *d, enum mt_layout_engine e)
 {

@@ -1,10 +1,11 @@
 /*
  * mt_axis.h — the model (TP / SP) and expert (EP) axes as the layers use
  * them: the handle a piece holds for each axis, the collectives it issues
- * through it, and their accounting. The layers never call mt_comm.h
- * themselves; these wrappers are where a model-axis or expert-axis
- * collective lives (tp_axis.c, ep_axis.c), next to the mesh that made the
- * groups.
+ * through it, and their accounting; and the pipe axis's point-to-point
+ * between neighbour stages (pipe_axis.c, `ppa_`), for the trainer's 1F1B
+ * schedule. The layers never call mt_comm.h themselves; these wrappers are
+ * where a model-axis, expert-axis or pipe-axis collective lives (tp_axis.c,
+ * ep_axis.c, pipe_axis.c), next to the mesh that made the groups.
  *
  * Model axis. Rows are token rows of the microbatch (N = B*T). Under SP each
  * rank holds a contiguous block of Nr = N/tp rows, block r on rank r, so
@@ -99,5 +100,16 @@ void epa_row_counts(const struct mt_ep_axis *a, const int *e_off, const int *r_c
 enum mt_status epa_alltoallv_rows(struct mt_ctx *ctx, const struct mt_ep_axis *a, float *recv, const float *send,
                                   const size_t *scnt, const size_t *sdis, const size_t *rcnt, const size_t *rdis,
                                   int width, size_t *scratch);
+
+/* ---- the pipe axis (pipe_axis.c) ---- */
+
+/* One tick of the pipeline on stage `stage` of the pipe group `pipe`: any of
+ * send this stage's output activations to stage+1, receive the input from
+ * stage-1, send the input gradient to stage-1, receive the output gradient
+ * from stage+1 (NULL: not this tick), `count` floats each, as ONE batched
+ * operation (every send and receive posted, one wait-all): no ordering of
+ * the pairs can deadlock. Nothing to do returns MT_OK. */
+enum mt_status ppa_tick(struct mt_ctx *ctx, struct mt_comm *pipe, int stage, size_t count, const float *send_act,
+                        float *recv_act, const float *send_grad, float *recv_grad);
 
 #endif

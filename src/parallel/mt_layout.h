@@ -47,7 +47,8 @@ enum mt_layout_engine {
 enum mt_layout_engine mt_layout_class_engine(enum mt_layout l, const struct mt_mesh_dims *d);
 /* Engine of a parameter (its class, p->layout, as the model registered it). */
 enum mt_layout_engine mt_layout_param_engine(const struct mt_param *p, const struct mt_mesh_dims *d);
-/* Engines the trainer creates: 1, 2 (tp > 1) or 3 (ep > 1). */
+/* Engines the trainer creates: one past the highest mt_layout_class_engine
+ * of any class on this mesh, i.e. 1, 2 (tp > 1) or 3 (ep > 1). */
 int mt_layout_n_engines(const struct mt_mesh_dims *d);
 /* The mesh group an engine reduces over. */
 enum mt_mesh_group mt_layout_engine_group(const struct mt_mesh_dims *d, enum mt_layout_engine e);

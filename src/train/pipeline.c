@@ -5,6 +5,7 @@
  */
 #include <stddef.h>
 
+#include "../parallel/mt_axis.h"
 #include "../parallel/mt_layout.h"
 #include "train_impl.h"
 
@@ -24,24 +25,15 @@
  *
  * so at most min(M, pp-s) microbatches have saved activations (one model
  * slot each; measured). The sends and receives of one tick go out as ONE
- * batched operation (mt_comm_sendrecv_batch: every Isend/Irecv posted, one
- * wait-all), e.g. "send my output of F(i), receive the gradient for B(j)".
+ * batched operation (ppa_tick: every Isend/Irecv posted, one wait-all),
+ * e.g. "send my output of F(i), receive the gradient for B(j)".
  */
-enum { TAG_ACT = 1, TAG_GRAD = 2 };
-
-/* one tick's P2P: any of send/recv activations/gradients (NULL = none) */
+/* one tick's P2P: any of send/recv activations/gradients (NULL = none; ppa_tick, src/parallel/pipe_axis.c) */
 static enum mt_status pipe_tick(struct mt_ctx *ctx, struct run_state *rs, const float *send_act, float *recv_act,
                                 const float *send_grad, float *recv_grad)
 {
-    struct mt_p2p_op ops[4];
-    int n = 0;
     size_t cnt = (size_t)mt_model_stage_rows(rs->model) * (size_t)rs->cfg->d_model;
-    if (send_act) ops[n++] = (struct mt_p2p_op){MT_P2P_SEND, rs->stage + 1, (void *)send_act, cnt, MT_DTYPE_F32, TAG_ACT};
-    if (recv_act) ops[n++] = (struct mt_p2p_op){MT_P2P_RECV, rs->stage - 1, recv_act, cnt, MT_DTYPE_F32, TAG_ACT};
-    if (send_grad) ops[n++] = (struct mt_p2p_op){MT_P2P_SEND, rs->stage - 1, (void *)send_grad, cnt, MT_DTYPE_F32, TAG_GRAD};
-    if (recv_grad) ops[n++] = (struct mt_p2p_op){MT_P2P_RECV, rs->stage + 1, recv_grad, cnt, MT_DTYPE_F32, TAG_GRAD};
-    if (n == 0) return MT_OK;
-    return mt_comm_sendrecv_batch(ctx, rs->pipec, n, ops);
+    return ppa_tick(ctx, rs->pipec, rs->stage, cnt, send_act, recv_act, send_grad, recv_grad);
 }
 
 /* The tokens of microbatch mb of `step` into rs->idx / rs->tgt: this data
