@@ -12,10 +12,10 @@
 #     tests/replica_pairs.py;
 #  3. a checkpoint of tp=2 x dp=2 resumes on one rank with the losses of the
 #     uninterrupted run (the modules' tensors reshard like every tensor);
-#     precision=bf16 tracks fp32 within 1%;
+#     precision=bf16 tracks fp32 within 1%; recompute=block is bit-identical;
 #  4. bad input, one line, exit 2, nothing written: mtp_block a routed kind
 #     (E), an unknown letter, mtp_depth above 4, seq_len <= mtp_depth,
-#     recompute=block, LoRA; pp=2 refused (the modules read
+#     LoRA; pp=2 refused (the modules read
 #     wte, which lives on the first stage).
 # Skips (exit 77, SKIPPED) without mpirun or in a build without MPI.
 set -u
@@ -97,12 +97,18 @@ PY
 then ok "precision=bf16: the mtp series track fp32 within 1%"
 else bad "precision=bf16 with MTP"; tail -3 "$W/bf16.log"; fi
 
+# recompute=block: the main blocks re-run their forward, the modules keep their own activations: bit-identical
+if run 1 "$W/recompute" $DENSE --steps 20 --set recompute=block && close "$W/DENSE_ref" "$W/recompute" 0 &&
+   python3 -c "import json,sys; a,b=(json.load(open(f+'/receipt.json')) for f in sys.argv[1:]); \
+assert a['mtp_1_losses']==b['mtp_1_losses'] and a['mtp_2_losses']==b['mtp_2_losses']" "$W/DENSE_ref" "$W/recompute"; then
+    ok "recompute=block: bit-identical to recompute=none, series and parameters"
+else bad "recompute=block with MTP"; fi
+
 # ---- 4: bad input ----
 viol 1 dp=1 'mtp_block=E has routed experts' $MOE --set mtp_block=E
 viol 1 dp=1 'mtp_block must be one pattern letter' $DENSE --set mtp_block=X
 viol 1 dp=1 'mtp_depth' $DENSE --set mtp_depth=5
 viol 1 dp=1 'needs seq_len > mtp_depth' $DENSE --set seq_len=2 --set mtp_depth=2
-viol 1 dp=1 'recompute=block is not supported yet' $DENSE --set recompute=block
 viol 1 dp=1 'with LoRA' $DENSE --set lora_rank=2
 viol 2 pp=2 'mtp_depth=2 with pipeline stages \(pp > 1\) is not supported yet' $DENSE
 finish

@@ -2,7 +2,7 @@
 # test_plan_exact.sh BUILD_DIR — the plan is exact (issue 8, item 2).
 # On a representative set of the equivalence-suite meshes (one rank, dp with
 # ZeRO 0-3, tp with and without SP, ep, ep x tp, pp with microbatches, MoE
-# and dense, recompute), every rank's receipt puts the planner's bytes next
+# and dense, recompute, MTP modules), every rank's receipt puts the planner's bytes next
 # to the measured peak of the step loop:
 #   - the total is within 10% on every rank (in practice < 1%: the only
 #     unplanned bytes are the mesh's communicator objects and request handles);
@@ -71,6 +71,9 @@ done <<'LIST'
 4 ep=2,tp=2 3 HYB
 2 pp=2 1 HYB --set recompute=block
 2 tp=2 0 HYB --set mamba_ngroups=1
+1 dp=1 0 DENSE --set mtp_depth=2
+2 dp=2 0 DENSE --set mtp_depth=2 --set recompute=block
+2 tp=2 3 MOE --set mtp_depth=1
 LIST
 
 # --verify: the planner runs the setup and compares (explicit mesh, then auto-fit)
