@@ -10,8 +10,11 @@
  *   T = attention (NONE) + toy_gate (ADD) + mlp (NONE)
  *                                          three pieces: the table's own
  *       pieces at other positions (the MLP reads the stream after step 1)
- *   W = toy_gate (ADD) inside the wrapper toy_wrap: the slot MoD fills; its
- *       hooks are not driven yet, so the model must refuse it
+ *   W = toy_gate (ADD) inside the wrapper toy_wrap: the slot MoD fills; the
+ *       model drives its hooks (the gate runs on the first ceil(T/2)
+ *       positions of each sequence, combined half-and-half into the stream)
+ *   H = toy_gate inside toy_half, a wrapper with one of its six row hooks:
+ *       refused
  *
  * toy_scale writes the stream itself: x_out = x_in + rmsnorm(x_in) * g, g
  * its one parameter ("input_layernorm.weight", the step's norm gain).
@@ -34,7 +37,8 @@
  * toys. Checks: the patterns resolve and build; the registry names of the
  * toy layers; a central-difference gradient check of every parameter (the
  * embedding below the toys' layers included) through the whole model
- * (loss = lm) for the pattern "SGTA"; the wrapper kind refused.
+ * (loss = lm) for the pattern "SGTWA" (the wrapped W between T and A, so
+ * that attention mixes its rows); the half-wrapped kind refused.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -49,13 +53,14 @@
 #include "mt_test.h"
 
 extern const struct mt_piece mt_piece_toy_scale, mt_piece_toy_gate;
-extern const struct mt_block_wrap mt_block_wrap_toy_wrap;
+extern const struct mt_block_wrap mt_block_wrap_toy_wrap, mt_block_wrap_toy_half;
 #define MT_BLOCK_KINDS_EXTRA                                                                                     \
     MT_BLOCK_KIND('S', "scale+mlp", 0, 0, none, MT_STEP(toy_scale, NONE), MT_STEP(mlp, NONE))                    \
     MT_BLOCK_KIND('G', "gate", 0, 0, none, MT_STEP(toy_gate, ADD))                                               \
     MT_BLOCK_KIND('T', "attention+gate+mlp", 0, 0, none, MT_STEP(attention, NONE), MT_STEP(toy_gate, ADD),      \
                   MT_STEP(mlp, NONE))                                                                            \
-    MT_BLOCK_KIND('W', "wrapped gate", 0, 0, toy_wrap, MT_STEP(toy_gate, ADD))
+    MT_BLOCK_KIND('W', "wrapped gate", 0, 0, toy_wrap, MT_STEP(toy_gate, ADD))                                   \
+    MT_BLOCK_KIND('H', "half-wrapped gate", 0, 0, toy_half, MT_STEP(toy_gate, ADD))
 #include "model/blocks.c"
 #include "model/block_traits.c"
 
@@ -220,16 +225,95 @@ static enum mt_status gate_check_axis(struct mt_ctx *ctx, const struct mt_config
 
 const struct mt_piece_rules mt_piece_rules_toy_gate = {"toy_gate", gate_check_config, gate_check_axis};
 
-/* ---- toy_wrap: a wrapper with a hook, which the model does not drive yet ---- */
+/* ---- toy_wrap: a wrapper the model drives (the slot MoD fills) ----
+ * The steps run on the first C = ceil(T/2) positions of each sequence, as a
+ * shorter sequence (B, C); with y their output there, the block writes
+ * x_out = x + (y - x) / 2 on those rows and x_out = x elsewhere. Backward:
+ * d y = d x_out / 2 on the selected rows (leave_backward, into the inner
+ * dx), d x = d x_out / 2 there and d x_out elsewhere, then the inner d input
+ * added (enter_backward). Host loops: cpu buffers are host memory. */
+
+struct toy_wrap_st { float *xi, *yo, *dxi; };   /* (B C, D) inner input, output, d input */
+
+static int wrap_C(const struct mt_piece_ctx *pc) { return (pc->T + 1) / 2; }
+/* block row of inner row r */
+static size_t wrap_row(const struct mt_piece_ctx *pc, int r) { return (size_t)(r / wrap_C(pc)) * pc->T + r % wrap_C(pc); }
+
+static void wrap_inner(const struct mt_piece_ctx *pc, struct mt_piece_ctx *in)
+{
+    const struct toy_wrap_st *st = pc->ly ? pc->ly->wst : NULL;
+    in->T = wrap_C(pc);
+    in->N = in->Nr = in->tp.N = in->tp.Nr = pc->B * in->T;
+    in->x_in = st ? st->xi : NULL;
+    in->dx = st ? st->dxi : NULL;
+}
+
+static void wrap_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly)
+{
+    struct toy_wrap_st *st = ly->wst;
+    const size_t n = (size_t)pc->B * wrap_C(pc) * pc->D;
+    st->xi = carve_f(c, MT_BUCKET_ACTS, n);
+    st->yo = carve_f(c, MT_BUCKET_ACTS, n);
+    st->dxi = carve_f(c, MT_BUCKET_ACTS, n);
+}
 
 static enum mt_status wrap_enter(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const struct mt_piece_fwd *a,
                                  struct mt_piece_fwd *in, float **x_in)
 {
-    (void)ctx, (void)pc, (void)a, (void)in, (void)x_in;
+    (void)ctx;
+    const struct toy_wrap_st *st = pc->ly->wst;
+    const int D = pc->D, Ni = a->B * wrap_C(pc);
+    for (int r = 0; r < Ni; r++) memcpy(st->xi + (size_t)r * D, pc->ly->x_in + wrap_row(pc, r) * D, D * sizeof(float));
+    in->T = wrap_C(pc);
+    in->x_out = st->yo;
+    *x_in = st->xi;
     return MT_OK;
 }
 
-const struct mt_block_wrap mt_block_wrap_toy_wrap = { .name = "toy_wrap", .enter = wrap_enter };
+static enum mt_status wrap_leave(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a,
+                                 const struct mt_piece_fwd *in)
+{
+    (void)ctx, (void)in;
+    const struct toy_wrap_st *st = pc->ly->wst;
+    const int D = pc->D, Ni = a->B * wrap_C(pc);
+    memcpy(a->x_out, pc->ly->x_in, (size_t)pc->Nr * D * sizeof(float));
+    for (int r = 0; r < Ni; r++)
+        for (int j = 0; j < D; j++) {
+            float *o = a->x_out + wrap_row(pc, r) * D + j;
+            *o += 0.5f * (st->yo[(size_t)r * D + j] - *o);
+        }
+    return MT_OK;
+}
+
+static enum mt_status wrap_leave_backward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc,
+                                          const struct mt_piece_ctx *in)
+{
+    (void)ctx;
+    for (int r = 0; r < in->Nr; r++)
+        for (int j = 0; j < pc->D; j++) {
+            float *d = pc->dx + wrap_row(pc, r) * pc->D + j;
+            in->dx[(size_t)r * pc->D + j] = 0.5f * *d;
+            *d *= 0.5f;
+        }
+    return MT_OK;
+}
+
+static enum mt_status wrap_enter_backward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc,
+                                          const struct mt_piece_ctx *in)
+{
+    (void)ctx;
+    for (int r = 0; r < in->Nr; r++)
+        for (int j = 0; j < pc->D; j++) pc->dx[wrap_row(pc, r) * pc->D + j] += in->dx[(size_t)r * pc->D + j];
+    return MT_OK;
+}
+
+const struct mt_block_wrap mt_block_wrap_toy_wrap = {
+    .name = "toy_wrap", .state_bytes = sizeof(struct toy_wrap_st), .inner = wrap_inner, .carve = wrap_carve,
+    .enter = wrap_enter, .leave = wrap_leave, .leave_backward = wrap_leave_backward,
+    .enter_backward = wrap_enter_backward };
+
+/* a wrapper with some of its hooks: refused, not run as if unwrapped */
+const struct mt_block_wrap mt_block_wrap_toy_half = { .name = "toy_half", .enter = wrap_enter };
 
 /* ---- the checks ---- */
 
@@ -291,7 +375,7 @@ int main(void)
     EXPECT(mt_blocks_find('T') >= 0 && mt_blocks_kind(mt_blocks_find('T'))->n_steps == 3, "T: three steps");
 
     struct mt_config cfg;
-    tiny_config(&cfg, "SGTA");
+    tiny_config(&cfg, "SGTWA");
     MT_ASSERT(mt_config_resolve(&ctx, &cfg, 1) == MT_OK);
     const int B = 2, T = 5, N = B * T;
     struct mt_model *m = NULL;
@@ -373,11 +457,11 @@ int main(void)
     EXPECT(checked > 60, "only %d elements checked", checked);
     mt_model_destroy(&ctx, m);
 
-    /* the wrapper slot: a kind whose wrapper has hooks is refused, not run as if unwrapped */
-    tiny_config(&cfg, "AW");
+    /* the wrapper slot: a kind whose wrapper has some of its row hooks is refused, not run as if unwrapped */
+    tiny_config(&cfg, "AH");
     MT_ASSERT(mt_config_resolve(&ctx, &cfg, 1) == MT_OK);
     m = NULL;
-    EXPECT(mt_model_create(&ctx, ops, &cfg, B, &m) == MT_ERR_UNSUPPORTED && !m, "the wrapped kind W was not refused");
+    EXPECT(mt_model_create(&ctx, ops, &cfg, B, &m) == MT_ERR_UNSUPPORTED && !m, "the half-wrapped kind H was not refused");
     mt_model_destroy(&ctx, m);
 
     /* the toy's own rules, through the pieces' rules table: config.c refuses
@@ -411,8 +495,8 @@ int main(void)
         fprintf(stderr, "test_toy_kind: FAILED (%d)\n", n_fail);
         return 1;
     }
-    printf("test_toy_kind: ok (%d elements of every parameter of SGTA: S = scale + mlp, G = one gate piece, "
-           "T = attention + gate + mlp; recompute bit-equal; the wrapped W refused; the gate's own config and "
+    printf("test_toy_kind: ok (%d elements of every parameter of SGTWA: S = scale + mlp, G = one gate piece, "
+           "T = attention + gate + mlp, W = the gate in a wrapper; recompute bit-equal; the half-wrapped H refused; the gate's own config and "
            "mesh rules)\n", checked);
     return 0;
 }
