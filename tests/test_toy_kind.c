@@ -227,13 +227,23 @@ const struct mt_piece_rules mt_piece_rules_toy_gate = {"toy_gate", gate_check_co
 
 /* ---- toy_wrap: a wrapper the model drives (the slot MoD fills) ----
  * The steps run on the first C = ceil(T/2) positions of each sequence, as a
- * shorter sequence (B, C); with y their output there, the block writes
- * x_out = x + (y - x) / 2 on those rows and x_out = x elsewhere. Backward:
- * d y = d x_out / 2 on the selected rows (leave_backward, into the inner
- * dx), d x = d x_out / 2 there and d x_out elsewhere, then the inner d input
- * added (enter_backward). Host loops: cpu buffers are host memory. */
+ * shorter sequence (B, C). Its parameter w [D] ("wrap.weight", a router)
+ * gives each row s = sigmoid(x . w); with y the steps' output, the block
+ * writes x_out = x + s (y - x) on those rows and x_out = x elsewhere (MoD's
+ * combine with a fixed selection). Backward on a selected row: d y = s dout
+ * (leave_backward, into the inner dx), dr = (dout . (y - x)) s (1 - s),
+ * dw += dr x, d x = (1 - s) dout + dr w, then the inner d input added
+ * (enter_backward). Host loops: cpu buffers are host memory. */
 
-struct toy_wrap_st { float *xi, *yo, *dxi; };   /* (B C, D) inner input, output, d input */
+struct toy_wrap_w { struct mt_param *w; };
+struct toy_wrap_st { float *xi, *yo, *dxi, *s; };   /* (B C, D) inner input, output, d input; (B C) s */
+
+static void wrap_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *user)
+{
+    const struct mt_pspec p = {"wrap.weight", -1, 1, s->D, 1, MT_SCALE_NORMAL, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL,
+                               MT_BIND_OWN(struct toy_wrap_w, w)};
+    fn(user, &p);
+}
 
 static int wrap_C(const struct mt_piece_ctx *pc) { return (pc->T + 1) / 2; }
 /* block row of inner row r */
@@ -251,10 +261,11 @@ static void wrap_inner(const struct mt_piece_ctx *pc, struct mt_piece_ctx *in)
 static void wrap_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly)
 {
     struct toy_wrap_st *st = ly->wst;
-    const size_t n = (size_t)pc->B * wrap_C(pc) * pc->D;
-    st->xi = carve_f(c, MT_BUCKET_ACTS, n);
-    st->yo = carve_f(c, MT_BUCKET_ACTS, n);
-    st->dxi = carve_f(c, MT_BUCKET_ACTS, n);
+    const size_t n = (size_t)pc->B * wrap_C(pc);
+    st->xi = carve_f(c, MT_BUCKET_ACTS, n * pc->D);
+    st->yo = carve_f(c, MT_BUCKET_ACTS, n * pc->D);
+    st->dxi = carve_f(c, MT_BUCKET_ACTS, n * pc->D);
+    st->s = carve_f(c, MT_BUCKET_ACTS, n);
 }
 
 static enum mt_status wrap_enter(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const struct mt_piece_fwd *a,
@@ -262,8 +273,15 @@ static enum mt_status wrap_enter(struct mt_ctx *ctx, const struct mt_piece_ctx *
 {
     (void)ctx;
     const struct toy_wrap_st *st = pc->ly->wst;
+    const float *w = ((const struct toy_wrap_w *)pc->pw)->w->data;
     const int D = pc->D, Ni = a->B * wrap_C(pc);
-    for (int r = 0; r < Ni; r++) memcpy(st->xi + (size_t)r * D, pc->ly->x_in + wrap_row(pc, r) * D, D * sizeof(float));
+    for (int r = 0; r < Ni; r++) {
+        const float *x = pc->ly->x_in + wrap_row(pc, r) * D;
+        memcpy(st->xi + (size_t)r * D, x, D * sizeof(float));
+        double dot = 0;
+        for (int j = 0; j < D; j++) dot += (double)x[j] * w[j];
+        st->s[r] = (float)(1.0 / (1.0 + exp(-dot)));
+    }
     in->T = wrap_C(pc);
     in->x_out = st->yo;
     *x_in = st->xi;
@@ -280,7 +298,7 @@ static enum mt_status wrap_leave(struct mt_ctx *ctx, const struct mt_piece_ctx *
     for (int r = 0; r < Ni; r++)
         for (int j = 0; j < D; j++) {
             float *o = a->x_out + wrap_row(pc, r) * D + j;
-            *o += 0.5f * (st->yo[(size_t)r * D + j] - *o);
+            *o += st->s[r] * (st->yo[(size_t)r * D + j] - *o);
         }
     return MT_OK;
 }
@@ -289,12 +307,22 @@ static enum mt_status wrap_leave_backward(struct mt_ctx *ctx, const struct mt_pi
                                           const struct mt_piece_ctx *in)
 {
     (void)ctx;
-    for (int r = 0; r < in->Nr; r++)
-        for (int j = 0; j < pc->D; j++) {
-            float *d = pc->dx + wrap_row(pc, r) * pc->D + j;
-            in->dx[(size_t)r * pc->D + j] = 0.5f * *d;
-            *d *= 0.5f;
+    const struct toy_wrap_st *st = pc->ly->wst;
+    struct mt_param *w = ((const struct toy_wrap_w *)pc->pw)->w;
+    const int D = pc->D;
+    for (int r = 0; r < in->Nr; r++) {
+        float *d = pc->dx + wrap_row(pc, r) * D;
+        const float *x = pc->ly->x_in + wrap_row(pc, r) * D, *y = st->yo + (size_t)r * D;
+        const double s = st->s[r];
+        double ds = 0;
+        for (int j = 0; j < D; j++) ds += (double)d[j] * (y[j] - x[j]);
+        const double dr = ds * s * (1.0 - s);
+        for (int j = 0; j < D; j++) {
+            in->dx[(size_t)r * D + j] = (float)(s * d[j]);
+            w->grad[j] += (float)(dr * x[j]);
+            d[j] = (float)((1.0 - s) * d[j] + dr * w->data[j]);
         }
+    }
     return MT_OK;
 }
 
@@ -308,8 +336,8 @@ static enum mt_status wrap_enter_backward(struct mt_ctx *ctx, const struct mt_pi
 }
 
 const struct mt_block_wrap mt_block_wrap_toy_wrap = {
-    .name = "toy_wrap", .state_bytes = sizeof(struct toy_wrap_st), .inner = wrap_inner, .carve = wrap_carve,
-    .enter = wrap_enter, .leave = wrap_leave, .leave_backward = wrap_leave_backward,
+    .name = "toy_wrap", .params = wrap_params, .state_bytes = sizeof(struct toy_wrap_st), .inner = wrap_inner,
+    .carve = wrap_carve, .enter = wrap_enter, .leave = wrap_leave, .leave_backward = wrap_leave_backward,
     .enter_backward = wrap_enter_backward };
 
 /* a wrapper with some of its hooks: refused, not run as if unwrapped */
@@ -396,6 +424,18 @@ int main(void)
                !strcmp(ps[kn + 3].name, "model.layers.2.post_attention_layernorm.weight"),
            "layer 2 (T) is not attention, gate, mlp");
     spread_params(ops, ps, np);
+    /* the wrapper's router near 0 (as its normal(0, 0.02) init), so that
+     * s = sigmoid(x . w) is not saturated and its gradient is well above
+     * the central difference's noise */
+    const int wr = param_index(ps, np, "model.layers.3.wrap.weight");
+    EXPECT(wr > 0 && !strcmp(ps[wr + 1].name, "model.layers.3.gate_norm.weight"),
+           "layer 3 (W) is not wrap (the wrapper's router first), gate_norm, gate");
+    if (wr > 0) {
+        float wv[64];
+        MT_ASSERT(ps[wr].numel <= 64);
+        for (size_t e = 0; e < ps[wr].numel; e++) wv[e] = (float)(0.15 * mt_rng_normal(6, 1, e));
+        ops->copy_from_host(ops->be, ps[wr].data, wv, ps[wr].numel * sizeof(float));
+    }
     int32_t idx[16], tgt[16];
     for (int i = 0; i < N; i++) {
         idx[i] = (int32_t)(mt_rng_splitmix64(11 + 2 * (uint64_t)i) % (uint64_t)cfg.vocab_size);

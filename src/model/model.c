@@ -302,9 +302,12 @@ static void spec_count(void *user, const struct mt_pspec *s)
 static void spec_bind(void *user, const struct mt_pspec *s)
 {
     struct spec_walk *w = user;
+    /* step -1: the wrapper's (w_wrap), which has no input norm */
+    MT_ASSERT(w->step >= 0 || s->bind < 0 ||
+              (s->bind != MT_BIND_NORM && (size_t)(s->bind & ~MT_BIND_PIECE) < sizeof w->ly->w_wrap));
+    void *own = w->step >= 0 ? (void *)w->ly->w_own[w->step] : (void *)w->ly->w_wrap;
     if (s->bind == MT_BIND_NORM) w->ly->w.ln[w->step] = &w->params[w->n];
-    else if (s->bind >= 0)
-        *(struct mt_param **)((char *)w->ly->w_own[w->step] + (s->bind & ~MT_BIND_PIECE)) = &w->params[w->n];
+    else if (s->bind >= 0) *(struct mt_param **)((char *)own + (s->bind & ~MT_BIND_PIECE)) = &w->params[w->n];
     w->n++;
 }
 
@@ -396,6 +399,7 @@ static void carve_block(struct mt_model *m, struct mt_carver *c, struct mt_layer
         const int wsized = k->wrap->state_bytes && !ly->wst;
         if (wsized) ly->wst = wtmp;
         if (ly->wst) memset(ly->wst, 0, k->wrap->state_bytes);
+        pc.pw = ly->w_wrap;
         k->wrap->carve(&pc, c, ly);
         struct mt_piece_ctx in = pc;
         k->wrap->inner(&pc, &in);
@@ -473,6 +477,7 @@ static void share_block(struct mt_layer *ly, const struct mt_layer *blk)
     ly->index = keep.index;
     ly->w = keep.w;
     memcpy(ly->w_own, keep.w_own, sizeof ly->w_own);
+    memcpy(ly->w_wrap, keep.w_wrap, sizeof ly->w_wrap);
     ly->x_in = keep.x_in;
 }
 
@@ -794,6 +799,8 @@ static void bind_layer_params(struct mt_model *m, struct mt_layer *layers)
         layers[l].moe = mt_blocks_kind(layers[l].kind)->routed;
         layers[l].index = l;
         w.ly = &layers[l];
+        w.step = -1;
+        mt_blocks_layer_wrap_params(&m->cfg, &shape, l, spec_bind, &w);
         for (w.step = 0; w.step < mt_blocks_kind(layers[l].kind)->n_steps; w.step++)
             mt_blocks_layer_step_params(&m->cfg, &shape, l, w.step, spec_bind, &w);
     }
@@ -1173,8 +1180,9 @@ static void step_norm_bwd(const struct mt_piece_ctx *pc)
 
 /* The wrapper's inner context (struct mt_block_wrap.inner): the steps run
  * on the wrapper's rows, dims and streams, from the block's pc. */
-static void wrap_inner(const struct mt_block_kind *k, const struct mt_piece_ctx *outer, struct mt_piece_ctx *in)
+static void wrap_inner(const struct mt_block_kind *k, struct mt_piece_ctx *outer, struct mt_piece_ctx *in)
 {
+    outer->pw = outer->ly->w_wrap;   /* the hooks read the wrapper's parameters */
     *in = *outer;
     k->wrap->inner(outer, in);
 }
