@@ -20,6 +20,7 @@ def section(k):
     if k in ("n_experts", "top_k", "expert_hidden", "shared_expert_hidden", "n_null_experts", "aux_loss_coef",
              "z_loss_coef"):
         return "model: MoE blocks (`E`)"
+    if k.startswith("mod_"): return "model: Mixture-of-Depths (`a`, `e`)"
     if k.startswith("lora_"): return "LoRA fine-tuning"
     if k in ("vocab_size", "n_layer", "d_model", "n_head", "n_kv_head", "head_dim", "mlp_hidden", "seq_len",
              "pattern", "rope_theta", "norm_eps", "logit_softcap"):

@@ -27,6 +27,7 @@ static void test_defaults(void)
     EXPECT(c.head_dim == 0 && c.mlp_hidden == 0 && c.seq_len == 256 && c.pattern[0] == '\0');
     EXPECT(c.n_experts == 8 && c.top_k == 2 && c.expert_hidden == 0 && c.shared_expert_hidden == 0);
     EXPECT(c.aux_loss_coef == 0.01f && c.z_loss_coef == 0.001f && c.rope_theta == 10000.f);
+    EXPECT(c.mod_capacity == 0.125f && c.mod_aux_coef == 0.01f);
     EXPECT(c.norm_eps == 1e-6f && c.logit_softcap == 0.f);
     EXPECT(c.batch_size == 8 && c.microbatches == 1 && !strcmp(c.optimizer, "muon"));
     EXPECT(c.lr == 3e-3f && c.muon_lr == 0.02f && c.muon_momentum == 0.95f);
@@ -78,6 +79,12 @@ static void test_set(void)
     EXPECT_ERR(mt_config_set(&ctx, &c, "n_layer="), MT_ERR_INVALID_ARG, "n_layer");
     EXPECT_ERR(mt_config_set(&ctx, &c, "n_layer=1.5"), MT_ERR_INVALID_ARG, "n_layer");
     EXPECT_ERR(mt_config_set(&ctx, &c, "n_layer=0"), MT_ERR_INVALID_ARG, "n_layer");
+    /* MoD keys (SPEC 1e): c in (0, 1] (0 is the resolve rule's), coef >= 0 */
+    EXPECT_ERR(mt_config_set(&ctx, &c, "mod_capacity=1.5"), MT_ERR_INVALID_ARG, "mod_capacity");
+    EXPECT_ERR(mt_config_set(&ctx, &c, "mod_capacity=-0.1"), MT_ERR_INVALID_ARG, "mod_capacity");
+    EXPECT_ERR(mt_config_set(&ctx, &c, "mod_aux_coef=-1"), MT_ERR_INVALID_ARG, "mod_aux_coef");
+    EXPECT(mt_config_set(&ctx, &c, "mod_capacity=1") == MT_OK && c.mod_capacity == 1.0f);
+    EXPECT(mt_config_set(&ctx, &c, "mod_capacity=0.125") == MT_OK);
     EXPECT_ERR(mt_config_set(&ctx, &c, "n_layer=99999999999999"), MT_ERR_INVALID_ARG, "n_layer");
     EXPECT_ERR(mt_config_set(&ctx, &c, "vocab_size=70000"), MT_ERR_INVALID_ARG, "vocab_size");
     EXPECT_ERR(mt_config_set(&ctx, &c, "lr=abc"), MT_ERR_INVALID_ARG, "'lr'");
@@ -192,6 +199,10 @@ static void test_resolve_rules(void)
     RULE1("vocab_size=1", "vocab_size");
     RULE1("pattern=AAE", "pattern length");
     RULE1("pattern=AAXA", "pattern");
+    RULE1("mod_capacity=0", "mod_capacity must be in (0, 1]");
+    RULE1("pattern=AAmA", "pattern[2]='m': Mamba-3 blocks cannot be routed");
+    RULE1("pattern=AaAA", "pattern[1]='a': Mixture-of-Depths");
+    RULE1("pattern=AAAe", "pattern[3]='e': Mixture-of-Depths");
     RULE2("pattern=AEAE", "top_k=9", "top_k");
     RULE2("pattern=AEAE", "n_experts=1", "top_k");
     RULE2("batch_size=6", "microbatches=4", "batch_size % microbatches");

@@ -10,8 +10,11 @@
  *   T = attention (NONE) + toy_gate (ADD) + mlp (NONE)
  *                                          three pieces: the table's own
  *       pieces at other positions (the MLP reads the stream after step 1)
- *   W = toy_gate (ADD) inside the wrapper toy_wrap: the slot MoD fills; its
- *       hooks are not driven yet, so the model must refuse it
+ *   W = toy_gate (ADD) inside the wrapper toy_wrap: the slot MoD fills; the
+ *       model drives its hooks (the gate runs on the first ceil(T/2)
+ *       positions of each sequence, combined half-and-half into the stream)
+ *   H = toy_gate inside toy_half, a wrapper with one of its six row hooks:
+ *       refused
  *
  * toy_scale writes the stream itself: x_out = x_in + rmsnorm(x_in) * g, g
  * its one parameter ("input_layernorm.weight", the step's norm gain).
@@ -34,7 +37,8 @@
  * toys. Checks: the patterns resolve and build; the registry names of the
  * toy layers; a central-difference gradient check of every parameter (the
  * embedding below the toys' layers included) through the whole model
- * (loss = lm) for the pattern "SGTA"; the wrapper kind refused.
+ * (loss = lm) for the pattern "SGTWA" (the wrapped W between T and A, so
+ * that attention mixes its rows); the half-wrapped kind refused.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -49,13 +53,14 @@
 #include "mt_test.h"
 
 extern const struct mt_piece mt_piece_toy_scale, mt_piece_toy_gate;
-extern const struct mt_block_wrap mt_block_wrap_toy_wrap;
+extern const struct mt_block_wrap mt_block_wrap_toy_wrap, mt_block_wrap_toy_half;
 #define MT_BLOCK_KINDS_EXTRA                                                                                     \
     MT_BLOCK_KIND('S', "scale+mlp", 0, 0, none, MT_STEP(toy_scale, NONE), MT_STEP(mlp, NONE))                    \
     MT_BLOCK_KIND('G', "gate", 0, 0, none, MT_STEP(toy_gate, ADD))                                               \
     MT_BLOCK_KIND('T', "attention+gate+mlp", 0, 0, none, MT_STEP(attention, NONE), MT_STEP(toy_gate, ADD),      \
                   MT_STEP(mlp, NONE))                                                                            \
-    MT_BLOCK_KIND('W', "wrapped gate", 0, 0, toy_wrap, MT_STEP(toy_gate, ADD))
+    MT_BLOCK_KIND('W', "wrapped gate", 0, 0, toy_wrap, MT_STEP(toy_gate, ADD))                                   \
+    MT_BLOCK_KIND('H', "half-wrapped gate", 0, 0, toy_half, MT_STEP(toy_gate, ADD))
 #include "model/blocks.c"
 #include "model/block_traits.c"
 
@@ -220,16 +225,123 @@ static enum mt_status gate_check_axis(struct mt_ctx *ctx, const struct mt_config
 
 const struct mt_piece_rules mt_piece_rules_toy_gate = {"toy_gate", gate_check_config, gate_check_axis};
 
-/* ---- toy_wrap: a wrapper with a hook, which the model does not drive yet ---- */
+/* ---- toy_wrap: a wrapper the model drives (the slot MoD fills) ----
+ * The steps run on the first C = ceil(T/2) positions of each sequence, as a
+ * shorter sequence (B, C). Its parameter w [D] ("wrap.weight", a router)
+ * gives each row s = sigmoid(x . w); with y the steps' output, the block
+ * writes x_out = x + s (y - x) on those rows and x_out = x elsewhere (MoD's
+ * combine with a fixed selection). Backward on a selected row: d y = s dout
+ * (leave_backward, into the inner dx), dr = (dout . (y - x)) s (1 - s),
+ * dw += dr x, d x = (1 - s) dout + dr w, then the inner d input added
+ * (enter_backward). Host loops: cpu buffers are host memory. */
+
+struct toy_wrap_w { struct mt_param *w; };
+struct toy_wrap_st { float *xi, *yo, *dxi, *s; };   /* (B C, D) inner input, output, d input; (B C) s */
+
+static void wrap_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *user)
+{
+    const struct mt_pspec p = {"wrap.weight", -1, 1, s->D, 1, MT_SCALE_NORMAL, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL,
+                               MT_BIND_OWN(struct toy_wrap_w, w)};
+    fn(user, &p);
+}
+
+static int wrap_C(const struct mt_piece_ctx *pc) { return (pc->T + 1) / 2; }
+/* block row of inner row r */
+static size_t wrap_row(const struct mt_piece_ctx *pc, int r) { return (size_t)(r / wrap_C(pc)) * pc->T + r % wrap_C(pc); }
+
+static void wrap_inner(const struct mt_piece_ctx *pc, struct mt_piece_ctx *in)
+{
+    const struct toy_wrap_st *st = pc->ly ? pc->ly->wst : NULL;
+    in->T = wrap_C(pc);
+    in->N = in->Nr = in->tp.N = in->tp.Nr = pc->B * in->T;
+    in->x_in = st ? st->xi : NULL;
+    in->dx = st ? st->dxi : NULL;
+}
+
+static void wrap_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly)
+{
+    struct toy_wrap_st *st = ly->wst;
+    const size_t n = (size_t)pc->B * wrap_C(pc);
+    st->xi = carve_f(c, MT_BUCKET_ACTS, n * pc->D);
+    st->yo = carve_f(c, MT_BUCKET_ACTS, n * pc->D);
+    st->dxi = carve_f(c, MT_BUCKET_ACTS, n * pc->D);
+    st->s = carve_f(c, MT_BUCKET_ACTS, n);
+}
 
 static enum mt_status wrap_enter(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const struct mt_piece_fwd *a,
                                  struct mt_piece_fwd *in, float **x_in)
 {
-    (void)ctx, (void)pc, (void)a, (void)in, (void)x_in;
+    (void)ctx;
+    const struct toy_wrap_st *st = pc->ly->wst;
+    const float *w = ((const struct toy_wrap_w *)pc->pw)->w->data;
+    const int D = pc->D, Ni = a->B * wrap_C(pc);
+    for (int r = 0; r < Ni; r++) {
+        const float *x = pc->ly->x_in + wrap_row(pc, r) * D;
+        memcpy(st->xi + (size_t)r * D, x, D * sizeof(float));
+        double dot = 0;
+        for (int j = 0; j < D; j++) dot += (double)x[j] * w[j];
+        st->s[r] = (float)(1.0 / (1.0 + exp(-dot)));
+    }
+    in->T = wrap_C(pc);
+    in->x_out = st->yo;
+    *x_in = st->xi;
     return MT_OK;
 }
 
-const struct mt_block_wrap mt_block_wrap_toy_wrap = { .name = "toy_wrap", .enter = wrap_enter };
+static enum mt_status wrap_leave(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a,
+                                 const struct mt_piece_fwd *in)
+{
+    (void)ctx, (void)in;
+    const struct toy_wrap_st *st = pc->ly->wst;
+    const int D = pc->D, Ni = a->B * wrap_C(pc);
+    memcpy(a->x_out, pc->ly->x_in, (size_t)pc->Nr * D * sizeof(float));
+    for (int r = 0; r < Ni; r++)
+        for (int j = 0; j < D; j++) {
+            float *o = a->x_out + wrap_row(pc, r) * D + j;
+            *o += st->s[r] * (st->yo[(size_t)r * D + j] - *o);
+        }
+    return MT_OK;
+}
+
+static enum mt_status wrap_leave_backward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc,
+                                          const struct mt_piece_ctx *in)
+{
+    (void)ctx;
+    const struct toy_wrap_st *st = pc->ly->wst;
+    struct mt_param *w = ((const struct toy_wrap_w *)pc->pw)->w;
+    const int D = pc->D;
+    for (int r = 0; r < in->Nr; r++) {
+        float *d = pc->dx + wrap_row(pc, r) * D;
+        const float *x = pc->ly->x_in + wrap_row(pc, r) * D, *y = st->yo + (size_t)r * D;
+        const double s = st->s[r];
+        double ds = 0;
+        for (int j = 0; j < D; j++) ds += (double)d[j] * (y[j] - x[j]);
+        const double dr = ds * s * (1.0 - s);
+        for (int j = 0; j < D; j++) {
+            in->dx[(size_t)r * D + j] = (float)(s * d[j]);
+            w->grad[j] += (float)(dr * x[j]);
+            d[j] = (float)((1.0 - s) * d[j] + dr * w->data[j]);
+        }
+    }
+    return MT_OK;
+}
+
+static enum mt_status wrap_enter_backward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc,
+                                          const struct mt_piece_ctx *in)
+{
+    (void)ctx;
+    for (int r = 0; r < in->Nr; r++)
+        for (int j = 0; j < pc->D; j++) pc->dx[wrap_row(pc, r) * pc->D + j] += in->dx[(size_t)r * pc->D + j];
+    return MT_OK;
+}
+
+const struct mt_block_wrap mt_block_wrap_toy_wrap = {
+    .name = "toy_wrap", .params = wrap_params, .state_bytes = sizeof(struct toy_wrap_st), .inner = wrap_inner,
+    .carve = wrap_carve, .enter = wrap_enter, .leave = wrap_leave, .leave_backward = wrap_leave_backward,
+    .enter_backward = wrap_enter_backward };
+
+/* a wrapper with some of its hooks: refused, not run as if unwrapped */
+const struct mt_block_wrap mt_block_wrap_toy_half = { .name = "toy_half", .enter = wrap_enter };
 
 /* ---- the checks ---- */
 
@@ -291,7 +403,7 @@ int main(void)
     EXPECT(mt_blocks_find('T') >= 0 && mt_blocks_kind(mt_blocks_find('T'))->n_steps == 3, "T: three steps");
 
     struct mt_config cfg;
-    tiny_config(&cfg, "SGTA");
+    tiny_config(&cfg, "SGTWA");
     MT_ASSERT(mt_config_resolve(&ctx, &cfg, 1) == MT_OK);
     const int B = 2, T = 5, N = B * T;
     struct mt_model *m = NULL;
@@ -312,6 +424,18 @@ int main(void)
                !strcmp(ps[kn + 3].name, "model.layers.2.post_attention_layernorm.weight"),
            "layer 2 (T) is not attention, gate, mlp");
     spread_params(ops, ps, np);
+    /* the wrapper's router near 0 (as its normal(0, 0.02) init), so that
+     * s = sigmoid(x . w) is not saturated and its gradient is well above
+     * the central difference's noise */
+    const int wr = param_index(ps, np, "model.layers.3.wrap.weight");
+    EXPECT(wr > 0 && !strcmp(ps[wr + 1].name, "model.layers.3.gate_norm.weight"),
+           "layer 3 (W) is not wrap (the wrapper's router first), gate_norm, gate");
+    if (wr > 0) {
+        float wv[64];
+        MT_ASSERT(ps[wr].numel <= 64);
+        for (size_t e = 0; e < ps[wr].numel; e++) wv[e] = (float)(0.15 * mt_rng_normal(6, 1, e));
+        ops->copy_from_host(ops->be, ps[wr].data, wv, ps[wr].numel * sizeof(float));
+    }
     int32_t idx[16], tgt[16];
     for (int i = 0; i < N; i++) {
         idx[i] = (int32_t)(mt_rng_splitmix64(11 + 2 * (uint64_t)i) % (uint64_t)cfg.vocab_size);
@@ -373,11 +497,11 @@ int main(void)
     EXPECT(checked > 60, "only %d elements checked", checked);
     mt_model_destroy(&ctx, m);
 
-    /* the wrapper slot: a kind whose wrapper has hooks is refused, not run as if unwrapped */
-    tiny_config(&cfg, "AW");
+    /* the wrapper slot: a kind whose wrapper has some of its row hooks is refused, not run as if unwrapped */
+    tiny_config(&cfg, "AH");
     MT_ASSERT(mt_config_resolve(&ctx, &cfg, 1) == MT_OK);
     m = NULL;
-    EXPECT(mt_model_create(&ctx, ops, &cfg, B, &m) == MT_ERR_UNSUPPORTED && !m, "the wrapped kind W was not refused");
+    EXPECT(mt_model_create(&ctx, ops, &cfg, B, &m) == MT_ERR_UNSUPPORTED && !m, "the half-wrapped kind H was not refused");
     mt_model_destroy(&ctx, m);
 
     /* the toy's own rules, through the pieces' rules table: config.c refuses
@@ -411,8 +535,8 @@ int main(void)
         fprintf(stderr, "test_toy_kind: FAILED (%d)\n", n_fail);
         return 1;
     }
-    printf("test_toy_kind: ok (%d elements of every parameter of SGTA: S = scale + mlp, G = one gate piece, "
-           "T = attention + gate + mlp; recompute bit-equal; the wrapped W refused; the gate's own config and "
+    printf("test_toy_kind: ok (%d elements of every parameter of SGTWA: S = scale + mlp, G = one gate piece, "
+           "T = attention + gate + mlp, W = the gate in a wrapper; recompute bit-equal; the half-wrapped H refused; the gate's own config and "
            "mesh rules)\n", checked);
     return 0;
 }

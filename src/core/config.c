@@ -63,7 +63,7 @@ static const struct key keys[] = {
     {"head_dim",     KT_INT,   OFF(head_dim),     0, "0",     0, 65536, NULL, 1, "hd, even; 0 = D / H"},
     {"mlp_hidden",   KT_INT,   OFF(mlp_hidden),   0, "0",     0, 1 << 24, NULL, 1, "F, SwiGLU hidden; 0 = ceil(8D/3) rounded up to 64"},
     {"seq_len",      KT_INT,   OFF(seq_len),      0, "256",   2, 1 << 24, NULL, 1, "T, tokens per sequence"},
-    {"pattern",      KT_STRING, OFF(pattern), SZ(pattern), "", 0, 0, NULL, 1, "one letter per layer, A = attention + MLP, E = attention + MoE, M = Mamba-3 + MLP; \"\" = A x L"},
+    {"pattern",      KT_STRING, OFF(pattern), SZ(pattern), "", 0, 0, NULL, 1, "one letter per layer, A = attention + MLP, E = attention + MoE, M = Mamba-3 + MLP; lowercase a / e: that block routed by Mixture-of-Depths, refused by this build (docs/model.md); \"\" = A x L"},
     {"n_experts",    KT_INT,   OFF(n_experts),    0, "8",     1, 65536, NULL, 1, "experts per MoE block"},
     {"top_k",        KT_INT,   OFF(top_k),        0, "2",     1, 65536, NULL, 1, "experts per token, in [1, n_experts]"},
     {"expert_hidden", KT_INT,  OFF(expert_hidden), 0, "0",    0, 1 << 24, NULL, 1, "SwiGLU hidden of each expert; 0 = F / 4"},
@@ -74,6 +74,8 @@ static const struct key keys[] = {
     {"mtp_block",    KT_STRING, OFF(mtp_block), SZ(mtp_block), "A", 0, 0, NULL, 1, "MTP: the block kind (pattern letter) of each module's block; a kind without routed experts"},
     {"aux_loss_coef", KT_FLOAT, OFF(aux_loss_coef), 0, "0.01", 0, FMAXV, NULL, 1, "MoE load-balancing loss weight"},
     {"z_loss_coef",  KT_FLOAT, OFF(z_loss_coef),  0, "0.001", 0, FMAXV, NULL, 1, "MoE router z-loss weight"},
+    {"mod_capacity", KT_FLOAT, OFF(mod_capacity), 0, "0.125", 0, 1, NULL, 1, "MoD (routed blocks not in this build yet): a routed block (lowercase a / e) runs C = ceil(c * seq_len) tokens of each sequence; 0 < c <= 1"},
+    {"mod_aux_coef", KT_FLOAT, OFF(mod_aux_coef), 0, "0.01", 0, FMAXV, NULL, 1, "MoD: weight of the router's BCE loss (sigmoid(r), selected), loss part mod_aux"},
     {"mamba_d_state", KT_INT,  OFF(mamba_d_state), 0, "64",   2, 65536, NULL, 1, "M blocks: SSM state N per head, even"},
     {"mamba_expand", KT_INT,   OFF(mamba_expand), 0, "2",     1, 64, NULL, 1, "M blocks: d_inner = mamba_expand * d_model"},
     {"mamba_headdim", KT_INT,  OFF(mamba_headdim), 0, "64",   1, 65536, NULL, 1, "M blocks: headdim P, divides d_inner"},
@@ -688,6 +690,17 @@ static enum mt_status resolve_pattern(struct mt_ctx *ctx, struct mt_config *cfg,
     }
     RULE(plen == (size_t)cfg->n_layer, "pattern length != n_layer (pattern length=%zu, n_layer=%d)", plen,
          cfg->n_layer);
+    /* MoD (SPEC 1e): the key range [0, 1] is the table's; c = 0 would route no token */
+    RULE(cfg->mod_capacity > 0.0f, "mod_capacity must be in (0, 1] (mod_capacity=%g)", (double)cfg->mod_capacity);
+    for (size_t l = 0; l < plen; l++) {
+        const char ch = cfg->pattern[l];
+        RULE(ch != 'm', "pattern[%zu]='m': Mamba-3 blocks cannot be routed (Mixture-of-Depths routes a and e only); "
+             "use 'M'", l);
+        /* the routed kinds a / e are not in the block-kind table yet: refused
+         * by name, not reported as unknown letters (docs/model.md, MoD) */
+        RULE(ch != 'a' && ch != 'e', "pattern[%zu]='%c': Mixture-of-Depths (routed) blocks are not implemented in this "
+             "build yet; use '%c'", l, ch, ch - 'a' + 'A');
+    }
     char letters[4 * MT_MAX_BLOCK_KINDS];
     const int bad = mt_blocks_pattern_check(cfg->pattern, plen);
     RULE(bad < 0, "pattern letters must be one of %s (pattern[%d]='%c')", mt_blocks_letters(letters, sizeof letters),

@@ -88,6 +88,8 @@ struct mt_config {
     int   redo_every;            /* ReDo (SPEC 1e): recycle dormant SwiGLU units every N steps; 0 = off */
     float redo_tau;              /* ReDo: a unit with normalised score <= tau is recycled */
     int   replica_check_every;   /* replica hash check after every N-th step too; 0 = at the end only */
+    float mod_capacity;          /* MoD (SPEC 1e): share c of a sequence's tokens a routed block runs, (0, 1] */
+    float mod_aux_coef;          /* MoD: weight of the router's BCE loss (mod_aux part), >= 0 */
 };
 
 /* Fill every key with its default. Never fails. */

@@ -198,10 +198,18 @@ void mt_blocks_kind_step_params(const struct mt_config *cfg, const struct mt_blo
     piece_params(cfg, kinds[kind].steps[step].piece, s, fn, user);
 }
 
+void mt_blocks_layer_wrap_params(const struct mt_config *cfg, const struct mt_block_shape *s, int l, mt_pspec_fn fn,
+                                 void *user)
+{
+    const struct mt_block_wrap *w = kinds[mt_blocks_layer_kind(cfg, l)].wrap;
+    if (w->params) w->params(s, fn, user);
+}
+
 void mt_blocks_layer_params(const struct mt_config *cfg, const struct mt_block_shape *s, int l, mt_pspec_fn fn,
                             void *user)
 {
     const int n = kinds[mt_blocks_layer_kind(cfg, l)].n_steps;
+    mt_blocks_layer_wrap_params(cfg, s, l, fn, user);   /* the wrapper's (MoD's router) before the steps' */
     for (int i = 0; i < n; i++) mt_blocks_layer_step_params(cfg, s, l, i, fn, user);
 }
 

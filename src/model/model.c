@@ -180,12 +180,18 @@ static enum mt_status check_dims(struct mt_ctx *ctx, struct mt_model *m)
         return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: n_head %% n_kv_head != 0 (H=%d K=%d)", m->H, m->K);
     if (m->hd % 2 != 0)
         return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: head_dim=%d must be even (RoPE)", m->hd);
-    /* a wrapper around a kind's steps (MoD) is a slot of the table the model
-     * does not drive yet (mt_blocks.h, struct mt_block_wrap) */
-    for (int b = 0; b < mt_blocks_count(); b++)
-        if ((m->kinds_used >> b & 1u) && mt_blocks_kind(b)->wrap->enter)
-            return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "model: block kind '%c' has the wrapper %s, which this build "
-                                "cannot run", mt_blocks_kind(b)->letter, mt_blocks_kind(b)->wrap->name);
+    /* a wrapper around a kind's steps (mt_blocks.h, struct mt_block_wrap) is
+     * driven by carve_block, model_block_forward and model_block_backward:
+     * all of its row hooks or none (a partial one would run as if unwrapped) */
+    for (int b = 0; b < mt_blocks_count(); b++) {
+        const struct mt_block_wrap *w = mt_blocks_kind(b)->wrap;
+        const int n_hooks = !!w->inner + !!w->carve + !!w->enter + !!w->leave + !!w->leave_backward +
+                            !!w->enter_backward;
+        if ((m->kinds_used >> b & 1u) && n_hooks != 0 && n_hooks != 6)
+            return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "model: block kind '%c' has the wrapper %s with %d of its 6 "
+                                "row hooks (inner, carve, enter, leave, leave_backward, enter_backward): it needs all "
+                                "or none", mt_blocks_kind(b)->letter, w->name, n_hooks);
+    }
     /* MTP reads and trains wte from the last stage: one stage only, for now */
     if (m->mtp_depth > 0 && !(m->first && m->last))
         return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "model: mtp_depth=%d with pipeline stages (pp > 1) is not "
@@ -311,9 +317,12 @@ static void spec_count(void *user, const struct mt_pspec *s)
 static void spec_bind(void *user, const struct mt_pspec *s)
 {
     struct spec_walk *w = user;
+    /* step -1: the wrapper's (w_wrap), which has no input norm */
+    MT_ASSERT(w->step >= 0 || s->bind < 0 ||
+              (s->bind != MT_BIND_NORM && (size_t)(s->bind & ~MT_BIND_PIECE) < sizeof w->ly->w_wrap));
+    void *own = w->step >= 0 ? (void *)w->ly->w_own[w->step] : (void *)w->ly->w_wrap;
     if (s->bind == MT_BIND_NORM) w->ly->w.ln[w->step] = &w->params[w->n];
-    else if (s->bind >= 0)
-        *(struct mt_param **)((char *)w->ly->w_own[w->step] + (s->bind & ~MT_BIND_PIECE)) = &w->params[w->n];
+    else if (s->bind >= 0) *(struct mt_param **)((char *)own + (s->bind & ~MT_BIND_PIECE)) = &w->params[w->n];
     w->n++;
 }
 
@@ -408,13 +417,29 @@ static void piece_bind(struct mt_model *m, struct mt_piece_ctx *pc, struct mt_la
 void model_carve_block(struct mt_model *m, struct mt_carver *c, struct mt_layer *ly, int kind)
 {
     const struct mt_block_kind *k = mt_blocks_kind(kind);
-    const size_t Nr = (size_t)m->Nr, D = (size_t)m->D;
+    const size_t D = (size_t)m->D;
     struct mt_piece_ctx pc;
     model_piece_ctx(m, ly, &pc);
     ly->kind = kind;   /* piece_bind reads it (a recompute set or a plan's dummy has none yet) */
     /* sizes only (NULL bases): the piece still fills a state struct, a
      * throwaway one here; PIECE_STATE_MAX bounds every piece's state_bytes */
     _Alignas(64) unsigned char tmp[PIECE_STATE_MAX];
+    size_t Nr = (size_t)m->Nr;
+    if (k->wrap->carve) {   /* the wrapper's state, then the steps on its inner rows */
+        _Alignas(64) unsigned char wtmp[PIECE_STATE_MAX];
+        MT_ASSERT(k->wrap->state_bytes <= sizeof wtmp);
+        ly->wst = k->wrap->state_bytes ? carve(c, MT_BUCKET_OTHER, k->wrap->state_bytes) : NULL;
+        const int wsized = k->wrap->state_bytes && !ly->wst;
+        if (wsized) ly->wst = wtmp;
+        if (ly->wst) memset(ly->wst, 0, k->wrap->state_bytes);
+        pc.pw = ly->w_wrap;
+        k->wrap->carve(&pc, c, ly);
+        struct mt_piece_ctx in = pc;
+        k->wrap->inner(&pc, &in);
+        pc = in;
+        Nr = (size_t)in.Nr;
+        if (wsized) ly->wst = NULL;
+    }
     for (int i = 0; i < k->n_steps; i++) {
         const struct mt_piece *p = k->steps[i].piece;
         MT_ASSERT(p->state_bytes <= sizeof tmp);
@@ -485,6 +510,7 @@ static void share_block(struct mt_layer *ly, const struct mt_layer *blk)
     ly->index = keep.index;
     ly->w = keep.w;
     memcpy(ly->w_own, keep.w_own, sizeof ly->w_own);
+    memcpy(ly->w_wrap, keep.w_wrap, sizeof ly->w_wrap);
     ly->x_in = keep.x_in;
 }
 
@@ -814,6 +840,8 @@ static void bind_layer_params(struct mt_model *m, struct mt_slot *S)
         layers[l].moe = mt_blocks_kind(layers[l].kind)->routed;
         layers[l].index = l;
         w.ly = &layers[l];
+        w.step = -1;
+        mt_blocks_layer_wrap_params(&m->cfg, &shape, l, spec_bind, &w);
         for (w.step = 0; w.step < mt_blocks_kind(layers[l].kind)->n_steps; w.step++)
             mt_blocks_layer_step_params(&m->cfg, &shape, l, w.step, spec_bind, &w);
     }
@@ -1209,29 +1237,60 @@ static void step_norm_bwd(const struct mt_piece_ctx *pc)
     ffn_norm_bwd(pc, pc->dh);
 }
 
-enum mt_status model_block_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly,
-                                   struct mt_piece_fwd *a)
+/* The wrapper's inner context (struct mt_block_wrap.inner): the steps run
+ * on the wrapper's rows, dims and streams, from the block's pc. */
+static void wrap_inner(const struct mt_block_kind *k, struct mt_piece_ctx *outer, struct mt_piece_ctx *in)
+{
+    outer->pw = outer->ly->w_wrap;   /* the hooks read the wrapper's parameters */
+    *in = *outer;
+    k->wrap->inner(outer, in);
+}
+
+/* The steps of ly's block on the context pc (the block's, or a wrapper's
+ * inner one, whose input stream is x0; NULL: the block's, ly->x_in). */
+static enum mt_status block_steps_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly,
+                                          struct mt_piece_ctx *pc, const float *x0, struct mt_piece_fwd *a)
 {
     const struct mt_block_kind *k = mt_blocks_kind(ly->kind);
-    struct mt_piece_ctx pc;
-    model_piece_ctx(m, ly, &pc);
     /* decoding: the layer's state is its steps' states in order (model_decode_floats) */
     float *st = a->state, *x_out = a->x_out;
     size_t off = 0;
     enum mt_status rc = MT_OK;
     for (int i = 0; i < k->n_steps && rc == MT_OK; i++) {
         const struct mt_piece *p = k->steps[i].piece;
-        piece_bind(m, &pc, ly, i);
-        const size_t n = st && p->decode_floats ? p->decode_floats(&pc, a->t_max) : 0;
+        piece_bind(m, pc, ly, i);
+        if (i == 0 && x0) pc->x_in = x0;
+        const size_t n = st && p->decode_floats ? p->decode_floats(pc, a->t_max) : 0;
         a->state = n ? st + off : NULL;
         off += n;
         a->x_out = i + 1 < k->n_steps ? ly->x_step[i] : x_out;
-        if (k->steps[i].resid == MT_RESID_ADD) step_norm_fwd(&pc, a);
-        rc = p->forward(ctx, &pc, a);
+        if (k->steps[i].resid == MT_RESID_ADD) step_norm_fwd(pc, a);
+        rc = p->forward(ctx, pc, a);
     }
     a->state = st;
     a->x_out = x_out;
     return rc;
+}
+
+enum mt_status model_block_forward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly,
+                                   struct mt_piece_fwd *a)
+{
+    const struct mt_block_kind *k = mt_blocks_kind(ly->kind);
+    struct mt_piece_ctx pc;
+    model_piece_ctx(m, ly, &pc);
+    if (!k->wrap->enter) return block_steps_forward(ctx, m, ly, &pc, NULL, a);
+    /* a wrapper: enter gathers its rows into the inner input stream and sets
+     * the inner call (B, T, x_out); the steps run on them; leave combines */
+    struct mt_piece_ctx in;
+    wrap_inner(k, &pc, &in);
+    struct mt_piece_fwd ia = *a;
+    ia.aux = ia.z = 0.0;
+    float *x0 = NULL;
+    MT_CHECK(k->wrap->enter(ctx, &pc, a, &ia, &x0));
+    MT_CHECK(block_steps_forward(ctx, m, ly, &in, x0 ? x0 : in.x_in, &ia));
+    a->aux += ia.aux;
+    a->z += ia.z;
+    return k->wrap->leave(ctx, &pc, a, &ia);
 }
 
 size_t model_decode_floats(struct mt_model *m, int kind, int t_max)
@@ -1252,14 +1311,24 @@ size_t model_decode_floats(struct mt_model *m, int kind, int t_max)
 enum mt_status model_block_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly)
 {
     const struct mt_block_kind *k = mt_blocks_kind(ly->kind);
-    struct mt_piece_ctx pc;
+    struct mt_piece_ctx pc, in;
     model_piece_ctx(m, ly, &pc);
-    for (int i = k->n_steps - 1; i >= 0; i--) {
-        piece_bind(m, &pc, ly, i);
-        MT_CHECK(k->steps[i].piece->backward(ctx, &pc));
-        if (k->steps[i].resid == MT_RESID_ADD) step_norm_bwd(&pc);
+    const float *x0 = NULL;
+    if (k->wrap->enter) {   /* d x_out into the inner d output (in.dx); in.x_in: the inner input stream */
+        wrap_inner(k, &pc, &in);
+        MT_CHECK(k->wrap->leave_backward(ctx, &pc, &in));
+        x0 = in.x_in;
+    } else {
+        in = pc;
     }
-    return MT_OK;
+    for (int i = k->n_steps - 1; i >= 0; i--) {
+        piece_bind(m, &in, ly, i);
+        if (i == 0 && x0) in.x_in = x0;
+        MT_CHECK(k->steps[i].piece->backward(ctx, &in));
+        if (k->steps[i].resid == MT_RESID_ADD) step_norm_bwd(&in);
+    }
+    /* the inner d input scattered (+=) into the block's dx */
+    return k->wrap->enter ? k->wrap->enter_backward(ctx, &pc, &in) : MT_OK;
 }
 
 /* 1 when kind `kind` has the piece p among its steps. */

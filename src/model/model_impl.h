@@ -82,6 +82,12 @@ struct mt_layer {
      * defines (struct mt_piece.state_bytes), carved in OTHER by
      * carve_block; NULL when the piece declares none */
     void *state[MT_BLOCK_MAX_PIECES];
+    /* the kind's wrapper's saved state (struct mt_block_wrap.state_bytes,
+     * OTHER), NULL without one: carve_block carves it before the steps */
+    void *wst;
+    /* the wrapper's parameter pointers (MT_BIND_OWN of its params), handed
+     * to its hooks as pc->pw; a router needs one */
+    union mt_piece_own w_wrap[4];
 };
 /* The steps of the two-step kinds of the table (A, E, M). */
 enum { MT_PIECE_MIXER = 0, MT_PIECE_FFN = 1 };

@@ -286,13 +286,20 @@ struct mt_block_step {
  * sends only some rows through the block sits (Mixture-of-Depths, SPEC 1e:
  * lowercase letters). The kind's steps then run on the wrapper's rows
  * instead of the block's. The slot is the contract MoD fills: every kind of
- * the table has `none` (mt_block_wrap_none, blocks.c: no hooks), and the
- * model refuses a kind whose wrapper has hooks (model.c, check_dims) until
- * MoD drives them:
+ * the table has `none` (mt_block_wrap_none, blocks.c: no hooks). The model
+ * (model.c: carve_block, model_block_forward, model_block_backward, so the
+ * recompute re-run too) drives a wrapper with all six row hooks (inner ..
+ * enter_backward) and refuses one with some of them:
  *   params          its own parameters (the router), before the steps'
- *   state_bytes     its saved state per layer (the selection)
- *   inner           the dims the steps see (rows N / Nr, B, T of the subset),
- *                   from the block's: the steps carve and run on those
+ *                   (MT_BIND_OWN binds into ly->w_wrap; the hooks get it as
+ *                   pc->pw; MT_BIND_NORM is not for a wrapper)
+ *   state_bytes     its saved state per layer (the selection), carved in
+ *                   OTHER into ly->wst before carve runs
+ *   inner           the context the steps see, from the block's (`in` starts
+ *                   as a copy of it): rows N / Nr, B, T (and tp.N / tp.Nr) of
+ *                   the subset, in->x_in the inner input stream and in->dx its
+ *                   gradient buffer (the steps' backward turns d output into
+ *                   d input there); the steps carve and run on those
  *   carve           its state, the inner input / output streams and their gradient
  *   enter / leave   forward: choose and gather the rows into the inner input
  *                   stream (and the inner call's B, T, positions, x_out);
@@ -382,8 +389,11 @@ void mt_blocks_shape(const struct mt_config *cfg, struct mt_block_shape *s);
  * class has no adapter rule (docs/lora.md), or NULL when every one has. */
 const char *mt_blocks_lora_rule(const struct mt_config *cfg, unsigned mask);
 
-/* Walk the parameters of block l, in registry order (its steps in order);
- * _step: of step i alone, adapters included. */
+/* Walk the parameters of block l, in registry order (its wrapper's, then its
+ * steps in order); _step: of step i alone, adapters included; _wrap: of its
+ * wrapper alone (none without one). */
+void mt_blocks_layer_wrap_params(const struct mt_config *cfg, const struct mt_block_shape *s, int l, mt_pspec_fn fn,
+                                 void *user);
 void mt_blocks_layer_params(const struct mt_config *cfg, const struct mt_block_shape *s, int l, mt_pspec_fn fn,
                             void *user);
 void mt_blocks_layer_step_params(const struct mt_config *cfg, const struct mt_block_shape *s, int l, int step,
