@@ -1242,6 +1242,7 @@ static void step_norm_bwd(const struct mt_piece_ctx *pc)
 static void wrap_inner(const struct mt_block_kind *k, struct mt_piece_ctx *outer, struct mt_piece_ctx *in)
 {
     outer->pw = outer->ly->w_wrap;   /* the hooks read the wrapper's parameters */
+    outer->x_in = outer->ly->x_in;   /* and the block's input stream */
     *in = *outer;
     k->wrap->inner(outer, in);
 }

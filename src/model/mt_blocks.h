@@ -292,7 +292,8 @@ struct mt_block_step {
  * enter_backward) and refuses one with some of them:
  *   params          its own parameters (the router), before the steps'
  *                   (MT_BIND_OWN binds into ly->w_wrap; the hooks get it as
- *                   pc->pw; MT_BIND_NORM is not for a wrapper)
+ *                   pc->pw, and the block's input stream as pc->x_in;
+ *                   MT_BIND_NORM is not for a wrapper)
  *   state_bytes     its saved state per layer (the selection), carved in
  *                   OTHER into ly->wst before carve runs
  *   inner           the context the steps see, from the block's (`in` starts
