@@ -723,6 +723,8 @@ void mt_model_plan_bytes_par(const struct mt_config *cfg, int B, int flags, cons
     /* host bookkeeping arrays allocated by create next to the OTHER arena */
     bytes[MT_BUCKET_OTHER] += (size_t)model_n_params(&m) * sizeof(struct mt_param)
                               + (size_t)m.n_slots * (size_t)m.L * sizeof(struct mt_layer) + sizeof(struct mt_model);
+    if (m.last && m.mtp_depth > 0)   /* the MTP modules' slot arrays (create) */
+        bytes[MT_BUCKET_OTHER] += (size_t)m.n_slots * (size_t)m.mtp_depth * sizeof(struct mt_mtp_slot);
 }
 
 /* ------------------------------------------------------------------ */
@@ -795,7 +797,10 @@ void mt_model_destroy(struct mt_ctx *ctx, struct mt_model *m)
         else m->ops->buf_free(m->ops->be, ctx, m->arena[b]);
     }
     mt_free(ctx, m->params);
-    for (int k = 0; k < m->n_slots && k < MT_MAX_SLOTS; k++) mt_free(ctx, m->slots[k].layers);
+    for (int k = 0; k < m->n_slots && k < MT_MAX_SLOTS; k++) {
+        mt_free(ctx, m->slots[k].layers);
+        mt_free(ctx, m->slots[k].mtp);
+    }
     mt_free(ctx, m);
 }
 
@@ -923,6 +928,12 @@ enum mt_status mt_model_create_par(struct mt_ctx *ctx, const struct mt_ops_i *op
         m->slots[k].layers = mt_alloc(ctx, (size_t)m->L * sizeof(struct mt_layer), MT_BUCKET_OTHER);
         if (!m->slots[k].layers) { rc = MT_ERR_OOM; goto fail; }
         memset(m->slots[k].layers, 0, (size_t)m->L * sizeof(struct mt_layer));
+        if (m->last && m->mtp_depth > 0) {   /* the MTP modules' layers (mtp.c) */
+            const size_t nb = (size_t)m->mtp_depth * sizeof(struct mt_mtp_slot);
+            m->slots[k].mtp = mt_alloc(ctx, nb, MT_BUCKET_OTHER);
+            if (!m->slots[k].mtp) { rc = MT_ERR_OOM; goto fail; }
+            memset(m->slots[k].mtp, 0, nb);
+        }
     }
     s.arr = m->params;
     s.n = 0;

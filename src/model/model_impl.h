@@ -121,7 +121,7 @@ struct mt_slot {
     mt_bf16 *h_final_bf16;     /* precision=bf16: bf16(h_final), the lm head's GEMM operand */
     mt_bf16 *dlogits_bf16;     /* precision=bf16: bf16(dlogits), the lm head backward's dy operand */
     struct mt_layer *layers;   /* (L), only [l0, l1) carved */
-    struct mt_mtp_slot mtp[MT_MTP_MAX_DEPTH];   /* the MTP modules' (mtp_depth > 0, last stage) */
+    struct mt_mtp_slot *mtp;   /* (mtp_depth) the MTP modules' (last stage; mt_alloc OTHER), else NULL */
     struct mt_loss_norm norm;
     int have_fwd, have_targets;
 };

@@ -65,7 +65,9 @@ void mtp_carve(struct mt_model *m, struct mt_carver *c, struct mt_slot *S)
     const size_t Nr = (size_t)m->Nr, D = (size_t)m->D, V = (size_t)m->V;
     const enum mt_bucket A = MT_BUCKET_ACTS;
     for (int k = 0; k < m->mtp_depth; k++) {
-        struct mt_mtp_slot *t = &S->mtp[k];
+        struct mt_mtp_slot dummy;   /* the plan carves sizes only: no slot arrays */
+        memset(&dummy, 0, sizeof dummy);
+        struct mt_mtp_slot *t = S->mtp ? &S->mtp[k] : &dummy;
         t->emb_idx = carve_i(c, A, Nr);
         t->tgt = carve_i(c, A, Nr);
         t->e_raw = carve_f(c, A, Nr * D);
