@@ -63,7 +63,11 @@ PATTERN=AEAE
 EXTRAS="null_experts redo"
 SET="--set n_null_experts=2 --set top_k=2 --set redo_every=10 --set redo_tau=${REDO_TAU:-0.025}"
 if has mtp_depth; then SET="$SET --set mtp_depth=2"; EXTRAS="$EXTRAS mtp"; fi   # modules of kind A
-if has mod_capacity; then PATTERN=AeaE; SET="$SET --set mod_capacity=0.5"; EXTRAS="$EXTRAS mod"; fi
+# MoD: its keys may exist before the routed kinds do; on only where a lowercase letter is accepted
+if has mod_capacity && "$MT" plan --set vocab_size=64 --set n_layer=1 --set d_model=32 --set n_head=4 \
+        --set n_kv_head=2 --set seq_len=16 --set batch_size=1 --set pattern=a >/dev/null 2>&1; then
+    PATTERN=AeaE; SET="$SET --set mod_capacity=0.5"; EXTRAS="$EXTRAS mod"
+fi
 # MoD under sequence parallelism: where the build refuses it, the tp meshes run SP off
 SP_SET=${SP_SET:-}
 MODEL="--set vocab_size=256 --set n_layer=4 --set d_model=64 --set n_head=4 --set n_kv_head=2 --set seq_len=32
