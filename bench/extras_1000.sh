@@ -77,9 +77,7 @@ COMMON="--peak-flops 1e11 --quiet --data $W/train.bin"
 echo "extras: $EXTRAS; pattern $PATTERN; $STEPS steps, replica check every $CHECK_EVERY"
 
 # name  mesh  zero
-# (MTP refuses pp > 1 for now, docs/model.md: the pp2 x tp2 row runs the other extras)
-PP_SET=""
-case " $EXTRAS " in *" mtp "*) PP_SET="--set mtp_depth=0" ;; esac
+PP_SET=""   # extra settings of the pipeline row (none: every extra runs on pp)
 MESHES=("tp2_dp2_z3 tp=2,dp=2 3 --set sequence_parallel=false" "tp2_dp2_z1 tp=2,dp=2 1" "ep2_dp2 ep=2,dp=2 1"
         "pp2_tp2 pp=2,tp=2 1 $PP_SET")
 

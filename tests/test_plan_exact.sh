@@ -73,6 +73,7 @@ done <<'LIST'
 2 tp=2 0 HYB --set mamba_ngroups=1
 1 dp=1 0 DENSE --set mtp_depth=2
 2 dp=2 0 DENSE --set mtp_depth=2 --set recompute=block
+2 pp=2 1 DENSE --set mtp_depth=2 --set microbatches=2
 2 tp=2 3 MOE --set mtp_depth=1
 LIST
 

@@ -192,10 +192,6 @@ static enum mt_status check_dims(struct mt_ctx *ctx, struct mt_model *m)
                                 "row hooks (inner, carve, enter, leave, leave_backward, enter_backward): it needs all "
                                 "or none", mt_blocks_kind(b)->letter, w->name, n_hooks);
     }
-    /* MTP reads and trains wte from the last stage: one stage only, for now */
-    if (m->mtp_depth > 0 && !(m->first && m->last))
-        return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "model: mtp_depth=%d with pipeline stages (pp > 1) is not "
-                            "supported yet: the modules read wte, which lives on the first stage", m->mtp_depth);
     /* each piece the model uses checks its own dimensions (first steps, then the others) */
     struct mt_piece_ctx pc;
     model_piece_ctx(m, NULL, &pc);
@@ -555,6 +551,15 @@ static int bf16_shadowed(const struct mt_param *p)
     return p->role == MT_ROLE_HEAD || p->role == MT_ROLE_EXPERT || p->role == MT_ROLE_DENSE;
 }
 
+/* (Nr, D) blocks a stage exchanges: its output (or input gradient), and with
+ * MTP on a pipeline the depths' embedding rows wte[tgt[i+k-1]] forward and
+ * their gradients back (mtp.c: wte lives on the first stage, the modules on
+ * the last). */
+static size_t model_io_blocks(const struct mt_model *m)
+{
+    return m->mtp_depth && !(m->first && m->last) ? (size_t)(1 + m->mtp_depth) : 1;
+}
+
 /* Carve every buffer. With NULL bases only the offsets (sizes) advance;
  * m->params / m->layers may be NULL then (param sizes come from the registry).
  *
@@ -601,7 +606,8 @@ static void model_layout(struct mt_model *m, struct mt_carver *c)
         struct mt_slot *S = m->slots[sl].layers ? &m->slots[sl] : &dslot;
         S->idx = carve_i(c, A, N);
         S->targets = carve_i(c, A, N);
-        S->x_final = carve_f(c, A, Nr * D);
+        /* a stage before the last sends its output and, with MTP on a pipeline, the depths' embedding rows */
+        S->x_final = carve_f(c, A, (m->last ? 1 : model_io_blocks(m)) * Nr * D);
         if (m->last) {
             S->h_final = carve_f(c, A, Nr * D);
             /* the twin only where the norm kernel can write it (plan: ops unknown, counted) */
@@ -616,8 +622,8 @@ static void model_layout(struct mt_model *m, struct mt_carver *c)
             if (twin) S->dlogits_bf16 = carve(c, A, Nr * (size_t)m->V * 2);
             S->losses = carve_f(c, A, Nr);
             S->xlse = carve_f(c, A, Nr);
-            mtp_carve(m, c, S);   /* the MTP modules' (mtp_depth > 0) */
         }
+        if (m->first || m->last) mtp_carve(m, c, S);   /* the MTP modules' (mtp_depth > 0; mtp.c) */
         for (int l = m->l0; l < m->l1; l++) {
             struct mt_layer dummy;
             struct mt_layer *ly = S->layers ? &S->layers[l] : &dummy;
@@ -643,7 +649,7 @@ static void model_layout(struct mt_model *m, struct mt_carver *c)
         pc.own = model_own(m, pcs[i]);
         if (pcs[i]->ffn_scratch && pcs[i]->ffn_scratch(&pc) > ff) ff = pcs[i]->ffn_scratch(&pc);
     }
-    m->dx = carve_f(c, W, Nr * D);
+    m->dx = carve_f(c, W, (m->first ? 1 : model_io_blocks(m)) * Nr * D);   /* the stage's d input (+ MTP's rows) */
     m->dh = carve_f(c, W, N * D);
     if (m->tp > 1) {
         m->s_full = carve_f(c, W, N * D);
@@ -672,11 +678,11 @@ static void model_layout(struct mt_model *m, struct mt_carver *c)
     }
     carve_piece_scratch(m, c, 1);   /* ffns */
     m->h_losses = carve_f(c, O, Nr);
+    if ((m->first || m->last) && m->mtp_depth > 0) m->mtp_host = carve_i(c, O, 2 * Nr);
     if (m->last && m->mtp_depth > 0) {
         m->mtp_dsave = carve_f(c, W, Nr * D);
         m->mtp_carry = carve_f(c, W, Nr * D);
         m->mtp_tmp = carve_f(c, W, Nr * D);
-        m->mtp_host = carve_i(c, O, 2 * Nr);
     }
     model_redo_carve(m, c);         /* ReDo's score accumulators (redo_every > 0 only) */
 }
@@ -723,7 +729,7 @@ void mt_model_plan_bytes_par(const struct mt_config *cfg, int B, int flags, cons
     /* host bookkeeping arrays allocated by create next to the OTHER arena */
     bytes[MT_BUCKET_OTHER] += (size_t)model_n_params(&m) * sizeof(struct mt_param)
                               + (size_t)m.n_slots * (size_t)m.L * sizeof(struct mt_layer) + sizeof(struct mt_model);
-    if (m.last && m.mtp_depth > 0)   /* the MTP modules' slot arrays (create) */
+    if ((m.first || m.last) && m.mtp_depth > 0)   /* the MTP modules' slot arrays (create) */
         bytes[MT_BUCKET_OTHER] += (size_t)m.n_slots * (size_t)m.mtp_depth * sizeof(struct mt_mtp_slot);
 }
 
@@ -928,7 +934,7 @@ enum mt_status mt_model_create_par(struct mt_ctx *ctx, const struct mt_ops_i *op
         m->slots[k].layers = mt_alloc(ctx, (size_t)m->L * sizeof(struct mt_layer), MT_BUCKET_OTHER);
         if (!m->slots[k].layers) { rc = MT_ERR_OOM; goto fail; }
         memset(m->slots[k].layers, 0, (size_t)m->L * sizeof(struct mt_layer));
-        if (m->last && m->mtp_depth > 0) {   /* the MTP modules' layers (mtp.c) */
+        if ((m->first || m->last) && m->mtp_depth > 0) {   /* the MTP modules' (mtp.c) */
             const size_t nb = (size_t)m->mtp_depth * sizeof(struct mt_mtp_slot);
             m->slots[k].mtp = mt_alloc(ctx, nb, MT_BUCKET_OTHER);
             if (!m->slots[k].mtp) { rc = MT_ERR_OOM; goto fail; }
@@ -1433,7 +1439,7 @@ void mt_model_set_slot(struct mt_model *m, int k)
 }
 
 int mt_model_n_slots(const struct mt_model *m) { return m->n_slots; }
-int mt_model_stage_rows(const struct mt_model *m) { return m->Nr; }
+int mt_model_stage_rows(const struct mt_model *m) { return m->Nr * (int)model_io_blocks(m); }
 float *mt_model_stage_output(struct mt_model *m) { return m->x_final; }
 float *mt_model_stage_dinput(struct mt_model *m) { return m->dx; }
 
@@ -1475,9 +1481,13 @@ enum mt_status mt_model_forward_stage(struct mt_ctx *ctx, struct mt_model *m, co
         MT_CHECK(hook(ctx, m, m->hooks.pre_forward, 0));
         bf16_refresh(m, 0);
         ops->embed_forward(ops->be, m->layers[m->l0].x_in, m->idx + r0, m->wte->data, m->Nr, m->D);
-        if (targets && m->mtp_depth > 0) mtp_embed_forward(m, targets);   /* read wte in its unit */
+        /* MTP: the depths' embedding rows, read while wte is in its unit; on a pipeline
+         * into the stage output's tail, for the last stage (mtp.c) */
+        if (targets && m->mtp_depth > 0)
+            mtp_embed_forward(m, targets, m->last ? NULL : m->x_final + (size_t)m->Nr * m->D);
     } else {
         ops->copy(ops->be, m->layers[m->l0].x_in, x_in, (size_t)m->Nr * m->D * sizeof(float));
+        if (targets && m->mtp_depth > 0) mtp_stage_rows_in(m, targets, x_in + (size_t)m->Nr * m->D);
     }
     double sum[MT_LOSS_MAX_PARTS] = {0};   /* each loss part's sum over this microbatch, un-normalised */
     for (int l = m->l0; l < m->l1; l++) {
@@ -1571,8 +1581,11 @@ enum mt_status mt_model_backward_stage(struct mt_ctx *ctx, struct mt_model *m, c
         MT_CHECK(hook(ctx, m, m->hooks.pre_backward, 0));
         if (!m->wte->frozen)   /* LoRA: the frozen embedding needs no gradient */
             ops->embed_backward(ops->be, m->wte->grad, m->dx, m->idx + (m->sp ? m->row0 : 0), m->Nr, D, m->V);
-        if (!m->wte->frozen && m->mtp_depth > 0) mtp_embed_backward(m);
+        if (!m->wte->frozen && m->mtp_depth > 0)   /* dwte += the depths' rows (on a pipeline: the tail) */
+            mtp_embed_backward(m, m->last ? NULL : dy_out + (size_t)m->Nr * D);
         MT_CHECK(hook(ctx, m, m->hooks.post_backward, 0));
+    } else if (m->mtp_depth > 0) {
+        mtp_stage_rows_back(m, dy_out ? dy_out + (size_t)m->Nr * D : NULL);   /* the rows' gradient, backwards */
     }
     return MT_OK;
 }

@@ -469,14 +469,22 @@ extern const struct mt_head_piece mt_head;
 void   mtp_module_params(const struct mt_model *m, int k, mt_pspec_fn fn, void *user);
 void   mtp_loss_register(struct mt_model *m);
 void   mtp_carve(struct mt_model *m, struct mt_carver *c, struct mt_slot *S);
-/* forward, first stage (wte valid: its ZeRO unit): the modules' embedding rows */
-void   mtp_embed_forward(struct mt_model *m, const int32_t *targets_host);
+/* forward, first stage (wte valid: its ZeRO unit): the modules' embedding rows,
+ * into the slot (one stage) or into `tail` (Dm blocks of (Nr, D): a pipeline) */
+void   mtp_embed_forward(struct mt_model *m, const int32_t *targets_host, float *tail);
+/* pipeline, a later stage: the rows from the input's tail (last stage: into the
+ * slot, with the rows' ids; else: on into the output's tail) */
+void   mtp_stage_rows_in(struct mt_model *m, const int32_t *targets_host, const float *tail);
+/* pipeline, a stage after the first: the rows' gradient into dx's tail (last
+ * stage: from the slot; else: from dy_out's tail) */
+void   mtp_stage_rows_back(struct mt_model *m, const float *dy_tail);
 /* forward, after the head: h' , the blocks, the logits and sum[part] += CE sums */
 enum mt_status mtp_forward(struct mt_ctx *ctx, struct mt_model *m, double *sum);
 /* backward, after the head's (dx = d x_final): dx += the modules' d h^0 */
 enum mt_status mtp_backward(struct mt_ctx *ctx, struct mt_model *m);
-/* backward, first stage: dwte += the modules' embedding rows' gradients */
-void   mtp_embed_backward(struct mt_model *m);
+/* backward, first stage: dwte += the modules' embedding rows' gradients (from
+ * the slot, or from `tail`: a pipeline) */
+void   mtp_embed_backward(struct mt_model *m, const float *tail);
 double mtp_flops_per_token(const struct mt_config *cfg, const struct mt_block_shape *s);
 /* model.c's block calls, for the modules' blocks */
 enum mt_status model_block_backward(struct mt_ctx *ctx, struct mt_model *m, struct mt_layer *ly);

@@ -26,6 +26,12 @@
  * enter dwte where the embedding's own backward runs (the first stage,
  * mtp_embed_backward), so wte is read and written inside its ZeRO unit.
  *
+ * On a pipeline the modules live on the last stage and wte on the first:
+ * the first stage sends the depths' embedding rows in the tail of its output
+ * ((1 + Dm) blocks of (Nr, D): mt_model_stage_rows), middle stages pass them
+ * on, and their gradients travel back in the tail of the input gradient to
+ * the first stage, which scatters them into dwte.
+ *
  * The modules' parameters live in the head's ZeRO unit (layer -1): a ZeRO-3
  * gather of the head brings them. Under TP the block splits like a main
  * block; eh_proj and the gains are whole (replicated; under SP their
@@ -70,6 +76,7 @@ void mtp_carve(struct mt_model *m, struct mt_carver *c, struct mt_slot *S)
         struct mt_mtp_slot *t = S->mtp ? &S->mtp[k] : &dummy;
         t->emb_idx = carve_i(c, A, Nr);
         t->tgt = carve_i(c, A, Nr);
+        if (!m->last) continue;   /* the first stage of a pipeline: the ids its embedding rows scatter by */
         t->e_raw = carve_f(c, A, Nr * D);
         t->de_raw = carve_f(c, A, Nr * D);
         t->hn = carve_f(c, A, Nr * D);
@@ -88,7 +95,9 @@ void mtp_carve(struct mt_model *m, struct mt_carver *c, struct mt_slot *S)
     }
 }
 
-void mtp_embed_forward(struct mt_model *m, const int32_t *targets)
+/* The rows' ids from the host targets (this rank's rows r0..r0+Nr):
+ * emb_idx = tgt[i+k-1] (0 where none), tgt_k = tgt[i+k] (-1 where none). */
+static void mtp_ids(struct mt_model *m, const int32_t *targets)
 {
     const struct mt_ops_i *ops = m->ops;
     const int Nr = m->Nr, T = m->T, r0 = m->sp ? m->row0 : 0;
@@ -103,8 +112,44 @@ void mtp_embed_forward(struct mt_model *m, const int32_t *targets)
         struct mt_mtp_slot *s = &m->mtp[k - 1];
         ops->copy_from_host(ops->be, s->emb_idx, emb, (size_t)Nr * sizeof(int32_t));
         ops->copy_from_host(ops->be, s->tgt, tgt, (size_t)Nr * sizeof(int32_t));
-        ops->embed_forward(ops->be, s->e_raw, s->emb_idx, m->wte->data, Nr, m->D);
     }
+}
+
+void mtp_embed_forward(struct mt_model *m, const int32_t *targets, float *tail)
+{
+    const struct mt_ops_i *ops = m->ops;
+    const size_t nd = (size_t)m->Nr * (size_t)m->D;
+    mtp_ids(m, targets);
+    for (int k = 1; k <= m->mtp_depth; k++) {
+        struct mt_mtp_slot *s = &m->mtp[k - 1];
+        ops->embed_forward(ops->be, tail ? tail + (size_t)(k - 1) * nd : s->e_raw, s->emb_idx, m->wte->data, m->Nr,
+                           m->D);
+    }
+}
+
+void mtp_stage_rows_in(struct mt_model *m, const int32_t *targets, const float *tail)
+{
+    const struct mt_ops_i *ops = m->ops;
+    const size_t nd = (size_t)m->Nr * (size_t)m->D;
+    if (!m->last) {   /* a middle stage passes them on */
+        ops->copy(ops->be, m->x_final + nd, tail, (size_t)m->mtp_depth * nd * sizeof(float));
+        return;
+    }
+    mtp_ids(m, targets);
+    for (int k = 1; k <= m->mtp_depth; k++)
+        ops->copy(ops->be, m->mtp[k - 1].e_raw, tail + (size_t)(k - 1) * nd, nd * sizeof(float));
+}
+
+void mtp_stage_rows_back(struct mt_model *m, const float *dy_tail)
+{
+    const struct mt_ops_i *ops = m->ops;
+    const size_t nd = (size_t)m->Nr * (size_t)m->D;
+    if (!m->last) {
+        ops->copy(ops->be, m->dx + nd, dy_tail, (size_t)m->mtp_depth * nd * sizeof(float));
+        return;
+    }
+    for (int k = 1; k <= m->mtp_depth; k++)
+        ops->copy(ops->be, m->dx + (size_t)k * nd, m->mtp[k - 1].de_raw, nd * sizeof(float));
 }
 
 /* The count L_k is divided by (mt_model.h, MT_LOSS_PER_TARGET_AHEAD): the
@@ -187,11 +232,13 @@ enum mt_status mtp_backward(struct mt_ctx *ctx, struct mt_model *m)
     return MT_OK;
 }
 
-void mtp_embed_backward(struct mt_model *m)
+void mtp_embed_backward(struct mt_model *m, const float *tail)
 {
     const struct mt_ops_i *ops = m->ops;
+    const size_t nd = (size_t)m->Nr * (size_t)m->D;
     for (int k = 1; k <= m->mtp_depth; k++)
-        ops->embed_backward(ops->be, m->wte->grad, m->mtp[k - 1].de_raw, m->mtp[k - 1].emb_idx, m->Nr, m->D, m->V);
+        ops->embed_backward(ops->be, m->wte->grad, tail ? tail + (size_t)(k - 1) * nd : m->mtp[k - 1].de_raw,
+                            m->mtp[k - 1].emb_idx, m->Nr, m->D, m->V);
 }
 
 /* Per token and module: eh_proj (2 D^2), the block's, the lm head's (V D)

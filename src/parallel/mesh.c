@@ -358,10 +358,6 @@ enum mt_status mt_mesh_check_contract(struct mt_ctx *ctx, const struct mt_mesh_d
     MT_CHECK(mt_blocks_check_axis(ctx, cfg, MT_AXIS_TP, tp));
     MT_CHECK(mt_blocks_check_axis(ctx, cfg, MT_AXIS_EP, d->ep));
     if (cfg->n_layer < d->pp) return CONTRACT_FAIL(ctx, "n_layer < pp (n_layer=%d, pp=%d)", cfg->n_layer, d->pp);
-    /* MTP's modules read and train wte from the last stage (docs/model.md "MTP") */
-    if (cfg->mtp_depth > 0 && d->pp > 1)
-        return CONTRACT_FAIL(ctx, "mtp_depth=%d with pipeline stages (pp > 1) is not supported yet: the MTP modules "
-                             "read wte, which lives on the first stage (pp=%d)", cfg->mtp_depth, d->pp);
     int mb = microbatches > 0 ? microbatches : (cfg->microbatches > 0 ? cfg->microbatches : 1);
     long long div = (long long)d->dp * d->ep * mb;
     if (cfg->batch_size < 1 || cfg->batch_size % div)

@@ -454,7 +454,10 @@ static enum mt_status plan_select(struct mt_ctx *ctx, struct mt_plan *p, const s
         mt_layout_model_par(&p->cfg, d, p->su.first_layer, sp->rep_rank, &par);
         MT_CHECK(mt_model_check_par(ctx, &p->cfg, p->Bm, &par));
         mt_model_plan_bytes_par(&p->cfg, p->Bm, MT_MODEL_EXTERNAL_PARAMS, &par, sp->model_bytes);
-        sp->model_bytes[MT_BUCKET_COMM] += 2 * mt_layout_stage_io_bytes(sp->model, &p->cfg, d->pp);   /* act_in, grad_in */
+        /* act_in, grad_in: the registry's model has B = tp sequences; the buffers hold a microbatch's (Bm),
+         * and a stage's rows are linear in B */
+        sp->model_bytes[MT_BUCKET_COMM] +=
+            2 * (mt_layout_stage_io_bytes(sp->model, &p->cfg, d->pp) * (size_t)p->Bm / (size_t)(d->tp > 0 ? d->tp : 1));
         sp->model_bytes[MT_BUCKET_OTHER] +=
             mt_layout_host_bytes(&p->cfg, sp->n_params, p->Bm, p->su.steps > 0 ? p->su.steps : 1, p->world);
     }
