@@ -77,9 +77,8 @@ COMMON="--peak-flops 1e11 --quiet --data $W/train.bin"
 echo "extras: $EXTRAS; pattern $PATTERN; $STEPS steps, replica check every $CHECK_EVERY"
 
 # name  mesh  zero
-PP_SET=""   # extra settings of the pipeline row (none: every extra runs on pp)
 MESHES=("tp2_dp2_z3 tp=2,dp=2 3 --set sequence_parallel=false" "tp2_dp2_z1 tp=2,dp=2 1" "ep2_dp2 ep=2,dp=2 1"
-        "pp2_tp2 pp=2,tp=2 1 $PP_SET")
+        "pp2_tp2 pp=2,tp=2 1")
 
 run() {   # np out args...
     local np=$1 out=$2; shift 2
@@ -124,14 +123,9 @@ for row in "${MESHES[@]}"; do
     mkdir -p "$OUT/$name"
     cp "$W/$name.log" "$OUT/$name/train.log" 2>/dev/null
     cp "$W/$name/receipt.json" "$OUT/$name/receipt.json" 2>/dev/null
-    ref20="$W/ref20"
-    if [ -n "$PP_SET" ] && [[ "$sp" == *"$PP_SET"* ]]; then   # the one-rank twin without MTP
-        [ -d "$W/ref20_nomtp" ] || run 1 "$W/ref20_nomtp" $MODEL $PP_SET --steps 20
-        ref20="$W/ref20_nomtp"
-    fi
-    eq=$(python3 "$HERE/tests/equiv.py" "$ref20" "$W/${name}_20" --tol "$TOL" 2>&1); eqrc=$?
+    eq=$(python3 "$HERE/tests/equiv.py" "$W/ref20" "$W/${name}_20" --tol "$TOL" 2>&1); eqrc=$?
     printf '%s\n' "$eq" >"$OUT/$name/equiv_first20.txt"
-    if python3 - "$W/$name" "$W/${name}_20" "$ref20" "$rc" "$rc20" "$eqrc" "$STEPS" "$CHECK_EVERY" "$zero" \
+    if python3 - "$W/$name" "$W/${name}_20" "$W/ref20" "$rc" "$rc20" "$eqrc" "$STEPS" "$CHECK_EVERY" "$zero" \
         "$mesh" "$name" "$W/ref" "$sp" "$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.1f", b-a}')" "$EXTRAS" >>"$W/rows" <<'PY'
 import json, math, sys
 run, run20, ref, rc, rc20, eqrc, steps, every, zero, mesh, name, ref_long, sp_args, secs, extras = sys.argv[1:]
@@ -180,13 +174,12 @@ if r:
         if not lists[1] or lists[0] != lists[1]: errs.append("ReDo unit lists of steps 1-20 differ from one rank's: %s" % lists)
     nulls = list(find(r, "null_share"))
     if "null_experts" in ex and not (nulls and min(nulls) > 0): errs.append("no slot routed to a null expert")
-    if "mtp" in ex and "mtp_depth=0" not in sp_args and not any(p.startswith("mtp") for p in parts):
-        errs.append("no MTP loss series")
+    if "mtp" in ex and not any(p.startswith("mtp") for p in parts): errs.append("no MTP loss series")
     if "mod" in ex and not any(p.startswith("mod") for p in parts): errs.append("no MoD aux series")
     share = "ReDo %d events, %d units; null share %s; parts %s" % (
         len(ev), recycled, "/".join("%.3f" % x for x in nulls), ",".join(p[:-7] for p in parts))
 verdict = "PASS" if not errs else "FAIL"
-L = r["lm_losses"] if r else []   # lm: comparable across rows with and without MTP
+L = r["lm_losses"] if r else []   # lm: the main model's loss
 print("| %s | `%s` ZeRO-%d%s | %s | %s | %d ok%s | %s | %s | %s | %s | %s |" % (
     name, mesh, zero, " SP off" if "sequence_parallel=false" in sp_args else "", len(L), "yes" if finite else "NO", n_ok,
     (", %d not applicable" % n_na) if n_na else "", "equal" if eqrc == "0" else "DIFFERS",

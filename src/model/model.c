@@ -1381,7 +1381,7 @@ static void moe_loss_sums(struct mt_model *m, double *sum)
 }
 
 /* The global count a part's sums are divided by (mt_model.h). */
-static double loss_count(const struct mt_loss_norm *norm, const struct mt_loss_part *p)
+double model_loss_count(const struct mt_loss_norm *norm, const struct mt_loss_part *p)
 {
     const enum mt_loss_reduce r = p->reduce;
     if (r == MT_LOSS_PER_TARGET_AHEAD) return norm->n_targets - (double)p->ahead * norm->n_sequences;
@@ -1517,7 +1517,7 @@ enum mt_status mt_model_forward_stage(struct mt_ctx *ctx, struct mt_model *m, co
         m->norm = *norm;
         if (out)
             for (int k = 0; k < m->n_loss; k++) {
-                const double c = loss_count(norm, &m->loss[k]);
+                const double c = model_loss_count(norm, &m->loss[k]);
                 out->v[k] = c > 0 ? sum[k] / c : 0.0;
             }
     }

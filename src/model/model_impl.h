@@ -496,6 +496,8 @@ struct mt_piece_fwd model_train_fwd(const struct mt_model *m, float *x_out, int 
  * mt_model_create: the head's "lm", moe.c's "aux" and "z"
  * (moe_loss_register), the head's extras. */
 int  model_loss_add(struct mt_model *m, const struct mt_loss_part *p);
+/* The global count part p's sums are divided by (mt_model.h, enum mt_loss_reduce). */
+double model_loss_count(const struct mt_loss_norm *norm, const struct mt_loss_part *p);
 void moe_loss_register(struct mt_model *m);
 
 /* model.c: value of every element of p's owned box, row-major (len0, len1),

@@ -152,12 +152,13 @@ void mtp_stage_rows_back(struct mt_model *m, const float *dy_tail)
         ops->copy(ops->be, m->dx + (size_t)k * nd, m->mtp[k - 1].de_raw, nd * sizeof(float));
 }
 
-/* The count L_k is divided by (mt_model.h, MT_LOSS_PER_TARGET_AHEAD): the
- * global rows with a target k ahead; 1/count scaled by the part's weight. */
+/* d loss / d CE_i of module k: the part's weight over the count it is divided
+ * by (the model's own rule: MT_LOSS_PER_TARGET_AHEAD, rows with a target k ahead). */
 static float mtp_dscale(const struct mt_model *m, int k)
 {
-    const double c = m->norm.n_targets - (double)k * m->norm.n_sequences;
-    return c > 0 ? (float)(m->loss[m->loss_mtp0 + k - 1].weight / c) : 0.0f;
+    const struct mt_loss_part *p = &m->loss[m->loss_mtp0 + k - 1];
+    const double c = model_loss_count(&m->norm, p);
+    return c > 0 ? (float)(p->weight / c) : 0.0f;
 }
 
 enum mt_status mtp_forward(struct mt_ctx *ctx, struct mt_model *m, double *sum)
