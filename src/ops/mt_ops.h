@@ -594,6 +594,31 @@ struct mt_ops_i {
      * exactness the recycling decision needs). Optional (NULL: redo_every
      * is refused on that backend). */
     void   (*redo_score_acc)(void *be, int64_t *acc, const float *act, size_t rows, int F);
+    /* ---- Mixture-of-Depths routing (SPEC 1e; src/model/mod.c, docs/model.md) ----
+     * r (N = B*T) float: the router's score per row, sequence b on rows
+     * b*T .. b*T+T-1. Per sequence the C rows with the largest r are
+     * selected, ties to the lower position: row b*T + t is selected iff
+     *     #{t' : r[b,t'] > r[b,t] or (r[b,t'] == r[b,t] and t' < t)} < C
+     * (a NaN compares as -inf; exact and order-free: every backend selects
+     * the same rows). mod_route writes (all =):
+     *     idx  (B*C) int32  the selected rows of sequence b at b*C + j, j-th in
+     *                       increasing t: idx = b*T + t
+     *     tpos (B*C) int32  their positions t (the RoPE row to read)
+     *     slot (N)   int32  b*C + j on a selected row, -1 on the others
+     *     s    (N)   float  sigmoid(r), every row
+     *     loss (1)  double  coef * sum over the N rows of BCE(s, sel) =
+     *                       coef * sum (sel ? softplus(-r) : softplus(r))
+     *                       (loss NULL: not computed); rows in order (cpu),
+     *                       a fixed tree (cuda)
+     * mod_backward (the combine x_out = x + s (y - x) on the selected rows):
+     *     dr (N) (=) = (slot >= 0 ? dgate s (1 - s) : 0) + aux_scale (s - sel)
+     *     dx (N, D): the selected rows scaled by (1 - s) in place (=); the
+     *                others unchanged
+     * Optional (NULL: routed blocks are refused on that backend). */
+    void   (*mod_route)(void *be, int32_t *idx, int32_t *tpos, int32_t *slot, float *s, double *loss,
+                        const float *r, int B, int T, int C, float coef);
+    void   (*mod_backward)(void *be, float *dr, float *dx, const float *dgate, const float *s, const int32_t *slot,
+                           int N, int D, float aux_scale);
     /* ---- the gated norm of the Mamba-3 mixer when its groups span ranks ----
      * (replicated B/C under TP, mamba_ngroups % tp != 0: docs/mamba3.md §10).
      * The rank holds channels [c0, c0 + E) of the global d_inner; groups are

@@ -153,6 +153,11 @@ void mt_cpu_attention_backward(float *dq, float *dk, float *dv, const float *dou
                                int B, int T, int H, int K, int hd);
 
 /* ---- swiglu.c ---- */
+/* Mixture-of-Depths routing (mt_ops.h mod_route, mod_backward; mod.c) */
+void mt_cpu_mod_route(int32_t *idx, int32_t *tpos, int32_t *slot, float *s, double *loss, const float *r, int B,
+                      int T, int C, float coef);
+void mt_cpu_mod_backward(float *dr, float *dx, const float *dgate, const float *s, const int32_t *slot, int N, int D,
+                         float aux_scale);
 /* ReDo: acc[j] += sum_i q(|act[i*F+j]|), the fixed point of mt_ops.h (redo_score_acc) */
 void mt_cpu_redo_score_acc(int64_t *acc, const float *act, size_t rows, int F);
 void mt_cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);

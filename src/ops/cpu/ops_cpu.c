@@ -400,6 +400,18 @@ static void p_redo_score_acc(void *be, int64_t *acc, const float *act, size_t ro
     (void)be;   /* stateless */
     PROF(MT_OPK_ELEMENTWISE, mt_cpu_redo_score_acc(acc, act, rows, F));
 }
+static void p_mod_route(void *be, int32_t *idx, int32_t *tpos, int32_t *slot, float *s, double *loss,
+                        const float *r, int B, int T, int C, float coef)
+{
+    (void)be;   /* stateless */
+    PROF(MT_OPK_ELEMENTWISE, mt_cpu_mod_route(idx, tpos, slot, s, loss, r, B, T, C, coef));
+}
+static void p_mod_backward(void *be, float *dr, float *dx, const float *dgate, const float *s, const int32_t *slot,
+                           int N, int D, float aux_scale)
+{
+    (void)be;   /* stateless */
+    PROF(MT_OPK_ELEMENTWISE, mt_cpu_mod_backward(dr, dx, dgate, s, slot, N, D, aux_scale));
+}
 static void p_muon_momentum(void *be, float *d, float *m, const float *g, float mu, size_t n)
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
@@ -616,6 +628,9 @@ static const struct mt_ops_i cpu_ops = {
     /* .op_profile                 = */ .op_profile                 = cpu_op_profile,
     /* ReDo scores (SPEC 1e) */
     /* .redo_score_acc             = */ .redo_score_acc             = p_redo_score_acc,
+    /* Mixture-of-Depths routing (SPEC 1e) */
+    /* .mod_route                  = */ .mod_route                  = p_mod_route,
+    /* .mod_backward               = */ .mod_backward               = p_mod_backward,
 };
 
 const struct mt_ops_i *mt_ops_cpu(void)
