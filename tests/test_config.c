@@ -201,8 +201,11 @@ static void test_resolve_rules(void)
     RULE1("pattern=AAXA", "pattern");
     RULE1("mod_capacity=0", "mod_capacity must be in (0, 1]");
     RULE1("pattern=AAmA", "pattern[2]='m': Mamba-3 blocks cannot be routed");
-    RULE1("pattern=AaAA", "pattern[1]='a': Mixture-of-Depths");
-    RULE1("pattern=AAAe", "pattern[3]='e': Mixture-of-Depths");
+    /* routed kinds are the table's (a, e): an MTP module's block must not be one */
+    do {
+        const char *s_[] = {"pattern=AaAA", "mtp_depth=1", "mtp_block=a"};
+        expect_rule(__LINE__, s_, 3, "mtp_block=a is a routed (Mixture-of-Depths) block");
+    } while (0);
     RULE2("pattern=AEAE", "top_k=9", "top_k");
     RULE2("pattern=AEAE", "n_experts=1", "top_k");
     RULE2("batch_size=6", "microbatches=4", "batch_size % microbatches");

@@ -27,6 +27,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <ctype.h>
 #include <string.h>
 
 #include "core/mt_core.h"
@@ -41,6 +42,7 @@ static int g_lora = 0;   /* 1: the configs carry LoRA adapters on every target (
 static int g_null = 0;   /* > 0: the MoE configs get this many null experts (SPEC 1e), top_k 3 */
 static int g_mtp = 0;    /* > 0: mtp_depth (SPEC 1e), modules of kind g_mtp_block, lambda 0.5 */
 static const char *g_mtp_block = "A";
+static unsigned g_mod = 0;   /* bit l: layer l routed by Mixture-of-Depths (SPEC 1e), capacity 0.5, aux 0.1 */
 #define EXPECT(cond, ...)                                                   \
     do {                                                                    \
         if (!(cond)) {                                                      \
@@ -89,6 +91,13 @@ static void base_config(struct mt_config *cfg, struct mt_ctx *ctx, int moe, floa
         }
     } else {
         cfg->pattern[0] = '\0';
+    }
+    if (g_mod) {   /* lowercase letters: the routed twins of A and E */
+        if (!cfg->pattern[0]) snprintf(cfg->pattern, sizeof cfg->pattern, "%.*s", cfg->n_layer, "AAAA");
+        for (int l = 0; l < cfg->n_layer; l++)
+            if (g_mod >> l & 1u) cfg->pattern[l] = (char)tolower((unsigned char)cfg->pattern[l]);
+        cfg->mod_capacity = 0.5f;
+        cfg->mod_aux_coef = 0.1f;
     }
     if (g_mtp) {
         cfg->mtp_depth = g_mtp;
@@ -162,14 +171,22 @@ static double total_loss(struct mt_ctx *ctx, struct mt_model *m, const int32_t *
     return mt_loss_parts_total(parts.v, parts.n);
 }
 
-/* Concatenated chosen experts of every MoE layer (host copy). */
+/* Concatenated chosen experts of every MoE layer and the selections of
+ * every routed (MoD) layer (host copy): a finite difference that changes
+ * either is a step of a piecewise-constant choice, not a gradient. */
 static void routing_snapshot(struct mt_model *m, int32_t *out)
 {
     size_t o = 0;
     for (int l = 0; l < m->L; l++) {
+        const int32_t *slot = mod_state_slot(&m->layers[l]);
+        const size_t rows = slot ? (size_t)m->B * mod_rows(&m->cfg, m->T) : (size_t)m->N;
+        if (slot) {
+            m->ops->copy_to_host(m->ops->be, out + o, slot, (size_t)m->N * sizeof(int32_t));
+            o += (size_t)m->N;
+        }
         if (!m->layers[l].moe) continue;
-        m->ops->copy_to_host(m->ops->be, out + o, moe_state_topk(m->layers[l].state[MT_PIECE_FFN]), (size_t)m->N * m->top_k * sizeof(int32_t));
-        o += (size_t)m->N * m->top_k;
+        m->ops->copy_to_host(m->ops->be, out + o, moe_state_topk(m->layers[l].state[MT_PIECE_FFN]), rows * m->top_k * sizeof(int32_t));
+        o += rows * m->top_k;
     }
 }
 
@@ -196,7 +213,7 @@ static void gradcheck(const char *label, int moe, float softcap)
     total_loss(&ctx, m, idx, tgt, &norm);
     EXPECT(mt_model_backward(&ctx, m) == MT_OK, "backward: %s", mt_ctx_last_error(&ctx));
 
-    size_t nroute = (size_t)m->L * N * m->top_k + 1;
+    size_t nroute = (size_t)m->L * N * (m->top_k + 1) + 1;
     int32_t *r0 = calloc(nroute, sizeof(int32_t)), *r1 = calloc(nroute, sizeof(int32_t));
     total_loss(&ctx, m, idx, tgt, &norm);
     routing_snapshot(m, r0);
@@ -244,11 +261,11 @@ static void gradcheck(const char *label, int moe, float softcap)
             ops->copy_from_host(ops->be, p->data + e, &v, sizeof(float));
             double lp = total_loss(&ctx, m, idx, tgt, &norm);
             int flip = 0;
-            if (moe) { routing_snapshot(m, r1); flip |= memcmp(r0, r1, nroute * sizeof(int32_t)) != 0; }
+            if (moe || g_mod) { routing_snapshot(m, r1); flip |= memcmp(r0, r1, nroute * sizeof(int32_t)) != 0; }
             v = orig - eps;
             ops->copy_from_host(ops->be, p->data + e, &v, sizeof(float));
             double lm = total_loss(&ctx, m, idx, tgt, &norm);
-            if (moe) { routing_snapshot(m, r1); flip |= memcmp(r0, r1, nroute * sizeof(int32_t)) != 0; }
+            if (moe || g_mod) { routing_snapshot(m, r1); flip |= memcmp(r0, r1, nroute * sizeof(int32_t)) != 0; }
             ops->copy_from_host(ops->be, p->data + e, &orig, sizeof(float));
             if (flip) { skipped++; continue; }
             /* the actual step, as rounded in fp32 */
@@ -608,6 +625,21 @@ int main(void)
     gradcheck("hybrid AMEM mtp_depth=1 mtp_block=M", 2, 0.0f);
     g_mtp_block = "A";
     g_mtp = 0;
+    /* Mixture-of-Depths (SPEC 1e): the routers, the selected rows' block at
+     * their original RoPE positions, the combine and the BCE aux part */
+    g_mod = 2;
+    gradcheck("dense Aa mod", 0, 0.0f);
+    g_mod = 1;
+    gradcheck("dense aA mod", 0, 0.0f);
+    g_mod = 3;
+    gradcheck("moe ae mod", 1, 0.0f);
+    g_mod = 1;   /* (AMeM: layer 2's experts see 6 rows, their gradients sit at the fp32 difference's noise) */
+    gradcheck("hybrid aMEM mod", 2, 0.0f);
+    g_mtp = 1;
+    g_mod = 2;
+    gradcheck("dense Aa mod mtp_depth=1", 0, 0.0f);
+    g_mtp = 0;
+    g_mod = 0;
     g_null = 2;   /* null experts (SPEC 1e): the router's E + Z rows, gates renormalised over both */
     gradcheck("moe null experts", 1, 0.0f);
     gradcheck("hybrid AMEM null experts", 2, 0.0f);

@@ -30,6 +30,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <ctype.h>
 #include <string.h>
 #include <strings.h>
 #include <unistd.h>
@@ -63,7 +64,7 @@ static const struct key keys[] = {
     {"head_dim",     KT_INT,   OFF(head_dim),     0, "0",     0, 65536, NULL, 1, "hd, even; 0 = D / H"},
     {"mlp_hidden",   KT_INT,   OFF(mlp_hidden),   0, "0",     0, 1 << 24, NULL, 1, "F, SwiGLU hidden; 0 = ceil(8D/3) rounded up to 64"},
     {"seq_len",      KT_INT,   OFF(seq_len),      0, "256",   2, 1 << 24, NULL, 1, "T, tokens per sequence"},
-    {"pattern",      KT_STRING, OFF(pattern), SZ(pattern), "", 0, 0, NULL, 1, "one letter per layer, A = attention + MLP, E = attention + MoE, M = Mamba-3 + MLP; lowercase a / e: that block routed by Mixture-of-Depths, refused by this build (docs/model.md); \"\" = A x L"},
+    {"pattern",      KT_STRING, OFF(pattern), SZ(pattern), "", 0, 0, NULL, 1, "one letter per layer, A = attention + MLP, E = attention + MoE, M = Mamba-3 + MLP; lowercase a / e: that block routed by Mixture-of-Depths (docs/model.md); \"\" = A x L"},
     {"n_experts",    KT_INT,   OFF(n_experts),    0, "8",     1, 65536, NULL, 1, "experts per MoE block"},
     {"top_k",        KT_INT,   OFF(top_k),        0, "2",     1, 65536, NULL, 1, "experts per token, in [1, n_experts]"},
     {"expert_hidden", KT_INT,  OFF(expert_hidden), 0, "0",    0, 1 << 24, NULL, 1, "SwiGLU hidden of each expert; 0 = F / 4"},
@@ -74,7 +75,7 @@ static const struct key keys[] = {
     {"mtp_block",    KT_STRING, OFF(mtp_block), SZ(mtp_block), "A", 0, 0, NULL, 1, "MTP: the block kind (pattern letter) of each module's block; a kind without routed experts"},
     {"aux_loss_coef", KT_FLOAT, OFF(aux_loss_coef), 0, "0.01", 0, FMAXV, NULL, 1, "MoE load-balancing loss weight"},
     {"z_loss_coef",  KT_FLOAT, OFF(z_loss_coef),  0, "0.001", 0, FMAXV, NULL, 1, "MoE router z-loss weight"},
-    {"mod_capacity", KT_FLOAT, OFF(mod_capacity), 0, "0.125", 0, 1, NULL, 1, "MoD (routed blocks not in this build yet): a routed block (lowercase a / e) runs C = ceil(c * seq_len) tokens of each sequence; 0 < c <= 1"},
+    {"mod_capacity", KT_FLOAT, OFF(mod_capacity), 0, "0.125", 0, 1, NULL, 1, "MoD: a routed block (lowercase a / e) runs C = ceil(c * seq_len) tokens of each sequence; 0 < c <= 1"},
     {"mod_aux_coef", KT_FLOAT, OFF(mod_aux_coef), 0, "0.01", 0, FMAXV, NULL, 1, "MoD: weight of the router's BCE loss (sigmoid(r), selected), loss part mod_aux"},
     {"mamba_d_state", KT_INT,  OFF(mamba_d_state), 0, "64",   2, 65536, NULL, 1, "M blocks: SSM state N per head, even"},
     {"mamba_expand", KT_INT,   OFF(mamba_expand), 0, "2",     1, 64, NULL, 1, "M blocks: d_inner = mamba_expand * d_model"},
@@ -696,10 +697,6 @@ static enum mt_status resolve_pattern(struct mt_ctx *ctx, struct mt_config *cfg,
         const char ch = cfg->pattern[l];
         RULE(ch != 'm', "pattern[%zu]='m': Mamba-3 blocks cannot be routed (Mixture-of-Depths routes a and e only); "
              "use 'M'", l);
-        /* the routed kinds a / e are not in the block-kind table yet: refused
-         * by name, not reported as unknown letters (docs/model.md, MoD) */
-        RULE(ch != 'a' && ch != 'e', "pattern[%zu]='%c': Mixture-of-Depths (routed) blocks are not implemented in this "
-             "build yet; use '%c'", l, ch, ch - 'a' + 'A');
     }
     char letters[4 * MT_MAX_BLOCK_KINDS];
     const int bad = mt_blocks_pattern_check(cfg->pattern, plen);
@@ -722,6 +719,9 @@ static enum mt_status resolve_pattern(struct mt_ctx *ctx, struct mt_config *cfg,
              mt_blocks_letters(letters, sizeof letters), cfg->mtp_block);
         RULE(!mt_blocks_kind_routed(kb), "mtp_block=%s has routed experts: an MTP module's block must not (mtp_depth=%d)",
              cfg->mtp_block, cfg->mtp_depth);
+        /* a routed (Mixture-of-Depths) block would select among rows past T-1-k too */
+        RULE(!islower((unsigned char)cfg->mtp_block[0]), "mtp_block=%s is a routed (Mixture-of-Depths) block: an MTP "
+             "module's block must be unrouted (mtp_depth=%d)", cfg->mtp_block, cfg->mtp_depth);
         RULE(strchr(cfg->pattern, cfg->mtp_block[0]) || cfg->mtp_block[0] == mt_blocks_letter(0),
              "mtp_block=%s is not in pattern %s: use a kind the pattern has, or %c", cfg->mtp_block, cfg->pattern,
              mt_blocks_letter(0));

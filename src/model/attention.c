@@ -98,7 +98,7 @@ static enum mt_status attn_piece_forward(struct mt_ctx *ctx, const struct mt_pie
     proj_fwd_b(ops, t, st->k_raw, pc->nm->h, pc->nm->hb, aw(pc)->wk, N, D, KD, 0.0f);
     proj_fwd_b(ops, t, st->v, pc->nm->h, pc->nm->hb, aw(pc)->wv, N, D, KD, 0.0f);
     ops->qk_norm_rope_forward(ops->be, st->q, st->k, st->rstd_q, st->rstd_k, st->q_raw, st->k_raw, aw(pc)->qn->data,
-                              aw(pc)->kn->data, a->cos_tab, a->sin_tab, N, T, pos0, H, K, hd, eps);
+                              aw(pc)->kn->data, a->cos_tab, a->sin_tab, N, a->rope_T ? a->rope_T : T, pos0, H, K, hd, eps);
     if (a->state) {
         /* inference, B == 1, one rank: append the new K/V rows, attend over the whole cache */
         MT_ASSERT(B == 1 && tp->tp == 1);
@@ -152,7 +152,7 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
     /* term 3: RoPE, then QK-norm, one fused pass; datt is free now and takes dq' */
     ops->qk_norm_rope_backward(ops->be, aown(pc)->datt, aown(pc)->dk2, aw(pc)->qn->grad, aw(pc)->kn->grad, aown(pc)->dq, aown(pc)->dk, st->q_raw,
                                st->k_raw, aw(pc)->qn->data, aw(pc)->kn->data, st->rstd_q, st->rstd_k, pc->rope_cos,
-                               pc->rope_sin, N, T, H, K, hd);
+                               pc->rope_sin, N, pc->rope_T ? pc->rope_T : T, H, K, hd);
     /* term 4: projections (under TP dh is this rank's partial sum over its heads) */
     proj_bwd_b(ops, t, dt, pc->dh, 0.0f, aw(pc)->wq, aown(pc)->datt, pc->nm->h, pc->nm->hb, N, D, QD, pc->dyb);
     proj_bwd_b(ops, t, dt, pc->dh, 1.0f, aw(pc)->wk, aown(pc)->dk2, pc->nm->h, pc->nm->hb, N, D, KD, pc->dyb);

@@ -14,6 +14,13 @@
 
 const struct mt_block_wrap mt_block_wrap_none = { .name = "none" };
 
+/* each line's wrapper, declared from the table (mod.c's, a test's) */
+#define MT_STEP(piece, resid)
+#define MT_BLOCK_KIND(letter, name, routed, hf, wrap, ...) extern const struct mt_block_wrap mt_block_wrap_##wrap;
+#include "mt_block_kinds.def"
+#undef MT_BLOCK_KIND
+#undef MT_STEP
+
 /* A line's steps: MT_STEP(piece, resid) in the order given; n_steps is the
  * count of them (the initializer list's length, counted by a sizeof). */
 #define MT_STEP(piece, resid) {&mt_piece_##piece, MT_RESID_##resid}

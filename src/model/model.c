@@ -489,6 +489,8 @@ void model_piece_ctx(struct mt_model *m, struct mt_layer *ly, struct mt_piece_ct
     pc->dyb = &m->s_dyb;
     pc->norm = &m->norm;
     pc->layer = ly ? ly->index : -1;
+    pc->cfg = &m->cfg;
+    pc->wrap_loss = ly && m->wrap_loss && m->wrap_part[ly->kind] >= 0 ? m->wrap_loss + ly->index : NULL;
     pc->redo = ly && m->redo_armed ? m->redo_acc + model_redo_offset(m, ly->index) : NULL;
     pc->tp = (struct mt_tp_axis){m->tp_comm, &m->tp_stats, m->ops, m->tp, m->sp, m->N, m->Nr, m->D, m->tp_comm_host,
                                  m->tp_rank};
@@ -685,6 +687,10 @@ static void model_layout(struct mt_model *m, struct mt_carver *c)
         m->mtp_tmp = carve_f(c, W, Nr * D);
     }
     model_redo_carve(m, c);         /* ReDo's score accumulators (redo_every > 0 only) */
+    if (m->any_wrap_loss) {         /* the wrappers' loss sums, one per layer */
+        m->wrap_loss = carve(c, W, (size_t)m->L * sizeof(double));
+        m->wrap_loss_h = carve(c, O, (size_t)m->L * sizeof(double));
+    }
 }
 
 struct plan_visit { struct mt_carver *c; };
@@ -740,6 +746,8 @@ void mt_model_plan_bytes_par(const struct mt_config *cfg, int B, int flags, cons
 /* Every rule create enforces beyond the shapes (check_dims): degrees the
  * model supports and divisibility. Communicators are required only when
  * the model will run (not for a MT_MODEL_NO_ALLOC plan). */
+static void wrap_loss_register(struct mt_model *m);
+
 static enum mt_status check_par(struct mt_ctx *ctx, struct mt_model *m)
 {
     /* without an E block the expert axis is extra data parallelism (SPEC.md
@@ -755,6 +763,14 @@ static enum mt_status check_par(struct mt_ctx *ctx, struct mt_model *m)
     if (m->n_slots > MT_MAX_SLOTS)
         return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: %d activation slots above the supported %d", m->n_slots,
                             MT_MAX_SLOTS);
+    /* the wrappers' own rules (MoD: the backend's entries, whole sequences on a rank) */
+    for (int b = 0; b < mt_blocks_count(); b++) {
+        const struct mt_block_wrap *w = mt_blocks_kind(b)->wrap;
+        if (!(m->kinds_used >> b & 1u) || !w->check) continue;
+        struct mt_piece_ctx pc;
+        model_piece_ctx(m, NULL, &pc);
+        MT_CHECK(w->check(ctx, &pc));
+    }
     return check_dims(ctx, m);
 }
 
@@ -913,6 +929,7 @@ enum mt_status mt_model_create_par(struct mt_ctx *ctx, const struct mt_ops_i *op
     moe_loss_register(m);
     MT_CHECK_GOTO(mt_head.loss_register(ctx, m, 1), rc, fail);
     mtp_loss_register(m);
+    wrap_loss_register(m);
 
     struct param_sink s = { NULL, 0, 0 };
     build_params(m, sink_param, &s);
@@ -1380,6 +1397,35 @@ static void moe_loss_sums(struct mt_model *m, double *sum)
         }
 }
 
+/* The loss parts of the wrappers the pattern uses (struct mt_block_wrap.loss_register),
+ * one per wrapper, in kind order; m->wrap_part[kind] says where a layer's sum goes. */
+static void wrap_loss_register(struct mt_model *m)
+{
+    m->any_wrap_loss = 0;
+    for (int b = 0; b < MT_MAX_BLOCK_KINDS; b++) m->wrap_part[b] = -1;
+    for (int b = 0; b < mt_blocks_count(); b++) {
+        const struct mt_block_wrap *w = mt_blocks_kind(b)->wrap;
+        if (!(m->kinds_used >> b & 1u) || !w->loss_register) continue;
+        for (int a = 0; a < b; a++)   /* a wrapper's part once, shared by its kinds */
+            if (m->wrap_part[a] >= 0 && mt_blocks_kind(a)->wrap == w) m->wrap_part[b] = m->wrap_part[a];
+        if (m->wrap_part[b] < 0) m->wrap_part[b] = w->loss_register(m);
+        m->any_wrap_loss = 1;
+    }
+}
+
+/* Add this stage's wrapped layers' loss sums of the last forward (left on
+ * the backend by their enter) to their parts, in layer order: one copy. */
+static void wrap_loss_sums(struct mt_model *m, double *sum)
+{
+    if (!m->wrap_loss) return;
+    const struct mt_ops_i *ops = m->ops;
+    ops->copy_to_host(ops->be, m->wrap_loss_h + m->l0, m->wrap_loss + m->l0, (size_t)(m->l1 - m->l0) * sizeof(double));
+    for (int l = m->l0; l < m->l1; l++) {
+        const int p = m->wrap_part[m->layers[l].kind];
+        if (p >= 0) sum[p] += m->wrap_loss_h[l];
+    }
+}
+
 /* The global count a part's sums are divided by (mt_model.h). */
 double model_loss_count(const struct mt_loss_norm *norm, const struct mt_loss_part *p)
 {
@@ -1501,6 +1547,7 @@ enum mt_status mt_model_forward_stage(struct mt_ctx *ctx, struct mt_model *m, co
         sum[MT_LOSS_Z] += a.z;
     }
     if (targets && m->any_moe) moe_loss_sums(m, sum);
+    if (targets) wrap_loss_sums(m, sum);
     if (targets) m->norm = *norm;   /* the head's fused cross-entropy needs dscale now */
     if (m->last && m->logits_rows < m->Nr && !head_chunked(m, targets != NULL))
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG,

@@ -231,6 +231,12 @@ struct mt_model {
     struct mt_mtp_slot *mtp;
     float              *mtp_dsave, *mtp_carry, *mtp_tmp;   /* (Nr, D) WORKSPACE: the backward's */
     int32_t            *mtp_host;                          /* (2 Nr) host: the rows' shifted ids */
+    /* wrappers with a loss part (struct mt_block_wrap.loss_register; MoD's
+     * mod_aux): the part of kind k (-1: none), each layer's sum (L doubles,
+     * WORKSPACE, written by the wrapper's enter) and its host copy (OTHER) */
+    int                 wrap_part[MT_MAX_BLOCK_KINDS];
+    int                 any_wrap_loss;
+    double             *wrap_loss, *wrap_loss_h;
 };
 
 /* ---- carving (model_layout and the pieces' carve functions) ---- */
@@ -334,6 +340,8 @@ struct mt_piece_ctx {
     int   B, T;                      /* the microbatch (training: N = B*T)          */
     int   H, K, hd, QD, KD;          /* local q / kv heads, head dim, H*hd, K*hd    */
     const float *rope_cos, *rope_sin; /* (T, hd/2) training RoPE tables             */
+    int   rope_T;                    /* row n reads table row n % rope_T; 0: T (a
+                                      * routed block's inner rows: gathered tables) */
     float norm_eps;
     int   recompute, lora;           /* cfg recompute=block; LoRA adapters on       */
     /* shared WORKSPACE scratch (see struct mt_model) */
@@ -343,6 +351,9 @@ struct mt_piece_ctx {
     int   bf16;                      /* precision=bf16: carve the activation twins  */
     const struct mt_loss_norm   *norm;  /* the microbatch's loss normalisation (aux/z) */
     int   layer;                     /* ly's layer number (-1: ly NULL)             */
+    const struct mt_config *cfg;     /* the model's config (a piece's own keys)     */
+    double *wrap_loss;               /* a wrapper with a loss part: the layer's sum
+                                      * (backend memory); NULL: none                */
     /* ReDo (redo_scores.c): while armed, the layer's score accumulators
      * (int64, backend): mlp [F local]; moe [Ee*Fe local experts][Fs shared].
      * The backward adds each SwiGLU's |silu(g)*u| (ops->redo_score_acc). NULL: off */
@@ -413,6 +424,8 @@ void moe_own_load_reset(void *own);
 const double *moe_own_losses(const struct mt_ops_i *ops, void *own, int l0, int l1);
 /* moe.c: the top-k experts of an MoE layer's state (its ly->state[MT_PIECE_FFN]), (Nm, k) on the backend; for tests. */
 const int32_t *moe_state_topk(const void *state);
+/* mod.c: a routed layer's selection (N: inner row or -1), NULL for an unrouted one (tests) */
+const int32_t *mod_state_slot(const struct mt_layer *ly);
 
 /* The pieces of the block-kind table (blocks.c). */
 extern const struct mt_piece mt_piece_attention;   /* attention.c */
@@ -468,6 +481,8 @@ extern const struct mt_head_piece mt_head;
  * model.mtp.{k-1}.block.<suffix> (model.c walks the kind's steps). */
 void   mtp_module_params(const struct mt_model *m, int k, mt_pspec_fn fn, void *user);
 void   mtp_loss_register(struct mt_model *m);
+/* mod.c: rows C = ceil(mod_capacity T) a routed block runs per sequence of T */
+int    mod_rows(const struct mt_config *cfg, int T);
 void   mtp_carve(struct mt_model *m, struct mt_carver *c, struct mt_slot *S);
 /* forward, first stage (wte valid: its ZeRO unit): the modules' embedding rows,
  * into the slot (one stage) or into `tail` (Dm blocks of (Nr, D): a pipeline) */

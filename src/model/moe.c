@@ -105,7 +105,7 @@ static enum mt_status moe_losses(struct mt_ctx *ctx, const struct mt_piece_ctx *
     struct mt_moe_scratch *s = moe_scr(pc);
     struct moe_state *st = pc->st;
     const int E = moe_dims(pc)->E + moe_dims(pc)->Z;   /* every router column, null ones included */
-    const int k = moe_dims(pc)->top_k, B = pc->B, T = pc->T, g0 = tp->tp > 1 ? moe_dims(pc)->row0 : 0;
+    const int k = moe_dims(pc)->top_k, B = pc->B, T = pc->T, g0 = tp->tp > 1 ? moe_row0(pc) : 0;
     const size_t nseq = (size_t)2 * B * E;
     ops->moe_seq_stats(ops->be, s->seq, st->probs, st->topk, n, E, k, B, T, g0);
     if (tp->tp > 1) MT_CHECK(tpa_allreduce_f64(ctx, tp, s->seq, nseq));   /* on the device comm */
@@ -228,8 +228,8 @@ static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx
     const struct mt_ep_axis *ea = &pc->ep;
     struct mt_moe_scratch *s = moe_scr(pc);
     const struct moe_state *st = pc->st;
-    const int T = pc->T, n = md->Nm, D = pc->D, E = md->E, Er = md->E + md->Z, k = md->top_k, Fe = md->Fe;
-    const int Mr = st->e_off[E], g0 = pc->tp.tp > 1 ? md->row0 : 0;   /* the real slots' rows */
+    const int T = pc->T, n = moe_nm(pc), D = pc->D, E = md->E, Er = md->E + md->Z, k = md->top_k, Fe = md->Fe;
+    const int Mr = st->e_off[E], g0 = pc->tp.tp > 1 ? moe_row0(pc) : 0;   /* the real slots' rows */
     float *t = pc->s_lora, *dt = pc->s_dlora;
 
     const int grouped = md->grouped;
@@ -321,19 +321,15 @@ static void moe_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *use
     for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++) fn(user, &sh[i]);
 }
 
-/* The block's dims: under TP the experts see the Nm = N/tp rows of the
- * sequence-parallel region (global rows row0..), M = Nm*k slots; the test
- * knobs (forced routing, grouped expert GEMMs) are read here, once. */
+/* The block's dims (the rows of a call are its context's: moe_nm, moe_m,
+ * moe_row0, moe_experts.h); the test knobs (forced routing, grouped expert
+ * GEMMs) are read here, once. */
 static void moe_setup(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const struct mt_config *cfg)
 {
     struct mt_block_shape g;
     mt_blocks_shape(cfg, &g);
     struct mt_moe_dims *md = moe_dims(pc);
-    const int tp = pc->tp.tp;
     md->E = (int)g.E, md->Z = (int)g.Z, md->top_k = (int)g.top_k, md->Fe = (int)g.Fe, md->Fs = (int)g.Fs, md->L = (int)g.L;
-    md->Nm = tp > 1 ? pc->N / tp : pc->N;
-    md->M = md->Nm * md->top_k;
-    md->row0 = pc->tp.rank * (pc->N / tp);
     md->aux_coef = cfg->aux_loss_coef;
     md->z_coef = cfg->z_loss_coef;
     /* test hook (knob test_force_routing, env MT_TEST_FORCE_ROUTING): 1 sends every
@@ -390,12 +386,12 @@ static void moe_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct
 {
     struct moe_state *st = pc->st;
     const struct mt_moe_dims *md = moe_dims(pc);
-    const size_t D = (size_t)pc->D, Nm = (size_t)md->Nm, E = (size_t)(md->E + md->Z), k = (size_t)md->top_k;
-    const size_t M = (size_t)md->M, Fe = (size_t)md->Fe, ep = (size_t)pc->ep.ep;   /* E: every router column */
+    const size_t D = (size_t)pc->D, Nm = (size_t)moe_nm(pc), E = (size_t)(md->E + md->Z), k = (size_t)md->top_k;
+    const size_t M = (size_t)moe_m(pc), Fe = (size_t)md->Fe, ep = (size_t)pc->ep.ep;   /* E: every router column */
     const enum mt_bucket A = MT_BUCKET_ACTS, O = MT_BUCKET_OTHER;
     ffn_norm_carve_pc(pc, c, ly);
     /* the experts see Nm rows: SP or one rank: all of h_mlp_n; TP without SP: our slice of it */
-    pc->nm->h = (pc->tp.tp > 1 && !pc->tp.sp && pc->nm->h_n) ? pc->nm->h_n + (size_t)md->row0 * D : pc->nm->h_n;
+    pc->nm->h = (pc->tp.tp > 1 && !pc->tp.sp && pc->nm->h_n) ? pc->nm->h_n + (size_t)moe_row0(pc) * D : pc->nm->h_n;
     st->probs = carve_f(c, A, Nm * E);
     /* small, so not the block's last ACTS carve: a carve's end is not padded,
      * and recompute=block (one shared set, then the slots' inputs) must not
@@ -432,8 +428,8 @@ static void moe_carve_scratch(const struct mt_piece_ctx *pc, struct mt_carver *c
 {
     const struct mt_moe_dims *md = moe_dims(pc);
     struct mt_moe_scratch *s = moe_scr(pc);
-    const size_t D = (size_t)pc->D, Nm = (size_t)md->Nm, E = (size_t)(md->E + md->Z), k = (size_t)md->top_k;
-    const size_t M = (size_t)md->M, ep = (size_t)pc->ep.ep;   /* E: every router column (h_ecnt: real ones) */
+    const size_t D = (size_t)pc->D, Nm = (size_t)moe_nm(pc), E = (size_t)(md->E + md->Z), k = (size_t)md->top_k;
+    const size_t M = (size_t)moe_m(pc), ep = (size_t)pc->ep.ep;   /* E: every router column (h_ecnt: real ones) */
     const enum mt_bucket W = MT_BUCKET_WORKSPACE, O = MT_BUCKET_OTHER;
     s->xp = carve_f(c, W, M * D);
     s->dxp = carve_f(c, W, M * D);
@@ -466,7 +462,7 @@ static void moe_carve_scratch(const struct mt_piece_ctx *pc, struct mt_carver *c
  * expert group may land here) or the shared expert over Nm rows */
 static size_t moe_scratch(const struct mt_piece_ctx *pc)
 {
-    size_t a = (size_t)pc->ep.ep * (size_t)moe_dims(pc)->M * (size_t)moe_dims(pc)->Fe, b = (size_t)moe_dims(pc)->Nm * (size_t)moe_dims(pc)->Fs;
+    size_t a = (size_t)pc->ep.ep * (size_t)moe_m(pc) * (size_t)moe_dims(pc)->Fe, b = (size_t)moe_nm(pc) * (size_t)moe_dims(pc)->Fs;
     return a > b ? a : b;
 }
 
@@ -474,7 +470,7 @@ static enum mt_status moe_piece_forward(struct mt_ctx *ctx, const struct mt_piec
 {
     const struct mt_ops_i *ops = pc->ops;
     const struct mt_tp_axis *tp = &pc->tp;
-    const int n = a->B * a->T, D = pc->D, Nm = moe_dims(pc)->Nm;
+    const int n = a->B * a->T, D = pc->D, Nm = moe_nm(pc);
     ffn_norm_fwd(pc, a->x_out, n);
     if (tp->tp > 1 && !tp->sp) {
         /* MoE in the SP region without SP: our Nm rows, then gather every rank's output */
@@ -505,10 +501,10 @@ void moe_loss_register(struct mt_model *m)
 /* dx is d x_out = d x_in (identity) + d branch */
 static enum mt_status moe_piece_backward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc)
 {
-    const int D = pc->D, Nm = moe_dims(pc)->Nm;
+    const int D = pc->D, Nm = moe_nm(pc);
     const int tp_nosp = pc->tp.tp > 1 && !pc->tp.sp;   /* our Nm rows of a whole dx */
     const float *dhr = pc->dh;
-    MT_CHECK(moe_backward(ctx, pc, pc->dh, pc->dx + (tp_nosp ? (size_t)moe_dims(pc)->row0 * D : 0)));
+    MT_CHECK(moe_backward(ctx, pc, pc->dh, pc->dx + (tp_nosp ? (size_t)moe_row0(pc) * D : 0)));
     if (tp_nosp) {
         MT_CHECK(tpa_gather_rows(ctx, &pc->tp, pc->s_full, pc->dh, Nm, D));
         dhr = pc->s_full;

@@ -45,7 +45,6 @@ struct mt_moe_scratch {
 struct mt_moe_dims {             /* what an E block's ffn needs beyond the shared dims */
     int   E, top_k, Fe, Fs, L;       /* experts, routed per token, expert / shared hidden, layers */
     int   Z;                         /* null experts (SPEC 1e): router columns E..E+Z-1   */
-    int   Nm, M, row0;               /* rows the block sees, slots Nm*k, first global row */
     float aux_coef, z_coef;          /* load-balancing and router z loss coefficients     */
     int   force_route;               /* test hook test_force_routing                      */
     int   grouped;                   /* knob moe_grouped: grouped expert GEMMs            */
@@ -67,6 +66,12 @@ struct moe_own {
 _Static_assert(sizeof(struct moe_own) <= PIECE_OWN_MAX, "raise PIECE_OWN_MAX");
 static inline struct mt_moe_dims *moe_dims(const struct mt_piece_ctx *pc) { return &((struct moe_own *)pc->own)->d; }
 static inline struct mt_moe_scratch *moe_scr(const struct mt_piece_ctx *pc) { return &((struct moe_own *)pc->own)->s; }
+/* The rows of a call, from its context (a routed block's inner call sees
+ * fewer than the model's N): under TP the experts see the Nm = N/tp rows of
+ * the sequence-parallel region, global rows row0.., M = Nm*k slots. */
+static inline int moe_nm(const struct mt_piece_ctx *pc) { return pc->tp.tp > 1 ? pc->N / pc->tp.tp : pc->N; }
+static inline int moe_m(const struct mt_piece_ctx *pc) { return moe_nm(pc) * moe_dims(pc)->top_k; }
+static inline int moe_row0(const struct mt_piece_ctx *pc) { return pc->tp.tp > 1 ? pc->tp.rank * (pc->N / pc->tp.tp) : 0; }
 
 void moe_experts_forward(const struct mt_piece_ctx *pc, int n_groups, const int *cnt, int offsets, int ee, float *eg,
                          float *eu, float *y, const float *x);

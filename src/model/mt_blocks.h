@@ -151,6 +151,9 @@ struct mt_piece_ctx;
 struct mt_piece_fwd {
     int          B, T, pos0;            /* rows B*T; first position (decoding: cache length)   */
     const float *cos_tab, *sin_tab;     /* RoPE tables covering positions [0, pos0 + T)         */
+    int          rope_T;                /* RoPE row of row n: pos0 + n % rope_T of the tables;
+                                         * 0: T (a routed block's inner call passes its
+                                         * gathered tables, one row per row: rope_T = B*T) */
     float       *state;                 /* decoding: this piece's state (decode_floats of it for
                                          * t_max positions); NULL when training                 */
     int          t_max;                 /* decoding: the positions the state holds              */
@@ -308,6 +311,13 @@ struct mt_block_step {
  *   leave_backward / enter_backward   their conjugates: d x_out into the inner
  *                   d output (the steps then run their backward on it), the
  *                   inner d input scattered (+=) into the block's dx
+ * and, optional:
+ *   check           what it needs of the backend and the mesh, on the block's
+ *                   context with dims only (pc->ly NULL), before allocation
+ *   loss_register   registers its loss part (model_loss_add) and returns its
+ *                   index; its layers' sums go to that part: enter writes the
+ *                   layer's sum (one double, backend memory) at pc->wrap_loss
+ *                   when the call wants losses, the model adds them up
  */
 struct mt_block_wrap {
     const char *name;
@@ -321,6 +331,8 @@ struct mt_block_wrap {
                             const struct mt_piece_fwd *in);
     enum mt_status (*leave_backward)(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const struct mt_piece_ctx *in);
     enum mt_status (*enter_backward)(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const struct mt_piece_ctx *in);
+    enum mt_status (*check)(struct mt_ctx *ctx, const struct mt_piece_ctx *pc);
+    int    (*loss_register)(struct mt_model *m);
 };
 
 /* One pattern letter: its steps, in forward order. */
@@ -339,7 +351,7 @@ struct mt_block_kind {
 extern const struct mt_block_wrap mt_block_wrap_none;
 
 /* Most kinds the table may hold (stack arrays indexed by kind). */
-#define MT_MAX_BLOCK_KINDS 8
+#define MT_MAX_BLOCK_KINDS 12
 /* Most distinct pieces (the steps of every kind). */
 #define MT_MAX_PIECES (2 * MT_MAX_BLOCK_KINDS)
 

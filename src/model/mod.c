@@ -1,0 +1,227 @@
+/*
+ * mod.c — Mixture-of-Depths: the router around a routed block (pattern
+ * letters a, e; SPEC 1e, docs/model.md "Mixture-of-Depths"). A wrapper of
+ * the block-kind table (struct mt_block_wrap, mt_blocks.h): the kind's steps
+ * run unchanged on the rows it selects.
+ *
+ * Math, per microbatch of B sequences of T rows x (N = B T, D), capacity c:
+ *     r_i  = x_i . w                      router mod.weight [D]
+ *     C    = ceil(c T)                    rows a sequence sends through the block
+ *     sel  = per sequence, the C largest r (ties to the lower position),
+ *            kept in their original order: idx (B C) rows, tpos their positions
+ *     y    = block(x[idx])                a shorter causal sequence (B, C) whose
+ *                                         RoPE reads the original positions tpos
+ *     x_out_i = x_i + s_i (y_j - x_i)     s_i = sigmoid(r_i), row i = idx[j]
+ *     x_out_i = x_i                       the rows not selected
+ *     aux  = mod_aux_coef sum_i BCE(s_i, sel_i)   (loss part mod_aux, / n_tokens)
+ * Backward (dout = d x_out; the identity path is in dx already):
+ *     d y_j   = s_i dout_i                       (moe_combine_backward: into the inner dx)
+ *     dgate_i = dout_i . (y_j - x_i)
+ *     dr_i    = dgate_i s_i (1 - s_i) + coef/n_tokens (s_i - sel_i)   (mod_backward)
+ *     dx_i    = (1 - s_i) dout_i + dr_i w        (the selected rows; mod_backward, then
+ *                                                 a rank-1 GEMM), dw += dr^T x
+ *     then the block's steps turn d y into d x[idx] (their own identity path
+ *     included), scattered (+=) into dx (moe_permute_backward).
+ * The selection is piecewise constant: no gradient flows through it.
+ *
+ * RoPE at the original positions: the rows' positions differ per sequence,
+ * so the wrapper gathers the table rows it needs (tpos) into tables of its
+ * own, one row per inner row, and hands the steps rope_T = B C (row n reads
+ * row n of them): the attention kernels are unchanged.
+ *
+ * Mesh: sequences are whole on a rank under dp, ZeRO, ep and pp; under tp
+ * without SP every model rank holds every row with the same bits, so the
+ * selection is the same everywhere and the inner pieces run their TP
+ * collectives on the selected rows. With SP a sequence's r spans ranks:
+ * refused (mod_check). The router is replicated (layout class residual).
+ */
+#include <math.h>
+
+#include "model_impl.h"
+
+/* The router's parameter (its pc->pw in the layer: ly->w_wrap). */
+struct mod_w { struct mt_param *w; };
+_Static_assert(sizeof(struct mod_w) <= PIECE_W_MAX, "raise PIECE_W_MAX");
+
+/* A routed layer's saved state (ly->wst). */
+struct mod_state {
+    int32_t *idx, *tpos;   /* (B C)  selected rows, their positions                          */
+    int32_t *slot;         /* (N)    inner row of a selected row, -1 elsewhere                */
+    float   *r, *s;        /* (N)    router score, sigmoid(r)                                 */
+    float   *xi, *yo;      /* (B C, D) inner input; inner output, then y - x (the combine's)  */
+    float   *dxi;          /* (B C, D) inner gradient (d y, then d x[idx])                    */
+    float   *cs, *sn;      /* (B C, hd/2) the RoPE rows of the selected positions             */
+    float   *dgate, *dr;   /* (N)    backward: d s, d r                                       */
+};
+
+extern const struct mt_block_wrap mt_block_wrap_mod;   /* below */
+
+const int32_t *mod_state_slot(const struct mt_layer *ly)
+{
+    const struct mod_state *st = ly->wst;
+    return mt_blocks_kind(ly->kind)->wrap == &mt_block_wrap_mod && st ? st->slot : NULL;
+}
+
+/* C = ceil(c T), at least 1; c is a float: a product within 1e-6 of an
+ * integer counts as that integer (0.3 x 10 = 3, not 4). */
+int mod_rows(const struct mt_config *cfg, int T)
+{
+    const double v = (double)cfg->mod_capacity * (double)T;
+    int C = (int)ceil(v - 1e-6);
+    if (C < 1) C = 1;
+    return C > T ? T : C;
+}
+
+static void mod_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *user)
+{
+    const struct mt_pspec p = {"mod.weight", -1, 1, s->D, 1, MT_SCALE_NORMAL, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL,
+                               MT_BIND_OWN(struct mod_w, w)};
+    fn(user, &p);
+}
+
+static struct mt_param *mod_router(const struct mt_piece_ctx *pc) { return ((const struct mod_w *)pc->pw)->w; }
+
+/* The steps' context: B sequences of C rows, the wrapper's streams and RoPE rows. */
+static void mod_inner(const struct mt_piece_ctx *pc, struct mt_piece_ctx *in)
+{
+    const struct mod_state *st = pc->ly ? pc->ly->wst : NULL;
+    in->T = mod_rows(pc->cfg, pc->T);
+    in->N = in->Nr = in->tp.N = in->tp.Nr = pc->B * in->T;
+    in->x_in = st ? st->xi : NULL;
+    in->dx = st ? st->dxi : NULL;
+    in->rope_cos = st ? st->cs : NULL;
+    in->rope_sin = st ? st->sn : NULL;
+    in->rope_T = in->N;
+}
+
+static void mod_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly)
+{
+    struct mod_state *st = ly->wst;
+    const enum mt_bucket A = MT_BUCKET_ACTS;
+    const size_t N = (size_t)pc->N, D = (size_t)pc->D, n = (size_t)pc->B * (size_t)mod_rows(pc->cfg, pc->T);
+    const size_t half = (size_t)(pc->hd / 2);
+    st->idx = carve_i(c, A, n);
+    st->tpos = carve_i(c, A, n);
+    st->slot = carve_i(c, A, N);
+    st->r = carve_f(c, A, N);
+    st->s = carve_f(c, A, N);
+    st->xi = carve_f(c, A, n * D);
+    st->yo = carve_f(c, A, n * D);
+    st->dxi = carve_f(c, A, n * D);
+    st->cs = carve_f(c, A, n * half);
+    st->sn = carve_f(c, A, n * half);
+    st->dgate = carve_f(c, A, N);
+    st->dr = carve_f(c, A, N);
+}
+
+/* r, the selection (and the aux sum into the layer's loss slot), the inner
+ * input rows and their RoPE rows; the inner call is (B, C) rows into yo. */
+static enum mt_status mod_enter(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const struct mt_piece_fwd *a,
+                                struct mt_piece_fwd *in, float **x_in)
+{
+    const struct mt_ops_i *ops = pc->ops;
+    const struct mod_state *st = pc->ly->wst;
+    const int B = a->B, T = a->T, C = mod_rows(pc->cfg, T), N = B * T, D = pc->D, half = pc->hd / 2;
+    if (a->state || a->pos0 != 0)
+        return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "Mixture-of-Depths: incremental decoding of a routed block "
+                            "is not in this build (sample / generate refuse routed patterns)");
+    linear_forward(ops, st->r, pc->x_in, mod_router(pc)->data, N, D, 1, 0.0f);
+    ops->mod_route(ops->be, st->idx, st->tpos, st->slot, st->s, a->want_loss ? pc->wrap_loss : NULL, st->r, B, T, C,
+                   pc->cfg->mod_aux_coef);
+    ops->moe_permute(ops->be, st->xi, pc->x_in, st->idx, B * C, D);
+    ops->moe_permute(ops->be, st->cs, a->cos_tab, st->tpos, B * C, half);
+    ops->moe_permute(ops->be, st->sn, a->sin_tab, st->tpos, B * C, half);
+    in->B = B;
+    in->T = C;
+    in->pos0 = 0;
+    in->cos_tab = st->cs;
+    in->sin_tab = st->sn;
+    in->rope_T = B * C;
+    in->x_out = st->yo;
+    *x_in = st->xi;
+    return MT_OK;
+}
+
+/* x_out = x, then + s (y - x) on the selected rows (yo keeps y - x for the backward) */
+static enum mt_status mod_leave(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a,
+                                const struct mt_piece_fwd *in)
+{
+    (void)ctx;
+    const struct mt_ops_i *ops = pc->ops;
+    const struct mod_state *st = pc->ly->wst;
+    const int N = a->B * a->T, D = pc->D;
+    const size_t n = (size_t)in->B * (size_t)in->T * (size_t)D;
+    ops->axpby(ops->be, st->yo, st->xi, -1.0f, 1.0f, n);
+    ops->copy(ops->be, a->x_out, pc->x_in, (size_t)N * D * sizeof(float));
+    ops->moe_combine(ops->be, a->x_out, st->yo, st->slot, st->s, N, 1, D);
+    return MT_OK;
+}
+
+/* d y = s dout into the inner dx; the router's gradient; dx = (1 - s) dout + dr w on the selected rows */
+static enum mt_status mod_leave_backward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc,
+                                         const struct mt_piece_ctx *in)
+{
+    (void)ctx;
+    const struct mt_ops_i *ops = pc->ops;
+    const struct mod_state *st = pc->ly->wst;
+    struct mt_param *w = mod_router(pc);
+    const int N = pc->N, D = pc->D;
+    const double nt = pc->norm->n_tokens > 0 ? pc->norm->n_tokens : 1.0;
+    ops->moe_combine_backward(ops->be, in->dx, st->dgate, pc->dx, st->yo, st->slot, st->s, N, 1, D);
+    ops->mod_backward(ops->be, st->dr, pc->dx, st->dgate, st->s, st->slot, N, D,
+                      (float)((double)pc->cfg->mod_aux_coef / nt));
+    linear_backward(ops, pc->dx, 1.0f, w->grad, st->dr, pc->x_in, w->data, N, D, 1);
+    return MT_OK;
+}
+
+/* the steps' d x[idx] (their identity path included) scattered into dx */
+static enum mt_status mod_enter_backward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc,
+                                         const struct mt_piece_ctx *in)
+{
+    (void)ctx;
+    const struct mt_ops_i *ops = pc->ops;
+    const struct mod_state *st = pc->ly->wst;
+    ops->moe_permute_backward(ops->be, pc->dx, in->dx, st->slot, pc->N, 1, pc->D);
+    return MT_OK;
+}
+
+/* What a routed block needs of the backend and the mesh (model creation,
+ * before any allocation). */
+static enum mt_status mod_check(struct mt_ctx *ctx, const struct mt_piece_ctx *pc)
+{
+    const int C = mod_rows(pc->cfg, pc->T);
+    if (pc->ops && (!pc->ops->mod_route || !pc->ops->mod_backward))
+        return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "Mixture-of-Depths: the %s backend has no mod_route / "
+                            "mod_backward", pc->ops->name);
+    if (pc->tp.tp > 1 && pc->tp.sp)
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "Mixture-of-Depths needs whole sequences on a rank: with tp=%d set "
+                            "sequence_parallel=0 (routed blocks under SP are not in this build)", pc->tp.tp);
+    if (pc->tp.tp > 1 && (pc->B * C) % pc->tp.tp != 0)
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "Mixture-of-Depths under tp=%d: the routed rows B*C=%d*%d must "
+                            "divide by tp (C = ceil(mod_capacity * seq_len))", pc->tp.tp, pc->B, C);
+    if (pc->lora)
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "Mixture-of-Depths with LoRA is not in this build (lora_rank=0, "
+                            "or an uppercase pattern)");
+    return MT_OK;
+}
+
+/* The loss part of the routers' BCE (per token), registered when some layer is routed. */
+static int mod_loss_register(struct mt_model *m)
+{
+    const double w = m->cfg.mod_aux_coef;
+    return model_loss_add(m, &(struct mt_loss_part){"mod_aux", "mod router", w, MT_LOSS_PER_TOKEN, w != 0, 0});
+}
+
+const struct mt_block_wrap mt_block_wrap_mod = {
+    .name = "mod",
+    .params = mod_params,
+    .state_bytes = sizeof(struct mod_state),
+    .inner = mod_inner,
+    .carve = mod_carve,
+    .enter = mod_enter,
+    .leave = mod_leave,
+    .leave_backward = mod_leave_backward,
+    .enter_backward = mod_enter_backward,
+    .check = mod_check,
+    .loss_register = mod_loss_register,
+};
