@@ -25,7 +25,8 @@ Two ranks holding the same copy form one comparison. One rank: 0.
 ZeRO-3 keeps one copy per reduction group, on one owner: only a whole tensor
 whose gradient is reduced over data (x expert) alone has several owners, one
 per model rank — the residual stream's tensors (embed_tokens, the blocks'
-input norms, model.norm, lm_head, the MTP modules' gains and eh_proj) when
+input norms, model.norm, lm_head, the MTP modules' gains and eh_proj, the
+Mixture-of-Depths routers) when
 tp > 1 and sequence parallelism is off (with SP on they are partial over
 model, reduced over the whole stage: one owner); a TP-split tensor's owners hold different slices; every other
 tensor is partial over model or an expert: one owner.
@@ -82,7 +83,7 @@ def main(run):
         holders = [c for c in map(coord, range(W)) if c[0] == stage and (erank is None or c[2] == erank)]
         if r["zero_stage"] == 3:
             residual = re.search(r"(^model\.embed_tokens|input_layernorm|post_attention_layernorm|^model\.norm|"
-                                 r"^lm_head|^model\.mtp\.\d+\.(enorm|hnorm|norm|eh_proj))\.weight$", n) is not None
+                                 r"^lm_head|^model\.mtp\.\d+\.(enorm|hnorm|norm|eh_proj)|\.mod)\.weight$", n) is not None
             if not (residual and tp > 1 and not cfg.get("sequence_parallel", True)):
                 continue
             holders = [c for c in holders if c[1] == 0 and c[2] == 0]   # one owner per model rank

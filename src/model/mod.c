@@ -72,6 +72,11 @@ int mod_rows(const struct mt_config *cfg, int T)
     return C > T ? T : C;
 }
 
+int mt_model_mod_rows(const struct mt_config *cfg, int l)
+{
+    return mt_blocks_kind(mt_blocks_layer_kind(cfg, l))->wrap == &mt_block_wrap_mod ? mod_rows(cfg, cfg->seq_len) : 0;
+}
+
 static void mod_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *user)
 {
     const struct mt_pspec p = {"mod.weight", -1, 1, s->D, 1, MT_SCALE_NORMAL, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL,
@@ -126,8 +131,10 @@ static enum mt_status mod_enter(struct mt_ctx *ctx, const struct mt_piece_ctx *p
         return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "Mixture-of-Depths: incremental decoding of a routed block "
                             "is not in this build (sample / generate refuse routed patterns)");
     linear_forward(ops, st->r, pc->x_in, mod_router(pc)->data, N, D, 1, 0.0f);
+    /* TP (no SP): every model rank computes the same whole-batch aux; rank 0's counts */
+    const float coef = pc->tp.tp > 1 && pc->tp.rank != 0 ? 0.0f : pc->cfg->mod_aux_coef;
     ops->mod_route(ops->be, st->idx, st->tpos, st->slot, st->s, a->want_loss ? pc->wrap_loss : NULL, st->r, B, T, C,
-                   pc->cfg->mod_aux_coef);
+                   coef);
     ops->moe_permute(ops->be, st->xi, pc->x_in, st->idx, B * C, D);
     ops->moe_permute(ops->be, st->cs, a->cos_tab, st->tpos, B * C, half);
     ops->moe_permute(ops->be, st->sn, a->sin_tab, st->tpos, B * C, half);

@@ -341,4 +341,8 @@ enum mt_status mt_model_kv_step(struct mt_ctx *ctx, struct mt_model *m, struct m
                                 const int32_t *tokens, int n, float *logits_host);
 int mt_model_kv_len(const struct mt_kv_cache *c);
 
+/* Mixture-of-Depths (mod.c): the rows C = ceil(mod_capacity seq_len) per
+ * sequence layer l runs through its block; 0 when layer l is not routed. */
+int mt_model_mod_rows(const struct mt_config *cfg, int l);
+
 #endif /* MT_MODEL_H */

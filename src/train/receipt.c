@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #include "mt_receipt.h"
 #include "../model/mt_blocks.h"   /* pattern letters: the flops convention of M layers */
+#include "../model/mt_model.h"    /* mt_model_mod_rows: the routed layers */
 #include "../core/mt_fileio.h"
 #include "../core/mt_build.h"
 
@@ -207,6 +208,33 @@ static void receipt_timing(cJSON *root, const struct mt_receipt *r)
     cJSON_AddItemToObject(t, "step_times_s", num_array(r->step_times, r->n_steps));
 }
 
+/* "mod": the Mixture-of-Depths routed layers (none: no object). The
+ * selection is exact: each routed layer runs C of every T tokens, the
+ * selected share C/T by construction. */
+static void receipt_mod(cJSON *root, const struct mt_config *cfg)
+{
+    if (!cfg) return;
+    cJSON *layers = NULL;
+    int C = 0;
+    for (int l = 0; l < cfg->n_layer; l++) {
+        const int c = mt_model_mod_rows(cfg, l);
+        if (!c) continue;
+        if (!layers) layers = cJSON_CreateArray();
+        cJSON_AddItemToArray(layers, cJSON_CreateNumber(l));
+        C = c;
+    }
+    if (!layers) return;
+    cJSON *m = cJSON_AddObjectToObject(root, "mod");
+    cJSON_AddNumberToObject(m, "capacity", cfg->mod_capacity);
+    cJSON_AddNumberToObject(m, "rows_per_sequence", C);
+    cJSON_AddNumberToObject(m, "seq_len", cfg->seq_len);
+    cJSON_AddNumberToObject(m, "selected_share", (double)C / cfg->seq_len);
+    cJSON_AddItemToObject(m, "routed_layers", layers);
+    cJSON_AddStringToObject(m, "note", "per sequence the C = ceil(capacity seq_len) tokens with the largest router "
+                                       "score run each routed layer (ties to the lower position); their router "
+                                       "BCE is the loss part mod_aux");
+}
+
 /* per-step series, evaluations, replica check, resume and run id */
 static void receipt_series(cJSON *root, const struct mt_receipt *r)
 {
@@ -249,6 +277,7 @@ static void receipt_series(cJSON *root, const struct mt_receipt *r)
         cJSON_AddBoolToObject(e, "backward", r->loss_part_backward[k]);
         cJSON_AddItemToArray(lp, e);
     }
+    receipt_mod(root, r->cfg);
 }
 
 /* "knobs", "gpu", "distributed": JSON texts made elsewhere */
