@@ -1698,7 +1698,8 @@ static void test_moe_aux(void)
  * most); the loss is a double sum in another order (1e-12 relative).
  * Scores: uniform, or rounded to 0.25 steps in [-1, 1] (ties everywhere,
  * C inside a tie group), with NaN and -inf rows (a NaN ranks as -inf: the
- * two tie, broken by position). T = 1500 is several chunks of the
+ * two tie, broken by position; in the last case most rows are NaN or -inf
+ * and C falls among them). T = 1500 is several chunks of the
  * kernel's block; C = T, C = 1. Outputs are pre-filled with -7 / NaN (a
  * missing write shows). The NaN cases run with loss NULL (the cpu's sum
  * is NaN there); the others run both ways and must agree. */
@@ -1736,7 +1737,8 @@ static void test_mod(void)
     if (!selected("mod_")) return;
     /* B T C ties nan */
     int cs[][5] = {{3, 37, 5, 0, 0},   {2, 1500, 187, 0, 0}, {3, 37, 37, 0, 0}, {3, 37, 1, 0, 0}, {1, 1, 1, 0, 0},
-                   {4, 300, 40, 1, 0}, {2, 1500, 700, 1, 0}, {3, 37, 5, 1, 2},  {2, 600, 90, 1, 5}, {2, 260, 260, 1, 3}};
+                   {4, 300, 40, 1, 0}, {2, 1500, 700, 1, 0}, {3, 37, 5, 1, 2},  {2, 600, 90, 1, 5}, {2, 260, 260, 1, 3},
+                   {2, 300, 250, 0, 200}};
     for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
         const int B = cs[c][0], T = cs[c][1], C = cs[c][2], ties = cs[c][3], nnan = cs[c][4];
         const size_t N = (size_t)B * T, M = (size_t)B * C;

@@ -32,14 +32,36 @@
 
 #include <math.h>
 
-#define MOD_THREADS 256                    /* one block per sequence; a multiple of the warp */
+/* one block per sequence, and B blocks are few: the widest block, so that
+ * a thread has T / 1024 rows (each O(T) compares) rather than T / 256 */
+#define MOD_THREADS 1024
 #define MOD_WARPS   (MOD_THREADS / MT_WARP)
+#define MOD_BWD_THREADS 256
 
 /* r with NaN mapped to -inf, so that the order is total (the cpu's mod_key) */
 static __device__ __forceinline__ float mod_key(float r) { return r != r ? -INFINITY : r; }
 
 /* softplus(x) = log(1 + e^x), stable for either sign (the cpu's mod_softplus) */
 static __device__ __forceinline__ double mod_softplus(double x) { return (x > 0 ? x : 0.0) + log1p(exp(-fabs(x))); }
+
+/* The emulator checks that every lane reaches a shuffle from one call site,
+ * and gcc split the first form of this scan (a conditional source lane and
+ * add) into two copies of the shuffle: under emulation the scan is a
+ * function of its own, its shuffle unconditional; nvcc inlines it. */
+#ifdef MT_CUDA_EMU
+#define MOD_SCAN_INLINE __attribute__((noinline))
+#else
+#define MOD_SCAN_INLINE __forceinline__
+#endif
+/* inclusive scan of v over the warp (Hillis-Steele: lane - o wraps, masked off below o) */
+static __device__ MOD_SCAN_INLINE int mod_warp_scan(int v, int lane)
+{
+    for (int o = 1; o < MT_WARP; o <<= 1) {
+        const int y = __shfl_sync(MT_FULL_MASK, v, (lane - o) & (MT_WARP - 1));
+        v += lane >= o ? y : 0;
+    }
+    return v;
+}
 
 /* fixed tree over MOD_THREADS doubles in shared memory; every thread calls
  * it, the sum is in red[0] afterwards (the shape depends on MOD_THREADS only) */
@@ -53,8 +75,8 @@ static __device__ __forceinline__ void mod_tree(double *red, double v)
     __syncthreads();
 }
 
-static __global__ void mod_route_k(int32_t *idx, int32_t *tpos, int32_t *slot, float *s, double *part,
-                                   const float *r, int T, int C)
+static __global__ void __launch_bounds__(MOD_THREADS)
+mod_route_k(int32_t *idx, int32_t *tpos, int32_t *slot, float *s, double *part, const float *r, int T, int C)
 {
     __shared__ float  tile[MOD_THREADS];
     __shared__ int    wtot[MOD_WARPS];
@@ -80,11 +102,7 @@ static __global__ void mod_route_k(int32_t *idx, int32_t *tpos, int32_t *slot, f
         }
         const int sel = live && beat < C;
         /* exclusive scan of sel over the block: inclusive within the warp, then the earlier warps' totals */
-        int inc = sel;
-        for (int o = 1; o < MT_WARP; o <<= 1) {
-            const int y = __shfl_sync(MT_FULL_MASK, inc, lane >= o ? lane - o : lane);
-            if (lane >= o) inc += y;
-        }
+        const int inc = mod_warp_scan(sel, lane);
         if (lane == MT_WARP - 1) wtot[warp] = inc;
         __syncthreads();
         int before = 0, total = 0;
@@ -113,7 +131,7 @@ static __global__ void mod_route_k(int32_t *idx, int32_t *tpos, int32_t *slot, f
 }
 
 /* one block: loss[0] = coef * (the B partials, strided per thread, then the tree) */
-static __global__ void mod_loss_k(double *loss, const double *part, int B, float coef)
+static __global__ void __launch_bounds__(MOD_THREADS) mod_loss_k(double *loss, const double *part, int B, float coef)
 {
     __shared__ double red[MOD_THREADS];
     double acc = 0.0;
@@ -165,7 +183,7 @@ extern "C" void mt_cuda_mod_backward(void *be, float *dr, float *dx, const float
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (N <= 0) return;
     const size_t nd = (size_t)N * (size_t)(D > 0 ? D : 0), total = nd > (size_t)N ? nd : (size_t)N;
-    MT_LAUNCH(mod_backward_k, mt_cuda_blocks(total, MOD_THREADS), MOD_THREADS, 0)(dr, dx, dgate, s, slot, N, D,
-                                                                                   aux_scale);
+    MT_LAUNCH(mod_backward_k, mt_cuda_blocks(total, MOD_BWD_THREADS), MOD_BWD_THREADS, 0)(dr, dx, dgate, s, slot, N,
+                                                                                           D, aux_scale);
     MT_CUDA_KCHECK();
 }
