@@ -1611,6 +1611,219 @@ static int run_routing(struct harness *h)
 }
 
 /* ------------------------------------------------------------------------ */
+/* Mixture-of-Depths routing (mod_route, mod_backward)                      */
+
+/* The reference selection by brute force: per sequence the (r, t) pairs
+ * sorted by r descending (NaN as -inf), then t ascending; the first C are
+ * selected and listed in increasing t. BCE and sigmoid in fp64. */
+struct mod_pair {
+    double key;
+    int t;
+};
+static int mod_pair_cmp(const void *a, const void *b)
+{
+    const struct mod_pair *x = a, *y = b;
+    if (x->key != y->key) return x->key > y->key ? -1 : 1;
+    return x->t - y->t;
+}
+static double mod_softplus_d(double x) { return x > 0 ? x + log1p(exp(-x)) : log1p(exp(x)); }
+static void ref_mod_route(int32_t *idx, int32_t *tpos, int32_t *slot, double *s, double *loss, const float *r, int B,
+                          int T, int C, double coef)
+{
+    struct mod_pair *pr = malloc(sizeof *pr * (size_t)T);
+    unsigned char *sel = malloc((size_t)T);
+    if (!pr || !sel) {
+        fprintf(stderr, "test_ops: host allocation failed\n");
+        exit(2);
+    }
+    double sum = 0;
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            const float v = r[(size_t)b * T + t];
+            pr[t].key = isnan(v) ? -INFINITY : (double)v;
+            pr[t].t = t;
+            sel[t] = 0;
+        }
+        qsort(pr, (size_t)T, sizeof *pr, mod_pair_cmp);
+        for (int j = 0; j < C && j < T; j++) sel[pr[j].t] = 1;
+        int j = 0;
+        for (int t = 0; t < T; t++) {
+            const size_t n = (size_t)b * T + t;
+            const double x = r[n];
+            s[n] = 1.0 / (1.0 + exp(-x));
+            sum += mod_softplus_d(sel[t] ? -x : x);
+            if (!sel[t]) {
+                slot[n] = -1;
+                continue;
+            }
+            idx[(size_t)b * C + j] = (int32_t)n;
+            tpos[(size_t)b * C + j] = t;
+            slot[n] = b * C + j++;
+        }
+    }
+    *loss = coef * sum;
+    free(pr);
+    free(sel);
+}
+
+/* nnan > 0: that many NaN and -inf scores (a NaN ranks as -inf: they tie),
+ * the loss then NULL (its sum is NaN); ties: r on a 0.25 grid */
+static void mod_route_case(struct harness *h, int B, int T, int C, int ties, int nnan)
+{
+    if (!h->ops) return;   /* no gradient here: mod_backward's case checks the formula */
+    const size_t N = (size_t)B * T, M = (size_t)B * C;
+    char cs[96];
+    snprintf(cs, sizeof cs, "B=%d T=%d C=%d%s%s", B, T, C, ties ? " ties" : "", nnan ? " NaN -inf, loss NULL" : "");
+    float *r = rand_f(h, N, -3, 3);
+    if (ties)
+        for (size_t i = 0; i < N; i++) r[i] = (float)(floor((double)r[i] * 4.0 / 3.0) / 4.0);
+    for (int i = 0; i < nnan; i++) {
+        r[irand(h, (int)N)] = NAN;
+        r[irand(h, (int)N)] = -INFINITY;
+    }
+    int32_t *idx = new_i(h, M), *tpos = new_i(h, M), *slot = new_i(h, N), *neg = new_i(h, N);
+    double *s = new_d(h, N), loss;
+    const float coef = 0.37f;
+    ref_mod_route(idx, tpos, slot, s, &loss, r, B, T, C, coef);
+    for (size_t i = 0; i < N; i++) neg[i] = -7;
+    if (!has(h, "mod_route", h->ops->mod_route != NULL)) return;
+    float *dr = up_f(h, r, N);
+    int32_t *gi[2], *gt[2], *gs[2];
+    float *gsig[2];
+    double gl[2] = {NAN, NAN};
+    for (int k = 0; k < 2; k++) {
+        int32_t *di = up_i(h, neg, M), *dt = up_i(h, neg, M), *dsl = up_i(h, neg, N);
+        float *dsg = up_f(h, nan_f(h, N), N);
+        double *dl = NULL;
+        if (!nnan) {
+            dl = dalloc(h, sizeof(double));
+            h->ops->copy_from_host(h->ops->be, dl, &gl[k], sizeof(double));   /* NaN prefill */
+        }
+        h->ops->mod_route(h->ops->be, di, dt, dsl, dsg, dl, dr, B, T, C, coef);
+        gi[k] = down_i(h, di, M);
+        gt[k] = down_i(h, dt, M);
+        gs[k] = down_i(h, dsl, N);
+        gsig[k] = down_f(h, dsg, N);
+        if (dl) {
+            h->ops->sync(h->ops->be);
+            h->ops->copy_to_host(h->ops->be, &gl[k], dl, sizeof(double));
+        }
+    }
+    checkf(h, "mod_route", ndiff_i(gi[0], idx, M) + ndiff_i(gt[0], tpos, M) + ndiff_i(gs[0], slot, N), 0,
+           "%s idx, tpos, slot (=) exact", cs);
+    /* s: a NaN score's gate is NaN; compared on the others */
+    size_t nan_off = 0;
+    for (size_t i = 0; i < N; i++)
+        if (isnan(s[i]) || isnan(gsig[0][i])) {
+            nan_off += isnan(s[i]) != isnan(gsig[0][i]);
+            s[i] = 0;
+            gsig[0][i] = 0;
+        }
+    checkf(h, "mod_route", nan_off ? INFINITY : err_rel(h, gsig[0], s, N), 1e-6, "%s s (=)", cs);
+    if (!nnan)
+        checkf(h, "mod_route", fabs(gl[0] - loss) / fabs(loss), 1e-12, "%s loss (=) rel", cs);
+    checkf(h, "mod_route",
+           ndiff_i(gi[0], gi[1], M) + ndiff_i(gt[0], gt[1], M) + ndiff_i(gs[0], gs[1], N) +
+               ndiff(&gl[0], &gl[1], 2),
+           0, "%s determinism", cs);
+}
+
+/* mod_backward: the gradients of the combine x_out = x + s (y - x) on the
+ * selected rows and of aux_scale * BCE(s, sel) w.r.t. r (s = sigmoid(r)),
+ * dgate = dL/ds given:
+ *     dr = (sel ? dgate s (1 - s) : 0) + aux_scale (s - sel)
+ *     dx: dL/dx_out (1 - s) on the selected rows, unchanged on the others.
+ * The ref pass checks dr against central differences of
+ *     L(r) = sum_sel dgate sigmoid(r) + aux_scale sum BCE(sigmoid(r), sel). */
+struct mod_bwd_case {
+    int N;
+    const int32_t *slot;
+    const double *dgate;
+    double *r, aux;
+};
+static double mod_bwd_loss(void *ud)
+{
+    struct mod_bwd_case *c = ud;
+    double L = 0;
+    for (int n = 0; n < c->N; n++) {
+        const int sel = c->slot[n] >= 0;
+        if (sel) L += c->dgate[n] / (1.0 + exp(-c->r[n]));
+        L += c->aux * mod_softplus_d(sel ? -c->r[n] : c->r[n]);
+    }
+    return L;
+}
+static void mod_bwd_case(struct harness *h, int B, int T, int C, int D, float aux)
+{
+    const int N = B * T;
+    const size_t nd = (size_t)N * D;
+    char cs[96];
+    snprintf(cs, sizeof cs, "N=%d D=%d C=%d aux=%g", N, D, C, (double)aux);
+    float *r = rand_f(h, (size_t)N, -3, 3), *dg = rand_f(h, (size_t)N, -2, 2), *x = rand_f(h, nd, -2, 2);
+    int32_t *idx = new_i(h, (size_t)B * C), *tpos = new_i(h, (size_t)B * C), *slot = new_i(h, (size_t)N);
+    double *sd = new_d(h, (size_t)N), loss;
+    ref_mod_route(idx, tpos, slot, sd, &loss, r, B, T, C, 0.0);
+    float *s = new_f(h, (size_t)N);
+    for (int n = 0; n < N; n++) {
+        s[n] = (float)sd[n];
+        if (slot[n] < 0) dg[n] = NAN;   /* not read there */
+    }
+    double *rdr = new_d(h, (size_t)N), *rdx = new_d(h, nd);
+    for (int n = 0; n < N; n++) {
+        const int sel = slot[n] >= 0;
+        const double sn = s[n];
+        rdr[n] = (sel ? (double)dg[n] * sn * (1 - sn) : 0.0) + (double)aux * (sn - sel);
+        for (size_t i = (size_t)n * D; i < (size_t)(n + 1) * D; i++) rdx[i] = sel ? x[i] * (1 - sn) : x[i];
+    }
+    if (!h->ops) {
+        /* the gradient at the exact sigmoid (rdr above uses the float gate the kernels read) */
+        double *g = new_d(h, (size_t)N), *dgd = to_d(h, dg, (size_t)N);
+        for (int n = 0; n < N; n++) {
+            const int sel = slot[n] >= 0;
+            g[n] = (sel ? dgd[n] * sd[n] * (1 - sd[n]) : 0.0) + (double)aux * (sd[n] - sel);
+        }
+        struct mod_bwd_case c = {N, slot, dgd, to_d(h, r, (size_t)N), aux};
+        checkf(h, "mod_backward", fd_err(c.r, (size_t)N, g, mod_bwd_loss, &c), TOL_FD, "%s fd dr", cs);
+        return;
+    }
+    if (!has(h, "mod_backward", h->ops->mod_backward != NULL)) return;
+    float *ddg = up_f(h, dg, (size_t)N), *ds = up_f(h, s, (size_t)N);
+    int32_t *dsl = up_i(h, slot, (size_t)N);
+    float *got_r[2], *got_x[2];
+    for (int k = 0; k < 2; k++) {
+        float *ddr = up_f(h, nan_f(h, (size_t)N), (size_t)N), *ddx = up_f(h, x, nd);
+        h->ops->mod_backward(h->ops->be, ddr, ddx, ddg, ds, dsl, N, D, aux);
+        got_r[k] = down_f(h, ddr, (size_t)N);
+        got_x[k] = down_f(h, ddx, nd);
+    }
+    size_t kept = 0;
+    for (int n = 0; n < N; n++)
+        if (slot[n] < 0) kept += (size_t)ndiff(got_x[0] + (size_t)n * D, x + (size_t)n * D, (size_t)D);
+    checkf(h, "mod_backward", err_rel(h, got_r[0], rdr, (size_t)N), 1e-6, "%s dr (=)", cs);
+    checkf(h, "mod_backward", err_rel(h, got_x[0], rdx, nd), 1e-6, "%s dx (in place)", cs);
+    checkf(h, "mod_backward", (double)kept, 0, "%s unselected dx rows untouched", cs);
+    checkf(h, "mod_backward", ndiff(got_r[0], got_r[1], (size_t)N) + ndiff(got_x[0], got_x[1], nd), 0,
+           "%s determinism", cs);
+}
+
+static int run_mod(struct harness *h)
+{
+    int f0 = n_fail;
+    mod_route_case(h, 3, 37, 5, 0, 0);
+    mod_route_case(h, 2, 1500, 187, 0, 0);   /* several chunks of the cuda block */
+    mod_route_case(h, 3, 37, 37, 0, 0);      /* C = T */
+    mod_route_case(h, 3, 37, 1, 0, 0);
+    mod_route_case(h, 4, 300, 40, 1, 0);     /* ties on a 0.25 grid */
+    mod_route_case(h, 2, 600, 90, 1, 4);
+    mod_route_case(h, 3, 37, 5, 1, 2);
+    mod_route_case(h, 2, 300, 250, 0, 200);  /* mostly NaN / -inf: C falls among them (NaN = -inf, by position) */
+    mod_bwd_case(h, 3, 37, 5, 64, 0.01f);
+    mod_bwd_case(h, 2, 1500, 187, 33, 0.003f);
+    mod_bwd_case(h, 1, 300, 300, 8, 0.0f);
+    mod_bwd_case(h, 2, 50, 1, 1, 0.5f);
+    return n_fail == f0;
+}
+
+/* ------------------------------------------------------------------------ */
 /* optimizers                                                               */
 
 /* PyTorch AdamW: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p *= 1 - lr wd;
@@ -2128,6 +2341,7 @@ static const struct op_test op_tests[] = {
     {"router", run_router},
     {"moe", run_moe},
     {"moe_routing", run_routing},
+    {"mod_routing", run_mod},
     {"adamw_update", run_adamw},
     {"muon_momentum", run_muon},
     {"fused", run_fused},

@@ -211,7 +211,7 @@ static void test_table(void)
         E(swiglu_forward_bf16), E(widen_bf16),
         E(moe_route), E(moe_seq_stats), E(moe_aux_loss), E(moe_aux_backward), E(xent_fused_bf16),
         E(sumsq_multi), E(normalize_fro), E(adamw_multi), E(nonfinite_mark), E(attention_forward_bf16),
-        E(attention_backward_bf16), E(op_profile), E(redo_score_acc),
+        E(attention_backward_bf16), E(op_profile), E(redo_score_acc), E(mod_route), E(mod_backward),
 #undef E
     };
     int missing = 0;
@@ -1692,6 +1692,168 @@ static void test_moe_aux(void)
     }
 }
 
+/* ---- Mixture-of-Depths routing (mod_route, mod_backward) ----
+ * The selection is a rank count, so idx / tpos / slot must equal the cpu's
+ * exactly; s is the same float expression (a few ulp of expf apart at
+ * most); the loss is a double sum in another order (1e-12 relative).
+ * Scores: uniform, or rounded to 0.25 steps in [-1, 1] (ties everywhere,
+ * C inside a tie group), with NaN and -inf rows (a NaN ranks as -inf: the
+ * two tie, broken by position; in the last case most rows are NaN or -inf
+ * and C falls among them). T = 1500 is several chunks of the
+ * kernel's block; C = T, C = 1. Outputs are pre-filled with -7 / NaN (a
+ * missing write shows). The NaN cases run with loss NULL (the cpu's sum
+ * is NaN there); the others run both ways and must agree. */
+static float *mod_scores(int n, int ties, int nnan)
+{
+    float *r = rnd((size_t)n, -3, 3);
+    if (ties)
+        for (int i = 0; i < n; i++) r[i] = (float)(floor((double)r[i] * 4.0 / 3.0) / 4.0);
+    for (int i = 0; i < nnan; i++) {
+        r[irand(n)] = NAN;
+        r[irand(n)] = -INFINITY;
+    }
+    return r;
+}
+/* max over i of the distance in ulps of a[i] and b[i] (NaN = NaN: 0, NaN vs a number: inf) */
+static double max_ulp(const float *a, const float *b, size_t n)
+{
+    double e = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(a[i]) || isnan(b[i])) {
+            if (!(isnan(a[i]) && isnan(b[i]))) return INFINITY;
+            continue;
+        }
+        int32_t ia, ib;
+        memcpy(&ia, &a[i], 4);
+        memcpy(&ib, &b[i], 4);
+        int64_t oa = ia < 0 ? (int64_t)INT32_MIN - ia : ia, ob = ib < 0 ? (int64_t)INT32_MIN - ib : ib;
+        double d = fabs((double)(oa - ob));
+        if (d > e) e = d;
+    }
+    return e;
+}
+static void test_mod(void)
+{
+    if (!selected("mod_")) return;
+    /* B T C ties nan */
+    int cs[][5] = {{3, 37, 5, 0, 0},   {2, 1500, 187, 0, 0}, {3, 37, 37, 0, 0}, {3, 37, 1, 0, 0}, {1, 1, 1, 0, 0},
+                   {4, 300, 40, 1, 0}, {2, 1500, 700, 1, 0}, {3, 37, 5, 1, 2},  {2, 600, 90, 1, 5}, {2, 260, 260, 1, 3},
+                   {2, 300, 250, 0, 200}};
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        const int B = cs[c][0], T = cs[c][1], C = cs[c][2], ties = cs[c][3], nnan = cs[c][4];
+        const size_t N = (size_t)B * T, M = (size_t)B * C;
+        const float coef = 0.37f;
+        float *r = mod_scores((int)N, ties, nnan), *nN = nans(N);
+        int32_t *neg = xmalloc(sizeof(int32_t) * N);
+        for (size_t i = 0; i < N; i++) neg[i] = -7;
+        int32_t *gi[3], *gt[3], *gs[3], *gi0[3], *gt0[3], *gs0[3];
+        float *gsig[3], *gsig0[3];
+        double gl[3] = {0, 0, 0};
+        const double nan_d = NAN;
+        for (int p = 0; p < 3; p++) {
+            struct be *b = BE(p);
+            float *dr = upf(b, r, N);
+            for (int wl = 0; wl < 2; wl++) {   /* wl 1: with the loss (not in the NaN cases) */
+                if (wl && nnan) {
+                    gi[p] = gi0[p], gt[p] = gt0[p], gs[p] = gs0[p], gsig[p] = gsig0[p];
+                    continue;
+                }
+                int32_t *di = upi(b, neg, M), *dt = upi(b, neg, M), *ds = upi(b, neg, N);
+                float *dsig = upf(b, nN, N);
+                double *dl = NULL;
+                if (wl) {
+                    dl = dalloc(b, sizeof(double));
+                    b->ops->copy_from_host(b->ops->be, dl, &nan_d, sizeof(double));
+                }
+                b->ops->mod_route(b->ops->be, di, dt, ds, dsig, dl, dr, B, T, C, coef);
+                (wl ? gi : gi0)[p] = downi(b, di, M);
+                (wl ? gt : gt0)[p] = downi(b, dt, M);
+                (wl ? gs : gs0)[p] = downi(b, ds, N);
+                (wl ? gsig : gsig0)[p] = downf(b, dsig, N);
+                if (wl) {
+                    b->ops->sync(b->ops->be);
+                    b->ops->copy_to_host(b->ops->be, &gl[p], dl, sizeof(double));
+                }
+            }
+            release(b);
+        }
+        char w[128], k[64];
+        snprintf(k, sizeof k, "B=%d T=%d C=%d%s%s", B, T, C, ties ? " ties" : "", nnan ? " NaN -inf, loss NULL" : "");
+        /* loss NULL changes nothing else */
+        size_t d0 = 0;
+        for (int p = 0; p < 3; p++)
+            d0 += ndiff(gi[p], gi0[p], M) + ndiff(gt[p], gt0[p], M) + ndiff(gs[p], gs0[p], N) +
+                  ndiff(gsig[p], gsig0[p], N);
+        if (!nnan) {
+            snprintf(w, sizeof w, "%s loss NULL: same outputs (differing)", k);
+            report("mod_route", w, (double)d0, 0);
+            double e = fabs(gl[1] - gl[0]) / fabs(gl[0]);
+            snprintf(w, sizeof w, "%s loss (=) rel", k);
+            report("mod_route", w, isfinite(gl[0]) && gl[0] != 0 ? e : INFINITY, 1e-12);
+            snprintf(w, sizeof w, "%s loss: deterministic (differing)", k);
+            report("mod_route", w, (double)ndiff(&gl[1], &gl[2], 2), 0);
+        }
+        snprintf(w, sizeof w, "%s s (=), ulps", k);
+        report("mod_route", w, max_ulp(gsig[1], gsig[0], N), 4);
+        snprintf(w, sizeof w, "%s s: deterministic (differing)", k);
+        report("mod_route", w, (double)ndiff(gsig[1], gsig[2], N), 0);
+        snprintf(w, sizeof w, "%s idx", k);
+        check3i("mod_route", w, gi, M);
+        snprintf(w, sizeof w, "%s tpos", k);
+        check3i("mod_route", w, gt, M);
+        snprintf(w, sizeof w, "%s slot", k);
+        check3i("mod_route", w, gs, N);
+        for (int p = 0; p < 3; p++) {
+            free(gsig[p]);
+            if (!nnan) free(gi0[p]), free(gt0[p]), free(gs0[p]), free(gsig0[p]);
+        }
+        free(r); free(nN); free(neg);
+    }
+    /* mod_backward on a cpu routing: dr (=) with NaN prefill, dx scaled in place on the selected rows;
+     * dgate NaN on the unselected rows (the formula does not read it there) */
+    int bs[][4] = {{3, 37, 5, 64}, {2, 1500, 187, 33}, {1, 300, 300, 8}, {2, 50, 1, 1}};
+    const float aux[] = {0.01f, 0.003f, 0.0f, 0.5f};
+    for (size_t c = 0; c < sizeof bs / sizeof bs[0]; c++) {
+        const int B = bs[c][0], T = bs[c][1], C = bs[c][2], D = bs[c][3], N = B * T;
+        const size_t nd = (size_t)N * D;
+        float *r = mod_scores(N, 0, 0), *s = xmalloc(sizeof(float) * N), *dg = rnd((size_t)N, -2, 2);
+        float *x = rnd(nd, -2, 2), *nN = nans((size_t)N);
+        int32_t *idx = xmalloc(sizeof(int32_t) * (size_t)B * C), *tp = xmalloc(sizeof(int32_t) * (size_t)B * C);
+        int32_t *slot = xmalloc(sizeof(int32_t) * N);
+        mt_ops_cpu()->mod_route(mt_ops_cpu()->be, idx, tp, slot, s, NULL, r, B, T, C, 0.0f);
+        for (int n = 0; n < N; n++)
+            if (slot[n] < 0) dg[n] = NAN;
+        float *gr[3], *gx[3];
+        for (int p = 0; p < 3; p++) {
+            struct be *b = BE(p);
+            float *ddr = upf(b, nN, (size_t)N), *ddx = upf(b, x, nd), *ddg = upf(b, dg, (size_t)N);
+            float *ds = upf(b, s, (size_t)N);
+            int32_t *dsl = upi(b, slot, (size_t)N);
+            b->ops->mod_backward(b->ops->be, ddr, ddx, ddg, ds, dsl, N, D, aux[c]);
+            gr[p] = downf(b, ddr, (size_t)N);
+            gx[p] = downf(b, ddx, nd);
+            release(b);
+        }
+        size_t kept = 0;
+        for (int n = 0; n < N; n++)
+            if (slot[n] < 0) kept += ndiff(gx[1] + (size_t)n * D, x + (size_t)n * D, (size_t)D);
+        char w[128], k[64];
+        snprintf(k, sizeof k, "N=%d D=%d C=%d aux=%g", N, D, C, (double)aux[c]);
+        snprintf(w, sizeof w, "%s unselected dx rows untouched (differing)", k);
+        report("mod_backward", w, (double)kept, 0);
+        snprintf(w, sizeof w, "%s dr (=)", k);
+        report("mod_backward", w, rel_err(gr[1], gr[0], (size_t)N), 1e-6);
+        snprintf(w, sizeof w, "%s dr: deterministic (differing)", k);
+        report("mod_backward", w, (double)ndiff(gr[1], gr[2], (size_t)N), 0);
+        snprintf(w, sizeof w, "%s dx (in place)", k);
+        report("mod_backward", w, rel_err(gx[1], gx[0], nd), 1e-6);
+        snprintf(w, sizeof w, "%s dx: deterministic (differing)", k);
+        report("mod_backward", w, (double)ndiff(gx[1], gx[2], nd), 0);
+        for (int p = 0; p < 3; p++) free(gr[p]), free(gx[p]);
+        free(r); free(s); free(dg); free(x); free(nN); free(idx); free(tp); free(slot);
+    }
+}
+
 /* ---- optimizer kernels ---- */
 static void test_optim(void)
 {
@@ -1799,6 +1961,7 @@ int main(int argc, char **argv)
     g_rng = 13; test_moe();
     g_rng = 21; test_moe_route();
     g_rng = 22; test_moe_aux();
+    g_rng = 25; test_mod();
     g_rng = 14; test_optim();
     g_rng = 19; test_fused();
 

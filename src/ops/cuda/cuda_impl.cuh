@@ -636,6 +636,12 @@ void mt_cuda_moe_aux_loss(void *be, double *loss, float *f_share, const double *
 void mt_cuda_moe_aux_backward(void *be, float *dprobs, float *dlse, const float *f_share, const float *lse, int N,
                               int E, int T, int g0, float aux_coef, float z_coef, double n_seq, double n_tok);
 
+/* ---- mod.cu — Mixture-of-Depths routing (mt_ops.h) ---- */
+void mt_cuda_mod_route(void *be, int32_t *idx, int32_t *tpos, int32_t *slot, float *s, double *loss, const float *r,
+                       int B, int T, int C, float coef);
+void mt_cuda_mod_backward(void *be, float *dr, float *dx, const float *dgate, const float *s, const int32_t *slot,
+                          int N, int D, float aux_scale);
+
 /* ---- optim_kernels.cu ---- */
 void mt_cuda_adamw_update(void *be, float *p, const float *g, float *m, float *v, size_t n,
                           float lr, float b1, float b2, float eps, float wd, float bc1, float bc2);

@@ -357,6 +357,9 @@ static struct mt_ops_i cuda_ops = {
     /* .graph_info                 = */ .graph_info                 = mt_ops_cuda_graph_info_of,
     /* ReDo scores (SPEC 1e) */
     /* .redo_score_acc             = */ .redo_score_acc             = PROF(MT_OPK_ELEMENTWISE, mt_cuda_redo_score_acc),
+    /* Mixture-of-Depths routing (SPEC 1e) */
+    /* .mod_route                  = */ .mod_route                  = PROF(MT_OPK_ELEMENTWISE, mt_cuda_mod_route),
+    /* .mod_backward               = */ .mod_backward               = PROF(MT_OPK_ELEMENTWISE, mt_cuda_mod_backward),
     /* the gated norm over groups that span ranks (replicated Mamba-3 B/C under TP) */
     /* .ssm_gate_norm_sums         = */ .ssm_gate_norm_sums         = PROF(MT_OPK_NORM, mt_cuda_ssm_gate_norm_sums),
     /* .ssm_gate_norm_forward_ext  = */ .ssm_gate_norm_forward_ext  = PROF(MT_OPK_NORM, mt_cuda_ssm_gate_norm_forward_ext),
