@@ -6,7 +6,8 @@
 # dense model, a MoE with a shared expert and softcap (exported with
 # --allow-lossy: HF cannot run it, the reference can), a plain MoE and a
 # hybrid with Mamba-3 blocks (MeshtrainHybrid, from its export alone), MTP
-# models (the mtp_k losses; modules of kind A and M). Then
+# models (the mtp_k losses; modules of kind A and M), Mixture-of-Depths models
+# (routed a / e layers, dense, MoE and hybrid; the mod_aux loss). Then
 # the aux and z terms against values computed by hand for a fixed routing
 # (zero router: uniform probabilities, experts 0..k-1). No transformers needed;
 # numpy is (skipped, exit 77, without it).
@@ -64,6 +65,30 @@ and 'meshtrain_mtp_note' in c, c" "$W/mtp.hf/config.json" &&
    cmp -s "$W/mtp.logits" "$W/mtp.imp.logits"; then
     ok "MTP: config.json keeps meshtrain_mtp_*; import reads them back (logits and mtp losses bit-identical)"
 else bad "MTP: export keys / import round trip ($(cat "$W/err"))"; fi
+
+# Mixture-of-Depths (SPEC 1e): routed a / e layers, exported with --allow-lossy (transformers would
+# run every token through every block); the reference selects, runs the block at the selected
+# positions and combines from the export alone (C = ceil(0.3 x 20) = 6 of the 20 ids; 0.5: 10)
+roundtrip mod "--allow-lossy" --set pattern=aA --set mod_capacity=0.3 --set mod_aux_coef=0.05
+roundtrip mod_moe "--allow-lossy" $MOE --set pattern=ae --set mod_capacity=0.5 --set mod_aux_coef=0.05
+roundtrip mod_hybrid "" --set n_layer=3 --set pattern=aMe --set n_experts=4 --set top_k=2 --set expert_hidden=16 \
+    --set mamba_d_state=8 --set mamba_headdim=16 --set mamba_chunk=8 --set mod_capacity=0.3
+$MT export --ckpt "$W/mod" --out "$W/refused_mod" >/dev/null 2>"$W/err"; rc=$?
+[ $rc = 2 ] && [ "$(wc -l <"$W/err")" = 1 ] && grep -q "Mixture-of-Depths routed layers (1, pattern aA" "$W/err" &&
+    [ ! -e "$W/refused_mod" ] && ok "MoD: export refused without --allow-lossy: $(cat "$W/err")" ||
+    bad "MoD export not refused (rc $rc: $(cat "$W/err"))"
+for name in mod mod_moe mod_hybrid; do
+    if [ -d "$W/$name.hf" ] && python3 -c "import json,sys; c=json.load(open(sys.argv[1])); \
+assert c['meshtrain_mod_layers'] in ([0], [0, 1], [0, 2]) and 'meshtrain_mod_note' in c and c['meshtrain_mod_capacity'] in (0.3, 0.5)" \
+        "$W/$name.hf/config.json"; then
+        ok "$name: config.json keeps meshtrain_mod_layers / _capacity / _aux_coef / _note"
+    else bad "$name: meshtrain_mod_* keys"; fi
+done
+if $MT import --hf "$W/mod_moe.hf" --out "$W/mod.imp" >/dev/null 2>"$W/err" &&
+   $MT logits --ckpt "$W/mod.imp" --ids "$IDS" --out "$W/mod.imp.logits" >/dev/null 2>>"$W/err" &&
+   cmp -s "$W/mod_moe.logits" "$W/mod.imp.logits"; then
+    ok "MoD: import reads the routed layers back (pattern ae; logits and mod_aux bit-identical)"
+else bad "MoD: import round trip ($(cat "$W/err"))"; fi
 
 # the lossy model is refused without --allow-lossy, naming both features, writing nothing
 $MT export --ckpt "$W/moe_shared_softcap" --out "$W/refused" >/dev/null 2>"$W/err"; rc=$?

@@ -271,7 +271,11 @@ static void test_letters(void)
     EXPECT(mt_blocks_find('A') >= 0 && mt_blocks_find('E') >= 0, "A and E in the table");
     EXPECT(mt_blocks_find('Z') < 0 && mt_blocks_find('\0') < 0, "unknown letters refused");
     char buf[4 * MT_MAX_BLOCK_KINDS];
-    EXPECT(strcmp(mt_blocks_letters(buf, sizeof buf), "A, E, M") == 0, "letters '%s'", buf);
+    EXPECT(strcmp(mt_blocks_letters(buf, sizeof buf), "A, E, M, a, e") == 0, "letters '%s'", buf);
+    /* the routed twins (Mixture-of-Depths): A's and E's steps inside the mod wrapper */
+    EXPECT(!mt_blocks_kind(mt_blocks_find('a'))->routed && mt_blocks_kind(mt_blocks_find('e'))->routed &&
+           mt_blocks_kind(mt_blocks_find('a'))->wrap->enter && mt_blocks_kind(mt_blocks_find('e'))->wrap->enter &&
+           !mt_blocks_kind(mt_blocks_find('A'))->wrap->enter, "the routed kinds' wrapper");
     EXPECT(!mt_blocks_kind(mt_blocks_find('A'))->routed && mt_blocks_kind(mt_blocks_find('E'))->routed, "routed flags");
 }
 

@@ -75,6 +75,9 @@ done <<'LIST'
 2 dp=2 0 DENSE --set mtp_depth=2 --set recompute=block
 2 pp=2 1 DENSE --set mtp_depth=2 --set microbatches=2
 2 tp=2 3 MOE --set mtp_depth=1
+1 dp=1 0 DENSE --set pattern=Aa --set mod_capacity=0.25
+2 dp=2 0 DENSE --set pattern=aA --set mod_capacity=0.5 --set recompute=block
+2 tp=2 1 MOE --set pattern=ae --set mod_capacity=0.25 --set sequence_parallel=false
 LIST
 
 # --verify: the planner runs the setup and compares (explicit mesh, then auto-fit)

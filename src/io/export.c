@@ -461,6 +461,17 @@ int mt_export_hf_lossy(const struct mt_config *c, char *what, size_t what_len)
               "%d rows, transformers cannot load it)", c->n_null_experts, c->n_null_experts);
         n++;
     }
+    int n_mod = 0;
+    for (int l = 0; l < c->n_layer; l++) n_mod += mt_model_mod_rows(c, l) > 0;
+    if (n_mod > 0) {
+        /* SPEC 1e: transformers runs every token through every block; the
+         * routers stay in the folder (model.layers.{l}.mod.weight, ignored
+         * by transformers) and meshtrain_mod_* say which layers route */
+        warnf(what, what_len, "Mixture-of-Depths routed layers (%d, pattern %s: Qwen3 runs every token through every "
+              "block, so its logits differ; model.layers.{l}.mod.weight are kept for meshtrain import, transformers "
+              "ignores them)", n_mod, c->pattern);
+        n++;
+    }
     if (c->mtp_depth > 0) {
         /* SPEC 1e: transformers' Qwen3 has no MTP modules; their tensors stay
          * in the folder (model.mtp.*, which transformers ignores with a
@@ -562,6 +573,22 @@ char *mt_export_hf_config(const struct mt_config *c, int bos_token_id)
                                 "model.mtp.{k-1}.{enorm,hnorm,norm,eh_proj}.weight and a block of kind "
                                 "meshtrain_mtp_block named model.mtp.{k-1}.block.*; embed_tokens and lm_head are "
                                 "shared. transformers ignores them; meshtrain import reads them back");
+    }
+    cJSON *mod_layers = NULL;
+    for (int l = 0; l < c->n_layer; l++)
+        if (mt_model_mod_rows(c, l) > 0) {
+            if (!mod_layers) mod_layers = cJSON_AddArrayToObject(o, "meshtrain_mod_layers");
+            cJSON_AddItemToArray(mod_layers, cJSON_CreateNumber(l));
+        }
+    if (mod_layers) {   /* SPEC 1e: keys transformers ignores, and what they mean */
+        cJSON_AddNumberToObject(o, "meshtrain_mod_capacity", fnum(c->mod_capacity));
+        cJSON_AddNumberToObject(o, "meshtrain_mod_aux_coef", fnum(c->mod_aux_coef));
+        cJSON_AddStringToObject(o, "meshtrain_mod_note",
+                                "Mixture-of-Depths: in each layer of meshtrain_mod_layers, per sequence only the "
+                                "C = ceil(meshtrain_mod_capacity T) tokens with the largest r = x . "
+                                "model.layers.{l}.mod.weight (ties to the lower position) run the block, in order, at "
+                                "their original RoPE positions, and x += sigmoid(r) (block(x) - x) on them; the other "
+                                "tokens pass unchanged. transformers cannot run this: meshtrain import reads it back");
     }
     cJSON_AddNumberToObject(o, "meshtrain_export", 1);
     char *s = cJSON_Print(o);
@@ -734,6 +761,24 @@ enum mt_status mt_export_hf_config_parse(struct mt_ctx *ctx, const char *json_te
         }
         if (!strchr(cfg->pattern, 'E'))
             warnf(warn, warn_len, "qwen3_moe config without any sparse layer: imported as a dense model");
+    }
+    /* Mixture-of-Depths (SPEC 1e): the routed layers' letters in lowercase */
+    const cJSON *ml = cJSON_GetObjectItemCaseSensitive(o, "meshtrain_mod_layers");
+    if (ml && !cJSON_IsNull(ml)) {
+        if (!cJSON_IsArray(ml)) { rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "config.json: bad meshtrain_mod_layers"); goto done; }
+        cJSON_ArrayForEach(it, ml) {
+            int l = cJSON_IsNumber(it) ? (int)it->valuedouble : -1;
+            if (l < 0 || l >= cfg->n_layer || (cfg->pattern[l] != 'A' && cfg->pattern[l] != 'E')) {
+                rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "config.json: bad meshtrain_mod_layers entry");
+                goto done;
+            }
+            cfg->pattern[l] = (char)(cfg->pattern[l] - 'A' + 'a');
+        }
+        if (get_float(o, "meshtrain_mod_capacity", &cfg->mod_capacity) || !(cfg->mod_capacity > 0) ||
+            cfg->mod_capacity > 1) bad = "meshtrain_mod_capacity";
+        else if (get_float(o, "meshtrain_mod_aux_coef", &cfg->mod_aux_coef) || cfg->mod_aux_coef < 0)
+            bad = "meshtrain_mod_aux_coef";
+        if (bad) { rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "config.json: missing or bad %s", bad); goto done; }
     }
     if (cfg->logit_softcap > 0)
         warnf(warn, warn_len, "meshtrain_logit_softcap %g: the model caps its logits (HF transformers ignores this key)",

@@ -263,14 +263,27 @@ static double kind_sum(const struct mt_block_shape *s, int kind, enum step_count
     return sum;
 }
 
+/* A wrapped kind's steps run rows of every T (struct mt_block_wrap.rows):
+ * their sums at sequence length rows, times rows / T per token. */
+static double layer_sum(const struct mt_config *cfg, const struct mt_block_shape *s, int l, enum step_count what)
+{
+    const int kind = mt_blocks_layer_kind(cfg, l);
+    const struct mt_block_wrap *w = kinds[kind].wrap;
+    if (!w->rows) return kind_sum(s, kind, what);
+    struct mt_block_shape in = *s;
+    in.T = w->rows(cfg, (int)s->T);
+    return (double)in.T / (double)s->T * kind_sum(&in, kind, what);
+}
+
 double mt_blocks_layer_mm(const struct mt_config *cfg, const struct mt_block_shape *s, int l)
 {
-    return kind_sum(s, mt_blocks_layer_kind(cfg, l), STEP_MM);
+    const struct mt_block_wrap *w = kinds[mt_blocks_layer_kind(cfg, l)].wrap;
+    return layer_sum(cfg, s, l, STEP_MM) + (w->mm_per_token ? w->mm_per_token(s) : 0.0);
 }
 
 double mt_blocks_layer_extra(const struct mt_config *cfg, const struct mt_block_shape *s, int l)
 {
-    return kind_sum(s, mt_blocks_layer_kind(cfg, l), STEP_EXTRA);
+    return layer_sum(cfg, s, l, STEP_EXTRA);
 }
 
 double mt_blocks_layer_inactive(const struct mt_config *cfg, const struct mt_block_shape *s, int l)
@@ -283,8 +296,9 @@ double mt_blocks_kind_flops(const struct mt_block_shape *s, int kind)
     return 6.0 * kind_sum(s, kind, STEP_MM) + kind_sum(s, kind, STEP_EXTRA);
 }
 
-/* FLOP counts are integers below 2^53: every sum here is exact, so the
- * grouping (per piece, per layer) cannot change a bit of the result. */
+/* FLOP counts are integers below 2^53 (a routed layer's rows/T share
+ * aside): every sum here is exact, so the grouping (per piece, per layer)
+ * cannot change a bit of the result. */
 double mt_blocks_layer_flops(const struct mt_config *cfg, const struct mt_block_shape *s, int l)
 {
     return 6.0 * mt_blocks_layer_mm(cfg, s, l) + mt_blocks_layer_extra(cfg, s, l);

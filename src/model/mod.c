@@ -219,6 +219,9 @@ static int mod_loss_register(struct mt_model *m)
     return model_loss_add(m, &(struct mt_loss_part){"mod_aux", "mod router", w, MT_LOSS_PER_TOKEN, w != 0, 0});
 }
 
+/* the router: D multiply-adds per token */
+static double mod_mm(const struct mt_block_shape *s) { return (double)s->D; }
+
 const struct mt_block_wrap mt_block_wrap_mod = {
     .name = "mod",
     .params = mod_params,
@@ -231,4 +234,6 @@ const struct mt_block_wrap mt_block_wrap_mod = {
     .enter_backward = mod_enter_backward,
     .check = mod_check,
     .loss_register = mod_loss_register,
+    .rows = mod_rows,
+    .mm_per_token = mod_mm,
 };

@@ -71,6 +71,10 @@ static void model_dims_par(struct mt_model *m, const struct mt_config *cfg, int 
     m->mtp_kind = m->mtp_depth ? mt_blocks_find(cfg->mtp_block[0]) : -1;
     if (m->mtp_kind < 0) m->mtp_depth = 0;
     else m->kinds_used |= 1u << m->mtp_kind;
+    /* a wrapper with a loss part (MoD's mod_aux): its per-layer sums are carved (model_layout) */
+    m->any_wrap_loss = 0;
+    for (int b = 0; b < mt_blocks_count(); b++)
+        if ((m->kinds_used >> b & 1u) && mt_blocks_kind(b)->wrap->loss_register) m->any_wrap_loss = 1;
     /* the model axis: local head / hidden counts, row shares */
     m->tp = par && par->tp > 1 ? par->tp : 1;
     m->tp_rank = m->tp > 1 ? par->tp_rank : 0;
@@ -562,6 +566,14 @@ static size_t model_io_blocks(const struct mt_model *m)
     return m->mtp_depth && !(m->first && m->last) ? (size_t)(1 + m->mtp_depth) : 1;
 }
 
+/* A wrapper's loss part: each layer's sum on the backend, and its host copy. */
+static void wrap_loss_carve(struct mt_model *m, struct mt_carver *c)
+{
+    if (!m->any_wrap_loss) return;
+    m->wrap_loss = carve(c, MT_BUCKET_WORKSPACE, (size_t)m->L * sizeof(double));
+    m->wrap_loss_h = carve(c, MT_BUCKET_OTHER, (size_t)m->L * sizeof(double));
+}
+
 /* Carve every buffer. With NULL bases only the offsets (sizes) advance;
  * m->params / m->layers may be NULL then (param sizes come from the registry).
  *
@@ -687,10 +699,7 @@ static void model_layout(struct mt_model *m, struct mt_carver *c)
         m->mtp_tmp = carve_f(c, W, Nr * D);
     }
     model_redo_carve(m, c);         /* ReDo's score accumulators (redo_every > 0 only) */
-    if (m->any_wrap_loss) {         /* the wrappers' loss sums, one per layer */
-        m->wrap_loss = carve(c, W, (size_t)m->L * sizeof(double));
-        m->wrap_loss_h = carve(c, O, (size_t)m->L * sizeof(double));
-    }
+    wrap_loss_carve(m, c);          /* the wrappers' loss sums (MoD's mod_aux) */
 }
 
 struct plan_visit { struct mt_carver *c; };
@@ -1401,7 +1410,6 @@ static void moe_loss_sums(struct mt_model *m, double *sum)
  * one per wrapper, in kind order; m->wrap_part[kind] says where a layer's sum goes. */
 static void wrap_loss_register(struct mt_model *m)
 {
-    m->any_wrap_loss = 0;
     for (int b = 0; b < MT_MAX_BLOCK_KINDS; b++) m->wrap_part[b] = -1;
     for (int b = 0; b < mt_blocks_count(); b++) {
         const struct mt_block_wrap *w = mt_blocks_kind(b)->wrap;
@@ -1409,7 +1417,6 @@ static void wrap_loss_register(struct mt_model *m)
         for (int a = 0; a < b; a++)   /* a wrapper's part once, shared by its kinds */
             if (m->wrap_part[a] >= 0 && mt_blocks_kind(a)->wrap == w) m->wrap_part[b] = m->wrap_part[a];
         if (m->wrap_part[b] < 0) m->wrap_part[b] = w->loss_register(m);
-        m->any_wrap_loss = 1;
     }
 }
 

@@ -333,6 +333,11 @@ struct mt_block_wrap {
     enum mt_status (*enter_backward)(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const struct mt_piece_ctx *in);
     enum mt_status (*check)(struct mt_ctx *ctx, const struct mt_piece_ctx *pc);
     int    (*loss_register)(struct mt_model *m);
+    /* the FLOPs convention: rows per sequence of T the steps see (the
+     * block's FLOPs count at that length, times rows/T), and the
+     * wrapper's own matmul parameters per token; NULL: T, 0 */
+    int    (*rows)(const struct mt_config *cfg, int T);
+    double (*mm_per_token)(const struct mt_block_shape *s);
 };
 
 /* One pattern letter: its steps, in forward order. */

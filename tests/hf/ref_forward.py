@@ -10,7 +10,8 @@ layouts and config keys at once.
     ref_forward.py compare HF_DIR MT_LOGITS.safetensors IDS [--atol 1e-5]
         forward over IDS (comma separated) and compare with `meshtrain logits`
         output: logits (after softcap), lm_loss, aux_loss, z_loss, and an MTP
-        model's mtp_k_loss (meshtrain_mtp_depth, SPEC 1e).
+        model's mtp_k_loss (meshtrain_mtp_depth, SPEC 1e) and a routed model's
+        mod_aux_loss (meshtrain_mod_layers: Mixture-of-Depths, SPEC 1e).
     ref_forward.py uniform HF_DIR MT_LOGITS.safetensors
         the hand-computed case: every router weight is zero, so every token
         routes to experts 0..k-1 (ties go to the lower index), f = 1/k on
@@ -64,11 +65,12 @@ def swiglu(h, wg, wu, wd):
     return (silu(h @ wg.T) * (h @ wu.T)) @ wd.T
 
 
-def rope(x, theta):
-    """x: (T, heads, hd); rotate-half pairs (i, i + hd/2)."""
+def rope(x, theta, pos=None):
+    """x: (T, heads, hd); rotate-half pairs (i, i + hd/2); row t at position pos[t] (default t)."""
     T, _, hd = x.shape
+    pos = np.arange(T) if pos is None else np.asarray(pos)
     inv = theta ** (-np.arange(0, hd // 2, dtype=np.float64) * 2.0 / hd)
-    ang = np.arange(T, dtype=np.float64)[:, None] * inv[None, :]      # (T, hd/2)
+    ang = pos.astype(np.float64)[:, None] * inv[None, :]                  # (T, hd/2)
     c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
     a, b = x[..., :hd // 2], x[..., hd // 2:]
     return np.concatenate([a * c - b * s, b * c + a * s], axis=-1)
@@ -97,8 +99,9 @@ def mamba_mixer(cfg, W, p, h):
     return mamba3_ref.mixer(h, w, D, H, P, G, N, 1, h.shape[0])
 
 
-def attention(cfg, W, p, h):
-    """Causal GQA attention with QK-norm and RoPE over the rows of h (T, D); p the layer's name prefix."""
+def attention(cfg, W, p, h, pos=None):
+    """Causal GQA attention with QK-norm and RoPE over the rows of h (T, D) (row t at position pos[t],
+    default t; rows in increasing position); p the layer's name prefix."""
     T = h.shape[0]
     D, H = cfg["hidden_size"], cfg["num_attention_heads"]
     K = cfg.get("num_key_value_heads", H)
@@ -108,8 +111,8 @@ def attention(cfg, W, p, h):
     q = (h @ W[p + "self_attn.q_proj.weight"].T).reshape(T, H, hd)
     kk = (h @ W[p + "self_attn.k_proj.weight"].T).reshape(T, K, hd)
     v = (h @ W[p + "self_attn.v_proj.weight"].T).reshape(T, K, hd)
-    q = rope(rmsnorm(q, W[p + "self_attn.q_norm.weight"], eps), theta)
-    kk = rope(rmsnorm(kk, W[p + "self_attn.k_norm.weight"], eps), theta)
+    q = rope(rmsnorm(q, W[p + "self_attn.q_norm.weight"], eps), theta, pos)
+    kk = rope(rmsnorm(kk, W[p + "self_attn.k_norm.weight"], eps), theta, pos)
     y = np.empty((T, H, hd))
     for j in range(H):                                                   # head j reads kv head j / (H/K)
         kv = j // (H // K)
@@ -166,7 +169,7 @@ def forward(cfg, W, ids):
     L = cfg["num_hidden_layers"]
     # a MeshtrainHybrid export (docs/export.md) names each layer's kind in meshtrain_pattern
     pattern = cfg.get("meshtrain_pattern") if cfg["model_type"] == "meshtrain_hybrid" else None
-    moe = cfg["model_type"] == "qwen3_moe" or (pattern is not None and "E" in pattern)
+    moe = cfg["model_type"] == "qwen3_moe" or (pattern is not None and "E" in pattern.upper())
     E = cfg.get("num_experts", cfg.get("num_local_experts", 0)) if moe else 0
     k = cfg.get("num_experts_per_tok", 0)
     Z = cfg.get("meshtrain_n_null_experts", 0) if moe else 0            # null experts (SPEC 1e): router rows E..E+Z-1
@@ -175,32 +178,39 @@ def forward(cfg, W, ids):
     aux_coef = float(cfg.get("router_aux_loss_coef", 0.0))
     z_coef = float(cfg.get("meshtrain_z_loss_coef", 0.0))
     cap = float(cfg.get("meshtrain_logit_softcap", 0.0))
-    aux = z = 0.0
-    x = W["model.embed_tokens.weight"][ids]                              # (T, D)
-    for l in range(L):
+    aux = z = mod_aux = 0.0
+    # Mixture-of-Depths (SPEC 1e): the routed layers, their capacity and aux weight
+    mod_layers = set(cfg.get("meshtrain_mod_layers") or [])
+    mod_c = float(cfg.get("meshtrain_mod_capacity", 1.0))
+    mod_coef = float(cfg.get("meshtrain_mod_aux_coef", 0.0))
+
+    def block(l, x, pos):
+        """Layer l's block over rows x (n, D) at positions pos; returns its output and (aux, z) sums
+        (MoE statistics over these n rows; z summed, divided by T by the caller's convention)."""
         p = f"model.layers.{l}."
+        n = x.shape[0]
         h = rmsnorm(x, W[p + "input_layernorm.weight"], eps)
         if pattern is not None and pattern[l] == "M":
             x = x + mamba_mixer(cfg, W, p + "mixer.", h)
             h = rmsnorm(x, W[p + "post_attention_layernorm.weight"], eps)
             x = x + swiglu(h, W[p + "mlp.gate_proj.weight"], W[p + "mlp.up_proj.weight"], W[p + "mlp.down_proj.weight"])
-            continue
-        x = x + attention(cfg, W, p, h)
+            return x, 0.0, 0.0
+        x = x + attention(cfg, W, p, h, pos)
         h = rmsnorm(x, W[p + "post_attention_layernorm.weight"], eps)
         sparse = moe and E > 0 and l not in mlp_only and (l + 1) % step == 0
         if pattern is not None:
-            sparse = pattern[l] == "E"
+            sparse = pattern[l] in "Ee"
         if not sparse:
             x = x + swiglu(h, W[p + "mlp.gate_proj.weight"], W[p + "mlp.up_proj.weight"], W[p + "mlp.down_proj.weight"])
-            continue
-        r = h @ W[p + "mlp.gate.weight"].T                               # (T, E + Z) router logits
+            return x, 0.0, 0.0
+        r = h @ W[p + "mlp.gate.weight"].T                               # (n, E + Z) router logits
         assert r.shape[1] == E + Z, (r.shape, E, Z)
         m = r.max(axis=1, keepdims=True)
         lse = (m + np.log(np.exp(r - m).sum(axis=1, keepdims=True)))[:, 0]
         prob = np.exp(r - lse[:, None])
         out = np.zeros_like(h)
         f = np.zeros(E + Z)
-        for t in range(T):
+        for t in range(n):
             pr = prob[t].copy()
             chosen = []
             for _ in range(k):                                           # k rounds of argmax, first max wins
@@ -218,10 +228,29 @@ def forward(cfg, W, ids):
         if p + "mlp.shared_expert.gate_proj.weight" in W:                # meshtrain's ungated shared expert
             out += swiglu(h, W[p + "mlp.shared_expert.gate_proj.weight"], W[p + "mlp.shared_expert.up_proj.weight"],
                           W[p + "mlp.shared_expert.down_proj.weight"])
-        x = x + out
-        f /= T * k                                                       # share of the T*k routing slots
-        aux += aux_coef * (E + Z) * float(np.sum(f * prob.mean(axis=0)))
-        z += z_coef * float(np.mean(lse ** 2))
+        f /= n * k                                                       # share of the n*k routing slots
+        return x + out, aux_coef * (E + Z) * float(np.sum(f * prob.mean(axis=0))), z_coef * float(np.sum(lse ** 2))
+
+    x = W["model.embed_tokens.weight"][ids]                              # (T, D)
+    for l in range(L):
+        if l not in mod_layers:
+            x, a_, z_ = block(l, x, np.arange(T))
+            aux, z = aux + a_, z + z_ / T
+            continue
+        # a routed layer: the C largest r = x . w (ties to the lower position) run the block, in order,
+        # at their own positions; x += sigmoid(r) (y - x) on them; BCE(sigmoid(r), selected) per token
+        r = x @ W[f"model.layers.{l}.mod.weight"]
+        C = min(T, max(1, math.ceil(mod_c * T - 1e-6)))
+        sel = np.sort(sorted(range(T), key=lambda t: (-r[t], t))[:C])
+        y, a_, z_ = block(l, x[sel], sel)
+        aux, z = aux + a_, z + z_ / T
+        s = 1.0 / (1.0 + np.exp(-r))
+        x = x.copy()
+        x[sel] = x[sel] + s[sel, None] * (y - x[sel])
+        chosen = np.zeros(T, dtype=bool)
+        chosen[sel] = True
+        sp = lambda v: np.maximum(v, 0) + np.log1p(np.exp(-np.abs(v)))  # softplus
+        mod_aux += mod_coef * float(np.mean(np.where(chosen, sp(-r), sp(r))))
     mtp = mtp_losses(cfg, W, ids, x) if cfg.get("meshtrain_mtp_depth", 0) else []
     h = rmsnorm(x, W["model.norm.weight"], eps)
     logits = h @ W["lm_head.weight"].T
@@ -230,7 +259,7 @@ def forward(cfg, W, ids):
     m = logits.max(axis=1, keepdims=True)
     lp = logits - m - np.log(np.exp(logits - m).sum(axis=1, keepdims=True))
     lm = -float(np.mean(lp[np.arange(T - 1), ids[1:]]))
-    return logits, (lm, aux, z) + tuple(mtp)
+    return logits, (lm, aux, z) + tuple(mtp) + ((mod_aux,) if mod_layers else ())
 
 
 def main():
@@ -245,7 +274,10 @@ def main():
         bad = []
         if not dl <= atol:
             bad.append(f"logits max |diff| {dl:.3g} > {atol}")
-        names = ("lm_loss", "aux_loss", "z_loss") + tuple(f"mtp_{k}_loss" for k in range(1, len(terms) - 2))
+        n_mtp = cfg.get("meshtrain_mtp_depth", 0)
+        names = (("lm_loss", "aux_loss", "z_loss") + tuple(f"mtp_{k}_loss" for k in range(1, n_mtp + 1)) +
+                 (("mod_aux_loss",) if cfg.get("meshtrain_mod_layers") else ()))
+        assert len(names) == len(terms), (names, len(terms))
         for name, r in zip(names, terms):
             got = float(mt[name][0])
             d = abs(got - r)
