@@ -90,6 +90,16 @@ if $MT import --hf "$W/mod_moe.hf" --out "$W/mod.imp" >/dev/null 2>"$W/err" &&
     ok "MoD: import reads the routed layers back (pattern ae; logits and mod_aux bit-identical)"
 else bad "MoD: import round trip ($(cat "$W/err"))"; fi
 
+# sampling a routed model (SPEC 1e: a token runs a routed block iff r > 0; the layer's KV cache holds
+# only those tokens, at their original positions): greedy ids == argmax of the reference's sampling-rule
+# forward, for the dense, MoE and hybrid routed models
+for name in mod mod_moe mod_hybrid; do
+    if $MT sample --ckpt "$W/$name" --prompt-ids "5,9,2,40" --tokens 11 --temperature 0 >"$W/$name.sample" 2>"$W/err" &&
+       $PY "$HERE/hf/ref_forward.py" greedy "$W/$name.hf" "$(tr ' ' ',' <"$W/$name.sample")" 4; then
+        ok "$name: greedy sample == argmax of the reference with the r > 0 rule"
+    else bad "$name: sample of a routed model ($(cat "$W/err"))"; fi
+done
+
 # the lossy model is refused without --allow-lossy, naming both features, writing nothing
 $MT export --ckpt "$W/moe_shared_softcap" --out "$W/refused" >/dev/null 2>"$W/err"; rc=$?
 [ $rc = 2 ] && [ "$(wc -l <"$W/err")" = 1 ] && grep -q softcap "$W/err" && grep -q "shared expert" "$W/err" && [ ! -e "$W/refused" ] &&

@@ -48,6 +48,8 @@ enum mt_status mt_model_kv_create(struct mt_ctx *ctx, struct mt_model *m, int t_
         mt_model_kv_destroy(ctx, m, c);
         return MT_ERR_OOM;
     }
+    /* zero: a routed layer's decode state starts with its fill count (mod.c) */
+    m->ops->fill(m->ops->be, c->arena, 0.0f, c->arena_bytes / sizeof(float));
     float *p = c->arena;
     c->cos_tab = p; p += tab;
     c->sin_tab = p; p += tab;

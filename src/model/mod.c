@@ -52,6 +52,9 @@ struct mod_state {
     float   *dxi;          /* (B C, D) inner gradient (d y, then d x[idx])                    */
     float   *cs, *sn;      /* (B C, hd/2) the RoPE rows of the selected positions             */
     float   *dgate, *dr;   /* (N)    backward: d s, d r                                       */
+    /* host staging of incremental decoding (the r > 0 rule is decided on the host) */
+    float   *h_r, *h_s;    /* (N)                                                             */
+    int32_t *h_idx;        /* (3 N)  the selected rows, their positions, every row's slot     */
 };
 
 extern const struct mt_block_wrap mt_block_wrap_mod;   /* below */
@@ -117,6 +120,65 @@ static void mod_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct
     st->sn = carve_f(c, A, n * half);
     st->dgate = carve_f(c, A, N);
     st->dr = carve_f(c, A, N);
+    st->h_r = carve_f(c, MT_BUCKET_OTHER, N);
+    st->h_s = carve_f(c, MT_BUCKET_OTHER, N);
+    st->h_idx = carve_i(c, MT_BUCKET_OTHER, 3 * N);
+}
+
+/* Decoding (SPEC 1e: a token runs a routed block iff r > 0). The layer's
+ * attention cache holds only the tokens that ran it, each at its original
+ * position: the wrapper's decode state is its fill count (padded to 4
+ * floats) and RoPE tables of its own, row j = the position of the j-th
+ * token that ran, so the steps run with pos0 = fill and read row fill + n. */
+static size_t mod_decode_floats(const struct mt_piece_ctx *pc, int t_max)
+{
+    return 4 + 2 * (size_t)t_max * (size_t)(pc->hd / 2);
+}
+
+static enum mt_status mod_enter_decode(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const struct mt_piece_fwd *a,
+                                       struct mt_piece_fwd *in, float **x_in)
+{
+    const struct mt_ops_i *ops = pc->ops;
+    const struct mod_state *st = pc->ly->wst;
+    const int n = a->B * a->T, D = pc->D, half = pc->hd / 2;
+    float *tab_cos = a->state + 4, *tab_sin = tab_cos + (size_t)a->t_max * half;
+    float fillf;
+    ops->copy_to_host(ops->be, &fillf, a->state, sizeof fillf);
+    const int fill = (int)fillf;
+    linear_forward(ops, st->r, pc->x_in, mod_router(pc)->data, n, D, 1, 0.0f);
+    ops->copy_to_host(ops->be, st->h_r, st->r, (size_t)n * sizeof(float));
+    int32_t *h_pos = st->h_idx + n, *h_slot = st->h_idx + 2 * n;
+    int k = 0;
+    for (int t = 0; t < n; t++) {
+        st->h_s[t] = 1.0f / (1.0f + expf(-st->h_r[t]));
+        h_slot[t] = st->h_r[t] > 0.0f ? k : -1;
+        if (st->h_r[t] > 0.0f) {
+            st->h_idx[k] = t;
+            h_pos[k++] = a->pos0 + t;
+        }
+    }
+    ops->copy_from_host(ops->be, st->slot, h_slot, (size_t)n * sizeof(int32_t));
+    ops->copy_from_host(ops->be, st->s, st->h_s, (size_t)n * sizeof(float));
+    if (k > 0) {
+        ops->copy_from_host(ops->be, st->idx, st->h_idx, (size_t)k * sizeof(int32_t));
+        ops->copy_from_host(ops->be, st->tpos, h_pos, (size_t)k * sizeof(int32_t));
+        ops->moe_permute(ops->be, st->xi, pc->x_in, st->idx, k, D);
+        ops->moe_permute(ops->be, tab_cos + (size_t)fill * half, a->cos_tab, st->tpos, k, half);
+        ops->moe_permute(ops->be, tab_sin + (size_t)fill * half, a->sin_tab, st->tpos, k, half);
+    }
+    fillf = (float)(fill + k);
+    ops->copy_from_host(ops->be, a->state, &fillf, sizeof fillf);
+    (void)ctx;
+    in->B = 1;
+    in->T = k;   /* 0: no token runs the block this step */
+    in->pos0 = fill;
+    in->cos_tab = tab_cos;
+    in->sin_tab = tab_sin;
+    in->rope_T = 0;
+    in->state = a->state + mod_decode_floats(pc, a->t_max);
+    in->x_out = st->yo;
+    *x_in = st->xi;
+    return MT_OK;
 }
 
 /* r, the selection (and the aux sum into the layer's loss slot), the inner
@@ -127,9 +189,7 @@ static enum mt_status mod_enter(struct mt_ctx *ctx, const struct mt_piece_ctx *p
     const struct mt_ops_i *ops = pc->ops;
     const struct mod_state *st = pc->ly->wst;
     const int B = a->B, T = a->T, C = mod_rows(pc->cfg, T), N = B * T, D = pc->D, half = pc->hd / 2;
-    if (a->state || a->pos0 != 0)
-        return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "Mixture-of-Depths: incremental decoding of a routed block "
-                            "is not in this build (sample / generate refuse routed patterns)");
+    if (a->state) return mod_enter_decode(ctx, pc, a, in, x_in);
     linear_forward(ops, st->r, pc->x_in, mod_router(pc)->data, N, D, 1, 0.0f);
     /* TP (no SP): every model rank computes the same whole-batch aux; rank 0's counts */
     const float coef = pc->tp.tp > 1 && pc->tp.rank != 0 ? 0.0f : pc->cfg->mod_aux_coef;
@@ -236,4 +296,5 @@ const struct mt_block_wrap mt_block_wrap_mod = {
     .loss_register = mod_loss_register,
     .rows = mod_rows,
     .mm_per_token = mod_mm,
+    .decode_floats = mod_decode_floats,
 };

@@ -1331,7 +1331,7 @@ enum mt_status model_block_forward(struct mt_ctx *ctx, struct mt_model *m, struc
     ia.aux = ia.z = 0.0;
     float *x0 = NULL;
     MT_CHECK(k->wrap->enter(ctx, &pc, a, &ia, &x0));
-    MT_CHECK(block_steps_forward(ctx, m, ly, &in, x0 ? x0 : in.x_in, &ia));
+    if (ia.T > 0) MT_CHECK(block_steps_forward(ctx, m, ly, &in, x0 ? x0 : in.x_in, &ia));
     a->aux += ia.aux;
     a->z += ia.z;
     return k->wrap->leave(ctx, &pc, a, &ia);
@@ -1342,7 +1342,7 @@ size_t model_decode_floats(struct mt_model *m, int kind, int t_max)
     const struct mt_block_kind *k = mt_blocks_kind(kind);
     struct mt_piece_ctx pc;
     model_piece_ctx(m, NULL, &pc);
-    size_t n = 0;
+    size_t n = k->wrap->decode_floats ? k->wrap->decode_floats(&pc, t_max) : 0;   /* the wrapper's first */
     for (int i = 0; i < k->n_steps; i++) {
         pc.own = model_own(m, k->steps[i].piece);
         if (k->steps[i].piece->decode_floats) n += k->steps[i].piece->decode_floats(&pc, t_max);

@@ -338,6 +338,11 @@ struct mt_block_wrap {
      * wrapper's own matmul parameters per token; NULL: T, 0 */
     int    (*rows)(const struct mt_config *cfg, int T);
     double (*mm_per_token)(const struct mt_block_shape *s);
+    /* incremental decoding: floats of the wrapper's own decode state for
+     * t_max positions, before its steps' (the layer's state: the wrapper's,
+     * then the steps' in order; enter hands the steps theirs in in->state).
+     * enter may set in->T = 0: no row runs the steps (leave still runs). */
+    size_t (*decode_floats)(const struct mt_piece_ctx *pc, int t_max);
 };
 
 /* One pattern letter: its steps, in forward order. */

@@ -12,6 +12,10 @@ layouts and config keys at once.
         output: logits (after softcap), lm_loss, aux_loss, z_loss, and an MTP
         model's mtp_k_loss (meshtrain_mtp_depth, SPEC 1e) and a routed model's
         mod_aux_loss (meshtrain_mod_layers: Mixture-of-Depths, SPEC 1e).
+    ref_forward.py greedy HF_DIR IDS P
+        a routed (Mixture-of-Depths) model's greedy `meshtrain sample` of
+        IDS[P:] after the prompt IDS[:P]: each id is the argmax of the forward
+        with the sampling rule (a token runs a routed block iff r > 0).
     ref_forward.py uniform HF_DIR MT_LOGITS.safetensors
         the hand-computed case: every router weight is zero, so every token
         routes to experts 0..k-1 (ties go to the lower index), f = 1/k on
@@ -161,7 +165,7 @@ def mtp_losses(cfg, W, ids, h0):
     return out
 
 
-def forward(cfg, W, ids):
+def forward(cfg, W, ids, decode=False):
     """Returns logits (T, V) after softcap, and (lm, aux, z, [mtp_1, ...]) as meshtrain defines them."""
     ids = np.asarray(ids)
     T = len(ids)
@@ -242,6 +246,10 @@ def forward(cfg, W, ids):
         r = x @ W[f"model.layers.{l}.mod.weight"]
         C = min(T, max(1, math.ceil(mod_c * T - 1e-6)))
         sel = np.sort(sorted(range(T), key=lambda t: (-r[t], t))[:C])
+        if decode:                                                       # sampling: iff r > 0 (causal per token)
+            sel = np.nonzero(r > 0)[0]
+            if len(sel) == 0:
+                continue
         y, a_, z_ = block(l, x[sel], sel)
         aux, z = aux + a_, z + z_ / T
         s = 1.0 / (1.0 + np.exp(-r))
@@ -287,6 +295,18 @@ def main():
         print(f"  logits ({len(ids)}, {ref.shape[1]}): max |diff| {dl:.3g} (max |logit| {np.max(np.abs(ref)):.3g})")
         if bad:
             raise SystemExit("MISMATCH: " + "; ".join(bad))
+    elif mode == "greedy":
+        # greedy decoding of a routed model: each generated id (IDS[P:]) is the argmax of the reference
+        # forward with the sampling rule (a token runs a routed block iff r > 0) at the position before it
+        hf, ids, P = sys.argv[2], [int(x) for x in sys.argv[3].split(",")], int(sys.argv[4])
+        cfg, W = load_hf(hf)
+        logits, _ = forward(cfg, W, ids, decode=True)
+        for i in range(P - 1, len(ids) - 1):
+            srt = np.sort(logits[i])
+            top = int(np.argmax(logits[i]))
+            if top != ids[i + 1] and srt[-1] - srt[-2] > 1e-5:
+                raise SystemExit(f"MISMATCH: position {i}: reference argmax {top}, sampled {ids[i + 1]}")
+        print(f"  generated {ids[P:]}: each the argmax of the reference's sampling-rule forward")
     elif mode == "uniform":
         hf, mt_path = sys.argv[2], sys.argv[3]
         cfg, W = load_hf(hf)
