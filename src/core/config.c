@@ -30,7 +30,6 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <ctype.h>
 #include <string.h>
 #include <strings.h>
 #include <unistd.h>
@@ -720,8 +719,8 @@ static enum mt_status resolve_pattern(struct mt_ctx *ctx, struct mt_config *cfg,
         RULE(!mt_blocks_kind_routed(kb), "mtp_block=%s has routed experts: an MTP module's block must not (mtp_depth=%d)",
              cfg->mtp_block, cfg->mtp_depth);
         /* a routed (Mixture-of-Depths) block would select among rows past T-1-k too */
-        RULE(!islower((unsigned char)cfg->mtp_block[0]), "mtp_block=%s is a routed (Mixture-of-Depths) block: an MTP "
-             "module's block must be unrouted (mtp_depth=%d)", cfg->mtp_block, cfg->mtp_depth);
+        RULE(!mt_blocks_kind_wrapped(kb), "mtp_block=%s is a routed (Mixture-of-Depths) block: an MTP module's block "
+             "must be unrouted (mtp_depth=%d)", cfg->mtp_block, cfg->mtp_depth);
         RULE(strchr(cfg->pattern, cfg->mtp_block[0]) || cfg->mtp_block[0] == mt_blocks_letter(0),
              "mtp_block=%s is not in pattern %s: use a kind the pattern has, or %c", cfg->mtp_block, cfg->pattern,
              mt_blocks_letter(0));

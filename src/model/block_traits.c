@@ -21,6 +21,7 @@ struct block_traits {
     char                         letter;
     const char                  *name;
     int                          routed, hf;
+    const char                  *wrap;   /* the wrapper's name ("none": unwrapped) */
     const struct mt_piece_rules *steps[MT_BLOCK_MAX_PIECES];
 };
 
@@ -35,7 +36,7 @@ struct block_traits {
 
 #define MT_STEP(piece, resid) &mt_piece_rules_##piece
 static const struct block_traits traits[] = {
-#define MT_BLOCK_KIND(letter, name, routed, hf, wrap, ...) {letter, name, routed, hf, {__VA_ARGS__}},
+#define MT_BLOCK_KIND(letter, name, routed, hf, wrap, ...) {letter, name, routed, hf, #wrap, {__VA_ARGS__}},
 #include "mt_block_kinds.def"
 #undef MT_BLOCK_KIND
 };
@@ -88,6 +89,11 @@ int mt_blocks_any_routed(const struct mt_config *cfg)
 }
 
 int mt_blocks_kind_hf(int index) { return index >= 0 && index < N_KINDS && traits[index].hf; }
+
+int mt_blocks_kind_wrapped(int index)
+{
+    return index >= 0 && index < N_KINDS && strcmp(traits[index].wrap, "none") != 0;
+}
 int mt_blocks_kind_routed(int index) { return index >= 0 && index < N_KINDS && traits[index].routed; }
 
 int mt_blocks_layer_uses(const struct mt_config *cfg, int l, const char *piece)

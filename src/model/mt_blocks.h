@@ -377,6 +377,8 @@ int mt_blocks_piece_index(const struct mt_piece *p);
 int mt_blocks_count(void);
 /* 1: kind `index` has a Hugging Face equivalent (export). */
 int mt_blocks_kind_hf(int index);
+/* 1: kind `index` runs inside a wrapper (a router: Mixture-of-Depths' a, e). */
+int mt_blocks_kind_wrapped(int index);
 /* 1: kind `index` has routed experts (the table's `routed`). */
 int mt_blocks_kind_routed(int index);
 /* "A, E": the letters of the table into buf (len >= 4 * MT_MAX_BLOCK_KINDS
