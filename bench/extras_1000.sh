@@ -70,10 +70,8 @@ if has mod_capacity && "$MT" plan --set vocab_size=64 --set n_layer=1 --set d_mo
     # microbatch split alone (the one-rank noise floor fails); at 0.25 the floor is 7e-9
     PATTERN=AeaE; SET="$SET --set mod_capacity=0.25"; EXTRAS="$EXTRAS mod"
 fi
-# MoD under sequence parallelism: this build refuses it (a sequence's router
-# scores would span ranks), so with MoD on the tp meshes run SP off
+# SP_SET: extra settings of the tp meshes (the ZeRO-3 row runs SP off either way)
 SP_SET=${SP_SET:-}
-case " $EXTRAS " in *" mod "*) SP_SET=${SP_SET:---set sequence_parallel=false} ;; esac
 MODEL="--set vocab_size=256 --set n_layer=4 --set d_model=64 --set n_head=4 --set n_kv_head=2 --set seq_len=32
  --set batch_size=8 --set microbatches=2 --set lr=0.01 --set warmup_steps=20 --set total_steps=$STEPS
  --set pattern=$PATTERN --set n_experts=4 --set expert_hidden=64 --set shared_expert_hidden=32 $SET"

@@ -48,8 +48,10 @@ struct mod_state {
     int32_t *idx, *tpos;   /* (B C)  selected rows, their positions                          */
     int32_t *slot;         /* (N)    inner row of a selected row, -1 elsewhere                */
     float   *r, *s;        /* (N)    router score, sigmoid(r)                                 */
-    float   *xi, *yo;      /* (B C, D) inner input; inner output, then y - x (the combine's)  */
-    float   *dxi;          /* (B C, D) inner gradient (d y, then d x[idx])                    */
+    float   *xi, *yo;      /* (n, D) inner input; inner output, then y - x (the combine's);
+                            * n = B C, under SP this rank's B C / tp of them               */
+    float   *dxi;          /* (n, D) inner gradient (d y, then d x[idx])                      */
+    float   *yo_all;       /* SP: (B C, D) every rank's y - x, gathered (the combine's)       */
     float   *cs, *sn;      /* (B C, hd/2) the RoPE rows of the selected positions             */
     float   *dgate, *dr;   /* (N)    backward: d s, d r                                       */
     /* host staging of incremental decoding (the r > 0 rule is decided on the host) */
@@ -89,12 +91,18 @@ static void mod_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *use
 
 static struct mt_param *mod_router(const struct mt_piece_ctx *pc) { return ((const struct mod_w *)pc->pw)->w; }
 
+/* sequence parallel: the block holds this rank's Nr rows of the flattened B T
+ * (rows r0..), the steps this rank's share of the B C selected ones */
+static int mod_sp(const struct mt_piece_ctx *pc) { return pc->tp.tp > 1 && pc->tp.sp; }
+static int mod_inner_rows(const struct mt_piece_ctx *pc, int n_sel) { return mod_sp(pc) ? n_sel / pc->tp.tp : n_sel; }
+
 /* The steps' context: B sequences of C rows, the wrapper's streams and RoPE rows. */
 static void mod_inner(const struct mt_piece_ctx *pc, struct mt_piece_ctx *in)
 {
     const struct mod_state *st = pc->ly ? pc->ly->wst : NULL;
     in->T = mod_rows(pc->cfg, pc->T);
-    in->N = in->Nr = in->tp.N = in->tp.Nr = pc->B * in->T;
+    in->N = in->tp.N = pc->B * in->T;
+    in->Nr = in->tp.Nr = mod_inner_rows(pc, in->N);
     in->x_in = st ? st->xi : NULL;
     in->dx = st ? st->dxi : NULL;
     in->rope_cos = st ? st->cs : NULL;
@@ -113,9 +121,11 @@ static void mod_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct
     st->slot = carve_i(c, A, N);
     st->r = carve_f(c, A, N);
     st->s = carve_f(c, A, N);
-    st->xi = carve_f(c, A, n * D);
-    st->yo = carve_f(c, A, n * D);
-    st->dxi = carve_f(c, A, n * D);
+    const size_t nl = (size_t)mod_inner_rows(pc, (int)n);
+    st->xi = carve_f(c, A, nl * D);
+    st->yo = carve_f(c, A, nl * D);
+    st->dxi = carve_f(c, A, nl * D);
+    st->yo_all = mod_sp(pc) ? carve_f(c, A, n * D) : NULL;
     st->cs = carve_f(c, A, n * half);
     st->sn = carve_f(c, A, n * half);
     st->dgate = carve_f(c, A, N);
@@ -186,16 +196,27 @@ static enum mt_status mod_enter_decode(struct mt_ctx *ctx, const struct mt_piece
 static enum mt_status mod_enter(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const struct mt_piece_fwd *a,
                                 struct mt_piece_fwd *in, float **x_in)
 {
+    if (a->state) return mod_enter_decode(ctx, pc, a, in, x_in);
     const struct mt_ops_i *ops = pc->ops;
     const struct mod_state *st = pc->ly->wst;
     const int B = a->B, T = a->T, C = mod_rows(pc->cfg, T), N = B * T, D = pc->D, half = pc->hd / 2;
-    if (a->state) return mod_enter_decode(ctx, pc, a, in, x_in);
-    linear_forward(ops, st->r, pc->x_in, mod_router(pc)->data, N, D, 1, 0.0f);
-    /* TP (no SP): every model rank computes the same whole-batch aux; rank 0's counts */
+    const int nl = mod_inner_rows(pc, B * C), j0 = mod_sp(pc) ? pc->tp.rank * nl : 0;
+    const float *x = pc->x_in;
+    if (mod_sp(pc)) {
+        /* a sequence's scores span ranks: every rank gathers all N of them and selects the same rows,
+         * and takes its share of the selected rows from the gathered stream (s_full, free here) */
+        linear_forward(ops, st->dr, pc->x_in, mod_router(pc)->data, pc->Nr, D, 1, 0.0f);
+        MT_CHECK(tpa_gather_rows(ctx, &pc->tp, st->r, st->dr, pc->Nr, 1));
+        MT_CHECK(tpa_gather_rows(ctx, &pc->tp, pc->s_full, pc->x_in, pc->Nr, D));
+        x = pc->s_full;
+    } else {
+        linear_forward(ops, st->r, pc->x_in, mod_router(pc)->data, N, D, 1, 0.0f);
+    }
+    /* TP: every model rank computes the same whole-batch aux; rank 0's counts */
     const float coef = pc->tp.tp > 1 && pc->tp.rank != 0 ? 0.0f : pc->cfg->mod_aux_coef;
     ops->mod_route(ops->be, st->idx, st->tpos, st->slot, st->s, a->want_loss ? pc->wrap_loss : NULL, st->r, B, T, C,
                    coef);
-    ops->moe_permute(ops->be, st->xi, pc->x_in, st->idx, B * C, D);
+    ops->moe_permute(ops->be, st->xi, x, st->idx + j0, nl, D);
     ops->moe_permute(ops->be, st->cs, a->cos_tab, st->tpos, B * C, half);
     ops->moe_permute(ops->be, st->sn, a->sin_tab, st->tpos, B * C, half);
     in->B = B;
@@ -209,35 +230,49 @@ static enum mt_status mod_enter(struct mt_ctx *ctx, const struct mt_piece_ctx *p
     return MT_OK;
 }
 
-/* x_out = x, then + s (y - x) on the selected rows (yo keeps y - x for the backward) */
+/* x_out = x, then + s (y - x) on the selected rows (yo keeps y - x for the
+ * backward; SP: every rank's, gathered, since a row's inner row may be another's) */
 static enum mt_status mod_leave(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a,
                                 const struct mt_piece_fwd *in)
 {
-    (void)ctx;
     const struct mt_ops_i *ops = pc->ops;
     const struct mod_state *st = pc->ly->wst;
-    const int N = a->B * a->T, D = pc->D;
-    const size_t n = (size_t)in->B * (size_t)in->T * (size_t)D;
-    ops->axpby(ops->be, st->yo, st->xi, -1.0f, 1.0f, n);
-    ops->copy(ops->be, a->x_out, pc->x_in, (size_t)N * D * sizeof(float));
-    ops->moe_combine(ops->be, a->x_out, st->yo, st->slot, st->s, N, 1, D);
+    const int D = pc->D, nl = mod_inner_rows(pc, in->B * in->T), Nr = a->state ? a->B * a->T : pc->Nr;
+    const int r0 = mod_sp(pc) ? pc->tp.rank * pc->Nr : 0;
+    ops->axpby(ops->be, st->yo, st->xi, -1.0f, 1.0f, (size_t)nl * D);
+    const float *y = st->yo;
+    if (mod_sp(pc)) {
+        MT_CHECK(tpa_gather_rows(ctx, &pc->tp, st->yo_all, st->yo, nl, D));
+        y = st->yo_all;
+    }
+    ops->copy(ops->be, a->x_out, pc->x_in, (size_t)Nr * D * sizeof(float));
+    ops->moe_combine(ops->be, a->x_out, y, st->slot + r0, st->s + r0, Nr, 1, D);
     return MT_OK;
 }
 
-/* d y = s dout into the inner dx; the router's gradient; dx = (1 - s) dout + dr w on the selected rows */
+/* d y = s dout into the inner dx (SP: summed over the model group, each
+ * inner row written by the rank holding its block row); the router's
+ * gradient; dx = (1 - s) dout + dr w on the selected rows */
 static enum mt_status mod_leave_backward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc,
                                          const struct mt_piece_ctx *in)
 {
-    (void)ctx;
     const struct mt_ops_i *ops = pc->ops;
     const struct mod_state *st = pc->ly->wst;
     struct mt_param *w = mod_router(pc);
-    const int N = pc->N, D = pc->D;
+    const int Nr = pc->Nr, D = pc->D, r0 = mod_sp(pc) ? pc->tp.rank * Nr : 0;
     const double nt = pc->norm->n_tokens > 0 ? pc->norm->n_tokens : 1.0;
-    ops->moe_combine_backward(ops->be, in->dx, st->dgate, pc->dx, st->yo, st->slot, st->s, N, 1, D);
-    ops->mod_backward(ops->be, st->dr, pc->dx, st->dgate, st->s, st->slot, N, D,
+    if (mod_sp(pc)) {
+        const int n_sel = in->N;
+        ops->fill(ops->be, pc->s_full, 0.0f, (size_t)n_sel * D);
+        ops->moe_combine_backward(ops->be, pc->s_full, st->dgate + r0, pc->dx, st->yo_all, st->slot + r0, st->s + r0,
+                                  Nr, 1, D);
+        MT_CHECK(tpa_reduce_scatter_rows(ctx, &pc->tp, in->dx, pc->s_full, in->Nr, D));
+    } else {
+        ops->moe_combine_backward(ops->be, in->dx, st->dgate, pc->dx, st->yo, st->slot, st->s, Nr, 1, D);
+    }
+    ops->mod_backward(ops->be, st->dr + r0, pc->dx, st->dgate + r0, st->s + r0, st->slot + r0, Nr, D,
                       (float)((double)pc->cfg->mod_aux_coef / nt));
-    linear_backward(ops, pc->dx, 1.0f, w->grad, st->dr, pc->x_in, w->data, N, D, 1);
+    linear_backward(ops, pc->dx, 1.0f, w->grad, st->dr + r0, pc->x_in, w->data, Nr, D, 1);
     return MT_OK;
 }
 
@@ -245,10 +280,15 @@ static enum mt_status mod_leave_backward(struct mt_ctx *ctx, const struct mt_pie
 static enum mt_status mod_enter_backward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc,
                                          const struct mt_piece_ctx *in)
 {
-    (void)ctx;
     const struct mt_ops_i *ops = pc->ops;
     const struct mod_state *st = pc->ly->wst;
-    ops->moe_permute_backward(ops->be, pc->dx, in->dx, st->slot, pc->N, 1, pc->D);
+    if (!mod_sp(pc)) {
+        ops->moe_permute_backward(ops->be, pc->dx, in->dx, st->slot, pc->N, 1, pc->D);
+        return MT_OK;
+    }
+    /* SP: every rank's inner rows gathered, each block row takes its own */
+    MT_CHECK(tpa_gather_rows(ctx, &pc->tp, pc->s_full, in->dx, in->Nr, pc->D));
+    ops->moe_permute_backward(ops->be, pc->dx, pc->s_full, st->slot + pc->tp.rank * pc->Nr, pc->Nr, 1, pc->D);
     return MT_OK;
 }
 
@@ -260,9 +300,6 @@ static enum mt_status mod_check(struct mt_ctx *ctx, const struct mt_piece_ctx *p
     if (pc->ops && (!pc->ops->mod_route || !pc->ops->mod_backward))
         return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "Mixture-of-Depths: the %s backend has no mod_route / "
                             "mod_backward", pc->ops->name);
-    if (pc->tp.tp > 1 && pc->tp.sp)
-        return mt_ctx_error(ctx, MT_ERR_CONFIG, "Mixture-of-Depths needs whole sequences on a rank: with tp=%d set "
-                            "sequence_parallel=0 (routed blocks under SP are not in this build)", pc->tp.tp);
     if (pc->tp.tp > 1 && (pc->B * C) % pc->tp.tp != 0)
         return mt_ctx_error(ctx, MT_ERR_CONFIG, "Mixture-of-Depths under tp=%d: the routed rows B*C=%d*%d must "
                             "divide by tp (C = ceil(mod_capacity * seq_len))", pc->tp.tp, pc->B, C);
