@@ -174,9 +174,17 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
 /* the attention piece of the block-kind table                         */
 /* ------------------------------------------------------------------ */
 
+/* Attention's global dims from its config keys: q / kv heads, head dim. */
+struct attn_dims { int64_t H, K, hd; };
+static struct attn_dims attn_dims_of(const struct mt_config *cfg)
+{
+    return (struct attn_dims){cfg->n_head, cfg->n_kv_head, model_head_dim(cfg)};
+}
+
 static void attn_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *user)
 {
-    const int64_t D = s->D, QD = s->H * s->hd, KD = s->K * s->hd;
+    const struct attn_dims a = attn_dims_of(s->cfg);
+    const int64_t D = s->D, QD = a.H * a.hd, KD = a.K * a.hd;
     const struct mt_pspec p[] = {
         {"input_layernorm.weight", -1, 1, D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, MT_BIND_NORM},
         {"self_attn.q_proj.weight", -1, 2, QD, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct attn_w, wq)},
@@ -184,8 +192,8 @@ static void attn_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *us
         {"self_attn.v_proj.weight", -1, 2, KD, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct attn_w, wv)},
         {"self_attn.o_proj.weight", -1, 2, D, QD, MT_SCALE_NORMAL_OUT, MT_ROLE_DENSE, MT_LAYOUT_TP_COLS, MT_BIND_OWN(struct attn_w, wo)},
         /* one hd gain shared by every head: with heads split, each rank's grad is partial */
-        {"self_attn.q_norm.weight", -1, 1, s->hd, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_MODEL_PARTIAL, MT_BIND_OWN(struct attn_w, qn)},
-        {"self_attn.k_norm.weight", -1, 1, s->hd, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_MODEL_PARTIAL, MT_BIND_OWN(struct attn_w, kn)},
+        {"self_attn.q_norm.weight", -1, 1, a.hd, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_MODEL_PARTIAL, MT_BIND_OWN(struct attn_w, qn)},
+        {"self_attn.k_norm.weight", -1, 1, a.hd, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_MODEL_PARTIAL, MT_BIND_OWN(struct attn_w, kn)},
     };
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) fn(user, &p[i]);
 }
@@ -193,13 +201,31 @@ static void attn_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *us
 /* Wq, Wk, Wv, Wo: D (2 QD + 2 KD) multiply-adds per token */
 static double attn_mm(const struct mt_block_shape *s)
 {
-    return (double)s->D * (2.0 * (double)(s->H * s->hd) + 2.0 * (double)(s->K * s->hd));
+    const struct attn_dims a = attn_dims_of(s->cfg);
+    return (double)s->D * (2.0 * (double)(a.H * a.hd) + 2.0 * (double)(a.K * a.hd));
 }
 
 /* scores and values, forward and backward: 12 T H hd per token (PaLM/nanochat convention) */
 static double attn_extra(const struct mt_block_shape *s)
 {
-    return 12.0 * (double)s->T * (double)s->H * (double)s->hd;
+    const struct attn_dims a = attn_dims_of(s->cfg);
+    return 12.0 * (double)s->T * (double)a.H * (double)a.hd;
+}
+
+/* The planner's work beyond the GEMMs. Attention, causal, as cuda_calib
+ * counts it: forward 2 T H hd per token (QK^T + PV, half the square),
+ * backward 2.5 x that. RMSNorm over w (the input norm, QK-norm): forward
+ * reads x, writes y (2w), backward reads x, dy, writes dx (3w); RoPE and
+ * the residual elementwise. rc: recompute repeats the forward. */
+static void attn_work(const struct mt_block_shape *s, int rc, struct mt_work *w)
+{
+    const struct attn_dims ad = attn_dims_of(s->cfg);
+    const double D = (double)s->D, qk = (double)(ad.H + ad.K) * (double)ad.hd;
+    const double a = 2.0 * (double)s->T * (double)ad.H * (double)ad.hd;
+    w->f[MT_WORK_ATTENTION_FWD] += a * (1.0 + rc);
+    w->f[MT_WORK_ATTENTION_BWD] += 2.5 * a;
+    w->e[MT_WORK_NORM] += 5.0 * (D + qk) + rc * 2.0 * (D + qk);
+    w->e[MT_WORK_ELEMENTWISE] += 4.0 * qk + 6.0 * D + rc * (2.0 * qk + 3.0 * D);   /* RoPE, residual */
 }
 
 /* Saved for backward: the input norm (and its TP-gathered copy under SP),
@@ -254,6 +280,7 @@ const struct mt_piece mt_piece_attention = {
     /* .mm_per_token          = */ attn_mm,
     /* .extra_flops_per_token = */ attn_extra,
     /* .inactive_params       = */ NULL,
+    /* .work_per_token        = */ attn_work,
     /* .carve_scratch         = */ attn_carve_scratch,
     /* .ffn_scratch           = */ NULL,
     /* .carve                 = */ attn_carve,

@@ -55,25 +55,11 @@ const char *mt_layout_name(enum mt_layout l)
 void mt_blocks_shape(const struct mt_config *cfg, struct mt_block_shape *s)
 {
     memset(s, 0, sizeof *s);
+    s->cfg = cfg;
     s->D = cfg->d_model;
     s->T = cfg->seq_len;
     s->L = cfg->n_layer;
-    s->hd = cfg->head_dim > 0 ? cfg->head_dim : (cfg->n_head > 0 ? cfg->d_model / cfg->n_head : 0);
-    s->H = cfg->n_head;
-    s->K = cfg->n_kv_head;
-    s->F = cfg->mlp_hidden;
-    s->E = cfg->n_experts;
-    s->top_k = cfg->top_k;
-    s->Fe = cfg->expert_hidden;
-    s->Fs = cfg->shared_expert_hidden;
-    s->Z = cfg->n_null_experts;
-    s->e0 = 0;
-    s->Ee = cfg->n_experts;
-    s->mE = (int64_t)cfg->mamba_expand * cfg->d_model;
-    s->mP = cfg->mamba_headdim;
-    s->mH = s->mP > 0 ? s->mE / s->mP : 0;
-    s->mG = cfg->mamba_ngroups;
-    s->mN = cfg->mamba_d_state;
+    s->ep = 1;
 }
 
 /*
@@ -236,6 +222,14 @@ void mt_blocks_comm_counts(const struct mt_config *cfg, int l0, int l1, struct m
         }
         out->routed += k->routed;
     }
+}
+
+void mt_blocks_layer_work(const struct mt_config *cfg, const struct mt_block_shape *s, int l, int rc,
+                          struct mt_work *w)
+{
+    const struct mt_block_kind *k = &kinds[mt_blocks_layer_kind(cfg, l)];
+    for (int i = 0; i < k->n_steps; i++)
+        if (k->steps[i].piece->work_per_token) k->steps[i].piece->work_per_token(s, rc, w);
 }
 
 /* The sum over block l's steps of one of their per-token counts (a NULL

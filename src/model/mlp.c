@@ -103,7 +103,7 @@ void mlp_backward_redo(const struct mt_ops_i *ops, float *t, float *dt, float *d
 
 static void mlp_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *user)
 {
-    const int64_t D = s->D, F = s->F;
+    const int64_t D = s->D, F = s->cfg->mlp_hidden;
     const struct mt_pspec p[] = {
         {"post_attention_layernorm.weight", -1, 1, D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, MT_BIND_NORM},
         {"mlp.gate_proj.weight", -1, 2, F, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mlp_w, wg)},
@@ -120,7 +120,17 @@ static enum mt_status mlp_check(struct mt_ctx *ctx, const struct mt_piece_ctx *p
     return MT_OK;
 }
 
-static double mlp_mm(const struct mt_block_shape *s) { return 3.0 * (double)s->D * (double)s->F; }
+static double mlp_mm(const struct mt_block_shape *s) { return 3.0 * (double)s->D * (double)s->cfg->mlp_hidden; }
+
+/* The planner's work beyond the GEMMs: its norm, SwiGLU (forward reads
+ * gate and up, writes h: 3 per hidden unit; backward 5), the residual. */
+static void mlp_work(const struct mt_block_shape *s, int rc, struct mt_work *w)
+{
+    const double D = (double)s->D;
+    const double hid = (double)s->cfg->mlp_hidden;
+    w->e[MT_WORK_NORM] += 5.0 * D + rc * 2.0 * D;
+    w->e[MT_WORK_ELEMENTWISE] += 8.0 * hid + 6.0 * D + rc * (3.0 * hid + 3.0 * D);
+}
 
 /* saved: the norm, its TP-gathered copy under SP, the gate/up pre-activations */
 static void mlp_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly)
@@ -201,6 +211,7 @@ const struct mt_piece mt_piece_mlp = {
     /* .mm_per_token          = */ mlp_mm,
     /* .extra_flops_per_token = */ NULL,
     /* .inactive_params       = */ NULL,
+    /* .work_per_token        = */ mlp_work,
     /* .carve_scratch         = */ mlp_carve_scratch,
     /* .ffn_scratch           = */ mlp_scratch,
     /* .carve                 = */ mlp_carve,

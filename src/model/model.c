@@ -53,14 +53,12 @@ static void model_dims_par(struct mt_model *m, const struct mt_config *cfg, int 
     m->T = cfg->seq_len;
     long long n_rows = (long long)B * cfg->seq_len;
     m->N = n_rows > 0 && n_rows <= INT_MAX ? (int)n_rows : 0;   /* 0: rejected by check_dims */
-    struct mt_block_shape g;
-    mt_blocks_shape(cfg, &g);   /* global dims as the pieces see them (head_dim default resolved there) */
     m->V = cfg->vocab_size;
-    m->L = (int)g.L;
-    m->D = (int)g.D;
-    m->H = (int)g.H, m->K = (int)g.K, m->hd = (int)g.hd;
-    m->F = (int)g.F;
-    m->E = (int)g.E, m->top_k = (int)g.top_k, m->Fe = (int)g.Fe, m->Fs = (int)g.Fs;
+    m->L = cfg->n_layer;
+    m->D = cfg->d_model;
+    m->H = cfg->n_head, m->K = cfg->n_kv_head, m->hd = model_head_dim(cfg);
+    m->F = cfg->mlp_hidden;
+    m->E = cfg->n_experts, m->top_k = cfg->top_k, m->Fe = cfg->expert_hidden, m->Fs = cfg->shared_expert_hidden;
     m->QD = m->H * m->hd;
     m->KD = m->K * m->hd;
     m->any_moe = mt_blocks_any_routed(cfg);   /* the expert axis splits the model only then */
@@ -278,9 +276,8 @@ static void visit_param(param_visit_fn fn, void *user, const struct mt_model *m,
 static void model_shape(const struct mt_model *m, struct mt_block_shape *s)
 {
     mt_blocks_shape(&m->cfg, s);
-    s->hd = m->hd;
-    s->e0 = m->e0;
-    s->Ee = m->Ee;
+    s->ep = m->ep;
+    s->ep_rank = m->ep_rank;
     s->tp = m->registry_tp > 1 ? m->registry_tp : m->tp;
 }
 

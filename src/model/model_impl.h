@@ -309,6 +309,13 @@ static inline void wlinear_backward(const struct mt_ops_i *ops, float *dx, float
     wlinear_backward_db(ops, dx, beta_dx, dw, dy, NULL, x, xb, w, n, in, out);
 }
 
+/* head_dim as config.c resolves it (0: d_model / n_head): attention's head
+ * width and the RoPE tables' (model.c, infer.c). */
+static inline int model_head_dim(const struct mt_config *cfg)
+{
+    return cfg->head_dim > 0 ? cfg->head_dim : (cfg->n_head > 0 ? cfg->d_model / cfg->n_head : 0);
+}
+
 /* ---- the narrow context of a piece (docs/architecture.md, "Block kinds") ----
  * What a converted piece's carve / forward / backward may touch, instead of
  * the whole struct mt_model: the ops table, the layer (its weights, params and
