@@ -684,6 +684,7 @@ const struct mt_piece mt_piece_mamba = {
     /* .work_per_token        = */ mamba_work,
     /* .carve_scratch         = */ mamba_carve_scratch,
     /* .ffn_scratch           = */ NULL,
+    /* .proj_scratch          = */ NULL,
     /* .carve                 = */ mamba_carve,
     /* .forward               = */ mamba_forward,
     /* .backward              = */ mamba_backward,

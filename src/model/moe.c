@@ -495,6 +495,16 @@ static size_t moe_scratch(const struct mt_piece_ctx *pc)
     return a > b ? a : b;
 }
 
+/* LoRA's x A^T rows: an expert batch may take every slot of the expert
+ * group (ep x Nm x top_k, Nm = N/tp under tp > 1) */
+static void moe_proj_scratch(const struct mt_piece_ctx *pc, size_t *rows, size_t *cols)
+{
+    (void)cols;
+    const size_t Nm = (size_t)(pc->tp.tp > 1 ? pc->N / pc->tp.tp : pc->N);
+    const size_t em = Nm * (size_t)moe_dims(pc)->top_k * (size_t)(pc->ep.ep > 0 ? pc->ep.ep : 1);
+    if (em > *rows) *rows = em;
+}
+
 static enum mt_status moe_piece_forward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a)
 {
     const struct mt_ops_i *ops = pc->ops;
@@ -564,6 +574,7 @@ const struct mt_piece mt_piece_moe = {
     /* .work_per_token        = */ moe_work,
     /* .carve_scratch         = */ moe_carve_scratch,
     /* .ffn_scratch           = */ moe_scratch,
+    /* .proj_scratch          = */ moe_proj_scratch,
     /* .carve                 = */ moe_carve,
     /* .forward               = */ moe_piece_forward,
     /* .backward              = */ moe_piece_backward,

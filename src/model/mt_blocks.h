@@ -228,6 +228,11 @@ struct mt_piece {
     void   (*carve_scratch)(const struct mt_piece_ctx *pc, struct mt_carver *c);
     /* widest SwiGLU-style hidden activation (elements) this piece needs in the shared scratch */
     size_t (*ffn_scratch)(const struct mt_piece_ctx *pc);
+    /* its share of the shared projection scratch: raise *rows to the most
+     * rows one projection of it sees (LoRA's x A^T, s_lora) and *cols to its
+     * widest dense projection output (precision=bf16's dy copy, s_dyb); the
+     * model starts from N rows and D cols; NULL: nothing beyond those */
+    void   (*proj_scratch)(const struct mt_piece_ctx *pc, size_t *rows, size_t *cols);
     /* carve this piece's saved activations into pc->st (NONE: and its input
      * norm, pc->nm); c NULL-based: sizes only; pc->ly == ly */
     void   (*carve)(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly);
