@@ -434,7 +434,8 @@ double mt_blocks_kind_flops(const struct mt_block_shape *s, int kind);
 double mt_blocks_layer_flops(const struct mt_config *cfg, const struct mt_block_shape *s, int l);
 /* Per-layer TP communication counts of layers [l0, l1), for the planner:
  * TP regions of the first step (mixer) and of the later ones (ffn),
- * SP-region output gathers, routed layers. */
+ * SP-region output gathers, routed layers; with l1 = n_layer (the last
+ * stage) the MTP modules' blocks too. */
 struct mt_blocks_comm { int mixer_regions, ffn_regions, sp_gathers, routed; };
 void mt_blocks_comm_counts(const struct mt_config *cfg, int l0, int l1, struct mt_blocks_comm *out);
 
