@@ -29,8 +29,11 @@
  *     and expert axes hold it, see enum mt_layout), init, role (optimizer
  *     class: Muon for block matrices except the router, AdamW otherwise),
  *     and which field it binds to (MT_BIND / MT_BIND_OWN, model_impl.h);
+ *   - its dims, derived from the config's keys (struct mt_block_shape
+ *     carries the config and only the dims every block shares);
  *   - its FLOPs per token (matmul parameters active per token, plus any
- *     non-parameter FLOPs such as attention scores);
+ *     non-parameter FLOPs such as attention scores) and its work for the
+ *     planner's time model (work_per_token, by op kind);
  *   - its saved activations and scratch (carve: one function run with NULL
  *     bases for the plan and with arenas for the model, so they agree), in
  *     structs of its own the model only sizes (state_bytes per layer,
