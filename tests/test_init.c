@@ -386,6 +386,16 @@ static void test_counts(void)
            "comm counts %d %d %d %d", c.mixer_regions, c.ffn_regions, c.sp_gathers, c.routed);
     mt_blocks_comm_counts(&cfg, 1, 2, &c);
     EXPECT(c.mixer_regions == 1 && c.ffn_regions == 0 && c.sp_gathers == 1 && c.routed == 1, "E layer comm counts");
+    /* the MTP modules' blocks count on the last stage (l1 = n_layer) only */
+    struct mt_config cm = cfg;
+    cm.mtp_depth = 2;
+    snprintf(cm.mtp_block, sizeof cm.mtp_block, "E");
+    mt_blocks_comm_counts(&cm, 2, 4, &c);
+    EXPECT(c.mixer_regions == 4 && c.ffn_regions == 1 && c.sp_gathers == 3 && c.routed == 3,
+           "last stage + 2 MTP E blocks comm counts %d %d %d %d", c.mixer_regions, c.ffn_regions, c.sp_gathers,
+           c.routed);
+    mt_blocks_comm_counts(&cm, 0, 2, &c);
+    EXPECT(c.mixer_regions == 2 && c.routed == 1, "a first stage has no MTP block");
     EXPECT(mt_blocks_any_routed(&cfg) && mt_blocks_layer_routed(&cfg, 2) && !mt_blocks_layer_routed(&cfg, 3),
            "routed layers");
 }

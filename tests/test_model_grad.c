@@ -185,8 +185,8 @@ static void routing_snapshot(struct mt_model *m, int32_t *out)
             o += (size_t)m->N;
         }
         if (!m->layers[l].moe) continue;
-        m->ops->copy_to_host(m->ops->be, out + o, moe_state_topk(m->layers[l].state[MT_PIECE_FFN]), rows * m->top_k * sizeof(int32_t));
-        o += rows * m->top_k;
+        m->ops->copy_to_host(m->ops->be, out + o, moe_state_topk(m->layers[l].state[MT_PIECE_FFN]), rows * m->cfg.top_k * sizeof(int32_t));
+        o += rows * m->cfg.top_k;
     }
 }
 
@@ -213,13 +213,13 @@ static void gradcheck(const char *label, int moe, float softcap)
     total_loss(&ctx, m, idx, tgt, &norm);
     EXPECT(mt_model_backward(&ctx, m) == MT_OK, "backward: %s", mt_ctx_last_error(&ctx));
 
-    size_t nroute = (size_t)m->L * N * (m->top_k + 1) + 1;
+    size_t nroute = (size_t)m->L * N * (m->cfg.top_k + 1) + 1;
     int32_t *r0 = calloc(nroute, sizeof(int32_t)), *r1 = calloc(nroute, sizeof(int32_t));
     total_loss(&ctx, m, idx, tgt, &norm);
     routing_snapshot(m, r0);
     if (g_null && moe) {   /* the point must route slots both to real and to null experts */
         int nnull = 0, nreal = 0;
-        for (size_t i = 0; i + 1 < nroute && i < (size_t)N * m->top_k; i++) {
+        for (size_t i = 0; i + 1 < nroute && i < (size_t)N * m->cfg.top_k; i++) {
             if (r0[i] >= cfg.n_experts) nnull++;
             else nreal++;
         }

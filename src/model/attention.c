@@ -51,9 +51,11 @@ struct attn_w {
 _Static_assert(sizeof(struct attn_w) <= PIECE_W_MAX, "raise PIECE_W_MAX");
 static struct attn_w *aw(const struct mt_piece_ctx *pc) { return pc->pw; }
 
-/* Attention's per-model struct (its pc->own): the backward scratch
- * (WORKSPACE) every attention layer shares; attn_carve_scratch fills it. */
+/* Attention's per-model struct (its pc->own): this rank's dims (attn_setup)
+ * and the backward scratch (WORKSPACE) every attention layer shares;
+ * attn_carve_scratch fills it. */
 struct attn_own {
+    int    H, K, hd, QD, KD;     /* LOCAL (/tp) q / kv heads, head dim, H*hd, K*hd    */
     float *datt;                 /* (N, QD) d att; then d q_raw                      */
     float *dq;                   /* (N, QD)                                          */
     float *dk, *dk2, *dv;        /* (N, KD)                                          */
@@ -81,7 +83,8 @@ static enum mt_status attn_piece_forward(struct mt_ctx *ctx, const struct mt_pie
     struct attn_state *st = pc->st;
     const struct mt_tp_axis *tp = &pc->tp;
     const int B = a->B, T = a->T, pos0 = a->pos0;
-    const int N = B * T, D = pc->D, H = pc->H, K = pc->K, hd = pc->hd, QD = pc->QD, KD = pc->KD;
+    const struct attn_own *o = aown(pc);
+    const int N = B * T, D = pc->D, H = o->H, K = o->K, hd = o->hd, QD = o->QD, KD = o->KD;
     const int Nr = tp->sp ? N / tp->tp : N;     /* residual rows on this rank */
     const float eps = pc->norm_eps;
     float *t = pc->s_lora;
@@ -130,8 +133,9 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
     const struct mt_ops_i *ops = pc->ops;
     const struct attn_state *st = pc->st;
     const struct mt_tp_axis *tp = &pc->tp;
-    const int B = pc->B, T = pc->T, N = pc->N, Nr = pc->Nr, D = pc->D, H = pc->H, K = pc->K, hd = pc->hd;
-    const int QD = pc->QD, KD = pc->KD;
+    const struct attn_own *o = aown(pc);
+    const int B = pc->B, T = pc->T, N = pc->N, Nr = pc->Nr, D = pc->D, H = o->H, K = o->K, hd = o->hd;
+    const int QD = o->QD, KD = o->KD;
     float *t = pc->s_lora, *dt = pc->s_dlora;
 
     /* the TP exit's conjugate: SP gathers the rows of d x_out; without SP dx is already whole */
@@ -174,9 +178,17 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
 /* the attention piece of the block-kind table                         */
 /* ------------------------------------------------------------------ */
 
+/* Attention's global dims from its config keys: q / kv heads, head dim. */
+struct attn_dims { int64_t H, K, hd; };
+static struct attn_dims attn_dims_of(const struct mt_config *cfg)
+{
+    return (struct attn_dims){cfg->n_head, cfg->n_kv_head, model_head_dim(cfg)};
+}
+
 static void attn_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *user)
 {
-    const int64_t D = s->D, QD = s->H * s->hd, KD = s->K * s->hd;
+    const struct attn_dims a = attn_dims_of(s->cfg);
+    const int64_t D = s->D, QD = a.H * a.hd, KD = a.K * a.hd;
     const struct mt_pspec p[] = {
         {"input_layernorm.weight", -1, 1, D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, MT_BIND_NORM},
         {"self_attn.q_proj.weight", -1, 2, QD, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct attn_w, wq)},
@@ -184,8 +196,8 @@ static void attn_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *us
         {"self_attn.v_proj.weight", -1, 2, KD, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct attn_w, wv)},
         {"self_attn.o_proj.weight", -1, 2, D, QD, MT_SCALE_NORMAL_OUT, MT_ROLE_DENSE, MT_LAYOUT_TP_COLS, MT_BIND_OWN(struct attn_w, wo)},
         /* one hd gain shared by every head: with heads split, each rank's grad is partial */
-        {"self_attn.q_norm.weight", -1, 1, s->hd, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_MODEL_PARTIAL, MT_BIND_OWN(struct attn_w, qn)},
-        {"self_attn.k_norm.weight", -1, 1, s->hd, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_MODEL_PARTIAL, MT_BIND_OWN(struct attn_w, kn)},
+        {"self_attn.q_norm.weight", -1, 1, a.hd, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_MODEL_PARTIAL, MT_BIND_OWN(struct attn_w, qn)},
+        {"self_attn.k_norm.weight", -1, 1, a.hd, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_MODEL_PARTIAL, MT_BIND_OWN(struct attn_w, kn)},
     };
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) fn(user, &p[i]);
 }
@@ -193,13 +205,31 @@ static void attn_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *us
 /* Wq, Wk, Wv, Wo: D (2 QD + 2 KD) multiply-adds per token */
 static double attn_mm(const struct mt_block_shape *s)
 {
-    return (double)s->D * (2.0 * (double)(s->H * s->hd) + 2.0 * (double)(s->K * s->hd));
+    const struct attn_dims a = attn_dims_of(s->cfg);
+    return (double)s->D * (2.0 * (double)(a.H * a.hd) + 2.0 * (double)(a.K * a.hd));
 }
 
 /* scores and values, forward and backward: 12 T H hd per token (PaLM/nanochat convention) */
 static double attn_extra(const struct mt_block_shape *s)
 {
-    return 12.0 * (double)s->T * (double)s->H * (double)s->hd;
+    const struct attn_dims a = attn_dims_of(s->cfg);
+    return 12.0 * (double)s->T * (double)a.H * (double)a.hd;
+}
+
+/* The planner's work beyond the GEMMs. Attention, causal, as cuda_calib
+ * counts it: forward 2 T H hd per token (QK^T + PV, half the square),
+ * backward 2.5 x that. RMSNorm over w (the input norm, QK-norm): forward
+ * reads x, writes y (2w), backward reads x, dy, writes dx (3w); RoPE and
+ * the residual elementwise. rc: recompute repeats the forward. */
+static void attn_work(const struct mt_block_shape *s, int rc, struct mt_work *w)
+{
+    const struct attn_dims ad = attn_dims_of(s->cfg);
+    const double D = (double)s->D, qk = (double)(ad.H + ad.K) * (double)ad.hd;
+    const double a = 2.0 * (double)s->T * (double)ad.H * (double)ad.hd;
+    w->f[MT_WORK_ATTENTION_FWD] += a * (1.0 + rc);
+    w->f[MT_WORK_ATTENTION_BWD] += 2.5 * a;
+    w->e[MT_WORK_NORM] += 5.0 * (D + qk) + rc * 2.0 * (D + qk);
+    w->e[MT_WORK_ELEMENTWISE] += 4.0 * qk + 6.0 * D + rc * (2.0 * qk + 3.0 * D);   /* RoPE, residual */
 }
 
 /* Saved for backward: the input norm (and its TP-gathered copy under SP),
@@ -208,15 +238,16 @@ static double attn_extra(const struct mt_block_shape *s)
 static void attn_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly)
 {
     struct attn_state *st = pc->st;
-    const size_t N = (size_t)pc->N, D = (size_t)pc->D, QD = (size_t)pc->QD, KD = (size_t)pc->KD, Nr = (size_t)pc->Nr;
+    const struct attn_own *o = aown(pc);
+    const size_t N = (size_t)pc->N, D = (size_t)pc->D, QD = (size_t)o->QD, KD = (size_t)o->KD, Nr = (size_t)pc->Nr;
     const enum mt_bucket A = MT_BUCKET_ACTS;
     pc->nm->h_n = carve_f(c, A, Nr * D);
     pc->nm->h = pc->tp.sp ? carve_f(c, A, N * D) : pc->nm->h_n;   /* SP: the gathered copy is saved */
     pc->nm->rstd = carve_f(c, A, Nr);
     st->q_raw = carve_f(c, A, N * QD);
     st->k_raw = carve_f(c, A, N * KD);
-    st->rstd_q = carve_f(c, A, N * (size_t)pc->H);
-    st->rstd_k = carve_f(c, A, N * (size_t)pc->K);
+    st->rstd_q = carve_f(c, A, N * (size_t)o->H);
+    st->rstd_k = carve_f(c, A, N * (size_t)o->K);
     st->q = carve_f(c, A, N * QD);
     st->k = carve_f(c, A, N * KD);
     st->v = carve_f(c, A, N * KD);
@@ -226,15 +257,15 @@ static void attn_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struc
     if (pc->bf16 && !pc->tp.sp && (!pc->ops || pc->ops->rmsnorm_resid_forward_bf16))
         pc->nm->hb = carve(c, A, Nr * D * 2);
     if (pc->bf16) st->att_b = carve(c, A, N * QD * 2);
-    st->lse = carve_f(c, A, N * (size_t)pc->H);
+    st->lse = carve_f(c, A, N * (size_t)o->H);
 }
 
 /* backward scratch of the mixer (WORKSPACE), shared by every attention layer */
 static void attn_carve_scratch(const struct mt_piece_ctx *pc, struct mt_carver *c)
 {
-    const size_t N = (size_t)pc->N, QD = (size_t)pc->QD, KD = (size_t)pc->KD;
-    const enum mt_bucket W = MT_BUCKET_WORKSPACE;
     struct attn_own *s = aown(pc);
+    const size_t N = (size_t)pc->N, QD = (size_t)s->QD, KD = (size_t)s->KD;
+    const enum mt_bucket W = MT_BUCKET_WORKSPACE;
     s->datt = carve_f(c, W, N * QD);
     s->dq = carve_f(c, W, N * QD);
     s->dk = carve_f(c, W, N * KD);
@@ -243,19 +274,57 @@ static void attn_carve_scratch(const struct mt_piece_ctx *pc, struct mt_carver *
 }
 
 /* the K and V rows of t_max positions */
-static size_t attn_decode_floats(const struct mt_piece_ctx *pc, int t_max) { return 2 * (size_t)t_max * (size_t)pc->KD; }
+static size_t attn_decode_floats(const struct mt_piece_ctx *pc, int t_max) { return 2 * (size_t)t_max * (size_t)aown(pc)->KD; }
+
+/* the bf16 dy copy's width: the q and kv projections' outputs (local) */
+static void attn_proj_scratch(const struct mt_piece_ctx *pc, size_t *rows, size_t *cols)
+{
+    (void)rows;
+    if ((size_t)aown(pc)->QD > *cols) *cols = (size_t)aown(pc)->QD;
+    if ((size_t)aown(pc)->KD > *cols) *cols = (size_t)aown(pc)->KD;
+}
+
+/* this rank's heads (the model axis splits them; the contract guarantees
+ * divisibility) */
+static void attn_setup(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const struct mt_config *cfg)
+{
+    (void)ctx;
+    const struct attn_dims a = attn_dims_of(cfg);
+    const int tp = pc->tp.tp > 1 ? pc->tp.tp : 1;
+    struct attn_own *o = aown(pc);
+    o->H = (int)a.H / tp;
+    o->K = (int)a.K / tp;
+    o->hd = (int)a.hd;
+    o->QD = o->H * o->hd;
+    o->KD = o->K * o->hd;
+}
+
+static enum mt_status attn_check(struct mt_ctx *ctx, const struct mt_piece_ctx *pc)
+{
+    const struct attn_own *o = aown(pc);
+    if (pc->D < 1 || o->H < 1 || o->K < 1 || pc->T < 1 || o->hd < 2)
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: need D, H, K, T >= 1 and head_dim >= 2 (D=%d H=%d K=%d T=%d hd=%d)",
+                            pc->D, o->H, o->K, pc->T, o->hd);
+    if (o->H % o->K != 0)
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: n_head %% n_kv_head != 0 (H=%d K=%d)", o->H, o->K);
+    if (o->hd % 2 != 0)
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: head_dim=%d must be even (RoPE)", o->hd);
+    return MT_OK;
+}
 
 const struct mt_piece mt_piece_attention = {
     /* .name                  = */ "attention",
     /* .tp_regions            = */ 1,
     /* .sp_gathers            = */ 0,
     /* .params                = */ attn_params,
-    /* .check                 = */ NULL,   /* its dimensions are the model's (check_dims) */
+    /* .check                 = */ attn_check,
     /* .mm_per_token          = */ attn_mm,
     /* .extra_flops_per_token = */ attn_extra,
     /* .inactive_params       = */ NULL,
+    /* .work_per_token        = */ attn_work,
     /* .carve_scratch         = */ attn_carve_scratch,
     /* .ffn_scratch           = */ NULL,
+    /* .proj_scratch          = */ attn_proj_scratch,
     /* .carve                 = */ attn_carve,
     /* .forward               = */ attn_piece_forward,
     /* .backward              = */ attn_piece_backward,
@@ -263,5 +332,5 @@ const struct mt_piece mt_piece_attention = {
     /* .decode_floats         = */ attn_decode_floats,
     /* .state_bytes           = */ sizeof(struct attn_state),
     /* .own_bytes             = */ sizeof(struct attn_own),
-    /* .setup                 = */ NULL,
+    /* .setup                 = */ attn_setup,
 };

@@ -62,25 +62,11 @@ const char *mt_layout_name(enum mt_layout l)
 void mt_blocks_shape(const struct mt_config *cfg, struct mt_block_shape *s)
 {
     memset(s, 0, sizeof *s);
+    s->cfg = cfg;
     s->D = cfg->d_model;
     s->T = cfg->seq_len;
     s->L = cfg->n_layer;
-    s->hd = cfg->head_dim > 0 ? cfg->head_dim : (cfg->n_head > 0 ? cfg->d_model / cfg->n_head : 0);
-    s->H = cfg->n_head;
-    s->K = cfg->n_kv_head;
-    s->F = cfg->mlp_hidden;
-    s->E = cfg->n_experts;
-    s->top_k = cfg->top_k;
-    s->Fe = cfg->expert_hidden;
-    s->Fs = cfg->shared_expert_hidden;
-    s->Z = cfg->n_null_experts;
-    s->e0 = 0;
-    s->Ee = cfg->n_experts;
-    s->mE = (int64_t)cfg->mamba_expand * cfg->d_model;
-    s->mP = cfg->mamba_headdim;
-    s->mH = s->mP > 0 ? s->mE / s->mP : 0;
-    s->mG = cfg->mamba_ngroups;
-    s->mN = cfg->mamba_d_state;
+    s->ep = 1;
 }
 
 /*
@@ -232,16 +218,44 @@ const char *mt_blocks_lora_rule(const struct mt_config *cfg, unsigned mask)
     return w.bad;
 }
 
+static void kind_comm(const struct mt_block_kind *k, struct mt_blocks_comm *out)
+{
+    for (int i = 0; i < k->n_steps; i++) {
+        *(i == 0 ? &out->mixer_regions : &out->ffn_regions) += k->steps[i].piece->tp_regions;
+        out->sp_gathers += k->steps[i].piece->sp_gathers;
+    }
+    out->routed += k->routed;
+}
+
 void mt_blocks_comm_counts(const struct mt_config *cfg, int l0, int l1, struct mt_blocks_comm *out)
 {
     memset(out, 0, sizeof *out);
-    for (int l = l0; l < l1; l++) {
-        const struct mt_block_kind *k = &kinds[mt_blocks_layer_kind(cfg, l)];
-        for (int i = 0; i < k->n_steps; i++) {
-            *(i == 0 ? &out->mixer_regions : &out->ffn_regions) += k->steps[i].piece->tp_regions;
-            out->sp_gathers += k->steps[i].piece->sp_gathers;
-        }
-        out->routed += k->routed;
+    for (int l = l0; l < l1; l++) kind_comm(&kinds[mt_blocks_layer_kind(cfg, l)], out);
+    /* the MTP modules' blocks (mtp.c) run on the last stage, each a block of its kind */
+    const int mk = cfg->mtp_depth > 0 ? mt_blocks_find(cfg->mtp_block[0]) : -1;
+    for (int d = 0; l1 == cfg->n_layer && mk >= 0 && d < cfg->mtp_depth; d++) kind_comm(&kinds[mk], out);
+}
+
+void mt_blocks_layer_work(const struct mt_config *cfg, const struct mt_block_shape *s, int l, int rc,
+                          struct mt_work *w)
+{
+    const struct mt_block_kind *k = &kinds[mt_blocks_layer_kind(cfg, l)];
+    if (!k->wrap->rows) {
+        for (int i = 0; i < k->n_steps; i++)
+            if (k->steps[i].piece->work_per_token) k->steps[i].piece->work_per_token(s, rc, w);
+        return;
+    }
+    /* a wrapped kind: its steps' work at sequence length rows, times rows / T per token */
+    struct mt_block_shape in = *s;
+    in.T = k->wrap->rows(cfg, (int)s->T);
+    struct mt_work wi;
+    memset(&wi, 0, sizeof wi);
+    for (int i = 0; i < k->n_steps; i++)
+        if (k->steps[i].piece->work_per_token) k->steps[i].piece->work_per_token(&in, rc, &wi);
+    const double share = (double)in.T / (double)s->T;
+    for (int j = 0; j < MT_WORK_COUNT; j++) {
+        w->f[j] += share * wi.f[j];
+        w->e[j] += share * wi.e[j];
     }
 }
 

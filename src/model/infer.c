@@ -39,7 +39,7 @@ enum mt_status mt_model_kv_create(struct mt_ctx *ctx, struct mt_model *m, int t_
     if (!c) return MT_ERR_OOM;
     c->t_max = t_max;
     c->state = mt_alloc(ctx, (size_t)m->L * sizeof(float *), MT_BUCKET_OTHER);
-    size_t tab = (size_t)t_max * (size_t)(m->hd / 2);
+    size_t tab = (size_t)t_max * (size_t)(model_head_dim(&m->cfg) / 2);
     size_t per_layers = 0;
     for (int l = 0; l < m->L; l++) per_layers += model_decode_floats(m, m->layers[l].kind, t_max);
     c->arena_bytes = (2 * tab + per_layers) * sizeof(float);

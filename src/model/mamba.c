@@ -92,13 +92,26 @@ static int gcd_i(int a, int b) { return b ? gcd_i(b, a % b) : a; }
 /* replicated B/C: the global group local group k reads (its first head's) */
 static int bc_group(const struct mamba_own *o, int k) { return (o->h0 + k * o->sub) / o->hpg; }
 
+/* The mixer's global dims from its config keys: d_inner, heads, headdim,
+ * groups, state. */
+struct mamba_gdims { int64_t mE, mH, mP, mG, mN; };
+static struct mamba_gdims mamba_gdims_of(const struct mt_config *cfg)
+{
+    struct mamba_gdims g;
+    g.mE = (int64_t)cfg->mamba_expand * cfg->d_model;
+    g.mP = cfg->mamba_headdim;
+    g.mH = g.mP > 0 ? g.mE / g.mP : 0;
+    g.mG = cfg->mamba_ngroups;
+    g.mN = cfg->mamba_d_state;
+    return g;
+}
+
 /* this rank's heads and groups (the model axis splits both); eps 1e-5 for
  * the B/C and gated norms, as the reference (SPEC 1c) */
 static void mamba_setup(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const struct mt_config *cfg)
 {
     (void)ctx;
-    struct mt_block_shape g;
-    mt_blocks_shape(cfg, &g);
+    const struct mamba_gdims g = mamba_gdims_of(cfg);
     const int tp = pc->tp.tp, Hl = (int)g.mH / tp;
     struct mamba_own *o = pc->own;
     o->rep = bc_replicated(g.mG, tp);
@@ -112,14 +125,15 @@ static void mamba_setup(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const
         o->Gg = (int)g.mG;
         Gl = Hl / o->sub;
     }
-    o->d = (struct mt_mamba3_dims){(int)g.D, Hl, (int)g.mP, Gl, (int)g.mN, cfg->mamba_chunk, 1e-5f, 1e-5f};
+    o->d = (struct mt_mamba3_dims){cfg->d_model, Hl, (int)g.mP, Gl, (int)g.mN, cfg->mamba_chunk, 1e-5f, 1e-5f};
 }
 
-static void mamba_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *user)
+static void mamba_params(const struct mt_block_shape *sh, mt_pspec_fn fn, void *user)
 {
-    const int64_t D = s->D, E = s->mE, H = s->mH, G = s->mG, N = s->mN;
+    const struct mamba_gdims g = mamba_gdims_of(sh->cfg), *s = &g;
+    const int64_t D = sh->D, E = s->mE, H = s->mH, G = s->mG, N = s->mN;
     /* B, C: cut by groups (split) or whole with a partial gradient (replicated) */
-    const enum mt_layout lbc = bc_replicated(G, s->tp) ? MT_LAYOUT_MODEL_PARTIAL : MT_LAYOUT_TP_ROWS;
+    const enum mt_layout lbc = bc_replicated(G, sh->tp) ? MT_LAYOUT_MODEL_PARTIAL : MT_LAYOUT_TP_ROWS;
     const struct mt_pspec p[] = {
         {"input_layernorm.weight", -1, 1, D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, MT_BIND_NORM},
         /* Win as its seven row blocks: each is cut by heads (z, x, dt, theta, lam)
@@ -165,10 +179,11 @@ static enum mt_status mamba_check(struct mt_ctx *ctx, const struct mt_piece_ctx 
 }
 
 /* Win and Wout: D (W + E) multiply-adds per token */
-static double mamba_mm(const struct mt_block_shape *s)
+static double mamba_mm(const struct mt_block_shape *sh)
 {
+    const struct mamba_gdims g = mamba_gdims_of(sh->cfg), *s = &g;
     const double W = (double)(2 * s->mE + 2 * s->mG * s->mN + s->mH + s->mH * (s->mN / 2) + s->mH);
-    return (double)s->D * (W + (double)s->mE);
+    return (double)sh->D * (W + (double)s->mE);
 }
 
 /* The scan, counted as its recurrence (the chunked form's extra in-chunk
@@ -176,9 +191,25 @@ static double mamba_mm(const struct mt_block_shape *s)
  * per token and head, the state update alpha S + gamma x B^T + beta x' B'^T
  * is 3 P N multiply-adds and the read S C one more: 4 P N = 8 P N FLOPs
  * forward, x3 for training: 24 H P N per token. */
-static double mamba_extra(const struct mt_block_shape *s)
+static double mamba_extra(const struct mt_block_shape *sh)
 {
+    const struct mamba_gdims g = mamba_gdims_of(sh->cfg), *s = &g;
     return 24.0 * (double)s->mH * (double)s->mP * (double)s->mN;
+}
+
+/* The planner's work beyond the GEMMs: the scan's FLOPs as the receipt
+ * counts them (mamba_extra), its bytes x, B, C, dt in and y out, backward
+ * twice that; ~12 elements per inner channel of conv, activations and
+ * gating; the norms. rc: recompute repeats the forward. */
+static void mamba_work(const struct mt_block_shape *sh, int rc, struct mt_work *w)
+{
+    const struct mamba_gdims g = mamba_gdims_of(sh->cfg), *s = &g;
+    const double D = (double)sh->D;
+    const double mE = (double)s->mE, io = 2.0 * mE + 2.0 * (double)s->mG * (double)s->mN + (double)s->mH;
+    w->f[MT_WORK_SCAN] += mamba_extra(sh) * (1.0 + rc / 3.0);
+    w->e[MT_WORK_SCAN] += io * (3.0 + rc);
+    w->e[MT_WORK_NORM] += 5.0 * D + 6.0 * mE + rc * (2.0 * D + 3.0 * mE);
+    w->e[MT_WORK_ELEMENTWISE] += 12.0 * mE + 6.0 * D + rc * (4.0 * mE + 3.0 * D);
 }
 
 /* Saved: the input norm and its rstd, the mixer's activations (one block,
@@ -650,8 +681,10 @@ const struct mt_piece mt_piece_mamba = {
     /* .mm_per_token          = */ mamba_mm,
     /* .extra_flops_per_token = */ mamba_extra,
     /* .inactive_params       = */ NULL,
+    /* .work_per_token        = */ mamba_work,
     /* .carve_scratch         = */ mamba_carve_scratch,
     /* .ffn_scratch           = */ NULL,
+    /* .proj_scratch          = */ NULL,
     /* .carve                 = */ mamba_carve,
     /* .forward               = */ mamba_forward,
     /* .backward              = */ mamba_backward,

@@ -29,11 +29,13 @@ struct mlp_w {
 _Static_assert(sizeof(struct mlp_w) <= PIECE_W_MAX, "raise PIECE_W_MAX");
 static struct mlp_w *mw(const struct mt_piece_ctx *pc) { return pc->pw; }
 
-/* The dense MLP's per-model struct (its pc->own, WORKSPACE): precision=bf16
- * only, the bf16 twin of the SwiGLU output that the down projection reads
- * (NULL in fp32); mlp_carve_scratch fills it. */
+/* The dense MLP's per-model struct (its pc->own): this rank's hidden units
+ * (mlp_setup) and, precision=bf16 only, the bf16 twin of the SwiGLU output
+ * that the down projection reads (WORKSPACE, NULL in fp32;
+ * mlp_carve_scratch fills it). */
 struct mlp_own {
-    mt_bf16 *act_b;   /* (N*F) bf16(s_act) */
+    int      F;       /* LOCAL (/tp) dense hidden */
+    mt_bf16 *act_b;   /* (N*F) bf16(s_act)        */
 };
 _Static_assert(sizeof(struct mlp_own) <= PIECE_OWN_MAX, "raise PIECE_OWN_MAX");
 static struct mlp_own *mown(const struct mt_piece_ctx *pc) { return pc->own; }
@@ -103,7 +105,7 @@ void mlp_backward_redo(const struct mt_ops_i *ops, float *t, float *dt, float *d
 
 static void mlp_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *user)
 {
-    const int64_t D = s->D, F = s->F;
+    const int64_t D = s->D, F = s->cfg->mlp_hidden;
     const struct mt_pspec p[] = {
         {"post_attention_layernorm.weight", -1, 1, D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, MT_BIND_NORM},
         {"mlp.gate_proj.weight", -1, 2, F, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mlp_w, wg)},
@@ -113,14 +115,38 @@ static void mlp_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *use
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) fn(user, &p[i]);
 }
 
+/* this rank's hidden units (the model axis splits them) */
+static void mlp_setup(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const struct mt_config *cfg)
+{
+    (void)ctx;
+    mown(pc)->F = cfg->mlp_hidden / (pc->tp.tp > 1 ? pc->tp.tp : 1);
+}
+
+/* the bf16 dy copy's width: gate and up's outputs (local) */
+static void mlp_proj_scratch(const struct mt_piece_ctx *pc, size_t *rows, size_t *cols)
+{
+    (void)rows;
+    if ((size_t)mown(pc)->F > *cols) *cols = (size_t)mown(pc)->F;
+}
+
 static enum mt_status mlp_check(struct mt_ctx *ctx, const struct mt_piece_ctx *pc)
 {
-    if (pc->F < 1)
-        return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: mlp_hidden=%d must be >= 1 (config not resolved?)", pc->F);
+    if (mown(pc)->F < 1)
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: mlp_hidden=%d must be >= 1 (config not resolved?)", mown(pc)->F);
     return MT_OK;
 }
 
-static double mlp_mm(const struct mt_block_shape *s) { return 3.0 * (double)s->D * (double)s->F; }
+static double mlp_mm(const struct mt_block_shape *s) { return 3.0 * (double)s->D * (double)s->cfg->mlp_hidden; }
+
+/* The planner's work beyond the GEMMs: its norm, SwiGLU (forward reads
+ * gate and up, writes h: 3 per hidden unit; backward 5), the residual. */
+static void mlp_work(const struct mt_block_shape *s, int rc, struct mt_work *w)
+{
+    const double D = (double)s->D;
+    const double hid = (double)s->cfg->mlp_hidden;
+    w->e[MT_WORK_NORM] += 5.0 * D + rc * 2.0 * D;
+    w->e[MT_WORK_ELEMENTWISE] += 8.0 * hid + 6.0 * D + rc * (3.0 * hid + 3.0 * D);
+}
 
 /* saved: the norm, its TP-gathered copy under SP, the gate/up pre-activations */
 static void mlp_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly)
@@ -133,19 +159,19 @@ static void mlp_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct
     pc->nm->hb = NULL;
     if (pc->bf16 && !pc->tp.sp && (!pc->ops || pc->ops->rmsnorm_resid_forward_bf16))
         pc->nm->hb = carve(c, MT_BUCKET_ACTS, (size_t)pc->Nr * D * 2);
-    st->mg = carve_f(c, MT_BUCKET_ACTS, N * (size_t)pc->F);
-    st->mu = carve_f(c, MT_BUCKET_ACTS, N * (size_t)pc->F);
+    st->mg = carve_f(c, MT_BUCKET_ACTS, N * (size_t)mown(pc)->F);
+    st->mu = carve_f(c, MT_BUCKET_ACTS, N * (size_t)mown(pc)->F);
 }
 
 /* the shared SwiGLU scratch (s_act, s_dact, s_dg, s_du) holds N x F/tp */
-static size_t mlp_scratch(const struct mt_piece_ctx *pc) { return (size_t)pc->N * (size_t)pc->F; }
+static size_t mlp_scratch(const struct mt_piece_ctx *pc) { return (size_t)pc->N * (size_t)mown(pc)->F; }
 
 /* precision=bf16: the SwiGLU output's bf16 twin (down's operand), N x F/tp, WORKSPACE
  * (act is recomputed in backward, and so is its twin) */
 static void mlp_carve_scratch(const struct mt_piece_ctx *pc, struct mt_carver *c)
 {
     if (pc->bf16 && (!pc->ops || pc->ops->swiglu_forward_bf16))
-        mown(pc)->act_b = carve(c, MT_BUCKET_WORKSPACE, (size_t)pc->N * (size_t)pc->F * 2);
+        mown(pc)->act_b = carve(c, MT_BUCKET_WORKSPACE, (size_t)pc->N * (size_t)mown(pc)->F * 2);
 }
 
 static enum mt_status mlp_piece_forward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a)
@@ -156,13 +182,13 @@ static enum mt_status mlp_piece_forward(struct mt_ctx *ctx, const struct mt_piec
     ffn_norm_fwd(pc, x_out, n);
     if (pc->tp.tp == 1) {
         mlp_fwd_b(pc->ops, pc->s_lora, x_out, 1, st->mg, st->mu, pc->s_act, mown(pc)->act_b, pc->nm->h, pc->nm->hb,
-                  mw(pc)->wg, mw(pc)->wu, mw(pc)->wd, n, D, pc->F);
+                  mw(pc)->wg, mw(pc)->wu, mw(pc)->wd, n, D, mown(pc)->F);
         return MT_OK;
     }
     /* TP region: this rank's F/tp hidden units over all N rows */
     if (pc->tp.sp) MT_CHECK(tpa_gather_rows(ctx, &pc->tp, pc->nm->h, pc->nm->h_n, n / pc->tp.tp, D));
     mlp_fwd_b(pc->ops, pc->s_lora, pc->s_red, 0, st->mg, st->mu, pc->s_act, mown(pc)->act_b, pc->nm->h, pc->nm->hb,
-              mw(pc)->wg, mw(pc)->wu, mw(pc)->wd, n, D, pc->F);
+              mw(pc)->wg, mw(pc)->wu, mw(pc)->wd, n, D, mown(pc)->F);
     return tpa_exit_add(ctx, &pc->tp, x_out, pc->s_red, pc->s_full);
 }
 
@@ -179,7 +205,7 @@ static enum mt_status mlp_piece_backward(struct mt_ctx *ctx, const struct mt_pie
         dy = pc->s_full;
     }
     mlp_bwd_b(pc->ops, pc->s_lora, pc->s_dlora, pc->dh, 0, pc->s_act, mown(pc)->act_b, pc->s_dact, pc->s_dg, pc->s_du, dy,
-              pc->nm->h, pc->nm->hb, st->mg, st->mu, w->wg, w->wu, w->wd, N, D, pc->F, pc->dyb, pc->redo);
+              pc->nm->h, pc->nm->hb, st->mg, st->mu, w->wg, w->wu, w->wd, N, D, mown(pc)->F, pc->dyb, pc->redo);
     /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
     const float *dhr = pc->dh;   /* d h_mlp_n (Nr, D) */
     if (pc->tp.sp) {
@@ -201,8 +227,10 @@ const struct mt_piece mt_piece_mlp = {
     /* .mm_per_token          = */ mlp_mm,
     /* .extra_flops_per_token = */ NULL,
     /* .inactive_params       = */ NULL,
+    /* .work_per_token        = */ mlp_work,
     /* .carve_scratch         = */ mlp_carve_scratch,
     /* .ffn_scratch           = */ mlp_scratch,
+    /* .proj_scratch          = */ mlp_proj_scratch,
     /* .carve                 = */ mlp_carve,
     /* .forward               = */ mlp_piece_forward,
     /* .backward              = */ mlp_piece_backward,
@@ -210,5 +238,5 @@ const struct mt_piece mt_piece_mlp = {
     /* .decode_floats         = */ NULL,
     /* .state_bytes           = */ sizeof(struct mlp_state),
     /* .own_bytes             = */ sizeof(struct mlp_own),
-    /* .setup                 = */ NULL,
+    /* .setup                 = */ mlp_setup,
 };

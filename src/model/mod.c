@@ -115,7 +115,7 @@ static void mod_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct
     struct mod_state *st = ly->wst;
     const enum mt_bucket A = MT_BUCKET_ACTS;
     const size_t N = (size_t)pc->N, D = (size_t)pc->D, n = (size_t)pc->B * (size_t)mod_rows(pc->cfg, pc->T);
-    const size_t half = (size_t)(pc->hd / 2);
+    const size_t half = (size_t)(model_head_dim(pc->cfg) / 2);
     st->idx = carve_i(c, A, n);
     st->tpos = carve_i(c, A, n);
     st->slot = carve_i(c, A, N);
@@ -142,7 +142,7 @@ static void mod_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct
  * token that ran, so the steps run with pos0 = fill and read row fill + n. */
 static size_t mod_decode_floats(const struct mt_piece_ctx *pc, int t_max)
 {
-    return 4 + 2 * (size_t)t_max * (size_t)(pc->hd / 2);
+    return 4 + 2 * (size_t)t_max * (size_t)(model_head_dim(pc->cfg) / 2);
 }
 
 static enum mt_status mod_enter_decode(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const struct mt_piece_fwd *a,
@@ -150,7 +150,7 @@ static enum mt_status mod_enter_decode(struct mt_ctx *ctx, const struct mt_piece
 {
     const struct mt_ops_i *ops = pc->ops;
     const struct mod_state *st = pc->ly->wst;
-    const int n = a->B * a->T, D = pc->D, half = pc->hd / 2;
+    const int n = a->B * a->T, D = pc->D, half = model_head_dim(pc->cfg) / 2;
     float *tab_cos = a->state + 4, *tab_sin = tab_cos + (size_t)a->t_max * half;
     float fillf;
     ops->copy_to_host(ops->be, &fillf, a->state, sizeof fillf);
@@ -199,7 +199,7 @@ static enum mt_status mod_enter(struct mt_ctx *ctx, const struct mt_piece_ctx *p
     if (a->state) return mod_enter_decode(ctx, pc, a, in, x_in);
     const struct mt_ops_i *ops = pc->ops;
     const struct mod_state *st = pc->ly->wst;
-    const int B = a->B, T = a->T, C = mod_rows(pc->cfg, T), N = B * T, D = pc->D, half = pc->hd / 2;
+    const int B = a->B, T = a->T, C = mod_rows(pc->cfg, T), N = B * T, D = pc->D, half = model_head_dim(pc->cfg) / 2;
     const int nl = mod_inner_rows(pc, B * C), j0 = mod_sp(pc) ? pc->tp.rank * nl : 0;
     const float *x = pc->x_in;
     if (mod_sp(pc)) {

@@ -53,16 +53,9 @@ static void model_dims_par(struct mt_model *m, const struct mt_config *cfg, int 
     m->T = cfg->seq_len;
     long long n_rows = (long long)B * cfg->seq_len;
     m->N = n_rows > 0 && n_rows <= INT_MAX ? (int)n_rows : 0;   /* 0: rejected by check_dims */
-    struct mt_block_shape g;
-    mt_blocks_shape(cfg, &g);   /* global dims as the pieces see them (head_dim default resolved there) */
     m->V = cfg->vocab_size;
-    m->L = (int)g.L;
-    m->D = (int)g.D;
-    m->H = (int)g.H, m->K = (int)g.K, m->hd = (int)g.hd;
-    m->F = (int)g.F;
-    m->E = (int)g.E, m->top_k = (int)g.top_k, m->Fe = (int)g.Fe, m->Fs = (int)g.Fs;
-    m->QD = m->H * m->hd;
-    m->KD = m->K * m->hd;
+    m->L = cfg->n_layer;
+    m->D = cfg->d_model;
     m->any_moe = mt_blocks_any_routed(cfg);   /* the expert axis splits the model only then */
     m->kinds_used = 0;
     for (int l = 0; l < m->L && l < MT_MAX_LAYERS; l++) m->kinds_used |= 1u << mt_blocks_layer_kind(cfg, l);
@@ -75,37 +68,23 @@ static void model_dims_par(struct mt_model *m, const struct mt_config *cfg, int 
     m->any_wrap_loss = 0;
     for (int b = 0; b < mt_blocks_count(); b++)
         if ((m->kinds_used >> b & 1u) && mt_blocks_kind(b)->wrap->loss_register) m->any_wrap_loss = 1;
-    /* the model axis: local head / hidden counts, row shares */
+    /* the model axis and its row shares (each piece splits its own dims: setup) */
     m->tp = par && par->tp > 1 ? par->tp : 1;
     m->tp_rank = m->tp > 1 ? par->tp_rank : 0;
     m->sp = m->tp > 1 && par->sp;
     m->tp_comm = m->tp > 1 ? par->tp_comm : NULL;
     m->tp_comm_host = m->tp > 1 && par->tp_comm_host ? par->tp_comm_host : m->tp_comm;
-    m->Hg = m->H;
-    m->Kg = m->K;
-    m->Fg = m->F;
-    if (m->tp > 1) {
-        m->H /= m->tp;
-        m->K /= m->tp;
-        m->F /= m->tp;
-        m->QD = m->H * m->hd;
-        m->KD = m->K * m->hd;
-    }
     m->ep = par && par->ep > 1 && m->any_moe ? par->ep : 1;   /* no MoE block: the expert axis is data */
     m->ep_rank = m->ep > 1 ? par->ep_rank : 0;
     m->ep_comm = m->ep > 1 ? par->ep_comm : NULL;
     m->ep_comm_host = m->ep > 1 && par->ep_comm_host ? par->ep_comm_host : m->ep_comm;
-    m->Ee = m->E / m->ep;
-    m->e0 = m->ep_rank * m->Ee;
     m->l0 = par && par->layer1 > par->layer0 ? par->layer0 : 0;
     m->l1 = par && par->layer1 > par->layer0 ? par->layer1 : m->L;
     m->first = m->l0 == 0;
     m->last = m->l1 == m->L;
     m->n_slots = par && par->n_slots > 1 ? par->n_slots : 1;
     m->Nr = m->sp ? m->N / m->tp : m->N;
-    m->Nm = m->tp > 1 ? m->N / m->tp : m->N;
     m->row0 = m->tp_rank * (m->N / m->tp);
-    m->M = m->any_moe ? m->Nm * m->top_k : 0;
     m->recompute = strcmp(cfg->recompute, "block") == 0;
     m->bf16 = strcmp(cfg->precision, "bf16") == 0;
     model_pieces_setup(NULL, m);
@@ -177,13 +156,8 @@ static enum mt_status check_dims(struct mt_ctx *ctx, struct mt_model *m)
         return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: vocab_size=%d not in [2, 65536]", m->V);
     if (m->L < 1 || m->L > MT_MAX_LAYERS)
         return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: n_layer=%d not in [1, %d]", m->L, MT_MAX_LAYERS);
-    if (m->D < 1 || m->H < 1 || m->K < 1 || m->T < 1 || m->hd < 2)
-        return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: need D, H, K, T >= 1 and head_dim >= 2 (D=%d H=%d K=%d T=%d hd=%d)",
-                            m->D, m->H, m->K, m->T, m->hd);
-    if (m->H % m->K != 0)
-        return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: n_head %% n_kv_head != 0 (H=%d K=%d)", m->H, m->K);
-    if (m->hd % 2 != 0)
-        return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: head_dim=%d must be even (RoPE)", m->hd);
+    if (m->D < 1 || m->T < 1)
+        return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: need D, T >= 1 (D=%d T=%d)", m->D, m->T);
     /* a wrapper around a kind's steps (mt_blocks.h, struct mt_block_wrap) is
      * driven by carve_block, model_block_forward and model_block_backward:
      * all of its row hooks or none (a partial one would run as if unwrapped) */
@@ -282,9 +256,8 @@ static void visit_param(param_visit_fn fn, void *user, const struct mt_model *m,
 static void model_shape(const struct mt_model *m, struct mt_block_shape *s)
 {
     mt_blocks_shape(&m->cfg, s);
-    s->hd = m->hd;
-    s->e0 = m->e0;
-    s->Ee = m->Ee;
+    s->ep = m->ep;
+    s->ep_rank = m->ep_rank;
     s->tp = m->registry_tp > 1 ? m->registry_tp : m->tp;
 }
 
@@ -466,14 +439,8 @@ void model_piece_ctx(struct mt_model *m, struct mt_layer *ly, struct mt_piece_ct
     pc->N = m->N;
     pc->Nr = m->Nr;
     pc->D = m->D;
-    pc->F = m->F;
     pc->B = m->B;
     pc->T = m->T;
-    pc->H = m->H;
-    pc->K = m->K;
-    pc->hd = m->hd;
-    pc->QD = m->QD;
-    pc->KD = m->KD;
     pc->rope_cos = m->rope_cos;
     pc->rope_sin = m->rope_sin;
     pc->norm_eps = m->cfg.norm_eps;
@@ -498,7 +465,9 @@ void model_piece_ctx(struct mt_model *m, struct mt_layer *ly, struct mt_piece_ct
     pc->redo = ly && m->redo_armed ? m->redo_acc + model_redo_offset(m, ly->index) : NULL;
     pc->tp = (struct mt_tp_axis){m->tp_comm, &m->tp_stats, m->ops, m->tp, m->sp, m->N, m->Nr, m->D, m->tp_comm_host,
                                  m->tp_rank};
-    pc->ep = (struct mt_ep_axis){m->ep_comm, m->ep_comm_host, &m->ep_stats, m->ep, m->ep_rank, m->Ee, m->e0};
+    /* the expert axis splits the routed experts: Ee a rank, the first at ep_rank * Ee */
+    const int Ee = m->cfg.n_experts / m->ep;
+    pc->ep = (struct mt_ep_axis){m->ep_comm, m->ep_comm_host, &m->ep_stats, m->ep, m->ep_rank, Ee, m->ep_rank * Ee};
 }
 
 /* Recompute: layer ly uses the shared internals of blk, keeping its own
@@ -604,8 +573,8 @@ static void model_layout(struct mt_model *m, struct mt_carver *c)
         for (int i = 0; i < m->n_params; i++)
             if (bf16_shadowed(&m->params[i])) m->params[i].bf16 = carve(c, MT_BUCKET_PARAMS, m->params[i].numel * 2);
 
-    m->rope_cos = carve_f(c, W, (size_t)m->T * (size_t)(m->hd / 2));
-    m->rope_sin = carve_f(c, W, (size_t)m->T * (size_t)(m->hd / 2));
+    m->rope_cos = carve_f(c, W, (size_t)m->T * (size_t)(model_head_dim(&m->cfg) / 2));
+    m->rope_sin = carve_f(c, W, (size_t)m->T * (size_t)(model_head_dim(&m->cfg) / 2));
 
     /* recompute: the shared internals, one set per kind on this stage, carved once */
     struct mt_layer blk[MT_MAX_BLOCK_KINDS];
@@ -674,19 +643,20 @@ static void model_layout(struct mt_model *m, struct mt_carver *c)
     m->s_dact = carve_f(c, W, ff);
     m->s_dg = carve_f(c, W, ff);
     m->s_du = carve_f(c, W, ff);
+    /* the projection scratch: the most rows one projection sees, the widest
+     * dense projection output (D; each piece's proj_scratch raises them) */
+    size_t rows = N, w = (size_t)D;
+    for (int i = 0; i < n; i++) {
+        pc.own = model_own(m, pcs[i]);
+        if (pcs[i]->proj_scratch) pcs[i]->proj_scratch(&pc, &rows, &w);
+    }
     if (m->cfg.lora_rank > 0) {
-        /* LoRA: x A^T and its gradient (rows, r), rows = the most any projection sees */
-        size_t rows = N, em = (size_t)m->M * (size_t)(m->ep > 0 ? m->ep : 1);
-        if (em > rows) rows = em;
+        /* LoRA: x A^T and its gradient (rows, r) */
         m->s_lora = carve_f(c, W, rows * (size_t)m->cfg.lora_rank);
         m->s_dlora = carve_f(c, W, rows * (size_t)m->cfg.lora_rank);
     }
     if (m->bf16) {
-        /* the widest dense projection output a proj_bwd_b sees: D, the local q/kv widths, F */
-        size_t w = (size_t)D;
-        if ((size_t)pc.QD > w) w = (size_t)pc.QD;
-        if ((size_t)pc.KD > w) w = (size_t)pc.KD;
-        if ((size_t)pc.F > w) w = (size_t)pc.F;
+        /* the widest dense projection output a proj_bwd_b sees */
         m->s_dyb.cap = N * w;
         m->s_dyb.p = carve(c, W, m->s_dyb.cap * sizeof(mt_bf16));
     }
@@ -763,9 +733,9 @@ static enum mt_status check_par(struct mt_ctx *ctx, struct mt_model *m)
      * section 2): nothing of the model is split over it */
     if (m->any_moe && m->ep > MT_MAX_EP)
         return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: ep=%d above the supported %d", m->ep, MT_MAX_EP);
-    if (m->any_moe && m->ep > 1 && ((!m->ep_comm && !m->no_alloc) || m->E % m->ep != 0))
+    if (m->any_moe && m->ep > 1 && ((!m->ep_comm && !m->no_alloc) || m->cfg.n_experts % m->ep != 0))
         return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: ep=%d needs the expert group and n_experts %% ep == 0 "
-                            "(n_experts=%d)", m->ep, m->E);
+                            "(n_experts=%d)", m->ep, m->cfg.n_experts);
     if (m->tp > 1 && ((!m->tp_comm && !m->no_alloc) || (m->N % m->tp) != 0))
         return mt_ctx_error(ctx, MT_ERR_CONFIG, "model: tp=%d needs the model group and B*T %% tp == 0 (B*T=%d)",
                             m->tp, m->N);
@@ -811,10 +781,10 @@ static void rope_tables(struct mt_ctx *ctx, const struct mt_ops_i *ops, float *c
 
 enum mt_status model_rope_build(struct mt_ctx *ctx, const struct mt_model *m, float *cos_dev, float *sin_dev, int tmax)
 {
-    float *host = mt_alloc(ctx, (size_t)2 * tmax * (m->hd / 2) * sizeof(float), MT_BUCKET_WORKSPACE);
+    float *host = mt_alloc(ctx, (size_t)2 * tmax * (model_head_dim(&m->cfg) / 2) * sizeof(float), MT_BUCKET_WORKSPACE);
     if (!host) return MT_ERR_OOM;
     double theta = m->cfg.rope_theta > 0 ? (double)m->cfg.rope_theta : 10000.0;
-    rope_tables(ctx, m->ops, cos_dev, sin_dev, tmax, m->hd, theta, host);
+    rope_tables(ctx, m->ops, cos_dev, sin_dev, tmax, model_head_dim(&m->cfg), theta, host);
     mt_free(ctx, host);
     return MT_OK;
 }

@@ -12,9 +12,9 @@
  *   WORKSPACE  activation-gradient scratch reused by every layer, RoPE tables
  *   OTHER      host staging (router probs, routing bookkeeping, losses), via mt_alloc
  *
- * Shape letters (docs/glossary.md): B T N=B*T D V H K hd F (dense hidden)
- * E (experts) k (top_k) M=N*k (routed rows) Fe (expert hidden) Fs (shared
- * expert hidden). QD = H*hd, KD = K*hd.
+ * Shape letters (docs/glossary.md): B T N=B*T D V, and each piece's own in
+ * its file (attention H K hd QD KD, the MLP F, MoE E k M Fe Fs, Mamba-3's):
+ * the model's structs hold only the dims every block shares.
  *
  * Gradient rule for the whole model: parameter grads ACCUMULATE (+=) over
  * backward calls; activation gradients OVERWRITE (=), except the residual
@@ -139,13 +139,12 @@ struct mt_model {
     int n_slots, cur_slot;
     struct mt_slot slots[MT_MAX_SLOTS];
     const struct mt_ops_i *ops;
-    int B, T, N, M;          /* M = Nm * top_k when any E block, else 0           */
-    int V, L, D, H, K, hd, F, E, top_k, Fe, Fs, QD, KD;  /* H K F QD KD: LOCAL (/tp)  */
-    int Hg, Kg, Fg;          /* global head counts and dense hidden                */
+    int B, T, N;
+    int V, L, D;             /* the pieces' own dims live in their own structs (own[]) */
     /* TP / SP (mt_model.h): N = B*T rows in a TP region; Nr rows of the residual
-     * stream on this rank (N/tp with SP, else N); Nm rows an MoE block sees
-     * (N/tp when tp > 1, else N); row0 = first global row of this rank's share. */
-    int ep, ep_rank, Ee, e0; /* EP: experts per rank, first local expert            */
+     * stream on this rank (N/tp with SP, else N); row0 = first global row of
+     * this rank's share (N/tp rows). */
+    int ep, ep_rank;         /* the expert axis (1, 0 without routed blocks)          */
     struct mt_comm *ep_comm;
     struct mt_comm *ep_comm_host; /* host counts (mt_model.h); = ep_comm on the cpu backend */
     struct mt_ep_stats ep_stats;
@@ -183,9 +182,11 @@ struct mt_model {
     float *dh;                   /* (N, D) gradient w.r.t. a normed input            */
     float *s_full;               /* (N, D) TP: gathered rows (tp > 1 only)           */
     float *s_red;                /* (N, D) TP: partial sums / reduce-scatter output  */
-    float *s_act, *s_dact, *s_dg, *s_du; /* (max(N*F, M*Fe, N*Fs)) SwiGLU scratch    */
-    float *s_lora, *s_dlora;             /* (rows, r) LoRA x A^T and its gradient (lora.c) */
-    struct mt_dyb s_dyb;                 /* (N x the widest dense projection) bf16 dy, precision=bf16 */
+    float *s_act, *s_dact, *s_dg, *s_du; /* (the pieces' widest ffn_scratch) SwiGLU scratch */
+    float *s_lora, *s_dlora;             /* (rows, r) LoRA x A^T and its gradient (lora.c; rows:
+                                          * the pieces' proj_scratch) */
+    struct mt_dyb s_dyb;                 /* (N x the widest dense projection, proj_scratch) bf16 dy,
+                                          * precision=bf16 */
     /* each distinct piece's own struct (its dims, scratch and staging; the
      * piece's .c file defines it, own_bytes its size), indexed by
      * mt_blocks_piece_index; model_own() points the context at it */
@@ -315,6 +316,13 @@ static inline void wlinear_backward(const struct mt_ops_i *ops, float *dx, float
     wlinear_backward_db(ops, dx, beta_dx, dw, dy, NULL, x, xb, w, n, in, out);
 }
 
+/* head_dim as config.c resolves it (0: d_model / n_head): attention's head
+ * width and the RoPE tables' (model.c, infer.c). */
+static inline int model_head_dim(const struct mt_config *cfg)
+{
+    return cfg->head_dim > 0 ? cfg->head_dim : (cfg->n_head > 0 ? cfg->d_model / cfg->n_head : 0);
+}
+
 /* ---- the narrow context of a piece (docs/architecture.md, "Block kinds") ----
  * What a converted piece's carve / forward / backward may touch, instead of
  * the whole struct mt_model: the ops table, the layer (its weights, params and
@@ -336,10 +344,10 @@ struct mt_piece_ctx {
                                       * staging: own_bytes; model.c sets it per call) */
     void                  *pw;       /* this piece's parameters in the layer (its
                                       * ly->w_own[] entry; model.c sets it per call) */
-    int   N, Nr, D, F;               /* rows, residual rows, width, local dense hidden */
+    int   N, Nr, D;                  /* rows, residual rows, width (a piece's own dims:
+                                      * its pc->own, filled by its setup)            */
     int   B, T;                      /* the microbatch (training: N = B*T)          */
-    int   H, K, hd, QD, KD;          /* local q / kv heads, head dim, H*hd, K*hd    */
-    const float *rope_cos, *rope_sin; /* (T, hd/2) training RoPE tables             */
+    const float *rope_cos, *rope_sin; /* (T, head_dim/2) training RoPE tables        */
     int   rope_T;                    /* row n reads table row n % rope_T; 0: T (a
                                       * routed block's inner rows: gathered tables) */
     float norm_eps;

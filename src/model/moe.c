@@ -291,9 +291,20 @@ static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx
 /* the MoE piece of the block-kind table (ffn of E)                    */
 /* ------------------------------------------------------------------ */
 
-static void moe_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *user)
+/* MoE's global dims from its config keys, and this rank's experts [e0, e0 + Ee) of the expert axis. */
+struct moe_gdims { int64_t E, Z, top_k, Fe, Fs; int e0, Ee; };
+static struct moe_gdims moe_gdims_of(const struct mt_block_shape *s)
 {
-    const int64_t D = s->D, Er = s->E + s->Z, Fe = s->Fe, Fs = s->Fs;   /* the router: null rows last */
+    const struct mt_config *cfg = s->cfg;
+    const int Ee = cfg->n_experts / (s->ep > 1 ? s->ep : 1);
+    return (struct moe_gdims){cfg->n_experts, cfg->n_null_experts, cfg->top_k, cfg->expert_hidden,
+                              cfg->shared_expert_hidden, (s->ep > 1 ? s->ep_rank : 0) * Ee, Ee};
+}
+
+static void moe_params(const struct mt_block_shape *shape, mt_pspec_fn fn, void *user)
+{
+    const struct moe_gdims g = moe_gdims_of(shape), *s = &g;
+    const int64_t D = shape->D, Er = s->E + s->Z, Fe = s->Fe, Fs = s->Fs;   /* the router: null rows last */
     const struct mt_pspec head[] = {
         {"post_attention_layernorm.weight", -1, 1, D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, MT_BIND_NORM},
         {"mlp.gate.weight", -1, 2, Er, D, MT_SCALE_NORMAL, MT_ROLE_ROUTER, MT_LAYOUT_MODEL_PARTIAL, MT_BIND_OWN(struct moe_w, router)},
@@ -326,10 +337,9 @@ static void moe_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *use
  * GEMMs) are read here, once. */
 static void moe_setup(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const struct mt_config *cfg)
 {
-    struct mt_block_shape g;
-    mt_blocks_shape(cfg, &g);
     struct mt_moe_dims *md = moe_dims(pc);
-    md->E = (int)g.E, md->Z = (int)g.Z, md->top_k = (int)g.top_k, md->Fe = (int)g.Fe, md->Fs = (int)g.Fs, md->L = (int)g.L;
+    md->E = cfg->n_experts, md->Z = cfg->n_null_experts, md->top_k = cfg->top_k, md->Fe = cfg->expert_hidden;
+    md->Fs = cfg->shared_expert_hidden, md->L = cfg->n_layer;
     md->aux_coef = cfg->aux_loss_coef;
     md->z_coef = cfg->z_loss_coef;
     /* test hook (knob test_force_routing, env MT_TEST_FORCE_ROUTING): 1 sends every
@@ -369,15 +379,30 @@ static enum mt_status moe_check(struct mt_ctx *ctx, const struct mt_piece_ctx *p
  * Convention with null experts (SPEC 1e): every slot counts as a real
  * expert's (an upper bound; the receipt's null share says how much of it
  * did not run), so the FLOPs stay a function of the config alone. */
-static double moe_mm(const struct mt_block_shape *s)
+static double moe_mm(const struct mt_block_shape *sh)
 {
-    const double D = (double)s->D;
+    const struct moe_gdims g = moe_gdims_of(sh), *s = &g;
+    const double D = (double)sh->D;
     return (double)(s->E + s->Z) * D + (double)s->top_k * 3.0 * D * (double)s->Fe + 3.0 * D * (double)s->Fs;
 }
 
-static double moe_inactive(const struct mt_block_shape *s)
+static double moe_inactive(const struct mt_block_shape *sh)
 {
-    return (double)((size_t)(s->E - s->top_k) * 3 * (size_t)s->D * (size_t)s->Fe);
+    const struct moe_gdims g = moe_gdims_of(sh), *s = &g;
+    return (double)((size_t)(s->E - s->top_k) * 3 * (size_t)sh->D * (size_t)s->Fe);
+}
+
+/* The planner's work beyond the GEMMs: as the dense MLP's over top_k
+ * experts' and the shared expert's hidden units, plus the router's softmax
+ * and the permute / combine copies of top_k rows of D. */
+static void moe_work(const struct mt_block_shape *sh, int rc, struct mt_work *w)
+{
+    const struct moe_gdims g = moe_gdims_of(sh), *s = &g;
+    const double D = (double)sh->D;
+    const double hid = (double)s->top_k * (double)s->Fe + (double)s->Fs;
+    w->e[MT_WORK_NORM] += 5.0 * D + rc * 2.0 * D;
+    w->e[MT_WORK_ELEMENTWISE] += 8.0 * hid + 6.0 * D + rc * (3.0 * hid + 3.0 * D);
+    w->e[MT_WORK_ELEMENTWISE] += (8.0 * (double)s->top_k * D + 4.0 * (double)(s->E + s->Z)) * (1.0 + rc / 2.0);
 }
 
 /* Saved: routing (probs, lse, top-k, gates, slot positions), expert
@@ -466,6 +491,16 @@ static size_t moe_scratch(const struct mt_piece_ctx *pc)
     return a > b ? a : b;
 }
 
+/* LoRA's x A^T rows: an expert batch may take every slot of the expert
+ * group (ep x Nm x top_k, Nm = N/tp under tp > 1) */
+static void moe_proj_scratch(const struct mt_piece_ctx *pc, size_t *rows, size_t *cols)
+{
+    (void)cols;
+    const size_t Nm = (size_t)(pc->tp.tp > 1 ? pc->N / pc->tp.tp : pc->N);
+    const size_t em = Nm * (size_t)moe_dims(pc)->top_k * (size_t)(pc->ep.ep > 0 ? pc->ep.ep : 1);
+    if (em > *rows) *rows = em;
+}
+
 static enum mt_status moe_piece_forward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a)
 {
     const struct mt_ops_i *ops = pc->ops;
@@ -532,8 +567,10 @@ const struct mt_piece mt_piece_moe = {
     /* .mm_per_token          = */ moe_mm,
     /* .extra_flops_per_token = */ NULL,
     /* .inactive_params       = */ moe_inactive,
+    /* .work_per_token        = */ moe_work,
     /* .carve_scratch         = */ moe_carve_scratch,
     /* .ffn_scratch           = */ moe_scratch,
+    /* .proj_scratch          = */ moe_proj_scratch,
     /* .carve                 = */ moe_carve,
     /* .forward               = */ moe_piece_forward,
     /* .backward              = */ moe_piece_backward,

@@ -29,8 +29,11 @@
  *     and expert axes hold it, see enum mt_layout), init, role (optimizer
  *     class: Muon for block matrices except the router, AdamW otherwise),
  *     and which field it binds to (MT_BIND / MT_BIND_OWN, model_impl.h);
+ *   - its dims, derived from the config's keys (struct mt_block_shape
+ *     carries the config and only the dims every block shares);
  *   - its FLOPs per token (matmul parameters active per token, plus any
- *     non-parameter FLOPs such as attention scores);
+ *     non-parameter FLOPs such as attention scores) and its work for the
+ *     planner's time model (work_per_token, by op kind);
  *   - its saved activations and scratch (carve: one function run with NULL
  *     bases for the plan and with arenas for the model, so they agree), in
  *     structs of its own the model only sizes (state_bytes per layer,
@@ -107,18 +110,20 @@ enum mt_init_scale { MT_SCALE_NORMAL = 0, MT_SCALE_NORMAL_OUT, MT_SCALE_ONES,
                       MT_SCALE_ZEROS };   /* a LoRA B: zeros (the adapter starts as 0)     */
 
 /*
- * Global dimensions a piece sees (the model axis is NOT applied: shapes are
- * global, boxes are cut by the registry from the layout class). e0, Ee: the
- * routed experts this rank holds (all of them on one rank).
+ * What a piece's shape functions (params, FLOPs) see: the config, from which
+ * each piece derives its own dims (its keys: attention n_head, n_kv_head,
+ * head_dim; the dense MLP mlp_hidden; MoE n_experts, top_k, expert_hidden,
+ * ...; Mamba-3 mamba_*), and the dims every block shares. Shapes are global
+ * (the model axis is NOT applied: boxes are cut by the registry from the
+ * layout class); ep, ep_rank say which share of an expert-split piece this
+ * rank holds (one rank: 1, 0).
  */
 struct mt_block_shape {
-    int64_t D, T, L, hd, H, K, F;   /* model width, seq, layers, head dim, q / kv heads, dense hidden */
-    int64_t E, top_k, Fe, Fs;       /* experts, routed per token, expert / shared-expert hidden       */
-    int64_t Z;                      /* null (zero-computation) experts: router rows E..E+Z-1 (SPEC 1e) */
-    int     e0, Ee;                 /* this rank's first expert and expert count                      */
-    int64_t mE, mH, mP, mG, mN;     /* Mamba-3 (M): d_inner, heads, headdim, groups, state            */
+    const struct mt_config *cfg;    /* the config the pieces read their own keys from          */
+    int64_t D, T, L;                /* model width, sequence length, layers                   */
     int     tp;                     /* the model axis' degree, where a layout class depends on it
-                                     * (Mamba-3 B/C: split or replicated); 0 or 1: none           */
+                                     * (Mamba-3 B/C: split or replicated); 0 or 1: none     */
+    int     ep, ep_rank;            /* the expert axis: degree, this rank's coordinate         */
 };
 
 /* One parameter as a piece declares it. The registry turns it into a
@@ -137,6 +142,20 @@ struct mt_pspec {
     enum mt_layout     layout;
     int                bind;       /* MT_BIND(field), MT_BIND_OWN(type, field) or -1 */
 };
+
+/*
+ * The planner's time model (plan.c): the work of one piece per token of a
+ * training step (forward + backward) by the kind of op that does it, FLOPs
+ * f[] and activation elements read + written e[] (the planner takes 4 bytes
+ * each). The indices are the planner's op kinds (enum mt_plan_kind,
+ * mt_plan.h; plan.c asserts they agree); the GEMMs' FLOPs are the planner's
+ * own, from mm_per_token.
+ */
+enum mt_work_kind {
+    MT_WORK_GEMM = 0, MT_WORK_ATTENTION_FWD, MT_WORK_ATTENTION_BWD, MT_WORK_NORM, MT_WORK_ELEMENTWISE,
+    MT_WORK_XENT, MT_WORK_OPTIMIZER, MT_WORK_SCAN, MT_WORK_COUNT
+};
+struct mt_work { double f[MT_WORK_COUNT], e[MT_WORK_COUNT]; };
 
 /* Visitor a piece calls once per parameter, in registry order. */
 typedef void (*mt_pspec_fn)(void *user, const struct mt_pspec *s);
@@ -206,11 +225,20 @@ struct mt_piece {
     double (*extra_flops_per_token)(const struct mt_block_shape *s);
     /* parameters a token does not use (routed experts it is not sent to) */
     double (*inactive_params)(const struct mt_block_shape *s);
+    /* the planner's time model: ADD this piece's work per token beyond its
+     * GEMMs (norms, elementwise passes, attention, the scan) into w; rc 1:
+     * recompute=block (the forward runs twice); NULL: none */
+    void   (*work_per_token)(const struct mt_block_shape *s, int rc, struct mt_work *w);
     /* carve scratch this piece needs beyond the shared set (once per model)
      * into the piece's own scratch struct the context points at */
     void   (*carve_scratch)(const struct mt_piece_ctx *pc, struct mt_carver *c);
     /* widest SwiGLU-style hidden activation (elements) this piece needs in the shared scratch */
     size_t (*ffn_scratch)(const struct mt_piece_ctx *pc);
+    /* its share of the shared projection scratch: raise *rows to the most
+     * rows one projection of it sees (LoRA's x A^T, s_lora) and *cols to its
+     * widest dense projection output (precision=bf16's dy copy, s_dyb); the
+     * model starts from N rows and D cols; NULL: nothing beyond those */
+    void   (*proj_scratch)(const struct mt_piece_ctx *pc, size_t *rows, size_t *cols);
     /* carve this piece's saved activations into pc->st (NONE: and its input
      * norm, pc->nm); c NULL-based: sizes only; pc->ly == ly */
     void   (*carve)(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly);
@@ -407,7 +435,7 @@ void mt_blocks_default_pattern(char *pattern, int n_layer);
 /* Index of the first of pattern[0..n) that names no kind, or -1. */
 int mt_blocks_pattern_check(const char *pattern, size_t n);
 
-/* Global shape of cfg as pieces see it (one rank: e0 = 0, Ee = E). */
+/* Global shape of cfg as pieces see it (one rank: ep 1, ep_rank 0; s->cfg = cfg). */
 void mt_blocks_shape(const struct mt_config *cfg, struct mt_block_shape *s);
 
 /* LoRA: the suffix of the first tensor targeted by `mask` whose layout
@@ -433,9 +461,15 @@ double mt_blocks_kind_flops(const struct mt_block_shape *s, int kind);
 double mt_blocks_layer_flops(const struct mt_config *cfg, const struct mt_block_shape *s, int l);
 /* Per-layer TP communication counts of layers [l0, l1), for the planner:
  * TP regions of the first step (mixer) and of the later ones (ffn),
- * SP-region output gathers, routed layers. */
+ * SP-region output gathers, routed layers; with l1 = n_layer (the last
+ * stage) the MTP modules' blocks too. */
 struct mt_blocks_comm { int mixer_regions, ffn_regions, sp_gathers, routed; };
 void mt_blocks_comm_counts(const struct mt_config *cfg, int l0, int l1, struct mt_blocks_comm *out);
+
+/* The planner's work per token of block l beyond its GEMMs: each step's
+ * work_per_token in order, ADDED into w (rc: recompute=block). */
+void mt_blocks_layer_work(const struct mt_config *cfg, const struct mt_block_shape *s, int l, int rc,
+                          struct mt_work *w);
 
 /* Parameters of block l no token uses (unrouted experts), for active counts. */
 double mt_blocks_layer_inactive(const struct mt_config *cfg, const struct mt_block_shape *s, int l);

@@ -30,11 +30,23 @@
 
 #include "model_impl.h"
 
+/* The SwiGLU sets' units as this rank holds them (the config's keys of the
+ * mlp and moe pieces, cut by the model and expert axes). */
+struct redo_dims { size_t F, Ee, e0, Fe, Fs; };
+static struct redo_dims redo_dims_of(const struct mt_model *m)
+{
+    const struct mt_config *cfg = &m->cfg;
+    const size_t Ee = (size_t)(cfg->n_experts / m->ep);
+    return (struct redo_dims){(size_t)(cfg->mlp_hidden / m->tp), Ee, (size_t)m->ep_rank * Ee,
+                              (size_t)cfg->expert_hidden, (size_t)cfg->shared_expert_hidden};
+}
+
 size_t model_redo_layer_units(const struct mt_model *m, int l)
 {
     if (l < m->l0 || l >= m->l1) return 0;
-    if (mt_blocks_layer_uses(&m->cfg, l, "moe")) return (size_t)m->Ee * (size_t)m->Fe + (size_t)m->Fs;
-    if (mt_blocks_layer_uses(&m->cfg, l, "mlp")) return (size_t)m->F;
+    const struct redo_dims d = redo_dims_of(m);
+    if (mt_blocks_layer_uses(&m->cfg, l, "moe")) return d.Ee * d.Fe + d.Fs;
+    if (mt_blocks_layer_uses(&m->cfg, l, "mlp")) return d.F;
     return 0;
 }
 
@@ -106,6 +118,7 @@ enum mt_status mt_model_redo_scores(struct mt_ctx *ctx, struct mt_model *m, cons
     if (!loc) return MT_ERR_OOM;
     m->ops->sync(m->ops->be);
     m->ops->copy_to_host(m->ops->be, loc, m->redo_acc, n * sizeof(int64_t));
+    const struct redo_dims d = redo_dims_of(m);
     for (int i = 0; i < n_sets; i++) {
         const struct mt_redo_set *s = &sets[i];
         const int l = s->layer;
@@ -114,13 +127,13 @@ enum mt_status mt_model_redo_scores(struct mt_ctx *ctx, struct mt_model *m, cons
         int64_t *dst = global + s->off;
         if (s->expert == MT_REDO_DENSE) {
             /* this rank's F/tp rows of Wg: global units tp_rank*F .. */
-            dst += (size_t)m->tp_rank * (size_t)m->F;
-            for (int j = 0; j < m->F; j++) dst[j] += src[j];
+            dst += (size_t)m->tp_rank * d.F;
+            for (size_t j = 0; j < d.F; j++) dst[j] += src[j];
         } else if (s->expert == MT_REDO_SHARED) {
-            src += (size_t)m->Ee * (size_t)m->Fe;
+            src += d.Ee * d.Fe;
             for (int j = 0; j < s->units; j++) dst[j] += src[j];
-        } else if (s->expert >= m->e0 && s->expert < m->e0 + m->Ee) {
-            src += (size_t)(s->expert - m->e0) * (size_t)m->Fe;
+        } else if (s->expert >= (int)d.e0 && s->expert < (int)(d.e0 + d.Ee)) {
+            src += (size_t)(s->expert - (int)d.e0) * d.Fe;
             for (int j = 0; j < s->units; j++) dst[j] += src[j];
         }
     }

@@ -1073,60 +1073,29 @@ static const char *const kind_names[MT_PLAN_KIND_COUNT] = {
 const char *mt_plan_kind_name(enum mt_plan_kind k) { return k < MT_PLAN_KIND_COUNT ? kind_names[k] : "?"; }
 
 /* Work per token of one training step (forward + backward): FLOPs f[] and
- * activation elements read + written e[] (fp32, x 4 bytes later). */
-struct kind_work { double f[MT_PLAN_KIND_COUNT], e[MT_PLAN_KIND_COUNT]; };
-
-/* The mixer of layer l. Attention, causal, as cuda_calib counts it: forward
- * 2 T H hd per token (QK^T + PV, half the square), backward 2.5 x that.
- * RMSNorm over w: forward reads x, writes y (2w), backward reads x, dy,
- * writes dx (3w). Mamba-3: the scan's FLOPs as the receipt counts them, its
- * bytes x, B, C, dt in and y out, backward twice that; ~12 elements per
- * inner channel of conv, activations and gating. rc: recompute repeats the
- * forward. */
-static void mixer_work(const struct mt_config *cfg, const struct mt_block_shape *s, int l, int rc,
-                       struct kind_work *w)
-{
-    const double D = (double)s->D, qk = (double)(s->H + s->K) * (double)s->hd;
-    if (mt_blocks_layer_uses(cfg, l, "mamba")) {
-        const double mE = (double)s->mE, io = 2.0 * mE + 2.0 * (double)s->mG * (double)s->mN + (double)s->mH;
-        w->f[MT_PLAN_KIND_SCAN] += mt_blocks_layer_extra(cfg, s, l) * (1.0 + rc / 3.0);
-        w->e[MT_PLAN_KIND_SCAN] += io * (3.0 + rc);
-        w->e[MT_PLAN_KIND_NORM] += 5.0 * D + 6.0 * mE + rc * (2.0 * D + 3.0 * mE);
-        w->e[MT_PLAN_KIND_ELEMENTWISE] += 12.0 * mE + 6.0 * D + rc * (4.0 * mE + 3.0 * D);
-        return;
-    }
-    const double a = 2.0 * (double)s->T * (double)s->H * (double)s->hd;
-    w->f[MT_PLAN_KIND_ATTENTION_FWD] += a * (1.0 + rc);
-    w->f[MT_PLAN_KIND_ATTENTION_BWD] += 2.5 * a;
-    w->e[MT_PLAN_KIND_NORM] += 5.0 * (D + qk) + rc * 2.0 * (D + qk);
-    w->e[MT_PLAN_KIND_ELEMENTWISE] += 4.0 * qk + 6.0 * D + rc * (2.0 * qk + 3.0 * D);   /* RoPE, residual */
-}
-
-/* The FFN of layer l: its norm, SwiGLU (forward reads gate and up, writes
- * h: 3 per hidden unit; backward 5), the residual; MoE adds the router's
- * softmax and the permute / combine copies of top_k rows of D. */
-static void ffn_work(const struct mt_config *cfg, const struct mt_block_shape *s, int l, int rc, struct kind_work *w)
-{
-    const double D = (double)s->D;
-    const int moe = mt_blocks_layer_routed(cfg, l);
-    const double hid = moe ? (double)s->top_k * (double)s->Fe + (double)s->Fs : (double)s->F;
-    w->e[MT_PLAN_KIND_NORM] += 5.0 * D + rc * 2.0 * D;
-    w->e[MT_PLAN_KIND_ELEMENTWISE] += 8.0 * hid + 6.0 * D + rc * (3.0 * hid + 3.0 * D);
-    if (moe) w->e[MT_PLAN_KIND_ELEMENTWISE] += (8.0 * (double)s->top_k * D + 4.0 * (double)(s->E + s->Z)) * (1.0 + rc / 2.0);
-}
+ * activation elements read + written e[] (fp32, x 4 bytes later), by op
+ * kind: struct mt_work (mt_blocks.h), whose indices are ours. Each block's
+ * pieces say theirs (work_per_token: attention.c, mlp.c, moe.c, mamba.c). */
+_Static_assert((int)MT_WORK_GEMM == (int)MT_PLAN_KIND_GEMM &&
+                   (int)MT_WORK_ATTENTION_FWD == (int)MT_PLAN_KIND_ATTENTION_FWD &&
+                   (int)MT_WORK_ATTENTION_BWD == (int)MT_PLAN_KIND_ATTENTION_BWD &&
+                   (int)MT_WORK_NORM == (int)MT_PLAN_KIND_NORM &&
+                   (int)MT_WORK_ELEMENTWISE == (int)MT_PLAN_KIND_ELEMENTWISE &&
+                   (int)MT_WORK_XENT == (int)MT_PLAN_KIND_XENT && (int)MT_WORK_OPTIMIZER == (int)MT_PLAN_KIND_OPTIMIZER &&
+                   (int)MT_WORK_SCAN == (int)MT_PLAN_KIND_SCAN,
+               "struct mt_work's indices are the planner's op kinds");
 
 /* Layers [l0, l1) of a stage, plus its embedding (first stage: gather
  * forward, scatter-add backward) and head (last: final norm; the logits'
  * softmax and loss read them twice and write their gradient: 3 V). */
-static void stage_work(const struct mt_config *cfg, int l0, int l1, int rc, struct kind_work *w)
+static void stage_work(const struct mt_config *cfg, int l0, int l1, int rc, struct mt_work *w)
 {
     memset(w, 0, sizeof *w);
     struct mt_block_shape s;
     mt_blocks_shape(cfg, &s);
     for (int l = l0; l < l1; l++) {
         w->f[MT_PLAN_KIND_GEMM] += (6.0 + 2.0 * rc) * mt_blocks_layer_mm(cfg, &s, l);
-        mixer_work(cfg, &s, l, rc, w);
-        ffn_work(cfg, &s, l, rc, w);
+        mt_blocks_layer_work(cfg, &s, l, rc, w);   /* each step's, in order */
     }
     if (l0 == 0) w->e[MT_PLAN_KIND_ELEMENTWISE] += 4.0 * (double)s.D;
     if (l1 == cfg->n_layer) {
@@ -1193,7 +1162,7 @@ static double stage_kinds(const struct mt_plan *p, const struct mt_plan_kinds *k
 {
     const struct mt_config *cfg = &p->cfg;
     const double N = (double)p->Bm * cfg->seq_len / p->su.dims.tp;   /* this rank's rows of a microbatch */
-    struct kind_work w;
+    struct mt_work w;
     stage_work(cfg, p->su.first_layer[st], p->su.first_layer[st + 1], !strcmp(cfg->recompute, "block"), &w);
     double sum = 0;
     for (int i = 0; i < MT_PLAN_KIND_OPTIMIZER; i++) {
