@@ -627,6 +627,27 @@ static const char *rope_type_of(const cJSON *r)
     return strcmp(t->valuestring, "default") ? t->valuestring : NULL;
 }
 
+/* Mixture-of-Depths (SPEC 1e): meshtrain_mod_layers lowercases those layers'
+ * letters (A -> a, E -> e), with the capacity and aux weight; the name of the
+ * bad key, or NULL. */
+static const char *parse_mod_keys(const cJSON *o, struct mt_config *cfg)
+{
+    const cJSON *ml = cJSON_GetObjectItemCaseSensitive(o, "meshtrain_mod_layers"), *it;
+    if (!ml || cJSON_IsNull(ml)) return NULL;
+    if (!cJSON_IsArray(ml)) return "meshtrain_mod_layers";
+    cJSON_ArrayForEach(it, ml) {
+        int l = cJSON_IsNumber(it) ? (int)it->valuedouble : -1;
+        if (l < 0 || l >= cfg->n_layer || (cfg->pattern[l] != 'A' && cfg->pattern[l] != 'E'))
+            return "meshtrain_mod_layers entry";
+        cfg->pattern[l] = (char)(cfg->pattern[l] - 'A' + 'a');
+    }
+    if (get_float(o, "meshtrain_mod_capacity", &cfg->mod_capacity) || !(cfg->mod_capacity > 0) ||
+        cfg->mod_capacity > 1) return "meshtrain_mod_capacity";
+    if (get_float(o, "meshtrain_mod_aux_coef", &cfg->mod_aux_coef) || cfg->mod_aux_coef < 0)
+        return "meshtrain_mod_aux_coef";
+    return NULL;
+}
+
 /* Long on purpose (~125 lines): one check per Hugging Face key, in the
  * order of the mapping table in docs/export.md, each with its message. */
 enum mt_status mt_export_hf_config_parse(struct mt_ctx *ctx, const char *json_text, struct mt_config *cfg,
@@ -762,24 +783,8 @@ enum mt_status mt_export_hf_config_parse(struct mt_ctx *ctx, const char *json_te
         if (!strchr(cfg->pattern, 'E'))
             warnf(warn, warn_len, "qwen3_moe config without any sparse layer: imported as a dense model");
     }
-    /* Mixture-of-Depths (SPEC 1e): the routed layers' letters in lowercase */
-    const cJSON *ml = cJSON_GetObjectItemCaseSensitive(o, "meshtrain_mod_layers");
-    if (ml && !cJSON_IsNull(ml)) {
-        if (!cJSON_IsArray(ml)) { rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "config.json: bad meshtrain_mod_layers"); goto done; }
-        cJSON_ArrayForEach(it, ml) {
-            int l = cJSON_IsNumber(it) ? (int)it->valuedouble : -1;
-            if (l < 0 || l >= cfg->n_layer || (cfg->pattern[l] != 'A' && cfg->pattern[l] != 'E')) {
-                rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "config.json: bad meshtrain_mod_layers entry");
-                goto done;
-            }
-            cfg->pattern[l] = (char)(cfg->pattern[l] - 'A' + 'a');
-        }
-        if (get_float(o, "meshtrain_mod_capacity", &cfg->mod_capacity) || !(cfg->mod_capacity > 0) ||
-            cfg->mod_capacity > 1) bad = "meshtrain_mod_capacity";
-        else if (get_float(o, "meshtrain_mod_aux_coef", &cfg->mod_aux_coef) || cfg->mod_aux_coef < 0)
-            bad = "meshtrain_mod_aux_coef";
-        if (bad) { rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "config.json: missing or bad %s", bad); goto done; }
-    }
+    bad = parse_mod_keys(o, cfg);
+    if (bad) { rc = mt_ctx_error(ctx, MT_ERR_FORMAT, "config.json: missing or bad %s", bad); goto done; }
     if (cfg->logit_softcap > 0)
         warnf(warn, warn_len, "meshtrain_logit_softcap %g: the model caps its logits (HF transformers ignores this key)",
               fnum(cfg->logit_softcap));
