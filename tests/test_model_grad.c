@@ -36,22 +36,13 @@
 #include "model/mt_model.h"
 #include "model/model_impl.h"
 #include "ops/mt_ops.h"
+#include "mt_test.h"
 
-static int g_fail = 0;
 static int g_lora = 0;   /* 1: the configs carry LoRA adapters on every target (rank 2, alpha 4) */
 static int g_null = 0;   /* > 0: the MoE configs get this many null experts (SPEC 1e), top_k 3 */
 static int g_mtp = 0;    /* > 0: mtp_depth (SPEC 1e), modules of kind g_mtp_block, lambda 0.5 */
 static const char *g_mtp_block = "A";
 static unsigned g_mod = 0;   /* bit l: layer l routed by Mixture-of-Depths (SPEC 1e), capacity 0.5, aux 0.1 */
-#define EXPECT(cond, ...)                                                   \
-    do {                                                                    \
-        if (!(cond)) {                                                      \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);            \
-            fprintf(stderr, __VA_ARGS__);                                   \
-            fprintf(stderr, "\n");                                          \
-            g_fail = 1;                                                     \
-        }                                                                   \
-    } while (0)
 
 static void base_config(struct mt_config *cfg, struct mt_ctx *ctx, int moe, float softcap, int T)
 {
@@ -656,7 +647,7 @@ int main(void)
     microbatch_split(0);
     microbatch_split(1);
     microbatch_split(2);
-    if (g_fail) {
+    if (n_fail) {
         fprintf(stderr, "test_model_grad: FAILED\n");
         return 1;
     }
