@@ -23,8 +23,9 @@
 #           (self_dev; NCCL on a one-rank world when the NCCL build is carried)
 #   san     compute-sanitizer memcheck and racecheck on the op harness, op by
 #           op (what the emulator cannot see: races, OOB into page slack)
-#   equiv   20-step trainings of the tiny dense, MoE (and hybrid `M` when the
-#           build knows it) configs: cpu vs cuda fp32 (<= 1e-4 relative),
+#   equiv   20-step trainings of the tiny dense, MoE (and hybrid `M`, and the
+#           extras: MoD around MoE with null experts and MTP, when the build
+#           knows them) configs: cpu vs cuda fp32 (<= 1e-4 relative),
 #           cuda bf16 per call (<= 1e-2, docs/cuda.md), cuda precision=bf16 vs the
 #           cpu run of that mode (<= 1e-2), and --zero 1/2/3 on one GPU
 #   speed   meshtrain precision=bf16 (--set precision=bf16, the plain GEMMs left also
@@ -317,15 +318,20 @@ stage_equiv() {
     local TINY="--set vocab_size=64 --set n_layer=2 --set d_model=32 --set n_head=4 --set n_kv_head=2 --set seq_len=16 --set batch_size=4 --set lr=0.01 --set warmup_steps=2"
     local MOE="--set pattern=AE --set n_experts=4 --set top_k=2 --set expert_hidden=16 --set shared_expert_hidden=16 --set logit_softcap=15 --set microbatches=2"
     local HYB="--set pattern=MA"
+    # the extras together (issue 31): Mixture-of-Depths routing around a MoE block with null experts, an MTP module
+    local EXT="--set pattern=Ae --set n_experts=4 --set top_k=2 --set expert_hidden=16 --set n_null_experts=2 --set mod_capacity=0.25 --set mtp_depth=1 --set microbatches=2"
     local CB=$MT
     [ $HAVE_GPU = 0 ] && [ -n "$EMU" ] && CB=$EMU && echo "NOTE: cuda runs under the CPU emulator ($EMU)"
     local cfgs="dense moe"
     if "$MT" train $TINY $HYB --backend cpu --steps 1 --quiet --peak-flops 1e11 --data "$WORK/tiny.bin" \
             --out "$WORK/probe_hyb" > "$RES/logs/eq_probe_hybrid.log" 2>&1; then cfgs="$cfgs hybrid"
     else echo "SKIPPED (hybrid: this build refuses pattern=MA: $(tail -1 "$RES/logs/eq_probe_hybrid.log"))"; fi
+    if "$MT" train $TINY $EXT --backend cpu --steps 1 --quiet --peak-flops 1e11 --data "$WORK/tiny.bin" \
+            --out "$WORK/probe_ext" > "$RES/logs/eq_probe_extras.log" 2>&1; then cfgs="$cfgs extras"
+    else echo "SKIPPED (extras: this build refuses them: $(tail -1 "$RES/logs/eq_probe_extras.log"))"; fi
     local bad=0 X
     for cfg in $cfgs; do
-        case $cfg in dense) X="" ;; moe) X=$MOE ;; hybrid) X=$HYB ;; esac
+        case $cfg in dense) X="" ;; moe) X=$MOE ;; hybrid) X=$HYB ;; extras) X=$EXT ;; esac
         train_tiny ${cfg}_cpu "$MT" $TINY $X --backend cpu || bad=1
         MT_CUDA_PRECISION=fp32 train_tiny ${cfg}_cuda "$CB" $TINY $X --backend cuda || bad=1
         MT_CUDA_PRECISION=bf16 train_tiny ${cfg}_cuda_bf16 "$CB" $TINY $X --backend cuda || bad=1
