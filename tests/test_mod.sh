@@ -21,8 +21,9 @@
 #     mod_capacity=1 runs every token through the block, at sigmoid(r) weight:
 #     different from the unrouted pattern, and each layer's aux then only
 #     pushes r up;
-#  4. bad input, one line on every rank, exit 2, nothing written: LoRA, an
-#     MTP module block that is routed, B*C not divisible by tp.
+#     LoRA (the routers frozen) on tp=2 and dp=2 x tp=2 equals one rank;
+#  4. bad input, one line on every rank, exit 2, nothing written: an MTP
+#     module block that is routed, B*C not divisible by tp.
 # Skips (exit 77, SKIPPED) without mpirun or in a build without MPI.
 set -u
 BUILD=${1:?usage: test_mod.sh BUILD_DIR}
@@ -128,7 +129,17 @@ then ok "mod_capacity=1: every token runs the block at weight sigmoid(r), unlike
 else bad "mod_capacity=1"; fi
 
 # ---- 4: bad input ----
-viol 1 dp=1 'Mixture-of-Depths with LoRA' $DENSE --set lora_rank=2
+# LoRA: the routers are frozen base tensors; the adapters inside the routed blocks train on the selected rows
+if run 1 "$W/lora_ref" $DENSE --set lora_rank=2 --steps 20 && differs "$W/lora_ref" "$W/DENSE_ref"; then
+    for row in "2 tp=2 0" "4 dp=2,tp=2 1 $NOSP"; do
+        set -- $row; np=$1 mesh=$2 zero=$3; shift 3
+        o="$W/lora_${mesh//[=,]/_}_z$zero"
+        if run "$np" "$o" $DENSE --set lora_rank=2 --steps 20 --mesh "$mesh" --zero "$zero" "$@" &&
+           close "$W/lora_ref" "$o" 1e-6 && hash_ok "$o"; then
+            ok "LoRA on AaAa --mesh $mesh zero=$zero $* equals the single-rank losses"
+        else bad "LoRA on AaAa --mesh $mesh zero=$zero $*"; tail -3 "$o.log"; fi
+    done
+else bad "LoRA on AaAa: one-rank reference"; tail -3 "$W/lora_ref.log"; fi
 viol 1 dp=1 'mtp_block=a is a routed' $DENSE --set mtp_depth=1 --set mtp_block=a
 viol 2 tp=2 'the routed rows B\*C=1\*1 must divide by tp' $DENSE $NOSP --set batch_size=1 --set mod_capacity=0.01
 finish

@@ -630,6 +630,12 @@ int main(void)
     g_mod = 2;
     gradcheck("dense Aa mod mtp_depth=1", 0, 0.0f);
     g_mtp = 0;
+    g_lora = 1;   /* LoRA: the routers frozen, the adapters inside the routed blocks see the selected rows */
+    g_mod = 1;
+    gradcheck("dense aA mod lora", 0, 0.0f);
+    g_mod = 3;
+    gradcheck("moe ae mod lora", 1, 0.0f);
+    g_lora = 0;
     g_mod = 0;
     g_null = 2;   /* null experts (SPEC 1e): the router's E + Z rows, gates renormalised over both */
     gradcheck("moe null experts", 1, 0.0f);

@@ -272,7 +272,8 @@ static enum mt_status mod_leave_backward(struct mt_ctx *ctx, const struct mt_pie
     }
     ops->mod_backward(ops->be, st->dr + r0, pc->dx, st->dgate + r0, st->s + r0, st->slot + r0, Nr, D,
                       (float)((double)pc->cfg->mod_aux_coef / nt));
-    linear_backward(ops, pc->dx, 1.0f, w->grad, st->dr + r0, pc->x_in, w->data, Nr, D, 1);
+    /* LoRA: the router is a frozen base tensor (no weight gradient); its aux and gate paths still reach x */
+    linear_backward(ops, pc->dx, 1.0f, w->frozen ? NULL : w->grad, st->dr + r0, pc->x_in, w->data, Nr, D, 1);
     return MT_OK;
 }
 
@@ -303,9 +304,6 @@ static enum mt_status mod_check(struct mt_ctx *ctx, const struct mt_piece_ctx *p
     if (pc->tp.tp > 1 && (pc->B * C) % pc->tp.tp != 0)
         return mt_ctx_error(ctx, MT_ERR_CONFIG, "Mixture-of-Depths under tp=%d: the routed rows B*C=%d*%d must "
                             "divide by tp (C = ceil(mod_capacity * seq_len))", pc->tp.tp, pc->B, C);
-    if (pc->lora)
-        return mt_ctx_error(ctx, MT_ERR_CONFIG, "Mixture-of-Depths with LoRA is not in this build (lora_rank=0, "
-                            "or an uppercase pattern)");
     return MT_OK;
 }
 
