@@ -283,8 +283,8 @@ static void gradcheck(const char *label, int moe, float softcap)
      * AMEM (q, o, down, in_proj, out_proj): A 2 x 3, each M 1 + 7 (in_proj: one
      * A, a B per block) + 2 (out_proj) + 2 (down), E 2 x 2 (q, o) */
     if (g_lora)
-        EXPECT(adapters == (moe == 2 ? 6 + 2 * 12 + 4 : moe ? 2 * (4 * 2 + 3 + 12) : 2 * 14), "%s: %d adapters",
-               label, adapters);
+        EXPECT(adapters == (moe == 2 ? 6 + 2 * 12 + 4 : moe ? 2 * (4 * 2 + 3 + 12) : 2 * 14) + 14 * g_mtp,
+               "%s: %d adapters (+ 14 per MTP module of kind A)", label, adapters);
     EXPECT(bad == 0, "%s: %d gradient elements out of tolerance", label, bad);
     EXPECT(skipped * 4 <= checked + skipped, "%s: too many routing flips (%d)", label, skipped);
     free(r0);
@@ -630,7 +630,11 @@ int main(void)
     g_mod = 2;
     gradcheck("dense Aa mod mtp_depth=1", 0, 0.0f);
     g_mtp = 0;
-    g_lora = 1;   /* LoRA: the routers frozen, the adapters inside the routed blocks see the selected rows */
+    g_lora = 1;   /* LoRA with MTP: the modules frozen but their blocks' adapters */
+    g_mtp = 1;
+    gradcheck("dense mtp_depth=1 lora", 0, 0.0f);
+    g_mtp = 0;
+    /* LoRA: the routers frozen, the adapters inside the routed blocks see the selected rows */
     g_mod = 1;
     gradcheck("dense aA mod lora", 0, 0.0f);
     g_mod = 3;

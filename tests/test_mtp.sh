@@ -15,9 +15,10 @@
 #  3. a checkpoint of tp=2 x dp=2 resumes on one rank with the losses of the
 #     uninterrupted run (the modules' tensors reshard like every tensor);
 #     precision=bf16 tracks fp32 within 1%; recompute=block is bit-identical;
+#     LoRA (the modules frozen, their blocks' adapters trained) on tp=2, pp=2
+#     and dp=2 x tp=2 equals one rank;
 #  4. bad input, one line, exit 2, nothing written: mtp_block a routed kind
-#     (E), an unknown letter, mtp_depth above 4, seq_len <= mtp_depth,
-#     LoRA.
+#     (E), an unknown letter, mtp_depth above 4, seq_len <= mtp_depth.
 # Skips (exit 77, SKIPPED) without mpirun or in a build without MPI.
 set -u
 BUILD=${1:?usage: test_mtp.sh BUILD_DIR}
@@ -112,5 +113,15 @@ viol 1 dp=1 'mtp_block=E has routed experts' $MOE --set mtp_block=E
 viol 1 dp=1 'mtp_block must be one pattern letter' $DENSE --set mtp_block=X
 viol 1 dp=1 'mtp_depth' $DENSE --set mtp_depth=5
 viol 1 dp=1 'needs seq_len > mtp_depth' $DENSE --set seq_len=2 --set mtp_depth=2
-viol 1 dp=1 'with LoRA' $DENSE --set lora_rank=2
+# LoRA: the modules' gains and eh_proj are frozen base tensors; their blocks' adapters train
+if run 1 "$W/lora_ref" $DENSE --set lora_rank=2 --steps 20 && differs "$W/lora_ref" "$W/DENSE_ref"; then
+    for row in "2 tp=2 0" "2 pp=2 0 --set microbatches=2" "4 dp=2,tp=2 1"; do
+        set -- $row; np=$1 mesh=$2 zero=$3; shift 3
+        o="$W/lora_${mesh//[=,]/_}_z$zero"
+        if run "$np" "$o" $DENSE --set lora_rank=2 --steps 20 --mesh "$mesh" --zero "$zero" "$@" &&
+           close "$W/lora_ref" "$o" 1e-6 && mtp_same "$W/lora_ref" "$o"; then
+            ok "LoRA with mtp_depth=2 --mesh $mesh zero=$zero $* equals the single-rank losses"
+        else bad "LoRA with mtp_depth=2 --mesh $mesh zero=$zero $*"; tail -3 "$o.log"; fi
+    done
+else bad "LoRA with mtp_depth=2: one-rank reference"; tail -3 "$W/lora_ref.log"; fi
 finish

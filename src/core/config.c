@@ -800,8 +800,6 @@ enum mt_status mt_config_resolve(struct mt_ctx *ctx, struct mt_config *cfg, int 
     RULE(cfg->mtp_depth == 0 || cfg->seq_len > cfg->mtp_depth,
          "mtp_depth=%d needs seq_len > mtp_depth (seq_len=%d): module k predicts the token k+1 ahead",
          cfg->mtp_depth, cfg->seq_len);
-    RULE(cfg->mtp_depth == 0 || cfg->lora_rank == 0, "mtp_depth=%d with LoRA (lora_rank=%d) is not supported yet",
-         cfg->mtp_depth, cfg->lora_rank);
     RULE(cfg->redo_every == 0 || cfg->lora_rank == 0,
          "redo_every=%d needs full training: LoRA freezes the SwiGLU weights it would recycle (lora_rank=%d)",
          cfg->redo_every, cfg->lora_rank);

@@ -210,7 +210,8 @@ enum mt_status mtp_backward(struct mt_ctx *ctx, struct mt_model *m)
         const float *h_prev = k == 1 ? m->x_final : m->mtp[k - 2].out;
         ops->xent_backward(ops->be, s->logits, s->logits, s->xlse, s->tgt, mtp_dscale(m, k), n, V,
                            m->cfg.logit_softcap);
-        ops->gemm(ops->be, 1, 0, V, D, n, 1.0f, s->logits, V, s->on, D, 1.0f, m->lm_head->grad, D);
+        if (!m->lm_head->frozen)   /* LoRA: the frozen head computes d on only */
+            ops->gemm(ops->be, 1, 0, V, D, n, 1.0f, s->logits, V, s->on, D, 1.0f, m->lm_head->grad, D);
         ops->gemm(ops->be, 0, 0, n, D, V, 1.0f, s->logits, V, m->lm_head->data, D, 0.0f, m->dh, D);
         ops->rmsnorm_backward(ops->be, m->dx, p->norm->grad, m->dh, s->out, p->norm->data, s->orstd, n, D, 0);
         if (k < m->mtp_depth) ops->axpby(ops->be, m->dx, m->mtp_carry, 1.0f, 1.0f, nD);   /* + module k+1's */
@@ -219,8 +220,10 @@ enum mt_status mtp_backward(struct mt_ctx *ctx, struct mt_model *m)
             m->redo_armed = armed;
             return rc;
         }
-        ops->gemm(ops->be, 1, 0, D, D, n, 1.0f, m->dx, D, s->hn, D, 1.0f, p->eh->grad, 2 * D);
-        ops->gemm(ops->be, 1, 0, D, D, n, 1.0f, m->dx, D, s->en, D, 1.0f, p->eh->grad + D, 2 * D);
+        if (!p->eh->frozen) {   /* LoRA: a frozen eh_proj has no weight gradient */
+            ops->gemm(ops->be, 1, 0, D, D, n, 1.0f, m->dx, D, s->hn, D, 1.0f, p->eh->grad, 2 * D);
+            ops->gemm(ops->be, 1, 0, D, D, n, 1.0f, m->dx, D, s->en, D, 1.0f, p->eh->grad + D, 2 * D);
+        }
         ops->gemm(ops->be, 0, 0, n, D, D, 1.0f, m->dx, D, p->eh->data, 2 * D, 0.0f, m->dh, D);      /* d hn */
         ops->gemm(ops->be, 0, 0, n, D, D, 1.0f, m->dx, D, p->eh->data + D, 2 * D, 0.0f, m->mtp_tmp, D); /* d en */
         ops->rmsnorm_backward(ops->be, m->mtp_carry, p->hnorm->grad, m->dh, h_prev, p->hnorm->data, s->hrstd, n, D, 0);
