@@ -18,6 +18,7 @@ fails=0; passes=0
 ok()  { passes=$((passes+1)); echo "PASS $1"; }
 bad() { fails=$((fails+1)); echo "FAIL $1"; }
 finish() { echo "$passes passed, $fails failed"; [ $fails -eq 0 ]; }
+fatal() { bad "$1"; finish; exit 1; }   # a failed step the rest depends on
 
 # run NP OUT ARGS... : train on NP ranks (1: no mpirun), output in OUT.log
 run() {

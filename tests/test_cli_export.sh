@@ -4,29 +4,27 @@
 # -> checkpoint -> safetensors; values compared in python; exit codes for
 # --help (0), missing args / missing or corrupt checkpoint (2).
 set -u
-B=${1:?build dir}
-BIN=$B/meshtrain
-T=$(mktemp -d /tmp/mt_cli_export_XXXXXX)
-trap 'rm -rf "$T"' EXIT
-fail=0
-check() { # check WANT_RC DESCRIPTION cmd...
+BUILD=${1:?usage: test_cli_export.sh BUILD_DIR}
+. "$(dirname "$0")/cli_lib.sh"
+# check WANT_RC DESCRIPTION cmd... : cmd exits WANT_RC; its stdout and stderr
+# stay in $W/out.txt and $W/err.txt for the checks after it
+check() {
     local want=$1 what=$2; shift 2
-    "$@" >"$T/out.txt" 2>"$T/err.txt"; local rc=$?
-    if [ "$rc" != "$want" ]; then
-        echo "FAILED: $what: exit $rc, want $want"; cat "$T/err.txt"; fail=1
-    fi
+    "$@" >"$W/out.txt" 2>"$W/err.txt"; local rc=$?
+    if [ "$rc" = "$want" ]; then ok "$what: exit $rc"
+    else bad "$what: exit $rc, want $want"; cat "$W/err.txt"; fi
 }
-[ -x "$BIN" ] || { echo "FAILED: no $BIN"; exit 1; }
+[ -x "$MT" ] || fatal "no $MT"
 
-check 0 "export --help" "$BIN" export --help
-grep -q -- "--ckpt" "$T/out.txt" || { echo "FAILED: export --help lists no --ckpt"; fail=1; }
-check 0 "import --help" "$BIN" import --help
-check 2 "export without args" "$BIN" export
-check 2 "export of a missing checkpoint" "$BIN" export --ckpt "$T/nope" --out "$T/x"
-[ "$(wc -l <"$T/err.txt")" = 1 ] || { echo "FAILED: error is not one line"; cat "$T/err.txt"; fail=1; }
-check 2 "import of a missing dir" "$BIN" import --hf "$T/nope" --out "$T/x"
+check 0 "export --help" "$MT" export --help
+grep -q -- "--ckpt" "$W/out.txt" && ok "export --help lists --ckpt" || bad "export --help lists no --ckpt"
+check 0 "import --help" "$MT" import --help
+check 2 "export without args" "$MT" export
+check 2 "export of a missing checkpoint" "$MT" export --ckpt "$W/nope" --out "$W/x"
+if [ "$(wc -l <"$W/err.txt")" = 1 ]; then ok "the error is one line"; else bad "error is not one line"; cat "$W/err.txt"; fi
+check 2 "import of a missing dir" "$MT" import --hf "$W/nope" --out "$W/x"
 
-python3 - "$T/hf" <<'EOF' || { echo "FAILED: python could not build the HF dir"; exit 1; }
+python3 - "$W/hf" <<'EOF' || fatal "python could not build the HF dir"
 import json, os, random, struct, sys
 d = sys.argv[1]; os.makedirs(d)
 V, D, H, K, hd, F, L = 40, 16, 2, 1, 8, 32, 2
@@ -64,9 +62,9 @@ h = json.dumps(hdr).encode(); h += b" " * (-len(h) % 8)
 open(f"{d}/model.safetensors", "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 EOF
 
-check 0 "import" "$BIN" import --hf "$T/hf" --out "$T/run/ckpt/step_000000"
-check 0 "export (run dir: latest checkpoint)" "$BIN" export --ckpt "$T/run" --out "$T/hf2" --bos-id 1
-python3 - "$T" <<'EOF' || fail=1
+check 0 "import" "$MT" import --hf "$W/hf" --out "$W/run/ckpt/step_000000"
+check 0 "export (run dir: latest checkpoint)" "$MT" export --ckpt "$W/run" --out "$W/hf2" --bos-id 1
+python3 - "$W" <<'EOF' && ok "python: export matches the imported model" || bad "python: export does not match the imported model"
 import json, struct, sys
 T = sys.argv[1]
 b = open(f"{T}/hf2/model.safetensors", "rb").read()
@@ -88,31 +86,33 @@ assert c["head_dim"] == 8 and c["num_key_value_heads"] == 1 and c["intermediate_
 print("python: export matches the imported model")
 EOF
 
-check 0 "export again over a previous export" "$BIN" export --ckpt "$T/run" --out "$T/hf2"
-mkdir -p "$T/foreign" && echo x >"$T/foreign/notes.txt"
-check 2 "export over a foreign dir" "$BIN" export --ckpt "$T/run" --out "$T/foreign"
-[ -f "$T/foreign/notes.txt" ] && [ ! -e "$T/foreign/config.json" ] || { echo "FAILED: refused export touched the foreign dir"; fail=1; }
-check 0 "export over a foreign dir with --force" "$BIN" export --ckpt "$T/run" --out "$T/foreign" --force
+check 0 "export again over a previous export" "$MT" export --ckpt "$W/run" --out "$W/hf2"
+mkdir -p "$W/foreign" && echo x >"$W/foreign/notes.txt"
+check 2 "export over a foreign dir" "$MT" export --ckpt "$W/run" --out "$W/foreign"
+[ -f "$W/foreign/notes.txt" ] && [ ! -e "$W/foreign/config.json" ] && ok "a refused export leaves the foreign dir as it was" ||
+    bad "refused export touched the foreign dir"
+check 0 "export over a foreign dir with --force" "$MT" export --ckpt "$W/run" --out "$W/foreign" --force
 # --force writes only the export's own files: nothing it did not write is deleted
-[ "$(cat "$T/foreign/notes.txt" 2>/dev/null)" = x ] && [ -f "$T/foreign/model.safetensors" ] ||
-    { echo "FAILED: export --force deleted a file it did not write"; ls "$T/foreign"; fail=1; }
+if [ "$(cat "$W/foreign/notes.txt" 2>/dev/null)" = x ] && [ -f "$W/foreign/model.safetensors" ]; then
+    ok "export --force writes its files and keeps the others"
+else bad "export --force deleted a file it did not write"; ls "$W/foreign"; fi
 # a previous export: a user's file next to it survives a re-export too
-echo mine >"$T/hf2/README.md"
-check 0 "export again over a previous export with a user file" "$BIN" export --ckpt "$T/run" --out "$T/hf2"
-[ "$(cat "$T/hf2/README.md" 2>/dev/null)" = mine ] || { echo "FAILED: re-export deleted README.md"; fail=1; }
+echo mine >"$W/hf2/README.md"
+check 0 "export again over a previous export with a user file" "$MT" export --ckpt "$W/run" --out "$W/hf2"
+[ "$(cat "$W/hf2/README.md" 2>/dev/null)" = mine ] && ok "a re-export keeps README.md" || bad "re-export deleted README.md"
 # --out overlapping the checkpoint: refused even with --force, and every
 # checkpoint of the run is left as it was (issue 13: export --ckpt R --out R
 # used to delete the run)
-cp -r "$T/run" "$T/run_copy"
-for o in "$T/run" "$T/run/ckpt" "$T/run/ckpt/step_000000" "$T/run/ckpt/step_000000/hf" "$T"; do
-    check 2 "export --out $o overlapping the checkpoint (--force)" "$BIN" export --ckpt "$T/run" --out "$o" --force
-    grep -q "overlaps" "$T/err.txt" || { echo "FAILED: overlap message for $o"; cat "$T/err.txt"; fail=1; }
+cp -r "$W/run" "$W/run_copy"
+for o in "$W/run" "$W/run/ckpt" "$W/run/ckpt/step_000000" "$W/run/ckpt/step_000000/hf" "$W"; do
+    check 2 "export --out $o overlapping the checkpoint (--force)" "$MT" export --ckpt "$W/run" --out "$o" --force
+    if grep -q "overlaps" "$W/err.txt"; then ok "overlap message for $o"; else bad "overlap message for $o"; cat "$W/err.txt"; fi
 done
-diff -r "$T/run" "$T/run_copy" >/dev/null || { echo "FAILED: a refused export changed the run"; fail=1; }
+diff -r "$W/run" "$W/run_copy" >/dev/null && ok "the refused exports left the run as it was" || bad "a refused export changed the run"
 # corrupt params.bin -> exit 2, one line naming the file
-printf '\x55' | dd of="$T/run/ckpt/step_000000/params.bin" bs=1 seek=100 conv=notrunc status=none
-check 2 "export of a corrupt checkpoint" "$BIN" export --ckpt "$T/run" --out "$T/hf3"
-grep -q "params.bin" "$T/err.txt" || { echo "FAILED: corrupt-checkpoint message names no file"; cat "$T/err.txt"; fail=1; }
+printf '\x55' | dd of="$W/run/ckpt/step_000000/params.bin" bs=1 seek=100 conv=notrunc status=none
+check 2 "export of a corrupt checkpoint" "$MT" export --ckpt "$W/run" --out "$W/hf3"
+if grep -q "params.bin" "$W/err.txt"; then ok "the corrupt-checkpoint message names params.bin"
+else bad "corrupt-checkpoint message names no file"; cat "$W/err.txt"; fi
 
-[ $fail = 0 ] && echo "test_cli_export: ok"
-exit $fail
+finish

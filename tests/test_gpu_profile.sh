@@ -17,14 +17,9 @@
 # is tests/test_cuda_build.sh step e.
 set -u
 BUILD=${1:?usage: test_gpu_profile.sh BUILD_DIR}
-MT="$BUILD/meshtrain"
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+. "$(dirname "$0")/cli_lib.sh"
+ROOT="$(cd "$HERE/.." && pwd)"
 GP="$ROOT/bench/profiles/gpu_profile.py"
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-fails=0
-ok() { echo "PASS $1"; }
-bad() { echo "FAIL $1"; fails=$((fails + 1)); }
 command -v python3 >/dev/null || { echo "SKIPPED (no python3)"; exit 77; }
 
 # two layer rows and one square row per precision: the square bf16 row is
@@ -123,5 +118,4 @@ if [ $rc -eq 1 ] && [ ! -e "$W/y.json" ] && echo "$out" | grep -q "give --datash
     ok "an unknown device is refused without --datasheet, accepted with it"
 else echo "$out"; bad "unknown device (exit $rc)"; fi
 
-[ $fails -eq 0 ] && { echo "test_gpu_profile: all passed"; exit 0; }
-echo "test_gpu_profile: $fails failed"; exit 1
+finish

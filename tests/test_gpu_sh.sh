@@ -17,19 +17,15 @@
 # and `quick` / `rest` name their stage sets.
 set -u
 BUILD=${1:?usage: test_gpu_sh.sh BUILD_DIR}
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-fails=0
-ok() { echo "PASS $1"; }
-bad() { echo "FAIL $1"; fails=$((fails + 1)); }
+. "$(dirname "$0")/cli_lib.sh"
+ROOT="$(cd "$HERE/.." && pwd)"
 command -v python3 >/dev/null || { echo "SKIPPED (no python3)"; exit 77; }
-[ -x "$BUILD/meshtrain" ] || { echo "SKIPPED (no $BUILD/meshtrain)"; exit 77; }
+[ -x "$MT" ] || { echo "SKIPPED (no $MT)"; exit 77; }
 
 bash -n "$ROOT/bench/gpu.sh" && ok "bash -n bench/gpu.sh" || bad "bash -n bench/gpu.sh"
 
 mkdir -p "$W/bin" "$W/rx" "$W/out"
-tar xzf "$ROOT/bench/results/2026-11-26-h200/run2-bf16-llmc.tgz" -C "$W/rx" || { bad "unpack run2"; exit 1; }
+tar xzf "$ROOT/bench/results/2026-11-26-h200/run2-bf16-llmc.tgz" -C "$W/rx" || fatal "unpack run2"
 cat > "$W/bin/nvidia-smi" <<'EOF'
 #!/usr/bin/env bash
 case "$*" in *query-gpu=name,memory.total*) echo "NVIDIA H200, 143771" ;; *query-gpu=name*) echo "NVIDIA H200" ;;
@@ -37,7 +33,7 @@ case "$*" in *query-gpu=name,memory.total*) echo "NVIDIA H200, 143771" ;; *query
 EOF
 cat > "$W/bin/meshtrain" <<EOF
 #!/usr/bin/env bash
-[ "\$1" = train ] || exec "$BUILD/meshtrain" "\$@"
+[ "\$1" = train ] || exec "$MT" "\$@"
 echo "\$*" >> "$W/args.log"
 out=""; prev=""
 for a in "\$@"; do [ "\$prev" = --out ] && out=\$a; prev=\$a; done
@@ -57,7 +53,8 @@ chmod +x "$W/bin/nvidia-smi" "$W/bin/meshtrain"
 
 PATH="$W/bin:$PATH" GPU_SH_BIN="$W/bin" OUT="$W/out" TMPDIR="$W" GPU_SH_SPEED_BOX=4 \
     bash "$ROOT/bench/gpu.sh" speed > "$W/run.log" 2>&1
-grep -q '^FAIL (exit 1) speed' "$W/run.log" || bad "speed stage verdict: FAIL (the hybrid ran no step)"
+grep -q '^FAIL (exit 1) speed' "$W/run.log" && ok "speed stage verdict: FAIL (the hybrid ran no step)" ||
+    bad "speed stage verdict: FAIL (the hybrid ran no step)"
 mkdir -p "$W/x" && tar xzf "$W/out/gpu-custom.tgz" -C "$W/x"
 S=$(cat "$W"/x/*/logs/speed.log)
 # the four runs' lines
@@ -111,5 +108,5 @@ r=$(grep -oE '^(PASS|SKIPPED|FAIL[^ ]*|TIMEOUT) \(?[a-z]+' "$W/r/stages.txt" | a
 [ "$q" = "env ops equiv speed llmc torch summary " ] && [ "$r" = "san calib hf summary " ] &&
     ok "quick = env ops equiv speed llmc torch; rest = san calib hf (calib before speed and hf)" || bad "stage sets: quick '$q', rest '$r'"
 
-[ $fails -eq 0 ] || { sed -n '1,60p' "$W/run.log"; exit 1; }
-echo "test_gpu_sh: all passed"
+[ $fails -eq 0 ] || sed -n '1,60p' "$W/run.log"
+finish

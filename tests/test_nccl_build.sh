@@ -24,7 +24,8 @@
 # Skips (exit 77, a "SKIPPED (reason)" line) when /usr/local/cuda/include/nccl.h is absent.
 set -u
 BUILD=${1:?usage: test_nccl_build.sh BUILD_DIR}
-SRC=$(cd "$(dirname "$0")/.." && pwd)
+. "$(dirname "$0")/cli_lib.sh"   # (its $MT is not used: this test builds its own tree)
+SRC=$(cd "$HERE/.." && pwd)
 CUDA=/usr/local/cuda
 
 if [ ! -f "$CUDA/include/nccl.h" ]; then
@@ -34,16 +35,18 @@ fi
 OUT="$BUILD/nccl-build"
 LOG="$OUT/test_nccl_build.log"
 mkdir -p "$OUT"
-fail() { echo "FAIL: $*"; [ -f "$LOG" ] && tail -n 40 "$LOG"; exit 1; }
+# fail DESC: a step the rest depends on failed: the log's tail, FAIL, stop
+fail() { [ -f "$LOG" ] && tail -n 40 "$LOG"; fatal "$*"; }
 
 cmake -S "$SRC" -B "$OUT" -DMT_WITH_NCCL=ON -DMT_WERROR=ON -DCUDAToolkit_ROOT="$CUDA" \
-      -DCMAKE_EXPORT_COMPILE_COMMANDS=ON >"$LOG" 2>&1 || fail "configure with MT_WITH_NCCL=ON"
-cmake --build "$OUT" -j2 --target meshtrain_lib >>"$LOG" 2>&1 || fail "build meshtrain_lib with MT_WITH_NCCL=ON"
+      -DCMAKE_EXPORT_COMPILE_COMMANDS=ON >"$LOG" 2>&1 && ok "configure with MT_WITH_NCCL=ON" || fail "configure with MT_WITH_NCCL=ON"
+cmake --build "$OUT" -j2 --target meshtrain_lib >>"$LOG" 2>&1 && ok "build meshtrain_lib with MT_WITH_NCCL=ON" ||
+    fail "build meshtrain_lib with MT_WITH_NCCL=ON"
 
 # 1. the body was compiled
 LIB="$OUT/libmeshtrain_lib.a"
 [ -f "$LIB" ] || fail "$LIB not built"
-nm "$LIB" 2>/dev/null | grep -q ' T mt_comm_nccl_create_world$' \
+nm "$LIB" 2>/dev/null | grep -q ' T mt_comm_nccl_create_world$' && ok "libmeshtrain_lib.a defines mt_comm_nccl_create_world" \
     || fail "libmeshtrain_lib.a does not define mt_comm_nccl_create_world (comm_nccl.c body not compiled?)"
 
 # 2. link: only the objects the program needs come out of the archive
@@ -141,24 +144,29 @@ END_OF_C
 "$CC" -std=c11 -Wall -Wextra -Werror -DMT_WITH_NCCL=1 -I"$SRC/src" "$OUT/nccl_link_check.c" "$LIB" \
       "$NCCL_LIB" "$CUDART_LIB" "${EXTRA[@]}" -fopenmp -lm \
       "-Wl,-rpath,$(dirname "$NCCL_LIB"):$(dirname "$CUDART_LIB")" -o "$OUT/nccl_link_check" >>"$LOG" 2>&1 \
+    && ok "link a program calling mt_comm_nccl_create_world against libnccl + cudart" \
     || fail "link a program calling mt_comm_nccl_create_world against libnccl + cudart"
 
 R=$(MT_NCCL_TIMEOUT_S=abc "$OUT/nccl_link_check" create 0 2>&1)
 echo "$R" | grep -q '^create: config error: MT_NCCL_TIMEOUT_S=abc: expected a positive number of seconds$' \
-    || fail "bad MT_NCCL_TIMEOUT_S not returned as a config error: $R"
-echo "$R" | grep -q '^comm bytes live: 0$' || fail "bad MT_NCCL_TIMEOUT_S leaked comm memory: $R"
+    && ok "bad MT_NCCL_TIMEOUT_S returned as a config error" || bad "bad MT_NCCL_TIMEOUT_S not returned as a config error: $R"
+echo "$R" | grep -q '^comm bytes live: 0$' && ok "bad MT_NCCL_TIMEOUT_S: no comm memory leaked" ||
+    bad "bad MT_NCCL_TIMEOUT_S leaked comm memory: $R"
 R=$(env -u MT_NCCL_TIMEOUT_S "$OUT/nccl_link_check" create -1 2>&1)
 echo "$R" | grep -q '^create: invalid argument: nccl create_world: negative CUDA device -1$' \
-    || fail "device -1 not returned as an invalid argument: $R"
-echo "$R" | grep -q '^comm bytes live: 0$' || fail "device -1 leaked comm memory: $R"
+    && ok "device -1 returned as an invalid argument" || bad "device -1 not returned as an invalid argument: $R"
+echo "$R" | grep -q '^comm bytes live: 0$' && ok "device -1: no comm memory leaked" || bad "device -1 leaked comm memory: $R"
 
 # 4. device comms of a one-rank mesh: self_dev, no NCCL, no GPU
 R=$("$OUT/nccl_link_check" mesh 2>&1)
 echo "$R" | grep -q '^set_input_stream on self: invalid argument: nccl set_input_stream: self is not an NCCL communicator$' \
-    || fail "set_input_stream on a host comm not refused: $R"
-echo "$R" | grep -q '^allgather: ok, copies 1, b\[3\] 4, nccl 0$' || fail "one-rank device mesh allgather: $R"
-[ "$(echo "$R" | grep -o ' dev=self_dev}' | wc -l)" -eq 8 ] || fail "one-rank device mesh trace: $R"
-echo "$R" | grep -q '^comm bytes live: 0$' || fail "one-rank device mesh leaked comm memory: $R"
+    && ok "set_input_stream on a host comm refused" || bad "set_input_stream on a host comm not refused: $R"
+echo "$R" | grep -q '^allgather: ok, copies 1, b\[3\] 4, nccl 0$' && ok "one-rank device mesh allgather: one copy, no NCCL" ||
+    bad "one-rank device mesh allgather: $R"
+[ "$(echo "$R" | grep -o ' dev=self_dev}' | wc -l)" -eq 8 ] && ok "one-rank device mesh trace: 8 self_dev comms" ||
+    bad "one-rank device mesh trace: $R"
+echo "$R" | grep -q '^comm bytes live: 0$' && ok "one-rank device mesh: no comm memory leaked" ||
+    bad "one-rank device mesh leaked comm memory: $R"
 
 # 5. under mpirun -np 2 (when the archive has MPI): a device mesh over both
 #    ranks. Both must return with the same outcome and free everything:
@@ -174,12 +182,14 @@ if [ -n "$skip5" ]; then
     skipped="$skipped part5"
 else
     R=$(timeout 60 mpirun --oversubscribe --allow-run-as-root -np 2 "$OUT/nccl_link_check" mesh-world 2>&1); rc=$?
-    [ $rc -eq 0 ] || fail "mpirun -np 2 mesh-world exited $rc: $R"
+    [ $rc -eq 0 ] && ok "mpirun -np 2 mesh-world exited 0" || bad "mpirun -np 2 mesh-world exited $rc: $R"
     n_all=$(echo "$R" | grep -c 'mesh_create_nccl: ')
     n_ok=$(echo "$R" | grep -c 'mesh_create_nccl: ok: ok$')
     [ "$n_all" -eq 2 ] && { [ "$n_ok" -eq 2 ] || [ "$n_ok" -eq 0 ]; } \
-        || fail "two-rank device mesh: both ranks must return, with the same outcome: $R"
-    [ "$(echo "$R" | grep -c 'comm bytes live: 0$')" -eq 2 ] || fail "two-rank device mesh leaked: $R"
+        && ok "two-rank device mesh: both ranks returned, with the same outcome ($n_ok of 2 ok)" \
+        || bad "two-rank device mesh: both ranks must return, with the same outcome: $R"
+    [ "$(echo "$R" | grep -c 'comm bytes live: 0$')" -eq 2 ] && ok "two-rank device mesh: no comm memory leaked" ||
+        bad "two-rank device mesh leaked: $R"
 fi
 
 # 3. the pre-2.18 split path, syntax only, with the tree's exact flags
@@ -197,14 +207,16 @@ for e in json.load(open(sys.argv[1])):
 END_OF_PY
 )
     [ -n "$CMD" ] || fail "comm_nccl.c missing from compile_commands.json"
-    (cd "$OUT" && eval "$CMD") >>"$LOG" 2>&1 || fail "comm_nccl.c with -DMT_NCCL_SPLIT_BY_ID=1"
+    (cd "$OUT" && eval "$CMD") >>"$LOG" 2>&1 && ok "comm_nccl.c compiles with -DMT_NCCL_SPLIT_BY_ID=1" ||
+        fail "comm_nccl.c with -DMT_NCCL_SPLIT_BY_ID=1"
 else
     echo "SKIPPED (part 3, the MT_NCCL_SPLIT_BY_ID variant: python3 not found)"
     skipped="$skipped part3"
 fi
 
-if [ -n "$skipped" ]; then
+# every check passed but a part could not run: exit 77, after the counts
+if [ -n "$skipped" ] && [ $fails -eq 0 ]; then
     echo "test_nccl_build: ok except the skipped parts:$skipped; no collective ran on a GPU"
-    exit 77
+    finish; exit 77
 fi
-echo "test_nccl_build: ok (compiled and linked; one-rank device mesh ok; no collective ran on a GPU)"
+finish
