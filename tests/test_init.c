@@ -383,7 +383,7 @@ static void test_counts(void)
     struct mt_blocks_comm c;
     mt_blocks_comm_counts(&cfg, 0, 4, &c);
     EXPECT(c.mixer_regions == 4 && c.ffn_regions == 2 && c.sp_gathers == 2 && c.routed == 2,
-           "comm counts %d %d %d %d", c.mixer_regions, c.ffn_regions, c.sp_gathers, c.routed);
+           "comm counts %g %g %g %d", c.mixer_regions, c.ffn_regions, c.sp_gathers, c.routed);
     mt_blocks_comm_counts(&cfg, 1, 2, &c);
     EXPECT(c.mixer_regions == 1 && c.ffn_regions == 0 && c.sp_gathers == 1 && c.routed == 1, "E layer comm counts");
     /* the MTP modules' blocks count on the last stage (l1 = n_layer) only */
@@ -392,10 +392,18 @@ static void test_counts(void)
     snprintf(cm.mtp_block, sizeof cm.mtp_block, "E");
     mt_blocks_comm_counts(&cm, 2, 4, &c);
     EXPECT(c.mixer_regions == 4 && c.ffn_regions == 1 && c.sp_gathers == 3 && c.routed == 3,
-           "last stage + 2 MTP E blocks comm counts %d %d %d %d", c.mixer_regions, c.ffn_regions, c.sp_gathers,
+           "last stage + 2 MTP E blocks comm counts %g %g %g %d", c.mixer_regions, c.ffn_regions, c.sp_gathers,
            c.routed);
     mt_blocks_comm_counts(&cm, 0, 2, &c);
     EXPECT(c.mixer_regions == 2 && c.routed == 1, "a first stage has no MTP block");
+    /* a routed (MoD) block's regions carry B C of the B T rows: they count C/T (seq_len 16, c 0.25: 4/16) */
+    struct mt_config cr = cfg;
+    cr.seq_len = 16;
+    cr.mod_capacity = 0.25f;
+    cr.pattern[0] = 'a';
+    mt_blocks_comm_counts(&cr, 0, 1, &c);
+    EXPECT(c.mixer_regions == 0.25 && c.ffn_regions == 0.25 && c.routed == 0, "a routed layer's comm counts %g %g",
+           c.mixer_regions, c.ffn_regions);
     EXPECT(mt_blocks_any_routed(&cfg) && mt_blocks_layer_routed(&cfg, 2) && !mt_blocks_layer_routed(&cfg, 3),
            "routed layers");
 }

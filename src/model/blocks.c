@@ -218,11 +218,13 @@ const char *mt_blocks_lora_rule(const struct mt_config *cfg, unsigned mask)
     return w.bad;
 }
 
-static void kind_comm(const struct mt_block_kind *k, struct mt_blocks_comm *out)
+static void kind_comm(const struct mt_config *cfg, const struct mt_block_kind *k, struct mt_blocks_comm *out)
 {
+    /* a wrapped kind's steps move rows / T of the block's rows (MoD: B C of B T) */
+    const double share = k->wrap->rows ? (double)k->wrap->rows(cfg, cfg->seq_len) / (double)cfg->seq_len : 1.0;
     for (int i = 0; i < k->n_steps; i++) {
-        *(i == 0 ? &out->mixer_regions : &out->ffn_regions) += k->steps[i].piece->tp_regions;
-        out->sp_gathers += k->steps[i].piece->sp_gathers;
+        *(i == 0 ? &out->mixer_regions : &out->ffn_regions) += share * k->steps[i].piece->tp_regions;
+        out->sp_gathers += share * k->steps[i].piece->sp_gathers;
     }
     out->routed += k->routed;
 }
@@ -230,10 +232,10 @@ static void kind_comm(const struct mt_block_kind *k, struct mt_blocks_comm *out)
 void mt_blocks_comm_counts(const struct mt_config *cfg, int l0, int l1, struct mt_blocks_comm *out)
 {
     memset(out, 0, sizeof *out);
-    for (int l = l0; l < l1; l++) kind_comm(&kinds[mt_blocks_layer_kind(cfg, l)], out);
+    for (int l = l0; l < l1; l++) kind_comm(cfg, &kinds[mt_blocks_layer_kind(cfg, l)], out);
     /* the MTP modules' blocks (mtp.c) run on the last stage, each a block of its kind */
     const int mk = cfg->mtp_depth > 0 ? mt_blocks_find(cfg->mtp_block[0]) : -1;
-    for (int d = 0; l1 == cfg->n_layer && mk >= 0 && d < cfg->mtp_depth; d++) kind_comm(&kinds[mk], out);
+    for (int d = 0; l1 == cfg->n_layer && mk >= 0 && d < cfg->mtp_depth; d++) kind_comm(cfg, &kinds[mk], out);
 }
 
 void mt_blocks_layer_work(const struct mt_config *cfg, const struct mt_block_shape *s, int l, int rc,

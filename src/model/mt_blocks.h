@@ -463,7 +463,11 @@ double mt_blocks_layer_flops(const struct mt_config *cfg, const struct mt_block_
  * TP regions of the first step (mixer) and of the later ones (ffn),
  * SP-region output gathers, routed layers; with l1 = n_layer (the last
  * stage) the MTP modules' blocks too. */
-struct mt_blocks_comm { int mixer_regions, ffn_regions, sp_gathers, routed; };
+struct mt_blocks_comm {
+    double mixer_regions, ffn_regions, sp_gathers;   /* a routed (wrapped) block's count as its rows share C/T:
+                                                      * its regions carry B C rows, not B T */
+    int    routed;
+};
 void mt_blocks_comm_counts(const struct mt_config *cfg, int l0, int l1, struct mt_blocks_comm *out);
 
 /* The planner's work per token of block l beyond its GEMMs: each step's
