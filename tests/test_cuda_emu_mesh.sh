@@ -5,8 +5,9 @@
 #   1. build (incrementally; a hash of the headers and flags is kept next to
 #      it) BUILD_DIR/cuda-emu-mesh/meshtrain: an MT_WITH_CUDA +
 #      MT_WITH_MPI + MT_WITH_NCCL meshtrain whose src/ops/cuda/*.cu are
-#      compiled as C++ against tests/cuda/emu (as test_cuda_build.sh's
-#      emulation stage) and whose NCCL is the emulated one
+#      compiled as C++ against tests/cuda/emu (the objects test_cuda_build.sh's
+#      emulation stage links too: tests/cuda/emu_objects.sh, which builds
+#      them once for both) and whose NCCL is the emulated one
 #      (tests/cuda/emu/nccl_emu.cc: NCCL on MPI, device buffers staged
 #      through the emulator's copies, so the device-memory guard holds);
 #      src/parallel/comm_nccl.c is compiled unchanged;
@@ -32,8 +33,9 @@
 #
 # Runtime: the emulator dominates (every sumsq, i.e. each gradient-norm term
 # and each Muon normalisation, is a fixed 1024 x 256-thread launch of
-# fibers): ~190 s of CPU for the 10 cases (4.2 min on 2 cores at load ~9),
-# plus the first build (~40 s there; later runs rebuild what changed).
+# fibers): ~70 s on 2 cores for the 11 cases, plus the first build (~15 s
+# for the C sources and nccl_emu.cc, ~10 s more where the shared .cu
+# objects are not built yet; later runs rebuild what changed).
 # Skips (exit 77, "SKIPPED (reason)"): no g++/gcc on x86-64, no mpicc/mpirun.
 set -u
 BUILD=${1:?usage: test_cuda_emu_mesh.sh BUILD_DIR}
@@ -62,6 +64,10 @@ CF="-std=c11 -O2 -march=x86-64-v3 -fopenmp $DEFS -I$SRC/tests/cuda/emu -I$SRC/sr
 
 # ---- 1. the emulated NCCL meshtrain (incremental: an object is rebuilt when
 #      its source is newer; every object when a header or a flag changed) ----
+# src/ops/cuda/*.cu and emu.cc: the shared objects (tests/cuda/emu_objects.sh)
+if ! CUOBJ=$(bash "$SRC/tests/cuda/emu_objects.sh" "$BUILD" 2>"$EM/compile_cu.log"); then
+    head -40 "$EM/compile_cu.log"; echo "FAIL: emulated build of src/ops/cuda"; exit 1
+fi
 HEADERS=$(ls "$SRC"/src/*/*.h "$SRC"/src/ops/*/*.h "$SRC"/src/ops/cuda/*.cuh "$SRC"/tools/*.h \
              "$SRC"/tests/cuda/emu/*.h 2>/dev/null)
 STAMP=$( (echo "$CXXF $CF $MPI_LF $WERROR"; cat $HEADERS) | sha1sum | cut -d' ' -f1)
@@ -73,26 +79,27 @@ compile() {  # one source -> one object, unless the object is newer
     [ -f "$2" ] && [ "$2" -nt "$1" ] && return 0
     rm -f "$2"
     case "$1" in
-        *.cu|*.cc) g++ $CXXF -x c++ -c "$1" -o "$2" ;;
+        *.cc)      g++ $CXXF -x c++ -c "$1" -o "$2" ;;
         # comm_nccl.c with warnings on: compiled here as nowhere else without nvcc
         */comm_nccl.c) gcc $CF -Wall -Wextra $( [ "$WERROR" = ON ] && echo -Werror ) -c "$1" -o "$2" ;;
         *.c)       gcc $CF -w -c "$1" -o "$2" ;;
     esac && echo "built $2"
 }
 export -f compile
-{ for f in "$SRC"/src/ops/cuda/*.cu "$SRC/tests/cuda/emu/emu.cc" "$SRC/tests/cuda/emu/nccl_emu.cc" \
-           "$SRC"/src/*/*.c "$SRC"/src/ops/cpu/*.c "$SRC"/tools/*.c; do
+{ for f in "$SRC/tests/cuda/emu/nccl_emu.cc" "$SRC"/src/*/*.c "$SRC"/src/ops/cpu/*.c "$SRC"/tools/*.c; do
       echo "$f $EM/obj/$(echo "${f#$SRC/}" | tr / _).o"
   done; } | xargs -P2 -n2 bash -c 'compile "$0" "$1"' >"$EM/compile.log" 2>&1
 if [ $? -ne 0 ]; then grep -v '^built ' "$EM/compile.log" | head -40; echo "FAIL: emulated NCCL build"; exit 1; fi
-# objects of sources that no longer exist would link stale code
+# objects of sources that no longer exist would link stale code (and the
+# .cu objects of before the shared build: they are in $CUOBJ now)
 for o in "$EM"/obj/*.o; do
     grep -q "^built $o\$" "$EM/compile.log" && continue
-    [ -n "$(ls "$SRC"/src/*/*.c "$SRC"/src/ops/*/*.c* "$SRC"/src/ops/cuda/*.cu "$SRC"/tools/*.c "$SRC"/tests/cuda/emu/*.cc |
+    [ -n "$(ls "$SRC"/src/*/*.c "$SRC"/src/ops/*/*.c "$SRC"/tools/*.c "$SRC"/tests/cuda/emu/nccl_emu.cc |
             sed "s|^$SRC/||; s|/|_|g; s|\$|.o|" | grep -Fx "$(basename "$o")")" ] || rm -f "$o"
 done
-if [ ! -x "$EM/meshtrain" ] || grep -q '^built ' "$EM/compile.log"; then
-    if ! g++ -fopenmp "$EM"/obj/*.o -lopenblas -lcjson -lxxhash -lm $MPI_LF -o "$EM/meshtrain" >>"$EM/compile.log" 2>&1; then
+# relinked when an object (its own or a shared one) is newer than it
+if [ ! -x "$EM/meshtrain" ] || [ -n "$(find "$EM/obj" "$CUOBJ" -name '*.o' -newer "$EM/meshtrain")" ]; then
+    if ! g++ -fopenmp "$EM"/obj/*.o "$CUOBJ"/*.o -lopenblas -lcjson -lxxhash -lm $MPI_LF -o "$EM/meshtrain" >>"$EM/compile.log" 2>&1; then
         tail -30 "$EM/compile.log"; echo "FAIL: emulated NCCL link"; exit 1
     fi
     echo "$STAMP" >"$EM/stamp"

@@ -5,7 +5,8 @@
  * HOW IT WORKS: a launch runs the grid's blocks one after another. For a
  * block, every thread is a fiber (own stack, x86-64 register switch); the
  * scheduler sweeps the runnable fibers round-robin, each running until it
- * blocks at a barrier or returns. __syncthreads waits for every live
+ * blocks at a barrier or returns (and then switching straight to the next
+ * runnable fiber of the sweep: the same order, half the switches). __syncthreads waits for every live
  * (not yet returned) thread of the block, a warp exchange for every live
  * lane of the warp (CUDA's linear-thread-id warps). Shuffle values go
  * through a per-warp double buffer indexed by the lane's exchange count, so
@@ -491,6 +492,11 @@ struct fiber {
 };
 
 #define STACK_BYTES (64 * 1024)
+/* fiber t's stack starts t * STACK_STRIDE into g_stacks: 7 cache lines more
+ * than its size, so the stack tops (where every switch saves and restores)
+ * fall in different cache sets; at a power-of-two stride they would all
+ * share one, and a switch would miss the cache every time */
+#define STACK_STRIDE (STACK_BYTES + 7 * 64)
 static void                        *g_sched_sp;
 static std::vector<fiber>           g_f;
 static std::vector<char>            g_stacks;
@@ -523,9 +529,24 @@ static std::vector<std::map<unsigned, int>>       g_wmma_stores;
 static int                          g_cur, g_live, g_block_arrived;
 static const std::function<void()> *g_body;
 
+/* The calling fiber blocks (or returns): on to the next RUNNABLE fiber of
+ * the scheduler's sweep, switched to directly (one switch, not two through
+ * the scheduler), or back to the scheduler when the sweep has none left.
+ * The order is the scheduler's own: it would check the fibers after g_cur
+ * in turn at this very moment. Whoever switches into a fiber sets g_cur
+ * and threadIdx first. */
 static void yield_to_sched(void)
 {
-    mt_emu_switch(&g_f[g_cur].sp, g_sched_sp);
+    fiber &cur = g_f[g_cur];
+    const size_t nt = g_f.size();
+    for (size_t t = (size_t)g_cur + 1; t < nt; t++)
+        if (g_f[t].state == RUNNABLE) {
+            g_cur = (int)t;
+            threadIdx = g_f[t].tid;
+            mt_emu_switch(&cur.sp, g_f[t].sp);
+            return;
+        }
+    mt_emu_switch(&cur.sp, g_sched_sp);
 }
 
 static void release_block_if_ready(void)
@@ -537,11 +558,14 @@ static void release_block_if_ready(void)
     }
 }
 
+/* the fibers of warp w: [w * 32, min(w * 32 + 32, block size)) */
+static size_t warp_end(int w) { return (size_t)w * 32 + 32 < g_f.size() ? (size_t)w * 32 + 32 : g_f.size(); }
+
 static void release_warp_if_ready(int w)
 {
     if (g_warp_arrived[w] > 0 && g_warp_arrived[w] == g_warp_live[w]) {
-        for (auto &f : g_f)
-            if (f.warp == w && f.state == WAIT_WARP) f.state = RUNNABLE;
+        for (size_t t = (size_t)w * 32, e = warp_end(w); t < e; t++)
+            if (g_f[t].state == WAIT_WARP) g_f[t].state = RUNNABLE;
         g_warp_arrived[w] = 0;
     }
 }
@@ -552,8 +576,10 @@ static void release_warp_if_ready(int w)
 static void check_sites(int warp, const char *what)
 {
     void *site = NULL;
-    for (auto &f : g_f) {
-        if (f.state == DONE || (warp >= 0 && f.warp != warp)) continue;
+    const size_t b = warp >= 0 ? (size_t)warp * 32 : 0, e = warp >= 0 ? warp_end(warp) : g_f.size();
+    for (size_t t = b; t < e; t++) {
+        const fiber &f = g_f[t];
+        if (f.state == DONE) continue;
         if (!site) site = f.site;
         if (f.site != site) {
             fprintf(stderr, "cuda emu: divergent %s in block (%u,%u,%u): threads wait at different call sites\n",
@@ -728,7 +754,7 @@ void mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std:
     dev_scope on;
     int nw = (int)((nt + 31) / 32);
     g_f.assign(nt, fiber());
-    if (g_stacks.size() < nt * STACK_BYTES) g_stacks.resize(nt * STACK_BYTES);
+    if (g_stacks.size() < nt * STACK_STRIDE) g_stacks.resize(nt * STACK_STRIDE);
     g_warp_live.assign(nw, 0);
     g_warp_arrived.assign(nw, 0);
     g_slots.assign((size_t)nw * 2 * 32 * 8, 0);
@@ -753,7 +779,7 @@ void mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std:
                     f.lane = (int)(t % 32);
                     f.nexch = 0;
                     f.nwload = f.nwstore = 0;
-                    f.sp = fiber_stack_init(&g_stacks[t * STACK_BYTES], STACK_BYTES);
+                    f.sp = fiber_stack_init(&g_stacks[t * STACK_STRIDE], STACK_BYTES);
                 }
                 for (int w = 0; w < nw; w++) {
                     g_warp_live[w] = (int)(nt - (size_t)w * 32 < 32 ? nt - (size_t)w * 32 : 32);
@@ -769,6 +795,7 @@ void mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std:
                         threadIdx = g_f[t].tid;
                         mt_emu_switch(&g_sched_sp, g_f[t].sp);
                         ran = 1;
+                        t = (size_t)g_cur;  /* the fibers it switched to directly (yield_to_sched) */
                     }
                     if (g_live == 0) break;
                     if (!ran) {
