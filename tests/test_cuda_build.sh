@@ -48,8 +48,11 @@
 #           (pattern=AM, Mamba-3 chunk 5: the chunked scan, prep and gate
 #           kernels) in fp32 to 1e-6 relative; `--backend cuda
 #           --zero 1|2|3` (dense) and `--zero 3` (MoE) on the one-GPU device
-#           mesh (self_dev comms) equal the cpu runs to 1e-5. Every run's exit
-#           status is checked (those run in the background too);
+#           mesh (self_dev comms) equal the cpu runs to 1e-5; null experts,
+#           MTP, and the extras together (a Mixture-of-Depths-routed MoE
+#           block with null experts and an MTP module: mod_route /
+#           mod_backward in a training loop) equal the cpu runs to 1e-5.
+#           Every run's exit status is checked (those run in the background too);
 #        c2. precision=bf16 (6 steps dense, then MoE with the routed experts
 #           on bf16 shadows, then the hybrid pattern=AM with the Mamba-3
 #           projections on bf16 shadows): emulated cuda bf16 follows the
@@ -311,6 +314,9 @@ else
     MOE="$TINY --set pattern=AE --set n_experts=4 --set top_k=2 --set expert_hidden=32 --set shared_expert_hidden=16"
     # null experts (SPEC 1e): 2 of them, top-3 (about a third of the slots null)
     NULLX="$MOE --set n_null_experts=2 --set top_k=3"
+    # the extras together (SPEC 1e): a Mixture-of-Depths-routed MoE block (pattern Ae, 4 of 16 tokens)
+    # with 2 null experts, and an MTP module
+    EXTX="$TINY --set pattern=Ae --set n_experts=4 --set top_k=2 --set expert_hidden=32 --set n_null_experts=2 --set mod_capacity=0.25 --set mtp_depth=1"
     # hybrid: an A and an M block (Mamba-3: 4 heads of 16, 2 groups, chunk 5
     # over 16 positions: the chunked scan with a partial last chunk, the
     # parallel rotary cumsum, the prep/gate kernels, forward and backward)
@@ -352,11 +358,14 @@ else
     # model): the cpu runs, then the two cuda runs side by side
     null_ok=1
     mtp_ok=1
+    ext_ok=1
     run null_cpu fp32 $NULLX --set backend=cpu || null_ok=0
     run mtp_cpu fp32 $TINY --set mtp_depth=2 --set backend=cpu || mtp_ok=0
+    run ext_cpu fp32 $EXTX --set backend=cpu || ext_ok=0
     run null_cuda fp32 $NULLX --set backend=cuda & pid_null=$!
     run mtp_cuda fp32 $TINY --set mtp_depth=2 --set backend=cuda || mtp_ok=0
     wait $pid_null || null_ok=0
+    run ext_cuda fp32 $EXTX --set backend=cuda || ext_ok=0
     # cmp_losses REF RUN TOL [MIN]: RUN's receipt says backend cuda, 3 steps, and
     # its losses, lm_losses, aux_losses and z_losses are each within TOL
     # relative of REF's; with MIN, the total losses also differ by more than
@@ -431,6 +440,19 @@ for k in ("mtp_1_losses", "mtp_2_losses"):
 PY
     then echo "PASS emulated train: 3 steps with 2 MTP modules, backend=cuda lm/mtp losses equal backend=cpu to 1e-5"
     else echo "FAIL: emulated train MTP cpu vs cuda"; fail=1; fi
+    if [ $ext_ok -eq 1 ] && cmp_losses ext_cpu ext_cuda 1e-5 && python3 - "$EMU/run_ext_cpu/receipt.json" \
+           "$EMU/run_ext_cuda/receipt.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+for k in ("mod_aux_losses", "mtp_1_losses"):
+    d = max(abs(x - y) / abs(x) for x, y in zip(a[k], b[k]))
+    print("   %s max rel %.2e" % (k, d))
+    assert len(a[k]) == len(b[k]) == 3 and d <= 1e-5, k
+ha, hb = (r["distributed"]["moe"]["tokens_per_expert_total"][0] for r in (a, b))
+assert ha["null_slots"] == hb["null_slots"] > 0 and b["mod"]["rows_per_sequence"] == 4, (ha, hb, b.get("mod"))
+PY
+    then echo "PASS emulated train: 3 steps of the extras together (MoD-routed MoE with null experts, an MTP module), backend=cuda losses (lm/aux/z/mod_aux/mtp_1) equal backend=cpu to 1e-5, the same null slots"
+    else echo "FAIL: emulated train extras (MoD + null experts + MTP) cpu vs cuda"; fail=1; fi
     if [ $run_ok -eq 1 ] && cmp_losses hyb_cpu hyb_cuda 1e-6; then
         echo "PASS emulated train: 3 steps hybrid (pattern=AM, Mamba-3 chunk 5 of seq 16: the chunked scan), backend=cuda losses equal backend=cpu to 1e-6"
     else echo "FAIL: emulated train hybrid cpu vs cuda"; fail=1; fi
