@@ -33,9 +33,9 @@
 #
 # Runtime: the emulator dominates (every sumsq, i.e. each gradient-norm term
 # and each Muon normalisation, is a fixed 1024 x 256-thread launch of
-# fibers): ~70 s on 2 cores for the 11 cases, plus the first build (~15 s
-# for the C sources and nccl_emu.cc, ~10 s more where the shared .cu
-# objects are not built yet; later runs rebuild what changed).
+# fibers): ~50 s on 2 cores for the 11 cases (~100 s of CPU), plus the
+# first build (~10 s for the C sources and nccl_emu.cc, ~10 s more where
+# the shared .cu objects are not built yet; later runs rebuild what changed).
 # Skips (exit 77, "SKIPPED (reason)"): no g++/gcc on x86-64, no mpicc/mpirun.
 set -u
 BUILD=${1:?usage: test_cuda_emu_mesh.sh BUILD_DIR}
