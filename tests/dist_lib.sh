@@ -83,6 +83,21 @@ assert m and want > 0 and int(m.group(1)) == want
 PY
 }
 
+# mesh_row NAME CFG SAME NP MESH ZERO [EXTRA...] : CFG trained 20 steps on the mesh equals
+# $W/NAME_ref (close at 1e-6, then SAME REF RUN: the suite's own series check), and its replica
+# check says ok with the derived pair count — except where the mesh keeps one copy of every
+# parameter (ZeRO-3 with SP; pp=2 alone). The suites of the extras share it (test_mtp, test_mod).
+mesh_row() {
+    local name=$1 cfg=$2 same=$3 np=$4 mesh=$5 zero=$6; shift 6
+    local extra="$*" o="$W/${name}_${mesh//[=,]/_}_z$zero"
+    o="$o${extra//[^a-z0-9]/_}"
+    if run "$np" "$o" $cfg --steps 20 --mesh "$mesh" --zero "$zero" $extra && close "$W/${name}_ref" "$o" 1e-6 &&
+       $same "$W/${name}_ref" "$o" &&
+       { { [ "$zero" = 3 ] && [[ "$extra" != *sequence_parallel=false* ]]; } || [ "$mesh" = pp=2 ] || hash_ok "$o"; }; then
+        ok "$name --mesh $mesh zero=$zero $extra equals the single-rank losses"
+    else bad "$name --mesh $mesh zero=$zero $extra"; tail -5 "$o.log"; fi
+}
+
 # hash_fault NP MESH ZERO ARGS... : rank 1 moves one element of a replicated
 # gain by one ulp after the last of 3 steps (MT_FAULT=1:2:replica): the run
 # exits 1 naming that tensor and rank 1 against the slice's first holder, with

@@ -80,11 +80,7 @@ for name in DENSE MOE; do
     [ $name = MOE ] && { run 1 "$W/MOE_ref" $cfg --steps 20 || { bad "MOE reference"; continue; }; }
     while read -r np mesh zero extra; do
         [ -z "$np" ] && continue
-        o="$W/${name}_${mesh//[=,]/_}_z$zero${extra//[^a-z0-9]/_}"
-        if run "$np" "$o" $cfg --steps 20 --mesh "$mesh" --zero "$zero" $extra && close "$W/${name}_ref" "$o" 1e-6 &&
-           mod_same "$W/${name}_ref" "$o" && { { [ "$zero" = 3 ] && [[ "$extra" != *sequence_parallel=false* ]]; } || [ "$mesh" = pp=2 ] || hash_ok "$o"; }; then
-            ok "$name --mesh $mesh zero=$zero $extra equals the single-rank losses"
-        else bad "$name --mesh $mesh zero=$zero $extra"; tail -5 "$o.log"; fi
+        mesh_row "$name" "$cfg" mod_same "$np" "$mesh" "$zero" $extra
     done <<<"$([ $name = DENSE ] && printf '%s\n' "2 dp=2 0" "2 dp=2 1" "2 dp=2 3" "2 tp=2 0 $NOSP" "2 tp=2 0" \
         "4 dp=2,tp=2 3 $NOSP" "4 dp=2,tp=2 3" "4 dp=2,tp=2 1 $NOSP" "2 pp=2 0 --set microbatches=2" \
         "4 pp=2,dp=2 3 --set microbatches=2" "4 pp=2,tp=2 1 --set microbatches=2 $NOSP" "4 pp=2,tp=2 1 --set microbatches=2" \

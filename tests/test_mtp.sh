@@ -70,11 +70,7 @@ for name in DENSE MOE; do
     [ $name = MOE ] && { run 1 "$W/MOE_ref" $cfg --steps 20 || { bad "MOE reference"; continue; }; }
     while read -r np mesh zero extra; do
         [ -z "$np" ] && continue
-        o="$W/${name}_${mesh//[=,]/_}_z$zero${extra:+_x}"
-        if run "$np" "$o" $cfg --steps 20 --mesh "$mesh" --zero "$zero" $extra && close "$W/${name}_ref" "$o" 1e-6 &&
-           mtp_same "$W/${name}_ref" "$o" && { { [ "$zero" = 3 ] && [[ "$extra" != *sequence_parallel=false* ]]; } || [ "$mesh" = pp=2 ] || hash_ok "$o"; }; then
-            ok "$name mtp_depth=2 --mesh $mesh zero=$zero $extra equals the single-rank losses"
-        else bad "$name mtp_depth=2 --mesh $mesh zero=$zero $extra"; tail -5 "$o.log"; fi
+        mesh_row "$name" "$cfg" mtp_same "$np" "$mesh" "$zero" $extra
     done <<<"$([ $name = DENSE ] && printf '%s\n' "2 dp=2 0" "2 dp=2 1" "2 dp=2 3" "2 tp=2 0" \
         "2 tp=2 0 --set sequence_parallel=false" "4 dp=2,tp=2 3 --set sequence_parallel=false" "4 dp=2,tp=2 3" \
         "2 pp=2 0 --set microbatches=2" "4 pp=2,dp=2 3 --set microbatches=2" "4 pp=2,tp=2 1 --set microbatches=2" \
