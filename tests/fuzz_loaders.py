@@ -17,7 +17,7 @@ timeout and is classified:
   hang    the timeout expired
 Prints one line per target and the first failing cases, and exits 1 if any
 case crashed, hung or got a wrong exit code. Fixed seed: the same cases
-every run. CI runs a short budget (tests/test_fuzz_loaders.sh: 25 cases per
+every run. CI runs a short budget (tests/test_fuzz_loaders.sh: 40 cases per
 target); a long run on demand: `--cases 2000`.
 """
 import json, os, random, shutil, struct, subprocess, sys, tempfile
