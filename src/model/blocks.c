@@ -218,10 +218,18 @@ const char *mt_blocks_lora_rule(const struct mt_config *cfg, unsigned mask)
     return w.bad;
 }
 
+/* Rows of every T a kind's steps see: a wrapper's (struct mt_block_wrap.rows;
+ * MoD: C of T) or T. The FLOPs, work and communication counts of a wrapped
+ * kind are its steps' at sequence length rows, times rows / T per token. */
+static int kind_rows(const struct mt_config *cfg, const struct mt_block_kind *k, int T)
+{
+    return k->wrap->rows ? k->wrap->rows(cfg, T) : T;
+}
+
 static void kind_comm(const struct mt_config *cfg, const struct mt_block_kind *k, struct mt_blocks_comm *out)
 {
     /* a wrapped kind's steps move rows / T of the block's rows (MoD: B C of B T) */
-    const double share = k->wrap->rows ? (double)k->wrap->rows(cfg, cfg->seq_len) / (double)cfg->seq_len : 1.0;
+    const double share = (double)kind_rows(cfg, k, cfg->seq_len) / (double)cfg->seq_len;
     for (int i = 0; i < k->n_steps; i++) {
         *(i == 0 ? &out->mixer_regions : &out->ffn_regions) += share * k->steps[i].piece->tp_regions;
         out->sp_gathers += share * k->steps[i].piece->sp_gathers;
@@ -242,14 +250,14 @@ void mt_blocks_layer_work(const struct mt_config *cfg, const struct mt_block_sha
                           struct mt_work *w)
 {
     const struct mt_block_kind *k = &kinds[mt_blocks_layer_kind(cfg, l)];
-    if (!k->wrap->rows) {
+    struct mt_block_shape in = *s;
+    in.T = kind_rows(cfg, k, (int)s->T);
+    if (in.T == s->T) {   /* every row: the pieces add into w directly (the plan's bits unchanged) */
         for (int i = 0; i < k->n_steps; i++)
             if (k->steps[i].piece->work_per_token) k->steps[i].piece->work_per_token(s, rc, w);
         return;
     }
     /* a wrapped kind: its steps' work at sequence length rows, times rows / T per token */
-    struct mt_block_shape in = *s;
-    in.T = k->wrap->rows(cfg, (int)s->T);
     struct mt_work wi;
     memset(&wi, 0, sizeof wi);
     for (int i = 0; i < k->n_steps; i++)
@@ -279,15 +287,13 @@ static double kind_sum(const struct mt_block_shape *s, int kind, enum step_count
     return sum;
 }
 
-/* A wrapped kind's steps run rows of every T (struct mt_block_wrap.rows):
- * their sums at sequence length rows, times rows / T per token. */
+/* Layer l's per-token sum: its kind's at sequence length kind_rows, times
+ * rows / T (1 and exact for an unwrapped kind). */
 static double layer_sum(const struct mt_config *cfg, const struct mt_block_shape *s, int l, enum step_count what)
 {
     const int kind = mt_blocks_layer_kind(cfg, l);
-    const struct mt_block_wrap *w = kinds[kind].wrap;
-    if (!w->rows) return kind_sum(s, kind, what);
     struct mt_block_shape in = *s;
-    in.T = w->rows(cfg, (int)s->T);
+    in.T = kind_rows(cfg, &kinds[kind], (int)s->T);
     return (double)in.T / (double)s->T * kind_sum(&in, kind, what);
 }
 

@@ -33,7 +33,10 @@
  * without SP every model rank holds every row with the same bits, so the
  * selection is the same everywhere and the inner pieces run their TP
  * collectives on the selected rows. With SP a sequence's r spans ranks:
- * refused (mod_check). The router is replicated (layout class residual).
+ * every rank gathers all B T scores and selects the same rows, the steps run
+ * sequence-parallel on its share of the B C selected ones (mod_enter,
+ * mod_leave and their conjugates). The router is replicated (layout class
+ * residual: under SP its gradient is a partial sum over the model group).
  */
 #include <math.h>
 

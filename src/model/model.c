@@ -1394,10 +1394,16 @@ static void wrap_loss_register(struct mt_model *m)
  * the backend by their enter) to their parts, in layer order: one copy. */
 static void wrap_loss_sums(struct mt_model *m, double *sum)
 {
-    if (!m->wrap_loss) return;
+    int l0 = -1, l1 = -1;   /* the stage's wrapped layers (none: no copy, no host wait) */
+    for (int l = m->l0; m->wrap_loss && l < m->l1; l++)
+        if (m->wrap_part[m->layers[l].kind] >= 0) {
+            if (l0 < 0) l0 = l;
+            l1 = l + 1;
+        }
+    if (l0 < 0) return;
     const struct mt_ops_i *ops = m->ops;
-    ops->copy_to_host(ops->be, m->wrap_loss_h + m->l0, m->wrap_loss + m->l0, (size_t)(m->l1 - m->l0) * sizeof(double));
-    for (int l = m->l0; l < m->l1; l++) {
+    ops->copy_to_host(ops->be, m->wrap_loss_h + l0, m->wrap_loss + l0, (size_t)(l1 - l0) * sizeof(double));
+    for (int l = l0; l < l1; l++) {
         const int p = m->wrap_part[m->layers[l].kind];
         if (p >= 0) sum[p] += m->wrap_loss_h[l];
     }
