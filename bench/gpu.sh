@@ -10,7 +10,7 @@
 #                                 # (ignored; ~50 MB, under the device tool's 64 MiB)
 #   bash bench/gpu.sh quick       # ON THE DEVICE, one `run` call with carry ["gpu_carry"],
 #                                 # timeout_s 600: env ops equiv speed llmc torch (+ summary),
-#                                 # GPU_SH_BUDGET 540 s: fits one 10-minute call with the start
+#                                 # GPU_SH_BUDGET 565 s: fits one 10-minute call (the start is not counted)
 #   bash bench/gpu.sh rest        # a second call: san calib hf (+ summary), budget 300 s
 #   bash bench/gpu.sh [STAGE...]  # any stages (default: every stage, in order, budget 570 s)
 #
@@ -67,7 +67,7 @@
 # $OUT/gpu-<set>.tgz, plus $OUT/summary.md (the device tool brings back at most
 # 8 files, two folders deep); unpack it into bench/results/<date>-<card>/.
 # Elsewhere: $GPU_SH_RESULTS, else bench/results/<date>-gpu-<set>.
-# Budget: GPU_SH_BUDGET seconds (default: quick 540, rest 300, else 570) for
+# Budget: GPU_SH_BUDGET seconds (default: quick 565, rest 300, else 570) for
 # everything; each stage gets min(its box, what is left).
 # CPU check of the script itself: GPU_SH_EMU=path/to/emulated/meshtrain runs
 # the equiv and hf stages' cuda runs under the CPU emulator (tests/test_cuda_build.sh
@@ -133,7 +133,7 @@ T_START=$(date +%s)
 # issue's speed table and correctness); rest = a second call
 SET=custom BUDGET0=570
 case "${1:-}" in
-    quick) SET=quick BUDGET0=540; set -- env ops equiv speed llmc torch ;;
+    quick) SET=quick BUDGET0=565; set -- env ops equiv speed llmc torch ;;
     rest)  SET=rest BUDGET0=300; set -- san hf calib ;;
     "")    SET=all ;;
 esac
@@ -342,7 +342,7 @@ stage_equiv() {
     for z in 1 2 3; do MT_CUDA_PRECISION=fp32 train_tiny dense_cuda_z$z "$CB" $TINY --backend cuda --zero $z || bad=1; done
     MT_CUDA_PRECISION=fp32 train_tiny moe_cuda_z3 "$CB" $TINY $MOE --backend cuda --zero 3 || bad=1
     python3 - "$RES/receipts" "$cfgs" "$EQ_STEPS" 2>&1 > "$RES/equiv.json" <<'PY' || bad=1
-import json, os, sys
+import json, math, os, sys
 d, cfgs, n_steps = sys.argv[1], sys.argv[2].split(), int(sys.argv[3])
 def L(n):
     p = os.path.join(d, "eq_%s.json" % n)
@@ -352,21 +352,45 @@ def L(n):
 checks = [(c + "_cpu", c + "_cuda", 1e-4) for c in cfgs] + [(c + "_cpu", c + "_cuda_bf16", 1e-2) for c in cfgs]
 checks += [(c + "_cpu_bf16s", c + "_cuda_bf16s", 1e-2) for c in cfgs]
 checks += [("dense_cpu", "dense_cuda_z%d" % z, 1e-4) for z in (1, 2, 3)] + [("moe_cpu", "moe_cuda_z3", 1e-4)]
+# The routing statistics (aux: the load-balance fractions, z: the router's logsumexp over
+# the routed tokens) of a bf16 row are counts over few top-k assignments: one assignment
+# that flips between bf16 and fp32 rounding moves them by ~1/assignments (the extras row
+# routes 8 tokens per microbatch through MoD at capacity 0.25: 16 top-2 assignments;
+# H100 2026-11-27: aux 4.1e-2 while its total loss agreed to 2.2e-3). So a bf16 row
+# (tol >= 1e-2) judges aux and z against max(tol, 2 / assignments): two flips, still far
+# below a wrong factor. fp32 rows keep one bar for every series.
+def assignments(r):   # top-k assignments per microbatch of the least-routed MoE layer (E: every row, e: MoD's C)
+    c = r.get("config") or {}
+    pat = c.get("pattern") or ""
+    if "E" not in pat and "e" not in pat:
+        return None
+    T, seqs = int(c.get("seq_len", 0)), int(c.get("batch_size", 0)) // max(1, int(c.get("microbatches", 1)))
+    rows = T if "e" not in pat else max(1, math.ceil(float(c.get("mod_capacity", 1.0)) * T - 1e-6))   # C = ceil(c T), as mod.c
+    return max(1, seqs * rows * int(c.get("top_k", 1)))
 out, ok = [], True
 for ref, run, tol in checks:
     a, b = L(ref), L(run)
     if a is None or b is None:
         out.append({"run": run, "ok": False, "why": "missing receipt"}); ok = False; continue
-    worst = 0.0
+    n_as = assignments(a)
+    tol_route = max(tol, 2.0 / n_as) if tol >= 1e-2 and n_as else tol
+    worst, rel, good = 0.0, {}, True
     for key in ("losses", "lm_losses", "aux_losses", "z_losses"):
+        w = 0.0
         for x, y in zip(a[key], b[key]):
-            worst = max(worst, abs(x - y) / abs(x) if x != 0 else (0.0 if y == 0 else float("inf")))
-    good = len(a["losses"]) == len(b["losses"]) == n_steps and worst <= tol
-    out.append({"run": run, "ref": ref, "max_rel": worst, "tol": tol, "ok": good,
+            w = max(w, abs(x - y) / abs(x) if x != 0 else (0.0 if y == 0 else float("inf")))
+        rel[key] = w
+        worst = max(worst, w)
+        good = good and w <= (tol_route if key in ("aux_losses", "z_losses") else tol)
+    good = good and len(a["losses"]) == len(b["losses"]) == n_steps
+    out.append({"run": run, "ref": ref, "max_rel": worst, "max_rel_by_series": rel, "tol": tol,
+                "tol_routing": tol_route, "routed_assignments": n_as, "ok": good,
                 "emulated": bool((b.get("gpu") or {}).get("emulated")),
                 "fallback_reason": b["backend"].get("fallback_reason")})
-    print("RESULT %s vs %s: max rel %.2e (tol %g) %s" % (run, ref, worst, tol, "ok" if good else "FAIL"),
-          file=sys.stderr)
+    print("RESULT %s vs %s: max rel %.2e (tol %g%s) %s" % (
+        run, ref, worst, tol, "" if tol_route == tol else "; loss %.1e, aux/z %.1e of %.3g (%d routed assignments)" % (
+            max(rel["losses"], rel["lm_losses"]), max(rel["aux_losses"], rel["z_losses"]), tol_route, n_as),
+        "ok" if good else "FAIL"), file=sys.stderr)
     ok = ok and good
 print(json.dumps(out, indent=1))
 sys.exit(0 if ok else 1)
@@ -806,7 +830,9 @@ stage equiv 60 emu
 stage calib 120 1
 stage speed 300 1
 stage llmc 60 1
-stage torch 360 1
+# torch: 4 eager runs (~25 s each) and 4 compiled ones (~80 s each, the hybrid's ~100 s):
+# the H100 run of 2026-11-27 lost the compiled hybrid at 360 s
+stage torch 450 1
 stage hf 90 emu
 [ -n "$LLMC_BUILD_PID" ] && kill "$LLMC_BUILD_PID" 2>/dev/null
 STAGES="$STAGES summary" stage summary 30 0

@@ -14,7 +14,8 @@
 # gpu-<set>.tgz plus summary.md, nothing else in $OUT, the temporary folder
 # removed; each run's line is followed by the planner's prediction of it
 # (bench/profiles/h200-measured.json, from the card's name). Also: `bash -n`,
-# and `quick` / `rest` name their stage sets.
+# `quick` / `rest` name their stage sets, and the equiv stage's judge passes the
+# H100 run's receipts and fails three planted divergences.
 set -u
 BUILD=${1:?usage: test_gpu_sh.sh BUILD_DIR}
 . "$(dirname "$0")/cli_lib.sh"
@@ -107,6 +108,32 @@ q=$(grep -oE '^(PASS|SKIPPED|FAIL[^ ]*|TIMEOUT) \(?[a-z]+' "$W/q/stages.txt" | a
 r=$(grep -oE '^(PASS|SKIPPED|FAIL[^ ]*|TIMEOUT) \(?[a-z]+' "$W/r/stages.txt" | awk '{print $NF}' | tr -d '(' | tr '\n' ' ')
 [ "$q" = "env ops equiv speed llmc torch summary " ] && [ "$r" = "san calib hf summary " ] &&
     ok "quick = env ops equiv speed llmc torch; rest = san calib hf (calib before speed and hf)" || bad "stage sets: quick '$q', rest '$r'"
+
+# the equiv stage's judge on the H100 run's receipts (bench/results/2026-11-27-h100): its two
+# extras bf16 rows pass on the routing bar (aux 4.1e-2 of 2/16), and a doubled aux, a loss
+# off by 2% and a z loss off by 5% in a 64-assignment MoE row each fail it
+mkdir -p "$W/eq"
+tar xzf "$ROOT/bench/results/2026-11-27-h100/gpu-quick.tgz" -C "$W/eq" || fatal "unpack the H100 quick archive"
+awk '/2>&1 > "\$RES\/equiv.json" <<.PY./{f=1;next} /^PY$/{if(f){exit}} f' "$ROOT/bench/gpu.sh" > "$W/judge.py"
+RX="$W/eq/2026-11-27-gpu-quick/receipts"
+if python3 "$W/judge.py" "$RX" "dense moe hybrid extras" 20 > "$W/eq.json" 2> "$W/eq.log" &&
+   grep -q '^RESULT extras_cuda_bf16 vs extras_cpu: .*aux/z 4.1e-02 of 0.125 (16 routed assignments)) ok' "$W/eq.log"; then
+    ok "equiv judge: the H100 receipts pass, extras bf16 on the routing bar"
+else bad "equiv judge on the H100 receipts: $(grep -v ' ok$' "$W/eq.log" | head -3)"; fi
+python3 - "$RX" <<'PY'
+import json, sys
+def edit(n, key, f):
+    p = "%s/eq_%s.json" % (sys.argv[1], n); r = json.load(open(p)); r[key] = f(r[key]); json.dump(r, open(p, "w"))
+edit("extras_cuda_bf16", "aux_losses", lambda v: [2 * x for x in v])
+edit("moe_cuda_bf16s", "losses", lambda v: v[:5] + [v[5] * 1.02] + v[6:])
+edit("moe_cuda_bf16", "z_losses", lambda v: v[:5] + [v[5] * 1.05] + v[6:])
+PY
+python3 "$W/judge.py" "$RX" "dense moe hybrid extras" 20 > "$W/eq.json" 2> "$W/eq.log"; rc=$?
+[ $rc -ne 0 ] && [ "$(grep -c ' FAIL$' "$W/eq.log")" = 3 ] &&
+    grep -q '^RESULT extras_cuda_bf16 .* FAIL$' "$W/eq.log" && grep -q '^RESULT moe_cuda_bf16s .* FAIL$' "$W/eq.log" &&
+    grep -q '^RESULT moe_cuda_bf16 .* FAIL$' "$W/eq.log" &&
+    ok "equiv judge: doubled aux, loss +2%, z +5% (64 assignments) each fail" ||
+    bad "equiv judge plants: rc $rc, $(grep -c ' FAIL$' "$W/eq.log") FAIL rows: $(grep ' FAIL$' "$W/eq.log" | cut -c1-60)"
 
 [ $fails -eq 0 ] || sed -n '1,60p' "$W/run.log"
 finish
