@@ -525,15 +525,17 @@ sys.exit(not (g['gemm_bf16_direct'] > 0 and g['gemm_bf16_fallbacks'] == 0 and g[
     else echo "FAIL: emulated train precision=bf16 head_chunk_rows=24"; fail=1; fi
     # c2 MoE: the same with pattern=AE, whose routed experts run on their bf16
     #     shadows (one gemm_bf16 per expert group, docs/cuda.md "MoE on the
-    #     device"): no fallback_reason, no grouped fp32 GEMM call at all
+    #     device"): no fallback_reason, no grouped fp32 GEMM call at all, and
+    #     every operand already bf16 (gemm_bf16_cast_elems 0: moe_experts.c
+    #     rounds x, the SwiGLU output, dy, dg, du once per chunk of groups)
     if ran bf16ref_moe_cpu bf16_moe_cpu bf16_moe_cuda &&
        python3 "$SRC/tests/bf16_curve.py" "$EMU/run_bf16ref_moe_cpu/receipt.json" "$EMU/run_bf16_moe_cuda/receipt.json" \
            --other "$EMU/run_bf16_moe_cpu/receipt.json" &&
        python3 -c "import json,sys; r=json.load(open(sys.argv[1])); g=r['gpu']; f=r['backend']['fallback_reason']; \
 print('   gpu:', {k: g[k] for k in g if k.startswith('gemm_bf16') or k.startswith('gemm_grouped')}, 'fallback_reason:', repr(f)); \
-sys.exit(not (g['gemm_bf16_direct'] > 0 and g['gemm_bf16_fallbacks'] == 0 and g['gemm_grouped_calls'] == 0 and not f))" \
+sys.exit(not (g['gemm_bf16_direct'] > 0 and g['gemm_bf16_fallbacks'] == 0 and g['gemm_grouped_calls'] == 0 and g['gemm_bf16_cast_elems'] == 0 and not f))" \
            "$EMU/run_bf16_moe_cuda/receipt.json"; then
-        echo "PASS emulated train precision=bf16, MoE: routed experts on bf16 shadows, cuda follows the fp32 curve, starts equal to cpu bf16"
+        echo "PASS emulated train precision=bf16, MoE: routed experts on bf16 shadows with operands rounded once (0 cast elements in the GEMMs), cuda follows the fp32 curve, starts equal to cpu bf16"
     else echo "FAIL: emulated train precision=bf16 MoE"; fail=1; fi
     # c2 hybrid: pattern=AM, the M block's in/out projections on their bf16
     #     shadows (gemm_bf16 per Win block, Wout) and the input norm's twin;

@@ -50,10 +50,11 @@ static void swiglu_act(const struct mt_ops_i *ops, float *act, mt_bf16 *act_b, c
     else ops->swiglu_forward(ops->be, act, g, u, n);
 }
 
-/* hb: h's bf16 twin, act_b: the scratch for act's (precision=bf16, dense MLP; else NULL) */
-static void mlp_fwd_b(const struct mt_ops_i *ops, float *t, float *out, int accumulate, float *g, float *u, float *act,
-                      mt_bf16 *act_b, const float *h, const mt_bf16 *hb, const struct mt_param *wg,
-                      const struct mt_param *wu, const struct mt_param *wd, int n, int D, int F)
+/* hb: h's bf16 twin, act_b: the scratch for act's (precision=bf16: the dense MLP, the
+ * MoE's shared expert; else NULL) */
+void mlp_forward_b(const struct mt_ops_i *ops, float *t, float *out, int accumulate, float *g, float *u, float *act,
+                   mt_bf16 *act_b, const float *h, const mt_bf16 *hb, const struct mt_param *wg,
+                   const struct mt_param *wu, const struct mt_param *wd, int n, int D, int F)
 {
     if (n <= 0) return;
     proj_fwd_b(ops, t, g, h, hb, wg, n, D, F, 0.0f);
@@ -62,10 +63,10 @@ static void mlp_fwd_b(const struct mt_ops_i *ops, float *t, float *out, int accu
     proj_fwd_b(ops, t, out, act, act_b, wd, n, F, D, accumulate ? 1.0f : 0.0f);
 }
 
-static void mlp_bwd_b(const struct mt_ops_i *ops, float *t, float *dt, float *dh, int accumulate, float *act,
-                      mt_bf16 *act_b, float *dact, float *dg, float *du, const float *dout, const float *h,
-                      const mt_bf16 *hb, const float *g, const float *u, struct mt_param *wg, struct mt_param *wu,
-                      struct mt_param *wd, int n, int D, int F, const struct mt_dyb *dyb, int64_t *redo)
+void mlp_backward_b(const struct mt_ops_i *ops, float *t, float *dt, float *dh, int accumulate, float *act,
+                    mt_bf16 *act_b, float *dact, float *dg, float *du, const float *dout, const float *h,
+                    const mt_bf16 *hb, const float *g, const float *u, struct mt_param *wg, struct mt_param *wu,
+                    struct mt_param *wd, int n, int D, int F, const struct mt_dyb *dyb, int64_t *redo)
 {
     if (n <= 0) return;
     swiglu_act(ops, act, act_b, g, u, (size_t)n * F);
@@ -81,14 +82,15 @@ void mlp_forward(const struct mt_ops_i *ops, float *t, float *out, int accumulat
                  const float *h, const struct mt_param *wg, const struct mt_param *wu, const struct mt_param *wd,
                  int n, int D, int F)
 {
-    mlp_fwd_b(ops, t, out, accumulate, g, u, act, NULL, h, NULL, wg, wu, wd, n, D, F);
+    mlp_forward_b(ops, t, out, accumulate, g, u, act, NULL, h, NULL, wg, wu, wd, n, D, F);
 }
 
 void mlp_backward(const struct mt_ops_i *ops, float *t, float *dt, float *dh, int accumulate, float *act, float *dact,
                   float *dg, float *du, const float *dout, const float *h, const float *g, const float *u,
                   struct mt_param *wg, struct mt_param *wu, struct mt_param *wd, int n, int D, int F)
 {
-    mlp_bwd_b(ops, t, dt, dh, accumulate, act, NULL, dact, dg, du, dout, h, NULL, g, u, wg, wu, wd, n, D, F, NULL, NULL);
+    mlp_backward_b(ops, t, dt, dh, accumulate, act, NULL, dact, dg, du, dout, h, NULL, g, u, wg, wu, wd, n, D, F, NULL,
+                   NULL);
 }
 
 void mlp_backward_redo(const struct mt_ops_i *ops, float *t, float *dt, float *dh, int accumulate, float *act,
@@ -96,7 +98,8 @@ void mlp_backward_redo(const struct mt_ops_i *ops, float *t, float *dt, float *d
                        const float *u, struct mt_param *wg, struct mt_param *wu, struct mt_param *wd, int n, int D,
                        int F, int64_t *redo)
 {
-    mlp_bwd_b(ops, t, dt, dh, accumulate, act, NULL, dact, dg, du, dout, h, NULL, g, u, wg, wu, wd, n, D, F, NULL, redo);
+    mlp_backward_b(ops, t, dt, dh, accumulate, act, NULL, dact, dg, du, dout, h, NULL, g, u, wg, wu, wd, n, D, F, NULL,
+                   redo);
 }
 
 /* ------------------------------------------------------------------ */
@@ -181,13 +184,13 @@ static enum mt_status mlp_piece_forward(struct mt_ctx *ctx, const struct mt_piec
     float *x_out = a->x_out;
     ffn_norm_fwd(pc, x_out, n);
     if (pc->tp.tp == 1) {
-        mlp_fwd_b(pc->ops, pc->s_lora, x_out, 1, st->mg, st->mu, pc->s_act, mown(pc)->act_b, pc->nm->h, pc->nm->hb,
+        mlp_forward_b(pc->ops, pc->s_lora, x_out, 1, st->mg, st->mu, pc->s_act, mown(pc)->act_b, pc->nm->h, pc->nm->hb,
                   mw(pc)->wg, mw(pc)->wu, mw(pc)->wd, n, D, mown(pc)->F);
         return MT_OK;
     }
     /* TP region: this rank's F/tp hidden units over all N rows */
     if (pc->tp.sp) MT_CHECK(tpa_gather_rows(ctx, &pc->tp, pc->nm->h, pc->nm->h_n, n / pc->tp.tp, D));
-    mlp_fwd_b(pc->ops, pc->s_lora, pc->s_red, 0, st->mg, st->mu, pc->s_act, mown(pc)->act_b, pc->nm->h, pc->nm->hb,
+    mlp_forward_b(pc->ops, pc->s_lora, pc->s_red, 0, st->mg, st->mu, pc->s_act, mown(pc)->act_b, pc->nm->h, pc->nm->hb,
               mw(pc)->wg, mw(pc)->wu, mw(pc)->wd, n, D, mown(pc)->F);
     return tpa_exit_add(ctx, &pc->tp, x_out, pc->s_red, pc->s_full);
 }
@@ -204,7 +207,7 @@ static enum mt_status mlp_piece_backward(struct mt_ctx *ctx, const struct mt_pie
         MT_CHECK(tpa_gather_rows(ctx, &pc->tp, pc->s_full, pc->dx, pc->Nr, D));
         dy = pc->s_full;
     }
-    mlp_bwd_b(pc->ops, pc->s_lora, pc->s_dlora, pc->dh, 0, pc->s_act, mown(pc)->act_b, pc->s_dact, pc->s_dg, pc->s_du, dy,
+    mlp_backward_b(pc->ops, pc->s_lora, pc->s_dlora, pc->dh, 0, pc->s_act, mown(pc)->act_b, pc->s_dact, pc->s_dg, pc->s_du, dy,
               pc->nm->h, pc->nm->hb, st->mg, st->mu, w->wg, w->wu, w->wd, N, D, mown(pc)->F, pc->dyb, pc->redo);
     /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
     const float *dhr = pc->dh;   /* d h_mlp_n (Nr, D) */

@@ -417,6 +417,16 @@ void mlp_forward(const struct mt_ops_i *ops, float *t, float *out, int accumulat
 void mlp_backward(const struct mt_ops_i *ops, float *t, float *dt, float *dh, int accumulate, float *act, float *dact,
                   float *dg, float *du, const float *dout, const float *h, const float *g, const float *u,
                   struct mt_param *wg, struct mt_param *wu, struct mt_param *wd, int n, int D, int F);
+/* the same with the bf16 operands of precision=bf16 (each NULL: that operand fp32, rounded
+ * in the call): hb = bf16(h), act_b scratch (n, F) for bf16(act), dyb the dy scratch;
+ * redo: the ReDo scores of its F units (int64 (F), +=; NULL: none) */
+void mlp_forward_b(const struct mt_ops_i *ops, float *t, float *out, int accumulate, float *g, float *u, float *act,
+                   mt_bf16 *act_b, const float *h, const mt_bf16 *hb, const struct mt_param *wg,
+                   const struct mt_param *wu, const struct mt_param *wd, int n, int D, int F);
+void mlp_backward_b(const struct mt_ops_i *ops, float *t, float *dt, float *dh, int accumulate, float *act,
+                    mt_bf16 *act_b, float *dact, float *dg, float *du, const float *dout, const float *h,
+                    const mt_bf16 *hb, const float *g, const float *u, struct mt_param *wg, struct mt_param *wu,
+                    struct mt_param *wd, int n, int D, int F, const struct mt_dyb *dyb, int64_t *redo);
 /* the same, adding the ReDo scores of its F units to redo (int64 (F), +=; NULL: none) */
 void mlp_backward_redo(const struct mt_ops_i *ops, float *t, float *dt, float *dh, int accumulate, float *act,
                        float *dact, float *dg, float *du, const float *dout, const float *h, const float *g,

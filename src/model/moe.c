@@ -136,6 +136,13 @@ static void force_routing(const struct mt_piece_ctx *pc, int n)
     ops->copy_from_host(ops->be, st->gates, hg, (size_t)n * k * sizeof(float));
 }
 
+/* the shared expert's bf16 operand: the norm's twin at the block's Nm rows (NULL: none) */
+static const mt_bf16 *shared_hb(const struct mt_piece_ctx *pc)
+{
+    if (!pc->nm->hb) return NULL;
+    return pc->tp.tp > 1 && !pc->tp.sp ? pc->nm->hb + (size_t)moe_row0(pc) * (size_t)pc->D : pc->nm->hb;
+}
+
 /* out (n, D) += moe(h) for the n rows pc->nm->h (global rows row0.. of the
  * microbatch under TP, sequences of T rows). When want_loss, the layer's
  * slot of moe_scr(pc)->loss (device) gets the aux sum sum_s aux_coef*E*sum_e f P
@@ -213,8 +220,8 @@ static enum mt_status moe_forward(struct mt_ctx *ctx, const struct mt_piece_ctx 
     }
     ops->moe_combine(ops->be, out, st->ey, st->pos, st->gates, n, k, D);
     if (md->Fs > 0)
-        mlp_forward(ops, t, out, 1, st->sgp, st->sup, pc->s_act, pc->nm->h, moe_w(pc)->sg, moe_w(pc)->su, moe_w(pc)->sd, n, D,
-                    md->Fs);
+        mlp_forward_b(ops, t, out, 1, st->sgp, st->sup, pc->s_act, s->ab, pc->nm->h, shared_hb(pc), moe_w(pc)->sg,
+                      moe_w(pc)->su, moe_w(pc)->sd, n, D, md->Fs);
 
     return want_loss ? moe_losses(ctx, pc, n) : MT_OK;
 }
@@ -270,9 +277,9 @@ static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx
     ops->fill(ops->be, dh, 0.0f, (size_t)n * D);
     ops->moe_permute_backward(ops->be, dh, s->dxp, st->pos, n, k, D);
     if (md->Fs > 0)
-        mlp_backward_redo(ops, t, dt, dh, 1, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du, dout, pc->nm->h, st->sgp,
-                          st->sup, moe_w(pc)->sg, moe_w(pc)->su, moe_w(pc)->sd, n, D, md->Fs,
-                          pc->redo ? pc->redo + (size_t)pc->ep.Ee * Fe : NULL);
+        mlp_backward_b(ops, t, dt, dh, 1, pc->s_act, s->ab, pc->s_dact, pc->s_dg, pc->s_du, dout, pc->nm->h,
+                       shared_hb(pc), st->sgp, st->sup, moe_w(pc)->sg, moe_w(pc)->su, moe_w(pc)->sd, n, D, md->Fs,
+                       s->ab ? pc->dyb : NULL, pc->redo ? pc->redo + (size_t)pc->ep.Ee * Fe : NULL);
 
     /* term 3: aux and z gradients (on the backend) */
     double ns = pc->norm->n_sequences > 0 ? pc->norm->n_sequences : 1.0;
@@ -417,6 +424,11 @@ static void moe_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct
     ffn_norm_carve_pc(pc, c, ly);
     /* the experts see Nm rows: SP or one rank: all of h_mlp_n; TP without SP: our slice of it */
     pc->nm->h = (pc->tp.tp > 1 && !pc->tp.sp && pc->nm->h_n) ? pc->nm->h_n + (size_t)moe_row0(pc) * D : pc->nm->h_n;
+    /* precision=bf16 with a shared expert: the norm's bf16 twin (its gate/up operand), as
+     * the dense MLP's (mlp_carve; not under SP: the gathered rows are fp32) */
+    pc->nm->hb = NULL;
+    if (md->Fs > 0 && pc->bf16 && !pc->tp.sp && (!pc->ops || pc->ops->rmsnorm_resid_forward_bf16))
+        pc->nm->hb = carve(c, A, (size_t)pc->Nr * D * sizeof(mt_bf16));
     st->probs = carve_f(c, A, Nm * E);
     /* small, so not the block's last ACTS carve: a carve's end is not padded,
      * and recompute=block (one shared set, then the slots' inputs) must not
@@ -459,6 +471,14 @@ static void moe_carve_scratch(const struct mt_piece_ctx *pc, struct mt_carver *c
     s->xp = carve_f(c, W, M * D);
     s->dxp = carve_f(c, W, M * D);
     s->dy = carve_f(c, W, M * D);
+    s->xb = s->ab = s->db = NULL;
+    if (pc->bf16 && (!pc->ops || (pc->ops->cast_bf16 && pc->ops->swiglu_forward_bf16))) {
+        /* the routed experts' operands (moe_experts.c); ab also the shared expert's bf16(act) */
+        const size_t R = ep * M, Fe = (size_t)md->Fe, wd = D > Fe ? D : Fe, sh = Nm * (size_t)md->Fs;
+        s->xb = carve(c, W, R * D * sizeof(mt_bf16));
+        s->ab = carve(c, W, (R * Fe > sh ? R * Fe : sh) * sizeof(mt_bf16));
+        s->db = carve(c, W, R * wd * sizeof(mt_bf16));
+    }
     if (ep > 1) {
         s->ry = carve_f(c, W, ep * M * D);
         s->rdy = carve_f(c, W, ep * M * D);
@@ -495,10 +515,11 @@ static size_t moe_scratch(const struct mt_piece_ctx *pc)
  * group (ep x Nm x top_k, Nm = N/tp under tp > 1) */
 static void moe_proj_scratch(const struct mt_piece_ctx *pc, size_t *rows, size_t *cols)
 {
-    (void)cols;
     const size_t Nm = (size_t)(pc->tp.tp > 1 ? pc->N / pc->tp.tp : pc->N);
     const size_t em = Nm * (size_t)moe_dims(pc)->top_k * (size_t)(pc->ep.ep > 0 ? pc->ep.ep : 1);
     if (em > *rows) *rows = em;
+    /* the shared expert's gate/up outputs: their dy rounds once into the model's bf16 dy scratch */
+    if ((size_t)moe_dims(pc)->Fs > *cols) *cols = (size_t)moe_dims(pc)->Fs;
 }
 
 static enum mt_status moe_piece_forward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a)

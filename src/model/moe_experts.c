@@ -34,6 +34,17 @@
  * body and scalar tail round differently, so one call over all rows would
  * move the tails. Groups are taken 64 at a time (host arrays on the stack);
  * MoE layers have fewer experts than that in practice.
+ *
+ * precision=bf16: every projection runs as one gemm_bf16 per group on the
+ * weights' bf16 shadows, and the activation operands are rounded ONCE per
+ * chunk of groups into the piece's bf16 scratch (moe.c carves xb, ab, db):
+ * x for gate, up and their weight gradients, the SwiGLU output for down
+ * (swiglu_forward_bf16 writes both), dy, then dg, then du for the backward.
+ * A gemm_bf16 call with fp32 operands rounds them itself (into a padded
+ * scratch, per call: the H100 run of 2026-11-27 counted 4e9 such elements
+ * per moe8 step); the rounding is the same round-to-nearest-even, so the
+ * numbers do not change (on the cpu table: bit for bit). The LoRA adapter
+ * terms stay fp32, as in proj_fwd_b.
  */
 #include "model_impl.h"
 #include "moe_experts.h"
@@ -68,20 +79,23 @@ static int next_chunk(struct mt_param *experts, int n_groups, const int *cnt, in
 /* one projection over n groups: C_i = alpha op(A_i) op(B_i) + beta C_i.
  * W: each group's expert weight of the projection (NULL: an adapter's
  * call). When it has a bf16 shadow (precision=bf16) the groups run as
- * wlinear's gemm_bf16 calls, one per group (fp32 operands rounded in the
- * call, C fp32), with B the weight's fresh shadow where w_is_b; else as
- * one grouped fp32 call. */
-static void grouped(const struct mt_ops_i *ops, int ta, int tb, int n, const int *M, const int *N, const int *K,
-                    float alpha, const float *const *A, int lda, const float *const *B, int ldb, float beta,
-                    float *const *C, int ldc, const struct mt_param *const *W, int w_is_b)
+ * wlinear's gemm_bf16 calls, one per group (C fp32), with B the weight's
+ * fresh shadow where w_is_b, and Ab / Bb (when not NULL) the operands'
+ * bf16 copies (else the fp32 ones, rounded in the call); else as one
+ * grouped fp32 call. */
+static void grouped_t(const struct mt_ops_i *ops, int ta, int tb, int n, const int *M, const int *N, const int *K,
+                      float alpha, const float *const *A, const mt_bf16 *const *Ab, int lda, const float *const *B,
+                      const mt_bf16 *const *Bb, int ldb, float beta, float *const *C, int ldc,
+                      const struct mt_param *const *W, int w_is_b)
 {
     if (n <= 0) return;
     if (W && W[0]->bf16) {
         for (int i = 0; i < n; i++) {
             const int sh = w_is_b && W[i]->bf16_ok;
-            ops->gemm_bf16(ops->be, ta, tb, M[i], N[i], K[i], alpha, A[i], MT_ELEM_F32, lda,
-                           sh ? (const void *)W[i]->bf16 : (const void *)B[i], sh ? MT_ELEM_BF16 : MT_ELEM_F32, ldb,
-                           beta, C[i], ldc);
+            const void *a = Ab ? (const void *)Ab[i] : (const void *)A[i];
+            const void *b = sh ? (const void *)W[i]->bf16 : Bb ? (const void *)Bb[i] : (const void *)B[i];
+            ops->gemm_bf16(ops->be, ta, tb, M[i], N[i], K[i], alpha, a, Ab ? MT_ELEM_BF16 : MT_ELEM_F32, lda, b,
+                           sh || Bb ? MT_ELEM_BF16 : MT_ELEM_F32, ldb, beta, C[i], ldc);
         }
         return;
     }
@@ -92,22 +106,31 @@ static void grouped(const struct mt_ops_i *ops, int ta, int tb, int n, const int
     for (int i = 0; i < n; i++) ops->gemm(ops->be, ta, tb, M[i], N[i], K[i], alpha, A[i], lda, B[i], ldb, beta, C[i], ldc);
 }
 
+/* grouped_t with fp32 operands only */
+static void grouped(const struct mt_ops_i *ops, int ta, int tb, int n, const int *M, const int *N, const int *K,
+                    float alpha, const float *const *A, int lda, const float *const *B, int ldb, float beta,
+                    float *const *C, int ldc, const struct mt_param *const *W, int w_is_b)
+{
+    grouped_t(ops, ta, tb, n, M, N, K, alpha, A, NULL, lda, B, NULL, ldb, beta, C, ldc, W, w_is_b);
+}
+
 /* As grouped(), for outputs several groups may share: an expert's weight or
  * adapter gradient when ep > 1 (one group per source rank sends rows to the
  * same local expert). gemm_grouped wants distinct C[g] (a GPU runs the
  * groups concurrently), so the groups go in runs without a repeated C, in
  * group order: each C still sums its terms in that order (the loop's bits). */
 static void grouped_acc(const struct mt_ops_i *ops, int ta, int tb, int n, const int *M, const int *N, const int *K,
-                        float alpha, const float *const *A, int lda, const float *const *B, int ldb, float beta,
-                        float *const *C, int ldc, const struct mt_param *const *W)
+                        float alpha, const float *const *A, const mt_bf16 *const *Ab, int lda, const float *const *B,
+                        const mt_bf16 *const *Bb, int ldb, float beta, float *const *C, int ldc,
+                        const struct mt_param *const *W)
 {
     int i0 = 0;
     for (int i = i0 + 1; i <= n; i++) {
         int repeat = 0;
         for (int j = i0; j < i && i < n; j++) repeat |= C[j] == C[i];
         if (i < n && !repeat) continue;
-        grouped(ops, ta, tb, i - i0, M + i0, N + i0, K + i0, alpha, A + i0, lda, B + i0, ldb, beta, C + i0, ldc,
-                W ? W + i0 : NULL, 0);
+        grouped_t(ops, ta, tb, i - i0, M + i0, N + i0, K + i0, alpha, A + i0, Ab ? Ab + i0 : NULL, lda, B + i0,
+                  Bb ? Bb + i0 : NULL, ldb, beta, C + i0, ldc, W ? W + i0 : NULL, 0);
         i0 = i;
     }
 }
@@ -200,7 +223,7 @@ static void adapter_bwd(const struct mt_piece_ctx *pc, const struct group_set *s
         g.b[j] = t + s->r0[i] * r;
         g.c[j] = s->w[i][p].lora_b->grad;
     }
-    grouped_acc(ops, 1, 0, n, OUT, R, rows, sc, g.a, out, g.b, r, 1.0f, g.c, r, NULL);
+    grouped_acc(ops, 1, 0, n, OUT, R, rows, sc, g.a, NULL, out, g.b, NULL, r, 1.0f, g.c, r, NULL);
     /* term 2: dt = s dy B;  dA (r, in) += dt^T x */
     for (int j = 0; j < n; j++) {
         const int i = pick[j];
@@ -214,7 +237,7 @@ static void adapter_bwd(const struct mt_piece_ctx *pc, const struct group_set *s
         g.b[j] = x + s->r0[i] * in;
         g.c[j] = s->w[i][p].lora_a->grad;
     }
-    grouped_acc(ops, 1, 0, n, R, IN, rows, 1.0f, g.a, r, g.b, in, 1.0f, g.c, in, NULL);
+    grouped_acc(ops, 1, 0, n, R, IN, rows, 1.0f, g.a, NULL, r, g.b, NULL, in, 1.0f, g.c, in, NULL);
     /* term 3: dx += dt A */
     for (int j = 0; j < n; j++) {
         const int i = pick[j];
@@ -225,13 +248,15 @@ static void adapter_bwd(const struct mt_piece_ctx *pc, const struct group_set *s
 }
 
 /* dW_p (out, in) += d^T x for the groups whose weight p is not frozen
- * (LoRA: none of them); d (rows, out), x (rows, in). */
-static void weight_grad(const struct mt_piece_ctx *pc, const struct group_set *s, int p, const float *d, int out,
-                        const float *x, int in)
+ * (LoRA: none of them); d (rows, out), x (rows, in); db, xb: their bf16
+ * copies at the same rows (precision=bf16) or NULL. */
+static void weight_grad(const struct mt_piece_ctx *pc, const struct group_set *s, int p, const float *d,
+                        const mt_bf16 *db, int out, const float *x, const mt_bf16 *xb, int in)
 {
     int pick[GROUP_CHUNK];
     const int n = select_groups(s, p, 0, pick);
     struct gcall g;
+    const mt_bf16 *ab[GROUP_CHUNK], *bb[GROUP_CHUNK];
     const struct mt_param *W[GROUP_CHUNK];
     for (int j = 0; j < n; j++) {
         const int i = pick[j];
@@ -242,8 +267,48 @@ static void weight_grad(const struct mt_piece_ctx *pc, const struct group_set *s
         g.a[j] = d + s->r0[i] * out;
         g.b[j] = x + s->r0[i] * in;
         g.c[j] = s->w[i][p].grad;
+        ab[j] = db ? db + s->r0[i] * out : NULL;
+        bb[j] = xb ? xb + s->r0[i] * in : NULL;
     }
-    grouped_acc(pc->ops, 1, 0, n, g.M, g.N, g.K, 1.0f, g.a, out, g.b, in, 1.0f, g.c, in, W);
+    grouped_acc(pc->ops, 1, 0, n, g.M, g.N, g.K, 1.0f, g.a, db ? ab : NULL, out, g.b, xb ? bb : NULL, in, 1.0f, g.c, in,
+                W);
+}
+
+/* precision=bf16: the bf16 scratch when this chunk's experts have shadows
+ * (moe.c carves it only in that mode), else NULL: the fp32 path */
+static const struct mt_moe_scratch *bf16_scratch(const struct mt_piece_ctx *pc, const struct group_set *s)
+{
+    const struct mt_moe_scratch *ms = moe_scr(pc);
+    return ms->xb && s->w[0][0].bf16 && s->w[0][1].bf16 && s->w[0][2].bf16 ? ms : NULL;
+}
+
+/* dst[r0*w ..) = bf16(src) over the chunk's rows (its groups are back to back) */
+static mt_bf16 *round_rows(const struct mt_ops_i *ops, mt_bf16 *dst, const float *src, const struct group_set *s,
+                           int w)
+{
+    const size_t r0 = s->r0[0], r1 = s->r0[s->n - 1] + (size_t)s->rows[s->n - 1];
+    ops->cast_bf16(ops->be, dst + r0 * (size_t)w, src + r0 * (size_t)w, (r1 - r0) * (size_t)w);
+    return dst;
+}
+
+/* each group's rows of a bf16 buffer of width w (NULL when buf is) */
+static const mt_bf16 *const *rows_of(const mt_bf16 **out, const mt_bf16 *buf, const struct group_set *s, int w)
+{
+    if (!buf) return NULL;
+    for (int i = 0; i < s->n; i++) out[i] = buf + s->r0[i] * (size_t)w;
+    return out;
+}
+
+/* the SwiGLU output of every group of the chunk (and its bf16 twin in ab when given) */
+static void swiglu_groups(const struct mt_piece_ctx *pc, const struct group_set *s, mt_bf16 *ab, const float *eg,
+                          const float *eu, int Fe)
+{
+    const struct mt_ops_i *ops = pc->ops;
+    for (int i = 0; i < s->n; i++) {
+        const size_t o = s->r0[i] * (size_t)Fe, n = (size_t)s->rows[i] * Fe;
+        if (ab) ops->swiglu_forward_bf16(ops->be, pc->s_act + o, ab + o, eg + o, eu + o, n);
+        else ops->swiglu_forward(ops->be, pc->s_act + o, eg + o, eu + o, n);
+    }
 }
 
 void moe_experts_forward(const struct mt_piece_ctx *pc, int n_groups, const int *cnt, int offsets, int ee, float *eg,
@@ -255,6 +320,7 @@ void moe_experts_forward(const struct mt_piece_ctx *pc, int n_groups, const int 
     size_t row = 0;
     int ND[GROUP_CHUNK], NF[GROUP_CHUNK];   /* every group's D and Fe; its rows are s.rows */
     const float *a[GROUP_CHUNK], *b[GROUP_CHUNK];
+    const mt_bf16 *ab[GROUP_CHUNK];
     float *c[GROUP_CHUNK];
     const struct mt_param *W[3][GROUP_CHUNK];   /* each group's gate, up, down weight */
     for (int i = 0; i < GROUP_CHUNK; i++) { ND[i] = D; NF[i] = Fe; }
@@ -262,24 +328,25 @@ void moe_experts_forward(const struct mt_piece_ctx *pc, int n_groups, const int 
     for (int g = 0; g < n_groups;) {
         g = next_chunk(moe_w(pc)->experts, n_groups, cnt, offsets, ee, g, &row, &s);
         if (s.n == 0) continue;
+        const struct mt_moe_scratch *bs = bf16_scratch(pc, &s);
         for (int i = 0; i < s.n; i++)
             for (int p = 0; p < 3; p++) W[p][i] = &s.w[i][p];
+        const mt_bf16 *const *xb = rows_of(ab, bs ? round_rows(ops, bs->xb, x, &s, D) : NULL, &s, D);
         for (int i = 0; i < s.n; i++) a[i] = x + s.r0[i] * D;
         for (int i = 0; i < s.n; i++) { b[i] = s.w[i][0].data; c[i] = eg + s.r0[i] * Fe; }
-        grouped(ops, 0, 1, s.n, Mr, NF, ND, 1.0f, a, D, b, D, 0.0f, c, Fe, W[0], 1);       /* gate */
+        grouped_t(ops, 0, 1, s.n, Mr, NF, ND, 1.0f, a, xb, D, b, NULL, D, 0.0f, c, Fe, W[0], 1);   /* gate */
         adapter_fwd(pc, &s, 0, x, D, eg, Fe);
         for (int i = 0; i < s.n; i++) { b[i] = s.w[i][1].data; c[i] = eu + s.r0[i] * Fe; }
-        grouped(ops, 0, 1, s.n, Mr, NF, ND, 1.0f, a, D, b, D, 0.0f, c, Fe, W[1], 1);       /* up */
+        grouped_t(ops, 0, 1, s.n, Mr, NF, ND, 1.0f, a, xb, D, b, NULL, D, 0.0f, c, Fe, W[1], 1);   /* up */
         adapter_fwd(pc, &s, 1, x, D, eu, Fe);
-        for (int i = 0; i < s.n; i++)
-            ops->swiglu_forward(ops->be, pc->s_act + s.r0[i] * Fe, eg + s.r0[i] * Fe, eu + s.r0[i] * Fe,
-                                (size_t)s.rows[i] * Fe);
+        swiglu_groups(pc, &s, bs ? bs->ab : NULL, eg, eu, Fe);
         for (int i = 0; i < s.n; i++) {
             a[i] = pc->s_act + s.r0[i] * Fe;
             b[i] = s.w[i][2].data;
             c[i] = y + s.r0[i] * D;
         }
-        grouped(ops, 0, 1, s.n, Mr, ND, NF, 1.0f, a, Fe, b, Fe, 0.0f, c, D, W[2], 1);      /* down */
+        const mt_bf16 *const *actb = rows_of(ab, bs ? bs->ab : NULL, &s, Fe);
+        grouped_t(ops, 0, 1, s.n, Mr, ND, NF, 1.0f, a, actb, Fe, b, NULL, Fe, 0.0f, c, D, W[2], 1);   /* down */
         adapter_fwd(pc, &s, 2, pc->s_act, Fe, y, D);
     }
 }
@@ -293,6 +360,7 @@ void moe_experts_backward(const struct mt_piece_ctx *pc, int n_groups, const int
     size_t row = 0;
     int ND[GROUP_CHUNK], NF[GROUP_CHUNK];   /* every group's D and Fe; its rows are s.rows */
     const float *a[GROUP_CHUNK], *b[GROUP_CHUNK];
+    const mt_bf16 *ab[GROUP_CHUNK];
     float *c[GROUP_CHUNK];
     const struct mt_param *W[3][GROUP_CHUNK];   /* each group's gate, up, down weight */
     for (int i = 0; i < GROUP_CHUNK; i++) { ND[i] = D; NF[i] = Fe; }
@@ -300,37 +368,41 @@ void moe_experts_backward(const struct mt_piece_ctx *pc, int n_groups, const int
     for (int g = 0; g < n_groups;) {
         g = next_chunk(moe_w(pc)->experts, n_groups, cnt, offsets, ee, g, &row, &s);
         if (s.n == 0) continue;
+        const struct mt_moe_scratch *bs = bf16_scratch(pc, &s);
         for (int i = 0; i < s.n; i++)
             for (int p = 0; p < 3; p++) W[p][i] = &s.w[i][p];
-        for (int i = 0; i < s.n; i++)
-            ops->swiglu_forward(ops->be, pc->s_act + s.r0[i] * Fe, eg + s.r0[i] * Fe, eu + s.r0[i] * Fe,
-                                (size_t)s.rows[i] * Fe);
+        swiglu_groups(pc, &s, bs ? bs->ab : NULL, eg, eu, Fe);
         /* ReDo: each group's activations into its local expert's score accumulators */
         for (int i = 0; i < s.n && pc->redo; i++)
             ops->redo_score_acc(ops->be, pc->redo + (size_t)(s.w[i] - moe_w(pc)->experts) / 3 * Fe,
                                 pc->s_act + s.r0[i] * Fe, (size_t)s.rows[i], Fe);
         /* down: dWd (D, Fe) += dy^T act (not frozen); dact (rows, Fe) = dy Wd (+ the adapter's path) */
-        weight_grad(pc, &s, 2, dy, D, pc->s_act, Fe);
+        const mt_bf16 *dyb = bs ? round_rows(ops, bs->db, dy, &s, D) : NULL;
+        weight_grad(pc, &s, 2, dy, dyb, D, pc->s_act, bs ? bs->ab : NULL, Fe);
         for (int i = 0; i < s.n; i++) {
             a[i] = dy + s.r0[i] * D;
             b[i] = s.w[i][2].data;
             c[i] = pc->s_dact + s.r0[i] * Fe;
         }
-        grouped(ops, 0, 0, s.n, Mr, NF, ND, 1.0f, a, D, b, Fe, 0.0f, c, Fe, W[2], 1);
+        grouped_t(ops, 0, 0, s.n, Mr, NF, ND, 1.0f, a, rows_of(ab, dyb, &s, D), D, b, NULL, Fe, 0.0f, c, Fe, W[2], 1);
         adapter_bwd(pc, &s, 2, pc->s_act, Fe, dy, D, pc->s_dact);
         for (int i = 0; i < s.n; i++)
             ops->swiglu_backward(ops->be, pc->s_dg + s.r0[i] * Fe, pc->s_du + s.r0[i] * Fe, pc->s_dact + s.r0[i] * Fe,
                                  eg + s.r0[i] * Fe, eu + s.r0[i] * Fe, (size_t)s.rows[i] * Fe);
-        /* gate then up: dW (Fe, D) += d^T x; dx (rows, D) = dg Wg, then += du Wu (each + its adapter's path) */
+        /* gate then up: dW (Fe, D) += d^T x; dx (rows, D) = dg Wg, then += du Wu (each + its adapter's path);
+         * bf16: x rounded once for both, d (dg, then du) into db where dy was */
+        const mt_bf16 *xb = bs ? round_rows(ops, bs->xb, x, &s, D) : NULL;
         for (int p = 0; p < 2; p++) {
             float *d = p == 0 ? pc->s_dg : pc->s_du;
-            weight_grad(pc, &s, p, d, Fe, x, D);
+            const mt_bf16 *db = bs ? round_rows(ops, bs->db, d, &s, Fe) : NULL;
+            weight_grad(pc, &s, p, d, db, Fe, x, xb, D);
             for (int i = 0; i < s.n; i++) {
                 a[i] = d + s.r0[i] * Fe;
                 b[i] = s.w[i][p].data;
                 c[i] = dx + s.r0[i] * D;
             }
-            grouped(ops, 0, 0, s.n, Mr, ND, NF, 1.0f, a, Fe, b, D, p == 0 ? 0.0f : 1.0f, c, D, W[p], 1);
+            grouped_t(ops, 0, 0, s.n, Mr, ND, NF, 1.0f, a, rows_of(ab, db, &s, Fe), Fe, b, NULL, D,
+                      p == 0 ? 0.0f : 1.0f, c, D, W[p], 1);
             adapter_bwd(pc, &s, p, x, D, d, Fe, dx);
         }
     }
