@@ -538,16 +538,18 @@ sys.exit(not (g['gemm_bf16_direct'] > 0 and g['gemm_bf16_fallbacks'] == 0 and g[
         echo "PASS emulated train precision=bf16, MoE: routed experts on bf16 shadows with operands rounded once (0 cast elements in the GEMMs), cuda follows the fp32 curve, starts equal to cpu bf16"
     else echo "FAIL: emulated train precision=bf16 MoE"; fail=1; fi
     # c2 hybrid: pattern=AM, the M block's in/out projections on their bf16
-    #     shadows (gemm_bf16 per Win block, Wout) and the input norm's twin;
+    #     shadows (gemm_bf16 per Win block, Wout) and the input norm's twin,
+    #     every operand already bf16 (dy and d proj rounded once: 0 cast
+    #     elements in the GEMMs, every call direct);
     #     the chunked scan and glue stay fp32: no fallback_reason
     if ran bf16ref_hyb_cpu bf16_hyb_cpu bf16_hyb_cuda &&
        python3 "$SRC/tests/bf16_curve.py" "$EMU/run_bf16ref_hyb_cpu/receipt.json" "$EMU/run_bf16_hyb_cuda/receipt.json" \
            --other "$EMU/run_bf16_hyb_cpu/receipt.json" &&
        python3 -c "import json,sys; r=json.load(open(sys.argv[1])); g=r['gpu']; f=r['backend']['fallback_reason']; \
 print('   gpu:', {k: g[k] for k in g if k.startswith('gemm_bf16')}, 'fallback_reason:', repr(f)); \
-sys.exit(not (g['gemm_bf16_direct'] > 0 and g['gemm_bf16_fallbacks'] == 0 and not f))" \
+sys.exit(not (g['gemm_bf16_direct'] > 0 and g['gemm_bf16_direct'] == g['gemm_bf16_calls'] and g['gemm_bf16_cast_elems'] == 0 and g['gemm_bf16_fallbacks'] == 0 and not f))" \
            "$EMU/run_bf16_hyb_cuda/receipt.json"; then
-        echo "PASS emulated train precision=bf16, hybrid: Mamba-3 projections on bf16 shadows, cuda follows the fp32 curve, starts equal to cpu bf16"
+        echo "PASS emulated train precision=bf16, hybrid: Mamba-3 projections on bf16 shadows and operands (0 cast elements), cuda follows the fp32 curve, starts equal to cpu bf16"
     else echo "FAIL: emulated train precision=bf16 hybrid"; fail=1; fi
     echo "   stage c2: $(( $(date +%s) - t2 ))s"
     fi  # want c2

@@ -76,9 +76,8 @@ void proj_bwd_b(const struct mt_ops_i *ops, float *t, float *dt, float *dx, floa
 {
     float *dw = w->frozen ? NULL : w->grad;
     /* two GEMMs read dy: round it once (struct mt_dyb) */
-    const int once = dyb && dyb->p && w->bf16 && dw && dx && n > 0 && (size_t)n * (size_t)out <= dyb->cap;
-    if (once) ops->cast_bf16(ops->be, dyb->p, dy, (size_t)n * (size_t)out);
-    wlinear_backward_db(ops, dx, beta_dx, dw, dy, once ? dyb->p : NULL, x, xb, w, n, in, out);
+    const mt_bf16 *db = w->bf16 && dw && dx && n > 0 ? dyb_round(ops, dyb, dy, (size_t)n * (size_t)out) : NULL;
+    wlinear_backward_db(ops, dx, beta_dx, dw, dy, db, x, xb, w, n, in, out);
     lora_bwd_add(ops, t, dt, dx, dy, out, x, &w, &out, 1, n, in);
 }
 

@@ -354,16 +354,19 @@ static void in_bwd(const struct mt_piece_ctx *pc, float *dh, struct mt_mamba3_we
     const int W = mt_mamba3_in_width(mdims(pc)), D = pc->D;
     int rows[7], off = 0, first = 1;
     in_rows(lw, rows);
+    /* dproj feeds two GEMMs per block: rounded once (dyb_round), read at each block's columns */
+    const mt_bf16 *pb = dyb_round(ops, pc->dyb, dproj, (size_t)n * (size_t)W);
+    const enum mt_elem pt = pb ? MT_ELEM_BF16 : MT_ELEM_F32;
     for (int b = 0; b < 7; b++) {
         if (rows[b] > 0) {
             enum mt_elem tw;
             const void *Wb = wop(lw->mwin[b], &tw);
+            const void *dp = pb ? (const void *)(pb + off) : (const void *)(dproj + off);
             if (g->win_part[b])
-                ops->gemm_bf16(ops->be, 1, 0, rows[b], D, n, 1.0f, dproj + off, MT_ELEM_F32, W,
+                ops->gemm_bf16(ops->be, 1, 0, rows[b], D, n, 1.0f, dp, pt, W,
                                hb ? (const void *)hb : (const void *)h, hb ? MT_ELEM_BF16 : MT_ELEM_F32, D, 1.0f,
                                g->win_part[b], D);
-            ops->gemm_bf16(ops->be, 0, 0, n, D, rows[b], 1.0f, dproj + off, MT_ELEM_F32, W, Wb, tw, D,
-                           first ? 0.0f : 1.0f, dh, D);
+            ops->gemm_bf16(ops->be, 0, 0, n, D, rows[b], 1.0f, dp, pt, W, Wb, tw, D, first ? 0.0f : 1.0f, dh, D);
             first = 0;
         }
         off += rows[b];
@@ -428,6 +431,8 @@ static void in_bwd_rep(const struct mt_piece_ctx *pc, float *dh, const float *dp
     const struct mamba_w *lw = mbw(pc);
     const int W = mt_mamba3_in_width(mdims(pc)), D = pc->D, bf = mixer_bf16(lw);
     int off = 0, first = 1;
+    const mt_bf16 *pb = bf && n > 0 ? dyb_round(ops, pc->dyb, dproj, (size_t)n * (size_t)W) : NULL;   /* as in_bwd */
+    const enum mt_elem pt = pb ? MT_ELEM_BF16 : MT_ELEM_F32;
     for (int b = 0; b < 7; b++)
         for (int k = 0; k < rep_nseg(pc, b); k++) {
             int r0, rows;
@@ -437,11 +442,11 @@ static void in_bwd_rep(const struct mt_piece_ctx *pc, float *dh, const float *dp
                 if (bf) {
                     enum mt_elem tw;
                     const void *Wb = wop_row(lw->mwin[b], r0, &tw);
-                    ops->gemm_bf16(ops->be, 1, 0, rows, D, n, 1.0f, dproj + off, MT_ELEM_F32, W,
+                    const void *dp = pb ? (const void *)(pb + off) : (const void *)(dproj + off);
+                    ops->gemm_bf16(ops->be, 1, 0, rows, D, n, 1.0f, dp, pt, W,
                                    hb ? (const void *)hb : (const void *)h, hb ? MT_ELEM_BF16 : MT_ELEM_F32, D, 1.0f,
                                    gw, D);
-                    ops->gemm_bf16(ops->be, 0, 0, n, D, rows, 1.0f, dproj + off, MT_ELEM_F32, W, Wb, tw, D,
-                                   first ? 0.0f : 1.0f, dh, D);
+                    ops->gemm_bf16(ops->be, 0, 0, n, D, rows, 1.0f, dp, pt, W, Wb, tw, D, first ? 0.0f : 1.0f, dh, D);
                 } else {
                     ops->gemm(ops->be, 1, 0, rows, D, n, 1.0f, dproj + off, W, h, D, 1.0f, gw, D);
                     ops->gemm(ops->be, 0, 0, n, D, rows, 1.0f, dproj + off, W, lw->mwin[b]->data + (size_t)r0 * D, D,
@@ -523,7 +528,8 @@ static enum mt_status mixer_bwd_rep(struct mt_ctx *ctx, const struct mt_piece_ct
     struct mamba_state *st = pc->st;
     const struct mt_ops_i *ops = pc->ops;
     const int n = pc->B * pc->T, E = mdims(pc)->H * mdims(pc)->P;
-    wlinear_backward(ops, mb_s(pc)->dyn, 0.0f, g->wout, dy, st->mb.yn, st->yn_b, mbw(pc)->mwout, n, E, pc->D);
+    const mt_bf16 *dyb = mixer_bf16(mbw(pc)) ? dyb_round(ops, pc->dyb, dy, (size_t)n * (size_t)pc->D) : NULL;
+    wlinear_backward_db(ops, mb_s(pc)->dyn, 0.0f, g->wout, dy, dyb, st->mb.yn, st->yn_b, mbw(pc)->mwout, n, E, pc->D);
     MT_CHECK(gate_bwd_rep(ctx, pc, w, g, n));
     mt_mamba3_ssm_backward(ops, g, mb_s(pc), &st->mb, w, mdims(pc), pc->B, pc->T);
     in_bwd_rep(pc, pc->dh, mb_s(pc)->dproj, pc->nm->h, pc->nm->hb, n);
@@ -555,7 +561,8 @@ static void mixer_bwd(const struct mt_piece_ctx *pc, const float *dy, const stru
         return;
     }
     const int n = pc->B * pc->T, E = mdims(pc)->H * mdims(pc)->P;
-    wlinear_backward(ops, mb_s(pc)->dyn, 0.0f, g->wout, dy, st->mb.yn, st->yn_b, mbw(pc)->mwout, n, E, pc->D);
+    const mt_bf16 *dyb = mixer_bf16(mbw(pc)) ? dyb_round(ops, pc->dyb, dy, (size_t)n * (size_t)pc->D) : NULL;
+    wlinear_backward_db(ops, mb_s(pc)->dyn, 0.0f, g->wout, dy, dyb, st->mb.yn, st->yn_b, mbw(pc)->mwout, n, E, pc->D);
     mt_mamba3_mix_backward(ops, g, mb_s(pc), &st->mb, w, mdims(pc), pc->B, pc->T);
     in_bwd(pc, pc->dh, g, mb_s(pc)->dproj, pc->nm->h, pc->nm->hb, w, n);
 }
@@ -665,6 +672,15 @@ static enum mt_status mamba_backward(struct mt_ctx *ctx, const struct mt_piece_c
     return MT_OK;
 }
 
+/* precision=bf16: the model's bf16 dy scratch also holds d proj (N x the in-projection's
+ * local width), rounded once for the in-projection's backward (in_bwd) */
+static void mamba_proj_scratch(const struct mt_piece_ctx *pc, size_t *rows, size_t *cols)
+{
+    (void)rows;
+    const size_t W = (size_t)mt_mamba3_in_width(mdims(pc));
+    if (W > *cols) *cols = W;   /* (only precision=bf16 carves that scratch) */
+}
+
 /* the recurrent state (scan state, previous x and B, rotary angles): O(1) in t_max */
 static size_t mamba_decode_floats(const struct mt_piece_ctx *pc, int t_max)
 {
@@ -684,7 +700,7 @@ const struct mt_piece mt_piece_mamba = {
     /* .work_per_token        = */ mamba_work,
     /* .carve_scratch         = */ mamba_carve_scratch,
     /* .ffn_scratch           = */ NULL,
-    /* .proj_scratch          = */ NULL,
+    /* .proj_scratch          = */ mamba_proj_scratch,
     /* .carve                 = */ mamba_carve,
     /* .forward               = */ mamba_forward,
     /* .backward              = */ mamba_backward,

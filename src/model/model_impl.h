@@ -309,6 +309,15 @@ static inline void wlinear_backward_db(const struct mt_ops_i *ops, float *dx, fl
     if (dx) ops->gemm_bf16(ops->be, 0, 0, n, in, out, 1.0f, DY, dyt, out, W, w->bf16_ok ? MT_ELEM_BF16 : MT_ELEM_F32, in,
                            beta_dx, dx, in);
 }
+/* precision=bf16: n elements of dy rounded once into the model's bf16 dy scratch, for
+ * the GEMMs that read it (a gemm_bf16 given fp32 rounds its operand per call); NULL
+ * when there is no scratch or it is too small (they round per call) */
+static inline const mt_bf16 *dyb_round(const struct mt_ops_i *ops, const struct mt_dyb *dyb, const float *dy, size_t n)
+{
+    if (!dyb || !dyb->p || n == 0 || n > dyb->cap) return NULL;
+    ops->cast_bf16(ops->be, dyb->p, dy, n);
+    return dyb->p;
+}
 static inline void wlinear_backward(const struct mt_ops_i *ops, float *dx, float beta_dx, float *dw,
                                     const float *dy, const float *x, const mt_bf16 *xb, const struct mt_param *w,
                                     int n, int in, int out)
