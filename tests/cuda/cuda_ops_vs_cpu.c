@@ -366,6 +366,85 @@ static void test_reductions(void)
     release(b);
 }
 
+/* ---- nonfinite_mark: each tensor read as float4s from its first 16-byte
+ * boundary, the 0-3 floats before it (head) and after the last whole float4
+ * (tail) one by one, blocks per tensor in proportion to its size, each
+ * thread striding over ~8 float4s ----
+ * 40 tensors (two launches of MT_OPS_LIST_MAX) of sizes 0 .. 100003 in one
+ * buffer, each 0-3 floats past a 64-byte boundary (every head length, tails
+ * 0-3); the slots a permutation; one flag marked before the call. Each case
+ * puts one non-finite value where one path owns it; the flags must be the
+ * cpu's bit for bit (twice: deterministic) and the cpu's the expected ones. */
+static void test_nonfinite_mark(void)
+{
+    if (!selected("nonfinite_mark")) return;
+    enum { NT = 40 };
+    static const size_t n12[12] = {100003, 1, 3, 5, 65537, 0, 2048, 12345, 4, 2, 7, 40000};
+    static const size_t off12[12] = {0, 1, 2, 3, 1, 0, 3, 2, 1, 2, 3, 1};
+    size_t n[NT], at[NT], total = 0;
+    int slot[NT];
+    for (int t = 0; t < NT; t++) {
+        n[t] = t < 12 ? n12[t] : (size_t)((t * 37) % 61);
+        total = (total + 15) & ~(size_t)15;                  /* a 64-byte boundary of the buffer, */
+        at[t] = total + (t < 12 ? off12[t] : (size_t)t % 4); /* then 0-3 floats                   */
+        total = at[t] + n[t];
+        slot[t] = (t * 7) % NT;
+    }
+    /* tensor 0: 25000 float4s over 13 blocks (3328 a sweep) + a tail of 3; 4: head 3, 16383
+     * float4s, tail 2; 3: head 1, one float4; 1: n = 1 < its head; 11: tail 1; 35 (second
+     * launch): n = 14, head 1, tail 1 */
+    struct { int t; size_t i; float v; const char *what; } cs[] = {
+        {-1, 0, 0.0f, "all finite: only the earlier mark"},
+        {0, 100002, NAN, "largest, aligned: its last element (tail)"},
+        {0, 99999, INFINITY, "largest: the last float4's last lane"},
+        {0, 4 * 3328 * 5 + 1, -INFINITY, "largest: a float4 of the 6th stride"},
+        {4, 65536, NAN, "4 bytes off: its last element (tail)"},
+        {4, 0, NAN, "4 bytes off: its first element (head)"},
+        {4, 3, INFINITY, "4 bytes off: the first float4"},
+        {3, 4, NAN, "12 bytes off, n = 5: the float4"},
+        {1, 0, NAN, "n = 1, 4 bytes off (head cut to n)"},
+        {11, 39999, NAN, "n = 40000, 4 bytes off: tail of 1"},
+        {35, 13, NAN, "second launch: a tail"},
+    };
+    float *host = rnd(total, -3, 3), *f0 = rnd(NT, -1, 1);
+    f0[slot[9]] = NAN;   /* an earlier mark stays */
+    struct be *g = BE(1);
+    float *probe = dalloc(g, total * sizeof(float));
+    size_t wrong_align = 0;   /* the device views are as misaligned as the test means */
+    for (int t = 0; t < NT; t++) wrong_align += (((uintptr_t)(probe + at[t]) & 15) == 0) != (at[t] % 4 == 0);
+    release(g);
+    report("nonfinite_mark", "views 0-3 floats off 16 bytes on the device (wrong)", (double)wrong_align, 0);
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        float keep = 0.0f;
+        if (cs[c].t >= 0) {
+            keep = host[at[cs[c].t] + cs[c].i];
+            host[at[cs[c].t] + cs[c].i] = cs[c].v;
+        }
+        float *r[3];
+        for (int p = 0; p < 3; p++) {
+            struct be *b = BE(p);
+            float *d = upf(b, host, total), *fl = upf(b, f0, NT);
+            const float *x[NT];
+            for (int t = 0; t < NT; t++) x[t] = d + at[t];
+            b->ops->nonfinite_mark(b->ops->be, fl, x, n, slot, NT);
+            r[p] = downf(b, fl, NT);
+            release(b);
+        }
+        size_t bad = ndiff(r[1], r[0], NT) + ndiff(r[2], r[0], NT);
+        for (int t = 0; t < NT; t++) {   /* the cpu's flags: NaN exactly at 9's and the case's slots */
+            const int want = t == 9 || t == cs[c].t;
+            bad += want ? !isnan(r[0][slot[t]]) : ndiff(&r[0][slot[t]], &f0[slot[t]], 1);
+        }
+        char w[128];
+        snprintf(w, sizeof w, "%s (wrong flags)", cs[c].what);
+        report("nonfinite_mark", w, (double)bad, 0);
+        for (int p = 0; p < 3; p++) free(r[p]);
+        if (cs[c].t >= 0) host[at[cs[c].t] + cs[c].i] = keep;
+    }
+    free(host);
+    free(f0);
+}
+
 /* ---- gemm ---- */
 static void test_gemm(void)
 {
@@ -1947,6 +2026,7 @@ int main(int argc, char **argv)
     g_rng = 2;  test_memory();
     g_rng = 3;  test_fill_axpby();
     g_rng = 4;  test_reductions();
+    g_rng = 26; test_nonfinite_mark();
     g_rng = 5;  test_gemm();
     g_rng = 17; test_gemm_grouped(0);
     g_rng = 6;  test_embed();
