@@ -1364,7 +1364,8 @@ static void test_redo(void)
  * and the scalar form on views one element off: both must give the same
  * bits (the vector path is a layout change, not new math). n = 10007 leaves
  * a tail after the 4- and 8-wide groups. cast / widen are also exact
- * against the host's rounding. */
+ * against the host's rounding. swiglu_forward_bf16 with out = NULL writes
+ * the twin alone: the same bits on both paths. */
 static uint16_t host_bf16(float f);
 static void test_vec_elementwise(void)
 {
@@ -1373,7 +1374,7 @@ static void test_vec_elementwise(void)
     float *g = rnd(m, -6, 6), *u = rnd(m, -2, 2), *d = rnd(m, -1, 1);
     struct be *b = BE(1);
     float *o[2], *po[2], *dg[2], *du[2], *ig[2], *iu[2], *wd[2];
-    uint16_t *tw[2], *cb[2];
+    uint16_t *tw[2], *cb[2], *tn[2];
     float *hg = xmalloc(m * 4), *hu = xmalloc(m * 4), *hd = xmalloc(m * 4);
     for (int off = 0; off < 2; off++) {
         /* the same n inputs at element `off` of the device buffers */
@@ -1382,8 +1383,9 @@ static void test_vec_elementwise(void)
         float *G = upf(b, hg, m), *U = upf(b, hu, m), *D = upf(b, hd, m), *IG = upf(b, hg, m), *IU = upf(b, hu, m);
         float *O = dalloc(b, m * 4), *PO = dalloc(b, m * 4), *DG = dalloc(b, m * 4), *DU = dalloc(b, m * 4);
         float *WD = dalloc(b, m * 4);
-        uint16_t *TW = dalloc(b, m * 2), *CB = dalloc(b, m * 2);
+        uint16_t *TW = dalloc(b, m * 2), *CB = dalloc(b, m * 2), *TN = dalloc(b, m * 2);
         b->ops->swiglu_forward_bf16(b->ops->be, O + off, TW + off, G + off, U + off, n);
+        b->ops->swiglu_forward_bf16(b->ops->be, NULL, TN + off, G + off, U + off, n);
         b->ops->swiglu_forward(b->ops->be, PO + off, G + off, U + off, n);
         b->ops->swiglu_backward(b->ops->be, DG + off, DU + off, D + off, G + off, U + off, n);
         b->ops->swiglu_backward(b->ops->be, IG + off, IU + off, D + off, IG + off, IU + off, n);  /* in place */
@@ -1398,13 +1400,16 @@ static void test_vec_elementwise(void)
         wd[off] = downf(b, WD + off, n);
         tw[off] = xmalloc(n * 2);
         cb[off] = xmalloc(n * 2);
+        tn[off] = xmalloc(n * 2);
         b->ops->copy_to_host(b->ops->be, tw[off], TW + off, n * 2);
+        b->ops->copy_to_host(b->ops->be, tn[off], TN + off, n * 2);
         b->ops->copy_to_host(b->ops->be, cb[off], CB + off, n * 2);
         release(b);
     }
-    size_t tbad = 0, cbad = 0, wbad = 0;
+    size_t tbad = 0, cbad = 0, wbad = 0, nbad = 0;
     for (size_t i = 0; i < n; i++) {
         tbad += tw[0][i] != host_bf16(o[0][i]) || tw[1][i] != tw[0][i];
+        nbad += tn[0][i] != tw[0][i] || tn[1][i] != tw[0][i];
         cbad += cb[0][i] != host_bf16(g[i]) || cb[1][i] != cb[0][i];
         uint32_t bits = (uint32_t)cb[0][i] << 16;
         float f;
@@ -1414,6 +1419,7 @@ static void test_vec_elementwise(void)
     report("vec_elementwise", "swiglu_forward vector = scalar path (differing bits, n=10007)",
            (double)(ndiff(po[0], po[1], n) + ndiff(o[0], o[1], n) + ndiff(o[0], po[0], n)), 0);
     report("vec_elementwise", "swiglu_forward_bf16 twin = bf16(out), vector = scalar (differing)", (double)tbad, 0);
+    report("vec_elementwise", "swiglu_forward_bf16 out = NULL: the same twin, both paths (differing)", (double)nbad, 0);
     report("vec_elementwise", "swiglu_backward vector = scalar path (differing bits)",
            (double)(ndiff(dg[0], dg[1], n) + ndiff(du[0], du[1], n)), 0);
     report("vec_elementwise", "swiglu_backward in place = out of place, both paths (differing bits)",
@@ -1421,7 +1427,7 @@ static void test_vec_elementwise(void)
     report("vec_elementwise", "cast_bf16 = host rounding, vector = scalar (differing)", (double)cbad, 0);
     report("vec_elementwise", "widen_bf16 exact, vector = scalar (differing)", (double)wbad, 0);
     for (int k = 0; k < 2; k++) {
-        free(o[k]); free(po[k]); free(dg[k]); free(du[k]); free(ig[k]); free(iu[k]); free(wd[k]); free(tw[k]); free(cb[k]);
+        free(o[k]); free(po[k]); free(dg[k]); free(du[k]); free(ig[k]); free(iu[k]); free(wd[k]); free(tw[k]); free(cb[k]); free(tn[k]);
     }
     free(g); free(u); free(d); free(hg); free(hu); free(hd);
 }
