@@ -2273,6 +2273,10 @@ static void bf16_twin_case(struct harness *h, int N, int C)
         float *out = down_f(h, dout, n);
         checkf(h, "swiglu_forward_bf16", ndiff(out, down_f(h, uout, n), n), 0, "%s out == swiglu_forward (bits)", cs);
         checkf(h, "swiglu_forward_bf16", (double)twin_diff(h, db, out, n), 0, "%s twin == bf16(out)", cs);
+        /* out = NULL (mt_ops.h): the twin alone, the same bits */
+        uint16_t *dn = dalloc(h, n * sizeof(uint16_t));
+        h->ops->swiglu_forward_bf16(h->ops->be, NULL, dn, dx, du, n);
+        checkf(h, "swiglu_forward_bf16", (double)twin_diff(h, dn, out, n), 0, "%s out = NULL: twin == bf16(out)", cs);
     }
 }
 

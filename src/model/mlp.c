@@ -42,12 +42,23 @@ static struct mlp_own *mown(const struct mt_piece_ctx *pc) { return pc->own; }
 
 /* The SwiGLU math on the ops table and the LoRA scratch t, dt (s_lora, s_dlora):
  * the dense MLP below, and the routed and shared experts of moe.c. */
-/* SwiGLU act = silu(g) * u, and its bf16 twin act_b from the same kernel when given */
+/* SwiGLU act = silu(g) * u, and its bf16 twin act_b from the same kernel when given
+ * (act NULL then: only the twin, swiglu_forward_bf16's contract) */
 static void swiglu_act(const struct mt_ops_i *ops, float *act, mt_bf16 *act_b, const float *g, const float *u,
                        size_t n)
 {
     if (act_b) ops->swiglu_forward_bf16(ops->be, act, act_b, g, u, n);
     else ops->swiglu_forward(ops->be, act, g, u, n);
+}
+
+/* act as the SwiGLU writes it: NULL (its fp32 form not stored) when nothing
+ * reads it: the twin exists and the down projection's GEMMs read only the
+ * twin (a bf16 shadow: wlinear_* take xb for x) and no adapter (LoRA reads
+ * x in fp32) nor ReDo (it scores act) is there. At d 2048, F 5504, N 8192
+ * that is 180 MB of stores per call, two calls per layer and step. */
+static float *act_stored(float *act, const mt_bf16 *act_b, const struct mt_param *wd, const int64_t *redo)
+{
+    return act_b && wd->bf16 && !wd->lora_a && !redo ? NULL : act;
 }
 
 /* hb: h's bf16 twin, act_b: the scratch for act's (precision=bf16: the dense MLP, the
@@ -59,6 +70,7 @@ void mlp_forward_b(const struct mt_ops_i *ops, float *t, float *out, int accumul
     if (n <= 0) return;
     proj_fwd_b(ops, t, g, h, hb, wg, n, D, F, 0.0f);
     proj_fwd_b(ops, t, u, h, hb, wu, n, D, F, 0.0f);
+    act = act_stored(act, act_b, wd, NULL);
     swiglu_act(ops, act, act_b, g, u, (size_t)n * F);
     proj_fwd_b(ops, t, out, act, act_b, wd, n, F, D, accumulate ? 1.0f : 0.0f);
 }
@@ -69,6 +81,7 @@ void mlp_backward_b(const struct mt_ops_i *ops, float *t, float *dt, float *dh, 
                     struct mt_param *wd, int n, int D, int F, const struct mt_dyb *dyb, int64_t *redo)
 {
     if (n <= 0) return;
+    act = act_stored(act, act_b, wd, redo);
     swiglu_act(ops, act, act_b, g, u, (size_t)n * F);
     /* ReDo: the forward's activations again (same kernel, same g, u), once per microbatch */
     if (redo) ops->redo_score_acc(ops->be, redo, act, (size_t)n, F);

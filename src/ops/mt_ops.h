@@ -411,7 +411,10 @@ struct mt_ops_i {
      * The op above of the same name with the same fp32 outputs (same bits),
      * that also writes out_bf16 = bf16(out) (nearest even) from the same
      * kernel: the block's GEMM operands, so no GEMM converts them per call.
-     * Optional (NULL: the model leaves the twin out and the GEMMs round out). */
+     * Optional (NULL: the model leaves the twin out and the GEMMs round out).
+     * swiglu_forward_bf16: out may be NULL: only the twin is written (the
+     * same bf16 bits), for a caller whose GEMMs read the twin alone (the
+     * dense MLP's down projection: 4 bytes a hidden unit not stored). */
     void (*rmsnorm_resid_forward_bf16)(void *be, float *out, mt_bf16 *out_bf16, float *rstd, float *resid, const float *inp,
                                        const float *weight, int N, int C, float eps);
     void (*swiglu_forward_bf16)(void *be, float *out, mt_bf16 *out_bf16, const float *gate, const float *up, size_t n);

@@ -366,6 +366,85 @@ static void test_reductions(void)
     release(b);
 }
 
+/* ---- nonfinite_mark: each tensor read as float4s from its first 16-byte
+ * boundary, the 0-3 floats before it (head) and after the last whole float4
+ * (tail) one by one, blocks per tensor in proportion to its size, each
+ * thread striding over ~8 float4s ----
+ * 40 tensors (two launches of MT_OPS_LIST_MAX) of sizes 0 .. 100003 in one
+ * buffer, each 0-3 floats past a 64-byte boundary (every head length, tails
+ * 0-3); the slots a permutation; one flag marked before the call. Each case
+ * puts one non-finite value where one path owns it; the flags must be the
+ * cpu's bit for bit (twice: deterministic) and the cpu's the expected ones. */
+static void test_nonfinite_mark(void)
+{
+    if (!selected("nonfinite_mark")) return;
+    enum { NT = 40 };
+    static const size_t n12[12] = {100003, 1, 3, 5, 65537, 0, 2048, 12345, 4, 2, 7, 40000};
+    static const size_t off12[12] = {0, 1, 2, 3, 1, 0, 3, 2, 1, 2, 3, 1};
+    size_t n[NT], at[NT], total = 0;
+    int slot[NT];
+    for (int t = 0; t < NT; t++) {
+        n[t] = t < 12 ? n12[t] : (size_t)((t * 37) % 61);
+        total = (total + 15) & ~(size_t)15;                  /* a 64-byte boundary of the buffer, */
+        at[t] = total + (t < 12 ? off12[t] : (size_t)t % 4); /* then 0-3 floats                   */
+        total = at[t] + n[t];
+        slot[t] = (t * 7) % NT;
+    }
+    /* tensor 0: 25000 float4s over 13 blocks (3328 a sweep) + a tail of 3; 4: head 3, 16383
+     * float4s, tail 2; 3: head 1, one float4; 1: n = 1 < its head; 11: tail 1; 35 (second
+     * launch): n = 14, head 1, tail 1 */
+    struct { int t; size_t i; float v; const char *what; } cs[] = {
+        {-1, 0, 0.0f, "all finite: only the earlier mark"},
+        {0, 100002, NAN, "largest, aligned: its last element (tail)"},
+        {0, 99999, INFINITY, "largest: the last float4's last lane"},
+        {0, 4 * 3328 * 5 + 1, -INFINITY, "largest: a float4 of the 6th stride"},
+        {4, 65536, NAN, "4 bytes off: its last element (tail)"},
+        {4, 0, NAN, "4 bytes off: its first element (head)"},
+        {4, 3, INFINITY, "4 bytes off: the first float4"},
+        {3, 4, NAN, "12 bytes off, n = 5: the float4"},
+        {1, 0, NAN, "n = 1, 4 bytes off (head cut to n)"},
+        {11, 39999, NAN, "n = 40000, 4 bytes off: tail of 1"},
+        {35, 13, NAN, "second launch: a tail"},
+    };
+    float *host = rnd(total, -3, 3), *f0 = rnd(NT, -1, 1);
+    f0[slot[9]] = NAN;   /* an earlier mark stays */
+    struct be *g = BE(1);
+    float *probe = dalloc(g, total * sizeof(float));
+    size_t wrong_align = 0;   /* the device views are as misaligned as the test means */
+    for (int t = 0; t < NT; t++) wrong_align += (((uintptr_t)(probe + at[t]) & 15) == 0) != (at[t] % 4 == 0);
+    release(g);
+    report("nonfinite_mark", "views 0-3 floats off 16 bytes on the device (wrong)", (double)wrong_align, 0);
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        float keep = 0.0f;
+        if (cs[c].t >= 0) {
+            keep = host[at[cs[c].t] + cs[c].i];
+            host[at[cs[c].t] + cs[c].i] = cs[c].v;
+        }
+        float *r[3];
+        for (int p = 0; p < 3; p++) {
+            struct be *b = BE(p);
+            float *d = upf(b, host, total), *fl = upf(b, f0, NT);
+            const float *x[NT];
+            for (int t = 0; t < NT; t++) x[t] = d + at[t];
+            b->ops->nonfinite_mark(b->ops->be, fl, x, n, slot, NT);
+            r[p] = downf(b, fl, NT);
+            release(b);
+        }
+        size_t bad = ndiff(r[1], r[0], NT) + ndiff(r[2], r[0], NT);
+        for (int t = 0; t < NT; t++) {   /* the cpu's flags: NaN exactly at 9's and the case's slots */
+            const int want = t == 9 || t == cs[c].t;
+            bad += want ? !isnan(r[0][slot[t]]) : ndiff(&r[0][slot[t]], &f0[slot[t]], 1);
+        }
+        char w[128];
+        snprintf(w, sizeof w, "%s (wrong flags)", cs[c].what);
+        report("nonfinite_mark", w, (double)bad, 0);
+        for (int p = 0; p < 3; p++) free(r[p]);
+        if (cs[c].t >= 0) host[at[cs[c].t] + cs[c].i] = keep;
+    }
+    free(host);
+    free(f0);
+}
+
 /* ---- gemm ---- */
 static void test_gemm(void)
 {
@@ -1285,7 +1364,8 @@ static void test_redo(void)
  * and the scalar form on views one element off: both must give the same
  * bits (the vector path is a layout change, not new math). n = 10007 leaves
  * a tail after the 4- and 8-wide groups. cast / widen are also exact
- * against the host's rounding. */
+ * against the host's rounding. swiglu_forward_bf16 with out = NULL writes
+ * the twin alone: the same bits on both paths. */
 static uint16_t host_bf16(float f);
 static void test_vec_elementwise(void)
 {
@@ -1294,7 +1374,7 @@ static void test_vec_elementwise(void)
     float *g = rnd(m, -6, 6), *u = rnd(m, -2, 2), *d = rnd(m, -1, 1);
     struct be *b = BE(1);
     float *o[2], *po[2], *dg[2], *du[2], *ig[2], *iu[2], *wd[2];
-    uint16_t *tw[2], *cb[2];
+    uint16_t *tw[2], *cb[2], *tn[2];
     float *hg = xmalloc(m * 4), *hu = xmalloc(m * 4), *hd = xmalloc(m * 4);
     for (int off = 0; off < 2; off++) {
         /* the same n inputs at element `off` of the device buffers */
@@ -1303,8 +1383,9 @@ static void test_vec_elementwise(void)
         float *G = upf(b, hg, m), *U = upf(b, hu, m), *D = upf(b, hd, m), *IG = upf(b, hg, m), *IU = upf(b, hu, m);
         float *O = dalloc(b, m * 4), *PO = dalloc(b, m * 4), *DG = dalloc(b, m * 4), *DU = dalloc(b, m * 4);
         float *WD = dalloc(b, m * 4);
-        uint16_t *TW = dalloc(b, m * 2), *CB = dalloc(b, m * 2);
+        uint16_t *TW = dalloc(b, m * 2), *CB = dalloc(b, m * 2), *TN = dalloc(b, m * 2);
         b->ops->swiglu_forward_bf16(b->ops->be, O + off, TW + off, G + off, U + off, n);
+        b->ops->swiglu_forward_bf16(b->ops->be, NULL, TN + off, G + off, U + off, n);
         b->ops->swiglu_forward(b->ops->be, PO + off, G + off, U + off, n);
         b->ops->swiglu_backward(b->ops->be, DG + off, DU + off, D + off, G + off, U + off, n);
         b->ops->swiglu_backward(b->ops->be, IG + off, IU + off, D + off, IG + off, IU + off, n);  /* in place */
@@ -1319,13 +1400,16 @@ static void test_vec_elementwise(void)
         wd[off] = downf(b, WD + off, n);
         tw[off] = xmalloc(n * 2);
         cb[off] = xmalloc(n * 2);
+        tn[off] = xmalloc(n * 2);
         b->ops->copy_to_host(b->ops->be, tw[off], TW + off, n * 2);
+        b->ops->copy_to_host(b->ops->be, tn[off], TN + off, n * 2);
         b->ops->copy_to_host(b->ops->be, cb[off], CB + off, n * 2);
         release(b);
     }
-    size_t tbad = 0, cbad = 0, wbad = 0;
+    size_t tbad = 0, cbad = 0, wbad = 0, nbad = 0;
     for (size_t i = 0; i < n; i++) {
         tbad += tw[0][i] != host_bf16(o[0][i]) || tw[1][i] != tw[0][i];
+        nbad += tn[0][i] != tw[0][i] || tn[1][i] != tw[0][i];
         cbad += cb[0][i] != host_bf16(g[i]) || cb[1][i] != cb[0][i];
         uint32_t bits = (uint32_t)cb[0][i] << 16;
         float f;
@@ -1335,6 +1419,7 @@ static void test_vec_elementwise(void)
     report("vec_elementwise", "swiglu_forward vector = scalar path (differing bits, n=10007)",
            (double)(ndiff(po[0], po[1], n) + ndiff(o[0], o[1], n) + ndiff(o[0], po[0], n)), 0);
     report("vec_elementwise", "swiglu_forward_bf16 twin = bf16(out), vector = scalar (differing)", (double)tbad, 0);
+    report("vec_elementwise", "swiglu_forward_bf16 out = NULL: the same twin, both paths (differing)", (double)nbad, 0);
     report("vec_elementwise", "swiglu_backward vector = scalar path (differing bits)",
            (double)(ndiff(dg[0], dg[1], n) + ndiff(du[0], du[1], n)), 0);
     report("vec_elementwise", "swiglu_backward in place = out of place, both paths (differing bits)",
@@ -1342,7 +1427,7 @@ static void test_vec_elementwise(void)
     report("vec_elementwise", "cast_bf16 = host rounding, vector = scalar (differing)", (double)cbad, 0);
     report("vec_elementwise", "widen_bf16 exact, vector = scalar (differing)", (double)wbad, 0);
     for (int k = 0; k < 2; k++) {
-        free(o[k]); free(po[k]); free(dg[k]); free(du[k]); free(ig[k]); free(iu[k]); free(wd[k]); free(tw[k]); free(cb[k]);
+        free(o[k]); free(po[k]); free(dg[k]); free(du[k]); free(ig[k]); free(iu[k]); free(wd[k]); free(tw[k]); free(cb[k]); free(tn[k]);
     }
     free(g); free(u); free(d); free(hg); free(hu); free(hd);
 }
@@ -1947,6 +2032,7 @@ int main(int argc, char **argv)
     g_rng = 2;  test_memory();
     g_rng = 3;  test_fill_axpby();
     g_rng = 4;  test_reductions();
+    g_rng = 26; test_nonfinite_mark();
     g_rng = 5;  test_gemm();
     g_rng = 17; test_gemm_grouped(0);
     g_rng = 6;  test_embed();

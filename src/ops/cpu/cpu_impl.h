@@ -161,6 +161,8 @@ void mt_cpu_mod_backward(float *dr, float *dx, const float *dgate, const float *
 /* ReDo: acc[j] += sum_i q(|act[i*F+j]|), the fixed point of mt_ops.h (redo_score_acc) */
 void mt_cpu_redo_score_acc(int64_t *acc, const float *act, size_t rows, int F);
 void mt_cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
+/* out (may be NULL: not written) and out_bf16 = bf16(out): mt_cpu_swiglu_forward's bits, rounded */
+void mt_cpu_swiglu_forward_bf16(float *out, uint16_t *out_bf16, const float *gate, const float *up, size_t n);
 void mt_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                             const float *up, size_t n);
 

@@ -518,7 +518,7 @@ static void p_rmsnorm_resid_forward_bf16(void *be, float *out, mt_bf16 *out_bf16
 static void p_swiglu_forward_bf16(void *be, float *out, mt_bf16 *out_bf16, const float *gate, const float *up, size_t n)
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
-    PROF(MT_OPK_ELEMENTWISE, mt_cpu_swiglu_forward(out, gate, up, n); mt_cpu_cast_bf16(out_bf16, out, n));
+    PROF(MT_OPK_ELEMENTWISE, mt_cpu_swiglu_forward_bf16(out, out_bf16, gate, up, n));
 }
 static void p_qk_norm_rope_forward(void *be, float *q, float *k, float *rstd_q, float *rstd_k, const float *q_raw,
                                    const float *k_raw, const float *wq, const float *wk, const float *cos_tab,

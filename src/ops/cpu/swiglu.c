@@ -61,6 +61,21 @@ void mt_cpu_swiglu_forward(float *out, const float *gate, const float *up, size_
         fwd_range(out, gate, up, c * CHUNK, (c + 1) * CHUNK < n ? (c + 1) * CHUNK : n);
 }
 
+/* the same chunks as mt_cpu_swiglu_forward (fwd_range's 8-wide groups start
+ * at each chunk's first element either way: the same bits), each rounded to
+ * bf16 while in cache; out == NULL: a chunk-sized stack buffer instead */
+void mt_cpu_swiglu_forward_bf16(float *out, uint16_t *out_bf16, const float *gate, const float *up, size_t n)
+{
+    size_t nc = (n + CHUNK - 1) / CHUNK;
+    #pragma omp parallel for schedule(static) if (n > 16384)
+    for (size_t c = 0; c < nc; c++) {
+        const size_t lo = c * CHUNK, m = (c + 1) * CHUNK < n ? CHUNK : n - lo;
+        float tmp[CHUNK], *o = out ? out + lo : tmp;
+        fwd_range(o, gate + lo, up + lo, 0, m);
+        for (size_t i = 0; i < m; i++) out_bf16[lo + i] = mt_cpu_f32_to_bf16(o[i]);
+    }
+}
+
 void mt_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                             const float *up, size_t n)
 {

@@ -8,6 +8,8 @@
  * The order depends only on n: same bits every call, no atomics.
  * all_finite: every thread that sees a non-finite value stores 1 into a
  * zeroed flag (all writers store the same value: deterministic).
+ * nonfinite_mark: the same test over a list of tensors, 16-byte loads, one
+ * 1-D grid whose blocks each belong to one tensor (its comment below).
  * sumsq_multi (issue 27 item 3): pass 1 of every tensor in one launch per
  * MT_OPS_LIST_MAX tensors (blockIdx.y = the tensor, its list a launch
  * argument), each tensor's partials exactly sumsq's; pass 2 is one block
@@ -225,21 +227,50 @@ extern "C" void mt_cuda_normalize_fro(void *be, float *x, size_t n, double eps)
     MT_CUDA_KCHECK();
 }
 
+/* nonfinite_mark, for bandwidth (it reads every gradient once per step): tensor
+ * t of a launch owns the blocks [b0[t], b0[t+1]) of a 1-D grid, about one per
+ * MARK_PER_BLOCK elements (at least 1, at most mt_cuda_blocks' cap, the
+ * threads stride over the rest), so no block is empty and the grid is about
+ * sum(n) / MARK_PER_BLOCK blocks, not (blocks of the largest) x (tensors).
+ * Each tensor is read as float4s from its first 16-byte boundary; the head
+ * before it and the tail after the last whole float4 (at most 3 + 3
+ * elements) are read one by one. The test per element is all_finite's, so
+ * the same flags are set. */
+#define MARK_PER_BLOCK (THREADS * 32)   /* 8 float4s per thread */
 struct mark_list {
     const float *x[MT_OPS_LIST_MAX];
     size_t       n[MT_OPS_LIST_MAX];
     int          slot[MT_OPS_LIST_MAX];
+    unsigned     b0[MT_OPS_LIST_MAX + 1];   /* first block of tensor t; b0[c] = the grid */
 };
 
-/* grid (blocks, c): blockIdx.y the tensor; every writer stores the same NaN (deterministic) */
-static __global__ void nonfinite_mark_k(float *flags, struct mark_list L)
+/* exponent all ones: +-inf or NaN */
+static __device__ __forceinline__ unsigned nonfinite_bits(uint32_t u) { return (u & 0x7f800000u) == 0x7f800000u; }
+
+/* every writer stores the same NaN (deterministic) */
+static __global__ void nonfinite_mark_k(float *flags, struct mark_list L, int c)
 {
-    const uint32_t *u = (const uint32_t *)L.x[blockIdx.y];
-    const size_t n = L.n[blockIdx.y];
-    int bad = 0;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        bad |= (u[i] & 0x7f800000u) == 0x7f800000u;
-    if (bad) flags[L.slot[blockIdx.y]] = __uint_as_float(0x7fc00000u);
+    int t = 0;   /* this block's tensor: the same for all its threads */
+    while (t + 1 < c && blockIdx.x >= L.b0[t + 1]) t++;
+    const float *x = L.x[t];
+    const size_t n = L.n[t];
+    /* head: the 0..3 floats before x's first 16-byte boundary (floats are 4-byte aligned) */
+    size_t h = ((16u - ((uintptr_t)x & 15u)) & 15u) / 4u;
+    if (h > n) h = n;
+    const size_t nv = (n - h) / 4, rest = h + 4 * nv;   /* float4s, then the tail [rest, n) */
+    const size_t i0 = (size_t)(blockIdx.x - L.b0[t]) * blockDim.x + threadIdx.x;
+    const size_t st = (size_t)(L.b0[t + 1] - L.b0[t]) * blockDim.x;
+    const uint32_t *u = (const uint32_t *)x;
+    unsigned bad = 0;
+#pragma unroll 4
+    for (size_t i = i0; i < nv; i += st) {
+        const float4 v = mt_ld_f4(x + h + 4 * i);
+        bad |= nonfinite_bits(__float_as_uint(v.x)) | nonfinite_bits(__float_as_uint(v.y)) |
+               nonfinite_bits(__float_as_uint(v.z)) | nonfinite_bits(__float_as_uint(v.w));
+    }
+    if (i0 < h) bad |= nonfinite_bits(u[i0]);                 /* block 0 of the tensor: h, n - rest <= 3 */
+    if (i0 < n - rest) bad |= nonfinite_bits(u[rest + i0]);
+    if (bad) flags[L.slot[t]] = __uint_as_float(0x7fc00000u);
 }
 
 extern "C" void mt_cuda_nonfinite_mark(void *be, float *flags, const float *const *x, const size_t *n, const int *slot,
@@ -250,15 +281,16 @@ extern "C" void mt_cuda_nonfinite_mark(void *be, float *flags, const float *cons
         int c = count - base < MT_OPS_LIST_MAX ? count - base : MT_OPS_LIST_MAX;
         struct mark_list L;
         memset(&L, 0, sizeof L);
-        size_t nmax = 0;
+        size_t total = 0;
         for (int t = 0; t < c; t++) {
             L.x[t] = x[base + t];
             L.n[t] = n[base + t];
             L.slot[t] = slot[base + t];
-            if (L.n[t] > nmax) nmax = L.n[t];
+            L.b0[t + 1] = L.b0[t] + mt_cuda_blocks(L.n[t], MARK_PER_BLOCK);   /* MARK_PER_BLOCK items a block */
+            total += L.n[t];
         }
-        if (!nmax) continue;
-        MT_LAUNCH(nonfinite_mark_k, dim3(mt_cuda_blocks(nmax, THREADS), (unsigned)c), THREADS, 0)(flags, L);
+        if (!total) continue;
+        MT_LAUNCH(nonfinite_mark_k, L.b0[c], THREADS, 0)(flags, L, c);
         MT_CUDA_KCHECK();
     }
 }

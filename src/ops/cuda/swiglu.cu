@@ -29,7 +29,8 @@ static __device__ __forceinline__ void swiglu1_bwd(float &dg, float &du, float d
 /* Vector path (docs/cuda.md "Vectorised elementwise kernels"): elements
  * [0, 4*n4) as float4 (n4 = 0 when a pointer is not 16-byte aligned, or the
  * twin 8-byte), then the scalar tail [4*n4, n). ob: NULL, or the bf16 twin
- * of out written by the same thread (precision=bf16). */
+ * of out written by the same thread (precision=bf16); out: NULL when only
+ * the twin is wanted (swiglu_forward_bf16, mt_ops.h), its store skipped. */
 static __global__ void swiglu_fwd_k(float *out, __nv_bfloat16 *ob, const float *gate, const float *up, size_t n4,
                                     size_t n)
 {
@@ -40,12 +41,12 @@ static __global__ void swiglu_fwd_k(float *out, __nv_bfloat16 *ob, const float *
         y.y = swiglu1(g.y, u.y);
         y.z = swiglu1(g.z, u.z);
         y.w = swiglu1(g.w, u.w);
-        mt_st_f4(out + 4 * i, y);
+        if (out) mt_st_f4(out + 4 * i, y);
         if (ob) mt_st_bf16x4(ob + 4 * i, y);
     }
     for (size_t i = 4 * n4 + i0; i < n; i += st) {
         float y = swiglu1(gate[i], up[i]);
-        out[i] = y;
+        if (out) out[i] = y;
         if (ob) ob[i] = mt_cuda_bf16_rn(y);
     }
 }
@@ -73,7 +74,7 @@ static __global__ void swiglu_bwd_k(float *dgate, float *dup, const float *dout,
     }
 }
 
-/* whole float4s of n when every pointer allows them (ob: 8 bytes), else 0;
+/* whole float4s of n when every pointer allows them (ob: 8 bytes; NULL passes), else 0;
  * the launch covers max(vectors, tail) threads */
 static size_t vec4_count(size_t n, const void *a, const void *b, const void *c, const void *d, const void *ob)
 {
