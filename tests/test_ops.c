@@ -1967,7 +1967,7 @@ static int run_adamw_multi(struct harness *h)
         p2[i] = up_f(h, hp[i], k), m2[i] = up_f(h, hm[i], k), v2[i] = up_f(h, hv[i], k);
         h->ops->adamw_update(h->ops->be, p2[i], g[i], m2[i], v2[i], n[i], lr, b1, b2, eps, wd[i], bc1, bc2);
     }
-    h->ops->adamw_multi(h->ops->be, p, g, m, v, n, wd, MULTI_N, lr, b1, b2, eps, bc1, bc2);
+    h->ops->adamw_multi(h->ops->be, p, g, m, v, n, wd, MULTI_N, lr, b1, b2, eps, bc1, bc2, 1.0f);
     double bad = 0, guard = 0;
     for (int i = 0; i < MULTI_N; i++) {
         size_t k = n[i] + 1;
@@ -1978,6 +1978,25 @@ static int run_adamw_multi(struct harness *h)
     }
     checkf(h, op, bad, 0, "%d tensors == the loop over adamw_update (bits)", MULTI_N);
     checkf(h, op, guard, 0, "%d tensors: p past n untouched", MULTI_N);
+    /* gscale (the gradient clip): == axpby(g, NULL, 0, gscale) then the loop, bits; g unchanged */
+    const float gs = 0.3719f;
+    bad = 0;
+    double gmoved = 0;
+    for (int i = 0; i < MULTI_N; i++) {
+        size_t k = n[i] + 1;
+        float *gc = up_f(h, hg[i], k);
+        h->ops->axpby(h->ops->be, gc, NULL, 0.0f, gs, n[i]);
+        h->ops->adamw_update(h->ops->be, p2[i], gc, m2[i], v2[i], n[i], lr, b1, b2, eps, wd[i], bc1, bc2);
+    }
+    h->ops->adamw_multi(h->ops->be, p, g, m, v, n, wd, MULTI_N, lr, b1, b2, eps, bc1, bc2, gs);
+    for (int i = 0; i < MULTI_N; i++) {
+        size_t k = n[i] + 1;
+        bad += ndiff(down_f(h, p[i], k), down_f(h, p2[i], k), k) + ndiff(down_f(h, m[i], k), down_f(h, m2[i], k), k) +
+               ndiff(down_f(h, v[i], k), down_f(h, v2[i], k), k);
+        gmoved += ndiff(down_f(h, g[i], k), hg[i], k);
+    }
+    checkf(h, op, bad, 0, "%d tensors, gscale %g == axpby(g, gscale) + adamw_update (bits)", MULTI_N, gs);
+    checkf(h, op, gmoved, 0, "%d tensors, gscale: g not written", MULTI_N);
     return n_fail == f0;
 }
 

@@ -519,7 +519,11 @@ struct mt_ops_i {
      *   scalar in double, rounded once, then one fp32 multiply per element:
      *   axpby(x, NULL, 0, that scalar, n)); the norm never leaves the device.
      * adamw_multi: adamw_update(p[i], g[i], m[i], v[i], n[i], lr, b1, b2, eps,
-     *   wd[i], bc1, bc2) for every i (the tensors must not overlap).
+     *   wd[i], bc1, bc2) for every i (the tensors must not overlap), with each
+     *   g[i] element read as gscale * g (one fp32 multiply: the value that
+     *   axpby(g, NULL, 0, gscale) would store; g itself is not written; gscale
+     *   1: g as is). The gradient clip's scale rides here instead of a
+     *   separate read and write of every gradient (optim.c).
      * nonfinite_mark: flags[slot[i]] = NaN for every i with all_finite(x[i],
      *   n[i]) == 0; every other flag untouched (marks accumulate until the
      *   caller zeroes flags, a backend buffer). No host wait: the trainer adds
@@ -529,7 +533,7 @@ struct mt_ops_i {
     void   (*normalize_fro)(void *be, float *x, size_t n, double eps);
     void   (*adamw_multi)(void *be, float *const *p, const float *const *g, float *const *m, float *const *v,
                           const size_t *n, const float *wd, int count, float lr, float b1, float b2, float eps,
-                          float bc1, float bc2);
+                          float bc1, float bc2, float gscale);
     void   (*nonfinite_mark)(void *be, float *flags, const float *const *x, const size_t *n, const int *slot, int count);
 
     /* ---- backend facts (issue 30 item 6; docs/architecture.md "The backend behind the table") ----

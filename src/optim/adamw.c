@@ -41,7 +41,8 @@ static enum mt_status adamw_step(struct mt_ctx *ctx, const struct mt_optim_run *
     for (int i = 0; i < n; i++) {
         const struct mt_param *pa = slots[i]->p;
         wd[i] = pa->decay ? cfg->weight_decay : 0.0f;
-        if (!ops->adamw_multi) {
+        if (!ops->adamw_multi) {   /* the clip's scale in place first (what optim.c does for other classes) */
+            if (run->gscale != 1.0f) ops->axpby(ops->be, pa->grad, NULL, 0.0f, run->gscale, pa->numel);
             ops->adamw_update(ops->be, pa->data, pa->grad, slots[i]->s[0], slots[i]->s[1], pa->numel, lr,
                               cfg->adam_beta1, cfg->adam_beta2, cfg->adam_eps, wd[i], bc1, bc2);
             continue;
@@ -53,7 +54,8 @@ static enum mt_status adamw_step(struct mt_ctx *ctx, const struct mt_optim_run *
         nel[i] = pa->numel;
     }
     if (ops->adamw_multi && n > 0)
-        ops->adamw_multi(ops->be, p, g, m, v, nel, wd, n, lr, cfg->adam_beta1, cfg->adam_beta2, cfg->adam_eps, bc1, bc2);
+        ops->adamw_multi(ops->be, p, g, m, v, nel, wd, n, lr, cfg->adam_beta1, cfg->adam_beta2, cfg->adam_eps, bc1, bc2,
+                         run->gscale);
     return MT_OK;
 }
 
@@ -65,6 +67,7 @@ const struct mt_optim_i mt_optim_adamw = {
     .matrices_only = 0,
     .whole_matrix = 0,
     .pass_bytes = 28.0,   /* reads p, g, m, v; writes p, m, v: 7 floats */
+    .takes_gscale = 1,    /* the clip's scale inside adamw_multi (adamw_step) */
     .flops = NULL,
     .ws_sizes = NULL,
     .check = adamw_check,

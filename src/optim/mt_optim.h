@@ -54,6 +54,9 @@ struct mt_optim_run {
     struct mt_comm         *tp_comm;            /* model group (TP), or NULL          */
     long                    t;                  /* this update's number, from 1       */
     double                  lr_factor;          /* mt_optim_lr_factor of this step    */
+    float                   gscale;             /* the clip's scale for a class that
+                                                 * takes it (takes_gscale): g reads as
+                                                 * gscale * g; 1: no clip this step   */
     float                  *ws[MT_OPTIM_MAX_WS]; /* the class's workspace (ws_sizes)  */
 };
 
@@ -70,6 +73,9 @@ struct mt_optim_i {
                                                      * numel floats moved)                     */
     double      pass_bytes;                         /* planner: bytes its elementwise update
                                                      * reads + writes per parameter element   */
+    int         takes_gscale;                       /* 1: its step applies run->gscale (the
+                                                     * gradient clip) itself; 0: the clip
+                                                     * scales its gradients in place first   */
     /* planner: FLOPs of one update beyond the elementwise pass (NULL: 0) */
     double (*flops)(const struct mt_param *p);
     /* floats of each workspace buffer for the parameters of kind `kind`

@@ -238,17 +238,23 @@ enum mt_status mt_optim_step(struct mt_ctx *ctx, struct mt_optim *o, int step, d
     if (!(grad_norm == grad_norm) || isinf(grad_norm))
         return mt_ctx_error(ctx, MT_ERR_NUMERIC, "non-finite gradient norm %g at step %d", grad_norm, step);
 
-    /* clip: g *= min(1, clip / (norm + 1e-6)), before every class */
+    /* clip: g *= min(1, clip / (norm + 1e-6)), before every class: in place, or inside the
+     * update of a class that takes the scale (AdamW: one fp32 multiply as it reads g, the
+     * same bits; saves a read and a write of every gradient, 8 GB a step at 1B params) */
+    float gscale = 1.0f;
     if (cfg->grad_clip > 0) {
         double sc = cfg->grad_clip / (grad_norm + 1e-6);
-        if (sc < 1.0)
+        if (sc < 1.0) {
+            gscale = (float)sc;
             for (int i = 0; i < o->n_params; i++)
-                if (!o->ps[i].p->frozen) ops->axpby(ops->be, o->ps[i].p->grad, NULL, 0.0f, (float)sc, o->ps[i].p->numel);
+                if (!o->ps[i].p->frozen && !o->classes[o->ps[i].p->optim]->takes_gscale)
+                    ops->axpby(ops->be, o->ps[i].p->grad, NULL, 0.0f, gscale, o->ps[i].p->numel);
+        }
     }
 
     o->t++;
     struct mt_optim_run run = {.ops = ops, .cfg = cfg, .tp_comm = o->tp_comm, .t = o->t,
-                               .lr_factor = mt_optim_lr_factor(cfg, step)};
+                               .lr_factor = mt_optim_lr_factor(cfg, step), .gscale = gscale};
     for (int k = 0; k < o->n_classes; k++) {
         memcpy(run.ws, o->ws[k], sizeof run.ws);
         struct mt_optim_slot *list[MT_OPS_LIST_MAX];

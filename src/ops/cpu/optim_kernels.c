@@ -1,7 +1,8 @@
 /*
  * optim_kernels.c — elementwise optimizer updates (AdamW, Muon momentum).
  *
- *   AdamW (PyTorch): m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+ *   AdamW (PyTorch): m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;   (g: gs * grad, one
+ *                    fp32 multiply, gs = 1 exact: the clip's scale, mt_ops.h adamw_multi)
  *                    p *= 1 - lr wd;  p -= lr (m/bc1) / (sqrt(v/bc2) + eps)
  *   Muon:            m = mu m + g;  d = g + mu m  (Nesterov), d may alias g.
  *
@@ -13,7 +14,7 @@
 
 #define CHUNK 4096  /* elements per parallel chunk */
 
-static void adamw_range(float *p, const float *g, float *m, float *v, size_t lo, size_t hi,
+static void adamw_range(float *p, const float *g, float gs, float *m, float *v, size_t lo, size_t hi,
                         float lr, float b1, float b2, float eps, float decay, float bc1, float bc2)
 {
     size_t i = lo;
@@ -22,8 +23,9 @@ static void adamw_range(float *p, const float *g, float *m, float *v, size_t lo,
     const __m256 vb1c = _mm256_set1_ps(1.0f - b1), vb2c = _mm256_set1_ps(1.0f - b2);
     const __m256 vbc1 = _mm256_set1_ps(bc1), vbc2 = _mm256_set1_ps(bc2);
     const __m256 vlr = _mm256_set1_ps(lr), veps = _mm256_set1_ps(eps), vdec = _mm256_set1_ps(decay);
+    const __m256 vgs = _mm256_set1_ps(gs);
     for (; i + 8 <= hi; i += 8) {
-        __m256 gi = _mm256_loadu_ps(g + i);
+        __m256 gi = _mm256_mul_ps(_mm256_loadu_ps(g + i), vgs);
         __m256 mi = _mm256_add_ps(_mm256_mul_ps(vb1, _mm256_loadu_ps(m + i)), _mm256_mul_ps(vb1c, gi));
         __m256 vi = _mm256_add_ps(_mm256_mul_ps(vb2, _mm256_loadu_ps(v + i)),
                                   _mm256_mul_ps(_mm256_mul_ps(vb2c, gi), gi));
@@ -35,7 +37,7 @@ static void adamw_range(float *p, const float *g, float *m, float *v, size_t lo,
     }
 #endif
     for (; i < hi; i++) {
-        float gi = g[i];
+        float gi = g[i] * gs;
         float mi = b1 * m[i] + (1.0f - b1) * gi;
         float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
         m[i] = mi;
@@ -44,15 +46,21 @@ static void adamw_range(float *p, const float *g, float *m, float *v, size_t lo,
     }
 }
 
-void mt_cpu_adamw_update(float *p, const float *g, float *m, float *v, size_t n,
-                         float lr, float b1, float b2, float eps, float wd, float bc1, float bc2)
+void mt_cpu_adamw_update_gs(float *p, const float *g, float gs, float *m, float *v, size_t n,
+                            float lr, float b1, float b2, float eps, float wd, float bc1, float bc2)
 {
     float decay = 1.0f - lr * wd;
     size_t nc = (n + CHUNK - 1) / CHUNK;
     #pragma omp parallel for schedule(static) if (n > 16384)
     for (size_t c = 0; c < nc; c++)
-        adamw_range(p, g, m, v, c * CHUNK, (c + 1) * CHUNK < n ? (c + 1) * CHUNK : n,
+        adamw_range(p, g, gs, m, v, c * CHUNK, (c + 1) * CHUNK < n ? (c + 1) * CHUNK : n,
                     lr, b1, b2, eps, decay, bc1, bc2);
+}
+
+void mt_cpu_adamw_update(float *p, const float *g, float *m, float *v, size_t n,
+                         float lr, float b1, float b2, float eps, float wd, float bc1, float bc2)
+{
+    mt_cpu_adamw_update_gs(p, g, 1.0f, m, v, n, lr, b1, b2, eps, wd, bc1, bc2);
 }
 
 void mt_cpu_muon_momentum(float *d, float *m, const float *g, float mu, size_t n)

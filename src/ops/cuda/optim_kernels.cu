@@ -39,23 +39,25 @@ static __device__ __forceinline__ void adamw_elem(float &p, float gi, float &m, 
  * Groups of 4 as float4 loads and stores when all four buffers are 16-byte
  * aligned (the carver aligns to 64: always, but for views), then the tail;
  * each element's arithmetic is adamw_elem either way. */
-static __device__ __forceinline__ void adamw_span(float *p, const float *g, float *m, float *v, size_t n, float lr,
-                                                  float b1, float b2, float eps, float decay, float bc1, float bc2)
+static __device__ __forceinline__ void adamw_span(float *p, const float *g, float gs, float *m, float *v, size_t n,
+                                                  float lr, float b1, float b2, float eps, float decay, float bc1,
+                                                  float bc2)
 {
     const size_t i0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x, st = (size_t)gridDim.x * blockDim.x;
     const int vec = (((uintptr_t)p | (uintptr_t)g | (uintptr_t)m | (uintptr_t)v) & 15) == 0;
     const size_t n4 = vec ? n / 4 : 0;
     for (size_t i = i0; i < n4; i += st) {
         float4 P = mt_ld_f4(p + 4 * i), G = mt_ld_f4(g + 4 * i), M = mt_ld_f4(m + 4 * i), V = mt_ld_f4(v + 4 * i);
-        adamw_elem(P.x, G.x, M.x, V.x, lr, b1, b2, eps, decay, bc1, bc2);
-        adamw_elem(P.y, G.y, M.y, V.y, lr, b1, b2, eps, decay, bc1, bc2);
-        adamw_elem(P.z, G.z, M.z, V.z, lr, b1, b2, eps, decay, bc1, bc2);
-        adamw_elem(P.w, G.w, M.w, V.w, lr, b1, b2, eps, decay, bc1, bc2);
+        adamw_elem(P.x, __fmul_rn(G.x, gs), M.x, V.x, lr, b1, b2, eps, decay, bc1, bc2);
+        adamw_elem(P.y, __fmul_rn(G.y, gs), M.y, V.y, lr, b1, b2, eps, decay, bc1, bc2);
+        adamw_elem(P.z, __fmul_rn(G.z, gs), M.z, V.z, lr, b1, b2, eps, decay, bc1, bc2);
+        adamw_elem(P.w, __fmul_rn(G.w, gs), M.w, V.w, lr, b1, b2, eps, decay, bc1, bc2);
         mt_st_f4(p + 4 * i, P);
         mt_st_f4(m + 4 * i, M);
         mt_st_f4(v + 4 * i, V);
     }
-    for (size_t i = 4 * n4 + i0; i < n; i += st) adamw_elem(p[i], g[i], m[i], v[i], lr, b1, b2, eps, decay, bc1, bc2);
+    for (size_t i = 4 * n4 + i0; i < n; i += st)
+        adamw_elem(p[i], __fmul_rn(g[i], gs), m[i], v[i], lr, b1, b2, eps, decay, bc1, bc2);
 }
 
 /* blocks of an AdamW launch over n elements: a thread per group of 4, at
@@ -72,7 +74,7 @@ static unsigned adamw_blocks(size_t n)
 static __global__ void adamw_k(float *p, const float *g, float *m, float *v, size_t n,
                                float lr, float b1, float b2, float eps, float decay, float bc1, float bc2)
 {
-    adamw_span(p, g, m, v, n, lr, b1, b2, eps, decay, bc1, bc2);
+    adamw_span(p, g, 1.0f, m, v, n, lr, b1, b2, eps, decay, bc1, bc2);
 }
 
 static __global__ void muon_momentum_k(float *d, float *m, const float *g, float mu, size_t n)
@@ -123,15 +125,16 @@ struct adamw_list {
     float        decay[MT_OPS_LIST_MAX];
 };
 
-static __global__ void adamw_multi_k(struct adamw_list L, float lr, float b1, float b2, float eps, float bc1, float bc2)
+static __global__ void adamw_multi_k(struct adamw_list L, float lr, float b1, float b2, float eps, float bc1, float bc2,
+                                     float gs)
 {
     const int t = blockIdx.y;
-    adamw_span(L.p[t], L.g[t], L.m[t], L.v[t], L.n[t], lr, b1, b2, eps, L.decay[t], bc1, bc2);
+    adamw_span(L.p[t], L.g[t], gs, L.m[t], L.v[t], L.n[t], lr, b1, b2, eps, L.decay[t], bc1, bc2);
 }
 
 extern "C" void mt_cuda_adamw_multi(void *be, float *const *p, const float *const *g, float *const *m, float *const *v,
                                     const size_t *n, const float *wd, int count, float lr, float b1, float b2,
-                                    float eps, float bc1, float bc2)
+                                    float eps, float bc1, float bc2, float gscale)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     for (int base = 0; base < count; base += MT_OPS_LIST_MAX) {
@@ -150,7 +153,7 @@ extern "C" void mt_cuda_adamw_multi(void *be, float *const *p, const float *cons
         }
         if (!nmax) continue;
         MT_LAUNCH(adamw_multi_k, dim3(adamw_blocks(nmax), (unsigned)c), THREADS, 0)(L, lr, b1, b2, eps,
-                                                                                               bc1, bc2);
+                                                                                               bc1, bc2, gscale);
         MT_CUDA_KCHECK();
     }
 }
