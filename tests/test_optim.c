@@ -317,7 +317,11 @@ static void test_schedule(void)
     EXPECT(fabs(mt_optim_lr_factor(&c, 55) - (m + (1 - m) * 0.5)) < tol);
 }
 
-/* ---- clipping: exact scale, reported norm, no-op below the threshold ---- */
+/* ---- clipping: exact scale, reported norm, no-op below the threshold ----
+ * AdamW takes the clip's scale inside its update (takes_gscale: the gradient
+ * stays as it is, the step equals one on gradients scaled in place, bit for
+ * bit); the reference optimizer o2 steps copies whose gradients are scaled
+ * here and whose norm is below the threshold (no clip of its own). */
 static void test_clip(const struct mt_ops_i *ops)
 {
     struct mt_ctx ctx;
@@ -325,20 +329,24 @@ static void test_clip(const struct mt_ops_i *ops)
     struct mt_config cfg;
     base_cfg(&cfg);
     cfg.grad_clip = 1.0f;
-    struct mt_param ps[2];
+    struct mt_param ps[2], ps2[2];
     mkparam(&ctx, &ps[0], "a.weight", 2, 4, 4, MT_OPTIM_ADAMW, 1);
     mkparam(&ctx, &ps[1], "b.weight", 1, 5, 1, MT_OPTIM_ADAMW, 0);
+    mkparam(&ctx, &ps2[0], "a.weight", 2, 4, 4, MT_OPTIM_ADAMW, 1);
+    mkparam(&ctx, &ps2[1], "b.weight", 1, 5, 1, MT_OPTIM_ADAMW, 0);
     float orig[2][16];
     unsigned s = 3;
     double ss = 0;
     for (int k = 0; k < 2; k++)
         for (size_t i = 0; i < ps[k].numel; i++) {
             ps[k].grad[i] = orig[k][i] = 2.0f * rnd(&s);
+            ps[k].data[i] = ps2[k].data[i] = rnd(&s);
             ss += (double)orig[k][i] * orig[k][i];
         }
-    struct mt_optim *o = NULL;
+    struct mt_optim *o = NULL, *o2 = NULL;
     EXPECT(mt_optim_create(&ctx, ops, &cfg, ps, 2, &o) == MT_OK);
-    if (!o) return;
+    EXPECT(mt_optim_create(&ctx, ops, &cfg, ps2, 2, &o2) == MT_OK);
+    if (!o || !o2) return;
     double got = mt_optim_grad_sumsq(o);
     EXPECT(fabs(got - ss) < 1e-9 * ss);
     double norm = sqrt(got);
@@ -346,7 +354,15 @@ static void test_clip(const struct mt_ops_i *ops)
     EXPECT(mt_optim_step(&ctx, o, 0, norm) == MT_OK);
     float sc = (float)(cfg.grad_clip / (norm + 1e-6));
     for (int k = 0; k < 2; k++)
-        for (size_t i = 0; i < ps[k].numel; i++) EXPECT(ps[k].grad[i] == orig[k][i] * sc);
+        for (size_t i = 0; i < ps[k].numel; i++) {
+            EXPECT(ps[k].grad[i] == orig[k][i]);   /* not written */
+            ps2[k].grad[i] = orig[k][i] * sc;
+        }
+    EXPECT(mt_optim_step(&ctx, o2, 0, 0.5) == MT_OK);
+    for (int k = 0; k < 2; k++)
+        for (size_t i = 0; i < ps[k].numel; i++) EXPECT(ps[k].data[i] == ps2[k].data[i]);
+    mt_optim_destroy(&ctx, o2);
+    freeparams(&ctx, ps2, 2);
     /* below the threshold: untouched */
     for (int k = 0; k < 2; k++)
         for (size_t i = 0; i < ps[k].numel; i++) ps[k].grad[i] = orig[k][i] * 0.01f;
