@@ -2322,6 +2322,59 @@ static void widen_case(struct harness *h)
     checkf(h, "widen_bf16", (double)bad, 0, "all 65536 patterns exact (NaN: NaN)");
 }
 
+/* a device bf16 buffer (n) as a host copy */
+static uint16_t *down_b16(struct harness *h, const uint16_t *d, size_t n)
+{
+    uint16_t *b = (uint16_t *)new_f(h, (n + 1) / 2);
+    h->ops->sync(h->ops->be);
+    h->ops->copy_to_host(h->ops->be, b, d, n * sizeof(uint16_t));
+    return b;
+}
+static long b16_diff(const uint16_t *a, const uint16_t *b, size_t n)
+{
+    long bad = 0;
+    for (size_t i = 0; i < n; i++) bad += a[i] != b[i];
+    return bad;
+}
+
+/* swiglu_backward_bf16 (mt_ops.h): dgate_b, dup_b are bf16 (nearest even) of
+ * the bits swiglu_backward writes from the same inputs: equal to that op
+ * followed by cast_bf16 on the same backend, and to the host's rounding of
+ * its fp32 outputs. Every pointer `off` elements into its buffer (off 1: the
+ * cuda kernel's scalar path), then dup_b alone one element off; n odd, and
+ * n > 16384 (the cpu's threaded chunks of 4096 with a tail). */
+static void swiglu_bwd_bf16_case(struct harness *h, size_t n, int off)
+{
+    if (!h->ops || !has(h, "swiglu_backward_bf16", h->ops->swiglu_backward_bf16 != NULL)) return;
+    char cs[64];
+    snprintf(cs, sizeof cs, "n=%zu off=%d", n, off);
+    const size_t m = n + 1;
+    float *G = up_f(h, rand_f(h, m, -6, 6), m) + off, *U = up_f(h, rand_f(h, m, -3, 3), m) + off;
+    float *D = up_f(h, rand_f(h, m, -2, 2), m) + off;
+    float *DG = up_f(h, nan_f(h, m), m) + off, *DU = up_f(h, nan_f(h, m), m) + off;
+    uint16_t *CG = (uint16_t *)dalloc(h, m * 2) + off, *CU = (uint16_t *)dalloc(h, m * 2) + off;
+    uint16_t *BG = (uint16_t *)dalloc(h, m * 2) + off, *BU = (uint16_t *)dalloc(h, m * 2) + off;
+    uint16_t *BM = (uint16_t *)dalloc(h, m * 2) + (1 - off), *BG2 = (uint16_t *)dalloc(h, m * 2) + off;
+    uint16_t *BU2 = (uint16_t *)dalloc(h, m * 2) + off;
+    h->ops->swiglu_backward(h->ops->be, DG, DU, D, G, U, n);
+    h->ops->cast_bf16(h->ops->be, CG, DG, n);
+    h->ops->cast_bf16(h->ops->be, CU, DU, n);
+    h->ops->swiglu_backward_bf16(h->ops->be, BG, BU, D, G, U, n);
+    const uint16_t *bg = down_b16(h, BG, n), *bu = down_b16(h, BU, n);
+    checkf(h, "swiglu_backward_bf16", (double)(b16_diff(bg, down_b16(h, CG, n), n) + b16_diff(bu, down_b16(h, CU, n), n)),
+           0, "%s == swiglu_backward + cast_bf16 (bits)", cs);
+    checkf(h, "swiglu_backward_bf16",
+           (double)(twin_diff(h, BG, down_f(h, DG, n), n) + twin_diff(h, BU, down_f(h, DU, n), n)), 0,
+           "%s == host bf16 of swiglu_backward's bits", cs);
+    /* dup_b alone at the other offset (cuda: the scalar path), the same bits */
+    h->ops->swiglu_backward_bf16(h->ops->be, BG2, BM, D, G, U, n);
+    checkf(h, "swiglu_backward_bf16", (double)(b16_diff(bg, down_b16(h, BG2, n), n) + b16_diff(bu, down_b16(h, BM, n), n)),
+           0, "%s dup_b at offset %d: the same bits", cs, 1 - off);
+    h->ops->swiglu_backward_bf16(h->ops->be, BG2, BU2, D, G, U, n);
+    checkf(h, "swiglu_backward_bf16", (double)(b16_diff(bg, down_b16(h, BG2, n), n) + b16_diff(bu, down_b16(h, BU2, n), n)),
+           0, "%s determinism", cs);
+}
+
 static int run_fused(struct harness *h)
 {
     int f0 = n_fail;
@@ -2332,6 +2385,10 @@ static int run_fused(struct harness *h)
     bf16_twin_case(h, 5, 13);
     bf16_twin_case(h, 37, 200);
     widen_case(h);
+    swiglu_bwd_bf16_case(h, 65, 0);
+    swiglu_bwd_bf16_case(h, 7403, 1);
+    swiglu_bwd_bf16_case(h, 33003, 0);
+    swiglu_bwd_bf16_case(h, 33003, 1);
     qkr_case(h, 2, 5, 0, 3, 1, 8);
     qkr_case(h, 2, 5, 3, 3, 1, 8);      /* forward at an offset (decoding) */
     qkr_case(h, 1, 7, 0, 2, 2, 40);     /* a 16-column dw block straddles the two halves */

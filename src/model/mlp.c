@@ -75,6 +75,22 @@ void mlp_forward_b(const struct mt_ops_i *ops, float *t, float *out, int accumul
     proj_fwd_b(ops, t, out, act, act_b, wd, n, F, D, accumulate ? 1.0f : 0.0f);
 }
 
+/* dg, du straight to bf16 (swiglu_backward_bf16) when their only readers are
+ * the gate/up GEMMs on bf16 operands: both weights have shadows (precision=bf16)
+ * and no adapter (lora_bwd_add reads the fp32 d), and the two buffers they go
+ * to exist: act's twin act_b (dWd += dy^T act_b is its last reader) and the
+ * dy scratch (down's rounded dy is read by then), n*F each. The GEMMs then see
+ * the bits they saw after swiglu_backward + cast_bf16 (RNE either way; a
+ * gemm_bf16 given fp32 rounds the same); the fp32 dg, du and their rounding
+ * pass are gone (16 bytes of traffic a hidden unit: 8 written, 8 read back,
+ * the 4 bf16 bytes now written by the SwiGLU instead of the cast). */
+static int dgu_direct(const struct mt_ops_i *ops, const mt_bf16 *act_b, const struct mt_dyb *dyb,
+                      const struct mt_param *wg, const struct mt_param *wu, size_t nF)
+{
+    return ops->swiglu_backward_bf16 && act_b && dyb && dyb->p && nF <= dyb->cap && wg->bf16 && wu->bf16 &&
+           !wg->lora_a && !wu->lora_a;
+}
+
 void mlp_backward_b(const struct mt_ops_i *ops, float *t, float *dt, float *dh, int accumulate, float *act,
                     mt_bf16 *act_b, float *dact, float *dg, float *du, const float *dout, const float *h,
                     const mt_bf16 *hb, const float *g, const float *u, struct mt_param *wg, struct mt_param *wu,
@@ -86,6 +102,15 @@ void mlp_backward_b(const struct mt_ops_i *ops, float *t, float *dt, float *dh, 
     /* ReDo: the forward's activations again (same kernel, same g, u), once per microbatch */
     if (redo) ops->redo_score_acc(ops->be, redo, act, (size_t)n, F);
     proj_bwd_b(ops, t, dt, dact, 0.0f, wd, dout, act, act_b, n, F, D, dyb);
+    if (dgu_direct(ops, act_b, dyb, wg, wu, (size_t)n * F)) {
+        mt_bf16 *dgb = dyb->p, *dub = act_b;   /* both read by now (dgu_direct) */
+        ops->swiglu_backward_bf16(ops->be, dgb, dub, dact, g, u, (size_t)n * F);
+        /* proj_bwd_b's GEMMs (no adapter: nothing else), on the rounded dy */
+        wlinear_backward_db(ops, dh, accumulate ? 1.0f : 0.0f, wg->frozen ? NULL : wg->grad, NULL, dgb, h, hb, wg, n,
+                            D, F);
+        wlinear_backward_db(ops, dh, 1.0f, wu->frozen ? NULL : wu->grad, NULL, dub, h, hb, wu, n, D, F);
+        return;
+    }
     ops->swiglu_backward(ops->be, dg, du, dact, g, u, (size_t)n * F);
     proj_bwd_b(ops, t, dt, dh, accumulate ? 1.0f : 0.0f, wg, dg, h, hb, n, D, F, dyb);
     proj_bwd_b(ops, t, dt, dh, 1.0f, wu, du, h, hb, n, D, F, dyb);

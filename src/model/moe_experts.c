@@ -40,6 +40,10 @@
  * chunk of groups into the piece's bf16 scratch (moe.c carves xb, ab, db):
  * x for gate, up and their weight gradients, the SwiGLU output for down
  * (swiglu_forward_bf16 writes both), dy, then dg, then du for the backward.
+ * Without adapters on gate/up dg and du are read by those GEMMs alone, so
+ * swiglu_backward_bf16 writes them as bf16 directly (the bits of
+ * swiglu_backward then the rounding; no fp32 dg, du): dg into db where dy's
+ * copy was, du into ab where the SwiGLU output's was (dWd has read both).
  * A gemm_bf16 call with fp32 operands rounds them itself (into a padded
  * scratch, per call: the H100 run of 2026-11-27 counted 4e9 such elements
  * per moe8 step); the rounding is the same round-to-nearest-even, so the
@@ -264,7 +268,7 @@ static void weight_grad(const struct mt_piece_ctx *pc, const struct group_set *s
         g.M[j] = out;
         g.N[j] = in;
         g.K[j] = s->rows[i];
-        g.a[j] = d + s->r0[i] * out;
+        g.a[j] = d ? d + s->r0[i] * out : NULL;   /* d NULL: db alone (bf16 dg, du) */
         g.b[j] = x + s->r0[i] * in;
         g.c[j] = s->w[i][p].grad;
         ab[j] = db ? db + s->r0[i] * out : NULL;
@@ -280,6 +284,13 @@ static const struct mt_moe_scratch *bf16_scratch(const struct mt_piece_ctx *pc, 
 {
     const struct mt_moe_scratch *ms = moe_scr(pc);
     return ms->xb && s->w[0][0].bf16 && s->w[0][1].bf16 && s->w[0][2].bf16 ? ms : NULL;
+}
+
+/* some group of the chunk has an adapter on gate or up (adapter_bwd reads their fp32 d) */
+static int gate_up_adapted(const struct group_set *s)
+{
+    int pick[GROUP_CHUNK];
+    return select_groups(s, 0, 1, pick) + select_groups(s, 1, 1, pick) > 0;
 }
 
 /* dst[r0*w ..) = bf16(src) over the chunk's rows (its groups are back to back) */
@@ -386,18 +397,23 @@ void moe_experts_backward(const struct mt_piece_ctx *pc, int n_groups, const int
         }
         grouped_t(ops, 0, 0, s.n, Mr, NF, ND, 1.0f, a, rows_of(ab, dyb, &s, D), D, b, NULL, Fe, 0.0f, c, Fe, W[2], 1);
         adapter_bwd(pc, &s, 2, pc->s_act, Fe, dy, D, pc->s_dact);
-        for (int i = 0; i < s.n; i++)
-            ops->swiglu_backward(ops->be, pc->s_dg + s.r0[i] * Fe, pc->s_du + s.r0[i] * Fe, pc->s_dact + s.r0[i] * Fe,
-                                 eg + s.r0[i] * Fe, eu + s.r0[i] * Fe, (size_t)s.rows[i] * Fe);
+        /* direct: dg, du as bf16 only, dg into db (dy's copy, read above), du into ab (act's, read
+         * by dWd above); one call per group as swiglu_backward (the cpu's chunks: its bits) */
+        const int direct = bs && ops->swiglu_backward_bf16 && !gate_up_adapted(&s);
+        for (int i = 0; i < s.n; i++) {
+            const size_t o = s.r0[i] * Fe, m = (size_t)s.rows[i] * Fe;
+            if (direct) ops->swiglu_backward_bf16(ops->be, bs->db + o, bs->ab + o, pc->s_dact + o, eg + o, eu + o, m);
+            else ops->swiglu_backward(ops->be, pc->s_dg + o, pc->s_du + o, pc->s_dact + o, eg + o, eu + o, m);
+        }
         /* gate then up: dW (Fe, D) += d^T x; dx (rows, D) = dg Wg, then += du Wu (each + its adapter's path);
-         * bf16: x rounded once for both, d (dg, then du) into db where dy was */
+         * bf16: x rounded once for both; d (dg, then du) into db where dy was, unless direct */
         const mt_bf16 *xb = bs ? round_rows(ops, bs->xb, x, &s, D) : NULL;
         for (int p = 0; p < 2; p++) {
-            float *d = p == 0 ? pc->s_dg : pc->s_du;
-            const mt_bf16 *db = bs ? round_rows(ops, bs->db, d, &s, Fe) : NULL;
+            float *d = direct ? NULL : p == 0 ? pc->s_dg : pc->s_du;
+            const mt_bf16 *db = direct ? (p == 0 ? bs->db : bs->ab) : bs ? round_rows(ops, bs->db, d, &s, Fe) : NULL;
             weight_grad(pc, &s, p, d, db, Fe, x, xb, D);
             for (int i = 0; i < s.n; i++) {
-                a[i] = d + s.r0[i] * Fe;
+                a[i] = d ? d + s.r0[i] * Fe : NULL;
                 b[i] = s.w[i][p].data;
                 c[i] = dx + s.r0[i] * D;
             }

@@ -31,8 +31,8 @@ struct mt_moe_scratch {
     /* precision=bf16 (NULL in fp32): the experts' GEMM operands rounded once per chunk of
      * groups, not inside every gemm_bf16 call (moe_experts.c): (ep*M) rows each */
     mt_bf16 *xb;                 /* (ep*M, D)  the expert input x (gate, up; dWg, dWu)            */
-    mt_bf16 *ab;                 /* (ep*M, Fe) the SwiGLU output (down; dWd)                      */
-    mt_bf16 *db;                 /* (ep*M, max(D, Fe)) dy (dWd, dact), then dg, then du           */
+    mt_bf16 *ab;                 /* (ep*M, Fe) the SwiGLU output (down; dWd), then du (bf16 direct) */
+    mt_bf16 *db;                 /* (ep*M, max(D, Fe)) dy (dWd, dact), then dg (then du if not direct) */
     int32_t *e_off_d;            /* (E+1) device expert offsets (moe_route; copied to the layer's e_off) */
     int32_t *route_work;         /* mt_moe_route_work(M, E) moe_route scratch                     */
     double  *seq;                /* (2, B, E) per-sequence routed-slot counts and prob sums (aux) */

@@ -418,6 +418,16 @@ struct mt_ops_i {
     void (*rmsnorm_resid_forward_bf16)(void *be, float *out, mt_bf16 *out_bf16, float *rstd, float *resid, const float *inp,
                                        const float *weight, int N, int C, float eps);
     void (*swiglu_forward_bf16)(void *be, float *out, mt_bf16 *out_bf16, const float *gate, const float *up, size_t n);
+    /* swiglu_backward_bf16: dgate_b = bf16(dg), dup_b = bf16(du) (nearest
+     * even; =), where dg, du are exactly the values swiglu_backward computes
+     * from the same dout, gate, up (its bits, element by element), and no
+     * fp32 output at all: for a caller whose only readers of dg, du are
+     * bf16 GEMMs (precision=bf16 without adapters), which then see the bits
+     * they saw after swiglu_backward + cast_bf16. The outputs must not
+     * overlap the inputs nor each other (no in-place form). Optional (NULL:
+     * the model runs swiglu_backward and rounds). */
+    void (*swiglu_backward_bf16)(void *be, mt_bf16 *dgate_b, mt_bf16 *dup_b, const float *dout, const float *gate,
+                                 const float *up, size_t n);
     /* dst[i] = (float)src[i] (exact: every bf16 value is an fp32 value): the
      * way back of a bf16 gradient reduction (grad_reduce_dtype=bf16). NULL:
      * the backend refuses grad_reduce_dtype=bf16. */

@@ -208,7 +208,7 @@ static void test_table(void)
         E(moe_permute), E(moe_permute_backward), E(moe_combine), E(moe_combine_backward),
         E(adamw_update), E(muon_momentum), E(transpose), E(gemm_bf16), E(cast_bf16), E(rmsnorm_forward_bf16),
         E(rmsnorm_resid_forward), E(qk_norm_rope_forward), E(qk_norm_rope_backward), E(rmsnorm_resid_forward_bf16),
-        E(swiglu_forward_bf16), E(widen_bf16),
+        E(swiglu_forward_bf16), E(swiglu_backward_bf16), E(widen_bf16),
         E(moe_route), E(moe_seq_stats), E(moe_aux_loss), E(moe_aux_backward), E(xent_fused_bf16),
         E(sumsq_multi), E(normalize_fro), E(adamw_multi), E(nonfinite_mark), E(attention_forward_bf16),
         E(attention_backward_bf16), E(op_profile), E(redo_score_acc), E(mod_route), E(mod_backward),
@@ -1365,7 +1365,9 @@ static void test_redo(void)
  * bits (the vector path is a layout change, not new math). n = 10007 leaves
  * a tail after the 4- and 8-wide groups. cast / widen are also exact
  * against the host's rounding. swiglu_forward_bf16 with out = NULL writes
- * the twin alone: the same bits on both paths. */
+ * the twin alone: the same bits on both paths. swiglu_backward_bf16 is
+ * bf16 of swiglu_backward's dg, du (host rounding of the plain op's bits)
+ * on both paths, and on the scalar path when only dup_b is one element off. */
 static uint16_t host_bf16(float f);
 static void test_vec_elementwise(void)
 {
@@ -1374,7 +1376,7 @@ static void test_vec_elementwise(void)
     float *g = rnd(m, -6, 6), *u = rnd(m, -2, 2), *d = rnd(m, -1, 1);
     struct be *b = BE(1);
     float *o[2], *po[2], *dg[2], *du[2], *ig[2], *iu[2], *wd[2];
-    uint16_t *tw[2], *cb[2], *tn[2];
+    uint16_t *tw[2], *cb[2], *tn[2], *bg[2], *bu[2], *bm[2];
     float *hg = xmalloc(m * 4), *hu = xmalloc(m * 4), *hd = xmalloc(m * 4);
     for (int off = 0; off < 2; off++) {
         /* the same n inputs at element `off` of the device buffers */
@@ -1384,11 +1386,15 @@ static void test_vec_elementwise(void)
         float *O = dalloc(b, m * 4), *PO = dalloc(b, m * 4), *DG = dalloc(b, m * 4), *DU = dalloc(b, m * 4);
         float *WD = dalloc(b, m * 4);
         uint16_t *TW = dalloc(b, m * 2), *CB = dalloc(b, m * 2), *TN = dalloc(b, m * 2);
+        uint16_t *BG = dalloc(b, m * 2), *BU = dalloc(b, m * 2), *BM = dalloc(b, m * 2);
         b->ops->swiglu_forward_bf16(b->ops->be, O + off, TW + off, G + off, U + off, n);
         b->ops->swiglu_forward_bf16(b->ops->be, NULL, TN + off, G + off, U + off, n);
         b->ops->swiglu_forward(b->ops->be, PO + off, G + off, U + off, n);
         b->ops->swiglu_backward(b->ops->be, DG + off, DU + off, D + off, G + off, U + off, n);
         b->ops->swiglu_backward(b->ops->be, IG + off, IU + off, D + off, IG + off, IU + off, n);  /* in place */
+        b->ops->swiglu_backward_bf16(b->ops->be, BG + off, BU + off, D + off, G + off, U + off, n);
+        /* dgate_b at BG + off again, dup_b at the other offset: one output off alone takes the scalar path */
+        b->ops->swiglu_backward_bf16(b->ops->be, BG + off, BM + (1 - off), D + off, G + off, U + off, n);
         b->ops->cast_bf16(b->ops->be, CB + off, G + off, n);
         b->ops->widen_bf16(b->ops->be, WD + off, CB + off, n);
         o[off] = downf(b, O + off, n);
@@ -1404,10 +1410,18 @@ static void test_vec_elementwise(void)
         b->ops->copy_to_host(b->ops->be, tw[off], TW + off, n * 2);
         b->ops->copy_to_host(b->ops->be, tn[off], TN + off, n * 2);
         b->ops->copy_to_host(b->ops->be, cb[off], CB + off, n * 2);
+        bg[off] = xmalloc(n * 2);
+        bu[off] = xmalloc(n * 2);
+        bm[off] = xmalloc(n * 2);
+        b->ops->copy_to_host(b->ops->be, bg[off], BG + off, n * 2);
+        b->ops->copy_to_host(b->ops->be, bu[off], BU + off, n * 2);
+        b->ops->copy_to_host(b->ops->be, bm[off], BM + (1 - off), n * 2);
         release(b);
     }
-    size_t tbad = 0, cbad = 0, wbad = 0, nbad = 0;
+    size_t tbad = 0, cbad = 0, wbad = 0, nbad = 0, bbad = 0;
     for (size_t i = 0; i < n; i++) {
+        for (int k = 0; k < 2; k++)
+            bbad += bg[k][i] != host_bf16(dg[0][i]) || bu[k][i] != host_bf16(du[0][i]) || bm[k][i] != bu[k][i];
         tbad += tw[0][i] != host_bf16(o[0][i]) || tw[1][i] != tw[0][i];
         nbad += tn[0][i] != tw[0][i] || tn[1][i] != tw[0][i];
         cbad += cb[0][i] != host_bf16(g[i]) || cb[1][i] != cb[0][i];
@@ -1424,10 +1438,13 @@ static void test_vec_elementwise(void)
            (double)(ndiff(dg[0], dg[1], n) + ndiff(du[0], du[1], n)), 0);
     report("vec_elementwise", "swiglu_backward in place = out of place, both paths (differing bits)",
            (double)(ndiff(ig[0], dg[0], n) + ndiff(iu[0], du[0], n) + ndiff(ig[1], dg[1], n) + ndiff(iu[1], du[1], n)), 0);
+    report("vec_elementwise", "swiglu_backward_bf16 = bf16(swiglu_backward), both paths, dup_b alone off (differing)",
+           (double)bbad, 0);
     report("vec_elementwise", "cast_bf16 = host rounding, vector = scalar (differing)", (double)cbad, 0);
     report("vec_elementwise", "widen_bf16 exact, vector = scalar (differing)", (double)wbad, 0);
     for (int k = 0; k < 2; k++) {
         free(o[k]); free(po[k]); free(dg[k]); free(du[k]); free(ig[k]); free(iu[k]); free(wd[k]); free(tw[k]); free(cb[k]); free(tn[k]);
+        free(bg[k]); free(bu[k]); free(bm[k]);
     }
     free(g); free(u); free(d); free(hg); free(hu); free(hd);
 }

@@ -165,6 +165,9 @@ void mt_cpu_swiglu_forward(float *out, const float *gate, const float *up, size_
 void mt_cpu_swiglu_forward_bf16(float *out, uint16_t *out_bf16, const float *gate, const float *up, size_t n);
 void mt_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                             const float *up, size_t n);
+/* dgate_b, dup_b = bf16(dg), bf16(du): mt_cpu_swiglu_backward's bits, rounded (no fp32 output) */
+void mt_cpu_swiglu_backward_bf16(uint16_t *dgate_b, uint16_t *dup_b, const float *dout, const float *gate,
+                                 const float *up, size_t n);
 
 /* ---- xent.c ---- */
 void mt_cpu_xent_forward(float *losses, float *lse_out, const float *logits, const int32_t *targets,

@@ -85,6 +85,26 @@ void mt_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const f
         bwd_range(dgate, dup, dout, gate, up, c * CHUNK, (c + 1) * CHUNK < n ? (c + 1) * CHUNK : n);
 }
 
+/* the same chunks as mt_cpu_swiglu_backward (bwd_range's 8-wide groups start
+ * at each chunk's first element either way: its bits), dg and du rounded to
+ * bf16 (nearest even) while the chunk is in cache; the fp32 values live only
+ * in two chunk-sized stack buffers (2 x 16 KiB per thread) */
+void mt_cpu_swiglu_backward_bf16(uint16_t *dgate_b, uint16_t *dup_b, const float *dout, const float *gate,
+                                 const float *up, size_t n)
+{
+    size_t nc = (n + CHUNK - 1) / CHUNK;
+    #pragma omp parallel for schedule(static) if (n > 16384)
+    for (size_t c = 0; c < nc; c++) {
+        const size_t lo = c * CHUNK, m = (c + 1) * CHUNK < n ? CHUNK : n - lo;
+        float tg[CHUNK], tu[CHUNK];
+        bwd_range(tg, tu, dout + lo, gate + lo, up + lo, 0, m);
+        for (size_t i = 0; i < m; i++) {
+            dgate_b[lo + i] = mt_cpu_f32_to_bf16(tg[i]);
+            dup_b[lo + i] = mt_cpu_f32_to_bf16(tu[i]);
+        }
+    }
+}
+
 /* ReDo scores (mt_ops.h redo_score_acc): each term is a function of its
  * element alone and the sums are integers, so the column split over
  * threads cannot change a bit. */
