@@ -315,9 +315,14 @@ static void swiglu_groups(const struct mt_piece_ctx *pc, const struct group_set 
                           const float *eu, int Fe)
 {
     const struct mt_ops_i *ops = pc->ops;
+    /* the fp32 act is read only by down's adapters and ReDo once the twin exists (the
+     * GEMMs take ab): without them the twin alone (swiglu_forward_bf16, out NULL: the
+     * same bits), as the dense MLP's act_stored */
+    int pick[GROUP_CHUNK];
+    float *act = ab && !pc->redo && select_groups(s, 2, 1, pick) == 0 ? NULL : pc->s_act;
     for (int i = 0; i < s->n; i++) {
         const size_t o = s->r0[i] * (size_t)Fe, n = (size_t)s->rows[i] * Fe;
-        if (ab) ops->swiglu_forward_bf16(ops->be, pc->s_act + o, ab + o, eg + o, eu + o, n);
+        if (ab) ops->swiglu_forward_bf16(ops->be, act ? act + o : NULL, ab + o, eg + o, eu + o, n);
         else ops->swiglu_forward(ops->be, pc->s_act + o, eg + o, eu + o, n);
     }
 }
