@@ -37,7 +37,8 @@
 #           --knob cuda_graphs=0 (*_nographs: the graphs A/B, and the per-op
 #           profile, which a replayed graph cannot split); d2048 once more
 #           with --knob attn_kernel=v1 (d2048_dense_attnv1: the bf16
-#           attention A/B, v1 wmma vs the default v2):
+#           attention A/B, v1 wmma vs the default v2); the hybrid with
+#           mamba_chunk 32 and 128 (hyb2048_chunk32/128: the scan's chunk A/B):
 #           tokens/s, MFU, the per-op profile when the receipt has one; a run
 #           that runs out of its box still gives a line (tokens/s from its
 #           progress lines, or "no step within the box" with the time of its
@@ -573,6 +574,13 @@ stage_speed() {
     # entries, ~2-4 us a launch, so its graphs A/B reads ~1-2% low): which scan / prep kernel is slow
     SPEED_BOX=${o:-40} SPEED_STEPS=3 MT_CUDA_KERNEL_PROFILE=1 speed_one hyb2048_nographs "$C/gpu_d2048_dense.json" "0" \
         --set pattern=MAMAMAMAMAMAMAMA --knob cuda_graphs=0 || bad=1
+    # the scan's chunk A/B (issue 28 item 3): the chunked form's intra-chunk products grow
+    # with the chunk Q, its passes between chunks with T/Q; the H100 run of 2026-11-27
+    # measured only the default 64 (scan 0.196 s of the hybrid's 0.382 s step)
+    SPEED_BOX=${o:-30} SPEED_STEPS=3 speed_one hyb2048_chunk32 "$C/gpu_d2048_dense.json" "0" \
+        --set pattern=MAMAMAMAMAMAMAMA --set mamba_chunk=32 || bad=1
+    SPEED_BOX=${o:-30} SPEED_STEPS=3 speed_one hyb2048_chunk128 "$C/gpu_d2048_dense.json" "0" \
+        --set pattern=MAMAMAMAMAMAMAMA --set mamba_chunk=128 || bad=1
     return $bad
 }
 export -f stage_speed
@@ -736,7 +744,7 @@ S = {"stages": open(os.path.join(res, "stages.txt")).read().splitlines()}
 sp = {}
 # one file per speed run (stage_speed's speed_line): from its receipt, else its progress lines
 for n in ("d2048_dense", "d2048_dense_attnv1", "c_gpt2", "moe8", "hyb2048", "c_gpt2_nographs", "d2048_dense_nographs",
-          "hyb2048_nographs"):
+          "hyb2048_nographs", "hyb2048_chunk32", "hyb2048_chunk128"):
     p = os.path.join(res, "speed", n + ".json")
     if os.path.exists(p):
         sp[n] = json.load(open(p))
