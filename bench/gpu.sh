@@ -11,7 +11,7 @@
 #   bash bench/gpu.sh quick       # ON THE DEVICE, one `run` call with carry ["gpu_carry"],
 #                                 # timeout_s 600: env ops equiv speed llmc torch (+ summary),
 #                                 # GPU_SH_BUDGET 565 s: fits one 10-minute call (the start is not counted)
-#   bash bench/gpu.sh rest        # a second call: san calib hf (+ summary), budget 300 s
+#   bash bench/gpu.sh rest        # a second call: san calib ncu hf (+ summary), budget 300 s
 #   bash bench/gpu.sh [STAGE...]  # any stages (default: every stage, in order, budget 570 s)
 #
 # Stages (each independent and time-boxed: a failing or hanging stage is
@@ -135,7 +135,7 @@ T_START=$(date +%s)
 SET=custom BUDGET0=570
 case "${1:-}" in
     quick) SET=quick BUDGET0=565; set -- env ops equiv speed llmc torch ;;
-    rest)  SET=rest BUDGET0=300; set -- san hf calib ;;
+    rest)  SET=rest BUDGET0=300; set -- san hf calib ncu ;;
     "")    SET=all ;;
 esac
 BUDGET=${GPU_SH_BUDGET:-$BUDGET0}
@@ -693,6 +693,59 @@ stage_hf() {
 }
 export -f stage_hf
 
+# ncu: Nsight Compute on one launch of each kernel the step spends most in (the bf16
+# attention, the chunked scan, the optimizer, the gradient marks), from cuda_calib's
+# attention and scan rows: achieved vs theoretical occupancy, SM and memory throughput per
+# kernel, so the next kernel work starts from the bottleneck, not a guess (the H100 run of
+# 2026-11-27: attention bf16 135 TF/s, the scan 2.1 TF/s, and no counter to say why).
+# SKIPPED without ncu in the image or without permission for the GPU's counters.
+stage_ncu() {
+    local cal=$BIN/cuda_calib NCU
+    NCU=$(command -v ncu 2>/dev/null || ls /usr/local/cuda/bin/ncu 2>/dev/null)
+    [ -n "$NCU" ] && [ -x "$NCU" ] || { echo "SKIPPED (ncu: not in this image)"; return 77; }
+    [ -x "$cal" ] || { echo "SKIPPED (ncu: no cuda_calib carried)"; return 77; }
+    timeout -k 5 100 "$NCU" --kernel-name "regex:attn_v2|ssd_|adamw_multi|nonfinite_mark|ang_scan" --launch-count 40 \
+        --section SpeedOfLight --section Occupancy --section LaunchStats \
+        "$cal" --reps 1 --warmup 0 --gemm 256x256x256 --attn 4x2048x16x128 --scan 4x2048x64x64x64x64 \
+        --allreduce-mib 1 > "$RES/logs/ncu.txt" 2>&1
+    local rc=$?
+    if grep -q "ERR_NVGPUCTRPERM" "$RES/logs/ncu.txt"; then
+        echo "SKIPPED (ncu: no permission for the GPU's performance counters)"; return 77
+    fi
+    python3 - "$RES/logs/ncu.txt" <<'PY'
+import re, sys
+# ncu's text report: a kernel's header line "  name(args) (gx, gy, gz)x(bx, by, bz), Context .."
+# then "    Metric Name   Unit   Value" rows; one RESULT line per kernel launch
+want = {"Duration": "dur", "Compute (SM) Throughput": "sm%", "Memory Throughput": "mem%",
+        "Achieved Occupancy": "occ%", "Theoretical Occupancy": "theo%", "Registers Per Thread": "regs",
+        "Dynamic Shared Memory Per Block": "dsmem"}
+cur, rows = None, []
+for line in open(sys.argv[1], errors="replace"):
+    m = re.match(r"^  (\S[^(]*?)(?:<[^>]*>)?\(.*\) \((\d+), (\d+), (\d+)\)x\((\d+), (\d+), (\d+)\)", line)
+    if m:
+        cur = {"kernel": re.sub(r"^void ", "", m.group(1).strip()),
+               "grid": "%sx%sx%s" % m.group(2, 3, 4), "block": "%sx%sx%s" % m.group(5, 6, 7)}
+        rows.append(cur)
+        continue
+    if cur is None:
+        continue
+    for k, short in want.items():
+        m = re.match(r"^\s+%s\s+(?:(\S+)\s+)?([\d.,]+)\s*$" % re.escape(k), line)
+        if m and short not in cur:
+            u = m.group(1) or ""
+            cur[short] = m.group(2).replace(",", "") + ("" if u in ("", "%", "register/thread", "byte/block") else " " + u)
+for r in rows:
+    print("RESULT ncu %s: %s" % (r["kernel"], ", ".join("%s %s" % (k, r[k]) for k in
+          ("dur", "sm%", "mem%", "occ%", "theo%", "regs", "dsmem", "block", "grid") if k in r)))
+if not rows:
+    print("RESULT ncu: no kernel in the report (see logs/ncu.txt)")
+    sys.exit(1)
+PY
+    local prc=$?
+    [ $rc -eq 0 ] && [ $prc -eq 0 ]
+}
+export -f stage_ncu
+
 stage_calib() {
     local cal=$BIN/cuda_calib
     [ -x "$BIN/cuda_calib_nccl" ] && cal=$BIN/cuda_calib_nccl   # one-rank NCCL all-reduce; else self_dev (none)
@@ -836,6 +889,7 @@ stage equiv 60 emu
 # calib before speed: a call that runs both has this card's profile for the speed
 # runs' `plan --profile` predictions (the H100 run of 2026-11-26 had none)
 stage calib 120 1
+stage ncu 110 1
 stage speed 300 1
 stage llmc 60 1
 # torch: 4 eager runs (~25 s each) and 4 compiled ones (~80 s each, the hybrid's ~100 s):
