@@ -1429,33 +1429,58 @@ extern "C" void mt_cuda_ssm_scan_backward(void *be, float *dx, float *dBm, float
 static __device__ __forceinline__ float softplus_d(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
 static __device__ __forceinline__ float sigmoid_d(float v) { return 1.0f / (1.0f + expf(-v)); }
 
-/* One block per (b, h, k): dst[t] = sum_{r<=t} src[r] (reverse: sum_{r>=t}),
- * src at src[(b*T + t)*sld + h*shs + k], dst likewise (may alias src). With
- * ang_state (forward only) the sum starts from it and the total is written
- * back. */
+/* One block per (b, h, ANG_KG consecutive pairs k): for each k, dst[t] =
+ * sum_{r<=t} src[r] (reverse: sum_{r>=t}), src at src[(b*T + t)*sld + h*shs
+ * + k], dst likewise (may alias src: a tile is read whole before it is
+ * written). With ang_state (forward only) the sum starts from it and the
+ * total is written back. The tile moves between global and shared memory
+ * ANG_KG columns at a time, the k's of one t side by side (one 32-byte
+ * sector per t instead of one 4-byte word: a column alone is a strided
+ * read, ~10x its bytes on the H100 of 2026-11-27); each column is then
+ * scanned by block_scan exactly as with one block per k (same n, same
+ * blockDim): the same bits. Column stride ANG_TILE + 4 floats: the 4 t x 8 k
+ * of a warp's load land in 32 different banks. */
+#define ANG_KG 8
+#define ANG_COL (ANG_TILE + 4)
 static __global__ void ang_scan_k(float *dst, size_t dld, int dhs, const float *src, size_t sld, int shs,
                                   float *ang_state, int T, int H, int half, int reverse)
 {
-    MT_DYN_SMEM(float, a);    /* ANG_TILE, then tot (blockDim) */
-    float *tot = a + ANG_TILE;
-    int k = (int)blockIdx.x % half, bh = (int)blockIdx.x / half, h = bh % H, b = bh / H, nt = (int)blockDim.x;
-    float carry = ang_state ? ang_state[(size_t)bh * half + k] : 0.0f;
+    MT_DYN_SMEM(float, a);    /* ANG_KG columns of ANG_COL, then tot (blockDim) */
+    float *tot = a + ANG_KG * ANG_COL;
+    const int ngk = (half + ANG_KG - 1) / ANG_KG, gk = (int)blockIdx.x % ngk, bh = (int)blockIdx.x / ngk;
+    const int h = bh % H, b = bh / H, nt = (int)blockDim.x, k0 = gk * ANG_KG;
+    const int nk = half - k0 < ANG_KG ? half - k0 : ANG_KG;
+    float carry[ANG_KG];
+#pragma unroll
+    for (int kk = 0; kk < ANG_KG; kk++) carry[kk] = ang_state && kk < nk ? ang_state[(size_t)bh * half + k0 + kk] : 0.0f;
     for (int s0 = 0; s0 < T; s0 += ANG_TILE) {
         int n = T - s0 < ANG_TILE ? T - s0 : ANG_TILE;
-        for (int i = (int)threadIdx.x; i < n; i += nt) {
-            int t = reverse ? T - 1 - (s0 + i) : s0 + i;
-            a[i] = src[((size_t)b * T + t) * sld + (size_t)h * shs + k] + (i == 0 ? carry : 0.0f);
+        for (int e = (int)threadIdx.x; e < n * ANG_KG; e += nt) {
+            int i = e / ANG_KG, kk = e % ANG_KG, t = reverse ? T - 1 - (s0 + i) : s0 + i;
+            if (kk < nk) a[kk * ANG_COL + i] = src[((size_t)b * T + t) * sld + (size_t)h * shs + k0 + kk];
         }
         __syncthreads();
-        block_scan(a, tot, n, 0);
-        for (int i = (int)threadIdx.x; i < n; i += nt) {
-            int t = reverse ? T - 1 - (s0 + i) : s0 + i;
-            dst[((size_t)b * T + t) * dld + (size_t)h * dhs + k] = a[i];
+#pragma unroll
+        for (int kk = 0; kk < ANG_KG; kk++) {
+            if (kk >= nk) break;   /* uniform over the block */
+            if (threadIdx.x == 0) a[kk * ANG_COL] += carry[kk];
+            __syncthreads();
+            block_scan(a + kk * ANG_COL, tot, n, 0);
+            carry[kk] = a[kk * ANG_COL + n - 1];
         }
-        carry = a[n - 1];
+        for (int e = (int)threadIdx.x; e < n * ANG_KG; e += nt) {
+            int i = e / ANG_KG, kk = e % ANG_KG, t = reverse ? T - 1 - (s0 + i) : s0 + i;
+            if (kk < nk) dst[((size_t)b * T + t) * dld + (size_t)h * dhs + k0 + kk] = a[kk * ANG_COL + i];
+        }
         __syncthreads();
     }
-    if (ang_state && threadIdx.x == 0) ang_state[(size_t)bh * half + k] = carry;
+    if (ang_state && (int)threadIdx.x < nk) {
+        float c = 0.0f;   /* carry[] indexed by the thread: registers, so a switch-free copy */
+#pragma unroll
+        for (int kk = 0; kk < ANG_KG; kk++)
+            if (kk == (int)threadIdx.x) c = carry[kk];
+        ang_state[(size_t)bh * half + k0 + threadIdx.x] = c;
+    }
 }
 
 /* One block per row n = (b, t), threads over its columns; the angles wait in
@@ -1512,8 +1537,10 @@ static __global__ void prep_rows_k(float *x, float *Bh, float *Ch, float *dt, fl
 static void ang_scan(float *dst, size_t dld, int dhs, const float *src, size_t sld, int shs, float *ang_state,
                      int B, int T, int H, int half, int reverse)
 {
-    MT_LAUNCH(ang_scan_k, (unsigned)((size_t)B * H * half), ANG_THREADS, (ANG_TILE + ANG_THREADS) * sizeof(float))(
-        dst, dld, dhs, src, sld, shs, ang_state, T, H, half, reverse);
+    const size_t ngk = (size_t)(half + ANG_KG - 1) / ANG_KG;
+    MT_LAUNCH(ang_scan_k, (unsigned)((size_t)B * H * ngk), ANG_THREADS,
+              ((size_t)ANG_KG * ANG_COL + ANG_THREADS) * sizeof(float))(dst, dld, dhs, src, sld, shs, ang_state, T, H,
+                                                                         half, reverse);
     MT_CUDA_KCHECK();
 }
 
