@@ -507,6 +507,17 @@ static enum mt_status gate_bwd_rep(struct mt_ctx *ctx, const struct mt_piece_ctx
     return MT_OK;
 }
 
+/* d yn = dy Wout and dWout += dy^T yn (its twin in precision=bf16); two GEMMs read dy, so
+ * in precision=bf16 it is rounded once (dyb_round) */
+static void wout_bwd(const struct mt_piece_ctx *pc, const float *dy, struct mt_mamba3_weights *g, int n)
+{
+    const struct mamba_state *st = pc->st;
+    const struct mt_ops_i *ops = pc->ops;
+    const int E = mdims(pc)->H * mdims(pc)->P;
+    const mt_bf16 *dyb = mixer_bf16(mbw(pc)) ? dyb_round(ops, pc->dyb, dy, (size_t)n * (size_t)pc->D) : NULL;
+    wlinear_backward_db(ops, mb_s(pc)->dyn, 0.0f, g->wout, dy, dyb, st->mb.yn, st->yn_b, mbw(pc)->mwout, n, E, pc->D);
+}
+
 /* the whole mixer with replicated B/C: out (n, D) = mixer(h) / its backward */
 static enum mt_status mixer_fwd_rep(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, float *out, const float *h,
                                     const mt_bf16 *hb, const struct mt_mamba3_weights *w, int B, int T)
@@ -527,9 +538,8 @@ static enum mt_status mixer_bwd_rep(struct mt_ctx *ctx, const struct mt_piece_ct
 {
     struct mamba_state *st = pc->st;
     const struct mt_ops_i *ops = pc->ops;
-    const int n = pc->B * pc->T, E = mdims(pc)->H * mdims(pc)->P;
-    const mt_bf16 *dyb = mixer_bf16(mbw(pc)) ? dyb_round(ops, pc->dyb, dy, (size_t)n * (size_t)pc->D) : NULL;
-    wlinear_backward_db(ops, mb_s(pc)->dyn, 0.0f, g->wout, dy, dyb, st->mb.yn, st->yn_b, mbw(pc)->mwout, n, E, pc->D);
+    const int n = pc->B * pc->T;
+    wout_bwd(pc, dy, g, n);
     MT_CHECK(gate_bwd_rep(ctx, pc, w, g, n));
     mt_mamba3_ssm_backward(ops, g, mb_s(pc), &st->mb, w, mdims(pc), pc->B, pc->T);
     in_bwd_rep(pc, pc->dh, mb_s(pc)->dproj, pc->nm->h, pc->nm->hb, n);
@@ -560,9 +570,8 @@ static void mixer_bwd(const struct mt_piece_ctx *pc, const float *dy, const stru
         mt_mamba3_backward(ops, pc->dh, 0, g, mb_s(pc), dy, pc->nm->h, &st->mb, w, mdims(pc), pc->B, pc->T);
         return;
     }
-    const int n = pc->B * pc->T, E = mdims(pc)->H * mdims(pc)->P;
-    const mt_bf16 *dyb = mixer_bf16(mbw(pc)) ? dyb_round(ops, pc->dyb, dy, (size_t)n * (size_t)pc->D) : NULL;
-    wlinear_backward_db(ops, mb_s(pc)->dyn, 0.0f, g->wout, dy, dyb, st->mb.yn, st->yn_b, mbw(pc)->mwout, n, E, pc->D);
+    const int n = pc->B * pc->T;
+    wout_bwd(pc, dy, g, n);
     mt_mamba3_mix_backward(ops, g, mb_s(pc), &st->mb, w, mdims(pc), pc->B, pc->T);
     in_bwd(pc, pc->dh, g, mb_s(pc)->dproj, pc->nm->h, pc->nm->hb, w, n);
 }

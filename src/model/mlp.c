@@ -223,13 +223,13 @@ static enum mt_status mlp_piece_forward(struct mt_ctx *ctx, const struct mt_piec
     ffn_norm_fwd(pc, x_out, n);
     if (pc->tp.tp == 1) {
         mlp_forward_b(pc->ops, pc->s_lora, x_out, 1, st->mg, st->mu, pc->s_act, mown(pc)->act_b, pc->nm->h, pc->nm->hb,
-                  mw(pc)->wg, mw(pc)->wu, mw(pc)->wd, n, D, mown(pc)->F);
+                      mw(pc)->wg, mw(pc)->wu, mw(pc)->wd, n, D, mown(pc)->F);
         return MT_OK;
     }
     /* TP region: this rank's F/tp hidden units over all N rows */
     if (pc->tp.sp) MT_CHECK(tpa_gather_rows(ctx, &pc->tp, pc->nm->h, pc->nm->h_n, n / pc->tp.tp, D));
     mlp_forward_b(pc->ops, pc->s_lora, pc->s_red, 0, st->mg, st->mu, pc->s_act, mown(pc)->act_b, pc->nm->h, pc->nm->hb,
-              mw(pc)->wg, mw(pc)->wu, mw(pc)->wd, n, D, mown(pc)->F);
+                  mw(pc)->wg, mw(pc)->wu, mw(pc)->wd, n, D, mown(pc)->F);
     return tpa_exit_add(ctx, &pc->tp, x_out, pc->s_red, pc->s_full);
 }
 
@@ -245,8 +245,9 @@ static enum mt_status mlp_piece_backward(struct mt_ctx *ctx, const struct mt_pie
         MT_CHECK(tpa_gather_rows(ctx, &pc->tp, pc->s_full, pc->dx, pc->Nr, D));
         dy = pc->s_full;
     }
-    mlp_backward_b(pc->ops, pc->s_lora, pc->s_dlora, pc->dh, 0, pc->s_act, mown(pc)->act_b, pc->s_dact, pc->s_dg, pc->s_du, dy,
-              pc->nm->h, pc->nm->hb, st->mg, st->mu, w->wg, w->wu, w->wd, N, D, mown(pc)->F, pc->dyb, pc->redo);
+    mlp_backward_b(pc->ops, pc->s_lora, pc->s_dlora, pc->dh, 0, pc->s_act, mown(pc)->act_b, pc->s_dact, pc->s_dg,
+                   pc->s_du, dy, pc->nm->h, pc->nm->hb, st->mg, st->mu, w->wg, w->wu, w->wd, N, D, mown(pc)->F, pc->dyb,
+                   pc->redo);
     /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
     const float *dhr = pc->dh;   /* d h_mlp_n (Nr, D) */
     if (pc->tp.sp) {

@@ -82,12 +82,15 @@ static __global__ void sumsq_pass2_k(double *partial, int nparts)
     if (threadIdx.x == 0) partial[nparts] = s[0];
 }
 
+/* exponent all ones: +-inf or NaN */
+static __device__ __forceinline__ unsigned nonfinite_bits(uint32_t u) { return (u & 0x7f800000u) == 0x7f800000u; }
+
 static __global__ void nonfinite_k(int *flag, const float *x, size_t n)
 {
     const uint32_t *u = (const uint32_t *)x;
     int bad = 0;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        bad |= (u[i] & 0x7f800000u) == 0x7f800000u;
+        bad |= nonfinite_bits(u[i]);
     if (bad) *flag = 1;
 }
 
@@ -243,9 +246,6 @@ struct mark_list {
     int          slot[MT_OPS_LIST_MAX];
     unsigned     b0[MT_OPS_LIST_MAX + 1];   /* first block of tensor t; b0[c] = the grid */
 };
-
-/* exponent all ones: +-inf or NaN */
-static __device__ __forceinline__ unsigned nonfinite_bits(uint32_t u) { return (u & 0x7f800000u) == 0x7f800000u; }
 
 /* every writer stores the same NaN (deterministic) */
 static __global__ void nonfinite_mark_k(float *flags, struct mark_list L, int c)

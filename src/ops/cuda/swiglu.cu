@@ -51,10 +51,20 @@ static __global__ void swiglu_fwd_k(float *out, __nv_bfloat16 *ob, const float *
     }
 }
 
-/* each thread reads its elements of gate, up, dout before writing them, so
- * dgate/dup may alias gate/up (vector path: the whole float4 first) */
-static __global__ void swiglu_bwd_k(float *dgate, float *dup, const float *dout, const float *gate,
-                                    const float *up, size_t n4, size_t n)
+/* a backward output: fp32 as computed, or bf16 of it (nearest even; swiglu_backward_bf16) */
+static __device__ __forceinline__ void bwd_st4(float *p, float4 v) { mt_st_f4(p, v); }
+static __device__ __forceinline__ void bwd_st4(__nv_bfloat16 *p, float4 v) { mt_st_bf16x4(p, v); }
+static __device__ __forceinline__ void bwd_st1(float *p, float v) { *p = v; }
+static __device__ __forceinline__ void bwd_st1(__nv_bfloat16 *p, float v) { *p = mt_cuda_bf16_rn(v); }
+
+/* swiglu1_bwd's dg, du, stored as O: float (swiglu_backward) or bf16
+ * (swiglu_backward_bf16: the same bits rounded, 8-byte bf16x4 stores on the
+ * vector path). Each thread reads its elements of gate, up, dout before
+ * writing them, so fp32 dgate/dup may alias gate/up (vector path: the whole
+ * float4 first); bf16 outputs never alias the fp32 inputs. */
+template <typename O>
+static __global__ void swiglu_bwd_k(O *dgate, O *dup, const float *dout, const float *gate, const float *up,
+                                    size_t n4, size_t n)
 {
     const size_t i0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x, st = (size_t)gridDim.x * blockDim.x;
     for (size_t i = i0; i < n4; i += st) {
@@ -63,39 +73,14 @@ static __global__ void swiglu_bwd_k(float *dgate, float *dup, const float *dout,
         swiglu1_bwd(rg.y, ru.y, d.y, g.y, u.y);
         swiglu1_bwd(rg.z, ru.z, d.z, g.z, u.z);
         swiglu1_bwd(rg.w, ru.w, d.w, g.w, u.w);
-        mt_st_f4(dgate + 4 * i, rg);
-        mt_st_f4(dup + 4 * i, ru);
+        bwd_st4(dgate + 4 * i, rg);
+        bwd_st4(dup + 4 * i, ru);
     }
     for (size_t i = 4 * n4 + i0; i < n; i += st) {
         float g = gate[i], u = up[i], d = dout[i], rg, ru;
         swiglu1_bwd(rg, ru, d, g, u);
-        dgate[i] = rg;
-        dup[i] = ru;
-    }
-}
-
-/* swiglu_backward_bf16 (mt_ops.h): swiglu1_bwd's dg, du (swiglu_bwd_k's
- * bits: the same expression in every path), stored only as bf16 (nearest
- * even), 8-byte bf16x4 stores on the vector path; no fp32 output, so the
- * outputs never alias the inputs */
-static __global__ void swiglu_bwd_bf16_k(__nv_bfloat16 *dgb, __nv_bfloat16 *dub, const float *dout,
-                                         const float *gate, const float *up, size_t n4, size_t n)
-{
-    const size_t i0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x, st = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = i0; i < n4; i += st) {
-        float4 g = mt_ld_f4(gate + 4 * i), u = mt_ld_f4(up + 4 * i), d = mt_ld_f4(dout + 4 * i), rg, ru;
-        swiglu1_bwd(rg.x, ru.x, d.x, g.x, u.x);
-        swiglu1_bwd(rg.y, ru.y, d.y, g.y, u.y);
-        swiglu1_bwd(rg.z, ru.z, d.z, g.z, u.z);
-        swiglu1_bwd(rg.w, ru.w, d.w, g.w, u.w);
-        mt_st_bf16x4(dgb + 4 * i, rg);
-        mt_st_bf16x4(dub + 4 * i, ru);
-    }
-    for (size_t i = 4 * n4 + i0; i < n; i += st) {
-        float rg, ru;
-        swiglu1_bwd(rg, ru, dout[i], gate[i], up[i]);
-        dgb[i] = mt_cuda_bf16_rn(rg);
-        dub[i] = mt_cuda_bf16_rn(ru);
+        bwd_st1(dgate + i, rg);
+        bwd_st1(dup + i, ru);
     }
 }
 
@@ -138,7 +123,7 @@ extern "C" void mt_cuda_swiglu_backward(void *be, float *dgate, float *dup, cons
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (!n) return;
     const size_t n4 = vec4_count(n, dgate, dup, dout, gate, NULL) && mt_cuda_aligned(up, 16) ? n / 4 : 0;
-    MT_LAUNCH(swiglu_bwd_k, vec4_blocks(n4, n), THREADS, 0)(dgate, dup, dout, gate, up, n4, n);
+    MT_LAUNCH(swiglu_bwd_k<float>, vec4_blocks(n4, n), THREADS, 0)(dgate, dup, dout, gate, up, n4, n);
     MT_CUDA_KCHECK();
 }
 
@@ -149,8 +134,8 @@ extern "C" void mt_cuda_swiglu_backward_bf16(void *be, mt_bf16 *dgate_b, mt_bf16
     if (!n) return;
     /* the fp32 inputs 16-byte aligned, both bf16 outputs 8-byte aligned, else the scalar path */
     const size_t n4 = vec4_count(n, dout, gate, up, NULL, dgate_b) && mt_cuda_aligned(dup_b, 8) ? n / 4 : 0;
-    MT_LAUNCH(swiglu_bwd_bf16_k, vec4_blocks(n4, n), THREADS, 0)((__nv_bfloat16 *)dgate_b, (__nv_bfloat16 *)dup_b,
-                                                                 dout, gate, up, n4, n);
+    MT_LAUNCH(swiglu_bwd_k<__nv_bfloat16>, vec4_blocks(n4, n), THREADS, 0)((__nv_bfloat16 *)dgate_b,
+                                                                           (__nv_bfloat16 *)dup_b, dout, gate, up, n4, n);
     MT_CUDA_KCHECK();
 }
 
