@@ -266,6 +266,145 @@ static void test_backward(struct inputs *in, int chunk)
     release(&d);
 }
 
+/* ---- precision=bf16: ssm_scan_*_bf16 (the intra-chunk products on bf16
+ * operands; mt_ops.h) ----
+ * Bound (docs/cuda.md "The Mamba-3 scan on tensor cores"). Every term of an
+ * output is a product of inputs (x, B, C, R) with positive weights (gamma,
+ * beta, the decays), and the path rounds each term's factors to bf16 at most
+ * four times (x, B, C and M = G o L for the intra-chunk terms; C and the
+ * state S_in for the carried ones): |err_i| <= 4u sum_terms |term| + fp32
+ * sums, u = 2^-8. The sum of |terms| is the fp64 reference run on |inputs|
+ * (|x|, |B|, |C|, |R|, |D|): Yabs. Checked: |y - y_ref| <= 6u Yabs + 1e-6
+ * max Yabs per element (1.5x the first-order bound), and some element
+ * more than 1e-5 away (the bf16 path ran, not the fp32 one). The backward's
+ * dx, dB, dC the same way against central differences of the reference
+ * and of the |inputs| problem (dG, M rounded once more: 8u); ddt, dlam, dA,
+ * dD, whose terms mix signs through the decays' derivatives, normwise:
+ * max err <= 8u max |g_abs| (g_abs: the |inputs| problem's gradient). */
+static void abs_inputs(const struct inputs *in, struct inputs *ab)
+{
+    *ab = *in;
+    size_t n[] = {nx(in), nx(in), nb(in), nb(in), (size_t)in->H};
+    double **src[] = {&ab->x, &ab->R, &ab->Bm, &ab->Cm, &ab->D};
+    for (size_t k = 0; k < 5; k++) {
+        double *d = dalloc(n[k]);
+        for (size_t i = 0; i < n[k]; i++) d[i] = fabs((*src[k])[i]);
+        *src[k] = d;
+    }
+}
+static void free_abs(struct inputs *ab)
+{
+    free(ab->x); free(ab->R); free(ab->Bm); free(ab->Cm); free(ab->D);
+}
+
+/* worst |a - ref| / (c u abs + slack max abs) over the elements (<= 1 passes) */
+static double bound_ratio(const float *a, const double *ref, const double *abs_, size_t n, double c, int normwise)
+{
+    const double u = 1.0 / 256.0;
+    double m = 0.0, w = 0.0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs(abs_[i]));
+    for (size_t i = 0; i < n; i++) {
+        double b = normwise ? c * u * m : c * u * fabs(abs_[i]) + 1e-6 * m;
+        w = fmax(w, fabs((double)a[i] - ref[i]) / fmax(b, 1e-30));
+    }
+    return w;
+}
+
+static void test_bf16(struct inputs *in, int chunk, int with_fd)
+{
+    char tag[64];
+    snprintf(tag, sizeof tag, "T=%d P=%d N=%d chunk=%d", in->T, in->P, in->N, chunk);
+    const int H = in->H;
+    struct inputs ab;
+    abs_inputs(in, &ab);
+    double *yr = dalloc(nx(in)), *ya = dalloc(nx(in));
+    ref_forward(in, yr);
+    ref_forward(&ab, ya);
+    struct dev d;
+    upload(&d, in);
+    float *y = dev_zero(nx(in)), *y2 = dev_zero(nx(in));
+    g_ops->ssm_scan_forward_bf16(g_ops->be, y, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, in->B, in->T, H, in->P, in->N,
+                                 chunk);
+    g_ops->ssm_scan_forward_bf16(g_ops->be, y2, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, in->B, in->T, H, in->P,
+                                 in->N, chunk);
+    float *yh = to_host(y, nx(in)), *yh2 = to_host(y2, nx(in));
+    double r = bound_ratio(yh, yr, ya, nx(in), 6.0, 0), e = rel_err(yh, yr, nx(in));
+    check(r <= 1.0, "scan_forward_bf16 vs fp64 (6u |terms|)", tag, r, 1);
+    check(e > 1e-5, "scan_forward_bf16 rounded (bf16 ran)", tag, e, 1e-5);
+    int same = memcmp(yh, yh2, nx(in) * sizeof(float)) == 0;
+    check(same, "scan_forward_bf16 deterministic", tag, same ? 0.0 : 1.0, 0);
+    free(yh); free(yh2); free(yr); free(ya);
+    /* backward: dL/d(inputs) of L = sum(R o y) */
+    float *dx = dev_zero(nx(in)), *dB = dev_zero(nb(in)), *dC = dev_zero(nb(in));
+    float *ddt = dev_zero(nd(in)), *dlam = dev_zero(nd(in)), *dA = dev_zero((size_t)H), *dD = dev_zero((size_t)H);
+    float *two[7];
+    size_t len[] = {nx(in), nb(in), nb(in), nd(in), nd(in), (size_t)H, (size_t)H};
+    for (int run = 0; run < 2; run++) {
+        float *o[7] = {dx, dB, dC, ddt, dlam, dA, dD};
+        if (run) for (int k = 0; k < 7; k++) o[k] = two[k] = dev_zero(len[k]);
+        g_ops->fill(g_ops->be, o[5], 0.0f, (size_t)H);
+        g_ops->fill(g_ops->be, o[6], 0.0f, (size_t)H);
+        g_ops->fill(g_ops->be, o[0], 1e3f, nx(in));   /* overwritten outputs: garbage in */
+        g_ops->ssm_scan_backward_bf16(g_ops->be, o[0], o[1], o[2], o[3], o[4], o[5], o[6], d.R, d.x, d.Bm, d.Cm, d.dt,
+                                      d.lam, d.A, d.D, in->B, in->T, H, in->P, in->N, chunk);
+    }
+    float *one[] = {dx, dB, dC, ddt, dlam, dA, dD};
+    same = 1;
+    for (int k = 0; k < 7; k++) {
+        float *a = to_host(one[k], len[k]), *b = to_host(two[k], len[k]);
+        same &= memcmp(a, b, len[k] * sizeof(float)) == 0;
+        free(a); free(b);
+        g_ops->buf_free(g_ops->be, &g_ctx, two[k]);
+    }
+    check(same, "scan_backward_bf16 deterministic", tag, same ? 0.0 : 1.0, 0);
+    if (with_fd) {
+        struct { const char *name; float *dev; double *v, *va; size_t n; int normwise; } g[] = {
+            {"dx", dx, in->x, ab.x, nx(in), 0}, {"dB", dB, in->Bm, ab.Bm, nb(in), 0},
+            {"dC", dC, in->Cm, ab.Cm, nb(in), 0}, {"ddt", ddt, in->dt, ab.dt, nd(in), 1},
+            {"dlam", dlam, in->lam, ab.lam, nd(in), 1}, {"dA", dA, in->A, ab.A, (size_t)H, 1},
+            {"dD", dD, in->D, ab.D, (size_t)H, 1},
+        };
+        for (size_t k = 0; k < sizeof(g) / sizeof(g[0]); k++) {
+            double *fd = dalloc(g[k].n), *fa = dalloc(g[k].n);
+            fd_grad(in, g[k].v, g[k].n, fd);
+            fd_grad(&ab, g[k].va, g[k].n, fa);
+            for (size_t i = 0; i < g[k].n; i++) fa[i] = fabs(fa[i]);
+            float *an = to_host(g[k].dev, g[k].n);
+            double rr = bound_ratio(an, fd, fa, g[k].n, 8.0, g[k].normwise);
+            char what[64];
+            snprintf(what, sizeof what, "scan_backward_bf16 %s vs fd (8u%s)", g[k].name,
+                     g[k].normwise ? " normwise" : " |terms|");
+            check(rr <= 1.0, what, tag, rr, 1);
+            free(fd); free(fa); free(an);
+        }
+    } else {   /* shapes too big for finite differences: against the fp32 entry (checked
+                * against them above), within 2e-2 of the largest and not equal (bf16 ran) */
+        float *f[7];
+        for (int k = 0; k < 7; k++) f[k] = dev_zero(len[k]);
+        g_ops->fill(g_ops->be, f[5], 0.0f, (size_t)H);
+        g_ops->fill(g_ops->be, f[6], 0.0f, (size_t)H);
+        g_ops->ssm_scan_backward(g_ops->be, f[0], f[1], f[2], f[3], f[4], f[5], f[6], d.R, d.x, d.Bm, d.Cm, d.dt,
+                                 d.lam, d.A, d.D, in->B, in->T, H, in->P, in->N, chunk);
+        const char *names[] = {"dx", "dB", "dC", "ddt", "dlam", "dA", "dD"};
+        for (int k = 0; k < 7; k++) {
+            float *a = to_host(one[k], len[k]), *b = to_host(f[k], len[k]);
+            double *bd = dalloc(len[k]);
+            for (size_t i = 0; i < len[k]; i++) bd[i] = b[i];
+            double ee = rel_err(a, bd, len[k]);
+            char what[64];
+            snprintf(what, sizeof what, "scan_backward_bf16 %s vs fp32 entry", names[k]);
+            /* dD: dy . x summed in fp32 by the same kernel in both modes: equal */
+            check(k == 6 ? ee == 0.0 : ee < 2e-2 && ee > 0.0, what, tag, ee, k == 6 ? 0.0 : 2e-2);
+            free(a); free(b); free(bd);
+            g_ops->buf_free(g_ops->be, &g_ctx, f[k]);
+        }
+    }
+    for (int k = 0; k < 7; k++) g_ops->buf_free(g_ops->be, &g_ctx, one[k]);
+    g_ops->buf_free(g_ops->be, &g_ctx, y); g_ops->buf_free(g_ops->be, &g_ctx, y2);
+    release(&d);
+    free_abs(&ab);
+}
+
 /* Run the glue ops on `ops` with host inputs; outputs copied back to host. */
 struct glue_io {
     int B, T, H, P, G, N, n, W, E;
@@ -716,6 +855,25 @@ int main(int argc, char **argv)
         for (int k = 1; k < (cases[c].full ? 5 : 2); k++) test_backward(&in, cases[c].chunks[k]);
         if (cases[c].full) test_backward(&in, 0);
         free_inputs(&in);
+    }
+    /* precision=bf16 (the backends that have it): partial and single-token
+     * chunks, T not a multiple of the chunk, and a shape of several 64-row
+     * tiles, 64-column passes and source tiles per chunk (P 72, N 80, chunk
+     * 128 over T 200: chunks of 128 + 72) */
+    if (g_ops->ssm_scan_forward_bf16 && g_ops->ssm_scan_backward_bf16) {
+        struct { int B, T, H, P, N, chunk, fd; } bc[] = {
+            {2, 37, 3, 4, 6, 8, 1}, {2, 37, 3, 4, 6, 64, 1}, {1, 64, 2, 8, 4, 1, 1}, {1, 64, 2, 8, 4, 7, 1},
+            {1, 100, 2, 8, 4, 30, 1}, {1, 200, 1, 72, 80, 128, 0}, {2, 130, 2, 64, 64, 64, 0},
+        };
+        for (size_t c = 0; c < sizeof(bc) / sizeof(bc[0]); c++) {
+            struct inputs in;
+            make_inputs(&in, bc[c].B, bc[c].T, bc[c].H, bc[c].P, bc[c].N);
+            test_bf16(&in, bc[c].chunk, bc[c].fd);
+            free_inputs(&in);
+        }
+    } else if (strcmp(g_ops->name, "cpu") != 0) {
+        printf("FAIL %s backend has no ssm_scan_*_bf16 entries\n", g_ops->name);
+        n_fail++;
     }
     printf("%s\n", n_fail ? "test_ssm: FAILED" : "test_ssm: all checks passed");
     return n_fail ? 1 : 0;

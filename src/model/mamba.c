@@ -125,7 +125,8 @@ static void mamba_setup(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const
         o->Gg = (int)g.mG;
         Gl = Hl / o->sub;
     }
-    o->d = (struct mt_mamba3_dims){cfg->d_model, Hl, (int)g.mP, Gl, (int)g.mN, cfg->mamba_chunk, 1e-5f, 1e-5f};
+    o->d = (struct mt_mamba3_dims){cfg->d_model, Hl, (int)g.mP, Gl, (int)g.mN, cfg->mamba_chunk, 1e-5f, 1e-5f,
+                                   pc->bf16};
 }
 
 static void mamba_params(const struct mt_block_shape *sh, mt_pspec_fn fn, void *user)

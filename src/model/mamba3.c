@@ -155,14 +155,21 @@ void mt_mamba3_mix_forward(const struct mt_ops_i *ops, struct mt_mamba3_acts *a,
     ops->ssm_gate_norm_forward(ops->be, a->yn, a->rstd_o, a->ys, a->proj, W, w->g_out, n, E, d->G, d->eps_out);
 }
 
+/* precision=bf16 and the backend has the bf16 scan (both directions): the
+ * scan's intra-chunk products on bf16 operands (mt_ops.h ssm_scan_*_bf16) */
+static int scan_bf16(const struct mt_ops_i *ops, const struct mt_mamba3_dims *d)
+{
+    return d->scan_bf16 && ops->ssm_scan_forward_bf16 && ops->ssm_scan_backward_bf16;
+}
+
 void mt_mamba3_ssm_forward(const struct mt_ops_i *ops, struct mt_mamba3_acts *a, const struct mt_mamba3_weights *w,
                            const struct mt_mamba3_dims *d, int B, int T)
 {
     ops->ssm_prep_forward(ops->be, a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, a->rstd_bc, NULL, a->proj, w->dt_bias,
                           w->A_log, w->gB, w->gC, w->B_bias, w->C_bias, B, T, d->H, d->P, d->G, d->N,
                           d->eps_bc);
-    ops->ssm_scan_forward(ops->be, a->ys, a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N,
-                          d->chunk);
+    (scan_bf16(ops, d) ? ops->ssm_scan_forward_bf16 : ops->ssm_scan_forward)(
+        ops->be, a->ys, a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk);
 }
 
 void mt_mamba3_backward(const struct mt_ops_i *ops, float *dh, int accumulate, struct mt_mamba3_weights *g,
@@ -196,8 +203,9 @@ void mt_mamba3_ssm_backward(const struct mt_ops_i *ops, struct mt_mamba3_weights
 {
     /* term 3 */
     ops->fill(ops->be, s->dA, 0.0f, (size_t)d->H);
-    ops->ssm_scan_backward(ops->be, s->dx, s->dBh, s->dCh, s->ddt, s->dlam, s->dA, g->Dsk, s->dys, a->x, a->Bh,
-                           a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk);
+    (scan_bf16(ops, d) ? ops->ssm_scan_backward_bf16 : ops->ssm_scan_backward)(
+        ops->be, s->dx, s->dBh, s->dCh, s->ddt, s->dlam, s->dA, g->Dsk, s->dys, a->x, a->Bh, a->Ch, a->dt, a->lam,
+        a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk);
     /* term 4 */
     ops->ssm_prep_backward(ops->be, s->dproj, g->dt_bias, g->A_log, g->gB, g->gC, g->B_bias, g->C_bias, s->dx,
                            s->dBh, s->dCh, s->ddt, s->dlam, s->dA, a->Bh, a->Ch, a->lam, a->A,

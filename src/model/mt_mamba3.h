@@ -19,6 +19,8 @@ struct mt_mamba3_dims {
     int chunk;          /* scan chunk (speed only); 0 = the plain recurrence (forward only) */
     float eps_bc;       /* B/C norm eps (1e-5) */
     float eps_out;      /* gated output norm eps (1e-5) */
+    int scan_bf16;      /* precision=bf16: the scan through ssm_scan_*_bf16 where the
+                           backend has both (the cpu has none: fp32 scan) */
 };
 
 /* Parameters (and, with the same layout, their gradients). */

@@ -76,6 +76,11 @@ struct mt_ops_device_info {
     long   attention_v2_calls;        /* calls run by attention_v2.cu             */
     long   attention_v2_fallbacks;    /* v2 chosen, head dim not 64/128: ran v1    */
     int    attention_v2_fallback_hd;  /* the head dim of the last such call        */
+    /* ssm_scan_forward_bf16 / _backward_bf16 (precision=bf16, ssd_tc.cu): */
+    long   ssm_scan_tc_calls;         /* calls whose intra-chunk products ran on
+                                         tensor cores                              */
+    long   ssm_scan_tc_fallbacks;     /* calls run by the fp32 entries (chunk <= 0,
+                                         or chunk, headdim or d_state above 128)   */
     /* receipt fields (issue 19 item 5) */
     int    device_count;       /* cudaGetDeviceCount at init                       */
     int    driver_version;     /* cudaDriverGetVersion, e.g. 13000                 */
@@ -448,6 +453,26 @@ struct mt_ops_i {
     void (*attention_backward_bf16)(void *be, float *dq, float *dk, float *dv, const float *dout, const float *q,
                                     const float *k, const float *v, const float *out, const float *lse,
                                     int B, int T, int H, int K, int hd);
+    /* ---- the Mamba-3 scan in bf16 (precision=bf16; docs/cuda.md "The Mamba-3
+     * scan on tensor cores") ----
+     * ssm_scan_forward/backward's contract with the chunked form's
+     * intra-chunk products on bf16 operands and fp32 accumulation, rounded
+     * (nearest even) at these points only: x, B, C, dy and the chunk states
+     * S_in, dS_out where they enter a product; M = (C Bc^T) o L before M Xc;
+     * M and dG = (dY Xc^T) o L before M^T dY, dG^T C, dG Bc. Decays, weights,
+     * the states' passes, the scalar gradients and every output are fp32.
+     * chunk <= 0, or a shape the backend does not take, runs the fp32
+     * entries (cuda counts it: ssm_scan_tc_fallbacks). Optional (NULL: the
+     * model runs the fp32 entries; the cpu has none: its scan stays fp32 in
+     * precision=bf16). cuda: ssd_tc.cu. */
+    void (*ssm_scan_forward_bf16)(void *be, float *y, const float *x, const float *Bm, const float *Cm,
+                                  const float *dt, const float *lam, const float *A, const float *Dsk,
+                                  int B, int T, int H, int P, int N, int chunk);
+    void (*ssm_scan_backward_bf16)(void *be, float *dx, float *dBm, float *dCm, float *ddt, float *dlam,
+                                   float *dA, float *dDsk, const float *dy, const float *x,
+                                   const float *Bm, const float *Cm, const float *dt, const float *lam,
+                                   const float *A, const float *Dsk, int B, int T, int H, int P, int N,
+                                   int chunk);
 
     /* ---- MoE device routing (issue 28 item 2; docs/cuda.md "MoE on the device") ----
      * The routing that followed router_forward on the host, as kernels, so

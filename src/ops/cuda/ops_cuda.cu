@@ -331,6 +331,8 @@ static struct mt_ops_i cuda_ops = {
     /* .widen_bf16                 = */ .widen_bf16                 = PROF(MT_OPK_ELEMENTWISE, mt_cuda_widen_bf16),
     /* .attention_forward_bf16     = */ .attention_forward_bf16     = PROF(MT_OPK_ATTENTION, mt_cuda_attention_forward_bf16),
     /* .attention_backward_bf16    = */ .attention_backward_bf16    = PROF(MT_OPK_ATTENTION_BWD, mt_cuda_attention_backward_bf16),
+    /* .ssm_scan_forward_bf16      = */ .ssm_scan_forward_bf16      = PROF(MT_OPK_SCAN, mt_cuda_ssm_scan_forward_bf16),
+    /* .ssm_scan_backward_bf16     = */ .ssm_scan_backward_bf16     = PROF(MT_OPK_SCAN, mt_cuda_ssm_scan_backward_bf16),
     /* MoE device routing */
     /* .moe_route                  = */ .moe_route                  = PROF(MT_OPK_ELEMENTWISE, mt_cuda_moe_route),
     /* .moe_seq_stats              = */ .moe_seq_stats              = PROF(MT_OPK_ELEMENTWISE, mt_cuda_moe_seq_stats),

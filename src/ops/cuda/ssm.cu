@@ -28,6 +28,7 @@
  * and glue read and write fp32 in both modes).
  */
 #include "cuda_impl.cuh"
+#include "ssd.cuh"
 
 #include <math.h>
 
@@ -53,24 +54,9 @@
  * pieces plus the adjoint's products; its only sequential loops are the
  * chunk passes (nc steps) and the chunk-local ones (q or 2q terms). */
 
-#define SSD_QMAX 256          /* chunks above this run as 256 (same result to rounding) */
 #define SSD_RT 16             /* query rows (or sources) per block of ssd_out_k and the backward kernels */
 #define SSD_SCAN_THREADS 128  /* block of the chunk scans */
-#define SSD_AL4(n) (((n) + 3) & ~3)   /* floats, rounded up to 16 bytes (float4 reads) */
 #define SSD_ROWS_PER_SCAL ((SSD_QMAX + SSD_SCAN_THREADS - 1) / SSD_SCAN_THREADS)   /* chunk rows a thread of ssd_scal_k */
-
-struct ssd_dims {
-    int B, T, H, P, N, Q, nc;
-};
-
-static inline struct ssd_dims ssd_dims_make(int B, int T, int H, int P, int N, int chunk)
-{
-    struct ssd_dims d = {B, T, H, P, N, 0, 0};
-    d.Q = chunk < T ? chunk : T;
-    if (d.Q > SSD_QMAX) d.Q = SSD_QMAX;
-    d.nc = (T + d.Q - 1) / d.Q;
-    return d;
-}
 
 /* threads for a block over n items: a power of two in [32, cap] */
 static inline unsigned pow2_threads(int n, unsigned cap)
@@ -124,13 +110,6 @@ static __device__ F block_sum(F v, F *red)
     F r = red[0];
     __syncthreads();
     return r;
-}
-
-/* weight of source j of a chunk at time t: gamma_t (own) or beta_t (0 at t = 0) */
-static __device__ __forceinline__ float ssd_w(int own, const float *dt, const float *lam, float Ah, size_t r, int t)
-{
-    float d = dt[r], l = lam[r];
-    return own ? l * d : (t > 0 ? (1.0f - l) * d * expf(d * Ah) : 0.0f);
 }
 
 /* 1. cum[(b*H + h)*T + t]: per chunk inclusive sum of a = dt A */
@@ -280,14 +259,6 @@ static __global__ void ssd_pass_k(float *Sst, const float *cum, struct ssd_dims 
  * so the staging changes no bit of the result. */
 #define SSD_KT 16
 #define SSD_KP (SSD_KT + 1)
-
-/* dynamic shared memory above the default 48 KiB needs the kernel's opt-in */
-template <typename F>
-static int ssd_smem_opt_in(F *kern, size_t bytes)
-{
-    if (bytes <= 48 * 1024) return 1;
-    return MT_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-}
 
 /* Source j of a chunk (0 <= j < 2q): its time s(j) inside the chunk and the
  * row of the staged source rows that holds its token, row r <-> token
@@ -518,8 +489,9 @@ static void ssd_cum(float *cum, const float *dt, const float *A, struct ssd_dims
     MT_CUDA_KCHECK();
 }
 
+/* tc: step 4 on tensor cores (ssd_tc.cu, precision=bf16; ssd_tc_supports(d)) */
 static void ssd_forward(float *y, const float *x, const float *Bm, const float *Cm, const float *dt,
-                        const float *lam, const float *A, const float *Dsk, struct ssd_dims d)
+                        const float *lam, const float *A, const float *Dsk, struct ssd_dims d, int tc)
 {
     const size_t PN = (size_t)d.P * d.N, nbh = (size_t)d.B * d.H;
     float *ws = (float *)mt_cuda_workspace((nbh * d.T + nbh * d.nc * PN) * sizeof(float));
@@ -527,6 +499,7 @@ static void ssd_forward(float *y, const float *x, const float *Bm, const float *
     float *cum = ws, *Sst = ws + nbh * d.T;   /* cum (B H, T); Sst: S_in (B H nc, P, N) */
     ssd_cum(cum, dt, A, d);
     ssd_states(Sst, cum, x, Bm, dt, lam, A, d);
+    if (tc) { ssd_tc_out(y, Sst, cum, x, Bm, Cm, dt, lam, A, Dsk, d); return; }
     size_t smem = ssd_out_smem(d, 128);
     if (!ssd_smem_opt_in(ssd_out_k, smem)) return;
     MT_LAUNCH(ssd_out_k, dim3((unsigned)(nbh * d.nc), (unsigned)((d.Q + SSD_RT - 1) / SSD_RT)), 128, smem)(
@@ -1112,7 +1085,7 @@ static __global__ void ssd_reduce_k(float *dA, float *dDsk, const double *part, 
 
 static void ssd_backward(float *dx, float *dBm, float *dCm, float *ddt, float *dlam, float *dA, float *dDsk,
                          const float *dy, const float *x, const float *Bm, const float *Cm, const float *dt,
-                         const float *lam, const float *A, const float *Dsk, struct ssd_dims d)
+                         const float *lam, const float *A, const float *Dsk, struct ssd_dims d, int tc)
 {
     const size_t PN = (size_t)d.P * d.N, nbh = (size_t)d.B * d.H, nch = nbh * d.nc, Q2 = 2 * (size_t)d.Q;
     const size_t nf = nbh * d.T + 2 * nch * PN + 3 * nch * d.Q * Q2 + nch * Q2 * ((size_t)d.P + d.N + 1)
@@ -1135,21 +1108,25 @@ static void ssd_backward(float *dx, float *dBm, float *dCm, float *ddt, float *d
     }
     MT_LAUNCH(ssd_dpass_k, (unsigned)((nbh * PN + 255) / 256), 256, 0)(dSo, cum, d);
     MT_CUDA_KCHECK();
-    unsigned tj = pow2_threads(2 * d.Q, 256), tp = pow2_threads(d.P, 256), tn = pow2_threads(d.N, 256);
-    unsigned rt = (unsigned)((d.Q + SSD_RT - 1) / SSD_RT), st = (unsigned)((Q2 + SSD_RT - 1) / SSD_RT);
-    size_t gm_smem = ssd_gm_smem(d, tj);
-    if (!ssd_smem_opt_in(ssd_gm_k, gm_smem)) return;
-    MT_LAUNCH(ssd_gm_k, dim3((unsigned)nch, rt), tj, gm_smem)(M, dG, dLE, rs, cum, dy, x, Bm, Cm, dt, lam, A, d);
-    MT_CUDA_KCHECK();
-    MT_LAUNCH(ssd_dxc_k, dim3((unsigned)nch, st), tp, ssd_dxc_smem(d, tp))(dXc, M, dSo, cum, dy, Bm, dt, lam, A, d);
-    MT_CUDA_KCHECK();
-    MT_LAUNCH(ssd_dbc_k, dim3((unsigned)nch, st), tn, ssd_dbc_smem(d, tn))(dBc, qj, dG, dSo, cum, x, Bm, Cm, dt,
-                                                                              lam, A, d);
-    MT_CUDA_KCHECK();
-    size_t dc_smem = ssd_dc_smem(d, tn);
-    if (!ssd_smem_opt_in(ssd_dc_k, dc_smem)) return;
-    MT_LAUNCH(ssd_dc_k, dim3((unsigned)nch, rt), tn, dc_smem)(dCm, inter, dG, Sst, cum, dy, Bm, Cm, d);
-    MT_CUDA_KCHECK();
+    if (tc) {   /* steps 7-8 on tensor cores (ssd_tc.cu) */
+        ssd_tc_backward_products(M, dG, dLE, rs, dXc, dBc, qj, dCm, inter, Sst, dSo, cum, dy, x, Bm, Cm, dt, lam, A, d);
+    } else {
+        unsigned tj = pow2_threads(2 * d.Q, 256), tp = pow2_threads(d.P, 256), tn = pow2_threads(d.N, 256);
+        unsigned rt = (unsigned)((d.Q + SSD_RT - 1) / SSD_RT), st = (unsigned)((Q2 + SSD_RT - 1) / SSD_RT);
+        size_t gm_smem = ssd_gm_smem(d, tj);
+        if (!ssd_smem_opt_in(ssd_gm_k, gm_smem)) return;
+        MT_LAUNCH(ssd_gm_k, dim3((unsigned)nch, rt), tj, gm_smem)(M, dG, dLE, rs, cum, dy, x, Bm, Cm, dt, lam, A, d);
+        MT_CUDA_KCHECK();
+        MT_LAUNCH(ssd_dxc_k, dim3((unsigned)nch, st), tp, ssd_dxc_smem(d, tp))(dXc, M, dSo, cum, dy, Bm, dt, lam, A, d);
+        MT_CUDA_KCHECK();
+        MT_LAUNCH(ssd_dbc_k, dim3((unsigned)nch, st), tn, ssd_dbc_smem(d, tn))(dBc, qj, dG, dSo, cum, x, Bm, Cm, dt,
+                                                                                  lam, A, d);
+        MT_CUDA_KCHECK();
+        size_t dc_smem = ssd_dc_smem(d, tn);
+        if (!ssd_smem_opt_in(ssd_dc_k, dc_smem)) return;
+        MT_LAUNCH(ssd_dc_k, dim3((unsigned)nch, rt), tn, dc_smem)(dCm, inter, dG, Sst, cum, dy, Bm, Cm, d);
+        MT_CUDA_KCHECK();
+    }
     unsigned ts = SSD_SCAN_THREADS;
     MT_LAUNCH(ssd_scal_k, (unsigned)nch, ts, ts * sizeof(double) + (3 * (size_t)d.Q + ts + 2 * (size_t)d.Q * SSD_KP) * sizeof(float))(
         ddt, dlam, part, dLE, rs, qj, inter, Sst, dSo, cum, dy, x, dt, lam, A, d);
@@ -1208,7 +1185,7 @@ extern "C" void mt_cuda_ssm_scan_forward(void *be, float *y, const float *x, con
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (B * H == 0 || T == 0) return;
     if (chunk > 0) {
-        ssd_forward(y, x, Bm, Cm, dt, lam, A, Dsk, ssd_dims_make(B, T, H, P, N, chunk));
+        ssd_forward(y, x, Bm, Cm, dt, lam, A, Dsk, ssd_dims_make(B, T, H, P, N, chunk), 0);
         return;
     }
     if (P > 1024) { MT_CUDA_UNSUPPORTED("ssm scan: headdim > 1024"); return; }
@@ -1382,7 +1359,7 @@ extern "C" void mt_cuda_ssm_scan_backward(void *be, float *dx, float *dBm, float
     if (B * H == 0 || T == 0) return;
     if (chunk > 0) {
         ssd_backward(dx, dBm, dCm, ddt, dlam, dA, dDsk, dy, x, Bm, Cm, dt, lam, A, Dsk,
-                     ssd_dims_make(B, T, H, P, N, chunk));
+                     ssd_dims_make(B, T, H, P, N, chunk), 0);
         return;
     }
     if (P > 1024) { MT_CUDA_UNSUPPORTED("ssm scan: headdim > 1024"); return; }
@@ -1400,6 +1377,49 @@ extern "C" void mt_cuda_ssm_scan_backward(void *be, float *dx, float *dBm, float
     MT_CUDA_KCHECK();
     MT_LAUNCH(scan_bwd_reduce_k, (H + 63) / 64, 64, 0)(dA, dDsk, part, B, H);
     MT_CUDA_KCHECK();
+}
+
+/* ---------------- scan in precision=bf16 ----------------
+ * The chunked form with its intra-chunk products on tensor cores
+ * (ssd_tc.cu); chunk <= 0 (the recurrence, the reference) and shapes
+ * ssd_tc.cu does not take (chunk, P or N above SSD_TC_QMAX) run the fp32
+ * entries, counted in ssm_scan_tc_fallbacks. */
+static int scan_tc_pick(int T, int P, int N, int chunk)
+{
+    const int tc = chunk > 0 && ssd_tc_supports(ssd_dims_make(1, T, 1, P, N, chunk));
+    if (tc) mt_cuda_be->info.ssm_scan_tc_calls++;
+    else mt_cuda_be->info.ssm_scan_tc_fallbacks++;
+    return tc;
+}
+
+extern "C" void mt_cuda_ssm_scan_forward_bf16(void *be, float *y, const float *x, const float *Bm, const float *Cm,
+                                              const float *dt, const float *lam, const float *A, const float *Dsk,
+                                              int B, int T, int H, int P, int N, int chunk)
+{
+    MT_CUDA_BIND(be);
+    if (B * H == 0 || T == 0) return;
+    if (!scan_tc_pick(T, P, N, chunk)) {
+        mt_cuda_ssm_scan_forward(be, y, x, Bm, Cm, dt, lam, A, Dsk, B, T, H, P, N, chunk);
+        return;
+    }
+    ssd_forward(y, x, Bm, Cm, dt, lam, A, Dsk, ssd_dims_make(B, T, H, P, N, chunk), 1);
+}
+
+extern "C" void mt_cuda_ssm_scan_backward_bf16(void *be, float *dx, float *dBm, float *dCm, float *ddt, float *dlam,
+                                               float *dA, float *dDsk, const float *dy, const float *x,
+                                               const float *Bm, const float *Cm, const float *dt, const float *lam,
+                                               const float *A, const float *Dsk, int B, int T, int H, int P, int N,
+                                               int chunk)
+{
+    MT_CUDA_BIND(be);
+    if (B * H == 0 || T == 0) return;
+    if (!scan_tc_pick(T, P, N, chunk)) {
+        mt_cuda_ssm_scan_backward(be, dx, dBm, dCm, ddt, dlam, dA, dDsk, dy, x, Bm, Cm, dt, lam, A, Dsk, B, T, H, P,
+                                  N, chunk);
+        return;
+    }
+    ssd_backward(dx, dBm, dCm, ddt, dlam, dA, dDsk, dy, x, Bm, Cm, dt, lam, A, Dsk,
+                 ssd_dims_make(B, T, H, P, N, chunk), 1);
 }
 
 /* ---------------- prep (split, softplus, sigmoid, B/C norm + bias + rotary) ----------------

@@ -1,0 +1,58 @@
+/*
+ * ssd.cuh — what the chunked (SSD) Mamba-3 scan's two files share: ssm.cu
+ * (the fp32 kernels, the passes between chunks, the orchestration) and
+ * ssd_tc.cu (the intra-chunk products on tensor cores, precision=bf16).
+ * The chunk's notation (sources j, weights w_j, cum) is ssm.cu's "HOW IT
+ * WORKS"; the math is docs/mamba3.md.
+ */
+#ifndef MT_SSD_CUH
+#define MT_SSD_CUH
+
+#include "cuda_impl.cuh"
+
+#define SSD_QMAX 256                  /* chunks above this run as 256 (same result to rounding) */
+#define SSD_TC_QMAX 128               /* ssd_tc.cu: chunk, headdim and d_state up to this */
+#define SSD_AL4(n) (((n) + 3) & ~3)   /* floats, rounded up to 16 bytes (float4 reads) */
+
+struct ssd_dims {
+    int B, T, H, P, N, Q, nc;
+};
+
+static inline struct ssd_dims ssd_dims_make(int B, int T, int H, int P, int N, int chunk)
+{
+    struct ssd_dims d = {B, T, H, P, N, 0, 0};
+    d.Q = chunk < T ? chunk : T;
+    if (d.Q > SSD_QMAX) d.Q = SSD_QMAX;
+    d.nc = (T + d.Q - 1) / d.Q;
+    return d;
+}
+
+/* weight of source j of a chunk at time t: gamma_t (own) or beta_t (0 at t = 0) */
+static __device__ __forceinline__ float ssd_w(int own, const float *dt, const float *lam, float Ah, size_t r, int t)
+{
+    float d = dt[r], l = lam[r];
+    return own ? l * d : (t > 0 ? (1.0f - l) * d * expf(d * Ah) : 0.0f);
+}
+
+/* dynamic shared memory above the default 48 KiB needs the kernel's opt-in */
+template <typename F>
+static int ssd_smem_opt_in(F *kern, size_t bytes)
+{
+    if (bytes <= 48 * 1024) return 1;
+    return MT_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+/* ssd_tc.cu: the shapes it runs (chunk Q, P, N each <= SSD_TC_QMAX) */
+int ssd_tc_supports(struct ssd_dims d);
+/* forward step 4 (ssd_out_k's contract) on tensor cores */
+void ssd_tc_out(float *y, const float *Sst, const float *cum, const float *x, const float *Bm, const float *Cm,
+                const float *dt, const float *lam, const float *A, const float *Dsk, struct ssd_dims d);
+/* backward steps 7-8 (ssd_gm_k, ssd_dxc_k, ssd_dbc_k, ssd_dc_k's contracts)
+ * on tensor cores; M and dG are stored as bf16 in the first half of their
+ * fp32 workspace slots (only these kernels read them) */
+void ssd_tc_backward_products(float *M, float *dG, float *dLE, float *rs, float *dXc, float *dBc, float *qj,
+                              float *dCm, float *inter, const float *Sst, const float *dSo, const float *cum,
+                              const float *dy, const float *x, const float *Bm, const float *Cm, const float *dt,
+                              const float *lam, const float *A, struct ssd_dims d);
+
+#endif /* MT_SSD_CUH */

@@ -1,0 +1,528 @@
+/*
+ * ssd_tc.cu — the chunked Mamba-3 scan's intra-chunk products on tensor
+ * cores, for precision=bf16 (mt_ops.h ssm_scan_forward_bf16 / _backward_bf16;
+ * docs/cuda.md "The Mamba-3 scan on tensor cores"). ssm.cu keeps everything
+ * else of the chunked form (the cumulative decay, the chunk states and the
+ * passes between chunks, the scalar gradients, the scatter) in fp32 and
+ * calls these in place of its fp32 product kernels: each writes exactly what
+ * the fp32 kernel it replaces writes (ssm.cu steps 4, 7, 8), with bf16
+ * operands and fp32 accumulation.
+ *
+ * Rounding points (nearest even; every other value fp32):
+ *   x, B, C, dy and the states S_in, dS_out when they enter a product;
+ *   forward: M = (C Bc^T) o L before M Xc;
+ *   backward: M and dG = (dY Xc^T) o L, stored bf16 (their only readers are
+ *   the products here), before M^T dY, dG^T C and dG Bc.
+ * G = C Bc^T, dM = dY Xc^T, the decay factors, dLE = dM o G o E and every
+ * row / column sum (rs, qj, inter) are fp32 from the fp32 accumulators.
+ *
+ * HOW IT WORKS. One block of 4 warps per (b, h, chunk, tile of 64 rows);
+ * the rows are query rows (forward, 7, 8c) or sources (8a, 8b), 16 per warp.
+ * A block first stages what its products read into shared memory as bf16
+ * (rows padded by 8 elements: ldmatrix's 8 row addresses land in 8
+ * different bank groups), then every warp runs its strip on its own:
+ * tc_mma, mma.sync m16n8k16 with ldmatrix operands (mma_sync.cuh: the PTX
+ * register layouts, emulated exactly under MT_CUDA_EMU), 64 output columns
+ * per accumulator pass (acc[8][4]). A chunk's sources are not stored twice:
+ * the staged token rows t0-1 .. t0+q-1 (q+1 rows, row q+1 zeros) serve both,
+ * source j < q (own) being row j+1 and source q+i (beta) row i, mapped per
+ * ldmatrix lane (tc_row). Padding (q, 2q, P, N up to multiples of 16) is
+ * zeros in shared memory, so it adds nothing. Sums over a row of the
+ * accumulators (rs, qj, inter) go in a fixed order: a lane's columns in
+ * order, then its quad by two xor shuffles. No atomics: reruns are
+ * bit-identical.
+ */
+#include "cuda_impl.cuh"
+#include "mma_sync.cuh"
+#include "ssd.cuh"
+
+#include <math.h>
+
+typedef __nv_bfloat16 bf16;
+
+#define TC_B 64                 /* rows of a block: 4 warps x 16 */
+#define TC_THREADS 128
+#define TC_LD(w) ((w) + 8)      /* shared row stride (bf16) of a w-wide tile */
+
+static __host__ __device__ __forceinline__ int tc_r16(int n) { return (n + 15) & ~15; }
+static __host__ __device__ __forceinline__ int tc_min(int a, int b) { return a < b ? a : b; }
+
+/* a shared bf16 operand: row r at s + r*ld; src = 1: r is a chunk's source
+ * (j < q: row j+1; q <= j < 2q: row j-q; beyond: the zero row zr) */
+struct tc_op {
+    const bf16 *s;
+    int ld, q, zr, src;
+};
+static __device__ __forceinline__ const bf16 *tc_row(const struct tc_op &o, int r)
+{
+    if (o.src) r = r < o.q ? r + 1 : (r < 2 * o.q ? r - o.q : o.zr);
+    return o.s + (size_t)r * o.ld;
+}
+static __device__ __forceinline__ struct tc_op tc_plain(const bf16 *s, int ld)
+{
+    struct tc_op o = {s, ld, 0, 0, 0};
+    return o;
+}
+static __device__ __forceinline__ struct tc_op tc_sources(const bf16 *s, int ld, int q)
+{
+    struct tc_op o = {s, ld, q, q + 1, 1};
+    return o;
+}
+
+/* acc (16 x 64: n8 tiles 0..7) += A[m0..m0+16, 0..K) B[0..K, n0..n0+nw), K and
+ * nw multiples of 16 (nw <= 64; tiles past nw untouched). A_KM: A stored
+ * [k][m] (.trans), else [m][k]; B_NK: B stored [n][k], else [k][n] (.trans).
+ * ldmatrix x4 matrices: A (m 0-7, k 0-7) (m 8-15, k 0-7) (m 0-7, k 8-15)
+ * (m 8-15, k 8-15) = a0..a3; B (n 0-7, k 0-7) (n 0-7, k 8-15) (n 8-15, k 0-7)
+ * (n 8-15, k 8-15) = b0, b1 of two n8 tiles. Warp-uniform arguments. */
+template <int A_KM, int B_NK>
+static __device__ __forceinline__ void tc_mma(float acc[8][4], const struct tc_op &A, int m0, const struct tc_op &B,
+                                              int n0, int nw, int K, int lane)
+{
+    const int mi = lane >> 3, r8 = lane & 7;
+    for (int k0 = 0; k0 < K; k0 += 16) {
+        uint32_t a[4];
+        if (A_KM) mt_ldsm_x4_t(a, tc_row(A, k0 + (mi >> 1) * 8 + r8) + m0 + (mi & 1) * 8);
+        else mt_ldsm_x4(a, tc_row(A, m0 + (mi & 1) * 8 + r8) + k0 + (mi >> 1) * 8);
+#pragma unroll
+        for (int np = 0; np < 4; np++) {
+            if (16 * np >= nw) break;
+            uint32_t r[4];
+            if (B_NK) mt_ldsm_x4(r, tc_row(B, n0 + 16 * np + (mi >> 1) * 8 + r8) + k0 + (mi & 1) * 8);
+            else mt_ldsm_x4_t(r, tc_row(B, k0 + (mi & 1) * 8 + r8) + n0 + 16 * np + (mi >> 1) * 8);
+            const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+            mt_mma_16816(acc[2 * np], a, b0);
+            mt_mma_16816(acc[2 * np + 1], a, b1);
+        }
+    }
+}
+
+static __device__ __forceinline__ void tc_zero(float acc[8][4])
+{
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
+}
+
+/* the row (within the strip's 16) and column (within the 64) of accumulator
+ * element e of n8 tile j of a lane (mma_sync.cuh's C layout) */
+#define TC_EROW(lane, e) (((lane) >> 2) + 8 * ((e) >> 1))
+#define TC_ECOL(lane, j, e) (8 * (j) + 2 * ((lane) & 3) + ((e) & 1))
+
+/* a sum over the 4 lanes of a quad (the lanes holding one accumulator row) */
+static __device__ __forceinline__ float tc_quad_sum(float v)
+{
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    v += __shfl_xor_sync(0xffffffffu, v, 2);
+    return v;
+}
+
+/* dst[r][k] (r < nr, k < kw) = bf16(src[tok][k]) for tok = tok0 + r in [lo, hi)
+ * and k < ncols, else 0 (src: token 0's row; rows sld apart) */
+static __device__ void tc_stage(bf16 *dst, int ld, int nr, int kw, const float *src, size_t sld, int ncols, int tok0,
+                                int lo, int hi)
+{
+    for (int e = (int)threadIdx.x; e < nr * kw; e += (int)blockDim.x) {
+        const int r = e / kw, k = e - r * kw, tok = tok0 + r;
+        const float v = tok >= lo && tok < hi && k < ncols ? src[(size_t)tok * sld + k] : 0.0f;
+        dst[r * ld + k] = __float2bfloat16_rn(v);
+    }
+}
+
+/* dst[r][k] (r < nr, k < kw) = src[r][k0 + k] where r < rhi and k0 + k < khi, else 0 */
+static __device__ void tc_stage_b(bf16 *dst, int ld, int nr, int kw, const bf16 *src, size_t sld, int rhi, int k0,
+                                  int khi)
+{
+    for (int e = (int)threadIdx.x; e < nr * kw; e += (int)blockDim.x) {
+        const int r = e / kw, k = e - r * kw;
+        dst[r * ld + k] = r < rhi && k0 + k < khi ? src[(size_t)r * sld + k0 + k] : __float2bfloat16_rn(0.0f);
+    }
+}
+
+/* the block's chunk */
+struct tc_chunk {
+    int ci, bh, c, b, h, t0, q;
+    size_t xld, bld, ob;
+};
+static __device__ __forceinline__ struct tc_chunk tc_chunk_of(struct ssd_dims d)
+{
+    struct tc_chunk k;
+    k.ci = (int)blockIdx.x;
+    k.bh = k.ci / d.nc;
+    k.c = k.ci % d.nc;
+    k.b = k.bh / d.H;
+    k.h = k.bh % d.H;
+    k.t0 = k.c * d.Q;
+    k.q = tc_min(d.Q, d.T - k.t0);
+    k.xld = (size_t)d.H * d.P;
+    k.bld = (size_t)d.H * d.N;
+    k.ob = (size_t)k.b * d.T;
+    return k;
+}
+
+/* w[j] (j < 2q) and cm[i] (i < q) of the chunk into shared memory */
+static __device__ void tc_weights(float *w, float *cm, const struct tc_chunk &k, const float *cum, const float *dt,
+                                  const float *lam, const float *A, struct ssd_dims d)
+{
+    const float Ah = A[k.h];
+    for (int i = (int)threadIdx.x; i < k.q; i += (int)blockDim.x) {
+        const size_t r = (k.ob + k.t0 + i) * d.H + k.h;
+        w[i] = ssd_w(1, dt, lam, Ah, r, k.t0 + i);
+        w[k.q + i] = ssd_w(0, dt, lam, Ah, r, k.t0 + i);
+        cm[i] = cum[(size_t)k.bh * d.T + k.t0 + i];
+    }
+}
+
+/* v_j = w_j exp(cum_last - cum_s(j)) for the 64 sources j0.. of a block
+ * (0 past 2q and without a next chunk): S_out's weights (ssd_dxc_k's v) */
+static __device__ void tc_vout(float *v, const float *w, const float *cm, int j0, int q, int has_next)
+{
+    for (int jj = (int)threadIdx.x; jj < TC_B; jj += (int)blockDim.x) {
+        const int j = j0 + jj, sj = j < q ? j : j - q;
+        v[jj] = has_next && j < 2 * q ? w[j] * expf(cm[q - 1] - cm[sj]) : 0.0f;
+    }
+}
+
+/* ---- forward: Y (ssd_out_k) ----
+ * per warp strip (16 query rows i): for each 64 sources, G = C Bc^T (fp32),
+ * M = G o L rounded into the warp's rows of Ms; then per 64 columns p:
+ * acc = e_i (C S_in^T) (c > 0), acc += M Xc, y = acc + D x */
+static size_t tc_out_smem(struct ssd_dims d)
+{
+    const size_t Np = TC_LD(tc_r16(d.N)), Pp = TC_LD(tc_r16(d.P)), S = TC_LD(tc_r16(2 * d.Q));
+    return SSD_AL4(3 * (size_t)d.Q) * sizeof(float) +
+           ((size_t)TC_B * Np + (d.Q + 2) * (Np + Pp) + (size_t)tc_r16(d.P) * Np + (size_t)TC_B * S) * sizeof(bf16);
+}
+
+static __global__ void __launch_bounds__(TC_THREADS)
+ssd_tc_out_k(float *y, const float *Sst, const float *cum, const float *x, const float *Bm, const float *Cm,
+             const float *dt, const float *lam, const float *A, const float *Dsk, struct ssd_dims d)
+{
+    MT_DYN_SMEM(float, sm);
+    const struct tc_chunk k = tc_chunk_of(d);
+    const int i0 = (int)blockIdx.y * TC_B;
+    if (i0 >= k.q) return;
+    const int q = k.q, Np = tc_r16(d.N), Pp = tc_r16(d.P), s16 = tc_r16(2 * q), lane = (int)threadIdx.x & 31;
+    const int m0 = ((int)threadIdx.x >> 5) * 16, LN = TC_LD(Np), LP = TC_LD(Pp), LS = TC_LD(tc_r16(2 * d.Q));
+    float *w = sm, *cm = w + 2 * d.Q;
+    bf16 *Cs = (bf16 *)(sm + SSD_AL4(3 * d.Q)), *Bt = Cs + TC_B * LN, *Xt = Bt + (d.Q + 2) * LN;
+    bf16 *Si = Xt + (d.Q + 2) * LP, *Ms = Si + Pp * LN;
+    const float *Bh = Bm + k.ob * k.bld + (size_t)k.h * d.N, *Ch = Cm + k.ob * k.bld + (size_t)k.h * d.N;
+    const float *xh = x + k.ob * k.xld + (size_t)k.h * d.P;
+    tc_weights(w, cm, k, cum, dt, lam, A, d);
+    tc_stage(Cs, LN, TC_B, Np, Ch, k.bld, d.N, k.t0 + i0, 0, k.t0 + q);
+    tc_stage(Bt, LN, q + 2, Np, Bh, k.bld, d.N, k.t0 - 1, 0, k.t0 + q);
+    tc_stage(Xt, LP, q + 2, Pp, xh, k.xld, d.P, k.t0 - 1, 0, k.t0 + q);
+    if (k.c > 0) tc_stage(Si, LN, Pp, Np, Sst + (size_t)k.ci * d.P * d.N, d.N, d.N, 0, 0, d.P);
+    __syncthreads();
+    if (i0 + m0 >= q) return;   /* warp-uniform; no barrier below */
+    const struct tc_op Cop = tc_plain(Cs, LN), Bop = tc_sources(Bt, LN, q), Xop = tc_sources(Xt, LP, q);
+    const struct tc_op Sop = tc_plain(Si, LN), Mop = tc_plain(Ms, LS);
+    float acc[8][4];
+    for (int s0 = 0; s0 < s16; s0 += 64) {
+        tc_zero(acc);
+        tc_mma<0, 1>(acc, Cop, m0, Bop, s0, tc_min(64, s16 - s0), Np, lane);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int il = m0 + TC_EROW(lane, e), i = i0 + il, jj = s0 + TC_ECOL(lane, j, e);
+                if (jj >= s16) continue;
+                const int sj = jj < q ? jj : jj - q;
+                const float m = i < q && jj < 2 * q && sj <= i ? acc[j][e] * (w[jj] * expf(cm[i] - cm[sj])) : 0.0f;
+                Ms[il * LS + jj] = __float2bfloat16_rn(m);
+            }
+    }
+    __syncwarp();
+    float erow[2];
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        const int i = i0 + m0 + (lane >> 2) + 8 * u;
+        erow[u] = i < q ? expf(cm[i]) : 0.0f;
+    }
+    const float Dh = Dsk[k.h];
+    for (int pc = 0; pc < Pp; pc += 64) {
+        const int nw = tc_min(64, Pp - pc);
+        tc_zero(acc);
+        if (k.c > 0) {
+            tc_mma<0, 1>(acc, Cop, m0, Sop, pc, nw, Np, lane);
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[j][e] *= erow[e >> 1];
+        }
+        tc_mma<0, 0>(acc, Mop, m0, Xop, pc, nw, s16, lane);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int i = i0 + m0 + TC_EROW(lane, e), p = pc + TC_ECOL(lane, j, e);
+                if (i >= q || p >= d.P) continue;
+                const size_t t = (size_t)k.t0 + i;
+                y[(k.ob + t) * k.xld + (size_t)k.h * d.P + p] = acc[j][e] + Dh * xh[t * k.xld + p];
+            }
+    }
+}
+
+/* ---- backward 7: M, dG (bf16), dLE, rs (ssd_gm_k) ----
+ * per warp strip (16 query rows), per 64 sources: G = C Bc^T and
+ * dM = dY Xc^T (fp32), then the fp32 kernel's epilogue element by element */
+static size_t tc_gm_smem(struct ssd_dims d)
+{
+    const size_t Np = TC_LD(tc_r16(d.N)), Pp = TC_LD(tc_r16(d.P));
+    return SSD_AL4(3 * (size_t)d.Q) * sizeof(float) + ((size_t)TC_B * (Np + Pp) + (d.Q + 2) * (Np + Pp)) * sizeof(bf16);
+}
+
+static __global__ void __launch_bounds__(TC_THREADS)
+ssd_tc_gm_k(bf16 *Mb, bf16 *dGb, float *dLE, float *rs, const float *cum, const float *dy, const float *x,
+            const float *Bm, const float *Cm, const float *dt, const float *lam, const float *A, struct ssd_dims d)
+{
+    MT_DYN_SMEM(float, sm);
+    const struct tc_chunk k = tc_chunk_of(d);
+    const int i0 = (int)blockIdx.y * TC_B;
+    if (i0 >= k.q) return;
+    const int q = k.q, Np = tc_r16(d.N), Pp = tc_r16(d.P), s16 = tc_r16(2 * q), lane = (int)threadIdx.x & 31;
+    const int m0 = ((int)threadIdx.x >> 5) * 16, LN = TC_LD(Np), LP = TC_LD(Pp);
+    float *w = sm, *cm = w + 2 * d.Q;
+    bf16 *Cs = (bf16 *)(sm + SSD_AL4(3 * d.Q)), *Ys = Cs + TC_B * LN, *Bt = Ys + TC_B * LP, *Xt = Bt + (d.Q + 2) * LN;
+    const float *Bh = Bm + k.ob * k.bld + (size_t)k.h * d.N, *Ch = Cm + k.ob * k.bld + (size_t)k.h * d.N;
+    const float *xh = x + k.ob * k.xld + (size_t)k.h * d.P, *dyh = dy + k.ob * k.xld + (size_t)k.h * d.P;
+    tc_weights(w, cm, k, cum, dt, lam, A, d);
+    tc_stage(Cs, LN, TC_B, Np, Ch, k.bld, d.N, k.t0 + i0, 0, k.t0 + q);
+    tc_stage(Ys, LP, TC_B, Pp, dyh, k.xld, d.P, k.t0 + i0, 0, k.t0 + q);
+    tc_stage(Bt, LN, q + 2, Np, Bh, k.bld, d.N, k.t0 - 1, 0, k.t0 + q);
+    tc_stage(Xt, LP, q + 2, Pp, xh, k.xld, d.P, k.t0 - 1, 0, k.t0 + q);
+    __syncthreads();
+    if (i0 + m0 >= q) return;
+    const struct tc_op Cop = tc_plain(Cs, LN), Yop = tc_plain(Ys, LP);
+    const struct tc_op Bop = tc_sources(Bt, LN, q), Xop = tc_sources(Xt, LP, q);
+    float ag[8][4], ad[8][4], rsum[2] = {0.0f, 0.0f};
+    for (int s0 = 0; s0 < s16; s0 += 64) {
+        const int nw = tc_min(64, s16 - s0);
+        tc_zero(ag);
+        tc_zero(ad);
+        tc_mma<0, 1>(ag, Cop, m0, Bop, s0, nw, Np, lane);
+        tc_mma<0, 1>(ad, Yop, m0, Xop, s0, nw, Pp, lane);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int i = i0 + m0 + TC_EROW(lane, e), jj = s0 + TC_ECOL(lane, j, e);
+                if (i >= q || jj >= 2 * q) continue;
+                const int sj = jj < q ? jj : jj - q;
+                float m = 0.0f, dg = 0.0f, dle = 0.0f;
+                if (sj <= i) {
+                    const float ex = expf(cm[i] - cm[sj]), dmg = ad[j][e] * ag[j][e], l = w[jj] * ex;
+                    dle = dmg * ex;
+                    rsum[e >> 1] += dmg * w[jj] * ex;
+                    m = ag[j][e] * l;
+                    dg = ad[j][e] * l;
+                }
+                const size_t row = ((size_t)k.ci * d.Q + i) * 2 * d.Q;
+                Mb[row + jj] = __float2bfloat16_rn(m);
+                dGb[row + jj] = __float2bfloat16_rn(dg);
+                dLE[row + jj] = dle;
+            }
+    }
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        const float s = tc_quad_sum(rsum[u]);
+        const int i = i0 + m0 + (lane >> 2) + 8 * u;
+        if ((lane & 3) == 0 && i < q) rs[(size_t)k.ci * d.Q + i] = s;
+    }
+}
+
+/* ---- backward 8a / 8b: dXc, dBc and qj (ssd_dxc_k, ssd_dbc_k) ----
+ * per warp strip (16 sources j): 8a  dXc = M^T dY + v_j (Bc dS_out^T)
+ *                                8b  dBc = dG^T C + v_j t_j, t = Xc dS_out,
+ *                                    qj = sum_n t_jn B_tok(j),n (fp32 B) */
+static size_t tc_src_smem(struct ssd_dims d)
+{
+    const size_t Np = TC_LD(tc_r16(d.N)), Pp = TC_LD(tc_r16(d.P)), Q16 = (size_t)tc_r16(d.Q), W = Np > Pp ? Np : Pp;
+    return SSD_AL4(TC_B + 3 * (size_t)d.Q) * sizeof(float) +
+           (Q16 * TC_LD(TC_B) + Q16 * W + (d.Q + 2) * W + (size_t)tc_r16(d.P) * Np) * sizeof(bf16);
+}
+
+template <int DB>   /* 0: dXc (8a), 1: dBc and qj (8b) */
+static __global__ void __launch_bounds__(TC_THREADS)
+ssd_tc_src_k(float *out, float *qj, const bf16 *Gb, const float *dSo, const float *cum, const float *dy,
+             const float *x, const float *Bm, const float *Cm, const float *dt, const float *lam, const float *A,
+             struct ssd_dims d)
+{
+    MT_DYN_SMEM(float, sm);
+    const struct tc_chunk k = tc_chunk_of(d);
+    const int j0 = (int)blockIdx.y * TC_B, q = k.q;
+    if (j0 >= 2 * q) return;
+    const int Np = tc_r16(d.N), Pp = tc_r16(d.P), q16 = tc_r16(q), lane = (int)threadIdx.x & 31, has_next = k.c + 1 < d.nc;
+    const int m0 = ((int)threadIdx.x >> 5) * 16, LN = TC_LD(Np);
+    /* 8a: the product's columns are P, its rows' operand is B (K = N), the
+     * right-hand operand dY; 8b: columns N, rows' operand x (K = P), C */
+    const int W = DB ? d.N : d.P, Wp = DB ? Np : Pp, LW = TC_LD(Wp), Kp = DB ? Pp : Np, LK = TC_LD(Kp);
+    float *w = sm, *cm = w + 2 * d.Q, *v = sm + SSD_AL4(3 * d.Q);
+    bf16 *Gs = (bf16 *)(v + SSD_AL4(TC_B)), *Rs = Gs + tc_r16(d.Q) * TC_LD(TC_B), *St = Rs + tc_r16(d.Q) * LW;
+    bf16 *Sd = St + (d.Q + 2) * LK;
+    const float *Bh = Bm + k.ob * k.bld + (size_t)k.h * d.N, *Ch = Cm + k.ob * k.bld + (size_t)k.h * d.N;
+    const float *xh = x + k.ob * k.xld + (size_t)k.h * d.P, *dyh = dy + k.ob * k.xld + (size_t)k.h * d.P;
+    tc_weights(w, cm, k, cum, dt, lam, A, d);
+    /* M (8a) or dG (8b): rows i < q, the block's 64 source columns */
+    tc_stage_b(Gs, TC_LD(TC_B), q16, TC_B, Gb + (size_t)k.ci * d.Q * 2 * d.Q, 2 * (size_t)d.Q, q, j0, 2 * q);
+    if (DB) tc_stage(Rs, LW, q16, Wp, Ch, k.bld, d.N, k.t0, 0, k.t0 + q);
+    else tc_stage(Rs, LW, q16, Wp, dyh, k.xld, d.P, k.t0, 0, k.t0 + q);
+    if (has_next) {
+        if (DB) tc_stage(St, LK, q + 2, Kp, xh, k.xld, d.P, k.t0 - 1, 0, k.t0 + q);
+        else tc_stage(St, LK, q + 2, Kp, Bh, k.bld, d.N, k.t0 - 1, 0, k.t0 + q);
+        tc_stage(Sd, LN, Pp, Np, dSo + (size_t)k.ci * d.P * d.N, d.N, d.N, 0, 0, d.P);
+    }
+    __syncthreads();
+    tc_vout(v, w, cm, j0, q, has_next);
+    __syncthreads();
+    if (j0 + m0 >= 2 * q) return;
+    const struct tc_op Gop = tc_plain(Gs, TC_LD(TC_B)), Rop = tc_plain(Rs, LW), Sop = tc_sources(St, LK, q);
+    const struct tc_op Dop = tc_plain(Sd, LN);
+    float acc[8][4], a2[8][4], qp[2] = {0.0f, 0.0f};
+    for (int nc0 = 0; nc0 < Wp; nc0 += 64) {
+        const int nw = tc_min(64, Wp - nc0);
+        tc_zero(acc);
+        tc_mma<1, 0>(acc, Gop, m0, Rop, nc0, nw, q16, lane);
+        if (has_next) {
+            tc_zero(a2);
+            if (DB) tc_mma<0, 0>(a2, Sop, j0 + m0, Dop, nc0, nw, Kp, lane);   /* Xc dS_out */
+            else tc_mma<0, 1>(a2, Sop, j0 + m0, Dop, nc0, nw, Kp, lane);      /* Bc dS_out^T */
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int jl = m0 + TC_EROW(lane, e), jj = j0 + jl, n = nc0 + TC_ECOL(lane, j, e);
+                    if (DB && jj < 2 * q && n < d.N) {
+                        const int tok = k.t0 + (jj < q ? jj : jj - q - 1);
+                        if (tok >= 0) qp[e >> 1] += a2[j][e] * Bh[(size_t)tok * k.bld + n];
+                    }
+                    acc[j][e] += v[jl] * a2[j][e];
+                }
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int jj = j0 + m0 + TC_EROW(lane, e), n = nc0 + TC_ECOL(lane, j, e);
+                if (jj < 2 * q && n < W) out[((size_t)k.ci * 2 * d.Q + jj) * W + n] = acc[j][e];
+            }
+    }
+    if (DB)
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const float s = tc_quad_sum(qp[u]);
+            const int jj = j0 + m0 + (lane >> 2) + 8 * u;
+            if ((lane & 3) == 0 && jj < 2 * q) qj[(size_t)k.ci * 2 * d.Q + jj] = s;
+        }
+}
+
+/* ---- backward 8c: dC and inter (ssd_dc_k) ----
+ * per warp strip (16 query rows): dC = dG Bc + e_i ds, ds = dY S_in;
+ * inter_i = e_i sum_n ds_in C_in (fp32 C) */
+static size_t tc_dc_smem(struct ssd_dims d)
+{
+    const size_t Np = TC_LD(tc_r16(d.N)), Pp = TC_LD(tc_r16(d.P)), S = TC_LD(tc_r16(2 * d.Q));
+    return SSD_AL4(TC_B) * sizeof(float) +
+           ((size_t)TC_B * S + (d.Q + 2) * Np + (size_t)TC_B * Pp + (size_t)tc_r16(d.P) * Np) * sizeof(bf16);
+}
+
+static __global__ void __launch_bounds__(TC_THREADS)
+ssd_tc_dc_k(float *dCm, float *inter, const bf16 *dGb, const float *Sst, const float *cum, const float *dy,
+            const float *Bm, const float *Cm, struct ssd_dims d)
+{
+    MT_DYN_SMEM(float, sm);
+    const struct tc_chunk k = tc_chunk_of(d);
+    const int i0 = (int)blockIdx.y * TC_B, q = k.q;
+    if (i0 >= q) return;
+    const int Np = tc_r16(d.N), Pp = tc_r16(d.P), s16 = tc_r16(2 * q), lane = (int)threadIdx.x & 31;
+    const int m0 = ((int)threadIdx.x >> 5) * 16, LN = TC_LD(Np), LP = TC_LD(Pp), LS = TC_LD(tc_r16(2 * d.Q));
+    float *e = sm;
+    bf16 *Gs = (bf16 *)(sm + SSD_AL4(TC_B)), *Bt = Gs + TC_B * LS, *Ys = Bt + (d.Q + 2) * LN, *Si = Ys + TC_B * LP;
+    const float *Bh = Bm + k.ob * k.bld + (size_t)k.h * d.N, *Ch = Cm + k.ob * k.bld + (size_t)k.h * d.N;
+    const float *dyh = dy + k.ob * k.xld + (size_t)k.h * d.P;
+    for (int il = (int)threadIdx.x; il < TC_B; il += (int)blockDim.x)
+        e[il] = i0 + il < q ? expf(cum[(size_t)k.bh * d.T + k.t0 + i0 + il]) : 0.0f;
+    /* dG rows i0.. (< q), sources < 2q */
+    tc_stage_b(Gs, LS, TC_B, s16, dGb + ((size_t)k.ci * d.Q + i0) * 2 * d.Q, 2 * (size_t)d.Q, q - i0, 0, 2 * q);
+    tc_stage(Bt, LN, q + 2, Np, Bh, k.bld, d.N, k.t0 - 1, 0, k.t0 + q);
+    if (k.c > 0) {
+        tc_stage(Ys, LP, TC_B, Pp, dyh, k.xld, d.P, k.t0 + i0, 0, k.t0 + q);
+        tc_stage(Si, LN, Pp, Np, Sst + (size_t)k.ci * d.P * d.N, d.N, d.N, 0, 0, d.P);
+    }
+    __syncthreads();
+    if (i0 + m0 >= q) return;
+    const struct tc_op Gop = tc_plain(Gs, LS), Bop = tc_sources(Bt, LN, q), Yop = tc_plain(Ys, LP);
+    const struct tc_op Sop = tc_plain(Si, LN);
+    float acc[8][4], a2[8][4], de[2] = {0.0f, 0.0f};
+    for (int nc0 = 0; nc0 < Np; nc0 += 64) {
+        const int nw = tc_min(64, Np - nc0);
+        tc_zero(acc);
+        tc_mma<0, 0>(acc, Gop, m0, Bop, nc0, nw, s16, lane);
+        if (k.c > 0) {
+            tc_zero(a2);
+            tc_mma<0, 0>(a2, Yop, m0, Sop, nc0, nw, Pp, lane);
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const int il = m0 + TC_EROW(lane, u), i = i0 + il, n = nc0 + TC_ECOL(lane, j, u);
+                    if (i < q && n < d.N) de[u >> 1] += a2[j][u] * Ch[(size_t)(k.t0 + i) * k.bld + n];
+                    acc[j][u] += e[il] * a2[j][u];
+                }
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int i = i0 + m0 + TC_EROW(lane, u), n = nc0 + TC_ECOL(lane, j, u);
+                if (i < q && n < d.N) dCm[(k.ob + k.t0 + i) * k.bld + (size_t)k.h * d.N + n] = acc[j][u];
+            }
+    }
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        const float s = tc_quad_sum(de[u]);
+        const int il = m0 + (lane >> 2) + 8 * u, i = i0 + il;
+        if ((lane & 3) == 0 && i < q) inter[(size_t)k.ci * d.Q + i] = s * e[il];
+    }
+}
+
+/* ---- launches ---- */
+
+int ssd_tc_supports(struct ssd_dims d)
+{
+    return d.Q <= SSD_TC_QMAX && d.P <= SSD_TC_QMAX && d.N <= SSD_TC_QMAX;
+}
+
+void ssd_tc_out(float *y, const float *Sst, const float *cum, const float *x, const float *Bm, const float *Cm,
+                const float *dt, const float *lam, const float *A, const float *Dsk, struct ssd_dims d)
+{
+    const size_t smem = tc_out_smem(d);
+    if (!ssd_smem_opt_in(ssd_tc_out_k, smem)) return;
+    MT_LAUNCH(ssd_tc_out_k, dim3((unsigned)(d.B * d.H * d.nc), (unsigned)((d.Q + TC_B - 1) / TC_B)), TC_THREADS,
+              smem)(y, Sst, cum, x, Bm, Cm, dt, lam, A, Dsk, d);
+    MT_CUDA_KCHECK();
+}
+
+void ssd_tc_backward_products(float *M, float *dG, float *dLE, float *rs, float *dXc, float *dBc, float *qj,
+                              float *dCm, float *inter, const float *Sst, const float *dSo, const float *cum,
+                              const float *dy, const float *x, const float *Bm, const float *Cm, const float *dt,
+                              const float *lam, const float *A, struct ssd_dims d)
+{
+    const unsigned nch = (unsigned)(d.B * d.H * d.nc), rt = (unsigned)((d.Q + TC_B - 1) / TC_B);
+    const unsigned st = (unsigned)((2 * d.Q + TC_B - 1) / TC_B);
+    bf16 *Mb = (bf16 *)M, *dGb = (bf16 *)dG;
+    const size_t gm = tc_gm_smem(d), src = tc_src_smem(d), dc = tc_dc_smem(d);
+    if (!ssd_smem_opt_in(ssd_tc_gm_k, gm) || !ssd_smem_opt_in(ssd_tc_src_k<0>, src) ||
+        !ssd_smem_opt_in(ssd_tc_src_k<1>, src) || !ssd_smem_opt_in(ssd_tc_dc_k, dc))
+        return;
+    MT_LAUNCH(ssd_tc_gm_k, dim3(nch, rt), TC_THREADS, gm)(Mb, dGb, dLE, rs, cum, dy, x, Bm, Cm, dt, lam, A, d);
+    MT_CUDA_KCHECK();
+    MT_LAUNCH(ssd_tc_src_k<0>, dim3(nch, st), TC_THREADS, src)(dXc, (float *)NULL, Mb, dSo, cum, dy, x, Bm, Cm, dt, lam, A, d);
+    MT_CUDA_KCHECK();
+    MT_LAUNCH(ssd_tc_src_k<1>, dim3(nch, st), TC_THREADS, src)(dBc, qj, dGb, dSo, cum, dy, x, Bm, Cm, dt, lam, A, d);
+    MT_CUDA_KCHECK();
+    MT_LAUNCH(ssd_tc_dc_k, dim3(nch, rt), TC_THREADS, dc)(dCm, inter, dGb, Sst, cum, dy, Bm, Cm, d);
+    MT_CUDA_KCHECK();
+}
