@@ -282,7 +282,7 @@ static void attn_fn(const void *arg)
 
 struct cal_scan_ctx {
     struct cal_scan_shape s;
-    int fwd;
+    int fwd, bf16;   /* bf16: ssm_scan_*_bf16 (precision=bf16's entries) */
     float *x, *Bm, *Cm, *dt, *lam, *A, *Dsk, *y, *dy, *dx, *dBm, *dCm, *ddt, *dlam, *dA, *dDsk;
 };
 
@@ -291,10 +291,10 @@ static void scan_fn(const void *arg)
     const struct cal_scan_ctx *c = arg;
     const struct cal_scan_shape *s = &c->s;
     if (c->fwd)
-        g_ops->ssm_scan_forward(g_ops->be, c->y, c->x, c->Bm, c->Cm, c->dt, c->lam, c->A, c->Dsk, s->b, s->t, s->h,
+        (c->bf16 ? g_ops->ssm_scan_forward_bf16 : g_ops->ssm_scan_forward)(g_ops->be, c->y, c->x, c->Bm, c->Cm, c->dt, c->lam, c->A, c->Dsk, s->b, s->t, s->h,
                                 s->p, s->n, s->q);
     else
-        g_ops->ssm_scan_backward(g_ops->be, c->dx, c->dBm, c->dCm, c->ddt, c->dlam, c->dA, c->dDsk, c->dy, c->x, c->Bm,
+        (c->bf16 ? g_ops->ssm_scan_backward_bf16 : g_ops->ssm_scan_backward)(g_ops->be, c->dx, c->dBm, c->dCm, c->ddt, c->dlam, c->dA, c->dDsk, c->dy, c->x, c->Bm,
                                  c->Cm, c->dt, c->lam, c->A, c->Dsk, s->b, s->t, s->h, s->p, s->n, s->q);
 }
 
@@ -556,7 +556,7 @@ int main(int argc, char **argv)
      * the precision=bf16 ones (tensor cores) with attn_kernel=v1, then v2
      * (the default), each shape ---- */
     emit(f, " \"attention\": [");
-    double best_fb = 0, best_fb16 = 0, best_fb16_v1 = 0, as_s[3 * CAL_MAX_SHAPES] = {0}, ss_s[CAL_MAX_SHAPES] = {0};
+    double best_fb = 0, best_fb16 = 0, best_fb16_v1 = 0, as_s[3 * CAL_MAX_SHAPES] = {0}, ss_s[2 * CAL_MAX_SHAPES] = {0};
     for (int s = 0; s < 3 * n_as; s++) {
         struct cal_attn_ctx a = {as[s / 3].b, as[s / 3].t, as[s / 3].h, as[s / 3].hd, 1, s % 3, NULL, NULL, NULL,
                                  NULL, NULL, NULL, NULL, NULL, NULL};
@@ -598,13 +598,16 @@ int main(int argc, char **argv)
     emit(f, " \"attention_bf16_best_fwd_bwd_flop_per_s\": %.6e, \"attention_bf16_v1_best_fwd_bwd_flop_per_s\": %.6e,\n",
          best_fb16, best_fb16_v1);
 
-    /* ---- Mamba-3 scan, chunked (fp32 in both precisions today) ---- */
+    /* ---- Mamba-3 scan, chunked: fp32, then precision=bf16's entries (the
+     * intra-chunk products on tensor cores) where the table has them ---- */
     emit(f, " \"scan\": [");
     double best_scan = 0;
-    for (int s = 0; s < n_ss; s++) {
+    const int n_prec = g_ops->ssm_scan_forward_bf16 && g_ops->ssm_scan_backward_bf16 ? 2 : 1;
+    for (int s = 0; s < n_ss; s++)
+    for (int bf = 0; bf < n_prec; bf++) {
         struct cal_scan_ctx c;
         memset(&c, 0, sizeof c);
-        c.s = ss[s], c.fwd = 1;
+        c.s = ss[s], c.fwd = 1, c.bf16 = bf;
         const size_t bt = (size_t)c.s.b * c.s.t, nx = bt * c.s.h * c.s.p, nb = bt * c.s.h * c.s.n,
                      nh = bt * c.s.h;
         /* inputs in the mixer's ranges: dt = softplus(.) > 0, lam = sigmoid(.), A < 0 */
@@ -621,30 +624,34 @@ int main(int argc, char **argv)
         check_status("scan");
         const double sfb = tf.median + tb.median, r = (ff + fb) / sfb;
         if (r > best_scan) best_scan = r;
-        emit(f, "%s\n  {\"b\": %d, \"t\": %d, \"h\": %d, \"p\": %d, \"n\": %d, \"chunk\": %d, \"precision\": \"fp32\", "
+        emit(f, "%s\n  {\"b\": %d, \"t\": %d, \"h\": %d, \"p\": %d, \"n\": %d, \"chunk\": %d, \"precision\": \"%s\", "
                 "\"fwd_flops\": %.6g, \"bwd_flops\": %.6g, \"fwd_median_s\": %.6e, \"bwd_median_s\": %.6e, "
                 "\"fwd_bwd_s\": %.6e, \"fwd_flop_per_s\": %.6e, \"bwd_flop_per_s\": %.6e, \"fwd_bwd_flop_per_s\": %.6e}",
-             s ? "," : "", c.s.b, c.s.t, c.s.h, c.s.p, c.s.n, c.s.q, ff, fb, tf.median, tb.median, sfb, ff / tf.median,
+             s || bf ? "," : "", c.s.b, c.s.t, c.s.h, c.s.p, c.s.n, c.s.q, bf ? "bf16" : "fp32", ff, fb, tf.median, tb.median, sfb, ff / tf.median,
              fb / tb.median, r);
         float *bufs[] = {c.x, c.Bm, c.Cm, c.dt, c.lam, c.A, c.Dsk, c.y, c.dy, c.dx, c.dBm, c.dCm, c.ddt, c.dlam, c.dA, c.dDsk};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) g_ops->buf_free(g_ops->be, &g_ctx, bufs[i]);
-        ss_s[s] = sfb;
+        ss_s[2 * s + bf] = sfb;
+        if (n_prec == 1) ss_s[2 * s + 1] = sfb;   /* no bf16 entries: precision=bf16 runs the fp32 scan */
     }
     emit(f, "\n ],\n \"scan_best_fwd_bwd_flop_per_s\": %.6e, \"scan_flop_convention\": "
             "\"recurrence: fwd 8 BTHPN, bwd 16 BTHPN (the planner's)\",\n", best_scan);
     /* the core of an M layer (scan) beside that of an A layer (attention) at
-     * the same B, T: seconds per fwd+bwd, each attention shape of that B, T */
+     * the same B, T: seconds per fwd+bwd, each attention shape of that B, T;
+     * scan_over_attention_bf16 compares what precision=bf16 runs (the bf16
+     * scan entries where there are any) */
     emit(f, " \"layer_core\": [");
     int nlc = 0;
     for (int s = 0; s < n_ss; s++)
         for (int a = 0; a < n_as; a++) {
             if (as[a].b != ss[s].b || as[a].t != ss[s].t) continue;
             emit(f, "%s\n  {\"b\": %d, \"t\": %d, \"scan\": \"%dx%dx%dx%dx%dx%d\", \"attention\": \"%dx%dx%dx%d\", "
-                    "\"scan_fwd_bwd_s\": %.6e, \"attention_fp32_fwd_bwd_s\": %.6e, \"attention_bf16_fwd_bwd_s\": %.6e, "
-                    "\"attention_bf16_v1_fwd_bwd_s\": %.6e, \"scan_over_attention_bf16\": %.6g}",
+                    "\"scan_fwd_bwd_s\": %.6e, \"scan_bf16_fwd_bwd_s\": %.6e, \"attention_fp32_fwd_bwd_s\": %.6e, "
+                    "\"attention_bf16_fwd_bwd_s\": %.6e, \"attention_bf16_v1_fwd_bwd_s\": %.6e, "
+                    "\"scan_over_attention_bf16\": %.6g}",
                  nlc++ ? "," : "", ss[s].b, ss[s].t, ss[s].b, ss[s].t, ss[s].h, ss[s].p, ss[s].n, ss[s].q, as[a].b,
-                 as[a].t, as[a].h, as[a].hd, ss_s[s], as_s[3 * a], as_s[3 * a + 2], as_s[3 * a + 1],
-                 as_s[3 * a + 2] > 0 ? ss_s[s] / as_s[3 * a + 2] : 0.0);
+                 as[a].t, as[a].h, as[a].hd, ss_s[2 * s], ss_s[2 * s + 1], as_s[3 * a], as_s[3 * a + 2],
+                 as_s[3 * a + 1], as_s[3 * a + 2] > 0 ? ss_s[2 * s + 1] / as_s[3 * a + 2] : 0.0);
         }
     emit(f, "\n ],\n");
 

@@ -778,13 +778,14 @@ print("RESULT calib: gemm bf16 %.1f TF/s, fp32 %.1f TF/s, attention fp32 %.1f TF
          (c.get("attention_bf16_best_fwd_bwd_flop_per_s") or 0) / 1e12, arw, p["efficiency"]))
 # the Mamba-3 scan (FLOPs as the recurrence) and an M layer's core vs an A layer's at the same B, T
 for s in c.get("scan") or []:
-    print("RESULT calib scan %dx%dx%dx%dx%d chunk %d: fwd %.4f s, bwd %.4f s, %.2f TF/s (recurrence FLOPs)"
-          % (s["b"], s["t"], s["h"], s["p"], s["n"], s["chunk"], s["fwd_median_s"], s["bwd_median_s"],
-             s["fwd_bwd_flop_per_s"] / 1e12))
+    print("RESULT calib scan %dx%dx%dx%dx%d chunk %d %s: fwd %.4f s, bwd %.4f s, %.2f TF/s (recurrence FLOPs)"
+          % (s["b"], s["t"], s["h"], s["p"], s["n"], s["chunk"], s.get("precision", "fp32"), s["fwd_median_s"],
+             s["bwd_median_s"], s["fwd_bwd_flop_per_s"] / 1e12))
 for x in c.get("layer_core") or []:
-    print("RESULT calib layer core B %d T %d: scan %s %.4f s vs attention %s fp32 %.4f s, bf16 %.4f s (scan/attention bf16 %.2f)"
-          % (x["b"], x["t"], x["scan"], x["scan_fwd_bwd_s"], x["attention"], x["attention_fp32_fwd_bwd_s"],
-             x["attention_bf16_fwd_bwd_s"], x["scan_over_attention_bf16"]))
+    print("RESULT calib layer core B %d T %d: scan %s fp32 %.4f s, bf16 %.4f s vs attention %s fp32 %.4f s, bf16 %.4f s "
+          "(scan/attention, bf16 both: %.2f)"
+          % (x["b"], x["t"], x["scan"], x["scan_fwd_bwd_s"], x.get("scan_bf16_fwd_bwd_s", x["scan_fwd_bwd_s"]),
+             x["attention"], x["attention_fp32_fwd_bwd_s"], x["attention_bf16_fwd_bwd_s"], x["scan_over_attention_bf16"]))
 PY
 }
 export -f stage_calib

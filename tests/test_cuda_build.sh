@@ -55,9 +55,11 @@
 #           Every run's exit status is checked (those run in the background too);
 #        c2. precision=bf16 (6 steps dense, then MoE with the routed experts
 #           on bf16 shadows, then the hybrid pattern=AM with the Mamba-3
-#           projections on bf16 shadows): emulated cuda bf16 follows the
+#           projections on bf16 shadows and the scan's products on tensor
+#           cores): emulated cuda bf16 follows the
 #           cpu fp32 loss curve within the step tolerance of docs/cuda.md
-#           (tests/bf16_curve.py), starts equal to the cpu bf16 run (1e-5),
+#           (tests/bf16_curve.py), starts equal to the cpu bf16 run (1e-5;
+#           not the hybrid: the cpu's scan stays fp32 in bf16 mode),
 #           with head_chunk_rows=24 equal to itself without (the same bound),
 #           and stays within the tolerance of it, and its receipt shows the
 #           GEMMs on the weights' bf16 shadows as stored (gemm_bf16_direct);
@@ -540,16 +542,20 @@ sys.exit(not (g['gemm_bf16_direct'] > 0 and g['gemm_bf16_fallbacks'] == 0 and g[
     # c2 hybrid: pattern=AM, the M block's in/out projections on their bf16
     #     shadows (gemm_bf16 per Win block, Wout) and the input norm's twin,
     #     every operand already bf16 (dy and d proj rounded once: 0 cast
-    #     elements in the GEMMs, every call direct);
-    #     the chunked scan and glue stay fp32: no fallback_reason
+    #     elements in the GEMMs, every call direct); the scan through
+    #     ssm_scan_*_bf16 (its intra-chunk products on tensor cores: every
+    #     call, none fell back), the glue fp32: no fallback_reason. The cpu
+    #     has no bf16 scan (its scan stays fp32 in precision=bf16), so the
+    #     two bf16 runs differ by the scan's rounding from the first step on:
+    #     each follows the fp32 curve within the bound on its own (no --other)
     if ran bf16ref_hyb_cpu bf16_hyb_cpu bf16_hyb_cuda &&
-       python3 "$SRC/tests/bf16_curve.py" "$EMU/run_bf16ref_hyb_cpu/receipt.json" "$EMU/run_bf16_hyb_cuda/receipt.json" \
-           --other "$EMU/run_bf16_hyb_cpu/receipt.json" &&
+       python3 "$SRC/tests/bf16_curve.py" "$EMU/run_bf16ref_hyb_cpu/receipt.json" "$EMU/run_bf16_hyb_cuda/receipt.json" &&
+       python3 "$SRC/tests/bf16_curve.py" "$EMU/run_bf16ref_hyb_cpu/receipt.json" "$EMU/run_bf16_hyb_cpu/receipt.json" &&
        python3 -c "import json,sys; r=json.load(open(sys.argv[1])); g=r['gpu']; f=r['backend']['fallback_reason']; \
-print('   gpu:', {k: g[k] for k in g if k.startswith('gemm_bf16')}, 'fallback_reason:', repr(f)); \
-sys.exit(not (g['gemm_bf16_direct'] > 0 and g['gemm_bf16_direct'] == g['gemm_bf16_calls'] and g['gemm_bf16_cast_elems'] == 0 and g['gemm_bf16_fallbacks'] == 0 and not f))" \
+print('   gpu:', {k: g[k] for k in g if k.startswith('gemm_bf16') or k.startswith('ssm_scan')}, 'fallback_reason:', repr(f)); \
+sys.exit(not (g['gemm_bf16_direct'] > 0 and g['gemm_bf16_direct'] == g['gemm_bf16_calls'] and g['gemm_bf16_cast_elems'] == 0 and g['gemm_bf16_fallbacks'] == 0 and g['ssm_scan_tc_calls'] > 0 and g['ssm_scan_tc_fallbacks'] == 0 and not f))" \
            "$EMU/run_bf16_hyb_cuda/receipt.json"; then
-        echo "PASS emulated train precision=bf16, hybrid: Mamba-3 projections on bf16 shadows and operands (0 cast elements), cuda follows the fp32 curve, starts equal to cpu bf16"
+        echo "PASS emulated train precision=bf16, hybrid: Mamba-3 projections on bf16 shadows and operands (0 cast elements), the scan's products on tensor cores, cuda and cpu bf16 each follow the fp32 curve"
     else echo "FAIL: emulated train precision=bf16 hybrid"; fail=1; fi
     echo "   stage c2: $(( $(date +%s) - t2 ))s"
     fi  # want c2
@@ -739,11 +745,14 @@ if [ -x "$EMU/meshtrain" ] && [ -f "$EMU/train.bin" ]; then
     g_ok=1
     # stage c's hybrid (pattern=AM; stage f's HYB has MoE layers, for which graphs are off)
     GHYB="$TINY --set pattern=AM --set mamba_d_state=8 --set mamba_headdim=16 --set mamba_ngroups=2 --set mamba_chunk=5"
-    { graph_run dense_on fp32 4 $TINY && graph_run bf16_on bf16 4 $TINY && graph_run hyb_on fp32 4 $GHYB; } & pid_g=$!
+    # (hyb16: the hybrid in precision=bf16, the scan's tensor-core kernels captured)
+    { graph_run dense_on fp32 4 $TINY && graph_run bf16_on bf16 4 $TINY && graph_run hyb_on fp32 4 $GHYB &&
+      graph_run hyb16_on fp32 4 $GHYB --set precision=bf16; } & pid_g=$!
     { graph_run dense_off fp32 4 $TINY --knob cuda_graphs=0 && graph_run bf16_off bf16 4 $TINY --knob cuda_graphs=0 &&
-      graph_run hyb_off fp32 4 $GHYB --knob cuda_graphs=0 && graph_run moe_on fp32 1 $MOE; } || g_ok=0
+      graph_run hyb_off fp32 4 $GHYB --knob cuda_graphs=0 && graph_run hyb16_off fp32 4 $GHYB --set precision=bf16 --knob cuda_graphs=0 &&
+      graph_run moe_on fp32 1 $MOE; } || g_ok=0
     wait $pid_g || g_ok=0
-    for c in dense bf16 hyb; do
+    for c in dense bf16 hyb hyb16; do
         if [ $g_ok -eq 1 ] && cmp -s "$EMU/run_graph_${c}_on/ckpt/step_000004/params.bin" "$EMU/run_graph_${c}_off/ckpt/step_000004/params.bin" &&
            cmp -s "$EMU/run_graph_${c}_on/ckpt/step_000004/optim.bin" "$EMU/run_graph_${c}_off/ckpt/step_000004/optim.bin" &&
            python3 - "$EMU/run_graph_${c}_on/receipt.json" "$EMU/run_graph_${c}_off/receipt.json" >"$EMU/graph_$c.txt" 2>&1 <<'PY'
@@ -766,6 +775,8 @@ for s in range(len(a["kernel_launches"])):
         assert a["graph_launches"][s] == g["replayed_segments_per_step"] and a["graph_ops"][s] == g["replayed_ops_per_step"]
         assert a["host_syncs"][s] == b["host_syncs"][s], (s, a["host_syncs"][s], b["host_syncs"][s])
         assert a["kernel_launches"][s] < b["kernel_launches"][s]
+if sys.argv[1].endswith("hyb16_on/receipt.json"):   # the bf16 scan ran, captured
+    assert on["gpu"]["ssm_scan_tc_calls"] > 0 and on["gpu"]["ssm_scan_tc_fallbacks"] == 0, on["gpu"]
 print("losses, lm, grad norms and the final params/optimizer state equal bit for bit; step 3: %d device ops eager -> "
       "%d issued + %d graph launches (%d ops replayed in %d of %d segments; eager: %s)" %
       (eager, issued, a["graph_launches"][-1], a["graph_ops"][-1], g["replayed_segments_per_step"],
@@ -840,15 +851,19 @@ assert c["attention_bf16_best_fwd_bwd_flop_per_s"] > 0 and c["attention_bf16_v1_
 assert len(c["attention"]) % 3 == 0 and {a["kernel"] for a in c["attention"]} == {"fp32", "v1", "v2"}, c["attention"]
 assert all(a["v2_ran"] == (a["kernel"] == "v2") and (a["kernel"] != "v2" or a["hd"] in (64, 128))
            for a in c["attention"]), c["attention"]
-# the Mamba-3 scan row: FLOPs as the recurrence (fwd 8 BTHPN, bwd 16 BTHPN)
-assert len(c["scan"]) >= 1, c.get("scan")
+# the Mamba-3 scan rows: FLOPs as the recurrence (fwd 8 BTHPN, bwd 16 BTHPN), fp32
+# then bf16 (ssm_scan_*_bf16, the tensor-core products) per shape
+assert len(c["scan"]) >= 2 and [s["precision"] for s in c["scan"][:2]] == ["fp32", "bf16"], c.get("scan")
 for s in c["scan"]:
     ff = 8.0 * s["b"] * s["t"] * s["h"] * s["p"] * s["n"]
     assert s["fwd_flops"] == ff and s["bwd_flops"] == 2 * ff and s["fwd_median_s"] > 0 and s["bwd_median_s"] > 0, s
     assert math.isclose(s["fwd_bwd_s"], s["fwd_median_s"] + s["bwd_median_s"], rel_tol=1e-5), s
     assert math.isclose(s["fwd_bwd_flop_per_s"], 3 * ff / s["fwd_bwd_s"], rel_tol=1e-5), s
 assert c["scan_best_fwd_bwd_flop_per_s"] == max(s["fwd_bwd_flop_per_s"] for s in c["scan"]) > 0
-assert len(c["layer_core"]) >= 1 and all(x["scan_fwd_bwd_s"] > 0 and x["attention_bf16_fwd_bwd_s"] > 0
+assert len(c["layer_core"]) >= 1 and all(x["scan_fwd_bwd_s"] > 0 and x["scan_bf16_fwd_bwd_s"] > 0 and
+                                         x["attention_bf16_fwd_bwd_s"] > 0 and math.isclose(
+                                             x["scan_over_attention_bf16"],
+                                             x["scan_bf16_fwd_bwd_s"] / x["attention_bf16_fwd_bwd_s"], rel_tol=1e-4)
                                          for x in c["layer_core"]), c["layer_core"]
 ar = c["allreduce"]
 assert ar["available"] == c["build"]["nccl"] and (ar["available"] or "identity" in ar["why"]), ar

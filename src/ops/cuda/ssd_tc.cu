@@ -39,6 +39,7 @@
 #include <math.h>
 
 typedef __nv_bfloat16 bf16;
+struct alignas(8) tc_f2 { float x, y; };   /* a paired fp32 store (float2 where the emulator has none) */
 
 #define TC_B 64                 /* rows of a block: 4 warps x 16 */
 #define TC_THREADS 128
@@ -119,10 +120,25 @@ static __device__ __forceinline__ float tc_quad_sum(float v)
 }
 
 /* dst[r][k] (r < nr, k < kw) = bf16(src[tok][k]) for tok = tok0 + r in [lo, hi)
- * and k < ncols, else 0 (src: token 0's row; rows sld apart) */
+ * and k < ncols, else 0 (src: token 0's row; rows sld apart). Four columns
+ * a thread (a float4 load, an 8-byte store) where src's rows are 16-byte
+ * aligned and ncols a multiple of 4 (kw always is: a multiple of 16). */
 static __device__ void tc_stage(bf16 *dst, int ld, int nr, int kw, const float *src, size_t sld, int ncols, int tok0,
                                 int lo, int hi)
 {
+    if (((uintptr_t)src & 15) == 0 && sld % 4 == 0 && ncols % 4 == 0) {
+        const int kw4 = kw / 4;
+        for (int e = (int)threadIdx.x; e < nr * kw4; e += (int)blockDim.x) {
+            const int r = e / kw4, k = 4 * (e - r * kw4), tok = tok0 + r;
+            float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (tok >= lo && tok < hi && k < ncols) v = *(const float4 *)(src + (size_t)tok * sld + k);
+            uint2 b;
+            b.x = mt_pack_bf16(v.x, v.y);
+            b.y = mt_pack_bf16(v.z, v.w);
+            *(uint2 *)(dst + r * ld + k) = b;
+        }
+        return;
+    }
     for (int e = (int)threadIdx.x; e < nr * kw; e += (int)blockDim.x) {
         const int r = e / kw, k = e - r * kw, tok = tok0 + r;
         const float v = tok >= lo && tok < hi && k < ncols ? src[(size_t)tok * sld + k] : 0.0f;
@@ -226,12 +242,16 @@ ssd_tc_out_k(float *y, const float *Sst, const float *cum, const float *x, const
 #pragma unroll
         for (int j = 0; j < 8; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
+            for (int e = 0; e < 4; e += 2) {   /* a pair of columns jj, jj+1 (jj even): one 4-byte store */
                 const int il = m0 + TC_EROW(lane, e), i = i0 + il, jj = s0 + TC_ECOL(lane, j, e);
                 if (jj >= s16) continue;
-                const int sj = jj < q ? jj : jj - q;
-                const float m = i < q && jj < 2 * q && sj <= i ? acc[j][e] * (w[jj] * expf(cm[i] - cm[sj])) : 0.0f;
-                Ms[il * LS + jj] = __float2bfloat16_rn(m);
+                float m[2];
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    const int ju = jj + u, sj = ju < q ? ju : ju - q;
+                    m[u] = i < q && ju < 2 * q && sj <= i ? acc[j][e + u] * (w[ju] * expf(cm[i] - cm[sj])) : 0.0f;
+                }
+                *(uint32_t *)(Ms + il * LS + jj) = mt_pack_bf16(m[0], m[1]);
             }
     }
     __syncwarp();
@@ -307,22 +327,24 @@ ssd_tc_gm_k(bf16 *Mb, bf16 *dGb, float *dLE, float *rs, const float *cum, const 
 #pragma unroll
         for (int j = 0; j < 8; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
+            for (int e = 0; e < 4; e += 2) {   /* columns jj, jj+1 (jj even, 2q even): paired stores */
                 const int i = i0 + m0 + TC_EROW(lane, e), jj = s0 + TC_ECOL(lane, j, e);
                 if (i >= q || jj >= 2 * q) continue;
-                const int sj = jj < q ? jj : jj - q;
-                float m = 0.0f, dg = 0.0f, dle = 0.0f;
-                if (sj <= i) {
-                    const float ex = expf(cm[i] - cm[sj]), dmg = ad[j][e] * ag[j][e], l = w[jj] * ex;
-                    dle = dmg * ex;
-                    rsum[e >> 1] += dmg * w[jj] * ex;
-                    m = ag[j][e] * l;
-                    dg = ad[j][e] * l;
+                float m[2] = {0.0f, 0.0f}, dg[2] = {0.0f, 0.0f}, dle[2] = {0.0f, 0.0f};
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    const int ju = jj + u, sj = ju < q ? ju : ju - q;
+                    if (sj > i) continue;
+                    const float ex = expf(cm[i] - cm[sj]), dmg = ad[j][e + u] * ag[j][e + u], l = w[ju] * ex;
+                    dle[u] = dmg * ex;
+                    rsum[e >> 1] += dmg * w[ju] * ex;
+                    m[u] = ag[j][e + u] * l;
+                    dg[u] = ad[j][e + u] * l;
                 }
-                const size_t row = ((size_t)k.ci * d.Q + i) * 2 * d.Q;
-                Mb[row + jj] = __float2bfloat16_rn(m);
-                dGb[row + jj] = __float2bfloat16_rn(dg);
-                dLE[row + jj] = dle;
+                const size_t at = ((size_t)k.ci * d.Q + i) * 2 * d.Q + jj;
+                *(uint32_t *)(Mb + at) = mt_pack_bf16(m[0], m[1]);
+                *(uint32_t *)(dGb + at) = mt_pack_bf16(dg[0], dg[1]);
+                *(tc_f2 *)(dLE + at) = tc_f2{dle[0], dle[1]};
             }
     }
 #pragma unroll

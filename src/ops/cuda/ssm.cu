@@ -24,8 +24,9 @@
  *   group); parameter gradients as two-pass column sums.
  * - gate norm: one block per (row, group); dw as two-pass column sums.
  * No atomics anywhere: every sum has a fixed order, reruns are bit-identical.
- * fp32 throughout (bf16 operands in precision=bf16 are not done: the scan
- * and glue read and write fp32 in both modes).
+ * fp32 throughout, except in precision=bf16 (ssm_scan_*_bf16): there the
+ * chunked form's intra-chunk products (steps 4, 7, 8 below) run on tensor
+ * cores with bf16 operands (ssd_tc.cu); everything else here stays fp32.
  */
 #include "cuda_impl.cuh"
 #include "ssd.cuh"
