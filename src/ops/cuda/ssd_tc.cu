@@ -510,11 +510,110 @@ ssd_tc_dc_k(float *dCm, float *inter, const bf16 *dGb, const float *Sst, const f
     }
 }
 
+/* ---- forward 2 / backward 5: a chunk's P x N outer-product sums (ssd_state_k, ssd_dloc_k) ----
+ * per warp strip (16 rows p), 64 columns n a pass, K over the chunk's rows:
+ *   DL = 0  Sloc_c = Xc^T diag(v) Bc, v_j = w_j exp(cum_last - cum_s(j)),
+ *           chunks c < nc-1 (full: q = Q); Xc the mapped token rows, v_j Bc
+ *           staged per source (2q rows: own and beta weights differ)
+ *   DL = 1  Dloc_c = (diag(exp cum) dY)^T C, chunks c >= 1
+ * rounding: x, bf16(v_j B_j) (DL 0); bf16(e_i dy_i), C (DL 1) */
+/* rows of Us: the token rows (DL 0) or the chunk's rows padded to 16 (DL 1) */
+static __host__ __device__ __forceinline__ size_t tc_outer_urows(struct ssd_dims d)
+{
+    return (size_t)(d.Q + 2 > tc_r16(d.Q) ? d.Q + 2 : tc_r16(d.Q));
+}
+static size_t tc_outer_smem(struct ssd_dims d)
+{
+    const size_t Np = TC_LD(tc_r16(d.N)), Pp = TC_LD(tc_r16(d.P)), S16 = (size_t)tc_r16(2 * d.Q);
+    return SSD_AL4(3 * (size_t)d.Q) * sizeof(float) + (tc_outer_urows(d) * Pp + S16 * Np) * sizeof(bf16);
+}
+
+template <int DL>
+static __global__ void __launch_bounds__(TC_THREADS)
+ssd_tc_outer_k(float *out, const float *cum, const float *u, const float *vsrc, const float *dt, const float *lam,
+               const float *A, struct ssd_dims d)
+{
+    MT_DYN_SMEM(float, sm);
+    /* grid x: (b, h, chunk) over nc-1 chunks: c < nc-1 (DL 0) or c >= 1 (DL 1); y: 64-row tiles of P */
+    const int bh = (int)blockIdx.x / (d.nc - 1), c = (int)blockIdx.x % (d.nc - 1) + DL, b = bh / d.H, h = bh % d.H;
+    const int t0 = c * d.Q, q = tc_min(d.Q, d.T - t0), p0 = (int)blockIdx.y * TC_B;
+    const int Np = tc_r16(d.N), Pp = tc_r16(d.P), lane = (int)threadIdx.x & 31, m0 = ((int)threadIdx.x >> 5) * 16;
+    const int K = DL ? tc_r16(q) : tc_r16(2 * q), LN = TC_LD(Np), LP = TC_LD(Pp);
+    const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, ob = (size_t)b * d.T;
+    float *w = sm, *cm = w + 2 * d.Q;
+    bf16 *Us = (bf16 *)(sm + SSD_AL4(3 * d.Q)), *Vs = Us + tc_outer_urows(d) * LP;
+    const float *uh = u + ob * xld + (size_t)h * d.P, *vh = vsrc + ob * bld + (size_t)h * d.N;
+    const float Ah = DL ? 0.0f : A[h];   /* DL 1 has no weights (A NULL) */
+    for (int i = (int)threadIdx.x; i < q; i += (int)blockDim.x) {
+        const size_t r = (ob + t0 + i) * d.H + h;
+        cm[i] = cum[(size_t)bh * d.T + t0 + i];
+        if (!DL) {
+            w[i] = ssd_w(1, dt, lam, Ah, r, t0 + i);
+            w[q + i] = ssd_w(0, dt, lam, Ah, r, t0 + i);
+        }
+    }
+    __syncthreads();
+    if (DL) {   /* Us rows i: bf16(e_i dy_i) (K rows, 0 past q); Vs rows i: C_i */
+        for (int e = (int)threadIdx.x; e < K * Pp; e += (int)blockDim.x) {
+            const int i = e / Pp, p = e - i * Pp;
+            const float v = i < q && p < d.P ? expf(cm[i]) * uh[(size_t)(t0 + i) * xld + p] : 0.0f;
+            Us[i * LP + p] = __float2bfloat16_rn(v);
+        }
+        tc_stage(Vs, LN, K, Np, vh, bld, d.N, t0, 0, t0 + q);
+    } else {    /* Us: the token rows of x (sources mapped); Vs rows j: bf16(v_j B_src(j)) */
+        tc_stage(Us, LP, q + 2, Pp, uh, xld, d.P, t0 - 1, 0, t0 + q);
+        const float cl = cm[q - 1];
+        for (int e = (int)threadIdx.x; e < K * Np; e += (int)blockDim.x) {
+            const int j = e / Np, n = e - j * Np, sj = j < q ? j : j - q, tok = t0 + (j < q ? j : j - q - 1);
+            const float v = j < 2 * q && n < d.N && tok >= 0
+                          ? w[j] * expf(cl - cm[sj]) * vh[(size_t)tok * bld + n] : 0.0f;
+            Vs[j * LN + n] = __float2bfloat16_rn(v);
+        }
+    }
+    __syncthreads();
+    if (p0 + m0 >= d.P) return;
+    const struct tc_op Uop = DL ? tc_plain(Us, LP) : tc_sources(Us, LP, q), Vop = tc_plain(Vs, LN);
+    float acc[8][4];
+    float *o = out + ((size_t)bh * d.nc + c) * d.P * d.N;
+    for (int nc0 = 0; nc0 < Np; nc0 += 64) {
+        tc_zero(acc);
+        tc_mma<1, 0>(acc, Uop, p0 + m0, Vop, nc0, tc_min(64, Np - nc0), K, lane);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e += 2) {   /* n, n+1 (n even, N even): one 8-byte store */
+                const int p = p0 + m0 + TC_EROW(lane, e), n = nc0 + TC_ECOL(lane, j, e);
+                if (p < d.P && n < d.N) *(tc_f2 *)(o + (size_t)p * d.N + n) = tc_f2{acc[j][e], acc[j][e + 1]};
+            }
+    }
+}
+
 /* ---- launches ---- */
 
 int ssd_tc_supports(struct ssd_dims d)
 {
     return d.Q <= SSD_TC_QMAX && d.P <= SSD_TC_QMAX && d.N <= SSD_TC_QMAX;
+}
+
+void ssd_tc_state(float *Sst, const float *cum, const float *x, const float *Bm, const float *dt, const float *lam,
+                  const float *A, struct ssd_dims d)
+{
+    if (d.nc < 2) return;
+    const size_t smem = tc_outer_smem(d);
+    if (!ssd_smem_opt_in(ssd_tc_outer_k<0>, smem)) return;
+    MT_LAUNCH(ssd_tc_outer_k<0>, dim3((unsigned)(d.B * d.H * (d.nc - 1)), (unsigned)((d.P + TC_B - 1) / TC_B)),
+              TC_THREADS, smem)(Sst, cum, x, Bm, dt, lam, A, d);
+    MT_CUDA_KCHECK();
+}
+
+void ssd_tc_dloc(float *dSo, const float *cum, const float *dy, const float *Cm, struct ssd_dims d)
+{
+    if (d.nc < 2) return;
+    const size_t smem = tc_outer_smem(d);
+    if (!ssd_smem_opt_in(ssd_tc_outer_k<1>, smem)) return;
+    MT_LAUNCH(ssd_tc_outer_k<1>, dim3((unsigned)(d.B * d.H * (d.nc - 1)), (unsigned)((d.P + TC_B - 1) / TC_B)),
+              TC_THREADS, smem)(dSo, cum, dy, Cm, (const float *)NULL, (const float *)NULL, (const float *)NULL, d);
+    MT_CUDA_KCHECK();
 }
 
 void ssd_tc_out(float *y, const float *Sst, const float *cum, const float *x, const float *Bm, const float *Cm,

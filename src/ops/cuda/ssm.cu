@@ -468,12 +468,14 @@ static size_t ssd_out_smem(struct ssd_dims d, unsigned nt)
     return (SSD_AL4(3 * (size_t)d.Q) + (size_t)SSD_RT * 2 * d.Q + SSD_RT * SSD_KT + stage) * sizeof(float);
 }
 
-/* the states entering each chunk into Sst (steps 1-3); cum must hold step 1 */
+/* the states entering each chunk into Sst (steps 1-3); cum must hold step 1;
+ * tc: step 2 on tensor cores (ssd_tc.cu) */
 static void ssd_states(float *Sst, const float *cum, const float *x, const float *Bm, const float *dt,
-                       const float *lam, const float *A, struct ssd_dims d)
+                       const float *lam, const float *A, struct ssd_dims d, int tc)
 {
     const size_t PN = (size_t)d.P * d.N;
-    if (d.nc > 1) {
+    if (tc) ssd_tc_state(Sst, cum, x, Bm, dt, lam, A, d);
+    else if (d.nc > 1) {
         MT_LAUNCH(ssd_state_k, ssd_tile_grid((unsigned)(d.B * d.H * (d.nc - 1)), d), 256,
                   (SSD_AL4(2 * (size_t)d.Q) + 2 * SSD_IT * SSD_OT) * sizeof(float))(Sst, cum, x, Bm, dt, lam, A, d);
         MT_CUDA_KCHECK();
@@ -499,7 +501,7 @@ static void ssd_forward(float *y, const float *x, const float *Bm, const float *
     if (!ws) return;
     float *cum = ws, *Sst = ws + nbh * d.T;   /* cum (B H, T); Sst: S_in (B H nc, P, N) */
     ssd_cum(cum, dt, A, d);
-    ssd_states(Sst, cum, x, Bm, dt, lam, A, d);
+    ssd_states(Sst, cum, x, Bm, dt, lam, A, d, tc);
     if (tc) { ssd_tc_out(y, Sst, cum, x, Bm, Cm, dt, lam, A, Dsk, d); return; }
     size_t smem = ssd_out_smem(d, 128);
     if (!ssd_smem_opt_in(ssd_out_k, smem)) return;
@@ -1101,8 +1103,9 @@ static void ssd_backward(float *dx, float *dBm, float *dCm, float *ddt, float *d
     float *dXc = dLE + nch * d.Q * Q2, *dBc = dXc + nch * Q2 * d.P, *qj = dBc + nch * Q2 * d.N;
     float *rs = qj + nch * Q2, *inter = rs + nch * d.Q;
     ssd_cum(cum, dt, A, d);
-    ssd_states(Sst, cum, x, Bm, dt, lam, A, d);
-    if (d.nc > 1) {
+    ssd_states(Sst, cum, x, Bm, dt, lam, A, d, tc);
+    if (tc) ssd_tc_dloc(dSo, cum, dy, Cm, d);
+    else if (d.nc > 1) {
         MT_LAUNCH(ssd_dloc_k, ssd_tile_grid((unsigned)(nbh * (d.nc - 1)), d), 256,
                   (SSD_AL4((size_t)d.Q) + 2 * SSD_IT * SSD_OT) * sizeof(float))(dSo, cum, dy, Cm, d);
         MT_CUDA_KCHECK();
