@@ -271,8 +271,8 @@ static void test_backward(struct inputs *in, int chunk)
  * Bound (docs/cuda.md "The Mamba-3 scan on tensor cores"). Every term of an
  * output is a product of inputs (x, B, C, R) with positive weights (gamma,
  * beta, the decays), and the path rounds each term's factors to bf16 at most
- * four times (x, B, C and M = G o L for the intra-chunk terms; C and the
- * state S_in for the carried ones): |err_i| <= 4u sum_terms |term| + fp32
+ * four times (x, B, C and M = G o L for the intra-chunk terms; C, the state
+ * S_in, and x and v_j B_j inside S_in's own terms for the carried ones): |err_i| <= 4u sum_terms |term| + fp32
  * sums, u = 2^-8. The sum of |terms| is the fp64 reference run on |inputs|
  * (|x|, |B|, |C|, |R|, |D|): Yabs. Checked: |y - y_ref| <= 6u Yabs + 1e-6
  * max Yabs per element (1.5x the first-order bound), and some element

@@ -458,9 +458,11 @@ struct mt_ops_i {
      * ssm_scan_forward/backward's contract with the chunked form's
      * intra-chunk products on bf16 operands and fp32 accumulation, rounded
      * (nearest even) at these points only: x, B, C, dy and the chunk states
-     * S_in, dS_out where they enter a product; M = (C Bc^T) o L before M Xc;
-     * M and dG = (dY Xc^T) o L before M^T dY, dG^T C, dG Bc. Decays, weights,
-     * the states' passes, the scalar gradients and every output are fp32.
+     * S_in, dS_out where they enter a product; v_j B_j in a chunk's own state
+     * Xc^T diag(v) Bc, e_i dy_i in dS_out's local term (e dY)^T C; M = (C
+     * Bc^T) o L before M Xc; M and dG = (dY Xc^T) o L before M^T dY, dG^T C,
+     * dG Bc. Decays, weights, the states' passes between chunks, the scalar
+     * gradients and every output are fp32.
      * chunk <= 0, or a shape the backend does not take, runs the fp32
      * entries (cuda counts it: ssm_scan_tc_fallbacks). Optional (NULL: the
      * model runs the fp32 entries; the cpu has none: its scan stays fp32 in
