@@ -114,6 +114,18 @@ static __device__ __forceinline__ void tc_zero(float acc[8][4])
 #define TC_EROW(lane, e) (((lane) >> 2) + 8 * ((e) >> 1))
 #define TC_ECOL(lane, j, e) (8 * (j) + 2 * ((lane) & 3) + ((e) & 1))
 
+/* columns c, c+1 (c even) of a row of width w at dst (dst = the row + c):
+ * one 8-byte store where both are in the row and dst is 8-byte aligned */
+static __device__ __forceinline__ void tc_put2(float *dst, int c, int w, float a, float b)
+{
+    if (c + 1 < w && ((uintptr_t)dst & 7) == 0) {
+        *(tc_f2 *)dst = tc_f2{a, b};
+        return;
+    }
+    if (c < w) dst[0] = a;
+    if (c + 1 < w) dst[1] = b;
+}
+
 /* a sum over the 4 lanes of a quad (the lanes holding one accumulator row) */
 static __device__ __forceinline__ float tc_quad_sum(float v)
 {
@@ -153,6 +165,16 @@ static __device__ void tc_stage(bf16 *dst, int ld, int nr, int kw, const float *
 static __device__ void tc_stage_b(bf16 *dst, int ld, int nr, int kw, const bf16 *src, size_t sld, int rhi, int k0,
                                   int khi)
 {
+    if (((uintptr_t)(src + k0) & 15) == 0 && sld % 8 == 0 && khi % 8 == 0) {   /* 8 a thread: 16-byte moves */
+        const int kw8 = kw / 8;
+        for (int e = (int)threadIdx.x; e < nr * kw8; e += (int)blockDim.x) {
+            const int r = e / kw8, k = 8 * (e - r * kw8);
+            uint4 v = {0u, 0u, 0u, 0u};
+            if (r < rhi && k0 + k < khi) v = *(const uint4 *)(src + (size_t)r * sld + k0 + k);
+            *(uint4 *)(dst + r * ld + k) = v;
+        }
+        return;
+    }
     for (int e = (int)threadIdx.x; e < nr * kw; e += (int)blockDim.x) {
         const int r = e / kw, k = e - r * kw;
         dst[r * ld + k] = r < rhi && k0 + k < khi ? src[(size_t)r * sld + k0 + k] : __float2bfloat16_rn(0.0f);
@@ -279,11 +301,13 @@ ssd_tc_out_k(float *y, const float *Sst, const float *cum, const float *x, const
 #pragma unroll
         for (int j = 0; j < 8; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
+            for (int e = 0; e < 4; e += 2) {   /* columns p, p+1 */
                 const int i = i0 + m0 + TC_EROW(lane, e), p = pc + TC_ECOL(lane, j, e);
                 if (i >= q || p >= d.P) continue;
                 const size_t t = (size_t)k.t0 + i;
-                y[(k.ob + t) * k.xld + (size_t)k.h * d.P + p] = acc[j][e] + Dh * xh[t * k.xld + p];
+                const float *xr = xh + t * k.xld + p;
+                tc_put2(y + (k.ob + t) * k.xld + (size_t)k.h * d.P + p, p, d.P, acc[j][e] + Dh * xr[0],
+                        p + 1 < d.P ? acc[j][e + 1] + Dh * xr[1] : 0.0f);
             }
     }
 }
@@ -429,9 +453,10 @@ ssd_tc_src_k(float *out, float *qj, const bf16 *Gb, const float *dSo, const floa
 #pragma unroll
         for (int j = 0; j < 8; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
+            for (int e = 0; e < 4; e += 2) {
                 const int jj = j0 + m0 + TC_EROW(lane, e), n = nc0 + TC_ECOL(lane, j, e);
-                if (jj < 2 * q && n < W) out[((size_t)k.ci * 2 * d.Q + jj) * W + n] = acc[j][e];
+                if (jj < 2 * q && n < W)
+                    tc_put2(out + ((size_t)k.ci * 2 * d.Q + jj) * W + n, n, W, acc[j][e], acc[j][e + 1]);
             }
     }
     if (DB)
@@ -500,9 +525,10 @@ ssd_tc_dc_k(float *dCm, float *inter, const bf16 *dGb, const float *Sst, const f
 #pragma unroll
         for (int j = 0; j < 8; j++)
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
+            for (int u = 0; u < 4; u += 2) {
                 const int i = i0 + m0 + TC_EROW(lane, u), n = nc0 + TC_ECOL(lane, j, u);
-                if (i < q && n < d.N) dCm[(k.ob + k.t0 + i) * k.bld + (size_t)k.h * d.N + n] = acc[j][u];
+                if (i < q && n < d.N)
+                    tc_put2(dCm + (k.ob + k.t0 + i) * k.bld + (size_t)k.h * d.N + n, n, d.N, acc[j][u], acc[j][u + 1]);
             }
     }
 #pragma unroll
