@@ -38,7 +38,9 @@
 #           profile, which a replayed graph cannot split); d2048 once more
 #           with --knob attn_kernel=v1 (d2048_dense_attnv1: the bf16
 #           attention A/B, v1 wmma vs the default v2); the hybrid with
-#           mamba_chunk 32 and 128 (hyb2048_chunk32/128: the scan's chunk A/B):
+#           mamba_chunk 32 and 128 (hyb2048_chunk32/128: the scan's chunk A/B)
+#           and with --knob scan_bf16=0 (hyb2048_scanfp32: the scan on tensor
+#           cores A/B):
 #           tokens/s, MFU, the per-op profile when the receipt has one; a run
 #           that runs out of its box still gives a line (tokens/s from its
 #           progress lines, or "no step within the box" with the time of its
@@ -581,6 +583,10 @@ stage_speed() {
         --set pattern=MAMAMAMAMAMAMAMA --set mamba_chunk=32 || bad=1
     SPEED_BOX=${o:-30} SPEED_STEPS=3 speed_one hyb2048_chunk128 "$C/gpu_d2048_dense.json" "0" \
         --set pattern=MAMAMAMAMAMAMAMA --set mamba_chunk=128 || bad=1
+    # the scan on tensor cores A/B (ssd_tc.cu, knob scan_bf16; every hybrid row above runs
+    # it): the same hybrid with the fp32 scan kernels, as the H100 run of 2026-11-27 ran it
+    SPEED_BOX=${o:-30} SPEED_STEPS=3 speed_one hyb2048_scanfp32 "$C/gpu_d2048_dense.json" "0" \
+        --set pattern=MAMAMAMAMAMAMAMA --knob scan_bf16=0 || bad=1
     return $bad
 }
 export -f stage_speed
@@ -798,7 +804,7 @@ S = {"stages": open(os.path.join(res, "stages.txt")).read().splitlines()}
 sp = {}
 # one file per speed run (stage_speed's speed_line): from its receipt, else its progress lines
 for n in ("d2048_dense", "d2048_dense_attnv1", "c_gpt2", "moe8", "hyb2048", "c_gpt2_nographs", "d2048_dense_nographs",
-          "hyb2048_nographs", "hyb2048_chunk32", "hyb2048_chunk128"):
+          "hyb2048_nographs", "hyb2048_chunk32", "hyb2048_chunk128", "hyb2048_scanfp32"):
     p = os.path.join(res, "speed", n + ".json")
     if os.path.exists(p):
         sp[n] = json.load(open(p))

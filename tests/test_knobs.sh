@@ -18,14 +18,14 @@ set -u
 BUILD=${1:?build dir}
 . "$(dirname "$0")/cli_lib.sh"
 if [ ! -x "$MT" ]; then echo "FAIL: $MT not built"; exit 1; fi
-unset MT_ZERO_OVERLAP MT_FAULT MT_TEST_FORCE_ROUTING MT_TEST_LOSS_PART MT_CUDA_PRECISION MT_NCCL_TIMEOUT_S MT_MOE_GROUPED MT_CUDA_GRAPHS MT_PEAK_CACHE MT_CUDA_ATTN_KERNEL
+unset MT_ZERO_OVERLAP MT_FAULT MT_TEST_FORCE_ROUTING MT_TEST_LOSS_PART MT_CUDA_PRECISION MT_NCCL_TIMEOUT_S MT_MOE_GROUPED MT_CUDA_GRAPHS MT_PEAK_CACHE MT_CUDA_ATTN_KERNEL MT_SCAN_BF16
 python3 "$HERE/make_shard.py" "$W/train.bin" 4000 64 pattern >/dev/null
 TINY="--set vocab_size=64 --set n_layer=2 --set d_model=32 --set n_head=4 --set n_kv_head=2 --set seq_len=16 --set batch_size=4 --peak-flops 1e11 --quiet --data $W/train.bin --steps 2"
 
 # 1. --help lists the knobs
 H=$($MT train --help)
 miss=""
-for k in zero_overlap cuda_precision nccl_timeout_s moe_grouped cuda_graphs peak_cache attn_kernel test_fault test_force_routing test_loss_part; do
+for k in zero_overlap cuda_precision nccl_timeout_s moe_grouped cuda_graphs peak_cache attn_kernel scan_bf16 test_fault test_force_routing test_loss_part; do
   echo "$H" | grep -q "^  $k " || miss="$miss $k"
 done
 [ -z "$miss" ] && ok "help lists every knob" || bad "help lacks:$miss"
@@ -37,7 +37,7 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 assert r["knobs"].pop("test_loss_part")["test_hook"] is True, r["knobs"]
 k = r["knobs"]
-assert set(k) == {"zero_overlap", "cuda_precision", "nccl_timeout_s", "moe_grouped", "cuda_graphs", "test_fault", "test_force_routing", "peak_cache", "attn_kernel"}, k.keys()
+assert set(k) == {"zero_overlap", "cuda_precision", "nccl_timeout_s", "moe_grouped", "cuda_graphs", "test_fault", "test_force_routing", "peak_cache", "attn_kernel", "scan_bf16"}, k.keys()
 assert k["attn_kernel"]["value"] == "v2" and k["attn_kernel"]["env_alias"] == "MT_CUDA_ATTN_KERNEL", k["attn_kernel"]
 assert k["zero_overlap"]["value"] == sys.argv[2] and k["zero_overlap"]["source"] == sys.argv[3], k["zero_overlap"]
 assert k["zero_overlap"]["env_alias"] == "MT_ZERO_OVERLAP" and k["test_fault"]["test_hook"] is True

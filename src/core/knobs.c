@@ -45,6 +45,11 @@ static const struct mt_knob_def knob_table[MT_KNOB_COUNT] = {
         "bf16 attention kernels of the cuda backend (precision=bf16): v2 = FlashAttention-2-class (mma.sync, one-pass "
         "forward; head dims 64 and 128, others run v1), v1 = wmma two-pass; the receipt's gpu.attn_kernel says "
         "which; no effect on cpu"},
+    [MT_KNOB_SCAN_BF16] = {
+        "scan_bf16", MT_KNOB_BOOL, "1", "MT_SCAN_BF16", "src/model/mamba.c", NULL, 0,
+        "precision=bf16: the Mamba-3 scan through the backend's bf16 entries (cuda: the chunked scan's products on "
+        "tensor cores, ssd_tc.cu); 0 = the fp32 scan (an A/B of the same run); the receipt's gpu.ssm_scan_tc_calls "
+        "says what ran; no effect on cpu (no bf16 scan) or in fp32"},
 };
 
 const struct mt_knob_def *mt_knob_def(enum mt_knob_id id)

@@ -41,6 +41,7 @@
  * state (mt_mamba3_decode), not a KV cache.
  */
 #include "model_impl.h"
+#include "../core/mt_knobs.h"
 
 /* What a Mamba-3 layer saves beyond the shared input norm (struct mt_layer):
  * its ly->state entry (mamba_carve fills it). */
@@ -110,7 +111,6 @@ static struct mamba_gdims mamba_gdims_of(const struct mt_config *cfg)
  * the B/C and gated norms, as the reference (SPEC 1c) */
 static void mamba_setup(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const struct mt_config *cfg)
 {
-    (void)ctx;
     const struct mamba_gdims g = mamba_gdims_of(cfg);
     const int tp = pc->tp.tp, Hl = (int)g.mH / tp;
     struct mamba_own *o = pc->own;
@@ -125,8 +125,10 @@ static void mamba_setup(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const
         o->Gg = (int)g.mG;
         Gl = Hl / o->sub;
     }
+    /* knob scan_bf16 (default 1; ctx NULL, planning: the default) */
+    const int scan_bf16 = pc->bf16 && (!ctx || mt_knob_int(ctx, MT_KNOB_SCAN_BF16) != 0);
     o->d = (struct mt_mamba3_dims){cfg->d_model, Hl, (int)g.mP, Gl, (int)g.mN, cfg->mamba_chunk, 1e-5f, 1e-5f,
-                                   pc->bf16};
+                                   scan_bf16};
 }
 
 static void mamba_params(const struct mt_block_shape *sh, mt_pspec_fn fn, void *user)
