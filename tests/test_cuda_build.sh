@@ -491,6 +491,7 @@ PY
         local rc=0
         run6 bf16_moe_cuda $MOE --backend cuda --set precision=bf16 || rc=1
         run6 bf16_hyb_cuda $HYB --backend cuda --set precision=bf16 || rc=1
+        run6 bf16_hyb_scanfp32_cuda $HYB --backend cuda --set precision=bf16 --knob scan_bf16=0 || rc=1
         return $rc
     }
     c2_queue2() {
@@ -547,15 +548,22 @@ sys.exit(not (g['gemm_bf16_direct'] > 0 and g['gemm_bf16_fallbacks'] == 0 and g[
     #     call, none fell back), the glue fp32: no fallback_reason. The cpu
     #     has no bf16 scan (its scan stays fp32 in precision=bf16), so the
     #     two bf16 runs differ by the scan's rounding from the first step on:
-    #     each follows the fp32 curve within the bound on its own (no --other)
-    if ran bf16ref_hyb_cpu bf16_hyb_cpu bf16_hyb_cuda &&
+    #     each follows the fp32 curve within the bound on its own (no --other);
+    #     with --knob scan_bf16=0 the cuda run's scan is fp32 too (no tensor-core
+    #     call): it starts equal to the cpu bf16 run again
+    if ran bf16ref_hyb_cpu bf16_hyb_cpu bf16_hyb_cuda bf16_hyb_scanfp32_cuda &&
+       python3 "$SRC/tests/bf16_curve.py" "$EMU/run_bf16ref_hyb_cpu/receipt.json" "$EMU/run_bf16_hyb_scanfp32_cuda/receipt.json" \
+           --other "$EMU/run_bf16_hyb_cpu/receipt.json" &&
+       python3 -c "import json,sys; g=json.load(open(sys.argv[1]))['gpu']; k=json.load(open(sys.argv[1]))['knobs']['scan_bf16']; \
+sys.exit(not (g['ssm_scan_tc_calls'] == 0 and g['ssm_scan_tc_fallbacks'] == 0 and k['value'] == '0' and k['source'] == 'command line'))" \
+           "$EMU/run_bf16_hyb_scanfp32_cuda/receipt.json" &&
        python3 "$SRC/tests/bf16_curve.py" "$EMU/run_bf16ref_hyb_cpu/receipt.json" "$EMU/run_bf16_hyb_cuda/receipt.json" &&
        python3 "$SRC/tests/bf16_curve.py" "$EMU/run_bf16ref_hyb_cpu/receipt.json" "$EMU/run_bf16_hyb_cpu/receipt.json" &&
        python3 -c "import json,sys; r=json.load(open(sys.argv[1])); g=r['gpu']; f=r['backend']['fallback_reason']; \
 print('   gpu:', {k: g[k] for k in g if k.startswith('gemm_bf16') or k.startswith('ssm_scan')}, 'fallback_reason:', repr(f)); \
 sys.exit(not (g['gemm_bf16_direct'] > 0 and g['gemm_bf16_direct'] == g['gemm_bf16_calls'] and g['gemm_bf16_cast_elems'] == 0 and g['gemm_bf16_fallbacks'] == 0 and g['ssm_scan_tc_calls'] > 0 and g['ssm_scan_tc_fallbacks'] == 0 and not f))" \
            "$EMU/run_bf16_hyb_cuda/receipt.json"; then
-        echo "PASS emulated train precision=bf16, hybrid: Mamba-3 projections on bf16 shadows and operands (0 cast elements), the scan's products on tensor cores, cuda and cpu bf16 each follow the fp32 curve"
+        echo "PASS emulated train precision=bf16, hybrid: Mamba-3 projections on bf16 shadows and operands (0 cast elements), the scan's products on tensor cores, cuda and cpu bf16 each follow the fp32 curve; scan_bf16=0: no tensor-core call, starts equal to cpu bf16"
     else echo "FAIL: emulated train precision=bf16 hybrid"; fail=1; fi
     echo "   stage c2: $(( $(date +%s) - t2 ))s"
     fi  # want c2
