@@ -126,6 +126,25 @@ static __device__ __forceinline__ void tc_put2(float *dst, int c, int w, float a
     if (c + 1 < w) dst[1] = b;
 }
 
+/* acc += sc[r] a2 per strip row r (the second product of 8a-8c, scaled per
+ * row: v_j or e_i), and sums[u] += a2 . row(r) over the strip's columns
+ * n < ncols where row(r) (an fp32 row, NULL: none) gives the operand of the
+ * row sums qj and inter (a lane's two rows: u = 0, 1) */
+template <typename RowOf>
+static __device__ __forceinline__ void tc_fold(float acc[8][4], const float a2[8][4], const float *sc, int m0,
+                                               int nc0, int ncols, int lane, float sums[2], RowOf row)
+{
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = m0 + TC_EROW(lane, e), n = nc0 + TC_ECOL(lane, j, e);
+            const float *o = row(r);
+            if (o && n < ncols) sums[e >> 1] += a2[j][e] * o[n];
+            acc[j][e] += sc[r] * a2[j][e];
+        }
+}
+
 /* a sum over the 4 lanes of a quad (the lanes holding one accumulator row) */
 static __device__ __forceinline__ float tc_quad_sum(float v)
 {
@@ -438,17 +457,11 @@ ssd_tc_src_k(float *out, float *qj, const bf16 *Gb, const float *dSo, const floa
             tc_zero(a2);
             if (DB) tc_mma<0, 0>(a2, Sop, j0 + m0, Dop, nc0, nw, Kp, lane);   /* Xc dS_out */
             else tc_mma<0, 1>(a2, Sop, j0 + m0, Dop, nc0, nw, Kp, lane);      /* Bc dS_out^T */
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int jl = m0 + TC_EROW(lane, e), jj = j0 + jl, n = nc0 + TC_ECOL(lane, j, e);
-                    if (DB && jj < 2 * q && n < d.N) {
-                        const int tok = k.t0 + (jj < q ? jj : jj - q - 1);
-                        if (tok >= 0) qp[e >> 1] += a2[j][e] * Bh[(size_t)tok * k.bld + n];
-                    }
-                    acc[j][e] += v[jl] * a2[j][e];
-                }
+            /* qj (8b): the source's B row (fp32) */
+            tc_fold(acc, a2, v, m0, nc0, d.N, lane, qp, [&](int jl) -> const float * {
+                const int jj = j0 + jl, tok = k.t0 + (jj < q ? jj : jj - q - 1);
+                return DB && jj < 2 * q && tok >= 0 ? Bh + (size_t)tok * k.bld : (const float *)NULL;
+            });
         }
 #pragma unroll
         for (int j = 0; j < 8; j++)
@@ -513,14 +526,10 @@ ssd_tc_dc_k(float *dCm, float *inter, const bf16 *dGb, const float *Sst, const f
         if (k.c > 0) {
             tc_zero(a2);
             tc_mma<0, 0>(a2, Yop, m0, Sop, nc0, nw, Pp, lane);
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-#pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    const int il = m0 + TC_EROW(lane, u), i = i0 + il, n = nc0 + TC_ECOL(lane, j, u);
-                    if (i < q && n < d.N) de[u >> 1] += a2[j][u] * Ch[(size_t)(k.t0 + i) * k.bld + n];
-                    acc[j][u] += e[il] * a2[j][u];
-                }
+            /* inter: the query row's C (fp32) */
+            tc_fold(acc, a2, e, m0, nc0, d.N, lane, de, [&](int il) -> const float * {
+                return i0 + il < q ? Ch + (size_t)(k.t0 + i0 + il) * k.bld : (const float *)NULL;
+            });
         }
 #pragma unroll
         for (int j = 0; j < 8; j++)
