@@ -1027,12 +1027,24 @@ void mt_model_bf16_invalidate(struct mt_model *m)
  * host-only bookkeeping; the casts are one kernel per stale matrix. */
 static void bf16_refresh(struct mt_model *m, int u)
 {
+    /* the unit's stale shadows in one cast_bf16_multi per MT_OPS_LIST_MAX
+     * (the same bits as one cast_bf16 each, which a table without it runs) */
+    mt_bf16 *dst[MT_OPS_LIST_MAX];
+    const float *src[MT_OPS_LIST_MAX];
+    size_t n[MT_OPS_LIST_MAX];
+    int c = 0;
     for (int i = 0; m->bf16 && i < m->n_params; i++) {
         struct mt_param *p = &m->params[i];
         if (!p->bf16 || p->bf16_ok || mt_model_param_unit(m, i) != u) continue;
-        m->ops->cast_bf16(m->ops->be, p->bf16, p->data, p->numel);
         p->bf16_ok = 1;
+        if (!m->ops->cast_bf16_multi) {
+            m->ops->cast_bf16(m->ops->be, p->bf16, p->data, p->numel);
+            continue;
+        }
+        dst[c] = p->bf16, src[c] = p->data, n[c] = p->numel;
+        if (++c == MT_OPS_LIST_MAX) m->ops->cast_bf16_multi(m->ops->be, dst, src, n, c), c = 0;
     }
+    if (c) m->ops->cast_bf16_multi(m->ops->be, dst, src, n, c);
 }
 
 void mt_model_zero_grad(struct mt_model *m)

@@ -561,6 +561,7 @@ struct mt_ops_i {
      *   axpby(g, NULL, 0, gscale) would store; g itself is not written; gscale
      *   1: g as is). The gradient clip's scale rides here instead of a
      *   separate read and write of every gradient (optim.c).
+     * (cast_bf16_multi: below, with its entry.)
      * nonfinite_mark: flags[slot[i]] = NaN for every i with all_finite(x[i],
      *   n[i]) == 0; every other flag untouched (marks accumulate until the
      *   caller zeroes flags, a backend buffer). No host wait: the trainer adds
@@ -572,6 +573,10 @@ struct mt_ops_i {
                           const size_t *n, const float *wd, int count, float lr, float b1, float b2, float eps,
                           float bc1, float bc2, float gscale);
     void   (*nonfinite_mark)(void *be, float *flags, const float *const *x, const size_t *n, const int *slot, int count);
+    /* cast_bf16_multi: cast_bf16(dst[i], src[i], n[i]) for every i (the
+     * tensors must not overlap), the same bits: precision=bf16's shadow
+     * refresh, one launch per unit on cuda instead of one per matrix. */
+    void   (*cast_bf16_multi)(void *be, mt_bf16 *const *dst, const float *const *src, const size_t *n, int count);
 
     /* ---- backend facts (issue 30 item 6; docs/architecture.md "The backend behind the table") ----
      * What code outside src/ops learns about a backend, asked of its table:

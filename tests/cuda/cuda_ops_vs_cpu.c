@@ -210,7 +210,7 @@ static void test_table(void)
         E(rmsnorm_resid_forward), E(qk_norm_rope_forward), E(qk_norm_rope_backward), E(rmsnorm_resid_forward_bf16),
         E(swiglu_forward_bf16), E(swiglu_backward_bf16), E(widen_bf16),
         E(moe_route), E(moe_seq_stats), E(moe_aux_loss), E(moe_aux_backward), E(xent_fused_bf16),
-        E(sumsq_multi), E(normalize_fro), E(adamw_multi), E(nonfinite_mark), E(attention_forward_bf16),
+        E(sumsq_multi), E(normalize_fro), E(adamw_multi), E(nonfinite_mark), E(cast_bf16_multi), E(attention_forward_bf16),
         E(attention_backward_bf16), E(op_profile), E(redo_score_acc), E(mod_route), E(mod_backward),
 #undef E
     };
@@ -1358,6 +1358,49 @@ static void test_redo(void)
     free(act);
 }
 
+/* ---- cast_bf16_multi (the shadow refresh): 40 tensors, more than one
+ * launch's MT_OPS_LIST_MAX, views 0-3 elements off 16 bytes (vector and
+ * scalar paths in one launch), lengths 0, 1, 7, 8 and longer with a tail:
+ * every element = the host's rounding, on both backends, and nothing
+ * between the views written (the gaps keep their 0xffff fill) */
+static void test_cast_multi(void)
+{
+    if (!selected("cast_bf16_multi")) return;
+    enum { NT = 40 };
+    size_t off[NT], len[NT], at = 0;
+    for (int t = 0; t < NT; t++) {
+        static const size_t L[] = {0, 1, 7, 8, 1003, 4096, 333, 20};
+        off[t] = at + (size_t)(t % 4);
+        len[t] = L[t % 8] + (size_t)(t / 8);
+        at = off[t] + len[t] + 5;
+    }
+    float *h = rnd(at, -50, 50);
+    for (int k = 0; k < 2; k++) {
+        struct be *b = BE(k);
+        float *G = upf(b, h, at);
+        uint16_t *CB = dalloc(b, at * 2), *fill = xmalloc(at * 2), *out = xmalloc(at * 2);
+        memset(fill, 0xff, at * 2);
+        b->ops->copy_from_host(b->ops->be, CB, fill, at * 2);
+        mt_bf16 *dst[NT];
+        const float *src[NT];
+        for (int t = 0; t < NT; t++) dst[t] = CB + off[t], src[t] = G + off[t];
+        b->ops->cast_bf16_multi(b->ops->be, dst, src, len, NT);
+        b->ops->copy_to_host(b->ops->be, out, CB, at * 2);
+        size_t bad = 0, touched = 0, t = 0;
+        for (size_t i = 0; i < at; i++) {
+            while (t < NT && i >= off[t] + len[t]) t++;
+            if (t < NT && i >= off[t]) bad += out[i] != host_bf16(h[i]);
+            else touched += out[i] != 0xffff;
+        }
+        char w[128];
+        snprintf(w, sizeof w, "%s: 40 tensors = host rounding, gaps untouched (differing)", k ? "cuda" : "cpu");
+        report("cast_bf16_multi", w, (double)(bad + touched), 0);
+        free(fill); free(out);
+        release(b);
+    }
+    free(h);
+}
+
 /* ---- vectorised elementwise kernels (docs/cuda.md "Vectorised elementwise kernels") ----
  * swiglu forward (plain and _bf16), swiglu backward (and in place),
  * cast_bf16 and widen_bf16 take the 16-byte vector path on aligned buffers
@@ -2058,6 +2101,7 @@ int main(int argc, char **argv)
     g_rng = 9;  test_attention();
     g_rng = 10; test_swiglu();
     g_rng = 23; test_vec_elementwise();
+    g_rng = 27; test_cast_multi();
     g_rng = 24; test_redo();
     g_rng = 11; test_xent();
     g_rng = 12; test_router();

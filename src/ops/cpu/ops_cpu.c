@@ -176,6 +176,11 @@ static void p_gemm_bf16(void *be, int transA, int transB, int M, int N, int K, f
 }
 static void p_cast_bf16(void *be, mt_bf16 *dst, const float *src, size_t n) {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */ PROF(MT_OPK_ELEMENTWISE, mt_cpu_cast_bf16(dst, src, n)); }
+static void p_cast_bf16_multi(void *be, mt_bf16 *const *dst, const float *const *src, const size_t *n, int count)
+{
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    PROF(MT_OPK_ELEMENTWISE, for (int i = 0; i < count; i++) mt_cpu_cast_bf16(dst[i], src[i], n[i]));
+}
 static void p_widen_bf16(void *be, float *dst, const mt_bf16 *src, size_t n)
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
@@ -631,6 +636,7 @@ static const struct mt_ops_i cpu_ops = {
     /* .normalize_fro              = */ .normalize_fro              = p_normalize_fro,
     /* .adamw_multi                = */ .adamw_multi                = p_adamw_multi,
     /* .nonfinite_mark             = */ .nonfinite_mark             = p_nonfinite_mark,
+    /* .cast_bf16_multi            = */ .cast_bf16_multi            = p_cast_bf16_multi,
     /* backend facts (issue 30 item 6): host memory, no device entries */
     /* .host_memory                = */ .host_memory                = 1,
     /* .kernels_isa                = */ .kernels_isa                = cpu_kernels_isa,

@@ -553,6 +553,7 @@ void mt_cuda_gemm(void *be, int transA, int transB, int M, int N, int K, float a
 void mt_cuda_gemm_bf16(void *be, int transA, int transB, int M, int N, int K, float alpha, const void *A, enum mt_elem a_type,
                        int lda, const void *B, enum mt_elem b_type, int ldb, float beta, float *C, int ldc);
 void mt_cuda_cast_bf16(void *be, mt_bf16 *dst, const float *src, size_t n);
+void mt_cuda_cast_bf16_multi(void *be, mt_bf16 *const *dst, const float *const *src, const size_t *n, int count);
 void mt_cuda_widen_bf16(void *be, float *dst, const mt_bf16 *src, size_t n);
 void mt_cuda_gemm_grouped(void *be, int transA, int transB, int n, const int *M, const int *N, const int *K, float alpha,
                           const float *const *A, int lda, const float *const *B, int ldb, float beta,

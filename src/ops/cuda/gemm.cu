@@ -472,6 +472,49 @@ extern "C" void mt_cuda_cast_bf16(void *be, mt_bf16 *dst, const float *src, size
     MT_CUDA_KCHECK();
 }
 
+/* cast_bf16_multi: cast_bf16_k's loops on up to MT_OPS_LIST_MAX tensors in
+ * one launch, blockIdx.y the tensor (its pointers, vector groups and length
+ * a launch argument, as adamw_multi_k); the same per-element conversion */
+struct cast_list {
+    __nv_bfloat16 *dst[MT_OPS_LIST_MAX];
+    const float   *src[MT_OPS_LIST_MAX];
+    size_t         n8[MT_OPS_LIST_MAX], n[MT_OPS_LIST_MAX];
+};
+
+static __global__ void cast_bf16_multi_k(struct cast_list L)
+{
+    const int t = blockIdx.y;
+    __nv_bfloat16 *dst = L.dst[t];
+    const float *src = L.src[t];
+    const size_t n8 = L.n8[t], n = L.n[t];
+    const size_t i0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x, st = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = i0; i < n8; i += st) mt_st_bf16x8(dst + 8 * i, mt_ld_f4(src + 8 * i), mt_ld_f4(src + 8 * i + 4));
+    for (size_t i = 8 * n8 + i0; i < n; i += st) dst[i] = mt_cuda_bf16_rn(src[i]);
+}
+
+extern "C" void mt_cuda_cast_bf16_multi(void *be, mt_bf16 *const *dst, const float *const *src, const size_t *n,
+                                        int count)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    for (int base = 0; base < count; base += MT_OPS_LIST_MAX) {
+        const int c = count - base < MT_OPS_LIST_MAX ? count - base : MT_OPS_LIST_MAX;
+        struct cast_list L;
+        memset(&L, 0, sizeof L);
+        unsigned blocks = 0;
+        for (int t = 0; t < c; t++) {
+            L.dst[t] = (__nv_bfloat16 *)dst[base + t];
+            L.src[t] = src[base + t];
+            L.n[t] = n[base + t];
+            L.n8[t] = vec8_count(L.n[t], L.dst[t], L.src[t]);
+            const unsigned b = L.n[t] ? vec8_blocks(L.n8[t], L.n[t]) : 0;
+            if (b > blocks) blocks = b;
+        }
+        if (!blocks) continue;
+        MT_LAUNCH(cast_bf16_multi_k, dim3(blocks, (unsigned)c), 256, 0)(L);
+        MT_CUDA_KCHECK();
+    }
+}
+
 /* dst[i] = float(src[i]) (exact: the bits shifted up); vector path as cast_bf16_k */
 static __global__ void widen_bf16_k(float *dst, const __nv_bfloat16 *src, size_t n8, size_t n)
 {
