@@ -291,18 +291,23 @@ stage_san() {
             *) echo "RESULT $tool $op: FAIL exit $rc: $(grep -m2 -E 'Invalid|Race|hazard|ERROR' "$log" | tr '\n' ' ')"; bad=1 ;;
         esac
     done
-    # the tensor-core attention's warp barriers (its own harness binary)
-    if [ -x "$BIN/test_attn_bf16" ]; then
+    # the tensor-core attention's and scan's warp barriers (their own harness binaries;
+    # test_ssm -bf16: the precision=bf16 scan's cases alone, ssd_tc.cu)
+    local h name
+    for h in "test_attn_bf16:attention_bf16" "test_ssm -bf16:scan_bf16"; do
+        name=${h#*:}
+        set -- ${h%%:*}
+        [ -x "$BIN/$1" ] || continue
         for tool in racecheck memcheck; do
-            log=$RES/logs/san_${tool}_attention_bf16.txt
-            timeout -k 5 60 compute-sanitizer --tool "$tool" --error-exitcode 99 "$BIN/test_attn_bf16" -b cuda > "$log" 2>&1
+            log=$RES/logs/san_${tool}_$name.txt
+            timeout -k 5 60 compute-sanitizer --tool "$tool" --error-exitcode 99 "$BIN/$1" -b cuda ${2:-} > "$log" 2>&1
             case $? in
-                0) echo "RESULT $tool attention_bf16: clean ($(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log"))" ;;
-                124|137) echo "RESULT $tool attention_bf16: TIMEOUT 60s (not a verdict)" ;;
-                *) echo "RESULT $tool attention_bf16: FAIL: $(grep -m2 -E 'Invalid|Race|hazard|ERROR|FAIL' "$log" | tr '\n' ' ')"; bad=1 ;;
+                0) echo "RESULT $tool $name: clean ($(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log"))" ;;
+                124|137) echo "RESULT $tool $name: TIMEOUT 60s (not a verdict)" ;;
+                *) echo "RESULT $tool $name: FAIL: $(grep -m2 -E 'Invalid|Race|hazard|ERROR|FAIL' "$log" | tr '\n' ' ')"; bad=1 ;;
             esac
         done
-    fi
+    done
     return $bad
 }
 export -f stage_san

@@ -18,7 +18,9 @@
  *      _forward_ext / _backward_ext): simulated ranks' slices with their sum
  *      tables added equal the whole norm of the cpu backend (1e-5), and
  *      rank-local sums (the issue-31 plant) do not (test_gate_split).
- * Usage: test_ssm [-b cpu|cuda] [-bench [-chunk Q]]; exits 1 if any check fails.
+ * Usage: test_ssm [-b cpu|cuda] [-bf16] [-bench [-chunk Q]]; exits 1 if any check fails.
+ * -bf16 runs the precision=bf16 entries' checks alone (bench/gpu.sh runs
+ * them under compute-sanitizer).
  * -bench times the recurrence against the chunked scan (not a test).
  */
 #define _POSIX_C_SOURCE 199309L
@@ -780,15 +782,39 @@ static void bench(int only)
     free_inputs(&in);
 }
 
+/* precision=bf16 (the backends that have it): partial and single-token
+ * chunks, T not a multiple of the chunk, and a shape of several 64-row
+ * tiles, 64-column passes and source tiles per chunk (P 72, N 80, chunk
+ * 128 over T 200: chunks of 128 + 72) */
+static void bf16_cases(void)
+{
+    if (g_ops->ssm_scan_forward_bf16 && g_ops->ssm_scan_backward_bf16) {
+        struct { int B, T, H, P, N, chunk, fd; } bc[] = {
+            {2, 37, 3, 4, 6, 8, 1}, {2, 37, 3, 4, 6, 64, 1}, {1, 64, 2, 8, 4, 1, 1}, {1, 64, 2, 8, 4, 7, 1},
+            {1, 100, 2, 8, 4, 30, 1}, {1, 200, 1, 72, 80, 128, 0}, {2, 130, 2, 64, 64, 64, 0},
+        };
+        for (size_t c = 0; c < sizeof(bc) / sizeof(bc[0]); c++) {
+            struct inputs in;
+            make_inputs(&in, bc[c].B, bc[c].T, bc[c].H, bc[c].P, bc[c].N);
+            test_bf16(&in, bc[c].chunk, bc[c].fd);
+            free_inputs(&in);
+        }
+    } else if (strcmp(g_ops->name, "cpu") != 0) {
+        printf("FAIL %s backend has no ssm_scan_*_bf16 entries\n", g_ops->name);
+        n_fail++;
+    }
+}
+
 int main(int argc, char **argv)
 {
     const char *backend = "cpu";
-    int do_bench = 0, only = -1;
+    int do_bench = 0, only = -1, bf16_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-b") && i + 1 < argc) backend = argv[++i];
         else if (!strcmp(argv[i], "-bench")) do_bench = 1;
         else if (!strcmp(argv[i], "-chunk") && i + 1 < argc) only = atoi(argv[++i]);
-        else { fprintf(stderr, "usage: test_ssm [-b cpu|cuda] [-bench [-chunk Q]]\n"); return 2; }
+        else if (!strcmp(argv[i], "-bf16")) bf16_only = 1;
+        else { fprintf(stderr, "usage: test_ssm [-b cpu|cuda] [-bf16] [-bench [-chunk Q]]\n"); return 2; }
     }
     mt_ctx_init(&g_ctx);
     if (!strcmp(backend, "cpu")) g_ops = mt_ops_cpu();
@@ -821,6 +847,11 @@ int main(int argc, char **argv)
          * chunk of 300, so only the forward at those) */
         {1, 300, 1, 2, 2, {0, 64, 300, 256, 0}, 0},
     };
+    if (bf16_only) {
+        bf16_cases();
+        printf("%s\n", n_fail ? "test_ssm: FAILED" : "test_ssm: all checks passed");
+        return n_fail ? 1 : 0;
+    }
     if (strcmp(g_ops->name, "cpu") != 0) {
         if (!g_ops->ssm_prep_forward || !g_ops->ssm_prep_backward || !g_ops->ssm_gate_norm_forward ||
             !g_ops->ssm_gate_norm_backward) {
@@ -856,25 +887,7 @@ int main(int argc, char **argv)
         if (cases[c].full) test_backward(&in, 0);
         free_inputs(&in);
     }
-    /* precision=bf16 (the backends that have it): partial and single-token
-     * chunks, T not a multiple of the chunk, and a shape of several 64-row
-     * tiles, 64-column passes and source tiles per chunk (P 72, N 80, chunk
-     * 128 over T 200: chunks of 128 + 72) */
-    if (g_ops->ssm_scan_forward_bf16 && g_ops->ssm_scan_backward_bf16) {
-        struct { int B, T, H, P, N, chunk, fd; } bc[] = {
-            {2, 37, 3, 4, 6, 8, 1}, {2, 37, 3, 4, 6, 64, 1}, {1, 64, 2, 8, 4, 1, 1}, {1, 64, 2, 8, 4, 7, 1},
-            {1, 100, 2, 8, 4, 30, 1}, {1, 200, 1, 72, 80, 128, 0}, {2, 130, 2, 64, 64, 64, 0},
-        };
-        for (size_t c = 0; c < sizeof(bc) / sizeof(bc[0]); c++) {
-            struct inputs in;
-            make_inputs(&in, bc[c].B, bc[c].T, bc[c].H, bc[c].P, bc[c].N);
-            test_bf16(&in, bc[c].chunk, bc[c].fd);
-            free_inputs(&in);
-        }
-    } else if (strcmp(g_ops->name, "cpu") != 0) {
-        printf("FAIL %s backend has no ssm_scan_*_bf16 entries\n", g_ops->name);
-        n_fail++;
-    }
+    bf16_cases();
     printf("%s\n", n_fail ? "test_ssm: FAILED" : "test_ssm: all checks passed");
     return n_fail ? 1 : 0;
 }
