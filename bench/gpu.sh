@@ -891,12 +891,12 @@ PY
 }
 export -f stage_summary
 
-# boxes from the H200 run of 2026-11-26 (env 7 s, ops 4 s, san 26 s, equiv 8 s, hf 23 s,
+# boxes from the H200 run of 2026-11-26 (env 7 s, ops 4 s, san 26 s before the scan_bf16 runs, equiv 8 s, hf 23 s,
 # calib 6 s; speed and torch as their stages say); llmc before torch, whose compiled
 # runs are the first thing a short budget loses
 stage env 15 0
 stage ops 50 1
-stage san 140 1
+stage san 200 1
 stage equiv 60 emu
 # calib before speed: a call that runs both has this card's profile for the speed
 # runs' `plan --profile` predictions (the H100 run of 2026-11-26 had none)
