@@ -84,8 +84,10 @@
 #           and the launch floor (threads per kernel launch) of a hybrid +
 #           MoE step (docs/cuda.md, "Per-op profile and counters").
 #        g. CUDA graphs: the emulator's stream capture (graph_emu.cc), and
-#           4-step dense (fp32, bf16) and hybrid runs with graphs on = off
-#           bit for bit, the replayed ops accounted, MoE off with the reason.
+#           4-step dense (fp32, MT_CUDA_PRECISION=bf16, precision=bf16) and
+#           hybrid (fp32, precision=bf16: the scan's tensor-core kernels) runs
+#           with graphs on = off bit for bit, the replayed ops accounted, MoE
+#           off with the reason.
 #      MT_CUDA_BUILD_STAGES=a,b,b2,c,c2,d,e,f,g (any subset; c3 goes with c)
 #      runs only those emulation stages (the emulated build always runs).
 #      Every emulated run has the device-memory guard on: device buffers
@@ -753,14 +755,15 @@ if [ -x "$EMU/meshtrain" ] && [ -f "$EMU/train.bin" ]; then
     g_ok=1
     # stage c's hybrid (pattern=AM; stage f's HYB has MoE layers, for which graphs are off)
     GHYB="$TINY --set pattern=AM --set mamba_d_state=8 --set mamba_headdim=16 --set mamba_ngroups=2 --set mamba_chunk=5"
-    # (hyb16: the hybrid in precision=bf16, the scan's tensor-core kernels captured)
+    # (bf16: MT_CUDA_PRECISION=bf16, the per-call mode; dense16 and hyb16: precision=bf16,
+    # the shadows' cast_bf16_multi and, in hyb16, the scan's tensor-core kernels captured)
     { graph_run dense_on fp32 4 $TINY && graph_run bf16_on bf16 4 $TINY && graph_run hyb_on fp32 4 $GHYB &&
-      graph_run hyb16_on fp32 4 $GHYB --set precision=bf16; } & pid_g=$!
+      graph_run hyb16_on fp32 4 $GHYB --set precision=bf16 && graph_run dense16_on fp32 4 $TINY --set precision=bf16; } & pid_g=$!
     { graph_run dense_off fp32 4 $TINY --knob cuda_graphs=0 && graph_run bf16_off bf16 4 $TINY --knob cuda_graphs=0 &&
       graph_run hyb_off fp32 4 $GHYB --knob cuda_graphs=0 && graph_run hyb16_off fp32 4 $GHYB --set precision=bf16 --knob cuda_graphs=0 &&
-      graph_run moe_on fp32 1 $MOE; } || g_ok=0
+      graph_run dense16_off fp32 4 $TINY --set precision=bf16 --knob cuda_graphs=0 && graph_run moe_on fp32 1 $MOE; } || g_ok=0
     wait $pid_g || g_ok=0
-    for c in dense bf16 hyb hyb16; do
+    for c in dense bf16 hyb hyb16 dense16; do
         if [ $g_ok -eq 1 ] && cmp -s "$EMU/run_graph_${c}_on/ckpt/step_000004/params.bin" "$EMU/run_graph_${c}_off/ckpt/step_000004/params.bin" &&
            cmp -s "$EMU/run_graph_${c}_on/ckpt/step_000004/optim.bin" "$EMU/run_graph_${c}_off/ckpt/step_000004/optim.bin" &&
            python3 - "$EMU/run_graph_${c}_on/receipt.json" "$EMU/run_graph_${c}_off/receipt.json" >"$EMU/graph_$c.txt" 2>&1 <<'PY'
