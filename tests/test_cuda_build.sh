@@ -494,6 +494,7 @@ PY
         run6 bf16_moe_cuda $MOE --backend cuda --set precision=bf16 || rc=1
         run6 bf16_hyb_cuda $HYB --backend cuda --set precision=bf16 || rc=1
         run6 bf16_hyb_scanfp32_cuda $HYB --backend cuda --set precision=bf16 --knob scan_bf16=0 || rc=1
+        run6 bf16_hyb_n130_cuda $HYB --backend cuda --set precision=bf16 --set mamba_d_state=130 || rc=1
         return $rc
     }
     c2_queue2() {
@@ -567,6 +568,15 @@ sys.exit(not (g['gemm_bf16_direct'] > 0 and g['gemm_bf16_direct'] == g['gemm_bf1
            "$EMU/run_bf16_hyb_cuda/receipt.json"; then
         echo "PASS emulated train precision=bf16, hybrid: Mamba-3 projections on bf16 shadows and operands (0 cast elements), the scan's products on tensor cores, cuda and cpu bf16 each follow the fp32 curve; scan_bf16=0: no tensor-core call, starts equal to cpu bf16"
     else echo "FAIL: emulated train precision=bf16 hybrid"; fail=1; fi
+    # ... and a d_state the tensor-core scan does not take (130 > 128): the fp32 kernels,
+    #     counted and named in the receipt's fallback_reason (a number that measured the
+    #     fallback says so)
+    if ran bf16_hyb_n130_cuda &&
+       python3 -c "import json,sys; r=json.load(open(sys.argv[1])); g=r['gpu']; f=r['backend']['fallback_reason']; print('   fallback_reason:', repr(f)); \
+sys.exit(not (g['ssm_scan_tc_calls'] == 0 and g['ssm_scan_tc_fallbacks'] > 0 and 'bf16 Mamba-3 scan: %d of %d calls ran the fp32 kernels' % (g['ssm_scan_tc_fallbacks'], g['ssm_scan_tc_fallbacks']) in f))" \
+           "$EMU/run_bf16_hyb_n130_cuda/receipt.json"; then
+        echo "PASS emulated train precision=bf16, hybrid at d_state 130: the fp32 scan, counted and named in fallback_reason"
+    else echo "FAIL: emulated train precision=bf16 hybrid d_state 130 (the scan's fallback not reported)"; fail=1; fi
     echo "   stage c2: $(( $(date +%s) - t2 ))s"
     fi  # want c2
     if want c; then

@@ -602,8 +602,12 @@ static void device_fallback_reason(const struct mt_ops_device_info *in, char *ou
      * tensor-core contract and bound, so not named here but in the gpu
      * object: attention_v2_fallbacks and attention_v2_fallback_hd) */
     if (in->attention_fp32_fallbacks > 0 && len < n)
-        snprintf(out + len, n - len, "%sbf16 attention: %ld calls ran the fp32 kernels (head dim > 128)",
-                 len ? "; " : "", in->attention_fp32_fallbacks);
+        len += (size_t)snprintf(out + len, n - len, "%sbf16 attention: %ld calls ran the fp32 kernels (head dim > 128)",
+                                len ? "; " : "", in->attention_fp32_fallbacks);
+    if (in->ssm_scan_tc_fallbacks > 0 && len < n)
+        snprintf(out + len, n - len, "%sbf16 Mamba-3 scan: %ld of %ld calls ran the fp32 kernels (mamba_chunk 0, or "
+                 "chunk, headdim or d_state above 128)", len ? "; " : "", in->ssm_scan_tc_fallbacks,
+                 in->ssm_scan_tc_calls + in->ssm_scan_tc_fallbacks);
 }
 
 
