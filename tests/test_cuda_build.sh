@@ -880,7 +880,8 @@ for s in c["scan"]:
     assert s["fwd_flops"] == ff and s["bwd_flops"] == 2 * ff and s["fwd_median_s"] > 0 and s["bwd_median_s"] > 0, s
     assert math.isclose(s["fwd_bwd_s"], s["fwd_median_s"] + s["bwd_median_s"], rel_tol=1e-5), s
     assert math.isclose(s["fwd_bwd_flop_per_s"], 3 * ff / s["fwd_bwd_s"], rel_tol=1e-5), s
-assert c["scan_best_fwd_bwd_flop_per_s"] == max(s["fwd_bwd_flop_per_s"] for s in c["scan"]) > 0
+assert c["scan_best_fwd_bwd_flop_per_s"] == max(s["fwd_bwd_flop_per_s"] for s in c["scan"] if s["precision"] == "fp32") > 0
+assert c["scan_bf16_best_fwd_bwd_flop_per_s"] == max(s["fwd_bwd_flop_per_s"] for s in c["scan"] if s["precision"] == "bf16") > 0
 assert len(c["layer_core"]) >= 1 and all(x["scan_fwd_bwd_s"] > 0 and x["scan_bf16_fwd_bwd_s"] > 0 and
                                          x["attention_bf16_fwd_bwd_s"] > 0 and math.isclose(
                                              x["scan_over_attention_bf16"],
@@ -894,7 +895,7 @@ print("calib json ok: %d gemm rows, %d attention rows, %d scan rows, allreduce a
 PY
        python3 "$SRC/bench/profiles/gpu_profile.py" "$EMU/calib.json" --datasheet H100 --name emu-calib \
            --out "$EMU/emu-calib.json" >>"$EMU/calib.log" 2>&1 &&
-       python3 -c "import json,sys; m=json.load(open(sys.argv[1]))['measured']; sys.exit(not m['scan_fwd_bwd_flop_per_s'] > 0)" \
+       python3 -c "import json,sys; m=json.load(open(sys.argv[1]))['measured']; sys.exit(not (m['scan_fwd_bwd_flop_per_s'] > 0 and m['scan_bf16_fwd_bwd_flop_per_s'] > 0))" \
            "$EMU/emu-calib.json" >>"$EMU/calib.log" 2>&1 &&
        "$BUILD/meshtrain" plan --config "$SRC/bench/configs/gpu_d2048_dense.json" --set batch_size=32 --world 8 --mesh dp=8 \
            --profile "$EMU/emu-calib.json" >"$EMU/calib_plan.log" 2>&1 &&

@@ -98,6 +98,22 @@ if "$MT" plan --config "$CFG" --set precision=bf16 --profile "$W/tc.json" --worl
     ok "bf16 attention rate: used by precision=bf16 ($msg), not by fp32 ($msg2)"
 else bad "bf16 attention rate: $(cat "$W/err") $msg ${msg2:-}"; fi
 
+# 4c. the Mamba-3 scan likewise: a bf16 scan rate (ssm_scan_*_bf16, tensor cores) for
+#     precision=bf16, the fp32 rows' rate for fp32 (the hybrid: pattern=MAMA...)
+python3 - "$PROF" "$W/sc.json" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+p["measured"]["scan_fwd_bwd_flop_per_s"] = 2e12; p["measured"]["scan_bf16_fwd_bwd_flop_per_s"] = 1e14
+json.dump(p, open(sys.argv[2], "w"))
+PY
+HYB="--set pattern=MAMAMAMAMAMAMAMA"
+if "$MT" plan --config "$CFG" $HYB --set precision=bf16 --profile "$W/sc.json" --world 1 --json >"$W/s16.json" 2>"$W/err" &&
+   msg=$(check "$W/s16.json" scan_basis:eq:"measured (bf16 tensor-core scan)" scan_flop_per_s:eq:1e14 scan:gt:0) &&
+   "$MT" plan --config "$CFG" $HYB --profile "$W/sc.json" --world 1 --json >"$W/s32.json" 2>"$W/err" &&
+   msg2=$(check "$W/s32.json" scan_basis:eq:measured scan_flop_per_s:eq:2e12 scan:gt:0); then
+    ok "bf16 scan rate: used by precision=bf16 ($msg), not by fp32 ($msg2)"
+else bad "bf16 scan rate: $(cat "$W/err") ${msg:-} ${msg2:-}"; fi
+
 # 5. cpu-local has no memory bandwidth: no by_kind, a line saying why
 if "$MT" plan --config "$CFG" --world 1 --profile cpu-local --json >"$W/c.json" 2>"$W/err" &&
    python3 -c 'import json,sys; assert "by_kind" not in json.load(open(sys.argv[1]))["cost"]' "$W/c.json" &&

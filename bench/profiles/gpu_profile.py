@@ -209,6 +209,9 @@ def main():
         # the Mamba-3 chunked scan, fwd+bwd, FLOPs as the recurrence (plan.c's
         # MT_PLAN_KIND_SCAN rate); None from a calib run before the scan row
         "scan_fwd_bwd_flop_per_s": cal.get("scan_best_fwd_bwd_flop_per_s"),
+        # ... its precision=bf16 entries (ssm_scan_*_bf16, the products on tensor cores):
+        # what the planner uses for a bf16 config; None from a calib run before them
+        "scan_bf16_fwd_bwd_flop_per_s": cal.get("scan_bf16_best_fwd_bwd_flop_per_s") or None,
         "scan_shapes": sorted({"%dx%dx%dx%dx%dx%d" % (x["b"], x["t"], x["h"], x["p"], x["n"], x["chunk"])
                                for x in cal.get("scan") or []}),
         "allreduce_one_rank": ({"comm": ar.get("comm"), "best_algbw_bytes_per_s": ar.get("best_algbw_bytes_per_s")}

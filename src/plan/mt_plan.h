@@ -253,9 +253,10 @@ struct mt_plan_profile {
      * memory_bandwidth_bytes_per_s (bytes read + written per second), else twice
      * measured.device_copy_bytes_per_s (cuda_calib: each byte read once, written once);
      * measured.attention_{fwd,bwd,fwd_bwd}_flop_per_s (causal FLOPs, cuda_calib's count);
-     * measured.scan_fwd_bwd_flop_per_s; measured.attention_bf16_fwd_bwd_flop_per_s
-     * (precision=bf16's tensor-core kernels: used when the config is bf16) */
-    double mem_bandwidth, attn_fwd_rate, attn_bwd_rate, attn_rate, scan_rate, attn_bf16_rate;
+     * measured.scan_fwd_bwd_flop_per_s; measured.attention_bf16_fwd_bwd_flop_per_s and
+     * measured.scan_bf16_fwd_bwd_flop_per_s (precision=bf16's tensor-core kernels: used
+     * when the config is bf16) */
+    double mem_bandwidth, attn_fwd_rate, attn_bwd_rate, attn_rate, scan_rate, attn_bf16_rate, scan_bf16_rate;
     char   mem_basis[64], attn_precision[16];
 };
 /* Load a profile JSON file. MT_ERR_IO / MT_ERR_FORMAT naming the file and key. */

@@ -741,6 +741,7 @@ static void profile_load_rates(const cJSON *j, struct mt_plan_profile *prof)
     prof->attn_rate = fmax(0, num_or(m, "attention_fwd_bwd_flop_per_s", 0, NULL));
     prof->scan_rate = fmax(0, num_or(m, "scan_fwd_bwd_flop_per_s", 0, NULL));
     prof->attn_bf16_rate = fmax(0, num_or(m, "attention_bf16_fwd_bwd_flop_per_s", 0, NULL));
+    prof->scan_bf16_rate = fmax(0, num_or(m, "scan_bf16_fwd_bwd_flop_per_s", 0, NULL));
     const cJSON *ap = cJSON_GetObjectItemCaseSensitive(m, "attention_precision");
     snprintf(prof->attn_precision, sizeof prof->attn_precision, "%s", cJSON_IsString(ap) ? ap->valuestring : "");
 }
@@ -1140,8 +1141,14 @@ static void kind_rates(const struct mt_plan_profile *prof, const struct mt_plan_
         out->attn_bwd_rate = prof->attn_bwd_rate > 0 ? prof->attn_bwd_rate : fb > 0 ? fb : out->gemm_rate;
         out->attn_basis = prof->attn_fwd_rate > 0 || fb > 0 ? "measured" : "gemm rate";
     }
-    out->scan_rate = prof->scan_rate > 0 ? prof->scan_rate : out->gemm_rate;
-    out->scan_basis = prof->scan_rate > 0 ? "measured" : "gemm rate";
+    /* ... and the scan's products on tensor cores (ssm_scan_*_bf16) likewise */
+    if (cost->peak_basis && !strcmp(cost->peak_basis, "bf16") && prof->scan_bf16_rate > 0) {
+        out->scan_rate = prof->scan_bf16_rate;
+        out->scan_basis = "measured (bf16 tensor-core scan)";
+    } else {
+        out->scan_rate = prof->scan_rate > 0 ? prof->scan_rate : out->gemm_rate;
+        out->scan_basis = prof->scan_rate > 0 ? "measured" : "gemm rate";
+    }
 }
 
 static double kind_rate(const struct mt_plan_kinds *k, int kind)
