@@ -501,12 +501,12 @@ static size_t tc_ds_bytes(int B, int T, int H)
     return (size_t)B * (size_t)H * (nt * (nt + 1) / 2) * TC_B * TC_B * 2;
 }
 static int tc_stage(struct tc_operands *o, const float *q, const float *k, const float *v, const float *dout,
-                    int B, int T, int H, int K, int hd, int want_ds = 1)
+                    int B, int T, int H, int K, int hd)
 {
     const size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * K * hd;
     const size_t bq = tc_up256(nq * 2), bk = tc_up256(nk * 2), bd = dout ? tc_up256((size_t)B * H * T * 4) : 0;
     const size_t bds =
-        want_ds && dout && tc_ds_bytes(B, T, H) <= mt_cuda_be->attn_ds_cap ? tc_up256(tc_ds_bytes(B, T, H)) : 0;
+        dout && tc_ds_bytes(B, T, H) <= mt_cuda_be->attn_ds_cap ? tc_up256(tc_ds_bytes(B, T, H)) : 0;
     unsigned char *ws = (unsigned char *)mt_cuda_workspace(bq + 2 * bk + (dout ? bq : 0) + bd + bds);
     if (!ws) return 0;
     o->ds = bds ? (bf16 *)(ws + 2 * bq + 2 * bk + bd) : NULL;
@@ -620,12 +620,12 @@ extern "C" void mt_cuda_attention_backward_bf16(void *be, float *dq, float *dk, 
     }
     struct tc_operands o;
     const int v2 = tc_use_v2(hd);
-    if (!tc_stage(&o, q, k, v, dout, B, T, H, K, hd, !v2)) return;
+    if (!tc_stage(&o, q, k, v, dout, B, T, H, K, hd)) return;
     mt_cuda_attention_rowdot(o.D, dout, out, B, T, H, hd);
     mt_cuda_be->info.attention_tc_calls++;
     if (v2) {
-        mt_attn_v2_backward(dq, dk, dv, (const mt_bf16 *)o.q, (const mt_bf16 *)o.k, (const mt_bf16 *)o.v,
-                            (const mt_bf16 *)o.g, lse, o.D, B, T, H, K, hd);
+        mt_attn_v2_backward(dq, dk, dv, (mt_bf16 *)o.ds, (const mt_bf16 *)o.q, (const mt_bf16 *)o.k,
+                            (const mt_bf16 *)o.v, (const mt_bf16 *)o.g, lse, o.D, B, T, H, K, hd);
         return;
     }
     if (hd <= 64) tc_bwd_launch<4>(dq, dk, dv, lse, &o, B, T, H, K, hd);

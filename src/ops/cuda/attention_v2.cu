@@ -194,6 +194,23 @@ static __device__ __forceinline__ void v2_write_rows(float *dst, bf16 *dst_b, co
     }
 }
 
+/* element offset of the dS^T tile of (b, h, query tile qt, key tile kt <= qt) */
+static __device__ __forceinline__ size_t v2_ds_tile(int b, int h, int qt, int kt, int H, int n_qt)
+{
+    const size_t pairs = (size_t)n_qt * (n_qt + 1) / 2;
+    return (((size_t)b * H + h) * pairs + (size_t)qt * (qt + 1) / 2 + kt) * V2_B * V2_B;
+}
+
+/* a 64 x 64 dS^T tile (contiguous) into a shared tile (64, 64 + 8), asynchronously */
+static __device__ __forceinline__ void v2_load_ds(bf16 *dst, const bf16 *src)
+{
+    constexpr int LS = V2_B + 8, CPR = V2_B / 8;
+    for (int e = threadIdx.x; e < V2_B * CPR; e += V2_THREADS) {
+        const int r = e / CPR, c8 = (e - r * CPR) * 8;
+        mt_cp_async16(dst + r * LS + c8, src + (size_t)r * V2_B + c8, 16);
+    }
+}
+
 /* ---- forward ---- */
 template <int HD>
 static __global__ void __launch_bounds__(V2_THREADS)
@@ -306,8 +323,8 @@ static __device__ __forceinline__ void v2_dkdv_fetch(bf16 *Qb, bf16 *Gb, float *
 
 template <int HD>
 static __global__ void __launch_bounds__(V2_THREADS)
-attn_v2_dkdv_k(float *dk, float *dv, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *g, const float *lse,
-               const float *D, int T, int H, int K, float scale, float c)
+attn_v2_dkdv_k(float *dk, float *dv, bf16 *ds, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *g,
+               const float *lse, const float *D, int T, int H, int K, float scale, float c)
 {
     constexpr int LD = HD + 8, TILE = V2_B * LD;
     MT_DYN_SMEM(unsigned char, sm);
@@ -357,6 +374,15 @@ attn_v2_dkdv_k(float *dk, float *dv, const bf16 *q, const bf16 *k, const bf16 *v
                 s[j][e] = p;
                 dp[j][e] = scale * p * (dp[j][e] - Db[col]);
             }
+        if (ds) {   /* dS^T as the A operand below rounds it: the dQ kernel's tile */
+            bf16 *tile = ds + v2_ds_tile(b, kvh * grp + it / per_h, qt, kt, H, n_qt);
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e += 2)
+                    *(uint32_t *)(tile + (16 * warp + g4 + 8 * (e >> 1)) * V2_B + 8 * j + 2 * t) =
+                        mt_pack_bf16(dp[j][e], dp[j][e + 1]);
+        }
         v2_pv<HD>(dva, s, Gb, lane);   /* dV_w += P^T dO */
         v2_pv<HD>(dka, dp, Qb, lane);  /* dK_w += dS^T Q */
         __syncthreads();  /* the buffer is consumed before it is refilled */
@@ -365,7 +391,61 @@ attn_v2_dkdv_k(float *dk, float *dv, const bf16 *q, const bf16 *k, const bf16 *v
     v2_write_rows<HD>(dv, NULL, dva, b, j0 + 16 * warp, T, K, kvh, lane);
 }
 
-/* ---- backward: dQ ---- */
+/* ---- backward: dQ from the stored dS^T tiles (5 products a tile pair, not 7) ----
+ * The dK/dV kernel stores each (query tile, key tile) pair's dS^T, bf16, as the
+ * 64 x 64 tile [key][query] at v2_ds_tile (pairs kt <= qt in row order, per
+ * (b, h)): the same bf16 values its dK product rounds. dQ_w = sum_kt dS_w K_kt
+ * with dS_w (16 queries x 64 keys) read from the [key][query] tile by
+ * ldmatrix .trans as A operands, K as in P V. Keys past T: their K rows are
+ * zero-filled, so their dS entries (not masked there) add nothing. */
+template <int HD>
+static __global__ void __launch_bounds__(V2_THREADS)
+attn_v2_dq_ds_k(float *dq, const bf16 *ds, const bf16 *k, int T, int H, int K)
+{
+    constexpr int LD = HD + 8, TILE = V2_B * LD, LS = V2_B + 8, STILE = V2_B * LS;
+    MT_DYN_SMEM(unsigned char, sm);
+    bf16 *Ks = (bf16 *)sm;          /* 2 buffers */
+    bf16 *Ss = Ks + 2 * TILE;       /* 2 buffers of dS^T */
+    const int n_qt = (T + V2_B - 1) / V2_B;
+    const int qt = n_qt - 1 - (int)blockIdx.x;  /* the longest rows first */
+    const int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / K);
+    const int warp = threadIdx.x / MT_WARP, lane = threadIdx.x % MT_WARP, mi = lane >> 3, r8 = lane & 7;
+    v2_load_tile<HD>(Ks, k, b, 0, T, K, kvh);
+    v2_load_ds(Ss, ds + v2_ds_tile(b, h, qt, 0, H, n_qt));
+    mt_cp_async_commit();
+    float dqa[HD / 8][4];
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dqa[j][e] = 0.0f;
+    for (int kt = 0; kt <= qt; kt++) {
+        const bf16 *Kb = Ks + (kt & 1) * TILE, *Sb = Ss + (kt & 1) * STILE;
+        if (kt < qt) {
+            v2_load_tile<HD>(Ks + ((kt + 1) & 1) * TILE, k, b, (kt + 1) * V2_B, T, K, kvh);
+            v2_load_ds(Ss + ((kt + 1) & 1) * STILE, ds + v2_ds_tile(b, h, qt, kt + 1, H, n_qt));
+        }
+        mt_cp_async_commit();
+        mt_cp_async_wait<1>();
+        __syncthreads();
+#pragma unroll
+        for (int s = 0; s < 4; s++) {   /* keys 16s.. */
+            uint32_t a[4];   /* A (queries 16 warp.., keys 16s..) from [key][query]: .trans */
+            mt_ldsm_x4_t(a, Sb + (16 * s + (mi >> 1) * 8 + r8) * LS + 16 * warp + (mi & 1) * 8);
+#pragma unroll
+            for (int np = 0; np < HD / 16; np++) {
+                uint32_t r[4];
+                mt_ldsm_x4_t(r, v2_bk_addr<LD>(Kb, 16 * s, 16 * np, lane));
+                const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                mt_mma_16816(dqa[2 * np], a, b0);
+                mt_mma_16816(dqa[2 * np + 1], a, b1);
+            }
+        }
+        __syncthreads();
+    }
+    v2_write_rows<HD>(dq, NULL, dqa, b, qt * V2_B + 16 * warp, T, H, h, lane);
+}
+
+/* ---- backward: dQ, recomputing S and dP (the dS tiles over MT_CUDA_ATTN_DS_MB) ---- */
 template <int HD>
 static __global__ void __launch_bounds__(V2_THREADS)
 attn_v2_dq_k(float *dq, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *g, const float *lse,
@@ -452,19 +532,29 @@ static void v2_fwd(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf1
     MT_CUDA_KCHECK();
 }
 
+/* ds: room for the dS^T tiles (attention_tc.cu sizes it; NULL: over MT_CUDA_ATTN_DS_MB,
+ * dQ recomputes S and dP) */
 template <int HD>
-static void v2_bwd(float *dq, float *dk, float *dv, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *g,
-                   const float *lse, const float *D, int B, int T, int H, int K)
+static void v2_bwd(float *dq, float *dk, float *dv, bf16 *ds, const bf16 *q, const bf16 *k, const bf16 *v,
+                   const bf16 *g, const float *lse, const float *D, int B, int T, int H, int K)
 {
     const size_t s_kv = 6 * v2_tile_bytes(HD) + 4 * V2_B * sizeof(float), s_q = 6 * v2_tile_bytes(HD);
-    if (!v2_smem_opt_in(attn_v2_dkdv_k<HD>, s_kv) || !v2_smem_opt_in(attn_v2_dq_k<HD>, s_q)) return;
+    const size_t s_ds = 2 * v2_tile_bytes(HD) + 2 * (size_t)V2_B * (V2_B + 8) * 2;
+    if (!v2_smem_opt_in(attn_v2_dkdv_k<HD>, s_kv) || !v2_smem_opt_in(attn_v2_dq_k<HD>, s_q) ||
+        !v2_smem_opt_in(attn_v2_dq_ds_k<HD>, s_ds))
+        return;
     const float scale = 1.0f / sqrtf((float)HD), c = scale * V2_LOG2E;
     const unsigned nt = (unsigned)((T + V2_B - 1) / V2_B);
-    MT_LAUNCH(attn_v2_dkdv_k<HD>, dim3(nt, (unsigned)K, (unsigned)B), V2_THREADS, s_kv)(dk, dv, q, k, v, g, lse, D, T,
-                                                                                       H, K, scale, c);
+    MT_LAUNCH(attn_v2_dkdv_k<HD>, dim3(nt, (unsigned)K, (unsigned)B), V2_THREADS, s_kv)(dk, dv, ds, q, k, v, g, lse, D,
+                                                                                       T, H, K, scale, c);
     MT_CUDA_KCHECK();
-    MT_LAUNCH(attn_v2_dq_k<HD>, dim3(nt, (unsigned)H, (unsigned)B), V2_THREADS, s_q)(dq, q, k, v, g, lse, D, T, H, K,
-                                                                                   scale, c);
+    if (ds) {
+        MT_LAUNCH(attn_v2_dq_ds_k<HD>, dim3(nt, (unsigned)H, (unsigned)B), V2_THREADS, s_ds)(dq, ds, k, T, H, K);
+    } else {
+        mt_cuda_be->info.attention_dq_recompute++;
+        MT_LAUNCH(attn_v2_dq_k<HD>, dim3(nt, (unsigned)H, (unsigned)B), V2_THREADS, s_q)(dq, q, k, v, g, lse, D, T, H,
+                                                                                       K, scale, c);
+    }
     MT_CUDA_KCHECK();
 }
 
@@ -475,12 +565,14 @@ void mt_attn_v2_forward(float *out, mt_bf16 *out_b, float *lse, const mt_bf16 *q
     else v2_fwd<128>(out, (bf16 *)out_b, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, B, T, H, K);
 }
 
-void mt_attn_v2_backward(float *dq, float *dk, float *dv, const mt_bf16 *q, const mt_bf16 *k, const mt_bf16 *v,
-                         const mt_bf16 *g, const float *lse, const float *D, int B, int T, int H, int K, int hd)
+void mt_attn_v2_backward(float *dq, float *dk, float *dv, mt_bf16 *ds, const mt_bf16 *q, const mt_bf16 *k,
+                         const mt_bf16 *v, const mt_bf16 *g, const float *lse, const float *D, int B, int T, int H,
+                         int K, int hd)
 {
     if (hd == 64)
-        v2_bwd<64>(dq, dk, dv, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (const bf16 *)g, lse, D, B, T, H, K);
+        v2_bwd<64>(dq, dk, dv, (bf16 *)ds, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (const bf16 *)g, lse, D,
+                   B, T, H, K);
     else
-        v2_bwd<128>(dq, dk, dv, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (const bf16 *)g, lse, D, B, T, H,
-                    K);
+        v2_bwd<128>(dq, dk, dv, (bf16 *)ds, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (const bf16 *)g, lse,
+                    D, B, T, H, K);
 }
