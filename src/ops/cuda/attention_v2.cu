@@ -60,12 +60,14 @@
  *     diagonal, in that fixed order (K/V read once per group, never
  *     repeated): S^T = K_w Q^T, P^T, dP^T = V_w dO^T, dS^T in registers;
  *     dV_w += bf16(P^T) dO, dK_w += bf16(dS^T) Q with P^T, dS^T re-packed as
- *     A operands; Q and dO tiles (and their lse, D) double-buffered.
+ *     A operands; Q and dO tiles (and their lse, D) double-buffered;
+ *     and, given room (attention_tc.cu: MT_CUDA_ATTN_DS_MB), bf16(dS^T) as a
+ *     64 x 64 tile [key][query] per (query tile, key tile) pair.
  *   dQ: block = (query tile, head, batch); per key tile up to the diagonal:
- *     S, P, dP, dS recomputed in registers, dQ_w += bf16(dS) K.
- * dQ recomputes S and dP (7 tile products per (query, key) tile pair in
- * the backward instead of 5) rather than storing dS (v1) or adding dQ with
- * float atomics (FlashAttention-2; not deterministic).
+ *     dQ_w += bf16(dS) K from the stored tile (attn_v2_dq_ds_k: 5 tile
+ *     products per tile pair in the backward); without room, S, P, dP, dS
+ *     recomputed in registers (attn_v2_dq_k: 7), the same bits.
+ * No float atomics (FlashAttention-2 adds dQ with them; not deterministic).
  */
 #include "cuda_impl.cuh"
 #include "mma_sync.cuh"
