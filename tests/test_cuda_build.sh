@@ -59,7 +59,9 @@
 #           cores): emulated cuda bf16 follows the
 #           cpu fp32 loss curve within the step tolerance of docs/cuda.md
 #           (tests/bf16_curve.py), starts equal to the cpu bf16 run (1e-5;
-#           not the hybrid: the cpu's scan stays fp32 in bf16 mode),
+#           not the hybrid: the cpu's scan stays fp32 in bf16 mode; a head
+#           dim 64 config runs attention v2, whose dQ from stored dS tiles
+#           equals the recompute path's bit for bit),
 #           with head_chunk_rows=24 equal to itself without (the same bound),
 #           and stays within the tolerance of it, and its receipt shows the
 #           GEMMs on the weights' bf16 shadows as stored (gemm_bf16_direct);
@@ -489,12 +491,17 @@ PY
     }
     # ran NAME...: every run named exited 0
     ran() { local n; for n in "$@"; do [ -f "$EMU/run_$n.ok" ] || return 1; done; }
+    # head dim 64: attention v2 in a training loop (TINY's head dim 8 runs v1), dQ from the
+    # stored dS tiles by default and recomputed with MT_CUDA_ATTN_DS_MB=0
+    V2="--set vocab_size=64 --set n_layer=2 --set d_model=128 --set n_head=2 --set n_kv_head=1 --set seq_len=80 --set batch_size=2 --set lr=0.01 --set warmup_steps=2"
     c2_queue1() {
         local rc=0
         run6 bf16_moe_cuda $MOE --backend cuda --set precision=bf16 || rc=1
         run6 bf16_hyb_cuda $HYB --backend cuda --set precision=bf16 || rc=1
         run6 bf16_hyb_scanfp32_cuda $HYB --backend cuda --set precision=bf16 --knob scan_bf16=0 || rc=1
         run6 bf16_hyb_n130_cuda $HYB --backend cuda --set precision=bf16 --set mamba_d_state=130 || rc=1
+        run6 bf16_v2_cuda $V2 --backend cuda --set precision=bf16 || rc=1
+        MT_CUDA_ATTN_DS_MB=0 run6 bf16_v2ds0_cuda $V2 --backend cuda --set precision=bf16 || rc=1
         return $rc
     }
     c2_queue2() {
@@ -507,6 +514,8 @@ PY
         run6 bf16_hyb_cpu $HYB --set backend=cpu --set precision=bf16 || rc=1
         run6 bf16_cuda $TINY --backend cuda --set precision=bf16 || rc=1
         run6 bf16_chunk_cuda $TINY --backend cuda --set precision=bf16 --set head_chunk_rows=24 || rc=1
+        run6 bf16ref_v2_cpu $V2 --set backend=cpu || rc=1
+        run6 bf16_v2_cpu $V2 --set backend=cpu --set precision=bf16 || rc=1
         return $rc
     }
     t2=$(date +%s)
@@ -568,6 +577,18 @@ sys.exit(not (g['gemm_bf16_direct'] > 0 and g['gemm_bf16_direct'] == g['gemm_bf1
            "$EMU/run_bf16_hyb_cuda/receipt.json"; then
         echo "PASS emulated train precision=bf16, hybrid: Mamba-3 projections on bf16 shadows and operands (0 cast elements), the scan's products on tensor cores, cuda and cpu bf16 each follow the fp32 curve; scan_bf16=0: no tensor-core call, starts equal to cpu bf16"
     else echo "FAIL: emulated train precision=bf16 hybrid"; fail=1; fi
+    # c2 attention v2 (head dim 64, GQA 2:1): cuda bf16 follows the fp32 curve and starts
+    #     equal to cpu bf16; dQ from the stored dS tiles (no recompute counted) and with
+    #     MT_CUDA_ATTN_DS_MB=0 (every backward recomputes) give the same bits
+    if ran bf16ref_v2_cpu bf16_v2_cpu bf16_v2_cuda bf16_v2ds0_cuda &&
+       python3 "$SRC/tests/bf16_curve.py" "$EMU/run_bf16ref_v2_cpu/receipt.json" "$EMU/run_bf16_v2_cuda/receipt.json" \
+           --other "$EMU/run_bf16_v2_cpu/receipt.json" &&
+       cmp -s "$EMU/run_bf16_v2_cuda/ckpt/step_000006/params.bin" "$EMU/run_bf16_v2ds0_cuda/ckpt/step_000006/params.bin" &&
+       python3 -c "import json,sys; a,b=(json.load(open(p))['gpu'] for p in sys.argv[1:3]); \
+sys.exit(not (a['attention_v2_calls'] > 0 and a['attention_dq_recompute'] == 0 and b['attention_dq_recompute'] == b['attention_v2_calls'] // 2 > 0))" \
+           "$EMU/run_bf16_v2_cuda/receipt.json" "$EMU/run_bf16_v2ds0_cuda/receipt.json"; then
+        echo "PASS emulated train precision=bf16, attention v2 (hd 64): follows the fp32 curve, starts equal to cpu bf16; dQ from stored dS tiles = recomputed, bit for bit"
+    else echo "FAIL: emulated train precision=bf16 attention v2 (stored dS vs recompute)"; fail=1; fi
     # ... and a d_state the tensor-core scan does not take (130 > 128): the fp32 kernels,
     #     counted and named in the receipt's fallback_reason (a number that measured the
     #     fallback says so)
