@@ -516,10 +516,11 @@ static int tc_stage(struct tc_operands *o, const float *q, const float *k, const
     o->g = dout ? (bf16 *)(ws + bq + 2 * bk) : NULL;
     o->D = dout ? (float *)(ws + 2 * bq + 2 * bk) : NULL;
     o->vec = hd % 8 == 0;  /* the workspace is 256-byte aligned: rows start on 16 bytes when hd % 8 == 0 */
-    mt_cuda_cast_bf16(mt_cuda_be, (mt_bf16 *)o->q, q, nq);
-    mt_cuda_cast_bf16(mt_cuda_be, (mt_bf16 *)o->k, k, nk);
-    mt_cuda_cast_bf16(mt_cuda_be, (mt_bf16 *)o->v, v, nk);
-    if (dout) mt_cuda_cast_bf16(mt_cuda_be, (mt_bf16 *)o->g, dout, nq);
+    /* q, k, v (and dout) rounded in one launch (cast_bf16_multi: the same bits as one cast each) */
+    mt_bf16 *dst[4] = {(mt_bf16 *)o->q, (mt_bf16 *)o->k, (mt_bf16 *)o->v, (mt_bf16 *)o->g};
+    const float *src[4] = {q, k, v, dout};
+    const size_t n[4] = {nq, nk, nk, nq};
+    mt_cuda_cast_bf16_multi(mt_cuda_be, dst, src, n, dout ? 4 : 3);
     return 1;
 }
 

@@ -196,6 +196,16 @@ static __device__ __forceinline__ void v2_write_rows(float *dst, bf16 *dst_b, co
     }
 }
 
+/* acc[N][4] = 0 (N n8 accumulator tiles) */
+template <int N>
+static __device__ __forceinline__ void v2_zero(float acc[N][4])
+{
+#pragma unroll
+    for (int j = 0; j < N; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
+}
+
 /* element offset of the dS^T tile of (b, h, query tile qt, key tile kt <= qt) */
 static __device__ __forceinline__ size_t v2_ds_tile(int b, int h, int qt, int kt, int H, int n_qt)
 {
@@ -236,10 +246,7 @@ attn_v2_fwd_k(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k,
     mt_cp_async_commit();
 
     float o[HD / 8][4];
-#pragma unroll
-    for (int j = 0; j < HD / 8; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) o[j][e] = 0.0f;
+    v2_zero<HD / 8>(o);
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     for (int kt = 0; kt <= qt; kt++) {
         const bf16 *Kb = Ks + (kt & 1) * TILE, *Vb = Vs + (kt & 1) * TILE;
@@ -347,10 +354,8 @@ attn_v2_dkdv_k(float *dk, float *dv, bf16 *ds, const bf16 *q, const bf16 *k, con
     mt_cp_async_commit();
 
     float dka[HD / 8][4], dva[HD / 8][4];
-#pragma unroll
-    for (int j = 0; j < HD / 8; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) dka[j][e] = dva[j][e] = 0.0f;
+    v2_zero<HD / 8>(dka);
+    v2_zero<HD / 8>(dva);
     for (int it = 0; it < n_it; it++) {  /* heads of the group, then query tiles from the diagonal */
         const int qt = kt + it % per_h, i0 = qt * V2_B, buf = it & 1;
         const bf16 *Qb = Qs + buf * TILE, *Gb = Gs + buf * TILE;
@@ -416,10 +421,7 @@ attn_v2_dq_ds_k(float *dq, const bf16 *ds, const bf16 *k, int T, int H, int K)
     v2_load_ds(Ss, ds + v2_ds_tile(b, h, qt, 0, H, n_qt));
     mt_cp_async_commit();
     float dqa[HD / 8][4];
-#pragma unroll
-    for (int j = 0; j < HD / 8; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) dqa[j][e] = 0.0f;
+    v2_zero<HD / 8>(dqa);
     for (int kt = 0; kt <= qt; kt++) {
         const bf16 *Kb = Ks + (kt & 1) * TILE, *Sb = Ss + (kt & 1) * STILE;
         if (kt < qt) {
@@ -479,10 +481,7 @@ attn_v2_dq_k(float *dq, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 
     v2_load_tile<HD>(Vs, v, b, 0, T, K, kvh);
     mt_cp_async_commit();
     float dqa[HD / 8][4];
-#pragma unroll
-    for (int j = 0; j < HD / 8; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) dqa[j][e] = 0.0f;
+    v2_zero<HD / 8>(dqa);
     for (int kt = 0; kt <= qt; kt++) {
         const bf16 *Kb = Ks + (kt & 1) * TILE, *Vb = Vs + (kt & 1) * TILE;
         if (kt < qt) {
