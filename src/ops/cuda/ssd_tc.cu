@@ -205,10 +205,11 @@ struct tc_chunk {
     int ci, bh, c, b, h, t0, q;
     size_t xld, bld, ob;
 };
-static __device__ __forceinline__ struct tc_chunk tc_chunk_of(struct ssd_dims d)
+/* chunk ci = (b*H + h)*nc + c */
+static __device__ __forceinline__ struct tc_chunk tc_chunk_at(struct ssd_dims d, int ci)
 {
     struct tc_chunk k;
-    k.ci = (int)blockIdx.x;
+    k.ci = ci;
     k.bh = k.ci / d.nc;
     k.c = k.ci % d.nc;
     k.b = k.bh / d.H;
@@ -219,6 +220,11 @@ static __device__ __forceinline__ struct tc_chunk tc_chunk_of(struct ssd_dims d)
     k.bld = (size_t)d.H * d.N;
     k.ob = (size_t)k.b * d.T;
     return k;
+}
+/* the block's: grid x = the chunks */
+static __device__ __forceinline__ struct tc_chunk tc_chunk_of(struct ssd_dims d)
+{
+    return tc_chunk_at(d, (int)blockIdx.x);
 }
 
 /* w[j] (j < 2q) and cm[i] (i < q) of the chunk into shared memory */
@@ -234,11 +240,12 @@ static __device__ void tc_weights(float *w, float *cm, const struct tc_chunk &k,
     }
 }
 
-/* v_j = w_j exp(cum_last - cum_s(j)) for the 64 sources j0.. of a block
- * (0 past 2q and without a next chunk): S_out's weights (ssd_dxc_k's v) */
-static __device__ void tc_vout(float *v, const float *w, const float *cm, int j0, int q, int has_next)
+/* v[jj] = w_j exp(cum_last - cum_s(j)) for the n sources j = j0 + jj (0 past
+ * 2q and without a next chunk): a source's weight in S_out (ssd_state_k's and
+ * ssd_dxc_k's v), one exp a source */
+static __device__ void tc_vout(float *v, const float *w, const float *cm, int j0, int n, int q, int has_next)
 {
-    for (int jj = (int)threadIdx.x; jj < TC_B; jj += (int)blockDim.x) {
+    for (int jj = (int)threadIdx.x; jj < n; jj += (int)blockDim.x) {
         const int j = j0 + jj, sj = j < q ? j : j - q;
         v[jj] = has_next && j < 2 * q ? w[j] * expf(cm[q - 1] - cm[sj]) : 0.0f;
     }
@@ -443,7 +450,7 @@ ssd_tc_src_k(float *out, float *qj, const bf16 *Gb, const float *dSo, const floa
         tc_stage(Sd, LN, Pp, Np, dSo + (size_t)k.ci * d.P * d.N, d.N, d.N, 0, 0, d.P);
     }
     __syncthreads();
-    tc_vout(v, w, cm, j0, q, has_next);
+    tc_vout(v, w, cm, j0, TC_B, q, has_next);
     __syncthreads();
     if (j0 + m0 >= 2 * q) return;
     const struct tc_op Gop = tc_plain(Gs, TC_LD(TC_B)), Rop = tc_plain(Rs, LW), Sop = tc_sources(St, LK, q);
@@ -563,7 +570,7 @@ static __host__ __device__ __forceinline__ size_t tc_outer_urows(struct ssd_dims
 static size_t tc_outer_smem(struct ssd_dims d)
 {
     const size_t Np = TC_LD(tc_r16(d.N)), Pp = TC_LD(tc_r16(d.P)), S16 = (size_t)tc_r16(2 * d.Q);
-    return SSD_AL4(3 * (size_t)d.Q) * sizeof(float) + (tc_outer_urows(d) * Pp + S16 * Np) * sizeof(bf16);
+    return (SSD_AL4(3 * (size_t)d.Q) + S16) * sizeof(float) + (tc_outer_urows(d) * Pp + S16 * Np) * sizeof(bf16);
 }
 
 template <int DL>
@@ -573,38 +580,34 @@ ssd_tc_outer_k(float *out, const float *cum, const float *u, const float *vsrc, 
 {
     MT_DYN_SMEM(float, sm);
     /* grid x: (b, h, chunk) over nc-1 chunks: c < nc-1 (DL 0) or c >= 1 (DL 1); y: 64-row tiles of P */
-    const int bh = (int)blockIdx.x / (d.nc - 1), c = (int)blockIdx.x % (d.nc - 1) + DL, b = bh / d.H, h = bh % d.H;
-    const int t0 = c * d.Q, q = tc_min(d.Q, d.T - t0), p0 = (int)blockIdx.y * TC_B;
+    const int bh = (int)blockIdx.x / (d.nc - 1), c = (int)blockIdx.x % (d.nc - 1) + DL;
+    const struct tc_chunk k = tc_chunk_at(d, bh * d.nc + c);
+    const int t0 = k.t0, q = k.q, p0 = (int)blockIdx.y * TC_B;
     const int Np = tc_r16(d.N), Pp = tc_r16(d.P), lane = (int)threadIdx.x & 31, m0 = ((int)threadIdx.x >> 5) * 16;
     const int K = DL ? tc_r16(q) : tc_r16(2 * q), LN = TC_LD(Np), LP = TC_LD(Pp);
-    const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, ob = (size_t)b * d.T;
-    float *w = sm, *cm = w + 2 * d.Q;
-    bf16 *Us = (bf16 *)(sm + SSD_AL4(3 * d.Q)), *Vs = Us + tc_outer_urows(d) * LP;
-    const float *uh = u + ob * xld + (size_t)h * d.P, *vh = vsrc + ob * bld + (size_t)h * d.N;
-    const float Ah = DL ? 0.0f : A[h];   /* DL 1 has no weights (A NULL) */
-    for (int i = (int)threadIdx.x; i < q; i += (int)blockDim.x) {
-        const size_t r = (ob + t0 + i) * d.H + h;
-        cm[i] = cum[(size_t)bh * d.T + t0 + i];
-        if (!DL) {
-            w[i] = ssd_w(1, dt, lam, Ah, r, t0 + i);
-            w[q + i] = ssd_w(0, dt, lam, Ah, r, t0 + i);
-        }
-    }
+    float *w = sm, *cm = w + 2 * d.Q, *sc = sm + SSD_AL4(3 * d.Q);   /* sc: a row's scale, K of them */
+    bf16 *Us = (bf16 *)(sc + tc_r16(2 * d.Q)), *Vs = Us + tc_outer_urows(d) * LP;
+    const float *uh = u + k.ob * k.xld + (size_t)k.h * d.P, *vh = vsrc + k.ob * k.bld + (size_t)k.h * d.N;
+    if (DL)   /* no weights (dt, lam, A NULL): the decays alone */
+        for (int i = (int)threadIdx.x; i < q; i += (int)blockDim.x) cm[i] = cum[(size_t)bh * d.T + t0 + i];
+    else tc_weights(w, cm, k, cum, dt, lam, A, d);
+    __syncthreads();
+    if (DL)   /* sc_i = e_i = exp(cum_i) (0 past q) */
+        for (int i = (int)threadIdx.x; i < K; i += (int)blockDim.x) sc[i] = i < q ? expf(cm[i]) : 0.0f;
+    else tc_vout(sc, w, cm, 0, K, q, 1);   /* sc_j = v_j: every staged chunk has a next one */
     __syncthreads();
     if (DL) {   /* Us rows i: bf16(e_i dy_i) (K rows, 0 past q); Vs rows i: C_i */
         for (int e = (int)threadIdx.x; e < K * Pp; e += (int)blockDim.x) {
             const int i = e / Pp, p = e - i * Pp;
-            const float v = i < q && p < d.P ? expf(cm[i]) * uh[(size_t)(t0 + i) * xld + p] : 0.0f;
+            const float v = i < q && p < d.P ? sc[i] * uh[(size_t)(t0 + i) * k.xld + p] : 0.0f;
             Us[i * LP + p] = __float2bfloat16_rn(v);
         }
-        tc_stage(Vs, LN, K, Np, vh, bld, d.N, t0, 0, t0 + q);
+        tc_stage(Vs, LN, K, Np, vh, k.bld, d.N, t0, 0, t0 + q);
     } else {    /* Us: the token rows of x (sources mapped); Vs rows j: bf16(v_j B_src(j)) */
-        tc_stage(Us, LP, q + 2, Pp, uh, xld, d.P, t0 - 1, 0, t0 + q);
-        const float cl = cm[q - 1];
+        tc_stage(Us, LP, q + 2, Pp, uh, k.xld, d.P, t0 - 1, 0, t0 + q);
         for (int e = (int)threadIdx.x; e < K * Np; e += (int)blockDim.x) {
-            const int j = e / Np, n = e - j * Np, sj = j < q ? j : j - q, tok = t0 + (j < q ? j : j - q - 1);
-            const float v = j < 2 * q && n < d.N && tok >= 0
-                          ? w[j] * expf(cl - cm[sj]) * vh[(size_t)tok * bld + n] : 0.0f;
+            const int j = e / Np, n = e - j * Np, tok = t0 + (j < q ? j : j - q - 1);
+            const float v = j < 2 * q && n < d.N && tok >= 0 ? sc[j] * vh[(size_t)tok * k.bld + n] : 0.0f;
             Vs[j * LN + n] = __float2bfloat16_rn(v);
         }
     }
@@ -612,7 +615,7 @@ ssd_tc_outer_k(float *out, const float *cum, const float *u, const float *vsrc, 
     if (p0 + m0 >= d.P) return;
     const struct tc_op Uop = DL ? tc_plain(Us, LP) : tc_sources(Us, LP, q), Vop = tc_plain(Vs, LN);
     float acc[8][4];
-    float *o = out + ((size_t)bh * d.nc + c) * d.P * d.N;
+    float *o = out + (size_t)k.ci * d.P * d.N;
     for (int nc0 = 0; nc0 < Np; nc0 += 64) {
         tc_zero(acc);
         tc_mma<1, 0>(acc, Uop, p0 + m0, Vop, nc0, tc_min(64, Np - nc0), K, lane);
