@@ -799,6 +799,21 @@ static void bf16_cases(void)
             test_bf16(&in, bc[c].chunk, bc[c].fd);
             free_inputs(&in);
         }
+        /* chunk 0 (the recurrence): the fp32 entry's result, bit for bit */
+        struct inputs in;
+        make_inputs(&in, 1, 20, 2, 4, 6);
+        struct dev d;
+        upload(&d, &in);
+        float *y = dev_zero(nx(&in)), *y2 = dev_zero(nx(&in));
+        g_ops->ssm_scan_forward_bf16(g_ops->be, y, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0);
+        g_ops->ssm_scan_forward(g_ops->be, y2, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0);
+        float *a = to_host(y, nx(&in)), *b = to_host(y2, nx(&in));
+        const int same = memcmp(a, b, nx(&in) * sizeof(float)) == 0;
+        check(same, "scan_forward_bf16 chunk 0 = fp32 entry", "T=20 chunk=0", same ? 0.0 : 1.0, 0);
+        free(a); free(b);
+        g_ops->buf_free(g_ops->be, &g_ctx, y); g_ops->buf_free(g_ops->be, &g_ctx, y2);
+        release(&d);
+        free_inputs(&in);
     } else if (strcmp(g_ops->name, "cpu") != 0) {
         printf("FAIL %s backend has no ssm_scan_*_bf16 entries\n", g_ops->name);
         n_fail++;

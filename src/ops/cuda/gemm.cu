@@ -98,11 +98,15 @@ static __global__ void to_bf16_k(__nv_bfloat16 *dst, int ldd, const T *src, int 
 /* the weights' shadows: dst[i] = bf16(src[i]); vector path: groups of 8
  * [0, 8*n8) as 2 float4 loads and one 16-byte store (n8 = 0 unless src and
  * dst are 16-byte aligned), then the scalar tail */
-static __global__ void cast_bf16_k(__nv_bfloat16 *dst, const float *src, size_t n8, size_t n)
+static __device__ __forceinline__ void cast_span(__nv_bfloat16 *dst, const float *src, size_t n8, size_t n)
 {
     const size_t i0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x, st = (size_t)gridDim.x * blockDim.x;
     for (size_t i = i0; i < n8; i += st) mt_st_bf16x8(dst + 8 * i, mt_ld_f4(src + 8 * i), mt_ld_f4(src + 8 * i + 4));
     for (size_t i = 8 * n8 + i0; i < n; i += st) dst[i] = mt_cuda_bf16_rn(src[i]);
+}
+static __global__ void cast_bf16_k(__nv_bfloat16 *dst, const float *src, size_t n8, size_t n)
+{
+    cast_span(dst, src, n8, n);
 }
 
 /* groups of 8 when both pointers are 16-byte aligned; the launch covers max(groups, tail) */
@@ -484,12 +488,7 @@ struct cast_list {
 static __global__ void cast_bf16_multi_k(struct cast_list L)
 {
     const int t = blockIdx.y;
-    __nv_bfloat16 *dst = L.dst[t];
-    const float *src = L.src[t];
-    const size_t n8 = L.n8[t], n = L.n[t];
-    const size_t i0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x, st = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = i0; i < n8; i += st) mt_st_bf16x8(dst + 8 * i, mt_ld_f4(src + 8 * i), mt_ld_f4(src + 8 * i + 4));
-    for (size_t i = 8 * n8 + i0; i < n; i += st) dst[i] = mt_cuda_bf16_rn(src[i]);
+    cast_span(L.dst[t], L.src[t], L.n8[t], L.n[t]);
 }
 
 extern "C" void mt_cuda_cast_bf16_multi(void *be, mt_bf16 *const *dst, const float *const *src, const size_t *n,

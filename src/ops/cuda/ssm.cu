@@ -1389,9 +1389,9 @@ extern "C" void mt_cuda_ssm_scan_backward(void *be, float *dx, float *dBm, float
  * (ssd_tc.cu); chunk <= 0 (the recurrence, the reference) and shapes
  * ssd_tc.cu does not take (chunk, P or N above SSD_TC_QMAX) run the fp32
  * entries, counted in ssm_scan_tc_fallbacks. */
-static int scan_tc_pick(int T, int P, int N, int chunk)
+static int scan_tc_pick(struct ssd_dims d, int chunk)
 {
-    const int tc = chunk > 0 && ssd_tc_supports(ssd_dims_make(1, T, 1, P, N, chunk));
+    const int tc = chunk > 0 && ssd_tc_supports(d);
     if (tc) mt_cuda_be->info.ssm_scan_tc_calls++;
     else mt_cuda_be->info.ssm_scan_tc_fallbacks++;
     return tc;
@@ -1403,11 +1403,12 @@ extern "C" void mt_cuda_ssm_scan_forward_bf16(void *be, float *y, const float *x
 {
     MT_CUDA_BIND(be);
     if (B * H == 0 || T == 0) return;
-    if (!scan_tc_pick(T, P, N, chunk)) {
+    const struct ssd_dims d = ssd_dims_make(B, T, H, P, N, chunk > 0 ? chunk : 1);   /* (chunk <= 0: not used) */
+    if (!scan_tc_pick(d, chunk)) {
         mt_cuda_ssm_scan_forward(be, y, x, Bm, Cm, dt, lam, A, Dsk, B, T, H, P, N, chunk);
         return;
     }
-    ssd_forward(y, x, Bm, Cm, dt, lam, A, Dsk, ssd_dims_make(B, T, H, P, N, chunk), 1);
+    ssd_forward(y, x, Bm, Cm, dt, lam, A, Dsk, d, 1);
 }
 
 extern "C" void mt_cuda_ssm_scan_backward_bf16(void *be, float *dx, float *dBm, float *dCm, float *ddt, float *dlam,
@@ -1418,13 +1419,13 @@ extern "C" void mt_cuda_ssm_scan_backward_bf16(void *be, float *dx, float *dBm, 
 {
     MT_CUDA_BIND(be);
     if (B * H == 0 || T == 0) return;
-    if (!scan_tc_pick(T, P, N, chunk)) {
+    const struct ssd_dims d = ssd_dims_make(B, T, H, P, N, chunk > 0 ? chunk : 1);   /* (chunk <= 0: not used) */
+    if (!scan_tc_pick(d, chunk)) {
         mt_cuda_ssm_scan_backward(be, dx, dBm, dCm, ddt, dlam, dA, dDsk, dy, x, Bm, Cm, dt, lam, A, Dsk, B, T, H, P,
                                   N, chunk);
         return;
     }
-    ssd_backward(dx, dBm, dCm, ddt, dlam, dA, dDsk, dy, x, Bm, Cm, dt, lam, A, Dsk,
-                 ssd_dims_make(B, T, H, P, N, chunk), 1);
+    ssd_backward(dx, dBm, dCm, ddt, dlam, dA, dDsk, dy, x, Bm, Cm, dt, lam, A, Dsk, d, 1);
 }
 
 /* ---------------- prep (split, softplus, sigmoid, B/C norm + bias + rotary) ----------------
