@@ -14,10 +14,10 @@
  * as the plain gemm entry does in MT_CUDA_PRECISION=bf16), gemm_bf16 on
  * bf16 operands as stored (the weights' shadows: the tensor-core rate), and
  * attention_forward / attention_backward (causal), in fp32 and with the
- * precision=bf16 entries (attention_*_bf16: tensor cores) under both of their
- * kernel sets, v1 (wmma) and v2 (FlashAttention-2-class; knob attn_kernel,
- * set per row; rows of a head dim v2 lacks say "kernel": "v1" twice and
- * v2_ran false): three rows per shape. Every timed run is one
+ * precision=bf16 entries (attention_*_bf16: tensor cores) under each of their
+ * kernel sets, v1 (wmma), v2 (FlashAttention-2-class) and v3 (v2 with 128
+ * query rows a block; knob attn_kernel, set per row; rows of a head dim v2
+ * lacks say "kernel": "v1" three times and v2_ran false): four rows per shape. Every timed run is one
  * call followed by ops->sync: the wall time of the queued work. The figure
  * is the median of --reps runs after --warmup untimed ones.
  *
@@ -72,6 +72,7 @@
 #endif
 
 #define CAL_MAX_SHAPES 32
+#define CAL_ATTN_ROWS  4   /* per attention shape: fp32, bf16 v1, v2, v3 */
 
 struct cal_gemm_shape { int m, n, k; const char *set; };
 struct cal_attn_shape { int b, t, h, hd; };
@@ -553,15 +554,18 @@ int main(int argc, char **argv)
          best[0], best[1], best[2]);
 
     /* ---- attention (causal, H = K: no GQA sharing): the fp32 kernels, then
-     * the precision=bf16 ones (tensor cores) with attn_kernel=v1, then v2
+     * the precision=bf16 ones (tensor cores) with attn_kernel=v1, v2, then v3
      * (the default), each shape ---- */
     emit(f, " \"attention\": [");
-    double best_fb = 0, best_fb16 = 0, best_fb16_v1 = 0, as_s[3 * CAL_MAX_SHAPES] = {0}, ss_s[2 * CAL_MAX_SHAPES] = {0};
-    for (int s = 0; s < 3 * n_as; s++) {
-        struct cal_attn_ctx a = {as[s / 3].b, as[s / 3].t, as[s / 3].h, as[s / 3].hd, 1, s % 3, NULL, NULL, NULL,
-                                 NULL, NULL, NULL, NULL, NULL, NULL};
+    static const char *const kern_name[CAL_ATTN_ROWS] = {"fp32", "v1", "v2", "v3"};
+    double best_fb = 0, best_fb16 = 0, best_fb16_v1 = 0, best_fb16_v2 = 0;
+    double as_s[CAL_ATTN_ROWS * CAL_MAX_SHAPES] = {0}, ss_s[2 * CAL_MAX_SHAPES] = {0};
+    for (int s = 0; s < CAL_ATTN_ROWS * n_as; s++) {
+        struct cal_attn_ctx a = {as[s / CAL_ATTN_ROWS].b, as[s / CAL_ATTN_ROWS].t, as[s / CAL_ATTN_ROWS].h,
+                                 as[s / CAL_ATTN_ROWS].hd, 1, s % CAL_ATTN_ROWS, NULL, NULL, NULL, NULL, NULL, NULL,
+                                 NULL, NULL, NULL};
         struct mt_ops_cuda_info i0, i1;
-        if (a.bf16 && mt_ops_cuda_set_attn_kernel_of(g_ops->be, a.bf16 == 2 ? "v2" : "v1") != MT_OK) {
+        if (a.bf16 && mt_ops_cuda_set_attn_kernel_of(g_ops->be, kern_name[a.bf16]) != MT_OK) {
             fprintf(stderr, "cuda_calib: attn_kernel could not be set\n");
             return 1;
         }
@@ -579,24 +583,26 @@ int main(int argc, char **argv)
         mt_ops_cuda_get_info_of(g_ops->be, &i1);
         const int v2_ran = i1.attention_v2_calls > i0.attention_v2_calls;
         double rfb = (ff + fb) / (tf.median + tb.median);
-        as_s[s] = tf.median + tb.median;   /* [3 a]: fp32, [3 a + 1]: bf16 v1, [3 a + 2]: bf16 v2 */
-        double *best_at = a.bf16 == 2 ? &best_fb16 : a.bf16 ? &best_fb16_v1 : &best_fb;
+        as_s[s] = tf.median + tb.median;   /* [4 a + i]: kern_name[i] */
+        double *best_at = a.bf16 == 3 ? &best_fb16 : a.bf16 == 2 ? &best_fb16_v2 : a.bf16 ? &best_fb16_v1 : &best_fb;
         if (rfb > *best_at) *best_at = rfb;
         emit(f, "%s\n  {\"precision\": \"%s\", \"kernel\": \"%s\", \"v2_ran\": %s, \"b\": %d, \"t\": %d, \"h\": %d, "
                 "\"hd\": %d, \"causal\": true, \"fwd_flops\": %.6g, "
                 "\"bwd_flops\": %.6g, \"fwd_median_s\": %.6e, \"bwd_median_s\": %.6e, \"fwd_flop_per_s\": %.6e, "
                 "\"bwd_flop_per_s\": %.6e, \"fwd_bwd_flop_per_s\": %.6e}",
-             s ? "," : "", a.bf16 ? "bf16" : "fp32", !a.bf16 ? "fp32" : v2_ran ? "v2" : "v1", v2_ran ? "true" : "false",
+             s ? "," : "", a.bf16 ? "bf16" : "fp32", !a.bf16 || v2_ran ? kern_name[a.bf16] : "v1",
+             v2_ran ? "true" : "false",
              a.b, a.t, a.h, a.hd, ff, fb, tf.median, tb.median, ff / tf.median, fb / tb.median, rfb);
         float *bufs[] = {a.q, a.k, a.v, a.dout, a.out, a.dq, a.dk, a.dv, a.lse};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) g_ops->buf_free(g_ops->be, &g_ctx, bufs[i]);
     }
     emit(f, "\n ],\n \"attention_best_fwd_bwd_flop_per_s\": %.6e, \"attention_precision\": \"fp32\",\n", best_fb);
-    mt_ops_cuda_set_attn_kernel_of(g_ops->be, "v2");  /* the default again */
-    /* bf16 best: the default kernels (attn_kernel=v2; v1 where v2 lacks the
-     * head dim), and v1's beside it (the A/B) */
-    emit(f, " \"attention_bf16_best_fwd_bwd_flop_per_s\": %.6e, \"attention_bf16_v1_best_fwd_bwd_flop_per_s\": %.6e,\n",
-         best_fb16, best_fb16_v1);
+    mt_ops_cuda_set_attn_kernel_of(g_ops->be, "v3");  /* the default again */
+    /* bf16 best: the default kernels (attn_kernel=v3; v1 where v2/v3 lack the
+     * head dim), and v1's and v2's beside it (the A/Bs) */
+    emit(f, " \"attention_bf16_best_fwd_bwd_flop_per_s\": %.6e, \"attention_bf16_v1_best_fwd_bwd_flop_per_s\": %.6e, "
+            "\"attention_bf16_v2_best_fwd_bwd_flop_per_s\": %.6e,\n",
+         best_fb16, best_fb16_v1, best_fb16_v2);
 
     /* ---- Mamba-3 scan, chunked: fp32, then precision=bf16's entries (the
      * intra-chunk products on tensor cores) where the table has them ---- */
@@ -649,10 +655,10 @@ int main(int argc, char **argv)
             emit(f, "%s\n  {\"b\": %d, \"t\": %d, \"scan\": \"%dx%dx%dx%dx%dx%d\", \"attention\": \"%dx%dx%dx%d\", "
                     "\"scan_fwd_bwd_s\": %.6e, \"scan_bf16_fwd_bwd_s\": %.6e, \"attention_fp32_fwd_bwd_s\": %.6e, "
                     "\"attention_bf16_fwd_bwd_s\": %.6e, \"attention_bf16_v1_fwd_bwd_s\": %.6e, "
-                    "\"scan_over_attention_bf16\": %.6g}",
+                    "\"attention_bf16_v2_fwd_bwd_s\": %.6e, \"scan_over_attention_bf16\": %.6g}",
                  nlc++ ? "," : "", ss[s].b, ss[s].t, ss[s].b, ss[s].t, ss[s].h, ss[s].p, ss[s].n, ss[s].q, as[a].b,
-                 as[a].t, as[a].h, as[a].hd, ss_s[2 * s], ss_s[2 * s + 1], as_s[3 * a], as_s[3 * a + 2],
-                 as_s[3 * a + 1], as_s[3 * a + 2] > 0 ? ss_s[2 * s + 1] / as_s[3 * a + 2] : 0.0);
+                 as[a].t, as[a].h, as[a].hd, ss_s[2 * s], ss_s[2 * s + 1], as_s[4 * a], as_s[4 * a + 3],
+                 as_s[4 * a + 1], as_s[4 * a + 2], as_s[4 * a + 3] > 0 ? ss_s[2 * s + 1] / as_s[4 * a + 3] : 0.0);
         }
     emit(f, "\n ],\n");
 

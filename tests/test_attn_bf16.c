@@ -18,13 +18,15 @@
  *   4. determinism: a second call gives the same bits (forward and backward);
  *   5. with -b cuda: the outputs equal the cpu reference of the mode within
  *      the same bound (both are rounded at the same points);
- *   6. with -b cuda, every shape runs under both kernel sets (knob
- *      attn_kernel, set per instance): v1 (attention_tc.cu, wmma) and v2
+ *   6. with -b cuda, every shape runs under each kernel set (knob
+ *      attn_kernel, set per instance): v1 (attention_tc.cu, wmma), v2
  *      (attention_v2.cu, mma.sync, one-pass online softmax: P rounded to
  *      bf16 before normalisation, O rescaled; the same bound holds, derived
- *      in docs/cuda.md); the receipt counters say which ran: under v2,
- *      hd 64 and 128 count attention_v2_calls, other head dims count
- *      attention_v2_fallbacks (run by v1); under v1 neither moves.
+ *      in docs/cuda.md) and v3 (v2 with 128 query rows a block in the
+ *      forward and dQ kernels: v2's bits, checked bit for bit); the receipt
+ *      counters say which ran: under v2 and v3, hd 64 and 128 count
+ *      attention_v2_calls, other head dims count attention_v2_fallbacks (run
+ *      by v1); under v1 neither moves.
  * Usage: test_attn_bf16 [-b cpu|cuda]; exits 1 if any check fails, 77 if the
  * backend is not available.
  */
@@ -43,7 +45,7 @@
 static int g_pass = 0;
 static const struct mt_ops_i *g_ops, *g_cpu;
 static struct mt_ctx g_ctx;
-static const char *g_kernel = "";  /* -b cuda: the attn_kernel under test, "v1" or "v2" */
+static const char *g_kernel = "";  /* -b cuda: the attn_kernel under test, "v1", "v2" or "v3" */
 
 static uint64_t g_rng = 0x243f6a8885a308d3ull;
 static double nrand(void)
@@ -329,14 +331,23 @@ static void test_shape(const struct shape *s)
         const long dv2 = i1.attention_v2_calls - i0.attention_v2_calls;
         const long dfb = i1.attention_v2_fallbacks - i0.attention_v2_fallbacks;
         const int v2_hd = s->hd == 64 || s->hd == 128;
-        const int want_v2 = !strcmp(g_kernel, "v2") && v2_hd;
+        const int v2_set = strcmp(g_kernel, "v1") != 0;  /* v2 and v3: attention_v2.cu */
+        const int want_v2 = v2_set && v2_hd;
         const int ok = !strcmp(i1.attn_kernel, g_kernel) && dv2 == (want_v2 ? 4 : 0) &&
-                       dfb == (!strcmp(g_kernel, "v2") && !v2_hd ? 4 : 0) &&
-                       (dfb == 0 || i1.attention_v2_fallback_hd == s->hd);
-        snprintf(what, sizeof what, "%s: ran %s", name, want_v2 ? "v2" : !strcmp(g_kernel, "v2") ? "v1 (v2 fallback, counted)" : "v1");
+                       dfb == (v2_set && !v2_hd ? 4 : 0) && (dfb == 0 || i1.attention_v2_fallback_hd == s->hd);
+        snprintf(what, sizeof what, "%s: ran %s", name, want_v2 ? g_kernel : v2_set ? "v1 (v2 fallback, counted)" : "v1");
         snprintf(why, sizeof why, "attn_kernel %s, +%ld v2 calls, +%ld v2 fallbacks (hd %d)", i1.attn_kernel, dv2,
                  dfb, i1.attention_v2_fallback_hd);
         check(ok, what, why);
+        if (!strcmp(g_kernel, "v3")) {  /* 128 query rows a block: each row's tiles, order and operations as v2 */
+            struct outs c2;
+            mt_ops_cuda_set_attn_kernel_of(g_ops->be, "v2");
+            run(g_ops, s, q, k, v, g, out_in, lse_in, &c2);
+            mt_ops_cuda_set_attn_kernel_of(g_ops->be, "v3");
+            snprintf(what, sizeof what, "%s: v3 == v2 bit for bit (out, lse, dq, dk, dv)", name);
+            check(same_bits(&a, &c2, s), what, "");
+            outs_free(&c2);
+        }
     }
 #endif
 
@@ -394,9 +405,9 @@ int main(int argc, char **argv)
         for (size_t i = 0; i < n_shapes; i++) test_shape(&shapes[i]);
     } else {
 #ifdef MT_WITH_CUDA
-        /* both kernel sets of the instance (knob attn_kernel), v2 (the default) last */
-        const char *kernels[] = {"v1", "v2"};
-        for (int kk = 0; kk < 2; kk++) {
+        /* each kernel set of the instance (knob attn_kernel), v3 (the default) last */
+        const char *kernels[] = {"v1", "v2", "v3"};
+        for (int kk = 0; kk < 3; kk++) {
             g_kernel = kernels[kk];
             if (mt_ops_cuda_set_attn_kernel_of(g_ops->be, g_kernel) != MT_OK) {
                 printf("FAIL mt_ops_cuda_set_attn_kernel_of(%s)\n", g_kernel);
@@ -404,7 +415,7 @@ int main(int argc, char **argv)
             }
             for (size_t i = 0; i < n_shapes; i++) test_shape(&shapes[i]);
         }
-        check(mt_ops_cuda_set_attn_kernel_of(g_ops->be, "v3") == MT_ERR_INVALID_ARG, "attn_kernel=v3 refused", "");
+        check(mt_ops_cuda_set_attn_kernel_of(g_ops->be, "v4") == MT_ERR_INVALID_ARG, "attn_kernel=v4 refused", "");
 #endif
     }
     printf("test_attn_bf16: %d passed, %d failed\n", g_pass, n_fail);

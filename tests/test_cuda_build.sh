@@ -243,11 +243,11 @@ if [ $rc -eq 1 ] && [ "$out" = "FAIL: MT_CUDA_ATTN_DS_MB=lots: expected a whole 
 else
     echo "$out" | tail -3; echo "FAIL: MT_CUDA_ATTN_DS_MB=lots: exit $rc"; fail=1
 fi
-out=$(MT_CUDA_ATTN_KERNEL=v3 "$EMU/cuda_ops_vs_cpu" -o gemm 2>&1); rc=$?
-if [ $rc -eq 1 ] && [ "$out" = "FAIL: MT_CUDA_ATTN_KERNEL=v3: expected v1 or v2" ]; then
-    echo "PASS MT_CUDA_ATTN_KERNEL=v3 refused: $out"
+out=$(MT_CUDA_ATTN_KERNEL=v4 "$EMU/cuda_ops_vs_cpu" -o gemm 2>&1); rc=$?
+if [ $rc -eq 1 ] && [ "$out" = "FAIL: MT_CUDA_ATTN_KERNEL=v4: expected v1, v2 or v3" ]; then
+    echo "PASS MT_CUDA_ATTN_KERNEL=v4 refused: $out"
 else
-    echo "$out" | tail -3; echo "FAIL: MT_CUDA_ATTN_KERNEL=v3: exit $rc"; fail=1
+    echo "$out" | tail -3; echo "FAIL: MT_CUDA_ATTN_KERNEL=v4: exit $rc"; fail=1
 fi
 fi  # want a
 
@@ -889,9 +889,10 @@ assert len(c["attention"]) >= 1 and c["attention_best_fwd_bwd_flop_per_s"] > 0
 # each shape in fp32 and in precision=bf16 (the tensor-core kernels)
 assert {a["precision"] for a in c["attention"]} == {"fp32", "bf16"}, c["attention"]
 assert c["attention_bf16_best_fwd_bwd_flop_per_s"] > 0 and c["attention_bf16_v1_best_fwd_bwd_flop_per_s"] > 0
-# bf16 rows under attn_kernel v1 and v2 (three rows a shape): v2 runs hd 64 (the quick 1x70x1x64), not hd 16/32
-assert len(c["attention"]) % 3 == 0 and {a["kernel"] for a in c["attention"]} == {"fp32", "v1", "v2"}, c["attention"]
-assert all(a["v2_ran"] == (a["kernel"] == "v2") and (a["kernel"] != "v2" or a["hd"] in (64, 128))
+assert c["attention_bf16_v2_best_fwd_bwd_flop_per_s"] > 0
+# bf16 rows under attn_kernel v1, v2, v3 (four rows a shape): v2/v3 run hd 64 (the quick 1x70x1x64), not hd 16/32
+assert len(c["attention"]) % 4 == 0 and {a["kernel"] for a in c["attention"]} == {"fp32", "v1", "v2", "v3"}, c["attention"]
+assert all(a["v2_ran"] == (a["kernel"] in ("v2", "v3")) and (a["kernel"] in ("fp32", "v1") or a["hd"] in (64, 128))
            for a in c["attention"]), c["attention"]
 # the Mamba-3 scan rows: FLOPs as the recurrence (fwd 8 BTHPN, bwd 16 BTHPN), fp32
 # then bf16 (ssm_scan_*_bf16, the tensor-core products) per shape
@@ -904,7 +905,8 @@ for s in c["scan"]:
 assert c["scan_best_fwd_bwd_flop_per_s"] == max(s["fwd_bwd_flop_per_s"] for s in c["scan"] if s["precision"] == "fp32") > 0
 assert c["scan_bf16_best_fwd_bwd_flop_per_s"] == max(s["fwd_bwd_flop_per_s"] for s in c["scan"] if s["precision"] == "bf16") > 0
 assert len(c["layer_core"]) >= 1 and all(x["scan_fwd_bwd_s"] > 0 and x["scan_bf16_fwd_bwd_s"] > 0 and
-                                         x["attention_bf16_fwd_bwd_s"] > 0 and math.isclose(
+                                         x["attention_bf16_fwd_bwd_s"] > 0 and x["attention_bf16_v2_fwd_bwd_s"] > 0 and
+                                         math.isclose(
                                              x["scan_over_attention_bf16"],
                                              x["scan_bf16_fwd_bwd_s"] / x["attention_bf16_fwd_bwd_s"], rel_tol=1e-4)
                                          for x in c["layer_core"]), c["layer_core"]

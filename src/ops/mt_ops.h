@@ -71,7 +71,7 @@ struct mt_ops_device_info {
     long   attention_fp32_fallbacks;  /* calls run by the fp32 kernels (hd > 128)  */
     long   attention_dq_recompute;    /* backward calls whose dS tiles were over
                                          MT_CUDA_ATTN_DS_MB: dQ recomputed P, dP   */
-    char   attn_kernel[4];            /* "v1" or "v2": the bf16 attention kernels
+    char   attn_kernel[4];            /* "v1", "v2" or "v3": the bf16 attention kernels
                                          chosen (knob attn_kernel, MT_CUDA_ATTN_KERNEL) */
     long   attention_v2_calls;        /* calls run by attention_v2.cu             */
     long   attention_v2_fallbacks;    /* v2 chosen, head dim not 64/128: ran v1    */

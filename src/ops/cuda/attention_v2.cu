@@ -127,52 +127,85 @@ static __device__ __forceinline__ const bf16 *v2_bk_addr(const bf16 *s, int k0, 
     return s + (k0 + (i & 1) * 8 + (lane & 7)) * LD + n0 + (i >> 1) * 8;
 }
 
-/* acc[8][4] (16 x 64) = A B^T: A the 16 rows at a_row0 of shared tile A, B
- * the 64 rows of shared tile Bt, both (.., LD) over HD columns */
-template <int HD>
-static __device__ __forceinline__ void v2_abt(float acc[8][4], const bf16 *A, int a_row0, const bf16 *Bt, int lane)
+/* acc[MW][8][4] (16 MW x 64) = A B^T: A the 16 MW rows at a_row0 of shared
+ * tile A, B the 64 rows of shared tile Bt, both (.., LD) over HD columns. A B
+ * fragment pair is loaded once and used by all MW row tiles (v3, MW = 2: half
+ * the shared-memory reads of B per product). */
+template <int HD, int MW>
+static __device__ __forceinline__ void v2_abt_m(float acc[MW][8][4], const bf16 *A, int a_row0, const bf16 *Bt,
+                                                int lane)
 {
     constexpr int LD = HD + 8;
 #pragma unroll
-    for (int j = 0; j < 8; j++)
+    for (int mi = 0; mi < MW; mi++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mi][j][e] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < HD; kk += 16) {
-        uint32_t a[4];
-        mt_ldsm_x4(a, v2_a_addr<LD>(A, a_row0, kk, lane));
+        uint32_t a[MW][4];
+#pragma unroll
+        for (int mi = 0; mi < MW; mi++) mt_ldsm_x4(a[mi], v2_a_addr<LD>(A, a_row0 + 16 * mi, kk, lane));
 #pragma unroll
         for (int np = 0; np < 4; np++) {
             uint32_t r[4];
             mt_ldsm_x4(r, v2_bn_addr<LD>(Bt, 16 * np, kk, lane));
             const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-            mt_mma_16816(acc[2 * np], a, b0);
-            mt_mma_16816(acc[2 * np + 1], a, b1);
+#pragma unroll
+            for (int mi = 0; mi < MW; mi++) {
+                mt_mma_16816(acc[mi][2 * np], a[mi], b0);
+                mt_mma_16816(acc[mi][2 * np + 1], a[mi], b1);
+            }
         }
     }
 }
 
-/* out[HD/8][4] (16 x HD) += P B: P (16 x 64) given as accumulator tiles
- * p[8][4] (rounded to bf16 here: the A operands), B the 64 rows of a shared
- * tile (64, LD) */
+/* the one-row-tile form (the backward kernels' warps own 16 rows) */
 template <int HD>
-static __device__ __forceinline__ void v2_pv(float out[HD / 8][4], const float p[8][4], const bf16 *Bs, int lane)
+static __device__ __forceinline__ void v2_abt(float acc[8][4], const bf16 *A, int a_row0, const bf16 *Bt, int lane)
+{
+    v2_abt_m<HD, 1>((float(*)[8][4])acc, A, a_row0, Bt, lane);
+}
+
+/* out[MW][HD/8][4] (16 MW x HD) += P B: P (16 MW x 64) given as accumulator
+ * tiles p[MW][8][4] (rounded to bf16 here: the A operands), B the 64 rows of
+ * a shared tile (64, LD); each B fragment pair serves all MW row tiles */
+template <int HD, int MW>
+static __device__ __forceinline__ void v2_pv_m(float out[MW][HD / 8][4], const float p[MW][8][4], const bf16 *Bs,
+                                               int lane)
 {
     constexpr int LD = HD + 8;
+    uint32_t a[4][MW][4];   /* P as bf16 A operands first: the fp32 P is dead before the products */
+#pragma unroll
+    for (int s = 0; s < 4; s++)
+#pragma unroll
+        for (int mi = 0; mi < MW; mi++) {
+            a[s][mi][0] = mt_pack_bf16(p[mi][2 * s][0], p[mi][2 * s][1]);
+            a[s][mi][1] = mt_pack_bf16(p[mi][2 * s][2], p[mi][2 * s][3]);
+            a[s][mi][2] = mt_pack_bf16(p[mi][2 * s + 1][0], p[mi][2 * s + 1][1]);
+            a[s][mi][3] = mt_pack_bf16(p[mi][2 * s + 1][2], p[mi][2 * s + 1][3]);
+        }
 #pragma unroll
     for (int s = 0; s < 4; s++) {
-        const uint32_t a[4] = {mt_pack_bf16(p[2 * s][0], p[2 * s][1]), mt_pack_bf16(p[2 * s][2], p[2 * s][3]),
-                               mt_pack_bf16(p[2 * s + 1][0], p[2 * s + 1][1]),
-                               mt_pack_bf16(p[2 * s + 1][2], p[2 * s + 1][3])};
 #pragma unroll
         for (int np = 0; np < HD / 16; np++) {
             uint32_t r[4];
             mt_ldsm_x4_t(r, v2_bk_addr<LD>(Bs, 16 * s, 16 * np, lane));
             const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-            mt_mma_16816(out[2 * np], a, b0);
-            mt_mma_16816(out[2 * np + 1], a, b1);
+#pragma unroll
+            for (int mi = 0; mi < MW; mi++) {
+                mt_mma_16816(out[mi][2 * np], a[s][mi], b0);
+                mt_mma_16816(out[mi][2 * np + 1], a[s][mi], b1);
+            }
         }
     }
+}
+
+template <int HD>
+static __device__ __forceinline__ void v2_pv(float out[HD / 8][4], const float p[8][4], const bf16 *Bs, int lane)
+{
+    v2_pv_m<HD, 1>((float(*)[HD / 8][4])out, (const float(*)[8][4])p, Bs, lane);
 }
 
 /* a warp's accumulator rows (16 x HD at row r0 of a (B,T,nh,HD) fp32 tensor
@@ -223,51 +256,30 @@ static __device__ __forceinline__ void v2_load_ds(bf16 *dst, const bf16 *src)
     }
 }
 
-/* ---- forward ---- */
-template <int HD>
-static __global__ void __launch_bounds__(V2_THREADS)
-attn_v2_fwd_k(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int T, int H, int K,
-              float c)
+/* one key tile of a forward warp (its rows w0.. as MW row tiles): S = Q K^T,
+ * the mask on its diagonal tile wlast, the online softmax, O += P V; nothing
+ * past wlast (-1: rows past T) */
+template <int HD, int MW>
+static __device__ MT_WARP_STEP void v2_fwd_step(float (&o)[MW][HD / 8][4], float (&m)[MW][2], float (&l)[MW][2],
+                                                const bf16 *Qs, const bf16 *Kb, const bf16 *Vb, int kt, int wlast,
+                                                int w0, int warp, int lane, float c)
 {
-    constexpr int LD = HD + 8, TILE = V2_B * LD;
-    MT_DYN_SMEM(unsigned char, sm);
-    bf16 *Qs = (bf16 *)sm;
-    bf16 *Ks = Qs + TILE;      /* 2 buffers */
-    bf16 *Vs = Ks + 2 * TILE;  /* 2 buffers */
-    const int n_qt = (T + V2_B - 1) / V2_B;
-    const int qt = n_qt - 1 - (int)blockIdx.x;  /* the longest rows first */
-    const int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / K);
-    const int warp = threadIdx.x / MT_WARP, lane = threadIdx.x % MT_WARP, g = lane >> 2, t = lane & 3;
-    const int i0 = qt * V2_B, row0 = i0 + 16 * warp + g;  /* this lane's rows: row0, row0 + 8 */
-
-    v2_load_tile<HD>(Qs, q, b, i0, T, H, h);
-    v2_load_tile<HD>(Ks, k, b, 0, T, K, kvh);
-    v2_load_tile<HD>(Vs, v, b, 0, T, K, kvh);
-    mt_cp_async_commit();
-
-    float o[HD / 8][4];
-    v2_zero<HD / 8>(o);
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-    for (int kt = 0; kt <= qt; kt++) {
-        const bf16 *Kb = Ks + (kt & 1) * TILE, *Vb = Vs + (kt & 1) * TILE;
-        if (kt < qt) {  /* the next key tile loads while this one is used */
-            v2_load_tile<HD>(Ks + ((kt + 1) & 1) * TILE, k, b, (kt + 1) * V2_B, T, K, kvh);
-            v2_load_tile<HD>(Vs + ((kt + 1) & 1) * TILE, v, b, (kt + 1) * V2_B, T, K, kvh);
-        }
-        mt_cp_async_commit();
-        mt_cp_async_wait<1>();
-        __syncthreads();
-        float s[8][4];
-        v2_abt<HD>(s, Qs, 16 * warp, Kb, lane);
-        const int j0 = kt * V2_B;
+    if (kt > wlast) return;
+    const int g = lane >> 2, t = lane & 3;
+    float s[MW][8][4];
+    v2_abt_m<HD, MW>(s, Qs, 16 * MW * warp, Kb, lane);
+    const int j0 = kt * V2_B;
+#pragma unroll
+    for (int mi = 0; mi < MW; mi++) {
+        const int row0 = w0 + 16 * mi + g;  /* this lane's rows: row0, row0 + 8 */
         float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int j = 0; j < 8; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                float x = s[j][e] * c;
-                if (kt == qt && j0 + 8 * j + 2 * t + (e & 1) > row0 + 8 * (e >> 1)) x = -INFINITY;
-                s[j][e] = x;
+                float x = s[mi][j][e] * c;
+                if (kt == wlast && j0 + 8 * j + 2 * t + (e & 1) > row0 + 8 * (e >> 1)) x = -INFINITY;
+                s[mi][j][e] = x;
                 mx[e >> 1] = fmaxf(mx[e >> 1], x);
             }
         float alpha[2];
@@ -275,41 +287,95 @@ attn_v2_fwd_k(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k,
         for (int r = 0; r < 2; r++) {
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(MT_FULL_MASK, mx[r], 1));
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(MT_FULL_MASK, mx[r], 2));
-            const float mnew = fmaxf(m[r], mx[r]);  /* finite: every row sees a key per tile */
-            alpha[r] = exp2f(m[r] - mnew);          /* 0 on the first tile (m = -inf) */
-            m[r] = mnew;
-            l[r] *= alpha[r];
+            const float mnew = fmaxf(m[mi][r], mx[r]);  /* finite: every row sees a key per tile */
+            alpha[r] = exp2f(m[mi][r] - mnew);          /* 0 on the first tile (m = -inf) */
+            m[mi][r] = mnew;
+            l[mi][r] *= alpha[r];
         }
 #pragma unroll
         for (int j = 0; j < 8; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const float p = exp2f(s[j][e] - m[e >> 1]);
-                s[j][e] = p;
-                l[e >> 1] += p;
+                const float p = exp2f(s[mi][j][e] - m[mi][e >> 1]);
+                s[mi][j][e] = p;
+                l[mi][e >> 1] += p;
             }
 #pragma unroll
         for (int j = 0; j < HD / 8; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) o[j][e] *= alpha[e >> 1];
-        v2_pv<HD>(o, s, Vb, lane);
+            for (int e = 0; e < 4; e++) o[mi][j][e] *= alpha[e >> 1];
+    }
+    v2_pv_m<HD, MW>(o, s, Vb, lane);
+}
+
+/* ---- forward ----
+ * A block of 4 warps owns 64 MW query rows (v2: MW 1, v3: MW 2), a warp the
+ * 16 MW rows w0.. as MW row tiles of 16. Key tiles of 64 run from 0 to the
+ * block's last; a warp computes on tile kt only up to its own diagonal tile
+ * w0 / 64 (past it every key is later than its rows: skipped, not masked), and
+ * masks on that tile alone, so each row sees exactly the tiles, order and
+ * operations of MW 1: v3's bits are v2's. */
+template <int HD, int MW>
+static __global__ void __launch_bounds__(V2_THREADS)
+attn_v2_fwd_k(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int T, int H, int K,
+              float c)
+{
+    constexpr int LD = HD + 8, TILE = V2_B * LD, QROWS = V2_B * MW;
+    MT_DYN_SMEM(unsigned char, sm);
+    bf16 *Qs = (bf16 *)sm;         /* QROWS rows */
+    bf16 *Ks = Qs + MW * TILE;     /* 2 buffers */
+    bf16 *Vs = Ks + 2 * TILE;      /* 2 buffers */
+    const int n_qt = (T + QROWS - 1) / QROWS;
+    const int qt = n_qt - 1 - (int)blockIdx.x;  /* the longest rows first */
+    const int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / K);
+    const int warp = threadIdx.x / MT_WARP, lane = threadIdx.x % MT_WARP, g = lane >> 2, t = lane & 3;
+    const int i0 = qt * QROWS, w0 = i0 + 16 * MW * warp;  /* this warp's rows w0 .. w0 + 16 MW - 1 */
+    const int wlast = w0 < T ? w0 / V2_B : -1;            /* its diagonal key tile (none: rows past T) */
+    const int n_kt = ((i0 + QROWS < T ? i0 + QROWS : T) - 1) / V2_B + 1;
+
+#pragma unroll
+    for (int mi = 0; mi < MW; mi++) v2_load_tile<HD>(Qs + mi * TILE, q, b, i0 + V2_B * mi, T, H, h);
+    v2_load_tile<HD>(Ks, k, b, 0, T, K, kvh);
+    v2_load_tile<HD>(Vs, v, b, 0, T, K, kvh);
+    mt_cp_async_commit();
+
+    float o[MW][HD / 8][4];
+#pragma unroll
+    for (int mi = 0; mi < MW; mi++) v2_zero<HD / 8>(o[mi]);
+    float m[MW][2], l[MW][2];
+#pragma unroll
+    for (int mi = 0; mi < MW; mi++) m[mi][0] = m[mi][1] = -INFINITY, l[mi][0] = l[mi][1] = 0.0f;
+    for (int kt = 0; kt < n_kt; kt++) {
+        const bf16 *Kb = Ks + (kt & 1) * TILE, *Vb = Vs + (kt & 1) * TILE;
+        if (kt + 1 < n_kt) {  /* the next key tile loads while this one is used */
+            v2_load_tile<HD>(Ks + ((kt + 1) & 1) * TILE, k, b, (kt + 1) * V2_B, T, K, kvh);
+            v2_load_tile<HD>(Vs + ((kt + 1) & 1) * TILE, v, b, (kt + 1) * V2_B, T, K, kvh);
+        }
+        mt_cp_async_commit();
+        mt_cp_async_wait<1>();
+        __syncthreads();
+        v2_fwd_step<HD, MW>(o, m, l, Qs, Kb, Vb, kt, wlast, w0, warp, lane, c);
         __syncthreads();  /* every warp is done with this buffer before it is refilled */
     }
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        l[r] += __shfl_xor_sync(MT_FULL_MASK, l[r], 1);
-        l[r] += __shfl_xor_sync(MT_FULL_MASK, l[r], 2);
-    }
+    for (int mi = 0; mi < MW; mi++) {
+        const int row0 = w0 + 16 * mi + g;
 #pragma unroll
-    for (int j = 0; j < HD / 8; j++)
+        for (int r = 0; r < 2; r++) {
+            l[mi][r] += __shfl_xor_sync(MT_FULL_MASK, l[mi][r], 1);
+            l[mi][r] += __shfl_xor_sync(MT_FULL_MASK, l[mi][r], 2);
+        }
 #pragma unroll
-        for (int e = 0; e < 4; e++) o[j][e] = o[j][e] / l[e >> 1];
-    if (t == 0) {
-        const size_t lrow = ((size_t)b * (size_t)H + (size_t)h) * (size_t)T;
-        if (row0 < T) lse[lrow + (size_t)row0] = (m[0] + log2f(l[0])) * V2_LN2;
-        if (row0 + 8 < T) lse[lrow + (size_t)row0 + 8] = (m[1] + log2f(l[1])) * V2_LN2;
+        for (int j = 0; j < HD / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) o[mi][j][e] = o[mi][j][e] / l[mi][e >> 1];
+        if (t == 0) {
+            const size_t lrow = ((size_t)b * (size_t)H + (size_t)h) * (size_t)T;
+            if (row0 < T) lse[lrow + (size_t)row0] = (m[mi][0] + log2f(l[mi][0])) * V2_LN2;
+            if (row0 + 8 < T) lse[lrow + (size_t)row0 + 8] = (m[mi][1] + log2f(l[mi][1])) * V2_LN2;
+        }
+        v2_write_rows<HD>(out, out_b, o[mi], b, w0 + 16 * mi, T, H, h, lane);
     }
-    v2_write_rows<HD>(out, out_b, o, b, i0 + 16 * warp, T, H, h, lane);
 }
 
 /* ---- backward: dK, dV ---- */
@@ -405,48 +471,78 @@ attn_v2_dkdv_k(float *dk, float *dv, bf16 *ds, const bf16 *q, const bf16 *k, con
  * with dS_w (16 queries x 64 keys) read from the [key][query] tile by
  * ldmatrix .trans as A operands, K as in P V. Keys past T: their K rows are
  * zero-filled, so their dS entries (not masked there) add nothing. */
-template <int HD>
+/* one key tile of a dQ warp: dQ_w += dS_w K with dS_w (its 16 MW queries from
+ * column wc of its [key][query] tile Sb) by ldmatrix .trans; nothing past wlast */
+template <int HD, int MW>
+static __device__ MT_WARP_STEP void v2_dq_ds_step(float (&dqa)[MW][HD / 8][4], const bf16 *Sb, const bf16 *Kb, int kt,
+                                                  int wlast, int wc, int lane)
+{
+    constexpr int LD = HD + 8, LS = V2_B + 8;
+    if (kt > wlast) return;
+    const int mi8 = lane >> 3, r8 = lane & 7;
+#pragma unroll
+    for (int s = 0; s < 4; s++) {   /* keys 16s.. */
+        uint32_t a[MW][4];   /* A (queries wc + 16 mi.., keys 16s..) from [key][query]: .trans */
+#pragma unroll
+        for (int mi = 0; mi < MW; mi++)
+            mt_ldsm_x4_t(a[mi], Sb + (16 * s + (mi8 >> 1) * 8 + r8) * LS + wc + 16 * mi + (mi8 & 1) * 8);
+#pragma unroll
+        for (int np = 0; np < HD / 16; np++) {
+            uint32_t r[4];
+            mt_ldsm_x4_t(r, v2_bk_addr<LD>(Kb, 16 * s, 16 * np, lane));
+            const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+#pragma unroll
+            for (int mi = 0; mi < MW; mi++) {
+                mt_mma_16816(dqa[mi][2 * np], a[mi], b0);
+                mt_mma_16816(dqa[mi][2 * np + 1], a[mi], b1);
+            }
+        }
+    }
+}
+
+template <int HD, int MW>
 static __global__ void __launch_bounds__(V2_THREADS)
 attn_v2_dq_ds_k(float *dq, const bf16 *ds, const bf16 *k, int T, int H, int K)
 {
-    constexpr int LD = HD + 8, TILE = V2_B * LD, LS = V2_B + 8, STILE = V2_B * LS;
+    constexpr int LD = HD + 8, TILE = V2_B * LD, LS = V2_B + 8, STILE = V2_B * LS, QROWS = V2_B * MW;
     MT_DYN_SMEM(unsigned char, sm);
     bf16 *Ks = (bf16 *)sm;          /* 2 buffers */
-    bf16 *Ss = Ks + 2 * TILE;       /* 2 buffers of dS^T */
-    const int n_qt = (T + V2_B - 1) / V2_B;
-    const int qt = n_qt - 1 - (int)blockIdx.x;  /* the longest rows first */
+    bf16 *Ss = Ks + 2 * TILE;       /* 2 buffers of MW dS^T tiles (one per 64-query half) */
+    const int n_qt = (T + V2_B - 1) / V2_B, n_qb = (T + QROWS - 1) / QROWS;
+    const int qb = n_qb - 1 - (int)blockIdx.x;  /* the longest rows first */
     const int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / K);
-    const int warp = threadIdx.x / MT_WARP, lane = threadIdx.x % MT_WARP, mi = lane >> 3, r8 = lane & 7;
+    const int warp = threadIdx.x / MT_WARP, lane = threadIdx.x % MT_WARP;
+    /* this warp's 16 MW rows: in the 64-query tile wq (its dS tiles), from column wc of them */
+    const int wq = qb * MW + (16 * MW * warp) / V2_B, wc = (16 * MW * warp) % V2_B, hf = wq - qb * MW;
+    const int wlast = wq < n_qt ? wq : -1;  /* the warp's last key tile (its diagonal; none past T) */
+    const int last_q = (qb * MW + MW - 1 < n_qt - 1 ? qb * MW + MW - 1 : n_qt - 1);  /* the block's last tile */
     v2_load_tile<HD>(Ks, k, b, 0, T, K, kvh);
-    v2_load_ds(Ss, ds + v2_ds_tile(b, h, qt, 0, H, n_qt));
+#pragma unroll
+    for (int f = 0; f < MW; f++)
+        if (qb * MW + f <= last_q) v2_load_ds(Ss + f * STILE, ds + v2_ds_tile(b, h, qb * MW + f, 0, H, n_qt));
     mt_cp_async_commit();
-    float dqa[HD / 8][4];
-    v2_zero<HD / 8>(dqa);
-    for (int kt = 0; kt <= qt; kt++) {
-        const bf16 *Kb = Ks + (kt & 1) * TILE, *Sb = Ss + (kt & 1) * STILE;
-        if (kt < qt) {
+    float dqa[MW][HD / 8][4];
+#pragma unroll
+    for (int mi = 0; mi < MW; mi++) v2_zero<HD / 8>(dqa[mi]);
+    for (int kt = 0; kt <= last_q; kt++) {
+        const bf16 *Kb = Ks + (kt & 1) * TILE, *Sb = Ss + (kt & 1) * MW * STILE + hf * STILE;
+        if (kt < last_q) {
             v2_load_tile<HD>(Ks + ((kt + 1) & 1) * TILE, k, b, (kt + 1) * V2_B, T, K, kvh);
-            v2_load_ds(Ss + ((kt + 1) & 1) * STILE, ds + v2_ds_tile(b, h, qt, kt + 1, H, n_qt));
+#pragma unroll
+            for (int f = 0; f < MW; f++)  /* the halves whose diagonal is not passed yet */
+                if (kt + 1 <= qb * MW + f && qb * MW + f <= last_q)
+                    v2_load_ds(Ss + ((kt + 1) & 1) * MW * STILE + f * STILE,
+                               ds + v2_ds_tile(b, h, qb * MW + f, kt + 1, H, n_qt));
         }
         mt_cp_async_commit();
         mt_cp_async_wait<1>();
         __syncthreads();
-#pragma unroll
-        for (int s = 0; s < 4; s++) {   /* keys 16s.. */
-            uint32_t a[4];   /* A (queries 16 warp.., keys 16s..) from [key][query]: .trans */
-            mt_ldsm_x4_t(a, Sb + (16 * s + (mi >> 1) * 8 + r8) * LS + 16 * warp + (mi & 1) * 8);
-#pragma unroll
-            for (int np = 0; np < HD / 16; np++) {
-                uint32_t r[4];
-                mt_ldsm_x4_t(r, v2_bk_addr<LD>(Kb, 16 * s, 16 * np, lane));
-                const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-                mt_mma_16816(dqa[2 * np], a, b0);
-                mt_mma_16816(dqa[2 * np + 1], a, b1);
-            }
-        }
+        v2_dq_ds_step<HD, MW>(dqa, Sb, Kb, kt, wlast, wc, lane);
         __syncthreads();
     }
-    v2_write_rows<HD>(dq, NULL, dqa, b, qt * V2_B + 16 * warp, T, H, h, lane);
+#pragma unroll
+    for (int mi = 0; mi < MW; mi++)
+        v2_write_rows<HD>(dq, NULL, dqa[mi], b, qb * QROWS + 16 * MW * warp + 16 * mi, T, H, h, lane);
 }
 
 /* ---- backward: dQ, recomputing S and dP (the dS tiles over MT_CUDA_ATTN_DS_MB) ---- */
@@ -521,15 +617,38 @@ static int v2_smem_opt_in(F *kern, size_t bytes)
 
 int mt_attn_v2_supports(int hd) { return hd == 64 || hd == 128; }
 
+/* the query rows a block owns in the forward and dQ kernels, 64 MW: the
+ * instance's knob (attn_kernel v2: MW 1, v3: MW 2; same bits) */
+static int v2_mw(void) { return mt_cuda_be->attn_v2 >= 2 ? 2 : 1; }
+
+template <int HD, int MW>
+static void v2_fwd_mw(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T,
+                      int H, int K)
+{
+    const size_t smem = (size_t)(4 + MW) * v2_tile_bytes(HD);
+    if (!v2_smem_opt_in(attn_v2_fwd_k<HD, MW>, smem)) return;
+    const float c = (1.0f / sqrtf((float)HD)) * V2_LOG2E;
+    dim3 grid((unsigned)((T + V2_B * MW - 1) / (V2_B * MW)), (unsigned)H, (unsigned)B);
+    MT_LAUNCH((attn_v2_fwd_k<HD, MW>), grid, V2_THREADS, smem)(out, out_b, lse, q, k, v, T, H, K, c);
+    MT_CUDA_KCHECK();
+}
+
 template <int HD>
 static void v2_fwd(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T,
                    int H, int K)
 {
-    const size_t smem = 5 * v2_tile_bytes(HD);
-    if (!v2_smem_opt_in(attn_v2_fwd_k<HD>, smem)) return;
-    const float c = (1.0f / sqrtf((float)HD)) * V2_LOG2E;
-    dim3 grid((unsigned)((T + V2_B - 1) / V2_B), (unsigned)H, (unsigned)B);
-    MT_LAUNCH(attn_v2_fwd_k<HD>, grid, V2_THREADS, smem)(out, out_b, lse, q, k, v, T, H, K, c);
+    if (v2_mw() == 2) v2_fwd_mw<HD, 2>(out, out_b, lse, q, k, v, B, T, H, K);
+    else v2_fwd_mw<HD, 1>(out, out_b, lse, q, k, v, B, T, H, K);
+}
+
+/* dQ from the stored tiles, 64 MW query rows a block */
+template <int HD, int MW>
+static void v2_dq_ds(float *dq, const bf16 *ds, const bf16 *k, int B, int T, int H, int K)
+{
+    const size_t smem = 2 * v2_tile_bytes(HD) + 2 * (size_t)MW * V2_B * (V2_B + 8) * 2;
+    if (!v2_smem_opt_in(attn_v2_dq_ds_k<HD, MW>, smem)) return;
+    const unsigned nb = (unsigned)((T + V2_B * MW - 1) / (V2_B * MW));
+    MT_LAUNCH((attn_v2_dq_ds_k<HD, MW>), dim3(nb, (unsigned)H, (unsigned)B), V2_THREADS, smem)(dq, ds, k, T, H, K);
     MT_CUDA_KCHECK();
 }
 
@@ -540,22 +659,20 @@ static void v2_bwd(float *dq, float *dk, float *dv, bf16 *ds, const bf16 *q, con
                    const bf16 *g, const float *lse, const float *D, int B, int T, int H, int K)
 {
     const size_t s_kv = 6 * v2_tile_bytes(HD) + 4 * V2_B * sizeof(float), s_q = 6 * v2_tile_bytes(HD);
-    const size_t s_ds = 2 * v2_tile_bytes(HD) + 2 * (size_t)V2_B * (V2_B + 8) * 2;
-    if (!v2_smem_opt_in(attn_v2_dkdv_k<HD>, s_kv) || !v2_smem_opt_in(attn_v2_dq_k<HD>, s_q) ||
-        !v2_smem_opt_in(attn_v2_dq_ds_k<HD>, s_ds))
-        return;
+    if (!v2_smem_opt_in(attn_v2_dkdv_k<HD>, s_kv) || !v2_smem_opt_in(attn_v2_dq_k<HD>, s_q)) return;
     const float scale = 1.0f / sqrtf((float)HD), c = scale * V2_LOG2E;
     const unsigned nt = (unsigned)((T + V2_B - 1) / V2_B);
     MT_LAUNCH(attn_v2_dkdv_k<HD>, dim3(nt, (unsigned)K, (unsigned)B), V2_THREADS, s_kv)(dk, dv, ds, q, k, v, g, lse, D,
                                                                                        T, H, K, scale, c);
     MT_CUDA_KCHECK();
     if (ds) {
-        MT_LAUNCH(attn_v2_dq_ds_k<HD>, dim3(nt, (unsigned)H, (unsigned)B), V2_THREADS, s_ds)(dq, ds, k, T, H, K);
-    } else {
-        mt_cuda_be->info.attention_dq_recompute++;
-        MT_LAUNCH(attn_v2_dq_k<HD>, dim3(nt, (unsigned)H, (unsigned)B), V2_THREADS, s_q)(dq, q, k, v, g, lse, D, T, H,
-                                                                                       K, scale, c);
+        if (v2_mw() == 2) v2_dq_ds<HD, 2>(dq, ds, k, B, T, H, K);
+        else v2_dq_ds<HD, 1>(dq, ds, k, B, T, H, K);
+        return;
     }
+    mt_cuda_be->info.attention_dq_recompute++;
+    MT_LAUNCH(attn_v2_dq_k<HD>, dim3(nt, (unsigned)H, (unsigned)B), V2_THREADS, s_q)(dq, q, k, v, g, lse, D, T, H, K,
+                                                                                   scale, c);
     MT_CUDA_KCHECK();
 }
 

@@ -76,9 +76,9 @@ extern "C" {
 #define MT_CUDA_BF16_SCRATCH_DEFAULT_MB 256
 #define MT_CUDA_ATTN_DS_ENV             "MT_CUDA_ATTN_DS_MB"
 #define MT_CUDA_ATTN_DS_DEFAULT_MB      2048
-/* runtime tunable (knob attn_kernel): the bf16 attention kernels, v1|v2 */
+/* runtime tunable (knob attn_kernel): the bf16 attention kernels, v1|v2|v3 */
 #define MT_CUDA_ATTN_KERNEL_ENV         "MT_CUDA_ATTN_KERNEL"
-#define MT_CUDA_ATTN_KERNEL_DEFAULT     "v2"
+#define MT_CUDA_ATTN_KERNEL_DEFAULT     "v3"
 #define MT_CUDA_RED_THREADS 256
 
 /* One cached cuBLASLt bf16 matmul (gemm.cu): the descriptors and the
@@ -148,8 +148,10 @@ struct mt_cuda_backend {
     void          *lt_ws;          /* MT_CUDA_LT_WS_BYTES of device memory       */
     size_t         bf16_cap;       /* operand scratch cap per gemm (bytes)       */
     size_t         attn_ds_cap;    /* bf16 attention: dS tiles kept up to this   */
-    int            attn_v2;        /* bf16 attention: 1 = attention_v2.cu (knob
-                                      attn_kernel=v2), 0 = v1 (attention_tc.cu) */
+    int            attn_v2;        /* bf16 attention: 0 = v1 (attention_tc.cu),
+                                      1 = attention_v2.cu (knob attn_kernel=v2),
+                                      2 = the same with 128 query rows a block in
+                                      the forward and dQ kernels (v3, same bits) */
     struct mt_cuda_lt_plan plans[MT_CUDA_LT_PLANS];
     int            plan_next;      /* round-robin eviction cursor                */
     struct mt_cuda_lt_algo_slot algos[MT_CUDA_LT_ALGOS];

@@ -41,6 +41,20 @@
 #include <mma_ptx.h>
 #endif
 
+/* MT_WARP_STEP: the inlining of a warp's step between two __syncthreads of a
+ * loop when some warps skip it (a warp-dependent branch). The step takes the
+ * branch inside and is called by every thread, so the caller has no branch
+ * there. nvcc treats a barrier as convergent and never copies it; the
+ * emulator's host compiler may copy the small block holding the barrier call
+ * into both arms of a branch before it, and the emulator, which names a
+ * barrier by its call site, then sees warps wait at two sites: under the
+ * emulator the step is a real call. */
+#ifdef MT_CUDA_EMU
+#define MT_WARP_STEP __attribute__((noinline))
+#else
+#define MT_WARP_STEP __forceinline__
+#endif
+
 /* two floats -> a .b32 of two bf16 (round to nearest even), lo in the low half */
 static __device__ __forceinline__ uint32_t mt_pack_bf16(float lo, float hi)
 {

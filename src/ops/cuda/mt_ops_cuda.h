@@ -112,9 +112,10 @@ const char *mt_ops_cuda_precision_name(enum mt_cuda_precision p);
 /* Parse "fp32" / "bf16" (exact, lower case): MT_OK or MT_ERR_INVALID_ARG. */
 enum mt_status mt_ops_cuda_precision_parse(const char *s, enum mt_cuda_precision *out);
 /* The bf16 attention kernels (knob attn_kernel; MT_CUDA_ATTN_KERNEL is read
- * at init): "v1" (attention_tc.cu, wmma, two-pass forward) or "v2"
+ * at init): "v1" (attention_tc.cu, wmma, two-pass forward), "v2"
  * (attention_v2.cu, FlashAttention-2-class; head dims 64 and 128, others
- * run v1, counted). MT_ERR_INVALID_ARG for another name, MT_ERR_UNSUPPORTED
+ * run v1, counted) or "v3" (the default: v2 with 128 query rows a block in
+ * the forward and dQ kernels, 32 a warp; v2's bits). MT_ERR_INVALID_ARG for another name, MT_ERR_UNSUPPORTED
  * before the table exists. */
 enum mt_status mt_ops_cuda_set_attn_kernel(const char *name);
 
