@@ -76,7 +76,7 @@ echo "$S" | grep -q 'RESULT d2048_dense plan (profile h200-measured, bf16): 0.07
     echo "$S" | grep -q 'RESULT hyb2048 plan (profile h200-measured, bf16): [0-9.]* s/step, [0-9]* tok/s at the GEMM ceiling; [0-9.]* s/step by op kind; measured/plan - the time (by op kind -)' &&
     ok "plan prediction next to the measurement" || bad "plan prediction ($S)"
 # the flags of every speed run
-# (10: d2048, d2048 with --knob attn_kernel=v1 (the attention A/B), GPT-2 at batch 16
+# (10: d2048, d2048 with --knob attn_kernel=v2 (the attention A/B), GPT-2 at batch 16
 # then 8, MoE, the hybrid, and the graphs A/B with --knob cuda_graphs=0: GPT-2 at 16
 # then 8, d2048, the hybrid; the others with graphs at their default, on; the hybrid at
 # mamba_chunk 32 and 128; the hybrid with --knob scan_bf16=0, the tensor-core scan's A/B)
@@ -88,13 +88,13 @@ n_off=$(grep -c -- 'gpu_c_gpt2.json --knob cuda_graphs=0 .*--no-save' "$W/args.l
     [ "$(grep -c -- 'scan_bf16' "$W/args.log")" -eq 1 ] &&
     grep -q -- 'pattern=MAMAMAMAMAMAMAMA --knob scan_bf16=0 .*--no-save' "$W/args.log" &&
     [ "$(grep -c -- 'attn_kernel' "$W/args.log")" -eq 1 ] &&
-    grep -q -- 'gpu_d2048_dense.json --knob attn_kernel=v1 .*--no-save' "$W/args.log" &&
-    echo "$S" | grep -q 'RESULT d2048_dense_attnv1: batch 4 tok/s' &&
+    grep -q -- 'gpu_d2048_dense.json --knob attn_kernel=v2 .*--no-save' "$W/args.log" &&
+    echo "$S" | grep -q 'RESULT d2048_dense_attnv2: batch 4 tok/s' &&
     grep -q -- 'gpu_d2048_dense.json --knob cuda_graphs=0 .*--no-save' "$W/args.log" &&
     grep -q -- 'pattern=MAMAMAMAMAMAMAMA --knob cuda_graphs=0 .*--no-save' "$W/args.log" &&
     ! grep -q MT_CUDA_PRECISION "$W/args.log" &&
     echo "$S" | grep -q 'RESULT c_gpt2_nographs: batch 8 tok/s 65117' &&
-    ok "13 speed runs with precision=bf16 and --no-save, 4 of them (the graphs A/B) with cuda_graphs=0, 1 (d2048) with attn_kernel=v1, 2 (the hybrid) with mamba_chunk 32 and 128, 1 (the hybrid) with scan_bf16=0" ||
+    ok "13 speed runs with precision=bf16 and --no-save, 4 of them (the graphs A/B) with cuda_graphs=0, 1 (d2048) with attn_kernel=v2, 2 (the hybrid) with mamba_chunk 32 and 128, 1 (the hybrid) with scan_bf16=0" ||
     bad "speed flags ($n of 13 runs, $n_off GPT-2 with cuda_graphs=0: $(head -1 "$W/args.log"))"
 # one archive + summary.md in $OUT, the summary's table, the temporary folder gone
 ls "$W/out" > "$W/ls.txt"

@@ -38,7 +38,7 @@ r = json.load(open(sys.argv[1]))
 assert r["knobs"].pop("test_loss_part")["test_hook"] is True, r["knobs"]
 k = r["knobs"]
 assert set(k) == {"zero_overlap", "cuda_precision", "nccl_timeout_s", "moe_grouped", "cuda_graphs", "test_fault", "test_force_routing", "peak_cache", "attn_kernel", "scan_bf16"}, k.keys()
-assert k["attn_kernel"]["value"] == "v2" and k["attn_kernel"]["env_alias"] == "MT_CUDA_ATTN_KERNEL", k["attn_kernel"]
+assert k["attn_kernel"]["value"] == "v3" and k["attn_kernel"]["env_alias"] == "MT_CUDA_ATTN_KERNEL", k["attn_kernel"]
 assert k["zero_overlap"]["value"] == sys.argv[2] and k["zero_overlap"]["source"] == sys.argv[3], k["zero_overlap"]
 assert k["zero_overlap"]["env_alias"] == "MT_ZERO_OVERLAP" and k["test_fault"]["test_hook"] is True
 assert r["distributed"]["tunables"]["MT_ZERO_OVERLAP"] == int(sys.argv[2]), r["distributed"]["tunables"]

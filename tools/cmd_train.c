@@ -67,7 +67,7 @@ static void train_usage(FILE *f)
             "                       coordinates and groups, docs/mesh.md; the distributed tests read it)\n\n"
             "knobs (precedence: --knob, then the config's \"knobs\": {\"NAME\": VALUE}, then the environment\n"
             "alias, then the default; TEST HOOKs are for the test suite):\n");
-    char kh[2048];
+    char kh[8192];   /* the knob table's help (2048 cut the last knobs off silently once) */
     mt_knobs_help(kh, sizeof kh);
     fputs(kh, f);
     fputc('\n', f);
