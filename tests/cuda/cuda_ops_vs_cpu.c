@@ -209,7 +209,7 @@ static void test_table(void)
         E(adamw_update), E(muon_momentum), E(transpose), E(gemm_bf16), E(cast_bf16), E(rmsnorm_forward_bf16),
         E(rmsnorm_resid_forward), E(qk_norm_rope_forward), E(qk_norm_rope_backward), E(rmsnorm_resid_forward_bf16),
         E(swiglu_forward_bf16), E(swiglu_backward_bf16), E(widen_bf16),
-        E(moe_route), E(moe_seq_stats), E(moe_aux_loss), E(moe_aux_backward), E(xent_fused_bf16),
+        E(moe_route), E(moe_seq_stats), E(moe_aux_loss), E(moe_aux_backward), E(xent_fused), E(xent_fused_bf16),
         E(sumsq_multi), E(normalize_fro), E(adamw_multi), E(nonfinite_mark), E(cast_bf16_multi), E(attention_forward_bf16),
         E(attention_backward_bf16), E(op_profile), E(redo_score_acc), E(mod_route), E(mod_backward),
 #undef E
@@ -1496,7 +1496,10 @@ static void test_vec_elementwise(void)
 static void test_xent(void)
 {
     if (!selected("xent")) return;
-    struct { int N, V; float cap; } cs[] = {{37, 1000, 0.0f}, {37, 1000, 15.0f}, {4, 50304, 0.0f}, {3, 50304, 30.0f}};
+    /* cuda: rows of V <= 58112 run the one-pass ROW kernel (xent.cu; V 999: scalar
+     * loads, not 16-byte rows), V 60000 the two-kernel path */
+    struct { int N, V; float cap; } cs[] = {{37, 1000, 0.0f}, {37, 1000, 15.0f}, {4, 50304, 0.0f}, {3, 50304, 30.0f},
+                                            {9, 999, 0.0f}, {5, 999, 20.0f}, {2, 60000, 0.0f}, {2, 60000, 25.0f}};
     for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
         int N = cs[c].N, V = cs[c].V;
         size_t nz = (size_t)N * V;
@@ -1528,6 +1531,25 @@ static void test_xent(void)
         check3("xent_backward", w, rd, nz);
         snprintf(w, sizeof w, "N=%d V=%d softcap=%g in place", N, V, cs[c].cap);
         check3("xent_backward", w, ri, nz);
+        /* xent_fused (loss, lse and dlogits in place over the logits): cuda's ROW
+         * kernel or its two kernels against the cpu's */
+        float *fl3[3] = {0}, *fs3[3] = {0}, *fd3[3] = {0};
+        for (int p = 0; p < 3; p++) {
+            struct be *b = BE(p);
+            float *dz = upf(b, z, nz), *loss = upf(b, nN, (size_t)N), *lse = upf(b, nN, (size_t)N);
+            int32_t *dt = upi(b, t, N);
+            b->ops->xent_fused(b->ops->be, loss, lse, dz, dt, dscale, N, V, cs[c].cap);
+            fl3[p] = downf(b, loss, (size_t)N);
+            fs3[p] = downf(b, lse, (size_t)N);
+            fd3[p] = downf(b, dz, nz);
+            release(b);
+        }
+        snprintf(w, sizeof w, "N=%d V=%d softcap=%g losses", N, V, cs[c].cap);
+        check3("xent_fused", w, fl3, (size_t)N);
+        snprintf(w, sizeof w, "N=%d V=%d softcap=%g lse", N, V, cs[c].cap);
+        check3("xent_fused", w, fs3, (size_t)N);
+        snprintf(w, sizeof w, "N=%d V=%d softcap=%g dlogits (in place)", N, V, cs[c].cap);
+        check3("xent_fused", w, fd3, nz);
         /* xent_fused_bf16 (the lm head's bf16 dlogits): losses and lse = xent_fused's
          * bits on the same backend; the twin = bf16(xent_fused's dlogits) exactly */
         size_t tbad = 0, lbad = 0;

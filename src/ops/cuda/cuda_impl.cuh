@@ -148,6 +148,9 @@ struct mt_cuda_backend {
     void          *lt_ws;          /* MT_CUDA_LT_WS_BYTES of device memory       */
     size_t         bf16_cap;       /* operand scratch cap per gemm (bytes)       */
     size_t         attn_ds_cap;    /* bf16 attention: dS tiles kept up to this   */
+    int            smem_optin_bytes; /* a block's dynamic shared memory limit
+                                      after opt-in (cudaDevAttrMaxSharedMemory-
+                                      PerBlockOptin; 48 KiB if unknown)          */
     int            attn_v2;        /* bf16 attention: 0 = v1 (attention_tc.cu),
                                       1 = attention_v2.cu (knob attn_kernel=v2),
                                       2 = the same with 128 query rows a block in
@@ -618,6 +621,8 @@ void mt_cuda_xent_forward(void *be, float *losses, float *lse_out, const float *
                           int N, int V, float softcap);
 void mt_cuda_xent_backward(void *be, float *dlogits, const float *logits, const float *lse,
                            const int32_t *targets, float dscale, int N, int V, float softcap);
+void mt_cuda_xent_fused(void *be, float *losses, float *lse_out, float *logits, const int32_t *targets, float dscale,
+                        int N, int V, float softcap);
 void mt_cuda_xent_fused_bf16(void *be, float *losses, float *lse_out, float *logits, mt_bf16 *dlogits_bf16,
                              const int32_t *targets, float dscale, int N, int V, float softcap);
 

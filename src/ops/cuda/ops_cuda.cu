@@ -249,15 +249,6 @@ static void cuda_profile_step(void *be, int end)
     B->n_steps++;
 }
 
-/* xent_fused on the device: the forward kernel, then the backward kernel in
- * place (two passes over the logits; the contract of mt_ops.h holds). */
-static void cuda_xent_fused(void *be, float *losses, float *lse_out, float *logits, const int32_t *targets, float dscale,
-                            int N, int V, float softcap)
-{
-    mt_cuda_xent_forward(be, losses, lse_out, logits, targets, N, V, softcap);
-    mt_cuda_xent_backward(be, logits, logits, lse_out, targets, dscale, N, V, softcap);
-}
-
 /* backend facts (mt_ops.h): the GEMM precision as an element type, and
  * whether the event pairs time the entries (MT_CUDA_OP_PROFILE; read from
  * the instance's info, which also notes the device memory as every info
@@ -321,7 +312,7 @@ static struct mt_ops_i cuda_ops = {
     /* .ssm_gate_norm_fwd    = */ .ssm_gate_norm_forward  = PROF(MT_OPK_NORM, mt_cuda_ssm_gate_norm_forward),
     /* .ssm_gate_norm_bwd    = */ .ssm_gate_norm_backward = PROF(MT_OPK_NORM, mt_cuda_ssm_gate_norm_backward),
     /* .ssm_scan_step        = */ .ssm_scan_step        = PROF(MT_OPK_SCAN, mt_cuda_ssm_scan_step),
-    /* .xent_fused           = */ .xent_fused           = PROF(MT_OPK_XENT, cuda_xent_fused),
+    /* .xent_fused           = */ .xent_fused           = PROF(MT_OPK_XENT, mt_cuda_xent_fused),
     /* .rmsnorm_resid_forward = */ .rmsnorm_resid_forward = PROF(MT_OPK_NORM, mt_cuda_rmsnorm_resid_forward),
     /* .qk_norm_rope_forward  = */ .qk_norm_rope_forward  = PROF(MT_OPK_NORM, mt_cuda_qk_norm_rope_forward),
     /* .qk_norm_rope_backward = */ .qk_norm_rope_backward = PROF(MT_OPK_NORM, mt_cuda_qk_norm_rope_backward),
@@ -546,6 +537,13 @@ static int init_state(char *why, size_t why_len)
     cudaDriverGetVersion(&in->driver_version);
     in->device_count = n;
     device_identity(in, &prop, dev);
+    /* the largest dynamic shared memory a block may opt in to (xent.cu's ROW
+     * kernel sizes itself by it; 48 KiB, the default limit, if unknown) */
+    if (cudaDeviceGetAttribute(&mt_cuda_be->smem_optin_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
+            cudaSuccess ||
+        mt_cuda_be->smem_optin_bytes < 48 * 1024)
+        mt_cuda_be->smem_optin_bytes = 48 * 1024;
+    (void)cudaGetLastError();
 #ifdef MT_CUDA_EMU
     in->emulated = 1;
 #endif

@@ -16,8 +16,25 @@
  * xent_fused_bf16: the same backward storing only bf16(dz) (mt_cuda_bf16_rn,
  * the rounding gemm_bf16 applied per call to the fp32 dz): the lm head's
  * backward GEMMs read it as stored.
+ *
+ * A row that fits shared memory (V * 4 bytes <= the device's opt-in block
+ * limit, 227 KiB on an H100: V <= 58112, every common vocabulary below
+ * Llama 3's) runs the ROW kernel instead, one block of 1024 threads a row:
+ * the row moves global -> shared once (cp.async, 16 bytes at a time, every
+ * load in flight at once; scalar loads where the row is not 16-byte aligned),
+ * then three passes over shared memory: the max M, the sum S = sum_v
+ * exp(s_v - M) (thread i owns columns i, i + 1024, ...; fixed-order warp and
+ * block trees: deterministic), lse = M + log S; then the backward's
+ * expressions above (the same ones) writing dz or bf16(dz). DRAM traffic a
+ * row: V * 4 read once and the gradient written (the two kernels read the
+ * fp32 row twice: at GPT-2's V 50304 and 16384 rows, 3.3 GB less). With a
+ * softcap the first pass turns z into th = tanh(z / c) in place (s = c th;
+ * ds/dz = 1 - th^2, the expressions above). Every xent entry takes it when
+ * the row fits (forward, fused, fused_bf16: the same bits among them); the
+ * two-kernel path stays for wider rows.
  */
 #include "cuda_impl.cuh"
+#include "mma_sync.cuh"   /* mt_cp_async16 */
 
 #include <math.h>
 
@@ -112,12 +129,171 @@ xent_bwd_k(float *dlogits, __nv_bfloat16 *dlogits_bf16, const float *logits, con
     }
 }
 
+/* ---- one row in shared memory ---- */
+#define ROW_THREADS 1024
+enum xent_row_mode { XR_FORWARD = 0, XR_FUSED = 1, XR_FUSED_BF16 = 2 };
+
+/* the two lane- and warp-dependent steps of xr_block_reduce, each called by
+ * every thread (MT_WARP_STEP: the branch stays inside, away from the barriers) */
+static __device__ MT_WARP_STEP void xr_put(float *red, float v, int lane, int warp)
+{
+    if (lane == 0) red[warp] = v;
+}
+template <bool MAX>
+static __device__ MT_WARP_STEP void xr_warp0(float *red, int lane, int warp)
+{
+    if (warp != 0) return;
+    float w = red[lane];   /* ROW_THREADS / 32 = 32 warps */
+    w = MAX ? mt_warp_max(w) : mt_warp_sum(w);
+    if (lane == 0) red[32] = w;
+}
+
+/* block-wide reduction of one value per thread (max or sum), fixed order:
+ * the warp's xor tree, then warp 0's over the 32 warp results; all threads
+ * get the result (red: 33 floats of shared memory) */
+template <bool MAX>
+static __device__ __forceinline__ float xr_block_reduce(float v, float *red)
+{
+    const int lane = threadIdx.x % MT_WARP, warp = threadIdx.x / MT_WARP;
+    v = MAX ? mt_warp_max(v) : mt_warp_sum(v);
+    xr_put(red, v, lane, warp);
+    __syncthreads();
+    xr_warp0<MAX>(red, lane, warp);
+    __syncthreads();
+    const float r = red[32];
+    __syncthreads();   /* red is reused by the next reduction */
+    return r;
+}
+
+/* The per-thread passes of xent_row_k over this thread's columns tid, tid +
+ * 1024, ...: their trip counts differ between threads (V not a multiple of
+ * 1024), so each is a step called by every thread (MT_WARP_STEP: the loop's
+ * guard stays away from the barriers between them). */
+/* global -> shared: the whole row in flight (vec: V % 4 == 0, 16-byte rows) */
+static __device__ MT_WARP_STEP void xr_load(float *row, const float *z, int V, int vec)
+{
+    if (vec) {
+        for (int c = threadIdx.x; c < V / 4; c += ROW_THREADS) mt_cp_async16(row + 4 * c, z + 4 * c, 16);
+        mt_cp_async_commit();
+        mt_cp_async_wait<0>();
+    } else {
+        for (int v = threadIdx.x; v < V; v += ROW_THREADS) row[v] = z[v];
+    }
+}
+/* this thread's max of s_v; with a softcap the row becomes th_v = tanh(z_v / c) (s = c th) */
+static __device__ MT_WARP_STEP float xr_max(float *row, int V, float softcap)
+{
+    float mx = -INFINITY;
+    if (softcap > 0.0f) {
+        const float ic = 1.0f / softcap;
+        for (int v = threadIdx.x; v < V; v += ROW_THREADS) {
+            const float th = tanhf(row[v] * ic);
+            row[v] = th;
+            mx = fmaxf(mx, softcap * th);
+        }
+    } else {
+        for (int v = threadIdx.x; v < V; v += ROW_THREADS) mx = fmaxf(mx, row[v]);
+    }
+    return mx;
+}
+/* this thread's sum of exp(c row_v - M) (c = softcap, or 1: s_v = c row_v) */
+static __device__ MT_WARP_STEP float xr_sum(const float *row, int V, float c, float M)
+{
+    float sum = 0.0f;
+    for (int v = threadIdx.x; v < V; v += ROW_THREADS) sum += expf(c * row[v] - M);
+    return sum;
+}
+/* thread 0: lse and the loss */
+static __device__ MT_WARP_STEP void xr_loss(float *losses, float *lse_out, const float *row, int n, int t, float c,
+                                            float l)
+{
+    if (threadIdx.x != 0) return;
+    lse_out[n] = l;
+    losses[n] = t < 0 ? 0.0f : l - c * row[t];
+}
+/* the backward's expressions (xent_bwd_k) on this thread's columns: dz or bf16(dz) */
+template <bool TWIN>
+static __device__ MT_WARP_STEP void xr_grad(float *dz, __nv_bfloat16 *dzb, const float *row, int V, int t, float l,
+                                            float dscale, float softcap)
+{
+    for (int v = threadIdx.x; v < V; v += ROW_THREADS) {
+        float g = 0.0f;
+        if (t >= 0) {
+            if (softcap > 0.0f) {
+                const float th = row[v];
+                const float p = expf(softcap * th - l) - (v == t ? 1.0f : 0.0f);
+                g = dscale * p * (1.0f - th * th);
+            } else {
+                const float p = expf(row[v] - l) - (v == t ? 1.0f : 0.0f);
+                g = dscale * p;
+            }
+        }
+        if (TWIN) dzb[v] = mt_cuda_bf16_rn(g);
+        else dz[v] = g;
+    }
+}
+
+template <int MODE>
+static __global__ void __launch_bounds__(ROW_THREADS)
+xent_row_k(float *losses, float *lse_out, float *dlogits, __nv_bfloat16 *dlogits_bf16, const float *logits,
+           const int32_t *targets, float dscale, int V, float softcap, int vec)
+{
+    MT_DYN_SMEM(float, row);
+    __shared__ float red[33];
+    const int n = blockIdx.x;
+    xr_load(row, logits + (size_t)n * (size_t)V, V, vec);
+    __syncthreads();
+    const float c = softcap > 0.0f ? softcap : 1.0f;
+    const float M = xr_block_reduce<true>(xr_max(row, V, softcap), red);
+    const float S = xr_block_reduce<false>(xr_sum(row, V, c, M), red);
+    const float l = M + logf(S);
+    const int t = targets[n];
+    xr_loss(losses, lse_out, row, n, t, c, l);
+    if (MODE == XR_FUSED) xr_grad<false>(dlogits + (size_t)n * (size_t)V, NULL, row, V, t, l, dscale, softcap);
+    if (MODE == XR_FUSED_BF16)
+        xr_grad<true>(NULL, dlogits_bf16 + (size_t)n * (size_t)V, row, V, t, l, dscale, softcap);
+}
+
+/* the ROW kernel when the row fits the block's shared memory (opt-in limit
+ * read once per instance); 0: the two-kernel path */
+template <int MODE>
+static int xent_row(float *losses, float *lse_out, float *dlogits, __nv_bfloat16 *dlogits_bf16, const float *logits,
+                    const int32_t *targets, float dscale, int N, int V, float softcap)
+{
+    const size_t smem = (size_t)V * sizeof(float);
+    if (V < 1 || smem > (size_t)mt_cuda_be->smem_optin_bytes) return 0;
+    if (smem > 48 * 1024 &&
+        !MT_CUDA_OK(cudaFuncSetAttribute(xent_row_k<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)))
+        return 0;
+    const int vec = V % 4 == 0 && ((uintptr_t)logits & 15) == 0;
+    MT_LAUNCH(xent_row_k<MODE>, N, ROW_THREADS, smem)(losses, lse_out, dlogits, dlogits_bf16, logits, targets, dscale, V,
+                                                     softcap, vec);
+    MT_CUDA_KCHECK();
+    return 1;
+}
+
 extern "C" void mt_cuda_xent_forward(void *be, float *losses, float *lse_out, const float *logits, const int32_t *targets,
                                      int N, int V, float softcap)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (N <= 0) return;
+    if (xent_row<XR_FORWARD>(losses, lse_out, NULL, NULL, logits, targets, 0.0f, N, V, softcap)) return;
     MT_LAUNCH(xent_fwd_k, N, THREADS, 0)(losses, lse_out, logits, targets, V, softcap);
+    MT_CUDA_KCHECK();
+}
+
+/* xent_fused (fp32 dlogits in place over the logits): the ROW kernel, or the
+ * forward kernel then the backward kernel */
+extern "C" void mt_cuda_xent_fused(void *be, float *losses, float *lse_out, float *logits, const int32_t *targets,
+                                   float dscale, int N, int V, float softcap)
+{
+    MT_CUDA_BIND(be);
+    if (N <= 0) return;
+    if (xent_row<XR_FUSED>(losses, lse_out, logits, NULL, logits, targets, dscale, N, V, softcap)) return;
+    MT_LAUNCH(xent_fwd_k, N, THREADS, 0)(losses, lse_out, logits, targets, V, softcap);
+    MT_CUDA_KCHECK();
+    MT_LAUNCH(xent_bwd_k<false>, N, THREADS, 0)(logits, (__nv_bfloat16 *)NULL, logits, lse_out, targets, dscale, V,
+                                                softcap);
     MT_CUDA_KCHECK();
 }
 
@@ -130,13 +306,17 @@ extern "C" void mt_cuda_xent_backward(void *be, float *dlogits, const float *log
     MT_CUDA_KCHECK();
 }
 
-/* xent_fused_bf16 (mt_ops.h): the forward kernel, then the backward kernel
- * storing only the bf16 twin (logits is read, not written: consumed) */
+/* xent_fused_bf16 (mt_ops.h): the ROW kernel, or the forward kernel then the
+ * backward kernel storing only the bf16 twin (logits is read, not written:
+ * consumed) */
 extern "C" void mt_cuda_xent_fused_bf16(void *be, float *losses, float *lse_out, float *logits, mt_bf16 *dlogits_bf16,
                                         const int32_t *targets, float dscale, int N, int V, float softcap)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (N <= 0) return;
+    if (xent_row<XR_FUSED_BF16>(losses, lse_out, NULL, (__nv_bfloat16 *)dlogits_bf16, logits, targets, dscale, N, V,
+                                softcap))
+        return;
     MT_LAUNCH(xent_fwd_k, N, THREADS, 0)(losses, lse_out, logits, targets, V, softcap);
     MT_CUDA_KCHECK();
     MT_LAUNCH(xent_bwd_k<true>, N, THREADS, 0)((float *)NULL, (__nv_bfloat16 *)dlogits_bf16, logits, lse_out, targets, dscale, V,

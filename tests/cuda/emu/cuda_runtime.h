@@ -99,6 +99,7 @@ enum cudaDeviceAttr {
     cudaDevAttrEccEnabled = 32,
     cudaDevAttrMemoryClockRate = 36,
     cudaDevAttrGlobalMemoryBusWidth = 37,
+    cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
 };
 
 const char *cudaGetErrorString(cudaError_t e);
