@@ -2337,6 +2337,14 @@ static long b16_diff(const uint16_t *a, const uint16_t *b, size_t n)
     return bad;
 }
 
+/* the backward SwiGLU cases' device inputs: gate, up, dout (m each, random), each view `off` elements in */
+static void swiglu_bwd_inputs(struct harness *h, size_t m, int off, float **G, float **U, float **D)
+{
+    *G = up_f(h, rand_f(h, m, -6, 6), m) + off;
+    *U = up_f(h, rand_f(h, m, -3, 3), m) + off;
+    *D = up_f(h, rand_f(h, m, -2, 2), m) + off;
+}
+
 /* swiglu_backward_bf16 (mt_ops.h): dgate_b, dup_b are bf16 (nearest even) of
  * the bits swiglu_backward writes from the same inputs: equal to that op
  * followed by cast_bf16 on the same backend, and to the host's rounding of
@@ -2349,8 +2357,8 @@ static void swiglu_bwd_bf16_case(struct harness *h, size_t n, int off)
     char cs[64];
     snprintf(cs, sizeof cs, "n=%zu off=%d", n, off);
     const size_t m = n + 1;
-    float *G = up_f(h, rand_f(h, m, -6, 6), m) + off, *U = up_f(h, rand_f(h, m, -3, 3), m) + off;
-    float *D = up_f(h, rand_f(h, m, -2, 2), m) + off;
+    float *G, *U, *D;
+    swiglu_bwd_inputs(h, m, off, &G, &U, &D);
     float *DG = up_f(h, nan_f(h, m), m) + off, *DU = up_f(h, nan_f(h, m), m) + off;
     uint16_t *CG = (uint16_t *)dalloc(h, m * 2) + off, *CU = (uint16_t *)dalloc(h, m * 2) + off;
     uint16_t *BG = (uint16_t *)dalloc(h, m * 2) + off, *BU = (uint16_t *)dalloc(h, m * 2) + off;
@@ -2409,8 +2417,8 @@ static void swiglu_bwd_act_bf16_case(struct harness *h, size_t n, int off)
     char cs[64];
     snprintf(cs, sizeof cs, "n=%zu off=%d", n, off);
     const size_t m = n + 1;
-    float *G = up_f(h, rand_f(h, m, -6, 6), m) + off, *U = up_f(h, rand_f(h, m, -3, 3), m) + off;
-    float *D = up_f(h, rand_f(h, m, -2, 2), m) + off;
+    float *G, *U, *D;
+    swiglu_bwd_inputs(h, m, off, &G, &U, &D);
     uint16_t *TW = poison_b16(h, m) + off, *BG = poison_b16(h, m) + off, *BU = poison_b16(h, m) + off;
     h->ops->swiglu_forward_bf16(h->ops->be, NULL, TW, G, U, n);
     h->ops->swiglu_backward_bf16(h->ops->be, BG, BU, D, G, U, n);
