@@ -420,8 +420,8 @@ void moe_experts_backward(const struct mt_piece_ctx *pc, int n_groups, const int
         /* direct: dg into db (dy's copy, read above), du into ab (act's, read by dWd above);
          * fused: act's twin into ab, dg, du into s_dg, s_du as bf16 (db is dWd's yet).
          * One call per group as swiglu_backward (the cpu's chunks: its bits) */
-        mt_bf16 *dgb = direct ? fused ? (mt_bf16 *)pc->s_dg : bs->db : NULL;
-        mt_bf16 *dub = direct ? fused ? (mt_bf16 *)pc->s_du : bs->ab : NULL;
+        mt_bf16 *dgb = direct ? (fused ? (mt_bf16 *)pc->s_dg : bs->db) : NULL;
+        mt_bf16 *dub = direct ? (fused ? (mt_bf16 *)pc->s_du : bs->ab) : NULL;
         for (int i = 0; i < s.n; i++) {
             const size_t o = s.r0[i] * Fe, m = (size_t)s.rows[i] * Fe;
             if (fused)
