@@ -2337,6 +2337,14 @@ static long b16_diff(const uint16_t *a, const uint16_t *b, size_t n)
     return bad;
 }
 
+/* the backward SwiGLU cases' device inputs: gate, up, dout (m each, random), each view `off` elements in */
+static void swiglu_bwd_inputs(struct harness *h, size_t m, int off, float **G, float **U, float **D)
+{
+    *G = up_f(h, rand_f(h, m, -6, 6), m) + off;
+    *U = up_f(h, rand_f(h, m, -3, 3), m) + off;
+    *D = up_f(h, rand_f(h, m, -2, 2), m) + off;
+}
+
 /* swiglu_backward_bf16 (mt_ops.h): dgate_b, dup_b are bf16 (nearest even) of
  * the bits swiglu_backward writes from the same inputs: equal to that op
  * followed by cast_bf16 on the same backend, and to the host's rounding of
@@ -2349,8 +2357,8 @@ static void swiglu_bwd_bf16_case(struct harness *h, size_t n, int off)
     char cs[64];
     snprintf(cs, sizeof cs, "n=%zu off=%d", n, off);
     const size_t m = n + 1;
-    float *G = up_f(h, rand_f(h, m, -6, 6), m) + off, *U = up_f(h, rand_f(h, m, -3, 3), m) + off;
-    float *D = up_f(h, rand_f(h, m, -2, 2), m) + off;
+    float *G, *U, *D;
+    swiglu_bwd_inputs(h, m, off, &G, &U, &D);
     float *DG = up_f(h, nan_f(h, m), m) + off, *DU = up_f(h, nan_f(h, m), m) + off;
     uint16_t *CG = (uint16_t *)dalloc(h, m * 2) + off, *CU = (uint16_t *)dalloc(h, m * 2) + off;
     uint16_t *BG = (uint16_t *)dalloc(h, m * 2) + off, *BU = (uint16_t *)dalloc(h, m * 2) + off;
@@ -2375,6 +2383,58 @@ static void swiglu_bwd_bf16_case(struct harness *h, size_t n, int off)
            0, "%s determinism", cs);
 }
 
+/* swiglu_backward_act_bf16 (mt_ops.h): act_b is swiglu_forward_bf16's twin
+ * and dgate_b, dup_b are swiglu_backward_bf16's outputs on the same inputs,
+ * bit for bit. Each call writes fresh outputs poisoned with bf16 NaN (an
+ * element not written fails). Inputs `off` elements into their buffers
+ * (off 1: the cuda kernel's scalar path); outputs there too, then each
+ * output alone one element off (the others aligned: the scalar path on
+ * cuda), then once more (determinism: the same bits again); n odd, and
+ * n > 16384 (the cpu's threaded chunks of 4096 with a tail). */
+static uint16_t *poison_b16(struct harness *h, size_t m)
+{
+    uint16_t *p = (uint16_t *)new_f(h, (m + 1) / 2), *d = dalloc(h, m * sizeof(uint16_t));
+    for (size_t i = 0; i < m; i++) p[i] = 0xffffu;
+    h->ops->copy_from_host(h->ops->be, d, p, m * sizeof(uint16_t));
+    return d;
+}
+/* one call with act_b, dgate_b, dup_b at element offsets o[0..2]: elements differing from tw, bg, bu */
+static long act_bf16_diff(struct harness *h, const int o[3], const float *D, const float *G, const float *U, size_t n,
+                          const uint16_t *const ref[3])
+{
+    uint16_t *out[3];
+    for (int k = 0; k < 3; k++) out[k] = poison_b16(h, n + 1) + o[k];
+    h->ops->swiglu_backward_act_bf16(h->ops->be, out[0], out[1], out[2], D, G, U, n);
+    long bad = 0;
+    for (int k = 0; k < 3; k++) bad += b16_diff(down_b16(h, out[k], n), ref[k], n);
+    return bad;
+}
+static void swiglu_bwd_act_bf16_case(struct harness *h, size_t n, int off)
+{
+    if (!h->ops || !has(h, "swiglu_backward_act_bf16", h->ops->swiglu_backward_act_bf16 != NULL)) return;
+    if (!h->ops->swiglu_forward_bf16 || !h->ops->swiglu_backward_bf16) return;   /* its references (their own FAIL) */
+    const char *op = "swiglu_backward_act_bf16", *name[3] = {"act_b", "dgate_b", "dup_b"};
+    char cs[64];
+    snprintf(cs, sizeof cs, "n=%zu off=%d", n, off);
+    const size_t m = n + 1;
+    float *G, *U, *D;
+    swiglu_bwd_inputs(h, m, off, &G, &U, &D);
+    uint16_t *TW = poison_b16(h, m) + off, *BG = poison_b16(h, m) + off, *BU = poison_b16(h, m) + off;
+    h->ops->swiglu_forward_bf16(h->ops->be, NULL, TW, G, U, n);
+    h->ops->swiglu_backward_bf16(h->ops->be, BG, BU, D, G, U, n);
+    const uint16_t *const ref[3] = {down_b16(h, TW, n), down_b16(h, BG, n), down_b16(h, BU, n)};
+    int o[3] = {off, off, off};
+    checkf(h, op, (double)act_bf16_diff(h, o, D, G, U, n, ref), 0,
+           "%s == forward_bf16 twin, backward_bf16 (bits)", cs);
+    for (int k = 0; k < 3; k++) {
+        o[k] = 1 - off;
+        checkf(h, op, (double)act_bf16_diff(h, o, D, G, U, n, ref), 0, "%s %s alone at offset %d: same bits", cs,
+               name[k], 1 - off);
+        o[k] = off;
+    }
+    checkf(h, op, (double)act_bf16_diff(h, o, D, G, U, n, ref), 0, "%s determinism", cs);
+}
+
 static int run_fused(struct harness *h)
 {
     int f0 = n_fail;
@@ -2389,6 +2449,10 @@ static int run_fused(struct harness *h)
     swiglu_bwd_bf16_case(h, 7403, 1);
     swiglu_bwd_bf16_case(h, 33003, 0);
     swiglu_bwd_bf16_case(h, 33003, 1);
+    swiglu_bwd_act_bf16_case(h, 65, 0);
+    swiglu_bwd_act_bf16_case(h, 7403, 1);
+    swiglu_bwd_act_bf16_case(h, 33003, 0);
+    swiglu_bwd_act_bf16_case(h, 33003, 1);
     qkr_case(h, 2, 5, 0, 3, 1, 8);
     qkr_case(h, 2, 5, 3, 3, 1, 8);      /* forward at an offset (decoding) */
     qkr_case(h, 1, 7, 0, 2, 2, 40);     /* a 16-column dw block straddles the two halves */

@@ -9,6 +9,10 @@
  *     term 2: dg = da * u * silu'(g);  du = da * silu(g)
  *     term 3: dWg += dg^T h, dWu += du^T h;  dh = dg Wg + du Wu
  * `a` is not saved: it is recomputed from the saved g, u (one cheap elementwise op).
+ * precision=bf16 without ReDo or adapters (the fused path, mlp_backward_b):
+ * term 1 splits around term 2, da = dy Wd; then a's bf16 twin, dg and du
+ * from one read of g, u (swiglu_backward_act_bf16); then dWd += dy^T a.
+ * Each output gets the same GEMM call as in the order above (same bits).
  *
  * Gradient rule: dWg, dWu, dWd +=; dh = (accumulate 0) or += (accumulate 1);
  * act, dact, dg, du are scratch (=).
@@ -91,6 +95,32 @@ static int dgu_direct(const struct mt_ops_i *ops, const mt_bf16 *act_b, const st
            !wg->lora_a && !wu->lora_a;
 }
 
+/* The fused path: act only for its twin (act_stored gave NULL: no ReDo, no
+ * adapter on Wd, Wd shadowed) and dg, du only for the bf16 gate/up GEMMs
+ * (dgu_direct's conditions on Wg, Wu). The recompute of act and term 2 then
+ * read g, u once (swiglu_backward_act_bf16) instead of twice: 8 bytes a
+ * hidden unit, and one launch. dy's rounded copy (dyb->p) is still to be
+ * read by dWd after that kernel, and act_b is its output, so bf16(dg),
+ * bf16(du) go to the fp32 scratch dg, du (n*F floats each, carved in every
+ * mode: the model's s_dg, s_du, which the bf16 paths left unused; bf16 fills
+ * half of each): no memory added. */
+static int act_fused(const struct mt_ops_i *ops, const float *act, const mt_bf16 *act_b, const float *dg,
+                     const float *du, const struct mt_param *wg, const struct mt_param *wu)
+{
+    return ops->swiglu_backward_act_bf16 && !act && act_b && dg && du && wg->bf16 && wu->bf16 && !wg->lora_a &&
+           !wu->lora_a;
+}
+
+/* term 3 on bf16 dg, du (no adapter: proj_bwd_b's GEMMs and nothing else) */
+static void gate_up_bwd_b(const struct mt_ops_i *ops, float *dh, int accumulate, const mt_bf16 *dgb,
+                          const mt_bf16 *dub, const float *h, const mt_bf16 *hb, struct mt_param *wg,
+                          struct mt_param *wu, int n, int D, int F)
+{
+    wlinear_backward_db(ops, dh, accumulate ? 1.0f : 0.0f, wg->frozen ? NULL : wg->grad, NULL, dgb, h, hb, wg, n, D,
+                        F);
+    wlinear_backward_db(ops, dh, 1.0f, wu->frozen ? NULL : wu->grad, NULL, dub, h, hb, wu, n, D, F);
+}
+
 void mlp_backward_b(const struct mt_ops_i *ops, float *t, float *dt, float *dh, int accumulate, float *act,
                     mt_bf16 *act_b, float *dact, float *dg, float *du, const float *dout, const float *h,
                     const mt_bf16 *hb, const float *g, const float *u, struct mt_param *wg, struct mt_param *wu,
@@ -98,6 +128,20 @@ void mlp_backward_b(const struct mt_ops_i *ops, float *t, float *dt, float *dh, 
 {
     if (n <= 0) return;
     act = act_stored(act, act_b, wd, redo);
+    if (act_fused(ops, act, act_b, dg, du, wg, wu)) {
+        /* term 1 as proj_bwd_b runs it (Wd has no adapter here), split: da = dy Wd on
+         * dy rounded once (when dWd will read it too), ... */
+        float *dwd = wd->frozen ? NULL : wd->grad;
+        const mt_bf16 *db = dwd ? dyb_round(ops, dyb, dout, (size_t)n * D) : NULL;
+        wlinear_backward_db(ops, dact, 0.0f, NULL, dout, db, NULL, act_b, wd, n, F, D);
+        /* ... act's twin, bf16(dg), bf16(du) in one pass (act_fused: dg, du as bf16 scratch) ... */
+        mt_bf16 *dgb = (mt_bf16 *)dg, *dub = (mt_bf16 *)du;
+        ops->swiglu_backward_act_bf16(ops->be, act_b, dgb, dub, dact, g, u, (size_t)n * F);
+        /* ... then dWd += dy^T act on that rounded dy and the twin */
+        if (dwd) wlinear_backward_db(ops, NULL, 0.0f, dwd, dout, db, NULL, act_b, wd, n, F, D);
+        gate_up_bwd_b(ops, dh, accumulate, dgb, dub, h, hb, wg, wu, n, D, F);
+        return;
+    }
     swiglu_act(ops, act, act_b, g, u, (size_t)n * F);
     /* ReDo: the forward's activations again (same kernel, same g, u), once per microbatch */
     if (redo) ops->redo_score_acc(ops->be, redo, act, (size_t)n, F);
@@ -105,10 +149,7 @@ void mlp_backward_b(const struct mt_ops_i *ops, float *t, float *dt, float *dh, 
     if (dgu_direct(ops, act_b, dyb, wg, wu, (size_t)n * F)) {
         mt_bf16 *dgb = dyb->p, *dub = act_b;   /* both read by now (dgu_direct) */
         ops->swiglu_backward_bf16(ops->be, dgb, dub, dact, g, u, (size_t)n * F);
-        /* proj_bwd_b's GEMMs (no adapter: nothing else), on the rounded dy */
-        wlinear_backward_db(ops, dh, accumulate ? 1.0f : 0.0f, wg->frozen ? NULL : wg->grad, NULL, dgb, h, hb, wg, n,
-                            D, F);
-        wlinear_backward_db(ops, dh, 1.0f, wu->frozen ? NULL : wu->grad, NULL, dub, h, hb, wu, n, D, F);
+        gate_up_bwd_b(ops, dh, accumulate, dgb, dub, h, hb, wg, wu, n, D, F);
         return;
     }
     ops->swiglu_backward(ops->be, dg, du, dact, g, u, (size_t)n * F);

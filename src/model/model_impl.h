@@ -429,7 +429,8 @@ void mlp_backward(const struct mt_ops_i *ops, float *t, float *dt, float *dh, in
 /* the same with the bf16 operands of precision=bf16 (each NULL: that operand fp32, rounded
  * in the call): hb = bf16(h), act_b scratch (n, F) for bf16(act), dyb the dy scratch;
  * redo: the ReDo scores of its F units (int64 (F), +=; NULL: none). The backward may
- * leave bf16(du) in act_b and bf16(dg) in dyb->p, and dg, du unwritten (mlp.c dgu_direct) */
+ * leave bf16(du) in act_b and bf16(dg) in dyb->p, and dg, du unwritten (mlp.c dgu_direct),
+ * or bf16(act) in act_b and bf16(dg), bf16(du) in the first halves of dg, du (act_fused) */
 void mlp_forward_b(const struct mt_ops_i *ops, float *t, float *out, int accumulate, float *g, float *u, float *act,
                    mt_bf16 *act_b, const float *h, const mt_bf16 *hb, const struct mt_param *wg,
                    const struct mt_param *wu, const struct mt_param *wd, int n, int D, int F);

@@ -44,6 +44,12 @@
  * swiglu_backward_bf16 writes them as bf16 directly (the bits of
  * swiglu_backward then the rounding; no fp32 dg, du): dg into db where dy's
  * copy was, du into ab where the SwiGLU output's was (dWd has read both).
+ * When, besides, nothing reads the fp32 act (no ReDo, no adapter on down),
+ * the backward's recompute of act and that SwiGLU backward are one pass
+ * per group (swiglu_backward_act_bf16: g, u read once): dact = dy Wd runs
+ * first, then that kernel (act's twin into ab, dg, du into the fp32 scratch
+ * s_dg, s_du as bf16: db still holds dy for dWd), then dWd += dy^T act.
+ * Each output's GEMMs are the same calls in the same order per output.
  * A gemm_bf16 call with fp32 operands rounds them itself (into a padded
  * scratch, per call: the H100 run of 2026-11-27 counted 4e9 such elements
  * per moe8 step); the rounding is the same round-to-nearest-even, so the
@@ -310,16 +316,21 @@ static const mt_bf16 *const *rows_of(const mt_bf16 **out, const mt_bf16 *buf, co
     return out;
 }
 
-/* the SwiGLU output of every group of the chunk (and its bf16 twin in ab when given) */
+/* the fp32 act is read only by down's adapters and ReDo once the twin exists (the
+ * GEMMs take ab): without them the twin alone, as the dense MLP's act_stored */
+static int act_fp32_read(const struct mt_piece_ctx *pc, const struct group_set *s)
+{
+    int pick[GROUP_CHUNK];
+    return pc->redo || select_groups(s, 2, 1, pick) > 0;
+}
+
+/* the SwiGLU output of every group of the chunk (and its bf16 twin in ab when given;
+ * swiglu_forward_bf16 with out NULL when only that is read: the same bits) */
 static void swiglu_groups(const struct mt_piece_ctx *pc, const struct group_set *s, mt_bf16 *ab, const float *eg,
                           const float *eu, int Fe)
 {
     const struct mt_ops_i *ops = pc->ops;
-    /* the fp32 act is read only by down's adapters and ReDo once the twin exists (the
-     * GEMMs take ab): without them the twin alone (swiglu_forward_bf16, out NULL: the
-     * same bits), as the dense MLP's act_stored */
-    int pick[GROUP_CHUNK];
-    float *act = ab && !pc->redo && select_groups(s, 2, 1, pick) == 0 ? NULL : pc->s_act;
+    float *act = ab && !act_fp32_read(pc, s) ? NULL : pc->s_act;
     for (int i = 0; i < s->n; i++) {
         const size_t o = s->r0[i] * (size_t)Fe, n = (size_t)s->rows[i] * Fe;
         if (ab) ops->swiglu_forward_bf16(ops->be, act ? act + o : NULL, ab + o, eg + o, eu + o, n);
@@ -387,14 +398,18 @@ void moe_experts_backward(const struct mt_piece_ctx *pc, int n_groups, const int
         const struct mt_moe_scratch *bs = bf16_scratch(pc, &s);
         for (int i = 0; i < s.n; i++)
             for (int p = 0; p < 3; p++) W[p][i] = &s.w[i][p];
-        swiglu_groups(pc, &s, bs ? bs->ab : NULL, eg, eu, Fe);
+        /* direct: dg, du as bf16 only; fused: act's twin with them, in one pass (see the top) */
+        const int direct = bs && ops->swiglu_backward_bf16 && !gate_up_adapted(&s);
+        const int fused = direct && ops->swiglu_backward_act_bf16 && !act_fp32_read(pc, &s);
+        if (!fused) swiglu_groups(pc, &s, bs ? bs->ab : NULL, eg, eu, Fe);
         /* ReDo: each group's activations into its local expert's score accumulators */
         for (int i = 0; i < s.n && pc->redo; i++)
             ops->redo_score_acc(ops->be, pc->redo + (size_t)(s.w[i] - moe_w(pc)->experts) / 3 * Fe,
                                 pc->s_act + s.r0[i] * Fe, (size_t)s.rows[i], Fe);
-        /* down: dWd (D, Fe) += dy^T act (not frozen); dact (rows, Fe) = dy Wd (+ the adapter's path) */
+        /* down: dWd (D, Fe) += dy^T act (not frozen; fused: after the SwiGLU below);
+         * dact (rows, Fe) = dy Wd (+ the adapter's path) */
         const mt_bf16 *dyb = bs ? round_rows(ops, bs->db, dy, &s, D) : NULL;
-        weight_grad(pc, &s, 2, dy, dyb, D, pc->s_act, bs ? bs->ab : NULL, Fe);
+        if (!fused) weight_grad(pc, &s, 2, dy, dyb, D, pc->s_act, bs ? bs->ab : NULL, Fe);
         for (int i = 0; i < s.n; i++) {
             a[i] = dy + s.r0[i] * D;
             b[i] = s.w[i][2].data;
@@ -402,20 +417,25 @@ void moe_experts_backward(const struct mt_piece_ctx *pc, int n_groups, const int
         }
         grouped_t(ops, 0, 0, s.n, Mr, NF, ND, 1.0f, a, rows_of(ab, dyb, &s, D), D, b, NULL, Fe, 0.0f, c, Fe, W[2], 1);
         adapter_bwd(pc, &s, 2, pc->s_act, Fe, dy, D, pc->s_dact);
-        /* direct: dg, du as bf16 only, dg into db (dy's copy, read above), du into ab (act's, read
-         * by dWd above); one call per group as swiglu_backward (the cpu's chunks: its bits) */
-        const int direct = bs && ops->swiglu_backward_bf16 && !gate_up_adapted(&s);
+        /* direct: dg into db (dy's copy, read above), du into ab (act's, read by dWd above);
+         * fused: act's twin into ab, dg, du into s_dg, s_du as bf16 (db is dWd's yet).
+         * One call per group as swiglu_backward (the cpu's chunks: its bits) */
+        mt_bf16 *dgb = direct ? (fused ? (mt_bf16 *)pc->s_dg : bs->db) : NULL;
+        mt_bf16 *dub = direct ? (fused ? (mt_bf16 *)pc->s_du : bs->ab) : NULL;
         for (int i = 0; i < s.n; i++) {
             const size_t o = s.r0[i] * Fe, m = (size_t)s.rows[i] * Fe;
-            if (direct) ops->swiglu_backward_bf16(ops->be, bs->db + o, bs->ab + o, pc->s_dact + o, eg + o, eu + o, m);
+            if (fused)
+                ops->swiglu_backward_act_bf16(ops->be, bs->ab + o, dgb + o, dub + o, pc->s_dact + o, eg + o, eu + o, m);
+            else if (direct) ops->swiglu_backward_bf16(ops->be, dgb + o, dub + o, pc->s_dact + o, eg + o, eu + o, m);
             else ops->swiglu_backward(ops->be, pc->s_dg + o, pc->s_du + o, pc->s_dact + o, eg + o, eu + o, m);
         }
+        if (fused) weight_grad(pc, &s, 2, dy, dyb, D, pc->s_act, bs->ab, Fe);
         /* gate then up: dW (Fe, D) += d^T x; dx (rows, D) = dg Wg, then += du Wu (each + its adapter's path);
          * bf16: x rounded once for both; d (dg, then du) into db where dy was, unless direct */
         const mt_bf16 *xb = bs ? round_rows(ops, bs->xb, x, &s, D) : NULL;
         for (int p = 0; p < 2; p++) {
             float *d = direct ? NULL : p == 0 ? pc->s_dg : pc->s_du;
-            const mt_bf16 *db = direct ? (p == 0 ? bs->db : bs->ab) : bs ? round_rows(ops, bs->db, d, &s, Fe) : NULL;
+            const mt_bf16 *db = direct ? (p == 0 ? dgb : dub) : bs ? round_rows(ops, bs->db, d, &s, Fe) : NULL;
             weight_grad(pc, &s, p, d, db, Fe, x, xb, D);
             for (int i = 0; i < s.n; i++) {
                 a[i] = d ? d + s.r0[i] * Fe : NULL;

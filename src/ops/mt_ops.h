@@ -433,6 +433,17 @@ struct mt_ops_i {
      * the model runs swiglu_backward and rounds). */
     void (*swiglu_backward_bf16)(void *be, mt_bf16 *dgate_b, mt_bf16 *dup_b, const float *dout, const float *gate,
                                  const float *up, size_t n);
+    /* swiglu_backward_act_bf16: swiglu_forward_bf16's twin and
+     * swiglu_backward_bf16's two outputs from ONE read of gate, up (and
+     * dout): act_b = bf16(silu(g) * u), exactly the bits swiglu_forward_bf16
+     * writes for its twin, and dgate_b, dup_b exactly swiglu_backward_bf16's
+     * (all =, nearest even). For a caller that recomputes act in backward
+     * only for its bf16 twin (the down projection's dW) and then needs dg,
+     * du in bf16: 8 bytes a hidden unit (g, u in fp32) read once instead of
+     * twice. The three outputs must not overlap the inputs nor each other.
+     * Optional (NULL: the model runs the two entries). */
+    void (*swiglu_backward_act_bf16)(void *be, mt_bf16 *act_b, mt_bf16 *dgate_b, mt_bf16 *dup_b, const float *dout,
+                                     const float *gate, const float *up, size_t n);
     /* dst[i] = (float)src[i] (exact: every bf16 value is an fp32 value): the
      * way back of a bf16 gradient reduction (grad_reduce_dtype=bf16). NULL:
      * the backend refuses grad_reduce_dtype=bf16. */

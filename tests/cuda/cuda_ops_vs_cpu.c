@@ -208,7 +208,7 @@ static void test_table(void)
         E(moe_permute), E(moe_permute_backward), E(moe_combine), E(moe_combine_backward),
         E(adamw_update), E(muon_momentum), E(transpose), E(gemm_bf16), E(cast_bf16), E(rmsnorm_forward_bf16),
         E(rmsnorm_resid_forward), E(qk_norm_rope_forward), E(qk_norm_rope_backward), E(rmsnorm_resid_forward_bf16),
-        E(swiglu_forward_bf16), E(swiglu_backward_bf16), E(widen_bf16),
+        E(swiglu_forward_bf16), E(swiglu_backward_bf16), E(swiglu_backward_act_bf16), E(widen_bf16),
         E(moe_route), E(moe_seq_stats), E(moe_aux_loss), E(moe_aux_backward), E(xent_fused), E(xent_fused_bf16),
         E(sumsq_multi), E(normalize_fro), E(adamw_multi), E(nonfinite_mark), E(cast_bf16_multi), E(attention_forward_bf16),
         E(attention_backward_bf16), E(op_profile), E(redo_score_acc), E(mod_route), E(mod_backward),
@@ -1410,7 +1410,10 @@ static void test_cast_multi(void)
  * against the host's rounding. swiglu_forward_bf16 with out = NULL writes
  * the twin alone: the same bits on both paths. swiglu_backward_bf16 is
  * bf16 of swiglu_backward's dg, du (host rounding of the plain op's bits)
- * on both paths, and on the scalar path when only dup_b is one element off. */
+ * on both paths, and on the scalar path when only dup_b is one element off.
+ * swiglu_backward_act_bf16 is bf16 of swiglu_forward's out and of
+ * swiglu_backward's dg, du on both paths, and with only act_b one element
+ * off (the other two aligned: the scalar path). */
 static uint16_t host_bf16(float f);
 static void test_vec_elementwise(void)
 {
@@ -1419,8 +1422,9 @@ static void test_vec_elementwise(void)
     float *g = rnd(m, -6, 6), *u = rnd(m, -2, 2), *d = rnd(m, -1, 1);
     struct be *b = BE(1);
     float *o[2], *po[2], *dg[2], *du[2], *ig[2], *iu[2], *wd[2];
-    uint16_t *tw[2], *cb[2], *tn[2], *bg[2], *bu[2], *bm[2];
+    uint16_t *tw[2], *cb[2], *tn[2], *bg[2], *bu[2], *bm[2], *fa[2], *fg[2], *fu[2], *fm[2];
     float *hg = xmalloc(m * 4), *hu = xmalloc(m * 4), *hd = xmalloc(m * 4);
+    size_t fbad2 = 0;   /* the act_b-off call's dg, du unlike the aligned call's (whole buffers) */
     for (int off = 0; off < 2; off++) {
         /* the same n inputs at element `off` of the device buffers */
         memset(hg, 0, m * 4); memset(hu, 0, m * 4); memset(hd, 0, m * 4);
@@ -1430,6 +1434,8 @@ static void test_vec_elementwise(void)
         float *WD = dalloc(b, m * 4);
         uint16_t *TW = dalloc(b, m * 2), *CB = dalloc(b, m * 2), *TN = dalloc(b, m * 2);
         uint16_t *BG = dalloc(b, m * 2), *BU = dalloc(b, m * 2), *BM = dalloc(b, m * 2);
+        uint16_t *FA = dalloc(b, m * 2), *FG = dalloc(b, m * 2), *FU = dalloc(b, m * 2), *FM = dalloc(b, m * 2);
+        uint16_t *FG2 = dalloc(b, m * 2), *FU2 = dalloc(b, m * 2);
         b->ops->swiglu_forward_bf16(b->ops->be, O + off, TW + off, G + off, U + off, n);
         b->ops->swiglu_forward_bf16(b->ops->be, NULL, TN + off, G + off, U + off, n);
         b->ops->swiglu_forward(b->ops->be, PO + off, G + off, U + off, n);
@@ -1438,6 +1444,9 @@ static void test_vec_elementwise(void)
         b->ops->swiglu_backward_bf16(b->ops->be, BG + off, BU + off, D + off, G + off, U + off, n);
         /* dgate_b at BG + off again, dup_b at the other offset: one output off alone takes the scalar path */
         b->ops->swiglu_backward_bf16(b->ops->be, BG + off, BM + (1 - off), D + off, G + off, U + off, n);
+        b->ops->swiglu_backward_act_bf16(b->ops->be, FA + off, FG + off, FU + off, D + off, G + off, U + off, n);
+        /* act_b alone at the other offset: the scalar path (dg, du into their own buffers, checked equal) */
+        b->ops->swiglu_backward_act_bf16(b->ops->be, FM + (1 - off), FG2 + off, FU2 + off, D + off, G + off, U + off, n);
         b->ops->cast_bf16(b->ops->be, CB + off, G + off, n);
         b->ops->widen_bf16(b->ops->be, WD + off, CB + off, n);
         o[off] = downf(b, O + off, n);
@@ -1459,12 +1468,28 @@ static void test_vec_elementwise(void)
         b->ops->copy_to_host(b->ops->be, bg[off], BG + off, n * 2);
         b->ops->copy_to_host(b->ops->be, bu[off], BU + off, n * 2);
         b->ops->copy_to_host(b->ops->be, bm[off], BM + (1 - off), n * 2);
+        fa[off] = xmalloc(n * 2);
+        fg[off] = xmalloc(n * 2);
+        fu[off] = xmalloc(n * 2);
+        fm[off] = xmalloc(n * 2);
+        uint16_t *fg2 = xmalloc(n * 2), *fu2 = xmalloc(n * 2);
+        b->ops->copy_to_host(b->ops->be, fa[off], FA + off, n * 2);
+        b->ops->copy_to_host(b->ops->be, fg[off], FG + off, n * 2);
+        b->ops->copy_to_host(b->ops->be, fu[off], FU + off, n * 2);
+        b->ops->copy_to_host(b->ops->be, fm[off], FM + (1 - off), n * 2);
+        b->ops->copy_to_host(b->ops->be, fg2, FG2 + off, n * 2);
+        b->ops->copy_to_host(b->ops->be, fu2, FU2 + off, n * 2);
+        fbad2 += (size_t)(memcmp(fg2, fg[off], n * 2) != 0) + (size_t)(memcmp(fu2, fu[off], n * 2) != 0);
+        free(fg2); free(fu2);
         release(b);
     }
-    size_t tbad = 0, cbad = 0, wbad = 0, nbad = 0, bbad = 0;
+    size_t tbad = 0, cbad = 0, wbad = 0, nbad = 0, bbad = 0, fbad = fbad2;
     for (size_t i = 0; i < n; i++) {
-        for (int k = 0; k < 2; k++)
+        for (int k = 0; k < 2; k++) {
             bbad += bg[k][i] != host_bf16(dg[0][i]) || bu[k][i] != host_bf16(du[0][i]) || bm[k][i] != bu[k][i];
+            fbad += fa[k][i] != host_bf16(po[0][i]) || fg[k][i] != host_bf16(dg[0][i]) ||
+                    fu[k][i] != host_bf16(du[0][i]) || fm[k][i] != fa[k][i];
+        }
         tbad += tw[0][i] != host_bf16(o[0][i]) || tw[1][i] != tw[0][i];
         nbad += tn[0][i] != tw[0][i] || tn[1][i] != tw[0][i];
         cbad += cb[0][i] != host_bf16(g[i]) || cb[1][i] != cb[0][i];
@@ -1483,11 +1508,13 @@ static void test_vec_elementwise(void)
            (double)(ndiff(ig[0], dg[0], n) + ndiff(iu[0], du[0], n) + ndiff(ig[1], dg[1], n) + ndiff(iu[1], du[1], n)), 0);
     report("vec_elementwise", "swiglu_backward_bf16 = bf16(swiglu_backward), both paths, dup_b alone off (differing)",
            (double)bbad, 0);
+    report("vec_elementwise", "swiglu_backward_act_bf16 = bf16(swiglu_forward), bf16(swiglu_backward), both paths, act_b alone off (differing)",
+           (double)fbad, 0);
     report("vec_elementwise", "cast_bf16 = host rounding, vector = scalar (differing)", (double)cbad, 0);
     report("vec_elementwise", "widen_bf16 exact, vector = scalar (differing)", (double)wbad, 0);
     for (int k = 0; k < 2; k++) {
         free(o[k]); free(po[k]); free(dg[k]); free(du[k]); free(ig[k]); free(iu[k]); free(wd[k]); free(tw[k]); free(cb[k]); free(tn[k]);
-        free(bg[k]); free(bu[k]); free(bm[k]);
+        free(bg[k]); free(bu[k]); free(bm[k]); free(fa[k]); free(fg[k]); free(fu[k]); free(fm[k]);
     }
     free(g); free(u); free(d); free(hg); free(hu); free(hd);
 }

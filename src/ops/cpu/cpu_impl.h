@@ -168,6 +168,9 @@ void mt_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const f
 /* dgate_b, dup_b = bf16(dg), bf16(du): mt_cpu_swiglu_backward's bits, rounded (no fp32 output) */
 void mt_cpu_swiglu_backward_bf16(uint16_t *dgate_b, uint16_t *dup_b, const float *dout, const float *gate,
                                  const float *up, size_t n);
+/* act_b = mt_cpu_swiglu_forward_bf16's twin, dgate_b, dup_b = mt_cpu_swiglu_backward_bf16's: one pass */
+void mt_cpu_swiglu_backward_act_bf16(uint16_t *act_b, uint16_t *dgate_b, uint16_t *dup_b, const float *dout,
+                                     const float *gate, const float *up, size_t n);
 
 /* ---- xent.c ---- */
 void mt_cpu_xent_forward(float *losses, float *lse_out, const float *logits, const int32_t *targets,

@@ -5,7 +5,9 @@
  *   backward: dg = dout * u * silu'(g),  du = dout * silu(g)   (both =)
  *
  * Invariant: purely elementwise over fixed chunks; dgate/dup may alias
- * gate/up (each element is read before it is written).
+ * gate/up (each element is read before it is written). The bf16 entries
+ * round (nearest even) fp32 values that fwd_range / bwd_range computed over
+ * the same chunks as the plain entries: their bits, rounded.
  */
 #include "cpu_impl.h"
 
@@ -29,7 +31,9 @@ static void fwd_range(float *out, const float *gate, const float *up, size_t lo,
     }
 }
 
-static void bwd_range(float *dgate, float *dup, const float *dout, const float *gate,
+/* act: NULL, or also act = silu * u = (g s) u, fwd_range's product in its
+ * order (same s, same two roundings: its bits), from the same loads */
+static void bwd_range(float *act, float *dgate, float *dup, const float *dout, const float *gate,
                       const float *up, size_t lo, size_t hi)
 {
     size_t i = lo;
@@ -40,6 +44,7 @@ static void bwd_range(float *dgate, float *dup, const float *dout, const float *
         __m256 s = _mm256_div_ps(one, _mm256_add_ps(one, mt_cpu_exp8(_mm256_sub_ps(zero, g))));
         __m256 silu = _mm256_mul_ps(g, s);
         __m256 dsilu = _mm256_fmadd_ps(silu, _mm256_sub_ps(one, s), s);  /* s + g s (1-s) */
+        if (act) _mm256_storeu_ps(act + i, _mm256_mul_ps(silu, u));
         _mm256_storeu_ps(dgate + i, _mm256_mul_ps(_mm256_mul_ps(d, u), dsilu));
         _mm256_storeu_ps(dup + i, _mm256_mul_ps(d, silu));
     }
@@ -48,6 +53,7 @@ static void bwd_range(float *dgate, float *dup, const float *dout, const float *
         float g = gate[i], u = up[i], d = dout[i];
         float s = 1.0f / (1.0f + mt_cpu_expf(-g));
         float silu = g * s;
+        if (act) act[i] = silu * u;
         dgate[i] = d * u * (s + g * s * (1.0f - s));
         dup[i]   = d * silu;
     }
@@ -82,7 +88,7 @@ void mt_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const f
     size_t nc = (n + CHUNK - 1) / CHUNK;
     #pragma omp parallel for schedule(static) if (n > 16384)
     for (size_t c = 0; c < nc; c++)
-        bwd_range(dgate, dup, dout, gate, up, c * CHUNK, (c + 1) * CHUNK < n ? (c + 1) * CHUNK : n);
+        bwd_range(NULL, dgate, dup, dout, gate, up, c * CHUNK, (c + 1) * CHUNK < n ? (c + 1) * CHUNK : n);
 }
 
 /* the same chunks as mt_cpu_swiglu_backward (bwd_range's 8-wide groups start
@@ -97,8 +103,30 @@ void mt_cpu_swiglu_backward_bf16(uint16_t *dgate_b, uint16_t *dup_b, const float
     for (size_t c = 0; c < nc; c++) {
         const size_t lo = c * CHUNK, m = (c + 1) * CHUNK < n ? CHUNK : n - lo;
         float tg[CHUNK], tu[CHUNK];
-        bwd_range(tg, tu, dout + lo, gate + lo, up + lo, 0, m);
+        bwd_range(NULL, tg, tu, dout + lo, gate + lo, up + lo, 0, m);
         for (size_t i = 0; i < m; i++) {
+            dgate_b[lo + i] = mt_cpu_f32_to_bf16(tg[i]);
+            dup_b[lo + i] = mt_cpu_f32_to_bf16(tu[i]);
+        }
+    }
+}
+
+/* one read of gate, up, dout per chunk (mt_ops.h swiglu_backward_act_bf16):
+ * bwd_range over mt_cpu_swiglu_backward_bf16's chunks also gives act, whose
+ * 8-wide groups start where fwd_range's do in mt_cpu_swiglu_forward_bf16
+ * (each chunk's first element): the three are those entries' bits, rounded
+ * while the chunk is in cache (3 x 16 KiB of stack per thread) */
+void mt_cpu_swiglu_backward_act_bf16(uint16_t *act_b, uint16_t *dgate_b, uint16_t *dup_b, const float *dout,
+                                     const float *gate, const float *up, size_t n)
+{
+    size_t nc = (n + CHUNK - 1) / CHUNK;
+    #pragma omp parallel for schedule(static) if (n > 16384)
+    for (size_t c = 0; c < nc; c++) {
+        const size_t lo = c * CHUNK, m = (c + 1) * CHUNK < n ? CHUNK : n - lo;
+        float ta[CHUNK], tg[CHUNK], tu[CHUNK];
+        bwd_range(ta, tg, tu, dout + lo, gate + lo, up + lo, 0, m);
+        for (size_t i = 0; i < m; i++) {
+            act_b[lo + i] = mt_cpu_f32_to_bf16(ta[i]);
             dgate_b[lo + i] = mt_cpu_f32_to_bf16(tg[i]);
             dup_b[lo + i] = mt_cpu_f32_to_bf16(tu[i]);
         }

@@ -615,6 +615,8 @@ void mt_cuda_swiglu_backward(void *be, float *dgate, float *dup, const float *do
                              const float *up, size_t n);
 void mt_cuda_swiglu_backward_bf16(void *be, mt_bf16 *dgate_b, mt_bf16 *dup_b, const float *dout, const float *gate,
                                   const float *up, size_t n);
+void mt_cuda_swiglu_backward_act_bf16(void *be, mt_bf16 *act_b, mt_bf16 *dgate_b, mt_bf16 *dup_b, const float *dout,
+                                      const float *gate, const float *up, size_t n);
 
 /* ---- xent.cu ---- */
 void mt_cuda_xent_forward(void *be, float *losses, float *lse_out, const float *logits, const int32_t *targets,

@@ -18,12 +18,15 @@ static __device__ __forceinline__ float swiglu1(float g, float u)
     float s = 1.0f / (1.0f + expf(-g));
     return g * s * u;
 }
-static __device__ __forceinline__ void swiglu1_bwd(float &dg, float &du, float d, float g, float u)
+/* returns act = silu * u = (g s) u: swiglu1's product in its order (same s,
+ * same two roundings: its bits); a caller that drops it costs nothing */
+static __device__ __forceinline__ float swiglu1_bwd(float &dg, float &du, float d, float g, float u)
 {
     float s = 1.0f / (1.0f + expf(-g));
     float silu = g * s;
     dg = d * u * (s + silu * (1.0f - s));
     du = d * silu;
+    return silu * u;
 }
 
 /* Vector path (docs/cuda.md "Vectorised elementwise kernels"): elements
@@ -59,26 +62,30 @@ static __device__ __forceinline__ void bwd_st1(__nv_bfloat16 *p, float v) { *p =
 
 /* swiglu1_bwd's dg, du, stored as O: float (swiglu_backward) or bf16
  * (swiglu_backward_bf16: the same bits rounded, 8-byte bf16x4 stores on the
- * vector path). Each thread reads its elements of gate, up, dout before
- * writing them, so fp32 dgate/dup may alias gate/up (vector path: the whole
- * float4 first); bf16 outputs never alias the fp32 inputs. */
+ * vector path). ab: NULL, or also the bf16 twin of act from the same loads
+ * (swiglu_backward_act_bf16, O bf16 only: swiglu_fwd_k's twin bits). Each
+ * thread reads its elements of gate, up, dout before writing them, so fp32
+ * dgate/dup may alias gate/up (vector path: the whole float4 first); bf16
+ * outputs never alias the fp32 inputs. */
 template <typename O>
-static __global__ void swiglu_bwd_k(O *dgate, O *dup, const float *dout, const float *gate, const float *up,
-                                    size_t n4, size_t n)
+static __global__ void swiglu_bwd_k(__nv_bfloat16 *ab, O *dgate, O *dup, const float *dout, const float *gate,
+                                    const float *up, size_t n4, size_t n)
 {
     const size_t i0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x, st = (size_t)gridDim.x * blockDim.x;
     for (size_t i = i0; i < n4; i += st) {
-        float4 g = mt_ld_f4(gate + 4 * i), u = mt_ld_f4(up + 4 * i), d = mt_ld_f4(dout + 4 * i), rg, ru;
-        swiglu1_bwd(rg.x, ru.x, d.x, g.x, u.x);
-        swiglu1_bwd(rg.y, ru.y, d.y, g.y, u.y);
-        swiglu1_bwd(rg.z, ru.z, d.z, g.z, u.z);
-        swiglu1_bwd(rg.w, ru.w, d.w, g.w, u.w);
+        float4 g = mt_ld_f4(gate + 4 * i), u = mt_ld_f4(up + 4 * i), d = mt_ld_f4(dout + 4 * i), rg, ru, a;
+        a.x = swiglu1_bwd(rg.x, ru.x, d.x, g.x, u.x);
+        a.y = swiglu1_bwd(rg.y, ru.y, d.y, g.y, u.y);
+        a.z = swiglu1_bwd(rg.z, ru.z, d.z, g.z, u.z);
+        a.w = swiglu1_bwd(rg.w, ru.w, d.w, g.w, u.w);
+        if (ab) mt_st_bf16x4(ab + 4 * i, a);
         bwd_st4(dgate + 4 * i, rg);
         bwd_st4(dup + 4 * i, ru);
     }
     for (size_t i = 4 * n4 + i0; i < n; i += st) {
         float g = gate[i], u = up[i], d = dout[i], rg, ru;
-        swiglu1_bwd(rg, ru, d, g, u);
+        float a = swiglu1_bwd(rg, ru, d, g, u);
+        if (ab) ab[i] = mt_cuda_bf16_rn(a);
         bwd_st1(dgate + i, rg);
         bwd_st1(dup + i, ru);
     }
@@ -123,7 +130,8 @@ extern "C" void mt_cuda_swiglu_backward(void *be, float *dgate, float *dup, cons
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (!n) return;
     const size_t n4 = vec4_count(n, dgate, dup, dout, gate, NULL) && mt_cuda_aligned(up, 16) ? n / 4 : 0;
-    MT_LAUNCH(swiglu_bwd_k<float>, vec4_blocks(n4, n), THREADS, 0)(dgate, dup, dout, gate, up, n4, n);
+    MT_LAUNCH(swiglu_bwd_k<float>, vec4_blocks(n4, n), THREADS, 0)((__nv_bfloat16 *)NULL, dgate, dup, dout, gate, up,
+                                                                   n4, n);
     MT_CUDA_KCHECK();
 }
 
@@ -134,8 +142,23 @@ extern "C" void mt_cuda_swiglu_backward_bf16(void *be, mt_bf16 *dgate_b, mt_bf16
     if (!n) return;
     /* the fp32 inputs 16-byte aligned, both bf16 outputs 8-byte aligned, else the scalar path */
     const size_t n4 = vec4_count(n, dout, gate, up, NULL, dgate_b) && mt_cuda_aligned(dup_b, 8) ? n / 4 : 0;
-    MT_LAUNCH(swiglu_bwd_k<__nv_bfloat16>, vec4_blocks(n4, n), THREADS, 0)((__nv_bfloat16 *)dgate_b,
-                                                                           (__nv_bfloat16 *)dup_b, dout, gate, up, n4, n);
+    MT_LAUNCH(swiglu_bwd_k<__nv_bfloat16>, vec4_blocks(n4, n), THREADS, 0)(
+        (__nv_bfloat16 *)NULL, (__nv_bfloat16 *)dgate_b, (__nv_bfloat16 *)dup_b, dout, gate, up, n4, n);
+    MT_CUDA_KCHECK();
+}
+
+/* one launch for the backward's act twin, dg and du (mt_ops.h): gate, up,
+ * dout read once, three bf16 stores */
+extern "C" void mt_cuda_swiglu_backward_act_bf16(void *be, mt_bf16 *act_b, mt_bf16 *dgate_b, mt_bf16 *dup_b,
+                                                 const float *dout, const float *gate, const float *up, size_t n)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    if (!n) return;
+    /* the fp32 inputs 16-byte aligned, the three bf16 outputs 8-byte aligned, else the scalar path */
+    const size_t n4 = vec4_count(n, dout, gate, up, NULL, dgate_b) && mt_cuda_aligned(dup_b, 8) &&
+                              mt_cuda_aligned(act_b, 8) ? n / 4 : 0;
+    MT_LAUNCH(swiglu_bwd_k<__nv_bfloat16>, vec4_blocks(n4, n), THREADS, 0)(
+        (__nv_bfloat16 *)act_b, (__nv_bfloat16 *)dgate_b, (__nv_bfloat16 *)dup_b, dout, gate, up, n4, n);
     MT_CUDA_KCHECK();
 }
 
