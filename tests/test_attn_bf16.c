@@ -222,26 +222,46 @@ static double worst_ratio(const float *got, const double *want, const double *bo
 
 struct outs { float *out, *lse, *dq, *dk, *dv; uint16_t *outb; };
 
+/* How run() hands the entries their qkv_b (mt_ops.h): none (the backend
+ * stages q, k, v itself both times), a buffer, or a buffer with the fp32 q,
+ * k, v overwritten between the forward and the backward (a backend that keeps
+ * its rounded operands there must not read them again) */
+enum qkvb_mode { QKVB_NONE, QKVB_SAVED, QKVB_SAVED_POISONED };
+
 /* one forward + backward on `ops`, results on the host */
-static void run(const struct mt_ops_i *ops, const struct shape *s, const float *q, const float *k, const float *v,
-                const float *g, const float *out_in, const float *lse_in, struct outs *o)
+static void run_qkvb(const struct mt_ops_i *ops, const struct shape *s, const float *q, const float *k,
+                     const float *v, const float *g, const float *out_in, const float *lse_in, struct outs *o,
+                     enum qkvb_mode mode)
 {
     const size_t nq = (size_t)s->B * s->T * s->H * s->hd, nk = (size_t)s->B * s->T * s->K * s->hd;
     const size_t nl = (size_t)s->B * s->H * s->T;
     float *dq_ = up(ops, q, nq * 4), *dk_ = up(ops, k, nk * 4), *dv_ = up(ops, v, nk * 4), *dg = up(ops, g, nq * 4);
     float *dout = dev(ops, nq * 4), *dlse = dev(ops, nl * 4);
-    uint16_t *doutb = dev(ops, nq * 2);
-    ops->attention_forward_bf16(ops->be, dout, doutb, dlse, dq_, dk_, dv_, s->B, s->T, s->H, s->K, s->hd);
+    uint16_t *doutb = dev(ops, nq * 2), *qkvb = mode == QKVB_NONE ? NULL : dev(ops, (nq + 2 * nk) * 2);
+    ops->attention_forward_bf16(ops->be, dout, doutb, dlse, dq_, dk_, dv_, s->B, s->T, s->H, s->K, s->hd, qkvb);
     o->out = xalloc(nq * 4); o->lse = xalloc(nl * 4); o->outb = xalloc(nq * 2);
     down(ops, o->out, dout, nq * 4); down(ops, o->lse, dlse, nl * 4); down(ops, o->outb, doutb, nq * 2);
+    if (mode == QKVB_SAVED_POISONED) {
+        ops->fill(ops->be, dq_, 1e3f, nq);
+        ops->fill(ops->be, dk_, -1e3f, nk);
+        ops->fill(ops->be, dv_, 7.0f, nk);
+    }
     /* backward from the reference's out and lse (fp32), so its bound is the backward's own */
     float *oin = up(ops, out_in, nq * 4), *lin = up(ops, lse_in, nl * 4);
     float *gq = dev(ops, nq * 4), *gk = dev(ops, nk * 4), *gv = dev(ops, nk * 4);
-    ops->attention_backward_bf16(ops->be, gq, gk, gv, dg, dq_, dk_, dv_, oin, lin, s->B, s->T, s->H, s->K, s->hd);
+    ops->attention_backward_bf16(ops->be, gq, gk, gv, dg, dq_, dk_, dv_, oin, lin, s->B, s->T, s->H, s->K, s->hd,
+                                 qkvb);
     o->dq = xalloc(nq * 4); o->dk = xalloc(nk * 4); o->dv = xalloc(nk * 4);
     down(ops, o->dq, gq, nq * 4); down(ops, o->dk, gk, nk * 4); down(ops, o->dv, gv, nk * 4);
-    void *bufs[] = {dq_, dk_, dv_, dg, dout, dlse, doutb, oin, lin, gq, gk, gv};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ops->buf_free(ops->be, &g_ctx, bufs[i]);
+    void *bufs[] = {dq_, dk_, dv_, dg, dout, dlse, doutb, oin, lin, gq, gk, gv, qkvb};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) ops->buf_free(ops->be, &g_ctx, bufs[i]);
+}
+
+static void run(const struct mt_ops_i *ops, const struct shape *s, const float *q, const float *k, const float *v,
+                const float *g, const float *out_in, const float *lse_in, struct outs *o)
+{
+    run_qkvb(ops, s, q, k, v, g, out_in, lse_in, o, QKVB_NONE);
 }
 
 static void outs_free(struct outs *o)
@@ -350,6 +370,20 @@ static void test_shape(const struct shape *s)
         }
     }
 #endif
+
+    /* qkv_b given: the same bits; on cuda (which keeps its rounded q, k, v there)
+     * also with the fp32 q, k, v overwritten before the backward */
+    run_qkvb(g_ops, s, q, k, v, g, out_in, lse_in, &b, QKVB_SAVED);
+    snprintf(what, sizeof what, "%s: qkv_b given: the same bits", name);
+    check(same_bits(&a, &b, s), what, "");
+    outs_free(&b);
+    if (g_ops != g_cpu && s->hd % 8 == 0) {   /* cuda keeps them for 16-byte rows (hd % 8 == 0) */
+        run_qkvb(g_ops, s, q, k, v, g, out_in, lse_in, &b, QKVB_SAVED_POISONED);
+        snprintf(what, sizeof what, "%s: qkv_b: backward reads the saved q, k, v", name);
+        check(same_bits(&a, &b, s), what, "");
+        outs_free(&b);
+    }
+
 
     if (g_ops != g_cpu) {
         struct outs c;

@@ -301,7 +301,7 @@ for ds_mb in default 0; do
     if [ $ds_mb = default ]; then rc=$rc_attdef; else rc=$rc_att0; fi
     n_att=$(grep -c '^ok  ' "$log")
     if [ $rc -eq 0 ] && [ "$n_att" -ge 85 ] && grep -q '^test_attn_bf16: [0-9]* passed, 0 failed$' "$log"; then
-        echo "PASS emulated test_attn_bf16 -b cuda (MT_CUDA_ATTN_DS_MB=$ds_mb): $n_att checks (tensor-core attention v1 and v2, worst err/bound on dq $(grep 'within the bf16 bound' "$log" | grep -o ' dq [0-9.]*' | sort -k2 -g | tail -1 | cut -d' ' -f3))"
+        echo "PASS emulated test_attn_bf16 -b cuda (MT_CUDA_ATTN_DS_MB=$ds_mb): $n_att checks (tensor-core attention v1, v2 and v3, worst err/bound on dq $(grep 'within the bf16 bound' "$log" | grep -o ' dq [0-9.]*' | sort -k2 -g | tail -1 | cut -d' ' -f3))"
     else
         grep -E 'FAIL|emu' "$log" | head -20; tail -2 "$log"
         echo "FAIL: emulated test_attn_bf16 -b cuda (MT_CUDA_ATTN_DS_MB=$ds_mb) exited $rc ($n_att ok lines)"; fail=1

@@ -38,6 +38,9 @@ struct attn_state {
     float   *v;        /* (N, KD)                                                   */
     float   *att;      /* (N, QD) attention output, before o_proj                   */
     mt_bf16 *att_b;    /* (N, QD) precision=bf16: bf16(att), Wo's operand; else NULL */
+    mt_bf16 *qkv_b;    /* (N, QD + 2 KD) precision=bf16 attention: bf16(q), bf16(k),
+                          bf16(v) as the forward's kernel rounded them, read again by
+                          the backward's (mt_ops.h attention_*_bf16); else NULL     */
     float   *lse;      /* (B, H, T) attention logsumexp (no T x T matrix is kept)   */
 };
 _Static_assert(sizeof(struct attn_state) <= PIECE_STATE_MAX, "raise PIECE_STATE_MAX");
@@ -112,7 +115,8 @@ static enum mt_status attn_piece_forward(struct mt_ctx *ctx, const struct mt_pie
     } else if (attn_bf16(pc)) {
         /* precision=bf16: bf16 operands on tensor cores; the kernel also writes
          * att's bf16 twin, Wo's operand in the forward and dWo GEMMs */
-        ops->attention_forward_bf16(ops->be, st->att, st->att_b, st->lse, st->q, st->k, st->v, B, T, H, K, hd);
+        ops->attention_forward_bf16(ops->be, st->att, st->att_b, st->lse, st->q, st->k, st->v, B, T, H, K, hd,
+                                    st->qkv_b);
     } else {
         ops->attention_forward(ops->be, st->att, st->lse, st->q, st->k, st->v, B, T, T, 0, H, K, hd);
     }
@@ -149,7 +153,7 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
     /* term 2: attention core (dq, dk, dv overwritten) */
     if (attn_bf16(pc))
         ops->attention_backward_bf16(ops->be, aown(pc)->dq, aown(pc)->dk, aown(pc)->dv, aown(pc)->datt, st->q, st->k, st->v, st->att,
-                                     st->lse, B, T, H, K, hd);
+                                     st->lse, B, T, H, K, hd, st->qkv_b);
     else
         ops->attention_backward(ops->be, aown(pc)->dq, aown(pc)->dk, aown(pc)->dv, aown(pc)->datt, st->q, st->k, st->v, st->att, st->lse,
                                 B, T, H, K, hd);
@@ -257,6 +261,9 @@ static void attn_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struc
     if (pc->bf16 && !pc->tp.sp && (!pc->ops || pc->ops->rmsnorm_resid_forward_bf16))
         pc->nm->hb = carve(c, A, Nr * D * 2);
     if (pc->bf16) st->att_b = carve(c, A, N * QD * 2);
+    /* the attention core's rounded q, k, v, saved for its backward (2 bytes an
+     * element here against 6 of re-rounding the fp32 q, k, v there) */
+    st->qkv_b = pc->bf16 && (!pc->ops || pc->ops->attention_forward_bf16) ? carve(c, A, N * (QD + 2 * KD) * 2) : NULL;
     st->lse = carve_f(c, A, N * (size_t)o->H);
 }
 

@@ -458,12 +458,19 @@ struct mt_ops_i {
      * are fp32. out_bf16 (may be NULL) = bf16(out): the Wo GEMM's operand.
      * dq, dk, dv OVERWRITE. Optional (NULL: the model runs the fp32 entries).
      * cpu: the reference of the mode (same rounding points); cuda: wmma
-     * tensor-core tiles (attention_tc.cu). */
+     * tensor-core tiles (attention_tc.cu).
+     * qkv_b: NULL, or the caller's room for bf16(q), bf16(k), bf16(v) in that
+     * order ((B T H hd + 2 B T K hd) bf16, contiguous), saved between the two
+     * calls: the forward leaves the rounded operands there and the backward
+     * given the same buffer (q, k, v unchanged since) reads them instead of
+     * rounding q, k, v again (cuda: 6 bytes an element of the backward's
+     * staging). The same bits either way; a backend may ignore it (cpu). */
     void (*attention_forward_bf16)(void *be, float *out, mt_bf16 *out_bf16, float *lse, const float *q,
-                                   const float *k, const float *v, int B, int T, int H, int K, int hd);
+                                   const float *k, const float *v, int B, int T, int H, int K, int hd,
+                                   mt_bf16 *qkv_b);
     void (*attention_backward_bf16)(void *be, float *dq, float *dk, float *dv, const float *dout, const float *q,
                                     const float *k, const float *v, const float *out, const float *lse,
-                                    int B, int T, int H, int K, int hd);
+                                    int B, int T, int H, int K, int hd, const mt_bf16 *qkv_b);
     /* ---- the Mamba-3 scan in bf16 (precision=bf16; docs/cuda.md "The Mamba-3
      * scan on tensor cores") ----
      * ssm_scan_forward/backward's contract with the chunked form's

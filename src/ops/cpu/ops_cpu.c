@@ -242,16 +242,19 @@ static void p_attention_backward(void *be, float *dq, float *dk, float *dv, cons
     PROF(MT_OPK_ATTENTION_BWD, mt_cpu_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, hd));
 }
 static void p_attention_forward_bf16(void *be, float *out, mt_bf16 *out_bf16, float *lse, const float *q,
-                                     const float *k, const float *v, int B, int T, int H, int K, int hd)
+                                     const float *k, const float *v, int B, int T, int H, int K, int hd,
+                                     mt_bf16 *qkv_b)
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    (void)qkv_b;   /* the reference rounds its operands per call (mt_ops.h allows it) */
     PROF(MT_OPK_ATTENTION, mt_cpu_attention_forward_bf16(out, out_bf16, lse, q, k, v, B, T, H, K, hd));
 }
 static void p_attention_backward_bf16(void *be, float *dq, float *dk, float *dv, const float *dout, const float *q,
                                       const float *k, const float *v, const float *out, const float *lse, int B,
-                                      int T, int H, int K, int hd)
+                                      int T, int H, int K, int hd, const mt_bf16 *qkv_b)
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    (void)qkv_b;
     PROF(MT_OPK_ATTENTION_BWD, mt_cpu_attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, hd));
 }
 static void p_swiglu_forward(void *be, float *out, const float *gate, const float *up, size_t n)

@@ -500,27 +500,42 @@ static size_t tc_ds_bytes(int B, int T, int H)
     const size_t nt = (size_t)(T + TC_B - 1) / TC_B;
     return (size_t)B * (size_t)H * (nt * (nt + 1) / 2) * TC_B * TC_B * 2;
 }
+/* The call's bf16 operands: q, k, v in the caller's qkv_b (mt_ops.h) when it
+ * is given and 16-byte aligned (the kernels' row loads), else in the
+ * workspace; dout, D and the dS tiles (backward) in the workspace. The
+ * forward rounds q, k, v; the backward rounds dout, and q, k, v only when
+ * they are not the caller's (saved by its forward: the same bits). */
 static int tc_stage(struct tc_operands *o, const float *q, const float *k, const float *v, const float *dout,
-                    int B, int T, int H, int K, int hd)
+                    int B, int T, int H, int K, int hd, const mt_bf16 *qkv_b)
 {
     const size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * K * hd;
+    const int saved = qkv_b && hd % 8 == 0 && ((uintptr_t)qkv_b & 15) == 0;
     const size_t bq = tc_up256(nq * 2), bk = tc_up256(nk * 2), bd = dout ? tc_up256((size_t)B * H * T * 4) : 0;
+    const size_t bqkv = saved ? 0 : bq + 2 * bk;
     const size_t bds =
         dout && tc_ds_bytes(B, T, H) <= mt_cuda_be->attn_ds_cap ? tc_up256(tc_ds_bytes(B, T, H)) : 0;
-    unsigned char *ws = (unsigned char *)mt_cuda_workspace(bq + 2 * bk + (dout ? bq : 0) + bd + bds);
-    if (!ws) return 0;
-    o->ds = bds ? (bf16 *)(ws + 2 * bq + 2 * bk + bd) : NULL;
-    o->q = (bf16 *)ws;
-    o->k = (bf16 *)(ws + bq);
-    o->v = (bf16 *)(ws + bq + bk);
-    o->g = dout ? (bf16 *)(ws + bq + 2 * bk) : NULL;
-    o->D = dout ? (float *)(ws + 2 * bq + 2 * bk) : NULL;
-    o->vec = hd % 8 == 0;  /* the workspace is 256-byte aligned: rows start on 16 bytes when hd % 8 == 0 */
-    /* q, k, v (and dout) rounded in one launch (cast_bf16_multi: the same bits as one cast each) */
+    const size_t need = bqkv + (dout ? bq : 0) + bd + bds;
+    unsigned char *ws = NULL;   /* a forward on the caller's qkv_b needs none (and asks for none: 0 bytes of a */
+    if (need && !(ws = (unsigned char *)mt_cuda_workspace(need))) return 0;   /* never grown workspace is NULL) */
+    o->ds = bds ? (bf16 *)(ws + bqkv + bq + bd) : NULL;
+    if (saved) {
+        o->q = (bf16 *)qkv_b;
+        o->k = o->q + nq;   /* nq * 2 bytes: a multiple of 16 when hd % 8 == 0 */
+        o->v = o->k + nk;
+    } else {
+        o->q = (bf16 *)ws;
+        o->k = (bf16 *)(ws + bq);
+        o->v = (bf16 *)(ws + bq + bk);
+    }
+    o->g = dout ? (bf16 *)(ws + bqkv) : NULL;
+    o->D = dout ? (float *)(ws + bqkv + bq) : NULL;
+    o->vec = hd % 8 == 0;  /* 256-byte workspace / 16-byte qkv_b: rows start on 16 bytes when hd % 8 == 0 */
+    /* the roundings in one launch (cast_bf16_multi: the same bits as one cast each) */
     mt_bf16 *dst[4] = {(mt_bf16 *)o->q, (mt_bf16 *)o->k, (mt_bf16 *)o->v, (mt_bf16 *)o->g};
     const float *src[4] = {q, k, v, dout};
     const size_t n[4] = {nq, nk, nk, nq};
-    mt_cuda_cast_bf16_multi(mt_cuda_be, dst, src, n, dout ? 4 : 3);
+    if (saved && dout) mt_cuda_cast_bf16_multi(mt_cuda_be, dst + 3, src + 3, n + 3, 1);  /* q, k, v are saved */
+    else mt_cuda_cast_bf16_multi(mt_cuda_be, dst, src, n, dout ? 4 : 3);
     return 1;
 }
 
@@ -584,7 +599,8 @@ static int tc_shape_ok(int H, int K, int hd)
 }
 
 extern "C" void mt_cuda_attention_forward_bf16(void *be, float *out, mt_bf16 *out_bf16, float *lse, const float *q,
-                                               const float *k, const float *v, int B, int T, int H, int K, int hd)
+                                               const float *k, const float *v, int B, int T, int H, int K, int hd,
+                                               mt_bf16 *qkv_b)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (B <= 0 || T <= 0 || H <= 0) return;
@@ -596,7 +612,7 @@ extern "C" void mt_cuda_attention_forward_bf16(void *be, float *out, mt_bf16 *ou
         return;
     }
     struct tc_operands o;
-    if (!tc_stage(&o, q, k, v, NULL, B, T, H, K, hd)) return;
+    if (!tc_stage(&o, q, k, v, NULL, B, T, H, K, hd, qkv_b)) return;
     mt_cuda_be->info.attention_tc_calls++;
     if (tc_use_v2(hd)) {  /* attention_v2.cu: FlashAttention-2-class, one pass */
         mt_attn_v2_forward(out, out_bf16, lse, (const mt_bf16 *)o.q, (const mt_bf16 *)o.k, (const mt_bf16 *)o.v, B, T,
@@ -609,7 +625,8 @@ extern "C" void mt_cuda_attention_forward_bf16(void *be, float *out, mt_bf16 *ou
 
 extern "C" void mt_cuda_attention_backward_bf16(void *be, float *dq, float *dk, float *dv, const float *dout,
                                                 const float *q, const float *k, const float *v, const float *out,
-                                                const float *lse, int B, int T, int H, int K, int hd)
+                                                const float *lse, int B, int T, int H, int K, int hd,
+                                                const mt_bf16 *qkv_b)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (B <= 0 || T <= 0 || H <= 0) return;
@@ -621,7 +638,7 @@ extern "C" void mt_cuda_attention_backward_bf16(void *be, float *dq, float *dk, 
     }
     struct tc_operands o;
     const int v2 = tc_use_v2(hd);
-    if (!tc_stage(&o, q, k, v, dout, B, T, H, K, hd)) return;
+    if (!tc_stage(&o, q, k, v, dout, B, T, H, K, hd, qkv_b)) return;
     mt_cuda_attention_rowdot(o.D, dout, out, B, T, H, hd);
     mt_cuda_be->info.attention_tc_calls++;
     if (v2) {

@@ -602,10 +602,11 @@ void mt_attn_v2_backward(float *dq, float *dk, float *dv, mt_bf16 *ds, const mt_
                          int K, int hd);
 /* ---- attention_tc.cu ---- */
 void mt_cuda_attention_forward_bf16(void *be, float *out, mt_bf16 *out_bf16, float *lse, const float *q,
-                                    const float *k, const float *v, int B, int T, int H, int K, int hd);
+                                    const float *k, const float *v, int B, int T, int H, int K, int hd,
+                                    mt_bf16 *qkv_b);
 void mt_cuda_attention_backward_bf16(void *be, float *dq, float *dk, float *dv, const float *dout,
                                      const float *q, const float *k, const float *v, const float *out,
-                                     const float *lse, int B, int T, int H, int K, int hd);
+                                     const float *lse, int B, int T, int H, int K, int hd, const mt_bf16 *qkv_b);
 
 /* ---- swiglu.cu ---- */
 void mt_cuda_swiglu_forward(void *be, float *out, const float *gate, const float *up, size_t n);
