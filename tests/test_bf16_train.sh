@@ -77,13 +77,16 @@ assert b["memory"]["plan_bytes"]["optim"] == a["memory"]["plan_bytes"]["optim"] 
 # the lm head's (final norm, h_final twin) and per layer the attention input
 # norm's (q/k/v), the attention output's (Wo), the ffn input norm's (gate/up),
 # all saved (ACTS), and the attention core's rounded q, k, v (qkv_b: its backward
-# reads them again); the SwiGLU output's (down) is recomputed in backward: WORKSPACE
+# reads them again); the SwiGLU output's (down) is recomputed in backward: WORKSPACE;
+# and the gate/up pre-activations stored bf16 (gemm_bf16_out: 2 bytes each, not 4)
 rows = c["batch_size"] // c["microbatches"] * c["seq_len"]
 carve = lambda n: -(-n // 64) * 64
 twin = carve(2 * rows * D)
 dlogits_twin = carve(2 * rows * V)   # xent_fused_bf16's bf16(dlogits), the lm head backward's dy
 K = c["n_kv_head"]
-per_layer_twins = carve(2 * rows * D) + carve(2 * rows * H * hd) + carve(2 * rows * D) + carve(2 * rows * (H + 2 * K) * hd)
+gu_saved = 2 * (carve(2 * rows * F) - carve(4 * rows * F))   # mg, mu bf16 instead of fp32
+per_layer_twins = (carve(2 * rows * D) + carve(2 * rows * H * hd) + carve(2 * rows * D) +
+                   carve(2 * rows * (H + 2 * K) * hd) + gu_saved)
 da = b["memory"]["plan_bytes"]["acts"] - a["memory"]["plan_bytes"]["acts"]
 print("   plan acts +%d (h_final twin %d + dlogits twin %d + %d layers x %d); measured bf16 acts %d"
       % (da, twin, dlogits_twin, L, per_layer_twins, b["memory"]["measured_peak_bytes"]["acts"]))
@@ -170,10 +173,12 @@ assert pb - pa == want, (pb - pa, want)
 assert b["memory"]["measured_peak_bytes"]["params"] == pb
 # acts: per layer the input norm's twin (q/k/v or Win) and the ffn norm's
 # twin; A layers also the attention output's (Wo) and the core's rounded q, k,
-# v (qkv_b), M layers the gated norm output's (Wout, E wide); + the h_final
+# v (qkv_b), M layers the gated norm output's (Wout, E wide); every layer's
+# MLP its gate/up pre-activations in bf16 (2 bytes each, not 4); + the h_final
 # twin and the lm head's dlogits twin
 rows = c["batch_size"] // c["microbatches"] * c["seq_len"]
-want_a = carve(2 * rows * D) + carve(2 * rows * c["vocab_size"]) + sum(2 * carve(2 * rows * D) + (
+gu_saved = 2 * (carve(2 * rows * F) - carve(4 * rows * F))
+want_a = carve(2 * rows * D) + carve(2 * rows * c["vocab_size"]) + sum(2 * carve(2 * rows * D) + gu_saved + (
     carve(2 * rows * H * hd) + carve(2 * rows * (H + 2 * K) * hd) if l == "A" else carve(2 * rows * E))
                                    for l in c["pattern"])
 da = b["memory"]["plan_bytes"]["acts"] - a["memory"]["plan_bytes"]["acts"]

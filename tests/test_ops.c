@@ -2435,6 +2435,105 @@ static void swiglu_bwd_act_bf16_case(struct harness *h, size_t n, int off)
     checkf(h, op, (double)act_bf16_diff(h, o, D, G, U, n, ref), 0, "%s determinism", cs);
 }
 
+/* host bf16 (nearest even) and back, for the *_gu and gemm_bf16_out cases (finite values) */
+static uint16_t gu_b16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static float gu_f32(uint16_t b)
+{
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* swiglu_forward_bf16_gu / swiglu_backward_act_bf16_gu (mt_ops.h): gate and up
+ * stored bf16 give the bits swiglu_forward_bf16 (twin) and
+ * swiglu_backward_act_bf16 give on those values widened to fp32; inputs and
+ * outputs `off` elements in (1: the cuda kernels' scalar path) */
+static void swiglu_gu_case(struct harness *h, size_t n, int off)
+{
+    if (!h->ops || !has(h, "swiglu_forward_bf16_gu", h->ops->swiglu_forward_bf16_gu != NULL) ||
+        !has(h, "swiglu_backward_act_bf16_gu", h->ops->swiglu_backward_act_bf16_gu != NULL))
+        return;
+    if (!h->ops->swiglu_forward_bf16 || !h->ops->swiglu_backward_act_bf16) return;   /* the references */
+    char cs[64];
+    snprintf(cs, sizeof cs, "n=%zu off=%d", n, off);
+    const size_t m = n + 1;
+    float *g = rand_f(h, m, -6, 6), *u = rand_f(h, m, -3, 3);
+    uint16_t *gb = (uint16_t *)new_f(h, (m + 1) / 2), *ub = (uint16_t *)new_f(h, (m + 1) / 2);
+    for (size_t i = 0; i < m; i++) {
+        gb[i] = gu_b16(g[i]), ub[i] = gu_b16(u[i]);
+        g[i] = gu_f32(gb[i]), u[i] = gu_f32(ub[i]);   /* the widened values */
+    }
+    uint16_t *GB = dalloc(h, m * 2), *UB = dalloc(h, m * 2);
+    h->ops->copy_from_host(h->ops->be, GB, gb, m * 2);
+    h->ops->copy_from_host(h->ops->be, UB, ub, m * 2);
+    float *G = up_f(h, g, m) + off, *U = up_f(h, u, m) + off, *D = up_f(h, rand_f(h, m, -2, 2), m) + off;
+    GB += off, UB += off;
+    uint16_t *TW = poison_b16(h, m) + off, *TWg = poison_b16(h, m) + off;
+    h->ops->swiglu_forward_bf16(h->ops->be, NULL, TW, G, U, n);
+    h->ops->swiglu_forward_bf16_gu(h->ops->be, TWg, GB, UB, n);
+    checkf(h, "swiglu_forward_bf16_gu", (double)b16_diff(down_b16(h, TW, n), down_b16(h, TWg, n), n), 0,
+           "%s == swiglu_forward_bf16 on the widened g, u (bits)", cs);
+    uint16_t *r[3], *o[3];
+    for (int k = 0; k < 3; k++) r[k] = poison_b16(h, m) + off, o[k] = poison_b16(h, m) + off;
+    h->ops->swiglu_backward_act_bf16(h->ops->be, r[0], r[1], r[2], D, G, U, n);
+    h->ops->swiglu_backward_act_bf16_gu(h->ops->be, o[0], o[1], o[2], D, GB, UB, n);
+    long bad = 0;
+    for (int k = 0; k < 3; k++) bad += b16_diff(down_b16(h, r[k], n), down_b16(h, o[k], n), n);
+    checkf(h, "swiglu_backward_act_bf16_gu", (double)bad, 0,
+           "%s == swiglu_backward_act_bf16 on the widened g, u (act, dg, du bits)", cs);
+}
+
+/* gemm_bf16_out (mt_ops.h): C bf16 = bf16(gemm_bf16's fp32 result, beta 0),
+ * within one bf16 unit in the last place (an algorithm may sum in another
+ * order on a GPU; the cpu and the emulator: 0 elements off); fp32 operands
+ * (rounded in the call) and bf16 ones (the direct path on cuda); C with a
+ * leading dimension past N whose padding stays untouched */
+static void gemm_bf16_out_case(struct harness *h, int M, int N, int K)
+{
+    if (!h->ops || !has(h, "gemm_bf16_out", h->ops->gemm_bf16_out != NULL) || !h->ops->gemm_bf16) return;
+    char cs[64];
+    const int ldc = N + 3;
+    float *a = rand_f(h, (size_t)M * K, -1, 1), *b = rand_f(h, (size_t)N * K, -1, 1);
+    uint16_t *ab = (uint16_t *)new_f(h, ((size_t)M * K + 1) / 2), *bb = (uint16_t *)new_f(h, ((size_t)N * K + 1) / 2);
+    for (size_t i = 0; i < (size_t)M * K; i++) ab[i] = gu_b16(a[i]);
+    for (size_t i = 0; i < (size_t)N * K; i++) bb[i] = gu_b16(b[i]);
+    float *A = up_f(h, a, (size_t)M * K), *B = up_f(h, b, (size_t)N * K);
+    uint16_t *AB = dalloc(h, (size_t)M * K * 2), *BB = dalloc(h, (size_t)N * K * 2);
+    h->ops->copy_from_host(h->ops->be, AB, ab, (size_t)M * K * 2);
+    h->ops->copy_from_host(h->ops->be, BB, bb, (size_t)N * K * 2);
+    for (int bf = 0; bf < 2; bf++) {
+        const void *pa = bf ? (const void *)AB : (const void *)A, *pb = bf ? (const void *)BB : (const void *)B;
+        const enum mt_elem t = bf ? MT_ELEM_BF16 : MT_ELEM_F32;
+        float *C = dalloc(h, (size_t)M * N * 4);
+        h->ops->gemm_bf16(h->ops->be, 0, 1, M, N, K, 0.5f, pa, t, K, pb, t, K, 0.0f, C, N);
+        uint16_t *CB = poison_b16(h, (size_t)M * ldc);
+        h->ops->gemm_bf16_out(h->ops->be, 0, 1, M, N, K, 0.5f, pa, t, K, pb, t, K, CB, ldc);
+        const float *c = down_f(h, C, (size_t)M * N);
+        const uint16_t *cb = down_b16(h, CB, (size_t)M * ldc);
+        long off1 = 0, pad = 0, inexact = 0;
+        for (int i = 0; i < M; i++) {
+            for (int j = 0; j < N; j++) {
+                const int d = (int)cb[(size_t)i * ldc + j] - (int)gu_b16(c[(size_t)i * N + j]);
+                off1 += d < -1 || d > 1;
+                inexact += d != 0;
+            }
+            for (int j = N; j < ldc; j++) pad += cb[(size_t)i * ldc + j] != 0xffffu;
+        }
+        snprintf(cs, sizeof cs, "M=%d N=%d K=%d %s operands", M, N, K, bf ? "bf16" : "fp32");
+        checkf(h, "gemm_bf16_out", (double)(off1 + pad), 0, "%s: bf16(gemm_bf16) within 1 ulp, ldc padding kept",
+               cs);
+        /* rounding, not truncation: another summation order moves a rare element by 1 ulp, truncation half of them */
+        checkf(h, "gemm_bf16_out", (double)inexact / ((double)M * N), 0.01, "%s: share of elements not bf16(gemm_bf16)",
+               cs);
+    }
+}
+
 static int run_fused(struct harness *h)
 {
     int f0 = n_fail;
@@ -2453,6 +2552,11 @@ static int run_fused(struct harness *h)
     swiglu_bwd_act_bf16_case(h, 7403, 1);
     swiglu_bwd_act_bf16_case(h, 33003, 0);
     swiglu_bwd_act_bf16_case(h, 33003, 1);
+    swiglu_gu_case(h, 65, 0);
+    swiglu_gu_case(h, 7403, 1);
+    swiglu_gu_case(h, 33003, 0);
+    gemm_bf16_out_case(h, 37, 24, 40);
+    gemm_bf16_out_case(h, 64, 72, 128);
     qkr_case(h, 2, 5, 0, 3, 1, 8);
     qkr_case(h, 2, 5, 3, 3, 1, 8);      /* forward at an offset (decoding) */
     qkr_case(h, 1, 7, 0, 2, 2, 40);     /* a 16-column dw block straddles the two halves */

@@ -22,7 +22,8 @@
 /* What a dense MLP layer saves beyond the shared ffn norm (struct mt_layer):
  * its ly->state entry (mlp_carve fills it). */
 struct mlp_state {
-    float *mg, *mu;    /* (N, F) gate / up pre-activations */
+    float   *mg, *mu;    /* (N, F) gate / up pre-activations (NULL when stored bf16) */
+    mt_bf16 *mgb, *mub;  /* (N, F) the same stored bf16 (mlp_gu_bf16), else NULL    */
 };
 _Static_assert(sizeof(struct mlp_state) <= PIECE_STATE_MAX, "raise PIECE_STATE_MAX");
 
@@ -157,6 +158,56 @@ void mlp_backward_b(const struct mt_ops_i *ops, float *t, float *dt, float *dh, 
     proj_bwd_b(ops, t, dt, dh, 1.0f, wu, du, h, hb, n, D, F, dyb);
 }
 
+/* ---- gate and up stored bf16 (the dense MLP in precision=bf16) ----
+ * The gate/up GEMMs write bf16 (gemm_bf16_out: the fp32 accumulator rounded
+ * once), the SwiGLU reads them widened (swiglu_*_bf16_gu): 12 bytes a hidden
+ * unit less a step than fp32 g, u (4 written by the GEMMs, 4 read by the
+ * forward SwiGLU, 4 by the backward's) and half their saved bytes. A
+ * rounding point more than the fp32 storage, the one PyTorch's autocast has
+ * (a bf16 Linear output); act, dg, du are computed in fp32 from the widened
+ * values and rounded once, as before. Only where the fused backward runs
+ * every time (no ReDo: it scores fp32 act; no adapter on gate, up or down:
+ * LoRA reads and adds fp32), decided once from the config (mlp_gu_bf16). */
+static int mlp_gu_bf16(const struct mt_piece_ctx *pc)
+{
+    const struct mt_ops_i *o = pc->ops;
+    unsigned mask = 0;
+    char bad[32];
+    if (!pc->bf16 || !pc->cfg || pc->cfg->redo_every > 0) return 0;
+    if (pc->cfg->lora_rank > 0 && (mt_config_lora_mask(pc->cfg->lora_targets, &mask, bad, sizeof bad) != 0 ||
+                                   (mask & (MT_LORA_GATE | MT_LORA_UP | MT_LORA_DOWN))))
+        return 0;
+    return !o || (o->gemm_bf16_out && o->swiglu_forward_bf16_gu && o->swiglu_backward_act_bf16_gu);
+}
+
+static void mlp_forward_gu(const struct mt_ops_i *ops, float *t, float *out, int accumulate, mt_bf16 *gb,
+                           mt_bf16 *ub, mt_bf16 *act_b, const float *h, const mt_bf16 *hb, const struct mt_param *wg,
+                           const struct mt_param *wu, const struct mt_param *wd, int n, int D, int F)
+{
+    if (n <= 0) return;
+    wlinear_forward_bf16_out(ops, gb, h, hb, wg, n, D, F);
+    wlinear_forward_bf16_out(ops, ub, h, hb, wu, n, D, F);
+    ops->swiglu_forward_bf16_gu(ops->be, act_b, gb, ub, (size_t)n * F);
+    proj_fwd_b(ops, t, out, NULL, act_b, wd, n, F, D, accumulate ? 1.0f : 0.0f);   /* no adapter: act_b alone */
+}
+
+/* mlp_backward_b's fused path (act_fused) on the bf16 g, u */
+static void mlp_backward_gu(const struct mt_ops_i *ops, float *dh, int accumulate, mt_bf16 *act_b, float *dact,
+                            float *dg, float *du, const float *dout, const float *h, const mt_bf16 *hb,
+                            const mt_bf16 *gb, const mt_bf16 *ub, struct mt_param *wg, struct mt_param *wu,
+                            struct mt_param *wd, int n, int D, int F, const struct mt_dyb *dyb)
+{
+    if (n <= 0) return;
+    MT_ASSERT(act_b && dg && du && wg->bf16 && wu->bf16 && wd->bf16);
+    float *dwd = wd->frozen ? NULL : wd->grad;
+    const mt_bf16 *db = dwd ? dyb_round(ops, dyb, dout, (size_t)n * D) : NULL;
+    wlinear_backward_db(ops, dact, 0.0f, NULL, dout, db, NULL, act_b, wd, n, F, D);
+    mt_bf16 *dgb = (mt_bf16 *)dg, *dub = (mt_bf16 *)du;
+    ops->swiglu_backward_act_bf16_gu(ops->be, act_b, dgb, dub, dact, gb, ub, (size_t)n * F);
+    if (dwd) wlinear_backward_db(ops, NULL, 0.0f, dwd, dout, db, NULL, act_b, wd, n, F, D);
+    gate_up_bwd_b(ops, dh, accumulate, dgb, dub, h, hb, wg, wu, n, D, F);
+}
+
 void mlp_forward(const struct mt_ops_i *ops, float *t, float *out, int accumulate, float *g, float *u, float *act,
                  const float *h, const struct mt_param *wg, const struct mt_param *wu, const struct mt_param *wd,
                  int n, int D, int F)
@@ -241,8 +292,15 @@ static void mlp_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct
     pc->nm->hb = NULL;
     if (pc->bf16 && !pc->tp.sp && (!pc->ops || pc->ops->rmsnorm_resid_forward_bf16))
         pc->nm->hb = carve(c, MT_BUCKET_ACTS, (size_t)pc->Nr * D * 2);
-    st->mg = carve_f(c, MT_BUCKET_ACTS, N * (size_t)mown(pc)->F);
-    st->mu = carve_f(c, MT_BUCKET_ACTS, N * (size_t)mown(pc)->F);
+    st->mg = st->mu = NULL;
+    st->mgb = st->mub = NULL;
+    if (mlp_gu_bf16(pc)) {   /* gate and up stored bf16 (mlp_forward_gu) */
+        st->mgb = carve(c, MT_BUCKET_ACTS, N * (size_t)mown(pc)->F * 2);
+        st->mub = carve(c, MT_BUCKET_ACTS, N * (size_t)mown(pc)->F * 2);
+    } else {
+        st->mg = carve_f(c, MT_BUCKET_ACTS, N * (size_t)mown(pc)->F);
+        st->mu = carve_f(c, MT_BUCKET_ACTS, N * (size_t)mown(pc)->F);
+    }
 }
 
 /* the shared SwiGLU scratch (s_act, s_dact, s_dg, s_du) holds N x F/tp */
@@ -262,15 +320,17 @@ static enum mt_status mlp_piece_forward(struct mt_ctx *ctx, const struct mt_piec
     const int n = a->B * a->T, D = pc->D;
     float *x_out = a->x_out;
     ffn_norm_fwd(pc, x_out, n);
-    if (pc->tp.tp == 1) {
-        mlp_forward_b(pc->ops, pc->s_lora, x_out, 1, st->mg, st->mu, pc->s_act, mown(pc)->act_b, pc->nm->h, pc->nm->hb,
+    /* TP region: this rank's F/tp hidden units over all N rows (SP: gathered first) */
+    if (pc->tp.tp > 1 && pc->tp.sp) MT_CHECK(tpa_gather_rows(ctx, &pc->tp, pc->nm->h, pc->nm->h_n, n / pc->tp.tp, D));
+    float *y = pc->tp.tp == 1 ? x_out : pc->s_red;
+    const int acc = pc->tp.tp == 1;
+    if (st->mgb)
+        mlp_forward_gu(pc->ops, pc->s_lora, y, acc, st->mgb, st->mub, mown(pc)->act_b, pc->nm->h, pc->nm->hb,
+                       mw(pc)->wg, mw(pc)->wu, mw(pc)->wd, n, D, mown(pc)->F);
+    else
+        mlp_forward_b(pc->ops, pc->s_lora, y, acc, st->mg, st->mu, pc->s_act, mown(pc)->act_b, pc->nm->h, pc->nm->hb,
                       mw(pc)->wg, mw(pc)->wu, mw(pc)->wd, n, D, mown(pc)->F);
-        return MT_OK;
-    }
-    /* TP region: this rank's F/tp hidden units over all N rows */
-    if (pc->tp.sp) MT_CHECK(tpa_gather_rows(ctx, &pc->tp, pc->nm->h, pc->nm->h_n, n / pc->tp.tp, D));
-    mlp_forward_b(pc->ops, pc->s_lora, pc->s_red, 0, st->mg, st->mu, pc->s_act, mown(pc)->act_b, pc->nm->h, pc->nm->hb,
-                  mw(pc)->wg, mw(pc)->wu, mw(pc)->wd, n, D, mown(pc)->F);
+    if (pc->tp.tp == 1) return MT_OK;
     return tpa_exit_add(ctx, &pc->tp, x_out, pc->s_red, pc->s_full);
 }
 
@@ -286,9 +346,13 @@ static enum mt_status mlp_piece_backward(struct mt_ctx *ctx, const struct mt_pie
         MT_CHECK(tpa_gather_rows(ctx, &pc->tp, pc->s_full, pc->dx, pc->Nr, D));
         dy = pc->s_full;
     }
-    mlp_backward_b(pc->ops, pc->s_lora, pc->s_dlora, pc->dh, 0, pc->s_act, mown(pc)->act_b, pc->s_dact, pc->s_dg,
-                   pc->s_du, dy, pc->nm->h, pc->nm->hb, st->mg, st->mu, w->wg, w->wu, w->wd, N, D, mown(pc)->F, pc->dyb,
-                   pc->redo);
+    if (st->mgb)
+        mlp_backward_gu(pc->ops, pc->dh, 0, mown(pc)->act_b, pc->s_dact, pc->s_dg, pc->s_du, dy, pc->nm->h, pc->nm->hb,
+                        st->mgb, st->mub, w->wg, w->wu, w->wd, N, D, mown(pc)->F, pc->dyb);
+    else
+        mlp_backward_b(pc->ops, pc->s_lora, pc->s_dlora, pc->dh, 0, pc->s_act, mown(pc)->act_b, pc->s_dact, pc->s_dg,
+                       pc->s_du, dy, pc->nm->h, pc->nm->hb, st->mg, st->mu, w->wg, w->wu, w->wd, N, D, mown(pc)->F,
+                       pc->dyb, pc->redo);
     /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
     const float *dhr = pc->dh;   /* d h_mlp_n (Nr, D) */
     if (pc->tp.sp) {

@@ -290,6 +290,16 @@ static inline void wlinear_forward(const struct mt_ops_i *ops, float *y, const f
     ops->gemm_bf16(ops->be, 0, 1, n, out, in, 1.0f, xb ? (const void *)xb : (const void *)x, xb ? MT_ELEM_BF16 : MT_ELEM_F32,
                    in, W, w->bf16_ok ? MT_ELEM_BF16 : MT_ELEM_F32, in, beta, y, out);
 }
+/* y (n, out) bf16 = bf16(x W^T) (ops->gemm_bf16_out; w shadowed, precision=bf16): for an
+ * output whose readers take bf16 storage (the SwiGLU's gate and up, mlp.c) */
+static inline void wlinear_forward_bf16_out(const struct mt_ops_i *ops, mt_bf16 *y, const float *x, const mt_bf16 *xb,
+                                            const struct mt_param *w, int n, int in, int out)
+{
+    if (n <= 0) return;
+    const void *W = w->bf16_ok ? (const void *)w->bf16 : (const void *)w->data;
+    ops->gemm_bf16_out(ops->be, 0, 1, n, out, in, 1.0f, xb ? (const void *)xb : (const void *)x,
+                       xb ? MT_ELEM_BF16 : MT_ELEM_F32, in, W, w->bf16_ok ? MT_ELEM_BF16 : MT_ELEM_F32, in, y, out);
+}
 /* xb: NULL, or x's bf16 twin (written by its producer: bf16(x) exactly, the same operand values);
  * dyb: NULL, or dy's bf16 twin (the same rule; the lm head's dlogits from xent_fused_bf16): with a
  * shadow the GEMMs read it instead of dy (dy is not read then and may be NULL). fp32 mode (no

@@ -202,6 +202,15 @@ struct mt_ops_i {
     void (*gemm_bf16)(void *be, int transA, int transB, int M, int N, int K, float alpha,
                       const void *A, enum mt_elem a_type, int lda, const void *B, enum mt_elem b_type, int ldb,
                       float beta, float *C, int ldc);
+    /* gemm_bf16_out: C (M,N) bf16 = bf16(alpha op(A) op(B)): gemm_bf16's
+     * product with beta 0 and its fp32 result rounded once (nearest even) as
+     * it is stored (cuda: cuBLASLt's bf16 D; cpu: gemm_bf16 into fp32 scratch,
+     * then the rounding). For a GEMM output whose readers want bf16 storage
+     * (the SwiGLU's gate and up in precision=bf16: half the bytes written and
+     * read). Optional (NULL: the caller keeps the fp32 output). */
+    void (*gemm_bf16_out)(void *be, int transA, int transB, int M, int N, int K, float alpha, const void *A,
+                          enum mt_elem a_type, int lda, const void *B, enum mt_elem b_type, int ldb, mt_bf16 *C,
+                          int ldc);
     /* dst[i] = bf16(src[i]), round to nearest even (NaN stays NaN): the
      * bf16 shadows of the weights, written once per step. */
     void (*cast_bf16)(void *be, mt_bf16 *dst, const float *src, size_t n);
@@ -444,6 +453,13 @@ struct mt_ops_i {
      * Optional (NULL: the model runs the two entries). */
     void (*swiglu_backward_act_bf16)(void *be, mt_bf16 *act_b, mt_bf16 *dgate_b, mt_bf16 *dup_b, const float *dout,
                                      const float *gate, const float *up, size_t n);
+    /* swiglu_forward_bf16 (out NULL: the twin only) and swiglu_backward_act_bf16
+     * with gate and up STORED bf16 (gemm_bf16_out's outputs): the same
+     * expressions on the widened (exact) values. Optional (NULL: the model
+     * keeps gate and up in fp32). */
+    void (*swiglu_forward_bf16_gu)(void *be, mt_bf16 *out_bf16, const mt_bf16 *gate, const mt_bf16 *up, size_t n);
+    void (*swiglu_backward_act_bf16_gu)(void *be, mt_bf16 *act_b, mt_bf16 *dgate_b, mt_bf16 *dup_b, const float *dout,
+                                        const mt_bf16 *gate, const mt_bf16 *up, size_t n);
     /* dst[i] = (float)src[i] (exact: every bf16 value is an fp32 value): the
      * way back of a bf16 gradient reduction (grad_reduce_dtype=bf16). NULL:
      * the backend refuses grad_reduce_dtype=bf16. */

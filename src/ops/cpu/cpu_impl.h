@@ -118,6 +118,8 @@ void mt_cpu_gemm(int transA, int transB, int M, int N, int K, float alpha,
 /* bf16 mode: operands rounded to bf16 into fp32 scratch, then sgemm */
 void mt_cpu_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, const void *A, enum mt_elem a_type,
                       int lda, const void *B, enum mt_elem b_type, int ldb, float beta, float *C, int ldc);
+void mt_cpu_gemm_bf16_out(int transA, int transB, int M, int N, int K, float alpha, const void *A, enum mt_elem a_type,
+                          int lda, const void *B, enum mt_elem b_type, int ldb, uint16_t *C, int ldc);
 void mt_cpu_cast_bf16(uint16_t *dst, const float *src, size_t n);
 uint16_t mt_cpu_f32_to_bf16(float f);   /* round to nearest even; NaN -> 0x7fff (= cuda's mt_cuda_bf16_rn) */
 float    mt_cpu_bf16_to_f32(uint16_t h);
@@ -171,6 +173,9 @@ void mt_cpu_swiglu_backward_bf16(uint16_t *dgate_b, uint16_t *dup_b, const float
 /* act_b = mt_cpu_swiglu_forward_bf16's twin, dgate_b, dup_b = mt_cpu_swiglu_backward_bf16's: one pass */
 void mt_cpu_swiglu_backward_act_bf16(uint16_t *act_b, uint16_t *dgate_b, uint16_t *dup_b, const float *dout,
                                      const float *gate, const float *up, size_t n);
+void mt_cpu_swiglu_forward_bf16_gu(uint16_t *out_bf16, const uint16_t *gate, const uint16_t *up, size_t n);
+void mt_cpu_swiglu_backward_act_bf16_gu(uint16_t *act_b, uint16_t *dgate_b, uint16_t *dup_b, const float *dout,
+                                        const uint16_t *gate, const uint16_t *up, size_t n);
 
 /* ---- xent.c ---- */
 void mt_cpu_xent_forward(float *losses, float *lse_out, const float *logits, const int32_t *targets,

@@ -101,3 +101,22 @@ void mt_cpu_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, 
     free(a);
     free(b);
 }
+
+/* gemm_bf16_out (mt_ops.h): gemm_bf16 with beta 0 into fp32 scratch, each
+ * result rounded to bf16 (nearest even) as it is stored */
+void mt_cpu_gemm_bf16_out(int transA, int transB, int M, int N, int K, float alpha, const void *A, enum mt_elem a_type,
+                          int lda, const void *B, enum mt_elem b_type, int ldb, uint16_t *C, int ldc)
+{
+    if (M <= 0 || N <= 0) return;
+    float *t = malloc((size_t)M * (size_t)N * sizeof(float));
+    if (!t) {   /* kernels return void (mt_ops.h): a NaN result stops the run at the finite check */
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) C[(size_t)i * (size_t)ldc + j] = 0x7fffu;
+        return;
+    }
+    mt_cpu_gemm_bf16(transA, transB, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, 0.0f, t, N);
+    #pragma omp parallel for schedule(static)
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) C[(size_t)i * (size_t)ldc + j] = mt_cpu_f32_to_bf16(t[(size_t)i * (size_t)N + j]);
+    free(t);
+}

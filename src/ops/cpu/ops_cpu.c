@@ -174,6 +174,13 @@ static void p_gemm_bf16(void *be, int transA, int transB, int M, int N, int K, f
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_GEMM, mt_cpu_gemm_bf16(transA, transB, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, beta, C, ldc));
 }
+static void p_gemm_bf16_out(void *be, int transA, int transB, int M, int N, int K, float alpha, const void *A,
+                            enum mt_elem a_type, int lda, const void *B, enum mt_elem b_type, int ldb, mt_bf16 *C,
+                            int ldc)
+{
+    (void)be;
+    PROF(MT_OPK_GEMM, mt_cpu_gemm_bf16_out(transA, transB, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, C, ldc));
+}
 static void p_cast_bf16(void *be, mt_bf16 *dst, const float *src, size_t n) {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */ PROF(MT_OPK_ELEMENTWISE, mt_cpu_cast_bf16(dst, src, n)); }
 static void p_cast_bf16_multi(void *be, mt_bf16 *const *dst, const float *const *src, const size_t *n, int count)
@@ -542,6 +549,17 @@ static void p_swiglu_backward_act_bf16(void *be, mt_bf16 *act_b, mt_bf16 *dgate_
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_ELEMENTWISE, mt_cpu_swiglu_backward_act_bf16(act_b, dgate_b, dup_b, dout, gate, up, n));
 }
+static void p_swiglu_forward_bf16_gu(void *be, mt_bf16 *out_bf16, const mt_bf16 *gate, const mt_bf16 *up, size_t n)
+{
+    (void)be;
+    PROF(MT_OPK_ELEMENTWISE, mt_cpu_swiglu_forward_bf16_gu(out_bf16, gate, up, n));
+}
+static void p_swiglu_backward_act_bf16_gu(void *be, mt_bf16 *act_b, mt_bf16 *dgate_b, mt_bf16 *dup_b, const float *dout,
+                                          const mt_bf16 *gate, const mt_bf16 *up, size_t n)
+{
+    (void)be;
+    PROF(MT_OPK_ELEMENTWISE, mt_cpu_swiglu_backward_act_bf16_gu(act_b, dgate_b, dup_b, dout, gate, up, n));
+}
 static void p_qk_norm_rope_forward(void *be, float *q, float *k, float *rstd_q, float *rstd_k, const float *q_raw,
                                    const float *k_raw, const float *wq, const float *wk, const float *cos_tab,
                                    const float *sin_tab, int N, int T, int pos0, int H, int K, int hd, float eps)
@@ -600,6 +618,7 @@ static const struct mt_ops_i cpu_ops = {
     /* .gemm                 = */ .gemm                 = p_gemm,
     /* .gemm_grouped         = */ .gemm_grouped         = p_gemm_grouped,
     /* .gemm_bf16            = */ .gemm_bf16            = p_gemm_bf16,
+    /* .gemm_bf16_out        = */ .gemm_bf16_out        = p_gemm_bf16_out,
     /* .cast_bf16            = */ .cast_bf16            = p_cast_bf16,
     /* .embed_forward        = */ .embed_forward        = p_embed_forward,
     /* .embed_backward       = */ .embed_backward       = p_embed_backward,
@@ -631,6 +650,8 @@ static const struct mt_ops_i cpu_ops = {
     /* .swiglu_forward_bf16        = */ .swiglu_forward_bf16        = p_swiglu_forward_bf16,
     /* .swiglu_backward_bf16       = */ .swiglu_backward_bf16       = p_swiglu_backward_bf16,
     /* .swiglu_backward_act_bf16   = */ .swiglu_backward_act_bf16   = p_swiglu_backward_act_bf16,
+    /* .swiglu_forward_bf16_gu     = */ .swiglu_forward_bf16_gu     = p_swiglu_forward_bf16_gu,
+    /* .swiglu_backward_act_bf16_gu= */ .swiglu_backward_act_bf16_gu = p_swiglu_backward_act_bf16_gu,
     /* .widen_bf16                 = */ .widen_bf16                 = p_widen_bf16,
     /* .attention_forward_bf16     = */ .attention_forward_bf16     = p_attention_forward_bf16,
     /* .attention_backward_bf16    = */ .attention_backward_bf16    = p_attention_backward_bf16,

@@ -133,6 +133,46 @@ void mt_cpu_swiglu_backward_act_bf16(uint16_t *act_b, uint16_t *dgate_b, uint16_
     }
 }
 
+/* gate and up stored bf16 (mt_ops.h *_bf16_gu): each chunk widened (exact)
+ * into stack buffers, then the fp32 entries' chunk code: their expressions */
+static void widen_chunk(float *dst, const uint16_t *src, size_t m)
+{
+    for (size_t i = 0; i < m; i++) dst[i] = mt_cpu_bf16_to_f32(src[i]);
+}
+
+void mt_cpu_swiglu_forward_bf16_gu(uint16_t *out_bf16, const uint16_t *gate, const uint16_t *up, size_t n)
+{
+    size_t nc = (n + CHUNK - 1) / CHUNK;
+    #pragma omp parallel for schedule(static) if (n > 16384)
+    for (size_t c = 0; c < nc; c++) {
+        const size_t lo = c * CHUNK, m = (c + 1) * CHUNK < n ? CHUNK : n - lo;
+        float tg[CHUNK], tu[CHUNK], o[CHUNK];
+        widen_chunk(tg, gate + lo, m);
+        widen_chunk(tu, up + lo, m);
+        fwd_range(o, tg, tu, 0, m);
+        for (size_t i = 0; i < m; i++) out_bf16[lo + i] = mt_cpu_f32_to_bf16(o[i]);
+    }
+}
+
+void mt_cpu_swiglu_backward_act_bf16_gu(uint16_t *act_b, uint16_t *dgate_b, uint16_t *dup_b, const float *dout,
+                                        const uint16_t *gate, const uint16_t *up, size_t n)
+{
+    size_t nc = (n + CHUNK - 1) / CHUNK;
+    #pragma omp parallel for schedule(static) if (n > 16384)
+    for (size_t c = 0; c < nc; c++) {
+        const size_t lo = c * CHUNK, m = (c + 1) * CHUNK < n ? CHUNK : n - lo;
+        float g[CHUNK], u[CHUNK], ta[CHUNK], tg[CHUNK], tu[CHUNK];
+        widen_chunk(g, gate + lo, m);
+        widen_chunk(u, up + lo, m);
+        bwd_range(ta, tg, tu, dout + lo, g, u, 0, m);
+        for (size_t i = 0; i < m; i++) {
+            act_b[lo + i] = mt_cpu_f32_to_bf16(ta[i]);
+            dgate_b[lo + i] = mt_cpu_f32_to_bf16(tg[i]);
+            dup_b[lo + i] = mt_cpu_f32_to_bf16(tu[i]);
+        }
+    }
+}
+
 /* ReDo scores (mt_ops.h redo_score_acc): each term is a function of its
  * element alone and the sums are integers, so the column split over
  * threads cannot change a bit. */

@@ -90,6 +90,7 @@ struct mt_cuda_lt_plan {
     int                     used;
     int                     ta, tb, m, n, k, lda, ldb, ldc, align_c;  /* the key (row-major view) */
     int                     align_a, align_b; /* + operand alignments (256: packed scratch)   */
+    int                     c_bf16;     /* + C = D stored bf16 (gemm_bf16_out), else fp32 */
     int                     ok;         /* 0: no algorithm: the tile falls back to sgemm */
     cublasLtMatmulDesc_t    desc;
     cublasLtMatrixLayout_t  la, lb, lc; /* cuBLASLt's A (= our B), B (= our A), C = D     */
@@ -105,7 +106,7 @@ struct mt_cuda_lt_plan {
 #define MT_CUDA_KPROF_NAMES 160   /* distinct kernels the kernel profile labels (more: counted as "kernel:(more)") */
 struct mt_cuda_lt_algo_slot {
     int                  used;
-    int                  ta, tb, mb, n, kb, align_a, align_b, align_c;
+    int                  ta, tb, mb, n, kb, align_a, align_b, align_c, c_bf16;
     cublasLtMatmulAlgo_t algo;
 };
 
@@ -557,6 +558,9 @@ void mt_cuda_gemm(void *be, int transA, int transB, int M, int N, int K, float a
                   float beta, float *C, int ldc);
 void mt_cuda_gemm_bf16(void *be, int transA, int transB, int M, int N, int K, float alpha, const void *A, enum mt_elem a_type,
                        int lda, const void *B, enum mt_elem b_type, int ldb, float beta, float *C, int ldc);
+void mt_cuda_gemm_bf16_out(void *be, int transA, int transB, int M, int N, int K, float alpha, const void *A,
+                           enum mt_elem a_type, int lda, const void *B, enum mt_elem b_type, int ldb, mt_bf16 *C,
+                           int ldc);
 void mt_cuda_cast_bf16(void *be, mt_bf16 *dst, const float *src, size_t n);
 void mt_cuda_cast_bf16_multi(void *be, mt_bf16 *const *dst, const float *const *src, const size_t *n, int count);
 void mt_cuda_widen_bf16(void *be, float *dst, const mt_bf16 *src, size_t n);
@@ -618,6 +622,9 @@ void mt_cuda_swiglu_backward_bf16(void *be, mt_bf16 *dgate_b, mt_bf16 *dup_b, co
                                   const float *up, size_t n);
 void mt_cuda_swiglu_backward_act_bf16(void *be, mt_bf16 *act_b, mt_bf16 *dgate_b, mt_bf16 *dup_b, const float *dout,
                                       const float *gate, const float *up, size_t n);
+void mt_cuda_swiglu_forward_bf16_gu(void *be, mt_bf16 *out_bf16, const mt_bf16 *gate, const mt_bf16 *up, size_t n);
+void mt_cuda_swiglu_backward_act_bf16_gu(void *be, mt_bf16 *act_b, mt_bf16 *dgate_b, mt_bf16 *dup_b,
+                                         const float *dout, const mt_bf16 *gate, const mt_bf16 *up, size_t n);
 
 /* ---- xent.cu ---- */
 void mt_cuda_xent_forward(void *be, float *losses, float *lse_out, const float *logits, const int32_t *targets,

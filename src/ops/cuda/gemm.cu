@@ -195,7 +195,7 @@ static struct mt_cuda_lt_algo_slot *algo_class(const struct mt_cuda_lt_plan *p, 
     for (int i = 0; i < MT_CUDA_LT_ALGOS; i++) {
         struct mt_cuda_lt_algo_slot *a = &mt_cuda_be->algos[i];
         if (a->used && a->ta == p->ta && a->tb == p->tb && a->mb == mb && a->n == p->n && a->kb == kb &&
-            a->align_a == p->align_a && a->align_b == p->align_b && a->align_c == p->align_c)
+            a->align_a == p->align_a && a->align_b == p->align_b && a->align_c == p->align_c && a->c_bf16 == p->c_bf16)
             return a;
     }
     if (!create) return NULL;
@@ -204,7 +204,7 @@ static struct mt_cuda_lt_algo_slot *algo_class(const struct mt_cuda_lt_plan *p, 
     memset(a, 0, sizeof *a);
     a->used = 1;
     a->ta = p->ta; a->tb = p->tb; a->mb = mb; a->n = p->n; a->kb = kb;
-    a->align_a = p->align_a; a->align_b = p->align_b; a->align_c = p->align_c;
+    a->align_a = p->align_a; a->align_b = p->align_b; a->align_c = p->align_c; a->c_bf16 = p->c_bf16;
     return a;
 }
 
@@ -242,7 +242,8 @@ static int plan_build(struct mt_cuda_lt_plan *p)
         !MT_CUBLASLT_OK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)) ||
         !MT_CUBLASLT_OK(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, a_rows, a_cols, p->ldb)) ||
         !MT_CUBLASLT_OK(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, b_rows, b_cols, p->lda)) ||
-        !MT_CUBLASLT_OK(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, (uint64_t)p->n, (uint64_t)p->m, p->ldc)))
+        !MT_CUBLASLT_OK(cublasLtMatrixLayoutCreate(&p->lc, p->c_bf16 ? CUDA_R_16BF : CUDA_R_32F, (uint64_t)p->n,
+                                                   (uint64_t)p->m, p->ldc)))
         return 0;
     if (algo_reuse(p)) return 1;
     mt_cuda_be->info.gemm_plan_heuristics++;
@@ -283,12 +284,13 @@ static int plan_build(struct mt_cuda_lt_plan *p)
 }
 
 static struct mt_cuda_lt_plan *plan_get(int ta, int tb, int m, int n, int k, int lda, int ldb, int ldc, int align_c,
-                                        int align_a, int align_b)
+                                        int align_a, int align_b, int c_bf16)
 {
     for (int i = 0; i < MT_CUDA_LT_PLANS; i++) {
         struct mt_cuda_lt_plan *p = &mt_cuda_be->plans[i];
         if (p->used && p->ta == ta && p->tb == tb && p->m == m && p->n == n && p->k == k && p->lda == lda &&
-            p->ldb == ldb && p->ldc == ldc && p->align_c == align_c && p->align_a == align_a && p->align_b == align_b)
+            p->ldb == ldb && p->ldc == ldc && p->align_c == align_c && p->align_a == align_a && p->align_b == align_b &&
+            p->c_bf16 == c_bf16)
             return p;
     }
     struct mt_cuda_lt_plan *p = &mt_cuda_be->plans[mt_cuda_be->plan_next];
@@ -296,7 +298,7 @@ static struct mt_cuda_lt_plan *plan_get(int ta, int tb, int m, int n, int k, int
     plan_release(p);
     p->ta = ta; p->tb = tb; p->m = m; p->n = n; p->k = k;
     p->lda = lda; p->ldb = ldb; p->ldc = ldc; p->align_c = align_c;
-    p->align_a = align_a; p->align_b = align_b;
+    p->align_a = align_a; p->align_b = align_b; p->c_bf16 = c_bf16;
     if (!plan_build(p)) {
         plan_release(p);  /* error recorded; nothing cached */
         return NULL;
@@ -352,8 +354,10 @@ static int fit_rows(size_t avail, size_t per_row, int total)
     return r >= (size_t)total ? total : (int)r;
 }
 
+/* C fp32 (c_bf16 0), or bf16 (c_bf16 1, gemm_bf16_out: beta 0, the fp32
+ * result rounded once by cuBLASLt's epilogue) */
 static void gemm_bf16(int ta, int tb, int M, int N, int K, float alpha, const void *A, enum mt_elem at, int lda,
-                      const void *B, enum mt_elem bt, int ldb, float beta, float *C, int ldc)
+                      const void *B, enum mt_elem bt, int ldb, float beta, void *C, int ldc, int c_bf16)
 {
     const size_t cap = mt_cuda_be->bf16_cap;
     const size_t per_a = (size_t)2 * (size_t)(ta ? K : pad8(K)), per_b = (size_t)2 * (size_t)(tb ? pad8(K) : K);
@@ -382,17 +386,22 @@ static void gemm_bf16(int ta, int tb, int M, int N, int K, float alpha, const vo
                 if (tb) to_bf16(sb, ldb_s, b0, bt, ldb, nn, K);
                 else    to_bf16(sb, ldb_s, b0, bt, ldb, K, nn);
             }
-            float *c0 = C + (size_t)m0 * (size_t)ldc + n0;
-            struct mt_cuda_lt_plan *p = plan_get(ta, tb, mm, nn, K, lda_s, ldb_s, ldc, align_of(c0), 256, 256);
+            const size_t c_off = (size_t)m0 * (size_t)ldc + n0;
+            void *c0 = c_bf16 ? (void *)((__nv_bfloat16 *)C + c_off) : (void *)((float *)C + c_off);
+            struct mt_cuda_lt_plan *p = plan_get(ta, tb, mm, nn, K, lda_s, ldb_s, ldc, align_of(c0), 256, 256, c_bf16);
             if (!p) return;  /* descriptor failure recorded */
             if (!p->ok) {
+                if (c_bf16) {   /* sgemm writes fp32 only */
+                    MT_CUDA_UNSUPPORTED("cuBLASLt has no bf16 algorithm for a tile with a bf16 result");
+                    return;
+                }
                 if (at != MT_ELEM_F32 || bt != MT_ELEM_F32) {
                     /* no fp32 original to fall back on: an error, never a silent substitute */
                     MT_CUDA_UNSUPPORTED("cuBLASLt has no bf16 algorithm for a tile with a bf16 operand");
                     return;
                 }
                 mt_cuda_be->info.gemm_bf16_fallbacks++;
-                sgemm(ta, tb, mm, nn, K, alpha, (const float *)a0, lda, (const float *)b0, ldb, beta, c0, ldc);
+                sgemm(ta, tb, mm, nn, K, alpha, (const float *)a0, lda, (const float *)b0, ldb, beta, (float *)c0, ldc);
                 continue;
             }
             mt_cuda_be->info.gemm_bf16_calls++;
@@ -426,7 +435,7 @@ extern "C" void mt_cuda_gemm(void *be, int transA, int transB, int M, int N, int
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (gemm_degenerate(M, N, K, alpha, beta, C, ldc)) return;
     if (mt_cuda_be->precision == MT_CUDA_PRECISION_BF16)
-        gemm_bf16(transA, transB, M, N, K, alpha, A, MT_ELEM_F32, lda, B, MT_ELEM_F32, ldb, beta, C, ldc);
+        gemm_bf16(transA, transB, M, N, K, alpha, A, MT_ELEM_F32, lda, B, MT_ELEM_F32, ldb, beta, C, ldc, 0);
     else
         sgemm(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
@@ -442,15 +451,14 @@ extern "C" void mt_cuda_gemm(void *be, int transA, int transB, int M, int N, int
  * The numbers are the same either way: bf16 products, fp32 accumulation,
  * K never split. Independent of mt_cuda_be->precision (the plain gemm entry
  * stays fp32 unless MT_CUDA_PRECISION=bf16 asks otherwise). */
-extern "C" void mt_cuda_gemm_bf16(void *be, int transA, int transB, int M, int N, int K, float alpha, const void *A,
-                                  enum mt_elem a_type, int lda, const void *B, enum mt_elem b_type, int ldb,
-                                  float beta, float *C, int ldc)
+/* the direct path or the per-call path, C fp32 or bf16 (c_bf16) */
+static void gemm_bf16_call(int transA, int transB, int M, int N, int K, float alpha, const void *A, enum mt_elem a_type,
+                           int lda, const void *B, enum mt_elem b_type, int ldb, float beta, void *C, int ldc,
+                           int c_bf16)
 {
-    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
-    if (gemm_degenerate(M, N, K, alpha, beta, C, ldc)) return;
     if (a_type == MT_ELEM_BF16 && b_type == MT_ELEM_BF16) {
         struct mt_cuda_lt_plan *p = plan_get(transA, transB, M, N, K, lda, ldb, ldc, align_of(C), align_of(A),
-                                             align_of(B));
+                                             align_of(B), c_bf16);
         if (!p) return;  /* descriptor failure recorded */
         if (p->ok) {
             mt_cuda_be->info.gemm_bf16_calls++;
@@ -464,7 +472,34 @@ extern "C" void mt_cuda_gemm_bf16(void *be, int transA, int transB, int M, int N
             return;
         }
     }
-    gemm_bf16(transA, transB, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, beta, C, ldc);
+    gemm_bf16(transA, transB, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, beta, C, ldc, c_bf16);
+}
+
+extern "C" void mt_cuda_gemm_bf16(void *be, int transA, int transB, int M, int N, int K, float alpha, const void *A,
+                                  enum mt_elem a_type, int lda, const void *B, enum mt_elem b_type, int ldb,
+                                  float beta, float *C, int ldc)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    if (gemm_degenerate(M, N, K, alpha, beta, C, ldc)) return;
+    gemm_bf16_call(transA, transB, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, beta, C, ldc, 0);
+}
+
+/* gemm_bf16_out (mt_ops.h): C bf16 = bf16(alpha op(A) op(B)), cuBLASLt's D
+ * in bf16 (its epilogue rounds the fp32 accumulator once); K = 0 or alpha =
+ * 0: zeros */
+extern "C" void mt_cuda_gemm_bf16_out(void *be, int transA, int transB, int M, int N, int K, float alpha,
+                                      const void *A, enum mt_elem a_type, int lda, const void *B, enum mt_elem b_type,
+                                      int ldb, mt_bf16 *C, int ldc)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0 || alpha == 0.0f) {
+        for (int i = 0; i < (ldc == N ? 1 : M); i++)   /* bf16 zero = all bits 0 */
+            MT_CUDA_CHECK(cudaMemsetAsync(C + (size_t)i * (size_t)ldc, 0, (size_t)N * 2 * (ldc == N ? (size_t)M : 1),
+                                          mt_cuda_be->stream));
+        return;
+    }
+    gemm_bf16_call(transA, transB, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, 0.0f, C, ldc, 1);
 }
 
 extern "C" void mt_cuda_cast_bf16(void *be, mt_bf16 *dst, const float *src, size_t n)

@@ -29,17 +29,30 @@ static __device__ __forceinline__ float swiglu1_bwd(float &dg, float &du, float 
     return silu * u;
 }
 
+/* gate and up as stored: fp32, or bf16 (the *_bf16_gu entries: g, u kept
+ * in bf16, widened exactly here); 4 elements (16 / 8 bytes) or 1 */
+static __device__ __forceinline__ float4 gu_ld4(const float *p) { return mt_ld_f4(p); }
+static __device__ __forceinline__ float4 gu_ld4(const __nv_bfloat16 *p)
+{
+    MT_VEC_CHECK(p, 8);
+    const uint2 r = *reinterpret_cast<const uint2 *>(p);
+    return float4{mt_bf16_lo(r.x), mt_bf16_hi(r.x), mt_bf16_lo(r.y), mt_bf16_hi(r.y)};
+}
+static __device__ __forceinline__ float gu_ld1(const float *p) { return *p; }
+static __device__ __forceinline__ float gu_ld1(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+
 /* Vector path (docs/cuda.md "Vectorised elementwise kernels"): elements
  * [0, 4*n4) as float4 (n4 = 0 when a pointer is not 16-byte aligned, or the
  * twin 8-byte), then the scalar tail [4*n4, n). ob: NULL, or the bf16 twin
  * of out written by the same thread (precision=bf16); out: NULL when only
- * the twin is wanted (swiglu_forward_bf16, mt_ops.h), its store skipped. */
-static __global__ void swiglu_fwd_k(float *out, __nv_bfloat16 *ob, const float *gate, const float *up, size_t n4,
-                                    size_t n)
+ * the twin is wanted (swiglu_forward_bf16, mt_ops.h), its store skipped.
+ * I: gate and up's element type (float; bf16: swiglu_forward_bf16_gu). */
+template <typename I>
+static __global__ void swiglu_fwd_k(float *out, __nv_bfloat16 *ob, const I *gate, const I *up, size_t n4, size_t n)
 {
     const size_t i0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x, st = (size_t)gridDim.x * blockDim.x;
     for (size_t i = i0; i < n4; i += st) {
-        float4 g = mt_ld_f4(gate + 4 * i), u = mt_ld_f4(up + 4 * i), y;
+        float4 g = gu_ld4(gate + 4 * i), u = gu_ld4(up + 4 * i), y;
         y.x = swiglu1(g.x, u.x);
         y.y = swiglu1(g.y, u.y);
         y.z = swiglu1(g.z, u.z);
@@ -48,7 +61,7 @@ static __global__ void swiglu_fwd_k(float *out, __nv_bfloat16 *ob, const float *
         if (ob) mt_st_bf16x4(ob + 4 * i, y);
     }
     for (size_t i = 4 * n4 + i0; i < n; i += st) {
-        float y = swiglu1(gate[i], up[i]);
+        float y = swiglu1(gu_ld1(gate + i), gu_ld1(up + i));
         if (out) out[i] = y;
         if (ob) ob[i] = mt_cuda_bf16_rn(y);
     }
@@ -67,13 +80,13 @@ static __device__ __forceinline__ void bwd_st1(__nv_bfloat16 *p, float v) { *p =
  * thread reads its elements of gate, up, dout before writing them, so fp32
  * dgate/dup may alias gate/up (vector path: the whole float4 first); bf16
  * outputs never alias the fp32 inputs. */
-template <typename O>
-static __global__ void swiglu_bwd_k(__nv_bfloat16 *ab, O *dgate, O *dup, const float *dout, const float *gate,
-                                    const float *up, size_t n4, size_t n)
+template <typename O, typename I = float>
+static __global__ void swiglu_bwd_k(__nv_bfloat16 *ab, O *dgate, O *dup, const float *dout, const I *gate,
+                                    const I *up, size_t n4, size_t n)
 {
     const size_t i0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x, st = (size_t)gridDim.x * blockDim.x;
     for (size_t i = i0; i < n4; i += st) {
-        float4 g = mt_ld_f4(gate + 4 * i), u = mt_ld_f4(up + 4 * i), d = mt_ld_f4(dout + 4 * i), rg, ru, a;
+        float4 g = gu_ld4(gate + 4 * i), u = gu_ld4(up + 4 * i), d = mt_ld_f4(dout + 4 * i), rg, ru, a;
         a.x = swiglu1_bwd(rg.x, ru.x, d.x, g.x, u.x);
         a.y = swiglu1_bwd(rg.y, ru.y, d.y, g.y, u.y);
         a.z = swiglu1_bwd(rg.z, ru.z, d.z, g.z, u.z);
@@ -83,7 +96,7 @@ static __global__ void swiglu_bwd_k(__nv_bfloat16 *ab, O *dgate, O *dup, const f
         bwd_st4(dup + 4 * i, ru);
     }
     for (size_t i = 4 * n4 + i0; i < n; i += st) {
-        float g = gate[i], u = up[i], d = dout[i], rg, ru;
+        float g = gu_ld1(gate + i), u = gu_ld1(up + i), d = dout[i], rg, ru;
         float a = swiglu1_bwd(rg, ru, d, g, u);
         if (ab) ab[i] = mt_cuda_bf16_rn(a);
         bwd_st1(dgate + i, rg);
@@ -111,7 +124,7 @@ extern "C" void mt_cuda_swiglu_forward(void *be, float *out, const float *gate, 
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (!n) return;
     const size_t n4 = vec4_count(n, out, gate, up, NULL, NULL);
-    MT_LAUNCH(swiglu_fwd_k, vec4_blocks(n4, n), THREADS, 0)(out, (__nv_bfloat16 *)NULL, gate, up, n4, n);
+    MT_LAUNCH(swiglu_fwd_k<float>, vec4_blocks(n4, n), THREADS, 0)(out, (__nv_bfloat16 *)NULL, gate, up, n4, n);
     MT_CUDA_KCHECK();
 }
 
@@ -120,7 +133,19 @@ extern "C" void mt_cuda_swiglu_forward_bf16(void *be, float *out, mt_bf16 *out_b
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (!n) return;
     const size_t n4 = vec4_count(n, out, gate, up, NULL, out_bf16);
-    MT_LAUNCH(swiglu_fwd_k, vec4_blocks(n4, n), THREADS, 0)(out, (__nv_bfloat16 *)out_bf16, gate, up, n4, n);
+    MT_LAUNCH(swiglu_fwd_k<float>, vec4_blocks(n4, n), THREADS, 0)(out, (__nv_bfloat16 *)out_bf16, gate, up, n4, n);
+    MT_CUDA_KCHECK();
+}
+
+/* swiglu_forward_bf16_gu (mt_ops.h): gate, up stored bf16, only the twin */
+extern "C" void mt_cuda_swiglu_forward_bf16_gu(void *be, mt_bf16 *out_bf16, const mt_bf16 *gate, const mt_bf16 *up,
+                                               size_t n)
+{
+    MT_CUDA_BIND(be);
+    if (!n) return;
+    const size_t n4 = mt_cuda_aligned(gate, 8) && mt_cuda_aligned(up, 8) && mt_cuda_aligned(out_bf16, 8) ? n / 4 : 0;
+    MT_LAUNCH(swiglu_fwd_k<__nv_bfloat16>, vec4_blocks(n4, n), THREADS, 0)(
+        (float *)NULL, (__nv_bfloat16 *)out_bf16, (const __nv_bfloat16 *)gate, (const __nv_bfloat16 *)up, n4, n);
     MT_CUDA_KCHECK();
 }
 
@@ -159,6 +184,21 @@ extern "C" void mt_cuda_swiglu_backward_act_bf16(void *be, mt_bf16 *act_b, mt_bf
                               mt_cuda_aligned(act_b, 8) ? n / 4 : 0;
     MT_LAUNCH(swiglu_bwd_k<__nv_bfloat16>, vec4_blocks(n4, n), THREADS, 0)(
         (__nv_bfloat16 *)act_b, (__nv_bfloat16 *)dgate_b, (__nv_bfloat16 *)dup_b, dout, gate, up, n4, n);
+    MT_CUDA_KCHECK();
+}
+
+/* swiglu_backward_act_bf16_gu (mt_ops.h): the same with gate, up stored bf16 */
+extern "C" void mt_cuda_swiglu_backward_act_bf16_gu(void *be, mt_bf16 *act_b, mt_bf16 *dgate_b, mt_bf16 *dup_b,
+                                                    const float *dout, const mt_bf16 *gate, const mt_bf16 *up, size_t n)
+{
+    MT_CUDA_BIND(be);
+    if (!n) return;
+    const size_t n4 = mt_cuda_aligned(dout, 16) && mt_cuda_aligned(gate, 8) && mt_cuda_aligned(up, 8) &&
+                              mt_cuda_aligned(dgate_b, 8) && mt_cuda_aligned(dup_b, 8) && mt_cuda_aligned(act_b, 8)
+                          ? n / 4 : 0;
+    MT_LAUNCH((swiglu_bwd_k<__nv_bfloat16, __nv_bfloat16>), vec4_blocks(n4, n), THREADS, 0)(
+        (__nv_bfloat16 *)act_b, (__nv_bfloat16 *)dgate_b, (__nv_bfloat16 *)dup_b, dout, (const __nv_bfloat16 *)gate,
+        (const __nv_bfloat16 *)up, n4, n);
     MT_CUDA_KCHECK();
 }
 

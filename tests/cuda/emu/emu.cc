@@ -1026,8 +1026,8 @@ static cublasStatus_t lt_shape(const mt_emu_lt_desc *d, const mt_emu_lt_layout *
 {
     if (!d || !a || !b || !c || !dd) return CUBLAS_STATUS_INVALID_VALUE;
     if (d->compute != CUBLAS_COMPUTE_32F || d->scale != CUDA_R_32F || a->type != CUDA_R_16BF ||
-        b->type != CUDA_R_16BF || c->type != CUDA_R_32F || dd->type != CUDA_R_32F)
-        return CUBLAS_STATUS_NOT_SUPPORTED;  /* the emulator knows bf16 x bf16 -> fp32 only */
+        b->type != CUDA_R_16BF || c->type != dd->type || (dd->type != CUDA_R_32F && dd->type != CUDA_R_16BF))
+        return CUBLAS_STATUS_NOT_SUPPORTED;  /* the emulator knows bf16 x bf16 -> fp32 or bf16 (C = D type) only */
     *m = dd->rows;
     *n = dd->cols;
     uint64_t am = d->ta == CUBLAS_OP_N ? a->rows : a->cols, ak = d->ta == CUBLAS_OP_N ? a->cols : a->rows;
@@ -1116,6 +1116,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
     const __nv_bfloat16 *Ab = (const __nv_bfloat16 *)A, *Bb = (const __nv_bfloat16 *)B;
     const float *Cf = (const float *)C;
     float *Df = (float *)D;
+    const int d16 = dd->type == CUDA_R_16BF;   /* bf16 C and D: the fp32 result rounded once (nearest even) */
+    const __nv_bfloat16 *Cb = (const __nv_bfloat16 *)C;
+    __nv_bfloat16 *Db = (__nv_bfloat16 *)D;
     for (uint64_t j = 0; j < n; j++)
         for (uint64_t i = 0; i < m; i++) {
             float acc = 0.0f;
@@ -1125,8 +1128,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
                 acc += __bfloat162float(x) * __bfloat162float(y);  /* exact product, fp32 sum */
             }
             float r = al * acc;
-            if (be != 0.0f) r += be * Cf[j * (uint64_t)c->ld + i];  /* beta = 0: C is not read */
-            Df[j * (uint64_t)dd->ld + i] = r;
+            if (be != 0.0f)   /* beta = 0: C is not read */
+                r += be * (d16 ? __bfloat162float(Cb[j * (uint64_t)c->ld + i]) : Cf[j * (uint64_t)c->ld + i]);
+            if (d16) Db[j * (uint64_t)dd->ld + i] = __float2bfloat16_rn(r);
+            else Df[j * (uint64_t)dd->ld + i] = r;
         }
     return CUBLAS_STATUS_SUCCESS;
 }
