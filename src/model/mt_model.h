@@ -268,7 +268,7 @@ void mt_model_zero_grad(struct mt_model *m);
  * after a forward must call this before the next one, or the GEMMs read
  * the old weights' shadows. After the update the trainer then sets
  * bf16_ok again on the shadows the optimizer wrote from the new weights
- * (mt_zero_set_bf16_fresh): those are not rewritten. No-op in fp32. */
+ * (mt_zero_set_bf16_mark_fresh): those are not rewritten. No-op in fp32. */
 void mt_model_bf16_invalidate(struct mt_model *m);
 
 /* ---- ReDo (SPEC 1e; redo_scores.c, docs/model.md "ReDo") ----

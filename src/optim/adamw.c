@@ -31,7 +31,7 @@ static enum mt_status adamw_check(struct mt_ctx *ctx, const struct mt_ops_i *ops
  * the refresh's second read of p (4 bytes a parameter) and its launches are
  * gone for them. Every parameter this step updates is its WHOLE tensor on
  * this rank (ZeRO owns parameters whole, a TP box is the tensor the shadow
- * mirrors), so its shadow is complete; mt_zero_set_bf16_fresh hands the
+ * mirrors), so its shadow is complete; mt_zero_set_bf16_mark_fresh hands the
  * flag to the model (docs/cuda.md "bf16 mixed precision", Shadows). Without
  * adamw_multi: no shadow, the refresh writes it. */
 static enum mt_status adamw_step(struct mt_ctx *ctx, const struct mt_optim_run *run, struct mt_optim_slot *const *slots,

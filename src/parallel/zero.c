@@ -946,7 +946,7 @@ enum mt_status mt_zero_sync_params(struct mt_ctx *ctx, struct mt_zero *z)
  * copy and the model's is the gather of it, an fp32 copy of the same bits:
  * a shadow written from either is the same. Non-owners (stages 1-3) did not
  * update the parameter: their flag is 0, their refresh follows the gather. */
-void mt_zero_bf16_fresh(struct mt_zero *z)
+void mt_zero_bf16_mark_fresh(struct mt_zero *z)
 {
     for (int k = 0; k < z->n_views; k++) {
         struct mt_param *v = &z->views[k];
