@@ -1942,6 +1942,8 @@ static int run_normalize_fro(struct harness *h)
     return n_fail == f0;
 }
 
+static void adamw_shadow_case(struct harness *h, float gs);   /* below, with the bf16 helpers */
+
 static int run_adamw_multi(struct harness *h)
 {
     const char *op = "adamw_multi";
@@ -1967,7 +1969,7 @@ static int run_adamw_multi(struct harness *h)
         p2[i] = up_f(h, hp[i], k), m2[i] = up_f(h, hm[i], k), v2[i] = up_f(h, hv[i], k);
         h->ops->adamw_update(h->ops->be, p2[i], g[i], m2[i], v2[i], n[i], lr, b1, b2, eps, wd[i], bc1, bc2);
     }
-    h->ops->adamw_multi(h->ops->be, p, g, m, v, n, wd, MULTI_N, lr, b1, b2, eps, bc1, bc2, 1.0f);
+    h->ops->adamw_multi(h->ops->be, p, NULL, g, m, v, n, wd, MULTI_N, lr, b1, b2, eps, bc1, bc2, 1.0f);
     double bad = 0, guard = 0;
     for (int i = 0; i < MULTI_N; i++) {
         size_t k = n[i] + 1;
@@ -1988,7 +1990,7 @@ static int run_adamw_multi(struct harness *h)
         h->ops->axpby(h->ops->be, gc, NULL, 0.0f, gs, n[i]);
         h->ops->adamw_update(h->ops->be, p2[i], gc, m2[i], v2[i], n[i], lr, b1, b2, eps, wd[i], bc1, bc2);
     }
-    h->ops->adamw_multi(h->ops->be, p, g, m, v, n, wd, MULTI_N, lr, b1, b2, eps, bc1, bc2, gs);
+    h->ops->adamw_multi(h->ops->be, p, NULL, g, m, v, n, wd, MULTI_N, lr, b1, b2, eps, bc1, bc2, gs);
     for (int i = 0; i < MULTI_N; i++) {
         size_t k = n[i] + 1;
         bad += ndiff(down_f(h, p[i], k), down_f(h, p2[i], k), k) + ndiff(down_f(h, m[i], k), down_f(h, m2[i], k), k) +
@@ -1997,6 +1999,8 @@ static int run_adamw_multi(struct harness *h)
     }
     checkf(h, op, bad, 0, "%d tensors, gscale %g == axpby(g, gscale) + adamw_update (bits)", MULTI_N, gs);
     checkf(h, op, gmoved, 0, "%d tensors, gscale: g not written", MULTI_N);
+    adamw_shadow_case(h, 1.0f);
+    adamw_shadow_case(h, gs);
     return n_fail == f0;
 }
 
@@ -2336,6 +2340,70 @@ static long b16_diff(const uint16_t *a, const uint16_t *b, size_t n)
     for (size_t i = 0; i < n; i++) bad += a[i] != b[i];
     return bad;
 }
+/* a device bf16 buffer (m) of bf16 NaN 0xffff: an element an op does not write stays so */
+static uint16_t *poison_b16(struct harness *h, size_t m)
+{
+    uint16_t *p = (uint16_t *)new_f(h, (m + 1) / 2), *d = dalloc(h, m * sizeof(uint16_t));
+    for (size_t i = 0; i < m; i++) p[i] = 0xffffu;
+    h->ops->copy_from_host(h->ops->be, d, p, m * sizeof(uint16_t));
+    return d;
+}
+
+/* adamw_multi's shadows (precision=bf16: pb[i] = cast_bf16 of the updated
+ * p[i], mt_ops.h): MULTI_N tensors (odd sizes, an empty one, one past two
+ * cpu chunks), each shadow poisoned (bf16 NaN, one guard element past n);
+ * tensor i%4 == 1 has every buffer one element in (the cuda kernel's scalar
+ * path), i%4 == 2 its shadow alone (p aligned, the shadow not: scalar too);
+ * i%5 == 4 passes a NULL shadow (its buffer must stay poisoned: no tensor
+ * writes another's); tensor 7 holds a NaN and an inf in p. The update's p,
+ * m, v == adamw_multi without shadows (bits); each shadow == cast_bf16 of
+ * that p on the same backend (bits, NaN included) and == the host's
+ * rounding where finite; the guard and the NULL ones untouched. */
+static void adamw_shadow_case(struct harness *h, float gs)
+{
+    reset(h);   /* the harness's buffer slots: the cases before are done with theirs */
+    const char *op = "adamw_multi";
+    const float lr = 0.02f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, bc1 = 1 - 0.9f * 0.9f, bc2 = 1 - 0.95f * 0.95f;
+    float *p[MULTI_N], *m[MULTI_N], *v[MULTI_N], *p2[MULTI_N], *m2[MULTI_N], *v2[MULTI_N], wd[MULTI_N];
+    const float *g[MULTI_N];
+    uint16_t *sb[MULTI_N], *cb[MULTI_N], *pb[MULTI_N];
+    size_t n[MULTI_N];
+    for (int i = 0; i < MULTI_N; i++) {
+        n[i] = multi_size(i);
+        const size_t k = n[i] + 2;   /* room for the offset and one guard element */
+        const int off = i % 4 == 1, soff = i % 4 == 1 || i % 4 == 2;
+        float *hp = rand_f(h, k, -1, 1), *hg = rand_f(h, k, -1, 1);
+        float *hm = rand_f(h, k, -0.1, 0.1), *hv = rand_f(h, k, 0, 0.01);
+        if (i == 7) hp[off + 2] = NAN, hp[off + 5] = INFINITY;
+        wd[i] = i % 3 ? 0.1f : 0.0f;
+        p[i] = up_f(h, hp, k) + off, m[i] = up_f(h, hm, k) + off, v[i] = up_f(h, hv, k) + off;
+        g[i] = up_f(h, hg, k) + off;
+        p2[i] = up_f(h, hp, k) + off, m2[i] = up_f(h, hm, k) + off, v2[i] = up_f(h, hv, k) + off;
+        sb[i] = poison_b16(h, k) + soff;
+        cb[i] = (uint16_t *)dalloc(h, k * sizeof(uint16_t));
+        pb[i] = i % 5 == 4 ? NULL : sb[i];
+    }
+    h->ops->adamw_multi(h->ops->be, p2, NULL, g, m2, v2, n, wd, MULTI_N, lr, b1, b2, eps, bc1, bc2, gs);
+    h->ops->adamw_multi(h->ops->be, p, pb, g, m, v, n, wd, MULTI_N, lr, b1, b2, eps, bc1, bc2, gs);
+    double bad = 0;
+    long shadow = 0, host = 0, untouched = 0;
+    for (int i = 0; i < MULTI_N; i++) {
+        const size_t k = n[i] + 1;
+        float *a = down_f(h, p[i], k);
+        bad += ndiff(a, down_f(h, p2[i], k), k) + ndiff(down_f(h, m[i], k), down_f(h, m2[i], k), k) +
+               ndiff(down_f(h, v[i], k), down_f(h, v2[i], k), k);
+        const uint16_t *got = down_b16(h, sb[i], k);
+        for (size_t j = pb[i] ? n[i] : 0; j < k; j++) untouched += got[j] != 0xffffu;   /* guard; all of a NULL one */
+        if (!pb[i]) continue;
+        h->ops->cast_bf16(h->ops->be, cb[i], p[i], n[i]);
+        shadow += b16_diff(got, down_b16(h, cb[i], n[i]), n[i]);
+        for (size_t j = 0; j < n[i]; j++) host += isfinite(a[j]) && got[j] != ref_bf16(a[j]);
+    }
+    checkf(h, op, bad, 0, "shadows, gscale %g: p, m, v == without shadows (bits)", gs);
+    checkf(h, op, (double)shadow, 0, "shadows, gscale %g: == cast_bf16(p updated) (bits)", gs);
+    checkf(h, op, (double)host, 0, "shadows, gscale %g: == host bf16 of p (finite)", gs);
+    checkf(h, op, (double)untouched, 0, "shadows, gscale %g: guard and NULL ones untouched", gs);
+}
 
 /* the backward SwiGLU cases' device inputs: gate, up, dout (m each, random), each view `off` elements in */
 static void swiglu_bwd_inputs(struct harness *h, size_t m, int off, float **G, float **U, float **D)
@@ -2391,13 +2459,6 @@ static void swiglu_bwd_bf16_case(struct harness *h, size_t n, int off)
  * output alone one element off (the others aligned: the scalar path on
  * cuda), then once more (determinism: the same bits again); n odd, and
  * n > 16384 (the cpu's threaded chunks of 4096 with a tail). */
-static uint16_t *poison_b16(struct harness *h, size_t m)
-{
-    uint16_t *p = (uint16_t *)new_f(h, (m + 1) / 2), *d = dalloc(h, m * sizeof(uint16_t));
-    for (size_t i = 0; i < m; i++) p[i] = 0xffffu;
-    h->ops->copy_from_host(h->ops->be, d, p, m * sizeof(uint16_t));
-    return d;
-}
 /* one call with act_b, dgate_b, dup_b at element offsets o[0..2]: elements differing from tw, bg, bu */
 static long act_bf16_diff(struct harness *h, const int o[3], const float *D, const float *G, const float *U, size_t n,
                           const uint16_t *const ref[3])

@@ -77,8 +77,9 @@ struct mt_param {
     float   lora_scale;    /* lora_alpha / lora_rank */
     /* precision=bf16 (docs/cuda.md): the weight's bf16 shadow (len[0] x len[1]
      * bf16 values, backend memory, model-owned; NULL: no shadow, the GEMMs
-     * read `data`) and whether it holds bf16(data) now. Written by the model
-     * at the unit's first forward after mt_model_bf16_invalidate. */
+     * read `data`) and whether it holds bf16(data) now. Written by the
+     * optimizer's update where its class can (AdamW, mt_optim.h), else by
+     * the model at the unit's first forward after mt_model_bf16_invalidate. */
     uint16_t *bf16;
     int       bf16_ok;
 };

@@ -1023,8 +1023,9 @@ void mt_model_bf16_invalidate(struct mt_model *m)
  * Called right after the unit's pre_forward hook, where its weights are
  * valid (a ZeRO-3 gather has just run), so each shadow is written once per
  * step (the first microbatch's forward after the update); backward and the
- * later microbatches read it as is. Every pass over the registry is
- * host-only bookkeeping; the casts are one kernel per stale matrix. */
+ * later microbatches read it as is. A shadow the update wrote (AdamW on a
+ * tensor this rank updates: mt_zero_set_bf16_mark_fresh) is fresh already and
+ * skipped. Every pass over the registry is host-only bookkeeping. */
 static void bf16_refresh(struct mt_model *m, int u)
 {
     /* the unit's stale shadows in one cast_bf16_multi per MT_OPS_LIST_MAX

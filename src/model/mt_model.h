@@ -266,7 +266,9 @@ void mt_model_zero_grad(struct mt_model *m);
  * rewritten at its unit's next forward (until then the GEMMs round the fp32
  * weight per call). Shadows start stale. A caller that writes parameters
  * after a forward must call this before the next one, or the GEMMs read
- * the old weights' shadows. No-op in fp32. */
+ * the old weights' shadows. After the update the trainer then sets
+ * bf16_ok again on the shadows the optimizer wrote from the new weights
+ * (mt_zero_set_bf16_mark_fresh): those are not rewritten. No-op in fp32. */
 void mt_model_bf16_invalidate(struct mt_model *m);
 
 /* ---- ReDo (SPEC 1e; redo_scores.c, docs/model.md "ReDo") ----

@@ -594,7 +594,12 @@ struct mt_ops_i {
      *   g[i] element read as gscale * g (one fp32 multiply: the value that
      *   axpby(g, NULL, 0, gscale) would store; g itself is not written; gscale
      *   1: g as is). The gradient clip's scale rides here instead of a
-     *   separate read and write of every gradient (optim.c).
+     *   separate read and write of every gradient (optim.c). pb may be NULL
+     *   (no shadows), else pb[i] (NULL: none for tensor i) receives
+     *   cast_bf16(p[i] after its update, n[i]): the same bits (nearest even),
+     *   from the value the update has in hand, so precision=bf16's shadow of
+     *   p[i] is fresh without a second read of p (adamw.c; pb[i] must not
+     *   overlap any tensor of the call).
      * (cast_bf16_multi: below, with its entry.)
      * nonfinite_mark: flags[slot[i]] = NaN for every i with all_finite(x[i],
      *   n[i]) == 0; every other flag untouched (marks accumulate until the
@@ -603,9 +608,9 @@ struct mt_ops_i {
      *   reads the flags only when that norm is not finite. */
     double (*sumsq_multi)(void *be, const float *const *x, const size_t *n, int count);
     void   (*normalize_fro)(void *be, float *x, size_t n, double eps);
-    void   (*adamw_multi)(void *be, float *const *p, const float *const *g, float *const *m, float *const *v,
-                          const size_t *n, const float *wd, int count, float lr, float b1, float b2, float eps,
-                          float bc1, float bc2, float gscale);
+    void   (*adamw_multi)(void *be, float *const *p, mt_bf16 *const *pb, const float *const *g, float *const *m,
+                          float *const *v, const size_t *n, const float *wd, int count, float lr, float b1, float b2,
+                          float eps, float bc1, float bc2, float gscale);
     void   (*nonfinite_mark)(void *be, float *flags, const float *const *x, const size_t *n, const int *slot, int count);
     /* cast_bf16_multi: cast_bf16(dst[i], src[i], n[i]) for every i (the
      * tensors must not overlap), the same bits: precision=bf16's shadow

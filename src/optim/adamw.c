@@ -23,7 +23,17 @@ static enum mt_status adamw_check(struct mt_ctx *ctx, const struct mt_ops_i *ops
 
 /* The list goes to adamw_multi in one call (one launch on cuda; n <=
  * MT_OPS_LIST_MAX); the updates are independent of each other and of other
- * classes', so the order in which they run changes no bit. */
+ * classes', so the order in which they run changes no bit.
+ *
+ * precision=bf16: the same pass writes each matrix's bf16 shadow (pa->bf16)
+ * = bf16(p after the update), the bits the model's refresh (cast_bf16 of
+ * the fp32 weight at the next forward) would write, and sets pa->bf16_ok:
+ * the refresh's second read of p (4 bytes a parameter) and its launches are
+ * gone for them. Every parameter this step updates is its WHOLE tensor on
+ * this rank (ZeRO owns parameters whole, a TP box is the tensor the shadow
+ * mirrors), so its shadow is complete; mt_zero_set_bf16_mark_fresh hands the
+ * flag to the model (docs/cuda.md "bf16 mixed precision", Shadows). Without
+ * adamw_multi: no shadow, the refresh writes it. */
 static enum mt_status adamw_step(struct mt_ctx *ctx, const struct mt_optim_run *run, struct mt_optim_slot *const *slots,
                                  int n)
 {
@@ -35,6 +45,7 @@ static enum mt_status adamw_step(struct mt_ctx *ctx, const struct mt_optim_run *
     const float bc1 = (float)(1.0 - pow(b1, (double)run->t));
     const float bc2 = (float)(1.0 - pow(b2, (double)run->t));
     float       *p[MT_OPS_LIST_MAX], *m[MT_OPS_LIST_MAX], *v[MT_OPS_LIST_MAX];
+    mt_bf16     *pb[MT_OPS_LIST_MAX];
     const float *g[MT_OPS_LIST_MAX];
     size_t       nel[MT_OPS_LIST_MAX];
     float        wd[MT_OPS_LIST_MAX];
@@ -48,14 +59,17 @@ static enum mt_status adamw_step(struct mt_ctx *ctx, const struct mt_optim_run *
             continue;
         }
         p[i] = pa->data;
+        pb[i] = pa->bf16;
         g[i] = pa->grad;
         m[i] = slots[i]->s[0];
         v[i] = slots[i]->s[1];
         nel[i] = pa->numel;
     }
-    if (ops->adamw_multi && n > 0)
-        ops->adamw_multi(ops->be, p, g, m, v, nel, wd, n, lr, cfg->adam_beta1, cfg->adam_beta2, cfg->adam_eps, bc1, bc2,
-                         run->gscale);
+    if (ops->adamw_multi && n > 0) {
+        ops->adamw_multi(ops->be, p, pb, g, m, v, nel, wd, n, lr, cfg->adam_beta1, cfg->adam_beta2, cfg->adam_eps, bc1,
+                         bc2, run->gscale);
+        for (int i = 0; i < n; i++) slots[i]->p->bf16_ok = pb[i] != NULL;
+    }
     return MT_OK;
 }
 

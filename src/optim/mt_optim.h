@@ -89,7 +89,11 @@ struct mt_optim_i {
     /* the states' start (NULL: zeros, as allocated) */
     enum mt_status (*init)(struct mt_ctx *ctx, const struct mt_ops_i *ops, struct mt_optim_slot *slot);
     /* one update of n (<= MT_OPS_LIST_MAX) parameters of this class, model
-     * order, gradients already clipped */
+     * order, gradients already clipped. bf16 shadows (p->bf16 non-NULL,
+     * precision=bf16): mt_optim_step clears p->bf16_ok before the update; a
+     * class that writes p->bf16 = bf16(updated p) (nearest even, cast_bf16's
+     * bits) sets it again (AdamW); one that leaves it 0 has the model
+     * refresh the shadow at the next forward (Muon) */
     enum mt_status (*step)(struct mt_ctx *ctx, const struct mt_optim_run *run, struct mt_optim_slot *const *slots,
                            int n);
 };
@@ -130,6 +134,9 @@ double mt_optim_grad_sumsq(struct mt_optim *o);
 
 /* One update at step `step` (from 0): clip with grad_norm (if grad_clip > 0:
  * g *= min(1, clip/(norm+1e-6))), then each class's step on its parameters.
+ * Afterwards an updated parameter's bf16_ok says whether its class wrote its
+ * bf16 shadow from the update (the step hook's contract above); a frozen
+ * one's is untouched.
  * Increments the step counter t (from 1; AdamW's bias correction reads it).
  * A non-finite grad_norm -> MT_ERR_NUMERIC before anything is touched.
  * Clipping scales param->grad in place. The schedule's progress is clamped

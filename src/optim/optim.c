@@ -262,6 +262,7 @@ enum mt_status mt_optim_step(struct mt_ctx *ctx, struct mt_optim *o, int step, d
         for (int i = 0; i < o->n_params; i++) {
             struct mt_optim_slot *s = &o->ps[i];
             if (s->p->frozen || (int)s->p->optim != k) continue;   /* LoRA: the base does not move */
+            s->p->bf16_ok = 0;   /* its data changes: the shadow is stale unless the class writes it (AdamW) */
             list[n++] = s;
             if (n == MT_OPS_LIST_MAX) { MT_CHECK(o->classes[k]->step(ctx, &run, list, n)); n = 0; }
         }

@@ -137,6 +137,16 @@ enum mt_status mt_zero_nonfinite_culprit(struct mt_ctx *ctx, struct mt_zero *z, 
  * stage 3 marks gathered units stale. */
 enum mt_status mt_zero_sync_params(struct mt_ctx *ctx, struct mt_zero *z);
 
+/* precision=bf16, after mt_model_bf16_invalidate that follows the update:
+ * every model parameter whose shadow this rank's optimizer wrote in the
+ * update (its view's bf16_ok, mt_optim.h) is marked fresh again (bf16_ok =
+ * 1; the next forward's refresh skips it); the views' flags are consumed
+ * (0). The rule: a parameter this rank runs the optimizer on (stage 0: all;
+ * 1-3: the owned ones, each owned WHOLE) under a class that writes shadows
+ * (AdamW); every other stays stale, refreshed after its gather. A write to
+ * a view's data between the update and this call (ReDo) clears its flag. */
+void mt_zero_bf16_mark_fresh(struct mt_zero *z);
+
 /* Test-only fault injection: poison unit `unit`'s gradient with NaN at
  * `step` (before the finiteness check that precedes its reduction). */
 void mt_zero_inject_nan(struct mt_zero *z, int step, int unit);
@@ -172,6 +182,8 @@ enum mt_status mt_zero_set_nonfinite_culprit(struct mt_ctx *ctx, struct mt_zero_
  * parameter sync of every engine (stages 1/2 all-gather). */
 enum mt_status mt_zero_set_step(struct mt_ctx *ctx, struct mt_zero_set *set, int step, double grad_norm);
 enum mt_status mt_zero_set_sync(struct mt_ctx *ctx, struct mt_zero_set *set);
+/* mt_zero_bf16_mark_fresh on every engine. */
+void mt_zero_set_bf16_mark_fresh(struct mt_zero_set *set);
 /* Counter-based init of every engine's parameters (mt_zero_init_params). */
 enum mt_status mt_zero_set_init_params(struct mt_ctx *ctx, struct mt_zero_set *set, uint64_t seed);
 /* Collective statistics summed over the engines; reset them all. */

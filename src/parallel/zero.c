@@ -940,6 +940,21 @@ enum mt_status mt_zero_sync_params(struct mt_ctx *ctx, struct mt_zero *z)
     return rc;
 }
 
+/* The optimizer ran on the views; a view's bf16 is its model parameter's
+ * shadow (copied at create). Stages 0-2: the view's data IS the model's
+ * (in `full`), updated whole here. Stage 3: the view's data is the owned
+ * copy and the model's is the gather of it, an fp32 copy of the same bits:
+ * a shadow written from either is the same. Non-owners (stages 1-3) did not
+ * update the parameter: their flag is 0, their refresh follows the gather. */
+void mt_zero_bf16_mark_fresh(struct mt_zero *z)
+{
+    for (int k = 0; k < z->n_views; k++) {
+        struct mt_param *v = &z->views[k];
+        if (v->bf16_ok && v->bf16) z->params[z->view_param[k]].bf16_ok = 1;
+        v->bf16_ok = 0;
+    }
+}
+
 void mt_zero_inject_nan(struct mt_zero *z, int step, int unit)
 {
     z->nan_step = step;

@@ -72,6 +72,11 @@ enum mt_status mt_zero_set_sync(struct mt_ctx *ctx, struct mt_zero_set *set)
     return MT_OK;
 }
 
+void mt_zero_set_bf16_mark_fresh(struct mt_zero_set *set)
+{
+    for (int k = 0; k < set->n; k++) mt_zero_bf16_mark_fresh(set->z[k]);
+}
+
 enum mt_status mt_zero_set_init_params(struct mt_ctx *ctx, struct mt_zero_set *set, uint64_t seed)
 {
     for (int k = 0; k < set->n; k++) MT_CHECK(mt_zero_init_params(ctx, set->z[k], seed));

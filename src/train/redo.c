@@ -161,6 +161,7 @@ static enum mt_status redo_apply(struct mt_ctx *ctx, struct run_state *rs, const
             ops->copy_to_host(ops->be, host, p->data, p->numel * sizeof(float));
             redo_rewrite(p, which, mark, s->units, host, which < 2, rs->cfg->seed, step);
             ops->copy_from_host(ops->be, p->data, host, p->numel * sizeof(float));
+            p->bf16_ok = 0;   /* the update's shadow (AdamW) is stale now: the next forward rewrites it */
             for (int q = 0; q < n_st; q++) {
                 if (strcmp(st[q].param->name, p->name) || !st[q].data) continue;
                 ops->copy_to_host(ops->be, host, st[q].data, p->numel * sizeof(float));

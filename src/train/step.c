@@ -119,7 +119,10 @@ enum mt_status mt_train_step(struct mt_ctx *ctx, struct run_state *rs, int step,
     MT_CHECK(mt_zero_set_step(ctx, &rs->zset, step, out->grad_norm));   /* update (clipped) */
     if (redo) MT_CHECK(mt_train_redo_event(ctx, rs, step + 1));      /* before the sync spreads it */
     MT_CHECK(mt_zero_set_sync(ctx, &rs->zset));
-    mt_model_bf16_invalidate(rs->model);   /* precision=bf16: shadows rewritten at the next forward */
+    /* precision=bf16: every shadow is stale but those the update wrote itself (AdamW on the
+     * tensors this rank updates whole: mt_zero_bf16_mark_fresh); the rest are rewritten at the next forward */
+    mt_model_bf16_invalidate(rs->model);
+    mt_zero_set_bf16_mark_fresh(&rs->zset);
     return MT_OK;
 }
 

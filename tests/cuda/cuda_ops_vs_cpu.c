@@ -1402,6 +1402,90 @@ static void test_cast_multi(void)
     free(h);
 }
 
+/* ---- adamw_multi with shadows (precision=bf16: pb[t] = cast_bf16 of the
+ * updated p[t], mt_ops.h): 40 tensors (two launches of MT_OPS_LIST_MAX),
+ * views 0-3 elements off 16 bytes (p's vector and scalar paths) and shadows
+ * 0-3 off 8 bytes (the bf16x4 store and the scalar one), lengths 0, 1, 7,
+ * 8 and longer with a tail, every 5th shadow NULL, the clip's scale on, one
+ * NaN and one inf in p. Per backend: p, m, v == adamw_multi without shadows
+ * (bits); each shadow == the host's rounding of that backend's updated p
+ * (bits, NaN canonical) and == its cast_bf16_multi; nothing else of the
+ * shadow buffer written (the gaps and the NULL ones keep 0xffff). cuda vs
+ * cpu: p, m, v to TOL (test_optim's bound), deterministic. */
+static void test_adamw_multi(void)
+{
+    if (!selected("adamw_multi")) return;
+    enum { NT = 40 };
+    size_t off[NT], soff[NT], len[NT], at = 0, sat = 0;
+    for (int t = 0; t < NT; t++) {
+        static const size_t L[] = {0, 1, 7, 8, 1003, 4096, 333, 20};
+        off[t] = at + (size_t)(t % 4);
+        soff[t] = sat + (size_t)((t / 4) % 4);
+        len[t] = L[t % 8] + (size_t)(t / 8);
+        at = off[t] + len[t] + 5;
+        sat = soff[t] + len[t] + 3;
+    }
+    float *hp = rnd(at, -1, 1), *hg = rnd(at, -1, 1), *hm = rnd(at, -0.1, 0.1), *hv = rnd(at, 0, 0.01);
+    hp[off[4] + 2] = NAN, hp[off[4] + 9] = INFINITY;
+    float wd[NT];
+    for (int t = 0; t < NT; t++) wd[t] = t % 3 ? 0.1f : 0.0f;
+    const float lr = 3e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, bc1 = 1.0f - 0.9f * 0.9f * 0.9f,
+                bc2 = 1.0f - 0.95f * 0.95f * 0.95f, gs = 0.3719f;
+    float *rp[3], *rm[3], *rv[3];
+    for (int k = 0; k < 3; k++) {
+        struct be *b = BE(k);
+        const char *bn = k ? "cuda" : "cpu";
+        float *P = upf(b, hp, at), *G = upf(b, hg, at), *M = upf(b, hm, at), *V = upf(b, hv, at);
+        float *P2 = upf(b, hp, at), *M2 = upf(b, hm, at), *V2 = upf(b, hv, at);
+        uint16_t *SB = dalloc(b, sat * 2), *CB = dalloc(b, sat * 2), *fill = xmalloc(sat * 2), *out = xmalloc(sat * 2),
+                 *cast = xmalloc(sat * 2);
+        memset(fill, 0xff, sat * 2);
+        b->ops->copy_from_host(b->ops->be, SB, fill, sat * 2);
+        float *p[NT], *m[NT], *v[NT], *p2[NT], *m2[NT], *v2[NT];
+        const float *g[NT], *pc[NT];
+        mt_bf16 *pb[NT], *cb[NT];
+        for (int t = 0; t < NT; t++) {
+            p[t] = P + off[t], m[t] = M + off[t], v[t] = V + off[t], g[t] = G + off[t];
+            p2[t] = P2 + off[t], m2[t] = M2 + off[t], v2[t] = V2 + off[t];
+            pb[t] = t % 5 == 4 ? NULL : SB + soff[t];
+            cb[t] = CB + soff[t], pc[t] = p[t];
+        }
+        b->ops->adamw_multi(b->ops->be, p2, NULL, g, m2, v2, len, wd, NT, lr, b1, b2, eps, bc1, bc2, gs);
+        b->ops->adamw_multi(b->ops->be, p, pb, g, m, v, len, wd, NT, lr, b1, b2, eps, bc1, bc2, gs);
+        b->ops->cast_bf16_multi(b->ops->be, cb, pc, len, NT);
+        rp[k] = downf(b, P, at), rm[k] = downf(b, M, at), rv[k] = downf(b, V, at);
+        float *q2 = downf(b, P2, at), *n2 = downf(b, M2, at), *w2 = downf(b, V2, at);
+        b->ops->copy_to_host(b->ops->be, out, SB, sat * 2);
+        b->ops->copy_to_host(b->ops->be, cast, CB, sat * 2);
+        size_t host = 0, viacast = 0, touched = 0, t = 0;
+        for (size_t i = 0; i < sat; i++) {
+            while (t < NT && i >= soff[t] + len[t]) t++;
+            if (t < NT && i >= soff[t] && pb[t]) {
+                host += out[i] != host_bf16(rp[k][off[t] + (i - soff[t])]);
+                viacast += out[i] != cast[i];
+            } else touched += out[i] != 0xffff;
+        }
+        char w[128];
+        snprintf(w, sizeof w, "%s: p, m, v == without shadows (differing)", bn);
+        if (k < 2)
+            report("adamw_multi", w, (double)(ndiff(rp[k], q2, at) + ndiff(rm[k], n2, at) + ndiff(rv[k], w2, at)), 0);
+        snprintf(w, sizeof w, "%s: shadows == host bf16 of updated p (differing)", bn);
+        if (k < 2) report("adamw_multi", w, (double)host, 0);
+        snprintf(w, sizeof w, "%s: shadows == cast_bf16_multi of p (differing)", bn);
+        if (k < 2) report("adamw_multi", w, (double)viacast, 0);
+        snprintf(w, sizeof w, "%s: gaps, NULL shadows untouched (differing)", bn);
+        if (k < 2) report("adamw_multi", w, (double)touched, 0);
+        free(q2); free(n2); free(w2); free(fill); free(out); free(cast);
+        release(b);
+    }
+    /* the NaN and inf of tensor 4 make p non-finite there: compare the rest to TOL */
+    for (int k = 0; k < 3; k++) rp[k][off[4] + 2] = rp[k][off[4] + 9] = 0.0f;
+    check3("adamw_multi", "p (cuda vs cpu, shadows on)", rp, at);
+    check3("adamw_multi", "m", rm, at);
+    check3("adamw_multi", "v", rv, at);
+    free(hp); free(hg); free(hm); free(hv);
+}
+
 /* ---- vectorised elementwise kernels (docs/cuda.md "Vectorised elementwise kernels") ----
  * swiglu forward (plain and _bf16), swiglu backward (and in place),
  * cast_bf16 and widen_bf16 take the 16-byte vector path on aligned buffers
@@ -2160,6 +2244,7 @@ int main(int argc, char **argv)
     g_rng = 22; test_moe_aux();
     g_rng = 25; test_mod();
     g_rng = 14; test_optim();
+    g_rng = 28; test_adamw_multi();
     g_rng = 19; test_fused();
 
     /* ---- bf16 mode: gemm to the derived bound ---- */

@@ -224,8 +224,9 @@ void mt_cpu_moe_aux_backward(float *dprobs, float *dlse, const float *f_share, c
 /* ---- optim_kernels.c ---- */
 void mt_cpu_adamw_update(float *p, const float *g, float *m, float *v, size_t n,
                          float lr, float b1, float b2, float eps, float wd, float bc1, float bc2);
-/* the same with g read as gs * g (adamw_multi's gscale; gs = 1: adamw_update's bits) */
-void mt_cpu_adamw_update_gs(float *p, const float *g, float gs, float *m, float *v, size_t n,
+/* the same with g read as gs * g (adamw_multi's gscale; gs = 1: adamw_update's bits) and, when
+ * pb != NULL, pb = mt_cpu_cast_bf16 of the updated p (adamw_multi's shadow; NULL: not written) */
+void mt_cpu_adamw_update_gs(float *p, uint16_t *pb, const float *g, float gs, float *m, float *v, size_t n,
                             float lr, float b1, float b2, float eps, float wd, float bc1, float bc2);
 void mt_cpu_muon_momentum(float *d, float *m, const float *g, float mu, size_t n);
 

@@ -388,19 +388,20 @@ static void p_normalize_fro(void *be, float *x, size_t n, double eps)
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_ELEMENTWISE, cpu_normalize_fro(x, n, eps));
 }
-static void cpu_adamw_multi(float *const *p, const float *const *g, float *const *m, float *const *v, const size_t *n,
-                            const float *wd, int count, float lr, float b1, float b2, float eps, float bc1, float bc2,
-                            float gscale)
+static void cpu_adamw_multi(float *const *p, mt_bf16 *const *pb, const float *const *g, float *const *m,
+                            float *const *v, const size_t *n, const float *wd, int count, float lr, float b1, float b2,
+                            float eps, float bc1, float bc2, float gscale)
 {
     for (int i = 0; i < count; i++)
-        mt_cpu_adamw_update_gs(p[i], g[i], gscale, m[i], v[i], n[i], lr, b1, b2, eps, wd[i], bc1, bc2);
+        mt_cpu_adamw_update_gs(p[i], pb ? pb[i] : NULL, g[i], gscale, m[i], v[i], n[i], lr, b1, b2, eps, wd[i], bc1,
+                               bc2);
 }
-static void p_adamw_multi(void *be, float *const *p, const float *const *g, float *const *m, float *const *v,
-                          const size_t *n, const float *wd, int count, float lr, float b1, float b2, float eps,
-                          float bc1, float bc2, float gscale)
+static void p_adamw_multi(void *be, float *const *p, mt_bf16 *const *pb, const float *const *g, float *const *m,
+                          float *const *v, const size_t *n, const float *wd, int count, float lr, float b1, float b2,
+                          float eps, float bc1, float bc2, float gscale)
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
-    PROF(MT_OPK_OPTIMIZER, cpu_adamw_multi(p, g, m, v, n, wd, count, lr, b1, b2, eps, bc1, bc2, gscale));
+    PROF(MT_OPK_OPTIMIZER, cpu_adamw_multi(p, pb, g, m, v, n, wd, count, lr, b1, b2, eps, bc1, bc2, gscale));
 }
 static void cpu_nonfinite_mark(float *flags, const float *const *x, const size_t *n, const int *slot, int count)
 {

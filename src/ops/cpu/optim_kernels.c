@@ -4,6 +4,8 @@
  *   AdamW (PyTorch): m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;   (g: gs * grad, one
  *                    fp32 multiply, gs = 1 exact: the clip's scale, mt_ops.h adamw_multi)
  *                    p *= 1 - lr wd;  p -= lr (m/bc1) / (sqrt(v/bc2) + eps)
+ *                    pb (may be NULL) = bf16(p) of the updated p, nearest even
+ *                    (mt_cpu_f32_to_bf16: cast_bf16's bits; adamw_multi's shadows)
  *   Muon:            m = mu m + g;  d = g + mu m  (Nesterov), d may alias g.
  *
  * Invariant: elementwise over fixed chunks, each index touched by one thread.
@@ -14,7 +16,7 @@
 
 #define CHUNK 4096  /* elements per parallel chunk */
 
-static void adamw_range(float *p, const float *g, float gs, float *m, float *v, size_t lo, size_t hi,
+static void adamw_range(float *p, uint16_t *pb, const float *g, float gs, float *m, float *v, size_t lo, size_t hi,
                         float lr, float b1, float b2, float eps, float decay, float bc1, float bc2)
 {
     size_t i = lo;
@@ -44,23 +46,26 @@ static void adamw_range(float *p, const float *g, float gs, float *m, float *v, 
         v[i] = vi;
         p[i] = p[i] * decay - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
     }
+    /* the chunk's shadow while its p is still in cache (16 KB) */
+    if (pb)
+        for (i = lo; i < hi; i++) pb[i] = mt_cpu_f32_to_bf16(p[i]);
 }
 
-void mt_cpu_adamw_update_gs(float *p, const float *g, float gs, float *m, float *v, size_t n,
+void mt_cpu_adamw_update_gs(float *p, uint16_t *pb, const float *g, float gs, float *m, float *v, size_t n,
                             float lr, float b1, float b2, float eps, float wd, float bc1, float bc2)
 {
     float decay = 1.0f - lr * wd;
     size_t nc = (n + CHUNK - 1) / CHUNK;
     #pragma omp parallel for schedule(static) if (n > 16384)
     for (size_t c = 0; c < nc; c++)
-        adamw_range(p, g, gs, m, v, c * CHUNK, (c + 1) * CHUNK < n ? (c + 1) * CHUNK : n,
+        adamw_range(p, pb, g, gs, m, v, c * CHUNK, (c + 1) * CHUNK < n ? (c + 1) * CHUNK : n,
                     lr, b1, b2, eps, decay, bc1, bc2);
 }
 
 void mt_cpu_adamw_update(float *p, const float *g, float *m, float *v, size_t n,
                          float lr, float b1, float b2, float eps, float wd, float bc1, float bc2)
 {
-    mt_cpu_adamw_update_gs(p, g, 1.0f, m, v, n, lr, b1, b2, eps, wd, bc1, bc2);
+    mt_cpu_adamw_update_gs(p, NULL, g, 1.0f, m, v, n, lr, b1, b2, eps, wd, bc1, bc2);
 }
 
 void mt_cpu_muon_momentum(float *d, float *m, const float *g, float mu, size_t n)

@@ -668,9 +668,9 @@ void mt_cuda_mod_backward(void *be, float *dr, float *dx, const float *dgate, co
 void mt_cuda_adamw_update(void *be, float *p, const float *g, float *m, float *v, size_t n,
                           float lr, float b1, float b2, float eps, float wd, float bc1, float bc2);
 void mt_cuda_muon_momentum(void *be, float *d, float *m, const float *g, float mu, size_t n);
-void mt_cuda_adamw_multi(void *be, float *const *p, const float *const *g, float *const *m, float *const *v,
-                         const size_t *n, const float *wd, int count, float lr, float b1, float b2, float eps,
-                         float bc1, float bc2, float gscale);
+void mt_cuda_adamw_multi(void *be, float *const *p, mt_bf16 *const *pb, const float *const *g, float *const *m,
+                         float *const *v, const size_t *n, const float *wd, int count, float lr, float b1, float b2,
+                         float eps, float bc1, float bc2, float gscale);
 void mt_cuda_transpose(void *be, float *out, const float *in, int rows, int cols);
 /* ssm.cu — Mamba-3 scan and mixer glue (docs/mamba3.md) */
 void mt_cuda_ssm_scan_forward(void *be, float *y, const float *x, const float *Bm, const float *Cm,

@@ -4,6 +4,8 @@
  *
  *   AdamW (PyTorch): m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
  *                    p *= 1 - lr wd;  p -= lr (m/bc1) / (sqrt(v/bc2) + eps)
+ *                    pb (may be NULL) = bf16(p) of the updated p, nearest even
+ *                    (mt_cuda_bf16_rn: cast_bf16's bits; adamw_multi's shadows)
  *   Muon:            m = mu m + g;  d = g + mu m  (Nesterov), d may alias g.
  *   transpose:       out (cols, rows) = in (rows, cols)^T via 32x33 smem tiles.
  *
@@ -37,14 +39,17 @@ static __device__ __forceinline__ void adamw_elem(float &p, float gi, float &m, 
 /* one tensor's AdamW over a grid-stride loop (mt_ops.h): the single-tensor
  * kernel and the multi-tensor one run exactly this, so their bits agree.
  * Groups of 4 as float4 loads and stores when all four buffers are 16-byte
- * aligned (the carver aligns to 64: always, but for views), then the tail;
- * each element's arithmetic is adamw_elem either way. */
-static __device__ __forceinline__ void adamw_span(float *p, const float *g, float gs, float *m, float *v, size_t n,
-                                                  float lr, float b1, float b2, float eps, float decay, float bc1,
-                                                  float bc2)
+ * aligned (the carver aligns to 64: always, but for views) and the shadow
+ * pb 8-byte aligned (its 4 values: one bf16x4 store), then the tail; each
+ * element's arithmetic is adamw_elem either way, its shadow mt_cuda_bf16_rn
+ * of the p it stores. pb is the same for every thread of a block (NULL: no
+ * shadow), so its branch never diverges. */
+static __device__ __forceinline__ void adamw_span(float *p, __nv_bfloat16 *pb, const float *g, float gs, float *m,
+                                                  float *v, size_t n, float lr, float b1, float b2, float eps,
+                                                  float decay, float bc1, float bc2)
 {
     const size_t i0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x, st = (size_t)gridDim.x * blockDim.x;
-    const int vec = (((uintptr_t)p | (uintptr_t)g | (uintptr_t)m | (uintptr_t)v) & 15) == 0;
+    const int vec = (((uintptr_t)p | (uintptr_t)g | (uintptr_t)m | (uintptr_t)v) & 15) == 0 && ((uintptr_t)pb & 7) == 0;
     const size_t n4 = vec ? n / 4 : 0;
     for (size_t i = i0; i < n4; i += st) {
         float4 P = mt_ld_f4(p + 4 * i), G = mt_ld_f4(g + 4 * i), M = mt_ld_f4(m + 4 * i), V = mt_ld_f4(v + 4 * i);
@@ -55,9 +60,12 @@ static __device__ __forceinline__ void adamw_span(float *p, const float *g, floa
         mt_st_f4(p + 4 * i, P);
         mt_st_f4(m + 4 * i, M);
         mt_st_f4(v + 4 * i, V);
+        if (pb) mt_st_bf16x4(pb + 4 * i, P);
     }
-    for (size_t i = 4 * n4 + i0; i < n; i += st)
+    for (size_t i = 4 * n4 + i0; i < n; i += st) {
         adamw_elem(p[i], __fmul_rn(g[i], gs), m[i], v[i], lr, b1, b2, eps, decay, bc1, bc2);
+        if (pb) pb[i] = mt_cuda_bf16_rn(p[i]);
+    }
 }
 
 /* blocks of an AdamW launch over n elements: a thread per group of 4, at
@@ -74,7 +82,7 @@ static unsigned adamw_blocks(size_t n)
 static __global__ void adamw_k(float *p, const float *g, float *m, float *v, size_t n,
                                float lr, float b1, float b2, float eps, float decay, float bc1, float bc2)
 {
-    adamw_span(p, g, 1.0f, m, v, n, lr, b1, b2, eps, decay, bc1, bc2);
+    adamw_span(p, NULL, g, 1.0f, m, v, n, lr, b1, b2, eps, decay, bc1, bc2);
 }
 
 static __global__ void muon_momentum_k(float *d, float *m, const float *g, float mu, size_t n)
@@ -115,26 +123,28 @@ extern "C" void mt_cuda_adamw_update(void *be, float *p, const float *g, float *
 
 /* adamw_multi (issue 27 item 3): adamw_k on up to MT_OPS_LIST_MAX tensors in
  * one launch, blockIdx.y the tensor (its pointers and decay a launch
- * argument), the same per-element arithmetic */
+ * argument), the same per-element arithmetic; pb[t] the tensor's bf16
+ * shadow, written in the same pass (NULL: none) */
 struct adamw_list {
-    float       *p[MT_OPS_LIST_MAX];
-    const float *g[MT_OPS_LIST_MAX];
-    float       *m[MT_OPS_LIST_MAX];
-    float       *v[MT_OPS_LIST_MAX];
-    size_t       n[MT_OPS_LIST_MAX];
-    float        decay[MT_OPS_LIST_MAX];
+    float         *p[MT_OPS_LIST_MAX];
+    __nv_bfloat16 *pb[MT_OPS_LIST_MAX];
+    const float   *g[MT_OPS_LIST_MAX];
+    float         *m[MT_OPS_LIST_MAX];
+    float         *v[MT_OPS_LIST_MAX];
+    size_t         n[MT_OPS_LIST_MAX];
+    float          decay[MT_OPS_LIST_MAX];
 };
 
 static __global__ void adamw_multi_k(struct adamw_list L, float lr, float b1, float b2, float eps, float bc1, float bc2,
                                      float gs)
 {
     const int t = blockIdx.y;
-    adamw_span(L.p[t], L.g[t], gs, L.m[t], L.v[t], L.n[t], lr, b1, b2, eps, L.decay[t], bc1, bc2);
+    adamw_span(L.p[t], L.pb[t], L.g[t], gs, L.m[t], L.v[t], L.n[t], lr, b1, b2, eps, L.decay[t], bc1, bc2);
 }
 
-extern "C" void mt_cuda_adamw_multi(void *be, float *const *p, const float *const *g, float *const *m, float *const *v,
-                                    const size_t *n, const float *wd, int count, float lr, float b1, float b2,
-                                    float eps, float bc1, float bc2, float gscale)
+extern "C" void mt_cuda_adamw_multi(void *be, float *const *p, mt_bf16 *const *pb, const float *const *g,
+                                    float *const *m, float *const *v, const size_t *n, const float *wd, int count,
+                                    float lr, float b1, float b2, float eps, float bc1, float bc2, float gscale)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     for (int base = 0; base < count; base += MT_OPS_LIST_MAX) {
@@ -144,6 +154,7 @@ extern "C" void mt_cuda_adamw_multi(void *be, float *const *p, const float *cons
         size_t nmax = 0;
         for (int t = 0; t < c; t++) {
             L.p[t] = p[base + t];
+            L.pb[t] = pb ? (__nv_bfloat16 *)pb[base + t] : NULL;
             L.g[t] = g[base + t];
             L.m[t] = m[base + t];
             L.v[t] = v[base + t];
