@@ -122,6 +122,27 @@ static void gate_up_bwd_b(const struct mt_ops_i *ops, float *dh, int accumulate,
     wlinear_backward_db(ops, dh, 1.0f, wu->frozen ? NULL : wu->grad, NULL, dub, h, hb, wu, n, D, F);
 }
 
+/* The fused path (act_fused's conditions hold): term 1 as proj_bwd_b runs it
+ * (Wd has no adapter here), split: da = dy Wd on dy rounded once (when dWd
+ * will read it too); then act's twin, bf16(dg), bf16(du) in one pass (dg, du
+ * as bf16 scratch) from g, u in fp32 or, given gb, ub, stored bf16
+ * (mlp_gu_bf16); then dWd += dy^T act on that rounded dy and the twin; then
+ * term 3 on bf16 dg, du. */
+static void mlp_bwd_fused(const struct mt_ops_i *ops, float *dh, int accumulate, mt_bf16 *act_b, float *dact,
+                          float *dg, float *du, const float *dout, const float *h, const mt_bf16 *hb, const float *g,
+                          const float *u, const mt_bf16 *gb, const mt_bf16 *ub, struct mt_param *wg,
+                          struct mt_param *wu, struct mt_param *wd, int n, int D, int F, const struct mt_dyb *dyb)
+{
+    float *dwd = wd->frozen ? NULL : wd->grad;
+    const mt_bf16 *db = dwd ? dyb_round(ops, dyb, dout, (size_t)n * D) : NULL;
+    wlinear_backward_db(ops, dact, 0.0f, NULL, dout, db, NULL, act_b, wd, n, F, D);
+    mt_bf16 *dgb = (mt_bf16 *)dg, *dub = (mt_bf16 *)du;
+    if (gb) ops->swiglu_backward_act_bf16_gu(ops->be, act_b, dgb, dub, dact, gb, ub, (size_t)n * F);
+    else ops->swiglu_backward_act_bf16(ops->be, act_b, dgb, dub, dact, g, u, (size_t)n * F);
+    if (dwd) wlinear_backward_db(ops, NULL, 0.0f, dwd, dout, db, NULL, act_b, wd, n, F, D);
+    gate_up_bwd_b(ops, dh, accumulate, dgb, dub, h, hb, wg, wu, n, D, F);
+}
+
 void mlp_backward_b(const struct mt_ops_i *ops, float *t, float *dt, float *dh, int accumulate, float *act,
                     mt_bf16 *act_b, float *dact, float *dg, float *du, const float *dout, const float *h,
                     const mt_bf16 *hb, const float *g, const float *u, struct mt_param *wg, struct mt_param *wu,
@@ -130,17 +151,7 @@ void mlp_backward_b(const struct mt_ops_i *ops, float *t, float *dt, float *dh, 
     if (n <= 0) return;
     act = act_stored(act, act_b, wd, redo);
     if (act_fused(ops, act, act_b, dg, du, wg, wu)) {
-        /* term 1 as proj_bwd_b runs it (Wd has no adapter here), split: da = dy Wd on
-         * dy rounded once (when dWd will read it too), ... */
-        float *dwd = wd->frozen ? NULL : wd->grad;
-        const mt_bf16 *db = dwd ? dyb_round(ops, dyb, dout, (size_t)n * D) : NULL;
-        wlinear_backward_db(ops, dact, 0.0f, NULL, dout, db, NULL, act_b, wd, n, F, D);
-        /* ... act's twin, bf16(dg), bf16(du) in one pass (act_fused: dg, du as bf16 scratch) ... */
-        mt_bf16 *dgb = (mt_bf16 *)dg, *dub = (mt_bf16 *)du;
-        ops->swiglu_backward_act_bf16(ops->be, act_b, dgb, dub, dact, g, u, (size_t)n * F);
-        /* ... then dWd += dy^T act on that rounded dy and the twin */
-        if (dwd) wlinear_backward_db(ops, NULL, 0.0f, dwd, dout, db, NULL, act_b, wd, n, F, D);
-        gate_up_bwd_b(ops, dh, accumulate, dgb, dub, h, hb, wg, wu, n, D, F);
+        mlp_bwd_fused(ops, dh, accumulate, act_b, dact, dg, du, dout, h, hb, g, u, NULL, NULL, wg, wu, wd, n, D, F, dyb);
         return;
     }
     swiglu_act(ops, act, act_b, g, u, (size_t)n * F);
@@ -199,13 +210,7 @@ static void mlp_backward_gu(const struct mt_ops_i *ops, float *dh, int accumulat
 {
     if (n <= 0) return;
     MT_ASSERT(act_b && dg && du && wg->bf16 && wu->bf16 && wd->bf16);
-    float *dwd = wd->frozen ? NULL : wd->grad;
-    const mt_bf16 *db = dwd ? dyb_round(ops, dyb, dout, (size_t)n * D) : NULL;
-    wlinear_backward_db(ops, dact, 0.0f, NULL, dout, db, NULL, act_b, wd, n, F, D);
-    mt_bf16 *dgb = (mt_bf16 *)dg, *dub = (mt_bf16 *)du;
-    ops->swiglu_backward_act_bf16_gu(ops->be, act_b, dgb, dub, dact, gb, ub, (size_t)n * F);
-    if (dwd) wlinear_backward_db(ops, NULL, 0.0f, dwd, dout, db, NULL, act_b, wd, n, F, D);
-    gate_up_bwd_b(ops, dh, accumulate, dgb, dub, h, hb, wg, wu, n, D, F);
+    mlp_bwd_fused(ops, dh, accumulate, act_b, dact, dg, du, dout, h, hb, NULL, NULL, gb, ub, wg, wu, wd, n, D, F, dyb);
 }
 
 void mlp_forward(const struct mt_ops_i *ops, float *t, float *out, int accumulate, float *g, float *u, float *act,

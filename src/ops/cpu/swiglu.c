@@ -115,22 +115,16 @@ void mt_cpu_swiglu_backward_bf16(uint16_t *dgate_b, uint16_t *dup_b, const float
  * bwd_range over mt_cpu_swiglu_backward_bf16's chunks also gives act, whose
  * 8-wide groups start where fwd_range's do in mt_cpu_swiglu_forward_bf16
  * (each chunk's first element): the three are those entries' bits, rounded
- * while the chunk is in cache (3 x 16 KiB of stack per thread) */
+ * while the chunk is in cache (3 x 16 KiB of stack per thread). gate_b,
+ * up_b: gate and up stored bf16 instead (the *_gu entry), widened per chunk
+ * (exact) into two more stack buffers. */
+static void bwd_act_chunks(uint16_t *act_b, uint16_t *dgate_b, uint16_t *dup_b, const float *dout, const float *gate,
+                           const float *up, const uint16_t *gate_b, const uint16_t *up_b, size_t n);
+
 void mt_cpu_swiglu_backward_act_bf16(uint16_t *act_b, uint16_t *dgate_b, uint16_t *dup_b, const float *dout,
                                      const float *gate, const float *up, size_t n)
 {
-    size_t nc = (n + CHUNK - 1) / CHUNK;
-    #pragma omp parallel for schedule(static) if (n > 16384)
-    for (size_t c = 0; c < nc; c++) {
-        const size_t lo = c * CHUNK, m = (c + 1) * CHUNK < n ? CHUNK : n - lo;
-        float ta[CHUNK], tg[CHUNK], tu[CHUNK];
-        bwd_range(ta, tg, tu, dout + lo, gate + lo, up + lo, 0, m);
-        for (size_t i = 0; i < m; i++) {
-            act_b[lo + i] = mt_cpu_f32_to_bf16(ta[i]);
-            dgate_b[lo + i] = mt_cpu_f32_to_bf16(tg[i]);
-            dup_b[lo + i] = mt_cpu_f32_to_bf16(tu[i]);
-        }
-    }
+    bwd_act_chunks(act_b, dgate_b, dup_b, dout, gate, up, NULL, NULL, n);
 }
 
 /* gate and up stored bf16 (mt_ops.h *_bf16_gu): each chunk widened (exact)
@@ -157,14 +151,23 @@ void mt_cpu_swiglu_forward_bf16_gu(uint16_t *out_bf16, const uint16_t *gate, con
 void mt_cpu_swiglu_backward_act_bf16_gu(uint16_t *act_b, uint16_t *dgate_b, uint16_t *dup_b, const float *dout,
                                         const uint16_t *gate, const uint16_t *up, size_t n)
 {
+    bwd_act_chunks(act_b, dgate_b, dup_b, dout, NULL, NULL, gate, up, n);
+}
+
+static void bwd_act_chunks(uint16_t *act_b, uint16_t *dgate_b, uint16_t *dup_b, const float *dout, const float *gate,
+                           const float *up, const uint16_t *gate_b, const uint16_t *up_b, size_t n)
+{
     size_t nc = (n + CHUNK - 1) / CHUNK;
     #pragma omp parallel for schedule(static) if (n > 16384)
     for (size_t c = 0; c < nc; c++) {
         const size_t lo = c * CHUNK, m = (c + 1) * CHUNK < n ? CHUNK : n - lo;
         float g[CHUNK], u[CHUNK], ta[CHUNK], tg[CHUNK], tu[CHUNK];
-        widen_chunk(g, gate + lo, m);
-        widen_chunk(u, up + lo, m);
-        bwd_range(ta, tg, tu, dout + lo, g, u, 0, m);
+        const float *gc = gate ? gate + lo : g, *uc = up ? up + lo : u;
+        if (!gate) {
+            widen_chunk(g, gate_b + lo, m);
+            widen_chunk(u, up_b + lo, m);
+        }
+        bwd_range(ta, tg, tu, dout + lo, gc, uc, 0, m);
         for (size_t i = 0; i < m; i++) {
             act_b[lo + i] = mt_cpu_f32_to_bf16(ta[i]);
             dgate_b[lo + i] = mt_cpu_f32_to_bf16(tg[i]);

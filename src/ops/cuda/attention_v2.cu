@@ -168,6 +168,27 @@ static __device__ __forceinline__ void v2_abt(float acc[8][4], const bf16 *A, in
     v2_abt_m<HD, 1>((float(*)[8][4])acc, A, a_row0, Bt, lane);
 }
 
+/* out[MW][HD/8][4] += A B for one k step of 16 (rows 16 s.. of a shared tile
+ * Bs (64, LD) whose k runs down the rows: .trans): a[MW] the A operands of
+ * the MW row tiles; each B fragment pair feeds all of them */
+template <int HD, int MW>
+static __device__ __forceinline__ void v2_mma_bk(float out[MW][HD / 8][4], const uint32_t a[MW][4], const bf16 *Bs,
+                                                 int s, int lane)
+{
+    constexpr int LD = HD + 8;
+#pragma unroll
+    for (int np = 0; np < HD / 16; np++) {
+        uint32_t r[4];
+        mt_ldsm_x4_t(r, v2_bk_addr<LD>(Bs, 16 * s, 16 * np, lane));
+        const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+#pragma unroll
+        for (int mi = 0; mi < MW; mi++) {
+            mt_mma_16816(out[mi][2 * np], a[mi], b0);
+            mt_mma_16816(out[mi][2 * np + 1], a[mi], b1);
+        }
+    }
+}
+
 /* out[MW][HD/8][4] (16 MW x HD) += P B: P (16 MW x 64) given as accumulator
  * tiles p[MW][8][4] (rounded to bf16 here: the A operands), B the 64 rows of
  * a shared tile (64, LD); each B fragment pair serves all MW row tiles */
@@ -175,7 +196,6 @@ template <int HD, int MW>
 static __device__ __forceinline__ void v2_pv_m(float out[MW][HD / 8][4], const float p[MW][8][4], const bf16 *Bs,
                                                int lane)
 {
-    constexpr int LD = HD + 8;
     uint32_t a[4][MW][4];   /* P as bf16 A operands first: the fp32 P is dead before the products */
 #pragma unroll
     for (int s = 0; s < 4; s++)
@@ -187,19 +207,7 @@ static __device__ __forceinline__ void v2_pv_m(float out[MW][HD / 8][4], const f
             a[s][mi][3] = mt_pack_bf16(p[mi][2 * s + 1][2], p[mi][2 * s + 1][3]);
         }
 #pragma unroll
-    for (int s = 0; s < 4; s++) {
-#pragma unroll
-        for (int np = 0; np < HD / 16; np++) {
-            uint32_t r[4];
-            mt_ldsm_x4_t(r, v2_bk_addr<LD>(Bs, 16 * s, 16 * np, lane));
-            const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-#pragma unroll
-            for (int mi = 0; mi < MW; mi++) {
-                mt_mma_16816(out[mi][2 * np], a[s][mi], b0);
-                mt_mma_16816(out[mi][2 * np + 1], a[s][mi], b1);
-            }
-        }
-    }
+    for (int s = 0; s < 4; s++) v2_mma_bk<HD, MW>(out, a[s], Bs, s, lane);
 }
 
 template <int HD>
@@ -477,7 +485,7 @@ template <int HD, int MW>
 static __device__ MT_WARP_STEP void v2_dq_ds_step(float (&dqa)[MW][HD / 8][4], const bf16 *Sb, const bf16 *Kb, int kt,
                                                   int wlast, int wc, int lane)
 {
-    constexpr int LD = HD + 8, LS = V2_B + 8;
+    constexpr int LS = V2_B + 8;
     if (kt > wlast) return;
     const int mi8 = lane >> 3, r8 = lane & 7;
 #pragma unroll
@@ -486,17 +494,7 @@ static __device__ MT_WARP_STEP void v2_dq_ds_step(float (&dqa)[MW][HD / 8][4], c
 #pragma unroll
         for (int mi = 0; mi < MW; mi++)
             mt_ldsm_x4_t(a[mi], Sb + (16 * s + (mi8 >> 1) * 8 + r8) * LS + wc + 16 * mi + (mi8 & 1) * 8);
-#pragma unroll
-        for (int np = 0; np < HD / 16; np++) {
-            uint32_t r[4];
-            mt_ldsm_x4_t(r, v2_bk_addr<LD>(Kb, 16 * s, 16 * np, lane));
-            const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-#pragma unroll
-            for (int mi = 0; mi < MW; mi++) {
-                mt_mma_16816(dqa[mi][2 * np], a[mi], b0);
-                mt_mma_16816(dqa[mi][2 * np + 1], a[mi], b1);
-            }
-        }
+        v2_mma_bk<HD, MW>(dqa, a, Kb, s, lane);
     }
 }
 
