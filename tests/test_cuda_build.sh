@@ -827,6 +827,17 @@ PY
         then echo "PASS CUDA graphs on = off ($c, 4 steps): $(cat "$EMU/graph_$c.txt")"
         else cat "$EMU/graph_$c.txt" 2>/dev/null; echo "FAIL: CUDA graphs on vs off ($c)"; fail=1; fi
     done
+    # ReDo (redo_every 4): its scoring step and the step after its event run eagerly
+    # (step.c graphs_mode), the others as graphs again; the replay of a scoring step
+    # was a sticky "differs from its capture" error before (2026-11-27)
+    GREDO="$TINY --set optimizer=adamw --set redo_every=4 --set redo_tau=0.5"
+    if graph_run redo_on fp32 10 $GREDO && graph_run redo_off fp32 10 $GREDO --knob cuda_graphs=0 &&
+       cmp -s "$EMU/run_graph_redo_on/ckpt/step_000010/params.bin" "$EMU/run_graph_redo_off/ckpt/step_000010/params.bin" &&
+       python3 -c "import json, sys; on, off = (json.load(open(p)) for p in sys.argv[1:3]); \
+sys.exit(not (on['losses'] == off['losses'] and on['grad_norms'] == off['grad_norms'] and \
+sum(on['gpu']['step_counters']['graph_launches']) > 0))" "$EMU/run_graph_redo_on/receipt.json" "$EMU/run_graph_redo_off/receipt.json"
+    then echo "PASS CUDA graphs with ReDo (10 steps, redo_every 4): on = off bit for bit, graphs replayed between the events"
+    else tail -3 "$EMU/train_graph_redo_on.log"; echo "FAIL: CUDA graphs with ReDo"; fail=1; fi
     if [ $g_ok -eq 1 ] && python3 -c 'import json, sys; g = json.load(open(sys.argv[1]))["gpu"]["cuda_graphs"]
 assert g["ran"] is False and "MoE" in g["why_not"], g' "$EMU/run_graph_moe_on/receipt.json"; then
         echo "PASS CUDA graphs off for MoE, with the reason: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["gpu"]["cuda_graphs"]["why_not"])' "$EMU/run_graph_moe_on/receipt.json")"

@@ -59,8 +59,13 @@ static enum mt_status moe_load_step(struct mt_ctx *ctx, struct run_state *rs, do
  * the step, and a multi-rank graph needs NCCL captured on every rank) and
  * with MoE layers (the grouped expert GEMMs take their sizes on the host
  * from a per-step device-to-host read of the expert offsets: the shapes
- * change every step). */
-static void graphs_mode(struct mt_ctx *ctx, const struct run_state *rs)
+ * change every step). With ReDo, off for the step that scores its units
+ * (its backward adds the scoring ops and clears the accumulators) and the
+ * one after its event (the rewritten tensors' shadows are refreshed): those
+ * steps' ops differ from the captured ones, and a replayed op that differs
+ * is a sticky error (graph.cu). The next step turns them on again: recorded,
+ * captured and replayed anew (two steps), once every redo_every steps. */
+static void graphs_mode(struct mt_ctx *ctx, const struct run_state *rs, int step)
 {
     if (!rs->ops->graph_mode) return;   /* cpu: no graphs */
     const struct mt_config *cfg = rs->cfg;
@@ -75,6 +80,9 @@ static void graphs_mode(struct mt_ctx *ctx, const struct run_state *rs)
     else if (moe)
         snprintf(why, sizeof why, "off: MoE layers size the expert GEMMs on the host from a per-step read of the "
                                   "expert offsets (shapes change every step)");
+    else if (cfg->redo_every > 0 && ((step + 1) % cfg->redo_every == 0 || (step > 0 && step % cfg->redo_every == 0)))
+        snprintf(why, sizeof why, "off this step: ReDo scores its units or has just rewritten some (the step's "
+                                  "operations differ; on again the next step)");
     rs->ops->graph_mode(rs->ops->be, why[0] == 0, why);
 }
 
@@ -90,7 +98,7 @@ enum mt_status mt_train_step(struct mt_ctx *ctx, struct run_state *rs, int step,
     memset(out->part, 0, sizeof out->part);
     out->n_part = n_part;
 
-    graphs_mode(ctx, rs);
+    graphs_mode(ctx, rs, step);
     /* ReDo (redo.c): the step whose update is followed by an event scores its units in its backward passes */
     const int redo = cfg->redo_every > 0 && (step + 1) % cfg->redo_every == 0;
     if (redo && !rs->ops->redo_score_acc)
