@@ -61,6 +61,7 @@ static const struct mt_optim_i sgdm = {
     .roles = 1u << MT_ROLE_DENSE,
     .matrices_only = 1,
     .pass_bytes = 24.0,   /* reads g, m, then m, p; writes m, p: 6 floats */
+    .shadow_bytes = 6.0,  /* no shadow written by its pass: the refresh's */
     .check = sgdm_check,
     .step = sgdm_step,
 };

@@ -81,6 +81,7 @@ const struct mt_optim_i mt_optim_adamw = {
     .matrices_only = 0,
     .whole_matrix = 0,
     .pass_bytes = 28.0,   /* reads p, g, m, v; writes p, m, v: 7 floats */
+    .shadow_bytes = 2.0,  /* adamw_multi writes the bf16 shadow in its pass */
     .takes_gscale = 1,    /* the clip's scale inside adamw_multi (adamw_step) */
     .flops = NULL,
     .ws_sizes = NULL,

@@ -73,6 +73,11 @@ struct mt_optim_i {
                                                      * numel floats moved)                     */
     double      pass_bytes;                         /* planner: bytes its elementwise update
                                                      * reads + writes per parameter element   */
+    double      shadow_bytes;                       /* planner: bytes a bf16 shadow of a matrix
+                                                     * it updates costs per element a step
+                                                     * (precision=bf16): 2 when its pass writes
+                                                     * the shadow, 6 when the next forward's
+                                                     * refresh reads p and writes it          */
     int         takes_gscale;                       /* 1: its step applies run->gscale (the
                                                      * gradient clip) itself; 0: the clip
                                                      * scales its gradients in place first   */

@@ -174,6 +174,7 @@ const struct mt_optim_i mt_optim_muon = {
     .matrices_only = 1,
     .whole_matrix = 1,
     .pass_bytes = 20.0,   /* the momentum and the update's elementwise passes */
+    .shadow_bytes = 6.0,  /* the refresh re-reads p (4) and writes the shadow (2) */
     .flops = muon_flops,
     .ws_sizes = muon_ws_sizes,
     .check = muon_check,

@@ -1109,7 +1109,8 @@ static void stage_work(const struct mt_config *cfg, int l0, int l1, int rc, stru
 /* The optimizer's passes over the parameters group rank 0 updates (every
  * one at ZeRO-0): its class's pass_bytes per parameter (AdamW reads p, g,
  * m, v and writes p, m, v: 28; Muon's momentum and update 20), the gradient zeroing 4, the
- * bf16 shadow cast of a matrix (precision=bf16) 6. */
+ * bf16 shadow of a matrix (precision=bf16) its class's shadow_bytes (AdamW
+ * writes it in its pass: 2; the refresh after Muon's update: 6). */
 static double optimizer_bytes(const struct mt_plan *p, const struct stage_plan *sp)
 {
     int P;
@@ -1120,7 +1121,8 @@ static double optimizer_bytes(const struct mt_plan *p, const struct stage_plan *
         const struct eng_plan *e = &sp->eng[sp->engine[i]];
         if (ps[i].frozen || (p->zero > 0 && e->owner && e->owner[i] != 0)) continue;
         double per = mt_optim_class(ps[i].optim)->pass_bytes;
-        if (bf16 && ps[i].ndim == 2 && !strstr(ps[i].name, "embed_tokens")) per += 6.0;
+        if (bf16 && ps[i].ndim == 2 && !strstr(ps[i].name, "embed_tokens"))
+            per += mt_optim_class(ps[i].optim)->shadow_bytes;
         b += (double)ps[i].numel * (per + 4.0);
     }
     return b;
