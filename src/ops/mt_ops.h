@@ -211,6 +211,36 @@ struct mt_ops_i {
     void (*gemm_bf16_out)(void *be, int transA, int transB, int M, int N, int K, float alpha, const void *A,
                           enum mt_elem a_type, int lda, const void *B, enum mt_elem b_type, int ldb, mt_bf16 *C,
                           int ldc);
+    /* ---- grouped bf16 GEMMs sized on the device (MoE, ep = 1; issue 28 item 2) ----
+     * The groups are row ranges of an expert-sorted buffer: group g owns rows
+     * [offs[g], offs[g+1]) (offs: n+1 int32 in BACKEND memory, nondecreasing,
+     * offs[0] = 0, offs[n] <= max_rows), so the sizes never reach the host and
+     * one launch serves every expert (and a CUDA graph can hold it).
+     * gemm_grouped_rows: for every group g and row r of it,
+     *     C[r,:] (N) = alpha A[r,:] op(B_g) + beta C[r,:]
+     *   A bf16 (rows, K) lda; B_g bf16: (N, K) ldb when transB (a weight
+     *   W (out, in): y = x W^T), else (K, N) ldb (dx = dy W); B a HOST array
+     *   of n backend pointers. C (rows, N) ldc: c_type MT_ELEM_F32, or
+     *   MT_ELEM_BF16 (beta must be 0; the fp32 result rounded once, nearest
+     *   even). max_rows: a host bound of offs[n] (sizes the launch); rows at
+     *   or past offs[n] are not touched.
+     * gemm_grouped_sum: for every group g,
+     *     C_g (M, N) fp32 = alpha sum over rows r of g of A[r,:]^T B[r,:] + beta C_g
+     *   A bf16 (rows, M) lda, B bf16 (rows, N) ldb (the weight gradient
+     *   dW_g += dy_g^T x_g); C a HOST array of n distinct backend pointers;
+     *   an empty group leaves beta C_g.
+     * Both: products of bf16 values accumulated in fp32, each output element
+     * in one fixed order (deterministic). n <= MT_GROUPED_DEV_MAX; every
+     * dimension and leading dimension a multiple of 8 and every buffer 16-byte
+     * aligned (cuda's 16-byte loads: mt_grouped_dev_dims_ok). cpu: gemm_bf16 /
+     * gemm_bf16_out per group, reading offs directly (the reference); cuda:
+     * one launch each (gemm_grouped.cu). Optional (NULL: the MoE layer reads
+     * the offsets on the host and sizes its GEMMs there). */
+    void (*gemm_grouped_rows)(void *be, int n, const int32_t *offs, int max_rows, int N, int K, int transB,
+                              float alpha, const mt_bf16 *A, int lda, const mt_bf16 *const *B, int ldb, float beta,
+                              void *C, enum mt_elem c_type, int ldc);
+    void (*gemm_grouped_sum)(void *be, int n, const int32_t *offs, int M, int N, float alpha, const mt_bf16 *A,
+                             int lda, const mt_bf16 *B, int ldb, float beta, float *const *C, int ldc);
     /* dst[i] = bf16(src[i]), round to nearest even (NaN stays NaN): the
      * bf16 shadows of the weights, written once per step. */
     void (*cast_bf16)(void *be, mt_bf16 *dst, const float *src, size_t n);
@@ -543,6 +573,11 @@ struct mt_ops_i {
      *     loss[1] = z_coef sum_i lse_i^2 over the N rows.
      * moe_aux_backward (all =): dprobs (N, E) = float(aux_coef E f[q,e] / T / n_seq),
      *   dlse (N) = float(2 z_coef lse_i / n_tok) (the router_backward inputs). */
+    /* moe_count_acc (ep = 1 with device sizes): load[e] += sign (offs[e+1] - offs[e])
+     * for e in [0, n): the layer's routed slots per expert added into a
+     * device histogram (double) that the trainer reads once a step (sign -1:
+     * a recompute takes its routing back out). Optional with the entries above. */
+    void (*moe_count_acc)(void *be, double *load, const int32_t *offs, int n, double sign);
     void (*moe_route)(void *be, int32_t *pos, int32_t *src_row, int32_t *e_off, int32_t *work,
                       const int32_t *topk_idx, int N, int k, int E, int n_null);
     void (*moe_seq_stats)(void *be, double *seq, const float *probs, const int32_t *topk_idx, int N, int E, int k,
@@ -733,6 +768,15 @@ struct mt_ops_i {
 
 /* Tensors per launch of the multi-tensor entries (their kernel-argument lists). */
 #define MT_OPS_LIST_MAX 32
+
+/* gemm_grouped_rows / gemm_grouped_sum: at most this many groups a call
+ * (the group pointers travel by value in the launch) */
+#define MT_GROUPED_DEV_MAX 64
+/* their shape rule: every dimension and leading dimension a multiple of 8 */
+static inline int mt_grouped_dev_dims_ok(int a, int b, int c, int d)
+{
+    return a > 0 && b > 0 && c > 0 && d > 0 && a % 8 == 0 && b % 8 == 0 && c % 8 == 0 && d % 8 == 0;
+}
 
 /* moe_route's chunk of slots (one (chunk, expert) count per thread) and its
  * scratch size in int32 elements, for M slots over E experts. */

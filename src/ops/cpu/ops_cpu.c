@@ -181,6 +181,55 @@ static void p_gemm_bf16_out(void *be, int transA, int transB, int M, int N, int 
     (void)be;
     PROF(MT_OPK_GEMM, mt_cpu_gemm_bf16_out(transA, transB, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, C, ldc));
 }
+/* gemm_grouped_rows / gemm_grouped_sum (mt_ops.h): the reference, one
+ * gemm_bf16 (or gemm_bf16_out) per non-empty group; offs is host memory here */
+static void grouped_rows(int n, const int32_t *offs, int N, int K, int transB, float alpha, const mt_bf16 *A,
+                         int lda, const mt_bf16 *const *B, int ldb, float beta, void *C, enum mt_elem c_type, int ldc)
+{
+    for (int g = 0; g < n; g++) {
+        const int r0 = offs[g], rows = offs[g + 1] - offs[g];
+        if (rows <= 0) continue;
+        const mt_bf16 *a = A + (size_t)r0 * (size_t)lda;
+        if (c_type == MT_ELEM_BF16)
+            mt_cpu_gemm_bf16_out(0, transB, rows, N, K, alpha, a, MT_ELEM_BF16, lda, B[g], MT_ELEM_BF16, ldb,
+                                 (mt_bf16 *)C + (size_t)r0 * (size_t)ldc, ldc);
+        else
+            mt_cpu_gemm_bf16(0, transB, rows, N, K, alpha, a, MT_ELEM_BF16, lda, B[g], MT_ELEM_BF16, ldb, beta,
+                             (float *)C + (size_t)r0 * (size_t)ldc, ldc);
+    }
+}
+static void grouped_sum(int n, const int32_t *offs, int M, int N, float alpha, const mt_bf16 *A, int lda,
+                        const mt_bf16 *B, int ldb, float beta, float *const *C, int ldc)
+{
+    for (int g = 0; g < n; g++) {   /* an empty group: C_g = beta C_g (gemm's K = 0) */
+        const int r0 = offs[g];
+        mt_cpu_gemm_bf16(1, 0, M, N, offs[g + 1] - r0, alpha, A + (size_t)r0 * (size_t)lda, MT_ELEM_BF16, lda,
+                         B + (size_t)r0 * (size_t)ldb, MT_ELEM_BF16, ldb, beta, C[g], ldc);
+    }
+}
+static void count_acc(double *load, const int32_t *offs, int n, double sign)
+{
+    for (int e = 0; e < n; e++) load[e] += sign * (double)(offs[e + 1] - offs[e]);
+}
+static void p_gemm_grouped_rows(void *be, int n, const int32_t *offs, int max_rows, int N, int K, int transB,
+                                float alpha, const mt_bf16 *A, int lda, const mt_bf16 *const *B, int ldb, float beta,
+                                void *C, enum mt_elem c_type, int ldc)
+{
+    (void)be;
+    (void)max_rows;
+    PROF(MT_OPK_GEMM, grouped_rows(n, offs, N, K, transB, alpha, A, lda, B, ldb, beta, C, c_type, ldc));
+}
+static void p_gemm_grouped_sum(void *be, int n, const int32_t *offs, int M, int N, float alpha, const mt_bf16 *A,
+                               int lda, const mt_bf16 *B, int ldb, float beta, float *const *C, int ldc)
+{
+    (void)be;
+    PROF(MT_OPK_GEMM, grouped_sum(n, offs, M, N, alpha, A, lda, B, ldb, beta, C, ldc));
+}
+static void p_moe_count_acc(void *be, double *load, const int32_t *offs, int n, double sign)
+{
+    (void)be;
+    PROF(MT_OPK_ELEMENTWISE, count_acc(load, offs, n, sign));
+}
 static void p_cast_bf16(void *be, mt_bf16 *dst, const float *src, size_t n) {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */ PROF(MT_OPK_ELEMENTWISE, mt_cpu_cast_bf16(dst, src, n)); }
 static void p_cast_bf16_multi(void *be, mt_bf16 *const *dst, const float *const *src, const size_t *n, int count)
@@ -620,6 +669,8 @@ static const struct mt_ops_i cpu_ops = {
     /* .gemm_grouped         = */ .gemm_grouped         = p_gemm_grouped,
     /* .gemm_bf16            = */ .gemm_bf16            = p_gemm_bf16,
     /* .gemm_bf16_out        = */ .gemm_bf16_out        = p_gemm_bf16_out,
+    /* .gemm_grouped_rows    = */ .gemm_grouped_rows    = p_gemm_grouped_rows,
+    /* .gemm_grouped_sum     = */ .gemm_grouped_sum     = p_gemm_grouped_sum,
     /* .cast_bf16            = */ .cast_bf16            = p_cast_bf16,
     /* .embed_forward        = */ .embed_forward        = p_embed_forward,
     /* .embed_backward       = */ .embed_backward       = p_embed_backward,
@@ -657,6 +708,7 @@ static const struct mt_ops_i cpu_ops = {
     /* .attention_forward_bf16     = */ .attention_forward_bf16     = p_attention_forward_bf16,
     /* .attention_backward_bf16    = */ .attention_backward_bf16    = p_attention_backward_bf16,
     /* MoE device routing */
+    /* .moe_count_acc              = */ .moe_count_acc              = p_moe_count_acc,
     /* .moe_route                  = */ .moe_route                  = p_moe_route,
     /* .moe_seq_stats              = */ .moe_seq_stats              = p_moe_seq_stats,
     /* .moe_aux_loss               = */ .moe_aux_loss               = p_moe_aux_loss,
