@@ -143,6 +143,28 @@ then
     ok "MoE bf16 (routed experts on bf16 shadows) follows its fp32 curve; no fallback_reason"
 else bad "MoE bf16"; fi
 
+# 4a. MoE with the expert sizes on the backend (knob moe_sizes=device: the
+#     grouped GEMMs read the offsets there; cpu runs its reference entries,
+#     the same products per group): the same bits as the host sizes, also
+#     with recompute=block (the load histogram's undo on the backend); the
+#     receipt says which ran, and auto stays on the host on cpu
+if run 1 "$W/moedev" $MOE --set precision=bf16 --knob moe_sizes=device &&
+   close "$W/moe16" "$W/moedev" 0 >/dev/null &&
+   run 1 "$W/moerc" $MOE --set precision=bf16 --set recompute=block &&
+   run 1 "$W/moercdev" $MOE --set precision=bf16 --set recompute=block --knob moe_sizes=device &&
+   close "$W/moerc" "$W/moercdev" 0 >/dev/null &&
+   python3 - "$W/moe16/receipt.json" "$W/moedev/receipt.json" "$W/moercdev/receipt.json" <<'PY'
+import json, sys
+h, d, r = (json.load(open(p))["distributed"]["moe"] for p in sys.argv[1:])
+assert h["expert_sizes"] == "host" and "auto on cpu" in h["expert_sizes_note"], h["expert_sizes_note"]
+assert d["expert_sizes"] == "device" and r["expert_sizes"] == "device"
+for x in (d, r):   # the histogram counted on the backend (recompute: its routing taken back out)
+    assert x["tokens_per_expert_total"] == h["tokens_per_expert_total"], (x["tokens_per_expert_total"], h["tokens_per_expert_total"])
+PY
+then
+    ok "MoE bf16 with moe_sizes=device: the host sizes' bits and load histogram (recompute=block too)"
+else bad "MoE bf16 with moe_sizes=device"; fi
+
 # 4b. hybrid: the Mamba-3 projections on bf16 shadows, the input norm's twin
 if run 1 "$W/hyb32" $HYB && run 1 "$W/hyb16" $HYB --set precision=bf16 &&
    python3 "$HERE/bf16_curve.py" "$W/hyb32/receipt.json" "$W/hyb16/receipt.json" &&

@@ -51,6 +51,12 @@ static const struct mt_knob_def knob_table[MT_KNOB_COUNT] = {
         "precision=bf16: the Mamba-3 scan through the backend's bf16 entries (cuda: the chunked scan's products on "
         "tensor cores, ssd_tc.cu); 0 = the fp32 scan (an A/B of the same run); the receipt's gpu.ssm_scan_tc_calls "
         "says what ran; no effect on cpu (no bf16 scan) or in fp32"},
+    [MT_KNOB_MOE_SIZES] = {
+        "moe_sizes", MT_KNOB_STRING, "auto", "MT_MOE_SIZES", "src/model/moe.c", "auto|host|device", 0,
+        "where an MoE layer's per-expert row counts live: device = they stay on the backend and the experts run as "
+        "grouped bf16 GEMMs that read them there (ep 1, precision=bf16, no null experts, LoRA or ReDo; no host read, "
+        "so CUDA graphs can hold the step), host = one read of the expert offsets a layer, auto = device on a GPU "
+        "where it applies, host on cpu; the receipt's moe_sizes says which ran and why"},
 };
 
 const struct mt_knob_def *mt_knob_def(enum mt_knob_id id)

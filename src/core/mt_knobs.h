@@ -40,6 +40,7 @@ enum mt_knob_id {
     MT_KNOB_PEAK_CACHE,           /* src/train/trainer.c (peak_cache.c)      */
     MT_KNOB_ATTN_KERNEL,          /* src/ops/cuda/ops_cuda.cu (via ops.c)    */
     MT_KNOB_SCAN_BF16,            /* src/model/mamba.c                       */
+    MT_KNOB_MOE_SIZES,            /* src/model/moe.c                         */
     MT_KNOB_COUNT
 };
 

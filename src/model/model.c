@@ -984,11 +984,16 @@ void mt_model_tp_stats(const struct mt_model *m, struct mt_tp_stats *out) { *out
 void mt_model_ep_stats(const struct mt_model *m, struct mt_ep_stats *out) { *out = m->ep_stats; }
 const double *mt_model_moe_load(const struct mt_model *m)
 {
-    return m->any_moe ? moe_own_load(model_own((struct mt_model *)m, &mt_piece_moe)) : NULL;
+    return m->any_moe ? moe_own_load(m->ops, model_own((struct mt_model *)m, &mt_piece_moe)) : NULL;
 }
 void mt_model_moe_load_reset(struct mt_model *m)
 {
-    if (m->any_moe) moe_own_load_reset(model_own(m, &mt_piece_moe));
+    if (m->any_moe) moe_own_load_reset(m->ops, model_own(m, &mt_piece_moe));
+}
+int mt_model_moe_device_sizes(const struct mt_model *m, const char **why)
+{
+    *why = "";
+    return m->any_moe ? moe_own_device_sizes(model_own((struct mt_model *)m, &mt_piece_moe), why) : 1;
 }
 
 void mt_model_set_hooks(struct mt_model *m, const struct mt_model_hooks *h)

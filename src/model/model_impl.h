@@ -458,8 +458,9 @@ void mlp_backward_redo(const struct mt_ops_i *ops, float *t, float *dt, float *d
  * pc->own, model_own): the load histogram (L, E) and its reset, and the aux
  * and z sums of layers [l0, l1) of the last forward, copied to the host in
  * one transfer (returns the host (L, 2) array, rows l0.. valid). */
-const double *moe_own_load(const void *own);
-void moe_own_load_reset(void *own);
+const double *moe_own_load(const struct mt_ops_i *ops, void *own);
+void moe_own_load_reset(const struct mt_ops_i *ops, void *own);
+int moe_own_device_sizes(const void *own, const char **why);
 const double *moe_own_losses(const struct mt_ops_i *ops, void *own, int l0, int l1);
 /* moe.c: the top-k experts of an MoE layer's state (its ly->state[MT_PIECE_FFN]), (Nm, k) on the backend; for tests. */
 const int32_t *moe_state_topk(const void *state);

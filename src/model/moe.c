@@ -66,6 +66,7 @@ struct moe_state {
     float   *ey;       /* (M, D)   expert outputs before gating (sorted rows)       */
     float   *sgp, *sup;/* (Nm, Fs) shared expert gate / up pre-activations          */
     float   *f_share;  /* (B, Er)  f[s,e]: share of sequence s's T*k slots (no grad) */
+    int32_t *e_off_d;  /* (Er+1)   moe_route's expert offsets, on the backend (device sizes read them there) */
     /* host (OTHER) */
     int     *e_off;    /* (Er+1)   row offset of each expert in the sorted buffer (nulls last: rows >= e_off[E] unused) */
     /* EP (ep > 1): rows received for this rank's experts, kept for backward */
@@ -150,28 +151,21 @@ static const mt_bf16 *shared_hb(const struct mt_piece_ctx *pc)
  * per-sequence statistics are all-reduced over the model group) and the z
  * sum z_coef * sum over the n rows of lse^2 (un-normalised; the model
  * divides by the global counts: mt_model_forward_stage). */
-static enum mt_status moe_forward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, float *out, int n,
-                                  int want_loss)
+/* The experts on host sizes: ey (sorted rows) from xp, after one read of the
+ * offsets (the all-to-alls under EP), the load histogram counted on the host. */
+static enum mt_status experts_host_forward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, int n)
 {
     const struct mt_ops_i *ops = pc->ops;
     const struct mt_moe_dims *md = moe_dims(pc);
     const struct mt_ep_axis *ea = &pc->ep;
     struct mt_moe_scratch *s = moe_scr(pc);
     struct moe_state *st = pc->st;
-    const int D = pc->D, E = md->E, Er = md->E + md->Z, k = md->top_k, Fe = md->Fe;
-    const int M = n * k;
+    const int D = pc->D, E = md->E, Er = md->E + md->Z, Fe = md->Fe, M = n * md->top_k;
     float *t = pc->s_lora;
-
-    /* router (Er = E + Z rows): logits into the (free in forward) d-router-logits scratch */
-    linear_forward(ops, s->drl, pc->nm->h, moe_w(pc)->router->data, n, D, Er, 0.0f);
-    ops->router_forward(ops->be, st->probs, st->rlse, st->topk, st->gates, s->drl, n, Er, k);
-
-    if (md->force_route) force_routing(pc, n);
-    ops->moe_route(ops->be, st->pos, st->src_row, s->e_off_d, s->route_work, st->topk, n, k, Er, md->Z);
     /* the layer's one device-to-host copy: the grouped GEMM's and the
      * all-to-all-v's host sizes (int32 on both sides: moe_route's contract) */
     _Static_assert(sizeof(int) == sizeof(int32_t), "e_off is copied as int32");
-    ops->copy_to_host(ops->be, st->e_off, s->e_off_d, (size_t)(Er + 1) * sizeof(int32_t));
+    ops->copy_to_host(ops->be, st->e_off, st->e_off_d, (size_t)(Er + 1) * sizeof(int32_t));
     MT_ASSERT(st->e_off[0] == 0 && st->e_off[Er] == M);
     if (s->load) {
         double *load = s->load + (size_t)pc->layer * Er;
@@ -190,38 +184,63 @@ static enum mt_status moe_forward(struct mt_ctx *ctx, const struct mt_piece_ctx 
             mlp_forward(ops, t, st->ey + (size_t)r0 * D, 0, st->eg + (size_t)r0 * Fe, st->eu + (size_t)r0 * Fe,
                         pc->s_act, s->xp + (size_t)r0 * D, &w[0], &w[1], &w[2], c, D, Fe);
         }
-    } else {
-        /* per-expert counts first (every rank, even with nothing to send) */
-        const int ep = ea->ep, Ee = ea->Ee;
-        int64_t *sc = s->h_ecnt, *rc = s->h_ecnt + E;
-        for (int e = 0; e < E; e++) sc[e] = st->e_off[e + 1] - st->e_off[e];
-        MT_CHECK(epa_exchange_counts(ctx, ea, sc, rc, s->h_a2a));
-        st->r_rows = 0;
-        for (int i = 0; i < ep * Ee; i++) {
-            st->r_cnt[i] = (int)rc[i];
-            st->r_rows += (int)rc[i];
+        return MT_OK;
+    }
+    /* per-expert counts first (every rank, even with nothing to send) */
+    const int ep = ea->ep, Ee = ea->Ee;
+    int64_t *sc = s->h_ecnt, *rc = s->h_ecnt + E;
+    for (int e = 0; e < E; e++) sc[e] = st->e_off[e + 1] - st->e_off[e];
+    MT_CHECK(epa_exchange_counts(ctx, ea, sc, rc, s->h_a2a));
+    st->r_rows = 0;
+    for (int i = 0; i < ep * Ee; i++) {
+        st->r_cnt[i] = (int)rc[i];
+        st->r_rows += (int)rc[i];
+    }
+    MT_ASSERT(st->r_rows <= ep * M);
+    size_t scnt[MT_MAX_EP] = {0}, sdis[MT_MAX_EP] = {0}, rcnt[MT_MAX_EP] = {0}, rdis[MT_MAX_EP] = {0};
+    epa_row_counts(ea, st->e_off, st->r_cnt, scnt, sdis, rcnt, rdis);
+    MT_CHECK(epa_alltoallv_rows(ctx, ea, st->rx, s->xp, scnt, sdis, rcnt, rdis, D, s->h_a2a));
+    if (grouped) moe_experts_forward(pc, ep * Ee, st->r_cnt, 0, Ee, st->eg, st->eu, s->ry, st->rx);
+    size_t o = 0;
+    for (int src = 0; src < ep && !grouped; src++)
+        for (int j = 0; j < Ee; j++) {
+            int c = st->r_cnt[src * Ee + j];
+            const struct mt_param *w = &moe_w(pc)->experts[3 * j];
+            if (c > 0)
+                mlp_forward(ops, t, s->ry + o * D, 0, st->eg + o * Fe, st->eu + o * Fe, pc->s_act, st->rx + o * D,
+                            &w[0], &w[1], &w[2], c, D, Fe);
+            o += (size_t)c;
         }
-        MT_ASSERT(st->r_rows <= ep * M);
-        size_t scnt[MT_MAX_EP] = {0}, sdis[MT_MAX_EP] = {0}, rcnt[MT_MAX_EP] = {0}, rdis[MT_MAX_EP] = {0};
-        epa_row_counts(ea, st->e_off, st->r_cnt, scnt, sdis, rcnt, rdis);
-        MT_CHECK(epa_alltoallv_rows(ctx, ea, st->rx, s->xp, scnt, sdis, rcnt, rdis, D, s->h_a2a));
-        if (grouped) moe_experts_forward(pc, ep * Ee, st->r_cnt, 0, Ee, st->eg, st->eu, s->ry, st->rx);
-        size_t o = 0;
-        for (int src = 0; src < ep && !grouped; src++)
-            for (int j = 0; j < Ee; j++) {
-                int c = st->r_cnt[src * Ee + j];
-                const struct mt_param *w = &moe_w(pc)->experts[3 * j];
-                if (c > 0)
-                    mlp_forward(ops, t, s->ry + o * D, 0, st->eg + o * Fe, st->eu + o * Fe, pc->s_act,
-                                st->rx + o * D, &w[0], &w[1], &w[2], c, D, Fe);
-                o += (size_t)c;
-            }
-        MT_CHECK(epa_alltoallv_rows(ctx, ea, st->ey, s->ry, rcnt, rdis, scnt, sdis, D, s->h_a2a));   /* back to the sources */
+    return epa_alltoallv_rows(ctx, ea, st->ey, s->ry, rcnt, rdis, scnt, sdis, D, s->h_a2a);   /* back to the sources */
+}
+
+static enum mt_status moe_forward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, float *out, int n,
+                                  int want_loss)
+{
+    const struct mt_ops_i *ops = pc->ops;
+    const struct mt_moe_dims *md = moe_dims(pc);
+    struct mt_moe_scratch *s = moe_scr(pc);
+    struct moe_state *st = pc->st;
+    const int D = pc->D, Er = md->E + md->Z, k = md->top_k;
+
+    /* router (Er = E + Z rows): logits into the (free in forward) d-router-logits scratch */
+    linear_forward(ops, s->drl, pc->nm->h, moe_w(pc)->router->data, n, D, Er, 0.0f);
+    ops->router_forward(ops->be, st->probs, st->rlse, st->topk, st->gates, s->drl, n, Er, k);
+
+    if (md->force_route) force_routing(pc, n);
+    ops->moe_route(ops->be, st->pos, st->src_row, st->e_off_d, s->route_work, st->topk, n, k, Er, md->Z);
+    if (md->dev_sizes) {
+        /* the counts stay on the backend (no null experts: every slot is a real row, n k of them) */
+        ops->moe_count_acc(ops->be, s->load_d + (size_t)pc->layer * Er, st->e_off_d, Er, 1.0);
+        ops->moe_permute(ops->be, s->xp, pc->nm->h, st->src_row, n * k, D);
+        moe_experts_forward_dev(pc, st->e_off_d, n * k, st->eg, st->eu, st->ey, s->xp);
+    } else {
+        MT_CHECK(experts_host_forward(ctx, pc, n));
     }
     ops->moe_combine(ops->be, out, st->ey, st->pos, st->gates, n, k, D);
     if (md->Fs > 0)
-        mlp_forward_b(ops, t, out, 1, st->sgp, st->sup, pc->s_act, s->ab, pc->nm->h, shared_hb(pc), moe_w(pc)->sg,
-                      moe_w(pc)->su, moe_w(pc)->sd, n, D, md->Fs);
+        mlp_forward_b(ops, pc->s_lora, out, 1, st->sgp, st->sup, pc->s_act, s->ab, pc->nm->h, shared_hb(pc),
+                      moe_w(pc)->sg, moe_w(pc)->su, moe_w(pc)->sd, n, D, md->Fs);
 
     return want_loss ? moe_losses(ctx, pc, n) : MT_OK;
 }
@@ -236,14 +255,18 @@ static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx
     struct mt_moe_scratch *s = moe_scr(pc);
     const struct moe_state *st = pc->st;
     const int T = pc->T, n = moe_nm(pc), D = pc->D, E = md->E, Er = md->E + md->Z, k = md->top_k, Fe = md->Fe;
-    const int Mr = st->e_off[E], g0 = pc->tp.tp > 1 ? moe_row0(pc) : 0;   /* the real slots' rows */
+    /* the real slots' rows (device sizes: no null experts, all n k) */
+    const int Mr = md->dev_sizes ? n * k : st->e_off[E], g0 = pc->tp.tp > 1 ? moe_row0(pc) : 0;
     float *t = pc->s_lora, *dt = pc->s_dlora;
 
     const int grouped = md->grouped;
     /* term 1: combine */
     ops->moe_combine_backward(ops->be, s->dy, s->dgates, dout, st->ey, st->pos, st->gates, n, k, D);
     /* term 2: experts on their row ranges (inputs re-permuted, not saved) */
-    if (ea->ep == 1) {
+    if (md->dev_sizes) {
+        ops->moe_permute(ops->be, s->xp, pc->nm->h, st->src_row, Mr, D);
+        moe_experts_backward_dev(pc, st->e_off_d, Mr, st->eg, st->eu, s->dxp, s->dy, s->xp);
+    } else if (ea->ep == 1) {
         ops->moe_permute(ops->be, s->xp, pc->nm->h, st->src_row, Mr, D);
         if (grouped) moe_experts_backward(pc, E, st->e_off, 1, E, st->eg, st->eu, s->dxp, s->dy, s->xp);
         for (int e = 0; e < E && !grouped; e++) {
@@ -339,6 +362,35 @@ static void moe_params(const struct mt_block_shape *shape, mt_pspec_fn fn, void 
     for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++) fn(user, &sh[i]);
 }
 
+/* Knob moe_sizes: may the layer keep its per-expert counts on the backend
+ * (moe_experts_forward_dev: grouped bf16 GEMMs that read the offsets
+ * there, no host read)? auto: where it applies, on a device backend (on cpu
+ * the host sizes cost nothing, and its bits stay those of the per-group
+ * calls). why gets the reason when not. */
+static int sizes_on_device(const struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const struct mt_moe_dims *md,
+                           char *why, size_t n)
+{
+    const char *k = ctx ? mt_knob_str(ctx, MT_KNOB_MOE_SIZES) : "auto";
+    const struct mt_ops_i *ops = pc->ops;
+    const char *no = NULL;
+    if (strcmp(k, "host") == 0) no = "moe_sizes=host";
+    else if (!ops || !ops->gemm_grouped_rows || !ops->gemm_grouped_sum || !ops->moe_count_acc ||
+             !ops->swiglu_backward_act_bf16 || !ops->swiglu_forward_bf16)
+        no = "the backend has no device-sized grouped GEMM";
+    else if (strcmp(k, "auto") == 0 && strcmp(ops->name, "cpu") == 0)
+        no = "auto on cpu (host sizes cost nothing there; moe_sizes=device runs the device path)";
+    else if (!pc->bf16) no = "precision=fp32 (the device-sized GEMMs are bf16)";
+    else if (pc->ep.ep > 1) no = "ep > 1 (the all-to-all-v takes host counts)";
+    else if (md->Z > 0) no = "null experts";
+    else if (md->lora) no = "LoRA (frozen experts and adapters run per group)";
+    else if (md->redo) no = "ReDo (scores per group)";
+    else if (!md->grouped) no = "moe_grouped=0";
+    else if (md->E > MT_GROUPED_DEV_MAX) no = "more than 64 experts";
+    else if (!mt_grouped_dev_dims_ok(pc->D, md->Fe, 8, 8)) no = "d_model or expert_hidden not a multiple of 8";
+    snprintf(why, n, "%s", no ? no : "");
+    return no == NULL;
+}
+
 /* The block's dims (the rows of a call are its context's: moe_nm, moe_m,
  * moe_row0, moe_experts.h); the test knobs (forced routing, grouped expert
  * GEMMs) are read here, once. */
@@ -348,19 +400,39 @@ static void moe_setup(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const s
     md->E = cfg->n_experts, md->Z = cfg->n_null_experts, md->top_k = cfg->top_k, md->Fe = cfg->expert_hidden;
     md->Fs = cfg->shared_expert_hidden, md->L = cfg->n_layer;
     md->aux_coef = cfg->aux_loss_coef;
+    md->lora = cfg->lora_rank > 0;
+    md->redo = cfg->redo_every > 0;
     md->z_coef = cfg->z_loss_coef;
     /* test hook (knob test_force_routing, env MT_TEST_FORCE_ROUTING): 1 sends every
      * token to experts 0..top_k-1 (so that some expert ranks receive no token at all) */
     md->force_route = ctx && mt_knob_int(ctx, MT_KNOB_TEST_FORCE_ROUTING) == 1;
     md->grouped = ctx && mt_knob_int(ctx, MT_KNOB_MOE_GROUPED) != 0;   /* the experts' GEMMs grouped (moe_experts.c) */
+    md->dev_sizes = sizes_on_device(ctx, pc, md, md->why_host, sizeof md->why_host);
 }
 
-const double *moe_own_load(const void *own) { return own ? ((const struct moe_own *)own)->s.load : NULL; }
-
-void moe_own_load_reset(void *own)
+/* the load histogram on the host (device sizes: one copy of the backend's) */
+const double *moe_own_load(const struct mt_ops_i *ops, void *own)
 {
     struct moe_own *o = own;
-    if (o && o->s.load) memset(o->s.load, 0, (size_t)o->d.L * (size_t)(o->d.E + o->d.Z) * sizeof(double));
+    if (!o) return NULL;
+    if (o->d.dev_sizes && o->s.load && o->s.load_d)
+        ops->copy_to_host(ops->be, o->s.load, o->s.load_d, (size_t)o->d.L * (size_t)(o->d.E + o->d.Z) * sizeof(double));
+    return o->s.load;
+}
+
+int moe_own_device_sizes(const void *own, const char **why)
+{
+    const struct moe_own *o = own;
+    *why = o->d.why_host;
+    return o->d.dev_sizes;
+}
+
+void moe_own_load_reset(const struct mt_ops_i *ops, void *own)
+{
+    struct moe_own *o = own;
+    const size_t LE = o ? (size_t)o->d.L * (size_t)(o->d.E + o->d.Z) : 0;
+    if (o && o->s.load) memset(o->s.load, 0, LE * sizeof(double));
+    if (o && o->d.dev_sizes && o->s.load_d) ops->fill(ops->be, (float *)o->s.load_d, 0.0f, 2 * LE);   /* +0.0 bits */
 }
 
 const double *moe_own_losses(const struct mt_ops_i *ops, void *own, int l0, int l1)
@@ -449,6 +521,7 @@ static void moe_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct
         st->sup = carve_f(c, A, Nm * (size_t)md->Fs);
     }
     st->e_off = carve(c, O, (E + 1) * sizeof(int));
+    st->e_off_d = carve_i(c, A, E + 1);
     if (ep > 1) {
         /* dropless: every rank of the expert group may send all its M slots here */
         size_t cap = ep * M;
@@ -485,13 +558,13 @@ static void moe_carve_scratch(const struct mt_piece_ctx *pc, struct mt_carver *c
         s->rdx = carve_f(c, W, ep * M * D);
     }
     s->load = (double *)carve(c, O, (size_t)md->L * E * sizeof(double));
+    s->load_d = (double *)carve(c, W, (size_t)md->L * E * sizeof(double));
     s->h_a2a = carve(c, O, 4 * ep * sizeof(size_t));
     s->h_ecnt = carve(c, O, 2 * E * sizeof(int64_t));
     s->drl = carve_f(c, W, Nm * E);
     s->dprobs = carve_f(c, W, Nm * E);
     s->dgates = carve_f(c, W, Nm * k);
     s->dlse = carve_f(c, W, Nm);
-    s->e_off_d = carve_i(c, W, E + 1);
     s->route_work = carve_i(c, W, mt_moe_route_work(M, E));
     s->seq = carve(c, W, (size_t)pc->B * E * 2 * sizeof(double));
     s->loss = carve(c, W, (size_t)md->L * 2 * sizeof(double));
@@ -574,6 +647,10 @@ static void moe_undo_recompute(const struct mt_piece_ctx *pc)
 {
     const int E = moe_dims(pc)->E + moe_dims(pc)->Z;   /* the histogram's columns */
     const struct moe_state *st = pc->st;
+    if (moe_dims(pc)->dev_sizes) {
+        pc->ops->moe_count_acc(pc->ops->be, moe_scr(pc)->load_d + (size_t)pc->layer * (size_t)E, st->e_off_d, E, -1.0);
+        return;
+    }
     if (!moe_scr(pc)->load) return;
     double *load = moe_scr(pc)->load + (size_t)pc->layer * (size_t)E;
     for (int e = 0; e < E; e++) load[e] -= st->e_off[e + 1] - st->e_off[e];

@@ -33,7 +33,6 @@ struct mt_moe_scratch {
     mt_bf16 *xb;                 /* (ep*M, D)  the expert input x (gate, up; dWg, dWu)            */
     mt_bf16 *ab;                 /* (ep*M, Fe) the SwiGLU output (down; dWd), then du (bf16 direct) */
     mt_bf16 *db;                 /* (ep*M, max(D, Fe)) dy (dWd, dact), then dg (then du if not direct) */
-    int32_t *e_off_d;            /* (E+1) device expert offsets (moe_route; copied to the layer's e_off) */
     int32_t *route_work;         /* mt_moe_route_work(M, E) moe_route scratch                     */
     double  *seq;                /* (2, B, E) per-sequence routed-slot counts and prob sums (aux) */
     double  *loss;               /* (L, 2) each layer's aux and z sums of the last forward (device) */
@@ -44,6 +43,7 @@ struct mt_moe_scratch {
     size_t  *h_a2a;              /* (4*ep) all-to-all send/recv counts and displs                 */
     int64_t *h_ecnt;             /* (2*E) per-expert slot counts sent / received                  */
     double  *load;               /* (L*E) routed slots per expert since the last reset (moe_load) */
+    double  *load_d;             /* (L*E) the same on the backend (device sizes: counted there) */
 };
 
 
@@ -53,6 +53,9 @@ struct mt_moe_dims {             /* what an E block's ffn needs beyond the share
     float aux_coef, z_coef;          /* load-balancing and router z loss coefficients     */
     int   force_route;               /* test hook test_force_routing                      */
     int   grouped;                   /* knob moe_grouped: grouped expert GEMMs            */
+    int   lora, redo;                /* LoRA adapters / ReDo configured (device sizes: off) */
+    int   dev_sizes;                 /* knob moe_sizes: the expert counts stay on the backend  */
+    char  why_host[160];             /* why not dev_sizes ("" when it is)                  */
 };
 
 /* The MoE piece's parameters beyond its input norm (its pc->pw in the layer). */
@@ -82,5 +85,14 @@ void moe_experts_forward(const struct mt_piece_ctx *pc, int n_groups, const int 
                          float *eu, float *y, const float *x);
 void moe_experts_backward(const struct mt_piece_ctx *pc, int n_groups, const int *cnt, int offsets, int ee,
                           const float *eg, const float *eu, float *dx, const float *dy, const float *x);
+
+/* Device sizes (md->dev_sizes; ep 1, precision=bf16, no LoRA or ReDo): the
+ * E experts' groups are the rows [offs[e], offs[e+1]) of the M sorted rows,
+ * offs on the backend; each projection is one gemm_grouped_rows or
+ * gemm_grouped_sum, each elementwise step one call over all M rows. */
+void moe_experts_forward_dev(const struct mt_piece_ctx *pc, const int32_t *offs, int M, float *eg, float *eu,
+                             float *y, const float *x);
+void moe_experts_backward_dev(const struct mt_piece_ctx *pc, const int32_t *offs, int M, const float *eg,
+                              const float *eu, float *dx, const float *dy, const float *x);
 
 #endif /* MT_MOE_EXPERTS_H */

@@ -178,6 +178,10 @@ void mt_model_ep_stats(const struct mt_model *m, struct mt_ep_stats *out);
  * reset, per MoE layer: load[l*E + e] (layers without MoE stay 0). */
 const double *mt_model_moe_load(const struct mt_model *m);
 void mt_model_moe_load_reset(struct mt_model *m);
+/* Where the MoE layers' per-expert counts live (knob moe_sizes): 1 = on the
+ * backend (no host read in the step), 0 = read on the host once a layer,
+ * with *why the reason; 1 for a model without MoE layers (why ""). */
+int mt_model_moe_device_sizes(const struct mt_model *m, const char **why);
 enum mt_status mt_model_create_par(struct mt_ctx *ctx, const struct mt_ops_i *ops, const struct mt_config *cfg,
                                    int B, int flags, const struct mt_model_par *par, struct mt_model **out);
 void mt_model_plan_bytes_par(const struct mt_config *cfg, int B, int flags, const struct mt_model_par *par,

@@ -360,6 +360,14 @@ static void dist_moe(cJSON *d, const struct run_state *rs, int steps)
 {
     const struct mt_config *cfg = rs->cfg;
     cJSON *mo = cJSON_AddObjectToObject(d, "moe");
+    /* knob moe_sizes: whether the per-expert counts stayed on the backend */
+    const char *why = "";
+    const int dev = mt_model_moe_device_sizes(rs->model, &why);
+    cJSON_AddStringToObject(mo, "expert_sizes", dev ? "device" : "host");
+    cJSON_AddStringToObject(mo, "expert_sizes_note",
+                            dev ? "the expert counts stayed on the backend: grouped bf16 GEMMs read the offsets "
+                                  "there (no device-to-host copy in an MoE layer)"
+                                : why);
     cJSON *hist = cJSON_AddArrayToObject(mo, "tokens_per_expert_total");
     for (int l = 0; l < cfg->n_layer; l++) {
         if (!mt_blocks_layer_routed(cfg, l)) continue;

@@ -57,9 +57,10 @@ static enum mt_status moe_load_step(struct mt_ctx *ctx, struct run_state *rs, do
  * one-GPU mesh whose step has static shapes. Off, with the reason the
  * receipt gives, on several ranks (collectives and their host waits split
  * the step, and a multi-rank graph needs NCCL captured on every rank) and
- * with MoE layers (the grouped expert GEMMs take their sizes on the host
- * from a per-step device-to-host read of the expert offsets: the shapes
- * change every step). With ReDo, off for the step that scores its units
+ * with MoE layers whose grouped expert GEMMs take their sizes on the host
+ * from a per-step device-to-host read of the expert offsets (the shapes
+ * change every step; knob moe_sizes: with the sizes on the device the
+ * step's shapes are static and graphs run). With ReDo, off for the step that scores its units
  * (its backward adds the scoring ops and clears the accumulators) and the
  * one after its event (the rewritten tensors' shadows are refreshed): those
  * steps' ops differ from the captured ones, and a replayed op that differs
@@ -70,16 +71,16 @@ static void graphs_mode(struct mt_ctx *ctx, const struct run_state *rs, int step
     if (!rs->ops->graph_mode) return;   /* cpu: no graphs */
     const struct mt_config *cfg = rs->cfg;
     const int world = mt_comm_size(rs->sumc);
-    int moe = 0;
-    for (int l = 0; l < cfg->n_layer; l++) moe |= mt_blocks_layer_routed(cfg, l);
+    const char *host_why = "";
+    const int moe_host = !mt_model_moe_device_sizes(rs->model, &host_why);
     char why[200] = "";
     if (!mt_knob_int(ctx, MT_KNOB_CUDA_GRAPHS))
         snprintf(why, sizeof why, "off: cuda_graphs=0");
     else if (world > 1)
         snprintf(why, sizeof why, "off: %d ranks (graphs are for a one-GPU mesh)", world);
-    else if (moe)
+    else if (moe_host)
         snprintf(why, sizeof why, "off: MoE layers size the expert GEMMs on the host from a per-step read of the "
-                                  "expert offsets (shapes change every step)");
+                                  "expert offsets (moe_sizes host: %s)", host_why);
     else if (cfg->redo_every > 0 && ((step + 1) % cfg->redo_every == 0 || (step > 0 && step % cfg->redo_every == 0)))
         snprintf(why, sizeof why, "off this step: ReDo scores its units or has just rewritten some (the step's "
                                   "operations differ; on again the next step)");
