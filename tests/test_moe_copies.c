@@ -11,6 +11,10 @@
  * backward none either way; per forward one device-to-host copy of the
  * MoE layers' aux/z sums (2 doubles a layer). A copy planted in moe.c's
  * forward or backward changes a count and fails here.
+ * With the expert sizes on the backend (knob moe_sizes=device, precision
+ * bf16: the grouped GEMMs read the offsets there) the same three models
+ * must show no copy at all in an MoE layer, forward or backward, and the
+ * load histogram one copy when the trainer reads it (once a step).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +22,7 @@
 
 #include "core/mt_core.h"
 #include "core/mt_config.h"
+#include "core/mt_knobs.h"
 #include "core/mt_rng.h"
 #include "model/mt_model.h"
 #include "ops/mt_ops.h"
@@ -46,12 +51,20 @@ struct counts { long fd2h, fh2d, fd2h_bytes, bd2h, bh2d; };
 
 static void reset(void) { g_d2h = g_h2d = g_d2h_bytes = g_h2d_bytes = 0; }
 
-/* one forward with targets and one backward of a 3-layer model of `pattern` */
-static struct counts run(const struct mt_ops_i *ops, const char *pattern)
+/* one forward with targets and one backward of a 3-layer model of `pattern`
+ * (dev: precision=bf16 with moe_sizes=device; *load_copies: the copies of one
+ * read of the load histogram) */
+static struct counts run(const struct mt_ops_i *ops, const char *pattern, int dev, long *load_copies)
 {
     struct counts c = {0};
     struct mt_ctx ctx;
     mt_ctx_init(&ctx);
+    struct mt_knobs knobs;
+    mt_knobs_init(&knobs);
+    if (dev) {
+        EXPECT(mt_knobs_set(&ctx, &knobs, "moe_sizes=device") == MT_OK, "%s", mt_ctx_last_error(&ctx));
+        ctx.knobs = &knobs;
+    }
     struct mt_config cfg;
     mt_config_defaults(&cfg);
     cfg.vocab_size = 29;
@@ -64,6 +77,7 @@ static struct counts run(const struct mt_ops_i *ops, const char *pattern)
     cfg.batch_size = B;
     cfg.microbatches = 1;
     snprintf(cfg.pattern, sizeof cfg.pattern, "%s", pattern);
+    if (dev) snprintf(cfg.precision, sizeof cfg.precision, "bf16");
     cfg.n_experts = E;
     cfg.top_k = 2;
     cfg.expert_hidden = 8;
@@ -96,6 +110,13 @@ static struct counts run(const struct mt_ops_i *ops, const char *pattern)
     if (strchr(pattern, 'E'))
         EXPECT(parts.v[MT_LOSS_AUX] > 0 && parts.v[MT_LOSS_Z] > 0, "%s: aux %g z %g", pattern, parts.v[MT_LOSS_AUX],
                parts.v[MT_LOSS_Z]);
+    const char *why = "";
+    if (strchr(pattern, 'E'))
+        EXPECT(mt_model_moe_device_sizes(m, &why) == dev, "%s: device sizes %d, want %d (%s)", pattern,
+               mt_model_moe_device_sizes(m, &why), dev, why);
+    reset();
+    (void)mt_model_moe_load(m);
+    *load_copies = g_d2h + g_h2d;
     mt_model_destroy(&ctx, m);
     return c;
 }
@@ -106,7 +127,9 @@ int main(void)
     struct mt_ops_i ops = *g_cpu;
     ops.copy_to_host = count_to_host;
     ops.copy_from_host = count_from_host;
-    struct counts a = run(&ops, "AAA"), e1 = run(&ops, "AAE"), e2 = run(&ops, "AEE");
+    long lc = 0;
+    struct counts a = run(&ops, "AAA", 0, &lc), e1 = run(&ops, "AAE", 0, &lc), e2 = run(&ops, "AEE", 0, &lc);
+    EXPECT(lc == 0, "host sizes: the load histogram is on the host (%ld copies to read it)", lc);
     long lf_d2h = e2.fd2h - e1.fd2h, lf_h2d = e2.fh2d - e1.fh2d, lf_bytes = e2.fd2h_bytes - e1.fd2h_bytes;
     long lb_d2h = e2.bd2h - e1.bd2h, lb_h2d = e2.bh2d - e1.bh2d;
     long once_d2h = e1.fd2h - a.fd2h - lf_d2h, once_h2d = e1.fh2d - a.fh2d - lf_h2d;
@@ -124,6 +147,15 @@ int main(void)
            lb_h2d);
     EXPECT(once_d2h == 1 && once_h2d == 0, "the aux/z sums: one copy per forward (%ld, %ld)", once_d2h, once_h2d);
     EXPECT(e1.bd2h - a.bd2h - lb_d2h == 0 && e1.bh2d - a.bh2d - lb_h2d == 0, "no per-backward MoE copies");
+    /* device sizes: nothing crosses in an MoE layer; the histogram once when read */
+    struct counts da = run(&ops, "AAA", 1, &lc), d1 = run(&ops, "AAE", 1, &lc), d2 = run(&ops, "AEE", 1, &lc);
+    printf("device sizes: per MoE layer forward %ld / backward %ld device-to-host, %ld / %ld host-to-device; "
+           "one read of the load histogram: %ld copies\n",
+           d2.fd2h - d1.fd2h, d2.bd2h - d1.bd2h, d2.fh2d - d1.fh2d, d2.bh2d - d1.bh2d, lc);
+    EXPECT(d2.fd2h - d1.fd2h == 0 && d2.fh2d - d1.fh2d == 0 && d2.bd2h - d1.bd2h == 0 && d2.bh2d - d1.bh2d == 0,
+           "device sizes: an MoE layer copies nothing, forward or backward");
+    EXPECT(d1.fd2h - da.fd2h == 1 && d1.bd2h == da.bd2h, "device sizes: the aux/z sums stay one copy per forward");
+    EXPECT(lc == 1, "device sizes: reading the load histogram is one copy (%ld)", lc);
     printf("test_moe_copies: %s\n", n_fail ? "FAILED" : "ok");
     fflush(stdout);
     return n_fail ? 1 : 0;
