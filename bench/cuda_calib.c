@@ -25,6 +25,11 @@
  * forward 4*B*H*T*T*hd, halved for the causal mask; backward 2.5x the
  * forward (five T x T x hd products instead of two).
  *
+ * MoE experts ("grouped"): gpu_moe8's expert products (8 groups of 1024
+ * rows, d_model 2048, expert_hidden 2752) through the device-sized entries
+ * gemm_grouped_rows / gemm_grouped_sum (one launch) and as one gemm_bf16 a
+ * group (the host-sized path), 2*M*F*D FLOPs each: the moe_sizes A/B.
+ *
  * Mamba-3 scan (ssm_scan_forward + ssm_scan_backward, the chunked SSD form
  * at chunk Q; the d_model 2048 hybrid's M layer by default: B 4, T 2048,
  * H 64 heads of P 64, state N 64, chunk 64): FLOPs counted as the
@@ -203,6 +208,49 @@ static struct cal_time time_runs(cal_fn fn, const void *arg, int warmup, int rep
 }
 
 static void gemm_fn(const void *arg) { run_gemm(arg); }
+
+/* The MoE experts' products (issue 28 item 2): E equal groups of R rows of a
+ * sorted buffer. grouped: the device-sized entries (gemm_grouped_rows: the
+ * forward's x W^T, the backward's dy W; gemm_grouped_sum: dW += dy^T x),
+ * one launch each; loop: one gemm_bf16 per group, the host-sized path
+ * (moe_sizes=host). Same FLOPs, same operands. */
+enum cal_grp_kind { CAL_GRP_NT, CAL_GRP_NN, CAL_GRP_SUM, CAL_GRP_KINDS };
+static const char *const k_grp_name[CAL_GRP_KINDS] = {"rows_xWT", "rows_dyW", "sum_dW"};
+struct cal_grp_ctx {
+    enum cal_grp_kind kind;
+    int loop, E, R, D, F;                 /* groups, rows a group, d_model, expert_hidden */
+    const int32_t *offs;                  /* device, E+1 */
+    const mt_bf16 *x, *w[64];             /* x (E R, D) or (E R, F); w: each group's weight */
+    float *c, *cg[64];                    /* rows output (E R, .); sum outputs (F, D) each */
+};
+static void grp_fn(const void *arg)
+{
+    const struct cal_grp_ctx *g = arg;
+    const int E = g->E, R = g->R, D = g->D, F = g->F;
+    switch (g->kind) {
+    case CAL_GRP_NT:   /* g = x Wg^T: (R, D) x (F, D)^T */
+        if (!g->loop) g_ops->gemm_grouped_rows(g_ops->be, E, g->offs, E * R, F, D, 1, 1.0f, g->x, D, g->w, D, 0.0f,
+                                               g->c, MT_ELEM_F32, F);
+        else for (int e = 0; e < E; e++)
+            g_ops->gemm_bf16(g_ops->be, 0, 1, R, F, D, 1.0f, g->x + (size_t)e * R * D, MT_ELEM_BF16, D, g->w[e],
+                             MT_ELEM_BF16, D, 0.0f, g->c + (size_t)e * R * F, F);
+        break;
+    case CAL_GRP_NN:   /* dx = dg Wg: (R, F) x (F, D) */
+        if (!g->loop) g_ops->gemm_grouped_rows(g_ops->be, E, g->offs, E * R, D, F, 0, 1.0f, g->x, F, g->w, D, 0.0f,
+                                               g->c, MT_ELEM_F32, D);
+        else for (int e = 0; e < E; e++)
+            g_ops->gemm_bf16(g_ops->be, 0, 0, R, D, F, 1.0f, g->x + (size_t)e * R * F, MT_ELEM_BF16, F, g->w[e],
+                             MT_ELEM_BF16, D, 0.0f, g->c + (size_t)e * R * D, D);
+        break;
+    default:           /* dWg (F, D) += dg^T x: (R, F)^T (R, D); x: dg, then the (E R, D) input at w[0] */
+        if (!g->loop) g_ops->gemm_grouped_sum(g_ops->be, E, g->offs, F, D, 1.0f, g->x, F, g->w[0], D, 1.0f,
+                                              g->cg, D);
+        else for (int e = 0; e < E; e++)
+            g_ops->gemm_bf16(g_ops->be, 1, 0, F, D, R, 1.0f, g->x + (size_t)e * R * F, MT_ELEM_BF16, F,
+                             g->w[0] + (size_t)e * R * D, MT_ELEM_BF16, D, 1.0f, g->cg[e], D);
+        break;
+    }
+}
 
 /* --------------------------------------------------------------- checks */
 
@@ -553,6 +601,49 @@ int main(int argc, char **argv)
     mt_ops_cuda_set_precision_of(g_ops->be, MT_CUDA_PRECISION_FP32);
     emit(f, "\n ],\n \"gemm_best_flop_per_s\": {\"fp32\": %.6e, \"bf16_fp32_operands\": %.6e, \"bf16\": %.6e},\n",
          best[0], best[1], best[2]);
+
+    /* ---- the MoE experts' grouped products (gpu_moe8's layer: E 8 groups of
+     * 1024 rows, d_model 2048, expert_hidden 2752; --quick: 3 x 40, 64, 48):
+     * the device-sized entries vs one gemm_bf16 a group ---- */
+    emit(f, " \"grouped\": [");
+    if (g_ops->gemm_grouped_rows && g_ops->gemm_grouped_sum) {
+        const int E = quick ? 3 : 8, R = quick ? 40 : 1024, D = quick ? 64 : 2048, F = quick ? 48 : 2752;
+        const size_t M = (size_t)E * R, nw = (size_t)F * D, wide = D > F ? (size_t)D : (size_t)F;
+        int32_t hoffs[65];
+        for (int e = 0; e <= E; e++) hoffs[e] = e * R;
+        int32_t *offs = dev_alloc((size_t)(E + 1) * sizeof(int32_t));
+        g_ops->copy_from_host(g_ops->be, offs, hoffs, (size_t)(E + 1) * sizeof(int32_t));
+        float *t = dev_rand(M * wide > nw ? M * wide : nw), *c = dev_alloc(M * wide * 4);
+        mt_bf16 *x = dev_alloc(M * wide * 2), *xin = dev_alloc(M * (size_t)D * 2), *w[64];
+        float *cg[64];
+        g_ops->cast_bf16(g_ops->be, x, t, M * wide);
+        g_ops->cast_bf16(g_ops->be, xin, t, M * (size_t)D);
+        for (int e = 0; e < E; e++) {
+            w[e] = dev_alloc(nw * 2), cg[e] = dev_alloc(nw * 4);
+            g_ops->cast_bf16(g_ops->be, w[e], t, nw);
+        }
+        mt_ops_cuda_set_precision_of(g_ops->be, MT_CUDA_PRECISION_BF16);
+        const double flops = 2.0 * (double)M * F * D;
+        for (int k = 0; k < CAL_GRP_KINDS; k++) {
+            struct cal_grp_ctx g = {(enum cal_grp_kind)k, 0, E, R, D, F, offs, x, {0}, c, {0}};
+            for (int e = 0; e < E; e++) g.w[e] = k == CAL_GRP_SUM ? xin : w[e], g.cg[e] = cg[e];
+            struct cal_time tg = time_runs(grp_fn, &g, warmup, reps);
+            g.loop = 1;
+            struct cal_time tl = time_runs(grp_fn, &g, warmup, reps);
+            check_status("grouped");
+            emit(f, "%s\n  {\"kind\": \"%s\", \"groups\": %d, \"rows_per_group\": %d, \"d\": %d, \"f\": %d, "
+                    "\"flops\": %.6g, \"grouped_median_s\": %.6e, \"grouped_flop_per_s\": %.6e, "
+                    "\"loop_median_s\": %.6e, \"loop_flop_per_s\": %.6e}",
+                 k ? "," : "", k_grp_name[k], E, R, D, F, flops, tg.median, flops / tg.median, tl.median,
+                 flops / tl.median);
+        }
+        mt_ops_cuda_set_precision_of(g_ops->be, MT_CUDA_PRECISION_FP32);
+        for (int e = 0; e < E; e++) g_ops->buf_free(g_ops->be, &g_ctx, w[e]), g_ops->buf_free(g_ops->be, &g_ctx, cg[e]);
+        g_ops->buf_free(g_ops->be, &g_ctx, offs), g_ops->buf_free(g_ops->be, &g_ctx, t);
+        g_ops->buf_free(g_ops->be, &g_ctx, c), g_ops->buf_free(g_ops->be, &g_ctx, x);
+        g_ops->buf_free(g_ops->be, &g_ctx, xin);
+    }
+    emit(f, "\n ],\n");
 
     /* ---- attention (causal, H = K: no GQA sharing): the fp32 kernels, then
      * the precision=bf16 ones (tensor cores) with attn_kernel=v1, v2, then v3

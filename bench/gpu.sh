@@ -31,7 +31,8 @@
 #   speed   meshtrain precision=bf16 (--set precision=bf16, the plain GEMMs left also
 #           bf16 per call), --no-save: gpu_d2048_dense.json (10 steps),
 #           gpu_c_gpt2.json (GPT-2 124M shape, seq 1024; batch 16, else 8, else 4),
-#           gpu_moe8.json and the d2048 hybrid (pattern MAMA..., 3 steps each),
+#           gpu_moe8.json (and moe8_hostsizes: --knob moe_sizes=host, the expert
+#           sizes A/B) and the d2048 hybrid (pattern MAMA..., 3 steps each),
 #           with CUDA graphs on (the one-GPU default; each RESULT line says
 #           whether they ran), then GPT-2, d2048 and the hybrid again with
 #           --knob cuda_graphs=0 (*_nographs: the graphs A/B, and the per-op
@@ -573,6 +574,10 @@ stage_speed() {
     SPEED_BOX=${o:-35} speed_one d2048_dense_attnv2 "$C/gpu_d2048_dense.json" "0 2" --knob attn_kernel=v2 || bad=1
     SPEED_BOX=${o:-40} speed_one c_gpt2 "$C/gpu_c_gpt2.json" "16 8 4" || bad=1
     SPEED_BOX=${o:-55} SPEED_STEPS=3 speed_one moe8 "$C/gpu_moe8.json" "0" || bad=1
+    # the expert sizes A/B (issue 28 item 2, knob moe_sizes): moe8 above keeps the per-expert
+    # counts on the device (gemm_grouped.cu's grouped GEMMs, no host read, so CUDA graphs);
+    # here the host read and one cuBLASLt matmul per expert (eager: its per-op profile)
+    SPEED_BOX=${o:-45} SPEED_STEPS=3 speed_one moe8_hostsizes "$C/gpu_moe8.json" "0" --knob moe_sizes=host || bad=1
     SPEED_BOX=${o:-55} SPEED_STEPS=3 speed_one hyb2048 "$C/gpu_d2048_dense.json" "0" --set pattern=MAMAMAMAMAMAMAMA || bad=1
     # CUDA graphs A/B (issue 27 item 4): every run above has them on (the default on one GPU;
     # the RESULT line says whether they ran); each graphed model again with them off: the A/B,
@@ -794,6 +799,11 @@ for s in c.get("scan") or []:
     print("RESULT calib scan %dx%dx%dx%dx%d chunk %d %s: fwd %.4f s, bwd %.4f s, %.2f TF/s (recurrence FLOPs)"
           % (s["b"], s["t"], s["h"], s["p"], s["n"], s["chunk"], s.get("precision", "fp32"), s["fwd_median_s"],
              s["bwd_median_s"], s["fwd_bwd_flop_per_s"] / 1e12))
+# the MoE experts' products: the device-sized grouped entries vs a gemm_bf16 per group (moe_sizes)
+for x in c.get("grouped") or []:
+    print("RESULT calib grouped %s %dx%d rows, d %d f %d: grouped %.1f TF/s (%.3f ms), loop %.1f TF/s (%.3f ms)"
+          % (x["kind"], x["groups"], x["rows_per_group"], x["d"], x["f"], x["grouped_flop_per_s"] / 1e12,
+             1e3 * x["grouped_median_s"], x["loop_flop_per_s"] / 1e12, 1e3 * x["loop_median_s"]))
 for x in c.get("layer_core") or []:
     print("RESULT calib layer core B %d T %d: scan %s fp32 %.4f s, bf16 %.4f s vs attention %s fp32 %.4f s, bf16 %.4f s "
           "(scan/attention, bf16 both: %.2f)"
