@@ -89,7 +89,8 @@
 #           4-step dense (fp32, MT_CUDA_PRECISION=bf16, precision=bf16) and
 #           hybrid (fp32, precision=bf16: the scan's tensor-core kernels) runs
 #           with graphs on = off bit for bit, the replayed ops accounted, MoE
-#           off with the reason.
+#           in precision=bf16 too (its expert sizes on the device), MoE in fp32
+#           (host sizes) off with the reason.
 #      MT_CUDA_BUILD_STAGES=a,b,b2,c,c2,d,e,f,g (any subset; c3 goes with c)
 #      runs only those emulation stages (the emulated build always runs).
 #      Every emulated run has the device-memory guard on: device buffers
@@ -764,7 +765,8 @@ fi  # want f
 #    step 3, the last); in that replay step every device op was either issued or
 #    replayed (issued + replayed = the eager run's ops), the eager launches
 #    dropped by the replayed ones and host waits and copies are unchanged;
-#    MoE (pattern=AE, 1 step): off with the reason.
+#    MoE (pattern=AE, 1 step, fp32: host expert sizes): off with the reason;
+#    MoE precision=bf16 (4 steps, the expert sizes on the device) on = off.
 if want g; then
 if [ -x "$EMU/meshtrain" ] && [ -f "$EMU/train.bin" ]; then
     t4=$(date +%s)
@@ -789,12 +791,14 @@ if [ -x "$EMU/meshtrain" ] && [ -f "$EMU/train.bin" ]; then
     # (bf16: MT_CUDA_PRECISION=bf16, the per-call mode; dense16 and hyb16: precision=bf16,
     # the shadows' cast_bf16_multi and, in hyb16, the scan's tensor-core kernels captured)
     { graph_run dense_on fp32 4 $TINY && graph_run bf16_on bf16 4 $TINY && graph_run hyb_on fp32 4 $GHYB &&
-      graph_run hyb16_on fp32 4 $GHYB --set precision=bf16 && graph_run dense16_on fp32 4 $TINY --set precision=bf16; } & pid_g=$!
+      graph_run hyb16_on fp32 4 $GHYB --set precision=bf16 && graph_run dense16_on fp32 4 $TINY --set precision=bf16 &&
+      graph_run moe16_on fp32 4 $MOE --set precision=bf16; } & pid_g=$!
     { graph_run dense_off fp32 4 $TINY --knob cuda_graphs=0 && graph_run bf16_off bf16 4 $TINY --knob cuda_graphs=0 &&
       graph_run hyb_off fp32 4 $GHYB --knob cuda_graphs=0 && graph_run hyb16_off fp32 4 $GHYB --set precision=bf16 --knob cuda_graphs=0 &&
-      graph_run dense16_off fp32 4 $TINY --set precision=bf16 --knob cuda_graphs=0 && graph_run moe_on fp32 1 $MOE; } || g_ok=0
+      graph_run dense16_off fp32 4 $TINY --set precision=bf16 --knob cuda_graphs=0 && graph_run moe_on fp32 1 $MOE &&
+      graph_run moe16_off fp32 4 $MOE --set precision=bf16 --knob cuda_graphs=0; } || g_ok=0
     wait $pid_g || g_ok=0
-    for c in dense bf16 hyb hyb16 dense16; do
+    for c in dense bf16 hyb hyb16 dense16 moe16; do
         if [ $g_ok -eq 1 ] && cmp -s "$EMU/run_graph_${c}_on/ckpt/step_000004/params.bin" "$EMU/run_graph_${c}_off/ckpt/step_000004/params.bin" &&
            cmp -s "$EMU/run_graph_${c}_on/ckpt/step_000004/optim.bin" "$EMU/run_graph_${c}_off/ckpt/step_000004/optim.bin" &&
            python3 - "$EMU/run_graph_${c}_on/receipt.json" "$EMU/run_graph_${c}_off/receipt.json" >"$EMU/graph_$c.txt" 2>&1 <<'PY'
@@ -817,6 +821,8 @@ for s in range(len(a["kernel_launches"])):
         assert a["graph_launches"][s] == g["replayed_segments_per_step"] and a["graph_ops"][s] == g["replayed_ops_per_step"]
         assert a["host_syncs"][s] == b["host_syncs"][s], (s, a["host_syncs"][s], b["host_syncs"][s])
         assert a["kernel_launches"][s] < b["kernel_launches"][s]
+if sys.argv[1].endswith("moe16_on/receipt.json"):   # the expert sizes stayed on the device: no host read, graphs
+    assert on["distributed"]["moe"]["expert_sizes"] == "device", on["distributed"]["moe"]
 if sys.argv[1].endswith("hyb16_on/receipt.json"):   # the bf16 scan ran, captured
     assert on["gpu"]["ssm_scan_tc_calls"] > 0 and on["gpu"]["ssm_scan_tc_fallbacks"] == 0, on["gpu"]
 print("losses, lm, grad norms and the final params/optimizer state equal bit for bit; step 3: %d device ops eager -> "
@@ -839,8 +845,8 @@ sum(on['gpu']['step_counters']['graph_launches']) > 0))" "$EMU/run_graph_redo_on
     then echo "PASS CUDA graphs with ReDo (10 steps, redo_every 4): on = off bit for bit, graphs replayed between the events"
     else tail -3 "$EMU/train_graph_redo_on.log"; echo "FAIL: CUDA graphs with ReDo"; fail=1; fi
     if [ $g_ok -eq 1 ] && python3 -c 'import json, sys; g = json.load(open(sys.argv[1]))["gpu"]["cuda_graphs"]
-assert g["ran"] is False and "MoE" in g["why_not"], g' "$EMU/run_graph_moe_on/receipt.json"; then
-        echo "PASS CUDA graphs off for MoE, with the reason: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["gpu"]["cuda_graphs"]["why_not"])' "$EMU/run_graph_moe_on/receipt.json")"
+assert g["ran"] is False and "MoE" in g["why_not"] and "precision=fp32" in g["why_not"], g' "$EMU/run_graph_moe_on/receipt.json"; then
+        echo "PASS CUDA graphs off for MoE with host expert sizes (fp32), with the reason: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["gpu"]["cuda_graphs"]["why_not"])' "$EMU/run_graph_moe_on/receipt.json")"
     else echo "FAIL: MoE graphs not off with a reason"; fail=1; fi
     echo "   stage g: $(( $(date +%s) - t4 ))s"
 else
