@@ -213,6 +213,7 @@ static void test_table(void)
         E(moe_route), E(moe_seq_stats), E(moe_aux_loss), E(moe_aux_backward), E(xent_fused), E(xent_fused_bf16),
         E(sumsq_multi), E(normalize_fro), E(adamw_multi), E(nonfinite_mark), E(cast_bf16_multi), E(attention_forward_bf16),
         E(attention_backward_bf16), E(op_profile), E(redo_score_acc), E(mod_route), E(mod_backward),
+        E(gemm_grouped_rows), E(gemm_grouped_sum), E(moe_count_acc),
 #undef E
     };
     int missing = 0;
@@ -1966,6 +1967,312 @@ static void test_moe_aux(void)
     }
 }
 
+/* ---- grouped bf16 GEMMs sized on the device (gemm_grouped_rows, gemm_grouped_sum) and moe_count_acc ----
+ * The groups are row ranges [offs[g], offs[g+1]) of one buffer, offs in
+ * backend memory. Layouts: n = 1, 3, 8; empty groups first, in the middle,
+ * last; sizes 0, 1, 37, 130, 300 (not multiples of the kernels' 32 / 128),
+ * whole tiles (128, 256); offs[n] < max_rows. N, K (rows), M, N (sum) are
+ * multiples of 8 but not of 128 (72, 40, 136, 264). Every operand has 8
+ * padding columns of NaN (and A's rows past offs[n] are NaN): a kernel that
+ * reads them turns results into NaN.
+ * cuda vs cpu, element by element: both sum the same exact bf16 products in
+ * fp32, in different orders, so each is within K u T_ij of the exact sum
+ * (u = 2^-24, T_ij = sum_k |a_ik b_kj|, the standard gamma_K bound), hence
+ *     |cuda_ij - cpu_ij| <= |alpha| 2 K u T_ij + 2^-22 |beta c_ij|
+ * (c = 2 covers the two sums; the alpha scale and the beta term add one
+ * rounding each, inside the slack since K >= 8 (rows) and T_ij >= |sum|;
+ * an empty group of sum: the bound is the beta term, i.e. C_g = beta C_g).
+ * bf16 C: cuda and cpu round fp32 values within that bound once each, so
+ * |cuda - cpu| <= bound + 1 bf16 ulp; and exactly: cuda's bf16 C = RNE of the
+ * fp32 C of the same entry (the same accumulators), bit for bit.
+ * Also: rows at or past offs[n] and every padding column of C untouched
+ * (poisoned with 7.0, compared bitwise), C not read where beta = 0 (NaN
+ * there), two cuda runs identical, empty groups of sum exactly beta C_g
+ * (beta 0: zeros; beta 1: unchanged), a bad shape recorded as an error
+ * with nothing written (on a second instance, whose sticky error is its own).
+ * moe_count_acc: exact (the same double operations), +1 then -1, entries
+ * past n untouched. */
+static uint16_t gg_nan16 = 0x7fc0u, gg_seven16 = 0x40e0u;   /* bf16 NaN, 7.0 */
+static float gg_bf2f(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+/* (rows, ld) bf16: random in [-1, 1] where r < vr and c < vc, NaN elsewhere */
+static uint16_t *gg_rnd_bf16(int rows, int ld, int vr, int vc)
+{
+    uint16_t *x = xmalloc((size_t)rows * (size_t)ld * 2 + 2);
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < ld; c++)
+            x[(size_t)r * ld + c] = r < vr && c < vc ? host_bf16((float)(2.0 * urand() - 1.0)) : gg_nan16;
+    return x;
+}
+static void *gg_up16(struct be *b, const uint16_t *x, size_t n)
+{
+    void *p = dalloc(b, n * 2);
+    if (n) b->ops->copy_from_host(b->ops->be, p, x, n * 2);
+    return p;
+}
+static uint16_t *gg_down16(struct be *b, const void *d, size_t n)
+{
+    uint16_t *x = xmalloc(n * 2 + 2);
+    b->ops->sync(b->ops->be);
+    if (n) b->ops->copy_to_host(b->ops->be, x, d, n * 2);
+    return x;
+}
+/* one bf16 ulp at |v| (normal range; tiny for 0) */
+static double gg_ulp16(double v)
+{
+    int e;
+    frexp(fabs(v), &e);
+    return v == 0.0 ? 0x1.0p-133 : ldexp(1.0, e - 8);
+}
+
+static void test_gemm_grouped_rows(void)
+{
+    if (!selected("gemm_grouped_rows")) return;
+    struct { int n, sz[8], extra, N, K, tB, cbf; float alpha, beta; } cs[] = {
+        {1, {130}, 22, 72, 40, 1, 0, 1.0f, 0.0f},
+        {3, {0, 37, 300}, 9, 136, 264, 0, 0, 0.5f, 1.0f},
+        {3, {37, 0, 1}, 5, 72, 40, 0, 1, 1.0f, 0.0f},
+        {8, {5, 130, 0, 1, 37, 0, 64, 0}, 40, 136, 264, 1, 1, -1.25f, 0.0f},
+        {8, {0, 3, 0, 129, 0, 0, 2, 0}, 1, 72, 40, 1, 0, 1.0f, 1.0f},
+        {3, {128, 256, 0}, 8, 136, 40, 0, 0, 1.0f, 0.0f},
+    };
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        const int n = cs[c].n, N = cs[c].N, K = cs[c].K, tB = cs[c].tB, cbf = cs[c].cbf;
+        const float alpha = cs[c].alpha, beta = cs[c].beta;
+        int32_t offs[9];
+        offs[0] = 0;
+        for (int g = 0; g < n; g++) offs[g + 1] = offs[g] + cs[c].sz[g];
+        const int R = offs[n], max_rows = R + cs[c].extra;
+        const int lda = K + 8, br = tB ? N : K, bc = tB ? K : N, ldb = bc + 8, ldc = N + 8;
+        const size_t na = (size_t)max_rows * lda, nbg = (size_t)br * ldb, nc = (size_t)max_rows * ldc;
+        uint16_t *A = gg_rnd_bf16(max_rows, lda, R, K), *Bh = xmalloc((size_t)n * nbg * 2);
+        for (int g = 0; g < n; g++) {
+            uint16_t *b1 = gg_rnd_bf16(br, ldb, br, bc);
+            memcpy(Bh + (size_t)g * nbg, b1, nbg * 2);
+            free(b1);
+        }
+        /* C: inside the groups NaN (beta 0: must not be read) or random (beta 1); outside 7.0 */
+        float *C0 = xmalloc(nc * 4);
+        uint16_t *C0h = xmalloc(nc * 2);
+        for (int r = 0; r < max_rows; r++)
+            for (int j = 0; j < ldc; j++) {
+                const int in = r < R && j < N;
+                const size_t e = (size_t)r * ldc + j;
+                C0[e] = in ? (beta != 0.0f ? (float)(2.0 * urand() - 1.0) : NAN) : 7.0f;
+                C0h[e] = in ? gg_nan16 : gg_seven16;
+            }
+        /* passes 0 cpu, 1-2 cuda, 3 cuda with an fp32 C (bf16 cases: the accumulators' twin) */
+        void *r[4] = {NULL, NULL, NULL, NULL};
+        const int np = cbf ? 4 : 3;
+        for (int p = 0; p < np; p++) {
+            struct be *b = BE(p);
+            const int bf = cbf && p < 3;
+            const mt_bf16 *dA = gg_up16(b, A, na), *dBall = gg_up16(b, Bh, (size_t)n * nbg), *dB[8];
+            for (int g = 0; g < n; g++) dB[g] = dBall + (size_t)g * nbg;
+            int32_t *doffs = upi(b, offs, (size_t)n + 1);
+            void *dC = bf ? gg_up16(b, C0h, nc) : (void *)upf(b, C0, nc);
+            b->ops->gemm_grouped_rows(b->ops->be, n, doffs, max_rows, N, K, tB, alpha, dA, lda, dB, ldb,
+                                      bf ? 0.0f : (p == 3 ? 0.0f : beta), dC, bf ? MT_ELEM_BF16 : MT_ELEM_F32, ldc);
+            r[p] = bf ? (void *)gg_down16(b, dC, nc) : (void *)downf(b, dC, nc);
+            release(b);
+        }
+        /* element by element over the groups; untouched outside */
+        double worst = 0.0;
+        size_t outside = 0, twin = 0;
+        for (int g = 0; g < n; g++)
+            for (int i = offs[g]; i < offs[g + 1]; i++)
+                for (int j = 0; j < N; j++) {
+                    double T = 0.0;
+                    for (int k = 0; k < K; k++) {
+                        const double a = gg_bf2f(A[(size_t)i * lda + k]);
+                        const double bv = gg_bf2f(Bh[(size_t)g * nbg + (tB ? (size_t)j * ldb + k : (size_t)k * ldb + j)]);
+                        T += fabs(a * bv);
+                    }
+                    const size_t e = (size_t)i * ldc + j;
+                    const double cij = beta != 0.0f ? (double)C0[e] : 0.0;
+                    double bound = fabs((double)alpha) * 2.0 * K * 0x1.0p-24 * T + 0x1.0p-22 * fabs((double)beta * cij) + 1e-30;
+                    double got, ref;
+                    if (cbf) {
+                        got = gg_bf2f(((uint16_t *)r[1])[e]);
+                        ref = gg_bf2f(((uint16_t *)r[0])[e]);
+                        bound += gg_ulp16(fabs(got) > fabs(ref) ? got : ref);
+                        twin += ((uint16_t *)r[1])[e] != host_bf16(((float *)r[3])[e]);
+                    } else {
+                        got = ((float *)r[1])[e];
+                        ref = ((float *)r[0])[e];
+                    }
+                    double d = fabs(got - ref);
+                    if (!(d == d)) d = INFINITY;
+                    if (d / bound > worst) worst = d / bound;
+                }
+        for (int i = 0; i < max_rows; i++)
+            for (int j = 0; j < ldc; j++) {
+                const size_t e = (size_t)i * ldc + j;
+                if (i < R && j < N) continue;
+                outside += cbf ? ((uint16_t *)r[1])[e] != C0h[e] : memcmp((float *)r[1] + e, C0 + e, 4) != 0;
+            }
+        char lay[64], w[200];
+        int o = snprintf(lay, sizeof lay, "n=%d {", n);
+        for (int g = 0; g < n && o < (int)sizeof lay; g++) o += snprintf(lay + o, sizeof lay - o, g ? ",%d" : "%d", cs[c].sz[g]);
+        snprintf(lay + o, o < (int)sizeof lay ? sizeof lay - o : 0, "}");
+        snprintf(w, sizeof w, "%s max_rows=%d N=%d K=%d tB=%d C %s a=%g b=%g (err/bound)", lay, max_rows, N, K, tB,
+                 cbf ? "bf16" : "f32", alpha, beta);
+        report("gemm_grouped_rows", w, worst, 1.0);
+        snprintf(w, sizeof w, "%s N=%d tB=%d C %s: rows >= offs[n], pad columns untouched (differing)", lay, N, tB,
+                 cbf ? "bf16" : "f32");
+        report("gemm_grouped_rows", w, (double)outside, 0);
+        snprintf(w, sizeof w, "%s N=%d K=%d tB=%d: deterministic (differing elements)", lay, N, K, tB);
+        report("gemm_grouped_rows", w, (double)(cbf ? ndiff(r[1], r[2], nc / 2) : ndiff(r[1], r[2], nc)), 0);
+        if (cbf) {
+            snprintf(w, sizeof w, "%s N=%d K=%d tB=%d: bf16 C = RNE(the fp32 C's bits) (differing)", lay, N, K, tB);
+            report("gemm_grouped_rows", w, (double)twin, 0);
+        }
+        for (int p = 0; p < 4; p++) free(r[p]);
+        free(A); free(Bh); free(C0); free(C0h);
+    }
+    /* a shape outside the contract (N = 70): recorded as an error, nothing written (a second instance) */
+    char why[256] = "", msg[384] = "";
+    const struct mt_ops_i *ob = mt_ops_cuda_create(MT_CUDA_PRECISION_FP32, why, sizeof why);
+    if (!ob) {
+        report("gemm_grouped_rows", why[0] ? why : "mt_ops_cuda_create returned NULL", 1, 0);
+        return;
+    }
+    struct be bb = {.ops = ob, .name = "cuda2"};
+    mt_ctx_init(&bb.ctx);
+    const int32_t offs[2] = {0, 16};
+    uint16_t *A = gg_rnd_bf16(16, 40, 16, 40), *Bh = gg_rnd_bf16(72, 40, 72, 40);
+    float *C0 = rnd(16 * 72, -1, 1);
+    const mt_bf16 *dB[1] = {gg_up16(&bb, Bh, 72 * 40)};
+    float *dC = upf(&bb, C0, 16 * 72);
+    ob->gemm_grouped_rows(ob->be, 1, upi(&bb, offs, 2), 16, 70, 40, 1, 1.0f, gg_up16(&bb, A, 16 * 40), 40, dB, 40,
+                          0.0f, dC, MT_ELEM_F32, 72);
+    float *got = downf(&bb, dC, 16 * 72);
+    const enum mt_status st = mt_ops_cuda_status_of(ob->be, msg, sizeof msg);
+    report("gemm_grouped_rows", "N = 70: recorded (status, message names the entry), C untouched",
+           (st == MT_OK) + (strstr(msg, "gemm_grouped_rows") == NULL) + (double)ndiff(got, C0, 16 * 72), 0);
+    free(got); free(A); free(Bh); free(C0);
+    release(&bb);
+    mt_ops_cuda_destroy(ob);
+    mt_ctx_free(&bb.ctx);
+}
+
+static void test_gemm_grouped_sum(void)
+{
+    if (!selected("gemm_grouped_sum")) return;
+    struct { int n, sz[8], extra, M, N; float alpha, beta; } cs[] = {
+        {3, {37, 0, 130}, 3, 72, 136, 1.0f, 1.0f},
+        {1, {300}, 0, 136, 72, 0.5f, 0.0f},
+        {8, {5, 0, 1, 37, 0, 64, 3, 0}, 7, 72, 40, -1.0f, 0.0f},
+        {3, {0, 33, 0}, 2, 40, 72, 1.0f, 1.0f},
+    };
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        const int n = cs[c].n, M = cs[c].M, N = cs[c].N;
+        const float alpha = cs[c].alpha, beta = cs[c].beta;
+        int32_t offs[9];
+        offs[0] = 0;
+        for (int g = 0; g < n; g++) offs[g + 1] = offs[g] + cs[c].sz[g];
+        const int R = offs[n], rows = R + cs[c].extra, lda = M + 8, ldb = N + 8, ldc = N + 8;
+        const size_t na = (size_t)rows * lda, nb = (size_t)rows * ldb, ncg = (size_t)M * ldc, nc = (size_t)n * ncg;
+        uint16_t *A = gg_rnd_bf16(rows, lda, R, M), *Bh = gg_rnd_bf16(rows, ldb, R, N);
+        float *C0 = xmalloc(nc * 4);
+        for (size_t e = 0; e < nc; e++)
+            C0[e] = (int)(e % (size_t)ldc) >= N ? 7.0f : beta != 0.0f ? (float)(2.0 * urand() - 1.0) : NAN;
+        float *r[3];
+        for (int p = 0; p < 3; p++) {
+            struct be *b = BE(p);
+            const mt_bf16 *dA = gg_up16(b, A, na), *dB = gg_up16(b, Bh, nb);
+            int32_t *doffs = upi(b, offs, (size_t)n + 1);
+            float *dC = upf(b, C0, nc), *Cg[8];
+            for (int g = 0; g < n; g++) Cg[g] = dC + (size_t)g * ncg;
+            b->ops->gemm_grouped_sum(b->ops->be, n, doffs, M, N, alpha, dA, lda, dB, ldb, beta, Cg, ldc);
+            r[p] = downf(b, dC, nc);
+            release(b);
+        }
+        double worst = 0.0;
+        size_t pads = 0, empty = 0;
+        for (int g = 0; g < n; g++)
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < ldc; j++) {
+                    const size_t e = (size_t)g * ncg + (size_t)i * ldc + j;
+                    if (j >= N) {
+                        pads += memcmp(r[1] + e, C0 + e, 4) != 0;
+                        continue;
+                    }
+                    double T = 0.0;
+                    for (int q = offs[g]; q < offs[g + 1]; q++)
+                        T += fabs((double)gg_bf2f(A[(size_t)q * lda + i]) * (double)gg_bf2f(Bh[(size_t)q * ldb + j]));
+                    const int K = offs[g + 1] - offs[g];
+                    const double cij = beta != 0.0f ? (double)C0[e] : 0.0;
+                    const double bound = fabs((double)alpha) * 2.0 * K * 0x1.0p-24 * T +
+                                         0x1.0p-22 * fabs((double)beta * cij) + 1e-30;
+                    double d = fabs((double)r[1][e] - (double)r[0][e]);
+                    if (!(d == d)) d = INFINITY;
+                    if (d / bound > worst) worst = d / bound;
+                    if (K == 0) empty += beta == 0.0f ? r[1][e] != 0.0f : memcmp(r[1] + e, C0 + e, 4) != 0;
+                }
+        char lay[64], w[200];
+        int o = snprintf(lay, sizeof lay, "n=%d {", n);
+        for (int g = 0; g < n && o < (int)sizeof lay; g++) o += snprintf(lay + o, sizeof lay - o, g ? ",%d" : "%d", cs[c].sz[g]);
+        snprintf(lay + o, o < (int)sizeof lay ? sizeof lay - o : 0, "}");
+        snprintf(w, sizeof w, "%s M=%d N=%d a=%g b=%g (err/bound)", lay, M, N, alpha, beta);
+        report("gemm_grouped_sum", w, worst, 1.0);
+        snprintf(w, sizeof w, "%s M=%d N=%d b=%g: empty groups = beta C_g exactly (differing)", lay, M, N, beta);
+        report("gemm_grouped_sum", w, (double)empty, 0);
+        snprintf(w, sizeof w, "%s M=%d N=%d: pad columns untouched (differing)", lay, M, N);
+        report("gemm_grouped_sum", w, (double)pads, 0);
+        snprintf(w, sizeof w, "%s M=%d N=%d: deterministic (differing elements)", lay, M, N);
+        report("gemm_grouped_sum", w, (double)ndiff(r[1], r[2], nc), 0);
+        for (int p = 0; p < 3; p++) free(r[p]);
+        free(A); free(Bh); free(C0);
+    }
+}
+
+static void test_moe_count_acc(void)
+{
+    if (!selected("moe_count_acc")) return;
+    const int cs[3][9] = {{1, 130}, {3, 0, 37, 300}, {8, 5, 130, 0, 1, 37, 0, 64, 0}};
+    for (int c = 0; c < 3; c++) {
+        const int n = cs[c][0];
+        int32_t o1[9], o2[9];
+        o1[0] = o2[0] = 0;
+        for (int g = 0; g < n; g++) {
+            o1[g + 1] = o1[g] + cs[c][g + 1];
+            o2[g + 1] = o2[g] + irand(50);
+        }
+        double *L0 = xmalloc(((size_t)n + 2) * sizeof(double)), *r[3];
+        for (int e = 0; e < n + 2; e++) L0[e] = 100.0 * urand() - 50.0;
+        for (int p = 0; p < 3; p++) {
+            struct be *b = BE(p);
+            double *dl = dalloc(b, ((size_t)n + 2) * sizeof(double));
+            b->ops->copy_from_host(b->ops->be, dl, L0, ((size_t)n + 2) * sizeof(double));
+            int32_t *d1 = upi(b, o1, (size_t)n + 1), *d2 = upi(b, o2, (size_t)n + 1);
+            b->ops->moe_count_acc(b->ops->be, dl, d1, n, 1.0);
+            b->ops->moe_count_acc(b->ops->be, dl, d2, n, -1.0);
+            r[p] = downd(b, dl, (size_t)n + 2);
+            release(b);
+        }
+        size_t bad = 0;
+        for (int e = 0; e < n + 2; e++) {
+            const double want = e < n ? L0[e] + (double)(o1[e + 1] - o1[e]) - (double)(o2[e + 1] - o2[e]) : L0[e];
+            bad += r[0][e] != want;
+        }
+        char w[120];
+        snprintf(w, sizeof w, "n=%d +1 then -1: cpu = the plain sums, entries past n untouched (differing)", n);
+        report("moe_count_acc", w, (double)bad, 0);
+        snprintf(w, sizeof w, "n=%d +1 then -1 vs cpu (differing elements)", n);
+        report("moe_count_acc", w, (double)ndiff(r[1], r[0], 2 * ((size_t)n + 2)), 0);
+        snprintf(w, sizeof w, "n=%d: deterministic (differing elements)", n);
+        report("moe_count_acc", w, (double)ndiff(r[1], r[2], 2 * ((size_t)n + 2)), 0);
+        for (int p = 0; p < 3; p++) free(r[p]);
+        free(L0);
+    }
+}
+
 /* ---- Mixture-of-Depths routing (mod_route, mod_backward) ----
  * The selection is a rank count, so idx / tpos / slot must equal the cpu's
  * exactly; s is the same float expression (a few ulp of expf apart at
@@ -2241,6 +2548,9 @@ int main(int argc, char **argv)
     g_rng = 14; test_optim();
     g_rng = 28; test_adamw_multi();
     g_rng = 19; test_fused();
+    g_rng = 29; test_gemm_grouped_rows();
+    g_rng = 30; test_gemm_grouped_sum();
+    g_rng = 31; test_moe_count_acc();
 
     /* ---- bf16 mode: gemm to the derived bound ---- */
     g_rng = 15; test_precision_api();

@@ -568,6 +568,14 @@ void mt_cuda_gemm_grouped(void *be, int transA, int transB, int n, const int *M,
                           const float *const *A, int lda, const float *const *B, int ldb, float beta,
                           float *const *C, int ldc);
 
+/* ---- gemm_grouped.cu (group sizes on the device: mt_ops.h) ---- */
+void mt_cuda_gemm_grouped_rows(void *be, int n, const int32_t *offs, int max_rows, int N, int K, int transB,
+                               float alpha, const mt_bf16 *A, int lda, const mt_bf16 *const *B, int ldb, float beta,
+                               void *C, enum mt_elem c_type, int ldc);
+void mt_cuda_gemm_grouped_sum(void *be, int n, const int32_t *offs, int M, int N, float alpha, const mt_bf16 *A,
+                              int lda, const mt_bf16 *B, int ldb, float beta, float *const *C, int ldc);
+void mt_cuda_moe_count_acc(void *be, double *load, const int32_t *offs, int n, double sign);
+
 /* ---- embed.cu ---- */
 void mt_cuda_embed_forward(void *be, float *out, const int32_t *idx, const float *wte, int N, int C);
 void mt_cuda_embed_backward(void *be, float *dwte, const float *dout, const int32_t *idx, int N, int C, int V);

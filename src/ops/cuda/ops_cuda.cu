@@ -283,6 +283,8 @@ static struct mt_ops_i cuda_ops = {
     /* .gemm_grouped         = */ .gemm_grouped         = PROF(MT_OPK_GEMM, mt_cuda_gemm_grouped),
     /* .gemm_bf16            = */ .gemm_bf16            = PROF(MT_OPK_GEMM, mt_cuda_gemm_bf16),
     /* .gemm_bf16_out        = */ .gemm_bf16_out        = PROF(MT_OPK_GEMM, mt_cuda_gemm_bf16_out),
+    /* .gemm_grouped_rows    = */ .gemm_grouped_rows    = PROF(MT_OPK_GEMM, mt_cuda_gemm_grouped_rows),
+    /* .gemm_grouped_sum     = */ .gemm_grouped_sum     = PROF(MT_OPK_GEMM, mt_cuda_gemm_grouped_sum),
     /* .cast_bf16            = */ .cast_bf16            = PROF(MT_OPK_ELEMENTWISE, mt_cuda_cast_bf16),
     /* .embed_forward        = */ .embed_forward        = PROF(MT_OPK_ELEMENTWISE, mt_cuda_embed_forward),
     /* .embed_backward       = */ .embed_backward       = PROF(MT_OPK_ELEMENTWISE, mt_cuda_embed_backward),
@@ -329,6 +331,7 @@ static struct mt_ops_i cuda_ops = {
     /* .ssm_scan_forward_bf16      = */ .ssm_scan_forward_bf16      = PROF(MT_OPK_SCAN, mt_cuda_ssm_scan_forward_bf16),
     /* .ssm_scan_backward_bf16     = */ .ssm_scan_backward_bf16     = PROF(MT_OPK_SCAN, mt_cuda_ssm_scan_backward_bf16),
     /* MoE device routing */
+    /* .moe_count_acc              = */ .moe_count_acc              = PROF(MT_OPK_ELEMENTWISE, mt_cuda_moe_count_acc),
     /* .moe_route                  = */ .moe_route                  = PROF(MT_OPK_ELEMENTWISE, mt_cuda_moe_route),
     /* .moe_seq_stats              = */ .moe_seq_stats              = PROF(MT_OPK_ELEMENTWISE, mt_cuda_moe_seq_stats),
     /* .moe_aux_loss               = */ .moe_aux_loss               = PROF(MT_OPK_ELEMENTWISE, mt_cuda_moe_aux_loss),

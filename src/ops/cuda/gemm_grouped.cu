@@ -1,0 +1,467 @@
+/*
+ * gemm_grouped.cu — the grouped bf16 GEMMs of the MoE experts whose group
+ * sizes live on the device (mt_ops.h, "grouped bf16 GEMMs sized on the
+ * device"), and moe_count_acc. Nothing is read back to the host: one launch
+ * serves every expert (and a CUDA graph can hold it).
+ *
+ * The groups are row ranges of one expert-sorted buffer: group g owns rows
+ * [offs[g], offs[g+1]) (offs: n+1 int32 in device memory, n <= 64).
+ *   gemm_grouped_rows (forward y = x W_g^T, transB; dx = dy W_g, not):
+ *     C[r,:] (N) = alpha A[r,:] op(B_g) + beta C[r,:]      r in group g
+ *     A (rows, K) lda bf16; B_g (N, K) ldb if transB else (K, N) ldb, bf16;
+ *     C (rows, N) ldc fp32, or bf16 (beta 0: the fp32 value rounded once,
+ *     nearest even); rows at or past offs[n] (and past max_rows) untouched.
+ *   gemm_grouped_sum (weight gradient dW_g += dy_g^T x_g):
+ *     C_g (M, N) fp32 = alpha sum_{r in g} A[r,:]^T B[r,:] + beta C_g
+ *     A (rows, M) lda, B (rows, N) ldb, bf16; an empty group: C_g = beta C_g
+ *     (beta 0: zeros, C_g not read).
+ *   moe_count_acc: load[e] (double) += sign (offs[e+1] - offs[e]), e < n.
+ * A product of two bf16 values is exact in fp32; the sums are fp32, in the
+ * tensor core's order (the cpu reference sums in OpenBLAS's: the harness
+ * bounds the difference by the fp32 accumulation term, c K 2^-24 sum|a b|).
+ *
+ * HOW IT WORKS
+ *
+ * Warp-level mma.sync m16n8k16 bf16 -> fp32 (mma_sync.cuh; run exactly by
+ * tests/cuda/emu/mma_ptx.h under the emulator). A block is 256 threads =
+ * 8 warps and owns a 128 x 128 tile of the output; the warps form 2 (rows)
+ * x 4 (columns), a warp owns 64 x 32 = 4 m16 x 4 n8 accumulator tiles (64
+ * fp32 registers a thread). The k dimension (K of rows, the group's rows
+ * of sum) runs in steps of BK = 32 through a 3-stage cp.async pipeline:
+ * tile kt+2 is in flight while tile kt is multiplied (one __syncthreads a
+ * step: the stage refilled at step kt is the one every warp finished at
+ * step kt-1). Shared rows are padded by 8 bf16 (row strides of 80 and 272
+ * bytes: the 8 row addresses of an ldmatrix fall in 8 distinct 16-byte
+ * bank groups). Operand fragments come from shared memory by ldmatrix x4:
+ *   rows: A tile [128 m][32 k] (row-major A), non-trans -> A fragments;
+ *         transB: B tile [128 n][32 k], non-trans -> B fragments (as K in
+ *         Q K^T); else B tile [32 k][128 n] from (K, N), .trans (as V in P V);
+ *   sum:  A^T as A operand: tile [32 rows][128 m] of A (rows, M), .trans;
+ *         B tile [32 rows][128 n], .trans.
+ * Out-of-range 16-byte chunks (rows past the group, k past K, columns past
+ * N or M: every dimension is a multiple of 8, so a chunk is all in or all
+ * out) are zero-filled by cp.async with source size 0 and never read;
+ * stores are masked to the group's rows and to N (M), two adjacent columns
+ * a lane (8-byte fp32 or 4-byte bf16 pairs).
+ * Grids, sized on the host without the group sizes:
+ *   rows: (ceil(N/128), ceil(max_rows/128) + n): group g needs ceil(rows_g
+ *     / 128) row tiles, at most rows_g / 128 + 1 when rows_g > 0, so the
+ *     sum over groups is at most offs[n] / 128 + n. A block reads offs into
+ *     shared memory (clamped to [0, max_rows]) and walks the groups to map
+ *     its y index to (group, first row); blocks past the last tile exit. A
+ *     tile never spans two groups (its last rows are masked), so a group's
+ *     rows are written by its own blocks only.
+ *   sum:  (ceil(N/128), ceil(M/128), n): a block loops over its group's rows
+ *     in steps of 32 (the tail zero-filled); an empty group runs no step and
+ *     writes beta C_g (zeros for beta 0).
+ * Deterministic: every output element is one thread's accumulator, summed
+ * over k in one fixed order (k tiles in order, each mma's fixed order), no
+ * split of k, no atomics; the order does not depend on scheduling, nor (for
+ * rows) on where a row falls in its tile.
+ * The B_g (rows) and C_g (sum) pointers travel by value in the launch (a
+ * struct of MT_GROUPED_DEV_MAX pointers, the unused tail zeroed: part of
+ * the launch's signature under CUDA graphs).
+ */
+#include "cuda_impl.cuh"
+#include "mma_sync.cuh"
+
+typedef __nv_bfloat16 bf16;
+
+#define GG_BM      128                 /* rows (m) of a block's tile        */
+#define GG_BN      128                 /* columns (n) of a block's tile     */
+#define GG_BK      32                  /* k a pipeline step                 */
+#define GG_STAGES  3
+#define GG_THREADS 256
+#define GG_LDK     (GG_BK + 8)         /* shared row of k: 40 bf16 (80 bytes)  */
+#define GG_LDN     (GG_BN + 8)         /* shared row of n or m: 136 (272 bytes) */
+#define GG_TILE_NK (GG_BN * GG_LDK)    /* [128][40]: A (rows), B^T (rows, transB) */
+#define GG_TILE_KN (GG_BK * GG_LDN)    /* [32][136]: B (rows, !transB), A^T and B (sum) */
+
+struct gg_bptrs { const bf16 *p[MT_GROUPED_DEV_MAX]; };
+struct gg_cptrs { float *p[MT_GROUPED_DEV_MAX]; };
+struct alignas(8) gg_f2 { float x, y; };
+
+/* ---- fragments (lane l: i = l >> 3 names the 8x8 matrix whose row address it gives) ---- */
+/* A operands of the 4 m16 tiles at rows m0.. of a [m][k] tile (row stride LD), k0..k0+15 */
+template <int LD>
+static __device__ __forceinline__ void gg_frag_a_mk(uint32_t a[4][4], const bf16 *s, int m0, int k0, int lane)
+{
+    const int i = lane >> 3;
+#pragma unroll
+    for (int mi = 0; mi < 4; mi++)
+        mt_ldsm_x4(a[mi], s + (m0 + 16 * mi + (i & 1) * 8 + (lane & 7)) * LD + k0 + (i >> 1) * 8);
+}
+/* ... of a [k][m] tile (A^T stored), .trans: matrices (k0, m0) (k0, m0+8) (k0+8, m0) (k0+8, m0+8) */
+static __device__ __forceinline__ void gg_frag_a_km(uint32_t a[4][4], const bf16 *s, int m0, int k0, int lane)
+{
+    const int i = lane >> 3;
+#pragma unroll
+    for (int mi = 0; mi < 4; mi++)
+        mt_ldsm_x4_t(a[mi], s + (k0 + (i >> 1) * 8 + (lane & 7)) * GG_LDN + m0 + 16 * mi + (i & 1) * 8);
+}
+/* B operands of the 4 n8 tiles at columns n0.. of a [n][k] tile, non-trans:
+ * matrices (n0, k0) (n0, k0+8) (n0+8, k0) (n0+8, k0+8) = b0 b1 of n0, b0 b1 of n0+8 */
+static __device__ __forceinline__ void gg_frag_b_nk(uint32_t b[4][2], const bf16 *s, int n0, int k0, int lane)
+{
+    const int i = lane >> 3;
+#pragma unroll
+    for (int np = 0; np < 2; np++) {
+        uint32_t r[4];
+        mt_ldsm_x4(r, s + (n0 + 16 * np + (i >> 1) * 8 + (lane & 7)) * GG_LDK + k0 + (i & 1) * 8);
+        b[2 * np][0] = r[0]; b[2 * np][1] = r[1]; b[2 * np + 1][0] = r[2]; b[2 * np + 1][1] = r[3];
+    }
+}
+/* ... of a [k][n] tile, .trans: matrices (k0, n0) (k0+8, n0) (k0, n0+8) (k0+8, n0+8), the same order */
+static __device__ __forceinline__ void gg_frag_b_kn(uint32_t b[4][2], const bf16 *s, int n0, int k0, int lane)
+{
+    const int i = lane >> 3;
+#pragma unroll
+    for (int np = 0; np < 2; np++) {
+        uint32_t r[4];
+        mt_ldsm_x4_t(r, s + (k0 + (i & 1) * 8 + (lane & 7)) * GG_LDN + n0 + 16 * np + (i >> 1) * 8);
+        b[2 * np][0] = r[0]; b[2 * np][1] = r[1]; b[2 * np + 1][0] = r[2]; b[2 * np + 1][1] = r[3];
+    }
+}
+static __device__ __forceinline__ void gg_mma(float acc[4][4][4], const uint32_t a[4][4], const uint32_t b[4][2])
+{
+#pragma unroll
+    for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++) mt_mma_16816(acc[mi][ni], a[mi], b[ni]);
+}
+
+/* ---- gemm_grouped_rows ----
+ * block (x: column tile, y: row tile over all groups); TB = transB; CT = float or bf16 */
+template <int TB, typename CT>
+static __global__ void __launch_bounds__(GG_THREADS, 2)
+gg_rows_k(gg_bptrs Bp, const int32_t *offs, int n, int max_rows, int N, int K, float alpha, const bf16 *A, int lda,
+          int ldb, float beta, CT *C, int ldc)
+{
+    constexpr int TILE_B = TB ? GG_TILE_NK : GG_TILE_KN, STAGE = GG_TILE_NK + TILE_B;
+    __shared__ int so[MT_GROUPED_DEV_MAX + 1];
+    MT_DYN_SMEM(unsigned char, sm);
+    bf16 *S = (bf16 *)sm;   /* stage s: A at S + s STAGE, B after it */
+    const int tid = threadIdx.x;
+    if (tid <= n) {
+        int o = offs[tid];
+        so[tid] = o < 0 ? 0 : o > max_rows ? max_rows : o;
+    }
+    __syncthreads();
+    /* this block's (group, rows [r0, r1)): the y-th row tile, groups in order */
+    int y = blockIdx.y, g = 0, r0 = 0, r1 = 0;
+    for (; g < n; g++) {
+        const int lo = so[g], hi = so[g + 1] > lo ? so[g + 1] : lo, t = (hi - lo + GG_BM - 1) / GG_BM;
+        if (y < t) {
+            r0 = lo + y * GG_BM;
+            r1 = hi;
+            break;
+        }
+        y -= t;
+    }
+    if (g == n) return;   /* past the last tile (the grid is an upper bound): the whole block */
+    const bf16 *Bg = Bp.p[g];
+    const int n0 = blockIdx.x * GG_BN;
+
+    /* this thread's 16-byte chunks: A rows (tid >> 2) + 64 i at k column c; B likewise */
+    const int ca = (tid & 3) * 8;
+    const bf16 *pa[2], *pb[2];
+    bool oka[2], okb[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int r = r0 + (tid >> 2) + 64 * i;
+        oka[i] = r < r1;
+        pa[i] = A + (size_t)(oka[i] ? r : r0) * (size_t)lda + ca;
+        if (TB) {   /* [n][k]: rows n0 + (tid >> 2) + 64 i, k column ca */
+            const int nn = n0 + (tid >> 2) + 64 * i;
+            okb[i] = nn < N;
+            pb[i] = Bg + (size_t)(okb[i] ? nn : 0) * (size_t)ldb + ca;
+        } else {    /* [k][n]: k rows (tid >> 4) + 16 i, columns n0 + (tid & 15) 8 */
+            const int cn = n0 + (tid & 15) * 8;
+            okb[i] = cn < N;
+            pb[i] = Bg + (size_t)((tid >> 4) + 16 * i) * (size_t)ldb + (okb[i] ? cn : 0);
+        }
+    }
+    const int ktiles = (K + GG_BK - 1) / GG_BK;
+    auto load = [&](int stage, int kt) {
+        bf16 *As = S + stage * STAGE, *Bs = As + GG_TILE_NK;
+        const int k0 = kt * GG_BK;
+        const bool kin = k0 + ca < K;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int r = (tid >> 2) + 64 * i;
+            const bool ok = oka[i] && kin;
+            mt_cp_async16(As + r * GG_LDK + ca, ok ? pa[i] + k0 : A, ok ? 16 : 0);
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            if (TB) {
+                const int r = (tid >> 2) + 64 * i;
+                const bool ok = okb[i] && kin;
+                mt_cp_async16(Bs + r * GG_LDK + ca, ok ? pb[i] + k0 : Bg, ok ? 16 : 0);
+            } else {
+                const int kr = (tid >> 4) + 16 * i;
+                const bool ok = okb[i] && k0 + kr < K;
+                mt_cp_async16(Bs + kr * GG_LDN + (tid & 15) * 8, ok ? pb[i] + (size_t)k0 * (size_t)ldb : Bg,
+                              ok ? 16 : 0);
+            }
+        }
+    };
+
+    const int lane = tid & 31, warp = tid >> 5, wm = (warp >> 2) * 64, wn = (warp & 3) * 32;
+    float acc[4][4][4];
+#pragma unroll
+    for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.0f;
+
+#pragma unroll
+    for (int s = 0; s < GG_STAGES - 1; s++) {
+        if (s < ktiles) load(s, s);
+        mt_cp_async_commit();
+    }
+    for (int kt = 0; kt < ktiles; kt++) {
+        mt_cp_async_wait<GG_STAGES - 2>();
+        __syncthreads();   /* tile kt landed for every thread; stage (kt-1) % 3 consumed by every warp */
+        if (kt + GG_STAGES - 1 < ktiles) load((kt + GG_STAGES - 1) % GG_STAGES, kt + GG_STAGES - 1);
+        mt_cp_async_commit();
+        const bf16 *As = S + (kt % GG_STAGES) * STAGE, *Bs = As + GG_TILE_NK;
+#pragma unroll
+        for (int kk = 0; kk < GG_BK; kk += 16) {
+            uint32_t a[4][4], b[4][2];
+            gg_frag_a_mk<GG_LDK>(a, As, wm, kk, lane);
+            if (TB) gg_frag_b_nk(b, Bs, wn, kk, lane);
+            else gg_frag_b_kn(b, Bs, wn, kk, lane);
+            gg_mma(acc, a, b);
+        }
+    }
+
+    /* epilogue: lane (g4, t) holds rows g4, g4 + 8 of each m16 tile, columns 2t, 2t+1 of each n8 tile */
+    const int g4 = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = r0 + wm + 16 * mi + g4 + 8 * h;
+            if (r >= r1) continue;
+            CT *crow = C + (size_t)r * (size_t)ldc;
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++) {
+                const int c = n0 + wn + 8 * ni + 2 * t4;
+                if (c >= N) continue;   /* N is a multiple of 8: c + 1 < N too */
+                float v0 = alpha * acc[mi][ni][2 * h], v1 = alpha * acc[mi][ni][2 * h + 1];
+                if constexpr (sizeof(CT) == 4) {
+                    if (beta != 0.0f) {
+                        const gg_f2 o = *(const gg_f2 *)(crow + c);
+                        v0 = fmaf(beta, o.x, v0);
+                        v1 = fmaf(beta, o.y, v1);
+                    }
+                    *(gg_f2 *)(crow + c) = gg_f2{v0, v1};
+                } else {
+                    *(uint32_t *)(crow + c) = mt_pack_bf16x2(v0, v1);   /* beta is 0 (host-checked) */
+                }
+            }
+        }
+}
+
+/* ---- gemm_grouped_sum ----
+ * block (x: column tile of N, y: row tile of M, z: group) */
+static __global__ void __launch_bounds__(GG_THREADS, 2)
+gg_sum_k(gg_cptrs Cp, const int32_t *offs, int M, int N, float alpha, const bf16 *A, int lda, const bf16 *B, int ldb,
+         float beta, int ldc)
+{
+    constexpr int STAGE = 2 * GG_TILE_KN;
+    MT_DYN_SMEM(unsigned char, sm);
+    bf16 *S = (bf16 *)sm;   /* stage s: A^T tile at S + s STAGE, B tile after it */
+    const int tid = threadIdx.x, g = blockIdx.z, m0 = blockIdx.y * GG_BM, n0 = blockIdx.x * GG_BN;
+    const int lo = offs[g] > 0 ? offs[g] : 0, rows = offs[g + 1] > lo ? offs[g + 1] - lo : 0;
+    float *Cg = Cp.p[g];
+
+    /* this thread's chunks: k rows (tid >> 4) + 16 i, columns (tid & 15) 8 of the m and n tiles */
+    const int cc = (tid & 15) * 8, kr0 = tid >> 4;
+    const bool oka = m0 + cc < M, okb = n0 + cc < N;
+    const bf16 *pa = A + (size_t)lo * (size_t)lda + (oka ? m0 + cc : 0);
+    const bf16 *pb = B + (size_t)lo * (size_t)ldb + (okb ? n0 + cc : 0);
+    const int ktiles = (rows + GG_BK - 1) / GG_BK;
+    auto load = [&](int stage, int kt) {
+        bf16 *As = S + stage * STAGE, *Bs = As + GG_TILE_KN;
+        const int k0 = kt * GG_BK;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int kr = kr0 + 16 * i;
+            const bool kin = k0 + kr < rows;
+            const bool a_ok = oka && kin, b_ok = okb && kin;
+            mt_cp_async16(As + kr * GG_LDN + cc, a_ok ? pa + (size_t)(k0 + kr) * (size_t)lda : A, a_ok ? 16 : 0);
+            mt_cp_async16(Bs + kr * GG_LDN + cc, b_ok ? pb + (size_t)(k0 + kr) * (size_t)ldb : B, b_ok ? 16 : 0);
+        }
+    };
+
+    const int lane = tid & 31, warp = tid >> 5, wm = (warp >> 2) * 64, wn = (warp & 3) * 32;
+    float acc[4][4][4];
+#pragma unroll
+    for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.0f;
+
+#pragma unroll
+    for (int s = 0; s < GG_STAGES - 1; s++) {
+        if (s < ktiles) load(s, s);
+        mt_cp_async_commit();
+    }
+    for (int kt = 0; kt < ktiles; kt++) {
+        mt_cp_async_wait<GG_STAGES - 2>();
+        __syncthreads();   /* as in gg_rows_k */
+        if (kt + GG_STAGES - 1 < ktiles) load((kt + GG_STAGES - 1) % GG_STAGES, kt + GG_STAGES - 1);
+        mt_cp_async_commit();
+        const bf16 *As = S + (kt % GG_STAGES) * STAGE, *Bs = As + GG_TILE_KN;
+#pragma unroll
+        for (int kk = 0; kk < GG_BK; kk += 16) {
+            uint32_t a[4][4], b[4][2];
+            gg_frag_a_km(a, As, wm, kk, lane);
+            gg_frag_b_kn(b, Bs, wn, kk, lane);
+            gg_mma(acc, a, b);
+        }
+    }
+
+    const int g4 = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = m0 + wm + 16 * mi + g4 + 8 * h;
+            if (r >= M) continue;
+            float *crow = Cg + (size_t)r * (size_t)ldc;
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++) {
+                const int c = n0 + wn + 8 * ni + 2 * t4;
+                if (c >= N) continue;
+                float v0 = alpha * acc[mi][ni][2 * h], v1 = alpha * acc[mi][ni][2 * h + 1];
+                if (beta != 0.0f) {
+                    const gg_f2 o = *(const gg_f2 *)(crow + c);
+                    v0 = fmaf(beta, o.x, v0);
+                    v1 = fmaf(beta, o.y, v1);
+                }
+                *(gg_f2 *)(crow + c) = gg_f2{v0, v1};
+            }
+        }
+}
+
+/* ---- moe_count_acc ---- */
+static __global__ void gg_count_acc_k(double *load, const int32_t *offs, int n, double sign)
+{
+    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < n; e += gridDim.x * blockDim.x)
+        load[e] += sign * (double)(offs[e + 1] - offs[e]);
+}
+
+/* ---- host side ---- */
+template <typename F>
+static int gg_smem_opt_in(F *kern, size_t bytes)
+{
+    if (bytes <= 48 * 1024) return 1;
+    return MT_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+template <int TB, typename CT>
+static void gg_rows_launch(const gg_bptrs &bp, const int32_t *offs, int n, int max_rows, int N, int K, float alpha,
+                           const bf16 *A, int lda, int ldb, float beta, CT *C, int ldc)
+{
+    const size_t smem = (size_t)GG_STAGES * (GG_TILE_NK + (TB ? GG_TILE_NK : GG_TILE_KN)) * sizeof(bf16);
+    if (!gg_smem_opt_in(gg_rows_k<TB, CT>, smem)) return;
+    const dim3 grid((unsigned)((N + GG_BN - 1) / GG_BN), (unsigned)((max_rows + GG_BM - 1) / GG_BM + n));
+    MT_LAUNCH((gg_rows_k<TB, CT>), grid, GG_THREADS, smem)(bp, offs, n, max_rows, N, K, alpha, A, lda, ldb, beta, C,
+                                                           ldc);
+    MT_CUDA_KCHECK();
+}
+
+static int gg_aligned16(const void *p) { return mt_cuda_aligned(p, 16); }
+
+extern "C" void mt_cuda_gemm_grouped_rows(void *be, int n, const int32_t *offs, int max_rows, int N, int K,
+                                          int transB, float alpha, const mt_bf16 *A, int lda,
+                                          const mt_bf16 *const *B, int ldb, float beta, void *C,
+                                          enum mt_elem c_type, int ldc)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    if (n <= 0 || max_rows <= 0) return;
+    if (n > MT_GROUPED_DEV_MAX) {
+        MT_CUDA_UNSUPPORTED("gemm_grouped_rows: more than MT_GROUPED_DEV_MAX groups");
+        return;
+    }
+    if (!mt_grouped_dev_dims_ok(N, K, lda, ldb) || ldc <= 0 || ldc % 8 || lda < K || ldc < N ||
+        ldb < (transB ? K : N)) {
+        MT_CUDA_UNSUPPORTED("gemm_grouped_rows: N, K and the leading dimensions must be multiples of 8 (>= the rows)");
+        return;
+    }
+    if (c_type != MT_ELEM_F32 && !(c_type == MT_ELEM_BF16 && beta == 0.0f)) {
+        MT_CUDA_UNSUPPORTED("gemm_grouped_rows: C must be fp32, or bf16 with beta 0");
+        return;
+    }
+    if ((max_rows + GG_BM - 1) / GG_BM + n > 65535) {
+        MT_CUDA_UNSUPPORTED("gemm_grouped_rows: max_rows over the grid's row tiles (65535)");
+        return;
+    }
+    gg_bptrs bp = {};   /* zeroed: the unused tail is part of the launch's signature (graphs) */
+    int ok = gg_aligned16(A) && gg_aligned16(C);
+    for (int g = 0; g < n; g++) {
+        bp.p[g] = (const bf16 *)B[g];
+        ok = ok && gg_aligned16(B[g]);
+    }
+    if (!ok) {
+        MT_CUDA_UNSUPPORTED("gemm_grouped_rows: A, C and every B_g must be 16-byte aligned");
+        return;
+    }
+    const bf16 *a = (const bf16 *)A;
+    if (c_type == MT_ELEM_BF16) {
+        if (transB) gg_rows_launch<1>(bp, offs, n, max_rows, N, K, alpha, a, lda, ldb, beta, (bf16 *)C, ldc);
+        else gg_rows_launch<0>(bp, offs, n, max_rows, N, K, alpha, a, lda, ldb, beta, (bf16 *)C, ldc);
+    } else {
+        if (transB) gg_rows_launch<1>(bp, offs, n, max_rows, N, K, alpha, a, lda, ldb, beta, (float *)C, ldc);
+        else gg_rows_launch<0>(bp, offs, n, max_rows, N, K, alpha, a, lda, ldb, beta, (float *)C, ldc);
+    }
+}
+
+extern "C" void mt_cuda_gemm_grouped_sum(void *be, int n, const int32_t *offs, int M, int N, float alpha,
+                                         const mt_bf16 *A, int lda, const mt_bf16 *B, int ldb, float beta,
+                                         float *const *C, int ldc)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    if (n <= 0) return;
+    if (n > MT_GROUPED_DEV_MAX) {
+        MT_CUDA_UNSUPPORTED("gemm_grouped_sum: more than MT_GROUPED_DEV_MAX groups");
+        return;
+    }
+    if (!mt_grouped_dev_dims_ok(M, N, lda, ldb) || ldc <= 0 || ldc % 8 || lda < M || ldb < N || ldc < N) {
+        MT_CUDA_UNSUPPORTED("gemm_grouped_sum: M, N and the leading dimensions must be multiples of 8 (>= the rows)");
+        return;
+    }
+    if ((M + GG_BM - 1) / GG_BM > 65535) {
+        MT_CUDA_UNSUPPORTED("gemm_grouped_sum: M over the grid's row tiles (65535)");
+        return;
+    }
+    gg_cptrs cp = {};   /* zeroed tail (graphs) */
+    int ok = gg_aligned16(A) && gg_aligned16(B);
+    for (int g = 0; g < n; g++) {
+        cp.p[g] = C[g];
+        ok = ok && gg_aligned16(C[g]);
+    }
+    if (!ok) {
+        MT_CUDA_UNSUPPORTED("gemm_grouped_sum: A, B and every C_g must be 16-byte aligned");
+        return;
+    }
+    const size_t smem = (size_t)GG_STAGES * 2 * GG_TILE_KN * sizeof(bf16);
+    if (!gg_smem_opt_in(gg_sum_k, smem)) return;
+    const dim3 grid((unsigned)((N + GG_BN - 1) / GG_BN), (unsigned)((M + GG_BM - 1) / GG_BM), (unsigned)n);
+    MT_LAUNCH(gg_sum_k, grid, GG_THREADS, smem)(cp, offs, M, N, alpha, (const bf16 *)A, lda, (const bf16 *)B, ldb,
+                                                beta, ldc);
+    MT_CUDA_KCHECK();
+}
+
+extern "C" void mt_cuda_moe_count_acc(void *be, double *load, const int32_t *offs, int n, double sign)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    if (n <= 0) return;
+    MT_LAUNCH(gg_count_acc_k, mt_cuda_blocks((size_t)n, 128), 128, 0)(load, offs, n, sign);
+    MT_CUDA_KCHECK();
+}
