@@ -82,20 +82,22 @@ echo "$S" | grep -q 'RESULT d2048_dense plan (profile h200-measured, bf16): 0.07
 # mamba_chunk 32 and 128; the hybrid with --knob scan_bf16=0, the tensor-core scan's A/B)
 n=$(grep -c -- '--set precision=bf16 .*--no-save' "$W/args.log")
 n_off=$(grep -c -- 'gpu_c_gpt2.json --knob cuda_graphs=0 .*--no-save' "$W/args.log")
-[ "$n" -eq 13 ] && [ "$n_off" -eq 2 ] && [ "$(grep -c -- 'cuda_graphs' "$W/args.log")" -eq 4 ] &&
+[ "$n" -eq 14 ] && [ "$n_off" -eq 2 ] && [ "$(grep -c -- 'cuda_graphs' "$W/args.log")" -eq 4 ] &&
     grep -q -- 'pattern=MAMAMAMAMAMAMAMA --set mamba_chunk=32 .*--no-save' "$W/args.log" &&
     grep -q -- 'pattern=MAMAMAMAMAMAMAMA --set mamba_chunk=128 .*--no-save' "$W/args.log" &&
     [ "$(grep -c -- 'scan_bf16' "$W/args.log")" -eq 1 ] &&
     grep -q -- 'pattern=MAMAMAMAMAMAMAMA --knob scan_bf16=0 .*--no-save' "$W/args.log" &&
     [ "$(grep -c -- 'attn_kernel' "$W/args.log")" -eq 1 ] &&
     grep -q -- 'gpu_d2048_dense.json --knob attn_kernel=v2 .*--no-save' "$W/args.log" &&
+    [ "$(grep -c -- 'moe_sizes' "$W/args.log")" -eq 1 ] &&
+    grep -q -- 'gpu_moe8.json --knob moe_sizes=host .*--no-save' "$W/args.log" &&
     echo "$S" | grep -q 'RESULT d2048_dense_attnv2: batch 4 tok/s' &&
     grep -q -- 'gpu_d2048_dense.json --knob cuda_graphs=0 .*--no-save' "$W/args.log" &&
     grep -q -- 'pattern=MAMAMAMAMAMAMAMA --knob cuda_graphs=0 .*--no-save' "$W/args.log" &&
     ! grep -q MT_CUDA_PRECISION "$W/args.log" &&
     echo "$S" | grep -q 'RESULT c_gpt2_nographs: batch 8 tok/s 65117' &&
-    ok "13 speed runs with precision=bf16 and --no-save, 4 of them (the graphs A/B) with cuda_graphs=0, 1 (d2048) with attn_kernel=v2, 2 (the hybrid) with mamba_chunk 32 and 128, 1 (the hybrid) with scan_bf16=0" ||
-    bad "speed flags ($n of 13 runs, $n_off GPT-2 with cuda_graphs=0: $(head -1 "$W/args.log"))"
+    ok "14 speed runs with precision=bf16 and --no-save, 4 of them (the graphs A/B) with cuda_graphs=0, 1 (d2048) with attn_kernel=v2, 1 (moe8) with moe_sizes=host, 2 (the hybrid) with mamba_chunk 32 and 128, 1 (the hybrid) with scan_bf16=0" ||
+    bad "speed flags ($n of 14 runs, $n_off GPT-2 with cuda_graphs=0: $(head -1 "$W/args.log"))"
 # one archive + summary.md in $OUT, the summary's table, the temporary folder gone
 ls "$W/out" > "$W/ls.txt"
 if [ "$(cat "$W/ls.txt" | tr '\n' ' ')" = "gpu-custom.tgz summary.md " ] && ! ls -d "$W"/meshtrain-gpu-res.* >/dev/null 2>&1 &&

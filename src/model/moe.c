@@ -364,9 +364,9 @@ static void moe_params(const struct mt_block_shape *shape, mt_pspec_fn fn, void 
 
 /* Knob moe_sizes: may the layer keep its per-expert counts on the backend
  * (moe_experts_forward_dev: grouped bf16 GEMMs that read the offsets
- * there, no host read)? auto: where it applies, on a device backend (on cpu
- * the host sizes cost nothing, and its bits stay those of the per-group
- * calls). why gets the reason when not. */
+ * there, no host read)? auto: where it applies, on a device backend (on a
+ * host-memory one, cpu, the host sizes cost nothing, and its bits stay
+ * those of the per-group calls). why gets the reason when not. */
 static int sizes_on_device(const struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const struct mt_moe_dims *md,
                            char *why, size_t n)
 {
@@ -377,8 +377,8 @@ static int sizes_on_device(const struct mt_ctx *ctx, const struct mt_piece_ctx *
     else if (!ops || !ops->gemm_grouped_rows || !ops->gemm_grouped_sum || !ops->moe_count_acc ||
              !ops->swiglu_backward_act_bf16 || !ops->swiglu_forward_bf16)
         no = "the backend has no device-sized grouped GEMM";
-    else if (strcmp(k, "auto") == 0 && strcmp(ops->name, "cpu") == 0)
-        no = "auto on cpu (host sizes cost nothing there; moe_sizes=device runs the device path)";
+    else if (strcmp(k, "auto") == 0 && ops->host_memory)
+        no = "auto on a host-memory backend (host sizes cost nothing there; moe_sizes=device runs the device path)";
     else if (!pc->bf16) no = "precision=fp32 (the device-sized GEMMs are bf16)";
     else if (pc->ep.ep > 1) no = "ep > 1 (the all-to-all-v takes host counts)";
     else if (md->Z > 0) no = "null experts";
@@ -521,7 +521,7 @@ static void moe_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct
         st->sup = carve_f(c, A, Nm * (size_t)md->Fs);
     }
     st->e_off = carve(c, O, (E + 1) * sizeof(int));
-    st->e_off_d = carve_i(c, A, E + 1);
+    st->e_off_d = carve_i(c, A, (E + 16) / 16 * 16);   /* E+1 used; whole 64-byte lines: no carve padding */
     if (ep > 1) {
         /* dropless: every rank of the expert group may send all its M slots here */
         size_t cap = ep * M;
