@@ -232,8 +232,8 @@ static enum mt_status moe_forward(struct mt_ctx *ctx, const struct mt_piece_ctx 
     if (md->dev_sizes) {
         /* the counts stay on the backend (no null experts: every slot is a real row, n k of them) */
         ops->moe_count_acc(ops->be, s->load_d + (size_t)pc->layer * Er, st->e_off_d, Er, 1.0);
-        ops->moe_permute(ops->be, s->xp, pc->nm->h, st->src_row, n * k, D);
-        moe_experts_forward_dev(pc, st->e_off_d, n * k, st->eg, st->eu, st->ey, s->xp);
+        ops->moe_permute_bf16(ops->be, s->xb, pc->nm->h, st->src_row, n * k, D);   /* the GEMMs' operand only */
+        moe_experts_forward_dev(pc, st->e_off_d, n * k, st->eg, st->eu, st->ey);
     } else {
         MT_CHECK(experts_host_forward(ctx, pc, n));
     }
@@ -260,12 +260,15 @@ static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx
     float *t = pc->s_lora, *dt = pc->s_dlora;
 
     const int grouped = md->grouped;
-    /* term 1: combine */
-    ops->moe_combine_backward(ops->be, s->dy, s->dgates, dout, st->ey, st->pos, st->gates, n, k, D);
+    /* term 1: combine (device sizes: dy straight into its bf16 copy, the GEMMs' operand) */
+    if (md->dev_sizes)
+        ops->moe_combine_backward_bf16(ops->be, s->db, s->dgates, dout, st->ey, st->pos, st->gates, n, k, D);
+    else
+        ops->moe_combine_backward(ops->be, s->dy, s->dgates, dout, st->ey, st->pos, st->gates, n, k, D);
     /* term 2: experts on their row ranges (inputs re-permuted, not saved) */
     if (md->dev_sizes) {
-        ops->moe_permute(ops->be, s->xp, pc->nm->h, st->src_row, Mr, D);
-        moe_experts_backward_dev(pc, st->e_off_d, Mr, st->eg, st->eu, s->dxp, s->dy, s->xp);
+        ops->moe_permute_bf16(ops->be, s->xb, pc->nm->h, st->src_row, Mr, D);
+        moe_experts_backward_dev(pc, st->e_off_d, Mr, st->eg, st->eu, s->dxp);
     } else if (ea->ep == 1) {
         ops->moe_permute(ops->be, s->xp, pc->nm->h, st->src_row, Mr, D);
         if (grouped) moe_experts_backward(pc, E, st->e_off, 1, E, st->eg, st->eu, s->dxp, s->dy, s->xp);
@@ -375,7 +378,8 @@ static int sizes_on_device(const struct mt_ctx *ctx, const struct mt_piece_ctx *
     const char *no = NULL;
     if (strcmp(k, "host") == 0) no = "moe_sizes=host";
     else if (!ops || !ops->gemm_grouped_rows || !ops->gemm_grouped_sum || !ops->moe_count_acc ||
-             !ops->swiglu_backward_act_bf16 || !ops->swiglu_forward_bf16)
+             !ops->swiglu_backward_act_bf16 || !ops->swiglu_forward_bf16 || !ops->moe_permute_bf16 ||
+             !ops->moe_combine_backward_bf16)
         no = "the backend has no device-sized grouped GEMM";
     else if (strcmp(k, "auto") == 0 && ops->host_memory)
         no = "auto on a host-memory backend (host sizes cost nothing there; moe_sizes=device runs the device path)";

@@ -472,22 +472,22 @@ static void shadows(const struct mt_piece_ctx *pc, int p, const mt_bf16 **w)
  * summed over the group's rows), and each elementwise step one call over
  * all M rows; the operands are the bf16 scratch of the bf16 path (xb, ab,
  * db), the fused SwiGLU backward's outputs in s_dg, s_du:
- *   forward   xb = bf16(x); g = xb Wg^T; u = xb Wu^T; ab = bf16(silu(g) u); y = ab Wd^T
- *   backward  db = bf16(dy); dact = db Wd; ab, dg, du = swiglu_backward_act_bf16;
- *             dWd += db^T ab; xb = bf16(x); dWg += dg^T xb; dx = dg Wg;
- *             dWu += du^T xb; dx += du Wu
+ *   forward   (xb = bf16(x), moe.c's permute) g = xb Wg^T; u = xb Wu^T;
+ *             ab = bf16(silu(g) u); y = ab Wd^T
+ *   backward  (db = bf16(dy), moe.c's combine backward; xb again) dact = db Wd;
+ *             ab, dg, du = swiglu_backward_act_bf16; dWd += db^T ab;
+ *             dWg += dg^T xb; dx = dg Wg; dWu += du^T xb; dx += du Wu
  * The products are those of the per-group path on the same bf16 operands
  * (its fused branch: no ReDo, no adapters); only the fp32 summation order of
  * a GEMM may differ from cuBLAS's.
  */
 void moe_experts_forward_dev(const struct mt_piece_ctx *pc, const int32_t *offs, int M, float *eg, float *eu,
-                             float *y, const float *x)
+                             float *y)
 {
     const struct mt_ops_i *ops = pc->ops;
     const struct mt_moe_scratch *bs = moe_scr(pc);
     const int D = pc->D, Fe = moe_dims(pc)->Fe, E = moe_dims(pc)->E;
     const mt_bf16 *w[MT_GROUPED_DEV_MAX];
-    ops->cast_bf16(ops->be, bs->xb, x, (size_t)M * (size_t)D);
     shadows(pc, 0, w);
     ops->gemm_grouped_rows(ops->be, E, offs, M, Fe, D, 1, 1.0f, bs->xb, D, w, D, 0.0f, eg, MT_ELEM_F32, Fe);
     shadows(pc, 1, w);
@@ -508,7 +508,7 @@ static void grads(const struct mt_piece_ctx *pc, int p, float **g)
 }
 
 void moe_experts_backward_dev(const struct mt_piece_ctx *pc, const int32_t *offs, int M, const float *eg,
-                              const float *eu, float *dx, const float *dy, const float *x)
+                              const float *eu, float *dx)
 {
     const struct mt_ops_i *ops = pc->ops;
     const struct mt_moe_scratch *bs = moe_scr(pc);
@@ -518,14 +518,12 @@ void moe_experts_backward_dev(const struct mt_piece_ctx *pc, const int32_t *offs
     float *g[MT_GROUPED_DEV_MAX];
     mt_bf16 *dgb = (mt_bf16 *)pc->s_dg, *dub = (mt_bf16 *)pc->s_du;
     /* down: dact = dy Wd; then act's twin, dg, du in one pass; dWd += dy^T act */
-    ops->cast_bf16(ops->be, bs->db, dy, (size_t)M * (size_t)D);
     shadows(pc, 2, w);
     ops->gemm_grouped_rows(ops->be, E, offs, M, Fe, D, 0, 1.0f, bs->db, D, w, Fe, 0.0f, pc->s_dact, MT_ELEM_F32, Fe);
     ops->swiglu_backward_act_bf16(ops->be, bs->ab, dgb, dub, pc->s_dact, eg, eu, MF);
     grads(pc, 2, g);
     ops->gemm_grouped_sum(ops->be, E, offs, D, Fe, 1.0f, bs->db, D, bs->ab, Fe, 1.0f, g, Fe);
     /* gate, then up: dW (Fe, D) += d^T x; dx = dg Wg, then += du Wu */
-    ops->cast_bf16(ops->be, bs->xb, x, (size_t)M * (size_t)D);
     for (int p = 0; p < 2; p++) {
         const mt_bf16 *d = p == 0 ? dgb : dub;
         grads(pc, p, g);

@@ -90,9 +90,11 @@ void moe_experts_backward(const struct mt_piece_ctx *pc, int n_groups, const int
  * E experts' groups are the rows [offs[e], offs[e+1]) of the M sorted rows,
  * offs on the backend; each projection is one gemm_grouped_rows or
  * gemm_grouped_sum, each elementwise step one call over all M rows. */
+/* x and dy come as their bf16 copies, already in the scratch's xb and db
+ * (moe.c writes them by moe_permute_bf16 / moe_combine_backward_bf16). */
 void moe_experts_forward_dev(const struct mt_piece_ctx *pc, const int32_t *offs, int M, float *eg, float *eu,
-                             float *y, const float *x);
+                             float *y);
 void moe_experts_backward_dev(const struct mt_piece_ctx *pc, const int32_t *offs, int M, const float *eg,
-                              const float *eu, float *dx, const float *dy, const float *x);
+                              const float *eu, float *dx);
 
 #endif /* MT_MOE_EXPERTS_H */

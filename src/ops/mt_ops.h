@@ -348,6 +348,16 @@ struct mt_ops_i {
                         int N, int k, int C);
     void (*moe_combine_backward)(void *be, float *dy, float *dgates, const float *dout, const float *y,
                                  const int32_t *pos, const float *gates, int N, int k, int C);
+    /* The two with a bf16 output (the device-sized experts' operands,
+     * moe_experts.c): moe_permute_bf16 writes xb[m] = bf16(h[src_row[m]]),
+     * moe_combine_backward_bf16 dyb[pos[s]] = bf16(gates[s] dout[n]) and
+     * dgates as moe_combine_backward; each value rounded once (nearest even):
+     * the bits of the fp32 form followed by cast_bf16, with 8 of its 14 bytes
+     * an element (permute) not moved. Optional (NULL: the fp32 form, then
+     * cast_bf16). */
+    void (*moe_permute_bf16)(void *be, mt_bf16 *xb, const float *h, const int32_t *src_row, int M, int C);
+    void (*moe_combine_backward_bf16)(void *be, mt_bf16 *dyb, float *dgates, const float *dout, const float *y,
+                                      const int32_t *pos, const float *gates, int N, int k, int C);
 
     /* ---- optimizers ----
      * AdamW (PyTorch): m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;

@@ -205,7 +205,8 @@ static void test_table(void)
         E(rmsnorm_forward), E(rmsnorm_backward), E(rope_forward), E(rope_backward),
         E(attention_forward), E(attention_backward), E(swiglu_forward), E(swiglu_backward),
         E(xent_forward), E(xent_backward), E(router_forward), E(router_backward),
-        E(moe_permute), E(moe_permute_backward), E(moe_combine), E(moe_combine_backward),
+        E(moe_permute), E(moe_permute_backward), E(moe_combine), E(moe_combine_backward), E(moe_permute_bf16),
+        E(moe_combine_backward_bf16),
         E(adamw_update), E(muon_momentum), E(transpose), E(gemm_bf16), E(cast_bf16), E(rmsnorm_forward_bf16),
         E(rmsnorm_resid_forward), E(qk_norm_rope_forward), E(qk_norm_rope_backward), E(rmsnorm_resid_forward_bf16),
         E(swiglu_forward_bf16), E(swiglu_backward_bf16), E(swiglu_backward_act_bf16), E(swiglu_forward_bf16_gu),
@@ -1751,10 +1752,13 @@ static void test_router(void)
 
 /* ---- MoE permute / combine ---- */
 /* null_every > 0: every null_every-th slot is a null one (SPEC 1e): pos -1,
- * no row; the real slots hold the rows [0, Mr) */
-static void test_moe_case(int null_every)
+ * no row; the real slots hold the rows [0, Mr). C % 4 == 0: the cuda row
+ * kernels' 16-byte form, else the scalar one. The bf16 forms (permute_bf16,
+ * combine_backward_bf16): cuda = cpu bit for bit, each = the rounding of its
+ * backend's fp32 form, rows they do not own (null slots') untouched. */
+static void test_moe_case(int null_every, int C)
 {
-    const int N = 50, k = 2, C = 24, M = N * k;
+    const int N = 50, k = 2, M = N * k;
     int32_t *pos = xmalloc(sizeof(int32_t) * M), *src = xmalloc(sizeof(int32_t) * M);
     int Mr = 0;
     for (int s = 0; s < M; s++) pos[s] = null_every > 0 && s % null_every == 0 ? -1 : Mr++;
@@ -1772,7 +1776,11 @@ static void test_moe_case(int null_every)
     float *h = rnd((size_t)N * C, -1, 1), *dxp = rnd((size_t)M * C, -1, 1), *dh0 = rnd((size_t)N * C, -1, 1);
     float *y = rnd((size_t)M * C, -1, 1), *gates = rnd((size_t)M, 0, 1), *out0 = rnd((size_t)N * C, -1, 1);
     float *dout = rnd((size_t)N * C, -1, 1), *nM = nans((size_t)M * C), *nS = nans((size_t)M);
-    float *rp[3], *rpb[3], *rc[3], *rdy[3], *rdg[3];
+    float *rp[3], *rpb[3], *rc[3], *rdy[3], *rdg[3], *rdg16[3];
+    int32_t *rp16[3], *rdy16[3];
+    const size_t M2 = (size_t)M * C / 2;   /* bf16 pairs (M C is even) */
+    int32_t *pad = xmalloc(sizeof(int32_t) * M2);
+    for (size_t i = 0; i < M2; i++) pad[i] = 0x7fc07fc0;   /* bf16 NaN pairs: untouched rows stay so */
     for (int p = 0; p < 3; p++) {
         struct be *b = BE(p);
         int32_t *dpos = upi(b, pos, M), *dsrc = upi(b, src, M);
@@ -1789,7 +1797,29 @@ static void test_moe_case(int null_every)
         b->ops->moe_combine_backward(b->ops->be, gy, gg, dd, dy_, dpos, dg_, N, k, C);
         rdy[p] = downf(b, gy, (size_t)M * C);
         rdg[p] = downf(b, gg, (size_t)M);
+        int32_t *xb = upi(b, pad, M2), *gyb = upi(b, pad, M2);
+        float *gg2 = upf(b, nS, (size_t)M);
+        b->ops->moe_permute_bf16(b->ops->be, (mt_bf16 *)xb, dh, dsrc, Mr, C);
+        b->ops->moe_combine_backward_bf16(b->ops->be, (mt_bf16 *)gyb, gg2, dd, dy_, dpos, dg_, N, k, C);
+        rp16[p] = downi(b, xb, M2);
+        rdy16[p] = downi(b, gyb, M2);
+        rdg16[p] = downf(b, gg2, (size_t)M);
         release(b);
+    }
+    /* each backend's bf16 form = the rounding of its fp32 form (elements past Mr rows: still NaN) */
+    for (int p = 0; p < 2; p++) {
+        double bad_p = 0, bad_d = 0;
+        const uint16_t *x16 = (const uint16_t *)rp16[p], *d16 = (const uint16_t *)rdy16[p];
+        for (size_t i = 0; i < (size_t)M * C; i++) {
+            const int own = i < (size_t)Mr * C;
+            bad_p += x16[i] != (own ? host_bf16(rp[p][i]) : 0x7fc0u);
+            bad_d += d16[i] != (own ? host_bf16(rdy[p][i]) : 0x7fc0u);
+        }
+        char w2[96];
+        snprintf(w2, sizeof w2, "%s: = bf16(moe_permute), other rows untouched (differing)", p ? "cuda" : "cpu");
+        report("moe_permute_bf16", w2, bad_p, 0);
+        snprintf(w2, sizeof w2, "%s: dy = bf16(moe_combine_backward's) (differing)", p ? "cuda" : "cpu");
+        report("moe_combine_backward_bf16", w2, bad_d, 0);
     }
     char w[96];
     const char *nl = null_every > 0 ? " [null slots]" : "";
@@ -1809,6 +1839,13 @@ static void test_moe_case(int null_every)
     }
     snprintf(w, sizeof w, "dgates (=)%s", nl);
     check3("moe_combine_backward", w, rdg, (size_t)M);   /* frees every pass (check3 frees what it checks) */
+    snprintf(w, sizeof w, "xb = bf16(h[src_row]) C %d%s", C, nl);
+    check3i("moe_permute_bf16", w, rp16, M2);
+    snprintf(w, sizeof w, "dy bf16 C %d%s", C, nl);
+    check3i("moe_combine_backward_bf16", w, rdy16, M2);
+    snprintf(w, sizeof w, "dgates (=) C %d%s", C, nl);
+    check3("moe_combine_backward_bf16", w, rdg16, (size_t)M);
+    free(pad);
     free(pos); free(src); free(perm); free(h); free(dxp); free(dh0); free(y); free(gates); free(out0); free(dout);
     free(nM); free(nS);
 }
@@ -1816,8 +1853,10 @@ static void test_moe_case(int null_every)
 static void test_moe(void)
 {
     if (!selected("moe")) return;
-    test_moe_case(0);
-    test_moe_case(3);   /* null experts (SPEC 1e) */
+    test_moe_case(0, 24);
+    test_moe_case(3, 24);   /* null experts (SPEC 1e) */
+    test_moe_case(0, 22);   /* C % 4 != 0: the scalar row kernels */
+    test_moe_case(3, 22);
 }
 
 /* ---- MoE device routing (moe_route, moe_seq_stats, moe_aux_loss, moe_aux_backward) ---- */

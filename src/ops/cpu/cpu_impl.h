@@ -212,6 +212,9 @@ void mt_cpu_moe_combine(float *out, const float *y, const int32_t *pos, const fl
 void mt_cpu_moe_combine_backward(float *dy, float *dgates, const float *dout, const float *y,
                                  const int32_t *pos, const float *gates, int N, int k, int C);
 /* MoE device routing (mt_ops.h) */
+void mt_cpu_moe_permute_bf16(uint16_t *xb, const float *h, const int32_t *src_row, int M, int C);
+void mt_cpu_moe_combine_backward_bf16(uint16_t *dyb, float *dgates, const float *dout, const float *y,
+                                      const int32_t *pos, const float *gates, int N, int k, int C);
 void mt_cpu_moe_route(int32_t *pos, int32_t *src_row, int32_t *e_off, int32_t *work, const int32_t *topk_idx, int N,
                       int k, int E, int n_null);
 void mt_cpu_moe_seq_stats(double *seq, const float *probs, const int32_t *topk_idx, int N, int E, int k, int B, int T,

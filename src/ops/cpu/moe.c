@@ -103,6 +103,17 @@ void mt_cpu_moe_permute(float *xp, const float *h, const int32_t *src_row, int M
         memcpy(xp + (size_t)m * (size_t)C, h + (size_t)src_row[m] * (size_t)C, (size_t)C * sizeof(float));
 }
 
+/* xb[m] = bf16(h[src_row[m]])   (=, nearest even: moe_permute then cast_bf16) */
+void mt_cpu_moe_permute_bf16(uint16_t *xb, const float *h, const int32_t *src_row, int M, int C)
+{
+    #pragma omp parallel for schedule(static)
+    for (int m = 0; m < M; m++) {
+        const float *s = h + (size_t)src_row[m] * (size_t)C;
+        uint16_t *d = xb + (size_t)m * (size_t)C;
+        for (int c = 0; c < C; c++) d[c] = mt_cpu_f32_to_bf16(s[c]);
+    }
+}
+
 /* dh[n] += sum_j dxp[pos[n*k+j]]   (+=, j order) */
 void mt_cpu_moe_permute_backward(float *dh, const float *dxp, const int32_t *pos, int N, int k, int C)
 {
@@ -218,5 +229,30 @@ void mt_cpu_moe_aux_backward(float *dprobs, float *dlse, const float *f_share, c
         for (int e = 0; e < E; e++)
             dprobs[(size_t)i * E + e] = (float)((double)aux_coef * E * (double)f[e] / (double)T / n_seq);
         dlse[i] = (float)(2.0 * (double)z_coef * (double)lse[i] / n_tok);
+    }
+}
+
+/* moe_combine_backward with dy stored bf16: dyb[pos[s]] = bf16(gates[s] dout[n]) */
+void mt_cpu_moe_combine_backward_bf16(uint16_t *dyb, float *dgates, const float *dout, const float *y,
+                                      const int32_t *pos, const float *gates, int N, int k, int C)
+{
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *g = dout + (size_t)n * (size_t)C;
+        for (int j = 0; j < k; j++) {
+            size_t s = (size_t)n * (size_t)k + (size_t)j;
+            if (pos[s] < 0) {   /* a null slot: no row, no gate gradient through its (zero) output */
+                dgates[s] = 0.0f;
+                continue;
+            }
+            size_t r = (size_t)pos[s] * (size_t)C;
+            const float *yr = y + r;
+            uint16_t *dyr = dyb + r;
+            float gj = gates[s], dot = 0.0f;
+            #pragma omp simd reduction(+:dot)
+            for (int c = 0; c < C; c++) dot += g[c] * yr[c];
+            for (int c = 0; c < C; c++) dyr[c] = mt_cpu_f32_to_bf16(gj * g[c]);
+            dgates[s] = dot;
+        }
     }
 }

@@ -383,6 +383,17 @@ static void p_moe_combine_backward(void *be, float *dy, float *dgates, const flo
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_ELEMENTWISE, mt_cpu_moe_combine_backward(dy, dgates, dout, y, pos, gates, N, k, C));
 }
+static void p_moe_permute_bf16(void *be, mt_bf16 *xb, const float *h, const int32_t *src_row, int M, int C)
+{
+    (void)be;
+    PROF(MT_OPK_ELEMENTWISE, mt_cpu_moe_permute_bf16(xb, h, src_row, M, C));
+}
+static void p_moe_combine_backward_bf16(void *be, mt_bf16 *dyb, float *dgates, const float *dout, const float *y,
+                                        const int32_t *pos, const float *gates, int N, int k, int C)
+{
+    (void)be;
+    PROF(MT_OPK_ELEMENTWISE, mt_cpu_moe_combine_backward_bf16(dyb, dgates, dout, y, pos, gates, N, k, C));
+}
 static void p_moe_route(void *be, int32_t *pos, int32_t *src_row, int32_t *e_off, int32_t *work,
                         const int32_t *topk_idx, int N, int k, int E, int n_null)
 {
@@ -691,6 +702,8 @@ static const struct mt_ops_i cpu_ops = {
     /* .moe_permute_backward = */ .moe_permute_backward = p_moe_permute_backward,
     /* .moe_combine          = */ .moe_combine          = p_moe_combine,
     /* .moe_combine_backward = */ .moe_combine_backward = p_moe_combine_backward,
+    /* .moe_permute_bf16     = */ .moe_permute_bf16     = p_moe_permute_bf16,
+    /* .moe_combine_backward_bf16 = */ .moe_combine_backward_bf16 = p_moe_combine_backward_bf16,
     /* .adamw_update         = */ .adamw_update         = p_adamw_update,
     /* .muon_momentum        = */ .muon_momentum        = p_muon_momentum,
     /* .transpose            = */ .transpose            = p_transpose,

@@ -19,9 +19,10 @@
  * statistics of the aux loss, the aux/z sums and their gradients.
  *
  * Invariant: every thread owns the output elements it writes (the router
- * is one thread per row — E and k are small —, permute/combine one thread
- * per (row, column), combine's dgates one warp per slot, the routing one
- * thread per (chunk, expert)) and sums in j, column or a fixed tree order:
+ * is one thread per row — E and k are small —, permute/combine one block
+ * per row and one thread per column (or 4), combine's dgates one warp per
+ * slot, the routing one thread per (chunk, expert)) and sums in j, column
+ * or a fixed tree order:
  * race-free, deterministic, no atomics.
  */
 #include "cuda_impl.cuh"
@@ -96,55 +97,113 @@ static __global__ void router_bwd_k(float *dlogits, const float *dgates, const f
     for (int e = 0; e < E; e++) dp[e] = p[e] * (dp[e] - pdp) + dl * p[e];
 }
 
-/* xp[m] = h[src_row[m]]   (=) */
-static __global__ void permute_k(float *xp, const float *h, const int32_t *src_row, int M, int C)
+/* The row kernels below: one block per row of the output (blockIdx.x, up
+ * to 2^31 - 1 rows), its threads over the columns; the 16-byte form (V4 =
+ * 1: C % 4 == 0 and every base 16-byte aligned, checked on the host) moves
+ * 4 columns a thread, with each element's expression the scalar form's (the
+ * same bits). No per-element division (the grid-stride form divided a
+ * 64-bit index by C for every element). */
+
+/* xp[m] = h[src_row[m]]   (=); OB: xp is bf16, each value rounded once (permute_bf16) */
+template <int V4, int OB>
+static __global__ void permute_k(void *xp, const float *h, const int32_t *src_row, int C)
 {
-    size_t total = (size_t)M * (size_t)C;
-    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
-        size_t m = e / (size_t)C, c = e % (size_t)C;
-        xp[e] = h[(size_t)src_row[m] * (size_t)C + c];
+    const size_t m = blockIdx.x;
+    const float *src = h + (size_t)src_row[m] * (size_t)C;
+    if constexpr (V4) {
+        for (int c = 4 * threadIdx.x; c < C; c += 4 * blockDim.x) {
+            const float4 v = mt_ld_f4(src + c);
+            if constexpr (OB) mt_st_bf16x4((__nv_bfloat16 *)xp + m * (size_t)C + c, v);
+            else mt_st_f4((float *)xp + m * (size_t)C + c, v);
+        }
+    } else {
+        for (int c = threadIdx.x; c < C; c += blockDim.x) {
+            if constexpr (OB) ((__nv_bfloat16 *)xp)[m * (size_t)C + c] = mt_cuda_bf16_rn(src[c]);
+            else ((float *)xp)[m * (size_t)C + c] = src[c];
+        }
     }
 }
 
 /* dh[n] += sum_j dxp[pos[n*k+j]]   (+=, j order) */
-static __global__ void permute_bwd_k(float *dh, const float *dxp, const int32_t *pos, int N, int k, int C)
+template <int V4>
+static __global__ void permute_bwd_k(float *dh, const float *dxp, const int32_t *pos, int k, int C)
 {
-    size_t total = (size_t)N * (size_t)C;
-    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
-        size_t n = e / (size_t)C, c = e % (size_t)C;
-        float acc = dh[e];
-        for (int j = 0; j < k; j++) {
-            const int32_t r = pos[n * (size_t)k + (size_t)j];
-            if (r >= 0) acc += dxp[(size_t)r * (size_t)C + c];   /* r < 0: a null slot */
+    const size_t n = blockIdx.x;
+    const int32_t *pn = pos + n * (size_t)k;
+    float *d = dh + n * (size_t)C;
+    if constexpr (V4) {
+        for (int c = 4 * threadIdx.x; c < C; c += 4 * blockDim.x) {
+            float4 acc = mt_ld_f4(d + c);
+            for (int j = 0; j < k; j++) {
+                const int32_t r = pn[j];
+                if (r < 0) continue;   /* a null slot */
+                const float4 v = mt_ld_f4(dxp + (size_t)r * (size_t)C + c);
+                acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
+            }
+            mt_st_f4(d + c, acc);
         }
-        dh[e] = acc;
+    } else {
+        for (int c = threadIdx.x; c < C; c += blockDim.x) {
+            float acc = d[c];
+            for (int j = 0; j < k; j++) {
+                const int32_t r = pn[j];
+                if (r >= 0) acc += dxp[(size_t)r * (size_t)C + c];   /* r < 0: a null slot */
+            }
+            d[c] = acc;
+        }
     }
 }
 
 /* out[n] += sum_j gates[n,j] y[pos[n*k+j]]   (+=) */
-static __global__ void combine_k(float *out, const float *y, const int32_t *pos, const float *gates,
-                                 int N, int k, int C)
+template <int V4>
+static __global__ void combine_k(float *out, const float *y, const int32_t *pos, const float *gates, int k, int C)
 {
-    size_t total = (size_t)N * (size_t)C;
-    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
-        size_t n = e / (size_t)C, c = e % (size_t)C;
-        float acc = out[e];
-        for (int j = 0; j < k; j++) {
-            size_t s = n * (size_t)k + (size_t)j;
-            if (pos[s] >= 0) acc += gates[s] * y[(size_t)pos[s] * (size_t)C + c];   /* a null slot adds 0 */
+    const size_t n = blockIdx.x;
+    const int32_t *pn = pos + n * (size_t)k;
+    const float *gn = gates + n * (size_t)k;
+    float *o = out + n * (size_t)C;
+    if constexpr (V4) {
+        for (int c = 4 * threadIdx.x; c < C; c += 4 * blockDim.x) {
+            float4 acc = mt_ld_f4(o + c);
+            for (int j = 0; j < k; j++) {
+                if (pn[j] < 0) continue;   /* a null slot adds 0 */
+                const float g = gn[j];
+                const float4 v = mt_ld_f4(y + (size_t)pn[j] * (size_t)C + c);
+                acc.x += g * v.x, acc.y += g * v.y, acc.z += g * v.z, acc.w += g * v.w;
+            }
+            mt_st_f4(o + c, acc);
         }
-        out[e] = acc;
+    } else {
+        for (int c = threadIdx.x; c < C; c += blockDim.x) {
+            float acc = o[c];
+            for (int j = 0; j < k; j++)
+                if (pn[j] >= 0) acc += gn[j] * y[(size_t)pn[j] * (size_t)C + c];   /* a null slot adds 0 */
+            o[c] = acc;
+        }
     }
 }
 
-/* dy[pos[s]] = gates[s] dout[n]   (=), s = n*k + j */
-static __global__ void combine_bwd_dy_k(float *dy, const float *dout, const int32_t *pos, const float *gates,
-                                        int N, int k, int C)
+/* dy[pos[s]] = gates[s] dout[n]   (=), s = n*k + j (blockIdx.x); OB: dy is bf16, rounded once */
+template <int V4, int OB>
+static __global__ void combine_bwd_dy_k(void *dy, const float *dout, const int32_t *pos, const float *gates, int k,
+                                        int C)
 {
-    size_t total = (size_t)N * (size_t)k * (size_t)C;
-    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
-        size_t s = e / (size_t)C, c = e % (size_t)C, n = s / (size_t)k;
-        if (pos[s] >= 0) dy[(size_t)pos[s] * (size_t)C + c] = gates[s] * dout[n * (size_t)C + c];
+    const size_t s = blockIdx.x;
+    if (pos[s] < 0) return;   /* a null slot: no row */
+    const float g = gates[s], *src = dout + (s / (size_t)k) * (size_t)C;
+    const size_t r = (size_t)pos[s] * (size_t)C;
+    if constexpr (V4) {
+        for (int c = 4 * threadIdx.x; c < C; c += 4 * blockDim.x) {
+            float4 v = mt_ld_f4(src + c);
+            v.x = g * v.x, v.y = g * v.y, v.z = g * v.z, v.w = g * v.w;
+            if constexpr (OB) mt_st_bf16x4((__nv_bfloat16 *)dy + r + c, v);
+            else mt_st_f4((float *)dy + r + c, v);
+        }
+    } else {
+        for (int c = threadIdx.x; c < C; c += blockDim.x) {
+            if constexpr (OB) ((__nv_bfloat16 *)dy)[r + c] = mt_cuda_bf16_rn(g * src[c]);
+            else ((float *)dy)[r + c] = g * src[c];
+        }
     }
 }
 
@@ -185,20 +244,47 @@ extern "C" void mt_cuda_router_backward(void *be, float *dlogits, const float *d
     MT_CUDA_KCHECK();
 }
 
+/* the row kernels' block: up to 256 threads, a warp at least; v4: the 16-byte form */
+static unsigned row_threads(int C, int v4)
+{
+    const int w = v4 ? (C + 3) / 4 : C;
+    return w >= THREADS ? THREADS : w <= MT_WARP ? MT_WARP : (unsigned)((w + MT_WARP - 1) / MT_WARP * MT_WARP);
+}
+
+static void permute(void *xp, int out_bf16, const float *h, const int32_t *src_row, int M, int C)
+{
+    if (M <= 0 || C <= 0) return;
+    const int v4 = C % 4 == 0 && mt_cuda_aligned(xp, out_bf16 ? 8 : 16) && mt_cuda_aligned(h, 16);
+    const unsigned t = row_threads(C, v4);
+    if (out_bf16) {
+        if (v4) MT_LAUNCH((permute_k<1, 1>), M, t, 0)(xp, h, src_row, C);
+        else MT_LAUNCH((permute_k<0, 1>), M, t, 0)(xp, h, src_row, C);
+    } else {
+        if (v4) MT_LAUNCH((permute_k<1, 0>), M, t, 0)(xp, h, src_row, C);
+        else MT_LAUNCH((permute_k<0, 0>), M, t, 0)(xp, h, src_row, C);
+    }
+    MT_CUDA_KCHECK();
+}
+
 extern "C" void mt_cuda_moe_permute(void *be, float *xp, const float *h, const int32_t *src_row, int M, int C)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
-    size_t total = (size_t)M * (size_t)C;
-    if (M <= 0 || C <= 0) return;
-    MT_LAUNCH(permute_k, mt_cuda_blocks(total, THREADS), THREADS, 0)(xp, h, src_row, M, C);
-    MT_CUDA_KCHECK();
+    permute(xp, 0, h, src_row, M, C);
+}
+
+extern "C" void mt_cuda_moe_permute_bf16(void *be, mt_bf16 *xb, const float *h, const int32_t *src_row, int M, int C)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    permute(xb, 1, h, src_row, M, C);
 }
 
 extern "C" void mt_cuda_moe_permute_backward(void *be, float *dh, const float *dxp, const int32_t *pos, int N, int k, int C)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (N <= 0 || C <= 0) return;
-    MT_LAUNCH(permute_bwd_k, mt_cuda_blocks((size_t)N * (size_t)C, THREADS), THREADS, 0)(dh, dxp, pos, N, k, C);
+    const int v4 = C % 4 == 0 && mt_cuda_aligned(dh, 16) && mt_cuda_aligned(dxp, 16);
+    if (v4) MT_LAUNCH(permute_bwd_k<1>, N, row_threads(C, 1), 0)(dh, dxp, pos, k, C);
+    else MT_LAUNCH(permute_bwd_k<0>, N, row_threads(C, 0), 0)(dh, dxp, pos, k, C);
     MT_CUDA_KCHECK();
 }
 
@@ -207,7 +293,31 @@ extern "C" void mt_cuda_moe_combine(void *be, float *out, const float *y, const 
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (N <= 0 || C <= 0) return;
-    MT_LAUNCH(combine_k, mt_cuda_blocks((size_t)N * (size_t)C, THREADS), THREADS, 0)(out, y, pos, gates, N, k, C);
+    const int v4 = C % 4 == 0 && mt_cuda_aligned(out, 16) && mt_cuda_aligned(y, 16);
+    if (v4) MT_LAUNCH(combine_k<1>, N, row_threads(C, 1), 0)(out, y, pos, gates, k, C);
+    else MT_LAUNCH(combine_k<0>, N, row_threads(C, 0), 0)(out, y, pos, gates, k, C);
+    MT_CUDA_KCHECK();
+}
+
+static void combine_backward(void *dy, int dy_bf16, float *dgates, const float *dout, const float *y,
+                             const int32_t *pos, const float *gates, int N, int k, int C)
+{
+    if (N <= 0 || k <= 0) return;
+    const size_t slots = (size_t)N * (size_t)k;
+    if (C > 0) {
+        const int v4 = C % 4 == 0 && mt_cuda_aligned(dy, dy_bf16 ? 8 : 16) && mt_cuda_aligned(dout, 16);
+        const unsigned t = row_threads(C, v4);
+        if (dy_bf16) {
+            if (v4) MT_LAUNCH((combine_bwd_dy_k<1, 1>), (unsigned)slots, t, 0)(dy, dout, pos, gates, k, C);
+            else MT_LAUNCH((combine_bwd_dy_k<0, 1>), (unsigned)slots, t, 0)(dy, dout, pos, gates, k, C);
+        } else {
+            if (v4) MT_LAUNCH((combine_bwd_dy_k<1, 0>), (unsigned)slots, t, 0)(dy, dout, pos, gates, k, C);
+            else MT_LAUNCH((combine_bwd_dy_k<0, 0>), (unsigned)slots, t, 0)(dy, dout, pos, gates, k, C);
+        }
+        MT_CUDA_KCHECK();
+    }
+    MT_LAUNCH(combine_bwd_dg_k, (unsigned)((slots + THREADS / MT_WARP - 1) / (THREADS / MT_WARP)), THREADS, 0)
+        (dgates, dout, y, pos, N, k, C);
     MT_CUDA_KCHECK();
 }
 
@@ -215,16 +325,15 @@ extern "C" void mt_cuda_moe_combine_backward(void *be, float *dy, float *dgates,
                                              const int32_t *pos, const float *gates, int N, int k, int C)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
-    if (N <= 0 || k <= 0) return;
-    if (C > 0) {
-        MT_LAUNCH(combine_bwd_dy_k, mt_cuda_blocks((size_t)N * (size_t)k * (size_t)C, THREADS), THREADS, 0)
-            (dy, dout, pos, gates, N, k, C);
-        MT_CUDA_KCHECK();
-    }
-    size_t slots = (size_t)N * (size_t)k;
-    MT_LAUNCH(combine_bwd_dg_k, (unsigned)((slots + THREADS / MT_WARP - 1) / (THREADS / MT_WARP)), THREADS, 0)
-        (dgates, dout, y, pos, N, k, C);
-    MT_CUDA_KCHECK();
+    combine_backward(dy, 0, dgates, dout, y, pos, gates, N, k, C);
+}
+
+extern "C" void mt_cuda_moe_combine_backward_bf16(void *be, mt_bf16 *dyb, float *dgates, const float *dout,
+                                                  const float *y, const int32_t *pos, const float *gates, int N, int k,
+                                                  int C)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    combine_backward(dyb, 1, dgates, dout, y, pos, gates, N, k, C);
 }
 
 /* ------------------------------------------------------------------ */

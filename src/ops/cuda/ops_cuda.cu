@@ -305,6 +305,8 @@ static struct mt_ops_i cuda_ops = {
     /* .moe_permute_backward = */ .moe_permute_backward = PROF(MT_OPK_ELEMENTWISE, mt_cuda_moe_permute_backward),
     /* .moe_combine          = */ .moe_combine          = PROF(MT_OPK_ELEMENTWISE, mt_cuda_moe_combine),
     /* .moe_combine_backward = */ .moe_combine_backward = PROF(MT_OPK_ELEMENTWISE, mt_cuda_moe_combine_backward),
+    /* .moe_permute_bf16     = */ .moe_permute_bf16     = PROF(MT_OPK_ELEMENTWISE, mt_cuda_moe_permute_bf16),
+    /* .moe_combine_backward_bf16 = */ .moe_combine_backward_bf16 = PROF(MT_OPK_ELEMENTWISE, mt_cuda_moe_combine_backward_bf16),
     /* .adamw_update         = */ .adamw_update         = PROF(MT_OPK_OPTIMIZER, mt_cuda_adamw_update),
     /* .muon_momentum        = */ .muon_momentum        = PROF(MT_OPK_OPTIMIZER, mt_cuda_muon_momentum),
     /* .transpose            = */ .transpose            = PROF(MT_OPK_GEMM, mt_cuda_transpose),
