@@ -712,9 +712,10 @@ stage_hf() {
 export -f stage_hf
 
 # ncu: Nsight Compute on one launch of each kernel the step spends most in (the bf16
-# attention, the chunked scan, the optimizer, the gradient marks), from cuda_calib's
-# attention and scan rows: achieved vs theoretical occupancy, SM and memory throughput per
-# kernel, so the next kernel work starts from the bottleneck, not a guess (the H100 run of
+# attention, the chunked scan, the optimizer, the gradient marks, the MoE experts' grouped
+# GEMMs gg_rows_k / gg_sum_k), from cuda_calib's attention, scan and grouped rows:
+# achieved vs theoretical occupancy, SM and memory throughput per kernel, so the next
+# kernel work starts from the bottleneck, not a guess (the H100 run of
 # 2026-11-27: attention bf16 135 TF/s, the scan 2.1 TF/s, and no counter to say why).
 # SKIPPED without ncu in the image or without permission for the GPU's counters.
 stage_ncu() {
@@ -722,7 +723,7 @@ stage_ncu() {
     NCU=$(command -v ncu 2>/dev/null || ls /usr/local/cuda/bin/ncu 2>/dev/null)
     [ -n "$NCU" ] && [ -x "$NCU" ] || { echo "SKIPPED (ncu: not in this image)"; return 77; }
     [ -x "$cal" ] || { echo "SKIPPED (ncu: no cuda_calib carried)"; return 77; }
-    timeout -k 5 100 "$NCU" --kernel-name "regex:attn_v2|ssd_|adamw_multi|nonfinite_mark|ang_scan" --launch-count 64 \
+    timeout -k 5 100 "$NCU" --kernel-name "regex:attn_v2|ssd_|adamw_multi|nonfinite_mark|ang_scan|gg_rows|gg_sum" --launch-count 64 \
         --section SpeedOfLight --section Occupancy --section LaunchStats \
         "$cal" --reps 1 --warmup 0 --gemm 256x256x256 --attn 4x2048x16x128 --scan 4x2048x64x64x64x64 \
         --allreduce-mib 1 > "$RES/logs/ncu.txt" 2>&1
