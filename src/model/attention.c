@@ -74,6 +74,15 @@ static int attn_bf16(const struct mt_piece_ctx *pc)
     return pc->bf16 && pc->ops->attention_forward_bf16 && pc->ops->attention_backward_bf16;
 }
 
+/* precision=bf16: d q_raw, d k_raw only as bf16 (qk_norm_rope_backward_bf16) when
+ * their only readers are the q, k projections' bf16 GEMMs: both weights have
+ * shadows and no adapter (LoRA's terms read the fp32 dy) */
+static int qk_bf16_dy(const struct mt_piece_ctx *pc)
+{
+    const struct mt_param *wq = aw(pc)->wq, *wk = aw(pc)->wk;
+    return pc->bf16 && pc->ops->qk_norm_rope_backward_bf16 && wq->bf16 && wk->bf16 && !wq->lora_a && !wk->lora_a;
+}
+
 /* x_out = x_in + attn(rmsnorm(x_in)) Wo^T for N = B*T rows (a->B, a->T)
  * (x_in, x_out: the step's streams; in the table's kinds x_in -> x_mid).
  * Training: a->state == NULL, positions 0..T-1 per sequence. Inference
@@ -157,13 +166,31 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
     else
         ops->attention_backward(ops->be, aown(pc)->dq, aown(pc)->dk, aown(pc)->dv, aown(pc)->datt, st->q, st->k, st->v, st->att, st->lse,
                                 B, T, H, K, hd);
-    /* term 3: RoPE, then QK-norm, one fused pass; datt is free now and takes dq' */
-    ops->qk_norm_rope_backward(ops->be, aown(pc)->datt, aown(pc)->dk2, aw(pc)->qn->grad, aw(pc)->kn->grad, aown(pc)->dq, aown(pc)->dk, st->q_raw,
-                               st->k_raw, aw(pc)->qn->data, aw(pc)->kn->data, st->rstd_q, st->rstd_k, pc->rope_cos,
-                               pc->rope_sin, N, pc->rope_T ? pc->rope_T : T, H, K, hd);
+    /* term 3: RoPE, then QK-norm, one fused pass; datt is free now and takes dq'. When
+     * dq', dk' are read by bf16 GEMMs alone (no adapters on q, k) they are stored as
+     * bf16 only, in datt's and dk2's memory (the bits of the fp32 pass then the rounding) */
+    const int qk_b = qk_bf16_dy(pc);
+    if (qk_b)
+        ops->qk_norm_rope_backward_bf16(ops->be, (mt_bf16 *)aown(pc)->datt, (mt_bf16 *)aown(pc)->dk2, aw(pc)->qn->grad,
+                                        aw(pc)->kn->grad, aown(pc)->dq, aown(pc)->dk, st->q_raw, st->k_raw,
+                                        aw(pc)->qn->data, aw(pc)->kn->data, st->rstd_q, st->rstd_k, pc->rope_cos,
+                                        pc->rope_sin, N, pc->rope_T ? pc->rope_T : T, H, K, hd);
+    else
+        ops->qk_norm_rope_backward(ops->be, aown(pc)->datt, aown(pc)->dk2, aw(pc)->qn->grad, aw(pc)->kn->grad,
+                                   aown(pc)->dq, aown(pc)->dk, st->q_raw, st->k_raw, aw(pc)->qn->data, aw(pc)->kn->data,
+                                   st->rstd_q, st->rstd_k, pc->rope_cos, pc->rope_sin, N, pc->rope_T ? pc->rope_T : T,
+                                   H, K, hd);
     /* term 4: projections (under TP dh is this rank's partial sum over its heads) */
-    proj_bwd_b(ops, t, dt, pc->dh, 0.0f, aw(pc)->wq, aown(pc)->datt, pc->nm->h, pc->nm->hb, N, D, QD, pc->dyb);
-    proj_bwd_b(ops, t, dt, pc->dh, 1.0f, aw(pc)->wk, aown(pc)->dk2, pc->nm->h, pc->nm->hb, N, D, KD, pc->dyb);
+    if (qk_b) {
+        struct mt_param *wq = aw(pc)->wq, *wk = aw(pc)->wk;
+        wlinear_backward_db(ops, pc->dh, 0.0f, wq->frozen ? NULL : wq->grad, NULL, (const mt_bf16 *)aown(pc)->datt,
+                            pc->nm->h, pc->nm->hb, wq, N, D, QD);
+        wlinear_backward_db(ops, pc->dh, 1.0f, wk->frozen ? NULL : wk->grad, NULL, (const mt_bf16 *)aown(pc)->dk2,
+                            pc->nm->h, pc->nm->hb, wk, N, D, KD);
+    } else {
+        proj_bwd_b(ops, t, dt, pc->dh, 0.0f, aw(pc)->wq, aown(pc)->datt, pc->nm->h, pc->nm->hb, N, D, QD, pc->dyb);
+        proj_bwd_b(ops, t, dt, pc->dh, 1.0f, aw(pc)->wk, aown(pc)->dk2, pc->nm->h, pc->nm->hb, N, D, KD, pc->dyb);
+    }
     proj_bwd_b(ops, t, dt, pc->dh, 1.0f, aw(pc)->wv, aown(pc)->dv, pc->nm->h, pc->nm->hb, N, D, KD, pc->dyb);
     /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
     const float *dhr = pc->dh;

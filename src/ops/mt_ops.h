@@ -472,6 +472,17 @@ struct mt_ops_i {
     void (*rmsnorm_resid_forward_bf16)(void *be, float *out, mt_bf16 *out_bf16, float *rstd, float *resid, const float *inp,
                                        const float *weight, int N, int C, float eps);
     void (*swiglu_forward_bf16)(void *be, float *out, mt_bf16 *out_bf16, const float *gate, const float *up, size_t n);
+    /* qk_norm_rope_backward_bf16: qk_norm_rope_backward with d q_raw, d k_raw
+     * stored ONLY as bf16 (dq_raw_b, dk_raw_b = bf16 of that op's fp32
+     * outputs, nearest even: its bits then cast_bf16), dwq, dwk as there (+=);
+     * dq, dk (in) are scratch: their contents afterwards are unspecified (the
+     * rotated g need not be stored). For the q/k projections' backward whose
+     * GEMMs read dy as bf16 (no adapters on q, k): 12 bytes an element not
+     * moved (the fp32 store, g's store, the cast's read and write). */
+    void (*qk_norm_rope_backward_bf16)(void *be, mt_bf16 *dq_raw_b, mt_bf16 *dk_raw_b, float *dwq, float *dwk,
+                                       float *dq, float *dk, const float *q_raw, const float *k_raw, const float *wq,
+                                       const float *wk, const float *rstd_q, const float *rstd_k,
+                                       const float *cos_tab, const float *sin_tab, int N, int T, int H, int K, int hd);
     /* swiglu_backward_bf16: dgate_b = bf16(dg), dup_b = bf16(du) (nearest
      * even; =), where dg, du are exactly the values swiglu_backward computes
      * from the same dout, gate, up (its bits, element by element), and no

@@ -209,6 +209,7 @@ static void test_table(void)
         E(moe_combine_backward_bf16),
         E(adamw_update), E(muon_momentum), E(transpose), E(gemm_bf16), E(cast_bf16), E(rmsnorm_forward_bf16),
         E(rmsnorm_resid_forward), E(qk_norm_rope_forward), E(qk_norm_rope_backward), E(rmsnorm_resid_forward_bf16),
+        E(qk_norm_rope_backward_bf16),
         E(swiglu_forward_bf16), E(swiglu_backward_bf16), E(swiglu_backward_act_bf16), E(swiglu_forward_bf16_gu),
         E(swiglu_backward_act_bf16_gu), E(gemm_bf16_out), E(widen_bf16),
         E(moe_route), E(moe_seq_stats), E(moe_aux_loss), E(moe_aux_backward), E(xent_fused), E(xent_fused_bf16),
@@ -1152,6 +1153,7 @@ static void test_rope(void)
 }
 
 /* ---- fused chains: rmsnorm_resid, qk_norm_rope ---- */
+static void test_qk_bwd_bf16(int hd);
 static void test_fused(void)
 {
     if (!selected("fused")) return;
@@ -1232,6 +1234,68 @@ static void test_fused(void)
     check3("qk_norm_rope_backward", "dk = R^T dk (in place)", rgk, nk);
     free(cs); free(sn); free(qr); free(kr); free(wq); free(wk); free(gq); free(gk); free(dwq0); free(dwk0);
     free(nq_); free(nk_);
+    test_qk_bwd_bf16(40);
+    test_qk_bwd_bf16(64);
+}
+
+/* qk_norm_rope_backward_bf16 at head dim hd (40: cuda's scalar path, 64: its
+ * vector path): on each backend, d q_raw and d k_raw = bf16 of the fp32
+ * entry's outputs bit for bit, dwq and dwk (+=) equal to the fp32 entry's
+ * bit for bit, two runs equal */
+static void test_qk_bwd_bf16(int hd)
+{
+    const int B = 2, T = 9, H = 4, K = 2, half = hd / 2, N = B * T;
+    const size_t nq = (size_t)N * H * hd, nk = (size_t)N * K * hd, NH = (size_t)N * H, NK = (size_t)N * K;
+    float *cs = xmalloc(sizeof(float) * T * half), *sn = xmalloc(sizeof(float) * T * half);
+    for (int p = 0; p < T; p++)
+        for (int i = 0; i < half; i++) {
+            double f = pow(10000.0, -2.0 * i / hd);
+            cs[p * half + i] = (float)cos(p * f);
+            sn[p * half + i] = (float)sin(p * f);
+        }
+    float *qr = rnd(nq, -2, 2), *kr = rnd(nk, -2, 2), *wq = rnd((size_t)hd, 0.5, 1.5), *wk = rnd((size_t)hd, 0.5, 1.5);
+    float *gq = rnd(nq, -1, 1), *gk = rnd(nk, -1, 1), *dw0 = rnd((size_t)hd, -1, 1);
+    float *rsq = rnd(NH, 0.5, 2), *rsk = rnd(NK, 0.5, 2), *nq_ = nans(nq);
+    for (int p = 0; p < 2; p++) {
+        struct be *b = BE(p);
+        float *dc = upf(b, cs, (size_t)T * half), *ds = upf(b, sn, (size_t)T * half);
+        float *dqr = upf(b, qr, nq), *dkr = upf(b, kr, nk), *dwq = upf(b, wq, (size_t)hd), *dwk = upf(b, wk, (size_t)hd);
+        float *sq = upf(b, rsq, NH), *sk = upf(b, rsk, NK);
+        /* the fp32 entry */
+        float *dg = upf(b, gq, nq), *dgk = upf(b, gk, nk), *dx = upf(b, nq_, nq), *dxk = upf(b, nq_, nk);
+        float *gwq = upf(b, dw0, (size_t)hd), *gwk = upf(b, dw0, (size_t)hd);
+        b->ops->qk_norm_rope_backward(b->ops->be, dx, dxk, gwq, gwk, dg, dgk, dqr, dkr, dwq, dwk, sq, sk, dc, ds, N, T, H,
+                                      K, hd);
+        float *fq = downf(b, dx, nq), *fk = downf(b, dxk, nk), *fwq = downf(b, gwq, (size_t)hd);
+        float *fwk = downf(b, gwk, (size_t)hd);
+        /* the bf16 entry, twice */
+        uint16_t *bq[2], *bk[2];
+        float *bwq = NULL, *bwk = NULL;
+        for (int r = 0; r < 2; r++) {
+            float *eg = upf(b, gq, nq), *egk = upf(b, gk, nk), *ex = upf(b, nq_, nq), *exk = upf(b, nq_, nk);
+            float *hwq = upf(b, dw0, (size_t)hd), *hwk = upf(b, dw0, (size_t)hd);
+            b->ops->qk_norm_rope_backward_bf16(b->ops->be, (mt_bf16 *)ex, (mt_bf16 *)exk, hwq, hwk, eg, egk, dqr, dkr, dwq,
+                                               dwk, sq, sk, dc, ds, N, T, H, K, hd);
+            bq[r] = (uint16_t *)downi(b, (const int32_t *)ex, nq / 2);
+            bk[r] = (uint16_t *)downi(b, (const int32_t *)exk, nk / 2);
+            if (r == 0) bwq = downf(b, hwq, (size_t)hd), bwk = downf(b, hwk, (size_t)hd);
+        }
+        double bad = 0;
+        for (size_t i = 0; i < nq; i++) bad += bq[0][i] != host_bf16(fq[i]);
+        for (size_t i = 0; i < nk; i++) bad += bk[0][i] != host_bf16(fk[i]);
+        char w[120];
+        snprintf(w, sizeof w, "%s hd=%d: dq_raw, dk_raw = bf16(the fp32 entry's) (differing)", p ? "cuda" : "cpu", hd);
+        report("qk_norm_rope_backward_bf16", w, bad, 0);
+        snprintf(w, sizeof w, "%s hd=%d: dwq, dwk = the fp32 entry's (differing)", p ? "cuda" : "cpu", hd);
+        report("qk_norm_rope_backward_bf16", w, (double)(ndiff(bwq, fwq, (size_t)hd) + ndiff(bwk, fwk, (size_t)hd)), 0);
+        snprintf(w, sizeof w, "%s hd=%d: deterministic (differing)", p ? "cuda" : "cpu", hd);
+        report("qk_norm_rope_backward_bf16", w, (double)(ndiff(bq[0], bq[1], nq / 2) + ndiff(bk[0], bk[1], nk / 2)), 0);
+        free(fq); free(fk); free(fwq); free(fwk); free(bwq); free(bwk);
+        for (int r = 0; r < 2; r++) free(bq[r]), free(bk[r]);
+        release(b);
+    }
+    free(cs); free(sn); free(qr); free(kr); free(wq); free(wk); free(gq); free(gk); free(dw0); free(rsq); free(rsk);
+    free(nq_);
 }
 
 /* ---- attention ---- */

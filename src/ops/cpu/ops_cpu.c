@@ -638,6 +638,34 @@ static void p_qk_norm_rope_backward(void *be, float *dq_raw, float *dk_raw, floa
     PROF(MT_OPK_NORM, mt_cpu_qk_norm_rope_backward(dq_raw, dk_raw, dwq, dwk, dq, dk, q_raw, k_raw, wq, wk, rstd_q,
                                                    rstd_k, cos_tab, sin_tab, N, T, H, K, hd));
 }
+/* qk_norm_rope_backward_bf16: the fp32 op into scratch, then each value rounded once */
+static void qk_bwd_bf16(mt_bf16 *dq_raw_b, mt_bf16 *dk_raw_b, float *dwq, float *dwk, float *dq, float *dk,
+                        const float *q_raw, const float *k_raw, const float *wq, const float *wk, const float *rstd_q,
+                        const float *rstd_k, const float *cos_tab, const float *sin_tab, int N, int T, int H, int K,
+                        int hd)
+{
+    const size_t nq = (size_t)N * (size_t)H * (size_t)hd, nk = (size_t)N * (size_t)K * (size_t)hd;
+    float *t = malloc((nq + nk) * sizeof(float));
+    if (!t) {   /* kernels return void (mt_ops.h): a NaN gradient stops the run at the finite check */
+        for (size_t i = 0; i < nq; i++) dq_raw_b[i] = 0x7fffu;
+        for (size_t i = 0; i < nk; i++) dk_raw_b[i] = 0x7fffu;
+        return;
+    }
+    mt_cpu_qk_norm_rope_backward(t, t + nq, dwq, dwk, dq, dk, q_raw, k_raw, wq, wk, rstd_q, rstd_k, cos_tab, sin_tab,
+                                 N, T, H, K, hd);
+    mt_cpu_cast_bf16(dq_raw_b, t, nq);
+    mt_cpu_cast_bf16(dk_raw_b, t + nq, nk);
+    free(t);
+}
+static void p_qk_norm_rope_backward_bf16(void *be, mt_bf16 *dq_raw_b, mt_bf16 *dk_raw_b, float *dwq, float *dwk,
+                                         float *dq, float *dk, const float *q_raw, const float *k_raw, const float *wq,
+                                         const float *wk, const float *rstd_q, const float *rstd_k,
+                                         const float *cos_tab, const float *sin_tab, int N, int T, int H, int K, int hd)
+{
+    (void)be;
+    PROF(MT_OPK_NORM, qk_bwd_bf16(dq_raw_b, dk_raw_b, dwq, dwk, dq, dk, q_raw, k_raw, wq, wk, rstd_q, rstd_k, cos_tab,
+                                  sin_tab, N, T, H, K, hd));
+}
 
 /* backend facts: the ISA the kernels dispatched to (mt_ops_cpu_isa), and
  * the per-op profile's timing, which every entry's wrapper does (PROF) */
@@ -711,6 +739,7 @@ static const struct mt_ops_i cpu_ops = {
     /* .rmsnorm_resid_forward = */ .rmsnorm_resid_forward = p_rmsnorm_resid_forward,
     /* .qk_norm_rope_forward  = */ .qk_norm_rope_forward  = p_qk_norm_rope_forward,
     /* .qk_norm_rope_backward = */ .qk_norm_rope_backward = p_qk_norm_rope_backward,
+    /* .qk_norm_rope_backward_bf16 = */ .qk_norm_rope_backward_bf16 = p_qk_norm_rope_backward_bf16,
     /* .rmsnorm_resid_forward_bf16 = */ .rmsnorm_resid_forward_bf16 = p_rmsnorm_resid_forward_bf16,
     /* .swiglu_forward_bf16        = */ .swiglu_forward_bf16        = p_swiglu_forward_bf16,
     /* .swiglu_backward_bf16       = */ .swiglu_backward_bf16       = p_swiglu_backward_bf16,

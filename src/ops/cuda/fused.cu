@@ -6,7 +6,8 @@
  *   qk_norm_rope_forward   q = rope(rmsnorm_hd(q_raw) * wq), k likewise
  *   qk_norm_rope_backward  g = R^T dq (into dq, in place); dq_raw =
  *                          rmsnorm_backward_hd(g) (=); dwq += sum_rows g * xhat
- *                          (k likewise)
+ *                          (k likewise); its _bf16 form stores dq_raw, dk_raw
+ *                          as bf16 only (and, on the vector path, not g)
  *
  * rmsnorm_resid_forward is rmsnorm.cu's forward kernel itself (with its
  * resid store on): the same bits as rmsnorm_forward by construction.
@@ -30,6 +31,7 @@
 #include "cuda_impl.cuh"
 
 #include <math.h>
+#include <type_traits>
 
 #define ROWS_PER_BLOCK 8   /* warps per block */
 #define DW_ROWS        64  /* rows per dw partial (more when a side has > 65535 * 64 rows) */
@@ -150,8 +152,9 @@ qk_fwd_vec_k(float *q, float *k, float *rstd_q, float *rstd_k, const float *q_ra
  * stores only its own slot, after the exchange), dx = rstd (g w - xhat
  * mean_c(g w xhat)) (=), dw terms g x rstd in registers, written to
  * partial[gi] at the end (partial NULL: both gains frozen). */
+template <int OB>   /* OB: d q_raw, d k_raw stored bf16 only (qk_norm_rope_backward_bf16), g not stored */
 static __global__ void __launch_bounds__(QK_THREADS)
-qk_bwd_vec_k(float *dq_raw, float *dk_raw, float *dq, float *dk, float *partial, const float *q_raw,
+qk_bwd_vec_k(void *dq_raw, void *dk_raw, float *dq, float *dk, float *partial, const float *q_raw,
              const float *k_raw, const float *wq, const float *wk, const float *rstd_q, const float *rstd_k,
              const float *cos_tab, const float *sin_tab, int N, int T, int H, int K, int hd, int lg, int R,
              int ncq, int nck)
@@ -162,7 +165,8 @@ qk_bwd_vec_k(float *dq_raw, float *dk_raw, float *dq, float *dk, float *partial,
     int gi = (int)(t >> lg);
     bool cl = gi < nch;
     int is_k = gi >= ncq, lc = is_k ? gi - ncq : gi, per = is_k ? K : H, nrow = N * per;
-    float *d = is_k ? dk : dq, *dx = is_k ? dk_raw : dq_raw;
+    float *d = is_k ? dk : dq;
+    void *dx = is_k ? dk_raw : dq_raw;
     const float *xs = is_k ? k_raw : q_raw, *rs = is_k ? rstd_k : rstd_q;
     int half = hd / 2, lo = l < (G >> 1), ii = 4 * (lo ? l : l - (G >> 1));
     float4 w = mt_ld_f4((is_k ? wk : wq) + 4 * l), acc = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -199,14 +203,15 @@ qk_bwd_vec_k(float *dq_raw, float *dk_raw, float *dq, float *dk, float *partial,
         dot = fmaf(g.w * w.w, x.w, dot);
         dot = mt_rms_group_sum(dot, G);
         if (!live) continue;
-        mt_st_f4(d + e, g);
+        if constexpr (!OB) mt_st_f4(d + e, g);
         float mean = dot * r / (float)hd;  /* mean_c(g*w*xhat) */
         float4 v;
         v.x = r * (g.x * w.x - x.x * r * mean);
         v.y = r * (g.y * w.y - x.y * r * mean);
         v.z = r * (g.z * w.z - x.z * r * mean);
         v.w = r * (g.w * w.w - x.w * r * mean);
-        mt_st_f4(dx + e, v);
+        if constexpr (OB) mt_st_bf16x4((__nv_bfloat16 *)dx + e, v);
+        else mt_st_f4((float *)dx + e, v);
         acc.x += g.x * x.x * r;
         acc.y += g.y * x.y * r;
         acc.z += g.z * x.z * r;
@@ -219,15 +224,18 @@ qk_bwd_vec_k(float *dq_raw, float *dk_raw, float *dq, float *dk, float *partial,
  * reads both elements of a pair before writing g = R^T d back (in place, no
  * other lane touches them), sums its terms of mean_c(g w xhat) and later
  * reads back only its own g. */
-static __global__ void qk_bwd_dx_k(float *dq_raw, float *dk_raw, float *dq, float *dk, const float *q_raw,
+template <int OB>   /* OB: dx stored bf16 (each value rounded once) */
+static __global__ void qk_bwd_dx_k(void *dq_raw, void *dk_raw, float *dq, float *dk, const float *q_raw,
                                    const float *k_raw, const float *wq, const float *wk, const float *rstd_q,
                                    const float *rstd_k, const float *cos_tab, const float *sin_tab, int N, int T,
                                    int H, int K, int hd)
 {
+    typedef typename std::conditional<OB != 0, __nv_bfloat16, float>::type DX;
     int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / MT_WARP, lane = threadIdx.x % MT_WARP;
     if (row >= N * (H + K)) return;
     qk_row l = qk_locate(row, N, H, K, hd);
-    float *d = (l.is_k ? dk : dq) + l.off, *dx = (l.is_k ? dk_raw : dq_raw) + l.off;
+    float *d = (l.is_k ? dk : dq) + l.off;
+    DX *dx = (DX *)(l.is_k ? dk_raw : dq_raw) + l.off;
     const float *x = (l.is_k ? k_raw : q_raw) + l.off, *w = l.is_k ? wk : wq;
     float r = l.is_k ? rstd_k[row - N * H] : rstd_q[row];
     int half = hd / 2, p = l.n % T;
@@ -244,8 +252,15 @@ static __global__ void qk_bwd_dx_k(float *dq_raw, float *dk_raw, float *dq, floa
     dot = mt_warp_sum(dot);
     float mean = dot * r / (float)hd;  /* mean_c(g*w*xhat) */
     for (int i = lane; i < half; i += MT_WARP) {
-        dx[i] = r * (d[i] * w[i] - x[i] * r * mean);
-        dx[i + half] = r * (d[i + half] * w[i + half] - x[i + half] * r * mean);
+        const float v0 = r * (d[i] * w[i] - x[i] * r * mean);
+        const float v1 = r * (d[i + half] * w[i + half] - x[i + half] * r * mean);
+        if constexpr (OB) {
+            dx[i] = mt_cuda_bf16_rn(v0);
+            dx[i + half] = mt_cuda_bf16_rn(v1);
+        } else {
+            dx[i] = v0;
+            dx[i + half] = v1;
+        }
     }
 }
 
@@ -314,13 +329,12 @@ static int dw_rows(int nrow)
     return rows;
 }
 
-extern "C" void mt_cuda_qk_norm_rope_backward(void *be, float *dq_raw, float *dk_raw, float *dwq, float *dwk, float *dq,
-                                              float *dk, const float *q_raw, const float *k_raw,
-                                              const float *wq, const float *wk, const float *rstd_q,
-                                              const float *rstd_k, const float *cos_tab, const float *sin_tab,
-                                              int N, int T, int H, int K, int hd)
+/* the backward of both entries; ob: dq_raw, dk_raw are bf16 (qk_norm_rope_backward_bf16) */
+static void qk_backward(void *dq_raw, void *dk_raw, int ob, float *dwq, float *dwk, float *dq, float *dk,
+                        const float *q_raw, const float *k_raw, const float *wq, const float *wk, const float *rstd_q,
+                        const float *rstd_k, const float *cos_tab, const float *sin_tab, int N, int T, int H, int K,
+                        int hd)
 {
-    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     int rows = N * (H + K);
     if (rows <= 0 || hd <= 0) return;
     bool vec = qk_vec_hd(hd) && mt_cuda_aligned(dq_raw, 16) && mt_cuda_aligned(dk_raw, 16) &&
@@ -344,9 +358,14 @@ extern "C" void mt_cuda_qk_norm_rope_backward(void *be, float *dq_raw, float *dk
         }
         if (vec) {
             unsigned blocks = (unsigned)((((size_t)(ncq + nck) << lg) + QK_THREADS - 1) / QK_THREADS);
-            MT_LAUNCH(qk_bwd_vec_k, blocks, QK_THREADS, 0)
-                (dq_raw, dk_raw, dq, dk, partial, q_raw, k_raw, wq, wk, rstd_q, rstd_k, cos_tab, sin_tab, N, T, H,
-                 K, hd, lg, R, ncq, nck);
+            if (ob)
+                MT_LAUNCH(qk_bwd_vec_k<1>, blocks, QK_THREADS, 0)
+                    (dq_raw, dk_raw, dq, dk, partial, q_raw, k_raw, wq, wk, rstd_q, rstd_k, cos_tab, sin_tab, N, T, H,
+                     K, hd, lg, R, ncq, nck);
+            else
+                MT_LAUNCH(qk_bwd_vec_k<0>, blocks, QK_THREADS, 0)
+                    (dq_raw, dk_raw, dq, dk, partial, q_raw, k_raw, wq, wk, rstd_q, rstd_k, cos_tab, sin_tab, N, T, H,
+                     K, hd, lg, R, ncq, nck);
             MT_CUDA_KCHECK();
             if (partial) mt_cuda_rms_dw_reduce(dwq, dwk, partial, ncq, nck, hd);
             return;
@@ -356,8 +375,12 @@ extern "C" void mt_cuda_qk_norm_rope_backward(void *be, float *dq_raw, float *dk
     int ncq = (N * H + rq - 1) / rq, nck = (N * K + rk - 1) / rk;
     float *partial = (float *)mt_cuda_workspace((size_t)(ncq + nck) * (size_t)hd * sizeof(float));
     if (!partial) return;
-    MT_LAUNCH(qk_bwd_dx_k, (rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK, ROWS_PER_BLOCK * MT_WARP, 0)
-        (dq_raw, dk_raw, dq, dk, q_raw, k_raw, wq, wk, rstd_q, rstd_k, cos_tab, sin_tab, N, T, H, K, hd);
+    if (ob)
+        MT_LAUNCH(qk_bwd_dx_k<1>, (rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK, ROWS_PER_BLOCK * MT_WARP, 0)
+            (dq_raw, dk_raw, dq, dk, q_raw, k_raw, wq, wk, rstd_q, rstd_k, cos_tab, sin_tab, N, T, H, K, hd);
+    else
+        MT_LAUNCH(qk_bwd_dx_k<0>, (rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK, ROWS_PER_BLOCK * MT_WARP, 0)
+            (dq_raw, dk_raw, dq, dk, q_raw, k_raw, wq, wk, rstd_q, rstd_k, cos_tab, sin_tab, N, T, H, K, hd);
     MT_CUDA_KCHECK();
     if (!dwq && !dwk) return;   /* both gains frozen (LoRA): dx only */
     dim3 g1((unsigned)((hd + DW_THREADS - 1) / DW_THREADS), (unsigned)(ncq > nck ? ncq : nck), 2u);
@@ -365,4 +388,26 @@ extern "C" void mt_cuda_qk_norm_rope_backward(void *be, float *dq_raw, float *dk
         (partial, dq, dk, q_raw, k_raw, rstd_q, rstd_k, N, H, K, hd, rq, rk, ncq);
     MT_CUDA_KCHECK();
     mt_cuda_rms_dw_reduce(dwq, dwk, partial, ncq, nck, hd);
+}
+
+extern "C" void mt_cuda_qk_norm_rope_backward(void *be, float *dq_raw, float *dk_raw, float *dwq, float *dwk, float *dq,
+                                              float *dk, const float *q_raw, const float *k_raw,
+                                              const float *wq, const float *wk, const float *rstd_q,
+                                              const float *rstd_k, const float *cos_tab, const float *sin_tab,
+                                              int N, int T, int H, int K, int hd)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    qk_backward(dq_raw, dk_raw, 0, dwq, dwk, dq, dk, q_raw, k_raw, wq, wk, rstd_q, rstd_k, cos_tab, sin_tab, N, T, H, K,
+                hd);
+}
+
+extern "C" void mt_cuda_qk_norm_rope_backward_bf16(void *be, mt_bf16 *dq_raw_b, mt_bf16 *dk_raw_b, float *dwq,
+                                                   float *dwk, float *dq, float *dk, const float *q_raw,
+                                                   const float *k_raw, const float *wq, const float *wk,
+                                                   const float *rstd_q, const float *rstd_k, const float *cos_tab,
+                                                   const float *sin_tab, int N, int T, int H, int K, int hd)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    qk_backward(dq_raw_b, dk_raw_b, 1, dwq, dwk, dq, dk, q_raw, k_raw, wq, wk, rstd_q, rstd_k, cos_tab, sin_tab, N, T,
+                H, K, hd);
 }
