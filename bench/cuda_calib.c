@@ -27,8 +27,9 @@
  *
  * MoE experts ("grouped"): gpu_moe8's expert products (8 groups of 1024
  * rows, d_model 2048, expert_hidden 2752) through the device-sized entries
- * gemm_grouped_rows / gemm_grouped_sum (one launch) and as one gemm_bf16 a
- * group (the host-sized path), 2*M*F*D FLOPs each: the moe_sizes A/B.
+ * gemm_grouped_rows / gemm_grouped_sum (one launch; at both block tile
+ * widths, bn 256 and 128: MT_CUDA_GG_BN) and as one gemm_bf16 a group (the
+ * host-sized path), 2*M*F*D FLOPs each: the moe_sizes A/B.
  *
  * Mamba-3 scan (ssm_scan_forward + ssm_scan_backward, the chunked SSD form
  * at chunk Q; the d_model 2048 hybrid's M layer by default: B 4, T 2048,
@@ -624,19 +625,27 @@ int main(int argc, char **argv)
         }
         mt_ops_cuda_set_precision_of(g_ops->be, MT_CUDA_PRECISION_BF16);
         const double flops = 2.0 * (double)M * F * D;
+        static const int bns[2] = {256, 128};   /* the grouped kernels' tile columns (MT_CUDA_GG_BN): both */
         for (int k = 0; k < CAL_GRP_KINDS; k++) {
-            struct cal_grp_ctx g = {(enum cal_grp_kind)k, 0, E, R, D, F, offs, x, {0}, c, {0}};
+            struct cal_grp_ctx g = {(enum cal_grp_kind)k, 1, E, R, D, F, offs, x, {0}, c, {0}};
             for (int e = 0; e < E; e++) g.w[e] = k == CAL_GRP_SUM ? xin : w[e], g.cg[e] = cg[e];
-            struct cal_time tg = time_runs(grp_fn, &g, warmup, reps);
-            g.loop = 1;
-            struct cal_time tl = time_runs(grp_fn, &g, warmup, reps);
-            check_status("grouped");
-            emit(f, "%s\n  {\"kind\": \"%s\", \"groups\": %d, \"rows_per_group\": %d, \"d\": %d, \"f\": %d, "
-                    "\"flops\": %.6g, \"grouped_median_s\": %.6e, \"grouped_flop_per_s\": %.6e, "
-                    "\"loop_median_s\": %.6e, \"loop_flop_per_s\": %.6e}",
-                 k ? "," : "", k_grp_name[k], E, R, D, F, flops, tg.median, flops / tg.median, tl.median,
-                 flops / tl.median);
+            struct cal_time tl = time_runs(grp_fn, &g, warmup, reps);   /* a gemm_bf16 per group */
+            g.loop = 0;
+            for (int b = 0; b < 2; b++) {
+                if (mt_ops_cuda_set_gg_bn_of(g_ops->be, bns[b]) != MT_OK) {
+                    fprintf(stderr, "cuda_calib: MT_CUDA_GG_BN could not be set\n");
+                    return 1;
+                }
+                struct cal_time tg = time_runs(grp_fn, &g, warmup, reps);
+                check_status("grouped");
+                emit(f, "%s\n  {\"kind\": \"%s\", \"bn\": %d, \"groups\": %d, \"rows_per_group\": %d, \"d\": %d, "
+                        "\"f\": %d, \"flops\": %.6g, \"grouped_median_s\": %.6e, \"grouped_flop_per_s\": %.6e, "
+                        "\"loop_median_s\": %.6e, \"loop_flop_per_s\": %.6e}",
+                     k || b ? "," : "", k_grp_name[k], bns[b], E, R, D, F, flops, tg.median, flops / tg.median,
+                     tl.median, flops / tl.median);
+            }
         }
+        mt_ops_cuda_set_gg_bn_of(g_ops->be, 256);   /* the default again */
         mt_ops_cuda_set_precision_of(g_ops->be, MT_CUDA_PRECISION_FP32);
         for (int e = 0; e < E; e++) g_ops->buf_free(g_ops->be, &g_ctx, w[e]), g_ops->buf_free(g_ops->be, &g_ctx, cg[e]);
         g_ops->buf_free(g_ops->be, &g_ctx, offs), g_ops->buf_free(g_ops->be, &g_ctx, t);

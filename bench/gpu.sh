@@ -802,8 +802,8 @@ for s in c.get("scan") or []:
              s["bwd_median_s"], s["fwd_bwd_flop_per_s"] / 1e12))
 # the MoE experts' products: the device-sized grouped entries vs a gemm_bf16 per group (moe_sizes)
 for x in c.get("grouped") or []:
-    print("RESULT calib grouped %s %dx%d rows, d %d f %d: grouped %.1f TF/s (%.3f ms), loop %.1f TF/s (%.3f ms)"
-          % (x["kind"], x["groups"], x["rows_per_group"], x["d"], x["f"], x["grouped_flop_per_s"] / 1e12,
+    print("RESULT calib grouped %s bn %d %dx%d rows, d %d f %d: grouped %.1f TF/s (%.3f ms), loop %.1f TF/s (%.3f ms)"
+          % (x["kind"], x.get("bn", 128), x["groups"], x["rows_per_group"], x["d"], x["f"], x["grouped_flop_per_s"] / 1e12,
              1e3 * x["grouped_median_s"], x["loop_flop_per_s"] / 1e12, 1e3 * x["loop_median_s"]))
 for x in c.get("layer_core") or []:
     print("RESULT calib layer core B %d T %d: scan %s fp32 %.4f s, bf16 %.4f s vs attention %s fp32 %.4f s, bf16 %.4f s "

@@ -17,7 +17,8 @@
 #        a. cuda_ops_vs_cpu (fp32 ops to 1e-5, then gemm in bf16 mode to the
 #           derived bound), and again for gemm only with
 #           MT_CUDA_PRECISION=bf16 (precision chosen at creation) and
-#           MT_CUDA_BF16_SCRATCH_MB=1 (operand copies tiled), with the
+#           MT_CUDA_BF16_SCRATCH_MB=1 (operand copies tiled) and MT_CUDA_GG_BN=128
+#           (the grouped GEMMs' narrow tiles; the first run has the default 256), with the
 #           emulator's cuBLASLt finding no algorithm (MT_EMU_LT_NO_ALGO=1:
 #           the counted sgemm fallback), and with a bad MT_CUDA_PRECISION
 #           (refused with the reason, exit 1);
@@ -210,11 +211,11 @@ else
     grep -E 'FAIL|emu' "$EMU/cuda_ops_vs_cpu.log" | head -40; tail -2 "$EMU/cuda_ops_vs_cpu.log"
     echo "FAIL: emulated cuda_ops_vs_cpu exited $rc"; fail=1
 fi
-MT_CUDA_PRECISION=bf16 MT_CUDA_BF16_SCRATCH_MB=1 "$EMU/cuda_ops_vs_cpu" -o gemm >"$EMU/cuda_ops_vs_cpu_bf16.log" 2>&1
+MT_CUDA_PRECISION=bf16 MT_CUDA_BF16_SCRATCH_MB=1 MT_CUDA_GG_BN=128 "$EMU/cuda_ops_vs_cpu" -o gemm >"$EMU/cuda_ops_vs_cpu_bf16.log" 2>&1
 rc=$?
 if [ $rc -eq 0 ] && grep -q ', 0 failed$' "$EMU/cuda_ops_vs_cpu_bf16.log" &&
    grep -q '^cuda precision at creation: bf16 (MT_CUDA_PRECISION), bf16 operand scratch cap 1 MiB' "$EMU/cuda_ops_vs_cpu_bf16.log"; then
-    echo "PASS emulated cuda_ops_vs_cpu -o gemm, MT_CUDA_PRECISION=bf16 MT_CUDA_BF16_SCRATCH_MB=1 (tiled): $(tail -1 "$EMU/cuda_ops_vs_cpu_bf16.log")"
+    echo "PASS emulated cuda_ops_vs_cpu -o gemm, MT_CUDA_PRECISION=bf16 MT_CUDA_BF16_SCRATCH_MB=1 (tiled), MT_CUDA_GG_BN=128 (the grouped GEMMs' narrow tiles): $(tail -1 "$EMU/cuda_ops_vs_cpu_bf16.log")"
 else
     grep -E 'FAIL|emu|precision' "$EMU/cuda_ops_vs_cpu_bf16.log" | head -40; tail -2 "$EMU/cuda_ops_vs_cpu_bf16.log"
     echo "FAIL: emulated cuda_ops_vs_cpu with MT_CUDA_PRECISION=bf16 exited $rc"; fail=1
@@ -243,6 +244,12 @@ if [ $rc -eq 1 ] && [ "$out" = "FAIL: MT_CUDA_ATTN_DS_MB=lots: expected a whole 
     echo "PASS MT_CUDA_ATTN_DS_MB=lots refused: $out"
 else
     echo "$out" | tail -3; echo "FAIL: MT_CUDA_ATTN_DS_MB=lots: exit $rc"; fail=1
+fi
+out=$(MT_CUDA_GG_BN=100 "$EMU/cuda_ops_vs_cpu" -o gemm 2>&1); rc=$?
+if [ $rc -eq 1 ] && [ "$out" = "FAIL: MT_CUDA_GG_BN=100: expected 128 or 256" ]; then
+    echo "PASS MT_CUDA_GG_BN=100 refused: $out"
+else
+    echo "$out" | tail -3; echo "FAIL: MT_CUDA_GG_BN=100 not refused with its reason (exit $rc)"; fail=1
 fi
 out=$(MT_CUDA_ATTN_KERNEL=v4 "$EMU/cuda_ops_vs_cpu" -o gemm 2>&1); rc=$?
 if [ $rc -eq 1 ] && [ "$out" = "FAIL: MT_CUDA_ATTN_KERNEL=v4: expected v1, v2 or v3" ]; then

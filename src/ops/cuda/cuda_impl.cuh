@@ -79,6 +79,8 @@ extern "C" {
 /* runtime tunable (knob attn_kernel): the bf16 attention kernels, v1|v2|v3 */
 #define MT_CUDA_ATTN_KERNEL_ENV         "MT_CUDA_ATTN_KERNEL"
 #define MT_CUDA_ATTN_KERNEL_DEFAULT     "v3"
+#define MT_CUDA_GG_BN_ENV               "MT_CUDA_GG_BN"
+#define MT_CUDA_GG_BN_DEFAULT           256
 #define MT_CUDA_RED_THREADS 256
 
 /* One cached cuBLASLt bf16 matmul (gemm.cu): the descriptors and the
@@ -156,6 +158,8 @@ struct mt_cuda_backend {
                                       1 = attention_v2.cu (knob attn_kernel=v2),
                                       2 = the same with 128 query rows a block in
                                       the forward and dQ kernels (v3, same bits) */
+    int            gg_bn;          /* grouped GEMMs (gemm_grouped.cu): the block
+                                      tile's columns, 128 or 256 (MT_CUDA_GG_BN) */
     struct mt_cuda_lt_plan plans[MT_CUDA_LT_PLANS];
     int            plan_next;      /* round-robin eviction cursor                */
     struct mt_cuda_lt_algo_slot algos[MT_CUDA_LT_ALGOS];

@@ -24,9 +24,12 @@
  *
  * Warp-level mma.sync m16n8k16 bf16 -> fp32 (mma_sync.cuh; run exactly by
  * tests/cuda/emu/mma_ptx.h under the emulator). A block is 256 threads =
- * 8 warps and owns a 128 x 128 tile of the output; the warps form 2 (rows)
- * x 4 (columns), a warp owns 64 x 32 = 4 m16 x 4 n8 accumulator tiles (64
- * fp32 registers a thread). The k dimension (K of rows, the group's rows
+ * 8 warps and owns a 128 x BN tile of the output; the warps form 2 (rows)
+ * x 4 (columns), a warp owns 64 x BN/4 = 4 m16 x BN/32 n8 accumulator tiles
+ * (BN 128: 64 fp32 registers a thread, ~128 in all, two blocks an SM; BN
+ * 256, the default: 128, ~220 in all, one block an SM, each A fragment read
+ * from shared memory feeding twice the mma: 8 ldmatrix a 32 mma instead of
+ * 6 a 16). The k order of every output element is the same at either BN. The k dimension (K of rows, the group's rows
  * of sum) runs in steps of BK = 32 through a 3-stage cp.async pipeline:
  * tile kt+2 is in flight while tile kt is multiplied (one __syncthreads a
  * step: the stage refilled at step kt is the one every warp finished at
@@ -44,14 +47,14 @@
  * stores are masked to the group's rows and to N (M), two adjacent columns
  * a lane (8-byte fp32 or 4-byte bf16 pairs).
  * Grids, sized on the host without the group sizes:
- *   rows: (ceil(N/128), ceil(max_rows/128) + n): group g needs ceil(rows_g
+ *   rows: (ceil(N/BN), ceil(max_rows/128) + n): group g needs ceil(rows_g
  *     / 128) row tiles, at most rows_g / 128 + 1 when rows_g > 0, so the
  *     sum over groups is at most offs[n] / 128 + n. A block reads offs into
  *     shared memory (clamped to [0, max_rows]) and walks the groups to map
  *     its y index to (group, first row); blocks past the last tile exit. A
  *     tile never spans two groups (its last rows are masked), so a group's
  *     rows are written by its own blocks only.
- *   sum:  (ceil(N/128), ceil(M/128), n): a block loops over its group's rows
+ *   sum:  (ceil(N/BN), ceil(M/128), n): a block loops over its group's rows
  *     in steps of 32 (the tail zero-filled); an empty group runs no step and
  *     writes beta C_g (zeros for beta 0).
  * Deterministic: every output element is one thread's accumulator, summed
@@ -68,14 +71,23 @@
 typedef __nv_bfloat16 bf16;
 
 #define GG_BM      128                 /* rows (m) of a block's tile        */
-#define GG_BN      128                 /* columns (n) of a block's tile     */
+/* BN, the columns (n) of a block's tile: a template parameter, 128 (warp
+ * tiles 64 x 32) or 256 (64 x 64: half the ldmatrix traffic per mma, the
+ * CUTLASS sm80 shape; one block an SM); the backend's gg_bn picks it
+ * (MT_CUDA_GG_BN, default 256), the same products and k order either way */
 #define GG_BK      32                  /* k a pipeline step                 */
 #define GG_STAGES  3
 #define GG_THREADS 256
 #define GG_LDK     (GG_BK + 8)         /* shared row of k: 40 bf16 (80 bytes)  */
-#define GG_LDN     (GG_BN + 8)         /* shared row of n or m: 136 (272 bytes) */
-#define GG_TILE_NK (GG_BN * GG_LDK)    /* [128][40]: A (rows), B^T (rows, transB) */
-#define GG_TILE_KN (GG_BK * GG_LDN)    /* [32][136]: B (rows, !transB), A^T and B (sum) */
+#define GG_LDM     (GG_BM + 8)         /* shared row of m: 136 (272 bytes)  */
+#define GG_TILE_MK (GG_BM * GG_LDK)    /* [128][40]: A (rows)                */
+#define GG_TILE_KM (GG_BK * GG_LDM)    /* [32][136]: A^T (sum)               */
+/* shared row of n (BN + 8: 136 or 264 bf16, 272 or 528 bytes) and B's tiles */
+template <int BN> struct gg_tiles {
+    static constexpr int LDN = BN + 8;
+    static constexpr int NK = BN * GG_LDK;   /* [BN][40]: B^T (rows, transB) */
+    static constexpr int KN = GG_BK * LDN;   /* [32][BN+8]: B (rows, !transB; sum) */
+};
 
 struct gg_bptrs { const bf16 *p[MT_GROUPED_DEV_MAX]; };
 struct gg_cptrs { float *p[MT_GROUPED_DEV_MAX]; };
@@ -97,47 +109,54 @@ static __device__ __forceinline__ void gg_frag_a_km(uint32_t a[4][4], const bf16
     const int i = lane >> 3;
 #pragma unroll
     for (int mi = 0; mi < 4; mi++)
-        mt_ldsm_x4_t(a[mi], s + (k0 + (i >> 1) * 8 + (lane & 7)) * GG_LDN + m0 + 16 * mi + (i & 1) * 8);
+        mt_ldsm_x4_t(a[mi], s + (k0 + (i >> 1) * 8 + (lane & 7)) * GG_LDM + m0 + 16 * mi + (i & 1) * 8);
 }
-/* B operands of the 4 n8 tiles at columns n0.. of a [n][k] tile, non-trans:
+/* B operands of the NI n8 tiles at columns n0.. of a [n][k] tile, non-trans:
  * matrices (n0, k0) (n0, k0+8) (n0+8, k0) (n0+8, k0+8) = b0 b1 of n0, b0 b1 of n0+8 */
-static __device__ __forceinline__ void gg_frag_b_nk(uint32_t b[4][2], const bf16 *s, int n0, int k0, int lane)
+template <int NI>
+static __device__ __forceinline__ void gg_frag_b_nk(uint32_t b[NI][2], const bf16 *s, int n0, int k0, int lane)
 {
     const int i = lane >> 3;
 #pragma unroll
-    for (int np = 0; np < 2; np++) {
+    for (int np = 0; np < NI / 2; np++) {
         uint32_t r[4];
         mt_ldsm_x4(r, s + (n0 + 16 * np + (i >> 1) * 8 + (lane & 7)) * GG_LDK + k0 + (i & 1) * 8);
         b[2 * np][0] = r[0]; b[2 * np][1] = r[1]; b[2 * np + 1][0] = r[2]; b[2 * np + 1][1] = r[3];
     }
 }
-/* ... of a [k][n] tile, .trans: matrices (k0, n0) (k0+8, n0) (k0, n0+8) (k0+8, n0+8), the same order */
-static __device__ __forceinline__ void gg_frag_b_kn(uint32_t b[4][2], const bf16 *s, int n0, int k0, int lane)
+/* ... of a [k][n] tile (row stride LD), .trans: matrices (k0, n0) (k0+8, n0) (k0, n0+8) (k0+8, n0+8), the same order */
+template <int NI, int LD>
+static __device__ __forceinline__ void gg_frag_b_kn(uint32_t b[NI][2], const bf16 *s, int n0, int k0, int lane)
 {
     const int i = lane >> 3;
 #pragma unroll
-    for (int np = 0; np < 2; np++) {
+    for (int np = 0; np < NI / 2; np++) {
         uint32_t r[4];
-        mt_ldsm_x4_t(r, s + (k0 + (i & 1) * 8 + (lane & 7)) * GG_LDN + n0 + 16 * np + (i >> 1) * 8);
+        mt_ldsm_x4_t(r, s + (k0 + (i & 1) * 8 + (lane & 7)) * LD + n0 + 16 * np + (i >> 1) * 8);
         b[2 * np][0] = r[0]; b[2 * np][1] = r[1]; b[2 * np + 1][0] = r[2]; b[2 * np + 1][1] = r[3];
     }
 }
-static __device__ __forceinline__ void gg_mma(float acc[4][4][4], const uint32_t a[4][4], const uint32_t b[4][2])
+template <int NI>
+static __device__ __forceinline__ void gg_mma(float acc[4][NI][4], const uint32_t a[4][4], const uint32_t b[NI][2])
 {
 #pragma unroll
     for (int mi = 0; mi < 4; mi++)
 #pragma unroll
-        for (int ni = 0; ni < 4; ni++) mt_mma_16816(acc[mi][ni], a[mi], b[ni]);
+        for (int ni = 0; ni < NI; ni++) mt_mma_16816(acc[mi][ni], a[mi], b[ni]);
 }
 
 /* ---- gemm_grouped_rows ----
- * block (x: column tile, y: row tile over all groups); TB = transB; CT = float or bf16 */
-template <int TB, typename CT>
-static __global__ void __launch_bounds__(GG_THREADS, 2)
+ * block (x: column tile, y: row tile over all groups); TB = transB; CT = float or bf16; BN the tile's columns.
+ * Long, as a GEMM main loop is: the tile mapping, the loaders, the pipeline and the epilogue share the
+ * thread's registers (pointers, masks, accumulators); split into calls they would pass them all. */
+template <int TB, typename CT, int BN>
+static __global__ void __launch_bounds__(GG_THREADS, BN == 128 ? 2 : 1)
 gg_rows_k(gg_bptrs Bp, const int32_t *offs, int n, int max_rows, int N, int K, float alpha, const bf16 *A, int lda,
           int ldb, float beta, CT *C, int ldc)
 {
-    constexpr int TILE_B = TB ? GG_TILE_NK : GG_TILE_KN, STAGE = GG_TILE_NK + TILE_B;
+    constexpr int TILE_B = TB ? gg_tiles<BN>::NK : gg_tiles<BN>::KN, STAGE = GG_TILE_MK + TILE_B;
+    constexpr int LDN = gg_tiles<BN>::LDN, NI = BN / 32, BI = BN / 64;   /* n8 tiles a warp, B chunks a thread */
+    constexpr int CPR = BN / 8;                                            /* 16-byte chunks of a [k][n] row */
     __shared__ int so[MT_GROUPED_DEV_MAX + 1];
     MT_DYN_SMEM(unsigned char, sm);
     bf16 *S = (bf16 *)sm;   /* stage s: A at S + s STAGE, B after it */
@@ -160,30 +179,34 @@ gg_rows_k(gg_bptrs Bp, const int32_t *offs, int n, int max_rows, int N, int K, f
     }
     if (g == n) return;   /* past the last tile (the grid is an upper bound): the whole block */
     const bf16 *Bg = Bp.p[g];
-    const int n0 = blockIdx.x * GG_BN;
+    const int n0 = blockIdx.x * BN;
 
-    /* this thread's 16-byte chunks: A rows (tid >> 2) + 64 i at k column c; B likewise */
+    /* this thread's 16-byte chunks: A rows (tid >> 2) + 64 i at k column ca; B [n][k] likewise
+     * (rows (tid >> 2) + 64 i), B [k][n] k rows tid / CPR + (256 / CPR) i at column (tid % CPR) 8 */
     const int ca = (tid & 3) * 8;
-    const bf16 *pa[2], *pb[2];
-    bool oka[2], okb[2];
+    const bf16 *pa[2], *pb[BI];
+    bool oka[2], okb[BI];
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         const int r = r0 + (tid >> 2) + 64 * i;
         oka[i] = r < r1;
         pa[i] = A + (size_t)(oka[i] ? r : r0) * (size_t)lda + ca;
-        if (TB) {   /* [n][k]: rows n0 + (tid >> 2) + 64 i, k column ca */
+    }
+#pragma unroll
+    for (int i = 0; i < BI; i++) {
+        if (TB) {
             const int nn = n0 + (tid >> 2) + 64 * i;
             okb[i] = nn < N;
             pb[i] = Bg + (size_t)(okb[i] ? nn : 0) * (size_t)ldb + ca;
-        } else {    /* [k][n]: k rows (tid >> 4) + 16 i, columns n0 + (tid & 15) 8 */
-            const int cn = n0 + (tid & 15) * 8;
+        } else {
+            const int cn = n0 + (tid % CPR) * 8;
             okb[i] = cn < N;
-            pb[i] = Bg + (size_t)((tid >> 4) + 16 * i) * (size_t)ldb + (okb[i] ? cn : 0);
+            pb[i] = Bg + (size_t)(tid / CPR + (GG_THREADS / CPR) * i) * (size_t)ldb + (okb[i] ? cn : 0);
         }
     }
     const int ktiles = (K + GG_BK - 1) / GG_BK;
     auto load = [&](int stage, int kt) {
-        bf16 *As = S + stage * STAGE, *Bs = As + GG_TILE_NK;
+        bf16 *As = S + stage * STAGE, *Bs = As + GG_TILE_MK;
         const int k0 = kt * GG_BK;
         const bool kin = k0 + ca < K;
 #pragma unroll
@@ -193,26 +216,26 @@ gg_rows_k(gg_bptrs Bp, const int32_t *offs, int n, int max_rows, int N, int K, f
             mt_cp_async16(As + r * GG_LDK + ca, ok ? pa[i] + k0 : A, ok ? 16 : 0);
         }
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
+        for (int i = 0; i < BI; i++) {
             if (TB) {
                 const int r = (tid >> 2) + 64 * i;
                 const bool ok = okb[i] && kin;
                 mt_cp_async16(Bs + r * GG_LDK + ca, ok ? pb[i] + k0 : Bg, ok ? 16 : 0);
             } else {
-                const int kr = (tid >> 4) + 16 * i;
+                const int kr = tid / CPR + (GG_THREADS / CPR) * i;
                 const bool ok = okb[i] && k0 + kr < K;
-                mt_cp_async16(Bs + kr * GG_LDN + (tid & 15) * 8, ok ? pb[i] + (size_t)k0 * (size_t)ldb : Bg,
+                mt_cp_async16(Bs + kr * LDN + (tid % CPR) * 8, ok ? pb[i] + (size_t)k0 * (size_t)ldb : Bg,
                               ok ? 16 : 0);
             }
         }
     };
 
-    const int lane = tid & 31, warp = tid >> 5, wm = (warp >> 2) * 64, wn = (warp & 3) * 32;
-    float acc[4][4][4];
+    const int lane = tid & 31, warp = tid >> 5, wm = (warp >> 2) * 64, wn = (warp & 3) * (BN / 4);
+    float acc[4][NI][4];
 #pragma unroll
     for (int mi = 0; mi < 4; mi++)
 #pragma unroll
-        for (int ni = 0; ni < 4; ni++)
+        for (int ni = 0; ni < NI; ni++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.0f;
 
@@ -226,14 +249,14 @@ gg_rows_k(gg_bptrs Bp, const int32_t *offs, int n, int max_rows, int N, int K, f
         __syncthreads();   /* tile kt landed for every thread; stage (kt-1) % 3 consumed by every warp */
         if (kt + GG_STAGES - 1 < ktiles) load((kt + GG_STAGES - 1) % GG_STAGES, kt + GG_STAGES - 1);
         mt_cp_async_commit();
-        const bf16 *As = S + (kt % GG_STAGES) * STAGE, *Bs = As + GG_TILE_NK;
+        const bf16 *As = S + (kt % GG_STAGES) * STAGE, *Bs = As + GG_TILE_MK;
 #pragma unroll
         for (int kk = 0; kk < GG_BK; kk += 16) {
-            uint32_t a[4][4], b[4][2];
+            uint32_t a[4][4], b[NI][2];
             gg_frag_a_mk<GG_LDK>(a, As, wm, kk, lane);
-            if (TB) gg_frag_b_nk(b, Bs, wn, kk, lane);
-            else gg_frag_b_kn(b, Bs, wn, kk, lane);
-            gg_mma(acc, a, b);
+            if (TB) gg_frag_b_nk<NI>(b, Bs, wn, kk, lane);
+            else gg_frag_b_kn<NI, LDN>(b, Bs, wn, kk, lane);
+            gg_mma<NI>(acc, a, b);
         }
     }
 
@@ -247,7 +270,7 @@ gg_rows_k(gg_bptrs Bp, const int32_t *offs, int n, int max_rows, int N, int K, f
             if (r >= r1) continue;
             CT *crow = C + (size_t)r * (size_t)ldc;
 #pragma unroll
-            for (int ni = 0; ni < 4; ni++) {
+            for (int ni = 0; ni < NI; ni++) {
                 const int c = n0 + wn + 8 * ni + 2 * t4;
                 if (c >= N) continue;   /* N is a multiple of 8: c + 1 < N too */
                 float v0 = alpha * acc[mi][ni][2 * h], v1 = alpha * acc[mi][ni][2 * h + 1];
@@ -267,42 +290,49 @@ gg_rows_k(gg_bptrs Bp, const int32_t *offs, int n, int max_rows, int N, int K, f
 
 /* ---- gemm_grouped_sum ----
  * block (x: column tile of N, y: row tile of M, z: group) */
-static __global__ void __launch_bounds__(GG_THREADS, 2)
+template <int BN>
+static __global__ void __launch_bounds__(GG_THREADS, BN == 128 ? 2 : 1)
 gg_sum_k(gg_cptrs Cp, const int32_t *offs, int M, int N, float alpha, const bf16 *A, int lda, const bf16 *B, int ldb,
          float beta, int ldc)
 {
-    constexpr int STAGE = 2 * GG_TILE_KN;
+    constexpr int LDN = gg_tiles<BN>::LDN, STAGE = GG_TILE_KM + gg_tiles<BN>::KN, NI = BN / 32, BI = BN / 64;
+    constexpr int CPR = BN / 8;   /* 16-byte chunks of a B row */
     MT_DYN_SMEM(unsigned char, sm);
     bf16 *S = (bf16 *)sm;   /* stage s: A^T tile at S + s STAGE, B tile after it */
-    const int tid = threadIdx.x, g = blockIdx.z, m0 = blockIdx.y * GG_BM, n0 = blockIdx.x * GG_BN;
+    const int tid = threadIdx.x, g = blockIdx.z, m0 = blockIdx.y * GG_BM, n0 = blockIdx.x * BN;
     const int lo = offs[g] > 0 ? offs[g] : 0, rows = offs[g + 1] > lo ? offs[g + 1] - lo : 0;
     float *Cg = Cp.p[g];
 
-    /* this thread's chunks: k rows (tid >> 4) + 16 i, columns (tid & 15) 8 of the m and n tiles */
-    const int cc = (tid & 15) * 8, kr0 = tid >> 4;
-    const bool oka = m0 + cc < M, okb = n0 + cc < N;
+    /* this thread's chunks: A^T k rows (tid >> 4) + 16 i at m column (tid & 15) 8; B k rows
+     * tid / CPR + (256 / CPR) i at n column (tid % CPR) 8 */
+    const int cc = (tid & 15) * 8, kr0 = tid >> 4, cb = (tid % CPR) * 8, kb0 = tid / CPR;
+    const bool oka = m0 + cc < M, okb = n0 + cb < N;
     const bf16 *pa = A + (size_t)lo * (size_t)lda + (oka ? m0 + cc : 0);
-    const bf16 *pb = B + (size_t)lo * (size_t)ldb + (okb ? n0 + cc : 0);
+    const bf16 *pb = B + (size_t)lo * (size_t)ldb + (okb ? n0 + cb : 0);
     const int ktiles = (rows + GG_BK - 1) / GG_BK;
     auto load = [&](int stage, int kt) {
-        bf16 *As = S + stage * STAGE, *Bs = As + GG_TILE_KN;
+        bf16 *As = S + stage * STAGE, *Bs = As + GG_TILE_KM;
         const int k0 = kt * GG_BK;
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             const int kr = kr0 + 16 * i;
-            const bool kin = k0 + kr < rows;
-            const bool a_ok = oka && kin, b_ok = okb && kin;
-            mt_cp_async16(As + kr * GG_LDN + cc, a_ok ? pa + (size_t)(k0 + kr) * (size_t)lda : A, a_ok ? 16 : 0);
-            mt_cp_async16(Bs + kr * GG_LDN + cc, b_ok ? pb + (size_t)(k0 + kr) * (size_t)ldb : B, b_ok ? 16 : 0);
+            const bool a_ok = oka && k0 + kr < rows;
+            mt_cp_async16(As + kr * GG_LDM + cc, a_ok ? pa + (size_t)(k0 + kr) * (size_t)lda : A, a_ok ? 16 : 0);
+        }
+#pragma unroll
+        for (int i = 0; i < BI; i++) {
+            const int kr = kb0 + (GG_THREADS / CPR) * i;
+            const bool b_ok = okb && k0 + kr < rows;
+            mt_cp_async16(Bs + kr * LDN + cb, b_ok ? pb + (size_t)(k0 + kr) * (size_t)ldb : B, b_ok ? 16 : 0);
         }
     };
 
-    const int lane = tid & 31, warp = tid >> 5, wm = (warp >> 2) * 64, wn = (warp & 3) * 32;
-    float acc[4][4][4];
+    const int lane = tid & 31, warp = tid >> 5, wm = (warp >> 2) * 64, wn = (warp & 3) * (BN / 4);
+    float acc[4][NI][4];
 #pragma unroll
     for (int mi = 0; mi < 4; mi++)
 #pragma unroll
-        for (int ni = 0; ni < 4; ni++)
+        for (int ni = 0; ni < NI; ni++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.0f;
 
@@ -316,13 +346,13 @@ gg_sum_k(gg_cptrs Cp, const int32_t *offs, int M, int N, float alpha, const bf16
         __syncthreads();   /* as in gg_rows_k */
         if (kt + GG_STAGES - 1 < ktiles) load((kt + GG_STAGES - 1) % GG_STAGES, kt + GG_STAGES - 1);
         mt_cp_async_commit();
-        const bf16 *As = S + (kt % GG_STAGES) * STAGE, *Bs = As + GG_TILE_KN;
+        const bf16 *As = S + (kt % GG_STAGES) * STAGE, *Bs = As + GG_TILE_KM;
 #pragma unroll
         for (int kk = 0; kk < GG_BK; kk += 16) {
-            uint32_t a[4][4], b[4][2];
+            uint32_t a[4][4], b[NI][2];
             gg_frag_a_km(a, As, wm, kk, lane);
-            gg_frag_b_kn(b, Bs, wn, kk, lane);
-            gg_mma(acc, a, b);
+            gg_frag_b_kn<NI, LDN>(b, Bs, wn, kk, lane);
+            gg_mma<NI>(acc, a, b);
         }
     }
 
@@ -335,7 +365,7 @@ gg_sum_k(gg_cptrs Cp, const int32_t *offs, int M, int N, float alpha, const bf16
             if (r >= M) continue;
             float *crow = Cg + (size_t)r * (size_t)ldc;
 #pragma unroll
-            for (int ni = 0; ni < 4; ni++) {
+            for (int ni = 0; ni < NI; ni++) {
                 const int c = n0 + wn + 8 * ni + 2 * t4;
                 if (c >= N) continue;
                 float v0 = alpha * acc[mi][ni][2 * h], v1 = alpha * acc[mi][ni][2 * h + 1];
@@ -364,15 +394,34 @@ static int gg_smem_opt_in(F *kern, size_t bytes)
     return MT_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
+template <int TB, typename CT, int BN>
+static void gg_rows_launch_bn(const gg_bptrs &bp, const int32_t *offs, int n, int max_rows, int N, int K, float alpha,
+                              const bf16 *A, int lda, int ldb, float beta, CT *C, int ldc)
+{
+    const size_t smem = (size_t)GG_STAGES * (GG_TILE_MK + (TB ? gg_tiles<BN>::NK : gg_tiles<BN>::KN)) * sizeof(bf16);
+    if (!gg_smem_opt_in(gg_rows_k<TB, CT, BN>, smem)) return;
+    const dim3 grid((unsigned)((N + BN - 1) / BN), (unsigned)((max_rows + GG_BM - 1) / GG_BM + n));
+    MT_LAUNCH((gg_rows_k<TB, CT, BN>), grid, GG_THREADS, smem)(bp, offs, n, max_rows, N, K, alpha, A, lda, ldb, beta,
+                                                               C, ldc);
+    MT_CUDA_KCHECK();
+}
 template <int TB, typename CT>
 static void gg_rows_launch(const gg_bptrs &bp, const int32_t *offs, int n, int max_rows, int N, int K, float alpha,
                            const bf16 *A, int lda, int ldb, float beta, CT *C, int ldc)
 {
-    const size_t smem = (size_t)GG_STAGES * (GG_TILE_NK + (TB ? GG_TILE_NK : GG_TILE_KN)) * sizeof(bf16);
-    if (!gg_smem_opt_in(gg_rows_k<TB, CT>, smem)) return;
-    const dim3 grid((unsigned)((N + GG_BN - 1) / GG_BN), (unsigned)((max_rows + GG_BM - 1) / GG_BM + n));
-    MT_LAUNCH((gg_rows_k<TB, CT>), grid, GG_THREADS, smem)(bp, offs, n, max_rows, N, K, alpha, A, lda, ldb, beta, C,
-                                                           ldc);
+    if (mt_cuda_be->gg_bn == 128)
+        gg_rows_launch_bn<TB, CT, 128>(bp, offs, n, max_rows, N, K, alpha, A, lda, ldb, beta, C, ldc);
+    else
+        gg_rows_launch_bn<TB, CT, 256>(bp, offs, n, max_rows, N, K, alpha, A, lda, ldb, beta, C, ldc);
+}
+template <int BN>
+static void gg_sum_launch(const gg_cptrs &cp, const int32_t *offs, int n, int M, int N, float alpha, const bf16 *A,
+                          int lda, const bf16 *B, int ldb, float beta, int ldc)
+{
+    const size_t smem = (size_t)GG_STAGES * (GG_TILE_KM + gg_tiles<BN>::KN) * sizeof(bf16);
+    if (!gg_smem_opt_in(gg_sum_k<BN>, smem)) return;
+    const dim3 grid((unsigned)((N + BN - 1) / BN), (unsigned)((M + GG_BM - 1) / GG_BM), (unsigned)n);
+    MT_LAUNCH(gg_sum_k<BN>, grid, GG_THREADS, smem)(cp, offs, M, N, alpha, A, lda, B, ldb, beta, ldc);
     MT_CUDA_KCHECK();
 }
 
@@ -450,12 +499,10 @@ extern "C" void mt_cuda_gemm_grouped_sum(void *be, int n, const int32_t *offs, i
         MT_CUDA_UNSUPPORTED("gemm_grouped_sum: A, B and every C_g must be 16-byte aligned");
         return;
     }
-    const size_t smem = (size_t)GG_STAGES * 2 * GG_TILE_KN * sizeof(bf16);
-    if (!gg_smem_opt_in(gg_sum_k, smem)) return;
-    const dim3 grid((unsigned)((N + GG_BN - 1) / GG_BN), (unsigned)((M + GG_BM - 1) / GG_BM), (unsigned)n);
-    MT_LAUNCH(gg_sum_k, grid, GG_THREADS, smem)(cp, offs, M, N, alpha, (const bf16 *)A, lda, (const bf16 *)B, ldb,
-                                                beta, ldc);
-    MT_CUDA_KCHECK();
+    if (mt_cuda_be->gg_bn == 128)
+        gg_sum_launch<128>(cp, offs, n, M, N, alpha, (const bf16 *)A, lda, (const bf16 *)B, ldb, beta, ldc);
+    else
+        gg_sum_launch<256>(cp, offs, n, M, N, alpha, (const bf16 *)A, lda, (const bf16 *)B, ldb, beta, ldc);
 }
 
 extern "C" void mt_cuda_moe_count_acc(void *be, double *load, const int32_t *offs, int n, double sign)

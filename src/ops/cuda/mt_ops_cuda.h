@@ -150,6 +150,9 @@ enum mt_status mt_ops_cuda_status_of(void *be, char *msg, size_t msg_len);
 enum mt_status mt_ops_cuda_get_info_of(void *be, struct mt_ops_cuda_info *info);
 enum mt_status mt_ops_cuda_set_precision_of(void *be, enum mt_cuda_precision p);
 enum mt_status mt_ops_cuda_set_attn_kernel_of(void *be, const char *name);
+/* the grouped GEMMs' block tile columns (gemm_grouped.cu): 128 or 256
+ * (MT_CUDA_GG_BN at creation, default 256); MT_ERR_INVALID_ARG otherwise */
+enum mt_status mt_ops_cuda_set_gg_bn_of(void *be, int bn);
 enum mt_cuda_precision mt_ops_cuda_get_precision_of(void *be);
 void *mt_ops_cuda_stream_of(void *be);
 /* The running counters of instance `be` (NULL = default); zeros without one. */

@@ -451,8 +451,9 @@ static int read_mib(const char *name, long dflt, long lo, long hi, size_t *out, 
  * fp32), MT_CUDA_BF16_SCRATCH_MB (positive integer, default 256) and
  * MT_CUDA_ATTN_DS_MB (the bf16 attention backward's dS tiles, default 2048;
  * 0: dQ always recomputes them), MT_CUDA_ATTN_KERNEL=v1|v2|v3 (the bf16
- * attention kernels, default v3; knob attn_kernel). A bad value refuses the table with the
- * reason, like a missing device. */
+ * attention kernels, default v3; knob attn_kernel), MT_CUDA_GG_BN=128|256 (the
+ * grouped GEMMs' block tile columns, default 256). A bad value refuses the
+ * table with the reason, like a missing device. */
 /* "v1" / "v2" / "v3" -> 0 / 1 / 2; -1 for anything else */
 static int attn_kernel_parse(const char *s)
 {
@@ -466,8 +467,15 @@ static void set_attn_kernel(int v2)
 }
 
 static int read_tunables(char *why, size_t why_len, enum mt_cuda_precision *prec, const char **src, size_t *cap,
-                         size_t *ds_cap, int *attn_v2)
+                         size_t *ds_cap, int *attn_v2, int *gg_bn)
 {
+    /* MT_CUDA_GG_BN=128|256: the grouped GEMMs' block tile columns (gemm_grouped.cu) */
+    const char *gb = getenv(MT_CUDA_GG_BN_ENV);
+    *gg_bn = gb && gb[0] ? atoi(gb) : MT_CUDA_GG_BN_DEFAULT;
+    if (*gg_bn != 128 && *gg_bn != 256) {
+        if (why && why_len) snprintf(why, why_len, "%s=%s: expected 128 or 256", MT_CUDA_GG_BN_ENV, gb);
+        return 0;
+    }
     const char *ak = getenv(MT_CUDA_ATTN_KERNEL_ENV);
     *attn_v2 = attn_kernel_parse(ak && ak[0] ? ak : MT_CUDA_ATTN_KERNEL_DEFAULT);
     if (*attn_v2 < 0) {
@@ -515,9 +523,9 @@ static int init_state(char *why, size_t why_len)
     enum mt_cuda_precision prec;
     const char *prec_src;
     size_t cap, ds_cap;
-    int attn_v2;
+    int attn_v2, gg_bn;
     mt_cuda_be = NULL;   /* a failure below must release only the new instance */
-    if (!read_tunables(why, why_len, &prec, &prec_src, &cap, &ds_cap, &attn_v2)) return 0;
+    if (!read_tunables(why, why_len, &prec, &prec_src, &cap, &ds_cap, &attn_v2, &gg_bn)) return 0;
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
@@ -592,6 +600,7 @@ static int init_state(char *why, size_t why_len)
     mt_cuda_be->bf16_cap = cap;
     mt_cuda_be->attn_ds_cap = ds_cap;
     set_attn_kernel(attn_v2);
+    mt_cuda_be->gg_bn = gg_bn;
     in->bf16_scratch_cap = cap;
     set_precision(prec, prec_src);
     /* MT_CUDA_OP_PROFILE=0: no event pairs (the receipt then has no op
@@ -731,6 +740,14 @@ extern "C" enum mt_status mt_ops_cuda_set_attn_kernel_of(void *be, const char *n
 extern "C" enum mt_status mt_ops_cuda_set_attn_kernel(const char *name)
 {
     return mt_ops_cuda_set_attn_kernel_of(NULL, name);
+}
+
+extern "C" enum mt_status mt_ops_cuda_set_gg_bn_of(void *be, int bn)
+{
+    if (!bind_instance(be)) return MT_ERR_UNSUPPORTED;
+    if (bn != 128 && bn != 256) return MT_ERR_INVALID_ARG;
+    mt_cuda_be->gg_bn = bn;
+    return MT_OK;
 }
 
 extern "C" enum mt_cuda_precision mt_ops_cuda_get_precision_of(void *be)
