@@ -115,4 +115,12 @@ job MT_FAULT=1:3:nan -- "$MT" train $DENSE --set microbatches=2 $COMMON --out "$
 ends "MT_FAULT nan on pipeline stage 1 (rank 1): exit 1 naming rank, parameter, step" 30 1 - \
     'non-finite gradient on rank 1 in parameter [a-z0-9_.]+ at step 3'
 
+# one rank (a group of one reduces nothing: no marking pass before it; the norm finds the
+# NaN and the scan of this rank's gradients names it, as the marks did)
+t0=$SECONDS
+MT_FAULT=0:3:nan "$MT" train $DENSE $COMMON --out "$W/n4" --steps 6 >"$W/job.log" 2>&1
+rc=$? dt=$((SECONDS - t0))
+ends "MT_FAULT nan on one rank: exit 1 naming rank, parameter, step" 30 1 - \
+    'non-finite gradient on rank 0 in parameter model\.norm\.weight at step 3'
+
 finish

@@ -595,8 +595,14 @@ static enum mt_status hook_post_backward(struct mt_ctx *ctx, void *user, int u)
     /* non-finite check BEFORE the reduction: the culprit is this rank. With
      * nonfinite_mark (issue 27 item 3) the unit's gradients mark their flags
      * on the device, no host wait: the flags join the gradient norm and are
-     * read only if it is not finite (mt_zero_set_nonfinite_culprit) */
-    if (ops->nonfinite_mark && ops->sumsq_multi && z->nf_flags) {
+     * read only if it is not finite (mt_zero_set_nonfinite_culprit). A group
+     * of one rank reduces nothing: its gradients at the norm are this rank's
+     * own, so a non-finite one makes the norm non-finite and is found there
+     * afterwards (mt_zero_nonfinite_culprit scans them): no pass over them
+     * here (one GPU: a read of every gradient a step saved) */
+    if (z->lay.size == 1 && ops->sumsq_multi) {
+        /* nothing before the (absent) reduction */
+    } else if (ops->nonfinite_mark && ops->sumsq_multi && z->nf_flags) {
         int c = 0;
         for (int i = 0; i < z->lay.n_params; i++)
             if (z->lay.unit[i] == u && has_grad(&z->lay, z->params, i)) {
@@ -850,6 +856,18 @@ enum mt_status mt_zero_nonfinite_culprit(struct mt_ctx *ctx, struct mt_zero *z, 
 {
     const struct mt_ops_i *ops = z->ops;
     const int P = z->lay.n_params;
+    if (z->lay.size == 1 && ops->sumsq_multi) {
+        /* unmarked (hook_post_backward): the first of this rank's gradients that is not finite */
+        for (int k = 0; k < z->n_views; k++) {
+            const int i = z->view_param[k];
+            if (z->views[k].frozen || !z->views[k].grad || z->lay.owner[i] != z->lay.rank) continue;
+            if (!ops->all_finite(ops->be, z->views[k].grad, z->views[k].numel)) {
+                snprintf(name, len, "%s", z->params[i].name);
+                break;
+            }
+        }
+        return MT_OK;
+    }
     if (!z->nf_flags || P <= 0) return MT_OK;
     float *h = mt_alloc(ctx, (size_t)P * sizeof(float), MT_BUCKET_OTHER);
     if (!h) return MT_ERR_OOM;
