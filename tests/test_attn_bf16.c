@@ -220,7 +220,7 @@ static double worst_ratio(const float *got, const double *want, const double *bo
     return w;
 }
 
-struct outs { float *out, *lse, *dq, *dk, *dv; uint16_t *outb; };
+struct outs { float *out, *lse, *dq, *dk, *dv; uint16_t *outb, *dvb; int dvb_same_dqdk; };
 
 /* How run() hands the entries their qkv_b (mt_ops.h): none (the backend
  * stages q, k, v itself both times), a buffer, or a buffer with the fp32 q,
@@ -250,10 +250,21 @@ static void run_qkvb(const struct mt_ops_i *ops, const struct shape *s, const fl
     float *oin = up(ops, out_in, nq * 4), *lin = up(ops, lse_in, nl * 4);
     float *gq = dev(ops, nq * 4), *gk = dev(ops, nk * 4), *gv = dev(ops, nk * 4);
     ops->attention_backward_bf16(ops->be, gq, gk, gv, dg, dq_, dk_, dv_, oin, lin, s->B, s->T, s->H, s->K, s->hd,
-                                 qkvb);
+                                 qkvb, NULL);
     o->dq = xalloc(nq * 4); o->dk = xalloc(nk * 4); o->dv = xalloc(nk * 4);
     down(ops, o->dq, gq, nq * 4); down(ops, o->dk, gk, nk * 4); down(ops, o->dv, gv, nk * 4);
-    void *bufs[] = {dq_, dk_, dv_, dg, dout, dlse, doutb, oin, lin, gq, gk, gv, qkvb};
+    /* again with dv_b: dv as bf16 only (gv2 scratch), dq and dk the same bits */
+    float *gq2 = dev(ops, nq * 4), *gk2 = dev(ops, nk * 4), *gv2 = dev(ops, nk * 4);
+    uint16_t *dvb = dev(ops, nk * 2);
+    ops->attention_backward_bf16(ops->be, gq2, gk2, gv2, dg, dq_, dk_, dv_, oin, lin, s->B, s->T, s->H, s->K, s->hd,
+                                 qkvb, dvb);
+    o->dvb = xalloc(nk * 2);
+    down(ops, o->dvb, dvb, nk * 2);
+    float *hq = xalloc(nq * 4), *hk = xalloc(nk * 4);
+    down(ops, hq, gq2, nq * 4); down(ops, hk, gk2, nk * 4);
+    o->dvb_same_dqdk = !memcmp(hq, o->dq, nq * 4) && !memcmp(hk, o->dk, nk * 4);
+    free(hq); free(hk);
+    void *bufs[] = {dq_, dk_, dv_, dg, dout, dlse, doutb, oin, lin, gq, gk, gv, qkvb, gq2, gk2, gv2, dvb};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) ops->buf_free(ops->be, &g_ctx, bufs[i]);
 }
@@ -266,7 +277,7 @@ static void run(const struct mt_ops_i *ops, const struct shape *s, const float *
 
 static void outs_free(struct outs *o)
 {
-    free(o->out); free(o->lse); free(o->dq); free(o->dk); free(o->dv); free(o->outb);
+    free(o->out); free(o->lse); free(o->dq); free(o->dk); free(o->dv); free(o->outb); free(o->dvb);
 }
 
 static int same_bits(const struct outs *a, const struct outs *b, const struct shape *s)
@@ -339,6 +350,17 @@ static void test_shape(const struct shape *s)
     }
     snprintf(what, sizeof what, "%s: out_bf16 == bf16(out)", name);
     check(twin, what, "");
+    /* dv_b: dv stored as bf16 only = bf16 of the fp32 dv, dq and dk unchanged */
+    int dvb = a.dvb_same_dqdk;
+    for (size_t i = 0; i < (size_t)s->B * s->T * s->K * s->hd && dvb; i++) {
+        float x = a.dv[i];
+        uint32_t u;
+        memcpy(&u, &x, 4);
+        dvb = a.dvb[i] == (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);   /* nearest even; finite here */
+    }
+    snprintf(what, sizeof what, "%s: dv_b == bf16(dv), dq and dk the same bits", name);
+    snprintf(why, sizeof why, "dq, dk same: %d", a.dvb_same_dqdk);
+    check(dvb, what, why);
 
     run(g_ops, s, q, k, v, g, out_in, lse_in, &b);
     snprintf(what, sizeof what, "%s: deterministic (second call, same bits)", name);

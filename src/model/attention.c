@@ -83,6 +83,15 @@ static int qk_bf16_dy(const struct mt_piece_ctx *pc)
     return pc->bf16 && pc->ops->qk_norm_rope_backward_bf16 && wq->bf16 && wk->bf16 && !wq->lora_a && !wk->lora_a;
 }
 
+/* ... and dv (attention_backward_bf16's dv_b) when v's GEMMs read it alone (a
+ * shadow, no adapter) and the model's dy scratch holds n elements and is free
+ * until then: q and k take their twins (qk_b), not that scratch */
+static int v_bf16_dy(const struct mt_piece_ctx *pc, int qk_b, size_t n)
+{
+    const struct mt_param *wv = aw(pc)->wv;
+    return qk_b && wv->bf16 && !wv->lora_a && pc->dyb && pc->dyb->p && n <= pc->dyb->cap;
+}
+
 /* x_out = x_in + attn(rmsnorm(x_in)) Wo^T for N = B*T rows (a->B, a->T)
  * (x_in, x_out: the step's streams; in the table's kinds x_in -> x_mid).
  * Training: a->state == NULL, positions 0..T-1 per sequence. Inference
@@ -159,17 +168,19 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
     }
     /* term 1: o_proj */
     proj_bwd_b(ops, t, dt, aown(pc)->datt, 0.0f, aw(pc)->wo, dy, st->att, st->att_b, N, QD, D, pc->dyb);
-    /* term 2: attention core (dq, dk, dv overwritten) */
+    /* term 2: attention core (dq, dk, dv overwritten); dv as bf16 only (into the dy
+     * scratch, free until v's GEMMs read it) where those GEMMs are its only readers */
+    const int qk_b = qk_bf16_dy(pc);
+    mt_bf16 *dvb = attn_bf16(pc) && v_bf16_dy(pc, qk_b, (size_t)N * (size_t)KD) ? pc->dyb->p : NULL;
     if (attn_bf16(pc))
-        ops->attention_backward_bf16(ops->be, aown(pc)->dq, aown(pc)->dk, aown(pc)->dv, aown(pc)->datt, st->q, st->k, st->v, st->att,
-                                     st->lse, B, T, H, K, hd, st->qkv_b);
+        ops->attention_backward_bf16(ops->be, aown(pc)->dq, aown(pc)->dk, aown(pc)->dv, aown(pc)->datt, st->q, st->k,
+                                     st->v, st->att, st->lse, B, T, H, K, hd, st->qkv_b, dvb);
     else
         ops->attention_backward(ops->be, aown(pc)->dq, aown(pc)->dk, aown(pc)->dv, aown(pc)->datt, st->q, st->k, st->v, st->att, st->lse,
                                 B, T, H, K, hd);
     /* term 3: RoPE, then QK-norm, one fused pass; datt is free now and takes dq'. When
      * dq', dk' are read by bf16 GEMMs alone (no adapters on q, k) they are stored as
      * bf16 only, in datt's and dk2's memory (the bits of the fp32 pass then the rounding) */
-    const int qk_b = qk_bf16_dy(pc);
     if (qk_b)
         ops->qk_norm_rope_backward_bf16(ops->be, (mt_bf16 *)aown(pc)->datt, (mt_bf16 *)aown(pc)->dk2, aw(pc)->qn->grad,
                                         aw(pc)->kn->grad, aown(pc)->dq, aown(pc)->dk, st->q_raw, st->k_raw,
@@ -191,7 +202,13 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
         proj_bwd_b(ops, t, dt, pc->dh, 0.0f, aw(pc)->wq, aown(pc)->datt, pc->nm->h, pc->nm->hb, N, D, QD, pc->dyb);
         proj_bwd_b(ops, t, dt, pc->dh, 1.0f, aw(pc)->wk, aown(pc)->dk2, pc->nm->h, pc->nm->hb, N, D, KD, pc->dyb);
     }
-    proj_bwd_b(ops, t, dt, pc->dh, 1.0f, aw(pc)->wv, aown(pc)->dv, pc->nm->h, pc->nm->hb, N, D, KD, pc->dyb);
+    if (dvb) {
+        struct mt_param *wv = aw(pc)->wv;
+        wlinear_backward_db(ops, pc->dh, 1.0f, wv->frozen ? NULL : wv->grad, NULL, dvb, pc->nm->h, pc->nm->hb, wv, N, D,
+                            KD);
+    } else {
+        proj_bwd_b(ops, t, dt, pc->dh, 1.0f, aw(pc)->wv, aown(pc)->dv, pc->nm->h, pc->nm->hb, N, D, KD, pc->dyb);
+    }
     /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
     const float *dhr = pc->dh;
     if (tp->sp) {

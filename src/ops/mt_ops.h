@@ -531,13 +531,17 @@ struct mt_ops_i {
      * calls: the forward leaves the rounded operands there and the backward
      * given the same buffer (q, k, v unchanged since) reads them instead of
      * rounding q, k, v again (cuda: 6 bytes an element of the backward's
-     * staging). The same bits either way; a backend may ignore it (cpu). */
+     * staging). The same bits either way; a backend may ignore it (cpu).
+     * dv_b (backward): NULL, or where dv goes as bf16 ONLY (bf16 of the fp32
+     * dv, nearest even; dv is scratch then, its contents unspecified): for a
+     * v projection whose bf16 GEMMs are dv's only readers (8 bytes an element
+     * of dv not moved: the fp32 store, the cast's read). Must not overlap dv. */
     void (*attention_forward_bf16)(void *be, float *out, mt_bf16 *out_bf16, float *lse, const float *q,
                                    const float *k, const float *v, int B, int T, int H, int K, int hd,
                                    mt_bf16 *qkv_b);
     void (*attention_backward_bf16)(void *be, float *dq, float *dk, float *dv, const float *dout, const float *q,
                                     const float *k, const float *v, const float *out, const float *lse,
-                                    int B, int T, int H, int K, int hd, const mt_bf16 *qkv_b);
+                                    int B, int T, int H, int K, int hd, const mt_bf16 *qkv_b, mt_bf16 *dv_b);
     /* ---- the Mamba-3 scan in bf16 (precision=bf16; docs/cuda.md "The Mamba-3
      * scan on tensor cores") ----
      * ssm_scan_forward/backward's contract with the chunked form's

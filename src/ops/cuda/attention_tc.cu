@@ -167,7 +167,7 @@ static __device__ void tc_write_rows(float *dst, bf16 *dst_b, float *stage, cons
         if (r0 + r >= T) continue;
         const size_t at = ((size_t)b * (size_t)T + (size_t)(r0 + r)) * rstride + (size_t)head * (size_t)hd + c;
         const float v = stage[r * lds + c];
-        dst[at] = v;
+        if (dst) dst[at] = v;
         if (dst_b) dst_b[at] = __float2bfloat16_rn(v);
     }
     __syncwarp();
@@ -277,8 +277,8 @@ static __device__ void tc_store_ds(bf16 *dsg, const bf16 *DSw, int b, int h, int
 /* ---- backward: dK, dV ---- */
 template <int NF>
 static __global__ void __launch_bounds__(TC_THREADS)
-attn_tc_dkdv_k(float *dk, float *dv, bf16 *dsg, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *g,
-               const float *lse, const float *D, int T, int H, int K, int hd, float scale, int vec)
+attn_tc_dkdv_k(float *dk, float *dv, bf16 *dv_b, bf16 *dsg, const bf16 *q, const bf16 *k, const bf16 *v,
+               const bf16 *g, const float *lse, const float *D, int T, int H, int K, int hd, float scale, int vec)
 {
     MT_DYN_SMEM(unsigned char, sm);
     const int hd16 = tc_hd16(hd), nf = hd16 / 16, ldh = hd16 + 8;
@@ -351,7 +351,7 @@ attn_tc_dkdv_k(float *dk, float *dv, bf16 *dsg, const bf16 *q, const bf16 *k, co
     __syncthreads();  /* Q and dO become the staging tiles */
     float *stage = (float *)Qs + warp * 16 * (hd16 + 4);
     tc_write_rows<NF>(dk, NULL, stage, dka, nf, b, j0 + 16 * warp, T, K, kvh, hd, hd16);
-    tc_write_rows<NF>(dv, NULL, stage, dva, nf, b, j0 + 16 * warp, T, K, kvh, hd, hd16);
+    tc_write_rows<NF>(dv_b ? NULL : dv, dv_b, stage, dva, nf, b, j0 + 16 * warp, T, K, kvh, hd, hd16);   /* dv_b: bf16 only */
 }
 
 /* ---- backward: dQ ---- */
@@ -552,8 +552,8 @@ static void tc_fwd_launch(float *out, bf16 *out_b, float *lse, const struct tc_o
 }
 
 template <int NF>
-static void tc_bwd_launch(float *dq, float *dk, float *dv, const float *lse, const struct tc_operands *o, int B,
-                          int T, int H, int K, int hd)
+static void tc_bwd_launch(float *dq, float *dk, float *dv, bf16 *dv_b, const float *lse, const struct tc_operands *o,
+                          int B, int T, int H, int K, int hd)
 {
     const int hd16 = tc_hd16(hd);
     const float scale = 1.0f / sqrtf((float)hd);
@@ -562,7 +562,7 @@ static void tc_bwd_launch(float *dq, float *dk, float *dv, const float *lse, con
     if (o->ds ? !tc_smem_opt_in(attn_tc_dq_ds_k<NF>, s_q) : !tc_smem_opt_in(attn_tc_dq_k<NF>, s_q)) return;
     const unsigned nt = (unsigned)((T + TC_B - 1) / TC_B);
     MT_LAUNCH(attn_tc_dkdv_k<NF>, dim3(nt, (unsigned)K, (unsigned)B), TC_THREADS, s_kv)(
-        dk, dv, o->ds, o->q, o->k, o->v, o->g, lse, o->D, T, H, K, hd, scale, o->vec);
+        dk, dv, dv_b, o->ds, o->q, o->k, o->v, o->g, lse, o->D, T, H, K, hd, scale, o->vec);
     MT_CUDA_KCHECK();
     if (o->ds) {  /* dQ = dS K from the tiles the dK/dV kernel stored */
         MT_LAUNCH(attn_tc_dq_ds_k<NF>, dim3(nt, (unsigned)H, (unsigned)B), TC_THREADS, s_q)(
@@ -626,7 +626,7 @@ extern "C" void mt_cuda_attention_forward_bf16(void *be, float *out, mt_bf16 *ou
 extern "C" void mt_cuda_attention_backward_bf16(void *be, float *dq, float *dk, float *dv, const float *dout,
                                                 const float *q, const float *k, const float *v, const float *out,
                                                 const float *lse, int B, int T, int H, int K, int hd,
-                                                const mt_bf16 *qkv_b)
+                                                const mt_bf16 *qkv_b, mt_bf16 *dv_b)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (B <= 0 || T <= 0 || H <= 0) return;
@@ -634,6 +634,7 @@ extern "C" void mt_cuda_attention_backward_bf16(void *be, float *dq, float *dk, 
     if (hd > 128) {
         mt_cuda_be->info.attention_fp32_fallbacks++;
         mt_cuda_attention_backward(be, dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, hd);
+        if (dv_b) mt_cuda_cast_bf16(be, dv_b, dv, (size_t)B * T * K * hd);   /* dv scratch: rounded once */
         return;
     }
     struct tc_operands o;
@@ -642,10 +643,10 @@ extern "C" void mt_cuda_attention_backward_bf16(void *be, float *dq, float *dk, 
     mt_cuda_attention_rowdot(o.D, dout, out, B, T, H, hd);
     mt_cuda_be->info.attention_tc_calls++;
     if (v2) {
-        mt_attn_v2_backward(dq, dk, dv, (mt_bf16 *)o.ds, (const mt_bf16 *)o.q, (const mt_bf16 *)o.k,
+        mt_attn_v2_backward(dq, dk, dv, dv_b, (mt_bf16 *)o.ds, (const mt_bf16 *)o.q, (const mt_bf16 *)o.k,
                             (const mt_bf16 *)o.v, (const mt_bf16 *)o.g, lse, o.D, B, T, H, K, hd);
         return;
     }
-    if (hd <= 64) tc_bwd_launch<4>(dq, dk, dv, lse, &o, B, T, H, K, hd);
-    else          tc_bwd_launch<8>(dq, dk, dv, lse, &o, B, T, H, K, hd);
+    if (hd <= 64) tc_bwd_launch<4>(dq, dk, dv, (bf16 *)dv_b, lse, &o, B, T, H, K, hd);
+    else          tc_bwd_launch<8>(dq, dk, dv, (bf16 *)dv_b, lse, &o, B, T, H, K, hd);
 }

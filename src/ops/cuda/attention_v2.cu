@@ -231,7 +231,7 @@ static __device__ __forceinline__ void v2_write_rows(float *dst, bf16 *dst_b, co
 #pragma unroll
         for (int j = 0; j < HD / 8; j++) {
             v2_f2 v = {acc[j][2 * half], acc[j][2 * half + 1]};
-            *(v2_f2 *)(dst + at + 8 * j) = v;
+            if (dst) *(v2_f2 *)(dst + at + 8 * j) = v;
             if (dst_b) *(uint32_t *)(dst_b + at + 8 * j) = mt_pack_bf16(v.x, v.y);
         }
     }
@@ -406,8 +406,8 @@ static __device__ __forceinline__ void v2_dkdv_fetch(bf16 *Qb, bf16 *Gb, float *
 
 template <int HD>
 static __global__ void __launch_bounds__(V2_THREADS)
-attn_v2_dkdv_k(float *dk, float *dv, bf16 *ds, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *g,
-               const float *lse, const float *D, int T, int H, int K, float scale, float c)
+attn_v2_dkdv_k(float *dk, float *dv, bf16 *dv_b, bf16 *ds, const bf16 *q, const bf16 *k, const bf16 *v,
+               const bf16 *g, const float *lse, const float *D, int T, int H, int K, float scale, float c)
 {
     constexpr int LD = HD + 8, TILE = V2_B * LD;
     MT_DYN_SMEM(unsigned char, sm);
@@ -469,7 +469,7 @@ attn_v2_dkdv_k(float *dk, float *dv, bf16 *ds, const bf16 *q, const bf16 *k, con
         __syncthreads();  /* the buffer is consumed before it is refilled */
     }
     v2_write_rows<HD>(dk, NULL, dka, b, j0 + 16 * warp, T, K, kvh, lane);
-    v2_write_rows<HD>(dv, NULL, dva, b, j0 + 16 * warp, T, K, kvh, lane);
+    v2_write_rows<HD>(dv_b ? NULL : dv, dv_b, dva, b, j0 + 16 * warp, T, K, kvh, lane);   /* dv_b: bf16 only */
 }
 
 /* ---- backward: dQ from the stored dS^T tiles (5 products a tile pair, not 7) ----
@@ -653,15 +653,15 @@ static void v2_dq_ds(float *dq, const bf16 *ds, const bf16 *k, int B, int T, int
 /* ds: room for the dS^T tiles (attention_tc.cu sizes it; NULL: over MT_CUDA_ATTN_DS_MB,
  * dQ recomputes S and dP) */
 template <int HD>
-static void v2_bwd(float *dq, float *dk, float *dv, bf16 *ds, const bf16 *q, const bf16 *k, const bf16 *v,
-                   const bf16 *g, const float *lse, const float *D, int B, int T, int H, int K)
+static void v2_bwd(float *dq, float *dk, float *dv, bf16 *dv_b, bf16 *ds, const bf16 *q, const bf16 *k,
+                   const bf16 *v, const bf16 *g, const float *lse, const float *D, int B, int T, int H, int K)
 {
     const size_t s_kv = 6 * v2_tile_bytes(HD) + 4 * V2_B * sizeof(float), s_q = 6 * v2_tile_bytes(HD);
     if (!v2_smem_opt_in(attn_v2_dkdv_k<HD>, s_kv) || !v2_smem_opt_in(attn_v2_dq_k<HD>, s_q)) return;
     const float scale = 1.0f / sqrtf((float)HD), c = scale * V2_LOG2E;
     const unsigned nt = (unsigned)((T + V2_B - 1) / V2_B);
-    MT_LAUNCH(attn_v2_dkdv_k<HD>, dim3(nt, (unsigned)K, (unsigned)B), V2_THREADS, s_kv)(dk, dv, ds, q, k, v, g, lse, D,
-                                                                                       T, H, K, scale, c);
+    MT_LAUNCH(attn_v2_dkdv_k<HD>, dim3(nt, (unsigned)K, (unsigned)B), V2_THREADS, s_kv)(dk, dv, dv_b, ds, q, k, v, g,
+                                                                                       lse, D, T, H, K, scale, c);
     MT_CUDA_KCHECK();
     if (ds) {
         if (v2_mw() == 2) v2_dq_ds<HD, 2>(dq, ds, k, B, T, H, K);
@@ -681,14 +681,14 @@ void mt_attn_v2_forward(float *out, mt_bf16 *out_b, float *lse, const mt_bf16 *q
     else v2_fwd<128>(out, (bf16 *)out_b, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, B, T, H, K);
 }
 
-void mt_attn_v2_backward(float *dq, float *dk, float *dv, mt_bf16 *ds, const mt_bf16 *q, const mt_bf16 *k,
-                         const mt_bf16 *v, const mt_bf16 *g, const float *lse, const float *D, int B, int T, int H,
-                         int K, int hd)
+void mt_attn_v2_backward(float *dq, float *dk, float *dv, mt_bf16 *dv_b, mt_bf16 *ds, const mt_bf16 *q,
+                         const mt_bf16 *k, const mt_bf16 *v, const mt_bf16 *g, const float *lse, const float *D, int B,
+                         int T, int H, int K, int hd)
 {
     if (hd == 64)
-        v2_bwd<64>(dq, dk, dv, (bf16 *)ds, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (const bf16 *)g, lse, D,
-                   B, T, H, K);
+        v2_bwd<64>(dq, dk, dv, (bf16 *)dv_b, (bf16 *)ds, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v,
+                   (const bf16 *)g, lse, D, B, T, H, K);
     else
-        v2_bwd<128>(dq, dk, dv, (bf16 *)ds, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (const bf16 *)g, lse,
-                    D, B, T, H, K);
+        v2_bwd<128>(dq, dk, dv, (bf16 *)dv_b, (bf16 *)ds, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v,
+                    (const bf16 *)g, lse, D, B, T, H, K);
 }

@@ -613,16 +613,16 @@ int  mt_attn_v2_supports(int hd);  /* 64 and 128 */
 void mt_attn_v2_forward(float *out, mt_bf16 *out_b, float *lse, const mt_bf16 *q, const mt_bf16 *k, const mt_bf16 *v,
                         int B, int T, int H, int K, int hd);
 /* ds: workspace for the dS^T tiles (dQ from them), NULL: dQ recomputes S and dP (counted) */
-void mt_attn_v2_backward(float *dq, float *dk, float *dv, mt_bf16 *ds, const mt_bf16 *q, const mt_bf16 *k,
-                         const mt_bf16 *v, const mt_bf16 *g, const float *lse, const float *D, int B, int T, int H,
-                         int K, int hd);
+void mt_attn_v2_backward(float *dq, float *dk, float *dv, mt_bf16 *dv_b, mt_bf16 *ds, const mt_bf16 *q,
+                         const mt_bf16 *k, const mt_bf16 *v, const mt_bf16 *g, const float *lse, const float *D, int B,
+                         int T, int H, int K, int hd);
 /* ---- attention_tc.cu ---- */
 void mt_cuda_attention_forward_bf16(void *be, float *out, mt_bf16 *out_bf16, float *lse, const float *q,
                                     const float *k, const float *v, int B, int T, int H, int K, int hd,
                                     mt_bf16 *qkv_b);
 void mt_cuda_attention_backward_bf16(void *be, float *dq, float *dk, float *dv, const float *dout,
                                      const float *q, const float *k, const float *v, const float *out,
-                                     const float *lse, int B, int T, int H, int K, int hd, const mt_bf16 *qkv_b);
+                                     const float *lse, int B, int T, int H, int K, int hd, const mt_bf16 *qkv_b, mt_bf16 *dv_b);
 
 /* ---- swiglu.cu ---- */
 void mt_cuda_swiglu_forward(void *be, float *out, const float *gate, const float *up, size_t n);

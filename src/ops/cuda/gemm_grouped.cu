@@ -68,6 +68,8 @@
 #include "cuda_impl.cuh"
 #include "mma_sync.cuh"
 
+#include <type_traits>
+
 typedef __nv_bfloat16 bf16;
 
 #define GG_BM      128                 /* rows (m) of a block's tile        */
@@ -149,11 +151,19 @@ static __device__ __forceinline__ void gg_mma(float acc[4][NI][4], const uint32_
  * block (x: column tile, y: row tile over all groups); TB = transB; CT = float or bf16; BN the tile's columns.
  * Long, as a GEMM main loop is: the tile mapping, the loaders, the pipeline and the epilogue share the
  * thread's registers (pointers, masks, accumulators); split into calls they would pass them all. */
-template <int TB, typename CT, int BN>
-static __global__ void __launch_bounds__(GG_THREADS, BN == 128 ? 2 : 1)
+/* MODE = TB + 2 (C bf16) + 4 (BN 256): one template argument (a kernel's name in the launch log and
+ * the profile has no comma) */
+template <int MODE> struct gg_mode {
+    static constexpr int TB = MODE & 1, BN = MODE & 4 ? 256 : 128;
+    typedef typename std::conditional<(MODE & 2) != 0, bf16, float>::type CT;
+};
+template <int MODE>
+static __global__ void __launch_bounds__(GG_THREADS, gg_mode<MODE>::BN == 128 ? 2 : 1)
 gg_rows_k(gg_bptrs Bp, const int32_t *offs, int n, int max_rows, int N, int K, float alpha, const bf16 *A, int lda,
-          int ldb, float beta, CT *C, int ldc)
+          int ldb, float beta, typename gg_mode<MODE>::CT *C, int ldc)
 {
+    constexpr int TB = gg_mode<MODE>::TB, BN = gg_mode<MODE>::BN;
+    typedef typename gg_mode<MODE>::CT CT;
     constexpr int TILE_B = TB ? gg_tiles<BN>::NK : gg_tiles<BN>::KN, STAGE = GG_TILE_MK + TILE_B;
     constexpr int LDN = gg_tiles<BN>::LDN, NI = BN / 32, BI = BN / 64;   /* n8 tiles a warp, B chunks a thread */
     constexpr int CPR = BN / 8;                                            /* 16-byte chunks of a [k][n] row */
@@ -394,25 +404,27 @@ static int gg_smem_opt_in(F *kern, size_t bytes)
     return MT_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
-template <int TB, typename CT, int BN>
-static void gg_rows_launch_bn(const gg_bptrs &bp, const int32_t *offs, int n, int max_rows, int N, int K, float alpha,
-                              const bf16 *A, int lda, int ldb, float beta, CT *C, int ldc)
+template <int MODE>
+static void gg_rows_launch_mode(const gg_bptrs &bp, const int32_t *offs, int n, int max_rows, int N, int K,
+                                float alpha, const bf16 *A, int lda, int ldb, float beta, void *C, int ldc)
 {
+    constexpr int TB = gg_mode<MODE>::TB, BN = gg_mode<MODE>::BN;
     const size_t smem = (size_t)GG_STAGES * (GG_TILE_MK + (TB ? gg_tiles<BN>::NK : gg_tiles<BN>::KN)) * sizeof(bf16);
-    if (!gg_smem_opt_in(gg_rows_k<TB, CT, BN>, smem)) return;
+    if (!gg_smem_opt_in(gg_rows_k<MODE>, smem)) return;
     const dim3 grid((unsigned)((N + BN - 1) / BN), (unsigned)((max_rows + GG_BM - 1) / GG_BM + n));
-    MT_LAUNCH((gg_rows_k<TB, CT, BN>), grid, GG_THREADS, smem)(bp, offs, n, max_rows, N, K, alpha, A, lda, ldb, beta,
-                                                               C, ldc);
+    MT_LAUNCH(gg_rows_k<MODE>, grid, GG_THREADS, smem)(bp, offs, n, max_rows, N, K, alpha, A, lda, ldb, beta,
+                                                       (typename gg_mode<MODE>::CT *)C, ldc);
     MT_CUDA_KCHECK();
 }
-template <int TB, typename CT>
-static void gg_rows_launch(const gg_bptrs &bp, const int32_t *offs, int n, int max_rows, int N, int K, float alpha,
-                           const bf16 *A, int lda, int ldb, float beta, CT *C, int ldc)
+/* transB, a bf16 C, the backend's BN -> the kernel's MODE */
+static void gg_rows_launch(int tb, int c_bf16, const gg_bptrs &bp, const int32_t *offs, int n, int max_rows, int N,
+                           int K, float alpha, const bf16 *A, int lda, int ldb, float beta, void *C, int ldc)
 {
-    if (mt_cuda_be->gg_bn == 128)
-        gg_rows_launch_bn<TB, CT, 128>(bp, offs, n, max_rows, N, K, alpha, A, lda, ldb, beta, C, ldc);
-    else
-        gg_rows_launch_bn<TB, CT, 256>(bp, offs, n, max_rows, N, K, alpha, A, lda, ldb, beta, C, ldc);
+    switch (tb + 2 * c_bf16 + 4 * (mt_cuda_be->gg_bn == 256)) {
+#define GG_CASE(m) case m: gg_rows_launch_mode<m>(bp, offs, n, max_rows, N, K, alpha, A, lda, ldb, beta, C, ldc); break;
+    GG_CASE(0) GG_CASE(1) GG_CASE(2) GG_CASE(3) GG_CASE(4) GG_CASE(5) GG_CASE(6) GG_CASE(7)
+#undef GG_CASE
+    }
 }
 template <int BN>
 static void gg_sum_launch(const gg_cptrs &cp, const int32_t *offs, int n, int M, int N, float alpha, const bf16 *A,
@@ -461,14 +473,8 @@ extern "C" void mt_cuda_gemm_grouped_rows(void *be, int n, const int32_t *offs, 
         MT_CUDA_UNSUPPORTED("gemm_grouped_rows: A, C and every B_g must be 16-byte aligned");
         return;
     }
-    const bf16 *a = (const bf16 *)A;
-    if (c_type == MT_ELEM_BF16) {
-        if (transB) gg_rows_launch<1>(bp, offs, n, max_rows, N, K, alpha, a, lda, ldb, beta, (bf16 *)C, ldc);
-        else gg_rows_launch<0>(bp, offs, n, max_rows, N, K, alpha, a, lda, ldb, beta, (bf16 *)C, ldc);
-    } else {
-        if (transB) gg_rows_launch<1>(bp, offs, n, max_rows, N, K, alpha, a, lda, ldb, beta, (float *)C, ldc);
-        else gg_rows_launch<0>(bp, offs, n, max_rows, N, K, alpha, a, lda, ldb, beta, (float *)C, ldc);
-    }
+    gg_rows_launch(transB != 0, c_type == MT_ELEM_BF16, bp, offs, n, max_rows, N, K, alpha, (const bf16 *)A, lda, ldb,
+                   beta, C, ldc);
 }
 
 extern "C" void mt_cuda_gemm_grouped_sum(void *be, int n, const int32_t *offs, int M, int N, float alpha,

@@ -104,10 +104,12 @@ static __global__ void router_bwd_k(float *dlogits, const float *dgates, const f
  * same bits). No per-element division (the grid-stride form divided a
  * 64-bit index by C for every element). */
 
-/* xp[m] = h[src_row[m]]   (=); OB: xp is bf16, each value rounded once (permute_bf16) */
-template <int V4, int OB>
+/* xp[m] = h[src_row[m]]   (=); MODE = V4 + 2 OB, OB: xp is bf16, each value rounded once (permute_bf16)
+ * (one template argument: a kernel's name in the launch log and the profile has no comma) */
+template <int MODE>
 static __global__ void permute_k(void *xp, const float *h, const int32_t *src_row, int C)
 {
+    constexpr int V4 = MODE & 1, OB = MODE >> 1;
     const size_t m = blockIdx.x;
     const float *src = h + (size_t)src_row[m] * (size_t)C;
     if constexpr (V4) {
@@ -183,11 +185,12 @@ static __global__ void combine_k(float *out, const float *y, const int32_t *pos,
     }
 }
 
-/* dy[pos[s]] = gates[s] dout[n]   (=), s = n*k + j (blockIdx.x); OB: dy is bf16, rounded once */
-template <int V4, int OB>
+/* dy[pos[s]] = gates[s] dout[n]   (=), s = n*k + j (blockIdx.x); MODE = V4 + 2 OB, OB: dy is bf16, rounded once */
+template <int MODE>
 static __global__ void combine_bwd_dy_k(void *dy, const float *dout, const int32_t *pos, const float *gates, int k,
                                         int C)
 {
+    constexpr int V4 = MODE & 1, OB = MODE >> 1;
     const size_t s = blockIdx.x;
     if (pos[s] < 0) return;   /* a null slot: no row */
     const float g = gates[s], *src = dout + (s / (size_t)k) * (size_t)C;
@@ -256,12 +259,11 @@ static void permute(void *xp, int out_bf16, const float *h, const int32_t *src_r
     if (M <= 0 || C <= 0) return;
     const int v4 = C % 4 == 0 && mt_cuda_aligned(xp, out_bf16 ? 8 : 16) && mt_cuda_aligned(h, 16);
     const unsigned t = row_threads(C, v4);
-    if (out_bf16) {
-        if (v4) MT_LAUNCH((permute_k<1, 1>), M, t, 0)(xp, h, src_row, C);
-        else MT_LAUNCH((permute_k<0, 1>), M, t, 0)(xp, h, src_row, C);
-    } else {
-        if (v4) MT_LAUNCH((permute_k<1, 0>), M, t, 0)(xp, h, src_row, C);
-        else MT_LAUNCH((permute_k<0, 0>), M, t, 0)(xp, h, src_row, C);
+    switch (v4 + 2 * out_bf16) {
+    case 3: MT_LAUNCH(permute_k<3>, M, t, 0)(xp, h, src_row, C); break;
+    case 2: MT_LAUNCH(permute_k<2>, M, t, 0)(xp, h, src_row, C); break;
+    case 1: MT_LAUNCH(permute_k<1>, M, t, 0)(xp, h, src_row, C); break;
+    default: MT_LAUNCH(permute_k<0>, M, t, 0)(xp, h, src_row, C); break;
     }
     MT_CUDA_KCHECK();
 }
@@ -307,12 +309,11 @@ static void combine_backward(void *dy, int dy_bf16, float *dgates, const float *
     if (C > 0) {
         const int v4 = C % 4 == 0 && mt_cuda_aligned(dy, dy_bf16 ? 8 : 16) && mt_cuda_aligned(dout, 16);
         const unsigned t = row_threads(C, v4);
-        if (dy_bf16) {
-            if (v4) MT_LAUNCH((combine_bwd_dy_k<1, 1>), (unsigned)slots, t, 0)(dy, dout, pos, gates, k, C);
-            else MT_LAUNCH((combine_bwd_dy_k<0, 1>), (unsigned)slots, t, 0)(dy, dout, pos, gates, k, C);
-        } else {
-            if (v4) MT_LAUNCH((combine_bwd_dy_k<1, 0>), (unsigned)slots, t, 0)(dy, dout, pos, gates, k, C);
-            else MT_LAUNCH((combine_bwd_dy_k<0, 0>), (unsigned)slots, t, 0)(dy, dout, pos, gates, k, C);
+        switch (v4 + 2 * dy_bf16) {
+        case 3: MT_LAUNCH(combine_bwd_dy_k<3>, (unsigned)slots, t, 0)(dy, dout, pos, gates, k, C); break;
+        case 2: MT_LAUNCH(combine_bwd_dy_k<2>, (unsigned)slots, t, 0)(dy, dout, pos, gates, k, C); break;
+        case 1: MT_LAUNCH(combine_bwd_dy_k<1>, (unsigned)slots, t, 0)(dy, dout, pos, gates, k, C); break;
+        default: MT_LAUNCH(combine_bwd_dy_k<0>, (unsigned)slots, t, 0)(dy, dout, pos, gates, k, C); break;
         }
         MT_CUDA_KCHECK();
     }
