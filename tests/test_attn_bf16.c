@@ -368,15 +368,15 @@ static void test_shape(const struct shape *s)
     outs_free(&b);
 
 #ifdef MT_WITH_CUDA
-    if (*g_kernel) {  /* two forward and two backward calls: which kernels ran them */
+    if (*g_kernel) {  /* two forward and four backward calls (each run's second with dv_b): which kernels ran them */
         mt_ops_cuda_get_info_of(g_ops->be, &i1);
         const long dv2 = i1.attention_v2_calls - i0.attention_v2_calls;
         const long dfb = i1.attention_v2_fallbacks - i0.attention_v2_fallbacks;
         const int v2_hd = s->hd == 64 || s->hd == 128;
         const int v2_set = strcmp(g_kernel, "v1") != 0;  /* v2 and v3: attention_v2.cu */
         const int want_v2 = v2_set && v2_hd;
-        const int ok = !strcmp(i1.attn_kernel, g_kernel) && dv2 == (want_v2 ? 4 : 0) &&
-                       dfb == (v2_set && !v2_hd ? 4 : 0) && (dfb == 0 || i1.attention_v2_fallback_hd == s->hd);
+        const int ok = !strcmp(i1.attn_kernel, g_kernel) && dv2 == (want_v2 ? 6 : 0) &&
+                       dfb == (v2_set && !v2_hd ? 6 : 0) && (dfb == 0 || i1.attention_v2_fallback_hd == s->hd);
         snprintf(what, sizeof what, "%s: ran %s", name, want_v2 ? g_kernel : v2_set ? "v1 (v2 fallback, counted)" : "v1");
         snprintf(why, sizeof why, "attn_kernel %s, +%ld v2 calls, +%ld v2 fallbacks (hd %d)", i1.attn_kernel, dv2,
                  dfb, i1.attention_v2_fallback_hd);
