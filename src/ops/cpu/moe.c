@@ -146,9 +146,10 @@ void mt_cpu_moe_combine(float *out, const float *y, const int32_t *pos, const fl
     }
 }
 
-/* dy[pos[n*k+j]] = gates[n,j] dout[n];  dgates[n,j] = dout[n] . y[pos[n*k+j]]   (both =) */
-void mt_cpu_moe_combine_backward(float *dy, float *dgates, const float *dout, const float *y,
-                                 const int32_t *pos, const float *gates, int N, int k, int C)
+/* dy[pos[n*k+j]] = gates[n,j] dout[n];  dgates[n,j] = dout[n] . y[pos[n*k+j]]   (both =);
+ * dy fp32 (dyf) or bf16 (dyb, each value rounded once: moe_combine_backward_bf16) */
+static void combine_backward(float *dyf, uint16_t *dyb, float *dgates, const float *dout, const float *y,
+                             const int32_t *pos, const float *gates, int N, int k, int C)
 {
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
@@ -161,14 +162,22 @@ void mt_cpu_moe_combine_backward(float *dy, float *dgates, const float *dout, co
             }
             size_t r = (size_t)pos[s] * (size_t)C;
             const float *yr = y + r;
-            float *dyr = dy + r;
             float gj = gates[s], dot = 0.0f;
             #pragma omp simd reduction(+:dot)
             for (int c = 0; c < C; c++) dot += g[c] * yr[c];
-            for (int c = 0; c < C; c++) dyr[c] = gj * g[c];
+            if (dyb)
+                for (int c = 0; c < C; c++) dyb[r + c] = mt_cpu_f32_to_bf16(gj * g[c]);
+            else
+                for (int c = 0; c < C; c++) dyf[r + c] = gj * g[c];
             dgates[s] = dot;
         }
     }
+}
+
+void mt_cpu_moe_combine_backward(float *dy, float *dgates, const float *dout, const float *y,
+                                 const int32_t *pos, const float *gates, int N, int k, int C)
+{
+    combine_backward(dy, NULL, dgates, dout, y, pos, gates, N, k, C);
 }
 
 /* ---- MoE device routing (mt_ops.h): the host code of model/moe.c as it was,
@@ -232,27 +241,8 @@ void mt_cpu_moe_aux_backward(float *dprobs, float *dlse, const float *f_share, c
     }
 }
 
-/* moe_combine_backward with dy stored bf16: dyb[pos[s]] = bf16(gates[s] dout[n]) */
 void mt_cpu_moe_combine_backward_bf16(uint16_t *dyb, float *dgates, const float *dout, const float *y,
                                       const int32_t *pos, const float *gates, int N, int k, int C)
 {
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        const float *g = dout + (size_t)n * (size_t)C;
-        for (int j = 0; j < k; j++) {
-            size_t s = (size_t)n * (size_t)k + (size_t)j;
-            if (pos[s] < 0) {   /* a null slot: no row, no gate gradient through its (zero) output */
-                dgates[s] = 0.0f;
-                continue;
-            }
-            size_t r = (size_t)pos[s] * (size_t)C;
-            const float *yr = y + r;
-            uint16_t *dyr = dyb + r;
-            float gj = gates[s], dot = 0.0f;
-            #pragma omp simd reduction(+:dot)
-            for (int c = 0; c < C; c++) dot += g[c] * yr[c];
-            for (int c = 0; c < C; c++) dyr[c] = mt_cpu_f32_to_bf16(gj * g[c]);
-            dgates[s] = dot;
-        }
-    }
+    combine_backward(NULL, dyb, dgates, dout, y, pos, gates, N, k, C);
 }
