@@ -147,12 +147,19 @@ else bad "MoE bf16"; fi
 #     grouped GEMMs read the offsets there; cpu runs its reference entries,
 #     the same products per group): the same bits as the host sizes, also
 #     with recompute=block (the load histogram's undo on the backend); the
-#     receipt says which ran, and auto stays on the host on cpu
+#     receipt says which ran, and auto stays on the host on cpu; dp=2 ZeRO-3
+#     and pp=2 (the layer's offsets kept per microbatch slot) likewise
 if run 1 "$W/moedev" $MOE --set precision=bf16 --knob moe_sizes=device &&
    close "$W/moe16" "$W/moedev" 0 >/dev/null &&
    run 1 "$W/moerc" $MOE --set precision=bf16 --set recompute=block &&
    run 1 "$W/moercdev" $MOE --set precision=bf16 --set recompute=block --knob moe_sizes=device &&
    close "$W/moerc" "$W/moercdev" 0 >/dev/null &&
+   run 2 "$W/moez3" $MOE --set precision=bf16 --mesh dp=2 --zero 3 &&
+   run 2 "$W/moez3dev" $MOE --set precision=bf16 --mesh dp=2 --zero 3 --knob moe_sizes=device &&
+   close "$W/moez3" "$W/moez3dev" 0 >/dev/null &&
+   run 2 "$W/moepp" $MOE --set precision=bf16 --mesh pp=2 &&
+   run 2 "$W/moeppdev" $MOE --set precision=bf16 --mesh pp=2 --knob moe_sizes=device &&
+   close "$W/moepp" "$W/moeppdev" 0 >/dev/null &&
    python3 - "$W/moe16/receipt.json" "$W/moedev/receipt.json" "$W/moercdev/receipt.json" <<'PY'
 import json, sys
 h, d, r = (json.load(open(p))["distributed"]["moe"] for p in sys.argv[1:])
@@ -162,7 +169,7 @@ for x in (d, r):   # the histogram counted on the backend (recompute: its routin
     assert x["tokens_per_expert_total"] == h["tokens_per_expert_total"], (x["tokens_per_expert_total"], h["tokens_per_expert_total"])
 PY
 then
-    ok "MoE bf16 with moe_sizes=device: the host sizes' bits and load histogram (recompute=block too)"
+    ok "MoE bf16 with moe_sizes=device: the host sizes' bits and load histogram (recompute=block, dp=2 ZeRO-3, pp=2 too)"
 else bad "MoE bf16 with moe_sizes=device"; fi
 
 # 4b. hybrid: the Mamba-3 projections on bf16 shadows, the input norm's twin
