@@ -226,7 +226,9 @@ struct outs { float *out, *lse, *dq, *dk, *dv; uint16_t *outb, *dvb; int dvb_sam
  * stages q, k, v itself both times), a buffer, or a buffer with the fp32 q,
  * k, v overwritten between the forward and the backward (a backend that keeps
  * its rounded operands there must not read them again) */
-enum qkvb_mode { QKVB_NONE, QKVB_SAVED, QKVB_SAVED_POISONED };
+enum qkvb_mode { QKVB_NONE, QKVB_SAVED, QKVB_SAVED_POISONED, QKVB_GIVEN };
+/* QKVB_GIVEN: q, k, v rounded into qkv_b beforehand (cast_bf16, as their
+ * producers would) and passed as NULL to both entries */
 
 /* one forward + backward on `ops`, results on the host */
 static void run_qkvb(const struct mt_ops_i *ops, const struct shape *s, const float *q, const float *k,
@@ -238,7 +240,14 @@ static void run_qkvb(const struct mt_ops_i *ops, const struct shape *s, const fl
     float *dq_ = up(ops, q, nq * 4), *dk_ = up(ops, k, nk * 4), *dv_ = up(ops, v, nk * 4), *dg = up(ops, g, nq * 4);
     float *dout = dev(ops, nq * 4), *dlse = dev(ops, nl * 4);
     uint16_t *doutb = dev(ops, nq * 2), *qkvb = mode == QKVB_NONE ? NULL : dev(ops, (nq + 2 * nk) * 2);
-    ops->attention_forward_bf16(ops->be, dout, doutb, dlse, dq_, dk_, dv_, s->B, s->T, s->H, s->K, s->hd, qkvb);
+    const int given = mode == QKVB_GIVEN;
+    if (given) {
+        ops->cast_bf16(ops->be, qkvb, dq_, nq);
+        ops->cast_bf16(ops->be, qkvb + nq, dk_, nk);
+        ops->cast_bf16(ops->be, qkvb + nq + nk, dv_, nk);
+    }
+    const float *qa = given ? NULL : dq_, *ka = given ? NULL : dk_, *va = given ? NULL : dv_;
+    ops->attention_forward_bf16(ops->be, dout, doutb, dlse, qa, ka, va, s->B, s->T, s->H, s->K, s->hd, qkvb);
     o->out = xalloc(nq * 4); o->lse = xalloc(nl * 4); o->outb = xalloc(nq * 2);
     down(ops, o->out, dout, nq * 4); down(ops, o->lse, dlse, nl * 4); down(ops, o->outb, doutb, nq * 2);
     if (mode == QKVB_SAVED_POISONED) {
@@ -249,15 +258,15 @@ static void run_qkvb(const struct mt_ops_i *ops, const struct shape *s, const fl
     /* backward from the reference's out and lse (fp32), so its bound is the backward's own */
     float *oin = up(ops, out_in, nq * 4), *lin = up(ops, lse_in, nl * 4);
     float *gq = dev(ops, nq * 4), *gk = dev(ops, nk * 4), *gv = dev(ops, nk * 4);
-    ops->attention_backward_bf16(ops->be, gq, gk, gv, dg, dq_, dk_, dv_, oin, lin, s->B, s->T, s->H, s->K, s->hd,
-                                 qkvb, NULL);
+    ops->attention_backward_bf16(ops->be, gq, gk, gv, dg, qa, ka, va, oin, lin, s->B, s->T, s->H, s->K, s->hd, qkvb,
+                                 NULL);
     o->dq = xalloc(nq * 4); o->dk = xalloc(nk * 4); o->dv = xalloc(nk * 4);
     down(ops, o->dq, gq, nq * 4); down(ops, o->dk, gk, nk * 4); down(ops, o->dv, gv, nk * 4);
     /* again with dv_b: dv as bf16 only (gv2 scratch), dq and dk the same bits */
     float *gq2 = dev(ops, nq * 4), *gk2 = dev(ops, nk * 4), *gv2 = dev(ops, nk * 4);
     uint16_t *dvb = dev(ops, nk * 2);
-    ops->attention_backward_bf16(ops->be, gq2, gk2, gv2, dg, dq_, dk_, dv_, oin, lin, s->B, s->T, s->H, s->K, s->hd,
-                                 qkvb, dvb);
+    ops->attention_backward_bf16(ops->be, gq2, gk2, gv2, dg, qa, ka, va, oin, lin, s->B, s->T, s->H, s->K, s->hd, qkvb,
+                                 dvb);
     o->dvb = xalloc(nk * 2);
     down(ops, o->dvb, dvb, nk * 2);
     float *hq = xalloc(nq * 4), *hk = xalloc(nk * 4);
@@ -301,6 +310,52 @@ static double vs_bound(const struct outs *o, const struct ref *r, const struct s
     for (int i = 0; i < 5; i++) if (w[i] > m) m = w[i];
     snprintf(why, len, "err/bound out %.3f lse %.3f dq %.3f dk %.3f dv %.3f", w[0], w[1], w[2], w[3], w[4]);
     return m;
+}
+
+/* hd 136: no tensor-core tiles (cuda runs the fp32 kernels, counted); with q, k,
+ * v given as NULL in qkv_b the entries widen them first: finite, and within
+ * 2e-2 of max|x| of the run on the fp32 operands (those are not rounded there);
+ * on cpu the same bits */
+static void test_given_fallback(void)
+{
+    const struct shape sh = {1, 24, 2, 1, 136}, *s = &sh;
+    const size_t nq = (size_t)s->B * s->T * s->H * s->hd, nk = (size_t)s->B * s->T * s->K * s->hd;
+    const size_t nl = (size_t)s->B * s->H * s->T;
+    float *q = xalloc(nq * 4), *k = xalloc(nk * 4), *v = xalloc(nk * 4), *g = xalloc(nq * 4);
+    for (size_t i = 0; i < nq; i++) q[i] = (float)nrand(), g[i] = (float)nrand();
+    for (size_t i = 0; i < nk; i++) k[i] = (float)nrand(), v[i] = (float)nrand();
+    float *out_in = xalloc(nq * 4), *lse_in = xalloc(nl * 4);
+    {   /* a forward on the fp32 operands gives the backward's out and lse */
+        float *dq_ = up(g_ops, q, nq * 4), *dk_ = up(g_ops, k, nk * 4), *dv_ = up(g_ops, v, nk * 4);
+        float *o = dev(g_ops, nq * 4), *l = dev(g_ops, nl * 4);
+        g_ops->attention_forward_bf16(g_ops->be, o, NULL, l, dq_, dk_, dv_, s->B, s->T, s->H, s->K, s->hd, NULL);
+        down(g_ops, out_in, o, nq * 4);
+        down(g_ops, lse_in, l, nl * 4);
+        void *bufs[] = {dq_, dk_, dv_, o, l};
+        for (size_t i = 0; i < 5; i++) g_ops->buf_free(g_ops->be, &g_ctx, bufs[i]);
+    }
+    struct outs a, b;
+    run_qkvb(g_ops, s, q, k, v, g, out_in, lse_in, &a, QKVB_NONE);
+    run_qkvb(g_ops, s, q, k, v, g, out_in, lse_in, &b, QKVB_GIVEN);
+    double worst = 0, mx = 0;
+    int finite = 1;
+    const float *pa[4] = {a.out, a.dq, a.dk, a.dv}, *pb[4] = {b.out, b.dq, b.dk, b.dv};
+    const size_t n[4] = {nq, nq, nk, nk};
+    for (int t = 0; t < 4; t++)
+        for (size_t i = 0; i < n[t]; i++) {
+            finite &= isfinite(pb[t][i]) != 0;
+            if (fabs(pa[t][i]) > mx) mx = fabs(pa[t][i]);
+            if (fabs(pa[t][i] - pb[t][i]) > worst) worst = fabs(pa[t][i] - pb[t][i]);
+        }
+    char why[96];
+    snprintf(why, sizeof why, "max diff %.3g, max|x| %.3g", worst, mx);
+    if (g_ops == g_cpu)
+        check(same_bits(&a, &b, s), "cpu hd 136: q, k, v NULL in qkv_b: the same bits", why);
+    else
+        check(finite && worst <= 2e-2 * mx, "cuda hd 136 (fp32 fallback): q, k, v NULL in qkv_b, widened", why);
+    outs_free(&a);
+    outs_free(&b);
+    free(q); free(k); free(v); free(g); free(out_in); free(lse_in);
 }
 
 static void test_shape(const struct shape *s)
@@ -399,6 +454,10 @@ static void test_shape(const struct shape *s)
     snprintf(what, sizeof what, "%s: qkv_b given: the same bits", name);
     check(same_bits(&a, &b, s), what, "");
     outs_free(&b);
+    run_qkvb(g_ops, s, q, k, v, g, out_in, lse_in, &b, QKVB_GIVEN);
+    snprintf(what, sizeof what, "%s: q, k, v NULL, rounded in qkv_b beforehand: the same bits", name);
+    check(same_bits(&a, &b, s), what, "");
+    outs_free(&b);
     if (g_ops != g_cpu && s->hd % 8 == 0) {   /* cuda keeps them for 16-byte rows (hd % 8 == 0) */
         run_qkvb(g_ops, s, q, k, v, g, out_in, lse_in, &b, QKVB_SAVED_POISONED);
         snprintf(what, sizeof what, "%s: qkv_b: backward reads the saved q, k, v", name);
@@ -474,6 +533,7 @@ int main(int argc, char **argv)
         check(mt_ops_cuda_set_attn_kernel_of(g_ops->be, "v4") == MT_ERR_INVALID_ARG, "attn_kernel=v4 refused", "");
 #endif
     }
+    test_given_fallback();
     printf("test_attn_bf16: %d passed, %d failed\n", g_pass, n_fail);
     return n_fail ? 1 : 0;
 }

@@ -83,6 +83,19 @@ static int qk_bf16_dy(const struct mt_piece_ctx *pc)
     return pc->bf16 && pc->ops->qk_norm_rope_backward_bf16 && wq->bf16 && wk->bf16 && !wq->lora_a && !wk->lora_a;
 }
 
+/* precision=bf16 training: q, k and v go straight into the saved qkv_b as bf16,
+ * rounded by their producers (qk_norm_rope_forward_bf16; v's GEMM with a bf16
+ * output), and the attention entries read them there (q, k, v given as NULL):
+ * the fp32 q, k, v are not written. Not with an adapter on v (LoRA adds its
+ * fp32 term to v). The same values as rounding the fp32 ones (v: on cpu the
+ * same bits; cuBLASLt's bf16-output matmul may sum in another order). */
+static int qkv_prefill(const struct mt_piece_ctx *pc, const struct attn_state *st)
+{
+    const struct mt_param *wv = aw(pc)->wv;
+    return attn_bf16(pc) && st->qkv_b && pc->ops->qk_norm_rope_forward_bf16 && pc->ops->gemm_bf16_out && wv->bf16 &&
+           !wv->lora_a;
+}
+
 /* ... and dv (attention_backward_bf16's dv_b) when v's GEMMs read it alone (a
  * shadow, no adapter) and the model's dy scratch holds n elements and is free
  * until then: q and k take their twins (qk_b), not that scratch */
@@ -120,9 +133,20 @@ static enum mt_status attn_piece_forward(struct mt_ctx *ctx, const struct mt_pie
     /* this rank's heads (H, K are local under TP) over all N rows */
     proj_fwd_b(ops, t, st->q_raw, pc->nm->h, pc->nm->hb, aw(pc)->wq, N, D, QD, 0.0f);
     proj_fwd_b(ops, t, st->k_raw, pc->nm->h, pc->nm->hb, aw(pc)->wk, N, D, KD, 0.0f);
-    proj_fwd_b(ops, t, st->v, pc->nm->h, pc->nm->hb, aw(pc)->wv, N, D, KD, 0.0f);
-    ops->qk_norm_rope_forward(ops->be, st->q, st->k, st->rstd_q, st->rstd_k, st->q_raw, st->k_raw, aw(pc)->qn->data,
-                              aw(pc)->kn->data, a->cos_tab, a->sin_tab, N, a->rope_T ? a->rope_T : T, pos0, H, K, hd, eps);
+    const int pre = !a->state && qkv_prefill(pc, st);
+    mt_bf16 *qb = pre ? st->qkv_b : NULL, *kb = pre ? qb + (size_t)N * QD : NULL, *vb = pre ? kb + (size_t)N * KD : NULL;
+    if (pre)
+        wlinear_forward_bf16_out(ops, vb, pc->nm->h, pc->nm->hb, aw(pc)->wv, N, D, KD);
+    else
+        proj_fwd_b(ops, t, st->v, pc->nm->h, pc->nm->hb, aw(pc)->wv, N, D, KD, 0.0f);
+    if (pre)
+        ops->qk_norm_rope_forward_bf16(ops->be, qb, kb, st->rstd_q, st->rstd_k, st->q_raw, st->k_raw, aw(pc)->qn->data,
+                                       aw(pc)->kn->data, a->cos_tab, a->sin_tab, N, a->rope_T ? a->rope_T : T, pos0, H,
+                                       K, hd, eps);
+    else
+        ops->qk_norm_rope_forward(ops->be, st->q, st->k, st->rstd_q, st->rstd_k, st->q_raw, st->k_raw,
+                                  aw(pc)->qn->data, aw(pc)->kn->data, a->cos_tab, a->sin_tab, N,
+                                  a->rope_T ? a->rope_T : T, pos0, H, K, hd, eps);
     if (a->state) {
         /* inference, B == 1, one rank: append the new K/V rows, attend over the whole cache */
         MT_ASSERT(B == 1 && tp->tp == 1);
@@ -133,8 +157,8 @@ static enum mt_status attn_piece_forward(struct mt_ctx *ctx, const struct mt_pie
     } else if (attn_bf16(pc)) {
         /* precision=bf16: bf16 operands on tensor cores; the kernel also writes
          * att's bf16 twin, Wo's operand in the forward and dWo GEMMs */
-        ops->attention_forward_bf16(ops->be, st->att, st->att_b, st->lse, st->q, st->k, st->v, B, T, H, K, hd,
-                                    st->qkv_b);
+        ops->attention_forward_bf16(ops->be, st->att, st->att_b, st->lse, pre ? NULL : st->q, pre ? NULL : st->k,
+                                    pre ? NULL : st->v, B, T, H, K, hd, st->qkv_b);
     } else {
         ops->attention_forward(ops->be, st->att, st->lse, st->q, st->k, st->v, B, T, T, 0, H, K, hd);
     }
@@ -172,12 +196,14 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
      * scratch, free until v's GEMMs read it) where those GEMMs are its only readers */
     const int qk_b = qk_bf16_dy(pc);
     mt_bf16 *dvb = attn_bf16(pc) && v_bf16_dy(pc, qk_b, (size_t)N * (size_t)KD) ? pc->dyb->p : NULL;
+    const int pre = qkv_prefill(pc, st);   /* the forward left q, k, v in qkv_b only */
     if (attn_bf16(pc))
-        ops->attention_backward_bf16(ops->be, aown(pc)->dq, aown(pc)->dk, aown(pc)->dv, aown(pc)->datt, st->q, st->k,
-                                     st->v, st->att, st->lse, B, T, H, K, hd, st->qkv_b, dvb);
+        ops->attention_backward_bf16(ops->be, aown(pc)->dq, aown(pc)->dk, aown(pc)->dv, aown(pc)->datt,
+                                     pre ? NULL : st->q, pre ? NULL : st->k, pre ? NULL : st->v, st->att, st->lse, B,
+                                     T, H, K, hd, st->qkv_b, dvb);
     else
-        ops->attention_backward(ops->be, aown(pc)->dq, aown(pc)->dk, aown(pc)->dv, aown(pc)->datt, st->q, st->k, st->v, st->att, st->lse,
-                                B, T, H, K, hd);
+        ops->attention_backward(ops->be, aown(pc)->dq, aown(pc)->dk, aown(pc)->dv, aown(pc)->datt, st->q, st->k, st->v,
+                                st->att, st->lse, B, T, H, K, hd);
     /* term 3: RoPE, then QK-norm, one fused pass; datt is free now and takes dq'. When
      * dq', dk' are read by bf16 GEMMs alone (no adapters on q, k) they are stored as
      * bf16 only, in datt's and dk2's memory (the bits of the fp32 pass then the rounding) */

@@ -472,6 +472,15 @@ struct mt_ops_i {
     void (*rmsnorm_resid_forward_bf16)(void *be, float *out, mt_bf16 *out_bf16, float *rstd, float *resid, const float *inp,
                                        const float *weight, int N, int C, float eps);
     void (*swiglu_forward_bf16)(void *be, float *out, mt_bf16 *out_bf16, const float *gate, const float *up, size_t n);
+    /* qk_norm_rope_forward_bf16: qk_norm_rope_forward with q, k stored ONLY as
+     * bf16 (qb, kb = bf16 of that op's fp32 outputs, nearest even), rstd_q,
+     * rstd_k as there: the attention's operands straight into the caller's
+     * qkv_b (attention_forward_bf16 with q, k NULL); 10 bytes an element of q
+     * and k not moved (the fp32 store, the attention's read of it). */
+    void (*qk_norm_rope_forward_bf16)(void *be, mt_bf16 *qb, mt_bf16 *kb, float *rstd_q, float *rstd_k,
+                                      const float *q_raw, const float *k_raw, const float *wq, const float *wk,
+                                      const float *cos_tab, const float *sin_tab, int N, int T, int pos0, int H, int K,
+                                      int hd, float eps);
     /* qk_norm_rope_backward_bf16: qk_norm_rope_backward with d q_raw, d k_raw
      * stored ONLY as bf16 (dq_raw_b, dk_raw_b = bf16 of that op's fp32
      * outputs, nearest even: its bits then cast_bf16), dwq, dwk as there (+=);
@@ -535,7 +544,11 @@ struct mt_ops_i {
      * dv_b (backward): NULL, or where dv goes as bf16 ONLY (bf16 of the fp32
      * dv, nearest even; dv is scratch then, its contents unspecified): for a
      * v projection whose bf16 GEMMs are dv's only readers (8 bytes an element
-     * of dv not moved: the fp32 store, the cast's read). Must not overlap dv. */
+     * of dv not moved: the fp32 store, the cast's read). Must not overlap dv.
+     * q, k, v NULL (either entry; with qkv_b): that operand is already in
+     * qkv_b, rounded by its producer (qk_norm_rope_forward_bf16, a v GEMM
+     * with a bf16 output): the entries read it there (the same values the
+     * rounding of the fp32 operand would give, so the same bits). */
     void (*attention_forward_bf16)(void *be, float *out, mt_bf16 *out_bf16, float *lse, const float *q,
                                    const float *k, const float *v, int B, int T, int H, int K, int hd,
                                    mt_bf16 *qkv_b);

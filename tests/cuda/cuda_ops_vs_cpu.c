@@ -209,7 +209,7 @@ static void test_table(void)
         E(moe_combine_backward_bf16),
         E(adamw_update), E(muon_momentum), E(transpose), E(gemm_bf16), E(cast_bf16), E(rmsnorm_forward_bf16),
         E(rmsnorm_resid_forward), E(qk_norm_rope_forward), E(qk_norm_rope_backward), E(rmsnorm_resid_forward_bf16),
-        E(qk_norm_rope_backward_bf16),
+        E(qk_norm_rope_backward_bf16), E(qk_norm_rope_forward_bf16),
         E(swiglu_forward_bf16), E(swiglu_backward_bf16), E(swiglu_backward_act_bf16), E(swiglu_forward_bf16_gu),
         E(swiglu_backward_act_bf16_gu), E(gemm_bf16_out), E(widen_bf16),
         E(moe_route), E(moe_seq_stats), E(moe_aux_loss), E(moe_aux_backward), E(xent_fused), E(xent_fused_bf16),
@@ -1292,6 +1292,24 @@ static void test_qk_bwd_bf16(int hd)
         report("qk_norm_rope_backward_bf16", w, (double)(ndiff(bq[0], bq[1], nq / 2) + ndiff(bk[0], bk[1], nk / 2)), 0);
         free(fq); free(fk); free(fwq); free(fwk); free(bwq); free(bwk);
         for (int r = 0; r < 2; r++) free(bq[r]), free(bk[r]);
+        /* the forward: q, k = bf16(the fp32 entry's), rstd the same bits */
+        float *q32 = upf(b, nq_, nq), *k32 = upf(b, nq_, nk), *rq = upf(b, nq_, NH), *rk = upf(b, nq_, NK);
+        float *rq2 = upf(b, nq_, NH), *rk2 = upf(b, nq_, NK);
+        int32_t *q16 = (int32_t *)upf(b, nq_, nq / 2), *k16 = (int32_t *)upf(b, nq_, nk / 2);
+        b->ops->qk_norm_rope_forward(b->ops->be, q32, k32, rq, rk, dqr, dkr, dwq, dwk, dc, ds, N, T, 0, H, K, hd, 1e-6f);
+        b->ops->qk_norm_rope_forward_bf16(b->ops->be, (mt_bf16 *)q16, (mt_bf16 *)k16, rq2, rk2, dqr, dkr, dwq, dwk, dc,
+                                          ds, N, T, 0, H, K, hd, 1e-6f);
+        float *hq32 = downf(b, q32, nq), *hk32 = downf(b, k32, nk), *hrq = downf(b, rq, NH), *hrk = downf(b, rk, NK);
+        float *hrq2 = downf(b, rq2, NH), *hrk2 = downf(b, rk2, NK);
+        uint16_t *hq16 = (uint16_t *)downi(b, q16, nq / 2), *hk16 = (uint16_t *)downi(b, k16, nk / 2);
+        double badf = 0;
+        for (size_t i = 0; i < nq; i++) badf += hq16[i] != host_bf16(hq32[i]);
+        for (size_t i = 0; i < nk; i++) badf += hk16[i] != host_bf16(hk32[i]);
+        snprintf(w, sizeof w, "%s hd=%d: q, k = bf16(the fp32 entry's) (differing)", p ? "cuda" : "cpu", hd);
+        report("qk_norm_rope_forward_bf16", w, badf, 0);
+        snprintf(w, sizeof w, "%s hd=%d: rstd = the fp32 entry's (differing)", p ? "cuda" : "cpu", hd);
+        report("qk_norm_rope_forward_bf16", w, (double)(ndiff(hrq, hrq2, NH) + ndiff(hrk, hrk2, NK)), 0);
+        free(hq32); free(hk32); free(hrq); free(hrk); free(hrq2); free(hrk2); free(hq16); free(hk16);
         release(b);
     }
     free(cs); free(sn); free(qr); free(kr); free(wq); free(wk); free(gq); free(gk); free(dw0); free(rsq); free(rsk);

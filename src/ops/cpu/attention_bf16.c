@@ -32,6 +32,17 @@ static float *rounded_copy(const float *x, size_t n)
     return r;
 }
 
+/* an operand's bf16 values as floats: rounded from x, or (x NULL) widened from
+ * xb, where its producer left them rounded already (the same values) */
+static float *operand(const float *x, const uint16_t *xb, size_t n)
+{
+    if (x) return rounded_copy(x, n);
+    float *r = xb ? malloc((n ? n : 1) * sizeof(float)) : NULL;
+    if (!r) return NULL;
+    for (size_t i = 0; i < n; i++) r[i] = mt_cpu_bf16_to_f32(xb[i]);
+    return r;
+}
+
 static float dot(const float *a, const float *b, int n)
 {
     float s = 0.0f;
@@ -59,11 +70,12 @@ static void poison(float *x, size_t n)
 }
 
 void mt_cpu_attention_forward_bf16(float *out, uint16_t *out_bf16, float *lse, const float *q, const float *k,
-                                  const float *v, int B, int T, int H, int K, int hd)
+                                  const float *v, int B, int T, int H, int K, int hd, const uint16_t *qkv_b)
 {
     const size_t qld = (size_t)H * hd, kld = (size_t)K * hd;
     const size_t nq = (size_t)B * T * qld, nk = (size_t)B * T * kld;
-    float *qr = rounded_copy(q, nq), *kr = rounded_copy(k, nk), *vr = rounded_copy(v, nk);
+    float *qr = operand(q, qkv_b, nq), *kr = operand(k, qkv_b ? qkv_b + nq : NULL, nk);
+    float *vr = operand(v, qkv_b ? qkv_b + nq + nk : NULL, nk);
     int ok = qr && kr && vr;
     const float scale = 1.0f / sqrtf((float)hd);
     const int grp = H / K;
@@ -97,11 +109,12 @@ void mt_cpu_attention_forward_bf16(float *out, uint16_t *out_bf16, float *lse, c
 
 void mt_cpu_attention_backward_bf16(float *dq, float *dk, float *dv, const float *dout, const float *q,
                                    const float *k, const float *v, const float *out, const float *lse,
-                                   int B, int T, int H, int K, int hd)
+                                   int B, int T, int H, int K, int hd, const uint16_t *qkv_b)
 {
     const size_t qld = (size_t)H * hd, kld = (size_t)K * hd;
     const size_t nq = (size_t)B * T * qld, nk = (size_t)B * T * kld;
-    float *qr = rounded_copy(q, nq), *kr = rounded_copy(k, nk), *vr = rounded_copy(v, nk);
+    float *qr = operand(q, qkv_b, nq), *kr = operand(k, qkv_b ? qkv_b + nq : NULL, nk);
+    float *vr = operand(v, qkv_b ? qkv_b + nq + nk : NULL, nk);
     float *gr = rounded_copy(dout, nq);
     int ok = qr && kr && vr && gr;
     const float scale = 1.0f / sqrtf((float)hd);

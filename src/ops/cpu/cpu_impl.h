@@ -142,10 +142,10 @@ void mt_cpu_rope_backward(float *dinp, const float *dout, const float *cos_tab, 
 
 /* ---- attention_bf16.c: precision=bf16's reference (mt_ops.h attention_*_bf16) ---- */
 void mt_cpu_attention_forward_bf16(float *out, uint16_t *out_bf16, float *lse, const float *q, const float *k,
-                                   const float *v, int B, int T, int H, int K, int hd);
+                                   const float *v, int B, int T, int H, int K, int hd, const uint16_t *qkv_b);
 void mt_cpu_attention_backward_bf16(float *dq, float *dk, float *dv, const float *dout, const float *q,
                                     const float *k, const float *v, const float *out, const float *lse,
-                                    int B, int T, int H, int K, int hd);
+                                    int B, int T, int H, int K, int hd, const uint16_t *qkv_b);
 /* ---- attention.c ---- */
 void mt_cpu_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
                               int B, int Tq, int Tk, int q_pos0, int H, int K, int hd);

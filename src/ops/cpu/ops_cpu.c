@@ -302,15 +302,16 @@ static void p_attention_forward_bf16(void *be, float *out, mt_bf16 *out_bf16, fl
                                      mt_bf16 *qkv_b)
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
-    (void)qkv_b;   /* the reference rounds its operands per call (mt_ops.h allows it) */
-    PROF(MT_OPK_ATTENTION, mt_cpu_attention_forward_bf16(out, out_bf16, lse, q, k, v, B, T, H, K, hd));
+    /* the reference rounds its operands per call (mt_ops.h allows it); qkv_b is read
+     * only for an operand given as NULL (its producer rounded it there) */
+    PROF(MT_OPK_ATTENTION, mt_cpu_attention_forward_bf16(out, out_bf16, lse, q, k, v, B, T, H, K, hd, qkv_b));
 }
 /* attention_backward_bf16 (mt_ops.h); dv_b: the fp32 dv (scratch then) rounded once */
 static void attention_backward_bf16(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
                                     const float *v, const float *out, const float *lse, int B, int T, int H, int K,
-                                    int hd, mt_bf16 *dv_b)
+                                    int hd, const mt_bf16 *qkv_b, mt_bf16 *dv_b)
 {
-    mt_cpu_attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, hd);
+    mt_cpu_attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, hd, qkv_b);
     if (dv_b) mt_cpu_cast_bf16(dv_b, dv, (size_t)B * (size_t)T * (size_t)K * (size_t)hd);
 }
 static void p_attention_backward_bf16(void *be, float *dq, float *dk, float *dv, const float *dout, const float *q,
@@ -318,8 +319,7 @@ static void p_attention_backward_bf16(void *be, float *dq, float *dk, float *dv,
                                       int T, int H, int K, int hd, const mt_bf16 *qkv_b, mt_bf16 *dv_b)
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
-    (void)qkv_b;
-    PROF(MT_OPK_ATTENTION_BWD, attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, hd, dv_b));
+    PROF(MT_OPK_ATTENTION_BWD, attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, hd, qkv_b, dv_b));
 }
 static void p_swiglu_forward(void *be, float *out, const float *gate, const float *up, size_t n)
 {
@@ -646,6 +646,33 @@ static void p_qk_norm_rope_backward(void *be, float *dq_raw, float *dk_raw, floa
     PROF(MT_OPK_NORM, mt_cpu_qk_norm_rope_backward(dq_raw, dk_raw, dwq, dwk, dq, dk, q_raw, k_raw, wq, wk, rstd_q,
                                                    rstd_k, cos_tab, sin_tab, N, T, H, K, hd));
 }
+/* qk_norm_rope_forward_bf16: the fp32 op into scratch, then each value rounded once */
+static void qk_fwd_bf16(mt_bf16 *qb, mt_bf16 *kb, float *rstd_q, float *rstd_k, const float *q_raw, const float *k_raw,
+                        const float *wq, const float *wk, const float *cos_tab, const float *sin_tab, int N, int T,
+                        int pos0, int H, int K, int hd, float eps)
+{
+    const size_t nq = (size_t)N * (size_t)H * (size_t)hd, nk = (size_t)N * (size_t)K * (size_t)hd;
+    float *t = malloc((nq + nk) * sizeof(float));
+    if (!t) {   /* kernels return void (mt_ops.h): NaN operands stop the run at the finite check */
+        for (size_t i = 0; i < nq; i++) qb[i] = 0x7fffu;
+        for (size_t i = 0; i < nk; i++) kb[i] = 0x7fffu;
+        return;
+    }
+    mt_cpu_qk_norm_rope_forward(t, t + nq, rstd_q, rstd_k, q_raw, k_raw, wq, wk, cos_tab, sin_tab, N, T, pos0, H, K, hd,
+                                eps);
+    mt_cpu_cast_bf16(qb, t, nq);
+    mt_cpu_cast_bf16(kb, t + nq, nk);
+    free(t);
+}
+static void p_qk_norm_rope_forward_bf16(void *be, mt_bf16 *qb, mt_bf16 *kb, float *rstd_q, float *rstd_k,
+                                        const float *q_raw, const float *k_raw, const float *wq, const float *wk,
+                                        const float *cos_tab, const float *sin_tab, int N, int T, int pos0, int H,
+                                        int K, int hd, float eps)
+{
+    (void)be;
+    PROF(MT_OPK_NORM, qk_fwd_bf16(qb, kb, rstd_q, rstd_k, q_raw, k_raw, wq, wk, cos_tab, sin_tab, N, T, pos0, H, K, hd,
+                                  eps));
+}
 /* qk_norm_rope_backward_bf16: the fp32 op into scratch, then each value rounded once */
 static void qk_bwd_bf16(mt_bf16 *dq_raw_b, mt_bf16 *dk_raw_b, float *dwq, float *dwk, float *dq, float *dk,
                         const float *q_raw, const float *k_raw, const float *wq, const float *wk, const float *rstd_q,
@@ -747,6 +774,7 @@ static const struct mt_ops_i cpu_ops = {
     /* .rmsnorm_resid_forward = */ .rmsnorm_resid_forward = p_rmsnorm_resid_forward,
     /* .qk_norm_rope_forward  = */ .qk_norm_rope_forward  = p_qk_norm_rope_forward,
     /* .qk_norm_rope_backward = */ .qk_norm_rope_backward = p_qk_norm_rope_backward,
+    /* .qk_norm_rope_forward_bf16 = */ .qk_norm_rope_forward_bf16 = p_qk_norm_rope_forward_bf16,
     /* .qk_norm_rope_backward_bf16 = */ .qk_norm_rope_backward_bf16 = p_qk_norm_rope_backward_bf16,
     /* .rmsnorm_resid_forward_bf16 = */ .rmsnorm_resid_forward_bf16 = p_rmsnorm_resid_forward_bf16,
     /* .swiglu_forward_bf16        = */ .swiglu_forward_bf16        = p_swiglu_forward_bf16,

@@ -509,7 +509,13 @@ static int tc_stage(struct tc_operands *o, const float *q, const float *k, const
                     int B, int T, int H, int K, int hd, const mt_bf16 *qkv_b)
 {
     const size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * K * hd;
-    const int saved = qkv_b && hd % 8 == 0 && ((uintptr_t)qkv_b & 15) == 0;
+    /* an operand given as NULL is in qkv_b already (its producer rounded it there, mt_ops.h) */
+    const int given = !q || !k || !v, aligned = hd % 8 == 0 && ((uintptr_t)qkv_b & 15) == 0;
+    if (given && !qkv_b) {
+        MT_CUDA_UNSUPPORTED("attention (bf16): q, k or v NULL without qkv_b");
+        return 0;
+    }
+    const int saved = qkv_b && (given || aligned);
     const size_t bq = tc_up256(nq * 2), bk = tc_up256(nk * 2), bd = dout ? tc_up256((size_t)B * H * T * 4) : 0;
     const size_t bqkv = saved ? 0 : bq + 2 * bk;
     const size_t bds =
@@ -529,13 +535,22 @@ static int tc_stage(struct tc_operands *o, const float *q, const float *k, const
     }
     o->g = dout ? (bf16 *)(ws + bqkv) : NULL;
     o->D = dout ? (float *)(ws + bqkv + bq) : NULL;
-    o->vec = hd % 8 == 0;  /* 256-byte workspace / 16-byte qkv_b: rows start on 16 bytes when hd % 8 == 0 */
-    /* the roundings in one launch (cast_bf16_multi: the same bits as one cast each) */
-    mt_bf16 *dst[4] = {(mt_bf16 *)o->q, (mt_bf16 *)o->k, (mt_bf16 *)o->v, (mt_bf16 *)o->g};
-    const float *src[4] = {q, k, v, dout};
-    const size_t n[4] = {nq, nk, nk, nq};
-    if (saved && dout) mt_cuda_cast_bf16_multi(mt_cuda_be, dst + 3, src + 3, n + 3, 1);  /* q, k, v are saved */
-    else mt_cuda_cast_bf16_multi(mt_cuda_be, dst, src, n, dout ? 4 : 3);
+    /* 256-byte workspace / 16-byte qkv_b: rows start on 16 bytes when hd % 8 == 0 */
+    o->vec = hd % 8 == 0 && (!saved || aligned);
+    /* the roundings in one launch (cast_bf16_multi: the same bits as one cast each); the
+     * backward's q, k, v are saved, and an operand given as NULL is rounded already */
+    mt_bf16 *dst[4];
+    const float *src[4];
+    size_t n[4];
+    int c = 0;
+    const float *from[4] = {q, k, v, dout};
+    mt_bf16 *to[4] = {(mt_bf16 *)o->q, (mt_bf16 *)o->k, (mt_bf16 *)o->v, (mt_bf16 *)o->g};
+    const size_t len[4] = {nq, nk, nk, nq};
+    for (int i = 0; i < 4; i++) {
+        if (!from[i] || (i < 3 && saved && dout)) continue;
+        dst[c] = to[i], src[c] = from[i], n[c++] = len[i];
+    }
+    if (c) mt_cuda_cast_bf16_multi(mt_cuda_be, dst, src, n, c);
     return 1;
 }
 
@@ -598,6 +613,32 @@ static int tc_shape_ok(int H, int K, int hd)
     return 1;
 }
 
+/* The fp32 fallback (hd > 128) wants fp32 q, k, v: an operand given as NULL
+ * (already in qkv_b, mt_ops.h) is widened into the workspace past its first
+ * `skip` bytes (the fp32 backward's own rowdot scratch, which it takes from
+ * the same grow-only workspace's base). Returns 0 on a failure (recorded). */
+static int fp32_operands(void *be, const float **q, const float **k, const float **v, const mt_bf16 *qkv_b, size_t nq,
+                         size_t nk, size_t skip)
+{
+    if (*q && *k && *v) return 1;
+    if (!qkv_b) {
+        MT_CUDA_UNSUPPORTED("attention (bf16): q, k or v NULL without qkv_b");
+        return 0;
+    }
+    skip = tc_up256(skip);
+    unsigned char *ws = (unsigned char *)mt_cuda_workspace(skip + (nq + 2 * nk) * sizeof(float));
+    if (!ws) return 0;
+    float *w = (float *)(ws + skip);
+    const float **op[3] = {q, k, v};
+    const size_t off[3] = {0, nq, nq + nk}, len[3] = {nq, nk, nk};
+    for (int i = 0; i < 3; i++)
+        if (!*op[i]) {
+            mt_cuda_widen_bf16(be, w + off[i], qkv_b + off[i], len[i]);
+            *op[i] = w + off[i];
+        }
+    return 1;
+}
+
 extern "C" void mt_cuda_attention_forward_bf16(void *be, float *out, mt_bf16 *out_bf16, float *lse, const float *q,
                                                const float *k, const float *v, int B, int T, int H, int K, int hd,
                                                mt_bf16 *qkv_b)
@@ -607,6 +648,8 @@ extern "C" void mt_cuda_attention_forward_bf16(void *be, float *out, mt_bf16 *ou
     if (!tc_shape_ok(H, K, hd)) return;
     if (hd > 128) {  /* no tensor-core tiles for it: the fp32 kernels, counted */
         mt_cuda_be->info.attention_fp32_fallbacks++;
+        const size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * K * hd;
+        if (!fp32_operands(be, &q, &k, &v, qkv_b, nq, nk, 0)) return;
         mt_cuda_attention_forward(be, out, lse, q, k, v, B, T, T, 0, H, K, hd);
         if (out_bf16) mt_cuda_cast_bf16(be, out_bf16, out, (size_t)B * T * H * hd);
         return;
@@ -633,6 +676,8 @@ extern "C" void mt_cuda_attention_backward_bf16(void *be, float *dq, float *dk, 
     if (!tc_shape_ok(H, K, hd)) return;
     if (hd > 128) {
         mt_cuda_be->info.attention_fp32_fallbacks++;
+        const size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * K * hd;
+        if (!fp32_operands(be, &q, &k, &v, qkv_b, nq, nk, (size_t)B * T * H * sizeof(float))) return;
         mt_cuda_attention_backward(be, dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, hd);
         if (dv_b) mt_cuda_cast_bf16(be, dv_b, dv, (size_t)B * T * K * hd);   /* dv scratch: rounded once */
         return;

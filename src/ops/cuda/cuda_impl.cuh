@@ -744,6 +744,10 @@ void mt_cuda_qk_norm_rope_backward(void *be, float *dq_raw, float *dk_raw, float
                                    float *dk, const float *q_raw, const float *k_raw, const float *wq,
                                    const float *wk, const float *rstd_q, const float *rstd_k, const float *cos_tab,
                                    const float *sin_tab, int N, int T, int H, int K, int hd);
+void mt_cuda_qk_norm_rope_forward_bf16(void *be, mt_bf16 *qb, mt_bf16 *kb, float *rstd_q, float *rstd_k,
+                                       const float *q_raw, const float *k_raw, const float *wq, const float *wk,
+                                       const float *cos_tab, const float *sin_tab, int N, int T, int pos0, int H, int K,
+                                       int hd, float eps);
 void mt_cuda_qk_norm_rope_backward_bf16(void *be, mt_bf16 *dq_raw_b, mt_bf16 *dk_raw_b, float *dwq, float *dwk,
                                         float *dq, float *dk, const float *q_raw, const float *k_raw, const float *wq,
                                         const float *wk, const float *rstd_q, const float *rstd_k,

@@ -72,8 +72,9 @@ static __device__ __forceinline__ qk_row qk_locate(int row, int N, int H, int K,
 /* Forward, scalar path: a group of G = 1 << lg lanes per head (rmsnorm.cu's
  * layout and order for the sum), the pairs (i, i+half) lane-strided over the
  * group. */
+template <int OB>   /* OB: q, k stored bf16 only (qk_norm_rope_forward_bf16), each value rounded once */
 static __global__ void __launch_bounds__(QK_THREADS)
-qk_fwd_k(float *q, float *k, float *rstd_q, float *rstd_k, const float *q_raw, const float *k_raw,
+qk_fwd_k(void *q, void *k, float *rstd_q, float *rstd_k, const float *q_raw, const float *k_raw,
          const float *wq, const float *wk, const float *cos_tab, const float *sin_tab, int N, int T, int pos0,
          int H, int K, int hd, int lg, float eps)
 {
@@ -92,20 +93,28 @@ qk_fwd_k(float *q, float *k, float *rstd_q, float *rstd_k, const float *q_raw, c
     float r = 1.0f / sqrtf(ss / (float)hd + eps);
     if (!live) return;
     if (l == 0) (rl.is_k ? rstd_k : rstd_q)[row - (rl.is_k ? N * H : 0)] = r;
-    float *o = (rl.is_k ? k : q) + rl.off;
+    typedef typename std::conditional<OB != 0, __nv_bfloat16, float>::type QT;
+    QT *o = (QT *)(rl.is_k ? k : q) + rl.off;
     int half = hd / 2, p = pos0 + rl.n % T;
     const float *cs = cos_tab + (size_t)p * (size_t)half, *sn = sin_tab + (size_t)p * (size_t)half;
     for (int i = l; i < half; i += G) {
         float a = x[i] * r * w[i], b = x[i + half] * r * w[i + half];
-        o[i]        = rot_lo(a, b, cs[i], sn[i]);
-        o[i + half] = rot_hi(a, b, cs[i], sn[i]);
+        const float lo_v = rot_lo(a, b, cs[i], sn[i]), hi_v = rot_hi(a, b, cs[i], sn[i]);
+        if constexpr (OB) {
+            o[i] = mt_cuda_bf16_rn(lo_v);
+            o[i + half] = mt_cuda_bf16_rn(hi_v);
+        } else {
+            o[i] = lo_v;
+            o[i + half] = hi_v;
+        }
     }
 }
 
 /* Forward, vector path: hd = 4 G, one float4 per lane; lanes l < G/2 hold
  * the first half (a), l ^ G/2 the matching second half (b). */
+template <int OB>
 static __global__ void __launch_bounds__(QK_THREADS)
-qk_fwd_vec_k(float *q, float *k, float *rstd_q, float *rstd_k, const float *q_raw, const float *k_raw,
+qk_fwd_vec_k(void *q, void *k, float *rstd_q, float *rstd_k, const float *q_raw, const float *k_raw,
              const float *wq, const float *wk, const float *cos_tab, const float *sin_tab, int N, int T, int pos0,
              int H, int K, int hd, int lg, float eps)
 {
@@ -143,7 +152,8 @@ qk_fwd_vec_k(float *q, float *k, float *rstd_q, float *rstd_k, const float *q_ra
         o.z = rot_hi(yp.z, y.z, cs.z, sn.z);
         o.w = rot_hi(yp.w, y.w, cs.w, sn.w);
     }
-    mt_st_f4((rl.is_k ? k : q) + rl.off + 4 * l, o);
+    if constexpr (OB) mt_st_bf16x4((__nv_bfloat16 *)(rl.is_k ? k : q) + rl.off + 4 * l, o);
+    else mt_st_f4((float *)(rl.is_k ? k : q) + rl.off + 4 * l, o);
 }
 
 /* Backward, vector path (hd = 4 G). Group gi = chunk gi of the concatenated
@@ -299,26 +309,50 @@ extern "C" void mt_cuda_rmsnorm_resid_forward_bf16(void *be, float *out, mt_bf16
 /* the vector path's shape: hd a power of two, 8..128 (one float4 per lane) */
 static bool qk_vec_hd(int hd) { return hd >= 8 && hd <= 128 && (hd & (hd - 1)) == 0; }
 
+/* the forward of both entries; ob: q, k are bf16 (qk_norm_rope_forward_bf16) */
+static void qk_forward(void *q, void *k, int ob, float *rstd_q, float *rstd_k, const float *q_raw, const float *k_raw,
+                       const float *wq, const float *wk, const float *cos_tab, const float *sin_tab, int N, int T,
+                       int pos0, int H, int K, int hd, float eps)
+{
+    int rows = N * (H + K);
+    if (rows <= 0 || hd <= 0) return;
+    int lg = mt_cuda_rms_lanes_log2(hd);
+    unsigned blocks = (unsigned)((((size_t)rows << lg) + QK_THREADS - 1) / QK_THREADS);
+    const size_t oa = ob ? 8 : 16;   /* a lane's 4 outputs */
+    bool vec = qk_vec_hd(hd) && mt_cuda_aligned(q, oa) && mt_cuda_aligned(k, oa) && mt_cuda_aligned(q_raw, 16) &&
+               mt_cuda_aligned(k_raw, 16) && mt_cuda_aligned(wq, 16) && mt_cuda_aligned(wk, 16) &&
+               mt_cuda_aligned(cos_tab, 16) && mt_cuda_aligned(sin_tab, 16);
+    if (vec && ob)
+        MT_LAUNCH(qk_fwd_vec_k<1>, blocks, QK_THREADS, 0)
+            (q, k, rstd_q, rstd_k, q_raw, k_raw, wq, wk, cos_tab, sin_tab, N, T, pos0, H, K, hd, lg, eps);
+    else if (vec)
+        MT_LAUNCH(qk_fwd_vec_k<0>, blocks, QK_THREADS, 0)
+            (q, k, rstd_q, rstd_k, q_raw, k_raw, wq, wk, cos_tab, sin_tab, N, T, pos0, H, K, hd, lg, eps);
+    else if (ob)
+        MT_LAUNCH(qk_fwd_k<1>, blocks, QK_THREADS, 0)
+            (q, k, rstd_q, rstd_k, q_raw, k_raw, wq, wk, cos_tab, sin_tab, N, T, pos0, H, K, hd, lg, eps);
+    else
+        MT_LAUNCH(qk_fwd_k<0>, blocks, QK_THREADS, 0)
+            (q, k, rstd_q, rstd_k, q_raw, k_raw, wq, wk, cos_tab, sin_tab, N, T, pos0, H, K, hd, lg, eps);
+    MT_CUDA_KCHECK();
+}
+
 extern "C" void mt_cuda_qk_norm_rope_forward(void *be, float *q, float *k, float *rstd_q, float *rstd_k, const float *q_raw,
                                              const float *k_raw, const float *wq, const float *wk,
                                              const float *cos_tab, const float *sin_tab, int N, int T, int pos0,
                                              int H, int K, int hd, float eps)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
-    int rows = N * (H + K);
-    if (rows <= 0 || hd <= 0) return;
-    int lg = mt_cuda_rms_lanes_log2(hd);
-    unsigned blocks = (unsigned)((((size_t)rows << lg) + QK_THREADS - 1) / QK_THREADS);
-    bool vec = qk_vec_hd(hd) && mt_cuda_aligned(q, 16) && mt_cuda_aligned(k, 16) && mt_cuda_aligned(q_raw, 16) &&
-               mt_cuda_aligned(k_raw, 16) && mt_cuda_aligned(wq, 16) && mt_cuda_aligned(wk, 16) &&
-               mt_cuda_aligned(cos_tab, 16) && mt_cuda_aligned(sin_tab, 16);
-    if (vec)
-        MT_LAUNCH(qk_fwd_vec_k, blocks, QK_THREADS, 0)
-            (q, k, rstd_q, rstd_k, q_raw, k_raw, wq, wk, cos_tab, sin_tab, N, T, pos0, H, K, hd, lg, eps);
-    else
-        MT_LAUNCH(qk_fwd_k, blocks, QK_THREADS, 0)
-            (q, k, rstd_q, rstd_k, q_raw, k_raw, wq, wk, cos_tab, sin_tab, N, T, pos0, H, K, hd, lg, eps);
-    MT_CUDA_KCHECK();
+    qk_forward(q, k, 0, rstd_q, rstd_k, q_raw, k_raw, wq, wk, cos_tab, sin_tab, N, T, pos0, H, K, hd, eps);
+}
+
+extern "C" void mt_cuda_qk_norm_rope_forward_bf16(void *be, mt_bf16 *qb, mt_bf16 *kb, float *rstd_q, float *rstd_k,
+                                                  const float *q_raw, const float *k_raw, const float *wq,
+                                                  const float *wk, const float *cos_tab, const float *sin_tab, int N,
+                                                  int T, int pos0, int H, int K, int hd, float eps)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    qk_forward(qb, kb, 1, rstd_q, rstd_k, q_raw, k_raw, wq, wk, cos_tab, sin_tab, N, T, pos0, H, K, hd, eps);
 }
 
 /* rows per dw chunk for `nrow` rows: DW_ROWS, doubled while the grid's y would pass 65535 */

@@ -323,6 +323,7 @@ static struct mt_ops_i cuda_ops = {
     /* .qk_norm_rope_backward = */ .qk_norm_rope_backward = PROF(MT_OPK_NORM, mt_cuda_qk_norm_rope_backward),
     /* .rmsnorm_resid_forward_bf16 = */ .rmsnorm_resid_forward_bf16 = PROF(MT_OPK_NORM, mt_cuda_rmsnorm_resid_forward_bf16),
     /* .swiglu_forward_bf16        = */ .swiglu_forward_bf16        = PROF(MT_OPK_ELEMENTWISE, mt_cuda_swiglu_forward_bf16),
+    /* .qk_norm_rope_forward_bf16 = */ .qk_norm_rope_forward_bf16 = PROF(MT_OPK_NORM, mt_cuda_qk_norm_rope_forward_bf16),
     /* .qk_norm_rope_backward_bf16 = */ .qk_norm_rope_backward_bf16 = PROF(MT_OPK_NORM, mt_cuda_qk_norm_rope_backward_bf16),
     /* .swiglu_backward_bf16       = */ .swiglu_backward_bf16       = PROF(MT_OPK_ELEMENTWISE, mt_cuda_swiglu_backward_bf16),
     /* .swiglu_backward_act_bf16   = */ .swiglu_backward_act_bf16   = PROF(MT_OPK_ELEMENTWISE, mt_cuda_swiglu_backward_act_bf16),
