@@ -148,15 +148,15 @@ static __device__ __forceinline__ void gg_mma(float acc[4][NI][4], const uint32_
 }
 
 /* ---- gemm_grouped_rows ----
- * block (x: column tile, y: row tile over all groups); TB = transB; CT = float or bf16; BN the tile's columns.
- * Long, as a GEMM main loop is: the tile mapping, the loaders, the pipeline and the epilogue share the
- * thread's registers (pointers, masks, accumulators); split into calls they would pass them all. */
-/* MODE = TB + 2 (C bf16) + 4 (BN 256): one template argument (a kernel's name in the launch log and
+ * MODE = TB + 2 (C bf16) + 4 (BN 256): one template argument (a kernel's name in the launch log and
  * the profile has no comma) */
 template <int MODE> struct gg_mode {
     static constexpr int TB = MODE & 1, BN = MODE & 4 ? 256 : 128;
     typedef typename std::conditional<(MODE & 2) != 0, bf16, float>::type CT;
 };
+/* block (x: column tile, y: row tile over all groups); TB = transB; CT = float or bf16; BN the tile's columns.
+ * Long, as a GEMM main loop is: the tile mapping, the loaders, the pipeline and the epilogue share the
+ * thread's registers (pointers, masks, accumulators); split into calls they would pass them all. */
 template <int MODE>
 static __global__ void __launch_bounds__(GG_THREADS, gg_mode<MODE>::BN == 128 ? 2 : 1)
 gg_rows_k(gg_bptrs Bp, const int32_t *offs, int n, int max_rows, int N, int K, float alpha, const bf16 *A, int lda,
