@@ -147,6 +147,34 @@ static __device__ __forceinline__ void gg_mma(float acc[4][NI][4], const uint32_
         for (int ni = 0; ni < NI; ni++) mt_mma_16816(acc[mi][ni], a[mi], b[ni]);
 }
 
+/* acc = 0, then the k tiles through the GG_STAGES-deep cp.async pipeline
+ * (both kernels' main loop): load(stage, kt) issues tile kt's copies into a
+ * stage, mul(stage) multiplies a landed stage into acc. Tile kt+2 is in
+ * flight while kt is multiplied; one barrier a step (the stage refilled at
+ * step kt is the one every warp finished at step kt-1). */
+template <typename Load, typename Mul, int NI>
+static __device__ __forceinline__ void gg_mainloop(int ktiles, Load &load, Mul mul, float (&acc)[4][NI][4])
+{
+#pragma unroll
+    for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < GG_STAGES - 1; s++) {
+        if (s < ktiles) load(s, s);
+        mt_cp_async_commit();
+    }
+    for (int kt = 0; kt < ktiles; kt++) {
+        mt_cp_async_wait<GG_STAGES - 2>();
+        __syncthreads();   /* tile kt landed for every thread; stage (kt-1) % 3 consumed by every warp */
+        if (kt + GG_STAGES - 1 < ktiles) load((kt + GG_STAGES - 1) % GG_STAGES, kt + GG_STAGES - 1);
+        mt_cp_async_commit();
+        mul(kt % GG_STAGES);
+    }
+}
+
 /* ---- gemm_grouped_rows ----
  * MODE = TB + 2 (C bf16) + 4 (BN 256): one template argument (a kernel's name in the launch log and
  * the profile has no comma) */
@@ -242,24 +270,8 @@ gg_rows_k(gg_bptrs Bp, const int32_t *offs, int n, int max_rows, int N, int K, f
 
     const int lane = tid & 31, warp = tid >> 5, wm = (warp >> 2) * 64, wn = (warp & 3) * (BN / 4);
     float acc[4][NI][4];
-#pragma unroll
-    for (int mi = 0; mi < 4; mi++)
-#pragma unroll
-        for (int ni = 0; ni < NI; ni++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.0f;
-
-#pragma unroll
-    for (int s = 0; s < GG_STAGES - 1; s++) {
-        if (s < ktiles) load(s, s);
-        mt_cp_async_commit();
-    }
-    for (int kt = 0; kt < ktiles; kt++) {
-        mt_cp_async_wait<GG_STAGES - 2>();
-        __syncthreads();   /* tile kt landed for every thread; stage (kt-1) % 3 consumed by every warp */
-        if (kt + GG_STAGES - 1 < ktiles) load((kt + GG_STAGES - 1) % GG_STAGES, kt + GG_STAGES - 1);
-        mt_cp_async_commit();
-        const bf16 *As = S + (kt % GG_STAGES) * STAGE, *Bs = As + GG_TILE_MK;
+    gg_mainloop(ktiles, load, [&](int stage) {
+        const bf16 *As = S + stage * STAGE, *Bs = As + GG_TILE_MK;
 #pragma unroll
         for (int kk = 0; kk < GG_BK; kk += 16) {
             uint32_t a[4][4], b[NI][2];
@@ -268,7 +280,7 @@ gg_rows_k(gg_bptrs Bp, const int32_t *offs, int n, int max_rows, int N, int K, f
             else gg_frag_b_kn<NI, LDN>(b, Bs, wn, kk, lane);
             gg_mma<NI>(acc, a, b);
         }
-    }
+    }, acc);
 
     /* epilogue: lane (g4, t) holds rows g4, g4 + 8 of each m16 tile, columns 2t, 2t+1 of each n8 tile */
     const int g4 = lane >> 2, t4 = lane & 3;
@@ -339,24 +351,8 @@ gg_sum_k(gg_cptrs Cp, const int32_t *offs, int M, int N, float alpha, const bf16
 
     const int lane = tid & 31, warp = tid >> 5, wm = (warp >> 2) * 64, wn = (warp & 3) * (BN / 4);
     float acc[4][NI][4];
-#pragma unroll
-    for (int mi = 0; mi < 4; mi++)
-#pragma unroll
-        for (int ni = 0; ni < NI; ni++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.0f;
-
-#pragma unroll
-    for (int s = 0; s < GG_STAGES - 1; s++) {
-        if (s < ktiles) load(s, s);
-        mt_cp_async_commit();
-    }
-    for (int kt = 0; kt < ktiles; kt++) {
-        mt_cp_async_wait<GG_STAGES - 2>();
-        __syncthreads();   /* as in gg_rows_k */
-        if (kt + GG_STAGES - 1 < ktiles) load((kt + GG_STAGES - 1) % GG_STAGES, kt + GG_STAGES - 1);
-        mt_cp_async_commit();
-        const bf16 *As = S + (kt % GG_STAGES) * STAGE, *Bs = As + GG_TILE_KM;
+    gg_mainloop(ktiles, load, [&](int stage) {
+        const bf16 *As = S + stage * STAGE, *Bs = As + GG_TILE_KM;
 #pragma unroll
         for (int kk = 0; kk < GG_BK; kk += 16) {
             uint32_t a[4][4], b[NI][2];
@@ -364,7 +360,7 @@ gg_sum_k(gg_cptrs Cp, const int32_t *offs, int M, int N, float alpha, const bf16
             gg_frag_b_kn<NI, LDN>(b, Bs, wn, kk, lane);
             gg_mma<NI>(acc, a, b);
         }
-    }
+    }, acc);
 
     const int g4 = lane >> 2, t4 = lane & 3;
 #pragma unroll

@@ -126,60 +126,41 @@ static __global__ void permute_k(void *xp, const float *h, const int32_t *src_ro
     }
 }
 
-/* dh[n] += sum_j dxp[pos[n*k+j]]   (+=, j order) */
-template <int V4>
-static __global__ void permute_bwd_k(float *dh, const float *dxp, const int32_t *pos, int k, int C)
+/* out[n] += sum_j w_nj src[pos[n*k+j]]   (+=, j order; a null slot, pos < 0, adds 0):
+ * permute_backward (MODE = V4: w = 1, a plain add) and combine (MODE = V4 + 2:
+ * w = gates) */
+template <int MODE>
+static __global__ void gather_add_k(float *out, const float *src, const int32_t *pos, const float *gates, int k, int C)
 {
+    constexpr int V4 = MODE & 1, W = MODE >> 1;
     const size_t n = blockIdx.x;
     const int32_t *pn = pos + n * (size_t)k;
-    float *d = dh + n * (size_t)C;
-    if constexpr (V4) {
-        for (int c = 4 * threadIdx.x; c < C; c += 4 * blockDim.x) {
-            float4 acc = mt_ld_f4(d + c);
-            for (int j = 0; j < k; j++) {
-                const int32_t r = pn[j];
-                if (r < 0) continue;   /* a null slot */
-                const float4 v = mt_ld_f4(dxp + (size_t)r * (size_t)C + c);
-                acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
-            }
-            mt_st_f4(d + c, acc);
-        }
-    } else {
-        for (int c = threadIdx.x; c < C; c += blockDim.x) {
-            float acc = d[c];
-            for (int j = 0; j < k; j++) {
-                const int32_t r = pn[j];
-                if (r >= 0) acc += dxp[(size_t)r * (size_t)C + c];   /* r < 0: a null slot */
-            }
-            d[c] = acc;
-        }
-    }
-}
-
-/* out[n] += sum_j gates[n,j] y[pos[n*k+j]]   (+=) */
-template <int V4>
-static __global__ void combine_k(float *out, const float *y, const int32_t *pos, const float *gates, int k, int C)
-{
-    const size_t n = blockIdx.x;
-    const int32_t *pn = pos + n * (size_t)k;
-    const float *gn = gates + n * (size_t)k;
+    const float *gn = W ? gates + n * (size_t)k : NULL;
     float *o = out + n * (size_t)C;
     if constexpr (V4) {
         for (int c = 4 * threadIdx.x; c < C; c += 4 * blockDim.x) {
             float4 acc = mt_ld_f4(o + c);
             for (int j = 0; j < k; j++) {
-                if (pn[j] < 0) continue;   /* a null slot adds 0 */
-                const float g = gn[j];
-                const float4 v = mt_ld_f4(y + (size_t)pn[j] * (size_t)C + c);
-                acc.x += g * v.x, acc.y += g * v.y, acc.z += g * v.z, acc.w += g * v.w;
+                if (pn[j] < 0) continue;
+                const float4 v = mt_ld_f4(src + (size_t)pn[j] * (size_t)C + c);
+                if constexpr (W) {
+                    const float g = gn[j];
+                    acc.x += g * v.x, acc.y += g * v.y, acc.z += g * v.z, acc.w += g * v.w;
+                } else {
+                    acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
+                }
             }
             mt_st_f4(o + c, acc);
         }
     } else {
         for (int c = threadIdx.x; c < C; c += blockDim.x) {
             float acc = o[c];
-            for (int j = 0; j < k; j++)
-                if (pn[j] >= 0) acc += gn[j] * y[(size_t)pn[j] * (size_t)C + c];   /* a null slot adds 0 */
+            for (int j = 0; j < k; j++) {
+                if (pn[j] < 0) continue;
+                const float v = src[(size_t)pn[j] * (size_t)C + c];
+                if constexpr (W) acc += gn[j] * v;
+                else acc += v;
+            }
             o[c] = acc;
         }
     }
@@ -254,6 +235,19 @@ static unsigned row_threads(int C, int v4)
     return w >= THREADS ? THREADS : w <= MT_WARP ? MT_WARP : (unsigned)((w + MT_WARP - 1) / MT_WARP * MT_WARP);
 }
 
+/* out[n] += sum_j w src[pos] (gather_add_k; gates NULL: w = 1) */
+static void gather_add(float *out, const float *src, const int32_t *pos, const float *gates, int N, int k, int C)
+{
+    const int v4 = C % 4 == 0 && mt_cuda_aligned(out, 16) && mt_cuda_aligned(src, 16);
+    switch (v4 + 2 * (gates != NULL)) {
+    case 3: MT_LAUNCH(gather_add_k<3>, N, row_threads(C, 1), 0)(out, src, pos, gates, k, C); break;
+    case 2: MT_LAUNCH(gather_add_k<2>, N, row_threads(C, 0), 0)(out, src, pos, gates, k, C); break;
+    case 1: MT_LAUNCH(gather_add_k<1>, N, row_threads(C, 1), 0)(out, src, pos, gates, k, C); break;
+    default: MT_LAUNCH(gather_add_k<0>, N, row_threads(C, 0), 0)(out, src, pos, gates, k, C); break;
+    }
+    MT_CUDA_KCHECK();
+}
+
 static void permute(void *xp, int out_bf16, const float *h, const int32_t *src_row, int M, int C)
 {
     if (M <= 0 || C <= 0) return;
@@ -284,10 +278,7 @@ extern "C" void mt_cuda_moe_permute_backward(void *be, float *dh, const float *d
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (N <= 0 || C <= 0) return;
-    const int v4 = C % 4 == 0 && mt_cuda_aligned(dh, 16) && mt_cuda_aligned(dxp, 16);
-    if (v4) MT_LAUNCH(permute_bwd_k<1>, N, row_threads(C, 1), 0)(dh, dxp, pos, k, C);
-    else MT_LAUNCH(permute_bwd_k<0>, N, row_threads(C, 0), 0)(dh, dxp, pos, k, C);
-    MT_CUDA_KCHECK();
+    gather_add(dh, dxp, pos, NULL, N, k, C);
 }
 
 extern "C" void mt_cuda_moe_combine(void *be, float *out, const float *y, const int32_t *pos, const float *gates,
@@ -295,10 +286,7 @@ extern "C" void mt_cuda_moe_combine(void *be, float *out, const float *y, const 
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (N <= 0 || C <= 0) return;
-    const int v4 = C % 4 == 0 && mt_cuda_aligned(out, 16) && mt_cuda_aligned(y, 16);
-    if (v4) MT_LAUNCH(combine_k<1>, N, row_threads(C, 1), 0)(out, y, pos, gates, k, C);
-    else MT_LAUNCH(combine_k<0>, N, row_threads(C, 0), 0)(out, y, pos, gates, k, C);
-    MT_CUDA_KCHECK();
+    gather_add(out, y, pos, gates, N, k, C);
 }
 
 static void combine_backward(void *dy, int dy_bf16, float *dgates, const float *dout, const float *y,
