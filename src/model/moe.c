@@ -22,8 +22,10 @@
  * forward (the grouped GEMM and the all-to-all-v take host sizes); the
  * backward reuses them (no copy). The layer's aux and z sums stay in
  * the piece's own struct (loss), read by the model once per forward for
- * all layers (moe_own_losses). Extra copies only under the test hook
- * test_force_routing.
+ * all layers (moe_own_losses); the load histogram is counted on the backend
+ * (moe_count_acc) and read once a step (moe_own_load). With the sizes on the
+ * device (knob moe_sizes) the offsets are not read at all. Extra copies only
+ * under the test hook test_force_routing.
  * Backward:
  *     term 1: combine: dy[pos] = g dout;  dg_nj = dout_n . y[pos]
  *     term 2: per-expert SwiGLU backward on its rows -> dxp; dh = sum_j dxp[pos] (+ shared)
@@ -144,15 +146,8 @@ static const mt_bf16 *shared_hb(const struct mt_piece_ctx *pc)
     return pc->tp.tp > 1 && !pc->tp.sp ? pc->nm->hb + (size_t)moe_row0(pc) * (size_t)pc->D : pc->nm->hb;
 }
 
-/* out (n, D) += moe(h) for the n rows pc->nm->h (global rows row0.. of the
- * microbatch under TP, sequences of T rows). When want_loss, the layer's
- * slot of moe_scr(pc)->loss (device) gets the aux sum sum_s aux_coef*E*sum_e f P
- * (the whole microbatch's sequences, counted on model rank 0 only:
- * per-sequence statistics are all-reduced over the model group) and the z
- * sum z_coef * sum over the n rows of lse^2 (un-normalised; the model
- * divides by the global counts: mt_model_forward_stage). */
 /* The experts on host sizes: ey (sorted rows) from xp, after one read of the
- * offsets (the all-to-alls under EP), the load histogram counted on the host. */
+ * offsets (the all-to-alls under EP). */
 static enum mt_status experts_host_forward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, int n)
 {
     const struct mt_ops_i *ops = pc->ops;
@@ -167,10 +162,6 @@ static enum mt_status experts_host_forward(struct mt_ctx *ctx, const struct mt_p
     _Static_assert(sizeof(int) == sizeof(int32_t), "e_off is copied as int32");
     ops->copy_to_host(ops->be, st->e_off, st->e_off_d, (size_t)(Er + 1) * sizeof(int32_t));
     MT_ASSERT(st->e_off[0] == 0 && st->e_off[Er] == M);
-    if (s->load) {
-        double *load = s->load + (size_t)pc->layer * Er;
-        for (int e = 0; e < Er; e++) load[e] += st->e_off[e + 1] - st->e_off[e];
-    }
 
     /* only the real slots' rows [0, e_off[E]) move (null slots: pos -1, SPEC 1e) */
     ops->moe_permute(ops->be, s->xp, pc->nm->h, st->src_row, st->e_off[E], D);
@@ -214,6 +205,13 @@ static enum mt_status experts_host_forward(struct mt_ctx *ctx, const struct mt_p
     return epa_alltoallv_rows(ctx, ea, st->ey, s->ry, rcnt, rdis, scnt, sdis, D, s->h_a2a);   /* back to the sources */
 }
 
+/* out (n, D) += moe(h) for the n rows pc->nm->h (global rows row0.. of the
+ * microbatch under TP, sequences of T rows). When want_loss, the layer's
+ * slot of moe_scr(pc)->loss (device) gets the aux sum sum_s aux_coef*E*sum_e f P
+ * (the whole microbatch's sequences, counted on model rank 0 only:
+ * per-sequence statistics are all-reduced over the model group) and the z
+ * sum z_coef * sum over the n rows of lse^2 (un-normalised; the model
+ * divides by the global counts: mt_model_forward_stage). */
 static enum mt_status moe_forward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, float *out, int n,
                                   int want_loss)
 {
@@ -229,9 +227,10 @@ static enum mt_status moe_forward(struct mt_ctx *ctx, const struct mt_piece_ctx 
 
     if (md->force_route) force_routing(pc, n);
     ops->moe_route(ops->be, st->pos, st->src_row, st->e_off_d, s->route_work, st->topk, n, k, Er, md->Z);
+    /* the load histogram, counted on the backend (read once a step: moe_own_load) */
+    ops->moe_count_acc(ops->be, s->load_d + (size_t)pc->layer * Er, st->e_off_d, Er, 1.0);
     if (md->dev_sizes) {
         /* the counts stay on the backend (no null experts: every slot is a real row, n k of them) */
-        ops->moe_count_acc(ops->be, s->load_d + (size_t)pc->layer * Er, st->e_off_d, Er, 1.0);
         ops->moe_permute_bf16(ops->be, s->xb, pc->nm->h, st->src_row, n * k, D);   /* the GEMMs' operand only */
         moe_experts_forward_dev(pc, st->e_off_d, n * k, st->eg, st->eu, st->ey);
     } else {
@@ -371,13 +370,13 @@ static void moe_params(const struct mt_block_shape *shape, mt_pspec_fn fn, void 
  * host-memory one, cpu, the host sizes cost nothing, and its bits stay
  * those of the per-group calls). why gets the reason when not. */
 static int sizes_on_device(const struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const struct mt_moe_dims *md,
-                           char *why, size_t n)
+                           const struct mt_config *cfg, char *why, size_t n)
 {
     const char *k = ctx ? mt_knob_str(ctx, MT_KNOB_MOE_SIZES) : "auto";
     const struct mt_ops_i *ops = pc->ops;
     const char *no = NULL;
     if (strcmp(k, "host") == 0) no = "moe_sizes=host";
-    else if (!ops || !ops->gemm_grouped_rows || !ops->gemm_grouped_sum || !ops->moe_count_acc ||
+    else if (!ops || !ops->gemm_grouped_rows || !ops->gemm_grouped_sum ||
              !ops->swiglu_backward_act_bf16 || !ops->swiglu_forward_bf16 || !ops->moe_permute_bf16 ||
              !ops->moe_combine_backward_bf16)
         no = "the backend has no device-sized grouped GEMM";
@@ -386,8 +385,8 @@ static int sizes_on_device(const struct mt_ctx *ctx, const struct mt_piece_ctx *
     else if (!pc->bf16) no = "precision=fp32 (the device-sized GEMMs are bf16)";
     else if (pc->ep.ep > 1) no = "ep > 1 (the all-to-all-v takes host counts)";
     else if (md->Z > 0) no = "null experts";
-    else if (md->lora) no = "LoRA (frozen experts and adapters run per group)";
-    else if (md->redo) no = "ReDo (scores per group)";
+    else if (cfg->lora_rank > 0) no = "LoRA (frozen experts and adapters run per group)";
+    else if (cfg->redo_every > 0) no = "ReDo (scores per group)";
     else if (!md->grouped) no = "moe_grouped=0";
     else if (md->E > MT_GROUPED_DEV_MAX) no = "more than 64 experts";
     else if (!mt_grouped_dev_dims_ok(pc->D, md->Fe, 8, 8)) no = "d_model or expert_hidden not a multiple of 8";
@@ -404,23 +403,20 @@ static void moe_setup(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const s
     md->E = cfg->n_experts, md->Z = cfg->n_null_experts, md->top_k = cfg->top_k, md->Fe = cfg->expert_hidden;
     md->Fs = cfg->shared_expert_hidden, md->L = cfg->n_layer;
     md->aux_coef = cfg->aux_loss_coef;
-    md->lora = cfg->lora_rank > 0;
-    md->redo = cfg->redo_every > 0;
     md->z_coef = cfg->z_loss_coef;
     /* test hook (knob test_force_routing, env MT_TEST_FORCE_ROUTING): 1 sends every
      * token to experts 0..top_k-1 (so that some expert ranks receive no token at all) */
     md->force_route = ctx && mt_knob_int(ctx, MT_KNOB_TEST_FORCE_ROUTING) == 1;
     md->grouped = ctx && mt_knob_int(ctx, MT_KNOB_MOE_GROUPED) != 0;   /* the experts' GEMMs grouped (moe_experts.c) */
-    md->dev_sizes = sizes_on_device(ctx, pc, md, md->why_host, sizeof md->why_host);
+    md->dev_sizes = sizes_on_device(ctx, pc, md, cfg, md->why_host, sizeof md->why_host);
 }
 
-/* the load histogram on the host (device sizes: one copy of the backend's) */
+/* the load histogram on the host: one copy of the backend's */
 const double *moe_own_load(const struct mt_ops_i *ops, void *own)
 {
     struct moe_own *o = own;
-    if (!o) return NULL;
-    if (o->d.dev_sizes && o->s.load && o->s.load_d)
-        ops->copy_to_host(ops->be, o->s.load, o->s.load_d, (size_t)o->d.L * (size_t)(o->d.E + o->d.Z) * sizeof(double));
+    if (!o || !o->s.load) return NULL;
+    ops->copy_to_host(ops->be, o->s.load, o->s.load_d, (size_t)o->d.L * (size_t)(o->d.E + o->d.Z) * sizeof(double));
     return o->s.load;
 }
 
@@ -435,8 +431,7 @@ void moe_own_load_reset(const struct mt_ops_i *ops, void *own)
 {
     struct moe_own *o = own;
     const size_t LE = o ? (size_t)o->d.L * (size_t)(o->d.E + o->d.Z) : 0;
-    if (o && o->s.load) memset(o->s.load, 0, LE * sizeof(double));
-    if (o && o->d.dev_sizes && o->s.load_d) ops->fill(ops->be, (float *)o->s.load_d, 0.0f, 2 * LE);   /* +0.0 bits */
+    if (o && o->s.load_d) ops->fill(ops->be, (float *)o->s.load_d, 0.0f, 2 * LE);   /* doubles of +0.0 bits */
 }
 
 const double *moe_own_losses(const struct mt_ops_i *ops, void *own, int l0, int l1)
@@ -651,13 +646,7 @@ static void moe_undo_recompute(const struct mt_piece_ctx *pc)
 {
     const int E = moe_dims(pc)->E + moe_dims(pc)->Z;   /* the histogram's columns */
     const struct moe_state *st = pc->st;
-    if (moe_dims(pc)->dev_sizes) {
-        pc->ops->moe_count_acc(pc->ops->be, moe_scr(pc)->load_d + (size_t)pc->layer * (size_t)E, st->e_off_d, E, -1.0);
-        return;
-    }
-    if (!moe_scr(pc)->load) return;
-    double *load = moe_scr(pc)->load + (size_t)pc->layer * (size_t)E;
-    for (int e = 0; e < E; e++) load[e] -= st->e_off[e + 1] - st->e_off[e];
+    pc->ops->moe_count_acc(pc->ops->be, moe_scr(pc)->load_d + (size_t)pc->layer * (size_t)E, st->e_off_d, E, -1.0);
 }
 
 const struct mt_piece mt_piece_moe = {

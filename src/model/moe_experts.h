@@ -42,8 +42,8 @@ struct mt_moe_scratch {
     double  *h_loss;             /* (L, 2) host copy of loss (mt_model_forward_stage)             */
     size_t  *h_a2a;              /* (4*ep) all-to-all send/recv counts and displs                 */
     int64_t *h_ecnt;             /* (2*E) per-expert slot counts sent / received                  */
-    double  *load;               /* (L*E) routed slots per expert since the last reset (moe_load) */
-    double  *load_d;             /* (L*E) the same on the backend (device sizes: counted there) */
+    double  *load;               /* (L*E) host copy of load_d, read once a step (moe_own_load)   */
+    double  *load_d;             /* (L*E) routed slots per expert since the last reset, counted on the backend */
 };
 
 
@@ -53,7 +53,6 @@ struct mt_moe_dims {             /* what an E block's ffn needs beyond the share
     float aux_coef, z_coef;          /* load-balancing and router z loss coefficients     */
     int   force_route;               /* test hook test_force_routing                      */
     int   grouped;                   /* knob moe_grouped: grouped expert GEMMs            */
-    int   lora, redo;                /* LoRA adapters / ReDo configured (device sizes: off) */
     int   dev_sizes;                 /* knob moe_sizes: the expert counts stay on the backend  */
     char  why_host[160];             /* why not dev_sizes ("" when it is)                  */
 };

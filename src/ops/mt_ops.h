@@ -611,10 +611,11 @@ struct mt_ops_i {
      *     loss[1] = z_coef sum_i lse_i^2 over the N rows.
      * moe_aux_backward (all =): dprobs (N, E) = float(aux_coef E f[q,e] / T / n_seq),
      *   dlse (N) = float(2 z_coef lse_i / n_tok) (the router_backward inputs). */
-    /* moe_count_acc (ep = 1 with device sizes): load[e] += sign (offs[e+1] - offs[e])
-     * for e in [0, n): the layer's routed slots per expert added into a
-     * device histogram (double) that the trainer reads once a step (sign -1:
-     * a recompute takes its routing back out). Optional with the entries above. */
+    /* moe_count_acc: load[e] += sign (offs[e+1] - offs[e]) for e in [0, n):
+     * the layer's routed slots per expert (moe_route's offsets) added into the
+     * backend's histogram (double) that the trainer reads once a step (sign -1:
+     * a recompute takes its routing back out). Required with the routing
+     * entries (an MoE layer calls it whatever the expert sizes' path). */
     void (*moe_count_acc)(void *be, double *load, const int32_t *offs, int n, double sign);
     void (*moe_route)(void *be, int32_t *pos, int32_t *src_row, int32_t *e_off, int32_t *work,
                       const int32_t *topk_idx, int N, int k, int E, int n_null);

@@ -19,11 +19,12 @@ counters").
                device: 1 D2H + 1 wait each
             2M the micro-batches' token ids and targets: 1 H2D + 1 wait each
             1  the step's loss scalar: 1 D2H + 1 wait
-            M(E+1) the MoE layers' device routing (docs/cuda.md "MoE on the
+            M(E+1)+1 the MoE layers' device routing (docs/cuda.md "MoE on the
                device"), per micro-batch forward: 1 D2H of the E+1 expert
                offsets per MoE layer (the grouped GEMM's host sizes) and 1
                D2H of all layers' aux/z sums, each waited for; nothing in
-               the backward, no H2D
+               the backward, no H2D; and per step 1 D2H of the load
+               histogram (counted on the device, read by the trainer)
             1  the trainer's sync at the step's end
           K is counted from the launch log (sumsq_multi_pass2_k) and must
           equal --engines; a single-tensor sumsq with a host read (the
@@ -91,8 +92,9 @@ def counters(argv):
     moe_layers = int(argv[argv.index("--moe-layers") + 1]) if "--moe-layers" in argv else 0
     mb = int(argv[argv.index("--microbatches") + 1]) if "--microbatches" in argv else 1
     engines = int(argv[argv.index("--engines") + 1]) if "--engines" in argv else 1
-    # device routing: per micro-batch, one offsets read per MoE layer + one aux/z read
-    routing = mb * (moe_layers + 1) if moe_layers > 0 else 0
+    # device routing: per micro-batch, one offsets read per MoE layer + one aux/z read;
+    # per step, one read of the load histogram
+    routing = mb * (moe_layers + 1) + 1 if moe_layers > 0 else 0
     r = json.load(open(rec))
     err = []
     sc = r["gpu"]["step_counters"]
@@ -115,7 +117,7 @@ def counters(argv):
                "device_allocs": c["workspace_grows"] if k == 0 else 0,
                "device_frees": c["device_frees"] if k == 0 and c["device_frees"] <= c["workspace_grows"] else 0}
         why = ("%d gradient-norm read(s) + %d sumsq + %d all_finite + %d input H2D + 1 loss D2H + "
-               "%d MoE routing D2H (offsets, aux/z) + 1 end-of-step sync" % (K, S, F, 2 * mb, routing))
+               "%d MoE routing D2H (offsets, aux/z, load histogram) + 1 end-of-step sync" % (K, S, F, 2 * mb, routing))
         if K != engines:
             err.append("step %d: %d gradient-norm reads (sumsq_multi_pass2_k), expected %d (one per engine)"
                        % (k, K, engines))
