@@ -219,22 +219,16 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
                                    H, K, hd);
     /* term 4: projections (under TP dh is this rank's partial sum over its heads) */
     if (qk_b) {
-        struct mt_param *wq = aw(pc)->wq, *wk = aw(pc)->wk;
-        wlinear_backward_db(ops, pc->dh, 0.0f, wq->frozen ? NULL : wq->grad, NULL, (const mt_bf16 *)aown(pc)->datt,
-                            pc->nm->h, pc->nm->hb, wq, N, D, QD);
-        wlinear_backward_db(ops, pc->dh, 1.0f, wk->frozen ? NULL : wk->grad, NULL, (const mt_bf16 *)aown(pc)->dk2,
-                            pc->nm->h, pc->nm->hb, wk, N, D, KD);
+        proj_bwd_dyb(ops, pc->dh, 0.0f, aw(pc)->wq, (const mt_bf16 *)aown(pc)->datt, pc->nm->h, pc->nm->hb, N, D, QD);
+        proj_bwd_dyb(ops, pc->dh, 1.0f, aw(pc)->wk, (const mt_bf16 *)aown(pc)->dk2, pc->nm->h, pc->nm->hb, N, D, KD);
     } else {
         proj_bwd_b(ops, t, dt, pc->dh, 0.0f, aw(pc)->wq, aown(pc)->datt, pc->nm->h, pc->nm->hb, N, D, QD, pc->dyb);
         proj_bwd_b(ops, t, dt, pc->dh, 1.0f, aw(pc)->wk, aown(pc)->dk2, pc->nm->h, pc->nm->hb, N, D, KD, pc->dyb);
     }
-    if (dvb) {
-        struct mt_param *wv = aw(pc)->wv;
-        wlinear_backward_db(ops, pc->dh, 1.0f, wv->frozen ? NULL : wv->grad, NULL, dvb, pc->nm->h, pc->nm->hb, wv, N, D,
-                            KD);
-    } else {
+    if (dvb)
+        proj_bwd_dyb(ops, pc->dh, 1.0f, aw(pc)->wv, dvb, pc->nm->h, pc->nm->hb, N, D, KD);
+    else
         proj_bwd_b(ops, t, dt, pc->dh, 1.0f, aw(pc)->wv, aown(pc)->dv, pc->nm->h, pc->nm->hb, N, D, KD, pc->dyb);
-    }
     /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
     const float *dhr = pc->dh;
     if (tp->sp) {

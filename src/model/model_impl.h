@@ -319,6 +319,15 @@ static inline void wlinear_backward_db(const struct mt_ops_i *ops, float *dx, fl
     if (dx) ops->gemm_bf16(ops->be, 0, 0, n, in, out, 1.0f, DY, dyt, out, W, w->bf16_ok ? MT_ELEM_BF16 : MT_ELEM_F32, in,
                            beta_dx, dx, in);
 }
+/* proj_bwd_b's backward for a dy its producer wrote as bf16 only (dyb; the
+ * attention's dq', dk', dv): dW += dy^T x where w trains, dx = beta dx + dy W.
+ * No adapter on w (LoRA's terms read the fp32 dy). */
+static inline void proj_bwd_dyb(const struct mt_ops_i *ops, float *dx, float beta_dx, struct mt_param *w,
+                                const mt_bf16 *dyb, const float *x, const mt_bf16 *xb, int n, int in, int out)
+{
+    MT_ASSERT(!w->lora_a);
+    wlinear_backward_db(ops, dx, beta_dx, w->frozen ? NULL : w->grad, NULL, dyb, x, xb, w, n, in, out);
+}
 /* precision=bf16: n elements of dy rounded once into the model's bf16 dy scratch, for
  * the GEMMs that read it (a gemm_bf16 given fp32 rounds its operand per call); NULL
  * when there is no scratch or it is too small (they round per call) */

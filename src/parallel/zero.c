@@ -576,6 +576,13 @@ static enum mt_status hook_pre_backward(struct mt_ctx *ctx, void *user, int u)
     return MT_OK;
 }
 
+/* A group of one rank reduces nothing: its gradients at the norm are this
+ * rank's own, so a non-finite one makes the norm non-finite and is found
+ * afterwards by a scan (mt_zero_nonfinite_culprit), with no marking pass over
+ * them before the (absent) reduction (one GPU: a read of every gradient a
+ * step saved). Needs the norm's one-pass sumsq_multi, which carries no marks then. */
+static int unmarked(const struct mt_zero *z) { return z->lay.size == 1 && z->ops->sumsq_multi; }
+
 static enum mt_status hook_post_backward(struct mt_ctx *ctx, void *user, int u)
 {
     struct mt_zero *z = user;
@@ -595,12 +602,9 @@ static enum mt_status hook_post_backward(struct mt_ctx *ctx, void *user, int u)
     /* non-finite check BEFORE the reduction: the culprit is this rank. With
      * nonfinite_mark (issue 27 item 3) the unit's gradients mark their flags
      * on the device, no host wait: the flags join the gradient norm and are
-     * read only if it is not finite (mt_zero_set_nonfinite_culprit). A group
-     * of one rank reduces nothing: its gradients at the norm are this rank's
-     * own, so a non-finite one makes the norm non-finite and is found there
-     * afterwards (mt_zero_nonfinite_culprit scans them): no pass over them
-     * here (one GPU: a read of every gradient a step saved) */
-    if (z->lay.size == 1 && ops->sumsq_multi) {
+     * read only if it is not finite (mt_zero_set_nonfinite_culprit); a group of
+     * one rank is not marked at all (unmarked) */
+    if (unmarked(z)) {
         /* nothing before the (absent) reduction */
     } else if (ops->nonfinite_mark && ops->sumsq_multi && z->nf_flags) {
         int c = 0;
@@ -856,8 +860,7 @@ enum mt_status mt_zero_nonfinite_culprit(struct mt_ctx *ctx, struct mt_zero *z, 
 {
     const struct mt_ops_i *ops = z->ops;
     const int P = z->lay.n_params;
-    if (z->lay.size == 1 && ops->sumsq_multi) {
-        /* unmarked (hook_post_backward): the first of this rank's gradients that is not finite */
+    if (unmarked(z)) {   /* the first of this rank's gradients that is not finite */
         for (int k = 0; k < z->n_views; k++) {
             const int i = z->view_param[k];
             if (z->views[k].frozen || !z->views[k].grad || z->lay.owner[i] != z->lay.rank) continue;

@@ -60,9 +60,9 @@ static enum mt_status moe_load_step(struct mt_ctx *ctx, struct run_state *rs, do
  * with MoE layers whose grouped expert GEMMs take their sizes on the host
  * from a per-step device-to-host read of the expert offsets (the shapes
  * change every step; knob moe_sizes: with the sizes on the device the
- * step's shapes are static and graphs run). With ReDo, off for the step that scores its units
- * (its backward adds the scoring ops and clears the accumulators) and the
- * one after its event (the rewritten tensors' shadows are refreshed): those
+ * step's shapes are static and graphs run). With ReDo, off for the step
+ * that scores its units (its backward adds the scoring ops and clears the
+ * accumulators) and the one after its event (the rewritten tensors' shadows are refreshed): those
  * steps' ops differ from the captured ones, and a replayed op that differs
  * is a sticky error (graph.cu). The next step turns them on again: recorded,
  * captured and replayed anew (two steps), once every redo_every steps. */
