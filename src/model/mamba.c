@@ -325,7 +325,44 @@ static const void *wop(const struct mt_param *w, enum mt_elem *t)
     return w->bf16_ok ? (const void *)w->bf16 : (const void *)w->data;
 }
 
-/* proj (n, W) = h Win^T, block by block */
+/*
+ * Win's seven blocks as one (W, D) operand: where their GEMM operands (the
+ * shadows when fresh, else fp32; wop) lie back to back in block order, as one
+ * rank's carve lays out the parameters and the shadows (registry order,
+ * model.c model_layout), one GEMM over all W columns does the seven blocks'
+ * work: forward one launch instead of seven, and backward dh's K runs over W
+ * in one product instead of seven accumulations into dh (n, D) in fp32 (six
+ * extra reads and writes of it; four of the blocks are 64 rows at d2048, so
+ * their products were all memory). NULL where they are not contiguous (a
+ * different operand type, engine-owned data): block by block, as before.
+ */
+static const void *win_whole(const struct mamba_w *lw, int W, enum mt_elem *t)
+{
+    const void *first = wop(lw->mwin[0], t);
+    const char *next = first;
+    int64_t rows = 0;
+    for (int b = 0; b < 7; b++) {
+        enum mt_elem tb;
+        const struct mt_param *p = lw->mwin[b];
+        if (wop(p, &tb) != (const void *)next || tb != *t) return NULL;
+        next += (size_t)(p->len[0] * p->len[1]) * (tb == MT_ELEM_BF16 ? sizeof(mt_bf16) : sizeof(float));
+        rows += p->len[0];
+    }
+    return rows == W ? first : NULL;
+}
+
+/* ... and their fp32 gradients as one (W, D) matrix (NULL: not contiguous, or
+ * a block without a gradient, LoRA's frozen base) */
+static float *wgrad_whole(const struct mamba_w *lw, const struct mt_mamba3_weights *g)
+{
+    for (int b = 1; b < 7; b++) {
+        const struct mt_param *p = lw->mwin[b - 1];
+        if (!g->win_part[b - 1] || g->win_part[b] != g->win_part[b - 1] + p->len[0] * p->len[1]) return NULL;
+    }
+    return g->win_part[6] ? g->win_part[0] : NULL;
+}
+
+/* proj (n, W) = h Win^T, whole (win_whole) or block by block */
 static void in_fwd(const struct mt_piece_ctx *pc, float *proj, const float *h, const mt_bf16 *hb,
                    const struct mt_mamba3_weights *w, int n)
 {
@@ -334,19 +371,22 @@ static void in_fwd(const struct mt_piece_ctx *pc, float *proj, const float *h, c
     if (!mixer_bf16(lw)) { mt_mamba3_in_forward(ops, proj, h, w, mdims(pc), n); return; }
     if (n <= 0) return;
     const int W = mt_mamba3_in_width(mdims(pc)), D = pc->D;
+    const void *x = hb ? (const void *)hb : (const void *)h;
+    const enum mt_elem xt = hb ? MT_ELEM_BF16 : MT_ELEM_F32;
+    enum mt_elem tw;
+    const void *Ww = win_whole(lw, W, &tw);
+    if (Ww) { ops->gemm_bf16(ops->be, 0, 1, n, W, D, 1.0f, x, xt, D, Ww, tw, D, 0.0f, proj, W); return; }
     int rows[7], off = 0;
     in_rows(lw, rows);
     for (int b = 0; b < 7; b++) {
-        enum mt_elem tw;
         const void *Wb = wop(lw->mwin[b], &tw);
-        if (rows[b] > 0)
-            ops->gemm_bf16(ops->be, 0, 1, n, rows[b], D, 1.0f, hb ? (const void *)hb : (const void *)h,
-                           hb ? MT_ELEM_BF16 : MT_ELEM_F32, D, Wb, tw, D, 0.0f, proj + off, W);
+        if (rows[b] > 0) ops->gemm_bf16(ops->be, 0, 1, n, rows[b], D, 1.0f, x, xt, D, Wb, tw, D, 0.0f, proj + off, W);
         off += rows[b];
     }
 }
 
-/* dWin_b += dproj_b^T h (g->win_part[b] NULL: frozen, skipped); dh = sum_b dproj_b Win_b */
+/* dWin_b += dproj_b^T h (g->win_part[b] NULL: frozen, skipped); dh = sum_b dproj_b Win_b;
+ * each whole where it can be (win_whole, wgrad_whole) */
 static void in_bwd(const struct mt_piece_ctx *pc, float *dh, struct mt_mamba3_weights *g, const float *dproj,
                    const float *h, const mt_bf16 *hb, const struct mt_mamba3_weights *w, int n)
 {
@@ -355,21 +395,30 @@ static void in_bwd(const struct mt_piece_ctx *pc, float *dh, struct mt_mamba3_we
     if (!mixer_bf16(lw)) { mt_mamba3_in_backward(ops, dh, 0, g, dproj, h, w, mdims(pc), n); return; }
     if (n <= 0) return;
     const int W = mt_mamba3_in_width(mdims(pc)), D = pc->D;
-    int rows[7], off = 0, first = 1;
-    in_rows(lw, rows);
+    const void *x = hb ? (const void *)hb : (const void *)h;
+    const enum mt_elem xt = hb ? MT_ELEM_BF16 : MT_ELEM_F32;
     /* dproj feeds two GEMMs per block: rounded once (dyb_round), read at each block's columns */
     const mt_bf16 *pb = dyb_round(ops, pc->dyb, dproj, (size_t)n * (size_t)W);
     const enum mt_elem pt = pb ? MT_ELEM_BF16 : MT_ELEM_F32;
+    enum mt_elem tww;
+    const void *Ww = win_whole(lw, W, &tww);
+    float *gw = wgrad_whole(lw, g);
+    if (gw) ops->gemm_bf16(ops->be, 1, 0, W, D, n, 1.0f, pb ? (const void *)pb : (const void *)dproj, pt, W, x, xt, D,
+                           1.0f, gw, D);
+    if (Ww) ops->gemm_bf16(ops->be, 0, 0, n, D, W, 1.0f, pb ? (const void *)pb : (const void *)dproj, pt, W, Ww, tww,
+                           D, 0.0f, dh, D);
+    if (gw && Ww) return;
+    int rows[7], off = 0, first = 1;
+    in_rows(lw, rows);
     for (int b = 0; b < 7; b++) {
         if (rows[b] > 0) {
             enum mt_elem tw;
             const void *Wb = wop(lw->mwin[b], &tw);
             const void *dp = pb ? (const void *)(pb + off) : (const void *)(dproj + off);
-            if (g->win_part[b])
-                ops->gemm_bf16(ops->be, 1, 0, rows[b], D, n, 1.0f, dp, pt, W,
-                               hb ? (const void *)hb : (const void *)h, hb ? MT_ELEM_BF16 : MT_ELEM_F32, D, 1.0f,
-                               g->win_part[b], D);
-            ops->gemm_bf16(ops->be, 0, 0, n, D, rows[b], 1.0f, dp, pt, W, Wb, tw, D, first ? 0.0f : 1.0f, dh, D);
+            if (!gw && g->win_part[b])
+                ops->gemm_bf16(ops->be, 1, 0, rows[b], D, n, 1.0f, dp, pt, W, x, xt, D, 1.0f, g->win_part[b], D);
+            if (!Ww)
+                ops->gemm_bf16(ops->be, 0, 0, n, D, rows[b], 1.0f, dp, pt, W, Wb, tw, D, first ? 0.0f : 1.0f, dh, D);
             first = 0;
         }
         off += rows[b];
