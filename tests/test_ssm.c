@@ -649,6 +649,62 @@ static void test_gate_split(int n, int E, int G, int tp)
     for (size_t k = 0; k < sizeof(hp) / sizeof(hp[0]); k++) free(hp[k]);
 }
 
+/* bf16(x), round to nearest even, the test's own reference (finite inputs) */
+static uint16_t ref_bf16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* ssm_gate_norm_forward_bf16 (precision=bf16's gated norm): out and rstd the
+ * bits of ssm_gate_norm_forward on the same backend, out_b = bf16(out)
+ * exactly (nearest even, the cpu's rounding), and with out NULL the same
+ * twin and rstd. */
+static void test_gate_bf16(int n, int E, int G)
+{
+    const struct mt_ops_i *ops = g_ops;
+    const int ldz = E + 5;
+    const size_t nE = (size_t)n * E, nG = (size_t)n * G;
+    float *y = host_rand(nE, 0.0f, 1.0f), *z = host_rand((size_t)n * ldz, 0.0f, 1.5f), *w = host_rand(E, 1.0f, 0.2f);
+    float *dy = up(ops, y, nE), *dz = up(ops, z, (size_t)n * ldz), *dw = up(ops, w, E);
+    float *o0 = dev_zero(nE), *r0 = dev_zero(nG), *o1 = dev_zero(nE), *r1 = dev_zero(nG), *r2 = dev_zero(nG);
+    mt_bf16 *b1 = ops->buf_alloc(ops->be, &g_ctx, nE * sizeof(mt_bf16), MT_BUCKET_OTHER);
+    mt_bf16 *b2 = ops->buf_alloc(ops->be, &g_ctx, nE * sizeof(mt_bf16), MT_BUCKET_OTHER);
+    MT_ASSERT(b1 && b2);
+    ops->ssm_gate_norm_forward(ops->be, o0, r0, dy, dz, ldz, dw, n, E, G, 1e-5f);
+    ops->ssm_gate_norm_forward_bf16(ops->be, o1, b1, r1, dy, dz, ldz, dw, n, E, G, 1e-5f);
+    ops->ssm_gate_norm_forward_bf16(ops->be, NULL, b2, r2, dy, dz, ldz, dw, n, E, G, 1e-5f);
+    float *h0 = to_host(o0, nE), *h1 = to_host(o1, nE), *hr0 = to_host(r0, nG), *hr1 = to_host(r1, nG);
+    float *hr2 = to_host(r2, nG);
+    mt_bf16 *hb1 = malloc(nE * sizeof(mt_bf16)), *hb2 = malloc(nE * sizeof(mt_bf16));
+    MT_ASSERT(hb1 && hb2);
+    ops->sync(ops->be);
+    ops->copy_to_host(ops->be, hb1, b1, nE * sizeof(mt_bf16));
+    ops->copy_to_host(ops->be, hb2, b2, nE * sizeof(mt_bf16));
+    size_t bad_out = 0, bad_twin = 0, bad_null = 0, bad_rstd = 0;
+    for (size_t i = 0; i < nE; i++) {
+        bad_out += memcmp(&h0[i], &h1[i], sizeof(float)) != 0;
+        bad_twin += hb1[i] != ref_bf16(h0[i]);
+        bad_null += hb2[i] != hb1[i];
+    }
+    for (size_t i = 0; i < nG; i++)
+        bad_rstd += memcmp(&hr0[i], &hr1[i], sizeof(float)) != 0 || memcmp(&hr0[i], &hr2[i], sizeof(float)) != 0;
+    char tag[64];
+    snprintf(tag, sizeof tag, "%s n=%d E=%d G=%d", ops->name, n, E, G);
+    check(bad_out == 0, "gate norm bf16: out = ssm_gate_norm_forward's (bits)", tag, (double)bad_out, 0);
+    check(bad_rstd == 0, "gate norm bf16: rstd = ssm_gate_norm_forward's (bits, out given or NULL)", tag, (double)bad_rstd, 0);
+    check(bad_twin == 0, "gate norm bf16: twin = bf16(out), nearest even", tag, (double)bad_twin, 0);
+    check(bad_null == 0, "gate norm bf16: out NULL gives the same twin", tag, (double)bad_null, 0);
+    float *dv[] = {dy, dz, dw, o0, r0, o1, r1, r2};
+    for (size_t k = 0; k < sizeof(dv) / sizeof(dv[0]); k++) ops->buf_free(ops->be, &g_ctx, dv[k]);
+    ops->buf_free(ops->be, &g_ctx, b1);
+    ops->buf_free(ops->be, &g_ctx, b2);
+    float *hp[] = {y, z, w, h0, h1, hr0, hr1, hr2};
+    for (size_t k = 0; k < sizeof(hp) / sizeof(hp[0]); k++) free(hp[k]);
+    free(hb1); free(hb2);
+}
+
 /* Decoding: T calls of ssm_scan_step equal ssm_scan_forward(chunk 0), and T
  * single-token ssm_prep_forward calls with ang_state equal one call over T. */
 static void test_decode(const struct inputs *in)
@@ -891,6 +947,14 @@ int main(int argc, char **argv)
         test_gate_split(300, 512, 1, 2);   /* cuda: several row blocks of the dw column sums */
     } else {
         printf("FAIL %s backend has no ssm_gate_norm_sums / _ext entries\n", g_ops->name);
+        n_fail++;
+    }
+    if (g_ops->ssm_gate_norm_forward_bf16) {
+        test_gate_bf16(7, 24, 1);
+        test_gate_bf16(5, 36, 3);
+        test_gate_bf16(33, 1000, 2);   /* cuda: several strides of a block's threads per group */
+    } else {
+        printf("FAIL %s backend has no ssm_gate_norm_forward_bf16\n", g_ops->name);
         n_fail++;
     }
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {

@@ -605,10 +605,20 @@ static void mixer_fwd(const struct mt_piece_ctx *pc, float *out, const float *h,
     struct mamba_state *st = pc->st;
     const struct mt_ops_i *ops = pc->ops;
     if (!mixer_bf16(mbw(pc))) { mt_mamba3_forward(ops, out, &st->mb, h, w, mdims(pc), B, T); return; }
-    const int n = B * T, E = mdims(pc)->H * mdims(pc)->P;
+    const struct mt_mamba3_dims *d = mdims(pc);
+    const int n = B * T, E = d->H * d->P;
     in_fwd(pc, st->mb.proj, h, hb, w, n);
-    mt_mamba3_mix_forward(ops, &st->mb, w, mdims(pc), B, T);
-    if (st->yn_b) ops->cast_bf16(ops->be, st->yn_b, st->mb.yn, (size_t)n * (size_t)E);
+    if (st->yn_b && ops->ssm_gate_norm_forward_bf16) {
+        /* mt_mamba3_mix_forward with the gated norm writing Wout's operand alone:
+         * the fp32 yn has no reader on this path (Wout is shadowed, so wlinear and
+         * wout_bwd read the twin), so neither its store nor a cast pass */
+        mt_mamba3_ssm_forward(ops, &st->mb, w, d, B, T);
+        ops->ssm_gate_norm_forward_bf16(ops->be, NULL, st->yn_b, st->mb.rstd_o, st->mb.ys, st->mb.proj,
+                                        mt_mamba3_in_width(d), w->g_out, n, E, d->G, d->eps_out);
+    } else {
+        mt_mamba3_mix_forward(ops, &st->mb, w, d, B, T);
+        if (st->yn_b) ops->cast_bf16(ops->be, st->yn_b, st->mb.yn, (size_t)n * (size_t)E);
+    }
     wlinear_forward(ops, out, st->mb.yn, st->yn_b, mbw(pc)->mwout, n, E, pc->D, 0.0f);
 }
 

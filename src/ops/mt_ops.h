@@ -803,6 +803,12 @@ struct mt_ops_i {
     void   (*ssm_gate_norm_backward_ext)(void *be, float *dy, float *dz, float *dw, const float *dout, const float *y,
                                          const float *z, int ldz, const float *w, const float *rstd, const float *s,
                                          int lds, int n, int E, int c0, int cg);
+    /* precision=bf16: ssm_gate_norm_forward (the same out, the same rstd) that
+     * also writes out_b = bf16(out) (nearest even), Wout's GEMM operand, from
+     * the same pass; out NULL: not stored (its only reader was that operand's
+     * rounding). Optional (NULL: the forward, then cast_bf16). */
+    void   (*ssm_gate_norm_forward_bf16)(void *be, float *out, mt_bf16 *out_b, float *rstd, const float *y,
+                                         const float *z, int ldz, const float *w, int n, int E, int G, float eps);
 };
 
 /* Tensors per launch of the multi-tensor entries (their kernel-argument lists). */

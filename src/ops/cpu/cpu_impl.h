@@ -257,6 +257,9 @@ void mt_cpu_ssm_prep_backward(float *dproj, float *ddt_bias, float *dA_log, floa
                               const float *rstd, const float *proj, const float *dt_bias,
                               const float *gB, const float *gC, int B, int T, int H, int P, int G,
                               int N, float eps);
+/* ... and out_b = bf16(out) (NULL: none); out NULL: not stored */
+void mt_cpu_ssm_gate_norm_forward_bf16(float *out, uint16_t *out_b, float *rstd, const float *y, const float *z,
+                                       int ldz, const float *w, int n, int E, int G, float eps);
 void mt_cpu_ssm_gate_norm_forward(float *out, float *rstd, const float *y, const float *z, int ldz,
                                   const float *w, int n, int E, int G, float eps);
 void mt_cpu_ssm_gate_norm_backward(float *dy, float *dz, float *dw, const float *dout, const float *y,

@@ -552,6 +552,12 @@ static void p_ssm_gate_norm_forward(void *be, float *out, float *rstd, const flo
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_NORM, mt_cpu_ssm_gate_norm_forward(out, rstd, y, z, ldz, w, n, E, G, eps));
 }
+static void p_ssm_gate_norm_forward_bf16(void *be, float *out, mt_bf16 *out_b, float *rstd, const float *y,
+                                         const float *z, int ldz, const float *w, int n, int E, int G, float eps)
+{
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    PROF(MT_OPK_NORM, mt_cpu_ssm_gate_norm_forward_bf16(out, out_b, rstd, y, z, ldz, w, n, E, G, eps));
+}
 static void p_ssm_gate_norm_backward(void *be, float *dy, float *dz, float *dw, const float *dout, const float *y,
                                      const float *z, int ldz, const float *w, const float *rstd, int n, int E, int G)
 {
@@ -734,6 +740,7 @@ static const struct mt_ops_i cpu_ops = {
     /* .ssm_scan_step        = */ .ssm_scan_step        = p_ssm_scan_step,
     /* .ssm_gate_norm_sums   = */ .ssm_gate_norm_sums   = p_ssm_gate_norm_sums,
     /* .ssm_gate_norm_fwd_ext = */ .ssm_gate_norm_forward_ext  = p_ssm_gate_norm_forward_ext,
+    /* .ssm_gate_norm_fwd_bf16 = */ .ssm_gate_norm_forward_bf16 = p_ssm_gate_norm_forward_bf16,
     /* .ssm_gate_norm_bwd_ext = */ .ssm_gate_norm_backward_ext = p_ssm_gate_norm_backward_ext,
     /* .fill                 = */ .fill                 = p_fill,
     /* .axpby                = */ .axpby                = p_axpby,

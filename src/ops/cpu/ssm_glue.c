@@ -209,26 +209,37 @@ void mt_cpu_ssm_prep_backward(float *dproj, float *ddt_bias, float *dA_log, floa
  *   dw += dout vhat;  dv = rstd (dout w - vhat mean_group(dout w vhat))
  *   dy = dv silu(z) (=);  dz = dv y silu'(z) (=, row stride ldz)
  */
-void mt_cpu_ssm_gate_norm_forward(float *out, float *rstd, const float *y, const float *z, int ldz,
-                                  const float *w, int n, int E, int G, float eps)
+/* out (or NULL) and out_b (or NULL) = bf16(out): v is computed again for the
+ * scaled pass rather than stored and read back (the same expression: the same
+ * bits as storing it) */
+void mt_cpu_ssm_gate_norm_forward_bf16(float *out, mt_bf16 *out_b, float *rstd, const float *y, const float *z,
+                                       int ldz, const float *w, int n, int E, int G, float eps)
 {
     const int cg = E / G;
     #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; i++) {
         const float *yr = y + (size_t)i * E, *zr = z + (size_t)i * ldz;
-        float *o = out + (size_t)i * E;
         for (int g = 0; g < G; g++) {
             double ss = 0.0;
             for (int c = g * cg; c < (g + 1) * cg; c++) {
                 float v = yr[c] * zr[c] * sigmoidf_(zr[c]);
-                o[c] = v;
                 ss += (double)v * v;
             }
             float rs = (float)(1.0 / sqrt(ss / cg + eps));
             rstd[(size_t)i * G + g] = rs;
-            for (int c = g * cg; c < (g + 1) * cg; c++) o[c] *= rs * w[c];
+            for (int c = g * cg; c < (g + 1) * cg; c++) {
+                float o = yr[c] * zr[c] * sigmoidf_(zr[c]) * (rs * w[c]);
+                if (out) out[(size_t)i * E + c] = o;
+                if (out_b) out_b[(size_t)i * E + c] = mt_cpu_f32_to_bf16(o);
+            }
         }
     }
+}
+
+void mt_cpu_ssm_gate_norm_forward(float *out, float *rstd, const float *y, const float *z, int ldz,
+                                  const float *w, int n, int E, int G, float eps)
+{
+    mt_cpu_ssm_gate_norm_forward_bf16(out, NULL, rstd, y, z, ldz, w, n, E, G, eps);
 }
 
 void mt_cpu_ssm_gate_norm_backward(float *dy, float *dz, float *dw, const float *dout, const float *y,

@@ -729,6 +729,8 @@ void mt_cuda_ssm_gate_norm_sums(void *be, float *s, int lds, const float *y, con
 void mt_cuda_ssm_gate_norm_forward_ext(void *be, float *out, float *rstd, const float *y, const float *z, int ldz,
                                        const float *w, const float *s, int lds, int n, int E, int c0, int cg,
                                        float eps);
+void mt_cuda_ssm_gate_norm_forward_bf16(void *be, float *out, mt_bf16 *out_b, float *rstd, const float *y,
+                                        const float *z, int ldz, const float *w, int n, int E, int G, float eps);
 void mt_cuda_ssm_gate_norm_backward_ext(void *be, float *dy, float *dz, float *dw, const float *dout, const float *y,
                                         const float *z, int ldz, const float *w, const float *rstd, const float *s,
                                         int lds, int n, int E, int c0, int cg);

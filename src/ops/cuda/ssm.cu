@@ -1732,23 +1732,30 @@ extern "C" void mt_cuda_ssm_prep_backward(void *be, float *dproj, float *ddt_bia
  * reductions in double; dw as two-pass column sums over blocks of COL_RB
  * rows (gate_dw_part_k, then colsum_final_k). */
 
-static __global__ void gate_fwd_k(float *out, float *rstd, const float *y, const float *z, int ldz, const float *w,
-                                  int E, int G, float eps)
+/* out (NULL: not stored) and its bf16 twin out_b (NULL: none). v is computed
+ * again in the scaled pass instead of stored and read back: the same
+ * expression, the same bits, and a row's y, z come back from L1/L2 where the
+ * store and re-read of out went to memory (out once stored: 8 bytes an element
+ * fewer; the bf16 output alone: no fp32 store and no cast pass). */
+static __global__ void gate_fwd_k(float *out, __nv_bfloat16 *out_b, float *rstd, const float *y, const float *z, int ldz,
+                                  const float *w, int E, int G, float eps)
 {
     MT_DYN_SMEM(double, dred);  /* blockDim */
     int i = (int)blockIdx.x, row = i / G, g = i % G, cg = E / G, nt = (int)blockDim.x;
     const float *yr = y + (size_t)row * E, *zr = z + (size_t)row * ldz;
-    float *o = out + (size_t)row * E;
     double ss = 0.0;
     for (int c = g * cg + (int)threadIdx.x; c < (g + 1) * cg; c += nt) {
         float v = yr[c] * zr[c] * sigmoid_d(zr[c]);
-        o[c] = v;
         ss += (double)v * v;
     }
     ss = block_sum(ss, dred);
     float rs = (float)(1.0 / sqrt(ss / cg + eps));
     if (threadIdx.x == 0) rstd[i] = rs;
-    for (int c = g * cg + (int)threadIdx.x; c < (g + 1) * cg; c += nt) o[c] *= rs * w[c];
+    for (int c = g * cg + (int)threadIdx.x; c < (g + 1) * cg; c += nt) {
+        float o = yr[c] * zr[c] * sigmoid_d(zr[c]) * (rs * w[c]);
+        if (out) out[(size_t)row * E + c] = o;
+        if (out_b) out_b[(size_t)row * E + c] = mt_cuda_bf16_rn(o);
+    }
 }
 
 static __global__ void gate_bwd_k(float *dy, float *dz, const float *dout, const float *y, const float *z, int ldz,
@@ -1787,14 +1794,22 @@ static __global__ void gate_dw_part_k(float *part, const float *dout, const floa
     part[(size_t)rb * E + c] = acc;
 }
 
-extern "C" void mt_cuda_ssm_gate_norm_forward(void *be, float *out, float *rstd, const float *y, const float *z, int ldz,
-                                              const float *w, int n, int E, int G, float eps)
+extern "C" void mt_cuda_ssm_gate_norm_forward_bf16(void *be, float *out, mt_bf16 *out_b, float *rstd, const float *y,
+                                                   const float *z, int ldz, const float *w, int n, int E, int G,
+                                                   float eps)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (n * G == 0) return;
     unsigned t = pow2_threads(E / G, 256);
-    MT_LAUNCH(gate_fwd_k, (unsigned)((size_t)n * G), t, t * sizeof(double))(out, rstd, y, z, ldz, w, E, G, eps);
+    MT_LAUNCH(gate_fwd_k, (unsigned)((size_t)n * G), t, t * sizeof(double))(out, (__nv_bfloat16 *)out_b, rstd, y, z, ldz, w, E, G,
+                                                                              eps);
     MT_CUDA_KCHECK();
+}
+
+extern "C" void mt_cuda_ssm_gate_norm_forward(void *be, float *out, float *rstd, const float *y, const float *z, int ldz,
+                                              const float *w, int n, int E, int G, float eps)
+{
+    mt_cuda_ssm_gate_norm_forward_bf16(be, out, NULL, rstd, y, z, ldz, w, n, E, G, eps);
 }
 
 extern "C" void mt_cuda_ssm_gate_norm_backward(void *be, float *dy, float *dz, float *dw, const float *dout, const float *y,
