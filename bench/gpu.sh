@@ -30,7 +30,10 @@
 #           cpu run of that mode (<= 1e-2), and --zero 1/2/3 on one GPU
 #   speed   meshtrain precision=bf16 (--set precision=bf16, the plain GEMMs left also
 #           bf16 per call), --no-save: gpu_d2048_dense.json (10 steps),
-#           gpu_c_gpt2.json (GPT-2 124M shape, seq 1024; batch 16, else 8, else 4),
+#           gpu_c_gpt2.json (GPT-2 124M's widths with SwiGLU hidden 3072: 1.26x
+#           its FLOPs a token; seq 1024; batch 16, else 8, else 4) and
+#           gpu_c_gpt2_124m.json (SwiGLU hidden 2048: GPT-2 124M's matmul
+#           parameters and FLOPs a token, the like-for-like row against llm.c),
 #           gpu_moe8.json (and moe8_hostsizes: --knob moe_sizes=host, the expert
 #           sizes A/B) and the d2048 hybrid (pattern MAMA..., 3 steps each),
 #           with CUDA graphs on (the one-GPU default; each RESULT line says
@@ -573,6 +576,11 @@ stage_speed() {
     # (receipt gpu.attn_kernel); cuda_calib's attention rows have v1, v2 and v3 per shape
     SPEED_BOX=${o:-35} speed_one d2048_dense_attnv2 "$C/gpu_d2048_dense.json" "0 2" --knob attn_kernel=v2 || bad=1
     SPEED_BOX=${o:-40} speed_one c_gpt2 "$C/gpu_c_gpt2.json" "16 8 4" || bad=1
+    # llm.c's own model size: c_gpt2's SwiGLU hidden 3072 makes 1.025 GFLOP a token, 1.26x
+    # GPT-2 124M's (llm.c: GELU, 4d); SwiGLU at 8/3 d = 2048 has GPT-2's matmul parameters
+    # (123.6M without the embedding) and 0.855 GFLOP a token: the like-for-like row for
+    # the llm.c ratio (c_gpt2 stays, for the PyTorch peers and the earlier runs)
+    SPEED_BOX=${o:-30} speed_one c_gpt2_124m "$C/gpu_c_gpt2_124m.json" "16 8 4" || bad=1
     SPEED_BOX=${o:-55} SPEED_STEPS=3 speed_one moe8 "$C/gpu_moe8.json" "0" || bad=1
     # the expert sizes A/B (issue 28 item 2, knob moe_sizes): moe8 above keeps the per-expert
     # counts on the device (gemm_grouped.cu's grouped GEMMs, no host read, so CUDA graphs);
@@ -821,11 +829,14 @@ res = sys.argv[1]
 S = {"stages": open(os.path.join(res, "stages.txt")).read().splitlines()}
 sp = {}
 # one file per speed run (stage_speed's speed_line): from its receipt, else its progress lines
-for n in ("d2048_dense", "d2048_dense_attnv2", "c_gpt2", "moe8", "hyb2048", "c_gpt2_nographs", "d2048_dense_nographs",
-          "hyb2048_nographs", "hyb2048_chunk32", "hyb2048_chunk128", "hyb2048_scanfp32"):
-    p = os.path.join(res, "speed", n + ".json")
-    if os.path.exists(p):
-        sp[n] = json.load(open(p))
+# (in stage_speed's order; a run missing from this list still comes, after them)
+order = ["d2048_dense", "d2048_dense_attnv2", "c_gpt2", "c_gpt2_124m", "moe8", "moe8_hostsizes", "hyb2048",
+         "c_gpt2_nographs", "d2048_dense_nographs", "hyb2048_nographs", "hyb2048_chunk32", "hyb2048_chunk128",
+         "hyb2048_scanfp32"]
+sd = os.path.join(res, "speed")
+found = sorted(f[:-5] for f in os.listdir(sd) if f.endswith(".json")) if os.path.isdir(sd) else []
+for n in [n for n in order if n in found] + [n for n in found if n not in order]:
+    sp[n] = json.load(open(os.path.join(sd, n + ".json")))
 tp = os.path.join(res, "torch.jsonl")
 for line in (open(tp).read().splitlines() if os.path.exists(tp) else []):
     try: r = json.loads(line)
@@ -836,11 +847,21 @@ for line in (open(tp).read().splitlines() if os.path.exists(tp) else []):
         sp[n]["ratio_vs_torch_%s" % r["mode"]] = sp[n]["tokens_per_s"] / r["tokens_per_s"]
 lp = os.path.join(res, "logs", "llmc_run.log")
 if os.path.exists(lp):
-    toks = [float(m) for m in re.findall(r"\| *([0-9.]+) tok/s", open(lp).read())]
+    text = open(lp).read()
+    toks = [float(m) for m in re.findall(r"\| *([0-9.]+) tok/s", text)]
+    mfus = [float(m) / 100 for m in re.findall(r"\| *([0-9.]+)% bf16 MFU", text)]
+    med = lambda v: sorted(v[2:] or v)[len(v[2:] or v) // 2]
     if toks:
-        S["llmc_tokens_per_s"] = sorted(toks[2:] or toks)[len(toks[2:] or toks) // 2]
-        if sp.get("c_gpt2", {}).get("tokens_per_s"):
-            sp["c_gpt2"]["ratio_vs_llmc"] = sp["c_gpt2"]["tokens_per_s"] / S["llmc_tokens_per_s"]
+        S["llmc_tokens_per_s"] = med(toks)
+    if mfus:
+        S["llmc_mfu"] = med(mfus)
+    # tokens/s against llm.c's, and MFU against its MFU (its own FLOP count): c_gpt2 runs
+    # 1.26x the FLOPs a token of llm.c's GPT-2, c_gpt2_124m about the same
+    for n in ("c_gpt2", "c_gpt2_124m"):
+        if sp.get(n, {}).get("tokens_per_s") and "llmc_tokens_per_s" in S:
+            sp[n]["ratio_vs_llmc"] = sp[n]["tokens_per_s"] / S["llmc_tokens_per_s"]
+        if sp.get(n, {}).get("mfu") and S.get("llmc_mfu"):
+            sp[n]["mfu_ratio_vs_llmc"] = sp[n]["mfu"] / S["llmc_mfu"]
 S["speed"] = sp
 # the device that ran, from the first receipt of this call (every meshtrain run keeps one)
 rdir = os.path.join(res, "receipts")
@@ -865,18 +886,18 @@ with open(os.path.join(res, "summary.md"), "w") as f:
     for s in S["stages"]: f.write("- %s\n" % s)
     f.write("\n## Speed (meshtrain precision=bf16, torch bf16 autocast)\n\n"
             "| config | batch | meshtrain tok/s | MFU | s/step | from | plan s/step (GEMM ceiling / by op kind) | torch eager | torch compiled "
-            "| llm.c | vs eager | vs compiled | vs llm.c |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+            "| llm.c | vs eager | vs compiled | vs llm.c | MFU vs llm.c's |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     for n, v in sp.items():
         fm = lambda k, f="%.2f": f % v[k] if v.get(k) is not None else "-"
         fr = {"receipt": "receipt", "progress": "progress (%s steps, box ran out)" % v.get("steps_done"),
               "none": "no step in the box"}.get(v.get("source"), "?")
-        llmc = "%.0f" % S["llmc_tokens_per_s"] if n == "c_gpt2" and "llmc_tokens_per_s" in S else "-"
+        llmc = "%.0f" % S["llmc_tokens_per_s"] if n in ("c_gpt2", "c_gpt2_124m") and "llmc_tokens_per_s" in S else "-"
         pl = "%.3f / %s (%s)" % (v["plan"]["step_s"], "%.3f" % v["plan"]["by_kind_step_s"]
                                  if v["plan"].get("by_kind_step_s") else "-", v["plan"]["profile"]) if v.get("plan") else "-"
-        f.write("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n" % (
+        f.write("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n" % (
             n, v.get("batch"), fm("tokens_per_s", "%.0f"), fm("mfu", "%.3f"), fm("s_per_step", "%.3f"), fr, pl,
             fm("torch_eager_tokens_per_s", "%.0f"), fm("torch_compiled_tokens_per_s", "%.0f"), llmc,
-            fm("ratio_vs_torch_eager"), fm("ratio_vs_torch_compiled"), fm("ratio_vs_llmc")))
+            fm("ratio_vs_torch_eager"), fm("ratio_vs_torch_compiled"), fm("ratio_vs_llmc"), fm("mfu_ratio_vs_llmc")))
     ents = {n: v["op_profile_by_entry"] for n, v in sp.items() if v.get("op_profile_by_entry")}
     if ents:
         f.write("\n## Largest table entries of each profiled run (s/step x calls/step, receipt timing.op_profile_by_entry)\n\n")

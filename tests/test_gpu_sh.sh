@@ -76,13 +76,14 @@ echo "$S" | grep -q 'RESULT d2048_dense plan (profile h200-measured, bf16): 0.07
     echo "$S" | grep -q 'RESULT hyb2048 plan (profile h200-measured, bf16): [0-9.]* s/step, [0-9]* tok/s at the GEMM ceiling; [0-9.]* s/step by op kind; measured/plan - the time (by op kind -)' &&
     ok "plan prediction next to the measurement" || bad "plan prediction ($S)"
 # the flags of every speed run
-# (10: d2048, d2048 with --knob attn_kernel=v2 (the attention A/B), GPT-2 at batch 16
-# then 8, MoE, the hybrid, and the graphs A/B with --knob cuda_graphs=0: GPT-2 at 16
+# (16: d2048, d2048 with --knob attn_kernel=v2 (the attention A/B), GPT-2 at batch 16
+# then 8, GPT-2 at llm.c's size (SwiGLU hidden 2048) at batch 16 then 8, MoE, MoE with
+# moe_sizes=host, the hybrid, and the graphs A/B with --knob cuda_graphs=0: GPT-2 at 16
 # then 8, d2048, the hybrid; the others with graphs at their default, on; the hybrid at
 # mamba_chunk 32 and 128; the hybrid with --knob scan_bf16=0, the tensor-core scan's A/B)
 n=$(grep -c -- '--set precision=bf16 .*--no-save' "$W/args.log")
 n_off=$(grep -c -- 'gpu_c_gpt2.json --knob cuda_graphs=0 .*--no-save' "$W/args.log")
-[ "$n" -eq 14 ] && [ "$n_off" -eq 2 ] && [ "$(grep -c -- 'cuda_graphs' "$W/args.log")" -eq 4 ] &&
+[ "$n" -eq 16 ] && [ "$n_off" -eq 2 ] && [ "$(grep -c -- 'cuda_graphs' "$W/args.log")" -eq 4 ] &&
     grep -q -- 'pattern=MAMAMAMAMAMAMAMA --set mamba_chunk=32 .*--no-save' "$W/args.log" &&
     grep -q -- 'pattern=MAMAMAMAMAMAMAMA --set mamba_chunk=128 .*--no-save' "$W/args.log" &&
     [ "$(grep -c -- 'scan_bf16' "$W/args.log")" -eq 1 ] &&
@@ -96,14 +97,17 @@ n_off=$(grep -c -- 'gpu_c_gpt2.json --knob cuda_graphs=0 .*--no-save' "$W/args.l
     grep -q -- 'pattern=MAMAMAMAMAMAMAMA --knob cuda_graphs=0 .*--no-save' "$W/args.log" &&
     ! grep -q MT_CUDA_PRECISION "$W/args.log" &&
     echo "$S" | grep -q 'RESULT c_gpt2_nographs: batch 8 tok/s 65117' &&
-    ok "14 speed runs with precision=bf16 and --no-save, 4 of them (the graphs A/B) with cuda_graphs=0, 1 (d2048) with attn_kernel=v2, 1 (moe8) with moe_sizes=host, 2 (the hybrid) with mamba_chunk 32 and 128, 1 (the hybrid) with scan_bf16=0" ||
-    bad "speed flags ($n of 14 runs, $n_off GPT-2 with cuda_graphs=0: $(head -1 "$W/args.log"))"
+    echo "$S" | grep -q 'RESULT c_gpt2_124m: batch 8 tok/s 65117' &&
+    grep -q -- 'gpu_c_gpt2_124m.json .*--no-save' "$W/args.log" &&
+    ok "16 speed runs with precision=bf16 and --no-save, 4 of them (the graphs A/B) with cuda_graphs=0, 1 (d2048) with attn_kernel=v2, 1 (moe8) with moe_sizes=host, 2 (the hybrid) with mamba_chunk 32 and 128, 1 (the hybrid) with scan_bf16=0" ||
+    bad "speed flags ($n of 16 runs, $n_off GPT-2 with cuda_graphs=0: $(head -1 "$W/args.log"))"
 # one archive + summary.md in $OUT, the summary's table, the temporary folder gone
 ls "$W/out" > "$W/ls.txt"
 if [ "$(cat "$W/ls.txt" | tr '\n' ' ')" = "gpu-custom.tgz summary.md " ] && ! ls -d "$W"/meshtrain-gpu-res.* >/dev/null 2>&1 &&
    tar tzf "$W/out/gpu-custom.tgz" | grep -q -- '-gpu-custom/speed/moe8.json$' &&
    grep -q '^| moe8 | 4 | 410 | 0.003 | 19.980 | progress (2 steps, box ran out) | [0-9.]* / [0-9.]* (h200-measured) |' "$W/out/summary.md" &&
    grep -q '^| hyb2048 | 4 | - | - | - | no step in the box | [0-9.]* / [0-9.]* (h200-measured) |' "$W/out/summary.md" &&
+   grep -q '^| moe8_hostsizes | 4 | 410 |' "$W/out/summary.md" && grep -q '^| c_gpt2_124m | 8 | 65117 |' "$W/out/summary.md" &&
    grep -q '^| d2048_dense | 0.1000 | 0.5000 | 0.1070 | 0.7070 |' "$W/out/summary.md"; then
     ok "\$OUT: one archive + summary.md (speed table, op profile table)"
 else bad "\$OUT holds $(cat "$W/ls.txt" | tr '\n' ' '); summary: $(grep '^|' "$W/out/summary.md" 2>/dev/null | head -8)"; fi
