@@ -1439,9 +1439,11 @@ extern "C" void mt_cuda_ssm_scan_backward_bf16(void *be, float *dx, float *dBm, 
  * copy, dt / lam, then one thread per rotary pair (h, k)); in the backward
  * prep_bwd_row_k (the x / dt / lam columns, the rotation's inverse and dang
  * per pair (h, k), then per (B or C, group): the heads' du summed in head
- * order and the rmsnorm backward), ang_scan_k in reverse for dtheta, and the
- * parameter gradients as column sums over rows in two passes of fixed order
- * (colsum_*_k: blocks of COL_RB rows, then the blocks in order). No atomics:
+ * order and the rmsnorm backward; PREP_RB rows a block, its B/C bias and gain
+ * gradients summed over them as it goes), ang_scan_k in reverse for dtheta,
+ * and the parameter gradients as column sums over rows in two passes of fixed
+ * order (colsum_*_k: blocks of COL_RB rows, or the PREP_RB-row partials, then
+ * the blocks in order). No atomics:
  * reruns are bit-identical. (Before: ang_scan_k the same, but one thread per
  * (row, head) for the rest,
  * looping over P and N with strided, uncoalesced accesses.) */
@@ -1593,63 +1595,83 @@ extern "C" void mt_cuda_ssm_prep_forward(void *be, float *x, float *Bh, float *C
  * barrier: du of this row is written), per (B or C, group), threads over N:
  * dBn = the group's heads' du summed in head order; the rmsnorm backward
  * into dproj's B / C columns; dBn * xhat into gs (pass, rows, G, N). */
-static __global__ void prep_bwd_row_k(float *dproj, float *du, float *gs, const float *dx, const float *dBh,
-                                      const float *dCh, const float *ddt, const float *dlam, const float *Bh,
-                                      const float *Ch, const float *lam, const float *rstd, const float *proj,
-                                      const float *dt_bias, const float *gB, const float *gC, int nrow, int H,
-                                      int P, int G, int N)
+/* PREP_RB rows a block of prep_bwd_row_k, in order: the B/C biases' and
+ * gains' column sums over those rows accumulate in the block's partial row
+ * (part_u, part_g; its threads keep their columns from row to row, so no two
+ * threads share one), and du lives in a per-block scratch reused row after
+ * row (L2-resident), not in an (n, 2 H N) array: before, du was written to
+ * memory, read back, then read again by two column-sum passes (0.8 GB a call
+ * at the d2048 hybrid's shape, three quarters of the kernel's traffic). The
+ * column sums then add PREP_RB rows in order, then the blocks in order
+ * (colsum_final_k): a fixed order, bit-identical reruns (not the bits of the
+ * 128-row blocks before: 16 rows keep 512 blocks in flight at n = 8192). */
+#define PREP_RB 16
+
+static __global__ void prep_bwd_row_k(float *dproj, float *du_slots, float *part_u, float *part_g, const float *dx,
+                                      const float *dBh, const float *dCh, const float *ddt, const float *dlam,
+                                      const float *Bh, const float *Ch, const float *lam, const float *rstd,
+                                      const float *proj, const float *dt_bias, const float *gB, const float *gC,
+                                      int nrow, int H, int P, int G, int N)
 {
     MT_DYN_SMEM(double, dred);  /* blockDim doubles, then dn (N floats) */
     float *dn = (float *)(dred + blockDim.x);
     int tid = (int)threadIdx.x, nt = (int)blockDim.x;
-    size_t n = blockIdx.x;
-    if (n >= (size_t)nrow) return;
     int half = N / 2, E = H * P, GN = G * N, hpg = H / G;
     const size_t W = 2 * (size_t)E + 2 * (size_t)GN + H + (size_t)H * half + H;
     const size_t odt = 2 * (size_t)E + 2 * (size_t)GN, oth = odt + H, olam = oth + (size_t)H * half;
-    const size_t nbh = (size_t)nrow * H * N;
-    const float *row = proj + n * W;
-    float *drow = dproj + n * W;
-    for (int e = tid; e < E; e += nt) drow[E + e] = dx[n * E + e];
-    for (int h = tid; h < H; h += nt) {
-        size_t r = n * H + h;
-        drow[odt + h] = ddt[r] * sigmoid_d(row[odt + h] + dt_bias[h]);
-        drow[olam + h] = dlam[r] * lam[r] * (1.0f - lam[r]);
-    }
-    for (int j = tid; j < H * half; j += nt) {
-        int h = j / half, k = j % half;
-        size_t r = n * H + h;
-        float *dth = drow + oth + j;
-        float a = *dth, c = cosf(a), s = sinf(a), dang = 0.0f;
-        for (int pass = 0; pass < 2; pass++) {
-            const float *o = (pass ? Ch : Bh) + r * N, *dO = (pass ? dCh : dBh) + r * N;
-            float *u = du + (size_t)pass * nbh + r * N;
-            float d1 = dO[k], d2 = dO[k + half];
-            dang += -d1 * o[k + half] + d2 * o[k];
-            u[k] = d1 * c + d2 * s;
-            u[k + half] = -d1 * s + d2 * c;
+    const size_t HN = (size_t)H * N, n0 = (size_t)blockIdx.x * PREP_RB;
+    const size_t n1 = n0 + PREP_RB < (size_t)nrow ? n0 + PREP_RB : (size_t)nrow;
+    float *du = du_slots + (size_t)blockIdx.x * 2 * HN, *pu = part_u + (size_t)blockIdx.x * 2 * HN;
+    float *pgs = part_g + (size_t)blockIdx.x * 2 * N;
+    for (size_t n = n0; n < n1; n++) {
+        const int first = n == n0;
+        const float *row = proj + n * W;
+        float *drow = dproj + n * W;
+        for (int e = tid; e < E; e += nt) drow[E + e] = dx[n * E + e];
+        for (int h = tid; h < H; h += nt) {
+            size_t r = n * H + h;
+            drow[odt + h] = ddt[r] * sigmoid_d(row[odt + h] + dt_bias[h]);
+            drow[olam + h] = dlam[r] * lam[r] * (1.0f - lam[r]);
         }
-        *dth = dang;
-    }
-    __syncthreads();  /* this row's du, written above by the block, is read below */
-    for (int pg = 0; pg < 2 * G; pg++) {
-        int pass = pg / G, g = pg % G;
-        const size_t oc = 2 * (size_t)E + (pass ? GN : 0);
-        const float *raw = row + oc + (size_t)g * N, *gw = pass ? gC : gB;
-        float rs = rstd[n * 2 * G + pg];
-        double m = 0.0;
-        for (int k = tid; k < N; k += nt) {
-            float v = 0.0f;
-            for (int j = 0; j < hpg; j++) v += du[(size_t)pass * nbh + (n * H + (size_t)g * hpg + j) * N + k];
-            dn[k] = v;
-            float xh = raw[k] * rs;
-            gs[(size_t)pass * nrow * GN + (n * G + g) * N + k] = v * xh;
-            m += (double)v * gw[k] * xh;
+        for (int j = tid; j < H * half; j += nt) {
+            int h = j / half, k = j % half;
+            size_t r = n * H + h;
+            float *dth = drow + oth + j;
+            float a = *dth, c = cosf(a), s = sinf(a), dang = 0.0f;
+            for (int pass = 0; pass < 2; pass++) {
+                const float *o = (pass ? Ch : Bh) + r * N, *dO = (pass ? dCh : dBh) + r * N;
+                const size_t at = (size_t)pass * HN + (size_t)h * N + k;
+                float d1 = dO[k], d2 = dO[k + half];
+                dang += -d1 * o[k + half] + d2 * o[k];
+                float u0 = d1 * c + d2 * s, u1 = -d1 * s + d2 * c;
+                du[at] = u0;
+                du[at + half] = u1;
+                pu[at] = first ? u0 : pu[at] + u0;   /* the B / C bias gradients' rows, in order */
+                pu[at + half] = first ? u1 : pu[at + half] + u1;
+            }
+            *dth = dang;
         }
-        m = block_sum(m, dred);
-        float mean = (float)(m / N), *dr = drow + oc + (size_t)g * N;
-        for (int k = tid; k < N; k += nt) dr[k] = rs * (dn[k] * gw[k] - raw[k] * rs * mean);
-        __syncthreads();  /* dn is reused by the next (pass, group) */
+        __syncthreads();  /* this row's du, written above by the block, is read below */
+        for (int pg = 0; pg < 2 * G; pg++) {
+            int pass = pg / G, g = pg % G;
+            const size_t oc = 2 * (size_t)E + (pass ? GN : 0);
+            const float *raw = row + oc + (size_t)g * N, *gw = pass ? gC : gB;
+            float rs = rstd[n * 2 * G + pg];
+            double m = 0.0;
+            for (int k = tid; k < N; k += nt) {
+                float v = 0.0f;
+                for (int j = 0; j < hpg; j++) v += du[(size_t)pass * HN + ((size_t)g * hpg + j) * N + k];
+                dn[k] = v;
+                float xh = raw[k] * rs, gv = v * xh;
+                float *acc = pgs + (size_t)pass * N + k;   /* the gains' gradients: (row, group) in order */
+                *acc = first && g == 0 ? gv : *acc + gv;
+                m += (double)v * gw[k] * xh;
+            }
+            m = block_sum(m, dred);
+            float mean = (float)(m / N), *dr = drow + oc + (size_t)g * N;
+            for (int k = tid; k < N; k += nt) dr[k] = rs * (dn[k] * gw[k] - raw[k] * rs * mean);
+            __syncthreads();  /* dn is reused by the next (pass, group), du by the next row */
+        }
     }
 }
 
@@ -1664,13 +1686,13 @@ static __global__ void colsum_part_k(float *part, const float *X, size_t ld, int
     part[(size_t)rb * ncol + col] = acc;
 }
 
-/* pass 2: out[col] += the row blocks' sums in order */
-static __global__ void colsum_final_k(float *out, const float *part, int nrb, int ncol)
+/* pass 2: out[col] += the row blocks' sums in order (block rb's at part + rb * ld) */
+static __global__ void colsum_final_k(float *out, const float *part, int nrb, int ncol, size_t ld)
 {
     int col = (int)(blockIdx.x * blockDim.x + threadIdx.x);
     if (col >= ncol) return;
     float acc = 0.0f;
-    for (int rb = 0; rb < nrb; rb++) acc += part[(size_t)rb * ncol + col];
+    for (int rb = 0; rb < nrb; rb++) acc += part[(size_t)rb * ld + col];
     out[col] += acc;
 }
 
@@ -1681,7 +1703,7 @@ static void colsum(float *out, float *part, const float *X, size_t ld, int R, in
     if (nrb == 0 || ncol == 0) return;
     MT_LAUNCH(colsum_part_k, dim3((unsigned)((ncol + 127) / 128), (unsigned)nrb), 128, 0)(part, X, ld, R, ncol);
     MT_CUDA_KCHECK();
-    MT_LAUNCH(colsum_final_k, (unsigned)((ncol + 127) / 128), 128, 0)(out, part, nrb, ncol);
+    MT_LAUNCH(colsum_final_k, (unsigned)((ncol + 127) / 128), 128, 0)(out, part, nrb, ncol, (size_t)ncol);
     MT_CUDA_KCHECK();
 }
 
@@ -1707,23 +1729,31 @@ extern "C" void mt_cuda_ssm_prep_backward(void *be, float *dproj, float *ddt_bia
     MT_LAUNCH(prep_bwd_alog_k, (unsigned)((H + 63) / 64), 64, 0)(dA_log, dA, A, H);
     MT_CUDA_KCHECK();
     if (nrow == 0) return;
-    size_t nbh = (size_t)nrow * H * N, ngs = (size_t)nrow * GN, nrb = ((size_t)nrow + COL_RB - 1) / COL_RB;
-    size_t npart = nrb * ((size_t)H * N > (size_t)GN ? (size_t)H * N : (size_t)GN);
-    float *du = (float *)mt_cuda_workspace((2 * nbh + 2 * ngs + npart) * sizeof(float));
+    /* workspace: per block of PREP_RB rows its du scratch and its partial rows (B/C biases 2 H N,
+     * gains 2 N), then dt_bias's column-sum partials */
+    const size_t HN = (size_t)H * N, nblk = ((size_t)nrow + PREP_RB - 1) / PREP_RB;
+    const size_t nrb = ((size_t)nrow + COL_RB - 1) / COL_RB;
+    float *du = (float *)mt_cuda_workspace((nblk * (4 * HN + 2 * (size_t)N) + nrb * (size_t)H) * sizeof(float));
     if (!du) return;
-    float *gs = du + 2 * nbh, *part = gs + 2 * ngs;
+    float *pu = du + nblk * 2 * HN, *pgs = pu + nblk * 2 * HN, *part = pgs + nblk * 2 * (size_t)N;
     /* the angles (the forward's scan, bit-identical) into dproj's theta columns */
     if (half > 0) ang_scan(dproj + oth, W, half, proj + oth, W, half, NULL, B, T, H, half, 0);
-    MT_LAUNCH(prep_bwd_row_k, (unsigned)nrow, PREP_THREADS, PREP_THREADS * sizeof(double) + (size_t)N * sizeof(float))(
-        dproj, du, gs, dx, dBh, dCh, ddt, dlam, Bh, Ch, lam, rstd, proj, dt_bias, gB, gC, nrow, H, P, G, N);
+    MT_LAUNCH(prep_bwd_row_k, (unsigned)nblk, PREP_THREADS, PREP_THREADS * sizeof(double) + (size_t)N * sizeof(float))(
+        dproj, du, pu, pgs, dx, dBh, dCh, ddt, dlam, Bh, Ch, lam, rstd, proj, dt_bias, gB, gC, nrow, H, P, G, N);
     MT_CUDA_KCHECK();
     /* dtheta = reverse cumsum of dang over the sequence */
     if (half > 0) ang_scan(dproj + oth, W, half, dproj + oth, W, half, NULL, B, T, H, half, 1);
     colsum(ddt_bias, part, dproj + odt, W, nrow, H);
-    colsum(dB_bias, part, du, (size_t)H * N, nrow, H * N);
-    colsum(dC_bias, part, du + nbh, (size_t)H * N, nrow, H * N);
-    colsum(dgB, part, gs, (size_t)N, nrow * G, N);
-    colsum(dgC, part, gs + ngs, (size_t)N, nrow * G, N);
+    /* the blocks' partial rows, in block order */
+    const unsigned gu = (unsigned)((HN + 127) / 128), gg = (unsigned)((N + 127) / 128);
+    MT_LAUNCH(colsum_final_k, gu, 128, 0)(dB_bias, pu, (int)nblk, (int)HN, 2 * HN);
+    MT_CUDA_KCHECK();
+    MT_LAUNCH(colsum_final_k, gu, 128, 0)(dC_bias, pu + HN, (int)nblk, (int)HN, 2 * HN);
+    MT_CUDA_KCHECK();
+    MT_LAUNCH(colsum_final_k, gg, 128, 0)(dgB, pgs, (int)nblk, N, 2 * (size_t)N);
+    MT_CUDA_KCHECK();
+    MT_LAUNCH(colsum_final_k, gg, 128, 0)(dgC, pgs + N, (int)nblk, N, 2 * (size_t)N);
+    MT_CUDA_KCHECK();
 }
 
 /* ---------------- gated grouped RMSNorm ----------------
@@ -1801,8 +1831,8 @@ extern "C" void mt_cuda_ssm_gate_norm_forward_bf16(void *be, float *out, mt_bf16
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (n * G == 0) return;
     unsigned t = pow2_threads(E / G, 256);
-    MT_LAUNCH(gate_fwd_k, (unsigned)((size_t)n * G), t, t * sizeof(double))(out, (__nv_bfloat16 *)out_b, rstd, y, z, ldz, w, E, G,
-                                                                              eps);
+    MT_LAUNCH(gate_fwd_k, (unsigned)((size_t)n * G), t, t * sizeof(double))(out, (__nv_bfloat16 *)out_b, rstd, y, z,
+                                                                              ldz, w, E, G, eps);
     MT_CUDA_KCHECK();
 }
 
@@ -1827,7 +1857,7 @@ extern "C" void mt_cuda_ssm_gate_norm_backward(void *be, float *dy, float *dz, f
     MT_LAUNCH(gate_dw_part_k, dim3((unsigned)((E + 127) / 128), (unsigned)nrb), 128, 0)(part, dout, y, z, ldz, rstd,
                                                                                        n, E, G);
     MT_CUDA_KCHECK();
-    MT_LAUNCH(colsum_final_k, (unsigned)((E + 127) / 128), 128, 0)(dw, part, nrb, E);
+    MT_LAUNCH(colsum_final_k, (unsigned)((E + 127) / 128), 128, 0)(dw, part, nrb, E, (size_t)E);
     MT_CUDA_KCHECK();
 }
 
@@ -1957,7 +1987,7 @@ extern "C" void mt_cuda_ssm_gate_norm_backward_ext(void *be, float *dy, float *d
     MT_LAUNCH(gate_dw_part_ext_k, dim3((unsigned)((E + 127) / 128), (unsigned)nrb), 128, 0)(part, dout, y, z, ldz,
                                                                                            rstd, n, E, c0, cg, ng);
     MT_CUDA_KCHECK();
-    MT_LAUNCH(colsum_final_k, (unsigned)((E + 127) / 128), 128, 0)(dw, part, nrb, E);
+    MT_LAUNCH(colsum_final_k, (unsigned)((E + 127) / 128), 128, 0)(dw, part, nrb, E, (size_t)E);
     MT_CUDA_KCHECK();
 }
 
