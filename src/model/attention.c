@@ -24,6 +24,7 @@
  * reduce-scatter (SP) or all-reduce (no SP) of the o_proj partial sums; the
  * backward runs the conjugates. The residual rows are Nr (N/tp under SP).
  */
+#include <string.h>
 #include "model_impl.h"
 
 /* What an attention layer saves for its backward beyond the shared input
@@ -296,6 +297,18 @@ static void attn_work(const struct mt_block_shape *s, int rc, struct mt_work *w)
     const double a = 2.0 * (double)s->T * (double)ad.H * (double)ad.hd;
     w->f[MT_WORK_ATTENTION_FWD] += a * (1.0 + rc);
     w->f[MT_WORK_ATTENTION_BWD] += 2.5 * a;
+    if (!strcmp(s->cfg->precision, "bf16")) {
+        /* precision=bf16 on cuda, in 4-byte elements (bf16 = 0.5): forward
+         * rmsnorm_resid_forward_bf16 reads x, writes h, x_out (the residual's
+         * seed) and h's twin: 3.5 D; qk_norm_rope_forward_bf16 reads q', k',
+         * writes bf16 q, k: 1.5 qk (v: its GEMM writes bf16). Backward
+         * qk_norm_rope_backward_bf16 reads dq, dk, q', k', writes bf16 dq', dk':
+         * 2.5 qk; rmsnorm_backward (accumulating) reads dh, x, dx, writes dx:
+         * 4 D; o_proj's dy rounded once (cast_bf16, elementwise): 1.5 D. */
+        w->e[MT_WORK_NORM] += 7.5 * D + 4.0 * qk + rc * (3.5 * D + 1.5 * qk);
+        w->e[MT_WORK_ELEMENTWISE] += 1.5 * D;
+        return;
+    }
     w->e[MT_WORK_NORM] += 5.0 * (D + qk) + rc * 2.0 * (D + qk);
     w->e[MT_WORK_ELEMENTWISE] += 4.0 * qk + 6.0 * D + rc * (2.0 * qk + 3.0 * D);   /* RoPE, residual */
 }

@@ -40,6 +40,7 @@
  * Incremental decoding (a->state != NULL, one rank): the layer's recurrent
  * state (mt_mamba3_decode), not a KV cache.
  */
+#include <string.h>
 #include "model_impl.h"
 #include "../core/mt_knobs.h"
 
@@ -200,6 +201,36 @@ static double mamba_extra(const struct mt_block_shape *sh)
     return 24.0 * (double)s->mH * (double)s->mP * (double)s->mN;
 }
 
+/* precision=bf16 on cuda, in 4-byte elements (bf16 = 0.5) per token; E = H P,
+ * the per-head B, C are H N each (HN), theta H N/2, W the in-projection's width.
+ * The mixer's activations stay fp32; what bf16 changes is the norms' twins,
+ * the gated norm writing only Wout's bf16 operand, and dy, dproj rounded once.
+ *   norm: input norm forward reads x, writes h and its twin (2.5 D), backward
+ *     4 D; gated norm forward reads ys, z, writes bf16 yn (2.5 E), backward
+ *     reads dyn, ys, z, writes dys, dz (5 E) and reads dyn, ys, z again for dg (3 E).
+ *   elementwise: prep forward: the angles' cumsum (HN) and the row pass reading
+ *     xs, B, C, dt, lam, the angles (E + 2 G N + 2 H + HN/2), writing x, Bh, Ch,
+ *     dt, lam (E + 2 HN + 2 H); the residual add (3 D); dy and dproj rounded
+ *     (1.5 D, 1.5 W); prep backward: two angle scans (2 HN), the row pass
+ *     (reads dx, ddt, dlam, lam, dt, theta, Bh, Ch, dBh, dCh, du, B, C: E + 4 H +
+ *     6.5 HN + 2 G N; writes dx, dt, lam, du, theta, gs, dB, dC: E + 2 H + 2.5 HN
+ *     + 4 G N) and the bias / gain column sums (H + 2 HN + 2 G N).
+ *   scan: forward reads x, Bh, Ch, dt, lam, writes ys (2 E + 2 HN + 2 H);
+ *     backward reads those and dys, writes their gradients (3 E + 4 HN + 4 H);
+ *     the chunk states between its kernels are not counted.
+ * rc: the forward again. */
+static void mamba_work_bf16(const struct mt_block_shape *sh, int rc, struct mt_work *w)
+{
+    const struct mamba_gdims g = mamba_gdims_of(sh->cfg), *s = &g;
+    const double D = (double)sh->D, E = (double)s->mE, H = (double)s->mH, GN = (double)s->mG * (double)s->mN;
+    const double HN = H * (double)s->mN, W = 2.0 * E + 2.0 * GN + 2.0 * H + H * (double)(s->mN / 2);
+    const double prep_f = 2.0 * E + 3.5 * HN + 2.0 * GN + 4.0 * H, scan_f = 2.0 * E + 2.0 * HN + 2.0 * H;
+    const double prep_b = 2.0 * E + 13.0 * HN + 8.0 * GN + 7.0 * H;
+    w->e[MT_WORK_SCAN] += scan_f + 3.0 * E + 4.0 * HN + 4.0 * H + rc * scan_f;
+    w->e[MT_WORK_NORM] += 6.5 * D + 10.5 * E + rc * (2.5 * D + 2.5 * E);
+    w->e[MT_WORK_ELEMENTWISE] += prep_f + prep_b + 3.0 * D + 1.5 * D + 1.5 * W + rc * (prep_f + 3.0 * D);
+}
+
 /* The planner's work beyond the GEMMs: the scan's FLOPs as the receipt
  * counts them (mamba_extra), its bytes x, B, C, dt in and y out, backward
  * twice that; ~12 elements per inner channel of conv, activations and
@@ -210,6 +241,10 @@ static void mamba_work(const struct mt_block_shape *sh, int rc, struct mt_work *
     const double D = (double)sh->D;
     const double mE = (double)s->mE, io = 2.0 * mE + 2.0 * (double)s->mG * (double)s->mN + (double)s->mH;
     w->f[MT_WORK_SCAN] += mamba_extra(sh) * (1.0 + rc / 3.0);
+    if (!strcmp(sh->cfg->precision, "bf16")) {
+        mamba_work_bf16(sh, rc, w);
+        return;
+    }
     w->e[MT_WORK_SCAN] += io * (3.0 + rc);
     w->e[MT_WORK_NORM] += 5.0 * D + 6.0 * mE + rc * (2.0 * D + 3.0 * mE);
     w->e[MT_WORK_ELEMENTWISE] += 12.0 * mE + 6.0 * D + rc * (4.0 * mE + 3.0 * D);

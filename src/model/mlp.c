@@ -17,6 +17,7 @@
  * Gradient rule: dWg, dWu, dWd +=; dh = (accumulate 0) or += (accumulate 1);
  * act, dact, dg, du are scratch (=).
  */
+#include <string.h>
 #include "model_impl.h"
 
 /* What a dense MLP layer saves beyond the shared ffn norm (struct mt_layer):
@@ -282,6 +283,17 @@ static void mlp_work(const struct mt_block_shape *s, int rc, struct mt_work *w)
 {
     const double D = (double)s->D;
     const double hid = (double)s->cfg->mlp_hidden;
+    if (!strcmp(s->cfg->precision, "bf16") && s->cfg->redo_every <= 0 && s->cfg->lora_rank <= 0) {
+        /* precision=bf16 on cuda (mlp_gu_bf16: gate, up stored bf16), 4-byte
+         * elements: norm forward reads x, writes h, x_out, h's twin (3.5 D),
+         * backward reads dh, x, dx, writes dx (4 D); swiglu_forward_bf16_gu
+         * reads bf16 g, u, writes bf16 act (1.5 per hidden unit); down's dy
+         * rounded once (1.5 D); swiglu_backward_act_bf16_gu reads fp32 dact and
+         * bf16 g, u, writes bf16 act, dg, du (3.5). rc: the forward again. */
+        w->e[MT_WORK_NORM] += 7.5 * D + rc * 3.5 * D;
+        w->e[MT_WORK_ELEMENTWISE] += 5.0 * hid + 1.5 * D + rc * 1.5 * hid;
+        return;
+    }
     w->e[MT_WORK_NORM] += 5.0 * D + rc * 2.0 * D;
     w->e[MT_WORK_ELEMENTWISE] += 8.0 * hid + 6.0 * D + rc * (3.0 * hid + 3.0 * D);
 }

@@ -478,6 +478,30 @@ static void moe_work(const struct mt_block_shape *sh, int rc, struct mt_work *w)
     const struct moe_gdims g = moe_gdims_of(sh), *s = &g;
     const double D = (double)sh->D;
     const double hid = (double)s->top_k * (double)s->Fe + (double)s->Fs;
+    const struct mt_config *c = sh->cfg;
+    if (!strcmp(c->precision, "bf16") && s->Z == 0 && c->lora_rank <= 0 && c->redo_every <= 0 && sh->ep <= 1 &&
+        s->E <= MT_GROUPED_DEV_MAX && mt_grouped_dev_dims_ok((int)sh->D, (int)s->Fe, 8, 8)) {
+        /* precision=bf16 on cuda with the device-sized grouped experts (sizes_on_device's
+         * default case), 4-byte elements per token, k = top_k slots, Er = E + Z:
+         * norm: forward reads x, writes h, x_out (3 D; + h's twin 0.5 D with a shared
+         *   expert), backward reads dh, x, dx, writes dx (4 D).
+         * forward: moe_permute_bf16 reads fp32 h rows, writes bf16 (1.5 k D);
+         *   swiglu_forward_bf16 reads fp32 g, u, writes bf16 act (2.5 k Fe); moe_combine
+         *   reads out, k rows of y, writes out ((2 + k) D).
+         * backward: moe_combine_backward_bf16 reads dy for the bf16 copies (1 + 0.5 k) D
+         *   and dy, y for dgates (1 + k) D; the re-permute (1.5 k D);
+         *   swiglu_backward_act_bf16 reads dact, g, u, writes bf16 act, dg, du (4.5 k Fe);
+         *   the fill of dh (D) and moe_permute_backward ((2 + k) D).
+         * a shared expert as the dense MLP on fp32 g, u: 2.5 + 4.5 per hidden unit and
+         *   its dy rounded once (1.5 D); router softmax, routing, aux and their backward:
+         *   about 8 Er + 8 k. rc: the forward again. */
+        const double k = (double)s->top_k, Fe = (double)s->Fe, Fs = (double)s->Fs, Er = (double)(s->E + s->Z);
+        const double sh_n = s->Fs > 0 ? 0.5 * D : 0.0, sh_e = s->Fs > 0 ? 7.0 * Fs + 1.5 * D : 0.0;
+        w->e[MT_WORK_NORM] += 7.0 * D + sh_n + rc * (3.0 * D + sh_n);
+        w->e[MT_WORK_ELEMENTWISE] += 6.5 * k * D + 7.0 * D + 7.0 * k * Fe + sh_e + 8.0 * Er + 8.0 * k +
+                                     rc * (2.5 * k * D + 2.0 * D + 2.5 * k * Fe + 2.5 * Fs + 4.0 * Er + 4.0 * k);
+        return;
+    }
     w->e[MT_WORK_NORM] += 5.0 * D + rc * 2.0 * D;
     w->e[MT_WORK_ELEMENTWISE] += 8.0 * hid + 6.0 * D + rc * (3.0 * hid + 3.0 * D);
     w->e[MT_WORK_ELEMENTWISE] += (8.0 * (double)s->top_k * D + 4.0 * (double)(s->E + s->Z)) * (1.0 + rc / 2.0);

@@ -1098,11 +1098,17 @@ static void stage_work(const struct mt_config *cfg, int l0, int l1, int rc, stru
         w->f[MT_PLAN_KIND_GEMM] += (6.0 + 2.0 * rc) * mt_blocks_layer_mm(cfg, &s, l);
         mt_blocks_layer_work(cfg, &s, l, rc, w);   /* each step's, in order */
     }
-    if (l0 == 0) w->e[MT_PLAN_KIND_ELEMENTWISE] += 4.0 * (double)s.D;
+    /* precision=bf16 (cuda): the embedding's gather reads a row, writes x (2 D)
+     * and its backward reads dy and adds into the gradient's row (3 D); the
+     * final norm writes h's bf16 twin too (forward 2.5 D, backward 3 D); and
+     * xent_fused_bf16 reads each fp32 logit once and writes only the bf16
+     * dlogits (1.5 V; head_chunk_rows bounds the memory, not the bytes) */
+    const int bf16 = !strcmp(cfg->precision, "bf16");
+    if (l0 == 0) w->e[MT_PLAN_KIND_ELEMENTWISE] += bf16 ? 5.0 * (double)s.D : 4.0 * (double)s.D;
     if (l1 == cfg->n_layer) {
         w->f[MT_PLAN_KIND_GEMM] += 6.0 * (double)cfg->vocab_size * (double)s.D;
-        w->e[MT_PLAN_KIND_NORM] += 5.0 * (double)s.D;
-        w->e[MT_PLAN_KIND_XENT] += 3.0 * (double)cfg->vocab_size;
+        w->e[MT_PLAN_KIND_NORM] += bf16 ? 5.5 * (double)s.D : 5.0 * (double)s.D;
+        w->e[MT_PLAN_KIND_XENT] += bf16 ? 1.5 * (double)cfg->vocab_size : 3.0 * (double)cfg->vocab_size;
     }
 }
 
@@ -1123,7 +1129,9 @@ static double optimizer_bytes(const struct mt_plan *p, const struct stage_plan *
         double per = mt_optim_class(ps[i].optim)->pass_bytes;
         if (bf16 && ps[i].ndim == 2 && !strstr(ps[i].name, "embed_tokens"))
             per += mt_optim_class(ps[i].optim)->shadow_bytes;
-        b += (double)ps[i].numel * (per + 4.0);
+        /* precision=bf16 also counts the gradient norm's sumsq_multi read (4; the
+         * clip's scale is inside adamw_multi, and one rank has no marking pass) */
+        b += (double)ps[i].numel * (bf16 ? per + 4.0 + 4.0 : per + 4.0);
     }
     return b;
 }
