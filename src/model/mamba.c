@@ -212,9 +212,10 @@ static double mamba_extra(const struct mt_block_shape *sh)
  *     xs, B, C, dt, lam, the angles (E + 2 G N + 2 H + HN/2), writing x, Bh, Ch,
  *     dt, lam (E + 2 HN + 2 H); the residual add (3 D); dy and dproj rounded
  *     (1.5 D, 1.5 W); prep backward: two angle scans (2 HN), the row pass
- *     (reads dx, ddt, dlam, lam, dt, theta, Bh, Ch, dBh, dCh, du, B, C: E + 4 H +
- *     6.5 HN + 2 G N; writes dx, dt, lam, du, theta, gs, dB, dC: E + 2 H + 2.5 HN
- *     + 4 G N) and the bias / gain column sums (H + 2 HN + 2 G N).
+ *     (reads dx, ddt, dlam, lam, dt, theta, Bh, Ch, dBh, dCh, B, C: E + 4 H +
+ *     4.5 HN + 2 G N; writes dx, dt, lam, theta, dB, dC: E + 2 H + 0.5 HN +
+ *     2 G N; du and the bias / gain sums stay in its per-block scratch and
+ *     partial rows) and dt_bias's column sum (H).
  *   scan: forward reads x, Bh, Ch, dt, lam, writes ys (2 E + 2 HN + 2 H);
  *     backward reads those and dys, writes their gradients (3 E + 4 HN + 4 H);
  *     the chunk states between its kernels are not counted.
@@ -225,7 +226,7 @@ static void mamba_work_bf16(const struct mt_block_shape *sh, int rc, struct mt_w
     const double D = (double)sh->D, E = (double)s->mE, H = (double)s->mH, GN = (double)s->mG * (double)s->mN;
     const double HN = H * (double)s->mN, W = 2.0 * E + 2.0 * GN + 2.0 * H + H * (double)(s->mN / 2);
     const double prep_f = 2.0 * E + 3.5 * HN + 2.0 * GN + 4.0 * H, scan_f = 2.0 * E + 2.0 * HN + 2.0 * H;
-    const double prep_b = 2.0 * E + 13.0 * HN + 8.0 * GN + 7.0 * H;
+    const double prep_b = 2.0 * E + 7.0 * HN + 4.0 * GN + 7.0 * H;
     w->e[MT_WORK_SCAN] += scan_f + 3.0 * E + 4.0 * HN + 4.0 * H + rc * scan_f;
     w->e[MT_WORK_NORM] += 6.5 * D + 10.5 * E + rc * (2.5 * D + 2.5 * E);
     w->e[MT_WORK_ELEMENTWISE] += prep_f + prep_b + 3.0 * D + 1.5 * D + 1.5 * W + rc * (prep_f + 3.0 * D);
