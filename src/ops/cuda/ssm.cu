@@ -1757,10 +1757,13 @@ extern "C" void mt_cuda_ssm_prep_backward(void *be, float *dproj, float *ddt_bia
 }
 
 /* ---------------- gated grouped RMSNorm ----------------
- * One block per (row, group), threads over the group's E/G channels, the
- * sums of squares and the backward's mean term as fixed-order block
- * reductions in double; dw as two-pass column sums over blocks of COL_RB
- * rows (gate_dw_part_k, then colsum_final_k). */
+ * Forward: one block per (row, group), threads over the group's E/G
+ * channels; backward: one per (GATE_RB rows, group). The sums of squares and
+ * the backward's mean term are fixed-order block reductions in double; dw is
+ * a two-pass column sum: the backward's blocks sum their rows in order
+ * (gate_bwd_k's partial rows), then colsum_final_k the blocks in order. The
+ * replicated-B/C entries (_ext) keep one block per row and gate_dw_part_ext_k's
+ * separate first pass over blocks of COL_RB rows. */
 
 /* out (NULL: not stored) and its bf16 twin out_b (NULL: none). v is computed
  * again in the scaled pass instead of stored and read back: the same
@@ -1788,40 +1791,38 @@ static __global__ void gate_fwd_k(float *out, __nv_bfloat16 *out_b, float *rstd,
     }
 }
 
-static __global__ void gate_bwd_k(float *dy, float *dz, const float *dout, const float *y, const float *z, int ldz,
-                                  const float *w, const float *rstd, int E, int G)
+/* One block per (GATE_RB rows, group), the rows in order; threads over the
+ * group's channels, each keeping its channels from row to row, so dw's first
+ * pass (sum over the rows of dout vhat) accumulates in the block's partial
+ * row part[rb][c] as it goes (then colsum_final_k over the blocks in order).
+ * Before, a separate pass re-read dout, y, z for it (~0.4 GB a call at the
+ * d2048 hybrid's shape). 16 rows: 512 blocks at n = 8192. */
+#define GATE_RB 16
+
+static __global__ void gate_bwd_k(float *dy, float *dz, float *part, const float *dout, const float *y, const float *z,
+                                  int ldz, const float *w, const float *rstd, int n, int E, int G)
 {
     MT_DYN_SMEM(double, dred);  /* blockDim */
-    int i = (int)blockIdx.x, row = i / G, g = i % G, cg = E / G, nt = (int)blockDim.x;
-    const float *yr = y + (size_t)row * E, *zr = z + (size_t)row * ldz, *d = dout + (size_t)row * E;
-    float *dyr = dy + (size_t)row * E, *dzr = dz + (size_t)row * ldz;
-    float rs = rstd[i];
-    double m = 0.0;
-    for (int c = g * cg + (int)threadIdx.x; c < (g + 1) * cg; c += nt)
-        m += (double)d[c] * w[c] * (yr[c] * zr[c] * sigmoid_d(zr[c]) * rs);
-    m = block_sum(m, dred);
-    float mean = (float)(m / cg);
-    for (int c = g * cg + (int)threadIdx.x; c < (g + 1) * cg; c += nt) {
-        float s = sigmoid_d(zr[c]), si = zr[c] * s, vh = yr[c] * si * rs;
-        float dv = rs * (d[c] * w[c] - vh * mean);
-        dyr[c] = dv * si;
-        dzr[c] = dv * yr[c] * (s + si * (1.0f - s));
+    int rb = (int)blockIdx.x, g = (int)blockIdx.y, cg = E / G, nt = (int)blockDim.x;
+    int r0 = rb * GATE_RB, r1 = r0 + GATE_RB < n ? r0 + GATE_RB : n;
+    float *pw = part + (size_t)rb * E;
+    for (int row = r0; row < r1; row++) {
+        const float *yr = y + (size_t)row * E, *zr = z + (size_t)row * ldz, *d = dout + (size_t)row * E;
+        float *dyr = dy + (size_t)row * E, *dzr = dz + (size_t)row * ldz;
+        float rs = rstd[(size_t)row * G + g];
+        double m = 0.0;
+        for (int c = g * cg + (int)threadIdx.x; c < (g + 1) * cg; c += nt)
+            m += (double)d[c] * w[c] * (yr[c] * zr[c] * sigmoid_d(zr[c]) * rs);
+        m = block_sum(m, dred);
+        float mean = (float)(m / cg);
+        for (int c = g * cg + (int)threadIdx.x; c < (g + 1) * cg; c += nt) {
+            float s = sigmoid_d(zr[c]), si = zr[c] * s, vh = yr[c] * si * rs;
+            float dv = rs * (d[c] * w[c] - vh * mean);
+            dyr[c] = dv * si;
+            dzr[c] = dv * yr[c] * (s + si * (1.0f - s));
+            pw[c] = row == r0 ? d[c] * vh : pw[c] + d[c] * vh;   /* dw: this block's rows, in order */
+        }
     }
-}
-
-/* dw pass 1: part[rb][c] = sum over rows of block rb (in order) of dout * vhat */
-static __global__ void gate_dw_part_k(float *part, const float *dout, const float *y, const float *z, int ldz,
-                                      const float *rstd, int n, int E, int G)
-{
-    int c = (int)(blockIdx.x * blockDim.x + threadIdx.x), rb = (int)blockIdx.y;
-    if (c >= E) return;
-    int g = c / (E / G), r1 = (rb + 1) * COL_RB < n ? (rb + 1) * COL_RB : n;
-    float acc = 0.0f;
-    for (int row = rb * COL_RB; row < r1; row++) {
-        float zv = z[(size_t)row * ldz + c];
-        acc += dout[(size_t)row * E + c] * y[(size_t)row * E + c] * zv * sigmoid_d(zv) * rstd[(size_t)row * G + g];
-    }
-    part[(size_t)rb * E + c] = acc;
 }
 
 extern "C" void mt_cuda_ssm_gate_norm_forward_bf16(void *be, float *out, mt_bf16 *out_b, float *rstd, const float *y,
@@ -1849,13 +1850,11 @@ extern "C" void mt_cuda_ssm_gate_norm_backward(void *be, float *dy, float *dz, f
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (n * G == 0) return;
     unsigned t = pow2_threads(E / G, 256);
-    MT_LAUNCH(gate_bwd_k, (unsigned)((size_t)n * G), t, t * sizeof(double))(dy, dz, dout, y, z, ldz, w, rstd, E, G);
-    MT_CUDA_KCHECK();
-    int nrb = (n + COL_RB - 1) / COL_RB;
+    int nrb = (n + GATE_RB - 1) / GATE_RB;
     float *part = (float *)mt_cuda_workspace((size_t)nrb * E * sizeof(float));
     if (!part) return;
-    MT_LAUNCH(gate_dw_part_k, dim3((unsigned)((E + 127) / 128), (unsigned)nrb), 128, 0)(part, dout, y, z, ldz, rstd,
-                                                                                       n, E, G);
+    MT_LAUNCH(gate_bwd_k, dim3((unsigned)nrb, (unsigned)G), t, t * sizeof(double))(dy, dz, part, dout, y, z, ldz, w,
+                                                                                 rstd, n, E, G);
     MT_CUDA_KCHECK();
     MT_LAUNCH(colsum_final_k, (unsigned)((E + 127) / 128), 128, 0)(dw, part, nrb, E, (size_t)E);
     MT_CUDA_KCHECK();
