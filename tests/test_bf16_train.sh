@@ -265,8 +265,10 @@ else bad "precision=fp16 refused (exit $rc)"; tail -2 "$W/fp16.log"; fi
 #    away), the plan's acts bucket
 #    smaller by the fp32 logits of the rows not kept (measured = plan); in
 #    fp32 the key changes nothing (bits and plan); `meshtrain logits` (every
-#    row's logits: 30 > 24) on the chunked run's checkpoint still works
-if run 1 "$W/bf16_chunk" $DENSE --set precision=bf16 --set head_chunk_rows=24 &&
+#    row's logits: 30 > 24) on the chunked run's checkpoint still works.
+#    The chunks are the fp32-logits path (--knob head_bf16_logits=0): with the
+#    default bf16 logits no fp32 logits exist to chunk.
+if run 1 "$W/bf16_chunk" $DENSE --set precision=bf16 --set head_chunk_rows=24 --knob head_bf16_logits=0 &&
    run 1 "$W/fp32_chunk" $DENSE --set head_chunk_rows=24 &&
    python3 "$HERE/bf16_curve.py" "$W/fp32/receipt.json" "$W/bf16/receipt.json" --other "$W/bf16_chunk/receipt.json" &&
    close "$W/fp32" "$W/fp32_chunk" 0 &&
@@ -287,6 +289,22 @@ assert f["memory"]["plan_bytes"] == fc["memory"]["plan_bytes"], "fp32: head_chun
 PY
 then ok "head_chunk_rows=24: bf16 = all rows at once (step tolerance), logits bounded in the plan; fp32 bit-identical, plan unchanged"
 else bad "head_chunk_rows"; tail -3 "$W/bf16_chunk.log"; fi
+
+# 8. bf16 logits (knob head_bf16_logits, default 1; docs/cuda.md "bf16 logits"):
+#    the lm head's GEMM output rounded once and the cross-entropy on it, against
+#    the fp32 logits (=0): within the step tolerance (bf16_curve.py --other),
+#    and not the same first loss (the bf16-logits path ran); plan unchanged
+if run 1 "$W/bf16_f32logits" $DENSE --set precision=bf16 --knob head_bf16_logits=0 &&
+   python3 "$HERE/bf16_curve.py" "$W/fp32/receipt.json" "$W/bf16/receipt.json" --other "$W/bf16_f32logits/receipt.json" &&
+   python3 - "$W/bf16/receipt.json" "$W/bf16_f32logits/receipt.json" <<'PY'
+import json, sys
+b, f = (json.load(open(p)) for p in sys.argv[1:])
+print("   first loss bf16 logits %.9f, fp32 logits %.9f" % (b["losses"][0], f["losses"][0]))
+assert b["losses"][0] != f["losses"][0], "the bf16-logits path did not run"
+assert b["memory"]["plan_bytes"] == f["memory"]["plan_bytes"]
+PY
+then ok "head_bf16_logits: bf16 logits within the step tolerance of fp32 logits, and not the same run"
+else bad "head_bf16_logits"; tail -3 "$W/bf16_f32logits.log"; fi
 
 echo "test_bf16_train: $(( $(date +%s) - t0 ))s"
 finish

@@ -521,7 +521,8 @@ PY
         run6 bf16ref_hyb_cpu $HYB --set backend=cpu || rc=1
         run6 bf16_hyb_cpu $HYB --set backend=cpu --set precision=bf16 || rc=1
         run6 bf16_cuda $TINY --backend cuda --set precision=bf16 || rc=1
-        run6 bf16_chunk_cuda $TINY --backend cuda --set precision=bf16 --set head_chunk_rows=24 || rc=1
+        run6 bf16_chunk_cuda $TINY --backend cuda --set precision=bf16 --set head_chunk_rows=24 \
+            --knob head_bf16_logits=0 || rc=1
         run6 bf16ref_v2_cpu $V2 --set backend=cpu || rc=1
         run6 bf16_v2_cpu $V2 --set backend=cpu --set precision=bf16 || rc=1
         return $rc
@@ -539,12 +540,14 @@ sys.exit(not (g['gemm_bf16_direct'] > 0 and g['gemm_bf16_fallbacks'] == 0 and g[
     else echo "FAIL: emulated train precision=bf16"; fail=1; fi
     # c2 head_chunk_rows=24 (the lm head's logits GEMM and xent_fused_bf16 in
     #     row chunks 24, 24, 16 of the 64 on the device, the bf16 dlogits twin
-    #     keeping every row): follows the unchunked cuda bf16 run (first loss to
-    #     1e-5, then the step tolerance)
+    #     keeping every row; the fp32-logits path, --knob head_bf16_logits=0:
+    #     the default bf16 logits have no fp32 logits to chunk): follows the
+    #     unchunked cuda bf16 run, bf16 logits (first loss to 1e-5, then the
+    #     step tolerance)
     if ran bf16ref_cpu bf16_cuda bf16_chunk_cuda &&
        python3 "$SRC/tests/bf16_curve.py" "$EMU/run_bf16ref_cpu/receipt.json" "$EMU/run_bf16_cuda/receipt.json" \
            --other "$EMU/run_bf16_chunk_cuda/receipt.json"; then
-        echo "PASS emulated train precision=bf16 head_chunk_rows=24: = the unchunked cuda bf16 run"
+        echo "PASS emulated train precision=bf16 head_chunk_rows=24 (fp32 logits): = the unchunked cuda bf16 run (bf16 logits)"
     else echo "FAIL: emulated train precision=bf16 head_chunk_rows=24"; fail=1; fi
     # c2 MoE: the same with pattern=AE, whose routed experts run on their bf16
     #     shadows (one gemm_bf16 per expert group, docs/cuda.md "MoE on the

@@ -25,7 +25,7 @@ TINY="--set vocab_size=64 --set n_layer=2 --set d_model=32 --set n_head=4 --set 
 # 1. --help lists the knobs
 H=$($MT train --help)
 miss=""
-for k in zero_overlap cuda_precision nccl_timeout_s moe_grouped cuda_graphs peak_cache attn_kernel scan_bf16 moe_sizes test_fault test_force_routing test_loss_part; do
+for k in zero_overlap cuda_precision nccl_timeout_s moe_grouped cuda_graphs peak_cache attn_kernel scan_bf16 moe_sizes head_bf16_logits test_fault test_force_routing test_loss_part; do
   echo "$H" | grep -q "^  $k " || miss="$miss $k"
 done
 [ -z "$miss" ] && ok "help lists every knob" || bad "help lacks:$miss"
@@ -37,8 +37,9 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 assert r["knobs"].pop("test_loss_part")["test_hook"] is True, r["knobs"]
 k = r["knobs"]
-assert set(k) == {"zero_overlap", "cuda_precision", "nccl_timeout_s", "moe_grouped", "cuda_graphs", "test_fault", "test_force_routing", "peak_cache", "attn_kernel", "scan_bf16", "moe_sizes"}, k.keys()
+assert set(k) == {"zero_overlap", "cuda_precision", "nccl_timeout_s", "moe_grouped", "cuda_graphs", "test_fault", "test_force_routing", "peak_cache", "attn_kernel", "scan_bf16", "moe_sizes", "head_bf16_logits"}, k.keys()
 assert k["moe_sizes"]["value"] == "auto" and k["moe_sizes"]["env_alias"] == "MT_MOE_SIZES", k["moe_sizes"]
+assert k["head_bf16_logits"]["value"] == "1" and k["head_bf16_logits"]["env_alias"] == "MT_HEAD_BF16_LOGITS", k["head_bf16_logits"]
 assert k["attn_kernel"]["value"] == "v3" and k["attn_kernel"]["env_alias"] == "MT_CUDA_ATTN_KERNEL", k["attn_kernel"]
 assert k["zero_overlap"]["value"] == sys.argv[2] and k["zero_overlap"]["source"] == sys.argv[3], k["zero_overlap"]
 assert k["zero_overlap"]["env_alias"] == "MT_ZERO_OVERLAP" and k["test_fault"]["test_hook"] is True

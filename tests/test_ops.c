@@ -1019,6 +1019,7 @@ static double xent_loss(void *ud)
 }
 
 static long twin_diff(struct harness *h, const uint16_t *d, const float *out, size_t n);
+static uint16_t ref_bf16(float x);
 
 static void xent_case(struct harness *h, int N, int V, float cap, double zr)
 {
@@ -1105,6 +1106,34 @@ static void xent_case(struct harness *h, int N, int V, float cap, double zr)
     h->ops->copy_to_host(h->ops->be, hb, bd, nz * sizeof(uint16_t));
     h->ops->copy_to_host(h->ops->be, hb2, bd2, nz * sizeof(uint16_t));
     checkf(h, "xent_fused_bf16", (double)(memcmp(hb, hb2, nz * sizeof(uint16_t)) != 0), 0, "%s determinism", cs);
+
+    /* bf16 logits (xent_fused_bf16_logits, the lm head's bf16 GEMM output):
+     * losses, lse and the twin (written over the logits) are the bits of
+     * widening the logits and calling xent_fused_bf16 on this backend */
+    if (!has(h, "xent_fused_bf16_logits", h->ops->xent_fused_bf16_logits != NULL)) return;
+    uint16_t *zh = (uint16_t *)new_f(h, (nz + 1) / 2);
+    float *zw = new_f(h, nz);
+    for (size_t i = 0; i < nz; i++) {
+        zh[i] = ref_bf16((float)z[i]);
+        uint32_t u = (uint32_t)zh[i] << 16;
+        memcpy(&zw[i], &u, sizeof u);
+    }
+    float *wz = up_f(h, zw, nz), *wl = up_f(h, nan_f(h, N), N), *ws = up_f(h, nan_f(h, N), N);
+    uint16_t *wd = dalloc(h, nz * sizeof(uint16_t)), *lz = dalloc(h, nz * sizeof(uint16_t));
+    h->ops->xent_fused_bf16(h->ops->be, wl, ws, wz, wd, dt, dscale, N, V, cap);
+    h->ops->copy_from_host(h->ops->be, lz, zh, nz * sizeof(uint16_t));
+    float *ll = up_f(h, nan_f(h, N), N), *ls = up_f(h, nan_f(h, N), N);
+    h->ops->xent_fused_bf16_logits(h->ops->be, ll, ls, lz, dt, dscale, N, V, cap);
+    uint16_t *hw = (uint16_t *)new_f(h, (nz + 1) / 2), *hl = (uint16_t *)new_f(h, (nz + 1) / 2);
+    h->ops->sync(h->ops->be);
+    h->ops->copy_to_host(h->ops->be, hw, wd, nz * sizeof(uint16_t));
+    h->ops->copy_to_host(h->ops->be, hl, lz, nz * sizeof(uint16_t));
+    checkf(h, "xent_fused_bf16_logits",
+           ndiff(down_f(h, wl, N), down_f(h, ll, N), N) + ndiff(down_f(h, ws, N), down_f(h, ls, N), N), 0,
+           "%s losses, lse == xent_fused_bf16 on the widened logits (bits)", cs);
+    long tw = 0;
+    for (size_t i = 0; i < nz; i++) tw += hw[i] != hl[i];
+    checkf(h, "xent_fused_bf16_logits", (double)tw, 0, "%s twin (over the logits) == xent_fused_bf16's", cs);
 }
 
 static int run_xent(struct harness *h)
@@ -1116,6 +1145,8 @@ static int run_xent(struct harness *h)
     xent_case(h, 32, 1000, 0.0f, 8.0);
     xent_case(h, 32, 1000, 15.0f, 40.0);
     xent_case(h, 9, 8192, 30.0f, 60.0);
+    xent_case(h, 5, 64, 0.0f, 6.0);   /* V % 8 == 0: cuda's 16-byte bf16 row loads */
+    xent_case(h, 2, 60000, 0.0f, 6.0);   /* a row over the shared-memory limit: cuda's two-kernel paths */
     return n_fail == f0;
 }
 

@@ -114,7 +114,7 @@ static const struct key keys[] = {
     {"lora_targets", KT_STRING, OFF(lora_targets), SZ(lora_targets), "q,v", 0, 0, NULL, 0, "comma list of q,k,v,o,gate,up,down,expert,in_proj,out_proj (M blocks; the router never)"},
     {"recompute",    KT_STRING, OFF(recompute), SZ(recompute), "none", 0, 0, "none|block", 0, "activation recomputation"},
     {"precision",    KT_STRING, OFF(precision), SZ(precision), "fp32", 0, 0, "fp32|bf16", 0, "bf16: GEMMs on bf16 shadows of the weights, fp32 master weights and optimizer state (docs/cuda.md)"},
-    {"head_chunk_rows", KT_INT, OFF(head_chunk_rows), 0, "0", 0, IMAX, NULL, 0, "precision=bf16: the lm head's logits GEMM and cross-entropy in chunks of this many rows (fp32 logits bounded at chunk x V; the bf16 dlogits keep every row); 0 = all rows at once; no effect in fp32 (docs/cuda.md)"},
+    {"head_chunk_rows", KT_INT, OFF(head_chunk_rows), 0, "0", 0, IMAX, NULL, 0, "precision=bf16: the lm head's logits GEMM and cross-entropy in chunks of this many rows (fp32 logits bounded at chunk x V; the bf16 dlogits keep every row); 0 = all rows at once; no effect in fp32, and with bf16 logits (knob head_bf16_logits, the default where the backend has them) it only shrinks the fp32 logits buffer, which training then does not use (docs/cuda.md)"},
     {"grad_reduce_dtype", KT_STRING, OFF(grad_reduce_dtype), SZ(grad_reduce_dtype), "fp32", 0, 0, "fp32|bf16", 0, "gradient reduction dtype over the data group (bf16: cast, reduced with fp32 per pair, widened back)"},
     {"sequence_parallel", KT_BOOL, OFF(sequence_parallel), 0, "true", 0, 1, NULL, 0, "sequence parallelism when tp > 1"},
     {"reshard_after_forward", KT_BOOL, OFF(reshard_after_forward), 0, "true", 0, 1, NULL, 0, "ZeRO-3: free gathered params after forward"},

@@ -57,6 +57,11 @@ static const struct mt_knob_def knob_table[MT_KNOB_COUNT] = {
         "grouped bf16 GEMMs that read them there (ep 1, precision=bf16, no null experts, LoRA or ReDo; no host read, "
         "so CUDA graphs can hold the step), host = one read of the expert offsets a layer, auto = device on a GPU "
         "where it applies, host on cpu; the receipt's moe_sizes says which ran and why"},
+    [MT_KNOB_HEAD_BF16_LOGITS] = {
+        "head_bf16_logits", MT_KNOB_BOOL, "1", "MT_HEAD_BF16_LOGITS", "src/model/head.c", NULL, 0,
+        "precision=bf16 training: the lm head's logits stored bf16 (its GEMM's output rounded once, the "
+        "cross-entropy writing the bf16 dlogits over them; 6 bytes an element of traffic, not 10); 0 = fp32 logits, "
+        "then the bf16 dlogits twin (chunked by head_chunk_rows), the A/B; no effect in fp32"},
 };
 
 const struct mt_knob_def *mt_knob_def(enum mt_knob_id id)

@@ -41,6 +41,7 @@ enum mt_knob_id {
     MT_KNOB_ATTN_KERNEL,          /* src/ops/cuda/ops_cuda.cu (via ops.c)    */
     MT_KNOB_SCAN_BF16,            /* src/model/mamba.c                       */
     MT_KNOB_MOE_SIZES,            /* src/model/moe.c                         */
+    MT_KNOB_HEAD_BF16_LOGITS,     /* src/model/head.c                        */
     MT_KNOB_COUNT
 };
 

@@ -214,6 +214,7 @@ struct mt_model {
     /* head: keep_logits (mt_model_keep_logits) turns the fused cross-entropy
      * off; dlogits_ready: the last forward with targets left dlogits in logits */
     int                 keep_logits, dlogits_ready;
+    int                 head_bf16_logits;   /* knob head_bf16_logits (head.c): bf16 logits where the backend can */
     int                 dlogits_twin;   /* ...and its bf16 twin in dlogits_bf16 (precision=bf16) */
     int                 logits_rows;    /* rows of `logits` carved: Nr, or head_chunk_rows (bf16 twin only) */
     /* precision=bf16: shadows carved (PARAMS bucket) for the matrices

@@ -647,6 +647,15 @@ struct mt_ops_i {
      * the GEMMs round per call). */
     void (*xent_fused_bf16)(void *be, float *losses, float *lse_out, float *logits, mt_bf16 *dlogits_bf16,
                             const int32_t *targets, float dscale, int N, int V, float softcap);
+    /* xent_fused_bf16 on bf16 logits (the lm head's GEMM with a bf16 output,
+     * as autocast stores a Linear's output): reads logits_b (N, V), writes
+     * losses, lse_out and, IN PLACE over logits_b, the bf16 twin of dlogits.
+     * The same numbers as widening logits_b to fp32 and calling
+     * xent_fused_bf16 (bit for bit on each backend); no fp32 logits exist
+     * (the head's traffic per element: GEMM 2 bytes written, then 2 read and
+     * 2 written, against 4 + 4 + 2). Optional (NULL: fp32 logits). */
+    void (*xent_fused_bf16_logits)(void *be, float *losses, float *lse_out, mt_bf16 *logits_b,
+                                   const int32_t *targets, float dscale, int N, int V, float softcap);
 
     /* ---- step synchronisation: multi-tensor reductions and updates (issue 27 item 3;
      * docs/cuda.md "Host waits in the step") ----

@@ -215,7 +215,7 @@ static void test_table(void)
         E(moe_route), E(moe_seq_stats), E(moe_aux_loss), E(moe_aux_backward), E(xent_fused), E(xent_fused_bf16),
         E(sumsq_multi), E(normalize_fro), E(adamw_multi), E(nonfinite_mark), E(cast_bf16_multi), E(attention_forward_bf16),
         E(attention_backward_bf16), E(op_profile), E(redo_score_acc), E(mod_route), E(mod_backward),
-        E(gemm_grouped_rows), E(gemm_grouped_sum), E(moe_count_acc), E(ssm_gate_norm_forward_bf16),
+        E(gemm_grouped_rows), E(gemm_grouped_sum), E(moe_count_acc), E(ssm_gate_norm_forward_bf16), E(xent_fused_bf16_logits),
 #undef E
     };
     int missing = 0;

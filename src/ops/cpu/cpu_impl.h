@@ -185,6 +185,8 @@ void mt_cpu_xent_backward(float *dlogits, const float *logits, const float *lse,
 void mt_cpu_xent_fused(float *losses, float *lse_out, float *logits, const int32_t *targets, float dscale,
                        int N, int V, float softcap);
 /* the same, plus dlogits_bf16 = bf16(dlogits) from the row's last pass (xent_fused_bf16) */
+void mt_cpu_xent_fused_bf16_logits(float *losses, float *lse_out, uint16_t *logits_b, const int32_t *targets,
+                                   float dscale, int N, int V, float softcap);
 void mt_cpu_xent_fused_bf16(float *losses, float *lse_out, float *logits, uint16_t *dlogits_bf16,
                             const int32_t *targets, float dscale, int N, int V, float softcap);
 

@@ -356,6 +356,12 @@ static void p_xent_fused_bf16(void *be, float *losses, float *lse_out, float *lo
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_XENT, mt_cpu_xent_fused_bf16(losses, lse_out, logits, dlogits_bf16, targets, dscale, N, V, softcap));
 }
+static void p_xent_fused_bf16_logits(void *be, float *losses, float *lse_out, mt_bf16 *logits_b, const int32_t *targets,
+                                     float dscale, int N, int V, float softcap)
+{
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    PROF(MT_OPK_XENT, mt_cpu_xent_fused_bf16_logits(losses, lse_out, logits_b, targets, dscale, N, V, softcap));
+}
 static void p_router_forward(void *be, float *probs, float *lse, int32_t *topk_idx, float *gates, const float *logits,
                              int N, int E, int k)
 {
@@ -800,6 +806,7 @@ static const struct mt_ops_i cpu_ops = {
     /* .moe_aux_backward           = */ .moe_aux_backward           = p_moe_aux_backward,
     /* lm head: the bf16 twin of dlogits */
     /* .xent_fused_bf16            = */ .xent_fused_bf16            = p_xent_fused_bf16,
+    /* .xent_fused_bf16_logits     = */ .xent_fused_bf16_logits     = p_xent_fused_bf16_logits,
     /* step synchronisation (issue 27 item 3) */
     /* .sumsq_multi                = */ .sumsq_multi                = p_sumsq_multi,
     /* .normalize_fro              = */ .normalize_fro              = p_normalize_fro,

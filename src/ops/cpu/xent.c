@@ -241,3 +241,29 @@ void mt_cpu_xent_fused_bf16(float *losses, float *lse_out, float *logits, uint16
 {
     fused_rows(losses, lse_out, logits, dlogits_bf16, targets, dscale, N, V, softcap);
 }
+
+/* xent_fused_bf16_logits (mt_ops.h): XENT_WIDEN_ROWS rows at a time widened
+ * into fp32 scratch, then fused_rows on them with the twin written back over
+ * those rows of logits_b (read by then): xent_fused_bf16's bits */
+#define XENT_WIDEN_ROWS 64
+void mt_cpu_xent_fused_bf16_logits(float *losses, float *lse_out, uint16_t *logits_b, const int32_t *targets,
+                                   float dscale, int N, int V, float softcap)
+{
+    if (N <= 0) return;
+    const int rows = N < XENT_WIDEN_ROWS ? N : XENT_WIDEN_ROWS;
+    float *z = malloc((size_t)rows * (size_t)V * sizeof(float));
+    if (!z) {   /* kernels return void (mt_ops.h): a NaN loss stops the run at the finite check */
+        for (int n = 0; n < N; n++) losses[n] = lse_out[n] = NAN;
+        return;
+    }
+    for (int r0 = 0; r0 < N; r0 += rows) {
+        const int nr = N - r0 < rows ? N - r0 : rows;
+        const uint16_t *src = logits_b + (size_t)r0 * (size_t)V;
+        #pragma omp parallel for schedule(static)
+        for (int i = 0; i < nr; i++)
+            for (int v = 0; v < V; v++) z[(size_t)i * V + v] = mt_cpu_bf16_to_f32(src[(size_t)i * V + v]);
+        fused_rows(losses + r0, lse_out + r0, z, logits_b + (size_t)r0 * (size_t)V, targets + r0, dscale, nr, V,
+                   softcap);
+    }
+    free(z);
+}

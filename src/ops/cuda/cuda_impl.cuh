@@ -647,6 +647,8 @@ void mt_cuda_xent_fused(void *be, float *losses, float *lse_out, float *logits, 
                         int N, int V, float softcap);
 void mt_cuda_xent_fused_bf16(void *be, float *losses, float *lse_out, float *logits, mt_bf16 *dlogits_bf16,
                              const int32_t *targets, float dscale, int N, int V, float softcap);
+void mt_cuda_xent_fused_bf16_logits(void *be, float *losses, float *lse_out, mt_bf16 *logits_b, const int32_t *targets,
+                                    float dscale, int N, int V, float softcap);
 
 /* ---- moe.cu ---- */
 void mt_cuda_router_forward(void *be, float *probs, float *lse, int32_t *topk_idx, float *gates,

@@ -343,6 +343,7 @@ static struct mt_ops_i cuda_ops = {
     /* .profile_step               = */ .profile_step               = cuda_profile_step,
     /* lm head: the bf16 twin of dlogits */
     /* .xent_fused_bf16            = */ .xent_fused_bf16            = PROF(MT_OPK_XENT, mt_cuda_xent_fused_bf16),
+    /* .xent_fused_bf16_logits     = */ .xent_fused_bf16_logits     = PROF(MT_OPK_XENT, mt_cuda_xent_fused_bf16_logits),
     /* step synchronisation (issue 27 item 3) */
     /* .sumsq_multi                = */ .sumsq_multi                = PROF(MT_OPK_ELEMENTWISE, mt_cuda_sumsq_multi),
     /* .normalize_fro              = */ .normalize_fro              = PROF(MT_OPK_ELEMENTWISE, mt_cuda_normalize_fro),

@@ -131,7 +131,7 @@ xent_bwd_k(float *dlogits, __nv_bfloat16 *dlogits_bf16, const float *logits, con
 
 /* ---- one row in shared memory ---- */
 #define ROW_THREADS 1024
-enum xent_row_mode { XR_FORWARD = 0, XR_FUSED = 1, XR_FUSED_BF16 = 2 };
+enum xent_row_mode { XR_FORWARD = 0, XR_FUSED = 1, XR_FUSED_BF16 = 2, XR_FUSED_BF16_LOGITS = 3 };
 
 /* the two lane- and warp-dependent steps of xr_block_reduce, each called by
  * every thread (MT_WARP_STEP: the branch stays inside, away from the barriers) */
@@ -178,6 +178,23 @@ static __device__ MT_WARP_STEP void xr_load(float *row, const float *z, int V, i
         mt_cp_async_wait<0>();
     } else {
         for (int v = threadIdx.x; v < V; v += ROW_THREADS) row[v] = z[v];
+    }
+}
+/* the same from a bf16 row, widened (vec: V % 8 == 0, 16-byte rows: 8 values a load) */
+static __device__ MT_WARP_STEP void xr_load_b(float *row, const __nv_bfloat16 *z, int V, int vec)
+{
+    if (vec) {
+        for (int c = threadIdx.x; c < V / 8; c += ROW_THREADS) {
+            const uint4 u = *(const uint4 *)(z + 8 * c);
+            const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                row[8 * c + 2 * k] = mt_bf16_lo(w[k]);
+                row[8 * c + 2 * k + 1] = mt_bf16_hi(w[k]);
+            }
+        }
+    } else {
+        for (int v = threadIdx.x; v < V; v += ROW_THREADS) row[v] = __bfloat162float(z[v]);
     }
 }
 /* this thread's max of s_v; with a softcap the row becomes th_v = tanh(z_v / c) (s = c th) */
@@ -236,12 +253,14 @@ static __device__ MT_WARP_STEP void xr_grad(float *dz, __nv_bfloat16 *dzb, const
 template <int MODE>
 static __global__ void __launch_bounds__(ROW_THREADS)
 xent_row_k(float *losses, float *lse_out, float *dlogits, __nv_bfloat16 *dlogits_bf16, const float *logits,
-           const int32_t *targets, float dscale, int V, float softcap, int vec)
+           const __nv_bfloat16 *logits_b, const int32_t *targets, float dscale, int V, float softcap, int vec)
 {
     MT_DYN_SMEM(float, row);
     __shared__ float red[33];
     const int n = blockIdx.x;
-    xr_load(row, logits + (size_t)n * (size_t)V, V, vec);
+    /* bf16 logits: the twin below goes over the same row, read whole by now (the barriers between) */
+    if (MODE == XR_FUSED_BF16_LOGITS) xr_load_b(row, logits_b + (size_t)n * (size_t)V, V, vec);
+    else xr_load(row, logits + (size_t)n * (size_t)V, V, vec);
     __syncthreads();
     const float c = softcap > 0.0f ? softcap : 1.0f;
     const float M = xr_block_reduce<true>(xr_max(row, V, softcap), red);
@@ -250,7 +269,7 @@ xent_row_k(float *losses, float *lse_out, float *dlogits, __nv_bfloat16 *dlogits
     const int t = targets[n];
     xr_loss(losses, lse_out, row, n, t, c, l);
     if (MODE == XR_FUSED) xr_grad<false>(dlogits + (size_t)n * (size_t)V, NULL, row, V, t, l, dscale, softcap);
-    if (MODE == XR_FUSED_BF16)
+    if (MODE == XR_FUSED_BF16 || MODE == XR_FUSED_BF16_LOGITS)
         xr_grad<true>(NULL, dlogits_bf16 + (size_t)n * (size_t)V, row, V, t, l, dscale, softcap);
 }
 
@@ -258,16 +277,17 @@ xent_row_k(float *losses, float *lse_out, float *dlogits, __nv_bfloat16 *dlogits
  * read once per instance); 0: the two-kernel path */
 template <int MODE>
 static int xent_row(float *losses, float *lse_out, float *dlogits, __nv_bfloat16 *dlogits_bf16, const float *logits,
-                    const int32_t *targets, float dscale, int N, int V, float softcap)
+                    const int32_t *targets, float dscale, int N, int V, float softcap,
+                    const __nv_bfloat16 *logits_b = NULL)
 {
     const size_t smem = (size_t)V * sizeof(float);
     if (V < 1 || smem > (size_t)mt_cuda_be->smem_optin_bytes) return 0;
     if (smem > 48 * 1024 &&
         !MT_CUDA_OK(cudaFuncSetAttribute(xent_row_k<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)))
         return 0;
-    const int vec = V % 4 == 0 && ((uintptr_t)logits & 15) == 0;
-    MT_LAUNCH(xent_row_k<MODE>, N, ROW_THREADS, smem)(losses, lse_out, dlogits, dlogits_bf16, logits, targets, dscale, V,
-                                                     softcap, vec);
+    const int vec = logits_b ? V % 8 == 0 && ((uintptr_t)logits_b & 15) == 0 : V % 4 == 0 && ((uintptr_t)logits & 15) == 0;
+    MT_LAUNCH(xent_row_k<MODE>, N, ROW_THREADS, smem)(losses, lse_out, dlogits, dlogits_bf16, logits, logits_b, targets,
+                                                     dscale, V, softcap, vec);
     MT_CUDA_KCHECK();
     return 1;
 }
@@ -322,4 +342,21 @@ extern "C" void mt_cuda_xent_fused_bf16(void *be, float *losses, float *lse_out,
     MT_LAUNCH(xent_bwd_k<true>, N, THREADS, 0)((float *)NULL, (__nv_bfloat16 *)dlogits_bf16, logits, lse_out, targets, dscale, V,
                                                softcap);
     MT_CUDA_KCHECK();
+}
+
+/* xent_fused_bf16_logits (mt_ops.h): the ROW kernel reading the bf16 row and
+ * writing the twin over it; a row too long for shared memory widens the
+ * logits into workspace first and runs xent_fused_bf16's two kernels on them
+ * (the twin back over logits_b) */
+extern "C" void mt_cuda_xent_fused_bf16_logits(void *be, float *losses, float *lse_out, mt_bf16 *logits_b,
+                                               const int32_t *targets, float dscale, int N, int V, float softcap)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    if (N <= 0) return;
+    __nv_bfloat16 *zb = (__nv_bfloat16 *)logits_b;
+    if (xent_row<XR_FUSED_BF16_LOGITS>(losses, lse_out, NULL, zb, NULL, targets, dscale, N, V, softcap, zb)) return;
+    float *z = (float *)mt_cuda_workspace((size_t)N * (size_t)V * sizeof(float));
+    if (!z) return;
+    mt_cuda_widen_bf16(be, z, logits_b, (size_t)N * (size_t)V);
+    mt_cuda_xent_fused_bf16(be, losses, lse_out, z, logits_b, targets, dscale, N, V, softcap);
 }
