@@ -1101,14 +1101,15 @@ static void stage_work(const struct mt_config *cfg, int l0, int l1, int rc, stru
     /* precision=bf16 (cuda): the embedding's gather reads a row, writes x (2 D)
      * and its backward reads dy and adds into the gradient's row (3 D); the
      * final norm writes h's bf16 twin too (forward 2.5 D, backward 3 D); and
-     * xent_fused_bf16 reads each fp32 logit once and writes only the bf16
-     * dlogits (1.5 V; head_chunk_rows bounds the memory, not the bytes) */
+     * the cross-entropy reads each logit once and writes only the bf16
+     * dlogits: on bf16 logits (xent_fused_bf16_logits, the default) 1 V
+     * (with knob head_bf16_logits=0, fp32 logits: 1.5 V; the plan has no knobs) */
     const int bf16 = !strcmp(cfg->precision, "bf16");
     if (l0 == 0) w->e[MT_PLAN_KIND_ELEMENTWISE] += bf16 ? 5.0 * (double)s.D : 4.0 * (double)s.D;
     if (l1 == cfg->n_layer) {
         w->f[MT_PLAN_KIND_GEMM] += 6.0 * (double)cfg->vocab_size * (double)s.D;
         w->e[MT_PLAN_KIND_NORM] += bf16 ? 5.5 * (double)s.D : 5.0 * (double)s.D;
-        w->e[MT_PLAN_KIND_XENT] += bf16 ? 1.5 * (double)cfg->vocab_size : 3.0 * (double)cfg->vocab_size;
+        w->e[MT_PLAN_KIND_XENT] += bf16 ? 1.0 * (double)cfg->vocab_size : 3.0 * (double)cfg->vocab_size;
     }
 }
 
