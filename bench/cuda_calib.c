@@ -335,18 +335,26 @@ struct cal_scan_ctx {
     struct cal_scan_shape s;
     int fwd, bf16;   /* bf16: ssm_scan_*_bf16 (precision=bf16's entries) */
     float *x, *Bm, *Cm, *dt, *lam, *A, *Dsk, *y, *dy, *dx, *dBm, *dCm, *ddt, *dlam, *dA, *dDsk;
+    float *states;   /* bf16: the chunk states the forward keeps for the backward, as training runs it */
 };
 
 static void scan_fn(const void *arg)
 {
     const struct cal_scan_ctx *c = arg;
     const struct cal_scan_shape *s = &c->s;
-    if (c->fwd)
-        (c->bf16 ? g_ops->ssm_scan_forward_bf16 : g_ops->ssm_scan_forward)(g_ops->be, c->y, c->x, c->Bm, c->Cm, c->dt, c->lam, c->A, c->Dsk, s->b, s->t, s->h,
+    if (c->fwd && c->bf16)
+        g_ops->ssm_scan_forward_bf16(g_ops->be, c->y, c->x, c->Bm, c->Cm, c->dt, c->lam, c->A, c->Dsk, s->b, s->t, s->h,
+                                     s->p, s->n, s->q, c->states);
+    else if (c->fwd)
+        g_ops->ssm_scan_forward(g_ops->be, c->y, c->x, c->Bm, c->Cm, c->dt, c->lam, c->A, c->Dsk, s->b, s->t, s->h,
                                 s->p, s->n, s->q);
+    else if (c->bf16)
+        g_ops->ssm_scan_backward_bf16(g_ops->be, c->dx, c->dBm, c->dCm, c->ddt, c->dlam, c->dA, c->dDsk, c->dy, c->x,
+                                      c->Bm, c->Cm, c->dt, c->lam, c->A, c->Dsk, s->b, s->t, s->h, s->p, s->n, s->q,
+                                      c->states);
     else
-        (c->bf16 ? g_ops->ssm_scan_backward_bf16 : g_ops->ssm_scan_backward)(g_ops->be, c->dx, c->dBm, c->dCm, c->ddt, c->dlam, c->dA, c->dDsk, c->dy, c->x, c->Bm,
-                                 c->Cm, c->dt, c->lam, c->A, c->Dsk, s->b, s->t, s->h, s->p, s->n, s->q);
+        g_ops->ssm_scan_backward(g_ops->be, c->dx, c->dBm, c->dCm, c->ddt, c->dlam, c->dA, c->dDsk, c->dy, c->x,
+                                 c->Bm, c->Cm, c->dt, c->lam, c->A, c->Dsk, s->b, s->t, s->h, s->p, s->n, s->q);
 }
 
 /* --------------------------------------------------------- copy / comm */
@@ -725,6 +733,8 @@ int main(int argc, char **argv)
         c.y = dev_alloc(nx * 4), c.dx = dev_alloc(nx * 4), c.dBm = dev_alloc(nb * 4), c.dCm = dev_alloc(nb * 4);
         c.ddt = dev_alloc(nh * 4), c.dlam = dev_alloc(nh * 4);
         c.dA = dev_uniform((size_t)c.s.h, 0.0f, 0.0f), c.dDsk = dev_uniform((size_t)c.s.h, 0.0f, 0.0f);
+        const size_t nst = bf ? mt_ssm_states_floats(c.s.b, c.s.t, c.s.h, c.s.p, c.s.n, c.s.q) : 0;
+        c.states = nst ? dev_alloc(nst * 4) : NULL;   /* the forward (timed first) fills them */
         const double ff = 8.0 * (double)bt * c.s.h * c.s.p * c.s.n, fb = 2.0 * ff;
         struct cal_time tf = time_runs(scan_fn, &c, warmup, reps);
         c.fwd = 0;
@@ -740,6 +750,7 @@ int main(int argc, char **argv)
              fb / tb.median, r);
         float *bufs[] = {c.x, c.Bm, c.Cm, c.dt, c.lam, c.A, c.Dsk, c.y, c.dy, c.dx, c.dBm, c.dCm, c.ddt, c.dlam, c.dA, c.dDsk};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) g_ops->buf_free(g_ops->be, &g_ctx, bufs[i]);
+        if (c.states) g_ops->buf_free(g_ops->be, &g_ctx, c.states);
         ss_s[2 * s + bf] = sfb;
         if (n_prec == 1) ss_s[2 * s + 1] = sfb;   /* no bf16 entries: precision=bf16 runs the fp32 scan */
     }

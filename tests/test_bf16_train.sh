@@ -203,12 +203,16 @@ assert b["memory"]["measured_peak_bytes"]["params"] == pb
 # acts: per layer the input norm's twin (q/k/v or Win) and the ffn norm's
 # twin; A layers also the attention output's (Wo) and the core's rounded q, k,
 # v (qkv_b), M layers the gated norm output's (Wout, E wide); every layer's
-# MLP its gate/up pre-activations in bf16 (2 bytes each, not 4); + the h_final
+# MLP its gate/up pre-activations in bf16 (2 bytes each, not 4); M layers also
+# the bf16 scan's chunk states kept for its backward (fp32, (B, H, nc, P, N),
+# mt_ssm_states_floats: carved from the config, used on cuda); + the h_final
 # twin and the lm head's dlogits twin
 rows = c["batch_size"] // c["microbatches"] * c["seq_len"]
+T, q = c["seq_len"], min(c["mamba_chunk"], c["seq_len"])
+states = carve(4 * (rows // T) * mH * (-(-T // q)) * c["mamba_headdim"] * N)
 gu_saved = 2 * (carve(2 * rows * F) - carve(4 * rows * F))
 want_a = carve(2 * rows * D) + carve(2 * rows * c["vocab_size"]) + sum(2 * carve(2 * rows * D) + gu_saved + (
-    carve(2 * rows * H * hd) + carve(2 * rows * (H + 2 * K) * hd) if l == "A" else carve(2 * rows * E))
+    carve(2 * rows * H * hd) + carve(2 * rows * (H + 2 * K) * hd) if l == "A" else carve(2 * rows * E) + states)
                                    for l in c["pattern"])
 da = b["memory"]["plan_bytes"]["acts"] - a["memory"]["plan_bytes"]["acts"]
 print("   plan acts +%d (want %d); measured bf16 acts %d plan %d"

@@ -325,16 +325,20 @@ static void test_bf16(struct inputs *in, int chunk, int with_fd)
     struct dev d;
     upload(&d, in);
     float *y = dev_zero(nx(in)), *y2 = dev_zero(nx(in));
+    /* the second forward keeps its chunk states (mt_ssm_states_floats), which the
+     * second backward below reads: both must be the bits of the runs without */
+    const size_t nst = mt_ssm_states_floats(in->B, in->T, H, in->P, in->N, chunk);
+    float *st = nst ? dev_zero(nst) : NULL;
     g_ops->ssm_scan_forward_bf16(g_ops->be, y, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, in->B, in->T, H, in->P, in->N,
-                                 chunk);
+                                 chunk, NULL);
     g_ops->ssm_scan_forward_bf16(g_ops->be, y2, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, in->B, in->T, H, in->P,
-                                 in->N, chunk);
+                                 in->N, chunk, st);
     float *yh = to_host(y, nx(in)), *yh2 = to_host(y2, nx(in));
     double r = bound_ratio(yh, yr, ya, nx(in), 6.0, 0), e = rel_err(yh, yr, nx(in));
     check(r <= 1.0, "scan_forward_bf16 vs fp64 (6u |terms|)", tag, r, 1);
     check(e > 1e-5, "scan_forward_bf16 rounded (bf16 ran)", tag, e, 1e-5);
     int same = memcmp(yh, yh2, nx(in) * sizeof(float)) == 0;
-    check(same, "scan_forward_bf16 deterministic", tag, same ? 0.0 : 1.0, 0);
+    check(same, "scan_forward_bf16 deterministic (and keeping the states)", tag, same ? 0.0 : 1.0, 0);
     free(yh); free(yh2); free(yr); free(ya);
     /* backward: dL/d(inputs) of L = sum(R o y) */
     float *dx = dev_zero(nx(in)), *dB = dev_zero(nb(in)), *dC = dev_zero(nb(in));
@@ -348,7 +352,7 @@ static void test_bf16(struct inputs *in, int chunk, int with_fd)
         g_ops->fill(g_ops->be, o[6], 0.0f, (size_t)H);
         g_ops->fill(g_ops->be, o[0], 1e3f, nx(in));   /* overwritten outputs: garbage in */
         g_ops->ssm_scan_backward_bf16(g_ops->be, o[0], o[1], o[2], o[3], o[4], o[5], o[6], d.R, d.x, d.Bm, d.Cm, d.dt,
-                                      d.lam, d.A, d.D, in->B, in->T, H, in->P, in->N, chunk);
+                                      d.lam, d.A, d.D, in->B, in->T, H, in->P, in->N, chunk, run ? st : NULL);
     }
     float *one[] = {dx, dB, dC, ddt, dlam, dA, dD};
     same = 1;
@@ -358,7 +362,8 @@ static void test_bf16(struct inputs *in, int chunk, int with_fd)
         free(a); free(b);
         g_ops->buf_free(g_ops->be, &g_ctx, two[k]);
     }
-    check(same, "scan_backward_bf16 deterministic", tag, same ? 0.0 : 1.0, 0);
+    check(same, "scan_backward_bf16 deterministic, and on the kept states = recomputed", tag, same ? 0.0 : 1.0, 0);
+    if (st) g_ops->buf_free(g_ops->be, &g_ctx, st);
     if (with_fd) {
         struct { const char *name; float *dev; double *v, *va; size_t n; int normwise; } g[] = {
             {"dx", dx, in->x, ab.x, nx(in), 0}, {"dB", dB, in->Bm, ab.Bm, nb(in), 0},
@@ -861,7 +866,7 @@ static void bf16_cases(void)
         struct dev d;
         upload(&d, &in);
         float *y = dev_zero(nx(&in)), *y2 = dev_zero(nx(&in));
-        g_ops->ssm_scan_forward_bf16(g_ops->be, y, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0);
+        g_ops->ssm_scan_forward_bf16(g_ops->be, y, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL);
         g_ops->ssm_scan_forward(g_ops->be, y2, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0);
         float *a = to_host(y, nx(&in)), *b = to_host(y2, nx(&in));
         const int same = memcmp(a, b, nx(&in) * sizeof(float)) == 0;

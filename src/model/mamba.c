@@ -267,6 +267,17 @@ static void mamba_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, stru
     pc->nm->rstd = carve_f(c, A, Nr);
     float *acts = carve_f(c, A, mt_mamba3_acts_floats(mdims(pc), pc->N));
     if (acts) mt_mamba3_acts_bind(&st->mb, acts, mdims(pc), pc->N);
+    /* precision=bf16 with the bf16 scan: its chunk states, kept for the backward
+     * (mt_ssm_states_floats; 0 where the shape has none). Carved from the config
+     * alone, so the plan and every backend agree; the cpu, whose scan stays fp32,
+     * leaves them unused. At the d2048 hybrid 134 MB an M layer, for the
+     * backward's states product and its pass between chunks (ssd_states: 2.2 ms
+     * an M layer on the H100 of 2026-11-27, then fp32 kernels) */
+    const struct mt_mamba3_dims *d = mdims(pc);
+    const size_t ns = pc->bf16 && d->scan_bf16 && pc->T > 0
+                          ? mt_ssm_states_floats(pc->N / pc->T, pc->T, d->H, d->P, d->N, d->chunk) : 0;
+    float *states = ns ? carve_f(c, A, ns) : NULL;
+    if (acts) st->mb.states = states;
     /* precision=bf16: the gated norm output's twin, Wout's operand (forward and
      * dWout), rounded once per forward by cast_bf16 (this rank's E channels) */
     st->yn_b = NULL;

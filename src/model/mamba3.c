@@ -58,6 +58,7 @@ size_t mt_mamba3_acts_floats(const struct mt_mamba3_dims *d, int n)
 void mt_mamba3_acts_bind(struct mt_mamba3_acts *a, float *p, const struct mt_mamba3_dims *d, int n)
 {
     size_t E = (size_t)d->H * d->P, W = (size_t)mt_mamba3_in_width(d), HN = (size_t)d->H * d->N, N = (size_t)n;
+    a->states = NULL;   /* the owner carves them where it keeps them (mamba.c) */
     a->proj = p;    p += N * W;
     a->x = p;       p += N * E;
     a->Bh = p;      p += N * HN;
@@ -168,8 +169,12 @@ void mt_mamba3_ssm_forward(const struct mt_ops_i *ops, struct mt_mamba3_acts *a,
     ops->ssm_prep_forward(ops->be, a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, a->rstd_bc, NULL, a->proj, w->dt_bias,
                           w->A_log, w->gB, w->gC, w->B_bias, w->C_bias, B, T, d->H, d->P, d->G, d->N,
                           d->eps_bc);
-    (scan_bf16(ops, d) ? ops->ssm_scan_forward_bf16 : ops->ssm_scan_forward)(
-        ops->be, a->ys, a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk);
+    if (scan_bf16(ops, d))
+        ops->ssm_scan_forward_bf16(ops->be, a->ys, a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P,
+                                   d->N, d->chunk, a->states);
+    else
+        ops->ssm_scan_forward(ops->be, a->ys, a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N,
+                              d->chunk);
 }
 
 void mt_mamba3_backward(const struct mt_ops_i *ops, float *dh, int accumulate, struct mt_mamba3_weights *g,
@@ -203,9 +208,12 @@ void mt_mamba3_ssm_backward(const struct mt_ops_i *ops, struct mt_mamba3_weights
 {
     /* term 3 */
     ops->fill(ops->be, s->dA, 0.0f, (size_t)d->H);
-    (scan_bf16(ops, d) ? ops->ssm_scan_backward_bf16 : ops->ssm_scan_backward)(
-        ops->be, s->dx, s->dBh, s->dCh, s->ddt, s->dlam, s->dA, g->Dsk, s->dys, a->x, a->Bh, a->Ch, a->dt, a->lam,
-        a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk);
+    if (scan_bf16(ops, d))   /* the forward's chunk states, when the owner kept them */
+        ops->ssm_scan_backward_bf16(ops->be, s->dx, s->dBh, s->dCh, s->ddt, s->dlam, s->dA, g->Dsk, s->dys, a->x, a->Bh,
+                                    a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk, a->states);
+    else
+        ops->ssm_scan_backward(ops->be, s->dx, s->dBh, s->dCh, s->ddt, s->dlam, s->dA, g->Dsk, s->dys, a->x, a->Bh,
+                               a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk);
     /* term 4 */
     ops->ssm_prep_backward(ops->be, s->dproj, g->dt_bias, g->A_log, g->gB, g->gC, g->B_bias, g->C_bias, s->dx,
                            s->dBh, s->dCh, s->ddt, s->dlam, s->dA, a->Bh, a->Ch, a->lam, a->A,

@@ -50,6 +50,9 @@ struct mt_mamba3_acts {
     float *ys;       /* (n, E) scan output (with the D skip) */
     float *rstd_o;   /* (n, G) */
     float *yn;       /* (n, E) gated norm output (input of Wout) */
+    float *states;   /* the bf16 scan's chunk states kept for its backward
+                        (mt_ssm_states_floats; NULL: recomputed there). Not
+                        part of mt_mamba3_acts_floats: the owner carves them */
 };
 
 /* Backward scratch (backend memory). */

@@ -568,15 +568,21 @@ struct mt_ops_i {
      * chunk <= 0, or a shape the backend does not take, runs the fp32
      * entries (cuda counts it: ssm_scan_tc_fallbacks). Optional (NULL: the
      * model runs the fp32 entries; the cpu has none: its scan stays fp32 in
-     * precision=bf16). cuda: ssd_tc.cu. */
+     * precision=bf16). cuda: ssd_tc.cu.
+     * states: NULL, or mt_ssm_states_floats(B, T, H, P, N, chunk) floats, the
+     * chunk states S_in (B, H, nc, P, N): the forward leaves them there and the
+     * backward of the same inputs reads them instead of recomputing them (the
+     * same kernels' values: the same bits either way). Where the chunked
+     * products do not run (the fp32 fallback) they are neither written nor
+     * read. */
     void (*ssm_scan_forward_bf16)(void *be, float *y, const float *x, const float *Bm, const float *Cm,
                                   const float *dt, const float *lam, const float *A, const float *Dsk,
-                                  int B, int T, int H, int P, int N, int chunk);
+                                  int B, int T, int H, int P, int N, int chunk, float *states);
     void (*ssm_scan_backward_bf16)(void *be, float *dx, float *dBm, float *dCm, float *ddt, float *dlam,
                                    float *dA, float *dDsk, const float *dy, const float *x,
                                    const float *Bm, const float *Cm, const float *dt, const float *lam,
                                    const float *A, const float *Dsk, int B, int T, int H, int P, int N,
-                                   int chunk);
+                                   int chunk, const float *states);
 
     /* ---- MoE device routing (issue 28 item 2; docs/cuda.md "MoE on the device") ----
      * The routing that followed router_forward on the host, as kernels, so
@@ -822,6 +828,20 @@ struct mt_ops_i {
 
 /* Tensors per launch of the multi-tensor entries (their kernel-argument lists). */
 #define MT_OPS_LIST_MAX 32
+
+/* The chunk states the bf16 scan entries keep for their backward (their
+ * states argument): the shapes whose chunked products run there (chunk,
+ * headdim and d_state up to MT_SSM_STATES_MAX: cuda's tensor-core scan) keep
+ * (B, H, nc, P, N) floats, nc = ceil(T / min(chunk, T)); others 0. A model
+ * saves them with its activations: the backward then skips the states'
+ * product and their sequential pass between chunks (ssd_states). */
+#define MT_SSM_STATES_MAX 128
+static inline size_t mt_ssm_states_floats(int B, int T, int H, int P, int N, int chunk)
+{
+    if (chunk < 1 || T < 1 || chunk > MT_SSM_STATES_MAX || P > MT_SSM_STATES_MAX || N > MT_SSM_STATES_MAX) return 0;
+    const int q = chunk < T ? chunk : T, nc = (T + q - 1) / q;
+    return (size_t)B * (size_t)H * (size_t)nc * (size_t)P * (size_t)N;
+}
 
 /* gemm_grouped_rows / gemm_grouped_sum: at most this many groups a call
  * (the group pointers travel by value in the launch) */

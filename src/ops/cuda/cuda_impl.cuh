@@ -701,12 +701,12 @@ void mt_cuda_ssm_scan_backward(void *be, float *dx, float *dBm, float *dCm, floa
 /* precision=bf16: the chunked scan's intra-chunk products on tensor cores (ssd_tc.cu) */
 void mt_cuda_ssm_scan_forward_bf16(void *be, float *y, const float *x, const float *Bm, const float *Cm,
                                    const float *dt, const float *lam, const float *A, const float *Dsk,
-                                   int B, int T, int H, int P, int N, int chunk);
+                                   int B, int T, int H, int P, int N, int chunk, float *states);
 void mt_cuda_ssm_scan_backward_bf16(void *be, float *dx, float *dBm, float *dCm, float *ddt, float *dlam,
                                     float *dA, float *dDsk, const float *dy, const float *x,
                                     const float *Bm, const float *Cm, const float *dt, const float *lam,
                                     const float *A, const float *Dsk, int B, int T, int H, int P, int N,
-                                    int chunk);
+                                    int chunk, const float *states);
 void mt_cuda_ssm_scan_step(void *be, float *y, float *S, float *xprev, float *Bprev, const float *x,
                          const float *Bm, const float *Cm, const float *dt, const float *lam,
                          const float *A, const float *Dsk, int B, int H, int P, int N, int first);

@@ -494,12 +494,14 @@ static void ssd_cum(float *cum, const float *dt, const float *A, struct ssd_dims
 
 /* tc: step 4 on tensor cores (ssd_tc.cu, precision=bf16; ssd_tc_supports(d)) */
 static void ssd_forward(float *y, const float *x, const float *Bm, const float *Cm, const float *dt,
-                        const float *lam, const float *A, const float *Dsk, struct ssd_dims d, int tc)
+                        const float *lam, const float *A, const float *Dsk, struct ssd_dims d, int tc,
+                        float *states)
 {
     const size_t PN = (size_t)d.P * d.N, nbh = (size_t)d.B * d.H;
-    float *ws = (float *)mt_cuda_workspace((nbh * d.T + nbh * d.nc * PN) * sizeof(float));
+    float *ws = (float *)mt_cuda_workspace((nbh * d.T + (states ? 0 : nbh * d.nc * PN)) * sizeof(float));
     if (!ws) return;
-    float *cum = ws, *Sst = ws + nbh * d.T;   /* cum (B H, T); Sst: S_in (B H nc, P, N) */
+    /* cum (B H, T); Sst: S_in (B H nc, P, N), in the caller's states when given (kept for the backward) */
+    float *cum = ws, *Sst = states ? states : ws + nbh * d.T;
     ssd_cum(cum, dt, A, d);
     ssd_states(Sst, cum, x, Bm, dt, lam, A, d, tc);
     if (tc) { ssd_tc_out(y, Sst, cum, x, Bm, Cm, dt, lam, A, Dsk, d); return; }
@@ -1089,7 +1091,8 @@ static __global__ void ssd_reduce_k(float *dA, float *dDsk, const double *part, 
 
 static void ssd_backward(float *dx, float *dBm, float *dCm, float *ddt, float *dlam, float *dA, float *dDsk,
                          const float *dy, const float *x, const float *Bm, const float *Cm, const float *dt,
-                         const float *lam, const float *A, const float *Dsk, struct ssd_dims d, int tc)
+                         const float *lam, const float *A, const float *Dsk, struct ssd_dims d, int tc,
+                         const float *states)
 {
     const size_t PN = (size_t)d.P * d.N, nbh = (size_t)d.B * d.H, nch = nbh * d.nc, Q2 = 2 * (size_t)d.Q;
     const size_t nf = nbh * d.T + 2 * nch * PN + 3 * nch * d.Q * Q2 + nch * Q2 * ((size_t)d.P + d.N + 1)
@@ -1104,7 +1107,10 @@ static void ssd_backward(float *dx, float *dBm, float *dCm, float *ddt, float *d
     float *dXc = dLE + nch * d.Q * Q2, *dBc = dXc + nch * Q2 * d.P, *qj = dBc + nch * Q2 * d.N;
     float *rs = qj + nch * Q2, *inter = rs + nch * d.Q;
     ssd_cum(cum, dt, A, d);
-    ssd_states(Sst, cum, x, Bm, dt, lam, A, d, tc);
+    /* S_in: the forward's when it kept them (the same kernels' values), else recomputed.
+     * Only read from here on (the pointer's const is the forward's contract, cast away) */
+    if (states) Sst = (float *)states;
+    else ssd_states(Sst, cum, x, Bm, dt, lam, A, d, tc);
     if (tc) ssd_tc_dloc(dSo, cum, dy, Cm, d);
     else if (d.nc > 1) {
         MT_LAUNCH(ssd_dloc_k, ssd_tile_grid((unsigned)(nbh * (d.nc - 1)), d), 256,
@@ -1190,7 +1196,7 @@ extern "C" void mt_cuda_ssm_scan_forward(void *be, float *y, const float *x, con
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (B * H == 0 || T == 0) return;
     if (chunk > 0) {
-        ssd_forward(y, x, Bm, Cm, dt, lam, A, Dsk, ssd_dims_make(B, T, H, P, N, chunk), 0);
+        ssd_forward(y, x, Bm, Cm, dt, lam, A, Dsk, ssd_dims_make(B, T, H, P, N, chunk), 0, NULL);
         return;
     }
     if (P > 1024) { MT_CUDA_UNSUPPORTED("ssm scan: headdim > 1024"); return; }
@@ -1364,7 +1370,7 @@ extern "C" void mt_cuda_ssm_scan_backward(void *be, float *dx, float *dBm, float
     if (B * H == 0 || T == 0) return;
     if (chunk > 0) {
         ssd_backward(dx, dBm, dCm, ddt, dlam, dA, dDsk, dy, x, Bm, Cm, dt, lam, A, Dsk,
-                     ssd_dims_make(B, T, H, P, N, chunk), 0);
+                     ssd_dims_make(B, T, H, P, N, chunk), 0, NULL);
         return;
     }
     if (P > 1024) { MT_CUDA_UNSUPPORTED("ssm scan: headdim > 1024"); return; }
@@ -1389,6 +1395,7 @@ extern "C" void mt_cuda_ssm_scan_backward(void *be, float *dx, float *dBm, float
  * (ssd_tc.cu); chunk <= 0 (the recurrence, the reference) and shapes
  * ssd_tc.cu does not take (chunk, P or N above SSD_TC_QMAX) run the fp32
  * entries, counted in ssm_scan_tc_fallbacks. */
+static_assert(SSD_TC_QMAX == MT_SSM_STATES_MAX, "mt_ssm_states_floats sizes the states of exactly the tensor-core shapes");
 static int scan_tc_pick(struct ssd_dims d, int chunk)
 {
     const int tc = chunk > 0 && ssd_tc_supports(d);
@@ -1399,7 +1406,7 @@ static int scan_tc_pick(struct ssd_dims d, int chunk)
 
 extern "C" void mt_cuda_ssm_scan_forward_bf16(void *be, float *y, const float *x, const float *Bm, const float *Cm,
                                               const float *dt, const float *lam, const float *A, const float *Dsk,
-                                              int B, int T, int H, int P, int N, int chunk)
+                                              int B, int T, int H, int P, int N, int chunk, float *states)
 {
     MT_CUDA_BIND(be);
     if (B * H == 0 || T == 0) return;
@@ -1408,14 +1415,14 @@ extern "C" void mt_cuda_ssm_scan_forward_bf16(void *be, float *y, const float *x
         mt_cuda_ssm_scan_forward(be, y, x, Bm, Cm, dt, lam, A, Dsk, B, T, H, P, N, chunk);
         return;
     }
-    ssd_forward(y, x, Bm, Cm, dt, lam, A, Dsk, d, 1);
+    ssd_forward(y, x, Bm, Cm, dt, lam, A, Dsk, d, 1, states);
 }
 
 extern "C" void mt_cuda_ssm_scan_backward_bf16(void *be, float *dx, float *dBm, float *dCm, float *ddt, float *dlam,
                                                float *dA, float *dDsk, const float *dy, const float *x,
                                                const float *Bm, const float *Cm, const float *dt, const float *lam,
                                                const float *A, const float *Dsk, int B, int T, int H, int P, int N,
-                                               int chunk)
+                                               int chunk, const float *states)
 {
     MT_CUDA_BIND(be);
     if (B * H == 0 || T == 0) return;
@@ -1425,7 +1432,7 @@ extern "C" void mt_cuda_ssm_scan_backward_bf16(void *be, float *dx, float *dBm, 
                                   N, chunk);
         return;
     }
-    ssd_backward(dx, dBm, dCm, ddt, dlam, dA, dDsk, dy, x, Bm, Cm, dt, lam, A, Dsk, d, 1);
+    ssd_backward(dx, dBm, dCm, ddt, dlam, dA, dDsk, dy, x, Bm, Cm, dt, lam, A, Dsk, d, 1, states);
 }
 
 /* ---------------- prep (split, softplus, sigmoid, B/C norm + bias + rotary) ----------------
