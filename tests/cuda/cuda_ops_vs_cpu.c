@@ -1118,6 +1118,19 @@ static void test_rmsnorm(void)
     }
 }
 
+/* the rotary tables (Tmax, hd/2): cos / sin of p * 10000^(-2i/hd), as the model builds them */
+static void rope_tables(int Tmax, int hd, float **cs, float **sn)
+{
+    const int half = hd / 2;
+    *cs = xmalloc(sizeof(float) * Tmax * half), *sn = xmalloc(sizeof(float) * Tmax * half);
+    for (int p = 0; p < Tmax; p++)
+        for (int i = 0; i < half; i++) {
+            double f = pow(10000.0, -2.0 * i / hd);
+            (*cs)[p * half + i] = (float)cos(p * f);
+            (*sn)[p * half + i] = (float)sin(p * f);
+        }
+}
+
 /* ---- rope ---- */
 static void test_rope(void)
 {
@@ -1125,13 +1138,8 @@ static void test_rope(void)
     const int B = 2, T = 13, nh = 3, hd = 16, pos0 = 5, Tmax = 32, half = hd / 2;
     const int N = B * T;
     size_t n = (size_t)N * nh * hd;
-    float *cs = xmalloc(sizeof(float) * Tmax * half), *sn = xmalloc(sizeof(float) * Tmax * half);
-    for (int p = 0; p < Tmax; p++)
-        for (int i = 0; i < half; i++) {
-            double f = pow(10000.0, -2.0 * i / hd);
-            cs[p * half + i] = (float)cos(p * f);
-            sn[p * half + i] = (float)sin(p * f);
-        }
+    float *cs, *sn;
+    rope_tables(Tmax, hd, &cs, &sn);
     float *x = rnd(n, -1, 1), *nn = nans(n);
     float *rf[3], *ri[3], *rb[3];
     for (int p = 0; p < 3; p++) {
@@ -1181,13 +1189,8 @@ static void test_fused(void)
     /* hd = 40: a lane's elements and a dw column block straddle the halves; K = 2 < H = 3 */
     const int B = 2, T = 11, H = 3, K = 2, hd = 40, half = hd / 2, Tmax = 16, N = B * T;
     size_t nq = (size_t)N * H * hd, nk = (size_t)N * K * hd, NH = (size_t)N * H, NK = (size_t)N * K;
-    float *cs = xmalloc(sizeof(float) * Tmax * half), *sn = xmalloc(sizeof(float) * Tmax * half);
-    for (int p = 0; p < Tmax; p++)
-        for (int i = 0; i < half; i++) {
-            double f = pow(10000.0, -2.0 * i / hd);
-            cs[p * half + i] = (float)cos(p * f);
-            sn[p * half + i] = (float)sin(p * f);
-        }
+    float *cs, *sn;
+    rope_tables(Tmax, hd, &cs, &sn);
     float *qr = rnd(nq, -2, 2), *kr = rnd(nk, -2, 2);
     float *wq = rnd((size_t)hd, 0.5, 1.5), *wk = rnd((size_t)hd, 0.5, 1.5);
     float *gq = rnd(nq, -1, 1), *gk = rnd(nk, -1, 1), *dwq0 = rnd((size_t)hd, -1, 1), *dwk0 = rnd((size_t)hd, -1, 1);
@@ -1246,13 +1249,8 @@ static void test_qk_bwd_bf16(int hd)
 {
     const int B = 2, T = 9, H = 4, K = 2, half = hd / 2, N = B * T;
     const size_t nq = (size_t)N * H * hd, nk = (size_t)N * K * hd, NH = (size_t)N * H, NK = (size_t)N * K;
-    float *cs = xmalloc(sizeof(float) * T * half), *sn = xmalloc(sizeof(float) * T * half);
-    for (int p = 0; p < T; p++)
-        for (int i = 0; i < half; i++) {
-            double f = pow(10000.0, -2.0 * i / hd);
-            cs[p * half + i] = (float)cos(p * f);
-            sn[p * half + i] = (float)sin(p * f);
-        }
+    float *cs, *sn;
+    rope_tables(T, hd, &cs, &sn);
     float *qr = rnd(nq, -2, 2), *kr = rnd(nk, -2, 2), *wq = rnd((size_t)hd, 0.5, 1.5), *wk = rnd((size_t)hd, 0.5, 1.5);
     float *gq = rnd(nq, -1, 1), *gk = rnd(nk, -1, 1), *dw0 = rnd((size_t)hd, -1, 1);
     float *rsq = rnd(NH, 0.5, 2), *rsk = rnd(NK, 0.5, 2), *nq_ = nans(nq);

@@ -69,6 +69,20 @@ static __device__ __forceinline__ qk_row qk_locate(int row, int N, int H, int K,
     return r;
 }
 
+/* a rotary pair's two results, o[i] and o[i + half]: fp32, or rounded once to
+ * bf16 (OB: T is __nv_bfloat16) */
+template <int OB, typename T>
+static __device__ __forceinline__ void st_pair(T *o, int i, int half, float v0, float v1)
+{
+    if constexpr (OB) {
+        o[i] = mt_cuda_bf16_rn(v0);
+        o[i + half] = mt_cuda_bf16_rn(v1);
+    } else {
+        o[i] = v0;
+        o[i + half] = v1;
+    }
+}
+
 /* Forward, scalar path: a group of G = 1 << lg lanes per head (rmsnorm.cu's
  * layout and order for the sum), the pairs (i, i+half) lane-strided over the
  * group. */
@@ -100,13 +114,7 @@ qk_fwd_k(void *q, void *k, float *rstd_q, float *rstd_k, const float *q_raw, con
     for (int i = l; i < half; i += G) {
         float a = x[i] * r * w[i], b = x[i + half] * r * w[i + half];
         const float lo_v = rot_lo(a, b, cs[i], sn[i]), hi_v = rot_hi(a, b, cs[i], sn[i]);
-        if constexpr (OB) {
-            o[i] = mt_cuda_bf16_rn(lo_v);
-            o[i + half] = mt_cuda_bf16_rn(hi_v);
-        } else {
-            o[i] = lo_v;
-            o[i + half] = hi_v;
-        }
+        st_pair<OB>(o, i, half, lo_v, hi_v);
     }
 }
 
@@ -264,13 +272,7 @@ static __global__ void qk_bwd_dx_k(void *dq_raw, void *dk_raw, float *dq, float 
     for (int i = lane; i < half; i += MT_WARP) {
         const float v0 = r * (d[i] * w[i] - x[i] * r * mean);
         const float v1 = r * (d[i + half] * w[i + half] - x[i + half] * r * mean);
-        if constexpr (OB) {
-            dx[i] = mt_cuda_bf16_rn(v0);
-            dx[i + half] = mt_cuda_bf16_rn(v1);
-        } else {
-            dx[i] = v0;
-            dx[i + half] = v1;
-        }
+        st_pair<OB>(dx, i, half, v0, v1);
     }
 }
 
