@@ -114,6 +114,33 @@ if "$MT" plan --config "$CFG" $HYB --set precision=bf16 --profile "$W/sc.json" -
     ok "bf16 scan rate: used by precision=bf16 ($msg), not by fp32 ($msg2)"
 else bad "bf16 scan rate: $(cat "$W/err") ${msg:-} ${msg2:-}"; fi
 
+# 4d. no bf16 scan rate, but a bf16 attention one: precision=bf16 prices the scan
+#     at the attention's rate (a named proxy, not the fp32 CUDA-core rate), and
+#     counts the tensor-core scan's bytes kernel by kernel (docs/plan.md, "The
+#     bytes of precision=bf16": per token and M layer 3 E + 3 HN + 4 S + 8 H
+#     forward, 10 E + 10 HN + 8 S + 5 H Q + 15 H backward; S = H P N / Q); a
+#     chunk the tensor cores do not take (256) keeps the operands-only count
+#     (5 E + 6 HN + 6 H). d2048 hybrid: E = HN = S = H Q = 4096, H = 64, 8 M
+#     layers, 8192 rows
+if "$MT" plan --config "$CFG" $HYB --set precision=bf16 --profile "$W/tc.json" --world 1 --json >"$W/x16.json" 2>"$W/err" &&
+   msg=$(check "$W/x16.json" scan_basis:eq:"proxy: the bf16 attention's measured rate (no measured bf16 scan)" \
+               scan_flop_per_s:eq:150000000000000.0 scan:gt:0) &&
+   "$MT" plan --config "$CFG" $HYB --set precision=bf16 --set mamba_chunk=256 --profile "$W/tc.json" --world 1 --json \
+       >"$W/x256.json" 2>"$W/err" &&
+   msg2=$(python3 - "$W/x16.json" "$W/x256.json" <<'PY'
+import json, sys
+b64, b256 = (json.load(open(f))["cost"]["by_kind"]["bytes"]["scan"] for f in sys.argv[1:3])
+E = HN = S = HQ = 4096; H = 64; rows = 8 * 8192 * 4
+tc = (3 * E + 3 * HN + 4 * S + 8 * H + 10 * E + 10 * HN + 8 * S + 5 * HQ + 15 * H) * rows
+ops = (5 * E + 6 * HN + 6 * H) * rows
+assert abs(b64 - tc) <= 1e-9 * tc, (b64, tc)
+assert abs(b256 - ops) <= 1e-9 * ops, (b256, ops)
+print("scan bytes %.4g (tensor cores), %.4g (chunk 256: operands)" % (b64, b256))
+PY
+); then
+    ok "bf16 scan without its rate: the attention's as a named proxy ($msg); $msg2"
+else bad "bf16 scan proxy: $(cat "$W/err") ${msg:-} ${msg2:-}"; fi
+
 # 5. cpu-local has no memory bandwidth: no by_kind, a line saying why
 if "$MT" plan --config "$CFG" --world 1 --profile cpu-local --json >"$W/c.json" 2>"$W/err" &&
    python3 -c 'import json,sys; assert "by_kind" not in json.load(open(sys.argv[1]))["cost"]' "$W/c.json" &&

@@ -207,7 +207,7 @@ static double mamba_extra(const struct mt_block_shape *sh)
  * the gated norm writing only Wout's bf16 operand, and dy, dproj rounded once.
  *   norm: input norm forward reads x, writes h and its twin (2.5 D), backward
  *     4 D; gated norm forward reads ys, z, writes bf16 yn (2.5 E), backward
- *     reads dyn, ys, z, writes dys, dz (5 E) and reads dyn, ys, z again for dg (3 E).
+ *     reads dyn, ys, z, writes dys, dz (5 E; dg's sums inside that pass).
  *   elementwise: prep forward: the angles' cumsum (HN) and the row pass reading
  *     xs, B, C, dt, lam, the angles (E + 2 G N + 2 H + HN/2), writing x, Bh, Ch,
  *     dt, lam (E + 2 HN + 2 H); the residual add (3 D); dy and dproj rounded
@@ -216,19 +216,43 @@ static double mamba_extra(const struct mt_block_shape *sh)
  *     4.5 HN + 2 G N; writes dx, dt, lam, theta, dB, dC: E + 2 H + 0.5 HN +
  *     2 G N; du and the bias / gain sums stay in its per-block scratch and
  *     partial rows) and dt_bias's column sum (H).
- *   scan: forward reads x, Bh, Ch, dt, lam, writes ys (2 E + 2 HN + 2 H);
- *     backward reads those and dys, writes their gradients (3 E + 4 HN + 4 H);
- *     the chunk states between its kernels are not counted.
+ *   scan on tensor cores (ssd_tc.cu: chunk, P, N <= MT_SSM_STATES_MAX), kernel
+ *     by kernel, with S = H P N / Q the chunk states a token (S_in, dS_out) and
+ *     H Q the bf16 M or dG a token:
+ *     forward: the cumsum (2 H); each chunk's own state (reads x, Bh: E + HN
+ *       + S, + 3 H for dt, lam, cum); the pass between chunks (2 S); the
+ *       output (reads x, Bh, Ch, S_in, writes ys: 2 E + 2 HN + S + 3 H):
+ *       3 E + 3 HN + 4 S + 8 H;
+ *     backward (the states kept by the forward): the cumsum (2 H); dS_out's
+ *       local part (dys, Ch: E + HN + S) and pass (2 S); M, dG (reads Ch,
+ *       dys, Bh, x: 2 E + 2 HN, writes 2 H Q); dx (M, dys twice, Bh, dS_out,
+ *       writes dx: H Q + 3 E + HN + S); dB (dG, Ch, x, dS_out, fp32 Bh for
+ *       qj, writes dBh: H Q + E + 3 HN + S); dC (dG, Bh, dys, S_in, fp32 Ch
+ *       for inter, writes dCh: H Q + E + 3 HN + S); the scalars (dys, x,
+ *       S_in, dS_out: 2 E + 2 S, ~6 H more): 10 E + 10 HN + 8 S + 5 H Q + 15 H.
+ *     Elsewhere (the fp32 scan): reads x, Bh, Ch, dt, lam, writes ys (2 E +
+ *     2 HN + 2 H); backward reads those and dys, writes their gradients (3 E
+ *     + 4 HN + 4 H); its chunk states and in-chunk arrays not counted.
  * rc: the forward again. */
 static void mamba_work_bf16(const struct mt_block_shape *sh, int rc, struct mt_work *w)
 {
     const struct mamba_gdims g = mamba_gdims_of(sh->cfg), *s = &g;
     const double D = (double)sh->D, E = (double)s->mE, H = (double)s->mH, GN = (double)s->mG * (double)s->mN;
     const double HN = H * (double)s->mN, W = 2.0 * E + 2.0 * GN + 2.0 * H + H * (double)(s->mN / 2);
-    const double prep_f = 2.0 * E + 3.5 * HN + 2.0 * GN + 4.0 * H, scan_f = 2.0 * E + 2.0 * HN + 2.0 * H;
+    const double prep_f = 2.0 * E + 3.5 * HN + 2.0 * GN + 4.0 * H;
     const double prep_b = 2.0 * E + 7.0 * HN + 4.0 * GN + 7.0 * H;
-    w->e[MT_WORK_SCAN] += scan_f + 3.0 * E + 4.0 * HN + 4.0 * H + rc * scan_f;
-    w->e[MT_WORK_NORM] += 6.5 * D + 10.5 * E + rc * (2.5 * D + 2.5 * E);
+    /* the tensor-core scan's shapes: those whose chunk states the layer keeps (planning: the
+     * knob scan_bf16's default, on) */
+    const int T = sh->cfg->seq_len, chunk = sh->cfg->mamba_chunk;
+    const double S = T > 0 ? (double)mt_ssm_states_floats(1, T, (int)s->mH, (int)s->mP, (int)s->mN, chunk) / T : 0.0;
+    double scan_f = 2.0 * E + 2.0 * HN + 2.0 * H, scan_b = 3.0 * E + 4.0 * HN + 4.0 * H;
+    if (S > 0) {
+        const double HQ = H * (double)(chunk < T ? chunk : T);
+        scan_f = 3.0 * E + 3.0 * HN + 4.0 * S + 8.0 * H;
+        scan_b = 10.0 * E + 10.0 * HN + 8.0 * S + 5.0 * HQ + 15.0 * H;
+    }
+    w->e[MT_WORK_SCAN] += scan_f + scan_b + rc * scan_f;
+    w->e[MT_WORK_NORM] += 6.5 * D + 7.5 * E + rc * (2.5 * D + 2.5 * E);
     w->e[MT_WORK_ELEMENTWISE] += prep_f + prep_b + 3.0 * D + 1.5 * D + 1.5 * W + rc * (prep_f + 3.0 * D);
 }
 

@@ -1156,6 +1156,13 @@ static void kind_rates(const struct mt_plan_profile *prof, const struct mt_plan_
     if (cost->peak_basis && !strcmp(cost->peak_basis, "bf16") && prof->scan_bf16_rate > 0) {
         out->scan_rate = prof->scan_bf16_rate;
         out->scan_basis = "measured (bf16 tensor-core scan)";
+    } else if (cost->peak_basis && !strcmp(cost->peak_basis, "bf16") && prof->attn_bf16_rate > 0) {
+        /* no measured bf16 scan: the fp32 scan's rate (CUDA cores) would price
+         * tensor-core kernels at a tenth of their speed; the tensor-core
+         * attention's measured rate stands in (the same mma.sync design), and
+         * the bytes the pieces count usually decide (docs/plan.md) */
+        out->scan_rate = prof->attn_bf16_rate;
+        out->scan_basis = "proxy: the bf16 attention's measured rate (no measured bf16 scan)";
     } else {
         out->scan_rate = prof->scan_rate > 0 ? prof->scan_rate : out->gemm_rate;
         out->scan_basis = prof->scan_rate > 0 ? "measured" : "gemm rate";

@@ -12,6 +12,7 @@
 
 #define SSD_QMAX 256                  /* chunks above this run as 256 (same result to rounding) */
 #define SSD_TC_QMAX 128               /* ssd_tc.cu: chunk, headdim and d_state up to this */
+#define SSD_TC_STRIPS(Q) ((((Q) + 63) / 64) * 4)   /* ssd_tc.cu's 16-row strips a chunk: 4 warps a 64-row tile */
 #define SSD_AL4(n) (((n) + 3) & ~3)   /* floats, rounded up to 16 bytes (float4 reads) */
 
 struct ssd_dims {
@@ -52,12 +53,16 @@ void ssd_tc_dloc(float *dSo, const float *cum, const float *dy, const float *Cm,
 /* forward step 4 (ssd_out_k's contract) on tensor cores */
 void ssd_tc_out(float *y, const float *Sst, const float *cum, const float *x, const float *Bm, const float *Cm,
                 const float *dt, const float *lam, const float *A, const float *Dsk, struct ssd_dims d);
-/* backward steps 7-8 (ssd_gm_k, ssd_dxc_k, ssd_dbc_k, ssd_dc_k's contracts)
- * on tensor cores; M and dG are stored as bf16 in the first half of their
- * fp32 workspace slots (only these kernels read them) */
-void ssd_tc_backward_products(float *M, float *dG, float *dLE, float *rs, float *dXc, float *dBc, float *qj,
-                              float *dCm, float *inter, const float *Sst, const float *dSo, const float *cum,
-                              const float *dy, const float *x, const float *Bm, const float *Cm, const float *dt,
-                              const float *lam, const float *A, struct ssd_dims d);
+/* backward steps 7-8 and 10 (ssd_gm_k, ssd_dxc_k, ssd_dbc_k, ssd_dc_k's
+ * contracts, then ssd_scatter_k's: dx and dBm written as token rows, D dy in
+ * dx) on tensor cores; M and dG are stored as bf16 (B H nc, Q, 2Q) in their
+ * float slots (only these kernels read them); dLE is not stored:
+ * dcs gets its column sums per 16-row strip, (B H nc, SSD_TC_STRIPS(Q), 2Q),
+ * for ssd_scal_k; edge_x (B H nc, P) and edge_B (B H nc, N) are scratch
+ * (each chunk's source q) */
+void ssd_tc_backward_products(float *M, float *dG, float *dcs, float *rs, float *dx, float *dBm, float *edge_x,
+                              float *edge_B, float *qj, float *dCm, float *inter, const float *Sst, const float *dSo,
+                              const float *cum, const float *dy, const float *x, const float *Bm, const float *Cm,
+                              const float *dt, const float *lam, const float *A, const float *Dsk, struct ssd_dims d);
 
 #endif /* MT_SSD_CUH */

@@ -46,6 +46,7 @@ struct alignas(8) tc_f2 { float x, y; };   /* a paired fp32 store (float2 where 
 
 #define TC_B 64                 /* rows of a block: 4 warps x 16 */
 #define TC_THREADS 128
+static_assert(TC_B == 64 && TC_THREADS == 128, "SSD_TC_STRIPS (ssd.cuh): 4 warp strips of 16 rows a 64-row tile");
 #define TC_LD(w) ((w) + 8)      /* shared row stride (bf16) of a w-wide tile */
 
 static __host__ __device__ __forceinline__ int tc_r16(int n) { return (n + 15) & ~15; }
@@ -338,9 +339,17 @@ ssd_tc_out_k(float *y, const float *Sst, const float *cum, const float *x, const
     }
 }
 
-/* ---- backward 7: M, dG (bf16), dLE, rs (ssd_gm_k) ----
+/* ---- backward 7: M, dG (bf16), rs and dLE's column sums (ssd_gm_k) ----
  * per warp strip (16 query rows), per 64 sources: G = C Bc^T and
- * dM = dY Xc^T (fp32), then the fp32 kernel's epilogue element by element */
+ * dM = dY Xc^T (fp32), then the fp32 kernel's epilogue element by element.
+ * dLE = dM o G o E is not stored: its only reader, ssd_scal_k, needs its
+ * column sums alone (dw_j = sum_i dLE[i,j]; the dcum term sum_{i'>=i} of
+ * the row's two sources is w0 colsum_i + w1 colsum_{q+i}, dLE being 0 above
+ * the diagonal), so each warp strip writes its 16 rows' sums per source,
+ * dcs (B H nc, 4 rt strips, 2Q): a lane's two rows, then the 8 lanes of a
+ * column by xor shuffles (a fixed tree); ssd_scal_k adds the strips in
+ * order. Before: dLE as fp32 (B H nc, Q, 2Q), 0.27 GB written and read back
+ * an M layer at the d2048 hybrid's shape. */
 static size_t tc_gm_smem(struct ssd_dims d)
 {
     const size_t Np = TC_LD(tc_r16(d.N)), Pp = TC_LD(tc_r16(d.P));
@@ -348,7 +357,7 @@ static size_t tc_gm_smem(struct ssd_dims d)
 }
 
 static __global__ void __launch_bounds__(TC_THREADS)
-ssd_tc_gm_k(bf16 *Mb, bf16 *dGb, float *dLE, float *rs, const float *cum, const float *dy, const float *x,
+ssd_tc_gm_k(bf16 *Mb, bf16 *dGb, float *dcs, float *rs, const float *cum, const float *dy, const float *x,
             const float *Bm, const float *Cm, const float *dt, const float *lam, const float *A, struct ssd_dims d)
 {
     MT_DYN_SMEM(float, sm);
@@ -371,14 +380,17 @@ ssd_tc_gm_k(bf16 *Mb, bf16 *dGb, float *dLE, float *rs, const float *cum, const 
     const struct tc_op Cop = tc_plain(Cs, LN), Yop = tc_plain(Ys, LP);
     const struct tc_op Bop = tc_sources(Bt, LN, q), Xop = tc_sources(Xt, LP, q);
     float ag[8][4], ad[8][4], rsum[2] = {0.0f, 0.0f};
+    float *cs_out = dcs + ((size_t)k.ci * SSD_TC_STRIPS(d.Q) + blockIdx.y * 4 + (threadIdx.x >> 5)) * 2 * d.Q;
     for (int s0 = 0; s0 < s16; s0 += 64) {
         const int nw = tc_min(64, s16 - s0);
+        float cs[8][2];
         tc_zero(ag);
         tc_zero(ad);
         tc_mma<0, 1>(ag, Cop, m0, Bop, s0, nw, Np, lane);
         tc_mma<0, 1>(ad, Yop, m0, Xop, s0, nw, Pp, lane);
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+        for (int j = 0; j < 8; j++) {
+            cs[j][0] = cs[j][1] = 0.0f;
 #pragma unroll
             for (int e = 0; e < 4; e += 2) {   /* columns jj, jj+1 (jj even, 2q even): paired stores */
                 const int i = i0 + m0 + TC_EROW(lane, e), jj = s0 + TC_ECOL(lane, j, e);
@@ -397,7 +409,22 @@ ssd_tc_gm_k(bf16 *Mb, bf16 *dGb, float *dLE, float *rs, const float *cum, const 
                 const size_t at = ((size_t)k.ci * d.Q + i) * 2 * d.Q + jj;
                 *(uint32_t *)(Mb + at) = mt_pack_bf16(m[0], m[1]);
                 *(uint32_t *)(dGb + at) = mt_pack_bf16(dg[0], dg[1]);
-                *(tc_f2 *)(dLE + at) = tc_f2{dle[0], dle[1]};
+                cs[j][0] += dle[0];   /* row lane/4, then row lane/4 + 8 */
+                cs[j][1] += dle[1];
+            }
+        }
+        /* the strip's column sums: the 8 lanes holding a column (lane % 4
+         * equal) by a xor tree, every lane; lanes 0-3 store */
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                float c = cs[j][u];
+                c += __shfl_xor_sync(0xffffffffu, c, 4);
+                c += __shfl_xor_sync(0xffffffffu, c, 8);
+                c += __shfl_xor_sync(0xffffffffu, c, 16);
+                const int jj = s0 + TC_ECOL(lane, j, u);
+                if (lane < 4 && jj < 2 * q) cs_out[jj] = c;
             }
     }
 #pragma unroll
@@ -408,40 +435,86 @@ ssd_tc_gm_k(bf16 *Mb, bf16 *dGb, float *dLE, float *rs, const float *cum, const 
     }
 }
 
-/* ---- backward 8a / 8b: dXc, dBc and qj (ssd_dxc_k, ssd_dbc_k) ----
- * per warp strip (16 sources j): 8a  dXc = M^T dY + v_j (Bc dS_out^T)
- *                                8b  dBc = dG^T C + v_j t_j, t = Xc dS_out,
- *                                    qj = sum_n t_jn B_tok(j),n (fp32 B) */
-static size_t tc_src_smem(struct ssd_dims d)
+/* ---- backward 8a / 8b + 10: dx, dB (token rows) and qj ----
+ * ssd_dxc_k / ssd_dbc_k's products, summed per token here instead of stored
+ * per source and summed by ssd_scatter_k. Token t0+r of a chunk is two
+ * sources: its own, j = r, and the beta source of token t0+r+1, j = q+r+1
+ * (in this chunk for r < q-1; for r = q-1 it is the next chunk's source q).
+ * Both map to the same staged token row (tc_row), so one block of 64 token
+ * rows runs, per warp strip (16 tokens r):
+ *   8a  dx_r = M[:, r]^T dY + M[:, q+r+1]^T dY + (v_r + v_{q+r+1}) (B_r dS_out^T) + D dy_r
+ *   8b  dB_r = dG[:, r]^T C + dG[:, q+r+1]^T C + (v_r + v_{q+r+1}) t_r, t = Xc dS_out,
+ *       qj_r = qj_{q+r+1} = sum_n t_rn B_rn (fp32 B; one value: the same row)
+ * (both M columns staged, one accumulator; the dS_out product once a token,
+ * not once a source). The chunk's source q (token t0-1, chunks c >= 1),
+ * whose token row belongs to the chunk before, is computed by the block of
+ * rows 0 from the same staged operands (fp32 sums of the bf16 values, a
+ * thread an output) into edge (nch, P or N); ssd_tc_edge_k then adds it to
+ * token t0-1's row. Before: the per-source dXc and dBc ((nch, 2Q, P + N),
+ * 1.07 GB written and read back at the d2048 hybrid's shape, an M layer)
+ * and ssd_scatter_k; the sums are the same terms, in another order. */
+static size_t tc_tok_smem(struct ssd_dims d)
 {
     const size_t Np = TC_LD(tc_r16(d.N)), Pp = TC_LD(tc_r16(d.P)), Q16 = (size_t)tc_r16(d.Q), W = Np > Pp ? Np : Pp;
-    return SSD_AL4(TC_B + 3 * (size_t)d.Q) * sizeof(float) +
-           (Q16 * TC_LD(TC_B) + Q16 * W + (d.Q + 2) * W + (size_t)tc_r16(d.P) * Np) * sizeof(bf16);
+    return (SSD_AL4(3 * (size_t)d.Q) + TC_B + SSD_AL4(Q16) + SSD_AL4((size_t)tc_r16(d.N))) * sizeof(float) +
+           (2 * Q16 * TC_LD(TC_B) + Q16 * W + (d.Q + 2) * W + (size_t)tc_r16(d.P) * Np) * sizeof(bf16);
 }
 
-template <int DB>   /* 0: dXc (8a), 1: dBc and qj (8b) */
+/* the chunk's source q (token t0-1: the staged token row 0), a thread an
+ * output column n < W (W 0: none): edge[n] = sum_i g_iq R_in + vq t_n, t_n its dS_out
+ * product (8a: B_{t0-1} . dS_out[n, :]; 8b: x_{t0-1} . dS_out[:, n], kept in
+ * tq for qj), only with a next chunk (has_next: dS_out exists). No barrier inside: a
+ * function of its own, so every thread reaches the caller's next barrier
+ * from the same place */
+template <int DB>
+static __device__ __noinline__ void tc_edge_row(float *edge, float *tq, const float *gq, const bf16 *Rs, int LW,
+                                                const bf16 *St, const bf16 *Sd, int LN, int W, int q,
+                                                struct ssd_dims d, int has_next, float vq)
+{
+    for (int n = (int)threadIdx.x; n < W; n += (int)blockDim.x) {
+        float s = 0.0f, t = 0.0f;
+        for (int i = 0; i < q; i++) s += gq[i] * __bfloat162float(Rs[i * LW + n]);
+        if (has_next) {
+            if (DB)
+                for (int p = 0; p < d.P; p++) t += __bfloat162float(St[p]) * __bfloat162float(Sd[p * LN + n]);
+            else
+                for (int m = 0; m < d.N; m++) t += __bfloat162float(St[m]) * __bfloat162float(Sd[n * LN + m]);
+        }
+        edge[n] = s + vq * t;
+        if (DB) tq[n] = t;
+    }
+}
+
+template <int DB>   /* 0: dx (8a), 1: dB and qj (8b) */
 static __global__ void __launch_bounds__(TC_THREADS)
-ssd_tc_src_k(float *out, float *qj, const bf16 *Gb, const float *dSo, const float *cum, const float *dy,
+ssd_tc_tok_k(float *out, float *edge, float *qj, const bf16 *Gb, const float *dSo, const float *cum, const float *dy,
              const float *x, const float *Bm, const float *Cm, const float *dt, const float *lam, const float *A,
-             struct ssd_dims d)
+             const float *Dsk, struct ssd_dims d)
 {
     MT_DYN_SMEM(float, sm);
     const struct tc_chunk k = tc_chunk_of(d);
-    const int j0 = (int)blockIdx.y * TC_B, q = k.q;
-    if (j0 >= 2 * q) return;
+    const int i0 = (int)blockIdx.y * TC_B, q = k.q;
+    if (i0 >= q) return;
     const int Np = tc_r16(d.N), Pp = tc_r16(d.P), q16 = tc_r16(q), lane = (int)threadIdx.x & 31, has_next = k.c + 1 < d.nc;
-    const int m0 = ((int)threadIdx.x >> 5) * 16, LN = TC_LD(Np);
+    const int m0 = ((int)threadIdx.x >> 5) * 16, LN = TC_LD(Np), nt = (int)blockDim.x;
+    const int edge_rows = i0 == 0 && k.c > 0;   /* this block also computes the chunk's source q */
     /* 8a: the product's columns are P, its rows' operand is B (K = N), the
      * right-hand operand dY; 8b: columns N, rows' operand x (K = P), C */
     const int W = DB ? d.N : d.P, Wp = DB ? Np : Pp, LW = TC_LD(Wp), Kp = DB ? Pp : Np, LK = TC_LD(Kp);
-    float *w = sm, *cm = w + 2 * d.Q, *v = sm + SSD_AL4(3 * d.Q);
-    bf16 *Gs = (bf16 *)(v + SSD_AL4(TC_B)), *Rs = Gs + tc_r16(d.Q) * TC_LD(TC_B), *St = Rs + tc_r16(d.Q) * LW;
-    bf16 *Sd = St + (d.Q + 2) * LK;
+    float *w = sm, *cm = w + 2 * d.Q, *v = sm + SSD_AL4(3 * d.Q), *gq = v + TC_B, *tq = gq + SSD_AL4(tc_r16(d.Q));
+    bf16 *Go = (bf16 *)(tq + SSD_AL4(Np)), *Gn = Go + tc_r16(d.Q) * TC_LD(TC_B), *Rs = Gn + tc_r16(d.Q) * TC_LD(TC_B);
+    bf16 *St = Rs + tc_r16(d.Q) * LW, *Sd = St + (d.Q + 2) * LK;
     const float *Bh = Bm + k.ob * k.bld + (size_t)k.h * d.N, *Ch = Cm + k.ob * k.bld + (size_t)k.h * d.N;
     const float *xh = x + k.ob * k.xld + (size_t)k.h * d.P, *dyh = dy + k.ob * k.xld + (size_t)k.h * d.P;
+    const bf16 *Gc = Gb + (size_t)k.ci * d.Q * 2 * d.Q;   /* the chunk's M (8a) or dG (8b): (q, 2q) of (Q, 2Q) */
     tc_weights(w, cm, k, cum, dt, lam, A, d);
-    /* M (8a) or dG (8b): rows i < q, the block's 64 source columns */
-    tc_stage_b(Gs, TC_LD(TC_B), q16, TC_B, Gb + (size_t)k.ci * d.Q * 2 * d.Q, 2 * (size_t)d.Q, q, j0, 2 * q);
+    /* (loops before a barrier that some threads skip, and the edge row's call
+     * below, are written so every thread reaches each barrier from one place:
+     * the emulator checks it, the host compiler would otherwise duplicate it) */
+    for (int i = (int)threadIdx.x; i < (edge_rows ? q : 0); i += nt) gq[i] = __bfloat162float(Gc[(size_t)i * 2 * d.Q + q]);
+    /* own sources r (columns i0.., < q) and beta sources q+r+1 (< 2q) */
+    tc_stage_b(Go, TC_LD(TC_B), q16, TC_B, Gc, 2 * (size_t)d.Q, q, i0, q);
+    tc_stage_b(Gn, TC_LD(TC_B), q16, TC_B, Gc, 2 * (size_t)d.Q, q, q + i0 + 1, 2 * q);
     if (DB) tc_stage(Rs, LW, q16, Wp, Ch, k.bld, d.N, k.t0, 0, k.t0 + q);
     else tc_stage(Rs, LW, q16, Wp, dyh, k.xld, d.P, k.t0, 0, k.t0 + q);
     if (has_next) {
@@ -450,42 +523,84 @@ ssd_tc_src_k(float *out, float *qj, const bf16 *Gb, const float *dSo, const floa
         tc_stage(Sd, LN, Pp, Np, dSo + (size_t)k.ci * d.P * d.N, d.N, d.N, 0, 0, d.P);
     }
     __syncthreads();
-    tc_vout(v, w, cm, j0, TC_B, q, has_next);
+    /* v of a token row: its two sources' weights in S_out (0 without a next chunk) */
+    for (int rl = (int)threadIdx.x; rl < TC_B; rl += nt) {
+        const int r = i0 + rl;
+        float s = 0.0f;
+        if (has_next && r < q) {
+            s = w[r] * expf(cm[q - 1] - cm[r]);
+            if (r + 1 < q) s += w[q + r + 1] * expf(cm[q - 1] - cm[r + 1]);
+        }
+        v[rl] = s;
+    }
+    tc_edge_row<DB>(edge + (size_t)k.ci * W, tq, gq, Rs, LW, St, Sd, LN, edge_rows ? W : 0, q, d, has_next,
+                    has_next ? w[q] * expf(cm[q - 1] - cm[0]) : 0.0f);
     __syncthreads();
-    if (j0 + m0 >= 2 * q) return;
-    const struct tc_op Gop = tc_plain(Gs, TC_LD(TC_B)), Rop = tc_plain(Rs, LW), Sop = tc_sources(St, LK, q);
-    const struct tc_op Dop = tc_plain(Sd, LN);
+    if (i0 + m0 >= q) return;
+    const struct tc_op Oop = tc_plain(Go, TC_LD(TC_B)), Nop = tc_plain(Gn, TC_LD(TC_B)), Rop = tc_plain(Rs, LW);
+    const struct tc_op Sop = tc_sources(St, LK, q), Dop = tc_plain(Sd, LN);
+    const float Dh = Dsk[k.h];
     float acc[8][4], a2[8][4], qp[2] = {0.0f, 0.0f};
     for (int nc0 = 0; nc0 < Wp; nc0 += 64) {
         const int nw = tc_min(64, Wp - nc0);
         tc_zero(acc);
-        tc_mma<1, 0>(acc, Gop, m0, Rop, nc0, nw, q16, lane);
+        tc_mma<1, 0>(acc, Oop, m0, Rop, nc0, nw, q16, lane);
+        tc_mma<1, 0>(acc, Nop, m0, Rop, nc0, nw, q16, lane);
         if (has_next) {
             tc_zero(a2);
-            if (DB) tc_mma<0, 0>(a2, Sop, j0 + m0, Dop, nc0, nw, Kp, lane);   /* Xc dS_out */
-            else tc_mma<0, 1>(a2, Sop, j0 + m0, Dop, nc0, nw, Kp, lane);      /* Bc dS_out^T */
-            /* qj (8b): the source's B row (fp32) */
-            tc_fold(acc, a2, v, m0, nc0, d.N, lane, qp, [&](int jl) -> const float * {
-                const int jj = j0 + jl, tok = k.t0 + (jj < q ? jj : jj - q - 1);
-                return DB && jj < 2 * q && tok >= 0 ? Bh + (size_t)tok * k.bld : (const float *)NULL;
+            if (DB) tc_mma<0, 0>(a2, Sop, i0 + m0, Dop, nc0, nw, Kp, lane);   /* Xc dS_out */
+            else tc_mma<0, 1>(a2, Sop, i0 + m0, Dop, nc0, nw, Kp, lane);      /* Bc dS_out^T */
+            tc_fold(acc, a2, v, m0, nc0, d.N, lane, qp, [&](int rl) -> const float * {
+                const int r = i0 + rl;
+                return DB && r < q ? Bh + (size_t)(k.t0 + r) * k.bld : (const float *)NULL;
             });
         }
 #pragma unroll
         for (int j = 0; j < 8; j++)
 #pragma unroll
             for (int e = 0; e < 4; e += 2) {
-                const int jj = j0 + m0 + TC_EROW(lane, e), n = nc0 + TC_ECOL(lane, j, e);
-                if (jj < 2 * q && n < W)
-                    tc_put2(out + ((size_t)k.ci * 2 * d.Q + jj) * W + n, n, W, acc[j][e], acc[j][e + 1]);
+                const int r = i0 + m0 + TC_EROW(lane, e), n = nc0 + TC_ECOL(lane, j, e);
+                if (r >= q || n >= W) continue;
+                const size_t t = k.ob + k.t0 + r;
+                if (DB) {
+                    tc_put2(out + t * k.bld + (size_t)k.h * d.N + n, n, W, acc[j][e], acc[j][e + 1]);
+                } else {
+                    const float *yr = dyh + (size_t)(k.t0 + r) * k.xld + n;
+                    tc_put2(out + t * k.xld + (size_t)k.h * d.P + n, n, W, acc[j][e] + Dh * yr[0],
+                            n + 1 < W ? acc[j][e + 1] + Dh * yr[1] : 0.0f);
+                }
             }
     }
     if (DB)
 #pragma unroll
         for (int u = 0; u < 2; u++) {
             const float s = tc_quad_sum(qp[u]);
-            const int jj = j0 + m0 + (lane >> 2) + 8 * u;
-            if ((lane & 3) == 0 && jj < 2 * q) qj[(size_t)k.ci * 2 * d.Q + jj] = s;
+            const int r = i0 + m0 + (lane >> 2) + 8 * u;
+            if ((lane & 3) == 0 && r < q) {
+                qj[(size_t)k.ci * 2 * d.Q + r] = s;
+                if (r + 1 < q) qj[(size_t)k.ci * 2 * d.Q + q + r + 1] = s;
+            }
         }
+    if (DB && i0 == 0 && threadIdx.x == 0) {   /* qj of source q, in n order (fp32 B; tq: the barrier above;
+                                                * 0 in chunk 0: no token t0-1, as before) */
+        float s = 0.0f;
+        if (edge_rows && has_next)
+            for (int n = 0; n < d.N; n++) s += tq[n] * Bh[(size_t)(k.t0 - 1) * k.bld + n];
+        qj[(size_t)k.ci * 2 * d.Q + q] = s;
+    }
+}
+
+/* 10 (the rest): token t0-1's row += the chunk's source q (chunks c >= 1),
+ * after both ssd_tc_tok_k: one block a chunk, threads over P + N */
+static __global__ void ssd_tc_edge_k(float *dx, float *dBm, const float *ex, const float *eB, struct ssd_dims d)
+{
+    const int bh = (int)blockIdx.x / (d.nc - 1), c = (int)blockIdx.x % (d.nc - 1) + 1;
+    const struct tc_chunk k = tc_chunk_at(d, bh * d.nc + c);
+    const size_t t = k.ob + k.t0 - 1;
+    for (int e = (int)threadIdx.x; e < d.P + d.N; e += (int)blockDim.x) {
+        if (e < d.P) dx[t * k.xld + (size_t)k.h * d.P + e] += ex[(size_t)k.ci * d.P + e];
+        else dBm[t * k.bld + (size_t)k.h * d.N + e - d.P] += eB[(size_t)k.ci * d.N + e - d.P];
+    }
 }
 
 /* ---- backward 8c: dC and inter (ssd_dc_k) ----
@@ -667,24 +782,29 @@ void ssd_tc_out(float *y, const float *Sst, const float *cum, const float *x, co
     MT_CUDA_KCHECK();
 }
 
-void ssd_tc_backward_products(float *M, float *dG, float *dLE, float *rs, float *dXc, float *dBc, float *qj,
-                              float *dCm, float *inter, const float *Sst, const float *dSo, const float *cum,
-                              const float *dy, const float *x, const float *Bm, const float *Cm, const float *dt,
-                              const float *lam, const float *A, struct ssd_dims d)
+void ssd_tc_backward_products(float *M, float *dG, float *dcs, float *rs, float *dx, float *dBm, float *edge_x,
+                              float *edge_B, float *qj, float *dCm, float *inter, const float *Sst, const float *dSo,
+                              const float *cum, const float *dy, const float *x, const float *Bm, const float *Cm,
+                              const float *dt, const float *lam, const float *A, const float *Dsk, struct ssd_dims d)
 {
     const unsigned nch = (unsigned)(d.B * d.H * d.nc), rt = (unsigned)((d.Q + TC_B - 1) / TC_B);
-    const unsigned st = (unsigned)((2 * d.Q + TC_B - 1) / TC_B);
     bf16 *Mb = (bf16 *)M, *dGb = (bf16 *)dG;
-    const size_t gm = tc_gm_smem(d), src = tc_src_smem(d), dc = tc_dc_smem(d);
-    if (!ssd_smem_opt_in(ssd_tc_gm_k, gm) || !ssd_smem_opt_in(ssd_tc_src_k<0>, src) ||
-        !ssd_smem_opt_in(ssd_tc_src_k<1>, src) || !ssd_smem_opt_in(ssd_tc_dc_k, dc))
+    const size_t gm = tc_gm_smem(d), tok = tc_tok_smem(d), dc = tc_dc_smem(d);
+    if (!ssd_smem_opt_in(ssd_tc_gm_k, gm) || !ssd_smem_opt_in(ssd_tc_tok_k<0>, tok) ||
+        !ssd_smem_opt_in(ssd_tc_tok_k<1>, tok) || !ssd_smem_opt_in(ssd_tc_dc_k, dc))
         return;
-    MT_LAUNCH(ssd_tc_gm_k, dim3(nch, rt), TC_THREADS, gm)(Mb, dGb, dLE, rs, cum, dy, x, Bm, Cm, dt, lam, A, d);
+    MT_LAUNCH(ssd_tc_gm_k, dim3(nch, rt), TC_THREADS, gm)(Mb, dGb, dcs, rs, cum, dy, x, Bm, Cm, dt, lam, A, d);
     MT_CUDA_KCHECK();
-    MT_LAUNCH(ssd_tc_src_k<0>, dim3(nch, st), TC_THREADS, src)(dXc, (float *)NULL, Mb, dSo, cum, dy, x, Bm, Cm, dt, lam, A, d);
+    MT_LAUNCH(ssd_tc_tok_k<0>, dim3(nch, rt), TC_THREADS, tok)(dx, edge_x, (float *)NULL, Mb, dSo, cum, dy, x, Bm, Cm,
+                                                               dt, lam, A, Dsk, d);
     MT_CUDA_KCHECK();
-    MT_LAUNCH(ssd_tc_src_k<1>, dim3(nch, st), TC_THREADS, src)(dBc, qj, dGb, dSo, cum, dy, x, Bm, Cm, dt, lam, A, d);
+    MT_LAUNCH(ssd_tc_tok_k<1>, dim3(nch, rt), TC_THREADS, tok)(dBm, edge_B, qj, dGb, dSo, cum, dy, x, Bm, Cm, dt, lam,
+                                                               A, Dsk, d);
     MT_CUDA_KCHECK();
     MT_LAUNCH(ssd_tc_dc_k, dim3(nch, rt), TC_THREADS, dc)(dCm, inter, dGb, Sst, cum, dy, Bm, Cm, d);
     MT_CUDA_KCHECK();
+    if (d.nc > 1) {
+        MT_LAUNCH(ssd_tc_edge_k, (unsigned)(d.B * d.H * (d.nc - 1)), 64, 0)(dx, dBm, edge_x, edge_B, d);
+        MT_CUDA_KCHECK();
+    }
 }

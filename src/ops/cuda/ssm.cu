@@ -960,7 +960,19 @@ static size_t ssd_dc_smem(struct ssd_dims d, unsigned nt)
 
 /* 9. one block per (b, h, c): dw_j, dcum_i, da = reverse scan of dcum in the
  * chunk, ddt and dlam (=), and the chunk's dA, dD partials (double) */
-static __global__ void ssd_scal_k(float *ddt, float *dlam, double *part, const float *dLE, const float *rs,
+/* dcs (tensor cores: dLE's column sums per 16-row strip, ssd_tc.cu) or NULL:
+ * dLE itself. colsum_j = sum_i dLE[i,j] (dLE is 0 for i < s(j)) */
+static __device__ __forceinline__ float ssd_colsum(const float *dL, const float *cs, int j, int q, int sj, size_t Q2)
+{
+    float a = 0.0f;
+    if (cs)
+        for (int s = 0; s < (q + 15) / 16; s++) a += cs[(size_t)s * Q2 + j];
+    else
+        for (int i = sj; i < q; i++) a += dL[(size_t)i * Q2 + j];
+    return a;
+}
+
+static __global__ void ssd_scal_k(float *ddt, float *dlam, double *part, const float *dLE, const float *dcs, const float *rs,
                                   const float *qj, const float *inter, const float *Sst, const float *dSo,
                                   const float *cum, const float *dy, const float *x, const float *dt,
                                   const float *lam, const float *A, struct ssd_dims d)
@@ -971,13 +983,14 @@ static __global__ void ssd_scal_k(float *ddt, float *dlam, double *part, const f
     int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H, nt = (int)blockDim.x;
     int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q, has_next = c + 1 < d.nc;
     const size_t xld = (size_t)d.H * d.P, PN = (size_t)d.P * d.N, ob = (size_t)b * d.T, Q2 = 2 * (size_t)d.Q;
-    const float *cm = cum + (size_t)bh * d.T + t0, *dL = dLE + (size_t)ci * d.Q * Q2, Ah = A[h];
+    const float *cm = cum + (size_t)bh * d.T + t0, Ah = A[h];
+    const float *dL = dcs ? NULL : dLE + (size_t)ci * d.Q * Q2;
+    const float *cs = dcs ? dcs + (size_t)ci * SSD_TC_STRIPS(d.Q) * Q2 : NULL;
     const float *qc = qj + (size_t)ci * Q2;
     /* dw_j = sum_{i >= s(j)} dLE[i,j] (+ q_j E[q-1, s(j)] through S_out) */
     for (int j = (int)threadIdx.x; j < 2 * q; j += nt) {
         int sj = j < q ? j : j - q;
-        float a = 0.0f;
-        for (int i = sj; i < q; i++) a += dL[(size_t)i * Q2 + j];
+        float a = ssd_colsum(dL, cs, j, q, sj, Q2);
         if (has_next) a += qc[j] * expf(cm[q - 1] - cm[sj]);
         dw[j] = a;
     }
@@ -997,7 +1010,9 @@ static __global__ void ssd_scal_k(float *ddt, float *dlam, double *part, const f
     for (int i = (int)threadIdx.x; i < q; i += nt) {
         size_t r = (ob + t0 + i) * d.H + h;
         float w0 = ssd_w(1, dt, lam, Ah, r, t0 + i), w1 = ssd_w(0, dt, lam, Ah, r, t0 + i), col = 0.0f;
-        for (int k = i; k < q; k++) col += w0 * dL[(size_t)k * Q2 + i] + w1 * dL[(size_t)k * Q2 + q + i];
+        if (cs) col = w0 * ssd_colsum(dL, cs, i, q, i, Q2) + w1 * ssd_colsum(dL, cs, q + i, q, i, Q2);
+        else
+            for (int k = i; k < q; k++) col += w0 * dL[(size_t)k * Q2 + i] + w1 * dL[(size_t)k * Q2 + q + i];
         float v = rs[(size_t)ci * d.Q + i] - col;
         if (has_next) {
             float el = expf(cm[q - 1] - cm[i]);
@@ -1095,16 +1110,22 @@ static void ssd_backward(float *dx, float *dBm, float *dCm, float *ddt, float *d
                          const float *states)
 {
     const size_t PN = (size_t)d.P * d.N, nbh = (size_t)d.B * d.H, nch = nbh * d.nc, Q2 = 2 * (size_t)d.Q;
-    const size_t nf = nbh * d.T + 2 * nch * PN + 3 * nch * d.Q * Q2 + nch * Q2 * ((size_t)d.P + d.N + 1)
-                    + 2 * nch * d.Q;
+    /* per-source rows (fp32 kernels) or, on tensor cores, a chunk's source q
+     * alone (ssd_tc.cu writes dx, dBm as token rows); S_in's slot only when
+     * the forward did not keep the states */
+    const size_t src_rows = tc ? 1 : Q2, sst = states ? 0 : nch * PN;
+    const size_t dle = tc ? nch * SSD_TC_STRIPS(d.Q) * Q2 : nch * d.Q * Q2;   /* dLE, or its column sums */
+    const size_t mg = tc ? SSD_AL4(nch * d.Q * d.Q) : nch * d.Q * Q2;   /* M, dG: bf16 on tensor cores */
+    const size_t nf = nbh * d.T + sst + nch * PN + 2 * mg + dle + nch * src_rows * ((size_t)d.P + d.N)
+                    + nch * Q2 + 2 * nch * d.Q;
     double *part = (double *)mt_cuda_workspace(2 * nch * sizeof(double) + nf * sizeof(float));
     if (!part) return;
     /* part (B H nc, 2) doubles; cum (B H, T); Sst = S_in, dSo = dS_out (B H nc, P, N);
-     * M, dG, dLE (B H nc, Q, 2Q); dXc (B H nc, 2Q, P); dBc (B H nc, 2Q, N);
+     * M, dG, dLE (B H nc, Q, 2Q; tensor cores: M, dG as bf16, dLE's strip column sums, (B H nc, strips, 2Q)); dXc (B H nc, 2Q or 1, P); dBc (B H nc, 2Q or 1, N);
      * qj (B H nc, 2Q); rs, inter (B H nc, Q) */
-    float *cum = (float *)(part + 2 * nch), *Sst = cum + nbh * d.T, *dSo = Sst + nch * PN;
-    float *M = dSo + nch * PN, *dG = M + nch * d.Q * Q2, *dLE = dG + nch * d.Q * Q2;
-    float *dXc = dLE + nch * d.Q * Q2, *dBc = dXc + nch * Q2 * d.P, *qj = dBc + nch * Q2 * d.N;
+    float *cum = (float *)(part + 2 * nch), *Sst = cum + nbh * d.T, *dSo = Sst + sst;
+    float *M = dSo + nch * PN, *dG = M + mg, *dLE = dG + mg;
+    float *dXc = dLE + dle, *dBc = dXc + nch * src_rows * d.P, *qj = dBc + nch * src_rows * d.N;
     float *rs = qj + nch * Q2, *inter = rs + nch * d.Q;
     ssd_cum(cum, dt, A, d);
     /* S_in: the forward's when it kept them (the same kernels' values), else recomputed.
@@ -1120,7 +1141,8 @@ static void ssd_backward(float *dx, float *dBm, float *dCm, float *ddt, float *d
     MT_LAUNCH(ssd_dpass_k, (unsigned)((nbh * PN + 255) / 256), 256, 0)(dSo, cum, d);
     MT_CUDA_KCHECK();
     if (tc) {   /* steps 7-8 on tensor cores (ssd_tc.cu) */
-        ssd_tc_backward_products(M, dG, dLE, rs, dXc, dBc, qj, dCm, inter, Sst, dSo, cum, dy, x, Bm, Cm, dt, lam, A, d);
+        ssd_tc_backward_products(M, dG, dLE, rs, dx, dBm, dXc, dBc, qj, dCm, inter, Sst, dSo, cum, dy, x, Bm, Cm, dt,
+                                 lam, A, Dsk, d);
     } else {
         unsigned tj = pow2_threads(2 * d.Q, 256), tp = pow2_threads(d.P, 256), tn = pow2_threads(d.N, 256);
         unsigned rt = (unsigned)((d.Q + SSD_RT - 1) / SSD_RT), st = (unsigned)((Q2 + SSD_RT - 1) / SSD_RT);
@@ -1140,11 +1162,13 @@ static void ssd_backward(float *dx, float *dBm, float *dCm, float *ddt, float *d
     }
     unsigned ts = SSD_SCAN_THREADS;
     MT_LAUNCH(ssd_scal_k, (unsigned)nch, ts, ts * sizeof(double) + (3 * (size_t)d.Q + ts + 2 * (size_t)d.Q * SSD_KP) * sizeof(float))(
-        ddt, dlam, part, dLE, rs, qj, inter, Sst, dSo, cum, dy, x, dt, lam, A, d);
+        ddt, dlam, part, dLE, tc ? dLE : NULL, rs, qj, inter, Sst, dSo, cum, dy, x, dt, lam, A, d);
     MT_CUDA_KCHECK();
-    MT_LAUNCH(ssd_scatter_k, (unsigned)((size_t)d.B * d.T * d.H), pow2_threads(d.P + d.N, 256), 0)(dx, dBm, dXc, dBc,
-                                                                                                    dy, Dsk, d);
-    MT_CUDA_KCHECK();
+    if (!tc) {   /* (tensor cores: dx, dBm written above) */
+        MT_LAUNCH(ssd_scatter_k, (unsigned)((size_t)d.B * d.T * d.H), pow2_threads(d.P + d.N, 256), 0)(dx, dBm, dXc,
+                                                                                                        dBc, dy, Dsk, d);
+        MT_CUDA_KCHECK();
+    }
     MT_LAUNCH(ssd_reduce_k, (unsigned)((d.H + 63) / 64), 64, 0)(dA, dDsk, part, d);
     MT_CUDA_KCHECK();
 }
