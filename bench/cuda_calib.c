@@ -343,14 +343,14 @@ static void scan_fn(const void *arg)
     const struct cal_scan_ctx *c = arg;
     const struct cal_scan_shape *s = &c->s;
     if (c->fwd && c->bf16)
-        g_ops->ssm_scan_forward_bf16(g_ops->be, c->y, c->x, c->Bm, c->Cm, c->dt, c->lam, c->A, c->Dsk, s->b, s->t, s->h,
-                                     s->p, s->n, s->q, c->states);
+        g_ops->ssm_scan_forward_bf16(g_ops->be, c->y, c->x, s->h * s->p, c->Bm, c->Cm, c->dt, c->lam, c->A, c->Dsk,
+                                     s->b, s->t, s->h, s->p, s->n, s->q, c->states);
     else if (c->fwd)
         g_ops->ssm_scan_forward(g_ops->be, c->y, c->x, c->Bm, c->Cm, c->dt, c->lam, c->A, c->Dsk, s->b, s->t, s->h,
                                 s->p, s->n, s->q);
     else if (c->bf16)
         g_ops->ssm_scan_backward_bf16(g_ops->be, c->dx, c->dBm, c->dCm, c->ddt, c->dlam, c->dA, c->dDsk, c->dy, c->x,
-                                      c->Bm, c->Cm, c->dt, c->lam, c->A, c->Dsk, s->b, s->t, s->h, s->p, s->n, s->q,
+                                      s->h * s->p, c->Bm, c->Cm, c->dt, c->lam, c->A, c->Dsk, s->b, s->t, s->h, s->p, s->n, s->q,
                                       c->states);
     else
         g_ops->ssm_scan_backward(g_ops->be, c->dx, c->dBm, c->dCm, c->ddt, c->dlam, c->dA, c->dDsk, c->dy, c->x,

@@ -17,7 +17,11 @@
  *   5. the gated norm over groups that span ranks (ssm_gate_norm_sums /
  *      _forward_ext / _backward_ext): simulated ranks' slices with their sum
  *      tables added equal the whole norm of the cpu backend (1e-5), and
- *      rank-local sums (the issue-31 plant) do not (test_gate_split).
+ *      rank-local sums (the issue-31 plant) do not (test_gate_split);
+ *   6. the prep with x / dx NULL (the bf16 scan reading x in proj and
+ *      writing dx into dproj, ldx = W) gives the other outputs' bits, and the
+ *      bf16 scan with ldx > H P the contiguous run's bits (test_prep_null,
+ *      test_bf16_ldx).
  * Usage: test_ssm [-b cpu|cuda] [-bf16] [-bench [-chunk Q]]; exits 1 if any check fails.
  * -bf16 runs the precision=bf16 entries' checks alone (bench/gpu.sh runs
  * them under compute-sanitizer).
@@ -312,6 +316,58 @@ static double bound_ratio(const float *a, const double *ref, const double *abs_,
     return w;
 }
 
+/* x and dx inside wider rows (ldx > H P: the mixer passes proj's and dproj's
+ * xs columns, ldx = W): y and every gradient the bits of the contiguous run
+ * (y1, g1: its outputs), and the wide dx's other columns untouched. Offset 1
+ * (unaligned rows: the scalar staging path) on the small shapes, 4 on the
+ * others. Only the tensor-core shapes take ldx (mt_ops.h) */
+static void test_bf16_ldx(const struct inputs *in, int chunk, const struct dev *d, const float *y1,
+                          float *const g1[7], int small)
+{
+    char tag[64];
+    snprintf(tag, sizeof tag, "T=%d P=%d N=%d chunk=%d", in->T, in->P, in->N, chunk);
+    const int H = in->H, E = H * in->P, off = small ? 1 : 4, ld = off + E + 3;
+    const size_t n = (size_t)in->B * in->T, wide = n * (size_t)ld;
+    float *xc = to_host(d->x, nx(in)), *hw = falloc(wide);
+    for (size_t i = 0; i < wide; i++) hw[i] = 7.0f;   /* the sentinel around x and dx */
+    for (size_t r = 0; r < n; r++) memcpy(hw + r * ld + off, xc + r * E, (size_t)E * sizeof(float));
+    float *xw = dev_zero(wide), *dxw = dev_zero(wide), *y = dev_zero(nx(in));
+    g_ops->copy_from_host(g_ops->be, xw, hw, wide * sizeof(float));
+    g_ops->copy_from_host(g_ops->be, dxw, hw, wide * sizeof(float));
+    size_t len[] = {nx(in), nb(in), nb(in), nd(in), nd(in), (size_t)H, (size_t)H};
+    float *g[7];
+    for (int k = 1; k < 7; k++) g[k] = dev_zero(len[k]);
+    g[0] = dxw + off;
+    g_ops->fill(g_ops->be, g[5], 0.0f, (size_t)H);
+    g_ops->fill(g_ops->be, g[6], 0.0f, (size_t)H);
+    g_ops->ssm_scan_forward_bf16(g_ops->be, y, xw + off, ld, d->Bm, d->Cm, d->dt, d->lam, d->A, d->D, in->B, in->T, H,
+                                 in->P, in->N, chunk, NULL);
+    g_ops->ssm_scan_backward_bf16(g_ops->be, g[0], g[1], g[2], g[3], g[4], g[5], g[6], d->R, xw + off, ld, d->Bm,
+                                  d->Cm, d->dt, d->lam, d->A, d->D, in->B, in->T, H, in->P, in->N, chunk, NULL);
+    float *a = to_host(y, nx(in)), *b = to_host(y1, nx(in));
+    int same = memcmp(a, b, nx(in) * sizeof(float)) == 0, kept = 1;
+    free(a); free(b);
+    float *dw = to_host(dxw, wide), *d1 = to_host(g1[0], nx(in));
+    for (size_t r = 0; r < n; r++)
+        for (int c = 0; c < ld; c++) {
+            const float v = dw[r * ld + c];
+            if (c >= off && c < off + E) same &= memcmp(&v, d1 + r * E + (c - off), sizeof v) == 0;
+            else kept &= v == 7.0f;
+        }
+    free(dw); free(d1);
+    for (int k = 1; k < 7; k++) {
+        a = to_host(g[k], len[k]), b = to_host(g1[k], len[k]);
+        same &= memcmp(a, b, len[k] * sizeof(float)) == 0;
+        free(a); free(b);
+        g_ops->buf_free(g_ops->be, &g_ctx, g[k]);
+    }
+    check(same, "scan_*_bf16 with x, dx in wider rows (ldx) = contiguous (bits)", tag, same ? 0.0 : 1.0, 0);
+    check(kept, "scan_backward_bf16 ldx: the row's other columns untouched", tag, kept ? 0.0 : 1.0, 0);
+    free(xc); free(hw);
+    g_ops->buf_free(g_ops->be, &g_ctx, xw); g_ops->buf_free(g_ops->be, &g_ctx, dxw);
+    g_ops->buf_free(g_ops->be, &g_ctx, y);
+}
+
 static void test_bf16(struct inputs *in, int chunk, int with_fd)
 {
     char tag[64];
@@ -329,10 +385,10 @@ static void test_bf16(struct inputs *in, int chunk, int with_fd)
      * second backward below reads: both must be the bits of the runs without */
     const size_t nst = mt_ssm_states_floats(in->B, in->T, H, in->P, in->N, chunk);
     float *st = nst ? dev_zero(nst) : NULL;
-    g_ops->ssm_scan_forward_bf16(g_ops->be, y, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, in->B, in->T, H, in->P, in->N,
-                                 chunk, NULL);
-    g_ops->ssm_scan_forward_bf16(g_ops->be, y2, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, in->B, in->T, H, in->P,
-                                 in->N, chunk, st);
+    g_ops->ssm_scan_forward_bf16(g_ops->be, y, d.x, H * in->P, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, in->B, in->T, H,
+                                 in->P, in->N, chunk, NULL);
+    g_ops->ssm_scan_forward_bf16(g_ops->be, y2, d.x, H * in->P, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, in->B, in->T, H,
+                                 in->P, in->N, chunk, st);
     float *yh = to_host(y, nx(in)), *yh2 = to_host(y2, nx(in));
     double r = bound_ratio(yh, yr, ya, nx(in), 6.0, 0), e = rel_err(yh, yr, nx(in));
     check(r <= 1.0, "scan_forward_bf16 vs fp64 (6u |terms|)", tag, r, 1);
@@ -351,8 +407,9 @@ static void test_bf16(struct inputs *in, int chunk, int with_fd)
         g_ops->fill(g_ops->be, o[5], 0.0f, (size_t)H);
         g_ops->fill(g_ops->be, o[6], 0.0f, (size_t)H);
         g_ops->fill(g_ops->be, o[0], 1e3f, nx(in));   /* overwritten outputs: garbage in */
-        g_ops->ssm_scan_backward_bf16(g_ops->be, o[0], o[1], o[2], o[3], o[4], o[5], o[6], d.R, d.x, d.Bm, d.Cm, d.dt,
-                                      d.lam, d.A, d.D, in->B, in->T, H, in->P, in->N, chunk, run ? st : NULL);
+        g_ops->ssm_scan_backward_bf16(g_ops->be, o[0], o[1], o[2], o[3], o[4], o[5], o[6], d.R, d.x, H * in->P, d.Bm,
+                                      d.Cm, d.dt, d.lam, d.A, d.D, in->B, in->T, H, in->P, in->N, chunk,
+                                      run ? st : NULL);
     }
     float *one[] = {dx, dB, dC, ddt, dlam, dA, dD};
     same = 1;
@@ -364,6 +421,7 @@ static void test_bf16(struct inputs *in, int chunk, int with_fd)
     }
     check(same, "scan_backward_bf16 deterministic, and on the kept states = recomputed", tag, same ? 0.0 : 1.0, 0);
     if (st) g_ops->buf_free(g_ops->be, &g_ctx, st);
+    if (nst) test_bf16_ldx(in, chunk, &d, y, (float *const[]){dx, dB, dC, ddt, dlam, dA, dD}, with_fd);
     if (with_fd) {
         struct { const char *name; float *dev; double *v, *va; size_t n; int normwise; } g[] = {
             {"dx", dx, in->x, ab.x, nx(in), 0}, {"dB", dB, in->Bm, ab.Bm, nb(in), 0},
@@ -473,6 +531,73 @@ static void glue_run(const struct mt_ops_i *ops, struct glue_io *io)
     float *all[] = {proj, dtb, Alog, gB, gC, Bb, Cb, gout, x, Bh, Ch, dt, lam, A, rstd, dx, dBh, dCh, ddt, dlam, dA,
                     dproj, gz, gl, ggB, ggC, gBb, gCb, ys, yn, ro, dyn, dys, ggo};
     for (size_t k = 0; k < sizeof(all) / sizeof(all[0]); k++) ops->buf_free(ops->be, &g_ctx, all[k]);
+}
+
+/* ssm_prep_forward with x NULL (not written) and ssm_prep_backward with dx
+ * NULL (dproj's xs columns hold dx already: the bf16 scan with ldx = W
+ * wrote them): every other output the bits of the runs with x, dx given */
+static void test_prep_null(int B, int T, int H, int P, int G, int N)
+{
+    const struct mt_ops_i *ops = g_ops;
+    const int n = B * T, E = H * P, W = 2 * E + 2 * G * N + H + H * N / 2 + H;
+    const size_t nx_ = (size_t)n * E, nb_ = (size_t)n * H * N, nd_ = (size_t)n * H, nw = (size_t)n * W;
+    char tag[64];
+    snprintf(tag, sizeof tag, "%s T=%d", ops->name, T);
+    const size_t ng = (nx_ > nb_ ? nx_ : nb_) + (size_t)n * 2 * G;   /* enough for any of them */
+    float *hp = host_rand(nw, 0.0f, 1.0f), *hv = host_rand((size_t)H * N, 1.0f, 0.3f), *hg = host_rand(ng, 0.0f, 1.0f);
+    float *proj = up(ops, hp, nw), *vH = up(ops, hv, H), *vN = up(ops, hv, N), *vHN = up(ops, hv, (size_t)H * N);
+    float *f[2][6], *dproj[2], *par[2][6];
+    for (int v = 0; v < 2; v++) {   /* v = 1: x and dx NULL */
+        f[v][0] = up(ops, hg, nx_); f[v][1] = up(ops, hg, nb_); f[v][2] = up(ops, hg, nb_);
+        f[v][3] = up(ops, hg, nd_); f[v][4] = up(ops, hg, nd_); f[v][5] = up(ops, hg, (size_t)n * 2 * G);
+        float *A = up(ops, hv, H);
+        ops->ssm_prep_forward(ops->be, v ? NULL : f[v][0], f[v][1], f[v][2], f[v][3], f[v][4], A, f[v][5], NULL, proj,
+                              vH, vH, vN, vN, vHN, vHN, B, T, H, P, G, N, 1e-5f);
+        dproj[v] = up(ops, hp, nw);
+        float *dx = up(ops, hg, nx_);
+        if (v)   /* what the scan would have written: dx in the xs columns */
+            for (int r = 0; r < n; r++)
+                ops->copy_from_host(ops->be, dproj[v] + (size_t)r * W + E, hg + (size_t)r * E, (size_t)E * sizeof(float));
+        for (int k = 0; k < 6; k++) par[v][k] = up(ops, hv, k < 2 ? (size_t)H : k < 4 ? (size_t)N : (size_t)H * N);
+        float *gBh = up(ops, hg, nb_), *gCh = up(ops, hg + 1, nb_), *gdt = up(ops, hg + 2, nd_);
+        float *gdl = up(ops, hg + 3, nd_), *gA = up(ops, hv + 1, H);
+        ops->ssm_prep_backward(ops->be, dproj[v], par[v][0], par[v][1], par[v][2], par[v][3], par[v][4], par[v][5],
+                               v ? NULL : dx, gBh, gCh, gdt, gdl, gA, f[v][1], f[v][2], f[v][4], A, f[v][5], proj, vH,
+                               vN, vN, B, T, H, P, G, N, 1e-5f);
+        float *tmp[] = {dx, A, gBh, gCh, gdt, gdl, gA};
+        for (size_t k = 0; k < sizeof(tmp) / sizeof(tmp[0]); k++) ops->buf_free(ops->be, &g_ctx, tmp[k]);
+    }
+    int same = 1;
+    for (int k = 1; k < 6; k++) {
+        size_t len = k < 3 ? nb_ : k < 5 ? nd_ : (size_t)n * 2 * G;
+        float *a = to_host(f[0][k], len), *b = to_host(f[1][k], len);
+        same &= memcmp(a, b, len * sizeof(float)) == 0;
+        free(a); free(b);
+    }
+    float *a = to_host(f[1][0], nx_);   /* x NULL: its buffer as it was */
+    int kept = memcmp(a, hg, nx_ * sizeof(float)) == 0;
+    free(a);
+    check(same && kept, "prep forward, x NULL: the other outputs' bits, x untouched", tag, same && kept ? 0.0 : 1.0, 0);
+    same = 1;
+    float *d0 = to_host(dproj[0], nw), *d1 = to_host(dproj[1], nw);
+    same &= memcmp(d0, d1, nw * sizeof(float)) == 0;
+    free(d0); free(d1);
+    for (int k = 0; k < 6; k++) {
+        size_t len = k < 2 ? (size_t)H : k < 4 ? (size_t)N : (size_t)H * N;
+        float *p0 = to_host(par[0][k], len), *p1 = to_host(par[1][k], len);
+        same &= memcmp(p0, p1, len * sizeof(float)) == 0;
+        free(p0); free(p1);
+    }
+    check(same, "prep backward, dx NULL (in dproj already): dproj and the parameter gradients' bits", tag,
+          same ? 0.0 : 1.0, 0);
+    for (int v = 0; v < 2; v++) {
+        for (int k = 0; k < 6; k++) ops->buf_free(ops->be, &g_ctx, f[v][k]);
+        for (int k = 0; k < 6; k++) ops->buf_free(ops->be, &g_ctx, par[v][k]);
+        ops->buf_free(ops->be, &g_ctx, dproj[v]);
+    }
+    float *all[] = {proj, vH, vN, vHN};
+    for (size_t k = 0; k < 4; k++) ops->buf_free(ops->be, &g_ctx, all[k]);
+    free(hp); free(hv); free(hg);
 }
 
 static void test_glue_vs_cpu(int B, int T, int H, int P, int G, int N, float theta_scale)
@@ -866,7 +991,7 @@ static void bf16_cases(void)
         struct dev d;
         upload(&d, &in);
         float *y = dev_zero(nx(&in)), *y2 = dev_zero(nx(&in));
-        g_ops->ssm_scan_forward_bf16(g_ops->be, y, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL);
+        g_ops->ssm_scan_forward_bf16(g_ops->be, y, d.x, 2 * 4, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL);
         g_ops->ssm_scan_forward(g_ops->be, y2, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0);
         float *a = to_host(y, nx(&in)), *b = to_host(y2, nx(&in));
         const int same = memcmp(a, b, nx(&in) * sizeof(float)) == 0;
@@ -940,6 +1065,8 @@ int main(int argc, char **argv)
          * small, as in a trained model (the angle stays O(1) over T) */
         test_glue_vs_cpu(1, 1300, 2, 2, 2, 4, 0.05f);
     }
+    test_prep_null(2, 9, 4, 3, 2, 6);   /* every backend: x / dx NULL (the bf16 scan's ldx path) */
+    test_prep_null(1, 40, 2, 8, 1, 4);
     /* the gated norm over groups that span ranks: one group over 2 ranks; 2
      * groups over 4; 3 groups over 2 (a rank holds one and a half); groups
      * whole on a rank; one rank */

@@ -215,7 +215,9 @@ static double mamba_extra(const struct mt_block_shape *sh)
  *     (reads dx, ddt, dlam, lam, dt, theta, Bh, Ch, dBh, dCh, B, C: E + 4 H +
  *     4.5 HN + 2 G N; writes dx, dt, lam, theta, dB, dC: E + 2 H + 0.5 HN +
  *     2 G N; du and the bias / gain sums stay in its per-block scratch and
- *     partial rows) and dt_bias's column sum (H).
+ *     partial rows) and dt_bias's column sum (H). With the tensor-core scan
+ *     neither pass moves x or dx (the scan reads and writes them in proj's
+ *     rows): 2 E less each.
  *   scan on tensor cores (ssd_tc.cu: chunk, P, N <= MT_SSM_STATES_MAX), kernel
  *     by kernel, with S = H P N / Q the chunk states a token (S_in, dS_out) and
  *     H Q the bf16 M or dG a token:
@@ -239,12 +241,14 @@ static void mamba_work_bf16(const struct mt_block_shape *sh, int rc, struct mt_w
     const struct mamba_gdims g = mamba_gdims_of(sh->cfg), *s = &g;
     const double D = (double)sh->D, E = (double)s->mE, H = (double)s->mH, GN = (double)s->mG * (double)s->mN;
     const double HN = H * (double)s->mN, W = 2.0 * E + 2.0 * GN + 2.0 * H + H * (double)(s->mN / 2);
-    const double prep_f = 2.0 * E + 3.5 * HN + 2.0 * GN + 4.0 * H;
-    const double prep_b = 2.0 * E + 7.0 * HN + 4.0 * GN + 7.0 * H;
     /* the tensor-core scan's shapes: those whose chunk states the layer keeps (planning: the
-     * knob scan_bf16's default, on) */
+     * knob scan_bf16's default, on); there the scan reads x in proj and writes dx into dproj
+     * (mamba3.c scan_in_proj): the prep's copies of x (2 E each way) are gone */
     const int T = sh->cfg->seq_len, chunk = sh->cfg->mamba_chunk;
     const double S = T > 0 ? (double)mt_ssm_states_floats(1, T, (int)s->mH, (int)s->mP, (int)s->mN, chunk) / T : 0.0;
+    const double xcopy = S > 0 ? 0.0 : 2.0 * E;
+    const double prep_f = xcopy + 3.5 * HN + 2.0 * GN + 4.0 * H;
+    const double prep_b = xcopy + 7.0 * HN + 4.0 * GN + 7.0 * H;
     double scan_f = 2.0 * E + 2.0 * HN + 2.0 * H, scan_b = 3.0 * E + 4.0 * HN + 4.0 * H;
     if (S > 0) {
         const double HQ = H * (double)(chunk < T ? chunk : T);

@@ -163,15 +163,29 @@ static int scan_bf16(const struct mt_ops_i *ops, const struct mt_mamba3_dims *d)
     return d->scan_bf16 && ops->ssm_scan_forward_bf16 && ops->ssm_scan_backward_bf16;
 }
 
+/* ... and its chunked products run there (the shapes whose chunk states the
+ * layer keeps): the scan then reads x in proj's xs columns and writes dx into
+ * dproj's (ldx = W), and the prep copies neither (2 x 8 bytes an element of
+ * x a step not moved; x and dx stay carved: the cpu and the other shapes use
+ * them) */
+static int scan_in_proj(const struct mt_ops_i *ops, const struct mt_mamba3_dims *d, int B, int T)
+{
+    return scan_bf16(ops, d) && mt_ssm_states_floats(B, T, d->H, d->P, d->N, d->chunk) > 0;
+}
+
 void mt_mamba3_ssm_forward(const struct mt_ops_i *ops, struct mt_mamba3_acts *a, const struct mt_mamba3_weights *w,
                            const struct mt_mamba3_dims *d, int B, int T)
 {
-    ops->ssm_prep_forward(ops->be, a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, a->rstd_bc, NULL, a->proj, w->dt_bias,
-                          w->A_log, w->gB, w->gC, w->B_bias, w->C_bias, B, T, d->H, d->P, d->G, d->N,
-                          d->eps_bc);
-    if (scan_bf16(ops, d))
-        ops->ssm_scan_forward_bf16(ops->be, a->ys, a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P,
-                                   d->N, d->chunk, a->states);
+    const int E = d->H * d->P, W = mt_mamba3_in_width(d), in_proj = scan_in_proj(ops, d, B, T);
+    ops->ssm_prep_forward(ops->be, in_proj ? NULL : a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, a->rstd_bc, NULL,
+                          a->proj, w->dt_bias, w->A_log, w->gB, w->gC, w->B_bias, w->C_bias, B, T, d->H, d->P, d->G,
+                          d->N, d->eps_bc);
+    if (in_proj)
+        ops->ssm_scan_forward_bf16(ops->be, a->ys, a->proj + E, W, a->Bh, a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T,
+                                   d->H, d->P, d->N, d->chunk, a->states);
+    else if (scan_bf16(ops, d))
+        ops->ssm_scan_forward_bf16(ops->be, a->ys, a->x, E, a->Bh, a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H,
+                                   d->P, d->N, d->chunk, a->states);
     else
         ops->ssm_scan_forward(ops->be, a->ys, a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N,
                               d->chunk);
@@ -206,16 +220,23 @@ void mt_mamba3_ssm_backward(const struct mt_ops_i *ops, struct mt_mamba3_weights
                             const struct mt_mamba3_acts *a, const struct mt_mamba3_weights *w,
                             const struct mt_mamba3_dims *d, int B, int T)
 {
+    const int E = d->H * d->P, W = mt_mamba3_in_width(d), in_proj = scan_in_proj(ops, d, B, T);
     /* term 3 */
     ops->fill(ops->be, s->dA, 0.0f, (size_t)d->H);
-    if (scan_bf16(ops, d))   /* the forward's chunk states, when the owner kept them */
-        ops->ssm_scan_backward_bf16(ops->be, s->dx, s->dBh, s->dCh, s->ddt, s->dlam, s->dA, g->Dsk, s->dys, a->x, a->Bh,
-                                    a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk, a->states);
+    if (in_proj)   /* x from proj, dx into dproj's xs columns; the forward's chunk states */
+        ops->ssm_scan_backward_bf16(ops->be, s->dproj + E, s->dBh, s->dCh, s->ddt, s->dlam, s->dA, g->Dsk, s->dys,
+                                    a->proj + E, W, a->Bh, a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N,
+                                    d->chunk, a->states);
+    else if (scan_bf16(ops, d))
+        ops->ssm_scan_backward_bf16(ops->be, s->dx, s->dBh, s->dCh, s->ddt, s->dlam, s->dA, g->Dsk, s->dys, a->x, E,
+                                    a->Bh, a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk,
+                                    a->states);
     else
         ops->ssm_scan_backward(ops->be, s->dx, s->dBh, s->dCh, s->ddt, s->dlam, s->dA, g->Dsk, s->dys, a->x, a->Bh,
                                a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk);
     /* term 4 */
-    ops->ssm_prep_backward(ops->be, s->dproj, g->dt_bias, g->A_log, g->gB, g->gC, g->B_bias, g->C_bias, s->dx,
+    ops->ssm_prep_backward(ops->be, s->dproj, g->dt_bias, g->A_log, g->gB, g->gC, g->B_bias, g->C_bias,
+                           in_proj ? NULL : s->dx,
                            s->dBh, s->dCh, s->ddt, s->dlam, s->dA, a->Bh, a->Ch, a->lam, a->A,
                            a->rstd_bc, a->proj, w->dt_bias, w->gB, w->gC, B, T, d->H, d->P, d->G,
                            d->N, d->eps_bc);

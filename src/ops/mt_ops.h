@@ -392,14 +392,16 @@ struct mt_ops_i {
     /* ---- Mamba-3 mixer glue around the scan (docs/mamba3.md §2, §5) ----
      * proj (B*T, W) in-projection rows, W = 2E + 2GN + H + H*N/2 + H, split
      * z | xs | B | C | dt | theta | lam (E = H*P, G groups of H/G heads, N even).
-     * prep_forward: x (B,T,H,P) = xs; dt = softplus(dt_raw + dt_bias); lam =
+     * prep_forward: x (B,T,H,P) = xs (x NULL: not written; the bf16 scan can
+ *   read xs in proj itself, ldx = W); dt = softplus(dt_raw + dt_bias); lam =
      *   sigmoid(lam_raw); A (H) = -exp(A_log); Bh/Ch (B,T,H,N) = rot(ang,
      *   rmsnorm_N(B_g) gB + B_bias[h]) with ang = cumsum_t theta (rotate-half
      *   pairs (k, k+N/2)); rstd (B*T, 2G) saved (B's groups, then C's).
      *   ang_state (B,H,N/2) or NULL: when given, the cumsum starts from it and
      *   the last position's angles are written back (decoding token by token);
      *   NULL starts from 0 (training).
-     * prep_backward: dproj (=) on every column but z's; ddt_bias, dA_log, dgB,
+     * prep_backward: dproj (=) on every column but z's (dx NULL: nor xs's, which
+ *   then hold dx already: the bf16 scan wrote them, ldx = W); ddt_bias, dA_log, dgB,
      *   dgC, dB_bias, dC_bias (+=). dA is the scan's dA.
      * gate_norm: out (n,E) = rmsnorm over each of G groups of (y silu(z)) * w,
      *   z and dz with row stride ldz; rstd (n,G). backward: dy, dz (=), dw (+=). */
@@ -574,12 +576,17 @@ struct mt_ops_i {
      * backward of the same inputs reads them instead of recomputing them (the
      * same kernels' values: the same bits either way). Where the chunked
      * products do not run (the fp32 fallback) they are neither written nor
-     * read. */
-    void (*ssm_scan_forward_bf16)(void *be, float *y, const float *x, const float *Bm, const float *Cm,
+     * read.
+     * ldx: the row stride (floats) of x and dx, H P for (B,T,H,P) arrays; more
+     * lets them live in the mixer's proj / dproj rows (ldx = W: xs's columns,
+     * no copy either way). Only where the chunked products run: the shapes
+     * with mt_ssm_states_floats > 0; elsewhere ldx != H P is refused (cuda:
+     * MT_ERR_UNSUPPORTED, nothing written). */
+    void (*ssm_scan_forward_bf16)(void *be, float *y, const float *x, int ldx, const float *Bm, const float *Cm,
                                   const float *dt, const float *lam, const float *A, const float *Dsk,
                                   int B, int T, int H, int P, int N, int chunk, float *states);
     void (*ssm_scan_backward_bf16)(void *be, float *dx, float *dBm, float *dCm, float *ddt, float *dlam,
-                                   float *dA, float *dDsk, const float *dy, const float *x,
+                                   float *dA, float *dDsk, const float *dy, const float *x, int ldx,
                                    const float *Bm, const float *Cm, const float *dt, const float *lam,
                                    const float *A, const float *Dsk, int B, int T, int H, int P, int N,
                                    int chunk, const float *states);

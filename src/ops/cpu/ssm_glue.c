@@ -75,7 +75,7 @@ void mt_cpu_ssm_prep_forward(float *x, float *Bh, float *Ch, float *dt, float *l
                     rstd[n * 2 * G + G + g] = rc;
                 }
                 for (int k = 0; k < N; k++) { bn[k] = br[k] * rb * gB[k]; cn[k] = cr[k] * rc * gC[k]; }
-                memcpy(x + r * P, row + E + (size_t)h * P, (size_t)P * sizeof(float));
+                if (x) memcpy(x + r * P, row + E + (size_t)h * P, (size_t)P * sizeof(float));
                 dt[r] = softplusf(row[odt + h] + dt_bias[h]);
                 lam[r] = sigmoidf_(row[olam + h]);
                 const float *th = row + oth + (size_t)h * half;
@@ -141,7 +141,7 @@ void mt_cpu_ssm_prep_backward(float *dproj, float *ddt_bias, float *dA_log, floa
                 for (int j = 0; j < hpg; j++) {
                     int h = g * hpg + j;
                     size_t r = n * H + h;
-                    memcpy(drow + E + (size_t)h * P, dx + r * P, (size_t)P * sizeof(float));
+                    if (dx) memcpy(drow + E + (size_t)h * P, dx + r * P, (size_t)P * sizeof(float));
                     float gdt = ddt[r] * sigmoidf_(row[odt + h] + dt_bias[h]);
                     drow[odt + h] = gdt;
                     p_dtb[h] += gdt;

@@ -699,11 +699,11 @@ void mt_cuda_ssm_scan_backward(void *be, float *dx, float *dBm, float *dCm, floa
                                const float *A, const float *Dsk, int B, int T, int H, int P, int N,
                                int chunk);
 /* precision=bf16: the chunked scan's intra-chunk products on tensor cores (ssd_tc.cu) */
-void mt_cuda_ssm_scan_forward_bf16(void *be, float *y, const float *x, const float *Bm, const float *Cm,
+void mt_cuda_ssm_scan_forward_bf16(void *be, float *y, const float *x, int ldx, const float *Bm, const float *Cm,
                                    const float *dt, const float *lam, const float *A, const float *Dsk,
                                    int B, int T, int H, int P, int N, int chunk, float *states);
 void mt_cuda_ssm_scan_backward_bf16(void *be, float *dx, float *dBm, float *dCm, float *ddt, float *dlam,
-                                    float *dA, float *dDsk, const float *dy, const float *x,
+                                    float *dA, float *dDsk, const float *dy, const float *x, int ldx,
                                     const float *Bm, const float *Cm, const float *dt, const float *lam,
                                     const float *A, const float *Dsk, int B, int T, int H, int P, int N,
                                     int chunk, const float *states);

@@ -17,11 +17,13 @@
 
 struct ssd_dims {
     int B, T, H, P, N, Q, nc;
+    int xs;   /* row stride of x and dx (floats): H P, or more where they live in the
+               * mixer's proj rows (the bf16 entries' ldx; the tensor-core path only) */
 };
 
 static inline struct ssd_dims ssd_dims_make(int B, int T, int H, int P, int N, int chunk)
 {
-    struct ssd_dims d = {B, T, H, P, N, 0, 0};
+    struct ssd_dims d = {B, T, H, P, N, 0, 0, H * P};
     d.Q = chunk < T ? chunk : T;
     if (d.Q > SSD_QMAX) d.Q = SSD_QMAX;
     d.nc = (T + d.Q - 1) / d.Q;

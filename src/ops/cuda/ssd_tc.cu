@@ -204,7 +204,8 @@ static __device__ void tc_stage_b(bf16 *dst, int ld, int nr, int kw, const bf16 
 /* the block's chunk */
 struct tc_chunk {
     int ci, bh, c, b, h, t0, q;
-    size_t xld, bld, ob;
+    size_t xld, bld, ob;   /* xld: y, dy's row stride (H P); bld: B, C's (H N) */
+    size_t xs;             /* x, dx's (d.xs: H P, or proj's row where x lives there) */
 };
 /* chunk ci = (b*H + h)*nc + c */
 static __device__ __forceinline__ struct tc_chunk tc_chunk_at(struct ssd_dims d, int ci)
@@ -219,6 +220,7 @@ static __device__ __forceinline__ struct tc_chunk tc_chunk_at(struct ssd_dims d,
     k.q = tc_min(d.Q, d.T - k.t0);
     k.xld = (size_t)d.H * d.P;
     k.bld = (size_t)d.H * d.N;
+    k.xs = (size_t)d.xs;
     k.ob = (size_t)k.b * d.T;
     return k;
 }
@@ -277,11 +279,11 @@ ssd_tc_out_k(float *y, const float *Sst, const float *cum, const float *x, const
     bf16 *Cs = (bf16 *)(sm + SSD_AL4(3 * d.Q)), *Bt = Cs + TC_B * LN, *Xt = Bt + (d.Q + 2) * LN;
     bf16 *Si = Xt + (d.Q + 2) * LP, *Ms = Si + Pp * LN;
     const float *Bh = Bm + k.ob * k.bld + (size_t)k.h * d.N, *Ch = Cm + k.ob * k.bld + (size_t)k.h * d.N;
-    const float *xh = x + k.ob * k.xld + (size_t)k.h * d.P;
+    const float *xh = x + k.ob * k.xs + (size_t)k.h * d.P;
     tc_weights(w, cm, k, cum, dt, lam, A, d);
     tc_stage(Cs, LN, TC_B, Np, Ch, k.bld, d.N, k.t0 + i0, 0, k.t0 + q);
     tc_stage(Bt, LN, q + 2, Np, Bh, k.bld, d.N, k.t0 - 1, 0, k.t0 + q);
-    tc_stage(Xt, LP, q + 2, Pp, xh, k.xld, d.P, k.t0 - 1, 0, k.t0 + q);
+    tc_stage(Xt, LP, q + 2, Pp, xh, k.xs, d.P, k.t0 - 1, 0, k.t0 + q);
     if (k.c > 0) tc_stage(Si, LN, Pp, Np, Sst + (size_t)k.ci * d.P * d.N, d.N, d.N, 0, 0, d.P);
     __syncthreads();
     if (i0 + m0 >= q) return;   /* warp-uniform; no barrier below */
@@ -332,7 +334,7 @@ ssd_tc_out_k(float *y, const float *Sst, const float *cum, const float *x, const
                 const int i = i0 + m0 + TC_EROW(lane, e), p = pc + TC_ECOL(lane, j, e);
                 if (i >= q || p >= d.P) continue;
                 const size_t t = (size_t)k.t0 + i;
-                const float *xr = xh + t * k.xld + p;
+                const float *xr = xh + t * k.xs + p;
                 tc_put2(y + (k.ob + t) * k.xld + (size_t)k.h * d.P + p, p, d.P, acc[j][e] + Dh * xr[0],
                         p + 1 < d.P ? acc[j][e + 1] + Dh * xr[1] : 0.0f);
             }
@@ -369,12 +371,12 @@ ssd_tc_gm_k(bf16 *Mb, bf16 *dGb, float *dcs, float *rs, const float *cum, const 
     float *w = sm, *cm = w + 2 * d.Q;
     bf16 *Cs = (bf16 *)(sm + SSD_AL4(3 * d.Q)), *Ys = Cs + TC_B * LN, *Bt = Ys + TC_B * LP, *Xt = Bt + (d.Q + 2) * LN;
     const float *Bh = Bm + k.ob * k.bld + (size_t)k.h * d.N, *Ch = Cm + k.ob * k.bld + (size_t)k.h * d.N;
-    const float *xh = x + k.ob * k.xld + (size_t)k.h * d.P, *dyh = dy + k.ob * k.xld + (size_t)k.h * d.P;
+    const float *xh = x + k.ob * k.xs + (size_t)k.h * d.P, *dyh = dy + k.ob * k.xld + (size_t)k.h * d.P;
     tc_weights(w, cm, k, cum, dt, lam, A, d);
     tc_stage(Cs, LN, TC_B, Np, Ch, k.bld, d.N, k.t0 + i0, 0, k.t0 + q);
     tc_stage(Ys, LP, TC_B, Pp, dyh, k.xld, d.P, k.t0 + i0, 0, k.t0 + q);
     tc_stage(Bt, LN, q + 2, Np, Bh, k.bld, d.N, k.t0 - 1, 0, k.t0 + q);
-    tc_stage(Xt, LP, q + 2, Pp, xh, k.xld, d.P, k.t0 - 1, 0, k.t0 + q);
+    tc_stage(Xt, LP, q + 2, Pp, xh, k.xs, d.P, k.t0 - 1, 0, k.t0 + q);
     __syncthreads();
     if (i0 + m0 >= q) return;
     const struct tc_op Cop = tc_plain(Cs, LN), Yop = tc_plain(Ys, LP);
@@ -505,7 +507,7 @@ ssd_tc_tok_k(float *out, float *edge, float *qj, const bf16 *Gb, const float *dS
     bf16 *Go = (bf16 *)(tq + SSD_AL4(Np)), *Gn = Go + tc_r16(d.Q) * TC_LD(TC_B), *Rs = Gn + tc_r16(d.Q) * TC_LD(TC_B);
     bf16 *St = Rs + tc_r16(d.Q) * LW, *Sd = St + (d.Q + 2) * LK;
     const float *Bh = Bm + k.ob * k.bld + (size_t)k.h * d.N, *Ch = Cm + k.ob * k.bld + (size_t)k.h * d.N;
-    const float *xh = x + k.ob * k.xld + (size_t)k.h * d.P, *dyh = dy + k.ob * k.xld + (size_t)k.h * d.P;
+    const float *xh = x + k.ob * k.xs + (size_t)k.h * d.P, *dyh = dy + k.ob * k.xld + (size_t)k.h * d.P;
     const bf16 *Gc = Gb + (size_t)k.ci * d.Q * 2 * d.Q;   /* the chunk's M (8a) or dG (8b): (q, 2q) of (Q, 2Q) */
     tc_weights(w, cm, k, cum, dt, lam, A, d);
     /* (loops before a barrier that some threads skip, and the edge row's call
@@ -518,7 +520,7 @@ ssd_tc_tok_k(float *out, float *edge, float *qj, const bf16 *Gb, const float *dS
     if (DB) tc_stage(Rs, LW, q16, Wp, Ch, k.bld, d.N, k.t0, 0, k.t0 + q);
     else tc_stage(Rs, LW, q16, Wp, dyh, k.xld, d.P, k.t0, 0, k.t0 + q);
     if (has_next) {
-        if (DB) tc_stage(St, LK, q + 2, Kp, xh, k.xld, d.P, k.t0 - 1, 0, k.t0 + q);
+        if (DB) tc_stage(St, LK, q + 2, Kp, xh, k.xs, d.P, k.t0 - 1, 0, k.t0 + q);
         else tc_stage(St, LK, q + 2, Kp, Bh, k.bld, d.N, k.t0 - 1, 0, k.t0 + q);
         tc_stage(Sd, LN, Pp, Np, dSo + (size_t)k.ci * d.P * d.N, d.N, d.N, 0, 0, d.P);
     }
@@ -566,7 +568,7 @@ ssd_tc_tok_k(float *out, float *edge, float *qj, const bf16 *Gb, const float *dS
                     tc_put2(out + t * k.bld + (size_t)k.h * d.N + n, n, W, acc[j][e], acc[j][e + 1]);
                 } else {
                     const float *yr = dyh + (size_t)(k.t0 + r) * k.xld + n;
-                    tc_put2(out + t * k.xld + (size_t)k.h * d.P + n, n, W, acc[j][e] + Dh * yr[0],
+                    tc_put2(out + t * k.xs + (size_t)k.h * d.P + n, n, W, acc[j][e] + Dh * yr[0],
                             n + 1 < W ? acc[j][e + 1] + Dh * yr[1] : 0.0f);
                 }
             }
@@ -598,7 +600,7 @@ static __global__ void ssd_tc_edge_k(float *dx, float *dBm, const float *ex, con
     const struct tc_chunk k = tc_chunk_at(d, bh * d.nc + c);
     const size_t t = k.ob + k.t0 - 1;
     for (int e = (int)threadIdx.x; e < d.P + d.N; e += (int)blockDim.x) {
-        if (e < d.P) dx[t * k.xld + (size_t)k.h * d.P + e] += ex[(size_t)k.ci * d.P + e];
+        if (e < d.P) dx[t * k.xs + (size_t)k.h * d.P + e] += ex[(size_t)k.ci * d.P + e];
         else dBm[t * k.bld + (size_t)k.h * d.N + e - d.P] += eB[(size_t)k.ci * d.N + e - d.P];
     }
 }
@@ -702,7 +704,7 @@ ssd_tc_outer_k(float *out, const float *cum, const float *u, const float *vsrc, 
     const int K = DL ? tc_r16(q) : tc_r16(2 * q), LN = TC_LD(Np), LP = TC_LD(Pp);
     float *w = sm, *cm = w + 2 * d.Q, *sc = sm + SSD_AL4(3 * d.Q);   /* sc: a row's scale, K of them */
     bf16 *Us = (bf16 *)(sc + tc_r16(2 * d.Q)), *Vs = Us + tc_outer_urows(d) * LP;
-    const float *uh = u + k.ob * k.xld + (size_t)k.h * d.P, *vh = vsrc + k.ob * k.bld + (size_t)k.h * d.N;
+    const float *uh = u + k.ob * (DL ? k.xld : k.xs) + (size_t)k.h * d.P, *vh = vsrc + k.ob * k.bld + (size_t)k.h * d.N;
     if (DL)   /* no weights (dt, lam, A NULL): the decays alone */
         for (int i = (int)threadIdx.x; i < q; i += (int)blockDim.x) cm[i] = cum[(size_t)bh * d.T + t0 + i];
     else tc_weights(w, cm, k, cum, dt, lam, A, d);
@@ -719,7 +721,7 @@ ssd_tc_outer_k(float *out, const float *cum, const float *u, const float *vsrc, 
         }
         tc_stage(Vs, LN, K, Np, vh, k.bld, d.N, t0, 0, t0 + q);
     } else {    /* Us: the token rows of x (sources mapped); Vs rows j: bf16(v_j B_src(j)) */
-        tc_stage(Us, LP, q + 2, Pp, uh, k.xld, d.P, t0 - 1, 0, t0 + q);
+        tc_stage(Us, LP, q + 2, Pp, uh, k.xs, d.P, t0 - 1, 0, t0 + q);
         for (int e = (int)threadIdx.x; e < K * Np; e += (int)blockDim.x) {
             const int j = e / Np, n = e - j * Np, tok = t0 + (j < q ? j : j - q - 1);
             const float v = j < 2 * q && n < d.N && tok >= 0 ? sc[j] * vh[(size_t)tok * k.bld + n] : 0.0f;

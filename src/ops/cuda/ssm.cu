@@ -1030,12 +1030,12 @@ static __global__ void ssd_scal_k(float *ddt, float *dlam, double *part, const f
     float sxy[SSD_ROWS_PER_SCAL];
 #pragma unroll
     for (int u = 0; u < SSD_ROWS_PER_SCAL; u++) sxy[u] = 0.0f;
-    const float *dyh = dy + ob * xld + (size_t)h * d.P, *xh = x + ob * xld + (size_t)h * d.P;
+    const float *dyh = dy + ob * xld + (size_t)h * d.P, *xh = x + ob * (size_t)d.xs + (size_t)h * d.P;
     for (int p0 = 0; p0 < d.P; p0 += SSD_KT) {
         int kp = d.P - p0 < SSD_KT ? d.P - p0 : SSD_KT;
         __syncthreads();
         ssd_stage_rows(ys, dyh, xld, t0 + 1, q, p0, kp);   /* row i: token t0 + i */
-        ssd_stage_rows(xs, xh, xld, t0 + 1, q, p0, kp);
+        ssd_stage_rows(xs, xh, (size_t)d.xs, t0 + 1, q, p0, kp);
         __syncthreads();
 #pragma unroll
         for (int u = 0; u < SSD_ROWS_PER_SCAL; u++) {
@@ -1428,34 +1428,50 @@ static int scan_tc_pick(struct ssd_dims d, int chunk)
     return tc;
 }
 
-extern "C" void mt_cuda_ssm_scan_forward_bf16(void *be, float *y, const float *x, const float *Bm, const float *Cm,
-                                              const float *dt, const float *lam, const float *A, const float *Dsk,
-                                              int B, int T, int H, int P, int N, int chunk, float *states)
+/* ldx != H P (x, dx in the mixer's proj rows): the tensor-core path only
+ * (mt_ops.h); elsewhere refused, nothing written */
+static int scan_ldx_ok(int tc, int ldx, int H, int P)
+{
+    if (ldx == H * P || (tc && ldx > H * P)) return 1;
+    return mt_cuda_record(MT_ERR_UNSUPPORTED, "ssm_scan_*_bf16",
+                          "ldx != H*P where the chunked products do not run on tensor cores", __FILE__, __LINE__);
+}
+
+extern "C" void mt_cuda_ssm_scan_forward_bf16(void *be, float *y, const float *x, int ldx, const float *Bm,
+                                              const float *Cm, const float *dt, const float *lam, const float *A,
+                                              const float *Dsk, int B, int T, int H, int P, int N, int chunk,
+                                              float *states)
 {
     MT_CUDA_BIND(be);
     if (B * H == 0 || T == 0) return;
-    const struct ssd_dims d = ssd_dims_make(B, T, H, P, N, chunk > 0 ? chunk : 1);   /* (chunk <= 0: not used) */
-    if (!scan_tc_pick(d, chunk)) {
+    struct ssd_dims d = ssd_dims_make(B, T, H, P, N, chunk > 0 ? chunk : 1);   /* (chunk <= 0: not used) */
+    const int tc = scan_tc_pick(d, chunk);
+    if (!scan_ldx_ok(tc, ldx, H, P)) return;
+    if (!tc) {
         mt_cuda_ssm_scan_forward(be, y, x, Bm, Cm, dt, lam, A, Dsk, B, T, H, P, N, chunk);
         return;
     }
+    d.xs = ldx;
     ssd_forward(y, x, Bm, Cm, dt, lam, A, Dsk, d, 1, states);
 }
 
 extern "C" void mt_cuda_ssm_scan_backward_bf16(void *be, float *dx, float *dBm, float *dCm, float *ddt, float *dlam,
-                                               float *dA, float *dDsk, const float *dy, const float *x,
+                                               float *dA, float *dDsk, const float *dy, const float *x, int ldx,
                                                const float *Bm, const float *Cm, const float *dt, const float *lam,
                                                const float *A, const float *Dsk, int B, int T, int H, int P, int N,
                                                int chunk, const float *states)
 {
     MT_CUDA_BIND(be);
     if (B * H == 0 || T == 0) return;
-    const struct ssd_dims d = ssd_dims_make(B, T, H, P, N, chunk > 0 ? chunk : 1);   /* (chunk <= 0: not used) */
-    if (!scan_tc_pick(d, chunk)) {
+    struct ssd_dims d = ssd_dims_make(B, T, H, P, N, chunk > 0 ? chunk : 1);   /* (chunk <= 0: not used) */
+    const int tc = scan_tc_pick(d, chunk);
+    if (!scan_ldx_ok(tc, ldx, H, P)) return;
+    if (!tc) {
         mt_cuda_ssm_scan_backward(be, dx, dBm, dCm, ddt, dlam, dA, dDsk, dy, x, Bm, Cm, dt, lam, A, Dsk, B, T, H, P,
                                   N, chunk);
         return;
     }
+    d.xs = ldx;
     ssd_backward(dx, dBm, dCm, ddt, dlam, dA, dDsk, dy, x, Bm, Cm, dt, lam, A, Dsk, d, 1, states);
 }
 
@@ -1570,7 +1586,8 @@ static __global__ void prep_rows_k(float *x, float *Bh, float *Ch, float *dt, fl
     }
     __syncthreads();
     for (int pg = tid; pg < 2 * G; pg += nt) rstd[n * 2 * G + pg] = rs[pg];
-    for (int e = tid; e < E; e += nt) x[n * E + e] = row[E + e];
+    if (x)   /* NULL: the bf16 scan reads xs in proj (ldx) */
+        for (int e = tid; e < E; e += nt) x[n * E + e] = row[E + e];
     for (int h = tid; h < H; h += nt) {
         size_t r = n * H + h;
         dt[r] = softplus_d(row[odt + h] + dt_bias[h]);
@@ -1658,7 +1675,8 @@ static __global__ void prep_bwd_row_k(float *dproj, float *du_slots, float *part
         const int first = n == n0;
         const float *row = proj + n * W;
         float *drow = dproj + n * W;
-        for (int e = tid; e < E; e += nt) drow[E + e] = dx[n * E + e];
+        if (dx)   /* NULL: the bf16 scan wrote dx into these columns (ldx) */
+            for (int e = tid; e < E; e += nt) drow[E + e] = dx[n * E + e];
         for (int h = tid; h < H; h += nt) {
             size_t r = n * H + h;
             drow[odt + h] = ddt[r] * sigmoid_d(row[odt + h] + dt_bias[h]);
