@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""ops_handle.py [--root DIR] [--dry-run] — give every ops-table entry the
+"""ops_handle.py [--root DIR] [--dry-run | --apply] — give every ops-table entry the
 backend instance as its first argument (issue 19 item 4; docs/cuda.md, "The
 backend handle").
 
@@ -279,8 +279,12 @@ def rules(root, dry):
 def main():
     ap = argparse.ArgumentParser(description="pass the backend instance to every ops-table entry")
     ap.add_argument("--root", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    ap.add_argument("--dry-run", action="store_true", help="report counts, write nothing")
+    ap.add_argument("--dry-run", action="store_true", help="report counts, write nothing (the default)")
+    ap.add_argument("--apply", action="store_true",
+                    help="write the rewrite (applied once already: a rerun on today's tree mangles comments "
+                         "that mention a backend function, e.g. 'acc[N][4] = 0 (mt_cuda_be, N ...')")
     a = ap.parse_args()
+    a.dry_run = a.dry_run or not a.apply   # writing takes --apply
     root = os.path.abspath(a.root)
     names, nh = header(root, a.dry_run)
     nc = calls(root, names, a.dry_run)
