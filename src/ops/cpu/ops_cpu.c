@@ -235,7 +235,8 @@ static void p_cast_bf16(void *be, mt_bf16 *dst, const float *src, size_t n) {
 static void p_cast_bf16_multi(void *be, mt_bf16 *const *dst, const float *const *src, const size_t *n, int count)
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
-    PROF(MT_OPK_ELEMENTWISE, for (int i = 0; i < count; i++) mt_cpu_cast_bf16(dst[i], src[i], n[i]));
+    /* optimizer: its one caller refreshes the weights' shadows (model.c), as the plan counts it */
+    PROF(MT_OPK_OPTIMIZER, for (int i = 0; i < count; i++) mt_cpu_cast_bf16(dst[i], src[i], n[i]));
 }
 static void p_widen_bf16(void *be, float *dst, const mt_bf16 *src, size_t n)
 {
@@ -450,7 +451,7 @@ static double cpu_sumsq_multi(const float *const *x, const size_t *n, int count)
 static double p_sumsq_multi(void *be, const float *const *x, const size_t *n, int count)
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
-    PROF_RET(MT_OPK_ELEMENTWISE, double, cpu_sumsq_multi(x, n, count));
+    PROF_RET(MT_OPK_OPTIMIZER, double, cpu_sumsq_multi(x, n, count));   /* the gradient norm's (zero.c) */
 }
 static void cpu_normalize_fro(float *x, size_t n, double eps)
 {

@@ -345,11 +345,11 @@ static struct mt_ops_i cuda_ops = {
     /* .xent_fused_bf16            = */ .xent_fused_bf16            = PROF(MT_OPK_XENT, mt_cuda_xent_fused_bf16),
     /* .xent_fused_bf16_logits     = */ .xent_fused_bf16_logits     = PROF(MT_OPK_XENT, mt_cuda_xent_fused_bf16_logits),
     /* step synchronisation (issue 27 item 3) */
-    /* .sumsq_multi                = */ .sumsq_multi                = PROF(MT_OPK_ELEMENTWISE, mt_cuda_sumsq_multi),
+    /* .sumsq_multi                = */ .sumsq_multi                = PROF(MT_OPK_OPTIMIZER, mt_cuda_sumsq_multi),
     /* .normalize_fro              = */ .normalize_fro              = PROF(MT_OPK_ELEMENTWISE, mt_cuda_normalize_fro),
     /* .adamw_multi                = */ .adamw_multi                = PROF(MT_OPK_OPTIMIZER, mt_cuda_adamw_multi),
     /* .nonfinite_mark             = */ .nonfinite_mark             = PROF(MT_OPK_ELEMENTWISE, mt_cuda_nonfinite_mark),
-    /* .cast_bf16_multi            = */ .cast_bf16_multi            = PROF(MT_OPK_ELEMENTWISE, mt_cuda_cast_bf16_multi),
+    /* .cast_bf16_multi            = */ .cast_bf16_multi            = PROF(MT_OPK_OPTIMIZER, mt_cuda_cast_bf16_multi),
     /* backend facts (issue 30 item 6): device memory, the instance's queries */
     /* .host_memory                = */ .host_memory                = 0,
     /* .status                     = */ .status                     = mt_ops_cuda_status_of,
