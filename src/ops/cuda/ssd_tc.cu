@@ -3,10 +3,12 @@
  * cores, for precision=bf16 (mt_ops.h ssm_scan_forward_bf16 / _backward_bf16;
  * docs/cuda.md "The Mamba-3 scan on tensor cores"). ssm.cu keeps everything
  * else of the chunked form (the cumulative decay, the states' passes
- * between chunks, the scalar gradients, the scatter) in fp32 and
- * calls these in place of its fp32 product kernels: each writes exactly what
- * the fp32 kernel it replaces writes (ssm.cu steps 2, 4, 5, 7, 8), with bf16
- * operands and fp32 accumulation.
+ * between chunks, the scalar gradients) in fp32 and calls these in place of
+ * its fp32 product kernels (ssm.cu steps 2, 4, 5, 7, 8), with bf16 operands
+ * and fp32 accumulation. Each writes what the fp32 kernel it replaces
+ * writes, except in the backward: dLE's column sums instead of dLE (7), and
+ * dx, dB as token rows (8a, 8b with step 10's scatter) instead of per-source
+ * rows.
  *
  * Rounding points (nearest even; every other value fp32):
  *   x, B, C, dy and the states S_in, dS_out when they enter a product;
@@ -19,8 +21,8 @@
  * row / column sum (rs, qj, inter) are fp32 from the fp32 accumulators.
  *
  * HOW IT WORKS. One block of 4 warps per (b, h, chunk, tile of 64 rows);
- * the rows are query rows (forward, 7, 8c), sources (8a, 8b) or state rows
- * p (2, 5), 16 per warp.
+ * the rows are query rows (forward, 7, 8c), tokens (8a, 8b: a token's two
+ * sources) or state rows p (2, 5), 16 per warp.
  * A block first stages what its products read into shared memory as bf16
  * (rows padded by 8 elements: ldmatrix's 8 row addresses land in 8
  * different bank groups), then every warp runs its strip on its own:

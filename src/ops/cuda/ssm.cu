@@ -532,7 +532,10 @@ static void ssd_forward(float *y, const float *x, const float *Bm, const float *
  *  10. ssd_scatter_k dx_t = dXc(own) + dXc(beta source of t+1) + D dy_t; dB alike
  *  11. ssd_reduce_k  dA, dD += the partials, per head over (b, chunk) in order
  * Workspace: cum, S_in, dS_out, M, dG, dLE (q x 2q per chunk), dXc, dBc and
- * the per-row / per-source scalars (ssd_bwd_floats). */
+ * the per-row / per-source scalars (ssd_backward). On tensor cores (tc,
+ * ssd_tc.cu): 7 writes dLE's column sums instead of dLE, 8 and 10 become
+ * ssd_tc_tok_k (dx, dB as token rows) + ssd_tc_edge_k, so the workspace holds
+ * no dLE, dXc or dBc (and no S_in when the forward kept the states). */
 
 /* 5. dSo[ci] = sum_i (exp(cum_i) dY_i) C_i^T for chunks c >= 1, i ascending
  * (grid x: (b, h, c-1), y: 64 x 64 tiles of (p, n); 256 threads; as step 2) */
