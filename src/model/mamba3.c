@@ -180,12 +180,9 @@ void mt_mamba3_ssm_forward(const struct mt_ops_i *ops, struct mt_mamba3_acts *a,
     ops->ssm_prep_forward(ops->be, in_proj ? NULL : a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, a->rstd_bc, NULL,
                           a->proj, w->dt_bias, w->A_log, w->gB, w->gC, w->B_bias, w->C_bias, B, T, d->H, d->P, d->G,
                           d->N, d->eps_bc);
-    if (in_proj)
-        ops->ssm_scan_forward_bf16(ops->be, a->ys, a->proj + E, W, a->Bh, a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T,
-                                   d->H, d->P, d->N, d->chunk, a->states);
-    else if (scan_bf16(ops, d))
-        ops->ssm_scan_forward_bf16(ops->be, a->ys, a->x, E, a->Bh, a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H,
-                                   d->P, d->N, d->chunk, a->states);
+    if (scan_bf16(ops, d))   /* x: proj's xs columns (row stride W), or the prep's copy */
+        ops->ssm_scan_forward_bf16(ops->be, a->ys, in_proj ? a->proj + E : a->x, in_proj ? W : E, a->Bh, a->Ch, a->dt,
+                                   a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk, a->states);
     else
         ops->ssm_scan_forward(ops->be, a->ys, a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N,
                               d->chunk);
@@ -223,14 +220,10 @@ void mt_mamba3_ssm_backward(const struct mt_ops_i *ops, struct mt_mamba3_weights
     const int E = d->H * d->P, W = mt_mamba3_in_width(d), in_proj = scan_in_proj(ops, d, B, T);
     /* term 3 */
     ops->fill(ops->be, s->dA, 0.0f, (size_t)d->H);
-    if (in_proj)   /* x from proj, dx into dproj's xs columns; the forward's chunk states */
-        ops->ssm_scan_backward_bf16(ops->be, s->dproj + E, s->dBh, s->dCh, s->ddt, s->dlam, s->dA, g->Dsk, s->dys,
-                                    a->proj + E, W, a->Bh, a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N,
-                                    d->chunk, a->states);
-    else if (scan_bf16(ops, d))
-        ops->ssm_scan_backward_bf16(ops->be, s->dx, s->dBh, s->dCh, s->ddt, s->dlam, s->dA, g->Dsk, s->dys, a->x, E,
-                                    a->Bh, a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk,
-                                    a->states);
+    if (scan_bf16(ops, d))   /* in_proj: x from proj, dx into dproj's xs columns; the forward's chunk states */
+        ops->ssm_scan_backward_bf16(ops->be, in_proj ? s->dproj + E : s->dx, s->dBh, s->dCh, s->ddt, s->dlam, s->dA,
+                                    g->Dsk, s->dys, in_proj ? a->proj + E : a->x, in_proj ? W : E, a->Bh, a->Ch, a->dt,
+                                    a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk, a->states);
     else
         ops->ssm_scan_backward(ops->be, s->dx, s->dBh, s->dCh, s->ddt, s->dlam, s->dA, g->Dsk, s->dys, a->x, a->Bh,
                                a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk);

@@ -963,8 +963,8 @@ static size_t ssd_dc_smem(struct ssd_dims d, unsigned nt)
 
 /* 9. one block per (b, h, c): dw_j, dcum_i, da = reverse scan of dcum in the
  * chunk, ddt and dlam (=), and the chunk's dA, dD partials (double) */
-/* dcs (tensor cores: dLE's column sums per 16-row strip, ssd_tc.cu) or NULL:
- * dLE itself. colsum_j = sum_i dLE[i,j] (dLE is 0 for i < s(j)) */
+/* colsum_j = sum_i dLE[i,j] (dLE is 0 for i < s(j)): from dLE's rows, or
+ * (cs, tensor cores) from its column sums per 16-row strip, in strip order */
 static __device__ __forceinline__ float ssd_colsum(const float *dL, const float *cs, int j, int q, int sj, size_t Q2)
 {
     float a = 0.0f;
@@ -975,25 +975,29 @@ static __device__ __forceinline__ float ssd_colsum(const float *dL, const float 
     return a;
 }
 
-static __global__ void ssd_scal_k(float *ddt, float *dlam, double *part, const float *dLE, const float *dcs, const float *rs,
+/* dLE: the chunks' dLE (B H nc, Q, 2Q), or with colsums (tensor cores,
+ * ssd_tc.cu) its strip column sums (B H nc, SSD_TC_STRIPS(Q), 2Q) */
+static __global__ void ssd_scal_k(float *ddt, float *dlam, double *part, const float *dLE, int colsums, const float *rs,
                                   const float *qj, const float *inter, const float *Sst, const float *dSo,
                                   const float *cum, const float *dy, const float *x, const float *dt,
                                   const float *lam, const float *A, struct ssd_dims d)
 {
-    MT_DYN_SMEM(double, dred);   /* blockDim doubles, then dcum (Q), dw (2Q), tot (blockDim), ys, xs (Q x KP) floats */
-    float *dcum = (float *)(dred + blockDim.x), *dw = dcum + d.Q, *tot = dw + 2 * d.Q;
+    MT_DYN_SMEM(double, dred);   /* blockDim doubles, then dcum (Q), dw, csum (2Q each), tot (blockDim), ys, xs (Q x KP) floats */
+    float *dcum = (float *)(dred + blockDim.x), *dw = dcum + d.Q, *csum = dw + 2 * d.Q, *tot = csum + 2 * d.Q;
     float *ys = tot + blockDim.x, *xs = ys + d.Q * SSD_KP;
     int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H, nt = (int)blockDim.x;
     int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q, has_next = c + 1 < d.nc;
     const size_t xld = (size_t)d.H * d.P, PN = (size_t)d.P * d.N, ob = (size_t)b * d.T, Q2 = 2 * (size_t)d.Q;
     const float *cm = cum + (size_t)bh * d.T + t0, Ah = A[h];
-    const float *dL = dcs ? NULL : dLE + (size_t)ci * d.Q * Q2;
-    const float *cs = dcs ? dcs + (size_t)ci * SSD_TC_STRIPS(d.Q) * Q2 : NULL;
+    const float *dL = colsums ? NULL : dLE + (size_t)ci * d.Q * Q2;
+    const float *cs = colsums ? dLE + (size_t)ci * SSD_TC_STRIPS(d.Q) * Q2 : NULL;
     const float *qc = qj + (size_t)ci * Q2;
-    /* dw_j = sum_{i >= s(j)} dLE[i,j] (+ q_j E[q-1, s(j)] through S_out) */
+    /* dw_j = sum_{i >= s(j)} dLE[i,j] (+ q_j E[q-1, s(j)] through S_out); the column
+     * sums kept for dcum below (read after block_sum's barriers) */
     for (int j = (int)threadIdx.x; j < 2 * q; j += nt) {
         int sj = j < q ? j : j - q;
         float a = ssd_colsum(dL, cs, j, q, sj, Q2);
+        csum[j] = a;
         if (has_next) a += qc[j] * expf(cm[q - 1] - cm[sj]);
         dw[j] = a;
     }
@@ -1013,8 +1017,8 @@ static __global__ void ssd_scal_k(float *ddt, float *dlam, double *part, const f
     for (int i = (int)threadIdx.x; i < q; i += nt) {
         size_t r = (ob + t0 + i) * d.H + h;
         float w0 = ssd_w(1, dt, lam, Ah, r, t0 + i), w1 = ssd_w(0, dt, lam, Ah, r, t0 + i), col = 0.0f;
-        if (cs) col = w0 * ssd_colsum(dL, cs, i, q, i, Q2) + w1 * ssd_colsum(dL, cs, q + i, q, i, Q2);
-        else
+        if (cs) col = w0 * csum[i] + w1 * csum[q + i];
+        else   /* dLE itself: the products summed row by row (the fp32 path) */
             for (int k = i; k < q; k++) col += w0 * dL[(size_t)k * Q2 + i] + w1 * dL[(size_t)k * Q2 + q + i];
         float v = rs[(size_t)ci * d.Q + i] - col;
         if (has_next) {
@@ -1164,8 +1168,8 @@ static void ssd_backward(float *dx, float *dBm, float *dCm, float *ddt, float *d
         MT_CUDA_KCHECK();
     }
     unsigned ts = SSD_SCAN_THREADS;
-    MT_LAUNCH(ssd_scal_k, (unsigned)nch, ts, ts * sizeof(double) + (3 * (size_t)d.Q + ts + 2 * (size_t)d.Q * SSD_KP) * sizeof(float))(
-        ddt, dlam, part, dLE, tc ? dLE : NULL, rs, qj, inter, Sst, dSo, cum, dy, x, dt, lam, A, d);
+    MT_LAUNCH(ssd_scal_k, (unsigned)nch, ts, ts * sizeof(double) + (5 * (size_t)d.Q + ts + 2 * (size_t)d.Q * SSD_KP) * sizeof(float))(
+        ddt, dlam, part, dLE, tc, rs, qj, inter, Sst, dSo, cum, dy, x, dt, lam, A, d);
     MT_CUDA_KCHECK();
     if (!tc) {   /* (tensor cores: dx, dBm written above) */
         MT_LAUNCH(ssd_scatter_k, (unsigned)((size_t)d.B * d.T * d.H), pow2_threads(d.P + d.N, 256), 0)(dx, dBm, dXc,
@@ -1748,6 +1752,14 @@ static __global__ void colsum_final_k(float *out, const float *part, int nrb, in
     out[col] += acc;
 }
 
+/* out (ncol) += the nrb partial rows at part, ld apart, in order (pass 2 alone:
+ * for kernels that sum their own rows as they go) */
+static void colsum_blocks(float *out, const float *part, int nrb, int ncol, size_t ld)
+{
+    MT_LAUNCH(colsum_final_k, (unsigned)((ncol + 127) / 128), 128, 0)(out, part, nrb, ncol, ld);
+    MT_CUDA_KCHECK();
+}
+
 /* out (ncol) += sum over R rows of X (row stride ld); part: ceil(R/COL_RB)*ncol floats */
 static void colsum(float *out, float *part, const float *X, size_t ld, int R, int ncol)
 {
@@ -1755,8 +1767,7 @@ static void colsum(float *out, float *part, const float *X, size_t ld, int R, in
     if (nrb == 0 || ncol == 0) return;
     MT_LAUNCH(colsum_part_k, dim3((unsigned)((ncol + 127) / 128), (unsigned)nrb), 128, 0)(part, X, ld, R, ncol);
     MT_CUDA_KCHECK();
-    MT_LAUNCH(colsum_final_k, (unsigned)((ncol + 127) / 128), 128, 0)(out, part, nrb, ncol, (size_t)ncol);
-    MT_CUDA_KCHECK();
+    colsum_blocks(out, part, nrb, ncol, (size_t)ncol);
 }
 
 static __global__ void prep_bwd_alog_k(float *dA_log, const float *dA, const float *A, int H)
@@ -1797,15 +1808,10 @@ extern "C" void mt_cuda_ssm_prep_backward(void *be, float *dproj, float *ddt_bia
     if (half > 0) ang_scan(dproj + oth, W, half, dproj + oth, W, half, NULL, B, T, H, half, 1);
     colsum(ddt_bias, part, dproj + odt, W, nrow, H);
     /* the blocks' partial rows, in block order */
-    const unsigned gu = (unsigned)((HN + 127) / 128), gg = (unsigned)((N + 127) / 128);
-    MT_LAUNCH(colsum_final_k, gu, 128, 0)(dB_bias, pu, (int)nblk, (int)HN, 2 * HN);
-    MT_CUDA_KCHECK();
-    MT_LAUNCH(colsum_final_k, gu, 128, 0)(dC_bias, pu + HN, (int)nblk, (int)HN, 2 * HN);
-    MT_CUDA_KCHECK();
-    MT_LAUNCH(colsum_final_k, gg, 128, 0)(dgB, pgs, (int)nblk, N, 2 * (size_t)N);
-    MT_CUDA_KCHECK();
-    MT_LAUNCH(colsum_final_k, gg, 128, 0)(dgC, pgs + N, (int)nblk, N, 2 * (size_t)N);
-    MT_CUDA_KCHECK();
+    colsum_blocks(dB_bias, pu, (int)nblk, (int)HN, 2 * HN);
+    colsum_blocks(dC_bias, pu + HN, (int)nblk, (int)HN, 2 * HN);
+    colsum_blocks(dgB, pgs, (int)nblk, N, 2 * (size_t)N);
+    colsum_blocks(dgC, pgs + N, (int)nblk, N, 2 * (size_t)N);
 }
 
 /* ---------------- gated grouped RMSNorm ----------------
@@ -1908,8 +1914,7 @@ extern "C" void mt_cuda_ssm_gate_norm_backward(void *be, float *dy, float *dz, f
     MT_LAUNCH(gate_bwd_k, dim3((unsigned)nrb, (unsigned)G), t, t * sizeof(double))(dy, dz, part, dout, y, z, ldz, w,
                                                                                  rstd, n, E, G);
     MT_CUDA_KCHECK();
-    MT_LAUNCH(colsum_final_k, (unsigned)((E + 127) / 128), 128, 0)(dw, part, nrb, E, (size_t)E);
-    MT_CUDA_KCHECK();
+    colsum_blocks(dw, part, nrb, E, (size_t)E);
 }
 
 /* ---------------- the gated norm over groups that span ranks ----------------
@@ -2038,8 +2043,7 @@ extern "C" void mt_cuda_ssm_gate_norm_backward_ext(void *be, float *dy, float *d
     MT_LAUNCH(gate_dw_part_ext_k, dim3((unsigned)((E + 127) / 128), (unsigned)nrb), 128, 0)(part, dout, y, z, ldz,
                                                                                            rstd, n, E, c0, cg, ng);
     MT_CUDA_KCHECK();
-    MT_LAUNCH(colsum_final_k, (unsigned)((E + 127) / 128), 128, 0)(dw, part, nrb, E, (size_t)E);
-    MT_CUDA_KCHECK();
+    colsum_blocks(dw, part, nrb, E, (size_t)E);
 }
 
 /* ---------------- one decoding step ---------------- */
