@@ -972,6 +972,45 @@ static void bench(int only)
  * chunks, T not a multiple of the chunk, and a shape of several 64-row
  * tiles, 64-column passes and source tiles per chunk (P 72, N 80, chunk
  * 128 over T 200: chunks of 128 + 72) */
+/* ldx != H P where the chunked products do not run on tensor cores (chunk 0
+ * here: the recurrence) is refused: MT_ERR_UNSUPPORTED in the backend's
+ * status, naming ldx, and y, dx not written (mt_ops.h). The status is sticky,
+ * so this runs last */
+static void test_bf16_ldx_refused(void)
+{
+    if (!g_ops->status) return;
+    struct inputs in;
+    make_inputs(&in, 1, 20, 2, 4, 6);
+    struct dev d;
+    upload(&d, &in);
+    const int E = 2 * 4, ld = E + 1;
+    const size_t n = nx(&in), wide = (size_t)20 * ld;
+    float *sent = falloc(wide);
+    for (size_t i = 0; i < wide; i++) sent[i] = 7.0f;
+    float *xw = dev_zero(wide), *y = dev_zero(n), *dxw = dev_zero(wide);
+    float *g[6];
+    for (int k = 0; k < 6; k++) g[k] = dev_zero(n);
+    g_ops->copy_from_host(g_ops->be, xw, sent, wide * sizeof(float));
+    g_ops->copy_from_host(g_ops->be, y, sent, n * sizeof(float));
+    g_ops->copy_from_host(g_ops->be, dxw, sent, wide * sizeof(float));
+    g_ops->ssm_scan_forward_bf16(g_ops->be, y, xw, ld, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL);
+    g_ops->ssm_scan_backward_bf16(g_ops->be, dxw, g[0], g[1], g[2], g[3], g[4], g[5], d.R, xw, ld, d.Bm, d.Cm, d.dt,
+                                  d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL);
+    char msg[256] = "";
+    const enum mt_status st = g_ops->status(g_ops->be, msg, sizeof msg);
+    float *yh = to_host(y, n), *dh = to_host(dxw, wide);
+    int kept = memcmp(yh, sent, n * sizeof(float)) == 0 && memcmp(dh, sent, wide * sizeof(float)) == 0;
+    const int ok = st == MT_ERR_UNSUPPORTED && strstr(msg, "ldx") != NULL && kept;
+    check(ok, "scan_*_bf16 ldx != H*P off the tensor cores: refused, named, nothing written", "T=20 chunk=0",
+          ok ? 0.0 : 1.0, 0);
+    if (!ok) printf("     status %d \"%s\", outputs kept %d\n", (int)st, msg, kept);
+    free(yh); free(dh); free(sent);
+    float *all[] = {xw, y, dxw, g[0], g[1], g[2], g[3], g[4], g[5]};
+    for (size_t k = 0; k < sizeof(all) / sizeof(all[0]); k++) g_ops->buf_free(g_ops->be, &g_ctx, all[k]);
+    release(&d);
+    free_inputs(&in);
+}
+
 static void bf16_cases(void)
 {
     if (g_ops->ssm_scan_forward_bf16 && g_ops->ssm_scan_backward_bf16) {
@@ -1000,6 +1039,7 @@ static void bf16_cases(void)
         g_ops->buf_free(g_ops->be, &g_ctx, y); g_ops->buf_free(g_ops->be, &g_ctx, y2);
         release(&d);
         free_inputs(&in);
+        test_bf16_ldx_refused();   /* last: it leaves the backend's sticky error set */
     } else if (strcmp(g_ops->name, "cpu") != 0) {
         printf("FAIL %s backend has no ssm_scan_*_bf16 entries\n", g_ops->name);
         n_fail++;
