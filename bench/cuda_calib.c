@@ -351,7 +351,7 @@ static void scan_fn(const void *arg)
     else if (c->bf16)
         g_ops->ssm_scan_backward_bf16(g_ops->be, c->dx, c->dBm, c->dCm, c->ddt, c->dlam, c->dA, c->dDsk, c->dy, c->x,
                                       s->h * s->p, c->Bm, c->Cm, c->dt, c->lam, c->A, c->Dsk, s->b, s->t, s->h, s->p, s->n, s->q,
-                                      c->states);
+                                      c->states, NULL);
     else
         g_ops->ssm_scan_backward(g_ops->be, c->dx, c->dBm, c->dCm, c->ddt, c->dlam, c->dA, c->dDsk, c->dy, c->x,
                                  c->Bm, c->Cm, c->dt, c->lam, c->A, c->Dsk, s->b, s->t, s->h, s->p, s->n, s->q);

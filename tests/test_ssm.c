@@ -316,6 +316,78 @@ static double bound_ratio(const float *a, const double *ref, const double *abs_,
     return w;
 }
 
+static uint16_t ref_bf16(float x);
+
+/* a bf16 device buffer of n elements, every one the bits `fill` */
+static mt_bf16 *dev_bf16(size_t n, uint16_t fill)
+{
+    uint16_t *h = malloc((n ? n : 1) * sizeof(uint16_t));
+    mt_bf16 *d = g_ops->buf_alloc(g_ops->be, &g_ctx, (n ? n : 1) * sizeof(mt_bf16), MT_BUCKET_OTHER);
+    if (!h || !d) { fprintf(stderr, "test_ssm: out of memory\n"); exit(1); }
+    for (size_t i = 0; i < n; i++) h[i] = fill;
+    g_ops->copy_from_host(g_ops->be, d, h, n * sizeof(uint16_t));
+    free(h);
+    return d;
+}
+
+static uint16_t *bf16_to_host(const mt_bf16 *d, size_t n)
+{
+    uint16_t *h = malloc((n ? n : 1) * sizeof(uint16_t));
+    if (!h) { fprintf(stderr, "test_ssm: out of memory\n"); exit(1); }
+    g_ops->sync(g_ops->be);
+    g_ops->copy_to_host(g_ops->be, h, d, n * sizeof(uint16_t));
+    return h;
+}
+
+#define BF16_SENTINEL 0x4321u
+
+/* dx_b (the mixer's dproj as bf16, mt_ops.h): dx written as bf16 in wide rows
+ * (ldx) is bf16 of the contiguous run's fp32 dx (g1[0]), bit for bit (the
+ * rows a chunk edge joins included), the rows' other columns untouched, every
+ * other gradient the bits of the run without dx_b */
+static void test_bf16_dxb(const struct inputs *in, int chunk, const struct dev *d, float *const g1[7], int small)
+{
+    char tag[64];
+    snprintf(tag, sizeof tag, "T=%d P=%d N=%d chunk=%d", in->T, in->P, in->N, chunk);
+    const int H = in->H, E = H * in->P, off = small ? 1 : 2, ld = off + E + 3;
+    const size_t n = (size_t)in->B * in->T, wide = n * (size_t)ld;
+    mt_bf16 *bw = dev_bf16(wide, BF16_SENTINEL);
+    size_t len[] = {nx(in), nb(in), nb(in), nd(in), nd(in), (size_t)H, (size_t)H};
+    float *g[7];
+    for (int k = 1; k < 7; k++) g[k] = dev_zero(len[k]);
+    g_ops->fill(g_ops->be, g[5], 0.0f, (size_t)H);
+    g_ops->fill(g_ops->be, g[6], 0.0f, (size_t)H);
+    /* x in the same wide layout: the contiguous x copied into wide fp32 rows */
+    float *xc = to_host(d->x, nx(in)), *hw = falloc(wide);
+    for (size_t r = 0; r < n; r++) memcpy(hw + r * ld + off, xc + r * E, (size_t)E * sizeof(float));
+    float *xw = dev_zero(wide);
+    g_ops->copy_from_host(g_ops->be, xw, hw, wide * sizeof(float));
+    g_ops->ssm_scan_backward_bf16(g_ops->be, NULL, g[1], g[2], g[3], g[4], g[5], g[6], d->R, xw + off, ld, d->Bm,
+                                  d->Cm, d->dt, d->lam, d->A, d->D, in->B, in->T, H, in->P, in->N, chunk, NULL,
+                                  bw + off);
+    uint16_t *bh = bf16_to_host(bw, wide);
+    float *d1 = to_host(g1[0], nx(in));
+    size_t bad = 0, touched = 0;
+    for (size_t r = 0; r < n; r++)
+        for (int c = 0; c < ld; c++) {
+            if (c >= off && c < off + E) bad += bh[r * ld + c] != ref_bf16(d1[r * E + (c - off)]);
+            else touched += bh[r * ld + c] != BF16_SENTINEL;
+        }
+    int same = 1;
+    for (int k = 1; k < 7; k++) {
+        float *a = to_host(g[k], len[k]), *b = to_host(g1[k], len[k]);
+        same &= memcmp(a, b, len[k] * sizeof(float)) == 0;
+        free(a); free(b);
+        g_ops->buf_free(g_ops->be, &g_ctx, g[k]);
+    }
+    check(bad == 0, "scan_backward_bf16 dx_b = bf16(dx) (bits)", tag, (double)bad, 0);
+    check(touched == 0 && same, "scan_backward_bf16 dx_b: other columns, other gradients as without", tag,
+          (double)touched + !same, 0);
+    free(bh); free(d1); free(xc); free(hw);
+    g_ops->buf_free(g_ops->be, &g_ctx, bw);
+    g_ops->buf_free(g_ops->be, &g_ctx, xw);
+}
+
 /* x and dx inside wider rows (ldx > H P: the mixer passes proj's and dproj's
  * xs columns, ldx = W): y and every gradient the bits of the contiguous run
  * (y1, g1: its outputs), and the wide dx's other columns untouched. Offset 1
@@ -343,7 +415,7 @@ static void test_bf16_ldx(const struct inputs *in, int chunk, const struct dev *
     g_ops->ssm_scan_forward_bf16(g_ops->be, y, xw + off, ld, d->Bm, d->Cm, d->dt, d->lam, d->A, d->D, in->B, in->T, H,
                                  in->P, in->N, chunk, NULL);
     g_ops->ssm_scan_backward_bf16(g_ops->be, g[0], g[1], g[2], g[3], g[4], g[5], g[6], d->R, xw + off, ld, d->Bm,
-                                  d->Cm, d->dt, d->lam, d->A, d->D, in->B, in->T, H, in->P, in->N, chunk, NULL);
+                                  d->Cm, d->dt, d->lam, d->A, d->D, in->B, in->T, H, in->P, in->N, chunk, NULL, NULL);
     float *a = to_host(y, nx(in)), *b = to_host(y1, nx(in));
     int same = memcmp(a, b, nx(in) * sizeof(float)) == 0, kept = 1;
     free(a); free(b);
@@ -409,7 +481,7 @@ static void test_bf16(struct inputs *in, int chunk, int with_fd)
         g_ops->fill(g_ops->be, o[0], 1e3f, nx(in));   /* overwritten outputs: garbage in */
         g_ops->ssm_scan_backward_bf16(g_ops->be, o[0], o[1], o[2], o[3], o[4], o[5], o[6], d.R, d.x, H * in->P, d.Bm,
                                       d.Cm, d.dt, d.lam, d.A, d.D, in->B, in->T, H, in->P, in->N, chunk,
-                                      run ? st : NULL);
+                                      run ? st : NULL, NULL);
     }
     float *one[] = {dx, dB, dC, ddt, dlam, dA, dD};
     same = 1;
@@ -422,6 +494,7 @@ static void test_bf16(struct inputs *in, int chunk, int with_fd)
     check(same, "scan_backward_bf16 deterministic, and on the kept states = recomputed", tag, same ? 0.0 : 1.0, 0);
     if (st) g_ops->buf_free(g_ops->be, &g_ctx, st);
     if (nst) test_bf16_ldx(in, chunk, &d, y, (float *const[]){dx, dB, dC, ddt, dlam, dA, dD}, with_fd);
+    if (nst) test_bf16_dxb(in, chunk, &d, (float *const[]){dx, dB, dC, ddt, dlam, dA, dD}, with_fd);
     if (with_fd) {
         struct { const char *name; float *dev; double *v, *va; size_t n; int normwise; } g[] = {
             {"dx", dx, in->x, ab.x, nx(in), 0}, {"dB", dB, in->Bm, ab.Bm, nb(in), 0},
@@ -597,6 +670,72 @@ static void test_prep_null(int B, int T, int H, int P, int G, int N)
     }
     float *all[] = {proj, vH, vN, vHN};
     for (size_t k = 0; k < 4; k++) ops->buf_free(ops->be, &g_ctx, all[k]);
+    free(hp); free(hv); free(hg);
+}
+
+/* ssm_prep_backward_bf16 (precision=bf16's dproj as bf16, mt_ops.h): every
+ * column ssm_prep_backward writes (xs's too with dx given) is bf16 of its fp32
+ * value, bit for bit, in dproj_b; the columns it does not write (z; xs with
+ * dx NULL) untouched; the parameter gradients the same bits */
+static void test_prep_bf16(int B, int T, int H, int P, int G, int N)
+{
+    const struct mt_ops_i *ops = g_ops;
+    const int n = B * T, E = H * P, W = 2 * E + 2 * G * N + H + H * N / 2 + H;
+    const size_t nx_ = (size_t)n * E, nb_ = (size_t)n * H * N, nd_ = (size_t)n * H, nw = (size_t)n * W;
+    const size_t ng = (nx_ > nb_ ? nx_ : nb_) + (size_t)n * 2 * G;
+    float *hp = host_rand(nw, 0.0f, 1.0f), *hv = host_rand((size_t)H * N, 1.0f, 0.3f), *hg = host_rand(ng, 0.0f, 1.0f);
+    float *proj = up(ops, hp, nw), *vH = up(ops, hv, H), *vN = up(ops, hv, N), *vHN = up(ops, hv, (size_t)H * N);
+    float *Bh = up(ops, hg, nb_), *Ch = up(ops, hg, nb_), *dt = up(ops, hg, nd_), *lam = up(ops, hg + 5, nd_);
+    float *rstd = up(ops, hg, (size_t)n * 2 * G), *A = up(ops, hv, H), *dx = up(ops, hg + 7, nx_);
+    float *gBh = up(ops, hg + 1, nb_), *gCh = up(ops, hg + 2, nb_), *gdt = up(ops, hg + 3, nd_);
+    float *gdl = up(ops, hg + 4, nd_), *gA = up(ops, hv + 1, H);
+    ops->ssm_prep_forward(ops->be, NULL, Bh, Ch, dt, lam, A, rstd, NULL, proj, vH, vH, vN, vN, vHN, vHN, B, T, H, P,
+                          G, N, 1e-5f);
+    for (int withdx = 0; withdx < 2; withdx++) {
+        char tag[64];
+        snprintf(tag, sizeof tag, "%s T=%d dx %s", ops->name, T, withdx ? "given" : "NULL");
+        float *dproj[2], *par[2][6];
+        mt_bf16 *pb = dev_bf16(nw, BF16_SENTINEL);
+        for (int v = 0; v < 2; v++) {   /* v = 1: the bf16 entry */
+            dproj[v] = up(ops, hp, nw);
+            for (int k = 0; k < 6; k++) par[v][k] = up(ops, hv, k < 2 ? (size_t)H : k < 4 ? (size_t)N : (size_t)H * N);
+            if (v)
+                ops->ssm_prep_backward_bf16(ops->be, pb, dproj[v], par[v][0], par[v][1], par[v][2], par[v][3],
+                                            par[v][4], par[v][5], withdx ? dx : NULL, gBh, gCh, gdt, gdl, gA, Bh, Ch,
+                                            lam, A, rstd, proj, vH, vN, vN, B, T, H, P, G, N, 1e-5f);
+            else
+                ops->ssm_prep_backward(ops->be, dproj[v], par[v][0], par[v][1], par[v][2], par[v][3], par[v][4],
+                                       par[v][5], withdx ? dx : NULL, gBh, gCh, gdt, gdl, gA, Bh, Ch, lam, A, rstd,
+                                       proj, vH, vN, vN, B, T, H, P, G, N, 1e-5f);
+        }
+        float *d0 = to_host(dproj[0], nw);
+        uint16_t *hb = bf16_to_host(pb, nw);
+        const int c0 = withdx ? E : 2 * E;
+        size_t bad = 0, touched = 0;
+        for (size_t r = 0; r < (size_t)n; r++)
+            for (int c = 0; c < W; c++) {
+                if (c >= c0) bad += hb[r * W + c] != ref_bf16(d0[r * W + c]);
+                else touched += hb[r * W + c] != BF16_SENTINEL;
+            }
+        int same = 1;
+        for (int k = 0; k < 6; k++) {
+            size_t len = k < 2 ? (size_t)H : k < 4 ? (size_t)N : (size_t)H * N;
+            float *p0 = to_host(par[0][k], len), *p1 = to_host(par[1][k], len);
+            same &= memcmp(p0, p1, len * sizeof(float)) == 0;
+            free(p0); free(p1);
+        }
+        check(bad == 0, "prep backward bf16: dproj_b = bf16(dproj) (bits)", tag, (double)bad, 0);
+        check(touched == 0, "prep backward bf16: the columns it does not write untouched", tag, (double)touched, 0);
+        check(same, "prep backward bf16: parameter gradients' bits", tag, same ? 0.0 : 1.0, 0);
+        free(d0); free(hb);
+        for (int v = 0; v < 2; v++) {
+            for (int k = 0; k < 6; k++) ops->buf_free(ops->be, &g_ctx, par[v][k]);
+            ops->buf_free(ops->be, &g_ctx, dproj[v]);
+        }
+        ops->buf_free(ops->be, &g_ctx, pb);
+    }
+    float *all[] = {proj, vH, vN, vHN, Bh, Ch, dt, lam, rstd, A, dx, gBh, gCh, gdt, gdl, gA};
+    for (size_t k = 0; k < sizeof(all) / sizeof(all[0]); k++) ops->buf_free(ops->be, &g_ctx, all[k]);
     free(hp); free(hv); free(hg);
 }
 
@@ -826,6 +965,37 @@ static void test_gate_bf16(int n, int E, int G)
     check(bad_rstd == 0, "gate norm bf16: rstd = ssm_gate_norm_forward's (bits, out given or NULL)", tag, (double)bad_rstd, 0);
     check(bad_twin == 0, "gate norm bf16: twin = bf16(out), nearest even", tag, (double)bad_twin, 0);
     check(bad_null == 0, "gate norm bf16: out NULL gives the same twin", tag, (double)bad_null, 0);
+    if (ops->ssm_gate_norm_backward_bf16) {
+        /* the backward with dz as bf16 (dproj's z columns, mt_ops.h): dz_b = bf16(dz)
+         * of ssm_gate_norm_backward, the row's other columns untouched; dy, dw its bits */
+        const size_t nz = (size_t)n * ldz;
+        float *dout = host_rand(nE, 0.0f, 1.0f), *dd = up(ops, dout, nE);
+        float *gy[2], *gz = dev_zero(nz), *gw[2];
+        mt_bf16 *zb = dev_bf16(nz, BF16_SENTINEL);
+        for (int v = 0; v < 2; v++) { gy[v] = dev_zero(nE); gw[v] = up(ops, w, E); }
+        ops->ssm_gate_norm_backward(ops->be, gy[0], gz, gw[0], dd, dy, dz, ldz, dw, r0, n, E, G);
+        ops->ssm_gate_norm_backward_bf16(ops->be, gy[1], zb, gw[1], dd, dy, dz, ldz, dw, r0, n, E, G);
+        float *hz = to_host(gz, nz), *y0 = to_host(gy[0], nE), *y1 = to_host(gy[1], nE);
+        float *w0 = to_host(gw[0], E), *w1 = to_host(gw[1], E);
+        uint16_t *hzb = bf16_to_host(zb, nz);
+        size_t bad = 0, touched = 0;
+        for (int i = 0; i < n; i++)
+            for (int c = 0; c < ldz; c++) {
+                const size_t o = (size_t)i * ldz + c;
+                if (c < E) bad += hzb[o] != ref_bf16(hz[o]);
+                else touched += hzb[o] != BF16_SENTINEL;
+            }
+        const int same = memcmp(y0, y1, nE * sizeof(float)) == 0 && memcmp(w0, w1, E * sizeof(float)) == 0;
+        check(bad == 0 && touched == 0, "gate norm backward bf16: dz_b = bf16(dz), stride kept", tag,
+              (double)(bad + touched), 0);
+        check(same, "gate norm backward bf16: dy, dw the bits of the fp32 entry", tag, same ? 0.0 : 1.0, 0);
+        float *fr[] = {dout, hz, y0, y1, w0, w1};
+        for (size_t k = 0; k < sizeof(fr) / sizeof(fr[0]); k++) free(fr[k]);
+        free(hzb);
+        float *dv2[] = {dd, gy[0], gy[1], gz, gw[0], gw[1]};
+        for (size_t k = 0; k < sizeof(dv2) / sizeof(dv2[0]); k++) ops->buf_free(ops->be, &g_ctx, dv2[k]);
+        ops->buf_free(ops->be, &g_ctx, zb);
+    }
     float *dv[] = {dy, dz, dw, o0, r0, o1, r1, r2};
     for (size_t k = 0; k < sizeof(dv) / sizeof(dv[0]); k++) ops->buf_free(ops->be, &g_ctx, dv[k]);
     ops->buf_free(ops->be, &g_ctx, b1);
@@ -995,7 +1165,7 @@ static void test_bf16_ldx_refused(void)
     g_ops->copy_from_host(g_ops->be, dxw, sent, wide * sizeof(float));
     g_ops->ssm_scan_forward_bf16(g_ops->be, y, xw, ld, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL);
     g_ops->ssm_scan_backward_bf16(g_ops->be, dxw, g[0], g[1], g[2], g[3], g[4], g[5], d.R, xw, ld, d.Bm, d.Cm, d.dt,
-                                  d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL);
+                                  d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL, NULL);
     char msg[256] = "";
     const enum mt_status st = g_ops->status(g_ops->be, msg, sizeof msg);
     float *yh = to_host(y, n), *dh = to_host(dxw, wide);
@@ -1107,6 +1277,13 @@ int main(int argc, char **argv)
     }
     test_prep_null(2, 9, 4, 3, 2, 6);   /* every backend: x / dx NULL (the bf16 scan's ldx path) */
     test_prep_null(1, 40, 2, 8, 1, 4);
+    if (g_ops->ssm_prep_backward_bf16) {   /* optional (the cpu has none) */
+        test_prep_bf16(2, 9, 4, 3, 2, 6);
+        test_prep_bf16(1, 1300, 2, 2, 1, 4);   /* cuda: several cumsum tiles and column-sum blocks */
+    } else if (strcmp(g_ops->name, "cpu") != 0) {
+        printf("FAIL %s backend has no ssm_prep_backward_bf16 / ssm_gate_norm_backward_bf16\n", g_ops->name);
+        n_fail++;
+    }
     /* the gated norm over groups that span ranks: one group over 2 ranks; 2
      * groups over 4; 3 groups over 2 (a rank holds one and a half); groups
      * whole on a rank; one rank */

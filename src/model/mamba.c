@@ -211,7 +211,8 @@ static double mamba_extra(const struct mt_block_shape *sh)
  *   elementwise: prep forward: the angles' cumsum (HN) and the row pass reading
  *     xs, B, C, dt, lam, the angles (E + 2 G N + 2 H + HN/2), writing x, Bh, Ch,
  *     dt, lam (E + 2 HN + 2 H); the residual add (3 D); dy and dproj rounded
- *     (1.5 D, 1.5 W); prep backward: two angle scans (2 HN), the row pass
+ *     (1.5 D, 1.5 W; dproj not where its producers write it as bf16, below);
+ *     prep backward: two angle scans (2 HN), the row pass
  *     (reads dx, ddt, dlam, lam, dt, theta, Bh, Ch, dBh, dCh, B, C: E + 4 H +
  *     4.5 HN + 2 G N; writes dx, dt, lam, theta, dB, dC: E + 2 H + 0.5 HN +
  *     2 G N; du and the bias / gain sums stay in its per-block scratch and
@@ -228,10 +229,10 @@ static double mamba_extra(const struct mt_block_shape *sh)
  *     backward (the states kept by the forward): the cumsum (2 H); dS_out's
  *       local part (dys, Ch: E + HN + S) and pass (2 S); M, dG (reads Ch,
  *       dys, Bh, x: 2 E + 2 HN, writes 2 H Q); dx (M, dys twice, Bh, dS_out,
- *       writes dx: H Q + 3 E + HN + S); dB (dG, Ch, x, dS_out, fp32 Bh for
+ *       writes dx, bf16: H Q + 2.5 E + HN + S); dB (dG, Ch, x, dS_out, fp32 Bh for
  *       qj, writes dBh: H Q + E + 3 HN + S); dC (dG, Bh, dys, S_in, fp32 Ch
  *       for inter, writes dCh: H Q + E + 3 HN + S); the scalars (dys, x,
- *       S_in, dS_out: 2 E + 2 S, ~6 H more): 10 E + 10 HN + 8 S + 5 H Q + 15 H.
+ *       S_in, dS_out: 2 E + 2 S, ~6 H more): 9.5 E + 10 HN + 8 S + 5 H Q + 15 H.
  *     Elsewhere (the fp32 scan): reads x, Bh, Ch, dt, lam, writes ys (2 E +
  *     2 HN + 2 H); backward reads those and dys, writes their gradients (3 E
  *     + 4 HN + 4 H); its chunk states and in-chunk arrays not counted.
@@ -247,17 +248,22 @@ static void mamba_work_bf16(const struct mt_block_shape *sh, int rc, struct mt_w
     const int T = sh->cfg->seq_len, chunk = sh->cfg->mamba_chunk;
     const double S = T > 0 ? (double)mt_ssm_states_floats(1, T, (int)s->mH, (int)s->mP, (int)s->mN, chunk) / T : 0.0;
     const double xcopy = S > 0 ? 0.0 : 2.0 * E;
+    /* ... and dproj's producers write it as bf16 (mt_mamba3_mix_backward_b): no 1.5 W
+     * rounding pass; dz, dx half their stores (0.5 E each), the prep's final B, C and
+     * dtheta columns too (GN + 0.25 HN; lam's bf16 store replaces its fp32 one, dt
+     * keeps its fp32 store for dt_bias's sum and adds the bf16 one) */
+    const double dpb = S > 0 ? 1.0 : 0.0;
     const double prep_f = xcopy + 3.5 * HN + 2.0 * GN + 4.0 * H;
-    const double prep_b = xcopy + 7.0 * HN + 4.0 * GN + 7.0 * H;
+    const double prep_b = xcopy + 7.0 * HN + 4.0 * GN + 7.0 * H - dpb * (0.25 * HN + GN);
     double scan_f = 2.0 * E + 2.0 * HN + 2.0 * H, scan_b = 3.0 * E + 4.0 * HN + 4.0 * H;
     if (S > 0) {
         const double HQ = H * (double)(chunk < T ? chunk : T);
         scan_f = 3.0 * E + 3.0 * HN + 4.0 * S + 8.0 * H;
-        scan_b = 10.0 * E + 10.0 * HN + 8.0 * S + 5.0 * HQ + 15.0 * H;
+        scan_b = 9.5 * E + 10.0 * HN + 8.0 * S + 5.0 * HQ + 15.0 * H;
     }
     w->e[MT_WORK_SCAN] += scan_f + scan_b + rc * scan_f;
-    w->e[MT_WORK_NORM] += 6.5 * D + 7.5 * E + rc * (2.5 * D + 2.5 * E);
-    w->e[MT_WORK_ELEMENTWISE] += prep_f + prep_b + 3.0 * D + 1.5 * D + 1.5 * W + rc * (prep_f + 3.0 * D);
+    w->e[MT_WORK_NORM] += 6.5 * D + (7.5 - 0.5 * dpb) * E + rc * (2.5 * D + 2.5 * E);
+    w->e[MT_WORK_ELEMENTWISE] += prep_f + prep_b + 3.0 * D + 1.5 * D + (1.0 - dpb) * 1.5 * W + rc * (prep_f + 3.0 * D);
 }
 
 /* The planner's work beyond the GEMMs: the scan's FLOPs as the receipt
@@ -463,7 +469,7 @@ static void in_fwd(const struct mt_piece_ctx *pc, float *proj, const float *h, c
 /* dWin_b += dproj_b^T h (g->win_part[b] NULL: frozen, skipped); dh = sum_b dproj_b Win_b;
  * each whole where it can be (win_whole, wgrad_whole) */
 static void in_bwd(const struct mt_piece_ctx *pc, float *dh, struct mt_mamba3_weights *g, const float *dproj,
-                   const float *h, const mt_bf16 *hb, const struct mt_mamba3_weights *w, int n)
+                   const mt_bf16 *dproj_b, const float *h, const mt_bf16 *hb, const struct mt_mamba3_weights *w, int n)
 {
     const struct mt_ops_i *ops = pc->ops;
     const struct mamba_w *lw = mbw(pc);
@@ -472,8 +478,9 @@ static void in_bwd(const struct mt_piece_ctx *pc, float *dh, struct mt_mamba3_we
     const int W = mt_mamba3_in_width(mdims(pc)), D = pc->D;
     const void *x = hb ? (const void *)hb : (const void *)h;
     const enum mt_elem xt = hb ? MT_ELEM_BF16 : MT_ELEM_F32;
-    /* dproj feeds two GEMMs per block: rounded once (dyb_round), read at each block's columns */
-    const mt_bf16 *pb = dyb_round(ops, pc->dyb, dproj, (size_t)n * (size_t)W);
+    /* dproj feeds two GEMMs per block: its producers' bf16 (dproj_b), or rounded once here
+     * (dyb_round); read at each block's columns */
+    const mt_bf16 *pb = dproj_b ? dproj_b : dyb_round(ops, pc->dyb, dproj, (size_t)n * (size_t)W);
     const enum mt_elem pt = pb ? MT_ELEM_BF16 : MT_ELEM_F32;
     enum mt_elem tww;
     const void *Ww = win_whole(lw, W, &tww);
@@ -709,8 +716,12 @@ static void mixer_bwd(const struct mt_piece_ctx *pc, const float *dy, const stru
     }
     const int n = pc->B * pc->T;
     wout_bwd(pc, dy, g, n);
-    mt_mamba3_mix_backward(ops, g, mb_s(pc), &st->mb, w, mdims(pc), pc->B, pc->T);
-    in_bwd(pc, pc->dh, g, mb_s(pc)->dproj, pc->nm->h, pc->nm->hb, w, n);
+    /* dproj as bf16 from its producers where they can (mt_mamba3_mix_backward_b), into
+     * the dy scratch: wout_bwd's GEMMs, its other readers, come before on the stream */
+    const size_t nw = (size_t)n * (size_t)mt_mamba3_in_width(mdims(pc));
+    mt_bf16 *room = pc->dyb && pc->dyb->p && nw > 0 && nw <= pc->dyb->cap ? pc->dyb->p : NULL;
+    const int direct = mt_mamba3_mix_backward_b(ops, g, mb_s(pc), &st->mb, w, mdims(pc), pc->B, pc->T, room);
+    in_bwd(pc, pc->dh, g, mb_s(pc)->dproj, direct ? room : NULL, pc->nm->h, pc->nm->hb, w, n);
 }
 
 static void mixer_fwd_lora(const struct mt_piece_ctx *pc, float *out, const float *h, const struct mt_mamba3_weights *w,
@@ -743,7 +754,7 @@ static void mixer_bwd_lora(const struct mt_piece_ctx *pc, const float *dy, const
         if (mbw(pc)->mwin[b]->frozen) g->win_part[b] = NULL;   /* no weight gradient for the frozen base */
     proj_bwd_b(ops, pc->s_lora, pc->s_dlora, s->dyn, 0.0f, mbw(pc)->mwout, dy, st->mb.yn, st->yn_b, n, E, D, pc->dyb);
     mt_mamba3_mix_backward(ops, g, s, &st->mb, w, mdims(pc), pc->B, pc->T);
-    in_bwd(pc, pc->dh, g, s->dproj, pc->nm->h, pc->nm->hb, w, n);
+    in_bwd(pc, pc->dh, g, s->dproj, NULL, pc->nm->h, pc->nm->hb, w, n);
     lora_bwd_add(ops, pc->s_lora, pc->s_dlora, pc->dh, s->dproj, W, pc->nm->h, mbw(pc)->mwin, rows, 7, n, D);
 }
 

@@ -213,9 +213,11 @@ void mt_mamba3_mix_backward(const struct mt_ops_i *ops, struct mt_mamba3_weights
     mt_mamba3_ssm_backward(ops, g, s, a, w, d, B, T);
 }
 
-void mt_mamba3_ssm_backward(const struct mt_ops_i *ops, struct mt_mamba3_weights *g, struct mt_mamba3_scratch *s,
-                            const struct mt_mamba3_acts *a, const struct mt_mamba3_weights *w,
-                            const struct mt_mamba3_dims *d, int B, int T)
+/* terms 3 and 4; dproj_b: NULL, or dproj's columns are written there as bf16
+ * (mt_mamba3_mix_backward_b's shapes and entries only) */
+static void ssm_backward(const struct mt_ops_i *ops, struct mt_mamba3_weights *g, struct mt_mamba3_scratch *s,
+                         const struct mt_mamba3_acts *a, const struct mt_mamba3_weights *w,
+                         const struct mt_mamba3_dims *d, int B, int T, mt_bf16 *dproj_b)
 {
     const int E = d->H * d->P, W = mt_mamba3_in_width(d), in_proj = scan_in_proj(ops, d, B, T);
     /* term 3 */
@@ -223,16 +225,51 @@ void mt_mamba3_ssm_backward(const struct mt_ops_i *ops, struct mt_mamba3_weights
     if (scan_bf16(ops, d))   /* in_proj: x from proj, dx into dproj's xs columns; the forward's chunk states */
         ops->ssm_scan_backward_bf16(ops->be, in_proj ? s->dproj + E : s->dx, s->dBh, s->dCh, s->ddt, s->dlam, s->dA,
                                     g->Dsk, s->dys, in_proj ? a->proj + E : a->x, in_proj ? W : E, a->Bh, a->Ch, a->dt,
-                                    a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk, a->states);
+                                    a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk, a->states,
+                                    dproj_b ? dproj_b + E : NULL);
     else
         ops->ssm_scan_backward(ops->be, s->dx, s->dBh, s->dCh, s->ddt, s->dlam, s->dA, g->Dsk, s->dys, a->x, a->Bh,
                                a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk);
     /* term 4 */
-    ops->ssm_prep_backward(ops->be, s->dproj, g->dt_bias, g->A_log, g->gB, g->gC, g->B_bias, g->C_bias,
-                           in_proj ? NULL : s->dx,
-                           s->dBh, s->dCh, s->ddt, s->dlam, s->dA, a->Bh, a->Ch, a->lam, a->A,
-                           a->rstd_bc, a->proj, w->dt_bias, w->gB, w->gC, B, T, d->H, d->P, d->G,
-                           d->N, d->eps_bc);
+    if (dproj_b)
+        ops->ssm_prep_backward_bf16(ops->be, dproj_b, s->dproj, g->dt_bias, g->A_log, g->gB, g->gC, g->B_bias,
+                                    g->C_bias, NULL, s->dBh, s->dCh, s->ddt, s->dlam, s->dA, a->Bh, a->Ch, a->lam,
+                                    a->A, a->rstd_bc, a->proj, w->dt_bias, w->gB, w->gC, B, T, d->H, d->P, d->G,
+                                    d->N, d->eps_bc);
+    else
+        ops->ssm_prep_backward(ops->be, s->dproj, g->dt_bias, g->A_log, g->gB, g->gC, g->B_bias, g->C_bias,
+                               in_proj ? NULL : s->dx, s->dBh, s->dCh, s->ddt, s->dlam, s->dA, a->Bh, a->Ch, a->lam,
+                               a->A, a->rstd_bc, a->proj, w->dt_bias, w->gB, w->gC, B, T, d->H, d->P, d->G, d->N,
+                               d->eps_bc);
+}
+
+void mt_mamba3_ssm_backward(const struct mt_ops_i *ops, struct mt_mamba3_weights *g, struct mt_mamba3_scratch *s,
+                            const struct mt_mamba3_acts *a, const struct mt_mamba3_weights *w,
+                            const struct mt_mamba3_dims *d, int B, int T)
+{
+    ssm_backward(ops, g, s, a, w, d, B, T, NULL);
+}
+
+/* Where the scan writes dx into dproj (scan_in_proj) and the backend has the
+ * bf16-output glue, dproj's three producers (the gated norm: z; the scan: xs;
+ * the prep: the rest) write it as bf16 straight into dproj_b, the
+ * in-projection backward's operand: the bits cast_bf16 gives the fp32 dproj,
+ * without its store (4 bytes an element), the cast's read (4) and the cast's
+ * own store (2): 10 W bytes a row become 2 (the d2048 hybrid: ~0.69 GB an M
+ * layer). Else the fp32 path and 0. */
+int mt_mamba3_mix_backward_b(const struct mt_ops_i *ops, struct mt_mamba3_weights *g, struct mt_mamba3_scratch *s,
+                             const struct mt_mamba3_acts *a, const struct mt_mamba3_weights *w,
+                             const struct mt_mamba3_dims *d, int B, int T, mt_bf16 *dproj_b)
+{
+    const int n = B * T, E = d->H * d->P, W = mt_mamba3_in_width(d);
+    if (!dproj_b || !scan_in_proj(ops, d, B, T) || !ops->ssm_gate_norm_backward_bf16 || !ops->ssm_prep_backward_bf16) {
+        mt_mamba3_mix_backward(ops, g, s, a, w, d, B, T);
+        return 0;
+    }
+    ops->ssm_gate_norm_backward_bf16(ops->be, s->dys, dproj_b, g->g_out, s->dyn, a->ys, a->proj, W, w->g_out,
+                                     a->rstd_o, n, E, d->G);
+    ssm_backward(ops, g, s, a, w, d, B, T, dproj_b);
+    return 1;
 }
 
 size_t mt_mamba3_state_floats(const struct mt_mamba3_dims *d)

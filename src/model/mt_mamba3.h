@@ -105,6 +105,12 @@ void mt_mamba3_mix_forward(const struct mt_ops_i *ops, struct mt_mamba3_acts *a,
 void mt_mamba3_mix_backward(const struct mt_ops_i *ops, struct mt_mamba3_weights *g, struct mt_mamba3_scratch *s,
                             const struct mt_mamba3_acts *a, const struct mt_mamba3_weights *w,
                             const struct mt_mamba3_dims *d, int B, int T);
+/* mix_backward with dproj written as bf16 into dproj_b (n, W) by its producers
+ * where the backend and shape allow (returns 1: s->dproj is then scratch);
+ * else mix_backward itself (returns 0: s->dproj holds dproj) */
+int mt_mamba3_mix_backward_b(const struct mt_ops_i *ops, struct mt_mamba3_weights *g, struct mt_mamba3_scratch *s,
+                             const struct mt_mamba3_acts *a, const struct mt_mamba3_weights *w,
+                             const struct mt_mamba3_dims *d, int B, int T, mt_bf16 *dproj_b);
 void mt_mamba3_ssm_forward(const struct mt_ops_i *ops, struct mt_mamba3_acts *a, const struct mt_mamba3_weights *w,
                            const struct mt_mamba3_dims *d, int B, int T);
 void mt_mamba3_ssm_backward(const struct mt_ops_i *ops, struct mt_mamba3_weights *g, struct mt_mamba3_scratch *s,

@@ -581,7 +581,11 @@ struct mt_ops_i {
      * lets them live in the mixer's proj / dproj rows (ldx = W: xs's columns,
      * no copy either way). Only where the chunked products run: the shapes
      * with mt_ssm_states_floats > 0; elsewhere ldx != H P is refused (cuda:
-     * MT_ERR_UNSUPPORTED, nothing written). */
+     * MT_ERR_UNSUPPORTED, nothing written).
+     * dx_b (backward): NULL, or dx is written there as bf16 (nearest even, of
+     * the fp32 dx; row stride ldx) and dx is not written (may be NULL): the
+     * mixer's dproj as the in-projection backward's operand. The same shapes
+     * only; elsewhere refused like ldx. */
     void (*ssm_scan_forward_bf16)(void *be, float *y, const float *x, int ldx, const float *Bm, const float *Cm,
                                   const float *dt, const float *lam, const float *A, const float *Dsk,
                                   int B, int T, int H, int P, int N, int chunk, float *states);
@@ -589,7 +593,7 @@ struct mt_ops_i {
                                    float *dA, float *dDsk, const float *dy, const float *x, int ldx,
                                    const float *Bm, const float *Cm, const float *dt, const float *lam,
                                    const float *A, const float *Dsk, int B, int T, int H, int P, int N,
-                                   int chunk, const float *states);
+                                   int chunk, const float *states, mt_bf16 *dx_b);
 
     /* ---- MoE device routing (issue 28 item 2; docs/cuda.md "MoE on the device") ----
      * The routing that followed router_forward on the host, as kernels, so
@@ -831,6 +835,24 @@ struct mt_ops_i {
      * rounding). Optional (NULL: the forward, then cast_bf16). */
     void   (*ssm_gate_norm_forward_bf16)(void *be, float *out, mt_bf16 *out_b, float *rstd, const float *y,
                                          const float *z, int ldz, const float *w, int n, int E, int G, float eps);
+    /* precision=bf16, the mixer's dproj written as the in-projection backward's
+     * bf16 operand by its producers (no fp32 dproj store and no cast pass):
+     * ssm_gate_norm_backward with dz_b = bf16(dz) (row stride ldz) in place of
+     * dz; ssm_prep_backward with dproj_b = bf16 of every column it writes (the
+     * fp32 values, rounded once, nearest even), dproj then its scratch (fp32,
+     * contents unspecified after). With ssm_scan_backward_bf16's dx_b, the
+     * three fill all W columns of dproj_b with the bits cast_bf16 would give
+     * the fp32 dproj. Optional (NULL: the fp32 entries, then cast_bf16). */
+    void   (*ssm_gate_norm_backward_bf16)(void *be, float *dy, mt_bf16 *dz_b, float *dw, const float *dout,
+                                          const float *y, const float *z, int ldz, const float *w, const float *rstd,
+                                          int n, int E, int G);
+    void   (*ssm_prep_backward_bf16)(void *be, mt_bf16 *dproj_b, float *dproj, float *ddt_bias, float *dA_log,
+                                     float *dgB, float *dgC, float *dB_bias, float *dC_bias, const float *dx,
+                                     const float *dBh, const float *dCh, const float *ddt, const float *dlam,
+                                     const float *dA, const float *Bh, const float *Ch, const float *lam,
+                                     const float *A, const float *rstd, const float *proj, const float *dt_bias,
+                                     const float *gB, const float *gC, int B, int T, int H, int P, int G, int N,
+                                     float eps);
 };
 
 /* Tensors per launch of the multi-tensor entries (their kernel-argument lists). */

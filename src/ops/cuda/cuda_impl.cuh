@@ -706,7 +706,7 @@ void mt_cuda_ssm_scan_backward_bf16(void *be, float *dx, float *dBm, float *dCm,
                                     float *dA, float *dDsk, const float *dy, const float *x, int ldx,
                                     const float *Bm, const float *Cm, const float *dt, const float *lam,
                                     const float *A, const float *Dsk, int B, int T, int H, int P, int N,
-                                    int chunk, const float *states);
+                                    int chunk, const float *states, mt_bf16 *dx_b);
 void mt_cuda_ssm_scan_step(void *be, float *y, float *S, float *xprev, float *Bprev, const float *x,
                          const float *Bm, const float *Cm, const float *dt, const float *lam,
                          const float *A, const float *Dsk, int B, int H, int P, int N, int first);
@@ -721,11 +721,21 @@ void mt_cuda_ssm_prep_backward(void *be, float *dproj, float *ddt_bias, float *d
                                const float *rstd, const float *proj, const float *dt_bias,
                                const float *gB, const float *gC, int B, int T, int H, int P, int G,
                                int N, float eps);
+void mt_cuda_ssm_prep_backward_bf16(void *be, mt_bf16 *dproj_b, float *dproj, float *ddt_bias, float *dA_log,
+                                    float *dgB, float *dgC, float *dB_bias, float *dC_bias, const float *dx,
+                                    const float *dBh, const float *dCh, const float *ddt, const float *dlam,
+                                    const float *dA, const float *Bh, const float *Ch, const float *lam,
+                                    const float *A, const float *rstd, const float *proj, const float *dt_bias,
+                                    const float *gB, const float *gC, int B, int T, int H, int P, int G, int N,
+                                    float eps);
 void mt_cuda_ssm_gate_norm_forward(void *be, float *out, float *rstd, const float *y, const float *z, int ldz,
                                    const float *w, int n, int E, int G, float eps);
 void mt_cuda_ssm_gate_norm_backward(void *be, float *dy, float *dz, float *dw, const float *dout, const float *y,
                                     const float *z, int ldz, const float *w, const float *rstd,
                                     int n, int E, int G);
+void mt_cuda_ssm_gate_norm_backward_bf16(void *be, float *dy, mt_bf16 *dz_b, float *dw, const float *dout,
+                                         const float *y, const float *z, int ldz, const float *w, const float *rstd,
+                                         int n, int E, int G);
 void mt_cuda_ssm_gate_norm_sums(void *be, float *s, int lds, const float *y, const float *z, int ldz, const float *w,
                                 const float *dout, const float *rstd, int n, int E, int c0, int cg);
 void mt_cuda_ssm_gate_norm_forward_ext(void *be, float *out, float *rstd, const float *y, const float *z, int ldz,

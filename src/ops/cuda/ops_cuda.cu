@@ -372,6 +372,8 @@ static struct mt_ops_i cuda_ops = {
     /* .ssm_gate_norm_forward_ext  = */ .ssm_gate_norm_forward_ext  = PROF(MT_OPK_NORM, mt_cuda_ssm_gate_norm_forward_ext),
     /* .ssm_gate_norm_backward_ext = */ .ssm_gate_norm_backward_ext = PROF(MT_OPK_NORM, mt_cuda_ssm_gate_norm_backward_ext),
     /* .ssm_gate_norm_forward_bf16 = */ .ssm_gate_norm_forward_bf16 = PROF(MT_OPK_NORM, mt_cuda_ssm_gate_norm_forward_bf16),
+    /* .ssm_gate_norm_backward_bf16 = */ .ssm_gate_norm_backward_bf16 = PROF(MT_OPK_NORM, mt_cuda_ssm_gate_norm_backward_bf16),
+    /* .ssm_prep_backward_bf16     = */ .ssm_prep_backward_bf16     = PROF(MT_OPK_ELEMENTWISE, mt_cuda_ssm_prep_backward_bf16),
 };
 
 /* Undo a (partial) init: release what the bound instance holds and free it. */

@@ -61,9 +61,13 @@ void ssd_tc_out(float *y, const float *Sst, const float *cum, const float *x, co
  * float slots (only these kernels read them); dLE is not stored:
  * dcs gets its column sums per 16-row strip, (B H nc, SSD_TC_STRIPS(Q), 2Q),
  * for ssd_scal_k; edge_x (B H nc, P) and edge_B (B H nc, N) are scratch
- * (each chunk's source q) */
-void ssd_tc_backward_products(float *M, float *dG, float *dcs, float *rs, float *dx, float *dBm, float *edge_x,
-                              float *edge_B, float *qj, float *dCm, float *inter, const float *Sst, const float *dSo,
+ * (each chunk's source q). dxb non-NULL: dx is written there as bf16
+ * (nearest even, of the fp32 value dx would hold; row stride d.xs) and not
+ * to dx; last_x (B H nc, P) is then scratch too (the rows the next chunk's
+ * source q joins, fp32 until ssd_tc_edge_k adds it) */
+void ssd_tc_backward_products(float *M, float *dG, float *dcs, float *rs, float *dx, __nv_bfloat16 *dxb,
+                              float *last_x, float *dBm, float *edge_x, float *edge_B, float *qj, float *dCm,
+                              float *inter, const float *Sst, const float *dSo,
                               const float *cum, const float *dy, const float *x, const float *Bm, const float *Cm,
                               const float *dt, const float *lam, const float *A, const float *Dsk, struct ssd_dims d);
 

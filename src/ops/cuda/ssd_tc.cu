@@ -129,6 +129,18 @@ static __device__ __forceinline__ void tc_put2(float *dst, int c, int w, float a
     if (c + 1 < w) dst[1] = b;
 }
 
+/* tc_put2 rounded to bf16 (nearest even): one 4-byte store where it can */
+static __device__ __forceinline__ void tc_put2b(bf16 *dst, int c, int w, float a, float b)
+{
+    const bf16 ra = __float2bfloat16_rn(a), rb = __float2bfloat16_rn(b);
+    if (c + 1 < w && ((uintptr_t)dst & 3) == 0) {
+        *(uint32_t *)dst = (uint32_t)__bfloat16_as_ushort(ra) | (uint32_t)__bfloat16_as_ushort(rb) << 16;
+        return;
+    }
+    if (c < w) dst[0] = ra;
+    if (c + 1 < w) dst[1] = rb;
+}
+
 /* acc += sc[r] a2 per strip row r (the second product of 8a-8c, scaled per
  * row: v_j or e_i), and sums[u] += a2 . row(r) over the strip's columns
  * n < ncols where row(r) (an fp32 row, NULL: none) gives the operand of the
@@ -489,13 +501,19 @@ static __device__ __noinline__ void tc_edge_row(float *edge, float *tq, const fl
     }
 }
 
-template <int DB>   /* 0: dx (8a), 1: dB and qj (8b) */
+/* MODE 0: dx (8a), 1: dB and qj (8b), 2: dx as bf16 into outb (8a; the rows
+ * the next chunk's edge joins into last, fp32 until ssd_tc_edge_k) */
+#define TC_TOK_DX 0
+#define TC_TOK_DB 1
+#define TC_TOK_DXB 2
+template <int MODE>
 static __global__ void __launch_bounds__(TC_THREADS)
-ssd_tc_tok_k(float *out, float *edge, float *qj, const bf16 *Gb, const float *dSo, const float *cum, const float *dy,
-             const float *x, const float *Bm, const float *Cm, const float *dt, const float *lam, const float *A,
-             const float *Dsk, struct ssd_dims d)
+ssd_tc_tok_k(float *out, bf16 *outb, float *last, float *edge, float *qj, const bf16 *Gb, const float *dSo,
+             const float *cum, const float *dy, const float *x, const float *Bm, const float *Cm, const float *dt,
+             const float *lam, const float *A, const float *Dsk, struct ssd_dims d)
 {
     MT_DYN_SMEM(float, sm);
+    constexpr int DB = MODE == TC_TOK_DB, XB = MODE == TC_TOK_DXB;
     const struct tc_chunk k = tc_chunk_of(d);
     const int i0 = (int)blockIdx.y * TC_B, q = k.q;
     if (i0 >= q) return;
@@ -570,8 +588,11 @@ ssd_tc_tok_k(float *out, float *edge, float *qj, const bf16 *Gb, const float *dS
                     tc_put2(out + t * k.bld + (size_t)k.h * d.N + n, n, W, acc[j][e], acc[j][e + 1]);
                 } else {
                     const float *yr = dyh + (size_t)(k.t0 + r) * k.xld + n;
-                    tc_put2(out + t * k.xs + (size_t)k.h * d.P + n, n, W, acc[j][e] + Dh * yr[0],
-                            n + 1 < W ? acc[j][e + 1] + Dh * yr[1] : 0.0f);
+                    const float v0 = acc[j][e] + Dh * yr[0], v1 = n + 1 < W ? acc[j][e + 1] + Dh * yr[1] : 0.0f;
+                    if (!XB) tc_put2(out + t * k.xs + (size_t)k.h * d.P + n, n, W, v0, v1);
+                    else if (has_next && r == q - 1)   /* the next chunk's edge joins it: fp32 until then */
+                        tc_put2(last + (size_t)k.ci * d.P + n, n, W, v0, v1);
+                    else tc_put2b(outb + t * k.xs + (size_t)k.h * d.P + n, n, W, v0, v1);
                 }
             }
     }
@@ -595,15 +616,20 @@ ssd_tc_tok_k(float *out, float *edge, float *qj, const bf16 *Gb, const float *dS
 }
 
 /* 10 (the rest): token t0-1's row += the chunk's source q (chunks c >= 1),
- * after both ssd_tc_tok_k: one block a chunk, threads over P + N */
-static __global__ void ssd_tc_edge_k(float *dx, float *dBm, const float *ex, const float *eB, struct ssd_dims d)
+ * after both ssd_tc_tok_k: one block a chunk, threads over P + N. dxb (bf16
+ * dx): that row's other terms wait in last (the chunk before's slot, fp32)
+ * and the sum is rounded here: the fp32 path's value, rounded once */
+static __global__ void ssd_tc_edge_k(float *dx, bf16 *dxb, const float *last, float *dBm, const float *ex,
+                                     const float *eB, struct ssd_dims d)
 {
     const int bh = (int)blockIdx.x / (d.nc - 1), c = (int)blockIdx.x % (d.nc - 1) + 1;
     const struct tc_chunk k = tc_chunk_at(d, bh * d.nc + c);
     const size_t t = k.ob + k.t0 - 1;
     for (int e = (int)threadIdx.x; e < d.P + d.N; e += (int)blockDim.x) {
-        if (e < d.P) dx[t * k.xs + (size_t)k.h * d.P + e] += ex[(size_t)k.ci * d.P + e];
-        else dBm[t * k.bld + (size_t)k.h * d.N + e - d.P] += eB[(size_t)k.ci * d.N + e - d.P];
+        const size_t o = t * k.xs + (size_t)k.h * d.P + e;
+        if (e >= d.P) dBm[t * k.bld + (size_t)k.h * d.N + e - d.P] += eB[(size_t)k.ci * d.N + e - d.P];
+        else if (dxb) dxb[o] = __float2bfloat16_rn(last[(size_t)(k.ci - 1) * d.P + e] + ex[(size_t)k.ci * d.P + e]);
+        else dx[o] += ex[(size_t)k.ci * d.P + e];
     }
 }
 
@@ -786,29 +812,35 @@ void ssd_tc_out(float *y, const float *Sst, const float *cum, const float *x, co
     MT_CUDA_KCHECK();
 }
 
-void ssd_tc_backward_products(float *M, float *dG, float *dcs, float *rs, float *dx, float *dBm, float *edge_x,
-                              float *edge_B, float *qj, float *dCm, float *inter, const float *Sst, const float *dSo,
+void ssd_tc_backward_products(float *M, float *dG, float *dcs, float *rs, float *dx, bf16 *dxb, float *last_x,
+                              float *dBm, float *edge_x, float *edge_B, float *qj, float *dCm, float *inter,
+                              const float *Sst, const float *dSo,
                               const float *cum, const float *dy, const float *x, const float *Bm, const float *Cm,
                               const float *dt, const float *lam, const float *A, const float *Dsk, struct ssd_dims d)
 {
     const unsigned nch = (unsigned)(d.B * d.H * d.nc), rt = (unsigned)((d.Q + TC_B - 1) / TC_B);
     bf16 *Mb = (bf16 *)M, *dGb = (bf16 *)dG;
     const size_t gm = tc_gm_smem(d), tok = tc_tok_smem(d), dc = tc_dc_smem(d);
-    if (!ssd_smem_opt_in(ssd_tc_gm_k, gm) || !ssd_smem_opt_in(ssd_tc_tok_k<0>, tok) ||
-        !ssd_smem_opt_in(ssd_tc_tok_k<1>, tok) || !ssd_smem_opt_in(ssd_tc_dc_k, dc))
+    if (!ssd_smem_opt_in(ssd_tc_gm_k, gm) || !ssd_smem_opt_in(ssd_tc_tok_k<TC_TOK_DX>, tok) ||
+        !ssd_smem_opt_in(ssd_tc_tok_k<TC_TOK_DXB>, tok) || !ssd_smem_opt_in(ssd_tc_tok_k<TC_TOK_DB>, tok) ||
+        !ssd_smem_opt_in(ssd_tc_dc_k, dc))
         return;
     MT_LAUNCH(ssd_tc_gm_k, dim3(nch, rt), TC_THREADS, gm)(Mb, dGb, dcs, rs, cum, dy, x, Bm, Cm, dt, lam, A, d);
     MT_CUDA_KCHECK();
-    MT_LAUNCH(ssd_tc_tok_k<0>, dim3(nch, rt), TC_THREADS, tok)(dx, edge_x, (float *)NULL, Mb, dSo, cum, dy, x, Bm, Cm,
-                                                               dt, lam, A, Dsk, d);
+    if (dxb)
+        MT_LAUNCH(ssd_tc_tok_k<TC_TOK_DXB>, dim3(nch, rt), TC_THREADS, tok)(
+            (float *)NULL, dxb, last_x, edge_x, (float *)NULL, Mb, dSo, cum, dy, x, Bm, Cm, dt, lam, A, Dsk, d);
+    else
+        MT_LAUNCH(ssd_tc_tok_k<TC_TOK_DX>, dim3(nch, rt), TC_THREADS, tok)(
+            dx, (bf16 *)NULL, (float *)NULL, edge_x, (float *)NULL, Mb, dSo, cum, dy, x, Bm, Cm, dt, lam, A, Dsk, d);
     MT_CUDA_KCHECK();
-    MT_LAUNCH(ssd_tc_tok_k<1>, dim3(nch, rt), TC_THREADS, tok)(dBm, edge_B, qj, dGb, dSo, cum, dy, x, Bm, Cm, dt, lam,
-                                                               A, Dsk, d);
+    MT_LAUNCH(ssd_tc_tok_k<TC_TOK_DB>, dim3(nch, rt), TC_THREADS, tok)(
+        dBm, (bf16 *)NULL, (float *)NULL, edge_B, qj, dGb, dSo, cum, dy, x, Bm, Cm, dt, lam, A, Dsk, d);
     MT_CUDA_KCHECK();
     MT_LAUNCH(ssd_tc_dc_k, dim3(nch, rt), TC_THREADS, dc)(dCm, inter, dGb, Sst, cum, dy, Bm, Cm, d);
     MT_CUDA_KCHECK();
     if (d.nc > 1) {
-        MT_LAUNCH(ssd_tc_edge_k, (unsigned)(d.B * d.H * (d.nc - 1)), 64, 0)(dx, dBm, edge_x, edge_B, d);
+        MT_LAUNCH(ssd_tc_edge_k, (unsigned)(d.B * d.H * (d.nc - 1)), 64, 0)(dx, dxb, last_x, dBm, edge_x, edge_B, d);
         MT_CUDA_KCHECK();
     }
 }

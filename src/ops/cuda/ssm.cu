@@ -1111,10 +1111,11 @@ static __global__ void ssd_reduce_k(float *dA, float *dDsk, const double *part, 
     dDsk[h] += (float)s;
 }
 
-static void ssd_backward(float *dx, float *dBm, float *dCm, float *ddt, float *dlam, float *dA, float *dDsk,
-                         const float *dy, const float *x, const float *Bm, const float *Cm, const float *dt,
-                         const float *lam, const float *A, const float *Dsk, struct ssd_dims d, int tc,
-                         const float *states)
+/* dxb (tensor cores only): dx written there as bf16 instead (ssd_tc_backward_products) */
+static void ssd_backward(float *dx, __nv_bfloat16 *dxb, float *dBm, float *dCm, float *ddt, float *dlam, float *dA,
+                         float *dDsk, const float *dy, const float *x, const float *Bm, const float *Cm,
+                         const float *dt, const float *lam, const float *A, const float *Dsk, struct ssd_dims d,
+                         int tc, const float *states)
 {
     const size_t PN = (size_t)d.P * d.N, nbh = (size_t)d.B * d.H, nch = nbh * d.nc, Q2 = 2 * (size_t)d.Q;
     /* per-source rows (fp32 kernels) or, on tensor cores, a chunk's source q
@@ -1123,17 +1124,18 @@ static void ssd_backward(float *dx, float *dBm, float *dCm, float *ddt, float *d
     const size_t src_rows = tc ? 1 : Q2, sst = states ? 0 : nch * PN;
     const size_t dle = tc ? nch * SSD_TC_STRIPS(d.Q) * Q2 : nch * d.Q * Q2;   /* dLE, or its column sums */
     const size_t mg = tc ? SSD_AL4(nch * d.Q * d.Q) : nch * d.Q * Q2;   /* M, dG: bf16 on tensor cores */
+    const size_t lastx = tc ? nch * (size_t)d.P : 0;   /* ssd_tc_backward_products' last_x */
     const size_t nf = nbh * d.T + sst + nch * PN + 2 * mg + dle + nch * src_rows * ((size_t)d.P + d.N)
-                    + nch * Q2 + 2 * nch * d.Q;
+                    + nch * Q2 + 2 * nch * d.Q + lastx;
     double *part = (double *)mt_cuda_workspace(2 * nch * sizeof(double) + nf * sizeof(float));
     if (!part) return;
     /* part (B H nc, 2) doubles; cum (B H, T); Sst = S_in, dSo = dS_out (B H nc, P, N);
      * M, dG, dLE (B H nc, Q, 2Q; tensor cores: M, dG as bf16, dLE's strip column sums, (B H nc, strips, 2Q)); dXc (B H nc, 2Q or 1, P); dBc (B H nc, 2Q or 1, N);
-     * qj (B H nc, 2Q); rs, inter (B H nc, Q) */
+     * qj (B H nc, 2Q); rs, inter (B H nc, Q); last_x (tensor cores: B H nc, P) */
     float *cum = (float *)(part + 2 * nch), *Sst = cum + nbh * d.T, *dSo = Sst + sst;
     float *M = dSo + nch * PN, *dG = M + mg, *dLE = dG + mg;
     float *dXc = dLE + dle, *dBc = dXc + nch * src_rows * d.P, *qj = dBc + nch * src_rows * d.N;
-    float *rs = qj + nch * Q2, *inter = rs + nch * d.Q;
+    float *rs = qj + nch * Q2, *inter = rs + nch * d.Q, *last_x = inter + nch * d.Q;
     ssd_cum(cum, dt, A, d);
     /* S_in: the forward's when it kept them (the same kernels' values), else recomputed.
      * Only read from here on (the pointer's const is the forward's contract, cast away) */
@@ -1148,8 +1150,8 @@ static void ssd_backward(float *dx, float *dBm, float *dCm, float *ddt, float *d
     MT_LAUNCH(ssd_dpass_k, (unsigned)((nbh * PN + 255) / 256), 256, 0)(dSo, cum, d);
     MT_CUDA_KCHECK();
     if (tc) {   /* steps 7-8 on tensor cores (ssd_tc.cu) */
-        ssd_tc_backward_products(M, dG, dLE, rs, dx, dBm, dXc, dBc, qj, dCm, inter, Sst, dSo, cum, dy, x, Bm, Cm, dt,
-                                 lam, A, Dsk, d);
+        ssd_tc_backward_products(M, dG, dLE, rs, dx, dxb, last_x, dBm, dXc, dBc, qj, dCm, inter, Sst, dSo, cum, dy, x,
+                                 Bm, Cm, dt, lam, A, Dsk, d);
     } else {
         unsigned tj = pow2_threads(2 * d.Q, 256), tp = pow2_threads(d.P, 256), tn = pow2_threads(d.N, 256);
         unsigned rt = (unsigned)((d.Q + SSD_RT - 1) / SSD_RT), st = (unsigned)((Q2 + SSD_RT - 1) / SSD_RT);
@@ -1400,7 +1402,7 @@ extern "C" void mt_cuda_ssm_scan_backward(void *be, float *dx, float *dBm, float
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (B * H == 0 || T == 0) return;
     if (chunk > 0) {
-        ssd_backward(dx, dBm, dCm, ddt, dlam, dA, dDsk, dy, x, Bm, Cm, dt, lam, A, Dsk,
+        ssd_backward(dx, NULL, dBm, dCm, ddt, dlam, dA, dDsk, dy, x, Bm, Cm, dt, lam, A, Dsk,
                      ssd_dims_make(B, T, H, P, N, chunk), 0, NULL);
         return;
     }
@@ -1435,10 +1437,14 @@ static int scan_tc_pick(struct ssd_dims d, int chunk)
     return tc;
 }
 
-/* ldx != H P (x, dx in the mixer's proj rows): the tensor-core path only
- * (mt_ops.h); elsewhere refused, nothing written */
-static int scan_ldx_ok(int tc, int ldx, int H, int P)
+/* ldx != H P (x, dx in the mixer's proj rows) and a bf16 dx: the
+ * tensor-core path only (mt_ops.h); elsewhere refused, nothing written */
+static int scan_ldx_ok(int tc, int ldx, int H, int P, const mt_bf16 *dx_b)
 {
+    if (!tc && dx_b)
+        return mt_cuda_record(MT_ERR_UNSUPPORTED, "ssm_scan_backward_bf16",
+                              "a bf16 dx (dx_b) where the chunked products do not run on tensor cores", __FILE__,
+                              __LINE__);
     if (ldx == H * P || (tc && ldx > H * P)) return 1;
     return mt_cuda_record(MT_ERR_UNSUPPORTED, "ssm_scan_*_bf16",
                           "ldx != H*P where the chunked products do not run on tensor cores", __FILE__, __LINE__);
@@ -1453,7 +1459,7 @@ extern "C" void mt_cuda_ssm_scan_forward_bf16(void *be, float *y, const float *x
     if (B * H == 0 || T == 0) return;
     struct ssd_dims d = ssd_dims_make(B, T, H, P, N, chunk > 0 ? chunk : 1);   /* (chunk <= 0: not used) */
     const int tc = scan_tc_pick(d, chunk);
-    if (!scan_ldx_ok(tc, ldx, H, P)) return;
+    if (!scan_ldx_ok(tc, ldx, H, P, NULL)) return;
     if (!tc) {
         mt_cuda_ssm_scan_forward(be, y, x, Bm, Cm, dt, lam, A, Dsk, B, T, H, P, N, chunk);
         return;
@@ -1466,20 +1472,21 @@ extern "C" void mt_cuda_ssm_scan_backward_bf16(void *be, float *dx, float *dBm, 
                                                float *dA, float *dDsk, const float *dy, const float *x, int ldx,
                                                const float *Bm, const float *Cm, const float *dt, const float *lam,
                                                const float *A, const float *Dsk, int B, int T, int H, int P, int N,
-                                               int chunk, const float *states)
+                                               int chunk, const float *states, mt_bf16 *dx_b)
 {
     MT_CUDA_BIND(be);
     if (B * H == 0 || T == 0) return;
     struct ssd_dims d = ssd_dims_make(B, T, H, P, N, chunk > 0 ? chunk : 1);   /* (chunk <= 0: not used) */
     const int tc = scan_tc_pick(d, chunk);
-    if (!scan_ldx_ok(tc, ldx, H, P)) return;
+    if (!scan_ldx_ok(tc, ldx, H, P, dx_b)) return;
     if (!tc) {
         mt_cuda_ssm_scan_backward(be, dx, dBm, dCm, ddt, dlam, dA, dDsk, dy, x, Bm, Cm, dt, lam, A, Dsk, B, T, H, P,
                                   N, chunk);
         return;
     }
     d.xs = ldx;
-    ssd_backward(dx, dBm, dCm, ddt, dlam, dA, dDsk, dy, x, Bm, Cm, dt, lam, A, Dsk, d, 1, states);
+    ssd_backward(dx, (__nv_bfloat16 *)dx_b, dBm, dCm, ddt, dlam, dA, dDsk, dy, x, Bm, Cm, dt, lam, A, Dsk, d, 1,
+                 states);
 }
 
 /* ---------------- prep (split, softplus, sigmoid, B/C norm + bias + rotary) ----------------
@@ -1524,8 +1531,8 @@ static __device__ __forceinline__ float sigmoid_d(float v) { return 1.0f / (1.0f
  * of a warp's load land in 32 different banks. */
 #define ANG_KG 8
 #define ANG_COL (ANG_TILE + 4)
-static __global__ void ang_scan_k(float *dst, size_t dld, int dhs, const float *src, size_t sld, int shs,
-                                  float *ang_state, int T, int H, int half, int reverse)
+static __global__ void ang_scan_k(float *dst, __nv_bfloat16 *dstb, size_t dld, int dhs, const float *src, size_t sld,
+                                  int shs, float *ang_state, int T, int H, int half, int reverse)
 {
     MT_DYN_SMEM(float, a);    /* ANG_KG columns of ANG_COL, then tot (blockDim) */
     float *tot = a + ANG_KG * ANG_COL;
@@ -1552,7 +1559,9 @@ static __global__ void ang_scan_k(float *dst, size_t dld, int dhs, const float *
         }
         for (int e = (int)threadIdx.x; e < n * ANG_KG; e += nt) {
             int i = e / ANG_KG, kk = e % ANG_KG, t = reverse ? T - 1 - (s0 + i) : s0 + i;
-            if (kk < nk) dst[((size_t)b * T + t) * dld + (size_t)h * dhs + k0 + kk] = a[kk * ANG_COL + i];
+            const size_t o = ((size_t)b * T + t) * dld + (size_t)h * dhs + k0 + kk;
+            if (kk < nk && dstb) dstb[o] = __float2bfloat16_rn(a[kk * ANG_COL + i]);
+            else if (kk < nk) dst[o] = a[kk * ANG_COL + i];
         }
         __syncthreads();
     }
@@ -1617,13 +1626,14 @@ static __global__ void prep_rows_k(float *x, float *Bh, float *Ch, float *dt, fl
     }
 }
 
-static void ang_scan(float *dst, size_t dld, int dhs, const float *src, size_t sld, int shs, float *ang_state,
-                     int B, int T, int H, int half, int reverse)
+/* dstb non-NULL: the sums written there as bf16 (nearest even), not to dst */
+static void ang_scan(float *dst, mt_bf16 *dstb, size_t dld, int dhs, const float *src, size_t sld, int shs,
+                     float *ang_state, int B, int T, int H, int half, int reverse)
 {
     const size_t ngk = (size_t)(half + ANG_KG - 1) / ANG_KG;
     MT_LAUNCH(ang_scan_k, (unsigned)((size_t)B * H * ngk), ANG_THREADS,
-              ((size_t)ANG_KG * ANG_COL + ANG_THREADS) * sizeof(float))(dst, dld, dhs, src, sld, shs, ang_state, T, H,
-                                                                         half, reverse);
+              ((size_t)ANG_KG * ANG_COL + ANG_THREADS) * sizeof(float))(dst, (__nv_bfloat16 *)dstb, dld, dhs, src, sld,
+                                                                         shs, ang_state, T, H, half, reverse);
     MT_CUDA_KCHECK();
 }
 
@@ -1636,7 +1646,7 @@ extern "C" void mt_cuda_ssm_prep_forward(void *be, float *x, float *Bh, float *C
     int half = N / 2, E = H * P, GN = G * N;
     const size_t W = 2 * (size_t)E + 2 * (size_t)GN + H + (size_t)H * half + H, oth = 2 * (size_t)E + 2 * (size_t)GN + H;
     if (B * T > 0 && half > 0)
-        ang_scan(Bh, (size_t)H * N, N, proj + oth, W, half, ang_state, B, T, H, half, 0);
+        ang_scan(Bh, NULL, (size_t)H * N, N, proj + oth, W, half, ang_state, B, T, H, half, 0);
     unsigned nb = B * T > 0 ? (unsigned)(B * T) : 1u;
     MT_LAUNCH(prep_rows_k, nb, PREP_THREADS, PREP_THREADS * sizeof(double) + 2 * (size_t)G * sizeof(float))(
         x, Bh, Ch, dt, lam, A, rstd, proj, dt_bias, A_log, gB, gC, B_bias, C_bias, B * T, H, P, G, N, eps);
@@ -1662,7 +1672,15 @@ extern "C" void mt_cuda_ssm_prep_forward(void *be, float *x, float *Bh, float *C
  * 128-row blocks before: 16 rows keep 512 blocks in flight at n = 8192). */
 #define PREP_RB 16
 
-static __global__ void prep_bwd_row_k(float *dproj, float *du_slots, float *part_u, float *part_g, const float *dx,
+/* a final dproj value at column c: fp32, or bf16 where the caller takes dproj as bf16 (brow) */
+static __device__ __forceinline__ void prep_put(float *drow, __nv_bfloat16 *brow, size_t c, float v)
+{
+    if (brow) brow[c] = __float2bfloat16_rn(v);
+    else drow[c] = v;
+}
+
+static __global__ void prep_bwd_row_k(float *dproj, __nv_bfloat16 *dpb, float *du_slots, float *part_u, float *part_g,
+                                      const float *dx,
                                       const float *dBh, const float *dCh, const float *ddt, const float *dlam,
                                       const float *Bh, const float *Ch, const float *lam, const float *rstd,
                                       const float *proj, const float *dt_bias, const float *gB, const float *gC,
@@ -1682,12 +1700,14 @@ static __global__ void prep_bwd_row_k(float *dproj, float *du_slots, float *part
         const int first = n == n0;
         const float *row = proj + n * W;
         float *drow = dproj + n * W;
+        __nv_bfloat16 *brow = dpb ? dpb + n * W : NULL;
         if (dx)   /* NULL: the bf16 scan wrote dx into these columns (ldx) */
-            for (int e = tid; e < E; e += nt) drow[E + e] = dx[n * E + e];
+            for (int e = tid; e < E; e += nt) prep_put(drow, brow, E + e, dx[n * E + e]);
         for (int h = tid; h < H; h += nt) {
             size_t r = n * H + h;
-            drow[odt + h] = ddt[r] * sigmoid_d(row[odt + h] + dt_bias[h]);
-            drow[olam + h] = dlam[r] * lam[r] * (1.0f - lam[r]);
+            drow[odt + h] = ddt[r] * sigmoid_d(row[odt + h] + dt_bias[h]);   /* fp32 too: dt_bias's column sum */
+            if (brow) brow[odt + h] = __float2bfloat16_rn(drow[odt + h]);
+            prep_put(drow, brow, olam + h, dlam[r] * lam[r] * (1.0f - lam[r]));
         }
         for (int j = tid; j < H * half; j += nt) {
             int h = j / half, k = j % half;
@@ -1724,8 +1744,9 @@ static __global__ void prep_bwd_row_k(float *dproj, float *du_slots, float *part
                 m += (double)v * gw[k] * xh;
             }
             m = block_sum(m, dred);
-            float mean = (float)(m / N), *dr = drow + oc + (size_t)g * N;
-            for (int k = tid; k < N; k += nt) dr[k] = rs * (dn[k] * gw[k] - raw[k] * rs * mean);
+            float mean = (float)(m / N);
+            for (int k = tid; k < N; k += nt)
+                prep_put(drow, brow, oc + (size_t)g * N + k, rs * (dn[k] * gw[k] - raw[k] * rs * mean));
             __syncthreads();  /* dn is reused by the next (pass, group), du by the next row */
         }
     }
@@ -1776,16 +1797,15 @@ static __global__ void prep_bwd_alog_k(float *dA_log, const float *dA, const flo
     if (h < H) dA_log[h] += dA[h] * A[h];
 }
 
-extern "C" void mt_cuda_ssm_prep_backward(void *be, float *dproj, float *ddt_bias, float *dA_log, float *dgB, float *dgC,
-                                          float *dB_bias, float *dC_bias, const float *dx, const float *dBh,
-                                          const float *dCh, const float *ddt, const float *dlam, const float *dA,
-                                          const float *Bh, const float *Ch, const float *lam, const float *A,
-                                          const float *rstd, const float *proj, const float *dt_bias,
-                                          const float *gB, const float *gC, int B, int T, int H, int P, int G,
-                                          int N, float eps)
+/* dproj_b non-NULL: every column the backward writes goes there as bf16; dproj
+ * is then scratch (the theta and dt columns' fp32 sums) */
+static void prep_backward(float *dproj, mt_bf16 *dproj_b, float *ddt_bias, float *dA_log, float *dgB, float *dgC,
+                          float *dB_bias, float *dC_bias, const float *dx, const float *dBh, const float *dCh,
+                          const float *ddt, const float *dlam, const float *dA, const float *Bh, const float *Ch,
+                          const float *lam, const float *A, const float *rstd, const float *proj,
+                          const float *dt_bias, const float *gB, const float *gC, int B, int T, int H, int P, int G,
+                          int N)
 {
-    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
-    (void)eps;
     int nrow = B * T, half = N / 2, E = H * P, GN = G * N;
     const size_t W = 2 * (size_t)E + 2 * (size_t)GN + H + (size_t)H * half + H;
     const size_t odt = 2 * (size_t)E + 2 * (size_t)GN, oth = odt + H;
@@ -1800,18 +1820,48 @@ extern "C" void mt_cuda_ssm_prep_backward(void *be, float *dproj, float *ddt_bia
     if (!du) return;
     float *pu = du + nblk * 2 * HN, *pgs = pu + nblk * 2 * HN, *part = pgs + nblk * 2 * (size_t)N;
     /* the angles (the forward's scan, bit-identical) into dproj's theta columns */
-    if (half > 0) ang_scan(dproj + oth, W, half, proj + oth, W, half, NULL, B, T, H, half, 0);
+    if (half > 0) ang_scan(dproj + oth, NULL, W, half, proj + oth, W, half, NULL, B, T, H, half, 0);
     MT_LAUNCH(prep_bwd_row_k, (unsigned)nblk, PREP_THREADS, PREP_THREADS * sizeof(double) + (size_t)N * sizeof(float))(
-        dproj, du, pu, pgs, dx, dBh, dCh, ddt, dlam, Bh, Ch, lam, rstd, proj, dt_bias, gB, gC, nrow, H, P, G, N);
+        dproj, (__nv_bfloat16 *)dproj_b, du, pu, pgs, dx, dBh, dCh, ddt, dlam, Bh, Ch, lam, rstd, proj, dt_bias, gB,
+        gC, nrow, H, P, G, N);
     MT_CUDA_KCHECK();
     /* dtheta = reverse cumsum of dang over the sequence */
-    if (half > 0) ang_scan(dproj + oth, W, half, dproj + oth, W, half, NULL, B, T, H, half, 1);
+    if (half > 0)
+        ang_scan(dproj + oth, dproj_b ? dproj_b + oth : NULL, W, half, dproj + oth, W, half, NULL, B, T, H, half, 1);
     colsum(ddt_bias, part, dproj + odt, W, nrow, H);
     /* the blocks' partial rows, in block order */
     colsum_blocks(dB_bias, pu, (int)nblk, (int)HN, 2 * HN);
     colsum_blocks(dC_bias, pu + HN, (int)nblk, (int)HN, 2 * HN);
     colsum_blocks(dgB, pgs, (int)nblk, N, 2 * (size_t)N);
     colsum_blocks(dgC, pgs + N, (int)nblk, N, 2 * (size_t)N);
+}
+
+extern "C" void mt_cuda_ssm_prep_backward(void *be, float *dproj, float *ddt_bias, float *dA_log, float *dgB, float *dgC,
+                                          float *dB_bias, float *dC_bias, const float *dx, const float *dBh,
+                                          const float *dCh, const float *ddt, const float *dlam, const float *dA,
+                                          const float *Bh, const float *Ch, const float *lam, const float *A,
+                                          const float *rstd, const float *proj, const float *dt_bias,
+                                          const float *gB, const float *gC, int B, int T, int H, int P, int G,
+                                          int N, float eps)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    (void)eps;
+    prep_backward(dproj, NULL, ddt_bias, dA_log, dgB, dgC, dB_bias, dC_bias, dx, dBh, dCh, ddt, dlam, dA, Bh, Ch, lam,
+                  A, rstd, proj, dt_bias, gB, gC, B, T, H, P, G, N);
+}
+
+extern "C" void mt_cuda_ssm_prep_backward_bf16(void *be, mt_bf16 *dproj_b, float *dproj, float *ddt_bias,
+                                               float *dA_log, float *dgB, float *dgC, float *dB_bias, float *dC_bias,
+                                               const float *dx, const float *dBh, const float *dCh, const float *ddt,
+                                               const float *dlam, const float *dA, const float *Bh, const float *Ch,
+                                               const float *lam, const float *A, const float *rstd, const float *proj,
+                                               const float *dt_bias, const float *gB, const float *gC, int B, int T,
+                                               int H, int P, int G, int N, float eps)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    (void)eps;
+    prep_backward(dproj, dproj_b, ddt_bias, dA_log, dgB, dgC, dB_bias, dC_bias, dx, dBh, dCh, ddt, dlam, dA, Bh, Ch,
+                  lam, A, rstd, proj, dt_bias, gB, gC, B, T, H, P, G, N);
 }
 
 /* ---------------- gated grouped RMSNorm ----------------
@@ -1857,8 +1907,10 @@ static __global__ void gate_fwd_k(float *out, __nv_bfloat16 *out_b, float *rstd,
  * d2048 hybrid's shape). 16 rows: 512 blocks at n = 8192. */
 #define GATE_RB 16
 
-static __global__ void gate_bwd_k(float *dy, float *dz, float *part, const float *dout, const float *y, const float *z,
-                                  int ldz, const float *w, const float *rstd, int n, int E, int G)
+/* dzb non-NULL: dz written there as bf16 (row stride ldz), not to dz */
+static __global__ void gate_bwd_k(float *dy, float *dz, __nv_bfloat16 *dzb, float *part, const float *dout,
+                                  const float *y, const float *z, int ldz, const float *w, const float *rstd, int n,
+                                  int E, int G)
 {
     MT_DYN_SMEM(double, dred);  /* blockDim */
     int rb = (int)blockIdx.x, g = (int)blockIdx.y, cg = E / G, nt = (int)blockDim.x;
@@ -1866,7 +1918,8 @@ static __global__ void gate_bwd_k(float *dy, float *dz, float *part, const float
     float *pw = part + (size_t)rb * E;
     for (int row = r0; row < r1; row++) {
         const float *yr = y + (size_t)row * E, *zr = z + (size_t)row * ldz, *d = dout + (size_t)row * E;
-        float *dyr = dy + (size_t)row * E, *dzr = dz + (size_t)row * ldz;
+        float *dyr = dy + (size_t)row * E;
+        const size_t oz = (size_t)row * ldz;
         float rs = rstd[(size_t)row * G + g];
         double m = 0.0;
         for (int c = g * cg + (int)threadIdx.x; c < (g + 1) * cg; c += nt)
@@ -1876,8 +1929,10 @@ static __global__ void gate_bwd_k(float *dy, float *dz, float *part, const float
         for (int c = g * cg + (int)threadIdx.x; c < (g + 1) * cg; c += nt) {
             float s = sigmoid_d(zr[c]), si = zr[c] * s, vh = yr[c] * si * rs;
             float dv = rs * (d[c] * w[c] - vh * mean);
+            const float dzv = dv * yr[c] * (s + si * (1.0f - s));
             dyr[c] = dv * si;
-            dzr[c] = dv * yr[c] * (s + si * (1.0f - s));
+            if (dzb) dzb[oz + c] = __float2bfloat16_rn(dzv);
+            else dz[oz + c] = dzv;
             pw[c] = row == r0 ? d[c] * vh : pw[c] + d[c] * vh;   /* dw: this block's rows, in order */
         }
     }
@@ -1901,20 +1956,34 @@ extern "C" void mt_cuda_ssm_gate_norm_forward(void *be, float *out, float *rstd,
     mt_cuda_ssm_gate_norm_forward_bf16(be, out, NULL, rstd, y, z, ldz, w, n, E, G, eps);
 }
 
-extern "C" void mt_cuda_ssm_gate_norm_backward(void *be, float *dy, float *dz, float *dw, const float *dout, const float *y,
-                                               const float *z, int ldz, const float *w, const float *rstd,
-                                               int n, int E, int G)
+static void gate_backward(float *dy, float *dz, mt_bf16 *dz_b, float *dw, const float *dout, const float *y,
+                          const float *z, int ldz, const float *w, const float *rstd, int n, int E, int G)
 {
-    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (n * G == 0) return;
     unsigned t = pow2_threads(E / G, 256);
     int nrb = (n + GATE_RB - 1) / GATE_RB;
     float *part = (float *)mt_cuda_workspace((size_t)nrb * E * sizeof(float));
     if (!part) return;
-    MT_LAUNCH(gate_bwd_k, dim3((unsigned)nrb, (unsigned)G), t, t * sizeof(double))(dy, dz, part, dout, y, z, ldz, w,
-                                                                                 rstd, n, E, G);
+    MT_LAUNCH(gate_bwd_k, dim3((unsigned)nrb, (unsigned)G), t, t * sizeof(double))(
+        dy, dz, (__nv_bfloat16 *)dz_b, part, dout, y, z, ldz, w, rstd, n, E, G);
     MT_CUDA_KCHECK();
     colsum_blocks(dw, part, nrb, E, (size_t)E);
+}
+
+extern "C" void mt_cuda_ssm_gate_norm_backward(void *be, float *dy, float *dz, float *dw, const float *dout, const float *y,
+                                               const float *z, int ldz, const float *w, const float *rstd,
+                                               int n, int E, int G)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    gate_backward(dy, dz, NULL, dw, dout, y, z, ldz, w, rstd, n, E, G);
+}
+
+extern "C" void mt_cuda_ssm_gate_norm_backward_bf16(void *be, float *dy, mt_bf16 *dz_b, float *dw, const float *dout,
+                                                    const float *y, const float *z, int ldz, const float *w,
+                                                    const float *rstd, int n, int E, int G)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    gate_backward(dy, NULL, dz_b, dw, dout, y, z, ldz, w, rstd, n, E, G);
 }
 
 /* ---------------- the gated norm over groups that span ranks ----------------
