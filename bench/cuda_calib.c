@@ -321,7 +321,7 @@ static void attn_fn(const void *arg)
                                       a->hd, a->qkvb);
     else if (a->bf16)
         g_ops->attention_backward_bf16(g_ops->be, a->dq, a->dk, a->dv, a->dout, a->q, a->k, a->v, a->out, a->lse,
-                                       a->b, a->t, a->h, a->h, a->hd, a->qkvb, NULL);
+                                       a->b, a->t, a->h, a->h, a->hd, a->qkvb, NULL, NULL, NULL);
     else if (a->fwd)
         g_ops->attention_forward(g_ops->be, a->out, a->lse, a->q, a->k, a->v, a->b, a->t, a->t, 0, a->h, a->h, a->hd);
     else

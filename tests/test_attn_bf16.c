@@ -108,7 +108,7 @@ static const double U32 = 1.0 / 16777216.0;    /* fp32 unit roundoff 2^-24 */
  *   out: sum_j p |v| (eps_p + u + (T+2)u32)
  *   backward (out, lse given as fp32 values of the reference's):
  *   eps_p' = e_s + u32 (|lse| + 6); e_dp = (2u + (hd+2)u32) sum_d |dO v|
- *   e_D = (hd+2) u32 sum_d |dO out|
+ *   e_D = (2u + (hd+2) u32) sum_d |dO out|      (D over bf16(dO), bf16(out))
  *   E_ds = scale p (eps_p' |dp - D| + e_dp + e_D) + u |ds| + 4u32 |ds|
  *   dq: sum_j (E_ds |k| + |ds| |k| (u + (T+2)u32)); dk likewise with q
  *   dv: sum_i p |dO| (eps_p' + 2u + (T+2)u32) */
@@ -171,7 +171,7 @@ static void reference(struct ref *r, const struct shape *s, const float *q, cons
                     D += (double)g[at + c] * o;
                     eD += fabs((double)g[at + c] * o);
                 }
-                eD *= (hd + 2) * U32;
+                eD *= 2 * U16 + (hd + 2) * U32;
                 for (int j = 0; j <= i; j++) {
                     const size_t kj = kb + (size_t)j * kld;
                     double sd = 0, a = 0, dp = 0, adp = 0;
@@ -220,7 +220,7 @@ static double worst_ratio(const float *got, const double *want, const double *bo
     return w;
 }
 
-struct outs { float *out, *lse, *dq, *dk, *dv; uint16_t *outb, *dvb; int dvb_same_dqdk; };
+struct outs { float *out, *lse, *dq, *dk, *dv; uint16_t *outb, *dvb; int dvb_same_dqdk, outnull_same; };
 
 /* How run() hands the entries their qkv_b (mt_ops.h): none (the backend
  * stages q, k, v itself both times), a buffer, or a buffer with the fp32 q,
@@ -250,6 +250,15 @@ static void run_qkvb(const struct mt_ops_i *ops, const struct shape *s, const fl
     ops->attention_forward_bf16(ops->be, dout, doutb, dlse, qa, ka, va, s->B, s->T, s->H, s->K, s->hd, qkvb);
     o->out = xalloc(nq * 4); o->lse = xalloc(nl * 4); o->outb = xalloc(nq * 2);
     down(ops, o->out, dout, nq * 4); down(ops, o->lse, dlse, nl * 4); down(ops, o->outb, doutb, nq * 2);
+    {   /* out NULL: out_bf16 alone, the same bits (and lse) */
+        uint16_t *ob2 = dev(ops, nq * 2), *h2 = xalloc(nq * 2);
+        float *l2 = dev(ops, nl * 4), *hl = xalloc(nl * 4);
+        ops->attention_forward_bf16(ops->be, NULL, ob2, l2, qa, ka, va, s->B, s->T, s->H, s->K, s->hd, qkvb);
+        down(ops, h2, ob2, nq * 2); down(ops, hl, l2, nl * 4);
+        o->outnull_same = !memcmp(h2, o->outb, nq * 2) && !memcmp(hl, o->lse, nl * 4);
+        free(h2); free(hl);
+        ops->buf_free(ops->be, &g_ctx, ob2); ops->buf_free(ops->be, &g_ctx, l2);
+    }
     if (mode == QKVB_SAVED_POISONED) {
         ops->fill(ops->be, dq_, 1e3f, nq);
         ops->fill(ops->be, dk_, -1e3f, nk);
@@ -259,21 +268,24 @@ static void run_qkvb(const struct mt_ops_i *ops, const struct shape *s, const fl
     float *oin = up(ops, out_in, nq * 4), *lin = up(ops, lse_in, nl * 4);
     float *gq = dev(ops, nq * 4), *gk = dev(ops, nk * 4), *gv = dev(ops, nk * 4);
     ops->attention_backward_bf16(ops->be, gq, gk, gv, dg, qa, ka, va, oin, lin, s->B, s->T, s->H, s->K, s->hd, qkvb,
-                                 NULL);
+                                 NULL, NULL, NULL);
     o->dq = xalloc(nq * 4); o->dk = xalloc(nk * 4); o->dv = xalloc(nk * 4);
     down(ops, o->dq, gq, nq * 4); down(ops, o->dk, gk, nk * 4); down(ops, o->dv, gv, nk * 4);
-    /* again with dv_b: dv as bf16 only (gv2 scratch), dq and dk the same bits */
+    /* again with dv_b (dv as bf16 only, gv2 scratch) and dout, out given as bf16 only
+     * (dout_b, out_b: rounded as their producers would): dq and dk the same bits */
     float *gq2 = dev(ops, nq * 4), *gk2 = dev(ops, nk * 4), *gv2 = dev(ops, nk * 4);
-    uint16_t *dvb = dev(ops, nk * 2);
-    ops->attention_backward_bf16(ops->be, gq2, gk2, gv2, dg, qa, ka, va, oin, lin, s->B, s->T, s->H, s->K, s->hd, qkvb,
-                                 dvb);
+    uint16_t *dvb = dev(ops, nk * 2), *gb = dev(ops, nq * 2), *ob = dev(ops, nq * 2);
+    ops->cast_bf16(ops->be, gb, dg, nq);
+    ops->cast_bf16(ops->be, ob, oin, nq);
+    ops->attention_backward_bf16(ops->be, gq2, gk2, gv2, NULL, qa, ka, va, NULL, lin, s->B, s->T, s->H, s->K, s->hd,
+                                 qkvb, dvb, gb, ob);
     o->dvb = xalloc(nk * 2);
     down(ops, o->dvb, dvb, nk * 2);
     float *hq = xalloc(nq * 4), *hk = xalloc(nk * 4);
     down(ops, hq, gq2, nq * 4); down(ops, hk, gk2, nk * 4);
     o->dvb_same_dqdk = !memcmp(hq, o->dq, nq * 4) && !memcmp(hk, o->dk, nk * 4);
     free(hq); free(hk);
-    void *bufs[] = {dq_, dk_, dv_, dg, dout, dlse, doutb, oin, lin, gq, gk, gv, qkvb, gq2, gk2, gv2, dvb};
+    void *bufs[] = {dq_, dk_, dv_, dg, dout, dlse, doutb, oin, lin, gq, gk, gv, qkvb, gq2, gk2, gv2, dvb, gb, ob};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) ops->buf_free(ops->be, &g_ctx, bufs[i]);
 }
@@ -405,6 +417,8 @@ static void test_shape(const struct shape *s)
     }
     snprintf(what, sizeof what, "%s: out_bf16 == bf16(out)", name);
     check(twin, what, "");
+    snprintf(what, sizeof what, "%s: out NULL: the same out_bf16 and lse (bits)", name);
+    check(a.outnull_same, what, "");
     /* dv_b: dv stored as bf16 only = bf16 of the fp32 dv, dq and dk unchanged */
     int dvb = a.dvb_same_dqdk;
     for (size_t i = 0; i < (size_t)s->B * s->T * s->K * s->hd && dvb; i++) {
@@ -413,7 +427,7 @@ static void test_shape(const struct shape *s)
         memcpy(&u, &x, 4);
         dvb = a.dvb[i] == (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);   /* nearest even; finite here */
     }
-    snprintf(what, sizeof what, "%s: dv_b == bf16(dv), dq and dk the same bits", name);
+    snprintf(what, sizeof what, "%s: dv_b == bf16(dv); dout, out as bf16: dq, dk the same bits", name);
     snprintf(why, sizeof why, "dq, dk same: %d", a.dvb_same_dqdk);
     check(dvb, what, why);
 
@@ -423,15 +437,16 @@ static void test_shape(const struct shape *s)
     outs_free(&b);
 
 #ifdef MT_WITH_CUDA
-    if (*g_kernel) {  /* two forward and four backward calls (each run's second with dv_b): which kernels ran them */
+    if (*g_kernel) {  /* four forward (each run's second with out NULL) and four backward calls (each run's second
+                       * with dv_b, dout_b, out_b): which kernels ran them */
         mt_ops_cuda_get_info_of(g_ops->be, &i1);
         const long dv2 = i1.attention_v2_calls - i0.attention_v2_calls;
         const long dfb = i1.attention_v2_fallbacks - i0.attention_v2_fallbacks;
         const int v2_hd = s->hd == 64 || s->hd == 128;
         const int v2_set = strcmp(g_kernel, "v1") != 0;  /* v2 and v3: attention_v2.cu */
         const int want_v2 = v2_set && v2_hd;
-        const int ok = !strcmp(i1.attn_kernel, g_kernel) && dv2 == (want_v2 ? 6 : 0) &&
-                       dfb == (v2_set && !v2_hd ? 6 : 0) && (dfb == 0 || i1.attention_v2_fallback_hd == s->hd);
+        const int ok = !strcmp(i1.attn_kernel, g_kernel) && dv2 == (want_v2 ? 8 : 0) &&
+                       dfb == (v2_set && !v2_hd ? 8 : 0) && (dfb == 0 || i1.attention_v2_fallback_hd == s->hd);
         snprintf(what, sizeof what, "%s: ran %s", name, want_v2 ? g_kernel : v2_set ? "v1 (v2 fallback, counted)" : "v1");
         snprintf(why, sizeof why, "attn_kernel %s, +%ld v2 calls, +%ld v2 fallbacks (hd %d)", i1.attn_kernel, dv2,
                  dfb, i1.attention_v2_fallback_hd);

@@ -45,7 +45,14 @@ source "$(dirname "$0")/dist_lib.sh"
 t0=$(date +%s)
 python3 "$HERE/make_shard.py" "$W/train.bin" 20000 64 pattern >/dev/null
 DENSE="--set vocab_size=64 --set n_layer=4 --set d_model=32 --set n_head=4 --set n_kv_head=2 --set seq_len=16 --set batch_size=8 --set lr=0.01 --set warmup_steps=2 --set total_steps=12 --set microbatches=2"
-HYB="$DENSE --set pattern=MAMA --set mamba_d_state=8 --set mamba_headdim=16 --set mamba_ngroups=2 --set mamba_chunk=8"
+# The hybrid at the dense lr (0.01) trains at the edge of stability: near step 8 its
+# loss drops steeply and any change of a rounding point moves that one step by about
+# the whole first-order bound (bf16_curve.py: worst |dL| / bound 0.999 there with
+# attention's D summed over fp32 operands, 1.056 over bf16 ones; 0.03-0.4 at every
+# other step). At lr 0.005 (the curve still drops 4.17 -> 2.64 in 12 steps) the
+# worst is 0.09, the margin the dense and MoE configs have: the regime the bound
+# models. A perturbation of 1e-7 (fp32 at another mamba_chunk) stays at 0 either way.
+HYB="$DENSE --set lr=0.005 --set pattern=MAMA --set mamba_d_state=8 --set mamba_headdim=16 --set mamba_ngroups=2 --set mamba_chunk=8"
 MOE="$DENSE --set pattern=AEAE --set n_experts=4 --set top_k=2 --set expert_hidden=32 --set shared_expert_hidden=16"
 COMMON="--peak-flops 1e11 --quiet --data $W/train.bin --steps 12"
 

@@ -106,6 +106,34 @@ static int v_bf16_dy(const struct mt_piece_ctx *pc, int qk_b, size_t n)
     return qk_b && wv->bf16 && !wv->lora_a && pc->dyb && pc->dyb->p && n <= pc->dyb->cap;
 }
 
+/* precision=bf16 training: the attention's output stored only as bf16 (att_b: Wo's
+ * GEMMs read it, and the backward's D, mt_ops.h) and d att only as bf16 (o_proj's
+ * backward GEMM writes it with a bf16 output for the attention backward, its one
+ * reader): no fp32 att store, no fp32 d att store, no staging cast of d att, D read
+ * from bf16 (16 bytes an element of att not moved). Not with an adapter on o
+ * (LoRA's terms read the fp32 att and d att) nor without Wo's shadow */
+static int att_bf16_only(const struct mt_piece_ctx *pc, const struct attn_state *st)
+{
+    const struct mt_param *wo = aw(pc)->wo;
+    return attn_bf16(pc) && st->att_b && pc->ops->gemm_bf16_out && wo->bf16 && !wo->lora_a;
+}
+
+/* o_proj's backward with d att as bf16 only (att_bf16_only): dWo += dy^T att_b,
+ * datt_b = bf16(dy Wo); dy rounded once for the two GEMMs (dyb_round) */
+static void o_proj_bwd_b(const struct mt_piece_ctx *pc, mt_bf16 *datt_b, const float *dy, const mt_bf16 *att_b, int N,
+                         int QD, int D)
+{
+    const struct mt_ops_i *ops = pc->ops;
+    struct mt_param *wo = aw(pc)->wo;
+    const mt_bf16 *dyb = dyb_round(ops, pc->dyb, dy, (size_t)N * (size_t)D);
+    if (N <= 0) return;
+    const void *DY = dyb ? (const void *)dyb : (const void *)dy;
+    const enum mt_elem dyt = dyb ? MT_ELEM_BF16 : MT_ELEM_F32;
+    wlinear_backward_db(ops, NULL, 0.0f, wo->frozen ? NULL : wo->grad, dy, dyb, NULL, att_b, wo, N, QD, D);
+    ops->gemm_bf16_out(ops->be, 0, 0, N, QD, D, 1.0f, DY, dyt, D, wo->bf16_ok ? (const void *)wo->bf16 : (const void *)wo->data,
+                       wo->bf16_ok ? MT_ELEM_BF16 : MT_ELEM_F32, QD, datt_b, QD);
+}
+
 /* x_out = x_in + attn(rmsnorm(x_in)) Wo^T for N = B*T rows (a->B, a->T)
  * (x_in, x_out: the step's streams; in the table's kinds x_in -> x_mid).
  * Training: a->state == NULL, positions 0..T-1 per sequence. Inference
@@ -158,8 +186,9 @@ static enum mt_status attn_piece_forward(struct mt_ctx *ctx, const struct mt_pie
     } else if (attn_bf16(pc)) {
         /* precision=bf16: bf16 operands on tensor cores; the kernel also writes
          * att's bf16 twin, Wo's operand in the forward and dWo GEMMs */
-        ops->attention_forward_bf16(ops->be, st->att, st->att_b, st->lse, pre ? NULL : st->q, pre ? NULL : st->k,
-                                    pre ? NULL : st->v, B, T, H, K, hd, st->qkv_b);
+        ops->attention_forward_bf16(ops->be, att_bf16_only(pc, st) ? NULL : st->att, st->att_b, st->lse,
+                                    pre ? NULL : st->q, pre ? NULL : st->k, pre ? NULL : st->v, B, T, H, K, hd,
+                                    st->qkv_b);
     } else {
         ops->attention_forward(ops->be, st->att, st->lse, st->q, st->k, st->v, B, T, T, 0, H, K, hd);
     }
@@ -191,17 +220,20 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
         MT_CHECK(tpa_gather_rows(ctx, tp, pc->s_full, pc->dx, Nr, D));
         dy = pc->s_full;
     }
-    /* term 1: o_proj */
-    proj_bwd_b(ops, t, dt, aown(pc)->datt, 0.0f, aw(pc)->wo, dy, st->att, st->att_b, N, QD, D, pc->dyb);
+    /* term 1: o_proj; d att as bf16 only where the attention backward is its one reader */
+    const int ab = att_bf16_only(pc, st);
+    mt_bf16 *datt_b = ab ? (mt_bf16 *)aown(pc)->datt : NULL;   /* in datt's memory */
+    if (ab) o_proj_bwd_b(pc, datt_b, dy, st->att_b, N, QD, D);
+    else proj_bwd_b(ops, t, dt, aown(pc)->datt, 0.0f, aw(pc)->wo, dy, st->att, st->att_b, N, QD, D, pc->dyb);
     /* term 2: attention core (dq, dk, dv overwritten); dv as bf16 only (into the dy
      * scratch, free until v's GEMMs read it) where those GEMMs are its only readers */
     const int qk_b = qk_bf16_dy(pc);
     mt_bf16 *dvb = attn_bf16(pc) && v_bf16_dy(pc, qk_b, (size_t)N * (size_t)KD) ? pc->dyb->p : NULL;
     const int pre = qkv_prefill(pc, st);   /* the forward left q, k, v in qkv_b only */
     if (attn_bf16(pc))
-        ops->attention_backward_bf16(ops->be, aown(pc)->dq, aown(pc)->dk, aown(pc)->dv, aown(pc)->datt,
-                                     pre ? NULL : st->q, pre ? NULL : st->k, pre ? NULL : st->v, st->att, st->lse, B,
-                                     T, H, K, hd, st->qkv_b, dvb);
+        ops->attention_backward_bf16(ops->be, aown(pc)->dq, aown(pc)->dk, aown(pc)->dv, ab ? NULL : aown(pc)->datt,
+                                     pre ? NULL : st->q, pre ? NULL : st->k, pre ? NULL : st->v, ab ? NULL : st->att,
+                                     st->lse, B, T, H, K, hd, st->qkv_b, dvb, datt_b, ab ? st->att_b : NULL);
     else
         ops->attention_backward(ops->be, aown(pc)->dq, aown(pc)->dk, aown(pc)->dv, aown(pc)->datt, st->q, st->k, st->v,
                                 st->att, st->lse, B, T, H, K, hd);

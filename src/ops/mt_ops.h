@@ -550,13 +550,21 @@ struct mt_ops_i {
      * q, k, v NULL (either entry; with qkv_b): that operand is already in
      * qkv_b, rounded by its producer (qk_norm_rope_forward_bf16, a v GEMM
      * with a bf16 output): the entries read it there (the same values the
-     * rounding of the fp32 operand would give, so the same bits). */
+     * rounding of the fp32 operand would give, so the same bits).
+     * out NULL (forward): only out_bf16 is stored (its readers take bf16).
+     * D_i = dout_i . out_i (backward) is summed in fp32 over bf16(dout) and
+     * bf16(out), the operands the products see (FlashAttention-2's D).
+     * dout_b, out_b (backward): NULL, or dout / out as bf16 (their producers
+     * rounded them: o_proj's backward GEMM with a bf16 output, the forward's
+     * out_bf16); the fp32 array is then not read and may be NULL. The same
+     * values either way, so the same bits. */
     void (*attention_forward_bf16)(void *be, float *out, mt_bf16 *out_bf16, float *lse, const float *q,
                                    const float *k, const float *v, int B, int T, int H, int K, int hd,
                                    mt_bf16 *qkv_b);
     void (*attention_backward_bf16)(void *be, float *dq, float *dk, float *dv, const float *dout, const float *q,
                                     const float *k, const float *v, const float *out, const float *lse,
-                                    int B, int T, int H, int K, int hd, const mt_bf16 *qkv_b, mt_bf16 *dv_b);
+                                    int B, int T, int H, int K, int hd, const mt_bf16 *qkv_b, mt_bf16 *dv_b,
+                                    const mt_bf16 *dout_b, const mt_bf16 *out_b);
     /* ---- the Mamba-3 scan in bf16 (precision=bf16; docs/cuda.md "The Mamba-3
      * scan on tensor cores") ----
      * ssm_scan_forward/backward's contract with the chunked form's

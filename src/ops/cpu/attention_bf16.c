@@ -6,7 +6,8 @@
  * Per (b, h), query i, keys j <= i, with q~, k~, v~, dout~ = bf16(q, k, v, dout):
  *   s_ij = scale q~_i . k~_j;  lse_i = log sum_j exp(s_ij)   (fp32)
  *   p_ij = exp(s_ij - lse_i);  out_i = sum_j bf16(p_ij) v~_j
- * backward, D_i = dout_i . out_i (fp32 operands):
+ * backward, D_i = dout~_i . out~_i (out~ = bf16(out): FlashAttention-2's D, the
+ * operands the products see; summed in fp32):
  *   dp_ij = dout~_i . v~_j;  ds_ij = scale p_ij (dp_ij - D_i)
  *   dv_j = sum_i bf16(p_ij) dout~_i;  dk_j = sum_i bf16(ds_ij) q~_i;  dq_i = sum_j bf16(ds_ij) k~_j
  *
@@ -83,7 +84,7 @@ void mt_cpu_attention_forward_bf16(float *out, uint16_t *out_bf16, float *lse, c
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++) {
             if (!ok) continue;
-            float *srow = malloc((size_t)T * sizeof(float));
+            float *srow = malloc(((size_t)T + (size_t)hd) * sizeof(float));   /* + out's row when out is NULL */
             if (!srow) { ok = 0; continue; }
             const float *kg = kr + (size_t)b * T * kld + (size_t)(h / grp) * hd;
             const float *vg = vr + (size_t)b * T * kld + (size_t)(h / grp) * hd;
@@ -91,7 +92,7 @@ void mt_cpu_attention_forward_bf16(float *out, uint16_t *out_bf16, float *lse, c
                 const size_t at = ((size_t)b * T + i) * qld + (size_t)h * hd;
                 const float L = row_scores(srow, qr + at, kg, kld, i, hd, scale);
                 lse[((size_t)b * H + h) * T + i] = L;
-                float *o = out + at;
+                float *o = out ? out + at : srow + T;
                 for (int d = 0; d < hd; d++) o[d] = 0.0f;
                 for (int j = 0; j <= i; j++) {
                     const float p = bf16r(expf(srow[j] - L));
@@ -104,19 +105,22 @@ void mt_cpu_attention_forward_bf16(float *out, uint16_t *out_bf16, float *lse, c
             free(srow);
         }
     free(qr); free(kr); free(vr);
-    if (!ok) poison(out, nq);
+    if (!ok && out) poison(out, nq);
+    if (!ok && out_bf16)
+        for (size_t i = 0; i < nq; i++) out_bf16[i] = 0x7fc0;   /* NaN */
 }
 
 void mt_cpu_attention_backward_bf16(float *dq, float *dk, float *dv, const float *dout, const float *q,
                                    const float *k, const float *v, const float *out, const float *lse,
-                                   int B, int T, int H, int K, int hd, const uint16_t *qkv_b)
+                                   int B, int T, int H, int K, int hd, const uint16_t *qkv_b, const uint16_t *dout_b,
+                                   const uint16_t *out_b)
 {
     const size_t qld = (size_t)H * hd, kld = (size_t)K * hd;
     const size_t nq = (size_t)B * T * qld, nk = (size_t)B * T * kld;
     float *qr = operand(q, qkv_b, nq), *kr = operand(k, qkv_b ? qkv_b + nq : NULL, nk);
     float *vr = operand(v, qkv_b ? qkv_b + nq + nk : NULL, nk);
-    float *gr = rounded_copy(dout, nq);
-    int ok = qr && kr && vr && gr;
+    float *gr = operand(dout_b ? NULL : dout, dout_b, nq), *orr = operand(out_b ? NULL : out, out_b, nq);
+    int ok = qr && kr && vr && gr && orr;
     const float scale = 1.0f / sqrtf((float)hd);
     const int grp = H / K;
 #pragma omp parallel for collapse(2) schedule(dynamic) if (ok)
@@ -132,7 +136,7 @@ void mt_cpu_attention_backward_bf16(float *dq, float *dk, float *dv, const float
                 for (int i = 0; i < T; i++) {
                     const size_t at = ((size_t)b * T + i) * qld + (size_t)h * hd;
                     const float L = lse[((size_t)b * H + h) * T + i];
-                    const float Di = dot(dout + at, out + at, hd);
+                    const float Di = dot(gr + at, orr + at, hd);
                     float *dqi = dq + at;
                     for (int d = 0; d < hd; d++) dqi[d] = 0.0f;
                     for (int j = 0; j <= i; j++) {
@@ -148,6 +152,6 @@ void mt_cpu_attention_backward_bf16(float *dq, float *dk, float *dv, const float
                     }
                 }
         }
-    free(qr); free(kr); free(vr); free(gr);
+    free(qr); free(kr); free(vr); free(gr); free(orr);
     if (!ok) { poison(dq, nq); poison(dk, nk); poison(dv, nk); }
 }

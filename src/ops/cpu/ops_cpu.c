@@ -310,17 +310,20 @@ static void p_attention_forward_bf16(void *be, float *out, mt_bf16 *out_bf16, fl
 /* attention_backward_bf16 (mt_ops.h); dv_b: the fp32 dv (scratch then) rounded once */
 static void attention_backward_bf16(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
                                     const float *v, const float *out, const float *lse, int B, int T, int H, int K,
-                                    int hd, const mt_bf16 *qkv_b, mt_bf16 *dv_b)
+                                    int hd, const mt_bf16 *qkv_b, mt_bf16 *dv_b, const mt_bf16 *dout_b,
+                                    const mt_bf16 *out_b)
 {
-    mt_cpu_attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, hd, qkv_b);
+    mt_cpu_attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, hd, qkv_b, dout_b, out_b);
     if (dv_b) mt_cpu_cast_bf16(dv_b, dv, (size_t)B * (size_t)T * (size_t)K * (size_t)hd);
 }
 static void p_attention_backward_bf16(void *be, float *dq, float *dk, float *dv, const float *dout, const float *q,
                                       const float *k, const float *v, const float *out, const float *lse, int B,
-                                      int T, int H, int K, int hd, const mt_bf16 *qkv_b, mt_bf16 *dv_b)
+                                      int T, int H, int K, int hd, const mt_bf16 *qkv_b, mt_bf16 *dv_b,
+                                      const mt_bf16 *dout_b, const mt_bf16 *out_b)
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
-    PROF(MT_OPK_ATTENTION_BWD, attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, hd, qkv_b, dv_b));
+    PROF(MT_OPK_ATTENTION_BWD, attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, hd, qkv_b, dv_b,
+                                                       dout_b, out_b));
 }
 static void p_swiglu_forward(void *be, float *out, const float *gate, const float *up, size_t n)
 {

@@ -486,6 +486,8 @@ static int tc_smem_opt_in(F *kern, size_t bytes)
 }
 
 /* bf16 copies of the call's operands in the workspace, each 256-byte aligned */
+#define TC_ROWDOT_THREADS 256
+
 struct tc_operands {
     bf16 *q, *k, *v, *g;
     float *D;
@@ -506,8 +508,9 @@ static size_t tc_ds_bytes(int B, int T, int H)
  * forward rounds q, k, v; the backward rounds dout, and q, k, v only when
  * they are not the caller's (saved by its forward: the same bits). */
 static int tc_stage(struct tc_operands *o, const float *q, const float *k, const float *v, const float *dout,
-                    int B, int T, int H, int K, int hd, const mt_bf16 *qkv_b)
+                    const mt_bf16 *dout_b, int B, int T, int H, int K, int hd, const mt_bf16 *qkv_b)
 {
+    const int bwd = dout || dout_b;   /* the backward's staging (dout's bf16, D) */
     const size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * K * hd;
     /* an operand given as NULL is in qkv_b already (its producer rounded it there, mt_ops.h) */
     const int given = !q || !k || !v, aligned = hd % 8 == 0 && ((uintptr_t)qkv_b & 15) == 0;
@@ -516,11 +519,11 @@ static int tc_stage(struct tc_operands *o, const float *q, const float *k, const
         return 0;
     }
     const int saved = qkv_b && (given || aligned);
-    const size_t bq = tc_up256(nq * 2), bk = tc_up256(nk * 2), bd = dout ? tc_up256((size_t)B * H * T * 4) : 0;
+    const size_t bq = tc_up256(nq * 2), bk = tc_up256(nk * 2), bd = bwd ? tc_up256((size_t)B * H * T * 4) : 0;
     const size_t bqkv = saved ? 0 : bq + 2 * bk;
     const size_t bds =
-        dout && tc_ds_bytes(B, T, H) <= mt_cuda_be->attn_ds_cap ? tc_up256(tc_ds_bytes(B, T, H)) : 0;
-    const size_t need = bqkv + (dout ? bq : 0) + bd + bds;
+        bwd && tc_ds_bytes(B, T, H) <= mt_cuda_be->attn_ds_cap ? tc_up256(tc_ds_bytes(B, T, H)) : 0;
+    const size_t need = bqkv + (bwd ? bq : 0) + bd + bds;
     unsigned char *ws = NULL;   /* a forward on the caller's qkv_b needs none (and asks for none: 0 bytes of a */
     if (need && !(ws = (unsigned char *)mt_cuda_workspace(need))) return 0;   /* never grown workspace is NULL) */
     o->ds = bds ? (bf16 *)(ws + bqkv + bq + bd) : NULL;
@@ -533,8 +536,8 @@ static int tc_stage(struct tc_operands *o, const float *q, const float *k, const
         o->k = (bf16 *)(ws + bq);
         o->v = (bf16 *)(ws + bq + bk);
     }
-    o->g = dout ? (bf16 *)(ws + bqkv) : NULL;
-    o->D = dout ? (float *)(ws + bqkv + bq) : NULL;
+    o->g = bwd ? (bf16 *)(ws + bqkv) : NULL;
+    o->D = bwd ? (float *)(ws + bqkv + bq) : NULL;
     /* 256-byte workspace / 16-byte qkv_b: rows start on 16 bytes when hd % 8 == 0 */
     o->vec = hd % 8 == 0 && (!saved || aligned);
     /* the roundings in one launch (cast_bf16_multi: the same bits as one cast each); the
@@ -547,11 +550,48 @@ static int tc_stage(struct tc_operands *o, const float *q, const float *k, const
     mt_bf16 *to[4] = {(mt_bf16 *)o->q, (mt_bf16 *)o->k, (mt_bf16 *)o->v, (mt_bf16 *)o->g};
     const size_t len[4] = {nq, nk, nk, nq};
     for (int i = 0; i < 4; i++) {
-        if (!from[i] || (i < 3 && saved && dout)) continue;
+        if (!from[i] || (i < 3 && saved && bwd)) continue;
         dst[c] = to[i], src[c] = from[i], n[c++] = len[i];
     }
     if (c) mt_cuda_cast_bf16_multi(mt_cuda_be, dst, src, n, c);
+    /* dout given as bf16 (its producer rounded it, mt_ops.h): read in place when its
+     * rows start on 16 bytes, else copied into the staging slot */
+    if (dout_b && hd % 8 == 0 && ((uintptr_t)dout_b & 15) == 0) o->g = (bf16 *)dout_b;
+    else if (dout_b && !MT_CUDA_OK(cudaMemcpyAsync(o->g, dout_b, nq * 2, cudaMemcpyDeviceToDevice,
+                                                   mt_cuda_be->stream)))
+        return 0;
     return 1;
+}
+
+/* D (B,H,T) = rowwise bf16(dout) . bf16(out) summed in fp32 (FlashAttention-2's
+ * D: the operands the products see); g: bf16(dout) (the staged operand), out
+ * as bf16 (out_b) or fp32 (rounded as read). One warp per (b, t, h) row, the
+ * lanes' strided sums then the warp's tree (attention.cu's rowdot order) */
+static __global__ void tc_rowdot_k(float *D, const bf16 *g, const float *out, const bf16 *out_b, int B, int T, int H,
+                                   int hd)
+{
+    const size_t row = (size_t)blockIdx.x * (TC_ROWDOT_THREADS / MT_WARP) + threadIdx.x / MT_WARP;
+    const int lane = threadIdx.x % MT_WARP;
+    if (row >= (size_t)B * (size_t)T * (size_t)H) return;
+    const size_t at = row * (size_t)hd;
+    float acc = 0.0f;
+    for (int d = lane; d < hd; d += MT_WARP) {
+        const float o = out_b ? __bfloat162float(out_b[at + d]) : __bfloat162float(__float2bfloat16_rn(out[at + d]));
+        acc += __bfloat162float(g[at + d]) * o;
+    }
+    acc = mt_warp_sum(acc);
+    if (lane == 0) {
+        const size_t h = row % (size_t)H, bt = row / (size_t)H, t = bt % (size_t)T, b = bt / (size_t)T;
+        D[(b * (size_t)H + h) * (size_t)T + t] = acc;
+    }
+}
+
+static void tc_rowdot(float *D, const bf16 *g, const float *out, const mt_bf16 *out_b, int B, int T, int H, int hd)
+{
+    const size_t rows = (size_t)B * (size_t)T * (size_t)H, per = TC_ROWDOT_THREADS / MT_WARP;
+    MT_LAUNCH(tc_rowdot_k, (unsigned)((rows + per - 1) / per), TC_ROWDOT_THREADS, 0)(D, g, out, (const bf16 *)out_b, B,
+                                                                                   T, H, hd);
+    MT_CUDA_KCHECK();
 }
 
 template <int NF>
@@ -613,29 +653,41 @@ static int tc_shape_ok(int H, int K, int hd)
     return 1;
 }
 
-/* The fp32 fallback (hd > 128) wants fp32 q, k, v: an operand given as NULL
- * (already in qkv_b, mt_ops.h) is widened into the workspace past its first
- * `skip` bytes (the fp32 backward's own rowdot scratch, which it takes from
- * the same grow-only workspace's base). Returns 0 on a failure (recorded). */
-static int fp32_operands(void *be, const float **q, const float **k, const float **v, const mt_bf16 *qkv_b, size_t nq,
-                         size_t nk, size_t skip)
+/* The fp32 fallback (hd > 128) wants fp32 operands: q, k, v given as NULL
+ * (already in qkv_b), dout, out given as NULL (dout_b, out_b: the backward's
+ * bf16 forms, mt_ops.h) are widened into the workspace past its first `skip`
+ * bytes (the fp32 backward's own rowdot scratch, which it takes from the same
+ * grow-only workspace's base); out32 (the forward with out NULL): room there
+ * for the fp32 out. Returns 0 on a failure (recorded). */
+static int fp32_operands(void *be, const float **q, const float **k, const float **v, const float **dout,
+                         const mt_bf16 *dout_b, const float **out, const mt_bf16 *out_b, const mt_bf16 *qkv_b,
+                         size_t nq, size_t nk, size_t skip, float **out32)
 {
-    if (*q && *k && *v) return 1;
-    if (!qkv_b) {
-        MT_CUDA_UNSUPPORTED("attention (bf16): q, k or v NULL without qkv_b");
-        return 0;
+    const float **op[5] = {q, k, v, dout, out};
+    const mt_bf16 *src[5] = {qkv_b, qkv_b ? qkv_b + nq : NULL, qkv_b ? qkv_b + nq + nk : NULL, dout_b, out_b};
+    const size_t len[5] = {nq, nk, nk, nq, nq};
+    size_t need = 0;
+    for (int i = 0; i < 5; i++) {
+        if (!op[i] || *op[i]) continue;
+        if (!src[i]) {
+            MT_CUDA_UNSUPPORTED(i < 3 ? "attention (bf16): q, k or v NULL without qkv_b"
+                                      : "attention (bf16): dout or out NULL without its bf16 form");
+            return 0;
+        }
+        need += len[i];
     }
+    if (!need && !out32) return 1;
     skip = tc_up256(skip);
-    unsigned char *ws = (unsigned char *)mt_cuda_workspace(skip + (nq + 2 * nk) * sizeof(float));
+    unsigned char *ws = (unsigned char *)mt_cuda_workspace(skip + (need + (out32 ? nq : 0)) * sizeof(float));
     if (!ws) return 0;
     float *w = (float *)(ws + skip);
-    const float **op[3] = {q, k, v};
-    const size_t off[3] = {0, nq, nq + nk}, len[3] = {nq, nk, nk};
-    for (int i = 0; i < 3; i++)
-        if (!*op[i]) {
-            mt_cuda_widen_bf16(be, w + off[i], qkv_b + off[i], len[i]);
-            *op[i] = w + off[i];
+    for (int i = 0; i < 5; i++)
+        if (op[i] && !*op[i]) {
+            mt_cuda_widen_bf16(be, w, src[i], len[i]);
+            *op[i] = w;
+            w += len[i];
         }
+    if (out32) *out32 = w;
     return 1;
 }
 
@@ -649,13 +701,14 @@ extern "C" void mt_cuda_attention_forward_bf16(void *be, float *out, mt_bf16 *ou
     if (hd > 128) {  /* no tensor-core tiles for it: the fp32 kernels, counted */
         mt_cuda_be->info.attention_fp32_fallbacks++;
         const size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * K * hd;
-        if (!fp32_operands(be, &q, &k, &v, qkv_b, nq, nk, 0)) return;
-        mt_cuda_attention_forward(be, out, lse, q, k, v, B, T, T, 0, H, K, hd);
-        if (out_bf16) mt_cuda_cast_bf16(be, out_bf16, out, (size_t)B * T * H * hd);
+        float *o32 = out;   /* out NULL (out_bf16 alone, mt_ops.h): fp32 past the operands */
+        if (!fp32_operands(be, &q, &k, &v, NULL, NULL, NULL, NULL, qkv_b, nq, nk, 0, out ? NULL : &o32)) return;
+        mt_cuda_attention_forward(be, o32, lse, q, k, v, B, T, T, 0, H, K, hd);
+        if (out_bf16) mt_cuda_cast_bf16(be, out_bf16, o32, nq);
         return;
     }
     struct tc_operands o;
-    if (!tc_stage(&o, q, k, v, NULL, B, T, H, K, hd, qkv_b)) return;
+    if (!tc_stage(&o, q, k, v, NULL, NULL, B, T, H, K, hd, qkv_b)) return;
     mt_cuda_be->info.attention_tc_calls++;
     if (tc_use_v2(hd)) {  /* attention_v2.cu: FlashAttention-2-class, one pass */
         mt_attn_v2_forward(out, out_bf16, lse, (const mt_bf16 *)o.q, (const mt_bf16 *)o.k, (const mt_bf16 *)o.v, B, T,
@@ -669,23 +722,32 @@ extern "C" void mt_cuda_attention_forward_bf16(void *be, float *out, mt_bf16 *ou
 extern "C" void mt_cuda_attention_backward_bf16(void *be, float *dq, float *dk, float *dv, const float *dout,
                                                 const float *q, const float *k, const float *v, const float *out,
                                                 const float *lse, int B, int T, int H, int K, int hd,
-                                                const mt_bf16 *qkv_b, mt_bf16 *dv_b)
+                                                const mt_bf16 *qkv_b, mt_bf16 *dv_b, const mt_bf16 *dout_b,
+                                                const mt_bf16 *out_b)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (B <= 0 || T <= 0 || H <= 0) return;
     if (!tc_shape_ok(H, K, hd)) return;
-    if (hd > 128) {
+    if (dout_b) dout = NULL;   /* the bf16 forms win (mt_ops.h) */
+    if (out_b) out = NULL;
+    if ((!dout && !dout_b) || (!out && !out_b)) {
+        MT_CUDA_UNSUPPORTED("attention (bf16): backward without dout or out (fp32 or bf16)");
+        return;
+    }
+    if (hd > 128) {   /* (D from the fp32 values it gets: the fp32 kernels' rowdot) */
         mt_cuda_be->info.attention_fp32_fallbacks++;
         const size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * K * hd;
-        if (!fp32_operands(be, &q, &k, &v, qkv_b, nq, nk, (size_t)B * T * H * sizeof(float))) return;
+        if (!fp32_operands(be, &q, &k, &v, &dout, dout_b, &out, out_b, qkv_b, nq, nk, (size_t)B * T * H * sizeof(float),
+                           NULL))
+            return;
         mt_cuda_attention_backward(be, dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, hd);
         if (dv_b) mt_cuda_cast_bf16(be, dv_b, dv, (size_t)B * T * K * hd);   /* dv scratch: rounded once */
         return;
     }
     struct tc_operands o;
     const int v2 = tc_use_v2(hd);
-    if (!tc_stage(&o, q, k, v, dout, B, T, H, K, hd, qkv_b)) return;
-    mt_cuda_attention_rowdot(o.D, dout, out, B, T, H, hd);
+    if (!tc_stage(&o, q, k, v, dout, dout_b, B, T, H, K, hd, qkv_b)) return;
+    tc_rowdot(o.D, o.g, out, out_b, B, T, H, hd);
     mt_cuda_be->info.attention_tc_calls++;
     if (v2) {
         mt_attn_v2_backward(dq, dk, dv, dv_b, (mt_bf16 *)o.ds, (const mt_bf16 *)o.q, (const mt_bf16 *)o.k,

@@ -622,7 +622,8 @@ void mt_cuda_attention_forward_bf16(void *be, float *out, mt_bf16 *out_bf16, flo
                                     mt_bf16 *qkv_b);
 void mt_cuda_attention_backward_bf16(void *be, float *dq, float *dk, float *dv, const float *dout,
                                      const float *q, const float *k, const float *v, const float *out,
-                                     const float *lse, int B, int T, int H, int K, int hd, const mt_bf16 *qkv_b, mt_bf16 *dv_b);
+                                     const float *lse, int B, int T, int H, int K, int hd, const mt_bf16 *qkv_b, mt_bf16 *dv_b,
+                                     const mt_bf16 *dout_b, const mt_bf16 *out_b);
 
 /* ---- swiglu.cu ---- */
 void mt_cuda_swiglu_forward(void *be, float *out, const float *gate, const float *up, size_t n);
