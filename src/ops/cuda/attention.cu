@@ -347,13 +347,6 @@ attn_bwd_dq_k(float *dq, const float *dout, const float *q, const float *k, cons
 }
 
 /* ---- host side ---- */
-template <typename F>
-static int smem_opt_in(F *kern, size_t bytes)
-{
-    if (bytes <= 48 * 1024) return 1;
-    return MT_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-}
-
 static int check_shape(int H, int K, int hd)
 {
     if (hd < 1 || hd > HD_MAX) {
@@ -372,7 +365,7 @@ static void fwd_launch(float *out, float *lse, const float *q, const float *k, c
                        int B, int Tq, int Tk, int q_pos0, int H, int K, int hd)
 {
     size_t smem = (size_t)(BQ * hd + BK * (hd + 1) + BK * hd) * sizeof(float);
-    if (!smem_opt_in(attn_fwd_k<NR>, smem)) return;
+    if (!mt_cuda_smem_opt_in(attn_fwd_k<NR>, smem)) return;
     dim3 grid((unsigned)((Tq + BQ - 1) / BQ), (unsigned)H, (unsigned)B);
     MT_LAUNCH(attn_fwd_k<NR>, grid, THREADS, smem)(out, lse, q, k, v, Tq, Tk, q_pos0, H, K, hd,
                                                    1.0f / sqrtf((float)hd));
@@ -386,7 +379,7 @@ static void bwd_launch(float *dq, float *dk, float *dv, const float *dout, const
     const float scale = 1.0f / sqrtf((float)hd);
     size_t smem_kv = (size_t)(2 * BK * hd + 2 * BQ * (hd + 1) + 2 * BQ) * sizeof(float);
     size_t smem_q = (size_t)(2 * BK * (hd + 1) + 2 * BQ * hd) * sizeof(float);
-    if (!smem_opt_in(attn_bwd_dkdv_k<NR>, smem_kv) || !smem_opt_in(attn_bwd_dq_k<NR>, smem_q)) return;
+    if (!mt_cuda_smem_opt_in(attn_bwd_dkdv_k<NR>, smem_kv) || !mt_cuda_smem_opt_in(attn_bwd_dq_k<NR>, smem_q)) return;
     dim3 gkv((unsigned)((T + BK - 1) / BK), (unsigned)K, (unsigned)B);
     MT_LAUNCH(attn_bwd_dkdv_k<NR>, gkv, THREADS, smem_kv)(dk, dv, dout, q, k, v, lse, D, T, H, K, hd, scale);
     MT_CUDA_KCHECK();

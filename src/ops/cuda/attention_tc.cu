@@ -478,13 +478,6 @@ static size_t tc_smem_dq(int hd16)
     return (size_t)4 * TC_B * (hd16 + 8) * 2 + (size_t)TC_WARPS * 16 * TC_LDS * 4 + (size_t)TC_WARPS * 16 * TC_LDP * 2;
 }
 
-template <typename F>
-static int tc_smem_opt_in(F *kern, size_t bytes)
-{
-    if (bytes <= 48 * 1024) return 1;
-    return MT_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-}
-
 /* bf16 copies of the call's operands in the workspace, each 256-byte aligned */
 #define TC_ROWDOT_THREADS 256
 
@@ -599,7 +592,7 @@ static void tc_fwd_launch(float *out, bf16 *out_b, float *lse, const struct tc_o
                           int K, int hd)
 {
     const size_t smem = tc_smem_fwd(tc_hd16(hd));
-    if (!tc_smem_opt_in(attn_tc_fwd_k<NF>, smem)) return;
+    if (!mt_cuda_smem_opt_in(attn_tc_fwd_k<NF>, smem)) return;
     dim3 grid((unsigned)((T + TC_B - 1) / TC_B), (unsigned)H, (unsigned)B);
     MT_LAUNCH(attn_tc_fwd_k<NF>, grid, TC_THREADS, smem)(out, out_b, lse, o->q, o->k, o->v, T, H, K, hd,
                                                          1.0f / sqrtf((float)hd), o->vec);
@@ -613,8 +606,8 @@ static void tc_bwd_launch(float *dq, float *dk, float *dv, bf16 *dv_b, const flo
     const int hd16 = tc_hd16(hd);
     const float scale = 1.0f / sqrtf((float)hd);
     const size_t s_kv = tc_smem_dkdv(hd16), s_q = o->ds ? tc_smem_dq_ds(hd16) : tc_smem_dq(hd16);
-    if (!tc_smem_opt_in(attn_tc_dkdv_k<NF>, s_kv)) return;
-    if (o->ds ? !tc_smem_opt_in(attn_tc_dq_ds_k<NF>, s_q) : !tc_smem_opt_in(attn_tc_dq_k<NF>, s_q)) return;
+    if (!mt_cuda_smem_opt_in(attn_tc_dkdv_k<NF>, s_kv)) return;
+    if (o->ds ? !mt_cuda_smem_opt_in(attn_tc_dq_ds_k<NF>, s_q) : !mt_cuda_smem_opt_in(attn_tc_dq_k<NF>, s_q)) return;
     const unsigned nt = (unsigned)((T + TC_B - 1) / TC_B);
     MT_LAUNCH(attn_tc_dkdv_k<NF>, dim3(nt, (unsigned)K, (unsigned)B), TC_THREADS, s_kv)(
         dk, dv, dv_b, o->ds, o->q, o->k, o->v, o->g, lse, o->D, T, H, K, hd, scale, o->vec);

@@ -606,13 +606,6 @@ attn_v2_dq_k(float *dq, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 
 /* ---- host side ---- */
 static size_t v2_tile_bytes(int hd) { return (size_t)V2_B * (size_t)(hd + 8) * 2; }
 
-template <typename F>
-static int v2_smem_opt_in(F *kern, size_t bytes)
-{
-    if (bytes <= 48 * 1024) return 1;
-    return MT_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-}
-
 int mt_attn_v2_supports(int hd) { return hd == 64 || hd == 128; }
 
 /* the query rows a block owns in the forward and dQ kernels, 64 MW: the
@@ -624,7 +617,7 @@ static void v2_fwd_mw(float *out, bf16 *out_b, float *lse, const bf16 *q, const 
                       int H, int K)
 {
     const size_t smem = (size_t)(4 + MW) * v2_tile_bytes(HD);
-    if (!v2_smem_opt_in(attn_v2_fwd_k<HD, MW>, smem)) return;
+    if (!mt_cuda_smem_opt_in(attn_v2_fwd_k<HD, MW>, smem)) return;
     const float c = (1.0f / sqrtf((float)HD)) * V2_LOG2E;
     dim3 grid((unsigned)((T + V2_B * MW - 1) / (V2_B * MW)), (unsigned)H, (unsigned)B);
     MT_LAUNCH((attn_v2_fwd_k<HD, MW>), grid, V2_THREADS, smem)(out, out_b, lse, q, k, v, T, H, K, c);
@@ -644,7 +637,7 @@ template <int HD, int MW>
 static void v2_dq_ds(float *dq, const bf16 *ds, const bf16 *k, int B, int T, int H, int K)
 {
     const size_t smem = 2 * v2_tile_bytes(HD) + 2 * (size_t)MW * V2_B * (V2_B + 8) * 2;
-    if (!v2_smem_opt_in(attn_v2_dq_ds_k<HD, MW>, smem)) return;
+    if (!mt_cuda_smem_opt_in(attn_v2_dq_ds_k<HD, MW>, smem)) return;
     const unsigned nb = (unsigned)((T + V2_B * MW - 1) / (V2_B * MW));
     MT_LAUNCH((attn_v2_dq_ds_k<HD, MW>), dim3(nb, (unsigned)H, (unsigned)B), V2_THREADS, smem)(dq, ds, k, T, H, K);
     MT_CUDA_KCHECK();
@@ -657,7 +650,7 @@ static void v2_bwd(float *dq, float *dk, float *dv, bf16 *dv_b, bf16 *ds, const 
                    const bf16 *v, const bf16 *g, const float *lse, const float *D, int B, int T, int H, int K)
 {
     const size_t s_kv = 6 * v2_tile_bytes(HD) + 4 * V2_B * sizeof(float), s_q = 6 * v2_tile_bytes(HD);
-    if (!v2_smem_opt_in(attn_v2_dkdv_k<HD>, s_kv) || !v2_smem_opt_in(attn_v2_dq_k<HD>, s_q)) return;
+    if (!mt_cuda_smem_opt_in(attn_v2_dkdv_k<HD>, s_kv) || !mt_cuda_smem_opt_in(attn_v2_dq_k<HD>, s_q)) return;
     const float scale = 1.0f / sqrtf((float)HD), c = scale * V2_LOG2E;
     const unsigned nt = (unsigned)((T + V2_B - 1) / V2_B);
     MT_LAUNCH(attn_v2_dkdv_k<HD>, dim3(nt, (unsigned)K, (unsigned)B), V2_THREADS, s_kv)(dk, dv, dv_b, ds, q, k, v, g,

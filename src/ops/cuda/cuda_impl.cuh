@@ -235,6 +235,15 @@ static inline int mt_cuda_check_gen(S st, S success, F to_string, const char *ca
 #define MT_CUBLAS_OK(call)  MT_CUDA_CHECK_GEN(call, CUBLAS_STATUS_SUCCESS, cublasGetStatusString)
 #define MT_CUBLASLT_OK(call) MT_CUDA_CHECK_GEN(call, CUBLAS_STATUS_SUCCESS, cublasLtGetStatusString)
 #define MT_CUDA_CHECK(call) ((void)MT_CUDA_OK(call))
+
+/* dynamic shared memory above the default 48 KiB needs the kernel's opt-in
+ * (once per kernel is enough; asking again is cheap). 0: refused (recorded) */
+template <typename F>
+static int mt_cuda_smem_opt_in(F *kern, size_t bytes)
+{
+    if (bytes <= 48 * 1024) return 1;
+    return MT_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
 #define MT_CUBLAS_CHECK(call) ((void)MT_CUBLAS_OK(call))
 /* after every kernel launch: launch-configuration errors are reported here */
 #define MT_CUDA_KCHECK()    MT_CUDA_CHECK(cudaGetLastError())

@@ -4,10 +4,17 @@
  * Backward without float atomics, in the cpu backend's order:
  *   1. keys[i] = (idx[i] << 32) | i, padded with ~0 to a power of two P,
  *      bitonic-sorted ascending (log2(P)(log2(P)+1)/2 compare-exchange
- *      passes): tokens grouped, positions increasing inside a group;
+ *      passes): tokens grouped, positions increasing inside a group. Where
+ *      the P keys fit in one block's shared memory (P <= 16384 on an H100:
+ *      the GPT-2 and d2048 batches) one block runs every pass there
+ *      (bitonic_smem_k: one launch, a barrier a pass); else a launch a pass
+ *      over global memory (105 launches at P 16384). The same passes, so
+ *      the same sorted keys (they are distinct: the position is in them);
  *   2. one block per sorted position that starts a group (and a column
  *      slice): acc = dwte[v][c]; acc += dout[n][c] for the group's n in
- *      increasing order; dwte[v][c] = acc.
+ *      increasing order; dwte[v][c] = acc. The group's rows are loaded
+ *      EMB_AHEAD at a time before they are added (a frequent token's
+ *      group is hundreds of rows: one memory round trip a row otherwise).
  * Every dwte element is thus summed in token order exactly as the cpu loop
  * does ((dwte + g_n1) + g_n2) + ... : bit-identical sums, deterministic.
  */
@@ -44,6 +51,33 @@ static __global__ void bitonic_k(uint64_t *keys, size_t P, size_t j, size_t k)
     }
 }
 
+/* the whole sort in one block's shared memory (P keys): keys_k's keys, then
+ * bitonic_k's passes in its order, a barrier after each */
+#define SORT_THREADS 1024
+static __global__ void bitonic_smem_k(uint64_t *keys, const int32_t *idx, int N, size_t P)
+{
+    MT_DYN_SMEM(uint64_t, sk);
+    for (size_t i = threadIdx.x; i < P; i += blockDim.x)
+        sk[i] = i < (size_t)N ? ((uint64_t)(uint32_t)idx[i] << 32) | (uint64_t)i : ~(uint64_t)0;
+    __syncthreads();
+    for (size_t k = 2; k <= P; k <<= 1)
+        for (size_t j = k >> 1; j > 0; j >>= 1) {
+            for (size_t i = threadIdx.x; i < P; i += blockDim.x) {
+                const size_t l = i ^ j;
+                if (l <= i) continue;
+                const uint64_t a = sk[i], b = sk[l];
+                const int up = (i & k) == 0;
+                if ((up && a > b) || (!up && a < b)) {
+                    sk[i] = b;
+                    sk[l] = a;
+                }
+            }
+            __syncthreads();
+        }
+    for (size_t i = threadIdx.x; i < P; i += blockDim.x) keys[i] = sk[i];
+}
+
+#define EMB_AHEAD 8
 static __global__ void embed_bwd_k(float *dwte, const float *dout, const uint64_t *keys, int N, int C)
 {
     int i = blockIdx.x;
@@ -53,8 +87,23 @@ static __global__ void embed_bwd_k(float *dwte, const float *dout, const uint64_
     if (c >= C) return;
     float *d = dwte + (size_t)tok * (size_t)C + c;
     float acc = *d;
-    for (int m = i; m < N && (uint32_t)(keys[m] >> 32) == tok; m++)
-        acc += dout[(size_t)(keys[m] & 0xffffffffu) * (size_t)C + c];
+    /* the group is a run of the sorted keys: a row's key matching means every
+     * one before it in the run matched, so adding the taken ones in order is
+     * the plain loop's order */
+    for (int m = i;; m += EMB_AHEAD) {
+        float v[EMB_AHEAD];
+        int take[EMB_AHEAD];
+#pragma unroll
+        for (int u = 0; u < EMB_AHEAD; u++) {
+            const uint64_t key = m + u < N ? keys[m + u] : ~(uint64_t)0;
+            take[u] = (uint32_t)(key >> 32) == tok;
+            v[u] = take[u] ? dout[(size_t)(key & 0xffffffffu) * (size_t)C + c] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < EMB_AHEAD; u++)
+            if (take[u]) acc += v[u];
+        if (!take[EMB_AHEAD - 1]) break;
+    }
     *d = acc;
 }
 
@@ -77,14 +126,20 @@ extern "C" void mt_cuda_embed_backward(void *be, float *dwte, const float *dout,
     while (P < (size_t)N) P <<= 1;
     uint64_t *keys = (uint64_t *)mt_cuda_workspace(P * sizeof(uint64_t));
     if (!keys) return;
-    unsigned nb = mt_cuda_blocks(P, THREADS);
-    MT_LAUNCH(keys_k, nb, THREADS, 0)(keys, idx, N, P);
-    MT_CUDA_KCHECK();
-    for (size_t k = 2; k <= P; k <<= 1)
-        for (size_t j = k >> 1; j > 0; j >>= 1) {
-            MT_LAUNCH(bitonic_k, nb, THREADS, 0)(keys, P, j, k);
-            MT_CUDA_KCHECK();
-        }
+    const size_t smem = P * sizeof(uint64_t);
+    if (smem <= (size_t)mt_cuda_be->smem_optin_bytes && mt_cuda_smem_opt_in(bitonic_smem_k, smem)) {
+        MT_LAUNCH(bitonic_smem_k, 1, SORT_THREADS, smem)(keys, idx, N, P);
+        MT_CUDA_KCHECK();
+    } else {
+        unsigned nb = mt_cuda_blocks(P, THREADS);
+        MT_LAUNCH(keys_k, nb, THREADS, 0)(keys, idx, N, P);
+        MT_CUDA_KCHECK();
+        for (size_t k = 2; k <= P; k <<= 1)
+            for (size_t j = k >> 1; j > 0; j >>= 1) {
+                MT_LAUNCH(bitonic_k, nb, THREADS, 0)(keys, P, j, k);
+                MT_CUDA_KCHECK();
+            }
+    }
     dim3 grid((unsigned)N, (unsigned)((C + THREADS - 1) / THREADS));
     MT_LAUNCH(embed_bwd_k, grid, THREADS, 0)(dwte, dout, keys, N, C);
     MT_CUDA_KCHECK();

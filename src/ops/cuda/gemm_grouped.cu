@@ -393,20 +393,13 @@ static __global__ void gg_count_acc_k(double *load, const int32_t *offs, int n, 
 }
 
 /* ---- host side ---- */
-template <typename F>
-static int gg_smem_opt_in(F *kern, size_t bytes)
-{
-    if (bytes <= 48 * 1024) return 1;
-    return MT_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-}
-
 template <int MODE>
 static void gg_rows_launch_mode(const gg_bptrs &bp, const int32_t *offs, int n, int max_rows, int N, int K,
                                 float alpha, const bf16 *A, int lda, int ldb, float beta, void *C, int ldc)
 {
     constexpr int TB = gg_mode<MODE>::TB, BN = gg_mode<MODE>::BN;
     const size_t smem = (size_t)GG_STAGES * (GG_TILE_MK + (TB ? gg_tiles<BN>::NK : gg_tiles<BN>::KN)) * sizeof(bf16);
-    if (!gg_smem_opt_in(gg_rows_k<MODE>, smem)) return;
+    if (!mt_cuda_smem_opt_in(gg_rows_k<MODE>, smem)) return;
     const dim3 grid((unsigned)((N + BN - 1) / BN), (unsigned)((max_rows + GG_BM - 1) / GG_BM + n));
     MT_LAUNCH(gg_rows_k<MODE>, grid, GG_THREADS, smem)(bp, offs, n, max_rows, N, K, alpha, A, lda, ldb, beta,
                                                        (typename gg_mode<MODE>::CT *)C, ldc);
@@ -427,7 +420,7 @@ static void gg_sum_launch(const gg_cptrs &cp, const int32_t *offs, int n, int M,
                           int lda, const bf16 *B, int ldb, float beta, int ldc)
 {
     const size_t smem = (size_t)GG_STAGES * (GG_TILE_KM + gg_tiles<BN>::KN) * sizeof(bf16);
-    if (!gg_smem_opt_in(gg_sum_k<BN>, smem)) return;
+    if (!mt_cuda_smem_opt_in(gg_sum_k<BN>, smem)) return;
     const dim3 grid((unsigned)((N + BN - 1) / BN), (unsigned)((M + GG_BM - 1) / GG_BM), (unsigned)n);
     MT_LAUNCH(gg_sum_k<BN>, grid, GG_THREADS, smem)(cp, offs, M, N, alpha, A, lda, B, ldb, beta, ldc);
     MT_CUDA_KCHECK();

@@ -37,14 +37,6 @@ static __device__ __forceinline__ float ssd_w(int own, const float *dt, const fl
     return own ? l * d : (t > 0 ? (1.0f - l) * d * expf(d * Ah) : 0.0f);
 }
 
-/* dynamic shared memory above the default 48 KiB needs the kernel's opt-in */
-template <typename F>
-static int ssd_smem_opt_in(F *kern, size_t bytes)
-{
-    if (bytes <= 48 * 1024) return 1;
-    return MT_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-}
-
 /* ssd_tc.cu: the shapes it runs (chunk Q, P, N each <= SSD_TC_QMAX) */
 int ssd_tc_supports(struct ssd_dims d);
 /* forward step 2 (ssd_state_k's contract: each full chunk's own state) and

@@ -786,7 +786,7 @@ void ssd_tc_state(float *Sst, const float *cum, const float *x, const float *Bm,
 {
     if (d.nc < 2) return;
     const size_t smem = tc_outer_smem(d);
-    if (!ssd_smem_opt_in(ssd_tc_outer_k<0>, smem)) return;
+    if (!mt_cuda_smem_opt_in(ssd_tc_outer_k<0>, smem)) return;
     MT_LAUNCH(ssd_tc_outer_k<0>, dim3((unsigned)(d.B * d.H * (d.nc - 1)), (unsigned)((d.P + TC_B - 1) / TC_B)),
               TC_THREADS, smem)(Sst, cum, x, Bm, dt, lam, A, d);
     MT_CUDA_KCHECK();
@@ -796,7 +796,7 @@ void ssd_tc_dloc(float *dSo, const float *cum, const float *dy, const float *Cm,
 {
     if (d.nc < 2) return;
     const size_t smem = tc_outer_smem(d);
-    if (!ssd_smem_opt_in(ssd_tc_outer_k<1>, smem)) return;
+    if (!mt_cuda_smem_opt_in(ssd_tc_outer_k<1>, smem)) return;
     MT_LAUNCH(ssd_tc_outer_k<1>, dim3((unsigned)(d.B * d.H * (d.nc - 1)), (unsigned)((d.P + TC_B - 1) / TC_B)),
               TC_THREADS, smem)(dSo, cum, dy, Cm, (const float *)NULL, (const float *)NULL, (const float *)NULL, d);
     MT_CUDA_KCHECK();
@@ -806,7 +806,7 @@ void ssd_tc_out(float *y, const float *Sst, const float *cum, const float *x, co
                 const float *dt, const float *lam, const float *A, const float *Dsk, struct ssd_dims d)
 {
     const size_t smem = tc_out_smem(d);
-    if (!ssd_smem_opt_in(ssd_tc_out_k, smem)) return;
+    if (!mt_cuda_smem_opt_in(ssd_tc_out_k, smem)) return;
     MT_LAUNCH(ssd_tc_out_k, dim3((unsigned)(d.B * d.H * d.nc), (unsigned)((d.Q + TC_B - 1) / TC_B)), TC_THREADS,
               smem)(y, Sst, cum, x, Bm, Cm, dt, lam, A, Dsk, d);
     MT_CUDA_KCHECK();
@@ -821,9 +821,9 @@ void ssd_tc_backward_products(float *M, float *dG, float *dcs, float *rs, float 
     const unsigned nch = (unsigned)(d.B * d.H * d.nc), rt = (unsigned)((d.Q + TC_B - 1) / TC_B);
     bf16 *Mb = (bf16 *)M, *dGb = (bf16 *)dG;
     const size_t gm = tc_gm_smem(d), tok = tc_tok_smem(d), dc = tc_dc_smem(d);
-    if (!ssd_smem_opt_in(ssd_tc_gm_k, gm) || !ssd_smem_opt_in(ssd_tc_tok_k<TC_TOK_DX>, tok) ||
-        !ssd_smem_opt_in(ssd_tc_tok_k<TC_TOK_DXB>, tok) || !ssd_smem_opt_in(ssd_tc_tok_k<TC_TOK_DB>, tok) ||
-        !ssd_smem_opt_in(ssd_tc_dc_k, dc))
+    if (!mt_cuda_smem_opt_in(ssd_tc_gm_k, gm) || !mt_cuda_smem_opt_in(ssd_tc_tok_k<TC_TOK_DX>, tok) ||
+        !mt_cuda_smem_opt_in(ssd_tc_tok_k<TC_TOK_DXB>, tok) || !mt_cuda_smem_opt_in(ssd_tc_tok_k<TC_TOK_DB>, tok) ||
+        !mt_cuda_smem_opt_in(ssd_tc_dc_k, dc))
         return;
     MT_LAUNCH(ssd_tc_gm_k, dim3(nch, rt), TC_THREADS, gm)(Mb, dGb, dcs, rs, cum, dy, x, Bm, Cm, dt, lam, A, d);
     MT_CUDA_KCHECK();

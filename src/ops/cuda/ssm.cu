@@ -506,7 +506,7 @@ static void ssd_forward(float *y, const float *x, const float *Bm, const float *
     ssd_states(Sst, cum, x, Bm, dt, lam, A, d, tc);
     if (tc) { ssd_tc_out(y, Sst, cum, x, Bm, Cm, dt, lam, A, Dsk, d); return; }
     size_t smem = ssd_out_smem(d, 128);
-    if (!ssd_smem_opt_in(ssd_out_k, smem)) return;
+    if (!mt_cuda_smem_opt_in(ssd_out_k, smem)) return;
     MT_LAUNCH(ssd_out_k, dim3((unsigned)(nbh * d.nc), (unsigned)((d.Q + SSD_RT - 1) / SSD_RT)), 128, smem)(
         y, Sst, cum, x, Bm, Cm, dt, lam, A, Dsk, d);
     MT_CUDA_KCHECK();
@@ -1156,7 +1156,7 @@ static void ssd_backward(float *dx, __nv_bfloat16 *dxb, float *dBm, float *dCm, 
         unsigned tj = pow2_threads(2 * d.Q, 256), tp = pow2_threads(d.P, 256), tn = pow2_threads(d.N, 256);
         unsigned rt = (unsigned)((d.Q + SSD_RT - 1) / SSD_RT), st = (unsigned)((Q2 + SSD_RT - 1) / SSD_RT);
         size_t gm_smem = ssd_gm_smem(d, tj);
-        if (!ssd_smem_opt_in(ssd_gm_k, gm_smem)) return;
+        if (!mt_cuda_smem_opt_in(ssd_gm_k, gm_smem)) return;
         MT_LAUNCH(ssd_gm_k, dim3((unsigned)nch, rt), tj, gm_smem)(M, dG, dLE, rs, cum, dy, x, Bm, Cm, dt, lam, A, d);
         MT_CUDA_KCHECK();
         MT_LAUNCH(ssd_dxc_k, dim3((unsigned)nch, st), tp, ssd_dxc_smem(d, tp))(dXc, M, dSo, cum, dy, Bm, dt, lam, A, d);
@@ -1165,7 +1165,7 @@ static void ssd_backward(float *dx, __nv_bfloat16 *dxb, float *dBm, float *dCm, 
                                                                                   lam, A, d);
         MT_CUDA_KCHECK();
         size_t dc_smem = ssd_dc_smem(d, tn);
-        if (!ssd_smem_opt_in(ssd_dc_k, dc_smem)) return;
+        if (!mt_cuda_smem_opt_in(ssd_dc_k, dc_smem)) return;
         MT_LAUNCH(ssd_dc_k, dim3((unsigned)nch, rt), tn, dc_smem)(dCm, inter, dG, Sst, cum, dy, Bm, Cm, d);
         MT_CUDA_KCHECK();
     }

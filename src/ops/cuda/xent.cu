@@ -282,9 +282,7 @@ static int xent_row(float *losses, float *lse_out, float *dlogits, __nv_bfloat16
 {
     const size_t smem = (size_t)V * sizeof(float);
     if (V < 1 || smem > (size_t)mt_cuda_be->smem_optin_bytes) return 0;
-    if (smem > 48 * 1024 &&
-        !MT_CUDA_OK(cudaFuncSetAttribute(xent_row_k<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)))
-        return 0;
+    if (!mt_cuda_smem_opt_in(xent_row_k<MODE>, smem)) return 0;
     const int vec = logits_b ? V % 8 == 0 && ((uintptr_t)logits_b & 15) == 0 : V % 4 == 0 && ((uintptr_t)logits & 15) == 0;
     MT_LAUNCH(xent_row_k<MODE>, N, ROW_THREADS, smem)(losses, lse_out, dlogits, dlogits_bf16, logits, logits_b, targets,
                                                      dscale, V, softcap, vec);
