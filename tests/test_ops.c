@@ -2579,13 +2579,30 @@ static void swiglu_gu_case(struct harness *h, size_t n, int off)
     for (int k = 0; k < 3; k++) bad += b16_diff(down_b16(h, r[k], n), down_b16(h, o[k], n), n);
     checkf(h, "swiglu_backward_act_bf16_gu", (double)bad, 0,
            "%s == swiglu_backward_act_bf16 on the widened g, u (act, dg, du bits)", cs);
+    if (!has(h, "swiglu_backward_act_bf16_gud", h->ops->swiglu_backward_act_bf16_gud != NULL)) return;
+    /* dout stored bf16 too: the bits of _gu on dout's widened values */
+    float *d = rand_f(h, m, -2, 2);
+    uint16_t *db = (uint16_t *)new_f(h, (m + 1) / 2);
+    for (size_t i = 0; i < m; i++) db[i] = gu_b16(d[i]), d[i] = gu_f32(db[i]);
+    uint16_t *DB = dalloc(h, m * 2);
+    h->ops->copy_from_host(h->ops->be, DB, db, m * 2);
+    float *DW = up_f(h, d, m) + off;
+    DB += off;
+    h->ops->swiglu_backward_act_bf16_gu(h->ops->be, r[0], r[1], r[2], DW, GB, UB, n);
+    h->ops->swiglu_backward_act_bf16_gud(h->ops->be, o[0], o[1], o[2], DB, GB, UB, n);
+    bad = 0;
+    for (int k = 0; k < 3; k++) bad += b16_diff(down_b16(h, r[k], n), down_b16(h, o[k], n), n);
+    checkf(h, "swiglu_backward_act_bf16_gud", (double)bad, 0,
+           "%s == swiglu_backward_act_bf16_gu on the widened dout (act, dg, du bits)", cs);
 }
 
 /* gemm_bf16_out (mt_ops.h): C bf16 = bf16(gemm_bf16's fp32 result, beta 0),
  * within one bf16 unit in the last place (an algorithm may sum in another
  * order on a GPU; the cpu and the emulator: 0 elements off); fp32 operands
  * (rounded in the call) and bf16 ones (the direct path on cuda); C with a
- * leading dimension past N whose padding stays untouched */
+ * leading dimension past N whose padding stays untouched; B as (N, K)
+ * transposed (x W^T: gate, up, v) and as (K, N) plain (dy W: the o and down
+ * projections' d att, d act) */
 static void gemm_bf16_out_case(struct harness *h, int M, int N, int K)
 {
     if (!h->ops || !has(h, "gemm_bf16_out", h->ops->gemm_bf16_out != NULL) || !h->ops->gemm_bf16) return;
@@ -2599,13 +2616,14 @@ static void gemm_bf16_out_case(struct harness *h, int M, int N, int K)
     uint16_t *AB = dalloc(h, (size_t)M * K * 2), *BB = dalloc(h, (size_t)N * K * 2);
     h->ops->copy_from_host(h->ops->be, AB, ab, (size_t)M * K * 2);
     h->ops->copy_from_host(h->ops->be, BB, bb, (size_t)N * K * 2);
-    for (int bf = 0; bf < 2; bf++) {
+    for (int v = 0; v < 4; v++) {
+        const int bf = v & 1, tb = !(v >> 1), ldb = tb ? K : N;
         const void *pa = bf ? (const void *)AB : (const void *)A, *pb = bf ? (const void *)BB : (const void *)B;
         const enum mt_elem t = bf ? MT_ELEM_BF16 : MT_ELEM_F32;
         float *C = dalloc(h, (size_t)M * N * 4);
-        h->ops->gemm_bf16(h->ops->be, 0, 1, M, N, K, 0.5f, pa, t, K, pb, t, K, 0.0f, C, N);
+        h->ops->gemm_bf16(h->ops->be, 0, tb, M, N, K, 0.5f, pa, t, K, pb, t, ldb, 0.0f, C, N);
         uint16_t *CB = poison_b16(h, (size_t)M * ldc);
-        h->ops->gemm_bf16_out(h->ops->be, 0, 1, M, N, K, 0.5f, pa, t, K, pb, t, K, CB, ldc);
+        h->ops->gemm_bf16_out(h->ops->be, 0, tb, M, N, K, 0.5f, pa, t, K, pb, t, ldb, CB, ldc);
         const float *c = down_f(h, C, (size_t)M * N);
         const uint16_t *cb = down_b16(h, CB, (size_t)M * ldc);
         long off1 = 0, pad = 0, inexact = 0;
@@ -2617,7 +2635,7 @@ static void gemm_bf16_out_case(struct harness *h, int M, int N, int K)
             }
             for (int j = N; j < ldc; j++) pad += cb[(size_t)i * ldc + j] != 0xffffu;
         }
-        snprintf(cs, sizeof cs, "M=%d N=%d K=%d %s operands", M, N, K, bf ? "bf16" : "fp32");
+        snprintf(cs, sizeof cs, "M=%d N=%d K=%d %s operands, B%s", M, N, K, bf ? "bf16" : "fp32", tb ? "^T" : "");
         checkf(h, "gemm_bf16_out", (double)(off1 + pad), 0, "%s: bf16(gemm_bf16) within 1 ulp, ldc padding kept",
                cs);
         /* rounding, not truncation: another summation order moves a rare element by 1 ulp, truncation half of them */

@@ -136,10 +136,21 @@ static void mlp_bwd_fused(const struct mt_ops_i *ops, float *dh, int accumulate,
 {
     float *dwd = wd->frozen ? NULL : wd->grad;
     const mt_bf16 *db = dwd ? dyb_round(ops, dyb, dout, (size_t)n * D) : NULL;
-    wlinear_backward_db(ops, dact, 0.0f, NULL, dout, db, NULL, act_b, wd, n, F, D);
     mt_bf16 *dgb = (mt_bf16 *)dg, *dub = (mt_bf16 *)du;
-    if (gb) ops->swiglu_backward_act_bf16_gu(ops->be, act_b, dgb, dub, dact, gb, ub, (size_t)n * F);
-    else ops->swiglu_backward_act_bf16(ops->be, act_b, dgb, dub, dact, g, u, (size_t)n * F);
+    if (gb && ops->swiglu_backward_act_bf16_gud && ops->gemm_bf16_out) {
+        /* d act stored bf16 too (autocast's rounding of the GEMM's output), in dact's
+         * memory: its fp32 store and read-back, 8 bytes a hidden unit, become 4 */
+        mt_bf16 *dab = (mt_bf16 *)dact;
+        const void *DY = db ? (const void *)db : (const void *)dout;
+        ops->gemm_bf16_out(ops->be, 0, 0, n, F, D, 1.0f, DY, db ? MT_ELEM_BF16 : MT_ELEM_F32, D,
+                           wd->bf16_ok ? (const void *)wd->bf16 : (const void *)wd->data,
+                           wd->bf16_ok ? MT_ELEM_BF16 : MT_ELEM_F32, F, dab, F);
+        ops->swiglu_backward_act_bf16_gud(ops->be, act_b, dgb, dub, dab, gb, ub, (size_t)n * F);
+    } else {
+        wlinear_backward_db(ops, dact, 0.0f, NULL, dout, db, NULL, act_b, wd, n, F, D);
+        if (gb) ops->swiglu_backward_act_bf16_gu(ops->be, act_b, dgb, dub, dact, gb, ub, (size_t)n * F);
+        else ops->swiglu_backward_act_bf16(ops->be, act_b, dgb, dub, dact, g, u, (size_t)n * F);
+    }
     if (dwd) wlinear_backward_db(ops, NULL, 0.0f, dwd, dout, db, NULL, act_b, wd, n, F, D);
     gate_up_bwd_b(ops, dh, accumulate, dgb, dub, h, hb, wg, wu, n, D, F);
 }
@@ -288,10 +299,11 @@ static void mlp_work(const struct mt_block_shape *s, int rc, struct mt_work *w)
          * elements: norm forward reads x, writes h, x_out, h's twin (3.5 D),
          * backward reads dh, x, dx, writes dx (4 D); swiglu_forward_bf16_gu
          * reads bf16 g, u, writes bf16 act (1.5 per hidden unit); down's dy
-         * rounded once (1.5 D); swiglu_backward_act_bf16_gu reads fp32 dact and
-         * bf16 g, u, writes bf16 act, dg, du (3.5). rc: the forward again. */
+         * rounded once (1.5 D); swiglu_backward_act_bf16_gud reads bf16 dact
+         * (down's backward GEMM writes it bf16), g, u, writes bf16 act, dg, du
+         * (3). rc: the forward again. */
         w->e[MT_WORK_NORM] += 7.5 * D + rc * 3.5 * D;
-        w->e[MT_WORK_ELEMENTWISE] += 5.0 * hid + 1.5 * D + rc * 1.5 * hid;
+        w->e[MT_WORK_ELEMENTWISE] += 4.5 * hid + 1.5 * D + rc * 1.5 * hid;
         return;
     }
     w->e[MT_WORK_NORM] += 5.0 * D + rc * 2.0 * D;

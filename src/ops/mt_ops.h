@@ -522,6 +522,12 @@ struct mt_ops_i {
     void (*swiglu_forward_bf16_gu)(void *be, mt_bf16 *out_bf16, const mt_bf16 *gate, const mt_bf16 *up, size_t n);
     void (*swiglu_backward_act_bf16_gu)(void *be, mt_bf16 *act_b, mt_bf16 *dgate_b, mt_bf16 *dup_b, const float *dout,
                                         const mt_bf16 *gate, const mt_bf16 *up, size_t n);
+    /* swiglu_backward_act_bf16_gu with dout stored bf16 too (the down
+     * projection's backward GEMM with a bf16 output: autocast's rounding of
+     * d act; 4 bytes a hidden unit not moved): the same expressions on the
+     * widened values. Optional (NULL: the model keeps d act in fp32). */
+    void (*swiglu_backward_act_bf16_gud)(void *be, mt_bf16 *act_b, mt_bf16 *dgate_b, mt_bf16 *dup_b,
+                                         const mt_bf16 *dout, const mt_bf16 *gate, const mt_bf16 *up, size_t n);
     /* dst[i] = (float)src[i] (exact: every bf16 value is an fp32 value): the
      * way back of a bf16 gradient reduction (grad_reduce_dtype=bf16). NULL:
      * the backend refuses grad_reduce_dtype=bf16. */

@@ -645,6 +645,12 @@ static void p_swiglu_backward_act_bf16_gu(void *be, mt_bf16 *act_b, mt_bf16 *dga
     (void)be;
     PROF(MT_OPK_ELEMENTWISE, mt_cpu_swiglu_backward_act_bf16_gu(act_b, dgate_b, dup_b, dout, gate, up, n));
 }
+static void p_swiglu_backward_act_bf16_gud(void *be, mt_bf16 *act_b, mt_bf16 *dgate_b, mt_bf16 *dup_b,
+                                           const mt_bf16 *dout, const mt_bf16 *gate, const mt_bf16 *up, size_t n)
+{
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    PROF(MT_OPK_ELEMENTWISE, mt_cpu_swiglu_backward_act_bf16_gud(act_b, dgate_b, dup_b, dout, gate, up, n));
+}
 static void p_qk_norm_rope_forward(void *be, float *q, float *k, float *rstd_q, float *rstd_k, const float *q_raw,
                                    const float *k_raw, const float *wq, const float *wk, const float *cos_tab,
                                    const float *sin_tab, int N, int T, int pos0, int H, int K, int hd, float eps)
@@ -799,6 +805,7 @@ static const struct mt_ops_i cpu_ops = {
     /* .swiglu_backward_act_bf16   = */ .swiglu_backward_act_bf16   = p_swiglu_backward_act_bf16,
     /* .swiglu_forward_bf16_gu     = */ .swiglu_forward_bf16_gu     = p_swiglu_forward_bf16_gu,
     /* .swiglu_backward_act_bf16_gu= */ .swiglu_backward_act_bf16_gu = p_swiglu_backward_act_bf16_gu,
+    /* .swiglu_backward_act_bf16_gud= */ .swiglu_backward_act_bf16_gud = p_swiglu_backward_act_bf16_gud,
     /* .widen_bf16                 = */ .widen_bf16                 = p_widen_bf16,
     /* .attention_forward_bf16     = */ .attention_forward_bf16     = p_attention_forward_bf16,
     /* .attention_backward_bf16    = */ .attention_backward_bf16    = p_attention_backward_bf16,

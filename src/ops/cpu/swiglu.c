@@ -119,12 +119,13 @@ void mt_cpu_swiglu_backward_bf16(uint16_t *dgate_b, uint16_t *dup_b, const float
  * up_b: gate and up stored bf16 instead (the *_gu entry), widened per chunk
  * (exact) into two more stack buffers. */
 static void bwd_act_chunks(uint16_t *act_b, uint16_t *dgate_b, uint16_t *dup_b, const float *dout, const float *gate,
-                           const float *up, const uint16_t *gate_b, const uint16_t *up_b, size_t n);
+                           const float *up, const uint16_t *dout_b, const uint16_t *gate_b, const uint16_t *up_b,
+                           size_t n);
 
 void mt_cpu_swiglu_backward_act_bf16(uint16_t *act_b, uint16_t *dgate_b, uint16_t *dup_b, const float *dout,
                                      const float *gate, const float *up, size_t n)
 {
-    bwd_act_chunks(act_b, dgate_b, dup_b, dout, gate, up, NULL, NULL, n);
+    bwd_act_chunks(act_b, dgate_b, dup_b, dout, gate, up, NULL, NULL, NULL, n);
 }
 
 /* gate and up stored bf16 (mt_ops.h *_bf16_gu): each chunk widened (exact)
@@ -151,23 +152,31 @@ void mt_cpu_swiglu_forward_bf16_gu(uint16_t *out_bf16, const uint16_t *gate, con
 void mt_cpu_swiglu_backward_act_bf16_gu(uint16_t *act_b, uint16_t *dgate_b, uint16_t *dup_b, const float *dout,
                                         const uint16_t *gate, const uint16_t *up, size_t n)
 {
-    bwd_act_chunks(act_b, dgate_b, dup_b, dout, NULL, NULL, gate, up, n);
+    bwd_act_chunks(act_b, dgate_b, dup_b, dout, NULL, NULL, NULL, gate, up, n);
+}
+
+void mt_cpu_swiglu_backward_act_bf16_gud(uint16_t *act_b, uint16_t *dgate_b, uint16_t *dup_b, const uint16_t *dout,
+                                         const uint16_t *gate, const uint16_t *up, size_t n)
+{
+    bwd_act_chunks(act_b, dgate_b, dup_b, NULL, NULL, NULL, dout, gate, up, n);
 }
 
 static void bwd_act_chunks(uint16_t *act_b, uint16_t *dgate_b, uint16_t *dup_b, const float *dout, const float *gate,
-                           const float *up, const uint16_t *gate_b, const uint16_t *up_b, size_t n)
+                           const float *up, const uint16_t *dout_b, const uint16_t *gate_b, const uint16_t *up_b,
+                           size_t n)
 {
     size_t nc = (n + CHUNK - 1) / CHUNK;
     #pragma omp parallel for schedule(static) if (n > 16384)
     for (size_t c = 0; c < nc; c++) {
         const size_t lo = c * CHUNK, m = (c + 1) * CHUNK < n ? CHUNK : n - lo;
-        float g[CHUNK], u[CHUNK], ta[CHUNK], tg[CHUNK], tu[CHUNK];
-        const float *gc = gate ? gate + lo : g, *uc = up ? up + lo : u;
+        float g[CHUNK], u[CHUNK], d[CHUNK], ta[CHUNK], tg[CHUNK], tu[CHUNK];
+        const float *gc = gate ? gate + lo : g, *uc = up ? up + lo : u, *dc = dout ? dout + lo : d;
         if (!gate) {
             widen_chunk(g, gate_b + lo, m);
             widen_chunk(u, up_b + lo, m);
         }
-        bwd_range(ta, tg, tu, dout + lo, gc, uc, 0, m);
+        if (!dout) widen_chunk(d, dout_b + lo, m);
+        bwd_range(ta, tg, tu, dc, gc, uc, 0, m);
         for (size_t i = 0; i < m; i++) {
             act_b[lo + i] = mt_cpu_f32_to_bf16(ta[i]);
             dgate_b[lo + i] = mt_cpu_f32_to_bf16(tg[i]);

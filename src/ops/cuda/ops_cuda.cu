@@ -329,6 +329,7 @@ static struct mt_ops_i cuda_ops = {
     /* .swiglu_backward_act_bf16   = */ .swiglu_backward_act_bf16   = PROF(MT_OPK_ELEMENTWISE, mt_cuda_swiglu_backward_act_bf16),
     /* .swiglu_forward_bf16_gu     = */ .swiglu_forward_bf16_gu     = PROF(MT_OPK_ELEMENTWISE, mt_cuda_swiglu_forward_bf16_gu),
     /* .swiglu_backward_act_bf16_gu= */ .swiglu_backward_act_bf16_gu = PROF(MT_OPK_ELEMENTWISE, mt_cuda_swiglu_backward_act_bf16_gu),
+    /* .swiglu_backward_act_bf16_gud= */ .swiglu_backward_act_bf16_gud = PROF(MT_OPK_ELEMENTWISE, mt_cuda_swiglu_backward_act_bf16_gud),
     /* .widen_bf16                 = */ .widen_bf16                 = PROF(MT_OPK_ELEMENTWISE, mt_cuda_widen_bf16),
     /* .attention_forward_bf16     = */ .attention_forward_bf16     = PROF(MT_OPK_ATTENTION, mt_cuda_attention_forward_bf16),
     /* .attention_backward_bf16    = */ .attention_backward_bf16    = PROF(MT_OPK_ATTENTION_BWD, mt_cuda_attention_backward_bf16),

@@ -80,13 +80,13 @@ static __device__ __forceinline__ void bwd_st1(__nv_bfloat16 *p, float v) { *p =
  * thread reads its elements of gate, up, dout before writing them, so fp32
  * dgate/dup may alias gate/up (vector path: the whole float4 first); bf16
  * outputs never alias the fp32 inputs. */
-template <typename O, typename I = float>
-static __global__ void swiglu_bwd_k(__nv_bfloat16 *ab, O *dgate, O *dup, const float *dout, const I *gate,
+template <typename O, typename I = float, typename DT = float>   /* DT: dout's element type */
+static __global__ void swiglu_bwd_k(__nv_bfloat16 *ab, O *dgate, O *dup, const DT *dout, const I *gate,
                                     const I *up, size_t n4, size_t n)
 {
     const size_t i0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x, st = (size_t)gridDim.x * blockDim.x;
     for (size_t i = i0; i < n4; i += st) {
-        float4 g = gu_ld4(gate + 4 * i), u = gu_ld4(up + 4 * i), d = mt_ld_f4(dout + 4 * i), rg, ru, a;
+        float4 g = gu_ld4(gate + 4 * i), u = gu_ld4(up + 4 * i), d = gu_ld4(dout + 4 * i), rg, ru, a;
         a.x = swiglu1_bwd(rg.x, ru.x, d.x, g.x, u.x);
         a.y = swiglu1_bwd(rg.y, ru.y, d.y, g.y, u.y);
         a.z = swiglu1_bwd(rg.z, ru.z, d.z, g.z, u.z);
@@ -96,7 +96,7 @@ static __global__ void swiglu_bwd_k(__nv_bfloat16 *ab, O *dgate, O *dup, const f
         bwd_st4(dup + 4 * i, ru);
     }
     for (size_t i = 4 * n4 + i0; i < n; i += st) {
-        float g = gu_ld1(gate + i), u = gu_ld1(up + i), d = dout[i], rg, ru;
+        float g = gu_ld1(gate + i), u = gu_ld1(up + i), d = gu_ld1(dout + i), rg, ru;
         float a = swiglu1_bwd(rg, ru, d, g, u);
         if (ab) ab[i] = mt_cuda_bf16_rn(a);
         bwd_st1(dgate + i, rg);
@@ -199,6 +199,22 @@ extern "C" void mt_cuda_swiglu_backward_act_bf16_gu(void *be, mt_bf16 *act_b, mt
     MT_LAUNCH((swiglu_bwd_k<__nv_bfloat16, __nv_bfloat16>), vec4_blocks(n4, n), THREADS, 0)(
         (__nv_bfloat16 *)act_b, (__nv_bfloat16 *)dgate_b, (__nv_bfloat16 *)dup_b, dout, (const __nv_bfloat16 *)gate,
         (const __nv_bfloat16 *)up, n4, n);
+    MT_CUDA_KCHECK();
+}
+
+/* swiglu_backward_act_bf16_gud (mt_ops.h): ... and dout stored bf16 too */
+extern "C" void mt_cuda_swiglu_backward_act_bf16_gud(void *be, mt_bf16 *act_b, mt_bf16 *dgate_b, mt_bf16 *dup_b,
+                                                     const mt_bf16 *dout, const mt_bf16 *gate, const mt_bf16 *up,
+                                                     size_t n)
+{
+    MT_CUDA_BIND(be);
+    if (!n) return;
+    const size_t n4 = mt_cuda_aligned(dout, 8) && mt_cuda_aligned(gate, 8) && mt_cuda_aligned(up, 8) &&
+                              mt_cuda_aligned(dgate_b, 8) && mt_cuda_aligned(dup_b, 8) && mt_cuda_aligned(act_b, 8)
+                          ? n / 4 : 0;
+    MT_LAUNCH((swiglu_bwd_k<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16>), vec4_blocks(n4, n), THREADS, 0)(
+        (__nv_bfloat16 *)act_b, (__nv_bfloat16 *)dgate_b, (__nv_bfloat16 *)dup_b, (const __nv_bfloat16 *)dout,
+        (const __nv_bfloat16 *)gate, (const __nv_bfloat16 *)up, n4, n);
     MT_CUDA_KCHECK();
 }
 
