@@ -106,6 +106,17 @@ static int v_bf16_dy(const struct mt_piece_ctx *pc, int qk_b, size_t n)
     return qk_b && wv->bf16 && !wv->lora_a && pc->dyb && pc->dyb->p && n <= pc->dyb->cap;
 }
 
+/* precision=bf16 training: q', k' (the q, k projections' outputs, before QK-norm)
+ * stored as bf16 by their GEMMs (gemm_bf16_out, autocast's rounding of a Linear
+ * output), in q_raw's and k_raw's memory, and read widened by both bf16 QK-norm
+ * entries (q_raw_b, k_raw_b): 4 bytes an element of q', k' not moved forward,
+ * 2 backward. Where q, k go straight into qkv_b (qkv_prefill) and d q', d k'
+ * leave as bf16 (qk_bf16_dy): both directions take the bf16 entries */
+static int qk_raw_bf16(const struct mt_piece_ctx *pc, const struct attn_state *st)
+{
+    return qkv_prefill(pc, st) && qk_bf16_dy(pc);
+}
+
 /* precision=bf16 training: the attention's output stored only as bf16 (att_b: Wo's
  * GEMMs read it, and the backward's D, mt_ops.h) and d att only as bf16 (o_proj's
  * backward GEMM writes it with a bf16 output for the attention backward, its one
@@ -160,18 +171,24 @@ static enum mt_status attn_piece_forward(struct mt_ctx *ctx, const struct mt_pie
         ops->rmsnorm_resid_forward(ops->be, pc->nm->h_n, pc->nm->rstd, a->x_out, pc->x_in, pc->g->data, Nr, D, eps);
     if (tp->sp) MT_CHECK(tpa_gather_rows(ctx, tp, pc->nm->h, pc->nm->h_n, Nr, D));   /* SP entry */
     /* this rank's heads (H, K are local under TP) over all N rows */
-    proj_fwd_b(ops, t, st->q_raw, pc->nm->h, pc->nm->hb, aw(pc)->wq, N, D, QD, 0.0f);
-    proj_fwd_b(ops, t, st->k_raw, pc->nm->h, pc->nm->hb, aw(pc)->wk, N, D, KD, 0.0f);
-    const int pre = !a->state && qkv_prefill(pc, st);
+    const int pre = !a->state && qkv_prefill(pc, st), xb = !a->state && qk_raw_bf16(pc, st);
+    mt_bf16 *qrb = xb ? (mt_bf16 *)st->q_raw : NULL, *krb = xb ? (mt_bf16 *)st->k_raw : NULL;
+    if (xb) {
+        wlinear_forward_bf16_out(ops, qrb, pc->nm->h, pc->nm->hb, aw(pc)->wq, N, D, QD);
+        wlinear_forward_bf16_out(ops, krb, pc->nm->h, pc->nm->hb, aw(pc)->wk, N, D, KD);
+    } else {
+        proj_fwd_b(ops, t, st->q_raw, pc->nm->h, pc->nm->hb, aw(pc)->wq, N, D, QD, 0.0f);
+        proj_fwd_b(ops, t, st->k_raw, pc->nm->h, pc->nm->hb, aw(pc)->wk, N, D, KD, 0.0f);
+    }
     mt_bf16 *qb = pre ? st->qkv_b : NULL, *kb = pre ? qb + (size_t)N * QD : NULL, *vb = pre ? kb + (size_t)N * KD : NULL;
     if (pre)
         wlinear_forward_bf16_out(ops, vb, pc->nm->h, pc->nm->hb, aw(pc)->wv, N, D, KD);
     else
         proj_fwd_b(ops, t, st->v, pc->nm->h, pc->nm->hb, aw(pc)->wv, N, D, KD, 0.0f);
     if (pre)
-        ops->qk_norm_rope_forward_bf16(ops->be, qb, kb, st->rstd_q, st->rstd_k, st->q_raw, st->k_raw, aw(pc)->qn->data,
-                                       aw(pc)->kn->data, a->cos_tab, a->sin_tab, N, a->rope_T ? a->rope_T : T, pos0, H,
-                                       K, hd, eps);
+        ops->qk_norm_rope_forward_bf16(ops->be, qb, kb, st->rstd_q, st->rstd_k, xb ? NULL : st->q_raw,
+                                       xb ? NULL : st->k_raw, aw(pc)->qn->data, aw(pc)->kn->data, a->cos_tab,
+                                       a->sin_tab, N, a->rope_T ? a->rope_T : T, pos0, H, K, hd, eps, qrb, krb);
     else
         ops->qk_norm_rope_forward(ops->be, st->q, st->k, st->rstd_q, st->rstd_k, st->q_raw, st->k_raw,
                                   aw(pc)->qn->data, aw(pc)->kn->data, a->cos_tab, a->sin_tab, N,
@@ -240,16 +257,20 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
     /* term 3: RoPE, then QK-norm, one fused pass; datt is free now and takes dq'. When
      * dq', dk' are read by bf16 GEMMs alone (no adapters on q, k) they are stored as
      * bf16 only, in datt's and dk2's memory (the bits of the fp32 pass then the rounding) */
-    if (qk_b)
+    if (qk_b) {
+        const int xb = qk_raw_bf16(pc, st);   /* the forward stored q', k' as bf16 */
         ops->qk_norm_rope_backward_bf16(ops->be, (mt_bf16 *)aown(pc)->datt, (mt_bf16 *)aown(pc)->dk2, aw(pc)->qn->grad,
-                                        aw(pc)->kn->grad, aown(pc)->dq, aown(pc)->dk, st->q_raw, st->k_raw,
-                                        aw(pc)->qn->data, aw(pc)->kn->data, st->rstd_q, st->rstd_k, pc->rope_cos,
-                                        pc->rope_sin, N, pc->rope_T ? pc->rope_T : T, H, K, hd);
-    else
+                                        aw(pc)->kn->grad, aown(pc)->dq, aown(pc)->dk, xb ? NULL : st->q_raw,
+                                        xb ? NULL : st->k_raw, aw(pc)->qn->data, aw(pc)->kn->data, st->rstd_q,
+                                        st->rstd_k, pc->rope_cos, pc->rope_sin, N, pc->rope_T ? pc->rope_T : T, H, K,
+                                        hd, xb ? (const mt_bf16 *)st->q_raw : NULL,
+                                        xb ? (const mt_bf16 *)st->k_raw : NULL);
+    } else {
         ops->qk_norm_rope_backward(ops->be, aown(pc)->datt, aown(pc)->dk2, aw(pc)->qn->grad, aw(pc)->kn->grad,
                                    aown(pc)->dq, aown(pc)->dk, st->q_raw, st->k_raw, aw(pc)->qn->data, aw(pc)->kn->data,
                                    st->rstd_q, st->rstd_k, pc->rope_cos, pc->rope_sin, N, pc->rope_T ? pc->rope_T : T,
                                    H, K, hd);
+    }
     /* term 4: projections (under TP dh is this rank's partial sum over its heads) */
     if (qk_b) {
         proj_bwd_dyb(ops, pc->dh, 0.0f, aw(pc)->wq, (const mt_bf16 *)aown(pc)->datt, pc->nm->h, pc->nm->hb, N, D, QD);
@@ -333,11 +354,12 @@ static void attn_work(const struct mt_block_shape *s, int rc, struct mt_work *w)
         /* precision=bf16 on cuda, in 4-byte elements (bf16 = 0.5): forward
          * rmsnorm_resid_forward_bf16 reads x, writes h, x_out (the residual's
          * seed) and h's twin: 3.5 D; qk_norm_rope_forward_bf16 reads q', k',
-         * writes bf16 q, k: 1.5 qk (v: its GEMM writes bf16). Backward
-         * qk_norm_rope_backward_bf16 reads dq, dk, q', k', writes bf16 dq', dk':
-         * 2.5 qk; rmsnorm_backward (accumulating) reads dh, x, dx, writes dx:
-         * 4 D; o_proj's dy rounded once (cast_bf16, elementwise): 1.5 D. */
-        w->e[MT_WORK_NORM] += 7.5 * D + 4.0 * qk + rc * (3.5 * D + 1.5 * qk);
+         * writes bf16 q, k: 1 qk (q', k' stored bf16 by their GEMMs; v: its
+         * GEMM writes bf16). Backward qk_norm_rope_backward_bf16 reads dq, dk,
+         * bf16 q', k', writes bf16 dq', dk': 2 qk; rmsnorm_backward
+         * (accumulating) reads dh, x, dx, writes dx: 4 D; o_proj's dy rounded
+         * once (cast_bf16, elementwise): 1.5 D. */
+        w->e[MT_WORK_NORM] += 7.5 * D + 3.0 * qk + rc * (3.5 * D + 1.0 * qk);
         w->e[MT_WORK_ELEMENTWISE] += 1.5 * D;
         return;
     }

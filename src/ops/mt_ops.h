@@ -482,7 +482,7 @@ struct mt_ops_i {
     void (*qk_norm_rope_forward_bf16)(void *be, mt_bf16 *qb, mt_bf16 *kb, float *rstd_q, float *rstd_k,
                                       const float *q_raw, const float *k_raw, const float *wq, const float *wk,
                                       const float *cos_tab, const float *sin_tab, int N, int T, int pos0, int H, int K,
-                                      int hd, float eps);
+                                      int hd, float eps, const mt_bf16 *q_raw_b, const mt_bf16 *k_raw_b);
     /* qk_norm_rope_backward_bf16: qk_norm_rope_backward with d q_raw, d k_raw
      * stored ONLY as bf16 (dq_raw_b, dk_raw_b = bf16 of that op's fp32
      * outputs, nearest even: its bits then cast_bf16), dwq, dwk as there (+=);
@@ -493,7 +493,13 @@ struct mt_ops_i {
     void (*qk_norm_rope_backward_bf16)(void *be, mt_bf16 *dq_raw_b, mt_bf16 *dk_raw_b, float *dwq, float *dwk,
                                        float *dq, float *dk, const float *q_raw, const float *k_raw, const float *wq,
                                        const float *wk, const float *rstd_q, const float *rstd_k,
-                                       const float *cos_tab, const float *sin_tab, int N, int T, int H, int K, int hd);
+                                       const float *cos_tab, const float *sin_tab, int N, int T, int H, int K, int hd,
+                                       const mt_bf16 *q_raw_b, const mt_bf16 *k_raw_b);
+    /* (both bf16 entries) q_raw_b, k_raw_b: NULL, or q_raw, k_raw stored as
+     * bf16 (their GEMMs' bf16 outputs: autocast's rounding of a Linear's
+     * output), read widened (exact) in place of q_raw, k_raw (then ignored,
+     * may be NULL); both or neither. 4 bytes an element of q', k' not moved
+     * forward (the fp32 store, the read), 2 backward. */
     /* swiglu_backward_bf16: dgate_b = bf16(dg), dup_b = bf16(du) (nearest
      * even; =), where dg, du are exactly the values swiglu_backward computes
      * from the same dout, gate, up (its bits, element by element), and no

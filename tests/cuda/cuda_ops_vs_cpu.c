@@ -1255,6 +1255,10 @@ static void test_fused(void)
     test_qk_bwd_bf16(64);
 }
 
+static void qk_raw_b_case(struct be *b, int p, int hd, int N, int T, int H, int K, const float *qr, const float *kr,
+                          const float *gq, const float *gk, const float *dw0, const float *dwq, const float *dwk,
+                          const float *sq, const float *sk, const float *dc, const float *ds, const float *nq_);
+
 /* qk_norm_rope_backward_bf16 at head dim hd (40: cuda's scalar path, 64: its
  * vector path): on each backend, d q_raw and d k_raw = bf16 of the fp32
  * entry's outputs bit for bit, dwq and dwk (+=) equal to the fp32 entry's
@@ -1287,7 +1291,7 @@ static void test_qk_bwd_bf16(int hd)
             float *eg = upf(b, gq, nq), *egk = upf(b, gk, nk), *ex = upf(b, nq_, nq), *exk = upf(b, nq_, nk);
             float *hwq = upf(b, dw0, (size_t)hd), *hwk = upf(b, dw0, (size_t)hd);
             b->ops->qk_norm_rope_backward_bf16(b->ops->be, (mt_bf16 *)ex, (mt_bf16 *)exk, hwq, hwk, eg, egk, dqr, dkr, dwq,
-                                               dwk, sq, sk, dc, ds, N, T, H, K, hd);
+                                               dwk, sq, sk, dc, ds, N, T, H, K, hd, NULL, NULL);
             bq[r] = (uint16_t *)downi(b, (const int32_t *)ex, nq / 2);
             bk[r] = (uint16_t *)downi(b, (const int32_t *)exk, nk / 2);
             if (r == 0) bwq = downf(b, hwq, (size_t)hd), bwk = downf(b, hwk, (size_t)hd);
@@ -1310,7 +1314,7 @@ static void test_qk_bwd_bf16(int hd)
         int32_t *q16 = (int32_t *)upf(b, nq_, nq / 2), *k16 = (int32_t *)upf(b, nq_, nk / 2);
         b->ops->qk_norm_rope_forward(b->ops->be, q32, k32, rq, rk, dqr, dkr, dwq, dwk, dc, ds, N, T, 0, H, K, hd, 1e-6f);
         b->ops->qk_norm_rope_forward_bf16(b->ops->be, (mt_bf16 *)q16, (mt_bf16 *)k16, rq2, rk2, dqr, dkr, dwq, dwk, dc,
-                                          ds, N, T, 0, H, K, hd, 1e-6f);
+                                          ds, N, T, 0, H, K, hd, 1e-6f, NULL, NULL);
         float *hq32 = downf(b, q32, nq), *hk32 = downf(b, k32, nk), *hrq = downf(b, rq, NH), *hrk = downf(b, rk, NK);
         float *hrq2 = downf(b, rq2, NH), *hrk2 = downf(b, rk2, NK);
         uint16_t *hq16 = (uint16_t *)downi(b, q16, nq / 2), *hk16 = (uint16_t *)downi(b, k16, nk / 2);
@@ -1322,10 +1326,69 @@ static void test_qk_bwd_bf16(int hd)
         snprintf(w, sizeof w, "%s hd=%d: rstd = the fp32 entry's (differing)", p ? "cuda" : "cpu", hd);
         report("qk_norm_rope_forward_bf16", w, (double)(ndiff(hrq, hrq2, NH) + ndiff(hrk, hrk2, NK)), 0);
         free(hq32); free(hk32); free(hrq); free(hrk); free(hrq2); free(hrk2); free(hq16); free(hk16);
+        qk_raw_b_case(b, p, hd, N, T, H, K, qr, kr, gq, gk, dw0, dwq, dwk, sq, sk, dc, ds, nq_);
         release(b);
     }
     free(cs); free(sn); free(qr); free(kr); free(wq); free(wk); free(gq); free(gk); free(dw0); free(rsq); free(rsk);
     free(nq_);
+}
+
+/* q_raw, k_raw given as bf16 (q_raw_b, k_raw_b: their GEMMs' bf16 outputs) to
+ * both bf16 entries: the bits of the entries given the widened values as fp32
+ * (q, k or d q_raw, d k_raw; rstd; dwq, dwk) */
+static void qk_raw_b_case(struct be *b, int p, int hd, int N, int T, int H, int K, const float *qr, const float *kr,
+                          const float *gq, const float *gk, const float *dw0, const float *dwq, const float *dwk,
+                          const float *sq, const float *sk, const float *dc, const float *ds, const float *nq_)
+{
+    const size_t nq = (size_t)N * H * hd, nk = (size_t)N * K * hd, NH = (size_t)N * H, NK = (size_t)N * K;
+    uint16_t *hb = xmalloc((nq + nk) * 2);
+    float *hw = xmalloc((nq + nk) * 4);
+    for (size_t i = 0; i < nq + nk; i++) {
+        hb[i] = host_bf16(i < nq ? qr[i] : kr[i - nq]);
+        const uint32_t u = (uint32_t)hb[i] << 16;
+        memcpy(&hw[i], &u, 4);
+    }
+    float *w32 = upf(b, hw, nq + nk), *w16 = upf(b, (const float *)hb, (nq + nk) / 2);
+    const mt_bf16 *qb = (const mt_bf16 *)w16, *kb = qb + nq;
+    uint16_t *o[2][2];
+    float *r[2][4];
+    for (int v = 0; v < 2; v++) {   /* v 1: given as bf16 */
+        float *q16 = upf(b, nq_, nq / 2), *k16 = upf(b, nq_, nk / 2), *rq = upf(b, nq_, NH), *rk = upf(b, nq_, NK);
+        b->ops->qk_norm_rope_forward_bf16(b->ops->be, (mt_bf16 *)q16, (mt_bf16 *)k16, rq, rk, v ? NULL : w32,
+                                          v ? NULL : w32 + nq, dwq, dwk, dc, ds, N, T, 0, H, K, hd, 1e-6f,
+                                          v ? qb : NULL, v ? kb : NULL);
+        float *eg = upf(b, gq, nq), *egk = upf(b, gk, nk), *ex = upf(b, nq_, nq / 2), *exk = upf(b, nq_, nk / 2);
+        float *hwq = upf(b, dw0, (size_t)hd), *hwk = upf(b, dw0, (size_t)hd);
+        b->ops->qk_norm_rope_backward_bf16(b->ops->be, (mt_bf16 *)ex, (mt_bf16 *)exk, hwq, hwk, eg, egk, v ? NULL : w32,
+                                           v ? NULL : w32 + nq, dwq, dwk, sq, sk, dc, ds, N, T, H, K, hd,
+                                           v ? qb : NULL, v ? kb : NULL);
+        o[v][0] = (uint16_t *)downi(b, (const int32_t *)q16, nq / 2);
+        o[v][1] = (uint16_t *)downi(b, (const int32_t *)ex, nq / 2);
+        r[v][0] = downf(b, rq, NH), r[v][1] = downf(b, rk, NK);
+        r[v][2] = downf(b, hwq, (size_t)hd), r[v][3] = downf(b, hwk, (size_t)hd);
+        uint16_t *ok = (uint16_t *)downi(b, (const int32_t *)k16, nk / 2), *odk = (uint16_t *)downi(b, (const int32_t *)exk, nk / 2);
+        o[v][0] = realloc(o[v][0], (nq + nk) * 2), o[v][1] = realloc(o[v][1], (nq + nk) * 2);
+        memcpy(o[v][0] + nq, ok, nk * 2);
+        memcpy(o[v][1] + nq, odk, nk * 2);
+        free(ok); free(odk);
+    }
+    char w[120];
+    snprintf(w, sizeof w, "%s hd=%d: q_raw, k_raw as bf16: q, k, rstd the bits of the widened fp32 (differing)",
+             p ? "cuda" : "cpu", hd);
+    report("qk_norm_rope_forward_bf16", w,
+           (double)(ndiff(o[0][0], o[1][0], (nq + nk) / 2) + ndiff(r[0][0], r[1][0], NH) + ndiff(r[0][1], r[1][1], NK)),
+           0);
+    snprintf(w, sizeof w, "%s hd=%d: q_raw, k_raw as bf16: dq_raw, dk_raw, dwq, dwk the same bits (differing)",
+             p ? "cuda" : "cpu", hd);
+    report("qk_norm_rope_backward_bf16", w,
+           (double)(ndiff(o[0][1], o[1][1], (nq + nk) / 2) + ndiff(r[0][2], r[1][2], (size_t)hd) +
+                    ndiff(r[0][3], r[1][3], (size_t)hd)),
+           0);
+    for (int v = 0; v < 2; v++) {
+        free(o[v][0]); free(o[v][1]);
+        for (int k = 0; k < 4; k++) free(r[v][k]);
+    }
+    free(hb); free(hw);
 }
 
 /* ---- attention ---- */

@@ -536,6 +536,16 @@ static __device__ __forceinline__ void mt_st_bf16x8(__nv_bfloat16 *p, float4 a, 
 }
 static __device__ __forceinline__ float mt_bf16_lo(unsigned u) { return __uint_as_float(u << 16); }
 static __device__ __forceinline__ float mt_bf16_hi(unsigned u) { return __uint_as_float(u & 0xffff0000u); }
+/* an element, or 4 (16 / 8 bytes), as stored: fp32, or bf16 widened (exact) */
+static __device__ __forceinline__ float mt_ld1(const float *p) { return *p; }
+static __device__ __forceinline__ float mt_ld1(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+static __device__ __forceinline__ float4 mt_ld4(const float *p) { return mt_ld_f4(p); }
+static __device__ __forceinline__ float4 mt_ld4(const __nv_bfloat16 *p)
+{
+    MT_VEC_CHECK(p, 8);
+    const uint2 r = *reinterpret_cast<const uint2 *>(p);
+    return float4{mt_bf16_lo(r.x), mt_bf16_hi(r.x), mt_bf16_lo(r.y), mt_bf16_hi(r.y)};
+}
 
 #ifdef __cplusplus
 extern "C" {
@@ -773,11 +783,13 @@ void mt_cuda_qk_norm_rope_backward(void *be, float *dq_raw, float *dk_raw, float
 void mt_cuda_qk_norm_rope_forward_bf16(void *be, mt_bf16 *qb, mt_bf16 *kb, float *rstd_q, float *rstd_k,
                                        const float *q_raw, const float *k_raw, const float *wq, const float *wk,
                                        const float *cos_tab, const float *sin_tab, int N, int T, int pos0, int H, int K,
-                                       int hd, float eps);
+                                       int hd, float eps,
+    const mt_bf16 *q_raw_b, const mt_bf16 *k_raw_b);
 void mt_cuda_qk_norm_rope_backward_bf16(void *be, mt_bf16 *dq_raw_b, mt_bf16 *dk_raw_b, float *dwq, float *dwk,
                                         float *dq, float *dk, const float *q_raw, const float *k_raw, const float *wq,
                                         const float *wk, const float *rstd_q, const float *rstd_k,
-                                        const float *cos_tab, const float *sin_tab, int N, int T, int H, int K, int hd);
+                                        const float *cos_tab, const float *sin_tab, int N, int T, int H, int K, int hd,
+    const mt_bf16 *q_raw_b, const mt_bf16 *k_raw_b);
 
 #ifdef __cplusplus
 }

@@ -86,23 +86,31 @@ static __device__ __forceinline__ void st_pair(T *o, int i, int half, float v0, 
 /* Forward, scalar path: a group of G = 1 << lg lanes per head (rmsnorm.cu's
  * layout and order for the sum), the pairs (i, i+half) lane-strided over the
  * group. */
-template <int OB>   /* OB: q, k stored bf16 only (qk_norm_rope_forward_bf16), each value rounded once */
+/* F: QK_OB (q, k stored bf16 only, qk_norm_rope_forward_bf16: each value rounded
+ * once) | QK_XB (q_raw, k_raw stored bf16: gemm_bf16_out's outputs, widened) */
+#define QK_OB 1
+#define QK_XB 2
+#define QK_OBXB 3   /* QK_OB | QK_XB (a name without spaces: the launch log's) */
+template <int F>
 static __global__ void __launch_bounds__(QK_THREADS)
-qk_fwd_k(void *q, void *k, float *rstd_q, float *rstd_k, const float *q_raw, const float *k_raw,
+qk_fwd_k(void *q, void *k, float *rstd_q, float *rstd_k, const void *q_raw, const void *k_raw,
          const float *wq, const float *wk, const float *cos_tab, const float *sin_tab, int N, int T, int pos0,
          int H, int K, int hd, int lg, float eps)
 {
+    constexpr int OB = F & QK_OB;
+    typedef typename std::conditional<(F & QK_XB) != 0, __nv_bfloat16, float>::type XT;
     size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     int G = 1 << lg, l = (int)(t & (size_t)(G - 1)), rows = N * (H + K);
     if (((t & ~(size_t)(MT_WARP - 1)) >> lg) >= (size_t)rows) return;   /* the warp's first row: uniform */
     int row = (int)(t >> lg);
     bool live = row < rows;
     qk_row rl = qk_locate(live ? row : 0, N, H, K, hd);
-    const float *x = (rl.is_k ? k_raw : q_raw) + rl.off, *w = rl.is_k ? wk : wq;
+    const XT *x = (const XT *)(rl.is_k ? k_raw : q_raw) + rl.off;
+    const float *w = rl.is_k ? wk : wq;
     float ss = 0.0f;
     if (live)
         for (int c0 = 4 * l; c0 < hd; c0 += 4 * G)
-            for (int i = 0; i < 4 && c0 + i < hd; i++) ss = fmaf(x[c0 + i], x[c0 + i], ss);
+            for (int i = 0; i < 4 && c0 + i < hd; i++) ss = fmaf(mt_ld1(x + c0 + i), mt_ld1(x + c0 + i), ss);
     ss = mt_rms_group_sum(ss, G);
     float r = 1.0f / sqrtf(ss / (float)hd + eps);
     if (!live) return;
@@ -112,7 +120,7 @@ qk_fwd_k(void *q, void *k, float *rstd_q, float *rstd_k, const float *q_raw, con
     int half = hd / 2, p = pos0 + rl.n % T;
     const float *cs = cos_tab + (size_t)p * (size_t)half, *sn = sin_tab + (size_t)p * (size_t)half;
     for (int i = l; i < half; i += G) {
-        float a = x[i] * r * w[i], b = x[i + half] * r * w[i + half];
+        float a = mt_ld1(x + i) * r * w[i], b = mt_ld1(x + i + half) * r * w[i + half];
         const float lo_v = rot_lo(a, b, cs[i], sn[i]), hi_v = rot_hi(a, b, cs[i], sn[i]);
         st_pair<OB>(o, i, half, lo_v, hi_v);
     }
@@ -120,12 +128,14 @@ qk_fwd_k(void *q, void *k, float *rstd_q, float *rstd_k, const float *q_raw, con
 
 /* Forward, vector path: hd = 4 G, one float4 per lane; lanes l < G/2 hold
  * the first half (a), l ^ G/2 the matching second half (b). */
-template <int OB>
+template <int F>
 static __global__ void __launch_bounds__(QK_THREADS)
-qk_fwd_vec_k(void *q, void *k, float *rstd_q, float *rstd_k, const float *q_raw, const float *k_raw,
+qk_fwd_vec_k(void *q, void *k, float *rstd_q, float *rstd_k, const void *q_raw, const void *k_raw,
              const float *wq, const float *wk, const float *cos_tab, const float *sin_tab, int N, int T, int pos0,
              int H, int K, int hd, int lg, float eps)
 {
+    constexpr int OB = F & QK_OB;
+    typedef typename std::conditional<(F & QK_XB) != 0, __nv_bfloat16, float>::type XT;
     size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     int G = 1 << lg, l = (int)(t & (size_t)(G - 1)), rows = N * (H + K);
     if (((t & ~(size_t)(MT_WARP - 1)) >> lg) >= (size_t)rows) return;
@@ -133,7 +143,7 @@ qk_fwd_vec_k(void *q, void *k, float *rstd_q, float *rstd_k, const float *q_raw,
     bool live = row < rows;
     qk_row rl = qk_locate(live ? row : 0, N, H, K, hd);
     float4 x = {0.0f, 0.0f, 0.0f, 0.0f}, y = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (live) x = mt_ld_f4((rl.is_k ? k_raw : q_raw) + rl.off + 4 * l);
+    if (live) x = mt_ld4((const XT *)(rl.is_k ? k_raw : q_raw) + rl.off + 4 * l);
     float ss = mt_rms_group_sum(mt_rms_sq4(x, 0.0f), G);
     float r = 1.0f / sqrtf(ss / (float)hd + eps);
     if (live) {
@@ -170,13 +180,17 @@ qk_fwd_vec_k(void *q, void *k, float *rstd_q, float *rstd_k, const float *q_raw,
  * stores only its own slot, after the exchange), dx = rstd (g w - xhat
  * mean_c(g w xhat)) (=), dw terms g x rstd in registers, written to
  * partial[gi] at the end (partial NULL: both gains frozen). */
-template <int OB>   /* OB: d q_raw, d k_raw stored bf16 only (qk_norm_rope_backward_bf16), g not stored */
+/* F: QK_OB (d q_raw, d k_raw stored bf16 only, qk_norm_rope_backward_bf16; g
+ * not stored) | QK_XB (q_raw, k_raw stored bf16) */
+template <int F>
 static __global__ void __launch_bounds__(QK_THREADS)
-qk_bwd_vec_k(void *dq_raw, void *dk_raw, float *dq, float *dk, float *partial, const float *q_raw,
-             const float *k_raw, const float *wq, const float *wk, const float *rstd_q, const float *rstd_k,
+qk_bwd_vec_k(void *dq_raw, void *dk_raw, float *dq, float *dk, float *partial, const void *q_raw,
+             const void *k_raw, const float *wq, const float *wk, const float *rstd_q, const float *rstd_k,
              const float *cos_tab, const float *sin_tab, int N, int T, int H, int K, int hd, int lg, int R,
              int ncq, int nck)
 {
+    constexpr int OB = F & QK_OB;
+    typedef typename std::conditional<(F & QK_XB) != 0, __nv_bfloat16, float>::type XT;
     size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     int G = 1 << lg, l = (int)(t & (size_t)(G - 1)), nch = ncq + nck;
     if (((t & ~(size_t)(MT_WARP - 1)) >> lg) >= (size_t)nch) return;
@@ -185,7 +199,8 @@ qk_bwd_vec_k(void *dq_raw, void *dk_raw, float *dq, float *dk, float *partial, c
     int is_k = gi >= ncq, lc = is_k ? gi - ncq : gi, per = is_k ? K : H, nrow = N * per;
     float *d = is_k ? dk : dq;
     void *dx = is_k ? dk_raw : dq_raw;
-    const float *xs = is_k ? k_raw : q_raw, *rs = is_k ? rstd_k : rstd_q;
+    const XT *xs = (const XT *)(is_k ? k_raw : q_raw);
+    const float *rs = is_k ? rstd_k : rstd_q;
     int half = hd / 2, lo = l < (G >> 1), ii = 4 * (lo ? l : l - (G >> 1));
     float4 w = mt_ld_f4((is_k ? wk : wq) + 4 * l), acc = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int i = 0; i < R; i++) {
@@ -197,7 +212,7 @@ qk_bwd_vec_k(void *dq_raw, void *dk_raw, float *dq, float *dk, float *partial, c
         if (live) {
             int p = (hr / per) % T;
             dv = mt_ld_f4(d + e);
-            x = mt_ld_f4(xs + e);
+            x = mt_ld4(xs + e);
             r = rs[hr];
             cs = mt_ld_f4(cos_tab + (size_t)p * (size_t)half + ii);
             sn = mt_ld_f4(sin_tab + (size_t)p * (size_t)half + ii);
@@ -242,19 +257,22 @@ qk_bwd_vec_k(void *dq_raw, void *dk_raw, float *dq, float *dk, float *partial, c
  * reads both elements of a pair before writing g = R^T d back (in place, no
  * other lane touches them), sums its terms of mean_c(g w xhat) and later
  * reads back only its own g. */
-template <int OB>   /* OB: dx stored bf16 (each value rounded once) */
-static __global__ void qk_bwd_dx_k(void *dq_raw, void *dk_raw, float *dq, float *dk, const float *q_raw,
-                                   const float *k_raw, const float *wq, const float *wk, const float *rstd_q,
+template <int F>   /* QK_OB: dx stored bf16 (each value rounded once); QK_XB: q_raw, k_raw stored bf16 */
+static __global__ void qk_bwd_dx_k(void *dq_raw, void *dk_raw, float *dq, float *dk, const void *q_raw,
+                                   const void *k_raw, const float *wq, const float *wk, const float *rstd_q,
                                    const float *rstd_k, const float *cos_tab, const float *sin_tab, int N, int T,
                                    int H, int K, int hd)
 {
+    constexpr int OB = F & QK_OB;
+    typedef typename std::conditional<(F & QK_XB) != 0, __nv_bfloat16, float>::type XT;
     typedef typename std::conditional<OB != 0, __nv_bfloat16, float>::type DX;
     int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / MT_WARP, lane = threadIdx.x % MT_WARP;
     if (row >= N * (H + K)) return;
     qk_row l = qk_locate(row, N, H, K, hd);
     float *d = (l.is_k ? dk : dq) + l.off;
     DX *dx = (DX *)(l.is_k ? dk_raw : dq_raw) + l.off;
-    const float *x = (l.is_k ? k_raw : q_raw) + l.off, *w = l.is_k ? wk : wq;
+    const XT *x = (const XT *)(l.is_k ? k_raw : q_raw) + l.off;
+    const float *w = l.is_k ? wk : wq;
     float r = l.is_k ? rstd_k[row - N * H] : rstd_q[row];
     int half = hd / 2, p = l.n % T;
     const float *cs = cos_tab + (size_t)p * (size_t)half, *sn = sin_tab + (size_t)p * (size_t)half;
@@ -264,32 +282,34 @@ static __global__ void qk_bwd_dx_k(void *dq_raw, void *dk_raw, float *dq, float 
         float g0 = rot_lo(a, b, cs[i], -sn[i]), g1 = rot_hi(a, b, cs[i], -sn[i]);
         d[i] = g0;
         d[i + half] = g1;
-        dot += g0 * w[i] * x[i];
-        dot += g1 * w[i + half] * x[i + half];
+        dot += g0 * w[i] * mt_ld1(x + i);
+        dot += g1 * w[i + half] * mt_ld1(x + i + half);
     }
     dot = mt_warp_sum(dot);
     float mean = dot * r / (float)hd;  /* mean_c(g*w*xhat) */
     for (int i = lane; i < half; i += MT_WARP) {
-        const float v0 = r * (d[i] * w[i] - x[i] * r * mean);
-        const float v1 = r * (d[i + half] * w[i + half] - x[i + half] * r * mean);
+        const float v0 = r * (d[i] * w[i] - mt_ld1(x + i) * r * mean);
+        const float v1 = r * (d[i + half] * w[i + half] - mt_ld1(x + i + half) * r * mean);
         st_pair<OB>(dx, i, half, v0, v1);
     }
 }
 
 /* partial[z][chunk][c] = sum over the chunk's rows (in order) of g*x*rstd; z = 0: q, 1: k */
-static __global__ void qk_bwd_dw1_k(float *partial, const float *gq, const float *gk, const float *q_raw,
-                                    const float *k_raw, const float *rstd_q, const float *rstd_k, int N, int H,
+template <typename XT>   /* q_raw, k_raw as stored (fp32; bf16: QK_XB) */
+static __global__ void qk_bwd_dw1_k(float *partial, const float *gq, const float *gk, const XT *q_raw,
+                                    const XT *k_raw, const float *rstd_q, const float *rstd_k, int N, int H,
                                     int K, int hd, int rows_q, int rows_k, int nchunk_q)
 {
     int c = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y, z = blockIdx.z;
     int nrow = N * (z ? K : H), rows = z ? rows_k : rows_q;
     int n0 = chunk * rows, n1 = n0 + rows < nrow ? n0 + rows : nrow;
     if (c >= hd || n0 >= nrow) return;
-    const float *g = z ? gk : gq, *x = z ? k_raw : q_raw, *rs = z ? rstd_k : rstd_q;
+    const float *g = z ? gk : gq, *rs = z ? rstd_k : rstd_q;
+    const XT *x = z ? k_raw : q_raw;
     float acc = 0.0f;
     for (int row = n0; row < n1; row++) {
         size_t e = (size_t)row * (size_t)hd + (size_t)c;
-        acc += g[e] * x[e] * rs[row];
+        acc += g[e] * mt_ld1(x + e) * rs[row];
     }
     partial[((size_t)(z ? nchunk_q : 0) + (size_t)chunk) * (size_t)hd + (size_t)c] = acc;
 }
@@ -311,33 +331,34 @@ extern "C" void mt_cuda_rmsnorm_resid_forward_bf16(void *be, float *out, mt_bf16
 /* the vector path's shape: hd a power of two, 8..128 (one float4 per lane) */
 static bool qk_vec_hd(int hd) { return hd >= 8 && hd <= 128 && (hd & (hd - 1)) == 0; }
 
-/* the forward of both entries; ob: q, k are bf16 (qk_norm_rope_forward_bf16) */
-static void qk_forward(void *q, void *k, int ob, float *rstd_q, float *rstd_k, const float *q_raw, const float *k_raw,
-                       const float *wq, const float *wk, const float *cos_tab, const float *sin_tab, int N, int T,
-                       int pos0, int H, int K, int hd, float eps)
+/* the forward of both entries; ob: q, k are bf16 (qk_norm_rope_forward_bf16);
+ * xb: q_raw, k_raw are bf16 (their GEMMs' bf16 outputs) */
+#define QK_FWD_ARGS q, k, rstd_q, rstd_k, q_raw, k_raw, wq, wk, cos_tab, sin_tab, N, T, pos0, H, K, hd, lg, eps
+static void qk_forward(void *q, void *k, int ob, float *rstd_q, float *rstd_k, const void *q_raw, const void *k_raw,
+                       int xb, const float *wq, const float *wk, const float *cos_tab, const float *sin_tab, int N,
+                       int T, int pos0, int H, int K, int hd, float eps)
 {
     int rows = N * (H + K);
     if (rows <= 0 || hd <= 0) return;
     int lg = mt_cuda_rms_lanes_log2(hd);
     unsigned blocks = (unsigned)((((size_t)rows << lg) + QK_THREADS - 1) / QK_THREADS);
-    const size_t oa = ob ? 8 : 16;   /* a lane's 4 outputs */
-    bool vec = qk_vec_hd(hd) && mt_cuda_aligned(q, oa) && mt_cuda_aligned(k, oa) && mt_cuda_aligned(q_raw, 16) &&
-               mt_cuda_aligned(k_raw, 16) && mt_cuda_aligned(wq, 16) && mt_cuda_aligned(wk, 16) &&
+    const size_t oa = ob ? 8 : 16, xa = xb ? 8 : 16;   /* a lane's 4 outputs, its 4 inputs */
+    bool vec = qk_vec_hd(hd) && mt_cuda_aligned(q, oa) && mt_cuda_aligned(k, oa) && mt_cuda_aligned(q_raw, xa) &&
+               mt_cuda_aligned(k_raw, xa) && mt_cuda_aligned(wq, 16) && mt_cuda_aligned(wk, 16) &&
                mt_cuda_aligned(cos_tab, 16) && mt_cuda_aligned(sin_tab, 16);
-    if (vec && ob)
-        MT_LAUNCH(qk_fwd_vec_k<1>, blocks, QK_THREADS, 0)
-            (q, k, rstd_q, rstd_k, q_raw, k_raw, wq, wk, cos_tab, sin_tab, N, T, pos0, H, K, hd, lg, eps);
-    else if (vec)
-        MT_LAUNCH(qk_fwd_vec_k<0>, blocks, QK_THREADS, 0)
-            (q, k, rstd_q, rstd_k, q_raw, k_raw, wq, wk, cos_tab, sin_tab, N, T, pos0, H, K, hd, lg, eps);
-    else if (ob)
-        MT_LAUNCH(qk_fwd_k<1>, blocks, QK_THREADS, 0)
-            (q, k, rstd_q, rstd_k, q_raw, k_raw, wq, wk, cos_tab, sin_tab, N, T, pos0, H, K, hd, lg, eps);
-    else
-        MT_LAUNCH(qk_fwd_k<0>, blocks, QK_THREADS, 0)
-            (q, k, rstd_q, rstd_k, q_raw, k_raw, wq, wk, cos_tab, sin_tab, N, T, pos0, H, K, hd, lg, eps);
+    switch ((vec ? 4 : 0) | (ob ? QK_OB : 0) | (xb ? QK_XB : 0)) {
+    case 4 | QK_OBXB: MT_LAUNCH(qk_fwd_vec_k<QK_OBXB>, blocks, QK_THREADS, 0)(QK_FWD_ARGS); break;
+    case 4 | QK_XB: MT_LAUNCH(qk_fwd_vec_k<QK_XB>, blocks, QK_THREADS, 0)(QK_FWD_ARGS); break;
+    case 4 | QK_OB: MT_LAUNCH(qk_fwd_vec_k<QK_OB>, blocks, QK_THREADS, 0)(QK_FWD_ARGS); break;
+    case 4: MT_LAUNCH(qk_fwd_vec_k<0>, blocks, QK_THREADS, 0)(QK_FWD_ARGS); break;
+    case QK_OBXB: MT_LAUNCH(qk_fwd_k<QK_OBXB>, blocks, QK_THREADS, 0)(QK_FWD_ARGS); break;
+    case QK_XB: MT_LAUNCH(qk_fwd_k<QK_XB>, blocks, QK_THREADS, 0)(QK_FWD_ARGS); break;
+    case QK_OB: MT_LAUNCH(qk_fwd_k<QK_OB>, blocks, QK_THREADS, 0)(QK_FWD_ARGS); break;
+    default: MT_LAUNCH(qk_fwd_k<0>, blocks, QK_THREADS, 0)(QK_FWD_ARGS); break;
+    }
     MT_CUDA_KCHECK();
 }
+#undef QK_FWD_ARGS
 
 extern "C" void mt_cuda_qk_norm_rope_forward(void *be, float *q, float *k, float *rstd_q, float *rstd_k, const float *q_raw,
                                              const float *k_raw, const float *wq, const float *wk,
@@ -345,16 +366,19 @@ extern "C" void mt_cuda_qk_norm_rope_forward(void *be, float *q, float *k, float
                                              int H, int K, int hd, float eps)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
-    qk_forward(q, k, 0, rstd_q, rstd_k, q_raw, k_raw, wq, wk, cos_tab, sin_tab, N, T, pos0, H, K, hd, eps);
+    qk_forward(q, k, 0, rstd_q, rstd_k, q_raw, k_raw, 0, wq, wk, cos_tab, sin_tab, N, T, pos0, H, K, hd, eps);
 }
 
 extern "C" void mt_cuda_qk_norm_rope_forward_bf16(void *be, mt_bf16 *qb, mt_bf16 *kb, float *rstd_q, float *rstd_k,
                                                   const float *q_raw, const float *k_raw, const float *wq,
                                                   const float *wk, const float *cos_tab, const float *sin_tab, int N,
-                                                  int T, int pos0, int H, int K, int hd, float eps)
+                                                  int T, int pos0, int H, int K, int hd, float eps,
+                                                  const mt_bf16 *q_raw_b, const mt_bf16 *k_raw_b)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
-    qk_forward(qb, kb, 1, rstd_q, rstd_k, q_raw, k_raw, wq, wk, cos_tab, sin_tab, N, T, pos0, H, K, hd, eps);
+    const int xb = q_raw_b != NULL;   /* (mt_ops.h: both or neither) */
+    qk_forward(qb, kb, 1, rstd_q, rstd_k, xb ? (const void *)q_raw_b : q_raw, xb ? (const void *)k_raw_b : k_raw, xb,
+               wq, wk, cos_tab, sin_tab, N, T, pos0, H, K, hd, eps);
 }
 
 /* rows per dw chunk for `nrow` rows: DW_ROWS, doubled while the grid's y would pass 65535 */
@@ -365,17 +389,23 @@ static int dw_rows(int nrow)
     return rows;
 }
 
-/* the backward of both entries; ob: dq_raw, dk_raw are bf16 (qk_norm_rope_backward_bf16) */
+/* the backward of both entries; ob: dq_raw, dk_raw are bf16 (qk_norm_rope_backward_bf16);
+ * xb: q_raw, k_raw are bf16 */
+#define QK_BWD_VEC_ARGS dq_raw, dk_raw, dq, dk, partial, q_raw, k_raw, wq, wk, rstd_q, rstd_k, cos_tab, sin_tab, N, T, \
+                        H, K, hd, lg, R, ncq, nck
+#define QK_BWD_DX_ARGS dq_raw, dk_raw, dq, dk, q_raw, k_raw, wq, wk, rstd_q, rstd_k, cos_tab, sin_tab, N, T, H, K, hd
 static void qk_backward(void *dq_raw, void *dk_raw, int ob, float *dwq, float *dwk, float *dq, float *dk,
-                        const float *q_raw, const float *k_raw, const float *wq, const float *wk, const float *rstd_q,
-                        const float *rstd_k, const float *cos_tab, const float *sin_tab, int N, int T, int H, int K,
-                        int hd)
+                        const void *q_raw, const void *k_raw, int xb, const float *wq, const float *wk,
+                        const float *rstd_q, const float *rstd_k, const float *cos_tab, const float *sin_tab, int N,
+                        int T, int H, int K, int hd)
 {
+    const int f = (ob ? QK_OB : 0) | (xb ? QK_XB : 0);
+    const size_t xa = xb ? 8 : 16;
     int rows = N * (H + K);
     if (rows <= 0 || hd <= 0) return;
     bool vec = qk_vec_hd(hd) && mt_cuda_aligned(dq_raw, 16) && mt_cuda_aligned(dk_raw, 16) &&
-               mt_cuda_aligned(dq, 16) && mt_cuda_aligned(dk, 16) && mt_cuda_aligned(q_raw, 16) &&
-               mt_cuda_aligned(k_raw, 16) && mt_cuda_aligned(wq, 16) && mt_cuda_aligned(wk, 16) &&
+               mt_cuda_aligned(dq, 16) && mt_cuda_aligned(dk, 16) && mt_cuda_aligned(q_raw, xa) &&
+               mt_cuda_aligned(k_raw, xa) && mt_cuda_aligned(wq, 16) && mt_cuda_aligned(wk, 16) &&
                mt_cuda_aligned(cos_tab, 16) && mt_cuda_aligned(sin_tab, 16);
     if (vec) {
         /* heads per chunk: 64, halved (down to 8) while fewer than 1024 warps would run */
@@ -394,14 +424,12 @@ static void qk_backward(void *dq_raw, void *dk_raw, int ob, float *dwq, float *d
         }
         if (vec) {
             unsigned blocks = (unsigned)((((size_t)(ncq + nck) << lg) + QK_THREADS - 1) / QK_THREADS);
-            if (ob)
-                MT_LAUNCH(qk_bwd_vec_k<1>, blocks, QK_THREADS, 0)
-                    (dq_raw, dk_raw, dq, dk, partial, q_raw, k_raw, wq, wk, rstd_q, rstd_k, cos_tab, sin_tab, N, T, H,
-                     K, hd, lg, R, ncq, nck);
-            else
-                MT_LAUNCH(qk_bwd_vec_k<0>, blocks, QK_THREADS, 0)
-                    (dq_raw, dk_raw, dq, dk, partial, q_raw, k_raw, wq, wk, rstd_q, rstd_k, cos_tab, sin_tab, N, T, H,
-                     K, hd, lg, R, ncq, nck);
+            switch (f) {
+            case QK_OBXB: MT_LAUNCH(qk_bwd_vec_k<QK_OBXB>, blocks, QK_THREADS, 0)(QK_BWD_VEC_ARGS); break;
+            case QK_XB: MT_LAUNCH(qk_bwd_vec_k<QK_XB>, blocks, QK_THREADS, 0)(QK_BWD_VEC_ARGS); break;
+            case QK_OB: MT_LAUNCH(qk_bwd_vec_k<QK_OB>, blocks, QK_THREADS, 0)(QK_BWD_VEC_ARGS); break;
+            default: MT_LAUNCH(qk_bwd_vec_k<0>, blocks, QK_THREADS, 0)(QK_BWD_VEC_ARGS); break;
+            }
             MT_CUDA_KCHECK();
             if (partial) mt_cuda_rms_dw_reduce(dwq, dwk, partial, ncq, nck, hd);
             return;
@@ -411,20 +439,28 @@ static void qk_backward(void *dq_raw, void *dk_raw, int ob, float *dwq, float *d
     int ncq = (N * H + rq - 1) / rq, nck = (N * K + rk - 1) / rk;
     float *partial = (float *)mt_cuda_workspace((size_t)(ncq + nck) * (size_t)hd * sizeof(float));
     if (!partial) return;
-    if (ob)
-        MT_LAUNCH(qk_bwd_dx_k<1>, (rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK, ROWS_PER_BLOCK * MT_WARP, 0)
-            (dq_raw, dk_raw, dq, dk, q_raw, k_raw, wq, wk, rstd_q, rstd_k, cos_tab, sin_tab, N, T, H, K, hd);
-    else
-        MT_LAUNCH(qk_bwd_dx_k<0>, (rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK, ROWS_PER_BLOCK * MT_WARP, 0)
-            (dq_raw, dk_raw, dq, dk, q_raw, k_raw, wq, wk, rstd_q, rstd_k, cos_tab, sin_tab, N, T, H, K, hd);
+    const unsigned nb = (unsigned)((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK);
+    switch (f) {
+    case QK_OBXB: MT_LAUNCH(qk_bwd_dx_k<QK_OBXB>, nb, ROWS_PER_BLOCK * MT_WARP, 0)(QK_BWD_DX_ARGS); break;
+    case QK_XB: MT_LAUNCH(qk_bwd_dx_k<QK_XB>, nb, ROWS_PER_BLOCK * MT_WARP, 0)(QK_BWD_DX_ARGS); break;
+    case QK_OB: MT_LAUNCH(qk_bwd_dx_k<QK_OB>, nb, ROWS_PER_BLOCK * MT_WARP, 0)(QK_BWD_DX_ARGS); break;
+    default: MT_LAUNCH(qk_bwd_dx_k<0>, nb, ROWS_PER_BLOCK * MT_WARP, 0)(QK_BWD_DX_ARGS); break;
+    }
     MT_CUDA_KCHECK();
     if (!dwq && !dwk) return;   /* both gains frozen (LoRA): dx only */
     dim3 g1((unsigned)((hd + DW_THREADS - 1) / DW_THREADS), (unsigned)(ncq > nck ? ncq : nck), 2u);
-    MT_LAUNCH(qk_bwd_dw1_k, g1, DW_THREADS, 0)
-        (partial, dq, dk, q_raw, k_raw, rstd_q, rstd_k, N, H, K, hd, rq, rk, ncq);
+    if (xb)
+        MT_LAUNCH(qk_bwd_dw1_k<__nv_bfloat16>, g1, DW_THREADS, 0)
+            (partial, dq, dk, (const __nv_bfloat16 *)q_raw, (const __nv_bfloat16 *)k_raw, rstd_q, rstd_k, N, H, K, hd,
+             rq, rk, ncq);
+    else
+        MT_LAUNCH(qk_bwd_dw1_k<float>, g1, DW_THREADS, 0)
+            (partial, dq, dk, (const float *)q_raw, (const float *)k_raw, rstd_q, rstd_k, N, H, K, hd, rq, rk, ncq);
     MT_CUDA_KCHECK();
     mt_cuda_rms_dw_reduce(dwq, dwk, partial, ncq, nck, hd);
 }
+#undef QK_BWD_VEC_ARGS
+#undef QK_BWD_DX_ARGS
 
 extern "C" void mt_cuda_qk_norm_rope_backward(void *be, float *dq_raw, float *dk_raw, float *dwq, float *dwk, float *dq,
                                               float *dk, const float *q_raw, const float *k_raw,
@@ -433,17 +469,19 @@ extern "C" void mt_cuda_qk_norm_rope_backward(void *be, float *dq_raw, float *dk
                                               int N, int T, int H, int K, int hd)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
-    qk_backward(dq_raw, dk_raw, 0, dwq, dwk, dq, dk, q_raw, k_raw, wq, wk, rstd_q, rstd_k, cos_tab, sin_tab, N, T, H, K,
-                hd);
+    qk_backward(dq_raw, dk_raw, 0, dwq, dwk, dq, dk, q_raw, k_raw, 0, wq, wk, rstd_q, rstd_k, cos_tab, sin_tab, N, T, H,
+                K, hd);
 }
 
 extern "C" void mt_cuda_qk_norm_rope_backward_bf16(void *be, mt_bf16 *dq_raw_b, mt_bf16 *dk_raw_b, float *dwq,
                                                    float *dwk, float *dq, float *dk, const float *q_raw,
                                                    const float *k_raw, const float *wq, const float *wk,
                                                    const float *rstd_q, const float *rstd_k, const float *cos_tab,
-                                                   const float *sin_tab, int N, int T, int H, int K, int hd)
+                                                   const float *sin_tab, int N, int T, int H, int K, int hd,
+                                                   const mt_bf16 *q_raw_b, const mt_bf16 *k_raw_b)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
-    qk_backward(dq_raw_b, dk_raw_b, 1, dwq, dwk, dq, dk, q_raw, k_raw, wq, wk, rstd_q, rstd_k, cos_tab, sin_tab, N, T,
-                H, K, hd);
+    const int xb = q_raw_b != NULL;
+    qk_backward(dq_raw_b, dk_raw_b, 1, dwq, dwk, dq, dk, xb ? (const void *)q_raw_b : q_raw,
+                xb ? (const void *)k_raw_b : k_raw, xb, wq, wk, rstd_q, rstd_k, cos_tab, sin_tab, N, T, H, K, hd);
 }

@@ -31,15 +31,8 @@ static __device__ __forceinline__ float swiglu1_bwd(float &dg, float &du, float 
 
 /* gate and up as stored: fp32, or bf16 (the *_bf16_gu entries: g, u kept
  * in bf16, widened exactly here); 4 elements (16 / 8 bytes) or 1 */
-static __device__ __forceinline__ float4 gu_ld4(const float *p) { return mt_ld_f4(p); }
-static __device__ __forceinline__ float4 gu_ld4(const __nv_bfloat16 *p)
-{
-    MT_VEC_CHECK(p, 8);
-    const uint2 r = *reinterpret_cast<const uint2 *>(p);
-    return float4{mt_bf16_lo(r.x), mt_bf16_hi(r.x), mt_bf16_lo(r.y), mt_bf16_hi(r.y)};
-}
-static __device__ __forceinline__ float gu_ld1(const float *p) { return *p; }
-static __device__ __forceinline__ float gu_ld1(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+template <typename T> static __device__ __forceinline__ float4 gu_ld4(const T *p) { return mt_ld4(p); }
+template <typename T> static __device__ __forceinline__ float gu_ld1(const T *p) { return mt_ld1(p); }
 
 /* Vector path (docs/cuda.md "Vectorised elementwise kernels"): elements
  * [0, 4*n4) as float4 (n4 = 0 when a pointer is not 16-byte aligned, or the
