@@ -341,6 +341,17 @@ static uint16_t *bf16_to_host(const mt_bf16 *d, size_t n)
 
 #define BF16_SENTINEL 0x4321u
 
+/* x (device, n rows of E) as host rows of ld floats: x at columns [off, off + E),
+ * `fill` around it (the layout of x inside the mixer's proj rows, ldx = ld) */
+static float *wide_rows(const float *x, size_t n, int E, int off, int ld, float fill)
+{
+    float *xc = to_host(x, n * (size_t)E), *hw = falloc(n * (size_t)ld);
+    for (size_t i = 0; i < n * (size_t)ld; i++) hw[i] = fill;
+    for (size_t r = 0; r < n; r++) memcpy(hw + r * ld + off, xc + r * E, (size_t)E * sizeof(float));
+    free(xc);
+    return hw;
+}
+
 /* dx_b (the mixer's dproj as bf16, mt_ops.h): dx written as bf16 in wide rows
  * (ldx) is bf16 of the contiguous run's fp32 dx (g1[0]), bit for bit (the
  * rows a chunk edge joins included), the rows' other columns untouched, every
@@ -358,9 +369,7 @@ static void test_bf16_dxb(const struct inputs *in, int chunk, const struct dev *
     g_ops->fill(g_ops->be, g[5], 0.0f, (size_t)H);
     g_ops->fill(g_ops->be, g[6], 0.0f, (size_t)H);
     /* x in the same wide layout: the contiguous x copied into wide fp32 rows */
-    float *xc = to_host(d->x, nx(in)), *hw = falloc(wide);
-    for (size_t r = 0; r < n; r++) memcpy(hw + r * ld + off, xc + r * E, (size_t)E * sizeof(float));
-    float *xw = dev_zero(wide);
+    float *hw = wide_rows(d->x, n, E, off, ld, 0.0f), *xw = dev_zero(wide);
     g_ops->copy_from_host(g_ops->be, xw, hw, wide * sizeof(float));
     g_ops->ssm_scan_backward_bf16(g_ops->be, NULL, g[1], g[2], g[3], g[4], g[5], g[6], d->R, xw + off, ld, d->Bm,
                                   d->Cm, d->dt, d->lam, d->A, d->D, in->B, in->T, H, in->P, in->N, chunk, NULL,
@@ -383,7 +392,7 @@ static void test_bf16_dxb(const struct inputs *in, int chunk, const struct dev *
     check(bad == 0, "scan_backward_bf16 dx_b = bf16(dx) (bits)", tag, (double)bad, 0);
     check(touched == 0 && same, "scan_backward_bf16 dx_b: other columns, other gradients as without", tag,
           (double)touched + !same, 0);
-    free(bh); free(d1); free(xc); free(hw);
+    free(bh); free(d1); free(hw);
     g_ops->buf_free(g_ops->be, &g_ctx, bw);
     g_ops->buf_free(g_ops->be, &g_ctx, xw);
 }
@@ -400,9 +409,7 @@ static void test_bf16_ldx(const struct inputs *in, int chunk, const struct dev *
     snprintf(tag, sizeof tag, "T=%d P=%d N=%d chunk=%d", in->T, in->P, in->N, chunk);
     const int H = in->H, E = H * in->P, off = small ? 1 : 4, ld = off + E + 3;
     const size_t n = (size_t)in->B * in->T, wide = n * (size_t)ld;
-    float *xc = to_host(d->x, nx(in)), *hw = falloc(wide);
-    for (size_t i = 0; i < wide; i++) hw[i] = 7.0f;   /* the sentinel around x and dx */
-    for (size_t r = 0; r < n; r++) memcpy(hw + r * ld + off, xc + r * E, (size_t)E * sizeof(float));
+    float *hw = wide_rows(d->x, n, E, off, ld, 7.0f);   /* 7: the sentinel around x and dx */
     float *xw = dev_zero(wide), *dxw = dev_zero(wide), *y = dev_zero(nx(in));
     g_ops->copy_from_host(g_ops->be, xw, hw, wide * sizeof(float));
     g_ops->copy_from_host(g_ops->be, dxw, hw, wide * sizeof(float));
@@ -435,7 +442,7 @@ static void test_bf16_ldx(const struct inputs *in, int chunk, const struct dev *
     }
     check(same, "scan_*_bf16 with x, dx in wider rows (ldx) = contiguous (bits)", tag, same ? 0.0 : 1.0, 0);
     check(kept, "scan_backward_bf16 ldx: the row's other columns untouched", tag, kept ? 0.0 : 1.0, 0);
-    free(xc); free(hw);
+    free(hw);
     g_ops->buf_free(g_ops->be, &g_ctx, xw); g_ops->buf_free(g_ops->be, &g_ctx, dxw);
     g_ops->buf_free(g_ops->be, &g_ctx, y);
 }

@@ -103,7 +103,7 @@ static int qkv_prefill(const struct mt_piece_ctx *pc, const struct attn_state *s
 static int v_bf16_dy(const struct mt_piece_ctx *pc, int qk_b, size_t n)
 {
     const struct mt_param *wv = aw(pc)->wv;
-    return qk_b && wv->bf16 && !wv->lora_a && pc->dyb && pc->dyb->p && n <= pc->dyb->cap;
+    return qk_b && wv->bf16 && !wv->lora_a && dyb_room(pc->dyb, n);
 }
 
 /* precision=bf16 training: q', k' (the q, k projections' outputs, before QK-norm)
@@ -137,12 +137,8 @@ static void o_proj_bwd_b(const struct mt_piece_ctx *pc, mt_bf16 *datt_b, const f
     const struct mt_ops_i *ops = pc->ops;
     struct mt_param *wo = aw(pc)->wo;
     const mt_bf16 *dyb = dyb_round(ops, pc->dyb, dy, (size_t)N * (size_t)D);
-    if (N <= 0) return;
-    const void *DY = dyb ? (const void *)dyb : (const void *)dy;
-    const enum mt_elem dyt = dyb ? MT_ELEM_BF16 : MT_ELEM_F32;
     wlinear_backward_db(ops, NULL, 0.0f, wo->frozen ? NULL : wo->grad, dy, dyb, NULL, att_b, wo, N, QD, D);
-    ops->gemm_bf16_out(ops->be, 0, 0, N, QD, D, 1.0f, DY, dyt, D, wo->bf16_ok ? (const void *)wo->bf16 : (const void *)wo->data,
-                       wo->bf16_ok ? MT_ELEM_BF16 : MT_ELEM_F32, QD, datt_b, QD);
+    wlinear_backward_dx_bf16_out(ops, datt_b, dy, dyb, wo, N, QD, D);
 }
 
 /* x_out = x_in + attn(rmsnorm(x_in)) Wo^T for N = B*T rows (a->B, a->T)

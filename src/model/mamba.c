@@ -718,8 +718,7 @@ static void mixer_bwd(const struct mt_piece_ctx *pc, const float *dy, const stru
     wout_bwd(pc, dy, g, n);
     /* dproj as bf16 from its producers where they can (mt_mamba3_mix_backward_b), into
      * the dy scratch: wout_bwd's GEMMs, its other readers, come before on the stream */
-    const size_t nw = (size_t)n * (size_t)mt_mamba3_in_width(mdims(pc));
-    mt_bf16 *room = pc->dyb && pc->dyb->p && nw > 0 && nw <= pc->dyb->cap ? pc->dyb->p : NULL;
+    mt_bf16 *room = dyb_room(pc->dyb, (size_t)n * (size_t)mt_mamba3_in_width(mdims(pc)));
     const int direct = mt_mamba3_mix_backward_b(ops, g, mb_s(pc), &st->mb, w, mdims(pc), pc->B, pc->T, room);
     in_bwd(pc, pc->dh, g, mb_s(pc)->dproj, direct ? room : NULL, pc->nm->h, pc->nm->hb, w, n);
 }

@@ -93,7 +93,7 @@ void mlp_forward_b(const struct mt_ops_i *ops, float *t, float *out, int accumul
 static int dgu_direct(const struct mt_ops_i *ops, const mt_bf16 *act_b, const struct mt_dyb *dyb,
                       const struct mt_param *wg, const struct mt_param *wu, size_t nF)
 {
-    return ops->swiglu_backward_bf16 && act_b && dyb && dyb->p && nF <= dyb->cap && wg->bf16 && wu->bf16 &&
+    return ops->swiglu_backward_bf16 && act_b && dyb_room(dyb, nF) && wg->bf16 && wu->bf16 &&
            !wg->lora_a && !wu->lora_a;
 }
 
@@ -141,10 +141,7 @@ static void mlp_bwd_fused(const struct mt_ops_i *ops, float *dh, int accumulate,
         /* d act stored bf16 too (autocast's rounding of the GEMM's output), in dact's
          * memory: its fp32 store and read-back, 8 bytes a hidden unit, become 4 */
         mt_bf16 *dab = (mt_bf16 *)dact;
-        const void *DY = db ? (const void *)db : (const void *)dout;
-        ops->gemm_bf16_out(ops->be, 0, 0, n, F, D, 1.0f, DY, db ? MT_ELEM_BF16 : MT_ELEM_F32, D,
-                           wd->bf16_ok ? (const void *)wd->bf16 : (const void *)wd->data,
-                           wd->bf16_ok ? MT_ELEM_BF16 : MT_ELEM_F32, F, dab, F);
+        wlinear_backward_dx_bf16_out(ops, dab, dout, db, wd, n, F, D);
         ops->swiglu_backward_act_bf16_gud(ops->be, act_b, dgb, dub, dab, gb, ub, (size_t)n * F);
     } else {
         wlinear_backward_db(ops, dact, 0.0f, NULL, dout, db, NULL, act_b, wd, n, F, D);

@@ -301,6 +301,17 @@ static inline void wlinear_forward_bf16_out(const struct mt_ops_i *ops, mt_bf16 
     ops->gemm_bf16_out(ops->be, 0, 1, n, out, in, 1.0f, xb ? (const void *)xb : (const void *)x,
                        xb ? MT_ELEM_BF16 : MT_ELEM_F32, in, W, w->bf16_ok ? MT_ELEM_BF16 : MT_ELEM_F32, in, y, out);
 }
+/* dx (n, in) bf16 = bf16(dy W) (ops->gemm_bf16_out; w shadowed, precision=bf16): for a
+ * gradient whose one reader takes bf16 storage (the attention's d att, the SwiGLU's
+ * d act); dyb: NULL, or dy's bf16 twin (read instead of dy) */
+static inline void wlinear_backward_dx_bf16_out(const struct mt_ops_i *ops, mt_bf16 *dx, const float *dy,
+                                                const mt_bf16 *dyb, const struct mt_param *w, int n, int in, int out)
+{
+    if (n <= 0) return;
+    const void *W = w->bf16_ok ? (const void *)w->bf16 : (const void *)w->data;
+    ops->gemm_bf16_out(ops->be, 0, 0, n, in, out, 1.0f, dyb ? (const void *)dyb : (const void *)dy,
+                       dyb ? MT_ELEM_BF16 : MT_ELEM_F32, out, W, w->bf16_ok ? MT_ELEM_BF16 : MT_ELEM_F32, in, dx, in);
+}
 /* xb: NULL, or x's bf16 twin (written by its producer: bf16(x) exactly, the same operand values);
  * dyb: NULL, or dy's bf16 twin (the same rule; the lm head's dlogits from xent_fused_bf16): with a
  * shadow the GEMMs read it instead of dy (dy is not read then and may be NULL). fp32 mode (no
@@ -329,14 +340,19 @@ static inline void proj_bwd_dyb(const struct mt_ops_i *ops, float *dx, float bet
     MT_ASSERT(!w->lora_a);
     wlinear_backward_db(ops, dx, beta_dx, w->frozen ? NULL : w->grad, NULL, dyb, x, xb, w, n, in, out);
 }
+/* the model's bf16 dy scratch when it holds n > 0 elements, else NULL (none, or too small) */
+static inline mt_bf16 *dyb_room(const struct mt_dyb *dyb, size_t n)
+{
+    return dyb && dyb->p && n > 0 && n <= dyb->cap ? dyb->p : NULL;
+}
 /* precision=bf16: n elements of dy rounded once into the model's bf16 dy scratch, for
  * the GEMMs that read it (a gemm_bf16 given fp32 rounds its operand per call); NULL
  * when there is no scratch or it is too small (they round per call) */
 static inline const mt_bf16 *dyb_round(const struct mt_ops_i *ops, const struct mt_dyb *dyb, const float *dy, size_t n)
 {
-    if (!dyb || !dyb->p || n == 0 || n > dyb->cap) return NULL;
-    ops->cast_bf16(ops->be, dyb->p, dy, n);
-    return dyb->p;
+    mt_bf16 *p = dyb_room(dyb, n);
+    if (p) ops->cast_bf16(ops->be, p, dy, n);
+    return p;
 }
 static inline void wlinear_backward(const struct mt_ops_i *ops, float *dx, float beta_dx, float *dw,
                                     const float *dy, const float *x, const mt_bf16 *xb, const struct mt_param *w,

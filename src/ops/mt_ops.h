@@ -393,7 +393,7 @@ struct mt_ops_i {
      * proj (B*T, W) in-projection rows, W = 2E + 2GN + H + H*N/2 + H, split
      * z | xs | B | C | dt | theta | lam (E = H*P, G groups of H/G heads, N even).
      * prep_forward: x (B,T,H,P) = xs (x NULL: not written; the bf16 scan can
- *   read xs in proj itself, ldx = W); dt = softplus(dt_raw + dt_bias); lam =
+     *   read xs in proj itself, ldx = W); dt = softplus(dt_raw + dt_bias); lam =
      *   sigmoid(lam_raw); A (H) = -exp(A_log); Bh/Ch (B,T,H,N) = rot(ang,
      *   rmsnorm_N(B_g) gB + B_bias[h]) with ang = cumsum_t theta (rotate-half
      *   pairs (k, k+N/2)); rstd (B*T, 2G) saved (B's groups, then C's).
@@ -401,7 +401,7 @@ struct mt_ops_i {
      *   the last position's angles are written back (decoding token by token);
      *   NULL starts from 0 (training).
      * prep_backward: dproj (=) on every column but z's (dx NULL: nor xs's, which
- *   then hold dx already: the bf16 scan wrote them, ldx = W); ddt_bias, dA_log, dgB,
+     *   then hold dx already: the bf16 scan wrote them, ldx = W); ddt_bias, dA_log, dgB,
      *   dgC, dB_bias, dC_bias (+=). dA is the scan's dA.
      * gate_norm: out (n,E) = rmsnorm over each of G groups of (y silu(z)) * w,
      *   z and dz with row stride ldz; rstd (n,G). backward: dy, dz (=), dw (+=). */

@@ -1353,24 +1353,20 @@ static void qk_raw_b_case(struct be *b, int p, int hd, int N, int T, int H, int 
     uint16_t *o[2][2];
     float *r[2][4];
     for (int v = 0; v < 2; v++) {   /* v 1: given as bf16 */
-        float *q16 = upf(b, nq_, nq / 2), *k16 = upf(b, nq_, nk / 2), *rq = upf(b, nq_, NH), *rk = upf(b, nq_, NK);
-        b->ops->qk_norm_rope_forward_bf16(b->ops->be, (mt_bf16 *)q16, (mt_bf16 *)k16, rq, rk, v ? NULL : w32,
-                                          v ? NULL : w32 + nq, dwq, dwk, dc, ds, N, T, 0, H, K, hd, 1e-6f,
-                                          v ? qb : NULL, v ? kb : NULL);
-        float *eg = upf(b, gq, nq), *egk = upf(b, gk, nk), *ex = upf(b, nq_, nq / 2), *exk = upf(b, nq_, nk / 2);
+        /* each side's q and k outputs in one buffer (k's after q's nq bf16) */
+        mt_bf16 *f16 = (mt_bf16 *)upf(b, nq_, (nq + nk) / 2), *b16 = (mt_bf16 *)upf(b, nq_, (nq + nk) / 2);
+        float *rq = upf(b, nq_, NH), *rk = upf(b, nq_, NK);
+        b->ops->qk_norm_rope_forward_bf16(b->ops->be, f16, f16 + nq, rq, rk, v ? NULL : w32, v ? NULL : w32 + nq, dwq,
+                                          dwk, dc, ds, N, T, 0, H, K, hd, 1e-6f, v ? qb : NULL, v ? kb : NULL);
+        float *eg = upf(b, gq, nq), *egk = upf(b, gk, nk);
         float *hwq = upf(b, dw0, (size_t)hd), *hwk = upf(b, dw0, (size_t)hd);
-        b->ops->qk_norm_rope_backward_bf16(b->ops->be, (mt_bf16 *)ex, (mt_bf16 *)exk, hwq, hwk, eg, egk, v ? NULL : w32,
+        b->ops->qk_norm_rope_backward_bf16(b->ops->be, b16, b16 + nq, hwq, hwk, eg, egk, v ? NULL : w32,
                                            v ? NULL : w32 + nq, dwq, dwk, sq, sk, dc, ds, N, T, H, K, hd,
                                            v ? qb : NULL, v ? kb : NULL);
-        o[v][0] = (uint16_t *)downi(b, (const int32_t *)q16, nq / 2);
-        o[v][1] = (uint16_t *)downi(b, (const int32_t *)ex, nq / 2);
+        o[v][0] = (uint16_t *)downi(b, (const int32_t *)f16, (nq + nk) / 2);
+        o[v][1] = (uint16_t *)downi(b, (const int32_t *)b16, (nq + nk) / 2);
         r[v][0] = downf(b, rq, NH), r[v][1] = downf(b, rk, NK);
         r[v][2] = downf(b, hwq, (size_t)hd), r[v][3] = downf(b, hwk, (size_t)hd);
-        uint16_t *ok = (uint16_t *)downi(b, (const int32_t *)k16, nk / 2), *odk = (uint16_t *)downi(b, (const int32_t *)exk, nk / 2);
-        o[v][0] = realloc(o[v][0], (nq + nk) * 2), o[v][1] = realloc(o[v][1], (nq + nk) * 2);
-        memcpy(o[v][0] + nq, ok, nk * 2);
-        memcpy(o[v][1] + nq, odk, nk * 2);
-        free(ok); free(odk);
     }
     char w[120];
     snprintf(w, sizeof w, "%s hd=%d: q_raw, k_raw as bf16: q, k, rstd the bits of the widened fp32 (differing)",

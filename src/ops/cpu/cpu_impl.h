@@ -146,7 +146,7 @@ void mt_cpu_attention_forward_bf16(float *out, uint16_t *out_bf16, float *lse, c
 void mt_cpu_attention_backward_bf16(float *dq, float *dk, float *dv, const float *dout, const float *q,
                                     const float *k, const float *v, const float *out, const float *lse,
                                     int B, int T, int H, int K, int hd, const uint16_t *qkv_b, const uint16_t *dout_b,
-                                   const uint16_t *out_b);
+                                    const uint16_t *out_b);
 /* ---- attention.c ---- */
 void mt_cpu_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
                               int B, int Tq, int Tk, int q_pos0, int H, int K, int hd);

@@ -668,51 +668,39 @@ static void p_qk_norm_rope_backward(void *be, float *dq_raw, float *dk_raw, floa
     PROF(MT_OPK_NORM, mt_cpu_qk_norm_rope_backward(dq_raw, dk_raw, dwq, dwk, dq, dk, q_raw, k_raw, wq, wk, rstd_q,
                                                    rstd_k, cos_tab, sin_tab, N, T, H, K, hd));
 }
-/* qk_norm_rope_forward_bf16: the fp32 op into scratch, then each value rounded once */
+/* The bf16 QK-norm entries: the fp32 op into scratch, then each value rounded
+ * once. One scratch of nq + nk floats for the fp32 outputs, and nq + nk more
+ * where q_raw, k_raw come as bf16 (q_raw_b, k_raw_b; mt_ops.h): widened
+ * (exact) there, the fp32 op's inputs. NULL: no memory (the caller poisons its
+ * outputs: kernels return void, mt_ops.h; NaN stops the run at the finite check) */
+static float *qk_scratch(const float **q_raw, const float **k_raw, const mt_bf16 *q_raw_b, const mt_bf16 *k_raw_b,
+                         size_t nq, size_t nk)
+{
+    float *t = malloc((q_raw_b ? 2 : 1) * (nq + nk ? nq + nk : 1) * sizeof(float));
+    if (!t || !q_raw_b) return t;
+    float *w = t + nq + nk;
+    for (size_t i = 0; i < nq; i++) w[i] = mt_cpu_bf16_to_f32(q_raw_b[i]);
+    for (size_t i = 0; i < nk; i++) w[nq + i] = mt_cpu_bf16_to_f32(k_raw_b[i]);
+    *q_raw = w, *k_raw = w + nq;
+    return t;
+}
+static void qk_poison(mt_bf16 *a, size_t na, mt_bf16 *b, size_t nb)
+{
+    for (size_t i = 0; i < na; i++) a[i] = 0x7fffu;
+    for (size_t i = 0; i < nb; i++) b[i] = 0x7fffu;
+}
 static void qk_fwd_bf16(mt_bf16 *qb, mt_bf16 *kb, float *rstd_q, float *rstd_k, const float *q_raw, const float *k_raw,
                         const float *wq, const float *wk, const float *cos_tab, const float *sin_tab, int N, int T,
-                        int pos0, int H, int K, int hd, float eps)
+                        int pos0, int H, int K, int hd, float eps, const mt_bf16 *q_raw_b, const mt_bf16 *k_raw_b)
 {
     const size_t nq = (size_t)N * (size_t)H * (size_t)hd, nk = (size_t)N * (size_t)K * (size_t)hd;
-    float *t = malloc((nq + nk) * sizeof(float));
-    if (!t) {   /* kernels return void (mt_ops.h): NaN operands stop the run at the finite check */
-        for (size_t i = 0; i < nq; i++) qb[i] = 0x7fffu;
-        for (size_t i = 0; i < nk; i++) kb[i] = 0x7fffu;
-        return;
-    }
+    float *t = qk_scratch(&q_raw, &k_raw, q_raw_b, k_raw_b, nq, nk);
+    if (!t) { qk_poison(qb, nq, kb, nk); return; }
     mt_cpu_qk_norm_rope_forward(t, t + nq, rstd_q, rstd_k, q_raw, k_raw, wq, wk, cos_tab, sin_tab, N, T, pos0, H, K, hd,
                                 eps);
     mt_cpu_cast_bf16(qb, t, nq);
     mt_cpu_cast_bf16(kb, t + nq, nk);
     free(t);
-}
-/* q_raw, k_raw given as bf16 (q_raw_b, k_raw_b; mt_ops.h): widened (exact) into
- * one fp32 scratch of nq + nk floats, the entries' fp32 inputs. NULL: no
- * memory (the caller poisons its outputs) */
-static float *qk_widened(const mt_bf16 *q_raw_b, const mt_bf16 *k_raw_b, size_t nq, size_t nk)
-{
-    float *w = malloc((nq + nk ? nq + nk : 1) * sizeof(float));
-    if (!w) return NULL;
-    for (size_t i = 0; i < nq; i++) w[i] = mt_cpu_bf16_to_f32(q_raw_b[i]);
-    for (size_t i = 0; i < nk; i++) w[nq + i] = mt_cpu_bf16_to_f32(k_raw_b[i]);
-    return w;
-}
-
-static void qk_fwd_bf16_in(mt_bf16 *qb, mt_bf16 *kb, float *rstd_q, float *rstd_k, const float *q_raw,
-                           const float *k_raw, const float *wq, const float *wk, const float *cos_tab,
-                           const float *sin_tab, int N, int T, int pos0, int H, int K, int hd, float eps,
-                           const mt_bf16 *q_raw_b, const mt_bf16 *k_raw_b)
-{
-    const size_t nq = (size_t)N * (size_t)H * (size_t)hd, nk = (size_t)N * (size_t)K * (size_t)hd;
-    float *w = q_raw_b ? qk_widened(q_raw_b, k_raw_b, nq, nk) : NULL;
-    if (q_raw_b && !w) {   /* kernels return void (mt_ops.h): NaN operands stop the run at the finite check */
-        for (size_t i = 0; i < nq; i++) qb[i] = 0x7fffu;
-        for (size_t i = 0; i < nk; i++) kb[i] = 0x7fffu;
-        return;
-    }
-    qk_fwd_bf16(qb, kb, rstd_q, rstd_k, w ? w : q_raw, w ? w + nq : k_raw, wq, wk, cos_tab, sin_tab, N, T, pos0, H, K,
-                hd, eps);
-    free(w);
 }
 static void p_qk_norm_rope_forward_bf16(void *be, mt_bf16 *qb, mt_bf16 *kb, float *rstd_q, float *rstd_k,
                                         const float *q_raw, const float *k_raw, const float *wq, const float *wk,
@@ -720,43 +708,22 @@ static void p_qk_norm_rope_forward_bf16(void *be, mt_bf16 *qb, mt_bf16 *kb, floa
                                         int K, int hd, float eps, const mt_bf16 *q_raw_b, const mt_bf16 *k_raw_b)
 {
     (void)be;
-    PROF(MT_OPK_NORM, qk_fwd_bf16_in(qb, kb, rstd_q, rstd_k, q_raw, k_raw, wq, wk, cos_tab, sin_tab, N, T, pos0, H, K,
-                                     hd, eps, q_raw_b, k_raw_b));
+    PROF(MT_OPK_NORM, qk_fwd_bf16(qb, kb, rstd_q, rstd_k, q_raw, k_raw, wq, wk, cos_tab, sin_tab, N, T, pos0, H, K, hd,
+                                  eps, q_raw_b, k_raw_b));
 }
-/* qk_norm_rope_backward_bf16: the fp32 op into scratch, then each value rounded once */
 static void qk_bwd_bf16(mt_bf16 *dq_raw_b, mt_bf16 *dk_raw_b, float *dwq, float *dwk, float *dq, float *dk,
                         const float *q_raw, const float *k_raw, const float *wq, const float *wk, const float *rstd_q,
                         const float *rstd_k, const float *cos_tab, const float *sin_tab, int N, int T, int H, int K,
-                        int hd)
+                        int hd, const mt_bf16 *q_raw_b, const mt_bf16 *k_raw_b)
 {
     const size_t nq = (size_t)N * (size_t)H * (size_t)hd, nk = (size_t)N * (size_t)K * (size_t)hd;
-    float *t = malloc((nq + nk) * sizeof(float));
-    if (!t) {   /* kernels return void (mt_ops.h): a NaN gradient stops the run at the finite check */
-        for (size_t i = 0; i < nq; i++) dq_raw_b[i] = 0x7fffu;
-        for (size_t i = 0; i < nk; i++) dk_raw_b[i] = 0x7fffu;
-        return;
-    }
+    float *t = qk_scratch(&q_raw, &k_raw, q_raw_b, k_raw_b, nq, nk);
+    if (!t) { qk_poison(dq_raw_b, nq, dk_raw_b, nk); return; }
     mt_cpu_qk_norm_rope_backward(t, t + nq, dwq, dwk, dq, dk, q_raw, k_raw, wq, wk, rstd_q, rstd_k, cos_tab, sin_tab,
                                  N, T, H, K, hd);
     mt_cpu_cast_bf16(dq_raw_b, t, nq);
     mt_cpu_cast_bf16(dk_raw_b, t + nq, nk);
     free(t);
-}
-static void qk_bwd_bf16_in(mt_bf16 *dq_raw_b, mt_bf16 *dk_raw_b, float *dwq, float *dwk, float *dq, float *dk,
-                           const float *q_raw, const float *k_raw, const float *wq, const float *wk,
-                           const float *rstd_q, const float *rstd_k, const float *cos_tab, const float *sin_tab, int N,
-                           int T, int H, int K, int hd, const mt_bf16 *q_raw_b, const mt_bf16 *k_raw_b)
-{
-    const size_t nq = (size_t)N * (size_t)H * (size_t)hd, nk = (size_t)N * (size_t)K * (size_t)hd;
-    float *w = q_raw_b ? qk_widened(q_raw_b, k_raw_b, nq, nk) : NULL;
-    if (q_raw_b && !w) {
-        for (size_t i = 0; i < nq; i++) dq_raw_b[i] = 0x7fffu;
-        for (size_t i = 0; i < nk; i++) dk_raw_b[i] = 0x7fffu;
-        return;
-    }
-    qk_bwd_bf16(dq_raw_b, dk_raw_b, dwq, dwk, dq, dk, w ? w : q_raw, w ? w + nq : k_raw, wq, wk, rstd_q, rstd_k,
-                cos_tab, sin_tab, N, T, H, K, hd);
-    free(w);
 }
 static void p_qk_norm_rope_backward_bf16(void *be, mt_bf16 *dq_raw_b, mt_bf16 *dk_raw_b, float *dwq, float *dwk,
                                          float *dq, float *dk, const float *q_raw, const float *k_raw, const float *wq,
@@ -765,8 +732,8 @@ static void p_qk_norm_rope_backward_bf16(void *be, mt_bf16 *dq_raw_b, mt_bf16 *d
                                          const mt_bf16 *q_raw_b, const mt_bf16 *k_raw_b)
 {
     (void)be;
-    PROF(MT_OPK_NORM, qk_bwd_bf16_in(dq_raw_b, dk_raw_b, dwq, dwk, dq, dk, q_raw, k_raw, wq, wk, rstd_q, rstd_k,
-                                     cos_tab, sin_tab, N, T, H, K, hd, q_raw_b, k_raw_b));
+    PROF(MT_OPK_NORM, qk_bwd_bf16(dq_raw_b, dk_raw_b, dwq, dwk, dq, dk, q_raw, k_raw, wq, wk, rstd_q, rstd_k, cos_tab,
+                                  sin_tab, N, T, H, K, hd, q_raw_b, k_raw_b));
 }
 
 /* backend facts: the ISA the kernels dispatched to (mt_ops_cpu_isa), and

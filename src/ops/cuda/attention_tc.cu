@@ -478,9 +478,9 @@ static size_t tc_smem_dq(int hd16)
     return (size_t)4 * TC_B * (hd16 + 8) * 2 + (size_t)TC_WARPS * 16 * TC_LDS * 4 + (size_t)TC_WARPS * 16 * TC_LDP * 2;
 }
 
-/* bf16 copies of the call's operands in the workspace, each 256-byte aligned */
-#define TC_ROWDOT_THREADS 256
+#define TC_ROWDOT_THREADS 256   /* tc_rowdot_k: 8 rows a block */
 
+/* bf16 copies of the call's operands in the workspace, each 256-byte aligned */
 struct tc_operands {
     bf16 *q, *k, *v, *g;
     float *D;
@@ -504,6 +504,9 @@ static int tc_stage(struct tc_operands *o, const float *q, const float *k, const
                     const mt_bf16 *dout_b, int B, int T, int H, int K, int hd, const mt_bf16 *qkv_b)
 {
     const int bwd = dout || dout_b;   /* the backward's staging (dout's bf16, D) */
+    /* dout given as bf16 (its producer rounded it, mt_ops.h) is read in place when its
+     * rows start on 16 bytes; else (fp32, or unaligned) it gets a staging slot */
+    const int g_in_place = dout_b && hd % 8 == 0 && ((uintptr_t)dout_b & 15) == 0;
     const size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * K * hd;
     /* an operand given as NULL is in qkv_b already (its producer rounded it there, mt_ops.h) */
     const int given = !q || !k || !v, aligned = hd % 8 == 0 && ((uintptr_t)qkv_b & 15) == 0;
@@ -513,13 +516,14 @@ static int tc_stage(struct tc_operands *o, const float *q, const float *k, const
     }
     const int saved = qkv_b && (given || aligned);
     const size_t bq = tc_up256(nq * 2), bk = tc_up256(nk * 2), bd = bwd ? tc_up256((size_t)B * H * T * 4) : 0;
+    const size_t bg = bwd && !g_in_place ? bq : 0;
     const size_t bqkv = saved ? 0 : bq + 2 * bk;
     const size_t bds =
         bwd && tc_ds_bytes(B, T, H) <= mt_cuda_be->attn_ds_cap ? tc_up256(tc_ds_bytes(B, T, H)) : 0;
-    const size_t need = bqkv + (bwd ? bq : 0) + bd + bds;
+    const size_t need = bqkv + bg + bd + bds;
     unsigned char *ws = NULL;   /* a forward on the caller's qkv_b needs none (and asks for none: 0 bytes of a */
     if (need && !(ws = (unsigned char *)mt_cuda_workspace(need))) return 0;   /* never grown workspace is NULL) */
-    o->ds = bds ? (bf16 *)(ws + bqkv + bq + bd) : NULL;
+    o->ds = bds ? (bf16 *)(ws + bqkv + bg + bd) : NULL;
     if (saved) {
         o->q = (bf16 *)qkv_b;
         o->k = o->q + nq;   /* nq * 2 bytes: a multiple of 16 when hd % 8 == 0 */
@@ -529,8 +533,8 @@ static int tc_stage(struct tc_operands *o, const float *q, const float *k, const
         o->k = (bf16 *)(ws + bq);
         o->v = (bf16 *)(ws + bq + bk);
     }
-    o->g = bwd ? (bf16 *)(ws + bqkv) : NULL;
-    o->D = bwd ? (float *)(ws + bqkv + bq) : NULL;
+    o->g = g_in_place ? (bf16 *)dout_b : bg ? (bf16 *)(ws + bqkv) : NULL;
+    o->D = bwd ? (float *)(ws + bqkv + bg) : NULL;
     /* 256-byte workspace / 16-byte qkv_b: rows start on 16 bytes when hd % 8 == 0 */
     o->vec = hd % 8 == 0 && (!saved || aligned);
     /* the roundings in one launch (cast_bf16_multi: the same bits as one cast each); the
@@ -547,11 +551,8 @@ static int tc_stage(struct tc_operands *o, const float *q, const float *k, const
         dst[c] = to[i], src[c] = from[i], n[c++] = len[i];
     }
     if (c) mt_cuda_cast_bf16_multi(mt_cuda_be, dst, src, n, c);
-    /* dout given as bf16 (its producer rounded it, mt_ops.h): read in place when its
-     * rows start on 16 bytes, else copied into the staging slot */
-    if (dout_b && hd % 8 == 0 && ((uintptr_t)dout_b & 15) == 0) o->g = (bf16 *)dout_b;
-    else if (dout_b && !MT_CUDA_OK(cudaMemcpyAsync(o->g, dout_b, nq * 2, cudaMemcpyDeviceToDevice,
-                                                   mt_cuda_be->stream)))
+    if (dout_b && !g_in_place &&   /* unaligned: copied into its slot */
+        !MT_CUDA_OK(cudaMemcpyAsync(o->g, dout_b, nq * 2, cudaMemcpyDeviceToDevice, mt_cuda_be->stream)))
         return 0;
     return 1;
 }

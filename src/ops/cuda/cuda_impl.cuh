@@ -235,6 +235,9 @@ static inline int mt_cuda_check_gen(S st, S success, F to_string, const char *ca
 #define MT_CUBLAS_OK(call)  MT_CUDA_CHECK_GEN(call, CUBLAS_STATUS_SUCCESS, cublasGetStatusString)
 #define MT_CUBLASLT_OK(call) MT_CUDA_CHECK_GEN(call, CUBLAS_STATUS_SUCCESS, cublasLtGetStatusString)
 #define MT_CUDA_CHECK(call) ((void)MT_CUDA_OK(call))
+#define MT_CUBLAS_CHECK(call) ((void)MT_CUBLAS_OK(call))
+/* after every kernel launch: launch-configuration errors are reported here */
+#define MT_CUDA_KCHECK()    MT_CUDA_CHECK(cudaGetLastError())
 
 /* dynamic shared memory above the default 48 KiB needs the kernel's opt-in
  * (once per kernel is enough; asking again is cheap). 0: refused (recorded) */
@@ -244,9 +247,6 @@ static int mt_cuda_smem_opt_in(F *kern, size_t bytes)
     if (bytes <= 48 * 1024) return 1;
     return MT_CUDA_OK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
-#define MT_CUBLAS_CHECK(call) ((void)MT_CUBLAS_OK(call))
-/* after every kernel launch: launch-configuration errors are reported here */
-#define MT_CUDA_KCHECK()    MT_CUDA_CHECK(cudaGetLastError())
 /* a precondition a kernel cannot honour (e.g. head dim too large) */
 #define MT_CUDA_UNSUPPORTED(what) \
     ((void)mt_cuda_record(MT_ERR_UNSUPPORTED, __func__, (what), __FILE__, __LINE__))
@@ -783,13 +783,12 @@ void mt_cuda_qk_norm_rope_backward(void *be, float *dq_raw, float *dk_raw, float
 void mt_cuda_qk_norm_rope_forward_bf16(void *be, mt_bf16 *qb, mt_bf16 *kb, float *rstd_q, float *rstd_k,
                                        const float *q_raw, const float *k_raw, const float *wq, const float *wk,
                                        const float *cos_tab, const float *sin_tab, int N, int T, int pos0, int H, int K,
-                                       int hd, float eps,
-    const mt_bf16 *q_raw_b, const mt_bf16 *k_raw_b);
+                                       int hd, float eps, const mt_bf16 *q_raw_b, const mt_bf16 *k_raw_b);
 void mt_cuda_qk_norm_rope_backward_bf16(void *be, mt_bf16 *dq_raw_b, mt_bf16 *dk_raw_b, float *dwq, float *dwk,
                                         float *dq, float *dk, const float *q_raw, const float *k_raw, const float *wq,
                                         const float *wk, const float *rstd_q, const float *rstd_k,
                                         const float *cos_tab, const float *sin_tab, int N, int T, int H, int K, int hd,
-    const mt_bf16 *q_raw_b, const mt_bf16 *k_raw_b);
+                                        const mt_bf16 *q_raw_b, const mt_bf16 *k_raw_b);
 
 #ifdef __cplusplus
 }

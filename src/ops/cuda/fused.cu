@@ -90,7 +90,10 @@ static __device__ __forceinline__ void st_pair(T *o, int i, int half, float v0, 
  * once) | QK_XB (q_raw, k_raw stored bf16: gemm_bf16_out's outputs, widened) */
 #define QK_OB 1
 #define QK_XB 2
-#define QK_OBXB 3   /* QK_OB | QK_XB (a name without spaces: the launch log's) */
+#define QK_OBXB 3   /* QK_OB | QK_XB (a name without spaces: the launch log's); QK_XB comes
+                     * only with QK_OB: the bf16 entries alone take q_raw_b, k_raw_b */
+/* q_raw, k_raw's element type under flags F */
+template <int F> using qk_xt = typename std::conditional<(F & QK_XB) != 0, __nv_bfloat16, float>::type;
 template <int F>
 static __global__ void __launch_bounds__(QK_THREADS)
 qk_fwd_k(void *q, void *k, float *rstd_q, float *rstd_k, const void *q_raw, const void *k_raw,
@@ -98,7 +101,7 @@ qk_fwd_k(void *q, void *k, float *rstd_q, float *rstd_k, const void *q_raw, cons
          int H, int K, int hd, int lg, float eps)
 {
     constexpr int OB = F & QK_OB;
-    typedef typename std::conditional<(F & QK_XB) != 0, __nv_bfloat16, float>::type XT;
+    typedef qk_xt<F> XT;
     size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     int G = 1 << lg, l = (int)(t & (size_t)(G - 1)), rows = N * (H + K);
     if (((t & ~(size_t)(MT_WARP - 1)) >> lg) >= (size_t)rows) return;   /* the warp's first row: uniform */
@@ -135,7 +138,7 @@ qk_fwd_vec_k(void *q, void *k, float *rstd_q, float *rstd_k, const void *q_raw, 
              int H, int K, int hd, int lg, float eps)
 {
     constexpr int OB = F & QK_OB;
-    typedef typename std::conditional<(F & QK_XB) != 0, __nv_bfloat16, float>::type XT;
+    typedef qk_xt<F> XT;
     size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     int G = 1 << lg, l = (int)(t & (size_t)(G - 1)), rows = N * (H + K);
     if (((t & ~(size_t)(MT_WARP - 1)) >> lg) >= (size_t)rows) return;
@@ -190,7 +193,7 @@ qk_bwd_vec_k(void *dq_raw, void *dk_raw, float *dq, float *dk, float *partial, c
              int ncq, int nck)
 {
     constexpr int OB = F & QK_OB;
-    typedef typename std::conditional<(F & QK_XB) != 0, __nv_bfloat16, float>::type XT;
+    typedef qk_xt<F> XT;
     size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     int G = 1 << lg, l = (int)(t & (size_t)(G - 1)), nch = ncq + nck;
     if (((t & ~(size_t)(MT_WARP - 1)) >> lg) >= (size_t)nch) return;
@@ -264,7 +267,7 @@ static __global__ void qk_bwd_dx_k(void *dq_raw, void *dk_raw, float *dq, float 
                                    int H, int K, int hd)
 {
     constexpr int OB = F & QK_OB;
-    typedef typename std::conditional<(F & QK_XB) != 0, __nv_bfloat16, float>::type XT;
+    typedef qk_xt<F> XT;
     typedef typename std::conditional<OB != 0, __nv_bfloat16, float>::type DX;
     int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / MT_WARP, lane = threadIdx.x % MT_WARP;
     if (row >= N * (H + K)) return;
@@ -348,11 +351,9 @@ static void qk_forward(void *q, void *k, int ob, float *rstd_q, float *rstd_k, c
                mt_cuda_aligned(cos_tab, 16) && mt_cuda_aligned(sin_tab, 16);
     switch ((vec ? 4 : 0) | (ob ? QK_OB : 0) | (xb ? QK_XB : 0)) {
     case 4 | QK_OBXB: MT_LAUNCH(qk_fwd_vec_k<QK_OBXB>, blocks, QK_THREADS, 0)(QK_FWD_ARGS); break;
-    case 4 | QK_XB: MT_LAUNCH(qk_fwd_vec_k<QK_XB>, blocks, QK_THREADS, 0)(QK_FWD_ARGS); break;
     case 4 | QK_OB: MT_LAUNCH(qk_fwd_vec_k<QK_OB>, blocks, QK_THREADS, 0)(QK_FWD_ARGS); break;
     case 4: MT_LAUNCH(qk_fwd_vec_k<0>, blocks, QK_THREADS, 0)(QK_FWD_ARGS); break;
     case QK_OBXB: MT_LAUNCH(qk_fwd_k<QK_OBXB>, blocks, QK_THREADS, 0)(QK_FWD_ARGS); break;
-    case QK_XB: MT_LAUNCH(qk_fwd_k<QK_XB>, blocks, QK_THREADS, 0)(QK_FWD_ARGS); break;
     case QK_OB: MT_LAUNCH(qk_fwd_k<QK_OB>, blocks, QK_THREADS, 0)(QK_FWD_ARGS); break;
     default: MT_LAUNCH(qk_fwd_k<0>, blocks, QK_THREADS, 0)(QK_FWD_ARGS); break;
     }
@@ -426,7 +427,6 @@ static void qk_backward(void *dq_raw, void *dk_raw, int ob, float *dwq, float *d
             unsigned blocks = (unsigned)((((size_t)(ncq + nck) << lg) + QK_THREADS - 1) / QK_THREADS);
             switch (f) {
             case QK_OBXB: MT_LAUNCH(qk_bwd_vec_k<QK_OBXB>, blocks, QK_THREADS, 0)(QK_BWD_VEC_ARGS); break;
-            case QK_XB: MT_LAUNCH(qk_bwd_vec_k<QK_XB>, blocks, QK_THREADS, 0)(QK_BWD_VEC_ARGS); break;
             case QK_OB: MT_LAUNCH(qk_bwd_vec_k<QK_OB>, blocks, QK_THREADS, 0)(QK_BWD_VEC_ARGS); break;
             default: MT_LAUNCH(qk_bwd_vec_k<0>, blocks, QK_THREADS, 0)(QK_BWD_VEC_ARGS); break;
             }
@@ -442,7 +442,6 @@ static void qk_backward(void *dq_raw, void *dk_raw, int ob, float *dwq, float *d
     const unsigned nb = (unsigned)((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK);
     switch (f) {
     case QK_OBXB: MT_LAUNCH(qk_bwd_dx_k<QK_OBXB>, nb, ROWS_PER_BLOCK * MT_WARP, 0)(QK_BWD_DX_ARGS); break;
-    case QK_XB: MT_LAUNCH(qk_bwd_dx_k<QK_XB>, nb, ROWS_PER_BLOCK * MT_WARP, 0)(QK_BWD_DX_ARGS); break;
     case QK_OB: MT_LAUNCH(qk_bwd_dx_k<QK_OB>, nb, ROWS_PER_BLOCK * MT_WARP, 0)(QK_BWD_DX_ARGS); break;
     default: MT_LAUNCH(qk_bwd_dx_k<0>, nb, ROWS_PER_BLOCK * MT_WARP, 0)(QK_BWD_DX_ARGS); break;
     }

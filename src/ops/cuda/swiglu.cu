@@ -29,10 +29,8 @@ static __device__ __forceinline__ float swiglu1_bwd(float &dg, float &du, float 
     return silu * u;
 }
 
-/* gate and up as stored: fp32, or bf16 (the *_bf16_gu entries: g, u kept
- * in bf16, widened exactly here); 4 elements (16 / 8 bytes) or 1 */
-template <typename T> static __device__ __forceinline__ float4 gu_ld4(const T *p) { return mt_ld4(p); }
-template <typename T> static __device__ __forceinline__ float gu_ld1(const T *p) { return mt_ld1(p); }
+/* gate, up (and dout) as stored: fp32, or bf16 (the *_bf16_gu / _gud entries),
+ * widened exactly by mt_ld4 (4 elements: 16 / 8 bytes) and mt_ld1 */
 
 /* Vector path (docs/cuda.md "Vectorised elementwise kernels"): elements
  * [0, 4*n4) as float4 (n4 = 0 when a pointer is not 16-byte aligned, or the
@@ -45,7 +43,7 @@ static __global__ void swiglu_fwd_k(float *out, __nv_bfloat16 *ob, const I *gate
 {
     const size_t i0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x, st = (size_t)gridDim.x * blockDim.x;
     for (size_t i = i0; i < n4; i += st) {
-        float4 g = gu_ld4(gate + 4 * i), u = gu_ld4(up + 4 * i), y;
+        float4 g = mt_ld4(gate + 4 * i), u = mt_ld4(up + 4 * i), y;
         y.x = swiglu1(g.x, u.x);
         y.y = swiglu1(g.y, u.y);
         y.z = swiglu1(g.z, u.z);
@@ -54,7 +52,7 @@ static __global__ void swiglu_fwd_k(float *out, __nv_bfloat16 *ob, const I *gate
         if (ob) mt_st_bf16x4(ob + 4 * i, y);
     }
     for (size_t i = 4 * n4 + i0; i < n; i += st) {
-        float y = swiglu1(gu_ld1(gate + i), gu_ld1(up + i));
+        float y = swiglu1(mt_ld1(gate + i), mt_ld1(up + i));
         if (out) out[i] = y;
         if (ob) ob[i] = mt_cuda_bf16_rn(y);
     }
@@ -79,7 +77,7 @@ static __global__ void swiglu_bwd_k(__nv_bfloat16 *ab, O *dgate, O *dup, const D
 {
     const size_t i0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x, st = (size_t)gridDim.x * blockDim.x;
     for (size_t i = i0; i < n4; i += st) {
-        float4 g = gu_ld4(gate + 4 * i), u = gu_ld4(up + 4 * i), d = gu_ld4(dout + 4 * i), rg, ru, a;
+        float4 g = mt_ld4(gate + 4 * i), u = mt_ld4(up + 4 * i), d = mt_ld4(dout + 4 * i), rg, ru, a;
         a.x = swiglu1_bwd(rg.x, ru.x, d.x, g.x, u.x);
         a.y = swiglu1_bwd(rg.y, ru.y, d.y, g.y, u.y);
         a.z = swiglu1_bwd(rg.z, ru.z, d.z, g.z, u.z);
@@ -89,7 +87,7 @@ static __global__ void swiglu_bwd_k(__nv_bfloat16 *ab, O *dgate, O *dup, const D
         bwd_st4(dup + 4 * i, ru);
     }
     for (size_t i = 4 * n4 + i0; i < n; i += st) {
-        float g = gu_ld1(gate + i), u = gu_ld1(up + i), d = gu_ld1(dout + i), rg, ru;
+        float g = mt_ld1(gate + i), u = mt_ld1(up + i), d = mt_ld1(dout + i), rg, ru;
         float a = swiglu1_bwd(rg, ru, d, g, u);
         if (ab) ab[i] = mt_cuda_bf16_rn(a);
         bwd_st1(dgate + i, rg);
