@@ -196,7 +196,7 @@ static void bench(const struct mt_ops_i *ops)
             ops->gemm(ops->be, 0, 1, n, W, D, 1.0f, h, D, w.win, D, 0.0f, a.proj, W);
             t[1] = now_s();
             ops->ssm_prep_forward(ops->be, a.x, a.Bh, a.Ch, a.dt, a.lam, a.A, a.rstd_bc, NULL, a.proj, w.dt_bias, w.A_log, w.gB,
-                                  w.gC, w.B_bias, w.C_bias, B, T, d.H, d.P, d.G, d.N, d.eps_bc);
+                                  w.gC, w.B_bias, w.C_bias, B, T, d.H, d.P, d.G, d.N, d.eps_bc, NULL, NULL);
             t[2] = now_s();
             ops->ssm_scan_forward(ops->be, a.ys, a.x, a.Bh, a.Ch, a.dt, a.lam, a.A, w.Dsk, B, T, d.H, d.P, d.N, d.chunk);
             t[3] = now_s();

@@ -373,7 +373,7 @@ static void test_bf16_dxb(const struct inputs *in, int chunk, const struct dev *
     g_ops->copy_from_host(g_ops->be, xw, hw, wide * sizeof(float));
     g_ops->ssm_scan_backward_bf16(g_ops->be, NULL, g[1], g[2], g[3], g[4], g[5], g[6], d->R, xw + off, ld, d->Bm,
                                   d->Cm, d->dt, d->lam, d->A, d->D, in->B, in->T, H, in->P, in->N, chunk, NULL,
-                                  bw + off);
+                                  bw + off, NULL, NULL);
     uint16_t *bh = bf16_to_host(bw, wide);
     float *d1 = to_host(g1[0], nx(in));
     size_t bad = 0, touched = 0;
@@ -395,6 +395,58 @@ static void test_bf16_dxb(const struct inputs *in, int chunk, const struct dev *
     free(bh); free(d1); free(hw);
     g_ops->buf_free(g_ops->be, &g_ctx, bw);
     g_ops->buf_free(g_ops->be, &g_ctx, xw);
+}
+
+/* a bf16 device copy of the n floats at d (device), each scaled by k, then rounded */
+static mt_bf16 *dev_twin(const float *d, size_t n, float k)
+{
+    float *h = to_host(d, n);
+    uint16_t *b = malloc((n ? n : 1) * sizeof(uint16_t));
+    if (!b) { fprintf(stderr, "test_ssm: out of memory\n"); exit(1); }
+    for (size_t i = 0; i < n; i++) b[i] = ref_bf16(k * h[i]);
+    mt_bf16 *t = dev_bf16(n, 0);
+    g_ops->copy_from_host(g_ops->be, t, b, n * sizeof(uint16_t));
+    free(h); free(b);
+    return t;
+}
+
+/* Bh_b, Ch_b (B and C's bf16 twins, mt_ops.h): given bf16(Bm), bf16(Cm) the
+ * forward (keeping its states) and the backward (reading them) give y and
+ * every gradient the bits of the runs without (y1, g1); given other twins
+ * (bf16(2 Bm), bf16(2 Cm)) y, dx, dB and dC move: the products read them */
+static void test_bf16_twins(const struct inputs *in, int chunk, const struct dev *d, const float *y1,
+                            float *const g1[7])
+{
+    char tag[64];
+    snprintf(tag, sizeof tag, "T=%d P=%d N=%d chunk=%d", in->T, in->P, in->N, chunk);
+    const int H = in->H;
+    const size_t nst = mt_ssm_states_floats(in->B, in->T, H, in->P, in->N, chunk);
+    size_t len[] = {nx(in), nb(in), nb(in), nd(in), nd(in), (size_t)H, (size_t)H};
+    int same = 1, moved = 1;
+    for (int k = 1; k <= 2; k++) {
+        mt_bf16 *tb = dev_twin(d->Bm, nb(in), (float)k), *tc = dev_twin(d->Cm, nb(in), (float)k);
+        float *st = k == 1 ? dev_zero(nst) : NULL, *y = dev_zero(nx(in)), *g[7];
+        for (int j = 0; j < 7; j++) g[j] = dev_zero(len[j]);
+        g_ops->ssm_scan_forward_bf16(g_ops->be, y, d->x, H * in->P, d->Bm, d->Cm, d->dt, d->lam, d->A, d->D, in->B,
+                                     in->T, H, in->P, in->N, chunk, st, tb, tc);
+        g_ops->ssm_scan_backward_bf16(g_ops->be, g[0], g[1], g[2], g[3], g[4], g[5], g[6], d->R, d->x, H * in->P,
+                                      d->Bm, d->Cm, d->dt, d->lam, d->A, d->D, in->B, in->T, H, in->P, in->N, chunk,
+                                      st, NULL, tb, tc);
+        for (int j = -1; j < 7; j++) {
+            const size_t m = j < 0 ? nx(in) : len[j];
+            float *a = to_host(j < 0 ? y : g[j], m), *b = to_host(j < 0 ? y1 : g1[j], m);
+            const int eq = memcmp(a, b, m * sizeof(float)) == 0;
+            if (k == 1) same &= eq;
+            else if (j < 3) moved &= !eq;   /* y, dx, dB, dC */
+            free(a); free(b);
+        }
+        for (int j = 0; j < 7; j++) g_ops->buf_free(g_ops->be, &g_ctx, g[j]);
+        g_ops->buf_free(g_ops->be, &g_ctx, y);
+        if (st) g_ops->buf_free(g_ops->be, &g_ctx, st);
+        g_ops->buf_free(g_ops->be, &g_ctx, tb); g_ops->buf_free(g_ops->be, &g_ctx, tc);
+    }
+    check(same, "scan_*_bf16 given bf16(B), bf16(C) twins = without (bits)", tag, same ? 0.0 : 1.0, 0);
+    check(moved, "scan_*_bf16 twins read (bf16(2B), bf16(2C): y, dx, dB, dC move)", tag, moved ? 0.0 : 1.0, 0);
 }
 
 /* x and dx inside wider rows (ldx > H P: the mixer passes proj's and dproj's
@@ -420,9 +472,10 @@ static void test_bf16_ldx(const struct inputs *in, int chunk, const struct dev *
     g_ops->fill(g_ops->be, g[5], 0.0f, (size_t)H);
     g_ops->fill(g_ops->be, g[6], 0.0f, (size_t)H);
     g_ops->ssm_scan_forward_bf16(g_ops->be, y, xw + off, ld, d->Bm, d->Cm, d->dt, d->lam, d->A, d->D, in->B, in->T, H,
-                                 in->P, in->N, chunk, NULL);
+                                 in->P, in->N, chunk, NULL, NULL, NULL);
     g_ops->ssm_scan_backward_bf16(g_ops->be, g[0], g[1], g[2], g[3], g[4], g[5], g[6], d->R, xw + off, ld, d->Bm,
-                                  d->Cm, d->dt, d->lam, d->A, d->D, in->B, in->T, H, in->P, in->N, chunk, NULL, NULL);
+                                  d->Cm, d->dt, d->lam, d->A, d->D, in->B, in->T, H, in->P, in->N, chunk, NULL, NULL,
+                                  NULL, NULL);
     float *a = to_host(y, nx(in)), *b = to_host(y1, nx(in));
     int same = memcmp(a, b, nx(in) * sizeof(float)) == 0, kept = 1;
     free(a); free(b);
@@ -465,9 +518,9 @@ static void test_bf16(struct inputs *in, int chunk, int with_fd)
     const size_t nst = mt_ssm_states_floats(in->B, in->T, H, in->P, in->N, chunk);
     float *st = nst ? dev_zero(nst) : NULL;
     g_ops->ssm_scan_forward_bf16(g_ops->be, y, d.x, H * in->P, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, in->B, in->T, H,
-                                 in->P, in->N, chunk, NULL);
+                                 in->P, in->N, chunk, NULL, NULL, NULL);
     g_ops->ssm_scan_forward_bf16(g_ops->be, y2, d.x, H * in->P, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, in->B, in->T, H,
-                                 in->P, in->N, chunk, st);
+                                 in->P, in->N, chunk, st, NULL, NULL);
     float *yh = to_host(y, nx(in)), *yh2 = to_host(y2, nx(in));
     double r = bound_ratio(yh, yr, ya, nx(in), 6.0, 0), e = rel_err(yh, yr, nx(in));
     check(r <= 1.0, "scan_forward_bf16 vs fp64 (6u |terms|)", tag, r, 1);
@@ -488,7 +541,7 @@ static void test_bf16(struct inputs *in, int chunk, int with_fd)
         g_ops->fill(g_ops->be, o[0], 1e3f, nx(in));   /* overwritten outputs: garbage in */
         g_ops->ssm_scan_backward_bf16(g_ops->be, o[0], o[1], o[2], o[3], o[4], o[5], o[6], d.R, d.x, H * in->P, d.Bm,
                                       d.Cm, d.dt, d.lam, d.A, d.D, in->B, in->T, H, in->P, in->N, chunk,
-                                      run ? st : NULL, NULL);
+                                      run ? st : NULL, NULL, NULL, NULL);
     }
     float *one[] = {dx, dB, dC, ddt, dlam, dA, dD};
     same = 1;
@@ -502,6 +555,7 @@ static void test_bf16(struct inputs *in, int chunk, int with_fd)
     if (st) g_ops->buf_free(g_ops->be, &g_ctx, st);
     if (nst) test_bf16_ldx(in, chunk, &d, y, (float *const[]){dx, dB, dC, ddt, dlam, dA, dD}, with_fd);
     if (nst) test_bf16_dxb(in, chunk, &d, (float *const[]){dx, dB, dC, ddt, dlam, dA, dD}, with_fd);
+    if (nst) test_bf16_twins(in, chunk, &d, y, (float *const[]){dx, dB, dC, ddt, dlam, dA, dD});
     if (with_fd) {
         struct { const char *name; float *dev; double *v, *va; size_t n; int normwise; } g[] = {
             {"dx", dx, in->x, ab.x, nx(in), 0}, {"dB", dB, in->Bm, ab.Bm, nb(in), 0},
@@ -586,7 +640,7 @@ static void glue_run(const struct mt_ops_i *ops, struct glue_io *io)
     float *dt = up(ops, io->ddt, nd_), *lam = up(ops, io->dlam, nd_), *A = up(ops, io->dA, H);
     float *rstd = up(ops, io->ddt, (size_t)n * 2 * G);
     ops->ssm_prep_forward(ops->be, x, Bh, Ch, dt, lam, A, rstd, NULL, proj, dtb, Alog, gB, gC, Bb, Cb, io->B, io->T, H, io->P, G,
-                          N, 1e-5f);
+                          N, 1e-5f, NULL, NULL);
     float *dx = up(ops, io->dx, nx_), *dBh = up(ops, io->dBh, nb_), *dCh = up(ops, io->dCh, nb_);
     float *ddt = up(ops, io->ddt, nd_), *dlam = up(ops, io->dlam, nd_), *dA = up(ops, io->dA, H);
     float *dproj = up(ops, io->proj, (size_t)n * W);   /* every column overwritten below */
@@ -627,12 +681,14 @@ static void test_prep_null(int B, int T, int H, int P, int G, int N)
     float *hp = host_rand(nw, 0.0f, 1.0f), *hv = host_rand((size_t)H * N, 1.0f, 0.3f), *hg = host_rand(ng, 0.0f, 1.0f);
     float *proj = up(ops, hp, nw), *vH = up(ops, hv, H), *vN = up(ops, hv, N), *vHN = up(ops, hv, (size_t)H * N);
     float *f[2][6], *dproj[2], *par[2][6];
+    /* v = 1 also asks for Bh, Ch's bf16 twins: bf16 of its fp32 Bh, Ch, bit for bit */
+    mt_bf16 *tw[2] = {dev_bf16(nb_, BF16_SENTINEL), dev_bf16(nb_, BF16_SENTINEL)};
     for (int v = 0; v < 2; v++) {   /* v = 1: x and dx NULL */
         f[v][0] = up(ops, hg, nx_); f[v][1] = up(ops, hg, nb_); f[v][2] = up(ops, hg, nb_);
         f[v][3] = up(ops, hg, nd_); f[v][4] = up(ops, hg, nd_); f[v][5] = up(ops, hg, (size_t)n * 2 * G);
         float *A = up(ops, hv, H);
         ops->ssm_prep_forward(ops->be, v ? NULL : f[v][0], f[v][1], f[v][2], f[v][3], f[v][4], A, f[v][5], NULL, proj,
-                              vH, vH, vN, vN, vHN, vHN, B, T, H, P, G, N, 1e-5f);
+                              vH, vH, vN, vN, vHN, vHN, B, T, H, P, G, N, 1e-5f, v ? tw[0] : NULL, v ? tw[1] : NULL);
         dproj[v] = up(ops, hp, nw);
         float *dx = up(ops, hg, nx_);
         if (v)   /* what the scan would have written: dx in the xs columns */
@@ -658,6 +714,15 @@ static void test_prep_null(int B, int T, int H, int P, int G, int N)
     int kept = memcmp(a, hg, nx_ * sizeof(float)) == 0;
     free(a);
     check(same && kept, "prep forward, x NULL: the other outputs' bits, x untouched", tag, same && kept ? 0.0 : 1.0, 0);
+    size_t twin_bad = 0;
+    for (int k = 0; k < 2; k++) {
+        float *fh = to_host(f[1][1 + k], nb_);
+        uint16_t *th = bf16_to_host(tw[k], nb_);
+        for (size_t i = 0; i < nb_; i++) twin_bad += th[i] != ref_bf16(fh[i]);
+        free(fh); free(th);
+        ops->buf_free(ops->be, &g_ctx, tw[k]);
+    }
+    check(twin_bad == 0, "prep forward Bh_b, Ch_b = bf16(Bh), bf16(Ch) (bits)", tag, (double)twin_bad, 0);
     same = 1;
     float *d0 = to_host(dproj[0], nw), *d1 = to_host(dproj[1], nw);
     same &= memcmp(d0, d1, nw * sizeof(float)) == 0;
@@ -697,7 +762,7 @@ static void test_prep_bf16(int B, int T, int H, int P, int G, int N)
     float *gBh = up(ops, hg + 1, nb_), *gCh = up(ops, hg + 2, nb_), *gdt = up(ops, hg + 3, nd_);
     float *gdl = up(ops, hg + 4, nd_), *gA = up(ops, hv + 1, H);
     ops->ssm_prep_forward(ops->be, NULL, Bh, Ch, dt, lam, A, rstd, NULL, proj, vH, vH, vN, vN, vHN, vHN, B, T, H, P,
-                          G, N, 1e-5f);
+                          G, N, 1e-5f, NULL, NULL);
     for (int withdx = 0; withdx < 2; withdx++) {
         char tag[64];
         snprintf(tag, sizeof tag, "%s T=%d dx %s", ops->name, T, withdx ? "given" : "NULL");
@@ -1070,7 +1135,7 @@ static void test_decode(const struct inputs *in)
     float *odt = dev_zero((size_t)n * H), *olam = dev_zero((size_t)n * H), *oA = dev_zero(H);
     float *orstd = dev_zero((size_t)n * 2 * G), *ang = dev_zero((size_t)B * H * N / 2);
     g_ops->ssm_prep_forward(g_ops->be, ox, oB, oC, odt, olam, oA, orstd, NULL, pj, pdtb, pAl, pgB, pgC, pBb, pCb, B, T, H, P, G,
-                            N, 1e-5f);
+                            N, 1e-5f, NULL, NULL);
     float *fullB = to_host(oB, (size_t)n * H * N), *fullC = to_host(oC, (size_t)n * H * N);
     float *row = falloc((size_t)B * W);
     float *prow = dev_zero((size_t)B * W);
@@ -1079,7 +1144,7 @@ static void test_decode(const struct inputs *in)
         for (int b = 0; b < B; b++) memcpy(row + (size_t)b * W, proj + ((size_t)b * T + t) * W, (size_t)W * sizeof(float));
         g_ops->copy_from_host(g_ops->be, prow, row, (size_t)B * W * sizeof(float));
         g_ops->ssm_prep_forward(g_ops->be, ox, oB, oC, odt, olam, oA, orstd, ang, prow, pdtb, pAl, pgB, pgC, pBb, pCb, B, 1, H, P,
-                                G, N, 1e-5f);
+                                G, N, 1e-5f, NULL, NULL);
         float *sB = to_host(oB, (size_t)B * H * N), *sC = to_host(oC, (size_t)B * H * N);
         for (int b = 0; b < B; b++)
             for (int k = 0; k < H * N; k++) {
@@ -1170,9 +1235,9 @@ static void test_bf16_ldx_refused(void)
     g_ops->copy_from_host(g_ops->be, xw, sent, wide * sizeof(float));
     g_ops->copy_from_host(g_ops->be, y, sent, n * sizeof(float));
     g_ops->copy_from_host(g_ops->be, dxw, sent, wide * sizeof(float));
-    g_ops->ssm_scan_forward_bf16(g_ops->be, y, xw, ld, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL);
+    g_ops->ssm_scan_forward_bf16(g_ops->be, y, xw, ld, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL, NULL, NULL);
     g_ops->ssm_scan_backward_bf16(g_ops->be, dxw, g[0], g[1], g[2], g[3], g[4], g[5], d.R, xw, ld, d.Bm, d.Cm, d.dt,
-                                  d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL, NULL);
+                                  d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL, NULL, NULL, NULL);
     char msg[256] = "";
     const enum mt_status st = g_ops->status(g_ops->be, msg, sizeof msg);
     float *yh = to_host(y, n), *dh = to_host(dxw, wide);
@@ -1207,7 +1272,7 @@ static void bf16_cases(void)
         struct dev d;
         upload(&d, &in);
         float *y = dev_zero(nx(&in)), *y2 = dev_zero(nx(&in));
-        g_ops->ssm_scan_forward_bf16(g_ops->be, y, d.x, 2 * 4, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL);
+        g_ops->ssm_scan_forward_bf16(g_ops->be, y, d.x, 2 * 4, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL, NULL, NULL);
         g_ops->ssm_scan_forward(g_ops->be, y2, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0);
         float *a = to_host(y, nx(&in)), *b = to_host(y2, nx(&in));
         const int same = memcmp(a, b, nx(&in) * sizeof(float)) == 0;

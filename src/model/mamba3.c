@@ -59,6 +59,7 @@ void mt_mamba3_acts_bind(struct mt_mamba3_acts *a, float *p, const struct mt_mam
 {
     size_t E = (size_t)d->H * d->P, W = (size_t)mt_mamba3_in_width(d), HN = (size_t)d->H * d->N, N = (size_t)n;
     a->states = NULL;   /* the owner carves them where it keeps them (mamba.c) */
+    a->Bh_b = a->Ch_b = NULL;
     a->proj = p;    p += N * W;
     a->x = p;       p += N * E;
     a->Bh = p;      p += N * HN;
@@ -177,12 +178,15 @@ void mt_mamba3_ssm_forward(const struct mt_ops_i *ops, struct mt_mamba3_acts *a,
                            const struct mt_mamba3_dims *d, int B, int T)
 {
     const int E = d->H * d->P, W = mt_mamba3_in_width(d), in_proj = scan_in_proj(ops, d, B, T);
+    /* where the products run on tensor cores, the prep also writes Bh, Ch's bf16 twins, their
+     * operands: the scan reads 2 bytes an element of B, C where a product stages them */
+    mt_bf16 *Bb = in_proj ? a->Bh_b : NULL, *Cb = in_proj ? a->Ch_b : NULL;
     ops->ssm_prep_forward(ops->be, in_proj ? NULL : a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, a->rstd_bc, NULL,
                           a->proj, w->dt_bias, w->A_log, w->gB, w->gC, w->B_bias, w->C_bias, B, T, d->H, d->P, d->G,
-                          d->N, d->eps_bc);
+                          d->N, d->eps_bc, Bb, Cb);
     if (scan_bf16(ops, d))   /* x: proj's xs columns (row stride W), or the prep's copy */
         ops->ssm_scan_forward_bf16(ops->be, a->ys, in_proj ? a->proj + E : a->x, in_proj ? W : E, a->Bh, a->Ch, a->dt,
-                                   a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk, a->states);
+                                   a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk, a->states, Bb, Cb);
     else
         ops->ssm_scan_forward(ops->be, a->ys, a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N,
                               d->chunk);
@@ -226,7 +230,7 @@ static void ssm_backward(const struct mt_ops_i *ops, struct mt_mamba3_weights *g
         ops->ssm_scan_backward_bf16(ops->be, in_proj ? s->dproj + E : s->dx, s->dBh, s->dCh, s->ddt, s->dlam, s->dA,
                                     g->Dsk, s->dys, in_proj ? a->proj + E : a->x, in_proj ? W : E, a->Bh, a->Ch, a->dt,
                                     a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk, a->states,
-                                    dproj_b ? dproj_b + E : NULL);
+                                    dproj_b ? dproj_b + E : NULL, in_proj ? a->Bh_b : NULL, in_proj ? a->Ch_b : NULL);
     else
         ops->ssm_scan_backward(ops->be, s->dx, s->dBh, s->dCh, s->ddt, s->dlam, s->dA, g->Dsk, s->dys, a->x, a->Bh,
                                a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk);
@@ -295,7 +299,8 @@ void mt_mamba3_decode_mix(const struct mt_ops_i *ops, struct mt_mamba3_acts *a, 
     float *S = state, *xprev = S + (size_t)HN * d->P, *Bprev = xprev + E, *ang = Bprev + HN;
     /* the rotary cumsum continues from the carried angles (and writes them back) */
     ops->ssm_prep_forward(ops->be, a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, a->rstd_bc, ang, a->proj, w->dt_bias,
-                          w->A_log, w->gB, w->gC, w->B_bias, w->C_bias, 1, T, d->H, d->P, d->G, d->N, d->eps_bc);
+                          w->A_log, w->gB, w->gC, w->B_bias, w->C_bias, 1, T, d->H, d->P, d->G, d->N, d->eps_bc,
+                          NULL, NULL);
     for (int t = 0; t < T; t++)
         ops->ssm_scan_step(ops->be, a->ys + (size_t)t * E, S, xprev, Bprev, a->x + (size_t)t * E, a->Bh + (size_t)t * HN,
                            a->Ch + (size_t)t * HN, a->dt + (size_t)t * d->H, a->lam + (size_t)t * d->H, a->A,

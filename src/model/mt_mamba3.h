@@ -53,6 +53,9 @@ struct mt_mamba3_acts {
     float *states;   /* the bf16 scan's chunk states kept for its backward
                         (mt_ssm_states_floats; NULL: recomputed there). Not
                         part of mt_mamba3_acts_floats: the owner carves them */
+    mt_bf16 *Bh_b, *Ch_b; /* (n, H, N) Bh, Ch's bf16 twins, the bf16 scan's
+                        operands where its products run (ssm_prep_forward's
+                        Bh_b, Ch_b), or NULL; carved by the owner, as states */
 };
 
 /* Backward scratch (backend memory). */

@@ -399,7 +399,9 @@ struct mt_ops_i {
      *   pairs (k, k+N/2)); rstd (B*T, 2G) saved (B's groups, then C's).
      *   ang_state (B,H,N/2) or NULL: when given, the cumsum starts from it and
      *   the last position's angles are written back (decoding token by token);
-     *   NULL starts from 0 (training).
+     *   NULL starts from 0 (training). Bh_b, Ch_b: NULL, or Bh, Ch are also
+     *   written there as bf16 (nearest even; the same layout): the bf16 scan's
+     *   operand twins (ssm_scan_*_bf16).
      * prep_backward: dproj (=) on every column but z's (dx NULL: nor xs's, which
      *   then hold dx already: the bf16 scan wrote them, ldx = W); ddt_bias, dA_log, dgB,
      *   dgC, dB_bias, dC_bias (+=). dA is the scan's dA.
@@ -409,7 +411,8 @@ struct mt_ops_i {
                              float *rstd, float *ang_state, const float *proj, const float *dt_bias,
                              const float *A_log, const float *gB, const float *gC,
                              const float *B_bias, const float *C_bias,
-                             int B, int T, int H, int P, int G, int N, float eps);
+                             int B, int T, int H, int P, int G, int N, float eps, mt_bf16 *Bh_b,
+                             mt_bf16 *Ch_b);
     void (*ssm_prep_backward)(void *be, float *dproj, float *ddt_bias, float *dA_log, float *dgB, float *dgC,
                               float *dB_bias, float *dC_bias, const float *dx, const float *dBh,
                               const float *dCh, const float *ddt, const float *dlam, const float *dA,
@@ -605,15 +608,21 @@ struct mt_ops_i {
      * dx_b (backward): NULL, or dx is written there as bf16 (nearest even, of
      * the fp32 dx; row stride ldx) and dx is not written (may be NULL): the
      * mixer's dproj as the in-projection backward's operand. The same shapes
-     * only; elsewhere refused like ldx. */
+     * only; elsewhere refused like ldx.
+     * Bh_b, Ch_b (both): NULL, or Bm, Cm's bf16 twins (bf16(Bm), bf16(Cm)
+     * exactly: ssm_prep_forward's Bh_b, Ch_b), read where a product stages Bm
+     * or Cm as its operand (half the bytes; the same operand values, so the
+     * same bits). The fp32 Bm, Cm are still read where they enter fp32 terms. */
     void (*ssm_scan_forward_bf16)(void *be, float *y, const float *x, int ldx, const float *Bm, const float *Cm,
                                   const float *dt, const float *lam, const float *A, const float *Dsk,
-                                  int B, int T, int H, int P, int N, int chunk, float *states);
+                                  int B, int T, int H, int P, int N, int chunk, float *states,
+                                  const mt_bf16 *Bh_b, const mt_bf16 *Ch_b);
     void (*ssm_scan_backward_bf16)(void *be, float *dx, float *dBm, float *dCm, float *ddt, float *dlam,
                                    float *dA, float *dDsk, const float *dy, const float *x, int ldx,
                                    const float *Bm, const float *Cm, const float *dt, const float *lam,
                                    const float *A, const float *Dsk, int B, int T, int H, int P, int N,
-                                   int chunk, const float *states, mt_bf16 *dx_b);
+                                   int chunk, const float *states, mt_bf16 *dx_b, const mt_bf16 *Bh_b,
+                                   const mt_bf16 *Ch_b);
 
     /* ---- MoE device routing (issue 28 item 2; docs/cuda.md "MoE on the device") ----
      * The routing that followed router_forward on the host, as kernels, so

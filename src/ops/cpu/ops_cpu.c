@@ -538,11 +538,14 @@ static void p_ssm_scan_backward(void *be, float *dx, float *dBm, float *dCm, flo
 static void p_ssm_prep_forward(void *be, float *x, float *Bh, float *Ch, float *dt, float *lam, float *A, float *rstd,
                                float *ang_state, const float *proj, const float *dt_bias, const float *A_log,
                                const float *gB, const float *gC, const float *B_bias, const float *C_bias, int B,
-                               int T, int H, int P, int G, int N, float eps)
+                               int T, int H, int P, int G, int N, float eps, mt_bf16 *Bh_b, mt_bf16 *Ch_b)
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    const size_t nbc = (size_t)B * T * H * N;
     PROF(MT_OPK_ELEMENTWISE, mt_cpu_ssm_prep_forward(x, Bh, Ch, dt, lam, A, rstd, ang_state, proj, dt_bias, A_log,
-                                                     gB, gC, B_bias, C_bias, B, T, H, P, G, N, eps));
+                                                     gB, gC, B_bias, C_bias, B, T, H, P, G, N, eps);
+         if (Bh_b) mt_cpu_cast_bf16((uint16_t *)Bh_b, Bh, nbc);
+         if (Ch_b) mt_cpu_cast_bf16((uint16_t *)Ch_b, Ch, nbc));
 }
 static void p_ssm_prep_backward(void *be, float *dproj, float *ddt_bias, float *dA_log, float *dgB, float *dgC,
                                 float *dB_bias, float *dC_bias, const float *dx, const float *dBh, const float *dCh,

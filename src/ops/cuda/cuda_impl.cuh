@@ -723,19 +723,21 @@ void mt_cuda_ssm_scan_backward(void *be, float *dx, float *dBm, float *dCm, floa
 /* precision=bf16: the chunked scan's intra-chunk products on tensor cores (ssd_tc.cu) */
 void mt_cuda_ssm_scan_forward_bf16(void *be, float *y, const float *x, int ldx, const float *Bm, const float *Cm,
                                    const float *dt, const float *lam, const float *A, const float *Dsk,
-                                   int B, int T, int H, int P, int N, int chunk, float *states);
+                                   int B, int T, int H, int P, int N, int chunk, float *states,
+                                   const mt_bf16 *Bh_b, const mt_bf16 *Ch_b);
 void mt_cuda_ssm_scan_backward_bf16(void *be, float *dx, float *dBm, float *dCm, float *ddt, float *dlam,
                                     float *dA, float *dDsk, const float *dy, const float *x, int ldx,
                                     const float *Bm, const float *Cm, const float *dt, const float *lam,
                                     const float *A, const float *Dsk, int B, int T, int H, int P, int N,
-                                    int chunk, const float *states, mt_bf16 *dx_b);
+                                    int chunk, const float *states, mt_bf16 *dx_b, const mt_bf16 *Bh_b,
+                                    const mt_bf16 *Ch_b);
 void mt_cuda_ssm_scan_step(void *be, float *y, float *S, float *xprev, float *Bprev, const float *x,
                          const float *Bm, const float *Cm, const float *dt, const float *lam,
                          const float *A, const float *Dsk, int B, int H, int P, int N, int first);
 void mt_cuda_ssm_prep_forward(void *be, float *x, float *Bh, float *Ch, float *dt, float *lam, float *A,
                               float *rstd, float *ang_state, const float *proj, const float *dt_bias, const float *A_log,
                               const float *gB, const float *gC, const float *B_bias, const float *C_bias,
-                              int B, int T, int H, int P, int G, int N, float eps);
+                              int B, int T, int H, int P, int G, int N, float eps, mt_bf16 *Bh_b, mt_bf16 *Ch_b);
 void mt_cuda_ssm_prep_backward(void *be, float *dproj, float *ddt_bias, float *dA_log, float *dgB, float *dgC,
                                float *dB_bias, float *dC_bias, const float *dx, const float *dBh,
                                const float *dCh, const float *ddt, const float *dlam, const float *dA,

@@ -37,16 +37,25 @@ static __device__ __forceinline__ float ssd_w(int own, const float *dt, const fl
     return own ? l * d : (t > 0 ? (1.0f - l) * d * expf(d * Ah) : 0.0f);
 }
 
+/* ssd_tc.cu: B and C's bf16 twins (the prep's bf16(Bm), bf16(Cm), (B, T, H, N)
+ * as Bm, Cm), or NULL: read where a product stages Bm or Cm as its operand
+ * (the same values, half the bytes), the fp32 arrays where a term stays fp32 */
+struct ssd_twins {
+    const __nv_bfloat16 *B, *C;
+};
+
 /* ssd_tc.cu: the shapes it runs (chunk Q, P, N each <= SSD_TC_QMAX) */
 int ssd_tc_supports(struct ssd_dims d);
 /* forward step 2 (ssd_state_k's contract: each full chunk's own state) and
  * backward step 5 (ssd_dloc_k's) on tensor cores */
 void ssd_tc_state(float *Sst, const float *cum, const float *x, const float *Bm, const float *dt, const float *lam,
                   const float *A, struct ssd_dims d);
-void ssd_tc_dloc(float *dSo, const float *cum, const float *dy, const float *Cm, struct ssd_dims d);
+void ssd_tc_dloc(float *dSo, const float *cum, const float *dy, const float *Cm, struct ssd_twins tw,
+                 struct ssd_dims d);
 /* forward step 4 (ssd_out_k's contract) on tensor cores */
 void ssd_tc_out(float *y, const float *Sst, const float *cum, const float *x, const float *Bm, const float *Cm,
-                const float *dt, const float *lam, const float *A, const float *Dsk, struct ssd_dims d);
+                const float *dt, const float *lam, const float *A, const float *Dsk, struct ssd_twins tw,
+                struct ssd_dims d);
 /* backward steps 7-8 and 10 (ssd_gm_k, ssd_dxc_k, ssd_dbc_k, ssd_dc_k's
  * contracts, then ssd_scatter_k's: dx and dBm written as token rows, D dy in
  * dx) on tensor cores; M and dG are stored as bf16 (B H nc, Q, 2Q) in their
@@ -61,6 +70,7 @@ void ssd_tc_backward_products(float *M, float *dG, float *dcs, float *rs, float 
                               float *last_x, float *dBm, float *edge_x, float *edge_B, float *qj, float *dCm,
                               float *inter, const float *Sst, const float *dSo,
                               const float *cum, const float *dy, const float *x, const float *Bm, const float *Cm,
-                              const float *dt, const float *lam, const float *A, const float *Dsk, struct ssd_dims d);
+                              const float *dt, const float *lam, const float *A, const float *Dsk,
+                              struct ssd_twins tw, struct ssd_dims d);
 
 #endif /* MT_SSD_CUH */

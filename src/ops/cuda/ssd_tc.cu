@@ -195,6 +195,32 @@ static __device__ void tc_stage(bf16 *dst, int ld, int nr, int kw, const float *
     }
 }
 
+/* tc_stage from src's bf16 twin tw (bf16(src) exactly, as the prep writes it): the
+ * same staged values, half the bytes read; NULL: tc_stage itself. Eight columns a
+ * thread (16-byte moves) where tw's rows are 16-byte aligned and ncols a multiple of 8 */
+static __device__ void tc_stage_tw(bf16 *dst, int ld, int nr, int kw, const float *src, const bf16 *tw, size_t sld,
+                                   int ncols, int tok0, int lo, int hi)
+{
+    if (!tw) {
+        tc_stage(dst, ld, nr, kw, src, sld, ncols, tok0, lo, hi);
+        return;
+    }
+    if (((uintptr_t)tw & 15) == 0 && sld % 8 == 0 && ncols % 8 == 0) {
+        const int kw8 = kw / 8;
+        for (int e = (int)threadIdx.x; e < nr * kw8; e += (int)blockDim.x) {
+            const int r = e / kw8, k = 8 * (e - r * kw8), tok = tok0 + r;
+            uint4 v = {0u, 0u, 0u, 0u};
+            if (tok >= lo && tok < hi && k < ncols) v = *(const uint4 *)(tw + (size_t)tok * sld + k);
+            *(uint4 *)(dst + r * ld + k) = v;
+        }
+        return;
+    }
+    for (int e = (int)threadIdx.x; e < nr * kw; e += (int)blockDim.x) {
+        const int r = e / kw, k = e - r * kw, tok = tok0 + r;
+        dst[r * ld + k] = tok >= lo && tok < hi && k < ncols ? tw[(size_t)tok * sld + k] : __float2bfloat16_rn(0.0f);
+    }
+}
+
 /* dst[r][k] (r < nr, k < kw) = src[r][k0 + k] where r < rhi and k0 + k < khi, else 0 */
 static __device__ void tc_stage_b(bf16 *dst, int ld, int nr, int kw, const bf16 *src, size_t sld, int rhi, int k0,
                                   int khi)
@@ -237,6 +263,11 @@ static __device__ __forceinline__ struct tc_chunk tc_chunk_at(struct ssd_dims d,
     k.xs = (size_t)d.xs;
     k.ob = (size_t)k.b * d.T;
     return k;
+}
+/* a twin's rows of the chunk's (b, h) (as Bh, Ch: B, C's head h), or NULL */
+static __device__ __forceinline__ const bf16 *tc_twin(const bf16 *tw, const struct tc_chunk &k, int N)
+{
+    return tw ? tw + k.ob * k.bld + (size_t)k.h * N : (const bf16 *)NULL;
 }
 /* the block's: grid x = the chunks */
 static __device__ __forceinline__ struct tc_chunk tc_chunk_of(struct ssd_dims d)
@@ -281,7 +312,7 @@ static size_t tc_out_smem(struct ssd_dims d)
 
 static __global__ void __launch_bounds__(TC_THREADS)
 ssd_tc_out_k(float *y, const float *Sst, const float *cum, const float *x, const float *Bm, const float *Cm,
-             const float *dt, const float *lam, const float *A, const float *Dsk, struct ssd_dims d)
+             const float *dt, const float *lam, const float *A, const float *Dsk, struct ssd_twins tw, struct ssd_dims d)
 {
     MT_DYN_SMEM(float, sm);
     const struct tc_chunk k = tc_chunk_of(d);
@@ -295,8 +326,8 @@ ssd_tc_out_k(float *y, const float *Sst, const float *cum, const float *x, const
     const float *Bh = Bm + k.ob * k.bld + (size_t)k.h * d.N, *Ch = Cm + k.ob * k.bld + (size_t)k.h * d.N;
     const float *xh = x + k.ob * k.xs + (size_t)k.h * d.P;
     tc_weights(w, cm, k, cum, dt, lam, A, d);
-    tc_stage(Cs, LN, TC_B, Np, Ch, k.bld, d.N, k.t0 + i0, 0, k.t0 + q);
-    tc_stage(Bt, LN, q + 2, Np, Bh, k.bld, d.N, k.t0 - 1, 0, k.t0 + q);
+    tc_stage_tw(Cs, LN, TC_B, Np, Ch, tc_twin(tw.C, k, d.N), k.bld, d.N, k.t0 + i0, 0, k.t0 + q);
+    tc_stage_tw(Bt, LN, q + 2, Np, Bh, tc_twin(tw.B, k, d.N), k.bld, d.N, k.t0 - 1, 0, k.t0 + q);
     tc_stage(Xt, LP, q + 2, Pp, xh, k.xs, d.P, k.t0 - 1, 0, k.t0 + q);
     if (k.c > 0) tc_stage(Si, LN, Pp, Np, Sst + (size_t)k.ci * d.P * d.N, d.N, d.N, 0, 0, d.P);
     __syncthreads();
@@ -374,7 +405,8 @@ static size_t tc_gm_smem(struct ssd_dims d)
 
 static __global__ void __launch_bounds__(TC_THREADS)
 ssd_tc_gm_k(bf16 *Mb, bf16 *dGb, float *dcs, float *rs, const float *cum, const float *dy, const float *x,
-            const float *Bm, const float *Cm, const float *dt, const float *lam, const float *A, struct ssd_dims d)
+            const float *Bm, const float *Cm, const float *dt, const float *lam, const float *A, struct ssd_twins tw,
+            struct ssd_dims d)
 {
     MT_DYN_SMEM(float, sm);
     const struct tc_chunk k = tc_chunk_of(d);
@@ -387,9 +419,9 @@ ssd_tc_gm_k(bf16 *Mb, bf16 *dGb, float *dcs, float *rs, const float *cum, const 
     const float *Bh = Bm + k.ob * k.bld + (size_t)k.h * d.N, *Ch = Cm + k.ob * k.bld + (size_t)k.h * d.N;
     const float *xh = x + k.ob * k.xs + (size_t)k.h * d.P, *dyh = dy + k.ob * k.xld + (size_t)k.h * d.P;
     tc_weights(w, cm, k, cum, dt, lam, A, d);
-    tc_stage(Cs, LN, TC_B, Np, Ch, k.bld, d.N, k.t0 + i0, 0, k.t0 + q);
+    tc_stage_tw(Cs, LN, TC_B, Np, Ch, tc_twin(tw.C, k, d.N), k.bld, d.N, k.t0 + i0, 0, k.t0 + q);
     tc_stage(Ys, LP, TC_B, Pp, dyh, k.xld, d.P, k.t0 + i0, 0, k.t0 + q);
-    tc_stage(Bt, LN, q + 2, Np, Bh, k.bld, d.N, k.t0 - 1, 0, k.t0 + q);
+    tc_stage_tw(Bt, LN, q + 2, Np, Bh, tc_twin(tw.B, k, d.N), k.bld, d.N, k.t0 - 1, 0, k.t0 + q);
     tc_stage(Xt, LP, q + 2, Pp, xh, k.xs, d.P, k.t0 - 1, 0, k.t0 + q);
     __syncthreads();
     if (i0 + m0 >= q) return;
@@ -510,7 +542,7 @@ template <int MODE>
 static __global__ void __launch_bounds__(TC_THREADS)
 ssd_tc_tok_k(float *out, bf16 *outb, float *last, float *edge, float *qj, const bf16 *Gb, const float *dSo,
              const float *cum, const float *dy, const float *x, const float *Bm, const float *Cm, const float *dt,
-             const float *lam, const float *A, const float *Dsk, struct ssd_dims d)
+             const float *lam, const float *A, const float *Dsk, struct ssd_twins tw, struct ssd_dims d)
 {
     MT_DYN_SMEM(float, sm);
     constexpr int DB = MODE == TC_TOK_DB, XB = MODE == TC_TOK_DXB;
@@ -537,11 +569,11 @@ ssd_tc_tok_k(float *out, bf16 *outb, float *last, float *edge, float *qj, const 
     /* own sources r (columns i0.., < q) and beta sources q+r+1 (< 2q) */
     tc_stage_b(Go, TC_LD(TC_B), q16, TC_B, Gc, 2 * (size_t)d.Q, q, i0, q);
     tc_stage_b(Gn, TC_LD(TC_B), q16, TC_B, Gc, 2 * (size_t)d.Q, q, q + i0 + 1, 2 * q);
-    if (DB) tc_stage(Rs, LW, q16, Wp, Ch, k.bld, d.N, k.t0, 0, k.t0 + q);
+    if (DB) tc_stage_tw(Rs, LW, q16, Wp, Ch, tc_twin(tw.C, k, d.N), k.bld, d.N, k.t0, 0, k.t0 + q);
     else tc_stage(Rs, LW, q16, Wp, dyh, k.xld, d.P, k.t0, 0, k.t0 + q);
     if (has_next) {
         if (DB) tc_stage(St, LK, q + 2, Kp, xh, k.xs, d.P, k.t0 - 1, 0, k.t0 + q);
-        else tc_stage(St, LK, q + 2, Kp, Bh, k.bld, d.N, k.t0 - 1, 0, k.t0 + q);
+        else tc_stage_tw(St, LK, q + 2, Kp, Bh, tc_twin(tw.B, k, d.N), k.bld, d.N, k.t0 - 1, 0, k.t0 + q);
         tc_stage(Sd, LN, Pp, Np, dSo + (size_t)k.ci * d.P * d.N, d.N, d.N, 0, 0, d.P);
     }
     __syncthreads();
@@ -645,7 +677,7 @@ static size_t tc_dc_smem(struct ssd_dims d)
 
 static __global__ void __launch_bounds__(TC_THREADS)
 ssd_tc_dc_k(float *dCm, float *inter, const bf16 *dGb, const float *Sst, const float *cum, const float *dy,
-            const float *Bm, const float *Cm, struct ssd_dims d)
+            const float *Bm, const float *Cm, struct ssd_twins tw, struct ssd_dims d)
 {
     MT_DYN_SMEM(float, sm);
     const struct tc_chunk k = tc_chunk_of(d);
@@ -661,7 +693,7 @@ ssd_tc_dc_k(float *dCm, float *inter, const bf16 *dGb, const float *Sst, const f
         e[il] = i0 + il < q ? expf(cum[(size_t)k.bh * d.T + k.t0 + i0 + il]) : 0.0f;
     /* dG rows i0.. (< q), sources < 2q */
     tc_stage_b(Gs, LS, TC_B, s16, dGb + ((size_t)k.ci * d.Q + i0) * 2 * d.Q, 2 * (size_t)d.Q, q - i0, 0, 2 * q);
-    tc_stage(Bt, LN, q + 2, Np, Bh, k.bld, d.N, k.t0 - 1, 0, k.t0 + q);
+    tc_stage_tw(Bt, LN, q + 2, Np, Bh, tc_twin(tw.B, k, d.N), k.bld, d.N, k.t0 - 1, 0, k.t0 + q);
     if (k.c > 0) {
         tc_stage(Ys, LP, TC_B, Pp, dyh, k.xld, d.P, k.t0 + i0, 0, k.t0 + q);
         tc_stage(Si, LN, Pp, Np, Sst + (size_t)k.ci * d.P * d.N, d.N, d.N, 0, 0, d.P);
@@ -720,8 +752,8 @@ static size_t tc_outer_smem(struct ssd_dims d)
 
 template <int DL>
 static __global__ void __launch_bounds__(TC_THREADS)
-ssd_tc_outer_k(float *out, const float *cum, const float *u, const float *vsrc, const float *dt, const float *lam,
-               const float *A, struct ssd_dims d)
+ssd_tc_outer_k(float *out, const float *cum, const float *u, const float *vsrc, const bf16 *vtw, const float *dt,
+               const float *lam, const float *A, struct ssd_dims d)
 {
     MT_DYN_SMEM(float, sm);
     /* grid x: (b, h, chunk) over nc-1 chunks: c < nc-1 (DL 0) or c >= 1 (DL 1); y: 64-row tiles of P */
@@ -747,7 +779,7 @@ ssd_tc_outer_k(float *out, const float *cum, const float *u, const float *vsrc, 
             const float v = i < q && p < d.P ? sc[i] * uh[(size_t)(t0 + i) * k.xld + p] : 0.0f;
             Us[i * LP + p] = __float2bfloat16_rn(v);
         }
-        tc_stage(Vs, LN, K, Np, vh, k.bld, d.N, t0, 0, t0 + q);
+        tc_stage_tw(Vs, LN, K, Np, vh, tc_twin(vtw, k, d.N), k.bld, d.N, t0, 0, t0 + q);
     } else {    /* Us: the token rows of x (sources mapped); Vs rows j: bf16(v_j B_src(j)) */
         tc_stage(Us, LP, q + 2, Pp, uh, k.xs, d.P, t0 - 1, 0, t0 + q);
         for (int e = (int)threadIdx.x; e < K * Np; e += (int)blockDim.x) {
@@ -788,27 +820,30 @@ void ssd_tc_state(float *Sst, const float *cum, const float *x, const float *Bm,
     const size_t smem = tc_outer_smem(d);
     if (!mt_cuda_smem_opt_in(ssd_tc_outer_k<0>, smem)) return;
     MT_LAUNCH(ssd_tc_outer_k<0>, dim3((unsigned)(d.B * d.H * (d.nc - 1)), (unsigned)((d.P + TC_B - 1) / TC_B)),
-              TC_THREADS, smem)(Sst, cum, x, Bm, dt, lam, A, d);
+              TC_THREADS, smem)(Sst, cum, x, Bm, (const bf16 *)NULL, dt, lam, A, d);
     MT_CUDA_KCHECK();
 }
 
-void ssd_tc_dloc(float *dSo, const float *cum, const float *dy, const float *Cm, struct ssd_dims d)
+void ssd_tc_dloc(float *dSo, const float *cum, const float *dy, const float *Cm, struct ssd_twins tw,
+                 struct ssd_dims d)
 {
     if (d.nc < 2) return;
     const size_t smem = tc_outer_smem(d);
     if (!mt_cuda_smem_opt_in(ssd_tc_outer_k<1>, smem)) return;
     MT_LAUNCH(ssd_tc_outer_k<1>, dim3((unsigned)(d.B * d.H * (d.nc - 1)), (unsigned)((d.P + TC_B - 1) / TC_B)),
-              TC_THREADS, smem)(dSo, cum, dy, Cm, (const float *)NULL, (const float *)NULL, (const float *)NULL, d);
+              TC_THREADS, smem)(dSo, cum, dy, Cm, tw.C, (const float *)NULL, (const float *)NULL, (const float *)NULL,
+                                d);
     MT_CUDA_KCHECK();
 }
 
 void ssd_tc_out(float *y, const float *Sst, const float *cum, const float *x, const float *Bm, const float *Cm,
-                const float *dt, const float *lam, const float *A, const float *Dsk, struct ssd_dims d)
+                const float *dt, const float *lam, const float *A, const float *Dsk, struct ssd_twins tw,
+                struct ssd_dims d)
 {
     const size_t smem = tc_out_smem(d);
     if (!mt_cuda_smem_opt_in(ssd_tc_out_k, smem)) return;
     MT_LAUNCH(ssd_tc_out_k, dim3((unsigned)(d.B * d.H * d.nc), (unsigned)((d.Q + TC_B - 1) / TC_B)), TC_THREADS,
-              smem)(y, Sst, cum, x, Bm, Cm, dt, lam, A, Dsk, d);
+              smem)(y, Sst, cum, x, Bm, Cm, dt, lam, A, Dsk, tw, d);
     MT_CUDA_KCHECK();
 }
 
@@ -816,7 +851,8 @@ void ssd_tc_backward_products(float *M, float *dG, float *dcs, float *rs, float 
                               float *dBm, float *edge_x, float *edge_B, float *qj, float *dCm, float *inter,
                               const float *Sst, const float *dSo,
                               const float *cum, const float *dy, const float *x, const float *Bm, const float *Cm,
-                              const float *dt, const float *lam, const float *A, const float *Dsk, struct ssd_dims d)
+                              const float *dt, const float *lam, const float *A, const float *Dsk,
+                              struct ssd_twins tw, struct ssd_dims d)
 {
     const unsigned nch = (unsigned)(d.B * d.H * d.nc), rt = (unsigned)((d.Q + TC_B - 1) / TC_B);
     bf16 *Mb = (bf16 *)M, *dGb = (bf16 *)dG;
@@ -825,19 +861,19 @@ void ssd_tc_backward_products(float *M, float *dG, float *dcs, float *rs, float 
         !mt_cuda_smem_opt_in(ssd_tc_tok_k<TC_TOK_DXB>, tok) || !mt_cuda_smem_opt_in(ssd_tc_tok_k<TC_TOK_DB>, tok) ||
         !mt_cuda_smem_opt_in(ssd_tc_dc_k, dc))
         return;
-    MT_LAUNCH(ssd_tc_gm_k, dim3(nch, rt), TC_THREADS, gm)(Mb, dGb, dcs, rs, cum, dy, x, Bm, Cm, dt, lam, A, d);
+    MT_LAUNCH(ssd_tc_gm_k, dim3(nch, rt), TC_THREADS, gm)(Mb, dGb, dcs, rs, cum, dy, x, Bm, Cm, dt, lam, A, tw, d);
     MT_CUDA_KCHECK();
     if (dxb)
         MT_LAUNCH(ssd_tc_tok_k<TC_TOK_DXB>, dim3(nch, rt), TC_THREADS, tok)(
-            (float *)NULL, dxb, last_x, edge_x, (float *)NULL, Mb, dSo, cum, dy, x, Bm, Cm, dt, lam, A, Dsk, d);
+            (float *)NULL, dxb, last_x, edge_x, (float *)NULL, Mb, dSo, cum, dy, x, Bm, Cm, dt, lam, A, Dsk, tw, d);
     else
         MT_LAUNCH(ssd_tc_tok_k<TC_TOK_DX>, dim3(nch, rt), TC_THREADS, tok)(
-            dx, (bf16 *)NULL, (float *)NULL, edge_x, (float *)NULL, Mb, dSo, cum, dy, x, Bm, Cm, dt, lam, A, Dsk, d);
+            dx, (bf16 *)NULL, (float *)NULL, edge_x, (float *)NULL, Mb, dSo, cum, dy, x, Bm, Cm, dt, lam, A, Dsk, tw, d);
     MT_CUDA_KCHECK();
     MT_LAUNCH(ssd_tc_tok_k<TC_TOK_DB>, dim3(nch, rt), TC_THREADS, tok)(
-        dBm, (bf16 *)NULL, (float *)NULL, edge_B, qj, dGb, dSo, cum, dy, x, Bm, Cm, dt, lam, A, Dsk, d);
+        dBm, (bf16 *)NULL, (float *)NULL, edge_B, qj, dGb, dSo, cum, dy, x, Bm, Cm, dt, lam, A, Dsk, tw, d);
     MT_CUDA_KCHECK();
-    MT_LAUNCH(ssd_tc_dc_k, dim3(nch, rt), TC_THREADS, dc)(dCm, inter, dGb, Sst, cum, dy, Bm, Cm, d);
+    MT_LAUNCH(ssd_tc_dc_k, dim3(nch, rt), TC_THREADS, dc)(dCm, inter, dGb, Sst, cum, dy, Bm, Cm, tw, d);
     MT_CUDA_KCHECK();
     if (d.nc > 1) {
         MT_LAUNCH(ssd_tc_edge_k, (unsigned)(d.B * d.H * (d.nc - 1)), 64, 0)(dx, dxb, last_x, dBm, edge_x, edge_B, d);

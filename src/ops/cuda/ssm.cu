@@ -495,7 +495,7 @@ static void ssd_cum(float *cum, const float *dt, const float *A, struct ssd_dims
 /* tc: step 4 on tensor cores (ssd_tc.cu, precision=bf16; ssd_tc_supports(d)) */
 static void ssd_forward(float *y, const float *x, const float *Bm, const float *Cm, const float *dt,
                         const float *lam, const float *A, const float *Dsk, struct ssd_dims d, int tc,
-                        float *states)
+                        float *states, struct ssd_twins tw)
 {
     const size_t PN = (size_t)d.P * d.N, nbh = (size_t)d.B * d.H;
     float *ws = (float *)mt_cuda_workspace((nbh * d.T + (states ? 0 : nbh * d.nc * PN)) * sizeof(float));
@@ -504,7 +504,7 @@ static void ssd_forward(float *y, const float *x, const float *Bm, const float *
     float *cum = ws, *Sst = states ? states : ws + nbh * d.T;
     ssd_cum(cum, dt, A, d);
     ssd_states(Sst, cum, x, Bm, dt, lam, A, d, tc);
-    if (tc) { ssd_tc_out(y, Sst, cum, x, Bm, Cm, dt, lam, A, Dsk, d); return; }
+    if (tc) { ssd_tc_out(y, Sst, cum, x, Bm, Cm, dt, lam, A, Dsk, tw, d); return; }
     size_t smem = ssd_out_smem(d, 128);
     if (!mt_cuda_smem_opt_in(ssd_out_k, smem)) return;
     MT_LAUNCH(ssd_out_k, dim3((unsigned)(nbh * d.nc), (unsigned)((d.Q + SSD_RT - 1) / SSD_RT)), 128, smem)(
@@ -1115,7 +1115,7 @@ static __global__ void ssd_reduce_k(float *dA, float *dDsk, const double *part, 
 static void ssd_backward(float *dx, __nv_bfloat16 *dxb, float *dBm, float *dCm, float *ddt, float *dlam, float *dA,
                          float *dDsk, const float *dy, const float *x, const float *Bm, const float *Cm,
                          const float *dt, const float *lam, const float *A, const float *Dsk, struct ssd_dims d,
-                         int tc, const float *states)
+                         int tc, const float *states, struct ssd_twins tw)
 {
     const size_t PN = (size_t)d.P * d.N, nbh = (size_t)d.B * d.H, nch = nbh * d.nc, Q2 = 2 * (size_t)d.Q;
     /* per-source rows (fp32 kernels) or, on tensor cores, a chunk's source q
@@ -1141,7 +1141,7 @@ static void ssd_backward(float *dx, __nv_bfloat16 *dxb, float *dBm, float *dCm, 
      * Only read from here on (the pointer's const is the forward's contract, cast away) */
     if (states) Sst = (float *)states;
     else ssd_states(Sst, cum, x, Bm, dt, lam, A, d, tc);
-    if (tc) ssd_tc_dloc(dSo, cum, dy, Cm, d);
+    if (tc) ssd_tc_dloc(dSo, cum, dy, Cm, tw, d);
     else if (d.nc > 1) {
         MT_LAUNCH(ssd_dloc_k, ssd_tile_grid((unsigned)(nbh * (d.nc - 1)), d), 256,
                   (SSD_AL4((size_t)d.Q) + 2 * SSD_IT * SSD_OT) * sizeof(float))(dSo, cum, dy, Cm, d);
@@ -1151,7 +1151,7 @@ static void ssd_backward(float *dx, __nv_bfloat16 *dxb, float *dBm, float *dCm, 
     MT_CUDA_KCHECK();
     if (tc) {   /* steps 7-8 on tensor cores (ssd_tc.cu) */
         ssd_tc_backward_products(M, dG, dLE, rs, dx, dxb, last_x, dBm, dXc, dBc, qj, dCm, inter, Sst, dSo, cum, dy, x,
-                                 Bm, Cm, dt, lam, A, Dsk, d);
+                                 Bm, Cm, dt, lam, A, Dsk, tw, d);
     } else {
         unsigned tj = pow2_threads(2 * d.Q, 256), tp = pow2_threads(d.P, 256), tn = pow2_threads(d.N, 256);
         unsigned rt = (unsigned)((d.Q + SSD_RT - 1) / SSD_RT), st = (unsigned)((Q2 + SSD_RT - 1) / SSD_RT);
@@ -1229,7 +1229,7 @@ extern "C" void mt_cuda_ssm_scan_forward(void *be, float *y, const float *x, con
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (B * H == 0 || T == 0) return;
     if (chunk > 0) {
-        ssd_forward(y, x, Bm, Cm, dt, lam, A, Dsk, ssd_dims_make(B, T, H, P, N, chunk), 0, NULL);
+        ssd_forward(y, x, Bm, Cm, dt, lam, A, Dsk, ssd_dims_make(B, T, H, P, N, chunk), 0, NULL, ssd_twins{});
         return;
     }
     if (P > 1024) { MT_CUDA_UNSUPPORTED("ssm scan: headdim > 1024"); return; }
@@ -1403,7 +1403,7 @@ extern "C" void mt_cuda_ssm_scan_backward(void *be, float *dx, float *dBm, float
     if (B * H == 0 || T == 0) return;
     if (chunk > 0) {
         ssd_backward(dx, NULL, dBm, dCm, ddt, dlam, dA, dDsk, dy, x, Bm, Cm, dt, lam, A, Dsk,
-                     ssd_dims_make(B, T, H, P, N, chunk), 0, NULL);
+                     ssd_dims_make(B, T, H, P, N, chunk), 0, NULL, ssd_twins{});
         return;
     }
     if (P > 1024) { MT_CUDA_UNSUPPORTED("ssm scan: headdim > 1024"); return; }
@@ -1437,6 +1437,11 @@ static int scan_tc_pick(struct ssd_dims d, int chunk)
     return tc;
 }
 
+static struct ssd_twins ssd_bf16_twins(const mt_bf16 *Bh_b, const mt_bf16 *Ch_b)
+{
+    return ssd_twins{(const __nv_bfloat16 *)Bh_b, (const __nv_bfloat16 *)Ch_b};
+}
+
 /* ldx != H P (x, dx in the mixer's proj rows) and a bf16 dx: the
  * tensor-core path only (mt_ops.h); elsewhere refused, nothing written */
 static int scan_ldx_ok(int tc, int ldx, int H, int P, const mt_bf16 *dx_b)
@@ -1453,7 +1458,7 @@ static int scan_ldx_ok(int tc, int ldx, int H, int P, const mt_bf16 *dx_b)
 extern "C" void mt_cuda_ssm_scan_forward_bf16(void *be, float *y, const float *x, int ldx, const float *Bm,
                                               const float *Cm, const float *dt, const float *lam, const float *A,
                                               const float *Dsk, int B, int T, int H, int P, int N, int chunk,
-                                              float *states)
+                                              float *states, const mt_bf16 *Bh_b, const mt_bf16 *Ch_b)
 {
     MT_CUDA_BIND(be);
     if (B * H == 0 || T == 0) return;
@@ -1465,14 +1470,15 @@ extern "C" void mt_cuda_ssm_scan_forward_bf16(void *be, float *y, const float *x
         return;
     }
     d.xs = ldx;
-    ssd_forward(y, x, Bm, Cm, dt, lam, A, Dsk, d, 1, states);
+    ssd_forward(y, x, Bm, Cm, dt, lam, A, Dsk, d, 1, states, ssd_bf16_twins(Bh_b, Ch_b));
 }
 
 extern "C" void mt_cuda_ssm_scan_backward_bf16(void *be, float *dx, float *dBm, float *dCm, float *ddt, float *dlam,
                                                float *dA, float *dDsk, const float *dy, const float *x, int ldx,
                                                const float *Bm, const float *Cm, const float *dt, const float *lam,
                                                const float *A, const float *Dsk, int B, int T, int H, int P, int N,
-                                               int chunk, const float *states, mt_bf16 *dx_b)
+                                               int chunk, const float *states, mt_bf16 *dx_b,
+                                               const mt_bf16 *Bh_b, const mt_bf16 *Ch_b)
 {
     MT_CUDA_BIND(be);
     if (B * H == 0 || T == 0) return;
@@ -1486,7 +1492,7 @@ extern "C" void mt_cuda_ssm_scan_backward_bf16(void *be, float *dx, float *dBm, 
     }
     d.xs = ldx;
     ssd_backward(dx, (__nv_bfloat16 *)dx_b, dBm, dCm, ddt, dlam, dA, dDsk, dy, x, Bm, Cm, dt, lam, A, Dsk, d, 1,
-                 states);
+                 states, ssd_bf16_twins(Bh_b, Ch_b));
 }
 
 /* ---------------- prep (split, softplus, sigmoid, B/C norm + bias + rotary) ----------------
@@ -1574,12 +1580,24 @@ static __global__ void ang_scan_k(float *dst, __nv_bfloat16 *dstb, size_t dld, i
     }
 }
 
+/* Bh, Ch's values at (r, k) and (r, k + N/2), and their bf16 twins where asked */
+static __device__ __forceinline__ void prep_put_pair(float *o, __nv_bfloat16 *ob, size_t i, size_t j, float a, float b)
+{
+    o[i] = a;
+    o[j] = b;
+    if (ob) {
+        ob[i] = __float2bfloat16_rn(a);
+        ob[j] = __float2bfloat16_rn(b);
+    }
+}
+
 /* One block per row n = (b, t), threads over its columns; the angles wait in
- * Bh's first N/2 slots of every head (ang_scan_k). Block 0 also writes A. */
-static __global__ void prep_rows_k(float *x, float *Bh, float *Ch, float *dt, float *lam, float *A, float *rstd,
-                                   const float *proj, const float *dt_bias, const float *A_log, const float *gB,
-                                   const float *gC, const float *B_bias, const float *C_bias, int nrow, int H,
-                                   int P, int G, int N, float eps)
+ * Bh's first N/2 slots of every head (ang_scan_k). Block 0 also writes A.
+ * Bhb, Chb: NULL, or Bh, Ch's bf16 twins (the bf16 scan's operands) */
+static __global__ void prep_rows_k(float *x, float *Bh, float *Ch, __nv_bfloat16 *Bhb, __nv_bfloat16 *Chb, float *dt,
+                                   float *lam, float *A, float *rstd, const float *proj, const float *dt_bias,
+                                   const float *A_log, const float *gB, const float *gC, const float *B_bias,
+                                   const float *C_bias, int nrow, int H, int P, int G, int N, float eps)
 {
     MT_DYN_SMEM(double, dred); /* blockDim doubles, then rs (2G floats) */
     float *rs = (float *)(dred + blockDim.x);
@@ -1617,12 +1635,10 @@ static __global__ void prep_rows_k(float *x, float *Bh, float *Ch, float *dt, fl
         float ang = Bh[r * N + k], c = cosf(ang), s = sinf(ang);
         float u1 = br[k] * rb * gB[k] + B_bias[(size_t)h * N + k];
         float u2 = br[k + half] * rb * gB[k + half] + B_bias[(size_t)h * N + k + half];
-        Bh[r * N + k] = u1 * c - u2 * s;
-        Bh[r * N + k + half] = u1 * s + u2 * c;
+        prep_put_pair(Bh, Bhb, r * N + k, r * N + k + half, u1 * c - u2 * s, u1 * s + u2 * c);
         u1 = cr[k] * rc * gC[k] + C_bias[(size_t)h * N + k];
         u2 = cr[k + half] * rc * gC[k + half] + C_bias[(size_t)h * N + k + half];
-        Ch[r * N + k] = u1 * c - u2 * s;
-        Ch[r * N + k + half] = u1 * s + u2 * c;
+        prep_put_pair(Ch, Chb, r * N + k, r * N + k + half, u1 * c - u2 * s, u1 * s + u2 * c);
     }
 }
 
@@ -1640,7 +1656,8 @@ static void ang_scan(float *dst, mt_bf16 *dstb, size_t dld, int dhs, const float
 extern "C" void mt_cuda_ssm_prep_forward(void *be, float *x, float *Bh, float *Ch, float *dt, float *lam, float *A,
                                          float *rstd, float *ang_state, const float *proj, const float *dt_bias, const float *A_log,
                                          const float *gB, const float *gC, const float *B_bias,
-                                         const float *C_bias, int B, int T, int H, int P, int G, int N, float eps)
+                                         const float *C_bias, int B, int T, int H, int P, int G, int N, float eps,
+                                         mt_bf16 *Bh_b, mt_bf16 *Ch_b)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     int half = N / 2, E = H * P, GN = G * N;
@@ -1649,7 +1666,8 @@ extern "C" void mt_cuda_ssm_prep_forward(void *be, float *x, float *Bh, float *C
         ang_scan(Bh, NULL, (size_t)H * N, N, proj + oth, W, half, ang_state, B, T, H, half, 0);
     unsigned nb = B * T > 0 ? (unsigned)(B * T) : 1u;
     MT_LAUNCH(prep_rows_k, nb, PREP_THREADS, PREP_THREADS * sizeof(double) + 2 * (size_t)G * sizeof(float))(
-        x, Bh, Ch, dt, lam, A, rstd, proj, dt_bias, A_log, gB, gC, B_bias, C_bias, B * T, H, P, G, N, eps);
+        x, Bh, Ch, (__nv_bfloat16 *)Bh_b, (__nv_bfloat16 *)Ch_b, dt, lam, A, rstd, proj, dt_bias, A_log, gB, gC, B_bias,
+        C_bias, B * T, H, P, G, N, eps);
     MT_CUDA_KCHECK();
 }
 
