@@ -168,36 +168,121 @@ static __device__ __forceinline__ float tc_quad_sum(float v)
     return v;
 }
 
-/* dst[r][k] (r < nr, k < kw) = bf16(src[tok][k]) for tok = tok0 + r in [lo, hi)
- * and k < ncols, else 0 (src: token 0's row; rows sld apart). Four columns
- * a thread (a float4 load, an 8-byte store) where src's rows are 16-byte
- * aligned and ncols a multiple of 4 (kw always is: a multiple of 16). */
-static __device__ void tc_stage(bf16 *dst, int ld, int nr, int kw, const float *src, size_t sld, int ncols, int tok0,
-                                int lo, int hi)
+/* The staging loops move a tile's elements e < n, each thread TC_AHEAD of
+ * them at a time: all their loads, then all their stores. A load and the
+ * shared store after it in one loop iteration cost a memory round trip per
+ * iteration (the store waits for the load, and the next iteration's load
+ * is not issued before it): 8 round trips a thread for a 64 x 64 fp32
+ * tile, one load in flight per warp. ld(e) returns element e's value (its
+ * zero outside the source), st(e, v) stores it; the values and places are
+ * those of the plain loop, so the staged bits are the same. */
+#define TC_AHEAD 8
+template <typename V, typename Ld, typename St>
+static __device__ __forceinline__ void tc_move(int n, Ld ld, St st)
+{
+    const int nt = (int)blockDim.x;
+    for (int e0 = (int)threadIdx.x; e0 < n; e0 += TC_AHEAD * nt) {
+        V v[TC_AHEAD] = {};
+#pragma unroll
+        for (int u = 0; u < TC_AHEAD; u++)
+            if (e0 + u * nt < n) v[u] = ld(e0 + u * nt);
+#pragma unroll
+        for (int u = 0; u < TC_AHEAD; u++)
+            if (e0 + u * nt < n) st(e0 + u * nt, v[u]);
+    }
+}
+
+/* dst[r][k] (r < nr, k < kw) = bf16(s_r src[tok][k]) for the token tok = row(r, s_r)
+ * (-1: none, a zero row) and k < ncols, else 0 (src: token 0's row; rows sld
+ * apart). Four columns a move (a float4 load, an 8-byte store) where src's rows
+ * are 16-byte aligned and ncols a multiple of 4 (kw always is: a multiple of 16). */
+template <typename Row>
+static __device__ void tc_stage_rows(bf16 *dst, int ld, int nr, int kw, const float *src, size_t sld, int ncols,
+                                     Row row)
 {
     if (((uintptr_t)src & 15) == 0 && sld % 4 == 0 && ncols % 4 == 0) {
         const int kw4 = kw / 4;
-        for (int e = (int)threadIdx.x; e < nr * kw4; e += (int)blockDim.x) {
-            const int r = e / kw4, k = 4 * (e - r * kw4), tok = tok0 + r;
-            float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
-            if (tok >= lo && tok < hi && k < ncols) v = *(const float4 *)(src + (size_t)tok * sld + k);
-            uint2 b;
-            b.x = mt_pack_bf16(v.x, v.y);
-            b.y = mt_pack_bf16(v.z, v.w);
-            *(uint2 *)(dst + r * ld + k) = b;
-        }
+        tc_move<float4>(
+            nr * kw4,
+            [&](int e) {
+                const int r = e / kw4, k = 4 * (e - r * kw4);
+                float s = 1.0f;
+                const int tok = row(r, s);
+                float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
+                if (tok >= 0 && k < ncols) {
+                    v = *(const float4 *)(src + (size_t)tok * sld + k);
+                    v.x *= s, v.y *= s, v.z *= s, v.w *= s;
+                }
+                return v;
+            },
+            [&](int e, float4 v) {
+                const int r = e / kw4, k = 4 * (e - r * kw4);
+                uint2 b;
+                b.x = mt_pack_bf16(v.x, v.y);
+                b.y = mt_pack_bf16(v.z, v.w);
+                *(uint2 *)(dst + r * ld + k) = b;
+            });
         return;
     }
-    for (int e = (int)threadIdx.x; e < nr * kw; e += (int)blockDim.x) {
-        const int r = e / kw, k = e - r * kw, tok = tok0 + r;
-        const float v = tok >= lo && tok < hi && k < ncols ? src[(size_t)tok * sld + k] : 0.0f;
-        dst[r * ld + k] = __float2bfloat16_rn(v);
+    tc_move<float>(
+        nr * kw,
+        [&](int e) {
+            const int r = e / kw, k = e - r * kw;
+            float s = 1.0f;
+            const int tok = row(r, s);
+            return tok >= 0 && k < ncols ? s * src[(size_t)tok * sld + k] : 0.0f;
+        },
+        [&](int e, float v) {
+            const int r = e / kw;
+            dst[r * ld + (e - r * kw)] = __float2bfloat16_rn(v);
+        });
+}
+
+/* tc_stage_rows of the tokens tok0 + r in [lo, hi), unscaled */
+static __device__ void tc_stage(bf16 *dst, int ld, int nr, int kw, const float *src, size_t sld, int ncols, int tok0,
+                                int lo, int hi)
+{
+    tc_stage_rows(dst, ld, nr, kw, src, sld, ncols, [&](int r, float &) {
+        const int tok = tok0 + r;
+        return tok >= lo && tok < hi ? tok : -1;
+    });
+}
+
+/* dst[r][k] (r < nr, k < kw) = src[r][k0 + k] where r < rhi and k0 + k < khi, else 0 */
+static __device__ void tc_stage_b(bf16 *dst, int ld, int nr, int kw, const bf16 *src, size_t sld, int rhi, int k0,
+                                  int khi)
+{
+    if (((uintptr_t)(src + k0) & 15) == 0 && sld % 8 == 0 && khi % 8 == 0) {   /* 8 a move: 16-byte moves */
+        const int kw8 = kw / 8;
+        tc_move<uint4>(
+            nr * kw8,
+            [&](int e) {
+                const int r = e / kw8, k = 8 * (e - r * kw8);
+                uint4 v = {0u, 0u, 0u, 0u};
+                if (r < rhi && k0 + k < khi) v = *(const uint4 *)(src + (size_t)r * sld + k0 + k);
+                return v;
+            },
+            [&](int e, uint4 v) {
+                const int r = e / kw8;
+                *(uint4 *)(dst + r * ld + 8 * (e - r * kw8)) = v;
+            });
+        return;
     }
+    tc_move<bf16>(
+        nr * kw,
+        [&](int e) {
+            const int r = e / kw, k = e - r * kw;
+            return r < rhi && k0 + k < khi ? src[(size_t)r * sld + k0 + k] : __float2bfloat16_rn(0.0f);
+        },
+        [&](int e, bf16 v) {
+            const int r = e / kw;
+            dst[r * ld + (e - r * kw)] = v;
+        });
 }
 
 /* tc_stage from src's bf16 twin tw (bf16(src) exactly, as the prep writes it): the
  * same staged values, half the bytes read; NULL: tc_stage itself. Eight columns a
- * thread (16-byte moves) where tw's rows are 16-byte aligned and ncols a multiple of 8 */
+ * move (16-byte moves) where tw's rows are 16-byte aligned and ncols a multiple of 8 */
 static __device__ void tc_stage_tw(bf16 *dst, int ld, int nr, int kw, const float *src, const bf16 *tw, size_t sld,
                                    int ncols, int tok0, int lo, int hi)
 {
@@ -207,38 +292,30 @@ static __device__ void tc_stage_tw(bf16 *dst, int ld, int nr, int kw, const floa
     }
     if (((uintptr_t)tw & 15) == 0 && sld % 8 == 0 && ncols % 8 == 0) {
         const int kw8 = kw / 8;
-        for (int e = (int)threadIdx.x; e < nr * kw8; e += (int)blockDim.x) {
-            const int r = e / kw8, k = 8 * (e - r * kw8), tok = tok0 + r;
-            uint4 v = {0u, 0u, 0u, 0u};
-            if (tok >= lo && tok < hi && k < ncols) v = *(const uint4 *)(tw + (size_t)tok * sld + k);
-            *(uint4 *)(dst + r * ld + k) = v;
-        }
+        tc_move<uint4>(
+            nr * kw8,
+            [&](int e) {
+                const int r = e / kw8, k = 8 * (e - r * kw8), tok = tok0 + r;
+                uint4 v = {0u, 0u, 0u, 0u};
+                if (tok >= lo && tok < hi && k < ncols) v = *(const uint4 *)(tw + (size_t)tok * sld + k);
+                return v;
+            },
+            [&](int e, uint4 v) {
+                const int r = e / kw8;
+                *(uint4 *)(dst + r * ld + 8 * (e - r * kw8)) = v;
+            });
         return;
     }
-    for (int e = (int)threadIdx.x; e < nr * kw; e += (int)blockDim.x) {
-        const int r = e / kw, k = e - r * kw, tok = tok0 + r;
-        dst[r * ld + k] = tok >= lo && tok < hi && k < ncols ? tw[(size_t)tok * sld + k] : __float2bfloat16_rn(0.0f);
-    }
-}
-
-/* dst[r][k] (r < nr, k < kw) = src[r][k0 + k] where r < rhi and k0 + k < khi, else 0 */
-static __device__ void tc_stage_b(bf16 *dst, int ld, int nr, int kw, const bf16 *src, size_t sld, int rhi, int k0,
-                                  int khi)
-{
-    if (((uintptr_t)(src + k0) & 15) == 0 && sld % 8 == 0 && khi % 8 == 0) {   /* 8 a thread: 16-byte moves */
-        const int kw8 = kw / 8;
-        for (int e = (int)threadIdx.x; e < nr * kw8; e += (int)blockDim.x) {
-            const int r = e / kw8, k = 8 * (e - r * kw8);
-            uint4 v = {0u, 0u, 0u, 0u};
-            if (r < rhi && k0 + k < khi) v = *(const uint4 *)(src + (size_t)r * sld + k0 + k);
-            *(uint4 *)(dst + r * ld + k) = v;
-        }
-        return;
-    }
-    for (int e = (int)threadIdx.x; e < nr * kw; e += (int)blockDim.x) {
-        const int r = e / kw, k = e - r * kw;
-        dst[r * ld + k] = r < rhi && k0 + k < khi ? src[(size_t)r * sld + k0 + k] : __float2bfloat16_rn(0.0f);
-    }
+    tc_move<bf16>(
+        nr * kw,
+        [&](int e) {
+            const int r = e / kw, k = e - r * kw, tok = tok0 + r;
+            return tok >= lo && tok < hi && k < ncols ? tw[(size_t)tok * sld + k] : __float2bfloat16_rn(0.0f);
+        },
+        [&](int e, bf16 v) {
+            const int r = e / kw;
+            dst[r * ld + (e - r * kw)] = v;
+        });
 }
 
 /* the block's chunk */
@@ -538,8 +615,12 @@ static __device__ __noinline__ void tc_edge_row(float *edge, float *tq, const fl
 #define TC_TOK_DX 0
 #define TC_TOK_DB 1
 #define TC_TOK_DXB 2
+/* 4 blocks an SM, as its 48 KB of shared memory allows at the d2048 hybrid's
+ * shape: registers capped at 128 (the staging's loads in flight took <2> to 137,
+ * 3 blocks) */
+#define TC_TOK_BLOCKS 4
 template <int MODE>
-static __global__ void __launch_bounds__(TC_THREADS)
+static __global__ void __launch_bounds__(TC_THREADS, TC_TOK_BLOCKS)
 ssd_tc_tok_k(float *out, bf16 *outb, float *last, float *edge, float *qj, const bf16 *Gb, const float *dSo,
              const float *cum, const float *dy, const float *x, const float *Bm, const float *Cm, const float *dt,
              const float *lam, const float *A, const float *Dsk, struct ssd_twins tw, struct ssd_dims d)
@@ -774,19 +855,18 @@ ssd_tc_outer_k(float *out, const float *cum, const float *u, const float *vsrc, 
     else tc_vout(sc, w, cm, 0, K, q, 1);   /* sc_j = v_j: every staged chunk has a next one */
     __syncthreads();
     if (DL) {   /* Us rows i: bf16(e_i dy_i) (K rows, 0 past q); Vs rows i: C_i */
-        for (int e = (int)threadIdx.x; e < K * Pp; e += (int)blockDim.x) {
-            const int i = e / Pp, p = e - i * Pp;
-            const float v = i < q && p < d.P ? sc[i] * uh[(size_t)(t0 + i) * k.xld + p] : 0.0f;
-            Us[i * LP + p] = __float2bfloat16_rn(v);
-        }
+        tc_stage_rows(Us, LP, K, Pp, uh, k.xld, d.P, [&](int i, float &s) {
+            s = sc[i];
+            return i < q ? t0 + i : -1;
+        });
         tc_stage_tw(Vs, LN, K, Np, vh, tc_twin(vtw, k, d.N), k.bld, d.N, t0, 0, t0 + q);
     } else {    /* Us: the token rows of x (sources mapped); Vs rows j: bf16(v_j B_src(j)) */
         tc_stage(Us, LP, q + 2, Pp, uh, k.xs, d.P, t0 - 1, 0, t0 + q);
-        for (int e = (int)threadIdx.x; e < K * Np; e += (int)blockDim.x) {
-            const int j = e / Np, n = e - j * Np, tok = t0 + (j < q ? j : j - q - 1);
-            const float v = j < 2 * q && n < d.N && tok >= 0 ? sc[j] * vh[(size_t)tok * k.bld + n] : 0.0f;
-            Vs[j * LN + n] = __float2bfloat16_rn(v);
-        }
+        tc_stage_rows(Vs, LN, K, Np, vh, k.bld, d.N, [&](int j, float &s) {
+            const int tok = t0 + (j < q ? j : j - q - 1);
+            s = sc[j];
+            return j < 2 * q && tok >= 0 ? tok : -1;
+        });
     }
     __syncthreads();
     if (p0 + m0 >= d.P) return;
