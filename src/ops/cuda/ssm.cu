@@ -279,11 +279,25 @@ static __device__ __forceinline__ struct ssd_src ssd_source(int j, int q, int t0
 
 /* stage rows [0, nr) x columns [c0, c0+kc) of a (b, h) operand into
  * dst[r * SSD_KP + k]; row r is token t0 - 1 + r (0 when it does not exist) */
+/* SSD_AHEAD elements a thread at a time, all their loads before their stores:
+ * a load and the shared store after it in one iteration waited a memory round
+ * trip each (8 a 64 x 16 tile: nvcc does not unroll the conditional load) */
+#define SSD_AHEAD 8
 static __device__ void ssd_stage_rows(float *dst, const float *src, size_t ld, int t0, int nr, int c0, int kc)
 {
-    for (int k = (int)threadIdx.x; k < nr * kc; k += (int)blockDim.x) {
-        int r = k / kc, c = k % kc, tok = t0 - 1 + r;
-        dst[r * SSD_KP + c] = tok >= 0 ? src[(size_t)tok * ld + c0 + c] : 0.0f;
+    const int n = nr * kc, nt = (int)blockDim.x;
+    for (int k0 = (int)threadIdx.x; k0 < n; k0 += SSD_AHEAD * nt) {
+        float v[SSD_AHEAD];
+#pragma unroll
+        for (int u = 0; u < SSD_AHEAD; u++) {
+            const int k = k0 + u * nt, r = k / kc, tok = t0 - 1 + r;
+            v[u] = k < n && tok >= 0 ? src[(size_t)tok * ld + c0 + (k - r * kc)] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < SSD_AHEAD; u++) {
+            const int k = k0 + u * nt, r = k / kc;
+            if (k < n) dst[r * SSD_KP + (k - r * kc)] = v[u];
+        }
     }
 }
 
@@ -1008,9 +1022,19 @@ static __global__ void ssd_scal_k(float *ddt, float *dlam, double *part, const f
             int sj = j < q ? j : j - q;
             sq += (double)(qc[j] * ssd_w(j < q, dt, lam, Ah, (ob + t0 + sj) * d.H + h, t0 + sj) * expf(cm[q - 1] - cm[sj]));
         }
-    if (c > 0)
-        for (size_t k = threadIdx.x; k < PN; k += (size_t)nt)
-            sd += (double)dSo[(size_t)ci * PN + k] * (double)Sst[(size_t)ci * PN + k];
+    if (c > 0)   /* SSD_AHEAD pairs loaded a thread, then summed in the same order */
+        for (size_t k0 = threadIdx.x; k0 < PN; k0 += (size_t)SSD_AHEAD * nt) {
+            float so[SSD_AHEAD], si[SSD_AHEAD];
+#pragma unroll
+            for (int u = 0; u < SSD_AHEAD; u++) {
+                const size_t k = k0 + (size_t)u * nt;
+                so[u] = k < PN ? dSo[(size_t)ci * PN + k] : 0.0f;
+                si[u] = k < PN ? Sst[(size_t)ci * PN + k] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < SSD_AHEAD; u++)
+                if (k0 + (size_t)u * nt < PN) sd += (double)so[u] * (double)si[u];
+        }
     sq = block_sum(sq, dred);
     sd = block_sum(sd, dred);
     /* dcum_i = rowsum_i - sum_{i' >= i} w dLE[i', src(i)] - q_j v_j (both sources of time i) + inter_i */
@@ -1550,9 +1574,20 @@ static __global__ void ang_scan_k(float *dst, __nv_bfloat16 *dstb, size_t dld, i
     for (int kk = 0; kk < ANG_KG; kk++) carry[kk] = ang_state && kk < nk ? ang_state[(size_t)bh * half + k0 + kk] : 0.0f;
     for (int s0 = 0; s0 < T; s0 += ANG_TILE) {
         int n = T - s0 < ANG_TILE ? T - s0 : ANG_TILE;
-        for (int e = (int)threadIdx.x; e < n * ANG_KG; e += nt) {
-            int i = e / ANG_KG, kk = e % ANG_KG, t = reverse ? T - 1 - (s0 + i) : s0 + i;
-            if (kk < nk) a[kk * ANG_COL + i] = src[((size_t)b * T + t) * sld + (size_t)h * shs + k0 + kk];
+        /* the tile's loads SSD_AHEAD a thread before their stores (a load and its
+         * store an iteration waited a round trip each: 32 a tile) */
+        for (int e0 = (int)threadIdx.x; e0 < n * ANG_KG; e0 += SSD_AHEAD * nt) {
+            float v[SSD_AHEAD];
+#pragma unroll
+            for (int u = 0; u < SSD_AHEAD; u++) {
+                const int e = e0 + u * nt, i = e / ANG_KG, kk = e % ANG_KG, t = reverse ? T - 1 - (s0 + i) : s0 + i;
+                v[u] = e < n * ANG_KG && kk < nk ? src[((size_t)b * T + t) * sld + (size_t)h * shs + k0 + kk] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < SSD_AHEAD; u++) {
+                const int e = e0 + u * nt, i = e / ANG_KG, kk = e % ANG_KG;
+                if (e < n * ANG_KG && kk < nk) a[kk * ANG_COL + i] = v[u];
+            }
         }
         __syncthreads();
 #pragma unroll
