@@ -173,6 +173,7 @@ if ! CUOBJ=$(bash "$SRC/tests/cuda/emu_objects.sh" "$BUILD" 2>"$EMU/compile_cu.l
     head -40 "$EMU/compile_cu.log"; echo "FAIL: emulated build of src/ops/cuda"; exit 1
 fi
 ln -s "$CUOBJ" "$EMU/cu"
+SANL=$(cat "$CUOBJ/ldflags")   # the objects' sanitizer runtime (emu_objects.sh): every link below takes it
 # the C sources meshtrain is made of (comm_nccl.c needs NCCL: not in this
 # single-rank build) and the harnesses; the harnesses link the cpu backend
 # from the same objects ($REF)
@@ -188,7 +189,7 @@ if [ $? -ne 0 ]; then
     head -40 "$EMU/compile.log"; echo "FAIL: emulated build of the C sources and harnesses"; exit 1
 fi
 REF="$(ls "$EMU"/lib/src_ops_cpu_*.o) $EMU/lib/src_core_core.c.o"
-LIBS="-lopenblas -lm"
+LIBS="-lopenblas -lm $SANL"
 if ! g++ -fopenmp "$EMU"/cu/*.o $REF "$EMU/cuda_ops_vs_cpu.o" $LIBS -o "$EMU/cuda_ops_vs_cpu" ||
    ! g++ -fopenmp "$EMU"/cu/*.o $REF "$EMU/test_ops.o" $LIBS -o "$EMU/test_ops" ||
    ! g++ -fopenmp "$EMU"/cu/*.o $REF "$EMU/test_ssm.o" $LIBS -o "$EMU/test_ssm" ||
@@ -317,7 +318,7 @@ for ds_mb in default 0; do
 done
 
 # c. tiny training runs, cpu vs emulated cuda: dense (fp32, bf16) and MoE (fp32)
-if ! g++ -fopenmp "$EMU"/lib/*.o "$EMU"/cu/*.o -lopenblas -lcjson -lxxhash -lm \
+if ! g++ -fopenmp "$EMU"/lib/*.o "$EMU"/cu/*.o -lopenblas -lcjson -lxxhash -lm $SANL \
         -o "$EMU/meshtrain" >"$EMU/link_meshtrain.log" 2>&1; then
     head -30 "$EMU/link_meshtrain.log"; echo "FAIL: emulated meshtrain build"; fail=1
 else
@@ -781,7 +782,7 @@ if want g; then
 if [ -x "$EMU/meshtrain" ] && [ -f "$EMU/train.bin" ]; then
     t4=$(date +%s)
     if g++ $CXXF -x c++ -c "$SRC/tests/cuda/graph_emu.cc" -o "$EMU/graph_emu.o" >"$EMU/graph_emu.log" 2>&1 &&
-       g++ "$EMU/graph_emu.o" "$EMU/cu/emu.cc.o" -o "$EMU/graph_emu" >>"$EMU/graph_emu.log" 2>&1 &&
+       g++ "$EMU/graph_emu.o" "$EMU/cu/emu.cc.o" $SANL -o "$EMU/graph_emu" >>"$EMU/graph_emu.log" 2>&1 &&
        "$EMU/graph_emu" >>"$EMU/graph_emu.log" 2>&1 && grep -q ', 0 failed$' "$EMU/graph_emu.log"; then
         echo "PASS emulated stream capture and graphs: $(tail -1 "$EMU/graph_emu.log")"
     else
@@ -867,7 +868,7 @@ fi  # want g
 if want d; then
 # d. device communicators of a one-rank mesh, on emulated device memory
 if [ -f "$EMU/lib/src_parallel_mesh.c.o" ] && compile "$SRC/tests/cuda/mesh_device.c" "$EMU/mesh_device.o" >"$EMU/mesh_device.log" 2>&1 &&
-   g++ -fopenmp "$EMU/mesh_device.o" "$EMU"/lib/src_*.o "$EMU"/cu/*.o -lopenblas -lcjson -lxxhash -lm \
+   g++ -fopenmp "$EMU/mesh_device.o" "$EMU"/lib/src_*.o "$EMU"/cu/*.o -lopenblas -lcjson -lxxhash -lm $SANL \
        -o "$EMU/mesh_device" >>"$EMU/mesh_device.log" 2>&1; then
     if "$EMU/mesh_device" >>"$EMU/mesh_device.log" 2>&1 && grep -q ', 0 failed$' "$EMU/mesh_device.log"; then
         echo "PASS emulated mesh_device: $(tail -1 "$EMU/mesh_device.log")"
@@ -894,7 +895,7 @@ calib_cf="$CF -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -W
 if [ -f "$EMU/lib/src_parallel_mesh.c.o" ] &&
    gcc $calib_cf -c "$SRC/bench/cuda_calib.c" -o "$EMU/cuda_calib.o" >"$EMU/calib.log" 2>&1 &&
    g++ -fopenmp "$EMU/cuda_calib.o" "$EMU"/lib/src_*.o "$EMU"/cu/*.o \
-       -lopenblas -lcjson -lxxhash -lm -o "$EMU/cuda_calib" >>"$EMU/calib.log" 2>&1; then
+       -lopenblas -lcjson -lxxhash -lm $SANL -o "$EMU/cuda_calib" >>"$EMU/calib.log" 2>&1; then
     if "$EMU/cuda_calib" --quick --out "$EMU/calib.json" >"$EMU/calib_stdout.json" 2>>"$EMU/calib.log" &&
        cmp -s "$EMU/calib.json" "$EMU/calib_stdout.json" &&
        python3 - "$EMU/calib.json" <<'PY' >>"$EMU/calib.log" 2>&1 &&

@@ -99,7 +99,8 @@ for o in "$EM"/obj/*.o; do
 done
 # relinked when an object (its own or a shared one) is newer than it
 if [ ! -x "$EM/meshtrain" ] || [ -n "$(find "$EM/obj" "$CUOBJ" -name '*.o' -newer "$EM/meshtrain")" ]; then
-    if ! g++ -fopenmp "$EM"/obj/*.o "$CUOBJ"/*.o -lopenblas -lcjson -lxxhash -lm $MPI_LF -o "$EM/meshtrain" >>"$EM/compile.log" 2>&1; then
+    if ! g++ -fopenmp "$EM"/obj/*.o "$CUOBJ"/*.o -lopenblas -lcjson -lxxhash -lm $MPI_LF $(cat "$CUOBJ/ldflags") \
+            -o "$EM/meshtrain" >>"$EM/compile.log" 2>&1; then
         tail -30 "$EM/compile.log"; echo "FAIL: emulated NCCL link"; exit 1
     fi
     echo "$STAMP" >"$EM/stamp"

@@ -1126,10 +1126,17 @@ static __global__ void ssd_reduce_k(float *dA, float *dDsk, const double *part, 
     if (h >= d.H) return;
     double a = 0.0, s = 0.0;
     for (int b = 0; b < d.B; b++)
-        for (int c = 0; c < d.nc; c++) {
-            size_t ci = ((size_t)b * d.H + h) * d.nc + c;
-            a += part[2 * ci];
-            s += part[2 * ci + 1];
+        for (int c0 = 0; c0 < d.nc; c0 += SSD_AHEAD) {   /* the loads ahead, the sums in order */
+            double pa[SSD_AHEAD], ps[SSD_AHEAD];
+#pragma unroll
+            for (int u = 0; u < SSD_AHEAD; u++) {
+                const size_t ci = ((size_t)b * d.H + h) * d.nc + c0 + u;
+                pa[u] = c0 + u < d.nc ? part[2 * ci] : 0.0;
+                ps[u] = c0 + u < d.nc ? part[2 * ci + 1] : 0.0;
+            }
+#pragma unroll
+            for (int u = 0; u < SSD_AHEAD; u++)
+                if (c0 + u < d.nc) a += pa[u], s += ps[u];
         }
     dA[h] += (float)a;
     dDsk[h] += (float)s;
@@ -1805,15 +1812,33 @@ static __global__ void prep_bwd_row_k(float *dproj, __nv_bfloat16 *dpb, float *d
     }
 }
 
+/* The column sums are chains in row order (their bits are that order's), one
+ * thread a column: COL_AHEAD of a chain's loads are issued before they are
+ * added, in the same order, so a thread waits a memory round trip per
+ * COL_AHEAD rows, not per row (a final pass over the prep's 512 per-block
+ * rows at the d2048 hybrid, 32 blocks of a thread a column: 512 round trips
+ * a thread before, nvcc's 4-way unroll made it 128) */
+#define COL_AHEAD 16
+static __device__ __forceinline__ float col_chain(const float *p, size_t ld, int n, float acc)
+{
+    for (int r0 = 0; r0 < n; r0 += COL_AHEAD) {
+        float v[COL_AHEAD];
+#pragma unroll
+        for (int u = 0; u < COL_AHEAD; u++) v[u] = r0 + u < n ? p[(size_t)(r0 + u) * ld] : 0.0f;
+#pragma unroll
+        for (int u = 0; u < COL_AHEAD; u++)
+            if (r0 + u < n) acc += v[u];
+    }
+    return acc;
+}
+
 /* column sums over rows, pass 1: part[rb][col] = sum of rows [rb*COL_RB, ...) in order */
 static __global__ void colsum_part_k(float *part, const float *X, size_t ld, int R, int ncol)
 {
     int col = (int)(blockIdx.x * blockDim.x + threadIdx.x), rb = (int)blockIdx.y;
     if (col >= ncol) return;
     int r1 = (rb + 1) * COL_RB < R ? (rb + 1) * COL_RB : R;
-    float acc = 0.0f;
-    for (int r = rb * COL_RB; r < r1; r++) acc += X[(size_t)r * ld + col];
-    part[(size_t)rb * ncol + col] = acc;
+    part[(size_t)rb * ncol + col] = col_chain(X + (size_t)rb * COL_RB * ld + col, ld, r1 - rb * COL_RB, 0.0f);
 }
 
 /* pass 2: out[col] += the row blocks' sums in order (block rb's at part + rb * ld) */
@@ -1821,9 +1846,7 @@ static __global__ void colsum_final_k(float *out, const float *part, int nrb, in
 {
     int col = (int)(blockIdx.x * blockDim.x + threadIdx.x);
     if (col >= ncol) return;
-    float acc = 0.0f;
-    for (int rb = 0; rb < nrb; rb++) acc += part[(size_t)rb * ld + col];
-    out[col] += acc;
+    out[col] += col_chain(part + col, ld, nrb, 0.0f);
 }
 
 /* out (ncol) += the nrb partial rows at part, ld apart, in order (pass 2 alone:
