@@ -1146,6 +1146,7 @@ static int run_xent(struct harness *h)
     xent_case(h, 32, 1000, 15.0f, 40.0);
     xent_case(h, 9, 8192, 30.0f, 60.0);
     xent_case(h, 5, 64, 0.0f, 6.0);   /* V % 8 == 0: cuda's 16-byte bf16 row loads */
+    xent_case(h, 3, 20000, 0.0f, 6.0);   /* ... 2500 of them: several a thread of its 1024, loaded ahead */
     xent_case(h, 2, 60000, 0.0f, 6.0);   /* a row over the shared-memory limit: cuda's two-kernel paths */
     return n_fail == f0;
 }
