@@ -205,7 +205,9 @@ static double mamba_extra(const struct mt_block_shape *sh)
  * the per-head B, C are H N each (HN), theta H N/2, W the in-projection's width.
  * The mixer's activations stay fp32; what bf16 changes is the norms' twins,
  * the gated norm writing only Wout's bf16 operand, and dy, dproj rounded once.
- *   norm: input norm forward reads x, writes h and its twin (2.5 D), backward
+ *   norm: input norm forward reads x, writes h and its twin (2.5 D; one rank
+ *     without LoRA: + x_out, the residual's seed that Wout's GEMM adds onto,
+ *     3.5 D, and no residual add below), backward
  *     4 D; gated norm forward reads ys, z, writes bf16 yn (2.5 E), backward
  *     reads dyn, ys, z, writes dys, dz (5 E; dg's sums inside that pass).
  *   elementwise: prep forward: the angles' cumsum (HN) and the row pass reading
@@ -266,8 +268,11 @@ static void mamba_work_bf16(const struct mt_block_shape *sh, int rc, struct mt_w
         scan_b = 9.5 * E + 7.0 * HN + 8.0 * S + 5.0 * HQ + 15.0 * H;
     }
     w->e[MT_WORK_SCAN] += scan_f + scan_b + rc * scan_f;
-    w->e[MT_WORK_NORM] += 6.5 * D + (7.5 - 0.5 * dpb) * E + rc * (2.5 * D + 2.5 * E);
-    w->e[MT_WORK_ELEMENTWISE] += prep_f + prep_b + 3.0 * D + 1.5 * D + (1.0 - dpb) * 1.5 * W + rc * (prep_f + 3.0 * D);
+    /* the residual: seeded by the input norm (1 D) where mamba.c does (one rank, no LoRA),
+     * else added by an axpby pass (3 D) */
+    const double seed = sh->tp <= 1 && sh->cfg->lora_rank <= 0 ? 1.0 : 0.0, resid = seed > 0 ? 0.0 : 3.0 * D;
+    w->e[MT_WORK_NORM] += (6.5 + seed) * D + (7.5 - 0.5 * dpb) * E + rc * ((2.5 + seed) * D + 2.5 * E);
+    w->e[MT_WORK_ELEMENTWISE] += prep_f + prep_b + resid + 1.5 * D + (1.0 - dpb) * 1.5 * W + rc * (prep_f + resid);
 }
 
 /* The planner's work beyond the GEMMs: the scan's FLOPs as the receipt
@@ -689,13 +694,18 @@ static enum mt_status mixer_bwd_rep(struct mt_ctx *ctx, const struct mt_piece_ct
     return MT_OK;
 }
 
-/* out (n, D) = mixer(h): mt_mamba3_forward's stages with the projections above */
+/* out (n, D) = mixer(h) + beta out: mt_mamba3_forward's stages with the projections
+ * above; beta 1 (the residual seeded in out) only on the bf16 path (mixer_bf16) */
 static void mixer_fwd(const struct mt_piece_ctx *pc, float *out, const float *h, const mt_bf16 *hb,
-                      const struct mt_mamba3_weights *w, int B, int T)
+                      const struct mt_mamba3_weights *w, int B, int T, float beta)
 {
     struct mamba_state *st = pc->st;
     const struct mt_ops_i *ops = pc->ops;
-    if (!mixer_bf16(mbw(pc))) { mt_mamba3_forward(ops, out, &st->mb, h, w, mdims(pc), B, T); return; }
+    if (!mixer_bf16(mbw(pc))) {
+        MT_ASSERT(beta == 0.0f);
+        mt_mamba3_forward(ops, out, &st->mb, h, w, mdims(pc), B, T);
+        return;
+    }
     const struct mt_mamba3_dims *d = mdims(pc);
     const int n = B * T, E = d->H * d->P;
     in_fwd(pc, st->mb.proj, h, hb, w, n);
@@ -710,7 +720,7 @@ static void mixer_fwd(const struct mt_piece_ctx *pc, float *out, const float *h,
         mt_mamba3_mix_forward(ops, &st->mb, w, d, B, T);
         if (st->yn_b) ops->cast_bf16(ops->be, st->yn_b, st->mb.yn, (size_t)n * (size_t)E);
     }
-    wlinear_forward(ops, out, st->mb.yn, st->yn_b, mbw(pc)->mwout, n, E, pc->D, 0.0f);
+    wlinear_forward(ops, out, st->mb.yn, st->yn_b, mbw(pc)->mwout, n, E, pc->D, beta);
 }
 
 /* dh = d h (overwritten), the mixer's gradients += : mt_mamba3_backward's stages */
@@ -786,14 +796,26 @@ static enum mt_status mamba_forward(struct mt_ctx *ctx, const struct mt_piece_ct
     const int Nr = pc->tp.sp ? n / pc->tp.tp : n;     /* residual rows on this rank */
     struct mt_mamba3_weights w;
     mamba_weights(mbw(pc), 0, &w);
-    if (pc->nm->hb)   /* precision=bf16: + the bf16 twin, the in-projection's operand */
+    /* one rank, no adapter, the bf16 mixer: the input norm also seeds x_out = x_in and
+     * Wout's GEMM adds onto it (beta 1), as attention's Wo: no axpby pass (3 D floats a
+     * row: read x_out and x_in, write x_out; the seed and the GEMM's read of it are 2) */
+    const int seed = pc->tp.tp == 1 && !pc->lora && mixer_bf16(mbw(pc)) && pc->nm->hb &&
+                     ops->rmsnorm_resid_forward_bf16;
+    if (seed)
+        ops->rmsnorm_resid_forward_bf16(ops->be, pc->nm->h_n, pc->nm->hb, pc->nm->rstd, a->x_out, pc->x_in,
+                                        pc->g->data, Nr, D, pc->norm_eps);
+    else if (pc->nm->hb)   /* precision=bf16: + the bf16 twin, the in-projection's operand */
         ops->rmsnorm_forward_bf16(ops->be, pc->nm->h_n, pc->nm->hb, pc->nm->rstd, pc->x_in, pc->g->data, Nr, D,
                                   pc->norm_eps);
     else ops->rmsnorm_forward(ops->be, pc->nm->h_n, pc->nm->rstd, pc->x_in, pc->g->data, Nr, D, pc->norm_eps);
+    if (seed) {
+        mixer_fwd(pc, a->x_out, pc->nm->h_n, pc->nm->hb, &w, a->B, a->T, 1.0f);
+        return MT_OK;
+    }
     if (pc->tp.tp == 1) {
         /* x_out = mamba3(h), then += x_in (the residual path) */
         if (pc->lora) mixer_fwd_lora(pc, a->x_out, pc->nm->h_n, &w, NULL, a->B, a->T, 0);
-        else mixer_fwd(pc, a->x_out, pc->nm->h_n, pc->nm->hb, &w, a->B, a->T);
+        else mixer_fwd(pc, a->x_out, pc->nm->h_n, pc->nm->hb, &w, a->B, a->T, 0.0f);
         ops->axpby(ops->be, a->x_out, pc->x_in, 1.0f, 1.0f, (size_t)n * D);
         return MT_OK;
     }
@@ -802,7 +824,7 @@ static enum mt_status mamba_forward(struct mt_ctx *ctx, const struct mt_piece_ct
     if (pc->tp.sp) MT_CHECK(tpa_gather_rows(ctx, &pc->tp, pc->nm->h, pc->nm->h_n, Nr, D));
     if (mown(pc)->rep) MT_CHECK(mixer_fwd_rep(ctx, pc, pc->s_red, pc->nm->h, pc->nm->hb, &w, a->B, a->T));
     else if (pc->lora) mixer_fwd_lora(pc, pc->s_red, pc->nm->h, &w, NULL, a->B, a->T, 0);
-    else mixer_fwd(pc, pc->s_red, pc->nm->h, pc->nm->hb, &w, a->B, a->T);
+    else mixer_fwd(pc, pc->s_red, pc->nm->h, pc->nm->hb, &w, a->B, a->T, 0.0f);
     ops->copy(ops->be, a->x_out, pc->x_in, (size_t)Nr * D * sizeof(float));
     return tpa_exit_add(ctx, &pc->tp, a->x_out, pc->s_red, pc->s_full);
 }
