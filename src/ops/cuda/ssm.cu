@@ -301,6 +301,27 @@ static __device__ void ssd_stage_rows(float *dst, const float *src, size_t ld, i
     }
 }
 
+/* acc + p[0] + p[ld] + ... + p[(n-1) ld], added in that order (its bits are that
+ * order's), COL_AHEAD loads issued before they are added: a thread waits a memory
+ * round trip per COL_AHEAD terms, not per term. The column sums (one thread a
+ * column: a final pass over the prep's 512 per-block rows at the d2048 hybrid,
+ * 32 blocks, was 512 round trips a thread, 128 with nvcc's 4-way unroll) and the
+ * prep backward's sum of a group's heads */
+#define COL_AHEAD 16
+static __device__ __forceinline__ float col_chain(const float *p, size_t ld, int n, float acc)
+{
+    for (int r0 = 0; r0 < n; r0 += COL_AHEAD) {
+        float v[COL_AHEAD];
+#pragma unroll
+        for (int u = 0; u < COL_AHEAD; u++) v[u] = r0 + u < n ? p[(size_t)(r0 + u) * ld] : 0.0f;
+#pragma unroll
+        for (int u = 0; u < COL_AHEAD; u++)
+            if (r0 + u < n) acc += v[u];
+    }
+    return acc;
+}
+
+
 /* stage the RT x kc tile of rows t+il (ni of them; the rest 0), columns
  * c0.., TRANSPOSED: dst[c * SSD_RT + il], so that the RT rows of one
  * column are 16 consecutive floats (ssd_ld_rt reads them as 4 float4) */
@@ -1795,8 +1816,7 @@ static __global__ void prep_bwd_row_k(float *dproj, __nv_bfloat16 *dpb, float *d
             float rs = rstd[n * 2 * G + pg];
             double m = 0.0;
             for (int k = tid; k < N; k += nt) {
-                float v = 0.0f;
-                for (int j = 0; j < hpg; j++) v += du[(size_t)pass * HN + ((size_t)g * hpg + j) * N + k];
+                const float v = col_chain(du + (size_t)pass * HN + (size_t)g * hpg * N + k, (size_t)N, hpg, 0.0f);
                 dn[k] = v;
                 float xh = raw[k] * rs, gv = v * xh;
                 float *acc = pgs + (size_t)pass * N + k;   /* the gains' gradients: (row, group) in order */
@@ -1810,26 +1830,6 @@ static __global__ void prep_bwd_row_k(float *dproj, __nv_bfloat16 *dpb, float *d
             __syncthreads();  /* dn is reused by the next (pass, group), du by the next row */
         }
     }
-}
-
-/* The column sums are chains in row order (their bits are that order's), one
- * thread a column: COL_AHEAD of a chain's loads are issued before they are
- * added, in the same order, so a thread waits a memory round trip per
- * COL_AHEAD rows, not per row (a final pass over the prep's 512 per-block
- * rows at the d2048 hybrid, 32 blocks of a thread a column: 512 round trips
- * a thread before, nvcc's 4-way unroll made it 128) */
-#define COL_AHEAD 16
-static __device__ __forceinline__ float col_chain(const float *p, size_t ld, int n, float acc)
-{
-    for (int r0 = 0; r0 < n; r0 += COL_AHEAD) {
-        float v[COL_AHEAD];
-#pragma unroll
-        for (int u = 0; u < COL_AHEAD; u++) v[u] = r0 + u < n ? p[(size_t)(r0 + u) * ld] : 0.0f;
-#pragma unroll
-        for (int u = 0; u < COL_AHEAD; u++)
-            if (r0 + u < n) acc += v[u];
-    }
-    return acc;
 }
 
 /* column sums over rows, pass 1: part[rb][col] = sum of rows [rb*COL_RB, ...) in order */
