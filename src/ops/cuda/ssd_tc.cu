@@ -248,18 +248,21 @@ static __device__ void tc_stage(bf16 *dst, int ld, int nr, int kw, const float *
     });
 }
 
-/* dst[r][k] (r < nr, k < kw) = src[r][k0 + k] where r < rhi and k0 + k < khi, else 0 */
-static __device__ void tc_stage_b(bf16 *dst, int ld, int nr, int kw, const bf16 *src, size_t sld, int rhi, int k0,
-                                  int khi)
+/* dst[r][k] (r < nr, k < kw) = src[row(r)][k0 + k] where row(r) >= 0 (-1: a zero row)
+ * and k0 + k < khi, else 0; src's bf16 rows sld apart. Eight columns a move (16-byte
+ * moves) where the rows from column k0 on are 16-byte aligned and khi a multiple of 8 */
+template <typename Row>
+static __device__ void tc_stage_brows(bf16 *dst, int ld, int nr, int kw, const bf16 *src, size_t sld, int k0, int khi,
+                                      Row row)
 {
-    if (((uintptr_t)(src + k0) & 15) == 0 && sld % 8 == 0 && khi % 8 == 0) {   /* 8 a move: 16-byte moves */
+    if (((uintptr_t)(src + k0) & 15) == 0 && sld % 8 == 0 && khi % 8 == 0) {
         const int kw8 = kw / 8;
         tc_move<uint4>(
             nr * kw8,
             [&](int e) {
-                const int r = e / kw8, k = 8 * (e - r * kw8);
+                const int r = e / kw8, k = 8 * (e - r * kw8), sr = row(r);
                 uint4 v = {0u, 0u, 0u, 0u};
-                if (r < rhi && k0 + k < khi) v = *(const uint4 *)(src + (size_t)r * sld + k0 + k);
+                if (sr >= 0 && k0 + k < khi) v = *(const uint4 *)(src + (size_t)sr * sld + k0 + k);
                 return v;
             },
             [&](int e, uint4 v) {
@@ -271,8 +274,8 @@ static __device__ void tc_stage_b(bf16 *dst, int ld, int nr, int kw, const bf16 
     tc_move<bf16>(
         nr * kw,
         [&](int e) {
-            const int r = e / kw, k = e - r * kw;
-            return r < rhi && k0 + k < khi ? src[(size_t)r * sld + k0 + k] : __float2bfloat16_rn(0.0f);
+            const int r = e / kw, k = e - r * kw, sr = row(r);
+            return sr >= 0 && k0 + k < khi ? src[(size_t)sr * sld + k0 + k] : __float2bfloat16_rn(0.0f);
         },
         [&](int e, bf16 v) {
             const int r = e / kw;
@@ -280,9 +283,15 @@ static __device__ void tc_stage_b(bf16 *dst, int ld, int nr, int kw, const bf16 
         });
 }
 
+/* dst[r][k] (r < nr, k < kw) = src[r][k0 + k] where r < rhi and k0 + k < khi, else 0 */
+static __device__ void tc_stage_b(bf16 *dst, int ld, int nr, int kw, const bf16 *src, size_t sld, int rhi, int k0,
+                                  int khi)
+{
+    tc_stage_brows(dst, ld, nr, kw, src, sld, k0, khi, [&](int r) { return r < rhi ? r : -1; });
+}
+
 /* tc_stage from src's bf16 twin tw (bf16(src) exactly, as the prep writes it): the
- * same staged values, half the bytes read; NULL: tc_stage itself. Eight columns a
- * move (16-byte moves) where tw's rows are 16-byte aligned and ncols a multiple of 8 */
+ * same staged values, half the bytes read; NULL: tc_stage itself */
 static __device__ void tc_stage_tw(bf16 *dst, int ld, int nr, int kw, const float *src, const bf16 *tw, size_t sld,
                                    int ncols, int tok0, int lo, int hi)
 {
@@ -290,32 +299,10 @@ static __device__ void tc_stage_tw(bf16 *dst, int ld, int nr, int kw, const floa
         tc_stage(dst, ld, nr, kw, src, sld, ncols, tok0, lo, hi);
         return;
     }
-    if (((uintptr_t)tw & 15) == 0 && sld % 8 == 0 && ncols % 8 == 0) {
-        const int kw8 = kw / 8;
-        tc_move<uint4>(
-            nr * kw8,
-            [&](int e) {
-                const int r = e / kw8, k = 8 * (e - r * kw8), tok = tok0 + r;
-                uint4 v = {0u, 0u, 0u, 0u};
-                if (tok >= lo && tok < hi && k < ncols) v = *(const uint4 *)(tw + (size_t)tok * sld + k);
-                return v;
-            },
-            [&](int e, uint4 v) {
-                const int r = e / kw8;
-                *(uint4 *)(dst + r * ld + 8 * (e - r * kw8)) = v;
-            });
-        return;
-    }
-    tc_move<bf16>(
-        nr * kw,
-        [&](int e) {
-            const int r = e / kw, k = e - r * kw, tok = tok0 + r;
-            return tok >= lo && tok < hi && k < ncols ? tw[(size_t)tok * sld + k] : __float2bfloat16_rn(0.0f);
-        },
-        [&](int e, bf16 v) {
-            const int r = e / kw;
-            dst[r * ld + (e - r * kw)] = v;
-        });
+    tc_stage_brows(dst, ld, nr, kw, tw, sld, 0, ncols, [&](int r) {
+        const int tok = tok0 + r;
+        return tok >= lo && tok < hi ? tok : -1;
+    });
 }
 
 /* the block's chunk */
