@@ -1954,6 +1954,7 @@ extern "C" void mt_cuda_ssm_prep_backward_bf16(void *be, mt_bf16 *dproj_b, float
  * expression, the same bits, and a row's y, z come back from L1/L2 where the
  * store and re-read of out went to memory (out once stored: 8 bytes an element
  * fewer; the bf16 output alone: no fp32 store and no cast pass). */
+#define GATE_AHEAD 4
 static __global__ void gate_fwd_k(float *out, __nv_bfloat16 *out_b, float *rstd, const float *y, const float *z, int ldz,
                                   const float *w, int E, int G, float eps)
 {
@@ -1968,10 +1969,25 @@ static __global__ void gate_fwd_k(float *out, __nv_bfloat16 *out_b, float *rstd,
     ss = block_sum(ss, dred);
     float rs = (float)(1.0 / sqrt(ss / cg + eps));
     if (threadIdx.x == 0) rstd[i] = rs;
-    for (int c = g * cg + (int)threadIdx.x; c < (g + 1) * cg; c += nt) {
-        float o = yr[c] * zr[c] * sigmoid_d(zr[c]) * (rs * w[c]);
-        if (out) out[(size_t)row * E + c] = o;
-        if (out_b) out_b[(size_t)row * E + c] = mt_cuda_bf16_rn(o);
+    /* the scaled pass: GATE_AHEAD columns' loads before their stores (nvcc cannot move
+     * a load above a store it cannot prove apart: a round trip a column otherwise;
+     * 4, not SSD_AHEAD's 8: the registers held would cost blocks an SM) */
+    const int c1 = (g + 1) * cg;
+    for (int c0 = g * cg + (int)threadIdx.x; c0 < c1; c0 += GATE_AHEAD * nt) {
+        float yv[GATE_AHEAD], zv[GATE_AHEAD], wv[GATE_AHEAD];
+#pragma unroll
+        for (int u = 0; u < GATE_AHEAD; u++) {
+            const int c = c0 + u * nt;
+            yv[u] = c < c1 ? yr[c] : 0.0f, zv[u] = c < c1 ? zr[c] : 0.0f, wv[u] = c < c1 ? w[c] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < GATE_AHEAD; u++) {
+            const int c = c0 + u * nt;
+            if (c >= c1) break;
+            float o = yv[u] * zv[u] * sigmoid_d(zv[u]) * (rs * wv[u]);
+            if (out) out[(size_t)row * E + c] = o;
+            if (out_b) out_b[(size_t)row * E + c] = mt_cuda_bf16_rn(o);
+        }
     }
 }
 
@@ -2002,14 +2018,27 @@ static __global__ void gate_bwd_k(float *dy, float *dz, __nv_bfloat16 *dzb, floa
             m += (double)d[c] * w[c] * (yr[c] * zr[c] * sigmoid_d(zr[c]) * rs);
         m = block_sum(m, dred);
         float mean = (float)(m / cg);
-        for (int c = g * cg + (int)threadIdx.x; c < (g + 1) * cg; c += nt) {
-            float s = sigmoid_d(zr[c]), si = zr[c] * s, vh = yr[c] * si * rs;
-            float dv = rs * (d[c] * w[c] - vh * mean);
-            const float dzv = dv * yr[c] * (s + si * (1.0f - s));
-            dyr[c] = dv * si;
-            if (dzb) dzb[oz + c] = __float2bfloat16_rn(dzv);
-            else dz[oz + c] = dzv;
-            pw[c] = row == r0 ? d[c] * vh : pw[c] + d[c] * vh;   /* dw: this block's rows, in order */
+        const int c1 = (g + 1) * cg;   /* GATE_AHEAD columns' loads before their stores, as gate_fwd_k */
+        for (int c0 = g * cg + (int)threadIdx.x; c0 < c1; c0 += GATE_AHEAD * nt) {
+            float zv[GATE_AHEAD], yv[GATE_AHEAD], dvv[GATE_AHEAD], wv[GATE_AHEAD], pv[GATE_AHEAD];
+#pragma unroll
+            for (int u = 0; u < GATE_AHEAD; u++) {
+                const int c = c0 + u * nt, in = c < c1;
+                zv[u] = in ? zr[c] : 0.0f, yv[u] = in ? yr[c] : 0.0f, dvv[u] = in ? d[c] : 0.0f;
+                wv[u] = in ? w[c] : 0.0f, pv[u] = in && row != r0 ? pw[c] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < GATE_AHEAD; u++) {
+                const int c = c0 + u * nt;
+                if (c >= c1) break;
+                float s = sigmoid_d(zv[u]), si = zv[u] * s, vh = yv[u] * si * rs;
+                float dv = rs * (dvv[u] * wv[u] - vh * mean);
+                const float dzv = dv * yv[u] * (s + si * (1.0f - s));
+                dyr[c] = dv * si;
+                if (dzb) dzb[oz + c] = __float2bfloat16_rn(dzv);
+                else dz[oz + c] = dzv;
+                pw[c] = row == r0 ? dvv[u] * vh : pv[u] + dvv[u] * vh;   /* dw: this block's rows, in order */
+            }
         }
     }
 }
