@@ -547,6 +547,29 @@ static __device__ __forceinline__ float4 mt_ld4(const __nv_bfloat16 *p)
     return float4{mt_bf16_lo(r.x), mt_bf16_hi(r.x), mt_bf16_lo(r.y), mt_bf16_hi(r.y)};
 }
 
+/* A block's cooperative move of elements e < n (a thread's e: threadIdx.x, +
+ * blockDim.x, ...), AHEAD of a thread's at a time: their loads, then their
+ * stores. A loop that loads an element and stores it before the next load waits
+ * a memory round trip per element (nvcc does not move a conditional load above
+ * the store before it), one load in flight a warp (the H100 of 2026-11-27 wants
+ * ~20 KB in flight an SM). ld(e) returns element e's value (its zero outside the
+ * source), st(e, v) stores it: the plain loop's values and places, the same
+ * bits. Used by the tile stagings of ssd_tc.cu and ssm.cu and xent.cu's row load */
+template <int AHEAD, typename V, typename Ld, typename St>
+static __device__ __forceinline__ void mt_block_move(int n, Ld ld, St st)
+{
+    const int nt = (int)blockDim.x;
+    for (int e0 = (int)threadIdx.x; e0 < n; e0 += AHEAD * nt) {
+        V v[AHEAD] = {};
+#pragma unroll
+        for (int u = 0; u < AHEAD; u++)
+            if (e0 + u * nt < n) v[u] = ld(e0 + u * nt);
+#pragma unroll
+        for (int u = 0; u < AHEAD; u++)
+            if (e0 + u * nt < n) st(e0 + u * nt, v[u]);
+    }
+}
+
 #ifdef __cplusplus
 extern "C" {
 #endif

@@ -168,29 +168,10 @@ static __device__ __forceinline__ float tc_quad_sum(float v)
     return v;
 }
 
-/* The staging loops move a tile's elements e < n, each thread TC_AHEAD of
- * them at a time: all their loads, then all their stores. A load and the
- * shared store after it in one loop iteration cost a memory round trip per
- * iteration (the store waits for the load, and the next iteration's load
- * is not issued before it): 8 round trips a thread for a 64 x 64 fp32
- * tile, one load in flight per warp. ld(e) returns element e's value (its
- * zero outside the source), st(e, v) stores it; the values and places are
- * those of the plain loop, so the staged bits are the same. */
+/* The staging loops move their tiles TC_AHEAD elements a thread at a time
+ * (mt_block_move): one load at a time was 8 memory round trips a thread for a
+ * 64 x 64 fp32 tile */
 #define TC_AHEAD 8
-template <typename V, typename Ld, typename St>
-static __device__ __forceinline__ void tc_move(int n, Ld ld, St st)
-{
-    const int nt = (int)blockDim.x;
-    for (int e0 = (int)threadIdx.x; e0 < n; e0 += TC_AHEAD * nt) {
-        V v[TC_AHEAD] = {};
-#pragma unroll
-        for (int u = 0; u < TC_AHEAD; u++)
-            if (e0 + u * nt < n) v[u] = ld(e0 + u * nt);
-#pragma unroll
-        for (int u = 0; u < TC_AHEAD; u++)
-            if (e0 + u * nt < n) st(e0 + u * nt, v[u]);
-    }
-}
 
 /* dst[r][k] (r < nr, k < kw) = bf16(s_r src[tok][k]) for the token tok = row(r, s_r)
  * (-1: none, a zero row) and k < ncols, else 0 (src: token 0's row; rows sld
@@ -202,7 +183,7 @@ static __device__ void tc_stage_rows(bf16 *dst, int ld, int nr, int kw, const fl
 {
     if (((uintptr_t)src & 15) == 0 && sld % 4 == 0 && ncols % 4 == 0) {
         const int kw4 = kw / 4;
-        tc_move<float4>(
+        mt_block_move<TC_AHEAD, float4>(
             nr * kw4,
             [&](int e) {
                 const int r = e / kw4, k = 4 * (e - r * kw4);
@@ -224,7 +205,7 @@ static __device__ void tc_stage_rows(bf16 *dst, int ld, int nr, int kw, const fl
             });
         return;
     }
-    tc_move<float>(
+    mt_block_move<TC_AHEAD, float>(
         nr * kw,
         [&](int e) {
             const int r = e / kw, k = e - r * kw;
@@ -257,7 +238,7 @@ static __device__ void tc_stage_brows(bf16 *dst, int ld, int nr, int kw, const b
 {
     if (((uintptr_t)(src + k0) & 15) == 0 && sld % 8 == 0 && khi % 8 == 0) {
         const int kw8 = kw / 8;
-        tc_move<uint4>(
+        mt_block_move<TC_AHEAD, uint4>(
             nr * kw8,
             [&](int e) {
                 const int r = e / kw8, k = 8 * (e - r * kw8), sr = row(r);
@@ -271,7 +252,7 @@ static __device__ void tc_stage_brows(bf16 *dst, int ld, int nr, int kw, const b
             });
         return;
     }
-    tc_move<bf16>(
+    mt_block_move<TC_AHEAD, bf16>(
         nr * kw,
         [&](int e) {
             const int r = e / kw, k = e - r * kw, sr = row(r);

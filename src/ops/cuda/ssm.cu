@@ -277,28 +277,24 @@ static __device__ __forceinline__ struct ssd_src ssd_source(int j, int q, int t0
     return s;
 }
 
+/* loads a thread issues before it uses them (mt_block_move and the loops below):
+ * one at a time, a loop waited a memory round trip per element */
+#define SSD_AHEAD 8
+
 /* stage rows [0, nr) x columns [c0, c0+kc) of a (b, h) operand into
  * dst[r * SSD_KP + k]; row r is token t0 - 1 + r (0 when it does not exist) */
-/* SSD_AHEAD elements a thread at a time, all their loads before their stores:
- * a load and the shared store after it in one iteration waited a memory round
- * trip each (8 a 64 x 16 tile: nvcc does not unroll the conditional load) */
-#define SSD_AHEAD 8
 static __device__ void ssd_stage_rows(float *dst, const float *src, size_t ld, int t0, int nr, int c0, int kc)
 {
-    const int n = nr * kc, nt = (int)blockDim.x;
-    for (int k0 = (int)threadIdx.x; k0 < n; k0 += SSD_AHEAD * nt) {
-        float v[SSD_AHEAD];
-#pragma unroll
-        for (int u = 0; u < SSD_AHEAD; u++) {
-            const int k = k0 + u * nt, r = k / kc, tok = t0 - 1 + r;
-            v[u] = k < n && tok >= 0 ? src[(size_t)tok * ld + c0 + (k - r * kc)] : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < SSD_AHEAD; u++) {
-            const int k = k0 + u * nt, r = k / kc;
-            if (k < n) dst[r * SSD_KP + (k - r * kc)] = v[u];
-        }
-    }
+    mt_block_move<SSD_AHEAD, float>(
+        nr * kc,
+        [&](int k) {
+            const int r = k / kc, tok = t0 - 1 + r;
+            return tok >= 0 ? src[(size_t)tok * ld + c0 + (k - r * kc)] : 0.0f;
+        },
+        [&](int k, float v) {
+            const int r = k / kc;
+            dst[r * SSD_KP + (k - r * kc)] = v;
+        });
 }
 
 /* acc + p[0] + p[ld] + ... + p[(n-1) ld], added in that order (its bits are that
@@ -1602,21 +1598,16 @@ static __global__ void ang_scan_k(float *dst, __nv_bfloat16 *dstb, size_t dld, i
     for (int kk = 0; kk < ANG_KG; kk++) carry[kk] = ang_state && kk < nk ? ang_state[(size_t)bh * half + k0 + kk] : 0.0f;
     for (int s0 = 0; s0 < T; s0 += ANG_TILE) {
         int n = T - s0 < ANG_TILE ? T - s0 : ANG_TILE;
-        /* the tile's loads SSD_AHEAD a thread before their stores (a load and its
-         * store an iteration waited a round trip each: 32 a tile) */
-        for (int e0 = (int)threadIdx.x; e0 < n * ANG_KG; e0 += SSD_AHEAD * nt) {
-            float v[SSD_AHEAD];
-#pragma unroll
-            for (int u = 0; u < SSD_AHEAD; u++) {
-                const int e = e0 + u * nt, i = e / ANG_KG, kk = e % ANG_KG, t = reverse ? T - 1 - (s0 + i) : s0 + i;
-                v[u] = e < n * ANG_KG && kk < nk ? src[((size_t)b * T + t) * sld + (size_t)h * shs + k0 + kk] : 0.0f;
-            }
-#pragma unroll
-            for (int u = 0; u < SSD_AHEAD; u++) {
-                const int e = e0 + u * nt, i = e / ANG_KG, kk = e % ANG_KG;
-                if (e < n * ANG_KG && kk < nk) a[kk * ANG_COL + i] = v[u];
-            }
-        }
+        /* the tile's loads SSD_AHEAD a thread ahead (one at a time: 32 round trips a tile) */
+        mt_block_move<SSD_AHEAD, float>(
+            n * ANG_KG,
+            [&](int e) {
+                const int i = e / ANG_KG, kk = e % ANG_KG, t = reverse ? T - 1 - (s0 + i) : s0 + i;
+                return kk < nk ? src[((size_t)b * T + t) * sld + (size_t)h * shs + k0 + kk] : 0.0f;
+            },
+            [&](int e, float v) {
+                if (e % ANG_KG < nk) a[(e % ANG_KG) * ANG_COL + e / ANG_KG] = v;
+            });
         __syncthreads();
 #pragma unroll
         for (int kk = 0; kk < ANG_KG; kk++) {

@@ -181,32 +181,20 @@ static __device__ MT_WARP_STEP void xr_load(float *row, const float *z, int V, i
     }
 }
 /* the same from a bf16 row, widened (vec: V % 8 == 0, 16-byte rows: 8 values a
- * load). XR_AHEAD loads a thread are issued before their stores (a load and its
- * stores an iteration waited a memory round trip each: 7 a row at V 50304; now
- * 2), and the 8 values go to shared memory as two float4 stores (eight scalar
- * stores 32 bytes apart per lane were 8-way bank conflicts) */
+ * load). XR_AHEAD loads a thread ahead (mt_block_move: one at a time was 7 round
+ * trips a row at V 50304; now 2), and the 8 values go to shared memory as two
+ * float4 stores (eight scalar stores 32 bytes apart a lane were 8-way bank
+ * conflicts) */
 #define XR_AHEAD 4
 static __device__ MT_WARP_STEP void xr_load_b(float *row, const __nv_bfloat16 *z, int V, int vec)
 {
     if (vec) {
-        const int n8 = V / 8;
-        for (int c0 = threadIdx.x; c0 < n8; c0 += XR_AHEAD * ROW_THREADS) {
-            uint4 u[XR_AHEAD] = {};
-#pragma unroll
-            for (int k = 0; k < XR_AHEAD; k++) {
-                const int c = c0 + k * ROW_THREADS;
-                if (c < n8) u[k] = *(const uint4 *)(z + 8 * c);
-            }
-#pragma unroll
-            for (int k = 0; k < XR_AHEAD; k++) {
-                const int c = c0 + k * ROW_THREADS;
-                if (c >= n8) break;
-                const float4 lo = {mt_bf16_lo(u[k].x), mt_bf16_hi(u[k].x), mt_bf16_lo(u[k].y), mt_bf16_hi(u[k].y)};
-                const float4 hi = {mt_bf16_lo(u[k].z), mt_bf16_hi(u[k].z), mt_bf16_lo(u[k].w), mt_bf16_hi(u[k].w)};
-                *(float4 *)(row + 8 * c) = lo;
-                *(float4 *)(row + 8 * c + 4) = hi;
-            }
-        }
+        mt_block_move<XR_AHEAD, uint4>(
+            V / 8, [&](int c) { return *(const uint4 *)(z + 8 * c); },
+            [&](int c, uint4 u) {
+                *(float4 *)(row + 8 * c) = float4{mt_bf16_lo(u.x), mt_bf16_hi(u.x), mt_bf16_lo(u.y), mt_bf16_hi(u.y)};
+                *(float4 *)(row + 8 * c + 4) = float4{mt_bf16_lo(u.z), mt_bf16_hi(u.z), mt_bf16_lo(u.w), mt_bf16_hi(u.w)};
+            });
     } else {
         for (int v = threadIdx.x; v < V; v += ROW_THREADS) row[v] = __bfloat162float(z[v]);
     }
