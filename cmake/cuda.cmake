@@ -11,6 +11,10 @@
 #   - the project's C warning flags are kept for C only (nvcc does not take
 #     them); .cu files get -Wall -Wextra through the host compiler, and with
 #     MT_WERROR nvcc's and the host compiler's warnings become errors;
+#   - MT_CUDA_RESOURCE_LOG=ON (tests/test_cuda_build.sh sets it): nvcc runs
+#     with --resource-usage through cmake/nvcc_resources.sh, which keeps each
+#     object's ptxas lines (registers, spills, static shared memory per
+#     kernel) in OBJECT.res for tests/cuda/resources.py;
 #   - the op harness tests/cuda/cuda_ops_vs_cpu.c and the device-mesh test
 #     tests/cuda/mesh_device.c are built and registered with ctest, and
 #     bench/cuda_calib.c with a --quick ctest (each
@@ -57,6 +61,12 @@ target_compile_options(meshtrain_lib PRIVATE
 if(MT_WERROR)
   target_compile_options(meshtrain_lib PRIVATE
     $<$<COMPILE_LANGUAGE:CUDA>:--Werror=all-warnings -Xcompiler=-Werror>)
+endif()
+option(MT_CUDA_RESOURCE_LOG "Keep ptxas's per-kernel resource usage in OBJECT.res" OFF)
+if(MT_CUDA_RESOURCE_LOG)
+  target_compile_options(meshtrain_lib PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--resource-usage>)
+  set_target_properties(meshtrain_lib PROPERTIES
+    CUDA_COMPILER_LAUNCHER ${CMAKE_SOURCE_DIR}/cmake/nvcc_resources.sh)
 endif()
 
 add_executable(cuda_ops_vs_cpu ${CMAKE_SOURCE_DIR}/tests/cuda/cuda_ops_vs_cpu.c)

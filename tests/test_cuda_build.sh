@@ -92,7 +92,12 @@
 #           with graphs on = off bit for bit, the replayed ops accounted, MoE
 #           in precision=bf16 too (its expert sizes on the device), MoE in fp32
 #           (host sizes) off with the reason.
-#      MT_CUDA_BUILD_STAGES=a,b,b2,c,c2,d,e,f,g (any subset; c3 goes with c)
+#        r. launch resources: the registers, spills and static shared memory
+#           ptxas gave each kernel (stage 1's build, MT_CUDA_RESOURCE_LOG=ON)
+#           against every launch the stages above logged: every block fits
+#           an sm_90 SM, no spill outside tests/cuda/spill_allow.txt
+#           (tests/cuda/resources.py; docs/cuda.md "Launch resources").
+#      MT_CUDA_BUILD_STAGES=a,b,b2,c,c2,d,e,f,g,r (any subset; c3 goes with c)
 #      runs only those emulation stages (the emulated build always runs).
 #      Every emulated run has the device-memory guard on: device buffers
 #      are inaccessible to host code outside kernels, copies and cuBLAS
@@ -130,7 +135,7 @@ if [ -z "$NVCC" ] || [ ! -x "$NVCC" ]; then
     skipped="$skipped nvcc"
 else
 # ---- 1. build with CUDA ----
-if ! cmake -S "$SRC" -B "$CB" -DMT_WITH_CUDA=ON -DMT_WITH_MPI=OFF -DMT_WERROR=$WERROR \
+if ! cmake -S "$SRC" -B "$CB" -DMT_WITH_CUDA=ON -DMT_WITH_MPI=OFF -DMT_WERROR=$WERROR -DMT_CUDA_RESOURCE_LOG=ON \
         -DCMAKE_CUDA_COMPILER="$NVCC" >"$CB/configure.log" 2>&1; then
     tail -30 "$CB/configure.log"; echo "FAIL: configure with MT_WITH_CUDA=ON"; exit 1
 fi
@@ -204,7 +209,7 @@ unset MT_CUDA_PRECISION MT_CUDA_BF16_SCRATCH_MB
 if want a; then
 # a. the cuda-vs-cpu harness (fp32, then gemm in bf16); bf16 from the
 #    environment with tiled operand copies; a bad precision value
-"$EMU/cuda_ops_vs_cpu" >"$EMU/cuda_ops_vs_cpu.log" 2>&1
+MT_CUDA_LAUNCH_LOG="$EMU/launch_ops_vs_cpu.log" "$EMU/cuda_ops_vs_cpu" >"$EMU/cuda_ops_vs_cpu.log" 2>&1
 rc=$?
 if [ $rc -eq 0 ] && grep -q ', 0 failed$' "$EMU/cuda_ops_vs_cpu.log"; then
     echo "PASS emulated cuda_ops_vs_cpu: $(tail -1 "$EMU/cuda_ops_vs_cpu.log")"
@@ -212,7 +217,8 @@ else
     grep -E 'FAIL|emu' "$EMU/cuda_ops_vs_cpu.log" | head -40; tail -2 "$EMU/cuda_ops_vs_cpu.log"
     echo "FAIL: emulated cuda_ops_vs_cpu exited $rc"; fail=1
 fi
-MT_CUDA_PRECISION=bf16 MT_CUDA_BF16_SCRATCH_MB=1 MT_CUDA_GG_BN=128 "$EMU/cuda_ops_vs_cpu" -o gemm >"$EMU/cuda_ops_vs_cpu_bf16.log" 2>&1
+MT_CUDA_LAUNCH_LOG="$EMU/launch_ops_vs_cpu_bf16.log" MT_CUDA_PRECISION=bf16 MT_CUDA_BF16_SCRATCH_MB=1 MT_CUDA_GG_BN=128 \
+    "$EMU/cuda_ops_vs_cpu" -o gemm >"$EMU/cuda_ops_vs_cpu_bf16.log" 2>&1
 rc=$?
 if [ $rc -eq 0 ] && grep -q ', 0 failed$' "$EMU/cuda_ops_vs_cpu_bf16.log" &&
    grep -q '^cuda precision at creation: bf16 (MT_CUDA_PRECISION), bf16 operand scratch cap 1 MiB' "$EMU/cuda_ops_vs_cpu_bf16.log"; then
@@ -264,7 +270,7 @@ if want b; then
 # b. the project's op harness on the cuda backend
 #    exact pass count: every check the cpu backend passes in the same harness
 #    passes on cuda (the line "cuda  (backend not available ...)" is no pass)
-"$EMU/test_ops" -b cuda >"$EMU/test_ops.log" 2>&1
+MT_CUDA_LAUNCH_LOG="$EMU/launch_test_ops.log" "$EMU/test_ops" -b cuda >"$EMU/test_ops.log" 2>&1
 rc=$?
 n_cpu=$("$EMU/test_ops" -b cpu 2>/dev/null | sed -n 's/^test_ops: \([0-9]*\) passed, 0 failed, 0 skipped$/\1/p')
 n_cuda=$(grep -c '^cuda  .* PASS$' "$EMU/test_ops.log")
@@ -281,7 +287,7 @@ fi  # want b
 if want b2; then
 # b2. the Mamba-3 scan harness on the cuda backend (fp64 recurrence, finite
 #     differences, glue vs cpu): every check passes, none missing
-"$EMU/test_ssm" -b cuda >"$EMU/test_ssm.log" 2>&1
+MT_CUDA_LAUNCH_LOG="$EMU/launch_test_ssm.log" "$EMU/test_ssm" -b cuda >"$EMU/test_ssm.log" 2>&1
 rc=$?
 n_ssm=$(grep -c '^ok  ' "$EMU/test_ssm.log")
 if [ $rc -eq 0 ] && [ "$n_ssm" -ge 100 ] && grep -q '^test_ssm: all checks passed$' "$EMU/test_ssm.log"; then
@@ -300,8 +306,10 @@ fi  # want b2
 #     Twice, side by side: dQ from the dS tiles the dK/dV kernel stores
 #     (default), and with MT_CUDA_ATTN_DS_MB=0 (no room for them: dQ
 #     recomputes P and dP)
-"$EMU/test_attn_bf16" -b cuda >"$EMU/test_attn_bf16_default.log" 2>&1 & pid_att=$!
-MT_CUDA_ATTN_DS_MB=0 "$EMU/test_attn_bf16" -b cuda >"$EMU/test_attn_bf16_0.log" 2>&1
+MT_CUDA_LAUNCH_LOG="$EMU/launch_test_attn_bf16.log" "$EMU/test_attn_bf16" -b cuda >"$EMU/test_attn_bf16_default.log" 2>&1 &
+pid_att=$!
+MT_CUDA_LAUNCH_LOG="$EMU/launch_test_attn_bf16_ds0.log" MT_CUDA_ATTN_DS_MB=0 "$EMU/test_attn_bf16" -b cuda \
+    >"$EMU/test_attn_bf16_0.log" 2>&1
 rc_att0=$?
 wait $pid_att
 rc_attdef=$?
@@ -961,6 +969,52 @@ else
     tail -20 "$EMU/calib.log"; echo "FAIL: emulated cuda_calib build"; fail=1
 fi
 fi  # want e
+# r. launch resources (docs/cuda.md "Launch resources"; tests/cuda/resources.py):
+#    ptxas's registers, spills and static shared memory of every kernel (the
+#    nvcc build of stage 1, MT_CUDA_RESOURCE_LOG=ON: OBJECT.res files) against
+#    every emulated launch of the stages above (their MT_CUDA_LAUNCH_LOG
+#    files): a block an SM cannot hold (registers: the GPU's "too many
+#    resources requested for launch"; static + dynamic shared memory over
+#    227 KiB), a spill not in tests/cuda/spill_allow.txt, a launched kernel no
+#    .res file names. Then its plants, each must fail it: a 1024-thread
+#    launch of the 255-register dK/dV kernel, 240000 bytes of dynamic shared
+#    memory, an unknown kernel, and a spill planted in a .res copy.
+if want r; then
+RES="$CB/CMakeFiles/meshtrain_lib.dir"
+if [ -z "$NVCC" ] || ! ls "$RES"/src/ops/cuda/*.res >/dev/null 2>&1; then
+    echo "SKIPPED (launch resources: no nvcc build with MT_CUDA_RESOURCE_LOG=ON: nothing to check the launches against)"
+    skipped="$skipped resources"
+else
+    RP="$SRC/tests/cuda/resources.py"
+    SPA="$SRC/tests/cuda/spill_allow.txt"
+    rlogs=()
+    for l in "$EMU"/launch_*.log; do [ -f "$l" ] && rlogs+=(--log "$l"); done
+    if [ ${#rlogs[@]} -gt 0 ] && python3 "$RP" check --res "$RES" "${rlogs[@]}" --spill-allow "$SPA" \
+            --table "$EMU/resources_table.txt" >"$EMU/resources.txt" 2>&1; then
+        echo "PASS launch resources ($(( ${#rlogs[@]} / 2 )) launch logs): $(tail -1 "$EMU/resources.txt")"
+    else cat "$EMU/resources.txt" 2>/dev/null; echo "FAIL: launch resources (a block an SM cannot hold, or a new spill?)"; fail=1; fi
+    printf 'launch attn_v2_dkdv_k<HD> grid 1 1 1 block 1024 1 1 threads 1024 smem 0\n' >"$EMU/planted_regs.log"
+    printf 'launch xent_row_k<3> grid 1 1 1 block 256 1 1 threads 256 smem 240000\n' >"$EMU/planted_smem.log"
+    printf 'launch planted_k grid 1 1 1 block 32 1 1 threads 32 smem 0\n' >"$EMU/planted_name.log"
+    rm -rf "$EMU/res_planted"; mkdir -p "$EMU/res_planted"; cp "$RES"/src/ops/cuda/*.res "$EMU/res_planted/"
+    # the first kernel of swiglu.cu's resource lines gets a spill
+    sed -i '0,/ 0 bytes spill stores/s// 8 bytes spill stores/' "$EMU/res_planted/swiglu.cu.o.res"
+    if ! python3 "$RP" check --res "$RES" --log "$EMU/planted_regs.log" --spill-allow "$SPA" >"$EMU/planted_regs.txt" 2>&1 &&
+       grep -q '^FAIL: attn_v2_dkdv_k (max of [0-9]*): 1024 threads x 255 registers = 262144 registers a block > 65536' "$EMU/planted_regs.txt" &&
+       ! python3 "$RP" check --res "$RES" --log "$EMU/planted_smem.log" --spill-allow "$SPA" >"$EMU/planted_smem.txt" 2>&1 &&
+       grep -q '^FAIL: xent_row_k<3>: [0-9]* bytes static + 240000 dynamic shared memory > 232448' "$EMU/planted_smem.txt" &&
+       ! python3 "$RP" check --res "$RES" --log "$EMU/planted_name.log" --spill-allow "$SPA" >"$EMU/planted_name.txt" 2>&1 &&
+       grep -q '^FAIL: planted_k launched' "$EMU/planted_name.txt" &&
+       ! python3 "$RP" check --res "$EMU/res_planted" --log "$EMU/planted_name.log" --spill-allow "$SPA" >"$EMU/planted_spill.txt" 2>&1 &&
+       grep -q '^FAIL: [a-z_0-9]*_k spills (8 bytes stores, [0-9]* loads; swiglu.cu.o.res)' "$EMU/planted_spill.txt"; then
+        echo "PASS planted: a 1024-thread launch of a 255-register kernel, 240000 bytes of shared memory, an unknown kernel," \
+             "a spill: each fails the resource check"
+    else
+        tail -n 3 "$EMU"/planted_regs.txt "$EMU"/planted_smem.txt "$EMU"/planted_name.txt "$EMU"/planted_spill.txt
+        echo "FAIL: the resource checker missed a planted launch or spill"; fail=1
+    fi
+fi
+fi  # want r
 echo "emulation stage: $(( $(date +%s) - t1 ))s; total $(( $(date +%s) - t0 ))s"
 [ $fail -ne 0 ] && { echo "test_cuda_build: FAILED"; exit 1; }
 if [ -n "$skipped" ]; then

@@ -310,7 +310,7 @@ static inline uint64_t mt_cuda_sig_array(uint64_t h, const T *a, int n)
  * mt_ops_cuda_counters_of() are exact by construction, on a GPU and under
  * the emulator alike (the launch log, MT_CUDA_LAUNCH_LOG, written from the
  * same helpers, lists them one by one). */
-void mt_cuda_note_launch(const char *name, dim3 grid, dim3 block);
+void mt_cuda_note_launch(const char *name, dim3 grid, dim3 block, size_t smem);
 /* the other device operations in the launch log, when it is on */
 void mt_cuda_log_op(const char *what, size_t bytes);
 static inline void mt_cuda_note_blas(void) { mt_cuda_be->ctr.blas_calls++; }
@@ -384,7 +384,7 @@ struct mt_cuda_launch {
             ((h = mt_cuda_sig_add(h, P(args))), ...);
             if (!mt_cuda_graph_op(name, h)) return;
         }
-        mt_cuda_note_launch(name, grid, block);
+        mt_cuda_note_launch(name, grid, block, smem);
         const int kp = mt_cuda_be->info.kernel_profile ? mt_cuda_kprof_begin(name) : -1;
 #ifdef MT_CUDA_EMU
         mt_emu_launcher(kern, grid, block, smem)(args...);

@@ -65,14 +65,21 @@ void *mt_cuda_workspace(size_t bytes)
 }
 
 /* ---- counters and the launch log (cuda_impl.cuh, docs/cuda.md) ---- */
-void mt_cuda_note_launch(const char *name, dim3 grid, dim3 block)
+void mt_cuda_note_launch(const char *name, dim3 grid, dim3 block, size_t smem)
 {
     mt_cuda_be->ctr.launches++;
     if (!mt_cuda_be->launch_log) return;
     const unsigned long long threads =
         (unsigned long long)grid.x * grid.y * grid.z * (unsigned long long)block.x * block.y * block.z;
-    fprintf(mt_cuda_be->launch_log, "launch %s grid %u %u %u block %u %u %u threads %llu\n", name, grid.x, grid.y,
-            grid.z, block.x, block.y, block.z, threads);
+    /* the name as one word: MT_LAUNCH's text without the parentheses and
+     * spaces of "(attn_v2_fwd_k<HD, MW>)" */
+    char word[128];
+    size_t n = 0;
+    for (const char *c = name; *c && n + 1 < sizeof word; c++)
+        if (*c != ' ' && *c != '(' && *c != ')') word[n++] = *c;
+    word[n] = 0;
+    fprintf(mt_cuda_be->launch_log, "launch %s grid %u %u %u block %u %u %u threads %llu smem %zu\n", word, grid.x,
+            grid.y, grid.z, block.x, block.y, block.z, threads, smem);
 }
 
 void mt_cuda_log_op(const char *what, size_t bytes)
