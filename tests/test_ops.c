@@ -2319,6 +2319,27 @@ static void bf16_twin_case(struct harness *h, int N, int C)
                    ndiff(down_f(h, dres, n), x, n),
                0, "%s out, rstd, resid == rmsnorm_resid_forward (bits)", cs);
         checkf(h, "rmsnorm_resid_forward_bf16", (double)twin_diff(h, db, out, n), 0, "%s twin == bf16(out)", cs);
+        /* out = NULL (mt_ops.h): the twin, rstd and resid alone, the same bits */
+        float *nrs = up_f(h, nan_f(h, N), N), *nres = up_f(h, nan_f(h, n), n);
+        uint16_t *dn = dalloc(h, n * sizeof(uint16_t));
+        h->ops->rmsnorm_resid_forward_bf16(h->ops->be, NULL, dn, nrs, nres, dx, dw, N, C, 1e-5f);
+        checkf(h, "rmsnorm_resid_forward_bf16",
+               (double)twin_diff(h, dn, out, n) + ndiff(down_f(h, nrs, N), down_f(h, urs, N), N) +
+                   ndiff(down_f(h, nres, n), x, n),
+               0, "%s out = NULL: twin, rstd, resid the same bits", cs);
+    }
+    if (has(h, "rmsnorm_forward_bf16", h->ops->rmsnorm_forward_bf16 != NULL)) {
+        float *dout = up_f(h, nan_f(h, n), n), *drs = up_f(h, nan_f(h, N), N);
+        float *uout = up_f(h, nan_f(h, n), n), *urs = up_f(h, nan_f(h, N), N), *nrs = up_f(h, nan_f(h, N), N);
+        uint16_t *db = dalloc(h, n * sizeof(uint16_t)), *dn = dalloc(h, n * sizeof(uint16_t));
+        h->ops->rmsnorm_forward_bf16(h->ops->be, dout, db, drs, dx, dw, N, C, 1e-5f);
+        h->ops->rmsnorm_forward(h->ops->be, uout, urs, dx, dw, N, C, 1e-5f);
+        h->ops->rmsnorm_forward_bf16(h->ops->be, NULL, dn, nrs, dx, dw, N, C, 1e-5f);
+        float *out = down_f(h, dout, n), *rs = down_f(h, urs, N);
+        checkf(h, "rmsnorm_forward_bf16", ndiff(out, down_f(h, uout, n), n) + ndiff(down_f(h, drs, N), rs, N), 0,
+               "%s out, rstd == rmsnorm_forward (bits)", cs);
+        checkf(h, "rmsnorm_forward_bf16", (double)twin_diff(h, db, out, n) + twin_diff(h, dn, out, n) +
+               ndiff(down_f(h, nrs, N), rs, N), 0, "%s twin == bf16(out), with out = NULL too", cs);
     }
     if (has(h, "swiglu_forward_bf16", h->ops->swiglu_forward_bf16 != NULL)) {
         float *dout = up_f(h, nan_f(h, n), n), *uout = up_f(h, nan_f(h, n), n);

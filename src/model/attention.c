@@ -84,6 +84,20 @@ static int qk_bf16_dy(const struct mt_piece_ctx *pc)
     return pc->bf16 && pc->ops->qk_norm_rope_backward_bf16 && wq->bf16 && wk->bf16 && !wq->lora_a && !wk->lora_a;
 }
 
+/* precision=bf16: the input norm's fp32 output h has no reader when the q, k and
+ * v GEMMs all read its twin hb (the twin exists: not under SP; every weight
+ * shadowed, so forward and dW read hb; no adapter: LoRA's terms read h in
+ * fp32). The norm then stores the twin alone (4 bytes a row element not
+ * written), and h is passed as NULL, so a reader missed here faults. */
+static int attn_h_unread(const struct mt_piece_ctx *pc)
+{
+    const struct mt_param *w[] = {aw(pc)->wq, aw(pc)->wk, aw(pc)->wv};
+    if (!pc->nm->hb) return 0;
+    for (int i = 0; i < 3; i++)
+        if (!w[i]->bf16 || w[i]->lora_a) return 0;
+    return 1;
+}
+
 /* precision=bf16 training: q, k and v go straight into the saved qkv_b as bf16,
  * rounded by their producers (qk_norm_rope_forward_bf16; v's GEMM with a bf16
  * output), and the attention entries read them there (q, k, v given as NULL):
@@ -160,9 +174,11 @@ static enum mt_status attn_piece_forward(struct mt_ctx *ctx, const struct mt_pie
     float *t = pc->s_lora;
 
     /* the input norm and the residual's seed (x_out = x_in, Wo's GEMM adds onto it) in one pass */
-    if (pc->nm->hb)   /* precision=bf16: + the bf16 twin, the q/k/v GEMMs' operand */
-        ops->rmsnorm_resid_forward_bf16(ops->be, pc->nm->h_n, pc->nm->hb, pc->nm->rstd, a->x_out, pc->x_in,
-                                        pc->g->data, Nr, D, eps);
+    const int unread = attn_h_unread(pc);
+    const float *h = unread ? NULL : pc->nm->h;
+    if (pc->nm->hb)   /* precision=bf16: + the bf16 twin, the q/k/v GEMMs' operand (alone where h is unread) */
+        ops->rmsnorm_resid_forward_bf16(ops->be, unread ? NULL : pc->nm->h_n, pc->nm->hb, pc->nm->rstd, a->x_out,
+                                        pc->x_in, pc->g->data, Nr, D, eps);
     else
         ops->rmsnorm_resid_forward(ops->be, pc->nm->h_n, pc->nm->rstd, a->x_out, pc->x_in, pc->g->data, Nr, D, eps);
     if (tp->sp) MT_CHECK(tpa_gather_rows(ctx, tp, pc->nm->h, pc->nm->h_n, Nr, D));   /* SP entry */
@@ -170,17 +186,17 @@ static enum mt_status attn_piece_forward(struct mt_ctx *ctx, const struct mt_pie
     const int pre = !a->state && qkv_prefill(pc, st), xb = !a->state && qk_raw_bf16(pc, st);
     mt_bf16 *qrb = xb ? (mt_bf16 *)st->q_raw : NULL, *krb = xb ? (mt_bf16 *)st->k_raw : NULL;
     if (xb) {
-        wlinear_forward_bf16_out(ops, qrb, pc->nm->h, pc->nm->hb, aw(pc)->wq, N, D, QD);
-        wlinear_forward_bf16_out(ops, krb, pc->nm->h, pc->nm->hb, aw(pc)->wk, N, D, KD);
+        wlinear_forward_bf16_out(ops, qrb, h, pc->nm->hb, aw(pc)->wq, N, D, QD);
+        wlinear_forward_bf16_out(ops, krb, h, pc->nm->hb, aw(pc)->wk, N, D, KD);
     } else {
-        proj_fwd_b(ops, t, st->q_raw, pc->nm->h, pc->nm->hb, aw(pc)->wq, N, D, QD, 0.0f);
-        proj_fwd_b(ops, t, st->k_raw, pc->nm->h, pc->nm->hb, aw(pc)->wk, N, D, KD, 0.0f);
+        proj_fwd_b(ops, t, st->q_raw, h, pc->nm->hb, aw(pc)->wq, N, D, QD, 0.0f);
+        proj_fwd_b(ops, t, st->k_raw, h, pc->nm->hb, aw(pc)->wk, N, D, KD, 0.0f);
     }
     mt_bf16 *qb = pre ? st->qkv_b : NULL, *kb = pre ? qb + (size_t)N * QD : NULL, *vb = pre ? kb + (size_t)N * KD : NULL;
     if (pre)
-        wlinear_forward_bf16_out(ops, vb, pc->nm->h, pc->nm->hb, aw(pc)->wv, N, D, KD);
+        wlinear_forward_bf16_out(ops, vb, h, pc->nm->hb, aw(pc)->wv, N, D, KD);
     else
-        proj_fwd_b(ops, t, st->v, pc->nm->h, pc->nm->hb, aw(pc)->wv, N, D, KD, 0.0f);
+        proj_fwd_b(ops, t, st->v, h, pc->nm->hb, aw(pc)->wv, N, D, KD, 0.0f);
     if (pre)
         ops->qk_norm_rope_forward_bf16(ops->be, qb, kb, st->rstd_q, st->rstd_k, xb ? NULL : st->q_raw,
                                        xb ? NULL : st->k_raw, aw(pc)->qn->data, aw(pc)->kn->data, a->cos_tab,
@@ -226,6 +242,7 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
     const int B = pc->B, T = pc->T, N = pc->N, Nr = pc->Nr, D = pc->D, H = o->H, K = o->K, hd = o->hd;
     const int QD = o->QD, KD = o->KD;
     float *t = pc->s_lora, *dt = pc->s_dlora;
+    const float *h = attn_h_unread(pc) ? NULL : pc->nm->h;   /* NULL: the GEMMs read hb alone */
 
     /* the TP exit's conjugate: SP gathers the rows of d x_out; without SP dx is already whole */
     const float *dy = pc->dx;
@@ -269,16 +286,16 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
     }
     /* term 4: projections (under TP dh is this rank's partial sum over its heads) */
     if (qk_b) {
-        proj_bwd_dyb(ops, pc->dh, 0.0f, aw(pc)->wq, (const mt_bf16 *)aown(pc)->datt, pc->nm->h, pc->nm->hb, N, D, QD);
-        proj_bwd_dyb(ops, pc->dh, 1.0f, aw(pc)->wk, (const mt_bf16 *)aown(pc)->dk2, pc->nm->h, pc->nm->hb, N, D, KD);
+        proj_bwd_dyb(ops, pc->dh, 0.0f, aw(pc)->wq, (const mt_bf16 *)aown(pc)->datt, h, pc->nm->hb, N, D, QD);
+        proj_bwd_dyb(ops, pc->dh, 1.0f, aw(pc)->wk, (const mt_bf16 *)aown(pc)->dk2, h, pc->nm->hb, N, D, KD);
     } else {
-        proj_bwd_b(ops, t, dt, pc->dh, 0.0f, aw(pc)->wq, aown(pc)->datt, pc->nm->h, pc->nm->hb, N, D, QD, pc->dyb);
-        proj_bwd_b(ops, t, dt, pc->dh, 1.0f, aw(pc)->wk, aown(pc)->dk2, pc->nm->h, pc->nm->hb, N, D, KD, pc->dyb);
+        proj_bwd_b(ops, t, dt, pc->dh, 0.0f, aw(pc)->wq, aown(pc)->datt, h, pc->nm->hb, N, D, QD, pc->dyb);
+        proj_bwd_b(ops, t, dt, pc->dh, 1.0f, aw(pc)->wk, aown(pc)->dk2, h, pc->nm->hb, N, D, KD, pc->dyb);
     }
     if (dvb)
-        proj_bwd_dyb(ops, pc->dh, 1.0f, aw(pc)->wv, dvb, pc->nm->h, pc->nm->hb, N, D, KD);
+        proj_bwd_dyb(ops, pc->dh, 1.0f, aw(pc)->wv, dvb, h, pc->nm->hb, N, D, KD);
     else
-        proj_bwd_b(ops, t, dt, pc->dh, 1.0f, aw(pc)->wv, aown(pc)->dv, pc->nm->h, pc->nm->hb, N, D, KD, pc->dyb);
+        proj_bwd_b(ops, t, dt, pc->dh, 1.0f, aw(pc)->wv, aown(pc)->dv, h, pc->nm->hb, N, D, KD, pc->dyb);
     /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
     const float *dhr = pc->dh;
     if (tp->sp) {
@@ -349,13 +366,15 @@ static void attn_work(const struct mt_block_shape *s, int rc, struct mt_work *w)
     if (!strcmp(s->cfg->precision, "bf16")) {
         /* precision=bf16 on cuda, in 4-byte elements (bf16 = 0.5): forward
          * rmsnorm_resid_forward_bf16 reads x, writes h, x_out (the residual's
-         * seed) and h's twin: 3.5 D; qk_norm_rope_forward_bf16 reads q', k',
+         * seed) and h's twin: 3.5 D (2.5 D where h is not stored:
+         * plan_norm_h_store); qk_norm_rope_forward_bf16 reads q', k',
          * writes bf16 q, k: 1 qk (q', k' stored bf16 by their GEMMs; v: its
          * GEMM writes bf16). Backward qk_norm_rope_backward_bf16 reads dq, dk,
          * bf16 q', k', writes bf16 dq', dk': 2 qk; rmsnorm_backward
          * (accumulating) reads dh, x, dx, writes dx: 4 D; o_proj's dy rounded
          * once (cast_bf16, elementwise): 1.5 D. */
-        w->e[MT_WORK_NORM] += 7.5 * D + 3.0 * qk + rc * (3.5 * D + 1.0 * qk);
+        const double hs = plan_norm_h_store(s);
+        w->e[MT_WORK_NORM] += (6.5 + hs) * D + 3.0 * qk + rc * ((2.5 + hs) * D + 1.0 * qk);
         w->e[MT_WORK_ELEMENTWISE] += 1.5 * D;
         return;
     }

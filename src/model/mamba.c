@@ -207,7 +207,8 @@ static double mamba_extra(const struct mt_block_shape *sh)
  * the gated norm writing only Wout's bf16 operand, and dy, dproj rounded once.
  *   norm: input norm forward reads x, writes h and its twin (2.5 D; one rank
  *     without LoRA: + x_out, the residual's seed that Wout's GEMM adds onto,
- *     3.5 D, and no residual add below), backward
+ *     3.5 D, and no residual add below; h not stored where the in-projection
+ *     reads the twin alone, 1 D less: plan_norm_h_store), backward
  *     4 D; gated norm forward reads ys, z, writes bf16 yn (2.5 E), backward
  *     reads dyn, ys, z, writes dys, dz (5 E; dg's sums inside that pass).
  *   elementwise: prep forward: the angles' cumsum (HN) and the row pass reading
@@ -271,7 +272,8 @@ static void mamba_work_bf16(const struct mt_block_shape *sh, int rc, struct mt_w
     /* the residual: seeded by the input norm (1 D) where mamba.c does (one rank, no LoRA),
      * else added by an axpby pass (3 D) */
     const double seed = sh->tp <= 1 && sh->cfg->lora_rank <= 0 ? 1.0 : 0.0, resid = seed > 0 ? 0.0 : 3.0 * D;
-    w->e[MT_WORK_NORM] += (6.5 + seed) * D + (7.5 - 0.5 * dpb) * E + rc * ((2.5 + seed) * D + 2.5 * E);
+    const double hs = plan_norm_h_store(sh);
+    w->e[MT_WORK_NORM] += (5.5 + hs + seed) * D + (7.5 - 0.5 * dpb) * E + rc * ((1.5 + hs + seed) * D + 2.5 * E);
     w->e[MT_WORK_ELEMENTWISE] += prep_f + prep_b + resid + 1.5 * D + (1.0 - dpb) * 1.5 * W + rc * (prep_f + resid);
 }
 
@@ -413,6 +415,17 @@ static void in_rows(const struct mamba_w *w, int rows[7])
  * shadow) runs mt_mamba3_in_forward / _in_backward unchanged: the same bits.
  */
 static int mixer_bf16(const struct mamba_w *w) { return w->mwout->bf16 != NULL; }
+
+/* precision=bf16: the input norm's fp32 output h has no reader when the bf16
+ * mixer's in-projection GEMMs (forward, dWin; in_fwd, in_bwd and their _rep
+ * forms read hb wherever it exists) take its twin hb (not under SP) and no
+ * adapter reads h (LoRA's terms are fp32). The norm then stores the twin
+ * alone, and h goes to the mixer as NULL, so a reader missed here faults. */
+static int mamba_h_unread(const struct mt_piece_ctx *pc)
+{
+    return pc->nm->hb && mixer_bf16(mbw(pc)) && !pc->lora;
+}
+static const float *mamba_h(const struct mt_piece_ctx *pc, const float *h) { return mamba_h_unread(pc) ? NULL : h; }
 
 static const void *wop(const struct mt_param *w, enum mt_elem *t)
 {
@@ -690,7 +703,7 @@ static enum mt_status mixer_bwd_rep(struct mt_ctx *ctx, const struct mt_piece_ct
     wout_bwd(pc, dy, g, n);
     MT_CHECK(gate_bwd_rep(ctx, pc, w, g, n));
     mt_mamba3_ssm_backward(ops, g, mb_s(pc), &st->mb, w, mdims(pc), pc->B, pc->T);
-    in_bwd_rep(pc, pc->dh, mb_s(pc)->dproj, pc->nm->h, pc->nm->hb, n);
+    in_bwd_rep(pc, pc->dh, mb_s(pc)->dproj, mamba_h(pc, pc->nm->h), pc->nm->hb, n);
     return MT_OK;
 }
 
@@ -739,7 +752,7 @@ static void mixer_bwd(const struct mt_piece_ctx *pc, const float *dy, const stru
      * the dy scratch: wout_bwd's GEMMs, its other readers, come before on the stream */
     mt_bf16 *room = dyb_room(pc->dyb, (size_t)n * (size_t)mt_mamba3_in_width(mdims(pc)));
     const int direct = mt_mamba3_mix_backward_b(ops, g, mb_s(pc), &st->mb, w, mdims(pc), pc->B, pc->T, room);
-    in_bwd(pc, pc->dh, g, mb_s(pc)->dproj, direct ? room : NULL, pc->nm->h, pc->nm->hb, w, n);
+    in_bwd(pc, pc->dh, g, mb_s(pc)->dproj, direct ? room : NULL, mamba_h(pc, pc->nm->h), pc->nm->hb, w, n);
 }
 
 static void mixer_fwd_lora(const struct mt_piece_ctx *pc, float *out, const float *h, const struct mt_mamba3_weights *w,
@@ -801,30 +814,31 @@ static enum mt_status mamba_forward(struct mt_ctx *ctx, const struct mt_piece_ct
      * row: read x_out and x_in, write x_out; the seed and the GEMM's read of it are 2) */
     const int seed = pc->tp.tp == 1 && !pc->lora && mixer_bf16(mbw(pc)) && pc->nm->hb &&
                      ops->rmsnorm_resid_forward_bf16;
+    float *hn = (float *)mamba_h(pc, pc->nm->h_n);   /* NULL: the twin alone (mamba_h_unread) */
     if (seed)
-        ops->rmsnorm_resid_forward_bf16(ops->be, pc->nm->h_n, pc->nm->hb, pc->nm->rstd, a->x_out, pc->x_in,
-                                        pc->g->data, Nr, D, pc->norm_eps);
+        ops->rmsnorm_resid_forward_bf16(ops->be, hn, pc->nm->hb, pc->nm->rstd, a->x_out, pc->x_in, pc->g->data, Nr, D,
+                                        pc->norm_eps);
     else if (pc->nm->hb)   /* precision=bf16: + the bf16 twin, the in-projection's operand */
-        ops->rmsnorm_forward_bf16(ops->be, pc->nm->h_n, pc->nm->hb, pc->nm->rstd, pc->x_in, pc->g->data, Nr, D,
-                                  pc->norm_eps);
+        ops->rmsnorm_forward_bf16(ops->be, hn, pc->nm->hb, pc->nm->rstd, pc->x_in, pc->g->data, Nr, D, pc->norm_eps);
     else ops->rmsnorm_forward(ops->be, pc->nm->h_n, pc->nm->rstd, pc->x_in, pc->g->data, Nr, D, pc->norm_eps);
     if (seed) {
-        mixer_fwd(pc, a->x_out, pc->nm->h_n, pc->nm->hb, &w, a->B, a->T, 1.0f);
+        mixer_fwd(pc, a->x_out, hn, pc->nm->hb, &w, a->B, a->T, 1.0f);
         return MT_OK;
     }
     if (pc->tp.tp == 1) {
         /* x_out = mamba3(h), then += x_in (the residual path) */
         if (pc->lora) mixer_fwd_lora(pc, a->x_out, pc->nm->h_n, &w, NULL, a->B, a->T, 0);
-        else mixer_fwd(pc, a->x_out, pc->nm->h_n, pc->nm->hb, &w, a->B, a->T, 0.0f);
+        else mixer_fwd(pc, a->x_out, hn, pc->nm->hb, &w, a->B, a->T, 0.0f);
         ops->axpby(ops->be, a->x_out, pc->x_in, 1.0f, 1.0f, (size_t)n * D);
         return MT_OK;
     }
     /* TP region, like attention: this rank's heads and groups over all n rows;
      * Wout holds their columns, so the output is a partial sum (TP exit) */
     if (pc->tp.sp) MT_CHECK(tpa_gather_rows(ctx, &pc->tp, pc->nm->h, pc->nm->h_n, Nr, D));
-    if (mown(pc)->rep) MT_CHECK(mixer_fwd_rep(ctx, pc, pc->s_red, pc->nm->h, pc->nm->hb, &w, a->B, a->T));
+    const float *hh = mamba_h(pc, pc->nm->h);
+    if (mown(pc)->rep) MT_CHECK(mixer_fwd_rep(ctx, pc, pc->s_red, hh, pc->nm->hb, &w, a->B, a->T));
     else if (pc->lora) mixer_fwd_lora(pc, pc->s_red, pc->nm->h, &w, NULL, a->B, a->T, 0);
-    else mixer_fwd(pc, pc->s_red, pc->nm->h, pc->nm->hb, &w, a->B, a->T, 0.0f);
+    else mixer_fwd(pc, pc->s_red, hh, pc->nm->hb, &w, a->B, a->T, 0.0f);
     ops->copy(ops->be, a->x_out, pc->x_in, (size_t)Nr * D * sizeof(float));
     return tpa_exit_add(ctx, &pc->tp, a->x_out, pc->s_red, pc->s_full);
 }

@@ -293,13 +293,15 @@ static void mlp_work(const struct mt_block_shape *s, int rc, struct mt_work *w)
     const double hid = (double)s->cfg->mlp_hidden;
     if (!strcmp(s->cfg->precision, "bf16") && s->cfg->redo_every <= 0 && s->cfg->lora_rank <= 0) {
         /* precision=bf16 on cuda (mlp_gu_bf16: gate, up stored bf16), 4-byte
-         * elements: norm forward reads x, writes h, x_out, h's twin (3.5 D),
+         * elements: norm forward reads x, writes h, x_out, h's twin (3.5 D;
+         * 2.5 D where h is not stored: plan_norm_h_store),
          * backward reads dh, x, dx, writes dx (4 D); swiglu_forward_bf16_gu
          * reads bf16 g, u, writes bf16 act (1.5 per hidden unit); down's dy
          * rounded once (1.5 D); swiglu_backward_act_bf16_gud reads bf16 dact
          * (down's backward GEMM writes it bf16), g, u, writes bf16 act, dg, du
          * (3). rc: the forward again. */
-        w->e[MT_WORK_NORM] += 7.5 * D + rc * 3.5 * D;
+        const double hs = plan_norm_h_store(s);
+        w->e[MT_WORK_NORM] += (6.5 + hs) * D + rc * (2.5 + hs) * D;
         w->e[MT_WORK_ELEMENTWISE] += 4.5 * hid + 1.5 * D + rc * 1.5 * hid;
         return;
     }
@@ -345,14 +347,17 @@ static enum mt_status mlp_piece_forward(struct mt_ctx *ctx, const struct mt_piec
     struct mlp_state *st = pc->st;
     const int n = a->B * a->T, D = pc->D;
     float *x_out = a->x_out;
-    ffn_norm_fwd(pc, x_out, n);
+    /* gate and up stored bf16 (mgb): their GEMMs, forward and dW, read the norm's twin
+     * alone (shadowed weights, no adapter, no ReDo), so h is neither stored nor passed */
+    const int unread = st->mgb && pc->nm->hb;
+    ffn_norm_fwd(pc, x_out, n, unread);
     /* TP region: this rank's F/tp hidden units over all N rows (SP: gathered first) */
     if (pc->tp.tp > 1 && pc->tp.sp) MT_CHECK(tpa_gather_rows(ctx, &pc->tp, pc->nm->h, pc->nm->h_n, n / pc->tp.tp, D));
     float *y = pc->tp.tp == 1 ? x_out : pc->s_red;
     const int acc = pc->tp.tp == 1;
     if (st->mgb)
-        mlp_forward_gu(pc->ops, pc->s_lora, y, acc, st->mgb, st->mub, mown(pc)->act_b, pc->nm->h, pc->nm->hb,
-                       mw(pc)->wg, mw(pc)->wu, mw(pc)->wd, n, D, mown(pc)->F);
+        mlp_forward_gu(pc->ops, pc->s_lora, y, acc, st->mgb, st->mub, mown(pc)->act_b, unread ? NULL : pc->nm->h,
+                       pc->nm->hb, mw(pc)->wg, mw(pc)->wu, mw(pc)->wd, n, D, mown(pc)->F);
     else
         mlp_forward_b(pc->ops, pc->s_lora, y, acc, st->mg, st->mu, pc->s_act, mown(pc)->act_b, pc->nm->h, pc->nm->hb,
                       mw(pc)->wg, mw(pc)->wu, mw(pc)->wd, n, D, mown(pc)->F);
@@ -373,7 +378,8 @@ static enum mt_status mlp_piece_backward(struct mt_ctx *ctx, const struct mt_pie
         dy = pc->s_full;
     }
     if (st->mgb)
-        mlp_backward_gu(pc->ops, pc->dh, 0, mown(pc)->act_b, pc->s_dact, pc->s_dg, pc->s_du, dy, pc->nm->h, pc->nm->hb,
+        mlp_backward_gu(pc->ops, pc->dh, 0, mown(pc)->act_b, pc->s_dact, pc->s_dg, pc->s_du, dy,
+                        pc->nm->hb ? NULL : pc->nm->h, pc->nm->hb,
                         st->mgb, st->mub, w->wg, w->wu, w->wd, N, D, mown(pc)->F, pc->dyb);
     else
         mlp_backward_b(pc->ops, pc->s_lora, pc->s_dlora, pc->dh, 0, pc->s_act, mown(pc)->act_b, pc->s_dact, pc->s_dg,

@@ -1235,14 +1235,14 @@ double mt_model_flops_per_token(const struct mt_config *cfg)
 /* forward / backward                                                  */
 /* ------------------------------------------------------------------ */
 
-void ffn_norm_fwd(const struct mt_piece_ctx *pc, float *x_out, int n)
+void ffn_norm_fwd(const struct mt_piece_ctx *pc, float *x_out, int n, int twin_only)
 {
     const struct mt_norm_acts *nm = pc->nm;
     const int Nr = pc->tp.sp ? n / pc->tp.tp : n;
     /* the step's input norm and the residual's seed (x_out = x_in) in one pass */
-    if (nm->hb)   /* precision=bf16, dense MLP: + the bf16 twin, gate/up's operand */
-        pc->ops->rmsnorm_resid_forward_bf16(pc->ops->be, nm->h_n, nm->hb, nm->rstd, x_out, pc->x_in, pc->g->data, Nr,
-                                            pc->D, pc->norm_eps);
+    if (nm->hb)   /* precision=bf16, dense MLP: + the bf16 twin, gate/up's operand (alone: twin_only) */
+        pc->ops->rmsnorm_resid_forward_bf16(pc->ops->be, twin_only ? NULL : nm->h_n, nm->hb, nm->rstd, x_out,
+                                            pc->x_in, pc->g->data, Nr, pc->D, pc->norm_eps);
     else
         pc->ops->rmsnorm_resid_forward(pc->ops->be, nm->h_n, nm->rstd, x_out, pc->x_in, pc->g->data, Nr, pc->D,
                                        pc->norm_eps);
@@ -1260,7 +1260,7 @@ void ffn_norm_bwd(const struct mt_piece_ctx *pc, const float *dhr)
  * backward (dx holds d s_{i+1}, the identity path, already). */
 static void step_norm_fwd(const struct mt_piece_ctx *pc, const struct mt_piece_fwd *a)
 {
-    ffn_norm_fwd(pc, a->x_out, a->B * a->T);
+    ffn_norm_fwd(pc, a->x_out, a->B * a->T, 0);
 }
 
 static void step_norm_bwd(const struct mt_piece_ctx *pc)

@@ -25,6 +25,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include "mt_model.h"
 #include "mt_blocks.h"
 #include "mt_mamba3.h"
@@ -361,6 +362,17 @@ static inline void wlinear_backward(const struct mt_ops_i *ops, float *dx, float
     wlinear_backward_db(ops, dx, beta_dx, dw, dy, NULL, x, xb, w, n, in, out);
 }
 
+/* The planner's count of the block input norm's fp32 store, in D a token: 0
+ * where the pieces store the bf16 twin alone (attention.c attn_h_unread,
+ * mlp.c's gate/up path, mamba.c mamba_h_unread: precision=bf16, no SP, no
+ * adapter reading h), else 1. Any LoRA counts as an adapter on h (the code
+ * asks per projection): the count errs high there. */
+static inline double plan_norm_h_store(const struct mt_block_shape *s)
+{
+    const int sp = s->tp > 1 && s->cfg->sequence_parallel;
+    return !strcmp(s->cfg->precision, "bf16") && s->cfg->lora_rank <= 0 && !sp ? 0.0 : 1.0;
+}
+
 /* head_dim as config.c resolves it (0: d_model / n_head): attention's head
  * width and the RoPE tables' (model.c, infer.c). */
 static inline int model_head_dim(const struct mt_config *cfg)
@@ -505,7 +517,9 @@ extern const struct mt_piece mt_piece_mamba;       /* mamba.c     */
  * x_out = x_in (the residual path; the piece adds its branch), one pass.
  * bwd: dx += rmsnorm_backward(dhr), dhr = d nm->h_n (Nr, D).
  * carve_pc: what such a piece saves first: the norm (nm->h_n, nm->rstd). */
-void ffn_norm_fwd(const struct mt_piece_ctx *pc, float *x_out, int n);
+/* twin_only: the norm stores its bf16 twin hb alone (h_n not written), for a
+ * piece whose GEMMs all read hb (rmsnorm_resid_forward_bf16 with out NULL) */
+void ffn_norm_fwd(const struct mt_piece_ctx *pc, float *x_out, int n, int twin_only);
 void ffn_norm_bwd(const struct mt_piece_ctx *pc, const float *dhr);
 void ffn_norm_carve_pc(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly);
 /* mt_pspec.bind values: MT_BIND_NORM the step's input norm gain

@@ -623,7 +623,7 @@ static enum mt_status moe_piece_forward(struct mt_ctx *ctx, const struct mt_piec
     const struct mt_ops_i *ops = pc->ops;
     const struct mt_tp_axis *tp = &pc->tp;
     const int n = a->B * a->T, D = pc->D, Nm = moe_nm(pc);
-    ffn_norm_fwd(pc, a->x_out, n);
+    ffn_norm_fwd(pc, a->x_out, n, 0);   /* the router reads h in fp32 */
     if (tp->tp > 1 && !tp->sp) {
         /* MoE in the SP region without SP: our Nm rows, then gather every rank's output */
         ops->fill(ops->be, pc->s_red, 0.0f, (size_t)Nm * D);

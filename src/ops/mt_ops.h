@@ -265,7 +265,9 @@ struct mt_ops_i {
     /* precision=bf16: rmsnorm_forward (same out, same rstd) that also writes
      * out_bf16 = bf16(out) (nearest even) from the same kernel: the GEMM
      * operand, so the GEMMs reading the norm output convert nothing.
-     * Optional (NULL: the GEMMs round out per call). */
+     * out may be NULL: only the twin (and rstd) is written, the same bits,
+     * for a caller whose GEMMs read the twin alone. Optional (NULL: the GEMMs
+     * round out per call). */
     void (*rmsnorm_forward_bf16)(void *be, float *out, mt_bf16 *out_bf16, float *rstd, const float *inp,
                                  const float *weight, int N, int C, float eps);
 
@@ -473,7 +475,10 @@ struct mt_ops_i {
      * Optional (NULL: the model leaves the twin out and the GEMMs round out).
      * swiglu_forward_bf16: out may be NULL: only the twin is written (the
      * same bf16 bits), for a caller whose GEMMs read the twin alone (the
-     * dense MLP's down projection: 4 bytes a hidden unit not stored). */
+     * dense MLP's down projection: 4 bytes a hidden unit not stored).
+     * rmsnorm_resid_forward_bf16 likewise (rstd and resid still written):
+     * the block input norm whose GEMMs all read the twin (4 bytes a row
+     * element not stored). */
     void (*rmsnorm_resid_forward_bf16)(void *be, float *out, mt_bf16 *out_bf16, float *rstd, float *resid, const float *inp,
                                        const float *weight, int N, int C, float eps);
     void (*swiglu_forward_bf16)(void *be, float *out, mt_bf16 *out_bf16, const float *gate, const float *up, size_t n);

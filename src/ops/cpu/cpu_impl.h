@@ -194,6 +194,8 @@ void mt_cpu_xent_fused_bf16(float *losses, float *lse_out, float *logits, uint16
                             const int32_t *targets, float dscale, int N, int V, float softcap);
 
 /* ---- fused.c (fused elementwise chains) ---- */
+void mt_cpu_rms_rows_forward(float *out, uint16_t *ob, float *rstd, float *resid, const float *inp,
+                             const float *weight, int N, int C, float eps);
 void mt_cpu_rmsnorm_resid_forward(float *out, float *rstd, float *resid, const float *inp, const float *weight,
                                   int N, int C, float eps);
 void mt_cpu_qk_norm_rope_forward(float *q, float *k, float *rstd_q, float *rstd_k, const float *q_raw,

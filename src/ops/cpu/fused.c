@@ -30,14 +30,17 @@
 
 #include <math.h>
 
-void mt_cpu_rmsnorm_resid_forward(float *out, float *rstd, float *resid, const float *inp, const float *weight,
-                                  int N, int C, float eps)
+/* The rows of rmsnorm(x) * w with its optional outputs: out (fp32), ob (its
+ * bf16 twin, nearest even), resid (the copy of x; may alias inp); each NULL
+ * where not wanted. The same float operations as rmsnorm.c's forward, so
+ * the same bits for out and rstd whichever outputs are asked for. */
+void mt_cpu_rms_rows_forward(float *out, uint16_t *ob, float *rstd, float *resid, const float *inp,
+                             const float *weight, int N, int C, float eps)
 {
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
-        const float *x = inp + (size_t)n * (size_t)C;
-        float       *o = out + (size_t)n * (size_t)C;
-        float       *s = resid + (size_t)n * (size_t)C;
+        const size_t row = (size_t)n * (size_t)C;
+        const float *x = inp + row;
         float ss = 0.0f;
         #pragma omp simd reduction(+:ss)
         for (int c = 0; c < C; c++) ss += x[c] * x[c];
@@ -45,10 +48,18 @@ void mt_cpu_rmsnorm_resid_forward(float *out, float *rstd, float *resid, const f
         rstd[n] = r;
         for (int c = 0; c < C; c++) {
             float v = x[c];      /* read before the writes: resid may alias inp */
-            o[c] = v * r * weight[c];
-            s[c] = v;
+            float y = v * r * weight[c];
+            if (out) out[row + c] = y;
+            if (ob) ob[row + c] = mt_cpu_f32_to_bf16(y);
+            if (resid) resid[row + c] = v;
         }
     }
+}
+
+void mt_cpu_rmsnorm_resid_forward(float *out, float *rstd, float *resid, const float *inp, const float *weight,
+                                  int N, int C, float eps)
+{
+    mt_cpu_rms_rows_forward(out, NULL, rstd, resid, inp, weight, N, C, eps);
 }
 
 /* One head (hd values at x) normed and rotated into o, pair by pair. */

@@ -259,13 +259,12 @@ static void p_rmsnorm_forward(void *be, float *out, float *rstd, const float *in
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_NORM, mt_cpu_rmsnorm_forward(out, rstd, inp, weight, N, C, eps));
 }
-/* the same rmsnorm, then its output rounded (the cpu backend has no fused form: same numbers) */
+/* the same rmsnorm with its output rounded in the same pass; out NULL: the twin alone */
 static void p_rmsnorm_forward_bf16(void *be, float *out, mt_bf16 *out_bf16, float *rstd, const float *inp, const float *weight,
                                    int N, int C, float eps)
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
-    PROF(MT_OPK_NORM, mt_cpu_rmsnorm_forward(out, rstd, inp, weight, N, C, eps);
-         mt_cpu_cast_bf16(out_bf16, out, (size_t)N * (size_t)C));
+    PROF(MT_OPK_NORM, mt_cpu_rms_rows_forward(out, out_bf16, rstd, NULL, inp, weight, N, C, eps));
 }
 static void p_rmsnorm_backward(void *be, float *dinp, float *dweight, const float *dout, const float *inp,
                                const float *weight, const float *rstd, int N, int C, int accumulate)
@@ -612,13 +611,12 @@ static void p_rmsnorm_resid_forward(void *be, float *out, float *rstd, float *re
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_NORM, mt_cpu_rmsnorm_resid_forward(out, rstd, resid, inp, weight, N, C, eps));
 }
-/* the bf16 twins: the fp32 op, then its output rounded (the cpu backend has no fused form: same numbers) */
+/* the bf16 twins: the fp32 op's values, rounded in the same pass; out NULL: the twin alone */
 static void p_rmsnorm_resid_forward_bf16(void *be, float *out, mt_bf16 *out_bf16, float *rstd, float *resid, const float *inp,
                                          const float *weight, int N, int C, float eps)
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
-    PROF(MT_OPK_NORM, mt_cpu_rmsnorm_resid_forward(out, rstd, resid, inp, weight, N, C, eps);
-         mt_cpu_cast_bf16(out_bf16, out, (size_t)N * (size_t)C));
+    PROF(MT_OPK_NORM, mt_cpu_rms_rows_forward(out, out_bf16, rstd, resid, inp, weight, N, C, eps));
 }
 static void p_swiglu_forward_bf16(void *be, float *out, mt_bf16 *out_bf16, const float *gate, const float *up, size_t n)
 {

@@ -51,8 +51,9 @@ int mt_cuda_rms_lanes_log2(int C)
 
 
 /* Forward, vector path: NV float4 per lane in registers. ob: NULL or the bf16
- * twin; resid: NULL or the copy of inp (may alias inp: a lane loads its
- * elements before it stores them, no other lane touches them). */
+ * twin; out: NULL where the twin alone is wanted (both bf16 entries); resid:
+ * NULL or the copy of inp (may alias inp: a lane loads its elements before it
+ * stores them, no other lane touches them). */
 template <int NV>
 static __global__ void __launch_bounds__(RMS_THREADS)
 rms_fwd_vec_k(float *out, __nv_bfloat16 *ob, float *rstd, float *resid, const float *inp, const float *w, int N,
@@ -89,7 +90,7 @@ rms_fwd_vec_k(float *out, __nv_bfloat16 *ob, float *rstd, float *resid, const fl
         y.y = x.y * r * wv.y;
         y.z = x.z * r * wv.z;
         y.w = x.w * r * wv.w;
-        mt_st_f4(out + base + c, y);
+        if (out) mt_st_f4(out + base + c, y);
         if (resid) mt_st_f4(resid + base + c, x);
         if (ob) mt_st_bf16x4(ob + base + c, y);
     }
@@ -120,7 +121,7 @@ rms_fwd_k(float *out, __nv_bfloat16 *ob, float *rstd, float *resid, const float 
             int c = c0 + i;
             float v = x[c];   /* read before the write: resid may alias inp */
             float y = v * r * w[c];
-            out[base + c] = y;
+            if (out) out[base + c] = y;
             if (resid) resid[base + c] = v;
             if (ob) ob[base + c] = mt_cuda_bf16_rn(y);
         }
