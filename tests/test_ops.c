@@ -2341,6 +2341,21 @@ static void bf16_twin_case(struct harness *h, int N, int C)
         checkf(h, "rmsnorm_forward_bf16", (double)twin_diff(h, db, out, n) + twin_diff(h, dn, out, n) +
                ndiff(down_f(h, nrs, N), rs, N), 0, "%s twin == bf16(out), with out = NULL too", cs);
     }
+    if (has(h, "rmsnorm_backward_bf16", h->ops->rmsnorm_backward_bf16 != NULL)) {
+        /* dinp (accumulating) and dw the plain op's bits; the twin bf16 of the final dinp */
+        float *g = rand_f(h, n, -1, 1), *dg = up_f(h, g, n), *rs = up_f(h, nan_f(h, N), N);
+        float *ob = up_f(h, nan_f(h, n), n);
+        h->ops->rmsnorm_forward(h->ops->be, ob, rs, dx, dw, N, C, 1e-5f);
+        float *da = up_f(h, u, n), *db2 = up_f(h, u, n), *wa = up_f(h, w, C), *wb = up_f(h, w, C);
+        uint16_t *tb = dalloc(h, n * sizeof(uint16_t));
+        h->ops->rmsnorm_backward_bf16(h->ops->be, da, tb, wa, dg, dx, dw, rs, N, C, 1);
+        h->ops->rmsnorm_backward(h->ops->be, db2, wb, dg, dx, dw, rs, N, C, 1);
+        float *a = down_f(h, da, n);
+        checkf(h, "rmsnorm_backward_bf16",
+               ndiff(a, down_f(h, db2, n), n) + ndiff(down_f(h, wa, C), down_f(h, wb, C), C), 0,
+               "%s dinp (+=), dw == rmsnorm_backward (bits)", cs);
+        checkf(h, "rmsnorm_backward_bf16", (double)twin_diff(h, tb, a, n), 0, "%s twin == bf16(final dinp)", cs);
+    }
     if (has(h, "swiglu_forward_bf16", h->ops->swiglu_forward_bf16 != NULL)) {
         float *dout = up_f(h, nan_f(h, n), n), *uout = up_f(h, nan_f(h, n), n);
         uint16_t *db = dalloc(h, n * sizeof(uint16_t));

@@ -304,8 +304,9 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
     } else if (tp->tp > 1) {
         MT_CHECK(tpa_allreduce(ctx, tp, pc->dh, (size_t)N * D));
     }
-    /* term 5: input rmsnorm, accumulated into the residual gradient */
-    ops->rmsnorm_backward(ops->be, pc->dx, pc->g->grad, dhr, pc->x_in, pc->g->data, pc->nm->rstd, Nr, D, 1);
+    /* term 5: input rmsnorm, accumulated into the residual gradient (+ its bf16 twin) */
+    MT_ASSERT(Nr == pc->Nr);
+    norm_bwd_twin(pc, dhr);
     return MT_OK;
 }
 
@@ -371,11 +372,12 @@ static void attn_work(const struct mt_block_shape *s, int rc, struct mt_work *w)
          * writes bf16 q, k: 1 qk (q', k' stored bf16 by their GEMMs; v: its
          * GEMM writes bf16). Backward qk_norm_rope_backward_bf16 reads dq, dk,
          * bf16 q', k', writes bf16 dq', dk': 2 qk; rmsnorm_backward
-         * (accumulating) reads dh, x, dx, writes dx: 4 D; o_proj's dy rounded
-         * once (cast_bf16, elementwise): 1.5 D. */
-        const double hs = plan_norm_h_store(s);
-        w->e[MT_WORK_NORM] += (6.5 + hs) * D + 3.0 * qk + rc * ((2.5 + hs) * D + 1.0 * qk);
-        w->e[MT_WORK_ELEMENTWISE] += 1.5 * D;
+         * (accumulating) reads dh, x, dx, writes dx: 4 D (+ dx's bf16 twin,
+         * 0.5 D: plan_norm_twin); o_proj's dy rounded once (cast_bf16,
+         * elementwise): 1.5 D, none where it reads the twin. */
+        const double hs = plan_norm_h_store(s), tw = plan_norm_twin(s);
+        w->e[MT_WORK_NORM] += (6.5 + hs + 0.5 * tw) * D + 3.0 * qk + rc * ((2.5 + hs) * D + 1.0 * qk);
+        w->e[MT_WORK_ELEMENTWISE] += 1.5 * (1.0 - tw) * D;
         return;
     }
     w->e[MT_WORK_NORM] += 5.0 * (D + qk) + rc * 2.0 * (D + qk);

@@ -72,7 +72,7 @@ void proj_fwd_b(const struct mt_ops_i *ops, float *t, float *y, const float *x, 
 }
 
 void proj_bwd_b(const struct mt_ops_i *ops, float *t, float *dt, float *dx, float beta_dx, struct mt_param *w,
-                const float *dy, const float *x, const mt_bf16 *xb, int n, int in, int out, const struct mt_dyb *dyb)
+                const float *dy, const float *x, const mt_bf16 *xb, int n, int in, int out, struct mt_dyb *dyb)
 {
     float *dw = w->frozen ? NULL : w->grad;
     /* two GEMMs read dy: round it once (struct mt_dyb) */

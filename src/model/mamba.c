@@ -272,9 +272,13 @@ static void mamba_work_bf16(const struct mt_block_shape *sh, int rc, struct mt_w
     /* the residual: seeded by the input norm (1 D) where mamba.c does (one rank, no LoRA),
      * else added by an axpby pass (3 D) */
     const double seed = sh->tp <= 1 && sh->cfg->lora_rank <= 0 ? 1.0 : 0.0, resid = seed > 0 ? 0.0 : 3.0 * D;
-    const double hs = plan_norm_h_store(sh);
-    w->e[MT_WORK_NORM] += (5.5 + hs + seed) * D + (7.5 - 0.5 * dpb) * E + rc * ((1.5 + hs + seed) * D + 2.5 * E);
-    w->e[MT_WORK_ELEMENTWISE] += prep_f + prep_b + resid + 1.5 * D + (1.0 - dpb) * 1.5 * W + rc * (prep_f + resid);
+    /* the residual gradient's twin (plan_norm_twin): the input norm's backward writes it
+     * (0.5 D), Wout's backward reads it instead of rounding dy (1.5 D) */
+    const double hs = plan_norm_h_store(sh), tw = plan_norm_twin(sh);
+    w->e[MT_WORK_NORM] += (5.5 + hs + seed + 0.5 * tw) * D + (7.5 - 0.5 * dpb) * E +
+                          rc * ((1.5 + hs + seed) * D + 2.5 * E);
+    w->e[MT_WORK_ELEMENTWISE] += prep_f + prep_b + resid + 1.5 * (1.0 - tw) * D + (1.0 - dpb) * 1.5 * W +
+                                 rc * (prep_f + resid);
 }
 
 /* The planner's work beyond the GEMMs: the scan's FLOPs as the receipt
@@ -869,7 +873,8 @@ static enum mt_status mamba_backward(struct mt_ctx *ctx, const struct mt_piece_c
     } else if (pc->tp.tp > 1) {
         MT_CHECK(tpa_allreduce(ctx, &pc->tp, pc->dh, (size_t)pc->N * D));
     }
-    ops->rmsnorm_backward(ops->be, pc->dx, pc->g->grad, dhr, pc->x_in, pc->g->data, pc->nm->rstd, Nr, D, 1);
+    MT_ASSERT(Nr == pc->Nr);
+    norm_bwd_twin(pc, dhr);   /* + the residual gradient's bf16 twin */
     return MT_OK;
 }
 

@@ -90,7 +90,7 @@ void mlp_forward_b(const struct mt_ops_i *ops, float *t, float *out, int accumul
  * gemm_bf16 given fp32 rounds the same); the fp32 dg, du and their rounding
  * pass are gone (16 bytes of traffic a hidden unit: 8 written, 8 read back,
  * the 4 bf16 bytes now written by the SwiGLU instead of the cast). */
-static int dgu_direct(const struct mt_ops_i *ops, const mt_bf16 *act_b, const struct mt_dyb *dyb,
+static int dgu_direct(const struct mt_ops_i *ops, const mt_bf16 *act_b, struct mt_dyb *dyb,
                       const struct mt_param *wg, const struct mt_param *wu, size_t nF)
 {
     return ops->swiglu_backward_bf16 && act_b && dyb_room(dyb, nF) && wg->bf16 && wu->bf16 &&
@@ -132,7 +132,7 @@ static void gate_up_bwd_b(const struct mt_ops_i *ops, float *dh, int accumulate,
 static void mlp_bwd_fused(const struct mt_ops_i *ops, float *dh, int accumulate, mt_bf16 *act_b, float *dact,
                           float *dg, float *du, const float *dout, const float *h, const mt_bf16 *hb, const float *g,
                           const float *u, const mt_bf16 *gb, const mt_bf16 *ub, struct mt_param *wg,
-                          struct mt_param *wu, struct mt_param *wd, int n, int D, int F, const struct mt_dyb *dyb)
+                          struct mt_param *wu, struct mt_param *wd, int n, int D, int F, struct mt_dyb *dyb)
 {
     float *dwd = wd->frozen ? NULL : wd->grad;
     const mt_bf16 *db = dwd ? dyb_round(ops, dyb, dout, (size_t)n * D) : NULL;
@@ -155,7 +155,7 @@ static void mlp_bwd_fused(const struct mt_ops_i *ops, float *dh, int accumulate,
 void mlp_backward_b(const struct mt_ops_i *ops, float *t, float *dt, float *dh, int accumulate, float *act,
                     mt_bf16 *act_b, float *dact, float *dg, float *du, const float *dout, const float *h,
                     const mt_bf16 *hb, const float *g, const float *u, struct mt_param *wg, struct mt_param *wu,
-                    struct mt_param *wd, int n, int D, int F, const struct mt_dyb *dyb, int64_t *redo)
+                    struct mt_param *wd, int n, int D, int F, struct mt_dyb *dyb, int64_t *redo)
 {
     if (n <= 0) return;
     act = act_stored(act, act_b, wd, redo);
@@ -215,7 +215,7 @@ static void mlp_forward_gu(const struct mt_ops_i *ops, float *t, float *out, int
 static void mlp_backward_gu(const struct mt_ops_i *ops, float *dh, int accumulate, mt_bf16 *act_b, float *dact,
                             float *dg, float *du, const float *dout, const float *h, const mt_bf16 *hb,
                             const mt_bf16 *gb, const mt_bf16 *ub, struct mt_param *wg, struct mt_param *wu,
-                            struct mt_param *wd, int n, int D, int F, const struct mt_dyb *dyb)
+                            struct mt_param *wd, int n, int D, int F, struct mt_dyb *dyb)
 {
     if (n <= 0) return;
     MT_ASSERT(act_b && dg && du && wg->bf16 && wu->bf16 && wd->bf16);
@@ -294,15 +294,16 @@ static void mlp_work(const struct mt_block_shape *s, int rc, struct mt_work *w)
     if (!strcmp(s->cfg->precision, "bf16") && s->cfg->redo_every <= 0 && s->cfg->lora_rank <= 0) {
         /* precision=bf16 on cuda (mlp_gu_bf16: gate, up stored bf16), 4-byte
          * elements: norm forward reads x, writes h, x_out, h's twin (3.5 D;
-         * 2.5 D where h is not stored: plan_norm_h_store),
-         * backward reads dh, x, dx, writes dx (4 D); swiglu_forward_bf16_gu
-         * reads bf16 g, u, writes bf16 act (1.5 per hidden unit); down's dy
-         * rounded once (1.5 D); swiglu_backward_act_bf16_gud reads bf16 dact
+         * 2.5 D where h is not stored: plan_norm_h_store), backward reads dh,
+         * x, dx, writes dx (4 D; + dx's bf16 twin, 0.5 D: plan_norm_twin);
+         * swiglu_forward_bf16_gu reads bf16 g, u, writes bf16 act (1.5 per
+         * hidden unit); down's dy rounded once (1.5 D; none where it reads the
+         * previous piece's twin); swiglu_backward_act_bf16_gud reads bf16 dact
          * (down's backward GEMM writes it bf16), g, u, writes bf16 act, dg, du
          * (3). rc: the forward again. */
-        const double hs = plan_norm_h_store(s);
-        w->e[MT_WORK_NORM] += (6.5 + hs) * D + rc * (2.5 + hs) * D;
-        w->e[MT_WORK_ELEMENTWISE] += 4.5 * hid + 1.5 * D + rc * 1.5 * hid;
+        const double hs = plan_norm_h_store(s), tw = plan_norm_twin(s);
+        w->e[MT_WORK_NORM] += (6.5 + hs + 0.5 * tw) * D + rc * (2.5 + hs) * D;
+        w->e[MT_WORK_ELEMENTWISE] += 4.5 * hid + 1.5 * (1.0 - tw) * D + rc * 1.5 * hid;
         return;
     }
     w->e[MT_WORK_NORM] += 5.0 * D + rc * 2.0 * D;

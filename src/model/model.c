@@ -1250,8 +1250,7 @@ void ffn_norm_fwd(const struct mt_piece_ctx *pc, float *x_out, int n, int twin_o
 
 void ffn_norm_bwd(const struct mt_piece_ctx *pc, const float *dhr)
 {
-    pc->ops->rmsnorm_backward(pc->ops->be, pc->dx, pc->g->grad, dhr, pc->x_in, pc->g->data, pc->nm->rstd, pc->Nr, pc->D,
-                              1);
+    norm_bwd_twin(pc, dhr);   /* + the residual gradient's bf16 twin */
 }
 
 /* MT_RESID_ADD around a step (mt_blocks.h): before its forward the block
@@ -1349,6 +1348,7 @@ enum mt_status model_block_backward(struct mt_ctx *ctx, struct mt_model *m, stru
     if (k->wrap->enter) {   /* d x_out into the inner d output (in.dx); in.x_in: the inner input stream */
         wrap_inner(k, &pc, &in);
         MT_CHECK(k->wrap->leave_backward(ctx, &pc, &in));
+        dyb_twin_drop(&m->s_dyb);   /* the wrapper wrote the streams: no twin stands */
         x0 = in.x_in;
     } else {
         in = pc;
@@ -1360,7 +1360,10 @@ enum mt_status model_block_backward(struct mt_ctx *ctx, struct mt_model *m, stru
         if (k->steps[i].resid == MT_RESID_ADD) step_norm_bwd(&in);
     }
     /* the inner d input scattered (+=) into the block's dx */
-    return k->wrap->enter ? k->wrap->enter_backward(ctx, &pc, &in) : MT_OK;
+    if (!k->wrap->enter) return MT_OK;
+    enum mt_status rc = k->wrap->enter_backward(ctx, &pc, &in);
+    dyb_twin_drop(&m->s_dyb);
+    return rc;
 }
 
 /* 1 when kind `kind` has the piece p among its steps. */
@@ -1610,6 +1613,7 @@ enum mt_status mt_model_backward_stage(struct mt_ctx *ctx, struct mt_model *m, c
     if (!m->last && !dy_out)
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "model backward: a stage before the last needs d(output)");
     m->have_fwd = 0;   /* logits will hold dlogits: no second backward of this forward */
+    dyb_twin_drop(&m->s_dyb);   /* a twin of the last backward stands for nothing now */
     if (m->last) {
         MT_CHECK(hook(ctx, m, m->hooks.pre_backward, m->L + 1));
         mt_head.backward(m);                        /* dx = d x_final */
@@ -1618,6 +1622,9 @@ enum mt_status mt_model_backward_stage(struct mt_ctx *ctx, struct mt_model *m, c
     } else {
         ops->copy(ops->be, m->dx, dy_out, (size_t)m->Nr * D * sizeof(float));
     }
+    /* between the blocks below a twin is handed on: the hooks (ZeRO's gathers and
+     * reductions) and a block's recompute forward touch neither dx nor the dy scratch */
+    dyb_twin_drop(&m->s_dyb);
     for (int l = m->l1 - 1; l >= m->l0; l--) {
         struct mt_layer *ly = &m->layers[l];
         MT_CHECK(hook(ctx, m, m->hooks.pre_backward, 1 + l));

@@ -132,7 +132,18 @@ struct mt_slot {
  * (ops->cast_bf16) and both GEMMs, dW += dy^T x and dx = dy W, read that
  * copy, instead of each rounding dy inside gemm_bf16 (the same bf16 values,
  * round to nearest even both ways: the same bits, half the conversions) */
-struct mt_dyb { mt_bf16 *p; size_t cap; };
+struct mt_dyb {
+    mt_bf16     *p;
+    size_t       cap;
+    /* the residual gradient's twin: p holds bf16(twin_of[0..twin_n)), written by
+     * the block input norm's backward that made twin_of final (norm_bwd_twin),
+     * so the next piece's first dyb_round of that same array reads it instead of
+     * rounding again (the same bits). Any other write of p (dyb_room, a
+     * dyb_round that misses) and every write of the array outside a piece's
+     * final norm (model.c: twin_drop) drops it: NULL. */
+    const float *twin_of;
+    size_t       twin_n;
+};
 
 struct mt_model {
     struct mt_config       cfg;
@@ -341,16 +352,25 @@ static inline void proj_bwd_dyb(const struct mt_ops_i *ops, float *dx, float bet
     MT_ASSERT(!w->lora_a);
     wlinear_backward_db(ops, dx, beta_dx, w->frozen ? NULL : w->grad, NULL, dyb, x, xb, w, n, in, out);
 }
-/* the model's bf16 dy scratch when it holds n > 0 elements, else NULL (none, or too small) */
-static inline mt_bf16 *dyb_room(const struct mt_dyb *dyb, size_t n)
+/* the model's bf16 dy scratch when it holds n > 0 elements, else NULL (none, or too
+ * small). The caller may write it: the residual gradient's twin there is dropped. */
+static inline mt_bf16 *dyb_room(struct mt_dyb *dyb, size_t n)
 {
-    return dyb && dyb->p && n > 0 && n <= dyb->cap ? dyb->p : NULL;
+    if (!dyb || !dyb->p || n == 0 || n > dyb->cap) return NULL;
+    dyb->twin_of = NULL;
+    return dyb->p;
 }
+/* the twin no longer stands for its array: the array is about to change, or
+ * changed, outside a piece's final norm (model.c, mtp.c) */
+static inline void dyb_twin_drop(struct mt_dyb *dyb) { dyb->twin_of = NULL; }
 /* precision=bf16: n elements of dy rounded once into the model's bf16 dy scratch, for
  * the GEMMs that read it (a gemm_bf16 given fp32 rounds its operand per call); NULL
- * when there is no scratch or it is too small (they round per call) */
-static inline const mt_bf16 *dyb_round(const struct mt_ops_i *ops, const struct mt_dyb *dyb, const float *dy, size_t n)
+ * when there is no scratch or it is too small (they round per call). When the
+ * scratch already holds dy's twin (the residual gradient, from the previous piece's
+ * norm_bwd_twin), that copy, with no rounding pass. */
+static inline const mt_bf16 *dyb_round(const struct mt_ops_i *ops, struct mt_dyb *dyb, const float *dy, size_t n)
 {
+    if (dyb && dyb->twin_of == dy && dyb->twin_n == n && n > 0) return dyb->p;
     mt_bf16 *p = dyb_room(dyb, n);
     if (p) ops->cast_bf16(ops->be, p, dy, n);
     return p;
@@ -371,6 +391,17 @@ static inline double plan_norm_h_store(const struct mt_block_shape *s)
 {
     const int sp = s->tp > 1 && s->cfg->sequence_parallel;
     return !strcmp(s->cfg->precision, "bf16") && s->cfg->lora_rank <= 0 && !sp ? 0.0 : 1.0;
+}
+
+/* The planner's count of the residual gradient's twin (norm_bwd_twin): 1 where
+ * a piece's final norm backward writes bf16(dx) (0.5 D more there) and the next
+ * piece's dyb_round of dx reads it (its 1.5 D rounding pass gone):
+ * precision=bf16 without SP; else 0. First order: the top block's first reader
+ * (after the head) and a wrapper's steps still round. */
+static inline double plan_norm_twin(const struct mt_block_shape *s)
+{
+    const int sp = s->tp > 1 && s->cfg->sequence_parallel;
+    return !strcmp(s->cfg->precision, "bf16") && !sp ? 1.0 : 0.0;
 }
 
 /* head_dim as config.c resolves it (0: d_model / n_head): attention's head
@@ -412,7 +443,7 @@ struct mt_piece_ctx {
     /* shared WORKSPACE scratch (see struct mt_model) */
     float *dx, *dh, *s_full, *s_red;
     float *s_act, *s_dact, *s_dg, *s_du, *s_lora, *s_dlora;
-    const struct mt_dyb *dyb;        /* bf16 dy scratch (precision=bf16; p NULL else) */
+    struct mt_dyb *dyb;        /* bf16 dy scratch (precision=bf16; p NULL else) */
     int   bf16;                      /* precision=bf16: carve the activation twins  */
     const struct mt_loss_norm   *norm;  /* the microbatch's loss normalisation (aux/z) */
     int   layer;                     /* ly's layer number (-1: ly NULL)             */
@@ -426,6 +457,26 @@ struct mt_piece_ctx {
     struct mt_tp_axis tp;
     struct mt_ep_axis ep;
 };
+
+/* A piece's last op: dx += rmsnorm_backward(dh) over its Nr rows (the step's input
+ * norm, accumulate 1). In precision=bf16, where the backend has the bf16 entry and
+ * the dy scratch holds the rows, the same pass also leaves bf16(dx) there (the
+ * residual gradient's twin: struct mt_dyb), so the next piece's first dyb_round(dx)
+ * is a read, not a rounding pass (the same bits). */
+static inline void norm_bwd_twin(const struct mt_piece_ctx *pc, const float *dh)
+{
+    const struct mt_ops_i *ops = pc->ops;
+    const size_t n = (size_t)pc->Nr * (size_t)pc->D;
+    mt_bf16 *tw = pc->bf16 && ops->rmsnorm_backward_bf16 ? dyb_room(pc->dyb, n) : NULL;
+    if (!tw) {
+        ops->rmsnorm_backward(ops->be, pc->dx, pc->g->grad, dh, pc->x_in, pc->g->data, pc->nm->rstd, pc->Nr, pc->D, 1);
+        return;
+    }
+    ops->rmsnorm_backward_bf16(ops->be, pc->dx, tw, pc->g->grad, dh, pc->x_in, pc->g->data, pc->nm->rstd, pc->Nr,
+                               pc->D, 1);
+    pc->dyb->twin_of = pc->dx;
+    pc->dyb->twin_n = n;
+}
 /* model.c: the narrow context of layer ly (ly may be NULL: dims only). */
 void model_piece_ctx(struct mt_model *m, struct mt_layer *ly, struct mt_piece_ctx *pc);
 
@@ -444,7 +495,7 @@ void proj_bwd(const struct mt_ops_i *ops, float *t, float *dt, float *dx, float 
 void proj_fwd_b(const struct mt_ops_i *ops, float *t, float *y, const float *x, const mt_bf16 *xb,
                 const struct mt_param *w, int n, int in, int out, float beta);
 void proj_bwd_b(const struct mt_ops_i *ops, float *t, float *dt, float *dx, float beta_dx, struct mt_param *w,
-                const float *dy, const float *x, const mt_bf16 *xb, int n, int in, int out, const struct mt_dyb *dyb);
+                const float *dy, const float *x, const mt_bf16 *xb, int n, int in, int out, struct mt_dyb *dyb);
 /* The adapter half alone, for one A shared by nb stacked base matrices w[b]
  * (rows[b], in) whose outputs are column slices of y / dy (row stride ldy):
  * y_b += s (x A^T) B_b^T; backward dB_b, dA +=, dx += (the base's GEMMs are
@@ -485,7 +536,7 @@ void mlp_forward_b(const struct mt_ops_i *ops, float *t, float *out, int accumul
 void mlp_backward_b(const struct mt_ops_i *ops, float *t, float *dt, float *dh, int accumulate, float *act,
                     mt_bf16 *act_b, float *dact, float *dg, float *du, const float *dout, const float *h,
                     const mt_bf16 *hb, const float *g, const float *u, struct mt_param *wg, struct mt_param *wu,
-                    struct mt_param *wd, int n, int D, int F, const struct mt_dyb *dyb, int64_t *redo);
+                    struct mt_param *wd, int n, int D, int F, struct mt_dyb *dyb, int64_t *redo);
 /* the same, adding the ReDo scores of its F units to redo (int64 (F), +=; NULL: none) */
 void mlp_backward_redo(const struct mt_ops_i *ops, float *t, float *dt, float *dh, int accumulate, float *act,
                        float *dact, float *dg, float *du, const float *dout, const float *h, const float *g,

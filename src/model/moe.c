@@ -496,8 +496,11 @@ static void moe_work(const struct mt_block_shape *sh, int rc, struct mt_work *w)
          *   its dy rounded once (1.5 D); router softmax, routing, aux and their backward:
          *   about 8 Er + 8 k. rc: the forward again. */
         const double k = (double)s->top_k, Fe = (double)s->Fe, Fs = (double)s->Fs, Er = (double)(s->E + s->Z);
-        const double sh_n = s->Fs > 0 ? 0.5 * D : 0.0, sh_e = s->Fs > 0 ? 7.0 * Fs + 1.5 * D : 0.0;
-        w->e[MT_WORK_NORM] += 7.0 * D + sh_n + rc * (3.0 * D + sh_n);
+        /* the residual gradient's twin (plan_norm_twin): the norm's backward writes it
+         * (0.5 D); the shared expert's dy reads it instead of rounding */
+        const double tw = plan_norm_twin(sh);
+        const double sh_n = s->Fs > 0 ? 0.5 * D : 0.0, sh_e = s->Fs > 0 ? 7.0 * Fs + 1.5 * (1.0 - tw) * D : 0.0;
+        w->e[MT_WORK_NORM] += 7.0 * D + 0.5 * tw * D + sh_n + rc * (3.0 * D + sh_n);
         w->e[MT_WORK_ELEMENTWISE] += 6.5 * k * D + 7.0 * D + 7.0 * k * Fe + sh_e + 8.0 * Er + 8.0 * k +
                                      rc * (2.5 * k * D + 2.0 * D + 2.5 * k * Fe + 2.5 * Fs + 4.0 * Er + 4.0 * k);
         return;

@@ -215,6 +215,7 @@ enum mt_status mtp_backward(struct mt_ctx *ctx, struct mt_model *m)
         ops->gemm(ops->be, 0, 0, n, D, V, 1.0f, s->logits, V, m->lm_head->data, D, 0.0f, m->dh, D);
         ops->rmsnorm_backward(ops->be, m->dx, p->norm->grad, m->dh, s->out, p->norm->data, s->orstd, n, D, 0);
         if (k < m->mtp_depth) ops->axpby(ops->be, m->dx, m->mtp_carry, 1.0f, 1.0f, nD);   /* + module k+1's */
+        dyb_twin_drop(&m->s_dyb);   /* dx was written above, outside a piece's final norm */
         enum mt_status rc = model_block_backward(ctx, m, &s->ly);                       /* dx = d h' */
         if (rc != MT_OK) {
             m->redo_armed = armed;

@@ -508,6 +508,15 @@ struct mt_ops_i {
      * output), read widened (exact) in place of q_raw, k_raw (then ignored,
      * may be NULL); both or neither. 4 bytes an element of q', k' not moved
      * forward (the fp32 store, the read), 2 backward. */
+    /* rmsnorm_backward_bf16: rmsnorm_backward (same dinp, same dweight, the
+     * same bits) that also writes dinp_b = bf16 of the final dinp (after
+     * the accumulation; nearest even) from the same pass: a block input
+     * norm's backward gives the residual gradient's twin to the next piece,
+     * whose GEMMs would round it (struct mt_dyb in model_impl.h). Optional
+     * (NULL: the readers round dinp themselves). */
+    void (*rmsnorm_backward_bf16)(void *be, float *dinp, mt_bf16 *dinp_b, float *dweight, const float *dout,
+                                  const float *inp, const float *weight, const float *rstd, int N, int C,
+                                  int accumulate);
     /* swiglu_backward_bf16: dgate_b = bf16(dg), dup_b = bf16(du) (nearest
      * even; =), where dg, du are exactly the values swiglu_backward computes
      * from the same dout, gate, up (its bits, element by element), and no

@@ -209,7 +209,7 @@ static void test_table(void)
         E(moe_combine_backward_bf16),
         E(adamw_update), E(muon_momentum), E(transpose), E(gemm_bf16), E(cast_bf16), E(rmsnorm_forward_bf16),
         E(rmsnorm_resid_forward), E(qk_norm_rope_forward), E(qk_norm_rope_backward), E(rmsnorm_resid_forward_bf16),
-        E(qk_norm_rope_backward_bf16), E(qk_norm_rope_forward_bf16),
+        E(qk_norm_rope_backward_bf16), E(qk_norm_rope_forward_bf16), E(rmsnorm_backward_bf16),
         E(swiglu_forward_bf16), E(swiglu_backward_bf16), E(swiglu_backward_act_bf16), E(swiglu_forward_bf16_gu),
         E(swiglu_backward_act_bf16_gu), E(swiglu_backward_act_bf16_gud), E(gemm_bf16_out), E(widen_bf16),
         E(moe_route), E(moe_seq_stats), E(moe_aux_loss), E(moe_aux_backward), E(xent_fused), E(xent_fused_bf16),

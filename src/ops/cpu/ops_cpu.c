@@ -272,6 +272,15 @@ static void p_rmsnorm_backward(void *be, float *dinp, float *dweight, const floa
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_NORM, mt_cpu_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C, accumulate));
 }
+/* the same backward, then the final dinp rounded (the cpu backend has no fused form: same numbers) */
+static void p_rmsnorm_backward_bf16(void *be, float *dinp, mt_bf16 *dinp_b, float *dweight, const float *dout,
+                                    const float *inp, const float *weight, const float *rstd, int N, int C,
+                                    int accumulate)
+{
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    PROF(MT_OPK_NORM, mt_cpu_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C, accumulate);
+         mt_cpu_cast_bf16(dinp_b, dinp, (size_t)N * (size_t)C));
+}
 static void p_rope_forward(void *be, float *out, const float *inp, const float *cos_tab, const float *sin_tab, int N,
                            int T, int pos0, int nh, int hd)
 {
@@ -812,6 +821,7 @@ static const struct mt_ops_i cpu_ops = {
     /* .qk_norm_rope_backward = */ .qk_norm_rope_backward = p_qk_norm_rope_backward,
     /* .qk_norm_rope_forward_bf16 = */ .qk_norm_rope_forward_bf16 = p_qk_norm_rope_forward_bf16,
     /* .qk_norm_rope_backward_bf16 = */ .qk_norm_rope_backward_bf16 = p_qk_norm_rope_backward_bf16,
+    /* .rmsnorm_backward_bf16 = */ .rmsnorm_backward_bf16 = p_rmsnorm_backward_bf16,
     /* .rmsnorm_resid_forward_bf16 = */ .rmsnorm_resid_forward_bf16 = p_rmsnorm_resid_forward_bf16,
     /* .swiglu_forward_bf16        = */ .swiglu_forward_bf16        = p_swiglu_forward_bf16,
     /* .swiglu_backward_bf16       = */ .swiglu_backward_bf16       = p_swiglu_backward_bf16,

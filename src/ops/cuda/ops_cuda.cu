@@ -332,6 +332,7 @@ static struct mt_ops_i cuda_ops = {
     /* .swiglu_forward_bf16        = */ .swiglu_forward_bf16        = PROF(MT_OPK_ELEMENTWISE, mt_cuda_swiglu_forward_bf16),
     /* .qk_norm_rope_forward_bf16 = */ .qk_norm_rope_forward_bf16 = PROF(MT_OPK_NORM, mt_cuda_qk_norm_rope_forward_bf16),
     /* .qk_norm_rope_backward_bf16 = */ .qk_norm_rope_backward_bf16 = PROF(MT_OPK_NORM, mt_cuda_qk_norm_rope_backward_bf16),
+    /* .rmsnorm_backward_bf16 = */ .rmsnorm_backward_bf16 = PROF(MT_OPK_NORM, mt_cuda_rmsnorm_backward_bf16),
     /* .swiglu_backward_bf16       = */ .swiglu_backward_bf16       = PROF(MT_OPK_ELEMENTWISE, mt_cuda_swiglu_backward_bf16),
     /* .swiglu_backward_act_bf16   = */ .swiglu_backward_act_bf16   = PROF(MT_OPK_ELEMENTWISE, mt_cuda_swiglu_backward_act_bf16),
     /* .swiglu_forward_bf16_gu     = */ .swiglu_forward_bf16_gu     = PROF(MT_OPK_ELEMENTWISE, mt_cuda_swiglu_forward_bf16_gu),

@@ -133,8 +133,8 @@ rms_fwd_k(float *out, __nv_bfloat16 *ob, float *rstd, float *resid, const float 
  * larger rows load them again (L1). */
 template <int NV>
 static __global__ void __launch_bounds__(RMS_THREADS)
-rms_bwd_vec_k(float *dinp, float *partial, const float *dout, const float *inp, const float *w, const float *rstd,
-              int N, int C, int lg, int R, int accumulate)
+rms_bwd_vec_k(float *dinp, __nv_bfloat16 *dinp_b, float *partial, const float *dout, const float *inp, const float *w,
+              const float *rstd, int N, int C, int lg, int R, int accumulate)
 {
     const bool cache = NV <= 8;
     size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -186,6 +186,7 @@ rms_bwd_vec_k(float *dinp, float *partial, const float *dout, const float *inp, 
                 v.w = d.w + v.w;
             }
             mt_st_f4(dinp + base + c, v);
+            if (dinp_b) mt_st_bf16x4(dinp_b + base + c, v);   /* the final d inp's twin */
             acc[j].x += g.x * x.x * r;
             acc[j].y += g.y * x.y * r;
             acc[j].z += g.z * x.z * r;
@@ -201,8 +202,8 @@ rms_bwd_vec_k(float *dinp, float *partial, const float *dout, const float *inp, 
 }
 
 /* Backward, scalar path: one warp per row (lane-strided sums). */
-static __global__ void rms_bwd_dx_k(float *dinp, const float *dout, const float *inp, const float *w,
-                                    const float *rstd, int N, int C, int accumulate)
+static __global__ void rms_bwd_dx_k(float *dinp, __nv_bfloat16 *dinp_b, const float *dout, const float *inp,
+                                    const float *w, const float *rstd, int N, int C, int accumulate)
 {
     int n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / MT_WARP, lane = threadIdx.x % MT_WARP;
     if (n >= N) return;
@@ -214,7 +215,9 @@ static __global__ void rms_bwd_dx_k(float *dinp, const float *dout, const float 
     float mean = dot * r / (float)C;  /* mean_c(dout*w*xhat) */
     for (int c = lane; c < C; c += MT_WARP) {
         float v = r * (g[c] * w[c] - x[c] * r * mean);
-        dx[c] = accumulate ? dx[c] + v : v;
+        v = accumulate ? dx[c] + v : v;
+        dx[c] = v;
+        if (dinp_b) dinp_b[(size_t)n * (size_t)C + (size_t)c] = mt_cuda_bf16_rn(v);
     }
 }
 
@@ -325,13 +328,13 @@ extern "C" void mt_cuda_rmsnorm_forward_bf16(void *be, float *out, mt_bf16 *out_
     mt_cuda_rms_rows_forward(out, (__nv_bfloat16 *)out_bf16, rstd, NULL, inp, weight, N, C, eps);
 }
 
-extern "C" void mt_cuda_rmsnorm_backward(void *be, float *dinp, float *dweight, const float *dout, const float *inp,
-                                         const float *weight, const float *rstd, int N, int C, int accumulate)
+/* both entries: dinp_b NULL, or where the final dinp's bf16 twin goes */
+static void rms_backward(float *dinp, __nv_bfloat16 *dinp_b, float *dweight, const float *dout, const float *inp,
+                         const float *weight, const float *rstd, int N, int C, int accumulate)
 {
-    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (N <= 0 || C <= 0) return;
     bool vec = C % 4 == 0 && C <= RMS_VEC_MAX_C && mt_cuda_aligned(dinp, 16) && mt_cuda_aligned(dout, 16) &&
-               mt_cuda_aligned(inp, 16) && mt_cuda_aligned(weight, 16);
+               mt_cuda_aligned(inp, 16) && mt_cuda_aligned(weight, 16) && (!dinp_b || mt_cuda_aligned(dinp_b, 8));
     if (vec) {
         /* chunk rows: 64, halved (down to 8) while fewer than 1024 warps would run */
         int lg = mt_cuda_rms_lanes_log2(C), R = 64;
@@ -345,8 +348,8 @@ extern "C" void mt_cuda_rmsnorm_backward(void *be, float *dinp, float *dweight, 
         }
         if (vec) {
             unsigned blocks = rms_blocks((size_t)nchunk, lg);
-            RMS_NV_SWITCH(rms_nv(C), rms_bwd_vec_k, blocks, dinp, partial, dout, inp, weight, rstd, N, C, lg, R,
-                          accumulate)
+            RMS_NV_SWITCH(rms_nv(C), rms_bwd_vec_k, blocks, dinp, dinp_b, partial, dout, inp, weight, rstd, N, C, lg,
+                          R, accumulate)
             MT_CUDA_KCHECK();
             if (dweight) mt_cuda_rms_dw_reduce(dweight, NULL, partial, nchunk, 0, C);
             return;
@@ -358,11 +361,26 @@ extern "C" void mt_cuda_rmsnorm_backward(void *be, float *dinp, float *dweight, 
     float *partial = (float *)mt_cuda_workspace((size_t)nchunk * (size_t)C * sizeof(float));
     if (!partial) return;
     MT_LAUNCH(rms_bwd_dx_k, (N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK, ROWS_PER_BLOCK * MT_WARP, 0)
-        (dinp, dout, inp, weight, rstd, N, C, accumulate);
+        (dinp, dinp_b, dout, inp, weight, rstd, N, C, accumulate);
     MT_CUDA_KCHECK();
     if (!dweight) return;   /* a frozen gain (LoRA base) has no gradient buffer: dx alone */
     dim3 g1((unsigned)((C + DW_THREADS - 1) / DW_THREADS), (unsigned)nchunk);
     MT_LAUNCH(rms_bwd_dw1_k, g1, DW_THREADS, 0)(partial, dout, inp, rstd, N, C, rows);
     MT_CUDA_KCHECK();
     mt_cuda_rms_dw_reduce(dweight, NULL, partial, nchunk, 0, C);
+}
+
+extern "C" void mt_cuda_rmsnorm_backward(void *be, float *dinp, float *dweight, const float *dout, const float *inp,
+                                         const float *weight, const float *rstd, int N, int C, int accumulate)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    rms_backward(dinp, NULL, dweight, dout, inp, weight, rstd, N, C, accumulate);
+}
+
+extern "C" void mt_cuda_rmsnorm_backward_bf16(void *be, float *dinp, mt_bf16 *dinp_b, float *dweight, const float *dout,
+                                              const float *inp, const float *weight, const float *rstd, int N, int C,
+                                              int accumulate)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    rms_backward(dinp, (__nv_bfloat16 *)dinp_b, dweight, dout, inp, weight, rstd, N, C, accumulate);
 }
