@@ -818,7 +818,7 @@ static enum mt_status mamba_forward(struct mt_ctx *ctx, const struct mt_piece_ct
      * row: read x_out and x_in, write x_out; the seed and the GEMM's read of it are 2) */
     const int seed = pc->tp.tp == 1 && !pc->lora && mixer_bf16(mbw(pc)) && pc->nm->hb &&
                      ops->rmsnorm_resid_forward_bf16;
-    float *hn = (float *)mamba_h(pc, pc->nm->h_n);   /* NULL: the twin alone (mamba_h_unread) */
+    float *hn = mamba_h_unread(pc) ? NULL : pc->nm->h_n;   /* NULL: the twin alone */
     if (seed)
         ops->rmsnorm_resid_forward_bf16(ops->be, hn, pc->nm->hb, pc->nm->rstd, a->x_out, pc->x_in, pc->g->data, Nr, D,
                                         pc->norm_eps);
