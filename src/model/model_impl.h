@@ -140,7 +140,7 @@ struct mt_dyb {
      * so the next piece's first dyb_round of that same array reads it instead of
      * rounding again (the same bits). Any other write of p (dyb_room, a
      * dyb_round that misses) and every write of the array outside a piece's
-     * final norm (model.c: twin_drop) drops it: NULL. */
+     * final norm (dyb_twin_drop, model.c and mtp.c) drops it: NULL. */
     const float *twin_of;
     size_t       twin_n;
 };
@@ -443,7 +443,7 @@ struct mt_piece_ctx {
     /* shared WORKSPACE scratch (see struct mt_model) */
     float *dx, *dh, *s_full, *s_red;
     float *s_act, *s_dact, *s_dg, *s_du, *s_lora, *s_dlora;
-    struct mt_dyb *dyb;        /* bf16 dy scratch (precision=bf16; p NULL else) */
+    struct mt_dyb *dyb;              /* bf16 dy scratch (precision=bf16; p NULL else) */
     int   bf16;                      /* precision=bf16: carve the activation twins  */
     const struct mt_loss_norm   *norm;  /* the microbatch's loss normalisation (aux/z) */
     int   layer;                     /* ly's layer number (-1: ly NULL)             */
@@ -467,7 +467,8 @@ static inline void norm_bwd_twin(const struct mt_piece_ctx *pc, const float *dh)
 {
     const struct mt_ops_i *ops = pc->ops;
     const size_t n = (size_t)pc->Nr * (size_t)pc->D;
-    mt_bf16 *tw = pc->bf16 && ops->rmsnorm_backward_bf16 ? dyb_room(pc->dyb, n) : NULL;
+    /* under SP the next piece's GEMMs read the gathered rows, never dx itself: no twin */
+    mt_bf16 *tw = pc->bf16 && !pc->tp.sp && ops->rmsnorm_backward_bf16 ? dyb_room(pc->dyb, n) : NULL;
     if (!tw) {
         ops->rmsnorm_backward(ops->be, pc->dx, pc->g->grad, dh, pc->x_in, pc->g->data, pc->nm->rstd, pc->Nr, pc->D, 1);
         return;
