@@ -722,6 +722,19 @@ if [ -x "$EMU/meshtrain" ] && [ -f "$EMU/train.bin" ]; then
             "$EMU/launch_hybkp.log" >"$EMU/prof_kernels.txt" 2>&1; then
         echo "PASS kernel profile (MT_CUDA_KERNEL_PROFILE=1), hybrid + MoE: $(tail -1 "$EMU/prof_kernels.txt")"
     else cat "$EMU/prof_kernels.txt" 2>/dev/null; echo "FAIL: kernel profile"; fail=1; fi
+    # ... and in precision=bf16 at head dim 64 (attention v2/v3, the bf16 SwiGLU backward):
+    # kernels whose MT_LAUNCH text has parentheses and spaces ("(attn_v2_fwd_k<HD, MW>)"),
+    # named as one word in the log and the profile alike
+    rm -f "$EMU/launch_kp16.log"
+    if env MT_CUDA_KERNEL_PROFILE=1 MT_CUDA_LAUNCH_LOG="$EMU/launch_kp16.log" OMP_NUM_THREADS=1 "$EMU/meshtrain" train \
+            --set vocab_size=64 --set n_layer=2 --set d_model=128 --set n_head=2 --set n_kv_head=2 --set seq_len=64 \
+            --set batch_size=2 --set lr=0.01 --set warmup_steps=2 --set pattern=AE --set n_experts=4 --set top_k=2 \
+            --set expert_hidden=32 --set precision=bf16 --backend cuda --knob cuda_graphs=0 --peak-flops 1e11 --quiet \
+            --data "$EMU/train.bin" --out "$EMU/run_prof_kp16" --steps 2 >"$EMU/train_prof_kp16.log" 2>&1 &&
+       grep -q '^launch attn_v2_fwd_k<HD,MW> ' "$EMU/launch_kp16.log" &&
+       python3 "$PC" kernels "$EMU/run_prof_kp16/receipt.json" "$EMU/launch_kp16.log" >"$EMU/prof_kernels16.txt" 2>&1; then
+        echo "PASS kernel profile, precision=bf16 hd 64 (v2/v3 attention): $(tail -1 "$EMU/prof_kernels16.txt")"
+    else tail -3 "$EMU/train_prof_kp16.log"; cat "$EMU/prof_kernels16.txt" 2>/dev/null; echo "FAIL: kernel profile (bf16)"; fail=1; fi
     # the checker's own plants: each must fail it
     if [ $prof_ok -eq 1 ] && python3 - "$EMU/run_prof_dense/receipt.json" "$EMU" <<'PY' &&
 import json, sys

@@ -64,6 +64,17 @@ void *mt_cuda_workspace(size_t bytes)
     return p;
 }
 
+/* a kernel's name as one word: MT_LAUNCH's text without the parentheses and
+ * spaces of "(attn_v2_fwd_k<HD, MW>)", as the launch log and the profile's
+ * labels both give it (so tests/cuda/prof_check.py can match them) */
+static void kernel_word(char *dst, size_t cap, const char *name)
+{
+    size_t n = 0;
+    for (const char *c = name; *c && n + 1 < cap; c++)
+        if (*c != ' ' && *c != '(' && *c != ')') dst[n++] = *c;
+    dst[n] = 0;
+}
+
 /* ---- counters and the launch log (cuda_impl.cuh, docs/cuda.md) ---- */
 void mt_cuda_note_launch(const char *name, dim3 grid, dim3 block, size_t smem)
 {
@@ -71,13 +82,8 @@ void mt_cuda_note_launch(const char *name, dim3 grid, dim3 block, size_t smem)
     if (!mt_cuda_be->launch_log) return;
     const unsigned long long threads =
         (unsigned long long)grid.x * grid.y * grid.z * (unsigned long long)block.x * block.y * block.z;
-    /* the name as one word: MT_LAUNCH's text without the parentheses and
-     * spaces of "(attn_v2_fwd_k<HD, MW>)" */
     char word[128];
-    size_t n = 0;
-    for (const char *c = name; *c && n + 1 < sizeof word; c++)
-        if (*c != ' ' && *c != '(' && *c != ')') word[n++] = *c;
-    word[n] = 0;
+    kernel_word(word, sizeof word, name);
     fprintf(mt_cuda_be->launch_log, "launch %s grid %u %u %u block %u %u %u threads %llu smem %zu\n", word, grid.x,
             grid.y, grid.z, block.x, block.y, block.z, threads, smem);
 }
@@ -143,6 +149,7 @@ static void prof_end(struct mt_cuda_backend *B, int i)
  * table entry around it already counts it in its kind) */
 #define PROF_KERNEL 0xff
 
+
 /* the label "kernel:NAME" of a kernel, made once; NULL-safe fallback */
 static const char *kprof_label(struct mt_cuda_backend *B, const char *kern)
 {
@@ -152,7 +159,8 @@ static const char *kprof_label(struct mt_cuda_backend *B, const char *kern)
     size_t n = strlen(kern) + 8;
     char *l = (char *)malloc(n);
     if (!l) return "kernel:(more)";
-    snprintf(l, n, "kernel:%s", kern);
+    memcpy(l, "kernel:", 7);
+    kernel_word(l + 7, n - 7, kern);
     B->kprof_label[B->kprof_n].kern = kern;
     B->kprof_label[B->kprof_n].label = l;
     B->kprof_n++;
