@@ -343,14 +343,19 @@ static void mlp_carve_scratch(const struct mt_piece_ctx *pc, struct mt_carver *c
         mown(pc)->act_b = carve(c, MT_BUCKET_WORKSPACE, (size_t)pc->N * (size_t)mown(pc)->F * 2);
 }
 
+/* gate and up stored bf16 (mgb): their GEMMs, forward and dW, read the norm's twin
+ * alone (shadowed weights, no adapter, no ReDo), so h is neither stored nor passed */
+static int mlp_h_unread(const struct mt_piece_ctx *pc, const struct mlp_state *st)
+{
+    return st->mgb && pc->nm->hb;
+}
+
 static enum mt_status mlp_piece_forward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, struct mt_piece_fwd *a)
 {
     struct mlp_state *st = pc->st;
     const int n = a->B * a->T, D = pc->D;
     float *x_out = a->x_out;
-    /* gate and up stored bf16 (mgb): their GEMMs, forward and dW, read the norm's twin
-     * alone (shadowed weights, no adapter, no ReDo), so h is neither stored nor passed */
-    const int unread = st->mgb && pc->nm->hb;
+    const int unread = mlp_h_unread(pc, st);
     ffn_norm_fwd(pc, x_out, n, unread);
     /* TP region: this rank's F/tp hidden units over all N rows (SP: gathered first) */
     if (pc->tp.tp > 1 && pc->tp.sp) MT_CHECK(tpa_gather_rows(ctx, &pc->tp, pc->nm->h, pc->nm->h_n, n / pc->tp.tp, D));
@@ -380,7 +385,7 @@ static enum mt_status mlp_piece_backward(struct mt_ctx *ctx, const struct mt_pie
     }
     if (st->mgb)
         mlp_backward_gu(pc->ops, pc->dh, 0, mown(pc)->act_b, pc->s_dact, pc->s_dg, pc->s_du, dy,
-                        pc->nm->hb ? NULL : pc->nm->h, pc->nm->hb,
+                        mlp_h_unread(pc, st) ? NULL : pc->nm->h, pc->nm->hb,
                         st->mgb, st->mub, w->wg, w->wu, w->wd, N, D, mown(pc)->F, pc->dyb);
     else
         mlp_backward_b(pc->ops, pc->s_lora, pc->s_dlora, pc->dh, 0, pc->s_act, mown(pc)->act_b, pc->s_dact, pc->s_dg,

@@ -387,10 +387,13 @@ static inline void wlinear_backward(const struct mt_ops_i *ops, float *dx, float
  * mlp.c's gate/up path, mamba.c mamba_h_unread: precision=bf16, no SP, no
  * adapter reading h), else 1. Any LoRA counts as an adapter on h (the code
  * asks per projection): the count errs high there. */
+static inline int plan_bf16_twins(const struct mt_block_shape *s)   /* bf16, and the norms have twins: no SP */
+{
+    return !strcmp(s->cfg->precision, "bf16") && !(s->tp > 1 && s->cfg->sequence_parallel);
+}
 static inline double plan_norm_h_store(const struct mt_block_shape *s)
 {
-    const int sp = s->tp > 1 && s->cfg->sequence_parallel;
-    return !strcmp(s->cfg->precision, "bf16") && s->cfg->lora_rank <= 0 && !sp ? 0.0 : 1.0;
+    return plan_bf16_twins(s) && s->cfg->lora_rank <= 0 ? 0.0 : 1.0;
 }
 
 /* The planner's count of the residual gradient's twin (norm_bwd_twin): 1 where
@@ -398,11 +401,7 @@ static inline double plan_norm_h_store(const struct mt_block_shape *s)
  * piece's dyb_round of dx reads it (its 1.5 D rounding pass gone):
  * precision=bf16 without SP; else 0. First order: the top block's first reader
  * (after the head) and a wrapper's steps still round. */
-static inline double plan_norm_twin(const struct mt_block_shape *s)
-{
-    const int sp = s->tp > 1 && s->cfg->sequence_parallel;
-    return !strcmp(s->cfg->precision, "bf16") && !sp ? 1.0 : 0.0;
-}
+static inline double plan_norm_twin(const struct mt_block_shape *s) { return plan_bf16_twins(s) ? 1.0 : 0.0; }
 
 /* head_dim as config.c resolves it (0: d_model / n_head): attention's head
  * width and the RoPE tables' (model.c, infer.c). */

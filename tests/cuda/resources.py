@@ -65,10 +65,6 @@ def split_name(name):
     return base.rsplit("::", 1)[-1].strip(), args
 
 
-def base_name(name):
-    return split_name(name)[0]
-
-
 def read_res(root):
     """{mangled: {regs, spill_st, spill_ld, stack, smem}} of every kernel entry"""
     ents, cur = {}, None

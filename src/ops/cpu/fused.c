@@ -32,8 +32,10 @@
 
 /* The rows of rmsnorm(x) * w with its optional outputs: out (fp32), ob (its
  * bf16 twin, nearest even), resid (the copy of x; may alias inp); each NULL
- * where not wanted. The same float operations as rmsnorm.c's forward, so
- * the same bits for out and rstd whichever outputs are asked for. */
+ * where not wanted. Every rmsnorm forward of the backend is this loop
+ * (rmsnorm.c's too), so out and rstd are the same bits whichever outputs are
+ * asked for (-O3 unswitches the NULL tests out of the column loop: as fast as
+ * the unconditional stores, measured). */
 void mt_cpu_rms_rows_forward(float *out, uint16_t *ob, float *rstd, float *resid, const float *inp,
                              const float *weight, int N, int C, float eps)
 {

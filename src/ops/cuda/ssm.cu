@@ -317,7 +317,6 @@ static __device__ __forceinline__ float col_chain(const float *p, size_t ld, int
     return acc;
 }
 
-
 /* stage the RT x kc tile of rows t+il (ni of them; the rest 0), columns
  * c0.., TRANSPOSED: dst[c * SSD_RT + il], so that the RT rows of one
  * column are 16 consecutive floats (ssd_ld_rt reads them as 4 float4) */
