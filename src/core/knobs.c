@@ -28,7 +28,7 @@ static const struct mt_knob_def knob_table[MT_KNOB_COUNT] = {
         "graphs and replayed (same bits; the receipt's gpu.cuda_graphs says whether they ran); 0: eager launches"},
     [MT_KNOB_TEST_FAULT] = {
         "test_fault", MT_KNOB_STRING, "", "MT_FAULT", "src/train/test_hooks.c", NULL, 1,
-        "test hook RANK:STEP:KIND, KIND nan|error|signal|stop|replica|oom: inject a fault"},
+        "test hook RANK:STEP:KIND, KIND nan|fresh|error|signal|stop|replica|oom: inject a fault"},
     [MT_KNOB_TEST_LOSS_PART] = {
         "test_loss_part", MT_KNOB_STRING, "", "MT_TEST_LOSS_PART", "src/model/head.c", NULL, 1,
         "test hook: W adds the toy loss part hidden_l2 = W mean |x_final|^2 (weight W >= 0; 0: reported, no "

@@ -14,7 +14,8 @@
  *
  * `data` and `grad` are backend memory (host memory for the cpu backend).
  * Gradient rule: `grad` ACCUMULATES (+=) over microbatches; the trainer zeroes
- * it once per step.
+ * it once per step, or, for a gradient written whole by GEMMs (grad_gemm),
+ * leaves it and the step's first GEMM writes it with beta 0 (grad_live).
  */
 #ifndef MT_PARAM_H
 #define MT_PARAM_H
@@ -82,6 +83,14 @@ struct mt_param {
      * the model at the unit's first forward after mt_model_bf16_invalidate. */
     uint16_t *bf16;
     int       bf16_ok;
+    /* Zeroing by first write (docs/parallel.md, "Gradient zeroing"). grad_gemm:
+     * every write of this gradient is one GEMM over the whole tensor through
+     * the model's weight-gradient helper (the piece's spec says so,
+     * MT_BIND_DW_GEMM), so the ZeRO engine need not zero it: it clears
+     * grad_live at the step's start and that GEMM takes beta 0 while
+     * grad_live is 0, then sets it. grad_live 1: the gradient holds this
+     * step's sum so far (zeroed, or written), and a write adds to it. */
+    int       grad_gemm, grad_live;
 };
 
 static inline size_t mt_param_global_numel(const struct mt_param *p)

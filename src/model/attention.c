@@ -327,10 +327,10 @@ static void attn_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *us
     const int64_t D = s->D, QD = a.H * a.hd, KD = a.K * a.hd;
     const struct mt_pspec p[] = {
         {"input_layernorm.weight", -1, 1, D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, MT_BIND_NORM},
-        {"self_attn.q_proj.weight", -1, 2, QD, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct attn_w, wq)},
-        {"self_attn.k_proj.weight", -1, 2, KD, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct attn_w, wk)},
-        {"self_attn.v_proj.weight", -1, 2, KD, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct attn_w, wv)},
-        {"self_attn.o_proj.weight", -1, 2, D, QD, MT_SCALE_NORMAL_OUT, MT_ROLE_DENSE, MT_LAYOUT_TP_COLS, MT_BIND_OWN(struct attn_w, wo)},
+        {"self_attn.q_proj.weight", -1, 2, QD, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN_DW(struct attn_w, wq)},
+        {"self_attn.k_proj.weight", -1, 2, KD, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN_DW(struct attn_w, wk)},
+        {"self_attn.v_proj.weight", -1, 2, KD, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN_DW(struct attn_w, wv)},
+        {"self_attn.o_proj.weight", -1, 2, D, QD, MT_SCALE_NORMAL_OUT, MT_ROLE_DENSE, MT_LAYOUT_TP_COLS, MT_BIND_OWN_DW(struct attn_w, wo)},
         /* one hd gain shared by every head: with heads split, each rank's grad is partial */
         {"self_attn.q_norm.weight", -1, 1, a.hd, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_MODEL_PARTIAL, MT_BIND_OWN(struct attn_w, qn)},
         {"self_attn.k_norm.weight", -1, 1, a.hd, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_MODEL_PARTIAL, MT_BIND_OWN(struct attn_w, kn)},

@@ -145,7 +145,8 @@ static void head_params(int64_t V, int64_t D, mt_pspec_fn fn, void *user)
 {
     struct mt_pspec s = {"model.norm.weight", -1, 1, D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, -1};
     fn(user, &s);
-    s = (struct mt_pspec){"lm_head.weight", -1, 2, V, D, MT_SCALE_NORMAL, MT_ROLE_HEAD, MT_LAYOUT_RESIDUAL, -1};
+    s = (struct mt_pspec){"lm_head.weight", -1, 2, V, D, MT_SCALE_NORMAL, MT_ROLE_HEAD, MT_LAYOUT_RESIDUAL,
+                          MT_BIND_DW_GEMM};
     fn(user, &s);
 }
 

@@ -255,9 +255,9 @@ static void mlp_params(const struct mt_block_shape *s, mt_pspec_fn fn, void *use
     const int64_t D = s->D, F = s->cfg->mlp_hidden;
     const struct mt_pspec p[] = {
         {"post_attention_layernorm.weight", -1, 1, D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, MT_BIND_NORM},
-        {"mlp.gate_proj.weight", -1, 2, F, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mlp_w, wg)},
-        {"mlp.up_proj.weight", -1, 2, F, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mlp_w, wu)},
-        {"mlp.down_proj.weight", -1, 2, D, F, MT_SCALE_NORMAL_OUT, MT_ROLE_DENSE, MT_LAYOUT_TP_COLS, MT_BIND_OWN(struct mlp_w, wd)},
+        {"mlp.gate_proj.weight", -1, 2, F, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN_DW(struct mlp_w, wg)},
+        {"mlp.up_proj.weight", -1, 2, F, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN_DW(struct mlp_w, wu)},
+        {"mlp.down_proj.weight", -1, 2, D, F, MT_SCALE_NORMAL_OUT, MT_ROLE_DENSE, MT_LAYOUT_TP_COLS, MT_BIND_OWN_DW(struct mlp_w, wd)},
     };
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) fn(user, &p[i]);
 }

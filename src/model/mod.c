@@ -276,7 +276,7 @@ static enum mt_status mod_leave_backward(struct mt_ctx *ctx, const struct mt_pie
     ops->mod_backward(ops->be, st->dr + r0, pc->dx, st->dgate + r0, st->s + r0, st->slot + r0, Nr, D,
                       (float)((double)pc->cfg->mod_aux_coef / nt));
     /* LoRA: the router is a frozen base tensor (no weight gradient); its aux and gate paths still reach x */
-    linear_backward(ops, pc->dx, 1.0f, w->frozen ? NULL : w->grad, st->dr + r0, pc->x_in, w->data, Nr, D, 1);
+    linear_backward(ops, pc->dx, 1.0f, w->frozen ? NULL : w->grad, 1.0f, st->dr + r0, pc->x_in, w->data, Nr, D, 1);
     return MT_OK;
 }
 

@@ -249,6 +249,8 @@ static void visit_param(param_visit_fn fn, void *user, const struct mt_model *m,
     p.decay = sp->ndim == 2 && sp->role != MT_ROLE_SSM;
     /* the optimizer of its role, by the optimizers' rule (src/optim) */
     p.optim = mt_optim_kind_for(cfg, &p);
+    p.grad_gemm = sp->bind >= 0 && (sp->bind & MT_BIND_DW_GEMM);
+    p.grad_live = 1;   /* until a ZeRO engine leaves it to its first GEMM (mt_zero_begin_step) */
     fn(user, &p);
 }
 
@@ -291,11 +293,12 @@ static void spec_bind(void *user, const struct mt_pspec *s)
 {
     struct spec_walk *w = user;
     /* step -1: the wrapper's (w_wrap), which has no input norm */
-    MT_ASSERT(w->step >= 0 || s->bind < 0 ||
-              (s->bind != MT_BIND_NORM && (size_t)(s->bind & ~MT_BIND_PIECE) < sizeof w->ly->w_wrap));
+    const int bind = s->bind < 0 || (s->bind & ~MT_BIND_DW_GEMM) == 0 ? -1 : s->bind & ~MT_BIND_DW_GEMM;   /* the flag alone binds nothing */
+    MT_ASSERT(bind < 0 || bind == MT_BIND_NORM || (bind & MT_BIND_PIECE));
+    MT_ASSERT(w->step >= 0 || bind < 0 || (bind != MT_BIND_NORM && (size_t)(bind & ~MT_BIND_PIECE) < sizeof w->ly->w_wrap));
     void *own = w->step >= 0 ? (void *)w->ly->w_own[w->step] : (void *)w->ly->w_wrap;
-    if (s->bind == MT_BIND_NORM) w->ly->w.ln[w->step] = &w->params[w->n];
-    else if (s->bind >= 0) *(struct mt_param **)((char *)own + (s->bind & ~MT_BIND_PIECE)) = &w->params[w->n];
+    if (bind == MT_BIND_NORM) w->ly->w.ln[w->step] = &w->params[w->n];
+    else if (bind >= 0) *(struct mt_param **)((char *)own + (bind & ~MT_BIND_PIECE)) = &w->params[w->n];
     w->n++;
 }
 
@@ -1057,6 +1060,7 @@ void mt_model_zero_grad(struct mt_model *m)
 {
     if (m->arena[MT_BUCKET_GRADS])
         m->ops->fill(m->ops->be, m->arena[MT_BUCKET_GRADS], 0.0f, m->arena_bytes[MT_BUCKET_GRADS] / sizeof(float));
+    for (int i = 0; i < m->n_params; i++) m->params[i].grad_live = 1;   /* zeroed: every write adds */
 }
 
 /* ------------------------------------------------------------------ */

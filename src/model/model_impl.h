@@ -280,14 +280,32 @@ static inline void linear_forward(const struct mt_ops_i *ops, float *y, const fl
     ops->gemm(ops->be, 0, 1, n, out, in, 1.0f, x, in, w, in, beta, y, out);
 }
 
-/* dW (out, in) += dy^T x;  dx (n, in) = dy W + beta_dx * dx  (dw / dx NULL: skipped). */
-static inline void linear_backward(const struct mt_ops_i *ops, float *dx, float beta_dx, float *dw,
+/* dW (out, in) = dy^T x + beta_dw dW;  dx (n, in) = dy W + beta_dx * dx  (dw / dx NULL: skipped). */
+static inline void linear_backward(const struct mt_ops_i *ops, float *dx, float beta_dx, float *dw, float beta_dw,
                                    const float *dy, const float *x, const float *w,
                                    int n, int in, int out)
 {
     if (n <= 0) return;
-    if (dw) ops->gemm(ops->be, 1, 0, out, in, n, 1.0f, dy, out, x, in, 1.0f, dw, in);
+    if (dw) ops->gemm(ops->be, 1, 0, out, in, n, 1.0f, dy, out, x, in, beta_dw, dw, in);
     if (dx) ops->gemm(ops->be, 0, 0, n, in, out, 1.0f, dy, out, w, in, beta_dx, dx, in);
+}
+
+/* The beta of a GEMM about to write w's whole gradient dw (mt_param.h,
+ * grad_gemm): 0 at the step's first write of a gradient nobody zeroed, else 1
+ * (+=). Any other dw (a slice, or not w's) adds: 1. */
+static inline float grad_beta(struct mt_param *w, const float *dw)
+{
+    if (dw != w->grad || w->grad_live) return 1.0f;
+    w->grad_live = 1;
+    return 0.0f;
+}
+/* A grad_gemm gradient its GEMM is known to skip this microbatch (a routed
+ * expert no row reached): zero, if nothing wrote it yet this step. */
+static inline void grad_zero_unwritten(const struct mt_ops_i *ops, struct mt_param *w)
+{
+    if (!w->grad || w->grad_live) return;
+    ops->fill(ops->be, w->grad, 0.0f, w->numel);
+    w->grad_live = 1;
 }
 
 /* The same two helpers on a parameter: with a bf16 shadow (precision=bf16)
@@ -330,16 +348,17 @@ static inline void wlinear_backward_dx_bf16_out(const struct mt_ops_i *ops, mt_b
  * shadow) reads dy, never the twins. */
 static inline void wlinear_backward_db(const struct mt_ops_i *ops, float *dx, float beta_dx, float *dw,
                                        const float *dy, const mt_bf16 *dyb, const float *x, const mt_bf16 *xb,
-                                       const struct mt_param *w, int n, int in, int out)
+                                       struct mt_param *w, int n, int in, int out)
 {
-    if (!w->bf16) { linear_backward(ops, dx, beta_dx, dw, dy, x, w->data, n, in, out); return; }
     if (n <= 0) return;
+    const float beta_dw = dw ? grad_beta(w, dw) : 1.0f;
+    if (!w->bf16) { linear_backward(ops, dx, beta_dx, dw, beta_dw, dy, x, w->data, n, in, out); return; }
     const void *W = w->bf16_ok ? (const void *)w->bf16 : (const void *)w->data;
     const void *DY = dyb ? (const void *)dyb : (const void *)dy;
     const enum mt_elem dyt = dyb ? MT_ELEM_BF16 : MT_ELEM_F32;
     if (dw)
         ops->gemm_bf16(ops->be, 1, 0, out, in, n, 1.0f, DY, dyt, out, xb ? (const void *)xb : (const void *)x,
-                       xb ? MT_ELEM_BF16 : MT_ELEM_F32, in, 1.0f, dw, in);
+                       xb ? MT_ELEM_BF16 : MT_ELEM_F32, in, beta_dw, dw, in);
     if (dx) ops->gemm_bf16(ops->be, 0, 0, n, in, out, 1.0f, DY, dyt, out, W, w->bf16_ok ? MT_ELEM_BF16 : MT_ELEM_F32, in,
                            beta_dx, dx, in);
 }
@@ -376,7 +395,7 @@ static inline const mt_bf16 *dyb_round(const struct mt_ops_i *ops, struct mt_dyb
     return p;
 }
 static inline void wlinear_backward(const struct mt_ops_i *ops, float *dx, float beta_dx, float *dw,
-                                    const float *dy, const float *x, const mt_bf16 *xb, const struct mt_param *w,
+                                    const float *dy, const float *x, const mt_bf16 *xb, struct mt_param *w,
                                     int n, int in, int out)
 {
     wlinear_backward_db(ops, dx, beta_dx, dw, dy, NULL, x, xb, w, n, in, out);
@@ -579,6 +598,11 @@ void ffn_norm_carve_pc(const struct mt_piece_ctx *pc, struct mt_carver *c, struc
 #define MT_BIND_NORM 0x20000000
 #define MT_BIND_PIECE 0x40000000
 #define MT_BIND_OWN(type, field) ((int)(MT_BIND_PIECE | offsetof(type, field)))
+/* MT_BIND_DW_GEMM: or'ed into a spec's bind (alone: no binding), says every
+ * write of the parameter's gradient is a whole-tensor GEMM through
+ * wlinear_backward_db (mt_param.h grad_gemm: no zeroing pass). */
+#define MT_BIND_DW_GEMM 0x10000000
+#define MT_BIND_OWN_DW(type, field) (MT_BIND_OWN(type, field) | MT_BIND_DW_GEMM)
 
 /* head.c: 1 when a forward (with_loss) can run the head in logits_rows chunks:
  * the fused cross-entropy with the bf16 twin (every row's dlogits kept in bf16). */

@@ -314,7 +314,7 @@ static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx
 
     /* term 4: router (a null slot's dg is 0; the renormalisation still reaches its logit) */
     ops->router_backward(ops->be, s->drl, s->dgates, s->dprobs, s->dlse, st->probs, st->topk, st->gates, n, Er, k);
-    linear_backward(ops, dh, 1.0f, moe_w(pc)->router->frozen ? NULL : moe_w(pc)->router->grad, s->drl, pc->nm->h,
+    linear_backward(ops, dh, 1.0f, moe_w(pc)->router->frozen ? NULL : moe_w(pc)->router->grad, 1.0f, s->drl, pc->nm->h,
                     moe_w(pc)->router->data, n, D, Er);   /* LoRA: a frozen router computes dx only */
     return MT_OK;
 }
@@ -345,9 +345,11 @@ static void moe_params(const struct mt_block_shape *shape, mt_pspec_fn fn, void 
     for (int e = s->e0; e < s->e0 + s->Ee; e++) {   /* EP: this rank's experts only; moe_w.experts -> the first */
         const struct mt_pspec x[] = {
             {"mlp.experts.%d.gate_proj.weight", e, 2, Fe, D, MT_SCALE_NORMAL, MT_ROLE_EXPERT, MT_LAYOUT_EXPERT,
-             e == s->e0 ? MT_BIND_OWN(struct moe_w, experts) : -1},
-            {"mlp.experts.%d.up_proj.weight", e, 2, Fe, D, MT_SCALE_NORMAL, MT_ROLE_EXPERT, MT_LAYOUT_EXPERT, -1},
-            {"mlp.experts.%d.down_proj.weight", e, 2, D, Fe, MT_SCALE_NORMAL_OUT, MT_ROLE_EXPERT, MT_LAYOUT_EXPERT, -1},
+             e == s->e0 ? MT_BIND_OWN_DW(struct moe_w, experts) : MT_BIND_DW_GEMM},
+            {"mlp.experts.%d.up_proj.weight", e, 2, Fe, D, MT_SCALE_NORMAL, MT_ROLE_EXPERT, MT_LAYOUT_EXPERT,
+             MT_BIND_DW_GEMM},
+            {"mlp.experts.%d.down_proj.weight", e, 2, D, Fe, MT_SCALE_NORMAL_OUT, MT_ROLE_EXPERT, MT_LAYOUT_EXPERT,
+             MT_BIND_DW_GEMM},
         };
         for (size_t i = 0; i < sizeof x / sizeof x[0]; i++) fn(user, &x[i]);
     }
@@ -355,11 +357,11 @@ static void moe_params(const struct mt_block_shape *shape, mt_pspec_fn fn, void 
     /* experts (shared included) are not split by TP: SPEC.md section 2 */
     const struct mt_pspec sh[] = {
         {"mlp.shared_expert.gate_proj.weight", -1, 2, Fs, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_MODEL_PARTIAL,
-         MT_BIND_OWN(struct moe_w, sg)},
+         MT_BIND_OWN_DW(struct moe_w, sg)},
         {"mlp.shared_expert.up_proj.weight", -1, 2, Fs, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_MODEL_PARTIAL,
-         MT_BIND_OWN(struct moe_w, su)},
+         MT_BIND_OWN_DW(struct moe_w, su)},
         {"mlp.shared_expert.down_proj.weight", -1, 2, D, Fs, MT_SCALE_NORMAL_OUT, MT_ROLE_DENSE,
-         MT_LAYOUT_MODEL_PARTIAL, MT_BIND_OWN(struct moe_w, sd)},
+         MT_LAYOUT_MODEL_PARTIAL, MT_BIND_OWN_DW(struct moe_w, sd)},
     };
     for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++) fn(user, &sh[i]);
 }

@@ -128,19 +128,25 @@ static void grouped(const struct mt_ops_i *ops, int ta, int tb, int n, const int
  * adapter gradient when ep > 1 (one group per source rank sends rows to the
  * same local expert). gemm_grouped wants distinct C[g] (a GPU runs the
  * groups concurrently), so the groups go in runs without a repeated C, in
- * group order: each C still sums its terms in that order (the loop's bits). */
+ * group order: each C still sums its terms in that order (the loop's bits).
+ * G: NULL, or the parameters whose gradients the C are: then group g's beta
+ * is grad_beta(G[g], C[g]) (0 at the step's first write of a grad_gemm
+ * gradient, model_impl.h), and a run also ends where it changes. */
 static void grouped_acc(const struct mt_ops_i *ops, int ta, int tb, int n, const int *M, const int *N, const int *K,
                         float alpha, const float *const *A, const mt_bf16 *const *Ab, int lda, const float *const *B,
                         const mt_bf16 *const *Bb, int ldb, float beta, float *const *C, int ldc,
-                        const struct mt_param *const *W)
+                        const struct mt_param *const *W, struct mt_param *const *G)
 {
+    float bg[GROUP_CHUNK];
+    MT_ASSERT(n <= GROUP_CHUNK);
+    for (int i = 0; i < n; i++) bg[i] = G ? grad_beta(G[i], C[i]) : beta;   /* in group order */
     int i0 = 0;
     for (int i = i0 + 1; i <= n; i++) {
         int repeat = 0;
         for (int j = i0; j < i && i < n; j++) repeat |= C[j] == C[i];
-        if (i < n && !repeat) continue;
+        if (i < n && !repeat && bg[i] == bg[i0]) continue;
         grouped_t(ops, ta, tb, i - i0, M + i0, N + i0, K + i0, alpha, A + i0, Ab ? Ab + i0 : NULL, lda, B + i0,
-                  Bb ? Bb + i0 : NULL, ldb, beta, C + i0, ldc, W ? W + i0 : NULL, 0);
+                  Bb ? Bb + i0 : NULL, ldb, bg[i0], C + i0, ldc, W ? W + i0 : NULL, 0);
         i0 = i;
     }
 }
@@ -233,7 +239,7 @@ static void adapter_bwd(const struct mt_piece_ctx *pc, const struct group_set *s
         g.b[j] = t + s->r0[i] * r;
         g.c[j] = s->w[i][p].lora_b->grad;
     }
-    grouped_acc(ops, 1, 0, n, OUT, R, rows, sc, g.a, NULL, out, g.b, NULL, r, 1.0f, g.c, r, NULL);
+    grouped_acc(ops, 1, 0, n, OUT, R, rows, sc, g.a, NULL, out, g.b, NULL, r, 1.0f, g.c, r, NULL, NULL);
     /* term 2: dt = s dy B;  dA (r, in) += dt^T x */
     for (int j = 0; j < n; j++) {
         const int i = pick[j];
@@ -247,7 +253,7 @@ static void adapter_bwd(const struct mt_piece_ctx *pc, const struct group_set *s
         g.b[j] = x + s->r0[i] * in;
         g.c[j] = s->w[i][p].lora_a->grad;
     }
-    grouped_acc(ops, 1, 0, n, R, IN, rows, 1.0f, g.a, NULL, r, g.b, NULL, in, 1.0f, g.c, in, NULL);
+    grouped_acc(ops, 1, 0, n, R, IN, rows, 1.0f, g.a, NULL, r, g.b, NULL, in, 1.0f, g.c, in, NULL, NULL);
     /* term 3: dx += dt A */
     for (int j = 0; j < n; j++) {
         const int i = pick[j];
@@ -258,8 +264,9 @@ static void adapter_bwd(const struct mt_piece_ctx *pc, const struct group_set *s
 }
 
 /* dW_p (out, in) += d^T x for the groups whose weight p is not frozen
- * (LoRA: none of them); d (rows, out), x (rows, in); db, xb: their bf16
- * copies at the same rows (precision=bf16) or NULL. */
+ * (LoRA: none of them), = at the step's first write (grad_beta); d (rows,
+ * out), x (rows, in); db, xb: their bf16 copies at the same rows
+ * (precision=bf16) or NULL. */
 static void weight_grad(const struct mt_piece_ctx *pc, const struct group_set *s, int p, const float *d,
                         const mt_bf16 *db, int out, const float *x, const mt_bf16 *xb, int in)
 {
@@ -268,9 +275,10 @@ static void weight_grad(const struct mt_piece_ctx *pc, const struct group_set *s
     struct gcall g;
     const mt_bf16 *ab[GROUP_CHUNK], *bb[GROUP_CHUNK];
     const struct mt_param *W[GROUP_CHUNK];
+    struct mt_param *G[GROUP_CHUNK];
     for (int j = 0; j < n; j++) {
         const int i = pick[j];
-        W[j] = &s->w[i][p];
+        W[j] = G[j] = &s->w[i][p];
         g.M[j] = out;
         g.N[j] = in;
         g.K[j] = s->rows[i];
@@ -281,7 +289,7 @@ static void weight_grad(const struct mt_piece_ctx *pc, const struct group_set *s
         bb[j] = xb ? xb + s->r0[i] * in : NULL;
     }
     grouped_acc(pc->ops, 1, 0, n, g.M, g.N, g.K, 1.0f, g.a, db ? ab : NULL, out, g.b, xb ? bb : NULL, in, 1.0f, g.c, in,
-                W);
+                W, G);
 }
 
 /* precision=bf16: the bf16 scratch when this chunk's experts have shadows
@@ -447,6 +455,9 @@ void moe_experts_backward(const struct mt_piece_ctx *pc, int n_groups, const int
             adapter_bwd(pc, &s, p, x, D, d, Fe, dx);
         }
     }
+    /* an expert no row reached (next_chunk skips it) took no GEMM: its gradient,
+     * if left to its first write this step (grad_gemm), is zero */
+    for (int e = 0; e < 3 * ee; e++) grad_zero_unwritten(ops, &moe_w(pc)->experts[e]);
 }
 
 /* ------------------------------------------------------------------ */
@@ -497,14 +508,24 @@ void moe_experts_forward_dev(const struct mt_piece_ctx *pc, const int32_t *offs,
     ops->gemm_grouped_rows(ops->be, E, offs, M, D, Fe, 1, 1.0f, bs->ab, Fe, w, Fe, 0.0f, y, MT_ELEM_F32, D);
 }
 
-/* each expert's gradient of projection p */
-static void grads(const struct mt_piece_ctx *pc, int p, float **g)
+/* each expert's gradient of projection p, and the beta of the one call that
+ * writes them all (every expert, empty ones included: they start and end a
+ * step's first write together; grad_beta) */
+static float grads(const struct mt_piece_ctx *pc, int p, float **g)
 {
     const int E = moe_dims(pc)->E;
+    float beta = 1.0f;
+    int first = 0;
     for (int e = 0; e < E; e++) {
-        g[e] = moe_w(pc)->experts[3 * e + p].grad;
+        struct mt_param *w = &moe_w(pc)->experts[3 * e + p];
+        g[e] = w->grad;
         MT_ASSERT(g[e] != NULL);   /* no frozen expert here (LoRA takes the host path) */
+        const float b = grad_beta(w, g[e]);
+        if (e == 0) beta = b;
+        first += b != beta;
     }
+    MT_ASSERT(first == 0);
+    return beta;
 }
 
 void moe_experts_backward_dev(const struct mt_piece_ctx *pc, const int32_t *offs, int M, const float *eg,
@@ -521,13 +542,13 @@ void moe_experts_backward_dev(const struct mt_piece_ctx *pc, const int32_t *offs
     shadows(pc, 2, w);
     ops->gemm_grouped_rows(ops->be, E, offs, M, Fe, D, 0, 1.0f, bs->db, D, w, Fe, 0.0f, pc->s_dact, MT_ELEM_F32, Fe);
     ops->swiglu_backward_act_bf16(ops->be, bs->ab, dgb, dub, pc->s_dact, eg, eu, MF);
-    grads(pc, 2, g);
-    ops->gemm_grouped_sum(ops->be, E, offs, D, Fe, 1.0f, bs->db, D, bs->ab, Fe, 1.0f, g, Fe);
+    float beta = grads(pc, 2, g);
+    ops->gemm_grouped_sum(ops->be, E, offs, D, Fe, 1.0f, bs->db, D, bs->ab, Fe, beta, g, Fe);
     /* gate, then up: dW (Fe, D) += d^T x; dx = dg Wg, then += du Wu */
     for (int p = 0; p < 2; p++) {
         const mt_bf16 *d = p == 0 ? dgb : dub;
-        grads(pc, p, g);
-        ops->gemm_grouped_sum(ops->be, E, offs, Fe, D, 1.0f, d, Fe, bs->xb, D, 1.0f, g, D);
+        beta = grads(pc, p, g);
+        ops->gemm_grouped_sum(ops->be, E, offs, Fe, D, 1.0f, d, Fe, bs->xb, D, beta, g, D);
         shadows(pc, p, w);
         ops->gemm_grouped_rows(ops->be, E, offs, M, D, Fe, 0, 1.0f, d, Fe, w, D, p == 0 ? 0.0f : 1.0f, dx,
                                MT_ELEM_F32, D);

@@ -211,7 +211,8 @@ enum mt_status mtp_backward(struct mt_ctx *ctx, struct mt_model *m)
         ops->xent_backward(ops->be, s->logits, s->logits, s->xlse, s->tgt, mtp_dscale(m, k), n, V,
                            m->cfg.logit_softcap);
         if (!m->lm_head->frozen)   /* LoRA: the frozen head computes d on only */
-            ops->gemm(ops->be, 1, 0, V, D, n, 1.0f, s->logits, V, s->on, D, 1.0f, m->lm_head->grad, D);
+            ops->gemm(ops->be, 1, 0, V, D, n, 1.0f, s->logits, V, s->on, D, grad_beta(m->lm_head, m->lm_head->grad),
+                      m->lm_head->grad, D);
         ops->gemm(ops->be, 0, 0, n, D, V, 1.0f, s->logits, V, m->lm_head->data, D, 0.0f, m->dh, D);
         ops->rmsnorm_backward(ops->be, m->dx, p->norm->grad, m->dh, s->out, p->norm->data, s->orstd, n, D, 0);
         if (k < m->mtp_depth) ops->axpby(ops->be, m->dx, m->mtp_carry, 1.0f, 1.0f, nD);   /* + module k+1's */

@@ -44,6 +44,7 @@ struct mt_zero_stats {
     double bytes[MT_ZERO_COLL_COUNT]; /* payload bytes (the full buffer each call covers), summed */
     long   calls[MT_ZERO_COLL_COUNT];
     double wait_s;                    /* time blocked in waits / blocking collectives (exposed comm) */
+    double zeroed_floats;             /* gradient floats zeroed (the rest are written first by a GEMM) */
 };
 
 /* Build the engine for the parameters of `model` (created with
@@ -150,6 +151,10 @@ void mt_zero_bf16_mark_fresh(struct mt_zero *z);
 /* Test-only fault injection: poison unit `unit`'s gradient with NaN at
  * `step` (before the finiteness check that precedes its reduction). */
 void mt_zero_inject_nan(struct mt_zero *z, int step, int unit);
+/* Test-only: at `step` the gradients left to their first GEMM (mt_param.h
+ * grad_gemm) start as NaN instead of last step's values, so a write that
+ * adds to one before that GEMM makes the loss or the norm non-finite. */
+void mt_zero_inject_fresh_nan(struct mt_zero *z, int step);
 
 /* MT_ZERO_OVERLAP as read at create (1: reductions and gathers overlap compute). */
 int  mt_zero_overlap(const struct mt_zero *z);

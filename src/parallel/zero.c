@@ -129,6 +129,7 @@ struct mt_zero {
                                   * non-finite before its reduction this step, else 0        */
     int   last_mb, step;
     int   nan_step, nan_unit;
+    int   fresh_nan_step;        /* test: the step whose first-write gradients start as NaN   */
     int   overlap;               /* MT_ZERO_OVERLAP (default 1): 0 waits for every collective at once */
     int   synced;                /* stages 1/2: a sync gathered every unit (after a load)    */
     struct mt_zero_stats st;
@@ -558,6 +559,14 @@ static enum mt_status hook_pre_forward(struct mt_ctx *ctx, void *user, int u)
     return z->stage == 3 ? ensure_unit(ctx, z, u, +1) : MT_OK;
 }
 
+/* zero len gradient floats at run (none: NULL), counted */
+static void zero_run(struct mt_zero *z, float *run, size_t len)
+{
+    if (!run) return;
+    z->ops->fill(z->ops->be, run, 0.0f, len);
+    z->st.zeroed_floats += (double)len;
+}
+
 /* A unit whose parameters are all frozen (LoRA: the embedding, the head,
  * a layer without adapters) is still gathered (stage 3: its forward and
  * backward need the weights) but has no gradient scratch and no reduction. */
@@ -571,6 +580,7 @@ static enum mt_status hook_pre_backward(struct mt_ctx *ctx, void *user, int u)
         z->gslot = 1 - s;
         MT_CHECK(finish_rs(ctx, z, s));
         z->ops->fill(z->ops->be, z->gscr[s], 0.0f, z->lay.g.unit_size[u]);
+        z->st.zeroed_floats += (double)z->lay.g.unit_size[u];
         point_grad(z, u, z->gscr[s]);
     }
     return MT_OK;
@@ -591,6 +601,16 @@ static enum mt_status hook_post_backward(struct mt_ctx *ctx, void *user, int u)
     const struct mt_ops_i *ops = z->ops;
     /* the unit's packed gradient buffer for this microbatch (or accumulation) */
     float *g = z->stage >= 2 ? z->gscr[1 - z->gslot] : z->gfull + gp->unit_base[u];
+    /* a gradient left to its first GEMM must have had it: else it holds last
+     * step's values, plus whatever a writer that does not ask grad_beta added
+     * (a spec flagged MT_BIND_DW_GEMM wrongly). Zeroing it here would hide
+     * that writer's sum; a block whose GEMM can see no rows must not flag it. */
+    for (int i = 0; i < z->lay.n_params; i++)
+        if (z->lay.unit[i] == u && has_grad(&z->lay, z->params, i) && !z->params[i].grad_live)
+            return mt_ctx_error(ctx, MT_ERR_RUNTIME,
+                                "the gradient of %s is left to its first GEMM (grad_gemm) but no GEMM wrote it "
+                                "in this microbatch's backward",
+                                z->params[i].name);
     if (z->nan_step == z->step && z->nan_unit == u) {
         float nan = NAN;
         for (int i = 0; i < z->lay.n_params; i++)
@@ -698,7 +718,7 @@ enum mt_status mt_zero_create(struct mt_ctx *ctx, const struct mt_ops_i *ops, st
     z->gholds[0] = z->gholds[1] = -1;
     z->gcur = -1;
     z->rs[0].unit = z->rs[1].unit = -1;
-    z->nan_step = -1;
+    z->nan_step = z->fresh_nan_step = -1;
     /* knob zero_overlap (env MT_ZERO_OVERLAP; in the receipt): 0 completes every
      * collective as soon as it is started and prefetches nothing, so a run
      * measures what overlap hides */
@@ -847,11 +867,46 @@ enum mt_status mt_zero_init_params(struct mt_ctx *ctx, struct mt_zero *z, uint64
     return MT_OK;
 }
 
+/* Stages 0/1 (the gradients live in gfull for the whole step; stages 2/3
+ * zero each unit's scratch per microbatch anyway): zero gfull but for the
+ * gradients left to their first GEMM (mt_param.h grad_gemm), whose
+ * grad_live it clears, in runs of parameters adjacent in memory, each with
+ * its padding. zbuf zeroed gfull whole, padding included, which nothing
+ * writes after (a reduction adds zeros there). */
+static void gfull_zero(struct mt_zero *z)
+{
+    float *run = NULL;
+    size_t len = 0;
+    for (int i = 0; i < z->lay.n_params; i++) {
+        if (!has_grad(&z->lay, z->params, i)) continue;   /* another engine's, or frozen */
+        struct mt_param *p = &z->params[i];
+        p->grad_live = !p->grad_gemm;
+        if (!p->grad_live) {
+            if (z->fresh_nan_step == z->step)   /* test: a read before the first write shows */
+                z->ops->fill(z->ops->be, p->grad, NAN, p->numel);
+            continue;
+        }
+        if (run && p->grad == run + len) {
+            len += zalign(p->numel);
+            continue;
+        }
+        zero_run(z, run, len);
+        run = p->grad;
+        len = zalign(p->numel);
+    }
+    zero_run(z, run, len);
+}
+
 void mt_zero_begin_step(struct mt_zero *z, int step)
 {
     z->step = step;
     z->last_mb = 1;
-    if (z->gfull) z->ops->fill(z->ops->be, z->gfull, 0.0f, z->lay.g.full_total);
+    if (z->gfull) {
+        gfull_zero(z);
+    } else {
+        for (int i = 0; i < z->lay.n_params; i++)
+            if (has_grad(&z->lay, z->params, i)) z->params[i].grad_live = 1;   /* the scratch is zeroed */
+    }
     if (z->own_grad) z->ops->fill(z->ops->be, z->own_grad, 0.0f, z->lay.g.own_total);
     if (z->nf_flags) z->ops->fill(z->ops->be, z->nf_flags, 0.0f, (size_t)(z->lay.n_params > 0 ? z->lay.n_params : 1));
 }
@@ -975,6 +1030,8 @@ void mt_zero_bf16_mark_fresh(struct mt_zero *z)
         v->bf16_ok = 0;
     }
 }
+
+void mt_zero_inject_fresh_nan(struct mt_zero *z, int step) { z->fresh_nan_step = step; }
 
 void mt_zero_inject_nan(struct mt_zero *z, int step, int unit)
 {

@@ -94,6 +94,7 @@ void mt_zero_set_get_stats(const struct mt_zero_set *set, struct mt_zero_stats *
             out->calls[c] += z1.calls[c];
         }
         out->wait_s += z1.wait_s;
+        out->zeroed_floats += z1.zeroed_floats;
     }
 }
 

@@ -1130,9 +1130,12 @@ static double optimizer_bytes(const struct mt_plan *p, const struct stage_plan *
         double per = mt_optim_class(ps[i].optim)->pass_bytes;
         if (bf16 && ps[i].ndim == 2 && !strstr(ps[i].name, "embed_tokens"))
             per += mt_optim_class(ps[i].optim)->shadow_bytes;
-        /* precision=bf16 also counts the gradient norm's sumsq_multi read (4; the
-         * clip's scale is inside adamw_multi, and one rank has no marking pass) */
-        b += (double)ps[i].numel * (bf16 ? per + 4.0 + 4.0 : per + 4.0);
+        /* the gradient's zeroing (4), none for one its first GEMM writes on
+         * ZeRO-0/1 (grad_gemm, zero.c gfull_zero); precision=bf16 also counts the
+         * gradient norm's sumsq_multi read (4; the clip's scale is inside
+         * adamw_multi, and one rank has no marking pass) */
+        const double zeroing = ps[i].grad_gemm && p->zero <= 1 ? 0.0 : 4.0;
+        b += (double)ps[i].numel * (bf16 ? per + zeroing + 4.0 : per + zeroing);
     }
     return b;
 }

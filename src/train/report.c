@@ -327,6 +327,28 @@ static void dist_collectives(cJSON *d, const struct run_state *rs, const struct 
                             "microbatch: units still held in a gather buffer are not gathered again)");
 }
 
+/* grad_zeroing: the gradient bytes the ZeRO engines zeroed per step (rank 0),
+ * next to the trainable gradient bytes: the rest were written first by their
+ * GEMMs with beta 0 (mt_param.h grad_gemm; docs/parallel.md) */
+static void grad_zeroing(cJSON *d, const struct run_state *rs, const struct mt_zero_stats *zs, int steps)
+{
+    int n;
+    const struct mt_param *p = mt_model_params(rs->model, &n);
+    double grad = 0, first = 0;
+    for (int i = 0; i < n; i++) {
+        if (p[i].frozen || !p[i].grad) continue;
+        grad += 4.0 * (double)p[i].numel;
+        if (p[i].grad_gemm) first += 4.0 * (double)p[i].numel;
+    }
+    cJSON *o = cJSON_AddObjectToObject(d, "grad_zeroing");
+    cJSON_AddNumberToObject(o, "zeroed_bytes_per_step", steps > 0 ? 4.0 * zs->zeroed_floats / steps : 0);
+    cJSON_AddNumberToObject(o, "gradient_bytes", grad);
+    cJSON_AddNumberToObject(o, "first_write_bytes", first);
+    cJSON_AddStringToObject(o, "convention",
+                            "zeroed: fills by the ZeRO engines (alignment padding included); first_write: "
+                            "gradients of grad_gemm parameters, left to their first GEMM (beta 0) on ZeRO-0/1");
+}
+
 /* tensor_parallel: the model axis's collectives inside the layers (rank 0) */
 static void dist_tp(cJSON *d, const struct run_state *rs, int steps)
 {
@@ -466,6 +488,7 @@ static char *dist_json(const struct run_state *rs, const char *trace, const doub
     dist_memory_plan(d, rs, mem_all, world, plan, plan_err);
     dist_collectives(d, rs, zs, steps, microbatches, param_bytes, stage, reshard);
     cJSON_AddNumberToObject(d, "parameter_bytes", param_bytes);
+    grad_zeroing(d, rs, zs, steps);
     dist_tp(d, rs, steps);
     if (rs->imbalance) dist_moe(d, rs, steps);
     if (rs->pp > 1) dist_pipeline(d, rs);

@@ -5,6 +5,8 @@
  *
  * test_fault = "RANK:STEP:KIND", KIND one of
  *   nan      poison a gradient before its reduction
+ *   fresh    the gradients left to their first GEMM start the step as NaN
+ *            (every engine of this rank; a write that adds to one first shows)
  *   error    the rank returns a runtime error
  *   signal   the rank kills itself with SIGKILL
  *   stop     the rank stops itself with SIGSTOP (the others' watchdog ends the job)
@@ -44,6 +46,8 @@ enum mt_status mt_train_fault_before_step(struct mt_ctx *ctx, struct run_state *
     if (!strcmp(kind, "error"))
         return mt_ctx_error(ctx, MT_ERR_RUNTIME, "injected failure (MT_FAULT) on rank %d at step %d", ctx->rank,
                             step);
+    if (!strcmp(kind, "fresh"))
+        for (int k = 0; k < rs->zset.n; k++) mt_zero_inject_fresh_nan(rs->zset.z[k], step);
     if (!strcmp(kind, "nan")) {
         /* the last parameter this rank holds, in its own engine and unit: the
          * model's last unit is absent on pipeline stage 0, and under TP its
