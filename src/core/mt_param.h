@@ -83,13 +83,13 @@ struct mt_param {
      * the model at the unit's first forward after mt_model_bf16_invalidate. */
     uint16_t *bf16;
     int       bf16_ok;
-    /* Zeroing by first write (docs/parallel.md, "Gradient zeroing"). grad_gemm:
-     * every write of this gradient is one GEMM over the whole tensor through
-     * the model's weight-gradient helper (the piece's spec says so,
-     * MT_BIND_DW_GEMM), so the ZeRO engine need not zero it: it clears
-     * grad_live at the step's start and that GEMM takes beta 0 while
-     * grad_live is 0, then sets it. grad_live 1: the gradient holds this
-     * step's sum so far (zeroed, or written), and a write adds to it. */
+    /* Zeroing by first write (docs/zero.md, "Gradient zeroing"). grad_gemm:
+     * every write of this gradient is a GEMM over the whole tensor that asks
+     * grad_beta (model_impl.h; the piece's spec says so, MT_BIND_DW_GEMM),
+     * so a ZeRO-0/1 engine need not zero it: it clears grad_live at the
+     * step's start, and the first GEMM takes beta 0 and sets it. grad_live
+     * 1: the gradient holds this step's sum so far (zeroed, or written),
+     * and a write adds to it. */
     int       grad_gemm, grad_live;
 };
 

@@ -329,14 +329,14 @@ static void dist_collectives(cJSON *d, const struct run_state *rs, const struct 
 
 /* grad_zeroing: the gradient bytes the ZeRO engines zeroed per step (rank 0),
  * next to the trainable gradient bytes: the rest were written first by their
- * GEMMs with beta 0 (mt_param.h grad_gemm; docs/parallel.md) */
+ * GEMMs with beta 0 (mt_param.h grad_gemm; docs/zero.md "Gradient zeroing") */
 static void grad_zeroing(cJSON *d, const struct run_state *rs, const struct mt_zero_stats *zs, int steps)
 {
     int n;
     const struct mt_param *p = mt_model_params(rs->model, &n);
     double grad = 0, first = 0;
     for (int i = 0; i < n; i++) {
-        if (p[i].frozen || !p[i].grad) continue;
+        if (p[i].frozen) continue;   /* this rank's trainable tensors (its boxes, stage, experts) */
         grad += 4.0 * (double)p[i].numel;
         if (p[i].grad_gemm) first += 4.0 * (double)p[i].numel;
     }
