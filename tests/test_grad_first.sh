@@ -1,25 +1,26 @@
 #!/usr/bin/env bash
 # test_grad_first.sh BUILD_DIR — gradient zeroing by first write
-# (docs/parallel.md, "Gradient zeroing"): on ZeRO-0/1 the engines leave the
+# (docs/zero.md, "Gradient zeroing"): on ZeRO-0/1 the engines leave the
 # gradients of grad_gemm parameters (attention q/k/v/o, the SwiGLU's and the
-# shared expert's gate/up/down, the routed experts, the lm head) unzeroed,
-# and their first GEMM of the step writes them with beta 0.
+# shared expert's gate/up/down, the routed experts, Mamba-3's out_proj, the
+# lm head) unzeroed, and their first GEMM of the step writes them with beta 0.
 #  1. every first write really is one: with MT_FAULT RANK:1:fresh those
 #     gradients start step 1 as NaN, and the run must be bit-identical to
 #     the plain run (losses, parts, grad norms, final params and optimizer
 #     state). A write that adds to one before its GEMM (a site that does not
 #     ask grad_beta) makes the step non-finite; one that is never written
-#     fails the same way. Dense with 2 microbatches (fp32, precision=bf16,
-#     recompute=block), MoE with a shared expert (host-sized groups; with
-#     every token forced to experts 0-1, so that 2-3 take no GEMM and are
-#     zeroed; precision=bf16 with the device-sized grouped GEMMs, one call
-#     for every expert, forced too), the hybrid, MoD + MTP, LoRA; dp=2
-#     ZeRO-1, ZeRO-2 (nothing left to a first write there), tp=2 with SP,
-#     pp=2 (the head's stage poisoned), ep=2 (forced too: a rank's experts
-#     get no rows).
+#     stops the run (post_backward's check). Dense with 2 microbatches (fp32,
+#     precision=bf16, recompute=block); MoE with a shared expert (host-sized
+#     groups; with every token forced to experts 0-1, so that 2-3 take no
+#     GEMM and are zeroed; precision=bf16 with the device-sized grouped
+#     GEMMs, one call for every expert, forced too); the hybrid in fp32
+#     (out_proj zeroed before the fp32 mixer's adding GEMM) and bf16; MoD +
+#     MTP; LoRA; dp=2 ZeRO-1, ZeRO-2 (nothing left to a first write there),
+#     tp=2 with SP, pp=2 (the head's stage poisoned), ep=2 (forced too: a
+#     rank's experts get no rows).
 #  2. the receipt's distributed.grad_zeroing: on ZeRO-0/1 the engines zero
 #     exactly the other gradients (plus alignment padding), ZeRO-2 zeroes
-#     every unit's scratch, and no first-write gradient was left unwritten.
+#     every unit's scratch.
 # Skips (exit 77, SKIPPED) without mpirun or in a build without MPI.
 set -u
 BUILD=${1:?usage: test_grad_first.sh BUILD_DIR}
@@ -43,6 +44,7 @@ CASES=(
   "moe_bf16_dev 1 0 $MOE --set precision=bf16 --knob moe_sizes=device"
   "moe_bf16_dev_forced 1 0 $MOE --set precision=bf16 --knob moe_sizes=device --knob test_force_routing=1"
   "hybrid 1 0 $HYB"
+  "hybrid_bf16 1 0 $HYB --set precision=bf16"
   "mod_mtp 1 0 $EXTRA"
   "lora 1 0 $LORA"
   "dp2z1 2 1 $DENSE --zero 1"

@@ -150,7 +150,7 @@ static void mamba_params(const struct mt_block_shape *sh, mt_pspec_fn fn, void *
         {"mixer.in_proj_theta.weight", -1, 2, H * (N / 2), D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS,
          MT_BIND_OWN(struct mamba_w, mwin[5])},
         {"mixer.in_proj_lam.weight", -1, 2, H, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mamba_w, mwin[6])},
-        {"mixer.out_proj.weight", -1, 2, D, E, MT_SCALE_NORMAL_OUT, MT_ROLE_DENSE, MT_LAYOUT_TP_COLS, MT_BIND_OWN(struct mamba_w, mwout)},
+        {"mixer.out_proj.weight", -1, 2, D, E, MT_SCALE_NORMAL_OUT, MT_ROLE_DENSE, MT_LAYOUT_TP_COLS, MT_BIND_OWN_DW(struct mamba_w, mwout)},
         {"mixer.dt_bias", -1, 1, H, 1, MT_SCALE_DT_BIAS, MT_ROLE_SSM, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mamba_w, mdt_bias)},
         {"mixer.A_log", -1, 1, H, 1, MT_SCALE_A_LOG, MT_ROLE_SSM, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mamba_w, ma_log)},
         {"mixer.D", -1, 1, H, 1, MT_SCALE_ONES, MT_ROLE_SSM, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mamba_w, md)},
@@ -747,6 +747,9 @@ static void mixer_bwd(const struct mt_piece_ctx *pc, const float *dy, const stru
     struct mamba_state *st = pc->st;
     const struct mt_ops_i *ops = pc->ops;
     if (!mixer_bf16(mbw(pc))) {
+        /* the fp32 mixer's Wout GEMM adds (mamba3.c takes no parameters): zero
+         * a gradient left to its first write (grad_gemm) before it */
+        grad_zero_unwritten(ops, mbw(pc)->mwout);
         mt_mamba3_backward(ops, pc->dh, 0, g, mb_s(pc), dy, pc->nm->h, &st->mb, w, mdims(pc), pc->B, pc->T);
         return;
     }

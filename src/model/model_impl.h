@@ -292,10 +292,11 @@ static inline void linear_backward(const struct mt_ops_i *ops, float *dx, float 
 
 /* The beta of a GEMM about to write w's whole gradient dw (mt_param.h,
  * grad_gemm): 0 at the step's first write of a gradient nobody zeroed, else 1
- * (+=). Any other dw (a slice, or not w's) adds: 1. */
+ * (+=). Any other dw (a slice, or not w's) and any parameter not flagged
+ * grad_gemm add: 1. */
 static inline float grad_beta(struct mt_param *w, const float *dw)
 {
-    if (dw != w->grad || w->grad_live) return 1.0f;
+    if (!w->grad_gemm || dw != w->grad || w->grad_live) return 1.0f;
     w->grad_live = 1;
     return 0.0f;
 }
@@ -303,7 +304,7 @@ static inline float grad_beta(struct mt_param *w, const float *dw)
  * expert no row reached): zero, if nothing wrote it yet this step. */
 static inline void grad_zero_unwritten(const struct mt_ops_i *ops, struct mt_param *w)
 {
-    if (!w->grad || w->grad_live) return;
+    if (!w->grad_gemm || !w->grad || w->frozen || w->grad_live) return;
     ops->fill(ops->be, w->grad, 0.0f, w->numel);
     w->grad_live = 1;
 }
