@@ -312,6 +312,7 @@ struct cal_attn_ctx {
     float *q, *k, *v, *out, *lse, *dout, *dq, *dk, *dv;
     mt_bf16 *qkvb;   /* bf16: the rounded q, k, v the forward leaves for the backward (as the model runs it) */
     mt_bf16 *outb, *doutb;   /* bf16: out and dout as bf16 only, as the model hands them (attention.c) */
+    mt_bf16 *dqb, *dkb;      /* bf16: dq, dk leave as bf16 only, as the model takes them */
 };
 
 static void attn_fn(const void *arg)
@@ -322,7 +323,7 @@ static void attn_fn(const void *arg)
                                       a->hd, a->qkvb);
     else if (a->bf16)
         g_ops->attention_backward_bf16(g_ops->be, a->dq, a->dk, a->dv, NULL, a->q, a->k, a->v, NULL, a->lse, a->b,
-                                       a->t, a->h, a->h, a->hd, a->qkvb, NULL, a->doutb, a->outb);
+                                       a->t, a->h, a->h, a->hd, a->qkvb, NULL, a->doutb, a->outb, a->dqb, a->dkb);
     else if (a->fwd)
         g_ops->attention_forward(g_ops->be, a->out, a->lse, a->q, a->k, a->v, a->b, a->t, a->t, 0, a->h, a->h, a->hd);
     else
@@ -674,7 +675,7 @@ int main(int argc, char **argv)
     for (int s = 0; s < CAL_ATTN_ROWS * n_as; s++) {
         struct cal_attn_ctx a = {as[s / CAL_ATTN_ROWS].b, as[s / CAL_ATTN_ROWS].t, as[s / CAL_ATTN_ROWS].h,
                                  as[s / CAL_ATTN_ROWS].hd, 1, s % CAL_ATTN_ROWS, NULL, NULL, NULL, NULL, NULL, NULL,
-                                 NULL, NULL, NULL, NULL, NULL, NULL};
+                                 NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
         struct mt_ops_cuda_info i0, i1;
         if (a.bf16 && mt_ops_cuda_set_attn_kernel_of(g_ops->be, kern_name[a.bf16]) != MT_OK) {
             fprintf(stderr, "cuda_calib: attn_kernel could not be set\n");
@@ -688,6 +689,7 @@ int main(int argc, char **argv)
         if (a.bf16) {
             a.qkvb = (mt_bf16 *)dev_alloc(3 * n * 2);   /* bf16 q, k, v (H = K here) */
             a.outb = (mt_bf16 *)dev_alloc(n * 2), a.doutb = (mt_bf16 *)dev_alloc(n * 2);
+            a.dqb = (mt_bf16 *)dev_alloc(n * 2), a.dkb = (mt_bf16 *)dev_alloc(n * 2);
             g_ops->cast_bf16(g_ops->be, a.doutb, a.dout, n);
         }
         /* 4*B*H*T^2*hd for the two products, halved by the causal mask */
@@ -710,7 +712,7 @@ int main(int argc, char **argv)
              v2_ran ? "true" : "false",
              a.b, a.t, a.h, a.hd, ff, fb, tf.median, tb.median, ff / tf.median, fb / tb.median, rfb);
         float *bufs[] = {a.q, a.k, a.v, a.dout, a.out, a.dq, a.dk, a.dv, a.lse, (float *)a.qkvb, (float *)a.outb,
-                         (float *)a.doutb};
+                         (float *)a.doutb, (float *)a.dqb, (float *)a.dkb};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) g_ops->buf_free(g_ops->be, &g_ctx, bufs[i]);
     }
     emit(f, "\n ],\n \"attention_best_fwd_bwd_flop_per_s\": %.6e, \"attention_precision\": \"fp32\",\n", best_fb);

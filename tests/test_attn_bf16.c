@@ -220,7 +220,7 @@ static double worst_ratio(const float *got, const double *want, const double *bo
     return w;
 }
 
-struct outs { float *out, *lse, *dq, *dk, *dv; uint16_t *outb, *dvb; int dvb_same_dqdk, outnull_same; };
+struct outs { float *out, *lse, *dq, *dk, *dv; uint16_t *outb, *dvb, *dqb, *dkb; int dvb_same_dqdk, outnull_same; };
 
 /* How run() hands the entries their qkv_b (mt_ops.h): none (the backend
  * stages q, k, v itself both times), a buffer, or a buffer with the fp32 q,
@@ -268,7 +268,7 @@ static void run_qkvb(const struct mt_ops_i *ops, const struct shape *s, const fl
     float *oin = up(ops, out_in, nq * 4), *lin = up(ops, lse_in, nl * 4);
     float *gq = dev(ops, nq * 4), *gk = dev(ops, nk * 4), *gv = dev(ops, nk * 4);
     ops->attention_backward_bf16(ops->be, gq, gk, gv, dg, qa, ka, va, oin, lin, s->B, s->T, s->H, s->K, s->hd, qkvb,
-                                 NULL, NULL, NULL);
+                                 NULL, NULL, NULL, NULL, NULL);
     o->dq = xalloc(nq * 4); o->dk = xalloc(nk * 4); o->dv = xalloc(nk * 4);
     down(ops, o->dq, gq, nq * 4); down(ops, o->dk, gk, nk * 4); down(ops, o->dv, gv, nk * 4);
     /* again with dv_b (dv as bf16 only, gv2 scratch) and dout, out given as bf16 only
@@ -278,14 +278,22 @@ static void run_qkvb(const struct mt_ops_i *ops, const struct shape *s, const fl
     ops->cast_bf16(ops->be, gb, dg, nq);
     ops->cast_bf16(ops->be, ob, oin, nq);
     ops->attention_backward_bf16(ops->be, gq2, gk2, gv2, NULL, qa, ka, va, NULL, lin, s->B, s->T, s->H, s->K, s->hd,
-                                 qkvb, dvb, gb, ob);
+                                 qkvb, dvb, gb, ob, NULL, NULL);
     o->dvb = xalloc(nk * 2);
     down(ops, o->dvb, dvb, nk * 2);
     float *hq = xalloc(nq * 4), *hk = xalloc(nk * 4);
     down(ops, hq, gq2, nq * 4); down(ops, hk, gk2, nk * 4);
     o->dvb_same_dqdk = !memcmp(hq, o->dq, nq * 4) && !memcmp(hk, o->dk, nk * 4);
     free(hq); free(hk);
-    void *bufs[] = {dq_, dk_, dv_, dg, dout, dlse, doutb, oin, lin, gq, gk, gv, qkvb, gq2, gk2, gv2, dvb, gb, ob};
+    /* and with dq_b, dk_b too (dq, dk as bf16 only; gq2, gk2 scratch, poisoned first) */
+    uint16_t *dqb = dev(ops, nq * 2), *dkb = dev(ops, nk * 2);
+    ops->fill(ops->be, gq2, NAN, nq);
+    ops->fill(ops->be, gk2, NAN, nk);
+    ops->attention_backward_bf16(ops->be, gq2, gk2, gv2, NULL, qa, ka, va, NULL, lin, s->B, s->T, s->H, s->K, s->hd,
+                                 qkvb, dvb, gb, ob, dqb, dkb);
+    o->dqb = xalloc(nq * 2); o->dkb = xalloc(nk * 2);
+    down(ops, o->dqb, dqb, nq * 2); down(ops, o->dkb, dkb, nk * 2);
+    void *bufs[] = {dq_, dk_, dv_, dg, dout, dlse, doutb, oin, lin, gq, gk, gv, qkvb, gq2, gk2, gv2, dvb, gb, ob, dqb, dkb};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) ops->buf_free(ops->be, &g_ctx, bufs[i]);
 }
@@ -298,7 +306,18 @@ static void run(const struct mt_ops_i *ops, const struct shape *s, const float *
 
 static void outs_free(struct outs *o)
 {
-    free(o->out); free(o->lse); free(o->dq); free(o->dk); free(o->dv); free(o->outb); free(o->dvb);
+    free(o->out); free(o->lse); free(o->dq); free(o->dk); free(o->dv); free(o->outb); free(o->dvb); free(o->dqb); free(o->dkb);
+}
+
+/* b[i] == bf16(x[i]) for every i, nearest even (the values here are finite) */
+static int bf16_of(const uint16_t *b, const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        if (b[i] != (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)) return 0;
+    }
+    return 1;
 }
 
 static int same_bits(const struct outs *a, const struct outs *b, const struct shape *s)
@@ -407,29 +426,18 @@ static void test_shape(const struct shape *s)
     snprintf(why, sizeof why, "max err %.3g, max|out| %.3g", maxe, maxo);
     check(maxe > 1e-5 * maxo, what, why);
 
-    int twin = 1;
-    for (size_t i = 0; i < nq && twin; i++) {
-        float x = a.out[i];
-        uint32_t u;
-        memcpy(&u, &x, 4);
-        uint16_t want = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  /* nearest even; finite here */
-        twin = a.outb[i] == want;
-    }
     snprintf(what, sizeof what, "%s: out_bf16 == bf16(out)", name);
-    check(twin, what, "");
+    check(bf16_of(a.outb, a.out, nq), what, "");
     snprintf(what, sizeof what, "%s: out NULL: the same out_bf16 and lse (bits)", name);
     check(a.outnull_same, what, "");
     /* dv_b: dv stored as bf16 only = bf16 of the fp32 dv, dq and dk unchanged */
-    int dvb = a.dvb_same_dqdk;
-    for (size_t i = 0; i < (size_t)s->B * s->T * s->K * s->hd && dvb; i++) {
-        float x = a.dv[i];
-        uint32_t u;
-        memcpy(&u, &x, 4);
-        dvb = a.dvb[i] == (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);   /* nearest even; finite here */
-    }
+    const int dvb = a.dvb_same_dqdk && bf16_of(a.dvb, a.dv, nk);
     snprintf(what, sizeof what, "%s: dv_b == bf16(dv); dout, out as bf16: dq, dk the same bits", name);
     snprintf(why, sizeof why, "dq, dk same: %d", a.dvb_same_dqdk);
     check(dvb, what, why);
+    /* dq_b, dk_b: dq, dk stored as bf16 only = bf16 of the fp32 dq, dk */
+    snprintf(what, sizeof what, "%s: dq_b == bf16(dq), dk_b == bf16(dk)", name);
+    check(bf16_of(a.dqb, a.dq, nq) && bf16_of(a.dkb, a.dk, nk), what, "");
 
     run(g_ops, s, q, k, v, g, out_in, lse_in, &b);
     snprintf(what, sizeof what, "%s: deterministic (second call, same bits)", name);
@@ -437,16 +445,16 @@ static void test_shape(const struct shape *s)
     outs_free(&b);
 
 #ifdef MT_WITH_CUDA
-    if (*g_kernel) {  /* four forward (each run's second with out NULL) and four backward calls (each run's second
-                       * with dv_b, dout_b, out_b): which kernels ran them */
+    if (*g_kernel) {  /* four forward (each run's second with out NULL) and six backward calls (each run's second
+                       * with dv_b, dout_b, out_b, its third with dq_b, dk_b too): which kernels ran them */
         mt_ops_cuda_get_info_of(g_ops->be, &i1);
         const long dv2 = i1.attention_v2_calls - i0.attention_v2_calls;
         const long dfb = i1.attention_v2_fallbacks - i0.attention_v2_fallbacks;
         const int v2_hd = s->hd == 64 || s->hd == 128;
         const int v2_set = strcmp(g_kernel, "v1") != 0;  /* v2 and v3: attention_v2.cu */
         const int want_v2 = v2_set && v2_hd;
-        const int ok = !strcmp(i1.attn_kernel, g_kernel) && dv2 == (want_v2 ? 8 : 0) &&
-                       dfb == (v2_set && !v2_hd ? 8 : 0) && (dfb == 0 || i1.attention_v2_fallback_hd == s->hd);
+        const int ok = !strcmp(i1.attn_kernel, g_kernel) && dv2 == (want_v2 ? 10 : 0) &&
+                       dfb == (v2_set && !v2_hd ? 10 : 0) && (dfb == 0 || i1.attention_v2_fallback_hd == s->hd);
         snprintf(what, sizeof what, "%s: ran %s", name, want_v2 ? g_kernel : v2_set ? "v1 (v2 fallback, counted)" : "v1");
         snprintf(why, sizeof why, "attn_kernel %s, +%ld v2 calls, +%ld v2 fallbacks (hd %d)", i1.attn_kernel, dv2,
                  dfb, i1.attention_v2_fallback_hd);

@@ -143,6 +143,15 @@ static int att_bf16_only(const struct mt_piece_ctx *pc, const struct attn_state 
     return attn_bf16(pc) && st->att_b && pc->ops->gemm_bf16_out && wo->bf16 && !wo->lora_a;
 }
 
+/* precision=bf16 training: dq, dk leave the attention backward as bf16 only
+ * (dq_b, dk_b) for the QK-norm backward, their one reader (its bf16 entry reads
+ * them widened; autocast's rounding point, as PyTorch's bf16 attention returns
+ * them): 4 bytes an element of q and k not moved. Where d att is bf16 only
+ * (ab) and q', k' leave as bf16 (qk_b): dq_b lives in the second half of datt,
+ * whose first half holds d att for the same call and takes d q' after it; dk_b
+ * in the second half of dk2, whose first half takes d k'. */
+static int dqk_bf16(int ab, int qk_b) { return ab && qk_b; }
+
 /* o_proj's backward with d att as bf16 only (att_bf16_only): dWo += dy^T att_b,
  * datt_b = bf16(dy Wo); dy rounded once for the two GEMMs (dyb_round) */
 static void o_proj_bwd_b(const struct mt_piece_ctx *pc, mt_bf16 *datt_b, const float *dy, const mt_bf16 *att_b, int N,
@@ -260,10 +269,13 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
     const int qk_b = qk_bf16_dy(pc);
     mt_bf16 *dvb = attn_bf16(pc) && v_bf16_dy(pc, qk_b, (size_t)N * (size_t)KD) ? pc->dyb->p : NULL;
     const int pre = qkv_prefill(pc, st);   /* the forward left q, k, v in qkv_b only */
+    const int dqk = dqk_bf16(ab, qk_b);
+    mt_bf16 *dq_b = dqk ? (mt_bf16 *)aown(pc)->datt + (size_t)N * (size_t)QD : NULL;
+    mt_bf16 *dk_b = dqk ? (mt_bf16 *)aown(pc)->dk2 + (size_t)N * (size_t)KD : NULL;
     if (attn_bf16(pc))
         ops->attention_backward_bf16(ops->be, aown(pc)->dq, aown(pc)->dk, aown(pc)->dv, ab ? NULL : aown(pc)->datt,
                                      pre ? NULL : st->q, pre ? NULL : st->k, pre ? NULL : st->v, ab ? NULL : st->att,
-                                     st->lse, B, T, H, K, hd, st->qkv_b, dvb, datt_b, ab ? st->att_b : NULL);
+                                     st->lse, B, T, H, K, hd, st->qkv_b, dvb, datt_b, ab ? st->att_b : NULL, dq_b, dk_b);
     else
         ops->attention_backward(ops->be, aown(pc)->dq, aown(pc)->dk, aown(pc)->dv, aown(pc)->datt, st->q, st->k, st->v,
                                 st->att, st->lse, B, T, H, K, hd);
@@ -277,7 +289,7 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
                                         xb ? NULL : st->k_raw, aw(pc)->qn->data, aw(pc)->kn->data, st->rstd_q,
                                         st->rstd_k, pc->rope_cos, pc->rope_sin, N, pc->rope_T ? pc->rope_T : T, H, K,
                                         hd, xb ? (const mt_bf16 *)st->q_raw : NULL,
-                                        xb ? (const mt_bf16 *)st->k_raw : NULL);
+                                        xb ? (const mt_bf16 *)st->k_raw : NULL, dq_b, dk_b);
     } else {
         ops->qk_norm_rope_backward(ops->be, aown(pc)->datt, aown(pc)->dk2, aw(pc)->qn->grad, aw(pc)->kn->grad,
                                    aown(pc)->dq, aown(pc)->dk, st->q_raw, st->k_raw, aw(pc)->qn->data, aw(pc)->kn->data,
@@ -371,12 +383,14 @@ static void attn_work(const struct mt_block_shape *s, int rc, struct mt_work *w)
          * plan_norm_h_store); qk_norm_rope_forward_bf16 reads q', k',
          * writes bf16 q, k: 1 qk (q', k' stored bf16 by their GEMMs; v: its
          * GEMM writes bf16). Backward qk_norm_rope_backward_bf16 reads dq, dk,
-         * bf16 q', k', writes bf16 dq', dk': 2 qk; rmsnorm_backward
+         * bf16 q', k', writes bf16 dq', dk': 2 qk (1.5 qk with dq, dk bf16
+         * from the attention backward: dqk_bf16, no LoRA); rmsnorm_backward
          * (accumulating) reads dh, x, dx, writes dx: 4 D (+ dx's bf16 twin,
          * 0.5 D: plan_norm_twin); o_proj's dy rounded once (cast_bf16,
          * elementwise): 1.5 D, none where it reads the twin. */
         const double hs = plan_norm_h_store(s), tw = plan_norm_twin(s);
-        w->e[MT_WORK_NORM] += (6.5 + hs + 0.5 * tw) * D + 3.0 * qk + rc * ((2.5 + hs) * D + 1.0 * qk);
+        const double dqk = s->cfg->lora_rank <= 0 ? 0.5 : 0.0;   /* dq, dk read as bf16 (dqk_bf16) */
+        w->e[MT_WORK_NORM] += (6.5 + hs + 0.5 * tw) * D + (3.0 - dqk) * qk + rc * ((2.5 + hs) * D + 1.0 * qk);
         w->e[MT_WORK_ELEMENTWISE] += 1.5 * (1.0 - tw) * D;
         return;
     }

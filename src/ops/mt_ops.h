@@ -497,12 +497,16 @@ struct mt_ops_i {
      * dq, dk (in) are scratch: their contents afterwards are unspecified (the
      * rotated g need not be stored). For the q/k projections' backward whose
      * GEMMs read dy as bf16 (no adapters on q, k): 12 bytes an element not
-     * moved (the fp32 store, g's store, the cast's read and write). */
+     * moved (the fp32 store, g's store, the cast's read and write).
+     * dq_b, dk_b: NULL, or the incoming gradient as bf16 (the attention
+     * backward's dq_b, dk_b), read widened (exact) in place of dq, dk, which
+     * stay scratch (a backend may widen into them); both or neither. */
     void (*qk_norm_rope_backward_bf16)(void *be, mt_bf16 *dq_raw_b, mt_bf16 *dk_raw_b, float *dwq, float *dwk,
                                        float *dq, float *dk, const float *q_raw, const float *k_raw, const float *wq,
                                        const float *wk, const float *rstd_q, const float *rstd_k,
                                        const float *cos_tab, const float *sin_tab, int N, int T, int H, int K, int hd,
-                                       const mt_bf16 *q_raw_b, const mt_bf16 *k_raw_b);
+                                       const mt_bf16 *q_raw_b, const mt_bf16 *k_raw_b, const mt_bf16 *dq_b,
+                                       const mt_bf16 *dk_b);
     /* (both bf16 entries) q_raw_b, k_raw_b: NULL, or q_raw, k_raw stored as
      * bf16 (their GEMMs' bf16 outputs: autocast's rounding of a Linear's
      * output), read widened (exact) in place of q_raw, k_raw (then ignored,
@@ -586,14 +590,18 @@ struct mt_ops_i {
      * dout_b, out_b (backward): NULL, or dout / out as bf16 (their producers
      * rounded them: o_proj's backward GEMM with a bf16 output, the forward's
      * out_bf16); the fp32 array is then not read and may be NULL. The same
-     * values either way, so the same bits. */
+     * values either way, so the same bits.
+     * dq_b, dk_b (backward): NULL, or where dq / dk go as bf16 ONLY, as dv_b
+     * for dv (dq / dk scratch then; must not overlap them): for the QK-norm
+     * backward that reads them (qk_norm_rope_backward_bf16's dq_b, dk_b; 4
+     * bytes an element of q and k not moved). Both or neither. */
     void (*attention_forward_bf16)(void *be, float *out, mt_bf16 *out_bf16, float *lse, const float *q,
                                    const float *k, const float *v, int B, int T, int H, int K, int hd,
                                    mt_bf16 *qkv_b);
     void (*attention_backward_bf16)(void *be, float *dq, float *dk, float *dv, const float *dout, const float *q,
                                     const float *k, const float *v, const float *out, const float *lse,
                                     int B, int T, int H, int K, int hd, const mt_bf16 *qkv_b, mt_bf16 *dv_b,
-                                    const mt_bf16 *dout_b, const mt_bf16 *out_b);
+                                    const mt_bf16 *dout_b, const mt_bf16 *out_b, mt_bf16 *dq_b, mt_bf16 *dk_b);
     /* ---- the Mamba-3 scan in bf16 (precision=bf16; docs/cuda.md "The Mamba-3
      * scan on tensor cores") ----
      * ssm_scan_forward/backward's contract with the chunked form's

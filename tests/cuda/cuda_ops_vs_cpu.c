@@ -46,7 +46,7 @@
 #include "ops/cuda/mt_ops_cuda.h"
 
 #define TOL      1e-5
-#define MAX_BUFS 64
+#define MAX_BUFS 128   /* a test's buffers on one backend between two release() calls */
 /* bf16 bound (docs/cuda.md): unit roundoff of bf16 and the constant on the
  * random-sign (sqrt) term */
 #define BF16_U   0x1.0p-8
@@ -1258,6 +1258,10 @@ static void test_fused(void)
 static void qk_raw_b_case(struct be *b, int p, int hd, int N, int T, int H, int K, const float *qr, const float *kr,
                           const float *gq, const float *gk, const float *dw0, const float *dwq, const float *dwk,
                           const float *sq, const float *sk, const float *dc, const float *ds, const float *nq_);
+static void qk_din_b_case(struct be *b, int p, int hd, int N, int T, int H, int K, int xb, const float *qr,
+                          const float *kr, const float *gq, const float *gk, const float *dw0, const float *dwq,
+                          const float *dwk, const float *sq, const float *sk, const float *dc, const float *ds,
+                          const float *nq_);
 
 /* qk_norm_rope_backward_bf16 at head dim hd (40: cuda's scalar path, 64: its
  * vector path): on each backend, d q_raw and d k_raw = bf16 of the fp32
@@ -1291,7 +1295,7 @@ static void test_qk_bwd_bf16(int hd)
             float *eg = upf(b, gq, nq), *egk = upf(b, gk, nk), *ex = upf(b, nq_, nq), *exk = upf(b, nq_, nk);
             float *hwq = upf(b, dw0, (size_t)hd), *hwk = upf(b, dw0, (size_t)hd);
             b->ops->qk_norm_rope_backward_bf16(b->ops->be, (mt_bf16 *)ex, (mt_bf16 *)exk, hwq, hwk, eg, egk, dqr, dkr, dwq,
-                                               dwk, sq, sk, dc, ds, N, T, H, K, hd, NULL, NULL);
+                                               dwk, sq, sk, dc, ds, N, T, H, K, hd, NULL, NULL, NULL, NULL);
             bq[r] = (uint16_t *)downi(b, (const int32_t *)ex, nq / 2);
             bk[r] = (uint16_t *)downi(b, (const int32_t *)exk, nk / 2);
             if (r == 0) bwq = downf(b, hwq, (size_t)hd), bwk = downf(b, hwk, (size_t)hd);
@@ -1327,10 +1331,55 @@ static void test_qk_bwd_bf16(int hd)
         report("qk_norm_rope_forward_bf16", w, (double)(ndiff(hrq, hrq2, NH) + ndiff(hrk, hrk2, NK)), 0);
         free(hq32); free(hk32); free(hrq); free(hrk); free(hrq2); free(hrk2); free(hq16); free(hk16);
         qk_raw_b_case(b, p, hd, N, T, H, K, qr, kr, gq, gk, dw0, dwq, dwk, sq, sk, dc, ds, nq_);
+        for (int xb = 0; xb < 2; xb++) qk_din_b_case(b, p, hd, N, T, H, K, xb, qr, kr, gq, gk, dw0, dwq, dwk, sq, sk, dc, ds, nq_);
         release(b);
     }
     free(cs); free(sn); free(qr); free(kr); free(wq); free(wk); free(gq); free(gk); free(dw0); free(rsq); free(rsk);
     free(nq_);
+}
+
+/* d q, d k given as bf16 to the bf16 backward (dq_b, dk_b: the attention
+ * backward's bf16-only outputs), with q_raw, k_raw as fp32 or (xb) as bf16:
+ * d q_raw, d k_raw, dwq, dwk the bits of the entry given the widened values
+ * as fp32 dq, dk (cuda: hd 64 the vector kernel reads them, QK_DB; hd 40 the
+ * scalar path widens them first); dq, dk scratch, poisoned with NaN */
+static void qk_din_b_case(struct be *b, int p, int hd, int N, int T, int H, int K, int xb, const float *qr,
+                          const float *kr, const float *gq, const float *gk, const float *dw0, const float *dwq,
+                          const float *dwk, const float *sq, const float *sk, const float *dc, const float *ds,
+                          const float *nq_)
+{
+    const size_t nq = (size_t)N * H * hd, nk = (size_t)N * K * hd, n = nq + nk;
+    uint16_t *gb = xmalloc(n * 2), *xr = xmalloc(n * 2);
+    float *gw = xmalloc(n * 4);
+    for (size_t i = 0; i < n; i++) {
+        gb[i] = host_bf16(i < nq ? gq[i] : gk[i - nq]);
+        xr[i] = host_bf16(i < nq ? qr[i] : kr[i - nq]);
+        const uint32_t u = (uint32_t)gb[i] << 16;
+        memcpy(&gw[i], &u, 4);
+    }
+    const mt_bf16 *xq = xb ? (const mt_bf16 *)upf(b, (const float *)xr, n / 2) : NULL, *xk = xq ? xq + nq : NULL;
+    const float *q32 = xb ? NULL : upf(b, qr, nq), *k32 = xb ? NULL : upf(b, kr, nk);
+    const mt_bf16 *dinq = (const mt_bf16 *)upf(b, (const float *)gb, n / 2), *dink = dinq + nq;
+    uint16_t *o[2];
+    float *dw[2][2];
+    for (int v = 0; v < 2; v++) {   /* v 1: d q, d k given as bf16 */
+        float *eg = upf(b, v ? nq_ : gw, nq), *egk = upf(b, v ? nq_ : gw + nq, nk);
+        float *hwq = upf(b, dw0, (size_t)hd), *hwk = upf(b, dw0, (size_t)hd);
+        mt_bf16 *b16 = (mt_bf16 *)upf(b, nq_, n / 2);
+        b->ops->qk_norm_rope_backward_bf16(b->ops->be, b16, b16 + nq, hwq, hwk, eg, egk, q32, k32, dwq, dwk, sq, sk, dc,
+                                           ds, N, T, H, K, hd, xq, xk, v ? dinq : NULL, v ? dink : NULL);
+        o[v] = (uint16_t *)downi(b, (const int32_t *)b16, n / 2);
+        dw[v][0] = downf(b, hwq, (size_t)hd), dw[v][1] = downf(b, hwk, (size_t)hd);
+    }
+    char w[140];
+    snprintf(w, sizeof w, "%s hd=%d%s: d q, d k as bf16: dq_raw, dk_raw, dwq, dwk the same bits (differing)",
+             p ? "cuda" : "cpu", hd, xb ? " q_raw_b" : "");
+    report("qk_norm_rope_backward_bf16", w,
+           (double)(ndiff(o[0], o[1], n / 2) + ndiff(dw[0][0], dw[1][0], (size_t)hd) +
+                    ndiff(dw[0][1], dw[1][1], (size_t)hd)),
+           0);
+    for (int v = 0; v < 2; v++) free(o[v]), free(dw[v][0]), free(dw[v][1]);
+    free(gb); free(xr); free(gw);
 }
 
 /* q_raw, k_raw given as bf16 (q_raw_b, k_raw_b: their GEMMs' bf16 outputs) to
@@ -1362,7 +1411,7 @@ static void qk_raw_b_case(struct be *b, int p, int hd, int N, int T, int H, int 
         float *hwq = upf(b, dw0, (size_t)hd), *hwk = upf(b, dw0, (size_t)hd);
         b->ops->qk_norm_rope_backward_bf16(b->ops->be, b16, b16 + nq, hwq, hwk, eg, egk, v ? NULL : w32,
                                            v ? NULL : w32 + nq, dwq, dwk, sq, sk, dc, ds, N, T, H, K, hd,
-                                           v ? qb : NULL, v ? kb : NULL);
+                                           v ? qb : NULL, v ? kb : NULL, NULL, NULL);
         o[v][0] = (uint16_t *)downi(b, (const int32_t *)f16, (nq + nk) / 2);
         o[v][1] = (uint16_t *)downi(b, (const int32_t *)b16, (nq + nk) / 2);
         r[v][0] = downf(b, rq, NH), r[v][1] = downf(b, rk, NK);

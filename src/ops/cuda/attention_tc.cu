@@ -277,7 +277,7 @@ static __device__ void tc_store_ds(bf16 *dsg, const bf16 *DSw, int b, int h, int
 /* ---- backward: dK, dV ---- */
 template <int NF>
 static __global__ void __launch_bounds__(TC_THREADS)
-attn_tc_dkdv_k(float *dk, float *dv, bf16 *dv_b, bf16 *dsg, const bf16 *q, const bf16 *k, const bf16 *v,
+attn_tc_dkdv_k(float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, bf16 *dsg, const bf16 *q, const bf16 *k, const bf16 *v,
                const bf16 *g, const float *lse, const float *D, int T, int H, int K, int hd, float scale, int vec)
 {
     MT_DYN_SMEM(unsigned char, sm);
@@ -350,14 +350,14 @@ attn_tc_dkdv_k(float *dk, float *dv, bf16 *dv_b, bf16 *dsg, const bf16 *q, const
     }
     __syncthreads();  /* Q and dO become the staging tiles */
     float *stage = (float *)Qs + warp * 16 * (hd16 + 4);
-    tc_write_rows<NF>(dk, NULL, stage, dka, nf, b, j0 + 16 * warp, T, K, kvh, hd, hd16);
+    tc_write_rows<NF>(dk_b ? NULL : dk, dk_b, stage, dka, nf, b, j0 + 16 * warp, T, K, kvh, hd, hd16);   /* dk_b: bf16 only */
     tc_write_rows<NF>(dv_b ? NULL : dv, dv_b, stage, dva, nf, b, j0 + 16 * warp, T, K, kvh, hd, hd16);   /* dv_b: bf16 only */
 }
 
 /* ---- backward: dQ ---- */
 template <int NF>
 static __global__ void __launch_bounds__(TC_THREADS)
-attn_tc_dq_k(float *dq, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *g, const float *lse,
+attn_tc_dq_k(float *dq, bf16 *dq_b, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *g, const float *lse,
              const float *D, int T, int H, int K, int hd, float scale, int vec)
 {
     MT_DYN_SMEM(unsigned char, sm);
@@ -409,13 +409,13 @@ attn_tc_dq_k(float *dq, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 
     }
     __syncthreads();
     float *stage = (float *)Ks + warp * 16 * (hd16 + 4);
-    tc_write_rows<NF>(dq, NULL, stage, dqa, nf, b, i0 + 16 * warp, T, H, h, hd, hd16);
+    tc_write_rows<NF>(dq_b ? NULL : dq, dq_b, stage, dqa, nf, b, i0 + 16 * warp, T, H, h, hd, hd16);
 }
 
 /* ---- backward: dQ from the stored dS tiles (one product per tile) ---- */
 template <int NF>
 static __global__ void __launch_bounds__(TC_THREADS)
-attn_tc_dq_ds_k(float *dq, const bf16 *dsg, const bf16 *k, int T, int H, int K, int hd, int vec)
+attn_tc_dq_ds_k(float *dq, bf16 *dq_b, const bf16 *dsg, const bf16 *k, int T, int H, int K, int hd, int vec)
 {
     MT_DYN_SMEM(unsigned char, sm);
     const int hd16 = tc_hd16(hd), nf = hd16 / 16, ldh = hd16 + 8;
@@ -451,7 +451,7 @@ attn_tc_dq_ds_k(float *dq, const bf16 *dsg, const bf16 *k, int T, int H, int K, 
     }
     __syncthreads();
     float *stage = (float *)sm + warp * 16 * (hd16 + 4);
-    tc_write_rows<NF>(dq, NULL, stage, dqa, nf, b, qt * TC_B + 16 * warp, T, H, h, hd, hd16);
+    tc_write_rows<NF>(dq_b ? NULL : dq, dq_b, stage, dqa, nf, b, qt * TC_B + 16 * warp, T, H, h, hd, hd16);
 }
 
 /* ---- host side ---- */
@@ -601,8 +601,8 @@ static void tc_fwd_launch(float *out, bf16 *out_b, float *lse, const struct tc_o
 }
 
 template <int NF>
-static void tc_bwd_launch(float *dq, float *dk, float *dv, bf16 *dv_b, const float *lse, const struct tc_operands *o,
-                          int B, int T, int H, int K, int hd)
+static void tc_bwd_launch(float *dq, bf16 *dq_b, float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, const float *lse,
+                          const struct tc_operands *o, int B, int T, int H, int K, int hd)
 {
     const int hd16 = tc_hd16(hd);
     const float scale = 1.0f / sqrtf((float)hd);
@@ -611,15 +611,15 @@ static void tc_bwd_launch(float *dq, float *dk, float *dv, bf16 *dv_b, const flo
     if (o->ds ? !mt_cuda_smem_opt_in(attn_tc_dq_ds_k<NF>, s_q) : !mt_cuda_smem_opt_in(attn_tc_dq_k<NF>, s_q)) return;
     const unsigned nt = (unsigned)((T + TC_B - 1) / TC_B);
     MT_LAUNCH(attn_tc_dkdv_k<NF>, dim3(nt, (unsigned)K, (unsigned)B), TC_THREADS, s_kv)(
-        dk, dv, dv_b, o->ds, o->q, o->k, o->v, o->g, lse, o->D, T, H, K, hd, scale, o->vec);
+        dk, dk_b, dv, dv_b, o->ds, o->q, o->k, o->v, o->g, lse, o->D, T, H, K, hd, scale, o->vec);
     MT_CUDA_KCHECK();
     if (o->ds) {  /* dQ = dS K from the tiles the dK/dV kernel stored */
         MT_LAUNCH(attn_tc_dq_ds_k<NF>, dim3(nt, (unsigned)H, (unsigned)B), TC_THREADS, s_q)(
-            dq, o->ds, o->k, T, H, K, hd, o->vec);
+            dq, dq_b, o->ds, o->k, T, H, K, hd, o->vec);
     } else {      /* over the cap: recompute S, P, dP per tile */
         mt_cuda_be->info.attention_dq_recompute++;
         MT_LAUNCH(attn_tc_dq_k<NF>, dim3(nt, (unsigned)H, (unsigned)B), TC_THREADS, s_q)(
-            dq, o->q, o->k, o->v, o->g, lse, o->D, T, H, K, hd, scale, o->vec);
+            dq, dq_b, o->q, o->k, o->v, o->g, lse, o->D, T, H, K, hd, scale, o->vec);
     }
     MT_CUDA_KCHECK();
 }
@@ -717,7 +717,7 @@ extern "C" void mt_cuda_attention_backward_bf16(void *be, float *dq, float *dk, 
                                                 const float *q, const float *k, const float *v, const float *out,
                                                 const float *lse, int B, int T, int H, int K, int hd,
                                                 const mt_bf16 *qkv_b, mt_bf16 *dv_b, const mt_bf16 *dout_b,
-                                                const mt_bf16 *out_b)
+                                                const mt_bf16 *out_b, mt_bf16 *dq_b, mt_bf16 *dk_b)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (B <= 0 || T <= 0 || H <= 0) return;
@@ -736,6 +736,8 @@ extern "C" void mt_cuda_attention_backward_bf16(void *be, float *dq, float *dk, 
             return;
         mt_cuda_attention_backward(be, dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, hd);
         if (dv_b) mt_cuda_cast_bf16(be, dv_b, dv, (size_t)B * T * K * hd);   /* dv scratch: rounded once */
+        if (dq_b) mt_cuda_cast_bf16(be, dq_b, dq, (size_t)B * T * H * hd);   /* ... and dq, dk */
+        if (dk_b) mt_cuda_cast_bf16(be, dk_b, dk, (size_t)B * T * K * hd);
         return;
     }
     struct tc_operands o;
@@ -744,10 +746,10 @@ extern "C" void mt_cuda_attention_backward_bf16(void *be, float *dq, float *dk, 
     tc_rowdot(o.D, o.g, out, out_b, B, T, H, hd);
     mt_cuda_be->info.attention_tc_calls++;
     if (v2) {
-        mt_attn_v2_backward(dq, dk, dv, dv_b, (mt_bf16 *)o.ds, (const mt_bf16 *)o.q, (const mt_bf16 *)o.k,
+        mt_attn_v2_backward(dq, dq_b, dk, dk_b, dv, dv_b, (mt_bf16 *)o.ds, (const mt_bf16 *)o.q, (const mt_bf16 *)o.k,
                             (const mt_bf16 *)o.v, (const mt_bf16 *)o.g, lse, o.D, B, T, H, K, hd);
         return;
     }
-    if (hd <= 64) tc_bwd_launch<4>(dq, dk, dv, (bf16 *)dv_b, lse, &o, B, T, H, K, hd);
-    else          tc_bwd_launch<8>(dq, dk, dv, (bf16 *)dv_b, lse, &o, B, T, H, K, hd);
+    if (hd <= 64) tc_bwd_launch<4>(dq, (bf16 *)dq_b, dk, (bf16 *)dk_b, dv, (bf16 *)dv_b, lse, &o, B, T, H, K, hd);
+    else          tc_bwd_launch<8>(dq, (bf16 *)dq_b, dk, (bf16 *)dk_b, dv, (bf16 *)dv_b, lse, &o, B, T, H, K, hd);
 }

@@ -406,7 +406,7 @@ static __device__ __forceinline__ void v2_dkdv_fetch(bf16 *Qb, bf16 *Gb, float *
 
 template <int HD>
 static __global__ void __launch_bounds__(V2_THREADS)
-attn_v2_dkdv_k(float *dk, float *dv, bf16 *dv_b, bf16 *ds, const bf16 *q, const bf16 *k, const bf16 *v,
+attn_v2_dkdv_k(float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, bf16 *ds, const bf16 *q, const bf16 *k, const bf16 *v,
                const bf16 *g, const float *lse, const float *D, int T, int H, int K, float scale, float c)
 {
     constexpr int LD = HD + 8, TILE = V2_B * LD;
@@ -468,7 +468,7 @@ attn_v2_dkdv_k(float *dk, float *dv, bf16 *dv_b, bf16 *ds, const bf16 *q, const 
         v2_pv<HD>(dka, dp, Qb, lane);  /* dK_w += dS^T Q */
         __syncthreads();  /* the buffer is consumed before it is refilled */
     }
-    v2_write_rows<HD>(dk, NULL, dka, b, j0 + 16 * warp, T, K, kvh, lane);
+    v2_write_rows<HD>(dk_b ? NULL : dk, dk_b, dka, b, j0 + 16 * warp, T, K, kvh, lane);   /* dk_b: bf16 only */
     v2_write_rows<HD>(dv_b ? NULL : dv, dv_b, dva, b, j0 + 16 * warp, T, K, kvh, lane);   /* dv_b: bf16 only */
 }
 
@@ -500,7 +500,7 @@ static __device__ MT_WARP_STEP void v2_dq_ds_step(float (&dqa)[MW][HD / 8][4], c
 
 template <int HD, int MW>
 static __global__ void __launch_bounds__(V2_THREADS)
-attn_v2_dq_ds_k(float *dq, const bf16 *ds, const bf16 *k, int T, int H, int K)
+attn_v2_dq_ds_k(float *dq, bf16 *dq_b, const bf16 *ds, const bf16 *k, int T, int H, int K)
 {
     constexpr int LD = HD + 8, TILE = V2_B * LD, LS = V2_B + 8, STILE = V2_B * LS, QROWS = V2_B * MW;
     MT_DYN_SMEM(unsigned char, sm);
@@ -540,13 +540,13 @@ attn_v2_dq_ds_k(float *dq, const bf16 *ds, const bf16 *k, int T, int H, int K)
     }
 #pragma unroll
     for (int mi = 0; mi < MW; mi++)
-        v2_write_rows<HD>(dq, NULL, dqa[mi], b, qb * QROWS + 16 * MW * warp + 16 * mi, T, H, h, lane);
+        v2_write_rows<HD>(dq_b ? NULL : dq, dq_b, dqa[mi], b, qb * QROWS + 16 * MW * warp + 16 * mi, T, H, h, lane);
 }
 
 /* ---- backward: dQ, recomputing S and dP (the dS tiles over MT_CUDA_ATTN_DS_MB) ---- */
 template <int HD>
 static __global__ void __launch_bounds__(V2_THREADS)
-attn_v2_dq_k(float *dq, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *g, const float *lse,
+attn_v2_dq_k(float *dq, bf16 *dq_b, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *g, const float *lse,
              const float *D, int T, int H, int K, float scale, float c)
 {
     constexpr int LD = HD + 8, TILE = V2_B * LD;
@@ -600,7 +600,7 @@ attn_v2_dq_k(float *dq, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 
         v2_pv<HD>(dqa, dp, Kb, lane);  /* dQ_w += dS K */
         __syncthreads();
     }
-    v2_write_rows<HD>(dq, NULL, dqa, b, i0 + 16 * warp, T, H, h, lane);
+    v2_write_rows<HD>(dq_b ? NULL : dq, dq_b, dqa, b, i0 + 16 * warp, T, H, h, lane);
 }
 
 /* ---- host side ---- */
@@ -634,36 +634,37 @@ static void v2_fwd(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf1
 
 /* dQ from the stored tiles, 64 MW query rows a block */
 template <int HD, int MW>
-static void v2_dq_ds(float *dq, const bf16 *ds, const bf16 *k, int B, int T, int H, int K)
+static void v2_dq_ds(float *dq, bf16 *dq_b, const bf16 *ds, const bf16 *k, int B, int T, int H, int K)
 {
     const size_t smem = 2 * v2_tile_bytes(HD) + 2 * (size_t)MW * V2_B * (V2_B + 8) * 2;
     if (!mt_cuda_smem_opt_in(attn_v2_dq_ds_k<HD, MW>, smem)) return;
     const unsigned nb = (unsigned)((T + V2_B * MW - 1) / (V2_B * MW));
-    MT_LAUNCH((attn_v2_dq_ds_k<HD, MW>), dim3(nb, (unsigned)H, (unsigned)B), V2_THREADS, smem)(dq, ds, k, T, H, K);
+    MT_LAUNCH((attn_v2_dq_ds_k<HD, MW>), dim3(nb, (unsigned)H, (unsigned)B), V2_THREADS, smem)(dq, dq_b, ds, k, T, H, K);
     MT_CUDA_KCHECK();
 }
 
 /* ds: room for the dS^T tiles (attention_tc.cu sizes it; NULL: over MT_CUDA_ATTN_DS_MB,
  * dQ recomputes S and dP) */
 template <int HD>
-static void v2_bwd(float *dq, float *dk, float *dv, bf16 *dv_b, bf16 *ds, const bf16 *q, const bf16 *k,
-                   const bf16 *v, const bf16 *g, const float *lse, const float *D, int B, int T, int H, int K)
+static void v2_bwd(float *dq, bf16 *dq_b, float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, bf16 *ds, const bf16 *q,
+                   const bf16 *k, const bf16 *v, const bf16 *g, const float *lse, const float *D, int B, int T, int H,
+                   int K)
 {
     const size_t s_kv = 6 * v2_tile_bytes(HD) + 4 * V2_B * sizeof(float), s_q = 6 * v2_tile_bytes(HD);
     if (!mt_cuda_smem_opt_in(attn_v2_dkdv_k<HD>, s_kv) || !mt_cuda_smem_opt_in(attn_v2_dq_k<HD>, s_q)) return;
     const float scale = 1.0f / sqrtf((float)HD), c = scale * V2_LOG2E;
     const unsigned nt = (unsigned)((T + V2_B - 1) / V2_B);
-    MT_LAUNCH(attn_v2_dkdv_k<HD>, dim3(nt, (unsigned)K, (unsigned)B), V2_THREADS, s_kv)(dk, dv, dv_b, ds, q, k, v, g,
-                                                                                       lse, D, T, H, K, scale, c);
+    MT_LAUNCH(attn_v2_dkdv_k<HD>, dim3(nt, (unsigned)K, (unsigned)B), V2_THREADS, s_kv)(dk, dk_b, dv, dv_b, ds, q, k,
+                                                                                       v, g, lse, D, T, H, K, scale, c);
     MT_CUDA_KCHECK();
     if (ds) {
-        if (v2_mw() == 2) v2_dq_ds<HD, 2>(dq, ds, k, B, T, H, K);
-        else v2_dq_ds<HD, 1>(dq, ds, k, B, T, H, K);
+        if (v2_mw() == 2) v2_dq_ds<HD, 2>(dq, dq_b, ds, k, B, T, H, K);
+        else v2_dq_ds<HD, 1>(dq, dq_b, ds, k, B, T, H, K);
         return;
     }
     mt_cuda_be->info.attention_dq_recompute++;
-    MT_LAUNCH(attn_v2_dq_k<HD>, dim3(nt, (unsigned)H, (unsigned)B), V2_THREADS, s_q)(dq, q, k, v, g, lse, D, T, H, K,
-                                                                                   scale, c);
+    MT_LAUNCH(attn_v2_dq_k<HD>, dim3(nt, (unsigned)H, (unsigned)B), V2_THREADS, s_q)(dq, dq_b, q, k, v, g, lse, D, T,
+                                                                                   H, K, scale, c);
     MT_CUDA_KCHECK();
 }
 
@@ -674,14 +675,14 @@ void mt_attn_v2_forward(float *out, mt_bf16 *out_b, float *lse, const mt_bf16 *q
     else v2_fwd<128>(out, (bf16 *)out_b, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, B, T, H, K);
 }
 
-void mt_attn_v2_backward(float *dq, float *dk, float *dv, mt_bf16 *dv_b, mt_bf16 *ds, const mt_bf16 *q,
-                         const mt_bf16 *k, const mt_bf16 *v, const mt_bf16 *g, const float *lse, const float *D, int B,
-                         int T, int H, int K, int hd)
+void mt_attn_v2_backward(float *dq, mt_bf16 *dq_b, float *dk, mt_bf16 *dk_b, float *dv, mt_bf16 *dv_b, mt_bf16 *ds,
+                         const mt_bf16 *q, const mt_bf16 *k, const mt_bf16 *v, const mt_bf16 *g, const float *lse,
+                         const float *D, int B, int T, int H, int K, int hd)
 {
     if (hd == 64)
-        v2_bwd<64>(dq, dk, dv, (bf16 *)dv_b, (bf16 *)ds, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v,
-                   (const bf16 *)g, lse, D, B, T, H, K);
+        v2_bwd<64>(dq, (bf16 *)dq_b, dk, (bf16 *)dk_b, dv, (bf16 *)dv_b, (bf16 *)ds, (const bf16 *)q, (const bf16 *)k,
+                   (const bf16 *)v, (const bf16 *)g, lse, D, B, T, H, K);
     else
-        v2_bwd<128>(dq, dk, dv, (bf16 *)dv_b, (bf16 *)ds, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v,
-                    (const bf16 *)g, lse, D, B, T, H, K);
+        v2_bwd<128>(dq, (bf16 *)dq_b, dk, (bf16 *)dk_b, dv, (bf16 *)dv_b, (bf16 *)ds, (const bf16 *)q, (const bf16 *)k,
+                    (const bf16 *)v, (const bf16 *)g, lse, D, B, T, H, K);
 }

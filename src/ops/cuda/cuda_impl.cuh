@@ -658,17 +658,18 @@ int  mt_attn_v2_supports(int hd);  /* 64 and 128 */
 void mt_attn_v2_forward(float *out, mt_bf16 *out_b, float *lse, const mt_bf16 *q, const mt_bf16 *k, const mt_bf16 *v,
                         int B, int T, int H, int K, int hd);
 /* ds: workspace for the dS^T tiles (dQ from them), NULL: dQ recomputes S and dP (counted) */
-void mt_attn_v2_backward(float *dq, float *dk, float *dv, mt_bf16 *dv_b, mt_bf16 *ds, const mt_bf16 *q,
-                         const mt_bf16 *k, const mt_bf16 *v, const mt_bf16 *g, const float *lse, const float *D, int B,
-                         int T, int H, int K, int hd);
+void mt_attn_v2_backward(float *dq, mt_bf16 *dq_b, float *dk, mt_bf16 *dk_b, float *dv, mt_bf16 *dv_b, mt_bf16 *ds,
+                         const mt_bf16 *q, const mt_bf16 *k, const mt_bf16 *v, const mt_bf16 *g, const float *lse,
+                         const float *D, int B, int T, int H, int K, int hd);
 /* ---- attention_tc.cu ---- */
 void mt_cuda_attention_forward_bf16(void *be, float *out, mt_bf16 *out_bf16, float *lse, const float *q,
                                     const float *k, const float *v, int B, int T, int H, int K, int hd,
                                     mt_bf16 *qkv_b);
 void mt_cuda_attention_backward_bf16(void *be, float *dq, float *dk, float *dv, const float *dout,
                                      const float *q, const float *k, const float *v, const float *out,
-                                     const float *lse, int B, int T, int H, int K, int hd, const mt_bf16 *qkv_b, mt_bf16 *dv_b,
-                                     const mt_bf16 *dout_b, const mt_bf16 *out_b);
+                                     const float *lse, int B, int T, int H, int K, int hd, const mt_bf16 *qkv_b,
+                                     mt_bf16 *dv_b, const mt_bf16 *dout_b, const mt_bf16 *out_b, mt_bf16 *dq_b,
+                                     mt_bf16 *dk_b);
 
 /* ---- swiglu.cu ---- */
 void mt_cuda_swiglu_forward(void *be, float *out, const float *gate, const float *up, size_t n);
@@ -816,7 +817,8 @@ void mt_cuda_qk_norm_rope_backward_bf16(void *be, mt_bf16 *dq_raw_b, mt_bf16 *dk
                                         float *dq, float *dk, const float *q_raw, const float *k_raw, const float *wq,
                                         const float *wk, const float *rstd_q, const float *rstd_k,
                                         const float *cos_tab, const float *sin_tab, int N, int T, int H, int K, int hd,
-                                        const mt_bf16 *q_raw_b, const mt_bf16 *k_raw_b);
+                                        const mt_bf16 *q_raw_b, const mt_bf16 *k_raw_b, const mt_bf16 *dq_b,
+                                        const mt_bf16 *dk_b);
 
 #ifdef __cplusplus
 }

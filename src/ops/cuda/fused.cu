@@ -92,6 +92,10 @@ static __device__ __forceinline__ void st_pair(T *o, int i, int half, float v0, 
 #define QK_XB 2
 #define QK_OBXB 3   /* QK_OB | QK_XB (a name without spaces: the launch log's); QK_XB comes
                      * only with QK_OB: the bf16 entries alone take q_raw_b, k_raw_b */
+#define QK_DB 4     /* backward, vector path: the incoming d q, d k are bf16 (the attention
+                     * backward's dq_b, dk_b), with QK_OB only */
+#define QK_OBDB 5   /* QK_OB | QK_DB */
+#define QK_OBXBDB 7 /* QK_OB | QK_XB | QK_DB */
 /* q_raw, k_raw's element type under flags F */
 template <int F> using qk_xt = typename std::conditional<(F & QK_XB) != 0, __nv_bfloat16, float>::type;
 template <int F>
@@ -184,7 +188,8 @@ qk_fwd_vec_k(void *q, void *k, float *rstd_q, float *rstd_k, const void *q_raw, 
  * mean_c(g w xhat)) (=), dw terms g x rstd in registers, written to
  * partial[gi] at the end (partial NULL: both gains frozen). */
 /* F: QK_OB (d q_raw, d k_raw stored bf16 only, qk_norm_rope_backward_bf16; g
- * not stored) | QK_XB (q_raw, k_raw stored bf16) */
+ * not stored) | QK_XB (q_raw, k_raw stored bf16) | QK_DB (d q, d k given as
+ * bf16: dq, dk point at bf16, read widened) */
 template <int F>
 static __global__ void __launch_bounds__(QK_THREADS)
 qk_bwd_vec_k(void *dq_raw, void *dk_raw, float *dq, float *dk, float *partial, const void *q_raw,
@@ -192,7 +197,8 @@ qk_bwd_vec_k(void *dq_raw, void *dk_raw, float *dq, float *dk, float *partial, c
              const float *cos_tab, const float *sin_tab, int N, int T, int H, int K, int hd, int lg, int R,
              int ncq, int nck)
 {
-    constexpr int OB = F & QK_OB;
+    constexpr int OB = F & QK_OB, DB = F & QK_DB;
+    static_assert(!DB || OB, "a bf16 d in needs the bf16 d out (g is not stored)");
     typedef qk_xt<F> XT;
     size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     int G = 1 << lg, l = (int)(t & (size_t)(G - 1)), nch = ncq + nck;
@@ -214,7 +220,8 @@ qk_bwd_vec_k(void *dq_raw, void *dk_raw, float *dq, float *dk, float *partial, c
         float r = 0.0f;
         if (live) {
             int p = (hr / per) % T;
-            dv = mt_ld_f4(d + e);
+            if constexpr (DB) dv = mt_ld4((const __nv_bfloat16 *)(const void *)d + e);
+            else dv = mt_ld_f4(d + e);
             x = mt_ld4(xs + e);
             r = rs[hr];
             cs = mt_ld_f4(cos_tab + (size_t)p * (size_t)half + ii);
@@ -391,23 +398,28 @@ static int dw_rows(int nrow)
 }
 
 /* the backward of both entries; ob: dq_raw, dk_raw are bf16 (qk_norm_rope_backward_bf16);
- * xb: q_raw, k_raw are bf16 */
-#define QK_BWD_VEC_ARGS dq_raw, dk_raw, dq, dk, partial, q_raw, k_raw, wq, wk, rstd_q, rstd_k, cos_tab, sin_tab, N, T, \
-                        H, K, hd, lg, R, ncq, nck
+ * xb: q_raw, k_raw are bf16; dq_b, dk_b (ob only): the incoming d q, d k as bf16, read by
+ * the vector kernel (QK_DB: its dq, dk arguments point at them), else widened into the
+ * scratch dq, dk first (exact) for the scalar path, which stores g there */
+#define QK_BWD_VEC_ARGS dq_raw, dk_raw, din_q, din_k, partial, q_raw, k_raw, wq, wk, rstd_q, rstd_k, cos_tab, sin_tab, \
+                        N, T, H, K, hd, lg, R, ncq, nck
 #define QK_BWD_DX_ARGS dq_raw, dk_raw, dq, dk, q_raw, k_raw, wq, wk, rstd_q, rstd_k, cos_tab, sin_tab, N, T, H, K, hd
 static void qk_backward(void *dq_raw, void *dk_raw, int ob, float *dwq, float *dwk, float *dq, float *dk,
                         const void *q_raw, const void *k_raw, int xb, const float *wq, const float *wk,
                         const float *rstd_q, const float *rstd_k, const float *cos_tab, const float *sin_tab, int N,
-                        int T, int H, int K, int hd)
+                        int T, int H, int K, int hd, const mt_bf16 *dq_b, const mt_bf16 *dk_b)
 {
+    const int db = ob && dq_b != NULL;
     const int f = (ob ? QK_OB : 0) | (xb ? QK_XB : 0);
     const size_t xa = xb ? 8 : 16;
     int rows = N * (H + K);
     if (rows <= 0 || hd <= 0) return;
+    /* the vector kernel's d in: fp32 dq, dk, or (QK_DB) the bf16 ones, 8 bytes a load */
+    float *din_q = db ? (float *)(void *)dq_b : dq, *din_k = db ? (float *)(void *)dk_b : dk;
     bool vec = qk_vec_hd(hd) && mt_cuda_aligned(dq_raw, 16) && mt_cuda_aligned(dk_raw, 16) &&
-               mt_cuda_aligned(dq, 16) && mt_cuda_aligned(dk, 16) && mt_cuda_aligned(q_raw, xa) &&
-               mt_cuda_aligned(k_raw, xa) && mt_cuda_aligned(wq, 16) && mt_cuda_aligned(wk, 16) &&
-               mt_cuda_aligned(cos_tab, 16) && mt_cuda_aligned(sin_tab, 16);
+               mt_cuda_aligned(din_q, db ? 8 : 16) && mt_cuda_aligned(din_k, db ? 8 : 16) &&
+               mt_cuda_aligned(q_raw, xa) && mt_cuda_aligned(k_raw, xa) && mt_cuda_aligned(wq, 16) &&
+               mt_cuda_aligned(wk, 16) && mt_cuda_aligned(cos_tab, 16) && mt_cuda_aligned(sin_tab, 16);
     if (vec) {
         /* heads per chunk: 64, halved (down to 8) while fewer than 1024 warps would run */
         int lg = mt_cuda_rms_lanes_log2(hd), R = 64, ncq, nck;
@@ -425,7 +437,9 @@ static void qk_backward(void *dq_raw, void *dk_raw, int ob, float *dwq, float *d
         }
         if (vec) {
             unsigned blocks = (unsigned)((((size_t)(ncq + nck) << lg) + QK_THREADS - 1) / QK_THREADS);
-            switch (f) {
+            switch (f | (db ? QK_DB : 0)) {
+            case QK_OBXBDB: MT_LAUNCH(qk_bwd_vec_k<QK_OBXBDB>, blocks, QK_THREADS, 0)(QK_BWD_VEC_ARGS); break;
+            case QK_OBDB: MT_LAUNCH(qk_bwd_vec_k<QK_OBDB>, blocks, QK_THREADS, 0)(QK_BWD_VEC_ARGS); break;
             case QK_OBXB: MT_LAUNCH(qk_bwd_vec_k<QK_OBXB>, blocks, QK_THREADS, 0)(QK_BWD_VEC_ARGS); break;
             case QK_OB: MT_LAUNCH(qk_bwd_vec_k<QK_OB>, blocks, QK_THREADS, 0)(QK_BWD_VEC_ARGS); break;
             default: MT_LAUNCH(qk_bwd_vec_k<0>, blocks, QK_THREADS, 0)(QK_BWD_VEC_ARGS); break;
@@ -434,6 +448,10 @@ static void qk_backward(void *dq_raw, void *dk_raw, int ob, float *dwq, float *d
             if (partial) mt_cuda_rms_dw_reduce(dwq, dwk, partial, ncq, nck, hd);
             return;
         }
+    }
+    if (db) {   /* the scalar path reads and rewrites fp32 d in place */
+        mt_cuda_widen_bf16(mt_cuda_be, dq, dq_b, (size_t)N * (size_t)H * (size_t)hd);
+        mt_cuda_widen_bf16(mt_cuda_be, dk, dk_b, (size_t)N * (size_t)K * (size_t)hd);
     }
     int rq = dw_rows(N * H), rk = dw_rows(N * K);
     int ncq = (N * H + rq - 1) / rq, nck = (N * K + rk - 1) / rk;
@@ -469,7 +487,7 @@ extern "C" void mt_cuda_qk_norm_rope_backward(void *be, float *dq_raw, float *dk
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     qk_backward(dq_raw, dk_raw, 0, dwq, dwk, dq, dk, q_raw, k_raw, 0, wq, wk, rstd_q, rstd_k, cos_tab, sin_tab, N, T, H,
-                K, hd);
+                K, hd, NULL, NULL);
 }
 
 extern "C" void mt_cuda_qk_norm_rope_backward_bf16(void *be, mt_bf16 *dq_raw_b, mt_bf16 *dk_raw_b, float *dwq,
@@ -477,10 +495,12 @@ extern "C" void mt_cuda_qk_norm_rope_backward_bf16(void *be, mt_bf16 *dq_raw_b, 
                                                    const float *k_raw, const float *wq, const float *wk,
                                                    const float *rstd_q, const float *rstd_k, const float *cos_tab,
                                                    const float *sin_tab, int N, int T, int H, int K, int hd,
-                                                   const mt_bf16 *q_raw_b, const mt_bf16 *k_raw_b)
+                                                   const mt_bf16 *q_raw_b, const mt_bf16 *k_raw_b,
+                                                   const mt_bf16 *dq_b, const mt_bf16 *dk_b)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     const int xb = q_raw_b != NULL;
     qk_backward(dq_raw_b, dk_raw_b, 1, dwq, dwk, dq, dk, xb ? (const void *)q_raw_b : q_raw,
-                xb ? (const void *)k_raw_b : k_raw, xb, wq, wk, rstd_q, rstd_k, cos_tab, sin_tab, N, T, H, K, hd);
+                xb ? (const void *)k_raw_b : k_raw, xb, wq, wk, rstd_q, rstd_k, cos_tab, sin_tab, N, T, H, K, hd, dq_b,
+                dk_b);
 }
