@@ -293,9 +293,11 @@ static void spec_bind(void *user, const struct mt_pspec *s)
 {
     struct spec_walk *w = user;
     /* step -1: the wrapper's (w_wrap), which has no input norm */
-    const int bind = s->bind < 0 || (s->bind & ~MT_BIND_DW_GEMM) == 0 ? -1 : s->bind & ~MT_BIND_DW_GEMM;   /* the flag alone binds nothing */
+    /* MT_BIND_DW_GEMM is a flag for visit_param; alone it binds nothing */
+    const int bind = s->bind < 0 || (s->bind & ~MT_BIND_DW_GEMM) == 0 ? -1 : s->bind & ~MT_BIND_DW_GEMM;
     MT_ASSERT(bind < 0 || bind == MT_BIND_NORM || (bind & MT_BIND_PIECE));
-    MT_ASSERT(w->step >= 0 || bind < 0 || (bind != MT_BIND_NORM && (size_t)(bind & ~MT_BIND_PIECE) < sizeof w->ly->w_wrap));
+    MT_ASSERT(w->step >= 0 || bind < 0 ||
+              (bind != MT_BIND_NORM && (size_t)(bind & ~MT_BIND_PIECE) < sizeof w->ly->w_wrap));
     void *own = w->step >= 0 ? (void *)w->ly->w_own[w->step] : (void *)w->ly->w_wrap;
     if (bind == MT_BIND_NORM) w->ly->w.ln[w->step] = &w->params[w->n];
     else if (bind >= 0) *(struct mt_param **)((char *)own + (bind & ~MT_BIND_PIECE)) = &w->params[w->n];

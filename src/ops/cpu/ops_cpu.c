@@ -321,7 +321,7 @@ static void attention_backward_bf16(float *dq, float *dk, float *dv, const float
                                     int hd, const mt_bf16 *qkv_b, mt_bf16 *dv_b, const mt_bf16 *dout_b,
                                     const mt_bf16 *out_b, mt_bf16 *dq_b, mt_bf16 *dk_b)
 {
-    const size_t nq = (size_t)B * (size_t)T * (size_t)H * (size_t)hd, nk = (size_t)B * (size_t)T * (size_t)K * (size_t)hd;
+    const size_t BT = (size_t)B * (size_t)T, nq = BT * (size_t)H * (size_t)hd, nk = BT * (size_t)K * (size_t)hd;
     mt_cpu_attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, hd, qkv_b, dout_b, out_b);
     if (dv_b) mt_cpu_cast_bf16(dv_b, dv, nk);
     if (dq_b) mt_cpu_cast_bf16(dq_b, dq, nq);
