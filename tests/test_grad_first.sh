@@ -2,8 +2,9 @@
 # test_grad_first.sh BUILD_DIR — gradient zeroing by first write
 # (docs/zero.md, "Gradient zeroing"): on ZeRO-0/1 the engines leave the
 # gradients of grad_gemm parameters (attention q/k/v/o, the SwiGLU's and the
-# shared expert's gate/up/down, the routed experts, Mamba-3's out_proj, the
-# lm head) unzeroed, and their first GEMM of the step writes them with beta 0.
+# shared expert's gate/up/down, the routed experts, Mamba-3's out_proj and
+# in_proj blocks, the lm head) unzeroed, and their first GEMM of the step
+# writes them with beta 0.
 #  1. every first write really is one: with MT_FAULT RANK:1:fresh those
 #     gradients start step 1 as NaN, and the run must be bit-identical to
 #     the plain run (losses, parts, grad norms, final params and optimizer
@@ -14,7 +15,8 @@
 #     groups; with every token forced to experts 0-1, so that 2-3 take no
 #     GEMM and are zeroed; precision=bf16 with the device-sized grouped
 #     GEMMs, one call for every expert, forced too); the hybrid in fp32
-#     (out_proj zeroed before the fp32 mixer's adding GEMM) and bf16; MoD +
+#     (out_proj and in_proj zeroed before the fp32 mixer's adding GEMMs) and
+#     bf16 (in_proj's seven blocks by one GEMM); MoD +
 #     MTP; LoRA; dp=2 ZeRO-1, ZeRO-2 (nothing left to a first write there),
 #     tp=2 with SP, pp=2 (the head's stage poisoned), ep=2 (forced too: a
 #     rank's experts get no rows).

@@ -142,14 +142,14 @@ static void mamba_params(const struct mt_block_shape *sh, mt_pspec_fn fn, void *
         {"input_layernorm.weight", -1, 1, D, 1, MT_SCALE_ONES, MT_ROLE_GAIN, MT_LAYOUT_RESIDUAL, MT_BIND_NORM},
         /* Win as its seven row blocks: each is cut by heads (z, x, dt, theta, lam)
          * or by groups (B, C; mamba_ngroups % tp == 0; else replicated) */
-        {"mixer.in_proj_z.weight", -1, 2, E, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mamba_w, mwin[0])},
-        {"mixer.in_proj_x.weight", -1, 2, E, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mamba_w, mwin[1])},
-        {"mixer.in_proj_B.weight", -1, 2, G * N, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, lbc, MT_BIND_OWN(struct mamba_w, mwin[2])},
-        {"mixer.in_proj_C.weight", -1, 2, G * N, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, lbc, MT_BIND_OWN(struct mamba_w, mwin[3])},
-        {"mixer.in_proj_dt.weight", -1, 2, H, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mamba_w, mwin[4])},
+        {"mixer.in_proj_z.weight", -1, 2, E, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN_DW(struct mamba_w, mwin[0])},
+        {"mixer.in_proj_x.weight", -1, 2, E, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN_DW(struct mamba_w, mwin[1])},
+        {"mixer.in_proj_B.weight", -1, 2, G * N, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, lbc, MT_BIND_OWN_DW(struct mamba_w, mwin[2])},
+        {"mixer.in_proj_C.weight", -1, 2, G * N, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, lbc, MT_BIND_OWN_DW(struct mamba_w, mwin[3])},
+        {"mixer.in_proj_dt.weight", -1, 2, H, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN_DW(struct mamba_w, mwin[4])},
         {"mixer.in_proj_theta.weight", -1, 2, H * (N / 2), D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS,
-         MT_BIND_OWN(struct mamba_w, mwin[5])},
-        {"mixer.in_proj_lam.weight", -1, 2, H, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mamba_w, mwin[6])},
+         MT_BIND_OWN_DW(struct mamba_w, mwin[5])},
+        {"mixer.in_proj_lam.weight", -1, 2, H, D, MT_SCALE_NORMAL, MT_ROLE_DENSE, MT_LAYOUT_TP_ROWS, MT_BIND_OWN_DW(struct mamba_w, mwin[6])},
         {"mixer.out_proj.weight", -1, 2, D, E, MT_SCALE_NORMAL_OUT, MT_ROLE_DENSE, MT_LAYOUT_TP_COLS, MT_BIND_OWN_DW(struct mamba_w, mwout)},
         {"mixer.dt_bias", -1, 1, H, 1, MT_SCALE_DT_BIAS, MT_ROLE_SSM, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mamba_w, mdt_bias)},
         {"mixer.A_log", -1, 1, H, 1, MT_SCALE_A_LOG, MT_ROLE_SSM, MT_LAYOUT_TP_ROWS, MT_BIND_OWN(struct mamba_w, ma_log)},
@@ -474,6 +474,29 @@ static float *wgrad_whole(const struct mamba_w *lw, const struct mt_mamba3_weigh
     return g->win_part[6] ? g->win_part[0] : NULL;
 }
 
+/* Win's seven blocks are grad_gemm (mt_param.h): the bf16 in-projection's
+ * GEMMs write them whole (one GEMM for all seven, win_beta_whole, or one a
+ * block, grad_beta); where their writers add instead (the fp32 mixer in
+ * mamba3.c, the replicated-B/C row segments) they are zeroed first */
+static void win_zero_unwritten(const struct mt_piece_ctx *pc)
+{
+    for (int b = 0; b < 7; b++) grad_zero_unwritten(pc->ops, mbw(pc)->mwin[b]);
+}
+/* the beta of the one GEMM that writes the seven blocks' gradients (wgrad_whole):
+ * they start and end a step's first write together */
+static float win_beta_whole(const struct mamba_w *lw)
+{
+    float beta = 1.0f;
+    int mixed = 0;
+    for (int b = 0; b < 7; b++) {
+        const float bb = grad_beta(lw->mwin[b], lw->mwin[b]->grad);
+        if (b == 0) beta = bb;
+        mixed += bb != beta;
+    }
+    MT_ASSERT(mixed == 0);
+    return beta;
+}
+
 /* proj (n, W) = h Win^T, whole (win_whole) or block by block */
 static void in_fwd(const struct mt_piece_ctx *pc, float *proj, const float *h, const mt_bf16 *hb,
                    const struct mt_mamba3_weights *w, int n)
@@ -504,7 +527,11 @@ static void in_bwd(const struct mt_piece_ctx *pc, float *dh, struct mt_mamba3_we
 {
     const struct mt_ops_i *ops = pc->ops;
     const struct mamba_w *lw = mbw(pc);
-    if (!mixer_bf16(lw)) { mt_mamba3_in_backward(ops, dh, 0, g, dproj, h, w, mdims(pc), n); return; }
+    if (!mixer_bf16(lw)) {   /* the fp32 library's GEMMs add */
+        win_zero_unwritten(pc);
+        mt_mamba3_in_backward(ops, dh, 0, g, dproj, h, w, mdims(pc), n);
+        return;
+    }
     if (n <= 0) return;
     const int W = mt_mamba3_in_width(mdims(pc)), D = pc->D;
     const void *x = hb ? (const void *)hb : (const void *)h;
@@ -517,7 +544,7 @@ static void in_bwd(const struct mt_piece_ctx *pc, float *dh, struct mt_mamba3_we
     const void *Ww = win_whole(lw, W, &tww);
     float *gw = wgrad_whole(lw, g);
     if (gw) ops->gemm_bf16(ops->be, 1, 0, W, D, n, 1.0f, pb ? (const void *)pb : (const void *)dproj, pt, W, x, xt, D,
-                           1.0f, gw, D);
+                           win_beta_whole(lw), gw, D);
     if (Ww) ops->gemm_bf16(ops->be, 0, 0, n, D, W, 1.0f, pb ? (const void *)pb : (const void *)dproj, pt, W, Ww, tww,
                            D, 0.0f, dh, D);
     if (gw && Ww) return;
@@ -529,10 +556,13 @@ static void in_bwd(const struct mt_piece_ctx *pc, float *dh, struct mt_mamba3_we
             const void *Wb = wop(lw->mwin[b], &tw);
             const void *dp = pb ? (const void *)(pb + off) : (const void *)(dproj + off);
             if (!gw && g->win_part[b])
-                ops->gemm_bf16(ops->be, 1, 0, rows[b], D, n, 1.0f, dp, pt, W, x, xt, D, 1.0f, g->win_part[b], D);
+                ops->gemm_bf16(ops->be, 1, 0, rows[b], D, n, 1.0f, dp, pt, W, x, xt, D,
+                               grad_beta(lw->mwin[b], g->win_part[b]), g->win_part[b], D);
             if (!Ww)
                 ops->gemm_bf16(ops->be, 0, 0, n, D, rows[b], 1.0f, dp, pt, W, Wb, tw, D, first ? 0.0f : 1.0f, dh, D);
             first = 0;
+        } else {
+            grad_zero_unwritten(ops, lw->mwin[b]);   /* an empty block: nothing to write */
         }
         off += rows[b];
     }
@@ -596,6 +626,7 @@ static void in_bwd_rep(const struct mt_piece_ctx *pc, float *dh, const float *dp
     const struct mamba_w *lw = mbw(pc);
     const int W = mt_mamba3_in_width(mdims(pc)), D = pc->D, bf = mixer_bf16(lw);
     int off = 0, first = 1;
+    win_zero_unwritten(pc);   /* the segments' GEMMs add */
     const mt_bf16 *pb = bf && n > 0 ? dyb_round(ops, pc->dyb, dproj, (size_t)n * (size_t)W) : NULL;   /* as in_bwd */
     const enum mt_elem pt = pb ? MT_ELEM_BF16 : MT_ELEM_F32;
     for (int b = 0; b < 7; b++)
@@ -750,6 +781,7 @@ static void mixer_bwd(const struct mt_piece_ctx *pc, const float *dy, const stru
         /* the fp32 mixer's Wout GEMM adds (mamba3.c takes no parameters): zero
          * a gradient left to its first write (grad_gemm) before it */
         grad_zero_unwritten(ops, mbw(pc)->mwout);
+        win_zero_unwritten(pc);
         mt_mamba3_backward(ops, pc->dh, 0, g, mb_s(pc), dy, pc->nm->h, &st->mb, w, mdims(pc), pc->B, pc->T);
         return;
     }
