@@ -15,8 +15,9 @@
 #     groups; with every token forced to experts 0-1, so that 2-3 take no
 #     GEMM and are zeroed; precision=bf16 with the device-sized grouped
 #     GEMMs, one call for every expert, forced too); the hybrid in fp32
-#     (out_proj and in_proj zeroed before the fp32 mixer's adding GEMMs) and
-#     bf16 (in_proj's seven blocks by one GEMM); MoD +
+#     (out_proj and in_proj zeroed before the fp32 mixer's adding GEMMs), bf16
+#     (in_proj's seven blocks by one GEMM) and tp=2 with replicated B/C
+#     (in_proj zeroed before its row segments' adding GEMMs); MoD +
 #     MTP; LoRA; dp=2 ZeRO-1, ZeRO-2 (nothing left to a first write there),
 #     tp=2 with SP, pp=2 (the head's stage poisoned), ep=2 (forced too: a
 #     rank's experts get no rows).
@@ -47,6 +48,7 @@ CASES=(
   "moe_bf16_dev_forced 1 0 $MOE --set precision=bf16 --knob moe_sizes=device --knob test_force_routing=1"
   "hybrid 1 0 $HYB"
   "hybrid_bf16 1 0 $HYB --set precision=bf16"
+  "hybrid_rep_tp2 2 1 $HYB --set mamba_headdim=16 --set mamba_d_state=8 --set mamba_ngroups=1 --mesh tp=2"
   "mod_mtp 1 0 $EXTRA"
   "lora 1 0 $LORA"
   "dp2z1 2 1 $DENSE --zero 1"
