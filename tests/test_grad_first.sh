@@ -83,8 +83,8 @@ if sys.argv[2] == "first":
     assert 0.5 * grad < first < grad, g
     # the others and their padding: at most 16 floats a parameter more (< 100 parameters here)
     assert grad - first <= z <= grad - first + 100 * 16 * 4, g
-else:
-    assert z >= grad, g
+else:   # ZeRO-2: every unit's scratch each microbatch, nothing left to a first write
+    assert z >= grad and first == 0, g
 PY
 }
 for c in "dense first" "moe first" "dp2z1 first" "dp2z2 all"; do

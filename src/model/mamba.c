@@ -475,28 +475,13 @@ static float *wgrad_whole(const struct mamba_w *lw, const struct mt_mamba3_weigh
 }
 
 /* Win's seven blocks are grad_gemm (mt_param.h): the bf16 in-projection's
- * GEMMs write them whole (one GEMM for all seven, win_beta_whole, or one a
+ * GEMMs write them whole (one GEMM for all seven, grad_beta_all, or one a
  * block, grad_beta); where their writers add instead (the fp32 mixer in
  * mamba3.c, the replicated-B/C row segments) they are zeroed first */
 static void win_zero_unwritten(const struct mt_piece_ctx *pc)
 {
     for (int b = 0; b < 7; b++) grad_zero_unwritten(pc->ops, mbw(pc)->mwin[b]);
 }
-/* the beta of the one GEMM that writes the seven blocks' gradients (wgrad_whole):
- * they start and end a step's first write together */
-static float win_beta_whole(const struct mamba_w *lw)
-{
-    float beta = 1.0f;
-    int mixed = 0;
-    for (int b = 0; b < 7; b++) {
-        const float bb = grad_beta(lw->mwin[b], lw->mwin[b]->grad);
-        if (b == 0) beta = bb;
-        mixed += bb != beta;
-    }
-    MT_ASSERT(mixed == 0);
-    return beta;
-}
-
 /* proj (n, W) = h Win^T, whole (win_whole) or block by block */
 static void in_fwd(const struct mt_piece_ctx *pc, float *proj, const float *h, const mt_bf16 *hb,
                    const struct mt_mamba3_weights *w, int n)
@@ -544,7 +529,7 @@ static void in_bwd(const struct mt_piece_ctx *pc, float *dh, struct mt_mamba3_we
     const void *Ww = win_whole(lw, W, &tww);
     float *gw = wgrad_whole(lw, g);
     if (gw) ops->gemm_bf16(ops->be, 1, 0, W, D, n, 1.0f, pb ? (const void *)pb : (const void *)dproj, pt, W, x, xt, D,
-                           win_beta_whole(lw), gw, D);
+                           grad_beta_all(lw->mwin, 7), gw, D);
     if (Ww) ops->gemm_bf16(ops->be, 0, 0, n, D, W, 1.0f, pb ? (const void *)pb : (const void *)dproj, pt, W, Ww, tww,
                            D, 0.0f, dh, D);
     if (gw && Ww) return;

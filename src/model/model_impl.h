@@ -300,6 +300,21 @@ static inline float grad_beta(struct mt_param *w, const float *dw)
     w->grad_live = 1;
     return 0.0f;
 }
+/* grad_beta for one GEMM that writes the whole gradients of n parameters at
+ * once (the device-sized experts' grouped call, Mamba-3's whole in_proj):
+ * they start and end each step's first write together, so they share it */
+static inline float grad_beta_all(struct mt_param *const *w, int n)
+{
+    float beta = 1.0f;
+    int mixed = 0;
+    for (int i = 0; i < n; i++) {
+        const float b = grad_beta(w[i], w[i]->grad);
+        if (i == 0) beta = b;
+        mixed += b != beta;
+    }
+    MT_ASSERT(mixed == 0);
+    return beta;
+}
 /* A grad_gemm gradient its GEMM is known to skip this microbatch (a routed
  * expert no row reached): zero, if nothing wrote it yet this step. */
 static inline void grad_zero_unwritten(const struct mt_ops_i *ops, struct mt_param *w)

@@ -514,18 +514,13 @@ void moe_experts_forward_dev(const struct mt_piece_ctx *pc, const int32_t *offs,
 static float grads(const struct mt_piece_ctx *pc, int p, float **g)
 {
     const int E = moe_dims(pc)->E;
-    float beta = 1.0f;
-    int first = 0;
+    struct mt_param *w[MT_GROUPED_DEV_MAX];
     for (int e = 0; e < E; e++) {
-        struct mt_param *w = &moe_w(pc)->experts[3 * e + p];
-        g[e] = w->grad;
+        w[e] = &moe_w(pc)->experts[3 * e + p];
+        g[e] = w[e]->grad;
         MT_ASSERT(g[e] != NULL);   /* no frozen expert here (LoRA takes the host path) */
-        const float b = grad_beta(w, g[e]);
-        if (e == 0) beta = b;
-        first += b != beta;
     }
-    MT_ASSERT(first == 0);
-    return beta;
+    return grad_beta_all(w, E);
 }
 
 void moe_experts_backward_dev(const struct mt_piece_ctx *pc, const int32_t *offs, int M, const float *eg,

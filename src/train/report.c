@@ -329,8 +329,9 @@ static void dist_collectives(cJSON *d, const struct run_state *rs, const struct 
 
 /* grad_zeroing: the gradient bytes the ZeRO engines zeroed per step (rank 0),
  * next to the trainable gradient bytes: the rest were written first by their
- * GEMMs with beta 0 (mt_param.h grad_gemm; docs/zero.md "Gradient zeroing") */
-static void grad_zeroing(cJSON *d, const struct run_state *rs, const struct mt_zero_stats *zs, int steps)
+ * GEMMs with beta 0 (mt_param.h grad_gemm; docs/zero.md "Gradient zeroing"),
+ * on ZeRO-0/1 only: stages 2/3 zero every unit's scratch, first_write 0 */
+static void grad_zeroing(cJSON *d, const struct run_state *rs, const struct mt_zero_stats *zs, int steps, int stage)
 {
     int n;
     const struct mt_param *p = mt_model_params(rs->model, &n);
@@ -338,7 +339,7 @@ static void grad_zeroing(cJSON *d, const struct run_state *rs, const struct mt_z
     for (int i = 0; i < n; i++) {
         if (p[i].frozen) continue;   /* this rank's trainable tensors (its boxes, stage, experts) */
         grad += 4.0 * (double)p[i].numel;
-        if (p[i].grad_gemm) first += 4.0 * (double)p[i].numel;
+        if (p[i].grad_gemm && stage <= 1) first += 4.0 * (double)p[i].numel;
     }
     cJSON *o = cJSON_AddObjectToObject(d, "grad_zeroing");
     cJSON_AddNumberToObject(o, "zeroed_bytes_per_step", steps > 0 ? 4.0 * zs->zeroed_floats / steps : 0);
@@ -346,7 +347,8 @@ static void grad_zeroing(cJSON *d, const struct run_state *rs, const struct mt_z
     cJSON_AddNumberToObject(o, "first_write_bytes", first);
     cJSON_AddStringToObject(o, "convention",
                             "zeroed: fills by the ZeRO engines (alignment padding included); first_write: "
-                            "gradients of grad_gemm parameters, left to their first GEMM (beta 0) on ZeRO-0/1");
+                            "gradients of grad_gemm parameters, left to their first GEMM (beta 0): ZeRO-0/1 "
+                            "only (0 on ZeRO-2/3)");
 }
 
 /* tensor_parallel: the model axis's collectives inside the layers (rank 0) */
@@ -488,7 +490,7 @@ static char *dist_json(const struct run_state *rs, const char *trace, const doub
     dist_memory_plan(d, rs, mem_all, world, plan, plan_err);
     dist_collectives(d, rs, zs, steps, microbatches, param_bytes, stage, reshard);
     cJSON_AddNumberToObject(d, "parameter_bytes", param_bytes);
-    grad_zeroing(d, rs, zs, steps);
+    grad_zeroing(d, rs, zs, steps, stage);
     dist_tp(d, rs, steps);
     if (rs->imbalance) dist_moe(d, rs, steps);
     if (rs->pp > 1) dist_pipeline(d, rs);
