@@ -214,11 +214,12 @@ static double mamba_extra(const struct mt_block_shape *sh)
  *   elementwise: prep forward: the angles' cumsum (HN) and the row pass reading
  *     xs, B, C, dt, lam, the angles (E + 2 G N + 2 H + HN/2), writing x, Bh, Ch,
  *     dt, lam (E + 2 HN + 2 H; the tensor-core scan's shapes: + Bh, Ch's bf16
- *     twins, HN); the residual add (3 D); dy and dproj rounded
+ *     twins, HN, and no fp32 Ch, - HN); the residual add (3 D); dy and dproj rounded
  *     (1.5 D, 1.5 W; dproj not where its producers write it as bf16, below);
  *     prep backward: two angle scans (2 HN), the row pass
- *     (reads dx, ddt, dlam, lam, dt, theta, Bh, Ch, dBh, dCh, B, C: E + 4 H +
- *     4.5 HN + 2 G N; writes dx, dt, lam, theta, dB, dC: E + 2 H + 0.5 HN +
+ *     (reads dx, ddt, dlam, lam, dt, theta, dBh, dCh, B, C: E + 4 H + 2.5 HN +
+ *     2 G N; Bh, Ch recomputed from B, C, rstd, the gains and the cached biases,
+ *     not read; writes dx, dt, lam, theta, dB, dC: E + 2 H + 0.5 HN +
  *     2 G N; du and the bias / gain sums stay in its per-block scratch and
  *     partial rows) and dt_bias's column sum (H). With the tensor-core scan
  *     neither pass moves x or dx (the scan reads and writes them in proj's
@@ -237,9 +238,9 @@ static double mamba_extra(const struct mt_block_shape *sh)
  *       the Ch, Bh twins, dys, x: 2 E + HN, writes 2 H Q); dx (M, dys twice, Bh
  *       twin, dS_out, writes dx, bf16: H Q + 2.5 E + 0.5 HN + S); dB (dG, Ch twin,
  *       x, dS_out, fp32 Bh for qj, writes dBh: H Q + E + 2.5 HN + S); dC (dG, Bh
- *       twin, dys, S_in, fp32 Ch for inter, writes dCh: H Q + E + 2.5 HN + S); the
- *       scalars (dys, x, S_in, dS_out: 2 E + 2 S, ~6 H more): 9.5 E + 7 HN + 8 S
- *       + 5 H Q + 15 H.
+ *       twin, dys, S_in, the Ch twin for inter, writes dCh: H Q + E + 2 HN + S);
+ *       the scalars (dys, x, S_in, dS_out: 2 E + 2 S, ~6 H more): 9.5 E + 6.5 HN
+ *       + 8 S + 5 H Q + 15 H.
  *     Elsewhere (the fp32 scan): reads x, Bh, Ch, dt, lam, writes ys (2 E +
  *     2 HN + 2 H); backward reads those and dys, writes their gradients (3 E
  *     + 4 HN + 4 H); its chunk states and in-chunk arrays not counted.
@@ -260,13 +261,14 @@ static void mamba_work_bf16(const struct mt_block_shape *sh, int rc, struct mt_w
      * dtheta columns too (GN + 0.25 HN; lam's bf16 store replaces its fp32 one, dt
      * keeps its fp32 store for dt_bias's sum and adds the bf16 one) */
     const double dpb = S > 0 ? 1.0 : 0.0;
-    const double prep_f = xcopy + (S > 0 ? 4.5 : 3.5) * HN + 2.0 * GN + 4.0 * H;   /* + the B, C twins */
-    const double prep_b = xcopy + 7.0 * HN + 4.0 * GN + 7.0 * H - dpb * (0.25 * HN + GN);
+    /* the tensor-core shapes: + the B, C twins (HN), - the fp32 Ch (HN; the scan reads C's twin alone) */
+    const double prep_f = xcopy + 3.5 * HN + 2.0 * GN + 4.0 * H;
+    const double prep_b = xcopy + 5.0 * HN + 4.0 * GN + 7.0 * H - dpb * (0.25 * HN + GN);
     double scan_f = 2.0 * E + 2.0 * HN + 2.0 * H, scan_b = 3.0 * E + 4.0 * HN + 4.0 * H;
     if (S > 0) {
         const double HQ = H * (double)(chunk < T ? chunk : T);
         scan_f = 3.0 * E + 2.0 * HN + 4.0 * S + 8.0 * H;
-        scan_b = 9.5 * E + 7.0 * HN + 8.0 * S + 5.0 * HQ + 15.0 * H;
+        scan_b = 9.5 * E + 6.5 * HN + 8.0 * S + 5.0 * HQ + 15.0 * H;
     }
     w->e[MT_WORK_SCAN] += scan_f + scan_b + rc * scan_f;
     /* the residual: seeded by the input norm (1 D) where mamba.c does (one rank, no LoRA),

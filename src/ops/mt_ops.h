@@ -403,10 +403,15 @@ struct mt_ops_i {
      *   the last position's angles are written back (decoding token by token);
      *   NULL starts from 0 (training). Bh_b, Ch_b: NULL, or Bh, Ch are also
      *   written there as bf16 (nearest even; the same layout): the bf16 scan's
-     *   operand twins (ssm_scan_*_bf16).
+     *   operand twins (ssm_scan_*_bf16). Ch NULL with Ch_b given: the twin
+     *   alone (the bf16 scan on its tensor-core shapes reads no fp32 C; cuda
+     *   refuses Ch and Ch_b both NULL, MT_ERR_INVALID_ARG).
      * prep_backward: dproj (=) on every column but z's (dx NULL: nor xs's, which
      *   then hold dx already: the bf16 scan wrote them, ldx = W); ddt_bias, dA_log, dgB,
-     *   dgC, dB_bias, dC_bias (+=). dA is the scan's dA.
+     *   dgC, dB_bias, dC_bias (+=). dA is the scan's dA. B_bias, C_bias: the
+     *   forward's biases; the backward recomputes Bh, Ch (for the angles'
+     *   gradient) from them, proj's raw B, C, rstd and the gains, the same bits
+     *   as the forward's (a read of 2 H N floats a row less than taking them).
      * gate_norm: out (n,E) = rmsnorm over each of G groups of (y silu(z)) * w,
      *   z and dz with row stride ldz; rstd (n,G). backward: dy, dz (=), dw (+=). */
     void (*ssm_prep_forward)(void *be, float *x, float *Bh, float *Ch, float *dt, float *lam, float *A,
@@ -418,7 +423,7 @@ struct mt_ops_i {
     void (*ssm_prep_backward)(void *be, float *dproj, float *ddt_bias, float *dA_log, float *dgB, float *dgC,
                               float *dB_bias, float *dC_bias, const float *dx, const float *dBh,
                               const float *dCh, const float *ddt, const float *dlam, const float *dA,
-                              const float *Bh, const float *Ch, const float *lam, const float *A,
+                              const float *B_bias, const float *C_bias, const float *lam, const float *A,
                               const float *rstd, const float *proj, const float *dt_bias,
                               const float *gB, const float *gC, int B, int T, int H, int P, int G,
                               int N, float eps);
@@ -634,7 +639,11 @@ struct mt_ops_i {
      * Bh_b, Ch_b (both): NULL, or Bm, Cm's bf16 twins (bf16(Bm), bf16(Cm)
      * exactly: ssm_prep_forward's Bh_b, Ch_b), read where a product stages Bm
      * or Cm as its operand (half the bytes; the same operand values, so the
-     * same bits). The fp32 Bm, Cm are still read where they enter fp32 terms. */
+     * same bits). The fp32 Bm is still read where it enters fp32 terms (a
+     * chunk's own state v_j B_j, qj). C enters every term as bf16(C), its
+     * row sum inter too (from the twin, or rounded where read): with Ch_b, Cm
+     * may be NULL where the chunked products run (elsewhere refused like
+     * ldx). */
     void (*ssm_scan_forward_bf16)(void *be, float *y, const float *x, int ldx, const float *Bm, const float *Cm,
                                   const float *dt, const float *lam, const float *A, const float *Dsk,
                                   int B, int T, int H, int P, int N, int chunk, float *states,
@@ -900,7 +909,7 @@ struct mt_ops_i {
     void   (*ssm_prep_backward_bf16)(void *be, mt_bf16 *dproj_b, float *dproj, float *ddt_bias, float *dA_log,
                                      float *dgB, float *dgC, float *dB_bias, float *dC_bias, const float *dx,
                                      const float *dBh, const float *dCh, const float *ddt, const float *dlam,
-                                     const float *dA, const float *Bh, const float *Ch, const float *lam,
+                                     const float *dA, const float *B_bias, const float *C_bias, const float *lam,
                                      const float *A, const float *rstd, const float *proj, const float *dt_bias,
                                      const float *gB, const float *gC, int B, int T, int H, int P, int G, int N,
                                      float eps);

@@ -260,7 +260,7 @@ void mt_cpu_ssm_prep_forward(float *x, float *Bh, float *Ch, float *dt, float *l
 void mt_cpu_ssm_prep_backward(float *dproj, float *ddt_bias, float *dA_log, float *dgB, float *dgC,
                               float *dB_bias, float *dC_bias, const float *dx, const float *dBh,
                               const float *dCh, const float *ddt, const float *dlam, const float *dA,
-                              const float *Bh, const float *Ch, const float *lam, const float *A,
+                              const float *B_bias, const float *C_bias, const float *lam, const float *A,
                               const float *rstd, const float *proj, const float *dt_bias,
                               const float *gB, const float *gC, int B, int T, int H, int P, int G,
                               int N, float eps);

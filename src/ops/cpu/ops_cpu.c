@@ -553,22 +553,26 @@ static void p_ssm_prep_forward(void *be, float *x, float *Bh, float *Ch, float *
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
     const size_t nbc = (size_t)B * T * H * N;
-    PROF(MT_OPK_ELEMENTWISE, mt_cpu_ssm_prep_forward(x, Bh, Ch, dt, lam, A, rstd, ang_state, proj, dt_bias, A_log,
+    /* Ch NULL: only its twin wanted (mt_ops.h); the cpu computes it in a temporary */
+    float *Cw = Ch ? Ch : malloc((nbc ? nbc : 1) * sizeof(float));
+    MT_ASSERT(Cw);
+    PROF(MT_OPK_ELEMENTWISE, mt_cpu_ssm_prep_forward(x, Bh, Cw, dt, lam, A, rstd, ang_state, proj, dt_bias, A_log,
                                                      gB, gC, B_bias, C_bias, B, T, H, P, G, N, eps);
          if (Bh_b) mt_cpu_cast_bf16((uint16_t *)Bh_b, Bh, nbc);
-         if (Ch_b) mt_cpu_cast_bf16((uint16_t *)Ch_b, Ch, nbc));
+         if (Ch_b) mt_cpu_cast_bf16((uint16_t *)Ch_b, Cw, nbc));
+    if (Cw != Ch) free(Cw);
 }
 static void p_ssm_prep_backward(void *be, float *dproj, float *ddt_bias, float *dA_log, float *dgB, float *dgC,
                                 float *dB_bias, float *dC_bias, const float *dx, const float *dBh, const float *dCh,
-                                const float *ddt, const float *dlam, const float *dA, const float *Bh,
-                                const float *Ch, const float *lam, const float *A, const float *rstd,
+                                const float *ddt, const float *dlam, const float *dA, const float *B_bias,
+                                const float *C_bias, const float *lam, const float *A, const float *rstd,
                                 const float *proj, const float *dt_bias, const float *gB, const float *gC, int B,
                                 int T, int H, int P, int G, int N, float eps)
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_ELEMENTWISE,
          mt_cpu_ssm_prep_backward(dproj, ddt_bias, dA_log, dgB, dgC, dB_bias, dC_bias, dx, dBh, dCh, ddt, dlam, dA,
-                                  Bh, Ch, lam, A, rstd, proj, dt_bias, gB, gC, B, T, H, P, G, N, eps));
+                                  B_bias, C_bias, lam, A, rstd, proj, dt_bias, gB, gC, B, T, H, P, G, N, eps));
 }
 static void p_ssm_gate_norm_forward(void *be, float *out, float *rstd, const float *y, const float *z, int ldz,
                                     const float *w, int n, int E, int G, float eps)

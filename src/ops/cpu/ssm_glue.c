@@ -31,11 +31,18 @@
 static inline float softplusf(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
 static inline float sigmoidf_(float v) { return 1.0f / (1.0f + expf(-v)); }
 
-/* Shared per-(b, g) work of forward and backward: one head's rotated vector. */
-static inline void rotate(float *o, const float *u, const float *c, const float *s, int half)
+/* Shared by forward and backward: head h's rotated B or C row,
+ * o = rot(raw rstd g + bias, ang) (c, s: cos, sin of the angles; bn, ub: N
+ * floats of scratch each). The backward recomputes o with it rather than
+ * reading the forward's Bh, Ch back: one code path, the same bits. */
+static inline void norm_rotate(float *o, float *bn, float *ub, const float *raw, float rs, const float *g,
+                               const float *bias, const float *c, const float *s, int N)
 {
+    const int half = N / 2;
+    for (int k = 0; k < N; k++) bn[k] = raw[k] * rs * g[k];
+    for (int k = 0; k < N; k++) ub[k] = bn[k] + bias[k];
     for (int k = 0; k < half; k++) {
-        float a = u[k], b = u[k + half];
+        float a = ub[k], b = ub[k + half];
         o[k] = a * c[k] - b * s[k];
         o[k + half] = a * s[k] + b * c[k];
     }
@@ -54,9 +61,9 @@ void mt_cpu_ssm_prep_forward(float *x, float *Bh, float *Ch, float *dt, float *l
      * row, small next to the rotary); the group's first head writes rstd */
     #pragma omp parallel
     {
-        float *ang = malloc(((size_t)half * 3 + 3 * (size_t)N) * sizeof(float));
+        float *ang = malloc(((size_t)half * 3 + 2 * (size_t)N) * sizeof(float));
         MT_ASSERT(ang);
-        float *cs = ang + half, *sn = cs + half, *bn = sn + half, *cn = bn + N, *ub = cn + N;
+        float *cs = ang + half, *sn = cs + half, *bn = sn + half, *ub = bn + N;
         #pragma omp for schedule(static)
         for (int task = 0; task < B * H; task++) {
             int b = task / H, h = task % H, g = h / hpg;
@@ -74,16 +81,13 @@ void mt_cpu_ssm_prep_forward(float *x, float *Bh, float *Ch, float *dt, float *l
                     rstd[n * 2 * G + g] = rb;
                     rstd[n * 2 * G + G + g] = rc;
                 }
-                for (int k = 0; k < N; k++) { bn[k] = br[k] * rb * gB[k]; cn[k] = cr[k] * rc * gC[k]; }
                 if (x) memcpy(x + r * P, row + E + (size_t)h * P, (size_t)P * sizeof(float));
                 dt[r] = softplusf(row[odt + h] + dt_bias[h]);
                 lam[r] = sigmoidf_(row[olam + h]);
                 const float *th = row + oth + (size_t)h * half;
                 for (int k = 0; k < half; k++) { ang[k] += th[k]; cs[k] = cosf(ang[k]); sn[k] = sinf(ang[k]); }
-                for (int k = 0; k < N; k++) ub[k] = bn[k] + B_bias[(size_t)h * N + k];
-                rotate(Bh + r * N, ub, cs, sn, half);
-                for (int k = 0; k < N; k++) ub[k] = cn[k] + C_bias[(size_t)h * N + k];
-                rotate(Ch + r * N, ub, cs, sn, half);
+                norm_rotate(Bh + r * N, bn, ub, br, rb, gB, B_bias + (size_t)h * N, cs, sn, N);
+                norm_rotate(Ch + r * N, bn, ub, cr, rc, gC, C_bias + (size_t)h * N, cs, sn, N);
             }
             if (as) memcpy(as, ang, (size_t)half * sizeof(float));
         }
@@ -107,7 +111,7 @@ void mt_cpu_ssm_prep_forward(float *x, float *Bh, float *Ch, float *dt, float *l
 void mt_cpu_ssm_prep_backward(float *dproj, float *ddt_bias, float *dA_log, float *dgB, float *dgC,
                               float *dB_bias, float *dC_bias, const float *dx, const float *dBh,
                               const float *dCh, const float *ddt, const float *dlam, const float *dA,
-                              const float *Bh, const float *Ch, const float *lam, const float *A,
+                              const float *B_bias, const float *C_bias, const float *lam, const float *A,
                               const float *rstd, const float *proj, const float *dt_bias,
                               const float *gB, const float *gC, int B, int T, int H, int P, int G,
                               int N, float eps)
@@ -124,9 +128,10 @@ void mt_cpu_ssm_prep_backward(float *dproj, float *ddt_bias, float *dA_log, floa
     (void)eps;
     #pragma omp parallel
     {
-        float *ang = malloc(((size_t)hpg * half + 5 * (size_t)N) * sizeof(float));
+        float *ang = malloc(((size_t)hpg * half + 7 * (size_t)N) * sizeof(float));
         MT_ASSERT(ang);
         float *dn = ang + (size_t)hpg * half, *du = dn + 2 * (size_t)N, *cs = du + N, *sn = cs + half;
+        float *o = sn + half, *bn = o + N, *ub = bn + N;   /* the forward's Bh / Ch row, recomputed */
         #pragma omp for schedule(static)
         for (int task = 0; task < B * G; task++) {
             int b = task / G, g = task % G;
@@ -150,7 +155,10 @@ void mt_cpu_ssm_prep_backward(float *dproj, float *ddt_bias, float *dA_log, floa
                     const float *th = row + oth + (size_t)h * half;
                     for (int k = 0; k < half; k++) { a[k] += th[k]; cs[k] = cosf(a[k]); sn[k] = sinf(a[k]); dth[k] = 0.0f; }
                     for (int pass = 0; pass < 2; pass++) {
-                        const float *o = (pass ? Ch : Bh) + r * N, *dO = (pass ? dCh : dBh) + r * N;
+                        const float *dO = (pass ? dCh : dBh) + r * N;
+                        norm_rotate(o, bn, ub, row + (pass ? oC : oB) + (size_t)g * N,
+                                    rstd[n * 2 * G + (size_t)pass * G + g], pass ? gC : gB,
+                                    (pass ? C_bias : B_bias) + (size_t)h * N, cs, sn, N);
                         float *pbias = (pass ? p_Cb : p_Bb) + (size_t)h * N, *acc = dn + (size_t)pass * N;
                         for (int k = 0; k < half; k++) {
                             float d1 = dO[k], d2 = dO[k + half];

@@ -768,14 +768,14 @@ void mt_cuda_ssm_prep_forward(void *be, float *x, float *Bh, float *Ch, float *d
 void mt_cuda_ssm_prep_backward(void *be, float *dproj, float *ddt_bias, float *dA_log, float *dgB, float *dgC,
                                float *dB_bias, float *dC_bias, const float *dx, const float *dBh,
                                const float *dCh, const float *ddt, const float *dlam, const float *dA,
-                               const float *Bh, const float *Ch, const float *lam, const float *A,
+                               const float *B_bias, const float *C_bias, const float *lam, const float *A,
                                const float *rstd, const float *proj, const float *dt_bias,
                                const float *gB, const float *gC, int B, int T, int H, int P, int G,
                                int N, float eps);
 void mt_cuda_ssm_prep_backward_bf16(void *be, mt_bf16 *dproj_b, float *dproj, float *ddt_bias, float *dA_log,
                                     float *dgB, float *dgC, float *dB_bias, float *dC_bias, const float *dx,
                                     const float *dBh, const float *dCh, const float *ddt, const float *dlam,
-                                    const float *dA, const float *Bh, const float *Ch, const float *lam,
+                                    const float *dA, const float *B_bias, const float *C_bias, const float *lam,
                                     const float *A, const float *rstd, const float *proj, const float *dt_bias,
                                     const float *gB, const float *gC, int B, int T, int H, int P, int G, int N,
                                     float eps);

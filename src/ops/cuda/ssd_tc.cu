@@ -142,20 +142,20 @@ static __device__ __forceinline__ void tc_put2b(bf16 *dst, int c, int w, float a
 }
 
 /* acc += sc[r] a2 per strip row r (the second product of 8a-8c, scaled per
- * row: v_j or e_i), and sums[u] += a2 . row(r) over the strip's columns
- * n < ncols where row(r) (an fp32 row, NULL: none) gives the operand of the
- * row sums qj and inter (a lane's two rows: u = 0, 1) */
-template <typename RowOf>
+ * row: v_j or e_i), and sums[u] += a2 . operand over the strip's columns
+ * n < ncols where at(r, n, &o) (false: none) gives the operand of the row
+ * sums qj and inter (a lane's two rows: u = 0, 1) */
+template <typename At>
 static __device__ __forceinline__ void tc_fold(float acc[8][4], const float a2[8][4], const float *sc, int m0,
-                                               int nc0, int ncols, int lane, float sums[2], RowOf row)
+                                               int nc0, int ncols, int lane, float sums[2], At at)
 {
 #pragma unroll
     for (int j = 0; j < 8; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int r = m0 + TC_EROW(lane, e), n = nc0 + TC_ECOL(lane, j, e);
-            const float *o = row(r);
-            if (o && n < ncols) sums[e >> 1] += a2[j][e] * o[n];
+            float o;
+            if (n < ncols && at(r, n, &o)) sums[e >> 1] += a2[j][e] * o;
             acc[j][e] += sc[r] * a2[j][e];
         }
 }
@@ -271,21 +271,6 @@ static __device__ void tc_stage_b(bf16 *dst, int ld, int nr, int kw, const bf16 
     tc_stage_brows(dst, ld, nr, kw, src, sld, k0, khi, [&](int r) { return r < rhi ? r : -1; });
 }
 
-/* tc_stage from src's bf16 twin tw (bf16(src) exactly, as the prep writes it): the
- * same staged values, half the bytes read; NULL: tc_stage itself */
-static __device__ void tc_stage_tw(bf16 *dst, int ld, int nr, int kw, const float *src, const bf16 *tw, size_t sld,
-                                   int ncols, int tok0, int lo, int hi)
-{
-    if (!tw) {
-        tc_stage(dst, ld, nr, kw, src, sld, ncols, tok0, lo, hi);
-        return;
-    }
-    tc_stage_brows(dst, ld, nr, kw, tw, sld, 0, ncols, [&](int r) {
-        const int tok = tok0 + r;
-        return tok >= lo && tok < hi ? tok : -1;
-    });
-}
-
 /* the block's chunk */
 struct tc_chunk {
     int ci, bh, c, b, h, t0, q;
@@ -309,10 +294,31 @@ static __device__ __forceinline__ struct tc_chunk tc_chunk_at(struct ssd_dims d,
     k.ob = (size_t)k.b * d.T;
     return k;
 }
-/* a twin's rows of the chunk's (b, h) (as Bh, Ch: B, C's head h), or NULL */
-static __device__ __forceinline__ const bf16 *tc_twin(const bf16 *tw, const struct tc_chunk &k, int N)
+/* B or C (m fp32, (B T, H N); tw its bf16 twin, bf16(m) exactly as the prep
+ * writes it, or NULL): the chunk's head rows staged as tc_stage stages m,
+ * from the twin where given (half the bytes, the same staged values; m is
+ * then not read and may be NULL). The head's offset is taken here, from the
+ * kernel's parameters, so a kernel keeps no pointer it may not use. */
+static __device__ void tc_stage_bc(bf16 *dst, int ld, int nr, int kw, const float *m, const bf16 *tw,
+                                   const struct tc_chunk &k, int N, int tok0, int lo, int hi)
 {
-    return tw ? tw + k.ob * k.bld + (size_t)k.h * N : (const bf16 *)NULL;
+    const size_t off = k.ob * k.bld + (size_t)k.h * N;
+    if (!tw) {
+        tc_stage(dst, ld, nr, kw, m + off, k.bld, N, tok0, lo, hi);
+        return;
+    }
+    tc_stage_brows(dst, ld, nr, kw, tw + off, k.bld, 0, N, [&](int r) {
+        const int tok = tok0 + r;
+        return tok >= lo && tok < hi ? tok : -1;
+    });
+}
+/* bf16(B or C) at the chunk's token row t (from t0), column n, widened: the
+ * twin's value, or m's rounded as read (the same bits) */
+static __device__ __forceinline__ float tc_bc_at(const float *m, const bf16 *tw, const struct tc_chunk &k, int N,
+                                                 int t, int n)
+{
+    const size_t at = k.ob * k.bld + (size_t)k.h * N + (size_t)(k.t0 + t) * k.bld + n;
+    return __bfloat162float(tw ? tw[at] : __float2bfloat16_rn(m[at]));
 }
 /* the block's: grid x = the chunks */
 static __device__ __forceinline__ struct tc_chunk tc_chunk_of(struct ssd_dims d)
@@ -368,11 +374,10 @@ ssd_tc_out_k(float *y, const float *Sst, const float *cum, const float *x, const
     float *w = sm, *cm = w + 2 * d.Q;
     bf16 *Cs = (bf16 *)(sm + SSD_AL4(3 * d.Q)), *Bt = Cs + TC_B * LN, *Xt = Bt + (d.Q + 2) * LN;
     bf16 *Si = Xt + (d.Q + 2) * LP, *Ms = Si + Pp * LN;
-    const float *Bh = Bm + k.ob * k.bld + (size_t)k.h * d.N, *Ch = Cm + k.ob * k.bld + (size_t)k.h * d.N;
     const float *xh = x + k.ob * k.xs + (size_t)k.h * d.P;
     tc_weights(w, cm, k, cum, dt, lam, A, d);
-    tc_stage_tw(Cs, LN, TC_B, Np, Ch, tc_twin(tw.C, k, d.N), k.bld, d.N, k.t0 + i0, 0, k.t0 + q);
-    tc_stage_tw(Bt, LN, q + 2, Np, Bh, tc_twin(tw.B, k, d.N), k.bld, d.N, k.t0 - 1, 0, k.t0 + q);
+    tc_stage_bc(Cs, LN, TC_B, Np, Cm, tw.C, k, d.N, k.t0 + i0, 0, k.t0 + q);
+    tc_stage_bc(Bt, LN, q + 2, Np, Bm, tw.B, k, d.N, k.t0 - 1, 0, k.t0 + q);
     tc_stage(Xt, LP, q + 2, Pp, xh, k.xs, d.P, k.t0 - 1, 0, k.t0 + q);
     if (k.c > 0) tc_stage(Si, LN, Pp, Np, Sst + (size_t)k.ci * d.P * d.N, d.N, d.N, 0, 0, d.P);
     __syncthreads();
@@ -461,12 +466,11 @@ ssd_tc_gm_k(bf16 *Mb, bf16 *dGb, float *dcs, float *rs, const float *cum, const 
     const int m0 = ((int)threadIdx.x >> 5) * 16, LN = TC_LD(Np), LP = TC_LD(Pp);
     float *w = sm, *cm = w + 2 * d.Q;
     bf16 *Cs = (bf16 *)(sm + SSD_AL4(3 * d.Q)), *Ys = Cs + TC_B * LN, *Bt = Ys + TC_B * LP, *Xt = Bt + (d.Q + 2) * LN;
-    const float *Bh = Bm + k.ob * k.bld + (size_t)k.h * d.N, *Ch = Cm + k.ob * k.bld + (size_t)k.h * d.N;
     const float *xh = x + k.ob * k.xs + (size_t)k.h * d.P, *dyh = dy + k.ob * k.xld + (size_t)k.h * d.P;
     tc_weights(w, cm, k, cum, dt, lam, A, d);
-    tc_stage_tw(Cs, LN, TC_B, Np, Ch, tc_twin(tw.C, k, d.N), k.bld, d.N, k.t0 + i0, 0, k.t0 + q);
+    tc_stage_bc(Cs, LN, TC_B, Np, Cm, tw.C, k, d.N, k.t0 + i0, 0, k.t0 + q);
     tc_stage(Ys, LP, TC_B, Pp, dyh, k.xld, d.P, k.t0 + i0, 0, k.t0 + q);
-    tc_stage_tw(Bt, LN, q + 2, Np, Bh, tc_twin(tw.B, k, d.N), k.bld, d.N, k.t0 - 1, 0, k.t0 + q);
+    tc_stage_bc(Bt, LN, q + 2, Np, Bm, tw.B, k, d.N, k.t0 - 1, 0, k.t0 + q);
     tc_stage(Xt, LP, q + 2, Pp, xh, k.xs, d.P, k.t0 - 1, 0, k.t0 + q);
     __syncthreads();
     if (i0 + m0 >= q) return;
@@ -607,7 +611,7 @@ ssd_tc_tok_k(float *out, bf16 *outb, float *last, float *edge, float *qj, const 
     float *w = sm, *cm = w + 2 * d.Q, *v = sm + SSD_AL4(3 * d.Q), *gq = v + TC_B, *tq = gq + SSD_AL4(tc_r16(d.Q));
     bf16 *Go = (bf16 *)(tq + SSD_AL4(Np)), *Gn = Go + tc_r16(d.Q) * TC_LD(TC_B), *Rs = Gn + tc_r16(d.Q) * TC_LD(TC_B);
     bf16 *St = Rs + tc_r16(d.Q) * LW, *Sd = St + (d.Q + 2) * LK;
-    const float *Bh = Bm + k.ob * k.bld + (size_t)k.h * d.N, *Ch = Cm + k.ob * k.bld + (size_t)k.h * d.N;
+    const float *Bh = Bm + k.ob * k.bld + (size_t)k.h * d.N;   /* fp32 B: qj */
     const float *xh = x + k.ob * k.xs + (size_t)k.h * d.P, *dyh = dy + k.ob * k.xld + (size_t)k.h * d.P;
     const bf16 *Gc = Gb + (size_t)k.ci * d.Q * 2 * d.Q;   /* the chunk's M (8a) or dG (8b): (q, 2q) of (Q, 2Q) */
     tc_weights(w, cm, k, cum, dt, lam, A, d);
@@ -618,11 +622,11 @@ ssd_tc_tok_k(float *out, bf16 *outb, float *last, float *edge, float *qj, const 
     /* own sources r (columns i0.., < q) and beta sources q+r+1 (< 2q) */
     tc_stage_b(Go, TC_LD(TC_B), q16, TC_B, Gc, 2 * (size_t)d.Q, q, i0, q);
     tc_stage_b(Gn, TC_LD(TC_B), q16, TC_B, Gc, 2 * (size_t)d.Q, q, q + i0 + 1, 2 * q);
-    if (DB) tc_stage_tw(Rs, LW, q16, Wp, Ch, tc_twin(tw.C, k, d.N), k.bld, d.N, k.t0, 0, k.t0 + q);
+    if (DB) tc_stage_bc(Rs, LW, q16, Wp, Cm, tw.C, k, d.N, k.t0, 0, k.t0 + q);
     else tc_stage(Rs, LW, q16, Wp, dyh, k.xld, d.P, k.t0, 0, k.t0 + q);
     if (has_next) {
         if (DB) tc_stage(St, LK, q + 2, Kp, xh, k.xs, d.P, k.t0 - 1, 0, k.t0 + q);
-        else tc_stage_tw(St, LK, q + 2, Kp, Bh, tc_twin(tw.B, k, d.N), k.bld, d.N, k.t0 - 1, 0, k.t0 + q);
+        else tc_stage_bc(St, LK, q + 2, Kp, Bm, tw.B, k, d.N, k.t0 - 1, 0, k.t0 + q);
         tc_stage(Sd, LN, Pp, Np, dSo + (size_t)k.ci * d.P * d.N, d.N, d.N, 0, 0, d.P);
     }
     __syncthreads();
@@ -653,9 +657,11 @@ ssd_tc_tok_k(float *out, bf16 *outb, float *last, float *edge, float *qj, const 
             tc_zero(a2);
             if (DB) tc_mma<0, 0>(a2, Sop, i0 + m0, Dop, nc0, nw, Kp, lane);   /* Xc dS_out */
             else tc_mma<0, 1>(a2, Sop, i0 + m0, Dop, nc0, nw, Kp, lane);      /* Bc dS_out^T */
-            tc_fold(acc, a2, v, m0, nc0, d.N, lane, qp, [&](int rl) -> const float * {
+            tc_fold(acc, a2, v, m0, nc0, d.N, lane, qp, [&](int rl, int n, float *o) {
                 const int r = i0 + rl;
-                return DB && r < q ? Bh + (size_t)(k.t0 + r) * k.bld : (const float *)NULL;
+                if (!DB || r >= q) return false;
+                *o = Bh[(size_t)(k.t0 + r) * k.bld + n];
+                return true;
             });
         }
 #pragma unroll
@@ -716,7 +722,9 @@ static __global__ void ssd_tc_edge_k(float *dx, bf16 *dxb, const float *last, fl
 
 /* ---- backward 8c: dC and inter (ssd_dc_k) ----
  * per warp strip (16 query rows): dC = dG Bc + e_i ds, ds = dY S_in;
- * inter_i = e_i sum_n ds_in C_in (fp32 C) */
+ * inter_i = e_i sum_n ds_in bf16(C_in): C as it enters the products, read
+ * from its twin where given (Cm may then be NULL: the prep need not store
+ * fp32 C on these shapes), else rounded here (the same bits) */
 static size_t tc_dc_smem(struct ssd_dims d)
 {
     const size_t Np = TC_LD(tc_r16(d.N)), Pp = TC_LD(tc_r16(d.P)), S = TC_LD(tc_r16(2 * d.Q));
@@ -736,13 +744,12 @@ ssd_tc_dc_k(float *dCm, float *inter, const bf16 *dGb, const float *Sst, const f
     const int m0 = ((int)threadIdx.x >> 5) * 16, LN = TC_LD(Np), LP = TC_LD(Pp), LS = TC_LD(tc_r16(2 * d.Q));
     float *e = sm;
     bf16 *Gs = (bf16 *)(sm + SSD_AL4(TC_B)), *Bt = Gs + TC_B * LS, *Ys = Bt + (d.Q + 2) * LN, *Si = Ys + TC_B * LP;
-    const float *Bh = Bm + k.ob * k.bld + (size_t)k.h * d.N, *Ch = Cm + k.ob * k.bld + (size_t)k.h * d.N;
     const float *dyh = dy + k.ob * k.xld + (size_t)k.h * d.P;
     for (int il = (int)threadIdx.x; il < TC_B; il += (int)blockDim.x)
         e[il] = i0 + il < q ? expf(cum[(size_t)k.bh * d.T + k.t0 + i0 + il]) : 0.0f;
     /* dG rows i0.. (< q), sources < 2q */
     tc_stage_b(Gs, LS, TC_B, s16, dGb + ((size_t)k.ci * d.Q + i0) * 2 * d.Q, 2 * (size_t)d.Q, q - i0, 0, 2 * q);
-    tc_stage_tw(Bt, LN, q + 2, Np, Bh, tc_twin(tw.B, k, d.N), k.bld, d.N, k.t0 - 1, 0, k.t0 + q);
+    tc_stage_bc(Bt, LN, q + 2, Np, Bm, tw.B, k, d.N, k.t0 - 1, 0, k.t0 + q);
     if (k.c > 0) {
         tc_stage(Ys, LP, TC_B, Pp, dyh, k.xld, d.P, k.t0 + i0, 0, k.t0 + q);
         tc_stage(Si, LN, Pp, Np, Sst + (size_t)k.ci * d.P * d.N, d.N, d.N, 0, 0, d.P);
@@ -759,9 +766,11 @@ ssd_tc_dc_k(float *dCm, float *inter, const bf16 *dGb, const float *Sst, const f
         if (k.c > 0) {
             tc_zero(a2);
             tc_mma<0, 0>(a2, Yop, m0, Sop, nc0, nw, Pp, lane);
-            /* inter: the query row's C (fp32) */
-            tc_fold(acc, a2, e, m0, nc0, d.N, lane, de, [&](int il) -> const float * {
-                return i0 + il < q ? Ch + (size_t)(k.t0 + i0 + il) * k.bld : (const float *)NULL;
+            /* inter: the query row's C, bf16 */
+            tc_fold(acc, a2, e, m0, nc0, d.N, lane, de, [&](int il, int n, float *o) {
+                if (i0 + il >= q) return false;
+                *o = tc_bc_at(Cm, tw.C, k, d.N, i0 + il, n);
+                return true;
             });
         }
 #pragma unroll
@@ -813,7 +822,7 @@ ssd_tc_outer_k(float *out, const float *cum, const float *u, const float *vsrc, 
     const int K = DL ? tc_r16(q) : tc_r16(2 * q), LN = TC_LD(Np), LP = TC_LD(Pp);
     float *w = sm, *cm = w + 2 * d.Q, *sc = sm + SSD_AL4(3 * d.Q);   /* sc: a row's scale, K of them */
     bf16 *Us = (bf16 *)(sc + tc_r16(2 * d.Q)), *Vs = Us + tc_outer_urows(d) * LP;
-    const float *uh = u + k.ob * (DL ? k.xld : k.xs) + (size_t)k.h * d.P, *vh = vsrc + k.ob * k.bld + (size_t)k.h * d.N;
+    const float *uh = u + k.ob * (DL ? k.xld : k.xs) + (size_t)k.h * d.P;
     if (DL)   /* no weights (dt, lam, A NULL): the decays alone */
         for (int i = (int)threadIdx.x; i < q; i += (int)blockDim.x) cm[i] = cum[(size_t)bh * d.T + t0 + i];
     else tc_weights(w, cm, k, cum, dt, lam, A, d);
@@ -827,10 +836,10 @@ ssd_tc_outer_k(float *out, const float *cum, const float *u, const float *vsrc, 
             s = sc[i];
             return i < q ? t0 + i : -1;
         });
-        tc_stage_tw(Vs, LN, K, Np, vh, tc_twin(vtw, k, d.N), k.bld, d.N, t0, 0, t0 + q);
+        tc_stage_bc(Vs, LN, K, Np, vsrc, vtw, k, d.N, t0, 0, t0 + q);
     } else {    /* Us: the token rows of x (sources mapped); Vs rows j: bf16(v_j B_src(j)) */
         tc_stage(Us, LP, q + 2, Pp, uh, k.xs, d.P, t0 - 1, 0, t0 + q);
-        tc_stage_rows(Vs, LN, K, Np, vh, k.bld, d.N, [&](int j, float &s) {
+        tc_stage_rows(Vs, LN, K, Np, vsrc + k.ob * k.bld + (size_t)k.h * d.N, k.bld, d.N, [&](int j, float &s) {
             const int tok = t0 + (j < q ? j : j - q - 1);
             s = sc[j];
             return j < 2 * q && tok >= 0 ? tok : -1;

@@ -1489,10 +1489,15 @@ static struct ssd_twins ssd_bf16_twins(const mt_bf16 *Bh_b, const mt_bf16 *Ch_b)
     return ssd_twins{(const __nv_bfloat16 *)Bh_b, (const __nv_bfloat16 *)Ch_b};
 }
 
-/* ldx != H P (x, dx in the mixer's proj rows) and a bf16 dx: the
- * tensor-core path only (mt_ops.h); elsewhere refused, nothing written */
-static int scan_ldx_ok(int tc, int ldx, int H, int P, const mt_bf16 *dx_b)
+/* ldx != H P (x, dx in the mixer's proj rows), a bf16 dx and Cm NULL (C's
+ * twin alone): the tensor-core path only (mt_ops.h); elsewhere refused,
+ * nothing written */
+static int scan_ldx_ok(int tc, int ldx, int H, int P, const mt_bf16 *dx_b, const float *Cm, const mt_bf16 *Ch_b)
 {
+    if (!Cm && !(tc && Ch_b))
+        return mt_cuda_record(MT_ERR_UNSUPPORTED, "ssm_scan_*_bf16",
+                              "Cm NULL without Ch_b or where the chunked products do not run on tensor cores",
+                              __FILE__, __LINE__);
     if (!tc && dx_b)
         return mt_cuda_record(MT_ERR_UNSUPPORTED, "ssm_scan_backward_bf16",
                               "a bf16 dx (dx_b) where the chunked products do not run on tensor cores", __FILE__,
@@ -1511,7 +1516,7 @@ extern "C" void mt_cuda_ssm_scan_forward_bf16(void *be, float *y, const float *x
     if (B * H == 0 || T == 0) return;
     struct ssd_dims d = ssd_dims_make(B, T, H, P, N, chunk > 0 ? chunk : 1);   /* (chunk <= 0: not used) */
     const int tc = scan_tc_pick(d, chunk);
-    if (!scan_ldx_ok(tc, ldx, H, P, NULL)) return;
+    if (!scan_ldx_ok(tc, ldx, H, P, NULL, Cm, Ch_b)) return;
     if (!tc) {
         mt_cuda_ssm_scan_forward(be, y, x, Bm, Cm, dt, lam, A, Dsk, B, T, H, P, N, chunk);
         return;
@@ -1531,7 +1536,7 @@ extern "C" void mt_cuda_ssm_scan_backward_bf16(void *be, float *dx, float *dBm, 
     if (B * H == 0 || T == 0) return;
     struct ssd_dims d = ssd_dims_make(B, T, H, P, N, chunk > 0 ? chunk : 1);   /* (chunk <= 0: not used) */
     const int tc = scan_tc_pick(d, chunk);
-    if (!scan_ldx_ok(tc, ldx, H, P, dx_b)) return;
+    if (!scan_ldx_ok(tc, ldx, H, P, dx_b, Cm, Ch_b)) return;
     if (!tc) {
         mt_cuda_ssm_scan_backward(be, dx, dBm, dCm, ddt, dlam, dA, dDsk, dy, x, Bm, Cm, dt, lam, A, Dsk, B, T, H, P,
                                   N, chunk);
@@ -1633,11 +1638,28 @@ static __global__ void ang_scan_k(float *dst, __nv_bfloat16 *dstb, size_t dld, i
     }
 }
 
-/* Bh, Ch's values at (r, k) and (r, k + N/2), and their bf16 twins where asked */
+/* Head h's normed, biased, rotated pair (k, k + N/2) of B or C: u = raw rstd g
+ * + bias, o = rot(u, ang) with (c, s) = (cos, sin) ang. The forward's and the
+ * backward's one expression: the backward recomputes o (for dang) rather
+ * than reading the forward's fp32 Bh, Ch back, and gets the same bits (its
+ * angles are the forward's scan again, bit-identical). */
+static __device__ __forceinline__ void prep_rot(float *o1, float *o2, const float *raw, float rs, const float *g,
+                                                const float *bias, int k, int half, float c, float s)
+{
+    const float u1 = raw[k] * rs * g[k] + bias[k];
+    const float u2 = raw[k + half] * rs * g[k + half] + bias[k + half];
+    *o1 = u1 * c - u2 * s;
+    *o2 = u1 * s + u2 * c;
+}
+
+/* Bh, Ch's values at (r, k) and (r, k + N/2) (o NULL: not stored), and their
+ * bf16 twins where asked */
 static __device__ __forceinline__ void prep_put_pair(float *o, __nv_bfloat16 *ob, size_t i, size_t j, float a, float b)
 {
-    o[i] = a;
-    o[j] = b;
+    if (o) {
+        o[i] = a;
+        o[j] = b;
+    }
     if (ob) {
         ob[i] = __float2bfloat16_rn(a);
         ob[j] = __float2bfloat16_rn(b);
@@ -1646,7 +1668,8 @@ static __device__ __forceinline__ void prep_put_pair(float *o, __nv_bfloat16 *ob
 
 /* One block per row n = (b, t), threads over its columns; the angles wait in
  * Bh's first N/2 slots of every head (ang_scan_k). Block 0 also writes A.
- * Bhb, Chb: NULL, or Bh, Ch's bf16 twins (the bf16 scan's operands) */
+ * Bhb, Chb: NULL, or Bh, Ch's bf16 twins (the bf16 scan's operands); Ch
+ * NULL (with Chb): the twin alone */
 static __global__ void prep_rows_k(float *x, float *Bh, float *Ch, __nv_bfloat16 *Bhb, __nv_bfloat16 *Chb, float *dt,
                                    float *lam, float *A, float *rstd, const float *proj, const float *dt_bias,
                                    const float *A_log, const float *gB, const float *gC, const float *B_bias,
@@ -1684,14 +1707,11 @@ static __global__ void prep_rows_k(float *x, float *Bh, float *Ch, __nv_bfloat16
         int h = j / half, k = j % half, g = h / hpg;
         size_t r = n * H + h;
         const float *br = row + oB + (size_t)g * N, *cr = row + oC + (size_t)g * N;
-        float rb = rs[g], rc = rs[G + g];
-        float ang = Bh[r * N + k], c = cosf(ang), s = sinf(ang);
-        float u1 = br[k] * rb * gB[k] + B_bias[(size_t)h * N + k];
-        float u2 = br[k + half] * rb * gB[k + half] + B_bias[(size_t)h * N + k + half];
-        prep_put_pair(Bh, Bhb, r * N + k, r * N + k + half, u1 * c - u2 * s, u1 * s + u2 * c);
-        u1 = cr[k] * rc * gC[k] + C_bias[(size_t)h * N + k];
-        u2 = cr[k + half] * rc * gC[k + half] + C_bias[(size_t)h * N + k + half];
-        prep_put_pair(Ch, Chb, r * N + k, r * N + k + half, u1 * c - u2 * s, u1 * s + u2 * c);
+        float ang = Bh[r * N + k], c = cosf(ang), s = sinf(ang), o1, o2;
+        prep_rot(&o1, &o2, br, rs[g], gB, B_bias + (size_t)h * N, k, half, c, s);
+        prep_put_pair(Bh, Bhb, r * N + k, r * N + k + half, o1, o2);
+        prep_rot(&o1, &o2, cr, rs[G + g], gC, C_bias + (size_t)h * N, k, half, c, s);
+        prep_put_pair(Ch, Chb, r * N + k, r * N + k + half, o1, o2);
     }
 }
 
@@ -1713,6 +1733,10 @@ extern "C" void mt_cuda_ssm_prep_forward(void *be, float *x, float *Bh, float *C
                                          mt_bf16 *Bh_b, mt_bf16 *Ch_b)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    if (!Ch && !Ch_b) {
+        mt_cuda_record(MT_ERR_INVALID_ARG, "ssm_prep_forward", "Ch NULL without its bf16 twin Ch_b", __FILE__, __LINE__);
+        return;
+    }
     int half = N / 2, E = H * P, GN = G * N;
     const size_t W = 2 * (size_t)E + 2 * (size_t)GN + H + (size_t)H * half + H, oth = 2 * (size_t)E + 2 * (size_t)GN + H;
     if (B * T > 0 && half > 0)
@@ -1753,7 +1777,7 @@ static __device__ __forceinline__ void prep_put(float *drow, __nv_bfloat16 *brow
 static __global__ void prep_bwd_row_k(float *dproj, __nv_bfloat16 *dpb, float *du_slots, float *part_u, float *part_g,
                                       const float *dx,
                                       const float *dBh, const float *dCh, const float *ddt, const float *dlam,
-                                      const float *Bh, const float *Ch, const float *lam, const float *rstd,
+                                      const float *B_bias, const float *C_bias, const float *lam, const float *rstd,
                                       const float *proj, const float *dt_bias, const float *gB, const float *gC,
                                       int nrow, int H, int P, int G, int N)
 {
@@ -1781,15 +1805,19 @@ static __global__ void prep_bwd_row_k(float *dproj, __nv_bfloat16 *dpb, float *d
             prep_put(drow, brow, olam + h, dlam[r] * lam[r] * (1.0f - lam[r]));
         }
         for (int j = tid; j < H * half; j += nt) {
-            int h = j / half, k = j % half;
+            int h = j / half, k = j % half, g = h / hpg;
             size_t r = n * H + h;
             float *dth = drow + oth + j;
             float a = *dth, c = cosf(a), s = sinf(a), dang = 0.0f;
             for (int pass = 0; pass < 2; pass++) {
-                const float *o = (pass ? Ch : Bh) + r * N, *dO = (pass ? dCh : dBh) + r * N;
+                const float *dO = (pass ? dCh : dBh) + r * N;
                 const size_t at = (size_t)pass * HN + (size_t)h * N + k;
+                const size_t oc = 2 * (size_t)E + (pass ? GN : 0) + (size_t)g * N;
+                float o1, o2;   /* the forward's Bh / Ch pair, recomputed (raw B / C, rstd, gain, bias: cached) */
+                prep_rot(&o1, &o2, row + oc, rstd[n * 2 * G + (size_t)pass * G + g], pass ? gC : gB,
+                         (pass ? C_bias : B_bias) + (size_t)h * N, k, half, c, s);
                 float d1 = dO[k], d2 = dO[k + half];
-                dang += -d1 * o[k + half] + d2 * o[k];
+                dang += -d1 * o2 + d2 * o1;
                 float u0 = d1 * c + d2 * s, u1 = -d1 * s + d2 * c;
                 du[at] = u0;
                 du[at + half] = u1;
@@ -1867,8 +1895,8 @@ static __global__ void prep_bwd_alog_k(float *dA_log, const float *dA, const flo
  * is then scratch (the theta and dt columns' fp32 sums) */
 static void prep_backward(float *dproj, mt_bf16 *dproj_b, float *ddt_bias, float *dA_log, float *dgB, float *dgC,
                           float *dB_bias, float *dC_bias, const float *dx, const float *dBh, const float *dCh,
-                          const float *ddt, const float *dlam, const float *dA, const float *Bh, const float *Ch,
-                          const float *lam, const float *A, const float *rstd, const float *proj,
+                          const float *ddt, const float *dlam, const float *dA, const float *B_bias,
+                          const float *C_bias, const float *lam, const float *A, const float *rstd, const float *proj,
                           const float *dt_bias, const float *gB, const float *gC, int B, int T, int H, int P, int G,
                           int N)
 {
@@ -1888,7 +1916,7 @@ static void prep_backward(float *dproj, mt_bf16 *dproj_b, float *ddt_bias, float
     /* the angles (the forward's scan, bit-identical) into dproj's theta columns */
     if (half > 0) ang_scan(dproj + oth, NULL, W, half, proj + oth, W, half, NULL, B, T, H, half, 0);
     MT_LAUNCH(prep_bwd_row_k, (unsigned)nblk, PREP_THREADS, PREP_THREADS * sizeof(double) + (size_t)N * sizeof(float))(
-        dproj, (__nv_bfloat16 *)dproj_b, du, pu, pgs, dx, dBh, dCh, ddt, dlam, Bh, Ch, lam, rstd, proj, dt_bias, gB,
+        dproj, (__nv_bfloat16 *)dproj_b, du, pu, pgs, dx, dBh, dCh, ddt, dlam, B_bias, C_bias, lam, rstd, proj, dt_bias, gB,
         gC, nrow, H, P, G, N);
     MT_CUDA_KCHECK();
     /* dtheta = reverse cumsum of dang over the sequence */
@@ -1905,28 +1933,28 @@ static void prep_backward(float *dproj, mt_bf16 *dproj_b, float *ddt_bias, float
 extern "C" void mt_cuda_ssm_prep_backward(void *be, float *dproj, float *ddt_bias, float *dA_log, float *dgB, float *dgC,
                                           float *dB_bias, float *dC_bias, const float *dx, const float *dBh,
                                           const float *dCh, const float *ddt, const float *dlam, const float *dA,
-                                          const float *Bh, const float *Ch, const float *lam, const float *A,
+                                          const float *B_bias, const float *C_bias, const float *lam, const float *A,
                                           const float *rstd, const float *proj, const float *dt_bias,
                                           const float *gB, const float *gC, int B, int T, int H, int P, int G,
                                           int N, float eps)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     (void)eps;
-    prep_backward(dproj, NULL, ddt_bias, dA_log, dgB, dgC, dB_bias, dC_bias, dx, dBh, dCh, ddt, dlam, dA, Bh, Ch, lam,
+    prep_backward(dproj, NULL, ddt_bias, dA_log, dgB, dgC, dB_bias, dC_bias, dx, dBh, dCh, ddt, dlam, dA, B_bias, C_bias, lam,
                   A, rstd, proj, dt_bias, gB, gC, B, T, H, P, G, N);
 }
 
 extern "C" void mt_cuda_ssm_prep_backward_bf16(void *be, mt_bf16 *dproj_b, float *dproj, float *ddt_bias,
                                                float *dA_log, float *dgB, float *dgC, float *dB_bias, float *dC_bias,
                                                const float *dx, const float *dBh, const float *dCh, const float *ddt,
-                                               const float *dlam, const float *dA, const float *Bh, const float *Ch,
-                                               const float *lam, const float *A, const float *rstd, const float *proj,
+                                               const float *dlam, const float *dA, const float *B_bias,
+                                               const float *C_bias, const float *lam, const float *A, const float *rstd, const float *proj,
                                                const float *dt_bias, const float *gB, const float *gC, int B, int T,
                                                int H, int P, int G, int N, float eps)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     (void)eps;
-    prep_backward(dproj, dproj_b, ddt_bias, dA_log, dgB, dgC, dB_bias, dC_bias, dx, dBh, dCh, ddt, dlam, dA, Bh, Ch,
+    prep_backward(dproj, dproj_b, ddt_bias, dA_log, dgB, dgC, dB_bias, dC_bias, dx, dBh, dCh, ddt, dlam, dA, B_bias, C_bias,
                   lam, A, rstd, proj, dt_bias, gB, gC, B, T, H, P, G, N);
 }
 
