@@ -482,8 +482,8 @@ static mt_bf16 *dev_twin(const float *d, size_t n, float k)
 
 /* Bh_b, Ch_b (B and C's bf16 twins, mt_ops.h): given bf16(Bm), bf16(Cm) the
  * forward (keeping its states) and the backward (reading them) give y and
- * every gradient the bits of the runs without (y1, g1), with Cm given and
- * with Cm NULL (k = 3: C's twin alone); given other twins (bf16(2 Bm),
+ * every gradient the bits of the runs without (y1, g1), with Bm, Cm given
+ * and with both NULL (k = 3: the twins alone); given other twins (bf16(2 Bm),
  * bf16(2 Cm)) y, dx, dB and dC move: the products read them */
 static void test_bf16_twins(const struct inputs *in, int chunk, const struct dev *d, const float *y1,
                             float *const g1[7])
@@ -495,14 +495,14 @@ static void test_bf16_twins(const struct inputs *in, int chunk, const struct dev
     size_t len[] = {nx(in), nb(in), nb(in), nd(in), nd(in), (size_t)H, (size_t)H};
     int same = 1, moved = 1;
     for (int k = 1; k <= 3; k++) {
-        const float scale = k == 2 ? 2.0f : 1.0f, *Cm = k == 3 ? NULL : d->Cm;
+        const float scale = k == 2 ? 2.0f : 1.0f, *Bm = k == 3 ? NULL : d->Bm, *Cm = k == 3 ? NULL : d->Cm;
         mt_bf16 *tb = dev_twin(d->Bm, nb(in), scale), *tc = dev_twin(d->Cm, nb(in), scale);
         float *st = k != 2 ? dev_zero(nst) : NULL, *y = dev_zero(nx(in)), *g[7];
         for (int j = 0; j < 7; j++) g[j] = dev_zero(len[j]);
-        g_ops->ssm_scan_forward_bf16(g_ops->be, y, d->x, H * in->P, d->Bm, Cm, d->dt, d->lam, d->A, d->D, in->B,
+        g_ops->ssm_scan_forward_bf16(g_ops->be, y, d->x, H * in->P, Bm, Cm, d->dt, d->lam, d->A, d->D, in->B,
                                      in->T, H, in->P, in->N, chunk, st, tb, tc);
         g_ops->ssm_scan_backward_bf16(g_ops->be, g[0], g[1], g[2], g[3], g[4], g[5], g[6], d->R, d->x, H * in->P,
-                                      d->Bm, Cm, d->dt, d->lam, d->A, d->D, in->B, in->T, H, in->P, in->N, chunk,
+                                      Bm, Cm, d->dt, d->lam, d->A, d->D, in->B, in->T, H, in->P, in->N, chunk,
                                       st, NULL, tb, tc);
         for (int j = -1; j < 7; j++) {
             const size_t m = j < 0 ? nx(in) : len[j];
@@ -517,7 +517,7 @@ static void test_bf16_twins(const struct inputs *in, int chunk, const struct dev
         if (st) g_ops->buf_free(g_ops->be, &g_ctx, st);
         g_ops->buf_free(g_ops->be, &g_ctx, tb); g_ops->buf_free(g_ops->be, &g_ctx, tc);
     }
-    check(same, "scan_*_bf16 given bf16(B), bf16(C) twins (Cm given, Cm NULL) = without (bits)", tag,
+    check(same, "scan_*_bf16 given bf16(B), bf16(C) twins (Bm, Cm given; NULL) = without (bits)", tag,
           same ? 0.0 : 1.0, 0);
     check(moved, "scan_*_bf16 twins read (bf16(2B), bf16(2C): y, dx, dB, dC move)", tag, moved ? 0.0 : 1.0, 0);
 }
@@ -775,14 +775,15 @@ static void test_prep_null(int B, int T, int H, int P, int G, int N)
     float *hp = host_rand(nw, 0.0f, 1.0f), *hv = host_rand((size_t)H * N, 1.0f, 0.3f), *hg = host_rand(ng, 0.0f, 1.0f);
     float *proj = up(ops, hp, nw), *vH = up(ops, hv, H), *vN = up(ops, hv, N), *vHN = up(ops, hv, (size_t)H * N);
     float *f[2][6], *dproj[2], *par[2][6];
-    /* v = 1 also asks for Bh, Ch's bf16 twins: bf16 of the fp32 Bh, Ch, bit for bit; and
-     * passes Ch NULL (its twin alone, mt_ops.h): its buffer untouched */
+    /* v = 1 also asks for Bh, Ch's bf16 twins: bf16 of run 0's fp32 Bh, Ch, bit for bit;
+     * and passes Bh, Ch NULL (the twins alone, mt_ops.h): their buffers untouched */
     mt_bf16 *tw[2] = {dev_bf16(nb_, BF16_SENTINEL), dev_bf16(nb_, BF16_SENTINEL)};
     for (int v = 0; v < 2; v++) {   /* v = 1: x and dx NULL */
         f[v][0] = up(ops, hg, nx_); f[v][1] = up(ops, hg, nb_); f[v][2] = up(ops, hg, nb_);
         f[v][3] = up(ops, hg, nd_); f[v][4] = up(ops, hg, nd_); f[v][5] = up(ops, hg, (size_t)n * 2 * G);
         float *A = up(ops, hv, H);
-        ops->ssm_prep_forward(ops->be, v ? NULL : f[v][0], f[v][1], v ? NULL : f[v][2], f[v][3], f[v][4], A, f[v][5], NULL, proj,
+        ops->ssm_prep_forward(ops->be, v ? NULL : f[v][0], v ? NULL : f[v][1], v ? NULL : f[v][2], f[v][3], f[v][4], A,
+                              f[v][5], NULL, proj,
                               vH, vH, vN, vN, vHN, vHN, B, T, H, P, G, N, 1e-5f, v ? tw[0] : NULL, v ? tw[1] : NULL);
         dproj[v] = up(ops, hp, nw);
         float *dx = up(ops, hg, nx_);
@@ -800,7 +801,7 @@ static void test_prep_null(int B, int T, int H, int P, int G, int N)
     }
     int same = 1;
     for (int k = 1; k < 6; k++) {
-        if (k == 2) continue;   /* Ch: NULL in run 1 */
+        if (k < 3) continue;   /* Bh, Ch: NULL in run 1 */
         size_t len = k < 3 ? nb_ : k < 5 ? nd_ : (size_t)n * 2 * G;
         float *a = to_host(f[0][k], len), *b = to_host(f[1][k], len);
         same &= memcmp(a, b, len * sizeof(float)) == 0;
@@ -809,14 +810,16 @@ static void test_prep_null(int B, int T, int H, int P, int G, int N)
     float *a = to_host(f[1][0], nx_);   /* x NULL: its buffer as it was */
     int kept = memcmp(a, hg, nx_ * sizeof(float)) == 0;
     free(a);
-    a = to_host(f[1][2], nb_);   /* Ch NULL: likewise */
-    kept &= memcmp(a, hg, nb_ * sizeof(float)) == 0;
-    free(a);
-    check(same && kept, "prep forward, x and Ch NULL: the other outputs' bits, x and Ch untouched", tag,
+    for (int k = 1; k <= 2; k++) {   /* Bh, Ch NULL: likewise */
+        a = to_host(f[1][k], nb_);
+        kept &= memcmp(a, hg, nb_ * sizeof(float)) == 0;
+        free(a);
+    }
+    check(same && kept, "prep forward, x, Bh and Ch NULL: the other outputs' bits, x, Bh and Ch untouched", tag,
           same && kept ? 0.0 : 1.0, 0);
     size_t twin_bad = 0;
     for (int k = 0; k < 2; k++) {
-        float *fh = to_host(f[k ? 0 : 1][1 + k], nb_);   /* run 1's Bh; run 0's Ch (run 1 has none) */
+        float *fh = to_host(f[0][1 + k], nb_);   /* run 0's Bh, Ch (run 1 has none) */
         uint16_t *th = bf16_to_host(tw[k], nb_);
         for (size_t i = 0; i < nb_; i++) twin_bad += th[i] != ref_bf16(fh[i]);
         free(fh); free(th);
@@ -1346,16 +1349,19 @@ static void test_bf16_ldx_refused(void)
     check(ok, "scan_*_bf16 ldx != H*P off the tensor cores: refused, named, nothing written", "T=20 chunk=0",
           ok ? 0.0 : 1.0, 0);
     if (!ok) printf("     status %d \"%s\", outputs kept %d\n", (int)st, msg, kept);
-    /* Cm NULL (C's twin alone) off the tensor cores: refused too, y not written (the
-     * status above is sticky: this one is read from the outputs alone) */
+    /* Bm or Cm NULL (a twin alone) off the tensor cores: refused too, y not written (the
+     * status above is sticky: these are read from the outputs alone) */
     mt_bf16 *tb = dev_twin(d.Bm, nb(&in), 1.0f), *tc = dev_twin(d.Cm, nb(&in), 1.0f);
-    g_ops->ssm_scan_forward_bf16(g_ops->be, y, d.x, E, d.Bm, NULL, d.dt, d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL, tb,
-                                 tc);
-    free(yh);
-    yh = to_host(y, n);
-    kept = memcmp(yh, sent, n * sizeof(float)) == 0;
-    check(kept, "scan_*_bf16 Cm NULL off the tensor cores: refused, nothing written", "T=20 chunk=0",
-          kept ? 0.0 : 1.0, 0);
+    for (int which = 0; which < 2; which++) {
+        g_ops->ssm_scan_forward_bf16(g_ops->be, y, d.x, E, which ? d.Bm : NULL, which ? NULL : d.Cm, d.dt, d.lam, d.A,
+                                     d.D, 1, 20, 2, 4, 6, 0, NULL, tb, tc);
+        free(yh);
+        yh = to_host(y, n);
+        kept = memcmp(yh, sent, n * sizeof(float)) == 0;
+        check(kept, which ? "scan_*_bf16 Cm NULL off the tensor cores: refused, nothing written"
+                          : "scan_*_bf16 Bm NULL off the tensor cores: refused, nothing written",
+              "T=20 chunk=0", kept ? 0.0 : 1.0, 0);
+    }
     g_ops->buf_free(g_ops->be, &g_ctx, tb); g_ops->buf_free(g_ops->be, &g_ctx, tc);
     free(yh); free(dh); free(sent);
     float *all[] = {xw, y, dxw, g[0], g[1], g[2], g[3], g[4], g[5]};

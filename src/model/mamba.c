@@ -214,7 +214,7 @@ static double mamba_extra(const struct mt_block_shape *sh)
  *   elementwise: prep forward: the angles' cumsum (HN) and the row pass reading
  *     xs, B, C, dt, lam, the angles (E + 2 G N + 2 H + HN/2), writing x, Bh, Ch,
  *     dt, lam (E + 2 HN + 2 H; the tensor-core scan's shapes: + Bh, Ch's bf16
- *     twins, HN, and no fp32 Ch, - HN); the residual add (3 D); dy and dproj rounded
+ *     twins, HN, and no fp32 Bh, Ch, - 2 HN); the residual add (3 D); dy and dproj rounded
  *     (1.5 D, 1.5 W; dproj not where its producers write it as bf16, below);
  *     prep backward: two angle scans (2 HN), the row pass
  *     (reads dx, ddt, dlam, lam, dt, theta, dBh, dCh, B, C: E + 4 H + 2.5 HN +
@@ -227,20 +227,20 @@ static double mamba_extra(const struct mt_block_shape *sh)
  *   scan on tensor cores (ssd_tc.cu: chunk, P, N <= MT_SSM_STATES_MAX), kernel
  *     by kernel, with S = H P N / Q the chunk states a token (S_in, dS_out) and
  *     H Q the bf16 M or dG a token:
- *     Bh and Ch enter the products as their bf16 twins, which the prep writes
- *     (HN more there: 0.5 HN each), so a staged read of either is 0.5 HN.
- *     forward: the cumsum (2 H); each chunk's own state (reads x, fp32 Bh, scaled
- *       per source before rounding: E + HN + S, + 3 H for dt, lam, cum); the pass
+ *     Bh and Ch enter every term as their bf16 twins, the only copies the prep
+ *     writes there (0.5 HN each), so a read of either is 0.5 HN.
+ *     forward: the cumsum (2 H); each chunk's own state (reads x, the Bh twin,
+ *       scaled per source: E + 0.5 HN + S, + 3 H for dt, lam, cum); the pass
  *       between chunks (2 S); the output (reads x, Bh, Ch twins, S_in, writes ys:
- *       2 E + HN + S + 3 H): 3 E + 2 HN + 4 S + 8 H;
+ *       2 E + HN + S + 3 H): 3 E + 1.5 HN + 4 S + 8 H;
  *     backward (the states kept by the forward): the cumsum (2 H); dS_out's
  *       local part (dys, Ch twin: E + 0.5 HN + S) and pass (2 S); M, dG (reads
  *       the Ch, Bh twins, dys, x: 2 E + HN, writes 2 H Q); dx (M, dys twice, Bh
  *       twin, dS_out, writes dx, bf16: H Q + 2.5 E + 0.5 HN + S); dB (dG, Ch twin,
- *       x, dS_out, fp32 Bh for qj, writes dBh: H Q + E + 2.5 HN + S); dC (dG, Bh
- *       twin, dys, S_in, the Ch twin for inter, writes dCh: H Q + E + 2 HN + S);
- *       the scalars (dys, x, S_in, dS_out: 2 E + 2 S, ~6 H more): 9.5 E + 6.5 HN
- *       + 8 S + 5 H Q + 15 H.
+ *       x, dS_out, the Bh twin for qj, writes dBh: H Q + E + 2 HN + S); dC (dG,
+ *       Bh twin, dys, S_in, the Ch twin for inter, writes dCh: H Q + E + 2 HN +
+ *       S); the scalars (dys, x, S_in, dS_out: 2 E + 2 S, ~6 H more): 9.5 E +
+ *       6 HN + 8 S + 5 H Q + 15 H.
  *     Elsewhere (the fp32 scan): reads x, Bh, Ch, dt, lam, writes ys (2 E +
  *     2 HN + 2 H); backward reads those and dys, writes their gradients (3 E
  *     + 4 HN + 4 H); its chunk states and in-chunk arrays not counted.
@@ -261,14 +261,14 @@ static void mamba_work_bf16(const struct mt_block_shape *sh, int rc, struct mt_w
      * dtheta columns too (GN + 0.25 HN; lam's bf16 store replaces its fp32 one, dt
      * keeps its fp32 store for dt_bias's sum and adds the bf16 one) */
     const double dpb = S > 0 ? 1.0 : 0.0;
-    /* the tensor-core shapes: + the B, C twins (HN), - the fp32 Ch (HN; the scan reads C's twin alone) */
-    const double prep_f = xcopy + 3.5 * HN + 2.0 * GN + 4.0 * H;
+    /* the tensor-core shapes: + the B, C twins (HN), - the fp32 Bh, Ch (2 HN; the scan reads the twins alone) */
+    const double prep_f = xcopy + (S > 0 ? 2.5 : 3.5) * HN + 2.0 * GN + 4.0 * H;
     const double prep_b = xcopy + 5.0 * HN + 4.0 * GN + 7.0 * H - dpb * (0.25 * HN + GN);
     double scan_f = 2.0 * E + 2.0 * HN + 2.0 * H, scan_b = 3.0 * E + 4.0 * HN + 4.0 * H;
     if (S > 0) {
         const double HQ = H * (double)(chunk < T ? chunk : T);
-        scan_f = 3.0 * E + 2.0 * HN + 4.0 * S + 8.0 * H;
-        scan_b = 9.5 * E + 6.5 * HN + 8.0 * S + 5.0 * HQ + 15.0 * H;
+        scan_f = 3.0 * E + 1.5 * HN + 4.0 * S + 8.0 * H;
+        scan_b = 9.5 * E + 6.0 * HN + 8.0 * S + 5.0 * HQ + 15.0 * H;
     }
     w->e[MT_WORK_SCAN] += scan_f + scan_b + rc * scan_f;
     /* the residual: seeded by the input norm (1 D) where mamba.c does (one rank, no LoRA),

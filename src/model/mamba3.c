@@ -178,17 +178,17 @@ void mt_mamba3_ssm_forward(const struct mt_ops_i *ops, struct mt_mamba3_acts *a,
                            const struct mt_mamba3_dims *d, int B, int T)
 {
     const int E = d->H * d->P, W = mt_mamba3_in_width(d), in_proj = scan_in_proj(ops, d, B, T);
-    /* where the products run on tensor cores, the prep also writes Bh, Ch's bf16 twins, their
-     * operands: the scan reads 2 bytes an element of B, C where a product stages them. C has
-     * no fp32 reader there (mt_ops.h): its twin alone, no fp32 Ch store (a->Ch stays carved:
-     * the other shapes and the cpu use it) */
+    /* where the products run on tensor cores, the prep writes Bh, Ch's bf16 twins, their
+     * operands, and nothing else of them: the scan reads B, C there as bf16 alone (mt_ops.h),
+     * 2 bytes an element, and no fp32 Bh, Ch is stored (a->Bh, a->Ch stay carved: the other
+     * shapes and the cpu use them) */
     mt_bf16 *Bb = in_proj ? a->Bh_b : NULL, *Cb = in_proj ? a->Ch_b : NULL;
-    float *Ch = in_proj ? NULL : a->Ch;
-    ops->ssm_prep_forward(ops->be, in_proj ? NULL : a->x, a->Bh, Ch, a->dt, a->lam, a->A, a->rstd_bc, NULL,
+    float *Bh = in_proj ? NULL : a->Bh, *Ch = in_proj ? NULL : a->Ch;
+    ops->ssm_prep_forward(ops->be, in_proj ? NULL : a->x, Bh, Ch, a->dt, a->lam, a->A, a->rstd_bc, NULL,
                           a->proj, w->dt_bias, w->A_log, w->gB, w->gC, w->B_bias, w->C_bias, B, T, d->H, d->P, d->G,
                           d->N, d->eps_bc, Bb, Cb);
     if (scan_bf16(ops, d))   /* x: proj's xs columns (row stride W), or the prep's copy */
-        ops->ssm_scan_forward_bf16(ops->be, a->ys, in_proj ? a->proj + E : a->x, in_proj ? W : E, a->Bh, Ch, a->dt,
+        ops->ssm_scan_forward_bf16(ops->be, a->ys, in_proj ? a->proj + E : a->x, in_proj ? W : E, Bh, Ch, a->dt,
                                    a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk, a->states, Bb, Cb);
     else
         ops->ssm_scan_forward(ops->be, a->ys, a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N,
@@ -231,8 +231,8 @@ static void ssm_backward(const struct mt_ops_i *ops, struct mt_mamba3_weights *g
     ops->fill(ops->be, s->dA, 0.0f, (size_t)d->H);
     if (scan_bf16(ops, d))   /* in_proj: x from proj, dx into dproj's xs columns; the forward's chunk states */
         ops->ssm_scan_backward_bf16(ops->be, in_proj ? s->dproj + E : s->dx, s->dBh, s->dCh, s->ddt, s->dlam, s->dA,
-                                    g->Dsk, s->dys, in_proj ? a->proj + E : a->x, in_proj ? W : E, a->Bh,
-                                    in_proj ? NULL : a->Ch, a->dt,
+                                    g->Dsk, s->dys, in_proj ? a->proj + E : a->x, in_proj ? W : E,
+                                    in_proj ? NULL : a->Bh, in_proj ? NULL : a->Ch, a->dt,
                                     a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk, a->states,
                                     dproj_b ? dproj_b + E : NULL, in_proj ? a->Bh_b : NULL, in_proj ? a->Ch_b : NULL);
     else

@@ -403,9 +403,9 @@ struct mt_ops_i {
      *   the last position's angles are written back (decoding token by token);
      *   NULL starts from 0 (training). Bh_b, Ch_b: NULL, or Bh, Ch are also
      *   written there as bf16 (nearest even; the same layout): the bf16 scan's
-     *   operand twins (ssm_scan_*_bf16). Ch NULL with Ch_b given: the twin
-     *   alone (the bf16 scan on its tensor-core shapes reads no fp32 C; cuda
-     *   refuses Ch and Ch_b both NULL, MT_ERR_INVALID_ARG).
+     *   operand twins (ssm_scan_*_bf16). Bh or Ch NULL with its twin given:
+     *   the twin alone (the bf16 scan on its tensor-core shapes reads no fp32
+     *   B, C; cuda refuses an array and its twin both NULL, MT_ERR_INVALID_ARG).
      * prep_backward: dproj (=) on every column but z's (dx NULL: nor xs's, which
      *   then hold dx already: the bf16 scan wrote them, ldx = W); ddt_bias, dA_log, dgB,
      *   dgC, dB_bias, dC_bias (+=). dA is the scan's dA. B_bias, C_bias: the
@@ -639,11 +639,11 @@ struct mt_ops_i {
      * Bh_b, Ch_b (both): NULL, or Bm, Cm's bf16 twins (bf16(Bm), bf16(Cm)
      * exactly: ssm_prep_forward's Bh_b, Ch_b), read where a product stages Bm
      * or Cm as its operand (half the bytes; the same operand values, so the
-     * same bits). The fp32 Bm is still read where it enters fp32 terms (a
-     * chunk's own state v_j B_j, qj). C enters every term as bf16(C), its
-     * row sum inter too (from the twin, or rounded where read): with Ch_b, Cm
-     * may be NULL where the chunked products run (elsewhere refused like
-     * ldx). */
+     * same bits). Where the chunked products run, B and C enter every term
+     * as bf16(B), bf16(C): a chunk's own state v_j bf16(B_j) and the row
+     * sums qj, inter too (from the twins, or rounded where read: the same
+     * bits), so with Bh_b, Ch_b there Bm, Cm may be NULL (elsewhere refused
+     * like ldx). */
     void (*ssm_scan_forward_bf16)(void *be, float *y, const float *x, int ldx, const float *Bm, const float *Cm,
                                   const float *dt, const float *lam, const float *A, const float *Dsk,
                                   int B, int T, int H, int P, int N, int chunk, float *states,

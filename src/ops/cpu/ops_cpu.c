@@ -553,13 +553,14 @@ static void p_ssm_prep_forward(void *be, float *x, float *Bh, float *Ch, float *
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
     const size_t nbc = (size_t)B * T * H * N;
-    /* Ch NULL: only its twin wanted (mt_ops.h); the cpu computes it in a temporary */
-    float *Cw = Ch ? Ch : malloc((nbc ? nbc : 1) * sizeof(float));
-    MT_ASSERT(Cw);
-    PROF(MT_OPK_ELEMENTWISE, mt_cpu_ssm_prep_forward(x, Bh, Cw, dt, lam, A, rstd, ang_state, proj, dt_bias, A_log,
+    /* Bh or Ch NULL: only its twin wanted (mt_ops.h); the cpu computes it in a temporary */
+    float *Bw = Bh ? Bh : malloc((nbc ? nbc : 1) * sizeof(float)), *Cw = Ch ? Ch : malloc((nbc ? nbc : 1) * sizeof(float));
+    MT_ASSERT(Bw && Cw);
+    PROF(MT_OPK_ELEMENTWISE, mt_cpu_ssm_prep_forward(x, Bw, Cw, dt, lam, A, rstd, ang_state, proj, dt_bias, A_log,
                                                      gB, gC, B_bias, C_bias, B, T, H, P, G, N, eps);
-         if (Bh_b) mt_cpu_cast_bf16((uint16_t *)Bh_b, Bh, nbc);
+         if (Bh_b) mt_cpu_cast_bf16((uint16_t *)Bh_b, Bw, nbc);
          if (Ch_b) mt_cpu_cast_bf16((uint16_t *)Ch_b, Cw, nbc));
+    if (Bw != Bh) free(Bw);
     if (Cw != Ch) free(Cw);
 }
 static void p_ssm_prep_backward(void *be, float *dproj, float *ddt_bias, float *dA_log, float *dgB, float *dgC,

@@ -46,10 +46,11 @@ struct ssd_twins {
 
 /* ssd_tc.cu: the shapes it runs (chunk Q, P, N each <= SSD_TC_QMAX) */
 int ssd_tc_supports(struct ssd_dims d);
-/* forward step 2 (ssd_state_k's contract: each full chunk's own state) and
- * backward step 5 (ssd_dloc_k's) on tensor cores */
+/* forward step 2 (ssd_state_k's contract: each full chunk's own state, B
+ * from tw.B where given, Bm then may be NULL) and backward step 5
+ * (ssd_dloc_k's) on tensor cores */
 void ssd_tc_state(float *Sst, const float *cum, const float *x, const float *Bm, const float *dt, const float *lam,
-                  const float *A, struct ssd_dims d);
+                  const float *A, struct ssd_twins tw, struct ssd_dims d);
 void ssd_tc_dloc(float *dSo, const float *cum, const float *dy, const float *Cm, struct ssd_twins tw,
                  struct ssd_dims d);
 /* forward step 4 (ssd_out_k's contract) on tensor cores */

@@ -12,8 +12,12 @@
  *
  * Rounding points (nearest even; every other value fp32):
  *   x, B, C, dy and the states S_in, dS_out when they enter a product;
- *   v_j B_j in a chunk's own state Xc^T diag(v) Bc (step 2), e_i dy_i in
- *   dS_out's local term (diag(e) dY)^T C (step 5);
+ *   B and C wherever they enter a term: the row sums qj and inter take
+ *   bf16(B), bf16(C) too, so that B and C are read as their bf16 twins
+ *   alone (the prep stores no fp32 B, C on these shapes; since the eleventh
+ *   session);
+ *   v_j bf16(B_j) in a chunk's own state Xc^T diag(v) Bc (step 2), e_i dy_i
+ *   in dS_out's local term (diag(e) dY)^T C (step 5);
  *   forward: M = (C Bc^T) o L before M Xc;
  *   backward: M and dG = (dY Xc^T) o L, stored bf16 (their only readers are
  *   the products here), before M^T dY, dG^T C and dG Bc.
@@ -173,15 +177,20 @@ static __device__ __forceinline__ float tc_quad_sum(float v)
  * 64 x 64 fp32 tile */
 #define TC_AHEAD 8
 
+/* x widened from its bf16 rounding (nearest even): a twin's value */
+static __device__ __forceinline__ float tc_bf16r(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
 /* dst[r][k] (r < nr, k < kw) = bf16(s_r src[tok][k]) for the token tok = row(r, s_r)
  * (-1: none, a zero row) and k < ncols, else 0 (src: token 0's row; rows sld
- * apart). Four columns a move (a float4 load, an 8-byte store) where src's rows
- * are 16-byte aligned and ncols a multiple of 4 (kw always is: a multiple of 16). */
-template <typename Row>
-static __device__ void tc_stage_rows(bf16 *dst, int ld, int nr, int kw, const float *src, size_t sld, int ncols,
+ * apart; T float or bf16). RB: each source value rounded to bf16 before its
+ * scale, bf16(s_r bf16(src)) (a bf16 src is so already). Four columns a move
+ * (a 16- or 8-byte load, an 8-byte store) where src's rows are so aligned and
+ * ncols a multiple of 4 (kw always is: a multiple of 16). */
+template <int RB = 0, typename T, typename Row>
+static __device__ void tc_stage_rows(bf16 *dst, int ld, int nr, int kw, const T *src, size_t sld, int ncols,
                                      Row row)
 {
-    if (((uintptr_t)src & 15) == 0 && sld % 4 == 0 && ncols % 4 == 0) {
+    if (((uintptr_t)src & (4 * sizeof(T) - 1)) == 0 && sld % 4 == 0 && ncols % 4 == 0) {
         const int kw4 = kw / 4;
         mt_block_move<TC_AHEAD, float4>(
             nr * kw4,
@@ -191,7 +200,8 @@ static __device__ void tc_stage_rows(bf16 *dst, int ld, int nr, int kw, const fl
                 const int tok = row(r, s);
                 float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
                 if (tok >= 0 && k < ncols) {
-                    v = *(const float4 *)(src + (size_t)tok * sld + k);
+                    v = mt_ld4(src + (size_t)tok * sld + k);
+                    if (RB) v.x = tc_bf16r(v.x), v.y = tc_bf16r(v.y), v.z = tc_bf16r(v.z), v.w = tc_bf16r(v.w);
                     v.x *= s, v.y *= s, v.z *= s, v.w *= s;
                 }
                 return v;
@@ -211,7 +221,9 @@ static __device__ void tc_stage_rows(bf16 *dst, int ld, int nr, int kw, const fl
             const int r = e / kw, k = e - r * kw;
             float s = 1.0f;
             const int tok = row(r, s);
-            return tok >= 0 && k < ncols ? s * src[(size_t)tok * sld + k] : 0.0f;
+            if (tok < 0 || k >= ncols) return 0.0f;
+            const float v = mt_ld1(src + (size_t)tok * sld + k);
+            return s * (RB ? tc_bf16r(v) : v);
         },
         [&](int e, float v) {
             const int r = e / kw;
@@ -311,6 +323,17 @@ static __device__ void tc_stage_bc(bf16 *dst, int ld, int nr, int kw, const floa
         const int tok = tok0 + r;
         return tok >= lo && tok < hi ? tok : -1;
     });
+}
+/* tc_stage_rows<1> of B's head rows (row(r, s) as there: dst = bf16(s bf16(B))),
+ * from B's twin tw where given (m may then be NULL), else m rounded as read:
+ * the same bits */
+template <typename Row>
+static __device__ void tc_stage_rows_bc(bf16 *dst, int ld, int nr, int kw, const float *m, const bf16 *tw,
+                                        const struct tc_chunk &k, int N, Row row)
+{
+    const size_t off = k.ob * k.bld + (size_t)k.h * N;
+    if (tw) tc_stage_rows<1>(dst, ld, nr, kw, tw + off, k.bld, N, row);
+    else tc_stage_rows<1>(dst, ld, nr, kw, m + off, k.bld, N, row);
 }
 /* bf16(B or C) at the chunk's token row t (from t0), column n, widened: the
  * twin's value, or m's rounded as read (the same bits) */
@@ -541,7 +564,7 @@ ssd_tc_gm_k(bf16 *Mb, bf16 *dGb, float *dcs, float *rs, const float *cum, const 
  * rows runs, per warp strip (16 tokens r):
  *   8a  dx_r = M[:, r]^T dY + M[:, q+r+1]^T dY + (v_r + v_{q+r+1}) (B_r dS_out^T) + D dy_r
  *   8b  dB_r = dG[:, r]^T C + dG[:, q+r+1]^T C + (v_r + v_{q+r+1}) t_r, t = Xc dS_out,
- *       qj_r = qj_{q+r+1} = sum_n t_rn B_rn (fp32 B; one value: the same row)
+ *       qj_r = qj_{q+r+1} = sum_n t_rn bf16(B_rn) (one value: the same row)
  * (both M columns staged, one accumulator; the dS_out product once a token,
  * not once a source). The chunk's source q (token t0-1, chunks c >= 1),
  * whose token row belongs to the chunk before, is computed by the block of
@@ -611,7 +634,6 @@ ssd_tc_tok_k(float *out, bf16 *outb, float *last, float *edge, float *qj, const 
     float *w = sm, *cm = w + 2 * d.Q, *v = sm + SSD_AL4(3 * d.Q), *gq = v + TC_B, *tq = gq + SSD_AL4(tc_r16(d.Q));
     bf16 *Go = (bf16 *)(tq + SSD_AL4(Np)), *Gn = Go + tc_r16(d.Q) * TC_LD(TC_B), *Rs = Gn + tc_r16(d.Q) * TC_LD(TC_B);
     bf16 *St = Rs + tc_r16(d.Q) * LW, *Sd = St + (d.Q + 2) * LK;
-    const float *Bh = Bm + k.ob * k.bld + (size_t)k.h * d.N;   /* fp32 B: qj */
     const float *xh = x + k.ob * k.xs + (size_t)k.h * d.P, *dyh = dy + k.ob * k.xld + (size_t)k.h * d.P;
     const bf16 *Gc = Gb + (size_t)k.ci * d.Q * 2 * d.Q;   /* the chunk's M (8a) or dG (8b): (q, 2q) of (Q, 2Q) */
     tc_weights(w, cm, k, cum, dt, lam, A, d);
@@ -660,7 +682,7 @@ ssd_tc_tok_k(float *out, bf16 *outb, float *last, float *edge, float *qj, const 
             tc_fold(acc, a2, v, m0, nc0, d.N, lane, qp, [&](int rl, int n, float *o) {
                 const int r = i0 + rl;
                 if (!DB || r >= q) return false;
-                *o = Bh[(size_t)(k.t0 + r) * k.bld + n];
+                *o = tc_bc_at(Bm, tw.B, k, d.N, r, n);
                 return true;
             });
         }
@@ -693,11 +715,11 @@ ssd_tc_tok_k(float *out, bf16 *outb, float *last, float *edge, float *qj, const 
                 if (r + 1 < q) qj[(size_t)k.ci * 2 * d.Q + q + r + 1] = s;
             }
         }
-    if (DB && i0 == 0 && threadIdx.x == 0) {   /* qj of source q, in n order (fp32 B; tq: the barrier above;
+    if (DB && i0 == 0 && threadIdx.x == 0) {   /* qj of source q, in n order (bf16 B; tq: the barrier above;
                                                 * 0 in chunk 0: no token t0-1, as before) */
         float s = 0.0f;
         if (edge_rows && has_next)
-            for (int n = 0; n < d.N; n++) s += tq[n] * Bh[(size_t)(k.t0 - 1) * k.bld + n];
+            for (int n = 0; n < d.N; n++) s += tq[n] * tc_bc_at(Bm, tw.B, k, d.N, -1, n);
         qj[(size_t)k.ci * 2 * d.Q + q] = s;
     }
 }
@@ -796,7 +818,7 @@ ssd_tc_dc_k(float *dCm, float *inter, const bf16 *dGb, const float *Sst, const f
  *           chunks c < nc-1 (full: q = Q); Xc the mapped token rows, v_j Bc
  *           staged per source (2q rows: own and beta weights differ)
  *   DL = 1  Dloc_c = (diag(exp cum) dY)^T C, chunks c >= 1
- * rounding: x, bf16(v_j B_j) (DL 0); bf16(e_i dy_i), C (DL 1) */
+ * rounding: x, bf16(v_j bf16(B_j)) (DL 0); bf16(e_i dy_i), C (DL 1) */
 /* rows of Us: the token rows (DL 0) or the chunk's rows padded to 16 (DL 1) */
 static __host__ __device__ __forceinline__ size_t tc_outer_urows(struct ssd_dims d)
 {
@@ -837,9 +859,9 @@ ssd_tc_outer_k(float *out, const float *cum, const float *u, const float *vsrc, 
             return i < q ? t0 + i : -1;
         });
         tc_stage_bc(Vs, LN, K, Np, vsrc, vtw, k, d.N, t0, 0, t0 + q);
-    } else {    /* Us: the token rows of x (sources mapped); Vs rows j: bf16(v_j B_src(j)) */
+    } else {    /* Us: the token rows of x (sources mapped); Vs rows j: bf16(v_j bf16(B_src(j))) */
         tc_stage(Us, LP, q + 2, Pp, uh, k.xs, d.P, t0 - 1, 0, t0 + q);
-        tc_stage_rows(Vs, LN, K, Np, vsrc + k.ob * k.bld + (size_t)k.h * d.N, k.bld, d.N, [&](int j, float &s) {
+        tc_stage_rows_bc(Vs, LN, K, Np, vsrc, vtw, k, d.N, [&](int j, float &s) {
             const int tok = t0 + (j < q ? j : j - q - 1);
             s = sc[j];
             return j < 2 * q && tok >= 0 ? tok : -1;
@@ -871,13 +893,13 @@ int ssd_tc_supports(struct ssd_dims d)
 }
 
 void ssd_tc_state(float *Sst, const float *cum, const float *x, const float *Bm, const float *dt, const float *lam,
-                  const float *A, struct ssd_dims d)
+                  const float *A, struct ssd_twins tw, struct ssd_dims d)
 {
     if (d.nc < 2) return;
     const size_t smem = tc_outer_smem(d);
     if (!mt_cuda_smem_opt_in(ssd_tc_outer_k<0>, smem)) return;
     MT_LAUNCH(ssd_tc_outer_k<0>, dim3((unsigned)(d.B * d.H * (d.nc - 1)), (unsigned)((d.P + TC_B - 1) / TC_B)),
-              TC_THREADS, smem)(Sst, cum, x, Bm, (const bf16 *)NULL, dt, lam, A, d);
+              TC_THREADS, smem)(Sst, cum, x, Bm, tw.B, dt, lam, A, d);
     MT_CUDA_KCHECK();
 }
 

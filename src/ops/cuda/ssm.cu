@@ -501,10 +501,10 @@ static size_t ssd_out_smem(struct ssd_dims d, unsigned nt)
 /* the states entering each chunk into Sst (steps 1-3); cum must hold step 1;
  * tc: step 2 on tensor cores (ssd_tc.cu) */
 static void ssd_states(float *Sst, const float *cum, const float *x, const float *Bm, const float *dt,
-                       const float *lam, const float *A, struct ssd_dims d, int tc)
+                       const float *lam, const float *A, struct ssd_dims d, int tc, struct ssd_twins tw)
 {
     const size_t PN = (size_t)d.P * d.N;
-    if (tc) ssd_tc_state(Sst, cum, x, Bm, dt, lam, A, d);
+    if (tc) ssd_tc_state(Sst, cum, x, Bm, dt, lam, A, tw, d);
     else if (d.nc > 1) {
         MT_LAUNCH(ssd_state_k, ssd_tile_grid((unsigned)(d.B * d.H * (d.nc - 1)), d), 256,
                   (SSD_AL4(2 * (size_t)d.Q) + 2 * SSD_IT * SSD_OT) * sizeof(float))(Sst, cum, x, Bm, dt, lam, A, d);
@@ -533,7 +533,7 @@ static void ssd_forward(float *y, const float *x, const float *Bm, const float *
     /* cum (B H, T); Sst: S_in (B H nc, P, N), in the caller's states when given (kept for the backward) */
     float *cum = ws, *Sst = states ? states : ws + nbh * d.T;
     ssd_cum(cum, dt, A, d);
-    ssd_states(Sst, cum, x, Bm, dt, lam, A, d, tc);
+    ssd_states(Sst, cum, x, Bm, dt, lam, A, d, tc, tw);
     if (tc) { ssd_tc_out(y, Sst, cum, x, Bm, Cm, dt, lam, A, Dsk, tw, d); return; }
     size_t smem = ssd_out_smem(d, 128);
     if (!mt_cuda_smem_opt_in(ssd_out_k, smem)) return;
@@ -1187,7 +1187,7 @@ static void ssd_backward(float *dx, __nv_bfloat16 *dxb, float *dBm, float *dCm, 
     /* S_in: the forward's when it kept them (the same kernels' values), else recomputed.
      * Only read from here on (the pointer's const is the forward's contract, cast away) */
     if (states) Sst = (float *)states;
-    else ssd_states(Sst, cum, x, Bm, dt, lam, A, d, tc);
+    else ssd_states(Sst, cum, x, Bm, dt, lam, A, d, tc, tw);
     if (tc) ssd_tc_dloc(dSo, cum, dy, Cm, tw, d);
     else if (d.nc > 1) {
         MT_LAUNCH(ssd_dloc_k, ssd_tile_grid((unsigned)(nbh * (d.nc - 1)), d), 256,
@@ -1489,14 +1489,15 @@ static struct ssd_twins ssd_bf16_twins(const mt_bf16 *Bh_b, const mt_bf16 *Ch_b)
     return ssd_twins{(const __nv_bfloat16 *)Bh_b, (const __nv_bfloat16 *)Ch_b};
 }
 
-/* ldx != H P (x, dx in the mixer's proj rows), a bf16 dx and Cm NULL (C's
- * twin alone): the tensor-core path only (mt_ops.h); elsewhere refused,
- * nothing written */
-static int scan_ldx_ok(int tc, int ldx, int H, int P, const mt_bf16 *dx_b, const float *Cm, const mt_bf16 *Ch_b)
+/* ldx != H P (x, dx in the mixer's proj rows), a bf16 dx and Bm or Cm NULL
+ * (their twins alone): the tensor-core path only (mt_ops.h); elsewhere
+ * refused, nothing written */
+static int scan_ldx_ok(int tc, int ldx, int H, int P, const mt_bf16 *dx_b, const float *Bm, const float *Cm,
+                       struct ssd_twins tw)
 {
-    if (!Cm && !(tc && Ch_b))
+    if ((!Bm && !(tc && tw.B)) || (!Cm && !(tc && tw.C)))
         return mt_cuda_record(MT_ERR_UNSUPPORTED, "ssm_scan_*_bf16",
-                              "Cm NULL without Ch_b or where the chunked products do not run on tensor cores",
+                              "Bm or Cm NULL without its twin or where the chunked products do not run on tensor cores",
                               __FILE__, __LINE__);
     if (!tc && dx_b)
         return mt_cuda_record(MT_ERR_UNSUPPORTED, "ssm_scan_backward_bf16",
@@ -1516,7 +1517,7 @@ extern "C" void mt_cuda_ssm_scan_forward_bf16(void *be, float *y, const float *x
     if (B * H == 0 || T == 0) return;
     struct ssd_dims d = ssd_dims_make(B, T, H, P, N, chunk > 0 ? chunk : 1);   /* (chunk <= 0: not used) */
     const int tc = scan_tc_pick(d, chunk);
-    if (!scan_ldx_ok(tc, ldx, H, P, NULL, Cm, Ch_b)) return;
+    if (!scan_ldx_ok(tc, ldx, H, P, NULL, Bm, Cm, ssd_bf16_twins(Bh_b, Ch_b))) return;
     if (!tc) {
         mt_cuda_ssm_scan_forward(be, y, x, Bm, Cm, dt, lam, A, Dsk, B, T, H, P, N, chunk);
         return;
@@ -1536,7 +1537,7 @@ extern "C" void mt_cuda_ssm_scan_backward_bf16(void *be, float *dx, float *dBm, 
     if (B * H == 0 || T == 0) return;
     struct ssd_dims d = ssd_dims_make(B, T, H, P, N, chunk > 0 ? chunk : 1);   /* (chunk <= 0: not used) */
     const int tc = scan_tc_pick(d, chunk);
-    if (!scan_ldx_ok(tc, ldx, H, P, dx_b, Cm, Ch_b)) return;
+    if (!scan_ldx_ok(tc, ldx, H, P, dx_b, Bm, Cm, ssd_bf16_twins(Bh_b, Ch_b))) return;
     if (!tc) {
         mt_cuda_ssm_scan_backward(be, dx, dBm, dCm, ddt, dlam, dA, dDsk, dy, x, Bm, Cm, dt, lam, A, Dsk, B, T, H, P,
                                   N, chunk);
@@ -1667,10 +1668,12 @@ static __device__ __forceinline__ void prep_put_pair(float *o, __nv_bfloat16 *ob
 }
 
 /* One block per row n = (b, t), threads over its columns; the angles wait in
- * Bh's first N/2 slots of every head (ang_scan_k). Block 0 also writes A.
- * Bhb, Chb: NULL, or Bh, Ch's bf16 twins (the bf16 scan's operands); Ch
- * NULL (with Chb): the twin alone */
-static __global__ void prep_rows_k(float *x, float *Bh, float *Ch, __nv_bfloat16 *Bhb, __nv_bfloat16 *Chb, float *dt,
+ * angs, pair k of row r = n H + h at angs[r ahs + k] (ang_scan_k): Bh's first
+ * N/2 slots of every head (ahs = N), or a workspace (ahs = N/2) where Bh is
+ * NULL. Block 0 also writes A. Bhb, Chb: NULL, or Bh, Ch's bf16 twins (the
+ * bf16 scan's operands); Bh or Ch NULL (with its twin): the twin alone */
+static __global__ void prep_rows_k(const float *angs, int ahs, float *x, float *Bh, float *Ch, __nv_bfloat16 *Bhb,
+                                   __nv_bfloat16 *Chb, float *dt,
                                    float *lam, float *A, float *rstd, const float *proj, const float *dt_bias,
                                    const float *A_log, const float *gB, const float *gC, const float *B_bias,
                                    const float *C_bias, int nrow, int H, int P, int G, int N, float eps)
@@ -1707,7 +1710,7 @@ static __global__ void prep_rows_k(float *x, float *Bh, float *Ch, __nv_bfloat16
         int h = j / half, k = j % half, g = h / hpg;
         size_t r = n * H + h;
         const float *br = row + oB + (size_t)g * N, *cr = row + oC + (size_t)g * N;
-        float ang = Bh[r * N + k], c = cosf(ang), s = sinf(ang), o1, o2;
+        float ang = angs[r * ahs + k], c = cosf(ang), s = sinf(ang), o1, o2;
         prep_rot(&o1, &o2, br, rs[g], gB, B_bias + (size_t)h * N, k, half, c, s);
         prep_put_pair(Bh, Bhb, r * N + k, r * N + k + half, o1, o2);
         prep_rot(&o1, &o2, cr, rs[G + g], gC, C_bias + (size_t)h * N, k, half, c, s);
@@ -1733,17 +1736,22 @@ extern "C" void mt_cuda_ssm_prep_forward(void *be, float *x, float *Bh, float *C
                                          mt_bf16 *Bh_b, mt_bf16 *Ch_b)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
-    if (!Ch && !Ch_b) {
-        mt_cuda_record(MT_ERR_INVALID_ARG, "ssm_prep_forward", "Ch NULL without its bf16 twin Ch_b", __FILE__, __LINE__);
+    if ((!Bh && !Bh_b) || (!Ch && !Ch_b)) {
+        mt_cuda_record(MT_ERR_INVALID_ARG, "ssm_prep_forward", "Bh or Ch NULL without its bf16 twin", __FILE__,
+                       __LINE__);
         return;
     }
     int half = N / 2, E = H * P, GN = G * N;
     const size_t W = 2 * (size_t)E + 2 * (size_t)GN + H + (size_t)H * half + H, oth = 2 * (size_t)E + 2 * (size_t)GN + H;
+    /* the angles: in Bh's slots, or (Bh NULL: its twin alone) in the workspace */
+    const int ahs = Bh ? N : half;
+    float *angs = Bh ? Bh : (float *)mt_cuda_workspace(((size_t)B * T * H * half + 1) * sizeof(float));
+    if (!angs) return;
     if (B * T > 0 && half > 0)
-        ang_scan(Bh, NULL, (size_t)H * N, N, proj + oth, W, half, ang_state, B, T, H, half, 0);
+        ang_scan(angs, NULL, (size_t)H * ahs, ahs, proj + oth, W, half, ang_state, B, T, H, half, 0);
     unsigned nb = B * T > 0 ? (unsigned)(B * T) : 1u;
     MT_LAUNCH(prep_rows_k, nb, PREP_THREADS, PREP_THREADS * sizeof(double) + 2 * (size_t)G * sizeof(float))(
-        x, Bh, Ch, (__nv_bfloat16 *)Bh_b, (__nv_bfloat16 *)Ch_b, dt, lam, A, rstd, proj, dt_bias, A_log, gB, gC, B_bias,
+        angs, ahs, x, Bh, Ch, (__nv_bfloat16 *)Bh_b, (__nv_bfloat16 *)Ch_b, dt, lam, A, rstd, proj, dt_bias, A_log, gB, gC, B_bias,
         C_bias, B * T, H, P, G, N, eps);
     MT_CUDA_KCHECK();
 }
