@@ -734,14 +734,14 @@ static void glue_run(const struct mt_ops_i *ops, struct glue_io *io)
     float *dt = up(ops, io->ddt, nd_), *lam = up(ops, io->dlam, nd_), *A = up(ops, io->dA, H);
     float *rstd = up(ops, io->ddt, (size_t)n * 2 * G);
     ops->ssm_prep_forward(ops->be, x, Bh, Ch, dt, lam, A, rstd, NULL, proj, dtb, Alog, gB, gC, Bb, Cb, io->B, io->T, H, io->P, G,
-                          N, 1e-5f, NULL, NULL);
+                          N, 1e-5f, NULL, NULL, NULL);
     float *dx = up(ops, io->dx, nx_), *dBh = up(ops, io->dBh, nb_), *dCh = up(ops, io->dCh, nb_);
     float *ddt = up(ops, io->ddt, nd_), *dlam = up(ops, io->dlam, nd_), *dA = up(ops, io->dA, H);
     float *dproj = up(ops, io->proj, (size_t)n * W);   /* every column overwritten below */
     float *gz = up(ops, io->dtb, H), *gl = up(ops, io->Alog, H), *ggB = up(ops, io->gB, N), *ggC = up(ops, io->gC, N);
     float *gBb = up(ops, io->Bb, (size_t)H * N), *gCb = up(ops, io->Cb, (size_t)H * N);
     ops->ssm_prep_backward(ops->be, dproj, gz, gl, ggB, ggC, gBb, gCb, dx, dBh, dCh, ddt, dlam, dA, Bb, Cb, lam, A, rstd,
-                           proj, dtb, gB, gC, io->B, io->T, H, io->P, G, N, 1e-5f);
+                           proj, dtb, gB, gC, io->B, io->T, H, io->P, G, N, 1e-5f, NULL);
     float *ys = up(ops, io->ys, nx_), *yn = up(ops, io->ys, nx_), *ro = up(ops, io->ys, (size_t)n * G);
     float *dyn = up(ops, io->dyn, nx_), *dys = up(ops, io->ys, nx_), *ggo = up(ops, io->gout, E);
     ops->ssm_gate_norm_forward(ops->be, yn, ro, ys, proj, W, gout, n, E, G, 1e-5f);
@@ -764,6 +764,7 @@ static void glue_run(const struct mt_ops_i *ops, struct glue_io *io)
 /* ssm_prep_forward with x NULL (not written) and ssm_prep_backward with dx
  * NULL (dproj's xs columns hold dx already: the bf16 scan with ldx = W
  * wrote them): every other output the bits of the runs with x, dx given */
+/* (v = 1 also: the forward keeps its angles, ang_out, and the backward takes them, ang) */
 static void test_prep_null(int B, int T, int H, int P, int G, int N)
 {
     const struct mt_ops_i *ops = g_ops;
@@ -778,13 +779,13 @@ static void test_prep_null(int B, int T, int H, int P, int G, int N)
     /* v = 1 also asks for Bh, Ch's bf16 twins: bf16 of run 0's fp32 Bh, Ch, bit for bit;
      * and passes Bh, Ch NULL (the twins alone, mt_ops.h): their buffers untouched */
     mt_bf16 *tw[2] = {dev_bf16(nb_, BF16_SENTINEL), dev_bf16(nb_, BF16_SENTINEL)};
-    for (int v = 0; v < 2; v++) {   /* v = 1: x and dx NULL */
+    for (int v = 0; v < 2; v++) {   /* v = 1: x and dx NULL; the angles kept by the forward (ang_out), taken by the backward */
         f[v][0] = up(ops, hg, nx_); f[v][1] = up(ops, hg, nb_); f[v][2] = up(ops, hg, nb_);
         f[v][3] = up(ops, hg, nd_); f[v][4] = up(ops, hg, nd_); f[v][5] = up(ops, hg, (size_t)n * 2 * G);
-        float *A = up(ops, hv, H);
+        float *A = up(ops, hv, H), *ang = v ? up(ops, hg, (size_t)n * H * (N / 2)) : NULL;
         ops->ssm_prep_forward(ops->be, v ? NULL : f[v][0], v ? NULL : f[v][1], v ? NULL : f[v][2], f[v][3], f[v][4], A,
-                              f[v][5], NULL, proj,
-                              vH, vH, vN, vN, vHN, vHN, B, T, H, P, G, N, 1e-5f, v ? tw[0] : NULL, v ? tw[1] : NULL);
+                              f[v][5], NULL, proj, vH, vH, vN, vN, vHN, vHN, B, T, H, P, G, N, 1e-5f,
+                              v ? tw[0] : NULL, v ? tw[1] : NULL, ang);
         dproj[v] = up(ops, hp, nw);
         float *dx = up(ops, hg, nx_);
         if (v)   /* what the scan would have written: dx in the xs columns */
@@ -795,9 +796,10 @@ static void test_prep_null(int B, int T, int H, int P, int G, int N)
         float *gdl = up(ops, hg + 3, nd_), *gA = up(ops, hv + 1, H);
         ops->ssm_prep_backward(ops->be, dproj[v], par[v][0], par[v][1], par[v][2], par[v][3], par[v][4], par[v][5],
                                v ? NULL : dx, gBh, gCh, gdt, gdl, gA, vHN, vHN, f[v][4], A, f[v][5], proj, vH,
-                               vN, vN, B, T, H, P, G, N, 1e-5f);
+                               vN, vN, B, T, H, P, G, N, 1e-5f, ang);
         float *tmp[] = {dx, A, gBh, gCh, gdt, gdl, gA};
         for (size_t k = 0; k < sizeof(tmp) / sizeof(tmp[0]); k++) ops->buf_free(ops->be, &g_ctx, tmp[k]);
+        if (ang) ops->buf_free(ops->be, &g_ctx, ang);
     }
     int same = 1;
     for (int k = 1; k < 6; k++) {
@@ -836,7 +838,7 @@ static void test_prep_null(int B, int T, int H, int P, int G, int N)
         same &= memcmp(p0, p1, len * sizeof(float)) == 0;
         free(p0); free(p1);
     }
-    check(same, "prep backward, dx NULL (in dproj already): dproj and the parameter gradients' bits", tag,
+    check(same, "prep backward, dx NULL (in dproj already), the forward's angles: dproj and the parameter gradients' bits", tag,
           same ? 0.0 : 1.0, 0);
     for (int v = 0; v < 2; v++) {
         for (int k = 0; k < 6; k++) ops->buf_free(ops->be, &g_ctx, f[v][k]);
@@ -865,7 +867,7 @@ static void test_prep_bf16(int B, int T, int H, int P, int G, int N)
     float *gBh = up(ops, hg + 1, nb_), *gCh = up(ops, hg + 2, nb_), *gdt = up(ops, hg + 3, nd_);
     float *gdl = up(ops, hg + 4, nd_), *gA = up(ops, hv + 1, H);
     ops->ssm_prep_forward(ops->be, NULL, Bh, Ch, dt, lam, A, rstd, NULL, proj, vH, vH, vN, vN, vHN, vHN, B, T, H, P,
-                          G, N, 1e-5f, NULL, NULL);
+                          G, N, 1e-5f, NULL, NULL, NULL);
     for (int withdx = 0; withdx < 2; withdx++) {
         char tag[64];
         snprintf(tag, sizeof tag, "%s T=%d dx %s", ops->name, T, withdx ? "given" : "NULL");
@@ -877,11 +879,11 @@ static void test_prep_bf16(int B, int T, int H, int P, int G, int N)
             if (v)
                 ops->ssm_prep_backward_bf16(ops->be, pb, dproj[v], par[v][0], par[v][1], par[v][2], par[v][3],
                                             par[v][4], par[v][5], withdx ? dx : NULL, gBh, gCh, gdt, gdl, gA, vHN,
-                                            vHN, lam, A, rstd, proj, vH, vN, vN, B, T, H, P, G, N, 1e-5f);
+                                            vHN, lam, A, rstd, proj, vH, vN, vN, B, T, H, P, G, N, 1e-5f, NULL);
             else
                 ops->ssm_prep_backward(ops->be, dproj[v], par[v][0], par[v][1], par[v][2], par[v][3], par[v][4],
                                        par[v][5], withdx ? dx : NULL, gBh, gCh, gdt, gdl, gA, vHN, vHN, lam, A, rstd,
-                                       proj, vH, vN, vN, B, T, H, P, G, N, 1e-5f);
+                                       proj, vH, vN, vN, B, T, H, P, G, N, 1e-5f, NULL);
         }
         float *d0 = to_host(dproj[0], nw);
         uint16_t *hb = bf16_to_host(pb, nw);
@@ -1238,7 +1240,7 @@ static void test_decode(const struct inputs *in)
     float *odt = dev_zero((size_t)n * H), *olam = dev_zero((size_t)n * H), *oA = dev_zero(H);
     float *orstd = dev_zero((size_t)n * 2 * G), *ang = dev_zero((size_t)B * H * N / 2);
     g_ops->ssm_prep_forward(g_ops->be, ox, oB, oC, odt, olam, oA, orstd, NULL, pj, pdtb, pAl, pgB, pgC, pBb, pCb, B, T, H, P, G,
-                            N, 1e-5f, NULL, NULL);
+                            N, 1e-5f, NULL, NULL, NULL);
     float *fullB = to_host(oB, (size_t)n * H * N), *fullC = to_host(oC, (size_t)n * H * N);
     float *row = falloc((size_t)B * W);
     float *prow = dev_zero((size_t)B * W);
@@ -1247,7 +1249,7 @@ static void test_decode(const struct inputs *in)
         for (int b = 0; b < B; b++) memcpy(row + (size_t)b * W, proj + ((size_t)b * T + t) * W, (size_t)W * sizeof(float));
         g_ops->copy_from_host(g_ops->be, prow, row, (size_t)B * W * sizeof(float));
         g_ops->ssm_prep_forward(g_ops->be, ox, oB, oC, odt, olam, oA, orstd, ang, prow, pdtb, pAl, pgB, pgC, pBb, pCb, B, 1, H, P,
-                                G, N, 1e-5f, NULL, NULL);
+                                G, N, 1e-5f, NULL, NULL, NULL);
         float *sB = to_host(oB, (size_t)B * H * N), *sC = to_host(oC, (size_t)B * H * N);
         for (int b = 0; b < B; b++)
             for (int k = 0; k < H * N; k++) {

@@ -216,7 +216,8 @@ static double mamba_extra(const struct mt_block_shape *sh)
  *     dt, lam (E + 2 HN + 2 H; the tensor-core scan's shapes: + Bh, Ch's bf16
  *     twins, HN, and no fp32 Bh, Ch, - 2 HN); the residual add (3 D); dy and dproj rounded
  *     (1.5 D, 1.5 W; dproj not where its producers write it as bf16, below);
- *     prep backward: two angle scans (2 HN), the row pass
+ *     prep backward: two angle scans (2 HN; one, HN, on the tensor-core scan's
+ *     shapes, where the forward keeps its angles), the row pass
  *     (reads dx, ddt, dlam, lam, dt, theta, dBh, dCh, B, C: E + 4 H + 2.5 HN +
  *     2 G N; Bh, Ch recomputed from B, C, rstd, the gains and the cached biases,
  *     not read; writes dx, dt, lam, theta, dB, dC: E + 2 H + 0.5 HN +
@@ -263,7 +264,9 @@ static void mamba_work_bf16(const struct mt_block_shape *sh, int rc, struct mt_w
     const double dpb = S > 0 ? 1.0 : 0.0;
     /* the tensor-core shapes: + the B, C twins (HN), - the fp32 Bh, Ch (2 HN; the scan reads the twins alone) */
     const double prep_f = xcopy + (S > 0 ? 2.5 : 3.5) * HN + 2.0 * GN + 4.0 * H;
-    const double prep_b = xcopy + 5.0 * HN + 4.0 * GN + 7.0 * H - dpb * (0.25 * HN + GN);
+    /* ... and the forward keeps its angles for the prep's backward there (in a->Bh, which the
+     * tensor-core shapes leave free): one angle scan less (HN) */
+    const double prep_b = xcopy + (S > 0 ? 4.0 : 5.0) * HN + 4.0 * GN + 7.0 * H - dpb * (0.25 * HN + GN);
     double scan_f = 2.0 * E + 2.0 * HN + 2.0 * H, scan_b = 3.0 * E + 4.0 * HN + 4.0 * H;
     if (S > 0) {
         const double HQ = H * (double)(chunk < T ? chunk : T);

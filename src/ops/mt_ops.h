@@ -406,12 +406,16 @@ struct mt_ops_i {
      *   operand twins (ssm_scan_*_bf16). Bh or Ch NULL with its twin given:
      *   the twin alone (the bf16 scan on its tensor-core shapes reads no fp32
      *   B, C; cuda refuses an array and its twin both NULL, MT_ERR_INVALID_ARG).
+     *   ang_out: NULL, or (B*T, H, N/2) floats where the angles (the cumsum)
+     *   are left for ssm_prep_backward's ang.
      * prep_backward: dproj (=) on every column but z's (dx NULL: nor xs's, which
      *   then hold dx already: the bf16 scan wrote them, ldx = W); ddt_bias, dA_log, dgB,
      *   dgC, dB_bias, dC_bias (+=). dA is the scan's dA. B_bias, C_bias: the
      *   forward's biases; the backward recomputes Bh, Ch (for the angles'
      *   gradient) from them, proj's raw B, C, rstd and the gains, the same bits
      *   as the forward's (a read of 2 H N floats a row less than taking them).
+     *   ang: NULL (the angles recomputed: one more cumsum over the sequence),
+     *   or the forward's ang_out of the same inputs (the same bits).
      * gate_norm: out (n,E) = rmsnorm over each of G groups of (y silu(z)) * w,
      *   z and dz with row stride ldz; rstd (n,G). backward: dy, dz (=), dw (+=). */
     void (*ssm_prep_forward)(void *be, float *x, float *Bh, float *Ch, float *dt, float *lam, float *A,
@@ -419,14 +423,14 @@ struct mt_ops_i {
                              const float *A_log, const float *gB, const float *gC,
                              const float *B_bias, const float *C_bias,
                              int B, int T, int H, int P, int G, int N, float eps, mt_bf16 *Bh_b,
-                             mt_bf16 *Ch_b);
+                             mt_bf16 *Ch_b, float *ang_out);
     void (*ssm_prep_backward)(void *be, float *dproj, float *ddt_bias, float *dA_log, float *dgB, float *dgC,
                               float *dB_bias, float *dC_bias, const float *dx, const float *dBh,
                               const float *dCh, const float *ddt, const float *dlam, const float *dA,
                               const float *B_bias, const float *C_bias, const float *lam, const float *A,
                               const float *rstd, const float *proj, const float *dt_bias,
                               const float *gB, const float *gC, int B, int T, int H, int P, int G,
-                              int N, float eps);
+                              int N, float eps, const float *ang);
     void (*ssm_gate_norm_forward)(void *be, float *out, float *rstd, const float *y, const float *z, int ldz,
                                   const float *w, int n, int E, int G, float eps);
     void (*ssm_gate_norm_backward)(void *be, float *dy, float *dz, float *dw, const float *dout, const float *y,
@@ -912,7 +916,7 @@ struct mt_ops_i {
                                      const float *dA, const float *B_bias, const float *C_bias, const float *lam,
                                      const float *A, const float *rstd, const float *proj, const float *dt_bias,
                                      const float *gB, const float *gC, int B, int T, int H, int P, int G, int N,
-                                     float eps);
+                                     float eps, const float *ang);
 };
 
 /* Tensors per launch of the multi-tensor entries (their kernel-argument lists). */

@@ -256,14 +256,14 @@ void mt_cpu_ssm_scan_step(float *y, float *S, float *xprev, float *Bprev, const 
 void mt_cpu_ssm_prep_forward(float *x, float *Bh, float *Ch, float *dt, float *lam, float *A,
                              float *rstd, float *ang_state, const float *proj, const float *dt_bias, const float *A_log,
                              const float *gB, const float *gC, const float *B_bias, const float *C_bias,
-                             int B, int T, int H, int P, int G, int N, float eps);
+                             int B, int T, int H, int P, int G, int N, float eps, float *ang_out);
 void mt_cpu_ssm_prep_backward(float *dproj, float *ddt_bias, float *dA_log, float *dgB, float *dgC,
                               float *dB_bias, float *dC_bias, const float *dx, const float *dBh,
                               const float *dCh, const float *ddt, const float *dlam, const float *dA,
                               const float *B_bias, const float *C_bias, const float *lam, const float *A,
                               const float *rstd, const float *proj, const float *dt_bias,
                               const float *gB, const float *gC, int B, int T, int H, int P, int G,
-                              int N, float eps);
+                              int N, float eps, const float *ang);
 /* ... and out_b = bf16(out) (NULL: none); out NULL: not stored */
 void mt_cpu_ssm_gate_norm_forward_bf16(float *out, uint16_t *out_b, float *rstd, const float *y, const float *z,
                                        int ldz, const float *w, int n, int E, int G, float eps);

@@ -549,7 +549,8 @@ static void p_ssm_scan_backward(void *be, float *dx, float *dBm, float *dCm, flo
 static void p_ssm_prep_forward(void *be, float *x, float *Bh, float *Ch, float *dt, float *lam, float *A, float *rstd,
                                float *ang_state, const float *proj, const float *dt_bias, const float *A_log,
                                const float *gB, const float *gC, const float *B_bias, const float *C_bias, int B,
-                               int T, int H, int P, int G, int N, float eps, mt_bf16 *Bh_b, mt_bf16 *Ch_b)
+                               int T, int H, int P, int G, int N, float eps, mt_bf16 *Bh_b, mt_bf16 *Ch_b,
+                               float *ang_out)
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
     const size_t nbc = (size_t)B * T * H * N;
@@ -557,7 +558,7 @@ static void p_ssm_prep_forward(void *be, float *x, float *Bh, float *Ch, float *
     float *Bw = Bh ? Bh : malloc((nbc ? nbc : 1) * sizeof(float)), *Cw = Ch ? Ch : malloc((nbc ? nbc : 1) * sizeof(float));
     MT_ASSERT(Bw && Cw);
     PROF(MT_OPK_ELEMENTWISE, mt_cpu_ssm_prep_forward(x, Bw, Cw, dt, lam, A, rstd, ang_state, proj, dt_bias, A_log,
-                                                     gB, gC, B_bias, C_bias, B, T, H, P, G, N, eps);
+                                                     gB, gC, B_bias, C_bias, B, T, H, P, G, N, eps, ang_out);
          if (Bh_b) mt_cpu_cast_bf16((uint16_t *)Bh_b, Bw, nbc);
          if (Ch_b) mt_cpu_cast_bf16((uint16_t *)Ch_b, Cw, nbc));
     if (Bw != Bh) free(Bw);
@@ -568,12 +569,12 @@ static void p_ssm_prep_backward(void *be, float *dproj, float *ddt_bias, float *
                                 const float *ddt, const float *dlam, const float *dA, const float *B_bias,
                                 const float *C_bias, const float *lam, const float *A, const float *rstd,
                                 const float *proj, const float *dt_bias, const float *gB, const float *gC, int B,
-                                int T, int H, int P, int G, int N, float eps)
+                                int T, int H, int P, int G, int N, float eps, const float *ang)
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_ELEMENTWISE,
          mt_cpu_ssm_prep_backward(dproj, ddt_bias, dA_log, dgB, dgC, dB_bias, dC_bias, dx, dBh, dCh, ddt, dlam, dA,
-                                  B_bias, C_bias, lam, A, rstd, proj, dt_bias, gB, gC, B, T, H, P, G, N, eps));
+                                  B_bias, C_bias, lam, A, rstd, proj, dt_bias, gB, gC, B, T, H, P, G, N, eps, ang));
 }
 static void p_ssm_gate_norm_forward(void *be, float *out, float *rstd, const float *y, const float *z, int ldz,
                                     const float *w, int n, int E, int G, float eps)

@@ -51,7 +51,7 @@ static inline void norm_rotate(float *o, float *bn, float *ub, const float *raw,
 void mt_cpu_ssm_prep_forward(float *x, float *Bh, float *Ch, float *dt, float *lam, float *A,
                              float *rstd, float *ang_state, const float *proj, const float *dt_bias, const float *A_log,
                              const float *gB, const float *gC, const float *B_bias, const float *C_bias,
-                             int B, int T, int H, int P, int G, int N, float eps)
+                             int B, int T, int H, int P, int G, int N, float eps, float *ang_out)
 {
     const int E = H * P, GN = G * N, half = N / 2, hpg = H / G;
     const size_t W = 2 * (size_t)E + 2 * (size_t)GN + (size_t)H + (size_t)H * half + (size_t)H;
@@ -86,6 +86,7 @@ void mt_cpu_ssm_prep_forward(float *x, float *Bh, float *Ch, float *dt, float *l
                 lam[r] = sigmoidf_(row[olam + h]);
                 const float *th = row + oth + (size_t)h * half;
                 for (int k = 0; k < half; k++) { ang[k] += th[k]; cs[k] = cosf(ang[k]); sn[k] = sinf(ang[k]); }
+                if (ang_out) memcpy(ang_out + r * half, ang, (size_t)half * sizeof(float));
                 norm_rotate(Bh + r * N, bn, ub, br, rb, gB, B_bias + (size_t)h * N, cs, sn, N);
                 norm_rotate(Ch + r * N, bn, ub, cr, rc, gC, C_bias + (size_t)h * N, cs, sn, N);
             }
@@ -114,7 +115,7 @@ void mt_cpu_ssm_prep_backward(float *dproj, float *ddt_bias, float *dA_log, floa
                               const float *B_bias, const float *C_bias, const float *lam, const float *A,
                               const float *rstd, const float *proj, const float *dt_bias,
                               const float *gB, const float *gC, int B, int T, int H, int P, int G,
-                              int N, float eps)
+                              int N, float eps, const float *ang_in)
 {
     const int E = H * P, GN = G * N, half = N / 2, hpg = H / G;
     const size_t W = 2 * (size_t)E + 2 * (size_t)GN + (size_t)H + (size_t)H * half + (size_t)H;
@@ -151,9 +152,11 @@ void mt_cpu_ssm_prep_backward(float *dproj, float *ddt_bias, float *dA_log, floa
                     drow[odt + h] = gdt;
                     p_dtb[h] += gdt;
                     drow[olam + h] = dlam[r] * lam[r] * (1.0f - lam[r]);
-                    float *a = ang + (size_t)j * half, *dth = drow + oth + (size_t)h * half;
-                    const float *th = row + oth + (size_t)h * half;
-                    for (int k = 0; k < half; k++) { a[k] += th[k]; cs[k] = cosf(a[k]); sn[k] = sinf(a[k]); dth[k] = 0.0f; }
+                    float *run = ang + (size_t)j * half, *dth = drow + oth + (size_t)h * half;
+                    const float *th = row + oth + (size_t)h * half, *a = run;
+                    if (ang_in) a = ang_in + r * half;   /* the forward's angles */
+                    else for (int k = 0; k < half; k++) run[k] += th[k];
+                    for (int k = 0; k < half; k++) { cs[k] = cosf(a[k]); sn[k] = sinf(a[k]); dth[k] = 0.0f; }
                     for (int pass = 0; pass < 2; pass++) {
                         const float *dO = (pass ? dCh : dBh) + r * N;
                         norm_rotate(o, bn, ub, row + (pass ? oC : oB) + (size_t)g * N,

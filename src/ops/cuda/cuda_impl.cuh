@@ -764,21 +764,22 @@ void mt_cuda_ssm_scan_step(void *be, float *y, float *S, float *xprev, float *Bp
 void mt_cuda_ssm_prep_forward(void *be, float *x, float *Bh, float *Ch, float *dt, float *lam, float *A,
                               float *rstd, float *ang_state, const float *proj, const float *dt_bias, const float *A_log,
                               const float *gB, const float *gC, const float *B_bias, const float *C_bias,
-                              int B, int T, int H, int P, int G, int N, float eps, mt_bf16 *Bh_b, mt_bf16 *Ch_b);
+                              int B, int T, int H, int P, int G, int N, float eps, mt_bf16 *Bh_b, mt_bf16 *Ch_b,
+                              float *ang_out);
 void mt_cuda_ssm_prep_backward(void *be, float *dproj, float *ddt_bias, float *dA_log, float *dgB, float *dgC,
                                float *dB_bias, float *dC_bias, const float *dx, const float *dBh,
                                const float *dCh, const float *ddt, const float *dlam, const float *dA,
                                const float *B_bias, const float *C_bias, const float *lam, const float *A,
                                const float *rstd, const float *proj, const float *dt_bias,
                                const float *gB, const float *gC, int B, int T, int H, int P, int G,
-                               int N, float eps);
+                               int N, float eps, const float *ang);
 void mt_cuda_ssm_prep_backward_bf16(void *be, mt_bf16 *dproj_b, float *dproj, float *ddt_bias, float *dA_log,
                                     float *dgB, float *dgC, float *dB_bias, float *dC_bias, const float *dx,
                                     const float *dBh, const float *dCh, const float *ddt, const float *dlam,
                                     const float *dA, const float *B_bias, const float *C_bias, const float *lam,
                                     const float *A, const float *rstd, const float *proj, const float *dt_bias,
                                     const float *gB, const float *gC, int B, int T, int H, int P, int G, int N,
-                                    float eps);
+                                    float eps, const float *ang);
 void mt_cuda_ssm_gate_norm_forward(void *be, float *out, float *rstd, const float *y, const float *z, int ldz,
                                    const float *w, int n, int E, int G, float eps);
 void mt_cuda_ssm_gate_norm_backward(void *be, float *dy, float *dz, float *dw, const float *dout, const float *y,

@@ -1733,7 +1733,7 @@ extern "C" void mt_cuda_ssm_prep_forward(void *be, float *x, float *Bh, float *C
                                          float *rstd, float *ang_state, const float *proj, const float *dt_bias, const float *A_log,
                                          const float *gB, const float *gC, const float *B_bias,
                                          const float *C_bias, int B, int T, int H, int P, int G, int N, float eps,
-                                         mt_bf16 *Bh_b, mt_bf16 *Ch_b)
+                                         mt_bf16 *Bh_b, mt_bf16 *Ch_b, float *ang_out)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if ((!Bh && !Bh_b) || (!Ch && !Ch_b)) {
@@ -1743,9 +1743,12 @@ extern "C" void mt_cuda_ssm_prep_forward(void *be, float *x, float *Bh, float *C
     }
     int half = N / 2, E = H * P, GN = G * N;
     const size_t W = 2 * (size_t)E + 2 * (size_t)GN + H + (size_t)H * half + H, oth = 2 * (size_t)E + 2 * (size_t)GN + H;
-    /* the angles: in Bh's slots, or (Bh NULL: its twin alone) in the workspace */
-    const int ahs = Bh ? N : half;
-    float *angs = Bh ? Bh : (float *)mt_cuda_workspace(((size_t)B * T * H * half + 1) * sizeof(float));
+    /* the angles: in ang_out (kept for the backward), Bh's slots, or (Bh NULL: its twin
+     * alone) the workspace */
+    const int ahs = Bh && !ang_out ? N : half;
+    float *angs = ang_out ? ang_out
+                 : Bh     ? Bh
+                          : (float *)mt_cuda_workspace(((size_t)B * T * H * half + 1) * sizeof(float));
     if (!angs) return;
     if (B * T > 0 && half > 0)
         ang_scan(angs, NULL, (size_t)H * ahs, ahs, proj + oth, W, half, ang_state, B, T, H, half, 0);
@@ -1759,8 +1762,9 @@ extern "C" void mt_cuda_ssm_prep_forward(void *be, float *x, float *Bh, float *C
 /* One block per row n = (b, t). Phase 1, threads over the row's columns: the
  * x, dt and lam columns of dproj; per pair (h, k) the rotation's inverse
  * u = R^T dO into du (B's, then C's: (rows, H, N) each) and dang into the
- * theta column, which holds the angles on entry. Phase 2 (after the block's
- * barrier: du of this row is written), per (B or C, group), threads over N:
+ * theta column, which holds the angles on entry (or ang holds them: the
+ * forward's, kept). Phase 2 (after the block's barrier: du of this row is
+ * written), per (B or C, group), threads over N:
  * dBn = the group's heads' du summed in head order; the rmsnorm backward
  * into dproj's B / C columns; dBn * xhat into gs (pass, rows, G, N). */
 /* PREP_RB rows a block of prep_bwd_row_k, in order: the B/C biases' and
@@ -1787,7 +1791,7 @@ static __global__ void prep_bwd_row_k(float *dproj, __nv_bfloat16 *dpb, float *d
                                       const float *dBh, const float *dCh, const float *ddt, const float *dlam,
                                       const float *B_bias, const float *C_bias, const float *lam, const float *rstd,
                                       const float *proj, const float *dt_bias, const float *gB, const float *gC,
-                                      int nrow, int H, int P, int G, int N)
+                                      const float *ang, int nrow, int H, int P, int G, int N)
 {
     MT_DYN_SMEM(double, dred);  /* blockDim doubles, then dn (N floats) */
     float *dn = (float *)(dred + blockDim.x);
@@ -1816,7 +1820,7 @@ static __global__ void prep_bwd_row_k(float *dproj, __nv_bfloat16 *dpb, float *d
             int h = j / half, k = j % half, g = h / hpg;
             size_t r = n * H + h;
             float *dth = drow + oth + j;
-            float a = *dth, c = cosf(a), s = sinf(a), dang = 0.0f;
+            float a = ang ? ang[r * half + k] : *dth, c = cosf(a), s = sinf(a), dang = 0.0f;
             for (int pass = 0; pass < 2; pass++) {
                 const float *dO = (pass ? dCh : dBh) + r * N;
                 const size_t at = (size_t)pass * HN + (size_t)h * N + k;
@@ -1906,7 +1910,7 @@ static void prep_backward(float *dproj, mt_bf16 *dproj_b, float *ddt_bias, float
                           const float *ddt, const float *dlam, const float *dA, const float *B_bias,
                           const float *C_bias, const float *lam, const float *A, const float *rstd, const float *proj,
                           const float *dt_bias, const float *gB, const float *gC, int B, int T, int H, int P, int G,
-                          int N)
+                          int N, const float *ang)
 {
     int nrow = B * T, half = N / 2, E = H * P, GN = G * N;
     const size_t W = 2 * (size_t)E + 2 * (size_t)GN + H + (size_t)H * half + H;
@@ -1921,11 +1925,11 @@ static void prep_backward(float *dproj, mt_bf16 *dproj_b, float *ddt_bias, float
     float *du = (float *)mt_cuda_workspace((nblk * (4 * HN + 2 * (size_t)N) + nrb * (size_t)H) * sizeof(float));
     if (!du) return;
     float *pu = du + nblk * 2 * HN, *pgs = pu + nblk * 2 * HN, *part = pgs + nblk * 2 * (size_t)N;
-    /* the angles (the forward's scan, bit-identical) into dproj's theta columns */
-    if (half > 0) ang_scan(dproj + oth, NULL, W, half, proj + oth, W, half, NULL, B, T, H, half, 0);
+    /* the angles: the forward's (ang), or its scan again (bit-identical) into dproj's theta columns */
+    if (half > 0 && !ang) ang_scan(dproj + oth, NULL, W, half, proj + oth, W, half, NULL, B, T, H, half, 0);
     MT_LAUNCH(prep_bwd_row_k, (unsigned)nblk, PREP_THREADS, PREP_THREADS * sizeof(double) + (size_t)N * sizeof(float))(
         dproj, (__nv_bfloat16 *)dproj_b, du, pu, pgs, dx, dBh, dCh, ddt, dlam, B_bias, C_bias, lam, rstd, proj, dt_bias, gB,
-        gC, nrow, H, P, G, N);
+        gC, ang, nrow, H, P, G, N);
     MT_CUDA_KCHECK();
     /* dtheta = reverse cumsum of dang over the sequence */
     if (half > 0)
@@ -1944,26 +1948,27 @@ extern "C" void mt_cuda_ssm_prep_backward(void *be, float *dproj, float *ddt_bia
                                           const float *B_bias, const float *C_bias, const float *lam, const float *A,
                                           const float *rstd, const float *proj, const float *dt_bias,
                                           const float *gB, const float *gC, int B, int T, int H, int P, int G,
-                                          int N, float eps)
+                                          int N, float eps, const float *ang)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     (void)eps;
-    prep_backward(dproj, NULL, ddt_bias, dA_log, dgB, dgC, dB_bias, dC_bias, dx, dBh, dCh, ddt, dlam, dA, B_bias, C_bias, lam,
-                  A, rstd, proj, dt_bias, gB, gC, B, T, H, P, G, N);
+    prep_backward(dproj, NULL, ddt_bias, dA_log, dgB, dgC, dB_bias, dC_bias, dx, dBh, dCh, ddt, dlam, dA, B_bias,
+                  C_bias, lam, A, rstd, proj, dt_bias, gB, gC, B, T, H, P, G, N, ang);
 }
 
 extern "C" void mt_cuda_ssm_prep_backward_bf16(void *be, mt_bf16 *dproj_b, float *dproj, float *ddt_bias,
                                                float *dA_log, float *dgB, float *dgC, float *dB_bias, float *dC_bias,
                                                const float *dx, const float *dBh, const float *dCh, const float *ddt,
                                                const float *dlam, const float *dA, const float *B_bias,
-                                               const float *C_bias, const float *lam, const float *A, const float *rstd, const float *proj,
-                                               const float *dt_bias, const float *gB, const float *gC, int B, int T,
-                                               int H, int P, int G, int N, float eps)
+                                               const float *C_bias, const float *lam, const float *A,
+                                               const float *rstd, const float *proj, const float *dt_bias,
+                                               const float *gB, const float *gC, int B, int T, int H, int P, int G,
+                                               int N, float eps, const float *ang)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     (void)eps;
-    prep_backward(dproj, dproj_b, ddt_bias, dA_log, dgB, dgC, dB_bias, dC_bias, dx, dBh, dCh, ddt, dlam, dA, B_bias, C_bias,
-                  lam, A, rstd, proj, dt_bias, gB, gC, B, T, H, P, G, N);
+    prep_backward(dproj, dproj_b, ddt_bias, dA_log, dgB, dgC, dB_bias, dC_bias, dx, dBh, dCh, ddt, dlam, dA, B_bias,
+                  C_bias, lam, A, rstd, proj, dt_bias, gB, gC, B, T, H, P, G, N, ang);
 }
 
 /* ---------------- gated grouped RMSNorm ----------------
