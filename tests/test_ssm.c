@@ -1365,6 +1365,28 @@ static void test_bf16_ldx_refused(void)
               "T=20 chunk=0", kept ? 0.0 : 1.0, 0);
     }
     g_ops->buf_free(g_ops->be, &g_ctx, tb); g_ops->buf_free(g_ops->be, &g_ctx, tc);
+    /* ssm_prep_forward with Bh and its twin both NULL (cuda: MT_ERR_INVALID_ARG): dt,
+     * its first output row, not written (T 20, H 2, P 4, G 1, N 6: W = 38) */
+    if (strcmp(g_ops->name, "cpu") != 0) {
+        float *hp = falloc(20 * 38), *hdt = falloc(40);
+        for (int i = 0; i < 20 * 38; i++) hp[i] = 0.5f;
+        for (int i = 0; i < 40; i++) hdt[i] = 7.0f;
+        float *pj = dev_zero(20 * 38), *pdt = dev_zero(40), *o[5], *par = dev_zero(64);
+        for (int k = 0; k < 5; k++) o[k] = dev_zero(20 * 12);
+        g_ops->copy_from_host(g_ops->be, pj, hp, 20 * 38 * sizeof(float));
+        g_ops->copy_from_host(g_ops->be, par, hp, 64 * sizeof(float));
+        g_ops->copy_from_host(g_ops->be, pdt, hdt, 40 * sizeof(float));
+        g_ops->ssm_prep_forward(g_ops->be, o[0], NULL, o[1], pdt, o[2], o[3], o[4], NULL, pj, par, par, par, par, par,
+                                par, 1, 20, 2, 4, 1, 6, 1e-5f, NULL, NULL, NULL);
+        float *back = to_host(pdt, 40);
+        const int untouched = memcmp(back, hdt, 40 * sizeof(float)) == 0;
+        check(untouched, "ssm_prep_forward Bh and Bh_b NULL: refused, nothing written", "T=20", untouched ? 0.0 : 1.0,
+              0);
+        free(back); free(hp); free(hdt);
+        for (int k = 0; k < 5; k++) g_ops->buf_free(g_ops->be, &g_ctx, o[k]);
+        g_ops->buf_free(g_ops->be, &g_ctx, pj); g_ops->buf_free(g_ops->be, &g_ctx, pdt);
+        g_ops->buf_free(g_ops->be, &g_ctx, par);
+    }
     free(yh); free(dh); free(sent);
     float *all[] = {xw, y, dxw, g[0], g[1], g[2], g[3], g[4], g[5]};
     for (size_t k = 0; k < sizeof(all) / sizeof(all[0]); k++) g_ops->buf_free(g_ops->be, &g_ctx, all[k]);
