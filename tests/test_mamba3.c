@@ -212,8 +212,8 @@ static void bench(const struct mt_ops_i *ops)
                                    a.lam, a.A, w.Dsk, B, T, d.H, d.P, d.N, d.chunk);
             t[7] = now_s();
             ops->ssm_prep_backward(ops->be, s.dproj, g.dt_bias, g.A_log, g.gB, g.gC, g.B_bias, g.C_bias, s.dx, s.dBh, s.dCh,
-                                   s.ddt, s.dlam, s.dA, w.B_bias, w.C_bias, a.lam, a.A, a.rstd_bc, a.proj, w.dt_bias, w.gB,
-                                   w.gC, B, T, d.H, d.P, d.G, d.N, d.eps_bc, NULL);
+                                   s.ddt, s.dlam, s.dA, w.B_bias, w.C_bias, a.lam, a.A, a.rstd_bc, a.proj, w.dt_bias,
+                                   w.gB, w.gC, B, T, d.H, d.P, d.G, d.N, d.eps_bc, NULL);
             t[8] = now_s();
             ops->gemm(ops->be, 1, 0, W, D, n, 1.0f, s.dproj, W, h, D, 1.0f, g.win, D);
             ops->gemm(ops->be, 0, 0, n, D, W, 1.0f, s.dproj, W, w.win, D, 0.0f, dh, D);

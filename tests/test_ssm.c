@@ -740,8 +740,8 @@ static void glue_run(const struct mt_ops_i *ops, struct glue_io *io)
     float *dproj = up(ops, io->proj, (size_t)n * W);   /* every column overwritten below */
     float *gz = up(ops, io->dtb, H), *gl = up(ops, io->Alog, H), *ggB = up(ops, io->gB, N), *ggC = up(ops, io->gC, N);
     float *gBb = up(ops, io->Bb, (size_t)H * N), *gCb = up(ops, io->Cb, (size_t)H * N);
-    ops->ssm_prep_backward(ops->be, dproj, gz, gl, ggB, ggC, gBb, gCb, dx, dBh, dCh, ddt, dlam, dA, Bb, Cb, lam, A, rstd,
-                           proj, dtb, gB, gC, io->B, io->T, H, io->P, G, N, 1e-5f, NULL);
+    ops->ssm_prep_backward(ops->be, dproj, gz, gl, ggB, ggC, gBb, gCb, dx, dBh, dCh, ddt, dlam, dA, Bb, Cb, lam, A,
+                           rstd, proj, dtb, gB, gC, io->B, io->T, H, io->P, G, N, 1e-5f, NULL);
     float *ys = up(ops, io->ys, nx_), *yn = up(ops, io->ys, nx_), *ro = up(ops, io->ys, (size_t)n * G);
     float *dyn = up(ops, io->dyn, nx_), *dys = up(ops, io->ys, nx_), *ggo = up(ops, io->gout, E);
     ops->ssm_gate_norm_forward(ops->be, yn, ro, ys, proj, W, gout, n, E, G, 1e-5f);
@@ -779,7 +779,8 @@ static void test_prep_null(int B, int T, int H, int P, int G, int N)
     /* v = 1 also asks for Bh, Ch's bf16 twins: bf16 of run 0's fp32 Bh, Ch, bit for bit;
      * and passes Bh, Ch NULL (the twins alone, mt_ops.h): their buffers untouched */
     mt_bf16 *tw[2] = {dev_bf16(nb_, BF16_SENTINEL), dev_bf16(nb_, BF16_SENTINEL)};
-    for (int v = 0; v < 2; v++) {   /* v = 1: x and dx NULL; the angles kept by the forward (ang_out), taken by the backward */
+    /* v = 1: x and dx NULL; the angles kept by the forward (ang_out), taken by the backward */
+    for (int v = 0; v < 2; v++) {
         f[v][0] = up(ops, hg, nx_); f[v][1] = up(ops, hg, nb_); f[v][2] = up(ops, hg, nb_);
         f[v][3] = up(ops, hg, nd_); f[v][4] = up(ops, hg, nd_); f[v][5] = up(ops, hg, (size_t)n * 2 * G);
         float *A = up(ops, hv, H), *ang = v ? up(ops, hg, (size_t)n * H * (N / 2)) : NULL;
@@ -838,7 +839,8 @@ static void test_prep_null(int B, int T, int H, int P, int G, int N)
         same &= memcmp(p0, p1, len * sizeof(float)) == 0;
         free(p0); free(p1);
     }
-    check(same, "prep backward, dx NULL (in dproj already), the forward's angles: dproj and the parameter gradients' bits", tag,
+    check(same, "prep backward, dx NULL (in dproj already), the forward's angles: dproj, parameter gradients' bits",
+          tag,
           same ? 0.0 : 1.0, 0);
     for (int v = 0; v < 2; v++) {
         for (int k = 0; k < 6; k++) ops->buf_free(ops->be, &g_ctx, f[v][k]);

@@ -242,13 +242,13 @@ static void ssm_backward(const struct mt_ops_i *ops, struct mt_mamba3_weights *g
     /* term 4 */
     if (dproj_b)
         ops->ssm_prep_backward_bf16(ops->be, dproj_b, s->dproj, g->dt_bias, g->A_log, g->gB, g->gC, g->B_bias,
-                                    g->C_bias, NULL, s->dBh, s->dCh, s->ddt, s->dlam, s->dA, w->B_bias, w->C_bias, a->lam,
-                                    a->A, a->rstd_bc, a->proj, w->dt_bias, w->gB, w->gC, B, T, d->H, d->P, d->G,
+                                    g->C_bias, NULL, s->dBh, s->dCh, s->ddt, s->dlam, s->dA, w->B_bias, w->C_bias,
+                                    a->lam, a->A, a->rstd_bc, a->proj, w->dt_bias, w->gB, w->gC, B, T, d->H, d->P, d->G,
                                     d->N, d->eps_bc, in_proj ? a->Bh : NULL);
     else
         ops->ssm_prep_backward(ops->be, s->dproj, g->dt_bias, g->A_log, g->gB, g->gC, g->B_bias, g->C_bias,
-                               in_proj ? NULL : s->dx, s->dBh, s->dCh, s->ddt, s->dlam, s->dA, w->B_bias, w->C_bias, a->lam,
-                               a->A, a->rstd_bc, a->proj, w->dt_bias, w->gB, w->gC, B, T, d->H, d->P, d->G, d->N,
+                               in_proj ? NULL : s->dx, s->dBh, s->dCh, s->ddt, s->dlam, s->dA, w->B_bias,
+                               w->C_bias, a->lam, a->A, a->rstd_bc, a->proj, w->dt_bias, w->gB, w->gC, B, T, d->H, d->P, d->G, d->N,
                                d->eps_bc, in_proj ? a->Bh : NULL);
 }
 

@@ -555,7 +555,8 @@ static void p_ssm_prep_forward(void *be, float *x, float *Bh, float *Ch, float *
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
     const size_t nbc = (size_t)B * T * H * N;
     /* Bh or Ch NULL: only its twin wanted (mt_ops.h); the cpu computes it in a temporary */
-    float *Bw = Bh ? Bh : malloc((nbc ? nbc : 1) * sizeof(float)), *Cw = Ch ? Ch : malloc((nbc ? nbc : 1) * sizeof(float));
+    const size_t bytes = (nbc ? nbc : 1) * sizeof(float);
+    float *Bw = Bh ? Bh : malloc(bytes), *Cw = Ch ? Ch : malloc(bytes);
     MT_ASSERT(Bw && Cw);
     PROF(MT_OPK_ELEMENTWISE, mt_cpu_ssm_prep_forward(x, Bw, Cw, dt, lam, A, rstd, ang_state, proj, dt_bias, A_log,
                                                      gB, gC, B_bias, C_bias, B, T, H, P, G, N, eps, ang_out);

@@ -1673,8 +1673,7 @@ static __device__ __forceinline__ void prep_put_pair(float *o, __nv_bfloat16 *ob
  * NULL. Block 0 also writes A. Bhb, Chb: NULL, or Bh, Ch's bf16 twins (the
  * bf16 scan's operands); Bh or Ch NULL (with its twin): the twin alone */
 static __global__ void prep_rows_k(const float *angs, int ahs, float *x, float *Bh, float *Ch, __nv_bfloat16 *Bhb,
-                                   __nv_bfloat16 *Chb, float *dt,
-                                   float *lam, float *A, float *rstd, const float *proj, const float *dt_bias,
+                                   __nv_bfloat16 *Chb, float *dt, float *lam, float *A, float *rstd, const float *proj, const float *dt_bias,
                                    const float *A_log, const float *gB, const float *gC, const float *B_bias,
                                    const float *C_bias, int nrow, int H, int P, int G, int N, float eps)
 {
@@ -1754,8 +1753,8 @@ extern "C" void mt_cuda_ssm_prep_forward(void *be, float *x, float *Bh, float *C
         ang_scan(angs, NULL, (size_t)H * ahs, ahs, proj + oth, W, half, ang_state, B, T, H, half, 0);
     unsigned nb = B * T > 0 ? (unsigned)(B * T) : 1u;
     MT_LAUNCH(prep_rows_k, nb, PREP_THREADS, PREP_THREADS * sizeof(double) + 2 * (size_t)G * sizeof(float))(
-        angs, ahs, x, Bh, Ch, (__nv_bfloat16 *)Bh_b, (__nv_bfloat16 *)Ch_b, dt, lam, A, rstd, proj, dt_bias, A_log, gB, gC, B_bias,
-        C_bias, B * T, H, P, G, N, eps);
+        angs, ahs, x, Bh, Ch, (__nv_bfloat16 *)Bh_b, (__nv_bfloat16 *)Ch_b, dt, lam, A, rstd, proj, dt_bias, A_log, gB,
+        gC, B_bias, C_bias, B * T, H, P, G, N, eps);
     MT_CUDA_KCHECK();
 }
 
@@ -1928,8 +1927,8 @@ static void prep_backward(float *dproj, mt_bf16 *dproj_b, float *ddt_bias, float
     /* the angles: the forward's (ang), or its scan again (bit-identical) into dproj's theta columns */
     if (half > 0 && !ang) ang_scan(dproj + oth, NULL, W, half, proj + oth, W, half, NULL, B, T, H, half, 0);
     MT_LAUNCH(prep_bwd_row_k, (unsigned)nblk, PREP_THREADS, PREP_THREADS * sizeof(double) + (size_t)N * sizeof(float))(
-        dproj, (__nv_bfloat16 *)dproj_b, du, pu, pgs, dx, dBh, dCh, ddt, dlam, B_bias, C_bias, lam, rstd, proj, dt_bias, gB,
-        gC, ang, nrow, H, P, G, N);
+        dproj, (__nv_bfloat16 *)dproj_b, du, pu, pgs, dx, dBh, dCh, ddt, dlam, B_bias, C_bias, lam, rstd, proj,
+        dt_bias, gB, gC, ang, nrow, H, P, G, N);
     MT_CUDA_KCHECK();
     /* dtheta = reverse cumsum of dang over the sequence */
     if (half > 0)
