@@ -339,6 +339,7 @@ struct cal_scan_ctx {
     float *x, *Bm, *Cm, *dt, *lam, *A, *Dsk, *y, *dy, *dx, *dBm, *dCm, *ddt, *dlam, *dA, *dDsk;
     float *states;   /* bf16: the chunk states the forward keeps for the backward, as training runs it */
     mt_bf16 *Bb, *Cb; /* bf16: B and C's bf16 twins (the prep writes them in training) */
+    mt_bf16 *Yb;      /* bf16: dy's twin (the gated norm's backward writes it in training) */
 };
 
 static void scan_fn(const void *arg)
@@ -354,7 +355,7 @@ static void scan_fn(const void *arg)
     else if (c->bf16)
         g_ops->ssm_scan_backward_bf16(g_ops->be, c->dx, c->dBm, c->dCm, c->ddt, c->dlam, c->dA, c->dDsk, c->dy, c->x,
                                       s->h * s->p, c->Bm, c->Cm, c->dt, c->lam, c->A, c->Dsk, s->b, s->t, s->h, s->p, s->n, s->q,
-                                      c->states, NULL, c->Bb, c->Cb);
+                                      c->states, NULL, c->Bb, c->Cb, c->Yb);
     else
         g_ops->ssm_scan_backward(g_ops->be, c->dx, c->dBm, c->dCm, c->ddt, c->dlam, c->dA, c->dDsk, c->dy, c->x,
                                  c->Bm, c->Cm, c->dt, c->lam, c->A, c->Dsk, s->b, s->t, s->h, s->p, s->n, s->q);
@@ -745,7 +746,9 @@ int main(int argc, char **argv)
         const size_t nst = bf ? mt_ssm_states_floats(c.s.b, c.s.t, c.s.h, c.s.p, c.s.n, c.s.q) : 0;
         c.states = nst ? dev_alloc(nst * 4) : NULL;   /* the forward (timed first) fills them */
         c.Bb = nst ? dev_alloc(nb * 2) : NULL, c.Cb = nst ? dev_alloc(nb * 2) : NULL;
+        c.Yb = nst ? dev_alloc(nx * 2) : NULL;
         if (nst) g_ops->cast_bf16(g_ops->be, c.Bb, c.Bm, nb), g_ops->cast_bf16(g_ops->be, c.Cb, c.Cm, nb);
+        if (nst) g_ops->cast_bf16(g_ops->be, c.Yb, c.dy, nx);
         const double ff = 8.0 * (double)bt * c.s.h * c.s.p * c.s.n, fb = 2.0 * ff;
         struct cal_time tf = time_runs(scan_fn, &c, warmup, reps);
         c.fwd = 0;
@@ -763,6 +766,7 @@ int main(int argc, char **argv)
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) g_ops->buf_free(g_ops->be, &g_ctx, bufs[i]);
         if (c.states) g_ops->buf_free(g_ops->be, &g_ctx, c.states);
         if (c.Bb) g_ops->buf_free(g_ops->be, &g_ctx, c.Bb), g_ops->buf_free(g_ops->be, &g_ctx, c.Cb);
+        if (c.Yb) g_ops->buf_free(g_ops->be, &g_ctx, c.Yb);
         ss_s[2 * s + bf] = sfb;
         if (n_prec == 1) ss_s[2 * s + 1] = sfb;   /* no bf16 entries: precision=bf16 runs the fp32 scan */
     }

@@ -443,7 +443,7 @@ static void test_bf16_dxb(const struct inputs *in, int chunk, const struct dev *
     g_ops->copy_from_host(g_ops->be, xw, hw, wide * sizeof(float));
     g_ops->ssm_scan_backward_bf16(g_ops->be, NULL, g[1], g[2], g[3], g[4], g[5], g[6], d->R, xw + off, ld, d->Bm,
                                   d->Cm, d->dt, d->lam, d->A, d->D, in->B, in->T, H, in->P, in->N, chunk, NULL,
-                                  bw + off, NULL, NULL);
+                                  bw + off, NULL, NULL, NULL);
     uint16_t *bh = bf16_to_host(bw, wide);
     float *d1 = to_host(g1[0], nx(in));
     size_t bad = 0, touched = 0;
@@ -480,7 +480,7 @@ static mt_bf16 *dev_twin(const float *d, size_t n, float k)
     return t;
 }
 
-/* Bh_b, Ch_b (B and C's bf16 twins, mt_ops.h): given bf16(Bm), bf16(Cm) the
+/* Bh_b, Ch_b, dy_b (B, C and dy's bf16 twins, mt_ops.h): given bf16(Bm), bf16(Cm), bf16(dy) the
  * forward (keeping its states) and the backward (reading them) give y and
  * every gradient the bits of the runs without (y1, g1), with Bm, Cm given
  * and with both NULL (k = 3: the twins alone); given other twins (bf16(2 Bm),
@@ -493,33 +493,38 @@ static void test_bf16_twins(const struct inputs *in, int chunk, const struct dev
     const int H = in->H;
     const size_t nst = mt_ssm_states_floats(in->B, in->T, H, in->P, in->N, chunk);
     size_t len[] = {nx(in), nb(in), nb(in), nd(in), nd(in), (size_t)H, (size_t)H};
-    int same = 1, moved = 1;
-    for (int k = 1; k <= 3; k++) {
+    int same = 1, moved = 1, moved_dy = 1;
+    for (int k = 1; k <= 4; k++) {   /* k = 4: bf16(2 dy) alone */
         const float scale = k == 2 ? 2.0f : 1.0f, *Bm = k == 3 ? NULL : d->Bm, *Cm = k == 3 ? NULL : d->Cm;
         mt_bf16 *tb = dev_twin(d->Bm, nb(in), scale), *tc = dev_twin(d->Cm, nb(in), scale);
+        mt_bf16 *ty = dev_twin(d->R, nx(in), k == 4 ? 2.0f : scale);   /* dy's twin (the backward's products) */
         float *st = k != 2 ? dev_zero(nst) : NULL, *y = dev_zero(nx(in)), *g[7];
         for (int j = 0; j < 7; j++) g[j] = dev_zero(len[j]);
         g_ops->ssm_scan_forward_bf16(g_ops->be, y, d->x, H * in->P, Bm, Cm, d->dt, d->lam, d->A, d->D, in->B,
                                      in->T, H, in->P, in->N, chunk, st, tb, tc);
         g_ops->ssm_scan_backward_bf16(g_ops->be, g[0], g[1], g[2], g[3], g[4], g[5], g[6], d->R, d->x, H * in->P,
                                       Bm, Cm, d->dt, d->lam, d->A, d->D, in->B, in->T, H, in->P, in->N, chunk,
-                                      st, NULL, tb, tc);
+                                      st, NULL, tb, tc, ty);
         for (int j = -1; j < 7; j++) {
             const size_t m = j < 0 ? nx(in) : len[j];
             float *a = to_host(j < 0 ? y : g[j], m), *b = to_host(j < 0 ? y1 : g1[j], m);
             const int eq = memcmp(a, b, m * sizeof(float)) == 0;
-            if (k != 2) same &= eq;
-            else if (j < 3) moved &= !eq;   /* y, dx, dB, dC */
+            if (k == 1 || k == 3) same &= eq;
+            else if (k == 2 && j < 3) moved &= !eq;   /* y, dx, dB, dC */
+            else if (k == 4 && j >= 0 && j < 3) moved_dy &= !eq;   /* dx, dB, dC */
             free(a); free(b);
         }
         for (int j = 0; j < 7; j++) g_ops->buf_free(g_ops->be, &g_ctx, g[j]);
         g_ops->buf_free(g_ops->be, &g_ctx, y);
         if (st) g_ops->buf_free(g_ops->be, &g_ctx, st);
         g_ops->buf_free(g_ops->be, &g_ctx, tb); g_ops->buf_free(g_ops->be, &g_ctx, tc);
+        g_ops->buf_free(g_ops->be, &g_ctx, ty);
     }
-    check(same, "scan_*_bf16 given bf16(B), bf16(C) twins (Bm, Cm given; NULL) = without (bits)", tag,
+    check(same, "scan_*_bf16 given bf16(B), bf16(C), bf16(dy) twins (Bm, Cm given; NULL) = without (bits)", tag,
           same ? 0.0 : 1.0, 0);
-    check(moved, "scan_*_bf16 twins read (bf16(2B), bf16(2C): y, dx, dB, dC move)", tag, moved ? 0.0 : 1.0, 0);
+    check(moved, "scan_*_bf16 twins read (bf16(2B), bf16(2C), bf16(2dy): y, dx, dB, dC move)", tag, moved ? 0.0 : 1.0,
+          0);
+    check(moved_dy, "scan_backward_bf16 dy's twin read (bf16(2dy): dx, dB, dC move)", tag, moved_dy ? 0.0 : 1.0, 0);
 }
 
 /* x and dx inside wider rows (ldx > H P: the mixer passes proj's and dproj's
@@ -548,7 +553,7 @@ static void test_bf16_ldx(const struct inputs *in, int chunk, const struct dev *
                                  in->P, in->N, chunk, NULL, NULL, NULL);
     g_ops->ssm_scan_backward_bf16(g_ops->be, g[0], g[1], g[2], g[3], g[4], g[5], g[6], d->R, xw + off, ld, d->Bm,
                                   d->Cm, d->dt, d->lam, d->A, d->D, in->B, in->T, H, in->P, in->N, chunk, NULL, NULL,
-                                  NULL, NULL);
+                                  NULL, NULL, NULL);
     float *a = to_host(y, nx(in)), *b = to_host(y1, nx(in));
     int same = memcmp(a, b, nx(in) * sizeof(float)) == 0, kept = 1;
     free(a); free(b);
@@ -614,7 +619,7 @@ static void test_bf16(struct inputs *in, int chunk, int with_fd)
         g_ops->fill(g_ops->be, o[0], 1e3f, nx(in));   /* overwritten outputs: garbage in */
         g_ops->ssm_scan_backward_bf16(g_ops->be, o[0], o[1], o[2], o[3], o[4], o[5], o[6], d.R, d.x, H * in->P, d.Bm,
                                       d.Cm, d.dt, d.lam, d.A, d.D, in->B, in->T, H, in->P, in->N, chunk,
-                                      run ? st : NULL, NULL, NULL, NULL);
+                                      run ? st : NULL, NULL, NULL, NULL, NULL);
     }
     float *one[] = {dx, dB, dC, ddt, dlam, dA, dD};
     same = 1;
@@ -1146,14 +1151,15 @@ static void test_gate_bf16(int n, int E, int G)
     check(bad_null == 0, "gate norm bf16: out NULL gives the same twin", tag, (double)bad_null, 0);
     if (ops->ssm_gate_norm_backward_bf16) {
         /* the backward with dz as bf16 (dproj's z columns, mt_ops.h): dz_b = bf16(dz)
-         * of ssm_gate_norm_backward, the row's other columns untouched; dy, dw its bits */
+         * of ssm_gate_norm_backward, the row's other columns untouched; dy, dw its bits;
+         * dy_b = bf16(dy) */
         const size_t nz = (size_t)n * ldz;
         float *dout = host_rand(nE, 0.0f, 1.0f), *dd = up(ops, dout, nE);
         float *gy[2], *gz = dev_zero(nz), *gw[2];
-        mt_bf16 *zb = dev_bf16(nz, BF16_SENTINEL);
+        mt_bf16 *zb = dev_bf16(nz, BF16_SENTINEL), *yb = dev_bf16(nE, BF16_SENTINEL);
         for (int v = 0; v < 2; v++) { gy[v] = dev_zero(nE); gw[v] = up(ops, w, E); }
         ops->ssm_gate_norm_backward(ops->be, gy[0], gz, gw[0], dd, dy, dz, ldz, dw, r0, n, E, G);
-        ops->ssm_gate_norm_backward_bf16(ops->be, gy[1], zb, gw[1], dd, dy, dz, ldz, dw, r0, n, E, G);
+        ops->ssm_gate_norm_backward_bf16(ops->be, gy[1], zb, gw[1], dd, dy, dz, ldz, dw, r0, n, E, G, yb);
         float *hz = to_host(gz, nz), *y0 = to_host(gy[0], nE), *y1 = to_host(gy[1], nE);
         float *w0 = to_host(gw[0], E), *w1 = to_host(gw[1], E);
         uint16_t *hzb = bf16_to_host(zb, nz);
@@ -1168,6 +1174,12 @@ static void test_gate_bf16(int n, int E, int G)
         check(bad == 0 && touched == 0, "gate norm backward bf16: dz_b = bf16(dz), stride kept", tag,
               (double)(bad + touched), 0);
         check(same, "gate norm backward bf16: dy, dw the bits of the fp32 entry", tag, same ? 0.0 : 1.0, 0);
+        uint16_t *hyb = bf16_to_host(yb, nE);
+        size_t bad_y = 0;
+        for (size_t i = 0; i < nE; i++) bad_y += hyb[i] != ref_bf16(y0[i]);
+        check(bad_y == 0, "gate norm backward bf16: dy_b = bf16(dy) (bits)", tag, (double)bad_y, 0);
+        free(hyb);
+        ops->buf_free(ops->be, &g_ctx, yb);
         float *fr[] = {dout, hz, y0, y1, w0, w1};
         for (size_t k = 0; k < sizeof(fr) / sizeof(fr[0]); k++) free(fr[k]);
         free(hzb);
@@ -1344,7 +1356,7 @@ static void test_bf16_ldx_refused(void)
     g_ops->copy_from_host(g_ops->be, dxw, sent, wide * sizeof(float));
     g_ops->ssm_scan_forward_bf16(g_ops->be, y, xw, ld, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL, NULL, NULL);
     g_ops->ssm_scan_backward_bf16(g_ops->be, dxw, g[0], g[1], g[2], g[3], g[4], g[5], d.R, xw, ld, d.Bm, d.Cm, d.dt,
-                                  d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL, NULL, NULL, NULL);
+                                  d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL, NULL, NULL, NULL, NULL);
     char msg[256] = "";
     const enum mt_status st = g_ops->status(g_ops->be, msg, sizeof msg);
     float *yh = to_host(y, n), *dh = to_host(dxw, wide);

@@ -210,7 +210,9 @@ static double mamba_extra(const struct mt_block_shape *sh)
  *     3.5 D, and no residual add below; h not stored where the in-projection
  *     reads the twin alone, 1 D less: plan_norm_h_store), backward
  *     4 D; gated norm forward reads ys, z, writes bf16 yn (2.5 E), backward
- *     reads dyn, ys, z, writes dys, dz (5 E; dg's sums inside that pass).
+ *     reads dyn, ys, z, writes dys, dz (5 E; dg's sums inside that pass; the
+ *     tensor-core scan's shapes: dz as bf16, - 0.5 E, and dys's bf16 twin for
+ *     the scan's products, + 0.5 E).
  *   elementwise: prep forward: the angles' cumsum (HN) and the row pass reading
  *     xs, B, C, dt, lam, the angles (E + 2 G N + 2 H + HN/2), writing x, Bh, Ch,
  *     dt, lam (E + 2 HN + 2 H; the tensor-core scan's shapes: + Bh, Ch's bf16
@@ -235,13 +237,14 @@ static double mamba_extra(const struct mt_block_shape *sh)
  *       between chunks (2 S); the output (reads x, Bh, Ch twins, S_in, writes ys:
  *       2 E + HN + S + 3 H): 3 E + 1.5 HN + 4 S + 8 H;
  *     backward (the states kept by the forward): the cumsum (2 H); dS_out's
- *       local part (dys, Ch twin: E + 0.5 HN + S) and pass (2 S); M, dG (reads
- *       the Ch, Bh twins, dys, x: 2 E + HN, writes 2 H Q); dx (M, dys twice, Bh
- *       twin, dS_out, writes dx, bf16: H Q + 2.5 E + 0.5 HN + S); dB (dG, Ch twin,
- *       x, dS_out, the Bh twin for qj, writes dBh: H Q + E + 2 HN + S); dC (dG,
- *       Bh twin, dys, S_in, the Ch twin for inter, writes dCh: H Q + E + 2 HN +
- *       S); the scalars (dys, x, S_in, dS_out: 2 E + 2 S, ~6 H more): 9.5 E +
- *       6 HN + 8 S + 5 H Q + 15 H.
+ *       local part (dys, scaled per row before rounding, Ch twin: E + 0.5 HN +
+ *       S) and pass (2 S); M, dG (reads the Ch, Bh twins, the dys twin, x: 1.5 E
+ *       + HN, writes 2 H Q); dx (M, the dys twin and dys for D dy, Bh twin,
+ *       dS_out, writes dx, bf16: H Q + 2 E + 0.5 HN + S); dB (dG, Ch twin, x,
+ *       dS_out, the Bh twin for qj, writes dBh: H Q + E + 2 HN + S); dC (dG, Bh
+ *       twin, the dys twin, S_in, the Ch twin for inter, writes dCh: H Q + 0.5 E
+ *       + 2 HN + S); the scalars (dys, x, S_in, dS_out: 2 E + 2 S, ~6 H more):
+ *       8 E + 6 HN + 8 S + 5 H Q + 15 H.
  *     Elsewhere (the fp32 scan): reads x, Bh, Ch, dt, lam, writes ys (2 E +
  *     2 HN + 2 H); backward reads those and dys, writes their gradients (3 E
  *     + 4 HN + 4 H); its chunk states and in-chunk arrays not counted.
@@ -271,7 +274,7 @@ static void mamba_work_bf16(const struct mt_block_shape *sh, int rc, struct mt_w
     if (S > 0) {
         const double HQ = H * (double)(chunk < T ? chunk : T);
         scan_f = 3.0 * E + 1.5 * HN + 4.0 * S + 8.0 * H;
-        scan_b = 9.5 * E + 6.0 * HN + 8.0 * S + 5.0 * HQ + 15.0 * H;
+        scan_b = 8.0 * E + 6.0 * HN + 8.0 * S + 5.0 * HQ + 15.0 * H;
     }
     w->e[MT_WORK_SCAN] += scan_f + scan_b + rc * scan_f;
     /* the residual: seeded by the input norm (1 D) where mamba.c does (one rank, no LoRA),
@@ -280,7 +283,7 @@ static void mamba_work_bf16(const struct mt_block_shape *sh, int rc, struct mt_w
     /* the residual gradient's twin (plan_norm_twin): the input norm's backward writes it
      * (0.5 D), Wout's backward reads it instead of rounding dy (1.5 D) */
     const double hs = plan_norm_h_store(sh), tw = plan_norm_twin(sh);
-    w->e[MT_WORK_NORM] += (5.5 + hs + seed + 0.5 * tw) * D + (7.5 - 0.5 * dpb) * E +
+    w->e[MT_WORK_NORM] += (5.5 + hs + seed + 0.5 * tw) * D + 7.5 * E +
                           rc * ((1.5 + hs + seed) * D + 2.5 * E);
     w->e[MT_WORK_ELEMENTWISE] += prep_f + prep_b + resid + 1.5 * (1.0 - tw) * D + (1.0 - dpb) * 1.5 * W +
                                  rc * (prep_f + resid);

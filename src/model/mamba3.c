@@ -221,8 +221,17 @@ void mt_mamba3_mix_backward(const struct mt_ops_i *ops, struct mt_mamba3_weights
     mt_mamba3_ssm_backward(ops, g, s, a, w, d, B, T);
 }
 
+/* On mt_mamba3_mix_backward_b's path the gated norm's backward also writes
+ * dys as bf16 for the scan's products to stage (half the bytes, the same
+ * bits); s->dx holds it: those shapes leave it unused (the scan writes dx
+ * into dproj) */
+static mt_bf16 *dys_twin(const struct mt_mamba3_scratch *s)
+{
+    return (mt_bf16 *)s->dx;
+}
+
 /* terms 3 and 4; dproj_b: NULL, or dproj's columns are written there as bf16
- * (mt_mamba3_mix_backward_b's shapes and entries only) */
+ * (mt_mamba3_mix_backward_b's shapes and entries only; dys's twin with them) */
 static void ssm_backward(const struct mt_ops_i *ops, struct mt_mamba3_weights *g, struct mt_mamba3_scratch *s,
                          const struct mt_mamba3_acts *a, const struct mt_mamba3_weights *w,
                          const struct mt_mamba3_dims *d, int B, int T, mt_bf16 *dproj_b)
@@ -235,7 +244,8 @@ static void ssm_backward(const struct mt_ops_i *ops, struct mt_mamba3_weights *g
                                     g->Dsk, s->dys, in_proj ? a->proj + E : a->x, in_proj ? W : E,
                                     in_proj ? NULL : a->Bh, in_proj ? NULL : a->Ch, a->dt,
                                     a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk, a->states,
-                                    dproj_b ? dproj_b + E : NULL, in_proj ? a->Bh_b : NULL, in_proj ? a->Ch_b : NULL);
+                                    dproj_b ? dproj_b + E : NULL, in_proj ? a->Bh_b : NULL, in_proj ? a->Ch_b : NULL,
+                                    dproj_b ? dys_twin(s) : NULL);
     else
         ops->ssm_scan_backward(ops->be, s->dx, s->dBh, s->dCh, s->ddt, s->dlam, s->dA, g->Dsk, s->dys, a->x, a->Bh,
                                a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk);
@@ -276,7 +286,7 @@ int mt_mamba3_mix_backward_b(const struct mt_ops_i *ops, struct mt_mamba3_weight
         return 0;
     }
     ops->ssm_gate_norm_backward_bf16(ops->be, s->dys, dproj_b, g->g_out, s->dyn, a->ys, a->proj, W, w->g_out,
-                                     a->rstd_o, n, E, d->G);
+                                     a->rstd_o, n, E, d->G, dys_twin(s));
     ssm_backward(ops, g, s, a, w, d, B, T, dproj_b);
     return 1;
 }

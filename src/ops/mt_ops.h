@@ -647,7 +647,11 @@ struct mt_ops_i {
      * as bf16(B), bf16(C): a chunk's own state v_j bf16(B_j) and the row
      * sums qj, inter too (from the twins, or rounded where read: the same
      * bits), so with Bh_b, Ch_b there Bm, Cm may be NULL (elsewhere refused
-     * like ldx). */
+     * like ldx).
+     * dy_b (backward): NULL, or dy's bf16 twin (bf16(dy) exactly:
+     * ssm_gate_norm_backward_bf16's dy_b), read where a product stages dy as
+     * its operand (half the bytes, the same bits); dy is still read where it
+     * enters fp32 terms (D dy, dD, the scaled e_i dy_i). */
     void (*ssm_scan_forward_bf16)(void *be, float *y, const float *x, int ldx, const float *Bm, const float *Cm,
                                   const float *dt, const float *lam, const float *A, const float *Dsk,
                                   int B, int T, int H, int P, int N, int chunk, float *states,
@@ -657,7 +661,7 @@ struct mt_ops_i {
                                    const float *Bm, const float *Cm, const float *dt, const float *lam,
                                    const float *A, const float *Dsk, int B, int T, int H, int P, int N,
                                    int chunk, const float *states, mt_bf16 *dx_b, const mt_bf16 *Bh_b,
-                                   const mt_bf16 *Ch_b);
+                                   const mt_bf16 *Ch_b, const mt_bf16 *dy_b);
 
     /* ---- MoE device routing (issue 28 item 2; docs/cuda.md "MoE on the device") ----
      * The routing that followed router_forward on the host, as kernels, so
@@ -906,10 +910,12 @@ struct mt_ops_i {
      * fp32 values, rounded once, nearest even), dproj then its scratch (fp32,
      * contents unspecified after). With ssm_scan_backward_bf16's dx_b, the
      * three fill all W columns of dproj_b with the bits cast_bf16 would give
-     * the fp32 dproj. Optional (NULL: the fp32 entries, then cast_bf16). */
+     * the fp32 dproj. Optional (NULL: the fp32 entries, then cast_bf16).
+     * The gated norm's dy_b: NULL, or dy also written there as bf16 (nearest
+     * even), the scan backward's dy twin. */
     void   (*ssm_gate_norm_backward_bf16)(void *be, float *dy, mt_bf16 *dz_b, float *dw, const float *dout,
                                           const float *y, const float *z, int ldz, const float *w, const float *rstd,
-                                          int n, int E, int G);
+                                          int n, int E, int G, mt_bf16 *dy_b);
     void   (*ssm_prep_backward_bf16)(void *be, mt_bf16 *dproj_b, float *dproj, float *ddt_bias, float *dA_log,
                                      float *dgB, float *dgC, float *dB_bias, float *dC_bias, const float *dx,
                                      const float *dBh, const float *dCh, const float *ddt, const float *dlam,

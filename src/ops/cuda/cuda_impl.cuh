@@ -757,7 +757,7 @@ void mt_cuda_ssm_scan_backward_bf16(void *be, float *dx, float *dBm, float *dCm,
                                     const float *Bm, const float *Cm, const float *dt, const float *lam,
                                     const float *A, const float *Dsk, int B, int T, int H, int P, int N,
                                     int chunk, const float *states, mt_bf16 *dx_b, const mt_bf16 *Bh_b,
-                                    const mt_bf16 *Ch_b);
+                                    const mt_bf16 *Ch_b, const mt_bf16 *dy_b);
 void mt_cuda_ssm_scan_step(void *be, float *y, float *S, float *xprev, float *Bprev, const float *x,
                          const float *Bm, const float *Cm, const float *dt, const float *lam,
                          const float *A, const float *Dsk, int B, int H, int P, int N, int first);
@@ -787,7 +787,7 @@ void mt_cuda_ssm_gate_norm_backward(void *be, float *dy, float *dz, float *dw, c
                                     int n, int E, int G);
 void mt_cuda_ssm_gate_norm_backward_bf16(void *be, float *dy, mt_bf16 *dz_b, float *dw, const float *dout,
                                          const float *y, const float *z, int ldz, const float *w, const float *rstd,
-                                         int n, int E, int G);
+                                         int n, int E, int G, mt_bf16 *dy_b);
 void mt_cuda_ssm_gate_norm_sums(void *be, float *s, int lds, const float *y, const float *z, int ldz, const float *w,
                                 const float *dout, const float *rstd, int n, int E, int c0, int cg);
 void mt_cuda_ssm_gate_norm_forward_ext(void *be, float *out, float *rstd, const float *y, const float *z, int ldz,

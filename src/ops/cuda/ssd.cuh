@@ -42,6 +42,7 @@ static __device__ __forceinline__ float ssd_w(int own, const float *dt, const fl
  * (the same values, half the bytes), the fp32 arrays where a term stays fp32 */
 struct ssd_twins {
     const __nv_bfloat16 *B, *C;
+    const __nv_bfloat16 *Y;   /* dy's (the backward): NULL, or bf16(dy) exactly */
 };
 
 /* ssd_tc.cu: the shapes it runs (chunk Q, P, N each <= SSD_TC_QMAX) */

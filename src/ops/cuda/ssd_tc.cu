@@ -306,23 +306,35 @@ static __device__ __forceinline__ struct tc_chunk tc_chunk_at(struct ssd_dims d,
     k.ob = (size_t)k.b * d.T;
     return k;
 }
-/* B or C (m fp32, (B T, H N); tw its bf16 twin, bf16(m) exactly as the prep
- * writes it, or NULL): the chunk's head rows staged as tc_stage stages m,
- * from the twin where given (half the bytes, the same staged values; m is
- * then not read and may be NULL). The head's offset is taken here, from the
- * kernel's parameters, so a kernel keeps no pointer it may not use. */
-static __device__ void tc_stage_bc(bf16 *dst, int ld, int nr, int kw, const float *m, const bf16 *tw,
-                                   const struct tc_chunk &k, int N, int tok0, int lo, int hi)
+/* An fp32 operand m (rows sld apart; the chunk's head at m + off, ncols wide)
+ * with tw its bf16 twin (bf16(m) exactly, as its producer writes it) or NULL:
+ * the rows staged as tc_stage stages them, from the twin where given (half
+ * the bytes, the same staged values; m is then not read and may be NULL).
+ * The head's offset is taken here, from the kernel's parameters, so a kernel
+ * keeps no pointer it may not use. */
+static __device__ void tc_stage_twin(bf16 *dst, int ld, int nr, int kw, const float *m, const bf16 *tw, size_t off,
+                                     size_t sld, int ncols, int tok0, int lo, int hi)
 {
-    const size_t off = k.ob * k.bld + (size_t)k.h * N;
     if (!tw) {
-        tc_stage(dst, ld, nr, kw, m + off, k.bld, N, tok0, lo, hi);
+        tc_stage(dst, ld, nr, kw, m + off, sld, ncols, tok0, lo, hi);
         return;
     }
-    tc_stage_brows(dst, ld, nr, kw, tw + off, k.bld, 0, N, [&](int r) {
+    tc_stage_brows(dst, ld, nr, kw, tw + off, sld, 0, ncols, [&](int r) {
         const int tok = tok0 + r;
         return tok >= lo && tok < hi ? tok : -1;
     });
+}
+/* B or C ((B T, H N), the prep's twins) */
+static __device__ void tc_stage_bc(bf16 *dst, int ld, int nr, int kw, const float *m, const bf16 *tw,
+                                   const struct tc_chunk &k, int N, int tok0, int lo, int hi)
+{
+    tc_stage_twin(dst, ld, nr, kw, m, tw, k.ob * k.bld + (size_t)k.h * N, k.bld, N, tok0, lo, hi);
+}
+/* dy ((B T, H P), the gated norm backward's twin) */
+static __device__ void tc_stage_dy(bf16 *dst, int ld, int nr, int kw, const float *dy, const bf16 *tw,
+                                   const struct tc_chunk &k, int P, int tok0, int lo, int hi)
+{
+    tc_stage_twin(dst, ld, nr, kw, dy, tw, k.ob * k.xld + (size_t)k.h * P, k.xld, P, tok0, lo, hi);
 }
 /* tc_stage_rows<1> of B's head rows (row(r, s) as there: dst = bf16(s bf16(B))),
  * from B's twin tw where given (m may then be NULL), else m rounded as read:
@@ -489,10 +501,10 @@ ssd_tc_gm_k(bf16 *Mb, bf16 *dGb, float *dcs, float *rs, const float *cum, const 
     const int m0 = ((int)threadIdx.x >> 5) * 16, LN = TC_LD(Np), LP = TC_LD(Pp);
     float *w = sm, *cm = w + 2 * d.Q;
     bf16 *Cs = (bf16 *)(sm + SSD_AL4(3 * d.Q)), *Ys = Cs + TC_B * LN, *Bt = Ys + TC_B * LP, *Xt = Bt + (d.Q + 2) * LN;
-    const float *xh = x + k.ob * k.xs + (size_t)k.h * d.P, *dyh = dy + k.ob * k.xld + (size_t)k.h * d.P;
+    const float *xh = x + k.ob * k.xs + (size_t)k.h * d.P;
     tc_weights(w, cm, k, cum, dt, lam, A, d);
     tc_stage_bc(Cs, LN, TC_B, Np, Cm, tw.C, k, d.N, k.t0 + i0, 0, k.t0 + q);
-    tc_stage(Ys, LP, TC_B, Pp, dyh, k.xld, d.P, k.t0 + i0, 0, k.t0 + q);
+    tc_stage_dy(Ys, LP, TC_B, Pp, dy, tw.Y, k, d.P, k.t0 + i0, 0, k.t0 + q);
     tc_stage_bc(Bt, LN, q + 2, Np, Bm, tw.B, k, d.N, k.t0 - 1, 0, k.t0 + q);
     tc_stage(Xt, LP, q + 2, Pp, xh, k.xs, d.P, k.t0 - 1, 0, k.t0 + q);
     __syncthreads();
@@ -645,7 +657,7 @@ ssd_tc_tok_k(float *out, bf16 *outb, float *last, float *edge, float *qj, const 
     tc_stage_b(Go, TC_LD(TC_B), q16, TC_B, Gc, 2 * (size_t)d.Q, q, i0, q);
     tc_stage_b(Gn, TC_LD(TC_B), q16, TC_B, Gc, 2 * (size_t)d.Q, q, q + i0 + 1, 2 * q);
     if (DB) tc_stage_bc(Rs, LW, q16, Wp, Cm, tw.C, k, d.N, k.t0, 0, k.t0 + q);
-    else tc_stage(Rs, LW, q16, Wp, dyh, k.xld, d.P, k.t0, 0, k.t0 + q);
+    else tc_stage_dy(Rs, LW, q16, Wp, dy, tw.Y, k, d.P, k.t0, 0, k.t0 + q);
     if (has_next) {
         if (DB) tc_stage(St, LK, q + 2, Kp, xh, k.xs, d.P, k.t0 - 1, 0, k.t0 + q);
         else tc_stage_bc(St, LK, q + 2, Kp, Bm, tw.B, k, d.N, k.t0 - 1, 0, k.t0 + q);
@@ -766,14 +778,13 @@ ssd_tc_dc_k(float *dCm, float *inter, const bf16 *dGb, const float *Sst, const f
     const int m0 = ((int)threadIdx.x >> 5) * 16, LN = TC_LD(Np), LP = TC_LD(Pp), LS = TC_LD(tc_r16(2 * d.Q));
     float *e = sm;
     bf16 *Gs = (bf16 *)(sm + SSD_AL4(TC_B)), *Bt = Gs + TC_B * LS, *Ys = Bt + (d.Q + 2) * LN, *Si = Ys + TC_B * LP;
-    const float *dyh = dy + k.ob * k.xld + (size_t)k.h * d.P;
     for (int il = (int)threadIdx.x; il < TC_B; il += (int)blockDim.x)
         e[il] = i0 + il < q ? expf(cum[(size_t)k.bh * d.T + k.t0 + i0 + il]) : 0.0f;
     /* dG rows i0.. (< q), sources < 2q */
     tc_stage_b(Gs, LS, TC_B, s16, dGb + ((size_t)k.ci * d.Q + i0) * 2 * d.Q, 2 * (size_t)d.Q, q - i0, 0, 2 * q);
     tc_stage_bc(Bt, LN, q + 2, Np, Bm, tw.B, k, d.N, k.t0 - 1, 0, k.t0 + q);
     if (k.c > 0) {
-        tc_stage(Ys, LP, TC_B, Pp, dyh, k.xld, d.P, k.t0 + i0, 0, k.t0 + q);
+        tc_stage_dy(Ys, LP, TC_B, Pp, dy, tw.Y, k, d.P, k.t0 + i0, 0, k.t0 + q);
         tc_stage(Si, LN, Pp, Np, Sst + (size_t)k.ci * d.P * d.N, d.N, d.N, 0, 0, d.P);
     }
     __syncthreads();

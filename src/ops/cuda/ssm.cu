@@ -1484,9 +1484,9 @@ static int scan_tc_pick(struct ssd_dims d, int chunk)
     return tc;
 }
 
-static struct ssd_twins ssd_bf16_twins(const mt_bf16 *Bh_b, const mt_bf16 *Ch_b)
+static struct ssd_twins ssd_bf16_twins(const mt_bf16 *Bh_b, const mt_bf16 *Ch_b, const mt_bf16 *dy_b)
 {
-    return ssd_twins{(const __nv_bfloat16 *)Bh_b, (const __nv_bfloat16 *)Ch_b};
+    return ssd_twins{(const __nv_bfloat16 *)Bh_b, (const __nv_bfloat16 *)Ch_b, (const __nv_bfloat16 *)dy_b};
 }
 
 /* ldx != H P (x, dx in the mixer's proj rows), a bf16 dx and Bm or Cm NULL
@@ -1517,13 +1517,13 @@ extern "C" void mt_cuda_ssm_scan_forward_bf16(void *be, float *y, const float *x
     if (B * H == 0 || T == 0) return;
     struct ssd_dims d = ssd_dims_make(B, T, H, P, N, chunk > 0 ? chunk : 1);   /* (chunk <= 0: not used) */
     const int tc = scan_tc_pick(d, chunk);
-    if (!scan_ldx_ok(tc, ldx, H, P, NULL, Bm, Cm, ssd_bf16_twins(Bh_b, Ch_b))) return;
+    if (!scan_ldx_ok(tc, ldx, H, P, NULL, Bm, Cm, ssd_bf16_twins(Bh_b, Ch_b, NULL))) return;
     if (!tc) {
         mt_cuda_ssm_scan_forward(be, y, x, Bm, Cm, dt, lam, A, Dsk, B, T, H, P, N, chunk);
         return;
     }
     d.xs = ldx;
-    ssd_forward(y, x, Bm, Cm, dt, lam, A, Dsk, d, 1, states, ssd_bf16_twins(Bh_b, Ch_b));
+    ssd_forward(y, x, Bm, Cm, dt, lam, A, Dsk, d, 1, states, ssd_bf16_twins(Bh_b, Ch_b, NULL));
 }
 
 extern "C" void mt_cuda_ssm_scan_backward_bf16(void *be, float *dx, float *dBm, float *dCm, float *ddt, float *dlam,
@@ -1531,13 +1531,13 @@ extern "C" void mt_cuda_ssm_scan_backward_bf16(void *be, float *dx, float *dBm, 
                                                const float *Bm, const float *Cm, const float *dt, const float *lam,
                                                const float *A, const float *Dsk, int B, int T, int H, int P, int N,
                                                int chunk, const float *states, mt_bf16 *dx_b,
-                                               const mt_bf16 *Bh_b, const mt_bf16 *Ch_b)
+                                               const mt_bf16 *Bh_b, const mt_bf16 *Ch_b, const mt_bf16 *dy_b)
 {
     MT_CUDA_BIND(be);
     if (B * H == 0 || T == 0) return;
     struct ssd_dims d = ssd_dims_make(B, T, H, P, N, chunk > 0 ? chunk : 1);   /* (chunk <= 0: not used) */
     const int tc = scan_tc_pick(d, chunk);
-    if (!scan_ldx_ok(tc, ldx, H, P, dx_b, Bm, Cm, ssd_bf16_twins(Bh_b, Ch_b))) return;
+    if (!scan_ldx_ok(tc, ldx, H, P, dx_b, Bm, Cm, ssd_bf16_twins(Bh_b, Ch_b, dy_b))) return;
     if (!tc) {
         mt_cuda_ssm_scan_backward(be, dx, dBm, dCm, ddt, dlam, dA, dDsk, dy, x, Bm, Cm, dt, lam, A, Dsk, B, T, H, P,
                                   N, chunk);
@@ -1545,7 +1545,7 @@ extern "C" void mt_cuda_ssm_scan_backward_bf16(void *be, float *dx, float *dBm, 
     }
     d.xs = ldx;
     ssd_backward(dx, (__nv_bfloat16 *)dx_b, dBm, dCm, ddt, dlam, dA, dDsk, dy, x, Bm, Cm, dt, lam, A, Dsk, d, 1,
-                 states, ssd_bf16_twins(Bh_b, Ch_b));
+                 states, ssd_bf16_twins(Bh_b, Ch_b, dy_b));
 }
 
 /* ---------------- prep (split, softplus, sigmoid, B/C norm + bias + rotary) ----------------
@@ -2030,9 +2030,9 @@ static __global__ void gate_fwd_k(float *out, __nv_bfloat16 *out_b, float *rstd,
 #define GATE_RB 16
 
 /* dzb non-NULL: dz written there as bf16 (row stride ldz), not to dz */
-static __global__ void gate_bwd_k(float *dy, float *dz, __nv_bfloat16 *dzb, float *part, const float *dout,
-                                  const float *y, const float *z, int ldz, const float *w, const float *rstd, int n,
-                                  int E, int G)
+static __global__ void gate_bwd_k(float *dy, __nv_bfloat16 *dyb, float *dz, __nv_bfloat16 *dzb, float *part,
+                                  const float *dout, const float *y, const float *z, int ldz, const float *w,
+                                  const float *rstd, int n, int E, int G)
 {
     MT_DYN_SMEM(double, dred);  /* blockDim */
     int rb = (int)blockIdx.x, g = (int)blockIdx.y, cg = E / G, nt = (int)blockDim.x;
@@ -2065,6 +2065,7 @@ static __global__ void gate_bwd_k(float *dy, float *dz, __nv_bfloat16 *dzb, floa
                 float dv = rs * (dvv[u] * wv[u] - vh * mean);
                 const float dzv = dv * yv[u] * (s + si * (1.0f - s));
                 dyr[c] = dv * si;
+                if (dyb) dyb[(size_t)row * E + c] = __float2bfloat16_rn(dv * si);
                 if (dzb) dzb[oz + c] = __float2bfloat16_rn(dzv);
                 else dz[oz + c] = dzv;
                 pw[c] = row == r0 ? dvv[u] * vh : pv[u] + dvv[u] * vh;   /* dw: this block's rows, in order */
@@ -2091,8 +2092,9 @@ extern "C" void mt_cuda_ssm_gate_norm_forward(void *be, float *out, float *rstd,
     mt_cuda_ssm_gate_norm_forward_bf16(be, out, NULL, rstd, y, z, ldz, w, n, E, G, eps);
 }
 
-static void gate_backward(float *dy, float *dz, mt_bf16 *dz_b, float *dw, const float *dout, const float *y,
-                          const float *z, int ldz, const float *w, const float *rstd, int n, int E, int G)
+static void gate_backward(float *dy, mt_bf16 *dy_b, float *dz, mt_bf16 *dz_b, float *dw, const float *dout,
+                          const float *y, const float *z, int ldz, const float *w, const float *rstd, int n, int E,
+                          int G)
 {
     if (n * G == 0) return;
     unsigned t = pow2_threads(E / G, 256);
@@ -2100,7 +2102,7 @@ static void gate_backward(float *dy, float *dz, mt_bf16 *dz_b, float *dw, const 
     float *part = (float *)mt_cuda_workspace((size_t)nrb * E * sizeof(float));
     if (!part) return;
     MT_LAUNCH(gate_bwd_k, dim3((unsigned)nrb, (unsigned)G), t, t * sizeof(double))(
-        dy, dz, (__nv_bfloat16 *)dz_b, part, dout, y, z, ldz, w, rstd, n, E, G);
+        dy, (__nv_bfloat16 *)dy_b, dz, (__nv_bfloat16 *)dz_b, part, dout, y, z, ldz, w, rstd, n, E, G);
     MT_CUDA_KCHECK();
     colsum_blocks(dw, part, nrb, E, (size_t)E);
 }
@@ -2110,15 +2112,15 @@ extern "C" void mt_cuda_ssm_gate_norm_backward(void *be, float *dy, float *dz, f
                                                int n, int E, int G)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
-    gate_backward(dy, dz, NULL, dw, dout, y, z, ldz, w, rstd, n, E, G);
+    gate_backward(dy, NULL, dz, NULL, dw, dout, y, z, ldz, w, rstd, n, E, G);
 }
 
 extern "C" void mt_cuda_ssm_gate_norm_backward_bf16(void *be, float *dy, mt_bf16 *dz_b, float *dw, const float *dout,
                                                     const float *y, const float *z, int ldz, const float *w,
-                                                    const float *rstd, int n, int E, int G)
+                                                    const float *rstd, int n, int E, int G, mt_bf16 *dy_b)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
-    gate_backward(dy, NULL, dz_b, dw, dout, y, z, ldz, w, rstd, n, E, G);
+    gate_backward(dy, dy_b, NULL, dz_b, dw, dout, y, z, ldz, w, rstd, n, E, G);
 }
 
 /* ---------------- the gated norm over groups that span ranks ----------------
