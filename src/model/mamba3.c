@@ -174,6 +174,14 @@ static int scan_in_proj(const struct mt_ops_i *ops, const struct mt_mamba3_dims 
     return scan_bf16(ops, d) && mt_ssm_states_floats(B, T, d->H, d->P, d->N, d->chunk) > 0;
 }
 
+/* Where the products run on tensor cores (scan_in_proj) the fp32 a->Bh is not
+ * written; it keeps the prep forward's rotary angles (N/2 of its N floats a
+ * head) for the prep's backward instead (ssm_prep_*'s ang_out, ang) */
+static float *kept_angles(const struct mt_mamba3_acts *a, int in_proj)
+{
+    return in_proj ? a->Bh : NULL;
+}
+
 void mt_mamba3_ssm_forward(const struct mt_ops_i *ops, struct mt_mamba3_acts *a, const struct mt_mamba3_weights *w,
                            const struct mt_mamba3_dims *d, int B, int T)
 {
@@ -181,13 +189,13 @@ void mt_mamba3_ssm_forward(const struct mt_ops_i *ops, struct mt_mamba3_acts *a,
     /* where the products run on tensor cores, the prep writes Bh, Ch's bf16 twins, their
      * operands, and nothing else of them: the scan reads B, C there as bf16 alone (mt_ops.h),
      * 2 bytes an element, and no fp32 Bh, Ch is stored (a->Bh, a->Ch stay carved: the other
-     * shapes and the cpu use them). a->Bh keeps the rotary angles there instead (N/2 of its
-     * N floats a head), for the prep's backward: one cumsum over the sequence less */
+     * shapes and the cpu use them); a->Bh keeps the rotary angles there instead (kept_angles):
+     * one cumsum over the sequence less in the prep's backward */
     mt_bf16 *Bb = in_proj ? a->Bh_b : NULL, *Cb = in_proj ? a->Ch_b : NULL;
     float *Bh = in_proj ? NULL : a->Bh, *Ch = in_proj ? NULL : a->Ch;
     ops->ssm_prep_forward(ops->be, in_proj ? NULL : a->x, Bh, Ch, a->dt, a->lam, a->A, a->rstd_bc, NULL,
                           a->proj, w->dt_bias, w->A_log, w->gB, w->gC, w->B_bias, w->C_bias, B, T, d->H, d->P, d->G,
-                          d->N, d->eps_bc, Bb, Cb, in_proj ? a->Bh : NULL);
+                          d->N, d->eps_bc, Bb, Cb, kept_angles(a, in_proj));
     if (scan_bf16(ops, d))   /* x: proj's xs columns (row stride W), or the prep's copy */
         ops->ssm_scan_forward_bf16(ops->be, a->ys, in_proj ? a->proj + E : a->x, in_proj ? W : E, Bh, Ch, a->dt,
                                    a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk, a->states, Bb, Cb);
@@ -254,12 +262,12 @@ static void ssm_backward(const struct mt_ops_i *ops, struct mt_mamba3_weights *g
         ops->ssm_prep_backward_bf16(ops->be, dproj_b, s->dproj, g->dt_bias, g->A_log, g->gB, g->gC, g->B_bias,
                                     g->C_bias, NULL, s->dBh, s->dCh, s->ddt, s->dlam, s->dA, w->B_bias, w->C_bias,
                                     a->lam, a->A, a->rstd_bc, a->proj, w->dt_bias, w->gB, w->gC, B, T, d->H, d->P, d->G,
-                                    d->N, d->eps_bc, in_proj ? a->Bh : NULL);
+                                    d->N, d->eps_bc, kept_angles(a, in_proj));
     else
         ops->ssm_prep_backward(ops->be, s->dproj, g->dt_bias, g->A_log, g->gB, g->gC, g->B_bias, g->C_bias,
                                in_proj ? NULL : s->dx, s->dBh, s->dCh, s->ddt, s->dlam, s->dA, w->B_bias,
                                w->C_bias, a->lam, a->A, a->rstd_bc, a->proj, w->dt_bias, w->gB, w->gC, B, T, d->H, d->P, d->G, d->N,
-                               d->eps_bc, in_proj ? a->Bh : NULL);
+                               d->eps_bc, kept_angles(a, in_proj));
 }
 
 void mt_mamba3_ssm_backward(const struct mt_ops_i *ops, struct mt_mamba3_weights *g, struct mt_mamba3_scratch *s,

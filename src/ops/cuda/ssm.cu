@@ -1492,7 +1492,7 @@ static struct ssd_twins ssd_bf16_twins(const mt_bf16 *Bh_b, const mt_bf16 *Ch_b,
 /* ldx != H P (x, dx in the mixer's proj rows), a bf16 dx and Bm or Cm NULL
  * (their twins alone): the tensor-core path only (mt_ops.h); elsewhere
  * refused, nothing written */
-static int scan_ldx_ok(int tc, int ldx, int H, int P, const mt_bf16 *dx_b, const float *Bm, const float *Cm,
+static int scan_args_ok(int tc, int ldx, int H, int P, const mt_bf16 *dx_b, const float *Bm, const float *Cm,
                        struct ssd_twins tw)
 {
     if ((!Bm && !(tc && tw.B)) || (!Cm && !(tc && tw.C)))
@@ -1517,7 +1517,7 @@ extern "C" void mt_cuda_ssm_scan_forward_bf16(void *be, float *y, const float *x
     if (B * H == 0 || T == 0) return;
     struct ssd_dims d = ssd_dims_make(B, T, H, P, N, chunk > 0 ? chunk : 1);   /* (chunk <= 0: not used) */
     const int tc = scan_tc_pick(d, chunk);
-    if (!scan_ldx_ok(tc, ldx, H, P, NULL, Bm, Cm, ssd_bf16_twins(Bh_b, Ch_b, NULL))) return;
+    if (!scan_args_ok(tc, ldx, H, P, NULL, Bm, Cm, ssd_bf16_twins(Bh_b, Ch_b, NULL))) return;
     if (!tc) {
         mt_cuda_ssm_scan_forward(be, y, x, Bm, Cm, dt, lam, A, Dsk, B, T, H, P, N, chunk);
         return;
@@ -1537,7 +1537,7 @@ extern "C" void mt_cuda_ssm_scan_backward_bf16(void *be, float *dx, float *dBm, 
     if (B * H == 0 || T == 0) return;
     struct ssd_dims d = ssd_dims_make(B, T, H, P, N, chunk > 0 ? chunk : 1);   /* (chunk <= 0: not used) */
     const int tc = scan_tc_pick(d, chunk);
-    if (!scan_ldx_ok(tc, ldx, H, P, dx_b, Bm, Cm, ssd_bf16_twins(Bh_b, Ch_b, dy_b))) return;
+    if (!scan_args_ok(tc, ldx, H, P, dx_b, Bm, Cm, ssd_bf16_twins(Bh_b, Ch_b, dy_b))) return;
     if (!tc) {
         mt_cuda_ssm_scan_backward(be, dx, dBm, dCm, ddt, dlam, dA, dDsk, dy, x, Bm, Cm, dt, lam, A, Dsk, B, T, H, P,
                                   N, chunk);
@@ -2064,8 +2064,9 @@ static __global__ void gate_bwd_k(float *dy, __nv_bfloat16 *dyb, float *dz, __nv
                 float s = sigmoid_d(zv[u]), si = zv[u] * s, vh = yv[u] * si * rs;
                 float dv = rs * (dvv[u] * wv[u] - vh * mean);
                 const float dzv = dv * yv[u] * (s + si * (1.0f - s));
-                dyr[c] = dv * si;
-                if (dyb) dyb[(size_t)row * E + c] = __float2bfloat16_rn(dv * si);
+                const float dyv = dv * si;
+                dyr[c] = dyv;
+                if (dyb) dyb[(size_t)row * E + c] = __float2bfloat16_rn(dyv);
                 if (dzb) dzb[oz + c] = __float2bfloat16_rn(dzv);
                 else dz[oz + c] = dzv;
                 pw[c] = row == r0 ? dvv[u] * vh : pv[u] + dvv[u] * vh;   /* dw: this block's rows, in order */
