@@ -323,7 +323,8 @@ static void attn_fn(const void *arg)
                                       a->hd, a->qkvb);
     else if (a->bf16)
         g_ops->attention_backward_bf16(g_ops->be, a->dq, a->dk, a->dv, NULL, a->q, a->k, a->v, NULL, a->lse, a->b,
-                                       a->t, a->h, a->h, a->hd, a->qkvb, NULL, a->doutb, a->outb, a->dqb, a->dkb);
+                                       a->t, a->h, a->h, a->hd, a->qkvb, NULL, a->doutb, a->outb, a->dqb, a->dkb,
+                                       0);
     else if (a->fwd)
         g_ops->attention_forward(g_ops->be, a->out, a->lse, a->q, a->k, a->v, a->b, a->t, a->t, 0, a->h, a->h, a->hd);
     else

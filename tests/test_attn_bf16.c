@@ -220,7 +220,7 @@ static double worst_ratio(const float *got, const double *want, const double *bo
     return w;
 }
 
-struct outs { float *out, *lse, *dq, *dk, *dv; uint16_t *outb, *dvb, *dqb, *dkb; int dvb_same_dqdk, outnull_same; };
+struct outs { float *out, *lse, *dq, *dk, *dv; uint16_t *outb, *dvb, *dqb, *dkb; int dvb_same_dqdk, outnull_same, dvb_ld_ok; };
 
 /* How run() hands the entries their qkv_b (mt_ops.h): none (the backend
  * stages q, k, v itself both times), a buffer, or a buffer with the fp32 q,
@@ -268,7 +268,7 @@ static void run_qkvb(const struct mt_ops_i *ops, const struct shape *s, const fl
     float *oin = up(ops, out_in, nq * 4), *lin = up(ops, lse_in, nl * 4);
     float *gq = dev(ops, nq * 4), *gk = dev(ops, nk * 4), *gv = dev(ops, nk * 4);
     ops->attention_backward_bf16(ops->be, gq, gk, gv, dg, qa, ka, va, oin, lin, s->B, s->T, s->H, s->K, s->hd, qkvb,
-                                 NULL, NULL, NULL, NULL, NULL);
+                                 NULL, NULL, NULL, NULL, NULL, 0);
     o->dq = xalloc(nq * 4); o->dk = xalloc(nk * 4); o->dv = xalloc(nk * 4);
     down(ops, o->dq, gq, nq * 4); down(ops, o->dk, gk, nk * 4); down(ops, o->dv, gv, nk * 4);
     /* again with dv_b (dv as bf16 only, gv2 scratch) and dout, out given as bf16 only
@@ -278,7 +278,7 @@ static void run_qkvb(const struct mt_ops_i *ops, const struct shape *s, const fl
     ops->cast_bf16(ops->be, gb, dg, nq);
     ops->cast_bf16(ops->be, ob, oin, nq);
     ops->attention_backward_bf16(ops->be, gq2, gk2, gv2, NULL, qa, ka, va, NULL, lin, s->B, s->T, s->H, s->K, s->hd,
-                                 qkvb, dvb, gb, ob, NULL, NULL);
+                                 qkvb, dvb, gb, ob, NULL, NULL, 0);
     o->dvb = xalloc(nk * 2);
     down(ops, o->dvb, dvb, nk * 2);
     float *hq = xalloc(nq * 4), *hk = xalloc(nk * 4);
@@ -290,9 +290,27 @@ static void run_qkvb(const struct mt_ops_i *ops, const struct shape *s, const fl
     ops->fill(ops->be, gq2, NAN, nq);
     ops->fill(ops->be, gk2, NAN, nk);
     ops->attention_backward_bf16(ops->be, gq2, gk2, gv2, NULL, qa, ka, va, NULL, lin, s->B, s->T, s->H, s->K, s->hd,
-                                 qkvb, dvb, gb, ob, dqb, dkb);
+                                 qkvb, dvb, gb, ob, dqb, dkb, 0);
     o->dqb = xalloc(nq * 2); o->dkb = xalloc(nk * 2);
     down(ops, o->dqb, dqb, nq * 2); down(ops, o->dkb, dkb, nk * 2);
+    {   /* dv_b's rows ldv_b apart (the merged q/k/v backward's operand): each row as the
+         * dense dv_b's, the elements between rows untouched (a sentinel) */
+        const size_t rows = (size_t)s->B * s->T, w = (size_t)s->K * s->hd, ld = w + 6;
+        uint16_t *h = xalloc(rows * ld * 2);
+        for (size_t i = 0; i < rows * ld; i++) h[i] = 0x1234;
+        uint16_t *sb = up(ops, h, rows * ld * 2);
+        ops->attention_backward_bf16(ops->be, gq2, gk2, gv2, NULL, qa, ka, va, NULL, lin, s->B, s->T, s->H, s->K,
+                                     s->hd, qkvb, sb, gb, ob, dqb, dkb, (int)ld);
+        down(ops, h, sb, rows * ld * 2);
+        int ok = 1;
+        for (size_t r = 0; r < rows; r++) {
+            ok &= !memcmp(h + r * ld, o->dvb + r * w, w * 2);
+            for (size_t c = w; c < ld; c++) ok &= h[r * ld + c] == 0x1234;
+        }
+        o->dvb_ld_ok = ok;
+        free(h);
+        ops->buf_free(ops->be, &g_ctx, sb);
+    }
     void *bufs[] = {dq_, dk_, dv_, dg, dout, dlse, doutb, oin, lin, gq, gk, gv, qkvb, gq2, gk2, gv2, dvb, gb, ob, dqb, dkb};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) ops->buf_free(ops->be, &g_ctx, bufs[i]);
@@ -380,6 +398,7 @@ static void test_given_fallback(void)
         }
     char why[96];
     snprintf(why, sizeof why, "max diff %.3g, max|x| %.3g", worst, mx);
+    check(a.dvb_ld_ok && b.dvb_ld_ok, "hd 136: dv_b's rows ldv_b apart (the fallback's cast)", "");
     if (g_ops == g_cpu)
         check(same_bits(&a, &b, s), "cpu hd 136: q, k, v NULL in qkv_b: the same bits", why);
     else
@@ -438,6 +457,8 @@ static void test_shape(const struct shape *s)
     /* dq_b, dk_b: dq, dk stored as bf16 only = bf16 of the fp32 dq, dk */
     snprintf(what, sizeof what, "%s: dq_b == bf16(dq), dk_b == bf16(dk)", name);
     check(bf16_of(a.dqb, a.dq, nq) && bf16_of(a.dkb, a.dk, nk), what, "");
+    snprintf(what, sizeof what, "%s: dv_b rows ldv_b apart, gaps unwritten", name);
+    check(a.dvb_ld_ok, what, "");
 
     run(g_ops, s, q, k, v, g, out_in, lse_in, &b);
     snprintf(what, sizeof what, "%s: deterministic (second call, same bits)", name);
@@ -445,16 +466,17 @@ static void test_shape(const struct shape *s)
     outs_free(&b);
 
 #ifdef MT_WITH_CUDA
-    if (*g_kernel) {  /* four forward (each run's second with out NULL) and six backward calls (each run's second
-                       * with dv_b, dout_b, out_b, its third with dq_b, dk_b too): which kernels ran them */
+    if (*g_kernel) {  /* four forward (each run's second with out NULL) and eight backward calls (each run's
+                       * second with dv_b, dout_b, out_b, its third with dq_b, dk_b too, its fourth with dv_b's
+                       * rows apart): which kernels ran them */
         mt_ops_cuda_get_info_of(g_ops->be, &i1);
         const long dv2 = i1.attention_v2_calls - i0.attention_v2_calls;
         const long dfb = i1.attention_v2_fallbacks - i0.attention_v2_fallbacks;
         const int v2_hd = s->hd == 64 || s->hd == 128;
         const int v2_set = strcmp(g_kernel, "v1") != 0;  /* v2 and v3: attention_v2.cu */
         const int want_v2 = v2_set && v2_hd;
-        const int ok = !strcmp(i1.attn_kernel, g_kernel) && dv2 == (want_v2 ? 10 : 0) &&
-                       dfb == (v2_set && !v2_hd ? 10 : 0) && (dfb == 0 || i1.attention_v2_fallback_hd == s->hd);
+        const int ok = !strcmp(i1.attn_kernel, g_kernel) && dv2 == (want_v2 ? 12 : 0) &&
+                       dfb == (v2_set && !v2_hd ? 12 : 0) && (dfb == 0 || i1.attention_v2_fallback_hd == s->hd);
         snprintf(what, sizeof what, "%s: ran %s", name, want_v2 ? g_kernel : v2_set ? "v1 (v2 fallback, counted)" : "v1");
         snprintf(why, sizeof why, "attn_kernel %s, +%ld v2 calls, +%ld v2 fallbacks (hd %d)", i1.attn_kernel, dv2,
                  dfb, i1.attention_v2_fallback_hd);

@@ -152,6 +152,20 @@ static int att_bf16_only(const struct mt_piece_ctx *pc, const struct attn_state 
  * in the second half of dk2, whose first half takes d k'. */
 static int dqk_bf16(int ab, int qk_b) { return ab && qk_b; }
 
+/* precision=bf16: d q', d k' and dv side by side in one (N, QD + 2 KD) bf16 operand, a
+ * row q' | k' | v (the model's dy scratch; their producers write at row stride
+ * QD + 2 KD: qk_norm_rope_backward_bf16's ld_dq_raw, ld_dk_raw, attention_backward_bf16's
+ * ldv_b), so the three projections' backward is one dW GEMM and one dX GEMM where their
+ * weights and gradients lie back to back (proj_bwd_rows_dyb): dh written once, not
+ * written and then read and rewritten twice in fp32, and h read once for the three dW
+ * (GPT-2 124M's widths: ~0.15 GB a layer and microbatch of 16k tokens). Where d q', d k'
+ * and dv are all bf16 only (qk_b, v_bf16_dy) and the scratch holds them; else NULL */
+static mt_bf16 *qkv_dy_rows(const struct mt_piece_ctx *pc, int qk_b, int N, int QD, int KD)
+{
+    const size_t n = (size_t)N * (size_t)(QD + 2 * KD);
+    return attn_bf16(pc) && v_bf16_dy(pc, qk_b, n) ? dyb_room(pc->dyb, n) : NULL;
+}
+
 /* o_proj's backward with d att as bf16 only (att_bf16_only): dWo += dy^T att_b,
  * datt_b = bf16(dy Wo); dy rounded once for the two GEMMs (dyb_round) */
 static void o_proj_bwd_b(const struct mt_piece_ctx *pc, mt_bf16 *datt_b, const float *dy, const mt_bf16 *att_b, int N,
@@ -242,6 +256,34 @@ static enum mt_status attn_piece_forward(struct mt_ctx *ctx, const struct mt_pie
 }
 
 /* Reads dx (Nr, D) = d x_out; ACCUMULATES d x_in into dx; param grads +=. */
+/* the q, k, v projections' backward, dh = the three dX terms: from one operand (rows,
+ * ld: qkv_dy_rows), or from d q', d k' as bf16 in datt's and dk2's memory (qk_b) or fp32
+ * there, and dv as bf16 (dvb) or fp32 */
+static void qkv_proj_bwd(const struct mt_piece_ctx *pc, const mt_bf16 *rows, int ld, int qk_b, const mt_bf16 *dvb,
+                         const float *h)
+{
+    const struct mt_ops_i *ops = pc->ops;
+    const struct attn_own *o = aown(pc);
+    const int N = pc->N, D = pc->D, QD = o->QD, KD = o->KD;
+    float *t = pc->s_lora, *dt = pc->s_dlora;
+    if (rows) {
+        struct mt_param *const w3[3] = {aw(pc)->wq, aw(pc)->wk, aw(pc)->wv};
+        proj_bwd_rows_dyb(ops, pc->dh, w3, 3, rows, ld, h, pc->nm->hb, N, D);
+        return;
+    }
+    if (qk_b) {
+        proj_bwd_dyb(ops, pc->dh, 0.0f, aw(pc)->wq, (const mt_bf16 *)o->datt, h, pc->nm->hb, N, D, QD);
+        proj_bwd_dyb(ops, pc->dh, 1.0f, aw(pc)->wk, (const mt_bf16 *)o->dk2, h, pc->nm->hb, N, D, KD);
+    } else {
+        proj_bwd_b(ops, t, dt, pc->dh, 0.0f, aw(pc)->wq, o->datt, h, pc->nm->hb, N, D, QD, pc->dyb);
+        proj_bwd_b(ops, t, dt, pc->dh, 1.0f, aw(pc)->wk, o->dk2, h, pc->nm->hb, N, D, KD, pc->dyb);
+    }
+    if (dvb)
+        proj_bwd_dyb(ops, pc->dh, 1.0f, aw(pc)->wv, dvb, h, pc->nm->hb, N, D, KD);
+    else
+        proj_bwd_b(ops, t, dt, pc->dh, 1.0f, aw(pc)->wv, o->dv, h, pc->nm->hb, N, D, KD, pc->dyb);
+}
+
 static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc)
 {
     const struct mt_ops_i *ops = pc->ops;
@@ -267,7 +309,10 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
     /* term 2: attention core (dq, dk, dv overwritten); dv as bf16 only (into the dy
      * scratch, free until v's GEMMs read it) where those GEMMs are its only readers */
     const int qk_b = qk_bf16_dy(pc);
-    mt_bf16 *dvb = attn_bf16(pc) && v_bf16_dy(pc, qk_b, (size_t)N * (size_t)KD) ? pc->dyb->p : NULL;
+    mt_bf16 *rows = qkv_dy_rows(pc, qk_b, N, QD, KD);   /* NULL: three buffers */
+    const int ld = rows ? QD + 2 * KD : 0;
+    mt_bf16 *dvb = rows ? rows + QD + KD
+                 : attn_bf16(pc) && v_bf16_dy(pc, qk_b, (size_t)N * (size_t)KD) ? pc->dyb->p : NULL;
     const int pre = qkv_prefill(pc, st);   /* the forward left q, k, v in qkv_b only */
     const int dqk = dqk_bf16(ab, qk_b);
     mt_bf16 *dq_b = dqk ? (mt_bf16 *)aown(pc)->datt + (size_t)N * (size_t)QD : NULL;
@@ -275,7 +320,8 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
     if (attn_bf16(pc))
         ops->attention_backward_bf16(ops->be, aown(pc)->dq, aown(pc)->dk, aown(pc)->dv, ab ? NULL : aown(pc)->datt,
                                      pre ? NULL : st->q, pre ? NULL : st->k, pre ? NULL : st->v, ab ? NULL : st->att,
-                                     st->lse, B, T, H, K, hd, st->qkv_b, dvb, datt_b, ab ? st->att_b : NULL, dq_b, dk_b);
+                                     st->lse, B, T, H, K, hd, st->qkv_b, dvb, datt_b, ab ? st->att_b : NULL, dq_b, dk_b,
+                                     ld);
     else
         ops->attention_backward(ops->be, aown(pc)->dq, aown(pc)->dk, aown(pc)->dv, aown(pc)->datt, st->q, st->k, st->v,
                                 st->att, st->lse, B, T, H, K, hd);
@@ -284,12 +330,13 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
      * bf16 only, in datt's and dk2's memory (the bits of the fp32 pass then the rounding) */
     if (qk_b) {
         const int xb = qk_raw_bf16(pc, st);   /* the forward stored q', k' as bf16 */
-        ops->qk_norm_rope_backward_bf16(ops->be, (mt_bf16 *)aown(pc)->datt, (mt_bf16 *)aown(pc)->dk2, aw(pc)->qn->grad,
+        mt_bf16 *dqr = rows ? rows : (mt_bf16 *)aown(pc)->datt, *dkr = rows ? rows + QD : (mt_bf16 *)aown(pc)->dk2;
+        ops->qk_norm_rope_backward_bf16(ops->be, dqr, dkr, aw(pc)->qn->grad,
                                         aw(pc)->kn->grad, aown(pc)->dq, aown(pc)->dk, xb ? NULL : st->q_raw,
                                         xb ? NULL : st->k_raw, aw(pc)->qn->data, aw(pc)->kn->data, st->rstd_q,
                                         st->rstd_k, pc->rope_cos, pc->rope_sin, N, pc->rope_T ? pc->rope_T : T, H, K,
                                         hd, xb ? (const mt_bf16 *)st->q_raw : NULL,
-                                        xb ? (const mt_bf16 *)st->k_raw : NULL, dq_b, dk_b);
+                                        xb ? (const mt_bf16 *)st->k_raw : NULL, dq_b, dk_b, ld, ld);
     } else {
         ops->qk_norm_rope_backward(ops->be, aown(pc)->datt, aown(pc)->dk2, aw(pc)->qn->grad, aw(pc)->kn->grad,
                                    aown(pc)->dq, aown(pc)->dk, st->q_raw, st->k_raw, aw(pc)->qn->data, aw(pc)->kn->data,
@@ -297,17 +344,7 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
                                    H, K, hd);
     }
     /* term 4: projections (under TP dh is this rank's partial sum over its heads) */
-    if (qk_b) {
-        proj_bwd_dyb(ops, pc->dh, 0.0f, aw(pc)->wq, (const mt_bf16 *)aown(pc)->datt, h, pc->nm->hb, N, D, QD);
-        proj_bwd_dyb(ops, pc->dh, 1.0f, aw(pc)->wk, (const mt_bf16 *)aown(pc)->dk2, h, pc->nm->hb, N, D, KD);
-    } else {
-        proj_bwd_b(ops, t, dt, pc->dh, 0.0f, aw(pc)->wq, aown(pc)->datt, h, pc->nm->hb, N, D, QD, pc->dyb);
-        proj_bwd_b(ops, t, dt, pc->dh, 1.0f, aw(pc)->wk, aown(pc)->dk2, h, pc->nm->hb, N, D, KD, pc->dyb);
-    }
-    if (dvb)
-        proj_bwd_dyb(ops, pc->dh, 1.0f, aw(pc)->wv, dvb, h, pc->nm->hb, N, D, KD);
-    else
-        proj_bwd_b(ops, t, dt, pc->dh, 1.0f, aw(pc)->wv, aown(pc)->dv, h, pc->nm->hb, N, D, KD, pc->dyb);
+    qkv_proj_bwd(pc, rows, ld, qk_b, dvb, h);
     /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
     const float *dhr = pc->dh;
     if (tp->sp) {
@@ -445,12 +482,13 @@ static void attn_carve_scratch(const struct mt_piece_ctx *pc, struct mt_carver *
 /* the K and V rows of t_max positions */
 static size_t attn_decode_floats(const struct mt_piece_ctx *pc, int t_max) { return 2 * (size_t)t_max * (size_t)aown(pc)->KD; }
 
-/* the bf16 dy copy's width: the q and kv projections' outputs (local) */
+/* the bf16 dy copy's width: the q, k and v projections' outputs side by side (local;
+ * qkv_dy_rows, which also covers d q', d k' and dv one at a time) */
 static void attn_proj_scratch(const struct mt_piece_ctx *pc, size_t *rows, size_t *cols)
 {
     (void)rows;
-    if ((size_t)aown(pc)->QD > *cols) *cols = (size_t)aown(pc)->QD;
-    if ((size_t)aown(pc)->KD > *cols) *cols = (size_t)aown(pc)->KD;
+    const size_t w = (size_t)aown(pc)->QD + 2 * (size_t)aown(pc)->KD;
+    if (w > *cols) *cols = w;
 }
 
 /* this rank's heads (the model axis splits them; the contract guarantees

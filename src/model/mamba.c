@@ -439,36 +439,18 @@ static int mamba_h_unread(const struct mt_piece_ctx *pc)
 }
 static const float *mamba_h(const struct mt_piece_ctx *pc, const float *h) { return mamba_h_unread(pc) ? NULL : h; }
 
-static const void *wop(const struct mt_param *w, enum mt_elem *t)
-{
-    *t = w->bf16_ok ? MT_ELEM_BF16 : MT_ELEM_F32;
-    return w->bf16_ok ? (const void *)w->bf16 : (const void *)w->data;
-}
-
 /*
- * Win's seven blocks as one (W, D) operand: where their GEMM operands (the
- * shadows when fresh, else fp32; wop) lie back to back in block order, as one
- * rank's carve lays out the parameters and the shadows (registry order,
- * model.c model_layout), one GEMM over all W columns does the seven blocks'
- * work: forward one launch instead of seven, and backward dh's K runs over W
- * in one product instead of seven accumulations into dh (n, D) in fp32 (six
- * extra reads and writes of it; four of the blocks are 64 rows at d2048, so
- * their products were all memory). NULL where they are not contiguous (a
- * different operand type, engine-owned data): block by block, as before.
+ * Win's seven blocks as one (W, D) operand (params_whole, model_impl.h): where
+ * their GEMM operands lie back to back in block order, one GEMM over all W
+ * columns does the seven blocks' work: forward one launch instead of seven, and
+ * backward dh's K runs over W in one product instead of seven accumulations into
+ * dh (n, D) in fp32 (six extra reads and writes of it; four of the blocks are 64
+ * rows at d2048, so their products were all memory). NULL where they are not
+ * contiguous (a different operand type, engine-owned data): block by block.
  */
 static const void *win_whole(const struct mamba_w *lw, int W, enum mt_elem *t)
 {
-    const void *first = wop(lw->mwin[0], t);
-    const char *next = first;
-    int64_t rows = 0;
-    for (int b = 0; b < 7; b++) {
-        enum mt_elem tb;
-        const struct mt_param *p = lw->mwin[b];
-        if (wop(p, &tb) != (const void *)next || tb != *t) return NULL;
-        next += (size_t)(p->len[0] * p->len[1]) * (tb == MT_ELEM_BF16 ? sizeof(mt_bf16) : sizeof(float));
-        rows += p->len[0];
-    }
-    return rows == W ? first : NULL;
+    return params_whole(lw->mwin, 7, W, t);
 }
 
 /* ... and their fp32 gradients as one (W, D) matrix (NULL: not contiguous, or
@@ -507,7 +489,7 @@ static void in_fwd(const struct mt_piece_ctx *pc, float *proj, const float *h, c
     int rows[7], off = 0;
     in_rows(lw, rows);
     for (int b = 0; b < 7; b++) {
-        const void *Wb = wop(lw->mwin[b], &tw);
+        const void *Wb = wlinear_op(lw->mwin[b], &tw);
         if (rows[b] > 0) ops->gemm_bf16(ops->be, 0, 1, n, rows[b], D, 1.0f, x, xt, D, Wb, tw, D, 0.0f, proj + off, W);
         off += rows[b];
     }
@@ -546,7 +528,7 @@ static void in_bwd(const struct mt_piece_ctx *pc, float *dh, struct mt_mamba3_we
     for (int b = 0; b < 7; b++) {
         if (rows[b] > 0) {
             enum mt_elem tw;
-            const void *Wb = wop(lw->mwin[b], &tw);
+            const void *Wb = wlinear_op(lw->mwin[b], &tw);
             const void *dp = pb ? (const void *)(pb + off) : (const void *)(dproj + off);
             if (!gw && g->win_part[b])
                 ops->gemm_bf16(ops->be, 1, 0, rows[b], D, n, 1.0f, dp, pt, W, x, xt, D,
@@ -582,7 +564,7 @@ static void rep_seg(const struct mt_piece_ctx *pc, int b, int k, int *r0, int *r
 /* the weight operand from row r0 on: its bf16 shadow when fresh, else fp32 */
 static const void *wop_row(const struct mt_param *w, int r0, enum mt_elem *t)
 {
-    const void *p = wop(w, t);
+    const void *p = wlinear_op(w, t);
     const size_t es = *t == MT_ELEM_BF16 ? sizeof(mt_bf16) : sizeof(float);
     return (const char *)p + (size_t)r0 * (size_t)w->len[1] * es;
 }

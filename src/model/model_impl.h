@@ -387,6 +387,73 @@ static inline void proj_bwd_dyb(const struct mt_ops_i *ops, float *dx, float bet
     MT_ASSERT(!w->lora_a);
     wlinear_backward_db(ops, dx, beta_dx, w->frozen ? NULL : w->grad, NULL, dyb, x, xb, w, n, in, out);
 }
+/* w's GEMM operand: its bf16 shadow when fresh, else the fp32 data (gemm_bf16 rounds it) */
+static inline const void *wlinear_op(const struct mt_param *w, enum mt_elem *t)
+{
+    *t = w->bf16_ok ? MT_ELEM_BF16 : MT_ELEM_F32;
+    return w->bf16_ok ? (const void *)w->bf16 : (const void *)w->data;
+}
+/* n projections' operands (wlinear_op) as one (rows, in) matrix, rows their outputs'
+ * sum: where they lie back to back in order with one element type, as one rank's
+ * carve lays out a piece's parameters and their shadows (registry order); else NULL */
+static inline const void *params_whole(struct mt_param *const *w, int n, int64_t rows, enum mt_elem *t)
+{
+    const void *first = wlinear_op(w[0], t);
+    const char *next = (const char *)first;
+    int64_t sum = 0;
+    for (int i = 0; i < n; i++) {
+        enum mt_elem ti;
+        if (wlinear_op(w[i], &ti) != (const void *)next || ti != *t) return NULL;
+        next += (size_t)(w[i]->len[0] * w[i]->len[1]) * (ti == MT_ELEM_BF16 ? sizeof(mt_bf16) : sizeof(float));
+        sum += w[i]->len[0];
+    }
+    return sum == rows ? first : NULL;
+}
+/* ... and their fp32 gradients as one matrix (NULL: not back to back, or one frozen) */
+static inline float *grads_whole(struct mt_param *const *w, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (w[i]->frozen || !w[i]->grad) return NULL;
+        if (i > 0 && w[i]->grad != w[i - 1]->grad + w[i - 1]->len[0] * w[i - 1]->len[1]) return NULL;
+    }
+    return w[0]->grad;
+}
+/* The backward of n projections of one input x (n_rows, in) whose outputs' gradients
+ * their producers wrote as one bf16 operand dyb (n_rows, ld): projection i's rows of W
+ * (its len[0] outputs) are its columns of dyb, in order (their sum is ld). No adapter
+ * on any (LoRA's terms read the fp32 dy). dW_i (+)= dy_i^T x where w_i trains; dx =
+ * sum_i dy_i W_i, written (beta 0). One GEMM for all dW and one for dx where the
+ * gradients / operands lie back to back (grads_whole, params_whole), over K = ld:
+ * dx written once instead of once and then read and rewritten per further projection
+ * in fp32, and x read once for every dW; else a GEMM a projection, at its columns. */
+static inline void proj_bwd_rows_dyb(const struct mt_ops_i *ops, float *dx, struct mt_param *const *w, int n,
+                                     const mt_bf16 *dyb, int ld, const float *x, const mt_bf16 *xb, int n_rows,
+                                     int in)
+{
+    if (n_rows <= 0) return;
+    const void *X = xb ? (const void *)xb : (const void *)x;
+    const enum mt_elem xt = xb ? MT_ELEM_BF16 : MT_ELEM_F32;
+    enum mt_elem tw;
+    const void *W = params_whole(w, n, ld, &tw);
+    float *gw = grads_whole(w, n);
+    if (gw) ops->gemm_bf16(ops->be, 1, 0, ld, in, n_rows, 1.0f, dyb, MT_ELEM_BF16, ld, X, xt, in, grad_beta_all(w, n),
+                           gw, in);
+    if (W) ops->gemm_bf16(ops->be, 0, 0, n_rows, in, ld, 1.0f, dyb, MT_ELEM_BF16, ld, W, tw, in, 0.0f, dx, in);
+    int off = 0;
+    for (int i = 0; i < n; i++) {
+        MT_ASSERT(!w[i]->lora_a);
+        const int rows = (int)w[i]->len[0];
+        if (!gw && !w[i]->frozen)
+            ops->gemm_bf16(ops->be, 1, 0, rows, in, n_rows, 1.0f, dyb + off, MT_ELEM_BF16, ld, X, xt, in,
+                           grad_beta(w[i], w[i]->grad), w[i]->grad, in);
+        if (!W) {
+            const void *Wi = wlinear_op(w[i], &tw);
+            ops->gemm_bf16(ops->be, 0, 0, n_rows, in, rows, 1.0f, dyb + off, MT_ELEM_BF16, ld, Wi, tw, in,
+                           i ? 1.0f : 0.0f, dx, in);
+        }
+        off += rows;
+    }
+}
 /* the model's bf16 dy scratch when it holds n > 0 elements, else NULL (none, or too
  * small). The caller may write it: the residual gradient's twin there is dropped. */
 static inline mt_bf16 *dyb_room(struct mt_dyb *dyb, size_t n)

@@ -509,13 +509,17 @@ struct mt_ops_i {
      * moved (the fp32 store, g's store, the cast's read and write).
      * dq_b, dk_b: NULL, or the incoming gradient as bf16 (the attention
      * backward's dq_b, dk_b), read widened (exact) in place of dq, dk, which
-     * stay scratch (a backend may widen into them); both or neither. */
+     * stay scratch (a backend may widen into them); both or neither.
+     * ld_dq_raw, ld_dk_raw: the row strides of dq_raw_b, dk_raw_b in elements
+     * (a row: one token's H hd, K hd values; 0 means dense rows; else at least
+     * that, and the elements between rows are not written): d q', d k' into one
+     * (N, H hd + 2 K hd) operand beside dv (attention_backward_bf16's ldv_b). */
     void (*qk_norm_rope_backward_bf16)(void *be, mt_bf16 *dq_raw_b, mt_bf16 *dk_raw_b, float *dwq, float *dwk,
                                        float *dq, float *dk, const float *q_raw, const float *k_raw, const float *wq,
                                        const float *wk, const float *rstd_q, const float *rstd_k,
                                        const float *cos_tab, const float *sin_tab, int N, int T, int H, int K, int hd,
                                        const mt_bf16 *q_raw_b, const mt_bf16 *k_raw_b, const mt_bf16 *dq_b,
-                                       const mt_bf16 *dk_b);
+                                       const mt_bf16 *dk_b, int ld_dq_raw, int ld_dk_raw);
     /* (both bf16 entries) q_raw_b, k_raw_b: NULL, or q_raw, k_raw stored as
      * bf16 (their GEMMs' bf16 outputs: autocast's rounding of a Linear's
      * output), read widened (exact) in place of q_raw, k_raw (then ignored,
@@ -589,6 +593,10 @@ struct mt_ops_i {
      * dv, nearest even; dv is scratch then, its contents unspecified): for a
      * v projection whose bf16 GEMMs are dv's only readers (8 bytes an element
      * of dv not moved: the fp32 store, the cast's read). Must not overlap dv.
+     * ldv_b: dv_b's row stride in elements (a row: one token's K hd values;
+     * 0 means K hd, dense rows; else >= K hd, and the elements between rows
+     * are not written): dv beside d q', d k' in one (B T, H hd + 2 K hd)
+     * operand, the q/k/v projections' merged backward GEMMs (attention.c).
      * q, k, v NULL (either entry; with qkv_b): that operand is already in
      * qkv_b, rounded by its producer (qk_norm_rope_forward_bf16, a v GEMM
      * with a bf16 output): the entries read it there (the same values the
@@ -610,7 +618,8 @@ struct mt_ops_i {
     void (*attention_backward_bf16)(void *be, float *dq, float *dk, float *dv, const float *dout, const float *q,
                                     const float *k, const float *v, const float *out, const float *lse,
                                     int B, int T, int H, int K, int hd, const mt_bf16 *qkv_b, mt_bf16 *dv_b,
-                                    const mt_bf16 *dout_b, const mt_bf16 *out_b, mt_bf16 *dq_b, mt_bf16 *dk_b);
+                                    const mt_bf16 *dout_b, const mt_bf16 *out_b, mt_bf16 *dq_b, mt_bf16 *dk_b,
+                                    int ldv_b);
     /* ---- the Mamba-3 scan in bf16 (precision=bf16; docs/cuda.md "The Mamba-3
      * scan on tensor cores") ----
      * ssm_scan_forward/backward's contract with the chunked form's

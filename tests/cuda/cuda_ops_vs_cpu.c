@@ -1295,7 +1295,7 @@ static void test_qk_bwd_bf16(int hd)
             float *eg = upf(b, gq, nq), *egk = upf(b, gk, nk), *ex = upf(b, nq_, nq), *exk = upf(b, nq_, nk);
             float *hwq = upf(b, dw0, (size_t)hd), *hwk = upf(b, dw0, (size_t)hd);
             b->ops->qk_norm_rope_backward_bf16(b->ops->be, (mt_bf16 *)ex, (mt_bf16 *)exk, hwq, hwk, eg, egk, dqr, dkr, dwq,
-                                               dwk, sq, sk, dc, ds, N, T, H, K, hd, NULL, NULL, NULL, NULL);
+                                               dwk, sq, sk, dc, ds, N, T, H, K, hd, NULL, NULL, NULL, NULL, 0, 0);
             bq[r] = (uint16_t *)downi(b, (const int32_t *)ex, nq / 2);
             bk[r] = (uint16_t *)downi(b, (const int32_t *)exk, nk / 2);
             if (r == 0) bwq = downf(b, hwq, (size_t)hd), bwk = downf(b, hwk, (size_t)hd);
@@ -1367,7 +1367,7 @@ static void qk_din_b_case(struct be *b, int p, int hd, int N, int T, int H, int 
         float *hwq = upf(b, dw0, (size_t)hd), *hwk = upf(b, dw0, (size_t)hd);
         mt_bf16 *b16 = (mt_bf16 *)upf(b, nq_, n / 2);
         b->ops->qk_norm_rope_backward_bf16(b->ops->be, b16, b16 + nq, hwq, hwk, eg, egk, q32, k32, dwq, dwk, sq, sk, dc,
-                                           ds, N, T, H, K, hd, xq, xk, v ? dinq : NULL, v ? dink : NULL);
+                                           ds, N, T, H, K, hd, xq, xk, v ? dinq : NULL, v ? dink : NULL, 0, 0);
         o[v] = (uint16_t *)downi(b, (const int32_t *)b16, n / 2);
         dw[v][0] = downf(b, hwq, (size_t)hd), dw[v][1] = downf(b, hwk, (size_t)hd);
     }
@@ -1378,6 +1378,30 @@ static void qk_din_b_case(struct be *b, int p, int hd, int N, int T, int H, int 
            (double)(ndiff(o[0], o[1], n / 2) + ndiff(dw[0][0], dw[1][0], (size_t)hd) +
                     ndiff(dw[0][1], dw[1][1], (size_t)hd)),
            0);
+    {   /* and into one buffer with rows ld apart (d q_raw at column 0, d k_raw at H hd, K hd
+         * left for dv: the merged q/k/v backward's operand, ld_dq_raw, ld_dk_raw): each row
+         * the dense call's, the columns between untouched (a sentinel) */
+        const size_t ld = (size_t)(H + 2 * K) * hd, wq_ = (size_t)H * hd, wk_ = (size_t)K * hd;
+        uint16_t *hs = xmalloc((size_t)N * ld * 2);
+        for (size_t i = 0; i < (size_t)N * ld; i++) hs[i] = 0x1234;
+        float *eg = upf(b, nq_, nq), *egk = upf(b, nq_, nk);
+        float *hwq = upf(b, dw0, (size_t)hd), *hwk = upf(b, dw0, (size_t)hd);
+        mt_bf16 *sb = (mt_bf16 *)upf(b, (const float *)hs, (size_t)N * ld / 2);
+        b->ops->qk_norm_rope_backward_bf16(b->ops->be, sb, sb + wq_, hwq, hwk, eg, egk, q32, k32, dwq, dwk, sq, sk, dc,
+                                           ds, N, T, H, K, hd, xq, xk, dinq, dink, (int)ld, (int)ld);
+        uint16_t *st = (uint16_t *)downi(b, (const int32_t *)sb, (size_t)N * ld / 2);
+        float *sw0 = downf(b, hwq, (size_t)hd), *sw1 = downf(b, hwk, (size_t)hd);
+        size_t bad = ndiff(sw0, dw[1][0], (size_t)hd) + ndiff(sw1, dw[1][1], (size_t)hd);
+        for (size_t r = 0; r < (size_t)N; r++) {
+            bad += ndiff(st + r * ld, o[1] + r * wq_, wq_ / 2) +   /* (ndiff counts 4-byte pairs) */
+                   ndiff(st + r * ld + wq_, o[1] + nq + r * wk_, wk_ / 2);
+            for (size_t c = wq_ + wk_; c < ld; c++) bad += st[r * ld + c] != 0x1234;
+        }
+        snprintf(w, sizeof w, "%s hd=%d%s: rows ld apart: the dense call's rows and dw, the gap untouched (differing)",
+                 p ? "cuda" : "cpu", hd, xb ? " q_raw_b" : "");
+        report("qk_norm_rope_backward_bf16", w, (double)bad, 0);
+        free(hs); free(st); free(sw0); free(sw1);
+    }
     for (int v = 0; v < 2; v++) free(o[v]), free(dw[v][0]), free(dw[v][1]);
     free(gb); free(xr); free(gw);
 }
@@ -1411,7 +1435,7 @@ static void qk_raw_b_case(struct be *b, int p, int hd, int N, int T, int H, int 
         float *hwq = upf(b, dw0, (size_t)hd), *hwk = upf(b, dw0, (size_t)hd);
         b->ops->qk_norm_rope_backward_bf16(b->ops->be, b16, b16 + nq, hwq, hwk, eg, egk, v ? NULL : w32,
                                            v ? NULL : w32 + nq, dwq, dwk, sq, sk, dc, ds, N, T, H, K, hd,
-                                           v ? qb : NULL, v ? kb : NULL, NULL, NULL);
+                                           v ? qb : NULL, v ? kb : NULL, NULL, NULL, 0, 0);
         o[v][0] = (uint16_t *)downi(b, (const int32_t *)f16, (nq + nk) / 2);
         o[v][1] = (uint16_t *)downi(b, (const int32_t *)b16, (nq + nk) / 2);
         r[v][0] = downf(b, rq, NH), r[v][1] = downf(b, rk, NK);

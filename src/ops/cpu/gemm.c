@@ -60,6 +60,16 @@ void mt_cpu_cast_bf16(uint16_t *dst, const float *src, size_t n)
     for (size_t i = 0; i < n; i++) dst[i] = mt_cpu_f32_to_bf16(src[i]);
 }
 
+/* mt_cpu_cast_bf16 of a dense (rows, cols) source into rows ld apart (ld 0: cols);
+ * the elements between dst's rows are not written */
+void mt_cpu_cast_bf16_rows(uint16_t *dst, size_t ld, const float *src, size_t rows, size_t cols)
+{
+    if (ld == 0 || ld == cols) { mt_cpu_cast_bf16(dst, src, rows * cols); return; }
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < rows; i++)
+        for (size_t j = 0; j < cols; j++) dst[i * ld + j] = mt_cpu_f32_to_bf16(src[i * cols + j]);
+}
+
 /* dense (rows, cols) fp32 copy of a stored operand, every value a bf16 value */
 static void round_operand(float *dst, const void *src, enum mt_elem t, int ld, int rows, int cols)
 {

@@ -315,26 +315,28 @@ static void p_attention_forward_bf16(void *be, float *out, mt_bf16 *out_bf16, fl
      * only for an operand given as NULL (its producer rounded it there) */
     PROF(MT_OPK_ATTENTION, mt_cpu_attention_forward_bf16(out, out_bf16, lse, q, k, v, B, T, H, K, hd, qkv_b));
 }
-/* attention_backward_bf16 (mt_ops.h); dv_b, dq_b, dk_b: the fp32 dv, dq, dk (scratch then) rounded once */
+/* attention_backward_bf16 (mt_ops.h); dv_b, dq_b, dk_b: the fp32 dv, dq, dk (scratch then) rounded once,
+ * dv_b's rows ldv_b apart */
 static void attention_backward_bf16(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
                                     const float *v, const float *out, const float *lse, int B, int T, int H, int K,
                                     int hd, const mt_bf16 *qkv_b, mt_bf16 *dv_b, const mt_bf16 *dout_b,
-                                    const mt_bf16 *out_b, mt_bf16 *dq_b, mt_bf16 *dk_b)
+                                    const mt_bf16 *out_b, mt_bf16 *dq_b, mt_bf16 *dk_b, int ldv_b)
 {
     const size_t BT = (size_t)B * (size_t)T, nq = BT * (size_t)H * (size_t)hd, nk = BT * (size_t)K * (size_t)hd;
     mt_cpu_attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, hd, qkv_b, dout_b, out_b);
-    if (dv_b) mt_cpu_cast_bf16(dv_b, dv, nk);
+    if (dv_b) mt_cpu_cast_bf16_rows(dv_b, (size_t)ldv_b, dv, BT, (size_t)K * (size_t)hd);
     if (dq_b) mt_cpu_cast_bf16(dq_b, dq, nq);
     if (dk_b) mt_cpu_cast_bf16(dk_b, dk, nk);
 }
 static void p_attention_backward_bf16(void *be, float *dq, float *dk, float *dv, const float *dout, const float *q,
                                       const float *k, const float *v, const float *out, const float *lse, int B,
                                       int T, int H, int K, int hd, const mt_bf16 *qkv_b, mt_bf16 *dv_b,
-                                      const mt_bf16 *dout_b, const mt_bf16 *out_b, mt_bf16 *dq_b, mt_bf16 *dk_b)
+                                      const mt_bf16 *dout_b, const mt_bf16 *out_b, mt_bf16 *dq_b, mt_bf16 *dk_b,
+                                      int ldv_b)
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_ATTENTION_BWD, attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, hd, qkv_b, dv_b,
-                                                       dout_b, out_b, dq_b, dk_b));
+                                                       dout_b, out_b, dq_b, dk_b, ldv_b));
 }
 static void p_swiglu_forward(void *be, float *out, const float *gate, const float *up, size_t n)
 {
@@ -735,19 +737,24 @@ static void qk_bwd_bf16(mt_bf16 *dq_raw_b, mt_bf16 *dk_raw_b, float *dwq, float 
                         const float *q_raw, const float *k_raw, const float *wq, const float *wk, const float *rstd_q,
                         const float *rstd_k, const float *cos_tab, const float *sin_tab, int N, int T, int H, int K,
                         int hd, const mt_bf16 *q_raw_b, const mt_bf16 *k_raw_b, const mt_bf16 *dq_b,
-                        const mt_bf16 *dk_b)
+                        const mt_bf16 *dk_b, int ld_dq_raw, int ld_dk_raw)
 {
     const size_t nq = (size_t)N * (size_t)H * (size_t)hd, nk = (size_t)N * (size_t)K * (size_t)hd;
     float *t = qk_scratch(&q_raw, &k_raw, q_raw_b, k_raw_b, nq, nk);
-    if (!t) { qk_poison(dq_raw_b, nq, dk_raw_b, nk); return; }
+    if (!t) {   /* their rows alone (ld) */
+        const size_t lq = ld_dq_raw ? (size_t)ld_dq_raw : (size_t)H * (size_t)hd;
+        const size_t lk = ld_dk_raw ? (size_t)ld_dk_raw : (size_t)K * (size_t)hd;
+        for (size_t r = 0; r < (size_t)N; r++) qk_poison(dq_raw_b + r * lq, nq / N, dk_raw_b + r * lk, nk / N);
+        return;
+    }
     if (dq_b) {   /* the incoming gradient as bf16: widened into the scratch dq, dk (exact) */
         for (size_t i = 0; i < nq; i++) dq[i] = mt_cpu_bf16_to_f32(dq_b[i]);
         for (size_t i = 0; i < nk; i++) dk[i] = mt_cpu_bf16_to_f32(dk_b[i]);
     }
     mt_cpu_qk_norm_rope_backward(t, t + nq, dwq, dwk, dq, dk, q_raw, k_raw, wq, wk, rstd_q, rstd_k, cos_tab, sin_tab,
                                  N, T, H, K, hd);
-    mt_cpu_cast_bf16(dq_raw_b, t, nq);
-    mt_cpu_cast_bf16(dk_raw_b, t + nq, nk);
+    mt_cpu_cast_bf16_rows(dq_raw_b, (size_t)ld_dq_raw, t, (size_t)N, (size_t)H * (size_t)hd);
+    mt_cpu_cast_bf16_rows(dk_raw_b, (size_t)ld_dk_raw, t + nq, (size_t)N, (size_t)K * (size_t)hd);
     free(t);
 }
 static void p_qk_norm_rope_backward_bf16(void *be, mt_bf16 *dq_raw_b, mt_bf16 *dk_raw_b, float *dwq, float *dwk,
@@ -755,11 +762,11 @@ static void p_qk_norm_rope_backward_bf16(void *be, mt_bf16 *dq_raw_b, mt_bf16 *d
                                          const float *wk, const float *rstd_q, const float *rstd_k,
                                          const float *cos_tab, const float *sin_tab, int N, int T, int H, int K, int hd,
                                          const mt_bf16 *q_raw_b, const mt_bf16 *k_raw_b, const mt_bf16 *dq_b,
-                                         const mt_bf16 *dk_b)
+                                         const mt_bf16 *dk_b, int ld_dq_raw, int ld_dk_raw)
 {
     (void)be;
     PROF(MT_OPK_NORM, qk_bwd_bf16(dq_raw_b, dk_raw_b, dwq, dwk, dq, dk, q_raw, k_raw, wq, wk, rstd_q, rstd_k, cos_tab,
-                                  sin_tab, N, T, H, K, hd, q_raw_b, k_raw_b, dq_b, dk_b));
+                                  sin_tab, N, T, H, K, hd, q_raw_b, k_raw_b, dq_b, dk_b, ld_dq_raw, ld_dk_raw));
 }
 
 /* backend facts: the ISA the kernels dispatched to (mt_ops_cpu_isa), and

@@ -152,7 +152,7 @@ static __device__ __forceinline__ void tc_store4(float *s, const frag_c acc[4])
  * (and its bf16 twin), through the warp's staging tile (16, hd16 + 4) */
 template <int NF>
 static __device__ void tc_write_rows(float *dst, bf16 *dst_b, float *stage, const frag_c acc[NF], int nf, int b,
-                                     int r0, int T, int nh, int head, int hd, int hd16)
+                                     int r0, int T, int nh, int head, int hd, int hd16, int ldb = 0)
 {
     const int lds = hd16 + 4, lane = threadIdx.x % MT_WARP;
 #pragma unroll
@@ -161,14 +161,14 @@ static __device__ void tc_write_rows(float *dst, bf16 *dst_b, float *stage, cons
         wmma::store_matrix_sync(stage + 16 * f, acc[f], (unsigned)lds, wmma::mem_row_major);
     }
     __syncwarp();
-    const size_t rstride = (size_t)nh * (size_t)hd;
+    const size_t rstride = (size_t)nh * (size_t)hd, rstride_b = ldb ? (size_t)ldb : rstride;   /* dst_b's rows */
     for (int e = lane; e < 16 * hd; e += MT_WARP) {
         const int r = e / hd, c = e - r * hd;
         if (r0 + r >= T) continue;
-        const size_t at = ((size_t)b * (size_t)T + (size_t)(r0 + r)) * rstride + (size_t)head * (size_t)hd + c;
+        const size_t row = (size_t)b * (size_t)T + (size_t)(r0 + r), col = (size_t)head * (size_t)hd + c;
         const float v = stage[r * lds + c];
-        if (dst) dst[at] = v;
-        if (dst_b) dst_b[at] = __float2bfloat16_rn(v);
+        if (dst) dst[row * rstride + col] = v;
+        if (dst_b) dst_b[row * rstride_b + col] = __float2bfloat16_rn(v);
     }
     __syncwarp();
 }
@@ -278,7 +278,8 @@ static __device__ void tc_store_ds(bf16 *dsg, const bf16 *DSw, int b, int h, int
 template <int NF>
 static __global__ void __launch_bounds__(TC_THREADS)
 attn_tc_dkdv_k(float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, bf16 *dsg, const bf16 *q, const bf16 *k, const bf16 *v,
-               const bf16 *g, const float *lse, const float *D, int T, int H, int K, int hd, float scale, int vec)
+               const bf16 *g, const float *lse, const float *D, int T, int H, int K, int hd, float scale, int vec,
+               int ldv_b)
 {
     MT_DYN_SMEM(unsigned char, sm);
     const int hd16 = tc_hd16(hd), nf = hd16 / 16, ldh = hd16 + 8;
@@ -351,7 +352,8 @@ attn_tc_dkdv_k(float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, bf16 *dsg, const bf
     __syncthreads();  /* Q and dO become the staging tiles */
     float *stage = (float *)Qs + warp * 16 * (hd16 + 4);
     tc_write_rows<NF>(dk_b ? NULL : dk, dk_b, stage, dka, nf, b, j0 + 16 * warp, T, K, kvh, hd, hd16);   /* dk_b: bf16 only */
-    tc_write_rows<NF>(dv_b ? NULL : dv, dv_b, stage, dva, nf, b, j0 + 16 * warp, T, K, kvh, hd, hd16);   /* dv_b: bf16 only */
+    tc_write_rows<NF>(dv_b ? NULL : dv, dv_b, stage, dva, nf, b, j0 + 16 * warp, T, K, kvh, hd, hd16,
+                      ldv_b);   /* dv_b: bf16 only, rows ldv_b apart */
 }
 
 /* ---- backward: dQ ---- */
@@ -602,7 +604,7 @@ static void tc_fwd_launch(float *out, bf16 *out_b, float *lse, const struct tc_o
 
 template <int NF>
 static void tc_bwd_launch(float *dq, bf16 *dq_b, float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, const float *lse,
-                          const struct tc_operands *o, int B, int T, int H, int K, int hd)
+                          const struct tc_operands *o, int B, int T, int H, int K, int hd, int ldv_b)
 {
     const int hd16 = tc_hd16(hd);
     const float scale = 1.0f / sqrtf((float)hd);
@@ -611,7 +613,7 @@ static void tc_bwd_launch(float *dq, bf16 *dq_b, float *dk, bf16 *dk_b, float *d
     if (o->ds ? !mt_cuda_smem_opt_in(attn_tc_dq_ds_k<NF>, s_q) : !mt_cuda_smem_opt_in(attn_tc_dq_k<NF>, s_q)) return;
     const unsigned nt = (unsigned)((T + TC_B - 1) / TC_B);
     MT_LAUNCH(attn_tc_dkdv_k<NF>, dim3(nt, (unsigned)K, (unsigned)B), TC_THREADS, s_kv)(
-        dk, dk_b, dv, dv_b, o->ds, o->q, o->k, o->v, o->g, lse, o->D, T, H, K, hd, scale, o->vec);
+        dk, dk_b, dv, dv_b, o->ds, o->q, o->k, o->v, o->g, lse, o->D, T, H, K, hd, scale, o->vec, ldv_b);
     MT_CUDA_KCHECK();
     if (o->ds) {  /* dQ = dS K from the tiles the dK/dV kernel stored */
         MT_LAUNCH(attn_tc_dq_ds_k<NF>, dim3(nt, (unsigned)H, (unsigned)B), TC_THREADS, s_q)(
@@ -717,11 +719,15 @@ extern "C" void mt_cuda_attention_backward_bf16(void *be, float *dq, float *dk, 
                                                 const float *q, const float *k, const float *v, const float *out,
                                                 const float *lse, int B, int T, int H, int K, int hd,
                                                 const mt_bf16 *qkv_b, mt_bf16 *dv_b, const mt_bf16 *dout_b,
-                                                const mt_bf16 *out_b, mt_bf16 *dq_b, mt_bf16 *dk_b)
+                                                const mt_bf16 *out_b, mt_bf16 *dq_b, mt_bf16 *dk_b, int ldv_b)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (B <= 0 || T <= 0 || H <= 0) return;
     if (!tc_shape_ok(H, K, hd)) return;
+    if (ldv_b < 0 || (ldv_b && (ldv_b < K * hd || (ldv_b & 1) || !mt_cuda_aligned(dv_b, 4)))) {
+        MT_CUDA_UNSUPPORTED("attention (bf16): dv_b's row stride ldv_b must be 0 or even and >= K hd, dv_b 4-byte aligned");
+        return;
+    }
     if (dout_b) dout = NULL;   /* the bf16 forms win (mt_ops.h) */
     if (out_b) out = NULL;
     if ((!dout && !dout_b) || (!out && !out_b)) {
@@ -735,7 +741,7 @@ extern "C" void mt_cuda_attention_backward_bf16(void *be, float *dq, float *dk, 
                            NULL))
             return;
         mt_cuda_attention_backward(be, dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, hd);
-        if (dv_b) mt_cuda_cast_bf16(be, dv_b, dv, (size_t)B * T * K * hd);   /* dv scratch: rounded once */
+        if (dv_b) mt_cuda_cast_bf16_rows(be, dv_b, (size_t)ldv_b, dv, (size_t)B * T, (size_t)K * hd);   /* dv scratch: rounded once */
         if (dq_b) mt_cuda_cast_bf16(be, dq_b, dq, (size_t)B * T * H * hd);   /* ... and dq, dk */
         if (dk_b) mt_cuda_cast_bf16(be, dk_b, dk, (size_t)B * T * K * hd);
         return;
@@ -747,9 +753,9 @@ extern "C" void mt_cuda_attention_backward_bf16(void *be, float *dq, float *dk, 
     mt_cuda_be->info.attention_tc_calls++;
     if (v2) {
         mt_attn_v2_backward(dq, dq_b, dk, dk_b, dv, dv_b, (mt_bf16 *)o.ds, (const mt_bf16 *)o.q, (const mt_bf16 *)o.k,
-                            (const mt_bf16 *)o.v, (const mt_bf16 *)o.g, lse, o.D, B, T, H, K, hd);
+                            (const mt_bf16 *)o.v, (const mt_bf16 *)o.g, lse, o.D, B, T, H, K, hd, ldv_b);
         return;
     }
-    if (hd <= 64) tc_bwd_launch<4>(dq, (bf16 *)dq_b, dk, (bf16 *)dk_b, dv, (bf16 *)dv_b, lse, &o, B, T, H, K, hd);
-    else          tc_bwd_launch<8>(dq, (bf16 *)dq_b, dk, (bf16 *)dk_b, dv, (bf16 *)dv_b, lse, &o, B, T, H, K, hd);
+    if (hd <= 64) tc_bwd_launch<4>(dq, (bf16 *)dq_b, dk, (bf16 *)dk_b, dv, (bf16 *)dv_b, lse, &o, B, T, H, K, hd, ldv_b);
+    else          tc_bwd_launch<8>(dq, (bf16 *)dq_b, dk, (bf16 *)dk_b, dv, (bf16 *)dv_b, lse, &o, B, T, H, K, hd, ldv_b);
 }

@@ -217,22 +217,25 @@ static __device__ __forceinline__ void v2_pv(float out[HD / 8][4], const float p
 }
 
 /* a warp's accumulator rows (16 x HD at row r0 of a (B,T,nh,HD) fp32 tensor
- * and its optional bf16 twin), each lane its own pairs; rows past T skipped */
+ * and its optional bf16 twin, whose rows are ldb apart: 0 = nh HD, dense), each
+ * lane its own pairs; rows past T skipped */
 template <int HD>
 static __device__ __forceinline__ void v2_write_rows(float *dst, bf16 *dst_b, const float acc[HD / 8][4], int b,
-                                                     int r0, int T, int nh, int head, int lane)
+                                                     int r0, int T, int nh, int head, int lane, int ldb = 0)
 {
     const int g = lane >> 2, t = lane & 3;
+    const size_t ld = (size_t)nh * HD, ldt = ldb ? (size_t)ldb : ld;
 #pragma unroll
     for (int half = 0; half < 2; half++) {
         const int r = r0 + g + 8 * half;
         if (r >= T) continue;
-        const size_t at = ((size_t)b * (size_t)T + (size_t)r) * (size_t)nh * HD + (size_t)head * HD + 2 * t;
+        const size_t row = (size_t)b * (size_t)T + (size_t)r, col = (size_t)head * HD + 2 * t;
+        const size_t at = row * ld + col, atb = row * ldt + col;
 #pragma unroll
         for (int j = 0; j < HD / 8; j++) {
             v2_f2 v = {acc[j][2 * half], acc[j][2 * half + 1]};
             if (dst) *(v2_f2 *)(dst + at + 8 * j) = v;
-            if (dst_b) *(uint32_t *)(dst_b + at + 8 * j) = mt_pack_bf16(v.x, v.y);
+            if (dst_b) *(uint32_t *)(dst_b + atb + 8 * j) = mt_pack_bf16(v.x, v.y);
         }
     }
 }
@@ -407,7 +410,7 @@ static __device__ __forceinline__ void v2_dkdv_fetch(bf16 *Qb, bf16 *Gb, float *
 template <int HD>
 static __global__ void __launch_bounds__(V2_THREADS)
 attn_v2_dkdv_k(float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, bf16 *ds, const bf16 *q, const bf16 *k, const bf16 *v,
-               const bf16 *g, const float *lse, const float *D, int T, int H, int K, float scale, float c)
+               const bf16 *g, const float *lse, const float *D, int T, int H, int K, float scale, float c, int ldv_b)
 {
     constexpr int LD = HD + 8, TILE = V2_B * LD;
     MT_DYN_SMEM(unsigned char, sm);
@@ -469,7 +472,7 @@ attn_v2_dkdv_k(float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, bf16 *ds, const bf1
         __syncthreads();  /* the buffer is consumed before it is refilled */
     }
     v2_write_rows<HD>(dk_b ? NULL : dk, dk_b, dka, b, j0 + 16 * warp, T, K, kvh, lane);   /* dk_b: bf16 only */
-    v2_write_rows<HD>(dv_b ? NULL : dv, dv_b, dva, b, j0 + 16 * warp, T, K, kvh, lane);   /* dv_b: bf16 only */
+    v2_write_rows<HD>(dv_b ? NULL : dv, dv_b, dva, b, j0 + 16 * warp, T, K, kvh, lane, ldv_b);   /* dv_b: bf16 only */
 }
 
 /* ---- backward: dQ from the stored dS^T tiles (5 products a tile pair, not 7) ----
@@ -648,14 +651,15 @@ static void v2_dq_ds(float *dq, bf16 *dq_b, const bf16 *ds, const bf16 *k, int B
 template <int HD>
 static void v2_bwd(float *dq, bf16 *dq_b, float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, bf16 *ds, const bf16 *q,
                    const bf16 *k, const bf16 *v, const bf16 *g, const float *lse, const float *D, int B, int T, int H,
-                   int K)
+                   int K, int ldv_b)
 {
     const size_t s_kv = 6 * v2_tile_bytes(HD) + 4 * V2_B * sizeof(float), s_q = 6 * v2_tile_bytes(HD);
     if (!mt_cuda_smem_opt_in(attn_v2_dkdv_k<HD>, s_kv) || !mt_cuda_smem_opt_in(attn_v2_dq_k<HD>, s_q)) return;
     const float scale = 1.0f / sqrtf((float)HD), c = scale * V2_LOG2E;
     const unsigned nt = (unsigned)((T + V2_B - 1) / V2_B);
     MT_LAUNCH(attn_v2_dkdv_k<HD>, dim3(nt, (unsigned)K, (unsigned)B), V2_THREADS, s_kv)(dk, dk_b, dv, dv_b, ds, q, k,
-                                                                                       v, g, lse, D, T, H, K, scale, c);
+                                                                                       v, g, lse, D, T, H, K, scale, c,
+                                                                                       ldv_b);
     MT_CUDA_KCHECK();
     if (ds) {
         if (v2_mw() == 2) v2_dq_ds<HD, 2>(dq, dq_b, ds, k, B, T, H, K);
@@ -677,12 +681,12 @@ void mt_attn_v2_forward(float *out, mt_bf16 *out_b, float *lse, const mt_bf16 *q
 
 void mt_attn_v2_backward(float *dq, mt_bf16 *dq_b, float *dk, mt_bf16 *dk_b, float *dv, mt_bf16 *dv_b, mt_bf16 *ds,
                          const mt_bf16 *q, const mt_bf16 *k, const mt_bf16 *v, const mt_bf16 *g, const float *lse,
-                         const float *D, int B, int T, int H, int K, int hd)
+                         const float *D, int B, int T, int H, int K, int hd, int ldv_b)
 {
     if (hd == 64)
         v2_bwd<64>(dq, (bf16 *)dq_b, dk, (bf16 *)dk_b, dv, (bf16 *)dv_b, (bf16 *)ds, (const bf16 *)q, (const bf16 *)k,
-                   (const bf16 *)v, (const bf16 *)g, lse, D, B, T, H, K);
+                   (const bf16 *)v, (const bf16 *)g, lse, D, B, T, H, K, ldv_b);
     else
         v2_bwd<128>(dq, (bf16 *)dq_b, dk, (bf16 *)dk_b, dv, (bf16 *)dv_b, (bf16 *)ds, (const bf16 *)q, (const bf16 *)k,
-                    (const bf16 *)v, (const bf16 *)g, lse, D, B, T, H, K);
+                    (const bf16 *)v, (const bf16 *)g, lse, D, B, T, H, K, ldv_b);
 }

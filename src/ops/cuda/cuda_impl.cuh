@@ -609,6 +609,7 @@ void mt_cuda_gemm_bf16_out(void *be, int transA, int transB, int M, int N, int K
                            int ldc);
 void mt_cuda_cast_bf16(void *be, mt_bf16 *dst, const float *src, size_t n);
 void mt_cuda_cast_bf16_multi(void *be, mt_bf16 *const *dst, const float *const *src, const size_t *n, int count);
+void mt_cuda_cast_bf16_rows(void *be, mt_bf16 *dst, size_t ld, const float *src, size_t rows, size_t cols);
 void mt_cuda_widen_bf16(void *be, float *dst, const mt_bf16 *src, size_t n);
 void mt_cuda_gemm_grouped(void *be, int transA, int transB, int n, const int *M, const int *N, const int *K, float alpha,
                           const float *const *A, int lda, const float *const *B, int ldb, float beta,
@@ -660,7 +661,7 @@ void mt_attn_v2_forward(float *out, mt_bf16 *out_b, float *lse, const mt_bf16 *q
 /* ds: workspace for the dS^T tiles (dQ from them), NULL: dQ recomputes S and dP (counted) */
 void mt_attn_v2_backward(float *dq, mt_bf16 *dq_b, float *dk, mt_bf16 *dk_b, float *dv, mt_bf16 *dv_b, mt_bf16 *ds,
                          const mt_bf16 *q, const mt_bf16 *k, const mt_bf16 *v, const mt_bf16 *g, const float *lse,
-                         const float *D, int B, int T, int H, int K, int hd);
+                         const float *D, int B, int T, int H, int K, int hd, int ldv_b);
 /* ---- attention_tc.cu ---- */
 void mt_cuda_attention_forward_bf16(void *be, float *out, mt_bf16 *out_bf16, float *lse, const float *q,
                                     const float *k, const float *v, int B, int T, int H, int K, int hd,
@@ -669,7 +670,7 @@ void mt_cuda_attention_backward_bf16(void *be, float *dq, float *dk, float *dv, 
                                      const float *q, const float *k, const float *v, const float *out,
                                      const float *lse, int B, int T, int H, int K, int hd, const mt_bf16 *qkv_b,
                                      mt_bf16 *dv_b, const mt_bf16 *dout_b, const mt_bf16 *out_b, mt_bf16 *dq_b,
-                                     mt_bf16 *dk_b);
+                                     mt_bf16 *dk_b, int ldv_b);
 
 /* ---- swiglu.cu ---- */
 void mt_cuda_swiglu_forward(void *be, float *out, const float *gate, const float *up, size_t n);
@@ -819,7 +820,7 @@ void mt_cuda_qk_norm_rope_backward_bf16(void *be, mt_bf16 *dq_raw_b, mt_bf16 *dk
                                         const float *wk, const float *rstd_q, const float *rstd_k,
                                         const float *cos_tab, const float *sin_tab, int N, int T, int H, int K, int hd,
                                         const mt_bf16 *q_raw_b, const mt_bf16 *k_raw_b, const mt_bf16 *dq_b,
-                                        const mt_bf16 *dk_b);
+                                        const mt_bf16 *dk_b, int ld_dq_raw, int ld_dk_raw);
 
 #ifdef __cplusplus
 }

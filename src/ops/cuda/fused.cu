@@ -69,6 +69,15 @@ static __device__ __forceinline__ qk_row qk_locate(int row, int N, int H, int K,
     return r;
 }
 
+/* the backward's output offset of head row hr (token hr / per, head hr % per; per: H
+ * or K heads a token) in a buffer whose token rows are ld apart (0: per hd, dense) */
+static __device__ __forceinline__ size_t qk_out_off(int hr, int per, int hd, int ld)
+{
+    if (!ld) return (size_t)hr * (size_t)hd;
+    const int n = hr / per;
+    return (size_t)n * (size_t)ld + (size_t)(hr - n * per) * (size_t)hd;
+}
+
 /* a rotary pair's two results, o[i] and o[i + half]: fp32, or rounded once to
  * bf16 (OB: T is __nv_bfloat16) */
 template <int OB, typename T>
@@ -195,7 +204,7 @@ static __global__ void __launch_bounds__(QK_THREADS)
 qk_bwd_vec_k(void *dq_raw, void *dk_raw, float *dq, float *dk, float *partial, const void *q_raw,
              const void *k_raw, const float *wq, const float *wk, const float *rstd_q, const float *rstd_k,
              const float *cos_tab, const float *sin_tab, int N, int T, int H, int K, int hd, int lg, int R,
-             int ncq, int nck)
+             int ncq, int nck, int ldq_o, int ldk_o)
 {
     constexpr int OB = F & QK_OB, DB = F & QK_DB;
     static_assert(!DB || OB, "a bf16 d in needs the bf16 d out (g is not stored)");
@@ -253,8 +262,9 @@ qk_bwd_vec_k(void *dq_raw, void *dk_raw, float *dq, float *dk, float *partial, c
         v.y = r * (g.y * w.y - x.y * r * mean);
         v.z = r * (g.z * w.z - x.z * r * mean);
         v.w = r * (g.w * w.w - x.w * r * mean);
-        if constexpr (OB) mt_st_bf16x4((__nv_bfloat16 *)dx + e, v);
-        else mt_st_f4((float *)dx + e, v);
+        const size_t eo = qk_out_off(hr, per, hd, is_k ? ldk_o : ldq_o) + (size_t)(4 * l);   /* dx's rows */
+        if constexpr (OB) mt_st_bf16x4((__nv_bfloat16 *)dx + eo, v);
+        else mt_st_f4((float *)dx + eo, v);
         acc.x += g.x * x.x * r;
         acc.y += g.y * x.y * r;
         acc.z += g.z * x.z * r;
@@ -271,7 +281,7 @@ template <int F>   /* QK_OB: dx stored bf16 (each value rounded once); QK_XB: q_
 static __global__ void qk_bwd_dx_k(void *dq_raw, void *dk_raw, float *dq, float *dk, const void *q_raw,
                                    const void *k_raw, const float *wq, const float *wk, const float *rstd_q,
                                    const float *rstd_k, const float *cos_tab, const float *sin_tab, int N, int T,
-                                   int H, int K, int hd)
+                                   int H, int K, int hd, int ldq_o, int ldk_o)
 {
     constexpr int OB = F & QK_OB;
     typedef qk_xt<F> XT;
@@ -280,7 +290,8 @@ static __global__ void qk_bwd_dx_k(void *dq_raw, void *dk_raw, float *dq, float 
     if (row >= N * (H + K)) return;
     qk_row l = qk_locate(row, N, H, K, hd);
     float *d = (l.is_k ? dk : dq) + l.off;
-    DX *dx = (DX *)(l.is_k ? dk_raw : dq_raw) + l.off;
+    DX *dx = (DX *)(l.is_k ? dk_raw : dq_raw) +
+             qk_out_off(l.is_k ? row - N * H : row, l.is_k ? K : H, hd, l.is_k ? ldk_o : ldq_o);   /* its rows */
     const XT *x = (const XT *)(l.is_k ? k_raw : q_raw) + l.off;
     const float *w = l.is_k ? wk : wq;
     float r = l.is_k ? rstd_k[row - N * H] : rstd_q[row];
@@ -402,12 +413,13 @@ static int dw_rows(int nrow)
  * the vector kernel (QK_DB: its dq, dk arguments point at them), else widened into the
  * scratch dq, dk first (exact) for the scalar path, which stores g there */
 #define QK_BWD_VEC_ARGS dq_raw, dk_raw, din_q, din_k, partial, q_raw, k_raw, wq, wk, rstd_q, rstd_k, cos_tab, sin_tab, \
-                        N, T, H, K, hd, lg, R, ncq, nck
-#define QK_BWD_DX_ARGS dq_raw, dk_raw, dq, dk, q_raw, k_raw, wq, wk, rstd_q, rstd_k, cos_tab, sin_tab, N, T, H, K, hd
+                        N, T, H, K, hd, lg, R, ncq, nck, ldq_o, ldk_o
+#define QK_BWD_DX_ARGS dq_raw, dk_raw, dq, dk, q_raw, k_raw, wq, wk, rstd_q, rstd_k, cos_tab, sin_tab, N, T, H, K, hd, \
+                       ldq_o, ldk_o
 static void qk_backward(void *dq_raw, void *dk_raw, int ob, float *dwq, float *dwk, float *dq, float *dk,
                         const void *q_raw, const void *k_raw, int xb, const float *wq, const float *wk,
                         const float *rstd_q, const float *rstd_k, const float *cos_tab, const float *sin_tab, int N,
-                        int T, int H, int K, int hd, const mt_bf16 *dq_b, const mt_bf16 *dk_b)
+                        int T, int H, int K, int hd, const mt_bf16 *dq_b, const mt_bf16 *dk_b, int ldq_o, int ldk_o)
 {
     const int db = ob && dq_b != NULL;
     const int f = (ob ? QK_OB : 0) | (xb ? QK_XB : 0);
@@ -416,7 +428,9 @@ static void qk_backward(void *dq_raw, void *dk_raw, int ob, float *dwq, float *d
     if (rows <= 0 || hd <= 0) return;
     /* the vector kernel's d in: fp32 dq, dk, or (QK_DB) the bf16 ones, 8 bytes a load */
     float *din_q = db ? (float *)(void *)dq_b : dq, *din_k = db ? (float *)(void *)dk_b : dk;
-    bool vec = qk_vec_hd(hd) && mt_cuda_aligned(dq_raw, 16) && mt_cuda_aligned(dk_raw, 16) &&
+    /* a lane's 4 outputs stored at once (16 bytes fp32, 8 bf16): rows ld apart keep them aligned */
+    const int ld_ok = ldq_o % 4 == 0 && ldk_o % 4 == 0;
+    bool vec = qk_vec_hd(hd) && ld_ok && mt_cuda_aligned(dq_raw, 16) && mt_cuda_aligned(dk_raw, 16) &&
                mt_cuda_aligned(din_q, db ? 8 : 16) && mt_cuda_aligned(din_k, db ? 8 : 16) &&
                mt_cuda_aligned(q_raw, xa) && mt_cuda_aligned(k_raw, xa) && mt_cuda_aligned(wq, 16) &&
                mt_cuda_aligned(wk, 16) && mt_cuda_aligned(cos_tab, 16) && mt_cuda_aligned(sin_tab, 16);
@@ -487,7 +501,7 @@ extern "C" void mt_cuda_qk_norm_rope_backward(void *be, float *dq_raw, float *dk
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     qk_backward(dq_raw, dk_raw, 0, dwq, dwk, dq, dk, q_raw, k_raw, 0, wq, wk, rstd_q, rstd_k, cos_tab, sin_tab, N, T, H,
-                K, hd, NULL, NULL);
+                K, hd, NULL, NULL, 0, 0);
 }
 
 extern "C" void mt_cuda_qk_norm_rope_backward_bf16(void *be, mt_bf16 *dq_raw_b, mt_bf16 *dk_raw_b, float *dwq,
@@ -496,11 +510,16 @@ extern "C" void mt_cuda_qk_norm_rope_backward_bf16(void *be, mt_bf16 *dq_raw_b, 
                                                    const float *rstd_q, const float *rstd_k, const float *cos_tab,
                                                    const float *sin_tab, int N, int T, int H, int K, int hd,
                                                    const mt_bf16 *q_raw_b, const mt_bf16 *k_raw_b,
-                                                   const mt_bf16 *dq_b, const mt_bf16 *dk_b)
+                                                   const mt_bf16 *dq_b, const mt_bf16 *dk_b, int ld_dq_raw,
+                                                   int ld_dk_raw)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     const int xb = q_raw_b != NULL;
+    if (ld_dq_raw < 0 || ld_dk_raw < 0 || (ld_dq_raw && ld_dq_raw < H * hd) || (ld_dk_raw && ld_dk_raw < K * hd)) {
+        MT_CUDA_UNSUPPORTED("qk_norm_rope_backward_bf16: a row stride under its row (ld_dq_raw, ld_dk_raw)");
+        return;
+    }
     qk_backward(dq_raw_b, dk_raw_b, 1, dwq, dwk, dq, dk, xb ? (const void *)q_raw_b : q_raw,
                 xb ? (const void *)k_raw_b : k_raw, xb, wq, wk, rstd_q, rstd_k, cos_tab, sin_tab, N, T, H, K, hd, dq_b,
-                dk_b);
+                dk_b, ld_dq_raw, ld_dk_raw);
 }

@@ -511,6 +511,27 @@ extern "C" void mt_cuda_cast_bf16(void *be, mt_bf16 *dst, const float *src, size
     MT_CUDA_KCHECK();
 }
 
+/* mt_cuda_cast_bf16 of a dense (rows, cols) source into rows ld apart (ld 0: cols,
+ * the dense cast); the elements between dst's rows are not written. A thread an
+ * element, row-major (the fallback paths' strided outputs, not a hot path). */
+static __global__ void cast_bf16_rows_k(__nv_bfloat16 *dst, size_t ld, const float *src, size_t rows, size_t cols)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * cols) return;
+    const size_t r = i / cols, c = i - r * cols;
+    dst[r * ld + c] = __float2bfloat16_rn(src[i]);
+}
+
+void mt_cuda_cast_bf16_rows(void *be, mt_bf16 *dst, size_t ld, const float *src, size_t rows, size_t cols)
+{
+    if (ld == 0 || ld == cols) { mt_cuda_cast_bf16(be, dst, src, rows * cols); return; }
+    MT_CUDA_BIND(be);
+    const size_t n = rows * cols;
+    if (n == 0) return;
+    MT_LAUNCH(cast_bf16_rows_k, (unsigned)((n + 255) / 256), 256, 0)((__nv_bfloat16 *)dst, ld, src, rows, cols);
+    MT_CUDA_KCHECK();
+}
+
 /* cast_bf16_multi: cast_bf16_k's loops on up to MT_OPS_LIST_MAX tensors in
  * one launch, blockIdx.y the tensor (its pointers, vector groups and length
  * a launch argument, as adamw_multi_k); the same per-element conversion */
