@@ -501,7 +501,7 @@ static void test_bf16_twins(const struct inputs *in, int chunk, const struct dev
         float *st = k != 2 ? dev_zero(nst) : NULL, *y = dev_zero(nx(in)), *g[7];
         for (int j = 0; j < 7; j++) g[j] = dev_zero(len[j]);
         g_ops->ssm_scan_forward_bf16(g_ops->be, y, d->x, H * in->P, Bm, Cm, d->dt, d->lam, d->A, d->D, in->B,
-                                     in->T, H, in->P, in->N, chunk, st, tb, tc);
+                                     in->T, H, in->P, in->N, chunk, st, tb, tc, NULL);
         g_ops->ssm_scan_backward_bf16(g_ops->be, g[0], g[1], g[2], g[3], g[4], g[5], g[6], d->R, d->x, H * in->P,
                                       Bm, Cm, d->dt, d->lam, d->A, d->D, in->B, in->T, H, in->P, in->N, chunk,
                                       st, NULL, tb, tc, ty);
@@ -550,7 +550,7 @@ static void test_bf16_ldx(const struct inputs *in, int chunk, const struct dev *
     g_ops->fill(g_ops->be, g[5], 0.0f, (size_t)H);
     g_ops->fill(g_ops->be, g[6], 0.0f, (size_t)H);
     g_ops->ssm_scan_forward_bf16(g_ops->be, y, xw + off, ld, d->Bm, d->Cm, d->dt, d->lam, d->A, d->D, in->B, in->T, H,
-                                 in->P, in->N, chunk, NULL, NULL, NULL);
+                                 in->P, in->N, chunk, NULL, NULL, NULL, NULL);
     g_ops->ssm_scan_backward_bf16(g_ops->be, g[0], g[1], g[2], g[3], g[4], g[5], g[6], d->R, xw + off, ld, d->Bm,
                                   d->Cm, d->dt, d->lam, d->A, d->D, in->B, in->T, H, in->P, in->N, chunk, NULL, NULL,
                                   NULL, NULL, NULL);
@@ -596,15 +596,26 @@ static void test_bf16(struct inputs *in, int chunk, int with_fd)
     const size_t nst = mt_ssm_states_floats(in->B, in->T, H, in->P, in->N, chunk);
     float *st = nst ? dev_zero(nst) : NULL;
     g_ops->ssm_scan_forward_bf16(g_ops->be, y, d.x, H * in->P, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, in->B, in->T, H,
-                                 in->P, in->N, chunk, NULL, NULL, NULL);
+                                 in->P, in->N, chunk, NULL, NULL, NULL, NULL);
     g_ops->ssm_scan_forward_bf16(g_ops->be, y2, d.x, H * in->P, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, in->B, in->T, H,
-                                 in->P, in->N, chunk, st, NULL, NULL);
+                                 in->P, in->N, chunk, st, NULL, NULL, NULL);
     float *yh = to_host(y, nx(in)), *yh2 = to_host(y2, nx(in));
     double r = bound_ratio(yh, yr, ya, nx(in), 6.0, 0), e = rel_err(yh, yr, nx(in));
     check(r <= 1.0, "scan_forward_bf16 vs fp64 (6u |terms|)", tag, r, 1);
     check(e > 1e-5, "scan_forward_bf16 rounded (bf16 ran)", tag, e, 1e-5);
     int same = memcmp(yh, yh2, nx(in) * sizeof(float)) == 0;
     check(same, "scan_forward_bf16 deterministic (and keeping the states)", tag, same ? 0.0 : 1.0, 0);
+    if (nst) {   /* the tensor-core shapes: y as bf16 only (y_b, y NULL) = bf16 of that y, nearest even */
+        mt_bf16 *yb = dev_bf16(nx(in), BF16_SENTINEL);
+        g_ops->ssm_scan_forward_bf16(g_ops->be, NULL, d.x, H * in->P, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, in->B, in->T,
+                                     H, in->P, in->N, chunk, st, NULL, NULL, yb);
+        uint16_t *hb = bf16_to_host(yb, nx(in));
+        size_t bad = 0;
+        for (size_t i = 0; i < nx(in); i++) bad += hb[i] != ref_bf16(yh[i]);
+        check(bad == 0, "scan_forward_bf16 y_b = bf16(y) (bits)", tag, (double)bad, 0);
+        free(hb);
+        g_ops->buf_free(g_ops->be, &g_ctx, yb);
+    }
     free(yh); free(yh2); free(yr); free(ya);
     /* backward: dL/d(inputs) of L = sum(R o y) */
     float *dx = dev_zero(nx(in)), *dB = dev_zero(nb(in)), *dC = dev_zero(nb(in));
@@ -1110,6 +1121,76 @@ static uint16_t ref_bf16(float x)
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+/* y given as bf16 (y_b: the bf16 scan's ys stored so, mt_ops.h) to both bf16 gated-norm
+ * entries, y NULL: the bits of the entries given its widened values as fp32 y (out_b,
+ * rstd; backward dy, dz_b, dy_b, dw). yh: host y (rounded here); dz, dw on the device */
+static void test_gate_y_b(const float *yh, const float *dz, int ldz, const float *dw, int n, int E, int G,
+                          const char *tag)
+{
+    const struct mt_ops_i *ops = g_ops;
+    const size_t nE = (size_t)n * E, nG = (size_t)n * G, nz = (size_t)n * ldz;
+    uint16_t *hb = malloc(nE * sizeof(uint16_t));
+    float *hw = malloc(nE * sizeof(float));
+    MT_ASSERT(hb && hw);
+    for (size_t i = 0; i < nE; i++) {
+        hb[i] = ref_bf16(yh[i]);
+        const uint32_t u = (uint32_t)hb[i] << 16;
+        memcpy(&hw[i], &u, sizeof u);
+    }
+    float *yw = up(ops, hw, nE);
+    mt_bf16 *yb = dev_bf16(nE, 0);
+    ops->copy_from_host(ops->be, yb, hb, nE * sizeof(uint16_t));
+    mt_bf16 *ob[2];
+    float *rs[2];
+    for (int v = 0; v < 2; v++) {   /* v 1: y_b */
+        ob[v] = dev_bf16(nE, BF16_SENTINEL);
+        rs[v] = dev_zero(nG);
+        ops->ssm_gate_norm_forward_bf16(ops->be, NULL, ob[v], rs[v], v ? NULL : yw, dz, ldz, dw, n, E, G, 1e-5f,
+                                        v ? yb : NULL);
+    }
+    uint16_t *o0 = bf16_to_host(ob[0], nE), *o1 = bf16_to_host(ob[1], nE);
+    float *r0 = to_host(rs[0], nG), *r1 = to_host(rs[1], nG);
+    size_t bad = 0;
+    for (size_t i = 0; i < nE; i++) bad += o0[i] != o1[i];
+    bad += memcmp(r0, r1, nG * sizeof(float)) != 0;
+    check(bad == 0, "gate norm bf16: y as bf16 (y_b) = its widened values as fp32 y (out_b, rstd bits)", tag,
+          (double)bad, 0);
+    if (ops->ssm_gate_norm_backward_bf16) {
+        float *dout = host_rand(nE, 0.0f, 1.0f), *dd = up(ops, dout, nE), *gy[2], *gw[2];
+        mt_bf16 *zb[2], *yt[2];
+        for (int v = 0; v < 2; v++) {
+            gy[v] = dev_zero(nE);
+            gw[v] = dev_zero(E);
+            zb[v] = dev_bf16(nz, BF16_SENTINEL);
+            yt[v] = dev_bf16(nE, BF16_SENTINEL);
+            ops->ssm_gate_norm_backward_bf16(ops->be, gy[v], zb[v], gw[v], dd, v ? NULL : yw, dz, ldz, dw, rs[0], n,
+                                             E, G, yt[v], v ? yb : NULL);
+        }
+        float *y0 = to_host(gy[0], nE), *y1 = to_host(gy[1], nE), *w0 = to_host(gw[0], E), *w1 = to_host(gw[1], E);
+        uint16_t *z0 = bf16_to_host(zb[0], nz), *z1 = bf16_to_host(zb[1], nz);
+        uint16_t *t0 = bf16_to_host(yt[0], nE), *t1 = bf16_to_host(yt[1], nE);
+        size_t bb = (memcmp(y0, y1, nE * sizeof(float)) != 0) + (memcmp(w0, w1, E * sizeof(float)) != 0) +
+                    (memcmp(z0, z1, nz * sizeof(uint16_t)) != 0) + (memcmp(t0, t1, nE * sizeof(uint16_t)) != 0);
+        check(bb == 0, "gate norm backward bf16: y_b = its widened values (dy, dz_b, dy_b, dw bits)", tag, (double)bb,
+              0);
+        for (int v = 0; v < 2; v++) {
+            ops->buf_free(ops->be, &g_ctx, gy[v]);
+            ops->buf_free(ops->be, &g_ctx, gw[v]);
+            ops->buf_free(ops->be, &g_ctx, zb[v]);
+            ops->buf_free(ops->be, &g_ctx, yt[v]);
+        }
+        ops->buf_free(ops->be, &g_ctx, dd);
+        free(dout); free(y0); free(y1); free(w0); free(w1); free(z0); free(z1); free(t0); free(t1);
+    }
+    for (int v = 0; v < 2; v++) {
+        ops->buf_free(ops->be, &g_ctx, ob[v]);
+        ops->buf_free(ops->be, &g_ctx, rs[v]);
+    }
+    ops->buf_free(ops->be, &g_ctx, yw);
+    ops->buf_free(ops->be, &g_ctx, yb);
+    free(hb); free(hw); free(o0); free(o1); free(r0); free(r1);
+}
+
 /* ssm_gate_norm_forward_bf16 (precision=bf16's gated norm): out and rstd the
  * bits of ssm_gate_norm_forward on the same backend, out_b = bf16(out)
  * exactly (nearest even, the cpu's rounding), and with out NULL the same
@@ -1126,8 +1207,8 @@ static void test_gate_bf16(int n, int E, int G)
     mt_bf16 *b2 = ops->buf_alloc(ops->be, &g_ctx, nE * sizeof(mt_bf16), MT_BUCKET_OTHER);
     MT_ASSERT(b1 && b2);
     ops->ssm_gate_norm_forward(ops->be, o0, r0, dy, dz, ldz, dw, n, E, G, 1e-5f);
-    ops->ssm_gate_norm_forward_bf16(ops->be, o1, b1, r1, dy, dz, ldz, dw, n, E, G, 1e-5f);
-    ops->ssm_gate_norm_forward_bf16(ops->be, NULL, b2, r2, dy, dz, ldz, dw, n, E, G, 1e-5f);
+    ops->ssm_gate_norm_forward_bf16(ops->be, o1, b1, r1, dy, dz, ldz, dw, n, E, G, 1e-5f, NULL);
+    ops->ssm_gate_norm_forward_bf16(ops->be, NULL, b2, r2, dy, dz, ldz, dw, n, E, G, 1e-5f, NULL);
     float *h0 = to_host(o0, nE), *h1 = to_host(o1, nE), *hr0 = to_host(r0, nG), *hr1 = to_host(r1, nG);
     float *hr2 = to_host(r2, nG);
     mt_bf16 *hb1 = malloc(nE * sizeof(mt_bf16)), *hb2 = malloc(nE * sizeof(mt_bf16));
@@ -1159,7 +1240,7 @@ static void test_gate_bf16(int n, int E, int G)
         mt_bf16 *zb = dev_bf16(nz, BF16_SENTINEL), *yb = dev_bf16(nE, BF16_SENTINEL);
         for (int v = 0; v < 2; v++) { gy[v] = dev_zero(nE); gw[v] = up(ops, w, E); }
         ops->ssm_gate_norm_backward(ops->be, gy[0], gz, gw[0], dd, dy, dz, ldz, dw, r0, n, E, G);
-        ops->ssm_gate_norm_backward_bf16(ops->be, gy[1], zb, gw[1], dd, dy, dz, ldz, dw, r0, n, E, G, yb);
+        ops->ssm_gate_norm_backward_bf16(ops->be, gy[1], zb, gw[1], dd, dy, dz, ldz, dw, r0, n, E, G, yb, NULL);
         float *hz = to_host(gz, nz), *y0 = to_host(gy[0], nE), *y1 = to_host(gy[1], nE);
         float *w0 = to_host(gw[0], E), *w1 = to_host(gw[1], E);
         uint16_t *hzb = bf16_to_host(zb, nz);
@@ -1187,6 +1268,7 @@ static void test_gate_bf16(int n, int E, int G)
         for (size_t k = 0; k < sizeof(dv2) / sizeof(dv2[0]); k++) ops->buf_free(ops->be, &g_ctx, dv2[k]);
         ops->buf_free(ops->be, &g_ctx, zb);
     }
+    test_gate_y_b(y, dz, ldz, dw, n, E, G, tag);
     float *dv[] = {dy, dz, dw, o0, r0, o1, r1, r2};
     for (size_t k = 0; k < sizeof(dv) / sizeof(dv[0]); k++) ops->buf_free(ops->be, &g_ctx, dv[k]);
     ops->buf_free(ops->be, &g_ctx, b1);
@@ -1354,7 +1436,7 @@ static void test_bf16_ldx_refused(void)
     g_ops->copy_from_host(g_ops->be, xw, sent, wide * sizeof(float));
     g_ops->copy_from_host(g_ops->be, y, sent, n * sizeof(float));
     g_ops->copy_from_host(g_ops->be, dxw, sent, wide * sizeof(float));
-    g_ops->ssm_scan_forward_bf16(g_ops->be, y, xw, ld, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL, NULL, NULL);
+    g_ops->ssm_scan_forward_bf16(g_ops->be, y, xw, ld, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL, NULL, NULL, NULL);
     g_ops->ssm_scan_backward_bf16(g_ops->be, dxw, g[0], g[1], g[2], g[3], g[4], g[5], d.R, xw, ld, d.Bm, d.Cm, d.dt,
                                   d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL, NULL, NULL, NULL, NULL);
     char msg[256] = "";
@@ -1370,7 +1452,7 @@ static void test_bf16_ldx_refused(void)
     mt_bf16 *tb = dev_twin(d.Bm, nb(&in), 1.0f), *tc = dev_twin(d.Cm, nb(&in), 1.0f);
     for (int which = 0; which < 2; which++) {
         g_ops->ssm_scan_forward_bf16(g_ops->be, y, d.x, E, which ? d.Bm : NULL, which ? NULL : d.Cm, d.dt, d.lam, d.A,
-                                     d.D, 1, 20, 2, 4, 6, 0, NULL, tb, tc);
+                                     d.D, 1, 20, 2, 4, 6, 0, NULL, tb, tc, NULL);
         free(yh);
         yh = to_host(y, n);
         kept = memcmp(yh, sent, n * sizeof(float)) == 0;
@@ -1379,6 +1461,20 @@ static void test_bf16_ldx_refused(void)
               "T=20 chunk=0", kept ? 0.0 : 1.0, 0);
     }
     g_ops->buf_free(g_ops->be, &g_ctx, tb); g_ops->buf_free(g_ops->be, &g_ctx, tc);
+    {   /* y_b (y as bf16 only) off the tensor cores: refused, neither y nor y_b written */
+        mt_bf16 *yb = dev_bf16(n, BF16_SENTINEL);
+        g_ops->ssm_scan_forward_bf16(g_ops->be, y, d.x, E, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL,
+                                     NULL, NULL, yb);
+        free(yh);
+        yh = to_host(y, n);
+        uint16_t *hb = bf16_to_host(yb, n);
+        kept = memcmp(yh, sent, n * sizeof(float)) == 0;
+        for (size_t i = 0; i < n; i++) kept &= hb[i] == BF16_SENTINEL;
+        check(kept, "scan_forward_bf16 y_b off the tensor cores: refused, nothing written", "T=20 chunk=0",
+              kept ? 0.0 : 1.0, 0);
+        free(hb);
+        g_ops->buf_free(g_ops->be, &g_ctx, yb);
+    }
     /* ssm_prep_forward with Bh and its twin both NULL (cuda: MT_ERR_INVALID_ARG): dt,
      * its first output row, not written (T 20, H 2, P 4, G 1, N 6: W = 38) */
     if (strcmp(g_ops->name, "cpu") != 0) {
@@ -1427,7 +1523,7 @@ static void bf16_cases(void)
         struct dev d;
         upload(&d, &in);
         float *y = dev_zero(nx(&in)), *y2 = dev_zero(nx(&in));
-        g_ops->ssm_scan_forward_bf16(g_ops->be, y, d.x, 2 * 4, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL, NULL, NULL);
+        g_ops->ssm_scan_forward_bf16(g_ops->be, y, d.x, 2 * 4, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL, NULL, NULL, NULL);
         g_ops->ssm_scan_forward(g_ops->be, y2, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0);
         float *a = to_host(y, nx(&in)), *b = to_host(y2, nx(&in));
         const int same = memcmp(a, b, nx(&in) * sizeof(float)) == 0;

@@ -235,7 +235,7 @@ static double mamba_extra(const struct mt_block_shape *sh)
  *     forward: the cumsum (2 H); each chunk's own state (reads x, the Bh twin,
  *       scaled per source: E + 0.5 HN + S, + 3 H for dt, lam, cum); the pass
  *       between chunks (2 S); the output (reads x, Bh, Ch twins, S_in, writes ys:
- *       2 E + HN + S + 3 H): 3 E + 1.5 HN + 4 S + 8 H;
+ *       1.5 E + HN + S + 3 H; ys as bf16 only, mamba.c ys_bf16): 2.5 E + 1.5 HN + 4 S + 8 H;
  *     backward (the states kept by the forward): the cumsum (2 H); dS_out's
  *       local part (dys, scaled per row before rounding, Ch twin: E + 0.5 HN +
  *       S) and pass (2 S); M, dG (reads the Ch, Bh twins, the dys twin, x: 1.5 E
@@ -273,7 +273,7 @@ static void mamba_work_bf16(const struct mt_block_shape *sh, int rc, struct mt_w
     double scan_f = 2.0 * E + 2.0 * HN + 2.0 * H, scan_b = 3.0 * E + 4.0 * HN + 4.0 * H;
     if (S > 0) {
         const double HQ = H * (double)(chunk < T ? chunk : T);
-        scan_f = 3.0 * E + 1.5 * HN + 4.0 * S + 8.0 * H;
+        scan_f = 2.5 * E + 1.5 * HN + 4.0 * S + 8.0 * H;
         scan_b = 8.0 * E + 6.0 * HN + 8.0 * S + 5.0 * HQ + 15.0 * H;
     }
     w->e[MT_WORK_SCAN] += scan_f + scan_b + rc * scan_f;
@@ -283,8 +283,10 @@ static void mamba_work_bf16(const struct mt_block_shape *sh, int rc, struct mt_w
     /* the residual gradient's twin (plan_norm_twin): the input norm's backward writes it
      * (0.5 D), Wout's backward reads it instead of rounding dy (1.5 D) */
     const double hs = plan_norm_h_store(sh), tw = plan_norm_twin(sh);
-    w->e[MT_WORK_NORM] += (5.5 + hs + seed + 0.5 * tw) * D + 7.5 * E +
-                          rc * ((1.5 + hs + seed) * D + 2.5 * E);
+    /* the tensor-core shapes: the gated norm reads ys as bf16 (ys_bf16), forward and backward */
+    const double ysb = S > 0 ? 0.5 : 0.0;
+    w->e[MT_WORK_NORM] += (5.5 + hs + seed + 0.5 * tw) * D + (7.5 - 2.0 * ysb) * E +
+                          rc * ((1.5 + hs + seed) * D + (2.5 - ysb) * E);
     w->e[MT_WORK_ELEMENTWISE] += prep_f + prep_b + resid + 1.5 * (1.0 - tw) * D + (1.0 - dpb) * 1.5 * W +
                                  rc * (prep_f + resid);
 }
@@ -697,6 +699,7 @@ static enum mt_status mixer_fwd_rep(struct mt_ctx *ctx, const struct mt_piece_ct
     const struct mt_ops_i *ops = pc->ops;
     const int n = B * T, E = mdims(pc)->H * mdims(pc)->P;
     in_fwd_rep(pc, st->mb.proj, h, hb, n);
+    st->mb.ys_b = NULL;   /* the spanning gated norm reads the fp32 ys */
     mt_mamba3_ssm_forward(ops, &st->mb, w, mdims(pc), B, T);
     MT_CHECK(gate_fwd_rep(ctx, pc, w, n));
     if (st->yn_b) ops->cast_bf16(ops->be, st->yn_b, st->mb.yn, (size_t)n * (size_t)E);
@@ -715,6 +718,20 @@ static enum mt_status mixer_bwd_rep(struct mt_ctx *ctx, const struct mt_piece_ct
     mt_mamba3_ssm_backward(ops, g, mb_s(pc), &st->mb, w, mdims(pc), pc->B, pc->T);
     in_bwd_rep(pc, pc->dh, mb_s(pc)->dproj, mamba_h(pc, pc->nm->h), pc->nm->hb, n);
     return MT_OK;
+}
+
+/* The scan's output ys stored as bf16 only (in ys's memory; autocast's rounding of the
+ * scan's output), where the scan writes it so (mt_mamba3_ys_bf16_ok), this forward's
+ * gated norm is the bf16 one and the backward's will be too: mt_mamba3_mix_backward_b
+ * given its dproj room, which mixer_bwd takes from the dy scratch (proj_scratch sizes it
+ * for that in bf16 mode; checked here all the same). The scan's store and the gated
+ * norm's reads (one pass forward, its second from cache, and one backward) 4 -> 2 bytes:
+ * 6 bytes an element of ys (mamba_work_bf16); else NULL, the fp32 ys. */
+static mt_bf16 *ys_bf16(const struct mt_piece_ctx *pc, int B, int T)
+{
+    const size_t n = (size_t)B * (size_t)T, W = (size_t)mt_mamba3_in_width(mdims(pc));
+    const int room = pc->dyb && pc->dyb->p && n * W > 0 && n * W <= pc->dyb->cap;
+    return room && mt_mamba3_ys_bf16_ok(pc->ops, mdims(pc), B, T) ? (mt_bf16 *)((struct mamba_state *)pc->st)->mb.ys : NULL;
 }
 
 /* out (n, D) = mixer(h) + beta out: mt_mamba3_forward's stages with the projections
@@ -736,9 +753,11 @@ static void mixer_fwd(const struct mt_piece_ctx *pc, float *out, const float *h,
         /* mt_mamba3_mix_forward with the gated norm writing Wout's operand alone:
          * the fp32 yn has no reader on this path (Wout is shadowed, so wlinear and
          * wout_bwd read the twin), so neither its store nor a cast pass */
+        st->mb.ys_b = ys_bf16(pc, B, T);
         mt_mamba3_ssm_forward(ops, &st->mb, w, d, B, T);
-        ops->ssm_gate_norm_forward_bf16(ops->be, NULL, st->yn_b, st->mb.rstd_o, st->mb.ys, st->mb.proj,
-                                        mt_mamba3_in_width(d), w->g_out, n, E, d->G, d->eps_out);
+        ops->ssm_gate_norm_forward_bf16(ops->be, NULL, st->yn_b, st->mb.rstd_o, st->mb.ys_b ? NULL : st->mb.ys,
+                                        st->mb.proj, mt_mamba3_in_width(d), w->g_out, n, E, d->G, d->eps_out,
+                                        st->mb.ys_b);
     } else {
         mt_mamba3_mix_forward(ops, &st->mb, w, d, B, T);
         if (st->yn_b) ops->cast_bf16(ops->be, st->yn_b, st->mb.yn, (size_t)n * (size_t)E);

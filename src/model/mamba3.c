@@ -152,6 +152,7 @@ void mt_mamba3_mix_forward(const struct mt_ops_i *ops, struct mt_mamba3_acts *a,
                            const struct mt_mamba3_dims *d, int B, int T)
 {
     const int n = B * T, E = d->H * d->P, W = mt_mamba3_in_width(d);
+    a->ys_b = NULL;   /* the fp32 gated norm reads the fp32 ys */
     mt_mamba3_ssm_forward(ops, a, w, d, B, T);
     /* z is the first E columns of proj */
     ops->ssm_gate_norm_forward(ops->be, a->yn, a->rstd_o, a->ys, a->proj, W, w->g_out, n, E, d->G, d->eps_out);
@@ -172,6 +173,12 @@ static int scan_bf16(const struct mt_ops_i *ops, const struct mt_mamba3_dims *d)
 static int scan_in_proj(const struct mt_ops_i *ops, const struct mt_mamba3_dims *d, int B, int T)
 {
     return scan_bf16(ops, d) && mt_ssm_states_floats(B, T, d->H, d->P, d->N, d->chunk) > 0;
+}
+
+int mt_mamba3_ys_bf16_ok(const struct mt_ops_i *ops, const struct mt_mamba3_dims *d, int B, int T)
+{
+    return scan_in_proj(ops, d, B, T) && ops->ssm_gate_norm_forward_bf16 && ops->ssm_gate_norm_backward_bf16 &&
+           ops->ssm_prep_backward_bf16;
 }
 
 /* Where the products run on tensor cores (scan_in_proj) the fp32 a->Bh is not
@@ -196,9 +203,11 @@ void mt_mamba3_ssm_forward(const struct mt_ops_i *ops, struct mt_mamba3_acts *a,
     ops->ssm_prep_forward(ops->be, in_proj ? NULL : a->x, Bh, Ch, a->dt, a->lam, a->A, a->rstd_bc, NULL,
                           a->proj, w->dt_bias, w->A_log, w->gB, w->gC, w->B_bias, w->C_bias, B, T, d->H, d->P, d->G,
                           d->N, d->eps_bc, Bb, Cb, kept_angles(a, in_proj));
-    if (scan_bf16(ops, d))   /* x: proj's xs columns (row stride W), or the prep's copy */
-        ops->ssm_scan_forward_bf16(ops->be, a->ys, in_proj ? a->proj + E : a->x, in_proj ? W : E, Bh, Ch, a->dt,
-                                   a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk, a->states, Bb, Cb);
+    MT_ASSERT(!a->ys_b || in_proj);
+    if (scan_bf16(ops, d))   /* x: proj's xs columns (row stride W), or the prep's copy; ys as bf16 only (ys_b) */
+        ops->ssm_scan_forward_bf16(ops->be, a->ys_b ? NULL : a->ys, in_proj ? a->proj + E : a->x, in_proj ? W : E, Bh,
+                                   Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk, a->states, Bb,
+                                   Cb, a->ys_b);
     else
         ops->ssm_scan_forward(ops->be, a->ys, a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N,
                               d->chunk);
@@ -222,6 +231,7 @@ void mt_mamba3_mix_backward(const struct mt_ops_i *ops, struct mt_mamba3_weights
                             const struct mt_mamba3_acts *a, const struct mt_mamba3_weights *w,
                             const struct mt_mamba3_dims *d, int B, int T)
 {
+    MT_ASSERT(!a->ys_b);   /* the fp32 gated norm reads the fp32 ys */
     const int n = B * T, E = d->H * d->P, W = mt_mamba3_in_width(d);
     /* term 2: dz lands in dproj's z columns */
     ops->ssm_gate_norm_backward(ops->be, s->dys, s->dproj, g->g_out, s->dyn, a->ys, a->proj, W, w->g_out,
@@ -289,12 +299,13 @@ int mt_mamba3_mix_backward_b(const struct mt_ops_i *ops, struct mt_mamba3_weight
                              const struct mt_mamba3_dims *d, int B, int T, mt_bf16 *dproj_b)
 {
     const int n = B * T, E = d->H * d->P, W = mt_mamba3_in_width(d);
-    if (!dproj_b || !scan_in_proj(ops, d, B, T) || !ops->ssm_gate_norm_backward_bf16 || !ops->ssm_prep_backward_bf16) {
+    if (!dproj_b || !mt_mamba3_ys_bf16_ok(ops, d, B, T)) {
+        MT_ASSERT(!a->ys_b);   /* the fp32 gated norm reads the fp32 ys (mt_mamba3_acts) */
         mt_mamba3_mix_backward(ops, g, s, a, w, d, B, T);
         return 0;
     }
-    ops->ssm_gate_norm_backward_bf16(ops->be, s->dys, dproj_b, g->g_out, s->dyn, a->ys, a->proj, W, w->g_out,
-                                     a->rstd_o, n, E, d->G, dys_twin(s));
+    ops->ssm_gate_norm_backward_bf16(ops->be, s->dys, dproj_b, g->g_out, s->dyn, a->ys_b ? NULL : a->ys, a->proj, W,
+                                     w->g_out, a->rstd_o, n, E, d->G, dys_twin(s), a->ys_b);
     ssm_backward(ops, g, s, a, w, d, B, T, dproj_b);
     return 1;
 }

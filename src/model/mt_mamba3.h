@@ -56,6 +56,10 @@ struct mt_mamba3_acts {
     mt_bf16 *Bh_b, *Ch_b; /* (n, H, N) Bh, Ch's bf16 twins, the bf16 scan's
                         operands where its products run (ssm_prep_forward's
                         Bh_b, Ch_b), or NULL; carved by the owner, as states */
+    mt_bf16 *ys_b;   /* NULL, or ys stored as bf16 only, in ys's memory (the
+                        owner sets it before ssm_forward where
+                        mt_mamba3_ys_bf16_ok and both gated-norm passes take
+                        the bf16 entries; mix_forward clears it) */
 };
 
 /* Backward scratch (backend memory). */
@@ -116,6 +120,10 @@ int mt_mamba3_mix_backward_b(const struct mt_ops_i *ops, struct mt_mamba3_weight
                              const struct mt_mamba3_dims *d, int B, int T, mt_bf16 *dproj_b);
 void mt_mamba3_ssm_forward(const struct mt_ops_i *ops, struct mt_mamba3_acts *a, const struct mt_mamba3_weights *w,
                            const struct mt_mamba3_dims *d, int B, int T);
+/* 1 where the scan may store ys as bf16 only (acts ys_b): its products run on tensor
+ * cores (the bf16 scan's y_b) and the backend has the bf16 gated norm both ways and
+ * the bf16 prep backward (mt_mamba3_mix_backward_b's path, given its dproj_b room) */
+int mt_mamba3_ys_bf16_ok(const struct mt_ops_i *ops, const struct mt_mamba3_dims *d, int B, int T);
 void mt_mamba3_ssm_backward(const struct mt_ops_i *ops, struct mt_mamba3_weights *g, struct mt_mamba3_scratch *s,
                             const struct mt_mamba3_acts *a, const struct mt_mamba3_weights *w,
                             const struct mt_mamba3_dims *d, int B, int T);

@@ -661,10 +661,15 @@ struct mt_ops_i {
      * ssm_gate_norm_backward_bf16's dy_b), read where a product stages dy as
      * its operand (half the bytes, the same bits); dy is still read where it
      * enters fp32 terms (D dy, dD, the scaled e_i dy_i). */
+    /* y_b (forward): NULL, or where y goes as bf16 ONLY (each value the fp32 y
+     * rounded once, nearest even; y is not written and may be NULL): for a
+     * gated norm that reads it so (ssm_gate_norm_*_bf16's y_b; autocast's
+     * rounding of the scan's output). Only where the chunked products run on
+     * tensor cores (elsewhere MT_ERR_UNSUPPORTED, nothing written). */
     void (*ssm_scan_forward_bf16)(void *be, float *y, const float *x, int ldx, const float *Bm, const float *Cm,
                                   const float *dt, const float *lam, const float *A, const float *Dsk,
                                   int B, int T, int H, int P, int N, int chunk, float *states,
-                                  const mt_bf16 *Bh_b, const mt_bf16 *Ch_b);
+                                  const mt_bf16 *Bh_b, const mt_bf16 *Ch_b, mt_bf16 *y_b);
     void (*ssm_scan_backward_bf16)(void *be, float *dx, float *dBm, float *dCm, float *ddt, float *dlam,
                                    float *dA, float *dDsk, const float *dy, const float *x, int ldx,
                                    const float *Bm, const float *Cm, const float *dt, const float *lam,
@@ -909,9 +914,12 @@ struct mt_ops_i {
     /* precision=bf16: ssm_gate_norm_forward (the same out, the same rstd) that
      * also writes out_b = bf16(out) (nearest even), Wout's GEMM operand, from
      * the same pass; out NULL: not stored (its only reader was that operand's
-     * rounding). Optional (NULL: the forward, then cast_bf16). */
+     * rounding). Optional (NULL: the forward, then cast_bf16).
+     * y_b (both bf16 gated-norm entries): NULL, or y stored as bf16 (the bf16
+     * scan's y_b), read widened (exact) in place of y, which may be NULL. */
     void   (*ssm_gate_norm_forward_bf16)(void *be, float *out, mt_bf16 *out_b, float *rstd, const float *y,
-                                         const float *z, int ldz, const float *w, int n, int E, int G, float eps);
+                                         const float *z, int ldz, const float *w, int n, int E, int G, float eps,
+                                         const mt_bf16 *y_b);
     /* precision=bf16, the mixer's dproj written as the in-projection backward's
      * bf16 operand by its producers (no fp32 dproj store and no cast pass):
      * ssm_gate_norm_backward with dz_b = bf16(dz) (row stride ldz) in place of
@@ -924,7 +932,7 @@ struct mt_ops_i {
      * even), the scan backward's dy twin. */
     void   (*ssm_gate_norm_backward_bf16)(void *be, float *dy, mt_bf16 *dz_b, float *dw, const float *dout,
                                           const float *y, const float *z, int ldz, const float *w, const float *rstd,
-                                          int n, int E, int G, mt_bf16 *dy_b);
+                                          int n, int E, int G, mt_bf16 *dy_b, const mt_bf16 *y_b);
     void   (*ssm_prep_backward_bf16)(void *be, mt_bf16 *dproj_b, float *dproj, float *ddt_bias, float *dA_log,
                                      float *dgB, float *dgC, float *dB_bias, float *dC_bias, const float *dx,
                                      const float *dBh, const float *dCh, const float *ddt, const float *dlam,

@@ -752,7 +752,7 @@ void mt_cuda_ssm_scan_backward(void *be, float *dx, float *dBm, float *dCm, floa
 void mt_cuda_ssm_scan_forward_bf16(void *be, float *y, const float *x, int ldx, const float *Bm, const float *Cm,
                                    const float *dt, const float *lam, const float *A, const float *Dsk,
                                    int B, int T, int H, int P, int N, int chunk, float *states,
-                                   const mt_bf16 *Bh_b, const mt_bf16 *Ch_b);
+                                   const mt_bf16 *Bh_b, const mt_bf16 *Ch_b, mt_bf16 *y_b);
 void mt_cuda_ssm_scan_backward_bf16(void *be, float *dx, float *dBm, float *dCm, float *ddt, float *dlam,
                                     float *dA, float *dDsk, const float *dy, const float *x, int ldx,
                                     const float *Bm, const float *Cm, const float *dt, const float *lam,
@@ -788,14 +788,15 @@ void mt_cuda_ssm_gate_norm_backward(void *be, float *dy, float *dz, float *dw, c
                                     int n, int E, int G);
 void mt_cuda_ssm_gate_norm_backward_bf16(void *be, float *dy, mt_bf16 *dz_b, float *dw, const float *dout,
                                          const float *y, const float *z, int ldz, const float *w, const float *rstd,
-                                         int n, int E, int G, mt_bf16 *dy_b);
+                                         int n, int E, int G, mt_bf16 *dy_b, const mt_bf16 *y_b);
 void mt_cuda_ssm_gate_norm_sums(void *be, float *s, int lds, const float *y, const float *z, int ldz, const float *w,
                                 const float *dout, const float *rstd, int n, int E, int c0, int cg);
 void mt_cuda_ssm_gate_norm_forward_ext(void *be, float *out, float *rstd, const float *y, const float *z, int ldz,
                                        const float *w, const float *s, int lds, int n, int E, int c0, int cg,
                                        float eps);
 void mt_cuda_ssm_gate_norm_forward_bf16(void *be, float *out, mt_bf16 *out_b, float *rstd, const float *y,
-                                        const float *z, int ldz, const float *w, int n, int E, int G, float eps);
+                                        const float *z, int ldz, const float *w, int n, int E, int G, float eps,
+                                        const mt_bf16 *y_b);
 void mt_cuda_ssm_gate_norm_backward_ext(void *be, float *dy, float *dz, float *dw, const float *dout, const float *y,
                                         const float *z, int ldz, const float *w, const float *rstd, const float *s,
                                         int lds, int n, int E, int c0, int cg);

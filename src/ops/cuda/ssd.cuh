@@ -54,10 +54,10 @@ void ssd_tc_state(float *Sst, const float *cum, const float *x, const float *Bm,
                   const float *A, struct ssd_twins tw, struct ssd_dims d);
 void ssd_tc_dloc(float *dSo, const float *cum, const float *dy, const float *Cm, struct ssd_twins tw,
                  struct ssd_dims d);
-/* forward step 4 (ssd_out_k's contract) on tensor cores */
-void ssd_tc_out(float *y, const float *Sst, const float *cum, const float *x, const float *Bm, const float *Cm,
-                const float *dt, const float *lam, const float *A, const float *Dsk, struct ssd_twins tw,
-                struct ssd_dims d);
+/* forward step 4 (ssd_out_k's contract) on tensor cores; y_b: y stored as bf16 only there */
+void ssd_tc_out(float *y, __nv_bfloat16 *y_b, const float *Sst, const float *cum, const float *x, const float *Bm,
+                const float *Cm, const float *dt, const float *lam, const float *A, const float *Dsk,
+                struct ssd_twins tw, struct ssd_dims d);
 /* backward steps 7-8 and 10 (ssd_gm_k, ssd_dxc_k, ssd_dbc_k, ssd_dc_k's
  * contracts, then ssd_scatter_k's: dx and dBm written as token rows, D dy in
  * dx) on tensor cores; M and dG are stored as bf16 (B H nc, Q, 2Q) in their

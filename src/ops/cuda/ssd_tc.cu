@@ -397,8 +397,9 @@ static size_t tc_out_smem(struct ssd_dims d)
 }
 
 static __global__ void __launch_bounds__(TC_THREADS)
-ssd_tc_out_k(float *y, const float *Sst, const float *cum, const float *x, const float *Bm, const float *Cm,
-             const float *dt, const float *lam, const float *A, const float *Dsk, struct ssd_twins tw, struct ssd_dims d)
+ssd_tc_out_k(float *y, bf16 *y_b, const float *Sst, const float *cum, const float *x, const float *Bm,
+             const float *Cm, const float *dt, const float *lam, const float *A, const float *Dsk, struct ssd_twins tw,
+             struct ssd_dims d)
 {
     MT_DYN_SMEM(float, sm);
     const struct tc_chunk k = tc_chunk_of(d);
@@ -465,8 +466,10 @@ ssd_tc_out_k(float *y, const float *Sst, const float *cum, const float *x, const
                 if (i >= q || p >= d.P) continue;
                 const size_t t = (size_t)k.t0 + i;
                 const float *xr = xh + t * k.xs + p;
-                tc_put2(y + (k.ob + t) * k.xld + (size_t)k.h * d.P + p, p, d.P, acc[j][e] + Dh * xr[0],
-                        p + 1 < d.P ? acc[j][e + 1] + Dh * xr[1] : 0.0f);
+                const size_t at = (k.ob + t) * k.xld + (size_t)k.h * d.P + p;
+                const float v0 = acc[j][e] + Dh * xr[0], v1 = p + 1 < d.P ? acc[j][e + 1] + Dh * xr[1] : 0.0f;
+                if (y_b) tc_put2b(y_b + at, p, d.P, v0, v1);   /* y as bf16 only (mt_ops.h y_b) */
+                else tc_put2(y + at, p, d.P, v0, v1);
             }
     }
 }
@@ -926,14 +929,14 @@ void ssd_tc_dloc(float *dSo, const float *cum, const float *dy, const float *Cm,
     MT_CUDA_KCHECK();
 }
 
-void ssd_tc_out(float *y, const float *Sst, const float *cum, const float *x, const float *Bm, const float *Cm,
-                const float *dt, const float *lam, const float *A, const float *Dsk, struct ssd_twins tw,
-                struct ssd_dims d)
+void ssd_tc_out(float *y, bf16 *y_b, const float *Sst, const float *cum, const float *x, const float *Bm,
+                const float *Cm, const float *dt, const float *lam, const float *A, const float *Dsk,
+                struct ssd_twins tw, struct ssd_dims d)
 {
     const size_t smem = tc_out_smem(d);
     if (!mt_cuda_smem_opt_in(ssd_tc_out_k, smem)) return;
     MT_LAUNCH(ssd_tc_out_k, dim3((unsigned)(d.B * d.H * d.nc), (unsigned)((d.Q + TC_B - 1) / TC_B)), TC_THREADS,
-              smem)(y, Sst, cum, x, Bm, Cm, dt, lam, A, Dsk, tw, d);
+              smem)(y, y_b, Sst, cum, x, Bm, Cm, dt, lam, A, Dsk, tw, d);
     MT_CUDA_KCHECK();
 }
 

@@ -525,7 +525,7 @@ static void ssd_cum(float *cum, const float *dt, const float *A, struct ssd_dims
 /* tc: step 4 on tensor cores (ssd_tc.cu, precision=bf16; ssd_tc_supports(d)) */
 static void ssd_forward(float *y, const float *x, const float *Bm, const float *Cm, const float *dt,
                         const float *lam, const float *A, const float *Dsk, struct ssd_dims d, int tc,
-                        float *states, struct ssd_twins tw)
+                        float *states, struct ssd_twins tw, __nv_bfloat16 *y_b = NULL)
 {
     const size_t PN = (size_t)d.P * d.N, nbh = (size_t)d.B * d.H;
     float *ws = (float *)mt_cuda_workspace((nbh * d.T + (states ? 0 : nbh * d.nc * PN)) * sizeof(float));
@@ -534,7 +534,7 @@ static void ssd_forward(float *y, const float *x, const float *Bm, const float *
     float *cum = ws, *Sst = states ? states : ws + nbh * d.T;
     ssd_cum(cum, dt, A, d);
     ssd_states(Sst, cum, x, Bm, dt, lam, A, d, tc, tw);
-    if (tc) { ssd_tc_out(y, Sst, cum, x, Bm, Cm, dt, lam, A, Dsk, tw, d); return; }
+    if (tc) { ssd_tc_out(y, y_b, Sst, cum, x, Bm, Cm, dt, lam, A, Dsk, tw, d); return; }   /* (y_b: tc only) */
     size_t smem = ssd_out_smem(d, 128);
     if (!mt_cuda_smem_opt_in(ssd_out_k, smem)) return;
     MT_LAUNCH(ssd_out_k, dim3((unsigned)(nbh * d.nc), (unsigned)((d.Q + SSD_RT - 1) / SSD_RT)), 128, smem)(
@@ -1511,19 +1511,31 @@ static int scan_args_ok(int tc, int ldx, int H, int P, const mt_bf16 *dx_b, cons
 extern "C" void mt_cuda_ssm_scan_forward_bf16(void *be, float *y, const float *x, int ldx, const float *Bm,
                                               const float *Cm, const float *dt, const float *lam, const float *A,
                                               const float *Dsk, int B, int T, int H, int P, int N, int chunk,
-                                              float *states, const mt_bf16 *Bh_b, const mt_bf16 *Ch_b)
+                                              float *states, const mt_bf16 *Bh_b, const mt_bf16 *Ch_b,
+                                              mt_bf16 *y_b)
 {
     MT_CUDA_BIND(be);
     if (B * H == 0 || T == 0) return;
     struct ssd_dims d = ssd_dims_make(B, T, H, P, N, chunk > 0 ? chunk : 1);   /* (chunk <= 0: not used) */
     const int tc = scan_tc_pick(d, chunk);
     if (!scan_args_ok(tc, ldx, H, P, NULL, Bm, Cm, ssd_bf16_twins(Bh_b, Ch_b, NULL))) return;
+    if (y_b && !tc) {
+        mt_cuda_record(MT_ERR_UNSUPPORTED, "ssm_scan_forward_bf16",
+                       "y_b (y as bf16 only) where the chunked products do not run on tensor cores", __FILE__,
+                       __LINE__);
+        return;
+    }
+    if (!y_b && !y) {
+        mt_cuda_record(MT_ERR_INVALID_ARG, "ssm_scan_forward_bf16", "y and y_b both NULL", __FILE__, __LINE__);
+        return;
+    }
     if (!tc) {
         mt_cuda_ssm_scan_forward(be, y, x, Bm, Cm, dt, lam, A, Dsk, B, T, H, P, N, chunk);
         return;
     }
     d.xs = ldx;
-    ssd_forward(y, x, Bm, Cm, dt, lam, A, Dsk, d, 1, states, ssd_bf16_twins(Bh_b, Ch_b, NULL));
+    ssd_forward(y, x, Bm, Cm, dt, lam, A, Dsk, d, 1, states, ssd_bf16_twins(Bh_b, Ch_b, NULL),
+                (__nv_bfloat16 *)y_b);
 }
 
 extern "C" void mt_cuda_ssm_scan_backward_bf16(void *be, float *dx, float *dBm, float *dCm, float *ddt, float *dlam,
@@ -1985,15 +1997,17 @@ extern "C" void mt_cuda_ssm_prep_backward_bf16(void *be, mt_bf16 *dproj_b, float
  * store and re-read of out went to memory (out once stored: 8 bytes an element
  * fewer; the bf16 output alone: no fp32 store and no cast pass). */
 #define GATE_AHEAD 4
-static __global__ void gate_fwd_k(float *out, __nv_bfloat16 *out_b, float *rstd, const float *y, const float *z, int ldz,
+template <typename YT>   /* y as stored: fp32, or bf16 (the scan's y_b), read widened */
+static __global__ void gate_fwd_k(float *out, __nv_bfloat16 *out_b, float *rstd, const YT *y, const float *z, int ldz,
                                   const float *w, int E, int G, float eps)
 {
     MT_DYN_SMEM(double, dred);  /* blockDim */
     int i = (int)blockIdx.x, row = i / G, g = i % G, cg = E / G, nt = (int)blockDim.x;
-    const float *yr = y + (size_t)row * E, *zr = z + (size_t)row * ldz;
+    const YT *yr = y + (size_t)row * E;
+    const float *zr = z + (size_t)row * ldz;
     double ss = 0.0;
     for (int c = g * cg + (int)threadIdx.x; c < (g + 1) * cg; c += nt) {
-        float v = yr[c] * zr[c] * sigmoid_d(zr[c]);
+        float v = mt_ld1(yr + c) * zr[c] * sigmoid_d(zr[c]);
         ss += (double)v * v;
     }
     ss = block_sum(ss, dred);
@@ -2008,7 +2022,7 @@ static __global__ void gate_fwd_k(float *out, __nv_bfloat16 *out_b, float *rstd,
 #pragma unroll
         for (int u = 0; u < GATE_AHEAD; u++) {
             const int c = c0 + u * nt;
-            yv[u] = c < c1 ? yr[c] : 0.0f, zv[u] = c < c1 ? zr[c] : 0.0f, wv[u] = c < c1 ? w[c] : 0.0f;
+            yv[u] = c < c1 ? mt_ld1(yr + c) : 0.0f, zv[u] = c < c1 ? zr[c] : 0.0f, wv[u] = c < c1 ? w[c] : 0.0f;
         }
 #pragma unroll
         for (int u = 0; u < GATE_AHEAD; u++) {
@@ -2029,9 +2043,10 @@ static __global__ void gate_fwd_k(float *out, __nv_bfloat16 *out_b, float *rstd,
  * d2048 hybrid's shape). 16 rows: 512 blocks at n = 8192. */
 #define GATE_RB 16
 
-/* dzb non-NULL: dz written there as bf16 (row stride ldz), not to dz */
+/* dzb non-NULL: dz written there as bf16 (row stride ldz), not to dz; YT: y as gate_fwd_k */
+template <typename YT>
 static __global__ void gate_bwd_k(float *dy, __nv_bfloat16 *dyb, float *dz, __nv_bfloat16 *dzb, float *part,
-                                  const float *dout, const float *y, const float *z, int ldz, const float *w,
+                                  const float *dout, const YT *y, const float *z, int ldz, const float *w,
                                   const float *rstd, int n, int E, int G)
 {
     MT_DYN_SMEM(double, dred);  /* blockDim */
@@ -2039,13 +2054,14 @@ static __global__ void gate_bwd_k(float *dy, __nv_bfloat16 *dyb, float *dz, __nv
     int r0 = rb * GATE_RB, r1 = r0 + GATE_RB < n ? r0 + GATE_RB : n;
     float *pw = part + (size_t)rb * E;
     for (int row = r0; row < r1; row++) {
-        const float *yr = y + (size_t)row * E, *zr = z + (size_t)row * ldz, *d = dout + (size_t)row * E;
+        const YT *yr = y + (size_t)row * E;
+        const float *zr = z + (size_t)row * ldz, *d = dout + (size_t)row * E;
         float *dyr = dy + (size_t)row * E;
         const size_t oz = (size_t)row * ldz;
         float rs = rstd[(size_t)row * G + g];
         double m = 0.0;
         for (int c = g * cg + (int)threadIdx.x; c < (g + 1) * cg; c += nt)
-            m += (double)d[c] * w[c] * (yr[c] * zr[c] * sigmoid_d(zr[c]) * rs);
+            m += (double)d[c] * w[c] * (mt_ld1(yr + c) * zr[c] * sigmoid_d(zr[c]) * rs);
         m = block_sum(m, dred);
         float mean = (float)(m / cg);
         const int c1 = (g + 1) * cg;   /* GATE_AHEAD columns' loads before their stores, as gate_fwd_k */
@@ -2054,7 +2070,7 @@ static __global__ void gate_bwd_k(float *dy, __nv_bfloat16 *dyb, float *dz, __nv
 #pragma unroll
             for (int u = 0; u < GATE_AHEAD; u++) {
                 const int c = c0 + u * nt, in = c < c1;
-                zv[u] = in ? zr[c] : 0.0f, yv[u] = in ? yr[c] : 0.0f, dvv[u] = in ? d[c] : 0.0f;
+                zv[u] = in ? zr[c] : 0.0f, yv[u] = in ? mt_ld1(yr + c) : 0.0f, dvv[u] = in ? d[c] : 0.0f;
                 wv[u] = in ? w[c] : 0.0f, pv[u] = in && row != r0 ? pw[c] : 0.0f;
             }
 #pragma unroll
@@ -2077,33 +2093,43 @@ static __global__ void gate_bwd_k(float *dy, __nv_bfloat16 *dyb, float *dz, __nv
 
 extern "C" void mt_cuda_ssm_gate_norm_forward_bf16(void *be, float *out, mt_bf16 *out_b, float *rstd, const float *y,
                                                    const float *z, int ldz, const float *w, int n, int E, int G,
-                                                   float eps)
+                                                   float eps, const mt_bf16 *y_b)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (n * G == 0) return;
     unsigned t = pow2_threads(E / G, 256);
-    MT_LAUNCH(gate_fwd_k, (unsigned)((size_t)n * G), t, t * sizeof(double))(out, (__nv_bfloat16 *)out_b, rstd, y, z,
-                                                                              ldz, w, E, G, eps);
+    if (y_b)
+        MT_LAUNCH(gate_fwd_k<__nv_bfloat16>, (unsigned)((size_t)n * G), t, t * sizeof(double))(
+            out, (__nv_bfloat16 *)out_b, rstd, (const __nv_bfloat16 *)y_b, z, ldz, w, E, G, eps);
+    else
+        MT_LAUNCH(gate_fwd_k<float>, (unsigned)((size_t)n * G), t, t * sizeof(double))(
+            out, (__nv_bfloat16 *)out_b, rstd, y, z, ldz, w, E, G, eps);
     MT_CUDA_KCHECK();
 }
 
 extern "C" void mt_cuda_ssm_gate_norm_forward(void *be, float *out, float *rstd, const float *y, const float *z, int ldz,
                                               const float *w, int n, int E, int G, float eps)
 {
-    mt_cuda_ssm_gate_norm_forward_bf16(be, out, NULL, rstd, y, z, ldz, w, n, E, G, eps);
+    mt_cuda_ssm_gate_norm_forward_bf16(be, out, NULL, rstd, y, z, ldz, w, n, E, G, eps, NULL);
 }
 
 static void gate_backward(float *dy, mt_bf16 *dy_b, float *dz, mt_bf16 *dz_b, float *dw, const float *dout,
                           const float *y, const float *z, int ldz, const float *w, const float *rstd, int n, int E,
-                          int G)
+                          int G, const mt_bf16 *y_b = NULL)
 {
     if (n * G == 0) return;
     unsigned t = pow2_threads(E / G, 256);
     int nrb = (n + GATE_RB - 1) / GATE_RB;
     float *part = (float *)mt_cuda_workspace((size_t)nrb * E * sizeof(float));
     if (!part) return;
-    MT_LAUNCH(gate_bwd_k, dim3((unsigned)nrb, (unsigned)G), t, t * sizeof(double))(
-        dy, (__nv_bfloat16 *)dy_b, dz, (__nv_bfloat16 *)dz_b, part, dout, y, z, ldz, w, rstd, n, E, G);
+    const dim3 grid((unsigned)nrb, (unsigned)G);
+    if (y_b)
+        MT_LAUNCH(gate_bwd_k<__nv_bfloat16>, grid, t, t * sizeof(double))(
+            dy, (__nv_bfloat16 *)dy_b, dz, (__nv_bfloat16 *)dz_b, part, dout, (const __nv_bfloat16 *)y_b, z, ldz, w,
+            rstd, n, E, G);
+    else
+        MT_LAUNCH(gate_bwd_k<float>, grid, t, t * sizeof(double))(
+            dy, (__nv_bfloat16 *)dy_b, dz, (__nv_bfloat16 *)dz_b, part, dout, y, z, ldz, w, rstd, n, E, G);
     MT_CUDA_KCHECK();
     colsum_blocks(dw, part, nrb, E, (size_t)E);
 }
@@ -2118,10 +2144,11 @@ extern "C" void mt_cuda_ssm_gate_norm_backward(void *be, float *dy, float *dz, f
 
 extern "C" void mt_cuda_ssm_gate_norm_backward_bf16(void *be, float *dy, mt_bf16 *dz_b, float *dw, const float *dout,
                                                     const float *y, const float *z, int ldz, const float *w,
-                                                    const float *rstd, int n, int E, int G, mt_bf16 *dy_b)
+                                                    const float *rstd, int n, int E, int G, mt_bf16 *dy_b,
+                                                    const mt_bf16 *y_b)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
-    gate_backward(dy, dy_b, NULL, dz_b, dw, dout, y, z, ldz, w, rstd, n, E, G);
+    gate_backward(dy, dy_b, NULL, dz_b, dw, dout, y, z, ldz, w, rstd, n, E, G, y_b);
 }
 
 /* ---------------- the gated norm over groups that span ranks ----------------
