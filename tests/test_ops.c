@@ -45,7 +45,7 @@
 #define TOL_FD    1e-6  /* fp64 reference backward vs central differences       */
 #define FD_EPS    1e-6
 #define FD_PROBES 64    /* elements probed per tensor by finite differences    */
-#define MAX_BUFS  1024
+#define MAX_BUFS  2048   /* buffers a harness run holds (freed together at its end) */
 
 struct harness {
     const struct mt_ops_i *ops;  /* NULL on the reference (finite-difference) pass */
@@ -2626,11 +2626,28 @@ static void swiglu_gu_case(struct harness *h, size_t n, int off)
     float *DW = up_f(h, d, m) + off;
     DB += off;
     h->ops->swiglu_backward_act_bf16_gu(h->ops->be, r[0], r[1], r[2], DW, GB, UB, n);
-    h->ops->swiglu_backward_act_bf16_gud(h->ops->be, o[0], o[1], o[2], DB, GB, UB, n);
+    h->ops->swiglu_backward_act_bf16_gud(h->ops->be, o[0], o[1], o[2], DB, GB, UB, n, 0, 0);
     bad = 0;
     for (int k = 0; k < 3; k++) bad += b16_diff(down_b16(h, r[k], n), down_b16(h, o[k], n), n);
     checkf(h, "swiglu_backward_act_bf16_gud", (double)bad, 0,
            "%s == swiglu_backward_act_bf16_gu on the widened dout (act, dg, du bits)", cs);
+    /* dg, du in rows of F (the largest divisor of n up to 16) ldo = 2 F + 4 apart, dg at
+     * a row's column 0 and du at F (the merged gate/up operand, with a gap): each row the
+     * dense call's, the gap untouched (poison), act the same */
+    size_t F = 1;
+    for (size_t f = 2; f <= 16; f++)
+        if (n % f == 0) F = f;
+    const size_t ldo = 2 * F + 4, rows = n / F;
+    uint16_t *S = poison_b16(h, rows * ldo + 2 * F), *A2 = poison_b16(h, m) + off;
+    h->ops->swiglu_backward_act_bf16_gud(h->ops->be, A2, S + off, S + off + F, DB, GB, UB, n, F, ldo);
+    const uint16_t *hs = down_b16(h, S, rows * ldo + 2 * F), *hg = down_b16(h, o[1], n), *hu = down_b16(h, o[2], n);
+    bad = b16_diff(down_b16(h, A2, n), down_b16(h, o[0], n), n);
+    for (size_t r0 = 0; r0 < rows; r0++) {
+        bad += b16_diff(hs + off + r0 * ldo, hg + r0 * F, F) + b16_diff(hs + off + r0 * ldo + F, hu + r0 * F, F);
+        for (size_t c = 2 * F; c < ldo; c++) bad += hs[off + r0 * ldo + c] != 0xffffu;
+    }
+    checkf(h, "swiglu_backward_act_bf16_gud", (double)bad, 0,
+           "%s F=%zu: dg, du in rows ldo apart = the dense call's rows, the gap untouched", cs, F);
 }
 
 /* gemm_bf16_out (mt_ops.h): C bf16 = bf16(gemm_bf16's fp32 result, beta 0),
@@ -2702,6 +2719,7 @@ static int run_fused(struct harness *h)
     swiglu_gu_case(h, 65, 0);
     swiglu_gu_case(h, 7403, 1);
     swiglu_gu_case(h, 33003, 0);
+    swiglu_gu_case(h, 4096, 0);   /* F 16: rows apart on the vector path (F, ldo multiples of 4) */
     gemm_bf16_out_case(h, 37, 24, 40);
     gemm_bf16_out_case(h, 64, 72, 128);
     qkr_case(h, 2, 5, 0, 3, 1, 8);

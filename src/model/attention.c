@@ -268,7 +268,7 @@ static void qkv_proj_bwd(const struct mt_piece_ctx *pc, const mt_bf16 *rows, int
     float *t = pc->s_lora, *dt = pc->s_dlora;
     if (rows) {
         struct mt_param *const w3[3] = {aw(pc)->wq, aw(pc)->wk, aw(pc)->wv};
-        proj_bwd_rows_dyb(ops, pc->dh, w3, 3, rows, ld, h, pc->nm->hb, N, D);
+        proj_bwd_rows_dyb(ops, pc->dh, 0.0f, w3, 3, rows, ld, h, pc->nm->hb, N, D);
         return;
     }
     if (qk_b) {

@@ -128,7 +128,8 @@ static void gate_up_bwd_b(const struct mt_ops_i *ops, float *dh, int accumulate,
  * will read it too); then act's twin, bf16(dg), bf16(du) in one pass (dg, du
  * as bf16 scratch) from g, u in fp32 or, given gb, ub, stored bf16
  * (mlp_gu_bf16); then dWd += dy^T act on that rounded dy and the twin; then
- * term 3 on bf16 dg, du. */
+ * term 3 on bf16 dg, du (given gb, ub and d act stored bf16: dg | du as one
+ * operand, the gate and up projections' backward merged, proj_bwd_rows_dyb). */
 static void mlp_bwd_fused(const struct mt_ops_i *ops, float *dh, int accumulate, mt_bf16 *act_b, float *dact,
                           float *dg, float *du, const float *dout, const float *h, const mt_bf16 *hb, const float *g,
                           const float *u, const mt_bf16 *gb, const mt_bf16 *ub, struct mt_param *wg,
@@ -139,15 +140,23 @@ static void mlp_bwd_fused(const struct mt_ops_i *ops, float *dh, int accumulate,
     mt_bf16 *dgb = (mt_bf16 *)dg, *dub = (mt_bf16 *)du;
     if (gb && ops->swiglu_backward_act_bf16_gud && ops->gemm_bf16_out) {
         /* d act stored bf16 too (autocast's rounding of the GEMM's output), in dact's
-         * memory: its fp32 store and read-back, 8 bytes a hidden unit, become 4 */
+         * memory: its fp32 store and read-back, 8 bytes a hidden unit, become 4; and
+         * bf16(dg), bf16(du) side by side, a row dg | du in dg's scratch (n F floats hold
+         * n 2 F bf16), so the gate and up projections' backward is one dW GEMM and one
+         * dX GEMM where their weights and gradients lie back to back (proj_bwd_rows_dyb):
+         * dh written once, not written and then read and rewritten in fp32, h read once */
         mt_bf16 *dab = (mt_bf16 *)dact;
         wlinear_backward_dx_bf16_out(ops, dab, dout, db, wd, n, F, D);
-        ops->swiglu_backward_act_bf16_gud(ops->be, act_b, dgb, dub, dab, gb, ub, (size_t)n * F);
-    } else {
-        wlinear_backward_db(ops, dact, 0.0f, NULL, dout, db, NULL, act_b, wd, n, F, D);
-        if (gb) ops->swiglu_backward_act_bf16_gu(ops->be, act_b, dgb, dub, dact, gb, ub, (size_t)n * F);
-        else ops->swiglu_backward_act_bf16(ops->be, act_b, dgb, dub, dact, g, u, (size_t)n * F);
+        ops->swiglu_backward_act_bf16_gud(ops->be, act_b, dgb, dgb + F, dab, gb, ub, (size_t)n * F, (size_t)F,
+                                          2 * (size_t)F);
+        if (dwd) wlinear_backward_db(ops, NULL, 0.0f, dwd, dout, db, NULL, act_b, wd, n, F, D);
+        struct mt_param *const w2[2] = {wg, wu};
+        proj_bwd_rows_dyb(ops, dh, accumulate ? 1.0f : 0.0f, w2, 2, dgb, 2 * F, h, hb, n, D);
+        return;
     }
+    wlinear_backward_db(ops, dact, 0.0f, NULL, dout, db, NULL, act_b, wd, n, F, D);
+    if (gb) ops->swiglu_backward_act_bf16_gu(ops->be, act_b, dgb, dub, dact, gb, ub, (size_t)n * F);
+    else ops->swiglu_backward_act_bf16(ops->be, act_b, dgb, dub, dact, g, u, (size_t)n * F);
     if (dwd) wlinear_backward_db(ops, NULL, 0.0f, dwd, dout, db, NULL, act_b, wd, n, F, D);
     gate_up_bwd_b(ops, dh, accumulate, dgb, dub, h, hb, wg, wu, n, D, F);
 }

@@ -422,12 +422,12 @@ static inline float *grads_whole(struct mt_param *const *w, int n)
  * their producers wrote as one bf16 operand dyb (n_rows, ld): projection i's rows of W
  * (its len[0] outputs) are its columns of dyb, in order (their sum is ld). No adapter
  * on any (LoRA's terms read the fp32 dy). dW_i (+)= dy_i^T x where w_i trains; dx =
- * sum_i dy_i W_i, written (beta 0). One GEMM for all dW and one for dx where the
+ * beta_dx dx + sum_i dy_i W_i. One GEMM for all dW and one for dx where the
  * gradients / operands lie back to back (grads_whole, params_whole), over K = ld:
  * dx written once instead of once and then read and rewritten per further projection
  * in fp32, and x read once for every dW; else a GEMM a projection, at its columns. */
-static inline void proj_bwd_rows_dyb(const struct mt_ops_i *ops, float *dx, struct mt_param *const *w, int n,
-                                     const mt_bf16 *dyb, int ld, const float *x, const mt_bf16 *xb, int n_rows,
+static inline void proj_bwd_rows_dyb(const struct mt_ops_i *ops, float *dx, float beta_dx, struct mt_param *const *w,
+                                     int n, const mt_bf16 *dyb, int ld, const float *x, const mt_bf16 *xb, int n_rows,
                                      int in)
 {
     if (n_rows <= 0) return;
@@ -438,7 +438,7 @@ static inline void proj_bwd_rows_dyb(const struct mt_ops_i *ops, float *dx, stru
     float *gw = grads_whole(w, n);
     if (gw) ops->gemm_bf16(ops->be, 1, 0, ld, in, n_rows, 1.0f, dyb, MT_ELEM_BF16, ld, X, xt, in, grad_beta_all(w, n),
                            gw, in);
-    if (W) ops->gemm_bf16(ops->be, 0, 0, n_rows, in, ld, 1.0f, dyb, MT_ELEM_BF16, ld, W, tw, in, 0.0f, dx, in);
+    if (W) ops->gemm_bf16(ops->be, 0, 0, n_rows, in, ld, 1.0f, dyb, MT_ELEM_BF16, ld, W, tw, in, beta_dx, dx, in);
     int off = 0;
     for (int i = 0; i < n; i++) {
         MT_ASSERT(!w[i]->lora_a);
@@ -449,7 +449,7 @@ static inline void proj_bwd_rows_dyb(const struct mt_ops_i *ops, float *dx, stru
         if (!W) {
             const void *Wi = wlinear_op(w[i], &tw);
             ops->gemm_bf16(ops->be, 0, 0, n_rows, in, rows, 1.0f, dyb + off, MT_ELEM_BF16, ld, Wi, tw, in,
-                           i ? 1.0f : 0.0f, dx, in);
+                           i ? 1.0f : beta_dx, dx, in);
         }
         off += rows;
     }

@@ -565,9 +565,14 @@ struct mt_ops_i {
     /* swiglu_backward_act_bf16_gu with dout stored bf16 too (the down
      * projection's backward GEMM with a bf16 output: autocast's rounding of
      * d act; 4 bytes a hidden unit not moved): the same expressions on the
-     * widened values. Optional (NULL: the model keeps d act in fp32). */
+     * widened values. Optional (NULL: the model keeps d act in fp32).
+     * F, ldo: ldo 0, dgate_b and dup_b dense like the inputs; else their rows
+     * of F elements (F divides n) lie ldo apart (ldo >= F; the elements
+     * between rows not written): d gate beside d up in one (rows, 2 F) operand,
+     * the gate and up projections' merged backward GEMMs (mlp.c). */
     void (*swiglu_backward_act_bf16_gud)(void *be, mt_bf16 *act_b, mt_bf16 *dgate_b, mt_bf16 *dup_b,
-                                         const mt_bf16 *dout, const mt_bf16 *gate, const mt_bf16 *up, size_t n);
+                                         const mt_bf16 *dout, const mt_bf16 *gate, const mt_bf16 *up, size_t n,
+                                         size_t F, size_t ldo);
     /* dst[i] = (float)src[i] (exact: every bf16 value is an fp32 value): the
      * way back of a bf16 gradient reduction (grad_reduce_dtype=bf16). NULL:
      * the backend refuses grad_reduce_dtype=bf16. */

@@ -179,7 +179,8 @@ void mt_cpu_swiglu_forward_bf16_gu(uint16_t *out_bf16, const uint16_t *gate, con
 void mt_cpu_swiglu_backward_act_bf16_gu(uint16_t *act_b, uint16_t *dgate_b, uint16_t *dup_b, const float *dout,
                                         const uint16_t *gate, const uint16_t *up, size_t n);
 void mt_cpu_swiglu_backward_act_bf16_gud(uint16_t *act_b, uint16_t *dgate_b, uint16_t *dup_b, const uint16_t *dout,
-                                         const uint16_t *gate, const uint16_t *up, size_t n);
+                                         const uint16_t *gate, const uint16_t *up, size_t n, size_t F,
+                                         size_t ldo);
 
 /* ---- xent.c ---- */
 void mt_cpu_xent_forward(float *losses, float *lse_out, const float *logits, const int32_t *targets,

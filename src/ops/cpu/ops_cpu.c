@@ -687,10 +687,11 @@ static void p_swiglu_backward_act_bf16_gu(void *be, mt_bf16 *act_b, mt_bf16 *dga
     PROF(MT_OPK_ELEMENTWISE, mt_cpu_swiglu_backward_act_bf16_gu(act_b, dgate_b, dup_b, dout, gate, up, n));
 }
 static void p_swiglu_backward_act_bf16_gud(void *be, mt_bf16 *act_b, mt_bf16 *dgate_b, mt_bf16 *dup_b,
-                                           const mt_bf16 *dout, const mt_bf16 *gate, const mt_bf16 *up, size_t n)
+                                           const mt_bf16 *dout, const mt_bf16 *gate, const mt_bf16 *up, size_t n,
+                                           size_t F, size_t ldo)
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
-    PROF(MT_OPK_ELEMENTWISE, mt_cpu_swiglu_backward_act_bf16_gud(act_b, dgate_b, dup_b, dout, gate, up, n));
+    PROF(MT_OPK_ELEMENTWISE, mt_cpu_swiglu_backward_act_bf16_gud(act_b, dgate_b, dup_b, dout, gate, up, n, F, ldo));
 }
 static void p_qk_norm_rope_forward(void *be, float *q, float *k, float *rstd_q, float *rstd_k, const float *q_raw,
                                    const float *k_raw, const float *wq, const float *wk, const float *cos_tab,

@@ -120,12 +120,12 @@ void mt_cpu_swiglu_backward_bf16(uint16_t *dgate_b, uint16_t *dup_b, const float
  * (exact) into two more stack buffers. */
 static void bwd_act_chunks(uint16_t *act_b, uint16_t *dgate_b, uint16_t *dup_b, const float *dout, const float *gate,
                            const float *up, const uint16_t *dout_b, const uint16_t *gate_b, const uint16_t *up_b,
-                           size_t n);
+                           size_t n, size_t F, size_t ldo);
 
 void mt_cpu_swiglu_backward_act_bf16(uint16_t *act_b, uint16_t *dgate_b, uint16_t *dup_b, const float *dout,
                                      const float *gate, const float *up, size_t n)
 {
-    bwd_act_chunks(act_b, dgate_b, dup_b, dout, gate, up, NULL, NULL, NULL, n);
+    bwd_act_chunks(act_b, dgate_b, dup_b, dout, gate, up, NULL, NULL, NULL, n, 0, 0);
 }
 
 /* gate and up stored bf16 (mt_ops.h *_bf16_gu): each chunk widened (exact)
@@ -152,18 +152,18 @@ void mt_cpu_swiglu_forward_bf16_gu(uint16_t *out_bf16, const uint16_t *gate, con
 void mt_cpu_swiglu_backward_act_bf16_gu(uint16_t *act_b, uint16_t *dgate_b, uint16_t *dup_b, const float *dout,
                                         const uint16_t *gate, const uint16_t *up, size_t n)
 {
-    bwd_act_chunks(act_b, dgate_b, dup_b, dout, NULL, NULL, NULL, gate, up, n);
+    bwd_act_chunks(act_b, dgate_b, dup_b, dout, NULL, NULL, NULL, gate, up, n, 0, 0);
 }
 
 void mt_cpu_swiglu_backward_act_bf16_gud(uint16_t *act_b, uint16_t *dgate_b, uint16_t *dup_b, const uint16_t *dout,
-                                         const uint16_t *gate, const uint16_t *up, size_t n)
+                                         const uint16_t *gate, const uint16_t *up, size_t n, size_t F, size_t ldo)
 {
-    bwd_act_chunks(act_b, dgate_b, dup_b, NULL, NULL, NULL, dout, gate, up, n);
+    bwd_act_chunks(act_b, dgate_b, dup_b, NULL, NULL, NULL, dout, gate, up, n, F, ldo);
 }
 
 static void bwd_act_chunks(uint16_t *act_b, uint16_t *dgate_b, uint16_t *dup_b, const float *dout, const float *gate,
                            const float *up, const uint16_t *dout_b, const uint16_t *gate_b, const uint16_t *up_b,
-                           size_t n)
+                           size_t n, size_t F, size_t ldo)
 {
     size_t nc = (n + CHUNK - 1) / CHUNK;
     #pragma omp parallel for schedule(static) if (n > 16384)
@@ -178,9 +178,10 @@ static void bwd_act_chunks(uint16_t *act_b, uint16_t *dgate_b, uint16_t *dup_b, 
         if (!dout) widen_chunk(d, dout_b + lo, m);
         bwd_range(ta, tg, tu, dc, gc, uc, 0, m);
         for (size_t i = 0; i < m; i++) {
-            act_b[lo + i] = mt_cpu_f32_to_bf16(ta[i]);
-            dgate_b[lo + i] = mt_cpu_f32_to_bf16(tg[i]);
-            dup_b[lo + i] = mt_cpu_f32_to_bf16(tu[i]);
+            const size_t e = lo + i, o = ldo ? (e / F) * ldo + e % F : e;   /* dg, du: rows ldo apart */
+            act_b[e] = mt_cpu_f32_to_bf16(ta[i]);
+            dgate_b[o] = mt_cpu_f32_to_bf16(tg[i]);
+            dup_b[o] = mt_cpu_f32_to_bf16(tu[i]);
         }
     }
 }

@@ -686,7 +686,8 @@ void mt_cuda_swiglu_forward_bf16_gu(void *be, mt_bf16 *out_bf16, const mt_bf16 *
 void mt_cuda_swiglu_backward_act_bf16_gu(void *be, mt_bf16 *act_b, mt_bf16 *dgate_b, mt_bf16 *dup_b,
                                          const float *dout, const mt_bf16 *gate, const mt_bf16 *up, size_t n);
 void mt_cuda_swiglu_backward_act_bf16_gud(void *be, mt_bf16 *act_b, mt_bf16 *dgate_b, mt_bf16 *dup_b,
-                                          const mt_bf16 *dout, const mt_bf16 *gate, const mt_bf16 *up, size_t n);
+                                          const mt_bf16 *dout, const mt_bf16 *gate, const mt_bf16 *up, size_t n,
+                                          size_t F, size_t ldo);
 
 /* ---- xent.cu ---- */
 void mt_cuda_xent_forward(void *be, float *losses, float *lse_out, const float *logits, const int32_t *targets,

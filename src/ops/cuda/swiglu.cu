@@ -71,27 +71,38 @@ static __device__ __forceinline__ void bwd_st1(__nv_bfloat16 *p, float v) { *p =
  * thread reads its elements of gate, up, dout before writing them, so fp32
  * dgate/dup may alias gate/up (vector path: the whole float4 first); bf16
  * outputs never alias the fp32 inputs. */
+/* element e's place in dgate, dup: e, or (rows of F, ldo apart) (e / F) ldo + e % F
+ * (32-bit: the entry refuses ldo beyond 2^32 elements) */
+static __device__ __forceinline__ size_t bwd_out_at(size_t e, unsigned F, unsigned ldo)
+{
+    if (!ldo) return e;
+    const unsigned r = (unsigned)e / F;
+    return (size_t)r * ldo + ((unsigned)e - r * F);
+}
+
 template <typename O, typename I = float, typename DT = float>   /* DT: dout's element type */
 static __global__ void swiglu_bwd_k(__nv_bfloat16 *ab, O *dgate, O *dup, const DT *dout, const I *gate,
-                                    const I *up, size_t n4, size_t n)
+                                    const I *up, size_t n4, size_t n, unsigned F, unsigned ldo)
 {
     const size_t i0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x, st = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = i0; i < n4; i += st) {
+    for (size_t i = i0; i < n4; i += st) {   /* (ldo: F % 4 == 0, so a vector stays in its row) */
         float4 g = mt_ld4(gate + 4 * i), u = mt_ld4(up + 4 * i), d = mt_ld4(dout + 4 * i), rg, ru, a;
         a.x = swiglu1_bwd(rg.x, ru.x, d.x, g.x, u.x);
         a.y = swiglu1_bwd(rg.y, ru.y, d.y, g.y, u.y);
         a.z = swiglu1_bwd(rg.z, ru.z, d.z, g.z, u.z);
         a.w = swiglu1_bwd(rg.w, ru.w, d.w, g.w, u.w);
         if (ab) mt_st_bf16x4(ab + 4 * i, a);
-        bwd_st4(dgate + 4 * i, rg);
-        bwd_st4(dup + 4 * i, ru);
+        const size_t o = bwd_out_at(4 * i, F, ldo);
+        bwd_st4(dgate + o, rg);
+        bwd_st4(dup + o, ru);
     }
     for (size_t i = 4 * n4 + i0; i < n; i += st) {
         float g = mt_ld1(gate + i), u = mt_ld1(up + i), d = mt_ld1(dout + i), rg, ru;
         float a = swiglu1_bwd(rg, ru, d, g, u);
         if (ab) ab[i] = mt_cuda_bf16_rn(a);
-        bwd_st1(dgate + i, rg);
-        bwd_st1(dup + i, ru);
+        const size_t o = bwd_out_at(i, F, ldo);
+        bwd_st1(dgate + o, rg);
+        bwd_st1(dup + o, ru);
     }
 }
 
@@ -147,7 +158,7 @@ extern "C" void mt_cuda_swiglu_backward(void *be, float *dgate, float *dup, cons
     if (!n) return;
     const size_t n4 = vec4_count(n, dgate, dup, dout, gate, NULL) && mt_cuda_aligned(up, 16) ? n / 4 : 0;
     MT_LAUNCH(swiglu_bwd_k<float>, vec4_blocks(n4, n), THREADS, 0)((__nv_bfloat16 *)NULL, dgate, dup, dout, gate, up,
-                                                                   n4, n);
+                                                                   n4, n, 0u, 0u);
     MT_CUDA_KCHECK();
 }
 
@@ -159,7 +170,7 @@ extern "C" void mt_cuda_swiglu_backward_bf16(void *be, mt_bf16 *dgate_b, mt_bf16
     /* the fp32 inputs 16-byte aligned, both bf16 outputs 8-byte aligned, else the scalar path */
     const size_t n4 = vec4_count(n, dout, gate, up, NULL, dgate_b) && mt_cuda_aligned(dup_b, 8) ? n / 4 : 0;
     MT_LAUNCH(swiglu_bwd_k<__nv_bfloat16>, vec4_blocks(n4, n), THREADS, 0)(
-        (__nv_bfloat16 *)NULL, (__nv_bfloat16 *)dgate_b, (__nv_bfloat16 *)dup_b, dout, gate, up, n4, n);
+        (__nv_bfloat16 *)NULL, (__nv_bfloat16 *)dgate_b, (__nv_bfloat16 *)dup_b, dout, gate, up, n4, n, 0u, 0u);
     MT_CUDA_KCHECK();
 }
 
@@ -174,7 +185,7 @@ extern "C" void mt_cuda_swiglu_backward_act_bf16(void *be, mt_bf16 *act_b, mt_bf
     const size_t n4 = vec4_count(n, dout, gate, up, NULL, dgate_b) && mt_cuda_aligned(dup_b, 8) &&
                               mt_cuda_aligned(act_b, 8) ? n / 4 : 0;
     MT_LAUNCH(swiglu_bwd_k<__nv_bfloat16>, vec4_blocks(n4, n), THREADS, 0)(
-        (__nv_bfloat16 *)act_b, (__nv_bfloat16 *)dgate_b, (__nv_bfloat16 *)dup_b, dout, gate, up, n4, n);
+        (__nv_bfloat16 *)act_b, (__nv_bfloat16 *)dgate_b, (__nv_bfloat16 *)dup_b, dout, gate, up, n4, n, 0u, 0u);
     MT_CUDA_KCHECK();
 }
 
@@ -189,23 +200,29 @@ extern "C" void mt_cuda_swiglu_backward_act_bf16_gu(void *be, mt_bf16 *act_b, mt
                           ? n / 4 : 0;
     MT_LAUNCH((swiglu_bwd_k<__nv_bfloat16, __nv_bfloat16>), vec4_blocks(n4, n), THREADS, 0)(
         (__nv_bfloat16 *)act_b, (__nv_bfloat16 *)dgate_b, (__nv_bfloat16 *)dup_b, dout, (const __nv_bfloat16 *)gate,
-        (const __nv_bfloat16 *)up, n4, n);
+        (const __nv_bfloat16 *)up, n4, n, 0u, 0u);
     MT_CUDA_KCHECK();
 }
 
 /* swiglu_backward_act_bf16_gud (mt_ops.h): ... and dout stored bf16 too */
 extern "C" void mt_cuda_swiglu_backward_act_bf16_gud(void *be, mt_bf16 *act_b, mt_bf16 *dgate_b, mt_bf16 *dup_b,
                                                      const mt_bf16 *dout, const mt_bf16 *gate, const mt_bf16 *up,
-                                                     size_t n)
+                                                     size_t n, size_t F, size_t ldo)
 {
     MT_CUDA_BIND(be);
     if (!n) return;
-    const size_t n4 = mt_cuda_aligned(dout, 8) && mt_cuda_aligned(gate, 8) && mt_cuda_aligned(up, 8) &&
+    if (ldo && (F == 0 || n % F || ldo < F || (n / F) * ldo > 0xffffffffu)) {
+        MT_CUDA_UNSUPPORTED("swiglu_backward_act_bf16_gud: rows ldo apart need F | n, ldo >= F, under 2^32 elements");
+        return;
+    }
+    /* the vector path: every pointer 8-byte aligned and, rows apart, each row's start too */
+    const int rows_ok = !ldo || (F % 4 == 0 && ldo % 4 == 0);
+    const size_t n4 = rows_ok && mt_cuda_aligned(dout, 8) && mt_cuda_aligned(gate, 8) && mt_cuda_aligned(up, 8) &&
                               mt_cuda_aligned(dgate_b, 8) && mt_cuda_aligned(dup_b, 8) && mt_cuda_aligned(act_b, 8)
                           ? n / 4 : 0;
     MT_LAUNCH((swiglu_bwd_k<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16>), vec4_blocks(n4, n), THREADS, 0)(
         (__nv_bfloat16 *)act_b, (__nv_bfloat16 *)dgate_b, (__nv_bfloat16 *)dup_b, (const __nv_bfloat16 *)dout,
-        (const __nv_bfloat16 *)gate, (const __nv_bfloat16 *)up, n4, n);
+        (const __nv_bfloat16 *)gate, (const __nv_bfloat16 *)up, n4, n, (unsigned)(ldo ? F : 0), (unsigned)ldo);
     MT_CUDA_KCHECK();
 }
 
