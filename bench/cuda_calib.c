@@ -348,7 +348,8 @@ static void scan_fn(const void *arg)
     const struct cal_scan_ctx *c = arg;
     const struct cal_scan_shape *s = &c->s;
     if (c->fwd && c->bf16)
-        g_ops->ssm_scan_forward_bf16(g_ops->be, c->states ? NULL : c->y, c->x, s->h * s->p, c->Bm, c->Cm, c->dt, c->lam, c->A, c->Dsk,
+        g_ops->ssm_scan_forward_bf16(g_ops->be, c->states ? NULL : c->y, c->x, s->h * s->p, c->Bm, c->Cm, c->dt,
+                                     c->lam, c->A, c->Dsk,
                                      s->b, s->t, s->h, s->p, s->n, s->q, c->states, c->Bb, c->Cb,
                                      c->states ? (mt_bf16 *)c->y : NULL);   /* y as bf16 only, as training */
     else if (c->fwd)

@@ -220,7 +220,11 @@ static double worst_ratio(const float *got, const double *want, const double *bo
     return w;
 }
 
-struct outs { float *out, *lse, *dq, *dk, *dv; uint16_t *outb, *dvb, *dqb, *dkb; int dvb_same_dqdk, outnull_same, dvb_ld_ok; };
+struct outs {
+    float *out, *lse, *dq, *dk, *dv;
+    uint16_t *outb, *dvb, *dqb, *dkb;
+    int dvb_same_dqdk, outnull_same, dvb_ld_ok;
+};
 
 /* How run() hands the entries their qkv_b (mt_ops.h): none (the backend
  * stages q, k, v itself both times), a buffer, or a buffer with the fp32 q,

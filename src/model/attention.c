@@ -255,7 +255,6 @@ static enum mt_status attn_piece_forward(struct mt_ctx *ctx, const struct mt_pie
     return tpa_exit_add(ctx, tp, a->x_out, pc->s_red, pc->s_full);
 }
 
-/* Reads dx (Nr, D) = d x_out; ACCUMULATES d x_in into dx; param grads +=. */
 /* the q, k, v projections' backward, dh = the three dX terms: from one operand (rows,
  * ld: qkv_dy_rows), or from d q', d k' as bf16 in datt's and dk2's memory (qk_b) or fp32
  * there, and dv as bf16 (dvb) or fp32 */
@@ -284,6 +283,7 @@ static void qkv_proj_bwd(const struct mt_piece_ctx *pc, const mt_bf16 *rows, int
         proj_bwd_b(ops, t, dt, pc->dh, 1.0f, aw(pc)->wv, o->dv, h, pc->nm->hb, N, D, KD, pc->dyb);
 }
 
+/* Reads dx (Nr, D) = d x_out; ACCUMULATES d x_in into dx; param grads +=. */
 static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc)
 {
     const struct mt_ops_i *ops = pc->ops;

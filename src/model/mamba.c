@@ -731,7 +731,8 @@ static mt_bf16 *ys_bf16(const struct mt_piece_ctx *pc, int B, int T)
 {
     const size_t n = (size_t)B * (size_t)T, W = (size_t)mt_mamba3_in_width(mdims(pc));
     const int room = pc->dyb && pc->dyb->p && n * W > 0 && n * W <= pc->dyb->cap;
-    return room && mt_mamba3_ys_bf16_ok(pc->ops, mdims(pc), B, T) ? (mt_bf16 *)((struct mamba_state *)pc->st)->mb.ys : NULL;
+    float *ys = ((struct mamba_state *)pc->st)->mb.ys;
+    return room && mt_mamba3_ys_bf16_ok(pc->ops, mdims(pc), B, T) ? (mt_bf16 *)ys : NULL;
 }
 
 /* out (n, D) = mixer(h) + beta out: mt_mamba3_forward's stages with the projections

@@ -725,7 +725,7 @@ extern "C" void mt_cuda_attention_backward_bf16(void *be, float *dq, float *dk, 
     if (B <= 0 || T <= 0 || H <= 0) return;
     if (!tc_shape_ok(H, K, hd)) return;
     if (ldv_b < 0 || (ldv_b && (ldv_b < K * hd || (ldv_b & 1) || !mt_cuda_aligned(dv_b, 4)))) {
-        MT_CUDA_UNSUPPORTED("attention (bf16): dv_b's row stride ldv_b must be 0 or even and >= K hd, dv_b 4-byte aligned");
+        MT_CUDA_UNSUPPORTED("attention (bf16): ldv_b must be 0 or even and >= K hd, dv_b 4-byte aligned");
         return;
     }
     if (dout_b) dout = NULL;   /* the bf16 forms win (mt_ops.h) */
@@ -741,7 +741,8 @@ extern "C" void mt_cuda_attention_backward_bf16(void *be, float *dq, float *dk, 
                            NULL))
             return;
         mt_cuda_attention_backward(be, dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, hd);
-        if (dv_b) mt_cuda_cast_bf16_rows(be, dv_b, (size_t)ldv_b, dv, (size_t)B * T, (size_t)K * hd);   /* dv scratch: rounded once */
+        /* dv scratch: rounded once (rows ldv_b apart) */
+        if (dv_b) mt_cuda_cast_bf16_rows(be, dv_b, (size_t)ldv_b, dv, (size_t)B * T, (size_t)K * hd);
         if (dq_b) mt_cuda_cast_bf16(be, dq_b, dq, (size_t)B * T * H * hd);   /* ... and dq, dk */
         if (dk_b) mt_cuda_cast_bf16(be, dk_b, dk, (size_t)B * T * K * hd);
         return;
@@ -756,6 +757,7 @@ extern "C" void mt_cuda_attention_backward_bf16(void *be, float *dq, float *dk, 
                             (const mt_bf16 *)o.v, (const mt_bf16 *)o.g, lse, o.D, B, T, H, K, hd, ldv_b);
         return;
     }
-    if (hd <= 64) tc_bwd_launch<4>(dq, (bf16 *)dq_b, dk, (bf16 *)dk_b, dv, (bf16 *)dv_b, lse, &o, B, T, H, K, hd, ldv_b);
-    else          tc_bwd_launch<8>(dq, (bf16 *)dq_b, dk, (bf16 *)dk_b, dv, (bf16 *)dv_b, lse, &o, B, T, H, K, hd, ldv_b);
+    bf16 *qb = (bf16 *)dq_b, *kb = (bf16 *)dk_b, *vb = (bf16 *)dv_b;
+    if (hd <= 64) tc_bwd_launch<4>(dq, qb, dk, kb, dv, vb, lse, &o, B, T, H, K, hd, ldv_b);
+    else          tc_bwd_launch<8>(dq, qb, dk, kb, dv, vb, lse, &o, B, T, H, K, hd, ldv_b);
 }
