@@ -338,10 +338,16 @@ static void mamba_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, stru
     float *states = ns ? carve_f(c, A, ns) : NULL;
     /* ... and, with them, Bh and Ch's bf16 twins, the products' operands (2 bytes an
      * element where the scan's staging read 4; 67 MB each an M layer at the d2048
-     * hybrid); the cpu, whose scan stays fp32, leaves them unused too */
+     * hybrid), both in the fp32 Ch's memory (N HN floats hold the two N HN bf16
+     * twins): a run uses the twins (the tensor-core scan's shapes, mamba3.c
+     * scan_in_proj) or the fp32 Ch (every other shape, the cpu), never both, so
+     * nothing is carved for them (134 MB an M layer at the d2048 hybrid) */
     const size_t nbc = ns ? pc->N * (size_t)d->H * (size_t)d->N : 0;
-    mt_bf16 *bh_b = nbc ? carve(c, A, nbc * sizeof(mt_bf16)) : NULL, *ch_b = nbc ? carve(c, A, nbc * sizeof(mt_bf16)) : NULL;
-    if (acts) st->mb.states = states, st->mb.Bh_b = bh_b, st->mb.Ch_b = ch_b;
+    if (acts) {
+        st->mb.states = states;
+        st->mb.Bh_b = nbc ? (mt_bf16 *)st->mb.Ch : NULL;
+        st->mb.Ch_b = nbc ? (mt_bf16 *)st->mb.Ch + nbc : NULL;
+    }
     /* precision=bf16: the gated norm output's twin, Wout's operand (forward and
      * dWout), rounded once per forward by cast_bf16 (this rank's E channels) */
     st->yn_b = NULL;

@@ -55,7 +55,8 @@ struct mt_mamba3_acts {
                         part of mt_mamba3_acts_floats: the owner carves them */
     mt_bf16 *Bh_b, *Ch_b; /* (n, H, N) Bh, Ch's bf16 twins, the bf16 scan's
                         operands where its products run (ssm_prep_forward's
-                        Bh_b, Ch_b), or NULL; carved by the owner, as states */
+                        Bh_b, Ch_b), or NULL; set by the owner, as states (in
+                        Ch's memory: those shapes never use the fp32 Ch) */
     mt_bf16 *ys_b;   /* NULL, or ys stored as bf16 only, in ys's memory (the
                         owner sets it before ssm_forward where
                         mt_mamba3_ys_bf16_ok and both gated-norm passes take
