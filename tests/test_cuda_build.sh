@@ -678,7 +678,9 @@ fi
 #    its reason. Then the checker's plants: a receipt with one more host sync,
 #    one with a device allocation in step 1, a log with a 32-thread launch, a
 #    per-tensor sumsq read in step 1 (receipt consistent with it) and AdamW
-#    as per-tensor adamw_k launches must each fail it.
+#    as per-tensor adamw_k launches must each fail it. And precision=bf16's
+#    merged projection backward GEMMs run: a dense bf16 step's cuBLAS calls
+#    are m (15 L + 3), not the unmerged 21 L + 3.
 if want f; then
 if [ -x "$EMU/meshtrain" ] && [ -f "$EMU/train.bin" ]; then
     t3=$(date +%s)
@@ -735,6 +737,27 @@ if [ -x "$EMU/meshtrain" ] && [ -f "$EMU/train.bin" ]; then
        python3 "$PC" kernels "$EMU/run_prof_kp16/receipt.json" "$EMU/launch_kp16.log" >"$EMU/prof_kernels16.txt" 2>&1; then
         echo "PASS kernel profile, precision=bf16 hd 64 (v2/v3 attention): $(tail -1 "$EMU/prof_kernels16.txt")"
     else tail -3 "$EMU/train_prof_kp16.log"; cat "$EMU/prof_kernels16.txt" 2>/dev/null; echo "FAIL: kernel profile (bf16)"; fail=1; fi
+    # precision=bf16's merged projection backward (docs/cuda.md "The q, k, v projections'
+    # backward as one dW and one dX GEMM"): a dense step runs m (15 L + 3) cuBLAS calls
+    # (per layer and microbatch forward q, k, v, o, gate, up, down; backward o 2, q/k/v 2,
+    # down 2, gate/up 2; the head 1 + 2). The three-GEMM and two-GEMM paths (a merge that
+    # silently stopped: weights no longer back to back, a scratch too small) run 21 L + 3
+    if OMP_NUM_THREADS=1 "$EMU/meshtrain" train $TINY --set precision=bf16 --set optimizer=adamw --set microbatches=2 \
+            --backend cuda --knob cuda_graphs=0 --peak-flops 1e11 --quiet --data "$EMU/train.bin" \
+            --out "$EMU/run_merged" --steps 2 >"$EMU/train_merged.log" 2>&1 &&
+       msg=$(python3 - "$EMU/run_merged/receipt.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+c = r["config"]
+L, m = c["n_layer"], c["microbatches"]
+got = r["gpu"]["step_counters"]["blas_calls"]
+want = m * (15 * L + 3)
+assert all(g == want for g in got), (got, want, "unmerged: %d" % (m * (21 * L + 3)))
+print("blas_calls a step %s = m (15 L + 3) = %d (unmerged: %d)" % (got, want, m * (21 * L + 3)))
+PY
+); then
+        echo "PASS merged projection GEMMs, dense bf16 (2 layers, 2 microbatches): $msg"
+    else tail -3 "$EMU/train_merged.log"; echo "FAIL: merged projection GEMMs (dense bf16 cuBLAS calls a step) ${msg:-}"; fail=1; fi
     # the checker's own plants: each must fail it
     if [ $prof_ok -eq 1 ] && python3 - "$EMU/run_prof_dense/receipt.json" "$EMU" <<'PY' &&
 import json, sys
