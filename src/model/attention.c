@@ -156,14 +156,14 @@ static int dqk_bf16(int ab, int qk_b) { return ab && qk_b; }
  * row q' | k' | v (the model's dy scratch; their producers write at row stride
  * QD + 2 KD: qk_norm_rope_backward_bf16's ld_dq_raw, ld_dk_raw, attention_backward_bf16's
  * ldv_b), so the three projections' backward is one dW GEMM and one dX GEMM where their
- * weights and gradients lie back to back (proj_bwd_rows_dyb): dh written once, not
+ * weights and gradients lie back to back (proj_bwd_rows): dh written once, not
  * written and then read and rewritten twice in fp32, and h read once for the three dW
  * (GPT-2 124M's widths: ~0.15 GB a layer and microbatch of 16k tokens). Where d q', d k'
  * and dv are all bf16 only (qk_b, v_bf16_dy) and the scratch holds them; else NULL */
 static mt_bf16 *qkv_dy_rows(const struct mt_piece_ctx *pc, int qk_b, int N, int QD, int KD)
 {
     const size_t n = (size_t)N * (size_t)(QD + 2 * KD);
-    return attn_bf16(pc) && v_bf16_dy(pc, qk_b, n) ? dyb_room(pc->dyb, n) : NULL;
+    return attn_bf16(pc) && v_bf16_dy(pc, qk_b, n) ? pc->dyb->p : NULL;   /* (v_bf16_dy took the room) */
 }
 
 /* o_proj's backward with d att as bf16 only (att_bf16_only): dWo += dy^T att_b,
@@ -267,7 +267,7 @@ static void qkv_proj_bwd(const struct mt_piece_ctx *pc, const mt_bf16 *rows, int
     float *t = pc->s_lora, *dt = pc->s_dlora;
     if (rows) {
         struct mt_param *const w3[3] = {aw(pc)->wq, aw(pc)->wk, aw(pc)->wv};
-        proj_bwd_rows_dyb(ops, pc->dh, 0.0f, w3, 3, rows, ld, h, pc->nm->hb, N, D);
+        proj_bwd_rows(ops, pc->dh, 0.0f, w3, 3, rows, MT_ELEM_BF16, ld, h, pc->nm->hb, N, D);
         return;
     }
     if (qk_b) {

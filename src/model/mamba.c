@@ -461,17 +461,6 @@ static const void *win_whole(const struct mamba_w *lw, int W, enum mt_elem *t)
     return params_whole(lw->mwin, 7, W, t);
 }
 
-/* ... and their fp32 gradients as one (W, D) matrix (NULL: not contiguous, or
- * a block without a gradient, LoRA's frozen base) */
-static float *wgrad_whole(const struct mamba_w *lw, const struct mt_mamba3_weights *g)
-{
-    for (int b = 1; b < 7; b++) {
-        const struct mt_param *p = lw->mwin[b - 1];
-        if (!g->win_part[b - 1] || g->win_part[b] != g->win_part[b - 1] + p->len[0] * p->len[1]) return NULL;
-    }
-    return g->win_part[6] ? g->win_part[0] : NULL;
-}
-
 /* Win's seven blocks are grad_gemm (mt_param.h): the bf16 in-projection's
  * GEMMs write them whole (one GEMM for all seven, grad_beta_all, or one a
  * block, grad_beta); where their writers add instead (the fp32 mixer in
@@ -503,8 +492,8 @@ static void in_fwd(const struct mt_piece_ctx *pc, float *proj, const float *h, c
     }
 }
 
-/* dWin_b += dproj_b^T h (g->win_part[b] NULL: frozen, skipped); dh = sum_b dproj_b Win_b;
- * each whole where it can be (win_whole, wgrad_whole) */
+/* dWin_b += dproj_b^T h (a frozen block skipped); dh = sum_b dproj_b Win_b; each whole
+ * where it can be (proj_bwd_rows; the fp32 mixer: g->win_part[b] NULL for a frozen block) */
 static void in_bwd(const struct mt_piece_ctx *pc, float *dh, struct mt_mamba3_weights *g, const float *dproj,
                    const mt_bf16 *dproj_b, const float *h, const mt_bf16 *hb, const struct mt_mamba3_weights *w, int n)
 {
@@ -516,39 +505,13 @@ static void in_bwd(const struct mt_piece_ctx *pc, float *dh, struct mt_mamba3_we
         return;
     }
     if (n <= 0) return;
-    const int W = mt_mamba3_in_width(mdims(pc)), D = pc->D;
-    const void *x = hb ? (const void *)hb : (const void *)h;
-    const enum mt_elem xt = hb ? MT_ELEM_BF16 : MT_ELEM_F32;
+    const int W = mt_mamba3_in_width(mdims(pc));
     /* dproj feeds two GEMMs per block: its producers' bf16 (dproj_b), or rounded once here
-     * (dyb_round); read at each block's columns */
+     * (dyb_round), else fp32 rounded in the calls; the seven blocks as one operand
+     * (proj_bwd_rows: whole where Win's blocks and their gradients lie back to back) */
     const mt_bf16 *pb = dproj_b ? dproj_b : dyb_round(ops, pc->dyb, dproj, (size_t)n * (size_t)W);
-    const enum mt_elem pt = pb ? MT_ELEM_BF16 : MT_ELEM_F32;
-    enum mt_elem tww;
-    const void *Ww = win_whole(lw, W, &tww);
-    float *gw = wgrad_whole(lw, g);
-    if (gw) ops->gemm_bf16(ops->be, 1, 0, W, D, n, 1.0f, pb ? (const void *)pb : (const void *)dproj, pt, W, x, xt, D,
-                           grad_beta_all(lw->mwin, 7), gw, D);
-    if (Ww) ops->gemm_bf16(ops->be, 0, 0, n, D, W, 1.0f, pb ? (const void *)pb : (const void *)dproj, pt, W, Ww, tww,
-                           D, 0.0f, dh, D);
-    if (gw && Ww) return;
-    int rows[7], off = 0, first = 1;
-    in_rows(lw, rows);
-    for (int b = 0; b < 7; b++) {
-        if (rows[b] > 0) {
-            enum mt_elem tw;
-            const void *Wb = wlinear_op(lw->mwin[b], &tw);
-            const void *dp = pb ? (const void *)(pb + off) : (const void *)(dproj + off);
-            if (!gw && g->win_part[b])
-                ops->gemm_bf16(ops->be, 1, 0, rows[b], D, n, 1.0f, dp, pt, W, x, xt, D,
-                               grad_beta(lw->mwin[b], g->win_part[b]), g->win_part[b], D);
-            if (!Ww)
-                ops->gemm_bf16(ops->be, 0, 0, n, D, rows[b], 1.0f, dp, pt, W, Wb, tw, D, first ? 0.0f : 1.0f, dh, D);
-            first = 0;
-        } else {
-            grad_zero_unwritten(ops, lw->mwin[b]);   /* an empty block: nothing to write */
-        }
-        off += rows[b];
-    }
+    proj_bwd_rows(ops, dh, 0.0f, lw->mwin, 7, pb ? (const void *)pb : (const void *)dproj,
+                  pb ? MT_ELEM_BF16 : MT_ELEM_F32, W, h, hb, n, pc->D);
 }
 
 /*
@@ -736,9 +699,8 @@ static enum mt_status mixer_bwd_rep(struct mt_ctx *ctx, const struct mt_piece_ct
 static mt_bf16 *ys_bf16(const struct mt_piece_ctx *pc, int B, int T)
 {
     const size_t n = (size_t)B * (size_t)T, W = (size_t)mt_mamba3_in_width(mdims(pc));
-    const int room = pc->dyb && pc->dyb->p && n * W > 0 && n * W <= pc->dyb->cap;
     float *ys = ((struct mamba_state *)pc->st)->mb.ys;
-    return room && mt_mamba3_ys_bf16_ok(pc->ops, mdims(pc), B, T) ? (mt_bf16 *)ys : NULL;
+    return dyb_fits(pc->dyb, n * W) && mt_mamba3_ys_bf16_ok(pc->ops, mdims(pc), B, T) ? (mt_bf16 *)ys : NULL;
 }
 
 /* out (n, D) = mixer(h) + beta out: mt_mamba3_forward's stages with the projections

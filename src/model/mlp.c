@@ -129,7 +129,7 @@ static void gate_up_bwd_b(const struct mt_ops_i *ops, float *dh, int accumulate,
  * as bf16 scratch) from g, u in fp32 or, given gb, ub, stored bf16
  * (mlp_gu_bf16); then dWd += dy^T act on that rounded dy and the twin; then
  * term 3 on bf16 dg, du (given gb, ub and d act stored bf16: dg | du as one
- * operand, the gate and up projections' backward merged, proj_bwd_rows_dyb). */
+ * operand, the gate and up projections' backward merged, proj_bwd_rows). */
 static void mlp_bwd_fused(const struct mt_ops_i *ops, float *dh, int accumulate, mt_bf16 *act_b, float *dact,
                           float *dg, float *du, const float *dout, const float *h, const mt_bf16 *hb, const float *g,
                           const float *u, const mt_bf16 *gb, const mt_bf16 *ub, struct mt_param *wg,
@@ -143,7 +143,7 @@ static void mlp_bwd_fused(const struct mt_ops_i *ops, float *dh, int accumulate,
          * memory: its fp32 store and read-back, 8 bytes a hidden unit, become 4; and
          * bf16(dg), bf16(du) side by side, a row dg | du in dg's scratch (n F floats hold
          * n 2 F bf16), so the gate and up projections' backward is one dW GEMM and one
-         * dX GEMM where their weights and gradients lie back to back (proj_bwd_rows_dyb):
+         * dX GEMM where their weights and gradients lie back to back (proj_bwd_rows):
          * dh written once, not written and then read and rewritten in fp32, h read once */
         mt_bf16 *dab = (mt_bf16 *)dact;
         wlinear_backward_dx_bf16_out(ops, dab, dout, db, wd, n, F, D);
@@ -151,7 +151,7 @@ static void mlp_bwd_fused(const struct mt_ops_i *ops, float *dh, int accumulate,
                                           2 * (size_t)F);
         if (dwd) wlinear_backward_db(ops, NULL, 0.0f, dwd, dout, db, NULL, act_b, wd, n, F, D);
         struct mt_param *const w2[2] = {wg, wu};
-        proj_bwd_rows_dyb(ops, dh, accumulate ? 1.0f : 0.0f, w2, 2, dgb, 2 * F, h, hb, n, D);
+        proj_bwd_rows(ops, dh, accumulate ? 1.0f : 0.0f, w2, 2, dgb, MT_ELEM_BF16, 2 * F, h, hb, n, D);
         return;
     }
     wlinear_backward_db(ops, dact, 0.0f, NULL, dout, db, NULL, act_b, wd, n, F, D);

@@ -419,46 +419,58 @@ static inline float *grads_whole(struct mt_param *const *w, int n)
     return w[0]->grad;
 }
 /* The backward of n projections of one input x (n_rows, in) whose outputs' gradients
- * their producers wrote as one bf16 operand dyb (n_rows, ld): projection i's rows of W
- * (its len[0] outputs) are its columns of dyb, in order (their sum is ld). No adapter
- * on any (LoRA's terms read the fp32 dy). dW_i (+)= dy_i^T x where w_i trains; dx =
- * beta_dx dx + sum_i dy_i W_i. One GEMM for all dW and one for dx where the
- * gradients / operands lie back to back (grads_whole, params_whole), over K = ld:
- * dx written once instead of once and then read and rewritten per further projection
- * in fp32, and x read once for every dW; else a GEMM a projection, at its columns. */
-static inline void proj_bwd_rows_dyb(const struct mt_ops_i *ops, float *dx, float beta_dx, struct mt_param *const *w,
-                                     int n, const mt_bf16 *dyb, int ld, const float *x, const mt_bf16 *xb, int n_rows,
-                                     int in)
+ * are one operand dy (n_rows, ld) of type dyt (bf16: written so by their producers;
+ * fp32: rounded in the call): projection i's rows of W (its len[0] outputs) are its
+ * columns of dy, in order (their sum is ld). The base weights' terms only: an
+ * adapter's are the caller's (LoRA's read the fp32 dy: mamba.c's lora_bwd_add; the
+ * bf16-only callers, attention and the SwiGLU, take no adapter on these weights).
+ * dW_i (+)= dy_i^T x where w_i trains; dx = beta_dx dx + sum_i dy_i W_i.
+ * One GEMM for all dW and one for dx where the gradients / operands lie back to
+ * back (grads_whole, params_whole), over K = ld: dx written once instead of once
+ * and then read and rewritten per further projection in fp32, and x read once for
+ * every dW; else a GEMM a projection at its columns (an empty one, 0 rows under TP,
+ * writes nothing: its gradient zeroed if nothing wrote it yet). Attention's q/k/v,
+ * the SwiGLU's gate/up, Mamba-3's seven in-projection blocks. */
+static inline void proj_bwd_rows(const struct mt_ops_i *ops, float *dx, float beta_dx, struct mt_param *const *w,
+                                 int n, const void *dy, enum mt_elem dyt, int ld, const float *x, const mt_bf16 *xb,
+                                 int n_rows, int in)
 {
     if (n_rows <= 0) return;
     const void *X = xb ? (const void *)xb : (const void *)x;
     const enum mt_elem xt = xb ? MT_ELEM_BF16 : MT_ELEM_F32;
+    const size_t es = dyt == MT_ELEM_BF16 ? sizeof(mt_bf16) : sizeof(float);
     enum mt_elem tw;
     const void *W = params_whole(w, n, ld, &tw);
     float *gw = grads_whole(w, n);
-    if (gw) ops->gemm_bf16(ops->be, 1, 0, ld, in, n_rows, 1.0f, dyb, MT_ELEM_BF16, ld, X, xt, in, grad_beta_all(w, n),
-                           gw, in);
-    if (W) ops->gemm_bf16(ops->be, 0, 0, n_rows, in, ld, 1.0f, dyb, MT_ELEM_BF16, ld, W, tw, in, beta_dx, dx, in);
-    int off = 0;
+    if (gw) ops->gemm_bf16(ops->be, 1, 0, ld, in, n_rows, 1.0f, dy, dyt, ld, X, xt, in, grad_beta_all(w, n), gw, in);
+    if (W) ops->gemm_bf16(ops->be, 0, 0, n_rows, in, ld, 1.0f, dy, dyt, ld, W, tw, in, beta_dx, dx, in);
+    if (gw && W) return;
+    int off = 0, first = 1;
     for (int i = 0; i < n; i++) {
-        MT_ASSERT(!w[i]->lora_a);
         const int rows = (int)w[i]->len[0];
+        if (rows <= 0) {
+            grad_zero_unwritten(ops, w[i]);   /* an empty projection: nothing to write */
+            continue;
+        }
+        const void *dyi = (const char *)dy + (size_t)off * es;
         if (!gw && !w[i]->frozen)
-            ops->gemm_bf16(ops->be, 1, 0, rows, in, n_rows, 1.0f, dyb + off, MT_ELEM_BF16, ld, X, xt, in,
+            ops->gemm_bf16(ops->be, 1, 0, rows, in, n_rows, 1.0f, dyi, dyt, ld, X, xt, in,
                            grad_beta(w[i], w[i]->grad), w[i]->grad, in);
         if (!W) {
             const void *Wi = wlinear_op(w[i], &tw);
-            ops->gemm_bf16(ops->be, 0, 0, n_rows, in, rows, 1.0f, dyb + off, MT_ELEM_BF16, ld, Wi, tw, in,
-                           i ? 1.0f : beta_dx, dx, in);
+            ops->gemm_bf16(ops->be, 0, 0, n_rows, in, rows, 1.0f, dyi, dyt, ld, Wi, tw, in, first ? beta_dx : 1.0f,
+                           dx, in);
         }
+        first = 0;
         off += rows;
     }
 }
 /* the model's bf16 dy scratch when it holds n > 0 elements, else NULL (none, or too
  * small). The caller may write it: the residual gradient's twin there is dropped. */
+static inline int dyb_fits(const struct mt_dyb *dyb, size_t n) { return dyb && dyb->p && n > 0 && n <= dyb->cap; }
 static inline mt_bf16 *dyb_room(struct mt_dyb *dyb, size_t n)
 {
-    if (!dyb || !dyb->p || n == 0 || n > dyb->cap) return NULL;
+    if (!dyb_fits(dyb, n)) return NULL;
     dyb->twin_of = NULL;
     return dyb->p;
 }
