@@ -1019,6 +1019,7 @@ static double xent_loss(void *ud)
 }
 
 static long twin_diff(struct harness *h, const uint16_t *d, const float *out, size_t n);
+static float gu_f32(uint16_t b);
 static uint16_t ref_bf16(float x);
 
 static void xent_case(struct harness *h, int N, int V, float cap, double zr)
@@ -2348,13 +2349,35 @@ static void bf16_twin_case(struct harness *h, int N, int C)
         h->ops->rmsnorm_forward(h->ops->be, ob, rs, dx, dw, N, C, 1e-5f);
         float *da = up_f(h, u, n), *db2 = up_f(h, u, n), *wa = up_f(h, w, C), *wb = up_f(h, w, C);
         uint16_t *tb = dalloc(h, n * sizeof(uint16_t));
-        h->ops->rmsnorm_backward_bf16(h->ops->be, da, tb, wa, dg, dx, dw, rs, N, C, 1);
+        h->ops->rmsnorm_backward_bf16(h->ops->be, da, tb, wa, dg, dx, dw, rs, N, C, 1, NULL);
         h->ops->rmsnorm_backward(h->ops->be, db2, wb, dg, dx, dw, rs, N, C, 1);
         float *a = down_f(h, da, n);
         checkf(h, "rmsnorm_backward_bf16",
                ndiff(a, down_f(h, db2, n), n) + ndiff(down_f(h, wa, C), down_f(h, wb, C), C), 0,
                "%s dinp (+=), dw == rmsnorm_backward (bits)", cs);
         checkf(h, "rmsnorm_backward_bf16", (double)twin_diff(h, tb, a, n), 0, "%s twin == bf16(final dinp)", cs);
+        /* dout_b: dout as bf16 (dout ignored: NULL), read widened: the bits of the
+         * plain op given widen(dout_b); and with no twin (dinp_b NULL) */
+        uint16_t *gb = (uint16_t *)new_f(h, (n + 1) / 2);
+        float *gw = new_f(h, n);
+        for (size_t i = 0; i < n; i++) gb[i] = ref_bf16(g[i]), gw[i] = gu_f32(gb[i]);
+        uint16_t *dgb = dalloc(h, n * sizeof(uint16_t));
+        h->ops->copy_from_host(h->ops->be, dgb, gb, n * sizeof(uint16_t));
+        float *dc = up_f(h, u, n), *dd = up_f(h, u, n), *wc = up_f(h, w, C), *wd = up_f(h, w, C);
+        uint16_t *tc = dalloc(h, n * sizeof(uint16_t));
+        h->ops->rmsnorm_backward_bf16(h->ops->be, dc, tc, wc, NULL, dx, dw, rs, N, C, 1, dgb);
+        h->ops->rmsnorm_backward(h->ops->be, dd, wd, up_f(h, gw, n), dx, dw, rs, N, C, 1);
+        float *c2 = down_f(h, dc, n);
+        checkf(h, "rmsnorm_backward_bf16",
+               ndiff(c2, down_f(h, dd, n), n) + ndiff(down_f(h, wc, C), down_f(h, wd, C), C), 0,
+               "%s dout_b: dinp (+=), dw == rmsnorm_backward of widen(dout_b) (bits)", cs);
+        checkf(h, "rmsnorm_backward_bf16", (double)twin_diff(h, tc, c2, n), 0, "%s dout_b: twin == bf16(final dinp)",
+               cs);
+        float *de = up_f(h, u, n);
+        h->ops->rmsnorm_backward_bf16(h->ops->be, de, NULL, NULL, NULL, dx, dw, rs, N, C, 0, dgb);
+        h->ops->rmsnorm_backward(h->ops->be, dd, NULL, up_f(h, gw, n), dx, dw, rs, N, C, 0);
+        checkf(h, "rmsnorm_backward_bf16", ndiff(down_f(h, de, n), down_f(h, dd, n), n), 0,
+               "%s dout_b, no twin, no dw, (=): dinp == rmsnorm_backward (bits)", cs);
     }
     if (has(h, "swiglu_forward_bf16", h->ops->swiglu_forward_bf16 != NULL)) {
         float *dout = up_f(h, nan_f(h, n), n), *uout = up_f(h, nan_f(h, n), n);

@@ -257,9 +257,10 @@ static enum mt_status attn_piece_forward(struct mt_ctx *ctx, const struct mt_pie
 
 /* the q, k, v projections' backward, dh = the three dX terms: from one operand (rows,
  * ld: qkv_dy_rows), or from d q', d k' as bf16 in datt's and dk2's memory (qk_b) or fp32
- * there, and dv as bf16 (dvb) or fp32 */
-static void qkv_proj_bwd(const struct mt_piece_ctx *pc, const mt_bf16 *rows, int ld, int qk_b, const mt_bf16 *dvb,
-                         const float *h)
+ * there, and dv as bf16 (dvb) or fp32. Returns dh as bf16 (in its own memory, from the
+ * one dX GEMM: dh_bf16_room), or NULL: dh written fp32 */
+static const mt_bf16 *qkv_proj_bwd(const struct mt_piece_ctx *pc, const mt_bf16 *rows, int ld, int qk_b,
+                                   const mt_bf16 *dvb, const float *h)
 {
     const struct mt_ops_i *ops = pc->ops;
     const struct attn_own *o = aown(pc);
@@ -267,8 +268,8 @@ static void qkv_proj_bwd(const struct mt_piece_ctx *pc, const mt_bf16 *rows, int
     float *t = pc->s_lora, *dt = pc->s_dlora;
     if (rows) {
         struct mt_param *const w3[3] = {aw(pc)->wq, aw(pc)->wk, aw(pc)->wv};
-        proj_bwd_rows(ops, pc->dh, 0.0f, w3, 3, rows, MT_ELEM_BF16, ld, h, pc->nm->hb, N, D);
-        return;
+        mt_bf16 *dhb = dh_bf16_room(pc);
+        return proj_bwd_rows(ops, pc->dh, 0.0f, w3, 3, rows, MT_ELEM_BF16, ld, h, pc->nm->hb, N, D, dhb) ? dhb : NULL;
     }
     if (qk_b) {
         proj_bwd_dyb(ops, pc->dh, 0.0f, aw(pc)->wq, (const mt_bf16 *)o->datt, h, pc->nm->hb, N, D, QD);
@@ -281,6 +282,7 @@ static void qkv_proj_bwd(const struct mt_piece_ctx *pc, const mt_bf16 *rows, int
         proj_bwd_dyb(ops, pc->dh, 1.0f, aw(pc)->wv, dvb, h, pc->nm->hb, N, D, KD);
     else
         proj_bwd_b(ops, t, dt, pc->dh, 1.0f, aw(pc)->wv, o->dv, h, pc->nm->hb, N, D, KD, pc->dyb);
+    return NULL;
 }
 
 /* Reads dx (Nr, D) = d x_out; ACCUMULATES d x_in into dx; param grads +=. */
@@ -344,7 +346,7 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
                                    H, K, hd);
     }
     /* term 4: projections (under TP dh is this rank's partial sum over its heads) */
-    qkv_proj_bwd(pc, rows, ld, qk_b, dvb, h);
+    const mt_bf16 *dh_b = qkv_proj_bwd(pc, rows, ld, qk_b, dvb, h);
     /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
     const float *dhr = pc->dh;
     if (tp->sp) {
@@ -354,8 +356,8 @@ static enum mt_status attn_piece_backward(struct mt_ctx *ctx, const struct mt_pi
         MT_CHECK(tpa_allreduce(ctx, tp, pc->dh, (size_t)N * D));
     }
     /* term 5: input rmsnorm, accumulated into the residual gradient (+ its bf16 twin) */
-    MT_ASSERT(Nr == pc->Nr);
-    norm_bwd_twin(pc, dhr);
+    MT_ASSERT(Nr == pc->Nr && (!dh_b || dhr == pc->dh));
+    norm_bwd_twin(pc, dhr, dh_b);
     return MT_OK;
 }
 
@@ -423,11 +425,13 @@ static void attn_work(const struct mt_block_shape *s, int rc, struct mt_work *w)
          * bf16 q', k', writes bf16 dq', dk': 2 qk (1.5 qk with dq, dk bf16
          * from the attention backward: dqk_bf16, no LoRA); rmsnorm_backward
          * (accumulating) reads dh, x, dx, writes dx: 4 D (+ dx's bf16 twin,
-         * 0.5 D: plan_norm_twin); o_proj's dy rounded once (cast_bf16,
+         * 0.5 D: plan_norm_twin; dh bf16, 0.5 D less: plan_dh_bf16); o_proj's dy rounded once (cast_bf16,
          * elementwise): 1.5 D, none where it reads the twin. */
         const double hs = plan_norm_h_store(s), tw = plan_norm_twin(s);
         const double dqk = s->cfg->lora_rank <= 0 ? 0.5 : 0.0;   /* dq, dk read as bf16 (dqk_bf16) */
-        w->e[MT_WORK_NORM] += (6.5 + hs + 0.5 * tw) * D + (3.0 - dqk) * qk + rc * ((2.5 + hs) * D + 1.0 * qk);
+        const double dhb = plan_dh_bf16(s);   /* the norm backward reads d h as bf16 */
+        w->e[MT_WORK_NORM] += (6.5 + hs + 0.5 * tw - 0.5 * dhb) * D + (3.0 - dqk) * qk +
+                              rc * ((2.5 + hs) * D + 1.0 * qk);
         w->e[MT_WORK_ELEMENTWISE] += 1.5 * (1.0 - tw) * D;
         return;
     }

@@ -282,10 +282,11 @@ static void mamba_work_bf16(const struct mt_block_shape *sh, int rc, struct mt_w
     const double seed = sh->tp <= 1 && sh->cfg->lora_rank <= 0 ? 1.0 : 0.0, resid = seed > 0 ? 0.0 : 3.0 * D;
     /* the residual gradient's twin (plan_norm_twin): the input norm's backward writes it
      * (0.5 D), Wout's backward reads it instead of rounding dy (1.5 D) */
-    const double hs = plan_norm_h_store(sh), tw = plan_norm_twin(sh);
+    const double hs = plan_norm_h_store(sh), tw = plan_norm_twin(sh), dhb = plan_dh_bf16(sh);
     /* the tensor-core shapes: the gated norm reads ys as bf16 (ys_bf16), forward and backward */
     const double ysb = S > 0 ? 0.5 : 0.0;
-    w->e[MT_WORK_NORM] += (5.5 + hs + seed + 0.5 * tw) * D + (7.5 - 2.0 * ysb) * E +
+    /* ... and d h as bf16 from the in-projection's dX GEMM (plan_dh_bf16): 0.5 D less */
+    w->e[MT_WORK_NORM] += (5.5 + hs + seed + 0.5 * tw - 0.5 * dhb) * D + (7.5 - 2.0 * ysb) * E +
                           rc * ((1.5 + hs + seed) * D + (2.5 - ysb) * E);
     w->e[MT_WORK_ELEMENTWISE] += prep_f + prep_b + resid + 1.5 * (1.0 - tw) * D + (1.0 - dpb) * 1.5 * W +
                                  rc * (prep_f + resid);
@@ -493,25 +494,27 @@ static void in_fwd(const struct mt_piece_ctx *pc, float *proj, const float *h, c
 }
 
 /* dWin_b += dproj_b^T h (a frozen block skipped); dh = sum_b dproj_b Win_b; each whole
- * where it can be (proj_bwd_rows; the fp32 mixer: g->win_part[b] NULL for a frozen block) */
-static void in_bwd(const struct mt_piece_ctx *pc, float *dh, struct mt_mamba3_weights *g, const float *dproj,
-                   const mt_bf16 *dproj_b, const float *h, const mt_bf16 *hb, const struct mt_mamba3_weights *w, int n)
+ * where it can be (proj_bwd_rows; the fp32 mixer: g->win_part[b] NULL for a frozen block).
+ * dh_b: NULL, or room for dh as bf16 (dh_bf16_room): returns 1 where dh went there */
+static int in_bwd(const struct mt_piece_ctx *pc, float *dh, struct mt_mamba3_weights *g, const float *dproj,
+                  const mt_bf16 *dproj_b, const float *h, const mt_bf16 *hb, const struct mt_mamba3_weights *w, int n,
+                  mt_bf16 *dh_b)
 {
     const struct mt_ops_i *ops = pc->ops;
     const struct mamba_w *lw = mbw(pc);
     if (!mixer_bf16(lw)) {   /* the fp32 library's GEMMs add */
         win_zero_unwritten(pc);
         mt_mamba3_in_backward(ops, dh, 0, g, dproj, h, w, mdims(pc), n);
-        return;
+        return 0;
     }
-    if (n <= 0) return;
+    if (n <= 0) return 0;
     const int W = mt_mamba3_in_width(mdims(pc));
     /* dproj feeds two GEMMs per block: its producers' bf16 (dproj_b), or rounded once here
      * (dyb_round), else fp32 rounded in the calls; the seven blocks as one operand
      * (proj_bwd_rows: whole where Win's blocks and their gradients lie back to back) */
     const mt_bf16 *pb = dproj_b ? dproj_b : dyb_round(ops, pc->dyb, dproj, (size_t)n * (size_t)W);
-    proj_bwd_rows(ops, dh, 0.0f, lw->mwin, 7, pb ? (const void *)pb : (const void *)dproj,
-                  pb ? MT_ELEM_BF16 : MT_ELEM_F32, W, h, hb, n, pc->D);
+    return proj_bwd_rows(ops, dh, 0.0f, lw->mwin, 7, pb ? (const void *)pb : (const void *)dproj,
+                         pb ? MT_ELEM_BF16 : MT_ELEM_F32, W, h, hb, n, pc->D, dh_b);
 }
 
 /*
@@ -734,9 +737,10 @@ static void mixer_fwd(const struct mt_piece_ctx *pc, float *out, const float *h,
     wlinear_forward(ops, out, st->mb.yn, st->yn_b, mbw(pc)->mwout, n, E, pc->D, beta);
 }
 
-/* dh = d h (overwritten), the mixer's gradients += : mt_mamba3_backward's stages */
-static void mixer_bwd(const struct mt_piece_ctx *pc, const float *dy, const struct mt_mamba3_weights *w,
-                      struct mt_mamba3_weights *g)
+/* dh = d h (overwritten), the mixer's gradients += : mt_mamba3_backward's stages.
+ * Returns dh as bf16 in its own memory (dh_bf16_room), or NULL: dh written fp32 */
+static const mt_bf16 *mixer_bwd(const struct mt_piece_ctx *pc, const float *dy, const struct mt_mamba3_weights *w,
+                                struct mt_mamba3_weights *g)
 {
     struct mamba_state *st = pc->st;
     const struct mt_ops_i *ops = pc->ops;
@@ -746,7 +750,7 @@ static void mixer_bwd(const struct mt_piece_ctx *pc, const float *dy, const stru
         grad_zero_unwritten(ops, mbw(pc)->mwout);
         win_zero_unwritten(pc);
         mt_mamba3_backward(ops, pc->dh, 0, g, mb_s(pc), dy, pc->nm->h, &st->mb, w, mdims(pc), pc->B, pc->T);
-        return;
+        return NULL;
     }
     const int n = pc->B * pc->T;
     wout_bwd(pc, dy, g, n);
@@ -754,7 +758,9 @@ static void mixer_bwd(const struct mt_piece_ctx *pc, const float *dy, const stru
      * the dy scratch: wout_bwd's GEMMs, its other readers, come before on the stream */
     mt_bf16 *room = dyb_room(pc->dyb, (size_t)n * (size_t)mt_mamba3_in_width(mdims(pc)));
     const int direct = mt_mamba3_mix_backward_b(ops, g, mb_s(pc), &st->mb, w, mdims(pc), pc->B, pc->T, room);
-    in_bwd(pc, pc->dh, g, mb_s(pc)->dproj, direct ? room : NULL, mamba_h(pc, pc->nm->h), pc->nm->hb, w, n);
+    mt_bf16 *dhb = dh_bf16_room(pc);
+    return in_bwd(pc, pc->dh, g, mb_s(pc)->dproj, direct ? room : NULL, mamba_h(pc, pc->nm->h), pc->nm->hb, w, n, dhb)
+               ? dhb : NULL;
 }
 
 static void mixer_fwd_lora(const struct mt_piece_ctx *pc, float *out, const float *h, const struct mt_mamba3_weights *w,
@@ -787,7 +793,7 @@ static void mixer_bwd_lora(const struct mt_piece_ctx *pc, const float *dy, const
         if (mbw(pc)->mwin[b]->frozen) g->win_part[b] = NULL;   /* no weight gradient for the frozen base */
     proj_bwd_b(ops, pc->s_lora, pc->s_dlora, s->dyn, 0.0f, mbw(pc)->mwout, dy, st->mb.yn, st->yn_b, n, E, D, pc->dyb);
     mt_mamba3_mix_backward(ops, g, s, &st->mb, w, mdims(pc), pc->B, pc->T);
-    in_bwd(pc, pc->dh, g, s->dproj, NULL, pc->nm->h, pc->nm->hb, w, n);
+    in_bwd(pc, pc->dh, g, s->dproj, NULL, pc->nm->h, pc->nm->hb, w, n, NULL);   /* the adapters add to dh */
     lora_bwd_add(ops, pc->s_lora, pc->s_dlora, pc->dh, s->dproj, W, pc->nm->h, mbw(pc)->mwin, rows, 7, n, D);
 }
 
@@ -860,9 +866,10 @@ static enum mt_status mamba_backward(struct mt_ctx *ctx, const struct mt_piece_c
         dy = pc->s_full;
     }
     /* dh = d h (overwritten; under TP this rank's heads' partial sum), every mixer gradient += */
+    const mt_bf16 *dh_b = NULL;   /* dh as bf16 in its own memory (dh_bf16_room), from the one dX GEMM */
     if (mown(pc)->rep) MT_CHECK(mixer_bwd_rep(ctx, pc, dy, &w, &g));
     else if (pc->lora) mixer_bwd_lora(pc, dy, &w, &g);
-    else mixer_bwd(pc, dy, &w, &g);
+    else dh_b = mixer_bwd(pc, dy, &w, &g);
     /* the TP entry's conjugate: SP reduce-scatters the rows; without SP all-reduce */
     const float *dhr = pc->dh;
     if (pc->tp.sp) {
@@ -871,8 +878,8 @@ static enum mt_status mamba_backward(struct mt_ctx *ctx, const struct mt_piece_c
     } else if (pc->tp.tp > 1) {
         MT_CHECK(tpa_allreduce(ctx, &pc->tp, pc->dh, (size_t)pc->N * D));
     }
-    MT_ASSERT(Nr == pc->Nr);
-    norm_bwd_twin(pc, dhr);   /* + the residual gradient's bf16 twin */
+    MT_ASSERT(Nr == pc->Nr && (!dh_b || dhr == pc->dh));
+    norm_bwd_twin(pc, dhr, dh_b);   /* + the residual gradient's bf16 twin */
     return MT_OK;
 }
 

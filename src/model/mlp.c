@@ -130,10 +130,11 @@ static void gate_up_bwd_b(const struct mt_ops_i *ops, float *dh, int accumulate,
  * (mlp_gu_bf16); then dWd += dy^T act on that rounded dy and the twin; then
  * term 3 on bf16 dg, du (given gb, ub and d act stored bf16: dg | du as one
  * operand, the gate and up projections' backward merged, proj_bwd_rows). */
-static void mlp_bwd_fused(const struct mt_ops_i *ops, float *dh, int accumulate, mt_bf16 *act_b, float *dact,
-                          float *dg, float *du, const float *dout, const float *h, const mt_bf16 *hb, const float *g,
-                          const float *u, const mt_bf16 *gb, const mt_bf16 *ub, struct mt_param *wg,
-                          struct mt_param *wu, struct mt_param *wd, int n, int D, int F, struct mt_dyb *dyb)
+static int mlp_bwd_fused(const struct mt_ops_i *ops, float *dh, int accumulate, mt_bf16 *act_b, float *dact,
+                         float *dg, float *du, const float *dout, const float *h, const mt_bf16 *hb, const float *g,
+                         const float *u, const mt_bf16 *gb, const mt_bf16 *ub, struct mt_param *wg,
+                         struct mt_param *wu, struct mt_param *wd, int n, int D, int F, struct mt_dyb *dyb,
+                         mt_bf16 *dh_b)
 {
     float *dwd = wd->frozen ? NULL : wd->grad;
     const mt_bf16 *db = dwd ? dyb_round(ops, dyb, dout, (size_t)n * D) : NULL;
@@ -151,14 +152,14 @@ static void mlp_bwd_fused(const struct mt_ops_i *ops, float *dh, int accumulate,
                                           2 * (size_t)F);
         if (dwd) wlinear_backward_db(ops, NULL, 0.0f, dwd, dout, db, NULL, act_b, wd, n, F, D);
         struct mt_param *const w2[2] = {wg, wu};
-        proj_bwd_rows(ops, dh, accumulate ? 1.0f : 0.0f, w2, 2, dgb, MT_ELEM_BF16, 2 * F, h, hb, n, D);
-        return;
+        return proj_bwd_rows(ops, dh, accumulate ? 1.0f : 0.0f, w2, 2, dgb, MT_ELEM_BF16, 2 * F, h, hb, n, D, dh_b);
     }
     wlinear_backward_db(ops, dact, 0.0f, NULL, dout, db, NULL, act_b, wd, n, F, D);
     if (gb) ops->swiglu_backward_act_bf16_gu(ops->be, act_b, dgb, dub, dact, gb, ub, (size_t)n * F);
     else ops->swiglu_backward_act_bf16(ops->be, act_b, dgb, dub, dact, g, u, (size_t)n * F);
     if (dwd) wlinear_backward_db(ops, NULL, 0.0f, dwd, dout, db, NULL, act_b, wd, n, F, D);
     gate_up_bwd_b(ops, dh, accumulate, dgb, dub, h, hb, wg, wu, n, D, F);
+    return 0;
 }
 
 void mlp_backward_b(const struct mt_ops_i *ops, float *t, float *dt, float *dh, int accumulate, float *act,
@@ -169,7 +170,8 @@ void mlp_backward_b(const struct mt_ops_i *ops, float *t, float *dt, float *dh, 
     if (n <= 0) return;
     act = act_stored(act, act_b, wd, redo);
     if (act_fused(ops, act, act_b, dg, du, wg, wu)) {
-        mlp_bwd_fused(ops, dh, accumulate, act_b, dact, dg, du, dout, h, hb, g, u, NULL, NULL, wg, wu, wd, n, D, F, dyb);
+        mlp_bwd_fused(ops, dh, accumulate, act_b, dact, dg, du, dout, h, hb, g, u, NULL, NULL, wg, wu, wd, n, D, F, dyb,
+                      NULL);
         return;
     }
     swiglu_act(ops, act, act_b, g, u, (size_t)n * F);
@@ -220,15 +222,17 @@ static void mlp_forward_gu(const struct mt_ops_i *ops, float *t, float *out, int
     proj_fwd_b(ops, t, out, NULL, act_b, wd, n, F, D, accumulate ? 1.0f : 0.0f);   /* no adapter: act_b alone */
 }
 
-/* mlp_backward_b's fused path (act_fused) on the bf16 g, u */
-static void mlp_backward_gu(const struct mt_ops_i *ops, float *dh, int accumulate, mt_bf16 *act_b, float *dact,
-                            float *dg, float *du, const float *dout, const float *h, const mt_bf16 *hb,
-                            const mt_bf16 *gb, const mt_bf16 *ub, struct mt_param *wg, struct mt_param *wu,
-                            struct mt_param *wd, int n, int D, int F, struct mt_dyb *dyb)
+/* mlp_backward_b's fused path (act_fused) on the bf16 g, u; dh_b: NULL, or room for dh
+ * as bf16 (dh_bf16_room): returns 1 where dh went there (not written), else 0 */
+static int mlp_backward_gu(const struct mt_ops_i *ops, float *dh, int accumulate, mt_bf16 *act_b, float *dact,
+                           float *dg, float *du, const float *dout, const float *h, const mt_bf16 *hb,
+                           const mt_bf16 *gb, const mt_bf16 *ub, struct mt_param *wg, struct mt_param *wu,
+                           struct mt_param *wd, int n, int D, int F, struct mt_dyb *dyb, mt_bf16 *dh_b)
 {
-    if (n <= 0) return;
+    if (n <= 0) return 0;
     MT_ASSERT(act_b && dg && du && wg->bf16 && wu->bf16 && wd->bf16);
-    mlp_bwd_fused(ops, dh, accumulate, act_b, dact, dg, du, dout, h, hb, NULL, NULL, gb, ub, wg, wu, wd, n, D, F, dyb);
+    return mlp_bwd_fused(ops, dh, accumulate, act_b, dact, dg, du, dout, h, hb, NULL, NULL, gb, ub, wg, wu, wd, n, D,
+                         F, dyb, dh_b);
 }
 
 void mlp_forward(const struct mt_ops_i *ops, float *t, float *out, int accumulate, float *g, float *u, float *act,
@@ -304,14 +308,15 @@ static void mlp_work(const struct mt_block_shape *s, int rc, struct mt_work *w)
         /* precision=bf16 on cuda (mlp_gu_bf16: gate, up stored bf16), 4-byte
          * elements: norm forward reads x, writes h, x_out, h's twin (3.5 D;
          * 2.5 D where h is not stored: plan_norm_h_store), backward reads dh,
-         * x, dx, writes dx (4 D; + dx's bf16 twin, 0.5 D: plan_norm_twin);
+         * x, dx, writes dx (4 D; + dx's bf16 twin, 0.5 D: plan_norm_twin; dh
+         * bf16, 0.5 D less: plan_dh_bf16);
          * swiglu_forward_bf16_gu reads bf16 g, u, writes bf16 act (1.5 per
          * hidden unit); down's dy rounded once (1.5 D; none where it reads the
          * previous piece's twin); swiglu_backward_act_bf16_gud reads bf16 dact
          * (down's backward GEMM writes it bf16), g, u, writes bf16 act, dg, du
          * (3). rc: the forward again. */
-        const double hs = plan_norm_h_store(s), tw = plan_norm_twin(s);
-        w->e[MT_WORK_NORM] += (6.5 + hs + 0.5 * tw) * D + rc * (2.5 + hs) * D;
+        const double hs = plan_norm_h_store(s), tw = plan_norm_twin(s), dhb = plan_dh_bf16(s);
+        w->e[MT_WORK_NORM] += (6.5 + hs + 0.5 * tw - 0.5 * dhb) * D + rc * (2.5 + hs) * D;
         w->e[MT_WORK_ELEMENTWISE] += 4.5 * hid + 1.5 * (1.0 - tw) * D + rc * 1.5 * hid;
         return;
     }
@@ -392,11 +397,13 @@ static enum mt_status mlp_piece_backward(struct mt_ctx *ctx, const struct mt_pie
         MT_CHECK(tpa_gather_rows(ctx, &pc->tp, pc->s_full, pc->dx, pc->Nr, D));
         dy = pc->s_full;
     }
-    if (st->mgb)
-        mlp_backward_gu(pc->ops, pc->dh, 0, mown(pc)->act_b, pc->s_dact, pc->s_dg, pc->s_du, dy,
-                        mlp_h_unread(pc, st) ? NULL : pc->nm->h, pc->nm->hb,
-                        st->mgb, st->mub, w->wg, w->wu, w->wd, N, D, mown(pc)->F, pc->dyb);
-    else
+    mt_bf16 *dh_b = NULL;   /* dh as bf16 in its own memory (dh_bf16_room), from the one dX GEMM */
+    if (st->mgb) {
+        mt_bf16 *room = dh_bf16_room(pc);
+        dh_b = mlp_backward_gu(pc->ops, pc->dh, 0, mown(pc)->act_b, pc->s_dact, pc->s_dg, pc->s_du, dy,
+                               mlp_h_unread(pc, st) ? NULL : pc->nm->h, pc->nm->hb, st->mgb, st->mub, w->wg, w->wu,
+                               w->wd, N, D, mown(pc)->F, pc->dyb, room) ? room : NULL;
+    } else
         mlp_backward_b(pc->ops, pc->s_lora, pc->s_dlora, pc->dh, 0, pc->s_act, mown(pc)->act_b, pc->s_dact, pc->s_dg,
                        pc->s_du, dy, pc->nm->h, pc->nm->hb, st->mg, st->mu, w->wg, w->wu, w->wd, N, D, mown(pc)->F,
                        pc->dyb, pc->redo);
@@ -408,7 +415,8 @@ static enum mt_status mlp_piece_backward(struct mt_ctx *ctx, const struct mt_pie
     } else if (pc->tp.tp > 1) {
         MT_CHECK(tpa_allreduce(ctx, &pc->tp, pc->dh, (size_t)N * D));
     }
-    ffn_norm_bwd(pc, dhr);
+    MT_ASSERT(!dh_b || dhr == pc->dh);
+    ffn_norm_bwd(pc, dhr, dh_b);
     return MT_OK;
 }
 

@@ -1254,9 +1254,9 @@ void ffn_norm_fwd(const struct mt_piece_ctx *pc, float *x_out, int n, int twin_o
                                        pc->norm_eps);
 }
 
-void ffn_norm_bwd(const struct mt_piece_ctx *pc, const float *dhr)
+void ffn_norm_bwd(const struct mt_piece_ctx *pc, const float *dhr, const mt_bf16 *dhr_b)
 {
-    norm_bwd_twin(pc, dhr);   /* + the residual gradient's bf16 twin */
+    norm_bwd_twin(pc, dhr, dhr_b);   /* + the residual gradient's bf16 twin */
 }
 
 /* MT_RESID_ADD around a step (mt_blocks.h): before its forward the block
@@ -1270,7 +1270,7 @@ static void step_norm_fwd(const struct mt_piece_ctx *pc, const struct mt_piece_f
 
 static void step_norm_bwd(const struct mt_piece_ctx *pc)
 {
-    ffn_norm_bwd(pc, pc->dh);
+    ffn_norm_bwd(pc, pc->dh, NULL);
 }
 
 /* The wrapper's inner context (struct mt_block_wrap.inner): the steps run

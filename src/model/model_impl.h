@@ -430,21 +430,26 @@ static inline float *grads_whole(struct mt_param *const *w, int n)
  * and then read and rewritten per further projection in fp32, and x read once for
  * every dW; else a GEMM a projection at its columns (an empty one, 0 rows under TP,
  * writes nothing: its gradient zeroed if nothing wrote it yet). Attention's q/k/v,
- * the SwiGLU's gate/up, Mamba-3's seven in-projection blocks. */
-static inline void proj_bwd_rows(const struct mt_ops_i *ops, float *dx, float beta_dx, struct mt_param *const *w,
-                                 int n, const void *dy, enum mt_elem dyt, int ld, const float *x, const mt_bf16 *xb,
-                                 int n_rows, int in)
+ * the SwiGLU's gate/up, Mamba-3's seven in-projection blocks.
+ * dx_b: NULL, or room (n_rows, in) bf16 for dx (dh_bf16_room): where dx is one GEMM's
+ * output (whole operands, beta_dx 0) it is written there as bf16 alone and the call
+ * returns 1 (dx not written); else 0. */
+static inline int proj_bwd_rows(const struct mt_ops_i *ops, float *dx, float beta_dx, struct mt_param *const *w,
+                                int n, const void *dy, enum mt_elem dyt, int ld, const float *x, const mt_bf16 *xb,
+                                int n_rows, int in, mt_bf16 *dx_b)
 {
-    if (n_rows <= 0) return;
+    if (n_rows <= 0) return 0;
     const void *X = xb ? (const void *)xb : (const void *)x;
     const enum mt_elem xt = xb ? MT_ELEM_BF16 : MT_ELEM_F32;
     const size_t es = dyt == MT_ELEM_BF16 ? sizeof(mt_bf16) : sizeof(float);
     enum mt_elem tw;
     const void *W = params_whole(w, n, ld, &tw);
     float *gw = grads_whole(w, n);
+    const int out_b = W && dx_b && beta_dx == 0.0f && ops->gemm_bf16_out;
     if (gw) ops->gemm_bf16(ops->be, 1, 0, ld, in, n_rows, 1.0f, dy, dyt, ld, X, xt, in, grad_beta_all(w, n), gw, in);
-    if (W) ops->gemm_bf16(ops->be, 0, 0, n_rows, in, ld, 1.0f, dy, dyt, ld, W, tw, in, beta_dx, dx, in);
-    if (gw && W) return;
+    if (out_b) ops->gemm_bf16_out(ops->be, 0, 0, n_rows, in, ld, 1.0f, dy, dyt, ld, W, tw, in, dx_b, in);
+    else if (W) ops->gemm_bf16(ops->be, 0, 0, n_rows, in, ld, 1.0f, dy, dyt, ld, W, tw, in, beta_dx, dx, in);
+    if (gw && W) return out_b;
     int off = 0, first = 1;
     for (int i = 0; i < n; i++) {
         const int rows = (int)w[i]->len[0];
@@ -464,6 +469,7 @@ static inline void proj_bwd_rows(const struct mt_ops_i *ops, float *dx, float be
         first = 0;
         off += rows;
     }
+    return out_b;
 }
 /* the model's bf16 dy scratch when it holds n > 0 elements, else NULL (none, or too
  * small). The caller may write it: the residual gradient's twin there is dropped. */
@@ -516,6 +522,14 @@ static inline double plan_norm_h_store(const struct mt_block_shape *s)
  * precision=bf16 without SP; else 0. First order: the top block's first reader
  * (after the head) and a wrapper's steps still round. */
 static inline double plan_norm_twin(const struct mt_block_shape *s) { return plan_bf16_twins(s) ? 1.0 : 0.0; }
+/* The planner's count of d h as bf16 (dh_bf16_room): 1 where a piece's dX GEMM writes
+ * it so and the input norm's backward reads it at 2 bytes (0.5 D less there; the
+ * GEMM's store is not priced): precision=bf16, one model rank (as the planner's shape
+ * knows it), no adapter; else 0 */
+static inline double plan_dh_bf16(const struct mt_block_shape *s)
+{
+    return !strcmp(s->cfg->precision, "bf16") && s->tp <= 1 && s->cfg->lora_rank <= 0 ? 1.0 : 0.0;
+}
 
 /* head_dim as config.c resolves it (0: d_model / n_head): attention's head
  * width and the RoPE tables' (model.c, infer.c). */
@@ -571,23 +585,36 @@ struct mt_piece_ctx {
     struct mt_ep_axis ep;
 };
 
+/* precision=bf16 on one model rank: room for d h (the block input norm's output
+ * gradient) as bf16, in dh's own memory, for the piece's dX GEMM (proj_bwd_rows'
+ * dx_b) when the input norm's backward is its one reader (no adapter adds to it, no
+ * TP reduction sums it); NULL: dh stays fp32. A rounding point, autocast's (a bf16
+ * Linear's input gradient): 4 bytes an element of d h not moved (the GEMM's store
+ * and the norm's read at 2 bytes, not 4) */
+static inline mt_bf16 *dh_bf16_room(const struct mt_piece_ctx *pc)
+{
+    const struct mt_ops_i *ops = pc->ops;
+    return pc->bf16 && pc->tp.tp == 1 && ops->rmsnorm_backward_bf16 && ops->gemm_bf16_out ? (mt_bf16 *)pc->dh : NULL;
+}
 /* A piece's last op: dx += rmsnorm_backward(dh) over its Nr rows (the step's input
- * norm, accumulate 1). In precision=bf16, where the backend has the bf16 entry and
- * the dy scratch holds the rows, the same pass also leaves bf16(dx) there (the
- * residual gradient's twin: struct mt_dyb), so the next piece's first dyb_round(dx)
- * is a read, not a rounding pass (the same bits). */
-static inline void norm_bwd_twin(const struct mt_piece_ctx *pc, const float *dh)
+ * norm, accumulate 1); dh_b: NULL, or dh as bf16 (dh_bf16_room; dh then unread). In
+ * precision=bf16, where the backend has the bf16 entry and the dy scratch holds the
+ * rows, the same pass also leaves bf16(dx) there (the residual gradient's twin:
+ * struct mt_dyb), so the next piece's first dyb_round(dx) is a read, not a rounding
+ * pass (the same bits). */
+static inline void norm_bwd_twin(const struct mt_piece_ctx *pc, const float *dh, const mt_bf16 *dh_b)
 {
     const struct mt_ops_i *ops = pc->ops;
     const size_t n = (size_t)pc->Nr * (size_t)pc->D;
     /* under SP the next piece's GEMMs read the gathered rows, never dx itself: no twin */
     mt_bf16 *tw = pc->bf16 && !pc->tp.sp && ops->rmsnorm_backward_bf16 ? dyb_room(pc->dyb, n) : NULL;
-    if (!tw) {
+    if (!tw && !dh_b) {
         ops->rmsnorm_backward(ops->be, pc->dx, pc->g->grad, dh, pc->x_in, pc->g->data, pc->nm->rstd, pc->Nr, pc->D, 1);
         return;
     }
-    ops->rmsnorm_backward_bf16(ops->be, pc->dx, tw, pc->g->grad, dh, pc->x_in, pc->g->data, pc->nm->rstd, pc->Nr,
-                               pc->D, 1);
+    ops->rmsnorm_backward_bf16(ops->be, pc->dx, tw, pc->g->grad, dh_b ? NULL : dh, pc->x_in, pc->g->data,
+                               pc->nm->rstd, pc->Nr, pc->D, 1, dh_b);
+    if (!tw) return;
     pc->dyb->twin_of = pc->dx;
     pc->dyb->twin_n = n;
 }
@@ -680,12 +707,13 @@ extern const struct mt_piece mt_piece_mamba;       /* mamba.c     */
  * ffn pieces mlp.c, moe.c; pc bound to the step).
  * fwd: nm->h_n = rmsnorm(x_in) * g on this rank's Nr rows of n, and
  * x_out = x_in (the residual path; the piece adds its branch), one pass.
- * bwd: dx += rmsnorm_backward(dhr), dhr = d nm->h_n (Nr, D).
+ * bwd: dx += rmsnorm_backward(dhr), dhr = d nm->h_n (Nr, D); dhr_b: NULL, or dhr as bf16
+ * (dh_bf16_room; dhr then unread).
  * carve_pc: what such a piece saves first: the norm (nm->h_n, nm->rstd). */
 /* twin_only: the norm stores its bf16 twin hb alone (h_n not written), for a
  * piece whose GEMMs all read hb (rmsnorm_resid_forward_bf16 with out NULL) */
 void ffn_norm_fwd(const struct mt_piece_ctx *pc, float *x_out, int n, int twin_only);
-void ffn_norm_bwd(const struct mt_piece_ctx *pc, const float *dhr);
+void ffn_norm_bwd(const struct mt_piece_ctx *pc, const float *dhr, const mt_bf16 *dhr_b);
 void ffn_norm_carve_pc(const struct mt_piece_ctx *pc, struct mt_carver *c, struct mt_layer *ly);
 /* mt_pspec.bind values: MT_BIND_NORM the step's input norm gain
  * (ly->w.ln[step], read as pc->g), MT_BIND_OWN a field of the piece's own

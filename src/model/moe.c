@@ -666,7 +666,7 @@ static enum mt_status moe_piece_backward(struct mt_ctx *ctx, const struct mt_pie
         MT_CHECK(tpa_gather_rows(ctx, &pc->tp, pc->s_full, pc->dh, Nm, D));
         dhr = pc->s_full;
     }
-    ffn_norm_bwd(pc, dhr);
+    ffn_norm_bwd(pc, dhr, NULL);
     return MT_OK;
 }
 

@@ -530,10 +530,16 @@ struct mt_ops_i {
      * the accumulation; nearest even) from the same pass: a block input
      * norm's backward gives the residual gradient's twin to the next piece,
      * whose GEMMs would round it (struct mt_dyb in model_impl.h). Optional
-     * (NULL: the readers round dinp themselves). */
+     * (NULL: the readers round dinp themselves).
+     * dinp_b may be NULL (no twin: dinp alone).
+     * dout_b: NULL, or dout stored as bf16 (the dX GEMM's bf16 output:
+     * autocast's rounding of a Linear's input gradient), read widened (exact)
+     * in place of dout (then ignored, may be NULL): the same bits as dout =
+     * widen(dout_b). 4 bytes an element of d h not moved (2 written by the
+     * GEMM, 2 read here). */
     void (*rmsnorm_backward_bf16)(void *be, float *dinp, mt_bf16 *dinp_b, float *dweight, const float *dout,
                                   const float *inp, const float *weight, const float *rstd, int N, int C,
-                                  int accumulate);
+                                  int accumulate, const mt_bf16 *dout_b);
     /* swiglu_backward_bf16: dgate_b = bf16(dg), dup_b = bf16(du) (nearest
      * even; =), where dg, du are exactly the values swiglu_backward computes
      * from the same dout, gate, up (its bits, element by element), and no

@@ -134,6 +134,10 @@ void mt_cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const flo
                             int N, int C, float eps);
 void mt_cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
                              const float *weight, const float *rstd, int N, int C, int accumulate);
+/* the same with dout as bf16 (dout_b non-NULL: dout ignored), read widened */
+void mt_cpu_rmsnorm_backward_b(float *dinp, float *dweight, const float *dout, const uint16_t *dout_b,
+                               const float *inp, const float *weight, const float *rstd, int N, int C,
+                               int accumulate);
 
 /* ---- rope.c ---- */
 void mt_cpu_rope_forward(float *out, const float *inp, const float *cos_tab, const float *sin_tab,

@@ -272,14 +272,15 @@ static void p_rmsnorm_backward(void *be, float *dinp, float *dweight, const floa
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_NORM, mt_cpu_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C, accumulate));
 }
-/* the same backward, then the final dinp rounded (the cpu backend has no fused form: same numbers) */
+/* the same backward (dout as bf16 where dout_b), then the final dinp rounded (the cpu
+ * backend has no fused form: same numbers) */
 static void p_rmsnorm_backward_bf16(void *be, float *dinp, mt_bf16 *dinp_b, float *dweight, const float *dout,
                                     const float *inp, const float *weight, const float *rstd, int N, int C,
-                                    int accumulate)
+                                    int accumulate, const mt_bf16 *dout_b)
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
-    PROF(MT_OPK_NORM, mt_cpu_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C, accumulate);
-         mt_cpu_cast_bf16(dinp_b, dinp, (size_t)N * (size_t)C));
+    PROF(MT_OPK_NORM, mt_cpu_rmsnorm_backward_b(dinp, dweight, dout, dout_b, inp, weight, rstd, N, C, accumulate);
+         if (dinp_b) mt_cpu_cast_bf16(dinp_b, dinp, (size_t)N * (size_t)C));
 }
 static void p_rope_forward(void *be, float *out, const float *inp, const float *cos_tab, const float *sin_tab, int N,
                            int T, int pos0, int nh, int hd)

@@ -636,7 +636,7 @@ void mt_cuda_rmsnorm_backward(void *be, float *dinp, float *dweight, const float
                               const float *weight, const float *rstd, int N, int C, int accumulate);
 void mt_cuda_rmsnorm_backward_bf16(void *be, float *dinp, mt_bf16 *dinp_b, float *dweight, const float *dout,
                                    const float *inp, const float *weight, const float *rstd, int N, int C,
-                                   int accumulate);
+                                   int accumulate, const mt_bf16 *dout_b);
 
 /* ---- rope.cu ---- */
 void mt_cuda_rope_forward(void *be, float *out, const float *inp, const float *cos_tab, const float *sin_tab,

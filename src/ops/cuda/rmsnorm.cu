@@ -131,9 +131,9 @@ rms_fwd_k(float *out, __nv_bfloat16 *ob, float *rstd, float *resid, const float 
  * order; dw terms in registers, written to partial[gi] (NULL: dx only).
  * NV <= 8 keeps x and dout in registers between the dot and the store;
  * larger rows load them again (L1). */
-template <int NV>
+template <int NV, typename DT>
 static __global__ void __launch_bounds__(RMS_THREADS)
-rms_bwd_vec_k(float *dinp, __nv_bfloat16 *dinp_b, float *partial, const float *dout, const float *inp, const float *w,
+rms_bwd_vec_k(float *dinp, __nv_bfloat16 *dinp_b, float *partial, const DT *dout, const float *inp, const float *w,
               const float *rstd, int N, int C, int lg, int R, int accumulate)
 {
     const bool cache = NV <= 8;
@@ -156,7 +156,7 @@ rms_bwd_vec_k(float *dinp, __nv_bfloat16 *dinp_b, float *partial, const float *d
         for (int j = 0; j < NV; j++) {
             int c = 4 * (l + G * j);
             if (live && c < C) {
-                float4 x = mt_ld_f4(inp + base + c), g = mt_ld_f4(dout + base + c), wv = mt_ld_f4(w + c);
+                float4 x = mt_ld_f4(inp + base + c), g = mt_ld4(dout + base + c), wv = mt_ld_f4(w + c);
                 if (cache) xv[cache ? j : 0] = x, gv[cache ? j : 0] = g;
                 dot = fmaf(g.x * wv.x, x.x, dot);
                 dot = fmaf(g.y * wv.y, x.y, dot);
@@ -172,7 +172,7 @@ rms_bwd_vec_k(float *dinp, __nv_bfloat16 *dinp_b, float *partial, const float *d
             int c = 4 * (l + G * j);
             if (c >= C) break;
             float4 x = cache ? xv[cache ? j : 0] : mt_ld_f4(inp + base + c);
-            float4 g = cache ? gv[cache ? j : 0] : mt_ld_f4(dout + base + c);
+            float4 g = cache ? gv[cache ? j : 0] : mt_ld4(dout + base + c);
             float4 wv = mt_ld_f4(w + c), v;
             v.x = r * (g.x * wv.x - x.x * r * mean);
             v.y = r * (g.y * wv.y - x.y * r * mean);
@@ -202,19 +202,21 @@ rms_bwd_vec_k(float *dinp, __nv_bfloat16 *dinp_b, float *partial, const float *d
 }
 
 /* Backward, scalar path: one warp per row (lane-strided sums). */
-static __global__ void rms_bwd_dx_k(float *dinp, __nv_bfloat16 *dinp_b, const float *dout, const float *inp,
+template <typename DT>
+static __global__ void rms_bwd_dx_k(float *dinp, __nv_bfloat16 *dinp_b, const DT *dout, const float *inp,
                                     const float *w, const float *rstd, int N, int C, int accumulate)
 {
     int n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / MT_WARP, lane = threadIdx.x % MT_WARP;
     if (n >= N) return;
-    const float *x = inp + (size_t)n * (size_t)C, *g = dout + (size_t)n * (size_t)C;
+    const float *x = inp + (size_t)n * (size_t)C;
+    const DT *g = dout + (size_t)n * (size_t)C;
     float *dx = dinp + (size_t)n * (size_t)C;
     float r = rstd[n], dot = 0.0f;
-    for (int c = lane; c < C; c += MT_WARP) dot += g[c] * w[c] * x[c];
+    for (int c = lane; c < C; c += MT_WARP) dot += mt_ld1(g + c) * w[c] * x[c];
     dot = mt_warp_sum(dot);
     float mean = dot * r / (float)C;  /* mean_c(dout*w*xhat) */
     for (int c = lane; c < C; c += MT_WARP) {
-        float v = r * (g[c] * w[c] - x[c] * r * mean);
+        float v = r * (mt_ld1(g + c) * w[c] - x[c] * r * mean);
         v = accumulate ? dx[c] + v : v;
         dx[c] = v;
         if (dinp_b) dinp_b[(size_t)n * (size_t)C + (size_t)c] = mt_cuda_bf16_rn(v);
@@ -222,7 +224,8 @@ static __global__ void rms_bwd_dx_k(float *dinp, __nv_bfloat16 *dinp_b, const fl
 }
 
 /* scalar path: partial[chunk][c] = sum over the chunk's rows (in order) of dout*x*rstd */
-static __global__ void rms_bwd_dw1_k(float *partial, const float *dout, const float *inp, const float *rstd,
+template <typename DT>
+static __global__ void rms_bwd_dw1_k(float *partial, const DT *dout, const float *inp, const float *rstd,
                                      int N, int C, int rows)
 {
     int c = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
@@ -231,7 +234,7 @@ static __global__ void rms_bwd_dw1_k(float *partial, const float *dout, const fl
     float acc = 0.0f;
     for (int n = n0; n < n1; n++) {
         size_t e = (size_t)n * (size_t)C + (size_t)c;
-        acc += dout[e] * inp[e] * rstd[n];
+        acc += mt_ld1(dout + e) * inp[e] * rstd[n];
     }
     partial[(size_t)chunk * (size_t)C + (size_t)c] = acc;
 }
@@ -296,6 +299,28 @@ static int rms_nv(int C)
     default: MT_LAUNCH(KERN<16>, GRID, RMS_THREADS, 0)(__VA_ARGS__); break;                   \
     }
 
+/* RMS_NV_SWITCH for rms_bwd_vec_k<NV, DT> (two template arguments) */
+template <typename DT>
+static void rms_bwd_vec_launch(int nv, unsigned blocks, float *dinp, __nv_bfloat16 *dinp_b, float *partial,
+                               const DT *dout, const float *inp, const float *w, const float *rstd, int N, int C,
+                               int lg, int R, int accumulate)
+{
+#define RMS_BWD_CASE(NV) \
+    MT_LAUNCH((rms_bwd_vec_k<NV, DT>), blocks, RMS_THREADS, 0)(dinp, dinp_b, partial, dout, inp, w, rstd, N, C, lg, R, \
+                                                              accumulate)
+    switch (nv) {
+    case 1:  RMS_BWD_CASE(1); break;
+    case 2:  RMS_BWD_CASE(2); break;
+    case 3:  RMS_BWD_CASE(3); break;
+    case 4:  RMS_BWD_CASE(4); break;
+    case 6:  RMS_BWD_CASE(6); break;
+    case 8:  RMS_BWD_CASE(8); break;
+    case 12: RMS_BWD_CASE(12); break;
+    default: RMS_BWD_CASE(16); break;
+    }
+#undef RMS_BWD_CASE
+}
+
 /* rows of rmsnorm_forward (resid: NULL) and rmsnorm_resid_forward: one
  * kernel for both, so their out and rstd are the same bits by construction */
 void mt_cuda_rms_rows_forward(float *out, __nv_bfloat16 *ob, float *rstd, float *resid, const float *inp,
@@ -328,12 +353,14 @@ extern "C" void mt_cuda_rmsnorm_forward_bf16(void *be, float *out, mt_bf16 *out_
     mt_cuda_rms_rows_forward(out, (__nv_bfloat16 *)out_bf16, rstd, NULL, inp, weight, N, C, eps);
 }
 
-/* both entries: dinp_b NULL, or where the final dinp's bf16 twin goes */
-static void rms_backward(float *dinp, __nv_bfloat16 *dinp_b, float *dweight, const float *dout, const float *inp,
+/* both entries: dinp_b NULL, or where the final dinp's bf16 twin goes; dout of type DT
+ * (float, or bf16: rmsnorm_backward_bf16's dout_b, read widened) */
+template <typename DT>
+static void rms_backward(float *dinp, __nv_bfloat16 *dinp_b, float *dweight, const DT *dout, const float *inp,
                          const float *weight, const float *rstd, int N, int C, int accumulate)
 {
     if (N <= 0 || C <= 0) return;
-    bool vec = C % 4 == 0 && C <= RMS_VEC_MAX_C && mt_cuda_aligned(dinp, 16) && mt_cuda_aligned(dout, 16) &&
+    bool vec = C % 4 == 0 && C <= RMS_VEC_MAX_C && mt_cuda_aligned(dinp, 16) && mt_cuda_aligned(dout, 4 * sizeof(DT)) &&
                mt_cuda_aligned(inp, 16) && mt_cuda_aligned(weight, 16) && (!dinp_b || mt_cuda_aligned(dinp_b, 8));
     if (vec) {
         /* chunk rows: 64, halved (down to 8) while fewer than 1024 warps would run */
@@ -348,8 +375,8 @@ static void rms_backward(float *dinp, __nv_bfloat16 *dinp_b, float *dweight, con
         }
         if (vec) {
             unsigned blocks = rms_blocks((size_t)nchunk, lg);
-            RMS_NV_SWITCH(rms_nv(C), rms_bwd_vec_k, blocks, dinp, dinp_b, partial, dout, inp, weight, rstd, N, C, lg,
-                          R, accumulate)
+            rms_bwd_vec_launch(rms_nv(C), blocks, dinp, dinp_b, partial, dout, inp, weight, rstd, N, C, lg, R,
+                               accumulate);
             MT_CUDA_KCHECK();
             if (dweight) mt_cuda_rms_dw_reduce(dweight, NULL, partial, nchunk, 0, C);
             return;
@@ -360,12 +387,12 @@ static void rms_backward(float *dinp, __nv_bfloat16 *dinp_b, float *dweight, con
     int nchunk = (N + rows - 1) / rows;
     float *partial = (float *)mt_cuda_workspace((size_t)nchunk * (size_t)C * sizeof(float));
     if (!partial) return;
-    MT_LAUNCH(rms_bwd_dx_k, (N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK, ROWS_PER_BLOCK * MT_WARP, 0)
+    MT_LAUNCH(rms_bwd_dx_k<DT>, (N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK, ROWS_PER_BLOCK * MT_WARP, 0)
         (dinp, dinp_b, dout, inp, weight, rstd, N, C, accumulate);
     MT_CUDA_KCHECK();
     if (!dweight) return;   /* a frozen gain (LoRA base) has no gradient buffer: dx alone */
     dim3 g1((unsigned)((C + DW_THREADS - 1) / DW_THREADS), (unsigned)nchunk);
-    MT_LAUNCH(rms_bwd_dw1_k, g1, DW_THREADS, 0)(partial, dout, inp, rstd, N, C, rows);
+    MT_LAUNCH(rms_bwd_dw1_k<DT>, g1, DW_THREADS, 0)(partial, dout, inp, rstd, N, C, rows);
     MT_CUDA_KCHECK();
     mt_cuda_rms_dw_reduce(dweight, NULL, partial, nchunk, 0, C);
 }
@@ -379,8 +406,12 @@ extern "C" void mt_cuda_rmsnorm_backward(void *be, float *dinp, float *dweight, 
 
 extern "C" void mt_cuda_rmsnorm_backward_bf16(void *be, float *dinp, mt_bf16 *dinp_b, float *dweight, const float *dout,
                                               const float *inp, const float *weight, const float *rstd, int N, int C,
-                                              int accumulate)
+                                              int accumulate, const mt_bf16 *dout_b)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
-    rms_backward(dinp, (__nv_bfloat16 *)dinp_b, dweight, dout, inp, weight, rstd, N, C, accumulate);
+    if (dout_b)
+        rms_backward(dinp, (__nv_bfloat16 *)dinp_b, dweight, (const __nv_bfloat16 *)dout_b, inp, weight, rstd, N, C,
+                     accumulate);
+    else
+        rms_backward(dinp, (__nv_bfloat16 *)dinp_b, dweight, dout, inp, weight, rstd, N, C, accumulate);
 }
