@@ -2721,6 +2721,52 @@ static void gemm_bf16_out_case(struct harness *h, int M, int N, int K)
     }
 }
 
+/* gemm_bf16_resid (mt_ops.h): C = alpha op(A) op(B) + R is exactly gemm_bf16 with
+ * beta 1 onto a copy of R, bit for bit (the epilogue reads R where it read the
+ * copy), on fp32 and bf16 operands (the per-call and direct paths on cuda), rows
+ * ldc > N apart with the padding untouched, R == C (in place), and K = 0 (C = R) */
+static void gemm_bf16_resid_case(struct harness *h, int M, int N, int K)
+{
+    if (!h->ops || !has(h, "gemm_bf16_resid", h->ops->gemm_bf16_resid != NULL) || !h->ops->gemm_bf16) return;
+    char cs[64];
+    const int ldc = N + 3;
+    const size_t nc = (size_t)M * ldc;
+    float *a = rand_f(h, (size_t)M * K, -1, 1), *b = rand_f(h, (size_t)N * K, -1, 1), *r = rand_f(h, nc, -2, 2);
+    uint16_t *ab = (uint16_t *)new_f(h, ((size_t)M * K + 1) / 2), *bb = (uint16_t *)new_f(h, ((size_t)N * K + 1) / 2);
+    for (size_t i = 0; i < (size_t)M * K; i++) ab[i] = gu_b16(a[i]);
+    for (size_t i = 0; i < (size_t)N * K; i++) bb[i] = gu_b16(b[i]);
+    float *A = up_f(h, a, (size_t)M * K), *B = up_f(h, b, (size_t)N * K), *R = up_f(h, r, nc);
+    uint16_t *AB = dalloc(h, (size_t)M * K * 2), *BB = dalloc(h, (size_t)N * K * 2);
+    h->ops->copy_from_host(h->ops->be, AB, ab, (size_t)M * K * 2);
+    h->ops->copy_from_host(h->ops->be, BB, bb, (size_t)N * K * 2);
+    for (int v = 0; v < 4; v++) {
+        const int bf = v & 1, tb = !(v >> 1), ldb = tb ? K : N;
+        const void *pa = bf ? (const void *)AB : (const void *)A, *pb = bf ? (const void *)BB : (const void *)B;
+        const enum mt_elem t = bf ? MT_ELEM_BF16 : MT_ELEM_F32;
+        float *ref = up_f(h, r, nc), *got = up_f(h, nan_f(h, nc), nc), *inp = up_f(h, r, nc);
+        h->ops->gemm_bf16(h->ops->be, 0, tb, M, N, K, 0.5f, pa, t, K, pb, t, ldb, 1.0f, ref, ldc);
+        h->ops->gemm_bf16_resid(h->ops->be, 0, tb, M, N, K, 0.5f, pa, t, K, pb, t, ldb, R, got, ldc);
+        h->ops->gemm_bf16_resid(h->ops->be, 0, tb, M, N, K, 0.5f, pa, t, K, pb, t, ldb, inp, inp, ldc);
+        const float *e = down_f(h, ref, nc), *g = down_f(h, got, nc), *ip = down_f(h, inp, nc);
+        long bad = 0, pad = 0;
+        for (int i = 0; i < M; i++) {
+            for (int j = 0; j < N; j++) bad += ndiff(e + (size_t)i * ldc + j, g + (size_t)i * ldc + j, 1);
+            for (int j = N; j < ldc; j++) pad += !isnan(g[(size_t)i * ldc + j]);
+        }
+        snprintf(cs, sizeof cs, "M=%d N=%d K=%d %s operands, B%s", M, N, K, bf ? "bf16" : "fp32", tb ? "^T" : "");
+        checkf(h, "gemm_bf16_resid", (double)(bad + pad), 0, "%s: == gemm_bf16 beta 1 on R's copy (bits), padding kept",
+               cs);
+        checkf(h, "gemm_bf16_resid", (double)ndiff(e, ip, nc), 0, "%s: R == C (in place): the same bits", cs);
+        float *z = up_f(h, nan_f(h, nc), nc);
+        h->ops->gemm_bf16_resid(h->ops->be, 0, tb, M, N, 0, 0.5f, pa, t, K, pb, t, ldb, R, z, ldc);
+        const float *zz = down_f(h, z, nc);
+        long zb = 0;
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) zb += ndiff(zz + (size_t)i * ldc + j, r + (size_t)i * ldc + j, 1);
+        checkf(h, "gemm_bf16_resid", (double)zb, 0, "%s: K = 0: C = R", cs);
+    }
+}
+
 static int run_fused(struct harness *h)
 {
     int f0 = n_fail;
@@ -2745,6 +2791,8 @@ static int run_fused(struct harness *h)
     swiglu_gu_case(h, 4096, 0);   /* F 16: rows apart on the vector path (F, ldo multiples of 4) */
     gemm_bf16_out_case(h, 37, 24, 40);
     gemm_bf16_out_case(h, 64, 72, 128);
+    gemm_bf16_resid_case(h, 37, 24, 40);
+    gemm_bf16_resid_case(h, 64, 72, 128);
     qkr_case(h, 2, 5, 0, 3, 1, 8);
     qkr_case(h, 2, 5, 3, 3, 1, 8);      /* forward at an offset (decoding) */
     qkr_case(h, 1, 7, 0, 2, 2, 40);     /* a 16-column dw block straddles the two halves */

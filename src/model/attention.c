@@ -196,12 +196,13 @@ static enum mt_status attn_piece_forward(struct mt_ctx *ctx, const struct mt_pie
     const float eps = pc->norm_eps;
     float *t = pc->s_lora;
 
-    /* the input norm and the residual's seed (x_out = x_in, Wo's GEMM adds onto it) in one pass */
-    const int unread = attn_h_unread(pc);
+    /* the input norm and the residual's seed (x_out = x_in, Wo's GEMM adds onto it) in one
+     * pass; no seed where Wo's GEMM reads x_in itself (resid_in_gemm) */
+    const int unread = attn_h_unread(pc), fold = resid_in_gemm(pc, aw(pc)->wo);
     const float *h = unread ? NULL : pc->nm->h;
     if (pc->nm->hb)   /* precision=bf16: + the bf16 twin, the q/k/v GEMMs' operand (alone where h is unread) */
-        ops->rmsnorm_resid_forward_bf16(ops->be, unread ? NULL : pc->nm->h_n, pc->nm->hb, pc->nm->rstd, a->x_out,
-                                        pc->x_in, pc->g->data, Nr, D, eps);
+        ops->rmsnorm_resid_forward_bf16(ops->be, unread ? NULL : pc->nm->h_n, pc->nm->hb, pc->nm->rstd,
+                                        fold ? NULL : a->x_out, pc->x_in, pc->g->data, Nr, D, eps);
     else
         ops->rmsnorm_resid_forward(ops->be, pc->nm->h_n, pc->nm->rstd, a->x_out, pc->x_in, pc->g->data, Nr, D, eps);
     if (tp->sp) MT_CHECK(tpa_gather_rows(ctx, tp, pc->nm->h, pc->nm->h_n, Nr, D));   /* SP entry */
@@ -246,6 +247,10 @@ static enum mt_status attn_piece_forward(struct mt_ctx *ctx, const struct mt_pie
     }
     /* precision=bf16 without the bf16 attention entry (or decoding): Wo's operand, rounded once here */
     if (st->att_b && (a->state || !attn_bf16(pc))) ops->cast_bf16(ops->be, st->att_b, st->att, (size_t)N * (size_t)QD);
+    if (fold) {
+        proj_fwd_resid(ops, t, a->x_out, pc->x_in, st->att, st->att_b, aw(pc)->wo, N, QD, D);
+        return MT_OK;
+    }
     if (tp->tp == 1) {
         proj_fwd_b(ops, t, a->x_out, st->att, st->att_b, aw(pc)->wo, N, QD, D, 1.0f);
         return MT_OK;
@@ -430,8 +435,9 @@ static void attn_work(const struct mt_block_shape *s, int rc, struct mt_work *w)
         const double hs = plan_norm_h_store(s), tw = plan_norm_twin(s);
         const double dqk = s->cfg->lora_rank <= 0 ? 0.5 : 0.0;   /* dq, dk read as bf16 (dqk_bf16) */
         const double dhb = plan_dh_bf16(s);   /* the norm backward reads d h as bf16 */
-        w->e[MT_WORK_NORM] += (6.5 + hs + 0.5 * tw - 0.5 * dhb) * D + (3.0 - dqk) * qk +
-                              rc * ((2.5 + hs) * D + 1.0 * qk);
+        const double rg = plan_resid_gemm(s);   /* Wo's GEMM adds x_in: the norm writes no x_out */
+        w->e[MT_WORK_NORM] += (6.5 + hs + 0.5 * tw - 0.5 * dhb - rg) * D + (3.0 - dqk) * qk +
+                              rc * ((2.5 + hs - rg) * D + 1.0 * qk);
         w->e[MT_WORK_ELEMENTWISE] += 1.5 * (1.0 - tw) * D;
         return;
     }

@@ -71,6 +71,13 @@ void proj_fwd_b(const struct mt_ops_i *ops, float *t, float *y, const float *x, 
     lora_fwd_add(ops, t, y, out, x, &w, &out, 1, n, in);   /* the adapters stay fp32: x */
 }
 
+void proj_fwd_resid(const struct mt_ops_i *ops, float *t, float *y, const float *r, const float *x, const mt_bf16 *xb,
+                    const struct mt_param *w, int n, int in, int out)
+{
+    wlinear_forward_resid(ops, y, r, x, xb, w, n, in, out);
+    lora_fwd_add(ops, t, y, out, x, &w, &out, 1, n, in);   /* the adapters stay fp32: x */
+}
+
 void proj_bwd_b(const struct mt_ops_i *ops, float *t, float *dt, float *dx, float beta_dx, struct mt_param *w,
                 const float *dy, const float *x, const mt_bf16 *xb, int n, int in, int out, struct mt_dyb *dyb)
 {

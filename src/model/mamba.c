@@ -286,8 +286,10 @@ static void mamba_work_bf16(const struct mt_block_shape *sh, int rc, struct mt_w
     /* the tensor-core shapes: the gated norm reads ys as bf16 (ys_bf16), forward and backward */
     const double ysb = S > 0 ? 0.5 : 0.0;
     /* ... and d h as bf16 from the in-projection's dX GEMM (plan_dh_bf16): 0.5 D less */
-    w->e[MT_WORK_NORM] += (5.5 + hs + seed + 0.5 * tw - 0.5 * dhb) * D + (7.5 - 2.0 * ysb) * E +
-                          rc * ((1.5 + hs + seed) * D + (2.5 - ysb) * E);
+    /* ... and where seeded, Wout's GEMM adds x_in itself (plan_resid_gemm): no seed written */
+    const double sw = seed > 0 && plan_resid_gemm(sh) > 0 ? 0.0 : seed;
+    w->e[MT_WORK_NORM] += (5.5 + hs + sw + 0.5 * tw - 0.5 * dhb) * D + (7.5 - 2.0 * ysb) * E +
+                          rc * ((1.5 + hs + sw) * D + (2.5 - ysb) * E);
     w->e[MT_WORK_ELEMENTWISE] += prep_f + prep_b + resid + 1.5 * (1.0 - tw) * D + (1.0 - dpb) * 1.5 * W +
                                  rc * (prep_f + resid);
 }
@@ -707,9 +709,10 @@ static mt_bf16 *ys_bf16(const struct mt_piece_ctx *pc, int B, int T)
 }
 
 /* out (n, D) = mixer(h) + beta out: mt_mamba3_forward's stages with the projections
- * above; beta 1 (the residual seeded in out) only on the bf16 path (mixer_bf16) */
+ * above; beta 1 (the residual seeded in out) only on the bf16 path (mixer_bf16); resid:
+ * NULL, or out = resid + mixer(h), Wout's GEMM reading resid (resid_in_gemm; beta unused) */
 static void mixer_fwd(const struct mt_piece_ctx *pc, float *out, const float *h, const mt_bf16 *hb,
-                      const struct mt_mamba3_weights *w, int B, int T, float beta)
+                      const struct mt_mamba3_weights *w, int B, int T, float beta, const float *resid)
 {
     struct mamba_state *st = pc->st;
     const struct mt_ops_i *ops = pc->ops;
@@ -734,7 +737,8 @@ static void mixer_fwd(const struct mt_piece_ctx *pc, float *out, const float *h,
         mt_mamba3_mix_forward(ops, &st->mb, w, d, B, T);
         if (st->yn_b) ops->cast_bf16(ops->be, st->yn_b, st->mb.yn, (size_t)n * (size_t)E);
     }
-    wlinear_forward(ops, out, st->mb.yn, st->yn_b, mbw(pc)->mwout, n, E, pc->D, beta);
+    if (resid) wlinear_forward_resid(ops, out, resid, st->mb.yn, st->yn_b, mbw(pc)->mwout, n, E, pc->D);
+    else wlinear_forward(ops, out, st->mb.yn, st->yn_b, mbw(pc)->mwout, n, E, pc->D, beta);
 }
 
 /* dh = d h (overwritten), the mixer's gradients += : mt_mamba3_backward's stages.
@@ -823,20 +827,21 @@ static enum mt_status mamba_forward(struct mt_ctx *ctx, const struct mt_piece_ct
     const int seed = pc->tp.tp == 1 && !pc->lora && mixer_bf16(mbw(pc)) && pc->nm->hb &&
                      ops->rmsnorm_resid_forward_bf16;
     float *hn = mamba_h_unread(pc) ? NULL : pc->nm->h_n;   /* NULL: the twin alone */
+    const int fold = seed && resid_in_gemm(pc, mbw(pc)->mwout);   /* Wout's GEMM reads x_in: no seed */
     if (seed)
-        ops->rmsnorm_resid_forward_bf16(ops->be, hn, pc->nm->hb, pc->nm->rstd, a->x_out, pc->x_in, pc->g->data, Nr, D,
-                                        pc->norm_eps);
+        ops->rmsnorm_resid_forward_bf16(ops->be, hn, pc->nm->hb, pc->nm->rstd, fold ? NULL : a->x_out, pc->x_in,
+                                        pc->g->data, Nr, D, pc->norm_eps);
     else if (pc->nm->hb)   /* precision=bf16: + the bf16 twin, the in-projection's operand */
         ops->rmsnorm_forward_bf16(ops->be, hn, pc->nm->hb, pc->nm->rstd, pc->x_in, pc->g->data, Nr, D, pc->norm_eps);
     else ops->rmsnorm_forward(ops->be, pc->nm->h_n, pc->nm->rstd, pc->x_in, pc->g->data, Nr, D, pc->norm_eps);
     if (seed) {
-        mixer_fwd(pc, a->x_out, hn, pc->nm->hb, &w, a->B, a->T, 1.0f);
+        mixer_fwd(pc, a->x_out, hn, pc->nm->hb, &w, a->B, a->T, 1.0f, fold ? pc->x_in : NULL);
         return MT_OK;
     }
     if (pc->tp.tp == 1) {
         /* x_out = mamba3(h), then += x_in (the residual path) */
         if (pc->lora) mixer_fwd_lora(pc, a->x_out, pc->nm->h_n, &w, NULL, a->B, a->T, 0);
-        else mixer_fwd(pc, a->x_out, hn, pc->nm->hb, &w, a->B, a->T, 0.0f);
+        else mixer_fwd(pc, a->x_out, hn, pc->nm->hb, &w, a->B, a->T, 0.0f, NULL);
         ops->axpby(ops->be, a->x_out, pc->x_in, 1.0f, 1.0f, (size_t)n * D);
         return MT_OK;
     }
@@ -846,7 +851,7 @@ static enum mt_status mamba_forward(struct mt_ctx *ctx, const struct mt_piece_ct
     const float *hh = mamba_h(pc, pc->nm->h);
     if (mown(pc)->rep) MT_CHECK(mixer_fwd_rep(ctx, pc, pc->s_red, hh, pc->nm->hb, &w, a->B, a->T));
     else if (pc->lora) mixer_fwd_lora(pc, pc->s_red, pc->nm->h, &w, NULL, a->B, a->T, 0);
-    else mixer_fwd(pc, pc->s_red, hh, pc->nm->hb, &w, a->B, a->T, 0.0f);
+    else mixer_fwd(pc, pc->s_red, hh, pc->nm->hb, &w, a->B, a->T, 0.0f, NULL);
     ops->copy(ops->be, a->x_out, pc->x_in, (size_t)Nr * D * sizeof(float));
     return tpa_exit_add(ctx, &pc->tp, a->x_out, pc->s_red, pc->s_full);
 }

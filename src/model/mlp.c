@@ -211,15 +211,18 @@ static int mlp_gu_bf16(const struct mt_piece_ctx *pc)
     return !o || (o->gemm_bf16_out && o->swiglu_forward_bf16_gu && o->swiglu_backward_act_bf16_gu);
 }
 
-static void mlp_forward_gu(const struct mt_ops_i *ops, float *t, float *out, int accumulate, mt_bf16 *gb,
-                           mt_bf16 *ub, mt_bf16 *act_b, const float *h, const mt_bf16 *hb, const struct mt_param *wg,
-                           const struct mt_param *wu, const struct mt_param *wd, int n, int D, int F)
+/* resid: NULL, or out = resid + the MLP (down's GEMM reads it: resid_in_gemm; accumulate ignored) */
+static void mlp_forward_gu(const struct mt_ops_i *ops, float *t, float *out, int accumulate, const float *resid,
+                           mt_bf16 *gb, mt_bf16 *ub, mt_bf16 *act_b, const float *h, const mt_bf16 *hb,
+                           const struct mt_param *wg, const struct mt_param *wu, const struct mt_param *wd, int n, int D,
+                           int F)
 {
     if (n <= 0) return;
     wlinear_forward_bf16_out(ops, gb, h, hb, wg, n, D, F);
     wlinear_forward_bf16_out(ops, ub, h, hb, wu, n, D, F);
     ops->swiglu_forward_bf16_gu(ops->be, act_b, gb, ub, (size_t)n * F);
-    proj_fwd_b(ops, t, out, NULL, act_b, wd, n, F, D, accumulate ? 1.0f : 0.0f);   /* no adapter: act_b alone */
+    if (resid) proj_fwd_resid(ops, t, out, resid, NULL, act_b, wd, n, F, D);
+    else proj_fwd_b(ops, t, out, NULL, act_b, wd, n, F, D, accumulate ? 1.0f : 0.0f);   /* no adapter: act_b alone */
 }
 
 /* mlp_backward_b's fused path (act_fused) on the bf16 g, u; dh_b: NULL, or room for dh
@@ -316,7 +319,8 @@ static void mlp_work(const struct mt_block_shape *s, int rc, struct mt_work *w)
          * (down's backward GEMM writes it bf16), g, u, writes bf16 act, dg, du
          * (3). rc: the forward again. */
         const double hs = plan_norm_h_store(s), tw = plan_norm_twin(s), dhb = plan_dh_bf16(s);
-        w->e[MT_WORK_NORM] += (6.5 + hs + 0.5 * tw - 0.5 * dhb) * D + rc * (2.5 + hs) * D;
+        const double rg = plan_resid_gemm(s);   /* down's GEMM adds x_in: the norm writes no x_out */
+        w->e[MT_WORK_NORM] += (6.5 + hs + 0.5 * tw - 0.5 * dhb - rg) * D + rc * (2.5 + hs - rg) * D;
         w->e[MT_WORK_ELEMENTWISE] += 4.5 * hid + 1.5 * (1.0 - tw) * D + rc * 1.5 * hid;
         return;
     }
@@ -370,14 +374,15 @@ static enum mt_status mlp_piece_forward(struct mt_ctx *ctx, const struct mt_piec
     const int n = a->B * a->T, D = pc->D;
     float *x_out = a->x_out;
     const int unread = mlp_h_unread(pc, st);
-    ffn_norm_fwd(pc, x_out, n, unread);
+    const int fold = st->mgb && resid_in_gemm(pc, mw(pc)->wd);   /* down's GEMM adds x_in: no seed */
+    ffn_norm_fwd(pc, fold ? NULL : x_out, n, unread);
     /* TP region: this rank's F/tp hidden units over all N rows (SP: gathered first) */
     if (pc->tp.tp > 1 && pc->tp.sp) MT_CHECK(tpa_gather_rows(ctx, &pc->tp, pc->nm->h, pc->nm->h_n, n / pc->tp.tp, D));
     float *y = pc->tp.tp == 1 ? x_out : pc->s_red;
     const int acc = pc->tp.tp == 1;
     if (st->mgb)
-        mlp_forward_gu(pc->ops, pc->s_lora, y, acc, st->mgb, st->mub, mown(pc)->act_b, unread ? NULL : pc->nm->h,
-                       pc->nm->hb, mw(pc)->wg, mw(pc)->wu, mw(pc)->wd, n, D, mown(pc)->F);
+        mlp_forward_gu(pc->ops, pc->s_lora, y, acc, fold ? pc->x_in : NULL, st->mgb, st->mub, mown(pc)->act_b,
+                       unread ? NULL : pc->nm->h, pc->nm->hb, mw(pc)->wg, mw(pc)->wu, mw(pc)->wd, n, D, mown(pc)->F);
     else
         mlp_forward_b(pc->ops, pc->s_lora, y, acc, st->mg, st->mu, pc->s_act, mown(pc)->act_b, pc->nm->h, pc->nm->hb,
                       mw(pc)->wg, mw(pc)->wu, mw(pc)->wd, n, D, mown(pc)->F);

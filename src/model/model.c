@@ -1245,7 +1245,9 @@ void ffn_norm_fwd(const struct mt_piece_ctx *pc, float *x_out, int n, int twin_o
 {
     const struct mt_norm_acts *nm = pc->nm;
     const int Nr = pc->tp.sp ? n / pc->tp.tp : n;
-    /* the step's input norm and the residual's seed (x_out = x_in) in one pass */
+    /* the step's input norm and the residual's seed (x_out = x_in) in one pass; x_out
+     * NULL: no seed (the piece's output GEMM reads x_in: resid_in_gemm, the twin's path) */
+    MT_ASSERT(x_out || nm->hb);
     if (nm->hb)   /* precision=bf16, dense MLP: + the bf16 twin, gate/up's operand (alone: twin_only) */
         pc->ops->rmsnorm_resid_forward_bf16(pc->ops->be, twin_only ? NULL : nm->h_n, nm->hb, nm->rstd, x_out,
                                             pc->x_in, pc->g->data, Nr, pc->D, pc->norm_eps);

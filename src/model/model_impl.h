@@ -530,6 +530,15 @@ static inline double plan_dh_bf16(const struct mt_block_shape *s)
 {
     return !strcmp(s->cfg->precision, "bf16") && s->tp <= 1 && s->cfg->lora_rank <= 0 ? 1.0 : 0.0;
 }
+/* The planner's count of the residual add in the output GEMM (resid_in_gemm): 1 where
+ * the input norm does not seed x_out (1 D less written a forward; the GEMM's read of
+ * x_in instead of x_out is not priced): precision=bf16, one model rank; else 0. The
+ * pieces that take it ask for their own paths too (mlp.c: gate/up stored bf16, mamba.c:
+ * the seeded, adapter-free mixer) */
+static inline double plan_resid_gemm(const struct mt_block_shape *s)
+{
+    return !strcmp(s->cfg->precision, "bf16") && s->tp <= 1 ? 1.0 : 0.0;
+}
 
 /* head_dim as config.c resolves it (0: d_model / n_head): attention's head
  * width and the RoPE tables' (model.c, infer.c). */
@@ -618,6 +627,27 @@ static inline void norm_bwd_twin(const struct mt_piece_ctx *pc, const float *dh,
     pc->dyb->twin_of = pc->dx;
     pc->dyb->twin_n = n;
 }
+/* A piece's output projection w adding its branch onto the residual stream takes the
+ * add into its GEMM: y = r + x W^T with r the step's input stream x_in, read by the
+ * GEMM's epilogue (ops->gemm_bf16_resid) where the input norm would have seeded y = r
+ * first, 4 bytes an element written and read back (the same bits). Where w runs its
+ * bf16 GEMM (a shadow), the step's norm writes its twin (rmsnorm_resid_forward_bf16,
+ * which then takes no resid), on one model rank (under TP the branch is a partial sum
+ * added by tpa_exit_add after its reduction) */
+static inline int resid_in_gemm(const struct mt_piece_ctx *pc, const struct mt_param *w)
+{
+    return pc->tp.tp == 1 && w->bf16 && pc->nm->hb && pc->ops->gemm_bf16_resid && pc->ops->rmsnorm_resid_forward_bf16;
+}
+/* y (n, out) = r + x W^T, one GEMM (resid_in_gemm; w shadowed) */
+static inline void wlinear_forward_resid(const struct mt_ops_i *ops, float *y, const float *r, const float *x,
+                                         const mt_bf16 *xb, const struct mt_param *w, int n, int in, int out)
+{
+    if (n <= 0) return;
+    enum mt_elem wt;
+    const void *W = wlinear_op(w, &wt);
+    ops->gemm_bf16_resid(ops->be, 0, 1, n, out, in, 1.0f, xb ? (const void *)xb : (const void *)x,
+                         xb ? MT_ELEM_BF16 : MT_ELEM_F32, in, W, wt, in, r, y, out);
+}
 /* model.c: the narrow context of layer ly (ly may be NULL: dims only). */
 void model_piece_ctx(struct mt_model *m, struct mt_layer *ly, struct mt_piece_ctx *pc);
 
@@ -637,6 +667,9 @@ void proj_fwd_b(const struct mt_ops_i *ops, float *t, float *y, const float *x, 
                 const struct mt_param *w, int n, int in, int out, float beta);
 void proj_bwd_b(const struct mt_ops_i *ops, float *t, float *dt, float *dx, float beta_dx, struct mt_param *w,
                 const float *dy, const float *x, const mt_bf16 *xb, int n, int in, int out, struct mt_dyb *dyb);
+/* proj_fwd_b with beta 1 onto y = r, the add in the base GEMM (resid_in_gemm: w shadowed) */
+void proj_fwd_resid(const struct mt_ops_i *ops, float *t, float *y, const float *r, const float *x, const mt_bf16 *xb,
+                    const struct mt_param *w, int n, int in, int out);
 /* The adapter half alone, for one A shared by nb stacked base matrices w[b]
  * (rows[b], in) whose outputs are column slices of y / dy (row stride ldy):
  * y_b += s (x A^T) B_b^T; backward dB_b, dA +=, dx += (the base's GEMMs are
@@ -706,7 +739,8 @@ extern const struct mt_piece mt_piece_mamba;       /* mamba.c     */
 /* model.c: the fused pre-norm of a step that writes the stream itself (the
  * ffn pieces mlp.c, moe.c; pc bound to the step).
  * fwd: nm->h_n = rmsnorm(x_in) * g on this rank's Nr rows of n, and
- * x_out = x_in (the residual path; the piece adds its branch), one pass.
+ * x_out = x_in (the residual path; the piece adds its branch), one pass; x_out NULL:
+ * no seed (the piece's output GEMM adds x_in itself: resid_in_gemm).
  * bwd: dx += rmsnorm_backward(dhr), dhr = d nm->h_n (Nr, D); dhr_b: NULL, or dhr as bf16
  * (dh_bf16_room; dhr then unread).
  * carve_pc: what such a piece saves first: the norm (nm->h_n, nm->rstd). */

@@ -211,6 +211,17 @@ struct mt_ops_i {
     void (*gemm_bf16_out)(void *be, int transA, int transB, int M, int N, int K, float alpha, const void *A,
                           enum mt_elem a_type, int lda, const void *B, enum mt_elem b_type, int ldb, mt_bf16 *C,
                           int ldc);
+    /* gemm_bf16_resid: C (M,N) fp32 = alpha op(A) op(B) + R, R (M,N) fp32 at
+     * C's row stride ldc: exactly gemm_bf16 with beta 1 onto a copy of R (the
+     * same bits), without the copy (cuda: cuBLASLt's C operand R, D = C). R
+     * may be C (then it is gemm_bf16 with beta 1); otherwise they must not
+     * overlap. For a block's output projection adding its branch onto the
+     * residual stream, x_out = x_in + y W^T: the input norm no longer seeds
+     * x_out = x_in (4 bytes an element written, then read by the GEMM's
+     * epilogue). Optional (NULL: the caller seeds C = R, then beta 1). */
+    void (*gemm_bf16_resid)(void *be, int transA, int transB, int M, int N, int K, float alpha, const void *A,
+                            enum mt_elem a_type, int lda, const void *B, enum mt_elem b_type, int ldb, const float *R,
+                            float *C, int ldc);
     /* ---- grouped bf16 GEMMs sized on the device (MoE, ep = 1; issue 28 item 2) ----
      * The groups are row ranges of an expert-sorted buffer: group g owns rows
      * [offs[g], offs[g+1]) (offs: n+1 int32 in BACKEND memory, nondecreasing,

@@ -211,7 +211,7 @@ static void test_table(void)
         E(rmsnorm_resid_forward), E(qk_norm_rope_forward), E(qk_norm_rope_backward), E(rmsnorm_resid_forward_bf16),
         E(qk_norm_rope_backward_bf16), E(qk_norm_rope_forward_bf16), E(rmsnorm_backward_bf16),
         E(swiglu_forward_bf16), E(swiglu_backward_bf16), E(swiglu_backward_act_bf16), E(swiglu_forward_bf16_gu),
-        E(swiglu_backward_act_bf16_gu), E(swiglu_backward_act_bf16_gud), E(gemm_bf16_out), E(widen_bf16),
+        E(swiglu_backward_act_bf16_gu), E(swiglu_backward_act_bf16_gud), E(gemm_bf16_out), E(gemm_bf16_resid), E(widen_bf16),
         E(moe_route), E(moe_seq_stats), E(moe_aux_loss), E(moe_aux_backward), E(xent_fused), E(xent_fused_bf16),
         E(sumsq_multi), E(normalize_fro), E(adamw_multi), E(nonfinite_mark), E(cast_bf16_multi), E(attention_forward_bf16),
         E(attention_backward_bf16), E(op_profile), E(redo_score_acc), E(mod_route), E(mod_backward),

@@ -181,6 +181,23 @@ static void p_gemm_bf16_out(void *be, int transA, int transB, int M, int N, int 
     (void)be;
     PROF(MT_OPK_GEMM, mt_cpu_gemm_bf16_out(transA, transB, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, C, ldc));
 }
+/* gemm_bf16_resid (mt_ops.h): its definition, the seed copy then beta 1 */
+static void gemm_bf16_resid(int transA, int transB, int M, int N, int K, float alpha, const void *A,
+                            enum mt_elem a_type, int lda, const void *B, enum mt_elem b_type, int ldb, const float *R,
+                            float *C, int ldc)
+{
+    if (M <= 0 || N <= 0) return;
+    if (R != C)
+        for (int i = 0; i < M; i++) memcpy(C + (size_t)i * (size_t)ldc, R + (size_t)i * (size_t)ldc, (size_t)N * 4);
+    mt_cpu_gemm_bf16(transA, transB, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, 1.0f, C, ldc);
+}
+static void p_gemm_bf16_resid(void *be, int transA, int transB, int M, int N, int K, float alpha, const void *A,
+                              enum mt_elem a_type, int lda, const void *B, enum mt_elem b_type, int ldb, const float *R,
+                              float *C, int ldc)
+{
+    (void)be;
+    PROF(MT_OPK_GEMM, gemm_bf16_resid(transA, transB, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, R, C, ldc));
+}
 /* gemm_grouped_rows / gemm_grouped_sum (mt_ops.h): the reference, one
  * gemm_bf16 (or gemm_bf16_out) per non-empty group; offs is host memory here */
 static void grouped_rows(int n, const int32_t *offs, int N, int K, int transB, float alpha, const mt_bf16 *A,
@@ -832,6 +849,7 @@ static const struct mt_ops_i cpu_ops = {
     /* .gemm_grouped         = */ .gemm_grouped         = p_gemm_grouped,
     /* .gemm_bf16            = */ .gemm_bf16            = p_gemm_bf16,
     /* .gemm_bf16_out        = */ .gemm_bf16_out        = p_gemm_bf16_out,
+    /* .gemm_bf16_resid      = */ .gemm_bf16_resid      = p_gemm_bf16_resid,
     /* .gemm_grouped_rows    = */ .gemm_grouped_rows    = p_gemm_grouped_rows,
     /* .gemm_grouped_sum     = */ .gemm_grouped_sum     = p_gemm_grouped_sum,
     /* .cast_bf16            = */ .cast_bf16            = p_cast_bf16,

@@ -607,6 +607,9 @@ void mt_cuda_gemm_bf16(void *be, int transA, int transB, int M, int N, int K, fl
 void mt_cuda_gemm_bf16_out(void *be, int transA, int transB, int M, int N, int K, float alpha, const void *A,
                            enum mt_elem a_type, int lda, const void *B, enum mt_elem b_type, int ldb, mt_bf16 *C,
                            int ldc);
+void mt_cuda_gemm_bf16_resid(void *be, int transA, int transB, int M, int N, int K, float alpha, const void *A,
+                             enum mt_elem a_type, int lda, const void *B, enum mt_elem b_type, int ldb, const float *R,
+                             float *C, int ldc);
 void mt_cuda_cast_bf16(void *be, mt_bf16 *dst, const float *src, size_t n);
 void mt_cuda_cast_bf16_multi(void *be, mt_bf16 *const *dst, const float *const *src, const size_t *n, int count);
 void mt_cuda_cast_bf16_rows(void *be, mt_bf16 *dst, size_t ld, const float *src, size_t rows, size_t cols);

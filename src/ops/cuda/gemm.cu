@@ -53,6 +53,23 @@
 
 #include <string.h>
 
+/* C (M, N; ldc) = R (M, N; ldc): gemm_bf16_resid's seed where its product does not
+ * read R itself (the sgemm fallback, K = 0 / alpha = 0) */
+static __global__ void copy_rows_k(float *C, const float *R, int M, int N, int ldc)
+{
+    size_t total = (size_t)M * (size_t)N;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
+        size_t o = e / (size_t)N * (size_t)ldc + e % (size_t)N;
+        C[o] = R[o];
+    }
+}
+static void copy_rows(float *C, const float *R, int M, int N, int ldc)
+{
+    if (C == R || M <= 0 || N <= 0) return;
+    MT_LAUNCH(copy_rows_k, mt_cuda_blocks((size_t)M * (size_t)N, 256), 256, 0)(C, R, M, N, ldc);
+    MT_CUDA_KCHECK();
+}
+
 static __global__ void scale_k(float *C, int M, int N, int ldc, float beta)
 {
     size_t total = (size_t)M * (size_t)N;
@@ -355,9 +372,10 @@ static int fit_rows(size_t avail, size_t per_row, int total)
 }
 
 /* C fp32 (c_bf16 0), or bf16 (c_bf16 1, gemm_bf16_out: beta 0, the fp32
- * result rounded once by cuBLASLt's epilogue) */
+ * result rounded once by cuBLASLt's epilogue); R: NULL, or what beta scales in
+ * place of C (fp32, C's layout: gemm_bf16_resid, cuBLASLt's C operand with D = C) */
 static void gemm_bf16(int ta, int tb, int M, int N, int K, float alpha, const void *A, enum mt_elem at, int lda,
-                      const void *B, enum mt_elem bt, int ldb, float beta, void *C, int ldc, int c_bf16)
+                      const void *B, enum mt_elem bt, int ldb, float beta, void *C, int ldc, int c_bf16, const float *R)
 {
     const size_t cap = mt_cuda_be->bf16_cap;
     const size_t per_a = (size_t)2 * (size_t)(ta ? K : pad8(K)), per_b = (size_t)2 * (size_t)(tb ? pad8(K) : K);
@@ -388,7 +406,9 @@ static void gemm_bf16(int ta, int tb, int M, int N, int K, float alpha, const vo
             }
             const size_t c_off = (size_t)m0 * (size_t)ldc + n0;
             void *c0 = c_bf16 ? (void *)((__nv_bfloat16 *)C + c_off) : (void *)((float *)C + c_off);
-            struct mt_cuda_lt_plan *p = plan_get(ta, tb, mm, nn, K, lda_s, ldb_s, ldc, align_of(c0), 256, 256, c_bf16);
+            const void *r0 = R ? (const void *)(R + c_off) : (const void *)c0;
+            const int ac = align_of(c0) < align_of(r0) ? align_of(c0) : align_of(r0);
+            struct mt_cuda_lt_plan *p = plan_get(ta, tb, mm, nn, K, lda_s, ldb_s, ldc, ac, 256, 256, c_bf16);
             if (!p) return;  /* descriptor failure recorded */
             if (!p->ok) {
                 if (c_bf16) {   /* sgemm writes fp32 only */
@@ -401,15 +421,16 @@ static void gemm_bf16(int ta, int tb, int M, int N, int K, float alpha, const vo
                     return;
                 }
                 mt_cuda_be->info.gemm_bf16_fallbacks++;
+                copy_rows((float *)c0, (const float *)r0, mm, nn, ldc);   /* sgemm's C is its D */
                 sgemm(ta, tb, mm, nn, K, alpha, (const float *)a0, lda, (const float *)b0, ldb, beta, (float *)c0, ldc);
                 continue;
             }
             mt_cuda_be->info.gemm_bf16_calls++;
             if (!mt_cuda_graph_op("cublasLtMatmul", mt_cuda_sig((const void *)p, p->m, p->n, p->k, p->lda, p->ldb,
-                                                                p->ldc, alpha, sb, sa, beta, c0)))
+                                                                p->ldc, alpha, sb, sa, beta, c0, r0)))
                 continue;
             mt_cuda_note_blas();
-            MT_CUBLASLT_OK(cublasLtMatmul(mt_cuda_be->lt, p->desc, &alpha, sb, p->la, sa, p->lb, &beta, c0, p->lc, c0,
+            MT_CUBLASLT_OK(cublasLtMatmul(mt_cuda_be->lt, p->desc, &alpha, sb, p->la, sa, p->lb, &beta, r0, p->lc, c0,
                                           p->lc, &p->algo, mt_cuda_be->lt_ws, p->ws, mt_cuda_be->stream));
         }
     }
@@ -435,7 +456,7 @@ extern "C" void mt_cuda_gemm(void *be, int transA, int transB, int M, int N, int
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (gemm_degenerate(M, N, K, alpha, beta, C, ldc)) return;
     if (mt_cuda_be->precision == MT_CUDA_PRECISION_BF16)
-        gemm_bf16(transA, transB, M, N, K, alpha, A, MT_ELEM_F32, lda, B, MT_ELEM_F32, ldb, beta, C, ldc, 0);
+        gemm_bf16(transA, transB, M, N, K, alpha, A, MT_ELEM_F32, lda, B, MT_ELEM_F32, ldb, beta, C, ldc, 0, NULL);
     else
         sgemm(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
@@ -451,28 +472,30 @@ extern "C" void mt_cuda_gemm(void *be, int transA, int transB, int M, int N, int
  * The numbers are the same either way: bf16 products, fp32 accumulation,
  * K never split. Independent of mt_cuda_be->precision (the plain gemm entry
  * stays fp32 unless MT_CUDA_PRECISION=bf16 asks otherwise). */
-/* the direct path or the per-call path, C fp32 or bf16 (c_bf16) */
+/* the direct path or the per-call path, C fp32 or bf16 (c_bf16); R as gemm_bf16's */
 static void gemm_bf16_call(int transA, int transB, int M, int N, int K, float alpha, const void *A, enum mt_elem a_type,
                            int lda, const void *B, enum mt_elem b_type, int ldb, float beta, void *C, int ldc,
-                           int c_bf16)
+                           int c_bf16, const float *R)
 {
     if (a_type == MT_ELEM_BF16 && b_type == MT_ELEM_BF16) {
-        struct mt_cuda_lt_plan *p = plan_get(transA, transB, M, N, K, lda, ldb, ldc, align_of(C), align_of(A),
-                                             align_of(B), c_bf16);
+        const void *Rc = R ? (const void *)R : (const void *)C;
+        const int ac = align_of(C) < align_of(Rc) ? align_of(C) : align_of(Rc);
+        struct mt_cuda_lt_plan *p = plan_get(transA, transB, M, N, K, lda, ldb, ldc, ac, align_of(A), align_of(B),
+                                             c_bf16);
         if (!p) return;  /* descriptor failure recorded */
         if (p->ok) {
             mt_cuda_be->info.gemm_bf16_calls++;
             mt_cuda_be->info.gemm_bf16_direct++;
             if (!mt_cuda_graph_op("cublasLtMatmul", mt_cuda_sig((const void *)p, p->m, p->n, p->k, p->lda, p->ldb,
-                                                                p->ldc, alpha, B, A, beta, C)))
+                                                                p->ldc, alpha, B, A, beta, C, Rc)))
                 return;
             mt_cuda_note_blas();
-            MT_CUBLASLT_OK(cublasLtMatmul(mt_cuda_be->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C,
+            MT_CUBLASLT_OK(cublasLtMatmul(mt_cuda_be->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, Rc, p->lc, C,
                                           p->lc, &p->algo, mt_cuda_be->lt_ws, p->ws, mt_cuda_be->stream));
             return;
         }
     }
-    gemm_bf16(transA, transB, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, beta, C, ldc, c_bf16);
+    gemm_bf16(transA, transB, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, beta, C, ldc, c_bf16, R);
 }
 
 extern "C" void mt_cuda_gemm_bf16(void *be, int transA, int transB, int M, int N, int K, float alpha, const void *A,
@@ -481,7 +504,23 @@ extern "C" void mt_cuda_gemm_bf16(void *be, int transA, int transB, int M, int N
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (gemm_degenerate(M, N, K, alpha, beta, C, ldc)) return;
-    gemm_bf16_call(transA, transB, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, beta, C, ldc, 0);
+    gemm_bf16_call(transA, transB, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, beta, C, ldc, 0, NULL);
+}
+
+/* gemm_bf16_resid (mt_ops.h): C = alpha op(A) op(B) + R, cuBLASLt's C operand R
+ * and D = C with beta 1 (the epilogue reads R where it read C's seed copy: the
+ * same bits); K = 0 or alpha = 0: C = R */
+extern "C" void mt_cuda_gemm_bf16_resid(void *be, int transA, int transB, int M, int N, int K, float alpha,
+                                        const void *A, enum mt_elem a_type, int lda, const void *B,
+                                        enum mt_elem b_type, int ldb, const float *R, float *C, int ldc)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0 || alpha == 0.0f) {
+        copy_rows(C, R, M, N, ldc);
+        return;
+    }
+    gemm_bf16_call(transA, transB, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, 1.0f, C, ldc, 0, R);
 }
 
 /* gemm_bf16_out (mt_ops.h): C bf16 = bf16(alpha op(A) op(B)), cuBLASLt's D
@@ -499,7 +538,7 @@ extern "C" void mt_cuda_gemm_bf16_out(void *be, int transA, int transB, int M, i
                                           mt_cuda_be->stream));
         return;
     }
-    gemm_bf16_call(transA, transB, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, 0.0f, C, ldc, 1);
+    gemm_bf16_call(transA, transB, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, 0.0f, C, ldc, 1, NULL);
 }
 
 extern "C" void mt_cuda_cast_bf16(void *be, mt_bf16 *dst, const float *src, size_t n)

@@ -298,6 +298,7 @@ static struct mt_ops_i cuda_ops = {
     /* .gemm_grouped         = */ .gemm_grouped         = PROF(MT_OPK_GEMM, mt_cuda_gemm_grouped),
     /* .gemm_bf16            = */ .gemm_bf16            = PROF(MT_OPK_GEMM, mt_cuda_gemm_bf16),
     /* .gemm_bf16_out        = */ .gemm_bf16_out        = PROF(MT_OPK_GEMM, mt_cuda_gemm_bf16_out),
+    /* .gemm_bf16_resid      = */ .gemm_bf16_resid      = PROF(MT_OPK_GEMM, mt_cuda_gemm_bf16_resid),
     /* .gemm_grouped_rows    = */ .gemm_grouped_rows    = PROF(MT_OPK_GEMM, mt_cuda_gemm_grouped_rows),
     /* .gemm_grouped_sum     = */ .gemm_grouped_sum     = PROF(MT_OPK_GEMM, mt_cuda_gemm_grouped_sum),
     /* .cast_bf16            = */ .cast_bf16            = PROF(MT_OPK_ELEMENTWISE, mt_cuda_cast_bf16),
