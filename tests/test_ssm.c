@@ -1121,74 +1121,99 @@ static uint16_t ref_bf16(float x)
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-/* y given as bf16 (y_b: the bf16 scan's ys stored so, mt_ops.h) to both bf16 gated-norm
- * entries, y NULL: the bits of the entries given its widened values as fp32 y (out_b,
- * rstd; backward dy, dz_b, dy_b, dw). yh: host y (rounded here); dz, dw on the device */
-static void test_gate_y_b(const float *yh, const float *dz, int ldz, const float *dw, int n, int E, int G,
-                          const char *tag)
+/* y and z given as bf16 (y_b: the bf16 scan's ys stored so; zin_b: the in-projection's
+ * bf16 z block, rows 2 ldz apart as in the mixer's proj, mt_ops.h) to both bf16
+ * gated-norm entries, the fp32 operand NULL: the bits of the entries given their
+ * widened values as fp32 y, z (out_b, rstd; backward dy, dz_b, dy_b, dw), each alone
+ * and both. yh, zh: host y, z (rounded here; z rows ldz apart); dw on the device */
+static void test_gate_yz_b(const float *yh, const float *zh, int ldz, const float *dw, int n, int E, int G,
+                           const char *tag)
 {
     const struct mt_ops_i *ops = g_ops;
-    const size_t nE = (size_t)n * E, nG = (size_t)n * G, nz = (size_t)n * ldz;
-    uint16_t *hb = malloc(nE * sizeof(uint16_t));
-    float *hw = malloc(nE * sizeof(float));
-    MT_ASSERT(hb && hw);
+    const size_t nE = (size_t)n * E, nG = (size_t)n * G, nz = (size_t)n * ldz, ldzb = 2 * (size_t)ldz;
+    uint16_t *hb = malloc(nE * sizeof(uint16_t)), *hzb = malloc(n * ldzb * sizeof(uint16_t));
+    float *hw = malloc(nE * sizeof(float)), *hzw = malloc(nz * sizeof(float));
+    MT_ASSERT(hb && hw && hzb && hzw);
     for (size_t i = 0; i < nE; i++) {
         hb[i] = ref_bf16(yh[i]);
         const uint32_t u = (uint32_t)hb[i] << 16;
         memcpy(&hw[i], &u, sizeof u);
     }
-    float *yw = up(ops, hw, nE);
-    mt_bf16 *yb = dev_bf16(nE, 0);
+    for (size_t i = 0; i < n * ldzb; i++) hzb[i] = BF16_SENTINEL;
+    for (int r = 0; r < n; r++)
+        for (int c = 0; c < ldz; c++) {
+            const uint16_t b = ref_bf16(zh[(size_t)r * ldz + c]);
+            const uint32_t u = (uint32_t)b << 16;
+            memcpy(&hzw[(size_t)r * ldz + c], &u, sizeof u);
+            if (c < E) hzb[(size_t)r * ldzb + c] = b;
+        }
+    float *yw = up(ops, hw, nE), *zw = up(ops, hzw, nz);
+    mt_bf16 *yb = dev_bf16(nE, 0), *zb_in = dev_bf16(n * ldzb, 0);
     ops->copy_from_host(ops->be, yb, hb, nE * sizeof(uint16_t));
-    mt_bf16 *ob[2];
-    float *rs[2];
-    for (int v = 0; v < 2; v++) {   /* v 1: y_b */
+    ops->copy_from_host(ops->be, zb_in, hzb, n * ldzb * sizeof(uint16_t));
+    mt_bf16 *ob[4];
+    float *rs[4];
+    for (int v = 0; v < 4; v++) {   /* v & 1: y_b; v & 2: zin_b */
+        const int vy = v & 1, vz = v & 2;
         ob[v] = dev_bf16(nE, BF16_SENTINEL);
         rs[v] = dev_zero(nG);
-        ops->ssm_gate_norm_forward_bf16(ops->be, NULL, ob[v], rs[v], v ? NULL : yw, dz, ldz, dw, n, E, G, 1e-5f,
-                                        v ? yb : NULL);
+        ops->ssm_gate_norm_forward_bf16(ops->be, NULL, ob[v], rs[v], vy ? NULL : yw, vz ? NULL : zw, ldz, dw, n, E, G,
+                                        1e-5f, vy ? yb : NULL, vz ? zb_in : NULL, (int)ldzb);
     }
-    uint16_t *o0 = bf16_to_host(ob[0], nE), *o1 = bf16_to_host(ob[1], nE);
-    float *r0 = to_host(rs[0], nG), *r1 = to_host(rs[1], nG);
+    uint16_t *o0 = bf16_to_host(ob[0], nE);
+    float *r0 = to_host(rs[0], nG);
     size_t bad = 0;
-    for (size_t i = 0; i < nE; i++) bad += o0[i] != o1[i];
-    bad += memcmp(r0, r1, nG * sizeof(float)) != 0;
-    check(bad == 0, "gate norm bf16: y as bf16 (y_b) = its widened values as fp32 y (out_b, rstd bits)", tag,
-          (double)bad, 0);
+    for (int v = 1; v < 4; v++) {
+        uint16_t *o1 = bf16_to_host(ob[v], nE);
+        float *r1 = to_host(rs[v], nG);
+        for (size_t i = 0; i < nE; i++) bad += o0[i] != o1[i];
+        bad += memcmp(r0, r1, nG * sizeof(float)) != 0;
+        free(o1); free(r1);
+    }
+    check(bad == 0, "gate norm bf16: y, z as bf16 (y_b, zin_b) = their widened values as fp32 (out_b, rstd bits)",
+          tag, (double)bad, 0);
     if (ops->ssm_gate_norm_backward_bf16) {
-        float *dout = host_rand(nE, 0.0f, 1.0f), *dd = up(ops, dout, nE), *gy[2], *gw[2];
-        mt_bf16 *zb[2], *yt[2];
-        for (int v = 0; v < 2; v++) {
+        float *dout = host_rand(nE, 0.0f, 1.0f), *dd = up(ops, dout, nE), *gy[4], *gw[4];
+        mt_bf16 *zb[4], *yt[4];
+        for (int v = 0; v < 4; v++) {
+            const int vy = v & 1, vz = v & 2;
             gy[v] = dev_zero(nE);
             gw[v] = dev_zero(E);
             zb[v] = dev_bf16(nz, BF16_SENTINEL);
             yt[v] = dev_bf16(nE, BF16_SENTINEL);
-            ops->ssm_gate_norm_backward_bf16(ops->be, gy[v], zb[v], gw[v], dd, v ? NULL : yw, dz, ldz, dw, rs[0], n,
-                                             E, G, yt[v], v ? yb : NULL);
+            ops->ssm_gate_norm_backward_bf16(ops->be, gy[v], zb[v], gw[v], dd, vy ? NULL : yw, vz ? NULL : zw, ldz, dw,
+                                             rs[0], n, E, G, yt[v], vy ? yb : NULL, vz ? zb_in : NULL, (int)ldzb);
         }
-        float *y0 = to_host(gy[0], nE), *y1 = to_host(gy[1], nE), *w0 = to_host(gw[0], E), *w1 = to_host(gw[1], E);
-        uint16_t *z0 = bf16_to_host(zb[0], nz), *z1 = bf16_to_host(zb[1], nz);
-        uint16_t *t0 = bf16_to_host(yt[0], nE), *t1 = bf16_to_host(yt[1], nE);
-        size_t bb = (memcmp(y0, y1, nE * sizeof(float)) != 0) + (memcmp(w0, w1, E * sizeof(float)) != 0) +
-                    (memcmp(z0, z1, nz * sizeof(uint16_t)) != 0) + (memcmp(t0, t1, nE * sizeof(uint16_t)) != 0);
-        check(bb == 0, "gate norm backward bf16: y_b = its widened values (dy, dz_b, dy_b, dw bits)", tag, (double)bb,
-              0);
-        for (int v = 0; v < 2; v++) {
+        float *y0 = to_host(gy[0], nE), *w0 = to_host(gw[0], E);
+        uint16_t *z0 = bf16_to_host(zb[0], nz), *t0 = bf16_to_host(yt[0], nE);
+        size_t bb = 0;
+        for (int v = 1; v < 4; v++) {
+            float *y1 = to_host(gy[v], nE), *w1 = to_host(gw[v], E);
+            uint16_t *z1 = bf16_to_host(zb[v], nz), *t1 = bf16_to_host(yt[v], nE);
+            bb += (memcmp(y0, y1, nE * sizeof(float)) != 0) + (memcmp(w0, w1, E * sizeof(float)) != 0) +
+                  (memcmp(z0, z1, nz * sizeof(uint16_t)) != 0) + (memcmp(t0, t1, nE * sizeof(uint16_t)) != 0);
+            free(y1); free(w1); free(z1); free(t1);
+        }
+        check(bb == 0, "gate norm backward bf16: y_b, zin_b = their widened values (dy, dz_b, dy_b, dw bits)", tag,
+              (double)bb, 0);
+        for (int v = 0; v < 4; v++) {
             ops->buf_free(ops->be, &g_ctx, gy[v]);
             ops->buf_free(ops->be, &g_ctx, gw[v]);
             ops->buf_free(ops->be, &g_ctx, zb[v]);
             ops->buf_free(ops->be, &g_ctx, yt[v]);
         }
         ops->buf_free(ops->be, &g_ctx, dd);
-        free(dout); free(y0); free(y1); free(w0); free(w1); free(z0); free(z1); free(t0); free(t1);
+        free(dout); free(y0); free(w0); free(z0); free(t0);
     }
-    for (int v = 0; v < 2; v++) {
+    for (int v = 0; v < 4; v++) {
         ops->buf_free(ops->be, &g_ctx, ob[v]);
         ops->buf_free(ops->be, &g_ctx, rs[v]);
     }
     ops->buf_free(ops->be, &g_ctx, yw);
+    ops->buf_free(ops->be, &g_ctx, zw);
     ops->buf_free(ops->be, &g_ctx, yb);
-    free(hb); free(hw); free(o0); free(o1); free(r0); free(r1);
+    ops->buf_free(ops->be, &g_ctx, zb_in);
+    free(hb); free(hw); free(hzb); free(hzw); free(o0); free(r0);
 }
 
 /* ssm_gate_norm_forward_bf16 (precision=bf16's gated norm): out and rstd the
@@ -1207,8 +1232,8 @@ static void test_gate_bf16(int n, int E, int G)
     mt_bf16 *b2 = ops->buf_alloc(ops->be, &g_ctx, nE * sizeof(mt_bf16), MT_BUCKET_OTHER);
     MT_ASSERT(b1 && b2);
     ops->ssm_gate_norm_forward(ops->be, o0, r0, dy, dz, ldz, dw, n, E, G, 1e-5f);
-    ops->ssm_gate_norm_forward_bf16(ops->be, o1, b1, r1, dy, dz, ldz, dw, n, E, G, 1e-5f, NULL);
-    ops->ssm_gate_norm_forward_bf16(ops->be, NULL, b2, r2, dy, dz, ldz, dw, n, E, G, 1e-5f, NULL);
+    ops->ssm_gate_norm_forward_bf16(ops->be, o1, b1, r1, dy, dz, ldz, dw, n, E, G, 1e-5f, NULL, NULL, 0);
+    ops->ssm_gate_norm_forward_bf16(ops->be, NULL, b2, r2, dy, dz, ldz, dw, n, E, G, 1e-5f, NULL, NULL, 0);
     float *h0 = to_host(o0, nE), *h1 = to_host(o1, nE), *hr0 = to_host(r0, nG), *hr1 = to_host(r1, nG);
     float *hr2 = to_host(r2, nG);
     mt_bf16 *hb1 = malloc(nE * sizeof(mt_bf16)), *hb2 = malloc(nE * sizeof(mt_bf16));
@@ -1240,7 +1265,8 @@ static void test_gate_bf16(int n, int E, int G)
         mt_bf16 *zb = dev_bf16(nz, BF16_SENTINEL), *yb = dev_bf16(nE, BF16_SENTINEL);
         for (int v = 0; v < 2; v++) { gy[v] = dev_zero(nE); gw[v] = up(ops, w, E); }
         ops->ssm_gate_norm_backward(ops->be, gy[0], gz, gw[0], dd, dy, dz, ldz, dw, r0, n, E, G);
-        ops->ssm_gate_norm_backward_bf16(ops->be, gy[1], zb, gw[1], dd, dy, dz, ldz, dw, r0, n, E, G, yb, NULL);
+        ops->ssm_gate_norm_backward_bf16(ops->be, gy[1], zb, gw[1], dd, dy, dz, ldz, dw, r0, n, E, G, yb, NULL, NULL,
+                                         0);
         float *hz = to_host(gz, nz), *y0 = to_host(gy[0], nE), *y1 = to_host(gy[1], nE);
         float *w0 = to_host(gw[0], E), *w1 = to_host(gw[1], E);
         uint16_t *hzb = bf16_to_host(zb, nz);
@@ -1268,7 +1294,7 @@ static void test_gate_bf16(int n, int E, int G)
         for (size_t k = 0; k < sizeof(dv2) / sizeof(dv2[0]); k++) ops->buf_free(ops->be, &g_ctx, dv2[k]);
         ops->buf_free(ops->be, &g_ctx, zb);
     }
-    test_gate_y_b(y, dz, ldz, dw, n, E, G, tag);
+    test_gate_yz_b(y, z, ldz, dw, n, E, G, tag);
     float *dv[] = {dy, dz, dw, o0, r0, o1, r1, r2};
     for (size_t k = 0; k < sizeof(dv) / sizeof(dv[0]); k++) ops->buf_free(ops->be, &g_ctx, dv[k]);
     ops->buf_free(ops->be, &g_ctx, b1);

@@ -283,13 +283,14 @@ static void mamba_work_bf16(const struct mt_block_shape *sh, int rc, struct mt_w
     /* the residual gradient's twin (plan_norm_twin): the input norm's backward writes it
      * (0.5 D), Wout's backward reads it instead of rounding dy (1.5 D) */
     const double hs = plan_norm_h_store(sh), tw = plan_norm_twin(sh), dhb = plan_dh_bf16(sh);
-    /* the tensor-core shapes: the gated norm reads ys as bf16 (ys_bf16), forward and backward */
+    /* the tensor-core shapes: the gated norm reads ys as bf16 (ys_bf16), forward and backward,
+     * and z too (mt_mamba3_acts z_b: the in-projection's bf16 z block), the same reads */
     const double ysb = S > 0 ? 0.5 : 0.0;
     /* ... and d h as bf16 from the in-projection's dX GEMM (plan_dh_bf16): 0.5 D less */
     /* ... and where seeded, Wout's GEMM adds x_in itself (plan_resid_gemm): no seed written */
     const double sw = seed > 0 && plan_resid_gemm(sh) > 0 ? 0.0 : seed;
-    w->e[MT_WORK_NORM] += (5.5 + hs + sw + 0.5 * tw - 0.5 * dhb) * D + (7.5 - 2.0 * ysb) * E +
-                          rc * ((1.5 + hs + sw) * D + (2.5 - ysb) * E);
+    w->e[MT_WORK_NORM] += (5.5 + hs + sw + 0.5 * tw - 0.5 * dhb) * D + (7.5 - 4.0 * ysb) * E +
+                          rc * ((1.5 + hs + sw) * D + (2.5 - 2.0 * ysb) * E);
     w->e[MT_WORK_ELEMENTWISE] += prep_f + prep_b + resid + 1.5 * (1.0 - tw) * D + (1.0 - dpb) * 1.5 * W +
                                  rc * (prep_f + resid);
 }
@@ -472,9 +473,11 @@ static void win_zero_unwritten(const struct mt_piece_ctx *pc)
 {
     for (int b = 0; b < 7; b++) grad_zero_unwritten(pc->ops, mbw(pc)->mwin[b]);
 }
-/* proj (n, W) = h Win^T, whole (win_whole) or block by block */
+/* proj (n, W) = h Win^T, whole (win_whole) or block by block. z_b: NULL, or the z block
+ * as bf16 alone (mt_mamba3_acts z_b: rows 2 W bf16 apart in proj's memory; autocast's
+ * rounding of a Linear's output), the six others fp32 from column E: two GEMMs */
 static void in_fwd(const struct mt_piece_ctx *pc, float *proj, const float *h, const mt_bf16 *hb,
-                   const struct mt_mamba3_weights *w, int n)
+                   const struct mt_mamba3_weights *w, int n, mt_bf16 *z_b)
 {
     const struct mt_ops_i *ops = pc->ops;
     const struct mamba_w *lw = mbw(pc);
@@ -484,11 +487,22 @@ static void in_fwd(const struct mt_piece_ctx *pc, float *proj, const float *h, c
     const void *x = hb ? (const void *)hb : (const void *)h;
     const enum mt_elem xt = hb ? MT_ELEM_BF16 : MT_ELEM_F32;
     enum mt_elem tw;
-    const void *Ww = win_whole(lw, W, &tw);
-    if (Ww) { ops->gemm_bf16(ops->be, 0, 1, n, W, D, 1.0f, x, xt, D, Ww, tw, D, 0.0f, proj, W); return; }
-    int rows[7], off = 0;
+    int rows[7], off = 0, b0 = 0;
     in_rows(lw, rows);
-    for (int b = 0; b < 7; b++) {
+    if (z_b) {
+        const void *Wz = wlinear_op(lw->mwin[0], &tw);
+        ops->gemm_bf16_out(ops->be, 0, 1, n, rows[0], D, 1.0f, x, xt, D, Wz, tw, D, z_b, 2 * W);
+        off = rows[0], b0 = 1;
+        const void *Wr = params_whole(lw->mwin + 1, 6, W - off, &tw);   /* x .. lam, back to back */
+        if (Wr) {
+            ops->gemm_bf16(ops->be, 0, 1, n, W - off, D, 1.0f, x, xt, D, Wr, tw, D, 0.0f, proj + off, W);
+            return;
+        }
+    } else {
+        const void *Ww = win_whole(lw, W, &tw);
+        if (Ww) { ops->gemm_bf16(ops->be, 0, 1, n, W, D, 1.0f, x, xt, D, Ww, tw, D, 0.0f, proj, W); return; }
+    }
+    for (int b = b0; b < 7; b++) {
         const void *Wb = wlinear_op(lw->mwin[b], &tw);
         if (rows[b] > 0) ops->gemm_bf16(ops->be, 0, 1, n, rows[b], D, 1.0f, x, xt, D, Wb, tw, D, 0.0f, proj + off, W);
         off += rows[b];
@@ -673,7 +687,8 @@ static enum mt_status mixer_fwd_rep(struct mt_ctx *ctx, const struct mt_piece_ct
     const struct mt_ops_i *ops = pc->ops;
     const int n = B * T, E = mdims(pc)->H * mdims(pc)->P;
     in_fwd_rep(pc, st->mb.proj, h, hb, n);
-    st->mb.ys_b = NULL;   /* the spanning gated norm reads the fp32 ys */
+    st->mb.ys_b = NULL;   /* the spanning gated norm reads the fp32 ys and z */
+    st->mb.z_b = NULL;
     mt_mamba3_ssm_forward(ops, &st->mb, w, mdims(pc), B, T);
     MT_CHECK(gate_fwd_rep(ctx, pc, w, n));
     if (st->yn_b) ops->cast_bf16(ops->be, st->yn_b, st->mb.yn, (size_t)n * (size_t)E);
@@ -722,17 +737,22 @@ static void mixer_fwd(const struct mt_piece_ctx *pc, float *out, const float *h,
         return;
     }
     const struct mt_mamba3_dims *d = mdims(pc);
-    const int n = B * T, E = d->H * d->P;
-    in_fwd(pc, st->mb.proj, h, hb, w, n);
-    if (st->yn_b && ops->ssm_gate_norm_forward_bf16) {
+    const int n = B * T, E = d->H * d->P, W = mt_mamba3_in_width(d);
+    const int gb = st->yn_b && ops->ssm_gate_norm_forward_bf16;   /* the bf16 gated norm */
+    /* ys as bf16 (ys_bf16) and, on the same path, z: the in-projection writes its z block
+     * as bf16 alone, which only the two bf16 gated-norm passes read (autocast's rounding
+     * of a Linear's output; 4 bytes an element of z: the GEMM's store, two reads) */
+    st->mb.ys_b = gb ? ys_bf16(pc, B, T) : NULL;
+    st->mb.z_b = st->mb.ys_b && ops->gemm_bf16_out ? (mt_bf16 *)st->mb.proj : NULL;
+    in_fwd(pc, st->mb.proj, h, hb, w, n, st->mb.z_b);
+    if (gb) {
         /* mt_mamba3_mix_forward with the gated norm writing Wout's operand alone:
          * the fp32 yn has no reader on this path (Wout is shadowed, so wlinear and
          * wout_bwd read the twin), so neither its store nor a cast pass */
-        st->mb.ys_b = ys_bf16(pc, B, T);
         mt_mamba3_ssm_forward(ops, &st->mb, w, d, B, T);
         ops->ssm_gate_norm_forward_bf16(ops->be, NULL, st->yn_b, st->mb.rstd_o, st->mb.ys_b ? NULL : st->mb.ys,
-                                        st->mb.proj, mt_mamba3_in_width(d), w->g_out, n, E, d->G, d->eps_out,
-                                        st->mb.ys_b);
+                                        st->mb.z_b ? NULL : st->mb.proj, W, w->g_out, n, E, d->G, d->eps_out,
+                                        st->mb.ys_b, st->mb.z_b, 2 * W);
     } else {
         mt_mamba3_mix_forward(ops, &st->mb, w, d, B, T);
         if (st->yn_b) ops->cast_bf16(ops->be, st->yn_b, st->mb.yn, (size_t)n * (size_t)E);
@@ -775,7 +795,7 @@ static void mixer_fwd_lora(const struct mt_piece_ctx *pc, float *out, const floa
     const int n = B * T, D = pc->D, E = mdims(pc)->H * mdims(pc)->P, W = mt_mamba3_in_width(mdims(pc));
     int rows[7];
     in_rows(mbw(pc), rows);
-    in_fwd(pc, st->mb.proj, h, state ? NULL : pc->nm->hb, w, n);
+    in_fwd(pc, st->mb.proj, h, state ? NULL : pc->nm->hb, w, n, NULL);   /* the adapters add fp32 into proj */
     lora_fwd_add(ops, pc->s_lora, st->mb.proj, W, h, (const struct mt_param *const *)mbw(pc)->mwin, rows, 7, n, D);
     if (state) mt_mamba3_decode_mix(ops, &st->mb, state, w, mdims(pc), T, pos0);
     else mt_mamba3_mix_forward(ops, &st->mb, w, mdims(pc), B, T);

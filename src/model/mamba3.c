@@ -152,7 +152,8 @@ void mt_mamba3_mix_forward(const struct mt_ops_i *ops, struct mt_mamba3_acts *a,
                            const struct mt_mamba3_dims *d, int B, int T)
 {
     const int n = B * T, E = d->H * d->P, W = mt_mamba3_in_width(d);
-    a->ys_b = NULL;   /* the fp32 gated norm reads the fp32 ys */
+    a->ys_b = NULL;   /* the fp32 gated norm reads the fp32 ys and z */
+    a->z_b = NULL;
     mt_mamba3_ssm_forward(ops, a, w, d, B, T);
     /* z is the first E columns of proj */
     ops->ssm_gate_norm_forward(ops->be, a->yn, a->rstd_o, a->ys, a->proj, W, w->g_out, n, E, d->G, d->eps_out);
@@ -300,12 +301,12 @@ int mt_mamba3_mix_backward_b(const struct mt_ops_i *ops, struct mt_mamba3_weight
 {
     const int n = B * T, E = d->H * d->P, W = mt_mamba3_in_width(d);
     if (!dproj_b || !mt_mamba3_ys_bf16_ok(ops, d, B, T)) {
-        MT_ASSERT(!a->ys_b);   /* the fp32 gated norm reads the fp32 ys (mt_mamba3_acts) */
+        MT_ASSERT(!a->ys_b && !a->z_b);   /* the fp32 gated norm reads the fp32 ys, z (mt_mamba3_acts) */
         mt_mamba3_mix_backward(ops, g, s, a, w, d, B, T);
         return 0;
     }
     ops->ssm_gate_norm_backward_bf16(ops->be, s->dys, dproj_b, g->g_out, s->dyn, a->ys_b ? NULL : a->ys, a->proj, W,
-                                     w->g_out, a->rstd_o, n, E, d->G, dys_twin(s), a->ys_b);
+                                     w->g_out, a->rstd_o, n, E, d->G, dys_twin(s), a->ys_b, a->z_b, 2 * W);
     ssm_backward(ops, g, s, a, w, d, B, T, dproj_b);
     return 1;
 }

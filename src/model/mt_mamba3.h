@@ -61,6 +61,12 @@ struct mt_mamba3_acts {
                         owner sets it before ssm_forward where
                         mt_mamba3_ys_bf16_ok and both gated-norm passes take
                         the bf16 entries; mix_forward clears it) */
+    mt_bf16 *z_b;    /* NULL, or z (proj's first E columns) stored as bf16
+                        only, rows 2 W bf16 apart in proj's own memory (row r
+                        at (mt_bf16 *)proj + 2 W r, in its fp32 z columns): the
+                        in-projection's bf16 output of its z block, read by
+                        both bf16 gated-norm passes (their zin_b); set by the
+                        owner with ys_b (the same path), cleared with it */
 };
 
 /* Backward scratch (backend memory). */

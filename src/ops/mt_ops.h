@@ -938,10 +938,15 @@ struct mt_ops_i {
      * the same pass; out NULL: not stored (its only reader was that operand's
      * rounding). Optional (NULL: the forward, then cast_bf16).
      * y_b (both bf16 gated-norm entries): NULL, or y stored as bf16 (the bf16
-     * scan's y_b), read widened (exact) in place of y, which may be NULL. */
+     * scan's y_b), read widened (exact) in place of y, which may be NULL.
+     * zin_b (both): NULL, or z stored as bf16 at row stride ldz_b (the
+     * in-projection's bf16 output of its z block: autocast's rounding of a
+     * Linear's output), read widened (exact) in place of z, which may then be
+     * NULL; ldz keeps naming the row stride of the backward's dz / dz_b. The
+     * same bits as z = widen(z_b). */
     void   (*ssm_gate_norm_forward_bf16)(void *be, float *out, mt_bf16 *out_b, float *rstd, const float *y,
                                          const float *z, int ldz, const float *w, int n, int E, int G, float eps,
-                                         const mt_bf16 *y_b);
+                                         const mt_bf16 *y_b, const mt_bf16 *zin_b, int ldz_b);
     /* precision=bf16, the mixer's dproj written as the in-projection backward's
      * bf16 operand by its producers (no fp32 dproj store and no cast pass):
      * ssm_gate_norm_backward with dz_b = bf16(dz) (row stride ldz) in place of
@@ -954,7 +959,8 @@ struct mt_ops_i {
      * even), the scan backward's dy twin. */
     void   (*ssm_gate_norm_backward_bf16)(void *be, float *dy, mt_bf16 *dz_b, float *dw, const float *dout,
                                           const float *y, const float *z, int ldz, const float *w, const float *rstd,
-                                          int n, int E, int G, mt_bf16 *dy_b, const mt_bf16 *y_b);
+                                          int n, int E, int G, mt_bf16 *dy_b, const mt_bf16 *y_b,
+                                          const mt_bf16 *zin_b, int ldz_b);
     void   (*ssm_prep_backward_bf16)(void *be, mt_bf16 *dproj_b, float *dproj, float *ddt_bias, float *dA_log,
                                      float *dgB, float *dgC, float *dB_bias, float *dC_bias, const float *dx,
                                      const float *dBh, const float *dCh, const float *ddt, const float *dlam,

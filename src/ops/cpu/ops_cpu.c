@@ -603,30 +603,42 @@ static void p_ssm_gate_norm_forward(void *be, float *out, float *rstd, const flo
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_NORM, mt_cpu_ssm_gate_norm_forward(out, rstd, y, z, ldz, w, n, E, G, eps));
 }
-/* y_b: y stored as bf16, widened (exact) into a temporary first (the cpu has no bf16
- * scan, so no model run hands it one: the contract's reference) */
+/* y_b, zin_b: y, z stored as bf16, widened (exact) into temporaries first (z's rows E
+ * apart; the cpu has no bf16 scan, so no model run hands it either: the contract's
+ * reference) */
 static void gate_fwd_bf16(float *out, mt_bf16 *out_b, float *rstd, const float *y, const float *z, int ldz,
-                          const float *w, int n, int E, int G, float eps, const mt_bf16 *y_b)
+                          const float *w, int n, int E, int G, float eps, const mt_bf16 *y_b, const mt_bf16 *zin_b,
+                          int ldz_b)
 {
     const size_t ne = (size_t)n * (size_t)E;
-    float *t = y_b && ne ? malloc(ne * sizeof(float)) : NULL;
-    if (y_b && ne && !t) {   /* no room: the output poisoned (NaN), as the QK-norm entries do */
+    float *t = y_b && ne ? malloc(ne * sizeof(float)) : NULL, *tz = zin_b && ne ? malloc(ne * sizeof(float)) : NULL;
+    if ((y_b && ne && !t) || (zin_b && ne && !tz)) {   /* no room: the output poisoned (NaN), as the QK-norm's */
         for (size_t i = 0; out_b && i < ne; i++) out_b[i] = 0x7fffu;
+        free(t);
+        free(tz);
         return;
     }
     if (t) {
         for (size_t i = 0; i < ne; i++) t[i] = mt_cpu_bf16_to_f32(y_b[i]);
         y = t;
     }
+    if (tz) {
+        for (int r = 0; r < n; r++)
+            for (int c = 0; c < E; c++)
+                tz[(size_t)r * E + c] = mt_cpu_bf16_to_f32(zin_b[(size_t)r * (size_t)ldz_b + (size_t)c]);
+        z = tz;
+        ldz = E;
+    }
     mt_cpu_ssm_gate_norm_forward_bf16(out, out_b, rstd, y, z, ldz, w, n, E, G, eps);
     free(t);
+    free(tz);
 }
 static void p_ssm_gate_norm_forward_bf16(void *be, float *out, mt_bf16 *out_b, float *rstd, const float *y,
                                          const float *z, int ldz, const float *w, int n, int E, int G, float eps,
-                                         const mt_bf16 *y_b)
+                                         const mt_bf16 *y_b, const mt_bf16 *zin_b, int ldz_b)
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
-    PROF(MT_OPK_NORM, gate_fwd_bf16(out, out_b, rstd, y, z, ldz, w, n, E, G, eps, y_b));
+    PROF(MT_OPK_NORM, gate_fwd_bf16(out, out_b, rstd, y, z, ldz, w, n, E, G, eps, y_b, zin_b, ldz_b));
 }
 static void p_ssm_gate_norm_backward(void *be, float *dy, float *dz, float *dw, const float *dout, const float *y,
                                      const float *z, int ldz, const float *w, const float *rstd, int n, int E, int G)

@@ -792,7 +792,8 @@ void mt_cuda_ssm_gate_norm_backward(void *be, float *dy, float *dz, float *dw, c
                                     int n, int E, int G);
 void mt_cuda_ssm_gate_norm_backward_bf16(void *be, float *dy, mt_bf16 *dz_b, float *dw, const float *dout,
                                          const float *y, const float *z, int ldz, const float *w, const float *rstd,
-                                         int n, int E, int G, mt_bf16 *dy_b, const mt_bf16 *y_b);
+                                         int n, int E, int G, mt_bf16 *dy_b, const mt_bf16 *y_b,
+                                         const mt_bf16 *zin_b, int ldz_b);
 void mt_cuda_ssm_gate_norm_sums(void *be, float *s, int lds, const float *y, const float *z, int ldz, const float *w,
                                 const float *dout, const float *rstd, int n, int E, int c0, int cg);
 void mt_cuda_ssm_gate_norm_forward_ext(void *be, float *out, float *rstd, const float *y, const float *z, int ldz,
@@ -800,7 +801,7 @@ void mt_cuda_ssm_gate_norm_forward_ext(void *be, float *out, float *rstd, const 
                                        float eps);
 void mt_cuda_ssm_gate_norm_forward_bf16(void *be, float *out, mt_bf16 *out_b, float *rstd, const float *y,
                                         const float *z, int ldz, const float *w, int n, int E, int G, float eps,
-                                        const mt_bf16 *y_b);
+                                        const mt_bf16 *y_b, const mt_bf16 *zin_b, int ldz_b);
 void mt_cuda_ssm_gate_norm_backward_ext(void *be, float *dy, float *dz, float *dw, const float *dout, const float *y,
                                         const float *z, int ldz, const float *w, const float *rstd, const float *s,
                                         int lds, int n, int E, int c0, int cg);

@@ -1997,17 +1997,19 @@ extern "C" void mt_cuda_ssm_prep_backward_bf16(void *be, mt_bf16 *dproj_b, float
  * store and re-read of out went to memory (out once stored: 8 bytes an element
  * fewer; the bf16 output alone: no fp32 store and no cast pass). */
 #define GATE_AHEAD 4
-template <typename YT>   /* y as stored: fp32, or bf16 (the scan's y_b), read widened */
-static __global__ void gate_fwd_k(float *out, __nv_bfloat16 *out_b, float *rstd, const YT *y, const float *z, int ldz,
+/* y, z as stored: fp32, or bf16 (the scan's y_b; the in-projection's z_b), read widened */
+template <typename YT, typename ZT>
+static __global__ void gate_fwd_k(float *out, __nv_bfloat16 *out_b, float *rstd, const YT *y, const ZT *z, int ldz,
                                   const float *w, int E, int G, float eps)
 {
     MT_DYN_SMEM(double, dred);  /* blockDim */
     int i = (int)blockIdx.x, row = i / G, g = i % G, cg = E / G, nt = (int)blockDim.x;
     const YT *yr = y + (size_t)row * E;
-    const float *zr = z + (size_t)row * ldz;
+    const ZT *zr = z + (size_t)row * ldz;
     double ss = 0.0;
     for (int c = g * cg + (int)threadIdx.x; c < (g + 1) * cg; c += nt) {
-        float v = mt_ld1(yr + c) * zr[c] * sigmoid_d(zr[c]);
+        const float zc = mt_ld1(zr + c);
+        float v = mt_ld1(yr + c) * zc * sigmoid_d(zc);
         ss += (double)v * v;
     }
     ss = block_sum(ss, dred);
@@ -2022,7 +2024,8 @@ static __global__ void gate_fwd_k(float *out, __nv_bfloat16 *out_b, float *rstd,
 #pragma unroll
         for (int u = 0; u < GATE_AHEAD; u++) {
             const int c = c0 + u * nt;
-            yv[u] = c < c1 ? mt_ld1(yr + c) : 0.0f, zv[u] = c < c1 ? zr[c] : 0.0f, wv[u] = c < c1 ? w[c] : 0.0f;
+            yv[u] = c < c1 ? mt_ld1(yr + c) : 0.0f, zv[u] = c < c1 ? mt_ld1(zr + c) : 0.0f;
+            wv[u] = c < c1 ? w[c] : 0.0f;
         }
 #pragma unroll
         for (int u = 0; u < GATE_AHEAD; u++) {
@@ -2043,10 +2046,11 @@ static __global__ void gate_fwd_k(float *out, __nv_bfloat16 *out_b, float *rstd,
  * d2048 hybrid's shape). 16 rows: 512 blocks at n = 8192. */
 #define GATE_RB 16
 
-/* dzb non-NULL: dz written there as bf16 (row stride ldz), not to dz; YT: y as gate_fwd_k */
-template <typename YT>
+/* dzb non-NULL: dz written there as bf16 (row stride ldz), not to dz; YT, ZT: y, z as
+ * gate_fwd_k (z at row stride ldzi) */
+template <typename YT, typename ZT>
 static __global__ void gate_bwd_k(float *dy, __nv_bfloat16 *dyb, float *dz, __nv_bfloat16 *dzb, float *part,
-                                  const float *dout, const YT *y, const float *z, int ldz, const float *w,
+                                  const float *dout, const YT *y, const ZT *z, int ldzi, int ldz, const float *w,
                                   const float *rstd, int n, int E, int G)
 {
     MT_DYN_SMEM(double, dred);  /* blockDim */
@@ -2055,13 +2059,17 @@ static __global__ void gate_bwd_k(float *dy, __nv_bfloat16 *dyb, float *dz, __nv
     float *pw = part + (size_t)rb * E;
     for (int row = r0; row < r1; row++) {
         const YT *yr = y + (size_t)row * E;
-        const float *zr = z + (size_t)row * ldz, *d = dout + (size_t)row * E;
+        const ZT *zr = z + (size_t)row * ldzi;
+        const float *d = dout + (size_t)row * E;
         float *dyr = dy + (size_t)row * E;
         const size_t oz = (size_t)row * ldz;
         float rs = rstd[(size_t)row * G + g];
         double m = 0.0;
         for (int c = g * cg + (int)threadIdx.x; c < (g + 1) * cg; c += nt)
-            m += (double)d[c] * w[c] * (mt_ld1(yr + c) * zr[c] * sigmoid_d(zr[c]) * rs);
+        {
+            const float zc = mt_ld1(zr + c);
+            m += (double)d[c] * w[c] * (mt_ld1(yr + c) * zc * sigmoid_d(zc) * rs);
+        }
         m = block_sum(m, dred);
         float mean = (float)(m / cg);
         const int c1 = (g + 1) * cg;   /* GATE_AHEAD columns' loads before their stores, as gate_fwd_k */
@@ -2070,7 +2078,7 @@ static __global__ void gate_bwd_k(float *dy, __nv_bfloat16 *dyb, float *dz, __nv
 #pragma unroll
             for (int u = 0; u < GATE_AHEAD; u++) {
                 const int c = c0 + u * nt, in = c < c1;
-                zv[u] = in ? zr[c] : 0.0f, yv[u] = in ? mt_ld1(yr + c) : 0.0f, dvv[u] = in ? d[c] : 0.0f;
+                zv[u] = in ? mt_ld1(zr + c) : 0.0f, yv[u] = in ? mt_ld1(yr + c) : 0.0f, dvv[u] = in ? d[c] : 0.0f;
                 wv[u] = in ? w[c] : 0.0f, pv[u] = in && row != r0 ? pw[c] : 0.0f;
             }
 #pragma unroll
@@ -2091,31 +2099,50 @@ static __global__ void gate_bwd_k(float *dy, __nv_bfloat16 *dyb, float *dz, __nv
     }
 }
 
+/* gate_fwd_k<YT, ZT> over n G blocks (y, z typed as given) */
+template <typename YT, typename ZT>
+static void gate_fwd_launch(float *out, mt_bf16 *out_b, float *rstd, const YT *y, const ZT *z, int ldz, const float *w,
+                            int n, int E, int G, float eps)
+{
+    unsigned t = pow2_threads(E / G, 256);
+    MT_LAUNCH((gate_fwd_k<YT, ZT>), (unsigned)((size_t)n * G), t, t * sizeof(double))(
+        out, (__nv_bfloat16 *)out_b, rstd, y, z, ldz, w, E, G, eps);
+    MT_CUDA_KCHECK();
+}
+
 extern "C" void mt_cuda_ssm_gate_norm_forward_bf16(void *be, float *out, mt_bf16 *out_b, float *rstd, const float *y,
                                                    const float *z, int ldz, const float *w, int n, int E, int G,
-                                                   float eps, const mt_bf16 *y_b)
+                                                   float eps, const mt_bf16 *y_b, const mt_bf16 *zin_b, int ldz_b)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (n * G == 0) return;
-    unsigned t = pow2_threads(E / G, 256);
-    if (y_b)
-        MT_LAUNCH(gate_fwd_k<__nv_bfloat16>, (unsigned)((size_t)n * G), t, t * sizeof(double))(
-            out, (__nv_bfloat16 *)out_b, rstd, (const __nv_bfloat16 *)y_b, z, ldz, w, E, G, eps);
-    else
-        MT_LAUNCH(gate_fwd_k<float>, (unsigned)((size_t)n * G), t, t * sizeof(double))(
-            out, (__nv_bfloat16 *)out_b, rstd, y, z, ldz, w, E, G, eps);
-    MT_CUDA_KCHECK();
+    const __nv_bfloat16 *yb = (const __nv_bfloat16 *)y_b, *zb = (const __nv_bfloat16 *)zin_b;
+    if (yb && zb) gate_fwd_launch(out, out_b, rstd, yb, zb, ldz_b, w, n, E, G, eps);
+    else if (yb) gate_fwd_launch(out, out_b, rstd, yb, z, ldz, w, n, E, G, eps);
+    else if (zb) gate_fwd_launch(out, out_b, rstd, y, zb, ldz_b, w, n, E, G, eps);
+    else gate_fwd_launch(out, out_b, rstd, y, z, ldz, w, n, E, G, eps);
 }
 
 extern "C" void mt_cuda_ssm_gate_norm_forward(void *be, float *out, float *rstd, const float *y, const float *z, int ldz,
                                               const float *w, int n, int E, int G, float eps)
 {
-    mt_cuda_ssm_gate_norm_forward_bf16(be, out, NULL, rstd, y, z, ldz, w, n, E, G, eps, NULL);
+    mt_cuda_ssm_gate_norm_forward_bf16(be, out, NULL, rstd, y, z, ldz, w, n, E, G, eps, NULL, NULL, 0);
+}
+
+/* gate_bwd_k<YT, ZT> (y, z typed as given; z at row stride ldzi) */
+template <typename YT, typename ZT>
+static void gate_bwd_launch(dim3 grid, unsigned t, float *dy, mt_bf16 *dy_b, float *dz, mt_bf16 *dz_b, float *part,
+                            const float *dout, const YT *y, const ZT *z, int ldzi, int ldz, const float *w,
+                            const float *rstd, int n, int E, int G)
+{
+    MT_LAUNCH((gate_bwd_k<YT, ZT>), grid, t, t * sizeof(double))(dy, (__nv_bfloat16 *)dy_b, dz, (__nv_bfloat16 *)dz_b,
+                                                                 part, dout, y, z, ldzi, ldz, w, rstd, n, E, G);
+    MT_CUDA_KCHECK();
 }
 
 static void gate_backward(float *dy, mt_bf16 *dy_b, float *dz, mt_bf16 *dz_b, float *dw, const float *dout,
                           const float *y, const float *z, int ldz, const float *w, const float *rstd, int n, int E,
-                          int G, const mt_bf16 *y_b = NULL)
+                          int G, const mt_bf16 *y_b = NULL, const mt_bf16 *zin_b = NULL, int ldz_b = 0)
 {
     if (n * G == 0) return;
     unsigned t = pow2_threads(E / G, 256);
@@ -2123,14 +2150,11 @@ static void gate_backward(float *dy, mt_bf16 *dy_b, float *dz, mt_bf16 *dz_b, fl
     float *part = (float *)mt_cuda_workspace((size_t)nrb * E * sizeof(float));
     if (!part) return;
     const dim3 grid((unsigned)nrb, (unsigned)G);
-    if (y_b)
-        MT_LAUNCH(gate_bwd_k<__nv_bfloat16>, grid, t, t * sizeof(double))(
-            dy, (__nv_bfloat16 *)dy_b, dz, (__nv_bfloat16 *)dz_b, part, dout, (const __nv_bfloat16 *)y_b, z, ldz, w,
-            rstd, n, E, G);
-    else
-        MT_LAUNCH(gate_bwd_k<float>, grid, t, t * sizeof(double))(
-            dy, (__nv_bfloat16 *)dy_b, dz, (__nv_bfloat16 *)dz_b, part, dout, y, z, ldz, w, rstd, n, E, G);
-    MT_CUDA_KCHECK();
+    const __nv_bfloat16 *yb = (const __nv_bfloat16 *)y_b, *zb = (const __nv_bfloat16 *)zin_b;
+    if (yb && zb) gate_bwd_launch(grid, t, dy, dy_b, dz, dz_b, part, dout, yb, zb, ldz_b, ldz, w, rstd, n, E, G);
+    else if (yb) gate_bwd_launch(grid, t, dy, dy_b, dz, dz_b, part, dout, yb, z, ldz, ldz, w, rstd, n, E, G);
+    else if (zb) gate_bwd_launch(grid, t, dy, dy_b, dz, dz_b, part, dout, y, zb, ldz_b, ldz, w, rstd, n, E, G);
+    else gate_bwd_launch(grid, t, dy, dy_b, dz, dz_b, part, dout, y, z, ldz, ldz, w, rstd, n, E, G);
     colsum_blocks(dw, part, nrb, E, (size_t)E);
 }
 
@@ -2145,10 +2169,10 @@ extern "C" void mt_cuda_ssm_gate_norm_backward(void *be, float *dy, float *dz, f
 extern "C" void mt_cuda_ssm_gate_norm_backward_bf16(void *be, float *dy, mt_bf16 *dz_b, float *dw, const float *dout,
                                                     const float *y, const float *z, int ldz, const float *w,
                                                     const float *rstd, int n, int E, int G, mt_bf16 *dy_b,
-                                                    const mt_bf16 *y_b)
+                                                    const mt_bf16 *y_b, const mt_bf16 *zin_b, int ldz_b)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
-    gate_backward(dy, dy_b, NULL, dz_b, dw, dout, y, z, ldz, w, rstd, n, E, G, y_b);
+    gate_backward(dy, dy_b, NULL, dz_b, dw, dout, y, z, ldz, w, rstd, n, E, G, y_b, zin_b, ldz_b);
 }
 
 /* ---------------- the gated norm over groups that span ranks ----------------
