@@ -2673,6 +2673,33 @@ static void swiglu_gu_case(struct harness *h, size_t n, int off)
            "%s F=%zu: dg, du in rows ldo apart = the dense call's rows, the gap untouched", cs, F);
 }
 
+/* A (M, K) and B (N, K) random in [-1, 1) on the device, as fp32 and as their bf16
+ * roundings (the gemm_bf16_* cases: fp32 operands rounded in the call, bf16 ones as
+ * stored); B read as (N, K) transposed or, same memory, as (K, N) */
+struct gemm_ops { float *A, *B; uint16_t *AB, *BB; };
+static void gemm_ops_make(struct harness *h, struct gemm_ops *o, int M, int N, int K)
+{
+    float *a = rand_f(h, (size_t)M * K, -1, 1), *b = rand_f(h, (size_t)N * K, -1, 1);
+    uint16_t *ab = (uint16_t *)new_f(h, ((size_t)M * K + 1) / 2), *bb = (uint16_t *)new_f(h, ((size_t)N * K + 1) / 2);
+    for (size_t i = 0; i < (size_t)M * K; i++) ab[i] = gu_b16(a[i]);
+    for (size_t i = 0; i < (size_t)N * K; i++) bb[i] = gu_b16(b[i]);
+    o->A = up_f(h, a, (size_t)M * K), o->B = up_f(h, b, (size_t)N * K);
+    o->AB = dalloc(h, (size_t)M * K * 2), o->BB = dalloc(h, (size_t)N * K * 2);
+    h->ops->copy_from_host(h->ops->be, o->AB, ab, (size_t)M * K * 2);
+    h->ops->copy_from_host(h->ops->be, o->BB, bb, (size_t)N * K * 2);
+}
+/* variant v of 4: bf16 operands (v & 1) or fp32, B transposed (v < 2) or plain */
+struct gemm_var { int bf, tb, ldb; enum mt_elem t; const void *pa, *pb; };
+static struct gemm_var gemm_ops_variant(const struct gemm_ops *o, int v, int N, int K)
+{
+    struct gemm_var g;
+    g.bf = v & 1, g.tb = !(v >> 1), g.ldb = g.tb ? K : N;
+    g.t = g.bf ? MT_ELEM_BF16 : MT_ELEM_F32;
+    g.pa = g.bf ? (const void *)o->AB : (const void *)o->A;
+    g.pb = g.bf ? (const void *)o->BB : (const void *)o->B;
+    return g;
+}
+
 /* gemm_bf16_out (mt_ops.h): C bf16 = bf16(gemm_bf16's fp32 result, beta 0),
  * within one bf16 unit in the last place (an algorithm may sum in another
  * order on a GPU; the cpu and the emulator: 0 elements off); fp32 operands
@@ -2685,22 +2712,14 @@ static void gemm_bf16_out_case(struct harness *h, int M, int N, int K)
     if (!h->ops || !has(h, "gemm_bf16_out", h->ops->gemm_bf16_out != NULL) || !h->ops->gemm_bf16) return;
     char cs[64];
     const int ldc = N + 3;
-    float *a = rand_f(h, (size_t)M * K, -1, 1), *b = rand_f(h, (size_t)N * K, -1, 1);
-    uint16_t *ab = (uint16_t *)new_f(h, ((size_t)M * K + 1) / 2), *bb = (uint16_t *)new_f(h, ((size_t)N * K + 1) / 2);
-    for (size_t i = 0; i < (size_t)M * K; i++) ab[i] = gu_b16(a[i]);
-    for (size_t i = 0; i < (size_t)N * K; i++) bb[i] = gu_b16(b[i]);
-    float *A = up_f(h, a, (size_t)M * K), *B = up_f(h, b, (size_t)N * K);
-    uint16_t *AB = dalloc(h, (size_t)M * K * 2), *BB = dalloc(h, (size_t)N * K * 2);
-    h->ops->copy_from_host(h->ops->be, AB, ab, (size_t)M * K * 2);
-    h->ops->copy_from_host(h->ops->be, BB, bb, (size_t)N * K * 2);
+    struct gemm_ops o;
+    gemm_ops_make(h, &o, M, N, K);
     for (int v = 0; v < 4; v++) {
-        const int bf = v & 1, tb = !(v >> 1), ldb = tb ? K : N;
-        const void *pa = bf ? (const void *)AB : (const void *)A, *pb = bf ? (const void *)BB : (const void *)B;
-        const enum mt_elem t = bf ? MT_ELEM_BF16 : MT_ELEM_F32;
+        const struct gemm_var g = gemm_ops_variant(&o, v, N, K);
         float *C = dalloc(h, (size_t)M * N * 4);
-        h->ops->gemm_bf16(h->ops->be, 0, tb, M, N, K, 0.5f, pa, t, K, pb, t, ldb, 0.0f, C, N);
+        h->ops->gemm_bf16(h->ops->be, 0, g.tb, M, N, K, 0.5f, g.pa, g.t, K, g.pb, g.t, g.ldb, 0.0f, C, N);
         uint16_t *CB = poison_b16(h, (size_t)M * ldc);
-        h->ops->gemm_bf16_out(h->ops->be, 0, tb, M, N, K, 0.5f, pa, t, K, pb, t, ldb, CB, ldc);
+        h->ops->gemm_bf16_out(h->ops->be, 0, g.tb, M, N, K, 0.5f, g.pa, g.t, K, g.pb, g.t, g.ldb, CB, ldc);
         const float *c = down_f(h, C, (size_t)M * N);
         const uint16_t *cb = down_b16(h, CB, (size_t)M * ldc);
         long off1 = 0, pad = 0, inexact = 0;
@@ -2712,7 +2731,7 @@ static void gemm_bf16_out_case(struct harness *h, int M, int N, int K)
             }
             for (int j = N; j < ldc; j++) pad += cb[(size_t)i * ldc + j] != 0xffffu;
         }
-        snprintf(cs, sizeof cs, "M=%d N=%d K=%d %s operands, B%s", M, N, K, bf ? "bf16" : "fp32", tb ? "^T" : "");
+        snprintf(cs, sizeof cs, "M=%d N=%d K=%d %s operands, B%s", M, N, K, g.bf ? "bf16" : "fp32", g.tb ? "^T" : "");
         checkf(h, "gemm_bf16_out", (double)(off1 + pad), 0, "%s: bf16(gemm_bf16) within 1 ulp, ldc padding kept",
                cs);
         /* rounding, not truncation: another summation order moves a rare element by 1 ulp, truncation half of them */
@@ -2731,34 +2750,27 @@ static void gemm_bf16_resid_case(struct harness *h, int M, int N, int K)
     char cs[64];
     const int ldc = N + 3;
     const size_t nc = (size_t)M * ldc;
-    float *a = rand_f(h, (size_t)M * K, -1, 1), *b = rand_f(h, (size_t)N * K, -1, 1), *r = rand_f(h, nc, -2, 2);
-    uint16_t *ab = (uint16_t *)new_f(h, ((size_t)M * K + 1) / 2), *bb = (uint16_t *)new_f(h, ((size_t)N * K + 1) / 2);
-    for (size_t i = 0; i < (size_t)M * K; i++) ab[i] = gu_b16(a[i]);
-    for (size_t i = 0; i < (size_t)N * K; i++) bb[i] = gu_b16(b[i]);
-    float *A = up_f(h, a, (size_t)M * K), *B = up_f(h, b, (size_t)N * K), *R = up_f(h, r, nc);
-    uint16_t *AB = dalloc(h, (size_t)M * K * 2), *BB = dalloc(h, (size_t)N * K * 2);
-    h->ops->copy_from_host(h->ops->be, AB, ab, (size_t)M * K * 2);
-    h->ops->copy_from_host(h->ops->be, BB, bb, (size_t)N * K * 2);
+    float *r = rand_f(h, nc, -2, 2), *R = up_f(h, r, nc);
+    struct gemm_ops o;
+    gemm_ops_make(h, &o, M, N, K);
     for (int v = 0; v < 4; v++) {
-        const int bf = v & 1, tb = !(v >> 1), ldb = tb ? K : N;
-        const void *pa = bf ? (const void *)AB : (const void *)A, *pb = bf ? (const void *)BB : (const void *)B;
-        const enum mt_elem t = bf ? MT_ELEM_BF16 : MT_ELEM_F32;
+        const struct gemm_var g = gemm_ops_variant(&o, v, N, K);
         float *ref = up_f(h, r, nc), *got = up_f(h, nan_f(h, nc), nc), *inp = up_f(h, r, nc);
-        h->ops->gemm_bf16(h->ops->be, 0, tb, M, N, K, 0.5f, pa, t, K, pb, t, ldb, 1.0f, ref, ldc);
-        h->ops->gemm_bf16_resid(h->ops->be, 0, tb, M, N, K, 0.5f, pa, t, K, pb, t, ldb, R, got, ldc);
-        h->ops->gemm_bf16_resid(h->ops->be, 0, tb, M, N, K, 0.5f, pa, t, K, pb, t, ldb, inp, inp, ldc);
-        const float *e = down_f(h, ref, nc), *g = down_f(h, got, nc), *ip = down_f(h, inp, nc);
+        h->ops->gemm_bf16(h->ops->be, 0, g.tb, M, N, K, 0.5f, g.pa, g.t, K, g.pb, g.t, g.ldb, 1.0f, ref, ldc);
+        h->ops->gemm_bf16_resid(h->ops->be, 0, g.tb, M, N, K, 0.5f, g.pa, g.t, K, g.pb, g.t, g.ldb, R, got, ldc);
+        h->ops->gemm_bf16_resid(h->ops->be, 0, g.tb, M, N, K, 0.5f, g.pa, g.t, K, g.pb, g.t, g.ldb, inp, inp, ldc);
+        const float *e = down_f(h, ref, nc), *gv = down_f(h, got, nc), *ip = down_f(h, inp, nc);
         long bad = 0, pad = 0;
         for (int i = 0; i < M; i++) {
-            for (int j = 0; j < N; j++) bad += ndiff(e + (size_t)i * ldc + j, g + (size_t)i * ldc + j, 1);
-            for (int j = N; j < ldc; j++) pad += !isnan(g[(size_t)i * ldc + j]);
+            for (int j = 0; j < N; j++) bad += ndiff(e + (size_t)i * ldc + j, gv + (size_t)i * ldc + j, 1);
+            for (int j = N; j < ldc; j++) pad += !isnan(gv[(size_t)i * ldc + j]);
         }
-        snprintf(cs, sizeof cs, "M=%d N=%d K=%d %s operands, B%s", M, N, K, bf ? "bf16" : "fp32", tb ? "^T" : "");
+        snprintf(cs, sizeof cs, "M=%d N=%d K=%d %s operands, B%s", M, N, K, g.bf ? "bf16" : "fp32", g.tb ? "^T" : "");
         checkf(h, "gemm_bf16_resid", (double)(bad + pad), 0, "%s: == gemm_bf16 beta 1 on R's copy (bits), padding kept",
                cs);
         checkf(h, "gemm_bf16_resid", (double)ndiff(e, ip, nc), 0, "%s: R == C (in place): the same bits", cs);
         float *z = up_f(h, nan_f(h, nc), nc);
-        h->ops->gemm_bf16_resid(h->ops->be, 0, tb, M, N, 0, 0.5f, pa, t, K, pb, t, ldb, R, z, ldc);
+        h->ops->gemm_bf16_resid(h->ops->be, 0, g.tb, M, N, 0, 0.5f, g.pa, g.t, K, g.pb, g.t, g.ldb, R, z, ldc);
         const float *zz = down_f(h, z, nc);
         long zb = 0;
         for (int i = 0; i < M; i++)
