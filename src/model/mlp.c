@@ -214,8 +214,8 @@ static int mlp_gu_bf16(const struct mt_piece_ctx *pc)
 /* resid: NULL, or out = resid + the MLP (down's GEMM reads it: resid_in_gemm; accumulate ignored) */
 static void mlp_forward_gu(const struct mt_ops_i *ops, float *t, float *out, int accumulate, const float *resid,
                            mt_bf16 *gb, mt_bf16 *ub, mt_bf16 *act_b, const float *h, const mt_bf16 *hb,
-                           const struct mt_param *wg, const struct mt_param *wu, const struct mt_param *wd, int n, int D,
-                           int F)
+                           const struct mt_param *wg, const struct mt_param *wu, const struct mt_param *wd, int n,
+                           int D, int F)
 {
     if (n <= 0) return;
     wlinear_forward_bf16_out(ops, gb, h, hb, wg, n, D, F);
