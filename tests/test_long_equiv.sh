@@ -14,7 +14,12 @@
 #    maximum must stay within 10x the floor's (+1e-7);
 #  - once decorrelated (the floor reaches 1e-2 near step 100), single steps
 #    are no longer comparable; the 50-step mean losses must agree with one
-#    rank within max(3 x the floor's own difference, 2e-3) relative.
+#    rank within max(3 x the floor's own difference, 2e-3) relative, the
+#    floor's window difference taken as the larger of two re-associations
+#    (microbatches=2 and 4): one sample of a window mean's noise can be small
+#    by chance (2026-11-28, an AVX-512 host: mb2 7.6e-5, mb4 1.4e-3, mb8 4.0e-3
+#    on steps 50-99, where 2 ranks were 2.2e-3 off, on this build and the
+#    previous one alike).
 # Measured (docs/testing.md): both curves first pass 1e-6 at step 16, 1e-4 at
 # step 59, 1e-2 near step 100; window means within 1.1e-3 (floor 3.1e-3).
 set -u
@@ -28,6 +33,7 @@ COMMON="--peak-flops 1e11 --quiet --data $W/train.bin"
 
 run 1 "$W/r1" $HYB --steps 340 || { bad "one rank: $(tail -2 "$W/r1.log")"; finish; exit 1; }
 run 1 "$W/mb2" $HYB --set microbatches=2 --steps 340 || { bad "floor: $(tail -2 "$W/mb2.log")"; finish; exit 1; }
+run 1 "$W/mb4" $HYB --set microbatches=4 --steps 340 || { bad "floor 2: $(tail -2 "$W/mb4.log")"; finish; exit 1; }
 prev=""
 for s in 100 200 300 340; do
     run 2 "$W/dp2_$s" $HYB --mesh dp=2 --zero 2 --steps $s ${prev:+--resume "$prev"} ||
@@ -42,7 +48,7 @@ python3 - "$W" <<'PY' && ok "340 steps: the 2-rank drift follows the floor's cur
 import json, sys
 W = sys.argv[1]
 ld = lambda d: json.load(open(f"{W}/{d}/receipt.json"))["losses"]
-r1, mb2 = ld("r1"), ld("mb2")
+r1, mb2, mb4 = ld("r1"), ld("mb2"), ld("mb4")
 dp2 = ld("dp2_100") + ld("dp2_200") + ld("dp2_300") + ld("dp2_340")
 assert len(r1) == len(mb2) == len(dp2) == 340, (len(r1), len(mb2), len(dp2))
 rel = lambda a, b: [abs(x - y) / max(abs(x), 1e-30) for x, y in zip(a, b)]
@@ -57,11 +63,12 @@ print("   first step above 1e-6 / 1e-4 / 1e-2: floor %s %s %s, 2 ranks %s %s %s"
     first(c, t) for c in (f, d) for t in (1e-6, 1e-4, 1e-2)))
 for w in range(0, 340, 50):
     m = lambda v: sum(v[w:w + 50]) / len(v[w:w + 50])
-    a, b, c = m(r1), m(mb2), m(dp2)
-    lim = max(3 * abs(b - a) / a, 2e-3)
+    a, c = m(r1), m(dp2)
+    fl = max(abs(m(mb2) - a), abs(m(mb4) - a)) / a   # the floor's window difference: the larger of two samples
+    lim = max(3 * fl, 2e-3)
     good = abs(c - a) / a <= lim
     print("   steps %3d-%3d: mean loss %.5f, 2 ranks %.2e relative (floor %.2e, bound %.2e)%s" % (
-        w, min(w + 50, 340) - 1, a, abs(c - a) / a, abs(b - a) / a, lim, "" if good else ": FAIL"))
+        w, min(w + 50, 340) - 1, a, abs(c - a) / a, fl, lim, "" if good else ": FAIL"))
     ok &= good
 sys.exit(0 if ok else 1)
 PY
