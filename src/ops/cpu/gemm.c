@@ -130,3 +130,16 @@ void mt_cpu_gemm_bf16_out(int transA, int transB, int M, int N, int K, float alp
         for (int j = 0; j < N; j++) C[(size_t)i * (size_t)ldc + j] = mt_cpu_f32_to_bf16(t[(size_t)i * (size_t)N + j]);
     free(t);
 }
+
+/* gemm_bf16_resid (mt_ops.h): its definition, the seed copy C = R, then gemm_bf16
+ * with beta 1 */
+void mt_cpu_gemm_bf16_resid(int transA, int transB, int M, int N, int K, float alpha, const void *A,
+                            enum mt_elem a_type, int lda, const void *B, enum mt_elem b_type, int ldb, const float *R,
+                            float *C, int ldc)
+{
+    if (M <= 0 || N <= 0) return;
+    if (R != C)
+        for (int i = 0; i < M; i++)
+            memcpy(C + (size_t)i * (size_t)ldc, R + (size_t)i * (size_t)ldc, (size_t)N * sizeof(float));
+    mt_cpu_gemm_bf16(transA, transB, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, 1.0f, C, ldc);
+}

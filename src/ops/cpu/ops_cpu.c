@@ -181,22 +181,12 @@ static void p_gemm_bf16_out(void *be, int transA, int transB, int M, int N, int 
     (void)be;
     PROF(MT_OPK_GEMM, mt_cpu_gemm_bf16_out(transA, transB, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, C, ldc));
 }
-/* gemm_bf16_resid (mt_ops.h): its definition, the seed copy then beta 1 */
-static void gemm_bf16_resid(int transA, int transB, int M, int N, int K, float alpha, const void *A,
-                            enum mt_elem a_type, int lda, const void *B, enum mt_elem b_type, int ldb, const float *R,
-                            float *C, int ldc)
-{
-    if (M <= 0 || N <= 0) return;
-    if (R != C)
-        for (int i = 0; i < M; i++) memcpy(C + (size_t)i * (size_t)ldc, R + (size_t)i * (size_t)ldc, (size_t)N * 4);
-    mt_cpu_gemm_bf16(transA, transB, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, 1.0f, C, ldc);
-}
 static void p_gemm_bf16_resid(void *be, int transA, int transB, int M, int N, int K, float alpha, const void *A,
                               enum mt_elem a_type, int lda, const void *B, enum mt_elem b_type, int ldb, const float *R,
                               float *C, int ldc)
 {
     (void)be;
-    PROF(MT_OPK_GEMM, gemm_bf16_resid(transA, transB, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, R, C, ldc));
+    PROF(MT_OPK_GEMM, mt_cpu_gemm_bf16_resid(transA, transB, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, R, C, ldc));
 }
 /* gemm_grouped_rows / gemm_grouped_sum (mt_ops.h): the reference, one
  * gemm_bf16 (or gemm_bf16_out) per non-empty group; offs is host memory here */

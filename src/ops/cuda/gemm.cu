@@ -154,6 +154,12 @@ static inline int align_of(const void *p)
     while (al > 1 && (a & (uintptr_t)(al - 1))) al >>= 1;
     return al;
 }
+/* the alignment declared for cuBLASLt's C and D: the smaller of the two (D = C unless
+ * gemm_bf16_resid reads its R as C) */
+static inline int align_cr(const void *c, const void *r)
+{
+    return align_of(c) < align_of(r) ? align_of(c) : align_of(r);
+}
 
 static void sgemm(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
                   int ldb, float beta, float *C, int ldc)
@@ -407,8 +413,8 @@ static void gemm_bf16(int ta, int tb, int M, int N, int K, float alpha, const vo
             const size_t c_off = (size_t)m0 * (size_t)ldc + n0;
             void *c0 = c_bf16 ? (void *)((__nv_bfloat16 *)C + c_off) : (void *)((float *)C + c_off);
             const void *r0 = R ? (const void *)(R + c_off) : (const void *)c0;
-            const int ac = align_of(c0) < align_of(r0) ? align_of(c0) : align_of(r0);
-            struct mt_cuda_lt_plan *p = plan_get(ta, tb, mm, nn, K, lda_s, ldb_s, ldc, ac, 256, 256, c_bf16);
+            struct mt_cuda_lt_plan *p = plan_get(ta, tb, mm, nn, K, lda_s, ldb_s, ldc, align_cr(c0, r0), 256, 256,
+                                                 c_bf16);
             if (!p) return;  /* descriptor failure recorded */
             if (!p->ok) {
                 if (c_bf16) {   /* sgemm writes fp32 only */
@@ -479,9 +485,8 @@ static void gemm_bf16_call(int transA, int transB, int M, int N, int K, float al
 {
     if (a_type == MT_ELEM_BF16 && b_type == MT_ELEM_BF16) {
         const void *Rc = R ? (const void *)R : (const void *)C;
-        const int ac = align_of(C) < align_of(Rc) ? align_of(C) : align_of(Rc);
-        struct mt_cuda_lt_plan *p = plan_get(transA, transB, M, N, K, lda, ldb, ldc, ac, align_of(A), align_of(B),
-                                             c_bf16);
+        struct mt_cuda_lt_plan *p = plan_get(transA, transB, M, N, K, lda, ldb, ldc, align_cr(C, Rc), align_of(A),
+                                             align_of(B), c_bf16);
         if (!p) return;  /* descriptor failure recorded */
         if (p->ok) {
             mt_cuda_be->info.gemm_bf16_calls++;
