@@ -145,9 +145,16 @@ print("   plan params fp32 %d bf16 %d (+%d, shadows incl. %d experts x %d layers
       % (pa, pb, pb - pa, E, c["pattern"].count("E"), want))
 assert pb - pa == want, (pb - pa, want)
 assert b["memory"]["measured_peak_bytes"]["params"] == pb
+# the routed experts' gate and up stored bf16 (moe.c moe_gu_bf16): eg, eu at 2 bytes an
+# element of (M, Fe), M = N k slots, per E layer; and the plan carves what the run does
+ga, gb = a["distributed"]["moe"]["expert_gate_up"], b["distributed"]["moe"]["expert_gate_up"]
+print("   expert_gate_up fp32 run %s, bf16 run %s; acts plan %d measured %d"
+      % (ga, gb, b["memory"]["plan_bytes"]["acts"], b["memory"]["measured_peak_bytes"]["acts"]))
+assert ga == "fp32" and gb == "bf16", (ga, gb)
+assert b["memory"]["measured_peak_bytes"]["acts"] == b["memory"]["plan_bytes"]["acts"]
 PY
 then
-    ok "MoE bf16 (routed experts on bf16 shadows) follows its fp32 curve; no fallback_reason"
+    ok "MoE bf16 (routed experts on bf16 shadows, gate/up stored bf16) follows its fp32 curve; no fallback_reason"
 else bad "MoE bf16"; fi
 
 # 4a. MoE with the expert sizes on the backend (knob moe_sizes=device: the
@@ -174,6 +181,7 @@ assert h["expert_sizes"] == "host" and "auto on a host-memory backend" in h["exp
 assert d["expert_sizes"] == "device" and r["expert_sizes"] == "device"
 for x in (d, r):   # the histogram counted on the backend (recompute: its routing taken back out)
     assert x["tokens_per_expert_total"] == h["tokens_per_expert_total"], (x["tokens_per_expert_total"], h["tokens_per_expert_total"])
+    assert x["expert_gate_up"] == h["expert_gate_up"] == "bf16", (x["expert_gate_up"], h["expert_gate_up"])
 PY
 then
     ok "MoE bf16 with moe_sizes=device: the host sizes' bits and load histogram (recompute=block, dp=2 ZeRO-3, pp=2 too)"

@@ -9,7 +9,8 @@
 #  3. full training (no LoRA), one rank;
 #  4. precision=bf16 (the routed experts on their bf16 shadows, one
 #     gemm_bf16 per group), one rank and ep=2, and with LoRA on every
-#     target (the frozen experts' shadows, fp32 adapters) on one rank;
+#     target (the frozen experts' shadows, fp32 adapters) on one rank, and
+#     with LoRA on q, v only (frozen experts, their gate/up stored bf16);
 #  5. null experts (n_null_experts=2, top-3): fp32 one rank, bf16 on ep=2;
 #  and each loop run's receipt says moe_grouped=0 from the command line (the
 #  switch was applied), the grouped one the default 1.
@@ -54,6 +55,8 @@ same "full np1" 1 $MOE
 same "bf16 np1" 1 $MOE --set precision=bf16
 same "bf16 ep2" 2 $MOE --set precision=bf16 --mesh ep=2
 same "lora bf16 np1" 1 $MOE $LORA --set precision=bf16
+# bf16 with frozen experts and no expert adapter: gate/up stored bf16 (moe.c moe_gu_bf16), no weight gradient
+same "lora q,v bf16 (frozen experts, gate and up bf16) np1" 1 $MOE --set lora_rank=4 --set lora_targets=q,v --set precision=bf16
 # null experts (SPEC 1e): the groups cover only the real rows [0, e_off[E]); fp32 one rank, bf16 on ep=2
 same "null experts np1" 1 $MOE --set n_null_experts=2 --set top_k=3
 same "null experts bf16 ep2" 2 $MOE --set n_null_experts=2 --set top_k=3 --set precision=bf16 --mesh ep=2

@@ -212,10 +212,10 @@ static int mlp_gu_bf16(const struct mt_piece_ctx *pc)
 }
 
 /* resid: NULL, or out = resid + the MLP (down's GEMM reads it: resid_in_gemm; accumulate ignored) */
-static void mlp_forward_gu(const struct mt_ops_i *ops, float *t, float *out, int accumulate, const float *resid,
-                           mt_bf16 *gb, mt_bf16 *ub, mt_bf16 *act_b, const float *h, const mt_bf16 *hb,
-                           const struct mt_param *wg, const struct mt_param *wu, const struct mt_param *wd, int n,
-                           int D, int F)
+void mlp_forward_gu(const struct mt_ops_i *ops, float *t, float *out, int accumulate, const float *resid,
+                    mt_bf16 *gb, mt_bf16 *ub, mt_bf16 *act_b, const float *h, const mt_bf16 *hb,
+                    const struct mt_param *wg, const struct mt_param *wu, const struct mt_param *wd, int n, int D,
+                    int F)
 {
     if (n <= 0) return;
     wlinear_forward_bf16_out(ops, gb, h, hb, wg, n, D, F);
@@ -227,10 +227,10 @@ static void mlp_forward_gu(const struct mt_ops_i *ops, float *t, float *out, int
 
 /* mlp_backward_b's fused path (act_fused) on the bf16 g, u; dh_b: NULL, or room for dh
  * as bf16 (dh_bf16_room): returns 1 where dh went there (not written), else 0 */
-static int mlp_backward_gu(const struct mt_ops_i *ops, float *dh, int accumulate, mt_bf16 *act_b, float *dact,
-                           float *dg, float *du, const float *dout, const float *h, const mt_bf16 *hb,
-                           const mt_bf16 *gb, const mt_bf16 *ub, struct mt_param *wg, struct mt_param *wu,
-                           struct mt_param *wd, int n, int D, int F, struct mt_dyb *dyb, mt_bf16 *dh_b)
+int mlp_backward_gu(const struct mt_ops_i *ops, float *dh, int accumulate, mt_bf16 *act_b, float *dact, float *dg,
+                    float *du, const float *dout, const float *h, const mt_bf16 *hb, const mt_bf16 *gb,
+                    const mt_bf16 *ub, struct mt_param *wg, struct mt_param *wu, struct mt_param *wd, int n, int D,
+                    int F, struct mt_dyb *dyb, mt_bf16 *dh_b)
 {
     if (n <= 0) return 0;
     MT_ASSERT(act_b && dg && du && wg->bf16 && wu->bf16 && wd->bf16);

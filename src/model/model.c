@@ -995,6 +995,10 @@ void mt_model_moe_load_reset(struct mt_model *m)
 {
     if (m->any_moe) moe_own_load_reset(m->ops, model_own(m, &mt_piece_moe));
 }
+int mt_model_moe_gate_up_bf16(const struct mt_model *m)
+{
+    return m->any_moe ? moe_own_gate_up_bf16(model_own((struct mt_model *)m, &mt_piece_moe)) : 0;
+}
 int mt_model_moe_device_sizes(const struct mt_model *m, const char **why)
 {
     *why = "";

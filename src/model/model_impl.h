@@ -717,6 +717,21 @@ void mlp_backward_redo(const struct mt_ops_i *ops, float *t, float *dt, float *d
                        const float *u, struct mt_param *wg, struct mt_param *wu, struct mt_param *wd, int n, int D,
                        int F, int64_t *redo);
 
+/* the same with gate and up stored bf16 (gb, ub (n, F): their GEMMs' bf16 outputs) and
+ * d act too (mlp.c mlp_gu_bf16; the MoE experts' moe_gu_bf16): no adapter on gate, up or
+ * down, no ReDo. Forward: out = y, or resid + y (resid not NULL: down's GEMM adds it;
+ * accumulate ignored), or out += y. Backward: act_b as mlp_backward_b's fused path, dact,
+ * dg, du scratch (n F floats each; bf16 there); dh_b NULL or room for dh as bf16
+ * (returns 1 where dh went there, not written; else 0) */
+void mlp_forward_gu(const struct mt_ops_i *ops, float *t, float *out, int accumulate, const float *resid,
+                    mt_bf16 *gb, mt_bf16 *ub, mt_bf16 *act_b, const float *h, const mt_bf16 *hb,
+                    const struct mt_param *wg, const struct mt_param *wu, const struct mt_param *wd, int n, int D,
+                    int F);
+int mlp_backward_gu(const struct mt_ops_i *ops, float *dh, int accumulate, mt_bf16 *act_b, float *dact, float *dg,
+                    float *du, const float *dout, const float *h, const mt_bf16 *hb, const mt_bf16 *gb,
+                    const mt_bf16 *ub, struct mt_param *wg, struct mt_param *wu, struct mt_param *wd, int n, int D,
+                    int F, struct mt_dyb *dyb, mt_bf16 *dh_b);
+
 /* moe.c: what the model reads of the MoE piece's own struct (own: its
  * pc->own, model_own): the load histogram (L, E) and its reset, and the aux
  * and z sums of layers [l0, l1) of the last forward, copied to the host in
@@ -724,6 +739,7 @@ void mlp_backward_redo(const struct mt_ops_i *ops, float *t, float *dt, float *d
 const double *moe_own_load(const struct mt_ops_i *ops, void *own);
 void moe_own_load_reset(const struct mt_ops_i *ops, void *own);
 int moe_own_device_sizes(const void *own, const char **why);
+int moe_own_gate_up_bf16(const void *own);   /* the routed experts' gate, up stored bf16 (moe_gu_bf16) */
 const double *moe_own_losses(const struct mt_ops_i *ops, void *own, int l0, int l1);
 /* moe.c: the top-k experts of an MoE layer's state (its ly->state[MT_PIECE_FFN]), (Nm, k) on the backend; for tests. */
 const int32_t *moe_state_topk(const void *state);

@@ -64,7 +64,7 @@ struct moe_state {
     float   *gates;    /* (Nm, k)  renormalised gate weights                        */
     int32_t *pos;      /* (Nm*k)   slot (n,j) -> row of the expert-sorted buffer    */
     int32_t *src_row;  /* (M)      row -> token                                     */
-    float   *eg, *eu;  /* (M, Fe)  expert gate / up pre-activations (sorted rows)   */
+    float   *eg, *eu;  /* (M, Fe)  expert gate / up pre-activations (sorted rows); mt_bf16 where md->gu_bf16 */
     float   *ey;       /* (M, D)   expert outputs before gating (sorted rows)       */
     float   *sgp, *sup;/* (Nm, Fs) shared expert gate / up pre-activations          */
     float   *f_share;  /* (B, Er)  f[s,e]: share of sequence s's T*k slots (no grad) */
@@ -146,6 +146,36 @@ static const mt_bf16 *shared_hb(const struct mt_piece_ctx *pc)
     return pc->tp.tp > 1 && !pc->tp.sp ? pc->nm->hb + (size_t)moe_row0(pc) * (size_t)pc->D : pc->nm->hb;
 }
 
+
+/* One expert's c rows at row o of the sorted (or received) buffers by the dense
+ * MLP's code: the per-expert loop (knob moe_grouped=0), the grouped GEMMs'
+ * reference. gu_bf16: eg, eu hold bf16 (mlp_forward_gu / mlp_backward_gu, the
+ * SwiGLU's twin in the scratch ab; no adapter, no ReDo there). */
+static void expert_loop_forward(const struct mt_piece_ctx *pc, float *y, float *eg, float *eu, const float *x,
+                                const struct mt_param *w, int c, size_t o)
+{
+    const size_t D = (size_t)pc->D, Fe = (size_t)moe_dims(pc)->Fe;
+    if (moe_dims(pc)->gu_bf16)
+        mlp_forward_gu(pc->ops, pc->s_lora, y + o * D, 0, NULL, (mt_bf16 *)eg + o * Fe, (mt_bf16 *)eu + o * Fe,
+                       moe_scr(pc)->ab, x + o * D, NULL, &w[0], &w[1], &w[2], c, (int)D, (int)Fe);
+    else
+        mlp_forward(pc->ops, pc->s_lora, y + o * D, 0, eg + o * Fe, eu + o * Fe, pc->s_act, x + o * D, &w[0], &w[1],
+                    &w[2], c, (int)D, (int)Fe);
+}
+/* ... its backward: dx = d x (overwritten), grads +=; j its local expert (ReDo's scores) */
+static void expert_loop_backward(const struct mt_piece_ctx *pc, float *dx, const float *dy, const float *eg,
+                                 const float *eu, const float *x, struct mt_param *w, int c, size_t o, int j)
+{
+    const size_t D = (size_t)pc->D, Fe = (size_t)moe_dims(pc)->Fe;
+    if (moe_dims(pc)->gu_bf16)
+        mlp_backward_gu(pc->ops, dx + o * D, 0, moe_scr(pc)->ab, pc->s_dact, pc->s_dg, pc->s_du, dy + o * D,
+                        x + o * D, NULL, (const mt_bf16 *)eg + o * Fe, (const mt_bf16 *)eu + o * Fe, &w[0], &w[1],
+                        &w[2], c, (int)D, (int)Fe, NULL, NULL);
+    else
+        mlp_backward_redo(pc->ops, pc->s_lora, pc->s_dlora, dx + o * D, 0, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du,
+                          dy + o * D, x + o * D, eg + o * Fe, eu + o * Fe, &w[0], &w[1], &w[2], c, (int)D, (int)Fe,
+                          pc->redo ? pc->redo + (size_t)j * Fe : NULL);
+}
 /* The experts on host sizes: ey (sorted rows) from xp, after one read of the
  * offsets (the all-to-alls under EP). */
 static enum mt_status experts_host_forward(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, int n)
@@ -155,8 +185,7 @@ static enum mt_status experts_host_forward(struct mt_ctx *ctx, const struct mt_p
     const struct mt_ep_axis *ea = &pc->ep;
     struct mt_moe_scratch *s = moe_scr(pc);
     struct moe_state *st = pc->st;
-    const int D = pc->D, E = md->E, Er = md->E + md->Z, Fe = md->Fe, M = n * md->top_k;
-    float *t = pc->s_lora;
+    const int D = pc->D, E = md->E, Er = md->E + md->Z, M = n * md->top_k;
     /* the layer's one device-to-host copy: the grouped GEMM's and the
      * all-to-all-v's host sizes (int32 on both sides: moe_route's contract) */
     _Static_assert(sizeof(int) == sizeof(int32_t), "e_off is copied as int32");
@@ -170,10 +199,7 @@ static enum mt_status experts_host_forward(struct mt_ctx *ctx, const struct mt_p
         if (grouped) moe_experts_forward(pc, E, st->e_off, 1, E, st->eg, st->eu, st->ey, s->xp);
         for (int e = 0; e < E && !grouped; e++) {
             int r0 = st->e_off[e], c = st->e_off[e + 1] - r0;
-            if (c == 0) continue;
-            const struct mt_param *w = &moe_w(pc)->experts[3 * e];
-            mlp_forward(ops, t, st->ey + (size_t)r0 * D, 0, st->eg + (size_t)r0 * Fe, st->eu + (size_t)r0 * Fe,
-                        pc->s_act, s->xp + (size_t)r0 * D, &w[0], &w[1], &w[2], c, D, Fe);
+            if (c > 0) expert_loop_forward(pc, st->ey, st->eg, st->eu, s->xp, &moe_w(pc)->experts[3 * e], c, r0);
         }
         return MT_OK;
     }
@@ -196,10 +222,7 @@ static enum mt_status experts_host_forward(struct mt_ctx *ctx, const struct mt_p
     for (int src = 0; src < ep && !grouped; src++)
         for (int j = 0; j < Ee; j++) {
             int c = st->r_cnt[src * Ee + j];
-            const struct mt_param *w = &moe_w(pc)->experts[3 * j];
-            if (c > 0)
-                mlp_forward(ops, t, s->ry + o * D, 0, st->eg + o * Fe, st->eu + o * Fe, pc->s_act, st->rx + o * D,
-                            &w[0], &w[1], &w[2], c, D, Fe);
+            if (c > 0) expert_loop_forward(pc, s->ry, st->eg, st->eu, st->rx, &moe_w(pc)->experts[3 * j], c, o);
             o += (size_t)c;
         }
     return epa_alltoallv_rows(ctx, ea, st->ey, s->ry, rcnt, rdis, scnt, sdis, D, s->h_a2a);   /* back to the sources */
@@ -273,12 +296,8 @@ static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx
         if (grouped) moe_experts_backward(pc, E, st->e_off, 1, E, st->eg, st->eu, s->dxp, s->dy, s->xp);
         for (int e = 0; e < E && !grouped; e++) {
             int r0 = st->e_off[e], c = st->e_off[e + 1] - r0;
-            if (c == 0) continue;
-            struct mt_param *w = &moe_w(pc)->experts[3 * e];
-            mlp_backward_redo(ops, t, dt, s->dxp + (size_t)r0 * D, 0, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du,
-                              s->dy + (size_t)r0 * D, s->xp + (size_t)r0 * D, st->eg + (size_t)r0 * Fe,
-                              st->eu + (size_t)r0 * Fe, &w[0], &w[1], &w[2], c, D, Fe,
-                              pc->redo ? pc->redo + (size_t)e * Fe : NULL);
+            if (c > 0)
+                expert_loop_backward(pc, s->dxp, s->dy, st->eg, st->eu, s->xp, &moe_w(pc)->experts[3 * e], c, r0, e);
         }
     } else {
         const int ep = ea->ep, Ee = ea->Ee;
@@ -290,11 +309,9 @@ static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx
         for (int src = 0; src < ep && !grouped; src++)
             for (int j = 0; j < Ee; j++) {
                 int c = st->r_cnt[src * Ee + j];
-                struct mt_param *w = &moe_w(pc)->experts[3 * j];
                 if (c > 0)
-                    mlp_backward_redo(ops, t, dt, s->rdx + o * D, 0, pc->s_act, pc->s_dact, pc->s_dg, pc->s_du,
-                                      s->rdy + o * D, st->rx + o * D, st->eg + o * Fe, st->eu + o * Fe, &w[0], &w[1],
-                                      &w[2], c, D, Fe, pc->redo ? pc->redo + (size_t)j * Fe : NULL);
+                    expert_loop_backward(pc, s->rdx, s->rdy, st->eg, st->eu, st->rx, &moe_w(pc)->experts[3 * j], c,
+                                         o, j);
                 o += (size_t)c;
             }
         MT_CHECK(epa_alltoallv_rows(ctx, ea, s->dxp, s->rdx, rcnt, rdis, scnt, sdis, D, s->h_a2a));
@@ -396,6 +413,34 @@ static int sizes_on_device(const struct mt_ctx *ctx, const struct mt_piece_ctx *
     return no == NULL;
 }
 
+/* The routed experts' gate and up stored bf16 (moe_experts.c), as the dense
+ * MLP's (mlp.c mlp_gu_bf16): their GEMMs write bf16 (gemm_bf16_out /
+ * gemm_grouped_rows' bf16 output: the fp32 accumulator rounded once), the
+ * SwiGLU reads them widened (swiglu_*_bf16_gu), and d act, the down
+ * projection's backward GEMM's output, is stored bf16 too (_gud): 12 bytes a
+ * hidden unit and slot less a step (the GEMMs' stores 4 + 2, the SwiGLU's
+ * reads 4 + 2) and half of eg, eu's saved bytes. Rounding points more than
+ * the fp32 storage, autocast's (a bf16 Linear output). Only where the
+ * experts' fused backward runs every time: no ReDo (it scores the fp32 act),
+ * no adapter on the experts (LoRA's terms read and add fp32); decided once
+ * from the config, so that the carve, the plan and both directions agree.
+ * All three paths run it with the same calls (the device-sized grouped GEMMs,
+ * the host-sized ones, the per-expert loop: mlp_forward_gu / mlp_backward_gu,
+ * whose merged gate/up backward the grouped paths follow). */
+static int moe_gu_bf16(const struct mt_piece_ctx *pc, const struct mt_moe_dims *md, const struct mt_config *cfg)
+{
+    const struct mt_ops_i *o = pc->ops;
+    unsigned mask = 0;
+    char bad[32];
+    if (!pc->bf16 || cfg->redo_every > 0) return 0;
+    if (cfg->lora_rank > 0 &&
+        (mt_config_lora_mask(cfg->lora_targets, &mask, bad, sizeof bad) != 0 || (mask & MT_LORA_EXPERT)))
+        return 0;
+    /* the bf16 scratch (moe_carve_scratch) and the fused backward's entries, then the three new ones */
+    return !o || (o->cast_bf16 && o->swiglu_forward_bf16 && o->swiglu_backward_bf16 && o->swiglu_backward_act_bf16 &&
+                  o->gemm_bf16_out && o->swiglu_forward_bf16_gu && o->swiglu_backward_act_bf16_gud);
+}
+
 /* The block's dims (the rows of a call are its context's: moe_nm, moe_m,
  * moe_row0, moe_experts.h); the test knobs (forced routing, grouped expert
  * GEMMs) are read here, once. */
@@ -411,6 +456,7 @@ static void moe_setup(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const s
     md->force_route = ctx && mt_knob_int(ctx, MT_KNOB_TEST_FORCE_ROUTING) == 1;
     md->grouped = ctx && mt_knob_int(ctx, MT_KNOB_MOE_GROUPED) != 0;   /* the experts' GEMMs grouped (moe_experts.c) */
     md->dev_sizes = sizes_on_device(ctx, pc, md, cfg, md->why_host, sizeof md->why_host);
+    md->gu_bf16 = moe_gu_bf16(pc, md, cfg);
 }
 
 /* the load histogram on the host: one copy of the backend's */
@@ -420,6 +466,11 @@ const double *moe_own_load(const struct mt_ops_i *ops, void *own)
     if (!o || !o->s.load) return NULL;
     ops->copy_to_host(ops->be, o->s.load, o->s.load_d, (size_t)o->d.L * (size_t)(o->d.E + o->d.Z) * sizeof(double));
     return o->s.load;
+}
+
+int moe_own_gate_up_bf16(const void *own)
+{
+    return own ? ((const struct moe_own *)own)->d.gu_bf16 : 0;
 }
 
 int moe_own_device_sizes(const void *own, const char **why)
@@ -488,11 +539,12 @@ static void moe_work(const struct mt_block_shape *sh, int rc, struct mt_work *w)
          * norm: forward reads x, writes h, x_out (3 D; + h's twin 0.5 D with a shared
          *   expert), backward reads dh, x, dx, writes dx (4 D).
          * forward: moe_permute_bf16 reads fp32 h rows, writes bf16 (1.5 k D);
-         *   swiglu_forward_bf16 reads fp32 g, u, writes bf16 act (2.5 k Fe); moe_combine
-         *   reads out, k rows of y, writes out ((2 + k) D).
+         *   swiglu_forward_bf16_gu reads bf16 g, u, writes bf16 act (1.5 k Fe; g, u stored
+         *   bf16 by their GEMMs: moe_gu_bf16); moe_combine reads out, k rows of y, writes
+         *   out ((2 + k) D).
          * backward: moe_combine_backward_bf16 reads dy for the bf16 copies (1 + 0.5 k) D
          *   and dy, y for dgates (1 + k) D; the re-permute (1.5 k D);
-         *   swiglu_backward_act_bf16 reads dact, g, u, writes bf16 act, dg, du (4.5 k Fe);
+         *   swiglu_backward_act_bf16_gud reads bf16 dact, g, u, writes bf16 act, dg, du (3 k Fe);
          *   the fill of dh (D) and moe_permute_backward ((2 + k) D).
          * a shared expert as the dense MLP on fp32 g, u: 2.5 + 4.5 per hidden unit and
          *   its dy rounded once (1.5 D); router softmax, routing, aux and their backward:
@@ -503,8 +555,8 @@ static void moe_work(const struct mt_block_shape *sh, int rc, struct mt_work *w)
         const double tw = plan_norm_twin(sh);
         const double sh_n = s->Fs > 0 ? 0.5 * D : 0.0, sh_e = s->Fs > 0 ? 7.0 * Fs + 1.5 * (1.0 - tw) * D : 0.0;
         w->e[MT_WORK_NORM] += 7.0 * D + 0.5 * tw * D + sh_n + rc * (3.0 * D + sh_n);
-        w->e[MT_WORK_ELEMENTWISE] += 6.5 * k * D + 7.0 * D + 7.0 * k * Fe + sh_e + 8.0 * Er + 8.0 * k +
-                                     rc * (2.5 * k * D + 2.0 * D + 2.5 * k * Fe + 2.5 * Fs + 4.0 * Er + 4.0 * k);
+        w->e[MT_WORK_ELEMENTWISE] += 6.5 * k * D + 7.0 * D + 4.5 * k * Fe + sh_e + 8.0 * Er + 8.0 * k +
+                                     rc * (2.5 * k * D + 2.0 * D + 1.5 * k * Fe + 2.5 * Fs + 4.0 * Er + 4.0 * k);
         return;
     }
     w->e[MT_WORK_NORM] += 5.0 * D + rc * 2.0 * D;
@@ -539,9 +591,10 @@ static void moe_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct
     st->gates = carve_f(c, A, Nm * k);
     st->pos = carve_i(c, A, Nm * k);
     st->src_row = carve_i(c, A, M);
+    const size_t ebytes = md->gu_bf16 ? sizeof(mt_bf16) : sizeof(float);   /* eg, eu: bf16 where gu_bf16 */
     if (ep == 1) {
-        st->eg = carve_f(c, A, M * Fe);
-        st->eu = carve_f(c, A, M * Fe);
+        st->eg = carve(c, A, M * Fe * ebytes);
+        st->eu = carve(c, A, M * Fe * ebytes);
     }
     st->ey = carve_f(c, A, M * D);
     if (md->Fs > 0) {
@@ -555,8 +608,8 @@ static void moe_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct
         size_t cap = ep * M;
         st->r_cnt = carve(c, O, ep * (size_t)pc->ep.Ee * sizeof(int));
         st->rx = carve_f(c, A, cap * D);
-        st->eg = carve_f(c, A, cap * Fe);   /* expert activations live on the receiving side */
-        st->eu = carve_f(c, A, cap * Fe);
+        st->eg = carve(c, A, cap * Fe * ebytes);   /* expert activations live on the receiving side */
+        st->eu = carve(c, A, cap * Fe * ebytes);
     }
 }
 

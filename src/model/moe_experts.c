@@ -350,7 +350,7 @@ void moe_experts_forward(const struct mt_piece_ctx *pc, int n_groups, const int 
                          float *eu, float *y, const float *x)
 {
     const struct mt_ops_i *ops = pc->ops;
-    const int D = pc->D, Fe = moe_dims(pc)->Fe;
+    const int D = pc->D, Fe = moe_dims(pc)->Fe, gu = moe_dims(pc)->gu_bf16;
     struct group_set s;
     size_t row = 0;
     int ND[GROUP_CHUNK], NF[GROUP_CHUNK];   /* every group's D and Fe; its rows are s.rows */
@@ -366,15 +366,27 @@ void moe_experts_forward(const struct mt_piece_ctx *pc, int n_groups, const int 
         const struct mt_moe_scratch *bs = bf16_scratch(pc, &s);
         for (int i = 0; i < s.n; i++)
             for (int p = 0; p < 3; p++) W[p][i] = &s.w[i][p];
-        const mt_bf16 *const *xb = rows_of(ab, bs ? round_rows(ops, bs->xb, x, &s, D) : NULL, &s, D);
-        for (int i = 0; i < s.n; i++) a[i] = x + s.r0[i] * D;
-        for (int i = 0; i < s.n; i++) { b[i] = s.w[i][0].data; c[i] = eg + s.r0[i] * Fe; }
-        grouped_t(ops, 0, 1, s.n, Mr, NF, ND, 1.0f, a, xb, D, b, NULL, D, 0.0f, c, Fe, W[0], 1);   /* gate */
-        adapter_fwd(pc, &s, 0, x, D, eg, Fe);
-        for (int i = 0; i < s.n; i++) { b[i] = s.w[i][1].data; c[i] = eu + s.r0[i] * Fe; }
-        grouped_t(ops, 0, 1, s.n, Mr, NF, ND, 1.0f, a, xb, D, b, NULL, D, 0.0f, c, Fe, W[1], 1);   /* up */
-        adapter_fwd(pc, &s, 1, x, D, eu, Fe);
-        swiglu_groups(pc, &s, bs ? bs->ab : NULL, eg, eu, Fe);
+        const mt_bf16 *xr = bs ? round_rows(ops, bs->xb, x, &s, D) : NULL;
+        if (gu) {   /* gate, up as bf16 (no adapters here), then act's twin from them */
+            MT_ASSERT(xr);
+            for (int i = 0; i < s.n; i++) {   /* mlp_forward_gu's calls, a group at a time */
+                const size_t o = s.r0[i] * (size_t)Fe;
+                mt_bf16 *gb = (mt_bf16 *)eg + o, *ub = (mt_bf16 *)eu + o;
+                wlinear_forward_bf16_out(ops, gb, NULL, xr + s.r0[i] * D, &s.w[i][0], s.rows[i], D, Fe);
+                wlinear_forward_bf16_out(ops, ub, NULL, xr + s.r0[i] * D, &s.w[i][1], s.rows[i], D, Fe);
+                ops->swiglu_forward_bf16_gu(ops->be, bs->ab + o, gb, ub, (size_t)s.rows[i] * Fe);
+            }
+        } else {
+            const mt_bf16 *const *xb = rows_of(ab, xr, &s, D);
+            for (int i = 0; i < s.n; i++) a[i] = x + s.r0[i] * D;
+            for (int i = 0; i < s.n; i++) { b[i] = s.w[i][0].data; c[i] = eg + s.r0[i] * Fe; }
+            grouped_t(ops, 0, 1, s.n, Mr, NF, ND, 1.0f, a, xb, D, b, NULL, D, 0.0f, c, Fe, W[0], 1);   /* gate */
+            adapter_fwd(pc, &s, 0, x, D, eg, Fe);
+            for (int i = 0; i < s.n; i++) { b[i] = s.w[i][1].data; c[i] = eu + s.r0[i] * Fe; }
+            grouped_t(ops, 0, 1, s.n, Mr, NF, ND, 1.0f, a, xb, D, b, NULL, D, 0.0f, c, Fe, W[1], 1);   /* up */
+            adapter_fwd(pc, &s, 1, x, D, eu, Fe);
+            swiglu_groups(pc, &s, bs ? bs->ab : NULL, eg, eu, Fe);
+        }
         for (int i = 0; i < s.n; i++) {
             a[i] = pc->s_act + s.r0[i] * Fe;
             b[i] = s.w[i][2].data;
@@ -390,7 +402,7 @@ void moe_experts_backward(const struct mt_piece_ctx *pc, int n_groups, const int
                           const float *eg, const float *eu, float *dx, const float *dy, const float *x)
 {
     const struct mt_ops_i *ops = pc->ops;
-    const int D = pc->D, Fe = moe_dims(pc)->Fe;
+    const int D = pc->D, Fe = moe_dims(pc)->Fe, gu = moe_dims(pc)->gu_bf16;
     struct group_set s;
     size_t row = 0;
     int ND[GROUP_CHUNK], NF[GROUP_CHUNK];   /* every group's D and Fe; its rows are s.rows */
@@ -409,6 +421,7 @@ void moe_experts_backward(const struct mt_piece_ctx *pc, int n_groups, const int
         /* direct: dg, du as bf16 only; fused: act's twin with them, in one pass (see the top) */
         const int direct = bs && ops->swiglu_backward_bf16 && !gate_up_adapted(&s);
         const int fused = direct && ops->swiglu_backward_act_bf16 && !act_fp32_read(pc, &s);
+        MT_ASSERT(!gu || fused);   /* moe_gu_bf16's conditions */
         if (!fused) swiglu_groups(pc, &s, bs ? bs->ab : NULL, eg, eu, Fe);
         /* ReDo: each group's activations into its local expert's score accumulators */
         for (int i = 0; i < s.n && pc->redo; i++)
@@ -418,21 +431,34 @@ void moe_experts_backward(const struct mt_piece_ctx *pc, int n_groups, const int
          * dact (rows, Fe) = dy Wd (+ the adapter's path) */
         const mt_bf16 *dyb = bs ? round_rows(ops, bs->db, dy, &s, D) : NULL;
         if (!fused) weight_grad(pc, &s, 2, dy, dyb, D, pc->s_act, bs ? bs->ab : NULL, Fe);
-        for (int i = 0; i < s.n; i++) {
-            a[i] = dy + s.r0[i] * D;
-            b[i] = s.w[i][2].data;
-            c[i] = pc->s_dact + s.r0[i] * Fe;
+        mt_bf16 *dab = gu ? (mt_bf16 *)pc->s_dact : NULL;   /* gu: d act stored bf16 */
+        if (gu) {
+            for (int i = 0; i < s.n; i++)
+                wlinear_backward_dx_bf16_out(ops, dab + s.r0[i] * Fe, NULL, dyb + s.r0[i] * D, &s.w[i][2], s.rows[i],
+                                             Fe, D);
+        } else {
+            for (int i = 0; i < s.n; i++) {
+                a[i] = dy + s.r0[i] * D;
+                b[i] = s.w[i][2].data;
+                c[i] = pc->s_dact + s.r0[i] * Fe;
+            }
+            grouped_t(ops, 0, 0, s.n, Mr, NF, ND, 1.0f, a, rows_of(ab, dyb, &s, D), D, b, NULL, Fe, 0.0f, c, Fe, W[2],
+                      1);
+            adapter_bwd(pc, &s, 2, pc->s_act, Fe, dy, D, pc->s_dact);
         }
-        grouped_t(ops, 0, 0, s.n, Mr, NF, ND, 1.0f, a, rows_of(ab, dyb, &s, D), D, b, NULL, Fe, 0.0f, c, Fe, W[2], 1);
-        adapter_bwd(pc, &s, 2, pc->s_act, Fe, dy, D, pc->s_dact);
         /* direct: dg into db (dy's copy, read above), du into ab (act's, read by dWd above);
          * fused: act's twin into ab, dg, du into s_dg, s_du as bf16 (db is dWd's yet).
          * One call per group as swiglu_backward (the cpu's chunks: its bits) */
         mt_bf16 *dgb = direct ? (fused ? (mt_bf16 *)pc->s_dg : bs->db) : NULL;
         mt_bf16 *dub = direct ? (fused ? (mt_bf16 *)pc->s_du : bs->ab) : NULL;
+        if (gu) dub = dgb + Fe;   /* gu: a row dg | du in s_dg (rows 2 Fe apart), mlp_backward_gu's operand */
         for (int i = 0; i < s.n; i++) {
             const size_t o = s.r0[i] * Fe, m = (size_t)s.rows[i] * Fe;
-            if (fused)
+            if (gu)
+                ops->swiglu_backward_act_bf16_gud(ops->be, bs->ab + o, dgb + 2 * o, dub + 2 * o, dab + o,
+                                                  (const mt_bf16 *)eg + o, (const mt_bf16 *)eu + o, m, (size_t)Fe,
+                                                  2 * (size_t)Fe);
+            else if (fused)
                 ops->swiglu_backward_act_bf16(ops->be, bs->ab + o, dgb + o, dub + o, pc->s_dact + o, eg + o, eu + o, m);
             else if (direct) ops->swiglu_backward_bf16(ops->be, dgb + o, dub + o, pc->s_dact + o, eg + o, eu + o, m);
             else ops->swiglu_backward(ops->be, pc->s_dg + o, pc->s_du + o, pc->s_dact + o, eg + o, eu + o, m);
@@ -441,7 +467,12 @@ void moe_experts_backward(const struct mt_piece_ctx *pc, int n_groups, const int
         /* gate then up: dW (Fe, D) += d^T x; dx (rows, D) = dg Wg, then += du Wu (each + its adapter's path);
          * bf16: x rounded once for both; d (dg, then du) into db where dy was, unless direct */
         const mt_bf16 *xb = bs ? round_rows(ops, bs->xb, x, &s, D) : NULL;
-        for (int p = 0; p < 2; p++) {
+        for (int i = 0; i < s.n && gu; i++) {   /* gate and up together, as mlp_backward_gu: proj_bwd_rows */
+            struct mt_param *w2[2] = {&s.w[i][0], &s.w[i][1]};
+            proj_bwd_rows(ops, dx + s.r0[i] * D, 0.0f, w2, 2, dgb + 2 * s.r0[i] * Fe, MT_ELEM_BF16, 2 * Fe,
+                          x + s.r0[i] * D, xb + s.r0[i] * D, s.rows[i], D, NULL);
+        }
+        for (int p = 0; p < 2 && !gu; p++) {
             float *d = direct ? NULL : p == 0 ? pc->s_dg : pc->s_du;
             const mt_bf16 *db = direct ? (p == 0 ? dgb : dub) : bs ? round_rows(ops, bs->db, d, &s, Fe) : NULL;
             weight_grad(pc, &s, p, d, db, Fe, x, xb, D);
@@ -499,11 +530,14 @@ void moe_experts_forward_dev(const struct mt_piece_ctx *pc, const int32_t *offs,
     const struct mt_moe_scratch *bs = moe_scr(pc);
     const int D = pc->D, Fe = moe_dims(pc)->Fe, E = moe_dims(pc)->E;
     const mt_bf16 *w[MT_GROUPED_DEV_MAX];
+    const int gu = moe_dims(pc)->gu_bf16;
+    const enum mt_elem et = gu ? MT_ELEM_BF16 : MT_ELEM_F32;   /* gu: g, u stored bf16 */
     shadows(pc, 0, w);
-    ops->gemm_grouped_rows(ops->be, E, offs, M, Fe, D, 1, 1.0f, bs->xb, D, w, D, 0.0f, eg, MT_ELEM_F32, Fe);
+    ops->gemm_grouped_rows(ops->be, E, offs, M, Fe, D, 1, 1.0f, bs->xb, D, w, D, 0.0f, eg, et, Fe);
     shadows(pc, 1, w);
-    ops->gemm_grouped_rows(ops->be, E, offs, M, Fe, D, 1, 1.0f, bs->xb, D, w, D, 0.0f, eu, MT_ELEM_F32, Fe);
-    ops->swiglu_forward_bf16(ops->be, NULL, bs->ab, eg, eu, (size_t)M * (size_t)Fe);
+    ops->gemm_grouped_rows(ops->be, E, offs, M, Fe, D, 1, 1.0f, bs->xb, D, w, D, 0.0f, eu, et, Fe);
+    if (gu) ops->swiglu_forward_bf16_gu(ops->be, bs->ab, (const mt_bf16 *)eg, (const mt_bf16 *)eu, (size_t)M * Fe);
+    else ops->swiglu_forward_bf16(ops->be, NULL, bs->ab, eg, eu, (size_t)M * (size_t)Fe);
     shadows(pc, 2, w);
     ops->gemm_grouped_rows(ops->be, E, offs, M, D, Fe, 1, 1.0f, bs->ab, Fe, w, Fe, 0.0f, y, MT_ELEM_F32, D);
 }
@@ -523,6 +557,35 @@ static float grads(const struct mt_piece_ctx *pc, int p, float **g)
     return grad_beta_all(w, E);
 }
 
+/* every expert's gate and up as proj_bwd_rows sees them: their shadows back to back
+ * (params_whole: one (2 Fe, D) operand) -> *w; their gradients (grads_whole) -> *g */
+static void gate_up_whole(const struct mt_piece_ctx *pc, int *w, int *g)
+{
+    const int E = moe_dims(pc)->E, Fe = moe_dims(pc)->Fe;
+    *w = *g = 1;
+    for (int e = 0; e < E; e++) {
+        struct mt_param *w2[2] = {&moe_w(pc)->experts[3 * e], &moe_w(pc)->experts[3 * e + 1]};
+        enum mt_elem t;
+        const void *W = params_whole(w2, 2, 2 * (int64_t)Fe, &t);
+        *w &= W != NULL && t == MT_ELEM_BF16;
+        *g &= grads_whole(w2, 2) != NULL;
+    }
+}
+
+/* each expert's gate gradient, the start of its (gate, up) pair (gate_up_whole), and the
+ * beta of the one call that writes them all (grad_beta_all over the 2 E gradients) */
+static float gate_up_grads(const struct mt_piece_ctx *pc, float **g)
+{
+    const int E = moe_dims(pc)->E;
+    struct mt_param *w[2 * MT_GROUPED_DEV_MAX];
+    for (int e = 0; e < E; e++) {
+        w[2 * e] = &moe_w(pc)->experts[3 * e];
+        w[2 * e + 1] = &moe_w(pc)->experts[3 * e + 1];
+        g[e] = w[2 * e]->grad;
+    }
+    return grad_beta_all(w, 2 * E);
+}
+
 void moe_experts_backward_dev(const struct mt_piece_ctx *pc, const int32_t *offs, int M, const float *eg,
                               const float *eu, float *dx)
 {
@@ -535,17 +598,42 @@ void moe_experts_backward_dev(const struct mt_piece_ctx *pc, const int32_t *offs
     mt_bf16 *dgb = (mt_bf16 *)pc->s_dg, *dub = (mt_bf16 *)pc->s_du;
     /* down: dact = dy Wd; then act's twin, dg, du in one pass; dWd += dy^T act */
     shadows(pc, 2, w);
-    ops->gemm_grouped_rows(ops->be, E, offs, M, Fe, D, 0, 1.0f, bs->db, D, w, Fe, 0.0f, pc->s_dact, MT_ELEM_F32, Fe);
-    ops->swiglu_backward_act_bf16(ops->be, bs->ab, dgb, dub, pc->s_dact, eg, eu, MF);
+    if (moe_dims(pc)->gu_bf16) {   /* g, u and d act stored bf16; dg | du in s_dg */
+        mt_bf16 *dab = (mt_bf16 *)pc->s_dact;
+        ops->gemm_grouped_rows(ops->be, E, offs, M, Fe, D, 0, 1.0f, bs->db, D, w, Fe, 0.0f, dab, MT_ELEM_BF16, Fe);
+        ops->swiglu_backward_act_bf16_gud(ops->be, bs->ab, dgb, dgb + Fe, dab, (const mt_bf16 *)eg,
+                                          (const mt_bf16 *)eu, MF, (size_t)Fe, 2 * (size_t)Fe);
+    } else {
+        ops->gemm_grouped_rows(ops->be, E, offs, M, Fe, D, 0, 1.0f, bs->db, D, w, Fe, 0.0f, pc->s_dact, MT_ELEM_F32,
+                               Fe);
+        ops->swiglu_backward_act_bf16(ops->be, bs->ab, dgb, dub, pc->s_dact, eg, eu, MF);
+    }
     float beta = grads(pc, 2, g);
     ops->gemm_grouped_sum(ops->be, E, offs, D, Fe, 1.0f, bs->db, D, bs->ab, Fe, beta, g, Fe);
-    /* gate, then up: dW (Fe, D) += d^T x; dx = dg Wg, then += du Wu */
+    /* gate, then up: dW (Fe, D) += d^T x; dx = dg Wg, then += du Wu; gu: dg | du one operand
+     * (rows 2 Fe apart), and each of dW, dx one call for both where every expert's gate and
+     * up lie back to back (gate_up_whole: proj_bwd_rows' calls, the host path's bits) */
+    const int gu = moe_dims(pc)->gu_bf16, ld = gu ? 2 * Fe : Fe;
+    int whole_w = 0, whole_g = 0;
+    if (gu) gate_up_whole(pc, &whole_w, &whole_g);
+    if (whole_g) {
+        beta = gate_up_grads(pc, g);
+        ops->gemm_grouped_sum(ops->be, E, offs, 2 * Fe, D, 1.0f, dgb, ld, bs->xb, D, beta, g, D);
+    }
+    if (whole_w) {
+        shadows(pc, 0, w);
+        ops->gemm_grouped_rows(ops->be, E, offs, M, D, 2 * Fe, 0, 1.0f, dgb, ld, w, D, 0.0f, dx, MT_ELEM_F32, D);
+    }
     for (int p = 0; p < 2; p++) {
-        const mt_bf16 *d = p == 0 ? dgb : dub;
-        beta = grads(pc, p, g);
-        ops->gemm_grouped_sum(ops->be, E, offs, Fe, D, 1.0f, d, Fe, bs->xb, D, beta, g, D);
-        shadows(pc, p, w);
-        ops->gemm_grouped_rows(ops->be, E, offs, M, D, Fe, 0, 1.0f, d, Fe, w, D, p == 0 ? 0.0f : 1.0f, dx,
-                               MT_ELEM_F32, D);
+        const mt_bf16 *d = p == 0 ? dgb : gu ? dgb + Fe : dub;
+        if (!whole_g) {
+            beta = grads(pc, p, g);
+            ops->gemm_grouped_sum(ops->be, E, offs, Fe, D, 1.0f, d, ld, bs->xb, D, beta, g, D);
+        }
+        if (!whole_w) {
+            shadows(pc, p, w);
+            ops->gemm_grouped_rows(ops->be, E, offs, M, D, Fe, 0, 1.0f, d, ld, w, D, p == 0 ? 0.0f : 1.0f, dx,
+                                   MT_ELEM_F32, D);
+        }
     }
 }

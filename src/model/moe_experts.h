@@ -7,7 +7,8 @@
  * SwiGLU scratch and the (ep*M, r) LoRA scratch are used at each group's own
  * rows. moe.c runs them when pc->moe.grouped (knob moe_grouped), else its
  * per-expert mlp_forward / mlp_backward loop: the same bits on the cpu table,
- * with or without LoRA.
+ * with or without LoRA. Where md->gu_bf16, eg and eu hold mt_bf16 elements
+ * (the GEMMs' bf16 outputs; moe.c carves half the bytes), not floats.
  */
 #ifndef MT_MOE_EXPERTS_H
 #define MT_MOE_EXPERTS_H
@@ -54,6 +55,7 @@ struct mt_moe_dims {             /* what an E block's ffn needs beyond the share
     int   force_route;               /* test hook test_force_routing                      */
     int   grouped;                   /* knob moe_grouped: grouped expert GEMMs            */
     int   dev_sizes;                 /* knob moe_sizes: the expert counts stay on the backend  */
+    int   gu_bf16;                   /* gate, up (eg, eu) and d act stored bf16 (moe.c moe_gu_bf16) */
     char  why_host[160];             /* why not dev_sizes ("" when it is)                  */
 };
 

@@ -182,6 +182,9 @@ void mt_model_moe_load_reset(struct mt_model *m);
  * backend (no host read in the step), 0 = read on the host once a layer,
  * with *why the reason; 1 for a model without MoE layers (why ""). */
 int mt_model_moe_device_sizes(const struct mt_model *m, const char **why);
+/* 1 when the routed experts' gate and up (and d act) are stored bf16 (precision=bf16,
+ * no ReDo, no adapter on the experts: moe.c moe_gu_bf16), else 0 */
+int mt_model_moe_gate_up_bf16(const struct mt_model *m);
 enum mt_status mt_model_create_par(struct mt_ctx *ctx, const struct mt_ops_i *ops, const struct mt_config *cfg,
                                    int B, int flags, const struct mt_model_par *par, struct mt_model **out);
 void mt_model_plan_bytes_par(const struct mt_config *cfg, int B, int flags, const struct mt_model_par *par,

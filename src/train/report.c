@@ -392,6 +392,8 @@ static void dist_moe(cJSON *d, const struct run_state *rs, int steps)
                             dev ? "the expert counts stayed on the backend: grouped bf16 GEMMs read the offsets "
                                   "there (no device-to-host copy in an MoE layer)"
                                 : why);
+    /* the routed experts' gate and up activations (and d act) as stored: bf16 GEMM outputs or fp32 */
+    cJSON_AddStringToObject(mo, "expert_gate_up", mt_model_moe_gate_up_bf16(rs->model) ? "bf16" : "fp32");
     cJSON *hist = cJSON_AddArrayToObject(mo, "tokens_per_expert_total");
     for (int l = 0; l < cfg->n_layer; l++) {
         if (!mt_blocks_layer_routed(cfg, l)) continue;
