@@ -351,14 +351,14 @@ static void scan_fn(const void *arg)
         g_ops->ssm_scan_forward_bf16(g_ops->be, c->states ? NULL : c->y, c->x, s->h * s->p, c->Bm, c->Cm, c->dt,
                                      c->lam, c->A, c->Dsk,
                                      s->b, s->t, s->h, s->p, s->n, s->q, c->states, c->Bb, c->Cb,
-                                     c->states ? (mt_bf16 *)c->y : NULL);   /* y as bf16 only, as training */
+                                     c->states ? (mt_bf16 *)c->y : NULL, NULL, 0);   /* y as bf16 only, as training */
     else if (c->fwd)
         g_ops->ssm_scan_forward(g_ops->be, c->y, c->x, c->Bm, c->Cm, c->dt, c->lam, c->A, c->Dsk, s->b, s->t, s->h,
                                 s->p, s->n, s->q);
     else if (c->bf16)
         g_ops->ssm_scan_backward_bf16(g_ops->be, c->dx, c->dBm, c->dCm, c->ddt, c->dlam, c->dA, c->dDsk, c->dy, c->x,
                                       s->h * s->p, c->Bm, c->Cm, c->dt, c->lam, c->A, c->Dsk, s->b, s->t, s->h, s->p, s->n, s->q,
-                                      c->states, NULL, c->Bb, c->Cb, c->Yb);
+                                      c->states, NULL, c->Bb, c->Cb, c->Yb, NULL, 0);
     else
         g_ops->ssm_scan_backward(g_ops->be, c->dx, c->dBm, c->dCm, c->ddt, c->dlam, c->dA, c->dDsk, c->dy, c->x,
                                  c->Bm, c->Cm, c->dt, c->lam, c->A, c->Dsk, s->b, s->t, s->h, s->p, s->n, s->q);

@@ -443,7 +443,7 @@ static void test_bf16_dxb(const struct inputs *in, int chunk, const struct dev *
     g_ops->copy_from_host(g_ops->be, xw, hw, wide * sizeof(float));
     g_ops->ssm_scan_backward_bf16(g_ops->be, NULL, g[1], g[2], g[3], g[4], g[5], g[6], d->R, xw + off, ld, d->Bm,
                                   d->Cm, d->dt, d->lam, d->A, d->D, in->B, in->T, H, in->P, in->N, chunk, NULL,
-                                  bw + off, NULL, NULL, NULL);
+                                  bw + off, NULL, NULL, NULL, NULL, 0);
     uint16_t *bh = bf16_to_host(bw, wide);
     float *d1 = to_host(g1[0], nx(in));
     size_t bad = 0, touched = 0;
@@ -501,10 +501,10 @@ static void test_bf16_twins(const struct inputs *in, int chunk, const struct dev
         float *st = k != 2 ? dev_zero(nst) : NULL, *y = dev_zero(nx(in)), *g[7];
         for (int j = 0; j < 7; j++) g[j] = dev_zero(len[j]);
         g_ops->ssm_scan_forward_bf16(g_ops->be, y, d->x, H * in->P, Bm, Cm, d->dt, d->lam, d->A, d->D, in->B,
-                                     in->T, H, in->P, in->N, chunk, st, tb, tc, NULL);
+                                     in->T, H, in->P, in->N, chunk, st, tb, tc, NULL, NULL, 0);
         g_ops->ssm_scan_backward_bf16(g_ops->be, g[0], g[1], g[2], g[3], g[4], g[5], g[6], d->R, d->x, H * in->P,
                                       Bm, Cm, d->dt, d->lam, d->A, d->D, in->B, in->T, H, in->P, in->N, chunk,
-                                      st, NULL, tb, tc, ty);
+                                      st, NULL, tb, tc, ty, NULL, 0);
         for (int j = -1; j < 7; j++) {
             const size_t m = j < 0 ? nx(in) : len[j];
             float *a = to_host(j < 0 ? y : g[j], m), *b = to_host(j < 0 ? y1 : g1[j], m);
@@ -525,6 +525,61 @@ static void test_bf16_twins(const struct inputs *in, int chunk, const struct dev
     check(moved, "scan_*_bf16 twins read (bf16(2B), bf16(2C), bf16(2dy): y, dx, dB, dC move)", tag, moved ? 0.0 : 1.0,
           0);
     check(moved_dy, "scan_backward_bf16 dy's twin read (bf16(2dy): dx, dB, dC move)", tag, moved_dy ? 0.0 : 1.0, 0);
+}
+
+/* x_b, ldx_b (x stored bf16, mt_ops.h: the mixer's in-projection writes its x block
+ * so): given x_b in wide bf16 rows (x NULL; offset 1: unaligned rows, the scalar
+ * staging; else 8: the 16-byte moves), y and every gradient are the bits of the run
+ * on the fp32 x = bf16(x) widened: the products stage the same values, and the fp32
+ * terms (D x in y, dD's dy . x) read the widened x. States not kept, so the
+ * backward's recompute of S_in reads x_b too. */
+static void test_bf16_xb(const struct inputs *in, int chunk, const struct dev *d, int small)
+{
+    char tag[64];
+    snprintf(tag, sizeof tag, "T=%d P=%d N=%d chunk=%d", in->T, in->P, in->N, chunk);
+    const int H = in->H, E = H * in->P, off = small ? 1 : 8, ld = off + E + (small ? 3 : 8);
+    const size_t n = (size_t)in->B * in->T, wide = n * (size_t)ld;
+    float *xh = to_host(d->x, nx(in));
+    uint16_t *bh = malloc(wide * sizeof(uint16_t));
+    if (!bh) { fprintf(stderr, "test_ssm: out of memory\n"); exit(1); }
+    for (size_t i = 0; i < wide; i++) bh[i] = BF16_SENTINEL;
+    for (size_t r = 0; r < n; r++)
+        for (int c = 0; c < E; c++) {
+            const uint16_t b = ref_bf16(xh[r * E + c]);
+            const uint32_t u = (uint32_t)b << 16;
+            bh[r * ld + off + c] = b;
+            memcpy(&xh[r * E + c], &u, sizeof u);   /* the fp32 run's x: bf16(x) widened */
+        }
+    float *xr = dev_zero(nx(in));
+    mt_bf16 *xb = dev_bf16(wide, 0);
+    g_ops->copy_from_host(g_ops->be, xr, xh, nx(in) * sizeof(float));
+    g_ops->copy_from_host(g_ops->be, xb, bh, wide * sizeof(uint16_t));
+    size_t len[] = {nx(in), nb(in), nb(in), nd(in), nd(in), (size_t)H, (size_t)H};
+    float *y[2], *g[2][7];
+    for (int run = 0; run < 2; run++) {   /* 0: fp32 x = bf16(x); 1: x_b */
+        y[run] = dev_zero(nx(in));
+        for (int k = 0; k < 7; k++) g[run][k] = dev_zero(len[k]);
+        const float *x = run ? NULL : xr;
+        const mt_bf16 *x_b = run ? xb + off : NULL;
+        g_ops->ssm_scan_forward_bf16(g_ops->be, y[run], x, E, d->Bm, d->Cm, d->dt, d->lam, d->A, d->D, in->B, in->T,
+                                     H, in->P, in->N, chunk, NULL, NULL, NULL, NULL, x_b, ld);
+        g_ops->ssm_scan_backward_bf16(g_ops->be, g[run][0], g[run][1], g[run][2], g[run][3], g[run][4], g[run][5],
+                                      g[run][6], d->R, x, E, d->Bm, d->Cm, d->dt, d->lam, d->A, d->D, in->B, in->T,
+                                      H, in->P, in->N, chunk, NULL, NULL, NULL, NULL, NULL, x_b, ld);
+    }
+    float *a = to_host(y[0], nx(in)), *b = to_host(y[1], nx(in));
+    int same = memcmp(a, b, nx(in) * sizeof(float)) == 0;
+    free(a); free(b);
+    for (int k = 0; k < 7; k++) {
+        a = to_host(g[0][k], len[k]), b = to_host(g[1][k], len[k]);
+        same &= memcmp(a, b, len[k] * sizeof(float)) == 0;
+        free(a); free(b);
+        g_ops->buf_free(g_ops->be, &g_ctx, g[0][k]); g_ops->buf_free(g_ops->be, &g_ctx, g[1][k]);
+    }
+    check(same, "scan_*_bf16 given x_b (x stored bf16, wide rows) = on x = bf16(x) (bits)", tag, same ? 0.0 : 1.0, 0);
+    free(xh); free(bh);
+    g_ops->buf_free(g_ops->be, &g_ctx, xr); g_ops->buf_free(g_ops->be, &g_ctx, xb);
+    g_ops->buf_free(g_ops->be, &g_ctx, y[0]); g_ops->buf_free(g_ops->be, &g_ctx, y[1]);
 }
 
 /* x and dx inside wider rows (ldx > H P: the mixer passes proj's and dproj's
@@ -550,10 +605,10 @@ static void test_bf16_ldx(const struct inputs *in, int chunk, const struct dev *
     g_ops->fill(g_ops->be, g[5], 0.0f, (size_t)H);
     g_ops->fill(g_ops->be, g[6], 0.0f, (size_t)H);
     g_ops->ssm_scan_forward_bf16(g_ops->be, y, xw + off, ld, d->Bm, d->Cm, d->dt, d->lam, d->A, d->D, in->B, in->T, H,
-                                 in->P, in->N, chunk, NULL, NULL, NULL, NULL);
+                                 in->P, in->N, chunk, NULL, NULL, NULL, NULL, NULL, 0);
     g_ops->ssm_scan_backward_bf16(g_ops->be, g[0], g[1], g[2], g[3], g[4], g[5], g[6], d->R, xw + off, ld, d->Bm,
                                   d->Cm, d->dt, d->lam, d->A, d->D, in->B, in->T, H, in->P, in->N, chunk, NULL, NULL,
-                                  NULL, NULL, NULL);
+                                  NULL, NULL, NULL, NULL, 0);
     float *a = to_host(y, nx(in)), *b = to_host(y1, nx(in));
     int same = memcmp(a, b, nx(in) * sizeof(float)) == 0, kept = 1;
     free(a); free(b);
@@ -596,9 +651,9 @@ static void test_bf16(struct inputs *in, int chunk, int with_fd)
     const size_t nst = mt_ssm_states_floats(in->B, in->T, H, in->P, in->N, chunk);
     float *st = nst ? dev_zero(nst) : NULL;
     g_ops->ssm_scan_forward_bf16(g_ops->be, y, d.x, H * in->P, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, in->B, in->T, H,
-                                 in->P, in->N, chunk, NULL, NULL, NULL, NULL);
+                                 in->P, in->N, chunk, NULL, NULL, NULL, NULL, NULL, 0);
     g_ops->ssm_scan_forward_bf16(g_ops->be, y2, d.x, H * in->P, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, in->B, in->T, H,
-                                 in->P, in->N, chunk, st, NULL, NULL, NULL);
+                                 in->P, in->N, chunk, st, NULL, NULL, NULL, NULL, 0);
     float *yh = to_host(y, nx(in)), *yh2 = to_host(y2, nx(in));
     double r = bound_ratio(yh, yr, ya, nx(in), 6.0, 0), e = rel_err(yh, yr, nx(in));
     check(r <= 1.0, "scan_forward_bf16 vs fp64 (6u |terms|)", tag, r, 1);
@@ -608,7 +663,7 @@ static void test_bf16(struct inputs *in, int chunk, int with_fd)
     if (nst) {   /* the tensor-core shapes: y as bf16 only (y_b, y NULL) = bf16 of that y, nearest even */
         mt_bf16 *yb = dev_bf16(nx(in), BF16_SENTINEL);
         g_ops->ssm_scan_forward_bf16(g_ops->be, NULL, d.x, H * in->P, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, in->B, in->T,
-                                     H, in->P, in->N, chunk, st, NULL, NULL, yb);
+                                     H, in->P, in->N, chunk, st, NULL, NULL, yb, NULL, 0);
         uint16_t *hb = bf16_to_host(yb, nx(in));
         size_t bad = 0;
         for (size_t i = 0; i < nx(in); i++) bad += hb[i] != ref_bf16(yh[i]);
@@ -630,7 +685,7 @@ static void test_bf16(struct inputs *in, int chunk, int with_fd)
         g_ops->fill(g_ops->be, o[0], 1e3f, nx(in));   /* overwritten outputs: garbage in */
         g_ops->ssm_scan_backward_bf16(g_ops->be, o[0], o[1], o[2], o[3], o[4], o[5], o[6], d.R, d.x, H * in->P, d.Bm,
                                       d.Cm, d.dt, d.lam, d.A, d.D, in->B, in->T, H, in->P, in->N, chunk,
-                                      run ? st : NULL, NULL, NULL, NULL, NULL);
+                                      run ? st : NULL, NULL, NULL, NULL, NULL, NULL, 0);
     }
     float *one[] = {dx, dB, dC, ddt, dlam, dA, dD};
     same = 1;
@@ -644,6 +699,7 @@ static void test_bf16(struct inputs *in, int chunk, int with_fd)
     if (st) g_ops->buf_free(g_ops->be, &g_ctx, st);
     if (nst) test_bf16_ldx(in, chunk, &d, y, (float *const[]){dx, dB, dC, ddt, dlam, dA, dD}, with_fd);
     if (nst) test_bf16_dxb(in, chunk, &d, (float *const[]){dx, dB, dC, ddt, dlam, dA, dD}, with_fd);
+    if (nst) test_bf16_xb(in, chunk, &d, with_fd);
     if (nst) test_bf16_twins(in, chunk, &d, y, (float *const[]){dx, dB, dC, ddt, dlam, dA, dD});
     const char *names[] = {"dx", "dB", "dC", "ddt", "dlam", "dA", "dD"};
     double *gr[7], *ga[7];   /* the fp64 adjoint of the problem and of its |inputs| problem */
@@ -1463,9 +1519,9 @@ static void test_bf16_ldx_refused(void)
     g_ops->copy_from_host(g_ops->be, y, sent, n * sizeof(float));
     g_ops->copy_from_host(g_ops->be, dxw, sent, wide * sizeof(float));
     g_ops->ssm_scan_forward_bf16(g_ops->be, y, xw, ld, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL, NULL,
-                                 NULL, NULL);
+                                 NULL, NULL, NULL, 0);
     g_ops->ssm_scan_backward_bf16(g_ops->be, dxw, g[0], g[1], g[2], g[3], g[4], g[5], d.R, xw, ld, d.Bm, d.Cm, d.dt,
-                                  d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL, NULL, NULL, NULL, NULL);
+                                  d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL, NULL, NULL, NULL, NULL, NULL, 0);
     char msg[256] = "";
     const enum mt_status st = g_ops->status(g_ops->be, msg, sizeof msg);
     float *yh = to_host(y, n), *dh = to_host(dxw, wide);
@@ -1479,7 +1535,7 @@ static void test_bf16_ldx_refused(void)
     mt_bf16 *tb = dev_twin(d.Bm, nb(&in), 1.0f), *tc = dev_twin(d.Cm, nb(&in), 1.0f);
     for (int which = 0; which < 2; which++) {
         g_ops->ssm_scan_forward_bf16(g_ops->be, y, d.x, E, which ? d.Bm : NULL, which ? NULL : d.Cm, d.dt, d.lam, d.A,
-                                     d.D, 1, 20, 2, 4, 6, 0, NULL, tb, tc, NULL);
+                                     d.D, 1, 20, 2, 4, 6, 0, NULL, tb, tc, NULL, NULL, 0);
         free(yh);
         yh = to_host(y, n);
         kept = memcmp(yh, sent, n * sizeof(float)) == 0;
@@ -1491,7 +1547,7 @@ static void test_bf16_ldx_refused(void)
     {   /* y_b (y as bf16 only) off the tensor cores: refused, neither y nor y_b written */
         mt_bf16 *yb = dev_bf16(n, BF16_SENTINEL);
         g_ops->ssm_scan_forward_bf16(g_ops->be, y, d.x, E, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL,
-                                     NULL, NULL, yb);
+                                     NULL, NULL, yb, NULL, 0);
         free(yh);
         yh = to_host(y, n);
         uint16_t *hb = bf16_to_host(yb, n);
@@ -1501,6 +1557,20 @@ static void test_bf16_ldx_refused(void)
               kept ? 0.0 : 1.0, 0);
         free(hb);
         g_ops->buf_free(g_ops->be, &g_ctx, yb);
+    }
+    {   /* x_b (x stored bf16) off the tensor cores, and x with x_b: refused, y not written */
+        mt_bf16 *xb = dev_twin(d.x, n, 1.0f);
+        for (int both = 0; both < 2; both++) {
+            g_ops->ssm_scan_forward_bf16(g_ops->be, y, both ? d.x : NULL, E, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, 1, 20,
+                                         2, 4, 6, both ? 4 : 0, NULL, NULL, NULL, NULL, xb, E);
+            free(yh);
+            yh = to_host(y, n);
+            kept = memcmp(yh, sent, n * sizeof(float)) == 0;
+            check(kept, both ? "scan_forward_bf16 x and x_b both given: refused, nothing written"
+                             : "scan_forward_bf16 x_b off the tensor cores: refused, nothing written",
+                  both ? "T=20 chunk=4" : "T=20 chunk=0", kept ? 0.0 : 1.0, 0);
+        }
+        g_ops->buf_free(g_ops->be, &g_ctx, xb);
     }
     /* ssm_prep_forward with Bh and its twin both NULL (cuda: MT_ERR_INVALID_ARG): dt,
      * its first output row, not written (T 20, H 2, P 4, G 1, N 6: W = 38) */
@@ -1551,7 +1621,7 @@ static void bf16_cases(void)
         upload(&d, &in);
         float *y = dev_zero(nx(&in)), *y2 = dev_zero(nx(&in));
         g_ops->ssm_scan_forward_bf16(g_ops->be, y, d.x, 2 * 4, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0,
-                                     NULL, NULL, NULL, NULL);
+                                     NULL, NULL, NULL, NULL, NULL, 0);
         g_ops->ssm_scan_forward(g_ops->be, y2, d.x, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0);
         float *a = to_host(y, nx(&in)), *b = to_host(y2, nx(&in));
         const int same = memcmp(a, b, nx(&in) * sizeof(float)) == 0;

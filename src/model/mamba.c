@@ -231,20 +231,21 @@ static double mamba_extra(const struct mt_block_shape *sh)
  *     by kernel, with S = H P N / Q the chunk states a token (S_in, dS_out) and
  *     H Q the bf16 M or dG a token:
  *     Bh and Ch enter every term as their bf16 twins, the only copies the prep
- *     writes there (0.5 HN each), so a read of either is 0.5 HN.
+ *     writes there (0.5 HN each), so a read of either is 0.5 HN; x is stored
+ *     bf16 by the in-projection (acts x_b), so a read of it is 0.5 E.
  *     forward: the cumsum (2 H); each chunk's own state (reads x, the Bh twin,
- *       scaled per source: E + 0.5 HN + S, + 3 H for dt, lam, cum); the pass
+ *       scaled per source: 0.5 E + 0.5 HN + S, + 3 H for dt, lam, cum); the pass
  *       between chunks (2 S); the output (reads x, Bh, Ch twins, S_in, writes ys:
- *       1.5 E + HN + S + 3 H; ys as bf16 only, mamba.c ys_bf16): 2.5 E + 1.5 HN + 4 S + 8 H;
+ *       E + HN + S + 3 H; ys as bf16 only, mamba.c ys_bf16): 1.5 E + 1.5 HN + 4 S + 8 H;
  *     backward (the states kept by the forward): the cumsum (2 H); dS_out's
  *       local part (dys, scaled per row before rounding, Ch twin: E + 0.5 HN +
- *       S) and pass (2 S); M, dG (reads the Ch, Bh twins, the dys twin, x: 1.5 E
+ *       S) and pass (2 S); M, dG (reads the Ch, Bh twins, the dys twin, x: E
  *       + HN, writes 2 H Q); dx (M, the dys twin and dys for D dy, Bh twin,
  *       dS_out, writes dx, bf16: H Q + 2 E + 0.5 HN + S); dB (dG, Ch twin, x,
- *       dS_out, the Bh twin for qj, writes dBh: H Q + E + 2 HN + S); dC (dG, Bh
+ *       dS_out, the Bh twin for qj, writes dBh: H Q + 0.5 E + 2 HN + S); dC (dG, Bh
  *       twin, the dys twin, S_in, the Ch twin for inter, writes dCh: H Q + 0.5 E
- *       + 2 HN + S); the scalars (dys, x, S_in, dS_out: 2 E + 2 S, ~6 H more):
- *       8 E + 6 HN + 8 S + 5 H Q + 15 H.
+ *       + 2 HN + S); the scalars (dys, x, S_in, dS_out: 1.5 E + 2 S, ~6 H more):
+ *       6.5 E + 6 HN + 8 S + 5 H Q + 15 H.
  *     Elsewhere (the fp32 scan): reads x, Bh, Ch, dt, lam, writes ys (2 E +
  *     2 HN + 2 H); backward reads those and dys, writes their gradients (3 E
  *     + 4 HN + 4 H); its chunk states and in-chunk arrays not counted.
@@ -273,8 +274,10 @@ static void mamba_work_bf16(const struct mt_block_shape *sh, int rc, struct mt_w
     double scan_f = 2.0 * E + 2.0 * HN + 2.0 * H, scan_b = 3.0 * E + 4.0 * HN + 4.0 * H;
     if (S > 0) {
         const double HQ = H * (double)(chunk < T ? chunk : T);
-        scan_f = 2.5 * E + 1.5 * HN + 4.0 * S + 8.0 * H;
-        scan_b = 8.0 * E + 6.0 * HN + 8.0 * S + 5.0 * HQ + 15.0 * H;
+        /* x stored bf16 by the in-projection (acts x_b, with z_b): its reads halve, the
+         * own state's and the output's (1 E forward), M/dG's, dB's and dD's (1.5 E back) */
+        scan_f = 1.5 * E + 1.5 * HN + 4.0 * S + 8.0 * H;
+        scan_b = 6.5 * E + 6.0 * HN + 8.0 * S + 5.0 * HQ + 15.0 * H;
     }
     w->e[MT_WORK_SCAN] += scan_f + scan_b + rc * scan_f;
     /* the residual: seeded by the input norm (1 D) where mamba.c does (one rank, no LoRA),
@@ -475,9 +478,11 @@ static void win_zero_unwritten(const struct mt_piece_ctx *pc)
 }
 /* proj (n, W) = h Win^T, whole (win_whole) or block by block. z_b: NULL, or the z block
  * as bf16 alone (mt_mamba3_acts z_b: rows 2 W bf16 apart in proj's memory; autocast's
- * rounding of a Linear's output), the six others fp32 from column E: two GEMMs */
+ * rounding of a Linear's output), and with x_b (= z_b + E: acts x_b) the x block beside it
+ * (z | x one bf16 output where their weights lie back to back), the others fp32 from the
+ * next block's column: two GEMMs */
 static void in_fwd(const struct mt_piece_ctx *pc, float *proj, const float *h, const mt_bf16 *hb,
-                   const struct mt_mamba3_weights *w, int n, mt_bf16 *z_b)
+                   const struct mt_mamba3_weights *w, int n, mt_bf16 *z_b, const mt_bf16 *x_b)
 {
     const struct mt_ops_i *ops = pc->ops;
     const struct mamba_w *lw = mbw(pc);
@@ -490,10 +495,17 @@ static void in_fwd(const struct mt_piece_ctx *pc, float *proj, const float *h, c
     int rows[7], off = 0, b0 = 0;
     in_rows(lw, rows);
     if (z_b) {
-        const void *Wz = wlinear_op(lw->mwin[0], &tw);
-        ops->gemm_bf16_out(ops->be, 0, 1, n, rows[0], D, 1.0f, x, xt, D, Wz, tw, D, z_b, 2 * W);
-        off = rows[0], b0 = 1;
-        const void *Wr = params_whole(lw->mwin + 1, 6, W - off, &tw);   /* x .. lam, back to back */
+        const int nb = x_b ? 2 : 1, zx = rows[0] + (x_b ? rows[1] : 0);
+        MT_ASSERT(!x_b || x_b == z_b + rows[0]);
+        const void *Wzx = params_whole(lw->mwin, nb, zx, &tw);
+        if (Wzx) ops->gemm_bf16_out(ops->be, 0, 1, n, zx, D, 1.0f, x, xt, D, Wzx, tw, D, z_b, 2 * W);
+        for (int b = 0; b < nb && !Wzx; b++) {
+            const void *Wb = wlinear_op(lw->mwin[b], &tw);
+            ops->gemm_bf16_out(ops->be, 0, 1, n, rows[b], D, 1.0f, x, xt, D, Wb, tw, D, z_b + off, 2 * W);
+            off += rows[b];
+        }
+        off = zx, b0 = nb;
+        const void *Wr = params_whole(lw->mwin + nb, 7 - nb, W - off, &tw);   /* the rest, back to back */
         if (Wr) {
             ops->gemm_bf16(ops->be, 0, 1, n, W - off, D, 1.0f, x, xt, D, Wr, tw, D, 0.0f, proj + off, W);
             return;
@@ -688,7 +700,7 @@ static enum mt_status mixer_fwd_rep(struct mt_ctx *ctx, const struct mt_piece_ct
     const int n = B * T, E = mdims(pc)->H * mdims(pc)->P;
     in_fwd_rep(pc, st->mb.proj, h, hb, n);
     st->mb.ys_b = NULL;   /* the spanning gated norm reads the fp32 ys and z */
-    st->mb.z_b = NULL;
+    st->mb.z_b = st->mb.x_b = NULL;
     mt_mamba3_ssm_forward(ops, &st->mb, w, mdims(pc), B, T);
     MT_CHECK(gate_fwd_rep(ctx, pc, w, n));
     if (st->yn_b) ops->cast_bf16(ops->be, st->yn_b, st->mb.yn, (size_t)n * (size_t)E);
@@ -744,7 +756,9 @@ static void mixer_fwd(const struct mt_piece_ctx *pc, float *out, const float *h,
      * of a Linear's output; 4 bytes an element of z: the GEMM's store, two reads) */
     st->mb.ys_b = gb ? ys_bf16(pc, B, T) : NULL;
     st->mb.z_b = st->mb.ys_b && ops->gemm_bf16_out ? (mt_bf16 *)st->mb.proj : NULL;
-    in_fwd(pc, st->mb.proj, h, hb, w, n, st->mb.z_b);
+    /* ... and x beside z, the scan's x: every read of it widens it (acts x_b) */
+    st->mb.x_b = st->mb.z_b ? st->mb.z_b + E : NULL;
+    in_fwd(pc, st->mb.proj, h, hb, w, n, st->mb.z_b, st->mb.x_b);
     if (gb) {
         /* mt_mamba3_mix_forward with the gated norm writing Wout's operand alone:
          * the fp32 yn has no reader on this path (Wout is shadowed, so wlinear and
@@ -795,7 +809,7 @@ static void mixer_fwd_lora(const struct mt_piece_ctx *pc, float *out, const floa
     const int n = B * T, D = pc->D, E = mdims(pc)->H * mdims(pc)->P, W = mt_mamba3_in_width(mdims(pc));
     int rows[7];
     in_rows(mbw(pc), rows);
-    in_fwd(pc, st->mb.proj, h, state ? NULL : pc->nm->hb, w, n, NULL);   /* the adapters add fp32 into proj */
+    in_fwd(pc, st->mb.proj, h, state ? NULL : pc->nm->hb, w, n, NULL, NULL);   /* the adapters add fp32 into proj */
     lora_fwd_add(ops, pc->s_lora, st->mb.proj, W, h, (const struct mt_param *const *)mbw(pc)->mwin, rows, 7, n, D);
     if (state) mt_mamba3_decode_mix(ops, &st->mb, state, w, mdims(pc), T, pos0);
     else mt_mamba3_mix_forward(ops, &st->mb, w, mdims(pc), B, T);

@@ -153,7 +153,7 @@ void mt_mamba3_mix_forward(const struct mt_ops_i *ops, struct mt_mamba3_acts *a,
 {
     const int n = B * T, E = d->H * d->P, W = mt_mamba3_in_width(d);
     a->ys_b = NULL;   /* the fp32 gated norm reads the fp32 ys and z */
-    a->z_b = NULL;
+    a->z_b = a->x_b = NULL;
     mt_mamba3_ssm_forward(ops, a, w, d, B, T);
     /* z is the first E columns of proj */
     ops->ssm_gate_norm_forward(ops->be, a->yn, a->rstd_o, a->ys, a->proj, W, w->g_out, n, E, d->G, d->eps_out);
@@ -190,6 +190,13 @@ static float *kept_angles(const struct mt_mamba3_acts *a, int in_proj)
     return in_proj ? a->Bh : NULL;
 }
 
+/* the bf16 scan's fp32 x: none where it is stored bf16 (acts x_b), proj's xs columns
+ * (scan_in_proj), else the prep's copy */
+static const float *scan_x(const struct mt_mamba3_acts *a, int in_proj, int E)
+{
+    return a->x_b ? NULL : in_proj ? a->proj + E : a->x;
+}
+
 void mt_mamba3_ssm_forward(const struct mt_ops_i *ops, struct mt_mamba3_acts *a, const struct mt_mamba3_weights *w,
                            const struct mt_mamba3_dims *d, int B, int T)
 {
@@ -205,10 +212,12 @@ void mt_mamba3_ssm_forward(const struct mt_ops_i *ops, struct mt_mamba3_acts *a,
                           a->proj, w->dt_bias, w->A_log, w->gB, w->gC, w->B_bias, w->C_bias, B, T, d->H, d->P, d->G,
                           d->N, d->eps_bc, Bb, Cb, kept_angles(a, in_proj));
     MT_ASSERT(!a->ys_b || in_proj);
-    if (scan_bf16(ops, d))   /* x: proj's xs columns (row stride W), or the prep's copy; ys as bf16 only (ys_b) */
-        ops->ssm_scan_forward_bf16(ops->be, a->ys_b ? NULL : a->ys, in_proj ? a->proj + E : a->x, in_proj ? W : E, Bh,
-                                   Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk, a->states, Bb,
-                                   Cb, a->ys_b);
+    MT_ASSERT(!a->x_b || a->ys_b);
+    /* x: proj's xs columns (row stride W), stored bf16 there (x_b), or the prep's copy; ys as bf16 only (ys_b) */
+    if (scan_bf16(ops, d))
+        ops->ssm_scan_forward_bf16(ops->be, a->ys_b ? NULL : a->ys, scan_x(a, in_proj, E), in_proj ? W : E, Bh, Ch,
+                                   a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk, a->states, Bb, Cb,
+                                   a->ys_b, a->x_b, 2 * W);
     else
         ops->ssm_scan_forward(ops->be, a->ys, a->x, a->Bh, a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N,
                               d->chunk);
@@ -260,11 +269,11 @@ static void ssm_backward(const struct mt_ops_i *ops, struct mt_mamba3_weights *g
     ops->fill(ops->be, s->dA, 0.0f, (size_t)d->H);
     if (scan_bf16(ops, d))   /* in_proj: x from proj, dx into dproj's xs columns; the forward's chunk states */
         ops->ssm_scan_backward_bf16(ops->be, in_proj ? s->dproj + E : s->dx, s->dBh, s->dCh, s->ddt, s->dlam, s->dA,
-                                    g->Dsk, s->dys, in_proj ? a->proj + E : a->x, in_proj ? W : E,
+                                    g->Dsk, s->dys, scan_x(a, in_proj, E), in_proj ? W : E,
                                     in_proj ? NULL : a->Bh, in_proj ? NULL : a->Ch, a->dt,
                                     a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk, a->states,
                                     dproj_b ? dproj_b + E : NULL, in_proj ? a->Bh_b : NULL, in_proj ? a->Ch_b : NULL,
-                                    dproj_b ? dys_twin(s) : NULL);
+                                    dproj_b ? dys_twin(s) : NULL, a->x_b, 2 * W);
     else
         ops->ssm_scan_backward(ops->be, s->dx, s->dBh, s->dCh, s->ddt, s->dlam, s->dA, g->Dsk, s->dys, a->x, a->Bh,
                                a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk);
@@ -301,7 +310,7 @@ int mt_mamba3_mix_backward_b(const struct mt_ops_i *ops, struct mt_mamba3_weight
 {
     const int n = B * T, E = d->H * d->P, W = mt_mamba3_in_width(d);
     if (!dproj_b || !mt_mamba3_ys_bf16_ok(ops, d, B, T)) {
-        MT_ASSERT(!a->ys_b && !a->z_b);   /* the fp32 gated norm reads the fp32 ys, z (mt_mamba3_acts) */
+        MT_ASSERT(!a->ys_b && !a->z_b && !a->x_b);   /* the fp32 gated norm reads the fp32 ys, z (mt_mamba3_acts) */
         mt_mamba3_mix_backward(ops, g, s, a, w, d, B, T);
         return 0;
     }

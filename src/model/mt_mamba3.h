@@ -67,6 +67,11 @@ struct mt_mamba3_acts {
                         in-projection's bf16 output of its z block, read by
                         both bf16 gated-norm passes (their zin_b); set by the
                         owner with ys_b (the same path), cleared with it */
+    mt_bf16 *x_b;    /* NULL, or x (proj's next E columns) stored as bf16 only,
+                        beside z: z_b + E, rows 2 W bf16 apart (the in-projection
+                        writes z | x as one bf16 block); the scan's x (its x_b,
+                        ldx_b 2 W: every read widens it). Set and cleared with
+                        z_b */
 };
 
 /* Backward scratch (backend memory). */

@@ -687,17 +687,25 @@ struct mt_ops_i {
      * rounded once, nearest even; y is not written and may be NULL): for a
      * gated norm that reads it so (ssm_gate_norm_*_bf16's y_b; autocast's
      * rounding of the scan's output). Only where the chunked products run on
-     * tensor cores (elsewhere MT_ERR_UNSUPPORTED, nothing written). */
+     * tensor cores (elsewhere MT_ERR_UNSUPPORTED, nothing written).
+     * x_b, ldx_b (both): NULL, or x as STORED bf16 (rows ldx_b >= H P apart;
+     * x is then NULL: exactly one of them), e.g. the in-projection's x block
+     * written by a bf16-output GEMM (autocast's rounding of a Linear's
+     * output): every read of x widens it, the products' staging (the same
+     * operand values as staging bf16(x)) and the fp32 terms (D x in y, dD's
+     * dy . x) alike. Only where the chunked products run on tensor cores
+     * (elsewhere MT_ERR_UNSUPPORTED, nothing written). */
     void (*ssm_scan_forward_bf16)(void *be, float *y, const float *x, int ldx, const float *Bm, const float *Cm,
                                   const float *dt, const float *lam, const float *A, const float *Dsk,
                                   int B, int T, int H, int P, int N, int chunk, float *states,
-                                  const mt_bf16 *Bh_b, const mt_bf16 *Ch_b, mt_bf16 *y_b);
+                                  const mt_bf16 *Bh_b, const mt_bf16 *Ch_b, mt_bf16 *y_b, const mt_bf16 *x_b,
+                                  int ldx_b);
     void (*ssm_scan_backward_bf16)(void *be, float *dx, float *dBm, float *dCm, float *ddt, float *dlam,
                                    float *dA, float *dDsk, const float *dy, const float *x, int ldx,
                                    const float *Bm, const float *Cm, const float *dt, const float *lam,
                                    const float *A, const float *Dsk, int B, int T, int H, int P, int N,
                                    int chunk, const float *states, mt_bf16 *dx_b, const mt_bf16 *Bh_b,
-                                   const mt_bf16 *Ch_b, const mt_bf16 *dy_b);
+                                   const mt_bf16 *Ch_b, const mt_bf16 *dy_b, const mt_bf16 *x_b, int ldx_b);
 
     /* ---- MoE device routing (issue 28 item 2; docs/cuda.md "MoE on the device") ----
      * The routing that followed router_forward on the host, as kernels, so

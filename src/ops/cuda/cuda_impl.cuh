@@ -756,13 +756,14 @@ void mt_cuda_ssm_scan_backward(void *be, float *dx, float *dBm, float *dCm, floa
 void mt_cuda_ssm_scan_forward_bf16(void *be, float *y, const float *x, int ldx, const float *Bm, const float *Cm,
                                    const float *dt, const float *lam, const float *A, const float *Dsk,
                                    int B, int T, int H, int P, int N, int chunk, float *states,
-                                   const mt_bf16 *Bh_b, const mt_bf16 *Ch_b, mt_bf16 *y_b);
+                                   const mt_bf16 *Bh_b, const mt_bf16 *Ch_b, mt_bf16 *y_b, const mt_bf16 *x_b,
+                                   int ldx_b);
 void mt_cuda_ssm_scan_backward_bf16(void *be, float *dx, float *dBm, float *dCm, float *ddt, float *dlam,
                                     float *dA, float *dDsk, const float *dy, const float *x, int ldx,
                                     const float *Bm, const float *Cm, const float *dt, const float *lam,
                                     const float *A, const float *Dsk, int B, int T, int H, int P, int N,
                                     int chunk, const float *states, mt_bf16 *dx_b, const mt_bf16 *Bh_b,
-                                    const mt_bf16 *Ch_b, const mt_bf16 *dy_b);
+                                    const mt_bf16 *Ch_b, const mt_bf16 *dy_b, const mt_bf16 *x_b, int ldx_b);
 void mt_cuda_ssm_scan_step(void *be, float *y, float *S, float *xprev, float *Bprev, const float *x,
                          const float *Bm, const float *Cm, const float *dt, const float *lam,
                          const float *A, const float *Dsk, int B, int H, int P, int N, int first);

@@ -19,11 +19,12 @@ struct ssd_dims {
     int B, T, H, P, N, Q, nc;
     int xs;   /* row stride of x and dx (floats): H P, or more where they live in the
                * mixer's proj rows (the bf16 entries' ldx; the tensor-core path only) */
+    int xsb;  /* row stride of x stored bf16 (ssd_twins X; elements): the entries' ldx_b */
 };
 
 static inline struct ssd_dims ssd_dims_make(int B, int T, int H, int P, int N, int chunk)
 {
-    struct ssd_dims d = {B, T, H, P, N, 0, 0, H * P};
+    struct ssd_dims d = {B, T, H, P, N, 0, 0, H * P, H * P};
     d.Q = chunk < T ? chunk : T;
     if (d.Q > SSD_QMAX) d.Q = SSD_QMAX;
     d.nc = (T + d.Q - 1) / d.Q;
@@ -43,6 +44,10 @@ static __device__ __forceinline__ float ssd_w(int own, const float *dt, const fl
 struct ssd_twins {
     const __nv_bfloat16 *B, *C;
     const __nv_bfloat16 *Y;   /* dy's (the backward): NULL, or bf16(dy) exactly */
+    /* x as stored where the in-projection writes it bf16 (the tensor-core path only):
+     * NULL, or x itself (rows d.xsb apart; the fp32 x is then NULL): every read of x,
+     * the products' staging and the fp32 terms (D x, dD's dy . x) alike, widens it */
+    const __nv_bfloat16 *X;
 };
 
 /* ssd_tc.cu: the shapes it runs (chunk Q, P, N each <= SSD_TC_QMAX) */

@@ -11,7 +11,9 @@
  * rows.
  *
  * Rounding points (nearest even; every other value fp32):
- *   x, B, C, dy and the states S_in, dS_out when they enter a product;
+ *   x, B, C, dy and the states S_in, dS_out when they enter a product (x
+ *   may come stored bf16, ssd_twins X: staged as stored, and widened where
+ *   it enters an fp32 term, D x and dD);
  *   B and C wherever they enter a term: the row sums qj and inter take
  *   bf16(B), bf16(C) too, so that B and C are read as their bf16 twins
  *   alone (the prep stores no fp32 B, C on these shapes; since the eleventh
@@ -288,6 +290,7 @@ struct tc_chunk {
     int ci, bh, c, b, h, t0, q;
     size_t xld, bld, ob;   /* xld: y, dy's row stride (H P); bld: B, C's (H N) */
     size_t xs;             /* x, dx's (d.xs: H P, or proj's row where x lives there) */
+    size_t xsb;            /* x's where it is stored bf16 (ssd_twins X; d.xsb) */
 };
 /* chunk ci = (b*H + h)*nc + c */
 static __device__ __forceinline__ struct tc_chunk tc_chunk_at(struct ssd_dims d, int ci)
@@ -303,6 +306,7 @@ static __device__ __forceinline__ struct tc_chunk tc_chunk_at(struct ssd_dims d,
     k.xld = (size_t)d.H * d.P;
     k.bld = (size_t)d.H * d.N;
     k.xs = (size_t)d.xs;
+    k.xsb = (size_t)d.xsb;
     k.ob = (size_t)k.b * d.T;
     return k;
 }
@@ -335,6 +339,26 @@ static __device__ void tc_stage_dy(bf16 *dst, int ld, int nr, int kw, const floa
                                    const struct tc_chunk &k, int P, int tok0, int lo, int hi)
 {
     tc_stage_twin(dst, ld, nr, kw, dy, tw, k.ob * k.xld + (size_t)k.h * P, k.xld, P, tok0, lo, hi);
+}
+/* x's head rows ((B T, H P) at row stride k.xs, or stored bf16 at k.xsb: ssd_twins X),
+ * staged as tc_stage stages them: the bf16 x as stored, the fp32 one rounded */
+static __device__ void tc_stage_x(bf16 *dst, int ld, int nr, int kw, const float *x, const bf16 *X,
+                                  const struct tc_chunk &k, int P, int tok0, int lo, int hi)
+{
+    if (!X) {
+        tc_stage(dst, ld, nr, kw, x + k.ob * k.xs + (size_t)k.h * P, k.xs, P, tok0, lo, hi);
+        return;
+    }
+    tc_stage_brows(dst, ld, nr, kw, X + k.ob * k.xsb + (size_t)k.h * P, k.xsb, 0, P, [&](int r) {
+        const int tok = tok0 + r;
+        return tok >= lo && tok < hi ? tok : -1;
+    });
+}
+/* x at the chunk's token t (absolute), column p: the fp32 value, or the bf16 one widened */
+static __device__ __forceinline__ float tc_x_at(const float *x, const bf16 *X, const struct tc_chunk &k, int P,
+                                                size_t t, int p)
+{
+    return X ? __bfloat162float(X[(k.ob + t) * k.xsb + (size_t)k.h * P + p]) : x[(k.ob + t) * k.xs + (size_t)k.h * P + p];
 }
 /* tc_stage_rows<1> of B's head rows (row(r, s) as there: dst = bf16(s bf16(B))),
  * from B's twin tw where given (m may then be NULL), else m rounded as read:
@@ -410,11 +434,10 @@ ssd_tc_out_k(float *y, bf16 *y_b, const float *Sst, const float *cum, const floa
     float *w = sm, *cm = w + 2 * d.Q;
     bf16 *Cs = (bf16 *)(sm + SSD_AL4(3 * d.Q)), *Bt = Cs + TC_B * LN, *Xt = Bt + (d.Q + 2) * LN;
     bf16 *Si = Xt + (d.Q + 2) * LP, *Ms = Si + Pp * LN;
-    const float *xh = x + k.ob * k.xs + (size_t)k.h * d.P;
     tc_weights(w, cm, k, cum, dt, lam, A, d);
     tc_stage_bc(Cs, LN, TC_B, Np, Cm, tw.C, k, d.N, k.t0 + i0, 0, k.t0 + q);
     tc_stage_bc(Bt, LN, q + 2, Np, Bm, tw.B, k, d.N, k.t0 - 1, 0, k.t0 + q);
-    tc_stage(Xt, LP, q + 2, Pp, xh, k.xs, d.P, k.t0 - 1, 0, k.t0 + q);
+    tc_stage_x(Xt, LP, q + 2, Pp, x, tw.X, k, d.P, k.t0 - 1, 0, k.t0 + q);
     if (k.c > 0) tc_stage(Si, LN, Pp, Np, Sst + (size_t)k.ci * d.P * d.N, d.N, d.N, 0, 0, d.P);
     __syncthreads();
     if (i0 + m0 >= q) return;   /* warp-uniform; no barrier below */
@@ -465,9 +488,9 @@ ssd_tc_out_k(float *y, bf16 *y_b, const float *Sst, const float *cum, const floa
                 const int i = i0 + m0 + TC_EROW(lane, e), p = pc + TC_ECOL(lane, j, e);
                 if (i >= q || p >= d.P) continue;
                 const size_t t = (size_t)k.t0 + i;
-                const float *xr = xh + t * k.xs + p;
                 const size_t at = (k.ob + t) * k.xld + (size_t)k.h * d.P + p;
-                const float v0 = acc[j][e] + Dh * xr[0], v1 = p + 1 < d.P ? acc[j][e + 1] + Dh * xr[1] : 0.0f;
+                const float v0 = acc[j][e] + Dh * tc_x_at(x, tw.X, k, d.P, t, p);
+                const float v1 = p + 1 < d.P ? acc[j][e + 1] + Dh * tc_x_at(x, tw.X, k, d.P, t, p + 1) : 0.0f;
                 if (y_b) tc_put2b(y_b + at, p, d.P, v0, v1);   /* y as bf16 only (mt_ops.h y_b) */
                 else tc_put2(y + at, p, d.P, v0, v1);
             }
@@ -504,12 +527,11 @@ ssd_tc_gm_k(bf16 *Mb, bf16 *dGb, float *dcs, float *rs, const float *cum, const 
     const int m0 = ((int)threadIdx.x >> 5) * 16, LN = TC_LD(Np), LP = TC_LD(Pp);
     float *w = sm, *cm = w + 2 * d.Q;
     bf16 *Cs = (bf16 *)(sm + SSD_AL4(3 * d.Q)), *Ys = Cs + TC_B * LN, *Bt = Ys + TC_B * LP, *Xt = Bt + (d.Q + 2) * LN;
-    const float *xh = x + k.ob * k.xs + (size_t)k.h * d.P;
     tc_weights(w, cm, k, cum, dt, lam, A, d);
     tc_stage_bc(Cs, LN, TC_B, Np, Cm, tw.C, k, d.N, k.t0 + i0, 0, k.t0 + q);
     tc_stage_dy(Ys, LP, TC_B, Pp, dy, tw.Y, k, d.P, k.t0 + i0, 0, k.t0 + q);
     tc_stage_bc(Bt, LN, q + 2, Np, Bm, tw.B, k, d.N, k.t0 - 1, 0, k.t0 + q);
-    tc_stage(Xt, LP, q + 2, Pp, xh, k.xs, d.P, k.t0 - 1, 0, k.t0 + q);
+    tc_stage_x(Xt, LP, q + 2, Pp, x, tw.X, k, d.P, k.t0 - 1, 0, k.t0 + q);
     __syncthreads();
     if (i0 + m0 >= q) return;
     const struct tc_op Cop = tc_plain(Cs, LN), Yop = tc_plain(Ys, LP);
@@ -649,7 +671,7 @@ ssd_tc_tok_k(float *out, bf16 *outb, float *last, float *edge, float *qj, const 
     float *w = sm, *cm = w + 2 * d.Q, *v = sm + SSD_AL4(3 * d.Q), *gq = v + TC_B, *tq = gq + SSD_AL4(tc_r16(d.Q));
     bf16 *Go = (bf16 *)(tq + SSD_AL4(Np)), *Gn = Go + tc_r16(d.Q) * TC_LD(TC_B), *Rs = Gn + tc_r16(d.Q) * TC_LD(TC_B);
     bf16 *St = Rs + tc_r16(d.Q) * LW, *Sd = St + (d.Q + 2) * LK;
-    const float *xh = x + k.ob * k.xs + (size_t)k.h * d.P, *dyh = dy + k.ob * k.xld + (size_t)k.h * d.P;
+    const float *dyh = dy + k.ob * k.xld + (size_t)k.h * d.P;
     const bf16 *Gc = Gb + (size_t)k.ci * d.Q * 2 * d.Q;   /* the chunk's M (8a) or dG (8b): (q, 2q) of (Q, 2Q) */
     tc_weights(w, cm, k, cum, dt, lam, A, d);
     /* (loops before a barrier that some threads skip, and the edge row's call
@@ -662,7 +684,7 @@ ssd_tc_tok_k(float *out, bf16 *outb, float *last, float *edge, float *qj, const 
     if (DB) tc_stage_bc(Rs, LW, q16, Wp, Cm, tw.C, k, d.N, k.t0, 0, k.t0 + q);
     else tc_stage_dy(Rs, LW, q16, Wp, dy, tw.Y, k, d.P, k.t0, 0, k.t0 + q);
     if (has_next) {
-        if (DB) tc_stage(St, LK, q + 2, Kp, xh, k.xs, d.P, k.t0 - 1, 0, k.t0 + q);
+        if (DB) tc_stage_x(St, LK, q + 2, Kp, x, tw.X, k, d.P, k.t0 - 1, 0, k.t0 + q);
         else tc_stage_bc(St, LK, q + 2, Kp, Bm, tw.B, k, d.N, k.t0 - 1, 0, k.t0 + q);
         tc_stage(Sd, LN, Pp, Np, dSo + (size_t)k.ci * d.P * d.N, d.N, d.N, 0, 0, d.P);
     }
@@ -846,8 +868,8 @@ static size_t tc_outer_smem(struct ssd_dims d)
 
 template <int DL>
 static __global__ void __launch_bounds__(TC_THREADS)
-ssd_tc_outer_k(float *out, const float *cum, const float *u, const float *vsrc, const bf16 *vtw, const float *dt,
-               const float *lam, const float *A, struct ssd_dims d)
+ssd_tc_outer_k(float *out, const float *cum, const float *u, const bf16 *ub, const float *vsrc, const bf16 *vtw,
+               const float *dt, const float *lam, const float *A, struct ssd_dims d)
 {
     MT_DYN_SMEM(float, sm);
     /* grid x: (b, h, chunk) over nc-1 chunks: c < nc-1 (DL 0) or c >= 1 (DL 1); y: 64-row tiles of P */
@@ -858,7 +880,6 @@ ssd_tc_outer_k(float *out, const float *cum, const float *u, const float *vsrc, 
     const int K = DL ? tc_r16(q) : tc_r16(2 * q), LN = TC_LD(Np), LP = TC_LD(Pp);
     float *w = sm, *cm = w + 2 * d.Q, *sc = sm + SSD_AL4(3 * d.Q);   /* sc: a row's scale, K of them */
     bf16 *Us = (bf16 *)(sc + tc_r16(2 * d.Q)), *Vs = Us + tc_outer_urows(d) * LP;
-    const float *uh = u + k.ob * (DL ? k.xld : k.xs) + (size_t)k.h * d.P;
     if (DL)   /* no weights (dt, lam, A NULL): the decays alone */
         for (int i = (int)threadIdx.x; i < q; i += (int)blockDim.x) cm[i] = cum[(size_t)bh * d.T + t0 + i];
     else tc_weights(w, cm, k, cum, dt, lam, A, d);
@@ -868,13 +889,13 @@ ssd_tc_outer_k(float *out, const float *cum, const float *u, const float *vsrc, 
     else tc_vout(sc, w, cm, 0, K, q, 1);   /* sc_j = v_j: every staged chunk has a next one */
     __syncthreads();
     if (DL) {   /* Us rows i: bf16(e_i dy_i) (K rows, 0 past q); Vs rows i: C_i */
-        tc_stage_rows(Us, LP, K, Pp, uh, k.xld, d.P, [&](int i, float &s) {
+        tc_stage_rows(Us, LP, K, Pp, u + k.ob * k.xld + (size_t)k.h * d.P, k.xld, d.P, [&](int i, float &s) {
             s = sc[i];
             return i < q ? t0 + i : -1;
         });
         tc_stage_bc(Vs, LN, K, Np, vsrc, vtw, k, d.N, t0, 0, t0 + q);
     } else {    /* Us: the token rows of x (sources mapped); Vs rows j: bf16(v_j bf16(B_src(j))) */
-        tc_stage(Us, LP, q + 2, Pp, uh, k.xs, d.P, t0 - 1, 0, t0 + q);
+        tc_stage_x(Us, LP, q + 2, Pp, u, ub, k, d.P, t0 - 1, 0, t0 + q);
         tc_stage_rows_bc(Vs, LN, K, Np, vsrc, vtw, k, d.N, [&](int j, float &s) {
             const int tok = t0 + (j < q ? j : j - q - 1);
             s = sc[j];
@@ -913,7 +934,7 @@ void ssd_tc_state(float *Sst, const float *cum, const float *x, const float *Bm,
     const size_t smem = tc_outer_smem(d);
     if (!mt_cuda_smem_opt_in(ssd_tc_outer_k<0>, smem)) return;
     MT_LAUNCH(ssd_tc_outer_k<0>, dim3((unsigned)(d.B * d.H * (d.nc - 1)), (unsigned)((d.P + TC_B - 1) / TC_B)),
-              TC_THREADS, smem)(Sst, cum, x, Bm, tw.B, dt, lam, A, d);
+              TC_THREADS, smem)(Sst, cum, x, tw.X, Bm, tw.B, dt, lam, A, d);
     MT_CUDA_KCHECK();
 }
 
@@ -924,8 +945,8 @@ void ssd_tc_dloc(float *dSo, const float *cum, const float *dy, const float *Cm,
     const size_t smem = tc_outer_smem(d);
     if (!mt_cuda_smem_opt_in(ssd_tc_outer_k<1>, smem)) return;
     MT_LAUNCH(ssd_tc_outer_k<1>, dim3((unsigned)(d.B * d.H * (d.nc - 1)), (unsigned)((d.P + TC_B - 1) / TC_B)),
-              TC_THREADS, smem)(dSo, cum, dy, Cm, tw.C, (const float *)NULL, (const float *)NULL, (const float *)NULL,
-                                d);
+              TC_THREADS, smem)(dSo, cum, dy, (const bf16 *)NULL, Cm, tw.C, (const float *)NULL, (const float *)NULL,
+                                (const float *)NULL, d);
     MT_CUDA_KCHECK();
 }
 

@@ -281,15 +281,20 @@ static __device__ __forceinline__ struct ssd_src ssd_source(int j, int q, int t0
  * one at a time, a loop waited a memory round trip per element */
 #define SSD_AHEAD 8
 
+static __device__ __forceinline__ float ssd_f(float v) { return v; }
+static __device__ __forceinline__ float ssd_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+
 /* stage rows [0, nr) x columns [c0, c0+kc) of a (b, h) operand into
- * dst[r * SSD_KP + k]; row r is token t0 - 1 + r (0 when it does not exist) */
-static __device__ void ssd_stage_rows(float *dst, const float *src, size_t ld, int t0, int nr, int c0, int kc)
+ * dst[r * SSD_KP + k]; row r is token t0 - 1 + r (0 when it does not exist);
+ * src fp32, or bf16 (widened) */
+template <typename T>
+static __device__ void ssd_stage_rows(float *dst, const T *src, size_t ld, int t0, int nr, int c0, int kc)
 {
     mt_block_move<SSD_AHEAD, float>(
         nr * kc,
         [&](int k) {
             const int r = k / kc, tok = t0 - 1 + r;
-            return tok >= 0 ? src[(size_t)tok * ld + c0 + (k - r * kc)] : 0.0f;
+            return tok >= 0 ? ssd_f(src[(size_t)tok * ld + c0 + (k - r * kc)]) : 0.0f;
         },
         [&](int k, float v) {
             const int r = k / kc;
@@ -1009,8 +1014,8 @@ static __device__ __forceinline__ float ssd_colsum(const float *dL, const float 
  * ssd_tc.cu) its strip column sums (B H nc, SSD_TC_STRIPS(Q), 2Q) */
 static __global__ void ssd_scal_k(float *ddt, float *dlam, double *part, const float *dLE, int colsums, const float *rs,
                                   const float *qj, const float *inter, const float *Sst, const float *dSo,
-                                  const float *cum, const float *dy, const float *x, const float *dt,
-                                  const float *lam, const float *A, struct ssd_dims d)
+                                  const float *cum, const float *dy, const float *x, const __nv_bfloat16 *xb,
+                                  const float *dt, const float *lam, const float *A, struct ssd_dims d)
 {
     MT_DYN_SMEM(double, dred);   /* blockDim doubles, then dcum (Q), dw, csum (2Q each), tot (blockDim), ys, xs (Q x KP) floats */
     float *dcum = (float *)(dred + blockDim.x), *dw = dcum + d.Q, *csum = dw + 2 * d.Q, *tot = csum + 2 * d.Q;
@@ -1077,12 +1082,13 @@ static __global__ void ssd_scal_k(float *ddt, float *dlam, double *part, const f
     float sxy[SSD_ROWS_PER_SCAL];
 #pragma unroll
     for (int u = 0; u < SSD_ROWS_PER_SCAL; u++) sxy[u] = 0.0f;
-    const float *dyh = dy + ob * xld + (size_t)h * d.P, *xh = x + ob * (size_t)d.xs + (size_t)h * d.P;
+    const float *dyh = dy + ob * xld + (size_t)h * d.P;
     for (int p0 = 0; p0 < d.P; p0 += SSD_KT) {
         int kp = d.P - p0 < SSD_KT ? d.P - p0 : SSD_KT;
         __syncthreads();
         ssd_stage_rows(ys, dyh, xld, t0 + 1, q, p0, kp);   /* row i: token t0 + i */
-        ssd_stage_rows(xs, xh, (size_t)d.xs, t0 + 1, q, p0, kp);
+        if (xb) ssd_stage_rows(xs, xb + ob * (size_t)d.xsb + (size_t)h * d.P, (size_t)d.xsb, t0 + 1, q, p0, kp);
+        else ssd_stage_rows(xs, x + ob * (size_t)d.xs + (size_t)h * d.P, (size_t)d.xs, t0 + 1, q, p0, kp);
         __syncthreads();
 #pragma unroll
         for (int u = 0; u < SSD_ROWS_PER_SCAL; u++) {
@@ -1218,7 +1224,7 @@ static void ssd_backward(float *dx, __nv_bfloat16 *dxb, float *dBm, float *dCm, 
     }
     unsigned ts = SSD_SCAN_THREADS;
     MT_LAUNCH(ssd_scal_k, (unsigned)nch, ts, ts * sizeof(double) + (5 * (size_t)d.Q + ts + 2 * (size_t)d.Q * SSD_KP) * sizeof(float))(
-        ddt, dlam, part, dLE, tc, rs, qj, inter, Sst, dSo, cum, dy, x, dt, lam, A, d);
+        ddt, dlam, part, dLE, tc, rs, qj, inter, Sst, dSo, cum, dy, x, tw.X, dt, lam, A, d);
     MT_CUDA_KCHECK();
     if (!tc) {   /* (tensor cores: dx, dBm written above) */
         MT_LAUNCH(ssd_scatter_k, (unsigned)((size_t)d.B * d.T * d.H), pow2_threads(d.P + d.N, 256), 0)(dx, dBm, dXc,
@@ -1484,9 +1490,11 @@ static int scan_tc_pick(struct ssd_dims d, int chunk)
     return tc;
 }
 
-static struct ssd_twins ssd_bf16_twins(const mt_bf16 *Bh_b, const mt_bf16 *Ch_b, const mt_bf16 *dy_b)
+static struct ssd_twins ssd_bf16_twins(const mt_bf16 *Bh_b, const mt_bf16 *Ch_b, const mt_bf16 *dy_b,
+                                       const mt_bf16 *x_b)
 {
-    return ssd_twins{(const __nv_bfloat16 *)Bh_b, (const __nv_bfloat16 *)Ch_b, (const __nv_bfloat16 *)dy_b};
+    return ssd_twins{(const __nv_bfloat16 *)Bh_b, (const __nv_bfloat16 *)Ch_b, (const __nv_bfloat16 *)dy_b,
+                     (const __nv_bfloat16 *)x_b};
 }
 
 /* ldx != H P (x, dx in the mixer's proj rows), a bf16 dx and Bm or Cm NULL
@@ -1503,22 +1511,36 @@ static int scan_args_ok(int tc, int ldx, int H, int P, const mt_bf16 *dx_b, cons
         return mt_cuda_record(MT_ERR_UNSUPPORTED, "ssm_scan_backward_bf16",
                               "a bf16 dx (dx_b) where the chunked products do not run on tensor cores", __FILE__,
                               __LINE__);
+    if (tw.X && !tc)
+        return mt_cuda_record(MT_ERR_UNSUPPORTED, "ssm_scan_*_bf16",
+                              "x stored bf16 (x_b) where the chunked products do not run on tensor cores", __FILE__,
+                              __LINE__);
     if (ldx == H * P || (tc && ldx > H * P)) return 1;
     return mt_cuda_record(MT_ERR_UNSUPPORTED, "ssm_scan_*_bf16",
                           "ldx != H*P where the chunked products do not run on tensor cores", __FILE__, __LINE__);
+}
+
+/* x or its bf16 storage x_b (rows ldx_b >= H P apart), exactly one of them */
+static int scan_x_ok(const float *x, const mt_bf16 *x_b, int ldx_b, int H, int P)
+{
+    if ((x != NULL) == (x_b != NULL) || (x_b && ldx_b < H * P))
+        return mt_cuda_record(MT_ERR_INVALID_ARG, "ssm_scan_*_bf16",
+                              "exactly one of x and x_b (then ldx_b >= H*P) must be given", __FILE__, __LINE__);
+    return 1;
 }
 
 extern "C" void mt_cuda_ssm_scan_forward_bf16(void *be, float *y, const float *x, int ldx, const float *Bm,
                                               const float *Cm, const float *dt, const float *lam, const float *A,
                                               const float *Dsk, int B, int T, int H, int P, int N, int chunk,
                                               float *states, const mt_bf16 *Bh_b, const mt_bf16 *Ch_b,
-                                              mt_bf16 *y_b)
+                                              mt_bf16 *y_b, const mt_bf16 *x_b, int ldx_b)
 {
     MT_CUDA_BIND(be);
     if (B * H == 0 || T == 0) return;
     struct ssd_dims d = ssd_dims_make(B, T, H, P, N, chunk > 0 ? chunk : 1);   /* (chunk <= 0: not used) */
     const int tc = scan_tc_pick(d, chunk);
-    if (!scan_args_ok(tc, ldx, H, P, NULL, Bm, Cm, ssd_bf16_twins(Bh_b, Ch_b, NULL))) return;
+    const struct ssd_twins tw = ssd_bf16_twins(Bh_b, Ch_b, NULL, x_b);
+    if (!scan_x_ok(x, x_b, ldx_b, H, P) || !scan_args_ok(tc, ldx, H, P, NULL, Bm, Cm, tw)) return;
     if (y_b && !tc) {
         mt_cuda_record(MT_ERR_UNSUPPORTED, "ssm_scan_forward_bf16",
                        "y_b (y as bf16 only) where the chunked products do not run on tensor cores", __FILE__,
@@ -1534,8 +1556,8 @@ extern "C" void mt_cuda_ssm_scan_forward_bf16(void *be, float *y, const float *x
         return;
     }
     d.xs = ldx;
-    ssd_forward(y, x, Bm, Cm, dt, lam, A, Dsk, d, 1, states, ssd_bf16_twins(Bh_b, Ch_b, NULL),
-                (__nv_bfloat16 *)y_b);
+    d.xsb = x_b ? ldx_b : d.xsb;
+    ssd_forward(y, x, Bm, Cm, dt, lam, A, Dsk, d, 1, states, tw, (__nv_bfloat16 *)y_b);
 }
 
 extern "C" void mt_cuda_ssm_scan_backward_bf16(void *be, float *dx, float *dBm, float *dCm, float *ddt, float *dlam,
@@ -1543,21 +1565,24 @@ extern "C" void mt_cuda_ssm_scan_backward_bf16(void *be, float *dx, float *dBm, 
                                                const float *Bm, const float *Cm, const float *dt, const float *lam,
                                                const float *A, const float *Dsk, int B, int T, int H, int P, int N,
                                                int chunk, const float *states, mt_bf16 *dx_b,
-                                               const mt_bf16 *Bh_b, const mt_bf16 *Ch_b, const mt_bf16 *dy_b)
+                                               const mt_bf16 *Bh_b, const mt_bf16 *Ch_b, const mt_bf16 *dy_b,
+                                               const mt_bf16 *x_b, int ldx_b)
 {
     MT_CUDA_BIND(be);
     if (B * H == 0 || T == 0) return;
     struct ssd_dims d = ssd_dims_make(B, T, H, P, N, chunk > 0 ? chunk : 1);   /* (chunk <= 0: not used) */
     const int tc = scan_tc_pick(d, chunk);
-    if (!scan_args_ok(tc, ldx, H, P, dx_b, Bm, Cm, ssd_bf16_twins(Bh_b, Ch_b, dy_b))) return;
+    const struct ssd_twins tw = ssd_bf16_twins(Bh_b, Ch_b, dy_b, x_b);
+    if (!scan_x_ok(x, x_b, ldx_b, H, P) || !scan_args_ok(tc, ldx, H, P, dx_b, Bm, Cm, tw)) return;
     if (!tc) {
         mt_cuda_ssm_scan_backward(be, dx, dBm, dCm, ddt, dlam, dA, dDsk, dy, x, Bm, Cm, dt, lam, A, Dsk, B, T, H, P,
                                   N, chunk);
         return;
     }
     d.xs = ldx;
+    d.xsb = x_b ? ldx_b : d.xsb;
     ssd_backward(dx, (__nv_bfloat16 *)dx_b, dBm, dCm, ddt, dlam, dA, dDsk, dy, x, Bm, Cm, dt, lam, A, Dsk, d, 1,
-                 states, ssd_bf16_twins(Bh_b, Ch_b, dy_b));
+                 states, tw);
 }
 
 /* ---------------- prep (split, softplus, sigmoid, B/C norm + bias + rotary) ----------------
