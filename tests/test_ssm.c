@@ -582,6 +582,44 @@ static void test_bf16_xb(const struct inputs *in, int chunk, const struct dev *d
     g_ops->buf_free(g_ops->be, &g_ctx, y[0]); g_ops->buf_free(g_ops->be, &g_ctx, y[1]);
 }
 
+/* dy stored bf16 only (dy NULL, dy_b given: mt_ops.h; the gated norm's backward
+ * writes it so): every gradient the bits of the backward given dy = bf16(dy)
+ * widened and the same twin (the products stage the twin either way; D dy, dD
+ * and the scaled e_i dy_i read the widened values) */
+static void test_bf16_dyb_only(const struct inputs *in, int chunk, const struct dev *d)
+{
+    char tag[64];
+    snprintf(tag, sizeof tag, "T=%d P=%d N=%d chunk=%d", in->T, in->P, in->N, chunk);
+    const int H = in->H;
+    float *rh = to_host(d->R, nx(in));
+    for (size_t i = 0; i < nx(in); i++) {
+        const uint32_t u = (uint32_t)ref_bf16(rh[i]) << 16;
+        memcpy(&rh[i], &u, sizeof u);
+    }
+    float *rr = dev_zero(nx(in));
+    g_ops->copy_from_host(g_ops->be, rr, rh, nx(in) * sizeof(float));
+    mt_bf16 *yb = dev_twin(d->R, nx(in), 1.0f);
+    size_t len[] = {nx(in), nb(in), nb(in), nd(in), nd(in), (size_t)H, (size_t)H};
+    float *g[2][7];
+    for (int run = 0; run < 2; run++) {   /* 0: dy = bf16(dy) widened, with the twin; 1: the twin alone */
+        for (int k = 0; k < 7; k++) g[run][k] = dev_zero(len[k]);
+        g_ops->ssm_scan_backward_bf16(g_ops->be, g[run][0], g[run][1], g[run][2], g[run][3], g[run][4], g[run][5],
+                                      g[run][6], run ? NULL : rr, d->x, H * in->P, d->Bm, d->Cm, d->dt, d->lam, d->A,
+                                      d->D, in->B, in->T, H, in->P, in->N, chunk, NULL, NULL, NULL, NULL, yb, NULL, 0);
+    }
+    int same = 1;
+    for (int k = 0; k < 7; k++) {
+        float *a = to_host(g[0][k], len[k]), *b = to_host(g[1][k], len[k]);
+        same &= memcmp(a, b, len[k] * sizeof(float)) == 0;
+        free(a); free(b);
+        g_ops->buf_free(g_ops->be, &g_ctx, g[0][k]); g_ops->buf_free(g_ops->be, &g_ctx, g[1][k]);
+    }
+    check(same, "scan_backward_bf16 dy NULL (its twin alone) = dy given as bf16(dy) (bits)", tag, same ? 0.0 : 1.0, 0);
+    free(rh);
+    g_ops->buf_free(g_ops->be, &g_ctx, rr);
+    g_ops->buf_free(g_ops->be, &g_ctx, yb);
+}
+
 /* x and dx inside wider rows (ldx > H P: the mixer passes proj's and dproj's
  * xs columns, ldx = W): y and every gradient the bits of the contiguous run
  * (y1, g1: its outputs), and the wide dx's other columns untouched. Offset 1
@@ -700,6 +738,7 @@ static void test_bf16(struct inputs *in, int chunk, int with_fd)
     if (nst) test_bf16_ldx(in, chunk, &d, y, (float *const[]){dx, dB, dC, ddt, dlam, dA, dD}, with_fd);
     if (nst) test_bf16_dxb(in, chunk, &d, (float *const[]){dx, dB, dC, ddt, dlam, dA, dD}, with_fd);
     if (nst) test_bf16_xb(in, chunk, &d, with_fd);
+    if (nst) test_bf16_dyb_only(in, chunk, &d);
     if (nst) test_bf16_twins(in, chunk, &d, y, (float *const[]){dx, dB, dC, ddt, dlam, dA, dD});
     const char *names[] = {"dx", "dB", "dC", "ddt", "dlam", "dA", "dD"};
     double *gr[7], *ga[7];   /* the fp64 adjoint of the problem and of its |inputs| problem */
@@ -1341,6 +1380,21 @@ static void test_gate_bf16(int n, int E, int G)
         size_t bad_y = 0;
         for (size_t i = 0; i < nE; i++) bad_y += hyb[i] != ref_bf16(y0[i]);
         check(bad_y == 0, "gate norm backward bf16: dy_b = bf16(dy) (bits)", tag, (double)bad_y, 0);
+        {   /* dy NULL: dy as bf16 only, into dy_b, the same bits; dz_b, dw unchanged */
+            mt_bf16 *zb2 = dev_bf16(nz, BF16_SENTINEL), *yb2 = dev_bf16(nE, BF16_SENTINEL);
+            float *gw2 = up(ops, w, E);
+            ops->ssm_gate_norm_backward_bf16(ops->be, NULL, zb2, gw2, dd, dy, dz, ldz, dw, r0, n, E, G, yb2, NULL,
+                                             NULL, 0);
+            uint16_t *a = bf16_to_host(yb2, nE), *za = bf16_to_host(zb2, nz);
+            float *w2 = to_host(gw2, E);
+            const int same2 = memcmp(a, hyb, nE * sizeof(uint16_t)) == 0 && memcmp(za, hzb, nz * sizeof(uint16_t)) == 0 &&
+                              memcmp(w2, w0, E * sizeof(float)) == 0;
+            check(same2, "gate norm backward bf16 dy NULL: dy_b, dz_b, dw the bits of dy given", tag, same2 ? 0.0 : 1.0,
+                  0);
+            free(a); free(za); free(w2);
+            ops->buf_free(ops->be, &g_ctx, zb2); ops->buf_free(ops->be, &g_ctx, yb2);
+            ops->buf_free(ops->be, &g_ctx, gw2);
+        }
         free(hyb);
         ops->buf_free(ops->be, &g_ctx, yb);
         float *fr[] = {dout, hz, y0, y1, w0, w1};
@@ -1571,6 +1625,21 @@ static void test_bf16_ldx_refused(void)
                   both ? "T=20 chunk=4" : "T=20 chunk=0", kept ? 0.0 : 1.0, 0);
         }
         g_ops->buf_free(g_ops->be, &g_ctx, xb);
+    }
+    {   /* dy NULL: without its twin on the tensor cores, and with it off them: refused, dx not written */
+        mt_bf16 *ybt = dev_twin(d.R, n, 1.0f);
+        for (int off_tc = 0; off_tc < 2; off_tc++) {
+            g_ops->ssm_scan_backward_bf16(g_ops->be, dxw, g[0], g[1], g[2], g[3], g[4], g[5], NULL, d.x, E, d.Bm, d.Cm,
+                                          d.dt, d.lam, d.A, d.D, 1, 20, 2, 4, 6, off_tc ? 0 : 4, NULL, NULL, NULL,
+                                          NULL, off_tc ? ybt : NULL, NULL, 0);
+            float *dh2 = to_host(dxw, wide);
+            kept = memcmp(dh2, sent, wide * sizeof(float)) == 0;
+            free(dh2);
+            check(kept, off_tc ? "scan_backward_bf16 dy NULL off the tensor cores: refused, nothing written"
+                               : "scan_backward_bf16 dy NULL without dy_b: refused, nothing written",
+                  off_tc ? "T=20 chunk=0" : "T=20 chunk=4", kept ? 0.0 : 1.0, 0);
+        }
+        g_ops->buf_free(g_ops->be, &g_ctx, ybt);
     }
     /* ssm_prep_forward with Bh and its twin both NULL (cuda: MT_ERR_INVALID_ARG): dt,
      * its first output row, not written (T 20, H 2, P 4, G 1, N 6: W = 38) */

@@ -237,15 +237,15 @@ static double mamba_extra(const struct mt_block_shape *sh)
  *       scaled per source: 0.5 E + 0.5 HN + S, + 3 H for dt, lam, cum); the pass
  *       between chunks (2 S); the output (reads x, Bh, Ch twins, S_in, writes ys:
  *       E + HN + S + 3 H; ys as bf16 only, mamba.c ys_bf16): 1.5 E + 1.5 HN + 4 S + 8 H;
- *     backward (the states kept by the forward): the cumsum (2 H); dS_out's
- *       local part (dys, scaled per row before rounding, Ch twin: E + 0.5 HN +
- *       S) and pass (2 S); M, dG (reads the Ch, Bh twins, the dys twin, x: E
- *       + HN, writes 2 H Q); dx (M, the dys twin and dys for D dy, Bh twin,
- *       dS_out, writes dx, bf16: H Q + 2 E + 0.5 HN + S); dB (dG, Ch twin, x,
- *       dS_out, the Bh twin for qj, writes dBh: H Q + 0.5 E + 2 HN + S); dC (dG, Bh
- *       twin, the dys twin, S_in, the Ch twin for inter, writes dCh: H Q + 0.5 E
- *       + 2 HN + S); the scalars (dys, x, S_in, dS_out: 1.5 E + 2 S, ~6 H more):
- *       6.5 E + 6 HN + 8 S + 5 H Q + 15 H.
+ *     backward (the states kept by the forward; dys stored bf16 only, its twin,
+ *       so a read of it is 0.5 E): the cumsum (2 H); dS_out's local part (dys,
+ *       scaled per row before rounding, Ch twin: 0.5 E + 0.5 HN + S) and pass
+ *       (2 S); M, dG (reads the Ch, Bh twins, dys, x: E + HN, writes 2 H Q); dx
+ *       (M, dys for the product and for D dy, Bh twin, dS_out, writes dx, bf16:
+ *       H Q + 1.5 E + 0.5 HN + S); dB (dG, Ch twin, x, dS_out, the Bh twin for
+ *       qj, writes dBh: H Q + 0.5 E + 2 HN + S); dC (dG, Bh twin, dys, S_in, the
+ *       Ch twin for inter, writes dCh: H Q + 0.5 E + 2 HN + S); the scalars (dys,
+ *       x, S_in, dS_out: E + 2 S, ~6 H more): 5 E + 6 HN + 8 S + 5 H Q + 15 H.
  *     Elsewhere (the fp32 scan): reads x, Bh, Ch, dt, lam, writes ys (2 E +
  *     2 HN + 2 H); backward reads those and dys, writes their gradients (3 E
  *     + 4 HN + 4 H); its chunk states and in-chunk arrays not counted.
@@ -277,7 +277,8 @@ static void mamba_work_bf16(const struct mt_block_shape *sh, int rc, struct mt_w
         /* x stored bf16 by the in-projection (acts x_b, with z_b): its reads halve, the
          * own state's and the output's (1 E forward), M/dG's, dB's and dD's (1.5 E back) */
         scan_f = 1.5 * E + 1.5 * HN + 4.0 * S + 8.0 * H;
-        scan_b = 6.5 * E + 6.0 * HN + 8.0 * S + 5.0 * HQ + 15.0 * H;
+        /* ... and dys stored bf16 only (its twin): dloc's, D dy's and dD's reads halve (1.5 E) */
+        scan_b = 5.0 * E + 6.0 * HN + 8.0 * S + 5.0 * HQ + 15.0 * H;
     }
     w->e[MT_WORK_SCAN] += scan_f + scan_b + rc * scan_f;
     /* the residual: seeded by the input norm (1 D) where mamba.c does (one rank, no LoRA),
@@ -292,7 +293,8 @@ static void mamba_work_bf16(const struct mt_block_shape *sh, int rc, struct mt_w
     /* ... and d h as bf16 from the in-projection's dX GEMM (plan_dh_bf16): 0.5 D less */
     /* ... and where seeded, Wout's GEMM adds x_in itself (plan_resid_gemm): no seed written */
     const double sw = seed > 0 && plan_resid_gemm(sh) > 0 ? 0.0 : seed;
-    w->e[MT_WORK_NORM] += (5.5 + hs + sw + 0.5 * tw - 0.5 * dhb) * D + (7.5 - 4.0 * ysb) * E +
+    /* ... and dys written as its bf16 twin alone (the scan widens it): the fp32 store gone (1 E) */
+    w->e[MT_WORK_NORM] += (5.5 + hs + sw + 0.5 * tw - 0.5 * dhb) * D + (7.5 - 6.0 * ysb) * E +
                           rc * ((1.5 + hs + sw) * D + (2.5 - 2.0 * ysb) * E);
     w->e[MT_WORK_ELEMENTWISE] += prep_f + prep_b + resid + 1.5 * (1.0 - tw) * D + (1.0 - dpb) * 1.5 * W +
                                  rc * (prep_f + resid);

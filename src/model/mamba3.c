@@ -269,7 +269,7 @@ static void ssm_backward(const struct mt_ops_i *ops, struct mt_mamba3_weights *g
     ops->fill(ops->be, s->dA, 0.0f, (size_t)d->H);
     if (scan_bf16(ops, d))   /* in_proj: x from proj, dx into dproj's xs columns; the forward's chunk states */
         ops->ssm_scan_backward_bf16(ops->be, in_proj ? s->dproj + E : s->dx, s->dBh, s->dCh, s->ddt, s->dlam, s->dA,
-                                    g->Dsk, s->dys, scan_x(a, in_proj, E), in_proj ? W : E,
+                                    g->Dsk, dproj_b ? NULL : s->dys, scan_x(a, in_proj, E), in_proj ? W : E,
                                     in_proj ? NULL : a->Bh, in_proj ? NULL : a->Ch, a->dt,
                                     a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk, a->states,
                                     dproj_b ? dproj_b + E : NULL, in_proj ? a->Bh_b : NULL, in_proj ? a->Ch_b : NULL,
@@ -314,7 +314,8 @@ int mt_mamba3_mix_backward_b(const struct mt_ops_i *ops, struct mt_mamba3_weight
         mt_mamba3_mix_backward(ops, g, s, a, w, d, B, T);
         return 0;
     }
-    ops->ssm_gate_norm_backward_bf16(ops->be, s->dys, dproj_b, g->g_out, s->dyn, a->ys_b ? NULL : a->ys, a->proj, W,
+    /* dys as bf16 only (its twin): the tensor-core scan, its one reader, widens it */
+    ops->ssm_gate_norm_backward_bf16(ops->be, NULL, dproj_b, g->g_out, s->dyn, a->ys_b ? NULL : a->ys, a->proj, W,
                                      w->g_out, a->rstd_o, n, E, d->G, dys_twin(s), a->ys_b, a->z_b, 2 * W);
     ssm_backward(ops, g, s, a, w, d, B, T, dproj_b);
     return 1;

@@ -682,7 +682,11 @@ struct mt_ops_i {
      * dy_b (backward): NULL, or dy's bf16 twin (bf16(dy) exactly:
      * ssm_gate_norm_backward_bf16's dy_b), read where a product stages dy as
      * its operand (half the bytes, the same bits); dy is still read where it
-     * enters fp32 terms (D dy, dD, the scaled e_i dy_i). */
+     * enters fp32 terms (D dy, dD, the scaled e_i dy_i). Where the chunked
+     * products run on tensor cores dy may be NULL with dy_b: dy stored bf16
+     * only (the gated norm's backward given dy NULL), every read widening the
+     * twin, those terms too (e_i dy_i: bf16(e_i bf16(dy_i))); elsewhere dy
+     * NULL is refused (MT_ERR_UNSUPPORTED, nothing written). */
     /* y_b (forward): NULL, or where y goes as bf16 ONLY (each value the fp32 y
      * rounded once, nearest even; y is not written and may be NULL): for a
      * gated norm that reads it so (ssm_gate_norm_*_bf16's y_b; autocast's
@@ -964,7 +968,8 @@ struct mt_ops_i {
      * three fill all W columns of dproj_b with the bits cast_bf16 would give
      * the fp32 dproj. Optional (NULL: the fp32 entries, then cast_bf16).
      * The gated norm's dy_b: NULL, or dy also written there as bf16 (nearest
-     * even), the scan backward's dy twin. */
+     * even), the scan backward's dy twin; with dy_b, dy may be NULL: written
+     * as bf16 only (cuda: dy and dy_b both NULL is MT_ERR_INVALID_ARG). */
     void   (*ssm_gate_norm_backward_bf16)(void *be, float *dy, mt_bf16 *dz_b, float *dw, const float *dout,
                                           const float *y, const float *z, int ldz, const float *w, const float *rstd,
                                           int n, int E, int G, mt_bf16 *dy_b, const mt_bf16 *y_b,

@@ -354,6 +354,14 @@ static __device__ void tc_stage_x(bf16 *dst, int ld, int nr, int kw, const float
         return tok >= lo && tok < hi ? tok : -1;
     });
 }
+/* dy at the chunk's token t (absolute), column p: the fp32 value, or (dy NULL: stored
+ * bf16 only, ssd_twins Y) its twin widened */
+static __device__ __forceinline__ float tc_dy_at(const float *dy, const bf16 *Y, const struct tc_chunk &k, int P,
+                                                 size_t t, int p)
+{
+    const size_t at = (k.ob + t) * k.xld + (size_t)k.h * P + p;
+    return dy ? dy[at] : __bfloat162float(Y[at]);
+}
 /* x at the chunk's token t (absolute), column p: the fp32 value, or the bf16 one widened */
 static __device__ __forceinline__ float tc_x_at(const float *x, const bf16 *X, const struct tc_chunk &k, int P,
                                                 size_t t, int p)
@@ -671,7 +679,6 @@ ssd_tc_tok_k(float *out, bf16 *outb, float *last, float *edge, float *qj, const 
     float *w = sm, *cm = w + 2 * d.Q, *v = sm + SSD_AL4(3 * d.Q), *gq = v + TC_B, *tq = gq + SSD_AL4(tc_r16(d.Q));
     bf16 *Go = (bf16 *)(tq + SSD_AL4(Np)), *Gn = Go + tc_r16(d.Q) * TC_LD(TC_B), *Rs = Gn + tc_r16(d.Q) * TC_LD(TC_B);
     bf16 *St = Rs + tc_r16(d.Q) * LW, *Sd = St + (d.Q + 2) * LK;
-    const float *dyh = dy + k.ob * k.xld + (size_t)k.h * d.P;
     const bf16 *Gc = Gb + (size_t)k.ci * d.Q * 2 * d.Q;   /* the chunk's M (8a) or dG (8b): (q, 2q) of (Q, 2Q) */
     tc_weights(w, cm, k, cum, dt, lam, A, d);
     /* (loops before a barrier that some threads skip, and the edge row's call
@@ -733,8 +740,9 @@ ssd_tc_tok_k(float *out, bf16 *outb, float *last, float *edge, float *qj, const 
                 if (DB) {
                     tc_put2(out + t * k.bld + (size_t)k.h * d.N + n, n, W, acc[j][e], acc[j][e + 1]);
                 } else {
-                    const float *yr = dyh + (size_t)(k.t0 + r) * k.xld + n;
-                    const float v0 = acc[j][e] + Dh * yr[0], v1 = n + 1 < W ? acc[j][e + 1] + Dh * yr[1] : 0.0f;
+                    const size_t tr = (size_t)k.t0 + r;
+                    const float v0 = acc[j][e] + Dh * tc_dy_at(dy, tw.Y, k, d.P, tr, n);
+                    const float v1 = n + 1 < W ? acc[j][e + 1] + Dh * tc_dy_at(dy, tw.Y, k, d.P, tr, n + 1) : 0.0f;
                     if (!XB) tc_put2(out + t * k.xs + (size_t)k.h * d.P + n, n, W, v0, v1);
                     else if (has_next && r == q - 1)   /* the next chunk's edge joins it: fp32 until then */
                         tc_put2(last + (size_t)k.ci * d.P + n, n, W, v0, v1);
@@ -889,10 +897,13 @@ ssd_tc_outer_k(float *out, const float *cum, const float *u, const bf16 *ub, con
     else tc_vout(sc, w, cm, 0, K, q, 1);   /* sc_j = v_j: every staged chunk has a next one */
     __syncthreads();
     if (DL) {   /* Us rows i: bf16(e_i dy_i) (K rows, 0 past q); Vs rows i: C_i */
-        tc_stage_rows(Us, LP, K, Pp, u + k.ob * k.xld + (size_t)k.h * d.P, k.xld, d.P, [&](int i, float &s) {
+        const auto rows = [&](int i, float &s) {
             s = sc[i];
             return i < q ? t0 + i : -1;
-        });
+        };
+        const size_t off = k.ob * k.xld + (size_t)k.h * d.P;
+        if (u) tc_stage_rows(Us, LP, K, Pp, u + off, k.xld, d.P, rows);
+        else tc_stage_rows(Us, LP, K, Pp, ub + off, k.xld, d.P, rows);   /* dy stored bf16 only: bf16(e_i bf16(dy_i)) */
         tc_stage_bc(Vs, LN, K, Np, vsrc, vtw, k, d.N, t0, 0, t0 + q);
     } else {    /* Us: the token rows of x (sources mapped); Vs rows j: bf16(v_j bf16(B_src(j))) */
         tc_stage_x(Us, LP, q + 2, Pp, u, ub, k, d.P, t0 - 1, 0, t0 + q);
@@ -945,8 +956,8 @@ void ssd_tc_dloc(float *dSo, const float *cum, const float *dy, const float *Cm,
     const size_t smem = tc_outer_smem(d);
     if (!mt_cuda_smem_opt_in(ssd_tc_outer_k<1>, smem)) return;
     MT_LAUNCH(ssd_tc_outer_k<1>, dim3((unsigned)(d.B * d.H * (d.nc - 1)), (unsigned)((d.P + TC_B - 1) / TC_B)),
-              TC_THREADS, smem)(dSo, cum, dy, (const bf16 *)NULL, Cm, tw.C, (const float *)NULL, (const float *)NULL,
-                                (const float *)NULL, d);
+              TC_THREADS, smem)(dSo, cum, dy, dy ? (const bf16 *)NULL : tw.Y, Cm, tw.C, (const float *)NULL,
+                                (const float *)NULL, (const float *)NULL, d);
     MT_CUDA_KCHECK();
 }
 

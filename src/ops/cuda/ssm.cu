@@ -1014,8 +1014,9 @@ static __device__ __forceinline__ float ssd_colsum(const float *dL, const float 
  * ssd_tc.cu) its strip column sums (B H nc, SSD_TC_STRIPS(Q), 2Q) */
 static __global__ void ssd_scal_k(float *ddt, float *dlam, double *part, const float *dLE, int colsums, const float *rs,
                                   const float *qj, const float *inter, const float *Sst, const float *dSo,
-                                  const float *cum, const float *dy, const float *x, const __nv_bfloat16 *xb,
-                                  const float *dt, const float *lam, const float *A, struct ssd_dims d)
+                                  const float *cum, const float *dy, const __nv_bfloat16 *yb, const float *x,
+                                  const __nv_bfloat16 *xb, const float *dt, const float *lam, const float *A,
+                                  struct ssd_dims d)
 {
     MT_DYN_SMEM(double, dred);   /* blockDim doubles, then dcum (Q), dw, csum (2Q each), tot (blockDim), ys, xs (Q x KP) floats */
     float *dcum = (float *)(dred + blockDim.x), *dw = dcum + d.Q, *csum = dw + 2 * d.Q, *tot = csum + 2 * d.Q;
@@ -1082,11 +1083,12 @@ static __global__ void ssd_scal_k(float *ddt, float *dlam, double *part, const f
     float sxy[SSD_ROWS_PER_SCAL];
 #pragma unroll
     for (int u = 0; u < SSD_ROWS_PER_SCAL; u++) sxy[u] = 0.0f;
-    const float *dyh = dy + ob * xld + (size_t)h * d.P;
     for (int p0 = 0; p0 < d.P; p0 += SSD_KT) {
         int kp = d.P - p0 < SSD_KT ? d.P - p0 : SSD_KT;
         __syncthreads();
-        ssd_stage_rows(ys, dyh, xld, t0 + 1, q, p0, kp);   /* row i: token t0 + i */
+        /* row i: token t0 + i; dy, or (NULL) its bf16 twin widened, and x likewise */
+        if (dy) ssd_stage_rows(ys, dy + ob * xld + (size_t)h * d.P, xld, t0 + 1, q, p0, kp);
+        else ssd_stage_rows(ys, yb + ob * xld + (size_t)h * d.P, xld, t0 + 1, q, p0, kp);
         if (xb) ssd_stage_rows(xs, xb + ob * (size_t)d.xsb + (size_t)h * d.P, (size_t)d.xsb, t0 + 1, q, p0, kp);
         else ssd_stage_rows(xs, x + ob * (size_t)d.xs + (size_t)h * d.P, (size_t)d.xs, t0 + 1, q, p0, kp);
         __syncthreads();
@@ -1224,7 +1226,7 @@ static void ssd_backward(float *dx, __nv_bfloat16 *dxb, float *dBm, float *dCm, 
     }
     unsigned ts = SSD_SCAN_THREADS;
     MT_LAUNCH(ssd_scal_k, (unsigned)nch, ts, ts * sizeof(double) + (5 * (size_t)d.Q + ts + 2 * (size_t)d.Q * SSD_KP) * sizeof(float))(
-        ddt, dlam, part, dLE, tc, rs, qj, inter, Sst, dSo, cum, dy, x, tw.X, dt, lam, A, d);
+        ddt, dlam, part, dLE, tc, rs, qj, inter, Sst, dSo, cum, dy, tw.Y, x, tw.X, dt, lam, A, d);
     MT_CUDA_KCHECK();
     if (!tc) {   /* (tensor cores: dx, dBm written above) */
         MT_LAUNCH(ssd_scatter_k, (unsigned)((size_t)d.B * d.T * d.H), pow2_threads(d.P + d.N, 256), 0)(dx, dBm, dXc,
@@ -1574,6 +1576,12 @@ extern "C" void mt_cuda_ssm_scan_backward_bf16(void *be, float *dx, float *dBm, 
     const int tc = scan_tc_pick(d, chunk);
     const struct ssd_twins tw = ssd_bf16_twins(Bh_b, Ch_b, dy_b, x_b);
     if (!scan_x_ok(x, x_b, ldx_b, H, P) || !scan_args_ok(tc, ldx, H, P, dx_b, Bm, Cm, tw)) return;
+    if (!dy && !(tc && dy_b)) {   /* dy stored bf16 only: its twin alone, on the tensor cores */
+        mt_cuda_record(MT_ERR_UNSUPPORTED, "ssm_scan_backward_bf16",
+                       "dy NULL without its twin dy_b, or where the chunked products do not run on tensor cores",
+                       __FILE__, __LINE__);
+        return;
+    }
     if (!tc) {
         mt_cuda_ssm_scan_backward(be, dx, dBm, dCm, ddt, dlam, dA, dDsk, dy, x, Bm, Cm, dt, lam, A, Dsk, B, T, H, P,
                                   N, chunk);
@@ -2086,8 +2094,7 @@ static __global__ void gate_bwd_k(float *dy, __nv_bfloat16 *dyb, float *dz, __nv
         const YT *yr = y + (size_t)row * E;
         const ZT *zr = z + (size_t)row * ldzi;
         const float *d = dout + (size_t)row * E;
-        float *dyr = dy + (size_t)row * E;
-        const size_t oz = (size_t)row * ldz;
+        const size_t oz = (size_t)row * ldz, oy = (size_t)row * E;
         float rs = rstd[(size_t)row * G + g];
         double m = 0.0;
         for (int c = g * cg + (int)threadIdx.x; c < (g + 1) * cg; c += nt)
@@ -2114,8 +2121,8 @@ static __global__ void gate_bwd_k(float *dy, __nv_bfloat16 *dyb, float *dz, __nv
                 float dv = rs * (dvv[u] * wv[u] - vh * mean);
                 const float dzv = dv * yv[u] * (s + si * (1.0f - s));
                 const float dyv = dv * si;
-                dyr[c] = dyv;
-                if (dyb) dyb[(size_t)row * E + c] = __float2bfloat16_rn(dyv);
+                if (dy) dy[oy + c] = dyv;   /* NULL: dy as bf16 only (dyb) */
+                if (dyb) dyb[oy + c] = __float2bfloat16_rn(dyv);
                 if (dzb) dzb[oz + c] = __float2bfloat16_rn(dzv);
                 else dz[oz + c] = dzv;
                 pw[c] = row == r0 ? dvv[u] * vh : pv[u] + dvv[u] * vh;   /* dw: this block's rows, in order */
@@ -2197,6 +2204,10 @@ extern "C" void mt_cuda_ssm_gate_norm_backward_bf16(void *be, float *dy, mt_bf16
                                                     const mt_bf16 *y_b, const mt_bf16 *zin_b, int ldz_b)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    if (!dy && !dy_b) {   /* dy NULL: written as bf16 only, into dy_b */
+        mt_cuda_record(MT_ERR_INVALID_ARG, "ssm_gate_norm_backward_bf16", "dy and dy_b both NULL", __FILE__, __LINE__);
+        return;
+    }
     gate_backward(dy, dy_b, NULL, dz_b, dw, dout, y, z, ldz, w, rstd, n, E, G, y_b, zin_b, ldz_b);
 }
 
