@@ -56,7 +56,8 @@ same "bf16 np1" 1 $MOE --set precision=bf16
 same "bf16 ep2" 2 $MOE --set precision=bf16 --mesh ep=2
 same "lora bf16 np1" 1 $MOE $LORA --set precision=bf16
 # bf16 with frozen experts and no expert adapter: gate/up stored bf16 (moe.c moe_gu_bf16), no weight gradient
-same "lora q,v bf16 (frozen experts, gate and up bf16) np1" 1 $MOE --set lora_rank=4 --set lora_targets=q,v --set precision=bf16
+same "lora q,v bf16 (frozen experts, gate and up bf16) np1" 1 $MOE --set lora_rank=4 --set lora_targets=q,v \
+    --set precision=bf16
 # null experts (SPEC 1e): the groups cover only the real rows [0, e_off[E]); fp32 one rank, bf16 on ep=2
 same "null experts np1" 1 $MOE --set n_null_experts=2 --set top_k=3
 same "null experts bf16 ep2" 2 $MOE --set n_null_experts=2 --set top_k=3 --set precision=bf16 --mesh ep=2

@@ -1387,8 +1387,8 @@ static void test_gate_bf16(int n, int E, int G)
                                              NULL, 0);
             uint16_t *a = bf16_to_host(yb2, nE), *za = bf16_to_host(zb2, nz);
             float *w2 = to_host(gw2, E);
-            const int same2 = memcmp(a, hyb, nE * sizeof(uint16_t)) == 0 && memcmp(za, hzb, nz * sizeof(uint16_t)) == 0 &&
-                              memcmp(w2, w0, E * sizeof(float)) == 0;
+            const int same2 = memcmp(a, hyb, nE * sizeof(uint16_t)) == 0 &&
+                              memcmp(za, hzb, nz * sizeof(uint16_t)) == 0 && memcmp(w2, w0, E * sizeof(float)) == 0;
             check(same2, "gate norm backward bf16 dy NULL: dy_b, dz_b, dw the bits of dy given", tag, same2 ? 0.0 : 1.0,
                   0);
             free(a); free(za); free(w2);

@@ -366,7 +366,8 @@ static __device__ __forceinline__ float tc_dy_at(const float *dy, const bf16 *Y,
 static __device__ __forceinline__ float tc_x_at(const float *x, const bf16 *X, const struct tc_chunk &k, int P,
                                                 size_t t, int p)
 {
-    return X ? __bfloat162float(X[(k.ob + t) * k.xsb + (size_t)k.h * P + p]) : x[(k.ob + t) * k.xs + (size_t)k.h * P + p];
+    const size_t hp = (size_t)k.h * P + p;
+    return X ? __bfloat162float(X[(k.ob + t) * k.xsb + hp]) : x[(k.ob + t) * k.xs + hp];
 }
 /* tc_stage_rows<1> of B's head rows (row(r, s) as there: dst = bf16(s bf16(B))),
  * from B's twin tw where given (m may then be NULL), else m rounded as read:
