@@ -1277,7 +1277,7 @@ static void test_gate_yz_b(const float *yh, const float *zh, int ldz, const floa
             zb[v] = dev_bf16(nz, BF16_SENTINEL);
             yt[v] = dev_bf16(nE, BF16_SENTINEL);
             ops->ssm_gate_norm_backward_bf16(ops->be, gy[v], zb[v], gw[v], dd, vy ? NULL : yw, vz ? NULL : zw, ldz, dw,
-                                             rs[0], n, E, G, yt[v], vy ? yb : NULL, vz ? zb_in : NULL, (int)ldzb);
+                                             rs[0], n, E, G, yt[v], vy ? yb : NULL, vz ? zb_in : NULL, (int)ldzb, NULL);
         }
         float *y0 = to_host(gy[0], nE), *w0 = to_host(gw[0], E);
         uint16_t *z0 = bf16_to_host(zb[0], nz), *t0 = bf16_to_host(yt[0], nE);
@@ -1361,7 +1361,7 @@ static void test_gate_bf16(int n, int E, int G)
         for (int v = 0; v < 2; v++) { gy[v] = dev_zero(nE); gw[v] = up(ops, w, E); }
         ops->ssm_gate_norm_backward(ops->be, gy[0], gz, gw[0], dd, dy, dz, ldz, dw, r0, n, E, G);
         ops->ssm_gate_norm_backward_bf16(ops->be, gy[1], zb, gw[1], dd, dy, dz, ldz, dw, r0, n, E, G, yb, NULL, NULL,
-                                         0);
+                                         0, NULL);
         float *hz = to_host(gz, nz), *y0 = to_host(gy[0], nE), *y1 = to_host(gy[1], nE);
         float *w0 = to_host(gw[0], E), *w1 = to_host(gw[1], E);
         uint16_t *hzb = bf16_to_host(zb, nz);
@@ -1384,7 +1384,7 @@ static void test_gate_bf16(int n, int E, int G)
             mt_bf16 *zb2 = dev_bf16(nz, BF16_SENTINEL), *yb2 = dev_bf16(nE, BF16_SENTINEL);
             float *gw2 = up(ops, w, E);
             ops->ssm_gate_norm_backward_bf16(ops->be, NULL, zb2, gw2, dd, dy, dz, ldz, dw, r0, n, E, G, yb2, NULL,
-                                             NULL, 0);
+                                             NULL, 0, NULL);
             uint16_t *a = bf16_to_host(yb2, nE), *za = bf16_to_host(zb2, nz);
             float *w2 = to_host(gw2, E);
             const int same2 = memcmp(a, hyb, nE * sizeof(uint16_t)) == 0 &&
@@ -1394,6 +1394,32 @@ static void test_gate_bf16(int n, int E, int G)
             free(a); free(za); free(w2);
             ops->buf_free(ops->be, &g_ctx, zb2); ops->buf_free(ops->be, &g_ctx, yb2);
             ops->buf_free(ops->be, &g_ctx, gw2);
+        }
+        {   /* dout_b (dout stored bf16, dout NULL): the bits of the call given dout = bf16(dout) widened */
+            mt_bf16 *zbv[2], *ybv[2], *db = dev_twin(dd, nE, 1.0f);
+            float *gwv[2], *dr = falloc(nE);
+            for (size_t i = 0; i < nE; i++) {
+                const uint32_t u = (uint32_t)ref_bf16(dout[i]) << 16;
+                memcpy(&dr[i], &u, sizeof u);
+            }
+            float *ddr = up(ops, dr, nE);
+            for (int v = 0; v < 2; v++) {   /* 0: dout = bf16(dout) widened; 1: dout_b */
+                zbv[v] = dev_bf16(nz, BF16_SENTINEL), ybv[v] = dev_bf16(nE, BF16_SENTINEL), gwv[v] = up(ops, w, E);
+                ops->ssm_gate_norm_backward_bf16(ops->be, NULL, zbv[v], gwv[v], v ? NULL : ddr, dy, dz, ldz, dw, r0, n,
+                                                 E, G, ybv[v], NULL, NULL, 0, v ? db : NULL);
+            }
+            uint16_t *y0b = bf16_to_host(ybv[0], nE), *y1b = bf16_to_host(ybv[1], nE);
+            uint16_t *z0b = bf16_to_host(zbv[0], nz), *z1b = bf16_to_host(zbv[1], nz);
+            float *w0v = to_host(gwv[0], E), *w1v = to_host(gwv[1], E);
+            const int same3 = memcmp(y0b, y1b, nE * sizeof(uint16_t)) == 0 &&
+                              memcmp(z0b, z1b, nz * sizeof(uint16_t)) == 0 && memcmp(w0v, w1v, E * sizeof(float)) == 0;
+            check(same3, "gate norm backward bf16 dout_b: the bits of dout = bf16(dout)", tag, same3 ? 0.0 : 1.0, 0);
+            free(y0b); free(y1b); free(z0b); free(z1b); free(w0v); free(w1v); free(dr);
+            for (int v = 0; v < 2; v++) {
+                ops->buf_free(ops->be, &g_ctx, zbv[v]); ops->buf_free(ops->be, &g_ctx, ybv[v]);
+                ops->buf_free(ops->be, &g_ctx, gwv[v]);
+            }
+            ops->buf_free(ops->be, &g_ctx, db); ops->buf_free(ops->be, &g_ctx, ddr);
         }
         free(hyb);
         ops->buf_free(ops->be, &g_ctx, yb);

@@ -293,8 +293,9 @@ static void mamba_work_bf16(const struct mt_block_shape *sh, int rc, struct mt_w
     /* ... and d h as bf16 from the in-projection's dX GEMM (plan_dh_bf16): 0.5 D less */
     /* ... and where seeded, Wout's GEMM adds x_in itself (plan_resid_gemm): no seed written */
     const double sw = seed > 0 && plan_resid_gemm(sh) > 0 ? 0.0 : seed;
-    /* ... and dys written as its bf16 twin alone (the scan widens it): the fp32 store gone (1 E) */
-    w->e[MT_WORK_NORM] += (5.5 + hs + sw + 0.5 * tw - 0.5 * dhb) * D + (7.5 - 6.0 * ysb) * E +
+    /* ... and dys written as its bf16 twin alone (the scan widens it): the fp32 store gone (1 E);
+     * and dyn read as bf16 (the out-projection's backward GEMM writes it so: 0.5 E) */
+    w->e[MT_WORK_NORM] += (5.5 + hs + sw + 0.5 * tw - 0.5 * dhb) * D + (7.5 - 7.0 * ysb) * E +
                           rc * ((1.5 + hs + sw) * D + (2.5 - 2.0 * ysb) * E);
     w->e[MT_WORK_ELEMENTWISE] += prep_f + prep_b + resid + 1.5 * (1.0 - tw) * D + (1.0 - dpb) * 1.5 * W +
                                  rc * (prep_f + resid);
@@ -684,13 +685,18 @@ static enum mt_status gate_bwd_rep(struct mt_ctx *ctx, const struct mt_piece_ctx
 
 /* d yn = dy Wout and dWout += dy^T yn (its twin in precision=bf16); two GEMMs read dy, so
  * in precision=bf16 it is rounded once (dyb_round) */
-static void wout_bwd(const struct mt_piece_ctx *pc, const float *dy, struct mt_mamba3_weights *g, int n)
+/* dWout += dy^T yn; dyn = dy Wout, or (dyn_b not NULL) written as bf16 only there (its
+ * GEMM's bf16 output: the bf16 gated norm's backward reads it widened) */
+static void wout_bwd(const struct mt_piece_ctx *pc, const float *dy, struct mt_mamba3_weights *g, int n,
+                     mt_bf16 *dyn_b)
 {
     const struct mamba_state *st = pc->st;
     const struct mt_ops_i *ops = pc->ops;
     const int E = mdims(pc)->H * mdims(pc)->P;
     const mt_bf16 *dyb = mixer_bf16(mbw(pc)) ? dyb_round(ops, pc->dyb, dy, (size_t)n * (size_t)pc->D) : NULL;
-    wlinear_backward_db(ops, mb_s(pc)->dyn, 0.0f, g->wout, dy, dyb, st->mb.yn, st->yn_b, mbw(pc)->mwout, n, E, pc->D);
+    wlinear_backward_db(ops, dyn_b ? NULL : mb_s(pc)->dyn, 0.0f, g->wout, dy, dyb, st->mb.yn, st->yn_b,
+                        mbw(pc)->mwout, n, E, pc->D);
+    if (dyn_b) wlinear_backward_dx_bf16_out(ops, dyn_b, dy, dyb, mbw(pc)->mwout, n, E, pc->D);
 }
 
 /* the whole mixer with replicated B/C: out (n, D) = mixer(h) / its backward */
@@ -716,7 +722,7 @@ static enum mt_status mixer_bwd_rep(struct mt_ctx *ctx, const struct mt_piece_ct
     struct mamba_state *st = pc->st;
     const struct mt_ops_i *ops = pc->ops;
     const int n = pc->B * pc->T;
-    wout_bwd(pc, dy, g, n);
+    wout_bwd(pc, dy, g, n, NULL);
     MT_CHECK(gate_bwd_rep(ctx, pc, w, g, n));
     mt_mamba3_ssm_backward(ops, g, mb_s(pc), &st->mb, w, mdims(pc), pc->B, pc->T);
     in_bwd_rep(pc, pc->dh, mb_s(pc)->dproj, mamba_h(pc, pc->nm->h), pc->nm->hb, n);
@@ -793,11 +799,17 @@ static const mt_bf16 *mixer_bwd(const struct mt_piece_ctx *pc, const float *dy, 
         return NULL;
     }
     const int n = pc->B * pc->T;
-    wout_bwd(pc, dy, g, n);
+    /* dyn as bf16 only where the forward took the bf16 gated norm (ys_b: the backward's is
+     * the bf16 one too, mt_mamba3_mix_backward_b), its one reader: autocast's rounding of
+     * the out-projection's input gradient (4 bytes an element: the store, the read) */
+    mt_bf16 *dyn_b = st->mb.ys_b && ops->gemm_bf16_out ? (mt_bf16 *)mb_s(pc)->dyn : NULL;
+    wout_bwd(pc, dy, g, n, dyn_b);
     /* dproj as bf16 from its producers where they can (mt_mamba3_mix_backward_b), into
      * the dy scratch: wout_bwd's GEMMs, its other readers, come before on the stream */
     mt_bf16 *room = dyb_room(pc->dyb, (size_t)n * (size_t)mt_mamba3_in_width(mdims(pc)));
+    mb_s(pc)->dyn_b = dyn_b;
     const int direct = mt_mamba3_mix_backward_b(ops, g, mb_s(pc), &st->mb, w, mdims(pc), pc->B, pc->T, room);
+    mb_s(pc)->dyn_b = NULL;
     mt_bf16 *dhb = dh_bf16_room(pc);
     return in_bwd(pc, pc->dh, g, mb_s(pc)->dproj, direct ? room : NULL, mamba_h(pc, pc->nm->h), pc->nm->hb, w, n, dhb)
                ? dhb : NULL;

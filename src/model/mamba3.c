@@ -91,6 +91,7 @@ void mt_mamba3_scratch_bind(struct mt_mamba3_scratch *s, float *p, const struct 
     s->ddt = p;   p += N * d->H;
     s->dlam = p;  p += N * d->H;
     s->dA = p;
+    s->dyn_b = NULL;   /* the owner sets it around a bf16 backward (mt_mamba3_scratch) */
 }
 
 /* Rows of the seven in-projection blocks, in proj's column order. */
@@ -244,6 +245,7 @@ void mt_mamba3_mix_backward(const struct mt_ops_i *ops, struct mt_mamba3_weights
     MT_ASSERT(!a->ys_b);   /* the fp32 gated norm reads the fp32 ys */
     const int n = B * T, E = d->H * d->P, W = mt_mamba3_in_width(d);
     /* term 2: dz lands in dproj's z columns */
+    MT_ASSERT(!s->dyn_b);   /* the fp32 gated norm reads the fp32 dyn */
     ops->ssm_gate_norm_backward(ops->be, s->dys, s->dproj, g->g_out, s->dyn, a->ys, a->proj, W, w->g_out,
                                 a->rstd_o, n, E, d->G);
     mt_mamba3_ssm_backward(ops, g, s, a, w, d, B, T);
@@ -315,8 +317,9 @@ int mt_mamba3_mix_backward_b(const struct mt_ops_i *ops, struct mt_mamba3_weight
         return 0;
     }
     /* dys as bf16 only (its twin): the tensor-core scan, its one reader, widens it */
-    ops->ssm_gate_norm_backward_bf16(ops->be, NULL, dproj_b, g->g_out, s->dyn, a->ys_b ? NULL : a->ys, a->proj, W,
-                                     w->g_out, a->rstd_o, n, E, d->G, dys_twin(s), a->ys_b, a->z_b, 2 * W);
+    ops->ssm_gate_norm_backward_bf16(ops->be, NULL, dproj_b, g->g_out, s->dyn_b ? NULL : s->dyn, a->ys_b ? NULL : a->ys,
+                                     a->proj, W, w->g_out, a->rstd_o, n, E, d->G, dys_twin(s), a->ys_b, a->z_b, 2 * W,
+                                     s->dyn_b);
     ssm_backward(ops, g, s, a, w, d, B, T, dproj_b);
     return 1;
 }

@@ -85,6 +85,10 @@ struct mt_mamba3_scratch {
     float *sink;       /* LoRA (frozen mixer): where the SSM kernels put the frozen vectors'
                         * gradients, which they compute alongside dx; not in
                         * mt_mamba3_scratch_floats (mamba.c carves it, LoRA only) */
+    mt_bf16 *dyn_b;    /* NULL, or dyn stored bf16 only, in dyn's memory (the
+                        * out-projection's backward GEMM with a bf16 output): set
+                        * by the owner for mt_mamba3_mix_backward_b's bf16 gated
+                        * norm, which reads it widened; the fp32 paths assert NULL */
 };
 
 int    mt_mamba3_in_width(const struct mt_mamba3_dims *d);

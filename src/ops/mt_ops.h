@@ -969,11 +969,14 @@ struct mt_ops_i {
      * the fp32 dproj. Optional (NULL: the fp32 entries, then cast_bf16).
      * The gated norm's dy_b: NULL, or dy also written there as bf16 (nearest
      * even), the scan backward's dy twin; with dy_b, dy may be NULL: written
-     * as bf16 only (cuda: dy and dy_b both NULL is MT_ERR_INVALID_ARG). */
+     * as bf16 only (cuda: dy and dy_b both NULL is MT_ERR_INVALID_ARG).
+     * Its dout_b: NULL, or dout stored bf16 (the out-projection's backward
+     * GEMM with a bf16 output: autocast's rounding of the gradient), read
+     * widened (exact) in place of dout, which may then be NULL. */
     void   (*ssm_gate_norm_backward_bf16)(void *be, float *dy, mt_bf16 *dz_b, float *dw, const float *dout,
                                           const float *y, const float *z, int ldz, const float *w, const float *rstd,
                                           int n, int E, int G, mt_bf16 *dy_b, const mt_bf16 *y_b,
-                                          const mt_bf16 *zin_b, int ldz_b);
+                                          const mt_bf16 *zin_b, int ldz_b, const mt_bf16 *dout_b);
     void   (*ssm_prep_backward_bf16)(void *be, mt_bf16 *dproj_b, float *dproj, float *ddt_bias, float *dA_log,
                                      float *dgB, float *dgC, float *dB_bias, float *dC_bias, const float *dx,
                                      const float *dBh, const float *dCh, const float *ddt, const float *dlam,

@@ -794,7 +794,7 @@ void mt_cuda_ssm_gate_norm_backward(void *be, float *dy, float *dz, float *dw, c
 void mt_cuda_ssm_gate_norm_backward_bf16(void *be, float *dy, mt_bf16 *dz_b, float *dw, const float *dout,
                                          const float *y, const float *z, int ldz, const float *w, const float *rstd,
                                          int n, int E, int G, mt_bf16 *dy_b, const mt_bf16 *y_b,
-                                         const mt_bf16 *zin_b, int ldz_b);
+                                         const mt_bf16 *zin_b, int ldz_b, const mt_bf16 *dout_b);
 void mt_cuda_ssm_gate_norm_sums(void *be, float *s, int lds, const float *y, const float *z, int ldz, const float *w,
                                 const float *dout, const float *rstd, int n, int E, int c0, int cg);
 void mt_cuda_ssm_gate_norm_forward_ext(void *be, float *out, float *rstd, const float *y, const float *z, int ldz,

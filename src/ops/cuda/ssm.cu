@@ -2080,11 +2080,11 @@ static __global__ void gate_fwd_k(float *out, __nv_bfloat16 *out_b, float *rstd,
 #define GATE_RB 16
 
 /* dzb non-NULL: dz written there as bf16 (row stride ldz), not to dz; YT, ZT: y, z as
- * gate_fwd_k (z at row stride ldzi) */
+ * gate_fwd_k (z at row stride ldzi); doutb non-NULL: dout stored bf16, read widened */
 template <typename YT, typename ZT>
 static __global__ void gate_bwd_k(float *dy, __nv_bfloat16 *dyb, float *dz, __nv_bfloat16 *dzb, float *part,
-                                  const float *dout, const YT *y, const ZT *z, int ldzi, int ldz, const float *w,
-                                  const float *rstd, int n, int E, int G)
+                                  const float *dout, const __nv_bfloat16 *doutb, const YT *y, const ZT *z, int ldzi,
+                                  int ldz, const float *w, const float *rstd, int n, int E, int G)
 {
     MT_DYN_SMEM(double, dred);  /* blockDim */
     int rb = (int)blockIdx.x, g = (int)blockIdx.y, cg = E / G, nt = (int)blockDim.x;
@@ -2093,14 +2093,14 @@ static __global__ void gate_bwd_k(float *dy, __nv_bfloat16 *dyb, float *dz, __nv
     for (int row = r0; row < r1; row++) {
         const YT *yr = y + (size_t)row * E;
         const ZT *zr = z + (size_t)row * ldzi;
-        const float *d = dout + (size_t)row * E;
         const size_t oz = (size_t)row * ldz, oy = (size_t)row * E;
+        const auto d = [&](int c) { return doutb ? __bfloat162float(doutb[oy + c]) : dout[oy + c]; };
         float rs = rstd[(size_t)row * G + g];
         double m = 0.0;
         for (int c = g * cg + (int)threadIdx.x; c < (g + 1) * cg; c += nt)
         {
             const float zc = mt_ld1(zr + c);
-            m += (double)d[c] * w[c] * (mt_ld1(yr + c) * zc * sigmoid_d(zc) * rs);
+            m += (double)d(c) * w[c] * (mt_ld1(yr + c) * zc * sigmoid_d(zc) * rs);
         }
         m = block_sum(m, dred);
         float mean = (float)(m / cg);
@@ -2110,7 +2110,7 @@ static __global__ void gate_bwd_k(float *dy, __nv_bfloat16 *dyb, float *dz, __nv
 #pragma unroll
             for (int u = 0; u < GATE_AHEAD; u++) {
                 const int c = c0 + u * nt, in = c < c1;
-                zv[u] = in ? mt_ld1(zr + c) : 0.0f, yv[u] = in ? mt_ld1(yr + c) : 0.0f, dvv[u] = in ? d[c] : 0.0f;
+                zv[u] = in ? mt_ld1(zr + c) : 0.0f, yv[u] = in ? mt_ld1(yr + c) : 0.0f, dvv[u] = in ? d(c) : 0.0f;
                 wv[u] = in ? w[c] : 0.0f, pv[u] = in && row != r0 ? pw[c] : 0.0f;
             }
 #pragma unroll
@@ -2164,17 +2164,19 @@ extern "C" void mt_cuda_ssm_gate_norm_forward(void *be, float *out, float *rstd,
 /* gate_bwd_k<YT, ZT> (y, z typed as given; z at row stride ldzi) */
 template <typename YT, typename ZT>
 static void gate_bwd_launch(dim3 grid, unsigned t, float *dy, mt_bf16 *dy_b, float *dz, mt_bf16 *dz_b, float *part,
-                            const float *dout, const YT *y, const ZT *z, int ldzi, int ldz, const float *w,
-                            const float *rstd, int n, int E, int G)
+                            const float *dout, const mt_bf16 *dout_b, const YT *y, const ZT *z, int ldzi, int ldz,
+                            const float *w, const float *rstd, int n, int E, int G)
 {
     MT_LAUNCH((gate_bwd_k<YT, ZT>), grid, t, t * sizeof(double))(dy, (__nv_bfloat16 *)dy_b, dz, (__nv_bfloat16 *)dz_b,
-                                                                 part, dout, y, z, ldzi, ldz, w, rstd, n, E, G);
+                                                                 part, dout, (const __nv_bfloat16 *)dout_b, y, z, ldzi,
+                                                                 ldz, w, rstd, n, E, G);
     MT_CUDA_KCHECK();
 }
 
 static void gate_backward(float *dy, mt_bf16 *dy_b, float *dz, mt_bf16 *dz_b, float *dw, const float *dout,
                           const float *y, const float *z, int ldz, const float *w, const float *rstd, int n, int E,
-                          int G, const mt_bf16 *y_b = NULL, const mt_bf16 *zin_b = NULL, int ldz_b = 0)
+                          int G, const mt_bf16 *y_b = NULL, const mt_bf16 *zin_b = NULL, int ldz_b = 0,
+                          const mt_bf16 *dout_b = NULL)
 {
     if (n * G == 0) return;
     unsigned t = pow2_threads(E / G, 256);
@@ -2183,10 +2185,11 @@ static void gate_backward(float *dy, mt_bf16 *dy_b, float *dz, mt_bf16 *dz_b, fl
     if (!part) return;
     const dim3 grid((unsigned)nrb, (unsigned)G);
     const __nv_bfloat16 *yb = (const __nv_bfloat16 *)y_b, *zb = (const __nv_bfloat16 *)zin_b;
-    if (yb && zb) gate_bwd_launch(grid, t, dy, dy_b, dz, dz_b, part, dout, yb, zb, ldz_b, ldz, w, rstd, n, E, G);
-    else if (yb) gate_bwd_launch(grid, t, dy, dy_b, dz, dz_b, part, dout, yb, z, ldz, ldz, w, rstd, n, E, G);
-    else if (zb) gate_bwd_launch(grid, t, dy, dy_b, dz, dz_b, part, dout, y, zb, ldz_b, ldz, w, rstd, n, E, G);
-    else gate_bwd_launch(grid, t, dy, dy_b, dz, dz_b, part, dout, y, z, ldz, ldz, w, rstd, n, E, G);
+    const mt_bf16 *db = dout_b;
+    if (yb && zb) gate_bwd_launch(grid, t, dy, dy_b, dz, dz_b, part, dout, db, yb, zb, ldz_b, ldz, w, rstd, n, E, G);
+    else if (yb) gate_bwd_launch(grid, t, dy, dy_b, dz, dz_b, part, dout, db, yb, z, ldz, ldz, w, rstd, n, E, G);
+    else if (zb) gate_bwd_launch(grid, t, dy, dy_b, dz, dz_b, part, dout, db, y, zb, ldz_b, ldz, w, rstd, n, E, G);
+    else gate_bwd_launch(grid, t, dy, dy_b, dz, dz_b, part, dout, db, y, z, ldz, ldz, w, rstd, n, E, G);
     colsum_blocks(dw, part, nrb, E, (size_t)E);
 }
 
@@ -2201,14 +2204,16 @@ extern "C" void mt_cuda_ssm_gate_norm_backward(void *be, float *dy, float *dz, f
 extern "C" void mt_cuda_ssm_gate_norm_backward_bf16(void *be, float *dy, mt_bf16 *dz_b, float *dw, const float *dout,
                                                     const float *y, const float *z, int ldz, const float *w,
                                                     const float *rstd, int n, int E, int G, mt_bf16 *dy_b,
-                                                    const mt_bf16 *y_b, const mt_bf16 *zin_b, int ldz_b)
+                                                    const mt_bf16 *y_b, const mt_bf16 *zin_b, int ldz_b,
+                                                    const mt_bf16 *dout_b)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
-    if (!dy && !dy_b) {   /* dy NULL: written as bf16 only, into dy_b */
-        mt_cuda_record(MT_ERR_INVALID_ARG, "ssm_gate_norm_backward_bf16", "dy and dy_b both NULL", __FILE__, __LINE__);
+    if ((!dy && !dy_b) || (!dout && !dout_b)) {   /* dy NULL: written as bf16 only, into dy_b; dout: read from dout_b */
+        mt_cuda_record(MT_ERR_INVALID_ARG, "ssm_gate_norm_backward_bf16", "dy and dy_b, or dout and dout_b, both NULL",
+                       __FILE__, __LINE__);
         return;
     }
-    gate_backward(dy, dy_b, NULL, dz_b, dw, dout, y, z, ldz, w, rstd, n, E, G, y_b, zin_b, ldz_b);
+    gate_backward(dy, dy_b, NULL, dz_b, dw, dout, y, z, ldz, w, rstd, n, E, G, y_b, zin_b, ldz_b, dout_b);
 }
 
 /* ---------------- the gated norm over groups that span ranks ----------------
