@@ -145,8 +145,8 @@ print("   plan params fp32 %d bf16 %d (+%d, shadows incl. %d experts x %d layers
       % (pa, pb, pb - pa, E, c["pattern"].count("E"), want))
 assert pb - pa == want, (pb - pa, want)
 assert b["memory"]["measured_peak_bytes"]["params"] == pb
-# the routed experts' gate and up stored bf16 (moe.c moe_gu_bf16): eg, eu at 2 bytes an
-# element of (M, Fe), M = N k slots, per E layer; and the plan carves what the run does
+# the routed experts' gate and up stored bf16 (moe.c moe_gu_bf16), and the shared expert's
+# (moe_shared_gu): eg, eu, sgp, sup at 2 bytes an element; the plan carves what the run does
 ga, gb = a["distributed"]["moe"]["expert_gate_up"], b["distributed"]["moe"]["expert_gate_up"]
 print("   expert_gate_up fp32 run %s, bf16 run %s; acts plan %d measured %d"
       % (ga, gb, b["memory"]["plan_bytes"]["acts"], b["memory"]["measured_peak_bytes"]["acts"]))

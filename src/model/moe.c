@@ -66,7 +66,7 @@ struct moe_state {
     int32_t *src_row;  /* (M)      row -> token                                     */
     float   *eg, *eu;  /* (M, Fe)  expert gate / up pre-activations (sorted rows); mt_bf16 where md->gu_bf16 */
     float   *ey;       /* (M, D)   expert outputs before gating (sorted rows)       */
-    float   *sgp, *sup;/* (Nm, Fs) shared expert gate / up pre-activations          */
+    float   *sgp, *sup;/* (Nm, Fs) shared expert gate / up pre-activations; mt_bf16 where md->shared_gu */
     float   *f_share;  /* (B, Er)  f[s,e]: share of sequence s's T*k slots (no grad) */
     int32_t *e_off_d;  /* (Er+1)   moe_route's expert offsets, on the backend (device sizes read them there) */
     /* host (OTHER) */
@@ -260,7 +260,10 @@ static enum mt_status moe_forward(struct mt_ctx *ctx, const struct mt_piece_ctx 
         MT_CHECK(experts_host_forward(ctx, pc, n));
     }
     ops->moe_combine(ops->be, out, st->ey, st->pos, st->gates, n, k, D);
-    if (md->Fs > 0)
+    if (md->Fs > 0 && md->shared_gu)   /* gate, up stored bf16 (moe_shared_gu); out += its output */
+        mlp_forward_gu(ops, pc->s_lora, out, 1, NULL, (mt_bf16 *)st->sgp, (mt_bf16 *)st->sup, s->ab, pc->nm->h,
+                       shared_hb(pc), moe_w(pc)->sg, moe_w(pc)->su, moe_w(pc)->sd, n, D, md->Fs);
+    else if (md->Fs > 0)
         mlp_forward_b(ops, pc->s_lora, out, 1, st->sgp, st->sup, pc->s_act, s->ab, pc->nm->h, shared_hb(pc),
                       moe_w(pc)->sg, moe_w(pc)->su, moe_w(pc)->sd, n, D, md->Fs);
 
@@ -318,7 +321,11 @@ static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx
     }
     ops->fill(ops->be, dh, 0.0f, (size_t)n * D);
     ops->moe_permute_backward(ops->be, dh, s->dxp, st->pos, n, k, D);
-    if (md->Fs > 0)
+    if (md->Fs > 0 && md->shared_gu)   /* dh += the shared expert's d h, on its bf16 g, u */
+        mlp_backward_gu(ops, dh, 1, s->ab, pc->s_dact, pc->s_dg, pc->s_du, dout, pc->nm->h, shared_hb(pc),
+                        (const mt_bf16 *)st->sgp, (const mt_bf16 *)st->sup, moe_w(pc)->sg, moe_w(pc)->su,
+                        moe_w(pc)->sd, n, D, md->Fs, pc->dyb, NULL);
+    else if (md->Fs > 0)
         mlp_backward_b(ops, t, dt, dh, 1, pc->s_act, s->ab, pc->s_dact, pc->s_dg, pc->s_du, dout, pc->nm->h,
                        shared_hb(pc), st->sgp, st->sup, moe_w(pc)->sg, moe_w(pc)->su, moe_w(pc)->sd, n, D, md->Fs,
                        s->ab ? pc->dyb : NULL, pc->redo ? pc->redo + (size_t)pc->ep.Ee * Fe : NULL);
@@ -441,6 +448,16 @@ static int moe_gu_bf16(const struct mt_piece_ctx *pc, const struct mt_moe_dims *
                   o->gemm_bf16_out && o->swiglu_forward_bf16_gu && o->swiglu_backward_act_bf16_gud);
 }
 
+/* ... and the shared expert's, as the dense MLP's (mlp.c mlp_gu_bf16): precision=bf16,
+ * no ReDo (it scores the fp32 act); LoRA puts no adapter on it (no target names it) */
+static int moe_shared_gu(const struct mt_piece_ctx *pc, const struct mt_moe_dims *md, const struct mt_config *cfg)
+{
+    const struct mt_ops_i *o = pc->ops;
+    if (md->Fs <= 0 || !pc->bf16 || cfg->redo_every > 0) return 0;
+    return !o || (o->cast_bf16 && o->swiglu_forward_bf16 && o->swiglu_backward_act_bf16 && o->gemm_bf16_out &&
+                  o->swiglu_forward_bf16_gu && o->swiglu_backward_act_bf16_gud);
+}
+
 /* The block's dims (the rows of a call are its context's: moe_nm, moe_m,
  * moe_row0, moe_experts.h); the test knobs (forced routing, grouped expert
  * GEMMs) are read here, once. */
@@ -457,6 +474,7 @@ static void moe_setup(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const s
     md->grouped = ctx && mt_knob_int(ctx, MT_KNOB_MOE_GROUPED) != 0;   /* the experts' GEMMs grouped (moe_experts.c) */
     md->dev_sizes = sizes_on_device(ctx, pc, md, cfg, md->why_host, sizeof md->why_host);
     md->gu_bf16 = moe_gu_bf16(pc, md, cfg);
+    md->shared_gu = moe_shared_gu(pc, md, cfg);
 }
 
 /* the load histogram on the host: one copy of the backend's */
@@ -546,17 +564,17 @@ static void moe_work(const struct mt_block_shape *sh, int rc, struct mt_work *w)
          *   and dy, y for dgates (1 + k) D; the re-permute (1.5 k D);
          *   swiglu_backward_act_bf16_gud reads bf16 dact, g, u, writes bf16 act, dg, du (3 k Fe);
          *   the fill of dh (D) and moe_permute_backward ((2 + k) D).
-         * a shared expert as the dense MLP on fp32 g, u: 2.5 + 4.5 per hidden unit and
-         *   its dy rounded once (1.5 D); router softmax, routing, aux and their backward:
+         * a shared expert as the dense MLP on bf16 g, u (moe_shared_gu): 1.5 + 3 per hidden
+         *   unit and its dy rounded once (1.5 D); router softmax, routing, aux and their backward:
          *   about 8 Er + 8 k. rc: the forward again. */
         const double k = (double)s->top_k, Fe = (double)s->Fe, Fs = (double)s->Fs, Er = (double)(s->E + s->Z);
         /* the residual gradient's twin (plan_norm_twin): the norm's backward writes it
          * (0.5 D); the shared expert's dy reads it instead of rounding */
         const double tw = plan_norm_twin(sh);
-        const double sh_n = s->Fs > 0 ? 0.5 * D : 0.0, sh_e = s->Fs > 0 ? 7.0 * Fs + 1.5 * (1.0 - tw) * D : 0.0;
+        const double sh_n = s->Fs > 0 ? 0.5 * D : 0.0, sh_e = s->Fs > 0 ? 4.5 * Fs + 1.5 * (1.0 - tw) * D : 0.0;
         w->e[MT_WORK_NORM] += 7.0 * D + 0.5 * tw * D + sh_n + rc * (3.0 * D + sh_n);
         w->e[MT_WORK_ELEMENTWISE] += 6.5 * k * D + 7.0 * D + 4.5 * k * Fe + sh_e + 8.0 * Er + 8.0 * k +
-                                     rc * (2.5 * k * D + 2.0 * D + 1.5 * k * Fe + 2.5 * Fs + 4.0 * Er + 4.0 * k);
+                                     rc * (2.5 * k * D + 2.0 * D + 1.5 * k * Fe + 1.5 * Fs + 4.0 * Er + 4.0 * k);
         return;
     }
     w->e[MT_WORK_NORM] += 5.0 * D + rc * 2.0 * D;
@@ -598,8 +616,9 @@ static void moe_carve(const struct mt_piece_ctx *pc, struct mt_carver *c, struct
     }
     st->ey = carve_f(c, A, M * D);
     if (md->Fs > 0) {
-        st->sgp = carve_f(c, A, Nm * (size_t)md->Fs);
-        st->sup = carve_f(c, A, Nm * (size_t)md->Fs);
+        const size_t sb = md->shared_gu ? sizeof(mt_bf16) : sizeof(float);   /* bf16 where shared_gu */
+        st->sgp = carve(c, A, Nm * (size_t)md->Fs * sb);
+        st->sup = carve(c, A, Nm * (size_t)md->Fs * sb);
     }
     st->e_off = carve(c, O, (E + 1) * sizeof(int));
     st->e_off_d = carve_i(c, A, (E + 16) / 16 * 16);   /* E+1 used; whole 64-byte lines: no carve padding */

@@ -56,6 +56,7 @@ struct mt_moe_dims {             /* what an E block's ffn needs beyond the share
     int   grouped;                   /* knob moe_grouped: grouped expert GEMMs            */
     int   dev_sizes;                 /* knob moe_sizes: the expert counts stay on the backend  */
     int   gu_bf16;                   /* gate, up (eg, eu) and d act stored bf16 (moe.c moe_gu_bf16) */
+    int   shared_gu;                 /* the shared expert's the same (sgp, sup; moe.c moe_shared_gu) */
     char  why_host[160];             /* why not dev_sizes ("" when it is)                  */
 };
 
