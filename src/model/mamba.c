@@ -683,10 +683,9 @@ static enum mt_status gate_bwd_rep(struct mt_ctx *ctx, const struct mt_piece_ctx
     return MT_OK;
 }
 
-/* d yn = dy Wout and dWout += dy^T yn (its twin in precision=bf16); two GEMMs read dy, so
- * in precision=bf16 it is rounded once (dyb_round) */
-/* dWout += dy^T yn; dyn = dy Wout, or (dyn_b not NULL) written as bf16 only there (its
- * GEMM's bf16 output: the bf16 gated norm's backward reads it widened) */
+/* dWout += dy^T yn (its twin in precision=bf16) and d yn = dy Wout, or (dyn_b not NULL)
+ * written as bf16 only there (the GEMM's bf16 output, which the bf16 gated norm's backward
+ * reads widened); two GEMMs read dy, so in precision=bf16 it is rounded once (dyb_round) */
 static void wout_bwd(const struct mt_piece_ctx *pc, const float *dy, struct mt_mamba3_weights *g, int n,
                      mt_bf16 *dyn_b)
 {

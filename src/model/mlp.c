@@ -201,14 +201,8 @@ void mlp_backward_b(const struct mt_ops_i *ops, float *t, float *dt, float *dh, 
  * LoRA reads and adds fp32), decided once from the config (mlp_gu_bf16). */
 static int mlp_gu_bf16(const struct mt_piece_ctx *pc)
 {
-    const struct mt_ops_i *o = pc->ops;
-    unsigned mask = 0;
-    char bad[32];
     if (!pc->bf16 || !pc->cfg || pc->cfg->redo_every > 0) return 0;
-    if (pc->cfg->lora_rank > 0 && (mt_config_lora_mask(pc->cfg->lora_targets, &mask, bad, sizeof bad) != 0 ||
-                                   (mask & (MT_LORA_GATE | MT_LORA_UP | MT_LORA_DOWN))))
-        return 0;
-    return !o || (o->gemm_bf16_out && o->swiglu_forward_bf16_gu && o->swiglu_backward_act_bf16_gu);
+    return !lora_adapts(pc->cfg, MT_LORA_GATE | MT_LORA_UP | MT_LORA_DOWN) && mlp_gu_ops(pc->ops);
 }
 
 /* resid: NULL, or out = resid + the MLP (down's GEMM reads it: resid_in_gemm; accumulate ignored) */

@@ -732,6 +732,23 @@ int mlp_backward_gu(const struct mt_ops_i *ops, float *dh, int accumulate, mt_bf
                     const mt_bf16 *ub, struct mt_param *wg, struct mt_param *wu, struct mt_param *wd, int n, int D,
                     int F, struct mt_dyb *dyb, mt_bf16 *dh_b);
 
+/* The choice mlp_forward_gu / mlp_backward_gu make for gate and up (mlp.c
+ * mlp_gu_bf16, moe.c moe_gu_bf16 / moe_shared_gu), decided once from the config:
+ * the entries they run on (ops NULL, the plan: all there), and whether LoRA
+ * adapts any of `targets` (an adapter reads and adds fp32; a list that does not
+ * parse counts as yes). */
+static inline int mlp_gu_ops(const struct mt_ops_i *o)
+{
+    return !o || (o->gemm_bf16_out && o->swiglu_forward_bf16_gu && o->swiglu_backward_act_bf16_gu);
+}
+static inline int lora_adapts(const struct mt_config *cfg, unsigned targets)
+{
+    unsigned mask = 0;
+    char bad[32];
+    return cfg->lora_rank > 0 &&
+           (mt_config_lora_mask(cfg->lora_targets, &mask, bad, sizeof bad) != 0 || (mask & targets) != 0);
+}
+
 /* moe.c: what the model reads of the MoE piece's own struct (own: its
  * pc->own, model_own): the load histogram (L, E) and its reset, and the aux
  * and z sums of layers [l0, l1) of the last forward, copied to the host in

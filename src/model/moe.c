@@ -420,6 +420,13 @@ static int sizes_on_device(const struct mt_ctx *ctx, const struct mt_piece_ctx *
     return no == NULL;
 }
 
+/* precision=bf16 with the entries the experts' bf16 scratch serves (moe_carve_scratch
+ * carves xb, ab, db then; ops NULL, the plan: yes) */
+static int moe_bf16_scratch(const struct mt_piece_ctx *pc)
+{
+    return pc->bf16 && (!pc->ops || (pc->ops->cast_bf16 && pc->ops->swiglu_forward_bf16));
+}
+
 /* The routed experts' gate and up stored bf16 (moe_experts.c), as the dense
  * MLP's (mlp.c mlp_gu_bf16): their GEMMs write bf16 (gemm_bf16_out /
  * gemm_grouped_rows' bf16 output: the fp32 accumulator rounded once), the
@@ -434,28 +441,19 @@ static int sizes_on_device(const struct mt_ctx *ctx, const struct mt_piece_ctx *
  * All three paths run it with the same calls (the device-sized grouped GEMMs,
  * the host-sized ones, the per-expert loop: mlp_forward_gu / mlp_backward_gu,
  * whose merged gate/up backward the grouped paths follow). */
-static int moe_gu_bf16(const struct mt_piece_ctx *pc, const struct mt_moe_dims *md, const struct mt_config *cfg)
+static int moe_gu_bf16(const struct mt_piece_ctx *pc, const struct mt_config *cfg)
 {
     const struct mt_ops_i *o = pc->ops;
-    unsigned mask = 0;
-    char bad[32];
-    if (!pc->bf16 || cfg->redo_every > 0) return 0;
-    if (cfg->lora_rank > 0 &&
-        (mt_config_lora_mask(cfg->lora_targets, &mask, bad, sizeof bad) != 0 || (mask & MT_LORA_EXPERT)))
-        return 0;
-    /* the bf16 scratch (moe_carve_scratch) and the fused backward's entries, then the three new ones */
-    return !o || (o->cast_bf16 && o->swiglu_forward_bf16 && o->swiglu_backward_bf16 && o->swiglu_backward_act_bf16 &&
-                  o->gemm_bf16_out && o->swiglu_forward_bf16_gu && o->swiglu_backward_act_bf16_gud);
+    if (!moe_bf16_scratch(pc) || cfg->redo_every > 0 || lora_adapts(cfg, MT_LORA_EXPERT) || !mlp_gu_ops(o)) return 0;
+    /* the experts' fused backward (moe_experts.c), and the _gud entry the grouped paths call themselves */
+    return !o || (o->swiglu_backward_bf16 && o->swiglu_backward_act_bf16 && o->swiglu_backward_act_bf16_gud);
 }
 
 /* ... and the shared expert's, as the dense MLP's (mlp.c mlp_gu_bf16): precision=bf16,
  * no ReDo (it scores the fp32 act); LoRA puts no adapter on it (no target names it) */
 static int moe_shared_gu(const struct mt_piece_ctx *pc, const struct mt_moe_dims *md, const struct mt_config *cfg)
 {
-    const struct mt_ops_i *o = pc->ops;
-    if (md->Fs <= 0 || !pc->bf16 || cfg->redo_every > 0) return 0;
-    return !o || (o->cast_bf16 && o->swiglu_forward_bf16 && o->swiglu_backward_act_bf16 && o->gemm_bf16_out &&
-                  o->swiglu_forward_bf16_gu && o->swiglu_backward_act_bf16_gud);
+    return md->Fs > 0 && moe_bf16_scratch(pc) && cfg->redo_every <= 0 && mlp_gu_ops(pc->ops);   /* ab: its twin */
 }
 
 /* The block's dims (the rows of a call are its context's: moe_nm, moe_m,
@@ -473,7 +471,7 @@ static void moe_setup(struct mt_ctx *ctx, const struct mt_piece_ctx *pc, const s
     md->force_route = ctx && mt_knob_int(ctx, MT_KNOB_TEST_FORCE_ROUTING) == 1;
     md->grouped = ctx && mt_knob_int(ctx, MT_KNOB_MOE_GROUPED) != 0;   /* the experts' GEMMs grouped (moe_experts.c) */
     md->dev_sizes = sizes_on_device(ctx, pc, md, cfg, md->why_host, sizeof md->why_host);
-    md->gu_bf16 = moe_gu_bf16(pc, md, cfg);
+    md->gu_bf16 = moe_gu_bf16(pc, cfg);
     md->shared_gu = moe_shared_gu(pc, md, cfg);
 }
 
@@ -645,7 +643,7 @@ static void moe_carve_scratch(const struct mt_piece_ctx *pc, struct mt_carver *c
     s->dxp = carve_f(c, W, M * D);
     s->dy = carve_f(c, W, M * D);
     s->xb = s->ab = s->db = NULL;
-    if (pc->bf16 && (!pc->ops || (pc->ops->cast_bf16 && pc->ops->swiglu_forward_bf16))) {
+    if (moe_bf16_scratch(pc)) {
         /* the routed experts' operands (moe_experts.c); ab also the shared expert's bf16(act) */
         const size_t R = ep * M, Fe = (size_t)md->Fe, wd = D > Fe ? D : Fe, sh = Nm * (size_t)md->Fs;
         s->xb = carve(c, W, R * D * sizeof(mt_bf16));

@@ -12,8 +12,9 @@
  *
  * Rounding points (nearest even; every other value fp32):
  *   x, B, C, dy and the states S_in, dS_out when they enter a product (x
- *   may come stored bf16, ssd_twins X: staged as stored, and widened where
- *   it enters an fp32 term, D x and dD);
+ *   may come stored bf16, ssd_twins X, and dy as its twin Y alone: staged
+ *   as stored, and widened where they enter an fp32 term: D x, D dy, dD,
+ *   the local e_i dy_i);
  *   B and C wherever they enter a term: the row sums qj and inter take
  *   bf16(B), bf16(C) too, so that B and C are read as their bf16 twins
  *   alone (the prep stores no fp32 B, C on these shapes; since the eleventh
@@ -316,17 +317,24 @@ static __device__ __forceinline__ struct tc_chunk tc_chunk_at(struct ssd_dims d,
  * the bytes, the same staged values; m is then not read and may be NULL).
  * The head's offset is taken here, from the kernel's parameters, so a kernel
  * keeps no pointer it may not use. */
-static __device__ void tc_stage_twin(bf16 *dst, int ld, int nr, int kw, const float *m, const bf16 *tw, size_t off,
-                                     size_t sld, int ncols, int tok0, int lo, int hi)
+/* the rows staged from the head's bf16 rows th (tsld apart) where given, else from its
+ * fp32 rows mh (sld apart) rounded: tc_stage's rows either way */
+static __device__ void tc_stage_head(bf16 *dst, int ld, int nr, int kw, const float *mh, size_t sld, const bf16 *th,
+                                     size_t tsld, int ncols, int tok0, int lo, int hi)
 {
-    if (!tw) {
-        tc_stage(dst, ld, nr, kw, m + off, sld, ncols, tok0, lo, hi);
+    if (!th) {
+        tc_stage(dst, ld, nr, kw, mh, sld, ncols, tok0, lo, hi);
         return;
     }
-    tc_stage_brows(dst, ld, nr, kw, tw + off, sld, 0, ncols, [&](int r) {
+    tc_stage_brows(dst, ld, nr, kw, th, tsld, 0, ncols, [&](int r) {
         const int tok = tok0 + r;
         return tok >= lo && tok < hi ? tok : -1;
     });
+}
+static __device__ void tc_stage_twin(bf16 *dst, int ld, int nr, int kw, const float *m, const bf16 *tw, size_t off,
+                                     size_t sld, int ncols, int tok0, int lo, int hi)
+{
+    tc_stage_head(dst, ld, nr, kw, tw ? NULL : m + off, sld, tw ? tw + off : NULL, sld, ncols, tok0, lo, hi);
 }
 /* B or C ((B T, H N), the prep's twins) */
 static __device__ void tc_stage_bc(bf16 *dst, int ld, int nr, int kw, const float *m, const bf16 *tw,
@@ -345,14 +353,9 @@ static __device__ void tc_stage_dy(bf16 *dst, int ld, int nr, int kw, const floa
 static __device__ void tc_stage_x(bf16 *dst, int ld, int nr, int kw, const float *x, const bf16 *X,
                                   const struct tc_chunk &k, int P, int tok0, int lo, int hi)
 {
-    if (!X) {
-        tc_stage(dst, ld, nr, kw, x + k.ob * k.xs + (size_t)k.h * P, k.xs, P, tok0, lo, hi);
-        return;
-    }
-    tc_stage_brows(dst, ld, nr, kw, X + k.ob * k.xsb + (size_t)k.h * P, k.xsb, 0, P, [&](int r) {
-        const int tok = tok0 + r;
-        return tok >= lo && tok < hi ? tok : -1;
-    });
+    const size_t hp = (size_t)k.h * P;
+    tc_stage_head(dst, ld, nr, kw, X ? NULL : x + k.ob * k.xs + hp, k.xs, X ? X + k.ob * k.xsb + hp : NULL, k.xsb, P,
+                  tok0, lo, hi);
 }
 /* dy at the chunk's token t (absolute), column p: the fp32 value, or (dy NULL: stored
  * bf16 only, ssd_twins Y) its twin widened */
