@@ -329,9 +329,67 @@ static void test_fill_axpby(void)
     free(ny);
 }
 
+/* sum x^2 in the cuda backend's shape-only order (elementwise.cu; the
+ * constants are MT_CUDA_RED_BLOCKS and MT_CUDA_RED_THREADS): 1024 spans of
+ * bs = ceil(n / 1024); in span b thread t sums x[lo + t], x[lo + t + 256],
+ * ... from 0.0, then a tree (w = 128 .. 1: s[i] += s[i + w]); then the same
+ * over the 1024 partials. Exact on any device while a thread holds at most
+ * one square (bs <= 256): no product for a contraction to fuse */
+static double tree256(double *s)
+{
+    for (int w = 128; w > 0; w >>= 1)
+        for (int i = 0; i < w; i++) s[i] += s[i + w];
+    return s[0];
+}
+static double sumsq_shape_order(const float *x, size_t n)
+{
+    enum { RB = 1024, RT = 256 };
+    static double part[RB];
+    double s[RT];
+    const size_t bs = (n + RB - 1) / RB;
+    for (size_t b = 0; b < RB; b++) {
+        size_t lo = b * bs < n ? b * bs : n, hi = b * bs + bs < n ? b * bs + bs : n;
+        for (int t = 0; t < RT; t++) {
+            double acc = 0.0;
+            for (size_t i = lo + (size_t)t; i < hi; i += RT) acc += (double)x[i] * (double)x[i];
+            s[t] = acc;
+        }
+        part[b] = tree256(s);
+    }
+    for (int t = 0; t < RT; t++) {
+        double acc = 0.0;
+        for (int i = t; i < RB; i += RT) acc += part[i];
+        s[t] = acc;
+    }
+    return tree256(s);
+}
+
 static void test_reductions(void)
 {
     if (!selected("sumsq") && !selected("all_finite")) return;
+    /* the order, bit for bit: spans summed by one thread (bs <= 32: n <= 32 Ki) and by a block's
+     * tree. Values over 24 binades; past n = 1024 one span alone is nonzero, so the total is its
+     * partial (in a sum of 1024 partials the last rounding hides a partial's last bits). Another
+     * order of 32 such squares rounds otherwise about every other time: 12 draws of the span */
+    size_t exact[] = {1, 1000, 32768, 32769, 200000};
+    for (size_t c = 0; c < sizeof exact / sizeof exact[0]; c++) {
+        size_t n = exact[c], bs = (n + 1023) / 1024;
+        int draws = bs <= 32 ? 12 : 2, differ = 0;
+        for (int d = 0; d < draws; d++) {
+            float *x = rnd(n, -3, 3);
+            for (size_t i = 0; i < n; i++)
+                x[i] = n <= 1024 || i / bs == (size_t)(7 + 61 * d) ? (float)ldexp(x[i], (int)(urand() * 24) - 12)
+                                                                    : 0.0f;
+            struct be *b = &g_be[1];
+            double got = b->ops->sumsq(b->ops->be, upf(b, x, n), n), want = sumsq_shape_order(x, n);
+            release(b);
+            differ += memcmp(&got, &want, sizeof got) != 0;
+            free(x);
+        }
+        char w[96];
+        snprintf(w, sizeof w, "n = %zu: the shape-only order (draws of %d differ)", n, draws);
+        report("sumsq", w, differ, 0);
+    }
     size_t sizes[] = {1, 1000, 1234567};
     for (size_t c = 0; c < 3; c++) {
         size_t n = sizes[c];

@@ -66,10 +66,78 @@ static __device__ __forceinline__ double sumsq_block(const float *x, size_t n, s
     return s[0];
 }
 
-static __global__ void sumsq_pass1_k(double *partial, const float *x, size_t n, size_t bs)
+/* Spans of at most this many elements are summed by one thread. A tensor of
+ * n <= 32 MT_CUDA_RED_BLOCKS elements (32 Ki: the norms' weights, biases,
+ * every tensor of a tiny model) has them alone: its MT_CUDA_RED_BLOCKS
+ * partials, one per thread, take MT_CUDA_RED_BLOCKS / MT_CUDA_RED_THREADS
+ * blocks instead of a block each (1024 trees of nine barriers for at most 32
+ * squares each: most of an emulated tiny step, and on a GPU a thousand
+ * nearly empty blocks a norm weight). */
+#define SUMSQ_SERIAL 32
+#define SUMSQ_SERIAL_BLOCKS ((MT_CUDA_RED_BLOCKS + MT_CUDA_RED_THREADS - 1) / MT_CUDA_RED_THREADS)
+static_assert(MT_CUDA_RED_THREADS >= SUMSQ_SERIAL, "the tree's last steps are the serial ones");
+
+/* sumsq_block's value for a span [lo, hi) of m = hi - lo <= 32 elements,
+ * by one thread, bit for bit: its thread t < m holds one square (0.0 + x^2
+ * = x^2), the rest 0.0, so the tree's steps w >= 32 add +0.0 (exact: the
+ * squares are >= +0) and w = 16 .. 1 pair the same leaves as here */
+static __device__ __forceinline__ double sumsq_span_serial(const float *x, size_t lo, size_t hi)
 {
-    const double s0 = sumsq_block(x, n, bs);
-    if (threadIdx.x == 0) partial[blockIdx.x] = s0;
+    /* The tree's pairs (leaf i with i + 16, then + 8, ...) are the adjacent
+     * pairs of the leaves in bit-reversed order (j = bitrev5(i)), so one
+     * pass over j in order, keeping one pending sum a level (a binary
+     * counter: j's trailing ones are the levels that close), adds exactly
+     * the tree's operands. Unrolled: every index a constant, six doubles in
+     * registers (a 32-leaf array cost 72 registers for the whole kernel,
+     * the large tensors' blocks too) */
+    static_assert(SUMSQ_SERIAL == 32, "five levels");
+    const int m = (int)(hi - lo);
+    double level[5], a = 0.0;
+#pragma unroll
+    for (int j = 0; j < SUMSQ_SERIAL; j++) {
+        const int i = ((j & 1) << 4) | ((j & 2) << 2) | (j & 4) | ((j & 8) >> 2) | ((j & 16) >> 4);
+        a = i < m ? (double)x[lo + i] * (double)x[lo + i] : 0.0;
+#pragma unroll
+        for (int l = 0; l < 5; l++) {
+            if (!((j >> l) & 1)) {
+                level[l] = a;
+                break;
+            }
+            a = level[l] + a;
+        }
+    }
+    return a;   /* j = 31 closed every level */
+}
+
+/* the MT_CUDA_RED_BLOCKS partials of sum x^2 of one tensor into partial[]:
+ * a block each (spans over 32: the launch has MT_CUDA_RED_BLOCKS blocks in
+ * x), or a thread each (the launch's first SUMSQ_SERIAL_BLOCKS blocks; the
+ * choice is the tensor's, so uniform over every block) */
+static __device__ __forceinline__ void sumsq_partials(double *partial, const float *x, size_t n)
+{
+    const size_t bs = (n + MT_CUDA_RED_BLOCKS - 1) / MT_CUDA_RED_BLOCKS;
+    if (bs > SUMSQ_SERIAL) {
+        const double s0 = sumsq_block(x, n, bs);
+        if (threadIdx.x == 0) partial[blockIdx.x] = s0;
+        return;
+    }
+    const size_t b = (size_t)blockIdx.x * MT_CUDA_RED_THREADS + threadIdx.x;
+    if (b >= MT_CUDA_RED_BLOCKS) return;
+    size_t lo = b * bs, hi = lo + bs;
+    if (lo > n) lo = n;
+    if (hi > n) hi = n;
+    partial[b] = sumsq_span_serial(x, lo, hi);
+}
+
+/* the blocks a launch of sumsq_partials needs in x for a tensor of n */
+static unsigned sumsq_grid_x(size_t n)
+{
+    return (n + MT_CUDA_RED_BLOCKS - 1) / MT_CUDA_RED_BLOCKS > SUMSQ_SERIAL ? MT_CUDA_RED_BLOCKS : SUMSQ_SERIAL_BLOCKS;
+}
+
+static __global__ void sumsq_pass1_k(double *partial, const float *x, size_t n)
+{
+    sumsq_partials(partial, x, n);
 }
 
 static __global__ void sumsq_pass2_k(double *partial, int nparts)
@@ -125,8 +193,7 @@ extern "C" double mt_cuda_sumsq(void *be, const float *x, size_t n)
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (mt_cuda_be->err != MT_OK) return NAN;
     if (!n) return 0.0;
-    size_t bs = (n + MT_CUDA_RED_BLOCKS - 1) / MT_CUDA_RED_BLOCKS;
-    MT_LAUNCH(sumsq_pass1_k, MT_CUDA_RED_BLOCKS, MT_CUDA_RED_THREADS, 0)(mt_cuda_be->red_partial, x, n, bs);
+    MT_LAUNCH(sumsq_pass1_k, sumsq_grid_x(n), MT_CUDA_RED_THREADS, 0)(mt_cuda_be->red_partial, x, n);
     MT_CUDA_KCHECK();
     MT_LAUNCH(sumsq_pass2_k, 1, MT_CUDA_RED_THREADS, 0)(mt_cuda_be->red_partial, MT_CUDA_RED_BLOCKS);
     MT_CUDA_KCHECK();
@@ -157,12 +224,11 @@ struct sumsq_list {
     size_t       n[MT_OPS_LIST_MAX];
 };
 
-/* grid (MT_CUDA_RED_BLOCKS, c): block (b, t) is sumsq_pass1_k's block b of tensor base + t */
+/* grid (the largest sumsq_grid_x of the c tensors, c): block (b, t) is sumsq_pass1_k's
+ * block b of tensor base + t (a tensor that needs fewer blocks has the rest do nothing) */
 static __global__ void sumsq_multi_pass1_k(double *partial, struct sumsq_list L, int base)
 {
-    const size_t n = L.n[blockIdx.y];
-    const double s0 = sumsq_block(L.x[blockIdx.y], n, (n + MT_CUDA_RED_BLOCKS - 1) / MT_CUDA_RED_BLOCKS);
-    if (threadIdx.x == 0) partial[(size_t)(base + (int)blockIdx.y) * MT_CUDA_RED_BLOCKS + blockIdx.x] = s0;
+    sumsq_partials(partial + (size_t)(base + (int)blockIdx.y) * MT_CUDA_RED_BLOCKS, L.x[blockIdx.y], L.n[blockIdx.y]);
 }
 
 /* one block: tensor i's sum as sumsq_pass2_k forms it, then out = 0 + t_0 + t_1 + ... in order */
@@ -200,11 +266,13 @@ extern "C" double mt_cuda_sumsq_multi(void *be, const float *const *x, const siz
         int c = count - base < MT_OPS_LIST_MAX ? count - base : MT_OPS_LIST_MAX;
         struct sumsq_list L;
         memset(&L, 0, sizeof L);
+        unsigned gx = 1;
         for (int t = 0; t < c; t++) {
             L.x[t] = x[base + t];
             L.n[t] = n[base + t];
+            if (sumsq_grid_x(L.n[t]) > gx) gx = sumsq_grid_x(L.n[t]);
         }
-        MT_LAUNCH(sumsq_multi_pass1_k, dim3(MT_CUDA_RED_BLOCKS, (unsigned)c), MT_CUDA_RED_THREADS, 0)(part, L, base);
+        MT_LAUNCH(sumsq_multi_pass1_k, dim3(gx, (unsigned)c), MT_CUDA_RED_THREADS, 0)(part, L, base);
         MT_CUDA_KCHECK();
     }
     double *out = part + (size_t)count * MT_CUDA_RED_BLOCKS;
@@ -220,8 +288,7 @@ extern "C" void mt_cuda_normalize_fro(void *be, float *x, size_t n, double eps)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (!n) return;
-    size_t bs = (n + MT_CUDA_RED_BLOCKS - 1) / MT_CUDA_RED_BLOCKS;
-    MT_LAUNCH(sumsq_pass1_k, MT_CUDA_RED_BLOCKS, MT_CUDA_RED_THREADS, 0)(mt_cuda_be->red_partial, x, n, bs);
+    MT_LAUNCH(sumsq_pass1_k, sumsq_grid_x(n), MT_CUDA_RED_THREADS, 0)(mt_cuda_be->red_partial, x, n);
     MT_CUDA_KCHECK();
     MT_LAUNCH(sumsq_pass2_k, 1, MT_CUDA_RED_THREADS, 0)(mt_cuda_be->red_partial, MT_CUDA_RED_BLOCKS);
     MT_CUDA_KCHECK();

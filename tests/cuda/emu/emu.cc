@@ -43,6 +43,7 @@
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
+#include <deque>
 #include <map>
 #include <vector>
 
@@ -488,7 +489,7 @@ struct fiber {
     dim3     tid;
     int      state, warp, lane;
     unsigned nexch;  /* warp exchanges done: double-buffer phase */
-    unsigned nwload, nwstore; /* wmma loads / stores done (mma.h): their sequence numbers */
+    unsigned nwload, nwstore, nwmma; /* wmma loads / stores / products done (mma.h): their sequence numbers */
     void    *site;   /* call site of the barrier it waits at (divergence check) */
 };
 
@@ -525,8 +526,37 @@ static dyn_smem g_dyn;
  * warp to reach it and handed to the others, a store by the LAST (see
  * mt_emu_wmma_load_first); per warp, keyed by the op's sequence number */
 struct wmma_tile { float x[256]; int left; };
-static std::vector<std::map<unsigned, wmma_tile>> g_wmma_loads;
+/* the in-flight ops of one warp by sequence number: lanes reach them in
+ * order and the last lane takes them in order, so a queue from the oldest
+ * one still wanted (a std::map here cost a fifth of the emulated wmma
+ * attention's time); an entry with left 0 is absent */
+template <typename T> struct seq_queue {
+    std::deque<T> items;
+    unsigned      base = 0;
+    T *find(unsigned seq)
+    {
+        if (seq < base || seq - base >= items.size()) return nullptr;
+        T *t = &items[seq - base];
+        return t->left > 0 ? t : nullptr;
+    }
+    T *add(unsigned seq)  /* nullptr: seq already retired */
+    {
+        if (seq < base) return nullptr;
+        while (items.size() <= seq - base) { items.emplace_back(); items.back().left = 0; }
+        return &items[seq - base];
+    }
+    void taken(T *t)  /* one more lane took t */
+    {
+        if (--t->left > 0) return;
+        while (!items.empty() && items.front().left <= 0) { items.pop_front(); base++; }
+    }
+};
+static std::vector<seq_queue<wmma_tile>> g_wmma_loads;
 static std::vector<std::map<unsigned, int>>       g_wmma_stores;
+/* wmma products in flight: the first lane's operands and result, for the
+ * other lanes to take when theirs are the same (mt_emu_wmma_mma_recall) */
+struct wmma_product { float a[256], b[256], c[256], d[256]; int left; };
+static std::vector<seq_queue<wmma_product>> g_wmma_mmas;
 static int                          g_cur, g_live, g_block_arrived;
 static const std::function<void()> *g_body;
 
@@ -674,11 +704,11 @@ int mt_emu_wmma_load_first(float *x)
 {
     fiber &f = g_f[g_cur];
     const unsigned seq = f.nwload++;
-    auto &m = g_wmma_loads[f.warp];
-    auto it = m.find(seq);
-    if (it == m.end()) return 1;
-    memcpy(x, it->second.x, sizeof it->second.x);
-    if (--it->second.left == 0) m.erase(it);
+    seq_queue<wmma_tile> &q = g_wmma_loads[f.warp];
+    wmma_tile *t = q.find(seq);
+    if (!t) return 1;
+    memcpy(x, t->x, sizeof t->x);
+    q.taken(t);
     return 0;
 }
 void mt_emu_wmma_load_publish(const float *x)
@@ -686,9 +716,10 @@ void mt_emu_wmma_load_publish(const float *x)
     fiber &f = g_f[g_cur];
     const int others = g_warp_live[f.warp] - 1;
     if (others <= 0) return;
-    wmma_tile &t = g_wmma_loads[f.warp][f.nwload - 1];
-    memcpy(t.x, x, sizeof t.x);
-    t.left = others;
+    wmma_tile *t = g_wmma_loads[f.warp].add(f.nwload - 1);
+    if (!t) return;
+    memcpy(t->x, x, sizeof t->x);
+    t->left = others;
 }
 int mt_emu_wmma_store_last(void)
 {
@@ -698,6 +729,41 @@ int mt_emu_wmma_store_last(void)
     if (++m[seq] < g_warp_live[f.warp]) return 0;
     m.erase(seq);
     return 1;
+}
+
+/* A product is arithmetic on the lane's own fragments, so every lane would
+ * compute the same 16 x 16 x 16 tile: 32 times the work, three quarters of
+ * the emulated wmma attention's time. The first lane to reach its n-th
+ * product computes it and keeps operands and result; a later lane whose
+ * operands are bitwise the same takes the result (the same bits it would
+ * compute: the arithmetic is deterministic), one whose operands differ (a
+ * kernel that made its lanes' fragments differ) computes its own.
+ * Returns 1: d is filled; 0: compute, then mt_emu_wmma_mma_publish;
+ * -1: compute, publish nothing. */
+int mt_emu_wmma_mma_recall(const float *a, const float *b, const float *c, float *d)
+{
+    fiber &f = g_f[g_cur];
+    const unsigned seq = f.nwmma++;
+    seq_queue<wmma_product> &q = g_wmma_mmas[f.warp];
+    wmma_product *p = q.find(seq);
+    if (!p) return 0;
+    const int same = !memcmp(p->a, a, sizeof p->a) && !memcmp(p->b, b, sizeof p->b) && !memcmp(p->c, c, sizeof p->c);
+    if (same) memcpy(d, p->d, sizeof p->d);
+    q.taken(p);
+    return same ? 1 : -1;
+}
+void mt_emu_wmma_mma_publish(const float *a, const float *b, const float *c, const float *d)
+{
+    fiber &f = g_f[g_cur];
+    const int others = g_warp_live[f.warp] - 1;
+    if (others <= 0) return;
+    wmma_product *p = g_wmma_mmas[f.warp].add(f.nwmma - 1);
+    if (!p) return;
+    memcpy(p->a, a, sizeof p->a);
+    memcpy(p->b, b, sizeof p->b);
+    memcpy(p->c, c, sizeof p->c);
+    memcpy(p->d, d, sizeof p->d);
+    p->left = others;
 }
 
 /* a warp barrier: every live lane of the warp arrives before any goes on
@@ -762,6 +828,7 @@ void mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std:
     g_cslots.assign((size_t)nw * 2 * 32 * MT_EMU_COLL_BYTES, 0);
     g_wmma_loads.assign((size_t)nw, {});
     g_wmma_stores.assign((size_t)nw, {});
+    g_wmma_mmas.assign((size_t)nw, {});
     g_dyn.resize(smem ? smem : 16);
     g_body = &body;
     gridDim = grid;
@@ -779,12 +846,16 @@ void mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std:
                     f.warp = (int)(t / 32);
                     f.lane = (int)(t % 32);
                     f.nexch = 0;
-                    f.nwload = f.nwstore = 0;
+                    f.nwload = f.nwstore = f.nwmma = 0;
                     f.sp = fiber_stack_init(&g_stacks[t * STACK_STRIDE], STACK_BYTES);
                 }
                 for (int w = 0; w < nw; w++) {
                     g_warp_live[w] = (int)(nt - (size_t)w * 32 < 32 ? nt - (size_t)w * 32 : 32);
                     g_warp_arrived[w] = 0;
+                    /* a lane that returned early leaves the ops it never took: not the next block's */
+                    g_wmma_loads[w] = {};
+                    g_wmma_stores[w].clear();
+                    g_wmma_mmas[w] = {};
                 }
                 g_live = (int)nt;
                 g_block_arrived = 0;

@@ -8,7 +8,9 @@
  * load_matrix_sync / store_matrix_sync / fill_fragment / mma_sync never
  * depends on it. Here every lane holds the whole 16x16 tile, so each lane
  * computes the warp's result on its own (32 times the work, the same
- * numbers): exact for layout-independent code. Loads and stores are
+ * numbers): exact for layout-independent code. (A lane whose operands
+ * equal the first lane's, bit for bit, takes that lane's product instead
+ * of computing it again: emu.cc, mt_emu_wmma_mma_recall.) Loads and stores are
  * warp-wide like the device's: done once, by the first lane to reach a
  * load and the last to reach a store (emu.cc), so a missing __syncwarp
  * shows here as it races there. `x` and `num_elements` exist
@@ -47,6 +49,10 @@
 int  mt_emu_wmma_load_first(float *x);
 void mt_emu_wmma_load_publish(const float *x);
 int  mt_emu_wmma_store_last(void);
+/* emu.cc: a product the warp's first lane computed from the same operands
+ * (1: d filled; 0: compute and publish; -1: compute) */
+int  mt_emu_wmma_mma_recall(const float *a, const float *b, const float *c, float *d);
+void mt_emu_wmma_mma_publish(const float *a, const float *b, const float *c, const float *d);
 
 namespace nvcuda {
 namespace wmma {
@@ -129,6 +135,8 @@ static inline MT_EMU_UNCHECKED void mma_sync(fragment<accumulator, 16, 16, 16, f
                             const fragment<matrix_b, 16, 16, 16, __nv_bfloat16, LB> &b,
                             const fragment<accumulator, 16, 16, 16, float> &c)
 {
+    const int recalled = mt_emu_wmma_mma_recall(a.x, b.x, c.x, d.x);
+    if (recalled == 1) return;
     float out[256];
     for (int r = 0; r < 16; r++)
         for (int col = 0; col < 16; col++) {
@@ -136,6 +144,7 @@ static inline MT_EMU_UNCHECKED void mma_sync(fragment<accumulator, 16, 16, 16, f
             for (int k = 0; k < 16; k++) s += a.x[r * 16 + k] * b.x[k * 16 + col];
             out[r * 16 + col] = s;
         }
+    if (recalled == 0) mt_emu_wmma_mma_publish(a.x, b.x, c.x, out);
     for (int i = 0; i < 256; i++) d.x[i] = out[i];
 }
 
