@@ -31,6 +31,8 @@
 #      of their operands: the input norm's output and the gated norm's),
 #      measured = plan,
 #      fallback_reason names nothing; the run follows its fp32 curve;
+#   4c. with --knob scan_bf16=0 (no chunk states kept) the plan still equals
+#      the measured acts: the run's plan reads the run's knobs;
 #   5. grad_reduce_dtype=bf16 (gradients reduced over the data group in
 #      bf16, fp32 accumulation per pair) on dp=2, ZeRO-0 and ZeRO-2: follows
 #      the fp32-reduction curve within the step tolerance and differs from it;
@@ -240,6 +242,23 @@ PY
 then
     ok "hybrid bf16 (Mamba-3 in/out projections on bf16 shadows, input norm twin) follows its fp32 curve; measured = plan"
 else bad "hybrid bf16"; tail -3 "$W/hyb16.log"; fi
+
+# 4c. a knob the pieces carve by (scan_bf16=0: the M layers keep no chunk
+#     states): the run's plan sees the run's knobs, so plan = measured again
+#     (the plan's model setup once read only the defaults: 16 KiB apart here)
+if run 1 "$W/hyb16_nostates" $HYB --set precision=bf16 --knob scan_bf16=0 &&
+   "$MT" plan $HYB --set precision=bf16 --knob scan_bf16=0 --profile none --json >"$W/hyb16_nostates_plan.json" &&
+   python3 - "$W/hyb16/receipt.json" "$W/hyb16_nostates/receipt.json" "$W/hyb16_nostates_plan.json" <<'PY'
+import json, sys
+a, b, p = (json.load(open(f)) for f in sys.argv[1:])
+pa, pb, mb = a["memory"]["plan_bytes"]["acts"], b["memory"]["plan_bytes"]["acts"], b["memory"]["measured_peak_bytes"]["acts"]
+pc = p["memory"]["per_rank"][0]["bytes"]["acts"]
+print("   acts plan scan_bf16=1 %d, scan_bf16=0 %d (meshtrain plan --knob: %d), measured %d" % (pa, pb, pc, mb))
+assert pb < pa, "the plan did not see --knob scan_bf16=0"
+assert mb == pb == pc, (mb, pb, pc)
+PY
+then ok "hybrid bf16 with --knob scan_bf16=0: the plan carves by the run's knobs (measured = plan = meshtrain plan --knob)"
+else bad "hybrid bf16 with --knob scan_bf16=0: plan vs measured"; fi
 
 # 5. grad_reduce_dtype=bf16 over dp=2 (ZeRO-0 all-reduce and ZeRO-2
 #    reduce-scatter): follows the fp32-reduction dp=2 run within the step

@@ -30,6 +30,7 @@
 #include "core/mt_config.h"
 #include "core/mt_core.h"
 #include "core/mt_fileio.h"
+#include "core/mt_knobs.h"
 #include "parallel/mt_mesh.h"
 #include "model/mt_model.h"
 #include "io/mt_data.h"
@@ -45,6 +46,8 @@ static void plan_usage(FILE *f)
             "usage: meshtrain plan --config F [--set KEY=VALUE]... --world N [options]\n\n"
             "  --config FILE        JSON config (meshtrain train --help lists the keys)\n"
             "  --set KEY=VALUE      override one config key (repeatable); microbatches and recompute too\n"
+            "  --knob NAME=VALUE    a runtime tunable, as train's (repeatable): those the model carves by\n"
+            "                       (scan_bf16, head_bf16_logits) change the acts bucket; --verify passes them\n"
             "  --world N            number of ranks                                   default: 1\n"
             "  --mesh SPEC          pp=..,dp=..,ep=..,tp=.. (omitted axes 1, dp derived)  default: dp=N\n"
             "  --zero Z             ZeRO stage 0..3                                   default: 0\n"
@@ -133,6 +136,8 @@ struct opts {
     const struct mt_plan_runtime *runtime;   /* the profile's runtime_memory, NULL: built in     */
     char      **sets;              /* the --set arguments, for --verify */
     int         n_sets;
+    char      **knob_args;         /* the --knob arguments, for --verify */
+    int         n_knobs;
 };
 
 /* The runtime bucket's inputs of a setup: threads, token shards, constants. */
@@ -370,6 +375,7 @@ static void verify_argv(struct verify_cmd *c, const struct mt_plan *p, const str
     argv[a++] = "train";
     if (o->config) { argv[a++] = "--config"; argv[a++] = (char *)o->config; }
     for (int i = 0; i < o->n_sets && a < 200; i++) { argv[a++] = "--set"; argv[a++] = o->sets[i]; }
+    for (int i = 0; i < o->n_knobs && a < 220; i++) { argv[a++] = "--knob"; argv[a++] = o->knob_args[i]; }
     snprintf(c->mb, sizeof c->mb, "microbatches=%d", cfg->microbatches);
     snprintf(c->rc, sizeof c->rc, "recompute=%s", cfg->recompute);
     argv[a++] = "--set"; argv[a++] = c->mb;
@@ -696,21 +702,23 @@ static int run_auto(struct mt_ctx *ctx, struct mt_config *cfg, const struct opts
 
 /* The command line into cfg and o: --config first, wherever it is, so that
  * --set overrides it; then every option through the shared checker. */
-static int plan_args(struct mt_ctx *ctx, struct mt_config *cfg, struct opts *o, int argc, char **argv)
+static int plan_args(struct mt_ctx *ctx, struct mt_knobs *knobs, struct mt_config *cfg, struct opts *o, int argc,
+                     char **argv)
 {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { plan_usage(stdout); return 0; }
         if (!strcmp(argv[i], "--config")) {
             if (i + 1 >= argc) { fprintf(stderr, "meshtrain plan: --config needs a file\n"); return 2; }
             o->config = argv[i + 1];
-            if (mt_config_load_file(ctx, cfg, argv[i + 1]) != MT_OK) {
+            if (mt_config_load_file_knobs(ctx, cfg, knobs, argv[i + 1]) != MT_OK) {
                 fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(ctx));
                 return 2;
             }
         }
     }
     static const char *const flags0[] = {"--json", "--auto", "--verbose", "--verify", NULL};
-    static const char *const flags1[] = {"--config", "--set", "--world", "--mesh", "--zero", "--pp-layers", "--steps",
+    static const char *const flags1[] = {"--config", "--set", "--knob", "--world", "--mesh", "--zero", "--pp-layers",
+                                         "--steps",
                                          "--profile", "--mem-per-rank", "--top", "--find-max", "--data",
                                          "--verify-steps", "--threads", NULL};
     for (int i = 1; i < argc; i++) {
@@ -731,6 +739,12 @@ static int plan_args(struct mt_ctx *ctx, struct mt_config *cfg, struct opts *o, 
                 return 2;
             }
             if (o->n_sets < 120) o->sets[o->n_sets++] = (char *)v;
+        } else if (!strcmp(a, "--knob")) {
+            if (mt_knobs_set(ctx, knobs, v) != MT_OK) {
+                fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(ctx));
+                return 2;
+            }
+            if (o->n_knobs < 40) o->knob_args[o->n_knobs++] = (char *)v;
         } else if (!strcmp(a, "--world") || !strcmp(a, "--steps") || !strcmp(a, "--top") ||
                    !strcmp(a, "--verify-steps") || !strcmp(a, "--threads")) {
             int n;
@@ -949,13 +963,17 @@ int mt_cmd_plan(int argc, char **argv)
     o.top = 5;
     o.verify_steps = 3;
     o.profile = NULL;
-    char *sets[256];
+    char *sets[256], *knob_args[64];
     o.sets = sets;
+    o.knob_args = knob_args;
+    struct mt_knobs knobs;   /* the runtime tunables the model carves by (scan_bf16, ...), as train reads them */
+    mt_knobs_init(&knobs);
+    ctx.knobs = &knobs;
 
     struct mt_plan_profile prof;
     struct mt_plan_runtime prof_rt;
     int have_prof = 0, code;
-    if ((code = plan_args(&ctx, &cfg, &o, argc, argv)) != GO_ON) return code;
+    if ((code = plan_args(&ctx, &knobs, &cfg, &o, argc, argv)) != GO_ON) return code;
     if ((code = plan_inputs(&ctx, &cfg, &o)) != GO_ON) return code;
     if ((code = plan_profile(&ctx, &o, &prof, &prof_rt, &have_prof)) != GO_ON) return code;
 

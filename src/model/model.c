@@ -699,17 +699,18 @@ void mt_model_plan_bytes(const struct mt_config *cfg, int B, size_t bytes[MT_BUC
 
 void mt_model_plan_bytes_ex(const struct mt_config *cfg, int B, int flags, size_t bytes[MT_BUCKET_COUNT])
 {
-    mt_model_plan_bytes_par(cfg, B, flags, NULL, bytes);
+    mt_model_plan_bytes_par(NULL, cfg, B, flags, NULL, bytes);
 }
 
-void mt_model_plan_bytes_par(const struct mt_config *cfg, int B, int flags, const struct mt_model_par *par,
-                             size_t bytes[MT_BUCKET_COUNT])
+void mt_model_plan_bytes_par(struct mt_ctx *ctx, const struct mt_config *cfg, int B, int flags,
+                             const struct mt_model_par *par, size_t bytes[MT_BUCKET_COUNT])
 {
     struct mt_model m;
     struct mt_carver c;
     memset(&m, 0, sizeof m);
     memset(&c, 0, sizeof c);
     model_dims_par(&m, cfg, B, par);
+    if (ctx) model_pieces_setup(ctx, &m);   /* the knobs, as create sets the pieces up */
     struct plan_visit pv = { &c };
     if (!(flags & MT_MODEL_EXTERNAL_PARAMS))
         build_params(&m, plan_param, &pv);   /* same carves as the params loop of model_layout */

@@ -187,8 +187,11 @@ int mt_model_moe_device_sizes(const struct mt_model *m, const char **why);
 int mt_model_moe_gate_up_bf16(const struct mt_model *m);
 enum mt_status mt_model_create_par(struct mt_ctx *ctx, const struct mt_ops_i *ops, const struct mt_config *cfg,
                                    int B, int flags, const struct mt_model_par *par, struct mt_model **out);
-void mt_model_plan_bytes_par(const struct mt_config *cfg, int B, int flags, const struct mt_model_par *par,
-                             size_t bytes[MT_BUCKET_COUNT]);
+/* ctx: the knobs the pieces read where they carve (scan_bf16: the chunk states a Mamba-3
+ * layer keeps; head_bf16_logits), as create reads them: a plan of a run must see the run's
+ * knobs (ctx->knobs), or plan and measured differ; NULL: the defaults */
+void mt_model_plan_bytes_par(struct mt_ctx *ctx, const struct mt_config *cfg, int B, int flags,
+                             const struct mt_model_par *par, size_t bytes[MT_BUCKET_COUNT]);
 
 /* Model-axis collectives issued by the layers (cumulative since create;
  * struct mt_tp_stats: src/parallel/mt_axis.h). */

@@ -453,7 +453,7 @@ static enum mt_status plan_select(struct mt_ctx *ctx, struct mt_plan *p, const s
         struct mt_model_par par;
         mt_layout_model_par(&p->cfg, d, p->su.first_layer, sp->rep_rank, &par);
         MT_CHECK(mt_model_check_par(ctx, &p->cfg, p->Bm, &par));
-        mt_model_plan_bytes_par(&p->cfg, p->Bm, MT_MODEL_EXTERNAL_PARAMS, &par, sp->model_bytes);
+        mt_model_plan_bytes_par(ctx, &p->cfg, p->Bm, MT_MODEL_EXTERNAL_PARAMS, &par, sp->model_bytes);
         /* act_in, grad_in: the registry's model has B = tp sequences; the buffers hold a microbatch's (Bm),
          * and a stage's rows are linear in B */
         sp->model_bytes[MT_BUCKET_COMM] +=

@@ -924,6 +924,7 @@ enum mt_status mt_train_report(struct mt_ctx *ctx, struct run_state *rs, const s
     mt_model_param_counts(rs->cfg, &total_params, NULL);
     struct mt_ctx pctx;
     mt_ctx_init(&pctx);
+    pctx.knobs = ctx->knobs;   /* the run's knobs: the pieces carve by some (mt_model_plan_bytes_par) */
     char plan_err[512] = "";
     struct mt_plan *plan = plan_of_run(&pctx, rs, ri, plan_err, sizeof plan_err);
     char *djson = dist_json(rs, ri->trace, rs->mem_all, ri->world, &zs, ri->steps_run, rs->cfg->microbatches,

@@ -217,6 +217,7 @@ static enum mt_status check_memory(struct mt_ctx *ctx, const struct mt_config *c
     su.data_bytes = 2.0 * ((double)mt_data_ntokens(rs->train) + (rs->val ? (double)mt_data_ntokens(rs->val) : 0));
     struct mt_ctx pctx;
     mt_ctx_init(&pctx);
+    pctx.knobs = ctx->knobs;   /* the run's knobs: the pieces carve by some (mt_model_plan_bytes_par) */
     struct mt_plan *plan = NULL;
     if (mt_plan_create(&pctx, cfg, &su, 0, &plan) != MT_OK) {
         if (pctx.last_status == MT_ERR_OOM)
