@@ -1436,11 +1436,18 @@ static void moe_case(struct harness *h, int N, int k, int E, int C, int nnull)
     }
     if (has(h, "moe_permute_backward", h->ops->moe_permute_backward != NULL)) {
         float *dW = up_f(h, Wh, nm), *ddh = up_f(h, init_h, nh), *ddh2 = up_f(h, init_h, nh);
-        h->ops->moe_permute_backward(h->ops->be, ddh, dW, dpos, N, k, C);
+        h->ops->moe_permute_backward(h->ops->be, ddh, dW, dpos, N, k, C, 1);
         float *got = down_f(h, ddh, nh);
         checkf(h, "moe_permute_backward", err_rel(h, got, plus(h, init_h, gh, nh), nh), TOL_BWD, "%s dh (+=)", cs);
-        h->ops->moe_permute_backward(h->ops->be, ddh2, dW, dpos, N, k, C);
+        h->ops->moe_permute_backward(h->ops->be, ddh2, dW, dpos, N, k, C, 1);
         checkf(h, "moe_permute_backward", ndiff(got, down_f(h, ddh2, nh), nh), 0, "%s determinism", cs);
+        /* accumulate 0 (=): on NaN, dh not read; the bits of a zero fill and then += */
+        float *dz = up_f(h, init_h, nh), *dn = up_f(h, nan_f(h, nh), nh);
+        h->ops->fill(h->ops->be, dz, 0.0f, nh);
+        h->ops->moe_permute_backward(h->ops->be, dz, dW, dpos, N, k, C, 1);
+        h->ops->moe_permute_backward(h->ops->be, dn, dW, dpos, N, k, C, 0);
+        checkf(h, "moe_permute_backward", ndiff(down_f(h, dn, nh), down_f(h, dz, nh), nh), 0,
+               "%s dh (=) on NaN == zero fill then += (bits)", cs);
     }
     if (has(h, "moe_combine", h->ops->moe_combine != NULL)) {
         float *dout = up_f(h, init_h, nh), *dout2 = up_f(h, init_h, nh);

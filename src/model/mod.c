@@ -287,12 +287,12 @@ static enum mt_status mod_enter_backward(struct mt_ctx *ctx, const struct mt_pie
     const struct mt_ops_i *ops = pc->ops;
     const struct mod_state *st = pc->ly->wst;
     if (!mod_sp(pc)) {
-        ops->moe_permute_backward(ops->be, pc->dx, in->dx, st->slot, pc->N, 1, pc->D);
+        ops->moe_permute_backward(ops->be, pc->dx, in->dx, st->slot, pc->N, 1, pc->D, 1);
         return MT_OK;
     }
     /* SP: every rank's inner rows gathered, each block row takes its own */
     MT_CHECK(tpa_gather_rows(ctx, &pc->tp, pc->s_full, in->dx, in->Nr, pc->D));
-    ops->moe_permute_backward(ops->be, pc->dx, pc->s_full, st->slot + pc->tp.rank * pc->Nr, pc->Nr, 1, pc->D);
+    ops->moe_permute_backward(ops->be, pc->dx, pc->s_full, st->slot + pc->tp.rank * pc->Nr, pc->Nr, 1, pc->D, 1);
     return MT_OK;
 }
 

@@ -319,8 +319,7 @@ static enum mt_status moe_backward(struct mt_ctx *ctx, const struct mt_piece_ctx
             }
         MT_CHECK(epa_alltoallv_rows(ctx, ea, s->dxp, s->rdx, rcnt, rdis, scnt, sdis, D, s->h_a2a));
     }
-    ops->fill(ops->be, dh, 0.0f, (size_t)n * D);
-    ops->moe_permute_backward(ops->be, dh, s->dxp, st->pos, n, k, D);
+    ops->moe_permute_backward(ops->be, dh, s->dxp, st->pos, n, k, D, 0);   /* =: dh's first term, no fill */
     if (md->Fs > 0 && md->shared_gu)   /* dh += the shared expert's d h, on its bf16 g, u */
         mlp_backward_gu(ops, dh, 1, s->ab, pc->s_dact, pc->s_dg, pc->s_du, dout, pc->nm->h, shared_hb(pc),
                         (const mt_bf16 *)st->sgp, (const mt_bf16 *)st->sup, moe_w(pc)->sg, moe_w(pc)->su,
@@ -561,7 +560,7 @@ static void moe_work(const struct mt_block_shape *sh, int rc, struct mt_work *w)
          * backward: moe_combine_backward_bf16 reads dy for the bf16 copies (1 + 0.5 k) D
          *   and dy, y for dgates (1 + k) D; the re-permute (1.5 k D);
          *   swiglu_backward_act_bf16_gud reads bf16 dact, g, u, writes bf16 act, dg, du (3 k Fe);
-         *   the fill of dh (D) and moe_permute_backward ((2 + k) D).
+         *   moe_permute_backward writing dh (=, no fill: (1 + k) D).
          * a shared expert as the dense MLP on bf16 g, u (moe_shared_gu): 1.5 + 3 per hidden
          *   unit and its dy rounded once (1.5 D); router softmax, routing, aux and their backward:
          *   about 8 Er + 8 k. rc: the forward again. */
@@ -571,7 +570,7 @@ static void moe_work(const struct mt_block_shape *sh, int rc, struct mt_work *w)
         const double tw = plan_norm_twin(sh);
         const double sh_n = s->Fs > 0 ? 0.5 * D : 0.0, sh_e = s->Fs > 0 ? 4.5 * Fs + 1.5 * (1.0 - tw) * D : 0.0;
         w->e[MT_WORK_NORM] += 7.0 * D + 0.5 * tw * D + sh_n + rc * (3.0 * D + sh_n);
-        w->e[MT_WORK_ELEMENTWISE] += 6.5 * k * D + 7.0 * D + 4.5 * k * Fe + sh_e + 8.0 * Er + 8.0 * k +
+        w->e[MT_WORK_ELEMENTWISE] += 6.5 * k * D + 5.0 * D + 4.5 * k * Fe + sh_e + 8.0 * Er + 8.0 * k +
                                      rc * (2.5 * k * D + 2.0 * D + 1.5 * k * Fe + 1.5 * Fs + 4.0 * Er + 4.0 * k);
         return;
     }

@@ -348,7 +348,8 @@ struct mt_ops_i {
      * Routed slot (n, j) lives at row pos[n*k + j] of the expert-sorted buffer
      * (M = N*k rows), src_row[m] = the token n of row m.
      * permute:          xp[m] = h[src_row[m]]                       (=)
-     * permute_backward: dh[n] += sum_j dxp[pos[n*k+j]]  (j order)   (+=)
+     * permute_backward: dh[n] (+)= sum_j dxp[pos[n*k+j]]  (j order; accumulate 1: +=,
+     *                   0: = as 0.0f + the terms, the bits of a zero fill then +=)
      * combine:          out[n] += sum_j gates[n,j] * y[pos[n*k+j]]  (+=)
      * combine_backward: dy[pos[n*k+j]] = gates[n,j] * dout[n]       (=)
      *                   dgates[n,j]   = dot(dout[n], y[pos[n*k+j]]) (=)
@@ -356,7 +357,8 @@ struct mt_ops_i {
      * moe_route writes -1): it has no row: no term in permute_backward and
      * combine, no dy row, and dgates[n,j] = 0. */
     void (*moe_permute)(void *be, float *xp, const float *h, const int32_t *src_row, int M, int C);
-    void (*moe_permute_backward)(void *be, float *dh, const float *dxp, const int32_t *pos, int N, int k, int C);
+    void (*moe_permute_backward)(void *be, float *dh, const float *dxp, const int32_t *pos, int N, int k, int C,
+                                 int accumulate);
     void (*moe_combine)(void *be, float *out, const float *y, const int32_t *pos, const float *gates,
                         int N, int k, int C);
     void (*moe_combine_backward)(void *be, float *dy, float *dgates, const float *dout, const float *y,

@@ -2061,7 +2061,7 @@ static void test_moe_case(int null_every, int C)
     float *h = rnd((size_t)N * C, -1, 1), *dxp = rnd((size_t)M * C, -1, 1), *dh0 = rnd((size_t)N * C, -1, 1);
     float *y = rnd((size_t)M * C, -1, 1), *gates = rnd((size_t)M, 0, 1), *out0 = rnd((size_t)N * C, -1, 1);
     float *dout = rnd((size_t)N * C, -1, 1), *nM = nans((size_t)M * C), *nS = nans((size_t)M);
-    float *rp[3], *rpb[3], *rc[3], *rdy[3], *rdg[3], *rdg16[3];
+    float *rp[3], *rpb[3], *rpb0[3], *rc[3], *rdy[3], *rdg[3], *rdg16[3];
     int32_t *rp16[3], *rdy16[3];
     const size_t M2 = (size_t)M * C / 2;   /* bf16 pairs (M C is even) */
     int32_t *pad = xmalloc(sizeof(int32_t) * M2);
@@ -2073,8 +2073,11 @@ static void test_moe_case(int null_every, int C)
         b->ops->moe_permute(b->ops->be, xp, dh, dsrc, Mr, C);
         rp[p] = downf(b, xp, (size_t)M * C);
         float *ddh = upf(b, dh0, (size_t)N * C), *ddxp = upf(b, dxp, (size_t)M * C);
-        b->ops->moe_permute_backward(b->ops->be, ddh, ddxp, dpos, N, k, C);
+        b->ops->moe_permute_backward(b->ops->be, ddh, ddxp, dpos, N, k, C, 1);
         rpb[p] = downf(b, ddh, (size_t)N * C);
+        float *ddh0 = upf(b, nans((size_t)N * C), (size_t)N * C);   /* =: dh not read (NaN would show) */
+        b->ops->moe_permute_backward(b->ops->be, ddh0, ddxp, dpos, N, k, C, 0);
+        rpb0[p] = downf(b, ddh0, (size_t)N * C);
         float *dy_ = upf(b, y, (size_t)M * C), *dg_ = upf(b, gates, (size_t)M), *o = upf(b, out0, (size_t)N * C);
         b->ops->moe_combine(b->ops->be, o, dy_, dpos, dg_, N, k, C);
         rc[p] = downf(b, o, (size_t)N * C);
@@ -2112,6 +2115,8 @@ static void test_moe_case(int null_every, int C)
     check3("moe_permute", w, rp, (size_t)Mr * C);
     snprintf(w, sizeof w, "dh += (j order)%s", nl);
     check3("moe_permute_backward", w, rpb, (size_t)N * C);
+    snprintf(w, sizeof w, "dh = (accumulate 0)%s", nl);
+    check3("moe_permute_backward", w, rpb0, (size_t)N * C);
     snprintf(w, sizeof w, "out += gates y%s", nl);
     check3("moe_combine", w, rc, (size_t)N * C);
     snprintf(w, sizeof w, "dy (=)%s", nl);

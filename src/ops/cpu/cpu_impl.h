@@ -222,7 +222,7 @@ void mt_cpu_router_backward(float *dlogits, const float *dgates, const float *dp
                             const float *dlse, const float *probs, const int32_t *topk_idx,
                             const float *gates, int N, int E, int k);
 void mt_cpu_moe_permute(float *xp, const float *h, const int32_t *src_row, int M, int C);
-void mt_cpu_moe_permute_backward(float *dh, const float *dxp, const int32_t *pos, int N, int k, int C);
+void mt_cpu_moe_permute_backward(float *dh, const float *dxp, const int32_t *pos, int N, int k, int C, int accumulate);
 void mt_cpu_moe_combine(float *out, const float *y, const int32_t *pos, const float *gates,
                         int N, int k, int C);
 void mt_cpu_moe_combine_backward(float *dy, float *dgates, const float *dout, const float *y,

@@ -114,12 +114,14 @@ void mt_cpu_moe_permute_bf16(uint16_t *xb, const float *h, const int32_t *src_ro
     }
 }
 
-/* dh[n] += sum_j dxp[pos[n*k+j]]   (+=, j order) */
-void mt_cpu_moe_permute_backward(float *dh, const float *dxp, const int32_t *pos, int N, int k, int C)
+/* dh[n] += sum_j dxp[pos[n*k+j]]   (+=, j order; accumulate 0: dh[n] = 0.0f + ..., no read) */
+void mt_cpu_moe_permute_backward(float *dh, const float *dxp, const int32_t *pos, int N, int k, int C, int accumulate)
 {
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         float *d = dh + (size_t)n * (size_t)C;
+        if (!accumulate)
+            for (int c = 0; c < C; c++) d[c] = 0.0f;
         for (int j = 0; j < k; j++) {
             const int32_t r = pos[(size_t)n * (size_t)k + (size_t)j];
             if (r < 0) continue;   /* a null slot: no row */

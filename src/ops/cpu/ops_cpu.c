@@ -406,10 +406,11 @@ static void p_moe_permute(void *be, float *xp, const float *h, const int32_t *sr
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_ELEMENTWISE, mt_cpu_moe_permute(xp, h, src_row, M, C));
 }
-static void p_moe_permute_backward(void *be, float *dh, const float *dxp, const int32_t *pos, int N, int k, int C)
+static void p_moe_permute_backward(void *be, float *dh, const float *dxp, const int32_t *pos, int N, int k, int C,
+                                   int accumulate)
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
-    PROF(MT_OPK_ELEMENTWISE, mt_cpu_moe_permute_backward(dh, dxp, pos, N, k, C));
+    PROF(MT_OPK_ELEMENTWISE, mt_cpu_moe_permute_backward(dh, dxp, pos, N, k, C, accumulate));
 }
 static void p_moe_combine(void *be, float *out, const float *y, const int32_t *pos, const float *gates, int N, int k, int C)
 {

@@ -711,7 +711,8 @@ void mt_cuda_router_backward(void *be, float *dlogits, const float *dgates, cons
                              const float *dlse, const float *probs, const int32_t *topk_idx,
                              const float *gates, int N, int E, int k);
 void mt_cuda_moe_permute(void *be, float *xp, const float *h, const int32_t *src_row, int M, int C);
-void mt_cuda_moe_permute_backward(void *be, float *dh, const float *dxp, const int32_t *pos, int N, int k, int C);
+void mt_cuda_moe_permute_backward(void *be, float *dh, const float *dxp, const int32_t *pos, int N, int k, int C,
+                                  int accumulate);
 void mt_cuda_moe_permute_bf16(void *be, mt_bf16 *xb, const float *h, const int32_t *src_row, int M, int C);
 void mt_cuda_moe_combine_backward_bf16(void *be, mt_bf16 *dyb, float *dgates, const float *dout, const float *y,
                                        const int32_t *pos, const float *gates, int N, int k, int C);

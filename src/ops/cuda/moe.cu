@@ -130,7 +130,8 @@ static __global__ void permute_k(void *xp, const float *h, const int32_t *src_ro
  * permute_backward (MODE = V4: w = 1, a plain add) and combine (MODE = V4 + 2:
  * w = gates) */
 template <int MODE>
-static __global__ void gather_add_k(float *out, const float *src, const int32_t *pos, const float *gates, int k, int C)
+static __global__ void gather_add_k(float *out, const float *src, const int32_t *pos, const float *gates, int k, int C,
+                                    int accumulate)
 {
     constexpr int V4 = MODE & 1, W = MODE >> 1;
     const size_t n = blockIdx.x;
@@ -139,7 +140,7 @@ static __global__ void gather_add_k(float *out, const float *src, const int32_t 
     float *o = out + n * (size_t)C;
     if constexpr (V4) {
         for (int c = 4 * threadIdx.x; c < C; c += 4 * blockDim.x) {
-            float4 acc = mt_ld_f4(o + c);
+            float4 acc = accumulate ? mt_ld_f4(o + c) : float4{0.0f, 0.0f, 0.0f, 0.0f};
             for (int j = 0; j < k; j++) {
                 if (pn[j] < 0) continue;
                 const float4 v = mt_ld_f4(src + (size_t)pn[j] * (size_t)C + c);
@@ -154,7 +155,7 @@ static __global__ void gather_add_k(float *out, const float *src, const int32_t 
         }
     } else {
         for (int c = threadIdx.x; c < C; c += blockDim.x) {
-            float acc = o[c];
+            float acc = accumulate ? o[c] : 0.0f;
             for (int j = 0; j < k; j++) {
                 if (pn[j] < 0) continue;
                 const float v = src[(size_t)pn[j] * (size_t)C + c];
@@ -235,15 +236,16 @@ static unsigned row_threads(int C, int v4)
     return w >= THREADS ? THREADS : w <= MT_WARP ? MT_WARP : (unsigned)((w + MT_WARP - 1) / MT_WARP * MT_WARP);
 }
 
-/* out[n] += sum_j w src[pos] (gather_add_k; gates NULL: w = 1) */
-static void gather_add(float *out, const float *src, const int32_t *pos, const float *gates, int N, int k, int C)
+/* out[n] += sum_j w src[pos] (gather_add_k; gates NULL: w = 1); accumulate 0: out[n] = 0.0f + ..., out not read */
+static void gather_add(float *out, const float *src, const int32_t *pos, const float *gates, int N, int k, int C,
+                       int accumulate)
 {
     const int v4 = C % 4 == 0 && mt_cuda_aligned(out, 16) && mt_cuda_aligned(src, 16);
     switch (v4 + 2 * (gates != NULL)) {
-    case 3: MT_LAUNCH(gather_add_k<3>, N, row_threads(C, 1), 0)(out, src, pos, gates, k, C); break;
-    case 2: MT_LAUNCH(gather_add_k<2>, N, row_threads(C, 0), 0)(out, src, pos, gates, k, C); break;
-    case 1: MT_LAUNCH(gather_add_k<1>, N, row_threads(C, 1), 0)(out, src, pos, gates, k, C); break;
-    default: MT_LAUNCH(gather_add_k<0>, N, row_threads(C, 0), 0)(out, src, pos, gates, k, C); break;
+    case 3: MT_LAUNCH(gather_add_k<3>, N, row_threads(C, 1), 0)(out, src, pos, gates, k, C, accumulate); break;
+    case 2: MT_LAUNCH(gather_add_k<2>, N, row_threads(C, 0), 0)(out, src, pos, gates, k, C, accumulate); break;
+    case 1: MT_LAUNCH(gather_add_k<1>, N, row_threads(C, 1), 0)(out, src, pos, gates, k, C, accumulate); break;
+    default: MT_LAUNCH(gather_add_k<0>, N, row_threads(C, 0), 0)(out, src, pos, gates, k, C, accumulate); break;
     }
     MT_CUDA_KCHECK();
 }
@@ -274,11 +276,12 @@ extern "C" void mt_cuda_moe_permute_bf16(void *be, mt_bf16 *xb, const float *h, 
     permute(xb, 1, h, src_row, M, C);
 }
 
-extern "C" void mt_cuda_moe_permute_backward(void *be, float *dh, const float *dxp, const int32_t *pos, int N, int k, int C)
+extern "C" void mt_cuda_moe_permute_backward(void *be, float *dh, const float *dxp, const int32_t *pos, int N, int k, int C,
+                                             int accumulate)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (N <= 0 || C <= 0) return;
-    gather_add(dh, dxp, pos, NULL, N, k, C);
+    gather_add(dh, dxp, pos, NULL, N, k, C, accumulate);
 }
 
 extern "C" void mt_cuda_moe_combine(void *be, float *out, const float *y, const int32_t *pos, const float *gates,
@@ -286,7 +289,7 @@ extern "C" void mt_cuda_moe_combine(void *be, float *out, const float *y, const 
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (N <= 0 || C <= 0) return;
-    gather_add(out, y, pos, gates, N, k, C);
+    gather_add(out, y, pos, gates, N, k, C, 1);
 }
 
 static void combine_backward(void *dy, int dy_bf16, float *dgates, const float *dout, const float *y,
