@@ -539,10 +539,11 @@ template <typename T> struct seq_queue {
         T *t = &items[seq - base];
         return t->left > 0 ? t : nullptr;
     }
-    T *add(unsigned seq)  /* nullptr: seq already retired */
+    T *add(unsigned seq, int others)  /* for the warp's other lanes; nullptr: none, or seq already retired */
     {
-        if (seq < base) return nullptr;
+        if (others <= 0 || seq < base) return nullptr;
         while (items.size() <= seq - base) { items.emplace_back(); items.back().left = 0; }
+        items[seq - base].left = others;
         return &items[seq - base];
     }
     void taken(T *t)  /* one more lane took t */
@@ -714,12 +715,8 @@ int mt_emu_wmma_load_first(float *x)
 void mt_emu_wmma_load_publish(const float *x)
 {
     fiber &f = g_f[g_cur];
-    const int others = g_warp_live[f.warp] - 1;
-    if (others <= 0) return;
-    wmma_tile *t = g_wmma_loads[f.warp].add(f.nwload - 1);
-    if (!t) return;
-    memcpy(t->x, x, sizeof t->x);
-    t->left = others;
+    wmma_tile *t = g_wmma_loads[f.warp].add(f.nwload - 1, g_warp_live[f.warp] - 1);
+    if (t) memcpy(t->x, x, sizeof t->x);
 }
 int mt_emu_wmma_store_last(void)
 {
@@ -755,15 +752,12 @@ int mt_emu_wmma_mma_recall(const float *a, const float *b, const float *c, float
 void mt_emu_wmma_mma_publish(const float *a, const float *b, const float *c, const float *d)
 {
     fiber &f = g_f[g_cur];
-    const int others = g_warp_live[f.warp] - 1;
-    if (others <= 0) return;
-    wmma_product *p = g_wmma_mmas[f.warp].add(f.nwmma - 1);
+    wmma_product *p = g_wmma_mmas[f.warp].add(f.nwmma - 1, g_warp_live[f.warp] - 1);
     if (!p) return;
     memcpy(p->a, a, sizeof p->a);
     memcpy(p->b, b, sizeof p->b);
     memcpy(p->c, c, sizeof p->c);
     memcpy(p->d, d, sizeof p->d);
-    p->left = others;
 }
 
 /* a warp barrier: every live lane of the warp arrives before any goes on
