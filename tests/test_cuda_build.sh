@@ -66,6 +66,10 @@
 #           with head_chunk_rows=24 equal to itself without (the same bound),
 #           and stays within the tolerance of it, and its receipt shows the
 #           GEMMs on the weights' bf16 shadows as stored (gemm_bf16_direct);
+#           and 2 steps at the d2048 benchmarks' tile shapes (attention head
+#           dim 128, Mamba-3 P = N = Q = 64, MoE layers; launch log for stage
+#           r): tensor-core attention and scan every call, no fallback,
+#           within the bf16 curve of the fp32 cpu run;
 #        c3. `meshtrain logits --backend cuda` on the cpu runs' dense and MoE
 #           checkpoints == the CPU build's `meshtrain logits` to 1e-5 (logits
 #           relative to the largest, lm/aux/z each relative);
@@ -501,7 +505,7 @@ PY
         local name=$1; shift
         rm -f "$EMU/run_$name.ok"
         if ! env OMP_NUM_THREADS=1 "$EMU/meshtrain" train "$@" --peak-flops 1e11 --quiet \
-                --data "$EMU/train.bin" --out "$EMU/run_$name" --steps 6 >"$EMU/train_$name.log" 2>&1; then
+                --data "$EMU/train.bin" --out "$EMU/run_$name" --steps "${RUN_STEPS:-6}" >"$EMU/train_$name.log" 2>&1; then
             tail -5 "$EMU/train_$name.log"; echo "FAIL: emulated train $name exited non-zero"; return 1
         fi
         touch "$EMU/run_$name.ok"
@@ -521,8 +525,15 @@ PY
         MT_CUDA_ATTN_DS_MB=0 run6 bf16_v2ds0_cuda $V2 --backend cuda --set precision=bf16 || rc=1
         return $rc
     }
+    # the d2048 benchmarks' tile shapes (attention head dim 128, Mamba-3 headdim = d_state =
+    # chunk = 64) with MoE layers, 2 steps, launch log on (stage r checks every launch
+    # against ptxas's resources): the GPU step's kernels at the GPU's tile configurations
+    GPUSHAPE="--set vocab_size=64 --set n_layer=4 --set d_model=128 --set n_head=1 --set n_kv_head=1 --set seq_len=128 --set batch_size=2 --set lr=0.003 --set warmup_steps=2 --set pattern=AMEM --set n_experts=4 --set top_k=2 --set expert_hidden=64 --set mamba_d_state=64 --set mamba_headdim=64 --set mamba_chunk=64"
     c2_queue2() {
         local rc=0
+        RUN_STEPS=2 run6 gpushape_ref_cpu $GPUSHAPE --set backend=cpu || rc=1
+        RUN_STEPS=2 MT_CUDA_LAUNCH_LOG="$EMU/launch_gpushape.log" run6 gpushape_cuda $GPUSHAPE --backend cuda \
+            --set precision=bf16 || rc=1
         run6 bf16ref_cpu $TINY --set backend=cpu || rc=1
         run6 bf16_cpu $TINY --set backend=cpu --set precision=bf16 || rc=1
         run6 bf16ref_moe_cpu $MOE --set backend=cpu || rc=1
@@ -618,6 +629,17 @@ sys.exit(not (g['ssm_scan_tc_calls'] == 0 and g['ssm_scan_tc_fallbacks'] > 0 and
            "$EMU/run_bf16_hyb_n130_cuda/receipt.json"; then
         echo "PASS emulated train precision=bf16, hybrid at d_state 130: the fp32 scan, counted and named in fallback_reason"
     else echo "FAIL: emulated train precision=bf16 hybrid d_state 130 (the scan's fallback not reported)"; fail=1; fi
+    # ... at the benchmarks' tile shapes: tensor-core attention (hd 128) and scan (64/64/64)
+    #     every call, no fallback, the bf16 curve of the fp32 cpu run
+    if ran gpushape_ref_cpu gpushape_cuda &&
+       python3 "$SRC/tests/bf16_curve.py" "$EMU/run_gpushape_ref_cpu/receipt.json" "$EMU/run_gpushape_cuda/receipt.json" &&
+       python3 -c "import json,sys; r=json.load(open(sys.argv[1])); g=r['gpu']; f=r['backend']['fallback_reason']; \
+print('   gpu:', {k: g[k] for k in ('attention_tc_calls', 'attention_v2_calls', 'ssm_scan_tc_calls', 'ssm_scan_tc_fallbacks')}); \
+sys.exit(not (f is None and g['attention_v2_calls'] > 0 and g['attention_fp32_fallbacks'] == 0 and \
+g['ssm_scan_tc_calls'] > 0 and g['ssm_scan_tc_fallbacks'] == 0 and g['gemm_bf16_fallbacks'] == 0))" \
+           "$EMU/run_gpushape_cuda/receipt.json"; then
+        echo "PASS emulated train precision=bf16 at the benchmarks' tile shapes (attention hd 128, scan P = N = Q = 64, MoE): tensor cores every call, the fp32 curve"
+    else echo "FAIL: emulated train precision=bf16 at the benchmarks' tile shapes"; fail=1; fi
     echo "   stage c2: $(( $(date +%s) - t2 ))s"
     fi  # want c2
     if want c; then
