@@ -528,7 +528,9 @@ PY
     # the d2048 benchmarks' tile shapes (attention head dim 128, Mamba-3 headdim = d_state =
     # chunk = 64) with MoE layers, 2 steps, launch log on (stage r checks every launch
     # against ptxas's resources): the GPU step's kernels at the GPU's tile configurations
-    GPUSHAPE="--set vocab_size=64 --set n_layer=4 --set d_model=128 --set n_head=1 --set n_kv_head=1 --set seq_len=128 --set batch_size=2 --set lr=0.003 --set warmup_steps=2 --set pattern=AMEM --set n_experts=4 --set top_k=2 --set expert_hidden=64 --set mamba_d_state=64 --set mamba_headdim=64 --set mamba_chunk=64"
+    GPUSHAPE="--set vocab_size=64 --set n_layer=4 --set d_model=128 --set n_head=1 --set n_kv_head=1 --set seq_len=128
+              --set batch_size=2 --set lr=0.003 --set warmup_steps=2 --set pattern=AMEM --set n_experts=4 --set top_k=2
+              --set expert_hidden=64 --set mamba_d_state=64 --set mamba_headdim=64 --set mamba_chunk=64"
     c2_queue2() {
         local rc=0
         RUN_STEPS=2 run6 gpushape_ref_cpu $GPUSHAPE --set backend=cpu || rc=1
@@ -634,7 +636,8 @@ sys.exit(not (g['ssm_scan_tc_calls'] == 0 and g['ssm_scan_tc_fallbacks'] > 0 and
     if ran gpushape_ref_cpu gpushape_cuda &&
        python3 "$SRC/tests/bf16_curve.py" "$EMU/run_gpushape_ref_cpu/receipt.json" "$EMU/run_gpushape_cuda/receipt.json" &&
        python3 -c "import json,sys; r=json.load(open(sys.argv[1])); g=r['gpu']; f=r['backend']['fallback_reason']; \
-print('   gpu:', {k: g[k] for k in ('attention_tc_calls', 'attention_v2_calls', 'ssm_scan_tc_calls', 'ssm_scan_tc_fallbacks')}); \
+print('   gpu:', {k: g[k] for k in ('attention_tc_calls', 'attention_v2_calls', 'ssm_scan_tc_calls', \
+'ssm_scan_tc_fallbacks')}); \
 sys.exit(not (f is None and g['attention_v2_calls'] > 0 and g['attention_fp32_fallbacks'] == 0 and \
 g['ssm_scan_tc_calls'] > 0 and g['ssm_scan_tc_fallbacks'] == 0 and g['gemm_bf16_fallbacks'] == 0))" \
            "$EMU/run_gpushape_cuda/receipt.json"; then

@@ -276,8 +276,8 @@ extern "C" void mt_cuda_moe_permute_bf16(void *be, mt_bf16 *xb, const float *h, 
     permute(xb, 1, h, src_row, M, C);
 }
 
-extern "C" void mt_cuda_moe_permute_backward(void *be, float *dh, const float *dxp, const int32_t *pos, int N, int k, int C,
-                                             int accumulate)
+extern "C" void mt_cuda_moe_permute_backward(void *be, float *dh, const float *dxp, const int32_t *pos, int N, int k,
+                                             int C, int accumulate)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (N <= 0 || C <= 0) return;
