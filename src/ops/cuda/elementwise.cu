@@ -270,7 +270,8 @@ extern "C" double mt_cuda_sumsq_multi(void *be, const float *const *x, const siz
         for (int t = 0; t < c; t++) {
             L.x[t] = x[base + t];
             L.n[t] = n[base + t];
-            if (sumsq_grid_x(L.n[t]) > gx) gx = sumsq_grid_x(L.n[t]);
+            const unsigned g = sumsq_grid_x(L.n[t]);
+            if (g > gx) gx = g;
         }
         MT_LAUNCH(sumsq_multi_pass1_k, dim3(gx, (unsigned)c), MT_CUDA_RED_THREADS, 0)(part, L, base);
         MT_CUDA_KCHECK();
