@@ -71,6 +71,9 @@ refuse "sample: a known option without value needs a value" "^meshtrain sample: 
     "$MT" sample --ckpt "$W/none" --prompt
 # the other tools share the checker (tools/meshtrain.c mt_cmd_option)
 refuse "plan: an unknown last option is unknown" "^meshtrain plan: unknown option '--bogus'" "$MT" plan --json --bogus
+refuse "plan: --knob with an unknown name" "^meshtrain plan: --knob 'nope': unknown knob" "$MT" plan --knob nope=1
+refuse "plan: --knob with a bad value" "^meshtrain plan: --knob scan_bf16: expected 0 or 1 \(got '7'\)$" \
+    "$MT" plan --knob scan_bf16=7
 refuse "logits: a known option without value needs a value" "^meshtrain logits: --ckpt needs a value" \
     "$MT" logits --ckpt
 refuse "logits: --backend foo is refused" "^meshtrain logits: --backend expects cpu or cuda \(got 'foo'\)$" \
