@@ -545,14 +545,11 @@ speed_one() {
             --data "$WORK/data50k.bin" --out "$WORK/sp_$name" --steps "${SPEED_STEPS:-10}" 2>&1 | stamp > "$RES/logs/speed_$name.log"
         rc=${PIPESTATUS[0]}
         [ $rc = 0 ] && cp "$WORK/sp_$name/receipt.json" "$RES/receipts/speed_$name.json"
-        local prof pargs=() skip=0 a
-        for a in "$@"; do   # plan takes the run's --set flags, not its --knob ones (runtime only)
-            if [ $skip = 1 ]; then skip=0; continue; fi
-            if [ "$a" = --knob ]; then skip=1; continue; fi
-            pargs+=("$a")
-        done
+        local prof
         rm -f "$RES/speed/$name.plan.json"
-        prof=$(plan_profile) && "$MT" plan --config "$cfg" "${pargs[@]}" $setb --set precision=bf16 --profile "$prof" --json \
+        # plan takes the run's --set and --knob flags (scan_bf16, head_bf16_logits: the cost
+        # model's kernels; the rest are the runtime's and change nothing in the plan)
+        prof=$(plan_profile) && "$MT" plan --config "$cfg" "$@" $setb --set precision=bf16 --profile "$prof" --json \
             > "$RES/speed/$name.plan.json" 2> "$RES/logs/plan_$name.err" || rm -f "$RES/speed/$name.plan.json"
         speed_line "$name" "$rc" "$b" "$cfg" || echo "RESULT $name: batch $b exit $rc (speed_line failed)"
         [ $rc = 0 ] && return 0

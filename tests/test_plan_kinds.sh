@@ -143,6 +143,27 @@ PY
     ok "bf16 scan without its rate: the attention's as a named proxy ($msg); $msg2"
 else bad "bf16 scan proxy: $(cat "$W/err") ${msg:-} ${msg2:-}"; fi
 
+# 4e. the run's knob scan_bf16=0 keeps the fp32 scan: precision=bf16 prices it at the
+#     profile's fp32 scan rate (not the bf16 one) and by the operands-only bytes, and the
+#     JSON says which knobs it priced (the default run: scan_bf16 1)
+if "$MT" plan --config "$CFG" $HYB --set precision=bf16 --knob scan_bf16=0 --profile "$W/sc.json" --world 1 --json \
+       >"$W/k0.json" 2>"$W/err" &&
+   msg=$(check "$W/k0.json" scan_basis:eq:"measured (fp32 scan: knob scan_bf16=0)" scan_flop_per_s:eq:2e12) &&
+   msg2=$(python3 - "$W/k0.json" "$W/s16.json" <<'PY'
+import json, sys
+k0, k1 = (json.load(open(f))["cost"]["by_kind"] for f in sys.argv[1:3])
+assert k0["knobs"] == {"scan_bf16": 0, "head_bf16_logits": 1}, k0["knobs"]
+assert k1["knobs"] == {"scan_bf16": 1, "head_bf16_logits": 1}, k1["knobs"]
+E = HN = 4096; H = 64; rows = 8 * 8192 * 4
+ops = (5 * E + 6 * HN + 6 * H) * rows
+assert abs(k0["bytes"]["scan"] - ops) <= 1e-9 * ops, (k0["bytes"]["scan"], ops)
+assert k0["seconds"]["scan"] > 10 * k1["seconds"]["scan"], (k0["seconds"]["scan"], k1["seconds"]["scan"])
+print("scan %.4g s (fp32) vs %.4g s (tensor cores)" % (k0["seconds"]["scan"], k1["seconds"]["scan"]))
+PY
+); then
+    ok "knob scan_bf16=0 priced as the fp32 scan ($msg); $msg2"
+else bad "knob scan_bf16=0: $(cat "$W/err") ${msg:-} ${msg2:-}"; fi
+
 # 5. cpu-local has no memory bandwidth: no by_kind, a line saying why
 if "$MT" plan --config "$CFG" --world 1 --profile cpu-local --json >"$W/c.json" 2>"$W/err" &&
    python3 -c 'import json,sys; assert "by_kind" not in json.load(open(sys.argv[1]))["cost"]' "$W/c.json" &&
@@ -165,4 +186,18 @@ PY
 ); then
     ok "bf16 bytes by kind: $msg"
 else bad "bf16 bytes by kind: $(cat "$W/err") ${msg:-}"; fi
+# 6b. knob head_bf16_logits=0: the cross-entropy on fp32 logits (xent_fused_bf16) reads
+#     each 4-byte logit once and writes the bf16 dlogits: 1.5 V elements, not 1 V
+if plan --world 1 --knob head_bf16_logits=0 --json >"$W/e16f.json" 2>"$W/err" &&
+   msg=$(python3 - "$W/e16.json" "$W/e16f.json" <<'PY'
+import json, sys
+k1, k0 = (json.load(open(f))["cost"]["by_kind"] for f in sys.argv[1:3])
+assert k0["knobs"]["head_bf16_logits"] == 0, k0["knobs"]
+x1, x0 = k1["bytes"]["xent"], k0["bytes"]["xent"]
+assert abs(x0 - 1.5 * x1) <= 1e-9 * x0, (x0, x1)
+print("xent %.3g B = 1.5 x %.3g B" % (x0, x1))
+PY
+); then
+    ok "knob head_bf16_logits=0: $msg"
+else bad "head_bf16_logits=0: $(cat "$W/err") ${msg:-}"; fi
 finish

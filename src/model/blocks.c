@@ -67,6 +67,7 @@ void mt_blocks_shape(const struct mt_config *cfg, struct mt_block_shape *s)
     s->T = cfg->seq_len;
     s->L = cfg->n_layer;
     s->ep = 1;
+    s->scan_bf16 = 1;
 }
 
 /*

@@ -255,11 +255,14 @@ static void mamba_work_bf16(const struct mt_block_shape *sh, int rc, struct mt_w
     const struct mamba_gdims g = mamba_gdims_of(sh->cfg), *s = &g;
     const double D = (double)sh->D, E = (double)s->mE, H = (double)s->mH, GN = (double)s->mG * (double)s->mN;
     const double HN = H * (double)s->mN, W = 2.0 * E + 2.0 * GN + 2.0 * H + H * (double)(s->mN / 2);
-    /* the tensor-core scan's shapes: those whose chunk states the layer keeps (planning: the
-     * knob scan_bf16's default, on); there the scan reads x in proj and writes dx into dproj
+    /* the tensor-core scan's shapes: those whose chunk states the layer keeps (the run's
+     * knob scan_bf16, sh->scan_bf16: off, the fp32 scan and none of the rows below that
+     * need S > 0); there the scan reads x in proj and writes dx into dproj
      * (mamba3.c scan_in_proj): the prep's copies of x (2 E each way) are gone */
     const int T = sh->cfg->seq_len, chunk = sh->cfg->mamba_chunk;
-    const double S = T > 0 ? (double)mt_ssm_states_floats(1, T, (int)s->mH, (int)s->mP, (int)s->mN, chunk) / T : 0.0;
+    const double S = T > 0 && sh->scan_bf16
+                         ? (double)mt_ssm_states_floats(1, T, (int)s->mH, (int)s->mP, (int)s->mN, chunk) / T
+                         : 0.0;
     const double xcopy = S > 0 ? 0.0 : 2.0 * E;
     /* ... and dproj's producers write it as bf16 (mt_mamba3_mix_backward_b): no 1.5 W
      * rounding pass; dz, dx half their stores (0.5 E each), the prep's final B, C and

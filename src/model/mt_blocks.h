@@ -124,6 +124,8 @@ struct mt_block_shape {
     int     tp;                     /* the model axis' degree, where a layout class depends on it
                                      * (Mamba-3 B/C: split or replicated); 0 or 1: none     */
     int     ep, ep_rank;            /* the expert axis: degree, this rank's coordinate         */
+    int     scan_bf16;              /* knob scan_bf16 as the run sets it (1, the default):
+                                     * the work model's Mamba-3 scan kernels (mamba.c)       */
 };
 
 /* One parameter as a piece declares it. The registry turns it into a

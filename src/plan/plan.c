@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "../core/mt_fileio.h"
+#include "../core/mt_knobs.h"
 #include "../model/mt_blocks.h"
 #include "../model/mt_model.h"
 #include "../optim/mt_optim.h"
@@ -92,6 +93,9 @@ struct mt_plan {
     struct mt_plan_param *params;     /* layout table (MT_PLAN_LAYOUT) */
     int                  n_params;
     struct mt_plan_runtime rt;        /* the runtime bucket's constants */
+    /* the knobs the cost model reads, as the run sets them (mt_plan_create's ctx; the
+     * defaults without one): the Mamba-3 scan's kernels, the head's logits */
+    int scan_bf16, head_bf16_logits;
 };
 
 int mt_plan_world(const struct mt_plan *p) { return p->world; }
@@ -492,6 +496,8 @@ enum mt_status mt_plan_create(struct mt_ctx *ctx, const struct mt_config *cfg, c
     if (su->runtime) p->rt = *su->runtime;
     else mt_plan_runtime_default(&p->rt);
     p->su.runtime = &p->rt;
+    p->scan_bf16 = !ctx || mt_knob_int(ctx, MT_KNOB_SCAN_BF16) != 0;
+    p->head_bf16_logits = !ctx || mt_knob_int(ctx, MT_KNOB_HEAD_BF16_LOGITS) != 0;
     enum mt_status rc = MT_OK;
     p->st = mt_alloc(ctx, (size_t)d->pp * sizeof *p->st, MT_BUCKET_OTHER);
     p->eng_rank = mt_alloc(ctx, (size_t)NZ * p->world * NB * sizeof(size_t), MT_BUCKET_OTHER);
@@ -1089,11 +1095,13 @@ _Static_assert((int)MT_WORK_GEMM == (int)MT_PLAN_KIND_GEMM &&
 /* Layers [l0, l1) of a stage, plus its embedding (first stage: gather
  * forward, scatter-add backward) and head (last: final norm; the logits'
  * softmax and loss read them twice and write their gradient: 3 V). */
-static void stage_work(const struct mt_config *cfg, int l0, int l1, int rc, struct mt_work *w)
+static void stage_work(const struct mt_plan *p, int l0, int l1, int rc, struct mt_work *w)
 {
+    const struct mt_config *cfg = &p->cfg;
     memset(w, 0, sizeof *w);
     struct mt_block_shape s;
     mt_blocks_shape(cfg, &s);
+    s.scan_bf16 = p->scan_bf16;
     for (int l = l0; l < l1; l++) {
         w->f[MT_PLAN_KIND_GEMM] += (6.0 + 2.0 * rc) * mt_blocks_layer_mm(cfg, &s, l);
         mt_blocks_layer_work(cfg, &s, l, rc, w);   /* each step's, in order */
@@ -1103,13 +1111,13 @@ static void stage_work(const struct mt_config *cfg, int l0, int l1, int rc, stru
      * final norm writes h's bf16 twin too (forward 2.5 D, backward 3 D); and
      * the cross-entropy reads each logit once and writes only the bf16
      * dlogits: on bf16 logits (xent_fused_bf16_logits, the default) 1 V
-     * (with knob head_bf16_logits=0, fp32 logits: 1.5 V; the plan has no knobs) */
+     * (with knob head_bf16_logits=0, fp32 logits: 1.5 V) */
     const int bf16 = !strcmp(cfg->precision, "bf16");
     if (l0 == 0) w->e[MT_PLAN_KIND_ELEMENTWISE] += bf16 ? 5.0 * (double)s.D : 4.0 * (double)s.D;
     if (l1 == cfg->n_layer) {
         w->f[MT_PLAN_KIND_GEMM] += 6.0 * (double)cfg->vocab_size * (double)s.D;
         w->e[MT_PLAN_KIND_NORM] += bf16 ? 5.5 * (double)s.D : 5.0 * (double)s.D;
-        w->e[MT_PLAN_KIND_XENT] += bf16 ? 1.0 * (double)cfg->vocab_size : 3.0 * (double)cfg->vocab_size;
+        w->e[MT_PLAN_KIND_XENT] += (bf16 ? (p->head_bf16_logits ? 1.0 : 1.5) : 3.0) * (double)cfg->vocab_size;
     }
 }
 
@@ -1141,7 +1149,8 @@ static double optimizer_bytes(const struct mt_plan *p, const struct stage_plan *
 }
 
 /* The rate each kind runs at (mt_plan_kinds); a kind with none is bytes only. */
-static void kind_rates(const struct mt_plan_profile *prof, const struct mt_plan_cost *cost, struct mt_plan_kinds *out)
+static void kind_rates(const struct mt_plan *p, const struct mt_plan_profile *prof, const struct mt_plan_cost *cost,
+                       struct mt_plan_kinds *out)
 {
     const double fb = prof->attn_rate;
     out->gemm_rate = cost->peak_per_rank * cost->efficiency;
@@ -1155,11 +1164,13 @@ static void kind_rates(const struct mt_plan_profile *prof, const struct mt_plan_
         out->attn_bwd_rate = prof->attn_bwd_rate > 0 ? prof->attn_bwd_rate : fb > 0 ? fb : out->gemm_rate;
         out->attn_basis = prof->attn_fwd_rate > 0 || fb > 0 ? "measured" : "gemm rate";
     }
-    /* ... and the scan's products on tensor cores (ssm_scan_*_bf16) likewise */
-    if (cost->peak_basis && !strcmp(cost->peak_basis, "bf16") && prof->scan_bf16_rate > 0) {
+    /* ... and the scan's products on tensor cores (ssm_scan_*_bf16) likewise, unless the
+     * run's knob scan_bf16=0 keeps the fp32 scan (CUDA cores: its own rate below) */
+    const int scan_tc = cost->peak_basis && !strcmp(cost->peak_basis, "bf16") && p->scan_bf16;
+    if (scan_tc && prof->scan_bf16_rate > 0) {
         out->scan_rate = prof->scan_bf16_rate;
         out->scan_basis = "measured (bf16 tensor-core scan)";
-    } else if (cost->peak_basis && !strcmp(cost->peak_basis, "bf16") && prof->attn_bf16_rate > 0) {
+    } else if (scan_tc && prof->attn_bf16_rate > 0) {
         /* no measured bf16 scan: the fp32 scan's rate (CUDA cores) would price
          * tensor-core kernels at a tenth of their speed; the tensor-core
          * attention's measured rate stands in (the same mma.sync design), and
@@ -1167,8 +1178,10 @@ static void kind_rates(const struct mt_plan_profile *prof, const struct mt_plan_
         out->scan_rate = prof->attn_bf16_rate;
         out->scan_basis = "proxy: the bf16 attention's measured rate (no measured bf16 scan)";
     } else {
+        const int off = cost->peak_basis && !strcmp(cost->peak_basis, "bf16") && !p->scan_bf16;
         out->scan_rate = prof->scan_rate > 0 ? prof->scan_rate : out->gemm_rate;
-        out->scan_basis = prof->scan_rate > 0 ? "measured" : "gemm rate";
+        out->scan_basis = prof->scan_rate > 0 ? (off ? "measured (fp32 scan: knob scan_bf16=0)" : "measured")
+                                              : "gemm rate";
     }
 }
 
@@ -1191,7 +1204,7 @@ static double stage_kinds(const struct mt_plan *p, const struct mt_plan_kinds *k
     const struct mt_config *cfg = &p->cfg;
     const double N = (double)p->Bm * cfg->seq_len / p->su.dims.tp;   /* this rank's rows of a microbatch */
     struct mt_work w;
-    stage_work(cfg, p->su.first_layer[st], p->su.first_layer[st + 1], !strcmp(cfg->recompute, "block"), &w);
+    stage_work(p, p->su.first_layer[st], p->su.first_layer[st + 1], !strcmp(cfg->recompute, "block"), &w);
     double sum = 0;
     for (int i = 0; i < MT_PLAN_KIND_OPTIMIZER; i++) {
         f[i] = w.f[i] * N;
@@ -1212,7 +1225,7 @@ void mt_plan_cost_kinds(const struct mt_plan *p, const struct mt_plan_profile *p
 {
     memset(out, 0, sizeof *out);
     if (!prof || prof->mem_bandwidth <= 0 || cost->peak_per_rank <= 0) return;
-    kind_rates(prof, cost, out);
+    kind_rates(p, prof, cost, out);
     const int M = p->cfg.microbatches > 0 ? p->cfg.microbatches : 1, pp = p->su.dims.pp;
     double best = -1;
     for (int st = 0; st < pp; st++) {   /* the slowest stage's microbatch */
@@ -1426,6 +1439,9 @@ static void plan_json_kinds(cJSON *c, const struct mt_plan *p, const struct mt_p
     cJSON_AddStringToObject(o, "attention_basis", k.attn_basis);
     cJSON_AddNumberToObject(o, "scan_flop_per_s", k.scan_rate);
     cJSON_AddStringToObject(o, "scan_basis", k.scan_basis);
+    cJSON *kn = cJSON_AddObjectToObject(o, "knobs");   /* the run's knobs this model priced */
+    cJSON_AddNumberToObject(kn, "scan_bf16", p->scan_bf16);
+    cJSON_AddNumberToObject(kn, "head_bf16_logits", p->head_bf16_logits);
     cJSON_AddNumberToObject(o, "memory_bandwidth_bytes_per_s", k.mem_bandwidth);
     cJSON_AddStringToObject(o, "memory_bandwidth_basis", prof->mem_basis);
 }
