@@ -7,7 +7,8 @@
 #                                 # has none) into build-gpu/, stages them with the
 #                                 # Debian libraries the image lacks (OpenBLAS, cJSON,
 #                                 # xxhash, ...) and llm.c's snapshot into gpu_carry/
-#                                 # (ignored; ~50 MB, under the device tool's 64 MiB)
+#                                 # (ignored; bin/ and lib/ packed as .tar.xz: ~10 MB,
+#                                 # under the device tool's 64 MiB)
 #   bash bench/gpu.sh quick       # ON THE DEVICE, one `run` call with carry ["gpu_carry"],
 #                                 # timeout_s 600: env ops equiv speed llmc torch (+ summary),
 #                                 # GPU_SH_BUDGET 565 s: fits one 10-minute call (the start is not counted)
@@ -81,7 +82,7 @@
 # the equiv and hf stages' cuda runs under the CPU emulator (tests/test_cuda_build.sh
 # builds one at BUILD/cuda-build/emu/meshtrain); its results say "emulated".
 # hf needs torch 2.x + transformers on the CPU (docs/cuda.md), else SKIPPED.
-# GPU_SH_BIN=dir (binaries, default gpu_carry/bin, else build-gpu),
+# GPU_SH_BIN=dir (binaries, default gpu_carry/bin or its bin.tar.xz unpacked, else build-gpu),
 # GPU_SH_EQUIV_STEPS=n (default 20; 3 keeps an emulated check short) and
 # GPU_SH_BOX_<stage>=seconds (a stage's box; the budget still caps it),
 # GPU_SH_SPEED_BOX=seconds (every speed run's box; tests/test_gpu_sh.sh).
@@ -115,17 +116,16 @@ if [ "${1:-}" = prepare ]; then
     cp /work/shared/peers/llm.c.tar.gz /work/shared/peers/gen_llmc_inputs.c "$CARRY/" 2>/dev/null ||
         echo "prepare: llm.c snapshot not found (/work/shared/peers): the llmc stage will be SKIPPED"
     strip "$CARRY"/bin/* "$CARRY"/lib/* 2>/dev/null || true   # symbols only; the device code stays
-    # the libraries travel packed (OpenBLAS alone is ~36 MB; xz takes it to a
-    # fraction) and are unpacked on the device before the first stage
+    # the libraries and the binaries travel packed and are unpacked on the device
+    # before the first stage: OpenBLAS alone is ~36 MB, and each binary carries
+    # the whole sm_90 device code (~8 MB each, ~9 binaries: 70 MB, over the carry
+    # limit, 2026-11-28); xz shares it across them (~3.5 MB for bin/)
     tar -C "$CARRY" -cJf "$CARRY/lib.tar.xz" lib && rm -rf "${CARRY:?}/lib"
+    tar -C "$CARRY" -cf - bin | xz -9 -T2 > "$CARRY/bin.tar.xz" && rm -rf "${CARRY:?}/bin"
     # the 64 MiB limit counts the whole working tree (tracked and untracked
     # files) plus the carry, so the carry gets what the tree leaves
     tree_mb=$(( ( $(git ls-files -co --exclude-standard -z | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1) + 1048575 ) / 1048576 ))
     room=$(( 63 - tree_mb ))
-    # the NCCL calib binary is optional: dropped first if the carry runs over
-    if [ "$(du -sm "$CARRY" | cut -f1)" -ge "$room" ] && [ -f "$CARRY/bin/cuda_calib_nccl" ]; then
-        rm -f "$CARRY/bin/cuda_calib_nccl"; echo "prepare: cuda_calib_nccl dropped (carry over the ${room} MiB the tree leaves)"
-    fi
     git check-ignore -q gpu_carry || { echo "prepare: gpu_carry/ is not ignored (.gitignore)" >&2; exit 1; }
     du -sh "$CARRY"
     mb=$(du -sm "$CARRY" | cut -f1)
@@ -157,6 +157,10 @@ SUMMARY=$RES/stages.txt
 WORK=${TMPDIR:-/tmp}/meshtrain-gpu.$$
 mkdir -p "$WORK"
 
+# prepare packs the binaries (bin.tar.xz): unpacked once per run, into $WORK
+if [ -z "${GPU_SH_BIN:-}" ] && [ ! -d "$CARRY/bin" ] && [ -f "$CARRY/bin.tar.xz" ]; then
+    tar -C "$WORK" -xJf "$CARRY/bin.tar.xz" && GPU_SH_BIN=$WORK/bin
+fi
 BIN=${GPU_SH_BIN:-$CARRY/bin}
 [ -x "$BIN/meshtrain" ] || BIN=$ROOT/build-gpu
 MT=$BIN/meshtrain
