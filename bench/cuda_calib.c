@@ -358,7 +358,9 @@ static void scan_fn(const void *arg)
     else if (c->bf16)
         g_ops->ssm_scan_backward_bf16(g_ops->be, c->dx, c->dBm, c->dCm, c->ddt, c->dlam, c->dA, c->dDsk, c->dy, c->x,
                                       s->h * s->p, c->Bm, c->Cm, c->dt, c->lam, c->A, c->Dsk, s->b, s->t, s->h, s->p, s->n, s->q,
-                                      c->states, NULL, c->Bb, c->Cb, c->Yb, NULL, 0);
+                                      c->states, NULL, c->Bb, c->Cb, c->Yb, NULL, 0,
+                                      c->states ? (mt_bf16 *)c->dBm : NULL,   /* dB, dC as bf16 only, as training */
+                                      c->states ? (mt_bf16 *)c->dCm : NULL);
     else
         g_ops->ssm_scan_backward(g_ops->be, c->dx, c->dBm, c->dCm, c->ddt, c->dlam, c->dA, c->dDsk, c->dy, c->x,
                                  c->Bm, c->Cm, c->dt, c->lam, c->A, c->Dsk, s->b, s->t, s->h, s->p, s->n, s->q);

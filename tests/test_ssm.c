@@ -443,7 +443,7 @@ static void test_bf16_dxb(const struct inputs *in, int chunk, const struct dev *
     g_ops->copy_from_host(g_ops->be, xw, hw, wide * sizeof(float));
     g_ops->ssm_scan_backward_bf16(g_ops->be, NULL, g[1], g[2], g[3], g[4], g[5], g[6], d->R, xw + off, ld, d->Bm,
                                   d->Cm, d->dt, d->lam, d->A, d->D, in->B, in->T, H, in->P, in->N, chunk, NULL,
-                                  bw + off, NULL, NULL, NULL, NULL, 0);
+                                  bw + off, NULL, NULL, NULL, NULL, 0, NULL, NULL);
     uint16_t *bh = bf16_to_host(bw, wide);
     float *d1 = to_host(g1[0], nx(in));
     size_t bad = 0, touched = 0;
@@ -462,6 +462,37 @@ static void test_bf16_dxb(const struct inputs *in, int chunk, const struct dev *
     check(bad == 0, "scan_backward_bf16 dx_b = bf16(dx) (bits)", tag, (double)bad, 0);
     check(touched == 0 && same, "scan_backward_bf16 dx_b: other columns, other gradients as without", tag,
           (double)touched + !same, 0);
+    /* ... and dB_b, dC_b with it (the mixer's call): dB, dC as bf16 only, each bf16 of the
+     * fp32 run's value (the rows a chunk edge joins included; dBm, dCm NULL: not written),
+     * dx_b and the other gradients as above */
+    mt_bf16 *tw[2] = {dev_bf16(nb(in), BF16_SENTINEL), dev_bf16(nb(in), BF16_SENTINEL)};
+    mt_bf16 *bw2 = dev_bf16(wide, BF16_SENTINEL);
+    for (int k = 3; k < 7; k++) g[k] = dev_zero(len[k]);
+    g_ops->fill(g_ops->be, g[5], 0.0f, (size_t)H);
+    g_ops->fill(g_ops->be, g[6], 0.0f, (size_t)H);
+    g_ops->ssm_scan_backward_bf16(g_ops->be, NULL, NULL, NULL, g[3], g[4], g[5], g[6], d->R, xw + off, ld, d->Bm,
+                                  d->Cm, d->dt, d->lam, d->A, d->D, in->B, in->T, H, in->P, in->N, chunk, NULL,
+                                  bw2 + off, NULL, NULL, NULL, NULL, 0, tw[0], tw[1]);
+    uint16_t *bh2 = bf16_to_host(bw2, wide);
+    same = memcmp(bh, bh2, wide * sizeof(uint16_t)) == 0;
+    for (int k = 3; k < 7; k++) {
+        float *a = to_host(g[k], len[k]), *b = to_host(g1[k], len[k]);
+        same &= memcmp(a, b, len[k] * sizeof(float)) == 0;
+        free(a); free(b);
+        g_ops->buf_free(g_ops->be, &g_ctx, g[k]);
+    }
+    size_t badbc = 0;
+    for (int k = 0; k < 2; k++) {
+        uint16_t *tb = bf16_to_host(tw[k], nb(in));
+        float *f = to_host(g1[1 + k], nb(in));
+        for (size_t i = 0; i < nb(in); i++) badbc += tb[i] != ref_bf16(f[i]);
+        free(tb); free(f);
+        g_ops->buf_free(g_ops->be, &g_ctx, tw[k]);
+    }
+    check(badbc == 0, "scan_backward_bf16 dB_b, dC_b = bf16(dB), bf16(dC) (bits)", tag, (double)badbc, 0);
+    check(same, "scan_backward_bf16 dB_b, dC_b: dx_b, other gradients as without", tag, same ? 0.0 : 1.0, 0);
+    free(bh2);
+    g_ops->buf_free(g_ops->be, &g_ctx, bw2);
     free(bh); free(d1); free(hw);
     g_ops->buf_free(g_ops->be, &g_ctx, bw);
     g_ops->buf_free(g_ops->be, &g_ctx, xw);
@@ -478,6 +509,20 @@ static mt_bf16 *dev_twin(const float *d, size_t n, float k)
     g_ops->copy_from_host(g_ops->be, t, b, n * sizeof(uint16_t));
     free(h); free(b);
     return t;
+}
+
+/* a device fp32 copy of the n floats at d (device), each rounded to bf16 and widened */
+static float *dev_rounded(const float *d, size_t n)
+{
+    float *h = to_host(d, n);
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t u = (uint32_t)ref_bf16(h[i]) << 16;
+        memcpy(&h[i], &u, sizeof u);
+    }
+    float *r = dev_zero(n);
+    g_ops->copy_from_host(g_ops->be, r, h, n * sizeof(float));
+    free(h);
+    return r;
 }
 
 /* Bh_b, Ch_b, dy_b (B, C and dy's bf16 twins, mt_ops.h): given bf16(Bm), bf16(Cm), bf16(dy) the
@@ -504,7 +549,7 @@ static void test_bf16_twins(const struct inputs *in, int chunk, const struct dev
                                      in->T, H, in->P, in->N, chunk, st, tb, tc, NULL, NULL, 0);
         g_ops->ssm_scan_backward_bf16(g_ops->be, g[0], g[1], g[2], g[3], g[4], g[5], g[6], d->R, d->x, H * in->P,
                                       Bm, Cm, d->dt, d->lam, d->A, d->D, in->B, in->T, H, in->P, in->N, chunk,
-                                      st, NULL, tb, tc, ty, NULL, 0);
+                                      st, NULL, tb, tc, ty, NULL, 0, NULL, NULL);
         for (int j = -1; j < 7; j++) {
             const size_t m = j < 0 ? nx(in) : len[j];
             float *a = to_host(j < 0 ? y : g[j], m), *b = to_host(j < 0 ? y1 : g1[j], m);
@@ -565,7 +610,7 @@ static void test_bf16_xb(const struct inputs *in, int chunk, const struct dev *d
                                      H, in->P, in->N, chunk, NULL, NULL, NULL, NULL, x_b, ld);
         g_ops->ssm_scan_backward_bf16(g_ops->be, g[run][0], g[run][1], g[run][2], g[run][3], g[run][4], g[run][5],
                                       g[run][6], d->R, x, E, d->Bm, d->Cm, d->dt, d->lam, d->A, d->D, in->B, in->T,
-                                      H, in->P, in->N, chunk, NULL, NULL, NULL, NULL, NULL, x_b, ld);
+                                      H, in->P, in->N, chunk, NULL, NULL, NULL, NULL, NULL, x_b, ld, NULL, NULL);
     }
     float *a = to_host(y[0], nx(in)), *b = to_host(y[1], nx(in));
     int same = memcmp(a, b, nx(in) * sizeof(float)) == 0;
@@ -591,13 +636,7 @@ static void test_bf16_dyb_only(const struct inputs *in, int chunk, const struct 
     char tag[64];
     snprintf(tag, sizeof tag, "T=%d P=%d N=%d chunk=%d", in->T, in->P, in->N, chunk);
     const int H = in->H;
-    float *rh = to_host(d->R, nx(in));
-    for (size_t i = 0; i < nx(in); i++) {
-        const uint32_t u = (uint32_t)ref_bf16(rh[i]) << 16;
-        memcpy(&rh[i], &u, sizeof u);
-    }
-    float *rr = dev_zero(nx(in));
-    g_ops->copy_from_host(g_ops->be, rr, rh, nx(in) * sizeof(float));
+    float *rr = dev_rounded(d->R, nx(in));
     mt_bf16 *yb = dev_twin(d->R, nx(in), 1.0f);
     size_t len[] = {nx(in), nb(in), nb(in), nd(in), nd(in), (size_t)H, (size_t)H};
     float *g[2][7];
@@ -605,7 +644,7 @@ static void test_bf16_dyb_only(const struct inputs *in, int chunk, const struct 
         for (int k = 0; k < 7; k++) g[run][k] = dev_zero(len[k]);
         g_ops->ssm_scan_backward_bf16(g_ops->be, g[run][0], g[run][1], g[run][2], g[run][3], g[run][4], g[run][5],
                                       g[run][6], run ? NULL : rr, d->x, H * in->P, d->Bm, d->Cm, d->dt, d->lam, d->A,
-                                      d->D, in->B, in->T, H, in->P, in->N, chunk, NULL, NULL, NULL, NULL, yb, NULL, 0);
+                                      d->D, in->B, in->T, H, in->P, in->N, chunk, NULL, NULL, NULL, NULL, yb, NULL, 0, NULL, NULL);
     }
     int same = 1;
     for (int k = 0; k < 7; k++) {
@@ -615,7 +654,6 @@ static void test_bf16_dyb_only(const struct inputs *in, int chunk, const struct 
         g_ops->buf_free(g_ops->be, &g_ctx, g[0][k]); g_ops->buf_free(g_ops->be, &g_ctx, g[1][k]);
     }
     check(same, "scan_backward_bf16 dy NULL (its twin alone) = dy given as bf16(dy) (bits)", tag, same ? 0.0 : 1.0, 0);
-    free(rh);
     g_ops->buf_free(g_ops->be, &g_ctx, rr);
     g_ops->buf_free(g_ops->be, &g_ctx, yb);
 }
@@ -646,7 +684,7 @@ static void test_bf16_ldx(const struct inputs *in, int chunk, const struct dev *
                                  in->P, in->N, chunk, NULL, NULL, NULL, NULL, NULL, 0);
     g_ops->ssm_scan_backward_bf16(g_ops->be, g[0], g[1], g[2], g[3], g[4], g[5], g[6], d->R, xw + off, ld, d->Bm,
                                   d->Cm, d->dt, d->lam, d->A, d->D, in->B, in->T, H, in->P, in->N, chunk, NULL, NULL,
-                                  NULL, NULL, NULL, NULL, 0);
+                                  NULL, NULL, NULL, NULL, 0, NULL, NULL);
     float *a = to_host(y, nx(in)), *b = to_host(y1, nx(in));
     int same = memcmp(a, b, nx(in) * sizeof(float)) == 0, kept = 1;
     free(a); free(b);
@@ -723,7 +761,7 @@ static void test_bf16(struct inputs *in, int chunk, int with_fd)
         g_ops->fill(g_ops->be, o[0], 1e3f, nx(in));   /* overwritten outputs: garbage in */
         g_ops->ssm_scan_backward_bf16(g_ops->be, o[0], o[1], o[2], o[3], o[4], o[5], o[6], d.R, d.x, H * in->P, d.Bm,
                                       d.Cm, d.dt, d.lam, d.A, d.D, in->B, in->T, H, in->P, in->N, chunk,
-                                      run ? st : NULL, NULL, NULL, NULL, NULL, NULL, 0);
+                                      run ? st : NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, NULL);
     }
     float *one[] = {dx, dB, dC, ddt, dlam, dA, dD};
     same = 1;
@@ -992,7 +1030,7 @@ static void test_prep_bf16(int B, int T, int H, int P, int G, int N)
             if (v)
                 ops->ssm_prep_backward_bf16(ops->be, pb, dproj[v], par[v][0], par[v][1], par[v][2], par[v][3],
                                             par[v][4], par[v][5], withdx ? dx : NULL, gBh, gCh, gdt, gdl, gA, vHN,
-                                            vHN, lam, A, rstd, proj, vH, vN, vN, B, T, H, P, G, N, 1e-5f, NULL);
+                                            vHN, lam, A, rstd, proj, vH, vN, vN, B, T, H, P, G, N, 1e-5f, NULL, NULL, NULL);
             else
                 ops->ssm_prep_backward(ops->be, dproj[v], par[v][0], par[v][1], par[v][2], par[v][3], par[v][4],
                                        par[v][5], withdx ? dx : NULL, gBh, gCh, gdt, gdl, gA, vHN, vHN, lam, A, rstd,
@@ -1023,6 +1061,41 @@ static void test_prep_bf16(int B, int T, int H, int P, int G, int N)
             ops->buf_free(ops->be, &g_ctx, dproj[v]);
         }
         ops->buf_free(ops->be, &g_ctx, pb);
+    }
+    {   /* dBh_b, dCh_b (the scan backward's dB, dC as bf16 only; dBh, dCh NULL): dproj_b and
+         * the parameter gradients the bits of the entry given dBh = bf16(dBh), dCh = bf16(dCh)
+         * widened */
+        char tag[64];
+        snprintf(tag, sizeof tag, "%s T=%d", ops->name, T);
+        float *rB = dev_rounded(gBh, nb_), *rC = dev_rounded(gCh, nb_), *dproj[2], *par[2][6];
+        mt_bf16 *tB = dev_twin(gBh, nb_, 1.0f), *tC = dev_twin(gCh, nb_, 1.0f), *pb[2];
+        for (int v = 0; v < 2; v++) {   /* v = 1: the twins */
+            pb[v] = dev_bf16(nw, BF16_SENTINEL);
+            dproj[v] = up(ops, hp, nw);
+            for (int k = 0; k < 6; k++) par[v][k] = up(ops, hv, k < 2 ? (size_t)H : k < 4 ? (size_t)N : (size_t)H * N);
+            ops->ssm_prep_backward_bf16(ops->be, pb[v], dproj[v], par[v][0], par[v][1], par[v][2], par[v][3],
+                                        par[v][4], par[v][5], NULL, v ? NULL : rB, v ? NULL : rC, gdt, gdl, gA, vHN,
+                                        vHN, lam, A, rstd, proj, vH, vN, vN, B, T, H, P, G, N, 1e-5f, NULL,
+                                        v ? tB : NULL, v ? tC : NULL);
+        }
+        uint16_t *b0 = bf16_to_host(pb[0], nw), *b1 = bf16_to_host(pb[1], nw);
+        int same = memcmp(b0, b1, nw * sizeof(uint16_t)) == 0;
+        for (int k = 0; k < 6; k++) {
+            size_t len = k < 2 ? (size_t)H : k < 4 ? (size_t)N : (size_t)H * N;
+            float *p0 = to_host(par[0][k], len), *p1 = to_host(par[1][k], len);
+            same &= memcmp(p0, p1, len * sizeof(float)) == 0;
+            free(p0); free(p1);
+        }
+        check(same, "prep backward bf16: dBh_b, dCh_b (bf16 only) = dBh, dCh given as their bf16 (bits)", tag,
+              same ? 0.0 : 1.0, 0);
+        free(b0); free(b1);
+        for (int v = 0; v < 2; v++) {
+            for (int k = 0; k < 6; k++) ops->buf_free(ops->be, &g_ctx, par[v][k]);
+            ops->buf_free(ops->be, &g_ctx, dproj[v]);
+            ops->buf_free(ops->be, &g_ctx, pb[v]);
+        }
+        ops->buf_free(ops->be, &g_ctx, rB); ops->buf_free(ops->be, &g_ctx, rC);
+        ops->buf_free(ops->be, &g_ctx, tB); ops->buf_free(ops->be, &g_ctx, tC);
     }
     float *all[] = {proj, vH, vN, vHN, Bh, Ch, dt, lam, rstd, A, dx, gBh, gCh, gdt, gdl, gA};
     for (size_t k = 0; k < sizeof(all) / sizeof(all[0]); k++) ops->buf_free(ops->be, &g_ctx, all[k]);
@@ -1601,7 +1674,7 @@ static void test_bf16_ldx_refused(void)
     g_ops->ssm_scan_forward_bf16(g_ops->be, y, xw, ld, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL, NULL,
                                  NULL, NULL, NULL, 0);
     g_ops->ssm_scan_backward_bf16(g_ops->be, dxw, g[0], g[1], g[2], g[3], g[4], g[5], d.R, xw, ld, d.Bm, d.Cm, d.dt,
-                                  d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL, NULL, NULL, NULL, NULL, NULL, 0);
+                                  d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, NULL);
     char msg[256] = "";
     const enum mt_status st = g_ops->status(g_ops->be, msg, sizeof msg);
     float *yh = to_host(y, n), *dh = to_host(dxw, wide);
@@ -1657,7 +1730,7 @@ static void test_bf16_ldx_refused(void)
         for (int off_tc = 0; off_tc < 2; off_tc++) {
             g_ops->ssm_scan_backward_bf16(g_ops->be, dxw, g[0], g[1], g[2], g[3], g[4], g[5], NULL, d.x, E, d.Bm, d.Cm,
                                           d.dt, d.lam, d.A, d.D, 1, 20, 2, 4, 6, off_tc ? 0 : 4, NULL, NULL, NULL,
-                                          NULL, off_tc ? ybt : NULL, NULL, 0);
+                                          NULL, off_tc ? ybt : NULL, NULL, 0, NULL, NULL);
             float *dh2 = to_host(dxw, wide);
             kept = memcmp(dh2, sent, wide * sizeof(float)) == 0;
             free(dh2);
@@ -1666,6 +1739,23 @@ static void test_bf16_ldx_refused(void)
                   off_tc ? "T=20 chunk=0" : "T=20 chunk=4", kept ? 0.0 : 1.0, 0);
         }
         g_ops->buf_free(g_ops->be, &g_ctx, ybt);
+    }
+    {   /* dB_b, dC_b (dB, dC as bf16 only) off the tensor cores: refused, dx not written */
+        mt_bf16 *tb2 = dev_bf16(n, BF16_SENTINEL);
+        for (int which = 0; which < 2; which++) {
+            g_ops->ssm_scan_backward_bf16(g_ops->be, dxw, g[0], g[1], g[2], g[3], g[4], g[5], d.R, d.x, E, d.Bm,
+                                          d.Cm, d.dt, d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL, NULL, NULL, NULL,
+                                          NULL, NULL, 0, which ? NULL : tb2, which ? tb2 : NULL);
+            float *dh2 = to_host(dxw, wide);
+            uint16_t *hb2 = bf16_to_host(tb2, n);
+            kept = memcmp(dh2, sent, wide * sizeof(float)) == 0;
+            for (size_t i = 0; i < n; i++) kept &= hb2[i] == BF16_SENTINEL;
+            free(dh2); free(hb2);
+            check(kept, which ? "scan_backward_bf16 dC_b off the tensor cores: refused, nothing written"
+                              : "scan_backward_bf16 dB_b off the tensor cores: refused, nothing written",
+                  "T=20 chunk=0", kept ? 0.0 : 1.0, 0);
+        }
+        g_ops->buf_free(g_ops->be, &g_ctx, tb2);
     }
     /* ssm_prep_forward with Bh and its twin both NULL (cuda: MT_ERR_INVALID_ARG): dt,
      * its first output row, not written (T 20, H 2, P 4, G 1, N 6: W = 38) */
@@ -1684,6 +1774,19 @@ static void test_bf16_ldx_refused(void)
         const int untouched = memcmp(back, hdt, 40 * sizeof(float)) == 0;
         check(untouched, "ssm_prep_forward Bh and Bh_b NULL: refused, nothing written", "T=20", untouched ? 0.0 : 1.0,
               0);
+        /* ssm_prep_backward_bf16 with dBh_b alone (dCh_b NULL, dBh and dCh NULL): refused
+         * (MT_ERR_INVALID_ARG), dproj_b not written */
+        mt_bf16 *pbr = dev_bf16(20 * 38, BF16_SENTINEL), *tw1 = dev_bf16(20 * 12, 0);
+        g_ops->ssm_prep_backward_bf16(g_ops->be, pbr, pj, par, par, par, par, par, par, NULL, NULL, NULL, pdt, pdt,
+                                      par, par, par, pdt, par, par, pj, par, par, par, 1, 20, 2, 4, 1, 6, 1e-5f, NULL,
+                                      tw1, NULL);
+        uint16_t *hbr = bf16_to_host(pbr, 20 * 38);
+        int kept_b = 1;
+        for (int i = 0; i < 20 * 38; i++) kept_b &= hbr[i] == BF16_SENTINEL;
+        check(kept_b, "ssm_prep_backward_bf16 dBh_b without dCh_b: refused, nothing written", "T=20",
+              kept_b ? 0.0 : 1.0, 0);
+        free(hbr);
+        g_ops->buf_free(g_ops->be, &g_ctx, pbr); g_ops->buf_free(g_ops->be, &g_ctx, tw1);
         free(back); free(hp); free(hdt);
         for (int k = 0; k < 5; k++) g_ops->buf_free(g_ops->be, &g_ctx, o[k]);
         g_ops->buf_free(g_ops->be, &g_ctx, pj); g_ops->buf_free(g_ops->be, &g_ctx, pdt);

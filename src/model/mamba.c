@@ -221,7 +221,8 @@ static double mamba_extra(const struct mt_block_shape *sh)
  *     prep backward: two angle scans (2 HN; one, HN, on the tensor-core scan's
  *     shapes, where the forward keeps its angles), the row pass
  *     (reads dx, ddt, dlam, lam, dt, theta, dBh, dCh, B, C: E + 4 H + 2.5 HN +
- *     2 G N; Bh, Ch recomputed from B, C, rstd, the gains and the cached biases,
+ *     2 G N; the tensor-core scan's shapes: dBh, dCh as bf16, 1.5 HN; Bh, Ch
+ *     recomputed from B, C, rstd, the gains and the cached biases,
  *     not read; writes dx, dt, lam, theta, dB, dC: E + 2 H + 0.5 HN +
  *     2 G N; du and the bias / gain sums stay in its per-block scratch and
  *     partial rows) and dt_bias's column sum (H). With the tensor-core scan
@@ -243,9 +244,10 @@ static double mamba_extra(const struct mt_block_shape *sh)
  *       (2 S); M, dG (reads the Ch, Bh twins, dys, x: E + HN, writes 2 H Q); dx
  *       (M, dys for the product and for D dy, Bh twin, dS_out, writes dx, bf16:
  *       H Q + 1.5 E + 0.5 HN + S); dB (dG, Ch twin, x, dS_out, the Bh twin for
- *       qj, writes dBh: H Q + 0.5 E + 2 HN + S); dC (dG, Bh twin, dys, S_in, the
- *       Ch twin for inter, writes dCh: H Q + 0.5 E + 2 HN + S); the scalars (dys,
- *       x, S_in, dS_out: E + 2 S, ~6 H more): 5 E + 6 HN + 8 S + 5 H Q + 15 H.
+ *       qj, writes dBh as bf16: H Q + 0.5 E + 1.5 HN + S); dC (dG, Bh twin, dys,
+ *       S_in, the Ch twin for inter, writes dCh as bf16: H Q + 0.5 E + 1.5 HN + S);
+ *       the scalars (dys, x, S_in, dS_out: E + 2 S, ~6 H more):
+ *       5 E + 5 HN + 8 S + 5 H Q + 15 H.
  *     Elsewhere (the fp32 scan): reads x, Bh, Ch, dt, lam, writes ys (2 E +
  *     2 HN + 2 H); backward reads those and dys, writes their gradients (3 E
  *     + 4 HN + 4 H); its chunk states and in-chunk arrays not counted.
@@ -272,16 +274,18 @@ static void mamba_work_bf16(const struct mt_block_shape *sh, int rc, struct mt_w
     /* the tensor-core shapes: + the B, C twins (HN), - the fp32 Bh, Ch (2 HN; the scan reads the twins alone) */
     const double prep_f = xcopy + (S > 0 ? 2.5 : 3.5) * HN + 2.0 * GN + 4.0 * H;
     /* ... and the forward keeps its angles for the prep's backward there (in a->Bh, which the
-     * tensor-core shapes leave free): one angle scan less (HN) */
-    const double prep_b = xcopy + (S > 0 ? 4.0 : 5.0) * HN + 4.0 * GN + 7.0 * H - dpb * (0.25 * HN + GN);
+     * tensor-core shapes leave free): one angle scan less (HN); and reads dBh, dCh as the
+     * scan's bf16 (dB_b, dC_b: HN less) */
+    const double prep_b = xcopy + (S > 0 ? 3.0 : 5.0) * HN + 4.0 * GN + 7.0 * H - dpb * (0.25 * HN + GN);
     double scan_f = 2.0 * E + 2.0 * HN + 2.0 * H, scan_b = 3.0 * E + 4.0 * HN + 4.0 * H;
     if (S > 0) {
         const double HQ = H * (double)(chunk < T ? chunk : T);
         /* x stored bf16 by the in-projection (acts x_b, with z_b): its reads halve, the
          * own state's and the output's (1 E forward), M/dG's, dB's and dD's (1.5 E back) */
         scan_f = 1.5 * E + 1.5 * HN + 4.0 * S + 8.0 * H;
-        /* ... and dys stored bf16 only (its twin): dloc's, D dy's and dD's reads halve (1.5 E) */
-        scan_b = 5.0 * E + 6.0 * HN + 8.0 * S + 5.0 * HQ + 15.0 * H;
+        /* ... and dys stored bf16 only (its twin): dloc's, D dy's and dD's reads halve (1.5 E);
+         * dBh, dCh written as bf16 only (dB_b, dC_b: HN) */
+        scan_b = 5.0 * E + 5.0 * HN + 8.0 * S + 5.0 * HQ + 15.0 * H;
     }
     w->e[MT_WORK_SCAN] += scan_f + scan_b + rc * scan_f;
     /* the residual: seeded by the input norm (1 D) where mamba.c does (one rank, no LoRA),

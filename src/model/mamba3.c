@@ -260,8 +260,17 @@ static mt_bf16 *dys_twin(const struct mt_mamba3_scratch *s)
     return (mt_bf16 *)s->dx;
 }
 
+/* ... and dBh, dCh as bf16 only, written by the scan's backward and read by the
+ * prep's (half the bytes each way; a rounding point, autocast's): in the first
+ * half of their fp32 memory, which those shapes leave unused */
+static mt_bf16 *dbc_twin(float *dXh)
+{
+    return (mt_bf16 *)dXh;
+}
+
 /* terms 3 and 4; dproj_b: NULL, or dproj's columns are written there as bf16
- * (mt_mamba3_mix_backward_b's shapes and entries only; dys's twin with them) */
+ * (mt_mamba3_mix_backward_b's shapes and entries only; dys's, dBh's and dCh's
+ * twins with them) */
 static void ssm_backward(const struct mt_ops_i *ops, struct mt_mamba3_weights *g, struct mt_mamba3_scratch *s,
                          const struct mt_mamba3_acts *a, const struct mt_mamba3_weights *w,
                          const struct mt_mamba3_dims *d, int B, int T, mt_bf16 *dproj_b)
@@ -270,21 +279,23 @@ static void ssm_backward(const struct mt_ops_i *ops, struct mt_mamba3_weights *g
     /* term 3 */
     ops->fill(ops->be, s->dA, 0.0f, (size_t)d->H);
     if (scan_bf16(ops, d))   /* in_proj: x from proj, dx into dproj's xs columns; the forward's chunk states */
-        ops->ssm_scan_backward_bf16(ops->be, in_proj ? s->dproj + E : s->dx, s->dBh, s->dCh, s->ddt, s->dlam, s->dA,
+        ops->ssm_scan_backward_bf16(ops->be, in_proj ? s->dproj + E : s->dx, dproj_b ? NULL : s->dBh,
+                                    dproj_b ? NULL : s->dCh, s->ddt, s->dlam, s->dA,
                                     g->Dsk, dproj_b ? NULL : s->dys, scan_x(a, in_proj, E), in_proj ? W : E,
                                     in_proj ? NULL : a->Bh, in_proj ? NULL : a->Ch, a->dt,
                                     a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk, a->states,
                                     dproj_b ? dproj_b + E : NULL, in_proj ? a->Bh_b : NULL, in_proj ? a->Ch_b : NULL,
-                                    dproj_b ? dys_twin(s) : NULL, a->x_b, 2 * W);
+                                    dproj_b ? dys_twin(s) : NULL, a->x_b, 2 * W, dproj_b ? dbc_twin(s->dBh) : NULL,
+                                    dproj_b ? dbc_twin(s->dCh) : NULL);
     else
         ops->ssm_scan_backward(ops->be, s->dx, s->dBh, s->dCh, s->ddt, s->dlam, s->dA, g->Dsk, s->dys, a->x, a->Bh,
                                a->Ch, a->dt, a->lam, a->A, w->Dsk, B, T, d->H, d->P, d->N, d->chunk);
     /* term 4 */
     if (dproj_b)
         ops->ssm_prep_backward_bf16(ops->be, dproj_b, s->dproj, g->dt_bias, g->A_log, g->gB, g->gC, g->B_bias,
-                                    g->C_bias, NULL, s->dBh, s->dCh, s->ddt, s->dlam, s->dA, w->B_bias, w->C_bias,
+                                    g->C_bias, NULL, NULL, NULL, s->ddt, s->dlam, s->dA, w->B_bias, w->C_bias,
                                     a->lam, a->A, a->rstd_bc, a->proj, w->dt_bias, w->gB, w->gC, B, T, d->H, d->P, d->G,
-                                    d->N, d->eps_bc, kept_angles(a, in_proj));
+                                    d->N, d->eps_bc, kept_angles(a, in_proj), dbc_twin(s->dBh), dbc_twin(s->dCh));
     else
         ops->ssm_prep_backward(ops->be, s->dproj, g->dt_bias, g->A_log, g->gB, g->gC, g->B_bias, g->C_bias,
                                in_proj ? NULL : s->dx, s->dBh, s->dCh, s->ddt, s->dlam, s->dA, w->B_bias,

@@ -673,6 +673,12 @@ struct mt_ops_i {
      * the fp32 dx; row stride ldx) and dx is not written (may be NULL): the
      * mixer's dproj as the in-projection backward's operand. The same shapes
      * only; elsewhere refused like ldx.
+     * dB_b, dC_b (backward): NULL, or dBm, dCm are written there as bf16
+     * ((B,T,H,N), each the fp32 value rounded once, nearest even, the row a
+     * chunk edge joins after its sum) and dBm, dCm are not written (may be
+     * NULL): for ssm_prep_backward_bf16's dBh_b, dCh_b (half the bytes each
+     * way; autocast's rounding of a product's output). The same shapes only;
+     * elsewhere refused like ldx.
      * Bh_b, Ch_b (both): NULL, or Bm, Cm's bf16 twins (bf16(Bm), bf16(Cm)
      * exactly: ssm_prep_forward's Bh_b, Ch_b), read where a product stages Bm
      * or Cm as its operand (half the bytes; the same operand values, so the
@@ -711,7 +717,8 @@ struct mt_ops_i {
                                    const float *Bm, const float *Cm, const float *dt, const float *lam,
                                    const float *A, const float *Dsk, int B, int T, int H, int P, int N,
                                    int chunk, const float *states, mt_bf16 *dx_b, const mt_bf16 *Bh_b,
-                                   const mt_bf16 *Ch_b, const mt_bf16 *dy_b, const mt_bf16 *x_b, int ldx_b);
+                                   const mt_bf16 *Ch_b, const mt_bf16 *dy_b, const mt_bf16 *x_b, int ldx_b,
+                                   mt_bf16 *dB_b, mt_bf16 *dC_b);
 
     /* ---- MoE device routing (issue 28 item 2; docs/cuda.md "MoE on the device") ----
      * The routing that followed router_forward on the host, as kernels, so
@@ -974,7 +981,10 @@ struct mt_ops_i {
      * as bf16 only (cuda: dy and dy_b both NULL is MT_ERR_INVALID_ARG).
      * Its dout_b: NULL, or dout stored bf16 (the out-projection's backward
      * GEMM with a bf16 output: autocast's rounding of the gradient), read
-     * widened (exact) in place of dout, which may then be NULL. */
+     * widened (exact) in place of dout, which may then be NULL.
+     * The prep backward's dBh_b, dCh_b: NULL, or dBh, dCh stored bf16 (the
+     * scan backward's dB_b, dC_b), read widened (exact) in place of dBh, dCh,
+     * which may then be NULL (both or neither). */
     void   (*ssm_gate_norm_backward_bf16)(void *be, float *dy, mt_bf16 *dz_b, float *dw, const float *dout,
                                           const float *y, const float *z, int ldz, const float *w, const float *rstd,
                                           int n, int E, int G, mt_bf16 *dy_b, const mt_bf16 *y_b,
@@ -985,7 +995,7 @@ struct mt_ops_i {
                                      const float *dA, const float *B_bias, const float *C_bias, const float *lam,
                                      const float *A, const float *rstd, const float *proj, const float *dt_bias,
                                      const float *gB, const float *gC, int B, int T, int H, int P, int G, int N,
-                                     float eps, const float *ang);
+                                     float eps, const float *ang, const mt_bf16 *dBh_b, const mt_bf16 *dCh_b);
 };
 
 /* Tensors per launch of the multi-tensor entries (their kernel-argument lists). */

@@ -764,7 +764,8 @@ void mt_cuda_ssm_scan_backward_bf16(void *be, float *dx, float *dBm, float *dCm,
                                     const float *Bm, const float *Cm, const float *dt, const float *lam,
                                     const float *A, const float *Dsk, int B, int T, int H, int P, int N,
                                     int chunk, const float *states, mt_bf16 *dx_b, const mt_bf16 *Bh_b,
-                                    const mt_bf16 *Ch_b, const mt_bf16 *dy_b, const mt_bf16 *x_b, int ldx_b);
+                                    const mt_bf16 *Ch_b, const mt_bf16 *dy_b, const mt_bf16 *x_b, int ldx_b,
+                                    mt_bf16 *dB_b, mt_bf16 *dC_b);
 void mt_cuda_ssm_scan_step(void *be, float *y, float *S, float *xprev, float *Bprev, const float *x,
                          const float *Bm, const float *Cm, const float *dt, const float *lam,
                          const float *A, const float *Dsk, int B, int H, int P, int N, int first);
@@ -786,7 +787,7 @@ void mt_cuda_ssm_prep_backward_bf16(void *be, mt_bf16 *dproj_b, float *dproj, fl
                                     const float *dA, const float *B_bias, const float *C_bias, const float *lam,
                                     const float *A, const float *rstd, const float *proj, const float *dt_bias,
                                     const float *gB, const float *gC, int B, int T, int H, int P, int G, int N,
-                                    float eps, const float *ang);
+                                    float eps, const float *ang, const mt_bf16 *dBh_b, const mt_bf16 *dCh_b);
 void mt_cuda_ssm_gate_norm_forward(void *be, float *out, float *rstd, const float *y, const float *z, int ldz,
                                    const float *w, int n, int E, int G, float eps);
 void mt_cuda_ssm_gate_norm_backward(void *be, float *dy, float *dz, float *dw, const float *dout, const float *y,

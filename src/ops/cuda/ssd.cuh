@@ -72,9 +72,11 @@ void ssd_tc_out(float *y, __nv_bfloat16 *y_b, const float *Sst, const float *cum
  * (each chunk's source q). dxb non-NULL: dx is written there as bf16
  * (nearest even, of the fp32 value dx would hold; row stride d.xs) and not
  * to dx; last_x (B H nc, P) is then scratch too (the rows the next chunk's
- * source q joins, fp32 until ssd_tc_edge_k adds it) */
+ * source q joins, fp32 until ssd_tc_edge_k adds it). dBb, dCb likewise for dBm
+ * (last_B (B H nc, N) its scratch) and dCm (no edge: written directly) */
 void ssd_tc_backward_products(float *M, float *dG, float *dcs, float *rs, float *dx, __nv_bfloat16 *dxb,
-                              float *last_x, float *dBm, float *edge_x, float *edge_B, float *qj, float *dCm,
+                              float *last_x, float *dBm, __nv_bfloat16 *dBb, float *last_B, float *edge_x,
+                              float *edge_B, float *qj, float *dCm, __nv_bfloat16 *dCb,
                               float *inter, const float *Sst, const float *dSo,
                               const float *cum, const float *dy, const float *x, const float *Bm, const float *Cm,
                               const float *dt, const float *lam, const float *A, const float *Dsk,

@@ -26,6 +26,9 @@
  *   the products here), before M^T dY, dG^T C and dG Bc.
  * G = C Bc^T, dM = dY Xc^T, the decay factors, dLE = dM o G o E and every
  * row / column sum (rs, qj, inter) are fp32 from the fp32 accumulators.
+ * Outputs: fp32, or where the caller asks bf16 of the fp32 value (dx: dx_b,
+ * dB, dC: dB_b, dC_b; a token row a chunk edge joins waits in fp32 until
+ * ssd_tc_edge_k has added the edge, then is rounded once).
  *
  * HOW IT WORKS. One block of 4 warps per (b, h, chunk, tile of 64 rows);
  * the rows are query rows (forward, 7, 8c), tokens (8a, 8b: a token's two
@@ -655,10 +658,12 @@ static __device__ __noinline__ void tc_edge_row(float *edge, float *tq, const fl
 }
 
 /* MODE 0: dx (8a), 1: dB and qj (8b), 2: dx as bf16 into outb (8a; the rows
- * the next chunk's edge joins into last, fp32 until ssd_tc_edge_k) */
+ * the next chunk's edge joins into last, fp32 until ssd_tc_edge_k), 3: dB as
+ * bf16 into outb and qj (8b; likewise) */
 #define TC_TOK_DX 0
 #define TC_TOK_DB 1
 #define TC_TOK_DXB 2
+#define TC_TOK_DBB 3
 /* 4 blocks an SM, as its 48 KB of shared memory allows at the d2048 hybrid's
  * shape: registers capped at 128 (the staging's loads in flight took <2> to 137,
  * 3 blocks) */
@@ -670,7 +675,7 @@ ssd_tc_tok_k(float *out, bf16 *outb, float *last, float *edge, float *qj, const 
              const float *lam, const float *A, const float *Dsk, struct ssd_twins tw, struct ssd_dims d)
 {
     MT_DYN_SMEM(float, sm);
-    constexpr int DB = MODE == TC_TOK_DB, XB = MODE == TC_TOK_DXB;
+    constexpr int DB = MODE == TC_TOK_DB || MODE == TC_TOK_DBB, OB = MODE == TC_TOK_DXB || MODE == TC_TOK_DBB;
     const struct tc_chunk k = tc_chunk_of(d);
     const int i0 = (int)blockIdx.y * TC_B, q = k.q;
     if (i0 >= q) return;
@@ -741,17 +746,17 @@ ssd_tc_tok_k(float *out, bf16 *outb, float *last, float *edge, float *qj, const 
                 const int r = i0 + m0 + TC_EROW(lane, e), n = nc0 + TC_ECOL(lane, j, e);
                 if (r >= q || n >= W) continue;
                 const size_t t = k.ob + k.t0 + r;
-                if (DB) {
-                    tc_put2(out + t * k.bld + (size_t)k.h * d.N + n, n, W, acc[j][e], acc[j][e + 1]);
-                } else {
+                float v0 = acc[j][e], v1 = acc[j][e + 1];
+                if (!DB) {
                     const size_t tr = (size_t)k.t0 + r;
-                    const float v0 = acc[j][e] + Dh * tc_dy_at(dy, tw.Y, k, d.P, tr, n);
-                    const float v1 = n + 1 < W ? acc[j][e + 1] + Dh * tc_dy_at(dy, tw.Y, k, d.P, tr, n + 1) : 0.0f;
-                    if (!XB) tc_put2(out + t * k.xs + (size_t)k.h * d.P + n, n, W, v0, v1);
-                    else if (has_next && r == q - 1)   /* the next chunk's edge joins it: fp32 until then */
-                        tc_put2(last + (size_t)k.ci * d.P + n, n, W, v0, v1);
-                    else tc_put2b(outb + t * k.xs + (size_t)k.h * d.P + n, n, W, v0, v1);
+                    v0 += Dh * tc_dy_at(dy, tw.Y, k, d.P, tr, n);
+                    v1 = n + 1 < W ? v1 + Dh * tc_dy_at(dy, tw.Y, k, d.P, tr, n + 1) : 0.0f;
                 }
+                const size_t o = t * (DB ? k.bld : k.xs) + (size_t)k.h * W + n;
+                if (!OB) tc_put2(out + o, n, W, v0, v1);
+                else if (has_next && r == q - 1)   /* the next chunk's edge joins it: fp32 until then */
+                    tc_put2(last + (size_t)k.ci * W + n, n, W, v0, v1);
+                else tc_put2b(outb + o, n, W, v0, v1);
             }
     }
     if (DB)
@@ -774,19 +779,27 @@ ssd_tc_tok_k(float *out, bf16 *outb, float *last, float *edge, float *qj, const 
 }
 
 /* 10 (the rest): token t0-1's row += the chunk's source q (chunks c >= 1),
- * after both ssd_tc_tok_k: one block a chunk, threads over P + N. dxb (bf16
- * dx): that row's other terms wait in last (the chunk before's slot, fp32)
- * and the sum is rounded here: the fp32 path's value, rounded once */
-static __global__ void ssd_tc_edge_k(float *dx, bf16 *dxb, const float *last, float *dBm, const float *ex,
-                                     const float *eB, struct ssd_dims d)
+ * after both ssd_tc_tok_k: one block a chunk, threads over P + N. dxb, dBb
+ * (bf16 dx, dB): that row's other terms wait in last_x, last_B (the chunk
+ * before's slot, fp32) and the sum is rounded here: the fp32 path's value,
+ * rounded once */
+static __global__ void ssd_tc_edge_k(float *dx, bf16 *dxb, const float *last_x, float *dBm, bf16 *dBb,
+                                     const float *last_B, const float *ex, const float *eB, struct ssd_dims d)
 {
     const int bh = (int)blockIdx.x / (d.nc - 1), c = (int)blockIdx.x % (d.nc - 1) + 1;
     const struct tc_chunk k = tc_chunk_at(d, bh * d.nc + c);
     const size_t t = k.ob + k.t0 - 1;
     for (int e = (int)threadIdx.x; e < d.P + d.N; e += (int)blockDim.x) {
+        if (e >= d.P) {
+            const int n = e - d.P;
+            const size_t o = t * k.bld + (size_t)k.h * d.N + n;
+            const float eb = eB[(size_t)k.ci * d.N + n];
+            if (dBb) dBb[o] = __float2bfloat16_rn(last_B[(size_t)(k.ci - 1) * d.N + n] + eb);
+            else dBm[o] += eb;
+            continue;
+        }
         const size_t o = t * k.xs + (size_t)k.h * d.P + e;
-        if (e >= d.P) dBm[t * k.bld + (size_t)k.h * d.N + e - d.P] += eB[(size_t)k.ci * d.N + e - d.P];
-        else if (dxb) dxb[o] = __float2bfloat16_rn(last[(size_t)(k.ci - 1) * d.P + e] + ex[(size_t)k.ci * d.P + e]);
+        if (dxb) dxb[o] = __float2bfloat16_rn(last_x[(size_t)(k.ci - 1) * d.P + e] + ex[(size_t)k.ci * d.P + e]);
         else dx[o] += ex[(size_t)k.ci * d.P + e];
     }
 }
@@ -804,8 +817,8 @@ static size_t tc_dc_smem(struct ssd_dims d)
 }
 
 static __global__ void __launch_bounds__(TC_THREADS)
-ssd_tc_dc_k(float *dCm, float *inter, const bf16 *dGb, const float *Sst, const float *cum, const float *dy,
-            const float *Bm, const float *Cm, struct ssd_twins tw, struct ssd_dims d)
+ssd_tc_dc_k(float *dCm, bf16 *dCb, float *inter, const bf16 *dGb, const float *Sst, const float *cum,
+            const float *dy, const float *Bm, const float *Cm, struct ssd_twins tw, struct ssd_dims d)
 {
     MT_DYN_SMEM(float, sm);
     const struct tc_chunk k = tc_chunk_of(d);
@@ -848,8 +861,11 @@ ssd_tc_dc_k(float *dCm, float *inter, const bf16 *dGb, const float *Sst, const f
 #pragma unroll
             for (int u = 0; u < 4; u += 2) {
                 const int i = i0 + m0 + TC_EROW(lane, u), n = nc0 + TC_ECOL(lane, j, u);
-                if (i < q && n < d.N)
-                    tc_put2(dCm + (k.ob + k.t0 + i) * k.bld + (size_t)k.h * d.N + n, n, d.N, acc[j][u], acc[j][u + 1]);
+                const size_t o = (k.ob + k.t0 + i) * k.bld + (size_t)k.h * d.N + n;
+                if (i < q && n < d.N) {
+                    if (dCb) tc_put2b(dCb + o, n, d.N, acc[j][u], acc[j][u + 1]);   /* (dCm not written) */
+                    else tc_put2(dCm + o, n, d.N, acc[j][u], acc[j][u + 1]);
+                }
             }
     }
 #pragma unroll
@@ -977,8 +993,8 @@ void ssd_tc_out(float *y, bf16 *y_b, const float *Sst, const float *cum, const f
 }
 
 void ssd_tc_backward_products(float *M, float *dG, float *dcs, float *rs, float *dx, bf16 *dxb, float *last_x,
-                              float *dBm, float *edge_x, float *edge_B, float *qj, float *dCm, float *inter,
-                              const float *Sst, const float *dSo,
+                              float *dBm, bf16 *dBb, float *last_B, float *edge_x, float *edge_B, float *qj,
+                              float *dCm, bf16 *dCb, float *inter, const float *Sst, const float *dSo,
                               const float *cum, const float *dy, const float *x, const float *Bm, const float *Cm,
                               const float *dt, const float *lam, const float *A, const float *Dsk,
                               struct ssd_twins tw, struct ssd_dims d)
@@ -988,7 +1004,7 @@ void ssd_tc_backward_products(float *M, float *dG, float *dcs, float *rs, float 
     const size_t gm = tc_gm_smem(d), tok = tc_tok_smem(d), dc = tc_dc_smem(d);
     if (!mt_cuda_smem_opt_in(ssd_tc_gm_k, gm) || !mt_cuda_smem_opt_in(ssd_tc_tok_k<TC_TOK_DX>, tok) ||
         !mt_cuda_smem_opt_in(ssd_tc_tok_k<TC_TOK_DXB>, tok) || !mt_cuda_smem_opt_in(ssd_tc_tok_k<TC_TOK_DB>, tok) ||
-        !mt_cuda_smem_opt_in(ssd_tc_dc_k, dc))
+        !mt_cuda_smem_opt_in(ssd_tc_tok_k<TC_TOK_DBB>, tok) || !mt_cuda_smem_opt_in(ssd_tc_dc_k, dc))
         return;
     MT_LAUNCH(ssd_tc_gm_k, dim3(nch, rt), TC_THREADS, gm)(Mb, dGb, dcs, rs, cum, dy, x, Bm, Cm, dt, lam, A, tw, d);
     MT_CUDA_KCHECK();
@@ -999,13 +1015,18 @@ void ssd_tc_backward_products(float *M, float *dG, float *dcs, float *rs, float 
         MT_LAUNCH(ssd_tc_tok_k<TC_TOK_DX>, dim3(nch, rt), TC_THREADS, tok)(
             dx, (bf16 *)NULL, (float *)NULL, edge_x, (float *)NULL, Mb, dSo, cum, dy, x, Bm, Cm, dt, lam, A, Dsk, tw, d);
     MT_CUDA_KCHECK();
-    MT_LAUNCH(ssd_tc_tok_k<TC_TOK_DB>, dim3(nch, rt), TC_THREADS, tok)(
-        dBm, (bf16 *)NULL, (float *)NULL, edge_B, qj, dGb, dSo, cum, dy, x, Bm, Cm, dt, lam, A, Dsk, tw, d);
+    if (dBb)
+        MT_LAUNCH(ssd_tc_tok_k<TC_TOK_DBB>, dim3(nch, rt), TC_THREADS, tok)(
+            (float *)NULL, dBb, last_B, edge_B, qj, dGb, dSo, cum, dy, x, Bm, Cm, dt, lam, A, Dsk, tw, d);
+    else
+        MT_LAUNCH(ssd_tc_tok_k<TC_TOK_DB>, dim3(nch, rt), TC_THREADS, tok)(
+            dBm, (bf16 *)NULL, (float *)NULL, edge_B, qj, dGb, dSo, cum, dy, x, Bm, Cm, dt, lam, A, Dsk, tw, d);
     MT_CUDA_KCHECK();
-    MT_LAUNCH(ssd_tc_dc_k, dim3(nch, rt), TC_THREADS, dc)(dCm, inter, dGb, Sst, cum, dy, Bm, Cm, tw, d);
+    MT_LAUNCH(ssd_tc_dc_k, dim3(nch, rt), TC_THREADS, dc)(dCm, dCb, inter, dGb, Sst, cum, dy, Bm, Cm, tw, d);
     MT_CUDA_KCHECK();
     if (d.nc > 1) {
-        MT_LAUNCH(ssd_tc_edge_k, (unsigned)(d.B * d.H * (d.nc - 1)), 64, 0)(dx, dxb, last_x, dBm, edge_x, edge_B, d);
+        MT_LAUNCH(ssd_tc_edge_k, (unsigned)(d.B * d.H * (d.nc - 1)), 64, 0)(dx, dxb, last_x, dBm, dBb, last_B, edge_x,
+                                                                             edge_B, d);
         MT_CUDA_KCHECK();
     }
 }

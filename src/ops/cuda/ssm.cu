@@ -1166,8 +1166,10 @@ static __global__ void ssd_reduce_k(float *dA, float *dDsk, const double *part, 
     dDsk[h] += (float)s;
 }
 
-/* dxb (tensor cores only): dx written there as bf16 instead (ssd_tc_backward_products) */
-static void ssd_backward(float *dx, __nv_bfloat16 *dxb, float *dBm, float *dCm, float *ddt, float *dlam, float *dA,
+/* dxb, dBb, dCb (tensor cores only): dx, dBm, dCm written there as bf16 instead
+ * (ssd_tc_backward_products) */
+static void ssd_backward(float *dx, __nv_bfloat16 *dxb, float *dBm, __nv_bfloat16 *dBb, float *dCm,
+                         __nv_bfloat16 *dCb, float *ddt, float *dlam, float *dA,
                          float *dDsk, const float *dy, const float *x, const float *Bm, const float *Cm,
                          const float *dt, const float *lam, const float *A, const float *Dsk, struct ssd_dims d,
                          int tc, const float *states, struct ssd_twins tw)
@@ -1180,17 +1182,18 @@ static void ssd_backward(float *dx, __nv_bfloat16 *dxb, float *dBm, float *dCm, 
     const size_t dle = tc ? nch * SSD_TC_STRIPS(d.Q) * Q2 : nch * d.Q * Q2;   /* dLE, or its column sums */
     const size_t mg = tc ? SSD_AL4(nch * d.Q * d.Q) : nch * d.Q * Q2;   /* M, dG: bf16 on tensor cores */
     const size_t lastx = tc ? nch * (size_t)d.P : 0;   /* ssd_tc_backward_products' last_x */
+    const size_t lastb = tc && dBb ? nch * (size_t)d.N : 0;   /* ... and last_B */
     const size_t nf = nbh * d.T + sst + nch * PN + 2 * mg + dle + nch * src_rows * ((size_t)d.P + d.N)
-                    + nch * Q2 + 2 * nch * d.Q + lastx;
+                    + nch * Q2 + 2 * nch * d.Q + lastx + lastb;
     double *part = (double *)mt_cuda_workspace(2 * nch * sizeof(double) + nf * sizeof(float));
     if (!part) return;
     /* part (B H nc, 2) doubles; cum (B H, T); Sst = S_in, dSo = dS_out (B H nc, P, N);
      * M, dG, dLE (B H nc, Q, 2Q; tensor cores: M, dG as bf16, dLE's strip column sums, (B H nc, strips, 2Q)); dXc (B H nc, 2Q or 1, P); dBc (B H nc, 2Q or 1, N);
-     * qj (B H nc, 2Q); rs, inter (B H nc, Q); last_x (tensor cores: B H nc, P) */
+     * qj (B H nc, 2Q); rs, inter (B H nc, Q); last_x (tensor cores: B H nc, P); last_B (dBb: B H nc, N) */
     float *cum = (float *)(part + 2 * nch), *Sst = cum + nbh * d.T, *dSo = Sst + sst;
     float *M = dSo + nch * PN, *dG = M + mg, *dLE = dG + mg;
     float *dXc = dLE + dle, *dBc = dXc + nch * src_rows * d.P, *qj = dBc + nch * src_rows * d.N;
-    float *rs = qj + nch * Q2, *inter = rs + nch * d.Q, *last_x = inter + nch * d.Q;
+    float *rs = qj + nch * Q2, *inter = rs + nch * d.Q, *last_x = inter + nch * d.Q, *last_B = last_x + lastx;
     ssd_cum(cum, dt, A, d);
     /* S_in: the forward's when it kept them (the same kernels' values), else recomputed.
      * Only read from here on (the pointer's const is the forward's contract, cast away) */
@@ -1205,8 +1208,8 @@ static void ssd_backward(float *dx, __nv_bfloat16 *dxb, float *dBm, float *dCm, 
     MT_LAUNCH(ssd_dpass_k, (unsigned)((nbh * PN + 255) / 256), 256, 0)(dSo, cum, d);
     MT_CUDA_KCHECK();
     if (tc) {   /* steps 7-8 on tensor cores (ssd_tc.cu) */
-        ssd_tc_backward_products(M, dG, dLE, rs, dx, dxb, last_x, dBm, dXc, dBc, qj, dCm, inter, Sst, dSo, cum, dy, x,
-                                 Bm, Cm, dt, lam, A, Dsk, tw, d);
+        ssd_tc_backward_products(M, dG, dLE, rs, dx, dxb, last_x, dBm, dBb, last_B, dXc, dBc, qj, dCm, dCb, inter, Sst,
+                                 dSo, cum, dy, x, Bm, Cm, dt, lam, A, Dsk, tw, d);
     } else {
         unsigned tj = pow2_threads(2 * d.Q, 256), tp = pow2_threads(d.P, 256), tn = pow2_threads(d.N, 256);
         unsigned rt = (unsigned)((d.Q + SSD_RT - 1) / SSD_RT), st = (unsigned)((Q2 + SSD_RT - 1) / SSD_RT);
@@ -1457,7 +1460,7 @@ extern "C" void mt_cuda_ssm_scan_backward(void *be, float *dx, float *dBm, float
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (B * H == 0 || T == 0) return;
     if (chunk > 0) {
-        ssd_backward(dx, NULL, dBm, dCm, ddt, dlam, dA, dDsk, dy, x, Bm, Cm, dt, lam, A, Dsk,
+        ssd_backward(dx, NULL, dBm, NULL, dCm, NULL, ddt, dlam, dA, dDsk, dy, x, Bm, Cm, dt, lam, A, Dsk,
                      ssd_dims_make(B, T, H, P, N, chunk), 0, NULL, ssd_twins{});
         return;
     }
@@ -1568,7 +1571,7 @@ extern "C" void mt_cuda_ssm_scan_backward_bf16(void *be, float *dx, float *dBm, 
                                                const float *A, const float *Dsk, int B, int T, int H, int P, int N,
                                                int chunk, const float *states, mt_bf16 *dx_b,
                                                const mt_bf16 *Bh_b, const mt_bf16 *Ch_b, const mt_bf16 *dy_b,
-                                               const mt_bf16 *x_b, int ldx_b)
+                                               const mt_bf16 *x_b, int ldx_b, mt_bf16 *dB_b, mt_bf16 *dC_b)
 {
     MT_CUDA_BIND(be);
     if (B * H == 0 || T == 0) return;
@@ -1576,6 +1579,12 @@ extern "C" void mt_cuda_ssm_scan_backward_bf16(void *be, float *dx, float *dBm, 
     const int tc = scan_tc_pick(d, chunk);
     const struct ssd_twins tw = ssd_bf16_twins(Bh_b, Ch_b, dy_b, x_b);
     if (!scan_x_ok(x, x_b, ldx_b, H, P) || !scan_args_ok(tc, ldx, H, P, dx_b, Bm, Cm, tw)) return;
+    if (!tc && (dB_b || dC_b)) {
+        mt_cuda_record(MT_ERR_UNSUPPORTED, "ssm_scan_backward_bf16",
+                       "a bf16 dB or dC (dB_b, dC_b) where the chunked products do not run on tensor cores", __FILE__,
+                       __LINE__);
+        return;
+    }
     if (!dy && !(tc && dy_b)) {   /* dy stored bf16 only: its twin alone, on the tensor cores */
         mt_cuda_record(MT_ERR_UNSUPPORTED, "ssm_scan_backward_bf16",
                        "dy NULL without its twin dy_b, or where the chunked products do not run on tensor cores",
@@ -1589,8 +1598,8 @@ extern "C" void mt_cuda_ssm_scan_backward_bf16(void *be, float *dx, float *dBm, 
     }
     d.xs = ldx;
     d.xsb = x_b ? ldx_b : d.xsb;
-    ssd_backward(dx, (__nv_bfloat16 *)dx_b, dBm, dCm, ddt, dlam, dA, dDsk, dy, x, Bm, Cm, dt, lam, A, Dsk, d, 1,
-                 states, tw);
+    ssd_backward(dx, (__nv_bfloat16 *)dx_b, dBm, (__nv_bfloat16 *)dB_b, dCm, (__nv_bfloat16 *)dC_b, ddt, dlam, dA,
+                 dDsk, dy, x, Bm, Cm, dt, lam, A, Dsk, d, 1, states, tw);
 }
 
 /* ---------------- prep (split, softplus, sigmoid, B/C norm + bias + rotary) ----------------
@@ -1830,9 +1839,11 @@ static __device__ __forceinline__ void prep_put(float *drow, __nv_bfloat16 *brow
     else drow[c] = v;
 }
 
+/* dBh, dCh as stored: fp32, or bf16 (the scan backward's dB_b, dC_b), read widened */
+template <typename GT>
 static __global__ void prep_bwd_row_k(float *dproj, __nv_bfloat16 *dpb, float *du_slots, float *part_u, float *part_g,
                                       const float *dx,
-                                      const float *dBh, const float *dCh, const float *ddt, const float *dlam,
+                                      const GT *dBh, const GT *dCh, const float *ddt, const float *dlam,
                                       const float *B_bias, const float *C_bias, const float *lam, const float *rstd,
                                       const float *proj, const float *dt_bias, const float *gB, const float *gC,
                                       const float *ang, int nrow, int H, int P, int G, int N)
@@ -1866,13 +1877,13 @@ static __global__ void prep_bwd_row_k(float *dproj, __nv_bfloat16 *dpb, float *d
             float *dth = drow + oth + j;
             float a = ang ? ang[r * half + k] : *dth, c = cosf(a), s = sinf(a), dang = 0.0f;
             for (int pass = 0; pass < 2; pass++) {
-                const float *dO = (pass ? dCh : dBh) + r * N;
+                const GT *dO = (pass ? dCh : dBh) + r * N;
                 const size_t at = (size_t)pass * HN + (size_t)h * N + k;
                 const size_t oc = 2 * (size_t)E + (pass ? GN : 0) + (size_t)g * N;
                 float o1, o2;   /* the forward's Bh / Ch pair, recomputed (raw B / C, rstd, gain, bias: cached) */
                 prep_rot(&o1, &o2, row + oc, rstd[n * 2 * G + (size_t)pass * G + g], pass ? gC : gB,
                          (pass ? C_bias : B_bias) + (size_t)h * N, k, half, c, s);
-                float d1 = dO[k], d2 = dO[k + half];
+                float d1 = ssd_f(dO[k]), d2 = ssd_f(dO[k + half]);
                 dang += -d1 * o2 + d2 * o1;
                 float u0 = d1 * c + d2 * s, u1 = -d1 * s + d2 * c;
                 du[at] = u0;
@@ -1948,13 +1959,14 @@ static __global__ void prep_bwd_alog_k(float *dA_log, const float *dA, const flo
 }
 
 /* dproj_b non-NULL: every column the backward writes goes there as bf16; dproj
- * is then scratch (the theta and dt columns' fp32 sums) */
+ * is then scratch (the theta and dt columns' fp32 sums). dBh_b, dCh_b non-NULL:
+ * dBh, dCh stored bf16, read in their place */
 static void prep_backward(float *dproj, mt_bf16 *dproj_b, float *ddt_bias, float *dA_log, float *dgB, float *dgC,
                           float *dB_bias, float *dC_bias, const float *dx, const float *dBh, const float *dCh,
                           const float *ddt, const float *dlam, const float *dA, const float *B_bias,
                           const float *C_bias, const float *lam, const float *A, const float *rstd, const float *proj,
                           const float *dt_bias, const float *gB, const float *gC, int B, int T, int H, int P, int G,
-                          int N, const float *ang)
+                          int N, const float *ang, const mt_bf16 *dBh_b, const mt_bf16 *dCh_b)
 {
     int nrow = B * T, half = N / 2, E = H * P, GN = G * N;
     const size_t W = 2 * (size_t)E + 2 * (size_t)GN + H + (size_t)H * half + H;
@@ -1971,9 +1983,16 @@ static void prep_backward(float *dproj, mt_bf16 *dproj_b, float *ddt_bias, float
     float *pu = du + nblk * 2 * HN, *pgs = pu + nblk * 2 * HN, *part = pgs + nblk * 2 * (size_t)N;
     /* the angles: the forward's (ang), or its scan again (bit-identical) into dproj's theta columns */
     if (half > 0 && !ang) ang_scan(dproj + oth, NULL, W, half, proj + oth, W, half, NULL, B, T, H, half, 0);
-    MT_LAUNCH(prep_bwd_row_k, (unsigned)nblk, PREP_THREADS, PREP_THREADS * sizeof(double) + (size_t)N * sizeof(float))(
-        dproj, (__nv_bfloat16 *)dproj_b, du, pu, pgs, dx, dBh, dCh, ddt, dlam, B_bias, C_bias, lam, rstd, proj,
-        dt_bias, gB, gC, ang, nrow, H, P, G, N);
+    const size_t rsm = PREP_THREADS * sizeof(double) + (size_t)N * sizeof(float);
+    if (dBh_b)
+        MT_LAUNCH(prep_bwd_row_k<__nv_bfloat16>, (unsigned)nblk, PREP_THREADS, rsm)(
+            dproj, (__nv_bfloat16 *)dproj_b, du, pu, pgs, dx, (const __nv_bfloat16 *)dBh_b,
+            (const __nv_bfloat16 *)dCh_b, ddt, dlam, B_bias, C_bias, lam, rstd, proj, dt_bias, gB, gC, ang, nrow, H, P,
+            G, N);
+    else
+        MT_LAUNCH(prep_bwd_row_k<float>, (unsigned)nblk, PREP_THREADS, rsm)(
+            dproj, (__nv_bfloat16 *)dproj_b, du, pu, pgs, dx, dBh, dCh, ddt, dlam, B_bias, C_bias, lam, rstd, proj,
+            dt_bias, gB, gC, ang, nrow, H, P, G, N);
     MT_CUDA_KCHECK();
     /* dtheta = reverse cumsum of dang over the sequence */
     if (half > 0)
@@ -1997,7 +2016,7 @@ extern "C" void mt_cuda_ssm_prep_backward(void *be, float *dproj, float *ddt_bia
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     (void)eps;
     prep_backward(dproj, NULL, ddt_bias, dA_log, dgB, dgC, dB_bias, dC_bias, dx, dBh, dCh, ddt, dlam, dA, B_bias,
-                  C_bias, lam, A, rstd, proj, dt_bias, gB, gC, B, T, H, P, G, N, ang);
+                  C_bias, lam, A, rstd, proj, dt_bias, gB, gC, B, T, H, P, G, N, ang, NULL, NULL);
 }
 
 extern "C" void mt_cuda_ssm_prep_backward_bf16(void *be, mt_bf16 *dproj_b, float *dproj, float *ddt_bias,
@@ -2007,12 +2026,18 @@ extern "C" void mt_cuda_ssm_prep_backward_bf16(void *be, mt_bf16 *dproj_b, float
                                                const float *C_bias, const float *lam, const float *A,
                                                const float *rstd, const float *proj, const float *dt_bias,
                                                const float *gB, const float *gC, int B, int T, int H, int P, int G,
-                                               int N, float eps, const float *ang)
+                                               int N, float eps, const float *ang, const mt_bf16 *dBh_b,
+                                               const mt_bf16 *dCh_b)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     (void)eps;
+    if ((dBh_b != NULL) != (dCh_b != NULL) || (!dBh_b && (!dBh || !dCh))) {
+        mt_cuda_record(MT_ERR_INVALID_ARG, "ssm_prep_backward_bf16",
+                       "dBh_b and dCh_b: both or neither (neither: dBh and dCh given)", __FILE__, __LINE__);
+        return;
+    }
     prep_backward(dproj, dproj_b, ddt_bias, dA_log, dgB, dgC, dB_bias, dC_bias, dx, dBh, dCh, ddt, dlam, dA, B_bias,
-                  C_bias, lam, A, rstd, proj, dt_bias, gB, gC, B, T, H, P, G, N, ang);
+                  C_bias, lam, A, rstd, proj, dt_bias, gB, gC, B, T, H, P, G, N, ang, dBh_b, dCh_b);
 }
 
 /* ---------------- gated grouped RMSNorm ----------------
