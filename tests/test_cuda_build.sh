@@ -90,7 +90,8 @@
 #           expected host waits and copies), the per-op profile's fields,
 #           and the launch floor (threads per kernel launch) of a hybrid +
 #           MoE step (docs/cuda.md, "Per-op profile and counters").
-#        g. CUDA graphs: the emulator's stream capture (graph_emu.cc), and
+#        g. the emulator's asynchronous cp.async (cp_async_emu.cc); CUDA
+#           graphs: the emulator's stream capture (graph_emu.cc), and
 #           4-step dense (fp32, MT_CUDA_PRECISION=bf16, precision=bf16) and
 #           hybrid (fp32, precision=bf16: the scan's tensor-core kernels) runs
 #           with graphs on = off bit for bit, the replayed ops accounted, MoE
@@ -856,6 +857,15 @@ if [ -x "$EMU/meshtrain" ] && [ -f "$EMU/train.bin" ]; then
         echo "PASS emulated stream capture and graphs: $(tail -1 "$EMU/graph_emu.log")"
     else
         grep -E 'FAIL|error' "$EMU/graph_emu.log" | head -20; echo "FAIL: emulated stream capture / graphs"; fail=1
+    fi
+    # the emulator's asynchronous cp.async (tests/cuda/cp_async_emu.cc: a copy lands at its
+    # thread's covering wait, NaN before; wait_group N's groups; a missing barrier shows)
+    if g++ $CXXF -x c++ -c "$SRC/tests/cuda/cp_async_emu.cc" -o "$EMU/cp_async_emu.o" >"$EMU/cp_async_emu.log" 2>&1 &&
+       g++ "$EMU/cp_async_emu.o" "$EMU/cu/emu.cc.o" $SANL -o "$EMU/cp_async_emu" >>"$EMU/cp_async_emu.log" 2>&1 &&
+       "$EMU/cp_async_emu" >>"$EMU/cp_async_emu.log" 2>&1 && grep -q ', 0 failed$' "$EMU/cp_async_emu.log"; then
+        echo "PASS emulated cp.async (asynchronous, NaN until its wait): $(tail -1 "$EMU/cp_async_emu.log")"
+    else
+        grep -E 'FAIL|error' "$EMU/cp_async_emu.log" | head -20; echo "FAIL: emulated cp.async"; fail=1
     fi
     # graph_run NAME PRECISION STEPS FLAGS...
     graph_run() {

@@ -30,7 +30,8 @@
  *
  * Under the CPU emulator (MT_CUDA_EMU) the same calls run
  * tests/cuda/emu/mma_ptx.h: warp collectives with exactly these layouts;
- * cp.async is a plain copy there (the wait a no-op).
+ * cp.async asynchronous as here: a copy lands at its thread's covering wait,
+ * its destination NaN until then (a missing wait or barrier shows).
  */
 #ifndef MT_MMA_SYNC_CUH
 #define MT_MMA_SYNC_CUH
@@ -110,8 +111,7 @@ static __device__ __forceinline__ void mt_ldsm_x4_t(uint32_t r[4], const void *p
 static __device__ __forceinline__ void mt_cp_async16(void *dst, const void *src, int nbytes)
 {
 #ifdef MT_CUDA_EMU
-    if (nbytes) memcpy(dst, src, 16);
-    else memset(dst, 0, 16);
+    mt_emu_cp_async16(dst, src, nbytes);
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(nbytes));
@@ -122,7 +122,9 @@ static __device__ __forceinline__ void mt_cp_async16(void *dst, const void *src,
 }
 static __device__ __forceinline__ void mt_cp_async_commit(void)
 {
-#if !defined(MT_CUDA_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#ifdef MT_CUDA_EMU
+    mt_emu_cp_async_commit();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;\n" ::);
 #endif
 }
@@ -131,7 +133,9 @@ static __device__ __forceinline__ void mt_cp_async_commit(void)
 template <int N>
 static __device__ __forceinline__ void mt_cp_async_wait(void)
 {
-#if !defined(MT_CUDA_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#ifdef MT_CUDA_EMU
+    mt_emu_cp_async_wait(N);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 #endif
 }

@@ -491,6 +491,7 @@ struct fiber {
     unsigned nexch;  /* warp exchanges done: double-buffer phase */
     unsigned nwload, nwstore, nwmma; /* wmma loads / stores / products done (mma.h): their sequence numbers */
     void    *site;   /* call site of the barrier it waits at (divergence check) */
+    unsigned cp_committed; /* cp.async groups committed (mt_emu_cp_async_commit) */
 };
 
 #define STACK_BYTES (64 * 1024)
@@ -558,6 +559,10 @@ static std::vector<std::map<unsigned, int>>       g_wmma_stores;
  * other lanes to take when theirs are the same (mt_emu_wmma_mma_recall) */
 struct wmma_product { float a[256], b[256], c[256], d[256]; int left; };
 static std::vector<seq_queue<wmma_product>> g_wmma_mmas;
+/* cp.async copies in flight, per fiber (mma_ptx.h): the 16 bytes read at the
+ * issue, where they go, and the group they join (the issuer's commit count then) */
+struct cp_pending { unsigned char *dst; unsigned char data[16]; unsigned group; };
+static std::vector<std::vector<cp_pending>> g_cp;
 static int                          g_cur, g_live, g_block_arrived;
 static const std::function<void()> *g_body;
 
@@ -692,6 +697,33 @@ __attribute__((noinline)) void mt_emu_warp_collective(const void *mine, size_t s
 
 void *mt_emu_dyn_smem(void) { return g_dyn.data(); }
 
+void mt_emu_cp_async16(void *dst, const void *src, int nbytes)
+{
+    cp_pending p;
+    p.dst = (unsigned char *)dst;
+    if (nbytes) memcpy(p.data, src, 16);
+    else memset(p.data, 0, 16);
+    p.group = g_f[g_cur].cp_committed;
+    memset(dst, 0xff, 16);   /* undefined until the wait: NaN */
+    g_cp[(size_t)g_cur].push_back(p);
+}
+
+void mt_emu_cp_async_commit(void) { g_f[g_cur].cp_committed++; }
+
+/* wait_group n: every copy of a committed group but the n most recent lands
+ * (in issue order); later and uncommitted ones stay in flight */
+void mt_emu_cp_async_wait(int n)
+{
+    const unsigned done = g_f[g_cur].cp_committed;
+    std::vector<cp_pending> &v = g_cp[(size_t)g_cur];
+    size_t keep = 0;
+    for (size_t i = 0; i < v.size(); i++) {
+        if (v[i].group + (unsigned)n < done) memcpy(v[i].dst, v[i].data, 16);
+        else v[keep++] = v[i];
+    }
+    v.resize(keep);
+}
+
 /* wmma (mma.h). On the device a fragment op is one warp-wide instruction;
  * here every lane runs it, one after the other between switch points (lane
  * 0 first). The first lane to reach its n-th load reads memory and hands
@@ -823,6 +855,7 @@ void mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std:
     g_wmma_loads.assign((size_t)nw, {});
     g_wmma_stores.assign((size_t)nw, {});
     g_wmma_mmas.assign((size_t)nw, {});
+    g_cp.assign(nt, {});
     g_dyn.resize(smem ? smem : 16);
     g_body = &body;
     gridDim = grid;
@@ -841,6 +874,8 @@ void mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std:
                     f.lane = (int)(t % 32);
                     f.nexch = 0;
                     f.nwload = f.nwstore = f.nwmma = 0;
+                    f.cp_committed = 0;
+                    g_cp[t].clear();   /* a block's copies never waited for: not the next block's */
                     f.sp = fiber_stack_init(&g_stacks[t * STACK_STRIDE], STACK_BYTES);
                 }
                 for (int w = 0; w < nw; w++) {

@@ -43,6 +43,20 @@
 
 #include "cuda_runtime.h"
 
+/* cp.async (cp.async.cg 16 bytes, commit_group, wait_group N), asynchronous as
+ * on the device (emu.cc): a copy lands in shared memory only at a wait of
+ * the issuing thread that covers its group (every committed group but the N
+ * most recent; copies not yet committed are not waited for), and its 16
+ * destination bytes read 0xff (NaN) from the issue until then. So a read
+ * before the wait, a read of another thread's copy without the barrier
+ * after its wait (when the reader runs first in the emulator's sweep), or a
+ * copy issued into a tile some warp still reads (a missing barrier before
+ * the reuse of a double buffer) shows as NaNs, as it would race on a GPU.
+ * The source is read at the issue (nbytes 0: zeros). */
+void mt_emu_cp_async16(void *dst, const void *src, int nbytes);
+void mt_emu_cp_async_commit(void);
+void mt_emu_cp_async_wait(int n);
+
 static inline float mt_emu_bf16_lo(uint32_t r) { return __uint_as_float(r << 16); }
 static inline float mt_emu_bf16_hi(uint32_t r) { return __uint_as_float(r & 0xffff0000u); }
 

@@ -1,0 +1,152 @@
+/*
+ * cp_async_emu.cc — the CPU emulator's cp.async (tests/cuda/emu/mma_ptx.h,
+ * emu.cc), which the tensor-core kernels that stage tiles asynchronously
+ * (attention_v2.cu, gemm_grouped.cu, xent.cu: src/ops/cuda/mma_sync.cuh's
+ * mt_cp_async16 / _commit / _wait) rely on under test (tests/test_cuda_build.sh
+ * stage g). As on a GPU, where a copy is in flight until the issuing
+ * thread's cp.async.wait_group covers it:
+ *   - a read of the destination before the wait sees no data (NaN here);
+ *   - wait<0> lands every committed group; wait<1> all but the newest
+ *     committed one; copies not yet committed are not waited for;
+ *   - nbytes 0 writes zeros;
+ *   - another thread's copy is visible after its wait and a barrier, and a
+ *     reader that runs before the copier's wait (no barrier) sees NaN;
+ *   - a copy issued into a tile another warp has yet to read (a double
+ *     buffer reused without the barrier) spoils that warp's read (NaN while
+ *     in flight, the next tile once landed: here the issuer waits first).
+ * Built and run only against the emulator (C++, -DMT_CUDA_EMU).
+ */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+
+#include "../../src/ops/cuda/mma_sync.cuh"
+
+static int n_pass, n_fail;
+static void check(int ok, const char *what)
+{
+    printf("%s %s\n", ok ? "ok  " : "FAIL", what);
+    if (ok) n_pass++;
+    else n_fail++;
+}
+
+/* out[0..3]: thread 0's view of its own copies of src[0..3] (16 bytes each as
+ * float4 = 4 floats; one float each recorded): before any wait, after wait<1>
+ * with groups {A}, {B} committed and C uncommitted, after wait<0>, after a
+ * commit of C and wait<0>; out[4]: a zero-fill copy after its wait */
+__global__ void own_k(float *out, const float *src)
+{
+    __shared__ float s[20];
+    if (threadIdx.x != 0) return;
+    mt_cp_async16(s + 0, src + 0, 16);   /* group A */
+    mt_cp_async_commit();
+    mt_cp_async16(s + 4, src + 4, 16);   /* group B */
+    mt_cp_async_commit();
+    mt_cp_async16(s + 8, src + 8, 16);   /* C: not committed yet */
+    out[0] = s[0];                        /* before any wait: in flight */
+    mt_cp_async_wait<1>();                /* A lands; B (the newest committed) and C do not */
+    out[1] = s[0];
+    out[2] = s[4];
+    out[3] = s[8];
+    mt_cp_async_wait<0>();                /* B lands; C is uncommitted: still in flight */
+    out[4] = s[4];
+    out[5] = s[8];
+    mt_cp_async_commit();
+    mt_cp_async_wait<0>();                /* C lands */
+    out[6] = s[8];
+    mt_cp_async16(s + 12, src, 0);        /* zero fill */
+    mt_cp_async_commit();
+    mt_cp_async_wait<0>();
+    out[7] = s[12];
+}
+
+/* 64 threads (2 warps): thread t copies 4 floats of src into the tile; warp
+ * 1's reader (thread 32) reads thread 0's copy. barrier = 1: wait, then
+ * __syncthreads, then read (right); 0: thread 32 waits only for its own
+ * copy and reads thread 0's with no barrier between. Thread 0 runs first in
+ * the emulator's sweep, so a reader of warp 1 would see its data; the
+ * reverse case (thread 0 reading warp 1's copy) is the one that shows. */
+__global__ void cross_k(float *out, const float *src, int barrier)
+{
+    float *s = (float *)mt_emu_dyn_smem();   /* dynamic: 0xff (NaN) at every block's start */
+    const int t = (int)threadIdx.x;
+    mt_cp_async16(s + 4 * t, src + 4 * t, 16);
+    mt_cp_async_commit();
+    mt_cp_async_wait<0>();
+    if (barrier) __syncthreads();
+    if (t == 0) out[0] = s[4 * 32];   /* thread 32's copy, read by thread 0 */
+}
+
+/* a double buffer reused without the barrier: every thread copies into
+ * buf, waits, barrier; then warp 1 reads buf while warp 0 (which runs
+ * first) has already issued the next tile's copy into buf: reuse without a
+ * barrier after the reads. reuse_barrier = 1 puts that barrier in. */
+__global__ void reuse_k(float *out, const float *src, int reuse_barrier)
+{
+    float *s = (float *)mt_emu_dyn_smem();
+    const int t = (int)threadIdx.x;
+    mt_cp_async16(s + 4 * t, src + 4 * t, 16);
+    mt_cp_async_commit();
+    mt_cp_async_wait<0>();
+    __syncthreads();
+    float v = s[(4 * t + 128) % 256];   /* warp 0 reads warp 1's rows and vice versa */
+    if (reuse_barrier) __syncthreads();
+    mt_cp_async16(s + 4 * t, src + 256 + 4 * t, 16);   /* the next tile into the same buffer */
+    mt_cp_async_commit();
+    out[t] = v;
+    mt_cp_async_wait<0>();
+}
+
+static cudaStream_t g_s;
+static void copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind)
+{
+    cudaMemcpyAsync(dst, src, n, kind, g_s);
+    cudaStreamSynchronize(g_s);
+}
+static void to_host(float *h, const float *d, int n) { copy(h, d, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost); }
+
+int main(void)
+{
+    float hsrc[512];
+    for (int i = 0; i < 512; i++) hsrc[i] = (float)(i + 1);
+    float *src = NULL, *out = NULL, h[64];
+    cudaMalloc((void **)&src, sizeof hsrc);
+    cudaMalloc((void **)&out, 64 * sizeof(float));
+    cudaStreamCreateWithFlags(&g_s, cudaStreamNonBlocking);
+    copy(src, hsrc, sizeof hsrc, cudaMemcpyHostToDevice);
+
+    mt_emu_launcher(own_k, dim3(1), dim3(32), 0)(out, src);
+    to_host(h, out, 8);
+    check(isnan(h[0]), "a copy read before any wait: not landed (NaN)");
+    check(h[1] == 1.0f, "wait<1>: the older committed group landed");
+    check(isnan(h[2]), "wait<1>: the newest committed group still in flight");
+    check(isnan(h[3]), "wait<1>: an uncommitted copy still in flight");
+    check(h[4] == 5.0f, "wait<0>: every committed group landed");
+    check(isnan(h[5]), "wait<0>: an uncommitted copy still in flight");
+    check(h[6] == 9.0f, "commit then wait<0>: it landed");
+    check(h[7] == 0.0f, "nbytes 0: zeros");
+
+    mt_emu_launcher(cross_k, dim3(1), dim3(64), 1024)(out, src, 1);
+    to_host(h, out, 1);
+    check(h[0] == 129.0f, "another thread's copy after its wait and a barrier: visible");
+    mt_emu_launcher(cross_k, dim3(1), dim3(64), 1024)(out, src, 0);
+    to_host(h, out, 1);
+    check(isnan(h[0]), "another thread's copy without the barrier (read before its wait): NaN");
+
+    mt_emu_launcher(reuse_k, dim3(1), dim3(64), 1024)(out, src, 1);
+    to_host(h, out, 64);
+    int good = 1;
+    for (int t = 0; t < 64; t++) good &= h[t] == hsrc[(4 * t + 128) % 256];
+    check(good, "a double buffer reused after a barrier: every read the first tile");
+    mt_emu_launcher(reuse_k, dim3(1), dim3(64), 1024)(out, src, 0);
+    to_host(h, out, 64);
+    int spoiled = 0;
+    for (int t = 32; t < 64; t++) spoiled += h[t] != hsrc[(4 * t + 128) % 256];   /* warp 0's rows, reissued */
+    check(spoiled == 32, "a double buffer reused without the barrier: the later warp's reads not the first tile");
+
+    cudaFree(src);
+    cudaFree(out);
+    printf("cp_async_emu: %d checks, %d passed, %d failed\n", n_pass + n_fail, n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
