@@ -851,22 +851,21 @@ fi  # want f
 if want g; then
 if [ -x "$EMU/meshtrain" ] && [ -f "$EMU/train.bin" ]; then
     t4=$(date +%s)
-    if g++ $CXXF -x c++ -c "$SRC/tests/cuda/graph_emu.cc" -o "$EMU/graph_emu.o" >"$EMU/graph_emu.log" 2>&1 &&
-       g++ "$EMU/graph_emu.o" "$EMU/cu/emu.cc.o" $SANL -o "$EMU/graph_emu" >>"$EMU/graph_emu.log" 2>&1 &&
-       "$EMU/graph_emu" >>"$EMU/graph_emu.log" 2>&1 && grep -q ', 0 failed$' "$EMU/graph_emu.log"; then
-        echo "PASS emulated stream capture and graphs: $(tail -1 "$EMU/graph_emu.log")"
-    else
-        grep -E 'FAIL|error' "$EMU/graph_emu.log" | head -20; echo "FAIL: emulated stream capture / graphs"; fail=1
-    fi
-    # the emulator's asynchronous cp.async (tests/cuda/cp_async_emu.cc: a copy lands at its
-    # thread's covering wait, NaN before; wait_group N's groups; a missing barrier shows)
-    if g++ $CXXF -x c++ -c "$SRC/tests/cuda/cp_async_emu.cc" -o "$EMU/cp_async_emu.o" >"$EMU/cp_async_emu.log" 2>&1 &&
-       g++ "$EMU/cp_async_emu.o" "$EMU/cu/emu.cc.o" $SANL -o "$EMU/cp_async_emu" >>"$EMU/cp_async_emu.log" 2>&1 &&
-       "$EMU/cp_async_emu" >>"$EMU/cp_async_emu.log" 2>&1 && grep -q ', 0 failed$' "$EMU/cp_async_emu.log"; then
-        echo "PASS emulated cp.async (asynchronous, NaN until its wait): $(tail -1 "$EMU/cp_async_emu.log")"
-    else
-        grep -E 'FAIL|error' "$EMU/cp_async_emu.log" | head -20; echo "FAIL: emulated cp.async"; fail=1
-    fi
+    # emu_selftest NAME WHAT: tests/cuda/NAME.cc against the emulator alone, "..., 0 failed" its last line
+    emu_selftest() {
+        local n=$1 what=$2
+        if g++ $CXXF -x c++ -c "$SRC/tests/cuda/$n.cc" -o "$EMU/$n.o" >"$EMU/$n.log" 2>&1 &&
+           g++ "$EMU/$n.o" "$EMU/cu/emu.cc.o" $SANL -o "$EMU/$n" >>"$EMU/$n.log" 2>&1 &&
+           "$EMU/$n" >>"$EMU/$n.log" 2>&1 && grep -q ', 0 failed$' "$EMU/$n.log"; then
+            echo "PASS emulated $what: $(tail -1 "$EMU/$n.log")"
+        else
+            grep -E 'FAIL|error' "$EMU/$n.log" | head -20; echo "FAIL: emulated $what"; fail=1
+        fi
+    }
+    emu_selftest graph_emu "stream capture and graphs"
+    # the emulator's asynchronous cp.async (a copy lands at its thread's covering wait, NaN
+    # before; wait_group N's groups; a missing barrier shows)
+    emu_selftest cp_async_emu "cp.async (asynchronous, NaN until its wait)"
     # graph_run NAME PRECISION STEPS FLAGS...
     graph_run() {
         local name=$1 prec=$2 steps=$3; shift 3
