@@ -90,7 +90,8 @@
 #           expected host waits and copies), the per-op profile's fields,
 #           and the launch floor (threads per kernel launch) of a hybrid +
 #           MoE step (docs/cuda.md, "Per-op profile and counters").
-#        g. the emulator's asynchronous cp.async (cp_async_emu.cc); CUDA
+#        g. the emulator's shared memory (smem_emu.cc: asynchronous cp.async,
+#           fresh static shared arrays a block); CUDA
 #           graphs: the emulator's stream capture (graph_emu.cc), and
 #           4-step dense (fp32, MT_CUDA_PRECISION=bf16, precision=bf16) and
 #           hybrid (fp32, precision=bf16: the scan's tensor-core kernels) runs
@@ -863,9 +864,10 @@ if [ -x "$EMU/meshtrain" ] && [ -f "$EMU/train.bin" ]; then
         fi
     }
     emu_selftest graph_emu "stream capture and graphs"
-    # the emulator's asynchronous cp.async (a copy lands at its thread's covering wait, NaN
-    # before; wait_group N's groups; a missing barrier shows)
-    emu_selftest cp_async_emu "cp.async (asynchronous, NaN until its wait)"
+    # the emulator's shared memory: asynchronous cp.async (a copy lands at its thread's
+    # covering wait, NaN before; wait_group N's groups; a missing barrier shows), and static
+    # shared arrays NaN at every block's start
+    emu_selftest smem_emu "shared memory (cp.async asynchronous, NaN until its wait; fresh static arrays)"
     # graph_run NAME PRECISION STEPS FLAGS...
     graph_run() {
         local name=$1 prec=$2 steps=$3; shift 3

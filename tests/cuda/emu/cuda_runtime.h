@@ -12,7 +12,8 @@
  * block <= 1024 threads, grid.y/z <= 65535, dynamic shared memory > 48 KiB
  * only after cudaFuncSetAttribute(MaxDynamicSharedMemorySize) for that
  * kernel, <= 227 KiB (sm_90). Fresh device and dynamic shared memory is
- * filled with 0xff bytes (NaN floats) so reads of unwritten memory show.
+ * filled with 0xff bytes (NaN floats) so reads of unwritten memory show;
+ * so is static shared memory, at every block's start.
  * Device memory is guarded: host code outside a kernel, a cudaMemcpy/
  * cudaMemset or a cuBLAS(Lt) call that touches it faults, with a message
  * naming the buffer and a backtrace (emu.cc; MT_EMU_GUARD=0 turns it off),
@@ -45,7 +46,11 @@
 #define __forceinline__ inline
 #define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
-#define __shared__ static
+/* static shared arrays live in one section, which the emulator fills with 0xff
+ * (NaN floats) at every block's start, as it does dynamic shared memory: a read
+ * of an element the block has not written shows, where a plain static would
+ * hand it the previous block's value (emu.cc mt_emu_run) */
+#define __shared__ static __attribute__((section("mt_emu_smem")))
 #define __align__(n) alignas(n)
 
 /* the vector types of the elementwise kernels' 16-byte accesses (CUDA's alignments) */

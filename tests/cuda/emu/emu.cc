@@ -828,6 +828,14 @@ static void *fiber_stack_init(char *stack, size_t bytes)
     return &w[-9];
 }
 
+/* the static shared arrays' section (cuda_runtime.h __shared__): the linker's
+ * bounds, weak so that a program without one links */
+extern "C" unsigned char __start_mt_emu_smem[] __attribute__((weak));
+extern "C" unsigned char __stop_mt_emu_smem[] __attribute__((weak));
+static unsigned char *const g_static_smem = __start_mt_emu_smem;
+static const size_t g_static_smem_bytes =
+    __start_mt_emu_smem ? (size_t)((uintptr_t)__stop_mt_emu_smem - (uintptr_t)__start_mt_emu_smem) : 0;
+
 void mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std::function<void()> &body)
 {
     size_t nt = (size_t)block.x * block.y * block.z;
@@ -865,6 +873,7 @@ void mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std:
             for (unsigned bx = 0; bx < grid.x; bx++) {
                 blockIdx = dim3(bx, by, bz);
                 if (smem) memset(g_dyn.data(), 0xff, g_dyn.size());
+                if (g_static_smem_bytes) memset(g_static_smem, 0xff, g_static_smem_bytes);
                 for (size_t t = 0; t < nt; t++) {
                     fiber &f = g_f[t];
                     f.tid = dim3((unsigned)(t % block.x), (unsigned)(t / block.x % block.y),

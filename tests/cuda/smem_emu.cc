@@ -1,6 +1,8 @@
 /*
- * cp_async_emu.cc — the CPU emulator's cp.async (tests/cuda/emu/mma_ptx.h,
- * emu.cc), which the tensor-core kernels that stage tiles asynchronously
+ * smem_emu.cc — the CPU emulator's shared memory as a GPU has it: fresh
+ * static shared arrays at every block (0xff, NaN: a read of what the block
+ * has not written shows, not the previous block's value), and cp.async
+ * (tests/cuda/emu/mma_ptx.h, emu.cc), which the tensor-core kernels that stage tiles asynchronously
  * (attention_v2.cu, gemm_grouped.cu, xent.cu: src/ops/cuda/mma_sync.cuh's
  * mt_cp_async16 / _commit / _wait) rely on under test (tests/test_cuda_build.sh
  * stage g). As on a GPU, where a copy is in flight until the issuing
@@ -104,6 +106,16 @@ static void copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind)
     cudaMemcpyAsync(dst, src, n, kind, g_s);
     cudaStreamSynchronize(g_s);
 }
+/* block b reads s[0] before writing it, then writes b + 1 there */
+__global__ void fresh_k(float *out)
+{
+    __shared__ float s[4];
+    if (threadIdx.x == 0) {
+        out[blockIdx.x] = s[0];
+        s[0] = (float)blockIdx.x + 1.0f;
+    }
+}
+
 static void to_host(float *h, const float *d, int n) { copy(h, d, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost); }
 
 int main(void)
@@ -145,8 +157,12 @@ int main(void)
     for (int t = 32; t < 64; t++) spoiled += h[t] != hsrc[(4 * t + 128) % 256];   /* warp 0's rows, reissued */
     check(spoiled == 32, "a double buffer reused without the barrier: the later warp's reads not the first tile");
 
+    mt_emu_launcher(fresh_k, dim3(3), dim3(32), 0)(out);
+    to_host(h, out, 3);
+    check(isnan(h[0]) && isnan(h[1]) && isnan(h[2]), "static shared memory: NaN at every block's start");
+
     cudaFree(src);
     cudaFree(out);
-    printf("cp_async_emu: %d checks, %d passed, %d failed\n", n_pass + n_fail, n_pass, n_fail);
+    printf("smem_emu: %d checks, %d passed, %d failed\n", n_pass + n_fail, n_pass, n_fail);
     return n_fail ? 1 : 0;
 }
