@@ -644,7 +644,8 @@ static void test_bf16_dyb_only(const struct inputs *in, int chunk, const struct 
         for (int k = 0; k < 7; k++) g[run][k] = dev_zero(len[k]);
         g_ops->ssm_scan_backward_bf16(g_ops->be, g[run][0], g[run][1], g[run][2], g[run][3], g[run][4], g[run][5],
                                       g[run][6], run ? NULL : rr, d->x, H * in->P, d->Bm, d->Cm, d->dt, d->lam, d->A,
-                                      d->D, in->B, in->T, H, in->P, in->N, chunk, NULL, NULL, NULL, NULL, yb, NULL, 0, NULL, NULL);
+                                      d->D, in->B, in->T, H, in->P, in->N, chunk, NULL, NULL, NULL, NULL, yb, NULL, 0,
+                                      NULL, NULL);
     }
     int same = 1;
     for (int k = 0; k < 7; k++) {
@@ -1030,7 +1031,8 @@ static void test_prep_bf16(int B, int T, int H, int P, int G, int N)
             if (v)
                 ops->ssm_prep_backward_bf16(ops->be, pb, dproj[v], par[v][0], par[v][1], par[v][2], par[v][3],
                                             par[v][4], par[v][5], withdx ? dx : NULL, gBh, gCh, gdt, gdl, gA, vHN,
-                                            vHN, lam, A, rstd, proj, vH, vN, vN, B, T, H, P, G, N, 1e-5f, NULL, NULL, NULL);
+                                            vHN, lam, A, rstd, proj, vH, vN, vN, B, T, H, P, G, N, 1e-5f, NULL, NULL,
+                                            NULL);
             else
                 ops->ssm_prep_backward(ops->be, dproj[v], par[v][0], par[v][1], par[v][2], par[v][3], par[v][4],
                                        par[v][5], withdx ? dx : NULL, gBh, gCh, gdt, gdl, gA, vHN, vHN, lam, A, rstd,
@@ -1674,7 +1676,8 @@ static void test_bf16_ldx_refused(void)
     g_ops->ssm_scan_forward_bf16(g_ops->be, y, xw, ld, d.Bm, d.Cm, d.dt, d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL, NULL,
                                  NULL, NULL, NULL, 0);
     g_ops->ssm_scan_backward_bf16(g_ops->be, dxw, g[0], g[1], g[2], g[3], g[4], g[5], d.R, xw, ld, d.Bm, d.Cm, d.dt,
-                                  d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, NULL);
+                                  d.lam, d.A, d.D, 1, 20, 2, 4, 6, 0, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL,
+                                  NULL);
     char msg[256] = "";
     const enum mt_status st = g_ops->status(g_ops->be, msg, sizeof msg);
     float *yh = to_host(y, n), *dh = to_host(dxw, wide);
