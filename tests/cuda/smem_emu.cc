@@ -1,7 +1,7 @@
 /*
  * smem_emu.cc — the CPU emulator's shared memory as a GPU has it: fresh
- * static shared arrays at every block (0xff, NaN: a read of what the block
- * has not written shows, not the previous block's value), and cp.async
+ * static shared arrays at every launch (0xff, NaN: a read of what the first
+ * block has not written shows, not the previous launch's value), and cp.async
  * (tests/cuda/emu/mma_ptx.h, emu.cc), which the tensor-core kernels that stage tiles asynchronously
  * (attention_v2.cu, gemm_grouped.cu, xent.cu: src/ops/cuda/mma_sync.cuh's
  * mt_cp_async16 / _commit / _wait) rely on under test (tests/test_cuda_build.sh
@@ -106,13 +106,13 @@ static void copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind)
     cudaMemcpyAsync(dst, src, n, kind, g_s);
     cudaStreamSynchronize(g_s);
 }
-/* block b reads s[0] before writing it, then writes b + 1 there */
+/* the block reads s[0] before writing it, then writes 1 there */
 __global__ void fresh_k(float *out)
 {
     __shared__ float s[4];
     if (threadIdx.x == 0) {
         out[blockIdx.x] = s[0];
-        s[0] = (float)blockIdx.x + 1.0f;
+        s[0] = 1.0f;
     }
 }
 
@@ -157,9 +157,10 @@ int main(void)
     for (int t = 32; t < 64; t++) spoiled += h[t] != hsrc[(4 * t + 128) % 256];   /* warp 0's rows, reissued */
     check(spoiled == 32, "a double buffer reused without the barrier: the later warp's reads not the first tile");
 
-    mt_emu_launcher(fresh_k, dim3(3), dim3(32), 0)(out);
-    to_host(h, out, 3);
-    check(isnan(h[0]) && isnan(h[1]) && isnan(h[2]), "static shared memory: NaN at every block's start");
+    mt_emu_launcher(fresh_k, dim3(1), dim3(32), 0)(out);
+    mt_emu_launcher(fresh_k, dim3(1), dim3(32), 0)(out + 1);   /* the first launch wrote 1 */
+    to_host(h, out, 2);
+    check(isnan(h[0]) && isnan(h[1]), "static shared memory: NaN at every launch's start");
 
     cudaFree(src);
     cudaFree(out);

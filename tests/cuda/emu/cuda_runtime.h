@@ -13,7 +13,7 @@
  * only after cudaFuncSetAttribute(MaxDynamicSharedMemorySize) for that
  * kernel, <= 227 KiB (sm_90). Fresh device and dynamic shared memory is
  * filled with 0xff bytes (NaN floats) so reads of unwritten memory show;
- * so is static shared memory, at every block's start.
+ * so is static shared memory, at every launch's start.
  * Device memory is guarded: host code outside a kernel, a cudaMemcpy/
  * cudaMemset or a cuBLAS(Lt) call that touches it faults, with a message
  * naming the buffer and a backtrace (emu.cc; MT_EMU_GUARD=0 turns it off),
@@ -47,9 +47,9 @@
 #define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
 /* static shared arrays live in one section, which the emulator fills with 0xff
- * (NaN floats) at every block's start, as it does dynamic shared memory: a read
- * of an element the block has not written shows, where a plain static would
- * hand it the previous block's value (emu.cc mt_emu_run) */
+ * (NaN floats) at every launch's start: a read of an element the launch's first
+ * block has not written shows, where a plain static would hand it the previous
+ * launch's value (emu.cc mt_emu_run; dynamic shared memory is filled per block) */
 #define __shared__ static __attribute__((section("mt_emu_smem")))
 #define __align__(n) alignas(n)
 

@@ -863,9 +863,12 @@ void mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std:
     g_wmma_loads.assign((size_t)nw, {});
     g_wmma_stores.assign((size_t)nw, {});
     g_wmma_mmas.assign((size_t)nw, {});
-    g_cp.assign(nt, {});
+    if (g_cp.size() < nt) g_cp.resize(nt);   /* cleared per block below; their capacity kept across launches */
     g_dyn.resize(smem ? smem : 16);
     g_body = &body;
+    /* static shared arrays NaN at the launch's start (its first block sees what it did not
+     * write as NaN; per block, the fill of every kernel's arrays cost test_ssm 23%) */
+    if (g_static_smem_bytes) memset(g_static_smem, 0xff, g_static_smem_bytes);
     gridDim = grid;
     blockDim = block;
     for (unsigned bz = 0; bz < grid.z; bz++)
@@ -873,7 +876,6 @@ void mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std:
             for (unsigned bx = 0; bx < grid.x; bx++) {
                 blockIdx = dim3(bx, by, bz);
                 if (smem) memset(g_dyn.data(), 0xff, g_dyn.size());
-                if (g_static_smem_bytes) memset(g_static_smem, 0xff, g_static_smem_bytes);
                 for (size_t t = 0; t < nt; t++) {
                     fiber &f = g_f[t];
                     f.tid = dim3((unsigned)(t % block.x), (unsigned)(t / block.x % block.y),
