@@ -1153,10 +1153,11 @@ static void kind_rates(const struct mt_plan *p, const struct mt_plan_profile *pr
                        struct mt_plan_kinds *out)
 {
     const double fb = prof->attn_rate;
+    const int bf16 = cost->peak_basis && !strcmp(cost->peak_basis, "bf16");
     out->gemm_rate = cost->peak_per_rank * cost->efficiency;
     out->mem_bandwidth = prof->mem_bandwidth;
     /* precision=bf16 runs the tensor-core attention: its own measured rate when the profile has one */
-    if (cost->peak_basis && !strcmp(cost->peak_basis, "bf16") && prof->attn_bf16_rate > 0) {
+    if (bf16 && prof->attn_bf16_rate > 0) {
         out->attn_fwd_rate = out->attn_bwd_rate = prof->attn_bf16_rate;
         out->attn_basis = "measured (bf16 tensor-core kernels)";
     } else {
@@ -1166,7 +1167,7 @@ static void kind_rates(const struct mt_plan *p, const struct mt_plan_profile *pr
     }
     /* ... and the scan's products on tensor cores (ssm_scan_*_bf16) likewise, unless the
      * run's knob scan_bf16=0 keeps the fp32 scan (CUDA cores: its own rate below) */
-    const int scan_tc = cost->peak_basis && !strcmp(cost->peak_basis, "bf16") && p->scan_bf16;
+    const int scan_tc = bf16 && p->scan_bf16;
     if (scan_tc && prof->scan_bf16_rate > 0) {
         out->scan_rate = prof->scan_bf16_rate;
         out->scan_basis = "measured (bf16 tensor-core scan)";
@@ -1178,9 +1179,8 @@ static void kind_rates(const struct mt_plan *p, const struct mt_plan_profile *pr
         out->scan_rate = prof->attn_bf16_rate;
         out->scan_basis = "proxy: the bf16 attention's measured rate (no measured bf16 scan)";
     } else {
-        const int off = cost->peak_basis && !strcmp(cost->peak_basis, "bf16") && !p->scan_bf16;
         out->scan_rate = prof->scan_rate > 0 ? prof->scan_rate : out->gemm_rate;
-        out->scan_basis = prof->scan_rate > 0 ? (off ? "measured (fp32 scan: knob scan_bf16=0)" : "measured")
+        out->scan_basis = prof->scan_rate > 0 ? (bf16 && !p->scan_bf16 ? "measured (fp32 scan: knob scan_bf16=0)" : "measured")
                                               : "gemm rate";
     }
 }
