@@ -1180,8 +1180,8 @@ static void kind_rates(const struct mt_plan *p, const struct mt_plan_profile *pr
         out->scan_basis = "proxy: the bf16 attention's measured rate (no measured bf16 scan)";
     } else {
         out->scan_rate = prof->scan_rate > 0 ? prof->scan_rate : out->gemm_rate;
-        out->scan_basis = prof->scan_rate > 0 ? (bf16 && !p->scan_bf16 ? "measured (fp32 scan: knob scan_bf16=0)" : "measured")
-                                              : "gemm rate";
+        const char *m = bf16 && !p->scan_bf16 ? "measured (fp32 scan: knob scan_bf16=0)" : "measured";
+        out->scan_basis = prof->scan_rate > 0 ? m : "gemm rate";
     }
 }
 
