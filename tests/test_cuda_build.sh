@@ -33,7 +33,8 @@
 #           mma.sync FlashAttention-2-class under tests/cuda/emu/mma_ptx.h),
 #           within its derived bf16 bound of an fp64 reference,
 #           deterministic, equal to the cpu reference of the mode, the
-#           counters naming the kernels that ran;
+#           counters naming the kernels that ran; run twice, the second in the
+#           reverse launch order (MT_EMU_ORDER=reverse), the logs equal;
 #        b2. tests/test_ssm.c -b cuda (the Mamba-3 scan against an fp64
 #           recurrence and finite differences; the mixer glue against the
 #           cpu backend): "all checks passed" with at least 100 ok lines;
@@ -95,7 +96,9 @@
 #           graphs: the emulator's stream capture (graph_emu.cc), and
 #           4-step dense (fp32, MT_CUDA_PRECISION=bf16, precision=bf16) and
 #           hybrid (fp32, precision=bf16: the scan's tensor-core kernels) runs
-#           with graphs on = off bit for bit, the replayed ops accounted, MoE
+#           with graphs on = off bit for bit (the on runs in the reverse launch
+#           order, MT_EMU_ORDER=reverse: no kernel depends on the order its blocks
+#           and threads run in), the replayed ops accounted, MoE
 #           in precision=bf16 too (its expert sizes on the device), MoE in fp32
 #           (host sizes) off with the reason.
 #        r. launch resources: the registers, spills and static shared memory
@@ -311,11 +314,13 @@ fi  # want b2
 #     mode, which kernels ran (counters); every check passes (>= 85)
 #     Twice, side by side: dQ from the dS tiles the dK/dV kernel stores
 #     (default), and with MT_CUDA_ATTN_DS_MB=0 (no room for them: dQ
-#     recomputes P and dP)
+#     recomputes P and dP), the second in the reverse launch order
+#     (MT_EMU_ORDER=reverse); the two logs equal line for line (every error
+#     printed to 3 digits: the same in either order; a race differs)
 MT_CUDA_LAUNCH_LOG="$EMU/launch_test_attn_bf16.log" "$EMU/test_attn_bf16" -b cuda >"$EMU/test_attn_bf16_default.log" 2>&1 &
 pid_att=$!
-MT_CUDA_LAUNCH_LOG="$EMU/launch_test_attn_bf16_ds0.log" MT_CUDA_ATTN_DS_MB=0 "$EMU/test_attn_bf16" -b cuda \
-    >"$EMU/test_attn_bf16_0.log" 2>&1
+MT_EMU_ORDER=reverse MT_CUDA_LAUNCH_LOG="$EMU/launch_test_attn_bf16_ds0.log" MT_CUDA_ATTN_DS_MB=0 \
+    "$EMU/test_attn_bf16" -b cuda >"$EMU/test_attn_bf16_0.log" 2>&1
 rc_att0=$?
 wait $pid_att
 rc_attdef=$?
@@ -330,6 +335,12 @@ for ds_mb in default 0; do
         echo "FAIL: emulated test_attn_bf16 -b cuda (MT_CUDA_ATTN_DS_MB=$ds_mb) exited $rc ($n_att ok lines)"; fail=1
     fi
 done
+if cmp -s "$EMU/test_attn_bf16_default.log" "$EMU/test_attn_bf16_0.log"; then
+    echo "PASS emulated test_attn_bf16: the reverse launch order (and dQ recomputed) printed the same log"
+else
+    diff "$EMU/test_attn_bf16_default.log" "$EMU/test_attn_bf16_0.log" | head -10
+    echo "FAIL: emulated test_attn_bf16: forward vs reverse launch order (MT_CUDA_ATTN_DS_MB default vs 0) differ"; fail=1
+fi
 
 # c. tiny training runs, cpu vs emulated cuda: dense (fp32, bf16) and MoE (fp32)
 if ! g++ -fopenmp "$EMU"/lib/*.o "$EMU"/cu/*.o -lopenblas -lcjson -lxxhash -lm $SANL \
@@ -841,7 +852,8 @@ fi  # want f
 #    copy during a capture fails and invalidates it); then 4 steps of the tiny
 #    dense config (fp32, then precision=bf16 with MT_CUDA_PRECISION=bf16, and
 #    the hybrid pattern=AM) with graphs on (the default) and off
-#    (--knob cuda_graphs=0): the loss, lm and grad-norm series equal bit for
+#    (--knob cuda_graphs=0; the on runs in the reverse launch order,
+#    MT_EMU_ORDER=reverse): the loss, lm and grad-norm series equal bit for
 #    bit and the final params.bin and optim.bin identical; the graphs ran
 #    (gpu.cuda_graphs: >= 1 segment replayed from graph step 2 = trainer
 #    step 3, the last); in that replay step every device op was either issued or
@@ -866,8 +878,14 @@ if [ -x "$EMU/meshtrain" ] && [ -f "$EMU/train.bin" ]; then
     emu_selftest graph_emu "stream capture and graphs"
     # the emulator's shared memory: asynchronous cp.async (a copy lands at its thread's
     # covering wait, NaN before; wait_group N's groups; a missing barrier shows), and static
-    # shared arrays NaN at every block's start
-    emu_selftest smem_emu "shared memory (cp.async asynchronous, NaN until its wait; fresh static arrays)"
+    # shared arrays NaN at every launch's start; the launch order switch (a race reads other
+    # values forward and reversed)
+    emu_selftest smem_emu "shared memory (cp.async asynchronous, NaN until its wait; fresh static arrays; launch order)"
+    # a misspelt order is refused, not run forward unnoticed
+    if [ -x "$EMU/smem_emu" ] && ! (MT_EMU_ORDER=backwards "$EMU/smem_emu"; exit $?) >"$EMU/smem_emu_badorder.log" 2>&1 &&
+       grep -q 'MT_EMU_ORDER=backwards: expected forward or reverse' "$EMU/smem_emu_badorder.log"; then
+        echo "PASS emulated MT_EMU_ORDER=backwards refused: $(grep -m1 MT_EMU_ORDER "$EMU/smem_emu_badorder.log")"
+    else tail -3 "$EMU/smem_emu_badorder.log"; echo "FAIL: MT_EMU_ORDER=backwards not refused"; fail=1; fi
     # graph_run NAME PRECISION STEPS FLAGS...
     graph_run() {
         local name=$1 prec=$2 steps=$3; shift 3
@@ -881,7 +899,13 @@ if [ -x "$EMU/meshtrain" ] && [ -f "$EMU/train.bin" ]; then
     GHYB="$TINY --set pattern=AM --set mamba_d_state=8 --set mamba_headdim=16 --set mamba_ngroups=2 --set mamba_chunk=5"
     # (bf16: MT_CUDA_PRECISION=bf16, the per-call mode; dense16 and hyb16: precision=bf16,
     # the shadows' cast_bf16_multi and, in hyb16, the scan's tensor-core kernels captured)
-    { graph_run dense_on fp32 4 $TINY && graph_run bf16_on bf16 4 $TINY && graph_run hyb_on fp32 4 $GHYB &&
+    # The graphs-on runs go in the reverse launch order (MT_EMU_ORDER=reverse: blocks and
+    # threads last to first), the off runs forward: "on = off bit for bit" also says that
+    # no kernel of these steps depends on the order its blocks and threads run in (a race
+    # on a GPU: docs/cuda.md, "The CPU emulator"). A mismatch names both; rerunning the
+    # on run without MT_EMU_ORDER tells the graphs from the order.
+    { export MT_EMU_ORDER=reverse
+      graph_run dense_on fp32 4 $TINY && graph_run bf16_on bf16 4 $TINY && graph_run hyb_on fp32 4 $GHYB &&
       graph_run hyb16_on fp32 4 $GHYB --set precision=bf16 && graph_run dense16_on fp32 4 $TINY --set precision=bf16 &&
       graph_run moe16_on fp32 4 $MOE --set precision=bf16; } & pid_g=$!
     { graph_run dense_off fp32 4 $TINY --knob cuda_graphs=0 && graph_run bf16_off bf16 4 $TINY --knob cuda_graphs=0 &&
@@ -921,8 +945,8 @@ print("losses, lm, grad norms and the final params/optimizer state equal bit for
       (eager, issued, a["graph_launches"][-1], a["graph_ops"][-1], g["replayed_segments_per_step"],
        g["segments_per_step"], g["why_eager"] or "none"))
 PY
-        then echo "PASS CUDA graphs on = off ($c, 4 steps): $(cat "$EMU/graph_$c.txt")"
-        else cat "$EMU/graph_$c.txt" 2>/dev/null; echo "FAIL: CUDA graphs on vs off ($c)"; fail=1; fi
+        then echo "PASS CUDA graphs on (reverse launch order) = off (forward) ($c, 4 steps): $(cat "$EMU/graph_$c.txt")"
+        else cat "$EMU/graph_$c.txt" 2>/dev/null; echo "FAIL: CUDA graphs on (reverse launch order) vs off (forward) ($c)"; fail=1; fi
     done
     # ReDo (redo_every 4): its scoring step and the step after its event run eagerly
     # (step.c graphs_mode), the others as graphs again; the replay of a scoring step

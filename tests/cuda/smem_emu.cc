@@ -16,6 +16,9 @@
  *   - a copy issued into a tile another warp has yet to read (a double
  *     buffer reused without the barrier) spoils that warp's read (NaN while
  *     in flight, the next tile once landed: here the issuer waits first).
+ * And the launch order (MT_EMU_ORDER=reverse runs a launch's blocks and a
+ * block's threads last to first): a race reads other values in the two
+ * orders, a kernel with its barriers the same.
  * Built and run only against the emulator (C++, -DMT_CUDA_EMU).
  */
 #include <cuda_bf16.h>
@@ -116,6 +119,30 @@ __global__ void fresh_k(float *out)
     }
 }
 
+/* The launch order (mt_emu_set_order, MT_EMU_ORDER): a block's threads run
+ * first to last or last to first, and so do a launch's blocks. These two
+ * kernels race on a GPU without their barrier: what they read depends on
+ * the order, so the two orders give different results. Thread t reads the
+ * next thread's shared write: forward, the next thread has not run (NaN);
+ * reverse, it has. */
+__global__ void order_threads_k(float *out, int barrier)
+{
+    __shared__ float s[64];
+    const int t = (int)threadIdx.x;
+    s[t] = (float)t;
+    if (barrier) __syncthreads();
+    out[t] = s[(t + 1) % 64];
+}
+/* block b reads block b - 1's flag, then sets its own (flags zeroed first):
+ * forward, block b - 1 ran before; reverse, after */
+__global__ void order_blocks_k(float *flag)
+{
+    const int b = (int)blockIdx.x;
+    if (threadIdx.x != 0) return;
+    flag[8 + b] = b > 0 ? flag[b - 1] : -1.0f;
+    flag[b] = (float)(b + 1);
+}
+
 static void to_host(float *h, const float *d, int n) { copy(h, d, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost); }
 
 int main(void)
@@ -161,6 +188,39 @@ int main(void)
     mt_emu_launcher(fresh_k, dim3(1), dim3(32), 0)(out + 1);   /* the first launch wrote 1 */
     to_host(h, out, 2);
     check(isnan(h[0]) && isnan(h[1]), "static shared memory: NaN at every launch's start");
+
+    float fwd[64], rev[64];
+    for (int barrier = 0; barrier < 2; barrier++) {
+        for (int r = 0; r < 2; r++) {
+            mt_emu_set_order(r);
+            mt_emu_launcher(order_threads_k, dim3(1), dim3(64), 0)(out, barrier);
+            to_host(r ? rev : fwd, out, 64);
+        }
+        int nan_f = 0, val_r = 0, exact = 0;
+        for (int t = 0; t < 63; t++) {
+            nan_f += isnan(fwd[t]);
+            val_r += rev[t] == (float)(t + 1);
+        }
+        for (int t = 0; t < 64; t++) exact += fwd[t] == (float)((t + 1) % 64) && rev[t] == fwd[t];
+        if (!barrier)
+            check(nan_f == 63 && val_r == 63,
+                  "order: a thread reading the next thread's shared write, no barrier: NaN forward, the value reversed");
+        else check(exact == 64, "order: the same read after a barrier: exact in both orders");
+    }
+    for (int r = 0; r < 2; r++) {
+        mt_emu_set_order(r);
+        cudaMemsetAsync(out, 0, 16 * sizeof(float), g_s);
+        mt_emu_launcher(order_blocks_k, dim3(8), dim3(32), 0)(out);
+        to_host(r ? rev : fwd, out, 16);
+    }
+    int seen_f = 0, seen_r = 0;
+    for (int b = 1; b < 8; b++) {
+        seen_f += fwd[8 + b] == (float)b;
+        seen_r += rev[8 + b] == 0.0f;
+    }
+    check(seen_f == 7 && seen_r == 7,
+          "order: a block reading the previous block's write: seen forward, not yet written reversed");
+    mt_emu_set_order(0);
 
     cudaFree(src);
     cudaFree(out);

@@ -229,6 +229,10 @@ static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask)
 /* ---- launches ---- */
 void *mt_emu_dyn_smem(void);
 void  mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std::function<void()> &body);
+/* the order launches run in: 0 forward (blocks and each block's threads first to last),
+ * 1 reverse (last to first); MT_EMU_ORDER=forward|reverse sets it for a whole
+ * program, this call for the emulator's self-tests (tests/cuda/smem_emu.cc) */
+void  mt_emu_set_order(int reverse);
 
 template <typename... P>
 struct mt_emu_launch {

@@ -2,7 +2,9 @@
  * emu.cc — the CPU emulation behind tests/cuda/emu/cuda_runtime.h and
  * cublas_v2.h (see there for what is emulated and what is checked).
  *
- * HOW IT WORKS: a launch runs the grid's blocks one after another. For a
+ * HOW IT WORKS: a launch runs the grid's blocks one after another (first to
+ * last; MT_EMU_ORDER=reverse: last to first, and each block's threads swept
+ * last to first too — see order_reverse). For a
  * block, every thread is a fiber (own stack, x86-64 register switch); the
  * scheduler sweeps the runnable fibers round-robin, each running until it
  * blocks at a barrier or returns (and then switching straight to the next
@@ -566,6 +568,33 @@ static std::vector<std::vector<cp_pending>> g_cp;
 static int                          g_cur, g_live, g_block_arrived;
 static const std::function<void()> *g_body;
 
+/* MT_EMU_ORDER=reverse: blocks run last to first and the scheduler sweeps a
+ * block's threads from the last to the first. A kernel without races gives
+ * the same bits in both orders; one that depends on the order (a block
+ * reading what another block of the same launch writes, a thread reading
+ * shared memory another thread writes with no barrier between, float
+ * atomics) gives other bits in one of them, where on a GPU it races. Every
+ * pair of blocks and of threads runs the other way round, so a comparison
+ * of a forward and a reverse run catches either direction of a race
+ * (docs/cuda.md, "The CPU emulator"). Read once. */
+static int g_reverse = -1;
+static int order_reverse(void)
+{
+    if (g_reverse < 0) {
+        const char *e = getenv("MT_EMU_ORDER");
+        if (!e || !*e || !strcmp(e, "forward")) g_reverse = 0;
+        else if (!strcmp(e, "reverse")) g_reverse = 1;
+        else {
+            fprintf(stderr, "cuda emu: MT_EMU_ORDER=%s: expected forward or reverse\n", e);
+            abort();
+        }
+    }
+    return g_reverse;
+}
+void mt_emu_set_order(int reverse) { g_reverse = reverse != 0; }
+/* position p of the sweep -> fiber index, and back (the map is its own inverse) */
+static size_t sweep_pos(size_t p) { return g_reverse ? g_f.size() - 1 - p : p; }
+
 /* The calling fiber blocks (or returns): on to the next RUNNABLE fiber of
  * the scheduler's sweep, switched to directly (one switch, not two through
  * the scheduler), or back to the scheduler when the sweep has none left.
@@ -576,13 +605,15 @@ static void yield_to_sched(void)
 {
     fiber &cur = g_f[g_cur];
     const size_t nt = g_f.size();
-    for (size_t t = (size_t)g_cur + 1; t < nt; t++)
+    for (size_t p = sweep_pos((size_t)g_cur) + 1; p < nt; p++) {
+        const size_t t = sweep_pos(p);
         if (g_f[t].state == RUNNABLE) {
             g_cur = (int)t;
             threadIdx = g_f[t].tid;
             mt_emu_switch(&cur.sp, g_f[t].sp);
             return;
         }
+    }
     mt_emu_switch(&cur.sp, g_sched_sp);
 }
 
@@ -871,52 +902,56 @@ void mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std:
     if (g_static_smem_bytes) memset(g_static_smem, 0xff, g_static_smem_bytes);
     gridDim = grid;
     blockDim = block;
-    for (unsigned bz = 0; bz < grid.z; bz++)
-        for (unsigned by = 0; by < grid.y; by++)
-            for (unsigned bx = 0; bx < grid.x; bx++) {
-                blockIdx = dim3(bx, by, bz);
-                if (smem) memset(g_dyn.data(), 0xff, g_dyn.size());
-                for (size_t t = 0; t < nt; t++) {
-                    fiber &f = g_f[t];
-                    f.tid = dim3((unsigned)(t % block.x), (unsigned)(t / block.x % block.y),
-                                 (unsigned)(t / ((size_t)block.x * block.y)));
-                    f.state = RUNNABLE;
-                    f.warp = (int)(t / 32);
-                    f.lane = (int)(t % 32);
-                    f.nexch = 0;
-                    f.nwload = f.nwstore = f.nwmma = 0;
-                    f.cp_committed = 0;
-                    g_cp[t].clear();   /* a block's copies never waited for: not the next block's */
-                    f.sp = fiber_stack_init(&g_stacks[t * STACK_STRIDE], STACK_BYTES);
-                }
-                for (int w = 0; w < nw; w++) {
-                    g_warp_live[w] = (int)(nt - (size_t)w * 32 < 32 ? nt - (size_t)w * 32 : 32);
-                    g_warp_arrived[w] = 0;
-                    /* a lane that returned early leaves the ops it never took: not the next block's */
-                    g_wmma_loads[w] = {};
-                    g_wmma_stores[w].clear();
-                    g_wmma_mmas[w] = {};
-                }
-                g_live = (int)nt;
-                g_block_arrived = 0;
-                for (;;) {
-                    int ran = 0;
-                    for (size_t t = 0; t < nt; t++) {
-                        if (g_f[t].state != RUNNABLE) continue;
-                        g_cur = (int)t;
-                        threadIdx = g_f[t].tid;
-                        mt_emu_switch(&g_sched_sp, g_f[t].sp);
-                        ran = 1;
-                        t = (size_t)g_cur;  /* the fibers it switched to directly (yield_to_sched) */
-                    }
-                    if (g_live == 0) break;
-                    if (!ran) {
-                        fprintf(stderr, "cuda emu: deadlock in block (%u,%u,%u): %d live threads wait at a "
-                                        "barrier not all of them reach\n", bx, by, bz, g_live);
-                        abort();
-                    }
-                }
+    const size_t nblocks = (size_t)grid.x * grid.y * grid.z;
+    const int rev = order_reverse();
+    for (size_t bi = 0; bi < nblocks; bi++) {
+        const size_t b = rev ? nblocks - 1 - bi : bi;
+        const unsigned bx = (unsigned)(b % grid.x), by = (unsigned)(b / grid.x % grid.y),
+                       bz = (unsigned)(b / ((size_t)grid.x * grid.y));
+        blockIdx = dim3(bx, by, bz);
+        if (smem) memset(g_dyn.data(), 0xff, g_dyn.size());
+        for (size_t t = 0; t < nt; t++) {
+            fiber &f = g_f[t];
+            f.tid = dim3((unsigned)(t % block.x), (unsigned)(t / block.x % block.y),
+                         (unsigned)(t / ((size_t)block.x * block.y)));
+            f.state = RUNNABLE;
+            f.warp = (int)(t / 32);
+            f.lane = (int)(t % 32);
+            f.nexch = 0;
+            f.nwload = f.nwstore = f.nwmma = 0;
+            f.cp_committed = 0;
+            g_cp[t].clear();   /* a block's copies never waited for: not the next block's */
+            f.sp = fiber_stack_init(&g_stacks[t * STACK_STRIDE], STACK_BYTES);
+        }
+        for (int w = 0; w < nw; w++) {
+            g_warp_live[w] = (int)(nt - (size_t)w * 32 < 32 ? nt - (size_t)w * 32 : 32);
+            g_warp_arrived[w] = 0;
+            /* a lane that returned early leaves the ops it never took: not the next block's */
+            g_wmma_loads[w] = {};
+            g_wmma_stores[w].clear();
+            g_wmma_mmas[w] = {};
+        }
+        g_live = (int)nt;
+        g_block_arrived = 0;
+        for (;;) {
+            int ran = 0;
+            for (size_t p = 0; p < nt; p++) {
+                const size_t t = sweep_pos(p);
+                if (g_f[t].state != RUNNABLE) continue;
+                g_cur = (int)t;
+                threadIdx = g_f[t].tid;
+                mt_emu_switch(&g_sched_sp, g_f[t].sp);
+                ran = 1;
+                p = sweep_pos((size_t)g_cur);  /* past the fibers it switched to directly (yield_to_sched) */
             }
+            if (g_live == 0) break;
+            if (!ran) {
+                fprintf(stderr, "cuda emu: deadlock in block (%u,%u,%u): %d live threads wait at a "
+                                "barrier not all of them reach\n", bx, by, bz, g_live);
+                abort();
+            }
+        }
+    }
 }
 
 /* ---------------- cuBLAS ---------------- */
