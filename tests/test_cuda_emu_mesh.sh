@@ -27,6 +27,11 @@
 #      "ok: ..." after exactly the rank pairs tests/replica_pairs.py derives
 #      from the mesh, or "not applicable" where it derives none (pp=2,
 #      ZeRO-3).
+#      Half the meshes run in the emulator's reverse launch order
+#      (MT_EMU_ORDER=reverse, the table's fourth column: blocks and threads
+#      last to first), half forward: a kernel of the device paths that races
+#      (the all-to-all packing, the TP/SP gathers' layouts) reads other
+#      values in one of the two orders.
 #   MT_EMU_MESH_CASES=dp2z0,ep2 (the names in the table below) runs a subset.
 #   The device-memory guard is on in every emulated run: a host (MPI) comm
 #   handed a device buffer faults, as it would crash on a GPU.
@@ -165,7 +170,8 @@ case_() {
     train "${name}_cuda" "$np" cuda $cfg "$@" || ok=0
     wait $pid || ok=0
     if [ $ok -eq 1 ] && check "$name"; then
-        passes=$((passes+1)); echo "PASS $cfgvar $* : backend cuda (emulated NCCL) = cpu to 1e-5, replicas agree ($(( $(date +%s) - t ))s)"
+        passes=$((passes+1))
+        echo "PASS $cfgvar $* : backend cuda (emulated NCCL, $MT_EMU_ORDER launch order) = cpu to 1e-5, replicas agree ($(( $(date +%s) - t ))s)"
     else
         fails=$((fails+1)); echo "FAIL $cfgvar $*"
         grep -h -m2 -e '^cuda emu:' -e 'error' -e 'failed' "$W/${name}_cpu.log" "$W/${name}_cuda.log"
@@ -173,24 +179,24 @@ case_() {
     fi
 }
 
-while read -r name np cfg args; do
+while read -r name np cfg order args; do
     [ -z "$name" ] && continue
     # MT_EMU_MESH_CASES=name,name,... runs only those (planting bugs, debugging)
     [ -n "${MT_EMU_MESH_CASES:-}" ] && [[ ",$MT_EMU_MESH_CASES," != *",$name,"* ]] && continue
     # shellcheck disable=SC2086
-    case_ "$name" "$np" "$cfg" $args
+    MT_EMU_ORDER=$order case_ "$name" "$np" "$cfg" $args
 done <<'CASES'
-dp2z0   2 TINY --mesh dp=2 --zero 0
-dp2z1   2 TINY --mesh dp=2 --zero 1
-dp2z2   2 TINY --mesh dp=2 --zero 2
-dp2z3   2 TINY --mesh dp=2 --zero 3
-tp2sp   2 TINY --mesh tp=2 --set sequence_parallel=true
-tp2nosp 2 TINY --mesh tp=2 --set sequence_parallel=false
-pp2     2 TINY --mesh pp=2 --set microbatches=2
-dp2tp2  4 TINY --mesh dp=2,tp=2 --zero 3
-ep2     2 MOE  --mesh ep=2
-ep2z3   2 MOE  --mesh ep=2 --zero 3
-moetp2  2 MOE  --mesh tp=2
+dp2z0   2 TINY forward --mesh dp=2 --zero 0
+dp2z1   2 TINY reverse --mesh dp=2 --zero 1
+dp2z2   2 TINY forward --mesh dp=2 --zero 2
+dp2z3   2 TINY reverse --mesh dp=2 --zero 3
+tp2sp   2 TINY reverse --mesh tp=2 --set sequence_parallel=true
+tp2nosp 2 TINY forward --mesh tp=2 --set sequence_parallel=false
+pp2     2 TINY reverse --mesh pp=2 --set microbatches=2
+dp2tp2  4 TINY forward --mesh dp=2,tp=2 --zero 3
+ep2     2 MOE  reverse --mesh ep=2
+ep2z3   2 MOE  forward --mesh ep=2 --zero 3
+moetp2  2 MOE  reverse --mesh tp=2
 CASES
 
 echo "$passes passed, $fails failed; $(( $(date +%s) - t0 ))s"
