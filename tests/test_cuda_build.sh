@@ -85,7 +85,8 @@
 #           bench/profiles/gpu_profile.py reads (the Mamba-3 scan row: FLOPs
 #           8/16 BTHPN, rates = FLOPs / median seconds, the layer_core
 #           scan-vs-attention rows), the profile written from it carries
-#           measured.scan_fwd_bwd_flop_per_s and loads in
+#           measured.scan_fwd_bwd_flop_per_s and the grouped experts' rate
+#           (gemm_grouped_bf16_flop_per_s: the bn 256 rows' FLOPs / time) and loads in
 #           `BUILD/meshtrain plan --profile FILE`.
 #        f. per-step device counters (no allocation in a step, only the
 #           expected host waits and copies), the per-op profile's fields,
@@ -1050,8 +1051,15 @@ print("calib json ok: %d gemm rows, %d attention rows, %d scan rows, allreduce a
 PY
        python3 "$SRC/bench/profiles/gpu_profile.py" "$EMU/calib.json" --datasheet H100 --name emu-calib \
            --out "$EMU/emu-calib.json" >>"$EMU/calib.log" 2>&1 &&
-       python3 -c "import json,sys; m=json.load(open(sys.argv[1]))['measured']; sys.exit(not (m['scan_fwd_bwd_flop_per_s'] > 0 and m['scan_bf16_fwd_bwd_flop_per_s'] > 0))" \
-           "$EMU/emu-calib.json" >>"$EMU/calib.log" 2>&1 &&
+       python3 - "$EMU/emu-calib.json" "$EMU/calib.json" >>"$EMU/calib.log" 2>&1 <<'PY' &&
+import json, math, sys
+m, c = json.load(open(sys.argv[1]))["measured"], json.load(open(sys.argv[2]))
+assert m["scan_fwd_bwd_flop_per_s"] > 0 and m["scan_bf16_fwd_bwd_flop_per_s"] > 0, m
+# the grouped experts' rate: sum FLOPs / sum median time of the bn 256 rows (3 kinds)
+g = [r for r in c["grouped"] if r["bn"] == 256]
+assert len(g) == 3 and math.isclose(m["gemm_grouped_bf16_flop_per_s"],
+                                    sum(r["flops"] for r in g) / sum(r["grouped_median_s"] for r in g), rel_tol=1e-9), m
+PY
        "$BUILD/meshtrain" plan --config "$SRC/bench/configs/gpu_d2048_dense.json" --set batch_size=32 --world 8 --mesh dp=8 \
            --profile "$EMU/emu-calib.json" >"$EMU/calib_plan.log" 2>&1 &&
        grep -q '^cost model (profile emu-calib: ' "$EMU/calib_plan.log"; then

@@ -175,6 +175,9 @@ static void print_kinds(const struct mt_plan *p, const struct mt_plan_profile *p
                k.bytes[i]);
         if (k.flops[i] > 0) printf("  at %.4g FLOP/s%s%s", r, basis[0] ? ", " : "", basis);
         printf("\n");
+        if (i == MT_PLAN_KIND_GEMM && k.grouped_flops > 0)
+            printf("      (of which %.4g FLOP the MoE experts' grouped kernels, at %.4g FLOP/s, %s)\n", k.grouped_flops,
+                   k.grouped_rate, k.grouped_basis);
     }
     printf("    %-14s %10.4g s  (%.4g tokens/s; the cost model's step above counts every FLOP at the GEMM rate)\n",
            "step", k.step_s, k.step_s > 0 ? cost->tokens_per_s * cost->step_s / k.step_s : 0);

@@ -81,6 +81,12 @@ def datasheet(name):
     return None
 
 
+def grouped_rate(rows):
+    """cuda_calib's grouped rows at the default tile (bn 256): sum FLOPs / sum median s"""
+    use = [g for g in rows if g.get("bn") == 256 and g.get("grouped_median_s", 0) > 0]
+    return sum(g["flops"] for g in use) / sum(g["grouped_median_s"] for g in use) if use else None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("calib")
@@ -212,6 +218,10 @@ def main():
         # ... its precision=bf16 entries (ssm_scan_*_bf16, the products on tensor cores):
         # what the planner uses for a bf16 config; None from a calib run before them
         "scan_bf16_fwd_bwd_flop_per_s": cal.get("scan_bf16_best_fwd_bwd_flop_per_s") or None,
+        # the MoE experts' grouped kernels (gemm_grouped_rows / _sum, mma.sync) at the
+        # default tile (bn 256): sum FLOPs / sum median time over the forward, dx and dW
+        # rows; the planner prices the experts' share of the GEMM FLOPs at it (precision=bf16)
+        "gemm_grouped_bf16_flop_per_s": grouped_rate(cal.get("grouped") or []),
         "scan_shapes": sorted({"%dx%dx%dx%dx%dx%d" % (x["b"], x["t"], x["h"], x["p"], x["n"], x["chunk"])
                                for x in cal.get("scan") or []}),
         "allreduce_one_rank": ({"comm": ar.get("comm"), "best_algbw_bytes_per_s": ar.get("best_algbw_bytes_per_s")}

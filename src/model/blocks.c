@@ -68,6 +68,7 @@ void mt_blocks_shape(const struct mt_config *cfg, struct mt_block_shape *s)
     s->L = cfg->n_layer;
     s->ep = 1;
     s->scan_bf16 = 1;
+    s->moe_dev_sizes = 1;
 }
 
 /*
@@ -268,6 +269,7 @@ void mt_blocks_layer_work(const struct mt_config *cfg, const struct mt_block_sha
         w->f[j] += share * wi.f[j];
         w->e[j] += share * wi.e[j];
     }
+    w->f_grouped += share * wi.f_grouped;
 }
 
 /* The sum over block l's steps of one of their per-token counts (a NULL

@@ -547,8 +547,8 @@ static void moe_work(const struct mt_block_shape *sh, int rc, struct mt_work *w)
     const double D = (double)sh->D;
     const double hid = (double)s->top_k * (double)s->Fe + (double)s->Fs;
     const struct mt_config *c = sh->cfg;
-    if (!strcmp(c->precision, "bf16") && s->Z == 0 && c->lora_rank <= 0 && c->redo_every <= 0 && sh->ep <= 1 &&
-        s->E <= MT_GROUPED_DEV_MAX && mt_grouped_dev_dims_ok((int)sh->D, (int)s->Fe, 8, 8)) {
+    if (!strcmp(c->precision, "bf16") && sh->moe_dev_sizes && s->Z == 0 && c->lora_rank <= 0 && c->redo_every <= 0 &&
+        sh->ep <= 1 && s->E <= MT_GROUPED_DEV_MAX && mt_grouped_dev_dims_ok((int)sh->D, (int)s->Fe, 8, 8)) {
         /* precision=bf16 on cuda with the device-sized grouped experts (sizes_on_device's
          * default case), 4-byte elements per token, k = top_k slots, Er = E + Z:
          * norm: forward reads x, writes h, x_out (3 D; + h's twin 0.5 D with a shared
@@ -572,6 +572,9 @@ static void moe_work(const struct mt_block_shape *sh, int rc, struct mt_work *w)
         w->e[MT_WORK_NORM] += 7.0 * D + 0.5 * tw * D + sh_n + rc * (3.0 * D + sh_n);
         w->e[MT_WORK_ELEMENTWISE] += 6.5 * k * D + 5.0 * D + 4.5 * k * Fe + sh_e + 8.0 * Er + 8.0 * k +
                                      rc * (2.5 * k * D + 2.0 * D + 1.5 * k * Fe + 1.5 * Fs + 4.0 * Er + 4.0 * k);
+        /* the routed experts' three products (moe_mm's k 3 D Fe, x 6 + 2 rc as the
+         * planner counts every GEMM) run on the grouped kernels: their own rate */
+        w->f_grouped += (6.0 + 2.0 * rc) * k * 3.0 * D * Fe;
         return;
     }
     w->e[MT_WORK_NORM] += 5.0 * D + rc * 2.0 * D;

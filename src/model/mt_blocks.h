@@ -126,6 +126,9 @@ struct mt_block_shape {
     int     ep, ep_rank;            /* the expert axis: degree, this rank's coordinate         */
     int     scan_bf16;              /* knob scan_bf16 as the run sets it (1, the default):
                                      * the work model's Mamba-3 scan kernels (mamba.c)       */
+    int     moe_dev_sizes;          /* 1 (the default): MoE may keep its expert sizes on the
+                                     * device (knobs moe_sizes not host, moe_grouped on): the
+                                     * work model's grouped expert path (moe.c)             */
 };
 
 /* One parameter as a piece declares it. The registry turns it into a
@@ -157,7 +160,13 @@ enum mt_work_kind {
     MT_WORK_GEMM = 0, MT_WORK_ATTENTION_FWD, MT_WORK_ATTENTION_BWD, MT_WORK_NORM, MT_WORK_ELEMENTWISE,
     MT_WORK_XENT, MT_WORK_OPTIMIZER, MT_WORK_SCAN, MT_WORK_COUNT
 };
-struct mt_work { double f[MT_WORK_COUNT], e[MT_WORK_COUNT]; };
+struct mt_work {
+    double f[MT_WORK_COUNT], e[MT_WORK_COUNT];
+    /* of f[MT_WORK_GEMM]: the FLOPs the grouped expert kernels run (moe.c's
+     * device-sized path, gemm_grouped_rows / _sum: mma.sync, not cuBLAS), which
+     * the planner prices at their own rate when the profile measured one */
+    double f_grouped;
+};
 
 /* Visitor a piece calls once per parameter, in registry order. */
 typedef void (*mt_pspec_fn)(void *user, const struct mt_pspec *s);

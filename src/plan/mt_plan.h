@@ -255,8 +255,10 @@ struct mt_plan_profile {
      * measured.attention_{fwd,bwd,fwd_bwd}_flop_per_s (causal FLOPs, cuda_calib's count);
      * measured.scan_fwd_bwd_flop_per_s; measured.attention_bf16_fwd_bwd_flop_per_s and
      * measured.scan_bf16_fwd_bwd_flop_per_s (precision=bf16's tensor-core kernels: used
-     * when the config is bf16) */
+     * when the config is bf16); measured.gemm_grouped_bf16_flop_per_s (the MoE experts'
+     * grouped kernels, cuda_calib's grouped rows at the default tile) */
     double mem_bandwidth, attn_fwd_rate, attn_bwd_rate, attn_rate, scan_rate, attn_bf16_rate, scan_bf16_rate;
+    double grouped_bf16_rate;
     char   mem_basis[64], attn_precision[16];
 };
 /* Load a profile JSON file. MT_ERR_IO / MT_ERR_FORMAT naming the file and key. */
@@ -302,6 +304,10 @@ struct mt_plan_kinds {
     double step_s;                       /* sum of s[]                                         */
     double gemm_rate, attn_fwd_rate, attn_bwd_rate, scan_rate, mem_bandwidth;   /* the rates used */
     const char *attn_basis, *scan_basis; /* "measured" or "gemm rate"                          */
+    /* of flops[GEMM]: the MoE experts' products on the grouped kernels (precision=bf16,
+     * the device-sized path), at grouped_rate (measured, else the GEMM rate: basis says) */
+    double grouped_flops, grouped_rate;
+    const char *grouped_basis;
 };
 const char *mt_plan_kind_name(enum mt_plan_kind k);
 void mt_plan_cost_kinds(const struct mt_plan *p, const struct mt_plan_profile *prof, const struct mt_plan_cost *cost,

@@ -96,6 +96,7 @@ struct mt_plan {
     /* the knobs the cost model reads, as the run sets them (mt_plan_create's ctx; the
      * defaults without one): the Mamba-3 scan's kernels, the head's logits */
     int scan_bf16, head_bf16_logits;
+    int moe_dev_sizes;   /* knobs moe_sizes != host and moe_grouped on: the grouped expert path */
 };
 
 int mt_plan_world(const struct mt_plan *p) { return p->world; }
@@ -498,6 +499,8 @@ enum mt_status mt_plan_create(struct mt_ctx *ctx, const struct mt_config *cfg, c
     p->su.runtime = &p->rt;
     p->scan_bf16 = !ctx || mt_knob_int(ctx, MT_KNOB_SCAN_BF16) != 0;
     p->head_bf16_logits = !ctx || mt_knob_int(ctx, MT_KNOB_HEAD_BF16_LOGITS) != 0;
+    p->moe_dev_sizes = !ctx || (strcmp(mt_knob_str(ctx, MT_KNOB_MOE_SIZES), "host") != 0 &&
+                                mt_knob_int(ctx, MT_KNOB_MOE_GROUPED) != 0);
     enum mt_status rc = MT_OK;
     p->st = mt_alloc(ctx, (size_t)d->pp * sizeof *p->st, MT_BUCKET_OTHER);
     p->eng_rank = mt_alloc(ctx, (size_t)NZ * p->world * NB * sizeof(size_t), MT_BUCKET_OTHER);
@@ -748,6 +751,7 @@ static void profile_load_rates(const cJSON *j, struct mt_plan_profile *prof)
     prof->scan_rate = fmax(0, num_or(m, "scan_fwd_bwd_flop_per_s", 0, NULL));
     prof->attn_bf16_rate = fmax(0, num_or(m, "attention_bf16_fwd_bwd_flop_per_s", 0, NULL));
     prof->scan_bf16_rate = fmax(0, num_or(m, "scan_bf16_fwd_bwd_flop_per_s", 0, NULL));
+    prof->grouped_bf16_rate = fmax(0, num_or(m, "gemm_grouped_bf16_flop_per_s", 0, NULL));
     const cJSON *ap = cJSON_GetObjectItemCaseSensitive(m, "attention_precision");
     snprintf(prof->attn_precision, sizeof prof->attn_precision, "%s", cJSON_IsString(ap) ? ap->valuestring : "");
 }
@@ -1102,6 +1106,7 @@ static void stage_work(const struct mt_plan *p, int l0, int l1, int rc, struct m
     struct mt_block_shape s;
     mt_blocks_shape(cfg, &s);
     s.scan_bf16 = p->scan_bf16;
+    s.moe_dev_sizes = p->moe_dev_sizes;
     for (int l = l0; l < l1; l++) {
         w->f[MT_PLAN_KIND_GEMM] += (6.0 + 2.0 * rc) * mt_blocks_layer_mm(cfg, &s, l);
         mt_blocks_layer_work(cfg, &s, l, rc, w);   /* each step's, in order */
@@ -1183,6 +1188,15 @@ static void kind_rates(const struct mt_plan *p, const struct mt_plan_profile *pr
         const char *m = bf16 && !p->scan_bf16 ? "measured (fp32 scan: knob scan_bf16=0)" : "measured";
         out->scan_basis = prof->scan_rate > 0 ? m : "gemm rate";
     }
+    /* the MoE experts' grouped kernels (mma.sync, gemm_grouped.cu): their measured rate;
+     * without one, the dense GEMMs' (cuBLAS) rate, named as the assumption it is */
+    if (bf16 && prof->grouped_bf16_rate > 0) {
+        out->grouped_rate = prof->grouped_bf16_rate;
+        out->grouped_basis = "measured (grouped bf16 expert kernels)";
+    } else {
+        out->grouped_rate = out->gemm_rate;
+        out->grouped_basis = "assumed: the GEMM rate (no measured grouped rate)";
+    }
 }
 
 static double kind_rate(const struct mt_plan_kinds *k, int kind)
@@ -1197,9 +1211,10 @@ static double kind_rate(const struct mt_plan_kinds *k, int kind)
 }
 
 /* One microbatch of stage st on one rank: each kind's FLOPs, bytes and
- * roofline time; returns the sum of the times. */
+ * roofline time (*fg: the GEMM FLOPs on the grouped kernels, at their rate);
+ * returns the sum of the times. */
 static double stage_kinds(const struct mt_plan *p, const struct mt_plan_kinds *k, int st, double f[], double b[],
-                          double t[])
+                          double t[], double *fg)
 {
     const struct mt_config *cfg = &p->cfg;
     const double N = (double)p->Bm * cfg->seq_len / p->su.dims.tp;   /* this rank's rows of a microbatch */
@@ -1209,7 +1224,12 @@ static double stage_kinds(const struct mt_plan *p, const struct mt_plan_kinds *k
     for (int i = 0; i < MT_PLAN_KIND_OPTIMIZER; i++) {
         f[i] = w.f[i] * N;
         b[i] = w.e[i] * N * sizeof(float);
-        const double r = kind_rate(k, i), tf = r > 0 ? f[i] / r : 0, tb = b[i] / k->mem_bandwidth;
+        const double r = kind_rate(k, i), tb = b[i] / k->mem_bandwidth;
+        double tf = r > 0 ? f[i] / r : 0;
+        if (i == MT_PLAN_KIND_GEMM) {   /* the grouped share at its own rate */
+            *fg = w.f_grouped * N;
+            tf = (f[i] - *fg) / r + *fg / k->grouped_rate;
+        }
         t[i] = tf > tb ? tf : tb;
         sum += t[i];
     }
@@ -1229,11 +1249,12 @@ void mt_plan_cost_kinds(const struct mt_plan *p, const struct mt_plan_profile *p
     const int M = p->cfg.microbatches > 0 ? p->cfg.microbatches : 1, pp = p->su.dims.pp;
     double best = -1;
     for (int st = 0; st < pp; st++) {   /* the slowest stage's microbatch */
-        double f[MT_PLAN_KIND_COUNT] = {0}, b[MT_PLAN_KIND_COUNT] = {0}, t[MT_PLAN_KIND_COUNT] = {0};
-        double sum = stage_kinds(p, out, st, f, b, t);
+        double f[MT_PLAN_KIND_COUNT] = {0}, b[MT_PLAN_KIND_COUNT] = {0}, t[MT_PLAN_KIND_COUNT] = {0}, fg = 0;
+        double sum = stage_kinds(p, out, st, f, b, t, &fg);
         if (sum <= best) continue;
         best = sum;
         out->stage = st;
+        out->grouped_flops = M * fg;
         for (int i = 0; i < MT_PLAN_KIND_COUNT; i++) out->flops[i] = M * f[i], out->bytes[i] = M * b[i], out->s[i] = M * t[i];
     }
     /* the optimizer: Newton–Schulz GEMMs, then the elementwise passes */
@@ -1439,9 +1460,13 @@ static void plan_json_kinds(cJSON *c, const struct mt_plan *p, const struct mt_p
     cJSON_AddStringToObject(o, "attention_basis", k.attn_basis);
     cJSON_AddNumberToObject(o, "scan_flop_per_s", k.scan_rate);
     cJSON_AddStringToObject(o, "scan_basis", k.scan_basis);
+    cJSON_AddNumberToObject(o, "gemm_grouped_flops", k.grouped_flops);
+    cJSON_AddNumberToObject(o, "gemm_grouped_flop_per_s", k.grouped_rate);
+    cJSON_AddStringToObject(o, "gemm_grouped_basis", k.grouped_basis);
     cJSON *kn = cJSON_AddObjectToObject(o, "knobs");   /* the run's knobs this model priced */
     cJSON_AddNumberToObject(kn, "scan_bf16", p->scan_bf16);
     cJSON_AddNumberToObject(kn, "head_bf16_logits", p->head_bf16_logits);
+    cJSON_AddNumberToObject(kn, "moe_dev_sizes", p->moe_dev_sizes);
     cJSON_AddNumberToObject(o, "memory_bandwidth_bytes_per_s", k.mem_bandwidth);
     cJSON_AddStringToObject(o, "memory_bandwidth_basis", prof->mem_basis);
 }
