@@ -507,6 +507,8 @@ if os.path.exists(pp):
         bk = c.get("by_kind") or {}
         out["plan"]["by_kind_step_s"] = bk.get("step_s")
         out["plan"]["by_kind_seconds"] = bk.get("seconds")
+        # where each rate came from (measured, a named proxy, or assumed: the GEMM rate)
+        out["plan"]["bases"] = {k: bk.get(k) for k in ("attention_basis", "scan_basis", "gemm_grouped_basis")}
         ratio = lambda p: "%.1fx" % (out["s_per_step"] / p) if out.get("s_per_step") and p else "-"
         print("RESULT %s plan (profile %s, %s): %.3f s/step, %.0f tok/s at the GEMM ceiling; %s s/step by op kind; "
               "measured/plan %s the time (by op kind %s)" % (
