@@ -21,7 +21,10 @@
 #   env     nvidia-smi, driver/toolkit/torch versions, missing libraries
 #   ops     the op harness on the GPU vs the cpu table (fp32 to 1e-5, bf16 to
 #           the derived bound, tiled bf16), test_ops -b cuda, device comms
-#           (self_dev; NCCL on a one-rank world when the NCCL build is carried)
+#           (self_dev; NCCL on a one-rank world when the NCCL build is carried);
+#           then bench/gpu_fallbacks.py: a bf16 kernel family that failed here
+#           (attention v3, the tensor-core scan, the grouped experts) is swapped for
+#           its predecessor in every speed run (speed_fallbacks.txt, --knob ...)
 #   san     compute-sanitizer memcheck and racecheck on the op harness, op by
 #           op (what the emulator cannot see: races, OOB into page slack)
 #   equiv   20-step trainings of the tiny dense, MoE (and hybrid `M`, and the
@@ -273,6 +276,16 @@ stage_ops() {
         else "$BIN/$1" -b cuda > "$RES/logs/$1.txt" 2>&1 || bad=1
             echo "RESULT $1 -b cuda: $(tail -1 "$RES/logs/$1.txt")"; fi
     done
+    # the speed stage's fallbacks from this verdict (bench/gpu_fallbacks.py): a new bf16
+    # kernel family that fails here is replaced by its predecessor in every speed row
+    # (attn_kernel=v2, scan_bf16=0, moe_sizes=host), so one broken family cannot cost the
+    # whole speed table; test_ssm's tensor-core checks alone when the whole test failed
+    if [ -x "$BIN/test_ssm" ] && ! grep -q '^test_ssm: all checks passed' "$RES/logs/test_ssm.txt" 2>/dev/null; then
+        "$BIN/test_ssm" -b cuda -bf16 > "$RES/logs/test_ssm_bf16.txt" 2>&1
+        echo "RESULT test_ssm -b cuda -bf16: $(tail -1 "$RES/logs/test_ssm_bf16.txt")"
+    fi
+    python3 "$ROOT/bench/gpu_fallbacks.py" "$RES/logs" > "$RES/speed_fallbacks.txt" || rm -f "$RES/speed_fallbacks.txt"
+    [ -s "$RES/speed_fallbacks.txt" ] && sed 's/^\([^\t]*\)\t/RESULT speed fallback: --knob \1 (/; s/$/)/' "$RES/speed_fallbacks.txt"
     if [ -x "$BIN/cuda_mesh_device_nccl" ]; then
         "$BIN/cuda_mesh_device_nccl" --nccl > "$RES/logs/mesh_device_nccl.txt" 2>&1 || bad=1
         echo "RESULT mesh_device --nccl: $(tail -1 "$RES/logs/mesh_device_nccl.txt")"
@@ -547,7 +560,7 @@ speed_one() {
         setb=""
         [ "$b" != 0 ] && setb="--set batch_size=$b"
         rm -rf "$WORK/sp_$name" "$RES/receipts/speed_$name.json"
-        timeout -k 5 "${SPEED_BOX:-60}" "$MT" train --config "$cfg" "$@" $setb $SPEED_PREC --backend cuda --no-save \
+        timeout -k 5 "${SPEED_BOX:-60}" "$MT" train --config "$cfg" "$@" $setb $SPEED_PREC ${SPEED_KNOBS:-} --backend cuda --no-save \
             --data "$WORK/data50k.bin" --out "$WORK/sp_$name" --steps "${SPEED_STEPS:-10}" 2>&1 | stamp > "$RES/logs/speed_$name.log"
         rc=${PIPESTATUS[0]}
         [ $rc = 0 ] && cp "$WORK/sp_$name/receipt.json" "$RES/receipts/speed_$name.json"
@@ -555,7 +568,7 @@ speed_one() {
         rm -f "$RES/speed/$name.plan.json"
         # plan takes the run's --set and --knob flags (scan_bf16, head_bf16_logits: the cost
         # model's kernels; the rest are the runtime's and change nothing in the plan)
-        prof=$(plan_profile) && "$MT" plan --config "$cfg" "$@" $setb --set precision=bf16 --profile "$prof" --json \
+        prof=$(plan_profile) && "$MT" plan --config "$cfg" "$@" $setb --set precision=bf16 ${SPEED_KNOBS:-} --profile "$prof" --json \
             > "$RES/speed/$name.plan.json" 2> "$RES/logs/plan_$name.err" || rm -f "$RES/speed/$name.plan.json"
         speed_line "$name" "$rc" "$b" "$cfg" || echo "RESULT $name: batch $b exit $rc (speed_line failed)"
         [ $rc = 0 ] && return 0
@@ -569,6 +582,16 @@ export -f speed_one
 stage_speed() {
     [ -f "$WORK/data50k.bin" ] || python3 "$ROOT/tests/make_shard.py" "$WORK/data50k.bin" 600000 50304 random >/dev/null
     local bad=0 C=$ROOT/bench/configs
+    # the ops stage's fallbacks (bench/gpu_fallbacks.py; GPU_SH_FALLBACKS=FILE: a given list):
+    # after every row's own flags, so they win over an A/B row's knob of the same name
+    local fb=${GPU_SH_FALLBACKS:-$RES/speed_fallbacks.txt}
+    SPEED_KNOBS=""
+    if [ -s "$fb" ]; then
+        SPEED_KNOBS=$(cut -f1 "$fb" | sed 's/^/--knob /' | tr '\n' ' ')
+        echo "RESULT speed fallbacks (from the ops stage, every row below): $SPEED_KNOBS"
+        [ "$fb" = "$RES/speed_fallbacks.txt" ] || cp "$fb" "$RES/speed_fallbacks.txt"
+    fi
+    export SPEED_KNOBS
     # boxes from the H200 run of 2026-11-26 (setup + 10 steps: d2048 0.71 s/step, GPT-2 0.26 s/step);
     # MoE and the hybrid did not finish one step in 65 s there: 3 steps, and a line whatever happens
     # (GPU_SH_SPEED_BOX=s: every run's box, for a check of the script)
@@ -880,6 +903,10 @@ for name in sorted(os.listdir(rdir)) if os.path.isdir(rdir) else []:
         S["device"]["meshtrain_build"] = (r.get("build") or {}).get("git")
         S["device"]["from_receipt"] = name
         break
+fbp = os.path.join(res, "speed_fallbacks.txt")   # the ops stage's fallbacks (bench/gpu_fallbacks.py)
+fbl = [l.split("\t") for l in (open(fbp).read().splitlines() if os.path.exists(fbp) else []) if l.strip()]
+if fbl:
+    S["speed_fallbacks"] = [k[0] for k in fbl]
 json.dump(S, open(os.path.join(res, "summary.json"), "w"), indent=1)
 with open(os.path.join(res, "summary.md"), "w") as f:
     f.write("# bench/gpu.sh results\n\n")
@@ -887,8 +914,11 @@ with open(os.path.join(res, "summary.md"), "w") as f:
         f.write("Device: %s\n\n" % ", ".join("%s %s" % kv for kv in S["device"].items()))
     f.write("## Stages\n\n")
     for s in S["stages"]: f.write("- %s\n" % s)
-    f.write("\n## Speed (meshtrain precision=bf16, torch bf16 autocast)\n\n"
-            "| config | batch | meshtrain tok/s | MFU | s/step | from | plan s/step (GEMM ceiling / by op kind) | torch eager | torch compiled "
+    f.write("\n## Speed (meshtrain precision=bf16, torch bf16 autocast)\n\n")
+    if fbl:
+        f.write("**Every meshtrain row below ran with fallbacks** (a kernel family failed the ops stage): %s\n\n"
+                % "; ".join("`--knob %s` (%s)" % (k[0], k[1] if len(k) > 1 else "") for k in fbl))
+    f.write("| config | batch | meshtrain tok/s | MFU | s/step | from | plan s/step (GEMM ceiling / by op kind) | torch eager | torch compiled "
             "| llm.c | vs eager | vs compiled | vs llm.c | MFU vs llm.c's |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     for n, v in sp.items():
         fm = lambda k, f="%.2f": f % v[k] if v.get(k) is not None else "-"

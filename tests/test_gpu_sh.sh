@@ -52,7 +52,10 @@ esac
 EOF
 chmod +x "$W/bin/nvidia-smi" "$W/bin/meshtrain"
 
-PATH="$W/bin:$PATH" GPU_SH_BIN="$W/bin" OUT="$W/out" TMPDIR="$W" GPU_SH_SPEED_BOX=4 \
+# the ops stage's fallbacks (bench/gpu_fallbacks.py) reach every speed run, after its own
+# flags, and its plan; a harmless knob stands in for the real ones (attn_kernel=v2, ...)
+printf 'head_bf16_logits=1\tplanted by test_gpu_sh\n' > "$W/fb.txt"
+PATH="$W/bin:$PATH" GPU_SH_BIN="$W/bin" OUT="$W/out" TMPDIR="$W" GPU_SH_SPEED_BOX=4 GPU_SH_FALLBACKS="$W/fb.txt" \
     bash "$ROOT/bench/gpu.sh" speed > "$W/run.log" 2>&1
 grep -q '^FAIL (exit 1) speed' "$W/run.log" && ok "speed stage verdict: FAIL (the hybrid ran no step)" ||
     bad "speed stage verdict: FAIL (the hybrid ran no step)"
@@ -101,6 +104,42 @@ n_off=$(grep -c -- 'gpu_c_gpt2.json --knob cuda_graphs=0 .*--no-save' "$W/args.l
     grep -q -- 'gpu_c_gpt2_124m.json .*--no-save' "$W/args.log" &&
     ok "16 speed runs with precision=bf16 and --no-save, 4 of them (the graphs A/B) with cuda_graphs=0, 1 (d2048) with attn_kernel=v2, 1 (moe8) with moe_sizes=host, 2 (the hybrid) with mamba_chunk 32 and 128, 1 (the hybrid) with scan_bf16=0" ||
     bad "speed flags ($n of 16 runs, $n_off GPT-2 with cuda_graphs=0: $(head -1 "$W/args.log"))"
+n_fb=$(grep -c -- '--set precision=bf16 --knob cuda_precision=bf16 --knob head_bf16_logits=1 .*--no-save' "$W/args.log")
+[ "$n_fb" -eq 16 ] && echo "$S" | grep -q 'RESULT speed fallbacks (from the ops stage, every row below): --knob head_bf16_logits=1' &&
+    grep -q 'ran with fallbacks.*`--knob head_bf16_logits=1` (planted by test_gpu_sh)' "$W/out/summary.md" &&
+    ok "the ops stage's fallbacks: every speed run (16), the log and the summary say so" ||
+    bad "fallbacks: $n_fb of 16 runs with the knob"
+# bench/gpu_fallbacks.py: the verdict from the ops stage's logs (the harnesses' own line formats)
+fb() { rm -rf "$W/fl"; mkdir -p "$W/fl"; }
+fbrun() { python3 "$ROOT/bench/gpu_fallbacks.py" "$W/fl" | cut -f1 | tr '\n' ' '; }
+fb; printf 'ok    cuda[v3] B2 T100 H4 K4 hd64: within the bf16 bound\ntest_attn_bf16: 280 passed, 0 failed\n' > "$W/fl/test_attn_bf16.txt"
+printf 'cuda  gemm_grouped_rows      projection                                             1.656e-07  1.0e-05  PASS\n' > "$W/fl/ops_harness.txt"
+r0=$(fbrun)
+fb; printf 'ok    cuda[v2] B2 T100: ok\nFAIL  cuda[v3] B2 T100 H4 K4 hd64: within the bf16 bound   err/bound out 1.7\n' > "$W/fl/test_attn_bf16_ds0.txt"
+r1=$(fbrun)
+fb; printf 'FAIL  cuda[v3] B2: x\nFAIL  cuda[v2] B2: x\nok    cuda[v1] B2: x\n' > "$W/fl/test_attn_bf16.txt"
+r2=$(fbrun)
+fb; printf 'ok   ssm scan\nFAIL ssm bf16 scan vs fp64 cuda T=40   err 3e-2 (tol 1e-2)\ntest_ssm: FAILED\n' > "$W/fl/test_ssm_bf16.txt"
+printf 'cuda  gemm_grouped_sum       dW += d^T x, K varies, 6 groups (one empty)            9.000e-01  1.0e-05  FAIL\n' > "$W/fl/ops_harness.txt"
+r3=$(fbrun)
+fb; printf 'test_ssm: all checks passed\n' > "$W/fl/test_ssm_bf16.txt"; r4=$(fbrun)
+[ -z "$r0" ] && [ "$r1" = "attn_kernel=v2 " ] && [ "$r2" = "attn_kernel=v1 " ] && [ "$r3" = "scan_bf16=0 moe_sizes=host " ] &&
+    [ -z "$r4" ] && ok "gpu_fallbacks.py: none when all pass; v3 -> v2, v3 and v2 -> v1, the bf16 scan -> scan_bf16=0, grouped -> moe_sizes=host" ||
+    bad "gpu_fallbacks.py: '$r0' '$r1' '$r2' '$r3' '$r4'"
+# ... and the ops stage writes them: stub harnesses whose v3 attention and tensor-core scan
+# checks fail (the scan's alone rerun with -bf16), the rest passing
+mkdir -p "$W/ob"
+cp "$W/bin/nvidia-smi" "$W/bin/meshtrain" "$W/ob/"   # (gpu.sh takes a folder with meshtrain in it)
+for t in cuda_ops_vs_cpu test_ops cuda_mesh_device; do printf '#!/usr/bin/env bash\necho "%s: 0 failed"\n' "$t" > "$W/ob/$t"; done
+printf '#!/usr/bin/env bash\necho "ok    cuda[v2] B2: x"; echo "FAIL  cuda[v3] B2 T100: err/bound 3.1"; exit 1\n' > "$W/ob/test_attn_bf16"
+printf '#!/usr/bin/env bash\necho "FAIL ssm bf16 scan ($*)"; echo "test_ssm: FAILED"; exit 1\n' > "$W/ob/test_ssm"
+chmod +x "$W"/ob/*
+PATH="$W/ob:$PATH" GPU_SH_BIN="$W/ob" GPU_SH_RESULTS="$W/ops" bash "$ROOT/bench/gpu.sh" ops > "$W/ops.log" 2>&1
+[ "$(cut -f1 "$W/ops/speed_fallbacks.txt" 2>/dev/null | tr '\n' ' ')" = "attn_kernel=v2 scan_bf16=0 " ] &&
+    grep -q 'RESULT speed fallback: --knob attn_kernel=v2 (test_attn_bf16: 2 v3 checks failed, v2 none)' "$W/ops/logs/ops.log" &&
+    grep -q 'FAIL ssm bf16 scan (-b cuda -bf16)' "$W/ops/logs/test_ssm_bf16.txt" &&
+    ok "the ops stage writes the fallbacks (v3 failing: attn_kernel=v2; the bf16 scan: scan_bf16=0)" ||
+    bad "ops stage fallbacks: $(cat "$W/ops/speed_fallbacks.txt" 2>/dev/null) $(grep -h RESULT "$W/ops/logs/ops.log" 2>/dev/null | head -12)"
 # one archive + summary.md in $OUT, the summary's table, the temporary folder gone
 ls "$W/out" > "$W/ls.txt"
 if [ "$(cat "$W/ls.txt" | tr '\n' ' ')" = "gpu-custom.tgz summary.md " ] && ! ls -d "$W"/meshtrain-gpu-res.* >/dev/null 2>&1 &&

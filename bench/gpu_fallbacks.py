@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""gpu_fallbacks.py LOGDIR — the speed stage's knobs from the ops stage's verdict.
+
+bench/gpu.sh runs the op harnesses on the GPU (stage ops) before it times
+anything (stage speed). Three kernel families are new since the last GPU run
+and are the default in precision=bf16: attention v3, the Mamba-3 scan on tensor
+cores, and the MoE experts' grouped GEMMs. If one of them fails its harness on
+the device, a training that runs it can stop on a non-finite loss, and every
+speed row that uses it gives no number. The device is lent rarely, for a few
+minutes, so the speed stage then runs that family's predecessor instead, and
+every line says so:
+
+  test_attn_bf16 FAIL lines for cuda[v3] and none for cuda[v2] -> attn_kernel=v2
+      (v2 failing too but not v1 -> attn_kernel=v1);
+  test_ssm -bf16 (the precision=bf16 scan's checks alone) failed -> scan_bf16=0
+      (the fp32 scan kernels; the run's other kernels unchanged);
+  cuda_ops_vs_cpu FAIL lines for gemm_grouped_rows / gemm_grouped_sum ->
+      moe_sizes=host (one cuBLASLt matmul per expert).
+
+Prints one line per fallback, "KNOB=VALUE<TAB>why". No line: nothing to change.
+A log that is missing (that check did not run) changes nothing.
+"""
+import os
+import re
+import sys
+
+
+def lines(path):
+    try:
+        with open(path, errors="replace") as f:
+            return f.read().splitlines()
+    except OSError:
+        return None
+
+
+def attention(logdir):
+    fails = {"v1": 0, "v2": 0, "v3": 0}
+    seen = False
+    for name in ("test_attn_bf16.txt", "test_attn_bf16_ds0.txt"):
+        ls = lines(os.path.join(logdir, name))
+        if ls is None:
+            continue
+        seen = True
+        for ln in ls:
+            m = re.match(r"FAIL\s+cuda\[(v[123])\]", ln)
+            if m:
+                fails[m.group(1)] += 1
+    if not seen or not fails["v3"]:
+        return None
+    if not fails["v2"]:
+        return "attn_kernel=v2", "test_attn_bf16: %d v3 checks failed, v2 none" % fails["v3"]
+    if not fails["v1"]:
+        return "attn_kernel=v1", "test_attn_bf16: v3 (%d) and v2 (%d) checks failed, v1 none" % (fails["v3"], fails["v2"])
+    return None
+
+
+def scan(logdir):
+    ls = lines(os.path.join(logdir, "test_ssm_bf16.txt"))
+    if ls is None or any(ln.startswith("test_ssm: all checks passed") for ln in ls):
+        return None
+    n = sum(1 for ln in ls if ln.startswith("FAIL"))
+    return "scan_bf16=0", "test_ssm -bf16 (the tensor-core scan's checks) failed%s" % (
+        " %d checks" % n if n else " (no summary line: crashed?)")
+
+
+def grouped(logdir):
+    ls = lines(os.path.join(logdir, "ops_harness.txt"))
+    if ls is None:
+        return None
+    n = sum(1 for ln in ls if re.match(r"cuda\s+gemm_grouped_(rows|sum)\b", ln) and ln.rstrip().endswith("FAIL"))
+    if not n:
+        return None
+    return "moe_sizes=host", "cuda_ops_vs_cpu: %d gemm_grouped_rows/_sum checks failed" % n
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit("usage: gpu_fallbacks.py LOGDIR")
+    for f in (attention, scan, grouped):
+        r = f(sys.argv[1])
+        if r:
+            print("%s\t%s" % r)
+
+
+if __name__ == "__main__":
+    main()
