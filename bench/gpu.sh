@@ -285,7 +285,8 @@ stage_ops() {
         echo "RESULT test_ssm -b cuda -bf16: $(tail -1 "$RES/logs/test_ssm_bf16.txt")"
     fi
     python3 "$ROOT/bench/gpu_fallbacks.py" "$RES/logs" > "$RES/speed_fallbacks.txt" || rm -f "$RES/speed_fallbacks.txt"
-    [ -s "$RES/speed_fallbacks.txt" ] && sed 's/^\([^\t]*\)\t/RESULT speed fallback: --knob \1 (/; s/$/)/' "$RES/speed_fallbacks.txt"
+    [ -s "$RES/speed_fallbacks.txt" ] &&
+        sed 's/^\([^\t]*\)\t/RESULT speed fallback: --knob \1 (/; s/$/)/' "$RES/speed_fallbacks.txt"
     if [ -x "$BIN/cuda_mesh_device_nccl" ]; then
         "$BIN/cuda_mesh_device_nccl" --nccl > "$RES/logs/mesh_device_nccl.txt" 2>&1 || bad=1
         echo "RESULT mesh_device --nccl: $(tail -1 "$RES/logs/mesh_device_nccl.txt")"
@@ -560,15 +561,17 @@ speed_one() {
         setb=""
         [ "$b" != 0 ] && setb="--set batch_size=$b"
         rm -rf "$WORK/sp_$name" "$RES/receipts/speed_$name.json"
-        timeout -k 5 "${SPEED_BOX:-60}" "$MT" train --config "$cfg" "$@" $setb $SPEED_PREC ${SPEED_KNOBS:-} --backend cuda --no-save \
+        timeout -k 5 "${SPEED_BOX:-60}" "$MT" train --config "$cfg" "$@" $setb $SPEED_PREC ${SPEED_KNOBS:-} \
+            --backend cuda --no-save \
             --data "$WORK/data50k.bin" --out "$WORK/sp_$name" --steps "${SPEED_STEPS:-10}" 2>&1 | stamp > "$RES/logs/speed_$name.log"
         rc=${PIPESTATUS[0]}
         [ $rc = 0 ] && cp "$WORK/sp_$name/receipt.json" "$RES/receipts/speed_$name.json"
         local prof
         rm -f "$RES/speed/$name.plan.json"
-        # plan takes the run's --set and --knob flags (scan_bf16, head_bf16_logits: the cost
+        # plan takes the run's --set and --knob flags (scan_bf16, head_bf16_logits, moe_sizes: the cost
         # model's kernels; the rest are the runtime's and change nothing in the plan)
-        prof=$(plan_profile) && "$MT" plan --config "$cfg" "$@" $setb --set precision=bf16 ${SPEED_KNOBS:-} --profile "$prof" --json \
+        prof=$(plan_profile) &&
+            "$MT" plan --config "$cfg" "$@" $setb --set precision=bf16 ${SPEED_KNOBS:-} --profile "$prof" --json \
             > "$RES/speed/$name.plan.json" 2> "$RES/logs/plan_$name.err" || rm -f "$RES/speed/$name.plan.json"
         speed_line "$name" "$rc" "$b" "$cfg" || echo "RESULT $name: batch $b exit $rc (speed_line failed)"
         [ $rc = 0 ] && return 0

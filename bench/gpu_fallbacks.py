@@ -50,7 +50,8 @@ def attention(logdir):
     if not fails["v2"]:
         return "attn_kernel=v2", "test_attn_bf16: %d v3 checks failed, v2 none" % fails["v3"]
     if not fails["v1"]:
-        return "attn_kernel=v1", "test_attn_bf16: v3 (%d) and v2 (%d) checks failed, v1 none" % (fails["v3"], fails["v2"])
+        return "attn_kernel=v1", "test_attn_bf16: v3 (%d) and v2 (%d) checks failed, v1 none" % (
+            fails["v3"], fails["v2"])
     return None
 
 

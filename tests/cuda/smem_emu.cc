@@ -203,8 +203,8 @@ int main(void)
         }
         for (int t = 0; t < 64; t++) exact += fwd[t] == (float)((t + 1) % 64) && rev[t] == fwd[t];
         if (!barrier)
-            check(nan_f == 63 && val_r == 63,
-                  "order: a thread reading the next thread's shared write, no barrier: NaN forward, the value reversed");
+            check(nan_f == 63 && val_r == 63, "order: a thread reading the next thread's shared write, no barrier: "
+                                              "NaN forward, the value reversed");
         else check(exact == 64, "order: the same read after a barrier: exact in both orders");
     }
     for (int r = 0; r < 2; r++) {
