@@ -593,7 +593,7 @@ static int order_reverse(void)
 }
 void mt_emu_set_order(int reverse) { g_reverse = reverse != 0; }
 /* position p of the sweep -> fiber index, and back (the map is its own inverse) */
-static size_t sweep_pos(size_t p) { return g_reverse ? g_f.size() - 1 - p : p; }
+static size_t sweep_pos(size_t p) { return g_reverse > 0 ? g_f.size() - 1 - p : p; }
 
 /* The calling fiber blocks (or returns): on to the next RUNNABLE fiber of
  * the scheduler's sweep, switched to directly (one switch, not two through
