@@ -553,7 +553,8 @@ export -f plan_profile
 # SPEED_BOX seconds; the next batch is tried only after a failure (OOM: exit 1, quickly), not
 # after a run that ran out of its box (slow: its progress lines are the result)
 SPEED_PREC="--set precision=bf16 --knob cuda_precision=bf16"
-export SPEED_PREC
+SPEED_THREADS=${GPU_SH_SPEED_THREADS:-$(nproc 2>/dev/null || echo 8)}
+export SPEED_PREC SPEED_THREADS
 speed_one() {
     local name=$1 cfg=$2 batches=$3 b rc setb
     shift 3
@@ -561,7 +562,11 @@ speed_one() {
         setb=""
         [ "$b" != 0 ] && setb="--set batch_size=$b"
         rm -rf "$WORK/sp_$name" "$RES/receipts/speed_$name.json"
-        timeout -k 5 "${SPEED_BOX:-60}" "$MT" train --config "$cfg" "$@" $setb $SPEED_PREC ${SPEED_KNOBS:-} \
+        # every core for the host's part (the parameter init: a pure function per element,
+        # filled on all OpenMP threads; the run's OMP_NUM_THREADS=8 left half the H100 box's
+        # 16 idle: 7.2 s of d2048's 7.7 s to its first step, 12.6 s of moe8's 13.3, 2026-11-27)
+        OMP_NUM_THREADS=$SPEED_THREADS timeout -k 5 "${SPEED_BOX:-60}" "$MT" train --config "$cfg" "$@" $setb \
+            $SPEED_PREC ${SPEED_KNOBS:-} \
             --backend cuda --no-save \
             --data "$WORK/data50k.bin" --out "$WORK/sp_$name" --steps "${SPEED_STEPS:-10}" 2>&1 | stamp > "$RES/logs/speed_$name.log"
         rc=${PIPESTATUS[0]}

@@ -36,6 +36,7 @@ cat > "$W/bin/meshtrain" <<EOF
 #!/usr/bin/env bash
 [ "\$1" = train ] || exec "$MT" "\$@"
 echo "\$*" >> "$W/args.log"
+echo "\$OMP_NUM_THREADS" >> "$W/threads.log"
 out=""; prev=""
 for a in "\$@"; do [ "\$prev" = --out ] && out=\$a; prev=\$a; done
 echo "mesh rank=0 (stub)"
@@ -104,6 +105,9 @@ n_off=$(grep -c -- 'gpu_c_gpt2.json --knob cuda_graphs=0 .*--no-save' "$W/args.l
     grep -q -- 'gpu_c_gpt2_124m.json .*--no-save' "$W/args.log" &&
     ok "16 speed runs with precision=bf16 and --no-save, 4 of them (the graphs A/B) with cuda_graphs=0, 1 (d2048) with attn_kernel=v2, 1 (moe8) with moe_sizes=host, 2 (the hybrid) with mamba_chunk 32 and 128, 1 (the hybrid) with scan_bf16=0" ||
     bad "speed flags ($n of 16 runs, $n_off GPT-2 with cuda_graphs=0: $(head -1 "$W/args.log"))"
+# the host part (parameter init) on every core: OMP_NUM_THREADS = nproc in each speed run
+[ "$(sort -u "$W/threads.log")" = "$(nproc)" ] && [ "$(wc -l < "$W/threads.log")" -eq 16 ] &&
+    ok "speed runs with OMP_NUM_THREADS = nproc ($(nproc))" || bad "speed threads: $(sort -u "$W/threads.log" | tr '\n' ' ')"
 n_fb=$(grep -c -- '--set precision=bf16 --knob cuda_precision=bf16 --knob head_bf16_logits=1 .*--no-save' "$W/args.log")
 [ "$n_fb" -eq 16 ] && echo "$S" | grep -q 'RESULT speed fallbacks (from the ops stage, every row below): --knob head_bf16_logits=1' &&
     grep -q 'ran with fallbacks.*`--knob head_bf16_logits=1` (planted by test_gpu_sh)' "$W/out/summary.md" &&
