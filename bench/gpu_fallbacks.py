@@ -11,7 +11,11 @@ minutes, so the speed stage then runs that family's predecessor instead, and
 every line says so:
 
   test_attn_bf16 FAIL lines for cuda[v3] and none for cuda[v2] -> attn_kernel=v2
-      (v2 failing too but not v1 -> attn_kernel=v1);
+      (v2 failing too but not v1 -> attn_kernel=v1; the kernel sets run v1, v2, v3 in
+      turn, so an error that poisons the context fails only the sets after its own);
+      a log with no summary line crashed: its last "# attn_kernel vN" line (the test
+      prints it, line-buffered, before each set) names the set that crashed (v2:
+      v3 never ran, so v1);
   test_ssm -bf16 (the precision=bf16 scan's checks alone) failed -> scan_bf16=0
       (the fp32 scan kernels; the run's other kernels unchanged);
   cuda_ops_vs_cpu FAIL lines for gemm_grouped_rows / gemm_grouped_sum ->
@@ -41,10 +45,18 @@ def attention(logdir):
         if ls is None:
             continue
         seen = True
+        current = None
         for ln in ls:
             m = re.match(r"FAIL\s+cuda\[(v[123])\]", ln)
             if m:
                 fails[m.group(1)] += 1
+            m = re.match(r"# attn_kernel (v[123])$", ln)
+            if m:
+                current = m.group(1)
+        if current and not any(re.match(r"test_attn_bf16: \d+ passed", ln) for ln in ls):
+            fails[current] += 1   # crashed inside that set: no summary line
+            if current == "v2":
+                fails["v3"] += 1  # ... and v3 never ran: v1, the set that passed
     if not seen or not fails["v3"]:
         return None
     if not fails["v2"]:

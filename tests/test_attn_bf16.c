@@ -543,6 +543,9 @@ int main(int argc, char **argv)
         if (!strcmp(argv[i], "-b") && i + 1 < argc) backend = argv[++i];
         else { fprintf(stderr, "usage: test_attn_bf16 [-b cpu|cuda]\n"); return 2; }
     }
+    /* line-buffered: a run that crashes on a GPU keeps every line before the crash in its
+     * log, and the "# attn_kernel" line names the kernel set it was in (bench/gpu_fallbacks.py) */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     mt_ctx_init(&g_ctx);
     g_cpu = mt_ops_cpu();
     if (!strcmp(backend, "cpu")) g_ops = g_cpu;
@@ -573,6 +576,7 @@ int main(int argc, char **argv)
         const char *kernels[] = {"v1", "v2", "v3"};
         for (int kk = 0; kk < 3; kk++) {
             g_kernel = kernels[kk];
+            printf("# attn_kernel %s\n", g_kernel);
             if (mt_ops_cuda_set_attn_kernel_of(g_ops->be, g_kernel) != MT_OK) {
                 printf("FAIL mt_ops_cuda_set_attn_kernel_of(%s)\n", g_kernel);
                 return 1;

@@ -127,9 +127,14 @@ fb; printf 'ok   ssm scan\nFAIL ssm bf16 scan vs fp64 cuda T=40   err 3e-2 (tol 
 printf 'cuda  gemm_grouped_sum       dW += d^T x, K varies, 6 groups (one empty)            9.000e-01  1.0e-05  FAIL\n' > "$W/fl/ops_harness.txt"
 r3=$(fbrun)
 fb; printf 'test_ssm: all checks passed\n' > "$W/fl/test_ssm_bf16.txt"; r4=$(fbrun)
+# a crash (no summary line) inside the v3 set, then inside the v2 set (v3 never ran)
+fb; printf '# attn_kernel v1\nok    cuda[v1] B2: x\n# attn_kernel v2\nok    cuda[v2] B2: x\n# attn_kernel v3\nok    cuda[v3] B2: x\n' \
+    > "$W/fl/test_attn_bf16.txt"; r5=$(fbrun)
+fb; printf '# attn_kernel v1\nok    cuda[v1] B2: x\n# attn_kernel v2\n' > "$W/fl/test_attn_bf16.txt"; r6=$(fbrun)
 [ -z "$r0" ] && [ "$r1" = "attn_kernel=v2 " ] && [ "$r2" = "attn_kernel=v1 " ] && [ "$r3" = "scan_bf16=0 moe_sizes=host " ] &&
-    [ -z "$r4" ] && ok "gpu_fallbacks.py: none when all pass; v3 -> v2, v3 and v2 -> v1, the bf16 scan -> scan_bf16=0, grouped -> moe_sizes=host" ||
-    bad "gpu_fallbacks.py: '$r0' '$r1' '$r2' '$r3' '$r4'"
+    [ -z "$r4" ] && [ "$r5" = "attn_kernel=v2 " ] && [ "$r6" = "attn_kernel=v1 " ] &&
+    ok "gpu_fallbacks.py: none when all pass; v3 -> v2, v3 and v2 -> v1, the bf16 scan -> scan_bf16=0, grouped -> moe_sizes=host; a crash in v3 -> v2, in v2 -> v1" ||
+    bad "gpu_fallbacks.py: '$r0' '$r1' '$r2' '$r3' '$r4' '$r5' '$r6'"
 # ... and the ops stage writes them: stub harnesses whose v3 attention and tensor-core scan
 # checks fail (the scan's alone rerun with -bf16), the rest passing
 mkdir -p "$W/ob"
