@@ -94,9 +94,9 @@ struct mt_plan {
     int                  n_params;
     struct mt_plan_runtime rt;        /* the runtime bucket's constants */
     /* the knobs the cost model reads, as the run sets them (mt_plan_create's ctx; the
-     * defaults without one): the Mamba-3 scan's kernels, the head's logits */
-    int scan_bf16, head_bf16_logits;
-    int moe_dev_sizes;   /* knobs moe_sizes != host and moe_grouped on: the grouped expert path */
+     * defaults without one): the Mamba-3 scan's kernels, the head's logits, and where
+     * the MoE experts' sizes live (moe_sizes != host and moe_grouped on: the grouped path) */
+    int scan_bf16, head_bf16_logits, moe_dev_sizes;
 };
 
 int mt_plan_world(const struct mt_plan *p) { return p->world; }
