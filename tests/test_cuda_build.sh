@@ -35,6 +35,9 @@
 #           deterministic, equal to the cpu reference of the mode, the
 #           counters naming the kernels that ran; run twice, the second in the
 #           reverse launch order (MT_EMU_ORDER=reverse), the logs equal;
+#        a, b, b2: each harness also runs a twin in the reverse launch order
+#           (MT_EMU_ORDER=reverse) in the background, whose log must equal the
+#           forward run's line for line;
 #        b2. tests/test_ssm.c -b cuda (the Mamba-3 scan against an fp64
 #           recurrence and finite differences; the mixer glue against the
 #           cpu backend): "all checks passed" with at least 100 ok lines;
@@ -216,9 +219,34 @@ export OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=1
 
 unset MT_CUDA_PRECISION MT_CUDA_BF16_SCRATCH_MB
 
+# Reverse-order twins (docs/cuda.md, "The CPU emulator"): the op harnesses of stages a, b and
+# b2 run a second time in the background, in the reverse launch order (MT_EMU_ORDER=reverse:
+# blocks and threads last to first), on the core the forward run leaves idle (ctest runs -j1,
+# the emulator one thread); each twin's log must equal the forward run's line for line (every
+# error printed: the same in either order; a kernel that races prints other values in one).
+# The twin keeps the run's OMP_NUM_THREADS: the cpu references sum in an order that depends
+# on it (test_ssm's glue dw errors differed at 1 thread against 2)
+declare -A REV_PID
+rev_start() {   # rev_start NAME CMD...: $EMU/NAME_rev.log
+    local n=$1; shift
+    (MT_EMU_ORDER=reverse "$@" >"$EMU/${n}_rev.log" 2>&1; exit $?) &
+    REV_PID[$n]=$!
+}
+rev_check() {   # rev_check NAME FORWARD_LOG
+    local n=$1 fwd=$2 rc
+    wait "${REV_PID[$n]}"; rc=$?
+    if [ $rc -eq 0 ] && cmp -s "$fwd" "$EMU/${n}_rev.log"; then
+        echo "PASS emulated $n in the reverse launch order: the forward run's log, line for line"
+    else
+        diff "$fwd" "$EMU/${n}_rev.log" | head -10
+        echo "FAIL: emulated $n: the reverse launch order (exit $rc) printed another log than the forward run"; fail=1
+    fi
+}
+
 if want a; then
 # a. the cuda-vs-cpu harness (fp32, then gemm in bf16); bf16 from the
 #    environment with tiled operand copies; a bad precision value
+rev_start cuda_ops_vs_cpu "$EMU/cuda_ops_vs_cpu"
 MT_CUDA_LAUNCH_LOG="$EMU/launch_ops_vs_cpu.log" "$EMU/cuda_ops_vs_cpu" >"$EMU/cuda_ops_vs_cpu.log" 2>&1
 rc=$?
 if [ $rc -eq 0 ] && grep -q ', 0 failed$' "$EMU/cuda_ops_vs_cpu.log"; then
@@ -227,6 +255,7 @@ else
     grep -E 'FAIL|emu' "$EMU/cuda_ops_vs_cpu.log" | head -40; tail -2 "$EMU/cuda_ops_vs_cpu.log"
     echo "FAIL: emulated cuda_ops_vs_cpu exited $rc"; fail=1
 fi
+rev_check cuda_ops_vs_cpu "$EMU/cuda_ops_vs_cpu.log"
 MT_CUDA_LAUNCH_LOG="$EMU/launch_ops_vs_cpu_bf16.log" MT_CUDA_PRECISION=bf16 MT_CUDA_BF16_SCRATCH_MB=1 MT_CUDA_GG_BN=128 \
     "$EMU/cuda_ops_vs_cpu" -o gemm >"$EMU/cuda_ops_vs_cpu_bf16.log" 2>&1
 rc=$?
@@ -280,6 +309,7 @@ if want b; then
 # b. the project's op harness on the cuda backend
 #    exact pass count: every check the cpu backend passes in the same harness
 #    passes on cuda (the line "cuda  (backend not available ...)" is no pass)
+rev_start test_ops "$EMU/test_ops" -b cuda
 MT_CUDA_LAUNCH_LOG="$EMU/launch_test_ops.log" "$EMU/test_ops" -b cuda >"$EMU/test_ops.log" 2>&1
 rc=$?
 n_cpu=$("$EMU/test_ops" -b cpu 2>/dev/null | sed -n 's/^test_ops: \([0-9]*\) passed, 0 failed, 0 skipped$/\1/p')
@@ -292,11 +322,13 @@ else
     grep -E 'FAIL|emu|not available' "$EMU/test_ops.log" | head -40; tail -2 "$EMU/test_ops.log"
     echo "FAIL: emulated test_ops -b cuda exited $rc"; fail=1
 fi
+rev_check test_ops "$EMU/test_ops.log"
 fi  # want b
 
 if want b2; then
 # b2. the Mamba-3 scan harness on the cuda backend (fp64 recurrence, finite
 #     differences, glue vs cpu): every check passes, none missing
+rev_start test_ssm "$EMU/test_ssm" -b cuda
 MT_CUDA_LAUNCH_LOG="$EMU/launch_test_ssm.log" "$EMU/test_ssm" -b cuda >"$EMU/test_ssm.log" 2>&1
 rc=$?
 n_ssm=$(grep -c '^ok  ' "$EMU/test_ssm.log")
@@ -306,6 +338,7 @@ else
     grep -E 'FAIL|emu' "$EMU/test_ssm.log" | head -20; tail -2 "$EMU/test_ssm.log"
     echo "FAIL: emulated test_ssm -b cuda exited $rc ($n_ssm ok lines)"; fail=1
 fi
+rev_check test_ssm "$EMU/test_ssm.log"
 fi  # want b2
 
 # b3. attention on tensor cores (precision=bf16; v1: wmma under
