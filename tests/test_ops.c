@@ -2864,6 +2864,7 @@ static uint64_t seed_of(const char *name)
 
 int main(int argc, char **argv)
 {
+    setvbuf(stdout, NULL, _IOLBF, 0);   /* a crash on a GPU keeps every line before it in the log */
     const char *op_filter = NULL, *backend_filter = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-o") && i + 1 < argc) op_filter = argv[++i];

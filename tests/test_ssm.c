@@ -1840,6 +1840,7 @@ static void bf16_cases(void)
 
 int main(int argc, char **argv)
 {
+    setvbuf(stdout, NULL, _IOLBF, 0);   /* a crash on a GPU keeps every line before it in the log */
     const char *backend = "cpu";
     int do_bench = 0, only = -1, bf16_only = 0;
     for (int i = 1; i < argc; i++) {

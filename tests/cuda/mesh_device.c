@@ -130,6 +130,7 @@ static void test_collectives(struct mt_ctx *ctx, struct mt_comm *c)
 
 int main(int argc, char **argv)
 {
+    setvbuf(stdout, NULL, _IOLBF, 0);   /* a crash on a GPU keeps every line before it in the log */
     char why[256] = "";
     g_ops = mt_ops_cuda(why, sizeof why);
     if (!g_ops) {
