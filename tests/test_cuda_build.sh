@@ -95,8 +95,9 @@
 #           expected host waits and copies), the per-op profile's fields,
 #           and the launch floor (threads per kernel launch) of a hybrid +
 #           MoE step (docs/cuda.md, "Per-op profile and counters").
-#        g. the emulator's shared memory (smem_emu.cc: asynchronous cp.async,
-#           fresh static shared arrays a block); CUDA
+#        g. the emulator's shared memory and launch order (smem_emu.cc:
+#           asynchronous cp.async, static shared arrays fresh at every launch,
+#           MT_EMU_ORDER; a misspelt order refused); CUDA
 #           graphs: the emulator's stream capture (graph_emu.cc), and
 #           4-step dense (fp32, MT_CUDA_PRECISION=bf16, precision=bf16) and
 #           hybrid (fp32, precision=bf16: the scan's tensor-core kernels) runs
@@ -226,6 +227,11 @@ unset MT_CUDA_PRECISION MT_CUDA_BF16_SCRATCH_MB
 # error printed: the same in either order; a kernel that races prints other values in one).
 # The twin keeps the run's OMP_NUM_THREADS: the cpu references sum in an order that depends
 # on it (test_ssm's glue dw errors differed at 1 thread against 2)
+# logs_equal WHAT FORWARD REVERSE: the two logs line for line (a diff's head when not)
+logs_equal() {
+    if cmp -s "$2" "$3"; then echo "PASS emulated $1: the same log in the reverse launch order"
+    else diff "$2" "$3" | head -10; echo "FAIL: emulated $1: the reverse launch order printed another log"; fail=1; fi
+}
 declare -A REV_PID
 rev_start() {   # rev_start NAME CMD...: $EMU/NAME_rev.log
     local n=$1; shift
@@ -235,12 +241,8 @@ rev_start() {   # rev_start NAME CMD...: $EMU/NAME_rev.log
 rev_check() {   # rev_check NAME FORWARD_LOG
     local n=$1 fwd=$2 rc
     wait "${REV_PID[$n]}"; rc=$?
-    if [ $rc -eq 0 ] && cmp -s "$fwd" "$EMU/${n}_rev.log"; then
-        echo "PASS emulated $n in the reverse launch order: the forward run's log, line for line"
-    else
-        diff "$fwd" "$EMU/${n}_rev.log" | head -10
-        echo "FAIL: emulated $n: the reverse launch order (exit $rc) printed another log than the forward run"; fail=1
-    fi
+    [ $rc -eq 0 ] || { echo "FAIL: emulated $n in the reverse launch order exited $rc"; fail=1; }
+    logs_equal "$n" "$fwd" "$EMU/${n}_rev.log"
 }
 
 if want a; then
@@ -369,12 +371,8 @@ for ds_mb in default 0; do
         echo "FAIL: emulated test_attn_bf16 -b cuda (MT_CUDA_ATTN_DS_MB=$ds_mb) exited $rc ($n_att ok lines)"; fail=1
     fi
 done
-if cmp -s "$EMU/test_attn_bf16_default.log" "$EMU/test_attn_bf16_0.log"; then
-    echo "PASS emulated test_attn_bf16: the reverse launch order (and dQ recomputed) printed the same log"
-else
-    diff "$EMU/test_attn_bf16_default.log" "$EMU/test_attn_bf16_0.log" | head -10
-    echo "FAIL: emulated test_attn_bf16: forward vs reverse launch order (MT_CUDA_ATTN_DS_MB default vs 0) differ"; fail=1
-fi
+logs_equal "test_attn_bf16 (the reverse run with dQ recomputed, MT_CUDA_ATTN_DS_MB=0)" \
+    "$EMU/test_attn_bf16_default.log" "$EMU/test_attn_bf16_0.log"
 
 # c. tiny training runs, cpu vs emulated cuda: dense (fp32, bf16) and MoE (fp32)
 if ! g++ -fopenmp "$EMU"/lib/*.o "$EMU"/cu/*.o -lopenblas -lcjson -lxxhash -lm $SANL \
