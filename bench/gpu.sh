@@ -556,8 +556,16 @@ SPEED_PREC="--set precision=bf16 --knob cuda_precision=bf16"
 SPEED_THREADS=${GPU_SH_SPEED_THREADS:-$(nproc 2>/dev/null || echo 8)}
 export SPEED_PREC SPEED_THREADS
 speed_one() {
-    local name=$1 cfg=$2 batches=$3 b rc setb
+    local name=$1 cfg=$2 batches=$3 b rc setb a prev=""
     shift 3
+    # an A/B row whose knob a fallback already sets for every row would time its base row again
+    for a in "$@"; do
+        if [ "$prev" = --knob ] && [[ " ${SPEED_KNOBS:-} " == *" --knob ${a%%=*}="* ]]; then
+            echo "RESULT $name: not run (its --knob $a is overridden by the fallback ${SPEED_KNOBS}: its base row's run)"
+            return 0
+        fi
+        prev=$a
+    done
     for b in $batches; do
         setb=""
         [ "$b" != 0 ] && setb="--set batch_size=$b"

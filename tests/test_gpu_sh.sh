@@ -135,6 +135,12 @@ fb; printf '# attn_kernel v1\nok    cuda[v1] B2: x\n# attn_kernel v2\n' > "$W/fl
     [ -z "$r4" ] && [ "$r5" = "attn_kernel=v2 " ] && [ "$r6" = "attn_kernel=v1 " ] &&
     ok "gpu_fallbacks.py: none when all pass; v3 -> v2, v3 and v2 -> v1, the bf16 scan -> scan_bf16=0, grouped -> moe_sizes=host; a crash in v3 -> v2, in v2 -> v1" ||
     bad "gpu_fallbacks.py: '$r0' '$r1' '$r2' '$r3' '$r4' '$r5' '$r6'"
+# an A/B row whose knob the fallback sets is not run again (d2048_dense_attnv2 under attn_kernel=v2)
+# (gpu.sh's speed_one alone, with the knobs stage_speed builds from such a file)
+bash -c 'source <(sed -n "/^speed_one() {/,/^}/p" "$0"); SPEED_KNOBS="--knob attn_kernel=v2 "
+         speed_one d2048_dense_attnv2 cfg 0 --knob attn_kernel=v2' "$ROOT/bench/gpu.sh" > "$W/fb2.log" 2>&1
+grep -q 'RESULT d2048_dense_attnv2: not run (its --knob attn_kernel=v2 is overridden by the fallback' "$W/fb2.log" &&
+    ok "an A/B row the fallback makes its base row's twin is not run" || bad "A/B row under its fallback: $(cat "$W/fb2.log")"
 # ... and the ops stage writes them: stub harnesses whose v3 attention and tensor-core scan
 # checks fail (the scan's alone rerun with -bf16), the rest passing
 mkdir -p "$W/ob"
