@@ -599,7 +599,7 @@ stage_speed() {
     [ -f "$WORK/data50k.bin" ] || python3 "$ROOT/tests/make_shard.py" "$WORK/data50k.bin" 600000 50304 random >/dev/null
     local bad=0 C=$ROOT/bench/configs
     # the ops stage's fallbacks (bench/gpu_fallbacks.py; GPU_SH_FALLBACKS=FILE: a given list):
-    # after every row's own flags, so they win over an A/B row's knob of the same name
+    # after every row's own flags (an A/B row of the same knob is not run: speed_one)
     local fb=${GPU_SH_FALLBACKS:-$RES/speed_fallbacks.txt}
     SPEED_KNOBS=""
     if [ -s "$fb" ]; then
