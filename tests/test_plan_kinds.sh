@@ -11,7 +11,8 @@
 # bubble and TP a comm row; a profile without an attention rate runs
 # attention at the GEMM rate; memory_bandwidth_bytes_per_s overrides the
 # calibrated copy rate; a profile without a memory bandwidth (cpu-local) has
-# no breakdown.
+# no breakdown; the MoE experts' grouped kernels at their own rate, and only
+# where a run takes the device-sized path (7, 8).
 set -u
 BUILD=${1:?build dir}
 . "$(dirname "$0")/cli_lib.sh"
@@ -237,4 +238,34 @@ PY
 ); then
     ok "MoE experts' grouped kernels at their own rate: $msg"
 else bad "grouped expert rate: $(cat "$W/err") ${msg:-}"; fi
+# 8. the plan prices the path the run takes: for each row, a one-step cpu run (knob
+#    moe_sizes=device: the device-sized path where it applies) and its plan agree on
+#    whether the experts' sizes stay on the backend (the receipt's
+#    distributed.moe.expert_sizes "device") and whether the plan puts FLOPs on the
+#    grouped kernels (gemm_grouped_flops > 0); one rule, moe.c dev_sizes_refusal
+python3 "$HERE/make_shard.py" "$W/tiny.bin" 20000 64 pattern >/dev/null
+TM="--set vocab_size=64 --set n_layer=2 --set d_model=32 --set n_head=4 --set n_kv_head=2 --set seq_len=16
+    --set batch_size=4 --set pattern=AE --set n_experts=4 --set top_k=2 --set expert_hidden=16"
+msg="" n8=0
+for row in "device|--set precision=bf16" "host|" "host|--set precision=bf16 --set n_null_experts=2" \
+           "host|--set precision=bf16 --set expert_hidden=12" "host|--set precision=bf16 --set redo_every=2" \
+           "host|--set precision=bf16 --knob moe_grouped=0" "host|--set precision=bf16 --knob moe_sizes=host"; do
+    want=${row%%|*} x=${row#*|}
+    # shellcheck disable=SC2086
+    "$MT" train $TM --knob moe_sizes=device $x --backend cpu --steps 1 --quiet --no-save --data "$W/tiny.bin" \
+        --out "$W/r8_$n8" >"$W/r8.log" 2>&1 &&
+    # shellcheck disable=SC2086
+    "$MT" plan $TM --knob moe_sizes=device $x --profile "$PROF" --json >"$W/p8.json" 2>"$W/err" &&
+    got=$(python3 - "$W/r8_$n8/receipt.json" "$W/p8.json" <<'PY'
+import json, sys
+run = json.load(open(sys.argv[1]))["distributed"]["moe"]["expert_sizes"]
+plan = "device" if json.load(open(sys.argv[2]))["cost"]["by_kind"]["gemm_grouped_flops"] > 0 else "host"
+print(run if run == plan else "run %s, plan %s" % (run, plan))
+PY
+) || got="no run or plan ($(tail -1 "$W/r8.log"; cat "$W/err"))"
+    [ "$got" = "$want" ] || msg="$msg [${x:-precision=fp32}: want $want, got $got]"
+    n8=$((n8 + 1))
+done
+if [ -z "$msg" ]; then ok "plan and run agree on the device-sized experts ($n8 configs)"
+else bad "plan vs run, device-sized experts:$msg"; fi
 finish

@@ -389,6 +389,24 @@ static void moe_params(const struct mt_block_shape *shape, mt_pspec_fn fn, void 
     for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++) fn(user, &sh[i]);
 }
 
+/* The model's part of the rule below, NULL where the device-sized experts
+ * apply, else why not: one definition for the runtime (sizes_on_device) and
+ * the planner's pricing of the same layer (moe_work), so that a plan cannot
+ * price a path its run does not take. grouped: knob moe_grouped (the planner:
+ * its moe_dev_sizes, which folds moe_sizes=host in). */
+static const char *dev_sizes_refusal(const struct mt_config *cfg, int bf16, int ep, int D, int grouped)
+{
+    if (!bf16) return "precision=fp32 (the device-sized GEMMs are bf16)";
+    if (ep > 1) return "ep > 1 (the all-to-all-v takes host counts)";
+    if (cfg->n_null_experts > 0) return "null experts";
+    if (cfg->lora_rank > 0) return "LoRA (frozen experts and adapters run per group)";
+    if (cfg->redo_every > 0) return "ReDo (scores per group)";
+    if (!grouped) return "moe_grouped=0";
+    if (cfg->n_experts > MT_GROUPED_DEV_MAX) return "more than 64 experts";
+    if (!mt_grouped_dev_dims_ok(D, cfg->expert_hidden, 8, 8)) return "d_model or expert_hidden not a multiple of 8";
+    return NULL;
+}
+
 /* Knob moe_sizes: may the layer keep its per-expert counts on the backend
  * (moe_experts_forward_dev: grouped bf16 GEMMs that read the offsets
  * there, no host read)? auto: where it applies, on a device backend (on a
@@ -407,14 +425,7 @@ static int sizes_on_device(const struct mt_ctx *ctx, const struct mt_piece_ctx *
         no = "the backend has no device-sized grouped GEMM";
     else if (strcmp(k, "auto") == 0 && ops->host_memory)
         no = "auto on a host-memory backend (host sizes cost nothing there; moe_sizes=device runs the device path)";
-    else if (!pc->bf16) no = "precision=fp32 (the device-sized GEMMs are bf16)";
-    else if (pc->ep.ep > 1) no = "ep > 1 (the all-to-all-v takes host counts)";
-    else if (md->Z > 0) no = "null experts";
-    else if (cfg->lora_rank > 0) no = "LoRA (frozen experts and adapters run per group)";
-    else if (cfg->redo_every > 0) no = "ReDo (scores per group)";
-    else if (!md->grouped) no = "moe_grouped=0";
-    else if (md->E > MT_GROUPED_DEV_MAX) no = "more than 64 experts";
-    else if (!mt_grouped_dev_dims_ok(pc->D, md->Fe, 8, 8)) no = "d_model or expert_hidden not a multiple of 8";
+    else no = dev_sizes_refusal(cfg, pc->bf16, pc->ep.ep, pc->D, md->grouped);
     snprintf(why, n, "%s", no ? no : "");
     return no == NULL;
 }
@@ -547,8 +558,7 @@ static void moe_work(const struct mt_block_shape *sh, int rc, struct mt_work *w)
     const double D = (double)sh->D;
     const double hid = (double)s->top_k * (double)s->Fe + (double)s->Fs;
     const struct mt_config *c = sh->cfg;
-    if (!strcmp(c->precision, "bf16") && sh->moe_dev_sizes && s->Z == 0 && c->lora_rank <= 0 && c->redo_every <= 0 &&
-        sh->ep <= 1 && s->E <= MT_GROUPED_DEV_MAX && mt_grouped_dev_dims_ok((int)sh->D, (int)s->Fe, 8, 8)) {
+    if (!dev_sizes_refusal(c, !strcmp(c->precision, "bf16"), sh->ep, (int)sh->D, sh->moe_dev_sizes)) {
         /* precision=bf16 on cuda with the device-sized grouped experts (sizes_on_device's
          * default case), 4-byte elements per token, k = top_k slots, Er = E + Z:
          * norm: forward reads x, writes h, x_out (3 D; + h's twin 0.5 D with a shared
