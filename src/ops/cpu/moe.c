@@ -22,7 +22,7 @@
  * rows (pos is a permutation), sums run in j order: race-free, deterministic.
  */
 #include "cpu_impl.h"
-#include "../moe_aux_math.h"
+#include "../moe_math.h"
 
 #include <math.h>
 #include <string.h>
@@ -31,40 +31,9 @@ void mt_cpu_router_forward(float *probs, float *lse, int32_t *topk_idx, float *g
                            const float *logits, int N, int E, int k)
 {
     #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        const float *z = logits + (size_t)n * (size_t)E;
-        float       *p = probs + (size_t)n * (size_t)E;
-        int32_t     *ix = topk_idx + (size_t)n * (size_t)k;
-        float       *g = gates + (size_t)n * (size_t)k;
-        float mx = -INFINITY;
-        for (int e = 0; e < E; e++) mx = z[e] > mx ? z[e] : mx;
-        double sum = 0.0;
-        for (int e = 0; e < E; e++) {
-            float ex = expf(z[e] - mx);
-            p[e] = ex;
-            sum += ex;
-        }
-        float inv = (float)(1.0 / sum);
-        for (int e = 0; e < E; e++) p[e] *= inv;
-        lse[n] = mx + (float)log(sum);
-        float S = 0.0f;
-        for (int j = 0; j < k; j++) {
-            int best = -1;
-            float bv = 0.0f;
-            for (int e = 0; e < E; e++) {
-                int taken = 0;
-                for (int m = 0; m < j; m++) taken |= (ix[m] == e);
-                if (taken) continue;
-                if (best < 0 || p[e] > bv) {
-                    best = e;
-                    bv = p[e];
-                }
-            }
-            ix[j] = best;
-            S += bv;
-        }
-        for (int j = 0; j < k; j++) g[j] = p[ix[j]] / S;
-    }
+    for (int n = 0; n < N; n++)
+        mt_moe_router_row_forward(probs + (size_t)n * (size_t)E, lse + n, topk_idx + (size_t)n * (size_t)k,
+                                  gates + (size_t)n * (size_t)k, logits + (size_t)n * (size_t)E, E, k);
 }
 
 void mt_cpu_router_backward(float *dlogits, const float *dgates, const float *dprobs,
@@ -73,25 +42,12 @@ void mt_cpu_router_backward(float *dlogits, const float *dgates, const float *dp
 {
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
-        const float   *p  = probs + (size_t)n * (size_t)E;
-        const int32_t *ix = topk_idx + (size_t)n * (size_t)k;
-        const float   *g  = gates + (size_t)n * (size_t)k;
-        const float   *dg = dgates ? dgates + (size_t)n * (size_t)k : NULL;
-        float         *dp = dlogits + (size_t)n * (size_t)E;  /* dp lives in the output row */
+        float *dp = dlogits + (size_t)n * (size_t)E;  /* dp lives in the output row */
         if (dprobs) memcpy(dp, dprobs + (size_t)n * (size_t)E, (size_t)E * sizeof(float));
         else        memset(dp, 0, (size_t)E * sizeof(float));
-        if (dg) {
-            float S = 0.0f, dgg = 0.0f;
-            for (int j = 0; j < k; j++) {
-                S += p[ix[j]];
-                dgg += dg[j] * g[j];
-            }
-            for (int j = 0; j < k; j++) dp[ix[j]] += dg[j] / S - dgg / S;
-        }
-        float pdp = 0.0f;
-        for (int e = 0; e < E; e++) pdp += p[e] * dp[e];
-        float dl = dlse ? dlse[n] : 0.0f;
-        for (int e = 0; e < E; e++) dp[e] = p[e] * (dp[e] - pdp) + dl * p[e];
+        mt_moe_router_row_backward(dp, probs + (size_t)n * (size_t)E, topk_idx + (size_t)n * (size_t)k,
+                                   gates + (size_t)n * (size_t)k, dgates ? dgates + (size_t)n * (size_t)k : NULL,
+                                   dlse ? dlse[n] : 0.0f, E, k);
     }
 }
 

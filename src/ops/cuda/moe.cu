@@ -26,49 +26,20 @@
  * race-free, deterministic, no atomics.
  */
 #include "cuda_impl.cuh"
-#include "../moe_aux_math.h"
+#include "../moe_math.h"
 
 #include <math.h>
 
 #define THREADS 256
 
+/* one thread per token: the router's row math, moe_math.h (the cpu twin's) */
 static __global__ void router_fwd_k(float *probs, float *lse, int32_t *topk_idx, float *gates,
                                     const float *logits, int N, int E, int k)
 {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n >= N) return;
-    const float *z = logits + (size_t)n * (size_t)E;
-    float *p = probs + (size_t)n * (size_t)E;
-    int32_t *ix = topk_idx + (size_t)n * (size_t)k;
-    float *g = gates + (size_t)n * (size_t)k;
-    float mx = -INFINITY;
-    for (int e = 0; e < E; e++) mx = z[e] > mx ? z[e] : mx;
-    double sum = 0.0;
-    for (int e = 0; e < E; e++) {
-        float ex = expf(z[e] - mx);
-        p[e] = ex;
-        sum += ex;
-    }
-    float inv = (float)(1.0 / sum);
-    for (int e = 0; e < E; e++) p[e] *= inv;
-    lse[n] = mx + (float)log(sum);
-    float S = 0.0f;
-    for (int j = 0; j < k; j++) {
-        int best = -1;
-        float bv = 0.0f;
-        for (int e = 0; e < E; e++) {
-            int taken = 0;
-            for (int m = 0; m < j; m++) taken |= (ix[m] == e);
-            if (taken) continue;
-            if (best < 0 || p[e] > bv) {
-                best = e;
-                bv = p[e];
-            }
-        }
-        ix[j] = best;
-        S += bv;
-    }
-    for (int j = 0; j < k; j++) g[j] = p[ix[j]] / S;
+    mt_moe_router_row_forward(probs + (size_t)n * (size_t)E, lse + n, topk_idx + (size_t)n * (size_t)k,
+                              gates + (size_t)n * (size_t)k, logits + (size_t)n * (size_t)E, E, k);
 }
 
 static __global__ void router_bwd_k(float *dlogits, const float *dgates, const float *dprobs, const float *dlse,
@@ -77,24 +48,11 @@ static __global__ void router_bwd_k(float *dlogits, const float *dgates, const f
 {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n >= N) return;
-    const float *p = probs + (size_t)n * (size_t)E;
-    const int32_t *ix = topk_idx + (size_t)n * (size_t)k;
-    const float *g = gates + (size_t)n * (size_t)k;
     float *dp = dlogits + (size_t)n * (size_t)E;  /* dp lives in the output row */
     for (int e = 0; e < E; e++) dp[e] = dprobs ? dprobs[(size_t)n * (size_t)E + e] : 0.0f;
-    if (dgates) {
-        const float *dg = dgates + (size_t)n * (size_t)k;
-        float S = 0.0f, dgg = 0.0f;
-        for (int j = 0; j < k; j++) {
-            S += p[ix[j]];
-            dgg += dg[j] * g[j];
-        }
-        for (int j = 0; j < k; j++) dp[ix[j]] += dg[j] / S - dgg / S;
-    }
-    float pdp = 0.0f;
-    for (int e = 0; e < E; e++) pdp += p[e] * dp[e];
-    float dl = dlse ? dlse[n] : 0.0f;
-    for (int e = 0; e < E; e++) dp[e] = p[e] * (dp[e] - pdp) + dl * p[e];
+    mt_moe_router_row_backward(dp, probs + (size_t)n * (size_t)E, topk_idx + (size_t)n * (size_t)k,
+                               gates + (size_t)n * (size_t)k, dgates ? dgates + (size_t)n * (size_t)k : NULL,
+                               dlse ? dlse[n] : 0.0f, E, k);
 }
 
 /* The row kernels below: one block per row of the output (blockIdx.x, up
