@@ -18,8 +18,10 @@ every line says so:
       v3 never ran, so v1);
   test_ssm -bf16 (the precision=bf16 scan's checks alone) failed -> scan_bf16=0
       (the fp32 scan kernels; the run's other kernels unchanged);
-  cuda_ops_vs_cpu FAIL lines for gemm_grouped_rows / gemm_grouped_sum ->
-      moe_sizes=host (one cuBLASLt matmul per expert).
+  cuda_ops_vs_cpu FAIL lines for gemm_grouped_rows / gemm_grouped_sum, or a log
+      with no summary line whose last "# group" line (printed before each group of
+      checks) is one of theirs (a crash or a hang there) -> moe_sizes=host (one
+      cuBLASLt matmul per expert).
 
 Prints one line per fallback, "KNOB=VALUE<TAB>why". No line: nothing to change.
 A log that is missing (that check did not run) changes nothing.
@@ -81,9 +83,15 @@ def grouped(logdir):
     if ls is None:
         return None
     n = sum(1 for ln in ls if re.match(r"cuda\s+gemm_grouped_(rows|sum)\b", ln) and ln.rstrip().endswith("FAIL"))
-    if not n:
-        return None
-    return "moe_sizes=host", "cuda_ops_vs_cpu: %d gemm_grouped_rows/_sum checks failed" % n
+    if n:
+        return "moe_sizes=host", "cuda_ops_vs_cpu: %d gemm_grouped_rows/_sum checks failed" % n
+    # no summary line: the harness crashed or its box ended it inside the group of its
+    # last "# group" line (printed, line-buffered, before each group)
+    if not any(re.match(r"cuda_ops_vs_cpu: \d+ checks", ln) for ln in ls):
+        last = [m.group(1) for m in (re.match(r"# group (\w+)", ln) for ln in ls) if m]
+        if last and last[-1] in ("test_gemm_grouped_rows", "test_gemm_grouped_sum"):
+            return "moe_sizes=host", "cuda_ops_vs_cpu stopped inside %s (no summary line)" % last[-1]
+    return None
 
 
 def main():

@@ -188,6 +188,16 @@ static void check3i(const char *op, const char *what, int32_t *r[3], size_t n)
     report(op, w, (double)ndiff(r[1], r[2], n), 0);
     for (int p = 0; p < 3; p++) free(r[p]);
 }
+/* A group of checks: its seed, after its marker line. A run that crashes or
+ * hangs (a stage box ends it) names the group it was in: its last "# group"
+ * line (stdout is line-buffered; bench/gpu_fallbacks.py reads it). */
+#define RUN(seed, call)                    \
+    do {                                   \
+        printf("# group %s\n", #call);     \
+        g_rng = (seed);                    \
+        call;                              \
+    } while (0)
+
 static int selected(const char *op)
 {
     return !g_filter || strstr(op, g_filter);
@@ -2854,40 +2864,40 @@ int main(int argc, char **argv)
 
     /* ---- fp32 mode: every op to 1e-5 ---- */
     mt_ops_cuda_set_precision(MT_CUDA_PRECISION_FP32);
-    g_rng = 1;  test_table();
-    g_rng = 2;  test_memory();
-    g_rng = 3;  test_fill_axpby();
-    g_rng = 4;  test_reductions();
-    g_rng = 26; test_nonfinite_mark();
-    g_rng = 5;  test_gemm();
-    g_rng = 17; test_gemm_grouped(0);
-    g_rng = 6;  test_embed();
-    g_rng = 7;  test_rmsnorm();
-    g_rng = 8;  test_rope();
-    g_rng = 9;  test_attention();
-    g_rng = 10; test_swiglu();
-    g_rng = 23; test_vec_elementwise();
-    g_rng = 27; test_cast_multi();
-    g_rng = 24; test_redo();
-    g_rng = 11; test_xent();
-    g_rng = 12; test_router();
-    g_rng = 13; test_moe();
-    g_rng = 21; test_moe_route();
-    g_rng = 22; test_moe_aux();
-    g_rng = 25; test_mod();
-    g_rng = 14; test_optim();
-    g_rng = 28; test_adamw_multi();
-    g_rng = 19; test_fused();
-    g_rng = 29; test_gemm_grouped_rows();
-    g_rng = 30; test_gemm_grouped_sum();
-    g_rng = 31; test_moe_count_acc();
+    RUN(1, test_table());
+    RUN(2, test_memory());
+    RUN(3, test_fill_axpby());
+    RUN(4, test_reductions());
+    RUN(26, test_nonfinite_mark());
+    RUN(5, test_gemm());
+    RUN(17, test_gemm_grouped(0));
+    RUN(6, test_embed());
+    RUN(7, test_rmsnorm());
+    RUN(8, test_rope());
+    RUN(9, test_attention());
+    RUN(10, test_swiglu());
+    RUN(23, test_vec_elementwise());
+    RUN(27, test_cast_multi());
+    RUN(24, test_redo());
+    RUN(11, test_xent());
+    RUN(12, test_router());
+    RUN(13, test_moe());
+    RUN(21, test_moe_route());
+    RUN(22, test_moe_aux());
+    RUN(25, test_mod());
+    RUN(14, test_optim());
+    RUN(28, test_adamw_multi());
+    RUN(19, test_fused());
+    RUN(29, test_gemm_grouped_rows());
+    RUN(30, test_gemm_grouped_sum());
+    RUN(31, test_moe_count_acc());
 
     /* ---- bf16 mode: gemm to the derived bound ---- */
-    g_rng = 15; test_precision_api();
-    g_rng = 16; test_gemm_bf16();
-    g_rng = 18; test_gemm_grouped(1);
-    g_rng = 19; test_bf16_operands();   /* independent of the plain entry's precision */
-    g_rng = 20; test_instances();      /* a second instance (bf16) beside the default (fp32) */
+    RUN(15, test_precision_api());
+    RUN(16, test_gemm_bf16());
+    RUN(18, test_gemm_grouped(1));
+    RUN(19, test_bf16_operands());   /* independent of the plain entry's precision */
+    RUN(20, test_instances());      /* a second instance (bf16) beside the default (fp32) */
     struct mt_ops_cuda_info after;
     if (mt_ops_cuda_get_info(&after) == MT_OK)
         printf("cuda bf16: %ld cuBLASLt matmuls, %ld sgemm fallbacks\n", after.gemm_bf16_calls,
