@@ -210,6 +210,15 @@ static struct cal_time time_runs(cal_fn fn, const void *arg, int warmup, int rep
 
 static void gemm_fn(const void *arg) { run_gemm(arg); }
 
+/* Hopper's warpgroup MMA, probed (mt_ops_cuda_wgmma_probe_of: C = A B^T, bf16
+ * operands as stored): its status kept for the row */
+struct cal_wgmma_ctx { int m, n, k; const mt_bf16 *a, *b; float *c; enum mt_status st; };
+static void wgmma_fn(const void *arg)
+{
+    struct cal_wgmma_ctx *w = (struct cal_wgmma_ctx *)arg;
+    w->st = mt_ops_cuda_wgmma_probe_of(g_ops->be, w->c, w->a, w->b, w->m, w->n, w->k);
+}
+
 /* The MoE experts' products (issue 28 item 2): E equal groups of R rows of a
  * sorted buffer. grouped: the device-sized entries (gemm_grouped_rows: the
  * forward's x W^T, the backward's dy W; gemm_grouped_sum: dW += dy^T x),
@@ -479,6 +488,63 @@ static void json_str(FILE *f, const char *s)  /* a JSON string of s (control cha
     emit(f, "\"");
 }
 
+/* The wgmma probe (wgmma_probe.cu, 128 x 128 tiles, 3 stages) beside gemm_bf16
+ * (cuBLASLt) on the same bf16 operands, checked first against it (max |C_wgmma -
+ * C_cublas| / max |C|, both fp32 sums of the same products): a wrong kernel or a
+ * CUDA error in it is reported, not timed ("ok" false, no rates). main runs it
+ * last, so that it costs no other row. */
+static void calib_wgmma(FILE *f, int quick, int warmup, int reps)
+{
+    const int ws[2][3] = {{quick ? 128 : 4096, quick ? 256 : 4096, quick ? 192 : 4096},
+                          {quick ? 128 : 8192, quick ? 128 : 8192, quick ? 64 : 2048}};
+    for (int s = 0; s < 2; s++) {
+        const int m = ws[s][0], n = ws[s][1], k = ws[s][2];
+        const size_t na = (size_t)m * k, nb = (size_t)n * k, nc = (size_t)m * n;
+        float *t = dev_rand(na > nb ? na : nb), *c = dev_alloc(nc * 4), *cref = dev_alloc(nc * 4);
+        mt_bf16 *a16 = dev_alloc(na * 2), *b16 = dev_alloc(nb * 2);
+        g_ops->cast_bf16(g_ops->be, a16, t, na);
+        g_ops->cast_bf16(g_ops->be, b16, t, nb);
+        struct cal_wgmma_ctx w = {m, n, k, a16, b16, c, MT_OK};
+        wgmma_fn(&w);
+        mt_ops_cuda_set_precision_of(g_ops->be, MT_CUDA_PRECISION_BF16);
+        struct cal_gemm_ctx g = {CAL_BF16, m, n, k, t, t, a16, b16, cref};
+        run_gemm(&g);
+        g_ops->sync(g_ops->be);
+        char msg[256];
+        if (w.st == MT_OK && mt_ops_cuda_status_of(g_ops->be, msg, sizeof msg) != MT_OK) {
+            fprintf(stderr, "cuda_calib: CUDA error in the wgmma probe: %s\n", msg);
+            w.st = MT_ERR_RUNTIME;
+        }
+        float *h = malloc(nc * 4), *hr = malloc(nc * 4);
+        double dmax = 0.0, cmax = 0.0;
+        if (h && hr && w.st == MT_OK) {
+            g_ops->copy_to_host(g_ops->be, h, c, nc * 4);
+            g_ops->copy_to_host(g_ops->be, hr, cref, nc * 4);
+            for (size_t i = 0; i < nc; i++) {
+                double d = fabs((double)h[i] - hr[i]);
+                if (!(d == d)) d = INFINITY;
+                if (d > dmax) dmax = d;
+                if (fabs((double)hr[i]) > cmax) cmax = fabs((double)hr[i]);
+            }
+        }
+        free(h), free(hr);
+        /* -1: not compared (an error, or a non-finite difference); JSON has no inf */
+        const double rel = cmax > 0 && isfinite(dmax) ? dmax / cmax : -1.0, flops = 2.0 * m * n * (double)k;
+        const int w_ok = w.st == MT_OK && rel >= 0.0 && rel <= 1e-4;
+        struct cal_time tw = {0, 0}, tc = {0, 0};
+        if (w_ok) tc = time_runs(gemm_fn, &g, warmup, reps), tw = time_runs(wgmma_fn, &w, warmup, reps);
+        mt_ops_cuda_set_precision_of(g_ops->be, MT_CUDA_PRECISION_FP32);
+        emit(f, "%s\n  {\"m\": %d, \"n\": %d, \"k\": %d, \"status\": \"%s\", \"ok\": %s, \"max_rel_vs_cublas\": %.3e, "
+                "\"flops\": %.6g, \"wgmma_median_s\": %.6e, \"wgmma_flop_per_s\": %.6e, "
+                "\"cublas_median_s\": %.6e, \"cublas_flop_per_s\": %.6e}",
+             s ? "," : "", m, n, k, mt_status_str(w.st), w_ok ? "true" : "false", rel, flops, tw.median,
+             w_ok ? flops / tw.median : 0.0, tc.median, w_ok ? flops / tc.median : 0.0);
+        g_ops->buf_free(g_ops->be, &g_ctx, t), g_ops->buf_free(g_ops->be, &g_ctx, c);
+        g_ops->buf_free(g_ops->be, &g_ctx, cref), g_ops->buf_free(g_ops->be, &g_ctx, a16);
+        g_ops->buf_free(g_ops->be, &g_ctx, b16);
+    }
+}
+
 int main(int argc, char **argv)
 {
     int quick = 0, reps = 20, warmup = 3;
@@ -671,6 +737,7 @@ int main(int argc, char **argv)
     }
     emit(f, "\n ],\n");
 
+
     /* ---- attention (causal, H = K: no GQA sharing): the fp32 kernels, then
      * the precision=bf16 ones (tensor cores) with attn_kernel=v1, v2, then v3
      * (the default), each shape ---- */
@@ -844,7 +911,12 @@ int main(int argc, char **argv)
         g_ops->buf_free(g_ops->be, &g_ctx, c.dst), g_ops->buf_free(g_ops->be, &g_ctx, c.src);
     }
     check_status("copies");
-    emit(f, "], \"best_bytes_per_s\": %.6e}\n}\n", best_copy);
+    emit(f, "], \"best_bytes_per_s\": %.6e}", best_copy);
+
+    /* ---- wgmma, last (calib_wgmma) ---- */
+    emit(f, ",\n \"wgmma\": [");
+    calib_wgmma(f, quick, warmup, reps);
+    emit(f, "\n ]\n}\n");
     if (g_out2) fclose(g_out2);
     size_t live = g_ctx.bytes_live_total;
     mt_ctx_free(&g_ctx);

@@ -70,7 +70,8 @@
 #           plan predictions use this card's profile):
 #           bench/cuda_calib.c (GEMM fp32/bf16, attention, one-rank all-reduce or
 #           device copy) and bench/profiles/gpu_profile.py -> $RES/h100-measured.json (h200-),
-#           the planner's profile calibrated on this GPU (docs/cuda.md)
+#           the planner's profile calibrated on this GPU (docs/cuda.md); the wgmma
+#           probe's check against cuBLAS and its rate ("RESULT calib wgmma")
 #   summary summary.md + summary.json: pass/fail per check, tokens/s, MFU, the
 #           plan's prediction, ratios to PyTorch and llm.c, each meshtrain run's
 #           per-op profile (always runs)
@@ -855,6 +856,11 @@ for x in c.get("grouped") or []:
     print("RESULT calib grouped %s bn %d %dx%d rows, d %d f %d: grouped %.1f TF/s (%.3f ms), loop %.1f TF/s (%.3f ms)"
           % (x["kind"], x.get("bn", 128), x["groups"], x["rows_per_group"], x["d"], x["f"], x["grouped_flop_per_s"] / 1e12,
              1e3 * x["grouped_median_s"], x["loop_flop_per_s"] / 1e12, 1e3 * x["loop_median_s"]))
+# the wgmma probe (wgmma_probe.cu): checked against cuBLAS first; its rate beside cuBLAS's
+for x in c.get("wgmma") or []:
+    print("RESULT calib wgmma %dx%dx%d: %s, max rel vs cuBLAS %.2e, wgmma %.1f TF/s, cuBLAS %.1f TF/s"
+          % (x["m"], x["n"], x["k"], "ok" if x["ok"] else "WRONG (%s)" % x["status"], x["max_rel_vs_cublas"],
+             x["wgmma_flop_per_s"] / 1e12, x["cublas_flop_per_s"] / 1e12))
 for x in c.get("layer_core") or []:
     print("RESULT calib layer core B %d T %d: scan %s fp32 %.4f s, bf16 %.4f s vs attention %s fp32 %.4f s, bf16 %.4f s "
           "(scan/attention, bf16 both: %.2f)"

@@ -3,7 +3,7 @@
 # Included from CMakeLists.txt right after meshtrain_lib is defined. With
 # MT_WITH_CUDA=OFF (the default) it does nothing at all. With ON:
 #   - enable_language(CUDA) with /usr/local/cuda/bin/nvcc unless the caller
-#     chose a compiler, sm_90 only (H100/H200) unless CMAKE_CUDA_ARCHITECTURES
+#     chose a compiler, sm_90a only (H100/H200) unless CMAKE_CUDA_ARCHITECTURES
 #     is given, C++20 device/host code (-Wshadow stays C-only: in C++ it flags the
 #   core headers' C idiom of a function named like its struct), the shared CUDA runtime;
 #   - src/ops/cuda/*.cu join meshtrain_lib, which gets MT_WITH_CUDA=1 (PUBLIC)
@@ -27,8 +27,10 @@ endif()
 if(NOT DEFINED CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
   set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
 endif()
+# 90a: sm_90's arch-specific instructions (wgmma, src/ops/cuda/wgmma.cuh) are
+# compiled in; the code runs on sm_90 devices only (H100/H200), as before
 if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-  set(CMAKE_CUDA_ARCHITECTURES 90)
+  set(CMAKE_CUDA_ARCHITECTURES 90a)
 endif()
 set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
 enable_language(CUDA)

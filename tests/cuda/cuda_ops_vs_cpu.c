@@ -2369,6 +2369,59 @@ static double gg_ulp16(double v)
     return v == 0.0 ? 0x1.0p-133 : ldexp(1.0, e - 8);
 }
 
+/* ---- wgmma (not a table op: mt_ops_cuda_wgmma_probe_of, wgmma_probe.cu) ----
+ * C = A B^T with bf16 A (M x K) and B (N x K) on Hopper's warpgroup MMA against
+ * the double product of the same bf16 values: |C - ref| <= 2 K u32 sum_k |a b|
+ * (fp32 accumulation in some order; the products are exact). Shapes: one
+ * slice of K (64), more slices than the 3 stages (K 640: the ring wraps), a
+ * grid of 2 x 3 tiles; twice each, bit for bit; a shape off the tiles refused.
+ * Where the device code has no sm_90a instructions: SKIPPED, said. */
+static void test_wgmma(void)
+{
+    if (!selected("wgmma")) return;
+    struct be *b = BE(1);
+    static const int cs[][3] = {{128, 128, 64}, {128, 128, 640}, {256, 384, 192}};
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        const int M = cs[c][0], N = cs[c][1], K = cs[c][2];
+        uint16_t *A = gg_rnd_bf16(M, K, M, K), *B = gg_rnd_bf16(N, K, N, K);
+        float *r[2];
+        enum mt_status st = MT_OK;
+        for (int p = 0; p < 2; p++) {
+            void *dA = gg_up16(b, A, (size_t)M * K), *dB = gg_up16(b, B, (size_t)N * K);
+            float *dC = dalloc(b, (size_t)M * N * sizeof(float));
+            st = mt_ops_cuda_wgmma_probe_of(b->ops->be, dC, dA, dB, M, N, K);
+            r[p] = downf(b, dC, (size_t)M * N);
+            release(b);
+        }
+        char w[160];
+        if (st == MT_ERR_UNSUPPORTED) {
+            printf("SKIPPED (wgmma: the device code has no sm_90a instructions: a build for plain sm_90)\n");
+            free(A); free(B); free(r[0]); free(r[1]);
+            return;
+        }
+        double worst = st == MT_OK ? 0.0 : INFINITY;
+        for (int i = 0; i < M && st == MT_OK; i++)
+            for (int j = 0; j < N; j++) {
+                double ref = 0.0, T = 0.0;
+                for (int k = 0; k < K; k++) {
+                    const double v = (double)gg_bf2f(A[(size_t)i * K + k]) * gg_bf2f(B[(size_t)j * K + k]);
+                    ref += v;
+                    T += fabs(v);
+                }
+                double d = fabs((double)r[0][(size_t)i * N + j] - ref) / (2.0 * K * 0x1.0p-24 * T + 1e-30);
+                if (!(d == d)) d = INFINITY;
+                if (d > worst) worst = d;
+            }
+        snprintf(w, sizeof w, "M=%d N=%d K=%d vs fp64 (err/bound)", M, N, K);
+        report("wgmma", w, worst, 1.0);
+        snprintf(w, sizeof w, "M=%d N=%d K=%d: deterministic (differing elements)", M, N, K);
+        report("wgmma", w, (double)ndiff(r[0], r[1], (size_t)M * N), 0);
+        free(A); free(B); free(r[0]); free(r[1]);
+    }
+    report("wgmma", "M=100 refused (not a multiple of 128)",
+           mt_ops_cuda_wgmma_probe_of(b->ops->be, NULL, NULL, NULL, 100, 128, 64) != MT_ERR_INVALID_ARG, 0);
+}
+
 static void test_gemm_grouped_rows(void)
 {
     if (!selected("gemm_grouped_rows")) return;
@@ -2891,6 +2944,7 @@ int main(int argc, char **argv)
     RUN(29, test_gemm_grouped_rows());
     RUN(30, test_gemm_grouped_sum());
     RUN(31, test_moe_count_acc());
+    RUN(32, test_wgmma());
 
     /* ---- bf16 mode: gemm to the derived bound ---- */
     RUN(15, test_precision_api());

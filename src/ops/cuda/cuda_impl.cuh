@@ -256,6 +256,9 @@ static int mt_cuda_smem_opt_in(F *kern, size_t bytes)
  * the one stream, so one buffer serves every op. */
 void *mt_cuda_workspace(size_t bytes);
 
+/* C = A B^T on wgmma (wgmma_probe.cu; mt_ops_cuda_wgmma_probe_of) */
+enum mt_status mt_cuda_wgmma_probe(float *C, const void *A, const void *B, int M, int N, int K);
+
 /* ---- CUDA graphs (graph.cu; docs/cuda.md "CUDA graphs") ----
  * While graphs are active (inside a step mark, graph_mode on), every device
  * operation the stream can capture (kernel launch, memset, device copy,

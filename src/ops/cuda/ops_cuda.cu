@@ -773,6 +773,13 @@ extern "C" enum mt_status mt_ops_cuda_set_gg_bn_of(void *be, int bn)
     return MT_OK;
 }
 
+extern "C" enum mt_status mt_ops_cuda_wgmma_probe_of(void *be, float *C, const void *A, const void *B, int M, int N,
+                                                     int K)
+{
+    if (!bind_instance(be)) return MT_ERR_UNSUPPORTED;
+    return mt_cuda_wgmma_probe(C, A, B, M, N, K);
+}
+
 extern "C" enum mt_cuda_precision mt_ops_cuda_get_precision_of(void *be)
 {
     struct mt_cuda_backend *B = bind_instance(be);

@@ -37,6 +37,7 @@
 #include "cuda_bf16.h"
 #include "cublas_v2.h"
 #include "cublasLt.h"
+#include "mma_ptx.h"
 
 #include <execinfo.h>
 #include <signal.h>
@@ -45,6 +46,8 @@
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
+#include <algorithm>
+#include <cstddef>
 #include <deque>
 #include <map>
 #include <vector>
@@ -485,7 +488,7 @@ mt_emu_switch:
     .size mt_emu_switch, .-mt_emu_switch
 )");
 
-enum { RUNNABLE, WAIT_BLOCK, WAIT_WARP, DONE };
+enum { RUNNABLE, WAIT_BLOCK, WAIT_WARP, WAIT_WG, DONE };
 struct fiber {
     void    *sp;
     dim3     tid;
@@ -494,6 +497,8 @@ struct fiber {
     unsigned nwload, nwstore, nwmma; /* wmma loads / stores / products done (mma.h): their sequence numbers */
     void    *site;   /* call site of the barrier it waits at (divergence check) */
     unsigned cp_committed; /* cp.async groups committed (mt_emu_cp_async_commit) */
+    unsigned nwg;          /* warpgroup collectives done: double-buffer phase */
+    unsigned wg_committed; /* wgmma groups committed (mt_emu_wgmma_commit) */
 };
 
 #define STACK_BYTES (64 * 1024)
@@ -506,6 +511,8 @@ static void                        *g_sched_sp;
 static std::vector<fiber>           g_f;
 static std::vector<char>            g_stacks;
 static std::vector<int>             g_warp_live, g_warp_arrived;
+static std::vector<int>             g_wg_arrived;   /* per warpgroup (4 warps) */
+static std::vector<unsigned char>   g_wgslots;      /* [warpgroup][phase 2][thread 128][MT_EMU_WG_BYTES] */
 static std::vector<unsigned char>   g_slots;  /* [warp][phase 2][lane 32][8 bytes] */
 static std::vector<unsigned char>   g_cslots; /* warp collectives: [warp][phase 2][lane 32][MT_EMU_COLL_BYTES] */
 /* dynamic shared memory: 128-byte aligned like the device's (wmma tiles
@@ -517,7 +524,8 @@ struct dyn_smem {
     {
         if (want <= n) return;
         free(p);
-        p = (unsigned char *)aligned_alloc(128, (want + 127) & ~(size_t)127);
+        /* 1024: wgmma's 128-byte swizzle reads address bits 7-9 (mt_emu_smem_offset) */
+        p = (unsigned char *)aligned_alloc(1024, (want + 1023) & ~(size_t)1023);
         if (!p) abort();
         n = want;
     }
@@ -565,6 +573,17 @@ static std::vector<seq_queue<wmma_product>> g_wmma_mmas;
  * issue, where they go, and the group they join (the issuer's commit count then) */
 struct cp_pending { unsigned char *dst; unsigned char data[16]; unsigned group; };
 static std::vector<std::vector<cp_pending>> g_cp;
+/* a thread's wgmma not yet waited for (mt_emu_wgmma_ss): its operands, its C
+ * (the thread's d at the issue, or the product `chain` before it on the same
+ * d), its group; computed and landed in d by the covering wait */
+struct wg_pending {
+    float *d;
+    uint64_t da, db;
+    int n, acc, chain, done;
+    unsigned group;
+    float c[128], v[128];
+};
+static std::vector<std::vector<wg_pending>> g_wgp;
 static int                          g_cur, g_live, g_block_arrived;
 static const std::function<void()> *g_body;
 
@@ -727,6 +746,199 @@ __attribute__((noinline)) void mt_emu_warp_collective(const void *mine, size_t s
 }
 
 void *mt_emu_dyn_smem(void) { return g_dyn.data(); }
+
+/* ---- the warpgroup collective and wgmma (mma_ptx.h) ---- */
+#define MT_EMU_WG_BYTES 16   /* a wait's slot (wg_wait_slot) */
+
+static void release_wg_if_ready(int wg)
+{
+    if (g_wg_arrived[wg] > 0 && g_wg_arrived[wg] == 128) {
+        for (size_t t = (size_t)wg * 128; t < (size_t)wg * 128 + 128; t++)
+            if (g_f[t].state == WAIT_WG) g_f[t].state = RUNNABLE;
+        g_wg_arrived[wg] = 0;
+    }
+}
+
+/* As mt_emu_warp_collective over the 128 threads of a warpgroup (warps 4 w ..
+ * 4 w + 3, all of them live and at the same call site): the last to arrive
+ * runs fn over the 128 slots, then each takes its slot back. */
+__attribute__((noinline)) static void mt_emu_wg_collective(const void *mine, size_t size, void *out, size_t out_size,
+                                 void (*fn)(unsigned char *slots, size_t stride))
+{
+    fiber &f = g_f[g_cur];
+    f.site = __builtin_return_address(0);
+    const int wg = f.warp / 4;
+    bool full = (size_t)wg * 128 + 128 <= g_f.size() && size <= MT_EMU_WG_BYTES && out_size <= MT_EMU_WG_BYTES;
+    for (int w = 4 * wg; full && w < 4 * wg + 4; w++) full = g_warp_live[w] == 32;
+    if (!full) {
+        fprintf(stderr, "cuda emu: wgmma needs all 128 threads of its warpgroup (warps %d-%d) live\n", 4 * wg,
+                4 * wg + 3);
+        abort();
+    }
+    const bool last = g_wg_arrived[wg] + 1 == 128;
+    if (last)
+        for (size_t t = (size_t)wg * 128; t < (size_t)wg * 128 + 128; t++)
+            if (g_f[t].site != f.site) {
+                fprintf(stderr, "cuda emu: divergent wgmma in block (%u,%u,%u): threads of warpgroup %d at "
+                                "different call sites\n", blockIdx.x, blockIdx.y, blockIdx.z, wg);
+                abort();
+            }
+    unsigned phase = f.nwg++ & 1u;
+    unsigned char *base = &g_wgslots[((size_t)wg * 2 + phase) * 128 * MT_EMU_WG_BYTES];
+    const size_t me = (size_t)g_cur - (size_t)wg * 128;
+    memcpy(base + me * MT_EMU_WG_BYTES, mine, size);
+    if (last) fn(base, MT_EMU_WG_BYTES);
+    f.state = WAIT_WG;
+    g_wg_arrived[wg]++;
+    release_wg_if_ready(wg);
+    yield_to_sched();
+    memcpy(out, base + me * MT_EMU_WG_BYTES, out_size);
+}
+
+uint32_t mt_emu_smem_offset(const void *p)
+{
+    const unsigned char *b = g_dyn.data(), *q = (const unsigned char *)p;
+    if (!b || q < b || q >= b + g_dyn.size()) {
+        fprintf(stderr, "cuda emu: shared-window address of %p: not in the block's dynamic shared memory\n", p);
+        abort();
+    }
+    return (uint32_t)(q - b);
+}
+
+/* the bf16 element (row, k) of a K-major 128-byte-swizzled tile (wgmma.cuh) */
+static MT_EMU_UNCHECKED float wg_elem(uint64_t desc, int row, int k)
+{
+    const uint32_t start = (uint32_t)(desc & 0x3FFF) << 4, sbo = (uint32_t)((desc >> 32) & 0x3FFF) << 4;
+    uint32_t a = start + (uint32_t)(row / 8) * sbo + (uint32_t)(row % 8) * 128u + (uint32_t)k * 2u;
+    a ^= ((a >> 7) & 7u) << 4;
+    if ((size_t)a + 2 > g_dyn.size()) {
+        fprintf(stderr, "cuda emu: wgmma tile element (%d, %d) at shared offset %u: past the %zu bytes of dynamic "
+                        "shared memory\n", row, k, a, g_dyn.size());
+        abort();
+    }
+    uint16_t h;
+    memcpy(&h, g_dyn.data() + a, 2);
+    return __uint_as_float((uint32_t)h << 16);
+}
+
+static void wg_check_desc(uint64_t d, const char *which)
+{
+    const unsigned mode = (unsigned)(d >> 62), base_off = (unsigned)((d >> 49) & 7);
+    const unsigned in_atom = (unsigned)((d & 0x3FFF) << 4) & 1023u;   /* the k slice: 0, 32, 64, 96 */
+    if (mode != 1 || base_off != 0 || in_atom % 32 != 0 || in_atom >= 128 || (((d >> 32) & 0x3FFF) << 4) != 1024) {
+        fprintf(stderr, "cuda emu: wgmma %s descriptor %#llx: only the K-major 128-byte swizzle of wgmma.cuh is "
+                        "emulated (mode 1, stride 1024, base offset 0, start 128-byte aligned but for the k "
+                        "slice's 32-byte steps)\n", which, (unsigned long long)d);
+        abort();
+    }
+}
+
+/* A thread issues: its product is recorded, its d reads NaN until the wait. */
+void mt_emu_wgmma_ss(float *d, int n, uint64_t da, uint64_t db, int acc)
+{
+    if (n != 64 && n != 128 && n != 256) {
+        fprintf(stderr, "cuda emu: wgmma n%d: not emulated (64, 128, 256)\n", n);
+        abort();
+    }
+    std::vector<wg_pending> &pend = g_wgp[(size_t)g_cur];
+    wg_pending p;
+    p.d = d, p.da = da, p.db = db, p.n = n, p.acc = acc, p.chain = -1, p.done = 0;
+    p.group = g_f[g_cur].wg_committed;
+    for (size_t i = pend.size(); i-- > 0;)
+        if (pend[i].d == d) { p.chain = (int)i; break; }
+    if (p.chain < 0) memcpy(p.c, d, (size_t)(n / 2) * sizeof(float));
+    pend.push_back(p);
+    memset(d, 0xff, (size_t)(n / 2) * sizeof(float));   /* NaN until the wait */
+}
+
+void mt_emu_wgmma_commit(void) { g_f[g_cur].wg_committed++; }
+
+struct wg_wait_slot { int wg, n; unsigned committed; };
+
+/* The last thread of the warpgroup at a wait: every product of a group the
+ * wait covers, for all 128 threads, in issue order, reading the tiles as
+ * shared memory is NOW (the device reads them some time before the wait
+ * returns: a stage refilled before the wait is read refilled, as it may be
+ * there). Each product's operands must be the warpgroup's (same index, same
+ * descriptors, n, acc on every thread). */
+static MT_EMU_UNCHECKED void wg_wait_fn(unsigned char *slots, size_t stride)
+{
+    wg_wait_slot w0;
+    memcpy(&w0, slots, sizeof w0);
+    const size_t t0 = (size_t)w0.wg * 128;
+    for (int l = 1; l < 128; l++) {
+        wg_wait_slot w;
+        memcpy(&w, slots + (size_t)l * stride, sizeof w);
+        if (w.n != w0.n || w.committed != w0.committed || g_wgp[t0 + l].size() != g_wgp[t0].size()) {
+            fprintf(stderr, "cuda emu: wgmma.wait_group: threads of warpgroup %d differ (thread %d: wait %d, %u "
+                            "groups committed, %zu products pending; thread 0: %d, %u, %zu)\n", w0.wg, l, w.n,
+                    w.committed, g_wgp[t0 + l].size(), w0.n, w0.committed, g_wgp[t0].size());
+            abort();
+        }
+    }
+    static float A[64][16], B[256][16];
+    std::vector<wg_pending> &v0 = g_wgp[t0];
+    for (size_t i = 0; i < v0.size(); i++) {
+        const wg_pending &p0 = v0[i];
+        if (p0.group + (unsigned)w0.n >= w0.committed) break;   /* this group and later stay in flight */
+        for (int l = 1; l < 128; l++) {
+            const wg_pending &p = g_wgp[t0 + l][i];
+            if (p.da != p0.da || p.db != p0.db || p.n != p0.n || p.acc != p0.acc || p.group != p0.group) {
+                fprintf(stderr, "cuda emu: wgmma operands differ across warpgroup %d (thread %d, product %zu)\n",
+                        w0.wg, l, i);
+                abort();
+            }
+        }
+        wg_check_desc(p0.da, "A");
+        wg_check_desc(p0.db, "B");
+        const int N = p0.n;
+        for (int m = 0; m < 64; m++)
+            for (int k = 0; k < 16; k++) A[m][k] = wg_elem(p0.da, m, k);
+        for (int c = 0; c < N; c++)
+            for (int k = 0; k < 16; k++) B[c][k] = wg_elem(p0.db, c, k);
+        for (int l = 0; l < 128; l++) {
+            std::vector<wg_pending> &v = g_wgp[t0 + l];
+            wg_pending &p = v[i];
+            const float *c = p.chain >= 0 ? v[(size_t)p.chain].v : p.c;
+            const int q = l / 32, g = (l % 32) >> 2, t = l & 3;
+            for (int e2 = 0; e2 < N / 2; e2++) {
+                const int j = e2 / 4, e = e2 % 4, r = 16 * q + g + 8 * (e >> 1), col = 8 * j + 2 * t + (e & 1);
+                float acc = p.acc ? c[e2] : 0.0f;
+                for (int k = 0; k < 16; k++) acc += A[r][k] * B[col][k];
+                p.v[e2] = acc;
+            }
+            p.done = 1;
+        }
+    }
+}
+
+/* wait_group n: a warpgroup collective (as the device's .sync.aligned); every
+ * product of a committed group but the n most recent is computed and lands in
+ * its d, unless a later product on that d is still in flight (d stays NaN) */
+void mt_emu_wgmma_wait(int n)
+{
+    wg_wait_slot w;
+    w.wg = g_f[g_cur].warp / 4, w.n = n, w.committed = g_f[g_cur].wg_committed;
+    mt_emu_wg_collective(&w, sizeof w, &w, 0, wg_wait_fn);
+    std::vector<wg_pending> &v = g_wgp[(size_t)g_cur];
+    size_t nd = 0;   /* the computed products: a prefix (groups in issue order) */
+    while (nd < v.size() && v[nd].done) nd++;
+    for (size_t i = 0; i < nd; i++) {
+        int newer = 0;
+        for (size_t k = i + 1; k < v.size() && !newer; k++) newer = v[k].d == v[i].d;
+        if (!newer) memcpy(v[i].d, v[i].v, (size_t)(v[i].n / 2) * sizeof(float));
+    }
+    for (size_t k = nd; k < v.size(); k++) {   /* products left: their C from a landed one, copied */
+        if (v[k].chain < 0) continue;
+        if ((size_t)v[k].chain < nd) {
+            memcpy(v[k].c, v[(size_t)v[k].chain].v, sizeof v[k].c);
+            v[k].chain = -1;
+        } else {
+            v[k].chain -= (int)nd;
+        }
+    }
+    v.erase(v.begin(), v.begin() + (std::ptrdiff_t)nd);
+}
 
 void mt_emu_cp_async16(void *dst, const void *src, int nbytes)
 {
@@ -891,10 +1103,15 @@ void mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std:
     g_warp_arrived.assign(nw, 0);
     g_slots.assign((size_t)nw * 2 * 32 * 8, 0);
     g_cslots.assign((size_t)nw * 2 * 32 * MT_EMU_COLL_BYTES, 0);
+    const int nwg = (nw + 3) / 4;
+    g_wg_arrived.assign((size_t)nwg, 0);
+    const size_t wg_bytes = (size_t)nwg * 2 * 128 * MT_EMU_WG_BYTES;
+    if (g_wgslots.size() < wg_bytes) g_wgslots.resize(wg_bytes);
     g_wmma_loads.assign((size_t)nw, {});
     g_wmma_stores.assign((size_t)nw, {});
     g_wmma_mmas.assign((size_t)nw, {});
     if (g_cp.size() < nt) g_cp.resize(nt);   /* cleared per block below; their capacity kept across launches */
+    if (g_wgp.size() < nt) g_wgp.resize(nt);
     g_dyn.resize(smem ? smem : 16);
     g_body = &body;
     /* static shared arrays NaN at the launch's start (its first block sees what it did not
@@ -921,6 +1138,8 @@ void mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std:
             f.nwload = f.nwstore = f.nwmma = 0;
             f.cp_committed = 0;
             g_cp[t].clear();   /* a block's copies never waited for: not the next block's */
+            f.nwg = f.wg_committed = 0;
+            g_wgp[t].clear();
             f.sp = fiber_stack_init(&g_stacks[t * STACK_STRIDE], STACK_BYTES);
         }
         for (int w = 0; w < nw; w++) {
@@ -933,6 +1152,7 @@ void mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std:
         }
         g_live = (int)nt;
         g_block_arrived = 0;
+        std::fill(g_wg_arrived.begin(), g_wg_arrived.end(), 0);
         for (;;) {
             int ran = 0;
             for (size_t p = 0; p < nt; p++) {

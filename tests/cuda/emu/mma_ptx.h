@@ -141,4 +141,30 @@ static inline void mt_emu_ldmatrix_x4(uint32_t r[4], const void *p)
     memcpy(r, out, sizeof out);
 }
 
+/* ---- wgmma (src/ops/cuda/wgmma.cuh), sm_90a's warpgroup MMA ----
+ * mt_emu_smem_offset(p): p's offset in the block's dynamic shared memory (the
+ * emulator's shared-window address; the dynamic area is 1024-byte aligned on
+ * the host, so the swizzle's address bits are the offset's). Other memory aborts.
+ * mt_emu_wgmma_ss(d, n, da, db, acc): wgmma.mma_async m64nNk16 f32.bf16.bf16 with
+ * both operands from shared memory, K-major, 128-byte swizzle (wgmma.cuh's
+ * layout; any other descriptor mode aborts). Asynchronous as on the device:
+ * the issue records the product (its descriptors, and its C: the thread's d,
+ * or the product before it on the same d that is not yet waited for) and
+ * fills d with NaN. mt_emu_wgmma_wait(N) is a warpgroup collective (emu.cc
+ * mt_emu_wg_collective: all 128 threads, the same call site, the same pending
+ * products and descriptors, else abort); its last thread computes every
+ * product of a group the wait covers (every committed group but the N most
+ * recent), in issue order, reading both tiles as shared memory is AT THE WAIT
+ * (the device reads them at some time before the wait returns: the latest
+ * moment is the strict one), and each thread's result lands in its d. Each
+ * product adds its 16 terms in k order onto C in fp32 (the device adds them
+ * another way: the checks' fp32 accumulation term covers it). So reading d
+ * before its wait, or refilling a tile (cp.async: NaN until its own wait)
+ * before the wait of the products that read it, shows, as it would race on a
+ * GPU. */
+uint32_t mt_emu_smem_offset(const void *p);
+void mt_emu_wgmma_ss(float *d, int n, uint64_t da, uint64_t db, int acc);
+void mt_emu_wgmma_commit(void);
+void mt_emu_wgmma_wait(int n);
+
 #endif /* MT_EMU_MMA_PTX_H */

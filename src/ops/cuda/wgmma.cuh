@@ -1,0 +1,156 @@
+/*
+ * wgmma.cuh — Hopper's warpgroup-level tensor-core instructions (sm_90a),
+ * with the operand layouts of the PTX ISA, for kernels that keep their
+ * tiles in shared memory and their accumulators in registers (the dense
+ * peak: mma.sync reaches about two thirds of it, docs/cuda.md "v2").
+ *
+ *   mt_wgmma_fence()          wgmma.fence: before the first wgmma that reads
+ *                             accumulators the thread wrote by other instructions
+ *   mt_fence_proxy_async()    fence.proxy.async.shared::cta: shared memory written
+ *                             by plain stores or cp.async becomes visible to wgmma
+ *                             (the async proxy); then a barrier
+ *   mt_wgmma_commit()         wgmma.commit_group: the wgmmas issued so far form a group
+ *   mt_wgmma_wait<N>()        wgmma.wait_group N: all but the N most recent groups
+ *                             are done; their accumulators may be read or written,
+ *                             the shared memory they read may be refilled
+ *   mt_wgmma_desc_sw128(p)    the shared-memory matrix descriptor of a K-major bf16
+ *                             tile at p in the 128-byte swizzle (below)
+ *   mt_wgmma_128_ss(d, da, db, acc)
+ *                             D (64 x 128, f32) = A (64 x 16, bf16) B (128 x 16, bf16)^T
+ *                             (+ D when acc): wgmma.mma_async.sync.aligned.m64n128k16
+ *                             .f32.bf16.bf16, both operands K-major from shared memory
+ *
+ * A warpgroup is 4 consecutive warps (threads 128 w .. 128 w + 127); every
+ * one of its threads issues each instruction with the same descriptors.
+ *
+ * Accumulator layout (m64nNk16, f32; warp q = 0..3 of the warpgroup, lane
+ * l: g = l >> 2, t = l % 4): d[4 j + e] is D[16 q + g + 8 (e >> 1)][8 j + 2 t
+ * + (e & 1)], j = 0 .. N/8 - 1: mma.sync's m16n8 C fragment, one per n8
+ * column tile, the warp on its 16 rows.
+ *
+ * Shared tiles, K-major, 128-byte swizzle: rows of 64 bf16 (128 bytes); 8
+ * rows make a 1024-byte atom, 1024-byte aligned; atoms of consecutive 8-row
+ * groups 1024 bytes apart (the descriptor's stride byte offset). Inside an
+ * atom row r holds its 16-byte chunk c (elements 8c .. 8c + 7) at chunk
+ * position c ^ r:
+ *     byte(row, k) = (row / 8) 1024 + (row % 8) 128 + ((k / 8) ^ (row % 8)) 16 + (k % 8) 2
+ * The k-th 16-column slice of a 64-column tile is the descriptor of the
+ * tile's address plus 32 k bytes: the hardware applies the swizzle to the
+ * address bits (bits 4-6 ^= bits 7-9), hence the alignment.
+ *
+ * Descriptor (64 bits): start address >> 4 (bits 0-13), leading byte offset
+ * >> 4 (16-29; unused for a swizzled K-major tile, 1 by convention), stride
+ * byte offset >> 4 (32-45: 1024), base offset 0 (49-51), swizzle mode 1 =
+ * 128 bytes (62-63).
+ *
+ * Under the CPU emulator (MT_CUDA_EMU) the same calls run
+ * tests/cuda/emu/mma_ptx.h: a warpgroup collective that reads the tiles
+ * through the descriptor exactly as above (other modes abort), and that is
+ * asynchronous as on the device: an accumulator reads NaN from the issue
+ * until a covering mt_wgmma_wait, so a missing wait shows.
+ */
+#ifndef MT_WGMMA_CUH
+#define MT_WGMMA_CUH
+
+#include <stdint.h>
+
+#include "mma_sync.cuh"
+
+/* sm_90a's arch-specific instructions are compiled in (cmake/cuda.cmake builds
+ * for 90a); elsewhere each call traps and mt_wgmma_compiled() says 0 */
+#if defined(MT_CUDA_EMU) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MT_WGMMA_ON 1
+#else
+#define MT_WGMMA_ON 0
+#endif
+
+static __device__ __forceinline__ int mt_wgmma_compiled(void) { return MT_WGMMA_ON; }
+
+/* the shared-window address of p (32 bits); under the emulator its offset in
+ * the block's dynamic shared memory */
+static __device__ __forceinline__ uint32_t mt_smem_u32(const void *p)
+{
+#ifdef MT_CUDA_EMU
+    return mt_emu_smem_offset(p);
+#else
+    return (uint32_t)__cvta_generic_to_shared(p);
+#endif
+}
+
+static __device__ __forceinline__ uint64_t mt_wgmma_desc_sw128(const void *p)
+{
+    return (uint64_t)((mt_smem_u32(p) & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
+           ((uint64_t)1 << 62);
+}
+
+static __device__ __forceinline__ void mt_wgmma_fence(void)
+{
+#if defined(MT_CUDA_EMU)
+#elif MT_WGMMA_ON
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#else
+    __trap();
+#endif
+}
+
+static __device__ __forceinline__ void mt_fence_proxy_async(void)
+{
+#if defined(MT_CUDA_EMU)
+#elif MT_WGMMA_ON
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#else
+    __trap();
+#endif
+}
+
+static __device__ __forceinline__ void mt_wgmma_commit(void)
+{
+#if defined(MT_CUDA_EMU)
+    mt_emu_wgmma_commit();
+#elif MT_WGMMA_ON
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#else
+    __trap();
+#endif
+}
+
+template <int N>
+static __device__ __forceinline__ void mt_wgmma_wait(void)
+{
+#if defined(MT_CUDA_EMU)
+    mt_emu_wgmma_wait(N);
+#elif MT_WGMMA_ON
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#else
+    __trap();
+#endif
+}
+
+/* the 64 accumulator operands of an n128 instruction */
+#define MT_WG_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
+                    "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+
+static __device__ __forceinline__ void mt_wgmma_128_ss(float d[64], uint64_t da, uint64_t db, int acc)
+{
+#if defined(MT_CUDA_EMU)
+    mt_emu_wgmma_ss(d, 128, da, db, acc);
+#elif MT_WGMMA_ON
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1, 0, 0;\n}\n"
+        : MT_WG_D8(0), MT_WG_D8(8), MT_WG_D8(16), MT_WG_D8(24), MT_WG_D8(32), MT_WG_D8(40), MT_WG_D8(48),
+          MT_WG_D8(56)
+        : "l"(da), "l"(db), "r"(acc));
+#else
+    (void)d; (void)da; (void)db; (void)acc;
+    __trap();
+#endif
+}
+#undef MT_WG_D8
+
+#endif /* MT_WGMMA_CUH */

@@ -1,0 +1,117 @@
+/*
+ * wgmma_probe.cu — C = A B^T on Hopper's warpgroup MMA (wgmma.cuh): the
+ * first kernel built on it, and the check that its layouts are the
+ * device's. Not an op of the table: cuda_ops_vs_cpu (group wgmma) compares
+ * it with a double-precision product on the device and under the emulator,
+ * cuda_calib times it beside cuBLAS (docs/cuda.md "wgmma").
+ *
+ *   C (M x N, f32, row-major, ldc N) = A (M x K, bf16, row-major) B (N x K, bf16, row-major)^T
+ *   M, N multiples of 128, K of 64
+ *
+ * Block: 2 warpgroups (256 threads) on a 128 x 128 tile of C, warpgroup w on
+ * its rows 64 w .. 64 w + 63. K goes in slices of 64 columns (one 128-byte
+ * swizzle row), 3 stages of cp.async in flight; per slice each warpgroup
+ * issues 4 wgmma m64n128k16 (k 16 each, descriptors 32 bytes apart), commits
+ * them as one group and waits for it before the barrier that frees the
+ * stage for refilling. Deterministic: every element's sum runs in one
+ * accumulator in k order, no atomics.
+ */
+#include "cuda_impl.cuh"
+#include "wgmma.cuh"
+
+typedef __nv_bfloat16 bf16;
+
+#define WP_BM 128
+#define WP_BN 128
+#define WP_BK 64
+#define WP_STAGES 3
+#define WP_THREADS 256
+#define WP_TILE (WP_BM * WP_BK * 2)                  /* bytes of an A or B stage: 16 KiB (BM = BN) */
+#define WP_SMEM (WP_STAGES * 2 * WP_TILE + 1024)      /* + the 1024-byte alignment of the first atom */
+
+/* byte offset of 16-byte chunk c (elements 8c .. 8c + 7) of row r in a swizzled tile (wgmma.cuh) */
+static __device__ __forceinline__ uint32_t wp_swz(int r, int c)
+{
+    return (uint32_t)((r >> 3) * 1024 + (r & 7) * 128 + ((c ^ (r & 7)) << 4));
+}
+
+/* rows row0 .. row0 + 127, columns k0 .. k0 + 63 of src (ld K) into a swizzled tile */
+static __device__ __forceinline__ void wp_load(unsigned char *tile, const bf16 *src, int row0, int k0, int K)
+{
+    for (int i = threadIdx.x; i < 128 * 8; i += WP_THREADS) {
+        const int r = i >> 3, c = i & 7;
+        mt_cp_async16(tile + wp_swz(r, c), src + (size_t)(row0 + r) * (size_t)K + (size_t)(k0 + 8 * c), 16);
+    }
+}
+
+static __global__ void __launch_bounds__(WP_THREADS) wgmma_probe_k(float *C, const bf16 *A, const bf16 *B, int N,
+                                                                  int K)
+{
+    MT_DYN_SMEM(unsigned char, sm_raw);
+    unsigned char *sm = sm_raw + ((1024u - (mt_smem_u32(sm_raw) & 1023u)) & 1023u);
+    unsigned char *As = sm, *Bs = sm + WP_STAGES * WP_TILE;
+    const int m0 = blockIdx.y * WP_BM, n0 = blockIdx.x * WP_BN, wg = threadIdx.x / 128, nk = K / WP_BK;
+    float d[64];
+    for (int i = 0; i < 64; i++) d[i] = 0.0f;
+    for (int s = 0; s < WP_STAGES - 1; s++) {
+        if (s < nk) {
+            wp_load(As + s * WP_TILE, A, m0, s * WP_BK, K);
+            wp_load(Bs + s * WP_TILE, B, n0, s * WP_BK, K);
+        }
+        mt_cp_async_commit();
+    }
+    for (int kt = 0; kt < nk; kt++) {
+        mt_cp_async_wait<WP_STAGES - 2>();   /* slice kt landed (this thread's copies) */
+        mt_fence_proxy_async();               /* ... visible to wgmma, after the barrier */
+        __syncthreads();                      /* every thread's copies; slice kt - 1's wgmmas done */
+        const int nx = kt + WP_STAGES - 1;    /* into the stage slice kt - 1 used */
+        if (nx < nk) {
+            wp_load(As + (nx % WP_STAGES) * WP_TILE, A, m0, nx * WP_BK, K);
+            wp_load(Bs + (nx % WP_STAGES) * WP_TILE, B, n0, nx * WP_BK, K);
+        }
+        mt_cp_async_commit();
+        const unsigned char *a = As + (kt % WP_STAGES) * WP_TILE + wg * 8192, *b = Bs + (kt % WP_STAGES) * WP_TILE;
+        mt_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < WP_BK / 16; kk++)
+            mt_wgmma_128_ss(d, mt_wgmma_desc_sw128(a + 32 * kk), mt_wgmma_desc_sw128(b + 32 * kk), 1);
+        mt_wgmma_commit();
+        mt_wgmma_wait<0>();
+    }
+    const int q = (threadIdx.x % 128) / MT_WARP, lane = threadIdx.x % MT_WARP, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const size_t row = (size_t)(m0 + 64 * wg + 16 * q + g + 8 * h), col = (size_t)(n0 + 8 * j + 2 * t);
+            *(float2 *)(C + row * (size_t)N + col) = make_float2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+        }
+}
+
+static __global__ void wgmma_compiled_k(int *out) { *out = mt_wgmma_compiled(); }
+
+/* On the bound instance's stream (ops_cuda.cu mt_ops_cuda_wgmma_probe_of).
+ * The sm_90a question is asked of the device code once (a flag kernel and one
+ * copy): a build for plain sm_90 has the kernel but no wgmma in it. */
+enum mt_status mt_cuda_wgmma_probe(float *C, const void *A, const void *B, int M, int N, int K)
+{
+    if (M <= 0 || N <= 0 || K <= 0 || M % WP_BM || N % WP_BN || K % WP_BK || M / WP_BM > 65535)
+        return MT_ERR_INVALID_ARG;
+    static int compiled = -1;
+    if (compiled < 0) {
+        int *flag = (int *)mt_cuda_workspace(sizeof(int)), h = 0;
+        if (!flag) return MT_ERR_OOM;
+        MT_LAUNCH(wgmma_compiled_k, 1, 1, 0)(flag);
+        MT_CUDA_KCHECK();
+        if (!MT_CUDA_OK(mt_cuda_memcpy(&h, flag, sizeof h, cudaMemcpyDeviceToHost)) ||
+            !MT_CUDA_OK(mt_cuda_stream_sync()))
+            return MT_ERR_RUNTIME;
+        compiled = h;
+    }
+    if (!compiled) return MT_ERR_UNSUPPORTED;
+    if (!mt_cuda_smem_opt_in(wgmma_probe_k, WP_SMEM)) return MT_ERR_RUNTIME;
+    MT_LAUNCH(wgmma_probe_k, dim3(N / WP_BN, M / WP_BM), WP_THREADS, WP_SMEM)
+        (C, (const bf16 *)A, (const bf16 *)B, N, K);
+    MT_CUDA_KCHECK();
+    return MT_OK;
+}
