@@ -212,11 +212,11 @@ static void gemm_fn(const void *arg) { run_gemm(arg); }
 
 /* Hopper's warpgroup MMA, probed (mt_ops_cuda_wgmma_probe_of: C = A B^T, bf16
  * operands as stored): its status kept for the row */
-struct cal_wgmma_ctx { int m, n, k; const mt_bf16 *a, *b; float *c; enum mt_status st; };
+struct cal_wgmma_ctx { int m, n, k, a_regs; const mt_bf16 *a, *b; float *c; enum mt_status st; };
 static void wgmma_fn(const void *arg)
 {
     struct cal_wgmma_ctx *w = (struct cal_wgmma_ctx *)arg;
-    w->st = mt_ops_cuda_wgmma_probe_of(g_ops->be, w->c, w->a, w->b, w->m, w->n, w->k);
+    w->st = mt_ops_cuda_wgmma_probe_of(g_ops->be, w->c, w->a, w->b, w->m, w->n, w->k, w->a_regs);
 }
 
 /* The MoE experts' products (issue 28 item 2): E equal groups of R rows of a
@@ -488,8 +488,8 @@ static void json_str(FILE *f, const char *s)  /* a JSON string of s (control cha
     emit(f, "\"");
 }
 
-/* The wgmma probe (wgmma_probe.cu, 128 x 128 tiles, 3 stages) beside gemm_bf16
- * (cuBLASLt) on the same bf16 operands, checked first against it (max |C_wgmma -
+/* The wgmma probe (wgmma_probe.cu, 128 x 128 tiles, 3 stages; A from shared memory
+ * and from registers: "a") beside gemm_bf16 (cuBLASLt) on the same bf16 operands, checked first against it (max |C_wgmma -
  * C_cublas| / max |C|, both fp32 sums of the same products): a wrong kernel or a
  * CUDA error in it is reported, not timed ("ok" false, no rates). main runs it
  * last, so that it costs no other row. */
@@ -497,14 +497,14 @@ static void calib_wgmma(FILE *f, int quick, int warmup, int reps)
 {
     const int ws[2][3] = {{quick ? 128 : 4096, quick ? 256 : 4096, quick ? 192 : 4096},
                           {quick ? 128 : 8192, quick ? 128 : 8192, quick ? 64 : 2048}};
-    for (int s = 0; s < 2; s++) {
-        const int m = ws[s][0], n = ws[s][1], k = ws[s][2];
+    for (int row = 0; row < 4; row++) {   /* each shape with A from shared memory, then from registers */
+        const int s = row / 2, a_regs = row % 2, m = ws[s][0], n = ws[s][1], k = ws[s][2];
         const size_t na = (size_t)m * k, nb = (size_t)n * k, nc = (size_t)m * n;
         float *t = dev_rand(na > nb ? na : nb), *c = dev_alloc(nc * 4), *cref = dev_alloc(nc * 4);
         mt_bf16 *a16 = dev_alloc(na * 2), *b16 = dev_alloc(nb * 2);
         g_ops->cast_bf16(g_ops->be, a16, t, na);
         g_ops->cast_bf16(g_ops->be, b16, t, nb);
-        struct cal_wgmma_ctx w = {m, n, k, a16, b16, c, MT_OK};
+        struct cal_wgmma_ctx w = {m, n, k, a_regs, a16, b16, c, MT_OK};
         wgmma_fn(&w);
         mt_ops_cuda_set_precision_of(g_ops->be, MT_CUDA_PRECISION_BF16);
         struct cal_gemm_ctx g = {CAL_BF16, m, n, k, t, t, a16, b16, cref};
@@ -534,11 +534,11 @@ static void calib_wgmma(FILE *f, int quick, int warmup, int reps)
         struct cal_time tw = {0, 0}, tc = {0, 0};
         if (w_ok) tc = time_runs(gemm_fn, &g, warmup, reps), tw = time_runs(wgmma_fn, &w, warmup, reps);
         mt_ops_cuda_set_precision_of(g_ops->be, MT_CUDA_PRECISION_FP32);
-        emit(f, "%s\n  {\"m\": %d, \"n\": %d, \"k\": %d, \"status\": \"%s\", \"ok\": %s, \"max_rel_vs_cublas\": %.3e, "
-                "\"flops\": %.6g, \"wgmma_median_s\": %.6e, \"wgmma_flop_per_s\": %.6e, "
+        emit(f, "%s\n  {\"m\": %d, \"n\": %d, \"k\": %d, \"a\": \"%s\", \"status\": \"%s\", \"ok\": %s, "
+                "\"max_rel_vs_cublas\": %.3e, \"flops\": %.6g, \"wgmma_median_s\": %.6e, \"wgmma_flop_per_s\": %.6e, "
                 "\"cublas_median_s\": %.6e, \"cublas_flop_per_s\": %.6e}",
-             s ? "," : "", m, n, k, mt_status_str(w.st), w_ok ? "true" : "false", rel, flops, tw.median,
-             w_ok ? flops / tw.median : 0.0, tc.median, w_ok ? flops / tc.median : 0.0);
+             row ? "," : "", m, n, k, a_regs ? "registers" : "shared", mt_status_str(w.st), w_ok ? "true" : "false",
+             rel, flops, tw.median, w_ok ? flops / tw.median : 0.0, tc.median, w_ok ? flops / tc.median : 0.0);
         g_ops->buf_free(g_ops->be, &g_ctx, t), g_ops->buf_free(g_ops->be, &g_ctx, c);
         g_ops->buf_free(g_ops->be, &g_ctx, cref), g_ops->buf_free(g_ops->be, &g_ctx, a16);
         g_ops->buf_free(g_ops->be, &g_ctx, b16);

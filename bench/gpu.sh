@@ -858,8 +858,9 @@ for x in c.get("grouped") or []:
              1e3 * x["grouped_median_s"], x["loop_flop_per_s"] / 1e12, 1e3 * x["loop_median_s"]))
 # the wgmma probe (wgmma_probe.cu): checked against cuBLAS first; its rate beside cuBLAS's
 for x in c.get("wgmma") or []:
-    print("RESULT calib wgmma %dx%dx%d: %s, max rel vs cuBLAS %.2e, wgmma %.1f TF/s, cuBLAS %.1f TF/s"
-          % (x["m"], x["n"], x["k"], "ok" if x["ok"] else "WRONG (%s)" % x["status"], x["max_rel_vs_cublas"],
+    print("RESULT calib wgmma %dx%dx%d A %s: %s, max rel vs cuBLAS %.2e, wgmma %.1f TF/s, cuBLAS %.1f TF/s"
+          % (x["m"], x["n"], x["k"], x.get("a", "shared"), "ok" if x["ok"] else "WRONG (%s)" % x["status"],
+             x["max_rel_vs_cublas"],
              x["wgmma_flop_per_s"] / 1e12, x["cublas_flop_per_s"] / 1e12))
 for x in c.get("layer_core") or []:
     print("RESULT calib layer core B %d T %d: scan %s fp32 %.4f s, bf16 %.4f s vs attention %s fp32 %.4f s, bf16 %.4f s "

@@ -2372,7 +2372,8 @@ static double gg_ulp16(double v)
 /* ---- wgmma (not a table op: mt_ops_cuda_wgmma_probe_of, wgmma_probe.cu) ----
  * C = A B^T with bf16 A (M x K) and B (N x K) on Hopper's warpgroup MMA against
  * the double product of the same bf16 values: |C - ref| <= 2 K u32 sum_k |a b|
- * (fp32 accumulation in some order; the products are exact). Shapes: one
+ * (fp32 accumulation in some order; the products are exact), with A from
+ * shared memory and from registers (ldmatrix: the RS form). Shapes: one
  * slice of K (64), more slices than the 3 stages (K 640: the ring wraps), a
  * grid of 2 x 3 tiles; twice each, bit for bit; a shape off the tiles refused.
  * Where the device code has no sm_90a instructions: SKIPPED, said. */
@@ -2381,15 +2382,15 @@ static void test_wgmma(void)
     if (!selected("wgmma")) return;
     struct be *b = BE(1);
     static const int cs[][3] = {{128, 128, 64}, {128, 128, 640}, {256, 384, 192}};
-    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
-        const int M = cs[c][0], N = cs[c][1], K = cs[c][2];
+    for (size_t c = 0; c < 2 * sizeof cs / sizeof cs[0]; c++) {   /* A from shared memory, then from registers */
+        const int M = cs[c / 2][0], N = cs[c / 2][1], K = cs[c / 2][2], ar = (int)(c % 2);
         uint16_t *A = gg_rnd_bf16(M, K, M, K), *B = gg_rnd_bf16(N, K, N, K);
         float *r[2];
         enum mt_status st = MT_OK;
         for (int p = 0; p < 2; p++) {
             void *dA = gg_up16(b, A, (size_t)M * K), *dB = gg_up16(b, B, (size_t)N * K);
             float *dC = dalloc(b, (size_t)M * N * sizeof(float));
-            st = mt_ops_cuda_wgmma_probe_of(b->ops->be, dC, dA, dB, M, N, K);
+            st = mt_ops_cuda_wgmma_probe_of(b->ops->be, dC, dA, dB, M, N, K, ar);
             r[p] = downf(b, dC, (size_t)M * N);
             release(b);
         }
@@ -2412,14 +2413,14 @@ static void test_wgmma(void)
                 if (!(d == d)) d = INFINITY;
                 if (d > worst) worst = d;
             }
-        snprintf(w, sizeof w, "M=%d N=%d K=%d vs fp64 (err/bound)", M, N, K);
+        snprintf(w, sizeof w, "M=%d N=%d K=%d A %s vs fp64 (err/bound)", M, N, K, ar ? "regs" : "smem");
         report("wgmma", w, worst, 1.0);
-        snprintf(w, sizeof w, "M=%d N=%d K=%d: deterministic (differing elements)", M, N, K);
+        snprintf(w, sizeof w, "M=%d N=%d K=%d A %s: deterministic (differing)", M, N, K, ar ? "regs" : "smem");
         report("wgmma", w, (double)ndiff(r[0], r[1], (size_t)M * N), 0);
         free(A); free(B); free(r[0]); free(r[1]);
     }
     report("wgmma", "M=100 refused (not a multiple of 128)",
-           mt_ops_cuda_wgmma_probe_of(b->ops->be, NULL, NULL, NULL, 100, 128, 64) != MT_ERR_INVALID_ARG, 0);
+           mt_ops_cuda_wgmma_probe_of(b->ops->be, NULL, NULL, NULL, 100, 128, 64, 0) != MT_ERR_INVALID_ARG, 0);
 }
 
 static void test_gemm_grouped_rows(void)

@@ -257,7 +257,7 @@ static int mt_cuda_smem_opt_in(F *kern, size_t bytes)
 void *mt_cuda_workspace(size_t bytes);
 
 /* C = A B^T on wgmma (wgmma_probe.cu; mt_ops_cuda_wgmma_probe_of) */
-enum mt_status mt_cuda_wgmma_probe(float *C, const void *A, const void *B, int M, int N, int K);
+enum mt_status mt_cuda_wgmma_probe(float *C, const void *A, const void *B, int M, int N, int K, int a_regs);
 
 /* ---- CUDA graphs (graph.cu; docs/cuda.md "CUDA graphs") ----
  * While graphs are active (inside a step mark, graph_mode on), every device

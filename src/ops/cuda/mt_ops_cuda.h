@@ -157,11 +157,12 @@ enum mt_cuda_precision mt_ops_cuda_get_precision_of(void *be);
 /* Hopper's warpgroup MMA, probed (wgmma_probe.cu; docs/cuda.md "wgmma"): C (M x N,
  * fp32, row-major) = A (M x K, bf16, row-major) B (N x K, bf16, row-major)^T on the
  * instance's stream, through wgmma.mma_async with 128-byte-swizzled K-major shared
- * tiles. M and N multiples of 128, K of 64, else MT_ERR_INVALID_ARG;
- * MT_ERR_UNSUPPORTED where the device code has no sm_90a instructions (a build for
- * plain sm_90). Not an op of the table: the first kernel on wgmma, checked by
- * cuda_ops_vs_cpu and timed by cuda_calib. */
-enum mt_status mt_ops_cuda_wgmma_probe_of(void *be, float *C, const void *A, const void *B, int M, int N, int K);
+ * tiles; a_regs: A from registers instead (loaded by ldmatrix: the RS form). M and N
+ * multiples of 128, K of 64, else MT_ERR_INVALID_ARG; MT_ERR_UNSUPPORTED where the
+ * device code has no sm_90a instructions (a build for plain sm_90). Not an op of the
+ * table: the first kernel on wgmma, checked by cuda_ops_vs_cpu and timed by cuda_calib. */
+enum mt_status mt_ops_cuda_wgmma_probe_of(void *be, float *C, const void *A, const void *B, int M, int N, int K,
+                                          int a_regs);
 void *mt_ops_cuda_stream_of(void *be);
 /* The running counters of instance `be` (NULL = default); zeros without one. */
 void mt_ops_cuda_counters_of(void *be, struct mt_ops_cuda_counters *out);

@@ -774,10 +774,10 @@ extern "C" enum mt_status mt_ops_cuda_set_gg_bn_of(void *be, int bn)
 }
 
 extern "C" enum mt_status mt_ops_cuda_wgmma_probe_of(void *be, float *C, const void *A, const void *B, int M, int N,
-                                                     int K)
+                                                     int K, int a_regs)
 {
     if (!bind_instance(be)) return MT_ERR_UNSUPPORTED;
-    return mt_cuda_wgmma_probe(C, A, B, M, N, K);
+    return mt_cuda_wgmma_probe(C, A, B, M, N, K, a_regs);
 }
 
 extern "C" enum mt_cuda_precision mt_ops_cuda_get_precision_of(void *be)

@@ -19,6 +19,11 @@
  *                             D (64 x 128, f32) = A (64 x 16, bf16) B (128 x 16, bf16)^T
  *                             (+ D when acc): wgmma.mma_async.sync.aligned.m64n128k16
  *                             .f32.bf16.bf16, both operands K-major from shared memory
+ *   mt_wgmma_128_rs(d, a, db, acc)
+ *                             the same with A from registers: a[4] (.b32, two bf16 each)
+ *                             in mma.sync's m16n8k16 A layout on the warp's 16 rows
+ *                             (mma_sync.cuh: an x4 ldmatrix of the 16 x 16 block, or two
+ *                             n8 accumulator tiles packed: FlashAttention's P V)
  *
  * A warpgroup is 4 consecutive warps (threads 128 w .. 128 w + 127); every
  * one of its threads issues each instruction with the same descriptors.
@@ -148,6 +153,29 @@ static __device__ __forceinline__ void mt_wgmma_128_ss(float d[64], uint64_t da,
         : "l"(da), "l"(db), "r"(acc));
 #else
     (void)d; (void)da; (void)db; (void)acc;
+    __trap();
+#endif
+}
+/* A from registers: the warp's 16 rows x 16 k (wgmma's register A fragment for
+ * m64nNk16 bf16 is mma.m16n8k16's on rows 16 q .. 16 q + 15 of warp q) */
+static __device__ __forceinline__ void mt_wgmma_128_rs(float d[64], const uint32_t a[4], uint64_t db, int acc)
+{
+#if defined(MT_CUDA_EMU)
+    mt_emu_wgmma_rs(d, 128, a, db, acc);
+#elif MT_WGMMA_ON
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        : MT_WG_D8(0), MT_WG_D8(8), MT_WG_D8(16), MT_WG_D8(24), MT_WG_D8(32), MT_WG_D8(40), MT_WG_D8(48),
+          MT_WG_D8(56)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+#else
+    (void)d; (void)a; (void)db; (void)acc;
     __trap();
 #endif
 }

@@ -6,7 +6,8 @@
  * cuda_calib times it beside cuBLAS (docs/cuda.md "wgmma").
  *
  *   C (M x N, f32, row-major, ldc N) = A (M x K, bf16, row-major) B (N x K, bf16, row-major)^T
- *   M, N multiples of 128, K of 64
+ *   M, N multiples of 128, K of 64; A from shared memory (SS) or, a_regs, from
+ *   registers (RS: the form an attention kernel's P V takes)
  *
  * Block: 2 warpgroups (256 threads) on a 128 x 128 tile of C, warpgroup w on
  * its rows 64 w .. 64 w + 63. K goes in slices of 64 columns (one 128-byte
@@ -44,6 +45,11 @@ static __device__ __forceinline__ void wp_load(unsigned char *tile, const bf16 *
     }
 }
 
+/* RS 0: both operands from shared memory; 1: A from registers, each warp's 16 x 16 block
+ * of a k step loaded by an x4 ldmatrix from the swizzled tile (lanes 8i .. 8i + 7 give
+ * matrix i's rows: i & 1 the row half, i >> 1 the column chunk), as an attention kernel's
+ * P would come from its accumulators */
+template <int RS>
 static __global__ void __launch_bounds__(WP_THREADS) wgmma_probe_k(float *C, const bf16 *A, const bf16 *B, int N,
                                                                   int K)
 {
@@ -52,6 +58,7 @@ static __global__ void __launch_bounds__(WP_THREADS) wgmma_probe_k(float *C, con
     unsigned char *As = sm, *Bs = sm + WP_STAGES * WP_TILE;
     const int m0 = blockIdx.y * WP_BM, n0 = blockIdx.x * WP_BN, wg = threadIdx.x / 128, nk = K / WP_BK;
     float d[64];
+    uint32_t af[WP_BK / 16][4];   /* RS: the A fragments of a slice (read by wgmma until the wait) */
     for (int i = 0; i < 64; i++) d[i] = 0.0f;
     for (int s = 0; s < WP_STAGES - 1; s++) {
         if (s < nk) {
@@ -71,10 +78,18 @@ static __global__ void __launch_bounds__(WP_THREADS) wgmma_probe_k(float *C, con
         }
         mt_cp_async_commit();
         const unsigned char *a = As + (kt % WP_STAGES) * WP_TILE + wg * 8192, *b = Bs + (kt % WP_STAGES) * WP_TILE;
-        mt_wgmma_fence();
+        if constexpr (RS) {
+            const int lane = threadIdx.x % MT_WARP, i = lane >> 3, r = 16 * ((threadIdx.x % 128) / MT_WARP) +
+                                                                       (lane & 7) + 8 * (i & 1);
 #pragma unroll
-        for (int kk = 0; kk < WP_BK / 16; kk++)
-            mt_wgmma_128_ss(d, mt_wgmma_desc_sw128(a + 32 * kk), mt_wgmma_desc_sw128(b + 32 * kk), 1);
+            for (int kk = 0; kk < WP_BK / 16; kk++) mt_ldsm_x4(af[kk], a + wp_swz(r, 2 * kk + (i >> 1)));
+        }
+        mt_wgmma_fence();   /* after the A registers' loads: wgmma reads them */
+#pragma unroll
+        for (int kk = 0; kk < WP_BK / 16; kk++) {
+            if constexpr (RS) mt_wgmma_128_rs(d, af[kk], mt_wgmma_desc_sw128(b + 32 * kk), 1);
+            else mt_wgmma_128_ss(d, mt_wgmma_desc_sw128(a + 32 * kk), mt_wgmma_desc_sw128(b + 32 * kk), 1);
+        }
         mt_wgmma_commit();
         mt_wgmma_wait<0>();
     }
@@ -93,7 +108,7 @@ static __global__ void wgmma_compiled_k(int *out) { *out = mt_wgmma_compiled(); 
 /* On the bound instance's stream (ops_cuda.cu mt_ops_cuda_wgmma_probe_of).
  * The sm_90a question is asked of the device code once (a flag kernel and one
  * copy): a build for plain sm_90 has the kernel but no wgmma in it. */
-enum mt_status mt_cuda_wgmma_probe(float *C, const void *A, const void *B, int M, int N, int K)
+enum mt_status mt_cuda_wgmma_probe(float *C, const void *A, const void *B, int M, int N, int K, int a_regs)
 {
     if (M <= 0 || N <= 0 || K <= 0 || M % WP_BM || N % WP_BN || K % WP_BK || M / WP_BM > 65535)
         return MT_ERR_INVALID_ARG;
@@ -109,9 +124,12 @@ enum mt_status mt_cuda_wgmma_probe(float *C, const void *A, const void *B, int M
         compiled = h;
     }
     if (!compiled) return MT_ERR_UNSUPPORTED;
-    if (!mt_cuda_smem_opt_in(wgmma_probe_k, WP_SMEM)) return MT_ERR_RUNTIME;
-    MT_LAUNCH(wgmma_probe_k, dim3(N / WP_BN, M / WP_BM), WP_THREADS, WP_SMEM)
-        (C, (const bf16 *)A, (const bf16 *)B, N, K);
+    void (*k)(float *, const bf16 *, const bf16 *, int, int) = a_regs ? wgmma_probe_k<1> : wgmma_probe_k<0>;
+    if (!mt_cuda_smem_opt_in(k, WP_SMEM)) return MT_ERR_RUNTIME;
+    if (a_regs) MT_LAUNCH(wgmma_probe_k<1>, dim3(N / WP_BN, M / WP_BM), WP_THREADS, WP_SMEM)
+                    (C, (const bf16 *)A, (const bf16 *)B, N, K);
+    else MT_LAUNCH(wgmma_probe_k<0>, dim3(N / WP_BN, M / WP_BM), WP_THREADS, WP_SMEM)
+             (C, (const bf16 *)A, (const bf16 *)B, N, K);
     MT_CUDA_KCHECK();
     return MT_OK;
 }

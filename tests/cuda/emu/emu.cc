@@ -578,8 +578,9 @@ static std::vector<std::vector<cp_pending>> g_cp;
  * d), its group; computed and landed in d by the covering wait */
 struct wg_pending {
     float *d;
-    uint64_t da, db;
-    int n, acc, chain, done;
+    uint64_t da, db;   /* da 0 for A from registers (rs): a */
+    uint32_t a[4];
+    int n, acc, rs, chain, done;
     unsigned group;
     float c[128], v[128];
 };
@@ -834,7 +835,7 @@ static void wg_check_desc(uint64_t d, const char *which)
 }
 
 /* A thread issues: its product is recorded, its d reads NaN until the wait. */
-void mt_emu_wgmma_ss(float *d, int n, uint64_t da, uint64_t db, int acc)
+static void wg_issue(float *d, int n, uint64_t da, const uint32_t *a, uint64_t db, int acc)
 {
     if (n != 64 && n != 128 && n != 256) {
         fprintf(stderr, "cuda emu: wgmma n%d: not emulated (64, 128, 256)\n", n);
@@ -842,7 +843,8 @@ void mt_emu_wgmma_ss(float *d, int n, uint64_t da, uint64_t db, int acc)
     }
     std::vector<wg_pending> &pend = g_wgp[(size_t)g_cur];
     wg_pending p;
-    p.d = d, p.da = da, p.db = db, p.n = n, p.acc = acc, p.chain = -1, p.done = 0;
+    p.d = d, p.da = da, p.db = db, p.n = n, p.acc = acc, p.rs = a != NULL, p.chain = -1, p.done = 0;
+    if (a) memcpy(p.a, a, sizeof p.a);
     p.group = g_f[g_cur].wg_committed;
     for (size_t i = pend.size(); i-- > 0;)
         if (pend[i].d == d) { p.chain = (int)i; break; }
@@ -850,6 +852,9 @@ void mt_emu_wgmma_ss(float *d, int n, uint64_t da, uint64_t db, int acc)
     pend.push_back(p);
     memset(d, 0xff, (size_t)(n / 2) * sizeof(float));   /* NaN until the wait */
 }
+
+void mt_emu_wgmma_ss(float *d, int n, uint64_t da, uint64_t db, int acc) { wg_issue(d, n, da, NULL, db, acc); }
+void mt_emu_wgmma_rs(float *d, int n, const uint32_t a[4], uint64_t db, int acc) { wg_issue(d, n, 0, a, db, acc); }
 
 void mt_emu_wgmma_commit(void) { g_f[g_cur].wg_committed++; }
 
@@ -883,17 +888,29 @@ static MT_EMU_UNCHECKED void wg_wait_fn(unsigned char *slots, size_t stride)
         if (p0.group + (unsigned)w0.n >= w0.committed) break;   /* this group and later stay in flight */
         for (int l = 1; l < 128; l++) {
             const wg_pending &p = g_wgp[t0 + l][i];
-            if (p.da != p0.da || p.db != p0.db || p.n != p0.n || p.acc != p0.acc || p.group != p0.group) {
+            if (p.da != p0.da || p.db != p0.db || p.n != p0.n || p.acc != p0.acc || p.rs != p0.rs ||
+                p.group != p0.group) {
                 fprintf(stderr, "cuda emu: wgmma operands differ across warpgroup %d (thread %d, product %zu)\n",
                         w0.wg, l, i);
                 abort();
             }
         }
-        wg_check_desc(p0.da, "A");
+        if (!p0.rs) wg_check_desc(p0.da, "A");
         wg_check_desc(p0.db, "B");
         const int N = p0.n;
-        for (int m = 0; m < 64; m++)
-            for (int k = 0; k < 16; k++) A[m][k] = wg_elem(p0.da, m, k);
+        if (!p0.rs) {
+            for (int m = 0; m < 64; m++)
+                for (int k = 0; k < 16; k++) A[m][k] = wg_elem(p0.da, m, k);
+        } else {   /* each warp's 16 rows from its lanes' registers (mma.m16n8k16's A layout) */
+            for (int l = 0; l < 128; l++) {
+                const uint32_t *a = g_wgp[t0 + l][i].a;
+                const int r = 16 * (l / 32) + ((l % 32) >> 2), c = 2 * (l & 3);
+                A[r][c] = mt_emu_bf16_lo(a[0]), A[r][c + 1] = mt_emu_bf16_hi(a[0]);
+                A[r + 8][c] = mt_emu_bf16_lo(a[1]), A[r + 8][c + 1] = mt_emu_bf16_hi(a[1]);
+                A[r][c + 8] = mt_emu_bf16_lo(a[2]), A[r][c + 9] = mt_emu_bf16_hi(a[2]);
+                A[r + 8][c + 8] = mt_emu_bf16_lo(a[3]), A[r + 8][c + 9] = mt_emu_bf16_hi(a[3]);
+            }
+        }
         for (int c = 0; c < N; c++)
             for (int k = 0; k < 16; k++) B[c][k] = wg_elem(p0.db, c, k);
         for (int l = 0; l < 128; l++) {

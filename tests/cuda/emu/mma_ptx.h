@@ -164,6 +164,11 @@ static inline void mt_emu_ldmatrix_x4(uint32_t r[4], const void *p)
  * GPU. */
 uint32_t mt_emu_smem_offset(const void *p);
 void mt_emu_wgmma_ss(float *d, int n, uint64_t da, uint64_t db, int acc);
+/* ... with A from registers: a[4] as mma.m16n8k16's A fragment, warp q on rows 16 q .. 16 q + 15.
+ * Their values are taken at the issue: the device may read them until the wait, so a
+ * kernel must not write them before it, and that the emulator does NOT catch
+ * (docs/cuda.md "wgmma") */
+void mt_emu_wgmma_rs(float *d, int n, const uint32_t a[4], uint64_t db, int acc);
 void mt_emu_wgmma_commit(void);
 void mt_emu_wgmma_wait(int n);
 
