@@ -45,6 +45,12 @@
  * (the core of an M layer vs that of an A layer; the projections are GEMMs,
  * timed in the gemm rows).
  *
+ * Last, and never fatal (a wrong kernel or a CUDA error is reported in its row,
+ * and every row above is already written): "wgmma", the wgmma probe
+ * (mt_ops_cuda_wgmma_probe_of, A from shared memory and from registers) checked
+ * against gemm_bf16 and timed beside it; "attention_v4", attn_kernel=v4's forward
+ * (wgmma) against v3's out and timed beside it, per shape of head dim 64 or 128.
+ *
  * All-reduce: with NCCL in the build (MT_WITH_NCCL) a one-rank NCCL world
  * (mt_comm_nccl_create_world with no MPI world), mt_comm_allreduce in place
  * over 1..256 MiB; bandwidth = bytes / time ("algbw"; a one-rank ring moves
@@ -110,6 +116,14 @@ static mt_bf16 to_bf16(float x)
     uint32_t u;
     memcpy(&u, &r, 4);
     return (mt_bf16)(u >> 16);
+}
+
+static double bf16_to_f(mt_bf16 h)
+{
+    const uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
 }
 
 static void *dev_alloc(size_t bytes)
@@ -545,6 +559,67 @@ static void calib_wgmma(FILE *f, int quick, int warmup, int reps)
     }
 }
 
+/* attn_kernel=v4 (attention_wg.cu: the forward on wgmma; its backward is v3's):
+ * the forward of each attention shape at head dim 64 or 128 under v3 and v4, v4's
+ * bf16 out compared with v3's (max |diff| / max |out|: the two sum in other orders,
+ * so a bf16 ulp or so apart; <= 1e-2 else "ok" false and no rates). Like
+ * calib_wgmma, last and never fatal: a CUDA error is reported in the row. */
+static void calib_attn_v4(FILE *f, const struct cal_attn_shape *as, int n_as, int warmup, int reps)
+{
+    int first = 1;
+    for (int i = 0; i < n_as; i++) {
+        if (as[i].hd != 64 && as[i].hd != 128) continue;
+        struct cal_attn_ctx a = {as[i].b, as[i].t, as[i].h, as[i].hd, 1, 3, NULL, NULL, NULL, NULL, NULL, NULL,
+                                 NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+        const size_t n = (size_t)a.b * a.t * a.h * a.hd;
+        a.q = dev_rand(n), a.k = dev_rand(n), a.v = dev_rand(n);
+        a.lse = dev_alloc((size_t)a.b * a.h * a.t * 4);
+        a.qkvb = (mt_bf16 *)dev_alloc(3 * n * 2), a.outb = (mt_bf16 *)dev_alloc(n * 2);
+        uint16_t *h3 = malloc(n * 2), *h4 = malloc(n * 2);
+        struct cal_time t3 = {0, 0}, t4 = {0, 0};
+        char msg[256] = "";
+        double dmax = -1.0, omax = 0.0;
+        mt_ops_cuda_set_attn_kernel_of(g_ops->be, "v3");
+        attn_fn(&a);
+        g_ops->sync(g_ops->be);
+        if (h3 && h4) g_ops->copy_to_host(g_ops->be, h3, a.outb, n * 2);
+        mt_ops_cuda_set_attn_kernel_of(g_ops->be, "v4");
+        attn_fn(&a);
+        g_ops->sync(g_ops->be);
+        enum mt_status st = mt_ops_cuda_status_of(g_ops->be, msg, sizeof msg);
+        if (st == MT_OK && h3 && h4) {
+            g_ops->copy_to_host(g_ops->be, h4, a.outb, n * 2);
+            dmax = 0.0;
+            for (size_t e = 0; e < n; e++) {
+                const double x3 = bf16_to_f(h3[e]), x4 = bf16_to_f(h4[e]), d = fabs(x4 - x3);
+                if (!(d == d)) { dmax = -1.0; break; }
+                if (d > dmax) dmax = d;
+                if (fabs(x3) > omax) omax = fabs(x3);
+            }
+        }
+        const double rel = dmax >= 0.0 && omax > 0.0 ? dmax / omax : -1.0;
+        const int ok = st == MT_OK && rel >= 0.0 && rel <= 1e-2;
+        if (ok) {
+            t4 = time_runs(attn_fn, &a, warmup, reps);
+            mt_ops_cuda_set_attn_kernel_of(g_ops->be, "v3");
+            t3 = time_runs(attn_fn, &a, warmup, reps);
+        } else if (st != MT_OK) {
+            fprintf(stderr, "cuda_calib: CUDA error in attn_kernel=v4: %s\n", msg);
+        }
+        mt_ops_cuda_set_attn_kernel_of(g_ops->be, "v3");
+        const double ff = 2.0 * a.b * a.h * (double)a.t * a.t * a.hd;
+        emit(f, "%s\n  {\"b\": %d, \"t\": %d, \"h\": %d, \"hd\": %d, \"status\": \"%s\", \"ok\": %s, "
+                "\"max_rel_vs_v3\": %.3e, \"fwd_flops\": %.6g, \"v4_fwd_median_s\": %.6e, \"v4_fwd_flop_per_s\": %.6e, "
+                "\"v3_fwd_median_s\": %.6e, \"v3_fwd_flop_per_s\": %.6e}",
+             first ? "" : ",", a.b, a.t, a.h, a.hd, mt_status_str(st), ok ? "true" : "false", rel, ff, t4.median,
+             ok ? ff / t4.median : 0.0, t3.median, ok ? ff / t3.median : 0.0);
+        first = 0;
+        free(h3), free(h4);
+        float *bufs[] = {a.q, a.k, a.v, a.lse, (float *)a.qkvb, (float *)a.outb};
+        for (size_t b = 0; b < sizeof bufs / sizeof bufs[0]; b++) g_ops->buf_free(g_ops->be, &g_ctx, bufs[b]);
+    }
+}
+
 int main(int argc, char **argv)
 {
     int quick = 0, reps = 20, warmup = 3;
@@ -916,6 +991,8 @@ int main(int argc, char **argv)
     /* ---- wgmma, last (calib_wgmma) ---- */
     emit(f, ",\n \"wgmma\": [");
     calib_wgmma(f, quick, warmup, reps);
+    emit(f, "\n ],\n \"attention_v4\": [");
+    calib_attn_v4(f, as, n_as, warmup, reps);
     emit(f, "\n ]\n}\n");
     if (g_out2) fclose(g_out2);
     size_t live = g_ctx.bytes_live_total;

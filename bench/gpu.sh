@@ -862,6 +862,10 @@ for x in c.get("wgmma") or []:
           % (x["m"], x["n"], x["k"], x.get("a", "shared"), "ok" if x["ok"] else "WRONG (%s)" % x["status"],
              x["max_rel_vs_cublas"],
              x["wgmma_flop_per_s"] / 1e12, x["cublas_flop_per_s"] / 1e12))
+for x in c.get("attention_v4") or []:
+    print("RESULT calib attention v4 (wgmma forward) B %d T %d H %d hd %d: %s, max rel vs v3 %.2e, fwd v4 %.1f TF/s, "
+          "v3 %.1f TF/s" % (x["b"], x["t"], x["h"], x["hd"], "ok" if x["ok"] else "WRONG (%s)" % x["status"],
+                            x["max_rel_vs_v3"], x["v4_fwd_flop_per_s"] / 1e12, x["v3_fwd_flop_per_s"] / 1e12))
 for x in c.get("layer_core") or []:
     print("RESULT calib layer core B %d T %d: scan %s fp32 %.4f s, bf16 %.4f s vs attention %s fp32 %.4f s, bf16 %.4f s "
           "(scan/attention, bf16 both: %.2f)"

@@ -135,10 +135,12 @@ fb; printf '# attn_kernel v1\nok    cuda[v1] B2: x\n# attn_kernel v2\n' > "$W/fl
 fb; printf '# group test_fused()\ncuda  fused  x  0  1e-05  PASS\n# group test_gemm_grouped_rows()\n' > "$W/fl/ops_harness.txt"
 r7=$(fbrun)
 printf 'cuda_ops_vs_cpu: 45 checks, 45 passed, 0 failed\n' >> "$W/fl/ops_harness.txt"; r8=$(fbrun)
-[ "$r7" = "moe_sizes=host " ] && [ -z "$r8" ] && [ -z "$r0" ] && [ "$r1" = "attn_kernel=v2 " ] && [ "$r2" = "attn_kernel=v1 " ] && [ "$r3" = "scan_bf16=0 moe_sizes=host " ] &&
+# a crash inside the v4 set (after v3 passed): v4 is opt-in, nothing swapped
+fb; printf '# attn_kernel v3\nok    cuda[v3] B2: x\n# attn_kernel v4\nFAIL  cuda[v4] B2: x\n' > "$W/fl/test_attn_bf16.txt"; r9=$(fbrun)
+[ -z "$r9" ] && [ "$r7" = "moe_sizes=host " ] && [ -z "$r8" ] && [ -z "$r0" ] && [ "$r1" = "attn_kernel=v2 " ] && [ "$r2" = "attn_kernel=v1 " ] && [ "$r3" = "scan_bf16=0 moe_sizes=host " ] &&
     [ -z "$r4" ] && [ "$r5" = "attn_kernel=v2 " ] && [ "$r6" = "attn_kernel=v1 " ] &&
-    ok "gpu_fallbacks.py: none when all pass; v3 -> v2, v3 and v2 -> v1, the bf16 scan -> scan_bf16=0, grouped -> moe_sizes=host; a crash in v3 -> v2, in v2 -> v1; the op harness stopped inside the grouped GEMMs -> moe_sizes=host" ||
-    bad "gpu_fallbacks.py: '$r0' '$r1' '$r2' '$r3' '$r4' '$r5' '$r6' '$r7' '$r8'"
+    ok "gpu_fallbacks.py: none when all pass; v3 -> v2, v3 and v2 -> v1, the bf16 scan -> scan_bf16=0, grouped -> moe_sizes=host; a crash in v3 -> v2, in v2 -> v1; the op harness stopped inside the grouped GEMMs -> moe_sizes=host; v4 failing or crashing -> nothing" ||
+    bad "gpu_fallbacks.py: '$r0' '$r1' '$r2' '$r3' '$r4' '$r5' '$r6' '$r7' '$r8' '$r9'"
 # an A/B row whose knob the fallback sets is not run again (d2048_dense_attnv2 under attn_kernel=v2)
 # (gpu.sh's speed_one alone, with the knobs stage_speed builds from such a file)
 bash -c 'source <(sed -n "/^speed_one() {/,/^}/p" "$0"); SPEED_KNOBS="--knob attn_kernel=v2 "

@@ -675,6 +675,10 @@ static void v2_bwd(float *dq, bf16 *dq_b, float *dk, bf16 *dk_b, float *dv, bf16
 void mt_attn_v2_forward(float *out, mt_bf16 *out_b, float *lse, const mt_bf16 *q, const mt_bf16 *k, const mt_bf16 *v,
                         int B, int T, int H, int K, int hd)
 {
+    if (mt_cuda_be->attn_v2 == 3) {   /* v4: the forward on wgmma (attention_wg.cu); the backward is v3's */
+        mt_attn_wg_forward(out, out_b, lse, q, k, v, B, T, H, K, hd);
+        return;
+    }
     if (hd == 64) v2_fwd<64>(out, (bf16 *)out_b, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, B, T, H, K);
     else v2_fwd<128>(out, (bf16 *)out_b, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, B, T, H, K);
 }

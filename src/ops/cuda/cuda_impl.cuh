@@ -662,6 +662,9 @@ void mt_cuda_attention_rowdot(float *D, const float *dout, const float *out, int
 /* ---- attention_v2.cu (called by attention_tc.cu's entries on its staged
  * bf16 operands; D = rowdot(dout, out)) ---- */
 int  mt_attn_v2_supports(int hd);  /* 64 and 128 */
+/* attn_kernel=v4's forward (attention_wg.cu: wgmma; mt_attn_v2_forward hands it over) */
+void mt_attn_wg_forward(float *out, mt_bf16 *out_b, float *lse, const mt_bf16 *q, const mt_bf16 *k, const mt_bf16 *v,
+                        int B, int T, int H, int K, int hd);
 void mt_attn_v2_forward(float *out, mt_bf16 *out_b, float *lse, const mt_bf16 *q, const mt_bf16 *k, const mt_bf16 *v,
                         int B, int T, int H, int K, int hd);
 /* ds: workspace for the dS^T tiles (dQ from them), NULL: dQ recomputes S and dP (counted) */

@@ -473,20 +473,21 @@ static int read_mib(const char *name, long dflt, long lo, long hi, size_t *out, 
  * mt_ops_cuda.h and cuda_impl.cuh): MT_CUDA_PRECISION=fp32|bf16 (default
  * fp32), MT_CUDA_BF16_SCRATCH_MB (positive integer, default 256) and
  * MT_CUDA_ATTN_DS_MB (the bf16 attention backward's dS tiles, default 2048;
- * 0: dQ always recomputes them), MT_CUDA_ATTN_KERNEL=v1|v2|v3 (the bf16
+ * 0: dQ always recomputes them), MT_CUDA_ATTN_KERNEL=v1|v2|v3|v4 (the bf16
  * attention kernels, default v3; knob attn_kernel), MT_CUDA_GG_BN=128|256 (the
  * grouped GEMMs' block tile columns, default 256). A bad value refuses the
  * table with the reason, like a missing device. */
-/* "v1" / "v2" / "v3" -> 0 / 1 / 2; -1 for anything else */
+/* "v1" / "v2" / "v3" / "v4" -> 0 / 1 / 2 / 3; -1 for anything else */
 static int attn_kernel_parse(const char *s)
 {
-    return !strcmp(s, "v1") ? 0 : !strcmp(s, "v2") ? 1 : !strcmp(s, "v3") ? 2 : -1;
+    return !strcmp(s, "v1") ? 0 : !strcmp(s, "v2") ? 1 : !strcmp(s, "v3") ? 2 : !strcmp(s, "v4") ? 3 : -1;
 }
 
 static void set_attn_kernel(int v2)
 {
     mt_cuda_be->attn_v2 = v2;
-    snprintf(mt_cuda_be->info.attn_kernel, sizeof mt_cuda_be->info.attn_kernel, "%s", v2 == 2 ? "v3" : v2 ? "v2" : "v1");
+    static const char *const name[4] = {"v1", "v2", "v3", "v4"};
+    snprintf(mt_cuda_be->info.attn_kernel, sizeof mt_cuda_be->info.attn_kernel, "%s", name[v2]);
 }
 
 static int read_tunables(char *why, size_t why_len, enum mt_cuda_precision *prec, const char **src, size_t *cap,
@@ -502,7 +503,7 @@ static int read_tunables(char *why, size_t why_len, enum mt_cuda_precision *prec
     const char *ak = getenv(MT_CUDA_ATTN_KERNEL_ENV);
     *attn_v2 = attn_kernel_parse(ak && ak[0] ? ak : MT_CUDA_ATTN_KERNEL_DEFAULT);
     if (*attn_v2 < 0) {
-        if (why && why_len) snprintf(why, why_len, "%s=%s: expected v1, v2 or v3", MT_CUDA_ATTN_KERNEL_ENV, ak);
+        if (why && why_len) snprintf(why, why_len, "%s=%s: expected v1, v2, v3 or v4", MT_CUDA_ATTN_KERNEL_ENV, ak);
         return 0;
     }
     const char *s = getenv(MT_CUDA_PRECISION_ENV);

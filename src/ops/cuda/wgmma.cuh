@@ -19,6 +19,8 @@
  *                             D (64 x 128, f32) = A (64 x 16, bf16) B (128 x 16, bf16)^T
  *                             (+ D when acc): wgmma.mma_async.sync.aligned.m64n128k16
  *                             .f32.bf16.bf16, both operands K-major from shared memory
+ *   mt_wgmma_64_ss, mt_wgmma_64_rs  the same at N = 64 (32 accumulators); mt_wgmma_ss<N>,
+ *                             mt_wgmma_rs<N> choose by N
  *   mt_wgmma_128_rs(d, a, db, acc)
  *                             the same with A from registers: a[4] (.b32, two bf16 each)
  *                             in mma.sync's m16n8k16 A layout on the warp's 16 rows
@@ -178,6 +180,61 @@ static __device__ __forceinline__ void mt_wgmma_128_rs(float d[64], const uint32
     (void)d; (void)a; (void)db; (void)acc;
     __trap();
 #endif
+}
+/* N = 64 (32 accumulators): attention's S = Q K^T on a 64-key tile (SS) and, at head
+ * dim 64, its P V (RS) */
+static __device__ __forceinline__ void mt_wgmma_64_ss(float d[32], uint64_t da, uint64_t db, int acc)
+{
+#if defined(MT_CUDA_EMU)
+    mt_emu_wgmma_ss(d, 64, da, db, acc);
+#elif MT_WGMMA_ON
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1, 0, 0;\n}\n"
+        : MT_WG_D8(0), MT_WG_D8(8), MT_WG_D8(16), MT_WG_D8(24)
+        : "l"(da), "l"(db), "r"(acc));
+#else
+    (void)d; (void)da; (void)db; (void)acc;
+    __trap();
+#endif
+}
+
+static __device__ __forceinline__ void mt_wgmma_64_rs(float d[32], const uint32_t a[4], uint64_t db, int acc)
+{
+#if defined(MT_CUDA_EMU)
+    mt_emu_wgmma_rs(d, 64, a, db, acc);
+#elif MT_WGMMA_ON
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : MT_WG_D8(0), MT_WG_D8(8), MT_WG_D8(16), MT_WG_D8(24)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+#else
+    (void)d; (void)a; (void)db; (void)acc;
+    __trap();
+#endif
+}
+
+/* by N: mt_wgmma_ss<N>, mt_wgmma_rs<N> (N 64 or 128) */
+template <int N>
+static __device__ __forceinline__ void mt_wgmma_ss(float *d, uint64_t da, uint64_t db, int acc)
+{
+    static_assert(N == 64 || N == 128, "wgmma: n64 or n128");
+    if constexpr (N == 64) mt_wgmma_64_ss(d, da, db, acc);
+    else mt_wgmma_128_ss(d, da, db, acc);
+}
+template <int N>
+static __device__ __forceinline__ void mt_wgmma_rs(float *d, const uint32_t a[4], uint64_t db, int acc)
+{
+    static_assert(N == 64 || N == 128, "wgmma: n64 or n128");
+    if constexpr (N == 64) mt_wgmma_64_rs(d, a, db, acc);
+    else mt_wgmma_128_rs(d, a, db, acc);
 }
 #undef MT_WG_D8
 
