@@ -503,10 +503,10 @@ static void json_str(FILE *f, const char *s)  /* a JSON string of s (control cha
 }
 
 /* The wgmma probe (wgmma_probe.cu, 128 x 128 tiles, 3 stages; A from shared memory
- * and from registers: "a") beside gemm_bf16 (cuBLASLt) on the same bf16 operands, checked first against it (max |C_wgmma -
- * C_cublas| / max |C|, both fp32 sums of the same products): a wrong kernel or a
- * CUDA error in it is reported, not timed ("ok" false, no rates). main runs it
- * last, so that it costs no other row. */
+ * and from registers: "a") beside gemm_bf16 (cuBLASLt) on the same bf16 operands,
+ * checked first against it (max |C_wgmma - C_cublas| / max |C|, both fp32 sums of the
+ * same products): a wrong kernel or a CUDA error in it is reported, not timed ("ok"
+ * false, no rates). main runs it last, so that it costs no other row. */
 static void calib_wgmma(FILE *f, int quick, int warmup, int reps)
 {
     const int ws[2][3] = {{quick ? 128 : 4096, quick ? 256 : 4096, quick ? 192 : 4096},

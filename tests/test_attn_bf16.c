@@ -485,25 +485,18 @@ static void test_shape(const struct shape *s)
         snprintf(why, sizeof why, "attn_kernel %s, +%ld v2 calls, +%ld v2 fallbacks (hd %d)", i1.attn_kernel, dv2,
                  dfb, i1.attention_v2_fallback_hd);
         check(ok, what, why);
-        if (!strcmp(g_kernel, "v3")) {  /* 128 query rows a block: each row's tiles, order and operations as v2 */
+        /* v3: 128 query rows a block, each row's tiles, order and operations as v2. v4 (the
+         * forward on wgmma, the backward v3's): under the emulator its products add their
+         * terms in v2's order (the emulated wgmma, like the emulated mma.sync, sums a k-step's
+         * 16 in order onto C), so every other operation being v2's gives v2's bits; a GPU's
+         * wgmma sums in its own order: the bound above is the check there */
+        if (!strcmp(g_kernel, "v3") || (!strcmp(g_kernel, "v4") && i1.emulated && want_v2)) {
             struct outs c2;
             mt_ops_cuda_set_attn_kernel_of(g_ops->be, "v2");
             run(g_ops, s, q, k, v, g, out_in, lse_in, &c2);
-            mt_ops_cuda_set_attn_kernel_of(g_ops->be, "v3");
-            snprintf(what, sizeof what, "%s: v3 == v2 bit for bit (out, lse, dq, dk, dv)", name);
-            check(same_bits(&a, &c2, s), what, "");
-            outs_free(&c2);
-        }
-        /* v4 (the forward on wgmma, the backward v3's): under the emulator its products add
-         * their terms in v2's order (the emulated wgmma, like the emulated mma.sync, sums a
-         * k-step's 16 in order onto C), so every other operation being v2's gives v2's bits;
-         * a GPU's wgmma sums in its own order: the bound above is the check there */
-        if (!strcmp(g_kernel, "v4") && i1.emulated && want_v2) {
-            struct outs c2;
-            mt_ops_cuda_set_attn_kernel_of(g_ops->be, "v2");
-            run(g_ops, s, q, k, v, g, out_in, lse_in, &c2);
-            mt_ops_cuda_set_attn_kernel_of(g_ops->be, "v4");
-            snprintf(what, sizeof what, "%s: v4 == v2 bit for bit under the emulator", name);
+            mt_ops_cuda_set_attn_kernel_of(g_ops->be, g_kernel);
+            snprintf(what, sizeof what, "%s: %s == v2 bit for bit (out, lse, dq, dk, dv)%s", name, g_kernel,
+                     !strcmp(g_kernel, "v4") ? " under the emulator" : "");
             check(same_bits(&a, &c2, s), what, "");
             outs_free(&c2);
         }

@@ -980,6 +980,19 @@ PY
         then echo "PASS CUDA graphs on (reverse launch order) = off (forward) ($c, 4 steps): $(cat "$EMU/graph_$c.txt")"
         else cat "$EMU/graph_$c.txt" 2>/dev/null; echo "FAIL: CUDA graphs on (reverse launch order) vs off (forward) ($c)"; fail=1; fi
     done
+    # attn_kernel=v4 (the attention forward on wgmma) in training: at head dim 64 (d_model
+    # 128, 2 heads, GQA 2) and T 80 (two 64-key tiles, the second partial), 3 steps of
+    # precision=bf16 equal attn_kernel=v3's bit for bit under the emulator (its products
+    # sum in v2's order here; docs/cuda.md "v4"), and the receipt says v4 ran
+    GV4="$TINY --set d_model=128 --set n_head=2 --set n_kv_head=1 --set seq_len=80 --set precision=bf16"
+    if graph_run v4 fp32 3 $GV4 --knob attn_kernel=v4 && graph_run v3 fp32 3 $GV4 --knob attn_kernel=v3 &&
+       cmp -s "$EMU/run_graph_v4/ckpt/step_000003/params.bin" "$EMU/run_graph_v3/ckpt/step_000003/params.bin" &&
+       python3 -c "import json, sys; a, b = (json.load(open(p)) for p in sys.argv[1:3]); \
+sys.exit(not (a['losses'] == b['losses'] and a['grad_norms'] == b['grad_norms'] and a['gpu']['attn_kernel'] == 'v4' and \
+b['gpu']['attn_kernel'] == 'v3' and a['gpu']['attention_v2_calls'] > 0 and a['gpu']['attention_v2_fallbacks'] == 0))" \
+           "$EMU/run_graph_v4/receipt.json" "$EMU/run_graph_v3/receipt.json"
+    then echo "PASS attn_kernel=v4 (wgmma forward) training, hd 64, T 80, 3 steps: = v3 bit for bit under the emulator"
+    else tail -3 "$EMU/train_graph_v4.log"; echo "FAIL: attn_kernel=v4 training vs v3"; fail=1; fi
     # ReDo (redo_every 4): its scoring step and the step after its event run eagerly
     # (step.c graphs_mode), the others as graphs again; the replay of a scoring step
     # was a sticky "differs from its capture" error before (2026-11-27)

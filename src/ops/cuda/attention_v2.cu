@@ -71,6 +71,7 @@
  */
 #include "cuda_impl.cuh"
 #include "mma_sync.cuh"
+#include "attn_online.cuh"
 
 #include <math.h>
 
@@ -283,34 +284,8 @@ static __device__ MT_WARP_STEP void v2_fwd_step(float (&o)[MW][HD / 8][4], float
 #pragma unroll
     for (int mi = 0; mi < MW; mi++) {
         const int row0 = w0 + 16 * mi + g;  /* this lane's rows: row0, row0 + 8 */
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float x = s[mi][j][e] * c;
-                if (kt == wlast && j0 + 8 * j + 2 * t + (e & 1) > row0 + 8 * (e >> 1)) x = -INFINITY;
-                s[mi][j][e] = x;
-                mx[e >> 1] = fmaxf(mx[e >> 1], x);
-            }
         float alpha[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(MT_FULL_MASK, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(MT_FULL_MASK, mx[r], 2));
-            const float mnew = fmaxf(m[mi][r], mx[r]);  /* finite: every row sees a key per tile */
-            alpha[r] = exp2f(m[mi][r] - mnew);          /* 0 on the first tile (m = -inf) */
-            m[mi][r] = mnew;
-            l[mi][r] *= alpha[r];
-        }
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float p = exp2f(s[mi][j][e] - m[mi][e >> 1]);
-                s[mi][j][e] = p;
-                l[mi][e >> 1] += p;
-            }
+        mt_attn_online_tile(s[mi], m[mi], l[mi], alpha, kt == wlast, j0, row0, t, c);
 #pragma unroll
         for (int j = 0; j < HD / 8; j++)
 #pragma unroll

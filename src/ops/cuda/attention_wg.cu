@@ -32,6 +32,7 @@
  */
 #include "cuda_impl.cuh"
 #include "wgmma.cuh"
+#include "attn_online.cuh"
 
 #include <math.h>
 
@@ -128,7 +129,7 @@ attn_wg_fwd_k(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k,
     uint4 vr[NV];
     wg_v_fetch<HD>(vr, v, b, 0, T, K, kvh);
 
-    float o[HD / 2], s[32], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    float o[HD / 2], s[8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};   /* s: m64n64's d[4 j + e] */
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) o[i] = 0.0f;
     for (int kt = 0; kt < n_kt; kt++) {
@@ -145,45 +146,17 @@ attn_wg_fwd_k(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k,
         if (kt <= wlast) {   /* uniform over the warpgroup */
             const unsigned char *Qw = Qs + wg * TILE;
 #pragma unroll
-            for (int i = 0; i < 32; i++) s[i] = 0.0f;
+            for (int i = 0; i < 32; i++) s[i / 4][i % 4] = 0.0f;
             mt_wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < HD / 16; kk++) {
                 const int off = (kk >> 2) * HALF + 32 * (kk & 3);
-                mt_wgmma_ss<64>(s, mt_wgmma_desc_sw128(Qw + off), mt_wgmma_desc_sw128(Kb + off), kk > 0);
+                mt_wgmma_ss<64>(&s[0][0], mt_wgmma_desc_sw128(Qw + off), mt_wgmma_desc_sw128(Kb + off), kk > 0);
             }
             mt_wgmma_commit();
             mt_wgmma_wait<0>();
-            /* the online softmax: v2_fwd_step's operations on s[4 j + e] = its s[j][e] */
-            const int j0 = kt * WG_B;
-            float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float x = s[4 * j + e] * c;
-                    if (kt == wlast && j0 + 8 * j + 2 * t + (e & 1) > row0 + 8 * (e >> 1)) x = -INFINITY;
-                    s[4 * j + e] = x;
-                    mx[e >> 1] = fmaxf(mx[e >> 1], x);
-                }
-            float alpha[2];
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(MT_FULL_MASK, mx[r], 1));
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(MT_FULL_MASK, mx[r], 2));
-                const float mnew = fmaxf(m[r], mx[r]);  /* finite: every row sees a key per tile */
-                alpha[r] = exp2f(m[r] - mnew);          /* 0 on the first tile (m = -inf) */
-                m[r] = mnew;
-                l[r] *= alpha[r];
-            }
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const float p = exp2f(s[4 * j + e] - m[e >> 1]);
-                    s[4 * j + e] = p;
-                    l[e >> 1] += p;
-                }
+            float alpha[2];   /* the online softmax, v2's (attn_online.cuh) */
+            mt_attn_online_tile(s, m, l, alpha, kt == wlast, kt * WG_B, row0, t, c);
 #pragma unroll
             for (int j = 0; j < HD / 8; j++)
 #pragma unroll
@@ -191,10 +164,10 @@ attn_wg_fwd_k(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k,
             uint32_t pa[4][4];   /* P as bf16 A fragments, key steps of 16 (v2_pv's packing) */
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
-                pa[kk][0] = mt_pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
-                pa[kk][1] = mt_pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
-                pa[kk][2] = mt_pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
-                pa[kk][3] = mt_pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+                pa[kk][0] = mt_pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+                pa[kk][1] = mt_pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+                pa[kk][2] = mt_pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                pa[kk][3] = mt_pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
             }
             mt_wgmma_fence();
 #pragma unroll

@@ -636,6 +636,10 @@ static int init_state(char *why, size_t why_len)
     const char *log = getenv(MT_CUDA_LAUNCH_LOG_ENV);
     if (log && log[0] && !(mt_cuda_be->launch_log = fopen(log, "a")))
         fprintf(stderr, "meshtrain cuda backend: %s=%s: cannot open; no launch log\n", MT_CUDA_LAUNCH_LOG_ENV, log);
+    /* line-buffered: each line one append-mode write, whole, so that two instances
+     * logging to one file (cuda_ops_vs_cpu's test_instances) interleave lines, never
+     * cut one (a full 4 KiB buffer flushed mid-line did: resources.py read "smem alloc") */
+    if (mt_cuda_be->launch_log) setvbuf(mt_cuda_be->launch_log, NULL, _IOLBF, 0);
     if (mt_cuda_be->launch_log) snprintf(in->launch_log, sizeof in->launch_log, "%s", log);
     const char *kp = getenv(MT_CUDA_KERNEL_PROFILE_ENV);
     in->kernel_profile = in->op_profile && kp && !strcmp(kp, "1");
