@@ -506,53 +506,57 @@ static void json_str(FILE *f, const char *s)  /* a JSON string of s (control cha
  * and from registers: "a") beside gemm_bf16 (cuBLASLt) on the same bf16 operands,
  * checked first against it (max |C_wgmma - C_cublas| / max |C|, both fp32 sums of the
  * same products): a wrong kernel or a CUDA error in it is reported, not timed ("ok"
- * false, no rates). main runs it last, so that it costs no other row. */
+ * false, no wgmma rate). main runs it last, so that it costs no other row. */
 static void calib_wgmma(FILE *f, int quick, int warmup, int reps)
 {
     const int ws[2][3] = {{quick ? 128 : 4096, quick ? 256 : 4096, quick ? 192 : 4096},
                           {quick ? 128 : 8192, quick ? 128 : 8192, quick ? 64 : 2048}};
-    for (int row = 0; row < 4; row++) {   /* each shape with A from shared memory, then from registers */
-        const int s = row / 2, a_regs = row % 2, m = ws[s][0], n = ws[s][1], k = ws[s][2];
+    for (int s = 0; s < 2; s++) {   /* per shape: the cuBLAS reference and its time once, then both probe forms */
+        const int m = ws[s][0], n = ws[s][1], k = ws[s][2];
         const size_t na = (size_t)m * k, nb = (size_t)n * k, nc = (size_t)m * n;
+        const double flops = 2.0 * m * n * (double)k;
         float *t = dev_rand(na > nb ? na : nb), *c = dev_alloc(nc * 4), *cref = dev_alloc(nc * 4);
         mt_bf16 *a16 = dev_alloc(na * 2), *b16 = dev_alloc(nb * 2);
         g_ops->cast_bf16(g_ops->be, a16, t, na);
         g_ops->cast_bf16(g_ops->be, b16, t, nb);
-        struct cal_wgmma_ctx w = {m, n, k, a_regs, a16, b16, c, MT_OK};
-        wgmma_fn(&w);
         mt_ops_cuda_set_precision_of(g_ops->be, MT_CUDA_PRECISION_BF16);
         struct cal_gemm_ctx g = {CAL_BF16, m, n, k, t, t, a16, b16, cref};
-        run_gemm(&g);
-        g_ops->sync(g_ops->be);
-        char msg[256];
-        if (w.st == MT_OK && mt_ops_cuda_status_of(g_ops->be, msg, sizeof msg) != MT_OK) {
-            fprintf(stderr, "cuda_calib: CUDA error in the wgmma probe: %s\n", msg);
-            w.st = MT_ERR_RUNTIME;
-        }
+        const struct cal_time tc = time_runs(gemm_fn, &g, warmup, reps);   /* leaves the reference in cref */
+        mt_ops_cuda_set_precision_of(g_ops->be, MT_CUDA_PRECISION_FP32);
         float *h = malloc(nc * 4), *hr = malloc(nc * 4);
-        double dmax = 0.0, cmax = 0.0;
-        if (h && hr && w.st == MT_OK) {
-            g_ops->copy_to_host(g_ops->be, h, c, nc * 4);
-            g_ops->copy_to_host(g_ops->be, hr, cref, nc * 4);
-            for (size_t i = 0; i < nc; i++) {
-                double d = fabs((double)h[i] - hr[i]);
-                if (!(d == d)) d = INFINITY;
-                if (d > dmax) dmax = d;
-                if (fabs((double)hr[i]) > cmax) cmax = fabs((double)hr[i]);
+        if (h && hr) g_ops->copy_to_host(g_ops->be, hr, cref, nc * 4);
+        for (int a_regs = 0; a_regs < 2; a_regs++) {   /* A from shared memory, then from registers */
+            struct cal_wgmma_ctx w = {m, n, k, a_regs, a16, b16, c, MT_OK};
+            wgmma_fn(&w);
+            g_ops->sync(g_ops->be);
+            char msg[256];
+            if (w.st == MT_OK && mt_ops_cuda_status_of(g_ops->be, msg, sizeof msg) != MT_OK) {
+                fprintf(stderr, "cuda_calib: CUDA error in the wgmma probe: %s\n", msg);
+                w.st = MT_ERR_RUNTIME;
             }
+            double dmax = 0.0, cmax = 0.0;
+            if (h && hr && w.st == MT_OK) {
+                g_ops->copy_to_host(g_ops->be, h, c, nc * 4);
+                for (size_t i = 0; i < nc; i++) {
+                    double d = fabs((double)h[i] - hr[i]);
+                    if (!(d == d)) d = INFINITY;
+                    if (d > dmax) dmax = d;
+                    if (fabs((double)hr[i]) > cmax) cmax = fabs((double)hr[i]);
+                }
+            }
+            /* -1: not compared (an error, or a non-finite difference); JSON has no inf */
+            const double rel = cmax > 0 && isfinite(dmax) ? dmax / cmax : -1.0;
+            const int w_ok = w.st == MT_OK && rel >= 0.0 && rel <= 1e-4;
+            struct cal_time tw = {0, 0};
+            if (w_ok) tw = time_runs(wgmma_fn, &w, warmup, reps);
+            emit(f, "%s\n  {\"m\": %d, \"n\": %d, \"k\": %d, \"a\": \"%s\", \"status\": \"%s\", "
+                    "\"ok\": %s, \"max_rel_vs_cublas\": %.3e, \"flops\": %.6g, \"wgmma_median_s\": %.6e, "
+                    "\"wgmma_flop_per_s\": %.6e, \"cublas_median_s\": %.6e, \"cublas_flop_per_s\": %.6e}",
+                 s || a_regs ? "," : "", m, n, k, a_regs ? "registers" : "shared", mt_status_str(w.st),
+                 w_ok ? "true" : "false", rel, flops, tw.median, w_ok ? flops / tw.median : 0.0, tc.median,
+                 flops / tc.median);
         }
         free(h), free(hr);
-        /* -1: not compared (an error, or a non-finite difference); JSON has no inf */
-        const double rel = cmax > 0 && isfinite(dmax) ? dmax / cmax : -1.0, flops = 2.0 * m * n * (double)k;
-        const int w_ok = w.st == MT_OK && rel >= 0.0 && rel <= 1e-4;
-        struct cal_time tw = {0, 0}, tc = {0, 0};
-        if (w_ok) tc = time_runs(gemm_fn, &g, warmup, reps), tw = time_runs(wgmma_fn, &w, warmup, reps);
-        mt_ops_cuda_set_precision_of(g_ops->be, MT_CUDA_PRECISION_FP32);
-        emit(f, "%s\n  {\"m\": %d, \"n\": %d, \"k\": %d, \"a\": \"%s\", \"status\": \"%s\", \"ok\": %s, "
-                "\"max_rel_vs_cublas\": %.3e, \"flops\": %.6g, \"wgmma_median_s\": %.6e, \"wgmma_flop_per_s\": %.6e, "
-                "\"cublas_median_s\": %.6e, \"cublas_flop_per_s\": %.6e}",
-             row ? "," : "", m, n, k, a_regs ? "registers" : "shared", mt_status_str(w.st), w_ok ? "true" : "false",
-             rel, flops, tw.median, w_ok ? flops / tw.median : 0.0, tc.median, w_ok ? flops / tc.median : 0.0);
         g_ops->buf_free(g_ops->be, &g_ctx, t), g_ops->buf_free(g_ops->be, &g_ctx, c);
         g_ops->buf_free(g_ops->be, &g_ctx, cref), g_ops->buf_free(g_ops->be, &g_ctx, a16);
         g_ops->buf_free(g_ops->be, &g_ctx, b16);
@@ -583,10 +587,13 @@ static void calib_attn_v4(FILE *f, const struct cal_attn_shape *as, int n_as, in
         attn_fn(&a);
         g_ops->sync(g_ops->be);
         if (h3 && h4) g_ops->copy_to_host(g_ops->be, h3, a.outb, n * 2);
-        mt_ops_cuda_set_attn_kernel_of(g_ops->be, "v4");
-        attn_fn(&a);
-        g_ops->sync(g_ops->be);
-        enum mt_status st = mt_ops_cuda_status_of(g_ops->be, msg, sizeof msg);
+        /* v4 refused (wgmma does not run here): the row says so, nothing is compared */
+        enum mt_status st = mt_ops_cuda_set_attn_kernel_of(g_ops->be, "v4");
+        if (st == MT_OK) {
+            attn_fn(&a);
+            g_ops->sync(g_ops->be);
+            st = mt_ops_cuda_status_of(g_ops->be, msg, sizeof msg);
+        }
         if (st == MT_OK && h3 && h4) {
             g_ops->copy_to_host(g_ops->be, h4, a.outb, n * 2);
             dmax = 0.0;
@@ -603,7 +610,7 @@ static void calib_attn_v4(FILE *f, const struct cal_attn_shape *as, int n_as, in
             t4 = time_runs(attn_fn, &a, warmup, reps);
             mt_ops_cuda_set_attn_kernel_of(g_ops->be, "v3");
             t3 = time_runs(attn_fn, &a, warmup, reps);
-        } else if (st != MT_OK) {
+        } else if (st != MT_OK && msg[0]) {
             fprintf(stderr, "cuda_calib: CUDA error in attn_kernel=v4: %s\n", msg);
         }
         mt_ops_cuda_set_attn_kernel_of(g_ops->be, "v3");

@@ -53,6 +53,11 @@ set_target_properties(meshtrain_lib PROPERTIES
   CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}"
   CUDA_RUNTIME_LIBRARY Shared)
 
+# the host side's knowledge of the device code's sm_90a instructions (wgmma:
+# mt_cuda_wgmma_available, which attn_kernel=v4 and the wgmma probe ask)
+if("${CMAKE_CUDA_ARCHITECTURES}" MATCHES "90a")
+  target_compile_definitions(meshtrain_lib PRIVATE MT_CUDA_SM90A=1)
+endif()
 file(GLOB MT_CUDA_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/ops/cuda/*.cu)
 target_sources(meshtrain_lib PRIVATE ${MT_CUDA_SOURCES})
 target_compile_definitions(meshtrain_lib PUBLIC MT_WITH_CUDA=1)

@@ -584,7 +584,12 @@ int main(int argc, char **argv)
         for (int kk = 0; kk < 4; kk++) {
             g_kernel = kernels[kk];
             printf("# attn_kernel %s\n", g_kernel);
-            if (mt_ops_cuda_set_attn_kernel_of(g_ops->be, g_kernel) != MT_OK) {
+            const enum mt_status st = mt_ops_cuda_set_attn_kernel_of(g_ops->be, g_kernel);
+            if (st == MT_ERR_UNSUPPORTED && !strcmp(g_kernel, "v4")) {   /* wgmma: sm_90a code on an sm_90 device */
+                printf("SKIPPED (attn_kernel v4: wgmma does not run here)\n");
+                continue;
+            }
+            if (st != MT_OK) {
                 printf("FAIL mt_ops_cuda_set_attn_kernel_of(%s)\n", g_kernel);
                 return 1;
             }

@@ -72,8 +72,14 @@ enum mt_status mt_ops_by_name(struct mt_ctx *ctx, const char *name, const struct
         MT_CHECK(mt_ops_cuda_set_precision(p));
     }
     /* knob attn_kernel likewise (its env alias MT_CUDA_ATTN_KERNEL was read by mt_ops_cuda) */
-    if (mt_knob_source(ctx, MT_KNOB_ATTN_KERNEL) >= MT_KNOB_CONFIG)
-        MT_CHECK(mt_ops_cuda_set_attn_kernel(mt_knob_str(ctx, MT_KNOB_ATTN_KERNEL)));
+    if (mt_knob_source(ctx, MT_KNOB_ATTN_KERNEL) >= MT_KNOB_CONFIG) {
+        const char *ak = mt_knob_str(ctx, MT_KNOB_ATTN_KERNEL);
+        const enum mt_status st = mt_ops_cuda_set_attn_kernel(ak);
+        if (st == MT_ERR_UNSUPPORTED)
+            return mt_ctx_error(ctx, st, "attn_kernel=%s needs wgmma: this build's sm_90a device code on an sm_90 "
+                                         "device (H100/H200)", ak);
+        MT_CHECK(st);
+    }
 #endif
     *ops = t;
     return MT_OK;

@@ -80,10 +80,8 @@
 #define V2_THREADS (V2_WARPS * MT_WARP)
 
 typedef __nv_bfloat16 bf16;
-struct alignas(8) v2_f2 { float x, y; };
 
 static const float V2_LOG2E = 1.4426950408889634f;
-static const float V2_LN2 = 0.6931471805599453f;
 
 /* rows [r0, r0 + 64) of one head of a (B,T,nh,HD) bf16 tensor into a shared
  * tile (64, HD + 8), asynchronously; rows past T are zeros */
@@ -217,30 +215,6 @@ static __device__ __forceinline__ void v2_pv(float out[HD / 8][4], const float p
     v2_pv_m<HD, 1>((float(*)[HD / 8][4])out, (const float(*)[8][4])p, Bs, lane);
 }
 
-/* a warp's accumulator rows (16 x HD at row r0 of a (B,T,nh,HD) fp32 tensor
- * and its optional bf16 twin, whose rows are ldb apart: 0 = nh HD, dense), each
- * lane its own pairs; rows past T skipped */
-template <int HD>
-static __device__ __forceinline__ void v2_write_rows(float *dst, bf16 *dst_b, const float acc[HD / 8][4], int b,
-                                                     int r0, int T, int nh, int head, int lane, int ldb = 0)
-{
-    const int g = lane >> 2, t = lane & 3;
-    const size_t ld = (size_t)nh * HD, ldt = ldb ? (size_t)ldb : ld;
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-        const int r = r0 + g + 8 * half;
-        if (r >= T) continue;
-        const size_t row = (size_t)b * (size_t)T + (size_t)r, col = (size_t)head * HD + 2 * t;
-        const size_t at = row * ld + col, atb = row * ldt + col;
-#pragma unroll
-        for (int j = 0; j < HD / 8; j++) {
-            v2_f2 v = {acc[j][2 * half], acc[j][2 * half + 1]};
-            if (dst) *(v2_f2 *)(dst + at + 8 * j) = v;
-            if (dst_b) *(uint32_t *)(dst_b + atb + 8 * j) = mt_pack_bf16(v.x, v.y);
-        }
-    }
-}
-
 /* acc[N][4] = 0 (N n8 accumulator tiles) */
 template <int N>
 static __device__ __forceinline__ void v2_zero(float acc[N][4])
@@ -345,22 +319,8 @@ attn_v2_fwd_k(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k,
     }
 #pragma unroll
     for (int mi = 0; mi < MW; mi++) {
-        const int row0 = w0 + 16 * mi + g;
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            l[mi][r] += __shfl_xor_sync(MT_FULL_MASK, l[mi][r], 1);
-            l[mi][r] += __shfl_xor_sync(MT_FULL_MASK, l[mi][r], 2);
-        }
-#pragma unroll
-        for (int j = 0; j < HD / 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) o[mi][j][e] = o[mi][j][e] / l[mi][e >> 1];
-        if (t == 0) {
-            const size_t lrow = ((size_t)b * (size_t)H + (size_t)h) * (size_t)T;
-            if (row0 < T) lse[lrow + (size_t)row0] = (m[mi][0] + log2f(l[mi][0])) * V2_LN2;
-            if (row0 + 8 < T) lse[lrow + (size_t)row0 + 8] = (m[mi][1] + log2f(l[mi][1])) * V2_LN2;
-        }
-        v2_write_rows<HD>(out, out_b, o[mi], b, w0 + 16 * mi, T, H, h, lane);
+        mt_attn_online_end<HD>(o[mi], m[mi], l[mi], lse, b, h, T, H, w0 + 16 * mi + g, t);
+        mt_attn_write_rows<HD>(out, out_b, o[mi], b, w0 + 16 * mi, T, H, h, lane);
     }
 }
 
@@ -446,8 +406,9 @@ attn_v2_dkdv_k(float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, bf16 *ds, const bf1
         v2_pv<HD>(dka, dp, Qb, lane);  /* dK_w += dS^T Q */
         __syncthreads();  /* the buffer is consumed before it is refilled */
     }
-    v2_write_rows<HD>(dk_b ? NULL : dk, dk_b, dka, b, j0 + 16 * warp, T, K, kvh, lane);   /* dk_b: bf16 only */
-    v2_write_rows<HD>(dv_b ? NULL : dv, dv_b, dva, b, j0 + 16 * warp, T, K, kvh, lane, ldv_b);   /* dv_b: bf16 only */
+    mt_attn_write_rows<HD>(dk_b ? NULL : dk, dk_b, dka, b, j0 + 16 * warp, T, K, kvh, lane);   /* dk_b: bf16 only */
+    mt_attn_write_rows<HD>(dv_b ? NULL : dv, dv_b, dva, b, j0 + 16 * warp, T, K, kvh, lane,
+                           ldv_b);   /* dv_b: bf16 only */
 }
 
 /* ---- backward: dQ from the stored dS^T tiles (5 products a tile pair, not 7) ----
@@ -518,7 +479,8 @@ attn_v2_dq_ds_k(float *dq, bf16 *dq_b, const bf16 *ds, const bf16 *k, int T, int
     }
 #pragma unroll
     for (int mi = 0; mi < MW; mi++)
-        v2_write_rows<HD>(dq_b ? NULL : dq, dq_b, dqa[mi], b, qb * QROWS + 16 * MW * warp + 16 * mi, T, H, h, lane);
+        mt_attn_write_rows<HD>(dq_b ? NULL : dq, dq_b, dqa[mi], b, qb * QROWS + 16 * MW * warp + 16 * mi, T, H, h,
+                               lane);
 }
 
 /* ---- backward: dQ, recomputing S and dP (the dS tiles over MT_CUDA_ATTN_DS_MB) ---- */
@@ -578,7 +540,7 @@ attn_v2_dq_k(float *dq, bf16 *dq_b, const bf16 *q, const bf16 *k, const bf16 *v,
         v2_pv<HD>(dqa, dp, Kb, lane);  /* dQ_w += dS K */
         __syncthreads();
     }
-    v2_write_rows<HD>(dq_b ? NULL : dq, dq_b, dqa, b, i0 + 16 * warp, T, H, h, lane);
+    mt_attn_write_rows<HD>(dq_b ? NULL : dq, dq_b, dqa, b, i0 + 16 * warp, T, H, h, lane);
 }
 
 /* ---- host side ---- */

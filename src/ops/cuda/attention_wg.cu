@@ -43,15 +43,6 @@ typedef __nv_bfloat16 bf16;
 #define WG_THREADS 256
 
 static const float WG_LOG2E = 1.4426950408889634f;
-static const float WG_LN2 = 0.6931471805599453f;
-
-/* byte offset of 16-byte chunk c8 (columns 8 c8 ..) of row r in a swizzled tile of R rows:
- * 64-column halves R 128 bytes apart, 1024-byte atoms of 8 rows (wgmma.cuh) */
-template <int R>
-static __device__ __forceinline__ uint32_t wg_swz(int r, int c8)
-{
-    return (uint32_t)((c8 >> 3) * (R * 128) + (r >> 3) * 1024 + (r & 7) * 128 + (((c8 & 7) ^ (r & 7)) << 4));
-}
 
 /* rows r0 .. r0 + NR - 1 of one head of a (B, T, nh, HD) bf16 tensor into swizzled
  * tiles of 64 rows (row r into tile r / 64, TILE bytes apart), asynchronously; past T zeros */
@@ -65,7 +56,7 @@ static __device__ __forceinline__ void wg_load_rows(unsigned char *dst, const bf
     for (int e = threadIdx.x; e < NR * CPR; e += WG_THREADS) {
         const int r = e / CPR, c8 = e - r * CPR;
         const bool ok = r0 + r < T;
-        mt_cp_async16(dst + (r / WG_B) * TILE + wg_swz<WG_B>(r % WG_B, c8),
+        mt_cp_async16(dst + (r / WG_B) * TILE + mt_wgmma_swz<WG_B>(r % WG_B, c8),
                       ok ? base + (size_t)(r0 + r) * rstride + 8 * c8 : base, ok ? 16 : 0);
     }
 }
@@ -97,7 +88,7 @@ static __device__ __forceinline__ void wg_v_store(unsigned char *vt, const uint4
 #pragma unroll
         for (int u = 0; u < 8; u++) {
             const int n = 8 * c8 + u;
-            *(uint16_t *)(vt + wg_swz<HD>(n, r >> 3) + 2 * (r & 7)) = (uint16_t)(w[u >> 1] >> (16 * (u & 1)));
+            *(uint16_t *)(vt + mt_wgmma_swz<HD>(n, r >> 3) + 2 * (r & 7)) = (uint16_t)(w[u >> 1] >> (16 * (u & 1)));
         }
     }
 }
@@ -109,8 +100,7 @@ attn_wg_fwd_k(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k,
 {
     constexpr int TILE = WG_B * HD * 2, HALF = WG_B * 128, NV = WG_B * HD / 8 / WG_THREADS;
     MT_DYN_SMEM(unsigned char, sm_raw);
-    unsigned char *sm = sm_raw + ((1024u - (mt_smem_u32(sm_raw) & 1023u)) & 1023u);
-    unsigned char *Qs = sm;                 /* 2 tiles: the warpgroups' rows */
+    unsigned char *Qs = sm_raw + ((1024u - (mt_smem_u32(sm_raw) & 1023u)) & 1023u);   /* 2 tiles (wgmma.cuh) */
     unsigned char *Ks = Qs + 2 * TILE;      /* 2 buffers */
     unsigned char *Vt = Ks + 2 * TILE;      /* 2 buffers of V^T */
     const int n_qt = (T + WG_ROWS - 1) / WG_ROWS;
@@ -178,36 +168,16 @@ attn_wg_fwd_k(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k,
         __syncthreads();  /* every warpgroup is done with this buffer before it is refilled */
     }
     if (wlast < 0) return;
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        l[r] += __shfl_xor_sync(MT_FULL_MASK, l[r], 1);
-        l[r] += __shfl_xor_sync(MT_FULL_MASK, l[r], 2);
-    }
-    if (t == 0) {
-        const size_t lrow = ((size_t)b * (size_t)H + (size_t)h) * (size_t)T;
-        if (row0 < T) lse[lrow + (size_t)row0] = (m[0] + log2f(l[0])) * WG_LN2;
-        if (row0 + 8 < T) lse[lrow + (size_t)row0 + 8] = (m[1] + log2f(l[1])) * WG_LN2;
-    }
-    const size_t ld = (size_t)H * HD;
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-        const int r = row0 + 8 * half;
-        if (r >= T) continue;
-        const size_t at = ((size_t)b * (size_t)T + (size_t)r) * ld + (size_t)h * HD + 2 * t;
-#pragma unroll
-        for (int j = 0; j < HD / 8; j++) {
-            const float x = o[4 * j + 2 * half] / l[half], y = o[4 * j + 2 * half + 1] / l[half];
-            if (out) out[at + 8 * j] = x, out[at + 8 * j + 1] = y;
-            if (out_b) *(uint32_t *)(out_b + at + 8 * j) = mt_pack_bf16(x, y);
-        }
-    }
+    float (&of)[HD / 8][4] = *reinterpret_cast<float (*)[HD / 8][4]>(o);   /* the C layout's n8 tiles */
+    mt_attn_online_end<HD>(of, m, l, lse, b, h, T, H, row0, t);
+    mt_attn_write_rows<HD>(out, out_b, of, b, w0 + 16 * warp, T, H, h, lane);
 }
 
 template <int HD>
 static void wg_fwd(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T,
                    int H, int K)
 {
-    const size_t smem = 6 * (size_t)WG_B * HD * 2 + 1024;
+    const size_t smem = 6 * (size_t)WG_B * HD * 2 + MT_WGMMA_ALIGN_SLACK;
     if (!mt_cuda_smem_opt_in(attn_wg_fwd_k<HD>, smem)) return;
     const float c = (1.0f / sqrtf((float)HD)) * WG_LOG2E;
     dim3 grid((unsigned)((T + WG_ROWS - 1) / WG_ROWS), (unsigned)H, (unsigned)B);

@@ -11,7 +11,10 @@
  *   m_new = max(m, max_j x),  alpha = 2^(m - m_new),  l = alpha l
  *   p = 2^(x - m_new)  (into s),  l += sum_j p   (this lane's part: the quad sums at the end)
  *
- * The caller rescales its O accumulators by alpha (one per row half).
+ * The caller rescales its O accumulators by alpha (one per row half). After
+ * the last tile mt_attn_online_end divides O by l and writes the rows' lse,
+ * and mt_attn_write_rows stores a warp's 16 accumulator rows (also the
+ * backward's dQ, dK, dV).
  */
 #ifndef MT_ATTN_ONLINE_CUH
 #define MT_ATTN_ONLINE_CUH
@@ -47,6 +50,56 @@ static __device__ __forceinline__ void mt_attn_online_tile(float (&s)[8][4], flo
             s[j][e] = p;
             l[e >> 1] += p;
         }
+}
+
+/* after the last tile: l summed over the quad, O = O / l, lse = (m + log2 l) ln 2
+ * for this lane's rows row0, row0 + 8 (those before T; lane t = 0 writes) */
+template <int HD>
+static __device__ __forceinline__ void mt_attn_online_end(float (&o)[HD / 8][4], const float (&m)[2], float (&l)[2],
+                                                          float *lse, int b, int h, int T, int H, int row0, int t)
+{
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(MT_FULL_MASK, l[r], 1);
+        l[r] += __shfl_xor_sync(MT_FULL_MASK, l[r], 2);
+    }
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[j][e] = o[j][e] / l[e >> 1];
+    if (t == 0) {
+        const size_t lrow = ((size_t)b * (size_t)H + (size_t)h) * (size_t)T;
+        const float ln2 = 0.6931471805599453f;
+        if (row0 < T) lse[lrow + (size_t)row0] = (m[0] + log2f(l[0])) * ln2;
+        if (row0 + 8 < T) lse[lrow + (size_t)row0 + 8] = (m[1] + log2f(l[1])) * ln2;
+    }
+}
+
+struct alignas(8) mt_attn_f2 { float x, y; };
+
+/* a warp's accumulator rows (16 x HD at row r0 of a (B,T,nh,HD) fp32 tensor
+ * and its optional bf16 twin, whose rows are ldb apart: 0 = nh HD, dense), each
+ * lane its own pairs; rows past T skipped */
+template <int HD>
+static __device__ __forceinline__ void mt_attn_write_rows(float *dst, __nv_bfloat16 *dst_b,
+                                                          const float acc[HD / 8][4], int b, int r0, int T, int nh,
+                                                          int head, int lane, int ldb = 0)
+{
+    const int g = lane >> 2, t = lane & 3;
+    const size_t ld = (size_t)nh * HD, ldt = ldb ? (size_t)ldb : ld;
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int r = r0 + g + 8 * half;
+        if (r >= T) continue;
+        const size_t row = (size_t)b * (size_t)T + (size_t)r, col = (size_t)head * HD + 2 * t;
+        const size_t at = row * ld + col, atb = row * ldt + col;
+#pragma unroll
+        for (int j = 0; j < HD / 8; j++) {
+            mt_attn_f2 v = {acc[j][2 * half], acc[j][2 * half + 1]};
+            if (dst) *(mt_attn_f2 *)(dst + at + 8 * j) = v;
+            if (dst_b) *(uint32_t *)(dst_b + atb + 8 * j) = mt_pack_bf16(v.x, v.y);
+        }
+    }
 }
 
 #endif /* MT_ATTN_ONLINE_CUH */

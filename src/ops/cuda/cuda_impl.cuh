@@ -256,7 +256,10 @@ static int mt_cuda_smem_opt_in(F *kern, size_t bytes)
  * the one stream, so one buffer serves every op. */
 void *mt_cuda_workspace(size_t bytes);
 
-/* C = A B^T on wgmma (wgmma_probe.cu; mt_ops_cuda_wgmma_probe_of) */
+/* C = A B^T on wgmma (wgmma_probe.cu; mt_ops_cuda_wgmma_probe_of); whether wgmma
+ * runs on the bound instance (sm_90a code, an sm_90 device): the probe and
+ * attn_kernel=v4 ask */
+int mt_cuda_wgmma_available(void);
 enum mt_status mt_cuda_wgmma_probe(float *C, const void *A, const void *B, int M, int N, int K, int a_regs);
 
 /* ---- CUDA graphs (graph.cu; docs/cuda.md "CUDA graphs") ----

@@ -114,9 +114,11 @@ enum mt_status mt_ops_cuda_precision_parse(const char *s, enum mt_cuda_precision
 /* The bf16 attention kernels (knob attn_kernel; MT_CUDA_ATTN_KERNEL is read
  * at init): "v1" (attention_tc.cu, wmma, two-pass forward), "v2"
  * (attention_v2.cu, FlashAttention-2-class; head dims 64 and 128, others
- * run v1, counted) or "v3" (the default: v2 with 128 query rows a block in
- * the forward and dQ kernels, 32 a warp; v2's bits). MT_ERR_INVALID_ARG for another name, MT_ERR_UNSUPPORTED
- * before the table exists. */
+ * run v1, counted), "v3" (the default: v2 with 128 query rows a block in
+ * the forward and dQ kernels, 32 a warp; v2's bits) or "v4" (attention_wg.cu: the
+ * forward on wgmma, the backward v3's). MT_ERR_INVALID_ARG for another name,
+ * MT_ERR_UNSUPPORTED before the table exists, or for v4 where wgmma does not run (no
+ * sm_90a device code in the build, or a device other than sm_90). */
 enum mt_status mt_ops_cuda_set_attn_kernel(const char *name);
 
 /* Bind this process to device (local_rank mod device count) before the
@@ -158,8 +160,8 @@ enum mt_cuda_precision mt_ops_cuda_get_precision_of(void *be);
  * fp32, row-major) = A (M x K, bf16, row-major) B (N x K, bf16, row-major)^T on the
  * instance's stream, through wgmma.mma_async with 128-byte-swizzled K-major shared
  * tiles; a_regs: A from registers instead (loaded by ldmatrix: the RS form). M and N
- * multiples of 128, K of 64, else MT_ERR_INVALID_ARG; MT_ERR_UNSUPPORTED where the
- * device code has no sm_90a instructions (a build for plain sm_90). Not an op of the
+ * multiples of 128, K of 64, else MT_ERR_INVALID_ARG; MT_ERR_UNSUPPORTED where wgmma
+ * does not run (no sm_90a device code in the build, or not an sm_90 device). Not an op of the
  * table: the first kernel on wgmma, checked by cuda_ops_vs_cpu and timed by cuda_calib. */
 enum mt_status mt_ops_cuda_wgmma_probe_of(void *be, float *C, const void *A, const void *B, int M, int N, int K,
                                           int a_regs);

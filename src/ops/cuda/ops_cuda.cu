@@ -623,6 +623,9 @@ static int init_state(char *why, size_t why_len)
     in->workspace_bytes = MT_CUDA_LT_WS_BYTES;
     mt_cuda_be->bf16_cap = cap;
     mt_cuda_be->attn_ds_cap = ds_cap;
+    if (attn_v2 == 3 && !mt_cuda_wgmma_available())
+        return init_fail(why, why_len, "MT_CUDA_ATTN_KERNEL=v4",
+                         "needs wgmma: this build's sm_90a device code on an sm_90 device (H100/H200)");
     set_attn_kernel(attn_v2);
     mt_cuda_be->gg_bn = gg_bn;
     in->bf16_scratch_cap = cap;
@@ -761,6 +764,7 @@ extern "C" enum mt_status mt_ops_cuda_set_attn_kernel_of(void *be, const char *n
     if (!bind_instance(be)) return MT_ERR_UNSUPPORTED;
     const int v2 = name ? attn_kernel_parse(name) : -1;
     if (v2 < 0) return MT_ERR_INVALID_ARG;
+    if (v2 == 3 && !mt_cuda_wgmma_available()) return MT_ERR_UNSUPPORTED;   /* v4: wgmma */
     set_attn_kernel(v2);
     return MT_OK;
 }

@@ -64,14 +64,13 @@
 #include "mma_sync.cuh"
 
 /* sm_90a's arch-specific instructions are compiled in (cmake/cuda.cmake builds
- * for 90a); elsewhere each call traps and mt_wgmma_compiled() says 0 */
+ * for 90a and then defines MT_CUDA_SM90A for the host side: mt_cuda_wgmma_available);
+ * elsewhere each call traps */
 #if defined(MT_CUDA_EMU) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MT_WGMMA_ON 1
 #else
 #define MT_WGMMA_ON 0
 #endif
-
-static __device__ __forceinline__ int mt_wgmma_compiled(void) { return MT_WGMMA_ON; }
 
 /* the shared-window address of p (32 bits); under the emulator its offset in
  * the block's dynamic shared memory */
@@ -82,6 +81,21 @@ static __device__ __forceinline__ uint32_t mt_smem_u32(const void *p)
 #else
     return (uint32_t)__cvta_generic_to_shared(p);
 #endif
+}
+
+/* a kernel's first atom goes at the dynamic area's next 1024-byte boundary of the
+ * shared window: p + ((1024 - (mt_smem_u32(p) & 1023)) & 1023), written out in the
+ * kernel (as a helper function it cost attention_wg.cu's hd-64 kernel 42 registers
+ * under ptxas 13); the area asks for MT_WGMMA_ALIGN_SLACK bytes more */
+#define MT_WGMMA_ALIGN_SLACK 1024
+
+/* byte offset of 16-byte chunk c8 (columns 8 c8 .. 8 c8 + 7) of row r in a K-major
+ * swizzled tile of R rows; wider than 64 columns, each 64-column half is its own
+ * R-row tile, R 128 bytes after the one before */
+template <int R>
+static __device__ __forceinline__ uint32_t mt_wgmma_swz(int r, int c8)
+{
+    return (uint32_t)((c8 >> 3) * (R * 128) + (r >> 3) * 1024 + (r & 7) * 128 + (((c8 & 7) ^ (r & 7)) << 4));
 }
 
 static __device__ __forceinline__ uint64_t mt_wgmma_desc_sw128(const void *p)

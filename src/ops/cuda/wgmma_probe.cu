@@ -28,20 +28,15 @@ typedef __nv_bfloat16 bf16;
 #define WP_STAGES 3
 #define WP_THREADS 256
 #define WP_TILE (WP_BM * WP_BK * 2)                  /* bytes of an A or B stage: 16 KiB (BM = BN) */
-#define WP_SMEM (WP_STAGES * 2 * WP_TILE + 1024)      /* + the 1024-byte alignment of the first atom */
-
-/* byte offset of 16-byte chunk c (elements 8c .. 8c + 7) of row r in a swizzled tile (wgmma.cuh) */
-static __device__ __forceinline__ uint32_t wp_swz(int r, int c)
-{
-    return (uint32_t)((r >> 3) * 1024 + (r & 7) * 128 + ((c ^ (r & 7)) << 4));
-}
+#define WP_SMEM (WP_STAGES * 2 * WP_TILE + MT_WGMMA_ALIGN_SLACK)
 
 /* rows row0 .. row0 + 127, columns k0 .. k0 + 63 of src (ld K) into a swizzled tile */
 static __device__ __forceinline__ void wp_load(unsigned char *tile, const bf16 *src, int row0, int k0, int K)
 {
     for (int i = threadIdx.x; i < 128 * 8; i += WP_THREADS) {
         const int r = i >> 3, c = i & 7;
-        mt_cp_async16(tile + wp_swz(r, c), src + (size_t)(row0 + r) * (size_t)K + (size_t)(k0 + 8 * c), 16);
+        mt_cp_async16(tile + mt_wgmma_swz<WP_BM>(r, c), src + (size_t)(row0 + r) * (size_t)K + (size_t)(k0 + 8 * c),
+                      16);
     }
 }
 
@@ -54,8 +49,8 @@ static __global__ void __launch_bounds__(WP_THREADS) wgmma_probe_k(float *C, con
                                                                   int K)
 {
     MT_DYN_SMEM(unsigned char, sm_raw);
-    unsigned char *sm = sm_raw + ((1024u - (mt_smem_u32(sm_raw) & 1023u)) & 1023u);
-    unsigned char *As = sm, *Bs = sm + WP_STAGES * WP_TILE;
+    unsigned char *As = sm_raw + ((1024u - (mt_smem_u32(sm_raw) & 1023u)) & 1023u);   /* wgmma.cuh */
+    unsigned char *Bs = As + WP_STAGES * WP_TILE;
     const int m0 = blockIdx.y * WP_BM, n0 = blockIdx.x * WP_BN, wg = threadIdx.x / 128, nk = K / WP_BK;
     float d[64];
     uint32_t af[WP_BK / 16][4];   /* RS: the A fragments of a slice (read by wgmma until the wait) */
@@ -82,7 +77,7 @@ static __global__ void __launch_bounds__(WP_THREADS) wgmma_probe_k(float *C, con
             const int lane = threadIdx.x % MT_WARP, i = lane >> 3, r = 16 * ((threadIdx.x % 128) / MT_WARP) +
                                                                        (lane & 7) + 8 * (i & 1);
 #pragma unroll
-            for (int kk = 0; kk < WP_BK / 16; kk++) mt_ldsm_x4(af[kk], a + wp_swz(r, 2 * kk + (i >> 1)));
+            for (int kk = 0; kk < WP_BK / 16; kk++) mt_ldsm_x4(af[kk], a + mt_wgmma_swz<WP_BM>(r, 2 * kk + (i >> 1)));
         }
         mt_wgmma_fence();   /* after the A registers' loads: wgmma reads them */
 #pragma unroll
@@ -103,27 +98,25 @@ static __global__ void __launch_bounds__(WP_THREADS) wgmma_probe_k(float *C, con
         }
 }
 
-static __global__ void wgmma_compiled_k(int *out) { *out = mt_wgmma_compiled(); }
+/* wgmma runs here: the build has sm_90a device code (cmake/cuda.cmake: MT_CUDA_SM90A)
+ * and the bound instance's device is sm_90 (the only one that code runs on) */
+int mt_cuda_wgmma_available(void)
+{
+#if defined(MT_CUDA_EMU)
+    return 1;
+#elif defined(MT_CUDA_SM90A)
+    return mt_cuda_be->info.cc_major == 9 && mt_cuda_be->info.cc_minor == 0;
+#else
+    return 0;
+#endif
+}
 
-/* On the bound instance's stream (ops_cuda.cu mt_ops_cuda_wgmma_probe_of).
- * The sm_90a question is asked of the device code once (a flag kernel and one
- * copy): a build for plain sm_90 has the kernel but no wgmma in it. */
+/* On the bound instance's stream (ops_cuda.cu mt_ops_cuda_wgmma_probe_of). */
 enum mt_status mt_cuda_wgmma_probe(float *C, const void *A, const void *B, int M, int N, int K, int a_regs)
 {
     if (M <= 0 || N <= 0 || K <= 0 || M % WP_BM || N % WP_BN || K % WP_BK || M / WP_BM > 65535)
         return MT_ERR_INVALID_ARG;
-    static int compiled = -1;
-    if (compiled < 0) {
-        int *flag = (int *)mt_cuda_workspace(sizeof(int)), h = 0;
-        if (!flag) return MT_ERR_OOM;
-        MT_LAUNCH(wgmma_compiled_k, 1, 1, 0)(flag);
-        MT_CUDA_KCHECK();
-        if (!MT_CUDA_OK(mt_cuda_memcpy(&h, flag, sizeof h, cudaMemcpyDeviceToHost)) ||
-            !MT_CUDA_OK(mt_cuda_stream_sync()))
-            return MT_ERR_RUNTIME;
-        compiled = h;
-    }
-    if (!compiled) return MT_ERR_UNSUPPORTED;
+    if (!mt_cuda_wgmma_available()) return MT_ERR_UNSUPPORTED;
     void (*k)(float *, const bf16 *, const bf16 *, int, int) = a_regs ? wgmma_probe_k<1> : wgmma_probe_k<0>;
     if (!mt_cuda_smem_opt_in(k, WP_SMEM)) return MT_ERR_RUNTIME;
     if (a_regs) MT_LAUNCH(wgmma_probe_k<1>, dim3(N / WP_BN, M / WP_BM), WP_THREADS, WP_SMEM)
