@@ -225,13 +225,6 @@ static __device__ __forceinline__ void v2_zero(float acc[N][4])
         for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
 }
 
-/* element offset of the dS^T tile of (b, h, query tile qt, key tile kt <= qt) */
-static __device__ __forceinline__ size_t v2_ds_tile(int b, int h, int qt, int kt, int H, int n_qt)
-{
-    const size_t pairs = (size_t)n_qt * (n_qt + 1) / 2;
-    return (((size_t)b * H + h) * pairs + (size_t)qt * (qt + 1) / 2 + kt) * V2_B * V2_B;
-}
-
 /* a 64 x 64 dS^T tile (contiguous) into a shared tile (64, 64 + 8), asynchronously */
 static __device__ __forceinline__ void v2_load_ds(bf16 *dst, const bf16 *src)
 {
@@ -383,24 +376,11 @@ attn_v2_dkdv_k(float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, bf16 *ds, const bf1
         float s[8][4], dp[8][4];
         v2_abt<HD>(s, Ks, 16 * warp, Qb, lane);   /* S^T = K_w Q^T */
         v2_abt<HD>(dp, Vs, 16 * warp, Gb, lane);  /* dP^T = V_w dO^T */
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int col = 8 * j + 2 * t + (e & 1);  /* query i0 + col */
-                float p = exp2f(s[j][e] * c - Lb[col]);
-                if (qt == kt && i0 + col < key0 + 8 * (e >> 1)) p = 0.0f;
-                s[j][e] = p;
-                dp[j][e] = scale * p * (dp[j][e] - Db[col]);
-            }
+        mt_attn_bwd_tile(s, dp, Lb, Db, qt == kt, i0, key0, t, c, scale);   /* P^T, dS^T */
         if (ds) {   /* dS^T as the A operand below rounds it: the dQ kernel's tile */
-            bf16 *tile = ds + v2_ds_tile(b, kvh * grp + it / per_h, qt, kt, H, n_qt);
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e += 2)
-                    *(uint32_t *)(tile + (16 * warp + g4 + 8 * (e >> 1)) * V2_B + 8 * j + 2 * t) =
-                        mt_pack_bf16(dp[j][e], dp[j][e + 1]);
+            uint32_t da[4][4];
+            mt_attn_pack_a(da, dp);
+            mt_attn_store_ds(ds + mt_attn_ds_tile(b, kvh * grp + it / per_h, qt, kt, H, n_qt), da, warp, lane);
         }
         v2_pv<HD>(dva, s, Gb, lane);   /* dV_w += P^T dO */
         v2_pv<HD>(dka, dp, Qb, lane);  /* dK_w += dS^T Q */
@@ -456,7 +436,7 @@ attn_v2_dq_ds_k(float *dq, bf16 *dq_b, const bf16 *ds, const bf16 *k, int T, int
     v2_load_tile<HD>(Ks, k, b, 0, T, K, kvh);
 #pragma unroll
     for (int f = 0; f < MW; f++)
-        if (qb * MW + f <= last_q) v2_load_ds(Ss + f * STILE, ds + v2_ds_tile(b, h, qb * MW + f, 0, H, n_qt));
+        if (qb * MW + f <= last_q) v2_load_ds(Ss + f * STILE, ds + mt_attn_ds_tile(b, h, qb * MW + f, 0, H, n_qt));
     mt_cp_async_commit();
     float dqa[MW][HD / 8][4];
 #pragma unroll
@@ -469,7 +449,7 @@ attn_v2_dq_ds_k(float *dq, bf16 *dq_b, const bf16 *ds, const bf16 *k, int T, int
             for (int f = 0; f < MW; f++)  /* the halves whose diagonal is not passed yet */
                 if (kt + 1 <= qb * MW + f && qb * MW + f <= last_q)
                     v2_load_ds(Ss + ((kt + 1) & 1) * MW * STILE + f * STILE,
-                               ds + v2_ds_tile(b, h, qb * MW + f, kt + 1, H, n_qt));
+                               ds + mt_attn_ds_tile(b, h, qb * MW + f, kt + 1, H, n_qt));
         }
         mt_cp_async_commit();
         mt_cp_async_wait<1>();
@@ -591,18 +571,24 @@ static void v2_bwd(float *dq, bf16 *dq_b, float *dk, bf16 *dk_b, float *dv, bf16
                    int K, int ldv_b)
 {
     const size_t s_kv = 6 * v2_tile_bytes(HD) + 4 * V2_B * sizeof(float), s_q = 6 * v2_tile_bytes(HD);
-    if (!mt_cuda_smem_opt_in(attn_v2_dkdv_k<HD>, s_kv) || !mt_cuda_smem_opt_in(attn_v2_dq_k<HD>, s_q)) return;
     const float scale = 1.0f / sqrtf((float)HD), c = scale * V2_LOG2E;
     const unsigned nt = (unsigned)((T + V2_B - 1) / V2_B);
-    MT_LAUNCH(attn_v2_dkdv_k<HD>, dim3(nt, (unsigned)K, (unsigned)B), V2_THREADS, s_kv)(dk, dk_b, dv, dv_b, ds, q, k,
-                                                                                       v, g, lse, D, T, H, K, scale, c,
-                                                                                       ldv_b);
-    MT_CUDA_KCHECK();
+    if (mt_cuda_be->attn_v2 == 3) {   /* v4: dK/dV on wgmma (attention_wg.cu), the same dS tiles */
+        mt_attn_wg_dkdv(dk, (mt_bf16 *)dk_b, dv, (mt_bf16 *)dv_b, (mt_bf16 *)ds, (const mt_bf16 *)q,
+                        (const mt_bf16 *)k, (const mt_bf16 *)v, (const mt_bf16 *)g, lse, D, B, T, H, K, HD, ldv_b);
+    } else {
+        if (!mt_cuda_smem_opt_in(attn_v2_dkdv_k<HD>, s_kv)) return;
+        MT_LAUNCH(attn_v2_dkdv_k<HD>, dim3(nt, (unsigned)K, (unsigned)B), V2_THREADS, s_kv)(dk, dk_b, dv, dv_b, ds, q,
+                                                                                           k, v, g, lse, D, T, H, K,
+                                                                                           scale, c, ldv_b);
+        MT_CUDA_KCHECK();
+    }
     if (ds) {
         if (v2_mw() == 2) v2_dq_ds<HD, 2>(dq, dq_b, ds, k, B, T, H, K);
         else v2_dq_ds<HD, 1>(dq, dq_b, ds, k, B, T, H, K);
         return;
     }
+    if (!mt_cuda_smem_opt_in(attn_v2_dq_k<HD>, s_q)) return;
     mt_cuda_be->info.attention_dq_recompute++;
     MT_LAUNCH(attn_v2_dq_k<HD>, dim3(nt, (unsigned)H, (unsigned)B), V2_THREADS, s_q)(dq, dq_b, q, k, v, g, lse, D, T,
                                                                                    H, K, scale, c);

@@ -152,13 +152,7 @@ attn_wg_fwd_k(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k,
 #pragma unroll
                 for (int e = 0; e < 4; e++) o[4 * j + e] *= alpha[e >> 1];
             uint32_t pa[4][4];   /* P as bf16 A fragments, key steps of 16 (v2_pv's packing) */
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) {
-                pa[kk][0] = mt_pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-                pa[kk][1] = mt_pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-                pa[kk][2] = mt_pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-                pa[kk][3] = mt_pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-            }
+            mt_attn_pack_a(pa, s);
             mt_wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) mt_wgmma_rs<HD>(o, pa[kk], mt_wgmma_desc_sw128(Vb + 32 * kk), 1);
@@ -171,6 +165,180 @@ attn_wg_fwd_k(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k,
     float (&of)[HD / 8][4] = *reinterpret_cast<float (*)[HD / 8][4]>(o);   /* the C layout's n8 tiles */
     mt_attn_online_end<HD>(of, m, l, lse, b, h, T, H, row0, t);
     mt_attn_write_rows<HD>(out, out_b, of, b, w0 + 16 * warp, T, H, h, lane);
+}
+
+/* ---- backward: dK, dV on wgmma ----
+ * A block: 2 warpgroups on 128 keys (key tiles 2 kb and 2 kb + 1, one each), v2's
+ * dK/dV loop and math (attn_online.cuh: mt_attn_bwd_tile): over the heads of the
+ * GQA group, then the query tiles of 64 from the block's first diagonal; warpgroup
+ * w computes on query tile qt only from its own diagonal (qt >= its key tile). Per
+ * query tile and warpgroup (keys are the M side, 64 of them):
+ *   S^T = K_w Q^T, dP^T = V_w dO^T: hd / 16 wgmma m64n64k16 each, SS, both K-major
+ *     over hd (Q, dO, K, V as they come, swizzled by cp.async), issued before the
+ *     transposes below and waited for after them;
+ *   P^T, dS^T in registers (v2's); bf16(dS^T) stored as the dQ kernel's tile;
+ *   dV_w += P^T dO, dK_w += dS^T Q: 4 wgmma m64n(hd)k16 each, RS (P^T, dS^T packed
+ *     as A fragments), B = dO^T, Q^T: K-major over the queries, i.e. the Q and dO
+ *     tiles transposed in shared memory (ldmatrix .trans of 8 x 8 blocks, one 4-byte
+ *     store per lane and block: wg_transpose).
+ * Q, dO (and their lse, D) double-buffered by cp.async; K, V (128 rows) loaded once.
+ * Shared memory at hd 128: K 2, V 2, Q 2, dO 2, Q^T 1, dO^T 1 tiles of 16 KiB.
+ * Barriers a query tile: after the loads (fence.proxy.async first), after the
+ * transposes (ditto), at the end (nothing refilled while read). Deterministic:
+ * fixed order, no atomics; keys past T are zero rows whose dK/dV are not written,
+ * queries past T have lse +inf (p = 0). Under the emulator its bits are v2's. */
+
+/* one (head, query tile) item: Q and dO rows (async), lse (base 2; +inf past T) and D */
+template <int HD>
+static __device__ __forceinline__ void wg_bwd_fetch(unsigned char *Qb, unsigned char *Gb, float *Lb, float *Db,
+                                                    const bf16 *q, const bf16 *g, const float *lse, const float *D,
+                                                    int b, int h, int i0, int T, int H)
+{
+    wg_load_rows<HD, WG_B>(Qb, q, b, i0, T, H, h);
+    wg_load_rows<HD, WG_B>(Gb, g, b, i0, T, H, h);
+    if (threadIdx.x < WG_B) {
+        const size_t lrow = ((size_t)b * (size_t)H + (size_t)h) * (size_t)T;
+        const int i = i0 + (int)threadIdx.x;
+        Lb[threadIdx.x] = i < T ? lse[lrow + (size_t)i] * WG_LOG2E : INFINITY;
+        Db[threadIdx.x] = i < T ? D[lrow + (size_t)i] : 0.0f;
+    }
+}
+
+/* a swizzled 64-row tile (64 x HD) into its transpose (HD rows x 64 columns, K-major
+ * over the tile's rows): 8 x 8 blocks by ldmatrix .trans, whose lane (g, t) receives
+ * rows 2 t, 2 t + 1 of the block's column g as one word, stored as is */
+template <int HD>
+static __device__ __forceinline__ void wg_transpose(unsigned char *dst, const unsigned char *src)
+{
+    constexpr int N_X4 = (WG_B / 8) * (HD / 8) / 4;   /* ldmatrix.x4 of the tile: 4 blocks each */
+    const int warp = threadIdx.x / MT_WARP, lane = threadIdx.x % MT_WARP, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int i = warp; i < N_X4; i += WG_THREADS / MT_WARP) {
+        const int blk = 4 * i + (lane >> 3);   /* the block this lane addresses: rows 8 (blk % 8).., chunk blk / 8 */
+        uint32_t r[4];
+        mt_ldsm_x4_t(r, src + mt_wgmma_swz<WG_B>(8 * (blk & 7) + (lane & 7), blk >> 3));
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int bj = 4 * i + j;
+            *(uint32_t *)(dst + mt_wgmma_swz<HD>(8 * (bj >> 3) + g, bj & 7) + 4 * t) = r[j];
+        }
+    }
+}
+
+template <int HD>
+static __global__ void __launch_bounds__(WG_THREADS)
+attn_wg_dkdv_k(float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, bf16 *ds, const bf16 *q, const bf16 *k, const bf16 *v,
+               const bf16 *g, const float *lse, const float *D, int T, int H, int K, float scale, float c, int ldv_b)
+{
+    constexpr int TILE = WG_B * HD * 2, HALF = WG_B * 128;
+    MT_DYN_SMEM(unsigned char, sm_raw);
+    unsigned char *Ks = sm_raw + ((1024u - (mt_smem_u32(sm_raw) & 1023u)) & 1023u);   /* 2 tiles (wgmma.cuh) */
+    unsigned char *Vs = Ks + 2 * TILE;   /* 2 tiles */
+    unsigned char *Qs = Vs + 2 * TILE;   /* 2 buffers */
+    unsigned char *Gs = Qs + 2 * TILE;   /* 2 buffers of dO */
+    unsigned char *Qt = Gs + 2 * TILE;   /* Q^T (HD rows x 64 queries) */
+    unsigned char *Gt = Qt + TILE;       /* dO^T */
+    float *Ls = (float *)(Gt + TILE);    /* 2 x 64 */
+    float *Ds = Ls + 2 * WG_B;           /* 2 x 64 */
+    const int kb = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, grp = H / K;   /* kb 0 (the most work) first */
+    const int wg = threadIdx.x / 128, warp = (threadIdx.x % 128) / MT_WARP, lane = threadIdx.x % MT_WARP;
+    const int g4 = lane >> 2, t = lane & 3;
+    const int n_qt = (T + WG_B - 1) / WG_B, qt0 = 2 * kb, kt = qt0 + wg;   /* kt: this warpgroup's key tile */
+    const int j0 = kt * WG_B, key0 = j0 + 16 * warp + g4;   /* this lane's keys: key0, key0 + 8 */
+    const int per_h = n_qt - qt0, n_it = grp * per_h;
+
+    wg_load_rows<HD, 2 * WG_B>(Ks, k, b, qt0 * WG_B, T, K, kvh);
+    wg_load_rows<HD, 2 * WG_B>(Vs, v, b, qt0 * WG_B, T, K, kvh);
+    wg_bwd_fetch<HD>(Qs, Gs, Ls, Ds, q, g, lse, D, b, kvh * grp, qt0 * WG_B, T, H);
+    mt_cp_async_commit();
+
+    float dka[HD / 2], dva[HD / 2];   /* m64n(HD) accumulators: the C layout's n8 tiles */
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) dka[i] = dva[i] = 0.0f;
+    for (int it = 0; it < n_it; it++) {   /* heads of the group, then query tiles from the diagonal */
+        const int qt = qt0 + it % per_h, i0 = qt * WG_B, buf = it & 1, h = kvh * grp + it / per_h;
+        const unsigned char *Qb = Qs + buf * TILE, *Gb = Gs + buf * TILE;
+        const float *Lb = Ls + buf * WG_B, *Db = Ds + buf * WG_B;
+        if (it + 1 < n_it) {
+            const int nb = (it + 1) & 1;
+            wg_bwd_fetch<HD>(Qs + nb * TILE, Gs + nb * TILE, Ls + nb * WG_B, Ds + nb * WG_B, q, g, lse, D, b,
+                             kvh * grp + (it + 1) / per_h, (qt0 + (it + 1) % per_h) * WG_B, T, H);
+        }
+        mt_cp_async_commit();
+        mt_cp_async_wait<1>();
+        mt_fence_proxy_async();
+        __syncthreads();
+        const int mine = qt >= kt;   /* uniform over the warpgroup (never for a key tile past T) */
+        float s[8][4], dp[8][4];     /* S^T, dP^T: m64n64's d[4 j + e] */
+        if (mine) {
+            const unsigned char *Kw = Ks + wg * TILE, *Vw = Vs + wg * TILE;
+#pragma unroll
+            for (int i = 0; i < 32; i++) s[i / 4][i % 4] = dp[i / 4][i % 4] = 0.0f;
+            mt_wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+                const int off = (kk >> 2) * HALF + 32 * (kk & 3);
+                mt_wgmma_ss<64>(&s[0][0], mt_wgmma_desc_sw128(Kw + off), mt_wgmma_desc_sw128(Qb + off), kk > 0);
+            }
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+                const int off = (kk >> 2) * HALF + 32 * (kk & 3);
+                mt_wgmma_ss<64>(&dp[0][0], mt_wgmma_desc_sw128(Vw + off), mt_wgmma_desc_sw128(Gb + off), kk > 0);
+            }
+            mt_wgmma_commit();
+        }
+        wg_transpose<HD>(Qt, Qb);   /* while the products run (the last tile's RS ones were waited for) */
+        wg_transpose<HD>(Gt, Gb);
+        mt_fence_proxy_async();
+        __syncthreads();
+        if (mine) {
+            mt_wgmma_wait<0>();
+            mt_attn_bwd_tile(s, dp, Lb, Db, qt == kt, i0, key0, t, c, scale);   /* P^T, dS^T */
+            uint32_t pa[4][4], da[4][4];   /* as bf16 A fragments, query steps of 16 */
+            mt_attn_pack_a(pa, s);
+            mt_attn_pack_a(da, dp);
+            if (ds) mt_attn_store_ds(ds + mt_attn_ds_tile(b, h, qt, kt, H, n_qt), da, warp, lane);
+            mt_wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) mt_wgmma_rs<HD>(dva, pa[kk], mt_wgmma_desc_sw128(Gt + 32 * kk), 1);
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) mt_wgmma_rs<HD>(dka, da[kk], mt_wgmma_desc_sw128(Qt + 32 * kk), 1);
+            mt_wgmma_commit();
+            mt_wgmma_wait<0>();
+        }
+        __syncthreads();   /* Q^T, dO^T and this buffer are consumed before they are rewritten */
+    }
+    float (&dkf)[HD / 8][4] = *reinterpret_cast<float (*)[HD / 8][4]>(dka);
+    float (&dvf)[HD / 8][4] = *reinterpret_cast<float (*)[HD / 8][4]>(dva);
+    mt_attn_write_rows<HD>(dk_b ? NULL : dk, dk_b, dkf, b, j0 + 16 * warp, T, K, kvh, lane);   /* dk_b: bf16 only */
+    mt_attn_write_rows<HD>(dv_b ? NULL : dv, dv_b, dvf, b, j0 + 16 * warp, T, K, kvh, lane, ldv_b);
+}
+
+template <int HD>
+static void wg_dkdv(float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, bf16 *ds, const bf16 *q, const bf16 *k,
+                    const bf16 *v, const bf16 *g, const float *lse, const float *D, int B, int T, int H, int K,
+                    int ldv_b)
+{
+    const size_t smem = 10 * (size_t)WG_B * HD * 2 + 4 * WG_B * sizeof(float) + MT_WGMMA_ALIGN_SLACK;
+    if (!mt_cuda_smem_opt_in(attn_wg_dkdv_k<HD>, smem)) return;
+    const float scale = 1.0f / sqrtf((float)HD), c = scale * WG_LOG2E;
+    const unsigned n_kb = (unsigned)((T + 2 * WG_B - 1) / (2 * WG_B));
+    MT_LAUNCH(attn_wg_dkdv_k<HD>, dim3(n_kb, (unsigned)K, (unsigned)B), WG_THREADS, smem)(dk, dk_b, dv, dv_b, ds, q,
+                                                                                        k, v, g, lse, D, T, H, K,
+                                                                                        scale, c, ldv_b);
+    MT_CUDA_KCHECK();
+}
+
+void mt_attn_wg_dkdv(float *dk, mt_bf16 *dk_b, float *dv, mt_bf16 *dv_b, mt_bf16 *ds, const mt_bf16 *q,
+                     const mt_bf16 *k, const mt_bf16 *v, const mt_bf16 *g, const float *lse, const float *D, int B,
+                     int T, int H, int K, int hd, int ldv_b)
+{
+    if (hd == 64)
+        wg_dkdv<64>(dk, (bf16 *)dk_b, dv, (bf16 *)dv_b, (bf16 *)ds, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v,
+                    (const bf16 *)g, lse, D, B, T, H, K, ldv_b);
+    else
+        wg_dkdv<128>(dk, (bf16 *)dk_b, dv, (bf16 *)dv_b, (bf16 *)ds, (const bf16 *)q, (const bf16 *)k,
+                     (const bf16 *)v, (const bf16 *)g, lse, D, B, T, H, K, ldv_b);
 }
 
 template <int HD>

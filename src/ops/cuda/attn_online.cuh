@@ -102,4 +102,65 @@ static __device__ __forceinline__ void mt_attn_write_rows(float *dst, __nv_bfloa
     }
 }
 
+/* ---- the backward's per-tile pieces (v2's dK/dV kernel on mma.sync, v4's on wgmma:
+ * the same operations, so v4 == v2 bit for bit under the emulator) ----
+ * Scores transposed: s[j][e], dp[j][e] are S^T, dP^T at key row g + 8 (e >> 1) of the
+ * warp's 16, query column 8 j + 2 t + (e & 1) of the 64-query tile at i0; Lb, Db that
+ * tile's lse log2 e (+inf past T: p = 0) and D:
+ *   p = 2^(s c - Lb[col])  (0 above the diagonal on the masked tile: query < key)
+ *   ds = scale p (dp - Db[col])
+ * p into s, ds into dp. */
+static __device__ __forceinline__ void mt_attn_bwd_tile(float (&s)[8][4], float (&dp)[8][4], const float *Lb,
+                                                        const float *Db, int masked, int i0, int key0, int t,
+                                                        float c, float scale)
+{
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int col = 8 * j + 2 * t + (e & 1);  /* query i0 + col */
+            float p = exp2f(s[j][e] * c - Lb[col]);
+            if (masked && i0 + col < key0 + 8 * (e >> 1)) p = 0.0f;
+            s[j][e] = p;
+            dp[j][e] = scale * p * (dp[j][e] - Db[col]);
+        }
+}
+
+/* 16 rows x 64 of accumulator tiles (8 n8 tiles) as bf16 A fragments of 4 k steps of
+ * 16: a[kk] = mma.sync's m16n8k16 A layout (rows g, g + 8; columns 16 kk + 2 t, + 8) */
+static __device__ __forceinline__ void mt_attn_pack_a(uint32_t (&a)[4][4], const float (&s)[8][4])
+{
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        a[kk][0] = mt_pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+        a[kk][1] = mt_pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+        a[kk][2] = mt_pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        a[kk][3] = mt_pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+}
+
+/* The dS^T tiles the dQ kernel reads: per (b, h) the pairs (query tile qt, key tile
+ * kt <= qt) of 64 x 64 bf16 [key][query], in row order; the element offset of one */
+static __device__ __forceinline__ size_t mt_attn_ds_tile(int b, int h, int qt, int kt, int H, int n_qt)
+{
+    const size_t pairs = (size_t)n_qt * (n_qt + 1) / 2;
+    return (((size_t)b * H + h) * pairs + (size_t)qt * (qt + 1) / 2 + kt) * 64 * 64;
+}
+
+/* a warp's 16 key rows of a dS^T tile from its packed A fragments (the same bf16
+ * values the dK product multiplies) */
+static __device__ __forceinline__ void mt_attn_store_ds(__nv_bfloat16 *tile, const uint32_t (&a)[4][4], int warp,
+                                                        int lane)
+{
+    const int g = lane >> 2, t = lane & 3;
+    __nv_bfloat16 *r0 = tile + (16 * warp + g) * 64 + 2 * t, *r8 = r0 + 8 * 64;
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        *(uint32_t *)(r0 + 16 * kk) = a[kk][0];
+        *(uint32_t *)(r8 + 16 * kk) = a[kk][1];
+        *(uint32_t *)(r0 + 16 * kk + 8) = a[kk][2];
+        *(uint32_t *)(r8 + 16 * kk + 8) = a[kk][3];
+    }
+}
+
 #endif /* MT_ATTN_ONLINE_CUH */

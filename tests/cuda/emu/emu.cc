@@ -4,7 +4,7 @@
  *
  * HOW IT WORKS: a launch runs the grid's blocks one after another (first to
  * last; MT_EMU_ORDER=reverse: last to first, and each block's threads swept
- * last to first too — see order_reverse). For a
+ * last to first too, eagerly — see order_reverse). For a
  * block, every thread is a fiber (own stack, x86-64 register switch); the
  * scheduler sweeps the runnable fibers round-robin, each running until it
  * blocks at a barrier or returns (and then switching straight to the next
@@ -581,6 +581,8 @@ struct wg_pending {
     uint64_t da, db;   /* da 0 for A from registers (rs): a */
     uint32_t a[4];
     int n, acc, rs, chain, done;
+    int hashed;        /* the warpgroup's first thread to issue it: tiles_hash below */
+    uint64_t tiles_hash;   /* its shared-memory operands' bits at that issue (wg_tiles_hash) */
     unsigned group;
     float c[128], v[128];
 };
@@ -589,7 +591,11 @@ static int                          g_cur, g_live, g_block_arrived;
 static const std::function<void()> *g_body;
 
 /* MT_EMU_ORDER=reverse: blocks run last to first and the scheduler sweeps a
- * block's threads from the last to the first. A kernel without races gives
+ * block's threads from the last to the first, eagerly: whenever a fiber
+ * blocks, the highest runnable one runs next (the caller itself when it is
+ * that one), so the last warp (and warpgroup) runs as far ahead of the
+ * lower ones as their barriers let it, where the forward sweep runs the
+ * warps round-robin, one collective each a round. A kernel without races gives
  * the same bits in both orders; one that depends on the order (a block
  * reading what another block of the same launch writes, a thread reading
  * shared memory another thread writes with no barrier between, float
@@ -625,9 +631,10 @@ static void yield_to_sched(void)
 {
     fiber &cur = g_f[g_cur];
     const size_t nt = g_f.size();
-    for (size_t p = sweep_pos((size_t)g_cur) + 1; p < nt; p++) {
+    for (size_t p = g_reverse > 0 ? 0 : sweep_pos((size_t)g_cur) + 1; p < nt; p++) {   /* reverse: eager */
         const size_t t = sweep_pos(p);
         if (g_f[t].state == RUNNABLE) {
+            if ((int)t == g_cur) return;   /* eager, and the caller is the first runnable: it goes on */
             g_cur = (int)t;
             threadIdx = g_f[t].tid;
             mt_emu_switch(&cur.sp, g_f[t].sp);
@@ -834,7 +841,31 @@ static void wg_check_desc(uint64_t d, const char *which)
     }
 }
 
-/* A thread issues: its product is recorded, its d reads NaN until the wait. */
+/* FNV-1a of the bits of a product's shared-memory operands: A's 64 x 16 (da 0: A
+ * from registers, not read here) and B's n x 16 elements through their descriptors */
+static MT_EMU_UNCHECKED uint64_t wg_tiles_hash(uint64_t da, uint64_t db, int n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (int which = 0; which < 2; which++) {
+        const uint64_t d = which ? db : da;
+        const int rows = which ? n : 64;
+        if (!d) continue;
+        for (int r = 0; r < rows; r++)
+            for (int k = 0; k < 16; k++) {
+                const float x = wg_elem(d, r, k);
+                uint32_t u;
+                memcpy(&u, &x, 4);
+                h = (h ^ (u >> 16)) * 1099511628211ull;
+            }
+    }
+    return h;
+}
+
+/* A thread issues: its product is recorded, its d reads NaN until the wait. The
+ * warpgroup's first thread to issue it also records its tiles' bits: the device
+ * reads them at some time between the issue and the wait, so they must not change
+ * in between (wg_wait_fn compares; a write by another warpgroup with no barrier
+ * between, or a stage refilled early, changes them: a race on a GPU). */
 static void wg_issue(float *d, int n, uint64_t da, const uint32_t *a, uint64_t db, int acc)
 {
     if (n != 64 && n != 128 && n != 256) {
@@ -844,6 +875,15 @@ static void wg_issue(float *d, int n, uint64_t da, const uint32_t *a, uint64_t d
     std::vector<wg_pending> &pend = g_wgp[(size_t)g_cur];
     wg_pending p;
     p.d = d, p.da = da, p.db = db, p.n = n, p.acc = acc, p.rs = a != NULL, p.chain = -1, p.done = 0;
+    p.hashed = 1;
+    const size_t t0 = (size_t)(g_f[g_cur].warp / 4) * 128;
+    for (size_t l = t0; l < t0 + 128 && l < g_wgp.size() && p.hashed; l++)
+        if (l != (size_t)g_cur && g_wgp[l].size() > pend.size()) p.hashed = 0;
+    if (p.hashed) {
+        if (a == NULL) wg_check_desc(da, "A");
+        wg_check_desc(db, "B");
+        p.tiles_hash = wg_tiles_hash(a ? 0 : da, db, n);
+    }
     if (a) memcpy(p.a, a, sizeof p.a);
     p.group = g_f[g_cur].wg_committed;
     for (size_t i = pend.size(); i-- > 0;)
@@ -898,6 +938,16 @@ static MT_EMU_UNCHECKED void wg_wait_fn(unsigned char *slots, size_t stride)
         if (!p0.rs) wg_check_desc(p0.da, "A");
         wg_check_desc(p0.db, "B");
         const int N = p0.n;
+        for (int l = 0; l < 128; l++) {
+            const wg_pending &p = g_wgp[t0 + l][i];
+            if (p.hashed && p.tiles_hash != wg_tiles_hash(p0.rs ? 0 : p0.da, p0.db, N)) {
+                fprintf(stderr, "cuda emu: block (%u,%u,%u), warpgroup %d: the shared-memory operands of a wgmma "
+                                "changed between its issue and its wait (the device reads them in between: a race; "
+                                "a write with no barrier before the product, or a tile refilled before its wait)\n",
+                        blockIdx.x, blockIdx.y, blockIdx.z, w0.wg);
+                abort();
+            }
+        }
         if (!p0.rs) {
             for (int m = 0; m < 64; m++)
                 for (int k = 0; k < 16; k++) A[m][k] = wg_elem(p0.da, m, k);
@@ -1179,7 +1229,9 @@ void mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std:
                 threadIdx = g_f[t].tid;
                 mt_emu_switch(&g_sched_sp, g_f[t].sp);
                 ran = 1;
-                p = sweep_pos((size_t)g_cur);  /* past the fibers it switched to directly (yield_to_sched) */
+                /* forward: past the fibers it switched to directly (yield_to_sched); reverse
+                 * (eager): from the top again (with p++: 0) */
+                p = g_reverse > 0 ? (size_t)-1 : sweep_pos((size_t)g_cur);
             }
             if (g_live == 0) break;
             if (!ran) {

@@ -159,9 +159,10 @@ static inline void mt_emu_ldmatrix_x4(uint32_t r[4], const void *p)
  * moment is the strict one), and each thread's result lands in its d. Each
  * product adds its 16 terms in k order onto C in fp32 (the device adds them
  * another way: the checks' fp32 accumulation term covers it). So reading d
- * before its wait, or refilling a tile (cp.async: NaN until its own wait)
- * before the wait of the products that read it, shows, as it would race on a
- * GPU. */
+ * before its wait shows (NaN), and so does a tile that changes between the
+ * warpgroup's first issue of a product and its wait (the bits are compared:
+ * abort): a stage refilled early, or another warpgroup's write with no barrier
+ * before the issue — each a race on a GPU. */
 uint32_t mt_emu_smem_offset(const void *p);
 void mt_emu_wgmma_ss(float *d, int n, uint64_t da, uint64_t db, int acc);
 /* ... with A from registers: a[4] as mma.m16n8k16's A fragment, warp q on rows 16 q .. 16 q + 15.
