@@ -49,7 +49,8 @@
  * and every row above is already written): "wgmma", the wgmma probe
  * (mt_ops_cuda_wgmma_probe_of, A from shared memory and from registers) checked
  * against gemm_bf16 and timed beside it; "attention_v4", attn_kernel=v4's forward
- * (wgmma) against v3's out and timed beside it, per shape of head dim 64 or 128.
+ * and backward (wgmma; dQ v3's) against v3's results and timed beside it, per
+ * shape of head dim 64 or 128, the two directions checked and timed apart.
  *
  * All-reduce: with NCCL in the build (MT_WITH_NCCL) a one-rank NCCL world
  * (mt_comm_nccl_create_world with no MPI world), mt_comm_allreduce in place
@@ -563,11 +564,51 @@ static void calib_wgmma(FILE *f, int quick, int warmup, int reps)
     }
 }
 
-/* attn_kernel=v4 (attention_wg.cu: the forward on wgmma; its backward is v3's):
- * the forward of each attention shape at head dim 64 or 128 under v3 and v4, v4's
- * bf16 out compared with v3's (max |diff| / max |out|: the two sum in other orders,
- * so a bf16 ulp or so apart; <= 1e-2 else "ok" false and no rates). Like
- * calib_wgmma, last and never fatal: a CUDA error is reported in the row. */
+/* one attention's bf16 results on the host (out, dq, dk as the model takes them: bf16;
+ * dv fp32) */
+struct cal_attn_host { uint16_t *out, *dq, *dk; float *dv; };
+
+/* the forward and backward of a under attn_kernel `kern`, results to h; MT_OK or why not */
+static enum mt_status attn_run_to_host(struct cal_attn_ctx *a, const char *kern, struct cal_attn_host *h,
+                                       char *msg, size_t cap)
+{
+    const size_t n = (size_t)a->b * a->t * a->h * a->hd;
+    enum mt_status st = mt_ops_cuda_set_attn_kernel_of(g_ops->be, kern);
+    if (st != MT_OK) return st;   /* v4 refused: wgmma does not run here */
+    a->fwd = 1, attn_fn(a);
+    a->fwd = 0, attn_fn(a);
+    g_ops->sync(g_ops->be);
+    st = mt_ops_cuda_status_of(g_ops->be, msg, cap);
+    if (st != MT_OK) return st;
+    g_ops->copy_to_host(g_ops->be, h->out, a->outb, n * 2);
+    g_ops->copy_to_host(g_ops->be, h->dq, a->dqb, n * 2);
+    g_ops->copy_to_host(g_ops->be, h->dk, a->dkb, n * 2);
+    g_ops->copy_to_host(g_ops->be, h->dv, a->dv, n * 4);
+    return MT_OK;
+}
+
+/* max |x - ref| / max |ref| over n values (bf16 bits, or fp32 when f32); -1: a non-finite difference */
+static double cal_max_rel(const void *x, const void *ref, size_t n, int f32)
+{
+    double dmax = 0.0, rmax = 0.0;
+    for (size_t e = 0; e < n; e++) {
+        const double xv = f32 ? ((const float *)x)[e] : bf16_to_f(((const uint16_t *)x)[e]);
+        const double rv = f32 ? ((const float *)ref)[e] : bf16_to_f(((const uint16_t *)ref)[e]);
+        const double d = fabs(xv - rv);
+        if (!(d == d) || isinf(d)) return -1.0;
+        if (d > dmax) dmax = d;
+        if (fabs(rv) > rmax) rmax = fabs(rv);
+    }
+    return rmax > 0.0 ? dmax / rmax : -1.0;
+}
+
+/* attn_kernel=v4 (attention_wg.cu: the forward and dK/dV on wgmma; dQ is v3's from
+ * the same dS tiles): each attention shape at head dim 64 or 128 under v3 and v4,
+ * v4's bf16 out, dq, dk and fp32 dv compared with v3's (max |diff| / max |x| per
+ * output: the two sum in other orders, so a bf16 ulp or so apart; <= 1e-2 else that
+ * direction's "ok" is false and it gets no rates). The forward ("ok") and the
+ * backward ("bwd_ok") separately, so a wrong dK/dV cannot hide a right forward.
+ * Like calib_wgmma, last and never fatal: a CUDA error is reported in the row. */
 static void calib_attn_v4(FILE *f, const struct cal_attn_shape *as, int n_as, int warmup, int reps)
 {
     int first = 1;
@@ -576,53 +617,53 @@ static void calib_attn_v4(FILE *f, const struct cal_attn_shape *as, int n_as, in
         struct cal_attn_ctx a = {as[i].b, as[i].t, as[i].h, as[i].hd, 1, 3, NULL, NULL, NULL, NULL, NULL, NULL,
                                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
         const size_t n = (size_t)a.b * a.t * a.h * a.hd;
-        a.q = dev_rand(n), a.k = dev_rand(n), a.v = dev_rand(n);
+        a.q = dev_rand(n), a.k = dev_rand(n), a.v = dev_rand(n), a.dout = dev_rand(n);
+        a.dq = dev_alloc(n * 4), a.dk = dev_alloc(n * 4), a.dv = dev_alloc(n * 4);
         a.lse = dev_alloc((size_t)a.b * a.h * a.t * 4);
         a.qkvb = (mt_bf16 *)dev_alloc(3 * n * 2), a.outb = (mt_bf16 *)dev_alloc(n * 2);
-        uint16_t *h3 = malloc(n * 2), *h4 = malloc(n * 2);
-        struct cal_time t3 = {0, 0}, t4 = {0, 0};
+        a.doutb = (mt_bf16 *)dev_alloc(n * 2), a.dqb = (mt_bf16 *)dev_alloc(n * 2), a.dkb = (mt_bf16 *)dev_alloc(n * 2);
+        g_ops->cast_bf16(g_ops->be, a.doutb, a.dout, n);
+        struct cal_attn_host h[2];   /* v3, v4 */
+        int have = 1;
+        for (int k = 0; k < 2; k++) {
+            h[k].out = malloc(n * 2), h[k].dq = malloc(n * 2), h[k].dk = malloc(n * 2), h[k].dv = malloc(n * 4);
+            have = have && h[k].out && h[k].dq && h[k].dk && h[k].dv;
+        }
+        struct cal_time t3 = {0, 0}, t4 = {0, 0}, b3 = {0, 0}, b4 = {0, 0};
         char msg[256] = "";
-        double dmax = -1.0, omax = 0.0;
-        mt_ops_cuda_set_attn_kernel_of(g_ops->be, "v3");
-        attn_fn(&a);
-        g_ops->sync(g_ops->be);
-        if (h3 && h4) g_ops->copy_to_host(g_ops->be, h3, a.outb, n * 2);
-        /* v4 refused (wgmma does not run here): the row says so, nothing is compared */
-        enum mt_status st = mt_ops_cuda_set_attn_kernel_of(g_ops->be, "v4");
+        enum mt_status st = have ? attn_run_to_host(&a, "v3", &h[0], msg, sizeof msg) : MT_ERR_OOM;
+        if (st == MT_OK) st = attn_run_to_host(&a, "v4", &h[1], msg, sizeof msg);
+        double rel = -1.0, rel_b = -1.0;
         if (st == MT_OK) {
-            attn_fn(&a);
-            g_ops->sync(g_ops->be);
-            st = mt_ops_cuda_status_of(g_ops->be, msg, sizeof msg);
+            rel = cal_max_rel(h[1].out, h[0].out, n, 0);
+            const double r[3] = {cal_max_rel(h[1].dq, h[0].dq, n, 0), cal_max_rel(h[1].dk, h[0].dk, n, 0),
+                                 cal_max_rel(h[1].dv, h[0].dv, n, 1)};
+            rel_b = r[0] < 0 || r[1] < 0 || r[2] < 0 ? -1.0 : fmax(r[0], fmax(r[1], r[2]));
+        } else if (msg[0]) {
+            fprintf(stderr, "cuda_calib: CUDA error in attn_kernel=v3/v4: %s\n", msg);
         }
-        if (st == MT_OK && h3 && h4) {
-            g_ops->copy_to_host(g_ops->be, h4, a.outb, n * 2);
-            dmax = 0.0;
-            for (size_t e = 0; e < n; e++) {
-                const double x3 = bf16_to_f(h3[e]), x4 = bf16_to_f(h4[e]), d = fabs(x4 - x3);
-                if (!(d == d)) { dmax = -1.0; break; }
-                if (d > dmax) dmax = d;
-                if (fabs(x3) > omax) omax = fabs(x3);
-            }
-        }
-        const double rel = dmax >= 0.0 && omax > 0.0 ? dmax / omax : -1.0;
-        const int ok = st == MT_OK && rel >= 0.0 && rel <= 1e-2;
-        if (ok) {
-            t4 = time_runs(attn_fn, &a, warmup, reps);
-            mt_ops_cuda_set_attn_kernel_of(g_ops->be, "v3");
-            t3 = time_runs(attn_fn, &a, warmup, reps);
-        } else if (st != MT_OK && msg[0]) {
-            fprintf(stderr, "cuda_calib: CUDA error in attn_kernel=v4: %s\n", msg);
+        const int ok = st == MT_OK && rel >= 0.0 && rel <= 1e-2, ok_b = st == MT_OK && rel_b >= 0.0 && rel_b <= 1e-2;
+        for (int k = 1; k >= 0 && (ok || ok_b); k--) {   /* v4 then v3: each direction that is right */
+            mt_ops_cuda_set_attn_kernel_of(g_ops->be, k ? "v4" : "v3");
+            a.fwd = 1;
+            if (ok) *(k ? &t4 : &t3) = time_runs(attn_fn, &a, warmup, reps);
+            a.fwd = 0;   /* the backward from the forward's lse just left */
+            if (ok_b) *(k ? &b4 : &b3) = time_runs(attn_fn, &a, warmup, reps);
         }
         mt_ops_cuda_set_attn_kernel_of(g_ops->be, "v3");
-        const double ff = 2.0 * a.b * a.h * (double)a.t * a.t * a.hd;
+        const double ff = 2.0 * a.b * a.h * (double)a.t * a.t * a.hd, fb = 2.5 * ff;
         emit(f, "%s\n  {\"b\": %d, \"t\": %d, \"h\": %d, \"hd\": %d, \"status\": \"%s\", \"ok\": %s, "
                 "\"max_rel_vs_v3\": %.3e, \"fwd_flops\": %.6g, \"v4_fwd_median_s\": %.6e, \"v4_fwd_flop_per_s\": %.6e, "
-                "\"v3_fwd_median_s\": %.6e, \"v3_fwd_flop_per_s\": %.6e}",
+                "\"v3_fwd_median_s\": %.6e, \"v3_fwd_flop_per_s\": %.6e, \"bwd_ok\": %s, \"bwd_max_rel_vs_v3\": %.3e, "
+                "\"bwd_flops\": %.6g, \"v4_bwd_median_s\": %.6e, \"v4_bwd_flop_per_s\": %.6e, "
+                "\"v3_bwd_median_s\": %.6e, \"v3_bwd_flop_per_s\": %.6e}",
              first ? "" : ",", a.b, a.t, a.h, a.hd, mt_status_str(st), ok ? "true" : "false", rel, ff, t4.median,
-             ok ? ff / t4.median : 0.0, t3.median, ok ? ff / t3.median : 0.0);
+             ok ? ff / t4.median : 0.0, t3.median, ok ? ff / t3.median : 0.0, ok_b ? "true" : "false", rel_b, fb,
+             b4.median, ok_b ? fb / b4.median : 0.0, b3.median, ok_b ? fb / b3.median : 0.0);
         first = 0;
-        free(h3), free(h4);
-        float *bufs[] = {a.q, a.k, a.v, a.lse, (float *)a.qkvb, (float *)a.outb};
+        for (int k = 0; k < 2; k++) free(h[k].out), free(h[k].dq), free(h[k].dk), free(h[k].dv);
+        float *bufs[] = {a.q, a.k, a.v, a.dout, a.dq, a.dk, a.dv, a.lse, (float *)a.qkvb, (float *)a.outb,
+                         (float *)a.doutb, (float *)a.dqb, (float *)a.dkb};
         for (size_t b = 0; b < sizeof bufs / sizeof bufs[0]; b++) g_ops->buf_free(g_ops->be, &g_ctx, bufs[b]);
     }
 }

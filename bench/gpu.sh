@@ -71,7 +71,13 @@
 #           bench/cuda_calib.c (GEMM fp32/bf16, attention, one-rank all-reduce or
 #           device copy) and bench/profiles/gpu_profile.py -> $RES/h100-measured.json (h200-),
 #           the planner's profile calibrated on this GPU (docs/cuda.md); the wgmma
-#           probe's check against cuBLAS and its rate ("RESULT calib wgmma")
+#           probe's check against cuBLAS and its rate ("RESULT calib wgmma"), and
+#           attn_kernel=v4 against v3, forward and backward apart ("RESULT calib
+#           attention v4")
+#   attnv4  (in `rest`, after calib) d2048 with --knob attn_kernel=v4
+#           (d2048_dense_attnv4: the wgmma attention end to end), only when this
+#           call's calib rows say v4's forward and backward are right at head dim
+#           128 (else SKIPPED with the reason): the row that decides the default
 #   summary summary.md + summary.json: pass/fail per check, tokens/s, MFU, the
 #           plan's prediction, ratios to PyTorch and llm.c, each meshtrain run's
 #           per-op profile (always runs)
@@ -146,7 +152,7 @@ T_START=$(date +%s)
 SET=custom BUDGET0=570
 case "${1:-}" in
     quick) SET=quick BUDGET0=565; set -- env ops equiv speed llmc torch ;;
-    rest)  SET=rest BUDGET0=300; set -- san hf calib ncu ;;
+    rest)  SET=rest BUDGET0=300; set -- san hf calib attnv4 ncu ;;
     "")    SET=all ;;
 esac
 BUDGET=${GPU_SH_BUDGET:-$BUDGET0}
@@ -182,7 +188,7 @@ EMU=${GPU_SH_EMU:-}
 EQ_STEPS=${GPU_SH_EQUIV_STEPS:-20}
 export ROOT RES WORK BIN MT HAVE_GPU EMU EQ_STEPS SET
 
-STAGES="env ops san equiv speed llmc torch hf calib"
+STAGES="env ops san equiv speed llmc torch hf calib attnv4"
 [ $# -gt 0 ] && STAGES="$*"
 
 # llm.c builds on the CPU while the GPU stages run (it takes a minute of nvcc)
@@ -654,6 +660,28 @@ stage_speed() {
 }
 export -f stage_speed
 
+# d2048 on attn_kernel=v4 (forward and dK/dV on wgmma), once this call's calib says it is
+# right at head dim 128 (gpu_d2048_dense.json's), forward and backward: its A/B against
+# d2048_dense (the default v3) is what decides the default
+stage_attnv4() {
+    [ -f "$RES/calib.json" ] || { echo "SKIPPED (attnv4: no calib.json from this call: the calib stage did not run)"; return 77; }
+    local why
+    why=$(python3 - "$RES/calib.json" <<'PY'
+import json, sys
+rows = [x for x in json.load(open(sys.argv[1])).get("attention_v4") or [] if x.get("hd") == 128]
+if not rows: print("no attention_v4 row at hd 128")
+elif not all(x.get("ok") and x.get("bwd_ok") for x in rows):
+    print("v4 not right at hd 128 (%s)" % "; ".join("fwd %s bwd %s, status %s" % (x.get("ok"), x.get("bwd_ok"),
+                                                   x.get("status")) for x in rows))
+PY
+)
+    [ -z "$why" ] || { echo "SKIPPED (attnv4: $why)"; return 77; }
+    [ -f "$WORK/data50k.bin" ] || python3 "$ROOT/tests/make_shard.py" "$WORK/data50k.bin" 600000 50304 random >/dev/null
+    SPEED_KNOBS="" SPEED_BOX=${GPU_SH_SPEED_BOX:-50} speed_one d2048_dense_attnv4 "$ROOT/bench/configs/gpu_d2048_dense.json" \
+        "0 2" --knob attn_kernel=v4
+}
+export -f stage_attnv4
+
 stage_torch() {
     python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null || { echo "SKIPPED (torch: no CUDA torch)"; return 77; }
     : > "$RES/torch.jsonl"
@@ -862,10 +890,13 @@ for x in c.get("wgmma") or []:
           % (x["m"], x["n"], x["k"], x.get("a", "shared"), "ok" if x["ok"] else "WRONG (%s)" % x["status"],
              x["max_rel_vs_cublas"],
              x["wgmma_flop_per_s"] / 1e12, x["cublas_flop_per_s"] / 1e12))
-for x in c.get("attention_v4") or []:
-    print("RESULT calib attention v4 (wgmma forward) B %d T %d H %d hd %d: %s, max rel vs v3 %.2e, fwd v4 %.1f TF/s, "
-          "v3 %.1f TF/s" % (x["b"], x["t"], x["h"], x["hd"], "ok" if x["ok"] else "WRONG (%s)" % x["status"],
-                            x["max_rel_vs_v3"], x["v4_fwd_flop_per_s"] / 1e12, x["v3_fwd_flop_per_s"] / 1e12))
+for x in c.get("attention_v4") or []:   # forward and backward apart: a wrong dK/dV cannot hide a right forward
+    print("RESULT calib attention v4 (wgmma) B %d T %d H %d hd %d: fwd %s, max rel vs v3 %.2e, v4 %.1f TF/s, "
+          "v3 %.1f TF/s; bwd %s, max rel vs v3 %.2e, v4 %.1f TF/s, v3 %.1f TF/s"
+          % (x["b"], x["t"], x["h"], x["hd"], "ok" if x["ok"] else "WRONG (%s)" % x["status"],
+             x["max_rel_vs_v3"], x["v4_fwd_flop_per_s"] / 1e12, x["v3_fwd_flop_per_s"] / 1e12,
+             "ok" if x.get("bwd_ok") else "WRONG (%s)" % x["status"], x.get("bwd_max_rel_vs_v3", -1),
+             x.get("v4_bwd_flop_per_s", 0) / 1e12, x.get("v3_bwd_flop_per_s", 0) / 1e12))
 for x in c.get("layer_core") or []:
     print("RESULT calib layer core B %d T %d: scan %s fp32 %.4f s, bf16 %.4f s vs attention %s fp32 %.4f s, bf16 %.4f s "
           "(scan/attention, bf16 both: %.2f)"
@@ -883,7 +914,7 @@ S = {"stages": open(os.path.join(res, "stages.txt")).read().splitlines()}
 sp = {}
 # one file per speed run (stage_speed's speed_line): from its receipt, else its progress lines
 # (in stage_speed's order; a run missing from this list still comes, after them)
-order = ["d2048_dense", "d2048_dense_attnv2", "c_gpt2", "c_gpt2_124m", "moe8", "moe8_hostsizes", "hyb2048",
+order = ["d2048_dense", "d2048_dense_attnv2", "d2048_dense_attnv4", "c_gpt2", "c_gpt2_124m", "moe8", "moe8_hostsizes", "hyb2048",
          "c_gpt2_nographs", "d2048_dense_nographs", "hyb2048_nographs", "hyb2048_chunk32", "hyb2048_chunk128",
          "hyb2048_scanfp32"]
 sd = os.path.join(res, "speed")
@@ -995,6 +1026,7 @@ stage equiv 60 emu
 # calib before speed: a call that runs both has this card's profile for the speed
 # runs' `plan --profile` predictions (the H100 run of 2026-11-26 had none)
 stage calib 120 1
+stage attnv4 60 1
 stage ncu 110 1
 stage speed 300 1
 stage llmc 60 1

@@ -1093,9 +1093,11 @@ for w in c["wgmma"]:
     assert w["status"] == "ok" and w["ok"] is True and w["max_rel_vs_cublas"] <= 1e-4, w
     assert math.isclose(w["flops"], 2.0 * w["m"] * w["n"] * w["k"], rel_tol=1e-5), w   # printed to 6 digits
     assert w["wgmma_flop_per_s"] > 0 and w["cublas_flop_per_s"] > 0, w
-# attn_kernel=v4's forward (wgmma) beside v3's, per shape of head dim 64/128 (the quick 1x70x1x64);
-# the emulated wgmma sums as the emulated mma.sync: v4's out is v3's here
+# attn_kernel=v4's forward and backward (wgmma) beside v3's, per shape of head dim 64/128 (the quick
+# 1x70x1x64); the emulated wgmma sums as the emulated mma.sync: v4's out, dq, dk, dv are v3's here
 assert len(c["attention_v4"]) == 1 and all(x["ok"] is True and x["max_rel_vs_v3"] == 0.0 and x["v4_fwd_flop_per_s"] > 0
+                                           and x["bwd_ok"] is True and x["bwd_max_rel_vs_v3"] == 0.0
+                                           and x["v4_bwd_flop_per_s"] > 0 and x["v3_bwd_flop_per_s"] > 0
                                            for x in c["attention_v4"]), c.get("attention_v4")
 ar = c["allreduce"]
 assert ar["available"] == c["build"]["nccl"] and (ar["available"] or "identity" in ar["why"]), ar

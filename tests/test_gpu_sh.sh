@@ -177,8 +177,9 @@ PATH=/usr/bin:/bin GPU_SH_RESULTS="$W/q" bash "$ROOT/bench/gpu.sh" quick > "$W/q
 PATH=/usr/bin:/bin GPU_SH_RESULTS="$W/r" bash "$ROOT/bench/gpu.sh" rest > "$W/rest.log" 2>&1
 q=$(grep -oE '^(PASS|SKIPPED|FAIL[^ ]*|TIMEOUT) \(?[a-z]+' "$W/q/stages.txt" | awk '{print $NF}' | tr -d '(' | tr '\n' ' ')
 r=$(grep -oE '^(PASS|SKIPPED|FAIL[^ ]*|TIMEOUT) \(?[a-z]+' "$W/r/stages.txt" | awk '{print $NF}' | tr -d '(' | tr '\n' ' ')
-[ "$q" = "env ops equiv speed llmc torch summary " ] && [ "$r" = "san calib ncu hf summary " ] &&
-    ok "quick = env ops equiv speed llmc torch; rest = san calib ncu hf (calib before speed and hf)" || bad "stage sets: quick '$q', rest '$r'"
+[ "$q" = "env ops equiv speed llmc torch summary " ] && [ "$r" = "san calib attnv4 ncu hf summary " ] &&
+    ok "quick = env ops equiv speed llmc torch; rest = san calib attnv4 ncu hf (calib before speed and hf)" ||
+    bad "stage sets: quick '$q', rest '$r'"
 
 # the equiv stage's judge on the H100 run's receipts (bench/results/2026-11-27-h100): its two
 # extras bf16 rows pass on the routing bar (aux 4.1e-2 of 2/16), and a doubled aux, a loss
