@@ -225,16 +225,6 @@ static __device__ __forceinline__ void v2_zero(float acc[N][4])
         for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
 }
 
-/* a 64 x 64 dS^T tile (contiguous) into a shared tile (64, 64 + 8), asynchronously */
-static __device__ __forceinline__ void v2_load_ds(bf16 *dst, const bf16 *src)
-{
-    constexpr int LS = V2_B + 8, CPR = V2_B / 8;
-    for (int e = threadIdx.x; e < V2_B * CPR; e += V2_THREADS) {
-        const int r = e / CPR, c8 = (e - r * CPR) * 8;
-        mt_cp_async16(dst + r * LS + c8, src + (size_t)r * V2_B + c8, 16);
-    }
-}
-
 /* one key tile of a forward warp (its rows w0.. as MW row tiles): S = Q K^T,
  * the mask on its diagonal tile wlast, the online softmax, O += P V; nothing
  * past wlast (-1: rows past T) */
@@ -436,7 +426,7 @@ attn_v2_dq_ds_k(float *dq, bf16 *dq_b, const bf16 *ds, const bf16 *k, int T, int
     v2_load_tile<HD>(Ks, k, b, 0, T, K, kvh);
 #pragma unroll
     for (int f = 0; f < MW; f++)
-        if (qb * MW + f <= last_q) v2_load_ds(Ss + f * STILE, ds + mt_attn_ds_tile(b, h, qb * MW + f, 0, H, n_qt));
+        if (qb * MW + f <= last_q) mt_attn_load_ds<V2_THREADS>(Ss + f * STILE, ds + mt_attn_ds_tile(b, h, qb * MW + f, 0, H, n_qt));
     mt_cp_async_commit();
     float dqa[MW][HD / 8][4];
 #pragma unroll
@@ -448,7 +438,7 @@ attn_v2_dq_ds_k(float *dq, bf16 *dq_b, const bf16 *ds, const bf16 *k, int T, int
 #pragma unroll
             for (int f = 0; f < MW; f++)  /* the halves whose diagonal is not passed yet */
                 if (kt + 1 <= qb * MW + f && qb * MW + f <= last_q)
-                    v2_load_ds(Ss + ((kt + 1) & 1) * MW * STILE + f * STILE,
+                    mt_attn_load_ds<V2_THREADS>(Ss + ((kt + 1) & 1) * MW * STILE + f * STILE,
                                ds + mt_attn_ds_tile(b, h, qb * MW + f, kt + 1, H, n_qt));
         }
         mt_cp_async_commit();
@@ -584,7 +574,9 @@ static void v2_bwd(float *dq, bf16 *dq_b, float *dk, bf16 *dk_b, float *dv, bf16
         MT_CUDA_KCHECK();
     }
     if (ds) {
-        if (v2_mw() == 2) v2_dq_ds<HD, 2>(dq, dq_b, ds, k, B, T, H, K);
+        if (mt_cuda_be->attn_v2 == 3)   /* v4: dQ on wgmma (attention_wg.cu) */
+            mt_attn_wg_dq(dq, (mt_bf16 *)dq_b, (const mt_bf16 *)ds, (const mt_bf16 *)k, B, T, H, K, HD);
+        else if (v2_mw() == 2) v2_dq_ds<HD, 2>(dq, dq_b, ds, k, B, T, H, K);
         else v2_dq_ds<HD, 1>(dq, dq_b, ds, k, B, T, H, K);
         return;
     }

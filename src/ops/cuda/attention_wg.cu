@@ -1,8 +1,10 @@
 /*
- * attention_wg.cu — the causal attention forward on Hopper's warpgroup MMA
- * (knob attn_kernel=v4, precision=bf16; wgmma.cuh), head dims 64 and 128;
- * the backward stays v3's (attention_v2.cu). The math and the rounding points
- * are v2's forward (docs/cuda.md "v2"), operation for operation:
+ * attention_wg.cu — causal attention on Hopper's warpgroup MMA (knob
+ * attn_kernel=v4, precision=bf16; wgmma.cuh), head dims 64 and 128: the
+ * forward here, then the backward's dK/dV and dQ kernels (below; D, the
+ * staging and the dispatch are attention_v2.cu's and attention_tc.cu's).
+ * The math and the rounding points are v2's (docs/cuda.md "v2"), operation
+ * for operation; the forward's:
  *
  *   x_ij = (q_i . k_j) scale log2 e         (fp32 accumulation; -inf past the diagonal)
  *   m_i  = running max, alpha = 2^(m_old - m_new), l_i = alpha l_i + sum_j pt_ij
@@ -339,6 +341,90 @@ void mt_attn_wg_dkdv(float *dk, mt_bf16 *dk_b, float *dv, mt_bf16 *dv_b, mt_bf16
     else
         wg_dkdv<128>(dk, (bf16 *)dk_b, dv, (bf16 *)dv_b, (bf16 *)ds, (const bf16 *)q, (const bf16 *)k,
                      (const bf16 *)v, (const bf16 *)g, lse, D, B, T, H, K, ldv_b);
+}
+
+/* ---- backward: dQ on wgmma, from the dK/dV kernel's dS^T tiles ----
+ * A block: 2 warpgroups on 128 queries (query tiles 2 qb and 2 qb + 1, one each);
+ * per key tile up to the block's last diagonal, warpgroup w (up to its own):
+ *   dQ_w += dS_w K: 4 wgmma m64n(hd)k16, RS: dS_w (64 queries x 64 keys) as A
+ *   fragments by ldmatrix .trans from the stored [key][query] tile (v2's dQ reads
+ *   it so: mma.sync's A layout is wgmma's), B = K^T (hd rows x 64 keys, K-major
+ *   over the keys): the K tile transposed in shared memory (wg_transpose).
+ * v2's order (key tiles ascending, 4 key steps of 16 each): v2's bits under the
+ * emulator. K and the two dS tiles double-buffered by cp.async. */
+template <int HD>
+static __global__ void __launch_bounds__(WG_THREADS)
+attn_wg_dq_k(float *dq, bf16 *dq_b, const bf16 *ds, const bf16 *k, int T, int H, int K)
+{
+    constexpr int TILE = WG_B * HD * 2, LS = WG_B + 8, STILE = WG_B * LS * 2;   /* bytes */
+    MT_DYN_SMEM(unsigned char, sm_raw);
+    unsigned char *Ks = sm_raw + ((1024u - (mt_smem_u32(sm_raw) & 1023u)) & 1023u);   /* 2 buffers (wgmma.cuh) */
+    unsigned char *Kt = Ks + 2 * TILE;   /* K^T (HD rows x 64 keys) */
+    unsigned char *Ss = Kt + TILE;       /* 2 buffers x 2 dS^T tiles (64 x (64 + 8) bf16: ldmatrix rows) */
+    const int n_qt = (T + WG_B - 1) / WG_B, n_qb = (T + WG_ROWS - 1) / WG_ROWS;
+    const int qb = n_qb - 1 - (int)blockIdx.x;   /* the longest rows first */
+    const int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / K);
+    const int wg = threadIdx.x / 128, warp = (threadIdx.x % 128) / MT_WARP, lane = threadIdx.x % MT_WARP;
+    const int q0 = 2 * qb, qt = q0 + wg;                  /* this warpgroup's query tile */
+    const int wlast = qt < n_qt ? qt : -1;                /* its last key tile (its diagonal; none past T) */
+    const int last = q0 + 1 < n_qt ? q0 + 1 : n_qt - 1;   /* the block's */
+    wg_load_rows<HD, WG_B>(Ks, k, b, 0, T, K, kvh);
+    for (int f = 0; f < 2; f++)
+        if (q0 + f <= last)
+            mt_attn_load_ds<WG_THREADS>((bf16 *)(Ss + f * STILE), ds + mt_attn_ds_tile(b, h, q0 + f, 0, H, n_qt));
+    mt_cp_async_commit();
+    float dqa[HD / 2];
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) dqa[i] = 0.0f;
+    for (int kt = 0; kt <= last; kt++) {
+        const unsigned char *Kb = Ks + (kt & 1) * TILE;
+        const bf16 *Sb = (const bf16 *)(Ss + (kt & 1) * 2 * STILE + wg * STILE);
+        if (kt < last) {
+            wg_load_rows<HD, WG_B>(Ks + ((kt + 1) & 1) * TILE, k, b, (kt + 1) * WG_B, T, K, kvh);
+            for (int f = 0; f < 2; f++)   /* the tiles whose diagonal is not passed yet */
+                if (kt + 1 <= q0 + f && q0 + f <= last)
+                    mt_attn_load_ds<WG_THREADS>((bf16 *)(Ss + ((kt + 1) & 1) * 2 * STILE + f * STILE),
+                                                ds + mt_attn_ds_tile(b, h, q0 + f, kt + 1, H, n_qt));
+        }
+        mt_cp_async_commit();
+        mt_cp_async_wait<1>();
+        __syncthreads();
+        wg_transpose<HD>(Kt, Kb);
+        mt_fence_proxy_async();
+        __syncthreads();
+        if (kt <= wlast) {   /* uniform over the warpgroup */
+            const int mi8 = lane >> 3, r8 = lane & 7;
+            uint32_t a[4][4];   /* A (the warp's 16 queries, keys 16 s..) from [key][query]: .trans */
+#pragma unroll
+            for (int s = 0; s < 4; s++)
+                mt_ldsm_x4_t(a[s], Sb + (16 * s + (mi8 >> 1) * 8 + r8) * LS + 16 * warp + (mi8 & 1) * 8);
+            mt_wgmma_fence();
+#pragma unroll
+            for (int s = 0; s < 4; s++) mt_wgmma_rs<HD>(dqa, a[s], mt_wgmma_desc_sw128(Kt + 32 * s), 1);
+            mt_wgmma_commit();
+            mt_wgmma_wait<0>();
+        }
+        __syncthreads();   /* K^T and this buffer are consumed before they are rewritten */
+    }
+    if (wlast < 0) return;
+    float (&dqf)[HD / 8][4] = *reinterpret_cast<float (*)[HD / 8][4]>(dqa);
+    mt_attn_write_rows<HD>(dq_b ? NULL : dq, dq_b, dqf, b, qt * WG_B + 16 * warp, T, H, h, lane);
+}
+
+template <int HD>
+static void wg_dq(float *dq, bf16 *dq_b, const bf16 *ds, const bf16 *k, int B, int T, int H, int K)
+{
+    const size_t smem = 3 * (size_t)WG_B * HD * 2 + 4 * (size_t)WG_B * (WG_B + 8) * 2 + MT_WGMMA_ALIGN_SLACK;
+    if (!mt_cuda_smem_opt_in(attn_wg_dq_k<HD>, smem)) return;
+    const unsigned n_qb = (unsigned)((T + WG_ROWS - 1) / WG_ROWS);
+    MT_LAUNCH(attn_wg_dq_k<HD>, dim3(n_qb, (unsigned)H, (unsigned)B), WG_THREADS, smem)(dq, dq_b, ds, k, T, H, K);
+    MT_CUDA_KCHECK();
+}
+
+void mt_attn_wg_dq(float *dq, mt_bf16 *dq_b, const mt_bf16 *ds, const mt_bf16 *k, int B, int T, int H, int K, int hd)
+{
+    if (hd == 64) wg_dq<64>(dq, (bf16 *)dq_b, (const bf16 *)ds, (const bf16 *)k, B, T, H, K);
+    else wg_dq<128>(dq, (bf16 *)dq_b, (const bf16 *)ds, (const bf16 *)k, B, T, H, K);
 }
 
 template <int HD>

@@ -147,6 +147,18 @@ static __device__ __forceinline__ size_t mt_attn_ds_tile(int b, int h, int qt, i
     return (((size_t)b * H + h) * pairs + (size_t)qt * (qt + 1) / 2 + kt) * 64 * 64;
 }
 
+/* a 64 x 64 dS^T tile (contiguous) into a shared tile of rows 64 + 8 apart (the
+ * dQ kernels' ldmatrix rows), asynchronously, by a block of NT threads */
+template <int NT>
+static __device__ __forceinline__ void mt_attn_load_ds(__nv_bfloat16 *dst, const __nv_bfloat16 *src)
+{
+    constexpr int LS = 64 + 8, CPR = 64 / 8;
+    for (int e = threadIdx.x; e < 64 * CPR; e += NT) {
+        const int r = e / CPR, c8 = (e - r * CPR) * 8;
+        mt_cp_async16(dst + r * LS + c8, src + (size_t)r * 64 + c8, 16);
+    }
+}
+
 /* a warp's 16 key rows of a dS^T tile from its packed A fragments (the same bf16
  * values the dK product multiplies) */
 static __device__ __forceinline__ void mt_attn_store_ds(__nv_bfloat16 *tile, const uint32_t (&a)[4][4], int warp,

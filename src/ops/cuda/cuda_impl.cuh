@@ -665,13 +665,15 @@ void mt_cuda_attention_rowdot(float *D, const float *dout, const float *out, int
 /* ---- attention_v2.cu (called by attention_tc.cu's entries on its staged
  * bf16 operands; D = rowdot(dout, out)) ---- */
 int  mt_attn_v2_supports(int hd);  /* 64 and 128 */
-/* attn_kernel=v4's forward and dK/dV (attention_wg.cu: wgmma; mt_attn_v2_forward and
- * mt_attn_v2_backward hand them over; dQ stays v3's, from the same dS tiles) */
+/* attn_kernel=v4's forward, dK/dV and dQ from the dS tiles (attention_wg.cu: wgmma;
+ * mt_attn_v2_forward and mt_attn_v2_backward hand them over; without room for the
+ * tiles dQ is v2's recompute) */
 void mt_attn_wg_forward(float *out, mt_bf16 *out_b, float *lse, const mt_bf16 *q, const mt_bf16 *k, const mt_bf16 *v,
                         int B, int T, int H, int K, int hd);
 void mt_attn_wg_dkdv(float *dk, mt_bf16 *dk_b, float *dv, mt_bf16 *dv_b, mt_bf16 *ds, const mt_bf16 *q,
                      const mt_bf16 *k, const mt_bf16 *v, const mt_bf16 *g, const float *lse, const float *D, int B,
                      int T, int H, int K, int hd, int ldv_b);
+void mt_attn_wg_dq(float *dq, mt_bf16 *dq_b, const mt_bf16 *ds, const mt_bf16 *k, int B, int T, int H, int K, int hd);
 void mt_attn_v2_forward(float *out, mt_bf16 *out_b, float *lse, const mt_bf16 *q, const mt_bf16 *k, const mt_bf16 *v,
                         int B, int T, int H, int K, int hd);
 /* ds: workspace for the dS^T tiles (dQ from them), NULL: dQ recomputes S and dP (counted) */
