@@ -12,7 +12,7 @@
 #   bash bench/gpu.sh quick       # ON THE DEVICE, one `run` call with carry ["gpu_carry"],
 #                                 # timeout_s 600: env ops equiv speed llmc torch (+ summary),
 #                                 # GPU_SH_BUDGET 565 s: fits one 10-minute call (the start is not counted)
-#   bash bench/gpu.sh rest        # a second call: san calib ncu hf (+ summary), budget 300 s
+#   bash bench/gpu.sh rest        # a second call: san calib attnv4 ncu hf (+ summary), budget 300 s
 #   bash bench/gpu.sh [STAGE...]  # any stages (default: every stage, in order, budget 570 s)
 #
 # Stages (each independent and time-boxed: a failing or hanging stage is
@@ -791,8 +791,8 @@ stage_hf() {
 export -f stage_hf
 
 # ncu: Nsight Compute on one launch of each kernel the step spends most in (the bf16
-# attention, the chunked scan, the optimizer, the gradient marks, the MoE experts' grouped
-# GEMMs gg_rows_k / gg_sum_k), from cuda_calib's attention, scan and grouped rows:
+# attention: v2/v3's and v4's wgmma kernels, the chunked scan, the optimizer, the gradient
+# marks, the MoE experts' grouped GEMMs gg_rows_k / gg_sum_k), from cuda_calib's attention, scan and grouped rows:
 # achieved vs theoretical occupancy, SM and memory throughput per kernel, so the next
 # kernel work starts from the bottleneck, not a guess (the H100 run of
 # 2026-11-27: attention bf16 135 TF/s, the scan 2.1 TF/s, and no counter to say why).
@@ -802,7 +802,7 @@ stage_ncu() {
     NCU=$(command -v ncu 2>/dev/null || ls /usr/local/cuda/bin/ncu 2>/dev/null)
     [ -n "$NCU" ] && [ -x "$NCU" ] || { echo "SKIPPED (ncu: not in this image)"; return 77; }
     [ -x "$cal" ] || { echo "SKIPPED (ncu: no cuda_calib carried)"; return 77; }
-    timeout -k 5 100 "$NCU" --kernel-name "regex:attn_v2|ssd_|adamw_multi|nonfinite_mark|ang_scan|gg_rows|gg_sum" --launch-count 64 \
+    timeout -k 5 100 "$NCU" --kernel-name "regex:attn_v2|attn_wg|ssd_|adamw_multi|nonfinite_mark|ang_scan|gg_rows|gg_sum" --launch-count 64 \
         --section SpeedOfLight --section Occupancy --section LaunchStats \
         "$cal" --reps 1 --warmup 0 --gemm 256x256x256 --attn 4x2048x16x128 --scan 4x2048x64x64x64x64 \
         --allreduce-mib 1 > "$RES/logs/ncu.txt" 2>&1

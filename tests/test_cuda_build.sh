@@ -1136,9 +1136,11 @@ fi  # want e
 #    files): a block an SM cannot hold (registers: the GPU's "too many
 #    resources requested for launch"; static + dynamic shared memory over
 #    227 KiB), a spill not in tests/cuda/spill_allow.txt, a launched kernel no
-#    .res file names. Then its plants, each must fail it: a 1024-thread
-#    launch of the 255-register dK/dV kernel, 240000 bytes of dynamic shared
-#    memory, an unknown kernel, and a spill planted in a .res copy.
+#    .res file names, a kernel whose wgmmas ptxas serialized (C75xx). Then its
+#    plants, each must fail it: a 1024-thread launch of the 255-register dK/dV
+#    kernel, 240000 bytes of dynamic shared memory, an unknown kernel, a spill
+#    planted in a .res copy, and ptxas's serialization line for v4's forward
+#    (the real attention_wg.cu.o.res must have none).
 if want r; then
 RES="$CB/CMakeFiles/meshtrain_lib.dir"
 if [ -z "$NVCC" ] || ! ls "$RES"/src/ops/cuda/*.res >/dev/null 2>&1; then
@@ -1159,6 +1161,13 @@ else
     rm -rf "$EMU/res_planted"; mkdir -p "$EMU/res_planted"; cp "$RES"/src/ops/cuda/*.res "$EMU/res_planted/"
     # the first kernel of swiglu.cu's resource lines gets a spill
     sed -i '0,/ 0 bytes spill stores/s// 8 bytes spill stores/' "$EMU/res_planted/swiglu.cu.o.res"
+    # and v4's forward the line ptxas writes when it serializes a kernel's wgmmas
+    rm -rf "$EMU/res_serial"; mkdir -p "$EMU/res_serial"; cp "$RES"/src/ops/cuda/*.res "$EMU/res_serial/"
+    wgf=$(grep -o "Compiling entry function '_Z[0-9]*attn_wg_fwd_k[^']*'" "$EMU/res_serial/attention_wg.cu.o.res" |
+          head -1 | cut -d"'" -f2)
+    echo "ptxas info    : (C7518) Potential Performance Loss: wgmma.mma_async instructions are serialized due to" \
+         "program dependence on compiler-inserted WG.DP in divergent path in the function '$wgf'" \
+         >>"$EMU/res_serial/attention_wg.cu.o.res"
     if ! python3 "$RP" check --res "$RES" --log "$EMU/planted_regs.log" --spill-allow "$SPA" >"$EMU/planted_regs.txt" 2>&1 &&
        grep -q '^FAIL: attn_v2_dkdv_k (max of [0-9]*): 1024 threads x 255 registers = 262144 registers a block > 65536' "$EMU/planted_regs.txt" &&
        ! python3 "$RP" check --res "$RES" --log "$EMU/planted_smem.log" --spill-allow "$SPA" >"$EMU/planted_smem.txt" 2>&1 &&
@@ -1166,11 +1175,16 @@ else
        ! python3 "$RP" check --res "$RES" --log "$EMU/planted_name.log" --spill-allow "$SPA" >"$EMU/planted_name.txt" 2>&1 &&
        grep -q '^FAIL: planted_k launched' "$EMU/planted_name.txt" &&
        ! python3 "$RP" check --res "$EMU/res_planted" --log "$EMU/planted_name.log" --spill-allow "$SPA" >"$EMU/planted_spill.txt" 2>&1 &&
-       grep -q '^FAIL: [a-z_0-9]*_k spills (8 bytes stores, [0-9]* loads; swiglu.cu.o.res)' "$EMU/planted_spill.txt"; then
+       grep -q '^FAIL: [a-z_0-9]*_k spills (8 bytes stores, [0-9]* loads; swiglu.cu.o.res)' "$EMU/planted_spill.txt" &&
+       [ -n "$wgf" ] && ! grep -q 'C75[0-9][0-9]' "$RES/src/ops/cuda/attention_wg.cu.o.res" &&
+       ! python3 "$RP" check --res "$EMU/res_serial" --log "$EMU/planted_name.log" --spill-allow "$SPA" \
+           >"$EMU/planted_serial.txt" 2>&1 &&
+       grep -q '^FAIL: attn_wg_fwd_k: ptxas serialized its wgmmas (C7518' "$EMU/planted_serial.txt"; then
         echo "PASS planted: a 1024-thread launch of a 255-register kernel, 240000 bytes of shared memory, an unknown kernel," \
-             "a spill: each fails the resource check"
+             "a spill, ptxas serializing v4's wgmmas: each fails the resource check"
     else
-        tail -n 3 "$EMU"/planted_regs.txt "$EMU"/planted_smem.txt "$EMU"/planted_name.txt "$EMU"/planted_spill.txt
+        tail -n 3 "$EMU"/planted_regs.txt "$EMU"/planted_smem.txt "$EMU"/planted_name.txt "$EMU"/planted_spill.txt \
+            "$EMU"/planted_serial.txt
         echo "FAIL: the resource checker missed a planted launch or spill"; fail=1
     fi
 fi

@@ -23,7 +23,11 @@ geometry the emulator logged (tests/test_cuda_build.sh stage r; docs/cuda.md
       allow-list FILE ("name  reason" a line, # comments): a spill is local
       memory traffic in the inner loop, a speed regression to be named;
     - a launched kernel that no .res file names (the table would be
-      incomplete, so the other checks would pass by not looking).
+      incomplete, so the other checks would pass by not looking);
+    - a kernel whose wgmmas ptxas serialized ("Potential Performance Loss:
+      wgmma.mma_async instructions are serialized", C7514-C7518...): it
+      still computes right, as the emulator sees it, at a fraction of the
+      speed, and only this line says so.
   Kernels are matched by name without template arguments: a kernel's
   instantiations share a name and their largest registers, spills and
   static shared memory are used (the conservative side). Prints, per
@@ -66,13 +70,18 @@ def split_name(name):
 
 
 def read_res(root):
-    """{mangled: {regs, spill_st, spill_ld, stack, smem}} of every kernel entry"""
-    ents, cur = {}, None
+    """{mangled: {regs, spill_st, spill_ld, stack, smem}} of every kernel entry, the .res
+    files, and [(mangled, ptxas code, file)] of every kernel whose wgmmas ptxas serialized"""
+    ents, cur, serial = {}, None, []
     files = []
     for dirpath, _, names in os.walk(root):
         files += [os.path.join(dirpath, n) for n in names if n.endswith(".res")]
     for path in sorted(files):
         for line in open(path, errors="replace"):
+            m = re.search(r"\((C75\d\d)\) Potential Performance Loss: wgmma.*function '([^']+)'", line)
+            if m:
+                serial.append((m.group(2), m.group(1), os.path.basename(path)))
+                continue
             m = re.search(r"Compiling entry function '([^']+)'", line)
             if m:
                 cur = m.group(1)
@@ -95,7 +104,7 @@ def read_res(root):
                 ents[cur]["regs"] = int(m.group(1))
                 s = re.search(r"(\d+) bytes smem", line)
                 ents[cur]["smem"] = int(s.group(1)) if s else 0
-    return ents, files
+    return ents, files, serial
 
 
 def demangle(names):
@@ -137,12 +146,12 @@ def check(argv):
         vals = [argv[i + 1] for i, a in enumerate(argv) if a == flag and i + 1 < len(argv)]
         return vals if many else (vals[0] if vals else None)
     res_dir, logs, allow_path, table = opt("--res"), opt("--log", True), opt("--spill-allow"), opt("--table")
-    ents, files = read_res(res_dir)
+    ents, files, serial = read_res(res_dir)
     if not ents:
         print("FAIL: no ptxas resource lines under %s (%d .res files): build with MT_CUDA_RESOURCE_LOG=ON"
               % (res_dir, len(files)))
         return 1
-    dem = demangle(sorted(ents))
+    dem = demangle(sorted(set(ents) | set(m for m, _, _ in serial)))
     kern = {}   # base -> merged (max) resources, instantiations
     inst = {}   # (base, template arguments) -> resources
     for m, e in ents.items():
@@ -182,6 +191,10 @@ def check(argv):
             if total > BLOCK_SMEM:
                 err.append("%s: %d bytes static + %d dynamic shared memory > %d a block" % (name, k["smem"], dyn,
                                                                                            BLOCK_SMEM))
+    for b, code, f in sorted(set((split_name(dem.get(m, m))[0], code, f) for m, code, f in serial)):
+        err.append("%s: ptxas serialized its wgmmas (%s, %s): each waits for the one before, the async pipeline "
+                   "is gone (a branch around wgmma not provably warpgroup-uniform, or a plain instruction on an "
+                   "accumulator in flight)" % (b, code, f))
     for b, k in sorted(kern.items()):
         if (k["spill_st"] or k["spill_ld"]) and b not in allow:
             err.append("%s spills (%d bytes stores, %d loads; %s) and is not in the allow-list"

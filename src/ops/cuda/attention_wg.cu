@@ -108,7 +108,7 @@ attn_wg_fwd_k(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k,
     const int n_qt = (T + WG_ROWS - 1) / WG_ROWS;
     const int qt = n_qt - 1 - (int)blockIdx.x;  /* the longest rows first */
     const int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / K);
-    const int wg = threadIdx.x / 128, warp = (threadIdx.x % 128) / MT_WARP, lane = threadIdx.x % MT_WARP;
+    const int wg = mt_wgmma_group(), warp = (threadIdx.x % 128) / MT_WARP, lane = threadIdx.x % MT_WARP;
     const int g = lane >> 2, t = lane & 3;
     const int i0 = qt * WG_ROWS, w0 = i0 + WG_B * wg;   /* this warpgroup's rows w0 .. w0 + 63 */
     const int wlast = w0 < T ? w0 / WG_B : -1;          /* its diagonal key tile (none: rows past T) */
@@ -243,7 +243,7 @@ attn_wg_dkdv_k(float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, bf16 *ds, const bf1
     float *Ls = (float *)(Gt + TILE);    /* 2 x 64 */
     float *Ds = Ls + 2 * WG_B;           /* 2 x 64 */
     const int kb = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, grp = H / K;   /* kb 0 (the most work) first */
-    const int wg = threadIdx.x / 128, warp = (threadIdx.x % 128) / MT_WARP, lane = threadIdx.x % MT_WARP;
+    const int wg = mt_wgmma_group(), warp = (threadIdx.x % 128) / MT_WARP, lane = threadIdx.x % MT_WARP;
     const int g4 = lane >> 2, t = lane & 3;
     const int n_qt = (T + WG_B - 1) / WG_B, qt0 = 2 * kb, kt = qt0 + wg;   /* kt: this warpgroup's key tile */
     const int j0 = kt * WG_B, key0 = j0 + 16 * warp + g4;   /* this lane's keys: key0, key0 + 8 */
@@ -364,7 +364,7 @@ attn_wg_dq_k(float *dq, bf16 *dq_b, const bf16 *ds, const bf16 *k, int T, int H,
     const int n_qt = (T + WG_B - 1) / WG_B, n_qb = (T + WG_ROWS - 1) / WG_ROWS;
     const int qb = n_qb - 1 - (int)blockIdx.x;   /* the longest rows first */
     const int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / K);
-    const int wg = threadIdx.x / 128, warp = (threadIdx.x % 128) / MT_WARP, lane = threadIdx.x % MT_WARP;
+    const int wg = mt_wgmma_group(), warp = (threadIdx.x % 128) / MT_WARP, lane = threadIdx.x % MT_WARP;
     const int q0 = 2 * qb, qt = q0 + wg;                  /* this warpgroup's query tile */
     const int wlast = qt < n_qt ? qt : -1;                /* its last key tile (its diagonal; none past T) */
     const int last = q0 + 1 < n_qt ? q0 + 1 : n_qt - 1;   /* the block's */

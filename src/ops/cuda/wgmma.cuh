@@ -104,6 +104,37 @@ static __device__ __forceinline__ uint64_t mt_wgmma_desc_sw128(const void *p)
            ((uint64_t)1 << 62);
 }
 
+/* this thread's warpgroup in the block (threadIdx.x / 128) as ptxas can see to be the
+ * same across the warp (a shuffle from lane 0): a branch on it around wgmma is then
+ * known to be uniform. Computed from threadIdx.x plainly, the branch counts as
+ * divergent and ptxas serializes every wgmma of the kernel (C7518, "compiler-inserted
+ * WG.DP in divergent path": each waits for the one before it) — CUTLASS's
+ * canonical_warp_group_idx does the same */
+static __device__ __forceinline__ int mt_wgmma_group(void)
+{
+#ifdef MT_CUDA_EMU
+    return (int)(threadIdx.x / 128);   /* the same value; a shuffle here is a fiber switch that moved the host
+                                          compiler's barriers into both arms of branches (a divergence abort) */
+#else
+    return __shfl_sync(MT_FULL_MASK, (int)(threadIdx.x / 128), 0);
+#endif
+}
+
+/* the compiler may not move reads or writes of these N accumulators across this point
+ * (an empty asm that "changes" each): around a wgmma's issue and its wait, so that no
+ * plain instruction on them lands while it is in flight (ptxas would then serialize the
+ * kernel's wgmmas, C7514); CUTLASS's warpgroup_fence_operand */
+template <int N>
+static __device__ __forceinline__ void mt_wgmma_fence_operand(float *d)
+{
+#if !defined(MT_CUDA_EMU)
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+#else
+    (void)d;
+#endif
+}
+
 static __device__ __forceinline__ void mt_wgmma_fence(void)
 {
 #if defined(MT_CUDA_EMU)
