@@ -664,7 +664,9 @@ export -f stage_speed
 # right at head dim 128 (gpu_d2048_dense.json's), forward and backward: its A/B against
 # d2048_dense (the default v3) is what decides the default
 stage_attnv4() {
-    [ -f "$RES/calib.json" ] || { echo "SKIPPED (attnv4: no calib.json from this call: the calib stage did not run)"; return 77; }
+    if [ ! -f "$RES/calib.json" ]; then
+        echo "SKIPPED (attnv4: no calib.json from this call: the calib stage did not run)"; return 77
+    fi
     local why
     why=$(python3 - "$RES/calib.json" <<'PY'
 import json, sys
@@ -677,8 +679,8 @@ PY
 )
     [ -z "$why" ] || { echo "SKIPPED (attnv4: $why)"; return 77; }
     [ -f "$WORK/data50k.bin" ] || python3 "$ROOT/tests/make_shard.py" "$WORK/data50k.bin" 600000 50304 random >/dev/null
-    SPEED_KNOBS="" SPEED_BOX=${GPU_SH_SPEED_BOX:-50} speed_one d2048_dense_attnv4 "$ROOT/bench/configs/gpu_d2048_dense.json" \
-        "0 2" --knob attn_kernel=v4
+    SPEED_KNOBS="" SPEED_BOX=${GPU_SH_SPEED_BOX:-50} speed_one d2048_dense_attnv4 \
+        "$ROOT/bench/configs/gpu_d2048_dense.json" "0 2" --knob attn_kernel=v4
 }
 export -f stage_attnv4
 
@@ -802,7 +804,8 @@ stage_ncu() {
     NCU=$(command -v ncu 2>/dev/null || ls /usr/local/cuda/bin/ncu 2>/dev/null)
     [ -n "$NCU" ] && [ -x "$NCU" ] || { echo "SKIPPED (ncu: not in this image)"; return 77; }
     [ -x "$cal" ] || { echo "SKIPPED (ncu: no cuda_calib carried)"; return 77; }
-    timeout -k 5 100 "$NCU" --kernel-name "regex:attn_v2|attn_wg|ssd_|adamw_multi|nonfinite_mark|ang_scan|gg_rows|gg_sum" --launch-count 64 \
+    timeout -k 5 100 "$NCU" --kernel-name "regex:attn_v2|attn_wg|ssd_|adamw_multi|nonfinite_mark|ang_scan|gg_rows|gg_sum" \
+        --launch-count 64 \
         --section SpeedOfLight --section Occupancy --section LaunchStats \
         "$cal" --reps 1 --warmup 0 --gemm 256x256x256 --attn 4x2048x16x128 --scan 4x2048x64x64x64x64 \
         --allreduce-mib 1 > "$RES/logs/ncu.txt" 2>&1
@@ -914,7 +917,8 @@ S = {"stages": open(os.path.join(res, "stages.txt")).read().splitlines()}
 sp = {}
 # one file per speed run (stage_speed's speed_line): from its receipt, else its progress lines
 # (in stage_speed's order; a run missing from this list still comes, after them)
-order = ["d2048_dense", "d2048_dense_attnv2", "d2048_dense_attnv4", "c_gpt2", "c_gpt2_124m", "moe8", "moe8_hostsizes", "hyb2048",
+order = ["d2048_dense", "d2048_dense_attnv2", "d2048_dense_attnv4",
+         "c_gpt2", "c_gpt2_124m", "moe8", "moe8_hostsizes", "hyb2048",
          "c_gpt2_nographs", "d2048_dense_nographs", "hyb2048_nographs", "hyb2048_chunk32", "hyb2048_chunk128",
          "hyb2048_scanfp32"]
 sd = os.path.join(res, "speed")

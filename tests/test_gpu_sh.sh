@@ -175,8 +175,9 @@ else bad "\$OUT holds $(cat "$W/ls.txt" | tr '\n' ' '); summary: $(grep '^|' "$W
 # the sets: quick and rest run their stages (no GPU here: every GPU stage SKIPPED)
 PATH=/usr/bin:/bin GPU_SH_RESULTS="$W/q" bash "$ROOT/bench/gpu.sh" quick > "$W/quick.log" 2>&1
 PATH=/usr/bin:/bin GPU_SH_RESULTS="$W/r" bash "$ROOT/bench/gpu.sh" rest > "$W/rest.log" 2>&1
-q=$(grep -oE '^(PASS|SKIPPED|FAIL[^ ]*|TIMEOUT) \(?[a-z0-9]+' "$W/q/stages.txt" | awk '{print $NF}' | tr -d '(' | tr '\n' ' ')
-r=$(grep -oE '^(PASS|SKIPPED|FAIL[^ ]*|TIMEOUT) \(?[a-z0-9]+' "$W/r/stages.txt" | awk '{print $NF}' | tr -d '(' | tr '\n' ' ')
+stage_names() { grep -oE '^(PASS|SKIPPED|FAIL[^ ]*|TIMEOUT) \(?[a-z0-9]+' "$1" | awk '{print $NF}' | tr -d '(' | tr '\n' ' '; }
+q=$(stage_names "$W/q/stages.txt")
+r=$(stage_names "$W/r/stages.txt")
 [ "$q" = "env ops equiv speed llmc torch summary " ] && [ "$r" = "san calib attnv4 ncu hf summary " ] &&
     ok "quick = env ops equiv speed llmc torch; rest = san calib attnv4 ncu hf (calib before speed and hf)" ||
     bad "stage sets: quick '$q', rest '$r'"

@@ -317,12 +317,7 @@ static __device__ __forceinline__ void v2_dkdv_fetch(bf16 *Qb, bf16 *Gb, float *
 {
     v2_load_tile<HD>(Qb, q, b, i0, T, H, h);
     v2_load_tile<HD>(Gb, g, b, i0, T, H, h);
-    if (threadIdx.x < V2_B) {
-        const size_t lrow = ((size_t)b * (size_t)H + (size_t)h) * (size_t)T;
-        const int i = i0 + (int)threadIdx.x;
-        Lb[threadIdx.x] = i < T ? lse[lrow + (size_t)i] * V2_LOG2E : INFINITY;
-        Db[threadIdx.x] = i < T ? D[lrow + (size_t)i] : 0.0f;
-    }
+    mt_attn_fetch_lse_d(Lb, Db, lse, D, b, h, i0, T, H);
 }
 
 template <int HD>
@@ -426,7 +421,8 @@ attn_v2_dq_ds_k(float *dq, bf16 *dq_b, const bf16 *ds, const bf16 *k, int T, int
     v2_load_tile<HD>(Ks, k, b, 0, T, K, kvh);
 #pragma unroll
     for (int f = 0; f < MW; f++)
-        if (qb * MW + f <= last_q) mt_attn_load_ds<V2_THREADS>(Ss + f * STILE, ds + mt_attn_ds_tile(b, h, qb * MW + f, 0, H, n_qt));
+        if (qb * MW + f <= last_q)
+            mt_attn_load_ds<V2_THREADS>(Ss + f * STILE, ds + mt_attn_ds_tile(b, h, qb * MW + f, 0, H, n_qt));
     mt_cp_async_commit();
     float dqa[MW][HD / 8][4];
 #pragma unroll

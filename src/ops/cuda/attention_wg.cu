@@ -198,12 +198,7 @@ static __device__ __forceinline__ void wg_bwd_fetch(unsigned char *Qb, unsigned 
 {
     wg_load_rows<HD, WG_B>(Qb, q, b, i0, T, H, h);
     wg_load_rows<HD, WG_B>(Gb, g, b, i0, T, H, h);
-    if (threadIdx.x < WG_B) {
-        const size_t lrow = ((size_t)b * (size_t)H + (size_t)h) * (size_t)T;
-        const int i = i0 + (int)threadIdx.x;
-        Lb[threadIdx.x] = i < T ? lse[lrow + (size_t)i] * WG_LOG2E : INFINITY;
-        Db[threadIdx.x] = i < T ? D[lrow + (size_t)i] : 0.0f;
-    }
+    mt_attn_fetch_lse_d(Lb, Db, lse, D, b, h, i0, T, H);
 }
 
 /* a swizzled 64-row tile (64 x HD) into its transpose (HD rows x 64 columns, K-major

@@ -126,6 +126,19 @@ static __device__ __forceinline__ void mt_attn_bwd_tile(float (&s)[8][4], float 
         }
 }
 
+/* a query tile's lse, base 2 (+inf past T: p = 0), and D (0 past T) for the dK/dV
+ * kernels: 64 values each, by threads 0..63 (plain loads and stores) */
+static __device__ __forceinline__ void mt_attn_fetch_lse_d(float *Lb, float *Db, const float *lse, const float *D,
+                                                           int b, int h, int i0, int T, int H)
+{
+    if (threadIdx.x < 64) {
+        const size_t lrow = ((size_t)b * (size_t)H + (size_t)h) * (size_t)T;
+        const int i = i0 + (int)threadIdx.x;
+        Lb[threadIdx.x] = i < T ? lse[lrow + (size_t)i] * 1.4426950408889634f : INFINITY;
+        Db[threadIdx.x] = i < T ? D[lrow + (size_t)i] : 0.0f;
+    }
+}
+
 /* 16 rows x 64 of accumulator tiles (8 n8 tiles) as bf16 A fragments of 4 k steps of
  * 16: a[kk] = mma.sync's m16n8k16 A layout (rows g, g + 8; columns 16 kk + 2 t, + 8) */
 static __device__ __forceinline__ void mt_attn_pack_a(uint32_t (&a)[4][4], const float (&s)[8][4])
