@@ -20,16 +20,19 @@
  * Per key tile and warpgroup:
  *   S (64 x 64) = Q_w K^T: hd / 16 wgmma m64n64k16, both operands K-major from
  *     shared memory in the 128-byte swizzle (hd 128 as two 64-column halves,
- *     8 KiB apart); wait; the online softmax on the accumulators;
+ *     8 KiB apart); the online softmax on the accumulators;
  *   O (64 x hd) = alpha O + P V: 4 wgmma m64n(hd)k16, P from registers (two n8
  *     accumulator tiles packed as the A fragment, v2_pv's packing) and V^T from
  *     shared memory, K-major over the keys: V is transposed on its way in (a
  *     16-byte global load of 8 head dims of one key, 8 two-byte stores).
- * K tiles come by cp.async, double-buffered; V's next tile is loaded into
- * registers while this tile computes and stored transposed at the top of the
- * next iteration. Barriers: one after the loads (the tiles, with
- * fence.proxy.async before it: wgmma reads through the async proxy), one at
- * the end of the tile (no buffer is refilled while a warpgroup still reads it).
+ * S runs one key tile ahead (since the nineteenth session: wg_fwd_tile): tile
+ * kt issues S_{kt+1} and P V_kt together and runs tile kt + 1's softmax while
+ * P V_kt is in flight. K tiles come by cp.async, two buffers, loaded two tiles
+ * ahead; V's next tile is loaded into registers while this tile computes and
+ * stored transposed at the top of the next iteration. Barriers: one after the
+ * loads (the tiles, with fence.proxy.async before it: wgmma reads through the
+ * async proxy), one at the end of the tile (no buffer is refilled while a
+ * warpgroup still reads it).
  * Deterministic: fixed order, no atomics. Rows and keys past T: zero-filled.
  */
 #include "cuda_impl.cuh"
@@ -95,12 +98,84 @@ static __device__ __forceinline__ void wg_v_store(unsigned char *vt, const uint4
     }
 }
 
+static __device__ __forceinline__ void wg_s_zero(float (&s)[8][4])
+{
+#pragma unroll
+    for (int i = 0; i < 32; i++) s[i / 4][i % 4] = 0.0f;
+}
+
+/* S (64 x 64) += Q_w K^T for one key tile, issued and committed as one group (not waited
+ * for): hd / 16 wgmma m64n64k16, both operands K-major from shared memory (hd 128: two
+ * 64-column halves); the caller zeroed s and issued the wgmma.fence */
+template <int HD>
+static __device__ __forceinline__ void wg_s_issue(float (&s)[8][4], const unsigned char *Qw, const unsigned char *Kb)
+{
+    constexpr int HALF = WG_B * 128;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        const int off = (kk >> 2) * HALF + 32 * (kk & 3);
+        mt_wgmma_ss<64>(&s[0][0], mt_wgmma_desc_sw128(Qw + off), mt_wgmma_desc_sw128(Kb + off), kk > 0);
+    }
+    mt_wgmma_commit();
+}
+/* The first key tile's S and its softmax (none for rows past T: wlast -1, uniform over
+ * the warpgroup); called by every thread (MT_WARP_STEP, as wg_fwd_tile below) */
+template <int HD>
+static __device__ MT_WARP_STEP void wg_fwd_first(float (&s)[8][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                                 int wlast, const unsigned char *Qw, const unsigned char *K0,
+                                                 int row0, int t, float c)
+{
+    if (wlast < 0) return;
+    wg_s_zero(s);
+    mt_wgmma_fence();
+    wg_s_issue<HD>(s, Qw, K0);
+    mt_wgmma_wait<0>();
+    mt_attn_online_tile(s, m, l, alpha, 0 == wlast, 0, row0, t, c);
+}
+
+/* One key tile kt of a warpgroup, its softmax done before (s: tile kt's p, fp32; alpha:
+ * its rescale of O), the next tile's after, under this tile's P V:
+ *   O = alpha O;  P = bf16(s) as A fragments
+ *   issue S_{kt+1} = Q K_{kt+1}^T into sn (group 1), then O += P V_kt (group 2)
+ *   wait for group 1; the online softmax of tile kt + 1 on sn (P V_kt still in flight)
+ *   wait for group 2
+ * S_{kt+1} is issued on the warpgroup's last tile too, from whatever K buffer Kn holds
+ * (landed data, the result unused): with every wgmma and wait outside branches ptxas
+ * keeps them asynchronous; issued under `if (kt + 1 <= wlast)` it serialized the kernel
+ * (C7514), costing more than the one wasted S a row block. The caller alternates s and
+ * sn between tiles (no copy). Each element's operations are v2's, in v2's order.
+ * Every thread calls it (MT_WARP_STEP, as v2_fwd_step: under the emulator a real call,
+ * so that the host compiler keeps the barrier after it in one place). */
+template <int HD>
+static __device__ MT_WARP_STEP void wg_fwd_tile(float (&o)[HD / 2], float (&s)[8][4], float (&sn)[8][4],
+                                                float (&m)[2], float (&l)[2], float (&alpha)[2], int kt, int wlast,
+                                                const unsigned char *Qw, const unsigned char *Kn,
+                                                const unsigned char *Vb, int row0, int t, float c)
+{
+    if (kt > wlast) return;   /* past this warpgroup's diagonal (uniform over it) */
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[4 * j + e] *= alpha[e >> 1];
+    uint32_t pa[4][4];   /* P as bf16 A fragments, key steps of 16 (v2_pv's packing); read until the wait */
+    mt_attn_pack_a(pa, s);
+    wg_s_zero(sn);
+    mt_wgmma_fence();   /* o, pa and sn were written by plain instructions */
+    wg_s_issue<HD>(sn, Qw, Kn);
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) mt_wgmma_rs<HD>(o, pa[kk], mt_wgmma_desc_sw128(Vb + 32 * kk), 1);
+    mt_wgmma_commit();
+    mt_wgmma_wait<1>();
+    if (kt + 1 <= wlast) mt_attn_online_tile(sn, m, l, alpha, kt + 1 == wlast, (kt + 1) * WG_B, row0, t, c);
+    mt_wgmma_wait<0>();
+}
+
 template <int HD>
 static __global__ void __launch_bounds__(WG_THREADS)
 attn_wg_fwd_k(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int T, int H, int K,
               float c)
 {
-    constexpr int TILE = WG_B * HD * 2, HALF = WG_B * 128, NV = WG_B * HD / 8 / WG_THREADS;
+    constexpr int TILE = WG_B * HD * 2, NV = WG_B * HD / 8 / WG_THREADS;
     MT_DYN_SMEM(unsigned char, sm_raw);
     unsigned char *Qs = sm_raw + ((1024u - (mt_smem_u32(sm_raw) & 1023u)) & 1023u);   /* 2 tiles (wgmma.cuh) */
     unsigned char *Ks = Qs + 2 * TILE;      /* 2 buffers */
@@ -115,53 +190,38 @@ attn_wg_fwd_k(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k,
     const int n_kt = ((i0 + WG_ROWS < T ? i0 + WG_ROWS : T) - 1) / WG_B + 1;
     const int row0 = w0 + 16 * warp + g;                 /* this lane's rows: row0, row0 + 8 */
 
+    const unsigned char *Qw = Qs + wg * TILE;
+    float o[HD / 2], s[8][4], sn[8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};   /* m64n64's d[4 j + e] */
+    float alpha[2];   /* the online softmax's rescale of O for the tile whose p is in s (or sn) */
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) o[i] = 0.0f;
+    /* prologue: Q, K_0, K_1 (S runs a key tile ahead), V_0 into registers; S_0 and its softmax */
     wg_load_rows<HD, WG_ROWS>(Qs, q, b, i0, T, H, h);
     wg_load_rows<HD, WG_B>(Ks, k, b, 0, T, K, kvh);
     mt_cp_async_commit();
+    if (n_kt > 1) wg_load_rows<HD, WG_B>(Ks + TILE, k, b, WG_B, T, K, kvh);
+    mt_cp_async_commit();
     uint4 vr[NV];
     wg_v_fetch<HD>(vr, v, b, 0, T, K, kvh);
-
-    float o[HD / 2], s[8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};   /* s: m64n64's d[4 j + e] */
-#pragma unroll
-    for (int i = 0; i < HD / 2; i++) o[i] = 0.0f;
+    mt_cp_async_wait<1>();
+    mt_fence_proxy_async();
+    __syncthreads();
+    wg_fwd_first<HD>(s, m, l, alpha, wlast, Qw, Ks, row0, t, c);
+    __syncthreads();   /* K_0 read by both warpgroups before K_2 refills its buffer */
     for (int kt = 0; kt < n_kt; kt++) {
-        const unsigned char *Kb = Ks + (kt & 1) * TILE, *Vb = Vt + (kt & 1) * TILE;
-        wg_v_store<HD>(Vt + (kt & 1) * TILE, vr);
-        if (kt + 1 < n_kt) {  /* the next key tile loads while this one is used */
-            wg_load_rows<HD, WG_B>(Ks + ((kt + 1) & 1) * TILE, k, b, (kt + 1) * WG_B, T, K, kvh);
-            wg_v_fetch<HD>(vr, v, b, (kt + 1) * WG_B, T, K, kvh);
-        }
+        const unsigned char *Vb = Vt + (kt & 1) * TILE;
+        wg_v_store<HD>(Vt + (kt & 1) * TILE, vr);   /* its buffer's last reader, P V_{kt-2}, is done */
+        if (kt + 1 < n_kt) wg_v_fetch<HD>(vr, v, b, (kt + 1) * WG_B, T, K, kvh);
+        if (kt + 2 < n_kt)   /* into K_kt's buffer: S_kt was waited for in the tile before */
+            wg_load_rows<HD, WG_B>(Ks + (kt & 1) * TILE, k, b, (kt + 2) * WG_B, T, K, kvh);
         mt_cp_async_commit();
-        mt_cp_async_wait<1>();
+        mt_cp_async_wait<1>();   /* K_{kt+1} landed */
         mt_fence_proxy_async();
         __syncthreads();
-        if (kt <= wlast) {   /* uniform over the warpgroup */
-            const unsigned char *Qw = Qs + wg * TILE;
-#pragma unroll
-            for (int i = 0; i < 32; i++) s[i / 4][i % 4] = 0.0f;
-            mt_wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++) {
-                const int off = (kk >> 2) * HALF + 32 * (kk & 3);
-                mt_wgmma_ss<64>(&s[0][0], mt_wgmma_desc_sw128(Qw + off), mt_wgmma_desc_sw128(Kb + off), kk > 0);
-            }
-            mt_wgmma_commit();
-            mt_wgmma_wait<0>();
-            float alpha[2];   /* the online softmax, v2's (attn_online.cuh) */
-            mt_attn_online_tile(s, m, l, alpha, kt == wlast, kt * WG_B, row0, t, c);
-#pragma unroll
-            for (int j = 0; j < HD / 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) o[4 * j + e] *= alpha[e >> 1];
-            uint32_t pa[4][4];   /* P as bf16 A fragments, key steps of 16 (v2_pv's packing) */
-            mt_attn_pack_a(pa, s);
-            mt_wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) mt_wgmma_rs<HD>(o, pa[kk], mt_wgmma_desc_sw128(Vb + 32 * kk), 1);
-            mt_wgmma_commit();
-            mt_wgmma_wait<0>();
-        }
-        __syncthreads();  /* every warpgroup is done with this buffer before it is refilled */
+        const unsigned char *Kn = Ks + ((kt + 1) & 1) * TILE;
+        if (kt & 1) wg_fwd_tile<HD>(o, sn, s, m, l, alpha, kt, wlast, Qw, Kn, Vb, row0, t, c);   /* s, sn swap */
+        else wg_fwd_tile<HD>(o, s, sn, m, l, alpha, kt, wlast, Qw, Kn, Vb, row0, t, c);
+        __syncthreads();   /* every warpgroup is done with the buffers the next tile refills */
     }
     if (wlast < 0) return;
     float (&of)[HD / 8][4] = *reinterpret_cast<float (*)[HD / 8][4]>(o);   /* the C layout's n8 tiles */

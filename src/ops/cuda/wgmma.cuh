@@ -120,21 +120,6 @@ static __device__ __forceinline__ int mt_wgmma_group(void)
 #endif
 }
 
-/* the compiler may not move reads or writes of these N accumulators across this point
- * (an empty asm that "changes" each): around a wgmma's issue and its wait, so that no
- * plain instruction on them lands while it is in flight (ptxas would then serialize the
- * kernel's wgmmas, C7514); CUTLASS's warpgroup_fence_operand */
-template <int N>
-static __device__ __forceinline__ void mt_wgmma_fence_operand(float *d)
-{
-#if !defined(MT_CUDA_EMU)
-#pragma unroll
-    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
-#else
-    (void)d;
-#endif
-}
-
 static __device__ __forceinline__ void mt_wgmma_fence(void)
 {
 #if defined(MT_CUDA_EMU)
