@@ -804,8 +804,8 @@ stage_ncu() {
     NCU=$(command -v ncu 2>/dev/null || ls /usr/local/cuda/bin/ncu 2>/dev/null)
     [ -n "$NCU" ] && [ -x "$NCU" ] || { echo "SKIPPED (ncu: not in this image)"; return 77; }
     [ -x "$cal" ] || { echo "SKIPPED (ncu: no cuda_calib carried)"; return 77; }
-    timeout -k 5 100 "$NCU" --kernel-name "regex:attn_v2|attn_wg|ssd_|adamw_multi|nonfinite_mark|ang_scan|gg_rows|gg_sum" \
-        --launch-count 64 \
+    local kernels="attn_v2|attn_wg|ssd_|adamw_multi|nonfinite_mark|ang_scan|gg_rows|gg_sum"
+    timeout -k 5 100 "$NCU" --kernel-name "regex:$kernels" --launch-count 64 \
         --section SpeedOfLight --section Occupancy --section LaunchStats \
         "$cal" --reps 1 --warmup 0 --gemm 256x256x256 --attn 4x2048x16x128 --scan 4x2048x64x64x64x64 \
         --allreduce-mib 1 > "$RES/logs/ncu.txt" 2>&1

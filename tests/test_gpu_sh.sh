@@ -175,7 +175,9 @@ else bad "\$OUT holds $(cat "$W/ls.txt" | tr '\n' ' '); summary: $(grep '^|' "$W
 # the sets: quick and rest run their stages (no GPU here: every GPU stage SKIPPED)
 PATH=/usr/bin:/bin GPU_SH_RESULTS="$W/q" bash "$ROOT/bench/gpu.sh" quick > "$W/quick.log" 2>&1
 PATH=/usr/bin:/bin GPU_SH_RESULTS="$W/r" bash "$ROOT/bench/gpu.sh" rest > "$W/rest.log" 2>&1
-stage_names() { grep -oE '^(PASS|SKIPPED|FAIL[^ ]*|TIMEOUT) \(?[a-z0-9]+' "$1" | awk '{print $NF}' | tr -d '(' | tr '\n' ' '; }
+stage_names() {   # the stage names of a stages.txt, in order
+    grep -oE '^(PASS|SKIPPED|FAIL[^ ]*|TIMEOUT) \(?[a-z0-9]+' "$1" | awk '{print $NF}' | tr -d '(' | tr '\n' ' '
+}
 q=$(stage_names "$W/q/stages.txt")
 r=$(stage_names "$W/r/stages.txt")
 [ "$q" = "env ops equiv speed llmc torch summary " ] && [ "$r" = "san calib attnv4 ncu hf summary " ] &&
