@@ -503,6 +503,21 @@ static void json_str(FILE *f, const char *s)  /* a JSON string of s (control cha
     emit(f, "\"");
 }
 
+/* max |x - ref| / max |ref| over n values (bf16 bits, or fp32 when f32); -1: a non-finite difference */
+static double cal_max_rel(const void *x, const void *ref, size_t n, int f32)
+{
+    double dmax = 0.0, rmax = 0.0;
+    for (size_t e = 0; e < n; e++) {
+        const double xv = f32 ? ((const float *)x)[e] : bf16_to_f(((const uint16_t *)x)[e]);
+        const double rv = f32 ? ((const float *)ref)[e] : bf16_to_f(((const uint16_t *)ref)[e]);
+        const double d = fabs(xv - rv);
+        if (!(d == d) || isinf(d)) return -1.0;
+        if (d > dmax) dmax = d;
+        if (fabs(rv) > rmax) rmax = fabs(rv);
+    }
+    return rmax > 0.0 ? dmax / rmax : -1.0;
+}
+
 /* The wgmma probe (wgmma_probe.cu, 128 x 128 tiles, 3 stages; A from shared memory
  * and from registers: "a") beside gemm_bf16 (cuBLASLt) on the same bf16 operands,
  * checked first against it (max |C_wgmma - C_cublas| / max |C|, both fp32 sums of the
@@ -535,18 +550,12 @@ static void calib_wgmma(FILE *f, int quick, int warmup, int reps)
                 fprintf(stderr, "cuda_calib: CUDA error in the wgmma probe: %s\n", msg);
                 w.st = MT_ERR_RUNTIME;
             }
-            double dmax = 0.0, cmax = 0.0;
+            /* -1: not compared (an error, or a non-finite difference); JSON has no inf */
+            double rel = -1.0;
             if (h && hr && w.st == MT_OK) {
                 g_ops->copy_to_host(g_ops->be, h, c, nc * 4);
-                for (size_t i = 0; i < nc; i++) {
-                    double d = fabs((double)h[i] - hr[i]);
-                    if (!(d == d)) d = INFINITY;
-                    if (d > dmax) dmax = d;
-                    if (fabs((double)hr[i]) > cmax) cmax = fabs((double)hr[i]);
-                }
+                rel = cal_max_rel(h, hr, nc, 1);
             }
-            /* -1: not compared (an error, or a non-finite difference); JSON has no inf */
-            const double rel = cmax > 0 && isfinite(dmax) ? dmax / cmax : -1.0;
             const int w_ok = w.st == MT_OK && rel >= 0.0 && rel <= 1e-4;
             struct cal_time tw = {0, 0};
             if (w_ok) tw = time_runs(wgmma_fn, &w, warmup, reps);
@@ -585,21 +594,6 @@ static enum mt_status attn_run_to_host(struct cal_attn_ctx *a, const char *kern,
     g_ops->copy_to_host(g_ops->be, h->dk, a->dkb, n * 2);
     g_ops->copy_to_host(g_ops->be, h->dv, a->dv, n * 4);
     return MT_OK;
-}
-
-/* max |x - ref| / max |ref| over n values (bf16 bits, or fp32 when f32); -1: a non-finite difference */
-static double cal_max_rel(const void *x, const void *ref, size_t n, int f32)
-{
-    double dmax = 0.0, rmax = 0.0;
-    for (size_t e = 0; e < n; e++) {
-        const double xv = f32 ? ((const float *)x)[e] : bf16_to_f(((const uint16_t *)x)[e]);
-        const double rv = f32 ? ((const float *)ref)[e] : bf16_to_f(((const uint16_t *)ref)[e]);
-        const double d = fabs(xv - rv);
-        if (!(d == d) || isinf(d)) return -1.0;
-        if (d > dmax) dmax = d;
-        if (fabs(rv) > rmax) rmax = fabs(rv);
-    }
-    return rmax > 0.0 ? dmax / rmax : -1.0;
 }
 
 /* attn_kernel=v4 (attention_wg.cu: the forward and dK/dV on wgmma; dQ is v3's from

@@ -518,6 +518,9 @@ int mt_attn_v2_supports(int hd) { return hd == 64 || hd == 128; }
  * instance's knob (attn_kernel v2: MW 1, v3: MW 2; same bits) */
 static int v2_mw(void) { return mt_cuda_be->attn_v2 >= 2 ? 2 : 1; }
 
+/* attn_kernel=v4: the forward, dK/dV and dQ (from the dS tiles) on wgmma (attention_wg.cu) */
+static int v2_wgmma(void) { return mt_cuda_be->attn_v2 == 3; }
+
 template <int HD, int MW>
 static void v2_fwd_mw(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T,
                       int H, int K)
@@ -559,7 +562,7 @@ static void v2_bwd(float *dq, bf16 *dq_b, float *dk, bf16 *dk_b, float *dv, bf16
     const size_t s_kv = 6 * v2_tile_bytes(HD) + 4 * V2_B * sizeof(float), s_q = 6 * v2_tile_bytes(HD);
     const float scale = 1.0f / sqrtf((float)HD), c = scale * V2_LOG2E;
     const unsigned nt = (unsigned)((T + V2_B - 1) / V2_B);
-    if (mt_cuda_be->attn_v2 == 3) {   /* v4: dK/dV on wgmma (attention_wg.cu), the same dS tiles */
+    if (v2_wgmma()) {   /* dK/dV on wgmma, the same dS tiles */
         mt_attn_wg_dkdv(dk, (mt_bf16 *)dk_b, dv, (mt_bf16 *)dv_b, (mt_bf16 *)ds, (const mt_bf16 *)q,
                         (const mt_bf16 *)k, (const mt_bf16 *)v, (const mt_bf16 *)g, lse, D, B, T, H, K, HD, ldv_b);
     } else {
@@ -570,7 +573,7 @@ static void v2_bwd(float *dq, bf16 *dq_b, float *dk, bf16 *dk_b, float *dv, bf16
         MT_CUDA_KCHECK();
     }
     if (ds) {
-        if (mt_cuda_be->attn_v2 == 3)   /* v4: dQ on wgmma (attention_wg.cu) */
+        if (v2_wgmma())
             mt_attn_wg_dq(dq, (mt_bf16 *)dq_b, (const mt_bf16 *)ds, (const mt_bf16 *)k, B, T, H, K, HD);
         else if (v2_mw() == 2) v2_dq_ds<HD, 2>(dq, dq_b, ds, k, B, T, H, K);
         else v2_dq_ds<HD, 1>(dq, dq_b, ds, k, B, T, H, K);
@@ -586,7 +589,7 @@ static void v2_bwd(float *dq, bf16 *dq_b, float *dk, bf16 *dk_b, float *dv, bf16
 void mt_attn_v2_forward(float *out, mt_bf16 *out_b, float *lse, const mt_bf16 *q, const mt_bf16 *k, const mt_bf16 *v,
                         int B, int T, int H, int K, int hd)
 {
-    if (mt_cuda_be->attn_v2 == 3) {   /* v4: the forward on wgmma (attention_wg.cu); the backward is v3's */
+    if (v2_wgmma()) {
         mt_attn_wg_forward(out, out_b, lse, q, k, v, B, T, H, K, hd);
         return;
     }

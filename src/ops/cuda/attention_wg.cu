@@ -104,17 +104,18 @@ static __device__ __forceinline__ void wg_s_zero(float (&s)[8][4])
     for (int i = 0; i < 32; i++) s[i / 4][i % 4] = 0.0f;
 }
 
-/* S (64 x 64) += Q_w K^T for one key tile, issued and committed as one group (not waited
- * for): hd / 16 wgmma m64n64k16, both operands K-major from shared memory (hd 128: two
- * 64-column halves); the caller zeroed s and issued the wgmma.fence */
+/* s (64 x 64) = A B^T over HD for two 64-row swizzled tiles (the forward's S = Q_w K^T,
+ * the backward's S^T = K_w Q^T and dP^T = V_w dO^T), issued and committed as one group
+ * (not waited for): hd / 16 wgmma m64n64k16, both operands K-major from shared memory
+ * (hd 128: two 64-column halves); the caller zeroed s and issued the wgmma.fence */
 template <int HD>
-static __device__ __forceinline__ void wg_s_issue(float (&s)[8][4], const unsigned char *Qw, const unsigned char *Kb)
+static __device__ __forceinline__ void wg_abt_issue(float (&s)[8][4], const unsigned char *A, const unsigned char *B)
 {
     constexpr int HALF = WG_B * 128;
 #pragma unroll
     for (int kk = 0; kk < HD / 16; kk++) {
         const int off = (kk >> 2) * HALF + 32 * (kk & 3);
-        mt_wgmma_ss<64>(&s[0][0], mt_wgmma_desc_sw128(Qw + off), mt_wgmma_desc_sw128(Kb + off), kk > 0);
+        mt_wgmma_ss<64>(&s[0][0], mt_wgmma_desc_sw128(A + off), mt_wgmma_desc_sw128(B + off), kk > 0);
     }
     mt_wgmma_commit();
 }
@@ -128,7 +129,7 @@ static __device__ MT_WARP_STEP void wg_fwd_first(float (&s)[8][4], float (&m)[2]
     if (wlast < 0) return;
     wg_s_zero(s);
     mt_wgmma_fence();
-    wg_s_issue<HD>(s, Qw, K0);
+    wg_abt_issue<HD>(s, Qw, K0);
     mt_wgmma_wait<0>();
     mt_attn_online_tile(s, m, l, alpha, 0 == wlast, 0, row0, t, c);
 }
@@ -161,7 +162,7 @@ static __device__ MT_WARP_STEP void wg_fwd_tile(float (&o)[HD / 2], float (&s)[8
     mt_attn_pack_a(pa, s);
     wg_s_zero(sn);
     mt_wgmma_fence();   /* o, pa and sn were written by plain instructions */
-    wg_s_issue<HD>(sn, Qw, Kn);
+    wg_abt_issue<HD>(sn, Qw, Kn);
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) mt_wgmma_rs<HD>(o, pa[kk], mt_wgmma_desc_sw128(Vb + 32 * kk), 1);
     mt_wgmma_commit();
@@ -287,7 +288,7 @@ static __global__ void __launch_bounds__(WG_THREADS)
 attn_wg_dkdv_k(float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, bf16 *ds, const bf16 *q, const bf16 *k, const bf16 *v,
                const bf16 *g, const float *lse, const float *D, int T, int H, int K, float scale, float c, int ldv_b)
 {
-    constexpr int TILE = WG_B * HD * 2, HALF = WG_B * 128;
+    constexpr int TILE = WG_B * HD * 2;
     MT_DYN_SMEM(unsigned char, sm_raw);
     unsigned char *Ks = sm_raw + ((1024u - (mt_smem_u32(sm_raw) & 1023u)) & 1023u);   /* 2 tiles (wgmma.cuh) */
     unsigned char *Vs = Ks + 2 * TILE;   /* 2 tiles */
@@ -328,21 +329,11 @@ attn_wg_dkdv_k(float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, bf16 *ds, const bf1
         const int mine = qt >= kt;   /* uniform over the warpgroup (never for a key tile past T) */
         float s[8][4], dp[8][4];     /* S^T, dP^T: m64n64's d[4 j + e] */
         if (mine) {
-            const unsigned char *Kw = Ks + wg * TILE, *Vw = Vs + wg * TILE;
-#pragma unroll
-            for (int i = 0; i < 32; i++) s[i / 4][i % 4] = dp[i / 4][i % 4] = 0.0f;
+            wg_s_zero(s);
+            wg_s_zero(dp);
             mt_wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++) {
-                const int off = (kk >> 2) * HALF + 32 * (kk & 3);
-                mt_wgmma_ss<64>(&s[0][0], mt_wgmma_desc_sw128(Kw + off), mt_wgmma_desc_sw128(Qb + off), kk > 0);
-            }
-#pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++) {
-                const int off = (kk >> 2) * HALF + 32 * (kk & 3);
-                mt_wgmma_ss<64>(&dp[0][0], mt_wgmma_desc_sw128(Vw + off), mt_wgmma_desc_sw128(Gb + off), kk > 0);
-            }
-            mt_wgmma_commit();
+            wg_abt_issue<HD>(s, Ks + wg * TILE, Qb);    /* S^T = K_w Q^T */
+            wg_abt_issue<HD>(dp, Vs + wg * TILE, Gb);   /* dP^T = V_w dO^T */
         }
         wg_transpose<HD>(Qt, Qb);   /* while the products run (the last tile's RS ones were waited for) */
         wg_transpose<HD>(Gt, Gb);

@@ -853,23 +853,29 @@ static void wg_check_desc(uint64_t d, const char *which)
     }
 }
 
-/* FNV-1a of the bits of a product's shared-memory operands: A's 64 x 16 (da 0: A
- * from registers, not read here) and B's n x 16 elements through their descriptors */
-static MT_EMU_UNCHECKED uint64_t wg_tiles_hash(uint64_t da, uint64_t db, int n)
+/* a product's shared-memory operands read through their descriptors: A's 64 x 16
+ * unless da is 0 (A from registers), B's n x 16 */
+static MT_EMU_UNCHECKED void wg_read_tiles(uint64_t da, uint64_t db, int n, float (*A)[16], float (*B)[16])
+{
+    if (da)
+        for (int m = 0; m < 64; m++)
+            for (int k = 0; k < 16; k++) A[m][k] = wg_elem(da, m, k);
+    for (int c = 0; c < n; c++)
+        for (int k = 0; k < 16; k++) B[c][k] = wg_elem(db, c, k);
+}
+
+/* FNV-1a of the bf16 bits of what wg_read_tiles read (A's rows: 64, or 0 from registers) */
+static uint64_t wg_tiles_hash(const float (*A)[16], int a_rows, const float (*B)[16], int n)
 {
     uint64_t h = 1469598103934665603ull;
-    for (int which = 0; which < 2; which++) {
-        const uint64_t d = which ? db : da;
-        const int rows = which ? n : 64;
-        if (!d) continue;
-        for (int r = 0; r < rows; r++)
-            for (int k = 0; k < 16; k++) {
-                const float x = wg_elem(d, r, k);
-                uint32_t u;
-                memcpy(&u, &x, 4);
-                h = (h ^ (u >> 16)) * 1099511628211ull;
-            }
-    }
+    const float *src[2] = {&A[0][0], &B[0][0]};
+    const int cnt[2] = {16 * a_rows, 16 * n};
+    for (int w = 0; w < 2; w++)
+        for (int i = 0; i < cnt[w]; i++) {
+            uint32_t u;
+            memcpy(&u, &src[w][i], 4);
+            h = (h ^ (u >> 16)) * 1099511628211ull;
+        }
     return h;
 }
 
@@ -892,9 +898,11 @@ static void wg_issue(float *d, int n, uint64_t da, const uint32_t *a, uint64_t d
     for (size_t l = t0; l < t0 + 128 && l < g_wgp.size() && p.hashed; l++)
         if (l != (size_t)g_cur && g_wgp[l].size() > pend.size()) p.hashed = 0;
     if (p.hashed) {
+        static float A[64][16], B[256][16];
         if (a == NULL) wg_check_desc(da, "A");
         wg_check_desc(db, "B");
-        p.tiles_hash = wg_tiles_hash(a ? 0 : da, db, n);
+        wg_read_tiles(a ? 0 : da, db, n, A, B);
+        p.tiles_hash = wg_tiles_hash(A, a ? 0 : 64, B, n);
     }
     if (a) memcpy(p.a, a, sizeof p.a);
     p.group = g_f[g_cur].wg_committed;
@@ -950,9 +958,11 @@ static MT_EMU_UNCHECKED void wg_wait_fn(unsigned char *slots, size_t stride)
         if (!p0.rs) wg_check_desc(p0.da, "A");
         wg_check_desc(p0.db, "B");
         const int N = p0.n;
+        wg_read_tiles(p0.rs ? 0 : p0.da, p0.db, N, A, B);   /* the tiles as they are now */
+        const uint64_t now = wg_tiles_hash(A, p0.rs ? 0 : 64, B, N);
         for (int l = 0; l < 128; l++) {
             const wg_pending &p = g_wgp[t0 + l][i];
-            if (p.hashed && p.tiles_hash != wg_tiles_hash(p0.rs ? 0 : p0.da, p0.db, N)) {
+            if (p.hashed && p.tiles_hash != now) {
                 fprintf(stderr, "cuda emu: block (%u,%u,%u), warpgroup %d: the shared-memory operands of a wgmma "
                                 "changed between its issue and its wait (the device reads them in between: a race; "
                                 "a write with no barrier before the product, or a tile refilled before its wait)\n",
@@ -960,10 +970,7 @@ static MT_EMU_UNCHECKED void wg_wait_fn(unsigned char *slots, size_t stride)
                 abort();
             }
         }
-        if (!p0.rs) {
-            for (int m = 0; m < 64; m++)
-                for (int k = 0; k < 16; k++) A[m][k] = wg_elem(p0.da, m, k);
-        } else {   /* each warp's 16 rows from its lanes' registers (mma.m16n8k16's A layout) */
+        if (p0.rs) {   /* each warp's 16 rows from its lanes' registers (mma.m16n8k16's A layout) */
             for (int l = 0; l < 128; l++) {
                 const uint32_t *a = g_wgp[t0 + l][i].a;
                 const int r = 16 * (l / 32) + ((l % 32) >> 2), c = 2 * (l & 3);
@@ -973,8 +980,6 @@ static MT_EMU_UNCHECKED void wg_wait_fn(unsigned char *slots, size_t stride)
                 A[r + 8][c + 8] = mt_emu_bf16_lo(a[3]), A[r + 8][c + 9] = mt_emu_bf16_hi(a[3]);
             }
         }
-        for (int c = 0; c < N; c++)
-            for (int k = 0; k < 16; k++) B[c][k] = wg_elem(p0.db, c, k);
         for (int l = 0; l < 128; l++) {
             std::vector<wg_pending> &v = g_wgp[t0 + l];
             wg_pending &p = v[i];
