@@ -97,7 +97,8 @@
 #           MoE step (docs/cuda.md, "Per-op profile and counters").
 #        g. the emulator's shared memory and launch order (smem_emu.cc:
 #           asynchronous cp.async, static shared arrays fresh at every launch,
-#           MT_EMU_ORDER; a misspelt order refused); CUDA
+#           MT_EMU_ORDER; a misspelt order refused; the wgmma tile hash right
+#           after a wait: a race named in the reverse order); CUDA
 #           graphs: the emulator's stream capture (graph_emu.cc), and
 #           4-step dense (fp32, MT_CUDA_PRECISION=bf16, precision=bf16) and
 #           hybrid (fp32, precision=bf16: the scan's tensor-core kernels) runs
@@ -918,6 +919,15 @@ if [ -x "$EMU/meshtrain" ] && [ -f "$EMU/train.bin" ]; then
        grep -q 'MT_EMU_ORDER=backwards: expected forward or reverse' "$EMU/smem_emu_badorder.log"; then
         echo "PASS emulated MT_EMU_ORDER=backwards refused: $(grep -m1 MT_EMU_ORDER "$EMU/smem_emu_badorder.log")"
     else tail -3 "$EMU/smem_emu_badorder.log"; echo "FAIL: MT_EMU_ORDER=backwards not refused"; fail=1; fi
+    # the wgmma tile hash right after a wait (smem_emu.cc wg_race_k): reversed, warpgroup 1
+    # issues on a tile warpgroup 0 then rewrites with no barrier between: named (abort); with
+    # the barrier: runs, the product of the rewritten tile
+    if [ -x "$EMU/smem_emu" ] &&
+       ! (MT_EMU_ORDER=reverse "$EMU/smem_emu" wg_race; exit $?) >"$EMU/smem_emu_wgrace.log" 2>&1 &&
+       grep -q 'operands of a wgmma changed between its issue and its wait' "$EMU/smem_emu_wgrace.log" &&
+       MT_EMU_ORDER=reverse "$EMU/smem_emu" wg_race barrier >>"$EMU/smem_emu_wgrace.log" 2>&1; then
+        echo "PASS emulated wgmma tile hash after a wait: the race named, the barrier's twin runs"
+    else tail -3 "$EMU/smem_emu_wgrace.log"; echo "FAIL: emulated wgmma tile hash after a wait"; fail=1; fi
     # graph_run NAME PRECISION STEPS FLAGS...
     graph_run() {
         local name=$1 prec=$2 steps=$3; shift 3

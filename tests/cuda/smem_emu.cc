@@ -27,6 +27,9 @@
 #include <stdio.h>
 
 #include "../../src/ops/cuda/mma_sync.cuh"
+#include "../../src/ops/cuda/wgmma.cuh"
+
+#include <string.h>
 
 static int n_pass, n_fail;
 static void check(int ok, const char *what)
@@ -143,9 +146,59 @@ __global__ void order_blocks_k(float *flag)
     flag[b] = (float)(b + 1);
 }
 
+/* wgmma's tile hash right after a wait (`smem_emu wg_race [barrier]`, run by
+ * tests/test_cuda_build.sh stage g in the reverse order, whose eager sweep runs
+ * warpgroup 1 ahead): both warpgroups issue a product and wait for it; then
+ * warpgroup 1 issues a second on tile B while warpgroup 0 rewrites B. With a
+ * barrier between the write and the issue it is a correct kernel (exit 0);
+ * without, a race on a GPU that the emulator must name (abort). Before the
+ * twentieth session it went unnamed: after a wait, the threads not yet back
+ * from it still held that wait's computed products, so the next issuer did not
+ * count as the first and nobody hashed the tiles. */
+static __device__ MT_WARP_STEP void wg_race_issue(float (&d)[32], const unsigned char *A, const unsigned char *B)
+{
+    if (threadIdx.x / 128 != 1) return;
+    mt_wgmma_fence();
+    mt_wgmma_ss<64>(&d[0], mt_wgmma_desc_sw128(A), mt_wgmma_desc_sw128(B), 0);
+    mt_wgmma_commit();
+}
+static __device__ MT_WARP_STEP void wg_race_write(unsigned char *B)
+{
+    if (threadIdx.x / 128 != 0) return;
+    for (int i = (int)threadIdx.x; i < 4096; i += 128) ((uint16_t *)B)[i] = 0x4000;   /* bf16 2.0 */
+}
+static __device__ MT_WARP_STEP void wg_race_wait(void)
+{
+    if (threadIdx.x / 128 == 1) mt_wgmma_wait<0>();
+}
+__global__ void wg_race_k(float *out, int barrier)
+{
+    unsigned char *raw = (unsigned char *)mt_emu_dyn_smem();
+    unsigned char *A = raw + ((1024u - (mt_smem_u32(raw) & 1023u)) & 1023u), *B = A + 8192;
+    for (int i = (int)threadIdx.x; i < 8192; i += 256) ((uint16_t *)A)[i] = 0x3f80;   /* A and B: bf16 1.0 */
+    __syncthreads();
+    float d[32];
+    for (int i = 0; i < 32; i++) d[i] = 0.0f;
+    mt_wgmma_fence();
+    mt_wgmma_ss<64>(&d[0], mt_wgmma_desc_sw128(A), mt_wgmma_desc_sw128(B), 0);
+    mt_wgmma_commit();
+    mt_wgmma_wait<0>();
+    if (barrier) {
+        wg_race_write(B);
+        __syncthreads();
+        wg_race_issue(d, A, B);
+    } else {
+        wg_race_issue(d, A, B);
+        wg_race_write(B);
+        __syncthreads();
+    }
+    wg_race_wait();
+    if (threadIdx.x == 128) out[0] = d[0];
+}
+
 static void to_host(float *h, const float *d, int n) { copy(h, d, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost); }
 
-int main(void)
+int main(int argc, char **argv)
 {
     float hsrc[512];
     for (int i = 0; i < 512; i++) hsrc[i] = (float)(i + 1);
@@ -154,6 +207,13 @@ int main(void)
     cudaMalloc((void **)&out, 64 * sizeof(float));
     cudaStreamCreateWithFlags(&g_s, cudaStreamNonBlocking);
     copy(src, hsrc, sizeof hsrc, cudaMemcpyHostToDevice);
+    if (argc > 1 && !strcmp(argv[1], "wg_race")) {   /* a process of its own: the race aborts it */
+        const int barrier = argc > 2 && !strcmp(argv[2], "barrier");
+        mt_emu_launcher(wg_race_k, dim3(1), dim3(256), 16384 + MT_WGMMA_ALIGN_SLACK)(out, barrier);
+        to_host(h, out, 1);
+        printf("wg_race%s: the second product %g (16 x 1.0 x 2.0 = 32)\n", barrier ? " barrier" : "", h[0]);
+        return h[0] == 32.0f ? 0 : 1;
+    }
 
     mt_emu_launcher(own_k, dim3(1), dim3(32), 0)(out, src);
     to_host(h, out, 8);

@@ -269,7 +269,11 @@ template <int HD>
 static __device__ __forceinline__ void wg_transpose(unsigned char *dst, const unsigned char *src)
 {
     constexpr int N_X4 = (WG_B / 8) * (HD / 8) / 4;   /* ldmatrix.x4 of the tile: 4 blocks each */
-    const int warp = threadIdx.x / MT_WARP, lane = threadIdx.x % MT_WARP, g = lane >> 2, t = lane & 3;
+    int tid = threadIdx.x;
+#ifndef MT_CUDA_EMU
+    asm volatile("" : "+r"(tid));   /* addresses per call: hoisted out of dQ's key loop they cost registers */
+#endif
+    const int warp = tid / MT_WARP, lane = tid % MT_WARP, g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int i = warp; i < N_X4; i += WG_THREADS / MT_WARP) {
         const int blk = 4 * i + (lane >> 3);   /* the block this lane addresses: rows 8 (blk % 8).., chunk blk / 8 */
@@ -389,6 +393,29 @@ void mt_attn_wg_dkdv(float *dk, mt_bf16 *dk_b, float *dv, mt_bf16 *dv_b, mt_bf16
                      (const bf16 *)v, (const bf16 *)g, lse, D, B, T, H, K, ldv_b);
 }
 
+/* dQ's products of one key tile, issued (not waited for) by a warpgroup up to its
+ * diagonal (mine: uniform over it): A, its 16 queries x keys 16 s .. from the stored
+ * [key][query] dS tile by ldmatrix .trans; B = K^T. The caller's wait is outside any
+ * branch: with the wait under `if` as well ptxas serialized the kernel's wgmmas
+ * (C7518); the issue alone under it, it does not (ptxas 13). Every thread calls it
+ * (MT_WARP_STEP: under the emulator a real call, the barriers after it in one place). */
+template <int HD>
+static __device__ MT_WARP_STEP void wg_dq_issue(float (&dqa)[HD / 2], const bf16 *Sb, const unsigned char *Ktb,
+                                            int mine, int warp, int lane)
+{
+    constexpr int LS = WG_B + 8;
+    const int mi8 = lane >> 3, r8 = lane & 7;
+    uint32_t a[4][4];
+    if (!mine) return;
+#pragma unroll
+    for (int s = 0; s < 4; s++)
+        mt_ldsm_x4_t(a[s], Sb + (16 * s + (mi8 >> 1) * 8 + r8) * LS + 16 * warp + (mi8 & 1) * 8);
+    mt_wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < 4; s++) mt_wgmma_rs<HD>(dqa, a[s], mt_wgmma_desc_sw128(Ktb + 32 * s), 1);
+    mt_wgmma_commit();
+}
+
 /* ---- backward: dQ on wgmma, from the dK/dV kernel's dS^T tiles ----
  * A block: 2 warpgroups on 128 queries (query tiles 2 qb and 2 qb + 1, one each);
  * per key tile up to the block's last diagonal, warpgroup w (up to its own):
@@ -397,16 +424,25 @@ void mt_attn_wg_dkdv(float *dk, mt_bf16 *dk_b, float *dv, mt_bf16 *dv_b, mt_bf16
  *   it so: mma.sync's A layout is wgmma's), B = K^T (hd rows x 64 keys, K-major
  *   over the keys): the K tile transposed in shared memory (wg_transpose).
  * v2's order (key tiles ascending, 4 key steps of 16 each): v2's bits under the
- * emulator. K and the two dS tiles double-buffered by cp.async. */
+ * emulator. K and the two dS tiles double-buffered by cp.async, K^T too: tile
+ * kt's products are issued first and the block transposes K_{kt+1} while they
+ * run (the twentieth session; before, the transpose sat between two barriers
+ * with the tensor cores idle, three barriers a tile). Two barriers a key tile:
+ * after the loads landed (every ldmatrix of dS_kt and the transpose of K_kt are
+ * done by then, so their buffers refill), after the wait (K^T_{kt+1} visible to
+ * the async proxy, K^T_kt free). The A fragments and accumulators live across
+ * the transpose: __launch_bounds__ holds the blocks an SM at the single-buffered
+ * kernel's (hd 128: 2, 126 registers; hd 64: 3, 80 registers and a 4-byte spill,
+ * tests/cuda/spill_allow.txt); uncapped, ptxas took 172 at hd 128 (1 block). */
 template <int HD>
-static __global__ void __launch_bounds__(WG_THREADS)
+static __global__ void __launch_bounds__(WG_THREADS, HD == 64 ? 3 : 2)
 attn_wg_dq_k(float *dq, bf16 *dq_b, const bf16 *ds, const bf16 *k, int T, int H, int K)
 {
     constexpr int TILE = WG_B * HD * 2, LS = WG_B + 8, STILE = WG_B * LS * 2;   /* bytes */
     MT_DYN_SMEM(unsigned char, sm_raw);
     unsigned char *Ks = sm_raw + ((1024u - (mt_smem_u32(sm_raw) & 1023u)) & 1023u);   /* 2 buffers (wgmma.cuh) */
-    unsigned char *Kt = Ks + 2 * TILE;   /* K^T (HD rows x 64 keys) */
-    unsigned char *Ss = Kt + TILE;       /* 2 buffers x 2 dS^T tiles (64 x (64 + 8) bf16: ldmatrix rows) */
+    unsigned char *Kt = Ks + 2 * TILE;   /* 2 buffers of K^T (HD rows x 64 keys) */
+    unsigned char *Ss = Kt + 2 * TILE;   /* 2 buffers x 2 dS^T tiles (64 x (64 + 8) bf16: ldmatrix rows) */
     const int n_qt = (T + WG_B - 1) / WG_B, n_qb = (T + WG_ROWS - 1) / WG_ROWS;
     const int qb = n_qb - 1 - (int)blockIdx.x;   /* the longest rows first */
     const int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / K);
@@ -414,43 +450,38 @@ attn_wg_dq_k(float *dq, bf16 *dq_b, const bf16 *ds, const bf16 *k, int T, int H,
     const int q0 = 2 * qb, qt = q0 + wg;                  /* this warpgroup's query tile */
     const int wlast = qt < n_qt ? qt : -1;                /* its last key tile (its diagonal; none past T) */
     const int last = q0 + 1 < n_qt ? q0 + 1 : n_qt - 1;   /* the block's */
-    wg_load_rows<HD, WG_B>(Ks, k, b, 0, T, K, kvh);
-    for (int f = 0; f < 2; f++)
-        if (q0 + f <= last)
-            mt_attn_load_ds<WG_THREADS>((bf16 *)(Ss + f * STILE), ds + mt_attn_ds_tile(b, h, q0 + f, 0, H, n_qt));
+    /* key tile j's K and the dS tiles whose diagonal is not passed yet, into buffer j & 1 */
+    auto fetch = [&](int j) {
+        wg_load_rows<HD, WG_B>(Ks + (j & 1) * TILE, k, b, j * WG_B, T, K, kvh);
+#pragma unroll 1
+        for (int f = 0; f < 2; f++)
+            if (j <= q0 + f && q0 + f <= last)
+                mt_attn_load_ds<WG_THREADS>((bf16 *)(Ss + (j & 1) * 2 * STILE + f * STILE),
+                                            ds + mt_attn_ds_tile(b, h, q0 + f, j, H, n_qt));
+    };
+    fetch(0);
     mt_cp_async_commit();
+    if (last > 0) fetch(1);
+    mt_cp_async_commit();
+    mt_cp_async_wait<1>();
+    __syncthreads();
+    wg_transpose<HD>(Kt, Ks);   /* K_0^T */
+    mt_fence_proxy_async();
+    __syncthreads();
     float dqa[HD / 2];
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) dqa[i] = 0.0f;
     for (int kt = 0; kt <= last; kt++) {
-        const unsigned char *Kb = Ks + (kt & 1) * TILE;
-        const bf16 *Sb = (const bf16 *)(Ss + (kt & 1) * 2 * STILE + wg * STILE);
-        if (kt < last) {
-            wg_load_rows<HD, WG_B>(Ks + ((kt + 1) & 1) * TILE, k, b, (kt + 1) * WG_B, T, K, kvh);
-            for (int f = 0; f < 2; f++)   /* the tiles whose diagonal is not passed yet */
-                if (kt + 1 <= q0 + f && q0 + f <= last)
-                    mt_attn_load_ds<WG_THREADS>((bf16 *)(Ss + ((kt + 1) & 1) * 2 * STILE + f * STILE),
-                                                ds + mt_attn_ds_tile(b, h, q0 + f, kt + 1, H, n_qt));
-        }
+        wg_dq_issue<HD>(dqa, (const bf16 *)(Ss + (kt & 1) * 2 * STILE + wg * STILE), Kt + (kt & 1) * TILE,
+                        kt <= wlast, warp, lane);
+        mt_cp_async_wait<0>();   /* K_{kt+1} and its dS tiles landed */
+        __syncthreads();         /* ... every thread's; dS_kt and K_kt read (their buffers refill below) */
+        if (kt < last) wg_transpose<HD>(Kt + ((kt + 1) & 1) * TILE, Ks + ((kt + 1) & 1) * TILE);
+        if (kt + 2 <= last) fetch(kt + 2);
         mt_cp_async_commit();
-        mt_cp_async_wait<1>();
-        __syncthreads();
-        wg_transpose<HD>(Kt, Kb);
+        mt_wgmma_wait<0>();
         mt_fence_proxy_async();
-        __syncthreads();
-        if (kt <= wlast) {   /* uniform over the warpgroup */
-            const int mi8 = lane >> 3, r8 = lane & 7;
-            uint32_t a[4][4];   /* A (the warp's 16 queries, keys 16 s..) from [key][query]: .trans */
-#pragma unroll
-            for (int s = 0; s < 4; s++)
-                mt_ldsm_x4_t(a[s], Sb + (16 * s + (mi8 >> 1) * 8 + r8) * LS + 16 * warp + (mi8 & 1) * 8);
-            mt_wgmma_fence();
-#pragma unroll
-            for (int s = 0; s < 4; s++) mt_wgmma_rs<HD>(dqa, a[s], mt_wgmma_desc_sw128(Kt + 32 * s), 1);
-            mt_wgmma_commit();
-            mt_wgmma_wait<0>();
-        }
-        __syncthreads();   /* K^T and this buffer are consumed before they are rewritten */
+        __syncthreads();   /* K^T_{kt+1} written; tile kt's products done (its K^T buffer refills next tile) */
     }
     if (wlast < 0) return;
     float (&dqf)[HD / 8][4] = *reinterpret_cast<float (*)[HD / 8][4]>(dqa);
@@ -460,7 +491,7 @@ attn_wg_dq_k(float *dq, bf16 *dq_b, const bf16 *ds, const bf16 *k, int T, int H,
 template <int HD>
 static void wg_dq(float *dq, bf16 *dq_b, const bf16 *ds, const bf16 *k, int B, int T, int H, int K)
 {
-    const size_t smem = 3 * (size_t)WG_B * HD * 2 + 4 * (size_t)WG_B * (WG_B + 8) * 2 + MT_WGMMA_ALIGN_SLACK;
+    const size_t smem = 4 * (size_t)WG_B * HD * 2 + 4 * (size_t)WG_B * (WG_B + 8) * 2 + MT_WGMMA_ALIGN_SLACK;
     if (!mt_cuda_smem_opt_in(attn_wg_dq_k<HD>, smem)) return;
     const unsigned n_qb = (unsigned)((T + WG_ROWS - 1) / WG_ROWS);
     MT_LAUNCH(attn_wg_dq_k<HD>, dim3(n_qb, (unsigned)H, (unsigned)B), WG_THREADS, smem)(dq, dq_b, ds, k, T, H, K);
