@@ -596,8 +596,8 @@ static enum mt_status attn_run_to_host(struct cal_attn_ctx *a, const char *kern,
     return MT_OK;
 }
 
-/* attn_kernel=v4 (attention_wg.cu: the forward and dK/dV on wgmma; dQ is v3's from
- * the same dS tiles): each attention shape at head dim 64 or 128 under v3 and v4,
+/* attn_kernel=v4 (attention_wg.cu: the forward, dK/dV and dQ on wgmma, dQ from
+ * the dK/dV kernel's dS tiles): each attention shape at head dim 64 or 128 under v3 and v4,
  * v4's bf16 out, dq, dk and fp32 dv compared with v3's (max |diff| / max |x| per
  * output: the two sum in other orders, so a bf16 ulp or so apart; <= 1e-2 else that
  * direction's "ok" is false and it gets no rates). The forward ("ok") and the

@@ -74,10 +74,11 @@
 #           probe's check against cuBLAS and its rate ("RESULT calib wgmma"), and
 #           attn_kernel=v4 against v3, forward and backward apart ("RESULT calib
 #           attention v4")
-#   attnv4  (in `rest`, after calib) d2048 with --knob attn_kernel=v4
-#           (d2048_dense_attnv4: the wgmma attention end to end), only when this
-#           call's calib rows say v4's forward and backward are right at head dim
-#           128 (else SKIPPED with the reason): the row that decides the default
+#   attnv4  (in `rest`, after calib) d2048 and GPT-2 124M with --knob
+#           attn_kernel=v4 (d2048_dense_attnv4, c_gpt2_124m_attnv4: the wgmma
+#           attention end to end), each only when this call's calib rows say v4's
+#           forward and backward are right at its head dim (128, 64; else SKIPPED
+#           with the reason): the rows that decide the default
 #   summary summary.md + summary.json: pass/fail per check, tokens/s, MFU, the
 #           plan's prediction, ratios to PyTorch and llm.c, each meshtrain run's
 #           per-op profile (always runs)
@@ -660,27 +661,43 @@ stage_speed() {
 }
 export -f stage_speed
 
-# d2048 on attn_kernel=v4 (forward and dK/dV on wgmma), once this call's calib says it is
-# right at head dim 128 (gpu_d2048_dense.json's), forward and backward: its A/B against
-# d2048_dense (the default v3) is what decides the default
+# attn_kernel=v4 (forward, dK/dV and dQ on wgmma) end to end, each row once this call's
+# calib says v4 is right, forward and backward, at the row's head dim: d2048 (hd 128,
+# against the default v3's d2048_dense: the A/B that decides the default) and GPT-2 124M
+# (hd 64, against c_gpt2_124m: the llm.c row, where the pipelined forward's 1 block an SM
+# may lose to v3's 2); a head dim that is not right is SKIPPED with the reason
+attnv4_why() {   # attnv4_why HD: empty when v4 is right there, else the reason
+    python3 - "$RES/calib.json" "$1" <<'PY'
+import json, sys
+hd = int(sys.argv[2])
+rows = [x for x in json.load(open(sys.argv[1])).get("attention_v4") or [] if x.get("hd") == hd]
+if not rows: print("no attention_v4 row at hd %d" % hd)
+elif not all(x.get("ok") and x.get("bwd_ok") for x in rows):
+    print("v4 not right at hd %d (%s)" % (hd, "; ".join("fwd %s bwd %s, status %s" % (x.get("ok"), x.get("bwd_ok"),
+                                                       x.get("status")) for x in rows)))
+PY
+}
+export -f attnv4_why
 stage_attnv4() {
     if [ ! -f "$RES/calib.json" ]; then
         echo "SKIPPED (attnv4: no calib.json from this call: the calib stage did not run)"; return 77
     fi
-    local why
-    why=$(python3 - "$RES/calib.json" <<'PY'
-import json, sys
-rows = [x for x in json.load(open(sys.argv[1])).get("attention_v4") or [] if x.get("hd") == 128]
-if not rows: print("no attention_v4 row at hd 128")
-elif not all(x.get("ok") and x.get("bwd_ok") for x in rows):
-    print("v4 not right at hd 128 (%s)" % "; ".join("fwd %s bwd %s, status %s" % (x.get("ok"), x.get("bwd_ok"),
-                                                   x.get("status")) for x in rows))
-PY
-)
-    [ -z "$why" ] || { echo "SKIPPED (attnv4: $why)"; return 77; }
+    local why128 why64 bad=0 ran=0
+    why128=$(attnv4_why 128)
+    why64=$(attnv4_why 64)
+    [ -z "$why128" ] || echo "SKIPPED (attnv4 d2048: $why128)"
+    [ -z "$why64" ] || echo "SKIPPED (attnv4 GPT-2: $why64)"
+    [ -z "$why128" ] || [ -z "$why64" ] || { echo "SKIPPED (attnv4: $why128; $why64)"; return 77; }
     [ -f "$WORK/data50k.bin" ] || python3 "$ROOT/tests/make_shard.py" "$WORK/data50k.bin" 600000 50304 random >/dev/null
-    SPEED_KNOBS="" SPEED_BOX=${GPU_SH_SPEED_BOX:-50} speed_one d2048_dense_attnv4 \
-        "$ROOT/bench/configs/gpu_d2048_dense.json" "0 2" --knob attn_kernel=v4
+    if [ -z "$why128" ]; then
+        SPEED_KNOBS="" SPEED_BOX=${GPU_SH_SPEED_BOX:-50} speed_one d2048_dense_attnv4 \
+            "$ROOT/bench/configs/gpu_d2048_dense.json" "0 2" --knob attn_kernel=v4 || bad=1
+    fi
+    if [ -z "$why64" ]; then
+        SPEED_KNOBS="" SPEED_BOX=${GPU_SH_SPEED_BOX:-35} speed_one c_gpt2_124m_attnv4 \
+            "$ROOT/bench/configs/gpu_c_gpt2_124m.json" "16 8 4" --knob attn_kernel=v4 || bad=1
+    fi
+    return $bad
 }
 export -f stage_attnv4
 
@@ -918,7 +935,7 @@ sp = {}
 # one file per speed run (stage_speed's speed_line): from its receipt, else its progress lines
 # (in stage_speed's order; a run missing from this list still comes, after them)
 order = ["d2048_dense", "d2048_dense_attnv2", "d2048_dense_attnv4",
-         "c_gpt2", "c_gpt2_124m", "moe8", "moe8_hostsizes", "hyb2048",
+         "c_gpt2", "c_gpt2_124m", "c_gpt2_124m_attnv4", "moe8", "moe8_hostsizes", "hyb2048",
          "c_gpt2_nographs", "d2048_dense_nographs", "hyb2048_nographs", "hyb2048_chunk32", "hyb2048_chunk128",
          "hyb2048_scanfp32"]
 sd = os.path.join(res, "speed")
@@ -1030,7 +1047,7 @@ stage equiv 60 emu
 # calib before speed: a call that runs both has this card's profile for the speed
 # runs' `plan --profile` predictions (the H100 run of 2026-11-26 had none)
 stage calib 120 1
-stage attnv4 60 1
+stage attnv4 95 1
 stage ncu 110 1
 stage speed 300 1
 stage llmc 60 1
