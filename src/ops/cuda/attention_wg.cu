@@ -237,17 +237,19 @@ attn_wg_fwd_k(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k,
  * w computes on query tile qt only from its own diagonal (qt >= its key tile). Per
  * query tile and warpgroup (keys are the M side, 64 of them):
  *   S^T = K_w Q^T, dP^T = V_w dO^T: hd / 16 wgmma m64n64k16 each, SS, both K-major
- *     over hd (Q, dO, K, V as they come, swizzled by cp.async), issued before the
- *     transposes below and waited for after them;
+ *     over hd (Q, dO, K, V as they come, swizzled by cp.async), waited for;
  *   P^T, dS^T in registers (v2's); bf16(dS^T) stored as the dQ kernel's tile;
  *   dV_w += P^T dO, dK_w += dS^T Q: 4 wgmma m64n(hd)k16 each, RS (P^T, dS^T packed
  *     as A fragments), B = dO^T, Q^T: K-major over the queries, i.e. the Q and dO
  *     tiles transposed in shared memory (ldmatrix .trans of 8 x 8 blocks, one 4-byte
  *     store per lane and block: wg_transpose).
- * Q, dO (and their lse, D) double-buffered by cp.async; K, V (128 rows) loaded once.
- * Shared memory at hd 128: K 2, V 2, Q 2, dO 2, Q^T 1, dO^T 1 tiles of 16 KiB.
- * Barriers a query tile: after the loads (fence.proxy.async first), after the
- * transposes (ditto), at the end (nothing refilled while read). Deterministic:
+ * Q, dO (and their lse, D) double-buffered by cp.async, Q^T and dO^T too; K, V
+ * (128 rows) loaded once. Since the twentieth session the block transposes the
+ * next query tile while this tile's RS products run (before: this tile's, under
+ * S^T and dP^T, with a barrier more). Shared memory at hd 128: K 2, V 2, Q 2,
+ * dO 2, Q^T 2, dO^T 2 tiles of 16 KiB. Barriers a query tile: after the loads
+ * landed (S^T, dP^T were waited for by then: Q, dO refill), after the RS wait
+ * (fence.proxy.async first: the next Q^T, dO^T visible, this tile's free). Deterministic:
  * fixed order, no atomics; keys past T are zero rows whose dK/dV are not written,
  * queries past T have lse +inf (p = 0). Under the emulator its bits are v2's. */
 
@@ -287,6 +289,43 @@ static __device__ __forceinline__ void wg_transpose(unsigned char *dst, const un
     }
 }
 
+/* One query tile of a warpgroup on its key tile (mine: the query tile is at or past
+ * its diagonal, uniform over it): S^T, dP^T (SS, waited for), P^T and dS^T in
+ * registers, bf16(dS^T) stored for the dQ kernel, then dV += P^T dO, dK += dS^T Q
+ * issued and committed, not waited for (the caller transposes the next tile
+ * meanwhile and waits outside any branch: dQ's rule, wg_dq_issue). pa and da are
+ * the RS products' A registers: the caller's, alive until that wait. Every thread
+ * calls it (MT_WARP_STEP: under the emulator a real call). */
+template <int HD>
+static __device__ MT_WARP_STEP void wg_dkdv_tile(float (&dka)[HD / 2], float (&dva)[HD / 2], uint32_t (&pa)[4][4],
+                                                 uint32_t (&da)[4][4], int mine, const unsigned char *Kw,
+                                                 const unsigned char *Vw, const unsigned char *Qb,
+                                                 const unsigned char *Gb, const unsigned char *Qtb,
+                                                 const unsigned char *Gtb, const float *Lb, const float *Db,
+                                                 bf16 *ds_tile, int diag, int i0, int key0, int warp, int lane,
+                                                 float c, float scale)
+{
+    if (!mine) return;
+    const int t = lane & 3;
+    float s[8][4], dp[8][4];   /* S^T, dP^T: m64n64's d[4 j + e] */
+    wg_s_zero(s);
+    wg_s_zero(dp);
+    mt_wgmma_fence();
+    wg_abt_issue<HD>(s, Kw, Qb);    /* S^T = K_w Q^T */
+    wg_abt_issue<HD>(dp, Vw, Gb);   /* dP^T = V_w dO^T */
+    mt_wgmma_wait<0>();
+    mt_attn_bwd_tile(s, dp, Lb, Db, diag, i0, key0, t, c, scale);   /* P^T, dS^T */
+    mt_attn_pack_a(pa, s);
+    mt_attn_pack_a(da, dp);
+    if (ds_tile) mt_attn_store_ds(ds_tile, da, warp, lane);
+    mt_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) mt_wgmma_rs<HD>(dva, pa[kk], mt_wgmma_desc_sw128(Gtb + 32 * kk), 1);
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) mt_wgmma_rs<HD>(dka, da[kk], mt_wgmma_desc_sw128(Qtb + 32 * kk), 1);
+    mt_wgmma_commit();
+}
+
 template <int HD>
 static __global__ void __launch_bounds__(WG_THREADS)
 attn_wg_dkdv_k(float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, bf16 *ds, const bf16 *q, const bf16 *k, const bf16 *v,
@@ -298,67 +337,56 @@ attn_wg_dkdv_k(float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, bf16 *ds, const bf1
     unsigned char *Vs = Ks + 2 * TILE;   /* 2 tiles */
     unsigned char *Qs = Vs + 2 * TILE;   /* 2 buffers */
     unsigned char *Gs = Qs + 2 * TILE;   /* 2 buffers of dO */
-    unsigned char *Qt = Gs + 2 * TILE;   /* Q^T (HD rows x 64 queries) */
-    unsigned char *Gt = Qt + TILE;       /* dO^T */
-    float *Ls = (float *)(Gt + TILE);    /* 2 x 64 */
-    float *Ds = Ls + 2 * WG_B;           /* 2 x 64 */
+    unsigned char *Qt = Gs + 2 * TILE;   /* 2 buffers of Q^T (HD rows x 64 queries) */
+    unsigned char *Gt = Qt + 2 * TILE;   /* 2 buffers of dO^T */
+    float *Ls = (float *)(Gt + 2 * TILE);   /* 2 x 64 */
+    float *Ds = Ls + 2 * WG_B;              /* 2 x 64 */
     const int kb = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, grp = H / K;   /* kb 0 (the most work) first */
     const int wg = mt_wgmma_group(), warp = (threadIdx.x % 128) / MT_WARP, lane = threadIdx.x % MT_WARP;
-    const int g4 = lane >> 2, t = lane & 3;
     const int n_qt = (T + WG_B - 1) / WG_B, qt0 = 2 * kb, kt = qt0 + wg;   /* kt: this warpgroup's key tile */
-    const int j0 = kt * WG_B, key0 = j0 + 16 * warp + g4;   /* this lane's keys: key0, key0 + 8 */
+    const int j0 = kt * WG_B, key0 = j0 + 16 * warp + (lane >> 2);   /* this lane's keys: key0, key0 + 8 */
     const int per_h = n_qt - qt0, n_it = grp * per_h;
+    /* item it (head kvh grp + it / per_h, query tile qt0 + it % per_h): Q, dO, lse, D into buffer it & 1 */
+    auto fetch = [&](int it) {
+        const int nb = it & 1;
+        wg_bwd_fetch<HD>(Qs + nb * TILE, Gs + nb * TILE, Ls + nb * WG_B, Ds + nb * WG_B, q, g, lse, D, b,
+                         kvh * grp + it / per_h, (qt0 + it % per_h) * WG_B, T, H);
+    };
 
     wg_load_rows<HD, 2 * WG_B>(Ks, k, b, qt0 * WG_B, T, K, kvh);
     wg_load_rows<HD, 2 * WG_B>(Vs, v, b, qt0 * WG_B, T, K, kvh);
-    wg_bwd_fetch<HD>(Qs, Gs, Ls, Ds, q, g, lse, D, b, kvh * grp, qt0 * WG_B, T, H);
+    fetch(0);
     mt_cp_async_commit();
+    if (n_it > 1) fetch(1);
+    mt_cp_async_commit();
+    mt_cp_async_wait<1>();
+    __syncthreads();
+    wg_transpose<HD>(Qt, Qs);   /* item 0's Q^T, dO^T */
+    wg_transpose<HD>(Gt, Gs);
+    mt_fence_proxy_async();
+    __syncthreads();
 
     float dka[HD / 2], dva[HD / 2];   /* m64n(HD) accumulators: the C layout's n8 tiles */
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) dka[i] = dva[i] = 0.0f;
     for (int it = 0; it < n_it; it++) {   /* heads of the group, then query tiles from the diagonal */
-        const int qt = qt0 + it % per_h, i0 = qt * WG_B, buf = it & 1, h = kvh * grp + it / per_h;
-        const unsigned char *Qb = Qs + buf * TILE, *Gb = Gs + buf * TILE;
-        const float *Lb = Ls + buf * WG_B, *Db = Ds + buf * WG_B;
-        if (it + 1 < n_it) {
-            const int nb = (it + 1) & 1;
-            wg_bwd_fetch<HD>(Qs + nb * TILE, Gs + nb * TILE, Ls + nb * WG_B, Ds + nb * WG_B, q, g, lse, D, b,
-                             kvh * grp + (it + 1) / per_h, (qt0 + (it + 1) % per_h) * WG_B, T, H);
+        const int qt = qt0 + it % per_h, buf = it & 1, h = kvh * grp + it / per_h;
+        uint32_t pa[4][4], da[4][4];   /* P^T, dS^T as bf16 A fragments (query steps of 16): read until the wait */
+        wg_dkdv_tile<HD>(dka, dva, pa, da, qt >= kt, Ks + wg * TILE, Vs + wg * TILE, Qs + buf * TILE,
+                         Gs + buf * TILE, Qt + buf * TILE, Gt + buf * TILE, Ls + buf * WG_B, Ds + buf * WG_B,
+                         ds ? ds + mt_attn_ds_tile(b, h, qt, kt, H, n_qt) : NULL, qt == kt, qt * WG_B, key0, warp,
+                         lane, c, scale);
+        mt_cp_async_wait<0>();   /* item it + 1 landed */
+        __syncthreads();         /* ... every thread's; item it's Q, dO (S^T, dP^T waited for) and lse, D read */
+        if (it + 1 < n_it) {     /* while this item's RS products run */
+            wg_transpose<HD>(Qt + (buf ^ 1) * TILE, Qs + (buf ^ 1) * TILE);
+            wg_transpose<HD>(Gt + (buf ^ 1) * TILE, Gs + (buf ^ 1) * TILE);
         }
+        if (it + 2 < n_it) fetch(it + 2);
         mt_cp_async_commit();
-        mt_cp_async_wait<1>();
+        mt_wgmma_wait<0>();
         mt_fence_proxy_async();
-        __syncthreads();
-        const int mine = qt >= kt;   /* uniform over the warpgroup (never for a key tile past T) */
-        float s[8][4], dp[8][4];     /* S^T, dP^T: m64n64's d[4 j + e] */
-        if (mine) {
-            wg_s_zero(s);
-            wg_s_zero(dp);
-            mt_wgmma_fence();
-            wg_abt_issue<HD>(s, Ks + wg * TILE, Qb);    /* S^T = K_w Q^T */
-            wg_abt_issue<HD>(dp, Vs + wg * TILE, Gb);   /* dP^T = V_w dO^T */
-        }
-        wg_transpose<HD>(Qt, Qb);   /* while the products run (the last tile's RS ones were waited for) */
-        wg_transpose<HD>(Gt, Gb);
-        mt_fence_proxy_async();
-        __syncthreads();
-        if (mine) {
-            mt_wgmma_wait<0>();
-            mt_attn_bwd_tile(s, dp, Lb, Db, qt == kt, i0, key0, t, c, scale);   /* P^T, dS^T */
-            uint32_t pa[4][4], da[4][4];   /* as bf16 A fragments, query steps of 16 */
-            mt_attn_pack_a(pa, s);
-            mt_attn_pack_a(da, dp);
-            if (ds) mt_attn_store_ds(ds + mt_attn_ds_tile(b, h, qt, kt, H, n_qt), da, warp, lane);
-            mt_wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) mt_wgmma_rs<HD>(dva, pa[kk], mt_wgmma_desc_sw128(Gt + 32 * kk), 1);
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) mt_wgmma_rs<HD>(dka, da[kk], mt_wgmma_desc_sw128(Qt + 32 * kk), 1);
-            mt_wgmma_commit();
-            mt_wgmma_wait<0>();
-        }
-        __syncthreads();   /* Q^T, dO^T and this buffer are consumed before they are rewritten */
+        __syncthreads();   /* the next item's Q^T, dO^T written; this item's read (their buffers refill) */
     }
     float (&dkf)[HD / 8][4] = *reinterpret_cast<float (*)[HD / 8][4]>(dka);
     float (&dvf)[HD / 8][4] = *reinterpret_cast<float (*)[HD / 8][4]>(dva);
@@ -371,7 +399,7 @@ static void wg_dkdv(float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, bf16 *ds, cons
                     const bf16 *v, const bf16 *g, const float *lse, const float *D, int B, int T, int H, int K,
                     int ldv_b)
 {
-    const size_t smem = 10 * (size_t)WG_B * HD * 2 + 4 * WG_B * sizeof(float) + MT_WGMMA_ALIGN_SLACK;
+    const size_t smem = 12 * (size_t)WG_B * HD * 2 + 4 * WG_B * sizeof(float) + MT_WGMMA_ALIGN_SLACK;
     if (!mt_cuda_smem_opt_in(attn_wg_dkdv_k<HD>, smem)) return;
     const float scale = 1.0f / sqrtf((float)HD), c = scale * WG_LOG2E;
     const unsigned n_kb = (unsigned)((T + 2 * WG_B - 1) / (2 * WG_B));
