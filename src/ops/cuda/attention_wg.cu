@@ -23,16 +23,17 @@
  *     8 KiB apart); the online softmax on the accumulators;
  *   O (64 x hd) = alpha O + P V: 4 wgmma m64n(hd)k16, P from registers (two n8
  *     accumulator tiles packed as the A fragment, v2_pv's packing) and V^T from
- *     shared memory, K-major over the keys: V is transposed on its way in (a
- *     16-byte global load of 8 head dims of one key, 8 two-byte stores).
+ *     shared memory, K-major over the keys: V's tile comes by cp.async as it is
+ *     and is transposed in shared memory (wg_transpose, as the backward's Q^T).
  * S runs one key tile ahead (since the nineteenth session: wg_fwd_tile): tile
  * kt issues S_{kt+1} and P V_kt together and runs tile kt + 1's softmax while
- * P V_kt is in flight. K tiles come by cp.async, two buffers, loaded two tiles
- * ahead; V's next tile is loaded into registers while this tile computes and
- * stored transposed at the top of the next iteration. Barriers: one after the
- * loads (the tiles, with fence.proxy.async before it: wgmma reads through the
- * async proxy), one at the end of the tile (no buffer is refilled while a
- * warpgroup still reads it).
+ * P V_kt is in flight. K and V tiles come by cp.async, two buffers each, loaded
+ * two tiles ahead; since the twentieth session the block transposes V_{kt+1}
+ * while tile kt's products run (before: V came through registers and 2-byte
+ * stores, 16-way bank conflicts at hd 128, between two barriers). One barrier a
+ * tile, at its top (fence.proxy.async before it: wgmma reads through the async
+ * proxy): K_{kt+1}, V_{kt+1} landed and V_kt^T written; every buffer refilled in
+ * the tile was last read before it.
  * Deterministic: fixed order, no atomics. Rows and keys past T: zero-filled.
  */
 #include "cuda_impl.cuh"
@@ -66,38 +67,38 @@ static __device__ __forceinline__ void wg_load_rows(unsigned char *dst, const bf
     }
 }
 
-/* V's key tile j0 .. j0 + 63: each thread's 16-byte pieces (8 head dims of one key) into registers */
+/* a swizzled 64-row tile (64 x HD) into its transpose (HD rows x 64 columns, K-major
+ * over the tile's rows): 8 x 8 blocks by ldmatrix .trans, whose lane (g, t) receives
+ * rows 2 t, 2 t + 1 of the block's column g as one word, stored as is */
 template <int HD>
-static __device__ __forceinline__ void wg_v_fetch(uint4 (&vr)[WG_B * HD / 8 / WG_THREADS], const bf16 *v, int b,
-                                                  int j0, int T, int K, int kvh)
+static __device__ __forceinline__ void wg_transpose(unsigned char *dst, const unsigned char *src)
 {
-    constexpr int CPR = HD / 8;
-    const size_t rstride = (size_t)K * HD;
-    const bf16 *base = v + (size_t)b * (size_t)T * rstride + (size_t)kvh * HD;
+    constexpr int N_X4 = (WG_B / 8) * (HD / 8) / 4;   /* ldmatrix.x4 of the tile: 4 blocks each */
+    int tid = threadIdx.x;
+#ifndef MT_CUDA_EMU
+    asm volatile("" : "+r"(tid));   /* addresses per call: hoisted out of dQ's key loop they cost registers */
+#endif
+    const int warp = tid / MT_WARP, lane = tid % MT_WARP, g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int i = 0; i < WG_B * CPR / WG_THREADS; i++) {
-        const int e = threadIdx.x + i * WG_THREADS, r = e / CPR, c8 = e - r * CPR;
-        vr[i] = j0 + r < T ? *(const uint4 *)(base + (size_t)(j0 + r) * rstride + 8 * c8) : uint4{0, 0, 0, 0};
-    }
-}
-
-/* ... and from the registers into V^T (HD rows, 64 keys: one swizzled half) */
-template <int HD>
-static __device__ __forceinline__ void wg_v_store(unsigned char *vt, const uint4 (&vr)[WG_B * HD / 8 / WG_THREADS])
-{
-    constexpr int CPR = HD / 8;
+    for (int i = warp; i < N_X4; i += WG_THREADS / MT_WARP) {
+        const int blk = 4 * i + (lane >> 3);   /* the block this lane addresses: rows 8 (blk % 8).., chunk blk / 8 */
+        uint32_t r[4];
+        mt_ldsm_x4_t(r, src + mt_wgmma_swz<WG_B>(8 * (blk & 7) + (lane & 7), blk >> 3));
 #pragma unroll
-    for (int i = 0; i < WG_B * CPR / WG_THREADS; i++) {
-        const int e = threadIdx.x + i * WG_THREADS, r = e / CPR, c8 = e - r * CPR;   /* key r, dims 8 c8 .. */
-        const uint32_t w[4] = {vr[i].x, vr[i].y, vr[i].z, vr[i].w};
-#pragma unroll
-        for (int u = 0; u < 8; u++) {
-            const int n = 8 * c8 + u;
-            *(uint16_t *)(vt + mt_wgmma_swz<HD>(n, r >> 3) + 2 * (r & 7)) = (uint16_t)(w[u >> 1] >> (16 * (u & 1)));
+        for (int j = 0; j < 4; j++) {
+            const int bj = 4 * i + j;
+            *(uint32_t *)(dst + mt_wgmma_swz<HD>(8 * (bj >> 3) + g, bj & 7) + 4 * t) = r[j];
         }
     }
 }
 
+/* One query tile of a warpgroup on its key tile (mine: the query tile is at or past
+ * its diagonal, uniform over it): S^T, dP^T (SS, waited for), P^T and dS^T in
+ * registers, bf16(dS^T) stored for the dQ kernel, then dV += P^T dO, dK += dS^T Q
+ * issued and committed, not waited for (the caller transposes the next tile
+ * meanwhile and waits outside any branch: dQ's rule, wg_dq_issue). pa and da are
+ * the RS products' A registers: the caller's, alive until that wait. Every thread
+ * calls it (MT_WARP_STEP: under the emulator a real call). */
 static __device__ __forceinline__ void wg_s_zero(float (&s)[8][4])
 {
 #pragma unroll
@@ -119,14 +120,13 @@ static __device__ __forceinline__ void wg_abt_issue(float (&s)[8][4], const unsi
     }
     mt_wgmma_commit();
 }
-/* The first key tile's S and its softmax (none for rows past T: wlast -1, uniform over
- * the warpgroup); called by every thread (MT_WARP_STEP, as wg_fwd_tile below) */
+/* The first key tile's S and its softmax (masked when it is the warpgroup's diagonal);
+ * called by every thread (MT_WARP_STEP, as wg_fwd_tile below) */
 template <int HD>
 static __device__ MT_WARP_STEP void wg_fwd_first(float (&s)[8][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
                                                  int wlast, const unsigned char *Qw, const unsigned char *K0,
                                                  int row0, int t, float c)
 {
-    if (wlast < 0) return;
     wg_s_zero(s);
     mt_wgmma_fence();
     wg_abt_issue<HD>(s, Qw, K0);
@@ -134,31 +134,51 @@ static __device__ MT_WARP_STEP void wg_fwd_first(float (&s)[8][4], float (&m)[2]
     mt_attn_online_tile(s, m, l, alpha, 0 == wlast, 0, row0, t, c);
 }
 
-/* One key tile kt of a warpgroup, its softmax done before (s: tile kt's p, fp32; alpha:
- * its rescale of O), the next tile's after, under this tile's P V:
- *   O = alpha O;  P = bf16(s) as A fragments
- *   issue S_{kt+1} = Q K_{kt+1}^T into sn (group 1), then O += P V_kt (group 2)
- *   wait for group 1; the online softmax of tile kt + 1 on sn (P V_kt still in flight)
+/* One key tile kt, after the barrier that made K_{kt+1}, V_{kt+1} (landed) and
+ * V_kt^T visible; every thread of the block does its share of the refill:
+ *   K_{kt+2}, V_{kt+2} loads issued (a tile ahead of their use)
+ *   (a warpgroup up to its diagonal, its softmax of tile kt done before: s, tile
+ *   kt's p, fp32; alpha, its rescale of O) O = alpha O; P = bf16(s) as A fragments
+ *   (read by the wgmma until its wait); issue S_{kt+1} = Q K_{kt+1}^T into sn
+ *   (group 1), then O += P V_kt (group 2)
+ *   V_{kt+1}^T transposed (wg_transpose) while they run
+ *   wait for group 1; the online softmax of tile kt + 1 on sn (P V_kt in flight)
  *   wait for group 2
- * S_{kt+1} is issued on the warpgroup's last tile too, from whatever K buffer Kn holds
- * (landed data, the result unused): with every wgmma and wait outside branches ptxas
- * keeps them asynchronous; issued under `if (kt + 1 <= wlast)` it serialized the kernel
- * (C7514), costing more than the one wasted S a row block. The caller alternates s and
- * sn between tiles (no copy). Each element's operations are v2's, in v2's order.
- * Every thread calls it (MT_WARP_STEP, as v2_fwd_step: under the emulator a real call,
- * so that the host compiler keeps the barrier after it in one place). */
+ * Past its diagonal a warpgroup computes nothing: that is only warpgroup 0 on the
+ * block's last tile, where there is nothing to refill (a warpgroup on rows past T
+ * computes on zero rows, never written: with its share of the refill under that
+ * branch too, ptxas serialized the wgmmas, C7520). S_{kt+1} is issued on the
+ * warpgroup's last tile too, from whatever K buffer Kn holds (landed data, the result
+ * unused): issued under `if (kt + 1 <= wlast)` it serialized the kernel (C7514). The
+ * caller alternates s and sn between tiles by the call (no copy), a tile's issue and
+ * waits inside one call and one branch: with the issue under `if` and the waits after
+ * it, or split over two calls each under its own parity branch, ptxas serialized
+ * (C7515). Each element's operations are v2's, in v2's order. Every thread calls it
+ * (MT_WARP_STEP, as v2_fwd_step: under the emulator a real call, so that the host
+ * compiler keeps the barrier after it in one place). */
 template <int HD>
 static __device__ MT_WARP_STEP void wg_fwd_tile(float (&o)[HD / 2], float (&s)[8][4], float (&sn)[8][4],
-                                                float (&m)[2], float (&l)[2], float (&alpha)[2], int kt, int wlast,
-                                                const unsigned char *Qw, const unsigned char *Kn,
-                                                const unsigned char *Vb, int row0, int t, float c)
+                                                float (&m)[2], float (&l)[2], float (&alpha)[2], int kt, int n_kt,
+                                                int wlast, const unsigned char *Qw, unsigned char *Ks,
+                                                unsigned char *Vs, unsigned char *Vt, const bf16 *k, const bf16 *v,
+                                                int b, int T, int K, int kvh, int row0, int t, float c)
 {
-    if (kt > wlast) return;   /* past this warpgroup's diagonal (uniform over it) */
+    constexpr int TILE = WG_B * HD * 2;
+    if (kt > wlast) {   /* warpgroup 0 on the block's last tile (uniform over it): nothing to refill */
+        mt_cp_async_commit();
+        return;
+    }
+    const unsigned char *Kn = Ks + ((kt + 1) & 1) * TILE, *Vb = Vt + (kt & 1) * TILE;
+    if (kt + 2 < n_kt) {   /* first, into K_kt's and V_kt's buffers: S_kt and V_kt's transpose are done */
+        wg_load_rows<HD, WG_B>(Ks + (kt & 1) * TILE, k, b, (kt + 2) * WG_B, T, K, kvh);
+        wg_load_rows<HD, WG_B>(Vs + (kt & 1) * TILE, v, b, (kt + 2) * WG_B, T, K, kvh);
+    }
+    mt_cp_async_commit();
 #pragma unroll
     for (int j = 0; j < HD / 8; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) o[4 * j + e] *= alpha[e >> 1];
-    uint32_t pa[4][4];   /* P as bf16 A fragments, key steps of 16 (v2_pv's packing); read until the wait */
+    uint32_t pa[4][4];   /* P as bf16 A fragments, key steps of 16 (v2_pv's packing): read until the wait */
     mt_attn_pack_a(pa, s);
     wg_s_zero(sn);
     mt_wgmma_fence();   /* o, pa and sn were written by plain instructions */
@@ -166,9 +186,11 @@ static __device__ MT_WARP_STEP void wg_fwd_tile(float (&o)[HD / 2], float (&s)[8
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) mt_wgmma_rs<HD>(o, pa[kk], mt_wgmma_desc_sw128(Vb + 32 * kk), 1);
     mt_wgmma_commit();
-    mt_wgmma_wait<1>();
+    if (kt + 1 < n_kt)   /* V_{kt+1}^T while the products run (its buffer's reader, P V_{kt-1}, is done) */
+        wg_transpose<HD>(Vt + ((kt + 1) & 1) * TILE, Vs + ((kt + 1) & 1) * TILE);
+    mt_wgmma_wait<1>();   /* S_{kt+1} */
     if (kt + 1 <= wlast) mt_attn_online_tile(sn, m, l, alpha, kt + 1 == wlast, (kt + 1) * WG_B, row0, t, c);
-    mt_wgmma_wait<0>();
+    mt_wgmma_wait<0>();   /* P V_kt */
 }
 
 template <int HD>
@@ -176,18 +198,21 @@ static __global__ void __launch_bounds__(WG_THREADS)
 attn_wg_fwd_k(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int T, int H, int K,
               float c)
 {
-    constexpr int TILE = WG_B * HD * 2, NV = WG_B * HD / 8 / WG_THREADS;
+    constexpr int TILE = WG_B * HD * 2;
     MT_DYN_SMEM(unsigned char, sm_raw);
     unsigned char *Qs = sm_raw + ((1024u - (mt_smem_u32(sm_raw) & 1023u)) & 1023u);   /* 2 tiles (wgmma.cuh) */
     unsigned char *Ks = Qs + 2 * TILE;      /* 2 buffers */
-    unsigned char *Vt = Ks + 2 * TILE;      /* 2 buffers of V^T */
+    unsigned char *Vs = Ks + 2 * TILE;      /* 2 buffers of V as it comes */
+    unsigned char *Vt = Vs + 2 * TILE;      /* 2 buffers of V^T */
     const int n_qt = (T + WG_ROWS - 1) / WG_ROWS;
     const int qt = n_qt - 1 - (int)blockIdx.x;  /* the longest rows first */
     const int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / K);
     const int wg = mt_wgmma_group(), warp = (threadIdx.x % 128) / MT_WARP, lane = threadIdx.x % MT_WARP;
     const int g = lane >> 2, t = lane & 3;
     const int i0 = qt * WG_ROWS, w0 = i0 + WG_B * wg;   /* this warpgroup's rows w0 .. w0 + 63 */
-    const int wlast = w0 < T ? w0 / WG_B : -1;          /* its diagonal key tile (none: rows past T) */
+    /* its diagonal key tile; rows past T (the last block's warpgroup 1 when T % 128 <= 64)
+     * compute on zero rows up to the block's last tile and are not written (wg_fwd_tile) */
+    const int wlast = w0 / WG_B;
     const int n_kt = ((i0 + WG_ROWS < T ? i0 + WG_ROWS : T) - 1) / WG_B + 1;
     const int row0 = w0 + 16 * warp + g;                 /* this lane's rows: row0, row0 + 8 */
 
@@ -196,35 +221,30 @@ attn_wg_fwd_k(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k,
     float alpha[2];   /* the online softmax's rescale of O for the tile whose p is in s (or sn) */
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) o[i] = 0.0f;
-    /* prologue: Q, K_0, K_1 (S runs a key tile ahead), V_0 into registers; S_0 and its softmax */
+    /* prologue: Q, K_0, V_0, then K_1, V_1 (S runs a key tile ahead); V_0^T; S_0 and its softmax */
     wg_load_rows<HD, WG_ROWS>(Qs, q, b, i0, T, H, h);
     wg_load_rows<HD, WG_B>(Ks, k, b, 0, T, K, kvh);
+    wg_load_rows<HD, WG_B>(Vs, v, b, 0, T, K, kvh);
     mt_cp_async_commit();
-    if (n_kt > 1) wg_load_rows<HD, WG_B>(Ks + TILE, k, b, WG_B, T, K, kvh);
+    if (n_kt > 1) {
+        wg_load_rows<HD, WG_B>(Ks + TILE, k, b, WG_B, T, K, kvh);
+        wg_load_rows<HD, WG_B>(Vs + TILE, v, b, WG_B, T, K, kvh);
+    }
     mt_cp_async_commit();
-    uint4 vr[NV];
-    wg_v_fetch<HD>(vr, v, b, 0, T, K, kvh);
     mt_cp_async_wait<1>();
     mt_fence_proxy_async();
     __syncthreads();
+    wg_transpose<HD>(Vt, Vs);
     wg_fwd_first<HD>(s, m, l, alpha, wlast, Qw, Ks, row0, t, c);
-    __syncthreads();   /* K_0 read by both warpgroups before K_2 refills its buffer */
     for (int kt = 0; kt < n_kt; kt++) {
-        const unsigned char *Vb = Vt + (kt & 1) * TILE;
-        wg_v_store<HD>(Vt + (kt & 1) * TILE, vr);   /* its buffer's last reader, P V_{kt-2}, is done */
-        if (kt + 1 < n_kt) wg_v_fetch<HD>(vr, v, b, (kt + 1) * WG_B, T, K, kvh);
-        if (kt + 2 < n_kt)   /* into K_kt's buffer: S_kt was waited for in the tile before */
-            wg_load_rows<HD, WG_B>(Ks + (kt & 1) * TILE, k, b, (kt + 2) * WG_B, T, K, kvh);
-        mt_cp_async_commit();
-        mt_cp_async_wait<1>();   /* K_{kt+1} landed */
+        mt_cp_async_wait<0>();   /* K_{kt+1}, V_{kt+1} landed */
         mt_fence_proxy_async();
-        __syncthreads();
-        const unsigned char *Kn = Ks + ((kt + 1) & 1) * TILE;
-        if (kt & 1) wg_fwd_tile<HD>(o, sn, s, m, l, alpha, kt, wlast, Qw, Kn, Vb, row0, t, c);   /* s, sn swap */
-        else wg_fwd_tile<HD>(o, s, sn, m, l, alpha, kt, wlast, Qw, Kn, Vb, row0, t, c);
-        __syncthreads();   /* every warpgroup is done with the buffers the next tile refills */
+        __syncthreads();         /* ... every thread's, and V_kt^T; every reader of the buffers refilled below done */
+        if (kt & 1)   /* s, sn swap */
+            wg_fwd_tile<HD>(o, sn, s, m, l, alpha, kt, n_kt, wlast, Qw, Ks, Vs, Vt, k, v, b, T, K, kvh, row0, t, c);
+        else wg_fwd_tile<HD>(o, s, sn, m, l, alpha, kt, n_kt, wlast, Qw, Ks, Vs, Vt, k, v, b, T, K, kvh, row0, t, c);
     }
-    if (wlast < 0) return;
+    if (w0 >= T) return;
     float (&of)[HD / 8][4] = *reinterpret_cast<float (*)[HD / 8][4]>(o);   /* the C layout's n8 tiles */
     mt_attn_online_end<HD>(of, m, l, lse, b, h, T, H, row0, t);
     mt_attn_write_rows<HD>(out, out_b, of, b, w0 + 16 * warp, T, H, h, lane);
@@ -264,38 +284,6 @@ static __device__ __forceinline__ void wg_bwd_fetch(unsigned char *Qb, unsigned 
     mt_attn_fetch_lse_d(Lb, Db, lse, D, b, h, i0, T, H);
 }
 
-/* a swizzled 64-row tile (64 x HD) into its transpose (HD rows x 64 columns, K-major
- * over the tile's rows): 8 x 8 blocks by ldmatrix .trans, whose lane (g, t) receives
- * rows 2 t, 2 t + 1 of the block's column g as one word, stored as is */
-template <int HD>
-static __device__ __forceinline__ void wg_transpose(unsigned char *dst, const unsigned char *src)
-{
-    constexpr int N_X4 = (WG_B / 8) * (HD / 8) / 4;   /* ldmatrix.x4 of the tile: 4 blocks each */
-    int tid = threadIdx.x;
-#ifndef MT_CUDA_EMU
-    asm volatile("" : "+r"(tid));   /* addresses per call: hoisted out of dQ's key loop they cost registers */
-#endif
-    const int warp = tid / MT_WARP, lane = tid % MT_WARP, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int i = warp; i < N_X4; i += WG_THREADS / MT_WARP) {
-        const int blk = 4 * i + (lane >> 3);   /* the block this lane addresses: rows 8 (blk % 8).., chunk blk / 8 */
-        uint32_t r[4];
-        mt_ldsm_x4_t(r, src + mt_wgmma_swz<WG_B>(8 * (blk & 7) + (lane & 7), blk >> 3));
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int bj = 4 * i + j;
-            *(uint32_t *)(dst + mt_wgmma_swz<HD>(8 * (bj >> 3) + g, bj & 7) + 4 * t) = r[j];
-        }
-    }
-}
-
-/* One query tile of a warpgroup on its key tile (mine: the query tile is at or past
- * its diagonal, uniform over it): S^T, dP^T (SS, waited for), P^T and dS^T in
- * registers, bf16(dS^T) stored for the dQ kernel, then dV += P^T dO, dK += dS^T Q
- * issued and committed, not waited for (the caller transposes the next tile
- * meanwhile and waits outside any branch: dQ's rule, wg_dq_issue). pa and da are
- * the RS products' A registers: the caller's, alive until that wait. Every thread
- * calls it (MT_WARP_STEP: under the emulator a real call). */
 template <int HD>
 static __device__ MT_WARP_STEP void wg_dkdv_tile(float (&dka)[HD / 2], float (&dva)[HD / 2], uint32_t (&pa)[4][4],
                                                  uint32_t (&da)[4][4], int mine, const unsigned char *Kw,
@@ -536,7 +524,7 @@ template <int HD>
 static void wg_fwd(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T,
                    int H, int K)
 {
-    const size_t smem = 6 * (size_t)WG_B * HD * 2 + MT_WGMMA_ALIGN_SLACK;
+    const size_t smem = 8 * (size_t)WG_B * HD * 2 + MT_WGMMA_ALIGN_SLACK;
     if (!mt_cuda_smem_opt_in(attn_wg_fwd_k<HD>, smem)) return;
     const float c = (1.0f / sqrtf((float)HD)) * WG_LOG2E;
     dim3 grid((unsigned)((T + WG_ROWS - 1) / WG_ROWS), (unsigned)H, (unsigned)B);
