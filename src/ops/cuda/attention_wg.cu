@@ -92,13 +92,6 @@ static __device__ __forceinline__ void wg_transpose(unsigned char *dst, const un
     }
 }
 
-/* One query tile of a warpgroup on its key tile (mine: the query tile is at or past
- * its diagonal, uniform over it): S^T, dP^T (SS, waited for), P^T and dS^T in
- * registers, bf16(dS^T) stored for the dQ kernel, then dV += P^T dO, dK += dS^T Q
- * issued and committed, not waited for (the caller transposes the next tile
- * meanwhile and waits outside any branch: dQ's rule, wg_dq_issue). pa and da are
- * the RS products' A registers: the caller's, alive until that wait. Every thread
- * calls it (MT_WARP_STEP: under the emulator a real call). */
 static __device__ __forceinline__ void wg_s_zero(float (&s)[8][4])
 {
 #pragma unroll
@@ -284,6 +277,13 @@ static __device__ __forceinline__ void wg_bwd_fetch(unsigned char *Qb, unsigned 
     mt_attn_fetch_lse_d(Lb, Db, lse, D, b, h, i0, T, H);
 }
 
+/* One query tile of a warpgroup on its key tile (mine: the query tile is at or past
+ * its diagonal, uniform over it): S^T, dP^T (SS, waited for), P^T and dS^T in
+ * registers, bf16(dS^T) stored for the dQ kernel, then dV += P^T dO, dK += dS^T Q
+ * issued and committed, not waited for (the caller transposes the next tile
+ * meanwhile and waits outside any branch: dQ's rule, wg_dq_issue). pa and da are
+ * the RS products' A registers: the caller's, alive until that wait. Every thread
+ * calls it (MT_WARP_STEP: under the emulator a real call). */
 template <int HD>
 static __device__ MT_WARP_STEP void wg_dkdv_tile(float (&dka)[HD / 2], float (&dva)[HD / 2], uint32_t (&pa)[4][4],
                                                  uint32_t (&da)[4][4], int mine, const unsigned char *Kw,
