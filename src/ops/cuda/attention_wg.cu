@@ -469,7 +469,7 @@ attn_wg_dq_k(float *dq, bf16 *dq_b, const bf16 *ds, const bf16 *k, int T, int H,
     /* key tile j's K and the dS tiles whose diagonal is not passed yet, into buffer j & 1 */
     auto fetch = [&](int j) {
         wg_load_rows<HD, WG_B>(Ks + (j & 1) * TILE, k, b, j * WG_B, T, K, kvh);
-#pragma unroll 1
+#pragma unroll 1   /* unrolled, hd 64's spill under the 80-register cap grew from 4 to 8 bytes */
         for (int f = 0; f < 2; f++)
             if (j <= q0 + f && q0 + f <= last)
                 mt_attn_load_ds<WG_THREADS>((bf16 *)(Ss + (j & 1) * 2 * STILE + f * STILE),
