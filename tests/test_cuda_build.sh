@@ -35,6 +35,9 @@
 #           deterministic, equal to the cpu reference of the mode, the
 #           counters naming the kernels that ran; run twice, the second in the
 #           reverse launch order (MT_EMU_ORDER=reverse), the logs equal;
+#        b4. every ldmatrix of a, b2, b3's forward runs counted for shared-memory
+#           bank conflicts (MT_EMU_BANKS; tests/cuda/banks_check.py): no kernel
+#           above 1.05 wavefronts a phase (conflict-free 1);
 #        a, b, b2: each harness also runs a twin in the reverse launch order
 #           (MT_EMU_ORDER=reverse) in the background, whose log must equal the
 #           forward run's line for line;
@@ -260,7 +263,7 @@ else
 fi
 rev_check cuda_ops_vs_cpu "$EMU/cuda_ops_vs_cpu.log"
 MT_CUDA_LAUNCH_LOG="$EMU/launch_ops_vs_cpu_bf16.log" MT_CUDA_PRECISION=bf16 MT_CUDA_BF16_SCRATCH_MB=1 MT_CUDA_GG_BN=128 \
-    "$EMU/cuda_ops_vs_cpu" -o gemm >"$EMU/cuda_ops_vs_cpu_bf16.log" 2>&1
+    MT_EMU_BANKS="$EMU/banks_gemm.txt" "$EMU/cuda_ops_vs_cpu" -o gemm >"$EMU/cuda_ops_vs_cpu_bf16.log" 2>&1
 rc=$?
 if [ $rc -eq 0 ] && grep -q ', 0 failed$' "$EMU/cuda_ops_vs_cpu_bf16.log" &&
    grep -q '^cuda precision at creation: bf16 (MT_CUDA_PRECISION), bf16 operand scratch cap 1 MiB' "$EMU/cuda_ops_vs_cpu_bf16.log"; then
@@ -332,7 +335,8 @@ if want b2; then
 # b2. the Mamba-3 scan harness on the cuda backend (fp64 recurrence, finite
 #     differences, glue vs cpu): every check passes, none missing
 rev_start test_ssm "$EMU/test_ssm" -b cuda
-MT_CUDA_LAUNCH_LOG="$EMU/launch_test_ssm.log" "$EMU/test_ssm" -b cuda >"$EMU/test_ssm.log" 2>&1
+MT_CUDA_LAUNCH_LOG="$EMU/launch_test_ssm.log" MT_EMU_BANKS="$EMU/banks_ssm.txt" "$EMU/test_ssm" -b cuda \
+    >"$EMU/test_ssm.log" 2>&1
 rc=$?
 n_ssm=$(grep -c '^ok  ' "$EMU/test_ssm.log")
 if [ $rc -eq 0 ] && [ "$n_ssm" -ge 100 ] && grep -q '^test_ssm: all checks passed$' "$EMU/test_ssm.log"; then
@@ -354,7 +358,8 @@ fi  # want b2
 #     recomputes P and dP), the second in the reverse launch order
 #     (MT_EMU_ORDER=reverse); the two logs equal line for line (every error
 #     printed to 3 digits: the same in either order; a race differs)
-MT_CUDA_LAUNCH_LOG="$EMU/launch_test_attn_bf16.log" "$EMU/test_attn_bf16" -b cuda >"$EMU/test_attn_bf16_default.log" 2>&1 &
+MT_CUDA_LAUNCH_LOG="$EMU/launch_test_attn_bf16.log" MT_EMU_BANKS="$EMU/banks_attn.txt" "$EMU/test_attn_bf16" -b cuda \
+    >"$EMU/test_attn_bf16_default.log" 2>&1 &
 pid_att=$!
 MT_EMU_ORDER=reverse MT_CUDA_LAUNCH_LOG="$EMU/launch_test_attn_bf16_ds0.log" MT_CUDA_ATTN_DS_MB=0 \
     "$EMU/test_attn_bf16" -b cuda >"$EMU/test_attn_bf16_0.log" 2>&1
@@ -374,6 +379,19 @@ for ds_mb in default 0; do
 done
 logs_equal "test_attn_bf16 (the reverse run with dQ recomputed, MT_CUDA_ATTN_DS_MB=0)" \
     "$EMU/test_attn_bf16_default.log" "$EMU/test_attn_bf16_0.log"
+
+# b4. shared-memory bank conflicts of every ldmatrix in the harness runs above (the
+#     emulator counts wavefronts a phase, MT_EMU_BANKS: tests/cuda/banks_check.py):
+#     attention v1-v4 (b3), the bf16 scan (b2), the grouped GEMMs (a); no kernel
+#     above 1.05 wavefronts a phase on average (conflict-free: 1)
+banks_files=""
+for f in "$EMU/banks_attn.txt" "$EMU/banks_ssm.txt" "$EMU/banks_gemm.txt"; do
+    [ -f "$f" ] && banks_files="$banks_files $f"
+done
+if [ -n "$banks_files" ]; then
+    if out=$(python3 "$SRC/tests/cuda/banks_check.py" $banks_files); then echo "$out"
+    else echo "$out"; echo "FAIL: ldmatrix bank conflicts"; fail=1; fi
+fi
 
 # c. tiny training runs, cpu vs emulated cuda: dense (fp32, bf16) and MoE (fp32)
 if ! g++ -fopenmp "$EMU"/lib/*.o "$EMU"/cu/*.o -lopenblas -lcjson -lxxhash -lm $SANL \
@@ -928,6 +946,13 @@ if [ -x "$EMU/meshtrain" ] && [ -f "$EMU/train.bin" ]; then
        MT_EMU_ORDER=reverse "$EMU/smem_emu" wg_race barrier >>"$EMU/smem_emu_wgrace.log" 2>&1; then
         echo "PASS emulated wgmma tile hash after a wait: the race named, the barrier's twin runs"
     else tail -3 "$EMU/smem_emu_wgrace.log"; echo "FAIL: emulated wgmma tile hash after a wait"; fail=1; fi
+    # the emulator's bank count itself: rows 144 bytes apart 1 wavefront a phase, 128 apart 8
+    rm -f "$EMU/smem_emu_banks.txt"
+    if [ -x "$EMU/smem_emu" ] && MT_EMU_BANKS="$EMU/smem_emu_banks.txt" "$EMU/smem_emu" banks &&
+       grep -qx 'banks_k<144> 4 4 1' "$EMU/smem_emu_banks.txt" &&
+       grep -qx 'banks_k<128> 4 32 8' "$EMU/smem_emu_banks.txt"; then
+        echo "PASS emulated ldmatrix bank count: padded rows 1 wavefront a phase, rows 128 bytes apart 8"
+    else cat "$EMU/smem_emu_banks.txt" 2>/dev/null; echo "FAIL: emulated ldmatrix bank count"; fail=1; fi
     # graph_run NAME PRECISION STEPS FLAGS...
     graph_run() {
         local name=$1 prec=$2 steps=$3; shift 3

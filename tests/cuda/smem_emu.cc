@@ -146,6 +146,22 @@ __global__ void order_blocks_k(float *flag)
     flag[b] = (float)(b + 1);
 }
 
+/* the emulator's ldmatrix bank count (`smem_emu banks`, MT_EMU_BANKS=FILE: stage g
+ * reads the file): a warp's ldmatrix.x4 over 32 rows of a shared tile whose rows are
+ * PITCH bytes apart. 144 (128 + 16 of padding): 8 rows cover the 32 banks, 1
+ * wavefront a phase; 128: every row on the same 4 banks, 8 */
+template <int PITCH>
+__global__ void banks_k(float *out)
+{
+    __shared__ float4 tile4[32 * PITCH / 16];   /* 16-byte aligned */
+    unsigned char *tile = (unsigned char *)tile4;
+    for (int i = (int)threadIdx.x; i < 32 * PITCH / 4; i += 32) ((float *)tile)[i] = 0.0f;
+    __syncthreads();
+    uint32_t r[4];
+    mt_ldsm_x4(r, tile + threadIdx.x * PITCH);
+    out[threadIdx.x] = (float)r[0];
+}
+
 /* wgmma's tile hash right after a wait (`smem_emu wg_race [barrier]`, run by
  * tests/test_cuda_build.sh stage g in the reverse order, whose eager sweep runs
  * warpgroup 1 ahead): both warpgroups issue a product and wait for it; then
@@ -207,6 +223,13 @@ int main(int argc, char **argv)
     cudaMalloc((void **)&out, 64 * sizeof(float));
     cudaStreamCreateWithFlags(&g_s, cudaStreamNonBlocking);
     copy(src, hsrc, sizeof hsrc, cudaMemcpyHostToDevice);
+    if (argc > 1 && !strcmp(argv[1], "banks")) {   /* counts go to MT_EMU_BANKS at exit */
+        mt_emu_name_kernel((const void *)banks_k<144>, "banks_k<144>");
+        mt_emu_name_kernel((const void *)banks_k<128>, "banks_k<128>");
+        mt_emu_launcher(banks_k<144>, dim3(1), dim3(32), 0)(out);
+        mt_emu_launcher(banks_k<128>, dim3(1), dim3(32), 0)(out);
+        return 0;
+    }
     if (argc > 1 && !strcmp(argv[1], "wg_race")) {   /* a process of its own: the race aborts it */
         const int barrier = argc > 2 && !strcmp(argv[2], "barrier");
         mt_emu_launcher(wg_race_k, dim3(1), dim3(256), 16384 + MT_WGMMA_ALIGN_SLACK)(out, barrier);

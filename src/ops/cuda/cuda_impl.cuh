@@ -393,6 +393,7 @@ struct mt_cuda_launch {
         mt_cuda_note_launch(name, grid, block, smem);
         const int kp = mt_cuda_be->info.kernel_profile ? mt_cuda_kprof_begin(name) : -1;
 #ifdef MT_CUDA_EMU
+        mt_emu_name_kernel((const void *)kern, name);
         mt_emu_launcher(kern, grid, block, smem)(args...);
 #else
         kern<<<grid, block, smem, mt_cuda_be->stream>>>(args...);

@@ -235,6 +235,9 @@ void  mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std
  * 1 reverse (last to first); MT_EMU_ORDER=forward|reverse sets it for a whole
  * program, this call for the emulator's self-tests (tests/cuda/smem_emu.cc) */
 void  mt_emu_set_order(int reverse);
+/* the name a kernel's statistics print under (MT_EMU_BANKS, emu.cc): the backend's
+ * launcher names each kernel it launches (cuda_impl.cuh mt_cuda_launch) */
+void  mt_emu_name_kernel(const void *kern, const char *name);
 
 template <typename... P>
 struct mt_emu_launch {

@@ -50,6 +50,7 @@
 #include <cstddef>
 #include <deque>
 #include <map>
+#include <string>
 #include <vector>
 
 dim3 threadIdx, blockIdx, blockDim, gridDim;
@@ -57,6 +58,66 @@ dim3 threadIdx, blockIdx, blockDim, gridDim;
 /* ---------------- runtime ---------------- */
 static cudaError_t g_last = cudaSuccess;
 static std::map<const void *, int> g_smem_optin;
+
+/* ---- shared-memory bank conflicts of ldmatrix (MT_EMU_BANKS=FILE) ----
+ * The device serves a warp's shared-memory request in wavefronts: 32 banks of
+ * 4 bytes, one word per bank a wavefront (the same word to many lanes is one).
+ * An ldmatrix.x4 is 4 phases of 8 rows of 16 bytes: ideally 1 wavefront each (8
+ * rows x 4 banks = the 32 banks); rows that share banks cost more. The emulator
+ * reads the row addresses each warp gives (host addresses: a common 16-byte
+ * shift moves every bank alike, so the count is the device's) and keeps, per
+ * kernel, the phases seen, their wavefronts and the worst phase; at exit each
+ * kernel's line goes to FILE: NAME phases wavefronts worst. Plain shared stores
+ * and loads are not seen (no hook), nor cp.async (one thread a call). */
+struct bank_stat { unsigned long long phases = 0, wavefronts = 0; int worst = 0; };
+static std::map<const void *, std::string> g_kernel_name;
+static std::map<const void *, bank_stat> g_banks;
+static const void *g_cur_kernel;
+static int g_banks_on = -1;
+
+void mt_emu_name_kernel(const void *kern, const char *name)
+{
+    if (name && g_kernel_name.find(kern) == g_kernel_name.end()) g_kernel_name[kern] = name;
+}
+
+static void banks_write(void)
+{
+    const char *path = getenv("MT_EMU_BANKS");
+    FILE *f = path ? fopen(path, "w") : NULL;
+    if (!f) return;
+    for (const auto &kv : g_banks) {
+        auto it = g_kernel_name.find(kv.first);
+        fprintf(f, "%s %llu %llu %d\n", it != g_kernel_name.end() ? it->second.c_str() : "?", kv.second.phases,
+                kv.second.wavefronts, kv.second.worst);
+    }
+    fclose(f);
+}
+
+void mt_emu_note_ldmatrix(const unsigned char *const row[32])
+{
+    if (g_banks_on < 0) {
+        g_banks_on = getenv("MT_EMU_BANKS") && *getenv("MT_EMU_BANKS");
+        if (g_banks_on) atexit(banks_write);
+    }
+    if (!g_banks_on) return;
+    bank_stat &st = g_banks[g_cur_kernel];
+    for (int ph = 0; ph < 4; ph++) {
+        uintptr_t words[32][8];   /* per bank, the distinct words asked for */
+        int n[32] = {0}, worst = 0;
+        for (int r = 0; r < 8; r++)
+            for (int w = 0; w < 4; w++) {
+                const uintptr_t word = (uintptr_t)row[8 * ph + r] / 4 + (uintptr_t)w;
+                const int bank = (int)(word % 32);
+                int seen = 0;
+                for (int i = 0; i < n[bank]; i++) seen |= words[bank][i] == word;
+                if (!seen) words[bank][n[bank]++] = word;
+                worst = std::max(worst, n[bank]);
+            }
+        st.phases++;
+        st.wavefronts += (unsigned long long)worst;
+        st.worst = std::max(st.worst, worst);
+    }
+}
 
 /* ---- the device-memory guard (see the file comment) ---- */
 static std::map<uintptr_t, size_t> g_dev;  /* mapping base -> length (page multiple) */
@@ -1190,6 +1251,7 @@ void mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std:
         }
     }
     dev_scope on;
+    g_cur_kernel = kern;
     int nw = (int)((nt + 31) / 32);
     g_f.assign(nt, fiber());
     if (g_stacks.size() < nt * STACK_STRIDE) g_stacks.resize(nt * STACK_STRIDE);

@@ -103,6 +103,9 @@ static inline void mt_emu_mma_16816(float d[4], const uint32_t a[4], const uint3
     memcpy(d, out, sizeof out);
 }
 
+/* MT_EMU_BANKS=FILE (emu.cc): each ldmatrix's shared-memory bank conflicts, per kernel */
+void mt_emu_note_ldmatrix(const unsigned char *const row[32]);
+
 template <bool TRANS>
 static inline MT_EMU_UNCHECKED void mt_emu_ldmatrix_x4_fn(unsigned char *slots, size_t stride)
 {
@@ -115,6 +118,7 @@ static inline MT_EMU_UNCHECKED void mt_emu_ldmatrix_x4_fn(unsigned char *slots, 
             abort();
         }
     }
+    mt_emu_note_ldmatrix(row);
     for (int l = 0; l < 32; l++) {
         const int g = l >> 2, t = l & 3;
         uint32_t r[4];
