@@ -560,6 +560,7 @@ struct fiber {
     unsigned cp_committed; /* cp.async groups committed (mt_emu_cp_async_commit) */
     unsigned nwg;          /* warpgroup collectives done: double-buffer phase */
     unsigned wg_committed; /* wgmma groups committed (mt_emu_wgmma_commit) */
+    unsigned wg_inflight;  /* its wgmma products not computed yet (a wait's last thread computes them) */
 };
 
 #define STACK_BYTES (64 * 1024)
@@ -940,16 +941,6 @@ static uint64_t wg_tiles_hash(const float (*A)[16], int a_rows, const float (*B)
     return h;
 }
 
-/* a thread's products not computed yet: a thread that has not returned from the
- * last wait still holds that wait's computed ones (mt_emu_wgmma_wait erases them on
- * its return), which must not make the next issuer think it is not the first */
-static size_t wg_in_flight(const std::vector<wg_pending> &v)
-{
-    size_t n = 0;
-    for (const wg_pending &p : v) n += !p.done;
-    return n;
-}
-
 /* A thread issues: its product is recorded, its d reads NaN until the wait. The
  * warpgroup's first thread to issue it also records its tiles' bits: the device
  * reads them at some time between the issue and the wait, so they must not change
@@ -965,9 +956,13 @@ static void wg_issue(float *d, int n, uint64_t da, const uint32_t *a, uint64_t d
     wg_pending p;
     p.d = d, p.da = da, p.db = db, p.n = n, p.acc = acc, p.rs = a != NULL, p.chain = -1, p.done = 0;
     p.hashed = 1;
-    const size_t t0 = (size_t)(g_f[g_cur].warp / 4) * 128, mine = wg_in_flight(pend);
-    for (size_t l = t0; l < t0 + 128 && l < g_wgp.size() && p.hashed; l++)
-        if (l != (size_t)g_cur && wg_in_flight(g_wgp[l]) > mine) p.hashed = 0;
+    /* the first issuer: no other thread of the warpgroup has more products in flight
+     * (counted, not the pending lists' sizes: a thread not yet back from the last wait
+     * still holds that wait's computed products until it returns) */
+    const size_t t0 = (size_t)(g_f[g_cur].warp / 4) * 128;
+    const unsigned mine = g_f[g_cur].wg_inflight++;
+    for (size_t l = t0; l < t0 + 128 && l < g_f.size() && p.hashed; l++)
+        if (l != (size_t)g_cur && g_f[l].wg_inflight > mine) p.hashed = 0;
     if (p.hashed) {
         static float A[64][16], B[256][16];
         if (a == NULL) wg_check_desc(da, "A");
@@ -1063,6 +1058,7 @@ static MT_EMU_UNCHECKED void wg_wait_fn(unsigned char *slots, size_t stride)
                 p.v[e2] = acc;
             }
             p.done = 1;
+            g_f[t0 + l].wg_inflight--;
         }
     }
 }
