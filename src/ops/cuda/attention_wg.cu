@@ -128,19 +128,18 @@ static __device__ MT_WARP_STEP void wg_fwd_first(float (&s)[8][4], float (&m)[2]
 }
 
 /* One key tile kt, after the barrier that made K_{kt+1}, V_{kt+1} (landed) and
- * V_kt^T visible; every thread of the block does its share of the refill:
- *   K_{kt+2}, V_{kt+2} loads issued (a tile ahead of their use)
- *   (a warpgroup up to its diagonal, its softmax of tile kt done before: s, tile
- *   kt's p, fp32; alpha, its rescale of O) O = alpha O; P = bf16(s) as A fragments
- *   (read by the wgmma until its wait); issue S_{kt+1} = Q K_{kt+1}^T into sn
- *   (group 1), then O += P V_kt (group 2)
- *   V_{kt+1}^T transposed (wg_transpose) while they run
+ * V_kt^T visible and the caller's K_{kt+2}, V_{kt+2} loads; for a warpgroup up to
+ * its diagonal, its softmax of tile kt done before (s: tile kt's p, fp32; alpha: its
+ * rescale of O):
+ *   O = alpha O; P = bf16(s) as A fragments (read by the wgmma until its wait)
+ *   issue S_{kt+1} = Q K_{kt+1}^T into sn (group 1), then O += P V_kt (group 2)
+ *   V_{kt+1}^T transposed (wg_transpose: this warpgroup's share) while they run
  *   wait for group 1; the online softmax of tile kt + 1 on sn (P V_kt in flight)
  *   wait for group 2
  * Past its diagonal a warpgroup computes nothing: that is only warpgroup 0 on the
- * block's last tile, where there is nothing to refill (a warpgroup on rows past T
- * computes on zero rows, never written: with its share of the refill under that
- * branch too, ptxas serialized the wgmmas, C7520). S_{kt+1} is issued on the
+ * block's last tile, where there is nothing to transpose (a warpgroup on rows past
+ * T computes on zero rows, never written: with its share of the transpose under
+ * that branch, ptxas serialized the wgmmas, C7520). S_{kt+1} is issued on the
  * warpgroup's last tile too, from whatever K buffer Kn holds (landed data, the result
  * unused): issued under `if (kt + 1 <= wlast)` it serialized the kernel (C7514). The
  * caller alternates s and sn between tiles by the call (no copy), a tile's issue and
@@ -152,21 +151,12 @@ static __device__ MT_WARP_STEP void wg_fwd_first(float (&s)[8][4], float (&m)[2]
 template <int HD>
 static __device__ MT_WARP_STEP void wg_fwd_tile(float (&o)[HD / 2], float (&s)[8][4], float (&sn)[8][4],
                                                 float (&m)[2], float (&l)[2], float (&alpha)[2], int kt, int n_kt,
-                                                int wlast, const unsigned char *Qw, unsigned char *Ks,
-                                                unsigned char *Vs, unsigned char *Vt, const bf16 *k, const bf16 *v,
-                                                int b, int T, int K, int kvh, int row0, int t, float c)
+                                                int wlast, const unsigned char *Qw, const unsigned char *Ks,
+                                                const unsigned char *Vs, unsigned char *Vt, int row0, int t, float c)
 {
     constexpr int TILE = WG_B * HD * 2;
-    if (kt > wlast) {   /* warpgroup 0 on the block's last tile (uniform over it): nothing to refill */
-        mt_cp_async_commit();
-        return;
-    }
+    if (kt > wlast) return;   /* warpgroup 0 on the block's last tile (uniform over it): nothing to transpose */
     const unsigned char *Kn = Ks + ((kt + 1) & 1) * TILE, *Vb = Vt + (kt & 1) * TILE;
-    if (kt + 2 < n_kt) {   /* first, into K_kt's and V_kt's buffers: S_kt and V_kt's transpose are done */
-        wg_load_rows<HD, WG_B>(Ks + (kt & 1) * TILE, k, b, (kt + 2) * WG_B, T, K, kvh);
-        wg_load_rows<HD, WG_B>(Vs + (kt & 1) * TILE, v, b, (kt + 2) * WG_B, T, K, kvh);
-    }
-    mt_cp_async_commit();
 #pragma unroll
     for (int j = 0; j < HD / 8; j++)
 #pragma unroll
@@ -233,9 +223,14 @@ attn_wg_fwd_k(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k,
         mt_cp_async_wait<0>();   /* K_{kt+1}, V_{kt+1} landed */
         mt_fence_proxy_async();
         __syncthreads();         /* ... every thread's, and V_kt^T; every reader of the buffers refilled below done */
+        if (kt + 2 < n_kt) {   /* into K_kt's and V_kt's buffers: S_kt and V_kt's transpose are done */
+            wg_load_rows<HD, WG_B>(Ks + (kt & 1) * TILE, k, b, (kt + 2) * WG_B, T, K, kvh);
+            wg_load_rows<HD, WG_B>(Vs + (kt & 1) * TILE, v, b, (kt + 2) * WG_B, T, K, kvh);
+        }
+        mt_cp_async_commit();
         if (kt & 1)   /* s, sn swap */
-            wg_fwd_tile<HD>(o, sn, s, m, l, alpha, kt, n_kt, wlast, Qw, Ks, Vs, Vt, k, v, b, T, K, kvh, row0, t, c);
-        else wg_fwd_tile<HD>(o, s, sn, m, l, alpha, kt, n_kt, wlast, Qw, Ks, Vs, Vt, k, v, b, T, K, kvh, row0, t, c);
+            wg_fwd_tile<HD>(o, sn, s, m, l, alpha, kt, n_kt, wlast, Qw, Ks, Vs, Vt, row0, t, c);
+        else wg_fwd_tile<HD>(o, s, sn, m, l, alpha, kt, n_kt, wlast, Qw, Ks, Vs, Vt, row0, t, c);
     }
     if (w0 >= T) return;
     float (&of)[HD / 8][4] = *reinterpret_cast<float (*)[HD / 8][4]>(o);   /* the C layout's n8 tiles */
