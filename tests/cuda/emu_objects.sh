@@ -33,6 +33,11 @@ grep -q '^MT_WERROR:BOOL=ON' "$BUILD/CMakeCache.txt" 2>/dev/null && WERROR=ON
 EMU_SAN="-fsanitize=alignment,bounds -fno-sanitize-recover=all"
 CXXF="-std=c++20 -O2 -DMT_CUDA_EMU -DMT_WITH_CUDA=1 -I$SRC/tests/cuda/emu -I$SRC/src -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas $EMU_SAN"
 [ "$WERROR" = ON ] && CXXF="$CXXF -Werror"
+# The kernels' sources also carry GCC's memory-access instrumentation (the
+# ThreadSanitizer's calls, not its runtime: emu.cc defines them), so that the
+# emulator sees every plain shared-memory load and store for its bank-conflict
+# count (MT_EMU_BANKS); emu.cc itself is not instrumented (it defines the hooks)
+EMU_ACCESS="-fsanitize=thread --param tsan-instrument-func-entry-exit=0 -fno-tree-sra -fno-tree-vectorize -g1"
 SOURCES=$(ls "$SRC"/src/ops/cuda/*.cu "$SRC/tests/cuda/emu/emu.cc")
 
 exec 9>"$OBJ/lock"
@@ -40,7 +45,7 @@ command -v flock >/dev/null && flock 9   # util-linux; without it, no lock (ctes
 
 HEADERS=$(ls "$SRC"/src/*/*.h "$SRC"/src/ops/*/*.h "$SRC"/src/ops/cuda/*.cuh "$SRC"/tools/*.h \
              "$SRC"/tests/cuda/emu/*.h 2>/dev/null)
-STAMP=$( (echo "$CXXF"; g++ --version | head -1; cat $HEADERS) | sha1sum | cut -d' ' -f1)
+STAMP=$( (echo "$CXXF $EMU_ACCESS"; g++ --version | head -1; cat $HEADERS) | sha1sum | cut -d' ' -f1)
 if [ "$(cat "$OBJ/stamp" 2>/dev/null)" != "$STAMP" ]; then
     rm -f "$OBJ/stamp" "$OBJ"/*.o "$OBJ"/*.o.d
 fi
@@ -49,11 +54,13 @@ for o in "$OBJ"/*.o; do
     [ -e "$o" ] || continue
     echo "$SOURCES" | grep -q "/$(basename "$o" .o)\$" || rm -f "$o" "$o.d"
 done
-export CXXF
+export CXXF EMU_ACCESS
 compile() {  # one source -> one object, unless the object is newer
     [ -f "$2" ] && [ "$2" -nt "$1" ] && return 0
     rm -f "$2"
-    g++ $CXXF -MMD -MF "$2.d" -x c++ -c "$1" -o "$2.tmp" && mv "$2.tmp" "$2" && echo "built $2"
+    local access=$EMU_ACCESS
+    case "$1" in *.cc) access= ;; esac
+    g++ $CXXF $access -MMD -MF "$2.d" -x c++ -c "$1" -o "$2.tmp" && mv "$2.tmp" "$2" && echo "built $2"
 }
 export -f compile
 for f in $SOURCES; do echo "$f $OBJ/$(basename "$f").o"; done |
@@ -72,6 +79,18 @@ if grep -l -E '\bMT_WITH_(MPI|NCCL)\b' $used >&2; then
          "shared by the single-rank and the NCCL builds (compile them per build)" >&2
     exit 1
 fi
+# a function-local static of a template with external linkage lands in a section of
+# its own (.bss._ZZ...), not in the one __shared__ names (cuda_runtime.h): a
+# __shared__ array of a non-static template kernel would escape the emulator's NaN
+# fill at each launch and its bank count, silently. The kernels here are static.
+for o in "$OBJ"/*.cu.o; do
+    if readelf -SW "$o" 2>/dev/null | grep -qE '\.(bss|data)\._ZZ'; then
+        echo "emu_objects.sh: $(basename "$o"): a function-local static of a non-static template (.bss._ZZ...):" \
+             "a __shared__ array there is outside the emulator's shared section; make the kernel static" >&2
+        exit 1
+    fi
+done
 echo "$EMU_SAN" >"$OBJ/ldflags"
+echo "$EMU_ACCESS" >"$OBJ/accessflags"   # for a test's own kernels (test_cuda_build.sh's emulator self-tests)
 echo "$STAMP" >"$OBJ/stamp"
 echo "$OBJ"

@@ -162,6 +162,26 @@ __global__ void banks_k(float *out)
     out[threadIdx.x] = (float)r[0];
 }
 
+/* the emulator's count of plain shared loads and stores (`smem_emu banks`, the same
+ * file): lane l stores word l * STRIDE, then loads it back, loads word 0 (all lanes:
+ * one word, a broadcast) and a 16-byte float4 (4 phases of 8 lanes). STRIDE 33: every
+ * request conflict-free (the float4s side by side): st 1 phase 1 wavefront; ld 1 + 1 + 4
+ * phases, 6 wavefronts. STRIDE 32: the word store and load each hit one bank, 32
+ * wavefronts; the float4s 32 words apart, 8 to a bank: 8 a phase: ld 6 phases, 32 + 1 +
+ * 4 x 8 = 65 wavefronts, worst 32 */
+template <int STRIDE>
+__global__ void banks_plain_k(float *out)
+{
+    /* dynamic shared memory: a template kernel's static arrays are outside the section
+     * the emulator knows (emu_objects.sh refuses them in src/ops/cuda) */
+    float4 *tile4 = (float4 *)mt_emu_dyn_smem();
+    float *tile = (float *)tile4;
+    tile[threadIdx.x * STRIDE] = (float)threadIdx.x;
+    __syncthreads();
+    const float4 v = tile4[threadIdx.x * (STRIDE == 33 ? 1 : 8)];
+    out[threadIdx.x] = tile[threadIdx.x * STRIDE] + tile[0] + v.x + v.y + v.z + v.w;
+}
+
 /* wgmma's tile hash right after a wait (`smem_emu wg_race [barrier]`, run by
  * tests/test_cuda_build.sh stage g in the reverse order, whose eager sweep runs
  * warpgroup 1 ahead): both warpgroups issue a product and wait for it; then
@@ -228,6 +248,10 @@ int main(int argc, char **argv)
         mt_emu_name_kernel((const void *)banks_k<128>, "banks_k<128>");
         mt_emu_launcher(banks_k<144>, dim3(1), dim3(32), 0)(out);
         mt_emu_launcher(banks_k<128>, dim3(1), dim3(32), 0)(out);
+        mt_emu_name_kernel((const void *)banks_plain_k<33>, "banks_plain_k<33>");
+        mt_emu_name_kernel((const void *)banks_plain_k<32>, "banks_plain_k<32>");
+        mt_emu_launcher(banks_plain_k<33>, dim3(1), dim3(32), 32 * 33 * 4)(out);
+        mt_emu_launcher(banks_plain_k<32>, dim3(1), dim3(32), 32 * 33 * 4)(out);
         return 0;
     }
     if (argc > 1 && !strcmp(argv[1], "wg_race")) {   /* a process of its own: the race aborts it */

@@ -286,10 +286,35 @@ static __device__ __forceinline__ float ssd_f(__nv_bfloat16 v) { return __bfloat
 
 /* stage rows [0, nr) x columns [c0, c0+kc) of a (b, h) operand into
  * dst[r * SSD_KP + k]; row r is token t0 - 1 + r (0 when it does not exist);
- * src fp32, or bf16 (widened) */
+ * src fp32, or bf16 (widened).
+ * Banks: the odd pitch SSD_KP = 17 lets thread i read row i conflict-free, but
+ * a warp storing two neighbouring rows of 16 (words 17r + [0, 16) and
+ * 17r + [17, 33)) puts two words on one bank. With full 16-column tiles a warp
+ * stores rows r and r + 16 instead (17 x 16 = 16 mod 32: the two halves take
+ * the 32 banks), element e of the move at row ssd_stage_row(e), column e % 16,
+ * over whole 32-row blocks (rows past nr skipped) */
+static __device__ __forceinline__ int ssd_stage_row(int e)
+{
+    const int g = e >> 5;   /* the warp-sized group of 32 elements: rows R and R + 16 */
+    return (g >> 4) * 32 + (g & 15) + 16 * ((e >> 4) & 1);
+}
 template <typename T>
 static __device__ void ssd_stage_rows(float *dst, const T *src, size_t ld, int t0, int nr, int c0, int kc)
 {
+    static_assert(SSD_KT == 16 && SSD_KP == 17, "ssd_stage_row pairs rows 16 apart: 17 x 16 = 16 (mod 32)");
+    if (kc == SSD_KT) {
+        mt_block_move<SSD_AHEAD, float>(
+            (nr + 31) / 32 * 32 * SSD_KT,
+            [&](int e) {
+                const int r = ssd_stage_row(e), tok = t0 - 1 + r;
+                return r < nr && tok >= 0 ? ssd_f(src[(size_t)tok * ld + c0 + (e & 15)]) : 0.0f;
+            },
+            [&](int e, float v) {
+                const int r = ssd_stage_row(e);
+                if (r < nr) dst[r * SSD_KP + (e & 15)] = v;
+            });
+        return;
+    }
     mt_block_move<SSD_AHEAD, float>(
         nr * kc,
         [&](int k) {

@@ -192,8 +192,14 @@ static __device__ MT_WARP_STEP void xr_load_b(float *row, const __nv_bfloat16 *z
         mt_block_move<XR_AHEAD, uint4>(
             V / 8, [&](int c) { return *(const uint4 *)(z + 8 * c); },
             [&](int c, uint4 u) {
-                *(float4 *)(row + 8 * c) = float4{mt_bf16_lo(u.x), mt_bf16_hi(u.x), mt_bf16_lo(u.y), mt_bf16_hi(u.y)};
-                *(float4 *)(row + 8 * c + 4) = float4{mt_bf16_lo(u.z), mt_bf16_hi(u.z), mt_bf16_lo(u.w), mt_bf16_hi(u.w)};
+                /* a 16-byte store is served 8 lanes a phase; 8 lanes' 32-byte pieces span 256
+                 * bytes, so lanes c and c + 4 would store to the same banks (2 wavefronts a
+                 * phase): the upper four of each 8 store their second half first */
+                const float4 lo = float4{mt_bf16_lo(u.x), mt_bf16_hi(u.x), mt_bf16_lo(u.y), mt_bf16_hi(u.y)};
+                const float4 hi = float4{mt_bf16_lo(u.z), mt_bf16_hi(u.z), mt_bf16_lo(u.w), mt_bf16_hi(u.w)};
+                const int swap = (c >> 2) & 1;
+                *(float4 *)(row + 8 * c + 4 * swap) = swap ? hi : lo;
+                *(float4 *)(row + 8 * c + 4 * (1 - swap)) = swap ? lo : hi;
             });
     } else {
         for (int v = threadIdx.x; v < V; v += ROW_THREADS) row[v] = __bfloat162float(z[v]);

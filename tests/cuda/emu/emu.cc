@@ -39,6 +39,7 @@
 #include "cublasLt.h"
 #include "mma_ptx.h"
 
+#include <dlfcn.h>
 #include <execinfo.h>
 #include <signal.h>
 #include <stdio.h>
@@ -51,6 +52,7 @@
 #include <deque>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 dim3 threadIdx, blockIdx, blockDim, gridDim;
@@ -59,19 +61,26 @@ dim3 threadIdx, blockIdx, blockDim, gridDim;
 static cudaError_t g_last = cudaSuccess;
 static std::map<const void *, int> g_smem_optin;
 
-/* ---- shared-memory bank conflicts of ldmatrix (MT_EMU_BANKS=FILE) ----
+/* ---- shared-memory bank conflicts (MT_EMU_BANKS=FILE) ----
  * The device serves a warp's shared-memory request in wavefronts: 32 banks of
  * 4 bytes, one word per bank a wavefront (the same word to many lanes is one).
- * An ldmatrix.x4 is 4 phases of 8 rows of 16 bytes: ideally 1 wavefront each (8
- * rows x 4 banks = the 32 banks); rows that share banks cost more. The emulator
- * reads the row addresses each warp gives (host addresses: a common 16-byte
- * shift moves every bank alike, so the count is the device's) and keeps, per
- * kernel, the phases seen, their wavefronts and the worst phase; at exit each
- * kernel's line goes to FILE: NAME phases wavefronts worst. Plain shared stores
- * and loads are not seen (no hook), nor cp.async (one thread a call). */
+ * A request is served in phases of 128 bytes: an ldmatrix.x4 is 4 phases of 8
+ * rows of 16 bytes, a plain access of up to 4 bytes a lane 1 phase (the 32
+ * lanes), of 8 bytes 2 (16 lanes each), of 16 bytes 4 (8 lanes each); a
+ * conflict-free phase is 1 wavefront, lanes that ask for different words of
+ * one bank cost more. The emulator sees the addresses (host addresses: a
+ * common shift by a multiple of 4 moves every bank alike, so the count is the
+ * device's) of every ldmatrix (mt_emu_note_ldmatrix) and of every plain load
+ * and store of shared memory (sh_note below: the kernels' objects carry the
+ * compiler's access instrumentation) and keeps, per kind and kernel, the
+ * phases seen, their wavefronts and the worst phase; at exit each line goes to
+ * FILE: KIND NAME PHASES WAVEFRONTS WORST, KIND ldmatrix, ld or st. cp.async
+ * (one thread a call, served asynchronously) is not counted. */
 struct bank_stat { unsigned long long phases = 0, wavefronts = 0; int worst = 0; };
+enum { BANK_LDMATRIX, BANK_LD, BANK_ST, BANK_KINDS };
+static const char *const g_bank_kind[BANK_KINDS] = {"ldmatrix", "ld", "st"};
 static std::map<const void *, std::string> g_kernel_name;
-static std::map<const void *, bank_stat> g_banks;
+static std::map<const void *, bank_stat> g_banks[BANK_KINDS];
 static const void *g_cur_kernel;
 static int g_banks_on = -1;
 
@@ -85,37 +94,66 @@ static void banks_write(void)
     const char *path = getenv("MT_EMU_BANKS");
     FILE *f = path ? fopen(path, "w") : NULL;
     if (!f) return;
-    for (const auto &kv : g_banks) {
-        auto it = g_kernel_name.find(kv.first);
-        fprintf(f, "%s %llu %llu %d\n", it != g_kernel_name.end() ? it->second.c_str() : "?", kv.second.phases,
-                kv.second.wavefronts, kv.second.worst);
-    }
+    for (int k = 0; k < BANK_KINDS; k++)
+        for (const auto &kv : g_banks[k]) {
+            auto it = g_kernel_name.find(kv.first);
+            fprintf(f, "%s %s %llu %llu %d\n", g_bank_kind[k], it != g_kernel_name.end() ? it->second.c_str() : "?",
+                    kv.second.phases, kv.second.wavefronts, kv.second.worst);
+        }
     fclose(f);
 }
 
-void mt_emu_note_ldmatrix(const unsigned char *const row[32])
+static void sh_sites_write(void);
+static int banks_on(void)
 {
     if (g_banks_on < 0) {
         g_banks_on = getenv("MT_EMU_BANKS") && *getenv("MT_EMU_BANKS");
         if (g_banks_on) atexit(banks_write);
+        if (g_banks_on) atexit(sh_sites_write);
     }
-    if (!g_banks_on) return;
-    bank_stat &st = g_banks[g_cur_kernel];
-    for (int ph = 0; ph < 4; ph++) {
-        uintptr_t words[32][8];   /* per bank, the distinct words asked for */
-        int n[32] = {0}, worst = 0;
-        for (int r = 0; r < 8; r++)
-            for (int w = 0; w < 4; w++) {
-                const uintptr_t word = (uintptr_t)row[8 * ph + r] / 4 + (uintptr_t)w;
-                const int bank = (int)(word % 32);
-                int seen = 0;
-                for (int i = 0; i < n[bank]; i++) seen |= words[bank][i] == word;
-                if (!seen) words[bank][n[bank]++] = word;
-                worst = std::max(worst, n[bank]);
-            }
+    return g_banks_on;
+}
+
+/* one phase: the 4-byte words its lanes ask for (n of them, any order, repeats
+ * allowed) -> wavefronts, the most distinct words that share one bank */
+static void bank_phase(const uintptr_t *word, int n, bank_stat &st)
+{
+    if (n == 0) return;
+    unsigned banks = 0, shared = 0;
+    for (int i = 0; i < n; i++) {
+        const unsigned bit = 1u << (word[i] % 32);
+        shared |= banks & bit;
+        banks |= bit;
+    }
+    if (!shared) {   /* every word on its own bank: the common case, 1 */
         st.phases++;
-        st.wavefronts += (unsigned long long)worst;
-        st.worst = std::max(st.worst, worst);
+        st.wavefronts++;
+        st.worst = std::max(st.worst, 1);
+        return;
+    }
+    uintptr_t seen[32][32];   /* per bank, the distinct words asked for (a phase has at most 32 words) */
+    int cnt[32] = {0}, worst = 0;
+    for (int i = 0; i < n; i++) {
+        const int bank = (int)(word[i] % 32);
+        int dup = 0;
+        for (int j = 0; j < cnt[bank]; j++) dup |= seen[bank][j] == word[i];
+        if (!dup) seen[bank][cnt[bank]++] = word[i];
+        worst = std::max(worst, cnt[bank]);
+    }
+    st.phases++;
+    st.wavefronts += (unsigned long long)worst;
+    st.worst = std::max(st.worst, worst);
+}
+
+void mt_emu_note_ldmatrix(const unsigned char *const row[32])
+{
+    if (!banks_on()) return;
+    bank_stat &st = g_banks[BANK_LDMATRIX][g_cur_kernel];
+    for (int ph = 0; ph < 4; ph++) {
+        uintptr_t words[32];
+        for (int r = 0; r < 8; r++)
+            for (int w = 0; w < 4; w++) words[4 * r + w] = (uintptr_t)row[8 * ph + r] / 4 + (uintptr_t)w;
+        bank_phase(words, 32, st);
     }
 }
 
@@ -718,9 +756,152 @@ static void yield_to_sched(void)
     mt_emu_switch(&cur.sp, g_sched_sp);
 }
 
+/* ---- plain shared loads and stores, for the bank count (MT_EMU_BANKS) ----
+ * The kernels' objects are compiled with GCC's ThreadSanitizer instrumentation
+ * and without its runtime (tests/cuda/emu_objects.sh): the compiler calls
+ * __tsan_readN / __tsan_writeN(address) before each memory access it cannot
+ * prove private, and the emulator defines them (below). An access inside the
+ * block's shared memory (dynamic, or the static arrays' section) is recorded
+ * for its warp by instruction (the call's return address) and by the lane's
+ * count of that instruction since the warp last met: the k-th execution of
+ * an instruction by each lane of a warp is one request, as on the device,
+ * where a warp issues an instruction for all its lanes at once. A warp meets
+ * at a barrier, a shuffle, an mma or ldmatrix, a warpgroup collective or the
+ * block's end: there its requests are complete and counted (sh_flush), and
+ * the counts restart (lanes that diverged are in step again). Lanes that ran
+ * a conditional access a different number of times between two meetings are
+ * paired by count, not by loop iteration: a rough count there, exact in
+ * uniform code. The emulator's own fragment helpers carry no instrumentation
+ * (MT_EMU_UNCHECKED), so an emulated ldmatrix or wmma load is not also counted
+ * as plain loads. */
+struct sh_row {
+    uint32_t addr[32];   /* of the lanes in mask (the others unset: a new request costs no clearing) */
+    unsigned mask;
+    sh_row() : mask(0) {}
+};   /* low 32 address bits: banks and words within 4 GiB */
+struct sh_site {
+    unsigned n[32] = {0};        /* per lane: its executions since the warp last met */
+    std::vector<sh_row> rows;    /* request k: each lane's address of its k-th execution */
+    int size = 0, kind = 0, dirty = 0;
+    bank_stat total;             /* this warp's requests here so far (MT_EMU_BANKS_SITES) */
+};
+#define SH_CACHE 256   /* per warp: a direct-mapped cache of key -> site in front of the map (sh_note's cost) */
+struct sh_warp {
+    std::unordered_map<uintptr_t, sh_site> sites;   /* by instruction and 16-byte piece (sh_note) */
+    std::vector<sh_site *> dirty;            /* those with requests since the last meeting */
+    uintptr_t cache_key[SH_CACHE] = {0};
+    sh_site  *cache_site[SH_CACHE] = {nullptr};
+};
+static std::vector<sh_warp> g_sh;           /* per warp of the running block */
+static int g_sh_running;                    /* a block runs (the hooks' fiber is g_cur) */
+static unsigned char *sh_static_base(void);
+static size_t sh_static_bytes(void);
+
+/* a request: its lanes in phases (size <= 4: 1 phase of 32 lanes; 8: 2 of 16; 16: 4 of 8) */
+static void sh_count(const sh_row &r, int size, bank_stat &st)
+{
+    const int words = size <= 4 ? 1 : size / 4, lanes_per_phase = 32 / words;
+    for (int l0 = 0; l0 < 32; l0 += lanes_per_phase) {
+        uintptr_t word[32];
+        int n = 0;
+        const unsigned phase_lanes = lanes_per_phase == 32 ? ~0u : ((1u << lanes_per_phase) - 1) << l0;
+        for (unsigned m = r.mask & phase_lanes; m; m &= m - 1) {
+            const int l = __builtin_ctz(m);
+            const uintptr_t first = r.addr[l] / 4, last = ((uintptr_t)r.addr[l] + (uintptr_t)size - 1) / 4;
+            for (uintptr_t w = first; w <= last && n < 32; w++) word[n++] = w;
+        }
+        bank_phase(word, n, st);
+    }
+}
+
+static void sh_flush(int w)
+{
+    sh_warp &sw = g_sh[(size_t)w];
+    for (sh_site *s : sw.dirty) {
+        bank_stat &st = g_banks[s->kind][g_cur_kernel];
+        const bank_stat before = st;
+        for (const sh_row &r : s->rows) sh_count(r, s->size, st);
+        s->total.phases += st.phases - before.phases;
+        s->total.wavefronts += st.wavefronts - before.wavefronts;
+        s->total.worst = std::max(s->total.worst, st.worst);
+        s->rows.clear();
+        memset(s->n, 0, sizeof s->n);
+        s->dirty = 0;
+    }
+    sw.dirty.clear();
+}
+
+static void sh_flush_all(void)
+{
+    for (size_t w = 0; w < g_sh.size(); w++) sh_flush((int)w);
+}
+
+/* MT_EMU_BANKS_SITES=FILE: the plain accesses above 1 wavefront a phase by
+ * instruction, every warp's together, worst first: KIND OBJECT+OFFSET PHASES
+ * WAVEFRONTS (`addr2line -f -C -e OBJECT OFFSET` names the source line), for
+ * finding what a kernel's count in MT_EMU_BANKS comes from */
+static void sh_sites_write(void)
+{
+    const char *path = getenv("MT_EMU_BANKS_SITES");
+    FILE *f = path && *path ? fopen(path, "w") : NULL;
+    if (!f) return;
+    std::map<uintptr_t, std::pair<int, bank_stat>> by_pc;
+    for (const sh_warp &sw : g_sh)
+        for (const auto &kv : sw.sites) {
+            auto &e = by_pc[kv.first];
+            e.first = kv.second.kind;
+            e.second.phases += kv.second.total.phases;
+            e.second.wavefronts += kv.second.total.wavefronts;
+        }
+    std::vector<std::pair<double, uintptr_t>> order;
+    for (const auto &kv : by_pc)
+        if (kv.second.second.wavefronts > kv.second.second.phases)
+            order.push_back({(double)kv.second.second.wavefronts / (double)kv.second.second.phases, kv.first});
+    std::sort(order.rbegin(), order.rend());
+    for (const auto &o : order) {
+        const auto &e = by_pc[o.second];
+        Dl_info info;
+        const void *pc = (const void *)(o.second & (((uintptr_t)1 << 48) - 1));
+        if (dladdr(pc, &info) && info.dli_fname)
+            fprintf(f, "%s %s+0x%lx %llu %llu\n", g_bank_kind[e.first], info.dli_fname,
+                    (unsigned long)((uintptr_t)pc - (uintptr_t)info.dli_fbase - 1),   /* inside the call */
+                    e.second.phases, e.second.wavefronts);
+    }
+    fclose(f);
+}
+
+static void sh_note(const void *p, size_t size, int kind, const void *pc)
+{
+    if (g_banks_on <= 0 || !g_sh_running) return;
+    const uintptr_t a = (uintptr_t)p;
+    if (a - (uintptr_t)g_dyn.data() >= g_dyn.size() && a - (uintptr_t)sh_static_base() >= sh_static_bytes()) return;
+    const fiber &f = g_f[(size_t)g_cur];
+    sh_warp &sw = g_sh[(size_t)f.warp];
+    for (size_t off = 0; off < size; off += 16) {   /* a range (a struct copy): 16-byte pieces, in order */
+        const uintptr_t key = (uintptr_t)pc ^ (uintptr_t)(off / 16) << 48;   /* user addresses: 47 bits */
+        const size_t slot = (key ^ key >> 8) % SH_CACHE;
+        if (sw.cache_key[slot] != key) {
+            sw.cache_key[slot] = key;
+            sw.cache_site[slot] = &sw.sites[key];
+        }
+        sh_site &s = *sw.cache_site[slot];
+        if (!s.dirty) {
+            s.dirty = 1;
+            s.size = (int)std::min(size - off, (size_t)16);
+            s.kind = kind;
+            sw.dirty.push_back(&s);
+        }
+        const unsigned k = s.n[f.lane]++;
+        if (k == s.rows.size()) s.rows.emplace_back();   /* a lane's count grows by one: k <= size */
+        s.rows[k].addr[f.lane] = (uint32_t)(a + off);
+        s.rows[k].mask |= 1u << f.lane;
+    }
+}
+
 static void release_block_if_ready(void)
 {
     if (g_block_arrived > 0 && g_block_arrived == g_live) {
+        if (g_banks_on > 0) sh_flush_all();
         for (auto &f : g_f)
             if (f.state == WAIT_BLOCK) make_runnable((size_t)(&f - g_f.data()));
         g_block_arrived = 0;
@@ -733,6 +914,7 @@ static size_t warp_end(int w) { return (size_t)w * 32 + 32 < g_f.size() ? (size_
 static void release_warp_if_ready(int w)
 {
     if (g_warp_arrived[w] > 0 && g_warp_arrived[w] == g_warp_live[w]) {
+        if (g_banks_on > 0) sh_flush(w);
         for (size_t t = (size_t)w * 32, e = warp_end(w); t < e; t++)
             if (g_f[t].state == WAIT_WARP) make_runnable(t);
         g_warp_arrived[w] = 0;
@@ -835,6 +1017,7 @@ void *mt_emu_dyn_smem(void) { return g_dyn.data(); }
 static void release_wg_if_ready(int wg)
 {
     if (g_wg_arrived[wg] > 0 && g_wg_arrived[wg] == 128) {
+        for (int w = 4 * wg; g_banks_on > 0 && w < 4 * wg + 4; w++) sh_flush(w);
         for (size_t t = (size_t)wg * 128; t < (size_t)wg * 128 + 128; t++)
             if (g_f[t].state == WAIT_WG) make_runnable(t);
         g_wg_arrived[wg] = 0;
@@ -1230,6 +1413,26 @@ static unsigned char *const g_static_smem = __start_mt_emu_smem;
 static const size_t g_static_smem_bytes =
     __start_mt_emu_smem ? (size_t)((uintptr_t)__stop_mt_emu_smem - (uintptr_t)__start_mt_emu_smem) : 0;
 
+static unsigned char *sh_static_base(void) { return g_static_smem; }
+static size_t sh_static_bytes(void) { return g_static_smem_bytes; }
+
+/* GCC's -fsanitize=thread calls, for the bank count (sh_note; every other
+ * check of that sanitizer is not wanted here, and its runtime not linked) */
+#define MT_EMU_TSAN_SIZED(n)                                                                                  \
+    extern "C" void __tsan_read##n(void *p) { sh_note(p, n, BANK_LD, __builtin_return_address(0)); }          \
+    extern "C" void __tsan_write##n(void *p) { sh_note(p, n, BANK_ST, __builtin_return_address(0)); }         \
+    extern "C" void __tsan_unaligned_read##n(void *p) { sh_note(p, n, BANK_LD, __builtin_return_address(0)); } \
+    extern "C" void __tsan_unaligned_write##n(void *p) { sh_note(p, n, BANK_ST, __builtin_return_address(0)); }
+MT_EMU_TSAN_SIZED(1)
+MT_EMU_TSAN_SIZED(2)
+MT_EMU_TSAN_SIZED(4)
+MT_EMU_TSAN_SIZED(8)
+MT_EMU_TSAN_SIZED(16)
+#undef MT_EMU_TSAN_SIZED
+extern "C" void __tsan_read_range(void *p, unsigned long n) { sh_note(p, n, BANK_LD, __builtin_return_address(0)); }
+extern "C" void __tsan_write_range(void *p, unsigned long n) { sh_note(p, n, BANK_ST, __builtin_return_address(0)); }
+extern "C" void __tsan_init(void) {}
+
 void mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std::function<void()> &body)
 {
     size_t nt = (size_t)block.x * block.y * block.z;
@@ -1249,6 +1452,7 @@ void mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std:
     dev_scope on;
     g_cur_kernel = kern;
     int nw = (int)((nt + 31) / 32);
+    if (banks_on() && g_sh.size() < (size_t)nw) g_sh.resize((size_t)nw);
     g_f.assign(nt, fiber());
     if (g_stacks.size() < nt * STACK_STRIDE) g_stacks.resize(nt * STACK_STRIDE);
     g_warp_live.assign(nw, 0);
@@ -1306,6 +1510,7 @@ void mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std:
         g_first_hint = 0;
         g_block_arrived = 0;
         std::fill(g_wg_arrived.begin(), g_wg_arrived.end(), 0);
+        g_sh_running = 1;
         for (;;) {
             int ran = 0;
             for (size_t p = 0; p < nt; p++) {
@@ -1326,6 +1531,8 @@ void mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std:
                 abort();
             }
         }
+        g_sh_running = 0;
+        if (g_banks_on > 0) sh_flush_all();   /* the requests after the last meeting */
     }
 }
 

@@ -38,9 +38,11 @@
 
 /* The emulator's own fragment arithmetic is left out of the sanitizer's checks
  * (tests/cuda/emu_objects.sh): it checks its pointers itself, and the checks in
- * its 16 x 16 x 16 loops doubled the emulated attention's run time */
+ * its 16 x 16 x 16 loops doubled the emulated attention's run time. Nor does it
+ * carry the access instrumentation: its reads of shared memory are the
+ * instruction's (ldmatrix, a wmma load), not plain loads for the bank count */
 #ifndef MT_EMU_UNCHECKED
-#define MT_EMU_UNCHECKED __attribute__((no_sanitize("alignment", "bounds")))
+#define MT_EMU_UNCHECKED __attribute__((no_sanitize("alignment", "bounds", "thread")))
 #endif
 
 /* emu.cc: the first lane of the warp to reach a load does it (1: load,
@@ -71,7 +73,8 @@ struct fragment {
     float x[256];  /* the whole tile, row-major (row r, column c at r*16 + c) */
 };
 
-static inline void mt_emu_wmma_check(const void *p, unsigned ldm, unsigned elem_bytes, const char *what)
+static inline MT_EMU_UNCHECKED void mt_emu_wmma_check(const void *p, unsigned ldm, unsigned elem_bytes,
+                                                      const char *what)
 {
     unsigned mult = elem_bytes == 2 ? 8u : 4u;
     if (((uintptr_t)p & 31u) != 0 || ldm % mult != 0) {
@@ -81,8 +84,11 @@ static inline void mt_emu_wmma_check(const void *p, unsigned ldm, unsigned elem_
     }
 }
 
-static inline float mt_emu_wmma_elem(const __nv_bfloat16 *p, size_t i) { return __bfloat162float(p[i]); }
-static inline float mt_emu_wmma_elem(const float *p, size_t i) { return p[i]; }
+static inline MT_EMU_UNCHECKED float mt_emu_wmma_elem(const __nv_bfloat16 *p, size_t i)
+{
+    return __bfloat162float(p[i]);
+}
+static inline MT_EMU_UNCHECKED float mt_emu_wmma_elem(const float *p, size_t i) { return p[i]; }
 
 /* operand tiles: the Layout of the fragment says how memory is read */
 template <typename Use, typename T, typename E>
