@@ -42,7 +42,11 @@
 #           tests/cuda/banks_allow.txt, each under its own ceiling;
 #        a, b, b2: each harness also runs a twin in the reverse launch order
 #           (MT_EMU_ORDER=reverse) in the background, whose log must equal the
-#           forward run's line for line;
+#           forward run's line for line; the twins (and b3's reversed run, and
+#           c2's run at the benchmarks' shapes) run with the emulator's
+#           shared-memory race check on (MT_EMU_RACECHECK=1: a read or write
+#           of a word another thread wrote or read with no barrier between
+#           aborts, named);
 #        b2. tests/test_ssm.c -b cuda (the Mamba-3 scan against an fp64
 #           recurrence and finite differences; the mixer glue against the
 #           cpu backend): "all checks passed" with at least 100 ok lines;
@@ -104,7 +108,9 @@
 #        g. the emulator's shared memory and launch order (smem_emu.cc:
 #           asynchronous cp.async, static shared arrays fresh at every launch,
 #           MT_EMU_ORDER; a misspelt order refused; the wgmma tile hash right
-#           after a wait: a race named in the reverse order); CUDA
+#           after a wait: a race named in the reverse order; the race check:
+#           a missing barrier named RAW forward and WAR reversed; the bank
+#           count of ldmatrix and plain accesses); CUDA
 #           graphs: the emulator's stream capture (graph_emu.cc), and
 #           4-step dense (fp32, MT_CUDA_PRECISION=bf16, precision=bf16) and
 #           hybrid (fp32, precision=bf16: the scan's tensor-core kernels) runs
@@ -241,15 +247,16 @@ logs_equal() {
     else diff "$2" "$3" | head -10; echo "FAIL: emulated $1: the reverse launch order printed another log"; fail=1; fi
 }
 declare -A REV_PID
-rev_start() {   # rev_start NAME CMD...: $EMU/NAME_rev.log
+rev_start() {   # rev_start NAME CMD...: $EMU/NAME_rev.log; with the race check (docs/cuda.md, "The CPU emulator")
     local n=$1; shift
-    (MT_EMU_ORDER=reverse "$@" >"$EMU/${n}_rev.log" 2>&1; exit $?) &
+    (MT_EMU_ORDER=reverse MT_EMU_RACECHECK=1 "$@" >"$EMU/${n}_rev.log" 2>&1; exit $?) &
     REV_PID[$n]=$!
 }
 rev_check() {   # rev_check NAME FORWARD_LOG
     local n=$1 fwd=$2 rc
     wait "${REV_PID[$n]}"; rc=$?
-    [ $rc -eq 0 ] || { echo "FAIL: emulated $n in the reverse launch order exited $rc"; fail=1; }
+    [ $rc -eq 0 ] || { grep -m3 '^cuda emu:' "$EMU/${n}_rev.log"
+                       echo "FAIL: emulated $n in the reverse launch order (race check on) exited $rc"; fail=1; }
     logs_equal "$n" "$fwd" "$EMU/${n}_rev.log"
 }
 
@@ -365,7 +372,7 @@ fi  # want b2
 MT_CUDA_LAUNCH_LOG="$EMU/launch_test_attn_bf16.log" MT_EMU_BANKS="$EMU/banks_attn.txt" "$EMU/test_attn_bf16" -b cuda \
     >"$EMU/test_attn_bf16_default.log" 2>&1 &
 pid_att=$!
-MT_EMU_ORDER=reverse MT_CUDA_LAUNCH_LOG="$EMU/launch_test_attn_bf16_ds0.log" MT_CUDA_ATTN_DS_MB=0 \
+MT_EMU_ORDER=reverse MT_EMU_RACECHECK=1 MT_CUDA_LAUNCH_LOG="$EMU/launch_test_attn_bf16_ds0.log" MT_CUDA_ATTN_DS_MB=0 \
     "$EMU/test_attn_bf16" -b cuda >"$EMU/test_attn_bf16_0.log" 2>&1
 rc_att0=$?
 wait $pid_att
@@ -605,7 +612,7 @@ PY
         local rc=0
         RUN_STEPS=2 run6 gpushape_ref_cpu $GPUSHAPE --set backend=cpu || rc=1
         RUN_STEPS=2 MT_CUDA_LAUNCH_LOG="$EMU/launch_gpushape.log" MT_EMU_BANKS="$EMU/banks_gpushape.txt" \
-            run6 gpushape_cuda $GPUSHAPE --backend cuda --set precision=bf16 || rc=1
+            MT_EMU_RACECHECK=1 run6 gpushape_cuda $GPUSHAPE --backend cuda --set precision=bf16 || rc=1
         run6 bf16ref_cpu $TINY --set backend=cpu || rc=1
         run6 bf16_cpu $TINY --set backend=cpu --set precision=bf16 || rc=1
         run6 bf16ref_moe_cpu $MOE --set backend=cpu || rc=1
@@ -960,6 +967,19 @@ if [ -x "$EMU/meshtrain" ] && [ -f "$EMU/train.bin" ]; then
        MT_EMU_ORDER=reverse "$EMU/smem_emu" wg_race barrier >>"$EMU/smem_emu_wgrace.log" 2>&1; then
         echo "PASS emulated wgmma tile hash after a wait: the race named, the barrier's twin runs"
     else tail -3 "$EMU/smem_emu_wgrace.log"; echo "FAIL: emulated wgmma tile hash after a wait"; fail=1; fi
+    # the emulator's race check itself (smem_emu.cc race_k, MT_EMU_RACECHECK=1): a warp
+    # rewriting words another warp read with no barrier between aborts, named RAW forward
+    # (the reader runs second) and WAR reversed (the writer runs second); with the barrier
+    # both orders run and read what was written
+    if [ -x "$EMU/smem_emu" ] &&
+       ! (MT_EMU_RACECHECK=1 "$EMU/smem_emu" race; exit $?) >"$EMU/smem_emu_race.log" 2>&1 &&
+       grep -q 'shared-memory race (RAW) in race_k' "$EMU/smem_emu_race.log" &&
+       ! (MT_EMU_ORDER=reverse MT_EMU_RACECHECK=1 "$EMU/smem_emu" race; exit $?) >>"$EMU/smem_emu_race.log" 2>&1 &&
+       grep -q 'shared-memory race (WAR) in race_k' "$EMU/smem_emu_race.log" &&
+       MT_EMU_RACECHECK=1 "$EMU/smem_emu" race barrier >>"$EMU/smem_emu_race.log" 2>&1 &&
+       MT_EMU_ORDER=reverse MT_EMU_RACECHECK=1 "$EMU/smem_emu" race barrier >>"$EMU/smem_emu_race.log" 2>&1; then
+        echo "PASS emulated race check: a missing barrier named (RAW forward, WAR reversed), the barrier's twin runs"
+    else tail -4 "$EMU/smem_emu_race.log"; echo "FAIL: emulated race check"; fail=1; fi
     # the emulator's bank count itself (smem_emu.cc banks_k, banks_plain_k): ldmatrix rows
     # 144 bytes apart 1 wavefront a phase, 128 apart 8; plain stores and loads (the
     # kernels' access instrumentation) a word a lane 33 words apart 1, 32 apart 32, a

@@ -182,6 +182,31 @@ __global__ void banks_plain_k(float *out)
     out[threadIdx.x] = tile[threadIdx.x * STRIDE] + tile[0] + v.x + v.y + v.z + v.w;
 }
 
+/* the emulator's race check (`smem_emu race [barrier]` under MT_EMU_RACECHECK=1,
+ * stage g): after a barrier, warp 1 reads the words warp 0 wrote before it, then warp 0
+ * rewrites them. Without a second barrier between the read and the rewrite it is a
+ * race: forward (warp 0 runs ahead) warp 1 reads words written in its epoch (RAW);
+ * reversed (warp 1 runs ahead) warp 0 writes words read in its epoch (WAR). Both must
+ * abort naming the kind; with the barrier both orders run */
+static __device__ MT_WARP_STEP float race_read(const float *s)   /* (the host compiler would copy */
+{                                                               /* a barrier into both branches) */
+    return threadIdx.x >= 32 ? s[threadIdx.x - 32] : 0.0f;
+}
+static __device__ MT_WARP_STEP void race_write(float *s)
+{
+    if (threadIdx.x < 32) s[threadIdx.x] = -1.0f;
+}
+__global__ void race_k(float *out, int barrier)
+{
+    float *s = (float *)mt_emu_dyn_smem();
+    s[threadIdx.x] = (float)threadIdx.x;
+    __syncthreads();
+    const float v = race_read(s);
+    if (barrier) __syncthreads();
+    race_write(s);
+    out[threadIdx.x] = v;
+}
+
 /* wgmma's tile hash right after a wait (`smem_emu wg_race [barrier]`, run by
  * tests/test_cuda_build.sh stage g in the reverse order, whose eager sweep runs
  * warpgroup 1 ahead): both warpgroups issue a product and wait for it; then
@@ -253,6 +278,14 @@ int main(int argc, char **argv)
         mt_emu_launcher(banks_plain_k<33>, dim3(1), dim3(32), 32 * 33 * 4)(out);
         mt_emu_launcher(banks_plain_k<32>, dim3(1), dim3(32), 32 * 33 * 4)(out);
         return 0;
+    }
+    if (argc > 1 && !strcmp(argv[1], "race")) {   /* a process of its own: the race aborts it */
+        const int barrier = argc > 2 && !strcmp(argv[2], "barrier");
+        mt_emu_name_kernel((const void *)race_k, "race_k");
+        mt_emu_launcher(race_k, dim3(1), dim3(64), 64 * sizeof(float))(out, barrier);
+        to_host(h, out, 64);
+        printf("race%s: warp 1 read %g .. %g (0 .. 31)\n", barrier ? " barrier" : "", h[32], h[63]);
+        return h[32] == 0.0f && h[63] == 31.0f ? 0 : 1;
     }
     if (argc > 1 && !strcmp(argv[1], "wg_race")) {   /* a process of its own: the race aborts it */
         const int barrier = argc > 2 && !strcmp(argv[2], "barrier");

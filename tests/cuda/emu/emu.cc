@@ -145,8 +145,10 @@ static void bank_phase(const uintptr_t *word, int n, bank_stat &st)
     st.worst = std::max(st.worst, worst);
 }
 
+static void rc_ldmatrix(const unsigned char *const row[32]);
 void mt_emu_note_ldmatrix(const unsigned char *const row[32])
 {
+    rc_ldmatrix(row);
     if (!banks_on()) return;
     bank_stat &st = g_banks[BANK_LDMATRIX][g_cur_kernel];
     for (int ph = 0; ph < 4; ph++) {
@@ -671,7 +673,7 @@ struct wmma_product { float a[256], b[256], c[256], d[256]; int left; };
 static std::vector<seq_queue<wmma_product>> g_wmma_mmas;
 /* cp.async copies in flight, per fiber (mma_ptx.h): the 16 bytes read at the
  * issue, where they go, and the group they join (the issuer's commit count then) */
-struct cp_pending { unsigned char *dst; unsigned char data[16]; unsigned group; };
+struct cp_pending { unsigned char *dst; unsigned char data[16]; unsigned group; const void *pc; };
 static std::vector<std::vector<cp_pending>> g_cp;
 /* a thread's wgmma not yet waited for (mt_emu_wgmma_ss): its operands, its C
  * (the thread's d at the issue, or the product `chain` before it on the same
@@ -783,7 +785,7 @@ struct sh_site {
     unsigned n[32] = {0};        /* per lane: its executions since the warp last met */
     std::vector<sh_row> rows;    /* request k: each lane's address of its k-th execution */
     int size = 0, kind = 0, dirty = 0;
-    bank_stat total;             /* this warp's requests here so far (MT_EMU_BANKS_SITES) */
+    bank_stat total;             /* this warp's requests here so far (MT_EMU_BANKS_SITES; worst unused) */
 };
 #define SH_CACHE 256   /* per warp: a direct-mapped cache of key -> site in front of the map (sh_note's cost) */
 struct sh_warp {
@@ -823,7 +825,6 @@ static void sh_flush(int w)
         for (const sh_row &r : s->rows) sh_count(r, s->size, st);
         s->total.phases += st.phases - before.phases;
         s->total.wavefronts += st.wavefronts - before.wavefronts;
-        s->total.worst = std::max(s->total.worst, st.worst);
         s->rows.clear();
         memset(s->n, 0, sizeof s->n);
         s->dirty = 0;
@@ -870,11 +871,107 @@ static void sh_sites_write(void)
     fclose(f);
 }
 
+/* ---- shared-memory race check (MT_EMU_RACECHECK=1) ----
+ * The same instrumented accesses, plus ldmatrix's rows and cp.async's landing,
+ * checked against happens-before as CUDA defines it for shared memory: two
+ * threads' accesses are ordered by a __syncthreads between them, or, in one
+ * warp, by a warp meeting (__syncwarp, a shuffle, an mma or ldmatrix). Each
+ * 4-byte word keeps its last writer and its last reader (thread, block epoch,
+ * that warp's epoch: epochs only grow, a barrier's release and a block's start
+ * advance the block's, a meeting its warp's). A read of a word another thread
+ * wrote with nothing between (RAW: a missing barrier after a store), or a
+ * write of one another thread read with nothing between (WAR: a buffer
+ * refilled while a warp still reads it; cp.async's copy checked as it lands,
+ * at its thread's wait), aborts naming the kernel, the block, both threads
+ * and the instruction. Not checked: two writes (WAW: many threads storing the
+ * same flag is common and harmless), wgmma's own reads (the tile hash covers
+ * a change in flight), wmma loads and stores, and an older reader than the last. This is
+ * a race on the device whatever order the emulator runs the threads in, where
+ * MT_EMU_ORDER=reverse shows a race only when it changes a result. */
+struct rc_access { uint32_t tid1 = 0, bep = 0, wep = 0; };   /* tid1: the thread + 1 (0: none) */
+struct rc_word { rc_access w, r; };
+static std::vector<rc_word> g_rc_dyn, g_rc_static;   /* a word's last writer and reader */
+static uint32_t g_rc_bep = 1;                        /* the block epoch */
+static std::vector<uint32_t> g_rc_wep;               /* per warp */
+static int g_race_on = -1;
+
+static int race_on(void)
+{
+    if (g_race_on < 0) {
+        const char *e = getenv("MT_EMU_RACECHECK");
+        g_race_on = e && *e && strcmp(e, "0") != 0;
+    }
+    return g_race_on;
+}
+
+/* is access a ordered before the current one of thread tid? */
+static bool rc_ordered(const rc_access &a, int tid)
+{
+    if (a.tid1 == 0 || a.tid1 == (uint32_t)tid + 1 || a.bep != g_rc_bep) return true;
+    const int warp = tid / 32;
+    return (int)(a.tid1 - 1) / 32 == warp && a.wep != g_rc_wep[(size_t)warp];
+}
+
+static void rc_report(const char *what, uintptr_t a, int tid, const rc_access &other, const void *pc)
+{
+    const auto it = g_kernel_name.find(g_cur_kernel);
+    Dl_info info;
+    const bool named = pc && dladdr(pc, &info) && info.dli_fname;
+    fprintf(stderr,
+            "cuda emu: shared-memory race (%s) in %s, block (%u,%u,%u): thread %d (warp %d) at byte %zu of %s "
+            "shared memory, last %s by thread %d (warp %d) with no barrier between",
+            what, it != g_kernel_name.end() ? it->second.c_str() : "a kernel", blockIdx.x, blockIdx.y, blockIdx.z, tid,
+            tid / 32, (size_t)(a - (a - (uintptr_t)g_dyn.data() < g_dyn.size() ? (uintptr_t)g_dyn.data()
+                                                                               : (uintptr_t)sh_static_base())),
+            a - (uintptr_t)g_dyn.data() < g_dyn.size() ? "dynamic" : "static", what[0] == 'R' ? "written" : "read",
+            (int)other.tid1 - 1, ((int)other.tid1 - 1) / 32);
+    if (named)
+        fprintf(stderr, " (the instruction: addr2line -f -C -i -e %s 0x%lx)", info.dli_fname,
+                (unsigned long)((uintptr_t)pc - (uintptr_t)info.dli_fbase - 1));
+    fprintf(stderr, "\n");
+    abort();
+}
+
+/* thread tid reads (write 0) or writes [a, a + size) of shared memory */
+static void rc_access_range(uintptr_t a, size_t size, int write, int tid, const void *pc)
+{
+    const bool dyn = a - (uintptr_t)g_dyn.data() < g_dyn.size();
+    std::vector<rc_word> &sh = dyn ? g_rc_dyn : g_rc_static;
+    const uintptr_t base = dyn ? (uintptr_t)g_dyn.data() : (uintptr_t)sh_static_base();
+    const rc_access now = {(uint32_t)tid + 1, g_rc_bep, g_rc_wep[(size_t)(tid / 32)]};
+    for (uintptr_t w = (a - base) / 4; w <= (a - base + size - 1) / 4 && w < sh.size(); w++) {
+        rc_word &e = sh[w];
+        if (write) {
+            if (!rc_ordered(e.r, tid)) rc_report("WAR", base + 4 * w, tid, e.r, pc);
+            e.w = now;
+            e.r = rc_access();
+        } else {
+            if (!rc_ordered(e.w, tid)) rc_report("RAW", base + 4 * w, tid, e.w, pc);
+            e.r = now;
+        }
+    }
+}
+
+/* an ldmatrix's rows, read by the lanes that gave them (its warp's collective,
+ * before the meeting it is) */
+static void rc_ldmatrix(const unsigned char *const row[32])
+{
+    if (g_race_on <= 0 || !g_sh_running) return;
+    const int t0 = g_f[(size_t)g_cur].warp * 32;
+    for (int l = 0; l < 32; l++) {
+        const uintptr_t a = (uintptr_t)row[l];
+        if (a - (uintptr_t)g_dyn.data() < g_dyn.size() || a - (uintptr_t)sh_static_base() < sh_static_bytes())
+            rc_access_range(a, 16, 0, t0 + l, NULL);
+    }
+}
+
 static void sh_note(const void *p, size_t size, int kind, const void *pc)
 {
-    if (g_banks_on <= 0 || !g_sh_running) return;
+    if (!g_sh_running) return;
     const uintptr_t a = (uintptr_t)p;
     if (a - (uintptr_t)g_dyn.data() >= g_dyn.size() && a - (uintptr_t)sh_static_base() >= sh_static_bytes()) return;
+    if (g_race_on > 0) rc_access_range(a, size, kind == BANK_ST, g_cur, pc);
+    if (g_banks_on <= 0) return;
     const fiber &f = g_f[(size_t)g_cur];
     sh_warp &sw = g_sh[(size_t)f.warp];
     for (size_t off = 0; off < size; off += 16) {   /* a range (a struct copy): 16-byte pieces, in order */
@@ -902,6 +999,7 @@ static void release_block_if_ready(void)
 {
     if (g_block_arrived > 0 && g_block_arrived == g_live) {
         if (g_banks_on > 0) sh_flush_all();
+        g_rc_bep++;
         for (auto &f : g_f)
             if (f.state == WAIT_BLOCK) make_runnable((size_t)(&f - g_f.data()));
         g_block_arrived = 0;
@@ -915,6 +1013,7 @@ static void release_warp_if_ready(int w)
 {
     if (g_warp_arrived[w] > 0 && g_warp_arrived[w] == g_warp_live[w]) {
         if (g_banks_on > 0) sh_flush(w);
+        if (g_race_on > 0) g_rc_wep[(size_t)w]++;
         for (size_t t = (size_t)w * 32, e = warp_end(w); t < e; t++)
             if (g_f[t].state == WAIT_WARP) make_runnable(t);
         g_warp_arrived[w] = 0;
@@ -1281,6 +1380,7 @@ void mt_emu_cp_async16(void *dst, const void *src, int nbytes)
     if (nbytes) memcpy(p.data, src, 16);
     else memset(p.data, 0, 16);
     p.group = g_f[g_cur].cp_committed;
+    p.pc = __builtin_return_address(0);
     memset(dst, 0xff, 16);   /* undefined until the wait: NaN */
     g_cp[(size_t)g_cur].push_back(p);
 }
@@ -1295,8 +1395,10 @@ void mt_emu_cp_async_wait(int n)
     std::vector<cp_pending> &v = g_cp[(size_t)g_cur];
     size_t keep = 0;
     for (size_t i = 0; i < v.size(); i++) {
-        if (v[i].group + (unsigned)n < done) memcpy(v[i].dst, v[i].data, 16);
-        else v[keep++] = v[i];
+        if (v[i].group + (unsigned)n < done) {
+            if (g_race_on > 0 && g_sh_running) rc_access_range((uintptr_t)v[i].dst, 16, 1, g_cur, v[i].pc);
+            memcpy(v[i].dst, v[i].data, 16);
+        } else v[keep++] = v[i];
     }
     v.resize(keep);
 }
@@ -1453,6 +1555,11 @@ void mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std:
     g_cur_kernel = kern;
     int nw = (int)((nt + 31) / 32);
     if (banks_on() && g_sh.size() < (size_t)nw) g_sh.resize((size_t)nw);
+    if (race_on()) {   /* shadows grow only: a word's old entries carry older epochs (ordered) */
+        if (g_rc_wep.size() < (size_t)nw) g_rc_wep.resize((size_t)nw, 0);
+        if (g_rc_dyn.size() < (smem + 3) / 4) g_rc_dyn.resize((smem + 3) / 4);   /* past smem: not checked */
+        if (g_rc_static.size() < (g_static_smem_bytes + 3) / 4) g_rc_static.resize((g_static_smem_bytes + 3) / 4);
+    }
     g_f.assign(nt, fiber());
     if (g_stacks.size() < nt * STACK_STRIDE) g_stacks.resize(nt * STACK_STRIDE);
     g_warp_live.assign(nw, 0);
@@ -1510,7 +1617,8 @@ void mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std:
         g_first_hint = 0;
         g_block_arrived = 0;
         std::fill(g_wg_arrived.begin(), g_wg_arrived.end(), 0);
-        g_sh_running = 1;
+        g_sh_running = g_banks_on > 0 || g_race_on > 0;   /* the access hooks' work (sh_note) */
+        g_rc_bep++;
         for (;;) {
             int ran = 0;
             for (size_t p = 0; p < nt; p++) {
