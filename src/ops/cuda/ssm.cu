@@ -56,6 +56,16 @@
  * chunk passes (nc steps) and the chunk-local ones (q or 2q terms). */
 
 #define SSD_RT 16             /* query rows (or sources) per block of ssd_out_k and the backward kernels */
+/* ssd_out_k's G^T row pitch: a thread writes its source's row as 4 float4s; rows 16
+ * floats apart put a phase's 8 lanes on 2 bank groups (4-way: stored one float at a
+ * time, 16-way), rows 20 apart on 8 (20 j mod 32 takes 8 values 4 apart): conflict-free,
+ * and the rows stay 16-byte aligned for ssd_ld_rt's broadcast reads */
+#define SSD_GTP (SSD_RT + 4)
+/* the row pitch of the KT x RT transposed tiles (ssd_stage_tile_t, BtT, xtT): 16 lanes
+ * store one row's element of 16 columns, c * pitch apart; at 16 they hit 2 banks (8- to
+ * 16-way), at 20 8 banks (2-way; a pitch that keeps ssd_ld_rt's 16-byte alignment is a
+ * multiple of 4, so 8 is the most) */
+#define SSD_RTP (SSD_RT + 4)
 #define SSD_SCAN_THREADS 128  /* block of the chunk scans */
 #define SSD_ROWS_PER_SCAL ((SSD_QMAX + SSD_SCAN_THREADS - 1) / SSD_SCAN_THREADS)   /* chunk rows a thread of ssd_scal_k */
 
@@ -348,13 +358,13 @@ static __device__ __forceinline__ float col_chain(const float *p, size_t ld, int
 }
 
 /* stage the RT x kc tile of rows t+il (ni of them; the rest 0), columns
- * c0.., TRANSPOSED: dst[c * SSD_RT + il], so that the RT rows of one
+ * c0.., TRANSPOSED: dst[c * SSD_RTP + il], so that the RT rows of one
  * column are 16 consecutive floats (ssd_ld_rt reads them as 4 float4) */
 static __device__ void ssd_stage_tile_t(float *dst, const float *src, size_t ld, int t, int ni, int c0, int kc)
 {
     for (int k = (int)threadIdx.x; k < SSD_RT * SSD_KT; k += (int)blockDim.x) {
         int il = k / SSD_KT, c = k % SSD_KT;
-        dst[c * SSD_RT + il] = il < ni && c < kc ? src[(size_t)(t + il) * ld + c0 + c] : 0.0f;
+        dst[c * SSD_RTP + il] = il < ni && c < kc ? src[(size_t)(t + il) * ld + c0 + c] : 0.0f;
     }
 }
 
@@ -388,7 +398,7 @@ static __device__ __forceinline__ void ssd_g_rows(float g[SSD_RT], float *St, fl
         if (live)
             for (int k = 0; k < kn; k++) {
                 float bv = St[r * SSD_KP + k], cv[SSD_RT];
-                ssd_ld_rt(CtT + k * SSD_RT, cv);
+                ssd_ld_rt(CtT + k * SSD_RTP, cv);
 #pragma unroll
                 for (int il = 0; il < SSD_RT; il++) g[il] += cv[il] * bv;
             }
@@ -430,14 +440,15 @@ static __global__ void ssd_out_k(float *y, const float *Sst, const float *cum, c
                                  const float *Cm, const float *dt, const float *lam, const float *A,
                                  const float *Dsk, struct ssd_dims d)
 {
-    MT_DYN_SMEM(float, sm);   /* w (2Q), cum (Q), GT (2Q x RT), CtT (KT x RT), stage (max((Q+1), blockDim) x KP) */
+    MT_DYN_SMEM(float, sm);   /* w (2Q), cum (Q), GT (2Q x GTP), CtT (KT x RTP), stage (max((Q+1), blockDim) x KP) */
     int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H;
     int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q, i0 = (int)blockIdx.y * SSD_RT;
     if (i0 >= q) return;
     int ni = q - i0 < SSD_RT ? q - i0 : SSD_RT, q2 = 2 * q, nt = (int)blockDim.x, tid = (int)threadIdx.x;
     int imax = i0 + ni - 1, nr = imax + 2;    /* source rows: tokens t0-1 .. t0+imax */
     const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, PN = (size_t)d.P * d.N, ob = (size_t)b * d.T;
-    float *w = sm, *cm = w + 2 * d.Q, *GT = sm + SSD_AL4(3 * d.Q), *CtT = GT + SSD_RT * 2 * d.Q, *St = CtT + SSD_RT * SSD_KT;
+    float *w = sm, *cm = w + 2 * d.Q, *GT = sm + SSD_AL4(3 * d.Q), *CtT = GT + SSD_GTP * 2 * d.Q;
+    float *St = CtT + SSD_RTP * SSD_KT;
     float Ah = A[h], Dh = Dsk[h];
     const float *Bh = Bm + ob * bld + (size_t)h * d.N, *Ch = Cm + ob * bld + (size_t)h * d.N;
     const float *xh = x + ob * xld + (size_t)h * d.P;
@@ -454,12 +465,17 @@ static __global__ void ssd_out_k(float *y, const float *Sst, const float *cum, c
         int live = j < q2 && s.valid && s.sj <= imax;
         float g[SSD_RT];
         ssd_g_rows(g, St, CtT, Bh, Ch, bld, d.N, t0, i0, ni, nr, s.r, live);
-        if (j < q2)
+        if (j < q2) {
+            float gt[SSD_RT];
 #pragma unroll
             for (int il = 0; il < SSD_RT; il++) {
                 int i = i0 + il;
-                GT[j * SSD_RT + il] = il < ni && live && s.sj <= i ? g[il] * (w[j] * expf(cm[i] - cm[s.sj])) : 0.0f;
+                gt[il] = il < ni && live && s.sj <= i ? g[il] * (w[j] * expf(cm[i] - cm[s.sj])) : 0.0f;
             }
+#pragma unroll
+            for (int u = 0; u < SSD_RT / 4; u++)
+                ((float4 *)(GT + j * SSD_GTP))[u] = float4{gt[4 * u], gt[4 * u + 1], gt[4 * u + 2], gt[4 * u + 3]};
+        }
     }
     /* b. Y */
     float e[SSD_RT];
@@ -474,7 +490,7 @@ static __global__ void ssd_out_k(float *y, const float *Sst, const float *cum, c
         if (live) {
             for (int j = 0; j <= imax; j++) {
                 float xv = xh[(size_t)(t0 + j) * xld + p], gv[SSD_RT];
-                ssd_ld_rt(GT + j * SSD_RT, gv);
+                ssd_ld_rt(GT + j * SSD_GTP, gv);
 #pragma unroll
                 for (int il = 0; il < SSD_RT; il++)
                     if (il < ni && j <= i0 + il) acc[il] += gv[il] * xv;
@@ -482,7 +498,7 @@ static __global__ void ssd_out_k(float *y, const float *Sst, const float *cum, c
             for (int j = 0; j <= imax; j++) {
                 if (t0 + j == 0) continue;
                 float xv = xh[(size_t)(t0 + j - 1) * xld + p], gv[SSD_RT];
-                ssd_ld_rt(GT + (q + j) * SSD_RT, gv);
+                ssd_ld_rt(GT + (q + j) * SSD_GTP, gv);
 #pragma unroll
                 for (int il = 0; il < SSD_RT; il++)
                     if (il < ni && j <= i0 + il) acc[il] += gv[il] * xv;
@@ -503,7 +519,7 @@ static __global__ void ssd_out_k(float *y, const float *Sst, const float *cum, c
                 if (live)
                     for (int k = 0; k < kn; k++) {
                         float sv = St[tid * SSD_KP + k], cv[SSD_RT];
-                        ssd_ld_rt(CtT + k * SSD_RT, cv);
+                        ssd_ld_rt(CtT + k * SSD_RTP, cv);
 #pragma unroll
                         for (int il = 0; il < SSD_RT; il++) s2[il] += (e[il] * cv[il]) * sv;
                     }
@@ -525,7 +541,7 @@ static __global__ void ssd_out_k(float *y, const float *Sst, const float *cum, c
 static size_t ssd_out_smem(struct ssd_dims d, unsigned nt)
 {
     size_t stage = (size_t)((size_t)d.Q + 1 > nt ? (size_t)d.Q + 1 : nt) * SSD_KP;
-    return (SSD_AL4(3 * (size_t)d.Q) + (size_t)SSD_RT * 2 * d.Q + SSD_RT * SSD_KT + stage) * sizeof(float);
+    return (SSD_AL4(3 * (size_t)d.Q) + (size_t)SSD_GTP * 2 * d.Q + SSD_RTP * SSD_KT + stage) * sizeof(float);
 }
 
 /* the states entering each chunk into Sst (steps 1-3); cum must hold step 1;
@@ -674,13 +690,13 @@ static __global__ void ssd_gm_k(float *M, float *dG, float *dLE, float *rs, cons
                                 const float *x, const float *Bm, const float *Cm, const float *dt, const float *lam,
                                 const float *A, struct ssd_dims d)
 {
-    MT_DYN_SMEM(float, sm);   /* red (RT x blockDim), CtT, dYtT (KT x RT each), Bt, Xt ((Q+1) x KP each) */
+    MT_DYN_SMEM(float, sm);   /* red (RT x blockDim), CtT, dYtT (KT x RTP each), Bt, Xt ((Q+1) x KP each) */
     int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H, i0 = (int)blockIdx.y * SSD_RT;
     int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q, nt = (int)blockDim.x, tid = (int)threadIdx.x;
     if (i0 >= q) return;
     int ni = q - i0 < SSD_RT ? q - i0 : SSD_RT, imax = i0 + ni - 1, nr = imax + 2;
     const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, ob = (size_t)b * d.T;
-    float *red = sm, *CtT = red + SSD_RT * nt, *dYtT = CtT + SSD_RT * SSD_KT, *Bt = dYtT + SSD_RT * SSD_KT;
+    float *red = sm, *CtT = red + SSD_RT * nt, *dYtT = CtT + SSD_RTP * SSD_KT, *Bt = dYtT + SSD_RTP * SSD_KT;
     float *Xt = Bt + (d.Q + 1) * SSD_KP;
     const float *cm = cum + (size_t)bh * d.T + t0, Ah = A[h];
     const float *Bh = Bm + ob * bld + (size_t)h * d.N, *Ch = Cm + ob * bld + (size_t)h * d.N;
@@ -705,7 +721,7 @@ static __global__ void ssd_gm_k(float *M, float *dG, float *dLE, float *rs, cons
             if (live)
                 for (int k = 0; k < kp; k++) {
                     float xv = Xt[s.r * SSD_KP + k], yv[SSD_RT];
-                    ssd_ld_rt(dYtT + k * SSD_RT, yv);
+                    ssd_ld_rt(dYtT + k * SSD_RTP, yv);
 #pragma unroll
                     for (int il = 0; il < SSD_RT; il++) dm[il] += yv[il] * xv;
                 }
@@ -736,7 +752,7 @@ static __global__ void ssd_gm_k(float *M, float *dG, float *dLE, float *rs, cons
 
 static size_t ssd_gm_smem(struct ssd_dims d, unsigned nt)
 {
-    return ((size_t)SSD_RT * nt + 2 * SSD_RT * SSD_KT + 2 * ((size_t)d.Q + 1) * SSD_KP) * sizeof(float);
+    return ((size_t)SSD_RT * nt + 2 * SSD_RTP * SSD_KT + 2 * ((size_t)d.Q + 1) * SSD_KP) * sizeof(float);
 }
 
 /* 8a. per (b, h, c, tile of RT sources j), thread per column p, the tile's
@@ -745,13 +761,13 @@ static size_t ssd_gm_smem(struct ssd_dims d, unsigned nt)
 static __global__ void ssd_dxc_k(float *dXc, const float *M, const float *dSo, const float *cum, const float *dy,
                                  const float *Bm, const float *dt, const float *lam, const float *A, struct ssd_dims d)
 {
-    MT_DYN_SMEM(float, sm);   /* Mt (Q x RT), v (RT), BtT (KT x RT), St (blockDim x KP) */
+    MT_DYN_SMEM(float, sm);   /* Mt (Q x RT), v (RT), BtT (KT x RTP), St (blockDim x KP) */
     int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H, j0 = (int)blockIdx.y * SSD_RT;
     int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q, nt = (int)blockDim.x, tid = (int)threadIdx.x;
     if (j0 >= 2 * q) return;
     int nj = 2 * q - j0 < SSD_RT ? 2 * q - j0 : SSD_RT, has_next = c + 1 < d.nc;
     const size_t xld = (size_t)d.H * d.P, bld = (size_t)d.H * d.N, PN = (size_t)d.P * d.N, ob = (size_t)b * d.T;
-    float *Mt = sm, *v = Mt + d.Q * SSD_RT, *BtT = v + SSD_RT, *St = BtT + SSD_RT * SSD_KT;
+    float *Mt = sm, *v = Mt + d.Q * SSD_RT, *BtT = v + SSD_RT, *St = BtT + SSD_RTP * SSD_KT;
     const float *cm = cum + (size_t)bh * d.T + t0;
     const float *Bh = Bm + ob * bld + (size_t)h * d.N;
     int from[SSD_RT], smin = q;   /* the first query row each source reaches (q: none), and of the tile */
@@ -800,13 +816,13 @@ static __global__ void ssd_dxc_k(float *dXc, const float *M, const float *dSo, c
                 for (int k = tid; k < SSD_RT * SSD_KT; k += nt) {
                     int jj = k / SSD_KT, cc = k % SSD_KT;
                     struct ssd_src s = ssd_source(j0 + jj < 2 * q ? j0 + jj : 0, q, t0);
-                    BtT[cc * SSD_RT + jj] = jj < nj && s.valid && cc < kn ? Bh[(size_t)(t0 - 1 + s.r) * bld + n0 + cc] : 0.0f;
+                    BtT[cc * SSD_RTP + jj] = jj < nj && s.valid && cc < kn ? Bh[(size_t)(t0 - 1 + s.r) * bld + n0 + cc] : 0.0f;
                 }
                 __syncthreads();
                 if (live)
                     for (int k = 0; k < kn; k++) {
                         float sv = St[tid * SSD_KP + k], bv[SSD_RT];
-                        ssd_ld_rt(BtT + k * SSD_RT, bv);
+                        ssd_ld_rt(BtT + k * SSD_RTP, bv);
 #pragma unroll
                         for (int jj = 0; jj < SSD_RT; jj++) t2[jj] += bv[jj] * sv;
                     }
@@ -825,7 +841,7 @@ static __global__ void ssd_dxc_k(float *dXc, const float *M, const float *dSo, c
 
 static size_t ssd_dxc_smem(struct ssd_dims d, unsigned nt)
 {
-    return ((size_t)d.Q * SSD_RT + SSD_RT + SSD_RT * SSD_KT + (size_t)nt * SSD_KP) * sizeof(float);
+    return ((size_t)d.Q * SSD_RT + SSD_RT + SSD_RTP * SSD_KT + (size_t)nt * SSD_KP) * sizeof(float);
 }
 
 /* 8b. per (b, h, c, tile of RT sources j), thread per column n, the tile's
@@ -837,7 +853,7 @@ static __global__ void ssd_dbc_k(float *dBc, float *qj, const float *dG, const f
                                  const float *x, const float *Bm, const float *Cm, const float *dt, const float *lam,
                                  const float *A, struct ssd_dims d)
 {
-    MT_DYN_SMEM(float, sm);   /* red (RT x blockDim), dGt (Q x RT), v (RT), xtT (KT x RT) */
+    MT_DYN_SMEM(float, sm);   /* red (RT x blockDim), dGt (Q x RT), v (RT), xtT (KT x RTP) */
     int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H, j0 = (int)blockIdx.y * SSD_RT;
     int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q, nt = (int)blockDim.x, tid = (int)threadIdx.x;
     if (j0 >= 2 * q) return;
@@ -895,13 +911,13 @@ static __global__ void ssd_dbc_k(float *dBc, float *qj, const float *dG, const f
                     int jj = k / SSD_KT, cc = k % SSD_KT;
                     struct ssd_src s = ssd_source(j0 + jj < 2 * q ? j0 + jj : 0, q, t0);
                     int tk = jj < nj && s.valid ? t0 - 1 + s.r : -1;   /* = tok[jj] */
-                    xtT[cc * SSD_RT + jj] = tk >= 0 && cc < kp ? xh[(size_t)tk * xld + p0 + cc] : 0.0f;
+                    xtT[cc * SSD_RTP + jj] = tk >= 0 && cc < kp ? xh[(size_t)tk * xld + p0 + cc] : 0.0f;
                 }
                 __syncthreads();
                 if (live)
                     for (int kk = 0; kk < kp; kk++) {
                         float sv = S[(size_t)(p0 + kk) * d.N + n], xv[SSD_RT];
-                        ssd_ld_rt(xtT + kk * SSD_RT, xv);
+                        ssd_ld_rt(xtT + kk * SSD_RTP, xv);
 #pragma unroll
                         for (int jj = 0; jj < SSD_RT; jj++) t1[jj] += xv[jj] * sv;
                     }
@@ -927,7 +943,7 @@ static __global__ void ssd_dbc_k(float *dBc, float *qj, const float *dG, const f
 
 static size_t ssd_dbc_smem(struct ssd_dims d, unsigned nt)
 {
-    return ((size_t)SSD_RT * nt + (size_t)d.Q * SSD_RT + SSD_RT + SSD_RT * SSD_KT) * sizeof(float);
+    return ((size_t)SSD_RT * nt + (size_t)d.Q * SSD_RT + SSD_RT + SSD_RTP * SSD_KT) * sizeof(float);
 }
 
 /* 8c. per (b, h, c, tile of RT query rows i), thread per column n, the
@@ -938,7 +954,7 @@ static size_t ssd_dbc_smem(struct ssd_dims d, unsigned nt)
 static __global__ void ssd_dc_k(float *dCm, float *inter, const float *dG, const float *Sst, const float *cum,
                                 const float *dy, const float *Bm, const float *Cm, struct ssd_dims d)
 {
-    MT_DYN_SMEM(float, sm);   /* red (RT x blockDim), dGt (2Q x RT), e (RT), ytT (KT x RT) */
+    MT_DYN_SMEM(float, sm);   /* red (RT x blockDim), dGt (2Q x RT), e (RT), ytT (KT x RTP) */
     int ci = (int)blockIdx.x, bh = ci / d.nc, c = ci % d.nc, b = bh / d.H, h = bh % d.H, i0 = (int)blockIdx.y * SSD_RT;
     int t0 = c * d.Q, q = d.T - t0 < d.Q ? d.T - t0 : d.Q, nt = (int)blockDim.x, tid = (int)threadIdx.x;
     if (i0 >= q) return;
@@ -992,7 +1008,7 @@ static __global__ void ssd_dc_k(float *dCm, float *inter, const float *dG, const
                 if (live)
                     for (int kk = 0; kk < kp; kk++) {
                         float sv = S[(size_t)(p0 + kk) * d.N + n], yv[SSD_RT];
-                        ssd_ld_rt(ytT + kk * SSD_RT, yv);
+                        ssd_ld_rt(ytT + kk * SSD_RTP, yv);
 #pragma unroll
                         for (int il = 0; il < SSD_RT; il++) ds[il] += yv[il] * sv;
                     }
@@ -1018,7 +1034,7 @@ static __global__ void ssd_dc_k(float *dCm, float *inter, const float *dG, const
 
 static size_t ssd_dc_smem(struct ssd_dims d, unsigned nt)
 {
-    return ((size_t)SSD_RT * nt + 2 * (size_t)d.Q * SSD_RT + SSD_RT + SSD_RT * SSD_KT) * sizeof(float);
+    return ((size_t)SSD_RT * nt + 2 * (size_t)d.Q * SSD_RT + SSD_RT + SSD_RTP * SSD_KT) * sizeof(float);
 }
 
 /* 9. one block per (b, h, c): dw_j, dcum_i, da = reverse scan of dcum in the
