@@ -393,8 +393,8 @@ logs_equal "test_attn_bf16 (the reverse run with dQ recomputed, MT_CUDA_ATTN_DS_
 
 # b4. shared-memory bank conflicts of every ldmatrix and plain shared load and store
 #     in the harness runs above (the emulator counts wavefronts a phase, MT_EMU_BANKS:
-#     tests/cuda/banks_check.py): attention v1-v4 at head dims 64 and 128 (b3), the
-#     grouped GEMMs (a); no kernel above 1.05 wavefronts a phase on average
+#     tests/cuda/banks_check.py): attention v1-v4 (b3: the bf16 kernels at head dims
+#     64 and 128), the grouped GEMMs (a); no kernel above 1.05 wavefronts a phase on average
 #     (conflict-free: 1) but those tests/cuda/banks_allow.txt names, each under its
 #     own ceiling. (test_ssm's shapes are not counted: its heads of 4-8 columns wrap
 #     padded rows inside a phase as no real shape does; stage c2 counts the scan at
@@ -722,6 +722,7 @@ g['ssm_scan_tc_calls'] > 0 and g['ssm_scan_tc_fallbacks'] == 0 and g['gemm_bf16_
     else echo "FAIL: emulated train precision=bf16 at the benchmarks' tile shapes"; fail=1; fi
     # ... and every kernel of that step's shared-memory requests (ldmatrix, plain loads
     #     and stores) under 1.05 wavefronts a phase (tests/cuda/banks_check.py, as b4)
+    out="(the run at the benchmarks' shapes did not finish: no counts)"
     if ran gpushape_cuda &&
        out=$(python3 "$SRC/tests/cuda/banks_check.py" --allow "$SRC/tests/cuda/banks_allow.txt" \
                  "$EMU/banks_gpushape.txt"); then
