@@ -84,6 +84,9 @@
 #           r): tensor-core attention and scan every call, no fallback,
 #           within the bf16 curve of the fp32 cpu run, and every kernel of
 #           its step under 1.05 shared-memory wavefronts a phase (as b4);
+#           the same 2 steps in fp32 (the exact kernels, the fp32 scan) equal
+#           the cpu run to 1e-5, race-checked, banks counted (the fp32 scan's
+#           kernels under their tests/cuda/banks_allow.txt ceilings);
 #        c3. `meshtrain logits --backend cuda` on the cpu runs' dense and MoE
 #           checkpoints == the CPU build's `meshtrain logits` to 1e-5 (logits
 #           relative to the largest, lm/aux/z each relative);
@@ -600,6 +603,8 @@ PY
         run6 bf16_hyb_n130_cuda $HYB --backend cuda --set precision=bf16 --set mamba_d_state=130 || rc=1
         run6 bf16_v2_cuda $V2 --backend cuda --set precision=bf16 || rc=1
         MT_CUDA_ATTN_DS_MB=0 run6 bf16_v2ds0_cuda $V2 --backend cuda --set precision=bf16 || rc=1
+        RUN_STEPS=2 MT_EMU_BANKS="$EMU/banks_gpushape32.txt" MT_EMU_RACECHECK=1 \
+            run6 gpushape32_cuda $GPUSHAPE --backend cuda --set precision=fp32 || rc=1
         return $rc
     }
     # the d2048 benchmarks' tile shapes (attention head dim 128, Mamba-3 headdim = d_state =
@@ -729,6 +734,26 @@ g['ssm_scan_tc_calls'] > 0 and g['ssm_scan_tc_fallbacks'] == 0 and g['gemm_bf16_
         echo "$out" | sed 's/^/   /'
         echo "PASS emulated bank conflicts at the benchmarks' tile shapes: every kernel of the bf16 step"
     else echo "$out"; echo "FAIL: shared-memory bank conflicts at the benchmarks' tile shapes"; fail=1; fi
+    # ... and in fp32 (the exact kernels, the fp32 scan) at the same shapes: losses (lm, aux,
+    #     z) = the fp32 cpu run's to 1e-5 relative, no race, every kernel under 1.05
+    #     wavefronts a phase but the fp32 scan's allow-listed ones
+    out="(the fp32 run at the benchmarks' shapes did not finish: no counts)"
+    if ran gpushape_ref_cpu gpushape32_cuda &&
+       python3 - "$EMU/run_gpushape_ref_cpu/receipt.json" "$EMU/run_gpushape32_cuda/receipt.json" <<'PY' &&
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+worst = 0.0
+for key in ("losses", "lm_losses", "aux_losses", "z_losses"):
+    assert len(a[key]) == len(b[key]) == 2 and all(x != 0 for x in a[key]), (key, a[key], b[key])
+    worst = max([worst] + [abs(x - y) / abs(x) for x, y in zip(a[key], b[key])])
+print("   fp32 at the benchmarks' shapes: cuda = cpu, worst relative %.1e (lm, aux, z)" % worst)
+sys.exit(worst > 1e-5)
+PY
+       out=$(python3 "$SRC/tests/cuda/banks_check.py" --allow "$SRC/tests/cuda/banks_allow.txt" \
+                 "$EMU/banks_gpushape32.txt"); then
+        echo "$out" | sed 's/^/   /'
+        echo "PASS emulated train precision=fp32 at the benchmarks' tile shapes: = cpu to 1e-5, no race, banks under their limits"
+    else echo "$out"; echo "FAIL: emulated train precision=fp32 at the benchmarks' tile shapes"; fail=1; fi
     echo "   stage c2: $(( $(date +%s) - t2 ))s"
     fi  # want c2
     if want c; then

@@ -15,7 +15,7 @@ rows) stay under the limit.
 The allow-list (tests/cuda/banks_allow.txt: KIND NAME CEILING REASON) names
 the kernels known to conflict, each with its own ceiling: a kernel over its
 ceiling still fails (a regression), one under LIMIT is reported (NOTE: the
-entry can go). Exit 0 when every kernel is under its limit, 1 otherwise, 2
+entry can go if no other counted run needs it). Exit 0 when every kernel is under its limit, 1 otherwise, 2
 when no file had a line.
 """
 import sys
@@ -73,8 +73,8 @@ def main(argv):
     for key, ceiling in sorted(allow.items()):
         means = [w / max(ph, 1) for k, n, ph, w, _ in rows if (k, n) == key]
         if key in seen and max(means) <= LIMIT:
-            print("NOTE: %s %s is allowed %.2f but measured %.4f: its banks_allow.txt entry can go"
-                  % (key[0], key[1], ceiling, max(means)))
+            print("NOTE: %s %s is allowed %.2f but measured %.4f here (if so in every counted run, its "
+                  "banks_allow.txt entry can go)" % (key[0], key[1], ceiling, max(means)))
     for kind in ("ldmatrix", "ld", "st"):
         of_kind = [r for r in rows if r[0] == kind]
         if not of_kind:
