@@ -752,7 +752,8 @@ PY
        out=$(python3 "$SRC/tests/cuda/banks_check.py" --allow "$SRC/tests/cuda/banks_allow.txt" \
                  "$EMU/banks_gpushape32.txt"); then
         echo "$out" | sed 's/^/   /'
-        echo "PASS emulated train precision=fp32 at the benchmarks' tile shapes: = cpu to 1e-5, no race, banks under their limits"
+        echo "PASS emulated train precision=fp32 at the benchmarks' tile shapes: = cpu to 1e-5, no race," \
+             "banks under their limits"
     else echo "$out"; echo "FAIL: emulated train precision=fp32 at the benchmarks' tile shapes"; fail=1; fi
     echo "   stage c2: $(( $(date +%s) - t2 ))s"
     fi  # want c2
