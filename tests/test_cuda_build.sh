@@ -1010,7 +1010,8 @@ if [ -x "$EMU/meshtrain" ] && [ -f "$EMU/train.bin" ]; then
     # the emulator's bank count itself (smem_emu.cc banks_k, banks_plain_k): ldmatrix rows
     # 144 bytes apart 1 wavefront a phase, 128 apart 8; plain stores and loads (the
     # kernels' access instrumentation) a word a lane 33 words apart 1, 32 apart 32, a
-    # broadcast 1, float4s side by side 1 a phase of 8 lanes, 32 words apart 8
+    # broadcast 1, float4s side by side 1 a phase of 8 lanes, 32 words apart 8; cp.async's
+    # 16-byte copies into rows 64 bytes apart 1 a phase, 80 apart 2
     rm -f "$EMU/smem_emu_banks.txt"
     if [ -x "$EMU/smem_emu" ] && MT_EMU_BANKS="$EMU/smem_emu_banks.txt" "$EMU/smem_emu" banks &&
        grep -qx 'ldmatrix banks_k<144> 4 4 1' "$EMU/smem_emu_banks.txt" &&
@@ -1018,9 +1019,11 @@ if [ -x "$EMU/meshtrain" ] && [ -f "$EMU/train.bin" ]; then
        grep -qx 'st banks_plain_k<33> 1 1 1' "$EMU/smem_emu_banks.txt" &&
        grep -qx 'ld banks_plain_k<33> 6 6 1' "$EMU/smem_emu_banks.txt" &&
        grep -qx 'st banks_plain_k<32> 1 32 32' "$EMU/smem_emu_banks.txt" &&
-       grep -qx 'ld banks_plain_k<32> 6 65 32' "$EMU/smem_emu_banks.txt"; then
-        echo "PASS emulated bank count: ldmatrix, plain stores and loads" \
-             "(conflict-free 1 a phase, the planted strides 8 and 32)"
+       grep -qx 'ld banks_plain_k<32> 6 65 32' "$EMU/smem_emu_banks.txt" &&
+       grep -qx 'cp.async banks_cp_k<64> 4 4 1' "$EMU/smem_emu_banks.txt" &&
+       grep -qx 'cp.async banks_cp_k<80> 4 8 2' "$EMU/smem_emu_banks.txt"; then
+        echo "PASS emulated bank count: ldmatrix, plain stores and loads, cp.async" \
+             "(conflict-free 1 a phase, the planted strides 2, 8 and 32)"
     else cat "$EMU/smem_emu_banks.txt" 2>/dev/null; echo "FAIL: emulated bank count"; fail=1; fi
     # graph_run NAME PRECISION STEPS FLAGS...
     graph_run() {

@@ -2,7 +2,7 @@
 """banks_check.py [--allow FILE] COUNTS... -- the emulator's shared-memory
 bank-conflict counts (MT_EMU_BANKS=FILE, tests/cuda/emu/emu.cc: one line a
 kind and kernel instantiation, KIND NAME PHASES WAVEFRONTS WORST; KIND
-ldmatrix, ld or st) against the ideal of one wavefront a phase.
+ldmatrix, ld, st or cp.async) against the ideal of one wavefront a phase.
 
 A phase is 128 bytes of a warp's request (an ldmatrix.x4 has 4, a plain
 access of up to 4 bytes a lane 1, of 16 bytes 4); conflict-free it is 1
@@ -75,7 +75,7 @@ def main(argv):
         if key in seen and max(means) <= LIMIT:
             print("NOTE: %s %s is allowed %.2f but measured %.4f here (if so in every counted run, its "
                   "banks_allow.txt entry can go)" % (key[0], key[1], ceiling, max(means)))
-    for kind in ("ldmatrix", "ld", "st"):
+    for kind in ("ldmatrix", "ld", "st", "cp.async"):
         of_kind = [r for r in rows if r[0] == kind]
         if not of_kind:
             continue

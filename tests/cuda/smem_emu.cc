@@ -182,6 +182,20 @@ __global__ void banks_plain_k(float *out)
     out[threadIdx.x] = tile[threadIdx.x * STRIDE] + tile[0] + v.x + v.y + v.z + v.w;
 }
 
+/* ... and of cp.async's shared-memory side (the same file): lane l copies 16 bytes to
+ * chunk l % 4 of row l / 4, rows PITCH bytes apart, 4 phases of 8 lanes (2 rows). 64:
+ * the rows side by side, 1 wavefront a phase; 80 (20 words: the grouped GEMM's old
+ * layout) two rows of a phase share the banks of one chunk: 2 a phase */
+template <int PITCH>
+__global__ void banks_cp_k(const float *src, float *out)
+{
+    unsigned char *tile = (unsigned char *)mt_emu_dyn_smem();
+    mt_cp_async16(tile + (threadIdx.x / 4) * PITCH + (threadIdx.x % 4) * 16, src + 4 * threadIdx.x, 16);
+    mt_cp_async_commit();
+    mt_cp_async_wait<0>();
+    out[threadIdx.x] = ((const float *)(tile + (threadIdx.x / 4) * PITCH + (threadIdx.x % 4) * 16))[0];
+}
+
 /* the emulator's race check (`smem_emu race [barrier]` under MT_EMU_RACECHECK=1,
  * stage g): after a barrier, warp 1 reads the words warp 0 wrote before it, then warp 0
  * rewrites them. Without a second barrier between the read and the rewrite it is a
@@ -277,6 +291,10 @@ int main(int argc, char **argv)
         mt_emu_name_kernel((const void *)banks_plain_k<32>, "banks_plain_k<32>");
         mt_emu_launcher(banks_plain_k<33>, dim3(1), dim3(32), 32 * 33 * 4)(out);
         mt_emu_launcher(banks_plain_k<32>, dim3(1), dim3(32), 32 * 33 * 4)(out);
+        mt_emu_name_kernel((const void *)banks_cp_k<64>, "banks_cp_k<64>");
+        mt_emu_name_kernel((const void *)banks_cp_k<80>, "banks_cp_k<80>");
+        mt_emu_launcher(banks_cp_k<64>, dim3(1), dim3(32), 8 * 80)(src, out);
+        mt_emu_launcher(banks_cp_k<80>, dim3(1), dim3(32), 8 * 80)(src, out);
         return 0;
     }
     if (argc > 1 && !strcmp(argv[1], "race")) {   /* a process of its own: the race aborts it */

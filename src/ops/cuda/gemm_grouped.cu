@@ -219,21 +219,26 @@ gg_rows_k(gg_bptrs Bp, const int32_t *offs, int n, int max_rows, int N, int K, f
     const bf16 *Bg = Bp.p[g];
     const int n0 = blockIdx.x * BN;
 
-    /* this thread's 16-byte chunks: A rows (tid >> 2) + 64 i at k column ca; B [n][k] likewise
-     * (rows (tid >> 2) + 64 i), B [k][n] k rows tid / CPR + (256 / CPR) i at column (tid % CPR) 8 */
-    const int ca = (tid & 3) * 8;
+    /* this thread's 16-byte chunks: A rows ra + 64 i at k column ca; B [n][k] likewise (rows
+     * ra + 64 i), B [k][n] k rows tid / CPR + (256 / CPR) i at column (tid % CPR) 8.
+     * ra: a 16-byte copy is served 8 lanes a phase, 2 rows of 64 bytes; rows GG_LDK = 40 bf16
+     * (20 words) apart take banks 20 r + [0, 16), so neighbours overlap by one chunk (2-way,
+     * the emulator's count: 1.3-2.0 wavefronts a phase); rows 4 apart (80 = 16 mod 32) take
+     * the other 16 banks. So a phase's lanes 0-3 copy row R and 4-7 row R + 4; a warp still
+     * covers the same 8 rows (the same global transactions) */
+    const int ca = (tid & 3) * 8, ra = (tid >> 5) * 8 + ((tid >> 3) & 3) + ((tid >> 2) & 1) * 4;
     const bf16 *pa[2], *pb[BI];
     bool oka[2], okb[BI];
 #pragma unroll
     for (int i = 0; i < 2; i++) {
-        const int r = r0 + (tid >> 2) + 64 * i;
+        const int r = r0 + ra + 64 * i;
         oka[i] = r < r1;
         pa[i] = A + (size_t)(oka[i] ? r : r0) * (size_t)lda + ca;
     }
 #pragma unroll
     for (int i = 0; i < BI; i++) {
         if (TB) {
-            const int nn = n0 + (tid >> 2) + 64 * i;
+            const int nn = n0 + ra + 64 * i;
             okb[i] = nn < N;
             pb[i] = Bg + (size_t)(okb[i] ? nn : 0) * (size_t)ldb + ca;
         } else {
@@ -249,14 +254,14 @@ gg_rows_k(gg_bptrs Bp, const int32_t *offs, int n, int max_rows, int N, int K, f
         const bool kin = k0 + ca < K;
 #pragma unroll
         for (int i = 0; i < 2; i++) {
-            const int r = (tid >> 2) + 64 * i;
+            const int r = ra + 64 * i;
             const bool ok = oka[i] && kin;
             mt_cp_async16(As + r * GG_LDK + ca, ok ? pa[i] + k0 : A, ok ? 16 : 0);
         }
 #pragma unroll
         for (int i = 0; i < BI; i++) {
             if (TB) {
-                const int r = (tid >> 2) + 64 * i;
+                const int r = ra + 64 * i;
                 const bool ok = okb[i] && kin;
                 mt_cp_async16(Bs + r * GG_LDK + ca, ok ? pb[i] + k0 : Bg, ok ? 16 : 0);
             } else {

@@ -72,13 +72,14 @@ static std::map<const void *, int> g_smem_optin;
  * common shift by a multiple of 4 moves every bank alike, so the count is the
  * device's) of every ldmatrix (mt_emu_note_ldmatrix) and of every plain load
  * and store of shared memory (sh_note below: the kernels' objects carry the
- * compiler's access instrumentation) and keeps, per kind and kernel, the
- * phases seen, their wavefronts and the worst phase; at exit each line goes to
- * FILE: KIND NAME PHASES WAVEFRONTS WORST, KIND ldmatrix, ld or st. cp.async
- * (one thread a call, served asynchronously) is not counted. */
+ * compiler's access instrumentation) and of every cp.async's 16 destination
+ * bytes (at its issue, grouped like a plain 16-byte store) and keeps, per kind
+ * and kernel, the phases seen, their wavefronts and the worst phase; at exit
+ * each line goes to FILE: KIND NAME PHASES WAVEFRONTS WORST, KIND ldmatrix,
+ * ld, st or cp.async. */
 struct bank_stat { unsigned long long phases = 0, wavefronts = 0; int worst = 0; };
-enum { BANK_LDMATRIX, BANK_LD, BANK_ST, BANK_KINDS };
-static const char *const g_bank_kind[BANK_KINDS] = {"ldmatrix", "ld", "st"};
+enum { BANK_LDMATRIX, BANK_LD, BANK_ST, BANK_CPASYNC, BANK_KINDS };
+static const char *const g_bank_kind[BANK_KINDS] = {"ldmatrix", "ld", "st", "cp.async"};
 static std::map<const void *, std::string> g_kernel_name;
 static std::map<const void *, bank_stat> g_banks[BANK_KINDS];
 static const void *g_cur_kernel;
@@ -965,13 +966,20 @@ static void rc_ldmatrix(const unsigned char *const row[32])
     }
 }
 
+static void sh_bank_note(const void *p, size_t size, int kind, const void *pc);
 static void sh_note(const void *p, size_t size, int kind, const void *pc)
 {
     if (!g_sh_running) return;
     const uintptr_t a = (uintptr_t)p;
     if (a - (uintptr_t)g_dyn.data() >= g_dyn.size() && a - (uintptr_t)sh_static_base() >= sh_static_bytes()) return;
     if (g_race_on > 0) rc_access_range(a, size, kind == BANK_ST, g_cur, pc);
-    if (g_banks_on <= 0) return;
+    if (g_banks_on > 0) sh_bank_note(p, size, kind, pc);
+}
+
+/* a shared access of the current thread into its warp's requests (sh_flush counts them) */
+static void sh_bank_note(const void *p, size_t size, int kind, const void *pc)
+{
+    const uintptr_t a = (uintptr_t)p;
     const fiber &f = g_f[(size_t)g_cur];
     sh_warp &sw = g_sh[(size_t)f.warp];
     for (size_t off = 0; off < size; off += 16) {   /* a range (a struct copy): 16-byte pieces, in order */
@@ -1381,6 +1389,7 @@ void mt_emu_cp_async16(void *dst, const void *src, int nbytes)
     else memset(p.data, 0, 16);
     p.group = g_f[g_cur].cp_committed;
     p.pc = __builtin_return_address(0);
+    if (g_banks_on > 0 && g_sh_running) sh_bank_note(dst, 16, BANK_CPASYNC, p.pc);   /* its shared-memory side */
     memset(dst, 0xff, 16);   /* undefined until the wait: NaN */
     g_cp[(size_t)g_cur].push_back(p);
 }
