@@ -249,6 +249,14 @@ logs_equal() {
     if cmp -s "$2" "$3"; then echo "PASS emulated $1: the same log in the reverse launch order"
     else diff "$2" "$3" | head -10; echo "FAIL: emulated $1: the reverse launch order printed another log"; fail=1; fi
 }
+# banks FILE...: the emulator's bank-conflict counts (MT_EMU_BANKS files) through
+# tests/cuda/banks_check.py and its allow-list; the report indented, the status its own
+banks() {
+    local out rc
+    out=$(python3 "$SRC/tests/cuda/banks_check.py" --allow "$SRC/tests/cuda/banks_allow.txt" "$@"); rc=$?
+    echo "$out" | sed 's/^/   /'
+    return $rc
+}
 declare -A REV_PID
 rev_start() {   # rev_start NAME CMD...: $EMU/NAME_rev.log; with the race check (docs/cuda.md, "The CPU emulator")
     local n=$1; shift
@@ -405,9 +413,7 @@ logs_equal "test_attn_bf16 (the reverse run with dQ recomputed, MT_CUDA_ATTN_DS_
 #     b3 always runs (v2's kernels use ldmatrix): no counts from it is a failure, not a skip
 banks_files="$EMU/banks_attn.txt"
 [ -f "$EMU/banks_gemm.txt" ] && banks_files="$banks_files $EMU/banks_gemm.txt"   # stage a may be deselected
-if out=$(python3 "$SRC/tests/cuda/banks_check.py" --allow "$SRC/tests/cuda/banks_allow.txt" $banks_files); then
-    echo "$out"
-else echo "$out"; echo "FAIL: shared-memory bank conflicts (harness runs)"; fail=1; fi
+banks $banks_files || { echo "FAIL: shared-memory bank conflicts (harness runs)"; fail=1; }
 
 # c. tiny training runs, cpu vs emulated cuda: dense (fp32, bf16) and MoE (fp32)
 if ! g++ -fopenmp "$EMU"/lib/*.o "$EMU"/cu/*.o -lopenblas -lcjson -lxxhash -lm $SANL \
@@ -727,17 +733,12 @@ g['ssm_scan_tc_calls'] > 0 and g['ssm_scan_tc_fallbacks'] == 0 and g['gemm_bf16_
     else echo "FAIL: emulated train precision=bf16 at the benchmarks' tile shapes"; fail=1; fi
     # ... and every kernel of that step's shared-memory requests (ldmatrix, plain loads
     #     and stores) under 1.05 wavefronts a phase (tests/cuda/banks_check.py, as b4)
-    out="(the run at the benchmarks' shapes did not finish: no counts)"
-    if ran gpushape_cuda &&
-       out=$(python3 "$SRC/tests/cuda/banks_check.py" --allow "$SRC/tests/cuda/banks_allow.txt" \
-                 "$EMU/banks_gpushape.txt"); then
-        echo "$out" | sed 's/^/   /'
+    if ran gpushape_cuda && banks "$EMU/banks_gpushape.txt"; then
         echo "PASS emulated bank conflicts at the benchmarks' tile shapes: every kernel of the bf16 step"
-    else echo "$out"; echo "FAIL: shared-memory bank conflicts at the benchmarks' tile shapes"; fail=1; fi
+    else echo "FAIL: shared-memory bank conflicts at the benchmarks' tile shapes (or no run, no counts)"; fail=1; fi
     # ... and in fp32 (the exact kernels, the fp32 scan) at the same shapes: losses (lm, aux,
     #     z) = the fp32 cpu run's to 1e-5 relative, no race, every kernel under 1.05
     #     wavefronts a phase but the fp32 scan's allow-listed ones
-    out="(the fp32 run at the benchmarks' shapes did not finish: no counts)"
     if ran gpushape_ref_cpu gpushape32_cuda &&
        python3 - "$EMU/run_gpushape_ref_cpu/receipt.json" "$EMU/run_gpushape32_cuda/receipt.json" <<'PY' &&
 import json, sys
@@ -749,12 +750,10 @@ for key in ("losses", "lm_losses", "aux_losses", "z_losses"):
 print("   fp32 at the benchmarks' shapes: cuda = cpu, worst relative %.1e (lm, aux, z)" % worst)
 sys.exit(worst > 1e-5)
 PY
-       out=$(python3 "$SRC/tests/cuda/banks_check.py" --allow "$SRC/tests/cuda/banks_allow.txt" \
-                 "$EMU/banks_gpushape32.txt"); then
-        echo "$out" | sed 's/^/   /'
+       banks "$EMU/banks_gpushape32.txt"; then
         echo "PASS emulated train precision=fp32 at the benchmarks' tile shapes: = cpu to 1e-5, no race," \
              "banks under their limits"
-    else echo "$out"; echo "FAIL: emulated train precision=fp32 at the benchmarks' tile shapes"; fail=1; fi
+    else echo "FAIL: emulated train precision=fp32 at the benchmarks' tile shapes"; fail=1; fi
     echo "   stage c2: $(( $(date +%s) - t2 ))s"
     fi  # want c2
     if want c; then

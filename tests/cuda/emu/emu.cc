@@ -797,8 +797,25 @@ struct sh_warp {
 };
 static std::vector<sh_warp> g_sh;           /* per warp of the running block */
 static int g_sh_running;                    /* a block runs (the hooks' fiber is g_cur) */
-static unsigned char *sh_static_base(void);
-static size_t sh_static_bytes(void);
+
+/* the static shared arrays' section (cuda_runtime.h __shared__): the linker's
+ * bounds, weak so that a program without one links */
+extern "C" unsigned char __start_mt_emu_smem[] __attribute__((weak));
+extern "C" unsigned char __stop_mt_emu_smem[] __attribute__((weak));
+static unsigned char *const g_static_smem = __start_mt_emu_smem;
+static const size_t g_static_smem_bytes =
+    __start_mt_emu_smem ? (size_t)((uintptr_t)__stop_mt_emu_smem - (uintptr_t)__start_mt_emu_smem) : 0;
+
+/* the shared memory address a lies in: the block's dynamic area or the static
+ * arrays' section (its base; dyn picks the race check's shadow); false: neither */
+struct sh_region { uintptr_t base; bool dyn; };
+static bool sh_region_of(uintptr_t a, sh_region *r)
+{
+    if (a - (uintptr_t)g_dyn.data() < g_dyn.size()) *r = {(uintptr_t)g_dyn.data(), true};
+    else if (a - (uintptr_t)g_static_smem < g_static_smem_bytes) *r = {(uintptr_t)g_static_smem, false};
+    else return false;
+    return true;
+}
 
 /* a request: its lanes in phases (size <= 4: 1 phase of 32 lanes; 8: 2 of 16; 16: 4 of 8) */
 static void sh_count(const sh_row &r, int size, bank_stat &st)
@@ -913,7 +930,8 @@ static bool rc_ordered(const rc_access &a, int tid)
     return (int)(a.tid1 - 1) / 32 == warp && a.wep != g_rc_wep[(size_t)warp];
 }
 
-static void rc_report(const char *what, uintptr_t a, int tid, const rc_access &other, const void *pc)
+static void rc_report(const char *what, uintptr_t a, const sh_region &r, int tid, const rc_access &other,
+                      const void *pc)
 {
     const auto it = g_kernel_name.find(g_cur_kernel);
     Dl_info info;
@@ -922,9 +940,7 @@ static void rc_report(const char *what, uintptr_t a, int tid, const rc_access &o
             "cuda emu: shared-memory race (%s) in %s, block (%u,%u,%u): thread %d (warp %d) at byte %zu of %s "
             "shared memory, last %s by thread %d (warp %d) with no barrier between",
             what, it != g_kernel_name.end() ? it->second.c_str() : "a kernel", blockIdx.x, blockIdx.y, blockIdx.z, tid,
-            tid / 32, (size_t)(a - (a - (uintptr_t)g_dyn.data() < g_dyn.size() ? (uintptr_t)g_dyn.data()
-                                                                               : (uintptr_t)sh_static_base())),
-            a - (uintptr_t)g_dyn.data() < g_dyn.size() ? "dynamic" : "static", what[0] == 'R' ? "written" : "read",
+            tid / 32, (size_t)(a - r.base), r.dyn ? "dynamic" : "static", what[0] == 'R' ? "written" : "read",
             (int)other.tid1 - 1, ((int)other.tid1 - 1) / 32);
     if (named)
         fprintf(stderr, " (the instruction: addr2line -f -C -i -e %s 0x%lx)", info.dli_fname,
@@ -933,21 +949,20 @@ static void rc_report(const char *what, uintptr_t a, int tid, const rc_access &o
     abort();
 }
 
-/* thread tid reads (write 0) or writes [a, a + size) of shared memory */
-static void rc_access_range(uintptr_t a, size_t size, int write, int tid, const void *pc)
+/* thread tid reads (write 0) or writes [a, a + size) of shared memory region r */
+static void rc_access_range(uintptr_t a, size_t size, int write, int tid, const void *pc, const sh_region &r)
 {
-    const bool dyn = a - (uintptr_t)g_dyn.data() < g_dyn.size();
-    std::vector<rc_word> &sh = dyn ? g_rc_dyn : g_rc_static;
-    const uintptr_t base = dyn ? (uintptr_t)g_dyn.data() : (uintptr_t)sh_static_base();
+    std::vector<rc_word> &sh = r.dyn ? g_rc_dyn : g_rc_static;
+    const uintptr_t base = r.base;
     const rc_access now = {(uint32_t)tid + 1, g_rc_bep, g_rc_wep[(size_t)(tid / 32)]};
     for (uintptr_t w = (a - base) / 4; w <= (a - base + size - 1) / 4 && w < sh.size(); w++) {
         rc_word &e = sh[w];
         if (write) {
-            if (!rc_ordered(e.r, tid)) rc_report("WAR", base + 4 * w, tid, e.r, pc);
+            if (!rc_ordered(e.r, tid)) rc_report("WAR", base + 4 * w, r, tid, e.r, pc);
             e.w = now;
             e.r = rc_access();
         } else {
-            if (!rc_ordered(e.w, tid)) rc_report("RAW", base + 4 * w, tid, e.w, pc);
+            if (!rc_ordered(e.w, tid)) rc_report("RAW", base + 4 * w, r, tid, e.w, pc);
             e.r = now;
         }
     }
@@ -960,20 +975,9 @@ static void rc_ldmatrix(const unsigned char *const row[32])
     if (g_race_on <= 0 || !g_sh_running) return;
     const int t0 = g_f[(size_t)g_cur].warp * 32;
     for (int l = 0; l < 32; l++) {
-        const uintptr_t a = (uintptr_t)row[l];
-        if (a - (uintptr_t)g_dyn.data() < g_dyn.size() || a - (uintptr_t)sh_static_base() < sh_static_bytes())
-            rc_access_range(a, 16, 0, t0 + l, NULL);
+        sh_region r;
+        if (sh_region_of((uintptr_t)row[l], &r)) rc_access_range((uintptr_t)row[l], 16, 0, t0 + l, NULL, r);
     }
-}
-
-static void sh_bank_note(const void *p, size_t size, int kind, const void *pc);
-static void sh_note(const void *p, size_t size, int kind, const void *pc)
-{
-    if (!g_sh_running) return;
-    const uintptr_t a = (uintptr_t)p;
-    if (a - (uintptr_t)g_dyn.data() >= g_dyn.size() && a - (uintptr_t)sh_static_base() >= sh_static_bytes()) return;
-    if (g_race_on > 0) rc_access_range(a, size, kind == BANK_ST, g_cur, pc);
-    if (g_banks_on > 0) sh_bank_note(p, size, kind, pc);
 }
 
 /* a shared access of the current thread into its warp's requests (sh_flush counts them) */
@@ -1001,6 +1005,15 @@ static void sh_bank_note(const void *p, size_t size, int kind, const void *pc)
         s.rows[k].addr[f.lane] = (uint32_t)(a + off);
         s.rows[k].mask |= 1u << f.lane;
     }
+}
+
+/* an instrumented access (the __tsan_* calls below): the race check and the bank count */
+static void sh_note(const void *p, size_t size, int kind, const void *pc)
+{
+    sh_region r;
+    if (!g_sh_running || !sh_region_of((uintptr_t)p, &r)) return;
+    if (g_race_on > 0) rc_access_range((uintptr_t)p, size, kind == BANK_ST, g_cur, pc, r);
+    if (g_banks_on > 0) sh_bank_note(p, size, kind, pc);
 }
 
 static void release_block_if_ready(void)
@@ -1405,7 +1418,9 @@ void mt_emu_cp_async_wait(int n)
     size_t keep = 0;
     for (size_t i = 0; i < v.size(); i++) {
         if (v[i].group + (unsigned)n < done) {
-            if (g_race_on > 0 && g_sh_running) rc_access_range((uintptr_t)v[i].dst, 16, 1, g_cur, v[i].pc);
+            sh_region r;
+            if (g_race_on > 0 && g_sh_running && sh_region_of((uintptr_t)v[i].dst, &r))
+                rc_access_range((uintptr_t)v[i].dst, 16, 1, g_cur, v[i].pc, r);
             memcpy(v[i].dst, v[i].data, 16);
         } else v[keep++] = v[i];
     }
@@ -1516,19 +1531,8 @@ static void *fiber_stack_init(char *stack, size_t bytes)
     return &w[-9];
 }
 
-/* the static shared arrays' section (cuda_runtime.h __shared__): the linker's
- * bounds, weak so that a program without one links */
-extern "C" unsigned char __start_mt_emu_smem[] __attribute__((weak));
-extern "C" unsigned char __stop_mt_emu_smem[] __attribute__((weak));
-static unsigned char *const g_static_smem = __start_mt_emu_smem;
-static const size_t g_static_smem_bytes =
-    __start_mt_emu_smem ? (size_t)((uintptr_t)__stop_mt_emu_smem - (uintptr_t)__start_mt_emu_smem) : 0;
-
-static unsigned char *sh_static_base(void) { return g_static_smem; }
-static size_t sh_static_bytes(void) { return g_static_smem_bytes; }
-
-/* GCC's -fsanitize=thread calls, for the bank count (sh_note; every other
- * check of that sanitizer is not wanted here, and its runtime not linked) */
+/* GCC's -fsanitize=thread calls, for the bank count and the race check (sh_note;
+ * every other check of that sanitizer is not wanted here, its runtime not linked) */
 #define MT_EMU_TSAN_SIZED(n)                                                                                  \
     extern "C" void __tsan_read##n(void *p) { sh_note(p, n, BANK_LD, __builtin_return_address(0)); }          \
     extern "C" void __tsan_write##n(void *p) { sh_note(p, n, BANK_ST, __builtin_return_address(0)); }         \
