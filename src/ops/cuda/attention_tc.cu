@@ -57,6 +57,7 @@
  * mt_ops_cuda_info.attention_fp32_fallbacks).
  */
 #include "cuda_impl.cuh"
+#include "attn_sched.cuh"
 
 #include <math.h>
 #include <mma.h>
@@ -186,7 +187,8 @@ attn_tc_fwd_k(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k,
     bf16 *Vs = Ks + TC_B * ldh;
     float *Ss = (float *)(Vs + TC_B * ldh);
     bf16 *Ps = (bf16 *)(Ss + TC_WARPS * 16 * TC_LDS);
-    const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / (H / K);
+    const struct mt_attn_slot sl = mt_attn_block_slot();   /* the longest rows first (attn_sched.cuh) */
+    const int qt = (T + TC_B - 1) / TC_B - 1 - sl.rank, h = sl.pair % H, b = sl.pair / H, kvh = h / (H / K);
     const int warp = threadIdx.x / MT_WARP, lane = threadIdx.x % MT_WARP;
     const int i0 = qt * TC_B;
     float *Sw = Ss + warp * 16 * TC_LDS;
@@ -292,7 +294,8 @@ attn_tc_dkdv_k(float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, bf16 *dsg, const bf
     bf16 *DSs = Ps + TC_WARPS * 16 * TC_LDP;
     float *Ls = (float *)(DSs + TC_WARPS * 16 * TC_LDP);
     float *Dsh = Ls + TC_B;
-    const int kt = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, grp = H / K;
+    const struct mt_attn_slot sl = mt_attn_block_slot();   /* kt 0 (the most work) first (attn_sched.cuh) */
+    const int kt = sl.rank, kvh = sl.pair % K, b = sl.pair / K, grp = H / K;
     const int warp = threadIdx.x / MT_WARP, lane = threadIdx.x % MT_WARP;
     const int j0 = kt * TC_B;
     float *Sw = Ss + warp * 16 * TC_LDS;
@@ -370,7 +373,8 @@ attn_tc_dq_k(float *dq, bf16 *dq_b, const bf16 *q, const bf16 *k, const bf16 *v,
     bf16 *Vs = Ks + TC_B * ldh;
     float *Ss = (float *)(Vs + TC_B * ldh);
     bf16 *DSs = (bf16 *)(Ss + TC_WARPS * 16 * TC_LDS);
-    const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / (H / K);
+    const struct mt_attn_slot sl = mt_attn_block_slot();   /* the longest rows first (attn_sched.cuh) */
+    const int qt = (T + TC_B - 1) / TC_B - 1 - sl.rank, h = sl.pair % H, b = sl.pair / H, kvh = h / (H / K);
     const int warp = threadIdx.x / MT_WARP, lane = threadIdx.x % MT_WARP;
     const int i0 = qt * TC_B;
     float *Sw = Ss + warp * 16 * TC_LDS;
@@ -423,7 +427,8 @@ attn_tc_dq_ds_k(float *dq, bf16 *dq_b, const bf16 *dsg, const bf16 *k, int T, in
     const int hd16 = tc_hd16(hd), nf = hd16 / 16, ldh = hd16 + 8;
     bf16 *Ks = (bf16 *)sm;
     bf16 *DSt = Ks + TC_B * ldh;  /* (64 keys, TC_LDP) dS^T */
-    const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / (H / K);
+    const struct mt_attn_slot sl = mt_attn_block_slot();   /* the longest rows first (attn_sched.cuh) */
+    const int qt = (T + TC_B - 1) / TC_B - 1 - sl.rank, h = sl.pair % H, b = sl.pair / H, kvh = h / (H / K);
     const int warp = threadIdx.x / MT_WARP, n_qt = (T + TC_B - 1) / TC_B;
     frag_c dqa[NF];
 #pragma unroll
@@ -596,7 +601,7 @@ static void tc_fwd_launch(float *out, bf16 *out_b, float *lse, const struct tc_o
 {
     const size_t smem = tc_smem_fwd(tc_hd16(hd));
     if (!mt_cuda_smem_opt_in(attn_tc_fwd_k<NF>, smem)) return;
-    dim3 grid((unsigned)((T + TC_B - 1) / TC_B), (unsigned)H, (unsigned)B);
+    const dim3 grid = mt_attn_grid((T + TC_B - 1) / TC_B, B * H, 4ll * T * hd);   /* K, V re-read */
     MT_LAUNCH(attn_tc_fwd_k<NF>, grid, TC_THREADS, smem)(out, out_b, lse, o->q, o->k, o->v, T, H, K, hd,
                                                          1.0f / sqrtf((float)hd), o->vec);
     MT_CUDA_KCHECK();
@@ -611,16 +616,17 @@ static void tc_bwd_launch(float *dq, bf16 *dq_b, float *dk, bf16 *dk_b, float *d
     const size_t s_kv = tc_smem_dkdv(hd16), s_q = o->ds ? tc_smem_dq_ds(hd16) : tc_smem_dq(hd16);
     if (!mt_cuda_smem_opt_in(attn_tc_dkdv_k<NF>, s_kv)) return;
     if (o->ds ? !mt_cuda_smem_opt_in(attn_tc_dq_ds_k<NF>, s_q) : !mt_cuda_smem_opt_in(attn_tc_dq_k<NF>, s_q)) return;
-    const unsigned nt = (unsigned)((T + TC_B - 1) / TC_B);
-    MT_LAUNCH(attn_tc_dkdv_k<NF>, dim3(nt, (unsigned)K, (unsigned)B), TC_THREADS, s_kv)(
+    const int nt = (T + TC_B - 1) / TC_B;
+    const dim3 g_kv = mt_attn_grid(nt, B * K, 4ll * T * hd * (H / K)), g_q = mt_attn_grid(nt, B * H, 4ll * T * hd);
+    MT_LAUNCH(attn_tc_dkdv_k<NF>, g_kv, TC_THREADS, s_kv)(
         dk, dk_b, dv, dv_b, o->ds, o->q, o->k, o->v, o->g, lse, o->D, T, H, K, hd, scale, o->vec, ldv_b);
     MT_CUDA_KCHECK();
     if (o->ds) {  /* dQ = dS K from the tiles the dK/dV kernel stored */
-        MT_LAUNCH(attn_tc_dq_ds_k<NF>, dim3(nt, (unsigned)H, (unsigned)B), TC_THREADS, s_q)(
+        MT_LAUNCH(attn_tc_dq_ds_k<NF>, g_q, TC_THREADS, s_q)(
             dq, dq_b, o->ds, o->k, T, H, K, hd, o->vec);
     } else {      /* over the cap: recompute S, P, dP per tile */
         mt_cuda_be->info.attention_dq_recompute++;
-        MT_LAUNCH(attn_tc_dq_k<NF>, dim3(nt, (unsigned)H, (unsigned)B), TC_THREADS, s_q)(
+        MT_LAUNCH(attn_tc_dq_k<NF>, g_q, TC_THREADS, s_q)(
             dq, dq_b, o->q, o->k, o->v, o->g, lse, o->D, T, H, K, hd, scale, o->vec);
     }
     MT_CUDA_KCHECK();

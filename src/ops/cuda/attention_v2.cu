@@ -72,6 +72,7 @@
 #include "cuda_impl.cuh"
 #include "mma_sync.cuh"
 #include "attn_online.cuh"
+#include "attn_sched.cuh"
 
 #include <math.h>
 
@@ -269,8 +270,8 @@ attn_v2_fwd_k(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k,
     bf16 *Ks = Qs + MW * TILE;     /* 2 buffers */
     bf16 *Vs = Ks + 2 * TILE;      /* 2 buffers */
     const int n_qt = (T + QROWS - 1) / QROWS;
-    const int qt = n_qt - 1 - (int)blockIdx.x;  /* the longest rows first */
-    const int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / K);
+    const struct mt_attn_slot sl = mt_attn_block_slot();   /* the longest rows first (attn_sched.cuh) */
+    const int qt = n_qt - 1 - sl.rank, h = sl.pair % H, b = sl.pair / H, kvh = h / (H / K);
     const int warp = threadIdx.x / MT_WARP, lane = threadIdx.x % MT_WARP, g = lane >> 2, t = lane & 3;
     const int i0 = qt * QROWS, w0 = i0 + 16 * MW * warp;  /* this warp's rows w0 .. w0 + 16 MW - 1 */
     const int wlast = w0 < T ? w0 / V2_B : -1;            /* its diagonal key tile (none: rows past T) */
@@ -333,7 +334,8 @@ attn_v2_dkdv_k(float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, bf16 *ds, const bf1
     bf16 *Gs = Qs + 2 * TILE;  /* 2 buffers */
     float *Ls = (float *)(Gs + 2 * TILE);  /* 2 x 64 */
     float *Ds = Ls + 2 * V2_B;             /* 2 x 64 */
-    const int kt = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, grp = H / K;  /* kt 0 (the most work) first */
+    const struct mt_attn_slot sl = mt_attn_block_slot();   /* kt 0 (the most work) first (attn_sched.cuh) */
+    const int kt = sl.rank, kvh = sl.pair % K, b = sl.pair / K, grp = H / K;
     const int warp = threadIdx.x / MT_WARP, lane = threadIdx.x % MT_WARP, g4 = lane >> 2, t = lane & 3;
     const int j0 = kt * V2_B, key0 = j0 + 16 * warp + g4;  /* this lane's keys: key0, key0 + 8 */
     const int n_qt = (T + V2_B - 1) / V2_B, per_h = n_qt - kt, n_it = grp * per_h;
@@ -411,8 +413,8 @@ attn_v2_dq_ds_k(float *dq, bf16 *dq_b, const bf16 *ds, const bf16 *k, int T, int
     bf16 *Ks = (bf16 *)sm;          /* 2 buffers */
     bf16 *Ss = Ks + 2 * TILE;       /* 2 buffers of MW dS^T tiles (one per 64-query half) */
     const int n_qt = (T + V2_B - 1) / V2_B, n_qb = (T + QROWS - 1) / QROWS;
-    const int qb = n_qb - 1 - (int)blockIdx.x;  /* the longest rows first */
-    const int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / K);
+    const struct mt_attn_slot sl = mt_attn_block_slot();   /* the longest rows first (attn_sched.cuh) */
+    const int qb = n_qb - 1 - sl.rank, h = sl.pair % H, b = sl.pair / H, kvh = h / (H / K);
     const int warp = threadIdx.x / MT_WARP, lane = threadIdx.x % MT_WARP;
     /* this warp's 16 MW rows: in the 64-query tile wq (its dS tiles), from column wc of them */
     const int wq = qb * MW + (16 * MW * warp) / V2_B, wc = (16 * MW * warp) % V2_B, hf = wq - qb * MW;
@@ -462,8 +464,8 @@ attn_v2_dq_k(float *dq, bf16 *dq_b, const bf16 *q, const bf16 *k, const bf16 *v,
     bf16 *Ks = Gs + TILE;      /* 2 buffers */
     bf16 *Vs = Ks + 2 * TILE;  /* 2 buffers */
     const int n_qt = (T + V2_B - 1) / V2_B;
-    const int qt = n_qt - 1 - (int)blockIdx.x;  /* the longest rows first */
-    const int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / K);
+    const struct mt_attn_slot sl = mt_attn_block_slot();   /* the longest rows first (attn_sched.cuh) */
+    const int qt = n_qt - 1 - sl.rank, h = sl.pair % H, b = sl.pair / H, kvh = h / (H / K);
     const int warp = threadIdx.x / MT_WARP, lane = threadIdx.x % MT_WARP, g4 = lane >> 2, t = lane & 3;
     const int i0 = qt * V2_B, row0 = i0 + 16 * warp + g4;
     const size_t lrow = ((size_t)b * (size_t)H + (size_t)h) * (size_t)T;
@@ -528,7 +530,7 @@ static void v2_fwd_mw(float *out, bf16 *out_b, float *lse, const bf16 *q, const 
     const size_t smem = (size_t)(4 + MW) * v2_tile_bytes(HD);
     if (!mt_cuda_smem_opt_in(attn_v2_fwd_k<HD, MW>, smem)) return;
     const float c = (1.0f / sqrtf((float)HD)) * V2_LOG2E;
-    dim3 grid((unsigned)((T + V2_B * MW - 1) / (V2_B * MW)), (unsigned)H, (unsigned)B);
+    const dim3 grid = mt_attn_grid((T + V2_B * MW - 1) / (V2_B * MW), B * H, 4ll * T * HD);   /* K, V re-read */
     MT_LAUNCH((attn_v2_fwd_k<HD, MW>), grid, V2_THREADS, smem)(out, out_b, lse, q, k, v, T, H, K, c);
     MT_CUDA_KCHECK();
 }
@@ -547,8 +549,8 @@ static void v2_dq_ds(float *dq, bf16 *dq_b, const bf16 *ds, const bf16 *k, int B
 {
     const size_t smem = 2 * v2_tile_bytes(HD) + 2 * (size_t)MW * V2_B * (V2_B + 8) * 2;
     if (!mt_cuda_smem_opt_in(attn_v2_dq_ds_k<HD, MW>, smem)) return;
-    const unsigned nb = (unsigned)((T + V2_B * MW - 1) / (V2_B * MW));
-    MT_LAUNCH((attn_v2_dq_ds_k<HD, MW>), dim3(nb, (unsigned)H, (unsigned)B), V2_THREADS, smem)(dq, dq_b, ds, k, T, H, K);
+    const dim3 grid = mt_attn_grid((T + V2_B * MW - 1) / (V2_B * MW), B * H, 2ll * T * HD);   /* K re-read */
+    MT_LAUNCH((attn_v2_dq_ds_k<HD, MW>), grid, V2_THREADS, smem)(dq, dq_b, ds, k, T, H, K);
     MT_CUDA_KCHECK();
 }
 
@@ -561,15 +563,15 @@ static void v2_bwd(float *dq, bf16 *dq_b, float *dk, bf16 *dk_b, float *dv, bf16
 {
     const size_t s_kv = 6 * v2_tile_bytes(HD) + 4 * V2_B * sizeof(float), s_q = 6 * v2_tile_bytes(HD);
     const float scale = 1.0f / sqrtf((float)HD), c = scale * V2_LOG2E;
-    const unsigned nt = (unsigned)((T + V2_B - 1) / V2_B);
+    const int nt = (T + V2_B - 1) / V2_B;
     if (v2_wgmma()) {   /* dK/dV on wgmma, the same dS tiles */
         mt_attn_wg_dkdv(dk, (mt_bf16 *)dk_b, dv, (mt_bf16 *)dv_b, (mt_bf16 *)ds, (const mt_bf16 *)q,
                         (const mt_bf16 *)k, (const mt_bf16 *)v, (const mt_bf16 *)g, lse, D, B, T, H, K, HD, ldv_b);
     } else {
         if (!mt_cuda_smem_opt_in(attn_v2_dkdv_k<HD>, s_kv)) return;
-        MT_LAUNCH(attn_v2_dkdv_k<HD>, dim3(nt, (unsigned)K, (unsigned)B), V2_THREADS, s_kv)(dk, dk_b, dv, dv_b, ds, q,
-                                                                                           k, v, g, lse, D, T, H, K,
-                                                                                           scale, c, ldv_b);
+        const dim3 grid = mt_attn_grid(nt, B * K, 4ll * T * HD * (H / K));   /* the group's Q and dO re-read */
+        MT_LAUNCH(attn_v2_dkdv_k<HD>, grid, V2_THREADS, s_kv)(dk, dk_b, dv, dv_b, ds, q, k, v, g, lse, D, T, H, K,
+                                                             scale, c, ldv_b);
         MT_CUDA_KCHECK();
     }
     if (ds) {
@@ -581,8 +583,8 @@ static void v2_bwd(float *dq, bf16 *dq_b, float *dk, bf16 *dk_b, float *dv, bf16
     }
     if (!mt_cuda_smem_opt_in(attn_v2_dq_k<HD>, s_q)) return;
     mt_cuda_be->info.attention_dq_recompute++;
-    MT_LAUNCH(attn_v2_dq_k<HD>, dim3(nt, (unsigned)H, (unsigned)B), V2_THREADS, s_q)(dq, dq_b, q, k, v, g, lse, D, T,
-                                                                                   H, K, scale, c);
+    MT_LAUNCH(attn_v2_dq_k<HD>, mt_attn_grid(nt, B * H, 4ll * T * HD), V2_THREADS, s_q)(dq, dq_b, q, k, v, g, lse, D,
+                                                                                       T, H, K, scale, c);
     MT_CUDA_KCHECK();
 }
 

@@ -39,6 +39,7 @@
 #include "cuda_impl.cuh"
 #include "wgmma.cuh"
 #include "attn_online.cuh"
+#include "attn_sched.cuh"
 
 #include <math.h>
 
@@ -188,8 +189,8 @@ attn_wg_fwd_k(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf16 *k,
     unsigned char *Vs = Ks + 2 * TILE;      /* 2 buffers of V as it comes */
     unsigned char *Vt = Vs + 2 * TILE;      /* 2 buffers of V^T */
     const int n_qt = (T + WG_ROWS - 1) / WG_ROWS;
-    const int qt = n_qt - 1 - (int)blockIdx.x;  /* the longest rows first */
-    const int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / K);
+    const struct mt_attn_slot sl = mt_attn_block_slot();   /* the longest rows first (attn_sched.cuh) */
+    const int qt = n_qt - 1 - sl.rank, h = sl.pair % H, b = sl.pair / H, kvh = h / (H / K);
     const int wg = mt_wgmma_group(), warp = (threadIdx.x % 128) / MT_WARP, lane = threadIdx.x % MT_WARP;
     const int g = lane >> 2, t = lane & 3;
     const int i0 = qt * WG_ROWS, w0 = i0 + WG_B * wg;   /* this warpgroup's rows w0 .. w0 + 63 */
@@ -324,7 +325,8 @@ attn_wg_dkdv_k(float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, bf16 *ds, const bf1
     unsigned char *Gt = Qt + 2 * TILE;   /* 2 buffers of dO^T */
     float *Ls = (float *)(Gt + 2 * TILE);   /* 2 x 64 */
     float *Ds = Ls + 2 * WG_B;              /* 2 x 64 */
-    const int kb = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, grp = H / K;   /* kb 0 (the most work) first */
+    const struct mt_attn_slot sl = mt_attn_block_slot();   /* kb 0 (the most work) first (attn_sched.cuh) */
+    const int kb = sl.rank, kvh = sl.pair % K, b = sl.pair / K, grp = H / K;
     const int wg = mt_wgmma_group(), warp = (threadIdx.x % 128) / MT_WARP, lane = threadIdx.x % MT_WARP;
     const int n_qt = (T + WG_B - 1) / WG_B, qt0 = 2 * kb, kt = qt0 + wg;   /* kt: this warpgroup's key tile */
     const int j0 = kt * WG_B, key0 = j0 + 16 * warp + (lane >> 2);   /* this lane's keys: key0, key0 + 8 */
@@ -385,10 +387,10 @@ static void wg_dkdv(float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, bf16 *ds, cons
     const size_t smem = 12 * (size_t)WG_B * HD * 2 + 4 * WG_B * sizeof(float) + MT_WGMMA_ALIGN_SLACK;
     if (!mt_cuda_smem_opt_in(attn_wg_dkdv_k<HD>, smem)) return;
     const float scale = 1.0f / sqrtf((float)HD), c = scale * WG_LOG2E;
-    const unsigned n_kb = (unsigned)((T + 2 * WG_B - 1) / (2 * WG_B));
-    MT_LAUNCH(attn_wg_dkdv_k<HD>, dim3(n_kb, (unsigned)K, (unsigned)B), WG_THREADS, smem)(dk, dk_b, dv, dv_b, ds, q,
-                                                                                        k, v, g, lse, D, T, H, K,
-                                                                                        scale, c, ldv_b);
+    const int n_kb = (T + 2 * WG_B - 1) / (2 * WG_B);
+    const dim3 grid = mt_attn_grid(n_kb, B * K, 4ll * T * HD * (H / K));   /* the group's Q and dO re-read */
+    MT_LAUNCH(attn_wg_dkdv_k<HD>, grid, WG_THREADS, smem)(dk, dk_b, dv, dv_b, ds, q, k, v, g, lse, D, T, H, K, scale, c,
+                                                         ldv_b);
     MT_CUDA_KCHECK();
 }
 
@@ -443,7 +445,7 @@ static __device__ MT_WARP_STEP void wg_dq_issue(float (&dqa)[HD / 2], const bf16
  * done by then, so their buffers refill), after the wait (K^T_{kt+1} visible to
  * the async proxy, K^T_kt free). The A fragments and accumulators live across
  * the transpose: __launch_bounds__ holds the blocks an SM at the single-buffered
- * kernel's (hd 128: 2, 126 registers; hd 64: 3, 80 registers and a 4-byte spill,
+ * kernel's (hd 128: 2, 126 registers; hd 64: 3, 80 registers and a 16-byte spill,
  * tests/cuda/spill_allow.txt); uncapped, ptxas took 172 at hd 128 (1 block). */
 template <int HD>
 static __global__ void __launch_bounds__(WG_THREADS, HD == 64 ? 3 : 2)
@@ -455,8 +457,8 @@ attn_wg_dq_k(float *dq, bf16 *dq_b, const bf16 *ds, const bf16 *k, int T, int H,
     unsigned char *Kt = Ks + 2 * TILE;   /* 2 buffers of K^T (HD rows x 64 keys) */
     unsigned char *Ss = Kt + 2 * TILE;   /* 2 buffers x 2 dS^T tiles (64 x (64 + 8) bf16: ldmatrix rows) */
     const int n_qt = (T + WG_B - 1) / WG_B, n_qb = (T + WG_ROWS - 1) / WG_ROWS;
-    const int qb = n_qb - 1 - (int)blockIdx.x;   /* the longest rows first */
-    const int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / K);
+    const struct mt_attn_slot sl = mt_attn_block_slot();   /* the longest rows first (attn_sched.cuh) */
+    const int qb = n_qb - 1 - sl.rank, h = sl.pair % H, b = sl.pair / H, kvh = h / (H / K);
     const int wg = mt_wgmma_group(), warp = (threadIdx.x % 128) / MT_WARP, lane = threadIdx.x % MT_WARP;
     const int q0 = 2 * qb, qt = q0 + wg;                  /* this warpgroup's query tile */
     const int wlast = qt < n_qt ? qt : -1;                /* its last key tile (its diagonal; none past T) */
@@ -504,8 +506,8 @@ static void wg_dq(float *dq, bf16 *dq_b, const bf16 *ds, const bf16 *k, int B, i
 {
     const size_t smem = 4 * (size_t)WG_B * HD * 2 + 4 * (size_t)WG_B * (WG_B + 8) * 2 + MT_WGMMA_ALIGN_SLACK;
     if (!mt_cuda_smem_opt_in(attn_wg_dq_k<HD>, smem)) return;
-    const unsigned n_qb = (unsigned)((T + WG_ROWS - 1) / WG_ROWS);
-    MT_LAUNCH(attn_wg_dq_k<HD>, dim3(n_qb, (unsigned)H, (unsigned)B), WG_THREADS, smem)(dq, dq_b, ds, k, T, H, K);
+    const dim3 grid = mt_attn_grid((T + WG_ROWS - 1) / WG_ROWS, B * H, 2ll * T * HD);   /* K re-read */
+    MT_LAUNCH(attn_wg_dq_k<HD>, grid, WG_THREADS, smem)(dq, dq_b, ds, k, T, H, K);
     MT_CUDA_KCHECK();
 }
 
@@ -522,7 +524,7 @@ static void wg_fwd(float *out, bf16 *out_b, float *lse, const bf16 *q, const bf1
     const size_t smem = 8 * (size_t)WG_B * HD * 2 + MT_WGMMA_ALIGN_SLACK;
     if (!mt_cuda_smem_opt_in(attn_wg_fwd_k<HD>, smem)) return;
     const float c = (1.0f / sqrtf((float)HD)) * WG_LOG2E;
-    dim3 grid((unsigned)((T + WG_ROWS - 1) / WG_ROWS), (unsigned)H, (unsigned)B);
+    const dim3 grid = mt_attn_grid((T + WG_ROWS - 1) / WG_ROWS, B * H, 4ll * T * HD);   /* K, V re-read */
     MT_LAUNCH(attn_wg_fwd_k<HD>, grid, WG_THREADS, smem)(out, out_b, lse, q, k, v, T, H, K, c);
     MT_CUDA_KCHECK();
 }

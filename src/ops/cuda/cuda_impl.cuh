@@ -81,6 +81,9 @@ extern "C" {
 #define MT_CUDA_ATTN_KERNEL_DEFAULT     "v3"
 #define MT_CUDA_GG_BN_ENV               "MT_CUDA_GG_BN"
 #define MT_CUDA_GG_BN_DEFAULT           256
+/* runtime tunable (tests): the causal attention block order's group budget in KiB
+ * (attn_sched.cuh; default a third of the device's L2, 16 MiB if unknown) */
+#define MT_CUDA_ATTN_GROUP_ENV          "MT_CUDA_ATTN_GROUP_KIB"
 #define MT_CUDA_RED_THREADS 256
 
 /* One cached cuBLASLt bf16 matmul (gemm.cu): the descriptors and the
@@ -160,6 +163,10 @@ struct mt_cuda_backend {
                                       the forward and dQ kernels (v3, same bits) */
     int            gg_bn;          /* grouped GEMMs (gemm_grouped.cu): the block
                                       tile's columns, 128 or 256 (MT_CUDA_GG_BN) */
+    long long      attn_group_bytes; /* causal attention's block order (attn_sched.cuh):
+                                      the operands a group of (batch, head) pairs
+                                      re-reads, at most this (a third of the L2;
+                                      MT_CUDA_ATTN_GROUP_KIB overrides)           */
     struct mt_cuda_lt_plan plans[MT_CUDA_LT_PLANS];
     int            plan_next;      /* round-robin eviction cursor                */
     struct mt_cuda_lt_algo_slot algos[MT_CUDA_LT_ALGOS];

@@ -475,8 +475,9 @@ static int read_mib(const char *name, long dflt, long lo, long hi, size_t *out, 
  * MT_CUDA_ATTN_DS_MB (the bf16 attention backward's dS tiles, default 2048;
  * 0: dQ always recomputes them), MT_CUDA_ATTN_KERNEL=v1|v2|v3|v4 (the bf16
  * attention kernels, default v3; knob attn_kernel), MT_CUDA_GG_BN=128|256 (the
- * grouped GEMMs' block tile columns, default 256). A bad value refuses the
- * table with the reason, like a missing device. */
+ * grouped GEMMs' block tile columns, default 256), MT_CUDA_ATTN_GROUP_KIB (the
+ * causal attention's block groups, attn_sched.cuh; default a third of the
+ * L2). A bad value refuses the table with the reason, like a missing device. */
 /* "v1" / "v2" / "v3" / "v4" -> 0 / 1 / 2 / 3; -1 for anything else */
 static int attn_kernel_parse(const char *s)
 {
@@ -491,8 +492,20 @@ static void set_attn_kernel(int v2)
 }
 
 static int read_tunables(char *why, size_t why_len, enum mt_cuda_precision *prec, const char **src, size_t *cap,
-                         size_t *ds_cap, int *attn_v2, int *gg_bn)
+                         size_t *ds_cap, int *attn_v2, int *gg_bn, long long *group_kib)
 {
+    /* MT_CUDA_ATTN_GROUP_KIB=n (n >= 1): the attention block order's group budget (attn_sched.cuh) */
+    const char *gk = getenv(MT_CUDA_ATTN_GROUP_ENV);
+    *group_kib = 0;
+    if (gk && gk[0]) {
+        char *end = NULL;
+        *group_kib = strtoll(gk, &end, 10);
+        if (*end || *group_kib < 1 || *group_kib > (1ll << 30)) {
+            if (why && why_len)
+                snprintf(why, why_len, "%s=%s: expected a whole number of KiB >= 1", MT_CUDA_ATTN_GROUP_ENV, gk);
+            return 0;
+        }
+    }
     /* MT_CUDA_GG_BN=128|256: the grouped GEMMs' block tile columns (gemm_grouped.cu) */
     const char *gb = getenv(MT_CUDA_GG_BN_ENV);
     *gg_bn = gb && gb[0] ? atoi(gb) : MT_CUDA_GG_BN_DEFAULT;
@@ -548,8 +561,9 @@ static int init_state(char *why, size_t why_len)
     const char *prec_src;
     size_t cap, ds_cap;
     int attn_v2, gg_bn;
+    long long group_kib;
     mt_cuda_be = NULL;   /* a failure below must release only the new instance */
-    if (!read_tunables(why, why_len, &prec, &prec_src, &cap, &ds_cap, &attn_v2, &gg_bn)) return 0;
+    if (!read_tunables(why, why_len, &prec, &prec_src, &cap, &ds_cap, &attn_v2, &gg_bn, &group_kib)) return 0;
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
@@ -585,6 +599,11 @@ static int init_state(char *why, size_t why_len)
             cudaSuccess ||
         mt_cuda_be->smem_optin_bytes < 48 * 1024)
         mt_cuda_be->smem_optin_bytes = 48 * 1024;
+    /* the causal attention's block groups: their re-read operands at most a third
+     * of the L2 (attn_sched.cuh; 16 MiB where the size is unknown) */
+    int l2 = 0;
+    if (cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev) != cudaSuccess || l2 <= 0) l2 = 48 << 20;
+    mt_cuda_be->attn_group_bytes = group_kib > 0 ? group_kib << 10 : (long long)l2 / 3;
     (void)cudaGetLastError();
 #ifdef MT_CUDA_EMU
     in->emulated = 1;

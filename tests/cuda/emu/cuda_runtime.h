@@ -107,6 +107,7 @@ enum cudaDeviceAttr {
     cudaDevAttrEccEnabled = 32,
     cudaDevAttrMemoryClockRate = 36,
     cudaDevAttrGlobalMemoryBusWidth = 37,
+    cudaDevAttrL2CacheSize = 38,
     cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
 };
 

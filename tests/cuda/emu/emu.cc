@@ -392,6 +392,7 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int d)
     case cudaDevAttrEccEnabled: *value = 0; return cudaSuccess;
     case cudaDevAttrMemoryClockRate: *value = 2619000; return cudaSuccess;
     case cudaDevAttrGlobalMemoryBusWidth: *value = 5120; return cudaSuccess;
+    case cudaDevAttrL2CacheSize: *value = 50 << 20; return cudaSuccess;   /* an H100 SXM's */
     case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = 227 * 1024; return cudaSuccess;   /* an H100's */
     }
     return fail(cudaErrorInvalidValue);
