@@ -251,9 +251,10 @@ logs_equal() {
 }
 # banks FILE...: the emulator's bank-conflict counts (MT_EMU_BANKS files) through
 # tests/cuda/banks_check.py and its allow-list; the report indented, the status its own
-banks() {
-    local out rc
-    out=$(python3 "$SRC/tests/cuda/banks_check.py" --allow "$SRC/tests/cuda/banks_allow.txt" "$@"); rc=$?
+banks() {   # banks [--allow FILE] COUNTS...: banks_check.py, tests/cuda/banks_allow.txt unless named
+    local out rc allow=$SRC/tests/cuda/banks_allow.txt
+    if [ "${1:-}" = --allow ]; then allow=$2; shift 2; fi
+    out=$(python3 "$SRC/tests/cuda/banks_check.py" --allow "$allow" "$@"); rc=$?
     echo "$out" | sed 's/^/   /'
     return $rc
 }
@@ -619,7 +620,8 @@ PY
         local rc=0
         RUN_STEPS=2 run6 gpushape_ref_cpu $GPUSHAPE --set backend=cpu || rc=1
         RUN_STEPS=2 MT_CUDA_LAUNCH_LOG="$EMU/launch_gpushape.log" MT_EMU_BANKS="$EMU/banks_gpushape.txt" \
-            MT_EMU_RACECHECK=1 run6 gpushape_cuda $GPUSHAPE --backend cuda --set precision=bf16 || rc=1
+            MT_EMU_COALESCE="$EMU/coal_gpushape.txt" MT_EMU_RACECHECK=1 \
+            run6 gpushape_cuda $GPUSHAPE --backend cuda --set precision=bf16 || rc=1
         run6 bf16ref_cpu $TINY --set backend=cpu || rc=1
         run6 bf16_cpu $TINY --set backend=cpu --set precision=bf16 || rc=1
         run6 bf16ref_moe_cpu $MOE --set backend=cpu || rc=1
@@ -732,6 +734,13 @@ g['ssm_scan_tc_calls'] > 0 and g['ssm_scan_tc_fallbacks'] == 0 and g['gemm_bf16_
     if ran gpushape_cuda && banks "$EMU/banks_gpushape.txt"; then
         echo "PASS emulated bank conflicts at the benchmarks' tile shapes: every kernel of the bf16 step"
     else echo "FAIL: shared-memory bank conflicts at the benchmarks' tile shapes (or no run, no counts)"; fail=1; fi
+    # ... and its global requests' 32-byte sectors against those their bytes need (the
+    #     emulator's MT_EMU_COALESCE; tests/cuda/coalesce_allow.txt names the kernels
+    #     known to touch more: the mma accumulator layout's stores and the like)
+    if ran gpushape_cuda && banks --allow "$SRC/tests/cuda/coalesce_allow.txt" "$EMU/coal_gpushape.txt"; then
+        echo "PASS emulated sector count at the benchmarks' tile shapes: every kernel of the bf16 step" \
+             "at <= 1.05 sectors a needed one or under its allow-listed ceiling"
+    else echo "FAIL: global sectors at the benchmarks' tile shapes (or no run, no counts)"; fail=1; fi
     # ... and in fp32 (the exact kernels, the fp32 scan) at the same shapes: losses (lm, aux,
     #     z) = the fp32 cpu run's to 1e-5 relative, no race, every kernel under 1.05
     #     wavefronts a phase but the fp32 scan's allow-listed ones
@@ -1020,6 +1029,19 @@ if [ -x "$EMU/meshtrain" ] && [ -f "$EMU/train.bin" ]; then
         echo "PASS emulated bank count: ldmatrix, plain stores and loads, cp.async" \
              "(conflict-free 1 a phase, the planted strides 2, 8 and 32)"
     else cat "$EMU/smem_emu_banks.txt" 2>/dev/null; echo "FAIL: emulated bank count"; fail=1; fi
+    # ... and its sector count of global accesses (smem_emu.cc coal_k): a float a lane
+    # side by side 4 sectors (4 needed), 8 bytes apart 8, 4 bytes past a sector 5;
+    # cp.async's global side 16 bytes a lane side by side, 16 (16)
+    rm -f "$EMU/smem_emu_coal.txt"
+    if [ -x "$EMU/smem_emu" ] && MT_EMU_COALESCE="$EMU/smem_emu_coal.txt" "$EMU/smem_emu" coalesce &&
+       grep -qx 'gld coal_k<1> 8 9 2' "$EMU/smem_emu_coal.txt" &&
+       grep -qx 'gld coal_k<2> 8 13 2' "$EMU/smem_emu_coal.txt" &&
+       grep -qx 'gst coal_k<1> 4 4 1' "$EMU/smem_emu_coal.txt" &&
+       grep -qx 'gcp.async banks_cp_k<64> 16 16 1' "$EMU/smem_emu_coal.txt" &&
+       ! grep -q '^ld \|^st \|^ldmatrix ' "$EMU/smem_emu_coal.txt"; then
+        echo "PASS emulated sector count: global loads, stores and cp.async (side by side 1 a needed sector," \
+             "8 bytes apart 2, a misaligned row 5 for 4)"
+    else cat "$EMU/smem_emu_coal.txt" 2>/dev/null; echo "FAIL: emulated sector count"; fail=1; fi
     # graph_run NAME PRECISION STEPS FLAGS...
     graph_run() {
         local name=$1 prec=$2 steps=$3; shift 3

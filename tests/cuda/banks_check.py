@@ -2,7 +2,10 @@
 """banks_check.py [--allow FILE] COUNTS... -- the emulator's shared-memory
 bank-conflict counts (MT_EMU_BANKS=FILE, tests/cuda/emu/emu.cc: one line a
 kind and kernel instantiation, KIND NAME PHASES WAVEFRONTS WORST; KIND
-ldmatrix, ld, st or cp.async) against the ideal of one wavefront a phase.
+ldmatrix, ld, st or cp.async) against the ideal of one wavefront a phase;
+and the same for its global-memory sector counts (MT_EMU_COALESCE=FILE: KIND
+gld, gst or gcp.async, PHASES the sectors a request needs, WAVEFRONTS those it
+touches), against the ideal of one sector a needed one.
 
 A phase is 128 bytes of a warp's request (an ldmatrix.x4 has 4, a plain
 access of up to 4 bytes a lane 1, of 16 bytes 4); conflict-free it is 1
@@ -21,6 +24,12 @@ when no file had a line.
 import sys
 
 LIMIT = 1.05
+KINDS = ("ldmatrix", "ld", "st", "cp.async", "gld", "gst", "gcp.async")
+
+
+def unit(kind):
+    """what a kind's ratio counts"""
+    return "sectors a needed sector" if kind.startswith("g") else "wavefronts a phase"
 
 
 def read_allow(path):
@@ -30,7 +39,7 @@ def read_allow(path):
             if not line.strip() or line.startswith("#"):
                 continue
             kind, name, ceiling = line.split(None, 3)[:3]
-            allow[(kind, name)] = float(ceiling)
+            allow[(kind, name)] = float(ceiling)   # a name as counted, without its spaces
     return allow
 
 
@@ -43,20 +52,20 @@ def read_counts(paths):
                     kind, _, rest = line.partition(" ")
                     parts = rest.rsplit(None, 3)
                     if len(parts) == 4:
-                        rows.append((kind, parts[0], int(parts[1]), int(parts[2]), int(parts[3])))
+                        rows.append((kind, parts[0].replace(" ", ""), int(parts[1]), int(parts[2]), int(parts[3])))
         except OSError:
             pass
     return rows
 
 
 def main(argv):
-    allow = {}
+    allow, allow_path = {}, "tests/cuda/banks_allow.txt"
     if len(argv) >= 2 and argv[0] == "--allow":
-        allow = read_allow(argv[1])
+        allow, allow_path = read_allow(argv[1]), argv[1]
         argv = argv[2:]
     rows = read_counts(argv)
     if not rows:
-        print("FAIL: shared-memory bank conflicts: no counts in %s" % " ".join(argv))
+        print("FAIL: bank-conflict / sector counts: no counts in %s" % " ".join(argv))
         return 2
     bad, allowed, seen = [], [], set()
     for kind, name, ph, w, worst in rows:
@@ -68,25 +77,26 @@ def main(argv):
         elif mean > LIMIT:
             allowed.append((kind, name, mean))
     for kind, name, mean, worst, limit in bad:
-        print("FAIL: %s %s: %.2f wavefronts a phase (worst %d; conflict-free 1, limit %.2f%s)"
-              % (kind, name, mean, worst, limit, " from tests/cuda/banks_allow.txt" if limit != LIMIT else ""))
+        print("FAIL: %s %s: %.2f %s (worst %d; ideal 1, limit %.2f%s)"
+              % (kind, name, mean, unit(kind), worst, limit, " from " + allow_path if limit != LIMIT else ""))
     for key, ceiling in sorted(allow.items()):
         means = [w / max(ph, 1) for k, n, ph, w, _ in rows if (k, n) == key]
         if key in seen and max(means) <= LIMIT:
             print("NOTE: %s %s is allowed %.2f but measured %.4f here (if so in every counted run, its "
-                  "banks_allow.txt entry can go)" % (key[0], key[1], ceiling, max(means)))
-    for kind in ("ldmatrix", "ld", "st", "cp.async"):
+                  "entry in %s can go)" % (key[0], key[1], ceiling, max(means), allow_path))
+    for kind in KINDS:
         of_kind = [r for r in rows if r[0] == kind]
         if not of_kind:
             continue
         top = max(of_kind, key=lambda r: r[3] / max(r[2], 1))
-        print("%s bank conflicts, %s: %d kernel instantiations, %d phases; worst phase %d wavefronts, "
-              "highest mean %.4f (%s)" % ("FAIL" if any(b[0] == kind for b in bad) else "PASS", kind, len(of_kind),
-                                          sum(r[2] for r in of_kind), max(r[4] for r in of_kind),
-                                          top[3] / max(top[2], 1), top[1]))
+        what = ("sectors, %s: %d kernel instantiations, %d needed; worst request %d times its need"
+                if kind.startswith("g") else
+                "bank conflicts, %s: %d kernel instantiations, %d phases; worst phase %d wavefronts")
+        print(("%s " + what + ", highest mean %.4f (%s)")
+              % ("FAIL" if any(b[0] == kind for b in bad) else "PASS", kind, len(of_kind), sum(r[2] for r in of_kind),
+                 max(r[4] for r in of_kind), top[3] / max(top[2], 1), top[1]))
     if allowed:
-        print("allowed (tests/cuda/banks_allow.txt): %d instantiations over %.2f, each under its ceiling"
-              % (len(allowed), LIMIT))
+        print("allowed (%s): %d instantiations over %.2f, each under its ceiling" % (allow_path, len(allowed), LIMIT))
     return 1 if bad else 0
 
 

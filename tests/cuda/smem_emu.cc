@@ -196,6 +196,20 @@ __global__ void banks_cp_k(const float *src, float *out)
     out[threadIdx.x] = ((const float *)(tile + (threadIdx.x / 4) * PITCH + (threadIdx.x % 4) * 16))[0];
 }
 
+/* the emulator's sector count of global accesses (`smem_emu coalesce`, MT_EMU_COALESCE=FILE):
+ * lane l loads float l * S, then float l + 1 (128 bytes 4 bytes past a sector's start: 5
+ * sectors, 4 needed), and stores float l (4, 4). S 1: the first load 4 sectors, 4 needed:
+ * gld 8 needed, 9 sectors, worst request 2 (5 / 4 rounded up). S 2: lanes 8 bytes apart,
+ * 256 bytes touched for 128 read: 8 sectors, 4 needed: gld 8, 13, 2. Plus cp.async's
+ * global side (banks_cp_k<64>'s 16 bytes a lane side by side: 16 sectors, 16 needed) */
+template <int S>
+__global__ void coal_k(const float *src, float *out)
+{
+    const float a = src[threadIdx.x * S];
+    const float b = src[threadIdx.x + 1];
+    out[threadIdx.x] = a + b;
+}
+
 /* the emulator's race check (`smem_emu race [barrier]` under MT_EMU_RACECHECK=1,
  * stage g): after a barrier, warp 1 reads the words warp 0 wrote before it, then warp 0
  * rewrites them. Without a second barrier between the read and the rewrite it is a
@@ -295,6 +309,15 @@ int main(int argc, char **argv)
         mt_emu_name_kernel((const void *)banks_cp_k<80>, "banks_cp_k<80>");
         mt_emu_launcher(banks_cp_k<64>, dim3(1), dim3(32), 8 * 80)(src, out);
         mt_emu_launcher(banks_cp_k<80>, dim3(1), dim3(32), 8 * 80)(src, out);
+        return 0;
+    }
+    if (argc > 1 && !strcmp(argv[1], "coalesce")) {   /* counts go to MT_EMU_COALESCE at exit */
+        mt_emu_name_kernel((const void *)coal_k<1>, "coal_k<1>");
+        mt_emu_name_kernel((const void *)coal_k<2>, "coal_k<2>");
+        mt_emu_name_kernel((const void *)banks_cp_k<64>, "banks_cp_k<64>");
+        mt_emu_launcher(coal_k<1>, dim3(1), dim3(32), 0)(src, out);
+        mt_emu_launcher(coal_k<2>, dim3(1), dim3(32), 0)(src, out);
+        mt_emu_launcher(banks_cp_k<64>, dim3(1), dim3(32), 8 * 80)(src, out);
         return 0;
     }
     if (argc > 1 && !strcmp(argv[1], "race")) {   /* a process of its own: the race aborts it */

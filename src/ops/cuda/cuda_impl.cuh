@@ -529,7 +529,7 @@ static __device__ __forceinline__ unsigned mt_pack_bf16x2(float a, float b)
     return (unsigned)__bfloat16_as_ushort(mt_cuda_bf16_rn(a)) |
            ((unsigned)__bfloat16_as_ushort(mt_cuda_bf16_rn(b)) << 16);
 }
-/* 4 bf16 = bf16(v) (8 bytes), 8 bf16 = bf16(a), bf16(b) (16 bytes) */
+/* 4 bf16 = bf16(v) (8 bytes) */
 static __device__ __forceinline__ void mt_st_bf16x4(__nv_bfloat16 *p, float4 v)
 {
     MT_VEC_CHECK(p, 8);
@@ -537,16 +537,6 @@ static __device__ __forceinline__ void mt_st_bf16x4(__nv_bfloat16 *p, float4 v)
     o.x = mt_pack_bf16x2(v.x, v.y);
     o.y = mt_pack_bf16x2(v.z, v.w);
     *reinterpret_cast<uint2 *>(p) = o;
-}
-static __device__ __forceinline__ void mt_st_bf16x8(__nv_bfloat16 *p, float4 a, float4 b)
-{
-    MT_VEC_CHECK(p, 16);
-    uint4 o;
-    o.x = mt_pack_bf16x2(a.x, a.y);
-    o.y = mt_pack_bf16x2(a.z, a.w);
-    o.z = mt_pack_bf16x2(b.x, b.y);
-    o.w = mt_pack_bf16x2(b.z, b.w);
-    *reinterpret_cast<uint4 *>(p) = o;
 }
 static __device__ __forceinline__ float mt_bf16_lo(unsigned u) { return __uint_as_float(u << 16); }
 static __device__ __forceinline__ float mt_bf16_hi(unsigned u) { return __uint_as_float(u & 0xffff0000u); }

@@ -90,15 +90,26 @@ static __global__ void scale_k(float *C, int M, int N, int ldc, float beta)
  * group of 8, or every column when not vec, go one by one. */
 static __device__ __forceinline__ __nv_bfloat16 as_bf16(float x) { return mt_cuda_bf16_rn(x); }
 static __device__ __forceinline__ __nv_bfloat16 as_bf16(__nv_bfloat16 x) { return x; }
-static __device__ __forceinline__ void pack8(__nv_bfloat16 *d, const float *s)
+/* d[0, 8 n8) = bf16(s[0, 8 n8)), 4 elements a step from thread i0 in steps of
+ * st: a warp's float4 loads are 512 contiguous bytes, its 8-byte stores 256.
+ * (8 elements a thread as two float4 loads 16 bytes apart left every 32-byte
+ * sector to two instructions: MT_EMU_COALESCE counted 2 sectors for each one a
+ * load needs.) The same conversion of each element: the same bits. */
+static __device__ __forceinline__ void cast_quads(__nv_bfloat16 *d, const float *s, size_t n8, size_t i0, size_t st)
 {
-    mt_st_bf16x8(d, mt_ld_f4(s), mt_ld_f4(s + 4));
+    for (size_t q = i0; q < 2 * n8; q += st) mt_st_bf16x4(d + 4 * q, mt_ld_f4(s + 4 * q));
 }
-static __device__ __forceinline__ void pack8(__nv_bfloat16 *d, const __nv_bfloat16 *s)
+static __device__ __forceinline__ void pack_vec(__nv_bfloat16 *d, const float *s, int n8, int tid, int st)
 {
-    MT_VEC_CHECK(s, 16);
-    MT_VEC_CHECK(d, 16);
-    *reinterpret_cast<uint4 *>(d) = *reinterpret_cast<const uint4 *>(s);
+    cast_quads(d, s, (size_t)n8, (size_t)tid, (size_t)st);
+}
+static __device__ __forceinline__ void pack_vec(__nv_bfloat16 *d, const __nv_bfloat16 *s, int n8, int tid, int st)
+{
+    for (int g = tid; g < n8; g += st) {   /* 16 bytes a lane, side by side */
+        MT_VEC_CHECK(s + 8 * g, 16);
+        MT_VEC_CHECK(d + 8 * g, 16);
+        *reinterpret_cast<uint4 *>(d + 8 * g) = *reinterpret_cast<const uint4 *>(s + 8 * g);
+    }
 }
 template <typename T>
 static __global__ void to_bf16_k(__nv_bfloat16 *dst, int ldd, const T *src, int lds, int rows, int cols, int vec)
@@ -107,18 +118,17 @@ static __global__ void to_bf16_k(__nv_bfloat16 *dst, int ldd, const T *src, int 
     for (int r = blockIdx.y; r < rows; r += gridDim.y) {
         const T *s = src + (size_t)r * (size_t)lds;
         __nv_bfloat16 *d = dst + (size_t)r * (size_t)ldd;
-        for (int g = tid; g < n8; g += st) pack8(d + 8 * g, s + 8 * g);
+        pack_vec(d, s, n8, tid, st);
         for (int c = 8 * n8 + tid; c < cols; c += st) d[c] = as_bf16(s[c]);
     }
 }
 
-/* the weights' shadows: dst[i] = bf16(src[i]); vector path: groups of 8
- * [0, 8*n8) as 2 float4 loads and one 16-byte store (n8 = 0 unless src and
- * dst are 16-byte aligned), then the scalar tail */
+/* the weights' shadows: dst[i] = bf16(src[i]); vector path: [0, 8*n8) by
+ * cast_quads (n8 = 0 unless src and dst are 16-byte aligned), then the scalar tail */
 static __device__ __forceinline__ void cast_span(__nv_bfloat16 *dst, const float *src, size_t n8, size_t n)
 {
     const size_t i0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x, st = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = i0; i < n8; i += st) mt_st_bf16x8(dst + 8 * i, mt_ld_f4(src + 8 * i), mt_ld_f4(src + 8 * i + 4));
+    cast_quads(dst, src, n8, i0, st);
     for (size_t i = 8 * n8 + i0; i < n; i += st) dst[i] = mt_cuda_bf16_rn(src[i]);
 }
 static __global__ void cast_bf16_k(__nv_bfloat16 *dst, const float *src, size_t n8, size_t n)
@@ -614,19 +624,12 @@ extern "C" void mt_cuda_cast_bf16_multi(void *be, mt_bf16 *const *dst, const flo
     }
 }
 
-/* dst[i] = float(src[i]) (exact: the bits shifted up); vector path as cast_bf16_k */
+/* dst[i] = float(src[i]) (exact: the bits shifted up); vector path as cast_bf16_k's,
+ * 4 elements a step (8-byte loads, float4 stores: a warp's contiguous) */
 static __global__ void widen_bf16_k(float *dst, const __nv_bfloat16 *src, size_t n8, size_t n)
 {
     const size_t i0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x, st = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = i0; i < n8; i += st) {
-        MT_VEC_CHECK(src + 8 * i, 16);
-        const uint4 u = *reinterpret_cast<const uint4 *>(src + 8 * i);
-        float4 a, b;
-        a.x = mt_bf16_lo(u.x); a.y = mt_bf16_hi(u.x); a.z = mt_bf16_lo(u.y); a.w = mt_bf16_hi(u.y);
-        b.x = mt_bf16_lo(u.z); b.y = mt_bf16_hi(u.z); b.z = mt_bf16_lo(u.w); b.w = mt_bf16_hi(u.w);
-        mt_st_f4(dst + 8 * i, a);
-        mt_st_f4(dst + 8 * i + 4, b);
-    }
+    for (size_t q = i0; q < 2 * n8; q += st) mt_st_f4(dst + 4 * q, mt_ld4(src + 4 * q));
     for (size_t i = 8 * n8 + i0; i < n; i += st) dst[i] = __bfloat162float(src[i]);
 }
 

@@ -78,25 +78,30 @@ static std::map<const void *, int> g_smem_optin;
  * each line goes to FILE: KIND NAME PHASES WAVEFRONTS WORST, KIND ldmatrix,
  * ld, st or cp.async. */
 struct bank_stat { unsigned long long phases = 0, wavefronts = 0; int worst = 0; };
-enum { BANK_LDMATRIX, BANK_LD, BANK_ST, BANK_CPASYNC, BANK_KINDS };
-static const char *const g_bank_kind[BANK_KINDS] = {"ldmatrix", "ld", "st", "cp.async"};
+/* the global-memory kinds (GL_*: MT_EMU_COALESCE, below) count in the same
+ * struct: phases the ideal sectors, wavefronts the sectors */
+enum { BANK_LDMATRIX, BANK_LD, BANK_ST, BANK_CPASYNC, GL_LD, GL_ST, GL_CPASYNC, BANK_KINDS };
+static const char *const g_bank_kind[BANK_KINDS] = {"ldmatrix", "ld", "st", "cp.async", "gld", "gst", "gcp.async"};
 static std::map<const void *, std::string> g_kernel_name;
 static std::map<const void *, bank_stat> g_banks[BANK_KINDS];
 static const void *g_cur_kernel;
-static int g_banks_on = -1;
+static int g_banks_on = -1;   /* counting on: MT_EMU_BANKS or MT_EMU_COALESCE (the request grouping is one) */
+static int g_coal_on = 0;     /* MT_EMU_COALESCE: global accesses too */
 
 void mt_emu_name_kernel(const void *kern, const char *name)
 {
     if (name && g_kernel_name.find(kern) == g_kernel_name.end()) g_kernel_name[kern] = name;
 }
 
-static void banks_write(void)
+/* kinds [k0, k1) into the file the variable names (unset or empty: none) */
+static void counts_write(const char *var, int k0, int k1)
 {
-    const char *path = getenv("MT_EMU_BANKS");
-    FILE *f = path ? fopen(path, "w") : NULL;
+    const char *path = getenv(var);
+    FILE *f = path && *path ? fopen(path, "w") : NULL;
     if (!f) return;
-    for (int k = 0; k < BANK_KINDS; k++)
+    for (int k = k0; k < k1; k++)
         for (const auto &kv : g_banks[k]) {
+            if (kv.second.phases == 0) continue;   /* only requests left out (broadcasts) */
             auto it = g_kernel_name.find(kv.first);
             fprintf(f, "%s %s %llu %llu %d\n", g_bank_kind[k], it != g_kernel_name.end() ? it->second.c_str() : "?",
                     kv.second.phases, kv.second.wavefronts, kv.second.worst);
@@ -104,11 +109,18 @@ static void banks_write(void)
     fclose(f);
 }
 
+static void banks_write(void)
+{
+    counts_write("MT_EMU_BANKS", 0, GL_LD);
+    counts_write("MT_EMU_COALESCE", GL_LD, BANK_KINDS);
+}
+
 static void sh_sites_write(void);
 static int banks_on(void)
 {
     if (g_banks_on < 0) {
-        g_banks_on = getenv("MT_EMU_BANKS") && *getenv("MT_EMU_BANKS");
+        g_coal_on = getenv("MT_EMU_COALESCE") && *getenv("MT_EMU_COALESCE");
+        g_banks_on = (getenv("MT_EMU_BANKS") && *getenv("MT_EMU_BANKS")) || g_coal_on;
         if (g_banks_on) atexit(banks_write);
         if (g_banks_on) atexit(sh_sites_write);
     }
@@ -835,13 +847,56 @@ static void sh_count(const sh_row &r, int size, bank_stat &st)
     }
 }
 
+/* MT_EMU_COALESCE=FILE: the same requests of global memory (every address
+ * outside shared memory and the threads' stacks: a kernel's locals and
+ * by-value arguments live there, registers on a device), counted in 32-byte
+ * sectors, the unit of an SM's L1 and the L2: a request's sectors (the
+ * distinct 32-byte segments its lanes touch) against its ideal (its distinct
+ * bytes / 32, rounded up: what contiguous, aligned lanes would touch). In
+ * FILE, KIND gld, gst or gcp.async (cp.async's global side), PHASES the ideal
+ * sectors, WAVEFRONTS the sectors, WORST the largest ratio of a request
+ * (rounded up). A request of one address (a broadcast: a kernel's scalar,
+ * threadIdx, the launcher's copy of the arguments; or a lone lane) is left
+ * out: one sector, nothing to learn, and it would dilute the ratios.
+ * A ratio over 1 is a request the L1 serves in more sectors than
+ * its bytes need (strided lanes, a misaligned row); the L2 and DRAM may still
+ * see each sector once when the next requests reuse the lines (a warp walking
+ * 32 rows one element a step): a pointer for ncu, not a measurement of HBM. */
+static void gl_count(const sh_row &r, int size, bank_stat &st)
+{
+    uint32_t lo[32], sec[64];
+    int n = 0, ns = 0;
+    for (unsigned m = r.mask; m; m &= m - 1) {
+        const int l = __builtin_ctz(m);
+        lo[n++] = r.addr[l];
+        for (uint32_t s = r.addr[l] / 32; s <= (r.addr[l] + (uint32_t)size - 1) / 32; s++) sec[ns++] = s;
+    }
+    std::sort(lo, lo + n);
+    if (n == 0 || lo[0] == lo[n - 1]) return;   /* one address (a broadcast, one lane) is one sector: not counted */
+    std::sort(sec, sec + ns);
+    const int sectors = (int)(std::unique(sec, sec + ns) - sec);
+    unsigned long long bytes = 0;
+    uint32_t end = 0;   /* the union of [lo, lo + size): the lanes sorted by address */
+    for (int i = 0; i < n; i++) {
+        const uint32_t b = std::max(lo[i], end), e = lo[i] + (uint32_t)size;
+        if (e > b) bytes += e - b;
+        end = std::max(end, e);
+    }
+    const int ideal = (int)((bytes + 31) / 32);
+    st.phases += (unsigned long long)ideal;
+    st.wavefronts += (unsigned long long)sectors;
+    st.worst = std::max(st.worst, (sectors + ideal - 1) / ideal);
+}
+
 static void sh_flush(int w)
 {
     sh_warp &sw = g_sh[(size_t)w];
     for (sh_site *s : sw.dirty) {
         bank_stat &st = g_banks[s->kind][g_cur_kernel];
         const bank_stat before = st;
-        for (const sh_row &r : s->rows) sh_count(r, s->size, st);
+        for (const sh_row &r : s->rows)
+            if (s->kind >= GL_LD) gl_count(r, s->size, st);
+            else sh_count(r, s->size, st);
         s->total.phases += st.phases - before.phases;
         s->total.wavefronts += st.wavefronts - before.wavefronts;
         s->rows.clear();
@@ -988,7 +1043,8 @@ static void sh_bank_note(const void *p, size_t size, int kind, const void *pc)
     const fiber &f = g_f[(size_t)g_cur];
     sh_warp &sw = g_sh[(size_t)f.warp];
     for (size_t off = 0; off < size; off += 16) {   /* a range (a struct copy): 16-byte pieces, in order */
-        const uintptr_t key = (uintptr_t)pc ^ (uintptr_t)(off / 16) << 48;   /* user addresses: 47 bits */
+        /* user addresses: 47 bits; bit 63: global (a helper's pc may see both spaces) */
+        const uintptr_t key = (uintptr_t)pc ^ (uintptr_t)(off / 16) << 48 ^ (uintptr_t)(kind >= GL_LD) << 63;
         const size_t slot = (key ^ key >> 8) % SH_CACHE;
         if (sw.cache_key[slot] != key) {
             sw.cache_key[slot] = key;
@@ -1008,11 +1064,20 @@ static void sh_bank_note(const void *p, size_t size, int kind, const void *pc)
     }
 }
 
-/* an instrumented access (the __tsan_* calls below): the race check and the bank count */
+/* a global access the sector count takes: not a thread's stack (its locals and
+ * by-value arguments: registers on a device) */
+static bool gl_counted(const void *p) { return (uintptr_t)p - (uintptr_t)g_stacks.data() >= g_stacks.size(); }
+
+/* an instrumented access (the __tsan_* calls below): the race check and the
+ * bank count; outside shared memory and the threads' stacks, the sector count */
 static void sh_note(const void *p, size_t size, int kind, const void *pc)
 {
     sh_region r;
-    if (!g_sh_running || !sh_region_of((uintptr_t)p, &r)) return;
+    if (!g_sh_running) return;
+    if (!sh_region_of((uintptr_t)p, &r)) {
+        if (g_coal_on > 0 && gl_counted(p)) sh_bank_note(p, size, kind == BANK_ST ? GL_ST : GL_LD, pc);
+        return;
+    }
     if (g_race_on > 0) rc_access_range((uintptr_t)p, size, kind == BANK_ST, g_cur, pc, r);
     if (g_banks_on > 0) sh_bank_note(p, size, kind, pc);
 }
@@ -1404,6 +1469,7 @@ void mt_emu_cp_async16(void *dst, const void *src, int nbytes)
     p.group = g_f[g_cur].cp_committed;
     p.pc = __builtin_return_address(0);
     if (g_banks_on > 0 && g_sh_running) sh_bank_note(dst, 16, BANK_CPASYNC, p.pc);   /* its shared-memory side */
+    if (g_coal_on > 0 && g_sh_running && nbytes) sh_bank_note(src, (size_t)nbytes, GL_CPASYNC, p.pc);   /* global */
     memset(dst, 0xff, 16);   /* undefined until the wait: NaN */
     g_cp[(size_t)g_cur].push_back(p);
 }
