@@ -50,7 +50,10 @@
  * (mt_ops_cuda_wgmma_probe_of, A from shared memory and from registers) checked
  * against gemm_bf16 and timed beside it; "attention_v4", attn_kernel=v4's forward
  * and backward (wgmma; dQ v3's) against v3's results and timed beside it, per
- * shape of head dim 64 or 128, the two directions checked and timed apart.
+ * shape of head dim 64 or 128, the two directions checked and timed apart;
+ * "attention_order", v3 in the default block order (longest tile first in
+ * L2-sized groups of pairs, attn_sched.cuh) against groups of one pair (the
+ * order before): the same bits, and each order's forward and backward times.
  *
  * All-reduce: with NCCL in the build (MT_WITH_NCCL) a one-rank NCCL world
  * (mt_comm_nccl_create_world with no MPI world), mt_comm_allreduce in place
@@ -596,6 +599,59 @@ static enum mt_status attn_run_to_host(struct cal_attn_ctx *a, const char *kern,
     return MT_OK;
 }
 
+/* the block order of the causal attention kernels (src/ops/cuda/attn_sched.cuh):
+ * each shape at head dim 64 or 128 under v3, the default order (longest tile
+ * first in L2-sized groups of (batch, head) pairs) against groups of one pair
+ * (the order before: a pair's tiles, then the next pair's): the results' bits
+ * (must be equal: only which block runs a tile changed) and the forward's and
+ * backward's times in each. Last and never fatal, like calib_attn_v4. */
+static void calib_attn_order(FILE *f, const struct cal_attn_shape *as, int n_as, int warmup, int reps)
+{
+    int first = 1;
+    for (int i = 0; i < n_as; i++) {
+        if (as[i].hd != 64 && as[i].hd != 128) continue;
+        struct cal_attn_ctx a = {as[i].b, as[i].t, as[i].h, as[i].hd, 1, 3, NULL, NULL, NULL, NULL, NULL, NULL,
+                                 NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+        const size_t n = (size_t)a.b * a.t * a.h * a.hd;
+        a.q = dev_rand(n), a.k = dev_rand(n), a.v = dev_rand(n), a.dout = dev_rand(n);
+        a.dq = dev_alloc(n * 4), a.dk = dev_alloc(n * 4), a.dv = dev_alloc(n * 4);
+        a.lse = dev_alloc((size_t)a.b * a.h * a.t * 4);
+        a.qkvb = (mt_bf16 *)dev_alloc(3 * n * 2), a.outb = (mt_bf16 *)dev_alloc(n * 2);
+        a.doutb = (mt_bf16 *)dev_alloc(n * 2), a.dqb = (mt_bf16 *)dev_alloc(n * 2), a.dkb = (mt_bf16 *)dev_alloc(n * 2);
+        g_ops->cast_bf16(g_ops->be, a.doutb, a.dout, n);
+        struct cal_attn_host h[2];   /* the default order, groups of one pair */
+        int have = 1;
+        for (int k = 0; k < 2; k++) {
+            h[k].out = malloc(n * 2), h[k].dq = malloc(n * 2), h[k].dk = malloc(n * 2), h[k].dv = malloc(n * 4);
+            have = have && h[k].out && h[k].dq && h[k].dk && h[k].dv;
+        }
+        struct cal_time tf[2] = {{0, 0}, {0, 0}}, tb[2] = {{0, 0}, {0, 0}};
+        char msg[256] = "";
+        enum mt_status st = have ? MT_OK : MT_ERR_OOM;
+        for (int k = 0; k < 2 && st == MT_OK; k++) {
+            mt_ops_cuda_set_attn_group_kib_of(g_ops->be, k ? 1 : 0);
+            st = attn_run_to_host(&a, "v3", &h[k], msg, sizeof msg);
+            if (st != MT_OK) break;
+            a.fwd = 1, tf[k] = time_runs(attn_fn, &a, warmup, reps);
+            a.fwd = 0, tb[k] = time_runs(attn_fn, &a, warmup, reps);
+        }
+        mt_ops_cuda_set_attn_group_kib_of(g_ops->be, 0);
+        if (st != MT_OK && msg[0]) fprintf(stderr, "cuda_calib: CUDA error in the attention order A/B: %s\n", msg);
+        const int same = st == MT_OK && !memcmp(h[0].out, h[1].out, n * 2) && !memcmp(h[0].dq, h[1].dq, n * 2) &&
+                         !memcmp(h[0].dk, h[1].dk, n * 2) && !memcmp(h[0].dv, h[1].dv, n * 4);
+        emit(f, "%s\n  {\"b\": %d, \"t\": %d, \"h\": %d, \"hd\": %d, \"kernel\": \"v3\", \"status\": \"%s\", "
+                "\"same_bits\": %s, \"fwd_median_s\": %.6e, \"fwd_median_s_one_pair_groups\": %.6e, "
+                "\"bwd_median_s\": %.6e, \"bwd_median_s_one_pair_groups\": %.6e}",
+             first ? "" : ",", a.b, a.t, a.h, a.hd, mt_status_str(st), same ? "true" : "false", tf[0].median,
+             tf[1].median, tb[0].median, tb[1].median);
+        first = 0;
+        for (int k = 0; k < 2; k++) free(h[k].out), free(h[k].dq), free(h[k].dk), free(h[k].dv);
+        float *bufs[] = {a.q, a.k, a.v, a.dout, a.dq, a.dk, a.dv, a.lse, (float *)a.qkvb, (float *)a.outb,
+                         (float *)a.doutb, (float *)a.dqb, (float *)a.dkb};
+        for (size_t b = 0; b < sizeof bufs / sizeof bufs[0]; b++) g_ops->buf_free(g_ops->be, &g_ctx, bufs[b]);
+    }
+}
+
 /* attn_kernel=v4 (attention_wg.cu: the forward, dK/dV and dQ on wgmma, dQ from
  * the dK/dV kernel's dS tiles): each attention shape at head dim 64 or 128 under v3 and v4,
  * v4's bf16 out, dq, dk and fp32 dv compared with v3's (max |diff| / max |x| per
@@ -1035,6 +1091,8 @@ int main(int argc, char **argv)
     calib_wgmma(f, quick, warmup, reps);
     emit(f, "\n ],\n \"attention_v4\": [");
     calib_attn_v4(f, as, n_as, warmup, reps);
+    emit(f, "\n ],\n \"attention_order\": [");
+    calib_attn_order(f, as, n_as, warmup, reps);
     emit(f, "\n ]\n}\n");
     if (g_out2) fclose(g_out2);
     size_t live = g_ctx.bytes_live_total;

@@ -73,7 +73,8 @@
 #           the planner's profile calibrated on this GPU (docs/cuda.md); the wgmma
 #           probe's check against cuBLAS and its rate ("RESULT calib wgmma"), and
 #           attn_kernel=v4 against v3, forward and backward apart ("RESULT calib
-#           attention v4")
+#           attention v4"); the causal attention's block order against the one
+#           before it ("RESULT calib attention order": same bits, both timed)
 #   attnv4  (in `rest`, after calib) d2048 and GPT-2 124M with --knob
 #           attn_kernel=v4 (d2048_dense_attnv4, c_gpt2_124m_attnv4: the wgmma
 #           attention end to end), each only when this call's calib rows say v4's
@@ -917,6 +918,14 @@ for x in c.get("attention_v4") or []:   # forward and backward apart: a wrong dK
              x["max_rel_vs_v3"], x["v4_fwd_flop_per_s"] / 1e12, x["v3_fwd_flop_per_s"] / 1e12,
              "ok" if x.get("bwd_ok") else "WRONG (%s)" % x["status"], x.get("bwd_max_rel_vs_v3", -1),
              x.get("v4_bwd_flop_per_s", 0) / 1e12, x.get("v3_bwd_flop_per_s", 0) / 1e12))
+for x in c.get("attention_order") or []:   # attn_sched.cuh's block order against the one before it
+    print("RESULT calib attention order (v3) B %d T %d H %d hd %d: %s, fwd %.3f ms (one-pair groups %.3f), "
+          "bwd %.3f ms (%.3f): %.3fx the old order's fwd+bwd time"
+          % (x["b"], x["t"], x["h"], x["hd"], "same bits" if x["same_bits"] else "BITS DIFFER (%s)" % x["status"],
+             1e3 * x["fwd_median_s"], 1e3 * x["fwd_median_s_one_pair_groups"], 1e3 * x["bwd_median_s"],
+             1e3 * x["bwd_median_s_one_pair_groups"],
+             (x["fwd_median_s"] + x["bwd_median_s"]) / max(x["fwd_median_s_one_pair_groups"] +
+                                                           x["bwd_median_s_one_pair_groups"], 1e-30)))
 for x in c.get("layer_core") or []:
     print("RESULT calib layer core B %d T %d: scan %s fp32 %.4f s, bf16 %.4f s vs attention %s fp32 %.4f s, bf16 %.4f s "
           "(scan/attention, bf16 both: %.2f)"

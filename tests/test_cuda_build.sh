@@ -1223,6 +1223,10 @@ assert len(c["attention_v4"]) == 1 and all(x["ok"] is True and x["max_rel_vs_v3"
                                            and x["bwd_ok"] is True and x["bwd_max_rel_vs_v3"] == 0.0
                                            and x["v4_bwd_flop_per_s"] > 0 and x["v3_bwd_flop_per_s"] > 0
                                            for x in c["attention_v4"]), c.get("attention_v4")
+# the block order's A/B (attn_sched.cuh): the default and one-pair groups give the same bits, both timed
+assert len(c["attention_order"]) == 1 and all(x["status"] == "ok" and x["same_bits"] is True and x["fwd_median_s"] > 0
+                                              and x["bwd_median_s_one_pair_groups"] > 0
+                                              for x in c["attention_order"]), c.get("attention_order")
 ar = c["allreduce"]
 assert ar["available"] == c["build"]["nccl"] and (ar["available"] or "identity" in ar["why"]), ar
 assert len(c["device_copy"]["sizes"]) >= 1 and c["device_copy"]["best_bytes_per_s"] > 0

@@ -167,6 +167,7 @@ struct mt_cuda_backend {
                                       the operands a group of (batch, head) pairs
                                       re-reads, at most this (a third of the L2;
                                       MT_CUDA_ATTN_GROUP_KIB overrides)           */
+    long long      attn_group_default; /* that budget as set at creation           */
     struct mt_cuda_lt_plan plans[MT_CUDA_LT_PLANS];
     int            plan_next;      /* round-robin eviction cursor                */
     struct mt_cuda_lt_algo_slot algos[MT_CUDA_LT_ALGOS];

@@ -604,6 +604,7 @@ static int init_state(char *why, size_t why_len)
     int l2 = 0;
     if (cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev) != cudaSuccess || l2 <= 0) l2 = 48 << 20;
     mt_cuda_be->attn_group_bytes = group_kib > 0 ? group_kib << 10 : (long long)l2 / 3;
+    mt_cuda_be->attn_group_default = mt_cuda_be->attn_group_bytes;
     (void)cudaGetLastError();
 #ifdef MT_CUDA_EMU
     in->emulated = 1;
@@ -791,6 +792,14 @@ extern "C" enum mt_status mt_ops_cuda_set_attn_kernel_of(void *be, const char *n
 extern "C" enum mt_status mt_ops_cuda_set_attn_kernel(const char *name)
 {
     return mt_ops_cuda_set_attn_kernel_of(NULL, name);
+}
+
+extern "C" enum mt_status mt_ops_cuda_set_attn_group_kib_of(void *be, long long kib)
+{
+    if (!bind_instance(be)) return MT_ERR_UNSUPPORTED;
+    if (kib < 0) return MT_ERR_INVALID_ARG;
+    mt_cuda_be->attn_group_bytes = kib ? kib << 10 : mt_cuda_be->attn_group_default;
+    return MT_OK;
 }
 
 extern "C" enum mt_status mt_ops_cuda_set_gg_bn_of(void *be, int bn)
