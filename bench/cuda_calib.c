@@ -599,6 +599,38 @@ static enum mt_status attn_run_to_host(struct cal_attn_ctx *a, const char *kern,
     return MT_OK;
 }
 
+/* the bf16 attention of shape s on random operands (v3 or v4 as set later, dQ
+ * from the dS tiles) and two host copies of its results, for an A/B of two
+ * kernels or orders; 0 when a host buffer could not be had */
+static int attn_pair_setup(struct cal_attn_ctx *a, const struct cal_attn_shape *s, struct cal_attn_host h[2])
+{
+    const struct cal_attn_ctx z = {s->b, s->t, s->h, s->hd, 1, 3, NULL, NULL, NULL, NULL, NULL, NULL,
+                                   NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    *a = z;
+    const size_t n = (size_t)a->b * a->t * a->h * a->hd;
+    a->q = dev_rand(n), a->k = dev_rand(n), a->v = dev_rand(n), a->dout = dev_rand(n);
+    a->dq = dev_alloc(n * 4), a->dk = dev_alloc(n * 4), a->dv = dev_alloc(n * 4);
+    a->lse = dev_alloc((size_t)a->b * a->h * a->t * 4);
+    a->qkvb = (mt_bf16 *)dev_alloc(3 * n * 2), a->outb = (mt_bf16 *)dev_alloc(n * 2);
+    a->doutb = (mt_bf16 *)dev_alloc(n * 2), a->dqb = (mt_bf16 *)dev_alloc(n * 2);
+    a->dkb = (mt_bf16 *)dev_alloc(n * 2);
+    g_ops->cast_bf16(g_ops->be, a->doutb, a->dout, n);
+    int have = 1;
+    for (int k = 0; k < 2; k++) {
+        h[k].out = malloc(n * 2), h[k].dq = malloc(n * 2), h[k].dk = malloc(n * 2), h[k].dv = malloc(n * 4);
+        have = have && h[k].out && h[k].dq && h[k].dk && h[k].dv;
+    }
+    return have;
+}
+
+static void attn_pair_free(struct cal_attn_ctx *a, struct cal_attn_host h[2])
+{
+    for (int k = 0; k < 2; k++) free(h[k].out), free(h[k].dq), free(h[k].dk), free(h[k].dv);
+    float *bufs[] = {a->q, a->k, a->v, a->dout, a->dq, a->dk, a->dv, a->lse, (float *)a->qkvb, (float *)a->outb,
+                     (float *)a->doutb, (float *)a->dqb, (float *)a->dkb};
+    for (size_t b = 0; b < sizeof bufs / sizeof bufs[0]; b++) g_ops->buf_free(g_ops->be, &g_ctx, bufs[b]);
+}
+
 /* the block order of the causal attention kernels (src/ops/cuda/attn_sched.cuh):
  * each shape at head dim 64 or 128 under v3, the default order (longest tile
  * first in L2-sized groups of (batch, head) pairs) against groups of one pair
@@ -610,21 +642,10 @@ static void calib_attn_order(FILE *f, const struct cal_attn_shape *as, int n_as,
     int first = 1;
     for (int i = 0; i < n_as; i++) {
         if (as[i].hd != 64 && as[i].hd != 128) continue;
-        struct cal_attn_ctx a = {as[i].b, as[i].t, as[i].h, as[i].hd, 1, 3, NULL, NULL, NULL, NULL, NULL, NULL,
-                                 NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
-        const size_t n = (size_t)a.b * a.t * a.h * a.hd;
-        a.q = dev_rand(n), a.k = dev_rand(n), a.v = dev_rand(n), a.dout = dev_rand(n);
-        a.dq = dev_alloc(n * 4), a.dk = dev_alloc(n * 4), a.dv = dev_alloc(n * 4);
-        a.lse = dev_alloc((size_t)a.b * a.h * a.t * 4);
-        a.qkvb = (mt_bf16 *)dev_alloc(3 * n * 2), a.outb = (mt_bf16 *)dev_alloc(n * 2);
-        a.doutb = (mt_bf16 *)dev_alloc(n * 2), a.dqb = (mt_bf16 *)dev_alloc(n * 2), a.dkb = (mt_bf16 *)dev_alloc(n * 2);
-        g_ops->cast_bf16(g_ops->be, a.doutb, a.dout, n);
+        struct cal_attn_ctx a;
         struct cal_attn_host h[2];   /* the default order, groups of one pair */
-        int have = 1;
-        for (int k = 0; k < 2; k++) {
-            h[k].out = malloc(n * 2), h[k].dq = malloc(n * 2), h[k].dk = malloc(n * 2), h[k].dv = malloc(n * 4);
-            have = have && h[k].out && h[k].dq && h[k].dk && h[k].dv;
-        }
+        const int have = attn_pair_setup(&a, &as[i], h);
+        const size_t n = (size_t)a.b * a.t * a.h * a.hd;
         struct cal_time tf[2] = {{0, 0}, {0, 0}}, tb[2] = {{0, 0}, {0, 0}};
         char msg[256] = "";
         enum mt_status st = have ? MT_OK : MT_ERR_OOM;
@@ -645,10 +666,7 @@ static void calib_attn_order(FILE *f, const struct cal_attn_shape *as, int n_as,
              first ? "" : ",", a.b, a.t, a.h, a.hd, mt_status_str(st), same ? "true" : "false", tf[0].median,
              tf[1].median, tb[0].median, tb[1].median);
         first = 0;
-        for (int k = 0; k < 2; k++) free(h[k].out), free(h[k].dq), free(h[k].dk), free(h[k].dv);
-        float *bufs[] = {a.q, a.k, a.v, a.dout, a.dq, a.dk, a.dv, a.lse, (float *)a.qkvb, (float *)a.outb,
-                         (float *)a.doutb, (float *)a.dqb, (float *)a.dkb};
-        for (size_t b = 0; b < sizeof bufs / sizeof bufs[0]; b++) g_ops->buf_free(g_ops->be, &g_ctx, bufs[b]);
+        attn_pair_free(&a, h);
     }
 }
 
@@ -664,21 +682,10 @@ static void calib_attn_v4(FILE *f, const struct cal_attn_shape *as, int n_as, in
     int first = 1;
     for (int i = 0; i < n_as; i++) {
         if (as[i].hd != 64 && as[i].hd != 128) continue;
-        struct cal_attn_ctx a = {as[i].b, as[i].t, as[i].h, as[i].hd, 1, 3, NULL, NULL, NULL, NULL, NULL, NULL,
-                                 NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
-        const size_t n = (size_t)a.b * a.t * a.h * a.hd;
-        a.q = dev_rand(n), a.k = dev_rand(n), a.v = dev_rand(n), a.dout = dev_rand(n);
-        a.dq = dev_alloc(n * 4), a.dk = dev_alloc(n * 4), a.dv = dev_alloc(n * 4);
-        a.lse = dev_alloc((size_t)a.b * a.h * a.t * 4);
-        a.qkvb = (mt_bf16 *)dev_alloc(3 * n * 2), a.outb = (mt_bf16 *)dev_alloc(n * 2);
-        a.doutb = (mt_bf16 *)dev_alloc(n * 2), a.dqb = (mt_bf16 *)dev_alloc(n * 2), a.dkb = (mt_bf16 *)dev_alloc(n * 2);
-        g_ops->cast_bf16(g_ops->be, a.doutb, a.dout, n);
+        struct cal_attn_ctx a;
         struct cal_attn_host h[2];   /* v3, v4 */
-        int have = 1;
-        for (int k = 0; k < 2; k++) {
-            h[k].out = malloc(n * 2), h[k].dq = malloc(n * 2), h[k].dk = malloc(n * 2), h[k].dv = malloc(n * 4);
-            have = have && h[k].out && h[k].dq && h[k].dk && h[k].dv;
-        }
+        const int have = attn_pair_setup(&a, &as[i], h);
+        const size_t n = (size_t)a.b * a.t * a.h * a.hd;
         struct cal_time t3 = {0, 0}, t4 = {0, 0}, b3 = {0, 0}, b4 = {0, 0};
         char msg[256] = "";
         enum mt_status st = have ? attn_run_to_host(&a, "v3", &h[0], msg, sizeof msg) : MT_ERR_OOM;
@@ -711,10 +718,7 @@ static void calib_attn_v4(FILE *f, const struct cal_attn_shape *as, int n_as, in
              ok ? ff / t4.median : 0.0, t3.median, ok ? ff / t3.median : 0.0, ok_b ? "true" : "false", rel_b, fb,
              b4.median, ok_b ? fb / b4.median : 0.0, b3.median, ok_b ? fb / b3.median : 0.0);
         first = 0;
-        for (int k = 0; k < 2; k++) free(h[k].out), free(h[k].dq), free(h[k].dk), free(h[k].dv);
-        float *bufs[] = {a.q, a.k, a.v, a.dout, a.dq, a.dk, a.dv, a.lse, (float *)a.qkvb, (float *)a.outb,
-                         (float *)a.doutb, (float *)a.dqb, (float *)a.dkb};
-        for (size_t b = 0; b < sizeof bufs / sizeof bufs[0]; b++) g_ops->buf_free(g_ops->be, &g_ctx, bufs[b]);
+        attn_pair_free(&a, h);
     }
 }
 
