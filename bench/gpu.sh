@@ -815,7 +815,11 @@ export -f stage_hf
 # marks, the MoE experts' grouped GEMMs gg_rows_k / gg_sum_k), from cuda_calib's attention, scan and grouped rows:
 # achieved vs theoretical occupancy, SM and memory throughput per kernel, so the next
 # kernel work starts from the bottleneck, not a guess (the H100 run of
-# 2026-11-27: attention bf16 135 TF/s, the scan 2.1 TF/s, and no counter to say why).
+# 2026-11-27: attention bf16 135 TF/s, the scan 2.1 TF/s, and no counter to say why);
+# and the counters the emulator models (docs/cuda.md "The CPU emulator"): shared-memory
+# wavefronts and bank conflicts (ld, st), global sectors and requests (ld, st), to set
+# beside MT_EMU_BANKS / MT_EMU_COALESCE's counts of the same kernels (a disagreement is
+# an emulator bug to chase).
 # SKIPPED without ncu in the image or without permission for the GPU's counters.
 stage_ncu() {
     local cal=$BIN/cuda_calib NCU
@@ -823,8 +827,13 @@ stage_ncu() {
     [ -n "$NCU" ] && [ -x "$NCU" ] || { echo "SKIPPED (ncu: not in this image)"; return 77; }
     [ -x "$cal" ] || { echo "SKIPPED (ncu: no cuda_calib carried)"; return 77; }
     local kernels="attn_v2|attn_wg|ssd_|adamw_multi|nonfinite_mark|ang_scan|gg_rows|gg_sum"
+    local NCU_METRICS=l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum
+    NCU_METRICS=$NCU_METRICS,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum
+    NCU_METRICS=$NCU_METRICS,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum
+    NCU_METRICS=$NCU_METRICS,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum,l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum
+    NCU_METRICS=$NCU_METRICS,l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum,l1tex__t_requests_pipe_lsu_mem_global_op_st.sum
     timeout -k 5 100 "$NCU" --kernel-name "regex:$kernels" --launch-count 64 \
-        --section SpeedOfLight --section Occupancy --section LaunchStats \
+        --section SpeedOfLight --section Occupancy --section LaunchStats --metrics "$NCU_METRICS" \
         "$cal" --reps 1 --warmup 0 --gemm 256x256x256 --attn 4x2048x16x128 --scan 4x2048x64x64x64x64 \
         --allreduce-mib 1 > "$RES/logs/ncu.txt" 2>&1
     local rc=$?
@@ -837,7 +846,13 @@ import re, sys
 # then "    Metric Name   Unit   Value" rows; one RESULT line per kernel launch
 want = {"Duration": "dur", "Compute (SM) Throughput": "sm%", "Memory Throughput": "mem%",
         "Achieved Occupancy": "occ%", "Theoretical Occupancy": "theo%", "Registers Per Thread": "regs",
-        "Dynamic Shared Memory Per Block": "dsmem"}
+        "Dynamic Shared Memory Per Block": "dsmem",
+        "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum": "sh_ld_wf",
+        "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum": "sh_st_wf",
+        "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum": "sh_ld_conf",
+        "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum": "sh_st_conf",
+        "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum": "gld_sec", "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum": "gld_req",
+        "l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum": "gst_sec", "l1tex__t_requests_pipe_lsu_mem_global_op_st.sum": "gst_req"}
 cur, rows = None, []
 for line in open(sys.argv[1], errors="replace"):
     m = re.match(r"^  (\S[^(]*?)(?:<[^>]*>)?\(.*\) \((\d+), (\d+), (\d+)\)x\((\d+), (\d+), (\d+)\)", line)
@@ -855,7 +870,8 @@ for line in open(sys.argv[1], errors="replace"):
             cur[short] = m.group(2).replace(",", "") + ("" if u in ("", "%", "register/thread", "byte/block") else " " + u)
 for r in rows:
     print("RESULT ncu %s: %s" % (r["kernel"], ", ".join("%s %s" % (k, r[k]) for k in
-          ("dur", "sm%", "mem%", "occ%", "theo%", "regs", "dsmem", "block", "grid") if k in r)))
+          ("dur", "sm%", "mem%", "occ%", "theo%", "regs", "dsmem", "block", "grid", "sh_ld_wf", "sh_ld_conf",
+           "sh_st_wf", "sh_st_conf", "gld_sec", "gld_req", "gst_sec", "gst_req") if k in r)))
 if not rows:
     print("RESULT ncu: no kernel in the report (see logs/ncu.txt)")
     sys.exit(1)
