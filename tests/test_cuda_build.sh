@@ -34,7 +34,10 @@
 #           within its derived bf16 bound of an fp64 reference,
 #           deterministic, equal to the cpu reference of the mode, the
 #           counters naming the kernels that ran; run twice, the second in the
-#           reverse launch order (MT_EMU_ORDER=reverse), the logs equal;
+#           reverse launch order (MT_EMU_ORDER=reverse), the logs equal; each
+#           with a small group budget for the causal kernels' block order
+#           (MT_CUDA_ATTN_GROUP_KIB 40 and 100: attn_sched.cuh's groups of 1-4
+#           pairs, several a launch);
 #        b4. every ldmatrix and plain shared load and store of a's bf16 GEMM
 #           run and b3's forward run counted for shared-memory bank conflicts
 #           (MT_EMU_BANKS; tests/cuda/banks_check.py): no kernel above 1.05
@@ -83,7 +86,9 @@
 #           dim 128, Mamba-3 P = N = Q = 64, MoE layers; launch log for stage
 #           r): tensor-core attention and scan every call, no fallback,
 #           within the bf16 curve of the fp32 cpu run, and every kernel of
-#           its step under 1.05 shared-memory wavefronts a phase (as b4);
+#           its step under 1.05 shared-memory wavefronts a phase (as b4) and
+#           1.05 global sectors for each its bytes need (MT_EMU_COALESCE) but
+#           those of tests/cuda/coalesce_allow.txt, each under its ceiling;
 #           the same 2 steps in fp32 (the exact kernels, the fp32 scan) equal
 #           the cpu run to 1e-5, race-checked, banks counted (the fp32 scan's
 #           kernels under their tests/cuda/banks_allow.txt ceilings);
@@ -103,7 +108,8 @@
 #           scan-vs-attention rows), the profile written from it carries
 #           measured.scan_fwd_bwd_flop_per_s and the grouped experts' rate
 #           (gemm_grouped_bf16_flop_per_s: the bn 256 rows' FLOPs / time) and loads in
-#           `BUILD/meshtrain plan --profile FILE`.
+#           `BUILD/meshtrain plan --profile FILE`; the v4 and block-order
+#           attention A/B rows (same results, both timed).
 #        f. per-step device counters (no allocation in a step, only the
 #           expected host waits and copies), the per-op profile's fields,
 #           and the launch floor (threads per kernel launch) of a hybrid +
@@ -113,7 +119,8 @@
 #           MT_EMU_ORDER; a misspelt order refused; the wgmma tile hash right
 #           after a wait: a race named in the reverse order; the race check:
 #           a missing barrier named RAW forward and WAR reversed; the bank
-#           count of ldmatrix and plain accesses); CUDA
+#           count of ldmatrix and plain accesses; the sector count of global
+#           ones); CUDA
 #           graphs: the emulator's stream capture (graph_emu.cc), and
 #           4-step dense (fp32, MT_CUDA_PRECISION=bf16, precision=bf16) and
 #           hybrid (fp32, precision=bf16: the scan's tensor-core kernels) runs

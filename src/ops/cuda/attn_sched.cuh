@@ -22,10 +22,10 @@
  * The grid is (G, n_tiles, pairs / G): the block's pair is blockIdx.z G +
  * blockIdx.x and its rank blockIdx.y (0: the pair's longest tile), so the
  * dispatch order (x fastest) is the one above. (y's limit of 65535 tiles is
- * T of 4 Mi tokens at 64 rows a tile; the old grid's x allowed more, no
- * run here comes near: its dS tiles alone would be T^2 bytes a head.) G is the largest divisor of
- * pairs within the budget (no padding blocks; a prime count of pairs over
- * the budget gets groups of one pair, the old order). A 1-D grid decoded
+ * T of 4 Mi tokens at 64 rows a tile; the old grid's x allowed more, no run
+ * here comes near: its dS tiles alone would be T^2 bytes a head.) G is the
+ * largest divisor of pairs within the budget (no padding blocks; a prime
+ * count of pairs over the budget gets groups of one pair, the old order). A 1-D grid decoded
  * by divisions cost ptxas up to 5 registers more (v3's dQ at hd 128: 167 ->
  * 172, a block an SM less); this costs ~1. Every (rank, pair) runs once and
  * computes what the same tile computed before: the same bits
