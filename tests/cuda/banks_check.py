@@ -15,11 +15,13 @@ ldmatrix rows 128 bytes apart cost 8; 16 lanes storing 2-byte elements 1024
 bytes apart cost 16) fails, named. Rare 2-way phases (a partial tile's edge
 rows) stay under the limit.
 
-The allow-list (tests/cuda/banks_allow.txt: KIND NAME CEILING REASON) names
-the kernels known to conflict, each with its own ceiling: a kernel over its
-ceiling still fails (a regression), one under LIMIT is reported (NOTE: the
-entry can go if no other counted run needs it). Exit 0 when every kernel is under its limit, 1 otherwise, 2
-when no file had a line.
+The allow-list (tests/cuda/banks_allow.txt for the banks,
+tests/cuda/coalesce_allow.txt for the sectors: KIND NAME CEILING REASON, NAME
+as counted without its spaces) names the kernels known to exceed it, each
+with its own ceiling: a kernel over its ceiling still fails (a regression),
+one under LIMIT is reported (NOTE: the entry can go if no other counted run
+needs it). Exit 0 when every kernel is under its limit, 1 otherwise, 2 when
+no file had a line.
 """
 import sys
 
