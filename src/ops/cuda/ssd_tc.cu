@@ -360,20 +360,43 @@ static __device__ void tc_stage_x(bf16 *dst, int ld, int nr, int kw, const float
     tc_stage_head(dst, ld, nr, kw, X ? NULL : x + k.ob * k.xs + hp, k.xs, X ? X + k.ob * k.xsb + hp : NULL, k.xsb, P,
                   tok0, lo, hi);
 }
-/* dy at the chunk's token t (absolute), column p: the fp32 value, or (dy NULL: stored
- * bf16 only, ssd_twins Y) its twin widened */
-static __device__ __forceinline__ float tc_dy_at(const float *dy, const bf16 *Y, const struct tc_chunk &k, int P,
-                                                 size_t t, int p)
+/* m at columns p and p + 1 of row `row` (b: 0 past P), fp32 or bf16 widened: the
+ * pair as one 8- or 4-byte load where aligned (a warp's requests in the
+ * accumulator layout touch 8 rows' sectors; two loads a pair touched them twice:
+ * MT_EMU_COALESCE), else element by element; the same values either way */
+template <typename T>
+static __device__ __forceinline__ void tc_pair_at(const T *m, size_t row, int p, int P, float &a, float &b)
 {
-    const size_t at = (k.ob + t) * k.xld + (size_t)k.h * P + p;
-    return dy ? dy[at] : __bfloat162float(Y[at]);
+    const T *s = m + row + p;
+    if (p + 1 < P && ((uintptr_t)s & (2 * sizeof(T) - 1)) == 0) {
+        if constexpr (sizeof(T) == 4) {
+            const float2 v = *(const float2 *)s;
+            a = v.x, b = v.y;
+        } else {
+            const uint32_t u = *(const uint32_t *)s;
+            a = mt_bf16_lo(u), b = mt_bf16_hi(u);
+        }
+        return;
+    }
+    a = mt_ld1(s);
+    b = p + 1 < P ? mt_ld1(s + 1) : 0.0f;
 }
-/* x at the chunk's token t (absolute), column p: the fp32 value, or the bf16 one widened */
-static __device__ __forceinline__ float tc_x_at(const float *x, const bf16 *X, const struct tc_chunk &k, int P,
-                                                size_t t, int p)
+/* x and dy at the chunk's token t (absolute), columns p, p + 1 (tc_pair_at): the
+ * fp32 values, or the bf16 ones widened (X: x stored bf16 by the in-projection;
+ * dy NULL: stored bf16 only, ssd_twins Y) */
+static __device__ __forceinline__ void tc_x_pair(const float *x, const bf16 *X, const struct tc_chunk &k, int P,
+                                                 size_t t, int p, float &a, float &b)
 {
-    const size_t hp = (size_t)k.h * P + p;
-    return X ? __bfloat162float(X[(k.ob + t) * k.xsb + hp]) : x[(k.ob + t) * k.xs + hp];
+    const size_t hp = (size_t)k.h * P;
+    if (X) tc_pair_at(X, (k.ob + t) * k.xsb + hp, p, P, a, b);
+    else tc_pair_at(x, (k.ob + t) * k.xs + hp, p, P, a, b);
+}
+static __device__ __forceinline__ void tc_dy_pair(const float *dy, const bf16 *Y, const struct tc_chunk &k, int P,
+                                                  size_t t, int p, float &a, float &b)
+{
+    const size_t at = (k.ob + t) * k.xld + (size_t)k.h * P;
+    if (dy) tc_pair_at(dy, at, p, P, a, b);
+    else tc_pair_at(Y, at, p, P, a, b);
 }
 /* tc_stage_rows<1> of B's head rows (row(r, s) as there: dst = bf16(s bf16(B))),
  * from B's twin tw where given (m may then be NULL), else m rounded as read:
@@ -504,8 +527,10 @@ ssd_tc_out_k(float *y, bf16 *y_b, const float *Sst, const float *cum, const floa
                 if (i >= q || p >= d.P) continue;
                 const size_t t = (size_t)k.t0 + i;
                 const size_t at = (k.ob + t) * k.xld + (size_t)k.h * d.P + p;
-                const float v0 = acc[j][e] + Dh * tc_x_at(x, tw.X, k, d.P, t, p);
-                const float v1 = p + 1 < d.P ? acc[j][e + 1] + Dh * tc_x_at(x, tw.X, k, d.P, t, p + 1) : 0.0f;
+                float xa, xb;
+                tc_x_pair(x, tw.X, k, d.P, t, p, xa, xb);
+                const float v0 = acc[j][e] + Dh * xa;
+                const float v1 = p + 1 < d.P ? acc[j][e + 1] + Dh * xb : 0.0f;
                 if (y_b) tc_put2b(y_b + at, p, d.P, v0, v1);   /* y as bf16 only (mt_ops.h y_b) */
                 else tc_put2(y + at, p, d.P, v0, v1);
             }
@@ -749,8 +774,10 @@ ssd_tc_tok_k(float *out, bf16 *outb, float *last, float *edge, float *qj, const 
                 float v0 = acc[j][e], v1 = acc[j][e + 1];
                 if (!DB) {
                     const size_t tr = (size_t)k.t0 + r;
-                    v0 += Dh * tc_dy_at(dy, tw.Y, k, d.P, tr, n);
-                    v1 = n + 1 < W ? v1 + Dh * tc_dy_at(dy, tw.Y, k, d.P, tr, n + 1) : 0.0f;
+                    float ya, yb;
+                    tc_dy_pair(dy, tw.Y, k, d.P, tr, n, ya, yb);
+                    v0 += Dh * ya;
+                    v1 = n + 1 < W ? v1 + Dh * yb : 0.0f;
                 }
                 const size_t o = t * (DB ? k.bld : k.xs) + (size_t)k.h * W + n;
                 if (!OB) tc_put2(out + o, n, W, v0, v1);
