@@ -155,7 +155,8 @@ enum mt_status mt_ops_cuda_set_attn_kernel_of(void *be, const char *name);
 /* the causal attention's block order (attn_sched.cuh): the budget of a group of
  * (batch, head) pairs in KiB; 1: groups of one pair (the order before the
  * twenty-second session; cuda_calib's A/B), 0: the one set at creation
- * (MT_CUDA_ATTN_GROUP_KIB, else a third of the L2); MT_ERR_INVALID_ARG below 0 */
+ * (MT_CUDA_ATTN_GROUP_KIB, else a third of the L2); MT_ERR_INVALID_ARG below 0
+ * or over 2^30 */
 enum mt_status mt_ops_cuda_set_attn_group_kib_of(void *be, long long kib);
 /* the grouped GEMMs' block tile columns (gemm_grouped.cu): 128 or 256
  * (MT_CUDA_GG_BN at creation, default 256); MT_ERR_INVALID_ARG otherwise */

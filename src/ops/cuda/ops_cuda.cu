@@ -797,7 +797,7 @@ extern "C" enum mt_status mt_ops_cuda_set_attn_kernel(const char *name)
 extern "C" enum mt_status mt_ops_cuda_set_attn_group_kib_of(void *be, long long kib)
 {
     if (!bind_instance(be)) return MT_ERR_UNSUPPORTED;
-    if (kib < 0) return MT_ERR_INVALID_ARG;
+    if (kib < 0 || kib > (1ll << 30)) return MT_ERR_INVALID_ARG;   /* MT_CUDA_ATTN_GROUP_KIB's range */
     mt_cuda_be->attn_group_bytes = kib ? kib << 10 : mt_cuda_be->attn_group_default;
     return MT_OK;
 }

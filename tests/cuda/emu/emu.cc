@@ -864,21 +864,21 @@ static void sh_count(const sh_row &r, int size, bank_stat &st)
  * 32 rows one element a step): a pointer for ncu, not a measurement of HBM. */
 static void gl_count(const sh_row &r, int size, bank_stat &st)
 {
-    uint32_t lo[32], sec[64];
+    uint64_t lo[32], sec[64];   /* the low 32 address bits, widened: a lane's end may pass 2^32 */
     int n = 0, ns = 0;
     for (unsigned m = r.mask; m; m &= m - 1) {
         const int l = __builtin_ctz(m);
         lo[n++] = r.addr[l];
-        for (uint32_t s = r.addr[l] / 32; s <= (r.addr[l] + (uint32_t)size - 1) / 32; s++) sec[ns++] = s;
+        for (uint64_t s = lo[n - 1] / 32; s <= (lo[n - 1] + (uint64_t)size - 1) / 32; s++) sec[ns++] = s;
     }
     std::sort(lo, lo + n);
     if (n == 0 || lo[0] == lo[n - 1]) return;   /* one address (a broadcast, one lane) is one sector: not counted */
     std::sort(sec, sec + ns);
     const int sectors = (int)(std::unique(sec, sec + ns) - sec);
     unsigned long long bytes = 0;
-    uint32_t end = 0;   /* the union of [lo, lo + size): the lanes sorted by address */
+    uint64_t end = 0;   /* the union of [lo, lo + size): the lanes sorted by address */
     for (int i = 0; i < n; i++) {
-        const uint32_t b = std::max(lo[i], end), e = lo[i] + (uint32_t)size;
+        const uint64_t b = std::max(lo[i], end), e = lo[i] + (uint64_t)size;
         if (e > b) bytes += e - b;
         end = std::max(end, e);
     }
