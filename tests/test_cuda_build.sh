@@ -256,9 +256,10 @@ logs_equal() {
     if cmp -s "$2" "$3"; then echo "PASS emulated $1: the same log in the reverse launch order"
     else diff "$2" "$3" | head -10; echo "FAIL: emulated $1: the reverse launch order printed another log"; fail=1; fi
 }
-# banks FILE...: the emulator's bank-conflict counts (MT_EMU_BANKS files) through
-# tests/cuda/banks_check.py and its allow-list; the report indented, the status its own
-banks() {   # banks [--allow FILE] COUNTS...: banks_check.py, tests/cuda/banks_allow.txt unless named
+# banks [--allow FILE] COUNTS...: the emulator's bank-conflict (MT_EMU_BANKS) or sector
+# (MT_EMU_COALESCE) counts through tests/cuda/banks_check.py and an allow-list
+# (tests/cuda/banks_allow.txt unless named); the report indented, the status its own
+banks() {
     local out rc allow=$SRC/tests/cuda/banks_allow.txt
     if [ "${1:-}" = --allow ]; then allow=$2; shift 2; fi
     out=$(python3 "$SRC/tests/cuda/banks_check.py" --allow "$allow" "$@"); rc=$?
