@@ -827,11 +827,13 @@ stage_ncu() {
     [ -n "$NCU" ] && [ -x "$NCU" ] || { echo "SKIPPED (ncu: not in this image)"; return 77; }
     [ -x "$cal" ] || { echo "SKIPPED (ncu: no cuda_calib carried)"; return 77; }
     local kernels="attn_v2|attn_wg|ssd_|adamw_multi|nonfinite_mark|ang_scan|gg_rows|gg_sum"
-    local NCU_METRICS=l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum
-    NCU_METRICS=$NCU_METRICS,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum
-    NCU_METRICS=$NCU_METRICS,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum
-    NCU_METRICS=$NCU_METRICS,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum,l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum
-    NCU_METRICS=$NCU_METRICS,l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum,l1tex__t_requests_pipe_lsu_mem_global_op_st.sum
+    local NCU_METRICS=l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum m
+    for m in l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum \
+             l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum \
+             l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum \
+             l1tex__t_requests_pipe_lsu_mem_global_op_st.sum; do
+        NCU_METRICS=$NCU_METRICS,$m
+    done
     timeout -k 5 100 "$NCU" --kernel-name "regex:$kernels" --launch-count 64 \
         --section SpeedOfLight --section Occupancy --section LaunchStats --metrics "$NCU_METRICS" \
         "$cal" --reps 1 --warmup 0 --gemm 256x256x256 --attn 4x2048x16x128 --scan 4x2048x64x64x64x64 \
@@ -851,8 +853,10 @@ want = {"Duration": "dur", "Compute (SM) Throughput": "sm%", "Memory Throughput"
         "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum": "sh_st_wf",
         "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum": "sh_ld_conf",
         "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum": "sh_st_conf",
-        "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum": "gld_sec", "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum": "gld_req",
-        "l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum": "gst_sec", "l1tex__t_requests_pipe_lsu_mem_global_op_st.sum": "gst_req"}
+        "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum": "gld_sec",
+        "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum": "gld_req",
+        "l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum": "gst_sec",
+        "l1tex__t_requests_pipe_lsu_mem_global_op_st.sum": "gst_req"}
 cur, rows = None, []
 for line in open(sys.argv[1], errors="replace"):
     m = re.match(r"^  (\S[^(]*?)(?:<[^>]*>)?\(.*\) \((\d+), (\d+), (\d+)\)x\((\d+), (\d+), (\d+)\)", line)
