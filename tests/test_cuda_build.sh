@@ -88,7 +88,8 @@
 #           within the bf16 curve of the fp32 cpu run, and every kernel of
 #           its step under 1.05 shared-memory wavefronts a phase (as b4) and
 #           1.05 global sectors for each its bytes need (MT_EMU_COALESCE) but
-#           those of tests/cuda/coalesce_allow.txt, each under its ceiling;
+#           those of tests/cuda/coalesce_allow.txt, each under its ceiling (and
+#           the same for one dense layer at the d2048 benchmark's widths);
 #           the same 2 steps in fp32 (the exact kernels, the fp32 scan) equal
 #           the cpu run to 1e-5, race-checked, banks counted (the fp32 scan's
 #           kernels under their tests/cuda/banks_allow.txt ceilings);
@@ -641,6 +642,12 @@ PY
             --knob head_bf16_logits=0 || rc=1
         run6 bf16ref_v2_cpu $V2 --set backend=cpu || rc=1
         run6 bf16_v2_cpu $V2 --set backend=cpu --set precision=bf16 || rc=1
+        # one dense layer at the d2048 benchmark's widths (T 64, ~30 s): the global sectors
+        # of the memory-bound kernels at real row widths (GPUSHAPE's rows of 128 floats have
+        # misalignments of their own)
+        RUN_STEPS=2 MT_EMU_COALESCE="$EMU/coal_wide.txt" run6 wide_cuda --config "$SRC/bench/configs/gpu_d2048_dense.json" \
+            --set vocab_size=64 --set n_layer=1 --set mlp_hidden=256 --set seq_len=64 --set batch_size=1 \
+            --set precision=bf16 --backend cuda || rc=1
         return $rc
     }
     t2=$(date +%s)
@@ -749,6 +756,10 @@ g['ssm_scan_tc_calls'] > 0 and g['ssm_scan_tc_fallbacks'] == 0 and g['gemm_bf16_
         echo "PASS emulated sector count at the benchmarks' tile shapes: every kernel of the bf16 step" \
              "at <= 1.05 sectors a needed one or under its allow-listed ceiling"
     else echo "FAIL: global sectors at the benchmarks' tile shapes (or no run, no counts)"; fail=1; fi
+    if ran wide_cuda && banks --allow "$SRC/tests/cuda/coalesce_allow.txt" "$EMU/coal_wide.txt"; then
+        echo "PASS emulated sector count of a d2048-wide dense layer (bf16): every kernel at <= 1.05 sectors" \
+             "a needed one or under its ceiling (the mma stores)"
+    else echo "FAIL: global sectors of the d2048-wide dense layer (or no run, no counts)"; fail=1; fi
     # ... and in fp32 (the exact kernels, the fp32 scan) at the same shapes: losses (lm, aux,
     #     z) = the fp32 cpu run's to 1e-5 relative, no race, every kernel under 1.05
     #     wavefronts a phase but the fp32 scan's allow-listed ones
