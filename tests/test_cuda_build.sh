@@ -525,6 +525,7 @@ assert g["pci_bus_id"] == "0000:00:00.0" and g["ecc_enabled"] == 0, g
 assert g["sm_clock_peak_khz"] == 1980000 and g["mem_clock_peak_khz"] == 2619000 and g["mem_bus_width_bits"] == 5120, g
 assert abs(g["mem_bandwidth_peak_bytes_per_s"] - 2 * 2619e6 * 5120 / 8) < 1e3, g["mem_bandwidth_peak_bytes_per_s"]
 assert r["distributed"]["comm_libraries"] == "no MPI (single-rank build)", r["distributed"]["comm_libraries"]
+assert g["attn_group_bytes"] == (50 << 20) // 3, g.get("attn_group_bytes")   # a third of the emulated H100 L2
 PY
     then echo "PASS emulated receipt: gpu uuid, pci_bus_id, ecc, clocks, bus width, derived bandwidth; comm_libraries"
     else echo "FAIL: emulated receipt's device identity fields"; fail=1; fi

@@ -74,6 +74,10 @@ struct mt_ops_device_info {
     char   attn_kernel[4];            /* "v1", "v2" or "v3": the bf16 attention kernels
                                          chosen (knob attn_kernel, MT_CUDA_ATTN_KERNEL) */
     long   attention_v2_calls;        /* calls run by attention_v2.cu             */
+    long long attn_group_bytes;       /* the causal kernels' block order: a group of
+                                         (batch, head) pairs re-reads at most this
+                                         (attn_sched.cuh; a third of the L2 unless
+                                         MT_CUDA_ATTN_GROUP_KIB or cuda_calib's A/B) */
     long   attention_v2_fallbacks;    /* v2 chosen, head dim not 64/128: ran v1    */
     int    attention_v2_fallback_hd;  /* the head dim of the last such call        */
     /* ssm_scan_forward_bf16 / _backward_bf16 (precision=bf16, ssd_tc.cu): */

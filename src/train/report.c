@@ -735,6 +735,8 @@ static char *gpu_json(const struct run_state *rs, const struct mt_receipt *r)
     /* which bf16 attention kernels (knob attn_kernel): calls on v2, v2 chosen but run by v1 */
     cJSON_AddStringToObject(g, "attn_kernel", in.attn_kernel);
     cJSON_AddNumberToObject(g, "attention_v2_calls", (double)in.attention_v2_calls);
+    /* the causal attention's block order: its groups' budget (docs/cuda.md "The block order") */
+    cJSON_AddNumberToObject(g, "attn_group_bytes", (double)in.attn_group_bytes);
     cJSON_AddNumberToObject(g, "ssm_scan_tc_calls", (double)in.ssm_scan_tc_calls);
     cJSON_AddNumberToObject(g, "ssm_scan_tc_fallbacks", (double)in.ssm_scan_tc_fallbacks);
     cJSON_AddNumberToObject(g, "attention_v2_fallbacks", (double)in.attention_v2_fallbacks);

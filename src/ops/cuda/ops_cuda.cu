@@ -605,6 +605,7 @@ static int init_state(char *why, size_t why_len)
     if (cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev) != cudaSuccess || l2 <= 0) l2 = 48 << 20;
     mt_cuda_be->attn_group_bytes = group_kib > 0 ? group_kib << 10 : (long long)l2 / 3;
     mt_cuda_be->attn_group_default = mt_cuda_be->attn_group_bytes;
+    in->attn_group_bytes = mt_cuda_be->attn_group_bytes;
     (void)cudaGetLastError();
 #ifdef MT_CUDA_EMU
     in->emulated = 1;
@@ -799,6 +800,7 @@ extern "C" enum mt_status mt_ops_cuda_set_attn_group_kib_of(void *be, long long 
     if (!bind_instance(be)) return MT_ERR_UNSUPPORTED;
     if (kib < 0 || kib > (1ll << 30)) return MT_ERR_INVALID_ARG;   /* MT_CUDA_ATTN_GROUP_KIB's range */
     mt_cuda_be->attn_group_bytes = kib ? kib << 10 : mt_cuda_be->attn_group_default;
+    mt_cuda_be->info.attn_group_bytes = mt_cuda_be->attn_group_bytes;
     return MT_OK;
 }
 

@@ -772,7 +772,8 @@ static void yield_to_sched(void)
     mt_emu_switch(&cur.sp, g_sched_sp);
 }
 
-/* ---- plain shared loads and stores, for the bank count (MT_EMU_BANKS) ----
+/* ---- plain loads and stores: shared ones for the bank count (MT_EMU_BANKS), global
+ * ones for the sector count (MT_EMU_COALESCE, gl_count below) ----
  * The kernels' objects are compiled with GCC's ThreadSanitizer instrumentation
  * and without its runtime (tests/cuda/emu_objects.sh): the compiler calls
  * __tsan_readN / __tsan_writeN(address) before each memory access it cannot
@@ -911,10 +912,10 @@ static void sh_flush_all(void)
     for (size_t w = 0; w < g_sh.size(); w++) sh_flush((int)w);
 }
 
-/* MT_EMU_BANKS_SITES=FILE: the plain accesses above 1 wavefront a phase by
- * instruction, every warp's together, worst first: KIND OBJECT+OFFSET PHASES
- * WAVEFRONTS (`addr2line -f -C -e OBJECT OFFSET` names the source line), for
- * finding what a kernel's count in MT_EMU_BANKS comes from */
+/* MT_EMU_BANKS_SITES=FILE: the plain accesses above 1 wavefront a phase (or, gld /
+ * gst, above 1 sector a needed one) by instruction, every warp's together, worst
+ * first: KIND OBJECT+OFFSET PHASES WAVEFRONTS (`addr2line -f -C -e OBJECT OFFSET`
+ * names the source line), for finding what a kernel's count comes from */
 static void sh_sites_write(void)
 {
     const char *path = getenv("MT_EMU_BANKS_SITES");
@@ -1036,7 +1037,8 @@ static void rc_ldmatrix(const unsigned char *const row[32])
     }
 }
 
-/* a shared access of the current thread into its warp's requests (sh_flush counts them) */
+/* an access of the current thread into its warp's requests (sh_flush counts them: banks
+ * for the shared kinds, sectors for GL_*) */
 static void sh_bank_note(const void *p, size_t size, int kind, const void *pc)
 {
     const uintptr_t a = (uintptr_t)p;
@@ -1598,7 +1600,7 @@ static void *fiber_stack_init(char *stack, size_t bytes)
     return &w[-9];
 }
 
-/* GCC's -fsanitize=thread calls, for the bank count and the race check (sh_note;
+/* GCC's -fsanitize=thread calls, for the bank and sector counts and the race check (sh_note;
  * every other check of that sanitizer is not wanted here, its runtime not linked) */
 #define MT_EMU_TSAN_SIZED(n)                                                                                  \
     extern "C" void __tsan_read##n(void *p) { sh_note(p, n, BANK_LD, __builtin_return_address(0)); }          \
