@@ -232,7 +232,7 @@ ACCESS=$(cat "$CUOBJ/accessflags")   # the kernels' access instrumentation (emu_
 if [ $? -ne 0 ]; then
     head -40 "$EMU/compile.log"; echo "FAIL: emulated build of the C sources and harnesses"; exit 1
 fi
-REF="$(ls "$EMU"/lib/src_ops_cpu_*.o) $EMU/lib/src_core_core.c.o"
+REF="$(ls "$EMU"/lib/src_ops_cpu_*.o) $EMU/lib/src_core_core.c.o $EMU/lib/src_core_knobs.c.o"
 LIBS="-lopenblas -lm $SANL"
 if ! g++ -fopenmp "$EMU"/cu/*.o $REF "$EMU/cuda_ops_vs_cpu.o" $LIBS -o "$EMU/cuda_ops_vs_cpu" ||
    ! g++ -fopenmp "$EMU"/cu/*.o $REF "$EMU/test_ops.o" $LIBS -o "$EMU/test_ops" ||
@@ -317,7 +317,8 @@ if [ $rc -eq 1 ] && [ "$n_ran" -ge 1 ] && [ "$(grep -c FAIL "$EMU/cuda_ops_vs_cp
 else
     grep -E 'FAIL|^cuda bf16' "$EMU/cuda_ops_vs_cpu_noalgo.log" | head; echo "FAIL: cuBLASLt fallback"; fail=1
 fi
-# a bad tunable refuses the table with its reason (the harness exits 1 saying it)
+# a bad tunable refuses the table with its reason (the harness exits 1 saying it; the knob
+# table's rule, src/core/knobs.c mt_knob_value_ok: meshtrain says the same with exit 2, stage c)
 while IFS='|' read -r setting reason; do
     out=$(env "$setting" "$EMU/cuda_ops_vs_cpu" -o gemm 2>&1 </dev/null); rc=$?
     if [ $rc -eq 1 ] && [ "$out" = "FAIL: $setting: $reason" ]; then
@@ -326,11 +327,12 @@ while IFS='|' read -r setting reason; do
         echo "$out" | tail -3; echo "FAIL: $setting not refused with its reason (exit $rc)"; fail=1
     fi
 done <<'BAD'
-MT_CUDA_PRECISION=half|expected fp32 or bf16
-MT_CUDA_ATTN_DS_MB=lots|expected a whole number of MiB in [0, 1048576]
-MT_CUDA_GG_BN=100|expected 128 or 256
-MT_CUDA_ATTN_KERNEL=v5|expected v1, v2, v3 or v4
-MT_CUDA_ATTN_GROUP_KIB=0|expected a whole number of KiB >= 1
+MT_CUDA_PRECISION=half|expected fp32|bf16
+MT_CUDA_ATTN_DS_MB=lots|expected a whole number in [0, 1048576]
+MT_CUDA_GG_BN=100|expected 128|256
+MT_CUDA_ATTN_KERNEL=v5|expected v1|v2|v3|v4
+MT_CUDA_ATTN_GROUP_KIB=-1|expected a whole number in [0, 1073741824]
+MT_CUDA_BF16_SCRATCH_MB=0|expected a whole number in [1, 1048576]
 BAD
 fi  # want a
 
@@ -529,6 +531,42 @@ assert g["attn_group_bytes"] == (50 << 20) // 3, g.get("attn_group_bytes")   # a
 PY
     then echo "PASS emulated receipt: gpu uuid, pci_bus_id, ecc, clocks, bus width, derived bandwidth; comm_libraries"
     else echo "FAIL: emulated receipt's device identity fields"; fail=1; fi
+    # the backend's tunables are knobs (docs/architecture.md "Knobs"): a bad alias is bad input
+    # (exit 2, one line naming it, nothing written), not "backend not available" (exit 1) ...
+    bad_ok=1
+    for setting in MT_CUDA_PRECISION=half MT_CUDA_ATTN_KERNEL=v5 MT_CUDA_ATTN_DS_MB=lots MT_CUDA_GG_BN=100 \
+                   MT_CUDA_ATTN_GROUP_KIB=-1 MT_CUDA_BF16_SCRATCH_MB=0; do
+        env "$setting" "$EMU/meshtrain" train $TINY --backend cuda --data "$EMU/train.bin" --out "$EMU/run_badknob" \
+            --steps 1 --quiet >/dev/null 2>"$EMU/badknob.err"; rc=$?
+        if [ $rc -ne 2 ] || [ "$(wc -l <"$EMU/badknob.err")" -ne 1 ] || [ -e "$EMU/run_badknob" ] ||
+           ! grep -q "^meshtrain train: env $setting (knob [a-z_0-9]*): expected " "$EMU/badknob.err"; then
+            echo "   $setting: exit $rc: $(head -2 "$EMU/badknob.err")"; bad_ok=0
+        fi
+    done
+    [ $bad_ok -eq 1 ] && echo "PASS emulated train: a bad MT_CUDA_* tunable is exit 2 naming it and its knob, nothing written" \
+        || { echo "FAIL: emulated train with a bad MT_CUDA_* tunable"; fail=1; }
+    # ... and a run's --knob values reach the backend, with the same bits: the dQ kernel
+    # recomputing its dS tiles (attn_ds_mb=0), groups of 40 KiB, 1 MiB operand copies
+    # (precision=bf16: the tensor-core attention, whose backward has the dS tiles)
+    knob_ok=1
+    run cuda_pbf16 fp32 $TINY --backend cuda --set precision=bf16 & pid_pbf16=$!
+    run cuda_pbf16_knobs fp32 $TINY --backend cuda --set precision=bf16 --knob attn_ds_mb=0 --knob attn_group_kib=40 \
+        --knob bf16_scratch_mb=1 || knob_ok=0
+    wait $pid_pbf16 || knob_ok=0
+    if [ $knob_ok -eq 1 ] && python3 - "$EMU/run_cuda_pbf16/receipt.json" "$EMU/run_cuda_pbf16_knobs/receipt.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+ga, gb = a["gpu"], b["gpu"]
+assert ga["attention_tc_calls"] > 0, ga["attention_tc_calls"]
+assert a["losses"] == b["losses"] and a["grad_norms"] == b["grad_norms"], (a["losses"], b["losses"])
+assert ga["attention_dq_recompute"] == 0 < gb["attention_dq_recompute"], (ga["attention_dq_recompute"], gb["attention_dq_recompute"])
+assert (ga["attn_group_bytes"], gb["attn_group_bytes"]) == ((50 << 20) // 3, 40 << 10), (ga["attn_group_bytes"], gb["attn_group_bytes"])
+assert (ga["bf16_scratch_bytes"], gb["bf16_scratch_bytes"]) == (256 << 20, 1 << 20), (ga["bf16_scratch_bytes"], gb["bf16_scratch_bytes"])
+assert {k: b["knobs"][k]["source"] for k in ("attn_ds_mb", "attn_group_kib", "bf16_scratch_mb")} == dict.fromkeys(
+    ("attn_ds_mb", "attn_group_kib", "bf16_scratch_mb"), "command line"), b["knobs"]
+PY
+    then echo "PASS emulated train: --knob attn_ds_mb=0 attn_group_kib=40 bf16_scratch_mb=1 reach the backend (receipt), the same losses and grad norms"
+    else echo "FAIL: emulated train with the backend's knobs"; fail=1; fi
     if [ $run_ok -eq 1 ] && cmp_losses cpu cuda_bf16 1e-3 1e-6; then
         echo "PASS emulated train: 3 steps dense, --backend cuda with MT_CUDA_PRECISION=bf16 within 1e-3 of cpu (and not fp32-equal: > 1e-6)"
     else echo "FAIL: emulated train cpu vs cuda bf16"; fail=1; fi

@@ -794,6 +794,10 @@ static int plan_args(struct mt_ctx *ctx, struct mt_knobs *knobs, struct mt_confi
         fprintf(stderr, "meshtrain plan: --auto chooses the mesh itself: drop --mesh / --pp-layers\n");
         return 2;
     }
+    if (mt_knobs_check_env(ctx) != MT_OK) {   /* a bad MT_* alias: refused, as a bad --knob is */
+        fprintf(stderr, "meshtrain plan: %s\n", mt_ctx_last_error(ctx));
+        return 2;
+    }
     return GO_ON;
 }
 

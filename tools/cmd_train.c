@@ -501,6 +501,10 @@ static int train_args(struct mt_ctx *ctx, struct mt_knobs *knobs, struct mt_conf
         }
         i++;
     }
+    if (mt_knobs_check_env(ctx) != MT_OK) {   /* a bad MT_* alias: refused, as a bad --knob is */
+        fprintf(stderr, "meshtrain train: %s\n", mt_ctx_last_error(ctx));
+        return 2;
+    }
     return -1;
 }
 

@@ -3,6 +3,7 @@
  */
 #include "mt_knobs.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,6 +63,23 @@ static const struct mt_knob_def knob_table[MT_KNOB_COUNT] = {
         "precision=bf16 training: the lm head's logits stored bf16 (its GEMM's output rounded once, the "
         "cross-entropy writing the bf16 dlogits over them; 6 bytes an element of traffic, not 10); 0 = fp32 logits, "
         "then the bf16 dlogits twin (chunked by head_chunk_rows), the A/B; no effect in fp32"},
+    [MT_KNOB_ATTN_DS_MB] = {
+        "attn_ds_mb", MT_KNOB_INT, "2048", "MT_CUDA_ATTN_DS_MB", "src/ops/cuda/attention_tc.cu", NULL, 0,
+        "bf16 attention backward (cuda): its dS tiles (B x H x T^2 bf16) are stored for the dQ kernel when they fit "
+        "this many MiB, else (and at 0) dQ recomputes them; the same bits; no effect on cpu", 0, 1 << 20},
+    [MT_KNOB_ATTN_GROUP_KIB] = {
+        "attn_group_kib", MT_KNOB_INT, "0", "MT_CUDA_ATTN_GROUP_KIB", "src/ops/cuda/attn_sched.cuh", NULL, 0,
+        "causal bf16 attention (cuda): the block order's budget in KiB for the (batch, head) pairs one group of "
+        "blocks shares through the L2; 0 = a third of the device's L2; the receipt's gpu.attn_group_bytes says "
+        "which; the same bits; no effect on cpu", 0, 1 << 30},
+    [MT_KNOB_GROUPED_GEMM_BN] = {
+        "grouped_gemm_bn", MT_KNOB_STRING, "256", "MT_CUDA_GG_BN", "src/ops/cuda/gemm_grouped.cu", "128|256", 0,
+        "the MoE experts' grouped bf16 GEMMs (cuda): block tile columns; the same k order and bits; no effect on "
+        "cpu"},
+    [MT_KNOB_BF16_SCRATCH_MB] = {
+        "bf16_scratch_mb", MT_KNOB_INT, "256", "MT_CUDA_BF16_SCRATCH_MB", "src/ops/cuda/gemm.cu", NULL, 0,
+        "cuda bf16 GEMMs on fp32 operands: the cap in MiB on one call's bf16 operand copies (larger operands are "
+        "converted and multiplied in row tiles); the same bits; no effect on cpu", 1, 1 << 20},
 };
 
 const struct mt_knob_def *mt_knob_def(enum mt_knob_id id)
@@ -106,6 +124,34 @@ static int in_choices(const struct mt_knob_def *d, const char *v)
  * "config knobs.zero_overlap". */
 static const char *origin(enum mt_knob_source source) { return source == MT_KNOB_CONFIG ? "config knobs." : "--knob "; }
 
+int mt_knob_value_ok(enum mt_knob_id id, const char *v, char *why, size_t why_len)
+{
+    const struct mt_knob_def *d = mt_knob_def(id);
+    char tmp[128];
+    if (!why || !why_len) why = tmp, why_len = sizeof tmp;
+    why[0] = 0;
+    if (!d || !v) return snprintf(why, why_len, "no such knob"), 0;
+    if (d->type == MT_KNOB_BOOL && strcmp(v, "0") && strcmp(v, "1"))
+        return snprintf(why, why_len, "expected 0 or 1"), 0;
+    if (d->type == MT_KNOB_SECONDS) {
+        char *end = NULL;
+        double x = strtod(v, &end);
+        if (end == v || *end || !isfinite(x) || !(x > 0))
+            return snprintf(why, why_len, "expected a positive number of seconds"), 0;
+    }
+    if (d->type == MT_KNOB_INT) {
+        char *end = NULL;
+        errno = 0;
+        long long x = strtoll(v, &end, 10);
+        if (end == v || *end || errno || x < d->min || x > d->max)
+            return snprintf(why, why_len, "expected a whole number in [%lld, %lld]", d->min, d->max), 0;
+    }
+    if (d->choices && !in_choices(d, v)) return snprintf(why, why_len, "expected %s", d->choices), 0;
+    if (strlen(v) >= MT_KNOB_VALUE_LEN)
+        return snprintf(why, why_len, "value longer than %d characters", MT_KNOB_VALUE_LEN - 1), 0;
+    return 1;
+}
+
 enum mt_status mt_knobs_set_from(struct mt_ctx *ctx, struct mt_knobs *k, const char *name, size_t nl,
                                  const char *v, enum mt_knob_source source)
 {
@@ -113,30 +159,32 @@ enum mt_status mt_knobs_set_from(struct mt_ctx *ctx, struct mt_knobs *k, const c
     for (int i = 0; i < MT_KNOB_COUNT; i++) {
         const struct mt_knob_def *d = &knob_table[i];
         if (strlen(d->name) != nl || strncmp(d->name, name, nl)) continue;
-        if (d->type == MT_KNOB_BOOL && strcmp(v, "0") && strcmp(v, "1"))
-            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s%s: expected 0 or 1 (got '%s')", o, d->name, v);
-        if (d->type == MT_KNOB_SECONDS) {
-            char *end = NULL;
-            double x = strtod(v, &end);
-            if (end == v || *end || !isfinite(x) || !(x > 0))
-                return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s%s: expected a positive number of seconds (got '%s')",
-                                    o, d->name, v);
-        }
-        if (d->choices && !in_choices(d, v))
-            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s%s: expected %s (got '%s')", o, d->name, d->choices, v);
-        if (strlen(v) >= MT_KNOB_VALUE_LEN)
-            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s%s: value longer than %d characters", o, d->name,
-                                MT_KNOB_VALUE_LEN - 1);
+        char why[96];
+        if (!mt_knob_value_ok((enum mt_knob_id)i, v, why, sizeof why))
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s%s: %s (got '%.*s')", o, d->name, why,
+                                MT_KNOB_VALUE_LEN, v);
         if (k->source[i] > source) return MT_OK;   /* a higher source set it: precedence, not order */
         snprintf(k->value[i], sizeof k->value[i], "%s", v);
         k->source[i] = source;
         return MT_OK;
     }
-    char names[256] = "";
+    char names[512] = "";
     for (int i = 0; i < MT_KNOB_COUNT; i++)
         snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "", knob_table[i].name);
     return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "%s'%.*s': unknown knob (known: %s)",
                         source == MT_KNOB_CONFIG ? "config knobs: " : "--knob ", (int)nl, name, names);
+}
+
+enum mt_status mt_knobs_check_env(struct mt_ctx *ctx)
+{
+    for (int i = 0; i < MT_KNOB_COUNT; i++) {
+        const char *e = env_value((enum mt_knob_id)i);
+        char why[96];
+        if (e && !mt_knob_value_ok((enum mt_knob_id)i, e, why, sizeof why))
+            return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "env %s=%.*s (knob %s): %s", knob_table[i].env,
+                                MT_KNOB_VALUE_LEN, e, knob_table[i].name, why);
+    }
+    return MT_OK;
 }
 
 enum mt_status mt_knobs_set(struct mt_ctx *ctx, struct mt_knobs *k, const char *arg)
@@ -171,14 +219,24 @@ enum mt_knob_source mt_knob_source(const struct mt_ctx *ctx, enum mt_knob_id id)
     return env_value(id) ? MT_KNOB_ENV : MT_KNOB_DEFAULT;
 }
 
+/* what a knob accepts, for --help: "0|1", "seconds", "0..1048576", its choices or "text" */
+static const char *knob_kind(const struct mt_knob_def *d, char *buf, size_t n)
+{
+    if (d->type == MT_KNOB_BOOL) return "0|1";
+    if (d->type == MT_KNOB_SECONDS) return "seconds";
+    if (d->type == MT_KNOB_INT) return snprintf(buf, n, "%lld..%lld", d->min, d->max), buf;
+    return d->choices ? d->choices : "text";
+}
+
 void mt_knobs_help(char *buf, size_t n)
 {
+    char kind[48];
     size_t at = 0;
     buf[0] = 0;
     for (int i = 0; i < MT_KNOB_COUNT && at < n; i++) {
         const struct mt_knob_def *d = &knob_table[i];
         at += (size_t)snprintf(buf + at, n - at, "  %-20s %s (default '%s'; env %s%s): %s\n", d->name,
-                               d->type == MT_KNOB_BOOL ? "0|1" : d->type == MT_KNOB_SECONDS ? "seconds" : d->choices ? d->choices : "text", d->def, d->env,
+                               knob_kind(d, kind, sizeof kind), d->def, d->env,
                                d->test_only ? "; TEST HOOK" : "", d->help);
     }
 }

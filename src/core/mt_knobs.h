@@ -42,6 +42,10 @@ enum mt_knob_id {
     MT_KNOB_SCAN_BF16,            /* src/model/mamba.c                       */
     MT_KNOB_MOE_SIZES,            /* src/model/moe.c                         */
     MT_KNOB_HEAD_BF16_LOGITS,     /* src/model/head.c                        */
+    MT_KNOB_ATTN_DS_MB,           /* src/ops/cuda/attention_tc.cu (via ops.c) */
+    MT_KNOB_ATTN_GROUP_KIB,       /* src/ops/cuda/attn_sched.cuh (via ops.c) */
+    MT_KNOB_GROUPED_GEMM_BN,      /* src/ops/cuda/gemm_grouped.cu (via ops.c) */
+    MT_KNOB_BF16_SCRATCH_MB,      /* src/ops/cuda/gemm.cu (via ops.c)        */
     MT_KNOB_COUNT
 };
 
@@ -49,6 +53,7 @@ enum mt_knob_type {
     MT_KNOB_BOOL,      /* 0 or 1                     */
     MT_KNOB_STRING,    /* free text, or one of choices */
     MT_KNOB_SECONDS,   /* a positive finite number     */
+    MT_KNOB_INT,       /* a whole number in [min, max] */
 };
 
 struct mt_knob_def {
@@ -60,6 +65,7 @@ struct mt_knob_def {
     const char       *choices;   /* STRING: "a|b" allowed values, or NULL: free text */
     int               test_only; /* 1: a test hook, never for a real run   */
     const char       *help;      /* one line                               */
+    long long         min, max;  /* INT: the accepted range                */
 };
 
 /* In precedence order: a higher source wins. */
@@ -74,8 +80,19 @@ struct mt_knobs {
 const struct mt_knob_def *mt_knob_def(enum mt_knob_id id);
 const char *mt_knob_source_name(enum mt_knob_source s);   /* "default", "env", "config", "command line" */
 
-/* Every knob at its environment alias or default. */
+/* Every knob at its environment alias or default (unchecked: see
+ * mt_knobs_check_env). */
 void mt_knobs_init(struct mt_knobs *k);
+/* Every environment alias that is set holds a value its knob accepts, else
+ * MT_ERR_INVALID_ARG naming the variable, its knob and what it accepts
+ * (a bad alias is refused even where a higher source overrides it: it is a
+ * mistake in the environment either way). */
+enum mt_status mt_knobs_check_env(struct mt_ctx *ctx);
+/* 1 if `value` is one knob `id` accepts (bool 0|1, a choice, seconds > 0, an
+ * INT in range, shorter than MT_KNOB_VALUE_LEN); else 0 and what it accepts
+ * in why ("expected 128|256"). The one check behind --knob, the config's
+ * knobs, the aliases and the cuda backend's own reading of them. */
+int mt_knob_value_ok(enum mt_knob_id id, const char *value, char *why, size_t why_len);
 /* "NAME=VALUE" from the command line: MT_ERR_INVALID_ARG naming the knob and
  * what it accepts for an unknown name or a bad value (bool: 0 or 1). */
 enum mt_status mt_knobs_set(struct mt_ctx *ctx, struct mt_knobs *k, const char *name_eq_value);

@@ -55,6 +55,9 @@ enum mt_status mt_ops_by_name(struct mt_ctx *ctx, const char *name, const struct
     }
     if (strcmp(name, "cuda"))
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "backend '%s' is unknown (cpu or cuda)", name);
+    /* a bad MT_* alias is bad input (exit 2), not a missing device: the
+     * backend reads its tunables' aliases at creation */
+    MT_CHECK(mt_knobs_check_env(ctx));
     char why[200] = "";
 #ifdef MT_WITH_CUDA
     /* one GPU per process: bind the node-local rank's device before the
@@ -65,20 +68,18 @@ enum mt_status mt_ops_by_name(struct mt_ctx *ctx, const char *name, const struct
     if (!t)
         return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "backend 'cuda' is not available: %s (use backend=cpu)", why);
 #ifdef MT_WITH_CUDA
-    /* knob cuda_precision from the command line or config (its env alias was read by mt_ops_cuda) */
-    if (mt_knob_source(ctx, MT_KNOB_CUDA_PRECISION) >= MT_KNOB_CONFIG) {
-        enum mt_cuda_precision p;
-        MT_CHECK(mt_ops_cuda_precision_parse(mt_knob_str(ctx, MT_KNOB_CUDA_PRECISION), &p));
-        MT_CHECK(mt_ops_cuda_set_precision(p));
-    }
-    /* knob attn_kernel likewise (its env alias MT_CUDA_ATTN_KERNEL was read by mt_ops_cuda) */
-    if (mt_knob_source(ctx, MT_KNOB_ATTN_KERNEL) >= MT_KNOB_CONFIG) {
-        const char *ak = mt_knob_str(ctx, MT_KNOB_ATTN_KERNEL);
-        const enum mt_status st = mt_ops_cuda_set_attn_kernel(ak);
-        if (st == MT_ERR_UNSUPPORTED)
+    /* the backend's tunables a run's config or command line set (the knob table's rules) */
+    static const enum mt_knob_id cuda_knobs[] = {MT_KNOB_CUDA_PRECISION, MT_KNOB_ATTN_KERNEL, MT_KNOB_ATTN_DS_MB,
+                                                 MT_KNOB_ATTN_GROUP_KIB, MT_KNOB_GROUPED_GEMM_BN,
+                                                 MT_KNOB_BF16_SCRATCH_MB};
+    for (size_t i = 0; i < sizeof cuda_knobs / sizeof cuda_knobs[0]; i++) {
+        if (mt_knob_source(ctx, cuda_knobs[i]) < MT_KNOB_CONFIG) continue;
+        const char *v = mt_knob_str(ctx, cuda_knobs[i]), *knob = mt_knob_def(cuda_knobs[i])->name;
+        const enum mt_status st = mt_ops_cuda_set_knob_of(t->be, (int)cuda_knobs[i], v);
+        if (st == MT_ERR_UNSUPPORTED && cuda_knobs[i] == MT_KNOB_ATTN_KERNEL)
             return mt_ctx_error(ctx, st, "attn_kernel=%s needs wgmma: this build's sm_90a device code on an sm_90 "
-                                         "device (H100/H200)", ak);
-        MT_CHECK(st);
+                                         "device (H100/H200)", v);
+        if (st != MT_OK) return mt_ctx_error(ctx, st, "knob %s=%s: refused by the cuda backend", knob, v);
     }
 #endif
     *ops = t;

@@ -737,6 +737,8 @@ static char *gpu_json(const struct run_state *rs, const struct mt_receipt *r)
     cJSON_AddNumberToObject(g, "attention_v2_calls", (double)in.attention_v2_calls);
     /* the causal attention's block order: its groups' budget (docs/cuda.md "The block order") */
     cJSON_AddNumberToObject(g, "attn_group_bytes", (double)in.attn_group_bytes);
+    /* the cap on one bf16 GEMM's operand copies (knob bf16_scratch_mb; larger ones go in row tiles) */
+    cJSON_AddNumberToObject(g, "bf16_scratch_bytes", (double)in.bf16_scratch_cap);
     cJSON_AddNumberToObject(g, "ssm_scan_tc_calls", (double)in.ssm_scan_tc_calls);
     cJSON_AddNumberToObject(g, "ssm_scan_tc_fallbacks", (double)in.ssm_scan_tc_fallbacks);
     cJSON_AddNumberToObject(g, "attention_v2_fallbacks", (double)in.attention_v2_fallbacks);

@@ -71,19 +71,9 @@ extern "C" {
 /* ---- backend state (ops_cuda.cu) ---- */
 #define MT_CUDA_RED_BLOCKS  1024   /* fixed partial count of sumsq: shape-only order */
 #define MT_CUDA_LT_WS_BYTES ((size_t)32 << 20) /* cuBLASLt workspace: 32 MiB (NVIDIA's advice for Hopper) */
-/* runtime tunable: cap on the bf16 operand copies of one gemm call, in MiB */
-#define MT_CUDA_BF16_SCRATCH_ENV        "MT_CUDA_BF16_SCRATCH_MB"
-#define MT_CUDA_BF16_SCRATCH_DEFAULT_MB 256
-#define MT_CUDA_ATTN_DS_ENV             "MT_CUDA_ATTN_DS_MB"
-#define MT_CUDA_ATTN_DS_DEFAULT_MB      2048
-/* runtime tunable (knob attn_kernel): the bf16 attention kernels, v1|v2|v3 */
-#define MT_CUDA_ATTN_KERNEL_ENV         "MT_CUDA_ATTN_KERNEL"
-#define MT_CUDA_ATTN_KERNEL_DEFAULT     "v3"
-#define MT_CUDA_GG_BN_ENV               "MT_CUDA_GG_BN"
-#define MT_CUDA_GG_BN_DEFAULT           256
-/* runtime tunable (tests): the causal attention block order's group budget in KiB
- * (attn_sched.cuh; default a third of the device's L2, 16 MiB if unknown) */
-#define MT_CUDA_ATTN_GROUP_ENV          "MT_CUDA_ATTN_GROUP_KIB"
+/* the runtime tunables (bf16_scratch_mb, attn_ds_mb, attn_kernel, grouped_gemm_bn,
+ * attn_group_kib): their aliases, defaults and ranges are the knob table's
+ * (src/core/knobs.c), read once at creation (ops_cuda.cu read_tunables) */
 #define MT_CUDA_RED_THREADS 256
 
 /* One cached cuBLASLt bf16 matmul (gemm.cu): the descriptors and the

@@ -161,6 +161,14 @@ enum mt_status mt_ops_cuda_set_attn_group_kib_of(void *be, long long kib);
 /* the grouped GEMMs' block tile columns (gemm_grouped.cu): 128 or 256
  * (MT_CUDA_GG_BN at creation, default 256); MT_ERR_INVALID_ARG otherwise */
 enum mt_status mt_ops_cuda_set_gg_bn_of(void *be, int bn);
+/* A runtime tunable the cuda backend reads, by its knob (`knob` an enum
+ * mt_knob_id, src/core/mt_knobs.h: cuda_precision, attn_kernel, attn_ds_mb,
+ * attn_group_kib, grouped_gemm_bn, bf16_scratch_mb), set to `value` after
+ * creation, as a run's config or --knob sets it (src/ops/ops.c; the MT_*
+ * aliases are read at creation). MT_ERR_INVALID_ARG for a value the knob
+ * table refuses or a knob the backend does not read; MT_ERR_UNSUPPORTED
+ * without an instance, or for attn_kernel=v4 where wgmma does not run. */
+enum mt_status mt_ops_cuda_set_knob_of(void *be, int knob, const char *value);
 enum mt_cuda_precision mt_ops_cuda_get_precision_of(void *be);
 /* Hopper's warpgroup MMA, probed (wgmma_probe.cu; docs/cuda.md "wgmma"): C (M x N,
  * fp32, row-major) = A (M x K, bf16, row-major) B (N x K, bf16, row-major)^T on the

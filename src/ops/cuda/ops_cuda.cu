@@ -10,6 +10,10 @@
  */
 #include "cuda_impl.cuh"
 
+extern "C" {
+#include "../../core/mt_knobs.h"   /* the tunables' aliases, defaults and rules */
+}
+
 #include <stdio.h>
 #include <string.h>
 #include <type_traits>
@@ -452,32 +456,6 @@ static void set_precision(enum mt_cuda_precision p, const char *source)
 
 /* A tunable in whole MiB: `name` unset or empty -> dflt; else a number in
  * [lo, hi] (0 on a bad value, with the reason in why). */
-static int read_mib(const char *name, long dflt, long lo, long hi, size_t *out, char *why, size_t why_len)
-{
-    const char *s = getenv(name);
-    long v = dflt;
-    if (s && s[0]) {
-        char *end = NULL;
-        v = strtol(s, &end, 10);
-        if (*end || v < lo || v > hi) {
-            if (why && why_len)
-                snprintf(why, why_len, "%s=%s: expected a whole number of MiB in [%ld, %ld]", name, s, lo, hi);
-            return 0;
-        }
-    }
-    *out = (size_t)v << 20;
-    return 1;
-}
-
-/* The runtime tunables of the table, read once at creation (declared in
- * mt_ops_cuda.h and cuda_impl.cuh): MT_CUDA_PRECISION=fp32|bf16 (default
- * fp32), MT_CUDA_BF16_SCRATCH_MB (positive integer, default 256) and
- * MT_CUDA_ATTN_DS_MB (the bf16 attention backward's dS tiles, default 2048;
- * 0: dQ always recomputes them), MT_CUDA_ATTN_KERNEL=v1|v2|v3|v4 (the bf16
- * attention kernels, default v3; knob attn_kernel), MT_CUDA_GG_BN=128|256 (the
- * grouped GEMMs' block tile columns, default 256), MT_CUDA_ATTN_GROUP_KIB (the
- * causal attention's block groups, attn_sched.cuh; default a third of the
- * L2). A bad value refuses the table with the reason, like a missing device. */
 /* "v1" / "v2" / "v3" / "v4" -> 0 / 1 / 2 / 3; -1 for anything else */
 static int attn_kernel_parse(const char *s)
 {
@@ -491,46 +469,42 @@ static void set_attn_kernel(int v2)
     snprintf(mt_cuda_be->info.attn_kernel, sizeof mt_cuda_be->info.attn_kernel, "%s", name[v2]);
 }
 
+/* One runtime tunable as the knob table has it (src/core/knobs.c): its MT_*
+ * alias, else the default, checked by the table's own rule; NULL and
+ * "ALIAS=value: what it accepts" in why when bad. */
+static const char *tunable(enum mt_knob_id id, char *why, size_t why_len)
+{
+    const char *v = mt_knob_str(NULL, id);
+    char r[96];
+    if (mt_knob_value_ok(id, v, r, sizeof r)) return v;
+    if (why && why_len) snprintf(why, why_len, "%s=%s: %s", mt_knob_def(id)->env, v, r);
+    return NULL;
+}
+
+/* The runtime tunables, read once at creation from the knob table's aliases
+ * (a run's --knob or config values are set afterwards, src/ops/ops.c):
+ * cuda_precision (MT_CUDA_PRECISION), attn_kernel (MT_CUDA_ATTN_KERNEL),
+ * attn_group_kib (MT_CUDA_ATTN_GROUP_KIB: the causal attention's block groups,
+ * attn_sched.cuh; 0 = a third of the L2), grouped_gemm_bn (MT_CUDA_GG_BN),
+ * bf16_scratch_mb (MT_CUDA_BF16_SCRATCH_MB) and attn_ds_mb (MT_CUDA_ATTN_DS_MB:
+ * the bf16 attention backward's dS tiles; 0 = dQ always recomputes them). A
+ * bad value refuses the table with the reason; src/ops/ops.c checks the
+ * aliases first, so a run says "bad input" (exit 2), not "no device". */
 static int read_tunables(char *why, size_t why_len, enum mt_cuda_precision *prec, const char **src, size_t *cap,
                          size_t *ds_cap, int *attn_v2, int *gg_bn, long long *group_kib)
 {
-    /* MT_CUDA_ATTN_GROUP_KIB=n (n >= 1): the attention block order's group budget (attn_sched.cuh) */
-    const char *gk = getenv(MT_CUDA_ATTN_GROUP_ENV);
-    *group_kib = 0;
-    if (gk && gk[0]) {
-        char *end = NULL;
-        *group_kib = strtoll(gk, &end, 10);
-        if (*end || *group_kib < 1 || *group_kib > (1ll << 30)) {
-            if (why && why_len)
-                snprintf(why, why_len, "%s=%s: expected a whole number of KiB >= 1", MT_CUDA_ATTN_GROUP_ENV, gk);
-            return 0;
-        }
-    }
-    /* MT_CUDA_GG_BN=128|256: the grouped GEMMs' block tile columns (gemm_grouped.cu) */
-    const char *gb = getenv(MT_CUDA_GG_BN_ENV);
-    *gg_bn = gb && gb[0] ? atoi(gb) : MT_CUDA_GG_BN_DEFAULT;
-    if (*gg_bn != 128 && *gg_bn != 256) {
-        if (why && why_len) snprintf(why, why_len, "%s=%s: expected 128 or 256", MT_CUDA_GG_BN_ENV, gb);
-        return 0;
-    }
-    const char *ak = getenv(MT_CUDA_ATTN_KERNEL_ENV);
-    *attn_v2 = attn_kernel_parse(ak && ak[0] ? ak : MT_CUDA_ATTN_KERNEL_DEFAULT);
-    if (*attn_v2 < 0) {
-        if (why && why_len) snprintf(why, why_len, "%s=%s: expected v1, v2, v3 or v4", MT_CUDA_ATTN_KERNEL_ENV, ak);
-        return 0;
-    }
-    const char *s = getenv(MT_CUDA_PRECISION_ENV);
-    *prec = MT_CUDA_PRECISION_FP32;
-    *src = "default";
-    if (s && s[0]) {
-        if (mt_ops_cuda_precision_parse(s, prec) != MT_OK) {
-            if (why && why_len) snprintf(why, why_len, "%s=%s: expected fp32 or bf16", MT_CUDA_PRECISION_ENV, s);
-            return 0;
-        }
-        *src = MT_CUDA_PRECISION_ENV;
-    }
-    return read_mib(MT_CUDA_BF16_SCRATCH_ENV, MT_CUDA_BF16_SCRATCH_DEFAULT_MB, 1, 1L << 20, cap, why, why_len) &&
-           read_mib(MT_CUDA_ATTN_DS_ENV, MT_CUDA_ATTN_DS_DEFAULT_MB, 0, 1L << 20, ds_cap, why, why_len);
+    static const enum mt_knob_id ids[] = {MT_KNOB_ATTN_GROUP_KIB, MT_KNOB_GROUPED_GEMM_BN, MT_KNOB_ATTN_KERNEL,
+                                          MT_KNOB_CUDA_PRECISION, MT_KNOB_BF16_SCRATCH_MB, MT_KNOB_ATTN_DS_MB};
+    const char *v[sizeof ids / sizeof ids[0]];
+    for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++)
+        if (!(v[i] = tunable(ids[i], why, why_len))) return 0;
+    *group_kib = atoll(v[0]);
+    *gg_bn = atoi(v[1]);
+    *attn_v2 = attn_kernel_parse(v[2]);
+    *src = mt_knob_source(NULL, MT_KNOB_CUDA_PRECISION) == MT_KNOB_ENV ? MT_CUDA_PRECISION_ENV : "default";
+    *cap = (size_t)atoll(v[4]) << 20;
+    *ds_cap = (size_t)atoll(v[5]) << 20;
+    return mt_ops_cuda_precision_parse(v[3], prec) == MT_OK && *attn_v2 >= 0;   /* the table's choices: always */
 }
 
 /* The receipt's device identity (struct mt_ops_cuda_info): UUID and PCI
@@ -810,6 +784,32 @@ extern "C" enum mt_status mt_ops_cuda_set_gg_bn_of(void *be, int bn)
     if (bn != 128 && bn != 256) return MT_ERR_INVALID_ARG;
     mt_cuda_be->gg_bn = bn;
     return MT_OK;
+}
+
+extern "C" enum mt_status mt_ops_cuda_set_knob_of(void *be, int knob, const char *value)
+{
+    const enum mt_knob_id id = (enum mt_knob_id)knob;
+    if (!bind_instance(be)) return MT_ERR_UNSUPPORTED;
+    if (!mt_knob_value_ok(id, value, NULL, 0)) return MT_ERR_INVALID_ARG;
+    const long long n = atoll(value);   /* the INT knobs, in the table's range */
+    enum mt_cuda_precision p;
+    switch (id) {
+    case MT_KNOB_CUDA_PRECISION:
+        if (mt_ops_cuda_precision_parse(value, &p) != MT_OK) return MT_ERR_INVALID_ARG;
+        set_precision(p, "set by caller");
+        return MT_OK;
+    case MT_KNOB_ATTN_KERNEL:      return mt_ops_cuda_set_attn_kernel_of(be, value);
+    case MT_KNOB_ATTN_GROUP_KIB:   return mt_ops_cuda_set_attn_group_kib_of(be, n);
+    case MT_KNOB_GROUPED_GEMM_BN:  return mt_ops_cuda_set_gg_bn_of(be, (int)n);
+    case MT_KNOB_ATTN_DS_MB:
+        mt_cuda_be->attn_ds_cap = (size_t)n << 20;
+        return MT_OK;
+    case MT_KNOB_BF16_SCRATCH_MB:
+        mt_cuda_be->bf16_cap = mt_cuda_be->info.bf16_scratch_cap = (size_t)n << 20;
+        return MT_OK;
+    default:
+        return MT_ERR_INVALID_ARG;
+    }
 }
 
 extern "C" enum mt_status mt_ops_cuda_wgmma_probe_of(void *be, float *C, const void *A, const void *B, int M, int N,
