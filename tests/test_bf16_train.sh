@@ -39,7 +39,10 @@
 #      the receipt names the dtype, the bytes on the wire halve;
 #   6. precision=fp16 is a config error (exit 2), writing nothing;
 #   7. head_chunk_rows: bf16 with the lm head in row chunks = all rows (step
-#      tolerance), the fp32 logits bounded in the plan; fp32 untouched (bits).
+#      tolerance), the fp32 logits bounded in the plan; fp32 untouched (bits);
+#   8. head_bf16_logits=0 within the step tolerance of the bf16 logits;
+#   9. muon_ns_bf16=0 (Muon's Newton-Schulz in fp32) within the step tolerance
+#      of the default bf16-operand iteration, and not the same run.
 set -u
 BUILD=${1:?usage: test_bf16_train.sh BUILD_DIR}
 BUILD=$(cd "$BUILD" && pwd)
@@ -105,9 +108,12 @@ dw = b["memory"]["plan_bytes"]["workspace"] - a["memory"]["plan_bytes"]["workspa
 # + the scratch of a projection's dy rounded once for its two backward GEMMs (struct mt_dyb):
 # rows x the widest dense projection output
 dyb = carve(2 * rows * max(D, H * hd, K * hd, F))
-print("   plan workspace +%d (SwiGLU output twin %d + dy scratch %d); measured bf16 workspace %d"
-      % (dw, carve(2 * rows * F), dyb, b["memory"]["measured_peak_bytes"]["workspace"]))
-assert dw == carve(2 * rows * F) + dyb, (dw, carve(2 * rows * F), dyb)   # (measured workspace adds the backend's own scratch)
+# + Muon's bf16 operand copies (muon.c WS_XB, WS_SB): the largest block matrix, the largest s^2
+mats = [(H * hd, D), (K * hd, D), (D, H * hd), (F, D), (D, F)]
+ns = carve(4 * ((max(r * c for r, c in mats) + 1) // 2)) + carve(4 * ((max(min(r, c) ** 2 for r, c in mats) + 1) // 2))
+print("   plan workspace +%d (SwiGLU output twin %d + dy scratch %d + Muon's bf16 copies %d); measured bf16 workspace %d"
+      % (dw, carve(2 * rows * F), dyb, ns, b["memory"]["measured_peak_bytes"]["workspace"]))
+assert dw == carve(2 * rows * F) + dyb + ns, (dw, carve(2 * rows * F), dyb, ns)   # (measured adds the backend's scratch)
 PY
 then ok "plan params bucket counts the bf16 shadows (2 bytes per shadowed weight); measured = plan"
 else bad "plan params bucket counts the bf16 shadows"; fi
@@ -346,6 +352,27 @@ assert b["memory"]["plan_bytes"] == f["memory"]["plan_bytes"]
 PY
 then ok "head_bf16_logits: bf16 logits within the step tolerance of fp32 logits, and not the same run"
 else bad "head_bf16_logits"; tail -3 "$W/bf16_f32logits.log"; fi
+
+# 9. Muon's Newton-Schulz on bf16 operands (knob muon_ns_bf16, default 1; docs/model.md
+#    "Muon"): against the fp32 iteration (=0, SPEC's), both within the step tolerance of the
+#    fp32 run (bf16_curve.py --other), the same first loss (no update yet) and a different
+#    second (the bf16 iteration ran: its GEMMs, 15 a step per Muon matrix, moved from the
+#    fp32 gemm entry to gemm_bf16 in the profile's calls)
+if run 1 "$W/bf16_nsfp32" $DENSE --set precision=bf16 --knob muon_ns_bf16=0 &&
+   python3 "$HERE/bf16_curve.py" "$W/fp32/receipt.json" "$W/bf16/receipt.json" --other "$W/bf16_nsfp32/receipt.json" &&
+   python3 - "$W/bf16/receipt.json" "$W/bf16_nsfp32/receipt.json" <<'PY'
+import json, sys
+b, f = (json.load(open(p)) for p in sys.argv[1:])
+print("   losses 1-2 bf16 iteration %s, fp32 iteration %s" % (b["losses"][:2], f["losses"][:2]))
+assert b["losses"][0] == f["losses"][0] and b["losses"][1] != f["losses"][1], "the bf16 iteration did not run"
+assert b["knobs"]["muon_ns_bf16"]["value"] == "1" and f["knobs"]["muon_ns_bf16"]["value"] == "0"
+# the iteration's 3 GEMMs a step per Muon matrix moved from the fp32 gemm entry to gemm_bf16
+eb, ef = ({e["name"]: e["calls_per_step"] for e in r["timing"]["op_profile_by_entry"]} for r in (b, f))
+print("   calls a step: gemm %s / %s, gemm_bf16 %s / %s" % (eb.get("gemm"), ef.get("gemm"), eb["gemm_bf16"], ef["gemm_bf16"]))
+assert eb.get("gemm", 0) == 0 < ef["gemm"] and eb["gemm_bf16"] - ef["gemm_bf16"] == ef["gemm"], (eb, ef)
+PY
+then ok "muon_ns_bf16: the Newton-Schulz iteration on bf16 operands within the step tolerance of the fp32 one, and not the same run"
+else bad "muon_ns_bf16"; tail -3 "$W/bf16_nsfp32.log"; fi
 
 echo "test_bf16_train: $(( $(date +%s) - t0 ))s"
 finish

@@ -646,8 +646,15 @@ PY
     # head dim 64: attention v2 in a training loop (TINY's head dim 8 runs v1), dQ from the
     # stored dS tiles by default and recomputed with MT_CUDA_ATTN_DS_MB=0
     V2="--set vocab_size=64 --set n_layer=2 --set d_model=128 --set n_head=2 --set n_kv_head=1 --set seq_len=80 --set batch_size=2 --set lr=0.01 --set warmup_steps=2"
+    # the d2048 benchmark's widths, one layer (stage c2's wide run)
+    WIDE="--config $SRC/bench/configs/gpu_d2048_dense.json --set vocab_size=64 --set n_layer=1 --set mlp_hidden=256
+          --set seq_len=64 --set batch_size=1 --set precision=bf16"
+    rm -f "$EMU/launch_wide.log" "$EMU/launch_gs.log"   # the launch logs append
     c2_queue1() {
         local rc=0
+        # GPUSHAPE (below) in bf16 with Muon, graphs off, the footprint and launch log on
+        RUN_STEPS=2 MT_EMU_FOOTPRINT="$EMU/foot_gs.txt" MT_CUDA_LAUNCH_LOG="$EMU/launch_gs.log" \
+            run6 footgs_cuda $GPUSHAPE --backend cuda --set precision=bf16 --knob cuda_graphs=0 || rc=1
         run6 bf16_moe_cuda $MOE --backend cuda --set precision=bf16 || rc=1
         run6 bf16_hyb_cuda $HYB --backend cuda --set precision=bf16 || rc=1
         run6 bf16_hyb_scanfp32_cuda $HYB --backend cuda --set precision=bf16 --knob scan_bf16=0 || rc=1
@@ -684,9 +691,9 @@ PY
         # one dense layer at the d2048 benchmark's widths (T 64, ~30 s): the global sectors
         # of the memory-bound kernels at real row widths (GPUSHAPE's rows of 128 floats have
         # misalignments of their own)
-        RUN_STEPS=2 MT_EMU_COALESCE="$EMU/coal_wide.txt" run6 wide_cuda --config "$SRC/bench/configs/gpu_d2048_dense.json" \
-            --set vocab_size=64 --set n_layer=1 --set mlp_hidden=256 --set seq_len=64 --set batch_size=1 \
-            --set precision=bf16 --backend cuda || rc=1
+        # (graphs off, footprint and launch log on: the plan's bytes by kind, footprint_check.py)
+        RUN_STEPS=2 MT_EMU_COALESCE="$EMU/coal_wide.txt" MT_EMU_FOOTPRINT="$EMU/foot_wide.txt" \
+            MT_CUDA_LAUNCH_LOG="$EMU/launch_wide.log" run6 wide_cuda $WIDE --backend cuda --knob cuda_graphs=0 || rc=1
         return $rc
     }
     t2=$(date +%s)
@@ -799,6 +806,28 @@ g['ssm_scan_tc_calls'] > 0 and g['ssm_scan_tc_fallbacks'] == 0 and g['gemm_bf16_
         echo "PASS emulated sector count of a d2048-wide dense layer (bf16): every kernel at <= 1.05 sectors" \
              "a needed one or under its ceiling (the mma stores)"
     else echo "FAIL: global sectors of the d2048-wide dense layer (or no run, no counts)"; fail=1; fi
+    # the plan's bytes by op kind (docs/plan.md "By op kind") = what the kernels touched:
+    #     each launch's distinct sectors (MT_EMU_FOOTPRINT) added to the kind its table entry
+    #     (or the optimizer's scope) files it under, step 1, within 15% on the memory-bound
+    #     kinds: the d2048-wide dense layer (AdamW) and GPUSHAPE's hybrid MoE (Muon, its
+    #     Newton-Schulz on bf16 operands) -- the prediction's memory-bound columns checked
+    #     against the kernels before a GPU measures them
+    # foot_check RUN TAG FLAGS...: RUN's launch_TAG.log and foot_TAG.txt against the plan of FLAGS
+    foot_check() {
+        local run=$1 tag=$2; shift 2
+        if ! ran "$run" || ! "$EMU/meshtrain" plan "$@" --world 1 --json --profile "$SRC/bench/profiles/h100-measured.json" \
+                >"$EMU/plan_$tag.json" 2>"$EMU/plan_$tag.err" ||
+           ! python3 "$SRC/tests/cuda/footprint_check.py" "$EMU/launch_$tag.log" "$EMU/foot_$tag.txt" \
+                "$EMU/plan_$tag.json" >"$EMU/footprint_$tag.txt" 2>&1; then
+            cat "$EMU/footprint_$tag.txt" "$EMU/plan_$tag.err" 2>/dev/null | tail -15; return 1
+        fi
+        sed -n 1,12p "$EMU/footprint_$tag.txt"
+    }
+    foot_ok=1
+    foot_check wide_cuda wide $WIDE || foot_ok=0
+    foot_check footgs_cuda gs $GPUSHAPE --set precision=bf16 || foot_ok=0
+    [ $foot_ok -eq 1 ] && echo "PASS the plan's memory-bound bytes by kind = the kernels' footprint within 15% (d2048-wide dense, hybrid MoE with Muon)" \
+        || { echo "FAIL: the plan's bytes by kind vs the kernels' footprint"; fail=1; }
     # ... and in fp32 (the exact kernels, the fp32 scan) at the same shapes: losses (lm, aux,
     #     z) = the fp32 cpu run's to 1e-5 relative, no race, every kernel under 1.05
     #     wavefronts a phase but the fp32 scan's allow-listed ones

@@ -21,7 +21,7 @@ BUILD=${1:?build dir}
 . "$(dirname "$0")/cli_lib.sh"
 if [ ! -x "$MT" ]; then echo "FAIL: $MT not built"; exit 1; fi
 unset MT_ZERO_OVERLAP MT_FAULT MT_TEST_FORCE_ROUTING MT_TEST_LOSS_PART MT_CUDA_PRECISION MT_NCCL_TIMEOUT_S MT_MOE_GROUPED MT_CUDA_GRAPHS MT_PEAK_CACHE MT_CUDA_ATTN_KERNEL MT_SCAN_BF16 \
-  MT_MOE_SIZES MT_HEAD_BF16_LOGITS MT_CUDA_ATTN_DS_MB MT_CUDA_ATTN_GROUP_KIB MT_CUDA_GG_BN MT_CUDA_BF16_SCRATCH_MB
+  MT_MOE_SIZES MT_HEAD_BF16_LOGITS MT_CUDA_ATTN_DS_MB MT_CUDA_ATTN_GROUP_KIB MT_CUDA_GG_BN MT_CUDA_BF16_SCRATCH_MB MT_MUON_NS_BF16
 python3 "$HERE/make_shard.py" "$W/train.bin" 4000 64 pattern >/dev/null
 TINY="--set vocab_size=64 --set n_layer=2 --set d_model=32 --set n_head=4 --set n_kv_head=2 --set seq_len=16 --set batch_size=4 --peak-flops 1e11 --quiet --data $W/train.bin --steps 2"
 
@@ -29,7 +29,7 @@ TINY="--set vocab_size=64 --set n_layer=2 --set d_model=32 --set n_head=4 --set 
 H=$($MT train --help)
 miss=""
 for k in zero_overlap cuda_precision nccl_timeout_s moe_grouped cuda_graphs peak_cache attn_kernel scan_bf16 moe_sizes head_bf16_logits \
-         attn_ds_mb attn_group_kib grouped_gemm_bn bf16_scratch_mb test_fault test_force_routing test_loss_part; do
+         attn_ds_mb attn_group_kib grouped_gemm_bn bf16_scratch_mb muon_ns_bf16 test_fault test_force_routing test_loss_part; do
   echo "$H" | grep -q "^  $k " || miss="$miss $k"
 done
 [ -z "$miss" ] && ok "help lists every knob" || bad "help lacks:$miss"
@@ -42,7 +42,7 @@ r = json.load(open(sys.argv[1]))
 assert r["knobs"].pop("test_loss_part")["test_hook"] is True, r["knobs"]
 k = r["knobs"]
 assert set(k) == {"zero_overlap", "cuda_precision", "nccl_timeout_s", "moe_grouped", "cuda_graphs", "test_fault", "test_force_routing", "peak_cache", "attn_kernel", "scan_bf16", "moe_sizes", "head_bf16_logits",
-                  "attn_ds_mb", "attn_group_kib", "grouped_gemm_bn", "bf16_scratch_mb"}, k.keys()
+                  "attn_ds_mb", "attn_group_kib", "grouped_gemm_bn", "bf16_scratch_mb", "muon_ns_bf16"}, k.keys()
 assert k["attn_ds_mb"]["env_alias"] == "MT_CUDA_ATTN_DS_MB" and k["grouped_gemm_bn"]["env_alias"] == "MT_CUDA_GG_BN", k
 assert k["moe_sizes"]["value"] == "auto" and k["moe_sizes"]["env_alias"] == "MT_MOE_SIZES", k["moe_sizes"]
 assert k["head_bf16_logits"]["value"] == "1" and k["head_bf16_logits"]["env_alias"] == "MT_HEAD_BF16_LOGITS", k["head_bf16_logits"]

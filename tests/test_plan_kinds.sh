@@ -154,8 +154,8 @@ if "$MT" plan --config "$CFG" $HYB --set precision=bf16 --knob scan_bf16=0 --pro
    msg2=$(python3 - "$W/k0.json" "$W/s16.json" <<'PY'
 import json, sys
 k0, k1 = (json.load(open(f))["cost"]["by_kind"] for f in sys.argv[1:3])
-assert k0["knobs"] == {"scan_bf16": 0, "head_bf16_logits": 1, "moe_dev_sizes": 1}, k0["knobs"]
-assert k1["knobs"] == {"scan_bf16": 1, "head_bf16_logits": 1, "moe_dev_sizes": 1}, k1["knobs"]
+assert k0["knobs"] == {"scan_bf16": 0, "head_bf16_logits": 1, "moe_dev_sizes": 1, "optim_gemm_bf16": 1}, k0["knobs"]
+assert k1["knobs"] == {"scan_bf16": 1, "head_bf16_logits": 1, "moe_dev_sizes": 1, "optim_gemm_bf16": 1}, k1["knobs"]
 E = HN = 4096; H = 64; rows = 8 * 8192 * 4
 ops = (5 * E + 6 * HN + 6 * H) * rows
 assert abs(k0["bytes"]["scan"] - ops) <= 1e-9 * ops, (k0["bytes"]["scan"], ops)

@@ -152,6 +152,14 @@ static void setup_runtime(struct mt_plan_setup *su, const struct opts *o)
 /* explicit plan                                                       */
 /* ------------------------------------------------------------------ */
 
+/* how the optimizer's GEMMs (Muon's Newton–Schulz) are priced, for its line */
+static const char *optimizer_basis(const struct mt_plan_kinds *k)
+{
+    if (!strcmp(k->optimizer_basis, "fp32")) return "Muon's Newton-Schulz in fp32 (knob muon_ns_bf16, precision)";
+    if (!strcmp(k->optimizer_basis, "bf16")) return "Muon's Newton-Schulz on bf16 operands (knob muon_ns_bf16)";
+    return "Newton-Schulz at the profile's one GEMM rate";
+}
+
 /* The step by op kind (mt_plan_cost_kinds): one line per kind, then their
  * sum; nothing when the profile has no memory bandwidth. */
 static void print_kinds(const struct mt_plan *p, const struct mt_plan_profile *prof, const struct mt_plan_cost *cost)
@@ -166,11 +174,12 @@ static void print_kinds(const struct mt_plan *p, const struct mt_plan_profile *p
     printf("  by op kind (one rank, stage %d; max(FLOPs / rate, bytes / %.4g B/s), docs/plan.md section 5):\n",
            k.stage, k.mem_bandwidth);
     for (int i = 0; i < MT_PLAN_KIND_COUNT; i++) {
-        const double r = i == MT_PLAN_KIND_GEMM || i == MT_PLAN_KIND_OPTIMIZER ? k.gemm_rate
+        const double r = i == MT_PLAN_KIND_GEMM ? k.gemm_rate : i == MT_PLAN_KIND_OPTIMIZER ? k.optimizer_rate
                          : i == MT_PLAN_KIND_ATTENTION_FWD ? k.attn_fwd_rate
                          : i == MT_PLAN_KIND_ATTENTION_BWD ? k.attn_bwd_rate : i == MT_PLAN_KIND_SCAN ? k.scan_rate : 0;
         const char *basis = i == MT_PLAN_KIND_ATTENTION_FWD || i == MT_PLAN_KIND_ATTENTION_BWD ? k.attn_basis
-                            : i == MT_PLAN_KIND_SCAN ? k.scan_basis : "";
+                            : i == MT_PLAN_KIND_SCAN ? k.scan_basis
+                            : i == MT_PLAN_KIND_OPTIMIZER ? optimizer_basis(&k) : "";
         printf("    %-14s %10.4g s  %10.4g FLOP  %10.4g B", mt_plan_kind_name((enum mt_plan_kind)i), k.s[i], k.flops[i],
                k.bytes[i]);
         if (k.flops[i] > 0) printf("  at %.4g FLOP/s%s%s", r, basis[0] ? ", " : "", basis);

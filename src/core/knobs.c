@@ -80,6 +80,11 @@ static const struct mt_knob_def knob_table[MT_KNOB_COUNT] = {
         "bf16_scratch_mb", MT_KNOB_INT, "256", "MT_CUDA_BF16_SCRATCH_MB", "src/ops/cuda/gemm.cu", NULL, 0,
         "cuda bf16 GEMMs on fp32 operands: the cap in MiB on one call's bf16 operand copies (larger operands are "
         "converted and multiplied in row tiles); the same bits; no effect on cpu", 1, 1 << 20},
+    [MT_KNOB_MUON_NS_BF16] = {
+        "muon_ns_bf16", MT_KNOB_BOOL, "1", "MT_MUON_NS_BF16", "src/optim/muon.c", NULL, 0,
+        "precision=bf16: Muon's Newton-Schulz GEMMs on bf16 operands with fp32 accumulation (the backend's gemm_bf16, "
+        "tensor cores on cuda; Muon's reference runs it in bf16); 0 = in fp32 as SPEC states it (cuda: fp32 GEMMs "
+        "on CUDA cores, ~10x slower), the A/B; no effect in fp32"},
 };
 
 const struct mt_knob_def *mt_knob_def(enum mt_knob_id id)

@@ -1114,6 +1114,15 @@ void        mt_ops_profile_add(enum mt_op_kind kind, double seconds);
 /* seconds[k] and calls[k] (either may be NULL) summed since the last reset */
 void        mt_ops_profile_get(double seconds[MT_OPK_COUNT], long calls[MT_OPK_COUNT]);
 const char *mt_ops_profile_kind_name(enum mt_op_kind kind);
+/* While a scope is set (kind >= 0) every op counts under that kind, whatever
+ * its table entry's: its time (mt_ops_profile_add) and, on cuda, its
+ * launches in the launch log. The optimizer step sets MT_OPK_OPTIMIZER
+ * (src/optim/optim.c): Muon's Newton–Schulz GEMMs, copies and passes are the
+ * optimizer's, where the plan prices them. Returns the previous scope (-1:
+ * none), for the caller to restore. */
+int         mt_ops_profile_scope(int kind);
+/* the kind an op whose entry is of kind `kind` counts under now */
+enum mt_op_kind mt_ops_profile_kind(enum mt_op_kind kind);
 /* The same time by table entry (the function that ran: "p_gemm" on cpu,
  * "mt_cuda_attention_backward_bf16" on cuda), up to MT_OPS_PROFILE_ENTRIES
  * names (later ones counted in the last slot, "(more)"): which kernel of a

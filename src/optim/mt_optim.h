@@ -83,11 +83,16 @@ struct mt_optim_i {
                                                      * scales its gradients in place first   */
     /* planner: FLOPs of one update beyond the elementwise pass (NULL: 0) */
     double (*flops)(const struct mt_param *p);
+    /* planner: bytes one update reads + writes beyond pass_bytes per element
+     * (Muon: Newton–Schulz's elementwise passes on the full matrix; with
+     * gemm_bf16, the bf16 conversions of its GEMMs' fp32 operands); NULL: 0 */
+    double (*extra_bytes)(const struct mt_param *p, int gemm_bf16);
     /* floats of each workspace buffer for the parameters of kind `kind`
-     * among params[0..n) (the FULL shapes; 0 = not allocated). Pure; NULL:
-     * no workspace. create allocates exactly these, mt_optim_plan_bytes
-     * counts them. */
-    void (*ws_sizes)(const struct mt_param *params, int n, int kind, size_t floats[MT_OPTIM_MAX_WS]);
+     * among params[0..n) (the FULL shapes; 0 = not allocated) under cfg (its
+     * precision). Pure; NULL: no workspace. create allocates exactly these,
+     * mt_optim_plan_bytes counts them. */
+    void (*ws_sizes)(const struct mt_config *cfg, const struct mt_param *params, int n, int kind,
+                     size_t floats[MT_OPTIM_MAX_WS]);
     /* at create, per parameter of this class: the kernels it needs and the
      * shapes it takes; an error code + message when refused (NULL: none) */
     enum mt_status (*check)(struct mt_ctx *ctx, const struct mt_ops_i *ops, const struct mt_param *p);

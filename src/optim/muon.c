@@ -1,18 +1,21 @@
 /*
  * muon.c — Muon (Keller Jordan's, nanochat's split): momentum, then the
  * Nesterov direction orthogonalised by a quintic Newton–Schulz iteration
- * on the FULL matrix (GEMM-bound, on ops->gemm). It accepts the block
+ * on the FULL matrix (GEMM-bound: ops->gemm in fp32, ops->gemm_bf16 on bf16
+ * operand copies in precision=bf16). It accepts the block
  * matrices (roles DENSE and EXPERT, 2-D); the router, the Mamba-3 biases,
  * gains, embeddings and the head fall back to AdamW (mt_optim_kind_for).
  * State: momentum_buffer. Workspace (bucket WORKSPACE, sized for the
- * largest Muon matrix, holds nothing between calls): d, x, y, a, b, and g
- * for TP-split matrices only.
+ * largest Muon matrix, holds nothing between calls): d, x, y, a, b, g
+ * for TP-split matrices only, and the bf16 copies of x and of a / b.
  */
 #include "mt_optim.h"
 
+#include "../core/mt_knobs.h"
 #include "../parallel/mt_comm.h"
 
 #include <math.h>
+#include <string.h>
 
 /* Quintic Newton–Schulz coefficients (Keller Jordan's Muon / nanochat). */
 #define NS_A     3.4445f
@@ -28,14 +31,18 @@ enum {
     WS_A, /* (s*s) A = X X^T                                         */
     WS_B, /* (s*s) B = b A + c A A                                   */
     WS_G, /* (rows*cols) TP: gathered slices (split Muon params only) */
+    WS_XB, /* (s*l bf16) X's bf16 operand copy (Newton–Schulz on bf16 operands) */
+    WS_SB, /* (s*s bf16) A's, then B's bf16 operand copy                        */
 };
 
 static int is_split(const struct mt_param *p) { return p->len[0] != p->shape[0] || p->len[1] != p->shape[1]; }
 
 /* Workspace extents over every Muon matrix (kind `kind`): largest numel
  * and largest s*s of the FULL matrices (Newton–Schulz runs on the whole
- * matrix), g only when one is TP-split. */
-static void muon_ws_sizes(const struct mt_param *params, int n, int kind, size_t floats[MT_OPTIM_MAX_WS])
+ * matrix), g only when one is TP-split, the bf16 operand copies in
+ * precision=bf16 only. */
+static void muon_ws_sizes(const struct mt_config *cfg, const struct mt_param *params, int n, int kind,
+                          size_t floats[MT_OPTIM_MAX_WS])
 {
     size_t max_numel = 0, max_ss = 0;
     int split = 0;
@@ -52,6 +59,11 @@ static void muon_ws_sizes(const struct mt_param *params, int n, int kind, size_t
     floats[WS_D] = floats[WS_X] = floats[WS_Y] = max_numel;
     floats[WS_A] = floats[WS_B] = max_ss;
     floats[WS_G] = split ? max_numel : 0;
+    /* the bf16 operand copies (precision=bf16; used with knob muon_ns_bf16): 2 bytes an element */
+    if (!strcmp(cfg->precision, "bf16")) {
+        floats[WS_XB] = (max_numel + 1) / 2;
+        floats[WS_SB] = (max_ss + 1) / 2;
+    }
 }
 
 /* Newton–Schulz FLOPs of one update of a (rows x cols) matrix: 5
@@ -62,6 +74,20 @@ static double muon_flops(const struct mt_param *p)
     double r = (double)p->shape[0], c = (double)p->shape[1];
     double s = r < c ? r : c, l = r < c ? c : r;
     return 5.0 * (4.0 * s * s * l + 2.0 * s * s * s);
+}
+
+/* Bytes of Newton–Schulz's passes on one (rows x cols) matrix (n elements, s
+ * = min): X from D (a copy, or the transpose of a tall matrix) 8n, the
+ * normalisation 12n (the norm's read, the scale's read and write), a tall
+ * matrix's transpose back 8n; per iteration B += b A 12 s^2 and Y = X 8n
+ * (the third GEMM's beta term), and with bf16 operands the copies of X, A
+ * and B (read 4, write 2): 6n + 12 s^2. The GEMMs' own traffic is in their
+ * FLOPs (muon_flops). */
+static double muon_extra_bytes(const struct mt_param *p, int gemm_bf16)
+{
+    const double r = (double)p->shape[0], c = (double)p->shape[1], n = r * c, s = r < c ? r : c;
+    const double per_iter = 12.0 * s * s + 8.0 * n + (gemm_bf16 ? 6.0 * n + 12.0 * s * s : 0.0);
+    return 8.0 * n + 12.0 * n + (r > c ? 8.0 * n : 0.0) + NS_STEPS * per_iter;
 }
 
 static enum mt_status muon_check(struct mt_ctx *ctx, const struct mt_ops_i *ops, const struct mt_param *p)
@@ -77,6 +103,31 @@ static enum mt_status muon_check(struct mt_ctx *ctx, const struct mt_ops_i *ops,
         return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "backend %s lacks a Muon kernel (gemm/muon_momentum/transpose)",
                             ops->name);
     return MT_OK;
+}
+
+/* Newton–Schulz's GEMMs in precision=bf16 (knob muon_ns_bf16, default on):
+ * bf16 operands, fp32 accumulation and fp32 storage, as Muon's reference
+ * implementation runs the iteration in bf16 (cuda: tensor cores instead of
+ * fp32 CUDA cores, about ten times the rate); fp32 otherwise, as SPEC states
+ * it. The operands are rounded once into bf16 copies (cast_bf16: X once an
+ * iteration for its two GEMMs, A and B before theirs) and the GEMMs read
+ * those as stored, so no GEMM converts an operand per call; the sums (B +=
+ * b A, a X + B X) stay in fp32. docs/model.md "Muon". */
+static int ns_bf16(struct mt_ctx *ctx, const struct mt_optim_run *run)
+{
+    const struct mt_ops_i *ops = run->ops;
+    return !strcmp(run->cfg->precision, "bf16") && mt_knob_int(ctx, MT_KNOB_MUON_NS_BF16) != 0 && ops->gemm_bf16 &&
+           ops->cast_bf16;
+}
+
+/* C = alpha op(A) op(B) + beta C: fp32, or on the bf16 copies Ab, Bb of A and B */
+static void ns_gemm(const struct mt_ops_i *ops, int ta, int tb, int M, int N, int K, float alpha, const float *A,
+                    const mt_bf16 *Ab, int lda, const float *B, const mt_bf16 *Bb, int ldb, float beta, float *C, int ldc)
+{
+    if (Ab)
+        ops->gemm_bf16(ops->be, ta, tb, M, N, K, alpha, Ab, MT_ELEM_BF16, lda, Bb, MT_ELEM_BF16, ldb, beta, C, ldc);
+    else
+        ops->gemm(ops->be, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 /*
@@ -131,12 +182,18 @@ static enum mt_status muon_update(struct mt_ctx *ctx, const struct mt_optim_run 
         double nrm = sqrt(ops->sumsq(ops->be, x, n));
         ops->axpby(ops->be, x, NULL, 0.0f, (float)(1.0 / (nrm + 1e-7)), n);
     }
+    /* bf16 operands: the copies (NULL: fp32 GEMMs) */
+    mt_bf16 *xb = ns_bf16(ctx, run) && ws[WS_XB] ? (mt_bf16 *)ws[WS_XB] : NULL, *sb = xb ? (mt_bf16 *)ws[WS_SB] : NULL;
+    const size_t ss = (size_t)s * (size_t)s;
     for (int it = 0; it < NS_STEPS; it++) {
-        ops->gemm(ops->be, 0, 1, s, s, l, 1.0f, x, l, x, l, 0.0f, a, s);      /* A = X X^T       */
-        ops->gemm(ops->be, 0, 0, s, s, s, NS_C, a, s, a, s, 0.0f, b, s);     /* B = c A A       */
-        ops->axpby(ops->be, b, a, NS_B, 1.0f, (size_t)s * (size_t)s);        /* B += b A        */
+        if (xb) ops->cast_bf16(ops->be, xb, x, n);
+        ns_gemm(ops, 0, 1, s, s, l, 1.0f, x, xb, l, x, xb, l, 0.0f, a, s);      /* A = X X^T       */
+        if (sb) ops->cast_bf16(ops->be, sb, a, ss);
+        ns_gemm(ops, 0, 0, s, s, s, NS_C, a, sb, s, a, sb, s, 0.0f, b, s);     /* B = c A A       */
+        ops->axpby(ops->be, b, a, NS_B, 1.0f, ss);                             /* B += b A        */
+        if (sb) ops->cast_bf16(ops->be, sb, b, ss);
         ops->copy(ops->be, y, x, n * sizeof(float));
-        ops->gemm(ops->be, 0, 0, s, l, s, 1.0f, b, s, x, l, NS_A, y, l);     /* Y = a X + B X   */
+        ns_gemm(ops, 0, 0, s, l, s, 1.0f, b, sb, s, x, xb, l, NS_A, y, l);     /* Y = a X + B X   */
         float *t = x; x = y; y = t;
     }
     float *upd = x;
@@ -176,6 +233,7 @@ const struct mt_optim_i mt_optim_muon = {
     .pass_bytes = 20.0,   /* the momentum and the update's elementwise passes */
     .shadow_bytes = 6.0,  /* the refresh re-reads p (4) and writes the shadow (2) */
     .flops = muon_flops,
+    .extra_bytes = muon_extra_bytes,
     .ws_sizes = muon_ws_sizes,
     .check = muon_check,
     .init = NULL,

@@ -71,15 +71,15 @@ static int n_states_in(const struct mt_optim_i *const *classes, const struct mt_
 /* bytes[] is overwritten: OPTIM = n_states x numel floats per parameter;
  * WORKSPACE = each class's ws_sizes; OTHER = the host bookkeeping (struct +
  * per-param table). */
-static void plan_bytes(const struct mt_optim_i *const *classes, int n_classes, const struct mt_param *params,
-                       int n_params, size_t bytes[MT_BUCKET_COUNT])
+static void plan_bytes(const struct mt_config *cfg, const struct mt_optim_i *const *classes, int n_classes,
+                       const struct mt_param *params, int n_params, size_t bytes[MT_BUCKET_COUNT])
 {
     for (int b = 0; b < MT_BUCKET_COUNT; b++) bytes[b] = 0;
     for (int i = 0; i < n_params; i++)
         bytes[MT_BUCKET_OPTIM] += (size_t)n_states_in(classes, &params[i]) * params[i].numel * sizeof(float);
     for (int k = 0; k < n_classes; k++) {
         size_t f[MT_OPTIM_MAX_WS] = {0};
-        if (classes[k]->ws_sizes) classes[k]->ws_sizes(params, n_params, k, f);
+        if (classes[k]->ws_sizes) classes[k]->ws_sizes(cfg, params, n_params, k, f);
         for (int j = 0; j < MT_OPTIM_MAX_WS; j++) bytes[MT_BUCKET_WORKSPACE] += f[j] * sizeof(float);
     }
     bytes[MT_BUCKET_OTHER] = sizeof(struct mt_optim) + (size_t)n_params * sizeof(struct mt_optim_slot);
@@ -88,8 +88,7 @@ static void plan_bytes(const struct mt_optim_i *const *classes, int n_classes, c
 void mt_optim_plan_bytes(const struct mt_config *cfg, const struct mt_param *params, int n_params,
                          size_t bytes[MT_BUCKET_COUNT])
 {
-    (void)cfg;
-    plan_bytes(builtin, N_BUILTIN, params, n_params, bytes);
+    plan_bytes(cfg, builtin, N_BUILTIN, params, n_params, bytes);
 }
 
 static float *ws_alloc(struct mt_ctx *ctx, const struct mt_ops_i *ops, size_t n, enum mt_bucket b)
@@ -157,7 +156,7 @@ enum mt_status mt_optim_create_with(struct mt_ctx *ctx, const struct mt_ops_i *o
     }
     for (int k = 0; k < n_classes; k++) {
         size_t f[MT_OPTIM_MAX_WS] = {0};
-        if (classes[k]->ws_sizes) classes[k]->ws_sizes(params, n_params, k, f);
+        if (classes[k]->ws_sizes) classes[k]->ws_sizes(cfg, params, n_params, k, f);
         for (int j = 0; j < MT_OPTIM_MAX_WS; j++) {
             if (f[j] == 0) continue;
             o->ws[k][j] = ws_alloc(ctx, ops, f[j], MT_BUCKET_WORKSPACE);
@@ -238,6 +237,8 @@ enum mt_status mt_optim_step(struct mt_ctx *ctx, struct mt_optim *o, int step, d
     if (!(grad_norm == grad_norm) || isinf(grad_norm))
         return mt_ctx_error(ctx, MT_ERR_NUMERIC, "non-finite gradient norm %g at step %d", grad_norm, step);
 
+    /* every op of the update is the optimizer's in the profile (the clip, Muon's GEMMs and passes too) */
+    const int scope = mt_ops_profile_scope(MT_OPK_OPTIMIZER);
     /* clip: g *= min(1, clip / (norm + 1e-6)), before every class: in place, or inside the
      * update of a class that takes the scale (AdamW: one fp32 multiply as it reads g, the
      * same bits; saves a read and a write of every gradient, 8 GB a step at 1B params) */
@@ -255,7 +256,8 @@ enum mt_status mt_optim_step(struct mt_ctx *ctx, struct mt_optim *o, int step, d
     o->t++;
     struct mt_optim_run run = {.ops = ops, .cfg = cfg, .tp_comm = o->tp_comm, .t = o->t,
                                .lr_factor = mt_optim_lr_factor(cfg, step), .gscale = gscale};
-    for (int k = 0; k < o->n_classes; k++) {
+    enum mt_status rc = MT_OK;
+    for (int k = 0; k < o->n_classes && rc == MT_OK; k++) {
         memcpy(run.ws, o->ws[k], sizeof run.ws);
         struct mt_optim_slot *list[MT_OPS_LIST_MAX];
         int n = 0;
@@ -264,11 +266,15 @@ enum mt_status mt_optim_step(struct mt_ctx *ctx, struct mt_optim *o, int step, d
             if (s->p->frozen || (int)s->p->optim != k) continue;   /* LoRA: the base does not move */
             s->p->bf16_ok = 0;   /* its data changes: the shadow is stale unless the class writes it (AdamW) */
             list[n++] = s;
-            if (n == MT_OPS_LIST_MAX) { MT_CHECK(o->classes[k]->step(ctx, &run, list, n)); n = 0; }
+            if (n == MT_OPS_LIST_MAX) {
+                if ((rc = o->classes[k]->step(ctx, &run, list, n)) != MT_OK) break;
+                n = 0;
+            }
         }
-        if (n > 0) MT_CHECK(o->classes[k]->step(ctx, &run, list, n));
+        if (rc == MT_OK && n > 0) rc = o->classes[k]->step(ctx, &run, list, n);
     }
-    return MT_OK;
+    mt_ops_profile_scope(scope);
+    return rc;
 }
 
 int mt_optim_state_count(const struct mt_optim *o)

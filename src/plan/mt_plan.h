@@ -272,6 +272,9 @@ struct mt_plan_cost {
     double peak_per_rank;      /* FLOP/s one rank has (profile, ranks sharing a node)           */
     double efficiency;         /* the fraction of it reached (profile, for the precision)       */
     const char *peak_basis;    /* "fp32" / "bf16" (by_precision entry used) or "profile"        */
+    double optimizer_rate;     /* FLOP/s of the optimizer's GEMMs (Muon's Newton–Schulz: the table's
+                                * fp32 gemm, in the cuda backend's precision, knob cuda_precision) */
+    const char *optimizer_basis; /* the by_precision entry it used ("fp32", "bf16") or "profile"  */
     double compute_s;          /* busiest rank's compute: microbatches + optimizer              */
     double tp_s, ep_s, pp_s;   /* model / expert / pipe axis collectives (blocking: exposed)    */
     double dp_s;               /* ZeRO / data-parallel collectives, all of them                 */
@@ -308,6 +311,8 @@ struct mt_plan_kinds {
      * the device-sized path), at grouped_rate (measured, else the GEMM rate: basis says) */
     double grouped_flops, grouped_rate;
     const char *grouped_basis;
+    double optimizer_rate;               /* Newton–Schulz's GEMMs (mt_plan_cost's)              */
+    const char *optimizer_basis;
 };
 const char *mt_plan_kind_name(enum mt_plan_kind k);
 void mt_plan_cost_kinds(const struct mt_plan *p, const struct mt_plan_profile *prof, const struct mt_plan_cost *cost,

@@ -95,8 +95,11 @@ struct mt_plan {
     struct mt_plan_runtime rt;        /* the runtime bucket's constants */
     /* the knobs the cost model reads, as the run sets them (mt_plan_create's ctx; the
      * defaults without one): the Mamba-3 scan's kernels, the head's logits, and where
-     * the MoE experts' sizes live (moe_sizes != host and moe_grouped on: the grouped path) */
-    int scan_bf16, head_bf16_logits, moe_dev_sizes;
+     * the MoE experts' sizes live (moe_sizes != host and moe_grouped on: the grouped path);
+     * the precision of the optimizer's GEMMs (Muon's Newton–Schulz: bf16 operands in
+     * precision=bf16 unless knob muon_ns_bf16=0, or where cuda_precision=bf16 makes the
+     * table's fp32 gemm bf16; fp32 otherwise) */
+    int scan_bf16, head_bf16_logits, moe_dev_sizes, optim_gemm_bf16;
 };
 
 int mt_plan_world(const struct mt_plan *p) { return p->world; }
@@ -501,6 +504,10 @@ enum mt_status mt_plan_create(struct mt_ctx *ctx, const struct mt_config *cfg, c
     p->head_bf16_logits = !ctx || mt_knob_int(ctx, MT_KNOB_HEAD_BF16_LOGITS) != 0;
     p->moe_dev_sizes = !ctx || (strcmp(mt_knob_str(ctx, MT_KNOB_MOE_SIZES), "host") != 0 &&
                                 mt_knob_int(ctx, MT_KNOB_MOE_GROUPED) != 0);
+    /* Muon's Newton–Schulz on bf16 operands: precision=bf16 with knob muon_ns_bf16 (muon.c
+     * ns_bf16), or every fp32 gemm of the cuda backend in bf16 (knob cuda_precision=bf16) */
+    p->optim_gemm_bf16 = (!strcmp(p->cfg.precision, "bf16") && (!ctx || mt_knob_int(ctx, MT_KNOB_MUON_NS_BF16))) ||
+                         (ctx && !strcmp(mt_knob_str(ctx, MT_KNOB_CUDA_PRECISION), "bf16"));
     enum mt_status rc = MT_OK;
     p->st = mt_alloc(ctx, (size_t)d->pp * sizeof *p->st, MT_BUCKET_OTHER);
     p->eng_rank = mt_alloc(ctx, (size_t)NZ * p->world * NB * sizeof(size_t), MT_BUCKET_OTHER);
@@ -888,25 +895,37 @@ static double t_allreduce(double S, int n, struct mt_plan_link l)
     return n <= 1 ? 0.0 : 2.0 * (double)(n - 1) / n * S / link_bw(l, S, 1) + 2 * (n - 1) * l.latency;
 }
 
-/* The rate one rank's GEMMs run at (FLOP/s): the profile's peak for the
- * GEMM precision where it distinguishes them, the node's peak shared by the
- * ranks on it (never above one rank's), times the efficiency. Fills the
- * cost's efficiency, peak basis and per-rank peak. */
-static double cost_rate(const struct mt_plan *p, const struct mt_plan_profile *prof, struct mt_plan_cost *out)
+/* The rate one rank's GEMMs of one precision run at (FLOP/s): the profile's
+ * peak for that precision where it distinguishes them, the node's peak
+ * shared by the ranks on it (never above one rank's), times the efficiency.
+ * Fills *peak_rank, *eff and *basis ("fp32" / "bf16": the by_precision entry
+ * used; "profile": none). */
+static double precision_rate(const struct mt_plan *p, const struct mt_plan_profile *prof, int bf16, double *peak_rank,
+                             double *eff, const char **basis)
 {
-    const struct mt_config *cfg = &p->cfg;
     int on_node = p->world < prof->ranks_per_node ? p->world : prof->ranks_per_node;
-    /* the GEMM precision picks the peak where the profile distinguishes them;
+    /* the precision picks the peak where the profile distinguishes them;
      * ranks on a node share the node's peak in the same proportion */
-    const int bf16 = !strcmp(cfg->precision, "bf16");
     const double by_peak = bf16 ? prof->peak_bf16 : prof->peak_fp32;
     const double scale = by_peak > 0 ? by_peak / prof->peak_flops : 1.0;
-    out->efficiency = by_peak > 0 ? (bf16 ? prof->efficiency_bf16 : prof->efficiency_fp32) : prof->efficiency;
-    out->peak_basis = by_peak > 0 ? (bf16 ? "bf16" : "fp32") : "profile";
+    *eff = by_peak > 0 ? (bf16 ? prof->efficiency_bf16 : prof->efficiency_fp32) : prof->efficiency;
+    *basis = by_peak > 0 ? (bf16 ? "bf16" : "fp32") : "profile";
     double peak = prof->node_peak_flops * scale / on_node;
     if (peak > prof->peak_flops * scale) peak = prof->peak_flops * scale;
-    out->peak_per_rank = peak;
-    return peak * out->efficiency;
+    *peak_rank = peak;
+    return peak * *eff;
+}
+
+/* The model's GEMM rate (its config's precision; fills the cost's
+ * efficiency, peak basis and per-rank peak) and the optimizer's (Muon's
+ * Newton–Schulz through the table's fp32 gemm: the cuda backend's own
+ * precision, knob cuda_precision; on a profile with one peak the same). */
+static double cost_rate(const struct mt_plan *p, const struct mt_plan_profile *prof, struct mt_plan_cost *out)
+{
+    double opt_peak, opt_eff;
+    out->optimizer_rate = precision_rate(p, prof, p->optim_gemm_bf16, &opt_peak, &opt_eff, &out->optimizer_basis);
+    return precision_rate(p, prof, !strcmp(p->cfg.precision, "bf16"), &out->peak_per_rank, &out->efficiency,
+                          &out->peak_basis);
 }
 
 /* One microbatch of stage s on one rank, in seconds: compute (fl FLOPs at
@@ -970,7 +989,7 @@ static void stage_microbatch(const struct mt_plan *p, int s, double rate, struct
 struct stage_dp {
     double total, exposed, opt, opt_flops;
 };
-static void stage_data(const struct mt_plan *p, const struct mt_plan_profile *prof, int s, double comp, double rate,
+static void stage_data(const struct mt_plan *p, const struct mt_plan_profile *prof, int s, double comp, double opt_rate,
                        struct mt_plan_link lm, struct stage_dp *o)
 {
     const struct mt_config *cfg = &p->cfg;
@@ -1012,7 +1031,7 @@ static void stage_data(const struct mt_plan *p, const struct mt_plan_profile *pr
             if (e->opt_flops[idx] > mf) mf = e->opt_flops[idx];
             if (e->opt_gather[idx] > mg) mg = e->opt_gather[idx];
         }
-        opt += mf / rate + (tp > 1 ? t_gather(mg, tp, lm) : 0.0);
+        opt += mf / opt_rate + (tp > 1 ? t_gather(mg, tp, lm) : 0.0);
         opt_fl += mf;
     }
     o->total = dpt;
@@ -1052,7 +1071,7 @@ void mt_plan_cost(const struct mt_plan *p, const struct mt_plan_profile *prof, s
             rank_flops = mb.fl * M;
         }
         struct stage_dp dp;
-        stage_data(p, prof, s, mb.comp, rate, lm, &dp);
+        stage_data(p, prof, s, mb.comp, out->optimizer_rate, lm, &dp);
         if (s == 0 || dp.exposed + dp.opt > dp_exposed + opt_max) {
             dp_exposed = dp.exposed;
             opt_max = dp.opt;
@@ -1130,7 +1149,9 @@ static void stage_work(const struct mt_plan *p, int l0, int l1, int rc, struct m
  * one at ZeRO-0): its class's pass_bytes per parameter (AdamW reads p, g,
  * m, v and writes p, m, v: 28; Muon's momentum and update 20), the gradient zeroing 4, the
  * bf16 shadow of a matrix (precision=bf16) its class's shadow_bytes (AdamW
- * writes it in its pass: 2; the refresh after Muon's update: 6). */
+ * writes it in its pass: 2; the refresh after Muon's update: 6), its
+ * class's extra_bytes (Muon: Newton–Schulz's passes on the full matrix) and
+ * the clip's 8 where the class does not take the scale (Muon). */
 static double optimizer_bytes(const struct mt_plan *p, const struct stage_plan *sp)
 {
     int P;
@@ -1149,6 +1170,11 @@ static double optimizer_bytes(const struct mt_plan *p, const struct stage_plan *
          * adamw_multi, and one rank has no marking pass) */
         const double zeroing = ps[i].grad_gemm && p->zero <= 1 ? 0.0 : 4.0;
         b += (double)ps[i].numel * (bf16 ? per + zeroing + 4.0 : per + zeroing);
+        const struct mt_optim_i *oc = mt_optim_class(ps[i].optim);
+        if (oc->extra_bytes) b += oc->extra_bytes(&ps[i], p->optim_gemm_bf16);   /* Muon: Newton–Schulz's passes */
+        /* the clip in place (read, write) for a class that does not take its scale: counted as
+         * if it clips, as training's first steps do (the norm decides at run time) */
+        if (p->cfg.grad_clip > 0 && !oc->takes_gscale) b += 8.0 * (double)ps[i].numel;
     }
     return b;
 }
@@ -1260,7 +1286,9 @@ void mt_plan_cost_kinds(const struct mt_plan *p, const struct mt_plan_profile *p
     /* the optimizer: Newton–Schulz GEMMs, then the elementwise passes */
     out->flops[MT_PLAN_KIND_OPTIMIZER] = cost->optimizer_flops;
     out->bytes[MT_PLAN_KIND_OPTIMIZER] = optimizer_bytes(p, &p->st[out->stage]);
-    out->s[MT_PLAN_KIND_OPTIMIZER] = cost->optimizer_flops / out->gemm_rate +
+    out->optimizer_rate = cost->optimizer_rate;
+    out->optimizer_basis = cost->optimizer_basis;
+    out->s[MT_PLAN_KIND_OPTIMIZER] = cost->optimizer_flops / cost->optimizer_rate +
                                      out->bytes[MT_PLAN_KIND_OPTIMIZER] / out->mem_bandwidth;
     const double blocking = cost->tp_s + cost->ep_s + cost->pp_s;   /* per step: M microbatches */
     out->s[MT_PLAN_KIND_COMM] = blocking + cost->dp_exposed_s;
@@ -1463,10 +1491,13 @@ static void plan_json_kinds(cJSON *c, const struct mt_plan *p, const struct mt_p
     cJSON_AddNumberToObject(o, "gemm_grouped_flops", k.grouped_flops);
     cJSON_AddNumberToObject(o, "gemm_grouped_flop_per_s", k.grouped_rate);
     cJSON_AddStringToObject(o, "gemm_grouped_basis", k.grouped_basis);
+    cJSON_AddNumberToObject(o, "optimizer_flop_per_s", k.optimizer_rate);
+    cJSON_AddStringToObject(o, "optimizer_basis", k.optimizer_basis);
     cJSON *kn = cJSON_AddObjectToObject(o, "knobs");   /* the run's knobs this model priced */
     cJSON_AddNumberToObject(kn, "scan_bf16", p->scan_bf16);
     cJSON_AddNumberToObject(kn, "head_bf16_logits", p->head_bf16_logits);
     cJSON_AddNumberToObject(kn, "moe_dev_sizes", p->moe_dev_sizes);
+    cJSON_AddNumberToObject(kn, "optim_gemm_bf16", p->optim_gemm_bf16);
     cJSON_AddNumberToObject(o, "memory_bandwidth_bytes_per_s", k.mem_bandwidth);
     cJSON_AddStringToObject(o, "memory_bandwidth_basis", prof->mem_basis);
 }

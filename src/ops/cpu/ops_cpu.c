@@ -56,8 +56,7 @@ static int    prof_n_ent;
         double t0_ = mt_time_sec();                   \
         call;                                         \
         double dt_ = mt_time_sec() - t0_;             \
-        prof_sec[kind] += dt_;                        \
-        prof_calls[kind]++;                           \
+        mt_ops_profile_add(kind, dt_);                \
         mt_ops_profile_add_entry(__func__, dt_);      \
     } while (0)
 #define PROF_RET(kind, type, call)                    \
@@ -66,8 +65,7 @@ static int    prof_n_ent;
         double t0_ = mt_time_sec();                   \
         type r_ = call;                               \
         double dt_ = mt_time_sec() - t0_;             \
-        prof_sec[kind] += dt_;                        \
-        prof_calls[kind]++;                           \
+        mt_ops_profile_add(kind, dt_);                \
         mt_ops_profile_add_entry(__func__, dt_);      \
         return r_;                                    \
     } while (0)
@@ -117,8 +115,24 @@ int mt_ops_profile_entries(const char **names, double *seconds, long *calls, int
     return n;
 }
 
+/* the kind every op counts under while set (mt_ops_profile_scope), or -1 */
+static int prof_scope = -1;
+
+int mt_ops_profile_scope(int kind)
+{
+    const int before = prof_scope;
+    prof_scope = kind >= 0 && kind < MT_OPK_COUNT ? kind : -1;
+    return before;
+}
+
+enum mt_op_kind mt_ops_profile_kind(enum mt_op_kind kind)
+{
+    return prof_scope >= 0 ? (enum mt_op_kind)prof_scope : kind;
+}
+
 void mt_ops_profile_add(enum mt_op_kind kind, double seconds)
 {
+    kind = mt_ops_profile_kind(kind);
     if (!prof_on || (int)kind < 0 || kind >= MT_OPK_COUNT) return;
     prof_sec[kind] += seconds;
     prof_calls[kind]++;
@@ -140,6 +154,8 @@ const char *mt_ops_profile_kind_name(enum mt_op_kind kind)
     return (int)kind >= 0 && kind < MT_OPK_COUNT ? names[kind] : "?";
 }
 
+/* a device copy is elementwise work in the profile (Muon's, the pipeline's), as on cuda */
+static void p_copy(void *be, void *dst, const void *src, size_t bytes) { PROF(MT_OPK_ELEMENTWISE, cpu_copy(be, dst, src, bytes)); }
 static void p_fill(void *be, float *x, float value, size_t n) {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */ PROF(MT_OPK_ELEMENTWISE, mt_cpu_fill(x, value, n)); }
 static void p_axpby(void *be, float *y, const float *x, float a, float b, size_t n)
@@ -831,7 +847,7 @@ static const struct mt_ops_i cpu_ops = {
     /* .buf_free             = */ .buf_free             = cpu_buf_free,
     /* .copy_to_host         = */ .copy_to_host         = cpu_copy,
     /* .copy_from_host       = */ .copy_from_host       = cpu_copy,
-    /* .copy                 = */ .copy                 = cpu_copy,
+    /* .copy                 = */ .copy                 = p_copy,
     /* .sync                 = */ .sync                 = cpu_sync,
     /* .ssm_scan_forward     = */ .ssm_scan_forward     = p_ssm_scan_forward,
     /* .ssm_scan_backward    = */ .ssm_scan_backward    = p_ssm_scan_backward,

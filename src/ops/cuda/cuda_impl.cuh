@@ -181,6 +181,8 @@ struct mt_cuda_backend {
     struct mt_ops_cuda_counters step_ctr[MT_CUDA_STEP_LOG];
     int            n_steps;        /* steps closed (the first MT_CUDA_STEP_LOG logged) */
     FILE          *launch_log;     /* MT_CUDA_LAUNCH_LOG: one line per launch, or NULL */
+    const char    *cur_entry;      /* the table entry running (ops_cuda.cu's PROF wrappers), or NULL, */
+    int            cur_kind;       /* and its enum mt_op_kind: the launch log's "op KIND ENTRY"       */
     /* per-op profile (ops_cuda.cu): an event pair around each table call
      * while mt_ops_profile_enabled(), resolved at the step's end mark */
     cudaEvent_t   *prof_ev;        /* (2 * prof_cap) start, end, start, end, ...  */
@@ -335,6 +337,7 @@ static inline cudaError_t mt_cuda_memset(void *dst, int value, size_t bytes)
 {
     if (!mt_cuda_graph_op("memset", mt_cuda_sig(dst, value, bytes))) return cudaSuccess;
     mt_cuda_be->ctr.memsets++;
+    if (mt_cuda_be->launch_log) mt_cuda_log_op("memset", bytes);
     return cudaMemsetAsync(dst, value, bytes, mt_cuda_be->stream);
 }
 /* the host waits for the stream */

@@ -88,13 +88,18 @@ void mt_cuda_note_launch(const char *name, dim3 grid, dim3 block, size_t smem)
         (unsigned long long)grid.x * grid.y * grid.z * (unsigned long long)block.x * block.y * block.z;
     char word[128];
     kernel_word(word, sizeof word, name);
-    fprintf(mt_cuda_be->launch_log, "launch %s grid %u %u %u block %u %u %u threads %llu smem %zu\n", word, grid.x,
-            grid.y, grid.z, block.x, block.y, block.z, threads, smem);
+    const struct mt_cuda_backend *B = mt_cuda_be;
+    fprintf(B->launch_log, "launch %s grid %u %u %u block %u %u %u threads %llu smem %zu op %s %s\n", word, grid.x,
+            grid.y, grid.z, block.x, block.y, block.z, threads, smem,
+            B->cur_entry ? mt_ops_profile_kind_name((enum mt_op_kind)B->cur_kind) : "-", B->cur_entry ? B->cur_entry : "-");
 }
 
+/* a copy, memset, sync or allocation: "WHAT BYTES op KIND ENTRY" (the entry it ran in, or "- -") */
 void mt_cuda_log_op(const char *what, size_t bytes)
 {
-    fprintf(mt_cuda_be->launch_log, "%s %zu\n", what, bytes);
+    const struct mt_cuda_backend *B = mt_cuda_be;
+    fprintf(B->launch_log, "%s %zu op %s %s\n", what, bytes,
+            B->cur_entry ? mt_ops_profile_kind_name((enum mt_op_kind)B->cur_kind) : "-", B->cur_entry ? B->cur_entry : "-");
 }
 
 /* ---- the per-op profile: event pairs (HOW IT WORKS) ----
@@ -130,6 +135,10 @@ static int prof_grow(struct mt_cuda_backend *B)
     return 1;
 }
 
+/* kind of a per-launch pair: its time goes to the by-entry list only (the
+ * table entry around it already counts it in its kind) */
+#define PROF_KERNEL 0xff
+
 /* record the start of a pair; -1: not recorded (counted as dropped) */
 static int prof_begin(struct mt_cuda_backend *B, enum mt_op_kind kind, const char *name)
 {
@@ -138,7 +147,7 @@ static int prof_begin(struct mt_cuda_backend *B, enum mt_op_kind kind, const cha
         return -1;
     }
     int i = B->prof_n++;
-    B->prof_kind[i] = (unsigned char)kind;
+    B->prof_kind[i] = (unsigned char)(kind == (enum mt_op_kind)PROF_KERNEL ? kind : mt_ops_profile_kind(kind));
     B->prof_name[i] = name;
     MT_CUDA_CHECK(cudaEventRecord(B->prof_ev[2 * i], B->stream));
     return i;
@@ -149,9 +158,6 @@ static void prof_end(struct mt_cuda_backend *B, int i)
     if (i >= 0) MT_CUDA_CHECK(cudaEventRecord(B->prof_ev[2 * i + 1], B->stream));
 }
 
-/* kind of a per-launch pair: its time goes to the by-entry list only (the
- * table entry around it already counts it in its kind) */
-#define PROF_KERNEL 0xff
 
 
 /* the label "kernel:NAME" of a kernel, made once; NULL-safe fallback */
@@ -197,6 +203,25 @@ static void prof_resolve(struct mt_cuda_backend *B)
     B->prof_n = 0;
 }
 
+/* The table entry running, for the launch log (cur_entry, cur_kind): set
+ * while a wrapped entry runs, the outer one's restored after (an entry that
+ * calls another through the table logs the inner one's launches as its). */
+struct entry_scope {
+    struct mt_cuda_backend *B;
+    const char *entry;
+    int kind;
+    entry_scope(void *be, enum mt_op_kind k, const char *name) : B((struct mt_cuda_backend *)be)
+    {
+        if (!B) return;
+        entry = B->cur_entry, kind = B->cur_kind;
+        B->cur_entry = name, B->cur_kind = (int)mt_ops_profile_kind(k);   /* the optimizer's scope too */
+    }
+    ~entry_scope()
+    {
+        if (B) B->cur_entry = entry, B->cur_kind = kind;
+    }
+};
+
 /* One entry wrapped: prof<KIND, fn>::call has fn's signature. */
 template <enum mt_op_kind K, auto F> struct prof;
 template <enum mt_op_kind K, typename R, typename... A, R (*F)(void *, A...)>
@@ -205,6 +230,7 @@ struct prof<K, F> {
     static R call(void *be, A... a)
     {
         struct mt_cuda_backend *B = (struct mt_cuda_backend *)be;
+        const entry_scope in_entry(be ? be : (void *)mt_cuda_be, K, name);
         /* graphs active: no event pairs (a capture would take them in; a replayed op runs in its graph) */
         if (!mt_ops_profile_enabled() || !B->info.op_profile || B->graph.active) return F(be, a...);
         MT_CUDA_BIND(be);   /* prof_begin may record a sticky error on this instance */
@@ -292,7 +318,7 @@ static struct mt_ops_i cuda_ops = {
     /* .buf_free             = */ .buf_free             = mt_cuda_buf_free,
     /* .copy_to_host         = */ .copy_to_host         = mt_cuda_copy_to_host,
     /* .copy_from_host       = */ .copy_from_host       = mt_cuda_copy_from_host,
-    /* .copy                 = */ .copy                 = mt_cuda_copy,
+    /* .copy                 = */ .copy                 = PROF(MT_OPK_ELEMENTWISE, mt_cuda_copy),
     /* .sync                 = */ .sync                 = mt_cuda_sync,
     /* .fill                 = */ .fill                 = PROF(MT_OPK_ELEMENTWISE, mt_cuda_fill),
     /* .axpby                = */ .axpby                = PROF(MT_OPK_ELEMENTWISE, mt_cuda_axpby),

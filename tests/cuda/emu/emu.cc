@@ -53,6 +53,7 @@
 #include <map>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 dim3 threadIdx, blockIdx, blockDim, gridDim;
@@ -1070,14 +1071,69 @@ static void sh_bank_note(const void *p, size_t size, int kind, const void *pc)
  * by-value arguments: registers on a device) */
 static bool gl_counted(const void *p) { return (uintptr_t)p - (uintptr_t)g_stacks.data() >= g_stacks.size(); }
 
+/* MT_EMU_FOOTPRINT=FILE: each launch's footprint in global memory, one line a
+ * launch in launch order, "NAME READ_BYTES WRITE_BYTES": the distinct 32-byte
+ * sectors its threads read (plain loads and cp.async's sources) and wrote
+ * (plain stores), times 32, on the same instrumented accesses as the sector
+ * count (outside shared memory and the threads' stacks), broadcasts
+ * included. A launch moves at least that between the SMs and the L2, and
+ * that much through DRAM when its data is not in the L2 already: the traffic
+ * docs/plan.md prices a memory-bound op at (tests/cuda/footprint_check.py
+ * puts the two side by side). NAME as the launch log writes it (no spaces or
+ * parentheses). Sectors a thread reads again, and re-reads through the L1,
+ * count once: this is not the L1's traffic (MT_EMU_COALESCE is). */
+static int g_foot_on = -1;
+static FILE *g_foot_f;
+static std::unordered_set<uint64_t> g_foot_sec[2];   /* [0] read, [1] written: sector numbers */
+static uint64_t g_foot_last[2] = {~0ull, ~0ull};     /* the last sector noted (the common repeat) */
+
+static int foot_on(void)
+{
+    if (g_foot_on < 0) {
+        const char *path = getenv("MT_EMU_FOOTPRINT");
+        g_foot_f = path && *path ? fopen(path, "w") : NULL;
+        g_foot_on = g_foot_f != NULL;
+        if (g_foot_f) setvbuf(g_foot_f, NULL, _IOFBF, 1 << 16);
+    }
+    return g_foot_on;
+}
+
+static void foot_note(const void *p, size_t size, int write)
+{
+    const uint64_t a = (uint64_t)(uintptr_t)p;
+    for (uint64_t sec = a / 32; sec <= (a + size - 1) / 32; sec++) {
+        if (sec == g_foot_last[write]) continue;
+        g_foot_last[write] = sec;
+        g_foot_sec[write].insert(sec);
+    }
+}
+
+/* the launch of kern ended: its line, and the sets cleared for the next */
+static void foot_flush(const void *kern)
+{
+    auto it = g_kernel_name.find(kern);
+    char word[160];
+    size_t n = 0;
+    for (const char *c = it != g_kernel_name.end() ? it->second.c_str() : "?"; *c && n + 1 < sizeof word; c++)
+        if (*c != ' ' && *c != '(' && *c != ')') word[n++] = *c;
+    word[n] = 0;
+    fprintf(g_foot_f, "%s %llu %llu\n", word, 32ull * (unsigned long long)g_foot_sec[0].size(),
+            32ull * (unsigned long long)g_foot_sec[1].size());
+    fflush(g_foot_f);
+    for (int k = 0; k < 2; k++) g_foot_sec[k].clear(), g_foot_last[k] = ~0ull;
+}
+
 /* an instrumented access (the __tsan_* calls below): the race check and the
- * bank count; outside shared memory and the threads' stacks, the sector count */
+ * bank count; outside shared memory and the threads' stacks, the sector count
+ * and the footprint */
 static void sh_note(const void *p, size_t size, int kind, const void *pc)
 {
     sh_region r;
     if (!g_sh_running) return;
     if (!sh_region_of((uintptr_t)p, &r)) {
-        if (g_coal_on > 0 && gl_counted(p)) sh_bank_note(p, size, kind == BANK_ST ? GL_ST : GL_LD, pc);
+        if (!gl_counted(p)) return;
+        if (g_coal_on > 0) sh_bank_note(p, size, kind == BANK_ST ? GL_ST : GL_LD, pc);
+        if (g_foot_on > 0) foot_note(p, size, kind == BANK_ST);
         return;
     }
     if (g_race_on > 0) rc_access_range((uintptr_t)p, size, kind == BANK_ST, g_cur, pc, r);
@@ -1472,6 +1528,7 @@ void mt_emu_cp_async16(void *dst, const void *src, int nbytes)
     p.pc = __builtin_return_address(0);
     if (g_banks_on > 0 && g_sh_running) sh_bank_note(dst, 16, BANK_CPASYNC, p.pc);   /* its shared-memory side */
     if (g_coal_on > 0 && g_sh_running && nbytes) sh_bank_note(src, (size_t)nbytes, GL_CPASYNC, p.pc);   /* global */
+    if (g_foot_on > 0 && g_sh_running && nbytes) foot_note(src, (size_t)nbytes, 0);
     memset(dst, 0xff, 16);   /* undefined until the wait: NaN */
     g_cp[(size_t)g_cur].push_back(p);
 }
@@ -1635,6 +1692,7 @@ void mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std:
     }
     dev_scope on;
     g_cur_kernel = kern;
+    foot_on();
     int nw = (int)((nt + 31) / 32);
     if (banks_on() && g_sh.size() < (size_t)nw) g_sh.resize((size_t)nw);
     if (race_on()) {   /* shadows grow only: a word's old entries carry older epochs (ordered) */
@@ -1699,7 +1757,7 @@ void mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std:
         g_first_hint = 0;
         g_block_arrived = 0;
         std::fill(g_wg_arrived.begin(), g_wg_arrived.end(), 0);
-        g_sh_running = g_banks_on > 0 || g_race_on > 0;   /* the access hooks' work (sh_note) */
+        g_sh_running = g_banks_on > 0 || g_race_on > 0 || g_foot_on > 0;   /* the access hooks' work (sh_note) */
         g_rc_bep++;
         for (;;) {
             int ran = 0;
@@ -1724,6 +1782,7 @@ void mt_emu_run(const void *kern, dim3 grid, dim3 block, size_t smem, const std:
         g_sh_running = 0;
         if (g_banks_on > 0) sh_flush_all();   /* the requests after the last meeting */
     }
+    if (g_foot_on > 0) foot_flush(kern);
 }
 
 /* ---------------- cuBLAS ---------------- */
