@@ -808,8 +808,9 @@ g['ssm_scan_tc_calls'] > 0 and g['ssm_scan_tc_fallbacks'] == 0 and g['gemm_bf16_
     else echo "FAIL: global sectors of the d2048-wide dense layer (or no run, no counts)"; fail=1; fi
     # the plan's bytes by op kind (docs/plan.md "By op kind") = what the kernels touched:
     #     each launch's distinct sectors (MT_EMU_FOOTPRINT) added to the kind its table entry
-    #     (or the optimizer's scope) files it under, step 1, within 15% on the memory-bound
-    #     kinds: the d2048-wide dense layer (AdamW) and GPUSHAPE's hybrid MoE (Muon, its
+    #     (or the optimizer's scope) files it under, step 1, within 15% on the kinds priced
+    #     by their bytes (norm, elementwise, xent, optimizer, scan): the d2048-wide dense layer
+    #     (AdamW) and GPUSHAPE's hybrid MoE (Muon, its
     #     Newton-Schulz on bf16 operands) -- the prediction's memory-bound columns checked
     #     against the kernels before a GPU measures them
     # foot_check RUN TAG FLAGS...: RUN's launch_TAG.log and foot_TAG.txt against the plan of FLAGS

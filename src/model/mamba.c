@@ -229,8 +229,9 @@ static double mamba_extra(const struct mt_block_shape *sh)
  *     neither pass moves x or dx (the scan reads and writes them in proj's
  *     rows): 2 E less each.
  *   scan on tensor cores (ssd_tc.cu: chunk, P, N <= MT_SSM_STATES_MAX), kernel
- *     by kernel, with S = H P N / Q the chunk states a token (S_in, dS_out) and
- *     H Q the bf16 M or dG a token:
+ *     by kernel, with S = H P N / Q (nc - 1) / nc the chunk states a token (S_in,
+ *     dS_out: those of the chunks before the last, the ones the kernels write,
+ *     pass and read) and H Q the bf16 M or dG a token:
  *     Bh and Ch enter every term as their bf16 twins, the only copies the prep
  *     writes there (0.5 HN each), so a read of either is 0.5 HN; x is stored
  *     bf16 by the in-projection (acts x_b), so a read of it is 0.5 E.
@@ -262,30 +263,34 @@ static void mamba_work_bf16(const struct mt_block_shape *sh, int rc, struct mt_w
      * need S > 0); there the scan reads x in proj and writes dx into dproj
      * (mamba3.c scan_in_proj): the prep's copies of x (2 E each way) are gone */
     const int T = sh->cfg->seq_len, chunk = sh->cfg->mamba_chunk;
-    const double S = T > 0 && sh->scan_bf16
-                         ? (double)mt_ssm_states_floats(1, T, (int)s->mH, (int)s->mP, (int)s->mN, chunk) / T
-                         : 0.0;
-    const double xcopy = S > 0 ? 0.0 : 2.0 * E;
+    const double S_kept = T > 0 && sh->scan_bf16
+                              ? (double)mt_ssm_states_floats(1, T, (int)s->mH, (int)s->mP, (int)s->mN, chunk) / T
+                              : 0.0;
+    const double xcopy = S_kept > 0 ? 0.0 : 2.0 * E;
     /* ... and dproj's producers write it as bf16 (mt_mamba3_mix_backward_b): no 1.5 W
      * rounding pass; dz, dx half their stores (0.5 E each), the prep's final B, C and
      * dtheta columns too (GN + 0.25 HN; lam's bf16 store replaces its fp32 one, dt
      * keeps its fp32 store for dt_bias's sum and adds the bf16 one) */
-    const double dpb = S > 0 ? 1.0 : 0.0;
+    const double dpb = S_kept > 0 ? 1.0 : 0.0;
     /* the tensor-core shapes: + the B, C twins (HN), - the fp32 Bh, Ch (2 HN; the scan reads the twins alone) */
-    const double prep_f = xcopy + (S > 0 ? 2.5 : 3.5) * HN + 2.0 * GN + 4.0 * H;
+    const double prep_f = xcopy + (S_kept > 0 ? 2.5 : 3.5) * HN + 2.0 * GN + 4.0 * H;
     /* ... and the forward keeps its angles for the prep's backward there (in a->Bh, which the
      * tensor-core shapes leave free): one angle scan less (HN); and reads dBh, dCh as the
      * scan's bf16 (dB_b, dC_b: HN less) */
-    const double prep_b = xcopy + (S > 0 ? 3.0 : 5.0) * HN + 4.0 * GN + 7.0 * H - dpb * (0.25 * HN + GN);
+    const double prep_b = xcopy + (S_kept > 0 ? 3.0 : 5.0) * HN + 4.0 * GN + 7.0 * H - dpb * (0.25 * HN + GN);
     double scan_f = 2.0 * E + 2.0 * HN + 2.0 * H, scan_b = 3.0 * E + 4.0 * HN + 4.0 * H;
-    if (S > 0) {
-        const double HQ = H * (double)(chunk < T ? chunk : T);
+    if (S_kept > 0) {
+        const int q = chunk < T ? chunk : T, nc = (T + q - 1) / q;
+        const double HQ = H * (double)q;
+        /* the kernels write, pass and read the states of the chunks before the last only
+         * (ssd_tc.cu: nc - 1 of them; tests/cuda/footprint_check.py) */
+        const double Sm = S_kept * (double)(nc - 1) / (double)nc;
         /* x stored bf16 by the in-projection (acts x_b, with z_b): its reads halve, the
          * own state's and the output's (1 E forward), M/dG's, dB's and dD's (1.5 E back) */
-        scan_f = 1.5 * E + 1.5 * HN + 4.0 * S + 8.0 * H;
+        scan_f = 1.5 * E + 1.5 * HN + 4.0 * Sm + 8.0 * H;
         /* ... and dys stored bf16 only (its twin): dloc's, D dy's and dD's reads halve (1.5 E);
          * dBh, dCh written as bf16 only (dB_b, dC_b: HN) */
-        scan_b = 5.0 * E + 5.0 * HN + 8.0 * S + 5.0 * HQ + 15.0 * H;
+        scan_b = 5.0 * E + 5.0 * HN + 8.0 * Sm + 5.0 * HQ + 15.0 * H;
     }
     w->e[MT_WORK_SCAN] += scan_f + scan_b + rc * scan_f;
     /* the residual: seeded by the input norm (1 D) where mamba.c does (one rank, no LoRA),
@@ -296,7 +301,7 @@ static void mamba_work_bf16(const struct mt_block_shape *sh, int rc, struct mt_w
     const double hs = plan_norm_h_store(sh), tw = plan_norm_twin(sh), dhb = plan_dh_bf16(sh);
     /* the tensor-core shapes: the gated norm reads ys as bf16 (ys_bf16), forward and backward,
      * and z too (mt_mamba3_acts z_b: the in-projection's bf16 z block), the same reads */
-    const double ysb = S > 0 ? 0.5 : 0.0;
+    const double ysb = S_kept > 0 ? 0.5 : 0.0;
     /* ... and d h as bf16 from the in-projection's dX GEMM (plan_dh_bf16): 0.5 D less */
     /* ... and where seeded, Wout's GEMM adds x_in itself (plan_resid_gemm): no seed written */
     const double sw = seed > 0 && plan_resid_gemm(sh) > 0 ? 0.0 : seed;

@@ -14,18 +14,18 @@ bytes and each device copy's read and write are added to its kind, and set next 
 bytes of that kind. Fails when
   - the two files disagree on the launches (count or names: a graph replayed, a log cut);
   - anything in the step ran outside a table entry (kind "-": the plan cannot price it);
-  - a memory-bound kind (norm, elementwise, xent, optimizer) is off the plan by more than T
-    (default 0.15) relative, either way, or has bytes the plan has none of.
+  - a kind the plan prices by its bytes (norm, elementwise, xent, optimizer; the scan, whose
+    bytes decide its time at the benchmarks' shapes) is off the plan by more than T (default
+    0.15) relative, either way, or has bytes the plan has none of.
 The footprint counts each sector once a launch: what the launch must move at the least (DRAM's
 floor when its data is not in the L2), the traffic the plan prices a memory-bound kind at.
-GEMMs (cuBLAS: not instrumented), attention and the scan are priced by FLOPs: listed, not
-judged. Prints the table and each kind's largest kernels.
+GEMMs (cuBLAS: not instrumented) and attention are priced by FLOPs: listed, not judged. Prints the table and each kind's largest kernels.
 """
 import collections
 import json
 import sys
 
-JUDGED = ("norm", "elementwise", "xent", "optimizer")
+JUDGED = ("norm", "elementwise", "xent", "optimizer", "scan")
 PLAN_KIND = {"attention": "attention_fwd"}   # the profile's names where the plan's differ
 
 
