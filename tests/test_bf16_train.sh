@@ -111,9 +111,10 @@ dyb = carve(2 * rows * max(D, H * hd, K * hd, F))
 # + Muon's bf16 operand copies (muon.c WS_XB, WS_SB): the largest block matrix, the largest s^2
 mats = [(H * hd, D), (K * hd, D), (D, H * hd), (F, D), (D, F)]
 ns = carve(4 * ((max(r * c for r, c in mats) + 1) // 2)) + carve(4 * ((max(min(r, c) ** 2 for r, c in mats) + 1) // 2))
-print("   plan workspace +%d (SwiGLU output twin %d + dy scratch %d + Muon's bf16 copies %d); measured bf16 workspace %d"
+print("   plan workspace +%d (SwiGLU output twin %d + dy scratch %d + Muon's bf16 copies %d); measured bf16 %d"
       % (dw, carve(2 * rows * F), dyb, ns, b["memory"]["measured_peak_bytes"]["workspace"]))
-assert dw == carve(2 * rows * F) + dyb + ns, (dw, carve(2 * rows * F), dyb, ns)   # (measured adds the backend's scratch)
+# (the measured workspace adds the backend's own scratch)
+assert dw == carve(2 * rows * F) + dyb + ns, (dw, carve(2 * rows * F), dyb, ns)
 PY
 then ok "plan params bucket counts the bf16 shadows (2 bytes per shadowed weight); measured = plan"
 else bad "plan params bucket counts the bf16 shadows"; fi
@@ -368,10 +369,12 @@ assert b["losses"][0] == f["losses"][0] and b["losses"][1] != f["losses"][1], "t
 assert b["knobs"]["muon_ns_bf16"]["value"] == "1" and f["knobs"]["muon_ns_bf16"]["value"] == "0"
 # the iteration's 3 GEMMs a step per Muon matrix moved from the fp32 gemm entry to gemm_bf16
 eb, ef = ({e["name"]: e["calls_per_step"] for e in r["timing"]["op_profile_by_entry"]} for r in (b, f))
-print("   calls a step: gemm %s / %s, gemm_bf16 %s / %s" % (eb.get("gemm"), ef.get("gemm"), eb["gemm_bf16"], ef["gemm_bf16"]))
+print("   calls a step: gemm %s / %s, gemm_bf16 %s / %s"
+      % (eb.get("gemm"), ef.get("gemm"), eb["gemm_bf16"], ef["gemm_bf16"]))
 assert eb.get("gemm", 0) == 0 < ef["gemm"] and eb["gemm_bf16"] - ef["gemm_bf16"] == ef["gemm"], (eb, ef)
 PY
-then ok "muon_ns_bf16: the Newton-Schulz iteration on bf16 operands within the step tolerance of the fp32 one, and not the same run"
+then ok "muon_ns_bf16: the Newton-Schulz iteration on bf16 operands within the step tolerance of the fp32 one," \
+        "and not the same run"
 else bad "muon_ns_bf16"; tail -3 "$W/bf16_nsfp32.log"; fi
 
 echo "test_bf16_train: $(( $(date +%s) - t0 ))s"

@@ -543,7 +543,8 @@ PY
             echo "   $setting: exit $rc: $(head -2 "$EMU/badknob.err")"; bad_ok=0
         fi
     done
-    [ $bad_ok -eq 1 ] && echo "PASS emulated train: a bad MT_CUDA_* tunable is exit 2 naming it and its knob, nothing written" \
+    [ $bad_ok -eq 1 ] && echo "PASS emulated train: a bad MT_CUDA_* tunable is exit 2 naming it and its knob," \
+        "nothing written" \
         || { echo "FAIL: emulated train with a bad MT_CUDA_* tunable"; fail=1; }
     # ... and a run's --knob values reach the backend, with the same bits: the dQ kernel
     # recomputing its dS tiles (attn_ds_mb=0), groups of 40 KiB, 1 MiB operand copies
@@ -553,19 +554,22 @@ PY
     run cuda_pbf16_knobs fp32 $TINY --backend cuda --set precision=bf16 --knob attn_ds_mb=0 --knob attn_group_kib=40 \
         --knob bf16_scratch_mb=1 || knob_ok=0
     wait $pid_pbf16 || knob_ok=0
-    if [ $knob_ok -eq 1 ] && python3 - "$EMU/run_cuda_pbf16/receipt.json" "$EMU/run_cuda_pbf16_knobs/receipt.json" <<'PY'
+    if [ $knob_ok -eq 1 ] &&
+       python3 - "$EMU/run_cuda_pbf16/receipt.json" "$EMU/run_cuda_pbf16_knobs/receipt.json" <<'PY'
 import json, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:])
 ga, gb = a["gpu"], b["gpu"]
 assert ga["attention_tc_calls"] > 0, ga["attention_tc_calls"]
 assert a["losses"] == b["losses"] and a["grad_norms"] == b["grad_norms"], (a["losses"], b["losses"])
-assert ga["attention_dq_recompute"] == 0 < gb["attention_dq_recompute"], (ga["attention_dq_recompute"], gb["attention_dq_recompute"])
-assert (ga["attn_group_bytes"], gb["attn_group_bytes"]) == ((50 << 20) // 3, 40 << 10), (ga["attn_group_bytes"], gb["attn_group_bytes"])
-assert (ga["bf16_scratch_bytes"], gb["bf16_scratch_bytes"]) == (256 << 20, 1 << 20), (ga["bf16_scratch_bytes"], gb["bf16_scratch_bytes"])
+pair = lambda k: (ga[k], gb[k])
+assert ga["attention_dq_recompute"] == 0 < gb["attention_dq_recompute"], pair("attention_dq_recompute")
+assert pair("attn_group_bytes") == ((50 << 20) // 3, 40 << 10), pair("attn_group_bytes")
+assert pair("bf16_scratch_bytes") == (256 << 20, 1 << 20), pair("bf16_scratch_bytes")
 assert {k: b["knobs"][k]["source"] for k in ("attn_ds_mb", "attn_group_kib", "bf16_scratch_mb")} == dict.fromkeys(
     ("attn_ds_mb", "attn_group_kib", "bf16_scratch_mb"), "command line"), b["knobs"]
 PY
-    then echo "PASS emulated train: --knob attn_ds_mb=0 attn_group_kib=40 bf16_scratch_mb=1 reach the backend (receipt), the same losses and grad norms"
+    then echo "PASS emulated train: --knob attn_ds_mb=0 attn_group_kib=40 bf16_scratch_mb=1 reach the backend" \
+              "(receipt), the same losses and grad norms"
     else echo "FAIL: emulated train with the backend's knobs"; fail=1; fi
     if [ $run_ok -eq 1 ] && cmp_losses cpu cuda_bf16 1e-3 1e-6; then
         echo "PASS emulated train: 3 steps dense, --backend cuda with MT_CUDA_PRECISION=bf16 within 1e-3 of cpu (and not fp32-equal: > 1e-6)"
@@ -816,7 +820,8 @@ g['ssm_scan_tc_calls'] > 0 and g['ssm_scan_tc_fallbacks'] == 0 and g['gemm_bf16_
     # foot_check RUN TAG FLAGS...: RUN's launch_TAG.log and foot_TAG.txt against the plan of FLAGS
     foot_check() {
         local run=$1 tag=$2; shift 2
-        if ! ran "$run" || ! "$EMU/meshtrain" plan "$@" --world 1 --json --profile "$SRC/bench/profiles/h100-measured.json" \
+        if ! ran "$run" ||
+           ! "$EMU/meshtrain" plan "$@" --world 1 --json --profile "$SRC/bench/profiles/h100-measured.json" \
                 >"$EMU/plan_$tag.json" 2>"$EMU/plan_$tag.err" ||
            ! python3 "$SRC/tests/cuda/footprint_check.py" "$EMU/launch_$tag.log" "$EMU/foot_$tag.txt" \
                 "$EMU/plan_$tag.json" >"$EMU/footprint_$tag.txt" 2>&1; then
@@ -827,7 +832,8 @@ g['ssm_scan_tc_calls'] > 0 and g['ssm_scan_tc_fallbacks'] == 0 and g['gemm_bf16_
     foot_ok=1
     foot_check wide_cuda wide $WIDE || foot_ok=0
     foot_check footgs_cuda gs $GPUSHAPE --set precision=bf16 || foot_ok=0
-    [ $foot_ok -eq 1 ] && echo "PASS the plan's memory-bound bytes by kind = the kernels' footprint within 15% (d2048-wide dense, hybrid MoE with Muon)" \
+    [ $foot_ok -eq 1 ] && echo "PASS the plan's bytes by kind = the kernels' footprint within 15%" \
+        "(d2048-wide dense, hybrid MoE with Muon)" \
         || { echo "FAIL: the plan's bytes by kind vs the kernels' footprint"; fail=1; }
     # ... and in fp32 (the exact kernels, the fp32 scan) at the same shapes: losses (lm, aux,
     #     z) = the fp32 cpu run's to 1e-5 relative, no race, every kernel under 1.05

@@ -20,29 +20,30 @@ set -u
 BUILD=${1:?build dir}
 . "$(dirname "$0")/cli_lib.sh"
 if [ ! -x "$MT" ]; then echo "FAIL: $MT not built"; exit 1; fi
-unset MT_ZERO_OVERLAP MT_FAULT MT_TEST_FORCE_ROUTING MT_TEST_LOSS_PART MT_CUDA_PRECISION MT_NCCL_TIMEOUT_S MT_MOE_GROUPED MT_CUDA_GRAPHS MT_PEAK_CACHE MT_CUDA_ATTN_KERNEL MT_SCAN_BF16 \
-  MT_MOE_SIZES MT_HEAD_BF16_LOGITS MT_CUDA_ATTN_DS_MB MT_CUDA_ATTN_GROUP_KIB MT_CUDA_GG_BN MT_CUDA_BF16_SCRATCH_MB MT_MUON_NS_BF16
+# every knob of the table (the help and the receipt must list exactly these); no alias set
+KNOBS="zero_overlap cuda_precision nccl_timeout_s moe_grouped cuda_graphs peak_cache attn_kernel scan_bf16 moe_sizes
+       head_bf16_logits attn_ds_mb attn_group_kib grouped_gemm_bn bf16_scratch_mb muon_ns_bf16 test_fault
+       test_force_routing test_loss_part"
+for v in $(compgen -e | grep '^MT_'); do unset "$v"; done
 python3 "$HERE/make_shard.py" "$W/train.bin" 4000 64 pattern >/dev/null
 TINY="--set vocab_size=64 --set n_layer=2 --set d_model=32 --set n_head=4 --set n_kv_head=2 --set seq_len=16 --set batch_size=4 --peak-flops 1e11 --quiet --data $W/train.bin --steps 2"
 
 # 1. --help lists the knobs
 H=$($MT train --help)
 miss=""
-for k in zero_overlap cuda_precision nccl_timeout_s moe_grouped cuda_graphs peak_cache attn_kernel scan_bf16 moe_sizes head_bf16_logits \
-         attn_ds_mb attn_group_kib grouped_gemm_bn bf16_scratch_mb muon_ns_bf16 test_fault test_force_routing test_loss_part; do
+for k in $KNOBS; do
   echo "$H" | grep -q "^  $k " || miss="$miss $k"
 done
 [ -z "$miss" ] && ok "help lists every knob" || bad "help lacks:$miss"
 
 # 2-3. receipts: default, env, command line (beats env)
 check() {  # name out zero_overlap_value source
-  python3 - "$2/receipt.json" "$3" "$4" <<'PY'
+  python3 - "$2/receipt.json" "$3" "$4" $KNOBS <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 assert r["knobs"].pop("test_loss_part")["test_hook"] is True, r["knobs"]
 k = r["knobs"]
-assert set(k) == {"zero_overlap", "cuda_precision", "nccl_timeout_s", "moe_grouped", "cuda_graphs", "test_fault", "test_force_routing", "peak_cache", "attn_kernel", "scan_bf16", "moe_sizes", "head_bf16_logits",
-                  "attn_ds_mb", "attn_group_kib", "grouped_gemm_bn", "bf16_scratch_mb", "muon_ns_bf16"}, k.keys()
+assert set(k) | {"test_loss_part"} == set(sys.argv[4:]), k.keys()
 assert k["attn_ds_mb"]["env_alias"] == "MT_CUDA_ATTN_DS_MB" and k["grouped_gemm_bn"]["env_alias"] == "MT_CUDA_GG_BN", k
 assert k["moe_sizes"]["value"] == "auto" and k["moe_sizes"]["env_alias"] == "MT_MOE_SIZES", k["moe_sizes"]
 assert k["head_bf16_logits"]["value"] == "1" and k["head_bf16_logits"]["env_alias"] == "MT_HEAD_BF16_LOGITS", k["head_bf16_logits"]
@@ -105,7 +106,8 @@ MT_CUDA_BF16_SCRATCH_MB=0|
 ENV
 printf '{"vocab_size": 512, "n_layer": 4}\n' > "$W/c.json"
 MT_CUDA_ATTN_GROUP_KIB=-1 $MT plan --config "$W/c.json" --world 1 > /dev/null 2> "$W/err"; rc=$?
-[ $rc -eq 2 ] && grep -q "env MT_CUDA_ATTN_GROUP_KIB=-1 (knob attn_group_kib): expected a whole number in \[0, " "$W/err" \
+[ $rc -eq 2 ] && grep -q "env MT_CUDA_ATTN_GROUP_KIB=-1 (knob attn_group_kib): expected a whole number in \[0, " \
+    "$W/err" \
   && ok "plan refuses a bad env alias" || bad "plan with a bad env alias: rc=$rc $(cat "$W/err")"
 # a whole-number knob from the config (a JSON number) and the env alias of another, in the receipt
 printf '{"knobs": {"attn_ds_mb": 0, "grouped_gemm_bn": 128}}\n' > "$W/k1.json"

@@ -155,8 +155,9 @@ static void setup_runtime(struct mt_plan_setup *su, const struct opts *o)
 /* how the optimizer's GEMMs (Muon's Newton–Schulz) are priced, for its line */
 static const char *optimizer_basis(const struct mt_plan_kinds *k)
 {
-    if (!strcmp(k->optimizer_basis, "fp32")) return "Muon's Newton-Schulz in fp32 (knob muon_ns_bf16, precision)";
-    if (!strcmp(k->optimizer_basis, "bf16")) return "Muon's Newton-Schulz on bf16 operands (knob muon_ns_bf16)";
+    if (!strcmp(k->optimizer_basis, "fp32")) return "Muon's Newton-Schulz in fp32";
+    if (!strcmp(k->optimizer_basis, "bf16"))
+        return "Muon's Newton-Schulz on bf16 operands (precision=bf16 with knob muon_ns_bf16, or cuda_precision=bf16)";
     return "Newton-Schulz at the profile's one GEMM rate";
 }
 

@@ -85,7 +85,7 @@ struct mt_optim_i {
     double (*flops)(const struct mt_param *p);
     /* planner: bytes one update reads + writes beyond pass_bytes per element
      * (Muon: Newton–Schulz's elementwise passes on the full matrix; with
-     * gemm_bf16, the bf16 conversions of its GEMMs' fp32 operands); NULL: 0 */
+     * gemm_bf16, its GEMMs on bf16 operands: their bf16 copies); NULL: 0 */
     double (*extra_bytes)(const struct mt_param *p, int gemm_bf16);
     /* floats of each workspace buffer for the parameters of kind `kind`
      * among params[0..n) (the FULL shapes; 0 = not allocated) under cfg (its

@@ -122,7 +122,8 @@ static int ns_bf16(struct mt_ctx *ctx, const struct mt_optim_run *run)
 
 /* C = alpha op(A) op(B) + beta C: fp32, or on the bf16 copies Ab, Bb of A and B */
 static void ns_gemm(const struct mt_ops_i *ops, int ta, int tb, int M, int N, int K, float alpha, const float *A,
-                    const mt_bf16 *Ab, int lda, const float *B, const mt_bf16 *Bb, int ldb, float beta, float *C, int ldc)
+                    const mt_bf16 *Ab, int lda, const float *B, const mt_bf16 *Bb, int ldb, float beta, float *C,
+                    int ldc)
 {
     if (Ab)
         ops->gemm_bf16(ops->be, ta, tb, M, N, K, alpha, Ab, MT_ELEM_BF16, lda, Bb, MT_ELEM_BF16, ldb, beta, C, ldc);

@@ -272,8 +272,9 @@ struct mt_plan_cost {
     double peak_per_rank;      /* FLOP/s one rank has (profile, ranks sharing a node)           */
     double efficiency;         /* the fraction of it reached (profile, for the precision)       */
     const char *peak_basis;    /* "fp32" / "bf16" (by_precision entry used) or "profile"        */
-    double optimizer_rate;     /* FLOP/s of the optimizer's GEMMs (Muon's Newton–Schulz: the table's
-                                * fp32 gemm, in the cuda backend's precision, knob cuda_precision) */
+    double optimizer_rate;     /* FLOP/s of the optimizer's GEMMs (Muon's Newton–Schulz: bf16 in
+                                * precision=bf16 with knob muon_ns_bf16, or where cuda_precision=bf16
+                                * makes the table's fp32 gemm bf16; fp32 otherwise) */
     const char *optimizer_basis; /* the by_precision entry it used ("fp32", "bf16") or "profile"  */
     double compute_s;          /* busiest rank's compute: microbatches + optimizer              */
     double tp_s, ep_s, pp_s;   /* model / expert / pipe axis collectives (blocking: exposed)    */

@@ -98,7 +98,8 @@ struct mt_plan {
      * the MoE experts' sizes live (moe_sizes != host and moe_grouped on: the grouped path);
      * the precision of the optimizer's GEMMs (Muon's Newton–Schulz: bf16 operands in
      * precision=bf16 unless knob muon_ns_bf16=0, or where cuda_precision=bf16 makes the
-     * table's fp32 gemm bf16; fp32 otherwise) */
+     * table's fp32 gemm bf16; fp32 otherwise; the bytes count the bf16 copies of the first
+     * way, an approximation of the second's per-call conversions) */
     int scan_bf16, head_bf16_logits, moe_dev_sizes, optim_gemm_bf16;
 };
 
@@ -918,8 +919,8 @@ static double precision_rate(const struct mt_plan *p, const struct mt_plan_profi
 
 /* The model's GEMM rate (its config's precision; fills the cost's
  * efficiency, peak basis and per-rank peak) and the optimizer's (Muon's
- * Newton–Schulz through the table's fp32 gemm: the cuda backend's own
- * precision, knob cuda_precision; on a profile with one peak the same). */
+ * Newton–Schulz in the precision it runs in, optim_gemm_bf16; on a profile
+ * with one peak the same). */
 static double cost_rate(const struct mt_plan *p, const struct mt_plan_profile *prof, struct mt_plan_cost *out)
 {
     double opt_peak, opt_eff;

@@ -19,7 +19,8 @@ bytes of that kind. Fails when
     0.15) relative, either way, or has bytes the plan has none of.
 The footprint counts each sector once a launch: what the launch must move at the least (DRAM's
 floor when its data is not in the L2), the traffic the plan prices a memory-bound kind at.
-GEMMs (cuBLAS: not instrumented) and attention are priced by FLOPs: listed, not judged. Prints the table and each kind's largest kernels.
+GEMMs (cuBLAS: not instrumented) and attention are priced by FLOPs: listed, not judged.
+Prints the table and each kind's largest kernels.
 """
 import collections
 import json

@@ -155,7 +155,10 @@ const char *mt_ops_profile_kind_name(enum mt_op_kind kind)
 }
 
 /* a device copy is elementwise work in the profile (Muon's, the pipeline's), as on cuda */
-static void p_copy(void *be, void *dst, const void *src, size_t bytes) { PROF(MT_OPK_ELEMENTWISE, cpu_copy(be, dst, src, bytes)); }
+static void p_copy(void *be, void *dst, const void *src, size_t bytes)
+{
+    PROF(MT_OPK_ELEMENTWISE, cpu_copy(be, dst, src, bytes));
+}
 static void p_fill(void *be, float *x, float value, size_t n) {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */ PROF(MT_OPK_ELEMENTWISE, mt_cpu_fill(x, value, n)); }
 static void p_axpby(void *be, float *y, const float *x, float a, float b, size_t n)

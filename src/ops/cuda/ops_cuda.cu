@@ -80,6 +80,13 @@ static void kernel_word(char *dst, size_t cap, const char *name)
 }
 
 /* ---- counters and the launch log (cuda_impl.cuh, docs/cuda.md) ---- */
+/* the launch log's "op KIND ENTRY": the table entry running and its profile kind, or "- -" */
+static const char *log_kind(const struct mt_cuda_backend *B)
+{
+    return B->cur_entry ? mt_ops_profile_kind_name((enum mt_op_kind)B->cur_kind) : "-";
+}
+static const char *log_entry(const struct mt_cuda_backend *B) { return B->cur_entry ? B->cur_entry : "-"; }
+
 void mt_cuda_note_launch(const char *name, dim3 grid, dim3 block, size_t smem)
 {
     mt_cuda_be->ctr.launches++;
@@ -90,16 +97,13 @@ void mt_cuda_note_launch(const char *name, dim3 grid, dim3 block, size_t smem)
     kernel_word(word, sizeof word, name);
     const struct mt_cuda_backend *B = mt_cuda_be;
     fprintf(B->launch_log, "launch %s grid %u %u %u block %u %u %u threads %llu smem %zu op %s %s\n", word, grid.x,
-            grid.y, grid.z, block.x, block.y, block.z, threads, smem,
-            B->cur_entry ? mt_ops_profile_kind_name((enum mt_op_kind)B->cur_kind) : "-", B->cur_entry ? B->cur_entry : "-");
+            grid.y, grid.z, block.x, block.y, block.z, threads, smem, log_kind(B), log_entry(B));
 }
 
 /* a copy, memset, sync or allocation: "WHAT BYTES op KIND ENTRY" (the entry it ran in, or "- -") */
 void mt_cuda_log_op(const char *what, size_t bytes)
 {
-    const struct mt_cuda_backend *B = mt_cuda_be;
-    fprintf(B->launch_log, "%s %zu op %s %s\n", what, bytes,
-            B->cur_entry ? mt_ops_profile_kind_name((enum mt_op_kind)B->cur_kind) : "-", B->cur_entry ? B->cur_entry : "-");
+    fprintf(mt_cuda_be->launch_log, "%s %zu op %s %s\n", what, bytes, log_kind(mt_cuda_be), log_entry(mt_cuda_be));
 }
 
 /* ---- the per-op profile: event pairs (HOW IT WORKS) ----
