@@ -2503,6 +2503,27 @@ static void adamw_shadow_case(struct harness *h, float gs)
     checkf(h, op, (double)untouched, 0, "shadows, gscale %g: guard and NULL ones untouched", gs);
 }
 
+/* axpby_bf16 (mt_ops.h): bf16(a x + b y) with y untouched == axpby into a copy of y, then
+ * cast_bf16, on the same backend, bit for bit (NaN and infinity among the inputs) */
+static void axpby_bf16_case(struct harness *h, size_t n, float a, float b)
+{
+    if (!h->ops || !has(h, "axpby_bf16", h->ops->axpby_bf16 != NULL)) return;
+    char cs[64];
+    snprintf(cs, sizeof cs, "n=%zu a=%g b=%g", n, a, b);
+    float *hx = rand_f(h, n, -3, 3), *hy = rand_f(h, n, -3, 3);
+    hx[n / 2] = NAN;
+    hy[n / 3] = INFINITY;
+    float *X = up_f(h, hx, n), *Y = up_f(h, hy, n), *Y2 = up_f(h, hy, n);
+    uint16_t *D = (uint16_t *)dalloc(h, n * 2), *C = (uint16_t *)dalloc(h, n * 2);
+    h->ops->axpby_bf16(h->ops->be, D, Y, X, a, b, n);
+    h->ops->axpby(h->ops->be, Y2, X, a, b, n);
+    h->ops->cast_bf16(h->ops->be, C, Y2, n);
+    checkf(h, "axpby_bf16", (double)b16_diff(down_b16(h, D, n), down_b16(h, C, n), n), 0,
+           "%s == axpby + cast_bf16 (bits)", cs);
+    const float *y = down_f(h, Y, n);
+    checkf(h, "axpby_bf16", (double)(memcmp(y, hy, n * sizeof(float)) != 0), 0, "%s: y untouched", cs);
+}
+
 /* the backward SwiGLU cases' device inputs: gate, up, dout (m each, random), each view `off` elements in */
 static void swiglu_bwd_inputs(struct harness *h, size_t m, int off, float **G, float **U, float **D)
 {
@@ -2796,6 +2817,8 @@ static int run_fused(struct harness *h)
     bf16_twin_case(h, 5, 13);
     bf16_twin_case(h, 37, 200);
     widen_case(h);
+    axpby_bf16_case(h, 1031, -4.775f, 1.0f);      /* Muon's B += b A */
+    axpby_bf16_case(h, 70001, 0.5f, -2.0f);       /* over the cpu's threading threshold */
     swiglu_bwd_bf16_case(h, 65, 0);
     swiglu_bwd_bf16_case(h, 7403, 1);
     swiglu_bwd_bf16_case(h, 33003, 0);

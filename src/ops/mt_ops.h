@@ -259,6 +259,11 @@ struct mt_ops_i {
     /* dst[i] = bf16(src[i]), round to nearest even (NaN stays NaN): the
      * bf16 shadows of the weights, written once per step. */
     void (*cast_bf16)(void *be, mt_bf16 *dst, const float *src, size_t n);
+    /* dst[i] = bf16(a x[i] + b y[i]), y left as it is: axpby's expression
+     * (x not NULL), then cast_bf16's rounding: the bits of axpby into y and
+     * cast_bf16 of y, in one pass with no fp32 store (Muon's B += b A feeding
+     * B's bf16 copy). Optional (NULL: those two calls). */
+    void (*axpby_bf16)(void *be, mt_bf16 *dst, const float *y, const float *x, float a, float b, size_t n);
 
     /* ---- embedding ---- */
     /* out (N,C) = wte[idx[n]] ; idx (N) int32 in [0,V) */

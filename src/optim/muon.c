@@ -79,14 +79,15 @@ static double muon_flops(const struct mt_param *p)
 /* Bytes of Newton–Schulz's passes on one (rows x cols) matrix (n elements, s
  * = min): X from D (a copy, or the transpose of a tall matrix) 8n, the
  * normalisation 12n (the norm's read, the scale's read and write), a tall
- * matrix's transpose back 8n; per iteration B += b A 12 s^2, and in fp32
- * Y = X 8n (the third GEMM's beta term; with bf16 operands X takes it in
- * place) or with bf16 operands the copies of X, A and B (read 4, write 2):
- * 6n + 12 s^2. The GEMMs' own traffic is in their FLOPs (muon_flops). */
+ * matrix's transpose back 8n; per iteration in fp32 B += b A 12 s^2 and Y =
+ * X 8n (the third GEMM's beta term); with bf16 operands the copies of X and
+ * A (read 4, write 2: 6n + 6 s^2) and B += b A written as B's copy (read 8,
+ * write 2: 10 s^2; X takes a X + B X in place). The GEMMs' own traffic is in
+ * their FLOPs (muon_flops). */
 static double muon_extra_bytes(const struct mt_param *p, int gemm_bf16)
 {
     const double r = (double)p->shape[0], c = (double)p->shape[1], n = r * c, s = r < c ? r : c;
-    const double per_iter = 12.0 * s * s + (gemm_bf16 ? 6.0 * n + 12.0 * s * s : 8.0 * n);
+    const double per_iter = gemm_bf16 ? 6.0 * n + 16.0 * s * s : 8.0 * n + 12.0 * s * s;
     return 8.0 * n + 12.0 * n + (r > c ? 8.0 * n : 0.0) + NS_STEPS * per_iter;
 }
 
@@ -191,13 +192,15 @@ static enum mt_status muon_update(struct mt_ctx *ctx, const struct mt_optim_run 
         ns_gemm(ops, 0, 1, s, s, l, 1.0f, x, xb, l, x, xb, l, 0.0f, a, s);      /* A = X X^T       */
         if (sb) ops->cast_bf16(ops->be, sb, a, ss);
         ns_gemm(ops, 0, 0, s, s, s, NS_C, a, sb, s, a, sb, s, 0.0f, b, s);     /* B = c A A       */
-        ops->axpby(ops->be, b, a, NS_B, 1.0f, ss);                             /* B += b A        */
         if (sb) {
-            /* the GEMM reads X's bf16 copy, so X itself takes the result in place: X = a X + B X */
-            ops->cast_bf16(ops->be, sb, b, ss);
+            /* B += b A straight into B's bf16 copy (B's fp32 is not read again); the GEMM reads
+             * X's bf16 copy, so X itself takes the result in place: X = a X + B X */
+            if (ops->axpby_bf16) ops->axpby_bf16(ops->be, sb, b, a, NS_B, 1.0f, ss);
+            else ops->axpby(ops->be, b, a, NS_B, 1.0f, ss), ops->cast_bf16(ops->be, sb, b, ss);
             ns_gemm(ops, 0, 0, s, l, s, 1.0f, b, sb, s, x, xb, l, NS_A, x, l);
             continue;
         }
+        ops->axpby(ops->be, b, a, NS_B, 1.0f, ss);                             /* B += b A        */
         ops->copy(ops->be, y, x, n * sizeof(float));
         ns_gemm(ops, 0, 0, s, l, s, 1.0f, b, NULL, s, x, NULL, l, NS_A, y, l); /* Y = a X + B X   */
         float *t = x; x = y; y = t;

@@ -609,6 +609,7 @@ void mt_cuda_gemm_bf16_resid(void *be, int transA, int transB, int M, int N, int
                              enum mt_elem a_type, int lda, const void *B, enum mt_elem b_type, int ldb, const float *R,
                              float *C, int ldc);
 void mt_cuda_cast_bf16(void *be, mt_bf16 *dst, const float *src, size_t n);
+void mt_cuda_axpby_bf16(void *be, mt_bf16 *dst, const float *y, const float *x, float a, float b, size_t n);
 void mt_cuda_cast_bf16_multi(void *be, mt_bf16 *const *dst, const float *const *src, const size_t *n, int count);
 void mt_cuda_cast_bf16_rows(void *be, mt_bf16 *dst, size_t ld, const float *src, size_t rows, size_t cols);
 void mt_cuda_widen_bf16(void *be, float *dst, const mt_bf16 *src, size_t n);
