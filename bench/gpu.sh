@@ -80,6 +80,8 @@
 #           attention end to end), each only when this call's calib rows say v4's
 #           forward and backward are right at its head dim (128, 64; else SKIPPED
 #           with the reason): the rows that decide the default
+#   muon    (in `rest`, last) d2048 with Muon, the default optimizer (d2048_muon: its
+#           Newton-Schulz on bf16 operands, against the plan's prediction)
 #   summary summary.md + summary.json: pass/fail per check, tokens/s, MFU, the
 #           plan's prediction, ratios to PyTorch and llm.c, each meshtrain run's
 #           per-op profile (always runs)
@@ -154,7 +156,7 @@ T_START=$(date +%s)
 SET=custom BUDGET0=570
 case "${1:-}" in
     quick) SET=quick BUDGET0=565; set -- env ops equiv speed llmc torch ;;
-    rest)  SET=rest BUDGET0=300; set -- san hf calib attnv4 ncu ;;
+    rest)  SET=rest BUDGET0=300; set -- san hf calib attnv4 ncu muon ;;
     "")    SET=all ;;
 esac
 BUDGET=${GPU_SH_BUDGET:-$BUDGET0}
@@ -190,7 +192,7 @@ EMU=${GPU_SH_EMU:-}
 EQ_STEPS=${GPU_SH_EQUIV_STEPS:-20}
 export ROOT RES WORK BIN MT HAVE_GPU EMU EQ_STEPS SET
 
-STAGES="env ops san equiv speed llmc torch hf calib attnv4"
+STAGES="env ops san equiv speed llmc torch hf calib attnv4 muon"
 [ $# -gt 0 ] && STAGES="$*"
 
 # llm.c builds on the CPU while the GPU stages run (it takes a minute of nvcc)
@@ -702,6 +704,17 @@ stage_attnv4() {
 }
 export -f stage_attnv4
 
+# Muon, the default optimizer, at d2048 (gpu_d2048_dense.json is AdamW): its Newton-Schulz on bf16
+# operands (tensor cores; until the twenty-third session fp32 CUDA cores, ~1.0 s a step), timed
+# against the plan (0.222 s a step on the H100 profile, optimizer 0.110 s: the receipt's per-op
+# profile files the whole update under optimizer); last, so a short budget loses it first
+stage_muon() {
+    [ -f "$WORK/data50k.bin" ] || python3 "$ROOT/tests/make_shard.py" "$WORK/data50k.bin" 600000 50304 random >/dev/null
+    SPEED_KNOBS="" SPEED_BOX=${GPU_SH_SPEED_BOX:-45} SPEED_STEPS=4 speed_one d2048_muon \
+        "$ROOT/bench/configs/gpu_d2048_dense.json" "0 2" --set optimizer=muon
+}
+export -f stage_muon
+
 stage_torch() {
     python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null || { echo "SKIPPED (torch: no CUDA torch)"; return 77; }
     : > "$RES/torch.jsonl"
@@ -1084,6 +1097,7 @@ stage llmc 60 1
 # the H100 run of 2026-11-27 lost the compiled hybrid at 360 s
 stage torch 450 1
 stage hf 90 emu
+stage muon 50 1
 [ -n "$LLMC_BUILD_PID" ] && kill "$LLMC_BUILD_PID" 2>/dev/null
 STAGES="$STAGES summary" stage summary 30 0
 rm -rf "$WORK"

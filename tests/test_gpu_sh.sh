@@ -180,8 +180,8 @@ stage_names() {   # the stage names of a stages.txt, in order
 }
 q=$(stage_names "$W/q/stages.txt")
 r=$(stage_names "$W/r/stages.txt")
-[ "$q" = "env ops equiv speed llmc torch summary " ] && [ "$r" = "san calib attnv4 ncu hf summary " ] &&
-    ok "quick = env ops equiv speed llmc torch; rest = san calib attnv4 ncu hf (calib before speed and hf)" ||
+[ "$q" = "env ops equiv speed llmc torch summary " ] && [ "$r" = "san calib attnv4 ncu hf muon summary " ] &&
+    ok "quick = env ops equiv speed llmc torch; rest = san calib attnv4 ncu hf muon (calib before speed and hf)" ||
     bad "stage sets: quick '$q', rest '$r'"
 
 # the equiv stage's judge on the H100 run's receipts (bench/results/2026-11-27-h100): its two
