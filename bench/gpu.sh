@@ -569,6 +569,8 @@ export SPEED_PREC SPEED_THREADS
 speed_one() {
     local name=$1 cfg=$2 batches=$3 b rc setb a prev=""
     shift 3
+    # every speed row's tokens (GPT-2's vocabulary), made once a call
+    [ -f "$WORK/data50k.bin" ] || python3 "$ROOT/tests/make_shard.py" "$WORK/data50k.bin" 600000 50304 random >/dev/null
     # an A/B row whose knob a fallback already sets for every row would time its base row again
     for a in "$@"; do
         if [ "$prev" = --knob ] && [[ " ${SPEED_KNOBS:-} " == *" --knob ${a%%=*}="* ]]; then
@@ -607,7 +609,6 @@ speed_one() {
 export -f speed_one
 
 stage_speed() {
-    [ -f "$WORK/data50k.bin" ] || python3 "$ROOT/tests/make_shard.py" "$WORK/data50k.bin" 600000 50304 random >/dev/null
     local bad=0 C=$ROOT/bench/configs
     # the ops stage's fallbacks (bench/gpu_fallbacks.py; GPU_SH_FALLBACKS=FILE: a given list):
     # after every row's own flags (an A/B row of the same knob is not run: speed_one)
@@ -691,7 +692,6 @@ stage_attnv4() {
     [ -z "$why128" ] || echo "SKIPPED (attnv4 d2048: $why128)"
     [ -z "$why64" ] || echo "SKIPPED (attnv4 GPT-2: $why64)"
     [ -n "$why128" ] && [ -n "$why64" ] && return 77   # neither row: the stage is skipped (the lines say why)
-    [ -f "$WORK/data50k.bin" ] || python3 "$ROOT/tests/make_shard.py" "$WORK/data50k.bin" 600000 50304 random >/dev/null
     if [ -z "$why128" ]; then
         SPEED_KNOBS="" SPEED_BOX=${GPU_SH_SPEED_BOX:-50} speed_one d2048_dense_attnv4 \
             "$ROOT/bench/configs/gpu_d2048_dense.json" "0 2" --knob attn_kernel=v4 || bad=1
@@ -709,7 +709,6 @@ export -f stage_attnv4
 # against the plan (0.222 s a step on the H100 profile, optimizer 0.110 s: the receipt's per-op
 # profile files the whole update under optimizer); last, so a short budget loses it first
 stage_muon() {
-    [ -f "$WORK/data50k.bin" ] || python3 "$ROOT/tests/make_shard.py" "$WORK/data50k.bin" 600000 50304 random >/dev/null
     SPEED_KNOBS="" SPEED_BOX=${GPU_SH_SPEED_BOX:-45} SPEED_STEPS=4 speed_one d2048_muon \
         "$ROOT/bench/configs/gpu_d2048_dense.json" "0 2" --set optimizer=muon
 }

@@ -262,7 +262,8 @@ struct mt_ops_i {
     /* dst[i] = bf16(a x[i] + b y[i]), y left as it is: axpby's expression
      * (x not NULL), then cast_bf16's rounding: the bits of axpby into y and
      * cast_bf16 of y, in one pass with no fp32 store (Muon's B += b A feeding
-     * B's bf16 copy). Optional (NULL: those two calls). */
+     * B's bf16 copy). Optional (NULL: Muon's iteration stays fp32, as without
+     * gemm_bf16 or cast_bf16). */
     void (*axpby_bf16)(void *be, mt_bf16 *dst, const float *y, const float *x, float a, float b, size_t n);
 
     /* ---- embedding ---- */

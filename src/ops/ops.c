@@ -68,15 +68,15 @@ enum mt_status mt_ops_by_name(struct mt_ctx *ctx, const char *name, const struct
     if (!t)
         return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "backend 'cuda' is not available: %s (use backend=cpu)", why);
 #ifdef MT_WITH_CUDA
-    /* the backend's tunables a run's config or command line set (the knob table's rules) */
-    static const enum mt_knob_id cuda_knobs[] = {MT_KNOB_CUDA_PRECISION, MT_KNOB_ATTN_KERNEL, MT_KNOB_ATTN_DS_MB,
-                                                 MT_KNOB_ATTN_GROUP_KIB, MT_KNOB_GROUPED_GEMM_BN,
-                                                 MT_KNOB_BF16_SCRATCH_MB};
-    for (size_t i = 0; i < sizeof cuda_knobs / sizeof cuda_knobs[0]; i++) {
-        if (mt_knob_source(ctx, cuda_knobs[i]) < MT_KNOB_CONFIG) continue;
-        const char *v = mt_knob_str(ctx, cuda_knobs[i]), *knob = mt_knob_def(cuda_knobs[i])->name;
-        const enum mt_status st = mt_ops_cuda_set_knob_of(t->be, (int)cuda_knobs[i], v);
-        if (st == MT_ERR_UNSUPPORTED && cuda_knobs[i] == MT_KNOB_ATTN_KERNEL)
+    /* the backend's tunables (its list) that a run's config or command line set */
+    const int *ck;
+    const int nk = mt_ops_cuda_knobs(&ck);
+    for (int i = 0; i < nk; i++) {
+        const enum mt_knob_id id = (enum mt_knob_id)ck[i];
+        if (mt_knob_source(ctx, id) < MT_KNOB_CONFIG) continue;
+        const char *v = mt_knob_str(ctx, id), *knob = mt_knob_def(id)->name;
+        const enum mt_status st = mt_ops_cuda_set_knob_of(t->be, ck[i], v);
+        if (st == MT_ERR_UNSUPPORTED && id == MT_KNOB_ATTN_KERNEL)
             return mt_ctx_error(ctx, st, "attn_kernel=%s needs wgmma: this build's sm_90a device code on an sm_90 "
                                          "device (H100/H200)", v);
         if (st != MT_OK) return mt_ctx_error(ctx, st, "knob %s=%s: refused by the cuda backend", knob, v);

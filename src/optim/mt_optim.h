@@ -110,6 +110,10 @@ struct mt_optim_i {
 
 /* The built-in class of kind `kind` (enum mt_optim_kind), or NULL. */
 const struct mt_optim_i *mt_optim_class(int kind);
+/* Muon's Newton–Schulz on bf16 operands: precision=bf16 and knob muon_ns_bf16 (ctx's, else
+ * the alias or the default). The one rule of muon.c (which also wants the backend's
+ * gemm_bf16, cast_bf16 and axpby_bf16) and of the planner's price. */
+int mt_optim_muon_ns_bf16(const struct mt_ctx *ctx, const struct mt_config *cfg);
 /* The role-to-optimizer rule: the class cfg->optimizer names where it
  * accepts p (role, ndim), else MT_OPTIM_ADAMW (accepts every parameter).
  * A LoRA run (lora_rank > 0) trains its adapters with AdamW and its frozen

@@ -114,11 +114,15 @@ static enum mt_status muon_check(struct mt_ctx *ctx, const struct mt_ops_i *ops,
  * iteration for its two GEMMs, A and B before theirs) and the GEMMs read
  * those as stored, so no GEMM converts an operand per call; the sums (B +=
  * b A, a X + B X) stay in fp32. docs/model.md "Muon". */
+int mt_optim_muon_ns_bf16(const struct mt_ctx *ctx, const struct mt_config *cfg)
+{
+    return !strcmp(cfg->precision, "bf16") && mt_knob_int(ctx, MT_KNOB_MUON_NS_BF16) != 0;
+}
+
 static int ns_bf16(struct mt_ctx *ctx, const struct mt_optim_run *run)
 {
     const struct mt_ops_i *ops = run->ops;
-    return !strcmp(run->cfg->precision, "bf16") && mt_knob_int(ctx, MT_KNOB_MUON_NS_BF16) != 0 && ops->gemm_bf16 &&
-           ops->cast_bf16;
+    return mt_optim_muon_ns_bf16(ctx, run->cfg) && ops->gemm_bf16 && ops->cast_bf16 && ops->axpby_bf16;
 }
 
 /* C = alpha op(A) op(B) + beta C: fp32, or on the bf16 copies Ab, Bb of A and B */
@@ -195,8 +199,7 @@ static enum mt_status muon_update(struct mt_ctx *ctx, const struct mt_optim_run 
         if (sb) {
             /* B += b A straight into B's bf16 copy (B's fp32 is not read again); the GEMM reads
              * X's bf16 copy, so X itself takes the result in place: X = a X + B X */
-            if (ops->axpby_bf16) ops->axpby_bf16(ops->be, sb, b, a, NS_B, 1.0f, ss);
-            else ops->axpby(ops->be, b, a, NS_B, 1.0f, ss), ops->cast_bf16(ops->be, sb, b, ss);
+            ops->axpby_bf16(ops->be, sb, b, a, NS_B, 1.0f, ss);
             ns_gemm(ops, 0, 0, s, l, s, 1.0f, b, sb, s, x, xb, l, NS_A, x, l);
             continue;
         }

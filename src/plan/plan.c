@@ -507,7 +507,7 @@ enum mt_status mt_plan_create(struct mt_ctx *ctx, const struct mt_config *cfg, c
                                 mt_knob_int(ctx, MT_KNOB_MOE_GROUPED) != 0);
     /* Muon's Newton–Schulz on bf16 operands: precision=bf16 with knob muon_ns_bf16 (muon.c
      * ns_bf16), or every fp32 gemm of the cuda backend in bf16 (knob cuda_precision=bf16) */
-    p->optim_gemm_bf16 = (!strcmp(p->cfg.precision, "bf16") && (!ctx || mt_knob_int(ctx, MT_KNOB_MUON_NS_BF16))) ||
+    p->optim_gemm_bf16 = mt_optim_muon_ns_bf16(ctx, &p->cfg) ||
                          (ctx && !strcmp(mt_knob_str(ctx, MT_KNOB_CUDA_PRECISION), "bf16"));
     enum mt_status rc = MT_OK;
     p->st = mt_alloc(ctx, (size_t)d->pp * sizeof *p->st, MT_BUCKET_OTHER);

@@ -169,6 +169,8 @@ enum mt_status mt_ops_cuda_set_gg_bn_of(void *be, int bn);
  * table refuses or a knob the backend does not read; MT_ERR_UNSUPPORTED
  * without an instance, or for attn_kernel=v4 where wgmma does not run. */
 enum mt_status mt_ops_cuda_set_knob_of(void *be, int knob, const char *value);
+/* Those knobs (enum mt_knob_id values) in *knobs; returns their count. */
+int mt_ops_cuda_knobs(const int **knobs);
 enum mt_cuda_precision mt_ops_cuda_get_precision_of(void *be);
 /* Hopper's warpgroup MMA, probed (wgmma_probe.cu; docs/cuda.md "wgmma"): C (M x N,
  * fp32, row-major) = A (M x K, bf16, row-major) B (N x K, bf16, row-major)^T on the

@@ -521,14 +521,24 @@ static const char *tunable(enum mt_knob_id id, char *why, size_t why_len)
  * the bf16 attention backward's dS tiles; 0 = dQ always recomputes them). A
  * bad value refuses the table with the reason; src/ops/ops.c checks the
  * aliases first, so a run says "bad input" (exit 2), not "no device". */
+/* the knobs the backend reads (enum mt_knob_id), in read_tunables' order: the one list (ops.c
+ * applies a run's values of these, mt_ops_cuda_knobs; mt_ops_cuda_set_knob_of sets each) */
+static const int cuda_knobs[] = {MT_KNOB_ATTN_GROUP_KIB, MT_KNOB_GROUPED_GEMM_BN, MT_KNOB_ATTN_KERNEL,
+                                 MT_KNOB_CUDA_PRECISION, MT_KNOB_BF16_SCRATCH_MB, MT_KNOB_ATTN_DS_MB};
+#define N_CUDA_KNOBS ((int)(sizeof cuda_knobs / sizeof cuda_knobs[0]))
+
+extern "C" int mt_ops_cuda_knobs(const int **knobs)
+{
+    *knobs = cuda_knobs;
+    return N_CUDA_KNOBS;
+}
+
 static int read_tunables(char *why, size_t why_len, enum mt_cuda_precision *prec, const char **src, size_t *cap,
                          size_t *ds_cap, int *attn_v2, int *gg_bn, long long *group_kib)
 {
-    static const enum mt_knob_id ids[] = {MT_KNOB_ATTN_GROUP_KIB, MT_KNOB_GROUPED_GEMM_BN, MT_KNOB_ATTN_KERNEL,
-                                          MT_KNOB_CUDA_PRECISION, MT_KNOB_BF16_SCRATCH_MB, MT_KNOB_ATTN_DS_MB};
-    const char *v[sizeof ids / sizeof ids[0]];
-    for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++)
-        if (!(v[i] = tunable(ids[i], why, why_len))) return 0;
+    const char *v[N_CUDA_KNOBS];
+    for (int i = 0; i < N_CUDA_KNOBS; i++)
+        if (!(v[i] = tunable((enum mt_knob_id)cuda_knobs[i], why, why_len))) return 0;
     *group_kib = atoll(v[0]);
     *gg_bn = atoi(v[1]);
     *attn_v2 = attn_kernel_parse(v[2]);
