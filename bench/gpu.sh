@@ -80,8 +80,9 @@
 #           attention end to end), each only when this call's calib rows say v4's
 #           forward and backward are right at its head dim (128, 64; else SKIPPED
 #           with the reason): the rows that decide the default
-#   muon    (in `rest`, last) d2048 with Muon, the default optimizer (d2048_muon: its
-#           Newton-Schulz on bf16 operands, against the plan's prediction)
+#   muon    (in `rest`, last) d2048 and GPT-2 124M with Muon, the default optimizer
+#           (d2048_muon, c_gpt2_124m_muon: its Newton-Schulz in bf16, batched over
+#           same-shape matrices, against the plan's prediction)
 #   summary summary.md + summary.json: pass/fail per check, tokens/s, MFU, the
 #           plan's prediction, ratios to PyTorch and llm.c, each meshtrain run's
 #           per-op profile (always runs)
@@ -704,13 +705,19 @@ stage_attnv4() {
 }
 export -f stage_attnv4
 
-# Muon, the default optimizer, at d2048 (gpu_d2048_dense.json is AdamW): its Newton-Schulz on bf16
-# operands (tensor cores; until the twenty-third session fp32 CUDA cores, ~1.0 s a step), timed
-# against the plan (0.222 s a step on the H100 profile, optimizer 0.110 s: the receipt's per-op
-# profile files the whole update under optimizer); last, so a short budget loses it first
+# Muon, the default optimizer (the speed configs are AdamW): its Newton-Schulz in bf16, batched
+# over same-shape matrices (muon.c; until the twenty-third session fp32 CUDA cores, ~1.0 s a d2048
+# step), timed against the plan: d2048 0.202 s a step on the H100 profile, optimizer 0.091 s (its
+# matrices 4 or 1 a batch: GEMM-bound); GPT-2 124M 0.040 s, optimizer 0.006 s (84 matrices of 768
+# rows, 28 or 10 a batch: there the launches the plan does not price would show). The receipt's
+# per-op profile files the whole update under optimizer. Last, so a short budget loses it first.
 stage_muon() {
+    local bad=0
     SPEED_KNOBS="" SPEED_BOX=${GPU_SH_SPEED_BOX:-45} SPEED_STEPS=4 speed_one d2048_muon \
-        "$ROOT/bench/configs/gpu_d2048_dense.json" "0 2" --set optimizer=muon
+        "$ROOT/bench/configs/gpu_d2048_dense.json" "0 2" --set optimizer=muon || bad=1
+    SPEED_KNOBS="" SPEED_BOX=${GPU_SH_SPEED_BOX:-30} SPEED_STEPS=6 speed_one c_gpt2_124m_muon \
+        "$ROOT/bench/configs/gpu_c_gpt2_124m.json" "16 8" --set optimizer=muon || bad=1
+    return $bad
 }
 export -f stage_muon
 
@@ -978,7 +985,7 @@ sp = {}
 order = ["d2048_dense", "d2048_dense_attnv2", "d2048_dense_attnv4",
          "c_gpt2", "c_gpt2_124m", "c_gpt2_124m_attnv4", "moe8", "moe8_hostsizes", "hyb2048",
          "c_gpt2_nographs", "d2048_dense_nographs", "hyb2048_nographs", "hyb2048_chunk32", "hyb2048_chunk128",
-         "hyb2048_scanfp32"]
+         "hyb2048_scanfp32", "d2048_muon", "c_gpt2_124m_muon"]
 sd = os.path.join(res, "speed")
 found = sorted(f[:-5] for f in os.listdir(sd) if f.endswith(".json")) if os.path.isdir(sd) else []
 for n in [n for n in order if n in found] + [n for n in found if n not in order]:

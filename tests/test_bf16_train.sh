@@ -108,10 +108,17 @@ dw = b["memory"]["plan_bytes"]["workspace"] - a["memory"]["plan_bytes"]["workspa
 # + the scratch of a projection's dy rounded once for its two backward GEMMs (struct mt_dyb):
 # rows x the widest dense projection output
 dyb = carve(2 * rows * max(D, H * hd, K * hd, F))
-# + Muon's bf16 operand copies (muon.c WS_XB, WS_SB): the largest block matrix, the largest s^2
+# + Muon's bf16 iteration (muon.c muon_ws_sizes): its batches' bf16 x, x', a, b (batch_cap
+# matrices of a shape, at most 32 or 2^24 elements, each padded to 128 elements) in place of
+# the fp32 iteration's y (the largest block matrix) and a, b (the largest s^2)
 mats = [(H * hd, D), (K * hd, D), (D, H * hd), (F, D), (D, F)]
-ns = carve(4 * ((max(r * c for r, c in mats) + 1) // 2)) + carve(4 * ((max(min(r, c) ** 2 for r, c in mats) + 1) // 2))
-print("   plan workspace +%d (SwiGLU output twin %d + dy scratch %d + Muon's bf16 copies %d); measured bf16 %d"
+pad = lambda n: (n + 127) // 128 * 128
+cap = lambda n: max(1, min(32, (1 << 24) // n))
+bn = max(cap(r * c) * pad(r * c) for r, c in mats)
+bs = max(cap(r * c) * pad(min(r, c) ** 2) for r, c in mats)
+ns = (2 * carve(4 * ((bn + 1) // 2)) + 2 * carve(4 * ((bs + 1) // 2)) - carve(4 * max(r * c for r, c in mats)) -
+      2 * carve(4 * max(min(r, c) ** 2 for r, c in mats)))
+print("   plan workspace +%d (SwiGLU output twin %d + dy scratch %d + Muon's bf16 batches %d); measured bf16 %d"
       % (dw, carve(2 * rows * F), dyb, ns, b["memory"]["measured_peak_bytes"]["workspace"]))
 # (the measured workspace adds the backend's own scratch)
 assert dw == carve(2 * rows * F) + dyb + ns, (dw, carve(2 * rows * F), dyb, ns)
@@ -357,8 +364,9 @@ else bad "head_bf16_logits"; tail -3 "$W/bf16_f32logits.log"; fi
 # 9. Muon's Newton-Schulz on bf16 operands (knob muon_ns_bf16, default 1; docs/model.md
 #    "Muon"): against the fp32 iteration (=0, SPEC's), both within the step tolerance of the
 #    fp32 run (bf16_curve.py --other), the same first loss (no update yet) and a different
-#    second (the bf16 iteration ran: its GEMMs, 15 a step per Muon matrix, moved from the
-#    fp32 gemm entry to gemm_bf16 in the profile's calls)
+#    second (the bf16 iteration ran: its GEMMs, 15 a step per Muon matrix on the fp32 gemm
+#    entry, became 15 gemm_bf16_batched calls a step per batch of same-shape matrices, fewer
+#    calls than matrices; one widen_bf16 per matrix)
 if run 1 "$W/bf16_nsfp32" $DENSE --set precision=bf16 --knob muon_ns_bf16=0 &&
    python3 "$HERE/bf16_curve.py" "$W/fp32/receipt.json" "$W/bf16/receipt.json" --other "$W/bf16_nsfp32/receipt.json" &&
    python3 - "$W/bf16/receipt.json" "$W/bf16_nsfp32/receipt.json" <<'PY'
@@ -367,11 +375,14 @@ b, f = (json.load(open(p)) for p in sys.argv[1:])
 print("   losses 1-2 bf16 iteration %s, fp32 iteration %s" % (b["losses"][:2], f["losses"][:2]))
 assert b["losses"][0] == f["losses"][0] and b["losses"][1] != f["losses"][1], "the bf16 iteration did not run"
 assert b["knobs"]["muon_ns_bf16"]["value"] == "1" and f["knobs"]["muon_ns_bf16"]["value"] == "0"
-# the iteration's 3 GEMMs a step per Muon matrix moved from the fp32 gemm entry to gemm_bf16
+# the iteration's GEMMs, 15 a step per Muon matrix on the fp32 gemm entry, batched in bf16
 eb, ef = ({e["name"]: e["calls_per_step"] for e in r["timing"]["op_profile_by_entry"]} for r in (b, f))
-print("   calls a step: gemm %s / %s, gemm_bf16 %s / %s"
-      % (eb.get("gemm"), ef.get("gemm"), eb["gemm_bf16"], ef["gemm_bf16"]))
-assert eb.get("gemm", 0) == 0 < ef["gemm"] and eb["gemm_bf16"] - ef["gemm_bf16"] == ef["gemm"], (eb, ef)
+mats, batched = ef["gemm"] / 15, eb.get("gemm_bf16_batched", 0)
+print("   calls a step: gemm %s / %s, gemm_bf16_batched %s / %s (%g Muon matrices), gemm_bf16 %s / %s"
+      % (eb.get("gemm"), ef.get("gemm"), batched, ef.get("gemm_bf16_batched"), mats, eb["gemm_bf16"], ef["gemm_bf16"]))
+assert eb.get("gemm", 0) == 0 < ef["gemm"] and eb["gemm_bf16"] == ef["gemm_bf16"], (eb, ef)
+assert ef.get("gemm_bf16_batched", 0) == 0 and batched % 15 == 0 and 15 <= batched < ef["gemm"], (eb, ef)
+assert eb["widen_bf16"] == mats and ef.get("widen_bf16", 0) == 0, (eb, ef)
 PY
 then ok "muon_ns_bf16: the Newton-Schulz iteration on bf16 operands within the step tolerance of the fp32 one," \
         "and not the same run"

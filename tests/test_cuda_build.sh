@@ -27,7 +27,8 @@
 #           "0 failed, 0 skipped", and exactly as many cuda PASS lines as
 #           the cpu backend passes in the same harness binary (test_ops
 #           -b cpu), so a backend that is "not available" or a check that
-#           went missing fails;
+#           went missing fails; then its fused group with MT_EMU_LT_NO_BATCH=1
+#           (gemm_bf16_batched's per-matrix fallback, the same checks);
 #        b3. tests/test_attn_bf16.c -b cuda: the tensor-core attention
 #           (precision=bf16), both kernel sets (attn_kernel v1: wmma; v2:
 #           mma.sync FlashAttention-2-class under tests/cuda/emu/mma_ptx.h),
@@ -354,6 +355,17 @@ else
     echo "FAIL: emulated test_ops -b cuda exited $rc"; fail=1
 fi
 rev_check test_ops "$EMU/test_ops.log"
+# gemm_bf16_batched with no algorithm for a batch (MT_EMU_LT_NO_BATCH=1): each matrix on the
+# per-call path, the same checks
+MT_EMU_LT_NO_BATCH=1 "$EMU/test_ops" -b cuda -o fused >"$EMU/test_ops_nobatch.log" 2>&1
+rc=$?
+n_b=$(grep -c '^cuda  gemm_bf16_batched .* PASS$' "$EMU/test_ops_nobatch.log")
+if [ $rc -eq 0 ] && [ "$n_b" -ge 20 ] && grep -q " 0 failed, 0 skipped\$" "$EMU/test_ops_nobatch.log"; then
+    echo "PASS gemm_bf16_batched's per-matrix fallback (MT_EMU_LT_NO_BATCH=1): $n_b checks"
+else
+    grep -E 'FAIL|emu' "$EMU/test_ops_nobatch.log" | head -20; tail -2 "$EMU/test_ops_nobatch.log"
+    echo "FAIL: gemm_bf16_batched's fallback: exit $rc, $n_b checks"; fail=1
+fi
 fi  # want b
 
 if want b2; then

@@ -1020,6 +1020,7 @@ static double xent_loss(void *ud)
 
 static long twin_diff(struct harness *h, const uint16_t *d, const float *out, size_t n);
 static float gu_f32(uint16_t b);
+static uint16_t gu_b16(float f);
 static uint16_t ref_bf16(float x);
 
 static void xent_case(struct harness *h, int N, int V, float cap, double zr)
@@ -2503,25 +2504,83 @@ static void adamw_shadow_case(struct harness *h, float gs)
     checkf(h, op, (double)untouched, 0, "shadows, gscale %g: guard and NULL ones untouched", gs);
 }
 
-/* axpby_bf16 (mt_ops.h): bf16(a x + b y) with y untouched == axpby into a copy of y, then
- * cast_bf16, on the same backend, bit for bit (NaN and infinity among the inputs) */
-static void axpby_bf16_case(struct harness *h, size_t n, float a, float b)
+/* a host buffer of n random bf16 values in [-1, 1), uploaded (*dev) */
+static uint16_t *rand_b16(struct harness *h, size_t n, uint16_t **dev)
 {
-    if (!h->ops || !has(h, "axpby_bf16", h->ops->axpby_bf16 != NULL)) return;
-    char cs[64];
-    snprintf(cs, sizeof cs, "n=%zu a=%g b=%g", n, a, b);
-    float *hx = rand_f(h, n, -3, 3), *hy = rand_f(h, n, -3, 3);
-    hx[n / 2] = NAN;
-    hy[n / 3] = INFINITY;
-    float *X = up_f(h, hx, n), *Y = up_f(h, hy, n), *Y2 = up_f(h, hy, n);
-    uint16_t *D = (uint16_t *)dalloc(h, n * 2), *C = (uint16_t *)dalloc(h, n * 2);
-    h->ops->axpby_bf16(h->ops->be, D, Y, X, a, b, n);
-    h->ops->axpby(h->ops->be, Y2, X, a, b, n);
-    h->ops->cast_bf16(h->ops->be, C, Y2, n);
-    checkf(h, "axpby_bf16", (double)b16_diff(down_b16(h, D, n), down_b16(h, C, n), n), 0,
-           "%s == axpby + cast_bf16 (bits)", cs);
-    const float *y = down_f(h, Y, n);
-    checkf(h, "axpby_bf16", (double)(memcmp(y, hy, n * sizeof(float)) != 0), 0, "%s: y untouched", cs);
+    uint16_t *x = (uint16_t *)new_f(h, (n + 1) / 2);
+    for (size_t i = 0; i < n; i++) x[i] = gu_b16((float)(2.0 * urand(h) - 1.0));
+    *dev = dalloc(h, n * sizeof(uint16_t));
+    h->ops->copy_from_host(h->ops->be, *dev, x, n * sizeof(uint16_t));
+    return x;
+}
+
+/* gemm_bf16_batched (mt_ops.h), `count` matrices with gaps between them and
+ * rows ld > their width apart: each element of D_i within the fp32 sum's error
+ * (K + 2) 2^-24 (|alpha| sum |a b| + |beta c|) plus a bf16 rounding (2^-8 |ref|)
+ * of the fp64 alpha op(A_i) op(B_i) + beta C_i, and == bf16(fp64) for at least
+ * 98% (rounding, not truncation); the rows' padding and the gaps untouched;
+ * C == D (in place) the same bits as C apart; C NULL at beta 0; a rerun the same
+ * bits. Muon's three products: A = X X^T (tb), B = c A A + b A, X' = B X + a X. */
+static void gemm_batched_case(struct harness *h, int ta, int tb, int M, int N, int K, int count, float alpha,
+                              float beta)
+{
+    if (!h->ops || !has(h, "gemm_bf16_batched", h->ops->gemm_bf16_batched != NULL)) return;
+    char cs[96];
+    snprintf(cs, sizeof cs, "%s %s M=%d N=%d K=%d x%d beta %g", ta ? "A^T" : "A", tb ? "B^T" : "B", M, N, K, count,
+             beta);
+    const int ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+    const int lda = ac + 8, ldb = bc + 8, ldd = N + 8;
+    const size_t sa = (size_t)ar * lda + 16, sb = (size_t)br * ldb + 24, sd = (size_t)M * ldd + 8;
+    uint16_t *dA, *dB, *dC;
+    const uint16_t *A = rand_b16(h, sa * count, &dA), *B = rand_b16(h, sb * count, &dB);
+    const uint16_t *Cv = rand_b16(h, sd * count, &dC);
+    uint16_t *D = poison_b16(h, sd * count), *D2 = poison_b16(h, sd * count), *Dn = poison_b16(h, sd * count);
+    uint16_t *Di = dalloc(h, sd * count * sizeof(uint16_t));
+    h->ops->copy(h->ops->be, Di, dC, sd * count * sizeof(uint16_t));
+    h->ops->gemm_bf16_batched(h->ops->be, ta, tb, M, N, K, alpha, dA, lda, sa, dB, ldb, sb, beta, dC, D, ldd, sd,
+                              count);
+    h->ops->gemm_bf16_batched(h->ops->be, ta, tb, M, N, K, alpha, dA, lda, sa, dB, ldb, sb, beta, dC, D2, ldd, sd,
+                              count);
+    h->ops->gemm_bf16_batched(h->ops->be, ta, tb, M, N, K, alpha, dA, lda, sa, dB, ldb, sb, beta, Di, Di, ldd, sd,
+                              count);
+    if (beta == 0.0f)
+        h->ops->gemm_bf16_batched(h->ops->be, ta, tb, M, N, K, alpha, dA, lda, sa, dB, ldb, sb, 0.0f, NULL, Dn, ldd,
+                                  sd, count);
+    const size_t nd = sd * count;
+    const uint16_t *d = down_b16(h, D, nd), *d2 = down_b16(h, D2, nd), *di = down_b16(h, Di, nd);
+    long bad = 0, inexact = 0, kept = 0;
+    for (int q = 0; q < count; q++)
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) {
+                double ref = 0, mag = 0;
+                for (int k = 0; k < K; k++) {
+                    const double x = gu_f32(A[q * sa + (ta ? (size_t)k * lda + i : (size_t)i * lda + k)]);
+                    const double y = gu_f32(B[q * sb + (tb ? (size_t)j * ldb + k : (size_t)k * ldb + j)]);
+                    ref += x * y, mag += fabs(x * y);
+                }
+                const double c = gu_f32(Cv[q * sd + (size_t)i * ldd + j]);
+                ref = alpha * ref + beta * c;
+                mag = fabs(alpha) * mag + fabs(beta * c);
+                const uint16_t got = d[q * sd + (size_t)i * ldd + j];
+                bad += !(fabs(gu_f32(got) - ref) <= 0x1.0p-8 * fabs(ref) + (K + 2) * 0x1.0p-24 * mag);
+                inexact += got != gu_b16((float)ref);
+            }
+    for (size_t e = 0; e < nd; e++) {   /* outside every (M, N) block: the poison */
+        const size_t q = e / sd, r = e % sd;
+        if (q < (size_t)count && r < (size_t)M * ldd && (int)(r % ldd) < N) continue;
+        kept += d[e] != 0xffffu;
+    }
+    checkf(h, "gemm_bf16_batched", (double)(bad + kept), 0, "%s: within the fp32 sum's bound of fp64, padding kept",
+           cs);
+    checkf(h, "gemm_bf16_batched", (double)inexact / ((double)M * N * count), 0.02, "%s: share not bf16(fp64)", cs);
+    checkf(h, "gemm_bf16_batched", (double)b16_diff(d, d2, nd), 0, "%s: rerun (bits)", cs);
+    long in_place = 0;
+    for (int q = 0; q < count; q++)
+        for (int i = 0; i < M; i++)
+            in_place += b16_diff(d + q * sd + (size_t)i * ldd, di + q * sd + (size_t)i * ldd, (size_t)N);
+    checkf(h, "gemm_bf16_batched", (double)in_place, 0, "%s: C == D in place (bits)", cs);
+    if (beta == 0.0f)
+        checkf(h, "gemm_bf16_batched", (double)b16_diff(d, down_b16(h, Dn, nd), nd), 0, "%s: C NULL (bits)", cs);
 }
 
 /* the backward SwiGLU cases' device inputs: gate, up, dout (m each, random), each view `off` elements in */
@@ -2817,8 +2876,11 @@ static int run_fused(struct harness *h)
     bf16_twin_case(h, 5, 13);
     bf16_twin_case(h, 37, 200);
     widen_case(h);
-    axpby_bf16_case(h, 1031, -4.775f, 1.0f);      /* Muon's B += b A */
-    axpby_bf16_case(h, 70001, 0.5f, -2.0f);       /* over the cpu's threading threshold */
+    gemm_batched_case(h, 0, 1, 24, 24, 40, 3, 1.0f, 0.0f);         /* Muon's A = X X^T */
+    gemm_batched_case(h, 0, 0, 24, 24, 24, 3, 2.0315f, -4.775f);   /* B = c A A + b A  */
+    gemm_batched_case(h, 0, 0, 24, 40, 24, 3, 1.0f, 3.4445f);      /* X' = B X + a X   */
+    gemm_batched_case(h, 0, 0, 13, 7, 5, 2, 1.0f, 0.5f);           /* odd sizes        */
+    gemm_batched_case(h, 1, 0, 16, 8, 32, 1, -0.5f, 0.0f);         /* A^T, one matrix  */
     swiglu_bwd_bf16_case(h, 65, 0);
     swiglu_bwd_bf16_case(h, 7403, 1);
     swiglu_bwd_bf16_case(h, 33003, 0);

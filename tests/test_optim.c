@@ -386,7 +386,7 @@ static void test_plan_and_oom(const struct mt_ops_i *ops)
     mkparam(&ctx, &ps[1], "m2.weight", 2, 5, 6, MT_OPTIM_MUON, 1);
     mkparam(&ctx, &ps[2], "g.weight", 1, 7, 1, MT_OPTIM_ADAMW, 0);
     size_t plan[MT_BUCKET_COUNT], base[MT_BUCKET_COUNT];
-    mt_optim_plan_bytes(&cfg, ps, 3, plan);
+    mt_optim_plan_bytes(&ctx, &cfg, ps, 3, plan);
     EXPECT(plan[MT_BUCKET_OPTIM] == (24 + 30 + 2 * 7) * sizeof(float));
     EXPECT(plan[MT_BUCKET_WORKSPACE] == (3 * 30 + 2 * 25) * sizeof(float));
     memcpy(base, ctx.bytes_live, sizeof base);
@@ -606,6 +606,60 @@ static void test_table(void)
     EXPECT(mt_optim_param_n_states(&p) == 0);
 }
 
+/* ---- Muon's bf16 iteration: a matrix's update does not depend on its batch ----
+ * precision=bf16 (muon_ns_bf16 by default): five matrices, four of one iterate
+ * shape (6x4 and 4x6: (s, l) = (4, 6), iterated together) and one 8x8, stepped
+ * twice by one optimizer, and each by an optimizer of its own (a batch of one):
+ * the same bits. The bf16 iteration ran (not the fp32 one's bits) and stays
+ * within a tenth of the update of the fp32 iteration's result. */
+static void muon_bf16_run(const struct mt_ops_i *ops, const char *precision, int alone, float out[5][64])
+{
+    static const int shape[5][2] = {{6, 4}, {4, 6}, {8, 8}, {6, 4}, {4, 6}};
+    struct mt_ctx ctx;
+    mt_ctx_init(&ctx);
+    struct mt_config cfg;
+    base_cfg(&cfg);
+    snprintf(cfg.precision, sizeof cfg.precision, "%s", precision);
+    struct mt_param ps[5];
+    unsigned s = 7;
+    for (int k = 0; k < 5; k++) {
+        mkparam(&ctx, &ps[k], "model.layers.0.w", 2, shape[k][0], shape[k][1], MT_OPTIM_MUON, 1);
+        for (size_t i = 0; i < ps[k].numel; i++) ps[k].data[i] = rnd(&s);
+    }
+    struct mt_optim *o[5] = {NULL};
+    const int n_opt = alone ? 5 : 1;
+    for (int k = 0; k < n_opt; k++)
+        EXPECT(mt_optim_create(&ctx, ops, &cfg, alone ? &ps[k] : ps, alone ? 1 : 5, &o[k]) == MT_OK);
+    for (int step = 0; step < 2; step++) {
+        for (int k = 0; k < 5; k++)
+            for (size_t i = 0; i < ps[k].numel; i++) ps[k].grad[i] = rnd(&s);
+        for (int k = 0; k < n_opt; k++) EXPECT(mt_optim_step(&ctx, o[k], step, 1.0) == MT_OK);
+    }
+    for (int k = 0; k < 5; k++) memcpy(out[k], ps[k].data, ps[k].numel * sizeof(float));
+    for (int k = 0; k < n_opt; k++) mt_optim_destroy(&ctx, o[k]);
+    freeparams(&ctx, ps, 5);
+}
+
+static void test_muon_bf16_batches(const struct mt_ops_i *ops)
+{
+    float together[5][64], alone[5][64], fp32[5][64], start[5][64];
+    memset(together, 0, sizeof together), memset(alone, 0, sizeof alone), memset(fp32, 0, sizeof fp32);
+    muon_bf16_run(ops, "bf16", 0, together);
+    muon_bf16_run(ops, "bf16", 1, alone);
+    muon_bf16_run(ops, "fp32", 0, fp32);
+    unsigned s = 7;
+    static const int numel[5] = {24, 24, 64, 24, 24};
+    double upd = 0, dev = 0;
+    for (int k = 0; k < 5; k++)
+        for (int i = 0; i < numel[k]; i++) {
+            start[k][i] = rnd(&s);
+            upd = fmax(upd, fabs((double)fp32[k][i] - start[k][i]));
+            dev = fmax(dev, fabs((double)together[k][i] - fp32[k][i]));
+        }
+    EXPECT(memcmp(together, alone, sizeof together) == 0, "Muon bf16: batched != one at a time");
+    EXPECT(dev > 0 && dev < 0.1 * upd, "Muon bf16 vs fp32 iteration: max deviation %g, update %g", dev, upd);
+}
+
 int main(void)
 {
     const struct mt_ops_i *ops = mt_ops_cpu();
@@ -613,6 +667,7 @@ int main(void)
     test_weight_decay(ops);
     test_muon_shape(ops, 6, 4);
     test_muon_shape(ops, 4, 6);
+    test_muon_bf16_batches(ops);
     test_schedule();
     test_clip(ops);
     test_plan_and_oom(ops);

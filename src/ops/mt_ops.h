@@ -259,12 +259,23 @@ struct mt_ops_i {
     /* dst[i] = bf16(src[i]), round to nearest even (NaN stays NaN): the
      * bf16 shadows of the weights, written once per step. */
     void (*cast_bf16)(void *be, mt_bf16 *dst, const float *src, size_t n);
-    /* dst[i] = bf16(a x[i] + b y[i]), y left as it is: axpby's expression
-     * (x not NULL), then cast_bf16's rounding: the bits of axpby into y and
-     * cast_bf16 of y, in one pass with no fp32 store (Muon's B += b A feeding
-     * B's bf16 copy). Optional (NULL: Muon's iteration stays fp32, as without
-     * gemm_bf16 or cast_bf16). */
-    void (*axpby_bf16)(void *be, mt_bf16 *dst, const float *y, const float *x, float a, float b, size_t n);
+    /* gemm_bf16_batched: for i in [0, count), bf16 in and bf16 out,
+     *     D_i (M,N) = bf16(alpha op(A_i) op(B_i) + beta C_i)
+     * with A_i = A + i stride_a, B_i = B + i stride_b, C_i = C + i stride_d,
+     * D_i = D + i stride_d (strides in elements; C_i and D_i share ldd), the
+     * gemm contract's shapes and transposes. Products of bf16 values summed in
+     * fp32, the sum alpha acc + beta c in fp32, rounded once (nearest even)
+     * as it is stored. C may be D (in place) or NULL when beta == 0; no
+     * operand overlaps D otherwise. Elements of D between its rows (ldd > N)
+     * and between its matrices are not written. Muon's Newton–Schulz on a
+     * batch of same-shape matrices (muon.c): three such calls an iteration
+     * instead of three GEMMs and four elementwise passes per matrix. cpu:
+     * count gemm_bf16 calls into fp32 scratch seeded with C_i, then the
+     * rounding; cuda: one cuBLASLt matmul with a batch count (bf16 C and D).
+     * Optional (NULL: Muon keeps its iteration in fp32). */
+    void (*gemm_bf16_batched)(void *be, int transA, int transB, int M, int N, int K, float alpha, const mt_bf16 *A,
+                              int lda, size_t stride_a, const mt_bf16 *B, int ldb, size_t stride_b, float beta,
+                              const mt_bf16 *C, mt_bf16 *D, int ldd, size_t stride_d, int count);
 
     /* ---- embedding ---- */
     /* out (N,C) = wte[idx[n]] ; idx (N) int32 in [0,V) */

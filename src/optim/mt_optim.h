@@ -36,7 +36,7 @@ struct mt_optim;
 struct mt_comm;
 
 #define MT_OPTIM_MAX_STATES  4   /* state tensors per parameter, at most          */
-#define MT_OPTIM_MAX_WS      8   /* workspace buffers per optimizer class, at most */
+#define MT_OPTIM_MAX_WS      10  /* workspace buffers per optimizer class, at most */
 #define MT_OPTIM_MAX_CLASSES 8   /* entries of one optimizer table, at most        */
 
 /* One parameter the optimizer updates and its state tensors (s[j]: numel
@@ -89,10 +89,10 @@ struct mt_optim_i {
     double (*extra_bytes)(const struct mt_param *p, int gemm_bf16);
     /* floats of each workspace buffer for the parameters of kind `kind`
      * among params[0..n) (the FULL shapes; 0 = not allocated) under cfg (its
-     * precision). Pure; NULL: no workspace. create allocates exactly these,
-     * mt_optim_plan_bytes counts them. */
-    void (*ws_sizes)(const struct mt_config *cfg, const struct mt_param *params, int n, int kind,
-                     size_t floats[MT_OPTIM_MAX_WS]);
+     * precision) and ctx's knobs (Muon: muon_ns_bf16). Pure; NULL: no
+     * workspace. create allocates exactly these, mt_optim_plan_bytes counts them. */
+    void (*ws_sizes)(const struct mt_ctx *ctx, const struct mt_config *cfg, const struct mt_param *params, int n,
+                     int kind, size_t floats[MT_OPTIM_MAX_WS]);
     /* at create, per parameter of this class: the kernels it needs and the
      * shapes it takes; an error code + message when refused (NULL: none) */
     enum mt_status (*check)(struct mt_ctx *ctx, const struct mt_ops_i *ops, const struct mt_param *p);
@@ -111,8 +111,8 @@ struct mt_optim_i {
 /* The built-in class of kind `kind` (enum mt_optim_kind), or NULL. */
 const struct mt_optim_i *mt_optim_class(int kind);
 /* Muon's Newton–Schulz on bf16 operands: precision=bf16 and knob muon_ns_bf16 (ctx's, else
- * the alias or the default). The one rule of muon.c (which also wants the backend's
- * gemm_bf16, cast_bf16 and axpby_bf16) and of the planner's price. */
+ * the alias or the default). The one rule of muon.c (which then requires the backend's
+ * gemm_bf16_batched, cast_bf16 and widen_bf16) and of the planner's price. */
 int mt_optim_muon_ns_bf16(const struct mt_ctx *ctx, const struct mt_config *cfg);
 /* The role-to-optimizer rule: the class cfg->optimizer names where it
  * accepts p (role, ndim), else MT_OPTIM_ADAMW (accepts every parameter).
@@ -180,7 +180,7 @@ void mt_optim_set_t(struct mt_optim *o, long t);
  * (bucket WORKSPACE, ws_sizes) for these params; same as create allocates.
  * bytes[] is overwritten (zeroed first); OTHER holds the small host
  * bookkeeping create allocates with mt_alloc. */
-void mt_optim_plan_bytes(const struct mt_config *cfg, const struct mt_param *params, int n_params,
-                         size_t bytes[MT_BUCKET_COUNT]);
+void mt_optim_plan_bytes(const struct mt_ctx *ctx, const struct mt_config *cfg, const struct mt_param *params,
+                         int n_params, size_t bytes[MT_BUCKET_COUNT]);
 
 #endif /* MT_OPTIM_H */

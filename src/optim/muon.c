@@ -1,13 +1,15 @@
 /*
  * muon.c — Muon (Keller Jordan's, nanochat's split): momentum, then the
  * Nesterov direction orthogonalised by a quintic Newton–Schulz iteration
- * on the FULL matrix (GEMM-bound: ops->gemm in fp32, ops->gemm_bf16 on bf16
- * operand copies in precision=bf16). It accepts the block
+ * on the FULL matrix (GEMM-bound: ops->gemm in fp32; in precision=bf16,
+ * ops->gemm_bf16_batched on batches of same-shape matrices, bf16 in and out).
+ * It accepts the block
  * matrices (roles DENSE and EXPERT, 2-D); the router, the Mamba-3 biases,
  * gains, embeddings and the head fall back to AdamW (mt_optim_kind_for).
  * State: momentum_buffer. Workspace (bucket WORKSPACE, sized for the
- * largest Muon matrix, holds nothing between calls): d, x, y, a, b, g
- * for TP-split matrices only, and the bf16 copies of x and of a / b.
+ * largest Muon matrix and the largest batch, holds nothing between calls):
+ * d, x, and g for TP-split matrices only; y, a, b for the fp32 iteration,
+ * the batch's bf16 x, x', a, b for the bf16 one (muon_ws_sizes).
  */
 #include "mt_optim.h"
 
@@ -23,28 +25,59 @@
 #define NS_C     2.0315f
 #define NS_STEPS 5
 
-/* workspace buffers, s = min(rows, cols), l = max(rows, cols) */
+/* workspace buffers, s = min(rows, cols), l = max(rows, cols); np, sp: n = s l
+ * and s^2 rounded up to 128 elements (a batch's matrices 256 bytes apart) */
 enum {
-    WS_D, /* (rows*cols) Nesterov direction d                        */
-    WS_X, /* (s*l) iterate X                                         */
-    WS_Y, /* (s*l) next iterate                                      */
-    WS_A, /* (s*s) A = X X^T                                         */
-    WS_B, /* (s*s) B = b A + c A A                                   */
-    WS_G, /* (rows*cols) TP: gathered slices (split Muon params only) */
-    WS_XB, /* (s*l bf16) X's bf16 operand copy (Newton–Schulz on bf16 operands) */
-    WS_SB, /* (s*s bf16) A's, then B's bf16 operand copy                        */
+    WS_D,  /* (rows*cols) Nesterov direction d                                   */
+    WS_X,  /* (s*l) iterate X (fp32 iteration; bf16: X0 before its rounding, the
+            * result after its widening)                                        */
+    WS_Y,  /* (s*l) next iterate (fp32 iteration); TP column gather            */
+    WS_A,  /* (s*s) A = X X^T (fp32 iteration)                                   */
+    WS_B,  /* (s*s) B = b A + c A A (fp32 iteration)                             */
+    WS_G,  /* (rows*cols) TP: gathered slices (split Muon params only)           */
+    WS_X0, /* bf16 iteration: a batch's iterates X, nb x np bf16                 */
+    WS_X1, /* bf16 iteration: their next iterates                                */
+    WS_SA, /* bf16 iteration: the batch's A, nb x sp bf16                        */
+    WS_SB, /* bf16 iteration: the batch's B                                      */
+    WS_COUNT
 };
+_Static_assert(WS_COUNT <= MT_OPTIM_MAX_WS, "Muon's workspace fits the optimizer's table");
+
+/* A batch of the bf16 iteration holds at most MUON_BATCH_ELEMS iterate
+ * elements (32 MiB a bf16 copy): enough small matrices to fill a GPU (GPT-2
+ * 124M's 768 x 768: 28 a batch, up to the 32 of a step's list), while a
+ * matrix that large alone runs alone (d2048's 2048 x 5504; its 2048 x 2048:
+ * 4 a batch). */
+#define MUON_BATCH_ELEMS ((size_t)1 << 24)
+
+static size_t pad128(size_t n) { return (n + 127) & ~(size_t)127; }
+static int batch_cap(size_t n)
+{
+    const size_t c = n ? MUON_BATCH_ELEMS / n : 1;
+    return c < 1 ? 1 : c > MT_OPS_LIST_MAX ? MT_OPS_LIST_MAX : (int)c;
+}
 
 static int is_split(const struct mt_param *p) { return p->len[0] != p->shape[0] || p->len[1] != p->shape[1]; }
 
+/* Newton–Schulz's GEMMs in precision=bf16 (knob muon_ns_bf16, default on):
+ * bf16 operands and storage, fp32 accumulation, as Muon's reference
+ * implementation runs the iteration in bf16 (cuda: tensor cores instead of
+ * fp32 CUDA cores, about ten times the rate); fp32 otherwise, as SPEC states
+ * it. docs/model.md "Muon". */
+int mt_optim_muon_ns_bf16(const struct mt_ctx *ctx, const struct mt_config *cfg)
+{
+    return !strcmp(cfg->precision, "bf16") && mt_knob_int(ctx, MT_KNOB_MUON_NS_BF16) != 0;
+}
+
 /* Workspace extents over every Muon matrix (kind `kind`): largest numel
  * and largest s*s of the FULL matrices (Newton–Schulz runs on the whole
- * matrix), g only when one is TP-split, the bf16 operand copies in
- * precision=bf16 only. */
-static void muon_ws_sizes(const struct mt_config *cfg, const struct mt_param *params, int n, int kind,
-                          size_t floats[MT_OPTIM_MAX_WS])
+ * matrix), g (and y, the column gather's) only when one is TP-split; the
+ * fp32 iteration's y, a, b, or the bf16 iteration's batches (batch_cap
+ * matrices of a shape, a step's list at most). */
+static void muon_ws_sizes(const struct mt_ctx *ctx, const struct mt_config *cfg, const struct mt_param *params, int n,
+                          int kind, size_t floats[MT_OPTIM_MAX_WS])
 {
-    size_t max_numel = 0, max_ss = 0;
+    size_t max_numel = 0, max_ss = 0, batch_n = 0, batch_ss = 0;
     int split = 0;
     for (int i = 0; i < n; i++) {
         const struct mt_param *p = &params[i];
@@ -53,16 +86,21 @@ static void muon_ws_sizes(const struct mt_config *cfg, const struct mt_param *pa
         size_t s = r < c ? r : c;
         if (r * c > max_numel) max_numel = r * c;
         if (s * s > max_ss) max_ss = s * s;
+        const size_t nb = (size_t)batch_cap(r * c);
+        if (nb * pad128(r * c) > batch_n) batch_n = nb * pad128(r * c);
+        if (nb * pad128(s * s) > batch_ss) batch_ss = nb * pad128(s * s);
         split |= is_split(p);
     }
     if (max_numel == 0) return;
-    floats[WS_D] = floats[WS_X] = floats[WS_Y] = max_numel;
-    floats[WS_A] = floats[WS_B] = max_ss;
+    floats[WS_D] = floats[WS_X] = max_numel;
     floats[WS_G] = split ? max_numel : 0;
-    /* the bf16 operand copies (precision=bf16; used with knob muon_ns_bf16): 2 bytes an element */
-    if (!strcmp(cfg->precision, "bf16")) {
-        floats[WS_XB] = (max_numel + 1) / 2;
-        floats[WS_SB] = (max_ss + 1) / 2;
+    if (mt_optim_muon_ns_bf16(ctx, cfg)) {   /* 2 bytes an element */
+        floats[WS_Y] = split ? max_numel : 0;
+        floats[WS_X0] = floats[WS_X1] = (batch_n + 1) / 2;
+        floats[WS_SA] = floats[WS_SB] = (batch_ss + 1) / 2;
+    } else {
+        floats[WS_Y] = max_numel;
+        floats[WS_A] = floats[WS_B] = max_ss;
     }
 }
 
@@ -77,18 +115,19 @@ static double muon_flops(const struct mt_param *p)
 }
 
 /* Bytes of Newton–Schulz's passes on one (rows x cols) matrix (n elements, s
- * = min): X from D (a copy, or the transpose of a tall matrix) 8n, the
+ * = min) beyond its GEMMs (their traffic is in their FLOPs: muon_flops).
+ * fp32: X from D (a copy, or the transpose of a tall matrix) 8n, the
  * normalisation 12n (the norm's read, the scale's read and write), a tall
- * matrix's transpose back 8n; per iteration in fp32 B += b A 12 s^2 and Y =
- * X 8n (the third GEMM's beta term); with bf16 operands the copies of X and
- * A (read 4, write 2: 6n + 6 s^2) and B += b A written as B's copy (read 8,
- * write 2: 10 s^2; X takes a X + B X in place). The GEMMs' own traffic is in
- * their FLOPs (muon_flops). */
+ * matrix's transpose back 8n; per iteration B += b A 12 s^2 and Y = X 8n
+ * (the third GEMM's beta term). bf16 (gemm_bf16): the iteration has no pass
+ * of its own (its sums are the GEMMs' epilogues); D normalised in place (a
+ * tall matrix: transposed first, 8n, and back, 8n) 12n, rounded into the
+ * batch 6n, the result widened back 6n. */
 static double muon_extra_bytes(const struct mt_param *p, int gemm_bf16)
 {
     const double r = (double)p->shape[0], c = (double)p->shape[1], n = r * c, s = r < c ? r : c;
-    const double per_iter = gemm_bf16 ? 6.0 * n + 16.0 * s * s : 8.0 * n + 12.0 * s * s;
-    return 8.0 * n + 12.0 * n + (r > c ? 8.0 * n : 0.0) + NS_STEPS * per_iter;
+    if (gemm_bf16) return 24.0 * n + (r > c ? 16.0 * n : 0.0);
+    return 8.0 * n + 12.0 * n + (r > c ? 8.0 * n : 0.0) + NS_STEPS * (8.0 * n + 12.0 * s * s);
 }
 
 static enum mt_status muon_check(struct mt_ctx *ctx, const struct mt_ops_i *ops, const struct mt_param *p)
@@ -106,113 +145,64 @@ static enum mt_status muon_check(struct mt_ctx *ctx, const struct mt_ops_i *ops,
     return MT_OK;
 }
 
-/* Newton–Schulz's GEMMs in precision=bf16 (knob muon_ns_bf16, default on):
- * bf16 operands, fp32 accumulation and fp32 storage, as Muon's reference
- * implementation runs the iteration in bf16 (cuda: tensor cores instead of
- * fp32 CUDA cores, about ten times the rate); fp32 otherwise, as SPEC states
- * it. The operands are rounded once into bf16 copies (cast_bf16: X once an
- * iteration for its two GEMMs, A and B before theirs) and the GEMMs read
- * those as stored, so no GEMM converts an operand per call; the sums (B +=
- * b A, a X + B X) stay in fp32. docs/model.md "Muon". */
-int mt_optim_muon_ns_bf16(const struct mt_ctx *ctx, const struct mt_config *cfg)
-{
-    return !strcmp(cfg->precision, "bf16") && mt_knob_int(ctx, MT_KNOB_MUON_NS_BF16) != 0;
-}
-
-static int ns_bf16(struct mt_ctx *ctx, const struct mt_optim_run *run)
+/* M = mu M + G;  D = G + mu M into ws[WS_D], the FULL matrix (ops->muon_momentum) */
+static enum mt_status muon_direction(struct mt_ctx *ctx, const struct mt_optim_run *run, struct mt_optim_slot *st)
 {
     const struct mt_ops_i *ops = run->ops;
-    return mt_optim_muon_ns_bf16(ctx, run->cfg) && ops->gemm_bf16 && ops->cast_bf16 && ops->axpby_bf16;
-}
-
-/* C = alpha op(A) op(B) + beta C: fp32, or on the bf16 copies Ab, Bb of A and B */
-static void ns_gemm(const struct mt_ops_i *ops, int ta, int tb, int M, int N, int K, float alpha, const float *A,
-                    const mt_bf16 *Ab, int lda, const float *B, const mt_bf16 *Bb, int ldb, float beta, float *C,
-                    int ldc)
-{
-    if (Ab)
-        ops->gemm_bf16(ops->be, ta, tb, M, N, K, alpha, Ab, MT_ELEM_BF16, lda, Bb, MT_ELEM_BF16, ldb, beta, C, ldc);
-    else
-        ops->gemm(ops->be, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
-
-/*
- * Muon on one matrix P (R, C) with gradient G, momentum M, lr, wd:
- *   M = mu M + G;  D = G + mu M                       (ops->muon_momentum)
- *   X = D, or D^T if R > C, so X is (s, l), s <= l
- *   X = X / (||X||_F + 1e-7)
- *   5 x:  A = X X^T (s,s);  B = b A + c A A;  X = a X + B X
- *   X back to (R, C);  P = P (1 - lr wd) - lr sqrt(max(1, R/C)) X
- */
-static enum mt_status muon_update(struct mt_ctx *ctx, const struct mt_optim_run *run, struct mt_optim_slot *st, float lr,
-                                  float wd)
-{
-    const struct mt_ops_i *ops = run->ops;
-    float *const *ws = run->ws;   /* d, x, y, a, b, g (ws_sizes) */
+    float *const *ws = run->ws;
     struct mt_param *p = st->p;
-    const int R = (int)p->shape[0], C = (int)p->shape[1];   /* the FULL matrix */
+    const int R = (int)p->shape[0], C = (int)p->shape[1];
     const size_t n = (size_t)R * (size_t)C, nl = p->numel;
-    const int split = is_split(p);
-    const int tr = R > C;
-    const int s = tr ? C : R, l = tr ? R : C;
-
-    if (!split) {
+    if (!is_split(p)) {
         ops->muon_momentum(ops->be, ws[WS_D], st->s[0], p->grad, run->cfg->muon_momentum, n);
-    } else {
-        /* TP: the momentum stays sharded (elementwise); the direction is
-         * gathered over the model group so that every model rank runs
-         * Newton–Schulz on the same full matrix and keeps its own slice */
-        if (!run->tp_comm || mt_comm_size(run->tp_comm) * nl != n)
-            return mt_ctx_error(ctx, MT_ERR_RUNTIME, "optimizer: %s is TP-split but no matching model group is set",
-                                p->name);
-        int tp = mt_comm_size(run->tp_comm);
-        ops->muon_momentum(ops->be, ws[WS_G], st->s[0], p->grad, run->cfg->muon_momentum, nl);
-        if (p->split == MT_SPLIT_ROWS) {
-            MT_CHECK(mt_comm_allgather(ctx, run->tp_comm, ws[WS_D], ws[WS_G], nl, MT_DTYPE_F32));
-        } else {
-            /* column blocks (R, C/tp) of rank r land at columns [r*C/tp, ...) of every row */
-            const int Cl = (int)p->len[1];
-            MT_CHECK(mt_comm_allgather(ctx, run->tp_comm, ws[WS_Y], ws[WS_G], nl, MT_DTYPE_F32));
-            for (int r = 0; r < tp; r++)
-                for (int i = 0; i < R; i++)
-                    ops->copy(ops->be, ws[WS_D] + (size_t)i * C + (size_t)r * Cl, ws[WS_Y] + ((size_t)r * R + i) * Cl,
-                              (size_t)Cl * sizeof(float));
-        }
+        return MT_OK;
     }
-    float *x = ws[WS_X], *y = ws[WS_Y], *a = ws[WS_A], *b = ws[WS_B];
-    if (tr) ops->transpose(ops->be, x, ws[WS_D], R, C);
-    else    ops->copy(ops->be, x, ws[WS_D], n * sizeof(float));
+    /* TP: the momentum stays sharded (elementwise); the direction is
+     * gathered over the model group so that every model rank runs
+     * Newton–Schulz on the same full matrix and keeps its own slice */
+    if (!run->tp_comm || mt_comm_size(run->tp_comm) * nl != n)
+        return mt_ctx_error(ctx, MT_ERR_RUNTIME, "optimizer: %s is TP-split but no matching model group is set",
+                            p->name);
+    int tp = mt_comm_size(run->tp_comm);
+    ops->muon_momentum(ops->be, ws[WS_G], st->s[0], p->grad, run->cfg->muon_momentum, nl);
+    if (p->split == MT_SPLIT_ROWS)
+        return mt_comm_allgather(ctx, run->tp_comm, ws[WS_D], ws[WS_G], nl, MT_DTYPE_F32);
+    /* column blocks (R, C/tp) of rank r land at columns [r*C/tp, ...) of every row */
+    const int Cl = (int)p->len[1];
+    MT_CHECK(mt_comm_allgather(ctx, run->tp_comm, ws[WS_Y], ws[WS_G], nl, MT_DTYPE_F32));
+    for (int r = 0; r < tp; r++)
+        for (int i = 0; i < R; i++)
+            ops->copy(ops->be, ws[WS_D] + (size_t)i * C + (size_t)r * Cl, ws[WS_Y] + ((size_t)r * R + i) * Cl,
+                      (size_t)Cl * sizeof(float));
+    return MT_OK;
+}
+
+/* X0 = D, or D^T if R > C (so X is (s, l), s <= l), over ||X||_F + 1e-7, into x (x may be d when R <= C) */
+static void muon_start(const struct mt_ops_i *ops, float *x, const float *d, int R, int C)
+{
+    const size_t n = (size_t)R * (size_t)C;
+    if (R > C)       ops->transpose(ops->be, x, d, R, C);
+    else if (x != d) ops->copy(ops->be, x, d, n * sizeof(float));
     if (ops->normalize_fro) {
         ops->normalize_fro(ops->be, x, n, 1e-7);   /* the same numbers, the norm kept on the device */
     } else {
         double nrm = sqrt(ops->sumsq(ops->be, x, n));
         ops->axpby(ops->be, x, NULL, 0.0f, (float)(1.0 / (nrm + 1e-7)), n);
     }
-    /* bf16 operands: the copies (NULL: fp32 GEMMs) */
-    mt_bf16 *xb = ns_bf16(ctx, run) && ws[WS_XB] ? (mt_bf16 *)ws[WS_XB] : NULL, *sb = xb ? (mt_bf16 *)ws[WS_SB] : NULL;
-    const size_t ss = (size_t)s * (size_t)s;
-    for (int it = 0; it < NS_STEPS; it++) {
-        if (xb) ops->cast_bf16(ops->be, xb, x, n);
-        ns_gemm(ops, 0, 1, s, s, l, 1.0f, x, xb, l, x, xb, l, 0.0f, a, s);      /* A = X X^T       */
-        if (sb) ops->cast_bf16(ops->be, sb, a, ss);
-        ns_gemm(ops, 0, 0, s, s, s, NS_C, a, sb, s, a, sb, s, 0.0f, b, s);     /* B = c A A       */
-        if (sb) {
-            /* B += b A straight into B's bf16 copy (B's fp32 is not read again); the GEMM reads
-             * X's bf16 copy, so X itself takes the result in place: X = a X + B X */
-            ops->axpby_bf16(ops->be, sb, b, a, NS_B, 1.0f, ss);
-            ns_gemm(ops, 0, 0, s, l, s, 1.0f, b, sb, s, x, xb, l, NS_A, x, l);
-            continue;
-        }
-        ops->axpby(ops->be, b, a, NS_B, 1.0f, ss);                             /* B += b A        */
-        ops->copy(ops->be, y, x, n * sizeof(float));
-        ns_gemm(ops, 0, 0, s, l, s, 1.0f, b, NULL, s, x, NULL, l, NS_A, y, l); /* Y = a X + B X   */
-        float *t = x; x = y; y = t;
-    }
+}
+
+/* P = P (1 - lr wd) - lr sqrt(max(1, R/C)) U, U the orthogonalised x (s, l) back in (R, C); TP: this rank's box */
+static void muon_apply(const struct mt_optim_run *run, struct mt_optim_slot *st, float *x, float lr)
+{
+    const struct mt_ops_i *ops = run->ops;
+    float *const *ws = run->ws;
+    struct mt_param *p = st->p;
+    const int R = (int)p->shape[0], C = (int)p->shape[1];
+    const float wd = p->decay ? run->cfg->weight_decay : 0.0f;
     float *upd = x;
-    if (tr) { ops->transpose(ops->be, ws[WS_D], x, C, R); upd = ws[WS_D]; }
+    if (R > C) { ops->transpose(ops->be, ws[WS_D], x, C, R); upd = ws[WS_D]; }
     double scale = sqrt(R > C ? (double)R / (double)C : 1.0);
-    if (split) {
-        /* this rank's box of the full update */
+    if (is_split(p)) {
         if (p->split == MT_SPLIT_ROWS) {
             upd += (size_t)p->off[0] * (size_t)C;
         } else {
@@ -222,16 +212,120 @@ static enum mt_status muon_update(struct mt_ctx *ctx, const struct mt_optim_run 
             upd = ws[WS_G];
         }
     }
-    ops->axpby(ops->be, p->data, upd, (float)(-(double)lr * scale), 1.0f - lr * wd, nl);
+    ops->axpby(ops->be, p->data, upd, (float)(-(double)lr * scale), 1.0f - lr * wd, p->numel);
+}
+
+/*
+ * Muon on one matrix P (R, C) with gradient G, momentum M, lr, wd, in fp32:
+ *   M = mu M + G;  D = G + mu M                       (muon_direction)
+ *   X = D, or D^T if R > C, so X is (s, l), s <= l
+ *   X = X / (||X||_F + 1e-7)                          (muon_start)
+ *   5 x:  A = X X^T (s,s);  B = b A + c A A;  X = a X + B X
+ *   X back to (R, C);  P = P (1 - lr wd) - lr sqrt(max(1, R/C)) X   (muon_apply)
+ */
+static enum mt_status muon_update_fp32(struct mt_ctx *ctx, const struct mt_optim_run *run, struct mt_optim_slot *st,
+                                       float lr)
+{
+    const struct mt_ops_i *ops = run->ops;
+    float *const *ws = run->ws;
+    const int R = (int)st->p->shape[0], C = (int)st->p->shape[1];
+    const int s = R > C ? C : R, l = R > C ? R : C;
+    const size_t n = (size_t)R * (size_t)C;
+    MT_CHECK(muon_direction(ctx, run, st));
+    float *x = ws[WS_X], *y = ws[WS_Y], *a = ws[WS_A], *b = ws[WS_B];
+    muon_start(ops, x, ws[WS_D], R, C);
+    for (int it = 0; it < NS_STEPS; it++) {
+        ops->gemm(ops->be, 0, 1, s, s, l, 1.0f, x, l, x, l, 0.0f, a, s);       /* A = X X^T       */
+        ops->gemm(ops->be, 0, 0, s, s, s, NS_C, a, s, a, s, 0.0f, b, s);      /* B = c A A       */
+        ops->axpby(ops->be, b, a, NS_B, 1.0f, (size_t)s * (size_t)s);         /* B += b A        */
+        ops->copy(ops->be, y, x, n * sizeof(float));
+        ops->gemm(ops->be, 0, 0, s, l, s, 1.0f, b, s, x, l, NS_A, y, l);      /* Y = a X + B X   */
+        float *t = x; x = y; y = t;
+    }
+    muon_apply(run, st, x, lr);
     return MT_OK;
 }
 
+/*
+ * The bf16 iteration on nb matrices of one shape (s, l) at once: each
+ * matrix's X0 rounded into the batch (X0 bf16, np apart), then per
+ * iteration three strided-batched GEMMs, bf16 in and out, each sum in fp32
+ * and rounded once as stored:
+ *   A = bf16(X X^T);  B = bf16(c A A + b A);  X' = bf16(B X + a X)
+ * (Muon's reference keeps X, A, B in bf16 too, rounding each product and
+ * each sum); then each result widened to fp32 and applied. Three launches
+ * an iteration for the batch, where the fp32 form runs three GEMMs and two
+ * passes per matrix.
+ */
+static enum mt_status muon_update_bf16(struct mt_ctx *ctx, const struct mt_optim_run *run,
+                                       struct mt_optim_slot *const *batch, int nb, float lr)
+{
+    const struct mt_ops_i *ops = run->ops;
+    float *const *ws = run->ws;
+    const int R = (int)batch[0]->p->shape[0], C = (int)batch[0]->p->shape[1];
+    const int s = R > C ? C : R, l = R > C ? R : C;
+    const size_t n = (size_t)R * (size_t)C, np = pad128(n), sp = pad128((size_t)s * (size_t)s);
+    mt_bf16 *x = (mt_bf16 *)ws[WS_X0], *y = (mt_bf16 *)ws[WS_X1];
+    mt_bf16 *a = (mt_bf16 *)ws[WS_SA], *b = (mt_bf16 *)ws[WS_SB];
+    for (int j = 0; j < nb; j++) {   /* (R, C) or (C, R): the same iterate shape */
+        const int Rj = (int)batch[j]->p->shape[0], Cj = (int)batch[j]->p->shape[1];
+        MT_CHECK(muon_direction(ctx, run, batch[j]));
+        float *x0 = Rj > Cj ? ws[WS_X] : ws[WS_D];   /* a wide or square D is normalised in place */
+        muon_start(ops, x0, ws[WS_D], Rj, Cj);
+        ops->cast_bf16(ops->be, x + (size_t)j * np, x0, n);
+    }
+    for (int it = 0; it < NS_STEPS; it++) {
+        ops->gemm_bf16_batched(ops->be, 0, 1, s, s, l, 1.0f, x, l, np, x, l, np, 0.0f, NULL, a, s, sp, nb);
+        ops->gemm_bf16_batched(ops->be, 0, 0, s, s, s, NS_C, a, s, sp, a, s, sp, NS_B, a, b, s, sp, nb);
+        ops->gemm_bf16_batched(ops->be, 0, 0, s, l, s, 1.0f, b, s, sp, x, l, np, NS_A, x, y, l, np, nb);
+        mt_bf16 *t = x; x = y; y = t;
+    }
+    for (int j = 0; j < nb; j++) {
+        ops->widen_bf16(ops->be, ws[WS_X], x + (size_t)j * np, n);
+        muon_apply(run, batch[j], ws[WS_X], lr);
+    }
+    return MT_OK;
+}
+
+/* The list's matrices by shape (s, l), in order of first appearance; each
+ * shape's in batches of up to batch_cap (the bf16 iteration), or one by one
+ * (fp32). Each matrix's update depends on its own numbers only: the batch it
+ * lands in changes no bit on cpu (a loop of GEMMs). */
 static enum mt_status muon_step(struct mt_ctx *ctx, const struct mt_optim_run *run, struct mt_optim_slot *const *slots,
                                 int n)
 {
+    const struct mt_ops_i *ops = run->ops;
     const float lr = (float)(run->cfg->muon_lr * run->lr_factor);
-    for (int i = 0; i < n; i++)
-        MT_CHECK(muon_update(ctx, run, slots[i], lr, slots[i]->p->decay ? run->cfg->weight_decay : 0.0f));
+    if (!mt_optim_muon_ns_bf16(ctx, run->cfg)) {
+        for (int i = 0; i < n; i++) MT_CHECK(muon_update_fp32(ctx, run, slots[i], lr));
+        return MT_OK;
+    }
+    if (!ops->gemm_bf16_batched || !ops->cast_bf16 || !ops->widen_bf16)
+        return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED,
+                            "backend %s lacks gemm_bf16_batched/cast_bf16/widen_bf16 for Muon's bf16 Newton-Schulz "
+                            "(knob muon_ns_bf16=0 runs it in fp32)", ops->name);
+    if (n > MT_OPS_LIST_MAX)
+        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "optimizer: Muon stepped %d matrices at once (at most %d)", n,
+                            MT_OPS_LIST_MAX);
+    unsigned char done[MT_OPS_LIST_MAX] = {0};
+    struct mt_optim_slot *batch[MT_OPS_LIST_MAX];
+    for (int i = 0; i < n; i++) {
+        if (done[i]) continue;
+        const struct mt_param *p = slots[i]->p;
+        const int cap = batch_cap((size_t)p->shape[0] * (size_t)p->shape[1]);
+        int nb = 0;
+        for (int j = i; j < n; j++) {
+            const struct mt_param *q = slots[j]->p;
+            const int same = !done[j] && (p->shape[0] < p->shape[1] ? p->shape[0] : p->shape[1]) ==
+                                             (q->shape[0] < q->shape[1] ? q->shape[0] : q->shape[1]) &&
+                             p->shape[0] * p->shape[1] == q->shape[0] * q->shape[1];
+            if (!same) continue;
+            done[j] = 1;
+            batch[nb++] = slots[j];
+            if (nb == cap) { MT_CHECK(muon_update_bf16(ctx, run, batch, nb, lr)); nb = 0; }
+        }
+        if (nb > 0) MT_CHECK(muon_update_bf16(ctx, run, batch, nb, lr));
+    }
     return MT_OK;
 }
 

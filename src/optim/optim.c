@@ -71,24 +71,24 @@ static int n_states_in(const struct mt_optim_i *const *classes, const struct mt_
 /* bytes[] is overwritten: OPTIM = n_states x numel floats per parameter;
  * WORKSPACE = each class's ws_sizes; OTHER = the host bookkeeping (struct +
  * per-param table). */
-static void plan_bytes(const struct mt_config *cfg, const struct mt_optim_i *const *classes, int n_classes,
-                       const struct mt_param *params, int n_params, size_t bytes[MT_BUCKET_COUNT])
+static void plan_bytes(const struct mt_ctx *ctx, const struct mt_config *cfg, const struct mt_optim_i *const *classes,
+                       int n_classes, const struct mt_param *params, int n_params, size_t bytes[MT_BUCKET_COUNT])
 {
     for (int b = 0; b < MT_BUCKET_COUNT; b++) bytes[b] = 0;
     for (int i = 0; i < n_params; i++)
         bytes[MT_BUCKET_OPTIM] += (size_t)n_states_in(classes, &params[i]) * params[i].numel * sizeof(float);
     for (int k = 0; k < n_classes; k++) {
         size_t f[MT_OPTIM_MAX_WS] = {0};
-        if (classes[k]->ws_sizes) classes[k]->ws_sizes(cfg, params, n_params, k, f);
+        if (classes[k]->ws_sizes) classes[k]->ws_sizes(ctx, cfg, params, n_params, k, f);
         for (int j = 0; j < MT_OPTIM_MAX_WS; j++) bytes[MT_BUCKET_WORKSPACE] += f[j] * sizeof(float);
     }
     bytes[MT_BUCKET_OTHER] = sizeof(struct mt_optim) + (size_t)n_params * sizeof(struct mt_optim_slot);
 }
 
-void mt_optim_plan_bytes(const struct mt_config *cfg, const struct mt_param *params, int n_params,
-                         size_t bytes[MT_BUCKET_COUNT])
+void mt_optim_plan_bytes(const struct mt_ctx *ctx, const struct mt_config *cfg, const struct mt_param *params,
+                         int n_params, size_t bytes[MT_BUCKET_COUNT])
 {
-    plan_bytes(cfg, builtin, N_BUILTIN, params, n_params, bytes);
+    plan_bytes(ctx, cfg, builtin, N_BUILTIN, params, n_params, bytes);
 }
 
 static float *ws_alloc(struct mt_ctx *ctx, const struct mt_ops_i *ops, size_t n, enum mt_bucket b)
@@ -156,7 +156,7 @@ enum mt_status mt_optim_create_with(struct mt_ctx *ctx, const struct mt_ops_i *o
     }
     for (int k = 0; k < n_classes; k++) {
         size_t f[MT_OPTIM_MAX_WS] = {0};
-        if (classes[k]->ws_sizes) classes[k]->ws_sizes(cfg, params, n_params, k, f);
+        if (classes[k]->ws_sizes) classes[k]->ws_sizes(ctx, cfg, params, n_params, k, f);
         for (int j = 0; j < MT_OPTIM_MAX_WS; j++) {
             if (f[j] == 0) continue;
             o->ws[k][j] = ws_alloc(ctx, ops, f[j], MT_BUCKET_WORKSPACE);

@@ -339,7 +339,7 @@ static enum mt_status engine_build(struct mt_ctx *ctx, const struct mt_plan *p, 
         opt_update_cost(&params[i], &mf, &mg);
     }
     MT_ASSERT(n == n_sel);
-    mt_optim_plan_bytes(&p->cfg, views, n, ob);
+    mt_optim_plan_bytes(ctx, &p->cfg, views, n, ob);
     for (int r = 0; r < G; r++) {
         for (int b = 0; b < NB; b++) e->bytes[(size_t)r * NB + b] += ob[b];
         e->opt_flops[r] = mf;
@@ -358,7 +358,7 @@ static enum mt_status engine_build(struct mt_ctx *ctx, const struct mt_plan *p, 
     for (int r = G; r > 0; r--) start[r] = start[r - 1];
     start[0] = 0;
     for (int r = 0; r < G; r++) {
-        mt_optim_plan_bytes(&p->cfg, views + start[r], start[r + 1] - start[r], ob);
+        mt_optim_plan_bytes(ctx, &p->cfg, views + start[r], start[r + 1] - start[r], ob);
         double f = 0, g = 0;
         for (int j = start[r]; j < start[r + 1]; j++) opt_update_cost(&views[j], &f, &g);
         e->opt_flops[G + r] = f;

@@ -217,7 +217,7 @@ static void test_table(void)
         E(xent_forward), E(xent_backward), E(router_forward), E(router_backward),
         E(moe_permute), E(moe_permute_backward), E(moe_combine), E(moe_combine_backward), E(moe_permute_bf16),
         E(moe_combine_backward_bf16),
-        E(adamw_update), E(muon_momentum), E(transpose), E(gemm_bf16), E(cast_bf16), E(axpby_bf16),
+        E(adamw_update), E(muon_momentum), E(transpose), E(gemm_bf16), E(cast_bf16), E(gemm_bf16_batched),
         E(rmsnorm_forward_bf16),
         E(rmsnorm_resid_forward), E(qk_norm_rope_forward), E(qk_norm_rope_backward), E(rmsnorm_resid_forward_bf16),
         E(qk_norm_rope_backward_bf16), E(qk_norm_rope_forward_bf16), E(rmsnorm_backward_bf16),

@@ -124,7 +124,9 @@ void mt_cpu_gemm_bf16_resid(int transA, int transB, int M, int N, int K, float a
                             enum mt_elem a_type, int lda, const void *B, enum mt_elem b_type, int ldb, const float *R,
                             float *C, int ldc);
 void mt_cpu_cast_bf16(uint16_t *dst, const float *src, size_t n);
-void mt_cpu_axpby_bf16(uint16_t *dst, const float *y, const float *x, float a, float b, size_t n);
+void mt_cpu_gemm_bf16_batched(int transA, int transB, int M, int N, int K, float alpha, const uint16_t *A, int lda,
+                              size_t stride_a, const uint16_t *B, int ldb, size_t stride_b, float beta,
+                              const uint16_t *C, uint16_t *D, int ldd, size_t stride_d, int count);
 void mt_cpu_cast_bf16_rows(uint16_t *dst, size_t ld, const float *src, size_t rows, size_t cols);
 uint16_t mt_cpu_f32_to_bf16(float f);   /* round to nearest even; NaN -> 0x7fff (= cuda's mt_cuda_bf16_rn) */
 float    mt_cpu_bf16_to_f32(uint16_t h);

@@ -39,13 +39,6 @@ void mt_cpu_axpby(float *y, const float *x, float a, float b, size_t n)
     }
 }
 
-/* bf16(a x + b y) into dst, y untouched: mt_cpu_axpby's expression, then the rounding */
-void mt_cpu_axpby_bf16(uint16_t *dst, const float *y, const float *x, float a, float b, size_t n)
-{
-    #pragma omp parallel for schedule(static) if (n > 65536)
-    for (size_t i = 0; i < n; i++) dst[i] = mt_cpu_f32_to_bf16(a * x[i] + b * y[i]);
-}
-
 /* sum x_i^2 in double: SUMSQ_BLOCKS contiguous blocks, each summed in order
  * (4 double lanes), then the block sums added in block order. */
 double mt_cpu_sumsq(const float *x, size_t n)

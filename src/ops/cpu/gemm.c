@@ -131,6 +131,35 @@ void mt_cpu_gemm_bf16_out(int transA, int transB, int M, int N, int K, float alp
     free(t);
 }
 
+/* gemm_bf16_batched (mt_ops.h): per matrix, fp32 scratch seeded with C_i
+ * widened (beta != 0), gemm_bf16 with beta onto it, then each result rounded
+ * once as it is stored in D_i */
+void mt_cpu_gemm_bf16_batched(int transA, int transB, int M, int N, int K, float alpha, const uint16_t *A, int lda,
+                              size_t stride_a, const uint16_t *B, int ldb, size_t stride_b, float beta,
+                              const uint16_t *C, uint16_t *D, int ldd, size_t stride_d, int count)
+{
+    if (M <= 0 || N <= 0 || count <= 0) return;
+    float *t = malloc((size_t)M * (size_t)N * sizeof(float));
+    for (int b = 0; b < count; b++) {
+        uint16_t *d = D + (size_t)b * stride_d;
+        const uint16_t *c = C ? C + (size_t)b * stride_d : NULL;
+        if (!t) {   /* kernels return void (mt_ops.h): a NaN result stops the run at the finite check */
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < N; j++) d[(size_t)i * (size_t)ldd + j] = 0x7fffu;
+            continue;
+        }
+        if (beta != 0.0f)
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < N; j++) t[(size_t)i * (size_t)N + j] = mt_cpu_bf16_to_f32(c[(size_t)i * (size_t)ldd + j]);
+        mt_cpu_gemm_bf16(transA, transB, M, N, K, alpha, A + (size_t)b * stride_a, MT_ELEM_BF16, lda,
+                         B + (size_t)b * stride_b, MT_ELEM_BF16, ldb, beta, t, N);
+        #pragma omp parallel for schedule(static)
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) d[(size_t)i * (size_t)ldd + j] = mt_cpu_f32_to_bf16(t[(size_t)i * (size_t)N + j]);
+    }
+    free(t);
+}
+
 /* gemm_bf16_resid (mt_ops.h): its definition, the seed copy C = R, then gemm_bf16
  * with beta 1 */
 void mt_cpu_gemm_bf16_resid(int transA, int transB, int M, int N, int K, float alpha, const void *A,

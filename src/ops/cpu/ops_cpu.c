@@ -258,10 +258,13 @@ static void p_moe_count_acc(void *be, double *load, const int32_t *offs, int n, 
 }
 static void p_cast_bf16(void *be, mt_bf16 *dst, const float *src, size_t n) {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */ PROF(MT_OPK_ELEMENTWISE, mt_cpu_cast_bf16(dst, src, n)); }
-static void p_axpby_bf16(void *be, mt_bf16 *dst, const float *y, const float *x, float a, float b, size_t n)
+static void p_gemm_bf16_batched(void *be, int transA, int transB, int M, int N, int K, float alpha, const mt_bf16 *A,
+                                int lda, size_t stride_a, const mt_bf16 *B, int ldb, size_t stride_b, float beta,
+                                const mt_bf16 *C, mt_bf16 *D, int ldd, size_t stride_d, int count)
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
-    PROF(MT_OPK_ELEMENTWISE, mt_cpu_axpby_bf16(dst, y, x, a, b, n));
+    PROF(MT_OPK_GEMM, mt_cpu_gemm_bf16_batched(transA, transB, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta,
+                                               C, D, ldd, stride_d, count));
 }
 static void p_cast_bf16_multi(void *be, mt_bf16 *const *dst, const float *const *src, const size_t *n, int count)
 {
@@ -880,7 +883,7 @@ static const struct mt_ops_i cpu_ops = {
     /* .gemm_grouped_rows    = */ .gemm_grouped_rows    = p_gemm_grouped_rows,
     /* .gemm_grouped_sum     = */ .gemm_grouped_sum     = p_gemm_grouped_sum,
     /* .cast_bf16            = */ .cast_bf16            = p_cast_bf16,
-    /* .axpby_bf16           = */ .axpby_bf16           = p_axpby_bf16,
+    /* .gemm_bf16_batched    = */ .gemm_bf16_batched    = p_gemm_bf16_batched,
     /* .embed_forward        = */ .embed_forward        = p_embed_forward,
     /* .embed_backward       = */ .embed_backward       = p_embed_backward,
     /* .rmsnorm_forward      = */ .rmsnorm_forward      = p_rmsnorm_forward,

@@ -86,6 +86,8 @@ struct mt_cuda_lt_plan {
     int                     ta, tb, m, n, k, lda, ldb, ldc, align_c;  /* the key (row-major view) */
     int                     align_a, align_b; /* + operand alignments (256: packed scratch)   */
     int                     c_bf16;     /* + C = D stored bf16 (gemm_bf16_out), else fp32 */
+    int                     batch;      /* + matrices a call (gemm_bf16_batched; 1: one)  */
+    long long               sa, sb, sd; /* + their strides in elements (batch > 1)        */
     int                     ok;         /* 0: no algorithm: the tile falls back to sgemm */
     cublasLtMatmulDesc_t    desc;
     cublasLtMatrixLayout_t  la, lb, lc; /* cuBLASLt's A (= our B), B (= our A), C = D     */
@@ -101,7 +103,7 @@ struct mt_cuda_lt_plan {
 #define MT_CUDA_KPROF_NAMES 160   /* distinct kernels the kernel profile labels (more: counted as "kernel:(more)") */
 struct mt_cuda_lt_algo_slot {
     int                  used;
-    int                  ta, tb, mb, n, kb, align_a, align_b, align_c, c_bf16;
+    int                  ta, tb, mb, n, kb, align_a, align_b, align_c, c_bf16, batch;
     cublasLtMatmulAlgo_t algo;
 };
 
@@ -609,7 +611,9 @@ void mt_cuda_gemm_bf16_resid(void *be, int transA, int transB, int M, int N, int
                              enum mt_elem a_type, int lda, const void *B, enum mt_elem b_type, int ldb, const float *R,
                              float *C, int ldc);
 void mt_cuda_cast_bf16(void *be, mt_bf16 *dst, const float *src, size_t n);
-void mt_cuda_axpby_bf16(void *be, mt_bf16 *dst, const float *y, const float *x, float a, float b, size_t n);
+void mt_cuda_gemm_bf16_batched(void *be, int transA, int transB, int M, int N, int K, float alpha, const mt_bf16 *A,
+                               int lda, size_t stride_a, const mt_bf16 *B, int ldb, size_t stride_b, float beta,
+                               const mt_bf16 *C, mt_bf16 *D, int ldd, size_t stride_d, int count);
 void mt_cuda_cast_bf16_multi(void *be, mt_bf16 *const *dst, const float *const *src, const size_t *n, int count);
 void mt_cuda_cast_bf16_rows(void *be, mt_bf16 *dst, size_t ld, const float *src, size_t rows, size_t cols);
 void mt_cuda_widen_bf16(void *be, float *dst, const mt_bf16 *src, size_t n);

@@ -41,13 +41,6 @@ static __global__ void axpby_k(float *y, const float *x, float a, float b, size_
     }
 }
 
-/* bf16(a x + b y) into dst, y untouched: axpby_k's expression (mode 2), then the rounding */
-static __global__ void axpby_bf16_k(__nv_bfloat16 *dst, const float *y, const float *x, float a, float b, size_t n)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = mt_cuda_bf16_rn(a * x[i] + b * y[i]);
-}
-
 /* shared-memory tree over MT_CUDA_RED_THREADS doubles; result in s[0] */
 static __device__ void block_tree_sum(double *s)
 {
@@ -192,14 +185,6 @@ extern "C" void mt_cuda_axpby(void *be, float *y, const float *x, float a, float
     }
     int mode = !x ? 0 : (b == 0.0f ? 1 : 2);
     MT_LAUNCH(axpby_k, mt_cuda_blocks(n, THREADS), THREADS, 0)(y, x, a, b, n, mode);
-    MT_CUDA_KCHECK();
-}
-
-extern "C" void mt_cuda_axpby_bf16(void *be, mt_bf16 *dst, const float *y, const float *x, float a, float b, size_t n)
-{
-    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
-    if (!n) return;
-    MT_LAUNCH(axpby_bf16_k, mt_cuda_blocks(n, THREADS), THREADS, 0)((__nv_bfloat16 *)dst, y, x, a, b, n);
     MT_CUDA_KCHECK();
 }
 

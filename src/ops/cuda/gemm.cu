@@ -228,7 +228,8 @@ static struct mt_cuda_lt_algo_slot *algo_class(const struct mt_cuda_lt_plan *p, 
     for (int i = 0; i < MT_CUDA_LT_ALGOS; i++) {
         struct mt_cuda_lt_algo_slot *a = &mt_cuda_be->algos[i];
         if (a->used && a->ta == p->ta && a->tb == p->tb && a->mb == mb && a->n == p->n && a->kb == kb &&
-            a->align_a == p->align_a && a->align_b == p->align_b && a->align_c == p->align_c && a->c_bf16 == p->c_bf16)
+            a->align_a == p->align_a && a->align_b == p->align_b && a->align_c == p->align_c && a->c_bf16 == p->c_bf16 &&
+            a->batch == p->batch)
             return a;
     }
     if (!create) return NULL;
@@ -238,6 +239,7 @@ static struct mt_cuda_lt_algo_slot *algo_class(const struct mt_cuda_lt_plan *p, 
     a->used = 1;
     a->ta = p->ta; a->tb = p->tb; a->mb = mb; a->n = p->n; a->kb = kb;
     a->align_a = p->align_a; a->align_b = p->align_b; a->align_c = p->align_c; a->c_bf16 = p->c_bf16;
+    a->batch = p->batch;
     return a;
 }
 
@@ -259,6 +261,16 @@ static int algo_reuse(struct mt_cuda_lt_plan *p)
     return 1;
 }
 
+/* a strided batch of `count` matrices `stride` elements apart (gemm_bf16_batched) */
+static int layout_batch(cublasLtMatrixLayout_t l, int count, long long stride)
+{
+    const int32_t c = (int32_t)count;
+    const int64_t st = (int64_t)stride;
+    return MT_CUBLASLT_OK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &c, sizeof c)) &&
+           MT_CUBLASLT_OK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &st,
+                                                           sizeof st));
+}
+
 /* Descriptors and algorithm for one bf16 tile, in the column-major view:
  * Lt's A = our op(B)^T source (sb, rows x cols as stored), Lt's B = our
  * op(A)^T source (sa), D = C (nn x mm column-major = our mm x nn row-major).
@@ -277,6 +289,9 @@ static int plan_build(struct mt_cuda_lt_plan *p)
         !MT_CUBLASLT_OK(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, b_rows, b_cols, p->lda)) ||
         !MT_CUBLASLT_OK(cublasLtMatrixLayoutCreate(&p->lc, p->c_bf16 ? CUDA_R_16BF : CUDA_R_32F, (uint64_t)p->n,
                                                    (uint64_t)p->m, p->ldc)))
+        return 0;
+    if (p->batch > 1 && !(layout_batch(p->la, p->batch, p->sb) && layout_batch(p->lb, p->batch, p->sa) &&
+                          layout_batch(p->lc, p->batch, p->sd)))
         return 0;
     if (algo_reuse(p)) return 1;
     mt_cuda_be->info.gemm_plan_heuristics++;
@@ -316,14 +331,18 @@ static int plan_build(struct mt_cuda_lt_plan *p)
     return ok;
 }
 
-static struct mt_cuda_lt_plan *plan_get(int ta, int tb, int m, int n, int k, int lda, int ldb, int ldc, int align_c,
-                                        int align_a, int align_b, int c_bf16)
+/* the cached plan of one matmul, or of a strided batch of `batch` (> 1) of
+ * them, sa, sb, sd elements apart (A, B, C = D) */
+static struct mt_cuda_lt_plan *plan_get_b(int ta, int tb, int m, int n, int k, int lda, int ldb, int ldc, int align_c,
+                                          int align_a, int align_b, int c_bf16, int batch, long long sa, long long sb,
+                                          long long sd)
 {
+    if (batch <= 1) batch = 1, sa = sb = sd = 0;
     for (int i = 0; i < MT_CUDA_LT_PLANS; i++) {
         struct mt_cuda_lt_plan *p = &mt_cuda_be->plans[i];
         if (p->used && p->ta == ta && p->tb == tb && p->m == m && p->n == n && p->k == k && p->lda == lda &&
             p->ldb == ldb && p->ldc == ldc && p->align_c == align_c && p->align_a == align_a && p->align_b == align_b &&
-            p->c_bf16 == c_bf16)
+            p->c_bf16 == c_bf16 && p->batch == batch && p->sa == sa && p->sb == sb && p->sd == sd)
             return p;
     }
     struct mt_cuda_lt_plan *p = &mt_cuda_be->plans[mt_cuda_be->plan_next];
@@ -332,12 +351,19 @@ static struct mt_cuda_lt_plan *plan_get(int ta, int tb, int m, int n, int k, int
     p->ta = ta; p->tb = tb; p->m = m; p->n = n; p->k = k;
     p->lda = lda; p->ldb = ldb; p->ldc = ldc; p->align_c = align_c;
     p->align_a = align_a; p->align_b = align_b; p->c_bf16 = c_bf16;
+    p->batch = batch; p->sa = sa; p->sb = sb; p->sd = sd;
     if (!plan_build(p)) {
         plan_release(p);  /* error recorded; nothing cached */
         return NULL;
     }
     p->used = 1;
     return p;
+}
+
+static struct mt_cuda_lt_plan *plan_get(int ta, int tb, int m, int n, int k, int lda, int ldb, int ldc, int align_c,
+                                        int align_a, int align_b, int c_bf16)
+{
+    return plan_get_b(ta, tb, m, n, k, lda, ldb, ldc, align_c, align_a, align_b, c_bf16, 1, 0, 0, 0);
 }
 
 /* ---- bf16 ---- */
@@ -554,6 +580,70 @@ extern "C" void mt_cuda_gemm_bf16_out(void *be, int transA, int transB, int M, i
         return;
     }
     gemm_bf16_call(transA, transB, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, 0.0f, C, ldc, 1, NULL);
+}
+
+/* D_i = bf16(beta C_i) (gemm_bf16_batched with K = 0 or alpha = 0): a block row per matrix */
+static __global__ void batched_scale_k(__nv_bfloat16 *D, const __nv_bfloat16 *C, float beta, int M, int N, int ldd,
+                                       size_t stride_d)
+{
+    const size_t off = (size_t)blockIdx.y * stride_d;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < (size_t)M * (size_t)N;
+         e += (size_t)gridDim.x * blockDim.x) {
+        const size_t at = off + e / (size_t)N * (size_t)ldd + e % (size_t)N;
+        D[at] = mt_cuda_bf16_rn(beta == 0.0f ? 0.0f : beta * __bfloat162float(C[at]));
+    }
+}
+
+/* the alignment a batch's operand keeps in every matrix: its base's, capped by its stride's */
+static int align_batch(const void *p, size_t stride_elems, int count)
+{
+    const int a = align_of(p);
+    if (count <= 1) return a;
+    const int s = align_of((const void *)(uintptr_t)(stride_elems * 2));
+    return a < s ? a : s;
+}
+
+/* gemm_bf16_batched (mt_ops.h): one cuBLASLt matmul over the batch (bf16 C and
+ * D; C is D where beta is 0); with no algorithm for the batch, each matrix on
+ * the per-call path (C_i copied into D_i first, then beta onto D_i). */
+extern "C" void mt_cuda_gemm_bf16_batched(void *be, int transA, int transB, int M, int N, int K, float alpha,
+                                          const mt_bf16 *A, int lda, size_t stride_a, const mt_bf16 *B, int ldb,
+                                          size_t stride_b, float beta, const mt_bf16 *C, mt_bf16 *D, int ldd,
+                                          size_t stride_d, int count)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    if (M <= 0 || N <= 0 || count <= 0) return;
+    __nv_bfloat16 *d = (__nv_bfloat16 *)D;
+    const __nv_bfloat16 *c = beta != 0.0f && C ? (const __nv_bfloat16 *)C : d;
+    if (K <= 0 || alpha == 0.0f) {
+        const dim3 grid(mt_cuda_blocks((size_t)M * (size_t)N, 256), (unsigned)count);
+        MT_LAUNCH(batched_scale_k, grid, 256, 0)(d, c, beta, M, N, ldd, stride_d);
+        MT_CUDA_KCHECK();
+        return;
+    }
+    const int al_d = align_batch(D, stride_d, count), al_c = align_batch(c, stride_d, count);
+    struct mt_cuda_lt_plan *p =
+        plan_get_b(transA, transB, M, N, K, lda, ldb, ldd, al_d < al_c ? al_d : al_c, align_batch(A, stride_a, count),
+                   align_batch(B, stride_b, count), 1, count, (long long)stride_a, (long long)stride_b,
+                   (long long)stride_d);
+    if (!p) return;  /* descriptor failure recorded */
+    if (p->ok) {
+        mt_cuda_be->info.gemm_bf16_calls++;
+        mt_cuda_be->info.gemm_bf16_direct++;
+        if (!mt_cuda_graph_op("cublasLtMatmul", mt_cuda_sig((const void *)p, p->m, p->n, p->k, p->lda, p->ldb, p->ldc,
+                                                            p->batch, alpha, B, A, beta, (const void *)c, D)))
+            return;
+        mt_cuda_note_blas();
+        MT_CUBLASLT_OK(cublasLtMatmul(mt_cuda_be->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, c, p->lc, d, p->lc,
+                                      &p->algo, mt_cuda_be->lt_ws, p->ws, mt_cuda_be->stream));
+        return;
+    }
+    for (int i = 0; i < count; i++) {
+        __nv_bfloat16 *di = d + (size_t)i * stride_d;
+        if (c != d) to_bf16(di, ldd, c + (size_t)i * stride_d, MT_ELEM_BF16, ldd, M, N);
+        gemm_bf16(transA, transB, M, N, K, alpha, A + (size_t)i * stride_a, MT_ELEM_BF16, lda,
+                  B + (size_t)i * stride_b, MT_ELEM_BF16, ldb, beta, di, ldd, 1, NULL);
+    }
 }
 
 extern "C" void mt_cuda_cast_bf16(void *be, mt_bf16 *dst, const float *src, size_t n)

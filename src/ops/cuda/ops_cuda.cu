@@ -336,7 +336,7 @@ static struct mt_ops_i cuda_ops = {
     /* .gemm_grouped_rows    = */ .gemm_grouped_rows    = PROF(MT_OPK_GEMM, mt_cuda_gemm_grouped_rows),
     /* .gemm_grouped_sum     = */ .gemm_grouped_sum     = PROF(MT_OPK_GEMM, mt_cuda_gemm_grouped_sum),
     /* .cast_bf16            = */ .cast_bf16            = PROF(MT_OPK_ELEMENTWISE, mt_cuda_cast_bf16),
-    /* .axpby_bf16           = */ .axpby_bf16           = PROF(MT_OPK_ELEMENTWISE, mt_cuda_axpby_bf16),
+    /* .gemm_bf16_batched    = */ .gemm_bf16_batched    = PROF(MT_OPK_GEMM, mt_cuda_gemm_bf16_batched),
     /* .embed_forward        = */ .embed_forward        = PROF(MT_OPK_ELEMENTWISE, mt_cuda_embed_forward),
     /* .embed_backward       = */ .embed_backward       = PROF(MT_OPK_ELEMENTWISE, mt_cuda_embed_backward),
     /* .rmsnorm_forward      = */ .rmsnorm_forward      = PROF(MT_OPK_NORM, mt_cuda_rmsnorm_forward),

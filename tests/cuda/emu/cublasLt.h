@@ -12,7 +12,8 @@
  * Products of two bf16 are exact in fp32; they are summed in fp32 in k order.
  * Test hook: MT_EMU_LT_NO_ALGO=1 makes the heuristic find no algorithm
  * (CUBLAS_STATUS_NOT_SUPPORTED, as the library answers), to exercise the
- * caller's fallback.
+ * caller's fallback; MT_EMU_LT_NO_BATCH=1 only for a strided batch of more than one
+ * matrix (gemm_bf16_batched's per-matrix fallback).
  * See cuda_runtime.h in this directory.
  */
 #ifndef MT_EMU_CUBLASLT_H
@@ -55,6 +56,14 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
 cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType_t type, uint64_t rows,
                                           uint64_t cols, int64_t ld);
 cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l);
+/* strided batches (gemm_bf16_batched): every layout of a matmul says the same
+ * count (int32); the offset (int64, elements) from one matrix to the next */
+typedef enum {
+    CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT = 5,
+    CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET = 6,
+} cublasLtMatrixLayoutAttribute_t;
+cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr,
+                                                const void *buf, size_t size);
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p);
 cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p);
 cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,

@@ -1914,6 +1914,8 @@ struct mt_emu_lt_layout {
     cudaDataType_t type;
     uint64_t       rows, cols;
     int64_t        ld;
+    int32_t        batch;    /* matrices (1 unless set)            */
+    int64_t        stride;   /* elements from one to the next       */
 };
 struct mt_emu_lt_pref {
     uint64_t max_ws;
@@ -1962,8 +1964,27 @@ cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataTyp
 {
     /* the library refuses ld < rows for a column-major layout */
     if (!l || ld < 1 || (uint64_t)ld < rows) return CUBLAS_STATUS_INVALID_VALUE;
-    *l = new mt_emu_lt_layout{type, rows, cols, ld};
+    *l = new mt_emu_lt_layout{type, rows, cols, ld, 1, 0};
     return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr,
+                                                const void *buf, size_t size)
+{
+    if (!l || !buf) return CUBLAS_STATUS_INVALID_VALUE;
+    if (attr == CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT) {
+        if (size != sizeof(int32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+        int32_t v;
+        memcpy(&v, buf, size);
+        if (v < 1) return CUBLAS_STATUS_INVALID_VALUE;
+        l->batch = v;
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    if (attr == CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET) {
+        if (size != sizeof(int64_t)) return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&l->stride, buf, size);
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    return CUBLAS_STATUS_INVALID_VALUE;
 }
 cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l)
 {
@@ -2011,8 +2032,19 @@ static cublasStatus_t lt_shape(const mt_emu_lt_desc *d, const mt_emu_lt_layout *
     uint64_t bk = d->tb == CUBLAS_OP_N ? b->rows : b->cols, bn = d->tb == CUBLAS_OP_N ? b->cols : b->rows;
     if (am != *m || bn != *n || ak != bk || c->rows != dd->rows || c->cols != dd->cols || c->ld != dd->ld)
         return CUBLAS_STATUS_INVALID_VALUE;
+    /* one batch count for all four; C's stride D's */
+    if (a->batch != dd->batch || b->batch != dd->batch || c->batch != dd->batch || c->stride != dd->stride)
+        return CUBLAS_STATUS_INVALID_VALUE;
     *k = ak;
     return CUBLAS_STATUS_SUCCESS;
+}
+
+/* test hook MT_EMU_LT_NO_BATCH=1: no algorithm for a strided batch (> 1 matrix), every
+ * single matmul as usual (gemm_bf16_batched's per-matrix fallback) */
+static int lt_no_batch(const mt_emu_lt_layout *dd)
+{
+    const char *nb = getenv("MT_EMU_LT_NO_BATCH");
+    return nb && nb[0] == '1' && dd->batch > 1;
 }
 
 cublasStatus_t cublasLtMatmulAlgoCheck(cublasLtHandle_t h, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a,
@@ -2024,7 +2056,8 @@ cublasStatus_t cublasLtMatmulAlgoCheck(cublasLtHandle_t h, cublasLtMatmulDesc_t 
     cublasStatus_t st = lt_shape(d, a, b, c, dd, &m, &n, &k);
     if (st != CUBLAS_STATUS_SUCCESS) return st;
     const char *none = getenv("MT_EMU_LT_NO_ALGO");
-    if ((none && none[0] == '1') || algo->data[ALGO_MAGIC] != LT_ALGO_MAGIC) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if ((none && none[0] == '1') || algo->data[ALGO_MAGIC] != LT_ALGO_MAGIC || lt_no_batch(dd))
+        return CUBLAS_STATUS_NOT_SUPPORTED;
     memset(result, 0, sizeof *result);
     result->algo = *algo;
     result->workspaceSize = algo->data[ALGO_WS];
@@ -2045,7 +2078,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     if (st != CUBLAS_STATUS_SUCCESS) return st;
     /* test hook: a library with no algorithm for anything (the caller's fallback) */
     const char *none = getenv("MT_EMU_LT_NO_ALGO");
-    if (none && none[0] == '1') return CUBLAS_STATUS_NOT_SUPPORTED;
+    if ((none && none[0] == '1') || lt_no_batch(dd)) return CUBLAS_STATUS_NOT_SUPPORTED;
     memset(&results[0], 0, sizeof results[0]);
     /* an algorithm that asks for (up to) 1 MiB of workspace, so that a
      * caller passing none, or less than it asked for, fails */
@@ -2096,19 +2129,24 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
     const int d16 = dd->type == CUDA_R_16BF;   /* bf16 C and D: the fp32 result rounded once (nearest even) */
     const __nv_bfloat16 *Cb = (const __nv_bfloat16 *)C;
     __nv_bfloat16 *Db = (__nv_bfloat16 *)D;
-    for (uint64_t j = 0; j < n; j++)
-        for (uint64_t i = 0; i < m; i++) {
-            float acc = 0.0f;
-            for (uint64_t l = 0; l < k; l++) {
-                __nv_bfloat16 x = d->ta == CUBLAS_OP_N ? Ab[l * (uint64_t)a->ld + i] : Ab[i * (uint64_t)a->ld + l];
-                __nv_bfloat16 y = d->tb == CUBLAS_OP_N ? Bb[j * (uint64_t)b->ld + l] : Bb[l * (uint64_t)b->ld + j];
-                acc += __bfloat162float(x) * __bfloat162float(y);  /* exact product, fp32 sum */
+    for (int32_t q = 0; q < dd->batch; q++) {   /* a strided batch: matrix q at q strides */
+        const uint64_t oa = (uint64_t)q * (uint64_t)a->stride, ob = (uint64_t)q * (uint64_t)b->stride;
+        const uint64_t od = (uint64_t)q * (uint64_t)dd->stride;
+        for (uint64_t j = 0; j < n; j++)
+            for (uint64_t i = 0; i < m; i++) {
+                float acc = 0.0f;
+                for (uint64_t l = 0; l < k; l++) {
+                    __nv_bfloat16 x = Ab[oa + (d->ta == CUBLAS_OP_N ? l * (uint64_t)a->ld + i : i * (uint64_t)a->ld + l)];
+                    __nv_bfloat16 y = Bb[ob + (d->tb == CUBLAS_OP_N ? j * (uint64_t)b->ld + l : l * (uint64_t)b->ld + j)];
+                    acc += __bfloat162float(x) * __bfloat162float(y);  /* exact product, fp32 sum */
+                }
+                float r = al * acc;
+                const uint64_t at = od + j * (uint64_t)dd->ld + i;
+                if (be != 0.0f)   /* beta = 0: C is not read */
+                    r += be * (d16 ? __bfloat162float(Cb[at]) : Cf[at]);
+                if (d16) Db[at] = __float2bfloat16_rn(r);
+                else Df[at] = r;
             }
-            float r = al * acc;
-            if (be != 0.0f)   /* beta = 0: C is not read */
-                r += be * (d16 ? __bfloat162float(Cb[j * (uint64_t)c->ld + i]) : Cf[j * (uint64_t)c->ld + i]);
-            if (d16) Db[j * (uint64_t)dd->ld + i] = __float2bfloat16_rn(r);
-            else Df[j * (uint64_t)dd->ld + i] = r;
-        }
+    }
     return CUBLAS_STATUS_SUCCESS;
 }
