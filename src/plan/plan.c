@@ -1148,7 +1148,7 @@ static void stage_work(const struct mt_plan *p, int l0, int l1, int rc, struct m
 
 /* The optimizer's passes over the parameters group rank 0 updates (every
  * one at ZeRO-0): its class's pass_bytes per parameter (AdamW reads p, g,
- * m, v and writes p, m, v: 28; Muon's momentum and update 20), the gradient zeroing 4, the
+ * m, v and writes p, m, v: 28; Muon's momentum 16 and update 12), the gradient zeroing 4, the
  * bf16 shadow of a matrix (precision=bf16) its class's shadow_bytes (AdamW
  * writes it in its pass: 2; the refresh after Muon's update: 6), its
  * class's extra_bytes (Muon: Newton–Schulz's passes on the full matrix) and
