@@ -707,8 +707,8 @@ export -f stage_attnv4
 
 # Muon, the default optimizer (the speed configs are AdamW): its Newton-Schulz in bf16, batched
 # over same-shape matrices (muon.c; until the twenty-third session fp32 CUDA cores, ~1.0 s a d2048
-# step), timed against the plan: d2048 0.204 s a step on the H100 profile, optimizer 0.093 s (its
-# matrices 4 or 1 a batch: GEMM-bound); GPT-2 124M 0.041 s, optimizer 0.006 s (84 matrices of 768
+# step), timed against the plan: d2048 0.195 s a step on the H100 profile, optimizer 0.084 s (its
+# matrices 4 or 1 a batch: GEMM-bound); GPT-2 124M 0.040 s, optimizer 0.005 s (84 matrices of 768
 # rows, 28 or 10 a batch: there the launches the plan does not price would show). The receipt's
 # per-op profile files the whole update under optimizer. Last, so a short budget loses it first.
 stage_muon() {

@@ -318,34 +318,40 @@ static void test_schedule(void)
 }
 
 /* ---- clipping: exact scale, reported norm, no-op below the threshold ----
- * AdamW takes the clip's scale inside its update (takes_gscale: the gradient
- * stays as it is, the step equals one on gradients scaled in place, bit for
- * bit); the reference optimizer o2 steps copies whose gradients are scaled
- * here and whose norm is below the threshold (no clip of its own). */
-static void test_clip(const struct mt_ops_i *ops)
+ * AdamW and Muon take the clip's scale inside their updates (takes_gscale:
+ * the gradient stays as it is, the step equals one on gradients scaled in
+ * place, bit for bit); the reference optimizer o2 steps copies whose
+ * gradients are scaled here and whose norm is below the threshold (no clip
+ * of its own). `table` (NULL: the built-in one) is the clipped optimizer's:
+ * with a class that does not take the scale, optim.c scales its gradients in
+ * place first (`in_place`: they are written, the same bits). */
+static void clip_case(const struct mt_ops_i *ops, const struct mt_optim_i *const *table, int in_place)
 {
     struct mt_ctx ctx;
     mt_ctx_init(&ctx);
     struct mt_config cfg;
     base_cfg(&cfg);
     cfg.grad_clip = 1.0f;
-    struct mt_param ps[2], ps2[2];
+    struct mt_param ps[3], ps2[3];
     mkparam(&ctx, &ps[0], "a.weight", 2, 4, 4, MT_OPTIM_ADAMW, 1);
     mkparam(&ctx, &ps[1], "b.weight", 1, 5, 1, MT_OPTIM_ADAMW, 0);
+    mkparam(&ctx, &ps[2], "c.weight", 2, 6, 4, MT_OPTIM_MUON, 1);
     mkparam(&ctx, &ps2[0], "a.weight", 2, 4, 4, MT_OPTIM_ADAMW, 1);
     mkparam(&ctx, &ps2[1], "b.weight", 1, 5, 1, MT_OPTIM_ADAMW, 0);
-    float orig[2][16];
+    mkparam(&ctx, &ps2[2], "c.weight", 2, 6, 4, MT_OPTIM_MUON, 1);
+    float orig[3][24];
     unsigned s = 3;
     double ss = 0;
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < 3; k++)
         for (size_t i = 0; i < ps[k].numel; i++) {
             ps[k].grad[i] = orig[k][i] = 2.0f * rnd(&s);
             ps[k].data[i] = ps2[k].data[i] = rnd(&s);
             ss += (double)orig[k][i] * orig[k][i];
         }
     struct mt_optim *o = NULL, *o2 = NULL;
-    EXPECT(mt_optim_create(&ctx, ops, &cfg, ps, 2, &o) == MT_OK);
-    EXPECT(mt_optim_create(&ctx, ops, &cfg, ps2, 2, &o2) == MT_OK);
+    EXPECT((table ? mt_optim_create_with(&ctx, ops, &cfg, table, 2, ps, 3, &o)
+                  : mt_optim_create(&ctx, ops, &cfg, ps, 3, &o)) == MT_OK);
+    EXPECT(mt_optim_create(&ctx, ops, &cfg, ps2, 3, &o2) == MT_OK);
     if (!o || !o2) return;
     double got = mt_optim_grad_sumsq(o);
     EXPECT(fabs(got - ss) < 1e-9 * ss);
@@ -353,25 +359,42 @@ static void test_clip(const struct mt_ops_i *ops)
     EXPECT(norm > 1.5);
     EXPECT(mt_optim_step(&ctx, o, 0, norm) == MT_OK);
     float sc = (float)(cfg.grad_clip / (norm + 1e-6));
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < 3; k++)
         for (size_t i = 0; i < ps[k].numel; i++) {
-            EXPECT(ps[k].grad[i] == orig[k][i]);   /* not written */
             ps2[k].grad[i] = orig[k][i] * sc;
+            /* not written by a class that takes the scale; scaled in place otherwise */
+            EXPECT(ps[k].grad[i] == (in_place ? ps2[k].grad[i] : orig[k][i]), "%s[%zu]", ps[k].name, i);
         }
     EXPECT(mt_optim_step(&ctx, o2, 0, 0.5) == MT_OK);
-    for (int k = 0; k < 2; k++)
-        for (size_t i = 0; i < ps[k].numel; i++) EXPECT(ps[k].data[i] == ps2[k].data[i]);
+    for (int k = 0; k < 3; k++)
+        for (size_t i = 0; i < ps[k].numel; i++) EXPECT(ps[k].data[i] == ps2[k].data[i], "%s[%zu]", ps[k].name, i);
     mt_optim_destroy(&ctx, o2);
-    freeparams(&ctx, ps2, 2);
+    freeparams(&ctx, ps2, 3);
+    if (table) {   /* the rest is the built-in table's */
+        mt_optim_destroy(&ctx, o);
+        freeparams(&ctx, ps, 3);
+        return;
+    }
     /* below the threshold: untouched */
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < 3; k++)
         for (size_t i = 0; i < ps[k].numel; i++) ps[k].grad[i] = orig[k][i] * 0.01f;
     EXPECT(mt_optim_step(&ctx, o, 1, sqrt(mt_optim_grad_sumsq(o))) == MT_OK);
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < 3; k++)
         for (size_t i = 0; i < ps[k].numel; i++) EXPECT(ps[k].grad[i] == orig[k][i] * 0.01f);
     EXPECT(mt_optim_step(&ctx, o, 2, NAN) == MT_ERR_NUMERIC);
     mt_optim_destroy(&ctx, o);
-    freeparams(&ctx, ps, 2);
+    freeparams(&ctx, ps, 3);
+}
+
+static void test_clip(const struct mt_ops_i *ops)
+{
+    clip_case(ops, NULL, 0);
+    /* AdamW's and Muon's entries with takes_gscale 0 (a new class's default): scaled in place */
+    struct mt_optim_i aw = *mt_optim_class(MT_OPTIM_ADAMW), mu = *mt_optim_class(MT_OPTIM_MUON);
+    aw.takes_gscale = mu.takes_gscale = 0;
+    const struct mt_optim_i *const table[2] = {&aw, &mu};
+    _Static_assert(MT_OPTIM_ADAMW == 0 && MT_OPTIM_MUON == 1, "the table's order is the kinds'");
+    clip_case(ops, table, 1);
 }
 
 /* ---- plan == allocation; every injected allocation failure is clean ---- */
@@ -607,11 +630,12 @@ static void test_table(void)
 }
 
 /* ---- Muon's bf16 iteration: a matrix's update does not depend on its batch ----
- * precision=bf16 (muon_ns_bf16 by default): five matrices, four of one iterate
- * shape (6x4 and 4x6: (s, l) = (4, 6), iterated together) and one 8x8, stepped
- * twice by one optimizer, and each by an optimizer of its own (a batch of one):
- * the same bits. The bf16 iteration ran (not the fp32 one's bits) and stays
- * within a tenth of the update of the fp32 iteration's result. */
+ * precision=bf16 (muon_ns_bf16 by default): five matrices, two 6x4 (tall: they
+ * iterate as their transposes), two 4x6 (each shape a batch of two) and one
+ * 8x8, stepped twice by one optimizer, and each by an optimizer of its own (a
+ * batch of one): the same bits. The bf16 iteration ran (not the fp32 one's
+ * bits) and stays within a tenth of the update of the fp32 iteration's result
+ * (tall and wide alike). */
 static void muon_bf16_run(const struct mt_ops_i *ops, const char *precision, int alone, float out[5][64])
 {
     static const int shape[5][2] = {{6, 4}, {4, 6}, {8, 8}, {6, 4}, {4, 6}};

@@ -401,8 +401,10 @@ struct mt_ops_i {
      *   with bc1 = 1 - b1^t, bc2 = 1 - b2^t (t from 1). */
     void (*adamw_update)(void *be, float *p, const float *g, float *m, float *v, size_t n,
                          float lr, float b1, float b2, float eps, float wd, float bc1, float bc2);
-    /* Muon momentum: m = mu*m + g; d = g + mu*m (Nesterov direction), d may alias g. */
-    void (*muon_momentum)(void *be, float *d, float *m, const float *g, float mu, size_t n);
+    /* Muon momentum: m = mu*m + g; d = g + mu*m (Nesterov direction), d may alias g;
+     * each g element read as gscale * g (one fp32 multiply: the value the clip's
+     * axpby(g, NULL, 0, gscale) would store; g itself is not written; 1: g as is). */
+    void (*muon_momentum)(void *be, float *d, float *m, const float *g, float mu, size_t n, float gscale);
     /* out (cols, rows) = transpose of in (rows, cols) */
     void (*transpose)(void *be, float *out, const float *in, int rows, int cols);
 
@@ -854,6 +856,16 @@ struct mt_ops_i {
      *   reads the flags only when that norm is not finite. */
     double (*sumsq_multi)(void *be, const float *const *x, const size_t *n, int count);
     void   (*normalize_fro)(void *be, float *x, size_t n, double eps);
+    /* normalize_fro_bf16: dst = bf16(normalize_fro's value of x), x untouched:
+     *   the same scalar and fp32 multiply, then cast_bf16's rounding, in one
+     *   pass that stores no fp32 (Muon's X0 into its bf16 batch). Optional
+     *   (NULL: Muon's iteration stays fp32). */
+    void   (*normalize_fro_bf16)(void *be, mt_bf16 *dst, const float *x, size_t n, double eps);
+    /* axpby_from_bf16: y = a x + b y with x bf16 (axpby's expression on the
+     *   widened x, y not read when b = 0: the bits of widen_bf16 then axpby,
+     *   without the fp32 copy; Muon's update from its bf16 result). Optional,
+     *   as normalize_fro_bf16. */
+    void   (*axpby_from_bf16)(void *be, float *y, const mt_bf16 *x, float a, float b, size_t n);
     void   (*adamw_multi)(void *be, float *const *p, mt_bf16 *const *pb, const float *const *g, float *const *m,
                           float *const *v, const size_t *n, const float *wd, int count, float lr, float b1, float b2,
                           float eps, float bc1, float bc2, float gscale);

@@ -29,8 +29,8 @@
  * and s^2 rounded up to 128 elements (a batch's matrices 256 bytes apart) */
 enum {
     WS_D,  /* (rows*cols) Nesterov direction d                                   */
-    WS_X,  /* (s*l) iterate X (fp32 iteration; bf16: X0 before its rounding, the
-            * result after its widening)                                        */
+    WS_X,  /* (s*l) iterate X (fp32 iteration); bf16: a TP-split matrix's result
+            * widened (its box is copied out of it)                             */
     WS_Y,  /* (s*l) next iterate (fp32 iteration); TP column gather            */
     WS_A,  /* (s*s) A = X X^T (fp32 iteration)                                   */
     WS_B,  /* (s*s) B = b A + c A A (fp32 iteration)                             */
@@ -92,14 +92,14 @@ static void muon_ws_sizes(const struct mt_ctx *ctx, const struct mt_config *cfg,
         split |= is_split(p);
     }
     if (max_numel == 0) return;
-    floats[WS_D] = floats[WS_X] = max_numel;
+    floats[WS_D] = max_numel;
     floats[WS_G] = split ? max_numel : 0;
     if (mt_optim_muon_ns_bf16(ctx, cfg)) {   /* 2 bytes an element */
-        floats[WS_Y] = split ? max_numel : 0;
+        floats[WS_X] = floats[WS_Y] = split ? max_numel : 0;
         floats[WS_X0] = floats[WS_X1] = (batch_n + 1) / 2;
         floats[WS_SA] = floats[WS_SB] = (batch_ss + 1) / 2;
     } else {
-        floats[WS_Y] = max_numel;
+        floats[WS_X] = floats[WS_Y] = max_numel;
         floats[WS_A] = floats[WS_B] = max_ss;
     }
 }
@@ -120,13 +120,14 @@ static double muon_flops(const struct mt_param *p)
  * normalisation 12n (the norm's read, the scale's read and write), a tall
  * matrix's transpose back 8n; per iteration B += b A 12 s^2 and Y = X 8n
  * (the third GEMM's beta term). bf16 (gemm_bf16): the iteration has no pass
- * of its own (its sums are the GEMMs' epilogues); D normalised in place (a
- * tall matrix: transposed first, 8n, and back, 8n) 12n, rounded into the
- * batch 6n, the result widened back 6n. */
+ * of its own (its sums are the GEMMs' epilogues) and no transpose (a tall
+ * matrix iterates as X^T); D read for its norm and read again as it is
+ * rounded into the batch (normalize_fro_bf16: 4n + 6n), less the 2n the update
+ * saves reading its U as bf16 (axpby_from_bf16; pass_bytes counts 4). */
 static double muon_extra_bytes(const struct mt_param *p, int gemm_bf16)
 {
     const double r = (double)p->shape[0], c = (double)p->shape[1], n = r * c, s = r < c ? r : c;
-    if (gemm_bf16) return 24.0 * n + (r > c ? 16.0 * n : 0.0);
+    if (gemm_bf16) return 8.0 * n;
     return 8.0 * n + 12.0 * n + (r > c ? 8.0 * n : 0.0) + NS_STEPS * (8.0 * n + 12.0 * s * s);
 }
 
@@ -145,7 +146,8 @@ static enum mt_status muon_check(struct mt_ctx *ctx, const struct mt_ops_i *ops,
     return MT_OK;
 }
 
-/* M = mu M + G;  D = G + mu M into ws[WS_D], the FULL matrix (ops->muon_momentum) */
+/* M = mu M + G;  D = G + mu M into ws[WS_D], the FULL matrix (ops->muon_momentum; G read as
+ * gscale G: the clip's scale rides in the momentum's read, takes_gscale) */
 static enum mt_status muon_direction(struct mt_ctx *ctx, const struct mt_optim_run *run, struct mt_optim_slot *st)
 {
     const struct mt_ops_i *ops = run->ops;
@@ -154,7 +156,7 @@ static enum mt_status muon_direction(struct mt_ctx *ctx, const struct mt_optim_r
     const int R = (int)p->shape[0], C = (int)p->shape[1];
     const size_t n = (size_t)R * (size_t)C, nl = p->numel;
     if (!is_split(p)) {
-        ops->muon_momentum(ops->be, ws[WS_D], st->s[0], p->grad, run->cfg->muon_momentum, n);
+        ops->muon_momentum(ops->be, ws[WS_D], st->s[0], p->grad, run->cfg->muon_momentum, n, run->gscale);
         return MT_OK;
     }
     /* TP: the momentum stays sharded (elementwise); the direction is
@@ -164,7 +166,7 @@ static enum mt_status muon_direction(struct mt_ctx *ctx, const struct mt_optim_r
         return mt_ctx_error(ctx, MT_ERR_RUNTIME, "optimizer: %s is TP-split but no matching model group is set",
                             p->name);
     int tp = mt_comm_size(run->tp_comm);
-    ops->muon_momentum(ops->be, ws[WS_G], st->s[0], p->grad, run->cfg->muon_momentum, nl);
+    ops->muon_momentum(ops->be, ws[WS_G], st->s[0], p->grad, run->cfg->muon_momentum, nl, run->gscale);
     if (p->split == MT_SPLIT_ROWS)
         return mt_comm_allgather(ctx, run->tp_comm, ws[WS_D], ws[WS_G], nl, MT_DTYPE_F32);
     /* column blocks (R, C/tp) of rank r land at columns [r*C/tp, ...) of every row */
@@ -191,17 +193,15 @@ static void muon_start(const struct mt_ops_i *ops, float *x, const float *d, int
     }
 }
 
-/* P = P (1 - lr wd) - lr sqrt(max(1, R/C)) U, U the orthogonalised x (s, l) back in (R, C); TP: this rank's box */
-static void muon_apply(const struct mt_optim_run *run, struct mt_optim_slot *st, float *x, float lr)
+/* P = P (1 - lr wd) - lr sqrt(max(1, R/C)) U with U (R, C) fp32 (TP: this rank's box of it) */
+static void muon_apply(const struct mt_optim_run *run, struct mt_optim_slot *st, float *upd, float lr)
 {
     const struct mt_ops_i *ops = run->ops;
     float *const *ws = run->ws;
     struct mt_param *p = st->p;
     const int R = (int)p->shape[0], C = (int)p->shape[1];
     const float wd = p->decay ? run->cfg->weight_decay : 0.0f;
-    float *upd = x;
-    if (R > C) { ops->transpose(ops->be, ws[WS_D], x, C, R); upd = ws[WS_D]; }
-    double scale = sqrt(R > C ? (double)R / (double)C : 1.0);
+    const double scale = sqrt(R > C ? (double)R / (double)C : 1.0);
     if (is_split(p)) {
         if (p->split == MT_SPLIT_ROWS) {
             upd += (size_t)p->off[0] * (size_t)C;
@@ -213,6 +213,22 @@ static void muon_apply(const struct mt_optim_run *run, struct mt_optim_slot *st,
         }
     }
     ops->axpby(ops->be, p->data, upd, (float)(-(double)lr * scale), 1.0f - lr * wd, p->numel);
+}
+
+/* muon_apply of a bf16 U (R, C): read as bf16 (axpby_from_bf16); a TP-split matrix widens it first */
+static void muon_apply_bf16(const struct mt_optim_run *run, struct mt_optim_slot *st, const mt_bf16 *u, float lr)
+{
+    const struct mt_ops_i *ops = run->ops;
+    struct mt_param *p = st->p;
+    const int R = (int)p->shape[0], C = (int)p->shape[1];
+    if (is_split(p)) {
+        ops->widen_bf16(ops->be, run->ws[WS_X], u, (size_t)R * (size_t)C);
+        muon_apply(run, st, run->ws[WS_X], lr);
+        return;
+    }
+    const float wd = p->decay ? run->cfg->weight_decay : 0.0f;
+    const double scale = sqrt(R > C ? (double)R / (double)C : 1.0);
+    ops->axpby_from_bf16(ops->be, p->data, u, (float)(-(double)lr * scale), 1.0f - lr * wd, p->numel);
 }
 
 /*
@@ -242,19 +258,22 @@ static enum mt_status muon_update_fp32(struct mt_ctx *ctx, const struct mt_optim
         ops->gemm(ops->be, 0, 0, s, l, s, 1.0f, b, s, x, l, NS_A, y, l);      /* Y = a X + B X   */
         float *t = x; x = y; y = t;
     }
+    if (R > C) { ops->transpose(ops->be, ws[WS_D], x, C, R); x = ws[WS_D]; }   /* back to (R, C) */
     muon_apply(run, st, x, lr);
     return MT_OK;
 }
 
 /*
- * The bf16 iteration on nb matrices of one shape (s, l) at once: each
- * matrix's X0 rounded into the batch (X0 bf16, np apart), then per
- * iteration three strided-batched GEMMs, bf16 in and out, each sum in fp32
- * and rounded once as stored:
+ * The bf16 iteration on nb matrices of one shape (R, C) at once, s = min, l =
+ * max. Each matrix's D, normalised, is rounded into the batch (X0, np apart:
+ * normalize_fro_bf16); then per iteration three strided-batched GEMMs, bf16 in
+ * and out, each sum in fp32 and rounded once as stored:
  *   A = bf16(X X^T);  B = bf16(c A A + b A);  X' = bf16(B X + a X)
  * (Muon's reference keeps X, A, B in bf16 too, rounding each product and
- * each sum); then each result widened to fp32 and applied. Three launches
- * an iteration for the batch, where the fp32 form runs three GEMMs and two
+ * each sum); each result is applied from bf16 (axpby_from_bf16). A tall
+ * matrix (R > C) iterates as X^T = D itself, (l, s): A = X^T^T X^T and
+ * X'^T = X^T B^T + a X^T, so no transpose either way. Three launches an
+ * iteration for the batch, where the fp32 form runs three GEMMs and two
  * passes per matrix.
  */
 static enum mt_status muon_update_bf16(struct mt_ctx *ctx, const struct mt_optim_run *run,
@@ -262,32 +281,28 @@ static enum mt_status muon_update_bf16(struct mt_ctx *ctx, const struct mt_optim
 {
     const struct mt_ops_i *ops = run->ops;
     float *const *ws = run->ws;
-    const int R = (int)batch[0]->p->shape[0], C = (int)batch[0]->p->shape[1];
-    const int s = R > C ? C : R, l = R > C ? R : C;
+    const int R = (int)batch[0]->p->shape[0], C = (int)batch[0]->p->shape[1], tall = R > C;
+    const int s = tall ? C : R, l = tall ? R : C;
     const size_t n = (size_t)R * (size_t)C, np = pad128(n), sp = pad128((size_t)s * (size_t)s);
     mt_bf16 *x = (mt_bf16 *)ws[WS_X0], *y = (mt_bf16 *)ws[WS_X1];
     mt_bf16 *a = (mt_bf16 *)ws[WS_SA], *b = (mt_bf16 *)ws[WS_SB];
-    for (int j = 0; j < nb; j++) {   /* (R, C) or (C, R): the same iterate shape */
-        const int Rj = (int)batch[j]->p->shape[0], Cj = (int)batch[j]->p->shape[1];
+    for (int j = 0; j < nb; j++) {
         MT_CHECK(muon_direction(ctx, run, batch[j]));
-        float *x0 = Rj > Cj ? ws[WS_X] : ws[WS_D];   /* a wide or square D is normalised in place */
-        muon_start(ops, x0, ws[WS_D], Rj, Cj);
-        ops->cast_bf16(ops->be, x + (size_t)j * np, x0, n);
+        ops->normalize_fro_bf16(ops->be, x + (size_t)j * np, ws[WS_D], n, 1e-7);
     }
     for (int it = 0; it < NS_STEPS; it++) {
-        ops->gemm_bf16_batched(ops->be, 0, 1, s, s, l, 1.0f, x, l, np, x, l, np, 0.0f, NULL, a, s, sp, nb);
+        if (tall) ops->gemm_bf16_batched(ops->be, 1, 0, s, s, l, 1.0f, x, s, np, x, s, np, 0.0f, NULL, a, s, sp, nb);
+        else      ops->gemm_bf16_batched(ops->be, 0, 1, s, s, l, 1.0f, x, l, np, x, l, np, 0.0f, NULL, a, s, sp, nb);
         ops->gemm_bf16_batched(ops->be, 0, 0, s, s, s, NS_C, a, s, sp, a, s, sp, NS_B, a, b, s, sp, nb);
-        ops->gemm_bf16_batched(ops->be, 0, 0, s, l, s, 1.0f, b, s, sp, x, l, np, NS_A, x, y, l, np, nb);
+        if (tall) ops->gemm_bf16_batched(ops->be, 0, 1, l, s, s, 1.0f, x, s, np, b, s, sp, NS_A, x, y, s, np, nb);
+        else      ops->gemm_bf16_batched(ops->be, 0, 0, s, l, s, 1.0f, b, s, sp, x, l, np, NS_A, x, y, l, np, nb);
         mt_bf16 *t = x; x = y; y = t;
     }
-    for (int j = 0; j < nb; j++) {
-        ops->widen_bf16(ops->be, ws[WS_X], x + (size_t)j * np, n);
-        muon_apply(run, batch[j], ws[WS_X], lr);
-    }
+    for (int j = 0; j < nb; j++) muon_apply_bf16(run, batch[j], x + (size_t)j * np, lr);
     return MT_OK;
 }
 
-/* The list's matrices by shape (s, l), in order of first appearance; each
+/* The list's matrices by shape (R, C), in order of first appearance; each
  * shape's in batches of up to batch_cap (the bf16 iteration), or one by one
  * (fp32). Each matrix's update depends on its own numbers only: the batch it
  * lands in changes no bit on cpu (a loop of GEMMs). */
@@ -300,10 +315,10 @@ static enum mt_status muon_step(struct mt_ctx *ctx, const struct mt_optim_run *r
         for (int i = 0; i < n; i++) MT_CHECK(muon_update_fp32(ctx, run, slots[i], lr));
         return MT_OK;
     }
-    if (!ops->gemm_bf16_batched || !ops->cast_bf16 || !ops->widen_bf16)
+    if (!ops->gemm_bf16_batched || !ops->normalize_fro_bf16 || !ops->axpby_from_bf16 || !ops->widen_bf16)
         return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED,
-                            "backend %s lacks gemm_bf16_batched/cast_bf16/widen_bf16 for Muon's bf16 Newton-Schulz "
-                            "(knob muon_ns_bf16=0 runs it in fp32)", ops->name);
+                            "backend %s lacks gemm_bf16_batched/normalize_fro_bf16/axpby_from_bf16/widen_bf16 for "
+                            "Muon's bf16 Newton-Schulz (knob muon_ns_bf16=0 runs it in fp32)", ops->name);
     if (n > MT_OPS_LIST_MAX)
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "optimizer: Muon stepped %d matrices at once (at most %d)", n,
                             MT_OPS_LIST_MAX);
@@ -316,10 +331,7 @@ static enum mt_status muon_step(struct mt_ctx *ctx, const struct mt_optim_run *r
         int nb = 0;
         for (int j = i; j < n; j++) {
             const struct mt_param *q = slots[j]->p;
-            const int same = !done[j] && (p->shape[0] < p->shape[1] ? p->shape[0] : p->shape[1]) ==
-                                             (q->shape[0] < q->shape[1] ? q->shape[0] : q->shape[1]) &&
-                             p->shape[0] * p->shape[1] == q->shape[0] * q->shape[1];
-            if (!same) continue;
+            if (done[j] || q->shape[0] != p->shape[0] || q->shape[1] != p->shape[1]) continue;
             done[j] = 1;
             batch[nb++] = slots[j];
             if (nb == cap) { MT_CHECK(muon_update_bf16(ctx, run, batch, nb, lr)); nb = 0; }
@@ -338,6 +350,7 @@ const struct mt_optim_i mt_optim_muon = {
     .whole_matrix = 1,
     .pass_bytes = 28.0,   /* momentum: reads g, m, writes m, d (16); update: reads p, U, writes p (12) */
     .shadow_bytes = 6.0,  /* the refresh re-reads p (4) and writes the shadow (2) */
+    .takes_gscale = 1,    /* the clip's scale rides in muon_momentum's read of g */
     .flops = muon_flops,
     .extra_bytes = muon_extra_bytes,
     .ws_sizes = muon_ws_sizes,

@@ -240,7 +240,7 @@ enum mt_status mt_optim_step(struct mt_ctx *ctx, struct mt_optim *o, int step, d
     /* every op of the update is the optimizer's in the profile (the clip, Muon's GEMMs and passes too) */
     const int scope = mt_ops_profile_scope(MT_OPK_OPTIMIZER);
     /* clip: g *= min(1, clip / (norm + 1e-6)), before every class: in place, or inside the
-     * update of a class that takes the scale (AdamW: one fp32 multiply as it reads g, the
+     * update of a class that takes the scale (AdamW, Muon: one fp32 multiply as it reads g, the
      * same bits; saves a read and a write of every gradient, 8 GB a step at 1B params) */
     float gscale = 1.0f;
     if (cfg->grad_clip > 0) {
@@ -259,6 +259,7 @@ enum mt_status mt_optim_step(struct mt_ctx *ctx, struct mt_optim *o, int step, d
     enum mt_status rc = MT_OK;
     for (int k = 0; k < o->n_classes && rc == MT_OK; k++) {
         memcpy(run.ws, o->ws[k], sizeof run.ws);
+        run.gscale = o->classes[k]->takes_gscale ? gscale : 1.0f;   /* the others' gradients are scaled already */
         struct mt_optim_slot *list[MT_OPS_LIST_MAX];
         int n = 0;
         for (int i = 0; i < o->n_params; i++) {

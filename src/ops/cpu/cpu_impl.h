@@ -250,7 +250,7 @@ void mt_cpu_adamw_update(float *p, const float *g, float *m, float *v, size_t n,
  * pb != NULL, pb = mt_cpu_cast_bf16 of the updated p (adamw_multi's shadow; NULL: not written) */
 void mt_cpu_adamw_update_gs(float *p, uint16_t *pb, const float *g, float gs, float *m, float *v, size_t n,
                             float lr, float b1, float b2, float eps, float wd, float bc1, float bc2);
-void mt_cpu_muon_momentum(float *d, float *m, const float *g, float mu, size_t n);
+void mt_cpu_muon_momentum(float *d, float *m, const float *g, float mu, size_t n, float gscale);
 
 /* ssm.c — Mamba-3 scan (mt_ops.h ssm_scan_*) */
 void mt_cpu_ssm_scan_forward(float *y, const float *x, const float *Bm, const float *Cm,

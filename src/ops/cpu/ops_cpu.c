@@ -515,6 +515,30 @@ static void p_normalize_fro(void *be, float *x, size_t n, double eps)
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_ELEMENTWISE, cpu_normalize_fro(x, n, eps));
 }
+/* normalize_fro_bf16 / axpby_from_bf16 (mt_ops.h): normalize_fro's scalar and
+ * product, then the rounding; axpby's expression on the widened x */
+static void cpu_normalize_fro_bf16(mt_bf16 *dst, const float *x, size_t n, double eps)
+{
+    const float b = (float)(1.0 / (sqrt(mt_cpu_sumsq(x, n)) + eps));
+    #pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) dst[i] = mt_cpu_f32_to_bf16(b * x[i]);
+}
+static void p_normalize_fro_bf16(void *be, mt_bf16 *dst, const float *x, size_t n, double eps)
+{
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    PROF(MT_OPK_ELEMENTWISE, cpu_normalize_fro_bf16(dst, x, n, eps));
+}
+static void cpu_axpby_from_bf16(float *y, const mt_bf16 *x, float a, float b, size_t n)
+{
+    #pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++)   /* b = 0: y is not read (axpby's rule) */
+        y[i] = b == 0.0f ? a * mt_cpu_bf16_to_f32(x[i]) : a * mt_cpu_bf16_to_f32(x[i]) + b * y[i];
+}
+static void p_axpby_from_bf16(void *be, float *y, const mt_bf16 *x, float a, float b, size_t n)
+{
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    PROF(MT_OPK_ELEMENTWISE, cpu_axpby_from_bf16(y, x, a, b, n));
+}
 static void cpu_adamw_multi(float *const *p, mt_bf16 *const *pb, const float *const *g, float *const *m,
                             float *const *v, const size_t *n, const float *wd, int count, float lr, float b1, float b2,
                             float eps, float bc1, float bc2, float gscale)
@@ -557,10 +581,10 @@ static void p_mod_backward(void *be, float *dr, float *dx, const float *dgate, c
     (void)be;   /* stateless */
     PROF(MT_OPK_ELEMENTWISE, mt_cpu_mod_backward(dr, dx, dgate, s, slot, N, D, aux_scale));
 }
-static void p_muon_momentum(void *be, float *d, float *m, const float *g, float mu, size_t n)
+static void p_muon_momentum(void *be, float *d, float *m, const float *g, float mu, size_t n, float gscale)
 {
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
-    PROF(MT_OPK_OPTIMIZER, mt_cpu_muon_momentum(d, m, g, mu, n));
+    PROF(MT_OPK_OPTIMIZER, mt_cpu_muon_momentum(d, m, g, mu, n, gscale));
 }
 static void p_transpose(void *be, float *out, const float *in, int rows, int cols)
 {
@@ -937,6 +961,8 @@ static const struct mt_ops_i cpu_ops = {
     /* step synchronisation (issue 27 item 3) */
     /* .sumsq_multi                = */ .sumsq_multi                = p_sumsq_multi,
     /* .normalize_fro              = */ .normalize_fro              = p_normalize_fro,
+    /* .normalize_fro_bf16         = */ .normalize_fro_bf16         = p_normalize_fro_bf16,
+    /* .axpby_from_bf16            = */ .axpby_from_bf16            = p_axpby_from_bf16,
     /* .adamw_multi                = */ .adamw_multi                = p_adamw_multi,
     /* .nonfinite_mark             = */ .nonfinite_mark             = p_nonfinite_mark,
     /* .cast_bf16_multi            = */ .cast_bf16_multi            = p_cast_bf16_multi,

@@ -68,13 +68,15 @@ void mt_cpu_adamw_update(float *p, const float *g, float *m, float *v, size_t n,
     mt_cpu_adamw_update_gs(p, NULL, g, 1.0f, m, v, n, lr, b1, b2, eps, wd, bc1, bc2);
 }
 
-void mt_cpu_muon_momentum(float *d, float *m, const float *g, float mu, size_t n)
+void mt_cpu_muon_momentum(float *d, float *m, const float *g, float mu, size_t n, float gscale)
 {
     #pragma omp parallel for schedule(static) if (n > 16384)
     for (size_t i = 0; i < n; i++) {
-        float gi = g[i];
-        float mi = mu * m[i] + gi;
+        /* the clip's product rounded once, then explicit FMAs: the bits do not depend on the
+         * compiler's contraction (-ffp-contract), so scale-then-call equals the scale inside */
+        const float gi = gscale == 1.0f ? g[i] : gscale * g[i];
+        const float mi = fmaf(mu, m[i], gi);
         m[i] = mi;
-        d[i] = gi + mu * mi;
+        d[i] = fmaf(mu, mi, gi);
     }
 }

@@ -594,6 +594,8 @@ double mt_cuda_sumsq(void *be, const float *x, size_t n);
 int    mt_cuda_all_finite(void *be, const float *x, size_t n);
 double mt_cuda_sumsq_multi(void *be, const float *const *x, const size_t *n, int count);
 void   mt_cuda_normalize_fro(void *be, float *x, size_t n, double eps);
+void   mt_cuda_normalize_fro_bf16(void *be, mt_bf16 *dst, const float *x, size_t n, double eps);
+void   mt_cuda_axpby_from_bf16(void *be, float *y, const mt_bf16 *x, float a, float b, size_t n);
 void   mt_cuda_nonfinite_mark(void *be, float *flags, const float *const *x, const size_t *n, const int *slot, int count);
 
 /* ---- gemm.cu ---- */
@@ -751,7 +753,7 @@ void mt_cuda_mod_backward(void *be, float *dr, float *dx, const float *dgate, co
 /* ---- optim_kernels.cu ---- */
 void mt_cuda_adamw_update(void *be, float *p, const float *g, float *m, float *v, size_t n,
                           float lr, float b1, float b2, float eps, float wd, float bc1, float bc2);
-void mt_cuda_muon_momentum(void *be, float *d, float *m, const float *g, float mu, size_t n);
+void mt_cuda_muon_momentum(void *be, float *d, float *m, const float *g, float mu, size_t n, float gscale);
 void mt_cuda_adamw_multi(void *be, float *const *p, mt_bf16 *const *pb, const float *const *g, float *const *m,
                          float *const *v, const size_t *n, const float *wd, int count, float lr, float b1, float b2,
                          float eps, float bc1, float bc2, float gscale);

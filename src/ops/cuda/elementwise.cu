@@ -285,6 +285,43 @@ extern "C" double mt_cuda_sumsq_multi(void *be, const float *const *x, const siz
     return mt_cuda_be->err != MT_OK ? NAN : r;
 }
 
+/* normalize_fro_bf16 (mt_ops.h): scale_rnorm_k's scalar and product, then the rounding */
+static __global__ void scale_rnorm_bf16_k(__nv_bfloat16 *dst, const float *x, const double *ss, double eps, size_t n)
+{
+    float b = (float)(1.0 / (sqrt(*ss) + eps));
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = mt_cuda_bf16_rn(__fmul_rn(b, x[i]));
+}
+
+/* axpby_from_bf16 (mt_ops.h): axpby_k's modes 1 and 2 on the widened x */
+static __global__ void axpby_from_bf16_k(float *y, const __nv_bfloat16 *x, float a, float b, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = b == 0.0f ? a * __bfloat162float(x[i]) : a * __bfloat162float(x[i]) + b * y[i];
+}
+
+extern "C" void mt_cuda_normalize_fro_bf16(void *be, mt_bf16 *dst, const float *x, size_t n, double eps)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    if (!n) return;
+    MT_LAUNCH(sumsq_pass1_k, sumsq_grid_x(n), MT_CUDA_RED_THREADS, 0)(mt_cuda_be->red_partial, x, n);
+    MT_CUDA_KCHECK();
+    MT_LAUNCH(sumsq_pass2_k, 1, MT_CUDA_RED_THREADS, 0)(mt_cuda_be->red_partial, MT_CUDA_RED_BLOCKS);
+    MT_CUDA_KCHECK();
+    MT_LAUNCH(scale_rnorm_bf16_k, mt_cuda_blocks(n, THREADS), THREADS, 0)((__nv_bfloat16 *)dst, x,
+                                                                          mt_cuda_be->red_partial + MT_CUDA_RED_BLOCKS,
+                                                                          eps, n);
+    MT_CUDA_KCHECK();
+}
+
+extern "C" void mt_cuda_axpby_from_bf16(void *be, float *y, const mt_bf16 *x, float a, float b, size_t n)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    if (!n) return;
+    MT_LAUNCH(axpby_from_bf16_k, mt_cuda_blocks(n, THREADS), THREADS, 0)(y, (const __nv_bfloat16 *)x, a, b, n);
+    MT_CUDA_KCHECK();
+}
+
 extern "C" void mt_cuda_normalize_fro(void *be, float *x, size_t n, double eps)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */

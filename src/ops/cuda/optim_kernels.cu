@@ -85,13 +85,14 @@ static __global__ void adamw_k(float *p, const float *g, float *m, float *v, siz
     adamw_span(p, NULL, g, 1.0f, m, v, n, lr, b1, b2, eps, decay, bc1, bc2);
 }
 
-static __global__ void muon_momentum_k(float *d, float *m, const float *g, float mu, size_t n)
+static __global__ void muon_momentum_k(float *d, float *m, const float *g, float mu, size_t n, float gscale)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float gi = g[i];
-        float mi = mu * m[i] + gi;
+        /* the clip's product rounded once, then the cpu kernel's explicit FMAs */
+        const float gi = gscale == 1.0f ? g[i] : __fmul_rn(gscale, g[i]);
+        const float mi = fmaf(mu, m[i], gi);
         m[i] = mi;
-        d[i] = gi + mu * mi;
+        d[i] = fmaf(mu, mi, gi);
     }
 }
 
@@ -169,11 +170,12 @@ extern "C" void mt_cuda_adamw_multi(void *be, float *const *p, mt_bf16 *const *p
     }
 }
 
-extern "C" void mt_cuda_muon_momentum(void *be, float *d, float *m, const float *g, float mu, size_t n)
+extern "C" void mt_cuda_muon_momentum(void *be, float *d, float *m, const float *g, float mu, size_t n,
+                                      float gscale)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (!n) return;
-    MT_LAUNCH(muon_momentum_k, mt_cuda_blocks(n, THREADS), THREADS, 0)(d, m, g, mu, n);
+    MT_LAUNCH(muon_momentum_k, mt_cuda_blocks(n, THREADS), THREADS, 0)(d, m, g, mu, n, gscale);
     MT_CUDA_KCHECK();
 }
 
