@@ -208,7 +208,8 @@ static void muon_apply(const struct mt_optim_run *run, struct mt_optim_slot *st,
         } else {
             const int Cl = (int)p->len[1];
             for (int i = 0; i < R; i++)
-                ops->copy(ops->be, ws[WS_G] + (size_t)i * Cl, upd + (size_t)i * C + (size_t)p->off[1], (size_t)Cl * sizeof(float));
+                ops->copy(ops->be, ws[WS_G] + (size_t)i * Cl, upd + (size_t)i * C + (size_t)p->off[1],
+                          (size_t)Cl * sizeof(float));
             upd = ws[WS_G];
         }
     }

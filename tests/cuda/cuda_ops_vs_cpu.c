@@ -225,7 +225,8 @@ static void test_table(void)
         E(swiglu_backward_act_bf16_gu), E(swiglu_backward_act_bf16_gud), E(gemm_bf16_out), E(gemm_bf16_resid),
         E(widen_bf16),
         E(moe_route), E(moe_seq_stats), E(moe_aux_loss), E(moe_aux_backward), E(xent_fused), E(xent_fused_bf16),
-        E(sumsq_multi), E(normalize_fro), E(normalize_fro_bf16), E(axpby_from_bf16), E(adamw_multi), E(nonfinite_mark), E(cast_bf16_multi), E(attention_forward_bf16),
+        E(sumsq_multi), E(normalize_fro), E(normalize_fro_bf16), E(axpby_from_bf16),
+        E(adamw_multi), E(nonfinite_mark), E(cast_bf16_multi), E(attention_forward_bf16),
         E(attention_backward_bf16), E(op_profile), E(redo_score_acc), E(mod_route), E(mod_backward),
         E(gemm_grouped_rows), E(gemm_grouped_sum), E(moe_count_acc), E(ssm_gate_norm_forward_bf16), E(xent_fused_bf16_logits),
 #undef E

@@ -150,12 +150,14 @@ void mt_cpu_gemm_bf16_batched(int transA, int transB, int M, int N, int K, float
         }
         if (beta != 0.0f)
             for (int i = 0; i < M; i++)
-                for (int j = 0; j < N; j++) t[(size_t)i * (size_t)N + j] = mt_cpu_bf16_to_f32(c[(size_t)i * (size_t)ldd + j]);
+                for (int j = 0; j < N; j++)
+                    t[(size_t)i * (size_t)N + j] = mt_cpu_bf16_to_f32(c[(size_t)i * (size_t)ldd + j]);
         mt_cpu_gemm_bf16(transA, transB, M, N, K, alpha, A + (size_t)b * stride_a, MT_ELEM_BF16, lda,
                          B + (size_t)b * stride_b, MT_ELEM_BF16, ldb, beta, t, N);
         #pragma omp parallel for schedule(static)
         for (int i = 0; i < M; i++)
-            for (int j = 0; j < N; j++) d[(size_t)i * (size_t)ldd + j] = mt_cpu_f32_to_bf16(t[(size_t)i * (size_t)N + j]);
+            for (int j = 0; j < N; j++)
+                d[(size_t)i * (size_t)ldd + j] = mt_cpu_f32_to_bf16(t[(size_t)i * (size_t)N + j]);
     }
     free(t);
 }

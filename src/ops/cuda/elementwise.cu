@@ -300,17 +300,23 @@ static __global__ void axpby_from_bf16_k(float *y, const __nv_bfloat16 *x, float
         y[i] = b == 0.0f ? a * __bfloat162float(x[i]) : a * __bfloat162float(x[i]) + b * y[i];
 }
 
-extern "C" void mt_cuda_normalize_fro_bf16(void *be, mt_bf16 *dst, const float *x, size_t n, double eps)
+/* sumsq's two passes over x into the backend's reduction slot (normalize_fro and its bf16 form):
+ * the device address of the sum */
+static const double *fro_sumsq(const float *x, size_t n)
 {
-    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
-    if (!n) return;
     MT_LAUNCH(sumsq_pass1_k, sumsq_grid_x(n), MT_CUDA_RED_THREADS, 0)(mt_cuda_be->red_partial, x, n);
     MT_CUDA_KCHECK();
     MT_LAUNCH(sumsq_pass2_k, 1, MT_CUDA_RED_THREADS, 0)(mt_cuda_be->red_partial, MT_CUDA_RED_BLOCKS);
     MT_CUDA_KCHECK();
-    MT_LAUNCH(scale_rnorm_bf16_k, mt_cuda_blocks(n, THREADS), THREADS, 0)((__nv_bfloat16 *)dst, x,
-                                                                          mt_cuda_be->red_partial + MT_CUDA_RED_BLOCKS,
-                                                                          eps, n);
+    return mt_cuda_be->red_partial + MT_CUDA_RED_BLOCKS;
+}
+
+extern "C" void mt_cuda_normalize_fro_bf16(void *be, mt_bf16 *dst, const float *x, size_t n, double eps)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    if (!n) return;
+    const double *ss = fro_sumsq(x, n);
+    MT_LAUNCH(scale_rnorm_bf16_k, mt_cuda_blocks(n, THREADS), THREADS, 0)((__nv_bfloat16 *)dst, x, ss, eps, n);
     MT_CUDA_KCHECK();
 }
 
@@ -326,12 +332,8 @@ extern "C" void mt_cuda_normalize_fro(void *be, float *x, size_t n, double eps)
 {
     MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
     if (!n) return;
-    MT_LAUNCH(sumsq_pass1_k, sumsq_grid_x(n), MT_CUDA_RED_THREADS, 0)(mt_cuda_be->red_partial, x, n);
-    MT_CUDA_KCHECK();
-    MT_LAUNCH(sumsq_pass2_k, 1, MT_CUDA_RED_THREADS, 0)(mt_cuda_be->red_partial, MT_CUDA_RED_BLOCKS);
-    MT_CUDA_KCHECK();
-    MT_LAUNCH(scale_rnorm_k, mt_cuda_blocks(n, THREADS), THREADS, 0)(x, mt_cuda_be->red_partial + MT_CUDA_RED_BLOCKS,
-                                                                     eps, n);
+    const double *ss = fro_sumsq(x, n);
+    MT_LAUNCH(scale_rnorm_k, mt_cuda_blocks(n, THREADS), THREADS, 0)(x, ss, eps, n);
     MT_CUDA_KCHECK();
 }
 

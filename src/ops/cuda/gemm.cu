@@ -228,8 +228,8 @@ static struct mt_cuda_lt_algo_slot *algo_class(const struct mt_cuda_lt_plan *p, 
     for (int i = 0; i < MT_CUDA_LT_ALGOS; i++) {
         struct mt_cuda_lt_algo_slot *a = &mt_cuda_be->algos[i];
         if (a->used && a->ta == p->ta && a->tb == p->tb && a->mb == mb && a->n == p->n && a->kb == kb &&
-            a->align_a == p->align_a && a->align_b == p->align_b && a->align_c == p->align_c && a->c_bf16 == p->c_bf16 &&
-            a->batch == p->batch)
+            a->align_a == p->align_a && a->align_b == p->align_b && a->align_c == p->align_c &&
+            a->c_bf16 == p->c_bf16 && a->batch == p->batch)
             return a;
     }
     if (!create) return NULL;

@@ -400,7 +400,8 @@ static struct mt_ops_i cuda_ops = {
     /* step synchronisation (issue 27 item 3) */
     /* .sumsq_multi                = */ .sumsq_multi                = PROF(MT_OPK_OPTIMIZER, mt_cuda_sumsq_multi),
     /* .normalize_fro              = */ .normalize_fro              = PROF(MT_OPK_ELEMENTWISE, mt_cuda_normalize_fro),
-    /* .normalize_fro_bf16         = */ .normalize_fro_bf16         = PROF(MT_OPK_ELEMENTWISE, mt_cuda_normalize_fro_bf16),
+    /* .normalize_fro_bf16         = */ .normalize_fro_bf16         =
+        PROF(MT_OPK_ELEMENTWISE, mt_cuda_normalize_fro_bf16),
     /* .axpby_from_bf16            = */ .axpby_from_bf16            = PROF(MT_OPK_ELEMENTWISE, mt_cuda_axpby_from_bf16),
     /* .adamw_multi                = */ .adamw_multi                = PROF(MT_OPK_OPTIMIZER, mt_cuda_adamw_multi),
     /* .nonfinite_mark             = */ .nonfinite_mark             = PROF(MT_OPK_ELEMENTWISE, mt_cuda_nonfinite_mark),

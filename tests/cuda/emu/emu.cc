@@ -2136,8 +2136,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
             for (uint64_t i = 0; i < m; i++) {
                 float acc = 0.0f;
                 for (uint64_t l = 0; l < k; l++) {
-                    __nv_bfloat16 x = Ab[oa + (d->ta == CUBLAS_OP_N ? l * (uint64_t)a->ld + i : i * (uint64_t)a->ld + l)];
-                    __nv_bfloat16 y = Bb[ob + (d->tb == CUBLAS_OP_N ? j * (uint64_t)b->ld + l : l * (uint64_t)b->ld + j)];
+                    const uint64_t ia = d->ta == CUBLAS_OP_N ? l * (uint64_t)a->ld + i : i * (uint64_t)a->ld + l;
+                    const uint64_t ib = d->tb == CUBLAS_OP_N ? j * (uint64_t)b->ld + l : l * (uint64_t)b->ld + j;
+                    const __nv_bfloat16 x = Ab[oa + ia], y = Bb[ob + ib];
                     acc += __bfloat162float(x) * __bfloat162float(y);  /* exact product, fp32 sum */
                 }
                 float r = al * acc;
