@@ -51,7 +51,7 @@ assert k["attn_kernel"]["value"] == "v3" and k["attn_kernel"]["env_alias"] == "M
 assert k["zero_overlap"]["value"] == sys.argv[2] and k["zero_overlap"]["source"] == sys.argv[3], k["zero_overlap"]
 assert k["zero_overlap"]["env_alias"] == "MT_ZERO_OVERLAP" and k["test_fault"]["test_hook"] is True
 assert r["distributed"]["tunables"]["MT_ZERO_OVERLAP"] == int(sys.argv[2]), r["distributed"]["tunables"]
-assert r["backend"]["runtime_mode"] == "fp32", r["backend"]
+assert r["backend"]["runtime_mode"] == "fp32" and r["backend"]["muon_newton_schulz"] == "fp32", r["backend"]
 PY
 }
 $MT train $TINY --out "$W/d" > /dev/null 2>&1 && check x "$W/d" 1 default && ok "default knob in receipt" || bad "default knob in receipt"

@@ -6,7 +6,7 @@
 #     every element of params.bin and optim.bin is bit-identical except the listed units' rows
 #     of Wg and Wu (= the init generator's values for "<name>@redo3", std 0.02), their Wd
 #     columns (= 0) and those rows / columns of every optimizer state (= 0); Muon (momentum)
-#     and optimizer=adamw (exp_avg, exp_avg_sq);
+#     and optimizer=adamw (exp_avg, exp_avg_sq); the receipt says muon_newton_schulz fp32 / none;
 #  2. every mesh recycles the same units: 9 steps (events at 3, 6, 9) on dp=2 ZeRO-0/1/3,
 #     tp=2, ep=2, pp=2, the 4-rank tp=2 x dp=2 ZeRO-3 and pp=2 x ep=2, and the 8-rank
 #     pp=2 x dp=2 x tp=2 ZeRO-1 and dp=2 x ep=2 x tp=2 ZeRO-3: the unit lists of
@@ -34,8 +34,11 @@ CHECK="python3 $HERE/redo_check.py"
 # ---- 1: the event, element by element ----
 for opt in muon adamw; do
     if run 1 "$W/ev_on_$opt" $REDO --set optimizer=$opt --steps 3 && run 1 "$W/ev_off_$opt" $BASE --set optimizer=$opt --steps 3 \
-        && $CHECK event "$W/ev_on_$opt" "$W/ev_off_$opt" 3; then
-        ok "optimizer=$opt: the event rewrites exactly the listed rows / columns (generator values, zeros, zero state)"
+        && $CHECK event "$W/ev_on_$opt" "$W/ev_off_$opt" 3 &&
+        python3 -c "import json, sys; b = json.load(open(sys.argv[1] + '/receipt.json'))['backend']; \
+assert b['muon_newton_schulz'] == sys.argv[2], b" "$W/ev_on_$opt" "$([ $opt = adamw ] && echo none || echo fp32)"; then
+        ok "optimizer=$opt: the event rewrites exactly the listed rows / columns (generator values, zeros, zero state);" \
+           "the receipt's muon_newton_schulz $([ $opt = adamw ] && echo none || echo fp32)"
     else bad "optimizer=$opt: the event's rows / columns"; tail -3 "$W/ev_on_$opt.log"; fi
 done
 

@@ -19,6 +19,7 @@ struct mt_receipt {
     /* backend */
     char backend_requested[16], backend_actual[16];
     char runtime_mode[16];          /* "fp32"; cuda: the GEMM precision in force ("bf16") */
+    char muon_newton_schulz[8];     /* "bf16" | "fp32" | "none" (report.c muon_mode)     */
     char fallback_reason[256];      /* "" = null */
     char blas[64], coretype[32], coretype_source[96];
     int  threads;

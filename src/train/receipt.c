@@ -67,6 +67,7 @@ static void receipt_backend_mesh(cJSON *root, const struct mt_receipt *r)
     cJSON_AddStringToObject(be, "requested", r->backend_requested);
     cJSON_AddStringToObject(be, "actual", r->backend_actual);
     cJSON_AddStringToObject(be, "runtime_mode", r->runtime_mode);
+    cJSON_AddStringToObject(be, "muon_newton_schulz", r->muon_newton_schulz[0] ? r->muon_newton_schulz : "none");
     if (r->fallback_reason[0]) cJSON_AddStringToObject(be, "fallback_reason", r->fallback_reason);
     else cJSON_AddNullToObject(be, "fallback_reason");
     cJSON_AddStringToObject(be, "blas", r->blas);

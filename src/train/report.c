@@ -16,6 +16,7 @@
 
 #include "../core/mt_knobs.h"
 #include "../model/mt_blocks.h"
+#include "../optim/mt_optim.h"
 #include "../plan/mt_gpu_info.h"
 #include "../parallel/mt_layout.h"
 #include "../plan/mt_plan.h"
@@ -620,6 +621,17 @@ static void runtime_mode(const struct run_state *rs, char *out, size_t n)
     if (ops->gemm_precision && ops->gemm_precision(ops->be) == MT_ELEM_BF16) snprintf(out, n, "bf16-percall");
 }
 
+/* How Muon's Newton–Schulz ran (muon.c): "bf16" (precision=bf16 with knob
+ * muon_ns_bf16: bf16 storage, batched), "fp32", or "none" (no Muon matrix on
+ * this rank). Config and knob decide it; the receipt says it in one word. */
+static void muon_mode(const struct mt_ctx *ctx, const struct run_state *rs, char *out, size_t n)
+{
+    int np = 0, any = 0;
+    const struct mt_param *ps = mt_model_params(rs->model, &np);
+    for (int i = 0; i < np; i++) any |= !ps[i].frozen && ps[i].optim == MT_OPTIM_MUON;
+    snprintf(out, n, "%s", !any ? "none" : mt_optim_muon_ns_bf16(ctx, rs->cfg) ? "bf16" : "fp32");
+}
+
 /* What did not run as asked on a device backend ("" = everything did). */
 static void device_fallback_reason(const struct mt_ops_device_info *in, char *out, size_t n)
 {
@@ -936,6 +948,7 @@ enum mt_status mt_train_report(struct mt_ctx *ctx, struct run_state *rs, const s
                             plan, plan_err);
     struct mt_receipt r;
     fill_receipt(&r, rs, ri, plan, mine);
+    muon_mode(ctx, rs, r.muon_newton_schulz, sizeof r.muon_newton_schulz);
     mt_plan_destroy(&pctx, plan);
     snprintf(r.replica_hash_check, sizeof r.replica_hash_check, "%s", hash_msg);
     r.distributed_json = djson;
