@@ -25,6 +25,11 @@
  * forward 4*B*H*T*T*hd, halved for the causal mask; backward 2.5x the
  * forward (five T x T x hd products instead of two).
  *
+ * Muon ("muon_ns"): one iteration of the batched bf16 Newton–Schulz
+ * (src/optim/muon.c) at the d2048 and GPT-2 124M benchmarks' batches, three
+ * gemm_bf16_batched calls, nb (4 s^2 l + 2 s^3) FLOPs; "muon_ns_bf16_flop_per_s"
+ * their sum over their time (the planner's optimizer rate where it runs).
+ *
  * MoE experts ("grouped"): gpu_moe8's expert products (8 groups of 1024
  * rows, d_model 2048, expert_hidden 2752) through the device-sized entries
  * gemm_grouped_rows / gemm_grouped_sum (one launch; at both block tile
@@ -278,6 +283,22 @@ static void grp_fn(const void *arg)
                              g->w[0] + (size_t)e * R * D, MT_ELEM_BF16, D, 1.0f, g->cg[e], D);
         break;
     }
+}
+
+/* Muon's bf16 Newton–Schulz (src/optim/muon.c muon_update_bf16, a wide or
+ * square batch): one iteration's three gemm_bf16_batched calls on nb matrices
+ * of (s, l), np and sp elements apart; FLOPs nb (4 s^2 l + 2 s^3) */
+struct cal_ns_ctx { int s, l, nb; size_t np, sp; mt_bf16 *x, *y, *a, *b; };
+static void ns_fn(const void *arg)
+{
+    const struct cal_ns_ctx *c = arg;
+    const int s = c->s, l = c->l;
+    g_ops->gemm_bf16_batched(g_ops->be, 0, 1, s, s, l, 1.0f, c->x, l, c->np, c->x, l, c->np, 0.0f, NULL, c->a, s, c->sp,
+                             c->nb);
+    g_ops->gemm_bf16_batched(g_ops->be, 0, 0, s, s, s, 2.0315f, c->a, s, c->sp, c->a, s, c->sp, -4.775f, c->a, c->b, s,
+                             c->sp, c->nb);
+    g_ops->gemm_bf16_batched(g_ops->be, 0, 0, s, l, s, 1.0f, c->b, s, c->sp, c->x, l, c->np, 3.4445f, c->x, c->y, l,
+                             c->np, c->nb);
 }
 
 /* --------------------------------------------------------------- checks */
@@ -914,6 +935,38 @@ int main(int argc, char **argv)
     }
     emit(f, "\n ],\n");
 
+    /* ---- Muon's batched bf16 Newton–Schulz (muon.c): one iteration at d2048's
+     * batches (2048 x 2048, 4 a batch; 2048 x 5504 alone) and GPT-2 124M's
+     * (768 x 768, 28; 768 x 2048, 10); --quick: two tiny ones. The optimizer's
+     * rate in the planner where that iteration runs (sum FLOPs / sum time) ---- */
+    emit(f, " \"muon_ns\": [");
+    double ns_flops = 0, ns_s = 0;
+    if (g_ops->gemm_bf16_batched) {
+        static const int full[4][3] = {{2048, 2048, 4}, {2048, 5504, 1}, {768, 768, 28}, {768, 2048, 10}};
+        static const int tiny[2][3] = {{24, 40, 3}, {16, 48, 1}};
+        const int n_ns = quick ? 2 : 4;
+        for (int r = 0; r < n_ns; r++) {
+            const int *sh = quick ? tiny[r] : full[r];
+            struct cal_ns_ctx c = {sh[0], sh[1], sh[2], 0, 0, NULL, NULL, NULL, NULL};
+            c.np = ((size_t)c.s * c.l + 127) & ~(size_t)127, c.sp = ((size_t)c.s * c.s + 127) & ~(size_t)127;
+            const size_t nx = c.np * c.nb, ns = c.sp * c.nb;
+            const float amp = (float)(1.0 / sqrt((double)c.s * c.l));   /* X normalised, as Muon's X0 */
+            float *t = dev_uniform(nx, -amp, amp);
+            c.x = dev_alloc(nx * 2), c.y = dev_alloc(nx * 2), c.a = dev_alloc(ns * 2), c.b = dev_alloc(ns * 2);
+            g_ops->cast_bf16(g_ops->be, c.x, t, nx);
+            const double flops = c.nb * (4.0 * c.s * c.s * (double)c.l + 2.0 * c.s * (double)c.s * c.s);
+            struct cal_time tm = time_runs(ns_fn, &c, warmup, reps);
+            check_status("muon_ns");
+            ns_flops += flops, ns_s += tm.median;
+            emit(f, "%s\n  {\"s\": %d, \"l\": %d, \"batch\": %d, \"flops\": %.6g, \"median_s\": %.6e, "
+                    "\"flop_per_s\": %.6e}",
+                 r ? "," : "", c.s, c.l, c.nb, flops, tm.median, flops / tm.median);
+            g_ops->buf_free(g_ops->be, &g_ctx, t), g_ops->buf_free(g_ops->be, &g_ctx, c.x);
+            g_ops->buf_free(g_ops->be, &g_ctx, c.y), g_ops->buf_free(g_ops->be, &g_ctx, c.a);
+            g_ops->buf_free(g_ops->be, &g_ctx, c.b);
+        }
+    }
+    emit(f, "\n ],\n \"muon_ns_bf16_flop_per_s\": %.6e,\n", ns_s > 0 ? ns_flops / ns_s : 0.0);
 
     /* ---- attention (causal, H = K: no GQA sharing): the fp32 kernels, then
      * the precision=bf16 ones (tensor cores) with attn_kernel=v1, v2, then v3

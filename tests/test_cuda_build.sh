@@ -1349,6 +1349,11 @@ assert m["scan_fwd_bwd_flop_per_s"] > 0 and m["scan_bf16_fwd_bwd_flop_per_s"] > 
 g = [r for r in c["grouped"] if r["bn"] == 256]
 assert len(g) == 3 and math.isclose(m["gemm_grouped_bf16_flop_per_s"],
                                     sum(r["flops"] for r in g) / sum(r["grouped_median_s"] for r in g), rel_tol=1e-9), m
+# Muon's batched Newton-Schulz: its rows' FLOPs / time, into the profile
+ns = c["muon_ns"]
+assert len(ns) == 2 and all(r["flops"] == r["batch"] * (4 * r["s"] ** 2 * r["l"] + 2 * r["s"] ** 3) for r in ns), ns
+assert math.isclose(m["muon_ns_bf16_flop_per_s"], sum(r["flops"] for r in ns) / sum(r["median_s"] for r in ns),
+                    rel_tol=1e-5), m
 PY
        "$BUILD/meshtrain" plan --config "$SRC/bench/configs/gpu_d2048_dense.json" --set batch_size=32 --world 8 --mesh dp=8 \
            --profile "$EMU/emu-calib.json" >"$EMU/calib_plan.log" 2>&1 &&

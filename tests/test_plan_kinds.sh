@@ -12,7 +12,8 @@
 # attention at the GEMM rate; memory_bandwidth_bytes_per_s overrides the
 # calibrated copy rate; a profile without a memory bandwidth (cpu-local) has
 # no breakdown; the MoE experts' grouped kernels at their own rate, and only
-# where a run takes the device-sized path (7, 8).
+# where a run takes the device-sized path (7, 8); Muon's batched Newton-Schulz at
+# its measured rate (9).
 set -u
 BUILD=${1:?build dir}
 . "$(dirname "$0")/cli_lib.sh"
@@ -269,4 +270,32 @@ PY
 done
 if [ -z "$msg" ]; then ok "plan and run agree on the device-sized experts ($n8 configs)"
 else bad "plan vs run, device-sized experts:$msg"; fi
+# 9. Muon's batched bf16 Newton-Schulz at its measured rate (cuda_calib's muon_ns rows,
+#    measured.muon_ns_bf16_flop_per_s): d2048 with Muon in precision=bf16 prices its
+#    optimizer FLOPs at it (basis "measured ..."), and the bytes part is unchanged; with knob
+#    muon_ns_bf16=0 (the fp32 iteration) the rate does not apply
+msg=""
+python3 -c 'import json, sys; p = json.load(open(sys.argv[1])); p["measured"]["muon_ns_bf16_flop_per_s"] = 3.0e14
+json.dump(p, open(sys.argv[2], "w"))' "$PROF" "$W/ns.json"
+if plan --set optimizer=muon --world 1 --json >"$W/n0.json" 2>"$W/err" &&
+   "$MT" plan --config "$CFG" --set precision=bf16 --set optimizer=muon --profile "$W/ns.json" --world 1 --json \
+       >"$W/n1.json" 2>>"$W/err" &&
+   "$MT" plan --config "$CFG" --set precision=bf16 --set optimizer=muon --knob muon_ns_bf16=0 --profile "$W/ns.json" \
+       --world 1 --json >"$W/n2.json" 2>>"$W/err" &&
+   msg=$(python3 - "$W/n0.json" "$W/n1.json" "$W/n2.json" <<'PY'
+import json, sys
+k0, k1, k2 = (json.load(open(f))["cost"]["by_kind"] for f in sys.argv[1:4])
+assert k0["optimizer_basis"] == "bf16" and k1["optimizer_basis"] == "measured (batched bf16 Newton-Schulz)", (k0, k1)
+assert k1["optimizer_flop_per_s"] == 3.0e14 and k2["optimizer_basis"] == "fp32", (k1, k2)
+f, b = k1["flops"]["optimizer"], k1["bytes"]["optimizer"]
+assert f > 4e13 and b == k0["bytes"]["optimizer"], (f, b, k0["bytes"]["optimizer"])
+want = f / 3.0e14 + b / k1["memory_bandwidth_bytes_per_s"]
+assert abs(k1["seconds"]["optimizer"] - want) <= 1e-9 * want, (k1["seconds"]["optimizer"], want)
+print("optimizer %.4g s at the bf16 GEMM rate -> %.4g s at the measured 3e14" % (k0["seconds"]["optimizer"],
+                                                                               k1["seconds"]["optimizer"]))
+PY
+); then
+    ok "Muon's batched Newton-Schulz at its measured rate: $msg"
+else bad "Muon's measured Newton-Schulz rate: $(cat "$W/err") ${msg:-}"; fi
+
 finish

@@ -157,7 +157,9 @@ static const char *optimizer_basis(const struct mt_plan_kinds *k)
 {
     if (!strcmp(k->optimizer_basis, "fp32")) return "Muon's Newton-Schulz in fp32";
     if (!strcmp(k->optimizer_basis, "bf16"))
-        return "Muon's Newton-Schulz on bf16 operands (precision=bf16 with knob muon_ns_bf16, or cuda_precision=bf16)";
+        return "Muon's Newton-Schulz in bf16 (precision=bf16 with knob muon_ns_bf16, or cuda_precision=bf16)";
+    if (!strncmp(k->optimizer_basis, "measured", 8))
+        return "Muon's batched bf16 Newton-Schulz, measured (cuda_calib muon_ns)";
     return "Newton-Schulz at the profile's one GEMM rate";
 }
 

@@ -222,6 +222,9 @@ def main():
         # default tile (bn 256): sum FLOPs / sum median time over the forward, dx and dW
         # rows; the planner prices the experts' share of the GEMM FLOPs at it (precision=bf16)
         "gemm_grouped_bf16_flop_per_s": grouped_rate(cal.get("grouped") or []),
+        # Muon's batched bf16 Newton-Schulz (cuda_calib's muon_ns rows: sum FLOPs / sum
+        # time): the planner's optimizer rate where that iteration runs; None before it
+        "muon_ns_bf16_flop_per_s": cal.get("muon_ns_bf16_flop_per_s") or None,
         "scan_shapes": sorted({"%dx%dx%dx%dx%dx%d" % (x["b"], x["t"], x["h"], x["p"], x["n"], x["chunk"])
                                for x in cal.get("scan") or []}),
         "allreduce_one_rank": ({"comm": ar.get("comm"), "best_algbw_bytes_per_s": ar.get("best_algbw_bytes_per_s")}

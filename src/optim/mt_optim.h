@@ -84,9 +84,9 @@ struct mt_optim_i {
     /* planner: FLOPs of one update beyond the elementwise pass (NULL: 0) */
     double (*flops)(const struct mt_param *p);
     /* planner: bytes one update reads + writes beyond pass_bytes per element
-     * (Muon: Newton–Schulz's elementwise passes on the full matrix; with
-     * gemm_bf16, its GEMMs on bf16 operands: their bf16 copies); NULL: 0 */
-    double (*extra_bytes)(const struct mt_param *p, int gemm_bf16);
+     * (Muon: Newton–Schulz's elementwise passes on the full matrix; bf16: the
+     * batched bf16 iteration's, mt_optim_muon_ns_bf16); NULL: 0 */
+    double (*extra_bytes)(const struct mt_param *p, int bf16);
     /* floats of each workspace buffer for the parameters of kind `kind`
      * among params[0..n) (the FULL shapes; 0 = not allocated) under cfg (its
      * precision) and ctx's knobs (Muon: muon_ns_bf16). Pure; NULL: no

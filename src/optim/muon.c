@@ -119,15 +119,15 @@ static double muon_flops(const struct mt_param *p)
  * fp32: X from D (a copy, or the transpose of a tall matrix) 8n, the
  * normalisation 12n (the norm's read, the scale's read and write), a tall
  * matrix's transpose back 8n; per iteration B += b A 12 s^2 and Y = X 8n
- * (the third GEMM's beta term). bf16 (gemm_bf16): the iteration has no pass
+ * (the third GEMM's beta term). bf16 (the batched iteration): it has no pass
  * of its own (its sums are the GEMMs' epilogues) and no transpose (a tall
  * matrix iterates as X^T); D read for its norm and read again as it is
  * rounded into the batch (normalize_fro_bf16: 4n + 6n), less the 2n the update
  * saves reading its U as bf16 (axpby_from_bf16; pass_bytes counts 4). */
-static double muon_extra_bytes(const struct mt_param *p, int gemm_bf16)
+static double muon_extra_bytes(const struct mt_param *p, int bf16)
 {
     const double r = (double)p->shape[0], c = (double)p->shape[1], n = r * c, s = r < c ? r : c;
-    if (gemm_bf16) return 8.0 * n;
+    if (bf16) return 8.0 * n;
     return 8.0 * n + 12.0 * n + (r > c ? 8.0 * n : 0.0) + NS_STEPS * (8.0 * n + 12.0 * s * s);
 }
 

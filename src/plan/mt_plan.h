@@ -256,9 +256,11 @@ struct mt_plan_profile {
      * measured.scan_fwd_bwd_flop_per_s; measured.attention_bf16_fwd_bwd_flop_per_s and
      * measured.scan_bf16_fwd_bwd_flop_per_s (precision=bf16's tensor-core kernels: used
      * when the config is bf16); measured.gemm_grouped_bf16_flop_per_s (the MoE experts'
-     * grouped kernels, cuda_calib's grouped rows at the default tile) */
+     * grouped kernels, cuda_calib's grouped rows at the default tile);
+     * measured.muon_ns_bf16_flop_per_s (Muon's batched bf16 Newton–Schulz, cuda_calib's
+     * muon_ns rows: the optimizer's rate when that iteration runs) */
     double mem_bandwidth, attn_fwd_rate, attn_bwd_rate, attn_rate, scan_rate, attn_bf16_rate, scan_bf16_rate;
-    double grouped_bf16_rate;
+    double grouped_bf16_rate, muon_ns_bf16_rate;
     char   mem_basis[64], attn_precision[16];
 };
 /* Load a profile JSON file. MT_ERR_IO / MT_ERR_FORMAT naming the file and key. */
@@ -275,7 +277,8 @@ struct mt_plan_cost {
     double optimizer_rate;     /* FLOP/s of the optimizer's GEMMs (Muon's Newton–Schulz: bf16 in
                                 * precision=bf16 with knob muon_ns_bf16, or where cuda_precision=bf16
                                 * makes the table's fp32 gemm bf16; fp32 otherwise) */
-    const char *optimizer_basis; /* the by_precision entry it used ("fp32", "bf16") or "profile"  */
+    const char *optimizer_basis; /* the by_precision entry it used ("fp32", "bf16") or "profile";
+                                  * "measured (...)": the profile's muon_ns_bf16_flop_per_s      */
     double compute_s;          /* busiest rank's compute: microbatches + optimizer              */
     double tp_s, ep_s, pp_s;   /* model / expert / pipe axis collectives (blocking: exposed)    */
     double dp_s;               /* ZeRO / data-parallel collectives, all of them                 */

@@ -100,7 +100,7 @@ struct mt_plan {
      * precision=bf16 unless knob muon_ns_bf16=0, or where cuda_precision=bf16 makes the
      * table's fp32 gemm bf16; fp32 otherwise; the bytes count the bf16 copies of the first
      * way, an approximation of the second's per-call conversions) */
-    int scan_bf16, head_bf16_logits, moe_dev_sizes, optim_gemm_bf16;
+    int scan_bf16, head_bf16_logits, moe_dev_sizes, optim_gemm_bf16, muon_bf16;
 };
 
 int mt_plan_world(const struct mt_plan *p) { return p->world; }
@@ -505,10 +505,11 @@ enum mt_status mt_plan_create(struct mt_ctx *ctx, const struct mt_config *cfg, c
     p->head_bf16_logits = !ctx || mt_knob_int(ctx, MT_KNOB_HEAD_BF16_LOGITS) != 0;
     p->moe_dev_sizes = !ctx || (strcmp(mt_knob_str(ctx, MT_KNOB_MOE_SIZES), "host") != 0 &&
                                 mt_knob_int(ctx, MT_KNOB_MOE_GROUPED) != 0);
-    /* Muon's Newton–Schulz on bf16 operands: precision=bf16 with knob muon_ns_bf16 (muon.c
-     * ns_bf16), or every fp32 gemm of the cuda backend in bf16 (knob cuda_precision=bf16) */
-    p->optim_gemm_bf16 = mt_optim_muon_ns_bf16(ctx, &p->cfg) ||
-                         (ctx && !strcmp(mt_knob_str(ctx, MT_KNOB_CUDA_PRECISION), "bf16"));
+    /* Muon's Newton–Schulz in bf16: the batched bf16 iteration (precision=bf16 with knob
+     * muon_ns_bf16, muon.c), or the fp32 iteration with every gemm of the cuda backend in
+     * bf16 (knob cuda_precision=bf16: its rate, the fp32 iteration's passes) */
+    p->muon_bf16 = mt_optim_muon_ns_bf16(ctx, &p->cfg);
+    p->optim_gemm_bf16 = p->muon_bf16 || (ctx && !strcmp(mt_knob_str(ctx, MT_KNOB_CUDA_PRECISION), "bf16"));
     enum mt_status rc = MT_OK;
     p->st = mt_alloc(ctx, (size_t)d->pp * sizeof *p->st, MT_BUCKET_OTHER);
     p->eng_rank = mt_alloc(ctx, (size_t)NZ * p->world * NB * sizeof(size_t), MT_BUCKET_OTHER);
@@ -760,6 +761,7 @@ static void profile_load_rates(const cJSON *j, struct mt_plan_profile *prof)
     prof->attn_bf16_rate = fmax(0, num_or(m, "attention_bf16_fwd_bwd_flop_per_s", 0, NULL));
     prof->scan_bf16_rate = fmax(0, num_or(m, "scan_bf16_fwd_bwd_flop_per_s", 0, NULL));
     prof->grouped_bf16_rate = fmax(0, num_or(m, "gemm_grouped_bf16_flop_per_s", 0, NULL));
+    prof->muon_ns_bf16_rate = fmax(0, num_or(m, "muon_ns_bf16_flop_per_s", 0, NULL));
     const cJSON *ap = cJSON_GetObjectItemCaseSensitive(m, "attention_precision");
     snprintf(prof->attn_precision, sizeof prof->attn_precision, "%s", cJSON_IsString(ap) ? ap->valuestring : "");
 }
@@ -925,6 +927,10 @@ static double cost_rate(const struct mt_plan *p, const struct mt_plan_profile *p
 {
     double opt_peak, opt_eff;
     out->optimizer_rate = precision_rate(p, prof, p->optim_gemm_bf16, &opt_peak, &opt_eff, &out->optimizer_basis);
+    if (p->muon_bf16 && prof->muon_ns_bf16_rate > 0) {   /* cuda_calib's batched iteration, measured */
+        out->optimizer_rate = prof->muon_ns_bf16_rate;
+        out->optimizer_basis = "measured (batched bf16 Newton-Schulz)";
+    }
     return precision_rate(p, prof, !strcmp(p->cfg.precision, "bf16"), &out->peak_per_rank, &out->efficiency,
                           &out->peak_basis);
 }
@@ -1172,7 +1178,7 @@ static double optimizer_bytes(const struct mt_plan *p, const struct stage_plan *
         const double zeroing = ps[i].grad_gemm && p->zero <= 1 ? 0.0 : 4.0;
         b += (double)ps[i].numel * (bf16 ? per + zeroing + 4.0 : per + zeroing);
         const struct mt_optim_i *oc = mt_optim_class(ps[i].optim);
-        if (oc->extra_bytes) b += oc->extra_bytes(&ps[i], p->optim_gemm_bf16);   /* Muon: Newton–Schulz's passes */
+        if (oc->extra_bytes) b += oc->extra_bytes(&ps[i], p->muon_bf16);   /* Muon: Newton–Schulz's passes */
         /* the clip in place (read, write) for a class that does not take its scale: counted as
          * if it clips, as training's first steps do (the norm decides at run time) */
         if (p->cfg.grad_clip > 0 && !oc->takes_gscale) b += 8.0 * (double)ps[i].numel;
