@@ -126,6 +126,9 @@ struct mt_ops_device_counters {
     long      ws_grows;      /* of those allocs: growths of the backend's grow-only
                                 workspace (sized by its first users, so in the
                                 first step; docs/cuda.md)                        */
+    long      plan_builds;   /* cuBLASLt plans built (a plan-cache miss: descriptors,
+                                maybe a heuristic query); none after the first step
+                                unless the cache is too small for the step's shapes */
     long      graph_launches;/* cudaGraphLaunch of a captured segment (CUDA graphs) */
     long      graph_ops;     /* device ops those launches stood for (not counted
                                 in launches/blas_calls/memsets/d2d above)        */

@@ -678,7 +678,7 @@ static void step_counters_json(cJSON *g, const struct mt_ops_i *ops, int emulate
     static const char *const names[] = {"kernel_launches", "blas_calls", "memsets", "h2d_copies", "h2d_bytes",
                                         "d2h_copies", "d2h_bytes", "d2d_copies", "d2d_bytes", "host_syncs",
                                         "device_allocs", "device_frees", "workspace_grows", "graph_launches",
-                                        "graph_ops"};
+                                        "graph_ops", "gemm_plan_builds"};
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
         cJSON *a = cJSON_AddArrayToObject(sc, names[k]);
         for (int i = 0; i < m; i++) {
@@ -686,7 +686,8 @@ static void step_counters_json(cJSON *g, const struct mt_ops_i *ops, int emulate
             const double v[] = {(double)s->launches, (double)s->blas_calls, (double)s->memsets, (double)s->h2d,
                                 (double)s->h2d_bytes, (double)s->d2h, (double)s->d2h_bytes, (double)s->d2d,
                                 (double)s->d2d_bytes, (double)s->syncs, (double)s->allocs, (double)s->frees,
-                                (double)s->ws_grows, (double)s->graph_launches, (double)s->graph_ops};
+                                (double)s->ws_grows, (double)s->graph_launches, (double)s->graph_ops,
+                                (double)s->plan_builds};
             cJSON_AddItemToArray(a, cJSON_CreateNumber(v[k]));
         }
     }

@@ -78,9 +78,16 @@ extern "C" {
 
 /* One cached cuBLASLt bf16 matmul (gemm.cu): the descriptors and the
  * algorithm the heuristic chose for one (transposes, sizes, leading
- * dimensions, C alignment). Built on first use, reused after; evicted
- * round-robin when the cache is full. */
-#define MT_CUDA_LT_PLANS 64
+ * dimensions, C alignment, batch). Built on first use, reused after. The
+ * cache is set-associative: a key's hash picks one of MT_CUDA_LT_SETS sets
+ * of MT_CUDA_LT_WAYS plans (a lookup compares 4 keys, not all), evicted
+ * round-robin within the set. 256 plans: a hybrid MoE step with Muon's
+ * batches met 54 distinct ones at GPUSHAPE's shapes (the old 64-plan cache
+ * was one model away from rebuilding plans, and querying heuristics, every
+ * step). */
+#define MT_CUDA_LT_SETS  64
+#define MT_CUDA_LT_WAYS  4
+#define MT_CUDA_LT_PLANS (MT_CUDA_LT_SETS * MT_CUDA_LT_WAYS)
 struct mt_cuda_lt_plan {
     int                     used;
     int                     ta, tb, m, n, k, lda, ldb, ldc, align_c;  /* the key (row-major view) */
@@ -161,7 +168,7 @@ struct mt_cuda_backend {
                                       MT_CUDA_ATTN_GROUP_KIB overrides)           */
     long long      attn_group_default; /* that budget as set at creation           */
     struct mt_cuda_lt_plan plans[MT_CUDA_LT_PLANS];
-    int            plan_next;      /* round-robin eviction cursor                */
+    unsigned char  plan_next[MT_CUDA_LT_SETS]; /* round-robin eviction cursor of each set */
     struct mt_cuda_lt_algo_slot algos[MT_CUDA_LT_ALGOS];
     int            algo_next;      /* round-robin eviction cursor of algos[]     */
     /* sticky error: first failure wins; see the file comment */

@@ -195,7 +195,7 @@ static void plan_release(struct mt_cuda_lt_plan *p)
 extern "C" void mt_cuda_lt_plans_release(void)
 {
     for (int i = 0; i < MT_CUDA_LT_PLANS; i++) plan_release(&mt_cuda_be->plans[i]);
-    mt_cuda_be->plan_next = 0;
+    memset(mt_cuda_be->plan_next, 0, sizeof mt_cuda_be->plan_next);
     memset(mt_cuda_be->algos, 0, sizeof mt_cuda_be->algos);
     mt_cuda_be->algo_next = 0;
 }
@@ -338,16 +338,30 @@ static struct mt_cuda_lt_plan *plan_get_b(int ta, int tb, int m, int n, int k, i
                                           long long sd)
 {
     if (batch <= 1) batch = 1, sa = sb = sd = 0;
-    for (int i = 0; i < MT_CUDA_LT_PLANS; i++) {
-        struct mt_cuda_lt_plan *p = &mt_cuda_be->plans[i];
+    const long long key[] = {ta, tb, m, n, k, lda, ldb, ldc, align_c, align_a, align_b, c_bf16, batch, sa, sb, sd};
+    /* the set: the key's fields mixed (FNV-1a), then avalanched (murmur3's fmix64) so the set's
+     * low bits depend on every bit of every field, not only their low bits (sizes and leading
+     * dimensions are mostly multiples of 64: without the finalizer most keys shared a set) */
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < sizeof key / sizeof key[0]; i++) h = (h ^ (uint64_t)key[i]) * 1099511628211ull;
+    h ^= h >> 33, h *= 0xff51afd7ed558ccdull, h ^= h >> 33, h *= 0xc4ceb9fe1a85ec53ull, h ^= h >> 33;
+    const int set = (int)(h % MT_CUDA_LT_SETS);
+    struct mt_cuda_lt_plan *ways = &mt_cuda_be->plans[set * MT_CUDA_LT_WAYS];
+    for (int i = 0; i < MT_CUDA_LT_WAYS; i++) {
+        struct mt_cuda_lt_plan *p = &ways[i];
         if (p->used && p->ta == ta && p->tb == tb && p->m == m && p->n == n && p->k == k && p->lda == lda &&
             p->ldb == ldb && p->ldc == ldc && p->align_c == align_c && p->align_a == align_a && p->align_b == align_b &&
             p->c_bf16 == c_bf16 && p->batch == batch && p->sa == sa && p->sb == sb && p->sd == sd)
             return p;
     }
-    struct mt_cuda_lt_plan *p = &mt_cuda_be->plans[mt_cuda_be->plan_next];
-    mt_cuda_be->plan_next = (mt_cuda_be->plan_next + 1) % MT_CUDA_LT_PLANS;
+    struct mt_cuda_lt_plan *p = &ways[mt_cuda_be->plan_next[set]];
+    mt_cuda_be->plan_next[set] = (unsigned char)((mt_cuda_be->plan_next[set] + 1) % MT_CUDA_LT_WAYS);
+    /* a captured graph's matmul nodes use the plan's descriptors (and the emulator's replay
+     * reads them): an evicted plan's would be destroyed under them, so the graphs go first
+     * (as an allocation does it: the step goes on eagerly, the next records again) */
+    if (p->used && mt_cuda_be->graph.want && mt_cuda_be->graph.step > 0) mt_cuda_graph_invalidate();
     plan_release(p);
+    mt_cuda_be->ctr.plan_builds++;
     p->ta = ta; p->tb = tb; p->m = m; p->n = n; p->k = k;
     p->lda = lda; p->ldb = ldb; p->ldc = ldc; p->align_c = align_c;
     p->align_a = align_a; p->align_b = align_b; p->c_bf16 = c_bf16;

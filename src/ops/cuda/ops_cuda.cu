@@ -290,6 +290,7 @@ static void cuda_profile_step(void *be, int end)
         d->ws_grows = b->ws_grows - a->ws_grows;
         d->graph_launches = b->graph_launches - a->graph_launches;
         d->graph_ops = b->graph_ops - a->graph_ops;
+        d->plan_builds = b->plan_builds - a->plan_builds;
     }
     if (B->launch_log) {
         fprintf(B->launch_log, "step %d end\n", B->n_steps);
