@@ -3,8 +3,7 @@
  * Nesterov direction orthogonalised by a quintic Newton–Schulz iteration
  * on the FULL matrix (GEMM-bound: ops->gemm in fp32; in precision=bf16,
  * ops->gemm_bf16_batched on batches of same-shape matrices, bf16 in and out).
- * It accepts the block
- * matrices (roles DENSE and EXPERT, 2-D); the router, the Mamba-3 biases,
+ * It accepts the block matrices (roles DENSE and EXPERT, 2-D); the router, the Mamba-3 biases,
  * gains, embeddings and the head fall back to AdamW (mt_optim_kind_for).
  * State: momentum_buffer. Workspace (bucket WORKSPACE, sized for the
  * largest Muon matrix and the largest batch, holds nothing between calls):
@@ -179,12 +178,12 @@ static enum mt_status muon_direction(struct mt_ctx *ctx, const struct mt_optim_r
     return MT_OK;
 }
 
-/* X0 = D, or D^T if R > C (so X is (s, l), s <= l), over ||X||_F + 1e-7, into x (x may be d when R <= C) */
+/* the fp32 iteration's X0 = D, or D^T if R > C (so X is (s, l), s <= l), over ||X||_F + 1e-7, into x */
 static void muon_start(const struct mt_ops_i *ops, float *x, const float *d, int R, int C)
 {
     const size_t n = (size_t)R * (size_t)C;
-    if (R > C)       ops->transpose(ops->be, x, d, R, C);
-    else if (x != d) ops->copy(ops->be, x, d, n * sizeof(float));
+    if (R > C) ops->transpose(ops->be, x, d, R, C);
+    else       ops->copy(ops->be, x, d, n * sizeof(float));
     if (ops->normalize_fro) {
         ops->normalize_fro(ops->be, x, n, 1e-7);   /* the same numbers, the norm kept on the device */
     } else {
