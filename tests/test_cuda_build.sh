@@ -809,8 +809,9 @@ g['ssm_scan_tc_calls'] > 0 and g['ssm_scan_tc_fallbacks'] == 0 and g['gemm_bf16_
     # ... whose cuBLASLt plans (the model's and Muon's batches: 54 distinct) are all built in
     #     the first step: none in the second (a plan cache too small rebuilds, and re-queries
     #     heuristics, every step; gpu.step_counters.gemm_plan_builds)
-    if ran gpushape_cuda && msg=$(python3 -c "import json,sys; b=json.load(open(sys.argv[1]))['gpu']['step_counters']['gemm_plan_builds']; \
-print(b); sys.exit(not (len(b) == 2 and b[0] > 40 and b[1] == 0))" "$EMU/run_gpushape_cuda/receipt.json"); then
+    if ran gpushape_cuda && msg=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); \
+b=r['gpu']['step_counters']['gemm_plan_builds']; print(b); sys.exit(not (len(b) == 2 and b[0] > 40 and b[1] == 0))" \
+            "$EMU/run_gpushape_cuda/receipt.json"); then
         echo "PASS cuBLASLt plans built in the first step only, bf16 hybrid MoE with Muon: $msg a step"
     else echo "FAIL: cuBLASLt plans rebuilt after the first step: ${msg:-no receipt}"; fail=1; fi
     # ... and every kernel of that step's shared-memory requests (ldmatrix, plain loads

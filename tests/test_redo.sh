@@ -37,8 +37,8 @@ for opt in muon adamw; do
         && $CHECK event "$W/ev_on_$opt" "$W/ev_off_$opt" 3 &&
         python3 -c "import json, sys; b = json.load(open(sys.argv[1] + '/receipt.json'))['backend']; \
 assert b['muon_newton_schulz'] == sys.argv[2], b" "$W/ev_on_$opt" "$([ $opt = adamw ] && echo none || echo fp32)"; then
-        ok "optimizer=$opt: the event rewrites exactly the listed rows / columns (generator values, zeros, zero state);" \
-           "the receipt's muon_newton_schulz $([ $opt = adamw ] && echo none || echo fp32)"
+        ok "optimizer=$opt: the event rewrites exactly the listed rows / columns (generator values, zeros," \
+           "zero state); the receipt's muon_newton_schulz $([ $opt = adamw ] && echo none || echo fp32)"
     else bad "optimizer=$opt: the event's rows / columns"; tail -3 "$W/ev_on_$opt.log"; fi
 done
 
