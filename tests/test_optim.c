@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "core/mt_config.h"
+#include "core/mt_knobs.h"
 #include "core/mt_param.h"
 #include "model/mt_model.h"
 #include "ops/mt_ops.h"
@@ -664,6 +665,37 @@ static void muon_bf16_run(const struct mt_ops_i *ops, const char *precision, int
     freeparams(&ctx, ps, 5);
 }
 
+/* a backend without the bf16 iteration's kernels: Muon in precision=bf16 is refused at create,
+ * naming them and the way out (knob muon_ns_bf16=0), nothing allocated; with that knob it runs */
+static void test_muon_bf16_refused(const struct mt_ops_i *cpu)
+{
+    struct mt_ops_i ops = *cpu;
+    ops.gemm_bf16_batched = NULL;
+    struct mt_ctx ctx;
+    mt_ctx_init(&ctx);
+    struct mt_config cfg;
+    base_cfg(&cfg);
+    snprintf(cfg.precision, sizeof cfg.precision, "bf16");
+    struct mt_param p;
+    mkparam(&ctx, &p, "model.layers.0.w", 2, 6, 4, MT_OPTIM_MUON, 1);
+    size_t before[MT_BUCKET_COUNT];
+    memcpy(before, ctx.bytes_live, sizeof before);
+    struct mt_optim *o = NULL;
+    EXPECT(mt_optim_create(&ctx, &ops, &cfg, &p, 1, &o) == MT_ERR_UNSUPPORTED && !o);
+    EXPECT(strstr(mt_ctx_last_error(&ctx), "gemm_bf16_batched") && strstr(mt_ctx_last_error(&ctx), "muon_ns_bf16=0"),
+           "%s", mt_ctx_last_error(&ctx));
+    EXPECT(memcmp(before, ctx.bytes_live, sizeof before) == 0, "create left memory behind");
+    struct mt_knobs k;
+    mt_knobs_init(&k);
+    EXPECT(mt_knobs_set(&ctx, &k, "muon_ns_bf16=0") == MT_OK);
+    ctx.knobs = &k;
+    EXPECT(mt_optim_create(&ctx, &ops, &cfg, &p, 1, &o) == MT_OK && o);
+    for (size_t i = 0; i < p.numel; i++) p.grad[i] = 0.1f * (float)i;
+    EXPECT(o && mt_optim_step(&ctx, o, 0, 1.0) == MT_OK);
+    mt_optim_destroy(&ctx, o);
+    freeparams(&ctx, &p, 1);
+}
+
 static void test_muon_bf16_batches(const struct mt_ops_i *ops)
 {
     float together[5][64], alone[5][64], fp32[5][64], start[5][64];
@@ -692,6 +724,7 @@ int main(void)
     test_muon_shape(ops, 6, 4);
     test_muon_shape(ops, 4, 6);
     test_muon_bf16_batches(ops);
+    test_muon_bf16_refused(ops);
     test_schedule();
     test_clip(ops);
     test_plan_and_oom(ops);

@@ -32,9 +32,10 @@
 
 /* ---- the toy: its whole definition (what a new optimizer file holds) ---- */
 
-static enum mt_status sgdm_check(struct mt_ctx *ctx, const struct mt_ops_i *ops, const struct mt_param *p)
+static enum mt_status sgdm_check(struct mt_ctx *ctx, const struct mt_ops_i *ops, const struct mt_config *cfg,
+                                 const struct mt_param *p)
 {
-    (void)p;
+    (void)cfg, (void)p;
     if (!ops->axpby) return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "backend %s lacks axpby", ops->name);
     return MT_OK;
 }

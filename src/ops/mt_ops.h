@@ -275,7 +275,8 @@ struct mt_ops_i {
      * instead of three GEMMs and four elementwise passes per matrix. cpu:
      * count gemm_bf16 calls into fp32 scratch seeded with C_i, then the
      * rounding; cuda: one cuBLASLt matmul with a batch count (bf16 C and D).
-     * Optional (NULL: Muon keeps its iteration in fp32). */
+     * Optional (NULL: Muon's bf16 iteration is refused with its reason; knob
+     * muon_ns_bf16=0 runs the fp32 one, which needs only gemm). */
     void (*gemm_bf16_batched)(void *be, int transA, int transB, int M, int N, int K, float alpha, const mt_bf16 *A,
                               int lda, size_t stride_a, const mt_bf16 *B, int ldb, size_t stride_b, float beta,
                               const mt_bf16 *C, mt_bf16 *D, int ldd, size_t stride_d, int count);
@@ -861,13 +862,13 @@ struct mt_ops_i {
     void   (*normalize_fro)(void *be, float *x, size_t n, double eps);
     /* normalize_fro_bf16: dst = bf16(normalize_fro's value of x), x untouched:
      *   the same scalar and fp32 multiply, then cast_bf16's rounding, in one
-     *   pass that stores no fp32 (Muon's X0 into its bf16 batch). Optional
-     *   (NULL: Muon's iteration stays fp32). */
+     *   pass that stores no fp32 (Muon's X0 into its bf16 batch). Optional,
+     *   as gemm_bf16_batched. */
     void   (*normalize_fro_bf16)(void *be, mt_bf16 *dst, const float *x, size_t n, double eps);
     /* axpby_from_bf16: y = a x + b y with x bf16 (axpby's expression on the
      *   widened x, y not read when b = 0: the bits of widen_bf16 then axpby,
      *   without the fp32 copy; Muon's update from its bf16 result). Optional,
-     *   as normalize_fro_bf16. */
+     *   as gemm_bf16_batched. */
     void   (*axpby_from_bf16)(void *be, float *y, const mt_bf16 *x, float a, float b, size_t n);
     void   (*adamw_multi)(void *be, float *const *p, mt_bf16 *const *pb, const float *const *g, float *const *m,
                           float *const *v, const size_t *n, const float *wd, int count, float lr, float b1, float b2,

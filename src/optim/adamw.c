@@ -11,9 +11,10 @@
 
 #include <math.h>
 
-static enum mt_status adamw_check(struct mt_ctx *ctx, const struct mt_ops_i *ops, const struct mt_param *p)
+static enum mt_status adamw_check(struct mt_ctx *ctx, const struct mt_ops_i *ops, const struct mt_config *cfg,
+                                  const struct mt_param *p)
 {
-    (void)p;
+    (void)cfg, (void)p;
     /* the update needs this kernel; report, never fall back */
     if (!ops->adamw_update)
         return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "backend %s lacks an AdamW kernel (axpby/sumsq/adamw_update)",

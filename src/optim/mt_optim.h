@@ -93,9 +93,11 @@ struct mt_optim_i {
      * workspace. create allocates exactly these, mt_optim_plan_bytes counts them. */
     void (*ws_sizes)(const struct mt_ctx *ctx, const struct mt_config *cfg, const struct mt_param *params, int n,
                      int kind, size_t floats[MT_OPTIM_MAX_WS]);
-    /* at create, per parameter of this class: the kernels it needs and the
-     * shapes it takes; an error code + message when refused (NULL: none) */
-    enum mt_status (*check)(struct mt_ctx *ctx, const struct mt_ops_i *ops, const struct mt_param *p);
+    /* at create, per parameter of this class: the kernels it needs under cfg
+     * (and ctx's knobs) and the shapes it takes; an error code + message when
+     * refused (NULL: none) */
+    enum mt_status (*check)(struct mt_ctx *ctx, const struct mt_ops_i *ops, const struct mt_config *cfg,
+                            const struct mt_param *p);
     /* the states' start (NULL: zeros, as allocated) */
     enum mt_status (*init)(struct mt_ctx *ctx, const struct mt_ops_i *ops, struct mt_optim_slot *slot);
     /* one update of n (<= MT_OPS_LIST_MAX) parameters of this class, model

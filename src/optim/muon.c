@@ -130,7 +130,17 @@ static double muon_extra_bytes(const struct mt_param *p, int bf16)
     return 8.0 * n + 12.0 * n + (r > c ? 8.0 * n : 0.0) + NS_STEPS * (8.0 * n + 12.0 * s * s);
 }
 
-static enum mt_status muon_check(struct mt_ctx *ctx, const struct mt_ops_i *ops, const struct mt_param *p)
+/* The bf16 iteration's kernels (muon_update_bf16): an error naming them when the backend lacks one */
+static enum mt_status muon_bf16_kernels(struct mt_ctx *ctx, const struct mt_ops_i *ops)
+{
+    if (ops->gemm_bf16_batched && ops->normalize_fro_bf16 && ops->axpby_from_bf16 && ops->widen_bf16) return MT_OK;
+    return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED,
+                        "backend %s lacks gemm_bf16_batched/normalize_fro_bf16/axpby_from_bf16/widen_bf16 for Muon's "
+                        "bf16 Newton-Schulz (knob muon_ns_bf16=0 runs it in fp32)", ops->name);
+}
+
+static enum mt_status muon_check(struct mt_ctx *ctx, const struct mt_ops_i *ops, const struct mt_config *cfg,
+                                 const struct mt_param *p)
 {
     if (p->ndim != 2)
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "optimizer: Muon parameter %s is not 2-D", p->name);
@@ -142,7 +152,7 @@ static enum mt_status muon_check(struct mt_ctx *ctx, const struct mt_ops_i *ops,
     if (!ops->gemm || !ops->muon_momentum || !ops->transpose || !ops->copy)
         return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED, "backend %s lacks a Muon kernel (gemm/muon_momentum/transpose)",
                             ops->name);
-    return MT_OK;
+    return mt_optim_muon_ns_bf16(ctx, cfg) ? muon_bf16_kernels(ctx, ops) : MT_OK;
 }
 
 /* M = mu M + G;  D = G + mu M into ws[WS_D], the FULL matrix (ops->muon_momentum; G read as
@@ -315,10 +325,7 @@ static enum mt_status muon_step(struct mt_ctx *ctx, const struct mt_optim_run *r
         for (int i = 0; i < n; i++) MT_CHECK(muon_update_fp32(ctx, run, slots[i], lr));
         return MT_OK;
     }
-    if (!ops->gemm_bf16_batched || !ops->normalize_fro_bf16 || !ops->axpby_from_bf16 || !ops->widen_bf16)
-        return mt_ctx_error(ctx, MT_ERR_UNSUPPORTED,
-                            "backend %s lacks gemm_bf16_batched/normalize_fro_bf16/axpby_from_bf16/widen_bf16 for "
-                            "Muon's bf16 Newton-Schulz (knob muon_ns_bf16=0 runs it in fp32)", ops->name);
+    MT_CHECK(muon_bf16_kernels(ctx, ops));   /* checked at create too (muon_check) */
     if (n > MT_OPS_LIST_MAX)
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "optimizer: Muon stepped %d matrices at once (at most %d)", n,
                             MT_OPS_LIST_MAX);

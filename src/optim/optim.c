@@ -119,7 +119,7 @@ static enum mt_status create_check(struct mt_ctx *ctx, const struct mt_ops_i *op
         if (p->frozen) continue;
         if (c->n_states < 0 || c->n_states > MT_OPTIM_MAX_STATES || !c->step)
             return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "optimizer %s: bad table entry", c->name);
-        if (c->check) MT_CHECK(c->check(ctx, ops, p));
+        if (c->check) MT_CHECK(c->check(ctx, ops, cfg, p));
     }
     return MT_OK;
 }
