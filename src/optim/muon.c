@@ -202,6 +202,14 @@ static void muon_start(const struct mt_ops_i *ops, float *x, const float *d, int
     }
 }
 
+/* The update's coefficients, P = b P + a U: a = -lr sqrt(max(1, R/C)), b = 1 - lr wd */
+static void update_coeffs(const struct mt_optim_run *run, const struct mt_param *p, float lr, float *a, float *b)
+{
+    const double R = (double)p->shape[0], C = (double)p->shape[1];
+    *a = (float)(-(double)lr * sqrt(R > C ? R / C : 1.0));
+    *b = 1.0f - lr * (p->decay ? run->cfg->weight_decay : 0.0f);
+}
+
 /* P = P (1 - lr wd) - lr sqrt(max(1, R/C)) U with U (R, C) fp32 (TP: this rank's box of it) */
 static void muon_apply(const struct mt_optim_run *run, struct mt_optim_slot *st, float *upd, float lr)
 {
@@ -209,8 +217,8 @@ static void muon_apply(const struct mt_optim_run *run, struct mt_optim_slot *st,
     float *const *ws = run->ws;
     struct mt_param *p = st->p;
     const int R = (int)p->shape[0], C = (int)p->shape[1];
-    const float wd = p->decay ? run->cfg->weight_decay : 0.0f;
-    const double scale = sqrt(R > C ? (double)R / (double)C : 1.0);
+    float a, b;
+    update_coeffs(run, p, lr, &a, &b);
     if (is_split(p)) {
         if (p->split == MT_SPLIT_ROWS) {
             upd += (size_t)p->off[0] * (size_t)C;
@@ -222,7 +230,7 @@ static void muon_apply(const struct mt_optim_run *run, struct mt_optim_slot *st,
             upd = ws[WS_G];
         }
     }
-    ops->axpby(ops->be, p->data, upd, (float)(-(double)lr * scale), 1.0f - lr * wd, p->numel);
+    ops->axpby(ops->be, p->data, upd, a, b, p->numel);
 }
 
 /* muon_apply of a bf16 U (R, C): read as bf16 (axpby_from_bf16); a TP-split matrix widens it first */
@@ -236,9 +244,9 @@ static void muon_apply_bf16(const struct mt_optim_run *run, struct mt_optim_slot
         muon_apply(run, st, run->ws[WS_X], lr);
         return;
     }
-    const float wd = p->decay ? run->cfg->weight_decay : 0.0f;
-    const double scale = sqrt(R > C ? (double)R / (double)C : 1.0);
-    ops->axpby_from_bf16(ops->be, p->data, u, (float)(-(double)lr * scale), 1.0f - lr * wd, p->numel);
+    float a, b;
+    update_coeffs(run, p, lr, &a, &b);
+    ops->axpby_from_bf16(ops->be, p->data, u, a, b, p->numel);
 }
 
 /*
@@ -319,13 +327,11 @@ static enum mt_status muon_update_bf16(struct mt_ctx *ctx, const struct mt_optim
 static enum mt_status muon_step(struct mt_ctx *ctx, const struct mt_optim_run *run, struct mt_optim_slot *const *slots,
                                 int n)
 {
-    const struct mt_ops_i *ops = run->ops;
     const float lr = (float)(run->cfg->muon_lr * run->lr_factor);
     if (!mt_optim_muon_ns_bf16(ctx, run->cfg)) {
         for (int i = 0; i < n; i++) MT_CHECK(muon_update_fp32(ctx, run, slots[i], lr));
         return MT_OK;
     }
-    MT_CHECK(muon_bf16_kernels(ctx, ops));   /* checked at create too (muon_check) */
     if (n > MT_OPS_LIST_MAX)
         return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "optimizer: Muon stepped %d matrices at once (at most %d)", n,
                             MT_OPS_LIST_MAX);

@@ -380,6 +380,22 @@ static struct mt_cuda_lt_plan *plan_get(int ta, int tb, int m, int n, int k, int
     return plan_get_b(ta, tb, m, n, k, lda, ldb, ldc, align_c, align_a, align_b, c_bf16, 1, 0, 0, 0);
 }
 
+/* One matmul of a plan with an algorithm: D = alpha op(A) op(B) + beta C in our
+ * row-major view (A, B our operands: Lt's B and A, the mapping above; C read
+ * for beta, D written; a batch when the plan has one). Counted, a graph op
+ * (its signature: the plan and every value the call passes), then issued. */
+static void lt_matmul(const struct mt_cuda_lt_plan *p, float alpha, const void *A, const void *B, float beta,
+                      const void *C, void *D)
+{
+    mt_cuda_be->info.gemm_bf16_calls++;
+    if (!mt_cuda_graph_op("cublasLtMatmul", mt_cuda_sig((const void *)p, p->m, p->n, p->k, p->lda, p->ldb, p->ldc,
+                                                        p->batch, alpha, B, A, beta, D, C)))
+        return;
+    mt_cuda_note_blas();
+    MT_CUBLASLT_OK(cublasLtMatmul(mt_cuda_be->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, D, p->lc,
+                                  &p->algo, mt_cuda_be->lt_ws, p->ws, mt_cuda_be->stream));
+}
+
 /* ---- bf16 ---- */
 
 /* pack a stored operand (fp32: rounded and counted; bf16: copied). Launch:
@@ -481,13 +497,7 @@ static void gemm_bf16(int ta, int tb, int M, int N, int K, float alpha, const vo
                 sgemm(ta, tb, mm, nn, K, alpha, (const float *)a0, lda, (const float *)b0, ldb, beta, (float *)c0, ldc);
                 continue;
             }
-            mt_cuda_be->info.gemm_bf16_calls++;
-            if (!mt_cuda_graph_op("cublasLtMatmul", mt_cuda_sig((const void *)p, p->m, p->n, p->k, p->lda, p->ldb,
-                                                                p->ldc, alpha, sb, sa, beta, c0, r0)))
-                continue;
-            mt_cuda_note_blas();
-            MT_CUBLASLT_OK(cublasLtMatmul(mt_cuda_be->lt, p->desc, &alpha, sb, p->la, sa, p->lb, &beta, r0, p->lc, c0,
-                                          p->lc, &p->algo, mt_cuda_be->lt_ws, p->ws, mt_cuda_be->stream));
+            lt_matmul(p, alpha, sa, sb, beta, r0, c0);
         }
     }
 }
@@ -539,14 +549,8 @@ static void gemm_bf16_call(int transA, int transB, int M, int N, int K, float al
                                              align_of(B), c_bf16);
         if (!p) return;  /* descriptor failure recorded */
         if (p->ok) {
-            mt_cuda_be->info.gemm_bf16_calls++;
             mt_cuda_be->info.gemm_bf16_direct++;
-            if (!mt_cuda_graph_op("cublasLtMatmul", mt_cuda_sig((const void *)p, p->m, p->n, p->k, p->lda, p->ldb,
-                                                                p->ldc, alpha, B, A, beta, C, Rc)))
-                return;
-            mt_cuda_note_blas();
-            MT_CUBLASLT_OK(cublasLtMatmul(mt_cuda_be->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, Rc, p->lc, C,
-                                          p->lc, &p->algo, mt_cuda_be->lt_ws, p->ws, mt_cuda_be->stream));
+            lt_matmul(p, alpha, A, B, beta, Rc, C);
             return;
         }
     }
@@ -642,14 +646,8 @@ extern "C" void mt_cuda_gemm_bf16_batched(void *be, int transA, int transB, int 
                    (long long)stride_d);
     if (!p) return;  /* descriptor failure recorded */
     if (p->ok) {
-        mt_cuda_be->info.gemm_bf16_calls++;
         mt_cuda_be->info.gemm_bf16_direct++;
-        if (!mt_cuda_graph_op("cublasLtMatmul", mt_cuda_sig((const void *)p, p->m, p->n, p->k, p->lda, p->ldb, p->ldc,
-                                                            p->batch, alpha, B, A, beta, (const void *)c, D)))
-            return;
-        mt_cuda_note_blas();
-        MT_CUBLASLT_OK(cublasLtMatmul(mt_cuda_be->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, c, p->lc, d, p->lc,
-                                      &p->algo, mt_cuda_be->lt_ws, p->ws, mt_cuda_be->stream));
+        lt_matmul(p, alpha, A, B, beta, c, d);
         return;
     }
     for (int i = 0; i < count; i++) {
