@@ -108,14 +108,15 @@ dw = b["memory"]["plan_bytes"]["workspace"] - a["memory"]["plan_bytes"]["workspa
 # + the scratch of a projection's dy rounded once for its two backward GEMMs (struct mt_dyb):
 # rows x the widest dense projection output
 dyb = carve(2 * rows * max(D, H * hd, K * hd, F))
-# + Muon's bf16 iteration (muon.c muon_ws_sizes): its batches' bf16 x, x', a, b (batch_cap
-# matrices of a shape, at most 32 or 2^24 elements, each padded to 128 elements) in place of
-# the fp32 iteration's x, y (the largest block matrix) and a, b (the largest s^2)
-mats = [(H * hd, D), (K * hd, D), (D, H * hd), (F, D), (D, F)]
+# + Muon's bf16 iteration (muon.c muon_ws_sizes): its batches' bf16 x, x', a, b (batch_cap:
+# as many matrices as share a shape, at most 2^24 elements, each padded to 128 elements) in
+# place of the fp32 iteration's x, y (the largest block matrix) and a, b (the largest s^2)
+every = [(H * hd, D), (K * hd, D), (K * hd, D), (D, H * hd), (F, D), (F, D), (D, F)] * L
+mats = sorted(set(every))
 pad = lambda n: (n + 127) // 128 * 128
-cap = lambda n: max(1, min(32, (1 << 24) // n))
-bn = max(cap(r * c) * pad(r * c) for r, c in mats)
-bs = max(cap(r * c) * pad(min(r, c) ** 2) for r, c in mats)
+cap = lambda r, c: max(1, min(every.count((r, c)), (1 << 24) // (r * c)))
+bn = max(cap(r, c) * pad(r * c) for r, c in mats)
+bs = max(cap(r, c) * pad(min(r, c) ** 2) for r, c in mats)
 ns = (2 * carve(4 * ((bn + 1) // 2)) + 2 * carve(4 * ((bs + 1) // 2)) - 2 * carve(4 * max(r * c for r, c in mats)) -
       2 * carve(4 * max(min(r, c) ** 2 for r, c in mats)))
 print("   plan workspace +%d (SwiGLU output twin %d + dy scratch %d + Muon's bf16 batches %d); measured bf16 %d"
@@ -366,8 +367,9 @@ else bad "head_bf16_logits"; tail -3 "$W/bf16_f32logits.log"; fi
 #    fp32 run (bf16_curve.py --other), the same first loss (no update yet) and a different
 #    second (the bf16 iteration ran: its GEMMs, 15 a step per Muon matrix on the fp32 gemm
 #    entry, became 15 gemm_bf16_batched calls a step per batch of same-shape matrices, fewer
-#    calls than matrices; one normalize_fro_bf16 and one axpby_from_bf16 per matrix, no
-#    transpose)
+#    calls than matrices; the momentum, norm and rounding of a batch's matrices in one
+#    muon_prep_bf16_multi, their updates in one axpby_from_bf16_multi, no per-matrix pass,
+#    no transpose)
 if run 1 "$W/bf16_nsfp32" $DENSE --set precision=bf16 --knob muon_ns_bf16=0 &&
    python3 "$HERE/bf16_curve.py" "$W/fp32/receipt.json" "$W/bf16/receipt.json" --other "$W/bf16_nsfp32/receipt.json" &&
    python3 - "$W/bf16/receipt.json" "$W/bf16_nsfp32/receipt.json" <<'PY'
@@ -385,8 +387,9 @@ print("   calls a step: gemm %s / %s, gemm_bf16_batched %s / %s (%g Muon matrice
       % (eb.get("gemm"), ef.get("gemm"), batched, ef.get("gemm_bf16_batched"), mats, eb["gemm_bf16"], ef["gemm_bf16"]))
 assert eb.get("gemm", 0) == 0 < ef["gemm"] and eb["gemm_bf16"] == ef["gemm_bf16"], (eb, ef)
 assert ef.get("gemm_bf16_batched", 0) == 0 and batched % 15 == 0 and 15 <= batched < ef["gemm"], (eb, ef)
-assert eb["normalize_fro_bf16"] == eb["axpby_from_bf16"] == mats and not eb.get("transpose"), (eb, ef)
-assert not ef.get("normalize_fro_bf16") and not ef.get("axpby_from_bf16") and ef["transpose"] > 0, (eb, ef)
+assert eb["muon_prep_bf16_multi"] == eb["axpby_from_bf16_multi"] == batched / 15 < mats, (eb, ef)
+assert not any(eb.get(k) for k in ("normalize_fro_bf16", "axpby_from_bf16", "muon_momentum", "transpose")), eb
+assert not ef.get("muon_prep_bf16_multi") and not ef.get("axpby_from_bf16_multi") and ef["transpose"] > 0, (eb, ef)
 PY
 then ok "muon_ns_bf16: the Newton-Schulz iteration on bf16 operands within the step tolerance of the fp32 one," \
         "and not the same run"

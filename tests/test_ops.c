@@ -2013,6 +2013,72 @@ static int run_normalize_fro(struct harness *h)
 
 static void adamw_shadow_case(struct harness *h, float gs);   /* below, with the bf16 helpers */
 
+/* muon_prep_bf16_multi and axpby_from_bf16_multi (Muon's batch, mt_ops.h):
+ * MULTI_N matrices (odd sizes, an empty one, more than one list), each x a
+ * poisoned bf16 buffer with a guard element past n: m and x == the loop of
+ * muon_momentum + normalize_fro_bf16 (bits), at gscale 1 and 0.37; the
+ * guards untouched. Then the updates of
+ * those x: == the loop of axpby_from_bf16 (bits), b = 0 for every third (y
+ * NaN there: not read), the guards untouched. */
+static void muon_multi_case(struct harness *h, float gs)
+{
+    reset(h);
+    const float mu = 0.95f;
+    float *m[MULTI_N], *m2[MULTI_N], *y[MULTI_N], *y2[MULTI_N], a[MULTI_N], b[MULTI_N];
+    const float *g[MULTI_N];
+    uint16_t *x[MULTI_N], *x2[MULTI_N];
+    const uint16_t *xc[MULTI_N];
+    size_t n[MULTI_N], nmax = 1;
+    for (int i = 0; i < MULTI_N; i++) {
+        n[i] = multi_size(i);
+        const size_t k = n[i] + 1;
+        if (k > nmax) nmax = k;
+        float *hm = rand_f(h, k, -0.5, 0.5), *hy = i % 3 == 2 ? nan_f(h, k) : rand_f(h, k, -1, 1);
+        g[i] = up_f(h, rand_f(h, k, -2, 2), k);
+        m[i] = up_f(h, hm, k), m2[i] = up_f(h, hm, k);
+        y[i] = up_f(h, hy, k), y2[i] = up_f(h, hy, k);
+        x[i] = poison_b16(h, k), x2[i] = poison_b16(h, k);
+        xc[i] = x[i];
+        a[i] = -0.02f * (float)(1 + i % 4), b[i] = i % 3 == 2 ? 0.0f : 1.0f - 0.001f * (float)i;
+    }
+    float *d = dalloc(h, nmax * sizeof(float));
+    for (int i = 0; i < MULTI_N; i++) {
+        h->ops->muon_momentum(h->ops->be, d, m2[i], g[i], mu, n[i], gs);
+        h->ops->normalize_fro_bf16(h->ops->be, x2[i], d, n[i], 1e-7);
+    }
+    h->ops->muon_prep_bf16_multi(h->ops->be, x, m, g, n, MULTI_N, mu, gs, 1e-7, d);
+    long bad = 0, guard = 0;
+    for (int i = 0; i < MULTI_N; i++) {
+        const uint16_t *got = down_b16(h, x[i], n[i] + 1);
+        bad += ndiff(down_f(h, m[i], n[i] + 1), down_f(h, m2[i], n[i] + 1), n[i] + 1) +
+               b16_diff(got, down_b16(h, x2[i], n[i]), n[i]);
+        guard += got[n[i]] != 0xffffu;
+    }
+    checkf(h, "muon_prep_bf16_multi", (double)bad, 0, "%d matrices, gscale %g: m, x == the loop (bits)", MULTI_N, gs);
+    checkf(h, "muon_prep_bf16_multi", (double)guard, 0, "gscale %g: x[n] untouched", gs);
+    if (!has(h, "axpby_from_bf16_multi", h->ops->axpby_from_bf16_multi != NULL)) return;
+    for (int i = 0; i < MULTI_N; i++) h->ops->axpby_from_bf16(h->ops->be, y2[i], x[i], a[i], b[i], n[i]);
+    h->ops->axpby_from_bf16_multi(h->ops->be, y, xc, a, b, n, MULTI_N);
+    bad = guard = 0;
+    for (int i = 0; i < MULTI_N; i++) {
+        const float *got = down_f(h, y[i], n[i] + 1), *want = down_f(h, y2[i], n[i] + 1);
+        bad += ndiff(got, want, n[i]);
+        guard += ndiff(&got[n[i]], &want[n[i]], 1);
+    }
+    checkf(h, "axpby_from_bf16_multi", (double)bad, 0, "%d tensors, b = 0 for a third: == the loop (bits)", MULTI_N);
+    checkf(h, "axpby_from_bf16_multi", (double)guard, 0, "y[n] untouched");
+}
+
+static int run_muon_multi(struct harness *h)
+{
+    int f0 = n_fail;
+    if (!h->ops || !has(h, "muon_prep_bf16_multi", h->ops->muon_prep_bf16_multi != NULL)) return 1;
+    if (!h->ops->muon_momentum || !h->ops->normalize_fro_bf16 || !h->ops->axpby_from_bf16) return 1;
+    muon_multi_case(h, 1.0f);
+    muon_multi_case(h, 0.37f);
+    return n_fail == f0;
+}
+
 static int run_adamw_multi(struct harness *h)
 {
     const char *op = "adamw_multi";
@@ -2968,6 +3034,7 @@ static const struct op_test op_tests[] = {
     {"fused", run_fused},
     {"sumsq_multi", run_sumsq_multi},
     {"normalize_fro", run_normalize_fro},
+    {"muon_prep_bf16_multi", run_muon_multi},
     {"adamw_multi", run_adamw_multi},
     {"nonfinite_mark", run_nonfinite_mark},
 };

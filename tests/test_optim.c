@@ -716,6 +716,63 @@ static void test_muon_bf16_batches(const struct mt_ops_i *ops)
     EXPECT(dev > 0 && dev < 0.1 * upd, "Muon bf16 vs fp32 iteration: max deviation %g, update %g", dev, upd);
 }
 
+/* ---- Muon's batches span the whole list (whole_list) ----
+ * 40 matrices, 20 of 6x4 and 20 of 4x6 alternating (more than one list of
+ * MT_OPS_LIST_MAX): one optimizer steps them as two batches (one a shape: 30
+ * gemm_bf16_batched calls a step, where lists of 32 would make four batches,
+ * 60 calls), the same bits as each matrix stepped alone */
+#define WIDE_N 40
+static const struct mt_ops_i *wide_base;
+static int wide_calls;
+static void wide_count(void *be, int ta, int tb, int M, int N, int K, float alpha, const mt_bf16 *A, int lda,
+                       size_t sa, const mt_bf16 *B, int ldb, size_t sb, float beta, const mt_bf16 *C, mt_bf16 *D,
+                       int ldd, size_t sd, int count)
+{
+    wide_calls++;
+    wide_base->gemm_bf16_batched(be, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, D, ldd, sd, count);
+}
+
+static void muon_wide_run(const struct mt_ops_i *ops, int alone, float out[WIDE_N][24], int *calls)
+{
+    struct mt_ctx ctx;
+    mt_ctx_init(&ctx);
+    struct mt_config cfg;
+    base_cfg(&cfg);
+    snprintf(cfg.precision, sizeof cfg.precision, "bf16");
+    struct mt_param ps[WIDE_N];
+    unsigned s = 11;
+    for (int k = 0; k < WIDE_N; k++) {
+        mkparam(&ctx, &ps[k], "model.layers.0.w", 2, k % 2 ? 4 : 6, k % 2 ? 6 : 4, MT_OPTIM_MUON, 1);
+        for (size_t i = 0; i < ps[k].numel; i++) ps[k].data[i] = rnd(&s);
+    }
+    struct mt_optim *o[WIDE_N] = {NULL};
+    const int n_opt = alone ? WIDE_N : 1;
+    for (int k = 0; k < n_opt; k++)
+        EXPECT(mt_optim_create(&ctx, ops, &cfg, alone ? &ps[k] : ps, alone ? 1 : WIDE_N, &o[k]) == MT_OK);
+    wide_calls = 0;
+    for (int k = 0; k < WIDE_N; k++)
+        for (size_t i = 0; i < ps[k].numel; i++) ps[k].grad[i] = rnd(&s);
+    for (int k = 0; k < n_opt; k++) EXPECT(mt_optim_step(&ctx, o[k], 0, 1.0) == MT_OK);
+    *calls = wide_calls;
+    for (int k = 0; k < WIDE_N; k++) memcpy(out[k], ps[k].data, 24 * sizeof(float));
+    for (int k = 0; k < n_opt; k++) mt_optim_destroy(&ctx, o[k]);
+    freeparams(&ctx, ps, WIDE_N);
+}
+
+static void test_muon_bf16_whole_list(const struct mt_ops_i *cpu)
+{
+    struct mt_ops_i ops = *cpu;
+    wide_base = cpu;
+    ops.gemm_bf16_batched = wide_count;
+    static float together[WIDE_N][24], alone[WIDE_N][24];
+    int c_together = 0, c_alone = 0;
+    muon_wide_run(&ops, 0, together, &c_together);
+    muon_wide_run(&ops, 1, alone, &c_alone);
+    EXPECT(c_together == 2 * 15 && c_alone == WIDE_N * 15, "batched GEMM calls: %d together (want 30), %d alone",
+           c_together, c_alone);
+    EXPECT(memcmp(together, alone, sizeof together) == 0, "Muon bf16 whole list: batched != one at a time");
+}
+
 int main(void)
 {
     const struct mt_ops_i *ops = mt_ops_cpu();
@@ -725,6 +782,7 @@ int main(void)
     test_muon_shape(ops, 4, 6);
     test_muon_bf16_batches(ops);
     test_muon_bf16_refused(ops);
+    test_muon_bf16_whole_list(ops);
     test_schedule();
     test_clip(ops);
     test_plan_and_oom(ops);

@@ -870,6 +870,23 @@ struct mt_ops_i {
      *   without the fp32 copy; Muon's update from its bf16 result). Optional,
      *   as gemm_bf16_batched. */
     void   (*axpby_from_bf16)(void *be, float *y, const mt_bf16 *x, float a, float b, size_t n);
+    /* muon_prep_bf16_multi: for every i in order, muon_momentum(d, m[i], g[i],
+     *   mu, n[i], gscale) and then normalize_fro_bf16(x[i], d, n[i], eps), d
+     *   a caller's scratch of max n[i] floats (its contents after the call
+     *   unspecified): m[i] and x[i] (Muon's bf16 X0) get the bits of that
+     *   loop (cpu: the loop), on cuda in three launches per MT_OPS_LIST_MAX
+     *   matrices instead of four per matrix (the momentum runs inside the
+     *   norm's first pass and d is recomputed from m and g as it is rounded:
+     *   d not touched). The tensors must not overlap. Optional (NULL: muon.c
+     *   loops). */
+    void   (*muon_prep_bf16_multi)(void *be, mt_bf16 *const *x, float *const *m, const float *const *g,
+                                   const size_t *n, int count, float mu, float gscale, double eps, float *d);
+    /* axpby_from_bf16_multi: axpby_from_bf16(y[i], x[i], a[i], b[i], n[i])
+     *   for every i (no y[i] overlaps another tensor of the call), the same
+     *   bits, one launch per MT_OPS_LIST_MAX tensors (Muon's updates of a
+     *   batch). Optional (NULL: muon.c loops). */
+    void   (*axpby_from_bf16_multi)(void *be, float *const *y, const mt_bf16 *const *x, const float *a,
+                                    const float *b, const size_t *n, int count);
     void   (*adamw_multi)(void *be, float *const *p, mt_bf16 *const *pb, const float *const *g, float *const *m,
                           float *const *v, const size_t *n, const float *wd, int count, float lr, float b1, float b2,
                           float eps, float bc1, float bc2, float gscale);

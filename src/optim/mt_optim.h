@@ -58,6 +58,9 @@ struct mt_optim_run {
                                                  * takes it (takes_gscale): g reads as
                                                  * gscale * g; 1: no clip this step   */
     float                  *ws[MT_OPTIM_MAX_WS]; /* the class's workspace (ws_sizes)  */
+    struct mt_optim_slot  **scratch;            /* host scratch of as many slot pointers
+                                                 * as the step's list (whole_list classes:
+                                                 * Muon groups its list there by shape)   */
 };
 
 /* An optimizer class: one table entry. Hooks may be NULL where noted. */
@@ -78,6 +81,10 @@ struct mt_optim_i {
                                                      * (precision=bf16): 2 when its pass writes
                                                      * the shadow, 6 when the next forward's
                                                      * refresh reads p and writes it          */
+    int         whole_list;                         /* 1: step gets all of its parameters in
+                                                     * one list (Muon: batches of a shape
+                                                     * across the model); 0: lists of up to
+                                                     * MT_OPS_LIST_MAX                        */
     int         takes_gscale;                       /* 1: its step applies run->gscale (the
                                                      * gradient clip) itself; 0: the clip
                                                      * scales its gradients in place first   */
@@ -100,8 +107,8 @@ struct mt_optim_i {
                             const struct mt_param *p);
     /* the states' start (NULL: zeros, as allocated) */
     enum mt_status (*init)(struct mt_ctx *ctx, const struct mt_ops_i *ops, struct mt_optim_slot *slot);
-    /* one update of n (<= MT_OPS_LIST_MAX) parameters of this class, model
-     * order, gradients already clipped. bf16 shadows (p->bf16 non-NULL,
+    /* one update of n parameters of this class (<= MT_OPS_LIST_MAX, or all
+     * of them for a whole_list class), model order, gradients already clipped. bf16 shadows (p->bf16 non-NULL,
      * precision=bf16): mt_optim_step clears p->bf16_ok before the update; a
      * class that writes p->bf16 = bf16(updated p) (nearest even, cast_bf16's
      * bits) sets it again (AdamW); one that leaves it 0 has the model

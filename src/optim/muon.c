@@ -44,16 +44,22 @@ _Static_assert(WS_COUNT <= MT_OPTIM_MAX_WS, "Muon's workspace fits the optimizer
 
 /* A batch of the bf16 iteration holds at most MUON_BATCH_ELEMS iterate
  * elements (32 MiB a bf16 copy): enough small matrices to fill a GPU (GPT-2
- * 124M's 768 x 768: 28 a batch, up to the 32 of a step's list), while a
- * matrix that large alone runs alone (d2048's 2048 x 5504; its 2048 x 2048:
- * 4 a batch). */
+ * 124M's 768 x 768: 28 a batch), while a matrix that large alone runs alone
+ * (d2048's 2048 x 5504; its 2048 x 2048: 4 a batch). Muon steps all of its
+ * matrices in one list (whole_list), so a batch gathers a shape across the
+ * model. */
 #define MUON_BATCH_ELEMS ((size_t)1 << 24)
 
 static size_t pad128(size_t n) { return (n + 127) & ~(size_t)127; }
-static int batch_cap(size_t n)
+/* the most matrices of n elements a batch holds; count: how many have that shape */
+static int batch_cap(size_t n, int count)
 {
     const size_t c = n ? MUON_BATCH_ELEMS / n : 1;
-    return c < 1 ? 1 : c > MT_OPS_LIST_MAX ? MT_OPS_LIST_MAX : (int)c;
+    return c < 1 ? 1 : c > (size_t)count ? count : (int)c;
+}
+static int same_shape(const struct mt_param *p, const struct mt_param *q)
+{
+    return p->shape[0] == q->shape[0] && p->shape[1] == q->shape[1];
 }
 
 static int is_split(const struct mt_param *p) { return p->len[0] != p->shape[0] || p->len[1] != p->shape[1]; }
@@ -71,8 +77,9 @@ int mt_optim_muon_ns_bf16(const struct mt_ctx *ctx, const struct mt_config *cfg)
 /* Workspace extents over every Muon matrix (kind `kind`): largest numel
  * and largest s*s of the FULL matrices (Newton–Schulz runs on the whole
  * matrix), g (and y, the column gather's) only when one is TP-split; the
- * fp32 iteration's y, a, b, or the bf16 iteration's batches (batch_cap
- * matrices of a shape, a step's list at most). */
+ * fp32 iteration's y, a, b, or the bf16 iteration's batches (batch_cap: as
+ * many matrices of a shape as there are, MUON_BATCH_ELEMS at most; a rank
+ * that steps fewer of them forms no larger batch). */
 static void muon_ws_sizes(const struct mt_ctx *ctx, const struct mt_config *cfg, const struct mt_param *params, int n,
                           int kind, size_t floats[MT_OPTIM_MAX_WS])
 {
@@ -85,7 +92,9 @@ static void muon_ws_sizes(const struct mt_ctx *ctx, const struct mt_config *cfg,
         size_t s = r < c ? r : c;
         if (r * c > max_numel) max_numel = r * c;
         if (s * s > max_ss) max_ss = s * s;
-        const size_t nb = (size_t)batch_cap(r * c);
+        int count = 0;
+        for (int j = 0; j < n; j++) count += (int)params[j].optim == kind && same_shape(&params[j], p);
+        const size_t nb = (size_t)batch_cap(r * c, count);
         if (nb * pad128(r * c) > batch_n) batch_n = nb * pad128(r * c);
         if (nb * pad128(s * s) > batch_ss) batch_ss = nb * pad128(s * s);
         split |= is_split(p);
@@ -120,13 +129,16 @@ static double muon_flops(const struct mt_param *p)
  * matrix's transpose back 8n; per iteration B += b A 12 s^2 and Y = X 8n
  * (the third GEMM's beta term). bf16 (the batched iteration): it has no pass
  * of its own (its sums are the GEMMs' epilogues) and no transpose (a tall
- * matrix iterates as X^T); D read for its norm and read again as it is
- * rounded into the batch (normalize_fro_bf16: 4n + 6n), less the 2n the update
- * saves reading its U as bf16 (axpby_from_bf16; pass_bytes counts 4). */
+ * matrix iterates as X^T). With muon_prep_bf16_multi (cuda) the momentum
+ * runs inside the norm's first pass (g, m read, m written: 12n, not
+ * pass_bytes' 16n with D) and D is recomputed as it is rounded into the
+ * batch (g, m read, X written: 10n); the update reads its U as bf16 (2n less
+ * than pass_bytes' 4n): 4n in all beyond pass_bytes. The per-matrix loop (a
+ * backend without the entry: cpu) moves 4n more (D stored, read twice). */
 static double muon_extra_bytes(const struct mt_param *p, int bf16)
 {
     const double r = (double)p->shape[0], c = (double)p->shape[1], n = r * c, s = r < c ? r : c;
-    if (bf16) return 8.0 * n;
+    if (bf16) return 4.0 * n;
     return 8.0 * n + 12.0 * n + (r > c ? 8.0 * n : 0.0) + NS_STEPS * (8.0 * n + 12.0 * s * s);
 }
 
@@ -249,6 +261,69 @@ static void muon_apply_bf16(const struct mt_optim_run *run, struct mt_optim_slot
     ops->axpby_from_bf16(ops->be, p->data, u, a, b, p->numel);
 }
 
+/* Each matrix j of a batch: its direction, normalised and rounded, into x + j np
+ * (muon_direction then normalize_fro_bf16); muon_prep_bf16_multi where the
+ * backend has it and no matrix is TP-split (its direction is gathered) */
+static enum mt_status muon_prep_batch(struct mt_ctx *ctx, const struct mt_optim_run *run,
+                                      struct mt_optim_slot *const *batch, int nb, mt_bf16 *x, size_t np)
+{
+    const struct mt_ops_i *ops = run->ops;
+    const size_t n = (size_t)batch[0]->p->shape[0] * (size_t)batch[0]->p->shape[1];
+    int split = 0;
+    for (int j = 0; j < nb; j++) split |= is_split(batch[j]->p);
+    if (!ops->muon_prep_bf16_multi || split) {
+        for (int j = 0; j < nb; j++) {
+            MT_CHECK(muon_direction(ctx, run, batch[j]));
+            ops->normalize_fro_bf16(ops->be, x + (size_t)j * np, run->ws[WS_D], n, 1e-7);
+        }
+        return MT_OK;
+    }
+    for (int j0 = 0; j0 < nb; j0 += MT_OPS_LIST_MAX) {
+        const int c = nb - j0 < MT_OPS_LIST_MAX ? nb - j0 : MT_OPS_LIST_MAX;
+        mt_bf16 *xs[MT_OPS_LIST_MAX];
+        float *ms[MT_OPS_LIST_MAX];
+        const float *gs[MT_OPS_LIST_MAX];
+        size_t ns[MT_OPS_LIST_MAX];
+        for (int j = 0; j < c; j++) {
+            xs[j] = x + (size_t)(j0 + j) * np;
+            ms[j] = batch[j0 + j]->s[0];
+            gs[j] = batch[j0 + j]->p->grad;
+            ns[j] = n;
+        }
+        ops->muon_prep_bf16_multi(ops->be, xs, ms, gs, ns, c, run->cfg->muon_momentum, run->gscale, 1e-7,
+                                  run->ws[WS_D]);
+    }
+    return MT_OK;
+}
+
+/* Each matrix j of a batch updated from its bf16 result x + j np (muon_apply_bf16);
+ * axpby_from_bf16_multi where the backend has it and no matrix is TP-split */
+static void muon_apply_batch(const struct mt_optim_run *run, struct mt_optim_slot *const *batch, int nb,
+                             const mt_bf16 *x, size_t np, float lr)
+{
+    const struct mt_ops_i *ops = run->ops;
+    int split = 0;
+    for (int j = 0; j < nb; j++) split |= is_split(batch[j]->p);
+    if (!ops->axpby_from_bf16_multi || split) {
+        for (int j = 0; j < nb; j++) muon_apply_bf16(run, batch[j], x + (size_t)j * np, lr);
+        return;
+    }
+    for (int j0 = 0; j0 < nb; j0 += MT_OPS_LIST_MAX) {
+        const int c = nb - j0 < MT_OPS_LIST_MAX ? nb - j0 : MT_OPS_LIST_MAX;
+        float *ys[MT_OPS_LIST_MAX], as[MT_OPS_LIST_MAX], bs[MT_OPS_LIST_MAX];
+        const mt_bf16 *xs[MT_OPS_LIST_MAX];
+        size_t ns[MT_OPS_LIST_MAX];
+        for (int j = 0; j < c; j++) {
+            struct mt_param *p = batch[j0 + j]->p;
+            ys[j] = p->data;
+            xs[j] = x + (size_t)(j0 + j) * np;
+            ns[j] = p->numel;
+            update_coeffs(run, p, lr, &as[j], &bs[j]);
+        }
+        ops->axpby_from_bf16_multi(ops->be, ys, xs, as, bs, ns, c);
+    }
+}
+
 /*
  * Muon on one matrix P (R, C) with gradient G, momentum M, lr, wd, in fp32:
  *   M = mu M + G;  D = G + mu M                       (muon_direction)
@@ -304,10 +379,7 @@ static enum mt_status muon_update_bf16(struct mt_ctx *ctx, const struct mt_optim
     const size_t n = (size_t)R * (size_t)C, np = pad128(n), sp = pad128((size_t)s * (size_t)s);
     mt_bf16 *x = (mt_bf16 *)ws[WS_X0], *y = (mt_bf16 *)ws[WS_X1];
     mt_bf16 *a = (mt_bf16 *)ws[WS_SA], *b = (mt_bf16 *)ws[WS_SB];
-    for (int j = 0; j < nb; j++) {
-        MT_CHECK(muon_direction(ctx, run, batch[j]));
-        ops->normalize_fro_bf16(ops->be, x + (size_t)j * np, ws[WS_D], n, 1e-7);
-    }
+    MT_CHECK(muon_prep_batch(ctx, run, batch, nb, x, np));
     for (int it = 0; it < NS_STEPS; it++) {
         if (tall) ops->gemm_bf16_batched(ops->be, 1, 0, s, s, l, 1.0f, x, s, np, x, s, np, 0.0f, NULL, a, s, sp, nb);
         else      ops->gemm_bf16_batched(ops->be, 0, 1, s, s, l, 1.0f, x, l, np, x, l, np, 0.0f, NULL, a, s, sp, nb);
@@ -316,14 +388,17 @@ static enum mt_status muon_update_bf16(struct mt_ctx *ctx, const struct mt_optim
         else      ops->gemm_bf16_batched(ops->be, 0, 0, s, l, s, 1.0f, b, s, sp, x, l, np, NS_A, x, y, l, np, nb);
         mt_bf16 *t = x; x = y; y = t;
     }
-    for (int j = 0; j < nb; j++) muon_apply_bf16(run, batch[j], x + (size_t)j * np, lr);
+    muon_apply_batch(run, batch, nb, x, np, lr);
     return MT_OK;
 }
 
-/* The list's matrices by shape (R, C), in order of first appearance; each
- * shape's in batches of up to batch_cap (the bf16 iteration), or one by one
- * (fp32). Each matrix's update depends on its own numbers only: the batch it
- * lands in changes no bit on cpu (a loop of GEMMs). */
+/* The list's matrices by shape (R, C), in order of first appearance (the
+ * whole list: Muon is a whole_list class, so a shape's batch spans the
+ * model); each shape's c matrices in ceil(c / cap) batches of nearly equal
+ * size (the bf16 iteration; cap: batch_cap), or one by one (fp32). Each
+ * matrix's update depends on its own numbers only: the batch it lands in
+ * changes no bit on cpu (a loop of GEMMs). Every rank groups the same list
+ * the same way, so a TP group's gathers pair up. */
 static enum mt_status muon_step(struct mt_ctx *ctx, const struct mt_optim_run *run, struct mt_optim_slot *const *slots,
                                 int n)
 {
@@ -332,24 +407,26 @@ static enum mt_status muon_step(struct mt_ctx *ctx, const struct mt_optim_run *r
         for (int i = 0; i < n; i++) MT_CHECK(muon_update_fp32(ctx, run, slots[i], lr));
         return MT_OK;
     }
-    if (n > MT_OPS_LIST_MAX)
-        return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "optimizer: Muon stepped %d matrices at once (at most %d)", n,
-                            MT_OPS_LIST_MAX);
-    unsigned char done[MT_OPS_LIST_MAX] = {0};
-    struct mt_optim_slot *batch[MT_OPS_LIST_MAX];
-    for (int i = 0; i < n; i++) {
-        if (done[i]) continue;
-        const struct mt_param *p = slots[i]->p;
-        const int cap = batch_cap((size_t)p->shape[0] * (size_t)p->shape[1]);
-        int nb = 0;
-        for (int j = i; j < n; j++) {
-            const struct mt_param *q = slots[j]->p;
-            if (done[j] || q->shape[0] != p->shape[0] || q->shape[1] != p->shape[1]) continue;
-            done[j] = 1;
-            batch[nb++] = slots[j];
-            if (nb == cap) { MT_CHECK(muon_update_bf16(ctx, run, batch, nb, lr)); nb = 0; }
+    if (!run->scratch) return mt_ctx_error(ctx, MT_ERR_INVALID_ARG, "optimizer: Muon stepped without its scratch");
+    /* a stable grouping by shape in the scratch: g[i, e) is the shape of g[i] */
+    struct mt_optim_slot **g = run->scratch;
+    memcpy(g, slots, (size_t)n * sizeof *g);
+    for (int i = 0; i < n;) {
+        int e = i + 1;
+        for (int j = i + 1; j < n; j++) {
+            if (!same_shape(g[j]->p, g[i]->p)) continue;
+            struct mt_optim_slot *t = g[j];
+            memmove(&g[e + 1], &g[e], (size_t)(j - e) * sizeof *g);
+            g[e++] = t;
         }
-        if (nb > 0) MT_CHECK(muon_update_bf16(ctx, run, batch, nb, lr));
+        const int c = e - i, cap = batch_cap((size_t)g[i]->p->shape[0] * (size_t)g[i]->p->shape[1], c);
+        const int batches = (c + cap - 1) / cap;
+        for (int k = 0, j = i; k < batches; k++) {
+            const int nb = (c - (j - i) + (batches - k) - 1) / (batches - k);   /* the rest over the batches left */
+            MT_CHECK(muon_update_bf16(ctx, run, &g[j], nb, lr));
+            j += nb;
+        }
+        i = e;
     }
     return MT_OK;
 }
@@ -363,6 +440,7 @@ const struct mt_optim_i mt_optim_muon = {
     .whole_matrix = 1,
     .pass_bytes = 28.0,   /* momentum: reads g, m, writes m, d (16); update: reads p, U, writes p (12) */
     .shadow_bytes = 6.0,  /* the refresh re-reads p (4) and writes the shadow (2) */
+    .whole_list = 1,      /* batches of a shape across the model */
     .takes_gscale = 1,    /* the clip's scale rides in muon_momentum's read of g */
     .flops = muon_flops,
     .extra_bytes = muon_extra_bytes,

@@ -41,6 +41,9 @@ struct mt_optim {
     int                             n_states;
     long                            t;
     float                          *ws[MT_OPTIM_MAX_CLASSES][MT_OPTIM_MAX_WS];   /* per class (ws_sizes) */
+    struct mt_optim_slot          **list;      /* a step's list (list_cap)          */
+    struct mt_optim_slot          **scratch;   /* the class's scratch (list_cap)    */
+    int                             list_cap;  /* max(n_params, MT_OPS_LIST_MAX)    */
     struct mt_comm                 *tp_comm;   /* model group: whole-matrix classes gather over it */
 };
 
@@ -69,8 +72,8 @@ static int n_states_in(const struct mt_optim_i *const *classes, const struct mt_
 }
 
 /* bytes[] is overwritten: OPTIM = n_states x numel floats per parameter;
- * WORKSPACE = each class's ws_sizes; OTHER = the host bookkeeping (struct +
- * per-param table). */
+ * WORKSPACE = each class's ws_sizes; OTHER = the host bookkeeping (struct,
+ * per-param table, the step's list and the class scratch). */
 static void plan_bytes(const struct mt_ctx *ctx, const struct mt_config *cfg, const struct mt_optim_i *const *classes,
                        int n_classes, const struct mt_param *params, int n_params, size_t bytes[MT_BUCKET_COUNT])
 {
@@ -82,7 +85,9 @@ static void plan_bytes(const struct mt_ctx *ctx, const struct mt_config *cfg, co
         if (classes[k]->ws_sizes) classes[k]->ws_sizes(ctx, cfg, params, n_params, k, f);
         for (int j = 0; j < MT_OPTIM_MAX_WS; j++) bytes[MT_BUCKET_WORKSPACE] += f[j] * sizeof(float);
     }
-    bytes[MT_BUCKET_OTHER] = sizeof(struct mt_optim) + (size_t)n_params * sizeof(struct mt_optim_slot);
+    const size_t list_cap = n_params > MT_OPS_LIST_MAX ? (size_t)n_params : MT_OPS_LIST_MAX;
+    bytes[MT_BUCKET_OTHER] = sizeof(struct mt_optim) + (size_t)n_params * sizeof(struct mt_optim_slot) +
+                             2 * list_cap * sizeof(struct mt_optim_slot *);   /* list, scratch */
 }
 
 void mt_optim_plan_bytes(const struct mt_ctx *ctx, const struct mt_config *cfg, const struct mt_param *params,
@@ -141,6 +146,10 @@ enum mt_status mt_optim_create_with(struct mt_ctx *ctx, const struct mt_ops_i *o
     o->ps = mt_alloc(ctx, (size_t)n_params * sizeof(struct mt_optim_slot), MT_BUCKET_OTHER);
     if (!o->ps) { mt_optim_destroy(ctx, o); return MT_ERR_OOM; }
     memset(o->ps, 0, (size_t)n_params * sizeof(struct mt_optim_slot));
+    o->list_cap = n_params > MT_OPS_LIST_MAX ? n_params : MT_OPS_LIST_MAX;
+    o->list = mt_alloc(ctx, (size_t)o->list_cap * sizeof *o->list, MT_BUCKET_OTHER);
+    o->scratch = mt_alloc(ctx, (size_t)o->list_cap * sizeof *o->scratch, MT_BUCKET_OTHER);
+    if (!o->list || !o->scratch) { mt_optim_destroy(ctx, o); return MT_ERR_OOM; }
     enum mt_status rc = MT_OK;
     for (int i = 0; i < n_params; i++) {
         struct mt_optim_slot *s = &o->ps[i];
@@ -189,6 +198,8 @@ void mt_optim_destroy(struct mt_ctx *ctx, struct mt_optim *o)
     for (int k = 0; k < MT_OPTIM_MAX_CLASSES; k++)
         for (int j = 0; j < MT_OPTIM_MAX_WS; j++)
             if (o->ws[k][j]) ops->buf_free(ops->be, ctx, o->ws[k][j]);
+    if (o->list) mt_free(ctx, o->list);
+    if (o->scratch) mt_free(ctx, o->scratch);
     mt_free(ctx, o);
 }
 
@@ -224,7 +235,8 @@ void mt_optim_set_tp_comm(struct mt_optim *o, struct mt_comm *tp_comm) { o->tp_c
 
 /*
  * Each class steps its parameters in model order, in lists of up to
- * MT_OPS_LIST_MAX (AdamW: one adamw_multi launch each on cuda). Updates of
+ * MT_OPS_LIST_MAX (AdamW: one adamw_multi launch each on cuda), or all in
+ * one list for a whole_list class (Muon: its batches span the model). Updates of
  * different parameters are independent, so running class by class instead
  * of parameter by parameter changes no bit; every rank of a TP group steps
  * the same whole-matrix parameters in the same order (their collectives
@@ -255,19 +267,21 @@ enum mt_status mt_optim_step(struct mt_ctx *ctx, struct mt_optim *o, int step, d
 
     o->t++;
     struct mt_optim_run run = {.ops = ops, .cfg = cfg, .tp_comm = o->tp_comm, .t = o->t,
-                               .lr_factor = mt_optim_lr_factor(cfg, step), .gscale = gscale};
+                               .lr_factor = mt_optim_lr_factor(cfg, step), .gscale = gscale,
+                               .scratch = o->scratch};
     enum mt_status rc = MT_OK;
     for (int k = 0; k < o->n_classes && rc == MT_OK; k++) {
         memcpy(run.ws, o->ws[k], sizeof run.ws);
         run.gscale = o->classes[k]->takes_gscale ? gscale : 1.0f;   /* the others' gradients are scaled already */
-        struct mt_optim_slot *list[MT_OPS_LIST_MAX];
+        struct mt_optim_slot **list = o->list;
+        const int cap = o->classes[k]->whole_list ? o->list_cap : MT_OPS_LIST_MAX;
         int n = 0;
         for (int i = 0; i < o->n_params; i++) {
             struct mt_optim_slot *s = &o->ps[i];
             if (s->p->frozen || (int)s->p->optim != k) continue;   /* LoRA: the base does not move */
             s->p->bf16_ok = 0;   /* its data changes: the shadow is stale unless the class writes it (AdamW) */
             list[n++] = s;
-            if (n == MT_OPS_LIST_MAX) {
+            if (n == cap) {
                 if ((rc = o->classes[k]->step(ctx, &run, list, n)) != MT_OK) break;
                 n = 0;
             }

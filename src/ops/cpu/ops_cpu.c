@@ -539,6 +539,32 @@ static void p_axpby_from_bf16(void *be, float *y, const mt_bf16 *x, float a, flo
     (void)be;   /* stateless / not yet used (docs/cuda.md) */
     PROF(MT_OPK_ELEMENTWISE, cpu_axpby_from_bf16(y, x, a, b, n));
 }
+/* muon_prep_bf16_multi / axpby_from_bf16_multi (mt_ops.h): the loops over the single entries */
+static void cpu_muon_prep_bf16_multi(mt_bf16 *const *x, float *const *m, const float *const *g, const size_t *n,
+                                     int count, float mu, float gscale, double eps, float *d)
+{
+    for (int i = 0; i < count; i++) {
+        mt_cpu_muon_momentum(d, m[i], g[i], mu, n[i], gscale);
+        cpu_normalize_fro_bf16(x[i], d, n[i], eps);
+    }
+}
+static void p_muon_prep_bf16_multi(void *be, mt_bf16 *const *x, float *const *m, const float *const *g,
+                                   const size_t *n, int count, float mu, float gscale, double eps, float *d)
+{
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    PROF(MT_OPK_OPTIMIZER, cpu_muon_prep_bf16_multi(x, m, g, n, count, mu, gscale, eps, d));
+}
+static void cpu_axpby_from_bf16_multi(float *const *y, const mt_bf16 *const *x, const float *a, const float *b,
+                                      const size_t *n, int count)
+{
+    for (int i = 0; i < count; i++) cpu_axpby_from_bf16(y[i], x[i], a[i], b[i], n[i]);
+}
+static void p_axpby_from_bf16_multi(void *be, float *const *y, const mt_bf16 *const *x, const float *a,
+                                    const float *b, const size_t *n, int count)
+{
+    (void)be;   /* stateless / not yet used (docs/cuda.md) */
+    PROF(MT_OPK_OPTIMIZER, cpu_axpby_from_bf16_multi(y, x, a, b, n, count));
+}
 static void cpu_adamw_multi(float *const *p, mt_bf16 *const *pb, const float *const *g, float *const *m,
                             float *const *v, const size_t *n, const float *wd, int count, float lr, float b1, float b2,
                             float eps, float bc1, float bc2, float gscale)
@@ -963,6 +989,8 @@ static const struct mt_ops_i cpu_ops = {
     /* .normalize_fro              = */ .normalize_fro              = p_normalize_fro,
     /* .normalize_fro_bf16         = */ .normalize_fro_bf16         = p_normalize_fro_bf16,
     /* .axpby_from_bf16            = */ .axpby_from_bf16            = p_axpby_from_bf16,
+    /* .muon_prep_bf16_multi       = */ .muon_prep_bf16_multi       = p_muon_prep_bf16_multi,
+    /* .axpby_from_bf16_multi      = */ .axpby_from_bf16_multi      = p_axpby_from_bf16_multi,
     /* .adamw_multi                = */ .adamw_multi                = p_adamw_multi,
     /* .nonfinite_mark             = */ .nonfinite_mark             = p_nonfinite_mark,
     /* .cast_bf16_multi            = */ .cast_bf16_multi            = p_cast_bf16_multi,

@@ -496,6 +496,26 @@ static __device__ __forceinline__ __nv_bfloat16 mt_cuda_bf16_rn(float f)
     return __ushort_as_bfloat16((unsigned short)(u >> 16));
 }
 
+/* Muon's momentum on element i (mt_ops.h muon_momentum; its kernel and
+ * muon_prep_bf16_multi's run this): the clip's product rounded once, then
+ * explicit FMAs (the cpu kernel's), m = mu m + g stored, the Nesterov
+ * direction d = mu m + g returned; mt_cuda_muon_dir recomputes that d from
+ * the stored m, the same bits */
+static __device__ __forceinline__ float mt_cuda_muon_g(const float *g, float gs, size_t i)
+{
+    return gs == 1.0f ? g[i] : __fmul_rn(gs, g[i]);
+}
+static __device__ __forceinline__ float mt_cuda_muon_elem(float *m, const float *g, float mu, float gs, size_t i)
+{
+    const float gi = mt_cuda_muon_g(g, gs, i), mi = fmaf(mu, m[i], gi);
+    m[i] = mi;
+    return fmaf(mu, mi, gi);
+}
+static __device__ __forceinline__ float mt_cuda_muon_dir(const float *m, const float *g, float mu, float gs, size_t i)
+{
+    return fmaf(mu, m[i], mt_cuda_muon_g(g, gs, i));
+}
+
 /* ---- 16-byte vector access (elementwise kernels; docs/cuda.md "Vectorised elementwise kernels") ----
  * A kernel that takes the vector path loads/stores 4 floats (float4) or 8
  * bf16 (uint4), 4 bf16 (uint2) at a time from pointers its host side
@@ -603,6 +623,10 @@ double mt_cuda_sumsq_multi(void *be, const float *const *x, const size_t *n, int
 void   mt_cuda_normalize_fro(void *be, float *x, size_t n, double eps);
 void   mt_cuda_normalize_fro_bf16(void *be, mt_bf16 *dst, const float *x, size_t n, double eps);
 void   mt_cuda_axpby_from_bf16(void *be, float *y, const mt_bf16 *x, float a, float b, size_t n);
+void   mt_cuda_muon_prep_bf16_multi(void *be, mt_bf16 *const *x, float *const *m, const float *const *g,
+                                    const size_t *n, int count, float mu, float gscale, double eps, float *d);
+void   mt_cuda_axpby_from_bf16_multi(void *be, float *const *y, const mt_bf16 *const *x, const float *a,
+                                     const float *b, const size_t *n, int count);
 void   mt_cuda_nonfinite_mark(void *be, float *flags, const float *const *x, const size_t *n, const int *slot, int count);
 
 /* ---- gemm.cu ---- */

@@ -51,16 +51,35 @@ static __device__ void block_tree_sum(double *s)
     __syncthreads();
 }
 
+/* The element loaders of the sum's first pass: element i's value, loaded
+ * once per call of the pass (every element of [0, n) exactly once) */
+struct ld_plain {   /* x[i] */
+    const float *x;
+    __device__ __forceinline__ float operator()(size_t i) const { return x[i]; }
+};
+/* muon_momentum's element (mt_cuda_muon_elem): m updated, the Nesterov direction
+ * d returned (muon_prep_bf16_multi: the momentum inside the norm's first pass) */
+struct ld_muon {
+    float       *m;
+    const float *g;
+    float        mu, gs;
+    __device__ __forceinline__ float operator()(size_t i) const { return mt_cuda_muon_elem(m, g, mu, gs, i); }
+};
+
 /* block blockIdx.x's partial of sum x^2 over its span [x*bs, +bs) of n, in
  * a fixed order (the single- and multi-tensor passes share it: same bits) */
-static __device__ __forceinline__ double sumsq_block(const float *x, size_t n, size_t bs)
+template <class LD>
+static __device__ __forceinline__ double sumsq_block(LD x, size_t n, size_t bs)
 {
     __shared__ double s[MT_CUDA_RED_THREADS];
     size_t lo = blockIdx.x * bs, hi = lo + bs;
     if (lo > n) lo = n;
     if (hi > n) hi = n;
     double acc = 0.0;
-    for (size_t i = lo + threadIdx.x; i < hi; i += MT_CUDA_RED_THREADS) acc += (double)x[i] * (double)x[i];
+    for (size_t i = lo + threadIdx.x; i < hi; i += MT_CUDA_RED_THREADS) {
+        const double v = (double)x(i);   /* each element loaded once (a loader may update state: ld_muon) */
+        acc += v * v;
+    }
     s[threadIdx.x] = acc;
     block_tree_sum(s);
     return s[0];
@@ -81,7 +100,8 @@ static_assert(MT_CUDA_RED_THREADS >= SUMSQ_SERIAL, "the tree's last steps are th
  * by one thread, bit for bit: its thread t < m holds one square (0.0 + x^2
  * = x^2), the rest 0.0, so the tree's steps w >= 32 add +0.0 (exact: the
  * squares are >= +0) and w = 16 .. 1 pair the same leaves as here */
-static __device__ __forceinline__ double sumsq_span_serial(const float *x, size_t lo, size_t hi)
+template <class LD>
+static __device__ __forceinline__ double sumsq_span_serial(LD x, size_t lo, size_t hi)
 {
     /* The tree's pairs (leaf i with i + 16, then + 8, ...) are the adjacent
      * pairs of the leaves in bit-reversed order (j = bitrev5(i)), so one
@@ -96,7 +116,8 @@ static __device__ __forceinline__ double sumsq_span_serial(const float *x, size_
 #pragma unroll
     for (int j = 0; j < SUMSQ_SERIAL; j++) {
         const int i = ((j & 1) << 4) | ((j & 2) << 2) | (j & 4) | ((j & 8) >> 2) | ((j & 16) >> 4);
-        a = i < m ? (double)x[lo + i] * (double)x[lo + i] : 0.0;
+        const double v = i < m ? (double)x(lo + i) : 0.0;
+        a = v * v;
 #pragma unroll
         for (int l = 0; l < 5; l++) {
             if (!((j >> l) & 1)) {
@@ -113,7 +134,8 @@ static __device__ __forceinline__ double sumsq_span_serial(const float *x, size_
  * a block each (spans over 32: the launch has MT_CUDA_RED_BLOCKS blocks in
  * x), or a thread each (the launch's first SUMSQ_SERIAL_BLOCKS blocks; the
  * choice is the tensor's, so uniform over every block) */
-static __device__ __forceinline__ void sumsq_partials(double *partial, const float *x, size_t n)
+template <class LD>
+static __device__ __forceinline__ void sumsq_partials(double *partial, LD x, size_t n)
 {
     const size_t bs = (n + MT_CUDA_RED_BLOCKS - 1) / MT_CUDA_RED_BLOCKS;
     if (bs > SUMSQ_SERIAL) {
@@ -137,7 +159,7 @@ static unsigned sumsq_grid_x(size_t n)
 
 static __global__ void sumsq_pass1_k(double *partial, const float *x, size_t n)
 {
-    sumsq_partials(partial, x, n);
+    sumsq_partials(partial, ld_plain{x}, n);
 }
 
 static __global__ void sumsq_pass2_k(double *partial, int nparts)
@@ -228,7 +250,8 @@ struct sumsq_list {
  * block b of tensor base + t (a tensor that needs fewer blocks has the rest do nothing) */
 static __global__ void sumsq_multi_pass1_k(double *partial, struct sumsq_list L, int base)
 {
-    sumsq_partials(partial + (size_t)(base + (int)blockIdx.y) * MT_CUDA_RED_BLOCKS, L.x[blockIdx.y], L.n[blockIdx.y]);
+    sumsq_partials(partial + (size_t)(base + (int)blockIdx.y) * MT_CUDA_RED_BLOCKS, ld_plain{L.x[blockIdx.y]},
+                   L.n[blockIdx.y]);
 }
 
 /* one block: tensor i's sum as sumsq_pass2_k forms it, then out = 0 + t_0 + t_1 + ... in order */
@@ -294,10 +317,15 @@ static __global__ void scale_rnorm_bf16_k(__nv_bfloat16 *dst, const float *x, co
 }
 
 /* axpby_from_bf16 (mt_ops.h): axpby_k's modes 1 and 2 on the widened x */
-static __global__ void axpby_from_bf16_k(float *y, const __nv_bfloat16 *x, float a, float b, size_t n)
+static __device__ __forceinline__ void axpby_from_bf16_span(float *y, const __nv_bfloat16 *x, float a, float b,
+                                                            size_t n)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         y[i] = b == 0.0f ? a * __bfloat162float(x[i]) : a * __bfloat162float(x[i]) + b * y[i];
+}
+static __global__ void axpby_from_bf16_k(float *y, const __nv_bfloat16 *x, float a, float b, size_t n)
+{
+    axpby_from_bf16_span(y, x, a, b, n);
 }
 
 /* sumsq's two passes over x into the backend's reduction slot (normalize_fro and its bf16 form):
@@ -326,6 +354,123 @@ extern "C" void mt_cuda_axpby_from_bf16(void *be, float *y, const mt_bf16 *x, fl
     if (!n) return;
     MT_LAUNCH(axpby_from_bf16_k, mt_cuda_blocks(n, THREADS), THREADS, 0)(y, (const __nv_bfloat16 *)x, a, b, n);
     MT_CUDA_KCHECK();
+}
+
+/* ---- Muon's batch, multi-tensor (muon_prep_bf16_multi, axpby_from_bf16_multi; mt_ops.h) ----
+ * muon_prep_bf16_multi per MT_OPS_LIST_MAX matrices, blockIdx.y the matrix:
+ *   pass 1  the momentum of every element inside sumsq's first pass over the
+ *           direction d (ld_muon: the partials of sumsq(d), m stored, d not);
+ *   pass 2  each matrix's sum from its partials (sumsq_pass2_k's order);
+ *   scale   x = bf16(s d), s = (float)(1 / (sqrt(sum) + eps)), d recomputed
+ *           from the stored m and g (mt_cuda_muon_dir: the same bits).
+ * The loop's bits: muon_momentum's d, sumsq's order, normalize_fro_bf16's
+ * scalar and rounding; d never stored (8 bytes an element less). */
+struct muon_list {
+    __nv_bfloat16 *x[MT_OPS_LIST_MAX];
+    float         *m[MT_OPS_LIST_MAX];
+    const float   *g[MT_OPS_LIST_MAX];
+    size_t         n[MT_OPS_LIST_MAX];
+};
+
+static __global__ void muon_prep_pass1_k(double *partial, struct muon_list L, float mu, float gs)
+{
+    const int t = blockIdx.y;
+    sumsq_partials(partial + (size_t)t * MT_CUDA_RED_BLOCKS, ld_muon{L.m[t], L.g[t], mu, gs}, L.n[t]);
+}
+
+/* block t: sumsq_pass2_k's sum of matrix t's partials, into out[t] */
+static __global__ void sumsq_pass2_rows_k(double *out, const double *partial)
+{
+    __shared__ double s[MT_CUDA_RED_THREADS];
+    const double *p = partial + (size_t)blockIdx.x * MT_CUDA_RED_BLOCKS;
+    double acc = 0.0;
+    for (int i = threadIdx.x; i < MT_CUDA_RED_BLOCKS; i += MT_CUDA_RED_THREADS) acc += p[i];
+    s[threadIdx.x] = acc;
+    block_tree_sum(s);
+    if (threadIdx.x == 0) out[blockIdx.x] = s[0];
+}
+
+static __global__ void muon_prep_scale_k(struct muon_list L, const double *ss, double eps, float mu, float gs)
+{
+    const int t = blockIdx.y;
+    const float b = (float)(1.0 / (sqrt(ss[t]) + eps));
+    const float *m = L.m[t], *g = L.g[t];
+    __nv_bfloat16 *x = L.x[t];
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < L.n[t]; i += (size_t)gridDim.x * blockDim.x)
+        x[i] = mt_cuda_bf16_rn(__fmul_rn(b, mt_cuda_muon_dir(m, g, mu, gs, i)));
+}
+
+extern "C" void mt_cuda_muon_prep_bf16_multi(void *be, mt_bf16 *const *x, float *const *m, const float *const *g,
+                                             const size_t *n, int count, float mu, float gscale, double eps,
+                                             float *d)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    (void)d;            /* never stored: recomputed from m and g */
+    if (count <= 0) return;
+    const int lc = count < MT_OPS_LIST_MAX ? count : MT_OPS_LIST_MAX;
+    double *part = (double *)mt_cuda_workspace((size_t)lc * (MT_CUDA_RED_BLOCKS + 1) * sizeof(double));
+    if (!part) return;
+    double *ss = part + (size_t)lc * MT_CUDA_RED_BLOCKS;
+    for (int base = 0; base < count; base += MT_OPS_LIST_MAX) {
+        const int c = count - base < lc ? count - base : lc;
+        struct muon_list L;
+        memset(&L, 0, sizeof L);
+        size_t nmax = 0;
+        unsigned gx = 1;
+        for (int t = 0; t < c; t++) {
+            L.x[t] = (__nv_bfloat16 *)x[base + t];
+            L.m[t] = m[base + t];
+            L.g[t] = g[base + t];
+            L.n[t] = n[base + t];
+            if (L.n[t] > nmax) nmax = L.n[t];
+            if (sumsq_grid_x(L.n[t]) > gx) gx = sumsq_grid_x(L.n[t]);
+        }
+        if (!nmax) continue;
+        MT_LAUNCH(muon_prep_pass1_k, dim3(gx, (unsigned)c), MT_CUDA_RED_THREADS, 0)(part, L, mu, gscale);
+        MT_CUDA_KCHECK();
+        MT_LAUNCH(sumsq_pass2_rows_k, (unsigned)c, MT_CUDA_RED_THREADS, 0)(ss, part);
+        MT_CUDA_KCHECK();
+        MT_LAUNCH(muon_prep_scale_k, dim3(mt_cuda_blocks(nmax, THREADS), (unsigned)c), THREADS, 0)(L, ss, eps, mu,
+                                                                                                   gscale);
+        MT_CUDA_KCHECK();
+    }
+}
+
+/* axpby_from_bf16_k on up to MT_OPS_LIST_MAX tensors, blockIdx.y the tensor */
+struct axpby_bf16_list {
+    float               *y[MT_OPS_LIST_MAX];
+    const __nv_bfloat16 *x[MT_OPS_LIST_MAX];
+    size_t               n[MT_OPS_LIST_MAX];
+    float                a[MT_OPS_LIST_MAX], b[MT_OPS_LIST_MAX];
+};
+
+static __global__ void axpby_from_bf16_multi_k(struct axpby_bf16_list L)
+{
+    const int t = blockIdx.y;
+    axpby_from_bf16_span(L.y[t], L.x[t], L.a[t], L.b[t], L.n[t]);
+}
+
+extern "C" void mt_cuda_axpby_from_bf16_multi(void *be, float *const *y, const mt_bf16 *const *x, const float *a,
+                                              const float *b, const size_t *n, int count)
+{
+    MT_CUDA_BIND(be);   /* this call acts on its own instance (docs/cuda.md, "The backend handle") */
+    for (int base = 0; base < count; base += MT_OPS_LIST_MAX) {
+        const int c = count - base < MT_OPS_LIST_MAX ? count - base : MT_OPS_LIST_MAX;
+        struct axpby_bf16_list L;
+        memset(&L, 0, sizeof L);
+        size_t nmax = 0;
+        for (int t = 0; t < c; t++) {
+            L.y[t] = y[base + t];
+            L.x[t] = (const __nv_bfloat16 *)x[base + t];
+            L.n[t] = n[base + t];
+            L.a[t] = a[base + t];
+            L.b[t] = b[base + t];
+            if (L.n[t] > nmax) nmax = L.n[t];
+        }
+        if (!nmax) continue;
+        MT_LAUNCH(axpby_from_bf16_multi_k, dim3(mt_cuda_blocks(nmax, THREADS), (unsigned)c), THREADS, 0)(L);
+        MT_CUDA_KCHECK();
+    }
 }
 
 extern "C" void mt_cuda_normalize_fro(void *be, float *x, size_t n, double eps)

@@ -404,6 +404,10 @@ static struct mt_ops_i cuda_ops = {
     /* .normalize_fro_bf16         = */ .normalize_fro_bf16         =
         PROF(MT_OPK_ELEMENTWISE, mt_cuda_normalize_fro_bf16),
     /* .axpby_from_bf16            = */ .axpby_from_bf16            = PROF(MT_OPK_ELEMENTWISE, mt_cuda_axpby_from_bf16),
+    /* .muon_prep_bf16_multi       = */ .muon_prep_bf16_multi       =
+        PROF(MT_OPK_OPTIMIZER, mt_cuda_muon_prep_bf16_multi),
+    /* .axpby_from_bf16_multi      = */ .axpby_from_bf16_multi      =
+        PROF(MT_OPK_OPTIMIZER, mt_cuda_axpby_from_bf16_multi),
     /* .adamw_multi                = */ .adamw_multi                = PROF(MT_OPK_OPTIMIZER, mt_cuda_adamw_multi),
     /* .nonfinite_mark             = */ .nonfinite_mark             = PROF(MT_OPK_ELEMENTWISE, mt_cuda_nonfinite_mark),
     /* .cast_bf16_multi            = */ .cast_bf16_multi            = PROF(MT_OPK_OPTIMIZER, mt_cuda_cast_bf16_multi),

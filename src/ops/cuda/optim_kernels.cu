@@ -87,13 +87,8 @@ static __global__ void adamw_k(float *p, const float *g, float *m, float *v, siz
 
 static __global__ void muon_momentum_k(float *d, float *m, const float *g, float mu, size_t n, float gscale)
 {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        /* the clip's product rounded once, then the cpu kernel's explicit FMAs */
-        const float gi = gscale == 1.0f ? g[i] : __fmul_rn(gscale, g[i]);
-        const float mi = fmaf(mu, m[i], gi);
-        m[i] = mi;
-        d[i] = fmaf(mu, mi, gi);
-    }
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        d[i] = mt_cuda_muon_elem(m, g, mu, gscale, i);   /* g read before d written: d may alias g */
 }
 
 /* block (32, 8): tile (32 x 32) of `in` starting at (r0, c0) = (blockIdx.y, blockIdx.x) * 32 */
