@@ -936,13 +936,15 @@ int main(int argc, char **argv)
     emit(f, "\n ],\n");
 
     /* ---- Muon's batched bf16 Newton–Schulz (muon.c): one iteration at d2048's
-     * batches (2048 x 2048, 4 a batch; 2048 x 5504 alone) and GPT-2 124M's
-     * (768 x 768, 28; 768 x 2048, 10); --quick: two tiny ones. The optimizer's
-     * rate in the planner where that iteration runs (sum FLOPs / sum time) ---- */
+     * batches (2048 x 2048, 4 a batch; 2048 x 5504 alone) and GPT-2 124M's (its
+     * 48 of 768 x 768 as 2 batches of 24; its 24 of 2048 x 768 as 3 of 8, the
+     * s x l iterate 768 x 2048 either way); --quick: two tiny ones. The
+     * optimizer's rate in the planner where that iteration runs (sum FLOPs /
+     * sum time) ---- */
     emit(f, " \"muon_ns\": [");
     double ns_flops = 0, ns_s = 0;
     if (g_ops->gemm_bf16_batched) {
-        static const int full[4][3] = {{2048, 2048, 4}, {2048, 5504, 1}, {768, 768, 28}, {768, 2048, 10}};
+        static const int full[4][3] = {{2048, 2048, 4}, {2048, 5504, 1}, {768, 768, 24}, {768, 2048, 8}};
         static const int tiny[2][3] = {{24, 40, 3}, {16, 48, 1}};
         const int n_ns = quick ? 2 : 4;
         for (int r = 0; r < n_ns; r++) {

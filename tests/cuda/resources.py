@@ -27,7 +27,11 @@ geometry the emulator logged (tests/test_cuda_build.sh stage r; docs/cuda.md
     - a kernel whose wgmmas ptxas serialized ("Potential Performance Loss:
       wgmma.mma_async instructions are serialized", C7514-C7518...): it
       still computes right, as the emulator sees it, at a fraction of the
-      speed, and only this line says so.
+      speed, and only this line says so;
+    - a kernel where ptxas injected a warpgroup.arrive (C7519): a plain
+      access to an accumulator compiled across a wgmma.fence or wait
+      (register access there is undefined), which the emulator, running in
+      program order, cannot see.
   Kernels are matched by name without template arguments: a kernel's
   instantiations share a name and their largest registers, spills and
   static shared memory are used (the conservative side). Prints, per
@@ -71,8 +75,9 @@ def split_name(name):
 
 def read_res(root):
     """{mangled: {regs, spill_st, spill_ld, stack, smem}} of every kernel entry, the .res
-    files, and [(mangled, ptxas code, file)] of every kernel whose wgmmas ptxas serialized"""
-    ents, cur, serial = {}, None, []
+    files, [(mangled, ptxas code, file)] of every kernel whose wgmmas ptxas serialized, and the
+    same of every kernel where ptxas injected a warpgroup.arrive (C7519)"""
+    ents, cur, serial, arrive = {}, None, [], []
     files = []
     for dirpath, _, names in os.walk(root):
         files += [os.path.join(dirpath, n) for n in names if n.endswith(".res")]
@@ -81,6 +86,10 @@ def read_res(root):
             m = re.search(r"\((C75\d\d)\) Potential Performance Loss: wgmma.*function '([^']+)'", line)
             if m:
                 serial.append((m.group(2), m.group(1), os.path.basename(path)))
+                continue
+            m = re.search(r"\((C7519)\) warpgroup.arrive is injected.*function '([^']+)'", line)
+            if m:
+                arrive.append((m.group(2), m.group(1), os.path.basename(path)))
                 continue
             m = re.search(r"Compiling entry function '([^']+)'", line)
             if m:
@@ -104,7 +113,7 @@ def read_res(root):
                 ents[cur]["regs"] = int(m.group(1))
                 s = re.search(r"(\d+) bytes smem", line)
                 ents[cur]["smem"] = int(s.group(1)) if s else 0
-    return ents, files, serial
+    return ents, files, serial, arrive
 
 
 def demangle(names):
@@ -146,12 +155,12 @@ def check(argv):
         vals = [argv[i + 1] for i, a in enumerate(argv) if a == flag and i + 1 < len(argv)]
         return vals if many else (vals[0] if vals else None)
     res_dir, logs, allow_path, table = opt("--res"), opt("--log", True), opt("--spill-allow"), opt("--table")
-    ents, files, serial = read_res(res_dir)
+    ents, files, serial, arrive = read_res(res_dir)
     if not ents:
         print("FAIL: no ptxas resource lines under %s (%d .res files): build with MT_CUDA_RESOURCE_LOG=ON"
               % (res_dir, len(files)))
         return 1
-    dem = demangle(sorted(set(ents) | set(m for m, _, _ in serial)))
+    dem = demangle(sorted(set(ents) | set(m for m, _, _ in serial + arrive)))
     kern = {}   # base -> merged (max) resources, instantiations
     inst = {}   # (base, template arguments) -> resources
     for m, e in ents.items():
@@ -191,6 +200,10 @@ def check(argv):
             if total > BLOCK_SMEM:
                 err.append("%s: %d bytes static + %d dynamic shared memory > %d a block" % (name, k["smem"], dyn,
                                                                                            BLOCK_SMEM))
+    for b, code, f in sorted(set((split_name(dem.get(m, m))[0], code, f) for m, code, f in arrive)):
+        err.append("%s: ptxas injected a warpgroup.arrive (%s, %s): a plain access to a wgmma accumulator was "
+                   "compiled across its wgmma.fence or wait (undefined in the PTX ISA; pin it with "
+                   "mt_wgmma_fence_operand, wgmma.cuh)" % (b, code, f))
     for b, code, f in sorted(set((split_name(dem.get(m, m))[0], code, f) for m, code, f in serial)):
         err.append("%s: ptxas serialized its wgmmas (%s, %s): each waits for the one before, the async pipeline "
                    "is gone (a branch around wgmma not provably warpgroup-uniform, or a plain instruction on an "

@@ -122,9 +122,11 @@ static __device__ MT_WARP_STEP void wg_fwd_first(float (&s)[8][4], float (&m)[2]
                                                  int row0, int t, float c)
 {
     wg_s_zero(s);
+    mt_wgmma_fence_operand<32>(&s[0][0]);
     mt_wgmma_fence();
     wg_abt_issue<HD>(s, Qw, K0);
     mt_wgmma_wait<0>();
+    mt_wgmma_fence_operand<32>(&s[0][0]);
     mt_attn_online_tile(s, m, l, alpha, 0 == wlast, 0, row0, t, c);
 }
 
@@ -165,6 +167,8 @@ static __device__ MT_WARP_STEP void wg_fwd_tile(float (&o)[HD / 2], float (&s)[8
     uint32_t pa[4][4];   /* P as bf16 A fragments, key steps of 16 (v2_pv's packing): read until the wait */
     mt_attn_pack_a(pa, s);
     wg_s_zero(sn);
+    mt_wgmma_fence_operand<HD / 2>(o);   /* the rescale and the zeroing stay before the fence */
+    mt_wgmma_fence_operand<32>(&sn[0][0]);
     mt_wgmma_fence();   /* o, pa and sn were written by plain instructions */
     wg_abt_issue<HD>(sn, Qw, Kn);
 #pragma unroll
@@ -173,8 +177,10 @@ static __device__ MT_WARP_STEP void wg_fwd_tile(float (&o)[HD / 2], float (&s)[8
     if (kt + 1 < n_kt)   /* V_{kt+1}^T while the products run (its buffer's reader, P V_{kt-1}, is done) */
         wg_transpose<HD>(Vt + ((kt + 1) & 1) * TILE, Vs + ((kt + 1) & 1) * TILE);
     mt_wgmma_wait<1>();   /* S_{kt+1} */
+    mt_wgmma_fence_operand<32>(&sn[0][0]);
     if (kt + 1 <= wlast) mt_attn_online_tile(sn, m, l, alpha, kt + 1 == wlast, (kt + 1) * WG_B, row0, t, c);
     mt_wgmma_wait<0>();   /* P V_kt */
+    mt_wgmma_fence_operand<HD / 2>(o);
 }
 
 template <int HD>
@@ -298,10 +304,14 @@ static __device__ MT_WARP_STEP void wg_dkdv_tile(float (&dka)[HD / 2], float (&d
     wg_abt_issue<HD>(s, Kw, Qb);    /* S^T = K_w Q^T */
     wg_abt_issue<HD>(dp, Vw, Gb);   /* dP^T = V_w dO^T */
     mt_wgmma_wait<0>();
+    mt_wgmma_fence_operand<32>(&s[0][0]);
+    mt_wgmma_fence_operand<32>(&dp[0][0]);
     mt_attn_bwd_tile(s, dp, Lb, Db, diag, i0, key0, t, c, scale);   /* P^T, dS^T */
     mt_attn_pack_a(pa, s);
     mt_attn_pack_a(da, dp);
     if (ds_tile) mt_attn_store_ds(ds_tile, da, warp, lane);
+    mt_wgmma_fence_operand<HD / 2>(dva);
+    mt_wgmma_fence_operand<HD / 2>(dka);
     mt_wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) mt_wgmma_rs<HD>(dva, pa[kk], mt_wgmma_desc_sw128(Gtb + 32 * kk), 1);
@@ -373,6 +383,8 @@ attn_wg_dkdv_k(float *dk, bf16 *dk_b, float *dv, bf16 *dv_b, bf16 *ds, const bf1
         mt_fence_proxy_async();
         __syncthreads();   /* the next item's Q^T, dO^T written; this item's read (their buffers refill) */
     }
+    mt_wgmma_fence_operand<HD / 2>(dka);   /* read below, after the last wait */
+    mt_wgmma_fence_operand<HD / 2>(dva);
     float (&dkf)[HD / 8][4] = *reinterpret_cast<float (*)[HD / 8][4]>(dka);
     float (&dvf)[HD / 8][4] = *reinterpret_cast<float (*)[HD / 8][4]>(dva);
     mt_attn_write_rows<HD>(dk_b ? NULL : dk, dk_b, dkf, b, j0 + 16 * warp, T, K, kvh, lane);   /* dk_b: bf16 only */
@@ -423,6 +435,7 @@ static __device__ MT_WARP_STEP void wg_dq_issue(float (&dqa)[HD / 2], const bf16
 #pragma unroll
     for (int s = 0; s < 4; s++)
         mt_ldsm_x4_t(a[s], Sb + (16 * s + (mi8 >> 1) * 8 + r8) * LS + 16 * warp + (mi8 & 1) * 8);
+    mt_wgmma_fence_operand<HD / 2>(dqa);
     mt_wgmma_fence();
 #pragma unroll
     for (int s = 0; s < 4; s++) mt_wgmma_rs<HD>(dqa, a[s], mt_wgmma_desc_sw128(Ktb + 32 * s), 1);
@@ -496,6 +509,7 @@ attn_wg_dq_k(float *dq, bf16 *dq_b, const bf16 *ds, const bf16 *k, int T, int H,
         mt_fence_proxy_async();
         __syncthreads();   /* K^T_{kt+1} written; tile kt's products done (its K^T buffer refills next tile) */
     }
+    mt_wgmma_fence_operand<HD / 2>(dqa);   /* read below, after the last wait */
     if (wlast < 0) return;
     float (&dqf)[HD / 8][4] = *reinterpret_cast<float (*)[HD / 8][4]>(dqa);
     mt_attn_write_rows<HD>(dq_b ? NULL : dq, dq_b, dqf, b, qt * WG_B + 16 * warp, T, H, h, lane);

@@ -6,6 +6,8 @@
  *
  *   mt_wgmma_fence()          wgmma.fence: before the first wgmma that reads
  *                             accumulators the thread wrote by other instructions
+ *   mt_wgmma_fence_operand<N>(d)  keeps plain accesses to N accumulators on their
+ *                             side of a fence or a wait (the compiler may move them)
  *   mt_fence_proxy_async()    fence.proxy.async.shared::cta: shared memory written
  *                             by plain stores or cp.async becomes visible to wgmma
  *                             (the async proxy); then a barrier
@@ -117,6 +119,25 @@ static __device__ __forceinline__ int mt_wgmma_group(void)
                                           compiler's barriers into both arms of branches (a divergence abort) */
 #else
     return __shfl_sync(MT_FULL_MASK, (int)(threadIdx.x / 128), 0);
+#endif
+}
+
+/* N accumulator registers at d pinned in program order (CUTLASS's
+ * warpgroup_fence_operand): an empty asm that reads and writes each, so the
+ * compiler keeps the plain writes before it (zeroing, the online softmax's
+ * rescale of O) ahead of the wgmma.fence that follows, and the reads after a
+ * wait behind it. Without it nvcc moved 63 of v4 forward's 64 `O *= alpha`
+ * products past the fence and the next S's issue (register access there is
+ * undefined, PTX ISA); ptxas repaired it by injecting a warpgroup.arrive
+ * (C7519) before the P V wgmmas. Nothing under the emulator (program order). */
+template <int N>
+static __device__ __forceinline__ void mt_wgmma_fence_operand(float *d)
+{
+#if defined(MT_CUDA_EMU)
+    (void)d;
+#else
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
 #endif
 }
 
