@@ -84,6 +84,7 @@
 #include <string.h>
 
 #include "core/mt_core.h"
+#include "core/mt_knobs.h"
 #include "parallel/mt_comm.h"
 #include "parallel/mt_mesh.h"
 #include "ops/mt_ops.h"
@@ -919,11 +920,23 @@ int main(int argc, char **argv)
                 }
                 struct cal_time tg = time_runs(grp_fn, &g, warmup, reps);
                 check_status("grouped");
-                emit(f, "%s\n  {\"kind\": \"%s\", \"bn\": %d, \"groups\": %d, \"rows_per_group\": %d, \"d\": %d, "
-                        "\"f\": %d, \"flops\": %.6g, \"grouped_median_s\": %.6e, \"grouped_flop_per_s\": %.6e, "
-                        "\"loop_median_s\": %.6e, \"loop_flop_per_s\": %.6e}",
+                emit(f, "%s\n  {\"kind\": \"%s\", \"kernel\": \"mma\", \"bn\": %d, \"groups\": %d, "
+                        "\"rows_per_group\": %d, \"d\": %d, \"f\": %d, \"flops\": %.6g, \"grouped_median_s\": %.6e, "
+                        "\"grouped_flop_per_s\": %.6e, \"loop_median_s\": %.6e, \"loop_flop_per_s\": %.6e}",
                      k || b ? "," : "", k_grp_name[k], bns[b], E, R, D, F, flops, tg.median, flops / tg.median,
                      tl.median, flops / tl.median);
+            }
+            /* the forward's product on wgmma (knob grouped_gemm_kernel=wgmma; gemm_grouped_wg.cu, its
+             * tile 128 x 256) where it runs: the A/B against the mma.sync rows above */
+            if (k == CAL_GRP_NT &&
+                mt_ops_cuda_set_knob_of(g_ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, "wgmma") == MT_OK) {
+                struct cal_time tw = time_runs(grp_fn, &g, warmup, reps);
+                check_status("grouped wgmma");
+                mt_ops_cuda_set_knob_of(g_ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, "mma");
+                emit(f, ",\n  {\"kind\": \"%s\", \"kernel\": \"wgmma\", \"bn\": 256, \"groups\": %d, "
+                        "\"rows_per_group\": %d, \"d\": %d, \"f\": %d, \"flops\": %.6g, \"grouped_median_s\": %.6e, "
+                        "\"grouped_flop_per_s\": %.6e, \"loop_median_s\": %.6e, \"loop_flop_per_s\": %.6e}",
+                     k_grp_name[k], E, R, D, F, flops, tw.median, flops / tw.median, tl.median, flops / tl.median);
             }
         }
         mt_ops_cuda_set_gg_bn_of(g_ops->be, 256);   /* the default again */

@@ -79,7 +79,9 @@
 #           attn_kernel=v4 (d2048_dense_attnv4, c_gpt2_124m_attnv4: the wgmma
 #           attention end to end), each only when this call's calib rows say v4's
 #           forward and backward are right at its head dim (128, 64; else SKIPPED
-#           with the reason): the rows that decide the default
+#           with the reason): the rows that decide the default; and moe8 with
+#           --knob grouped_gemm_kernel=wgmma (moe8_ggwgmma: the experts' forward
+#           on wgmma, the A/B against moe8) when calib timed its wgmma row
 #   muon    (in `rest`, last) d2048 and GPT-2 124M with Muon, the default optimizer
 #           (d2048_muon, c_gpt2_124m_muon: its Newton-Schulz in bf16, batched over
 #           same-shape matrices, against the plan's prediction)
@@ -692,7 +694,13 @@ stage_attnv4() {
     why64=$(attnv4_why 64)
     [ -z "$why128" ] || echo "SKIPPED (attnv4 d2048: $why128)"
     [ -z "$why64" ] || echo "SKIPPED (attnv4 GPT-2: $why64)"
-    [ -n "$why128" ] && [ -n "$why64" ] && return 77   # neither row: the stage is skipped (the lines say why)
+    # the MoE experts' forward on wgmma (knob grouped_gemm_kernel=wgmma, gemm_grouped_wg.cu), the A/B
+    # against moe8 (mma.sync), when this call's calib timed its wgmma row (wgmma runs on this card)
+    local gw=1
+    python3 -c "import json, sys; sys.exit(not [r for r in json.load(open(sys.argv[1])).get('grouped') or []
+                                                if r.get('kernel') == 'wgmma'])" "$RES/calib.json" || gw=0
+    [ $gw -eq 1 ] || echo "SKIPPED (moe8_ggwgmma: calib timed no wgmma grouped row on this card)"
+    [ -n "$why128" ] && [ -n "$why64" ] && [ $gw -eq 0 ] && return 77   # no row: skipped (the lines say why)
     if [ -z "$why128" ]; then
         SPEED_KNOBS="" SPEED_BOX=${GPU_SH_SPEED_BOX:-50} speed_one d2048_dense_attnv4 \
             "$ROOT/bench/configs/gpu_d2048_dense.json" "0 2" --knob attn_kernel=v4 || bad=1
@@ -700,6 +708,10 @@ stage_attnv4() {
     if [ -z "$why64" ]; then
         SPEED_KNOBS="" SPEED_BOX=${GPU_SH_SPEED_BOX:-35} speed_one c_gpt2_124m_attnv4 \
             "$ROOT/bench/configs/gpu_c_gpt2_124m.json" "16 8 4" --knob attn_kernel=v4 || bad=1
+    fi
+    if [ $gw -eq 1 ]; then
+        SPEED_KNOBS="" SPEED_BOX=${GPU_SH_SPEED_BOX:-45} SPEED_STEPS=3 speed_one moe8_ggwgmma \
+            "$ROOT/bench/configs/gpu_moe8.json" "0" --knob grouped_gemm_kernel=wgmma || bad=1
     fi
     return $bad
 }
@@ -983,7 +995,7 @@ sp = {}
 # one file per speed run (stage_speed's speed_line): from its receipt, else its progress lines
 # (in stage_speed's order; a run missing from this list still comes, after them)
 order = ["d2048_dense", "d2048_dense_attnv2", "d2048_dense_attnv4",
-         "c_gpt2", "c_gpt2_124m", "c_gpt2_124m_attnv4", "moe8", "moe8_hostsizes", "hyb2048",
+         "c_gpt2", "c_gpt2_124m", "c_gpt2_124m_attnv4", "moe8", "moe8_hostsizes", "moe8_ggwgmma", "hyb2048",
          "c_gpt2_nographs", "d2048_dense_nographs", "hyb2048_nographs", "hyb2048_chunk32", "hyb2048_chunk128",
          "hyb2048_scanfp32", "d2048_muon", "c_gpt2_124m_muon"]
 sd = os.path.join(res, "speed")
@@ -1095,7 +1107,7 @@ stage equiv 60 emu
 # calib before speed: a call that runs both has this card's profile for the speed
 # runs' `plan --profile` predictions (the H100 run of 2026-11-26 had none)
 stage calib 120 1
-stage attnv4 95 1
+stage attnv4 140 1
 stage ncu 110 1
 stage speed 300 1
 stage llmc 60 1

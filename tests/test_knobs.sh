@@ -22,7 +22,7 @@ BUILD=${1:?build dir}
 if [ ! -x "$MT" ]; then echo "FAIL: $MT not built"; exit 1; fi
 # every knob of the table (the help and the receipt must list exactly these); no alias set
 KNOBS="zero_overlap cuda_precision nccl_timeout_s moe_grouped cuda_graphs peak_cache attn_kernel scan_bf16 moe_sizes
-       head_bf16_logits attn_ds_mb attn_group_kib grouped_gemm_bn bf16_scratch_mb muon_ns_bf16 test_fault
+       head_bf16_logits attn_ds_mb attn_group_kib grouped_gemm_bn grouped_gemm_kernel bf16_scratch_mb muon_ns_bf16 test_fault
        test_force_routing test_loss_part"
 for v in $(compgen -e | grep '^MT_'); do unset "$v"; done
 python3 "$HERE/make_shard.py" "$W/train.bin" 4000 64 pattern >/dev/null
@@ -68,7 +68,8 @@ $MT train $TINY --knob zero_overlap=1 --config "$W/k0.json" --out "$W/h" > /dev/
 
 # 4. bad knobs: exit 2, one line, nothing written
 for kv in nope=1 zero_overlap=2 cuda_precision=fp16 zero_overlap nccl_timeout_s=0 nccl_timeout_s=x attn_ds_mb=-1 \
-          attn_ds_mb=2k bf16_scratch_mb=0 attn_group_kib=99999999999999999999 grouped_gemm_bn=100; do
+          attn_ds_mb=2k bf16_scratch_mb=0 attn_group_kib=99999999999999999999 grouped_gemm_bn=100 \
+          grouped_gemm_kernel=cutlass; do
   $MT train $TINY --knob "$kv" --out "$W/bad" > /dev/null 2> "$W/err"; rc=$?
   if [ $rc -eq 2 ] && [ "$(wc -l < "$W/err")" -eq 1 ] && grep -q -- "--knob" "$W/err" && [ ! -e "$W/bad" ]; then
     ok "bad knob $kv refused"

@@ -45,6 +45,7 @@ enum mt_knob_id {
     MT_KNOB_ATTN_DS_MB,           /* src/ops/cuda/attention_tc.cu (via ops.c) */
     MT_KNOB_ATTN_GROUP_KIB,       /* src/ops/cuda/attn_sched.cuh (via ops.c) */
     MT_KNOB_GROUPED_GEMM_BN,      /* src/ops/cuda/gemm_grouped.cu (via ops.c) */
+    MT_KNOB_GROUPED_GEMM_KERNEL,  /* src/ops/cuda/gemm_grouped_wg.cu (via ops.c) */
     MT_KNOB_BF16_SCRATCH_MB,      /* src/ops/cuda/gemm.cu (via ops.c)        */
     MT_KNOB_MUON_NS_BF16,         /* src/optim/muon.c                        */
     MT_KNOB_COUNT

@@ -42,6 +42,7 @@
 #include <string.h>
 
 #include "core/mt_core.h"
+#include "core/mt_knobs.h"
 #include "ops/mt_ops.h"
 #include "ops/cuda/mt_ops_cuda.h"
 
@@ -2425,6 +2426,11 @@ static void test_wgmma(void)
            mt_ops_cuda_wgmma_probe_of(b->ops->be, NULL, NULL, NULL, 100, 128, 64, 0) != MT_ERR_INVALID_ARG, 0);
 }
 
+/* Every case runs on the mma.sync kernels; the transB ones again with knob
+ * grouped_gemm_kernel=wgmma (gemm_grouped_wg.cu: 128 x 256 tiles, K slices of
+ * 64 through 4 stages) where wgmma runs: the last two cases are its shapes
+ * (two column tiles, the last one partial; K 640 = 10 slices, the stage ring
+ * wrapped twice; groups of several row tiles, one ending inside a tile). */
 static void test_gemm_grouped_rows(void)
 {
     if (!selected("gemm_grouped_rows")) return;
@@ -2435,8 +2441,17 @@ static void test_gemm_grouped_rows(void)
         {8, {5, 130, 0, 1, 37, 0, 64, 0}, 40, 136, 264, 1, 1, -1.25f, 0.0f},
         {8, {0, 3, 0, 129, 0, 0, 2, 0}, 1, 72, 40, 1, 0, 1.0f, 1.0f},
         {3, {128, 256, 0}, 8, 136, 40, 0, 0, 1.0f, 0.0f},
+        {3, {300, 0, 129}, 3, 520, 640, 1, 0, 0.75f, 1.0f},
+        {2, {257, 64}, 64, 264, 136, 1, 1, 1.0f, 0.0f},
     };
-    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+    const int n_cs = (int)(sizeof cs / sizeof cs[0]);
+    const int wg = mt_ops_cuda_set_knob_of(BE(1)->ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, "wgmma") == MT_OK;
+    mt_ops_cuda_set_knob_of(BE(1)->ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, "mma");
+    if (!wg) printf("SKIPPED (gemm_grouped_rows on wgmma: no sm_90a device code in the build, or not an sm_90 device)\n");
+    for (int cw = 0; cw < (wg ? 2 : 1) * n_cs; cw++) {
+        const int c = cw % n_cs, on_wg = cw >= n_cs;
+        if (on_wg && !cs[c].tB) continue;   /* wgmma serves the transB products only */
+        mt_ops_cuda_set_knob_of(BE(1)->ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, on_wg ? "wgmma" : "mma");
         const int n = cs[c].n, N = cs[c].N, K = cs[c].K, tB = cs[c].tB, cbf = cs[c].cbf;
         const float alpha = cs[c].alpha, beta = cs[c].beta;
         int32_t offs[9];
@@ -2515,21 +2530,24 @@ static void test_gemm_grouped_rows(void)
         int o = snprintf(lay, sizeof lay, "n=%d {", n);
         for (int g = 0; g < n && o < (int)sizeof lay; g++) o += snprintf(lay + o, sizeof lay - o, g ? ",%d" : "%d", cs[c].sz[g]);
         snprintf(lay + o, o < (int)sizeof lay ? sizeof lay - o : 0, "}");
-        snprintf(w, sizeof w, "%s max_rows=%d N=%d K=%d tB=%d C %s a=%g b=%g (err/bound)", lay, max_rows, N, K, tB,
+        const char *kn = on_wg ? " wgmma" : "";
+        snprintf(w, sizeof w, "%s max_rows=%d N=%d K=%d tB=%d%s C %s a=%g b=%g (err/bound)", lay, max_rows, N, K, tB, kn,
                  cbf ? "bf16" : "f32", alpha, beta);
         report("gemm_grouped_rows", w, worst, 1.0);
-        snprintf(w, sizeof w, "%s N=%d tB=%d C %s: rows >= offs[n], pad columns untouched (differing)", lay, N, tB,
-                 cbf ? "bf16" : "f32");
+        snprintf(w, sizeof w, "%s N=%d tB=%d%s C %s: rows >= offs[n], pad columns untouched (differing)", lay, N, tB,
+                 kn, cbf ? "bf16" : "f32");
         report("gemm_grouped_rows", w, (double)outside, 0);
-        snprintf(w, sizeof w, "%s N=%d K=%d tB=%d: deterministic (differing elements)", lay, N, K, tB);
+        snprintf(w, sizeof w, "%s N=%d K=%d tB=%d%s: deterministic (differing elements)", lay, N, K, tB, kn);
         report("gemm_grouped_rows", w, (double)(cbf ? ndiff(r[1], r[2], nc / 2) : ndiff(r[1], r[2], nc)), 0);
         if (cbf) {
-            snprintf(w, sizeof w, "%s N=%d K=%d tB=%d: bf16 C = RNE(the fp32 C's bits) (differing)", lay, N, K, tB);
+            snprintf(w, sizeof w, "%s N=%d K=%d tB=%d%s: bf16 C = RNE(the fp32 C's bits) (differing)", lay, N, K, tB,
+                     kn);
             report("gemm_grouped_rows", w, (double)twin, 0);
         }
         for (int p = 0; p < 4; p++) free(r[p]);
         free(A); free(Bh); free(C0); free(C0h);
     }
+    mt_ops_cuda_set_knob_of(BE(1)->ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, "mma");   /* the default, for the rest */
     /* a shape outside the contract (N = 70): recorded as an error, nothing written (a second instance) */
     char why[256] = "", msg[384] = "";
     const struct mt_ops_i *ob = mt_ops_cuda_create(MT_CUDA_PRECISION_FP32, why, sizeof why);

@@ -67,6 +67,7 @@
  */
 #include "cuda_impl.cuh"
 #include "mma_sync.cuh"
+#include "gemm_grouped.cuh"
 
 #include <type_traits>
 
@@ -91,9 +92,6 @@ template <int BN> struct gg_tiles {
     static constexpr int KN = GG_BK * LDN;   /* [32][BN+8]: B (rows, !transB; sum) */
 };
 
-struct gg_bptrs { const bf16 *p[MT_GROUPED_DEV_MAX]; };
-struct gg_cptrs { float *p[MT_GROUPED_DEV_MAX]; };
-struct alignas(8) gg_f2 { float x, y; };
 
 /* ---- fragments (lane l: i = l >> 3 names the 8x8 matrix whose row address it gives) ---- */
 /* A operands of the 4 m16 tiles at rows m0.. of a [m][k] tile (row stride LD), k0..k0+15 */
@@ -199,23 +197,10 @@ gg_rows_k(gg_bptrs Bp, const int32_t *offs, int n, int max_rows, int N, int K, f
     MT_DYN_SMEM(unsigned char, sm);
     bf16 *S = (bf16 *)sm;   /* stage s: A at S + s STAGE, B after it */
     const int tid = threadIdx.x;
-    if (tid <= n) {
-        int o = offs[tid];
-        so[tid] = o < 0 ? 0 : o > max_rows ? max_rows : o;
-    }
+    gg_offs_clamped(so, offs, n, max_rows);
     __syncthreads();
-    /* this block's (group, rows [r0, r1)): the y-th row tile, groups in order */
-    int y = blockIdx.y, g = 0, r0 = 0, r1 = 0;
-    for (; g < n; g++) {
-        const int lo = so[g], hi = so[g + 1] > lo ? so[g + 1] : lo, t = (hi - lo + GG_BM - 1) / GG_BM;
-        if (y < t) {
-            r0 = lo + y * GG_BM;
-            r1 = hi;
-            break;
-        }
-        y -= t;
-    }
-    if (g == n) return;   /* past the last tile (the grid is an upper bound): the whole block */
+    int g = 0, r0 = 0, r1 = 0;   /* this block's group and rows [r0, r1) (gemm_grouped.cuh) */
+    if (!gg_block_rows(so, n, GG_BM, &g, &r0, &r1)) return;   /* past the last tile: the whole block */
     const bf16 *Bg = Bp.p[g];
     const int n0 = blockIdx.x * BN;
 
@@ -300,17 +285,7 @@ gg_rows_k(gg_bptrs Bp, const int32_t *offs, int n, int max_rows, int N, int K, f
             for (int ni = 0; ni < NI; ni++) {
                 const int c = n0 + wn + 8 * ni + 2 * t4;
                 if (c >= N) continue;   /* N is a multiple of 8: c + 1 < N too */
-                float v0 = alpha * acc[mi][ni][2 * h], v1 = alpha * acc[mi][ni][2 * h + 1];
-                if constexpr (sizeof(CT) == 4) {
-                    if (beta != 0.0f) {
-                        const gg_f2 o = *(const gg_f2 *)(crow + c);
-                        v0 = fmaf(beta, o.x, v0);
-                        v1 = fmaf(beta, o.y, v1);
-                    }
-                    *(gg_f2 *)(crow + c) = gg_f2{v0, v1};
-                } else {
-                    *(uint32_t *)(crow + c) = mt_pack_bf16x2(v0, v1);   /* beta is 0 (host-checked) */
-                }
+                gg_store2(crow + c, alpha * acc[mi][ni][2 * h], alpha * acc[mi][ni][2 * h + 1], beta);
             }
         }
 }
@@ -379,13 +354,7 @@ gg_sum_k(gg_cptrs Cp, const int32_t *offs, int M, int N, float alpha, const bf16
             for (int ni = 0; ni < NI; ni++) {
                 const int c = n0 + wn + 8 * ni + 2 * t4;
                 if (c >= N) continue;
-                float v0 = alpha * acc[mi][ni][2 * h], v1 = alpha * acc[mi][ni][2 * h + 1];
-                if (beta != 0.0f) {
-                    const gg_f2 o = *(const gg_f2 *)(crow + c);
-                    v0 = fmaf(beta, o.x, v0);
-                    v1 = fmaf(beta, o.y, v1);
-                }
-                *(gg_f2 *)(crow + c) = gg_f2{v0, v1};
+                gg_store2(crow + c, alpha * acc[mi][ni][2 * h], alpha * acc[mi][ni][2 * h + 1], beta);
             }
         }
 }
@@ -467,8 +436,12 @@ extern "C" void mt_cuda_gemm_grouped_rows(void *be, int n, const int32_t *offs, 
         MT_CUDA_UNSUPPORTED("gemm_grouped_rows: A, C and every B_g must be 16-byte aligned");
         return;
     }
-    gg_rows_launch(transB != 0, c_type == MT_ELEM_BF16, bp, offs, n, max_rows, N, K, alpha, (const bf16 *)A, lda, ldb,
-                   beta, C, ldc);
+    if (transB && mt_cuda_be->gg_wgmma)   /* knob grouped_gemm_kernel=wgmma: gemm_grouped_wg.cu */
+        mt_cuda_gw_rows(c_type == MT_ELEM_BF16, bp, offs, n, max_rows, N, K, alpha, (const bf16 *)A, lda, ldb, beta,
+                        C, ldc);
+    else
+        gg_rows_launch(transB != 0, c_type == MT_ELEM_BF16, bp, offs, n, max_rows, N, K, alpha, (const bf16 *)A, lda,
+                       ldb, beta, C, ldc);
 }
 
 extern "C" void mt_cuda_gemm_grouped_sum(void *be, int n, const int32_t *offs, int M, int N, float alpha,

@@ -532,7 +532,8 @@ static const char *tunable(enum mt_knob_id id, char *why, size_t why_len)
 /* the knobs the backend reads (enum mt_knob_id), in read_tunables' order: the one list (ops.c
  * applies a run's values of these, mt_ops_cuda_knobs; mt_ops_cuda_set_knob_of sets each) */
 static const int cuda_knobs[] = {MT_KNOB_ATTN_GROUP_KIB, MT_KNOB_GROUPED_GEMM_BN, MT_KNOB_ATTN_KERNEL,
-                                 MT_KNOB_CUDA_PRECISION, MT_KNOB_BF16_SCRATCH_MB, MT_KNOB_ATTN_DS_MB};
+                                 MT_KNOB_CUDA_PRECISION, MT_KNOB_BF16_SCRATCH_MB, MT_KNOB_ATTN_DS_MB,
+                                 MT_KNOB_GROUPED_GEMM_KERNEL};
 #define N_CUDA_KNOBS ((int)(sizeof cuda_knobs / sizeof cuda_knobs[0]))
 
 extern "C" int mt_ops_cuda_knobs(const int **knobs)
@@ -542,7 +543,7 @@ extern "C" int mt_ops_cuda_knobs(const int **knobs)
 }
 
 static int read_tunables(char *why, size_t why_len, enum mt_cuda_precision *prec, const char **src, size_t *cap,
-                         size_t *ds_cap, int *attn_v2, int *gg_bn, long long *group_kib)
+                         size_t *ds_cap, int *attn_v2, int *gg_bn, int *gg_wgmma, long long *group_kib)
 {
     const char *v[N_CUDA_KNOBS];
     for (int i = 0; i < N_CUDA_KNOBS; i++)
@@ -553,6 +554,7 @@ static int read_tunables(char *why, size_t why_len, enum mt_cuda_precision *prec
     *src = mt_knob_source(NULL, MT_KNOB_CUDA_PRECISION) == MT_KNOB_ENV ? MT_CUDA_PRECISION_ENV : "default";
     *cap = (size_t)atoll(v[4]) << 20;
     *ds_cap = (size_t)atoll(v[5]) << 20;
+    *gg_wgmma = !strcmp(v[6], "wgmma");
     return mt_ops_cuda_precision_parse(v[3], prec) == MT_OK && *attn_v2 >= 0;   /* the table's choices: always */
 }
 
@@ -583,10 +585,11 @@ static int init_state(char *why, size_t why_len)
     enum mt_cuda_precision prec;
     const char *prec_src;
     size_t cap, ds_cap;
-    int attn_v2, gg_bn;
+    int attn_v2, gg_bn, gg_wgmma;
     long long group_kib;
     mt_cuda_be = NULL;   /* a failure below must release only the new instance */
-    if (!read_tunables(why, why_len, &prec, &prec_src, &cap, &ds_cap, &attn_v2, &gg_bn, &group_kib)) return 0;
+    if (!read_tunables(why, why_len, &prec, &prec_src, &cap, &ds_cap, &attn_v2, &gg_bn, &gg_wgmma, &group_kib))
+        return 0;
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
@@ -670,8 +673,12 @@ static int init_state(char *why, size_t why_len)
     if (attn_v2 == 3 && !mt_cuda_wgmma_available())
         return init_fail(why, why_len, "MT_CUDA_ATTN_KERNEL=v4",
                          "needs wgmma: this build's sm_90a device code on an sm_90 device (H100/H200)");
+    if (gg_wgmma && !mt_cuda_wgmma_available())
+        return init_fail(why, why_len, "MT_CUDA_GG_KERNEL=wgmma",
+                         "needs wgmma: this build's sm_90a device code on an sm_90 device (H100/H200)");
     set_attn_kernel(attn_v2);
     mt_cuda_be->gg_bn = gg_bn;
+    mt_cuda_be->gg_wgmma = gg_wgmma;
     in->bf16_scratch_cap = cap;
     set_precision(prec, prec_src);
     /* MT_CUDA_OP_PROFILE=0: no event pairs (the receipt then has no op
@@ -850,6 +857,10 @@ extern "C" enum mt_status mt_ops_cuda_set_knob_of(void *be, int knob, const char
     case MT_KNOB_ATTN_KERNEL:      return mt_ops_cuda_set_attn_kernel_of(be, value);
     case MT_KNOB_ATTN_GROUP_KIB:   return mt_ops_cuda_set_attn_group_kib_of(be, n);
     case MT_KNOB_GROUPED_GEMM_BN:  return mt_ops_cuda_set_gg_bn_of(be, (int)n);
+    case MT_KNOB_GROUPED_GEMM_KERNEL:
+        if (!strcmp(value, "wgmma") && !mt_cuda_wgmma_available()) return MT_ERR_UNSUPPORTED;
+        mt_cuda_be->gg_wgmma = !strcmp(value, "wgmma");
+        return MT_OK;
     case MT_KNOB_ATTN_DS_MB:
         mt_cuda_be->attn_ds_cap = (size_t)n << 20;
         return MT_OK;
