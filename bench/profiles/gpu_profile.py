@@ -83,7 +83,8 @@ def datasheet(name):
 
 def grouped_rate(rows):
     """cuda_calib's grouped rows at the default tile (bn 256): sum FLOPs / sum median s"""
-    use = [g for g in rows if g.get("bn") == 256 and g.get("kernel", "mma") == "mma" and g.get("grouped_median_s", 0) > 0]
+    use = [g for g in rows
+           if g.get("bn") == 256 and g.get("kernel", "mma") == "mma" and g.get("grouped_median_s", 0) > 0]
     return sum(g["flops"] for g in use) / sum(g["grouped_median_s"] for g in use) if use else None
 
 

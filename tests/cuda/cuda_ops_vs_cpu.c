@@ -2447,7 +2447,8 @@ static void test_gemm_grouped_rows(void)
     const int n_cs = (int)(sizeof cs / sizeof cs[0]);
     const int wg = mt_ops_cuda_set_knob_of(BE(1)->ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, "wgmma") == MT_OK;
     mt_ops_cuda_set_knob_of(BE(1)->ops->be, MT_KNOB_GROUPED_GEMM_KERNEL, "mma");
-    if (!wg) printf("SKIPPED (gemm_grouped_rows on wgmma: no sm_90a device code in the build, or not an sm_90 device)\n");
+    if (!wg)
+        printf("SKIPPED (gemm_grouped_rows on wgmma: no sm_90a device code in the build, or not an sm_90 device)\n");
     for (int cw = 0; cw < (wg ? 2 : 1) * n_cs; cw++) {
         const int c = cw % n_cs, on_wg = cw >= n_cs;
         if (on_wg && !cs[c].tB) continue;   /* wgmma serves the transB products only */
@@ -2531,8 +2532,8 @@ static void test_gemm_grouped_rows(void)
         for (int g = 0; g < n && o < (int)sizeof lay; g++) o += snprintf(lay + o, sizeof lay - o, g ? ",%d" : "%d", cs[c].sz[g]);
         snprintf(lay + o, o < (int)sizeof lay ? sizeof lay - o : 0, "}");
         const char *kn = on_wg ? " wgmma" : "";
-        snprintf(w, sizeof w, "%s max_rows=%d N=%d K=%d tB=%d%s C %s a=%g b=%g (err/bound)", lay, max_rows, N, K, tB, kn,
-                 cbf ? "bf16" : "f32", alpha, beta);
+        snprintf(w, sizeof w, "%s max_rows=%d N=%d K=%d tB=%d%s C %s a=%g b=%g (err/bound)", lay, max_rows, N, K, tB,
+                 kn, cbf ? "bf16" : "f32", alpha, beta);
         report("gemm_grouped_rows", w, worst, 1.0);
         snprintf(w, sizeof w, "%s N=%d tB=%d%s C %s: rows >= offs[n], pad columns untouched (differing)", lay, N, tB,
                  kn, cbf ? "bf16" : "f32");

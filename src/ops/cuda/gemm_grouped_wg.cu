@@ -42,6 +42,21 @@ typedef __nv_bfloat16 bf16;
 #define GW_STAGE   (GW_TILE_A + GW_TILE_B)
 #define GW_SMEM    (GW_STAGES * GW_STAGE + MT_WGMMA_ALIGN_SLACK)
 
+/* rows row0 .. row0 + R - 1 (those below `end`), columns k0 .. k0 + 63 (those below K) of src (ld) into a
+ * swizzled R-row tile, asynchronously; the rest zero-filled (R 8 / 256 chunks a thread) */
+template <int R>
+static __device__ __forceinline__ void gw_load(unsigned char *tile, const bf16 *src, int ld, int row0, int end, int k0,
+                                               int K)
+{
+#pragma unroll
+    for (int i = 0; i < R * 8 / GW_THREADS; i++) {
+        const int e = (int)threadIdx.x + GW_THREADS * i, r = e >> 3, c = e & 7;
+        const bool ok = row0 + r < end && k0 + 8 * c < K;
+        mt_cp_async16(tile + mt_wgmma_swz<R>(r, c), ok ? src + (size_t)(row0 + r) * (size_t)ld + k0 + 8 * c : src,
+                      ok ? 16 : 0);
+    }
+}
+
 template <typename CT>
 static __global__ void __launch_bounds__(GW_THREADS, 1)
 gw_rows_k(gg_bptrs Bp, const int32_t *offs, int n, int max_rows, int N, int K, float alpha, const bf16 *A, int lda,
@@ -59,22 +74,9 @@ gw_rows_k(gg_bptrs Bp, const int32_t *offs, int n, int max_rows, int N, int K, f
 
     /* slice kt into stage st: A's 128 rows x 8 chunks (4 a thread), B's 256 x 8 (8 a thread) */
     auto load = [&](int st, int kt) {
-        unsigned char *As = S + st * GW_STAGE, *Bs = As + GW_TILE_A;
-        const int k0 = kt * GW_BK;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int e = tid + GW_THREADS * i, r = e >> 3, c = e & 7;
-            const bool ok = r0 + r < r1 && k0 + 8 * c < K;
-            mt_cp_async16(As + mt_wgmma_swz<GW_BM>(r, c), ok ? A + (size_t)(r0 + r) * (size_t)lda + k0 + 8 * c : A,
-                          ok ? 16 : 0);
-        }
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const int e = tid + GW_THREADS * i, r = e >> 3, c = e & 7;
-            const bool ok = n0 + r < N && k0 + 8 * c < K;
-            mt_cp_async16(Bs + mt_wgmma_swz<GW_BN>(r, c), ok ? Bg + (size_t)(n0 + r) * (size_t)ldb + k0 + 8 * c : Bg,
-                          ok ? 16 : 0);
-        }
+        unsigned char *As = S + st * GW_STAGE;
+        gw_load<GW_BM>(As, A, lda, r0, r1, kt * GW_BK, K);
+        gw_load<GW_BN>(As + GW_TILE_A, Bg, ldb, n0, N, kt * GW_BK, K);
     };
 
     const int wg = mt_wgmma_group();
@@ -91,7 +93,8 @@ gw_rows_k(gg_bptrs Bp, const int32_t *offs, int n, int max_rows, int N, int K, f
         __syncthreads();          /* every thread's; slice kt - 2's wgmmas retired by every warpgroup */
         if (kt + 2 < nk) load((kt + 2) % GW_STAGES, kt + 2);
         mt_cp_async_commit();
-        const unsigned char *a = S + (kt % GW_STAGES) * GW_STAGE + wg * (64 * 128), *b = a - wg * (64 * 128) + GW_TILE_A;
+        const unsigned char *b = S + (kt % GW_STAGES) * GW_STAGE + GW_TILE_A;   /* B: 256 rows of 128 bytes */
+        const unsigned char *a = b - GW_TILE_A + wg * (64 * 128);                /* A: this warpgroup's 64 rows */
         mt_wgmma_fence_operand<64>(acc[0]);
         mt_wgmma_fence_operand<64>(acc[1]);
         mt_wgmma_fence();
@@ -108,7 +111,8 @@ gw_rows_k(gg_bptrs Bp, const int32_t *offs, int n, int max_rows, int N, int K, f
     mt_wgmma_fence_operand<64>(acc[0]);
     mt_wgmma_fence_operand<64>(acc[1]);
 
-    /* epilogue: acc[h][4 j + e] is row 16 q + lr + 8 (e >> 1) of the warpgroup's 64, column 128 h + 8 j + 2 t + (e & 1) */
+    /* epilogue: acc[h][4 j + e] is row 16 q + lr + 8 (e >> 1) of the warpgroup's 64,
+     * column 128 h + 8 j + 2 t + (e & 1) */
     const int q = (tid % 128) / MT_WARP, lane = tid % MT_WARP, lr = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int e2 = 0; e2 < 2; e2++) {

@@ -670,11 +670,8 @@ static int init_state(char *why, size_t why_len)
     in->workspace_bytes = MT_CUDA_LT_WS_BYTES;
     mt_cuda_be->bf16_cap = cap;
     mt_cuda_be->attn_ds_cap = ds_cap;
-    if (attn_v2 == 3 && !mt_cuda_wgmma_available())
-        return init_fail(why, why_len, "MT_CUDA_ATTN_KERNEL=v4",
-                         "needs wgmma: this build's sm_90a device code on an sm_90 device (H100/H200)");
-    if (gg_wgmma && !mt_cuda_wgmma_available())
-        return init_fail(why, why_len, "MT_CUDA_GG_KERNEL=wgmma",
+    if ((attn_v2 == 3 || gg_wgmma) && !mt_cuda_wgmma_available())
+        return init_fail(why, why_len, attn_v2 == 3 ? "MT_CUDA_ATTN_KERNEL=v4" : "MT_CUDA_GG_KERNEL=wgmma",
                          "needs wgmma: this build's sm_90a device code on an sm_90 device (H100/H200)");
     set_attn_kernel(attn_v2);
     mt_cuda_be->gg_bn = gg_bn;
